@@ -1,0 +1,190 @@
+//! The engine's input vocabulary. Every state change of the market is one of
+//! these commands, stamped by the sequencer with the time it was accepted; the
+//! journal is a list of [`Input`]s and nothing else.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::GpuSpec;
+use crate::ids::{AccountId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
+
+/// One journaled command and the time (ms since the Unix epoch) it was
+/// sequenced at. Times must not go backwards.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Input {
+    pub at_ms: u64,
+    pub command: Command,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Buys GPU time (and may resell reserved contracts it holds).
+    Renter,
+    /// Lists GPUs and sells their time.
+    Supplier,
+    /// Both sides: buys in bulk, resells.
+    Aggregator,
+    /// Moves money in and out; trades nothing.
+    Operator,
+}
+
+impl Role {
+    pub fn may_buy(self) -> bool {
+        matches!(self, Role::Renter | Role::Aggregator)
+    }
+    pub fn may_supply(self) -> bool {
+        matches!(self, Role::Supplier | Role::Aggregator)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Side {
+    Buy,
+    Sell,
+}
+
+impl Side {
+    pub fn opposite(self) -> Side {
+        match self {
+            Side::Buy => Side::Sell,
+            Side::Sell => Side::Buy,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrderType {
+    Limit,
+    /// Trades at once within the market-protection band, never rests.
+    Market,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeInForce {
+    /// Rests until filled or cancelled.
+    Gtc,
+    /// Trades what it can at once; the rest is cancelled.
+    Ioc,
+    /// Fills completely at once or not at all.
+    Fok,
+    /// Rests until the given time, then expires.
+    Gtt { expire_at_ms: u64 },
+}
+
+/// Which order gives way when an order would trade with another order of the
+/// same account. The incoming order's mode decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SelfTradePrevention {
+    CancelNewest,
+    CancelOldest,
+    /// Both orders shrink by the smaller quantity; no trade is printed.
+    Decrement,
+}
+
+/// How long a spot or preemptible lease is wanted. Ignored for reserved
+/// windows, whose contract is the window itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseDuration {
+    Hours(u32),
+    UntilCancelled,
+}
+
+/// The concrete GPUs behind an ask: a host and a bit mask over the GPUs of that
+/// host (bit `i` is the host's `i`-th registered GPU, see `GpuRegistered`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GpuSet {
+    pub host: HostId,
+    pub gpu_mask: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewOrder {
+    pub account: AccountId,
+    /// The client's own id; unique among the account's open orders.
+    pub client_order_id: u64,
+    pub instrument: InstrumentId,
+    pub side: Side,
+    pub order_type: OrderType,
+    /// Limit price; ignored for market orders.
+    pub price_minor_per_gpu_hour: u64,
+    /// Whole GPUs (or slices). For an ask backed by GPUs it must equal the
+    /// number of GPUs in `supply`.
+    pub quantity: u32,
+    pub time_in_force: TimeInForce,
+    pub post_only: bool,
+    pub self_trade_prevention: SelfTradePrevention,
+    /// At least this much must trade on arrival or the order is cancelled; 0 for none.
+    pub min_quantity: u32,
+    /// Gang bid: all of `quantity` on one host, in one fill, or nothing.
+    pub one_host: bool,
+    pub duration: LeaseDuration,
+    /// GPUs behind an ask. `None` on bids, and on asks in a reserved window
+    /// that resell contracts the account holds.
+    pub supply: Option<GpuSet>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Command {
+    /// Opens an account; the engine assigns the next `AccountId`.
+    OpenAccount {
+        role: Role,
+    },
+    Deposit {
+        account: AccountId,
+        amount_minor: u64,
+    },
+    Withdraw {
+        account: AccountId,
+        amount_minor: u64,
+    },
+    /// A supplier lists one GPU (or MIG slice) of a host. The first GPU of an
+    /// unknown host name registers the host.
+    RegisterGpu {
+        account: AccountId,
+        host: String,
+        gpu_uuid: String,
+        spec: GpuSpec,
+    },
+    /// The agent reports a GPU healthy (`online`) or not.
+    SetGpuOnline {
+        account: AccountId,
+        gpu: GpuId,
+        online: bool,
+    },
+    PlaceOrder(NewOrder),
+    CancelOrder {
+        account: AccountId,
+        order: OrderId,
+    },
+    /// Cancel-replace: keeps time priority only when the price is unchanged
+    /// and the quantity does not grow.
+    ReplaceOrder {
+        account: AccountId,
+        order: OrderId,
+        price_minor_per_gpu_hour: u64,
+        quantity: u32,
+    },
+    /// Cancels all of the account's open orders, or those in one instrument.
+    MassCancel {
+        account: AccountId,
+        instrument: Option<InstrumentId>,
+    },
+    /// The renter ends a lease early.
+    EndLease {
+        account: AccountId,
+        lease: LeaseId,
+    },
+    /// Settlement charged verified usage against a lease's escrow.
+    SettleUsage {
+        lease: LeaseId,
+        amount_minor: u64,
+    },
+    /// Only advances time (expiries, lease ends, window delivery).
+    Tick,
+}

@@ -1,0 +1,243 @@
+//! The exchange's listing configuration: GPU classes (the minimum spec a GPU
+//! must meet to be sold in a class), their tick sizes and price bands, the
+//! preemption notice, and the reserved-window calendar. A class is
+//! vendor-neutral: NVIDIA, AMD and other accelerators are described by the same
+//! fields, and a MIG slice profile makes a fractional class.
+
+use serde::{Deserialize, Serialize};
+
+use crate::limits;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Vendor {
+    Nvidia,
+    Amd,
+    Intel,
+    Other,
+}
+
+/// How the GPU talks to its peers on the host. `NvLink` and `InfinityFabric`
+/// both count as a high-bandwidth fabric for classes that require one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Interconnect {
+    Pcie,
+    NvLink,
+    InfinityFabric,
+}
+
+impl Interconnect {
+    pub fn is_fabric(self) -> bool {
+        !matches!(self, Interconnect::Pcie)
+    }
+}
+
+/// What a supplier's agent reports about one GPU (or one MIG slice).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GpuSpec {
+    pub vendor: Vendor,
+    /// The model name as the driver reports it, e.g. `NVIDIA H100 80GB HBM3`.
+    pub model: String,
+    pub memory_mib: u32,
+    pub interconnect: Interconnect,
+    /// Set for a MIG slice, e.g. `1g.10gb`.
+    pub mig_profile: Option<String>,
+}
+
+/// The minimum spec of a class.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuRequirement {
+    pub vendor: Vendor,
+    /// Accepted model names (exact, as the driver reports them).
+    pub models: Vec<String>,
+    pub memory_mib_min: u32,
+    pub fabric_required: bool,
+    /// A fractional class names the slice profile it sells; whole-GPU classes
+    /// accept no slice.
+    pub mig_profile: Option<String>,
+}
+
+impl GpuRequirement {
+    pub fn is_met_by(&self, spec: &GpuSpec) -> bool {
+        spec.vendor == self.vendor
+            && self.models.iter().any(|model| model == &spec.model)
+            && spec.memory_mib >= self.memory_mib_min
+            && (!self.fabric_required || spec.interconnect.is_fabric())
+            && spec.mig_profile == self.mig_profile
+    }
+}
+
+/// How reserved windows of a class are listed: hourly blocks for the next
+/// `hourly_windows_ahead` hours and daily blocks for the next
+/// `daily_windows_ahead` days, each tradable until `trading_stop_before_start_ms`
+/// before it starts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CalendarSpec {
+    pub hourly_windows_ahead: u32,
+    pub daily_windows_ahead: u32,
+    pub trading_stop_before_start_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassSpec {
+    /// The class symbol, e.g. `H100-SXM-80G`.
+    pub name: String,
+    pub requirement: GpuRequirement,
+    pub tick_minor: u64,
+    pub price_min_minor_per_gpu_hour: u64,
+    pub price_max_minor_per_gpu_hour: u64,
+    /// Notice a preemptible lease gets before it is ended for a spot or
+    /// reserved-window lease on the same GPU.
+    pub preemption_notice_ms: u64,
+    /// Reserved windows of this class, if it lists any.
+    pub calendar: Option<CalendarSpec>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineConfig {
+    pub classes: Vec<ClassSpec>,
+    /// Funds a spot or preemptible bid without a fixed duration must hold: its
+    /// limit price for this many hours per GPU.
+    pub prepaid_horizon_hours: u32,
+    /// A market order trades no further than this many basis points through the
+    /// best opposite price at the moment it arrives.
+    pub market_protection_bps: u32,
+    pub orders_per_account_max: u32,
+    /// Accounts the engine will open (at most `limits::ACCOUNTS_MAX`).
+    pub accounts_max: u32,
+}
+
+/// A configuration the engine refuses to run with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "invalid engine config: {}", self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl EngineConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |why: String| Err(ConfigError(why));
+        if self.classes.is_empty() || self.classes.len() > limits::CLASSES_MAX {
+            return fail(format!("1..={} classes required", limits::CLASSES_MAX));
+        }
+        if self.accounts_max > limits::ACCOUNTS_MAX {
+            return fail(format!("accounts_max must be at most {}", limits::ACCOUNTS_MAX));
+        }
+        if self.prepaid_horizon_hours == 0 || self.market_protection_bps >= 10_000 {
+            return fail("prepaid horizon must be > 0 h and protection < 10000 bps".into());
+        }
+        for class in &self.classes {
+            let prices_ok = class.tick_minor > 0
+                && class.price_min_minor_per_gpu_hour >= class.tick_minor
+                && class.price_min_minor_per_gpu_hour % class.tick_minor == 0
+                && class.price_max_minor_per_gpu_hour % class.tick_minor == 0
+                && class.price_max_minor_per_gpu_hour >= class.price_min_minor_per_gpu_hour
+                && class.price_max_minor_per_gpu_hour <= 1 << 40;
+            if !prices_ok {
+                return fail(format!("class {}: tick and price band must be positive multiples of the tick, max <= 2^40", class.name));
+            }
+            if let Some(calendar) = &class.calendar {
+                if calendar.trading_stop_before_start_ms < class.preemption_notice_ms
+                    || calendar.hourly_windows_ahead > 24 * 14
+                    || calendar.daily_windows_ahead > 60
+                {
+                    return fail(format!("class {}: windows must stop trading at least the preemption notice before they start; at most 336 hourly and 60 daily windows ahead", class.name));
+                }
+            }
+            if self.classes.iter().filter(|other| other.name == class.name).count() > 1 {
+                return fail(format!("class {} listed twice", class.name));
+            }
+        }
+        Ok(())
+    }
+
+    /// The demo listing used by the README's run command, the simulator and the
+    /// tests: data-centre, consumer, AMD and fractional classes. Prices are in
+    /// micro-dollars per GPU-hour (1 minor unit = US$0.000001).
+    pub fn demo() -> Self {
+        let calendar = Some(CalendarSpec { hourly_windows_ahead: 24, daily_windows_ahead: 7, trading_stop_before_start_ms: 15 * 60_000 });
+        let class =
+            |name: &str, vendor, models: &[&str], memory_mib_min, fabric_required, mig: Option<&str>, calendar: Option<CalendarSpec>| {
+                ClassSpec {
+                    name: name.into(),
+                    requirement: GpuRequirement {
+                        vendor,
+                        models: models.iter().map(|m| m.to_string()).collect(),
+                        memory_mib_min,
+                        fabric_required,
+                        mig_profile: mig.map(str::to_string),
+                    },
+                    tick_minor: 1_000,
+                    price_min_minor_per_gpu_hour: 1_000,
+                    price_max_minor_per_gpu_hour: 100_000_000,
+                    preemption_notice_ms: 30_000,
+                    calendar,
+                }
+            };
+        EngineConfig {
+            classes: vec![
+                class("H100-SXM-80G", Vendor::Nvidia, &["NVIDIA H100 80GB HBM3"], 80_000, true, None, calendar.clone()),
+                class(
+                    "A100-80G",
+                    Vendor::Nvidia,
+                    &["NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"],
+                    80_000,
+                    false,
+                    None,
+                    calendar.clone(),
+                ),
+                class("RTX4090-24G", Vendor::Nvidia, &["NVIDIA GeForce RTX 4090"], 24_000, false, None, None),
+                class("MI300X-192G", Vendor::Amd, &["AMD Instinct MI300X"], 190_000, true, None, calendar),
+                class("H100-1g.10gb", Vendor::Nvidia, &["NVIDIA H100 80GB HBM3"], 9_000, false, Some("1g.10gb"), None),
+            ],
+            prepaid_horizon_hours: 1,
+            market_protection_bps: 500,
+            orders_per_account_max: limits::ORDERS_PER_ACCOUNT_MAX_DEFAULT,
+            accounts_max: limits::ACCOUNTS_MAX,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h100() -> GpuSpec {
+        GpuSpec {
+            vendor: Vendor::Nvidia,
+            model: "NVIDIA H100 80GB HBM3".into(),
+            memory_mib: 81_559,
+            interconnect: Interconnect::NvLink,
+            mig_profile: None,
+        }
+    }
+
+    #[test]
+    fn a_gpu_qualifies_only_for_classes_whose_minimum_spec_it_meets() {
+        let config = EngineConfig::demo();
+        let qualifying: Vec<&str> =
+            config.classes.iter().filter(|class| class.requirement.is_met_by(&h100())).map(|class| class.name.as_str()).collect();
+        assert_eq!(qualifying, ["H100-SXM-80G"]);
+
+        let pcie = GpuSpec { interconnect: Interconnect::Pcie, ..h100() };
+        assert!(!config.classes[0].requirement.is_met_by(&pcie), "SXM class needs a fabric");
+
+        let slice = GpuSpec { memory_mib: 9_856, mig_profile: Some("1g.10gb".into()), ..h100() };
+        assert!(config.classes[4].requirement.is_met_by(&slice));
+        assert!(!config.classes[0].requirement.is_met_by(&slice), "a slice is not a whole GPU");
+    }
+
+    #[test]
+    fn the_demo_config_is_valid_and_a_broken_one_is_refused() {
+        assert_eq!(EngineConfig::demo().validate(), Ok(()));
+        let mut broken = EngineConfig::demo();
+        broken.classes[0].price_min_minor_per_gpu_hour = 1_500;
+        assert!(broken.validate().is_err());
+    }
+}

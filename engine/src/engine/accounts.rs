@@ -1,0 +1,205 @@
+//! Accounts, funds holds, and supplier registration of hosts and GPUs.
+//!
+//! Funds are tracked as `available` and `held`: an open bid holds its limit
+//! price for its hours, a lease or reserved contract holds its escrow. Every
+//! movement is an event of the same sequenced stream, so settlement can mirror
+//! it in the ledger.
+
+use super::{Account, Checked, Engine};
+use crate::command::Role;
+use crate::config::GpuSpec;
+use crate::event::{EventKind, HoldReason, ReduceReason, RejectCode};
+use crate::gpus::{CommitmentHolder, Gpu, Host};
+use crate::ids::{AccountId, GpuId, HostId, LeaseId};
+use crate::limits;
+
+impl Engine {
+    pub(crate) fn account(&self, account: AccountId) -> Checked<&Account> {
+        self.accounts.get(account.0 as usize).ok_or(RejectCode::UnknownAccount)
+    }
+
+    pub(super) fn open_account(&mut self, role: Role) -> Checked<()> {
+        if self.accounts.len() as u32 >= self.config.accounts_max {
+            return Err(RejectCode::TooManyAccounts);
+        }
+        let account = AccountId(self.accounts.len() as u32);
+        self.accounts.push(Account { role, available_minor: 0, held_minor: 0, open_orders: 0 });
+        self.emit(EventKind::AccountOpened { account, role });
+        Ok(())
+    }
+
+    pub(super) fn deposit(&mut self, account: AccountId, amount_minor: u64) -> Checked<()> {
+        let available = self.account(account)?.available_minor;
+        if amount_minor == 0 || amount_minor > limits::DEPOSIT_MINOR_MAX {
+            return Err(RejectCode::AmountInvalid);
+        }
+        let total = available.checked_add(amount_minor).filter(|t| *t <= u64::MAX / 4).ok_or(RejectCode::AmountInvalid)?;
+        self.accounts[account.0 as usize].available_minor = total;
+        self.emit(EventKind::FundsDeposited { account, amount_minor });
+        Ok(())
+    }
+
+    pub(super) fn withdraw(&mut self, account: AccountId, amount_minor: u64) -> Checked<()> {
+        let available = self.account(account)?.available_minor;
+        if amount_minor == 0 {
+            return Err(RejectCode::AmountInvalid);
+        }
+        if amount_minor > available {
+            return Err(RejectCode::InsufficientFunds);
+        }
+        self.accounts[account.0 as usize].available_minor -= amount_minor;
+        self.emit(EventKind::FundsWithdrawn { account, amount_minor });
+        Ok(())
+    }
+
+    /// Moves `amount` from available to held. The caller checked coverage.
+    pub(crate) fn hold(&mut self, account: AccountId, amount_minor: u64, reason: HoldReason) {
+        if amount_minor == 0 {
+            return;
+        }
+        let funds = &mut self.accounts[account.0 as usize];
+        assert!(funds.available_minor >= amount_minor, "hold exceeds available funds");
+        funds.available_minor -= amount_minor;
+        funds.held_minor += amount_minor;
+        self.emit(EventKind::FundsHeld { account, amount_minor, reason });
+    }
+
+    pub(crate) fn release(&mut self, account: AccountId, amount_minor: u64, reason: HoldReason) {
+        if amount_minor == 0 {
+            return;
+        }
+        let funds = &mut self.accounts[account.0 as usize];
+        assert!(funds.held_minor >= amount_minor, "release exceeds held funds");
+        funds.held_minor -= amount_minor;
+        funds.available_minor += amount_minor;
+        self.emit(EventKind::FundsReleased { account, amount_minor, reason });
+    }
+
+    /// Pays `amount` of `from`'s available funds to `to` (reserved resale differences).
+    pub(crate) fn transfer_available(&mut self, from: AccountId, to: AccountId, amount_minor: u64, reason: HoldReason) {
+        if amount_minor == 0 {
+            return;
+        }
+        let payer = &mut self.accounts[from.0 as usize];
+        assert!(payer.available_minor >= amount_minor, "transfer exceeds available funds");
+        payer.available_minor -= amount_minor;
+        self.accounts[to.0 as usize].available_minor += amount_minor;
+        self.emit(EventKind::FundsCharged { account: from, to: Some(to), amount_minor, reason });
+    }
+
+    pub(super) fn settle_usage(&mut self, lease_id: LeaseId, amount_minor: u64) -> Checked<()> {
+        let lease = self.leases.get(lease_id.0 as usize).ok_or(RejectCode::UnknownLease)?;
+        if amount_minor == 0 || amount_minor > lease.escrow_minor {
+            return Err(RejectCode::AmountInvalid);
+        }
+        let renter = lease.renter;
+        self.leases[lease_id.0 as usize].escrow_minor -= amount_minor;
+        let funds = &mut self.accounts[renter.0 as usize];
+        assert!(funds.held_minor >= amount_minor, "escrow is part of held funds");
+        funds.held_minor -= amount_minor;
+        self.emit(EventKind::FundsCharged { account: renter, to: None, amount_minor, reason: HoldReason::Lease(lease_id) });
+        Ok(())
+    }
+
+    pub(super) fn register_gpu(&mut self, account: AccountId, host_name: &str, uuid: &str, spec: &GpuSpec) -> Checked<()> {
+        if !self.account(account)?.role.may_supply() {
+            return Err(RejectCode::RoleNotPermitted);
+        }
+        let names = [Some(host_name), Some(uuid), Some(spec.model.as_str()), spec.mig_profile.as_deref()];
+        if !names.into_iter().flatten().all(name_is_valid) {
+            return Err(RejectCode::NameInvalid);
+        }
+        if self.gpu_by_uuid.contains_key(uuid) {
+            return Err(RejectCode::GpuAlreadyRegistered);
+        }
+        if self.gpus.len() as u32 >= limits::GPUS_MAX {
+            return Err(RejectCode::HostFull);
+        }
+        let classes_mask = self
+            .config
+            .classes
+            .iter()
+            .enumerate()
+            .filter(|(_, class)| class.requirement.is_met_by(spec))
+            .fold(0u64, |mask, (index, _)| mask | (1u64 << index));
+        if classes_mask == 0 {
+            return Err(RejectCode::GpuNotQualified);
+        }
+        let host = match self.host_by_name.get(host_name) {
+            Some(&host) => {
+                let existing = &self.hosts[host.0 as usize];
+                if existing.owner != account {
+                    return Err(RejectCode::NotYourHost);
+                }
+                if existing.gpus.len() as u32 >= limits::GPUS_PER_HOST_MAX {
+                    return Err(RejectCode::HostFull);
+                }
+                host
+            }
+            None => {
+                let host = HostId(self.hosts.len() as u32);
+                self.hosts.push(Host { name: host_name.to_string(), owner: account, gpus: Vec::new() });
+                self.host_by_name.insert(host_name.to_string(), host);
+                host
+            }
+        };
+        let gpu = GpuId(self.gpus.len() as u32);
+        let index_on_host = self.hosts[host.0 as usize].gpus.len() as u32;
+        self.hosts[host.0 as usize].gpus.push(gpu);
+        self.gpus.push(Gpu {
+            uuid: uuid.to_string(),
+            host,
+            index_on_host,
+            owner: account,
+            spec: spec.clone(),
+            classes_mask,
+            online: true,
+            spot_ask: None,
+            preemptible_ask: None,
+            exclusive_lease: None,
+            preemptible_lease: None,
+            commitments: Vec::new(),
+        });
+        self.gpu_by_uuid.insert(uuid.to_string(), gpu);
+        self.emit(EventKind::GpuRegistered { account, host, gpu, index_on_host, classes_mask });
+        Ok(())
+    }
+
+    pub(super) fn set_gpu_online(&mut self, account: AccountId, gpu_id: GpuId, online: bool) -> Checked<()> {
+        self.account(account)?;
+        let gpu = self.gpus.get(gpu_id.0 as usize).ok_or(RejectCode::UnknownGpu)?;
+        if gpu.owner != account {
+            return Err(RejectCode::NotYourGpu);
+        }
+        if gpu.online == online {
+            return Ok(());
+        }
+        self.gpus[gpu_id.0 as usize].online = online;
+        self.emit(EventKind::GpuStatusChanged { gpu: gpu_id, online });
+        if !online {
+            self.withdraw_gpu_from_asks(gpu_id, ReduceReason::GpuOffline, true);
+        }
+        Ok(())
+    }
+
+    /// Takes a GPU out of the asks that offer it: its spot and preemptible
+    /// asks, and (when `with_windows`) the reserved-window asks it is offered in.
+    pub(crate) fn withdraw_gpu_from_asks(&mut self, gpu_id: GpuId, reason: ReduceReason, with_windows: bool) {
+        let gpu = &self.gpus[gpu_id.0 as usize];
+        let bit = 1u64 << gpu.index_on_host;
+        let mut asks: Vec<_> = gpu.spot_ask.into_iter().chain(gpu.preemptible_ask).collect();
+        if with_windows {
+            asks.extend(gpu.commitments.iter().filter_map(|c| match c.holder {
+                CommitmentHolder::Offered(order) => Some(order),
+                CommitmentHolder::Sold(_) => None,
+            }));
+        }
+        for order in asks {
+            self.remove_gpus_from_ask(order, bit, reason);
+        }
+    }
+}
+
+fn name_is_valid(name: &str) -> bool {
+    !name.is_empty() && name.len() <= limits::NAME_BYTES_MAX && name.bytes().all(|b| (0x20..0x7f).contains(&b))
+}

@@ -1,0 +1,346 @@
+//! Leases and reserved contracts: what a fill creates, preemption with
+//! notice, lease ends (elapsed, by the renter, preempted, window over), and the
+//! delivery of a reserved window as leases on its concrete GPUs.
+//!
+//! A lease's escrow is held from the renter when it starts; settlement charges
+//! verified usage against it (`SettleUsage`) and the rest is released when the
+//! lease ends. A reserved lease that its renter ends early keeps its escrow
+//! until the window ends, because the window was bought whole.
+
+use super::{Checked, Contract, ContractKind, ContractState, Engine, Lease, LeaseEndReasonKey, TimerKind};
+use crate::book::Order;
+use crate::command::LeaseDuration;
+use crate::event::{EventKind, HoldReason, LeaseEndReason, LeaseKind, ReduceReason, RejectCode};
+use crate::gpus::{mask_bits, Commitment, CommitmentHolder};
+use crate::ids::{AccountId, ContractId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
+use crate::time::MS_PER_HOUR;
+
+impl Engine {
+    /// A spot or preemptible lease on the GPUs in `taken` of `host`.
+    pub(crate) fn create_lease(&mut self, kind: LeaseKind, bid: &Order, supplier: AccountId, host: HostId, taken: u64, price: u64) {
+        let lease_id = LeaseId(self.leases.len() as u64);
+        let notice_ms = self.notice_ms(bid.instrument);
+        let mut start_ms = self.now_ms;
+        if kind == LeaseKind::Spot {
+            for bit in mask_bits(taken) {
+                let gpu_id = self.hosts[host.0 as usize].gpus[bit as usize];
+                if let Some(displaced) = self.gpus[gpu_id.0 as usize].preemptible_lease {
+                    start_ms = self.now_ms + notice_ms;
+                    self.give_preemption_notice(displaced, start_ms);
+                }
+            }
+        }
+        let end_ms = match bid.duration {
+            LeaseDuration::Hours(hours) => Some(start_ms + hours as u64 * MS_PER_HOUR),
+            LeaseDuration::UntilCancelled => None,
+        };
+        let escrow_minor = price * self.billable_hours(bid.instrument, bid.duration) * taken.count_ones() as u64;
+        self.leases.push(Lease {
+            kind,
+            instrument: bid.instrument,
+            renter: bid.account,
+            supplier,
+            host,
+            gpu_mask: taken,
+            price,
+            start_ms,
+            end_ms,
+            escrow_minor,
+            active: true,
+            preempt_at_ms: None,
+        });
+        self.hold(bid.account, escrow_minor, HoldReason::Lease(lease_id));
+        self.occupy_gpus(lease_id, kind, host, taken);
+        self.emit(EventKind::LeaseCreated {
+            lease: lease_id,
+            kind,
+            instrument: bid.instrument,
+            renter: bid.account,
+            supplier,
+            host,
+            gpu_mask: taken,
+            price_minor_per_gpu_hour: price,
+            start_ms,
+            end_ms,
+        });
+        if let Some(end_ms) = end_ms {
+            self.schedule(end_ms, TimerKind::LeaseEnd(lease_id, LeaseEndReasonKey::DurationElapsed));
+        }
+        if kind == LeaseKind::Preemptible {
+            self.schedule_window_preemption(lease_id);
+        }
+    }
+
+    /// Marks the GPUs as running the lease. An exclusive lease takes them out
+    /// of every spot and preemptible ask; a preemptible one leaves them in the
+    /// supplier's spot ask, from which a spot buyer may preempt it.
+    fn occupy_gpus(&mut self, lease_id: LeaseId, kind: LeaseKind, host: HostId, taken: u64) {
+        for bit in mask_bits(taken) {
+            let gpu_id = self.hosts[host.0 as usize].gpus[bit as usize];
+            let gpu = &mut self.gpus[gpu_id.0 as usize];
+            match kind {
+                LeaseKind::Preemptible => {
+                    assert!(gpu.preemptible_lease.is_none() && gpu.exclusive_lease.is_none(), "GPU double-booked");
+                    gpu.preemptible_lease = Some(lease_id);
+                }
+                LeaseKind::Spot | LeaseKind::Reserved => {
+                    assert!(gpu.exclusive_lease.is_none(), "GPU double-booked");
+                    gpu.exclusive_lease = Some(lease_id);
+                    self.withdraw_gpu_from_asks(gpu_id, ReduceReason::GpuLeasedElsewhere, false);
+                }
+            }
+        }
+    }
+
+    fn give_preemption_notice(&mut self, lease_id: LeaseId, ends_at_ms: u64) {
+        let lease = &mut self.leases[lease_id.0 as usize];
+        if !lease.active || lease.preempt_at_ms.is_some_and(|at| at <= ends_at_ms) {
+            return;
+        }
+        lease.preempt_at_ms = Some(ends_at_ms);
+        self.emit(EventKind::PreemptionNotice { lease: lease_id, ends_at_ms });
+        self.schedule(ends_at_ms, TimerKind::LeaseEnd(lease_id, LeaseEndReasonKey::Preempted));
+    }
+
+    /// A preemptible lease on a GPU with a sold window ahead gets its notice
+    /// the notice period before that window starts.
+    fn schedule_window_preemption(&mut self, lease_id: LeaseId) {
+        let lease = &self.leases[lease_id.0 as usize];
+        let notice_ms = self.notice_ms(lease.instrument);
+        let first_window = mask_bits(lease.gpu_mask)
+            .filter_map(|bit| {
+                let gpu = self.hosts[lease.host.0 as usize].gpus[bit as usize];
+                self.gpus[gpu.0 as usize].next_sold_start(self.now_ms)
+            })
+            .min();
+        if let Some(window_start_ms) = first_window {
+            let at_ms = window_start_ms.saturating_sub(notice_ms).max(self.now_ms);
+            self.schedule(at_ms, TimerKind::PreemptForWindow(lease_id, window_start_ms));
+        }
+    }
+
+    pub(super) fn preempt_for_window(&mut self, lease_id: LeaseId, window_start_ms: u64) {
+        self.give_preemption_notice(lease_id, window_start_ms);
+    }
+
+    pub(super) fn end_lease_if_due(&mut self, lease_id: LeaseId, reason: LeaseEndReason) {
+        let lease = &self.leases[lease_id.0 as usize];
+        let due = match reason {
+            LeaseEndReason::Preempted => lease.preempt_at_ms == Some(self.now_ms),
+            _ => lease.end_ms == Some(self.now_ms),
+        };
+        if lease.active && due {
+            self.end_lease(lease_id, reason);
+        }
+    }
+
+    pub(crate) fn end_lease(&mut self, lease_id: LeaseId, reason: LeaseEndReason) {
+        let lease = self.leases[lease_id.0 as usize].clone();
+        if !lease.active {
+            return;
+        }
+        self.leases[lease_id.0 as usize].active = false;
+        for bit in mask_bits(lease.gpu_mask) {
+            let gpu_id = self.hosts[lease.host.0 as usize].gpus[bit as usize];
+            let gpu = &mut self.gpus[gpu_id.0 as usize];
+            if gpu.exclusive_lease == Some(lease_id) {
+                gpu.exclusive_lease = None;
+            }
+            if gpu.preemptible_lease == Some(lease_id) {
+                gpu.preemptible_lease = None;
+            }
+        }
+        let keeps_escrow = lease.kind == LeaseKind::Reserved && reason == LeaseEndReason::EndedByRenter;
+        if !keeps_escrow {
+            self.release_lease_escrow(lease_id);
+        }
+        self.emit(EventKind::LeaseEnded { lease: lease_id, reason });
+    }
+
+    fn release_lease_escrow(&mut self, lease_id: LeaseId) {
+        let lease = &mut self.leases[lease_id.0 as usize];
+        let (renter, escrow) = (lease.renter, lease.escrow_minor);
+        lease.escrow_minor = 0;
+        self.release(renter, escrow, HoldReason::Lease(lease_id));
+    }
+
+    pub(super) fn end_lease_by_renter(&mut self, account: AccountId, lease_id: LeaseId) -> Checked<()> {
+        self.account(account)?;
+        let lease = self.leases.get(lease_id.0 as usize).ok_or(RejectCode::UnknownLease)?;
+        if lease.renter != account {
+            return Err(RejectCode::NotYourLease);
+        }
+        if !lease.active {
+            return Err(RejectCode::LeaseNotActive);
+        }
+        self.end_lease(lease_id, LeaseEndReason::EndedByRenter);
+        Ok(())
+    }
+
+    /// A supplier's reserved ask filled: one contract per GPU, escrowed whole.
+    pub(crate) fn sell_contracts(&mut self, bid: &Order, supplier: AccountId, host: HostId, taken: u64, price: u64) {
+        let instrument = bid.instrument;
+        let ContractKind::Reserved { window_start_ms, window_end_ms } = self.instruments[instrument.0 as usize].kind else {
+            unreachable!("contracts are sold in reserved windows only");
+        };
+        let escrow_minor = price * ((window_end_ms - window_start_ms) / MS_PER_HOUR);
+        for bit in mask_bits(taken) {
+            let gpu_id = self.hosts[host.0 as usize].gpus[bit as usize];
+            let contract_id = ContractId(self.contracts.len() as u64);
+            self.contracts.push(Contract {
+                instrument,
+                gpu: gpu_id,
+                holder: bid.account,
+                supplier,
+                price,
+                escrow_minor,
+                offered_by: None,
+                state: ContractState::Open,
+            });
+            self.instruments[instrument.0 as usize].contracts.push(contract_id);
+            let gpu = &mut self.gpus[gpu_id.0 as usize];
+            assert!(!gpu.committed_during(window_start_ms, Some(window_end_ms)), "GPU sold twice for one window");
+            gpu.commitments.push(Commitment {
+                start_ms: window_start_ms,
+                end_ms: window_end_ms,
+                instrument,
+                holder: CommitmentHolder::Sold(contract_id),
+            });
+            let displaced = gpu.preemptible_lease;
+            self.hold(bid.account, escrow_minor, HoldReason::Contract(contract_id));
+            self.emit(EventKind::ContractCreated {
+                contract: contract_id,
+                instrument,
+                holder: bid.account,
+                supplier,
+                gpu: gpu_id,
+                price_minor_per_gpu_hour: price,
+            });
+            if let Some(lease) = displaced {
+                self.schedule_window_preemption(lease);
+            }
+        }
+    }
+
+    /// A holder's resale ask filled: the contracts it locked pass to the buyer.
+    /// The escrow (at the primary price, which the supplier is owed) moves
+    /// with the contract; the buyer and seller settle the price difference.
+    pub(crate) fn resell_contracts(
+        &mut self,
+        buyer: AccountId,
+        sell_id: OrderId,
+        seller: AccountId,
+        instrument: InstrumentId,
+        quantity: u32,
+        price: u64,
+    ) {
+        let ContractKind::Reserved { window_start_ms, window_end_ms } = self.instruments[instrument.0 as usize].kind else {
+            unreachable!("contracts are resold in reserved windows only");
+        };
+        let hours = (window_end_ms - window_start_ms) / MS_PER_HOUR;
+        let mut left = quantity;
+        for index in 0..self.instruments[instrument.0 as usize].contracts.len() {
+            let contract_id = self.instruments[instrument.0 as usize].contracts[index];
+            if left == 0 {
+                break;
+            }
+            let contract = &mut self.contracts[contract_id.0 as usize];
+            if contract.offered_by != Some(sell_id) {
+                continue;
+            }
+            left -= 1;
+            contract.offered_by = None;
+            contract.holder = buyer;
+            let (escrow, primary_price) = (contract.escrow_minor, contract.price);
+            let reason = HoldReason::Contract(contract_id);
+            self.release(seller, escrow, reason);
+            if price >= primary_price {
+                self.hold(buyer, escrow, reason);
+                self.transfer_available(buyer, seller, (price - primary_price) * hours, reason);
+            } else {
+                self.transfer_available(seller, buyer, (primary_price - price) * hours, reason);
+                self.hold(buyer, escrow, reason);
+            }
+            self.emit(EventKind::ContractTransferred { contract: contract_id, from: seller, to: buyer, price_minor_per_gpu_hour: price });
+        }
+        assert_eq!(left, 0, "a resale ask locks as many contracts as it offers");
+    }
+
+    /// Window start: every contract becomes a reserved lease on its GPU, or a
+    /// recorded delivery failure (escrow back to the holder) if the GPU is not there.
+    pub(super) fn deliver_window(&mut self, instrument: InstrumentId) {
+        let ContractKind::Reserved { window_end_ms, .. } = self.instruments[instrument.0 as usize].kind else {
+            return;
+        };
+        let contracts = self.instruments[instrument.0 as usize].contracts.clone();
+        for contract_id in contracts {
+            let contract = self.contracts[contract_id.0 as usize].clone();
+            let gpu = &self.gpus[contract.gpu.0 as usize];
+            if contract.state != ContractState::Open {
+                continue;
+            }
+            if !gpu.online || gpu.exclusive_lease.is_some() {
+                self.contracts[contract_id.0 as usize].state = ContractState::Failed;
+                self.contracts[contract_id.0 as usize].escrow_minor = 0;
+                self.release(contract.holder, contract.escrow_minor, HoldReason::Contract(contract_id));
+                self.emit(EventKind::DeliveryFailed { contract: contract_id, supplier: contract.supplier, gpu: contract.gpu });
+                continue;
+            }
+            self.deliver_contract(contract_id, &contract, window_end_ms);
+        }
+    }
+
+    fn deliver_contract(&mut self, contract_id: ContractId, contract: &Contract, window_end_ms: u64) {
+        let lease_id = LeaseId(self.leases.len() as u64);
+        let gpu: GpuId = contract.gpu;
+        let (host, index_on_host) = (self.gpus[gpu.0 as usize].host, self.gpus[gpu.0 as usize].index_on_host);
+        let gpu_mask = 1u64 << index_on_host;
+        self.leases.push(Lease {
+            kind: LeaseKind::Reserved,
+            instrument: contract.instrument,
+            renter: contract.holder,
+            supplier: contract.supplier,
+            host,
+            gpu_mask,
+            price: contract.price,
+            start_ms: self.now_ms,
+            end_ms: Some(window_end_ms),
+            escrow_minor: contract.escrow_minor,
+            active: true,
+            preempt_at_ms: None,
+        });
+        let stored = &mut self.contracts[contract_id.0 as usize];
+        stored.state = ContractState::Delivered(lease_id);
+        stored.escrow_minor = 0;
+        self.release(contract.holder, contract.escrow_minor, HoldReason::Contract(contract_id));
+        self.hold(contract.holder, contract.escrow_minor, HoldReason::Lease(lease_id));
+        self.occupy_gpus(lease_id, LeaseKind::Reserved, host, gpu_mask);
+        self.emit(EventKind::LeaseCreated {
+            lease: lease_id,
+            kind: LeaseKind::Reserved,
+            instrument: contract.instrument,
+            renter: contract.holder,
+            supplier: contract.supplier,
+            host,
+            gpu_mask,
+            price_minor_per_gpu_hour: contract.price,
+            start_ms: self.now_ms,
+            end_ms: Some(window_end_ms),
+        });
+    }
+
+    /// Window end: its leases end, kept escrow is released, and its GPUs'
+    /// commitments are dropped.
+    pub(super) fn end_window_leases(&mut self, instrument: InstrumentId) {
+        let contracts = self.instruments[instrument.0 as usize].contracts.clone();
+        for contract_id in contracts {
+            let contract = &self.contracts[contract_id.0 as usize];
+            let gpu = contract.gpu;
+            if let ContractState::Delivered(lease) = contract.state {
+                self.end_lease(lease, LeaseEndReason::WindowEnded);
+                self.release_lease_escrow(lease);
+            }
+            self.gpus[gpu.0 as usize].remove_commitment(instrument, CommitmentHolder::Sold(contract_id));
+        }
+    }
+}

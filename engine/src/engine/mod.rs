@@ -1,0 +1,551 @@
+//! The engine state machine: owns every book, order, account, GPU, lease and
+//! contract, and applies one [`Input`] at a time.
+//!
+//! Work is split by concern across the files of this module: `accounts` (funds
+//! and registration), `orders` (entry, cancel, replace), `matching` (crossing,
+//! fills and what a fill creates), `leases` (leases, contracts, timers) and
+//! `calendar` (listing and expiring reserved windows). Every handler validates
+//! first and mutates after, so a rejected command changes nothing.
+
+mod accounts;
+mod calendar;
+mod leases;
+mod matching;
+mod orders;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+use crate::book::{Book, OrderSlab};
+use crate::command::{Command, Input, Role, Side};
+use crate::config::{ConfigError, EngineConfig};
+use crate::event::{Event, EventKind, LeaseEndReason, LeaseKind, RejectCode};
+use crate::gpus::{Gpu, Host};
+use crate::ids::{AccountId, ContractId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
+use crate::state_hash::StateHasher;
+
+pub(crate) struct Account {
+    pub role: Role,
+    pub available_minor: u64,
+    pub held_minor: u64,
+    pub open_orders: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InstrumentState {
+    Trading,
+    /// A reserved window past its trading stop, before its end.
+    Stopped,
+    Expired,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum ContractKind {
+    Spot,
+    Preemptible,
+    Reserved { window_start_ms: u64, window_end_ms: u64 },
+}
+
+pub(crate) struct Instrument {
+    pub symbol: String,
+    pub class: u16,
+    pub kind: ContractKind,
+    pub state: InstrumentState,
+    /// Reserved windows: every contract sold in this window.
+    pub contracts: Vec<ContractId>,
+}
+
+/// A public description of an instrument, for listings and the gateway.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct InstrumentInfo {
+    pub instrument: InstrumentId,
+    pub symbol: String,
+    pub class: String,
+    pub contract: ContractKind,
+    pub state: InstrumentState,
+    pub tick_minor: u64,
+    pub price_min_minor_per_gpu_hour: u64,
+    pub price_max_minor_per_gpu_hour: u64,
+}
+
+/// A public description of an open order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct OrderInfo {
+    pub order: OrderId,
+    pub account: AccountId,
+    pub client_order_id: u64,
+    pub instrument: InstrumentId,
+    pub side: Side,
+    pub price_minor_per_gpu_hour: u64,
+    pub quantity: u32,
+    pub resting: bool,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Lease {
+    pub kind: LeaseKind,
+    pub instrument: InstrumentId,
+    pub renter: AccountId,
+    pub supplier: AccountId,
+    pub host: HostId,
+    pub gpu_mask: u64,
+    pub price: u64,
+    pub start_ms: u64,
+    pub end_ms: Option<u64>,
+    pub escrow_minor: u64,
+    pub active: bool,
+    /// Set once a preemption notice went out.
+    pub preempt_at_ms: Option<u64>,
+}
+
+/// A public description of a lease.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LeaseInfo {
+    pub lease: LeaseId,
+    pub kind: LeaseKind,
+    pub renter: AccountId,
+    pub supplier: AccountId,
+    pub gpus: Vec<GpuId>,
+    pub price_minor_per_gpu_hour: u64,
+    pub start_ms: u64,
+    pub end_ms: Option<u64>,
+    pub active: bool,
+}
+
+/// A public description of a registered GPU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct GpuInfo {
+    pub gpu: GpuId,
+    pub uuid: String,
+    pub host: HostId,
+    pub host_name: String,
+    pub index_on_host: u32,
+    pub owner: AccountId,
+    pub spec: crate::config::GpuSpec,
+    pub classes: Vec<String>,
+    pub online: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ContractState {
+    Open,
+    Delivered(LeaseId),
+    Failed,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Contract {
+    pub instrument: InstrumentId,
+    pub gpu: GpuId,
+    pub holder: AccountId,
+    pub supplier: AccountId,
+    /// The primary sale price; the supplier is paid at this price.
+    pub price: u64,
+    pub escrow_minor: u64,
+    /// The resale ask this contract is locked in, if any.
+    pub offered_by: Option<OrderId>,
+    pub state: ContractState,
+}
+
+/// Something the engine must do at a future time. Timers fire in order of
+/// `(at_ms, rank, seq)`: at the same instant, ends fire before starts so a
+/// lease ending at a window's start frees the GPU first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Timer {
+    pub at_ms: u64,
+    pub rank: u8,
+    pub seq: u64,
+    pub kind: TimerKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum TimerKind {
+    LeaseEnd(LeaseId, LeaseEndReasonKey),
+    OrderExpiry(OrderId),
+    PreemptForWindow(LeaseId, u64),
+    TradingStop(InstrumentId),
+    WindowStart(InstrumentId),
+    WindowEnd(InstrumentId),
+}
+
+/// `LeaseEndReason` with an order, so timers can sort.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum LeaseEndReasonKey {
+    DurationElapsed,
+    Preempted,
+}
+
+impl LeaseEndReasonKey {
+    fn reason(self) -> LeaseEndReason {
+        match self {
+            LeaseEndReasonKey::DurationElapsed => LeaseEndReason::DurationElapsed,
+            LeaseEndReasonKey::Preempted => LeaseEndReason::Preempted,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+pub(crate) struct CalendarCursor {
+    pub next_hourly_start_ms: u64,
+    pub next_daily_start_ms: u64,
+}
+
+pub struct Engine {
+    pub(crate) config: EngineConfig,
+    pub(crate) now_ms: u64,
+    pub(crate) next_seq: u64,
+    pub(crate) events: Vec<Event>,
+    pub(crate) accounts: Vec<Account>,
+    pub(crate) instruments: Vec<Instrument>,
+    pub(crate) books: Vec<Book>,
+    pub(crate) orders: OrderSlab,
+    pub(crate) client_order_ids: FxHashMap<(AccountId, u64), OrderId>,
+    pub(crate) hosts: Vec<Host>,
+    pub(crate) host_by_name: BTreeMap<String, HostId>,
+    pub(crate) gpus: Vec<Gpu>,
+    pub(crate) gpu_by_uuid: BTreeMap<String, GpuId>,
+    pub(crate) leases: Vec<Lease>,
+    pub(crate) contracts: Vec<Contract>,
+    pub(crate) timers: BinaryHeap<Reverse<Timer>>,
+    pub(crate) timer_seq: u64,
+    pub(crate) calendar: Vec<CalendarCursor>,
+}
+
+/// A handler's early exit: the command is rejected with this code.
+pub(crate) type Checked<T> = Result<T, RejectCode>;
+
+impl Engine {
+    /// An engine with the spot and preemptible instruments of every class
+    /// listed; reserved windows are listed as time arrives.
+    pub fn new(config: EngineConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let mut engine = Engine {
+            now_ms: 0,
+            next_seq: 1,
+            events: Vec::with_capacity(256),
+            accounts: Vec::new(),
+            instruments: Vec::new(),
+            books: Vec::new(),
+            orders: OrderSlab::default(),
+            client_order_ids: FxHashMap::default(),
+            hosts: Vec::new(),
+            host_by_name: BTreeMap::new(),
+            gpus: Vec::new(),
+            gpu_by_uuid: BTreeMap::new(),
+            leases: Vec::new(),
+            contracts: Vec::new(),
+            timers: BinaryHeap::new(),
+            timer_seq: 0,
+            calendar: vec![CalendarCursor::default(); config.classes.len()],
+            config,
+        };
+        for class in 0..engine.config.classes.len() as u16 {
+            let name = engine.config.classes[class as usize].name.clone();
+            engine.add_instrument(format!("{name}/SPOT"), class, ContractKind::Spot);
+            engine.add_instrument(format!("{name}/PREEMPT"), class, ContractKind::Preemptible);
+        }
+        Ok(engine)
+    }
+
+    /// Applies one sequenced input and returns the events it caused, numbered
+    /// consecutively after the previous input's. A rejected input yields one
+    /// `Rejected` event and changes nothing else.
+    pub fn apply(&mut self, input: &Input) -> &[Event] {
+        self.events.clear();
+        if input.at_ms < self.now_ms {
+            let account = command_account(&input.command);
+            let client_order_id = command_client_order_id(&input.command);
+            self.emit(EventKind::Rejected { account, client_order_id, code: RejectCode::TimeWentBackwards });
+            return &self.events;
+        }
+        self.advance_to(input.at_ms);
+        if let Err(code) = self.execute(&input.command) {
+            let account = command_account(&input.command);
+            let client_order_id = command_client_order_id(&input.command);
+            self.emit(EventKind::Rejected { account, client_order_id, code });
+        }
+        &self.events
+    }
+
+    fn execute(&mut self, command: &Command) -> Checked<()> {
+        match command {
+            Command::OpenAccount { role } => self.open_account(*role),
+            Command::Deposit { account, amount_minor } => self.deposit(*account, *amount_minor),
+            Command::Withdraw { account, amount_minor } => self.withdraw(*account, *amount_minor),
+            Command::RegisterGpu { account, host, gpu_uuid, spec } => self.register_gpu(*account, host, gpu_uuid, spec),
+            Command::SetGpuOnline { account, gpu, online } => self.set_gpu_online(*account, *gpu, *online),
+            Command::PlaceOrder(order) => self.place_order(order),
+            Command::CancelOrder { account, order } => self.cancel_order(*account, *order),
+            Command::ReplaceOrder { account, order, price_minor_per_gpu_hour, quantity } => {
+                self.replace_order(*account, *order, *price_minor_per_gpu_hour, *quantity)
+            }
+            Command::MassCancel { account, instrument } => self.mass_cancel(*account, *instrument),
+            Command::EndLease { account, lease } => self.end_lease_by_renter(*account, *lease),
+            Command::SettleUsage { lease, amount_minor } => self.settle_usage(*lease, *amount_minor),
+            Command::Tick => Ok(()),
+        }
+    }
+
+    pub(crate) fn emit(&mut self, kind: EventKind) {
+        let event = Event { seq: self.next_seq, at_ms: self.now_ms, kind };
+        self.next_seq += 1;
+        self.events.push(event);
+    }
+
+    /// Fires every timer due at or before `at_ms`, each at its own time, then
+    /// lists the reserved windows that `at_ms` brings into the calendar.
+    fn advance_to(&mut self, at_ms: u64) {
+        while let Some(Reverse(timer)) = self.timers.peek().copied() {
+            if timer.at_ms > at_ms {
+                break;
+            }
+            self.timers.pop();
+            self.now_ms = self.now_ms.max(timer.at_ms);
+            self.fire(timer.kind);
+        }
+        self.now_ms = at_ms;
+        self.list_calendar();
+    }
+
+    pub(crate) fn schedule(&mut self, at_ms: u64, kind: TimerKind) {
+        let rank = match kind {
+            TimerKind::LeaseEnd(..) | TimerKind::OrderExpiry(_) | TimerKind::WindowEnd(_) => 0,
+            TimerKind::PreemptForWindow(..) | TimerKind::TradingStop(_) => 1,
+            TimerKind::WindowStart(_) => 2,
+        };
+        self.timer_seq += 1;
+        self.timers.push(Reverse(Timer { at_ms, rank, seq: self.timer_seq, kind }));
+    }
+
+    fn fire(&mut self, kind: TimerKind) {
+        match kind {
+            TimerKind::LeaseEnd(lease, reason) => self.end_lease_if_due(lease, reason.reason()),
+            TimerKind::OrderExpiry(order) => self.expire_order(order),
+            TimerKind::PreemptForWindow(lease, window_start_ms) => self.preempt_for_window(lease, window_start_ms),
+            TimerKind::TradingStop(instrument) => self.stop_trading(instrument),
+            TimerKind::WindowStart(instrument) => self.deliver_window(instrument),
+            TimerKind::WindowEnd(instrument) => self.expire_window(instrument),
+        }
+    }
+
+    pub(crate) fn add_instrument(&mut self, symbol: String, class: u16, kind: ContractKind) -> InstrumentId {
+        let id = InstrumentId(self.instruments.len() as u32);
+        self.instruments.push(Instrument { symbol, class, kind, state: InstrumentState::Trading, contracts: Vec::new() });
+        self.books.push(Book::new());
+        id
+    }
+
+    // ---- queries (used by the gateway, tools and tests; not part of the state machine) ----
+
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The sequence number the next event will carry.
+    pub fn next_event_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    pub fn instruments(&self) -> Vec<InstrumentInfo> {
+        (0..self.instruments.len() as u32).filter_map(|id| self.instrument(InstrumentId(id))).collect()
+    }
+
+    pub fn instrument(&self, id: InstrumentId) -> Option<InstrumentInfo> {
+        let instrument = self.instruments.get(id.0 as usize)?;
+        let class = &self.config.classes[instrument.class as usize];
+        Some(InstrumentInfo {
+            instrument: id,
+            symbol: instrument.symbol.clone(),
+            class: class.name.clone(),
+            contract: instrument.kind,
+            state: instrument.state,
+            tick_minor: class.tick_minor,
+            price_min_minor_per_gpu_hour: class.price_min_minor_per_gpu_hour,
+            price_max_minor_per_gpu_hour: class.price_max_minor_per_gpu_hour,
+        })
+    }
+
+    pub fn instrument_by_symbol(&self, symbol: &str) -> Option<InstrumentId> {
+        self.instruments.iter().position(|i| i.symbol == symbol).map(|i| InstrumentId(i as u32))
+    }
+
+    /// Price levels of one side, best first, as `(price, quantity)`.
+    pub fn depth(&self, instrument: InstrumentId, side: Side) -> Vec<(u64, u64)> {
+        self.books.get(instrument.0 as usize).map(|book| book.side(side).depth().collect()).unwrap_or_default()
+    }
+
+    pub fn best_price(&self, instrument: InstrumentId, side: Side) -> Option<u64> {
+        self.books.get(instrument.0 as usize)?.side(side).best_price()
+    }
+
+    pub fn order(&self, id: OrderId) -> Option<OrderInfo> {
+        self.orders.get(id).map(|order| OrderInfo {
+            order: id,
+            account: order.account,
+            client_order_id: order.client_order_id,
+            instrument: order.instrument,
+            side: order.side,
+            price_minor_per_gpu_hour: order.price,
+            quantity: order.quantity,
+            resting: order.resting,
+        })
+    }
+
+    pub fn open_orders(&self, account: AccountId) -> Vec<OrderInfo> {
+        self.orders.iter_live().filter(|(_, o)| o.account == account).filter_map(|(id, _)| self.order(id)).collect()
+    }
+
+    pub fn open_order_count(&self) -> u32 {
+        self.orders.live_count()
+    }
+
+    /// `(available, held)` funds of an account.
+    pub fn funds(&self, account: AccountId) -> Option<(u64, u64)> {
+        self.accounts.get(account.0 as usize).map(|a| (a.available_minor, a.held_minor))
+    }
+
+    pub fn lease(&self, id: LeaseId) -> Option<LeaseInfo> {
+        let lease = self.leases.get(id.0 as usize)?;
+        let gpus = crate::gpus::mask_bits(lease.gpu_mask).map(|bit| self.hosts[lease.host.0 as usize].gpus[bit as usize]).collect();
+        Some(LeaseInfo {
+            lease: id,
+            kind: lease.kind,
+            renter: lease.renter,
+            supplier: lease.supplier,
+            gpus,
+            price_minor_per_gpu_hour: lease.price,
+            start_ms: lease.start_ms,
+            end_ms: lease.end_ms,
+            active: lease.active,
+        })
+    }
+
+    pub fn lease_count(&self) -> u64 {
+        self.leases.len() as u64
+    }
+
+    /// Active leases holding `gpu`: `(exclusive, preemptible)`.
+    pub fn gpu_leases(&self, gpu: GpuId) -> Option<(Option<LeaseId>, Option<LeaseId>)> {
+        self.gpus.get(gpu.0 as usize).map(|g| (g.exclusive_lease, g.preemptible_lease))
+    }
+
+    pub fn gpu(&self, id: GpuId) -> Option<GpuInfo> {
+        let gpu = self.gpus.get(id.0 as usize)?;
+        Some(GpuInfo {
+            gpu: id,
+            uuid: gpu.uuid.clone(),
+            host: gpu.host,
+            host_name: self.hosts[gpu.host.0 as usize].name.clone(),
+            index_on_host: gpu.index_on_host,
+            owner: gpu.owner,
+            spec: gpu.spec.clone(),
+            classes: (0..self.config.classes.len())
+                .filter(|class| gpu.classes_mask & (1u64 << class) != 0)
+                .map(|class| self.config.classes[class].name.clone())
+                .collect(),
+            online: gpu.online,
+        })
+    }
+
+    /// The GPU a host's `index`-th registration got.
+    pub fn host_gpu(&self, host: HostId, index: u32) -> Option<GpuId> {
+        self.hosts.get(host.0 as usize)?.gpus.get(index as usize).copied()
+    }
+
+    /// Contracts held by `account` in a reserved window.
+    pub fn contracts_held(&self, account: AccountId, instrument: InstrumentId) -> u32 {
+        self.instruments
+            .get(instrument.0 as usize)
+            .map_or(0, |i| i.contracts.iter().filter(|c| self.contracts[c.0 as usize].holder == account).count() as u32)
+    }
+
+    /// A hash of the whole state, equal for engines that applied the same inputs.
+    pub fn state_hash(&self) -> u64 {
+        let mut hasher = StateHasher::new();
+        self.hash_into(&mut hasher);
+        hasher.finish()
+    }
+}
+
+fn command_account(command: &Command) -> Option<AccountId> {
+    match command {
+        Command::OpenAccount { .. } | Command::SettleUsage { .. } | Command::Tick => None,
+        Command::Deposit { account, .. }
+        | Command::Withdraw { account, .. }
+        | Command::RegisterGpu { account, .. }
+        | Command::SetGpuOnline { account, .. }
+        | Command::CancelOrder { account, .. }
+        | Command::ReplaceOrder { account, .. }
+        | Command::MassCancel { account, .. }
+        | Command::EndLease { account, .. } => Some(*account),
+        Command::PlaceOrder(order) => Some(order.account),
+    }
+}
+
+fn command_client_order_id(command: &Command) -> u64 {
+    match command {
+        Command::PlaceOrder(order) => order.client_order_id,
+        _ => 0,
+    }
+}
+
+impl Engine {
+    /// Feeds every piece of market state into the hasher in a fixed order.
+    /// The event counter is left out: a rejected command numbers its
+    /// `Rejected` event but changes no state, and equal event streams are
+    /// checked by comparing the events themselves.
+    fn hash_into(&self, h: &mut StateHasher) {
+        h.u64(self.now_ms);
+        for account in &self.accounts {
+            h.u64(account.role as u64);
+            h.u64(account.available_minor);
+            h.u64(account.held_minor);
+            h.u64(account.open_orders as u64);
+        }
+        for (id, order) in self.orders.iter_live() {
+            h.bytes(format!("{id:?}{order:?}").as_bytes());
+        }
+        for (index, book) in self.books.iter().enumerate() {
+            h.u64(index as u64);
+            for side in [Side::Buy, Side::Sell] {
+                for (price, quantity) in book.side(side).depth() {
+                    h.u64(price);
+                    h.u64(quantity);
+                }
+            }
+        }
+        for instrument in &self.instruments {
+            h.bytes(format!("{}{:?}{:?}{:?}", instrument.symbol, instrument.kind, instrument.state, instrument.contracts).as_bytes());
+        }
+        for gpu in &self.gpus {
+            h.bytes(
+                format!(
+                    "{}{}{:?}{:?}{:?}{:?}{:?}",
+                    gpu.uuid, gpu.online, gpu.spot_ask, gpu.preemptible_ask, gpu.exclusive_lease, gpu.preemptible_lease, gpu.commitments
+                )
+                .as_bytes(),
+            );
+        }
+        for lease in &self.leases {
+            h.bytes(format!("{lease:?}").as_bytes());
+        }
+        for contract in &self.contracts {
+            h.bytes(format!("{contract:?}").as_bytes());
+        }
+        let mut timers: Vec<Timer> = self.timers.iter().map(|Reverse(timer)| *timer).collect();
+        timers.sort();
+        h.bytes(format!("{timers:?}").as_bytes());
+        let mut client_ids: Vec<_> = self.client_order_ids.iter().collect();
+        client_ids.sort();
+        h.bytes(format!("{client_ids:?}").as_bytes());
+    }
+}

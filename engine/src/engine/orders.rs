@@ -1,0 +1,564 @@
+//! Order entry: validation, acceptance, cancel, cancel-replace, mass cancel
+//! and expiry, and the bookkeeping every order carries with it (its funds hold
+//! for a bid, the GPUs or contracts it locks for an ask).
+
+use super::{Checked, ContractKind, Engine, InstrumentState, TimerKind};
+use crate::book::{crosses, Order, NIL};
+use crate::command::{GpuSet, LeaseDuration, NewOrder, OrderType, Side, TimeInForce};
+use crate::event::{EventKind, HoldReason, OrderCloseReason, ReduceReason, RejectCode};
+use crate::gpus::{highest_bits, mask_bits, Commitment, CommitmentHolder};
+use crate::ids::{AccountId, InstrumentId, OrderId};
+use crate::limits;
+use crate::time::MS_PER_HOUR;
+
+/// What the validated order will do once accepted.
+struct Admission {
+    price: u64,
+    hold_per_gpu_minor: u64,
+    no_liquidity: bool,
+}
+
+impl Engine {
+    pub(super) fn place_order(&mut self, new: &NewOrder) -> Checked<()> {
+        let admission = self.admit(new)?;
+        let order = Order {
+            instrument: new.instrument,
+            account: new.account,
+            client_order_id: new.client_order_id,
+            side: new.side,
+            price: admission.price,
+            quantity: new.quantity,
+            duration: new.duration,
+            self_trade: new.self_trade_prevention,
+            one_host: new.one_host,
+            post_only: new.post_only,
+            supply: new.supply,
+            hold_per_gpu_minor: admission.hold_per_gpu_minor,
+            expire_at_ms: match new.time_in_force {
+                TimeInForce::Gtt { expire_at_ms } => Some(expire_at_ms),
+                _ => None,
+            },
+            ..Order::vacant()
+        };
+        let id = self.orders.insert(order);
+        self.client_order_ids.insert((new.account, new.client_order_id), id);
+        self.accounts[new.account.0 as usize].open_orders += 1;
+        self.emit(EventKind::OrderAccepted {
+            order: id,
+            account: new.account,
+            client_order_id: new.client_order_id,
+            instrument: new.instrument,
+            side: new.side,
+            price_minor_per_gpu_hour: admission.price,
+            quantity: new.quantity,
+        });
+        if new.side == Side::Buy {
+            self.hold(new.account, admission.hold_per_gpu_minor * new.quantity as u64, HoldReason::Order(id));
+        } else {
+            self.lock_supply(id, new.quantity);
+        }
+        if admission.no_liquidity {
+            self.close_order(id, OrderCloseReason::NoLiquidity);
+            return Ok(());
+        }
+        let fok = new.time_in_force == TimeInForce::Fok;
+        let needed = if fok { new.quantity } else { new.min_quantity };
+        if needed > 0 && self.fillable_quantity(id, needed) < needed {
+            let reason = if fok { OrderCloseReason::Killed } else { OrderCloseReason::MinQuantityNotMet };
+            self.close_order(id, reason);
+            return Ok(());
+        }
+        let rests = new.order_type == OrderType::Limit && matches!(new.time_in_force, TimeInForce::Gtc | TimeInForce::Gtt { .. });
+        self.match_and_settle(id, rests);
+        Ok(())
+    }
+
+    /// Every check of a new order, in the order the rulebook lists them. Reads only.
+    fn admit(&self, new: &NewOrder) -> Checked<Admission> {
+        let role = self.account(new.account)?.role;
+        let instrument = self.instruments.get(new.instrument.0 as usize).ok_or(RejectCode::UnknownInstrument)?;
+        if instrument.state != InstrumentState::Trading {
+            return Err(RejectCode::InstrumentNotTrading);
+        }
+        let reserved = matches!(instrument.kind, ContractKind::Reserved { .. });
+        match (new.side, new.supply) {
+            (Side::Buy, Some(_)) => return Err(RejectCode::SupplyNotAllowed),
+            (Side::Buy, None) if !role.may_buy() => return Err(RejectCode::RoleNotPermitted),
+            (Side::Sell, Some(_)) if !role.may_supply() => return Err(RejectCode::RoleNotPermitted),
+            (Side::Sell, None) if !reserved => return Err(RejectCode::SupplyRequired),
+            _ => {}
+        }
+        check_quantity(new.quantity)?;
+        if new.min_quantity > new.quantity {
+            return Err(RejectCode::MinQuantityInvalid);
+        }
+        if new.order_type == OrderType::Limit {
+            self.check_price(instrument.class, new.price_minor_per_gpu_hour)?;
+        }
+        if new.side == Side::Buy && !reserved {
+            check_duration(new.duration)?;
+        }
+        if let TimeInForce::Gtt { expire_at_ms } = new.time_in_force {
+            if expire_at_ms <= self.now_ms {
+                return Err(RejectCode::ExpiryInPast);
+            }
+        }
+        let may_rest = matches!(new.time_in_force, TimeInForce::Gtc | TimeInForce::Gtt { .. });
+        if new.post_only && (new.order_type != OrderType::Limit || !may_rest) {
+            return Err(RejectCode::PostOnlyNotLimit);
+        }
+        if self.client_order_ids.contains_key(&(new.account, new.client_order_id)) {
+            return Err(RejectCode::DuplicateClientOrderId);
+        }
+        if self.account(new.account)?.open_orders >= self.config.orders_per_account_max
+            || self.orders.live_count() >= limits::ORDERS_LIVE_MAX
+        {
+            return Err(RejectCode::TooManyOpenOrders);
+        }
+        match new.supply {
+            Some(set) => self.check_supply(new.account, new.instrument, set, new.quantity)?,
+            None if new.side == Side::Sell && self.unoffered_contracts(new.account, new.instrument) < new.quantity => {
+                return Err(RejectCode::InsufficientContracts);
+            }
+            None => {}
+        }
+        let (price, no_liquidity) = match new.order_type {
+            OrderType::Limit => (new.price_minor_per_gpu_hour, false),
+            OrderType::Market => match self.protected_price(new.instrument, new.side) {
+                Some(price) => (price, false),
+                None => (0, true),
+            },
+        };
+        let opposite_best = self.books[new.instrument.0 as usize].side(new.side.opposite()).best_price();
+        if new.post_only && opposite_best.is_some_and(|best| crosses(new.side, price, best)) {
+            return Err(RejectCode::PostOnlyWouldCross);
+        }
+        let mut hold_per_gpu_minor = 0;
+        if new.side == Side::Buy {
+            hold_per_gpu_minor = self.hold_per_gpu(new.instrument, price, new.duration)?;
+            let total = hold_per_gpu_minor.checked_mul(new.quantity as u64).ok_or(RejectCode::InsufficientFunds)?;
+            if total > self.account(new.account)?.available_minor {
+                return Err(RejectCode::InsufficientFunds);
+            }
+        }
+        Ok(Admission { price, hold_per_gpu_minor, no_liquidity })
+    }
+
+    pub(crate) fn check_price(&self, class: u16, price: u64) -> Checked<()> {
+        let class = &self.config.classes[class as usize];
+        if price == 0 {
+            return Err(RejectCode::PriceNotPositive);
+        }
+        if !price.is_multiple_of(class.tick_minor) {
+            return Err(RejectCode::PriceOffTick);
+        }
+        if price < class.price_min_minor_per_gpu_hour || price > class.price_max_minor_per_gpu_hour {
+            return Err(RejectCode::PriceOutOfBand);
+        }
+        Ok(())
+    }
+
+    /// Funds a bid holds per GPU: its price for the lease's hours (the window
+    /// for reserved contracts, the prepaid horizon for open-ended leases).
+    pub(crate) fn hold_per_gpu(&self, instrument: InstrumentId, price: u64, duration: LeaseDuration) -> Checked<u64> {
+        price.checked_mul(self.billable_hours(instrument, duration)).ok_or(RejectCode::InsufficientFunds)
+    }
+
+    pub(crate) fn billable_hours(&self, instrument: InstrumentId, duration: LeaseDuration) -> u64 {
+        match (self.instruments[instrument.0 as usize].kind, duration) {
+            (ContractKind::Reserved { window_start_ms, window_end_ms }, _) => (window_end_ms - window_start_ms) / MS_PER_HOUR,
+            (_, LeaseDuration::Hours(hours)) => hours as u64,
+            (_, LeaseDuration::UntilCancelled) => self.config.prepaid_horizon_hours as u64,
+        }
+    }
+
+    /// The worst price a market order may trade at: the best opposite price
+    /// moved by the protection band, on tick and within the price band.
+    fn protected_price(&self, instrument: InstrumentId, side: Side) -> Option<u64> {
+        let best = self.books[instrument.0 as usize].side(side.opposite()).best_price()?;
+        let class = &self.config.classes[self.instruments[instrument.0 as usize].class as usize];
+        let bps = self.config.market_protection_bps as u128;
+        let tick = class.tick_minor as u128;
+        let price = match side {
+            Side::Buy => (best as u128 * (10_000 + bps) / 10_000) / tick * tick,
+            Side::Sell => (best as u128 * (10_000 - bps)).div_ceil(10_000).div_ceil(tick) * tick,
+        };
+        Some((price as u64).clamp(class.price_min_minor_per_gpu_hour, class.price_max_minor_per_gpu_hour))
+    }
+
+    /// Every GPU named by an ask must be the account's, online, qualified for
+    /// the class, and free of anything that would overlap what the book sells.
+    fn check_supply(&self, account: AccountId, instrument_id: InstrumentId, set: GpuSet, quantity: u32) -> Checked<()> {
+        let host = self.hosts.get(set.host.0 as usize).ok_or(RejectCode::UnknownHost)?;
+        if host.owner != account {
+            return Err(RejectCode::NotYourHost);
+        }
+        let host_mask = if host.gpus.len() >= 64 { u64::MAX } else { (1u64 << host.gpus.len()) - 1 };
+        if set.gpu_mask & !host_mask != 0 || set.gpu_mask.count_ones() != quantity {
+            return Err(RejectCode::InsufficientCapacity);
+        }
+        let instrument = &self.instruments[instrument_id.0 as usize];
+        let all_free = mask_bits(set.gpu_mask).all(|bit| {
+            let gpu = &self.gpus[host.gpus[bit as usize].0 as usize];
+            gpu.online
+                && gpu.qualifies_for(instrument.class)
+                && gpu.exclusive_lease.is_none_or(|lease| {
+                    // Only a window can be sold under a running lease, and only after it ends.
+                    let lease = &self.leases[lease.0 as usize];
+                    matches!(instrument.kind, ContractKind::Reserved { window_start_ms, .. }
+                        if lease.end_ms.is_some_and(|end| end <= window_start_ms))
+                })
+                && match instrument.kind {
+                    ContractKind::Spot => gpu.spot_ask.is_none(),
+                    ContractKind::Preemptible => gpu.preemptible_ask.is_none() && gpu.preemptible_lease.is_none(),
+                    ContractKind::Reserved { window_start_ms, window_end_ms } => {
+                        gpu.commitments.len() < limits::COMMITMENTS_PER_GPU_MAX
+                            && !gpu.committed_during(window_start_ms, Some(window_end_ms))
+                    }
+                }
+        });
+        if all_free {
+            Ok(())
+        } else {
+            Err(RejectCode::InsufficientCapacity)
+        }
+    }
+
+    fn unoffered_contracts(&self, account: AccountId, instrument: InstrumentId) -> u32 {
+        self.instruments[instrument.0 as usize]
+            .contracts
+            .iter()
+            .map(|c| &self.contracts[c.0 as usize])
+            .filter(|c| c.holder == account && c.offered_by.is_none())
+            .count() as u32
+    }
+
+    /// Marks what backs a new ask as offered by it: its GPUs, or `quantity`
+    /// of the seller's contracts for a resale.
+    fn lock_supply(&mut self, id: OrderId, quantity: u32) {
+        let order = *self.orders.get(id).expect("the order was just inserted");
+        let instrument = order.instrument;
+        let Some(set) = order.supply else {
+            self.lock_more_contracts(id, instrument, quantity);
+            return;
+        };
+        let kind = self.instruments[instrument.0 as usize].kind;
+        for bit in mask_bits(set.gpu_mask) {
+            let gpu_id = self.hosts[set.host.0 as usize].gpus[bit as usize];
+            let gpu = &mut self.gpus[gpu_id.0 as usize];
+            match kind {
+                ContractKind::Spot => gpu.spot_ask = Some(id),
+                ContractKind::Preemptible => gpu.preemptible_ask = Some(id),
+                ContractKind::Reserved { window_start_ms, window_end_ms } => gpu.commitments.push(Commitment {
+                    start_ms: window_start_ms,
+                    end_ms: window_end_ms,
+                    instrument,
+                    holder: CommitmentHolder::Offered(id),
+                }),
+            }
+        }
+    }
+
+    /// Undoes `lock_supply` for the GPUs in `mask` of an ask.
+    pub(crate) fn detach_gpus(&mut self, id: OrderId, set: GpuSet, mask: u64, instrument: InstrumentId) {
+        let kind = self.instruments[instrument.0 as usize].kind;
+        for bit in mask_bits(mask) {
+            let gpu_id = self.hosts[set.host.0 as usize].gpus[bit as usize];
+            let gpu = &mut self.gpus[gpu_id.0 as usize];
+            match kind {
+                ContractKind::Spot if gpu.spot_ask == Some(id) => gpu.spot_ask = None,
+                ContractKind::Preemptible if gpu.preemptible_ask == Some(id) => gpu.preemptible_ask = None,
+                ContractKind::Reserved { .. } => gpu.remove_commitment(instrument, CommitmentHolder::Offered(id)),
+                _ => {}
+            }
+        }
+    }
+
+    /// Unlocks up to `count` contracts a resale ask holds, newest first.
+    fn unlock_contracts(&mut self, id: OrderId, instrument: InstrumentId, count: u32) {
+        let mut left = count;
+        for index in (0..self.instruments[instrument.0 as usize].contracts.len()).rev() {
+            let contract_id = self.instruments[instrument.0 as usize].contracts[index];
+            let contract = &mut self.contracts[contract_id.0 as usize];
+            if left > 0 && contract.offered_by == Some(id) {
+                contract.offered_by = None;
+                left -= 1;
+            }
+        }
+    }
+
+    /// Lowers an order's open quantity by `by` (and its ask mask by
+    /// `removed_mask`), keeping its place in the book; releases the matching
+    /// part of a bid's hold. GPU and contract state is the caller's.
+    pub(crate) fn shrink_quantity(&mut self, id: OrderId, by: u32, removed_mask: u64) {
+        let order = self.orders.get_mut(id).expect("shrinking a live order");
+        assert!(order.quantity >= by, "an order cannot shrink below zero");
+        if let Some(set) = order.supply.as_mut() {
+            assert_eq!(set.gpu_mask & removed_mask, removed_mask);
+            assert_eq!(removed_mask.count_ones(), by, "a GPU ask's quantity is its mask");
+            set.gpu_mask &= !removed_mask;
+        }
+        let order = *order;
+        if order.resting {
+            let book = &mut self.books[order.instrument.0 as usize];
+            let quantity = book.side_mut(order.side).reduce(&mut self.orders, id.slot(), by);
+            self.emit(EventKind::BookLevel {
+                instrument: order.instrument,
+                side: order.side,
+                price_minor_per_gpu_hour: order.price,
+                quantity,
+            });
+        } else {
+            self.orders.get_mut(id).expect("live").quantity -= by;
+        }
+        if order.side == Side::Buy {
+            self.release(order.account, order.hold_per_gpu_minor * by as u64, HoldReason::Order(id));
+        }
+    }
+
+    /// Reduces an order by `by` for a reason other than a fill (self-trade
+    /// decrement, a GPU gone elsewhere), freeing what backed the removed part;
+    /// closes the order when nothing is left.
+    pub(crate) fn reduce_order(&mut self, id: OrderId, by: u32, removed_mask: Option<u64>, reason: ReduceReason) {
+        let order = *self.orders.get(id).expect("reducing a live order");
+        let removed_mask = match order.supply {
+            Some(set) => {
+                let removed = removed_mask.unwrap_or_else(|| highest_bits(set.gpu_mask, by));
+                self.detach_gpus(id, set, removed, order.instrument);
+                removed
+            }
+            None => {
+                if order.side == Side::Sell {
+                    self.unlock_contracts(id, order.instrument, by);
+                }
+                0
+            }
+        };
+        self.shrink_quantity(id, by, removed_mask);
+        let quantity_left = order.quantity - by;
+        if quantity_left == 0 {
+            let close = match reason {
+                ReduceReason::SelfTradeDecrement => OrderCloseReason::SelfTradePrevented,
+                ReduceReason::GpuOffline | ReduceReason::GpuLeasedElsewhere => OrderCloseReason::SupplyGone,
+            };
+            self.close_order(id, close);
+        } else {
+            self.emit(EventKind::OrderReduced { order: id, quantity_left, reason });
+        }
+    }
+
+    /// Takes the GPUs in `bits` out of an ask (they went offline or were leased
+    /// through another book). A no-op when the ask no longer offers them.
+    pub(crate) fn remove_gpus_from_ask(&mut self, id: OrderId, bits: u64, reason: ReduceReason) {
+        let Some(order) = self.orders.get(id) else { return };
+        let Some(set) = order.supply else { return };
+        let removed = set.gpu_mask & bits;
+        if removed != 0 {
+            self.reduce_order(id, removed.count_ones(), Some(removed), reason);
+        }
+    }
+
+    /// Ends an order: takes it off the book, releases what it held and locked.
+    pub(crate) fn close_order(&mut self, id: OrderId, reason: OrderCloseReason) {
+        let order = *self.orders.get(id).expect("closing a live order");
+        if order.resting {
+            let book = &mut self.books[order.instrument.0 as usize];
+            let quantity = book.side_mut(order.side).unlink(&mut self.orders, id.slot());
+            self.emit(EventKind::BookLevel {
+                instrument: order.instrument,
+                side: order.side,
+                price_minor_per_gpu_hour: order.price,
+                quantity,
+            });
+        }
+        match (order.side, order.supply) {
+            (Side::Buy, _) => self.release(order.account, order.hold_per_gpu_minor * order.quantity as u64, HoldReason::Order(id)),
+            (Side::Sell, Some(set)) => self.detach_gpus(id, set, set.gpu_mask, order.instrument),
+            (Side::Sell, None) => self.unlock_contracts(id, order.instrument, u32::MAX),
+        }
+        self.client_order_ids.remove(&(order.account, order.client_order_id));
+        self.accounts[order.account.0 as usize].open_orders -= 1;
+        self.orders.remove(id);
+        self.emit(EventKind::OrderClosed { order: id, reason, quantity_left: order.quantity });
+    }
+
+    /// Puts what is left of a matched order on the book, or closes it.
+    pub(crate) fn rest_or_close(&mut self, id: OrderId, rests: bool) {
+        let order = *self.orders.get(id).expect("a live taker");
+        if order.quantity == 0 {
+            self.close_order(id, OrderCloseReason::Filled);
+        } else if !rests {
+            self.close_order(id, OrderCloseReason::Killed);
+        } else {
+            let book = &mut self.books[order.instrument.0 as usize];
+            let quantity = book.side_mut(order.side).push_back(&mut self.orders, id.slot());
+            self.emit(EventKind::BookLevel {
+                instrument: order.instrument,
+                side: order.side,
+                price_minor_per_gpu_hour: order.price,
+                quantity,
+            });
+            if let Some(expire_at_ms) = order.expire_at_ms {
+                self.schedule(expire_at_ms, TimerKind::OrderExpiry(id));
+            }
+        }
+    }
+
+    fn owned_order(&self, account: AccountId, id: OrderId) -> Checked<Order> {
+        self.account(account)?;
+        let order = self.orders.get(id).ok_or(RejectCode::UnknownOrder)?;
+        if order.account != account {
+            return Err(RejectCode::NotYourOrder);
+        }
+        Ok(*order)
+    }
+
+    pub(super) fn cancel_order(&mut self, account: AccountId, id: OrderId) -> Checked<()> {
+        self.owned_order(account, id)?;
+        self.close_order(id, OrderCloseReason::Cancelled);
+        Ok(())
+    }
+
+    pub(super) fn mass_cancel(&mut self, account: AccountId, instrument: Option<InstrumentId>) -> Checked<()> {
+        self.account(account)?;
+        if let Some(instrument) = instrument {
+            if instrument.0 as usize >= self.instruments.len() {
+                return Err(RejectCode::UnknownInstrument);
+            }
+        }
+        let ids: Vec<OrderId> = self
+            .orders
+            .iter_live()
+            .filter(|(_, o)| o.account == account && instrument.is_none_or(|i| o.instrument == i))
+            .map(|(id, _)| id)
+            .collect();
+        for id in ids {
+            self.close_order(id, OrderCloseReason::MassCancelled);
+        }
+        Ok(())
+    }
+
+    pub(super) fn expire_order(&mut self, id: OrderId) {
+        if self.orders.get(id).is_some() {
+            self.close_order(id, OrderCloseReason::Expired);
+        }
+    }
+
+    pub(super) fn replace_order(&mut self, account: AccountId, id: OrderId, price: u64, quantity: u32) -> Checked<()> {
+        let order = self.owned_order(account, id)?;
+        self.check_price(self.instruments[order.instrument.0 as usize].class, price)?;
+        check_quantity(quantity)?;
+        let new_hold_per_gpu = match (order.side, order.supply) {
+            (Side::Sell, Some(_)) if quantity > order.quantity => return Err(RejectCode::ReplaceInvalid),
+            (Side::Sell, None) if quantity > order.quantity => {
+                if self.unoffered_contracts(account, order.instrument) < quantity - order.quantity {
+                    return Err(RejectCode::InsufficientContracts);
+                }
+                0
+            }
+            (Side::Sell, _) => 0,
+            (Side::Buy, _) => {
+                let per_gpu = self.hold_per_gpu(order.instrument, price, order.duration)?;
+                let total = per_gpu.checked_mul(quantity as u64).ok_or(RejectCode::InsufficientFunds)?;
+                let current = order.hold_per_gpu_minor * order.quantity as u64;
+                if total > current + self.account(account)?.available_minor {
+                    return Err(RejectCode::InsufficientFunds);
+                }
+                per_gpu
+            }
+        };
+        let opposite_best = self.books[order.instrument.0 as usize].side(order.side.opposite()).best_price();
+        if order.post_only && opposite_best.is_some_and(|best| crosses(order.side, price, best)) {
+            return Err(RejectCode::PostOnlyWouldCross);
+        }
+        if price == order.price && quantity <= order.quantity {
+            if quantity < order.quantity {
+                self.reduce_quantity_for_replace(id, order, quantity);
+            }
+            self.emit(EventKind::OrderReplaced { order: id, price_minor_per_gpu_hour: price, quantity, priority_kept: true });
+            return Ok(());
+        }
+        // Losing priority: off the book, re-priced, then treated as newly arrived.
+        if order.resting {
+            let book = &mut self.books[order.instrument.0 as usize];
+            let level_quantity = book.side_mut(order.side).unlink(&mut self.orders, id.slot());
+            self.emit(EventKind::BookLevel {
+                instrument: order.instrument,
+                side: order.side,
+                price_minor_per_gpu_hour: order.price,
+                quantity: level_quantity,
+            });
+        }
+        if quantity < order.quantity {
+            self.reduce_quantity_for_replace(id, order, quantity);
+        }
+        if order.side == Side::Buy {
+            let held = order.hold_per_gpu_minor * quantity.min(order.quantity) as u64;
+            self.release(account, held, HoldReason::Order(id));
+            self.hold(account, new_hold_per_gpu * quantity as u64, HoldReason::Order(id));
+        }
+        {
+            let stored = self.orders.get_mut(id).expect("live");
+            stored.price = price;
+            stored.quantity = quantity;
+            stored.hold_per_gpu_minor = new_hold_per_gpu;
+            stored.prev = NIL;
+            stored.next = NIL;
+        }
+        if order.side == Side::Sell && order.supply.is_none() && quantity > order.quantity {
+            self.lock_more_contracts(id, order.instrument, quantity - order.quantity);
+        }
+        self.emit(EventKind::OrderReplaced { order: id, price_minor_per_gpu_hour: price, quantity, priority_kept: false });
+        self.match_and_settle(id, true);
+        Ok(())
+    }
+
+    fn reduce_quantity_for_replace(&mut self, id: OrderId, order: Order, quantity: u32) {
+        let by = order.quantity - quantity;
+        let removed = match order.supply {
+            Some(set) => {
+                let removed = highest_bits(set.gpu_mask, by);
+                self.detach_gpus(id, set, removed, order.instrument);
+                removed
+            }
+            None => {
+                if order.side == Side::Sell {
+                    self.unlock_contracts(id, order.instrument, by);
+                }
+                0
+            }
+        };
+        self.shrink_quantity(id, by, removed);
+    }
+
+    fn lock_more_contracts(&mut self, id: OrderId, instrument: InstrumentId, count: u32) {
+        let account = self.orders.get(id).expect("live").account;
+        let mut left = count;
+        for index in 0..self.instruments[instrument.0 as usize].contracts.len() {
+            let contract_id = self.instruments[instrument.0 as usize].contracts[index];
+            let contract = &mut self.contracts[contract_id.0 as usize];
+            if left > 0 && contract.holder == account && contract.offered_by.is_none() {
+                contract.offered_by = Some(id);
+                left -= 1;
+            }
+        }
+        assert_eq!(left, 0, "admission checked the seller's contracts");
+    }
+}
+
+fn check_quantity(quantity: u32) -> Checked<()> {
+    if quantity == 0 {
+        return Err(RejectCode::QuantityZero);
+    }
+    if quantity > limits::QUANTITY_MAX {
+        return Err(RejectCode::QuantityTooLarge);
+    }
+    Ok(())
+}
+
+fn check_duration(duration: LeaseDuration) -> Checked<()> {
+    match duration {
+        LeaseDuration::Hours(hours) if hours == 0 || hours > limits::DURATION_HOURS_MAX => Err(RejectCode::DurationInvalid),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,306 @@
+//! The engine's output vocabulary: numbered events, and the stable rejection
+//! codes a client sees. Every event a command causes is emitted in the order it
+//! happened; `seq` numbers all events of the engine without gaps.
+
+use serde::Serialize;
+
+use crate::command::{Role, Side};
+use crate::ids::{AccountId, ContractId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Event {
+    pub seq: u64,
+    pub at_ms: u64,
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+/// Why funds are held: an open bid, a running lease's escrow, or a reserved
+/// contract paid ahead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldReason {
+    Order(OrderId),
+    Lease(LeaseId),
+    Contract(ContractId),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseKind {
+    Spot,
+    Preemptible,
+    Reserved,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseEndReason {
+    DurationElapsed,
+    EndedByRenter,
+    Preempted,
+    WindowEnded,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrderCloseReason {
+    Filled,
+    Cancelled,
+    /// Mass cancel.
+    MassCancelled,
+    Expired,
+    /// The unfilled rest of an IOC or market order, or an unfillable FOK.
+    Killed,
+    SelfTradePrevented,
+    MinQuantityNotMet,
+    /// A market order found nothing to trade with.
+    NoLiquidity,
+    /// The reserved window stopped trading.
+    TradingStopped,
+    /// Every GPU behind the ask went offline or was leased in another book.
+    SupplyGone,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReduceReason {
+    SelfTradeDecrement,
+    GpuOffline,
+    GpuLeasedElsewhere,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum EventKind {
+    AccountOpened {
+        account: AccountId,
+        role: Role,
+    },
+    FundsDeposited {
+        account: AccountId,
+        amount_minor: u64,
+    },
+    FundsWithdrawn {
+        account: AccountId,
+        amount_minor: u64,
+    },
+    FundsHeld {
+        account: AccountId,
+        amount_minor: u64,
+        reason: HoldReason,
+    },
+    FundsReleased {
+        account: AccountId,
+        amount_minor: u64,
+        reason: HoldReason,
+    },
+    /// Held funds paid to another account (a reserved contract's resale), or
+    /// charged for usage (`to` is `None`: settlement books the counter-entry).
+    FundsCharged {
+        account: AccountId,
+        to: Option<AccountId>,
+        amount_minor: u64,
+        reason: HoldReason,
+    },
+    GpuRegistered {
+        account: AccountId,
+        host: HostId,
+        gpu: GpuId,
+        index_on_host: u32,
+        classes_mask: u64,
+    },
+    GpuStatusChanged {
+        gpu: GpuId,
+        online: bool,
+    },
+    InstrumentListed {
+        instrument: InstrumentId,
+    },
+    TradingStopped {
+        instrument: InstrumentId,
+    },
+    InstrumentExpired {
+        instrument: InstrumentId,
+    },
+    Rejected {
+        account: Option<AccountId>,
+        client_order_id: u64,
+        code: RejectCode,
+    },
+    OrderAccepted {
+        order: OrderId,
+        account: AccountId,
+        client_order_id: u64,
+        instrument: InstrumentId,
+        side: Side,
+        price_minor_per_gpu_hour: u64,
+        quantity: u32,
+    },
+    OrderReplaced {
+        order: OrderId,
+        price_minor_per_gpu_hour: u64,
+        quantity: u32,
+        priority_kept: bool,
+    },
+    OrderReduced {
+        order: OrderId,
+        quantity_left: u32,
+        reason: ReduceReason,
+    },
+    OrderClosed {
+        order: OrderId,
+        reason: OrderCloseReason,
+        quantity_left: u32,
+    },
+    Trade {
+        instrument: InstrumentId,
+        price_minor_per_gpu_hour: u64,
+        quantity: u32,
+        aggressor: Side,
+        buy_order: OrderId,
+        sell_order: OrderId,
+        buyer: AccountId,
+        seller: AccountId,
+    },
+    /// Level-2 market data: the total quantity now resting at one price.
+    BookLevel {
+        instrument: InstrumentId,
+        side: Side,
+        price_minor_per_gpu_hour: u64,
+        quantity: u64,
+    },
+    LeaseCreated {
+        lease: LeaseId,
+        kind: LeaseKind,
+        instrument: InstrumentId,
+        renter: AccountId,
+        supplier: AccountId,
+        host: HostId,
+        gpu_mask: u64,
+        price_minor_per_gpu_hour: u64,
+        start_ms: u64,
+        end_ms: Option<u64>,
+    },
+    PreemptionNotice {
+        lease: LeaseId,
+        ends_at_ms: u64,
+    },
+    LeaseEnded {
+        lease: LeaseId,
+        reason: LeaseEndReason,
+    },
+    ContractCreated {
+        contract: ContractId,
+        instrument: InstrumentId,
+        holder: AccountId,
+        supplier: AccountId,
+        gpu: GpuId,
+        price_minor_per_gpu_hour: u64,
+    },
+    ContractTransferred {
+        contract: ContractId,
+        from: AccountId,
+        to: AccountId,
+        price_minor_per_gpu_hour: u64,
+    },
+    /// A sold window started and its GPU was offline: the supplier failed to deliver.
+    DeliveryFailed {
+        contract: ContractId,
+        supplier: AccountId,
+        gpu: GpuId,
+    },
+}
+
+/// Why a command changed nothing. The codes are stable; docs/protocol.md and
+/// docs/market-rules.md list them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum RejectCode {
+    TimeWentBackwards,
+    UnknownAccount,
+    TooManyAccounts,
+    RoleNotPermitted,
+    AmountInvalid,
+    InsufficientFunds,
+    UnknownInstrument,
+    InstrumentNotTrading,
+    PriceNotPositive,
+    PriceOffTick,
+    PriceOutOfBand,
+    QuantityZero,
+    QuantityTooLarge,
+    MinQuantityInvalid,
+    DurationInvalid,
+    ExpiryInPast,
+    DuplicateClientOrderId,
+    TooManyOpenOrders,
+    PostOnlyWouldCross,
+    PostOnlyNotLimit,
+    UnknownOrder,
+    NotYourOrder,
+    ReplaceInvalid,
+    SupplyRequired,
+    SupplyNotAllowed,
+    InsufficientCapacity,
+    InsufficientContracts,
+    UnknownHost,
+    NotYourHost,
+    UnknownGpu,
+    NotYourGpu,
+    GpuAlreadyRegistered,
+    GpuNotQualified,
+    HostFull,
+    NameInvalid,
+    UnknownLease,
+    NotYourLease,
+    LeaseNotActive,
+}
+
+impl RejectCode {
+    /// A short human explanation that says what to do.
+    pub fn message(self) -> &'static str {
+        use RejectCode::*;
+        match self {
+            TimeWentBackwards => "command time is earlier than the engine's clock",
+            UnknownAccount => "no such account; open one first",
+            TooManyAccounts => "the exchange's account limit is reached",
+            RoleNotPermitted => "the account's role does not permit this command",
+            AmountInvalid => "amount must be positive and at most the deposit limit",
+            InsufficientFunds => "available funds do not cover the hold this needs; deposit or lower the order",
+            UnknownInstrument => "no such instrument; list instruments for valid ids",
+            InstrumentNotTrading => "the instrument is not trading (window closed or expired)",
+            PriceNotPositive => "price must be positive",
+            PriceOffTick => "price must be a multiple of the instrument's tick size",
+            PriceOutOfBand => "price is outside the instrument's price band",
+            QuantityZero => "quantity must be at least 1",
+            QuantityTooLarge => "quantity exceeds the per-order maximum",
+            MinQuantityInvalid => "min_quantity must not exceed quantity",
+            DurationInvalid => "duration must be 1 hour or more and within the maximum",
+            ExpiryInPast => "good-till-time expiry must be in the future",
+            DuplicateClientOrderId => "client_order_id is already used by an open order of this account",
+            TooManyOpenOrders => "the account has too many open orders; cancel some first",
+            PostOnlyWouldCross => "post-only order would trade on arrival",
+            PostOnlyNotLimit => "post-only needs a limit order that may rest (GTC or GTT)",
+            UnknownOrder => "no open order with this id",
+            NotYourOrder => "the order belongs to another account",
+            ReplaceInvalid => "replace must keep the order valid: positive quantity, on tick, within what backs it",
+            SupplyRequired => "an ask in spot or preemptible books must name the GPUs behind it",
+            SupplyNotAllowed => "bids carry no GPU supply",
+            InsufficientCapacity => "the named GPUs are not all free, online and qualified for this instrument",
+            InsufficientContracts => "the account does not hold enough unoffered contracts in this window",
+            UnknownHost => "no such host",
+            NotYourHost => "the host belongs to another account",
+            UnknownGpu => "no such GPU",
+            NotYourGpu => "the GPU belongs to another account",
+            GpuAlreadyRegistered => "a GPU with this UUID is already registered",
+            GpuNotQualified => "the GPU meets no listed class's minimum spec",
+            HostFull => "the host already has the maximum number of GPUs",
+            NameInvalid => "names must be 1..=128 bytes of printable ASCII",
+            UnknownLease => "no such lease",
+            NotYourLease => "the lease belongs to another account",
+            LeaseNotActive => "the lease has ended or not started",
+        }
+    }
+}

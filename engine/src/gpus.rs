@@ -1,0 +1,118 @@
+//! The supply side: hosts, their GPUs, and what each GPU is doing over time.
+//!
+//! A GPU may sit in at most one spot ask and one preemptible ask at once, may
+//! run one exclusive lease (spot or a delivered reserved window) and one
+//! preemptible lease, and carries a list of future reserved-window
+//! commitments (offered in an open ask, or sold as contracts). Every sale
+//! checks these against the time it sells, which is what keeps one GPU from
+//! being sold twice for overlapping time.
+
+use crate::config::GpuSpec;
+use crate::ids::{AccountId, ContractId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
+
+pub(crate) struct Host {
+    pub name: String,
+    pub owner: AccountId,
+    /// GPUs in registration order; bit `i` of a `GpuSet` mask is `gpus[i]`.
+    pub gpus: Vec<GpuId>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CommitmentHolder {
+    Offered(OrderId),
+    Sold(ContractId),
+}
+
+/// A reserved window `[start_ms, end_ms)` this GPU is offered or sold for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Commitment {
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub instrument: InstrumentId,
+    pub holder: CommitmentHolder,
+}
+
+pub(crate) struct Gpu {
+    pub uuid: String,
+    pub host: HostId,
+    pub index_on_host: u32,
+    pub owner: AccountId,
+    pub spec: GpuSpec,
+    pub classes_mask: u64,
+    pub online: bool,
+    pub spot_ask: Option<OrderId>,
+    pub preemptible_ask: Option<OrderId>,
+    /// A spot lease, or a reserved window being delivered.
+    pub exclusive_lease: Option<LeaseId>,
+    pub preemptible_lease: Option<LeaseId>,
+    pub commitments: Vec<Commitment>,
+}
+
+impl Gpu {
+    pub fn qualifies_for(&self, class: u16) -> bool {
+        self.classes_mask & (1u64 << class) != 0
+    }
+
+    /// Whether any commitment overlaps `[start_ms, end_ms)`; an open end
+    /// (`None`) overlaps every commitment that ends after `start_ms`.
+    pub fn committed_during(&self, start_ms: u64, end_ms: Option<u64>) -> bool {
+        self.commitments.iter().any(|commitment| commitment.end_ms > start_ms && end_ms.is_none_or(|end| commitment.start_ms < end))
+    }
+
+    /// The earliest sold window starting at or after `from_ms`.
+    pub fn next_sold_start(&self, from_ms: u64) -> Option<u64> {
+        self.commitments
+            .iter()
+            .filter(|commitment| matches!(commitment.holder, CommitmentHolder::Sold(_)) && commitment.start_ms >= from_ms)
+            .map(|commitment| commitment.start_ms)
+            .min()
+    }
+
+    pub fn remove_commitment(&mut self, instrument: InstrumentId, holder: CommitmentHolder) {
+        self.commitments.retain(|c| !(c.instrument == instrument && c.holder == holder));
+    }
+}
+
+/// Iterates the set bits of a mask, lowest first.
+pub(crate) fn mask_bits(mut mask: u64) -> impl Iterator<Item = u32> {
+    std::iter::from_fn(move || {
+        (mask != 0).then(|| {
+            let bit = mask.trailing_zeros();
+            mask &= mask - 1;
+            bit
+        })
+    })
+}
+
+/// The lowest `count` set bits of `mask`.
+pub(crate) fn lowest_bits(mask: u64, count: u32) -> u64 {
+    mask_bits(mask).take(count as usize).fold(0, |taken, bit| taken | (1u64 << bit))
+}
+
+/// The highest `count` set bits of `mask`.
+pub(crate) fn highest_bits(mask: u64, count: u32) -> u64 {
+    let mut taken = 0u64;
+    let mut left = mask;
+    for _ in 0..count {
+        if left == 0 {
+            break;
+        }
+        let bit = 63 - left.leading_zeros();
+        taken |= 1u64 << bit;
+        left &= !(1u64 << bit);
+    }
+    taken
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_helpers_pick_bits_from_either_end() {
+        assert_eq!(mask_bits(0b1011_0000).collect::<Vec<_>>(), [4, 5, 7]);
+        assert_eq!(lowest_bits(0b1011_0000, 2), 0b0011_0000);
+        assert_eq!(highest_bits(0b1011_0000, 2), 0b1010_0000);
+        assert_eq!(lowest_bits(0b1, 5), 0b1);
+    }
+}

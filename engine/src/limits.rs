@@ -1,0 +1,25 @@
+//! Every bound the engine enforces, in one place. Hitting one is a typed
+//! rejection, never unbounded growth.
+
+/// Accounts the engine will open.
+pub const ACCOUNTS_MAX: u32 = 1 << 22;
+/// GPUs in one order (bids) or on one host (asks are a bit mask over a host).
+pub const QUANTITY_MAX: u32 = 4096;
+/// GPUs (or MIG slices) one host may register; asks address them as a `u64` mask.
+pub const GPUS_PER_HOST_MAX: u32 = 64;
+/// GPUs the whole exchange may register.
+pub const GPUS_MAX: u32 = 1 << 22;
+/// Live orders across all books (the order slab's capacity bound).
+pub const ORDERS_LIVE_MAX: u32 = 1 << 24;
+/// Default bound on one account's open orders (configurable per engine).
+pub const ORDERS_PER_ACCOUNT_MAX_DEFAULT: u32 = 10_000;
+/// Longest spot/preemptible minimum duration a bid may ask for.
+pub const DURATION_HOURS_MAX: u32 = 24 * 90;
+/// Future reserved-window commitments (offered or sold) one GPU may carry.
+pub const COMMITMENTS_PER_GPU_MAX: usize = 64;
+/// Bytes in a host name, GPU UUID, model name or MIG profile.
+pub const NAME_BYTES_MAX: usize = 128;
+/// Classes in one engine (a GPU's qualifying classes are a `u64` mask).
+pub const CLASSES_MAX: usize = 64;
+/// The largest single deposit, so that balances stay far from `u64::MAX`.
+pub const DEPOSIT_MINOR_MAX: u64 = 1 << 52;
