@@ -130,6 +130,12 @@ impl Market {
         (accepted(&events).unwrap_or_else(|| panic!("bid not accepted: {:?}", rejection(&events))), events)
     }
 
+    /// Places a GTC limit bid (one hour for spot) and returns its events.
+    pub fn buy(&mut self, renter: AccountId, instrument: InstrumentId, price: u64, quantity: u32) -> Vec<Event> {
+        let order = self.order(renter, instrument, Side::Buy, price, quantity);
+        self.place(order)
+    }
+
     pub fn window(&self, symbol_suffix: &str) -> InstrumentId {
         self.engine
             .instruments()

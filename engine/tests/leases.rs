@@ -1,0 +1,229 @@
+//! Leases and reserved windows (docs/market-rules.md, "Leases" and "Reserved
+//! windows"): what a match creates, preemption with notice, lease ends, and
+//! the life of a window from listing to delivery and expiry.
+
+mod common;
+
+use common::*;
+use gpux_engine::*;
+
+fn market() -> (Market, AccountId, HostId, AccountId) {
+    let mut market = Market::new();
+    let supplier = market.supplier();
+    let host = market.h100_host(supplier, "host-a", 2);
+    let renter = market.renter(10_000_000_000);
+    (market, supplier, host, renter)
+}
+
+fn events_of<'a>(events: &'a [Event], lease: LeaseId) -> impl Iterator<Item = &'a EventKind> {
+    events.iter().map(|e| &e.kind).filter(move |kind| match kind {
+        EventKind::PreemptionNotice { lease: l, .. } | EventKind::LeaseEnded { lease: l, .. } => *l == lease,
+        _ => false,
+    })
+}
+
+#[test]
+fn a_spot_lease_runs_for_its_hours_then_frees_the_gpu() {
+    let (mut m, supplier, host, renter) = market();
+    m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+    let (_, events) = m.bid(renter, H100_SPOT, USD_2, 1);
+    let (lease, kind, mask, start, end) = leases(&events)[0];
+    assert_eq!((kind, mask, start, end), (LeaseKind::Spot, 0b1, T0, Some(T0 + HOUR)));
+    let gpu = m.engine.host_gpu(host, 0).expect("gpu");
+    assert_eq!(m.engine.gpu_leases(gpu), Some((Some(lease), None)));
+
+    let events = m.advance(HOUR);
+    assert_eq!(events_of(&events, lease).collect::<Vec<_>>(), [&EventKind::LeaseEnded { lease, reason: LeaseEndReason::DurationElapsed }]);
+    assert_eq!(m.engine.gpu_leases(gpu), Some((None, None)));
+    assert_eq!(m.engine.funds(renter), Some((10_000_000_000, 0)), "unsettled escrow is released at the end");
+    m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+}
+
+#[test]
+fn a_renter_may_end_a_lease_early_and_settled_usage_is_kept() {
+    let (mut m, supplier, host, renter) = market();
+    m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+    let (_, events) = m.bid(renter, H100_SPOT, USD_2, 1);
+    let lease = leases(&events)[0].0;
+    m.now_ms += 30 * 60_000;
+    m.apply(Command::SettleUsage { lease, amount_minor: 1_000_000 });
+    let events = m.apply(Command::EndLease { account: renter, lease });
+    assert!(events.iter().any(|e| e.kind == EventKind::LeaseEnded { lease, reason: LeaseEndReason::EndedByRenter }));
+    assert_eq!(m.engine.funds(renter), Some((10_000_000_000 - 1_000_000, 0)));
+}
+
+#[test]
+fn a_spot_buyer_preempts_a_preemptible_lease_after_the_notice_period() {
+    let (mut m, supplier, host, renter) = market();
+    let spot_renter = m.renter(10_000_000_000);
+    m.ask(supplier, host, 0b1, H100_PREEMPT, 800_000);
+    m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+    let mut preemptible = m.order(renter, H100_PREEMPT, Side::Buy, 800_000, 1);
+    preemptible.duration = LeaseDuration::UntilCancelled;
+    let events = m.place(preemptible);
+    let (cheap_lease, kind, ..) = leases(&events)[0];
+    assert_eq!(kind, LeaseKind::Preemptible);
+
+    m.now_ms += 60_000;
+    let (_, events) = m.bid(spot_renter, H100_SPOT, USD_2, 1);
+    let notice_at = m.now_ms + 30_000;
+    assert_eq!(events_of(&events, cheap_lease).collect::<Vec<_>>(), [&EventKind::PreemptionNotice { lease: cheap_lease, ends_at_ms: notice_at }]);
+    let (spot_lease, _, _, start, _) = leases(&events)[0];
+    assert_eq!(start, notice_at, "the spot lease starts when the notice ends");
+
+    let events = m.advance(29_999);
+    assert_eq!(events_of(&events, cheap_lease).count(), 0, "the notice period is honoured");
+    let events = m.advance(1);
+    assert_eq!(events_of(&events, cheap_lease).collect::<Vec<_>>(), [&EventKind::LeaseEnded { lease: cheap_lease, reason: LeaseEndReason::Preempted }]);
+    let gpu = m.engine.host_gpu(host, 0).expect("gpu");
+    assert_eq!(m.engine.gpu_leases(gpu), Some((Some(spot_lease), None)));
+}
+
+#[test]
+fn a_gpu_leased_on_spot_leaves_its_preemptible_ask() {
+    let (mut m, supplier, host, renter) = market();
+    let preemptible_ask = m.ask(supplier, host, 0b11, H100_PREEMPT, 800_000);
+    m.ask(supplier, host, 0b01, H100_SPOT, USD_2);
+    let (_, events) = m.bid(renter, H100_SPOT, USD_2, 1);
+    assert!(events.iter().any(|e| e.kind
+        == EventKind::OrderReduced { order: preemptible_ask, quantity_left: 1, reason: ReduceReason::GpuLeasedElsewhere }));
+    assert_eq!(m.engine.depth(H100_PREEMPT, Side::Sell), [(800_000, 1)]);
+}
+
+#[test]
+fn a_gpu_going_offline_leaves_every_ask_that_offered_it() {
+    let (mut m, supplier, host, _) = market();
+    let ask = m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+    let gpu = m.engine.host_gpu(host, 0).expect("gpu");
+    let events = m.apply(Command::SetGpuOnline { account: supplier, gpu, online: false });
+    assert_eq!(closed(&events, ask), Some(OrderCloseReason::SupplyGone));
+    assert!(m.engine.depth(H100_SPOT, Side::Sell).is_empty());
+    let mut again = m.order(supplier, H100_SPOT, Side::Sell, USD_2, 1);
+    again.supply = Some(GpuSet { host, gpu_mask: 1 });
+    assert_eq!(rejection(&m.place(again)), Some(RejectCode::InsufficientCapacity), "an offline GPU cannot be offered");
+}
+
+#[test]
+fn windows_are_listed_hourly_and_daily_ahead_and_stop_trading_before_they_start() {
+    let (mut m, supplier, host, renter) = market();
+    let symbols: Vec<String> = m.engine.instruments().into_iter().map(|i| i.symbol).filter(|s| s.starts_with("H100-SXM-80G/R/")).collect();
+    assert_eq!(symbols.first().map(String::as_str), Some("H100-SXM-80G/R/2026-12-02T16/1H"), "the next tradable hour");
+    assert_eq!(symbols.iter().filter(|s| s.ends_with("/1H")).count(), 24);
+    assert_eq!(symbols.iter().filter(|s| s.ends_with("/1D")).count(), 7);
+    assert!(symbols.contains(&"H100-SXM-80G/R/2026-12-03T00/1D".to_string()));
+
+    let window = m.window("H100-SXM-80G/R/2026-12-02T16/1H");
+    let mut ask = m.order(supplier, window, Side::Sell, 3_000_000, 1);
+    ask.supply = Some(GpuSet { host, gpu_mask: 1 });
+    let ask = accepted(&m.place(ask)).expect("accepted");
+    let bid = accepted(&m.buy(renter, window, 1_000_000, 1)).expect("accepted");
+    let events = m.advance(44 * 60_000); // 15:45, 15 minutes before the window
+    assert_eq!(closed(&events, ask), Some(OrderCloseReason::TradingStopped));
+    assert_eq!(closed(&events, bid), Some(OrderCloseReason::TradingStopped));
+    assert_eq!(m.engine.instrument(window).map(|i| i.state), Some(InstrumentState::Stopped));
+    let later: Vec<String> = m.engine.instruments().into_iter().map(|i| i.symbol).filter(|s| s.ends_with("T16/1H")).collect();
+    assert_eq!(later.len(), 3, "one 16:00 window per class with a calendar");
+}
+
+/// The aggregator use case end to end: a supplier sells a window, an
+/// aggregator buys it and resells it at a profit, the final holder gets a
+/// lease on the concrete GPU when the window starts, and the window expires.
+#[test]
+fn a_reserved_window_is_sold_resold_and_delivered_as_a_lease() {
+    let (mut m, supplier, host, renter) = market();
+    let aggregator = m.open(Role::Aggregator);
+    m.apply(Command::Deposit { account: aggregator, amount_minor: 1_000_000_000 });
+    let window = m.window("H100-SXM-80G/R/2026-12-02T18/1H");
+
+    let mut ask = m.order(supplier, window, Side::Sell, USD_2, 1);
+    ask.supply = Some(GpuSet { host, gpu_mask: 0b1 });
+    m.place(ask);
+    let events = m.buy(aggregator, window, USD_2, 1);
+    assert_eq!(trades(&events), [(USD_2, 1)]);
+    assert_eq!(m.engine.contracts_held(aggregator, window), 1);
+    assert_eq!(m.engine.funds(aggregator), Some((1_000_000_000 - USD_2, USD_2)), "the whole window is escrowed");
+
+    // The GPU is committed 18:00-19:00: a 4 h spot lease from now would overlap it.
+    m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+    let mut long_spot = m.order(renter, H100_SPOT, Side::Buy, USD_2, 1);
+    long_spot.duration = LeaseDuration::Hours(4);
+    long_spot.time_in_force = TimeInForce::Ioc;
+    assert!(trades(&m.place(long_spot)).is_empty());
+
+    let resale = m.order(aggregator, window, Side::Sell, 2_600_000, 1);
+    accepted(&m.place(resale)).expect("a held contract can be offered");
+    let events = m.buy(renter, window, 2_600_000, 1);
+    assert_eq!(trades(&events), [(2_600_000, 1)]);
+    assert_eq!(m.engine.contracts_held(renter, window), 1);
+    assert_eq!(m.engine.funds(aggregator), Some((1_000_000_000 + 600_000, 0)), "the aggregator keeps the spread");
+    assert_eq!(m.engine.funds(renter), Some((10_000_000_000 - 2_600_000, USD_2)), "the supplier's price stays escrowed");
+
+    let events = m.advance(3 * HOUR - 60_000); // 18:00
+    let (lease, kind, mask, start, end) = leases(&events)[0];
+    assert_eq!((kind, mask, start, end), (LeaseKind::Reserved, 0b1, T0 + 3 * HOUR - 60_000, Some(T0 + 4 * HOUR - 60_000)));
+    assert_eq!(m.engine.lease(lease).map(|l| l.renter), Some(renter));
+
+    let events = m.advance(HOUR);
+    assert!(events.iter().any(|e| e.kind == EventKind::LeaseEnded { lease, reason: LeaseEndReason::WindowEnded }));
+    assert!(events.iter().any(|e| e.kind == EventKind::InstrumentExpired { instrument: window }));
+    assert_eq!(m.engine.instrument(window).map(|i| i.state), Some(InstrumentState::Expired));
+}
+
+#[test]
+fn a_window_whose_gpu_is_offline_at_its_start_is_a_recorded_delivery_failure() {
+    let (mut m, supplier, host, renter) = market();
+    let window = m.window("H100-SXM-80G/R/2026-12-02T17/1H");
+    let mut ask = m.order(supplier, window, Side::Sell, USD_2, 1);
+    ask.supply = Some(GpuSet { host, gpu_mask: 0b1 });
+    m.place(ask);
+    m.buy(renter, window, USD_2, 1);
+    let gpu = m.engine.host_gpu(host, 0).expect("gpu");
+    m.now_ms += HOUR;
+    m.apply(Command::SetGpuOnline { account: supplier, gpu, online: false });
+    let events = m.advance(HOUR);
+    assert!(events.iter().any(|e| matches!(e.kind, EventKind::DeliveryFailed { supplier: s, gpu: g, .. } if s == supplier && g == gpu)));
+    assert!(leases(&events).is_empty());
+    assert_eq!(m.engine.funds(renter), Some((10_000_000_000, 0)), "the renter's escrow comes back");
+}
+
+#[test]
+fn a_preemptible_lease_is_preempted_with_notice_before_a_sold_window() {
+    let (mut m, supplier, host, renter) = market();
+    let holder = m.renter(10_000_000_000);
+    let window = m.window("H100-SXM-80G/R/2026-12-02T17/1H");
+    m.ask(supplier, host, 0b1, H100_PREEMPT, 800_000);
+    let mut preemptible = m.order(renter, H100_PREEMPT, Side::Buy, 800_000, 1);
+    preemptible.duration = LeaseDuration::UntilCancelled;
+    let lease = leases(&m.place(preemptible))[0].0;
+
+    let mut ask = m.order(supplier, window, Side::Sell, USD_2, 1);
+    ask.supply = Some(GpuSet { host, gpu_mask: 0b1 });
+    accepted(&m.place(ask)).expect("a window can be sold under a preemptible lease");
+    m.buy(holder, window, USD_2, 1);
+
+    let window_start = T0 + 2 * HOUR - 60_000;
+    let events = m.advance(window_start - 30_000 - m.now_ms);
+    assert_eq!(events_of(&events, lease).collect::<Vec<_>>(), [&EventKind::PreemptionNotice { lease, ends_at_ms: window_start }]);
+    let events = m.advance(30_000);
+    assert_eq!(events_of(&events, lease).collect::<Vec<_>>(), [&EventKind::LeaseEnded { lease, reason: LeaseEndReason::Preempted }]);
+    assert_eq!(leases(&events).len(), 1, "the window is delivered on the freed GPU");
+}
+
+#[test]
+fn a_mig_slice_is_offered_in_its_fractional_class_only() {
+    let mut m = Market::new();
+    let supplier = m.supplier();
+    let events = m.apply(Command::RegisterGpu {
+        account: supplier,
+        host: "mig-host".into(),
+        gpu_uuid: "MIG-1".into(),
+        spec: GpuSpec { memory_mib: 9_856, mig_profile: Some("1g.10gb".into()), ..h100_spec() },
+    });
+    let EventKind::GpuRegistered { host, classes_mask, .. } = events.last().expect("event").kind else { panic!("not registered") };
+    assert_eq!(classes_mask, 1 << 4);
+    let mig_spot = m.engine.instrument_by_symbol("H100-1g.10gb/SPOT").expect("listed");
+    m.ask(supplier, host, 0b1, mig_spot, 300_000);
+    let mut whole = m.order(supplier, H100_SPOT, Side::Sell, USD_2, 1);
+    whole.supply = Some(GpuSet { host, gpu_mask: 1 });
+    assert_eq!(rejection(&m.place(whole)), Some(RejectCode::InsufficientCapacity));
+}

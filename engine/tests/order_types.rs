@@ -1,0 +1,270 @@
+//! The order types and safeguards of the rulebook (docs/market-rules.md,
+//! "Orders"), each proven by a small scenario on the spot book.
+
+mod common;
+
+use common::*;
+use gpux_engine::*;
+
+/// A market with one supplier whose 8-GPU host is registered, and one renter.
+fn market() -> (Market, AccountId, HostId, AccountId) {
+    let mut market = Market::new();
+    let supplier = market.supplier();
+    let host = market.h100_host(supplier, "host-a", 8);
+    let renter = market.renter(10_000_000_000);
+    (market, supplier, host, renter)
+}
+
+#[test]
+fn better_prices_fill_first_and_equal_prices_fill_in_time_order() {
+    let (mut m, supplier, host, renter) = market();
+    let late_cheap = m.ask(supplier, host, 0b0001, H100_SPOT, 1_900_000);
+    let first_at_two = m.ask(supplier, host, 0b0010, H100_SPOT, USD_2);
+    let second_at_two = m.ask(supplier, host, 0b0100, H100_SPOT, USD_2);
+    let (_, events) = m.bid(renter, H100_SPOT, USD_2, 2);
+    assert_eq!(trades(&events), [(1_900_000, 1), (USD_2, 1)]);
+    assert_eq!(closed(&events, late_cheap), Some(OrderCloseReason::Filled));
+    assert_eq!(closed(&events, first_at_two), Some(OrderCloseReason::Filled));
+    assert!(m.engine.order(second_at_two).is_some(), "the later ask at 2.00 keeps resting");
+}
+
+#[test]
+fn a_partly_filled_limit_order_rests_with_its_remainder() {
+    let (mut m, supplier, host, renter) = market();
+    m.ask(supplier, host, 0b11, H100_SPOT, USD_2);
+    let (bid, events) = m.bid(renter, H100_SPOT, USD_2, 5);
+    assert_eq!(trades(&events), [(USD_2, 2)]);
+    assert_eq!(m.engine.order(bid).map(|o| o.quantity), Some(3));
+    assert_eq!(m.engine.depth(H100_SPOT, Side::Buy), [(USD_2, 3)]);
+    assert!(m.engine.depth(H100_SPOT, Side::Sell).is_empty());
+}
+
+#[test]
+fn an_ioc_order_trades_what_it_can_and_the_rest_is_killed() {
+    let (mut m, supplier, host, renter) = market();
+    m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+    let mut order = m.order(renter, H100_SPOT, Side::Buy, USD_2, 3);
+    order.time_in_force = TimeInForce::Ioc;
+    let events = m.place(order);
+    let id = accepted(&events).expect("accepted");
+    assert_eq!(trades(&events), [(USD_2, 1)]);
+    assert_eq!(closed(&events, id), Some(OrderCloseReason::Killed));
+    assert!(m.engine.depth(H100_SPOT, Side::Buy).is_empty());
+}
+
+#[test]
+fn a_fok_order_fills_completely_or_not_at_all() {
+    let (mut m, supplier, host, renter) = market();
+    m.ask(supplier, host, 0b11, H100_SPOT, USD_2);
+    let mut too_big = m.order(renter, H100_SPOT, Side::Buy, USD_2, 3);
+    too_big.time_in_force = TimeInForce::Fok;
+    let events = m.place(too_big);
+    assert!(trades(&events).is_empty());
+    assert_eq!(closed(&events, accepted(&events).expect("accepted")), Some(OrderCloseReason::Killed));
+    assert_eq!(m.engine.funds(renter), Some((10_000_000_000, 0)), "the hold is released");
+
+    let mut fits = m.order(renter, H100_SPOT, Side::Buy, USD_2, 2);
+    fits.time_in_force = TimeInForce::Fok;
+    let events = m.place(fits);
+    assert_eq!(trades(&events), [(USD_2, 2)]);
+}
+
+#[test]
+fn a_post_only_order_rests_when_it_does_not_cross() {
+    let (mut m, supplier, host, renter) = market();
+    m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+    let mut order = m.order(renter, H100_SPOT, Side::Buy, 1_999_000, 1);
+    order.post_only = true;
+    let events = m.place(order);
+    assert!(trades(&events).is_empty());
+    assert_eq!(m.engine.best_price(H100_SPOT, Side::Buy), Some(1_999_000));
+}
+
+#[test]
+fn a_market_order_trades_only_within_the_protection_band() {
+    let (mut m, supplier, host, renter) = market();
+    m.ask(supplier, host, 0b001, H100_SPOT, USD_2);
+    m.ask(supplier, host, 0b010, H100_SPOT, 2_090_000);
+    m.ask(supplier, host, 0b100, H100_SPOT, 2_200_000);
+    let mut order = m.order(renter, H100_SPOT, Side::Buy, 0, 3);
+    order.order_type = OrderType::Market;
+    order.time_in_force = TimeInForce::Ioc;
+    let events = m.place(order);
+    // The band is 5% over the best ask of 2.00: 2.10.
+    assert_eq!(trades(&events), [(USD_2, 1), (2_090_000, 1)]);
+    assert_eq!(closed(&events, accepted(&events).expect("accepted")), Some(OrderCloseReason::Killed));
+    assert_eq!(m.engine.best_price(H100_SPOT, Side::Sell), Some(2_200_000));
+}
+
+#[test]
+fn a_market_order_into_an_empty_book_closes_for_lack_of_liquidity() {
+    let (mut m, _, _, renter) = market();
+    let mut order = m.order(renter, H100_SPOT, Side::Buy, 0, 1);
+    order.order_type = OrderType::Market;
+    order.time_in_force = TimeInForce::Ioc;
+    let events = m.place(order);
+    assert_eq!(closed(&events, accepted(&events).expect("accepted")), Some(OrderCloseReason::NoLiquidity));
+}
+
+#[test]
+fn a_good_till_time_order_expires_at_its_time() {
+    let (mut m, _, _, renter) = market();
+    let mut order = m.order(renter, H100_SPOT, Side::Buy, USD_2, 1);
+    order.time_in_force = TimeInForce::Gtt { expire_at_ms: T0 + 60_000 };
+    let id = accepted(&m.place(order)).expect("accepted");
+    assert!(m.advance(59_999).iter().all(|e| !matches!(e.kind, EventKind::OrderClosed { .. })));
+    let events = m.advance(1);
+    assert_eq!(closed(&events, id), Some(OrderCloseReason::Expired));
+    assert_eq!(m.engine.funds(renter), Some((10_000_000_000, 0)));
+}
+
+#[test]
+fn replace_keeps_priority_only_when_the_size_goes_down_at_the_same_price() {
+    let (mut m, supplier, host, renter) = market();
+    let other = m.renter(10_000_000_000);
+    let (first, _) = m.bid(renter, H100_SPOT, USD_2, 3);
+    let (second, _) = m.bid(other, H100_SPOT, USD_2, 1);
+
+    let events = m.apply(Command::ReplaceOrder { account: renter, order: first, price_minor_per_gpu_hour: USD_2, quantity: 2 });
+    assert!(events.iter().any(|e| matches!(e.kind, EventKind::OrderReplaced { priority_kept: true, .. })));
+    m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+    assert_eq!(m.engine.order(first).map(|o| o.quantity), Some(1), "still first in line");
+
+    let events = m.apply(Command::ReplaceOrder { account: renter, order: first, price_minor_per_gpu_hour: USD_2, quantity: 4 });
+    assert!(events.iter().any(|e| matches!(e.kind, EventKind::OrderReplaced { priority_kept: false, .. })));
+    let events = {
+        m.ask(supplier, host, 0b10, H100_SPOT, USD_2);
+        m.log.clone()
+    };
+    assert_eq!(closed(&events, second), Some(OrderCloseReason::Filled), "the bigger order went to the back");
+}
+
+#[test]
+fn a_replace_to_a_crossing_price_trades_at_once() {
+    let (mut m, supplier, host, renter) = market();
+    m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+    let (bid, _) = m.bid(renter, H100_SPOT, 1_500_000, 1);
+    let events = m.apply(Command::ReplaceOrder { account: renter, order: bid, price_minor_per_gpu_hour: USD_2, quantity: 1 });
+    assert_eq!(trades(&events), [(USD_2, 1)]);
+}
+
+#[test]
+fn mass_cancel_closes_every_open_order_of_the_account_only() {
+    let (mut m, supplier, host, renter) = market();
+    let other = m.renter(10_000_000_000);
+    m.bid(renter, H100_SPOT, 1_000_000, 1);
+    m.bid(renter, A100_SPOT, 1_000_000, 1);
+    let (others, _) = m.bid(other, H100_SPOT, 1_000_000, 1);
+    m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+    let events = m.apply(Command::MassCancel { account: renter, instrument: None });
+    let cancelled = events.iter().filter(|e| matches!(e.kind, EventKind::OrderClosed { reason: OrderCloseReason::MassCancelled, .. })).count();
+    assert_eq!(cancelled, 2);
+    assert!(m.engine.order(others).is_some());
+    assert!(m.engine.open_orders(renter).is_empty());
+}
+
+#[test]
+fn self_trade_prevention_cancel_newest_cancels_the_incoming_order() {
+    let (mut m, _, _, _) = market();
+    let aggregator = m.open(Role::Aggregator);
+    m.apply(Command::Deposit { account: aggregator, amount_minor: 1_000_000_000 });
+    let host = m.h100_host(aggregator, "agg-host", 1);
+    let ask = m.ask(aggregator, host, 0b1, H100_SPOT, USD_2);
+    let order = m.order(aggregator, H100_SPOT, Side::Buy, USD_2, 1);
+    let events = m.place(order);
+    assert!(trades(&events).is_empty());
+    assert_eq!(closed(&events, accepted(&events).expect("accepted")), Some(OrderCloseReason::SelfTradePrevented));
+    assert!(m.engine.order(ask).is_some());
+}
+
+#[test]
+fn self_trade_prevention_cancel_oldest_cancels_the_resting_order_and_goes_on() {
+    let (mut m, supplier, host, _) = market();
+    let aggregator = m.open(Role::Aggregator);
+    m.apply(Command::Deposit { account: aggregator, amount_minor: 1_000_000_000 });
+    let own_host = m.h100_host(aggregator, "agg-host", 1);
+    let own_ask = m.ask(aggregator, own_host, 0b1, H100_SPOT, USD_2);
+    m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+    let mut order = m.order(aggregator, H100_SPOT, Side::Buy, USD_2, 1);
+    order.self_trade_prevention = SelfTradePrevention::CancelOldest;
+    let events = m.place(order);
+    assert_eq!(closed(&events, own_ask), Some(OrderCloseReason::SelfTradePrevented));
+    assert_eq!(trades(&events), [(USD_2, 1)]);
+}
+
+#[test]
+fn self_trade_prevention_decrement_shrinks_both_orders_without_a_trade() {
+    let (mut m, _, _, _) = market();
+    let aggregator = m.open(Role::Aggregator);
+    m.apply(Command::Deposit { account: aggregator, amount_minor: 1_000_000_000 });
+    let own_host = m.h100_host(aggregator, "agg-host", 3);
+    let own_ask = m.ask(aggregator, own_host, 0b111, H100_SPOT, USD_2);
+    let mut order = m.order(aggregator, H100_SPOT, Side::Buy, USD_2, 2);
+    order.self_trade_prevention = SelfTradePrevention::Decrement;
+    let events = m.place(order);
+    assert!(trades(&events).is_empty());
+    assert_eq!(m.engine.order(own_ask).map(|o| o.quantity), Some(1));
+    assert_eq!(closed(&events, accepted(&events).expect("accepted")), Some(OrderCloseReason::SelfTradePrevented));
+    assert_eq!(m.engine.funds(aggregator), Some((1_000_000_000, 0)));
+}
+
+#[test]
+fn a_gang_bid_takes_all_its_gpus_from_one_host_or_waits() {
+    let (mut m, supplier, host, renter) = market();
+    let small_host = m.h100_host(supplier, "small", 2);
+    m.ask(supplier, small_host, 0b11, H100_SPOT, 1_500_000);
+    let mut gang = m.order(renter, H100_SPOT, Side::Buy, USD_2, 4);
+    gang.one_host = true;
+    let events = m.place(gang);
+    let gang_id = accepted(&events).expect("accepted");
+    assert!(trades(&events).is_empty(), "two GPUs on one host are not enough");
+
+    let events = {
+        m.ask(supplier, host, 0b1111, H100_SPOT, USD_2);
+        m.log.clone()
+    };
+    assert_eq!(closed(&events, gang_id), Some(OrderCloseReason::Filled));
+    let created = leases(&events);
+    assert_eq!(created.last().map(|l| l.2), Some(0b1111), "one lease of four GPUs on one host");
+}
+
+#[test]
+fn min_quantity_cancels_an_order_that_cannot_trade_that_much_at_once() {
+    let (mut m, supplier, host, renter) = market();
+    m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+    let mut order = m.order(renter, H100_SPOT, Side::Buy, USD_2, 4);
+    order.min_quantity = 2;
+    let events = m.place(order);
+    assert!(trades(&events).is_empty());
+    assert_eq!(closed(&events, accepted(&events).expect("accepted")), Some(OrderCloseReason::MinQuantityNotMet));
+
+    m.ask(supplier, host, 0b10, H100_SPOT, USD_2);
+    let mut order = m.order(renter, H100_SPOT, Side::Buy, USD_2, 4);
+    order.min_quantity = 2;
+    let events = m.place(order);
+    assert_eq!(trades(&events), [(USD_2, 1), (USD_2, 1)]);
+    assert_eq!(m.engine.order(accepted(&events).expect("accepted")).map(|o| o.quantity), Some(2), "the rest rests");
+}
+
+#[test]
+fn a_bid_holds_its_limit_for_its_hours_and_a_lease_escrows_the_trade_price() {
+    let (mut m, supplier, host, renter) = market();
+    m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+    let mut order = m.order(renter, H100_SPOT, Side::Buy, 2_500_000, 2);
+    order.duration = LeaseDuration::Hours(3);
+    let id = accepted(&m.place(order)).expect("accepted");
+    // One GPU traded at 2.00 for 3 h: 6.00 escrowed; the other still holds 2.50 x 3 h.
+    assert_eq!(m.engine.funds(renter), Some((10_000_000_000 - 13_500_000, 13_500_000)));
+    m.apply(Command::CancelOrder { account: renter, order: id });
+    assert_eq!(m.engine.funds(renter), Some((10_000_000_000 - 6_000_000, 6_000_000)));
+}
+
+#[test]
+fn an_ask_arriving_at_a_better_price_trades_at_the_resting_bid_price() {
+    let (mut m, supplier, host, renter) = market();
+    m.bid(renter, H100_SPOT, 2_500_000, 1);
+    let mut ask = m.order(supplier, H100_SPOT, Side::Sell, USD_2, 1);
+    ask.supply = Some(GpuSet { host, gpu_mask: 1 });
+    let events = m.place(ask);
+    assert_eq!(trades(&events), [(2_500_000, 1)]);
+}
