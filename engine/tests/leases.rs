@@ -15,7 +15,7 @@ fn market() -> (Market, AccountId, HostId, AccountId) {
     (market, supplier, host, renter)
 }
 
-fn events_of<'a>(events: &'a [Event], lease: LeaseId) -> impl Iterator<Item = &'a EventKind> {
+fn events_of(events: &[Event], lease: LeaseId) -> impl Iterator<Item = &EventKind> {
     events.iter().map(|e| &e.kind).filter(move |kind| match kind {
         EventKind::PreemptionNotice { lease: l, .. } | EventKind::LeaseEnded { lease: l, .. } => *l == lease,
         _ => false,
@@ -67,14 +67,20 @@ fn a_spot_buyer_preempts_a_preemptible_lease_after_the_notice_period() {
     m.now_ms += 60_000;
     let (_, events) = m.bid(spot_renter, H100_SPOT, USD_2, 1);
     let notice_at = m.now_ms + 30_000;
-    assert_eq!(events_of(&events, cheap_lease).collect::<Vec<_>>(), [&EventKind::PreemptionNotice { lease: cheap_lease, ends_at_ms: notice_at }]);
+    assert_eq!(
+        events_of(&events, cheap_lease).collect::<Vec<_>>(),
+        [&EventKind::PreemptionNotice { lease: cheap_lease, ends_at_ms: notice_at }]
+    );
     let (spot_lease, _, _, start, _) = leases(&events)[0];
     assert_eq!(start, notice_at, "the spot lease starts when the notice ends");
 
     let events = m.advance(29_999);
     assert_eq!(events_of(&events, cheap_lease).count(), 0, "the notice period is honoured");
     let events = m.advance(1);
-    assert_eq!(events_of(&events, cheap_lease).collect::<Vec<_>>(), [&EventKind::LeaseEnded { lease: cheap_lease, reason: LeaseEndReason::Preempted }]);
+    assert_eq!(
+        events_of(&events, cheap_lease).collect::<Vec<_>>(),
+        [&EventKind::LeaseEnded { lease: cheap_lease, reason: LeaseEndReason::Preempted }]
+    );
     let gpu = m.engine.host_gpu(host, 0).expect("gpu");
     assert_eq!(m.engine.gpu_leases(gpu), Some((Some(spot_lease), None)));
 }
@@ -85,8 +91,9 @@ fn a_gpu_leased_on_spot_leaves_its_preemptible_ask() {
     let preemptible_ask = m.ask(supplier, host, 0b11, H100_PREEMPT, 800_000);
     m.ask(supplier, host, 0b01, H100_SPOT, USD_2);
     let (_, events) = m.bid(renter, H100_SPOT, USD_2, 1);
-    assert!(events.iter().any(|e| e.kind
-        == EventKind::OrderReduced { order: preemptible_ask, quantity_left: 1, reason: ReduceReason::GpuLeasedElsewhere }));
+    assert!(events
+        .iter()
+        .any(|e| e.kind == EventKind::OrderReduced { order: preemptible_ask, quantity_left: 1, reason: ReduceReason::GpuLeasedElsewhere }));
     assert_eq!(m.engine.depth(H100_PREEMPT, Side::Sell), [(800_000, 1)]);
 }
 

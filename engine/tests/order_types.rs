@@ -157,7 +157,8 @@ fn mass_cancel_closes_every_open_order_of_the_account_only() {
     let (others, _) = m.bid(other, H100_SPOT, 1_000_000, 1);
     m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
     let events = m.apply(Command::MassCancel { account: renter, instrument: None });
-    let cancelled = events.iter().filter(|e| matches!(e.kind, EventKind::OrderClosed { reason: OrderCloseReason::MassCancelled, .. })).count();
+    let cancelled =
+        events.iter().filter(|e| matches!(e.kind, EventKind::OrderClosed { reason: OrderCloseReason::MassCancelled, .. })).count();
     assert_eq!(cancelled, 2);
     assert!(m.engine.order(others).is_some());
     assert!(m.engine.open_orders(renter).is_empty());

@@ -1,0 +1,309 @@
+//! Property test: on random streams of bids, asks, cancels and replaces in
+//! one spot book, the engine produces the same trades, the same book and the
+//! same open quantities as a small reference model written with a vector and
+//! linear scans. Every ask sits on a fresh host of its own, so GPU
+//! eligibility never interferes and the engine must behave as a plain
+//! price-time limit order book, with all of its order types and self-trade
+//! prevention modes.
+
+mod common;
+
+use common::*;
+use gpux_engine::*;
+use proptest::prelude::*;
+
+const TICK: u64 = 1_000;
+const BASE: u64 = 2_000_000;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Place { trader: usize, side: Side, ticks: u64, quantity: u32, tif: u8, post_only: bool, stp: u8 },
+    Cancel { pick: usize },
+    Replace { pick: usize, ticks: u64, quantity: u32 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..3usize, any::<bool>(), 0..8u64, 1..5u32, 0..4u8, prop::bool::weighted(0.15), 0..3u8).prop_map(
+            |(trader, buy, ticks, quantity, tif, post_only, stp)| Op::Place {
+                trader,
+                side: if buy { Side::Buy } else { Side::Sell },
+                ticks,
+                quantity,
+                tif,
+                post_only,
+                stp,
+            }
+        ),
+        2 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
+        2 => (any::<usize>(), 0..8u64, 1..5u32).prop_map(|(pick, ticks, quantity)| Op::Replace { pick, ticks, quantity }),
+    ]
+}
+
+#[derive(Clone, Debug)]
+struct RefOrder {
+    key: usize,
+    trader: usize,
+    side: Side,
+    price: u64,
+    quantity: u32,
+    priority: u64,
+    post_only: bool,
+}
+
+/// The obviously-correct book: a vector of resting orders, best maker found by scanning.
+#[derive(Default)]
+struct Reference {
+    resting: Vec<RefOrder>,
+    clock: u64,
+    /// `(price, quantity, buy key, sell key)`
+    trades: Vec<(u64, u32, usize, usize)>,
+}
+
+impl Reference {
+    fn crosses(side: Side, limit: u64, price: u64) -> bool {
+        if side == Side::Buy {
+            price <= limit
+        } else {
+            price >= limit
+        }
+    }
+
+    /// Resting orders of the opposite side that cross, best price then oldest first.
+    fn makers(&self, side: Side, limit: u64) -> Vec<usize> {
+        let mut indices: Vec<usize> = (0..self.resting.len())
+            .filter(|&i| self.resting[i].side != side && Self::crosses(side, limit, self.resting[i].price))
+            .collect();
+        indices.sort_by_key(|&i| {
+            let order = &self.resting[i];
+            let price_rank = if side == Side::Buy { order.price } else { u64::MAX - order.price };
+            (price_rank, order.priority)
+        });
+        indices
+    }
+
+    fn fillable(&self, taker: &RefOrder) -> u32 {
+        let mut found = 0;
+        for index in self.makers(taker.side, taker.price) {
+            if self.resting[index].trader == taker.trader {
+                break;
+            }
+            found += self.resting[index].quantity;
+        }
+        found
+    }
+
+    /// Matches and rests `taker`; mirrors the rulebook step by step.
+    fn run(&mut self, mut taker: RefOrder, stp: u8, rests: bool) {
+        loop {
+            if taker.quantity == 0 {
+                return;
+            }
+            let Some(&index) = self.makers(taker.side, taker.price).first() else { break };
+            let maker = self.resting[index].clone();
+            if maker.trader == taker.trader {
+                match stp {
+                    0 => return,
+                    1 => {
+                        self.resting.remove(index);
+                        continue;
+                    }
+                    _ => {
+                        let by = maker.quantity.min(taker.quantity);
+                        self.resting[index].quantity -= by;
+                        if self.resting[index].quantity == 0 {
+                            self.resting.remove(index);
+                        }
+                        taker.quantity -= by;
+                        continue;
+                    }
+                }
+            }
+            let quantity = maker.quantity.min(taker.quantity);
+            let (buy, sell) = if taker.side == Side::Buy { (taker.key, maker.key) } else { (maker.key, taker.key) };
+            self.trades.push((maker.price, quantity, buy, sell));
+            taker.quantity -= quantity;
+            self.resting[index].quantity -= quantity;
+            if self.resting[index].quantity == 0 {
+                self.resting.remove(index);
+            }
+        }
+        if rests && taker.quantity > 0 {
+            self.resting.push(taker);
+        }
+    }
+
+    fn depth(&self, side: Side) -> Vec<(u64, u64)> {
+        let mut levels: std::collections::BTreeMap<u64, u64> = Default::default();
+        for order in self.resting.iter().filter(|o| o.side == side) {
+            *levels.entry(order.price).or_default() += order.quantity as u64;
+        }
+        let mut depth: Vec<(u64, u64)> = levels.into_iter().collect();
+        if side == Side::Buy {
+            depth.reverse();
+        }
+        depth
+    }
+}
+
+struct Harness {
+    market: Market,
+    reference: Reference,
+    traders: Vec<AccountId>,
+    /// Engine ids of every order placed, by key.
+    placed: Vec<Option<OrderId>>,
+    hosts_made: u32,
+    stp_by_key: Vec<u8>,
+}
+
+impl Harness {
+    fn new() -> Self {
+        let mut market = Market::new();
+        let traders = (0..3)
+            .map(|_| {
+                let account = market.open(Role::Aggregator);
+                market.apply(Command::Deposit { account, amount_minor: 1 << 50 });
+                account
+            })
+            .collect();
+        Harness { market, reference: Reference::default(), traders, placed: Vec::new(), hosts_made: 0, stp_by_key: Vec::new() }
+    }
+
+    fn place(&mut self, trader: usize, side: Side, ticks: u64, quantity: u32, tif: u8, post_only: bool, stp: u8) {
+        let key = self.placed.len();
+        let price = BASE + ticks * TICK;
+        let account = self.traders[trader];
+        let mut order = self.market.order(account, H100_SPOT, side, price, quantity);
+        order.time_in_force = match tif {
+            0 | 1 => TimeInForce::Gtc,
+            2 => TimeInForce::Ioc,
+            _ => TimeInForce::Fok,
+        };
+        order.post_only = post_only;
+        order.self_trade_prevention =
+            [SelfTradePrevention::CancelNewest, SelfTradePrevention::CancelOldest, SelfTradePrevention::Decrement][stp as usize];
+        if side == Side::Sell {
+            self.hosts_made += 1;
+            let host = self.market.h100_host(account, &format!("h{}", self.hosts_made), quantity);
+            order.supply = Some(GpuSet { host, gpu_mask: (1u64 << quantity) - 1 });
+        }
+        let events = self.market.place(order.clone());
+        self.placed.push(accepted(&events));
+        self.stp_by_key.push(stp);
+
+        let taker = RefOrder { key, trader, side, price, quantity, priority: self.reference.clock, post_only };
+        self.reference.clock += 1;
+        let best_opposite = self.reference.makers(side, price).first().map(|&i| self.reference.resting[i].price);
+        if post_only && tif < 2 && best_opposite.is_some() {
+            assert_eq!(rejection(&events), Some(RejectCode::PostOnlyWouldCross));
+            return;
+        }
+        if post_only && tif >= 2 {
+            assert_eq!(rejection(&events), Some(RejectCode::PostOnlyNotLimit));
+            return;
+        }
+        assert!(accepted(&events).is_some(), "{:?}", rejection(&events));
+        if tif == 3 && self.reference.fillable(&taker) < quantity {
+            return;
+        }
+        self.reference.run(taker, stp, tif < 2);
+    }
+
+    fn cancel(&mut self, pick: usize) {
+        if self.placed.is_empty() {
+            return;
+        }
+        let key = pick % self.placed.len();
+        let Some(id) = self.placed[key] else { return };
+        let account = self.market.engine.order(id).map(|o| o.account);
+        let events = match account {
+            Some(account) => self.market.apply(Command::CancelOrder { account, order: id }),
+            None => self.market.apply(Command::CancelOrder { account: self.traders[0], order: id }),
+        };
+        match self.reference.resting.iter().position(|o| o.key == key) {
+            Some(index) => {
+                assert_eq!(closed(&events, id), Some(OrderCloseReason::Cancelled));
+                self.reference.resting.remove(index);
+            }
+            None => assert_eq!(rejection(&events), Some(RejectCode::UnknownOrder)),
+        }
+    }
+
+    fn replace(&mut self, pick: usize, ticks: u64, quantity: u32) {
+        let Some(index) = (!self.reference.resting.is_empty()).then(|| pick % self.reference.resting.len()) else { return };
+        let old = self.reference.resting[index].clone();
+        let id = self.placed[old.key].expect("resting orders were accepted");
+        let price = BASE + ticks * TICK;
+        let account = self.traders[old.trader];
+        let events = self.market.apply(Command::ReplaceOrder { account, order: id, price_minor_per_gpu_hour: price, quantity });
+        if old.side == Side::Sell && quantity > old.quantity {
+            assert_eq!(rejection(&events), Some(RejectCode::ReplaceInvalid));
+            return;
+        }
+        let crossing = self.reference.makers(old.side, price).first().is_some();
+        if old.post_only && crossing {
+            assert_eq!(rejection(&events), Some(RejectCode::PostOnlyWouldCross));
+            return;
+        }
+        assert_eq!(rejection(&events), None);
+        if price == old.price && quantity <= old.quantity {
+            self.reference.resting[index].quantity = quantity;
+            return;
+        }
+        let mut order = self.reference.resting.remove(index);
+        order.price = price;
+        order.quantity = quantity;
+        order.priority = self.reference.clock;
+        self.reference.clock += 1;
+        let stp = self.stp_by_key[old.key];
+        self.reference.run(order, stp, true);
+    }
+
+    fn engine_trades(&self) -> Vec<(u64, u32, usize, usize)> {
+        let key_of = |id: OrderId| self.placed.iter().position(|p| *p == Some(id)).expect("known order");
+        self.market
+            .log
+            .iter()
+            .filter_map(|e| match e.kind {
+                EventKind::Trade { price_minor_per_gpu_hour, quantity, buy_order, sell_order, .. } => {
+                    Some((price_minor_per_gpu_hour, quantity, key_of(buy_order), key_of(sell_order)))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn check(&self) {
+        assert_eq!(self.engine_trades(), self.reference.trades, "trades differ");
+        for side in [Side::Buy, Side::Sell] {
+            assert_eq!(self.market.engine.depth(H100_SPOT, side), self.reference.depth(side), "{side:?} book differs");
+        }
+        for order in &self.reference.resting {
+            let id = self.placed[order.key].expect("accepted");
+            assert_eq!(self.market.engine.order(id).map(|o| o.quantity), Some(order.quantity), "open quantity differs");
+        }
+        assert_eq!(self.market.engine.open_order_count() as usize, self.reference.resting.len());
+        // Funds are conserved: every renter's available + held equals its deposit.
+        for &account in &self.traders {
+            let (available, held) = self.market.engine.funds(account).expect("account");
+            assert!(available + held <= 1 << 50);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_engine_matches_the_reference_model(ops in prop::collection::vec(op(), 1..120)) {
+        let mut harness = Harness::new();
+        for op in ops {
+            match op {
+                Op::Place { trader, side, ticks, quantity, tif, post_only, stp } => harness.place(trader, side, ticks, quantity, tif, post_only, stp),
+                Op::Cancel { pick } => harness.cancel(pick),
+                Op::Replace { pick, ticks, quantity } => harness.replace(pick, ticks, quantity),
+            }
+            harness.check();
+        }
+    }
+}
