@@ -16,8 +16,21 @@ const TICK: u64 = 1_000;
 const BASE: u64 = 2_000_000;
 
 #[derive(Clone, Debug)]
+struct Placement {
+    trader: usize,
+    side: Side,
+    ticks: u64,
+    quantity: u32,
+    /// 0, 1: GTC; 2: IOC; 3: FOK.
+    tif: u8,
+    post_only: bool,
+    /// 0: cancel newest; 1: cancel oldest; 2: decrement.
+    stp: u8,
+}
+
+#[derive(Clone, Debug)]
 enum Op {
-    Place { trader: usize, side: Side, ticks: u64, quantity: u32, tif: u8, post_only: bool, stp: u8 },
+    Place(Placement),
     Cancel { pick: usize },
     Replace { pick: usize, ticks: u64, quantity: u32 },
 }
@@ -25,7 +38,7 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (0..3usize, any::<bool>(), 0..8u64, 1..5u32, 0..4u8, prop::bool::weighted(0.15), 0..3u8).prop_map(
-            |(trader, buy, ticks, quantity, tif, post_only, stp)| Op::Place {
+            |(trader, buy, ticks, quantity, tif, post_only, stp)| Op::Place(Placement {
                 trader,
                 side: if buy { Side::Buy } else { Side::Sell },
                 ticks,
@@ -33,7 +46,7 @@ fn op() -> impl Strategy<Value = Op> {
                 tif,
                 post_only,
                 stp,
-            }
+            })
         ),
         2 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
         2 => (any::<usize>(), 0..8u64, 1..5u32).prop_map(|(pick, ticks, quantity)| Op::Replace { pick, ticks, quantity }),
@@ -169,7 +182,8 @@ impl Harness {
         Harness { market, reference: Reference::default(), traders, placed: Vec::new(), hosts_made: 0, stp_by_key: Vec::new() }
     }
 
-    fn place(&mut self, trader: usize, side: Side, ticks: u64, quantity: u32, tif: u8, post_only: bool, stp: u8) {
+    fn place(&mut self, placement: Placement) {
+        let Placement { trader, side, ticks, quantity, tif, post_only, stp } = placement;
         let key = self.placed.len();
         let price = BASE + ticks * TICK;
         let account = self.traders[trader];
@@ -240,7 +254,7 @@ impl Harness {
             assert_eq!(rejection(&events), Some(RejectCode::ReplaceInvalid));
             return;
         }
-        let crossing = self.reference.makers(old.side, price).first().is_some();
+        let crossing = !self.reference.makers(old.side, price).is_empty();
         if old.post_only && crossing {
             assert_eq!(rejection(&events), Some(RejectCode::PostOnlyWouldCross));
             return;
@@ -299,7 +313,7 @@ proptest! {
         let mut harness = Harness::new();
         for op in ops {
             match op {
-                Op::Place { trader, side, ticks, quantity, tif, post_only, stp } => harness.place(trader, side, ticks, quantity, tif, post_only, stp),
+                Op::Place(placement) => harness.place(placement),
                 Op::Cancel { pick } => harness.cancel(pick),
                 Op::Replace { pick, ticks, quantity } => harness.replace(pick, ticks, quantity),
             }
