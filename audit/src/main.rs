@@ -1,1 +1,109 @@
-fn main() {}
+//! `gpux-audit`: replays a command stream through the real engine and writes
+//! every event it produces, so anyone can audit the matching of a day's
+//! trading, and tools outside the Rust code can drive the engine.
+//!
+//! Input is JSON lines, one `Input` per line (`{"at_ms":..,"command":{..}}`,
+//! format in docs/market-rules.md, "Audit replay"); output is JSON lines, one
+//! event per line, with the rejection message added to `rejected` events. A
+//! line that does not parse stops the replay with its line number: an audit
+//! that skipped input would prove nothing.
+
+mod demo;
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use gpux_engine::{Engine, EngineConfig, Event, EventKind, Input};
+
+/// The longest input line accepted (a command is a few hundred bytes).
+const LINE_BYTES_MAX: usize = 64 * 1024;
+
+#[derive(Parser)]
+#[command(name = "gpux-audit", about = "Replay gpux engine commands (JSON lines) and print the events (JSON lines)")]
+struct Args {
+    /// Command stream to replay; standard input when absent.
+    input: Option<PathBuf>,
+    /// Engine configuration (JSON `EngineConfig`); the demo listing when absent.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Replay the built-in demo session instead of reading input.
+    #[arg(long, conflicts_with = "input")]
+    demo: bool,
+    /// Print the demo session's commands (JSON lines) instead of replaying.
+    #[arg(long, conflicts_with_all = ["input", "demo"])]
+    print_demo_commands: bool,
+}
+
+fn main() {
+    if let Err(error) = run(Args::parse()) {
+        eprintln!("gpux-audit: {error:#}");
+        std::process::exit(2);
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    let config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
+            serde_json::from_str(&text).with_context(|| format!("parsing config {}", path.display()))?
+        }
+        None => EngineConfig::demo(),
+    };
+    let stdout = io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    if args.print_demo_commands {
+        for input in demo::inputs() {
+            writeln!(out, "{}", serde_json::to_string(&input)?)?;
+        }
+        return Ok(out.flush()?);
+    }
+    let mut engine = Engine::new(config).context("engine config")?;
+    let mut replayed = 0u64;
+    if args.demo {
+        for input in demo::inputs() {
+            write_events(&mut out, engine.apply(&input))?;
+            replayed += 1;
+        }
+    } else {
+        let reader: Box<dyn BufRead> = match &args.input {
+            Some(path) => Box::new(BufReader::new(File::open(path).with_context(|| format!("opening {}", path.display()))?)),
+            None => Box::new(BufReader::new(io::stdin())),
+        };
+        replayed = replay(reader, &mut engine, &mut out)?;
+    }
+    out.flush()?;
+    eprintln!("gpux-audit: replayed {replayed} commands, {} events, state hash {:016x}", engine.next_event_seq() - 1, engine.state_hash());
+    Ok(())
+}
+
+fn replay(reader: impl BufRead, engine: &mut Engine, out: &mut impl Write) -> Result<u64> {
+    let mut replayed = 0;
+    for (index, line) in reader.lines().enumerate() {
+        let line_number = index + 1;
+        let line = line.with_context(|| format!("line {line_number}: reading"))?;
+        if line.len() > LINE_BYTES_MAX {
+            bail!("line {line_number}: longer than {LINE_BYTES_MAX} bytes");
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        let input: Input = serde_json::from_str(&line).with_context(|| format!("line {line_number}: not a valid command"))?;
+        write_events(out, engine.apply(&input))?;
+        replayed += 1;
+    }
+    Ok(replayed)
+}
+
+fn write_events(out: &mut impl Write, events: &[Event]) -> Result<()> {
+    for event in events {
+        let mut value = serde_json::to_value(event)?;
+        if let EventKind::Rejected { code, .. } = event.kind {
+            value["message"] = code.message().into();
+        }
+        writeln!(out, "{value}")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,136 @@
+//! The built-in demo session: two suppliers list H100 hosts and an MI300X
+//! host, renters buy spot, preemptible and gang capacity, an aggregator buys
+//! a reserved window and resells it, a spot buyer preempts a preemptible
+//! lease, and time runs through the window's delivery and expiry. Every
+//! command is written out explicitly so the stream doubles as an example of
+//! the audit format.
+
+use gpux_engine::*;
+
+/// 2026-12-02T15:00:00Z.
+const START_MS: u64 = 1_796_223_600_000;
+const MINUTE: u64 = 60_000;
+
+struct Session {
+    at_ms: u64,
+    inputs: Vec<Input>,
+    next_client_order_id: u64,
+}
+
+impl Session {
+    fn push(&mut self, command: Command) {
+        self.inputs.push(Input { at_ms: self.at_ms, command });
+    }
+
+    fn order(&mut self, account: u32, instrument: u32, side: Side, price: u64, quantity: u32) -> NewOrder {
+        self.next_client_order_id += 1;
+        NewOrder {
+            account: AccountId(account),
+            client_order_id: self.next_client_order_id,
+            instrument: InstrumentId(instrument),
+            side,
+            order_type: OrderType::Limit,
+            price_minor_per_gpu_hour: price,
+            quantity,
+            time_in_force: TimeInForce::Gtc,
+            post_only: false,
+            self_trade_prevention: SelfTradePrevention::CancelNewest,
+            min_quantity: 0,
+            one_host: false,
+            duration: LeaseDuration::Hours(2),
+            supply: None,
+        }
+    }
+
+    fn ask(&mut self, supplier: u32, host: u32, gpu_mask: u64, instrument: u32, price: u64) {
+        let mut order = self.order(supplier, instrument, Side::Sell, price, gpu_mask.count_ones());
+        order.supply = Some(GpuSet { host: HostId(host), gpu_mask });
+        self.push(Command::PlaceOrder(order));
+    }
+
+    fn register(&mut self, supplier: u32, host: &str, gpus: u32, spec: GpuSpec) {
+        for index in 0..gpus {
+            self.push(Command::RegisterGpu {
+                account: AccountId(supplier),
+                host: host.into(),
+                gpu_uuid: format!("GPU-{host}-{index}"),
+                spec: spec.clone(),
+            });
+        }
+    }
+}
+
+pub fn inputs() -> Vec<Input> {
+    let mut s = Session { at_ms: START_MS + MINUTE, inputs: Vec::new(), next_client_order_id: 0 };
+    // Accounts 0, 1: suppliers; 2, 3: renters; 4: aggregator.
+    for role in [Role::Supplier, Role::Supplier, Role::Renter, Role::Renter, Role::Aggregator] {
+        s.push(Command::OpenAccount { role });
+    }
+    for account in 2..5 {
+        s.push(Command::Deposit { account: AccountId(account), amount_minor: 1_000_000_000 });
+    }
+    let h100 = GpuSpec {
+        vendor: Vendor::Nvidia,
+        model: "NVIDIA H100 80GB HBM3".into(),
+        memory_mib: 81_559,
+        interconnect: Interconnect::NvLink,
+        mig_profile: None,
+    };
+    let mi300x = GpuSpec {
+        vendor: Vendor::Amd,
+        model: "AMD Instinct MI300X".into(),
+        memory_mib: 196_592,
+        interconnect: Interconnect::InfinityFabric,
+        mig_profile: None,
+    };
+    s.register(0, "dc1-node-01", 8, h100.clone());
+    s.register(1, "lab-box-7", 4, h100);
+    s.register(1, "lab-amd-1", 2, mi300x);
+
+    // Instruments: 0 H100 spot, 1 H100 preemptible, 6 MI300X spot; the first
+    // H100 hourly window (16:00Z) is instrument 10.
+    s.ask(0, 0, 0x0f, 0, 2_100_000);
+    s.ask(0, 0, 0xf0, 0, 2_300_000);
+    s.ask(1, 1, 0x0f, 1, 900_000);
+    s.ask(1, 1, 0x0f, 0, 2_050_000);
+    s.ask(1, 2, 0b11, 6, 3_200_000);
+
+    s.at_ms += MINUTE;
+    let mut batch = s.order(3, 1, Side::Buy, 900_000, 2);
+    batch.duration = LeaseDuration::UntilCancelled;
+    s.push(Command::PlaceOrder(batch));
+    // A gang job needs 4 GPUs on one host: the cheapest such host runs the
+    // preemptible batch lease, which gets 30 s notice.
+    let mut gang = s.order(2, 0, Side::Buy, 2_200_000, 4);
+    gang.one_host = true;
+    s.push(Command::PlaceOrder(gang));
+    let mut amd = s.order(3, 6, Side::Buy, 3_300_000, 1);
+    amd.time_in_force = TimeInForce::Ioc;
+    s.push(Command::PlaceOrder(amd));
+
+    s.at_ms += MINUTE;
+    let urgent = s.order(2, 0, Side::Buy, 2_100_000, 1);
+    s.push(Command::PlaceOrder(urgent));
+
+    // The aggregator buys the 16:00 window and resells it at a profit.
+    s.ask(0, 0, 0x30, 10, 1_800_000);
+    let window_bid = s.order(4, 10, Side::Buy, 1_800_000, 2);
+    s.push(Command::PlaceOrder(window_bid));
+    let resale = s.order(4, 10, Side::Sell, 2_400_000, 2);
+    s.push(Command::PlaceOrder(resale));
+    let window_buyer = s.order(3, 10, Side::Buy, 2_400_000, 1);
+    s.push(Command::PlaceOrder(window_buyer));
+
+    // Mistakes get coded rejections.
+    let mut off_tick = s.order(3, 0, Side::Buy, 2_000_500, 1);
+    off_tick.time_in_force = TimeInForce::Ioc;
+    s.push(Command::PlaceOrder(off_tick));
+    s.push(Command::CancelOrder { account: AccountId(3), order: OrderId(9_999) });
+
+    // Run through the window's delivery (16:00) and expiry (17:00).
+    for _ in 0..8 {
+        s.at_ms += 15 * MINUTE;
+        s.push(Command::Tick);
+    }
+    s.inputs
+}
