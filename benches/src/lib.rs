@@ -1,1 +1,371 @@
-//! Shared workload generators for the benchmarks.
+//! Workload generators for the engine benchmarks.
+//!
+//! A workload is a command stream generated once, ahead of the measurement,
+//! by driving a scratch engine and reading its events (to know which orders
+//! are open and which GPUs are free), then replayed on a fresh engine that was
+//! brought to the same starting state. So the measured loop is exactly
+//! `Engine::apply` over the stream, with event generation included and the
+//! generator's own bookkeeping excluded.
+
+use gpux_engine::*;
+use rustc_hash::FxHashMap;
+
+/// 2026-12-02T15:01:00Z.
+pub const START_MS: u64 = 1_796_223_660_000;
+pub const MID_MINOR: u64 = 2_000_000;
+pub const TICK_MINOR: u64 = 1_000;
+const SPOT: InstrumentId = InstrumentId(0);
+const GPUS_PER_HOST: u32 = 64;
+/// Commands sequenced within one millisecond of engine time.
+const COMMANDS_PER_MS: u64 = 1_000;
+
+/// A starting state (as the inputs that build it) and the stream to measure.
+pub struct Workload {
+    pub setup: Vec<Input>,
+    pub measured: Vec<Input>,
+}
+
+impl Workload {
+    /// A fresh engine in the workload's starting state.
+    pub fn prepared_engine(&self) -> Engine {
+        let mut engine = Engine::new(EngineConfig::demo()).expect("demo config is valid");
+        for input in &self.setup {
+            engine.apply(input);
+        }
+        engine
+    }
+}
+
+/// Small deterministic PRNG (xorshift64*), so workloads need no dependency.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.max(1))
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn below(&mut self, bound: u64) -> u64 {
+        self.next() % bound
+    }
+}
+
+/// Drives a scratch engine and records every input it applies.
+struct Generator {
+    engine: Engine,
+    inputs: Vec<Input>,
+    at_ms: u64,
+    commands: u64,
+    renters: Vec<AccountId>,
+    supplier: AccountId,
+    hosts: Vec<HostId>,
+    /// Per host, the GPUs neither offered nor leased.
+    free_gpus: Vec<u64>,
+    asks: FxHashMap<OrderId, (HostId, u64)>,
+    /// Which resting ask offers a `(host, bit)`.
+    ask_of_gpu: FxHashMap<(u32, u32), OrderId>,
+    open: Vec<OrderId>,
+    open_index: FxHashMap<OrderId, usize>,
+    next_client_order_id: u64,
+    rng: Rng,
+}
+
+impl Generator {
+    fn new(seed: u64, gpus: u32) -> Self {
+        let mut generator = Generator {
+            engine: Engine::new(EngineConfig::demo()).expect("demo config is valid"),
+            inputs: Vec::new(),
+            at_ms: START_MS,
+            commands: 0,
+            renters: Vec::new(),
+            supplier: AccountId(0),
+            hosts: Vec::new(),
+            free_gpus: Vec::new(),
+            asks: FxHashMap::default(),
+            ask_of_gpu: FxHashMap::default(),
+            open: Vec::new(),
+            open_index: FxHashMap::default(),
+            next_client_order_id: 0,
+            rng: Rng::new(seed),
+        };
+        generator.apply(Command::OpenAccount { role: Role::Supplier });
+        for renter in 0..8 {
+            generator.apply(Command::OpenAccount { role: Role::Renter });
+            generator.apply(Command::Deposit { account: AccountId(renter + 1), amount_minor: 1 << 50 });
+            generator.renters.push(AccountId(renter + 1));
+        }
+        let spec = GpuSpec {
+            vendor: Vendor::Nvidia,
+            model: "NVIDIA H100 80GB HBM3".into(),
+            memory_mib: 81_559,
+            interconnect: Interconnect::NvLink,
+            mig_profile: None,
+        };
+        for host in 0..gpus.div_ceil(GPUS_PER_HOST) {
+            for index in 0..GPUS_PER_HOST {
+                generator.apply(Command::RegisterGpu {
+                    account: generator.supplier,
+                    host: format!("host-{host}"),
+                    gpu_uuid: format!("GPU-{host}-{index}"),
+                    spec: spec.clone(),
+                });
+            }
+            generator.hosts.push(HostId(host));
+            generator.free_gpus.push(u64::MAX);
+        }
+        generator
+    }
+
+    fn apply(&mut self, command: Command) {
+        self.commands += 1;
+        if self.commands.is_multiple_of(COMMANDS_PER_MS) {
+            self.at_ms += 1;
+        }
+        let input = Input { at_ms: self.at_ms, command };
+        let events = self.engine.apply(&input).to_vec();
+        self.inputs.push(input);
+        for event in events {
+            self.observe(event.kind);
+        }
+    }
+
+    fn observe(&mut self, kind: EventKind) {
+        match kind {
+            EventKind::OrderAccepted { order, .. } => {
+                self.open_index.insert(order, self.open.len());
+                self.open.push(order);
+            }
+            EventKind::OrderClosed { order, .. } => {
+                if let Some(index) = self.open_index.remove(&order) {
+                    self.open.swap_remove(index);
+                    if let Some(&moved) = self.open.get(index) {
+                        self.open_index.insert(moved, index);
+                    }
+                }
+                if let Some((host, mask)) = self.asks.remove(&order) {
+                    self.free_gpus[host.0 as usize] |= mask;
+                    for bit in 0..64 {
+                        if mask & (1u64 << bit) != 0 {
+                            self.ask_of_gpu.remove(&(host.0, bit));
+                        }
+                    }
+                }
+            }
+            EventKind::LeaseCreated { host, gpu_mask, .. } => {
+                // The leased GPUs leave the ask that offered them and stay busy.
+                for bit in 0..64 {
+                    if gpu_mask & (1u64 << bit) != 0 {
+                        if let Some(order) = self.ask_of_gpu.remove(&(host.0, bit)) {
+                            if let Some((_, mask)) = self.asks.get_mut(&order) {
+                                *mask &= !(1u64 << bit);
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn client_order_id(&mut self) -> u64 {
+        self.next_client_order_id += 1;
+        self.next_client_order_id
+    }
+
+    fn order(&mut self, account: AccountId, side: Side, price: u64, quantity: u32) -> NewOrder {
+        NewOrder {
+            account,
+            client_order_id: self.client_order_id(),
+            instrument: SPOT,
+            side,
+            order_type: OrderType::Limit,
+            price_minor_per_gpu_hour: price,
+            quantity,
+            time_in_force: TimeInForce::Gtc,
+            post_only: false,
+            self_trade_prevention: SelfTradePrevention::CancelNewest,
+            min_quantity: 0,
+            one_host: false,
+            duration: LeaseDuration::Hours(1),
+            supply: None,
+        }
+    }
+
+    /// An ask of `quantity` free GPUs of one host, or `None` when supply ran out.
+    fn ask(&mut self, price: u64, quantity: u32, time_in_force: TimeInForce) -> Option<NewOrder> {
+        let start = self.rng.below(self.hosts.len() as u64) as usize;
+        let host_index = (0..self.hosts.len())
+            .map(|offset| (start + offset) % self.hosts.len())
+            .find(|&index| self.free_gpus[index].count_ones() >= quantity)?;
+        let mut mask = 0u64;
+        let mut free = self.free_gpus[host_index];
+        for _ in 0..quantity {
+            let bit = free & free.wrapping_neg();
+            mask |= bit;
+            free &= !bit;
+        }
+        self.free_gpus[host_index] = free;
+        let mut order = self.order(self.supplier, Side::Sell, price, quantity);
+        order.supply = Some(GpuSet { host: self.hosts[host_index], gpu_mask: mask });
+        order.time_in_force = time_in_force;
+        Some(order)
+    }
+
+    fn place(&mut self, order: NewOrder) {
+        let supply = order.supply;
+        let before = self.next_client_order_id;
+        self.apply(Command::PlaceOrder(order));
+        if let Some(set) = supply {
+            // The accepted ask is the newest open order (if it still rests).
+            if let Some(&id) = self.open.last() {
+                if self.engine.order(id).is_some_and(|o| o.client_order_id == before) {
+                    let remaining = self.engine.order(id).map_or(0, |o| o.quantity);
+                    let leased = self.engine_leased_mask(set.host);
+                    let mask = set.gpu_mask & !leased;
+                    debug_assert_eq!(mask.count_ones(), remaining);
+                    self.asks.insert(id, (set.host, mask));
+                    for bit in 0..64 {
+                        if mask & (1u64 << bit) != 0 {
+                            self.ask_of_gpu.insert((set.host.0, bit), id);
+                        }
+                    }
+                    return;
+                }
+            }
+            // Filled or killed at once: whatever it did not lease is free again.
+            let leased = self.engine_leased_mask(set.host);
+            self.free_gpus[set.host.0 as usize] |= set.gpu_mask & !leased;
+        }
+    }
+
+    fn engine_leased_mask(&self, host: HostId) -> u64 {
+        (0..GPUS_PER_HOST)
+            .filter(|&index| {
+                let gpu = self.engine.host_gpu(host, index).expect("registered");
+                self.engine.gpu_leases(gpu).is_some_and(|(exclusive, _)| exclusive.is_some())
+            })
+            .fold(0, |mask, index| mask | (1u64 << index))
+    }
+
+    fn renter(&mut self) -> AccountId {
+        self.renters[self.rng.below(self.renters.len() as u64) as usize]
+    }
+
+    /// A resting order `1..=levels` ticks away from the mid price.
+    fn add_resting(&mut self, levels: u64) {
+        let distance = (1 + self.rng.below(levels)) * TICK_MINOR;
+        let quantity = 1 + self.rng.below(4) as u32;
+        if self.rng.below(2) == 0 {
+            let renter = self.renter();
+            let order = self.order(renter, Side::Buy, MID_MINOR - distance, quantity);
+            self.place(order);
+        } else if let Some(order) = self.ask(MID_MINOR + distance, quantity, TimeInForce::Gtc) {
+            self.place(order);
+        }
+    }
+
+    fn cancel_random(&mut self) {
+        if self.open.is_empty() {
+            return;
+        }
+        let order = self.open[self.rng.below(self.open.len() as u64) as usize];
+        let account = self.engine.order(order).expect("open").account;
+        self.apply(Command::CancelOrder { account, order });
+    }
+
+    /// An IOC order that takes everything in the best `levels` levels of one side.
+    fn cross(&mut self, levels: usize) {
+        let side = if self.rng.below(2) == 0 { Side::Buy } else { Side::Sell };
+        let depth = self.engine.depth(SPOT, side.opposite());
+        let Some(&(limit, _)) = depth.get(levels.min(depth.len()).saturating_sub(1)) else { return };
+        let quantity: u64 = depth.iter().take(levels).map(|&(_, quantity)| quantity).sum();
+        let quantity = quantity.min(limits::QUANTITY_MAX.min(64) as u64) as u32;
+        let order = match side {
+            Side::Buy => {
+                let renter = self.renter();
+                let mut order = self.order(renter, Side::Buy, limit, quantity);
+                order.time_in_force = TimeInForce::Ioc;
+                Some(order)
+            }
+            Side::Sell => self.ask(limit, quantity, TimeInForce::Ioc),
+        };
+        if let Some(order) = order {
+            self.place(order);
+        }
+    }
+
+    fn fill_book(&mut self, resting: usize, levels: u64) {
+        while self.open.len() < resting {
+            self.add_resting(levels);
+        }
+    }
+
+    fn finish(self, setup_len: usize) -> Workload {
+        let mut inputs = self.inputs;
+        let measured = inputs.split_off(setup_len);
+        Workload { setup: inputs, measured }
+    }
+}
+
+/// The realistic mix on a book of `resting` orders: 60% resting adds within
+/// 100 ticks of the mid, 30% cancels of random open orders, 10% IOC orders
+/// crossing the best level.
+pub fn mixed_flow(resting: usize, commands: usize, seed: u64) -> Workload {
+    let mut generator = Generator::new(seed, resting as u32 * 3 + commands as u32 / 3 + 1_000);
+    generator.fill_book(resting, 100);
+    let setup_len = generator.inputs.len();
+    while generator.inputs.len() - setup_len < commands {
+        match generator.rng.below(10) {
+            0..=5 => generator.add_resting(100),
+            6..=8 => generator.cancel_random(),
+            _ => generator.cross(1),
+        }
+        // Keep the book near its working size so the mix stays stationary.
+        if generator.open.len() < resting / 2 {
+            generator.add_resting(100);
+        }
+    }
+    generator.finish(setup_len)
+}
+
+/// `commands` resting adds on a book of `resting` orders.
+pub fn adds(resting: usize, commands: usize, seed: u64) -> Workload {
+    let mut generator = Generator::new(seed, (resting + commands) as u32 * 5);
+    generator.fill_book(resting, 100);
+    let setup_len = generator.inputs.len();
+    while generator.inputs.len() - setup_len < commands {
+        generator.add_resting(100);
+    }
+    generator.finish(setup_len)
+}
+
+/// `commands` cancels of random open orders, on a book of `resting + commands`.
+pub fn cancels(resting: usize, commands: usize, seed: u64) -> Workload {
+    let mut generator = Generator::new(seed, (resting + commands) as u32 * 5);
+    generator.fill_book(resting + commands, 100);
+    let setup_len = generator.inputs.len();
+    while generator.inputs.len() - setup_len < commands {
+        generator.cancel_random();
+    }
+    generator.finish(setup_len)
+}
+
+/// `commands` IOC orders each crossing `levels` price levels; the book is
+/// refilled between them (refills are part of the stream, so the measured
+/// figure is per command of this crossing-heavy stream).
+pub fn crosses(resting: usize, levels: usize, commands: usize, seed: u64) -> Workload {
+    let mut generator = Generator::new(seed, (resting as u32 + commands as u32 * levels as u32) * 8);
+    generator.fill_book(resting, 100);
+    let setup_len = generator.inputs.len();
+    let mut crossings = 0;
+    while crossings < commands {
+        generator.cross(levels);
+        crossings += 1;
+        generator.fill_book(resting, 100);
+    }
+    generator.finish(setup_len)
+}

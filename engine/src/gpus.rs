@@ -32,12 +32,17 @@ pub(crate) struct Commitment {
     pub holder: CommitmentHolder,
 }
 
-pub(crate) struct Gpu {
+/// What never changes after registration, kept apart from the hot state so
+/// that matching touches as few cache lines per GPU as possible.
+pub(crate) struct GpuDetails {
     pub uuid: String,
+    pub spec: GpuSpec,
+}
+
+pub(crate) struct Gpu {
     pub host: HostId,
     pub index_on_host: u32,
     pub owner: AccountId,
-    pub spec: GpuSpec,
     pub classes_mask: u64,
     pub online: bool,
     pub spot_ask: Option<OrderId>,

@@ -9,7 +9,7 @@ use super::{Account, Checked, Engine};
 use crate::command::Role;
 use crate::config::GpuSpec;
 use crate::event::{EventKind, HoldReason, ReduceReason, RejectCode};
-use crate::gpus::{CommitmentHolder, Gpu, Host};
+use crate::gpus::{CommitmentHolder, Gpu, GpuDetails, Host};
 use crate::ids::{AccountId, GpuId, HostId, LeaseId};
 use crate::limits;
 
@@ -146,12 +146,11 @@ impl Engine {
         let gpu = GpuId(self.gpus.len() as u32);
         let index_on_host = self.hosts[host.0 as usize].gpus.len() as u32;
         self.hosts[host.0 as usize].gpus.push(gpu);
+        self.gpu_details.push(GpuDetails { uuid: uuid.to_string(), spec: spec.clone() });
         self.gpus.push(Gpu {
-            uuid: uuid.to_string(),
             host,
             index_on_host,
             owner: account,
-            spec: spec.clone(),
             classes_mask,
             online: true,
             spot_ask: None,

@@ -15,6 +15,7 @@ use crate::time::{align_up, format_utc_hour, MS_PER_DAY, MS_PER_HOUR};
 
 impl Engine {
     pub(super) fn list_calendar(&mut self) {
+        let mut due_ms = u64::MAX;
         for class in 0..self.config.classes.len() {
             let Some(calendar) = self.config.classes[class].calendar.clone() else { continue };
             let first_tradable_ms = self.now_ms + calendar.trading_stop_before_start_ms + 1;
@@ -33,7 +34,12 @@ impl Engine {
             );
             self.calendar[class].next_hourly_start_ms = hourly;
             self.calendar[class].next_daily_start_ms = daily;
+            // The next window enters its horizon when now + ahead reaches its start.
+            let hourly_due = hourly.saturating_sub(calendar.hourly_windows_ahead as u64 * MS_PER_HOUR);
+            let daily_due = daily.saturating_sub(calendar.daily_windows_ahead as u64 * MS_PER_DAY);
+            due_ms = due_ms.min(hourly_due).min(daily_due);
         }
+        self.calendar_due_ms = due_ms;
     }
 
     /// Lists windows of `length_ms` starting at `from_ms` up to `until_ms`;

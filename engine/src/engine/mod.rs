@@ -23,7 +23,7 @@ use crate::book::{Book, OrderSlab};
 use crate::command::{Command, Input, Role, Side};
 use crate::config::{ConfigError, EngineConfig};
 use crate::event::{Event, EventKind, LeaseEndReason, LeaseKind, RejectCode};
-use crate::gpus::{Gpu, Host};
+use crate::gpus::{Gpu, GpuDetails, Host};
 use crate::ids::{AccountId, ContractId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
 use crate::state_hash::StateHasher;
 
@@ -208,12 +208,15 @@ pub struct Engine {
     pub(crate) hosts: Vec<Host>,
     pub(crate) host_by_name: BTreeMap<String, HostId>,
     pub(crate) gpus: Vec<Gpu>,
+    pub(crate) gpu_details: Vec<GpuDetails>,
     pub(crate) gpu_by_uuid: BTreeMap<String, GpuId>,
     pub(crate) leases: Vec<Lease>,
     pub(crate) contracts: Vec<Contract>,
     pub(crate) timers: BinaryHeap<Reverse<Timer>>,
     pub(crate) timer_seq: u64,
     pub(crate) calendar: Vec<CalendarCursor>,
+    /// The earliest time at which `list_calendar` has something to list.
+    pub(crate) calendar_due_ms: u64,
 }
 
 /// A handler's early exit: the command is rejected with this code.
@@ -236,12 +239,14 @@ impl Engine {
             hosts: Vec::new(),
             host_by_name: BTreeMap::new(),
             gpus: Vec::new(),
+            gpu_details: Vec::new(),
             gpu_by_uuid: BTreeMap::new(),
             leases: Vec::new(),
             contracts: Vec::new(),
             timers: BinaryHeap::new(),
             timer_seq: 0,
             calendar: vec![CalendarCursor::default(); config.classes.len()],
+            calendar_due_ms: 0,
             config,
         };
         for class in 0..engine.config.classes.len() as u16 {
@@ -309,7 +314,9 @@ impl Engine {
             self.fire(timer.kind);
         }
         self.now_ms = at_ms;
-        self.list_calendar();
+        if at_ms >= self.calendar_due_ms {
+            self.list_calendar();
+        }
     }
 
     pub(crate) fn schedule(&mut self, at_ms: u64, kind: TimerKind) {
@@ -442,12 +449,12 @@ impl Engine {
         let gpu = self.gpus.get(id.0 as usize)?;
         Some(GpuInfo {
             gpu: id,
-            uuid: gpu.uuid.clone(),
+            uuid: self.gpu_details[id.0 as usize].uuid.clone(),
             host: gpu.host,
             host_name: self.hosts[gpu.host.0 as usize].name.clone(),
             index_on_host: gpu.index_on_host,
             owner: gpu.owner,
-            spec: gpu.spec.clone(),
+            spec: self.gpu_details[id.0 as usize].spec.clone(),
             classes: (0..self.config.classes.len())
                 .filter(|class| gpu.classes_mask & (1u64 << class) != 0)
                 .map(|class| self.config.classes[class].name.clone())
@@ -526,11 +533,17 @@ impl Engine {
         for instrument in &self.instruments {
             h.bytes(format!("{}{:?}{:?}{:?}", instrument.symbol, instrument.kind, instrument.state, instrument.contracts).as_bytes());
         }
-        for gpu in &self.gpus {
+        for (gpu, details) in self.gpus.iter().zip(&self.gpu_details) {
             h.bytes(
                 format!(
                     "{}{}{:?}{:?}{:?}{:?}{:?}",
-                    gpu.uuid, gpu.online, gpu.spot_ask, gpu.preemptible_ask, gpu.exclusive_lease, gpu.preemptible_lease, gpu.commitments
+                    details.uuid,
+                    gpu.online,
+                    gpu.spot_ask,
+                    gpu.preemptible_ask,
+                    gpu.exclusive_lease,
+                    gpu.preemptible_lease,
+                    gpu.commitments
                 )
                 .as_bytes(),
             );
