@@ -277,13 +277,17 @@ impl Generator {
         self.apply(Command::CancelOrder { account, order });
     }
 
-    /// An IOC order that takes everything in the best `levels` levels of one side.
+    /// An IOC order on a random side that takes the best `levels` levels (at most 64 GPUs).
     fn cross(&mut self, levels: usize) {
         let side = if self.rng.below(2) == 0 { Side::Buy } else { Side::Sell };
+        self.cross_side(side, levels, 64);
+    }
+
+    fn cross_side(&mut self, side: Side, levels: usize, quantity_max: u32) {
         let depth = self.engine.depth(SPOT, side.opposite());
         let Some(&(limit, _)) = depth.get(levels.min(depth.len()).saturating_sub(1)) else { return };
         let quantity: u64 = depth.iter().take(levels).map(|&(_, quantity)| quantity).sum();
-        let quantity = quantity.min(limits::QUANTITY_MAX.min(64) as u64) as u32;
+        let quantity = quantity.min(quantity_max as u64) as u32;
         let order = match side {
             Side::Buy => {
                 let renter = self.renter();
@@ -354,18 +358,17 @@ pub fn cancels(resting: usize, commands: usize, seed: u64) -> Workload {
     generator.finish(setup_len)
 }
 
-/// `commands` IOC orders each crossing `levels` price levels; the book is
-/// refilled between them (refills are part of the stream, so the measured
-/// figure is per command of this crossing-heavy stream).
+/// `commands` IOC orders, alternating sides, each taking everything in the
+/// best `levels` price levels, on a book of `resting` orders spread over
+/// 1000 ticks a side (about 5 orders a level). Nothing refills the book, so
+/// every measured command is an aggressive order.
 pub fn crosses(resting: usize, levels: usize, commands: usize, seed: u64) -> Workload {
-    let mut generator = Generator::new(seed, (resting as u32 + commands as u32 * levels as u32) * 8);
-    generator.fill_book(resting, 100);
+    let mut generator = Generator::new(seed, resting as u32 * 4 + (commands * levels * 40) as u32);
+    generator.fill_book(resting, 1_000);
     let setup_len = generator.inputs.len();
-    let mut crossings = 0;
-    while crossings < commands {
-        generator.cross(levels);
-        crossings += 1;
-        generator.fill_book(resting, 100);
+    for index in 0..commands {
+        let side = if index % 2 == 0 { Side::Buy } else { Side::Sell };
+        generator.cross_side(side, levels, limits::QUANTITY_MAX);
     }
     generator.finish(setup_len)
 }

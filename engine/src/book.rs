@@ -66,7 +66,7 @@ impl Order {
     }
 }
 
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub(crate) struct OrderSlab {
     orders: Vec<Order>,
     free: Vec<u32>,
@@ -145,7 +145,7 @@ pub(crate) struct Level {
     pub tail: u32,
 }
 
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub(crate) struct BookSide {
     levels: Vec<Level>,
     free_levels: Vec<u32>,
@@ -290,6 +290,7 @@ impl BookSide {
     }
 }
 
+#[derive(Clone)]
 pub(crate) struct Book {
     pub bids: BookSide,
     pub asks: BookSide,

@@ -10,6 +10,7 @@
 use crate::config::GpuSpec;
 use crate::ids::{AccountId, ContractId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
 
+#[derive(Clone)]
 pub(crate) struct Host {
     pub name: String,
     pub owner: AccountId,
@@ -34,11 +35,13 @@ pub(crate) struct Commitment {
 
 /// What never changes after registration, kept apart from the hot state so
 /// that matching touches as few cache lines per GPU as possible.
+#[derive(Clone)]
 pub(crate) struct GpuDetails {
     pub uuid: String,
     pub spec: GpuSpec,
 }
 
+#[derive(Clone)]
 pub(crate) struct Gpu {
     pub host: HostId,
     pub index_on_host: u32,

@@ -16,7 +16,10 @@ fn main() {
     let commands: usize = std::env::args().nth(1).map_or(1_000_000, |arg| arg.parse().expect("commands is a number"));
     eprintln!("generating {commands} commands on a 10k-order book...");
     let generation = Instant::now();
-    let workload = mixed_flow(10_000, commands, 42);
+    let workload = match std::env::var("GPUX_BENCH_WORKLOAD").as_deref() {
+        Ok("cross10") => gpux_benches::crosses(20_000, 10, commands, 42),
+        _ => mixed_flow(10_000, commands, 42),
+    };
     eprintln!("generated in {:.1} s; replaying", generation.elapsed().as_secs_f64());
     let repeats: usize = std::env::var("GPUX_BENCH_REPEATS").map_or(1, |v| v.parse().expect("GPUX_BENCH_REPEATS is a number"));
     for _ in 1..repeats {

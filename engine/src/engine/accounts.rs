@@ -186,14 +186,18 @@ impl Engine {
     pub(crate) fn withdraw_gpu_from_asks(&mut self, gpu_id: GpuId, reason: ReduceReason, with_windows: bool) {
         let gpu = &self.gpus[gpu_id.0 as usize];
         let bit = 1u64 << gpu.index_on_host;
-        let mut asks: Vec<_> = gpu.spot_ask.into_iter().chain(gpu.preemptible_ask).collect();
-        if with_windows {
-            asks.extend(gpu.commitments.iter().filter_map(|c| match c.holder {
+        let (spot_ask, preemptible_ask) = (gpu.spot_ask, gpu.preemptible_ask);
+        for order in spot_ask.into_iter().chain(preemptible_ask) {
+            self.remove_gpus_from_ask(order, bit, reason);
+        }
+        // Each removal drops the commitment it finds, so this ends within
+        // COMMITMENTS_PER_GPU_MAX rounds.
+        while with_windows {
+            let offered = self.gpus[gpu_id.0 as usize].commitments.iter().find_map(|c| match c.holder {
                 CommitmentHolder::Offered(order) => Some(order),
                 CommitmentHolder::Sold(_) => None,
-            }));
-        }
-        for order in asks {
+            });
+            let Some(order) = offered else { break };
             self.remove_gpus_from_ask(order, bit, reason);
         }
     }

@@ -27,6 +27,7 @@ use crate::gpus::{Gpu, GpuDetails, Host};
 use crate::ids::{AccountId, ContractId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
 use crate::state_hash::StateHasher;
 
+#[derive(Clone)]
 pub(crate) struct Account {
     pub role: Role,
     pub available_minor: u64,
@@ -51,6 +52,7 @@ pub enum ContractKind {
     Reserved { window_start_ms: u64, window_end_ms: u64 },
 }
 
+#[derive(Clone)]
 pub(crate) struct Instrument {
     pub symbol: String,
     pub class: u16,
@@ -195,6 +197,9 @@ pub(crate) struct CalendarCursor {
     pub next_daily_start_ms: u64,
 }
 
+/// The matching engine. `Clone` gives an exact copy of the whole state (for
+/// snapshots and for benchmarks that start many runs from one state).
+#[derive(Clone)]
 pub struct Engine {
     pub(crate) config: EngineConfig,
     pub(crate) now_ms: u64,
