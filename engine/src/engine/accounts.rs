@@ -190,9 +190,12 @@ impl Engine {
         for order in spot_ask.into_iter().chain(preemptible_ask) {
             self.remove_gpus_from_ask(order, bit, reason);
         }
+        if !with_windows {
+            return;
+        }
         // Each removal drops the commitment it finds, so this ends within
         // COMMITMENTS_PER_GPU_MAX rounds.
-        while with_windows {
+        loop {
             let offered = self.gpus[gpu_id.0 as usize].commitments.iter().find_map(|c| match c.holder {
                 CommitmentHolder::Offered(order) => Some(order),
                 CommitmentHolder::Sold(_) => None,
