@@ -14,6 +14,7 @@
 //! and the same GPU is never sold twice for overlapping time.
 
 pub mod book;
+mod chunked;
 pub mod command;
 pub mod config;
 pub mod engine;

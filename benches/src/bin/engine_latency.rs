@@ -48,10 +48,20 @@ fn main() {
 
     let mut engine = workload.prepared_engine();
     let mut histogram = Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3).expect("valid bounds");
-    for input in &workload.measured {
+    let mut slowest = Vec::new();
+    for (index, input) in workload.measured.iter().enumerate() {
         let started = Instant::now();
         engine.apply(input);
-        histogram.record(started.elapsed().as_nanos().max(1) as u64).expect("in range");
+        let nanos = started.elapsed().as_nanos().max(1) as u64;
+        histogram.record(nanos).expect("in range");
+        if nanos > 1_000_000 {
+            slowest.push((index, nanos));
+        }
+    }
+    if std::env::var_os("GPUX_BENCH_SHOW_SLOW").is_some() {
+        for (index, nanos) in slowest {
+            eprintln!("slow: #{index} {nanos} ns {:?}", workload.measured[index].command);
+        }
     }
     println!(
         "latency ns: p50 {} p90 {} p99 {} p99.9 {} p99.99 {} max {}",

@@ -20,6 +20,7 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use crate::book::{Book, OrderSlab};
+use crate::chunked::ChunkedVec;
 use crate::command::{Command, Input, Role, Side};
 use crate::config::{ConfigError, EngineConfig};
 use crate::event::{Event, EventKind, LeaseEndReason, LeaseKind, RejectCode};
@@ -215,8 +216,8 @@ pub struct Engine {
     pub(crate) gpus: Vec<Gpu>,
     pub(crate) gpu_details: Vec<GpuDetails>,
     pub(crate) gpu_by_uuid: BTreeMap<String, GpuId>,
-    pub(crate) leases: Vec<Lease>,
-    pub(crate) contracts: Vec<Contract>,
+    pub(crate) leases: ChunkedVec<Lease>,
+    pub(crate) contracts: ChunkedVec<Contract>,
     pub(crate) timers: BinaryHeap<Reverse<Timer>>,
     pub(crate) timer_seq: u64,
     pub(crate) calendar: Vec<CalendarCursor>,
@@ -246,8 +247,8 @@ impl Engine {
             gpus: Vec::new(),
             gpu_details: Vec::new(),
             gpu_by_uuid: BTreeMap::new(),
-            leases: Vec::new(),
-            contracts: Vec::new(),
+            leases: ChunkedVec::default(),
+            contracts: ChunkedVec::default(),
             timers: BinaryHeap::new(),
             timer_seq: 0,
             calendar: vec![CalendarCursor::default(); config.classes.len()],
@@ -553,10 +554,10 @@ impl Engine {
                 .as_bytes(),
             );
         }
-        for lease in &self.leases {
+        for lease in self.leases.iter() {
             h.bytes(format!("{lease:?}").as_bytes());
         }
-        for contract in &self.contracts {
+        for contract in self.contracts.iter() {
             h.bytes(format!("{contract:?}").as_bytes());
         }
         let mut timers: Vec<Timer> = self.timers.iter().map(|Reverse(timer)| *timer).collect();
