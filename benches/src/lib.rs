@@ -277,10 +277,30 @@ impl Generator {
         self.apply(Command::CancelOrder { account, order });
     }
 
-    /// An IOC order on a random side that takes the best `levels` levels (at most 64 GPUs).
-    fn cross(&mut self, levels: usize) {
+    /// An IOC order on a random side taking `quantity` GPUs from the best
+    /// levels, its limit the price where that much is reached.
+    fn cross_quantity(&mut self, quantity: u32) {
         let side = if self.rng.below(2) == 0 { Side::Buy } else { Side::Sell };
-        self.cross_side(side, levels, 64);
+        let depth = self.engine.depth(SPOT, side.opposite());
+        let mut cumulative = 0u64;
+        let Some(&(limit, _)) = depth.iter().find(|&&(_, level)| {
+            cumulative += level;
+            cumulative >= quantity as u64
+        }) else {
+            return;
+        };
+        let order = match side {
+            Side::Buy => {
+                let renter = self.renter();
+                let mut order = self.order(renter, Side::Buy, limit, quantity);
+                order.time_in_force = TimeInForce::Ioc;
+                Some(order)
+            }
+            Side::Sell => self.ask(limit, quantity, TimeInForce::Ioc),
+        };
+        if let Some(order) = order {
+            self.place(order);
+        }
     }
 
     fn cross_side(&mut self, side: Side, levels: usize, quantity_max: u32) {
@@ -317,20 +337,26 @@ impl Generator {
 
 /// The realistic mix on a book of `resting` orders: 60% resting adds within
 /// 100 ticks of the mid, 30% cancels of random open orders, 10% IOC orders
-/// crossing the best level.
+/// crossing the best level(s). For the book to stay near its size the
+/// crossing orders must take about three resting orders each (0.6 added =
+/// 0.3 cancelled + 0.1 x 3 filled): they take 8 GPUs (about 3 orders), 16
+/// when the book is above its size, 4 when below.
 pub fn mixed_flow(resting: usize, commands: usize, seed: u64) -> Workload {
-    let mut generator = Generator::new(seed, resting as u32 * 3 + commands as u32 / 3 + 1_000);
+    let mut generator = Generator::new(seed, resting as u32 * 3 + commands as u32 + 1_000);
     generator.fill_book(resting, 100);
     let setup_len = generator.inputs.len();
     while generator.inputs.len() - setup_len < commands {
         match generator.rng.below(10) {
             0..=5 => generator.add_resting(100),
             6..=8 => generator.cancel_random(),
-            _ => generator.cross(1),
-        }
-        // Keep the book near its working size so the mix stays stationary.
-        if generator.open.len() < resting / 2 {
-            generator.add_resting(100);
+            _ => {
+                let quantity = match generator.open.len() {
+                    open if open > resting + resting / 20 => 16,
+                    open if open < resting - resting / 20 => 4,
+                    _ => 8,
+                };
+                generator.cross_quantity(quantity)
+            }
         }
     }
     generator.finish(setup_len)
@@ -371,4 +397,35 @@ pub fn crosses(resting: usize, levels: usize, commands: usize, seed: u64) -> Wor
         generator.cross_side(side, levels, limits::QUANTITY_MAX);
     }
     generator.finish(setup_len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The mixed workload is what its name says: about 60/30/10 and a book
+    /// that stays near its working size.
+    #[test]
+    fn the_mixed_flow_keeps_its_mix_and_its_book_size() {
+        let workload = mixed_flow(2_000, 20_000, 7);
+        let mut engine = workload.prepared_engine();
+        let (mut places, mut cancels, mut crossing) = (0, 0, 0);
+        let mut max_open = 0;
+        for input in &workload.measured {
+            match &input.command {
+                Command::PlaceOrder(order) if order.time_in_force == TimeInForce::Ioc => crossing += 1,
+                Command::PlaceOrder(_) => places += 1,
+                Command::CancelOrder { .. } => cancels += 1,
+                _ => {}
+            }
+            engine.apply(input);
+            max_open = max_open.max(engine.open_order_count());
+        }
+        let total = (places + cancels + crossing) as f64;
+        eprintln!("adds {places} cancels {cancels} crosses {crossing} max open {max_open} final {}", engine.open_order_count());
+        assert!((places as f64 / total - 0.6).abs() < 0.05, "adds {places} of {total}");
+        assert!((cancels as f64 / total - 0.3).abs() < 0.05, "cancels {cancels} of {total}");
+        assert!((crossing as f64 / total - 0.1).abs() < 0.03, "crosses {crossing} of {total}");
+        assert!(max_open < 2_300, "the book stays near 2000 orders: {max_open}");
+    }
 }

@@ -9,13 +9,46 @@
 
 use crate::config::GpuSpec;
 use crate::ids::{AccountId, ContractId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
+use crate::limits;
 
 #[derive(Clone)]
 pub(crate) struct Host {
     pub name: String,
     pub owner: AccountId,
     /// GPUs in registration order; bit `i` of a `GpuSet` mask is `gpus[i]`.
-    pub gpus: Vec<GpuId>,
+    pub gpus: HostGpus,
+}
+
+/// A host's GPU ids, stored inline (no pointer to chase on the hot path of
+/// every ask, fill and cancel).
+#[derive(Clone)]
+pub(crate) struct HostGpus {
+    ids: [GpuId; limits::GPUS_PER_HOST_MAX as usize],
+    len: u32,
+}
+
+impl HostGpus {
+    pub fn new() -> Self {
+        HostGpus { ids: [GpuId(0); limits::GPUS_PER_HOST_MAX as usize], len: 0 }
+    }
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+    pub fn push(&mut self, gpu: GpuId) {
+        assert!(self.len < limits::GPUS_PER_HOST_MAX, "host is full");
+        self.ids[self.len as usize] = gpu;
+        self.len += 1;
+    }
+    pub fn get(&self, index: usize) -> Option<&GpuId> {
+        self.ids[..self.len as usize].get(index)
+    }
+}
+
+impl std::ops::Index<usize> for HostGpus {
+    type Output = GpuId;
+    fn index(&self, index: usize) -> &GpuId {
+        &self.ids[..self.len as usize][index]
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -51,16 +51,42 @@ fn main() {
     let mut slowest = Vec::new();
     for (index, input) in workload.measured.iter().enumerate() {
         let started = Instant::now();
-        engine.apply(input);
+        let events = engine.apply(input).len();
         let nanos = started.elapsed().as_nanos().max(1) as u64;
         histogram.record(nanos).expect("in range");
         if nanos > 1_000_000 {
-            slowest.push((index, nanos));
+            slowest.push((index, nanos, events));
+        }
+    }
+    if std::env::var_os("GPUX_BENCH_BY_KIND").is_some() {
+        let mut engine = workload.prepared_engine();
+        let mut by_kind: Vec<(&str, Histogram<u64>)> = ["add", "cancel", "ioc"]
+            .into_iter()
+            .map(|kind| (kind, Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3).expect("valid bounds")))
+            .collect();
+        for input in &workload.measured {
+            let kind = match &input.command {
+                gpux_engine::Command::PlaceOrder(order) if order.time_in_force == gpux_engine::TimeInForce::Ioc => 2,
+                gpux_engine::Command::PlaceOrder(_) => 0,
+                _ => 1,
+            };
+            let started = Instant::now();
+            engine.apply(input);
+            by_kind[kind].1.record(started.elapsed().as_nanos().max(1) as u64).expect("in range");
+        }
+        for (kind, histogram) in &by_kind {
+            println!(
+                "{kind}: n {} p50 {} p99 {} mean {:.0}",
+                histogram.len(),
+                histogram.value_at_quantile(0.5),
+                histogram.value_at_quantile(0.99),
+                histogram.mean()
+            );
         }
     }
     if std::env::var_os("GPUX_BENCH_SHOW_SLOW").is_some() {
-        for (index, nanos) in slowest {
-            eprintln!("slow: #{index} {nanos} ns {:?}", workload.measured[index].command);
+        for (index, nanos, events) in slowest {
+            eprintln!("slow: #{index} {nanos} ns, {events} events: {:?}", workload.measured[index].command);
         }
     }
     println!(

@@ -9,7 +9,7 @@ use super::{Account, Checked, Engine};
 use crate::command::Role;
 use crate::config::GpuSpec;
 use crate::event::{EventKind, HoldReason, ReduceReason, RejectCode};
-use crate::gpus::{CommitmentHolder, Gpu, GpuDetails, Host};
+use crate::gpus::{CommitmentHolder, Gpu, GpuDetails, Host, HostGpus};
 use crate::ids::{AccountId, GpuId, HostId, LeaseId};
 use crate::limits;
 
@@ -138,7 +138,7 @@ impl Engine {
             }
             None => {
                 let host = HostId(self.hosts.len() as u32);
-                self.hosts.push(Host { name: host_name.to_string(), owner: account, gpus: Vec::new() });
+                self.hosts.push(Host { name: host_name.to_string(), owner: account, gpus: HostGpus::new() });
                 self.host_by_name.insert(host_name.to_string(), host);
                 host
             }

@@ -13,8 +13,7 @@ mod leases;
 mod matching;
 mod orders;
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
@@ -218,7 +217,9 @@ pub struct Engine {
     pub(crate) gpu_by_uuid: BTreeMap<String, GpuId>,
     pub(crate) leases: ChunkedVec<Lease>,
     pub(crate) contracts: ChunkedVec<Contract>,
-    pub(crate) timers: BinaryHeap<Reverse<Timer>>,
+    /// Pending timers in firing order. A B-tree rather than a binary heap:
+    /// it grows a node at a time, where a heap doubles and copies itself.
+    pub(crate) timers: BTreeSet<Timer>,
     pub(crate) timer_seq: u64,
     pub(crate) calendar: Vec<CalendarCursor>,
     /// The earliest time at which `list_calendar` has something to list.
@@ -249,7 +250,7 @@ impl Engine {
             gpu_by_uuid: BTreeMap::new(),
             leases: ChunkedVec::default(),
             contracts: ChunkedVec::default(),
-            timers: BinaryHeap::new(),
+            timers: BTreeSet::new(),
             timer_seq: 0,
             calendar: vec![CalendarCursor::default(); config.classes.len()],
             calendar_due_ms: 0,
@@ -311,11 +312,11 @@ impl Engine {
     /// Fires every timer due at or before `at_ms`, each at its own time, then
     /// lists the reserved windows that `at_ms` brings into the calendar.
     fn advance_to(&mut self, at_ms: u64) {
-        while let Some(Reverse(timer)) = self.timers.peek().copied() {
+        while let Some(timer) = self.timers.first().copied() {
             if timer.at_ms > at_ms {
                 break;
             }
-            self.timers.pop();
+            self.timers.pop_first();
             self.now_ms = self.now_ms.max(timer.at_ms);
             self.fire(timer.kind);
         }
@@ -332,7 +333,7 @@ impl Engine {
             TimerKind::WindowStart(_) => 2,
         };
         self.timer_seq += 1;
-        self.timers.push(Reverse(Timer { at_ms, rank, seq: self.timer_seq, kind }));
+        self.timers.insert(Timer { at_ms, rank, seq: self.timer_seq, kind });
     }
 
     fn fire(&mut self, kind: TimerKind) {
@@ -560,9 +561,7 @@ impl Engine {
         for contract in self.contracts.iter() {
             h.bytes(format!("{contract:?}").as_bytes());
         }
-        let mut timers: Vec<Timer> = self.timers.iter().map(|Reverse(timer)| *timer).collect();
-        timers.sort();
-        h.bytes(format!("{timers:?}").as_bytes());
+        h.bytes(format!("{:?}", self.timers).as_bytes());
         let mut client_ids: Vec<_> = self.client_order_ids.iter().collect();
         client_ids.sort();
         h.bytes(format!("{client_ids:?}").as_bytes());
