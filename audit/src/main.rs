@@ -101,7 +101,7 @@ fn write_events(out: &mut impl Write, events: &[Event]) -> Result<()> {
     for event in events {
         let mut value = serde_json::to_value(event)?;
         if let EventKind::Rejected { code, .. } = event.kind {
-            value["message"] = code.message().into();
+            value["kind"]["rejected"]["message"] = code.message().into();
         }
         writeln!(out, "{value}")?;
     }

@@ -24,7 +24,10 @@ fn the_demo_session_trades_preempts_resells_and_delivers() {
     assert_eq!(code, 0);
     let types: Vec<String> = events
         .lines()
-        .map(|line| serde_json::from_str::<serde_json::Value>(line).expect("each line is JSON")["type"].as_str().expect("type").to_string())
+        .map(|line| {
+            let event: serde_json::Value = serde_json::from_str(line).expect("each line is JSON");
+            event["kind"].as_object().and_then(|kind| kind.keys().next().cloned()).expect("the kind names the event type")
+        })
         .collect();
     for expected in ["trade", "lease_created", "preemption_notice", "contract_transferred", "rejected", "instrument_expired"] {
         assert!(types.iter().any(|t| t == expected), "the demo shows {expected}");
@@ -46,8 +49,8 @@ fn rejected_events_carry_their_code_and_message() {
     let (_, events, _) = audit(&["--demo"], "");
     let rejected: serde_json::Value =
         serde_json::from_str(events.lines().find(|l| l.contains("\"rejected\"")).expect("a rejection")).expect("JSON");
-    assert_eq!(rejected["code"], "price_off_tick");
-    assert!(rejected["message"].as_str().is_some_and(|m| m.contains("tick")));
+    assert_eq!(rejected["kind"]["rejected"]["code"], "price_off_tick");
+    assert!(rejected["kind"]["rejected"]["message"].as_str().is_some_and(|m| m.contains("tick")));
 }
 
 #[test]

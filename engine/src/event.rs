@@ -2,22 +2,22 @@
 //! codes a client sees. Every event a command causes is emitted in the order it
 //! happened; `seq` numbers all events of the engine without gaps.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::command::{Role, Side};
 use crate::ids::{AccountId, ContractId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// One numbered event. JSON: `{"seq":7,"at_ms":..,"kind":{"trade":{..}}}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
     pub seq: u64,
     pub at_ms: u64,
-    #[serde(flatten)]
     pub kind: EventKind,
 }
 
 /// Why funds are held: an open bid, a running lease's escrow, or a reserved
 /// contract paid ahead.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HoldReason {
     Order(OrderId),
@@ -25,7 +25,7 @@ pub enum HoldReason {
     Contract(ContractId),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LeaseKind {
     Spot,
@@ -33,7 +33,7 @@ pub enum LeaseKind {
     Reserved,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LeaseEndReason {
     DurationElapsed,
@@ -42,7 +42,7 @@ pub enum LeaseEndReason {
     WindowEnded,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OrderCloseReason {
     Filled,
@@ -62,7 +62,7 @@ pub enum OrderCloseReason {
     SupplyGone,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReduceReason {
     SelfTradeDecrement,
@@ -70,8 +70,8 @@ pub enum ReduceReason {
     GpuLeasedElsewhere,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case", tag = "type")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum EventKind {
     AccountOpened {
         account: AccountId,
@@ -139,17 +139,20 @@ pub enum EventKind {
     },
     OrderReplaced {
         order: OrderId,
+        account: AccountId,
         price_minor_per_gpu_hour: u64,
         quantity: u32,
         priority_kept: bool,
     },
     OrderReduced {
         order: OrderId,
+        account: AccountId,
         quantity_left: u32,
         reason: ReduceReason,
     },
     OrderClosed {
         order: OrderId,
+        account: AccountId,
         reason: OrderCloseReason,
         quantity_left: u32,
     },
@@ -207,6 +210,7 @@ pub enum EventKind {
     /// A sold window started and its GPU was offline: the supplier failed to deliver.
     DeliveryFailed {
         contract: ContractId,
+        holder: AccountId,
         supplier: AccountId,
         gpu: GpuId,
     },
@@ -214,7 +218,7 @@ pub enum EventKind {
 
 /// Why a command changed nothing. The codes are stable; docs/protocol.md and
 /// docs/market-rules.md list them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum RejectCode {

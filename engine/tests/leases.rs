@@ -91,9 +91,13 @@ fn a_gpu_leased_on_spot_leaves_its_preemptible_ask() {
     let preemptible_ask = m.ask(supplier, host, 0b11, H100_PREEMPT, 800_000);
     m.ask(supplier, host, 0b01, H100_SPOT, USD_2);
     let (_, events) = m.bid(renter, H100_SPOT, USD_2, 1);
-    assert!(events
-        .iter()
-        .any(|e| e.kind == EventKind::OrderReduced { order: preemptible_ask, quantity_left: 1, reason: ReduceReason::GpuLeasedElsewhere }));
+    assert!(events.iter().any(|e| e.kind
+        == EventKind::OrderReduced {
+            order: preemptible_ask,
+            account: supplier,
+            quantity_left: 1,
+            reason: ReduceReason::GpuLeasedElsewhere
+        }));
     assert_eq!(m.engine.depth(H100_PREEMPT, Side::Sell), [(800_000, 1)]);
 }
 

@@ -283,7 +283,12 @@ impl Engine {
                 self.contracts[contract_id.0 as usize].state = ContractState::Failed;
                 self.contracts[contract_id.0 as usize].escrow_minor = 0;
                 self.release(contract.holder, contract.escrow_minor, HoldReason::Contract(contract_id));
-                self.emit(EventKind::DeliveryFailed { contract: contract_id, supplier: contract.supplier, gpu: contract.gpu });
+                self.emit(EventKind::DeliveryFailed {
+                    contract: contract_id,
+                    holder: contract.holder,
+                    supplier: contract.supplier,
+                    gpu: contract.gpu,
+                });
                 continue;
             }
             self.deliver_contract(contract_id, &contract, window_end_ms);

@@ -16,7 +16,7 @@ mod orders;
 use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::book::{Book, OrderSlab};
 use crate::chunked::ChunkedVec;
@@ -35,7 +35,7 @@ pub(crate) struct Account {
     pub open_orders: u32,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum InstrumentState {
     Trading,
@@ -44,8 +44,8 @@ pub enum InstrumentState {
     Expired,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case", tag = "kind")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ContractKind {
     Spot,
     Preemptible,
@@ -63,7 +63,7 @@ pub(crate) struct Instrument {
 }
 
 /// A public description of an instrument, for listings and the gateway.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstrumentInfo {
     pub instrument: InstrumentId,
     pub symbol: String,
@@ -76,7 +76,7 @@ pub struct InstrumentInfo {
 }
 
 /// A public description of an open order.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OrderInfo {
     pub order: OrderId,
     pub account: AccountId,
@@ -106,7 +106,7 @@ pub(crate) struct Lease {
 }
 
 /// A public description of a lease.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseInfo {
     pub lease: LeaseId,
     pub kind: LeaseKind,
@@ -120,7 +120,7 @@ pub struct LeaseInfo {
 }
 
 /// A public description of a registered GPU.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuInfo {
     pub gpu: GpuId,
     pub uuid: String,
@@ -362,6 +362,22 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// The earliest time at which a timer (lease end, expiry, window stop,
+    /// start or end) or a calendar listing falls due: the exchange sends a
+    /// `Tick` then, so time-driven events happen without client traffic.
+    pub fn next_due_ms(&self) -> u64 {
+        self.timers.first().map_or(u64::MAX, |timer| timer.at_ms).min(self.calendar_due_ms)
+    }
+
+    pub fn account_count(&self) -> u32 {
+        self.accounts.len() as u32
+    }
+
+    /// The role of an account.
+    pub fn role(&self, account: AccountId) -> Option<Role> {
+        self.accounts.get(account.0 as usize).map(|a| a.role)
     }
 
     /// The sequence number the next event will carry.

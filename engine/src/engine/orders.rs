@@ -343,7 +343,7 @@ impl Engine {
             };
             self.close_order(id, close);
         } else {
-            self.emit(EventKind::OrderReduced { order: id, quantity_left, reason });
+            self.emit(EventKind::OrderReduced { order: id, account: order.account, quantity_left, reason });
         }
     }
 
@@ -379,7 +379,7 @@ impl Engine {
         self.client_order_ids.remove(&(order.account, order.client_order_id));
         self.accounts[order.account.0 as usize].open_orders -= 1;
         self.orders.remove(id);
-        self.emit(EventKind::OrderClosed { order: id, reason, quantity_left: order.quantity });
+        self.emit(EventKind::OrderClosed { order: id, account: order.account, reason, quantity_left: order.quantity });
     }
 
     /// Puts what is left of a matched order on the book, or closes it.
@@ -475,7 +475,7 @@ impl Engine {
             if quantity < order.quantity {
                 self.reduce_quantity_for_replace(id, order, quantity);
             }
-            self.emit(EventKind::OrderReplaced { order: id, price_minor_per_gpu_hour: price, quantity, priority_kept: true });
+            self.emit(EventKind::OrderReplaced { order: id, account, price_minor_per_gpu_hour: price, quantity, priority_kept: true });
             return Ok(());
         }
         // Losing priority: off the book, re-priced, then treated as newly arrived.
@@ -508,7 +508,7 @@ impl Engine {
         if order.side == Side::Sell && order.supply.is_none() && quantity > order.quantity {
             self.lock_more_contracts(id, order.instrument, quantity - order.quantity);
         }
-        self.emit(EventKind::OrderReplaced { order: id, price_minor_per_gpu_hour: price, quantity, priority_kept: false });
+        self.emit(EventKind::OrderReplaced { order: id, account, price_minor_per_gpu_hour: price, quantity, priority_kept: false });
         self.match_and_settle(id, true);
         Ok(())
     }

@@ -1,0 +1,87 @@
+//! The one codec: JSON text frames and bincode 2 binary frames for the same
+//! messages, with a size limit on everything decoded. Decoding never panics
+//! and every failure maps to an `ErrorCode` (property-tested).
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::messages::{ClientMessage, ErrorCode, ServerMessage};
+
+/// The largest frame the exchange accepts or sends.
+pub const FRAME_BYTES_MAX: usize = 64 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+fn bincode_config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<FRAME_BYTES_MAX>()
+}
+
+fn decode_json<T: DeserializeOwned>(text: &str) -> Result<T, DecodeError> {
+    if text.len() > FRAME_BYTES_MAX {
+        return Err(DecodeError { code: ErrorCode::FrameTooLarge, message: ErrorCode::FrameTooLarge.message().into() });
+    }
+    serde_json::from_str(text).map_err(|error| {
+        let code = match error.classify() {
+            serde_json::error::Category::Data if error.to_string().starts_with("unknown variant") => ErrorCode::UnknownMessage,
+            serde_json::error::Category::Data => ErrorCode::WrongType,
+            _ => ErrorCode::MalformedJson,
+        };
+        DecodeError { code, message: error.to_string() }
+    })
+}
+
+fn decode_binary<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
+    if bytes.len() > FRAME_BYTES_MAX {
+        return Err(DecodeError { code: ErrorCode::FrameTooLarge, message: ErrorCode::FrameTooLarge.message().into() });
+    }
+    let malformed = |message: String| DecodeError { code: ErrorCode::MalformedBinary, message };
+    let (value, read) = bincode::serde::decode_from_slice(bytes, bincode_config()).map_err(|error| malformed(error.to_string()))?;
+    if read != bytes.len() {
+        return Err(malformed(format!("{} trailing bytes after the message", bytes.len() - read)));
+    }
+    Ok(value)
+}
+
+fn encode_binary<T: Serialize>(message: &T) -> Vec<u8> {
+    bincode::serde::encode_to_vec(message, bincode::config::standard()).expect("every message model encodes to bincode")
+}
+
+fn encode_json<T: Serialize>(message: &T) -> String {
+    serde_json::to_string(message).expect("every message model encodes to JSON")
+}
+
+pub fn decode_client_text(text: &str) -> Result<ClientMessage, DecodeError> {
+    decode_json(text)
+}
+
+pub fn decode_client_binary(bytes: &[u8]) -> Result<ClientMessage, DecodeError> {
+    decode_binary(bytes)
+}
+
+pub fn encode_client_text(message: &ClientMessage) -> String {
+    encode_json(message)
+}
+
+pub fn encode_client_binary(message: &ClientMessage) -> Vec<u8> {
+    encode_binary(message)
+}
+
+pub fn decode_server_text(text: &str) -> Result<ServerMessage, DecodeError> {
+    decode_json(text)
+}
+
+pub fn decode_server_binary(bytes: &[u8]) -> Result<ServerMessage, DecodeError> {
+    decode_binary(bytes)
+}
+
+pub fn encode_server_text(message: &ServerMessage) -> String {
+    encode_json(message)
+}
+
+pub fn encode_server_binary(message: &ServerMessage) -> Vec<u8> {
+    encode_binary(message)
+}

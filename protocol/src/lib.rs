@@ -1,0 +1,15 @@
+//! gpux-protocol: the messages that cross the wire between clients and the
+//! exchange, and the one codec that turns them into frames.
+//!
+//! Every message has two encodings of the same serde model: JSON text frames
+//! for people and scripts, and bincode 2 binary frames for low-latency
+//! clients. The model is deliberately plain (externally tagged enums, no
+//! flattening, no untagged unions) so that both encodings are total and
+//! round-trip; `codec` is the only place that knows either format, and every
+//! decode is bounded by `FRAME_BYTES_MAX`.
+
+pub mod codec;
+pub mod messages;
+
+pub use codec::*;
+pub use messages::*;

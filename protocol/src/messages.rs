@@ -1,0 +1,324 @@
+//! Client and server messages. docs/protocol.md shows every one with a JSON
+//! example. Client requests carry an `id` chosen by the client; the answer
+//! to a request (ack, reject, error, snapshot, list) carries the same id.
+
+use gpux_engine::{
+    AccountId, Event, GpuId, GpuSet, GpuSpec, InstrumentId, InstrumentInfo, LeaseDuration, LeaseId, OrderId, OrderType, RejectCode, Role,
+    SelfTradePrevention, Side, TimeInForce,
+};
+use serde::{Deserialize, Serialize};
+
+/// Public market-data channels, per instrument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Channel {
+    /// Level-2 book: a snapshot, then sequence-numbered level updates.
+    Book,
+    /// Trades, sequence-numbered.
+    Trades,
+}
+
+/// A new order as a client sends it: the engine's `NewOrder` without the
+/// account, which the exchange takes from the authenticated session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderTicket {
+    pub client_order_id: u64,
+    pub instrument: InstrumentId,
+    pub side: Side,
+    #[serde(default = "default_order_type")]
+    pub order_type: OrderType,
+    #[serde(default)]
+    pub price_minor_per_gpu_hour: u64,
+    pub quantity: u32,
+    #[serde(default = "default_time_in_force")]
+    pub time_in_force: TimeInForce,
+    #[serde(default)]
+    pub post_only: bool,
+    #[serde(default = "default_self_trade_prevention")]
+    pub self_trade_prevention: SelfTradePrevention,
+    #[serde(default)]
+    pub min_quantity: u32,
+    #[serde(default)]
+    pub one_host: bool,
+    #[serde(default = "default_duration")]
+    pub duration: LeaseDuration,
+    #[serde(default)]
+    pub supply: Option<GpuSet>,
+}
+
+fn default_order_type() -> OrderType {
+    OrderType::Limit
+}
+fn default_time_in_force() -> TimeInForce {
+    TimeInForce::Gtc
+}
+fn default_self_trade_prevention() -> SelfTradePrevention {
+    SelfTradePrevention::CancelNewest
+}
+fn default_duration() -> LeaseDuration {
+    LeaseDuration::Hours(1)
+}
+
+impl OrderTicket {
+    pub fn into_order(self, account: AccountId) -> gpux_engine::NewOrder {
+        gpux_engine::NewOrder {
+            account,
+            client_order_id: self.client_order_id,
+            instrument: self.instrument,
+            side: self.side,
+            order_type: self.order_type,
+            price_minor_per_gpu_hour: self.price_minor_per_gpu_hour,
+            quantity: self.quantity,
+            time_in_force: self.time_in_force,
+            post_only: self.post_only,
+            self_trade_prevention: self.self_trade_prevention,
+            min_quantity: self.min_quantity,
+            one_host: self.one_host,
+            duration: self.duration,
+            supply: self.supply,
+        }
+    }
+}
+
+/// Everything a client may send.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientMessage {
+    /// Proves the key: `signature` is the ed25519 signature of
+    /// `gpux-auth-v1:` followed by the challenge nonce's 32 bytes. `role`
+    /// opens a new account for a key the exchange does not know yet.
+    Auth {
+        id: u64,
+        public_key: String,
+        signature: String,
+        role: Option<Role>,
+    },
+    Subscribe {
+        id: u64,
+        channel: Channel,
+        instrument: InstrumentId,
+    },
+    Unsubscribe {
+        id: u64,
+        channel: Channel,
+        instrument: InstrumentId,
+    },
+    NewOrder {
+        id: u64,
+        order: OrderTicket,
+    },
+    CancelOrder {
+        id: u64,
+        order: OrderId,
+    },
+    ReplaceOrder {
+        id: u64,
+        order: OrderId,
+        price_minor_per_gpu_hour: u64,
+        quantity: u32,
+    },
+    MassCancel {
+        id: u64,
+        instrument: Option<InstrumentId>,
+    },
+    RegisterGpu {
+        id: u64,
+        host: String,
+        gpu_uuid: String,
+        spec: GpuSpec,
+    },
+    SetGpuOnline {
+        id: u64,
+        gpu: GpuId,
+        online: bool,
+    },
+    EndLease {
+        id: u64,
+        lease: LeaseId,
+    },
+    /// Operator only.
+    Deposit {
+        id: u64,
+        account: AccountId,
+        amount_minor: u64,
+    },
+    Withdraw {
+        id: u64,
+        amount_minor: u64,
+    },
+    Instruments {
+        id: u64,
+    },
+    Ping {
+        id: u64,
+    },
+}
+
+impl ClientMessage {
+    pub fn id(&self) -> u64 {
+        use ClientMessage::*;
+        match self {
+            Auth { id, .. }
+            | Subscribe { id, .. }
+            | Unsubscribe { id, .. }
+            | NewOrder { id, .. }
+            | CancelOrder { id, .. }
+            | ReplaceOrder { id, .. }
+            | MassCancel { id, .. }
+            | RegisterGpu { id, .. }
+            | SetGpuOnline { id, .. }
+            | EndLease { id, .. }
+            | Deposit { id, .. }
+            | Withdraw { id, .. }
+            | Instruments { id }
+            | Ping { id } => *id,
+        }
+    }
+}
+
+/// Everything the exchange sends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerMessage {
+    /// First message on every connection.
+    Challenge {
+        nonce: String,
+        server_time_ms: u64,
+    },
+    Authenticated {
+        id: u64,
+        account: AccountId,
+        role: Role,
+    },
+    /// The command is journaled durably (fsynced) and applied. `order` is
+    /// the id of the order a `new_order` created.
+    Ack {
+        id: u64,
+        journal_seq: u64,
+        order: Option<OrderId>,
+    },
+    /// The engine refused the command (after it was journaled: refusals are
+    /// part of the audit trail too).
+    Reject {
+        id: u64,
+        journal_seq: u64,
+        code: RejectCode,
+        message: String,
+    },
+    /// The gateway refused a frame or request before it reached the engine.
+    Error {
+        id: Option<u64>,
+        code: ErrorCode,
+        message: String,
+    },
+    Subscribed {
+        id: u64,
+        channel: Channel,
+        instrument: InstrumentId,
+    },
+    Unsubscribed {
+        id: u64,
+        channel: Channel,
+        instrument: InstrumentId,
+    },
+    /// Levels best first as `[price, quantity]`; `seq` is the book's update
+    /// counter: the next update carries `seq + 1`.
+    BookSnapshot {
+        instrument: InstrumentId,
+        seq: u64,
+        bids: Vec<(u64, u64)>,
+        asks: Vec<(u64, u64)>,
+    },
+    BookUpdate {
+        instrument: InstrumentId,
+        seq: u64,
+        side: Side,
+        price_minor_per_gpu_hour: u64,
+        quantity: u64,
+    },
+    Trade {
+        instrument: InstrumentId,
+        seq: u64,
+        price_minor_per_gpu_hour: u64,
+        quantity: u32,
+        aggressor: Side,
+        at_ms: u64,
+    },
+    /// An engine event concerning the authenticated account (orders, fills,
+    /// leases, preemption notices, funds).
+    Private {
+        event: Event,
+    },
+    Instruments {
+        id: u64,
+        instruments: Vec<InstrumentInfo>,
+    },
+    Pong {
+        id: u64,
+        server_time_ms: u64,
+    },
+}
+
+/// Gateway-level error codes (engine refusals use `RejectCode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// A text frame that is not JSON.
+    MalformedJson,
+    /// JSON of a known message with a missing field or a field of the wrong type.
+    WrongType,
+    /// JSON naming no known message.
+    UnknownMessage,
+    /// A binary frame that is not a bincode message.
+    MalformedBinary,
+    /// A frame over `FRAME_BYTES_MAX` (the connection is closed).
+    FrameTooLarge,
+    NotAuthenticated,
+    AlreadyAuthenticated,
+    /// Bad key or signature, unknown key without a role, or a role that
+    /// cannot be self-assigned.
+    AuthFailed,
+    /// The account's role does not permit this request.
+    Forbidden,
+    RateLimited,
+    TooManySubscriptions,
+    UnknownInstrument,
+    NotSubscribed,
+    /// The connection fell too far behind the market-data feed (close reason).
+    SlowConsumer,
+    /// The exchange is shutting down (close reason).
+    ShuttingDown,
+}
+
+impl ErrorCode {
+    pub fn message(self) -> &'static str {
+        use ErrorCode::*;
+        match self {
+            MalformedJson => "text frame is not valid JSON",
+            WrongType => "a field is missing or has the wrong type",
+            UnknownMessage => "unknown message type",
+            MalformedBinary => "binary frame is not a valid bincode message",
+            FrameTooLarge => "frame exceeds the maximum size",
+            NotAuthenticated => "authenticate first: sign the challenge and send auth",
+            AlreadyAuthenticated => "this connection is already authenticated",
+            AuthFailed => "authentication failed: check the key, the signature over the challenge, and the role",
+            Forbidden => "the account's role does not permit this request",
+            RateLimited => "too many messages; slow down",
+            TooManySubscriptions => "too many subscriptions on this connection",
+            UnknownInstrument => "no such instrument",
+            NotSubscribed => "no such subscription on this connection",
+            SlowConsumer => "the connection fell too far behind the feed",
+            ShuttingDown => "the exchange is shutting down",
+        }
+    }
+}
+
+/// The bytes a client signs to prove its key: this prefix and the nonce.
+pub const AUTH_DOMAIN: &[u8] = b"gpux-auth-v1:";
+
+pub fn auth_payload(nonce: &[u8; 32]) -> Vec<u8> {
+    let mut payload = AUTH_DOMAIN.to_vec();
+    payload.extend_from_slice(nonce);
+    payload
+}

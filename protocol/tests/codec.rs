@@ -1,0 +1,161 @@
+//! The codec's contract: every message round-trips through both encodings;
+//! bad input of every class maps to its error code; and no input, random or
+//! mutated from a valid frame, makes either decoder panic.
+
+use gpux_engine::*;
+use gpux_protocol::*;
+use proptest::prelude::*;
+
+fn sample_client_messages() -> Vec<ClientMessage> {
+    let ticket = OrderTicket {
+        client_order_id: 7,
+        instrument: InstrumentId(0),
+        side: Side::Sell,
+        order_type: OrderType::Limit,
+        price_minor_per_gpu_hour: 2_000_000,
+        quantity: 2,
+        time_in_force: TimeInForce::Gtt { expire_at_ms: 1_796_227_200_000 },
+        post_only: true,
+        self_trade_prevention: SelfTradePrevention::Decrement,
+        min_quantity: 1,
+        one_host: false,
+        duration: LeaseDuration::UntilCancelled,
+        supply: Some(GpuSet { host: HostId(3), gpu_mask: 0b11 }),
+    };
+    vec![
+        ClientMessage::Auth { id: 1, public_key: "ab".repeat(32), signature: "cd".repeat(64), role: Some(Role::Supplier) },
+        ClientMessage::Subscribe { id: 2, channel: Channel::Book, instrument: InstrumentId(0) },
+        ClientMessage::Unsubscribe { id: 3, channel: Channel::Trades, instrument: InstrumentId(1) },
+        ClientMessage::NewOrder { id: 4, order: ticket },
+        ClientMessage::CancelOrder { id: 5, order: OrderId(4_294_967_296) },
+        ClientMessage::ReplaceOrder { id: 6, order: OrderId(1), price_minor_per_gpu_hour: 1_000, quantity: 1 },
+        ClientMessage::MassCancel { id: 7, instrument: None },
+        ClientMessage::RegisterGpu {
+            id: 8,
+            host: "node-1".into(),
+            gpu_uuid: "GPU-1".into(),
+            spec: GpuSpec {
+                vendor: Vendor::Amd,
+                model: "AMD Instinct MI300X".into(),
+                memory_mib: 196_592,
+                interconnect: Interconnect::InfinityFabric,
+                mig_profile: None,
+            },
+        },
+        ClientMessage::SetGpuOnline { id: 9, gpu: GpuId(2), online: false },
+        ClientMessage::EndLease { id: 10, lease: LeaseId(3) },
+        ClientMessage::Deposit { id: 11, account: AccountId(4), amount_minor: 1_000_000 },
+        ClientMessage::Withdraw { id: 12, amount_minor: 5 },
+        ClientMessage::Instruments { id: 13 },
+        ClientMessage::Ping { id: 14 },
+    ]
+}
+
+#[test]
+fn every_client_message_round_trips_through_both_encodings() {
+    for message in sample_client_messages() {
+        assert_eq!(decode_client_text(&encode_client_text(&message)), Ok(message.clone()));
+        assert_eq!(decode_client_binary(&encode_client_binary(&message)), Ok(message.clone()));
+    }
+}
+
+#[test]
+fn server_messages_round_trip_through_both_encodings() {
+    let event = Event {
+        seq: 9,
+        at_ms: 5,
+        kind: EventKind::Trade {
+            instrument: InstrumentId(0),
+            price_minor_per_gpu_hour: 2_000_000,
+            quantity: 1,
+            aggressor: Side::Buy,
+            buy_order: OrderId(1),
+            sell_order: OrderId(2),
+            buyer: AccountId(1),
+            seller: AccountId(2),
+        },
+    };
+    let messages = vec![
+        ServerMessage::Challenge { nonce: "00".repeat(32), server_time_ms: 1 },
+        ServerMessage::Reject { id: 3, journal_seq: 8, code: RejectCode::PriceOffTick, message: "m".into() },
+        ServerMessage::Error { id: None, code: ErrorCode::MalformedJson, message: "m".into() },
+        ServerMessage::BookSnapshot { instrument: InstrumentId(0), seq: 4, bids: vec![(1_000, 2)], asks: vec![] },
+        ServerMessage::Private { event },
+        ServerMessage::Instruments { id: 1, instruments: Engine::new(EngineConfig::demo()).expect("valid").instruments() },
+    ];
+    for message in messages {
+        assert_eq!(decode_server_text(&encode_server_text(&message)), Ok(message.clone()));
+        assert_eq!(decode_server_binary(&encode_server_binary(&message)), Ok(message.clone()));
+    }
+}
+
+#[test]
+fn the_json_shape_is_the_documented_one() {
+    let text = r#"{"new_order":{"id":4,"order":{"client_order_id":1,"instrument":0,"side":"buy","price_minor_per_gpu_hour":2000000,"quantity":1}}}"#;
+    let ClientMessage::NewOrder { id, order } = decode_client_text(text).expect("documented example decodes") else {
+        panic!("wrong message")
+    };
+    assert_eq!(id, 4);
+    assert_eq!(order.time_in_force, TimeInForce::Gtc, "defaults apply");
+    assert_eq!(order.duration, LeaseDuration::Hours(1));
+}
+
+#[test]
+fn each_class_of_bad_text_has_its_code() {
+    let cases = [
+        ("{not json", ErrorCode::MalformedJson),
+        ("", ErrorCode::MalformedJson),
+        (r#"{"launch_rocket":{"id":1}}"#, ErrorCode::UnknownMessage),
+        (r#"{"ping":{"id":"one"}}"#, ErrorCode::WrongType),
+        (r#"{"cancel_order":{"id":1}}"#, ErrorCode::WrongType),
+        (r#"{"ping":{"id":-1}}"#, ErrorCode::WrongType),
+    ];
+    for (text, code) in cases {
+        assert_eq!(decode_client_text(text).map_err(|e| e.code), Err(code), "{text}");
+    }
+    let huge = format!(r#"{{"ping":{{"id":1,"pad":"{}"}}}}"#, "x".repeat(FRAME_BYTES_MAX));
+    assert_eq!(decode_client_text(&huge).map_err(|e| e.code), Err(ErrorCode::FrameTooLarge));
+}
+
+#[test]
+fn bad_binary_frames_are_malformed_binary() {
+    let valid = encode_client_binary(&ClientMessage::Ping { id: 1 });
+    let mut trailing = valid.clone();
+    trailing.push(0);
+    for bytes in [vec![], vec![0xff; 16], trailing, valid[..valid.len() - 1].to_vec()] {
+        assert_eq!(decode_client_binary(&bytes).map_err(|e| e.code), Err(ErrorCode::MalformedBinary), "{bytes:?}");
+    }
+    // A length prefix claiming a huge string must not allocate it.
+    let claims_huge_string = [0u8, 0, 0xfc, 0xff, 0xff, 0xff, 0x7f];
+    assert!(decode_client_binary(&claims_huge_string).is_err());
+}
+
+proptest! {
+    #[test]
+    fn random_bytes_never_panic_either_decoder(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        if let Err(error) = decode_client_binary(&bytes) {
+            prop_assert!(matches!(error.code, ErrorCode::MalformedBinary));
+        }
+        if let Ok(text) = std::str::from_utf8(&bytes) {
+            if let Err(error) = decode_client_text(text) {
+                prop_assert!(matches!(error.code, ErrorCode::MalformedJson | ErrorCode::WrongType | ErrorCode::UnknownMessage));
+            }
+        }
+    }
+
+    #[test]
+    fn mutated_valid_frames_never_panic(pick in 0..14usize, position in any::<prop::sample::Index>(), byte in any::<u8>(), cut in any::<prop::sample::Index>()) {
+        let message = &sample_client_messages()[pick];
+        let mut binary = encode_client_binary(message);
+        let index = position.index(binary.len());
+        binary[index] = byte;
+        let _ = decode_client_binary(&binary);
+        let _ = decode_client_binary(&binary[..cut.index(binary.len())]);
+        let mut text = encode_client_text(message).into_bytes();
+        let index = position.index(text.len());
+        text[index] = byte;
+        if let Ok(text) = std::str::from_utf8(&text) {
+            let _ = decode_client_text(text);
+        }
+    }
+}
