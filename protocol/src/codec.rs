@@ -85,3 +85,22 @@ pub fn encode_server_text(message: &ServerMessage) -> String {
 pub fn encode_server_binary(message: &ServerMessage) -> Vec<u8> {
     encode_binary(message)
 }
+
+/// The largest record stored on disk (a journal entry).
+pub const RECORD_BYTES_MAX: usize = 1024 * 1024;
+
+/// Encodes a storage record (a journal entry) in the same bincode format.
+pub fn encode_record<T: Serialize>(record: &T) -> Vec<u8> {
+    encode_binary(record)
+}
+
+/// Decodes a storage record; bounded like a frame, with a larger limit.
+pub fn decode_record<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
+    let malformed = |message: String| DecodeError { code: ErrorCode::MalformedBinary, message };
+    let config = bincode::config::standard().with_limit::<RECORD_BYTES_MAX>();
+    let (value, read) = bincode::serde::decode_from_slice(bytes, config).map_err(|error| malformed(error.to_string()))?;
+    if read != bytes.len() {
+        return Err(malformed(format!("{} trailing bytes after the record", bytes.len() - read)));
+    }
+    Ok(value)
+}

@@ -3,8 +3,8 @@
 //! to a request (ack, reject, error, snapshot, list) carries the same id.
 
 use gpux_engine::{
-    AccountId, Event, GpuId, GpuSet, GpuSpec, InstrumentId, InstrumentInfo, LeaseDuration, LeaseId, OrderId, OrderType, RejectCode, Role,
-    SelfTradePrevention, Side, TimeInForce,
+    AccountId, Event, GpuId, GpuSet, GpuSpec, InstrumentId, InstrumentInfo, LeaseDuration, LeaseId, OrderId, OrderInfo, OrderType,
+    RejectCode, Role, SelfTradePrevention, Side, TimeInForce,
 };
 use serde::{Deserialize, Serialize};
 
@@ -149,6 +149,10 @@ pub enum ClientMessage {
     Instruments {
         id: u64,
     },
+    /// The authenticated account's open orders.
+    OpenOrders {
+        id: u64,
+    },
     Ping {
         id: u64,
     },
@@ -171,6 +175,7 @@ impl ClientMessage {
             | Deposit { id, .. }
             | Withdraw { id, .. }
             | Instruments { id }
+            | OpenOrders { id }
             | Ping { id } => *id,
         }
     }
@@ -252,6 +257,10 @@ pub enum ServerMessage {
     Instruments {
         id: u64,
         instruments: Vec<InstrumentInfo>,
+    },
+    Orders {
+        id: u64,
+        orders: Vec<OrderInfo>,
     },
     Pong {
         id: u64,

@@ -47,7 +47,8 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::Deposit { id: 11, account: AccountId(4), amount_minor: 1_000_000 },
         ClientMessage::Withdraw { id: 12, amount_minor: 5 },
         ClientMessage::Instruments { id: 13 },
-        ClientMessage::Ping { id: 14 },
+        ClientMessage::OpenOrders { id: 14 },
+        ClientMessage::Ping { id: 15 },
     ]
 }
 
@@ -144,7 +145,7 @@ proptest! {
     }
 
     #[test]
-    fn mutated_valid_frames_never_panic(pick in 0..14usize, position in any::<prop::sample::Index>(), byte in any::<u8>(), cut in any::<prop::sample::Index>()) {
+    fn mutated_valid_frames_never_panic(pick in 0..15usize, position in any::<prop::sample::Index>(), byte in any::<u8>(), cut in any::<prop::sample::Index>()) {
         let message = &sample_client_messages()[pick];
         let mut binary = encode_client_binary(message);
         let index = position.index(binary.len());

@@ -1,0 +1,472 @@
+//! The sequencer: one thread that owns the engine, the journal and the
+//! subscription registry, and is the only writer of market state.
+//!
+//! It takes requests in batches (everything that queued while the previous
+//! batch was being committed), stamps engine commands with the exchange
+//! clock, applies them to the engine, appends the batch to the journal in one
+//! durable commit, and only then releases what the batch produced: acks,
+//! rejects, private events, market data and snapshots. Nothing leaves the
+//! process before the inputs behind it are on disk. A journal error is fatal:
+//! the process stops and the next start replays the journal.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use gpux_engine::{AccountId, Command, Engine, Event, EventKind, Input, InstrumentId, Role};
+use gpux_protocol::{encode_server_binary, encode_server_text, Channel, ErrorCode, ServerMessage};
+use tokio::sync::{mpsc, Notify};
+
+use crate::journal::{Journal, JournalEntry};
+
+/// Requests handled in one batch at most (one journal commit).
+pub const BATCH_MAX: usize = 4096;
+/// Subscriptions one connection may hold.
+pub const SUBSCRIPTIONS_PER_CONNECTION_MAX: usize = 64;
+
+pub type ConnectionId = u64;
+
+/// A server message encoded at most once per format and shared by every
+/// connection it goes to.
+pub struct SharedFrame {
+    message: ServerMessage,
+    text: OnceLock<String>,
+    binary: OnceLock<Vec<u8>>,
+}
+
+impl SharedFrame {
+    pub fn new(message: ServerMessage) -> Arc<Self> {
+        Arc::new(SharedFrame { message, text: OnceLock::new(), binary: OnceLock::new() })
+    }
+    pub fn text(&self) -> &str {
+        self.text.get_or_init(|| encode_server_text(&self.message))
+    }
+    pub fn binary(&self) -> &[u8] {
+        self.binary.get_or_init(|| encode_server_binary(&self.message))
+    }
+    pub fn message(&self) -> &ServerMessage {
+        &self.message
+    }
+}
+
+/// Where the sequencer sends a connection's frames, and how it tells a
+/// connection that fell behind to close.
+#[derive(Clone)]
+pub struct Outbound {
+    pub frames: mpsc::Sender<Arc<SharedFrame>>,
+    pub too_slow: Arc<Notify>,
+}
+
+pub enum Request {
+    Connect {
+        connection: ConnectionId,
+        outbound: Outbound,
+    },
+    /// The gateway verified the signature; bind or look up the key.
+    Authenticate {
+        connection: ConnectionId,
+        id: u64,
+        public_key: [u8; 32],
+        role: Option<Role>,
+    },
+    Command {
+        connection: ConnectionId,
+        id: u64,
+        command: Command,
+    },
+    Subscribe {
+        connection: ConnectionId,
+        id: u64,
+        channel: Channel,
+        instrument: InstrumentId,
+    },
+    Unsubscribe {
+        connection: ConnectionId,
+        id: u64,
+        channel: Channel,
+        instrument: InstrumentId,
+    },
+    Instruments {
+        connection: ConnectionId,
+        id: u64,
+    },
+    OpenOrders {
+        connection: ConnectionId,
+        id: u64,
+    },
+    Disconnect {
+        connection: ConnectionId,
+    },
+}
+
+struct Connection {
+    outbound: Outbound,
+    account: Option<AccountId>,
+    subscriptions: BTreeSet<(Channel, InstrumentId)>,
+}
+
+pub struct Sequencer {
+    engine: Engine,
+    journal: Journal,
+    clock_ms: u64,
+    keys: HashMap<[u8; 32], AccountId>,
+    operator_keys: BTreeSet<[u8; 32]>,
+    connections: BTreeMap<ConnectionId, Connection>,
+    connections_of: HashMap<AccountId, BTreeSet<ConnectionId>>,
+    subscribers: BTreeMap<(Channel, InstrumentId), BTreeSet<ConnectionId>>,
+    book_seq: HashMap<InstrumentId, u64>,
+    trade_seq: HashMap<InstrumentId, u64>,
+    /// Inputs of the current batch, journaled before anything below is sent.
+    entries: Vec<JournalEntry>,
+    /// `(connection or None for market data fan-out, frame)` in release order.
+    pending: Vec<(Target, Arc<SharedFrame>)>,
+}
+
+enum Target {
+    Connection(ConnectionId),
+    Account(AccountId),
+    Subscribers(Channel, InstrumentId),
+}
+
+/// What a recovered exchange looks like, for the operator's log and tests.
+pub struct Recovery {
+    pub entries: u64,
+    pub state_hash: u64,
+}
+
+impl Sequencer {
+    /// Rebuilds the engine and key bindings by replaying the whole journal.
+    pub fn recover(engine: Engine, journal: Journal, entries: Vec<JournalEntry>, operator_keys: BTreeSet<[u8; 32]>) -> (Self, Recovery) {
+        let mut sequencer = Sequencer {
+            engine,
+            journal,
+            clock_ms: 0,
+            keys: HashMap::new(),
+            operator_keys,
+            connections: BTreeMap::new(),
+            connections_of: HashMap::new(),
+            subscribers: BTreeMap::new(),
+            book_seq: HashMap::new(),
+            trade_seq: HashMap::new(),
+            entries: Vec::new(),
+            pending: Vec::new(),
+        };
+        let count = entries.len() as u64;
+        for entry in entries {
+            match entry {
+                JournalEntry::Engine(input) => {
+                    sequencer.clock_ms = sequencer.clock_ms.max(input.at_ms);
+                    let events = sequencer.engine.apply(&input).to_vec();
+                    sequencer.count_market_data(&events);
+                }
+                JournalEntry::BindKey { public_key, account } => {
+                    sequencer.keys.insert(public_key, account);
+                }
+            }
+        }
+        let state_hash = sequencer.engine.state_hash();
+        (sequencer, Recovery { entries: count, state_hash })
+    }
+
+    pub fn state_hash(&self) -> u64 {
+        self.engine.state_hash()
+    }
+
+    /// Serves requests until every sender is gone (the gateway shut down),
+    /// committing what is in flight before returning.
+    pub fn run(mut self, requests: Receiver<Request>) -> u64 {
+        loop {
+            let wait = self.time_until_due();
+            let mut batch = Vec::new();
+            match requests.recv_timeout(wait) {
+                Ok(request) => batch.push(request),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            while batch.len() < BATCH_MAX {
+                match requests.try_recv() {
+                    Ok(request) => batch.push(request),
+                    Err(_) => break,
+                }
+            }
+            self.process(batch);
+        }
+        self.engine.state_hash()
+    }
+
+    fn time_until_due(&self) -> Duration {
+        let due = self.engine.next_due_ms();
+        let now = wall_clock_ms();
+        Duration::from_millis(due.saturating_sub(now).clamp(1, 1_000))
+    }
+
+    fn process(&mut self, batch: Vec<Request>) {
+        self.clock_ms = self.clock_ms.max(wall_clock_ms());
+        if self.engine.next_due_ms() <= self.clock_ms {
+            self.apply_command(None, 0, Command::Tick);
+        }
+        for request in batch {
+            self.handle(request);
+        }
+        if !self.entries.is_empty() {
+            if let Err(error) = self.journal.append(&self.entries) {
+                // Acknowledged means durable: without the journal nothing may be
+                // acknowledged, and the in-memory state is ahead of the disk.
+                tracing::error!(%error, "journal append failed; stopping so a restart replays the journal");
+                std::process::exit(70);
+            }
+            self.entries.clear();
+        }
+        self.release();
+    }
+
+    fn handle(&mut self, request: Request) {
+        match request {
+            Request::Connect { connection, outbound } => {
+                self.connections.insert(connection, Connection { outbound, account: None, subscriptions: BTreeSet::new() });
+            }
+            Request::Authenticate { connection, id, public_key, role } => self.authenticate(connection, id, public_key, role),
+            Request::Command { connection, id, command } => self.apply_command(Some(connection), id, command),
+            Request::Subscribe { connection, id, channel, instrument } => self.subscribe(connection, id, channel, instrument),
+            Request::Unsubscribe { connection, id, channel, instrument } => {
+                let removed = self.connections.get_mut(&connection).is_some_and(|c| c.subscriptions.remove(&(channel, instrument)));
+                let reply = if removed {
+                    if let Some(set) = self.subscribers.get_mut(&(channel, instrument)) {
+                        set.remove(&connection);
+                    }
+                    ServerMessage::Unsubscribed { id, channel, instrument }
+                } else {
+                    error(Some(id), ErrorCode::NotSubscribed)
+                };
+                self.reply(connection, reply);
+            }
+            Request::Instruments { connection, id } => {
+                let instruments = self.engine.instruments();
+                self.reply(connection, ServerMessage::Instruments { id, instruments });
+            }
+            Request::OpenOrders { connection, id } => {
+                let account = self.connections.get(&connection).and_then(|c| c.account);
+                let orders = account.map(|a| self.engine.open_orders(a)).unwrap_or_default();
+                self.reply(connection, ServerMessage::Orders { id, orders });
+            }
+            Request::Disconnect { connection } => self.disconnect(connection),
+        }
+    }
+
+    fn authenticate(&mut self, connection: ConnectionId, id: u64, public_key: [u8; 32], role: Option<Role>) {
+        let account = match (self.keys.get(&public_key).copied(), role) {
+            (Some(account), _) => Some(account),
+            (None, Some(Role::Operator)) if !self.operator_keys.contains(&public_key) => None,
+            (None, None) if self.operator_keys.contains(&public_key) => self.open_account(public_key, Role::Operator),
+            (None, Some(role)) => self.open_account(public_key, role),
+            (None, None) => None,
+        };
+        let Some(account) = account else {
+            self.reply(connection, error(Some(id), ErrorCode::AuthFailed));
+            return;
+        };
+        let role = self.engine.role(account).expect("bound accounts exist");
+        if let Some(state) = self.connections.get_mut(&connection) {
+            state.account = Some(account);
+            self.connections_of.entry(account).or_default().insert(connection);
+        }
+        self.reply(connection, ServerMessage::Authenticated { id, account, role });
+    }
+
+    fn open_account(&mut self, public_key: [u8; 32], role: Role) -> Option<AccountId> {
+        let input = Input { at_ms: self.clock_ms, command: Command::OpenAccount { role } };
+        let events = self.engine.apply(&input).to_vec();
+        self.entries.push(JournalEntry::Engine(input));
+        let account = events.iter().find_map(|e| match e.kind {
+            EventKind::AccountOpened { account, .. } => Some(account),
+            _ => None,
+        });
+        self.route(&events);
+        let account = account?;
+        self.keys.insert(public_key, account);
+        self.entries.push(JournalEntry::BindKey { public_key, account });
+        Some(account)
+    }
+
+    fn apply_command(&mut self, connection: Option<ConnectionId>, id: u64, command: Command) {
+        let input = Input { at_ms: self.clock_ms, command };
+        let events = self.engine.apply(&input).to_vec();
+        self.entries.push(JournalEntry::Engine(input));
+        let journal_seq = self.journal.next_seq() + self.entries.len() as u64 - 1;
+        self.route(&events);
+        let Some(connection) = connection else { return };
+        let reply = match events.last().map(|e| e.kind) {
+            Some(EventKind::Rejected { code, .. }) => ServerMessage::Reject { id, journal_seq, code, message: code.message().to_string() },
+            _ => {
+                let order = events.iter().find_map(|e| match e.kind {
+                    EventKind::OrderAccepted { order, .. } => Some(order),
+                    _ => None,
+                });
+                ServerMessage::Ack { id, journal_seq, order }
+            }
+        };
+        self.reply(connection, reply);
+    }
+
+    fn subscribe(&mut self, connection: ConnectionId, id: u64, channel: Channel, instrument: InstrumentId) {
+        if self.engine.instrument(instrument).is_none() {
+            self.reply(connection, error(Some(id), ErrorCode::UnknownInstrument));
+            return;
+        }
+        let Some(state) = self.connections.get_mut(&connection) else { return };
+        if state.subscriptions.len() >= SUBSCRIPTIONS_PER_CONNECTION_MAX && !state.subscriptions.contains(&(channel, instrument)) {
+            self.reply(connection, error(Some(id), ErrorCode::TooManySubscriptions));
+            return;
+        }
+        state.subscriptions.insert((channel, instrument));
+        self.subscribers.entry((channel, instrument)).or_default().insert(connection);
+        self.reply(connection, ServerMessage::Subscribed { id, channel, instrument });
+        if channel == Channel::Book {
+            let snapshot = ServerMessage::BookSnapshot {
+                instrument,
+                seq: self.book_seq.get(&instrument).copied().unwrap_or(0),
+                bids: self.engine.depth(instrument, gpux_engine::Side::Buy),
+                asks: self.engine.depth(instrument, gpux_engine::Side::Sell),
+            };
+            self.reply(connection, snapshot);
+        }
+    }
+
+    fn disconnect(&mut self, connection: ConnectionId) {
+        if let Some(state) = self.connections.remove(&connection) {
+            for key in state.subscriptions {
+                if let Some(set) = self.subscribers.get_mut(&key) {
+                    set.remove(&connection);
+                }
+            }
+            if let Some(account) = state.account {
+                if let Some(set) = self.connections_of.get_mut(&account) {
+                    set.remove(&connection);
+                }
+            }
+        }
+    }
+
+    /// Queues market data and private events for release after the commit.
+    fn route(&mut self, events: &[Event]) {
+        for event in events {
+            if let Some(message) = self.market_data(event) {
+                let (channel, instrument) = match &message {
+                    ServerMessage::BookUpdate { instrument, .. } => (Channel::Book, *instrument),
+                    ServerMessage::Trade { instrument, .. } => (Channel::Trades, *instrument),
+                    _ => unreachable!("market data is book updates and trades"),
+                };
+                self.pending.push((Target::Subscribers(channel, instrument), SharedFrame::new(message)));
+            }
+            let accounts = self.accounts_of(event);
+            if accounts.iter().flatten().next().is_some() {
+                let frame = SharedFrame::new(ServerMessage::Private { event: *event });
+                for account in accounts.into_iter().flatten() {
+                    self.pending.push((Target::Account(account), frame.clone()));
+                }
+            }
+        }
+    }
+
+    fn count_market_data(&mut self, events: &[Event]) {
+        for event in events {
+            self.market_data(event);
+        }
+    }
+
+    fn market_data(&mut self, event: &Event) -> Option<ServerMessage> {
+        match event.kind {
+            EventKind::BookLevel { instrument, side, price_minor_per_gpu_hour, quantity } => {
+                let seq = self.book_seq.entry(instrument).or_insert(0);
+                *seq += 1;
+                Some(ServerMessage::BookUpdate { instrument, seq: *seq, side, price_minor_per_gpu_hour, quantity })
+            }
+            EventKind::Trade { instrument, price_minor_per_gpu_hour, quantity, aggressor, .. } => {
+                let seq = self.trade_seq.entry(instrument).or_insert(0);
+                *seq += 1;
+                Some(ServerMessage::Trade { instrument, seq: *seq, price_minor_per_gpu_hour, quantity, aggressor, at_ms: event.at_ms })
+            }
+            _ => None,
+        }
+    }
+
+    /// The accounts an event concerns (at most two, deduplicated).
+    fn accounts_of(&self, event: &Event) -> [Option<AccountId>; 2] {
+        use EventKind::*;
+        let pair = match event.kind {
+            AccountOpened { account, .. }
+            | FundsDeposited { account, .. }
+            | FundsWithdrawn { account, .. }
+            | FundsHeld { account, .. }
+            | FundsReleased { account, .. }
+            | GpuRegistered { account, .. }
+            | OrderAccepted { account, .. }
+            | OrderReplaced { account, .. }
+            | OrderReduced { account, .. }
+            | OrderClosed { account, .. } => [Some(account), None],
+            FundsCharged { account, to, .. } => [Some(account), to],
+            Rejected { account, .. } => [account, None],
+            Trade { buyer, seller, .. } => [Some(buyer), Some(seller)],
+            LeaseCreated { renter, supplier, .. } => [Some(renter), Some(supplier)],
+            PreemptionNotice { lease, .. } | LeaseEnded { lease, .. } => {
+                self.engine.lease(lease).map_or([None, None], |l| [Some(l.renter), Some(l.supplier)])
+            }
+            ContractCreated { holder, supplier, .. } => [Some(holder), Some(supplier)],
+            ContractTransferred { from, to, .. } => [Some(from), Some(to)],
+            DeliveryFailed { holder, supplier, .. } => [Some(holder), Some(supplier)],
+            GpuStatusChanged { gpu, .. } => [self.engine.gpu(gpu).map(|g| g.owner), None],
+            InstrumentListed { .. } | TradingStopped { .. } | InstrumentExpired { .. } | BookLevel { .. } => [None, None],
+        };
+        if pair[0] == pair[1] {
+            [pair[0], None]
+        } else {
+            pair
+        }
+    }
+
+    fn reply(&mut self, connection: ConnectionId, message: ServerMessage) {
+        self.pending.push((Target::Connection(connection), SharedFrame::new(message)));
+    }
+
+    /// Sends everything the batch produced, now that it is durable. A
+    /// connection whose queue is full is told to close as a slow consumer.
+    fn release(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        for (target, frame) in pending {
+            match target {
+                Target::Connection(connection) => self.send(connection, &frame),
+                Target::Account(account) => {
+                    let connections: Vec<ConnectionId> =
+                        self.connections_of.get(&account).map(|set| set.iter().copied().collect()).unwrap_or_default();
+                    for connection in connections {
+                        self.send(connection, &frame);
+                    }
+                }
+                Target::Subscribers(channel, instrument) => {
+                    let connections: Vec<ConnectionId> =
+                        self.subscribers.get(&(channel, instrument)).map(|set| set.iter().copied().collect()).unwrap_or_default();
+                    for connection in connections {
+                        self.send(connection, &frame);
+                    }
+                }
+            }
+        }
+    }
+
+    fn send(&mut self, connection: ConnectionId, frame: &Arc<SharedFrame>) {
+        let Some(state) = self.connections.get(&connection) else { return };
+        if let Err(mpsc::error::TrySendError::Full(_)) = state.outbound.frames.try_send(frame.clone()) {
+            state.outbound.too_slow.notify_one();
+            self.disconnect(connection);
+        }
+    }
+}
+
+fn error(id: Option<u64>, code: ErrorCode) -> ServerMessage {
+    ServerMessage::Error { id, code, message: code.message().to_string() }
+}
+
+pub fn wall_clock_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,295 @@
+//! The WebSocket gateway: accepts connections, authenticates them by an
+//! ed25519 challenge, decodes frames (JSON text or bincode binary), enforces
+//! per-connection limits, forwards requests to the sequencer and writes what
+//! the sequencer sends back.
+//!
+//! Every bad frame gets a coded `error` and the connection stays open, except
+//! an oversize frame (the WebSocket layer cannot resynchronise after it), a
+//! slow consumer and shutdown, which close with the code as the reason.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_channel::{Sender, TrySendError};
+use ed25519_dalek::{Signature, VerifyingKey};
+use futures_util::{SinkExt, StreamExt};
+use gpux_engine::{AccountId, Command, Role};
+use gpux_protocol::{
+    auth_payload, decode_client_binary, decode_client_text, encode_server_binary, encode_server_text, ClientMessage, ErrorCode,
+    ServerMessage, FRAME_BYTES_MAX,
+};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, Notify};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+
+use crate::core::{wall_clock_ms, ConnectionId, Outbound, Request, SharedFrame};
+
+/// Frames queued for one connection before it counts as a slow consumer.
+pub const OUTBOUND_FRAMES_MAX: usize = 8192;
+/// Sustained messages per second one connection may send.
+pub const MESSAGES_PER_SECOND_MAX: f64 = 5_000.0;
+/// Burst above the sustained rate.
+pub const MESSAGE_BURST_MAX: f64 = 10_000.0;
+
+static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
+
+/// Accepts connections until `shutdown` turns true.
+pub async fn serve(listener: TcpListener, core: Sender<Request>, shutdown: watch::Receiver<bool>) {
+    let mut accept_shutdown = shutdown.clone();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    tracing::debug!(%peer, "connection accepted");
+                    tokio::spawn(serve_connection(stream, core.clone(), shutdown.clone()));
+                }
+                Err(error) => tracing::warn!(%error, "accept failed"),
+            },
+            _ = accept_shutdown.changed() => break,
+        }
+    }
+}
+
+enum Session {
+    Challenged { nonce: [u8; 32] },
+    Authenticating,
+    Authenticated { account: AccountId, role: Role },
+}
+
+struct Connection {
+    id: ConnectionId,
+    core: Sender<Request>,
+    session: Session,
+    binary: bool,
+    tokens: f64,
+    refilled_at: Instant,
+}
+
+async fn serve_connection(stream: TcpStream, core: Sender<Request>, mut shutdown: watch::Receiver<bool>) {
+    let config = WebSocketConfig::default().max_message_size(Some(FRAME_BYTES_MAX)).max_frame_size(Some(FRAME_BYTES_MAX));
+    let Ok(socket) = tokio_tungstenite::accept_async_with_config(stream, Some(config)).await else { return };
+    let (mut sink, mut incoming) = socket.split();
+    let (frames, mut outgoing) = mpsc::channel::<Arc<SharedFrame>>(OUTBOUND_FRAMES_MAX);
+    let too_slow = Arc::new(Notify::new());
+    let mut connection = Connection {
+        id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
+        core,
+        session: Session::Authenticating,
+        binary: false,
+        tokens: MESSAGE_BURST_MAX,
+        refilled_at: Instant::now(),
+    };
+    if connection
+        .core
+        .send(Request::Connect { connection: connection.id, outbound: Outbound { frames, too_slow: too_slow.clone() } })
+        .is_err()
+    {
+        return;
+    }
+    let challenge = connection.new_challenge();
+    let mut close: Option<ErrorCode> = None;
+    if sink.send(Message::Text(encode_server_text(&challenge).into())).await.is_err() {
+        close = Some(ErrorCode::ShuttingDown);
+    }
+    while close.is_none() {
+        tokio::select! {
+            frame = incoming.next() => {
+                let replies = match frame {
+                    Some(Ok(Message::Text(text))) => { connection.binary = false; connection.on_frame(decode_client_text(&text)) }
+                    Some(Ok(Message::Binary(bytes))) => { connection.binary = true; connection.on_frame(decode_client_binary(&bytes)) }
+                    Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => Vec::new(),
+                    Some(Ok(Message::Close(_))) | None => break,
+                    Some(Err(WsError::Capacity(_))) => { close = Some(ErrorCode::FrameTooLarge); Vec::new() }
+                    Some(Err(_)) => break,
+                };
+                for reply in replies {
+                    if sink.send(connection.encode(&reply)).await.is_err() {
+                        close = Some(ErrorCode::ShuttingDown);
+                    }
+                }
+            }
+            Some(frame) = outgoing.recv() => {
+                let mut result = sink.feed(connection.encode_shared(&frame)).await;
+                if let Some(challenge) = connection.observe(frame.message()) {
+                    result = result.and(sink.feed(connection.encode(&challenge)).await);
+                }
+                while let Ok(more) = outgoing.try_recv() {
+                    result = result.and(sink.feed(connection.encode_shared(&more)).await);
+                    if let Some(challenge) = connection.observe(more.message()) {
+                        result = result.and(sink.feed(connection.encode(&challenge)).await);
+                    }
+                }
+                if result.and(sink.flush().await).is_err() {
+                    break;
+                }
+            }
+            _ = too_slow.notified() => close = Some(ErrorCode::SlowConsumer),
+            _ = shutdown.changed() => close = Some(ErrorCode::ShuttingDown),
+        }
+    }
+    if let Some(code) = close {
+        let reason = serde_plain_code(code);
+        let frame = CloseFrame { code: CloseCode::Policy, reason: reason.into() };
+        let _ = sink.send(Message::Close(Some(frame))).await;
+    }
+    let _ = connection.core.send(Request::Disconnect { connection: connection.id });
+}
+
+/// The snake_case name of a code, as a close reason.
+fn serde_plain_code(code: ErrorCode) -> String {
+    encode_server_text(&ServerMessage::Error { id: None, code, message: String::new() })
+        .split("\"code\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or("error")
+        .to_string()
+}
+
+impl Connection {
+    fn new_challenge(&mut self) -> ServerMessage {
+        let mut nonce = [0u8; 32];
+        getrandom::fill(&mut nonce).expect("the OS random source is available");
+        self.session = Session::Challenged { nonce };
+        ServerMessage::Challenge { nonce: hex::encode(nonce), server_time_ms: wall_clock_ms() }
+    }
+
+    fn encode(&self, message: &ServerMessage) -> Message {
+        if self.binary {
+            Message::Binary(encode_server_binary(message).into())
+        } else {
+            Message::Text(encode_server_text(message).into())
+        }
+    }
+
+    fn encode_shared(&self, frame: &SharedFrame) -> Message {
+        if self.binary {
+            Message::Binary(frame.binary().to_vec().into())
+        } else {
+            Message::Text(frame.text().to_string().into())
+        }
+    }
+
+    /// Tracks the outcome of authentication as the sequencer reports it;
+    /// returns a fresh challenge to send after a refusal.
+    fn observe(&mut self, message: &ServerMessage) -> Option<ServerMessage> {
+        match (message, &self.session) {
+            (ServerMessage::Authenticated { account, role, .. }, _) => {
+                self.session = Session::Authenticated { account: *account, role: *role };
+                None
+            }
+            // A refused attempt burns the nonce: the next one signs a new challenge.
+            (ServerMessage::Error { code: ErrorCode::AuthFailed, .. }, Session::Authenticating) => Some(self.new_challenge()),
+            _ => None,
+        }
+    }
+
+    fn rate_limited(&mut self) -> bool {
+        let now = Instant::now();
+        let elapsed = now.duration_since(self.refilled_at).as_secs_f64();
+        self.refilled_at = now;
+        self.tokens = (self.tokens + elapsed * MESSAGES_PER_SECOND_MAX).min(MESSAGE_BURST_MAX);
+        if self.tokens < 1.0 {
+            return true;
+        }
+        self.tokens -= 1.0;
+        false
+    }
+
+    /// Handles one decoded (or undecodable) frame; returns what to answer at
+    /// once. Answers that need the sequencer come back through the outbound queue.
+    fn on_frame(&mut self, decoded: Result<ClientMessage, gpux_protocol::DecodeError>) -> Vec<ServerMessage> {
+        if self.rate_limited() {
+            return vec![error(None, ErrorCode::RateLimited, None)];
+        }
+        let message = match decoded {
+            Ok(message) => message,
+            Err(decode) => return vec![error(None, decode.code, Some(decode.message))],
+        };
+        let id = message.id();
+        match (&self.session, message) {
+            (_, ClientMessage::Ping { id }) => vec![ServerMessage::Pong { id, server_time_ms: wall_clock_ms() }],
+            (Session::Authenticated { .. }, ClientMessage::Auth { .. }) => vec![error(Some(id), ErrorCode::AlreadyAuthenticated, None)],
+            (Session::Authenticating, ClientMessage::Auth { .. }) => vec![error(Some(id), ErrorCode::AuthFailed, None)],
+            (Session::Challenged { nonce }, ClientMessage::Auth { id, public_key, signature, role }) => {
+                let nonce = *nonce;
+                match verify(&nonce, &public_key, &signature) {
+                    Some(public_key) => {
+                        self.session = Session::Authenticating;
+                        self.forward(id, Request::Authenticate { connection: self.id, id, public_key, role })
+                    }
+                    None => vec![error(Some(id), ErrorCode::AuthFailed, None), self.new_challenge()],
+                }
+            }
+            (Session::Authenticated { account, role }, message) => {
+                let (account, role) = (*account, *role);
+                self.authenticated(account, role, message)
+            }
+            (_, _) => vec![error(Some(id), ErrorCode::NotAuthenticated, None)],
+        }
+    }
+
+    fn authenticated(&mut self, account: AccountId, role: Role, message: ClientMessage) -> Vec<ServerMessage> {
+        let connection = self.id;
+        let command = |id, command| Request::Command { connection, id, command };
+        let request = match message {
+            ClientMessage::Subscribe { id, channel, instrument } => Request::Subscribe { connection, id, channel, instrument },
+            ClientMessage::Unsubscribe { id, channel, instrument } => Request::Unsubscribe { connection, id, channel, instrument },
+            ClientMessage::Instruments { id } => Request::Instruments { connection, id },
+            ClientMessage::OpenOrders { id } => Request::OpenOrders { connection, id },
+            ClientMessage::NewOrder { id, order } => command(id, Command::PlaceOrder(order.into_order(account))),
+            ClientMessage::CancelOrder { id, order } => command(id, Command::CancelOrder { account, order }),
+            ClientMessage::ReplaceOrder { id, order, price_minor_per_gpu_hour, quantity } => {
+                command(id, Command::ReplaceOrder { account, order, price_minor_per_gpu_hour, quantity })
+            }
+            ClientMessage::MassCancel { id, instrument } => command(id, Command::MassCancel { account, instrument }),
+            ClientMessage::RegisterGpu { id, host, gpu_uuid, spec } => command(id, Command::RegisterGpu { account, host, gpu_uuid, spec }),
+            ClientMessage::SetGpuOnline { id, gpu, online } => command(id, Command::SetGpuOnline { account, gpu, online }),
+            ClientMessage::EndLease { id, lease } => command(id, Command::EndLease { account, lease }),
+            ClientMessage::Withdraw { id, amount_minor } => command(id, Command::Withdraw { account, amount_minor }),
+            ClientMessage::Deposit { id, account: to, amount_minor } => {
+                if role != Role::Operator {
+                    return vec![error(Some(id), ErrorCode::Forbidden, None)];
+                }
+                command(id, Command::Deposit { account: to, amount_minor })
+            }
+            ClientMessage::Auth { id, .. } | ClientMessage::Ping { id } => {
+                return vec![error(Some(id), ErrorCode::AlreadyAuthenticated, None)]
+            }
+        };
+        let id = match &request {
+            Request::Command { id, .. }
+            | Request::Subscribe { id, .. }
+            | Request::Unsubscribe { id, .. }
+            | Request::Instruments { id, .. }
+            | Request::OpenOrders { id, .. }
+            | Request::Authenticate { id, .. } => *id,
+            Request::Connect { .. } | Request::Disconnect { .. } => 0,
+        };
+        self.forward(id, request)
+    }
+
+    fn forward(&mut self, id: u64, request: Request) -> Vec<ServerMessage> {
+        match self.core.try_send(request) {
+            Ok(()) => Vec::new(),
+            Err(TrySendError::Full(_)) => vec![error(Some(id), ErrorCode::RateLimited, Some("the exchange is saturated; retry".into()))],
+            Err(TrySendError::Disconnected(_)) => vec![error(Some(id), ErrorCode::ShuttingDown, None)],
+        }
+    }
+}
+
+/// Checks an auth signature over the challenge; returns the key on success.
+fn verify(nonce: &[u8; 32], public_key_hex: &str, signature_hex: &str) -> Option<[u8; 32]> {
+    let public_key: [u8; 32] = hex::decode(public_key_hex).ok()?.try_into().ok()?;
+    let signature: [u8; 64] = hex::decode(signature_hex).ok()?.try_into().ok()?;
+    let key = VerifyingKey::from_bytes(&public_key).ok()?;
+    key.verify_strict(&auth_payload(nonce), &Signature::from_bytes(&signature)).ok()?;
+    Some(public_key)
+}
+
+fn error(id: Option<u64>, code: ErrorCode, detail: Option<String>) -> ServerMessage {
+    ServerMessage::Error { id, code, message: detail.unwrap_or_else(|| code.message().to_string()) }
+}

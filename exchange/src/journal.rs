@@ -1,0 +1,104 @@
+//! The durable journal: every accepted input, in sequence, in a redb table.
+//!
+//! An entry is acknowledged to anyone only after the transaction holding it
+//! committed with `Durability::Immediate` (fsync). Appends are batched: the
+//! sequencer hands over everything that arrived while the previous commit
+//! was in flight, so one fsync covers many commands (group commit). redb's
+//! commits are atomic, so a crash mid-commit (a torn write) leaves the
+//! journal at the previous commit and the restart replays that.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use gpux_engine::{AccountId, Input};
+use gpux_protocol::{decode_record, encode_record};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("journal");
+
+/// One journaled input: an engine command, or the binding of an account to
+/// the public key that proved it (exchange state the engine does not hold).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JournalEntry {
+    Engine(Input),
+    BindKey { public_key: [u8; 32], account: AccountId },
+}
+
+pub struct Journal {
+    db: Database,
+    next_seq: u64,
+}
+
+impl Journal {
+    /// Opens (or creates) the journal and returns every entry in order.
+    pub fn open(path: &Path) -> Result<(Journal, Vec<JournalEntry>)> {
+        let db = Database::create(path).with_context(|| format!("opening journal {}", path.display()))?;
+        let setup = db.begin_write()?;
+        setup.open_table(JOURNAL)?;
+        setup.commit()?;
+        let mut entries = Vec::new();
+        let read = db.begin_read()?;
+        let table = read.open_table(JOURNAL)?;
+        let mut next_seq = 1;
+        for row in table.iter()? {
+            let (seq, bytes) = row?;
+            anyhow::ensure!(seq.value() == next_seq, "journal gap: expected entry {next_seq}, found {}", seq.value());
+            let entry: JournalEntry =
+                decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("journal entry {}: {}", seq.value(), e.message))?;
+            entries.push(entry);
+            next_seq += 1;
+        }
+        drop(table);
+        drop(read);
+        Ok((Journal { db, next_seq }, entries))
+    }
+
+    /// Appends `entries` in one durable commit; returns the sequence number
+    /// of the first. An error here is fatal to the exchange.
+    pub fn append(&mut self, entries: &[JournalEntry]) -> Result<u64> {
+        let first = self.next_seq;
+        let mut transaction = self.db.begin_write()?;
+        transaction.set_durability(Durability::Immediate)?;
+        {
+            let mut table = transaction.open_table(JOURNAL)?;
+            for (offset, entry) in entries.iter().enumerate() {
+                table.insert(first + offset as u64, encode_record(entry).as_slice())?;
+            }
+        }
+        transaction.commit()?;
+        self.next_seq += entries.len() as u64;
+        Ok(first)
+    }
+
+    /// The sequence number the next entry will get.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpux_engine::{Command, Role};
+
+    #[test]
+    fn entries_survive_reopening_in_order() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("journal.redb");
+        let entries = vec![
+            JournalEntry::Engine(Input { at_ms: 1, command: Command::OpenAccount { role: Role::Renter } }),
+            JournalEntry::BindKey { public_key: [7; 32], account: AccountId(0) },
+            JournalEntry::Engine(Input { at_ms: 2, command: Command::Tick }),
+        ];
+        {
+            let (mut journal, existing) = Journal::open(&path).expect("open");
+            assert!(existing.is_empty());
+            assert_eq!(journal.append(&entries[..2]).expect("append"), 1);
+            assert_eq!(journal.append(&entries[2..]).expect("append"), 3);
+        }
+        let (journal, replayed) = Journal::open(&path).expect("reopen");
+        assert_eq!(replayed, entries);
+        assert_eq!(journal.next_seq(), 4);
+    }
+}

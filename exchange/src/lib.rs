@@ -1,0 +1,78 @@
+//! gpux-exchange: the process that runs the market. It wires the durable
+//! journal (`journal`), the sequencer that owns the engine (`core`) and the
+//! WebSocket gateway (`gateway`). `run` is the whole process; the binary
+//! only parses its flags.
+
+pub mod core;
+pub mod gateway;
+pub mod journal;
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use gpux_engine::{Engine, EngineConfig};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Requests queued for the sequencer before clients are told to slow down.
+pub const SEQUENCER_QUEUE_MAX: usize = 1 << 16;
+
+pub struct ExchangeConfig {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub operator_keys: BTreeSet<[u8; 32]>,
+    pub engine: EngineConfig,
+}
+
+/// Recovers from the journal, serves until SIGTERM or SIGINT, then stops
+/// accepting, lets the sequencer commit what is in flight, closes every
+/// connection with a reason and returns the final state hash.
+pub fn run(config: ExchangeConfig) -> Result<u64> {
+    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
+    let (journal, entries) = journal::Journal::open(&config.data_dir.join("journal.redb"))?;
+    let engine = Engine::new(config.engine).context("engine config")?;
+    let (sequencer, recovery) = core::Sequencer::recover(engine, journal, entries, config.operator_keys);
+    say(&format!("recovered {} journal entries, state hash {:016x}", recovery.entries, recovery.state_hash));
+
+    let (requests, inbox) = crossbeam_channel::bounded(SEQUENCER_QUEUE_MAX);
+    let sequencer_thread = std::thread::Builder::new().name("sequencer".into()).spawn(move || sequencer.run(inbox))?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(async move {
+        let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+        say(&format!("listening on ws://{}", listener.local_addr()?));
+        let (stop, stopped) = watch::channel(false);
+        let server = tokio::spawn(gateway::serve(listener, requests, stopped));
+        wait_for_signal().await;
+        say("stopping: no new connections, finishing in-flight commits");
+        let _ = stop.send(true);
+        let _ = server.await;
+        // Give connection tasks a moment to send their close frames.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        anyhow::Ok(())
+    })?;
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    let state_hash = sequencer_thread.join().map_err(|_| anyhow::anyhow!("sequencer thread panicked"))?;
+    say(&format!("stopped, state hash {state_hash:016x}"));
+    Ok(state_hash)
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate()).expect("SIGTERM handler installs");
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// One line for the operator (and for tests that read the process output).
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "gpux-exchange: {line}");
+    let _ = out.flush();
+    tracing::info!("{line}");
+}

@@ -1,0 +1,46 @@
+//! `gpux-exchange`: runs a local exchange on an embedded store. Flags only;
+//! everything else lives in the library.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use gpux_engine::EngineConfig;
+use gpux_exchange::{run, ExchangeConfig};
+
+#[derive(Parser)]
+#[command(name = "gpux-exchange", about = "The gpux exchange: journal, matching engine and WebSocket gateway in one process")]
+struct Args {
+    /// Where the journal (redb) lives.
+    #[arg(long, default_value = "gpux-data")]
+    data_dir: PathBuf,
+    /// Address of the WebSocket listener (plain ws://, for loopback development).
+    #[arg(long, default_value = "127.0.0.1:7300")]
+    listen: SocketAddr,
+    /// Hex ed25519 public key allowed to act as operator (repeatable).
+    #[arg(long = "operator-key")]
+    operator_keys: Vec<String>,
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("GPUX_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let mut operator_keys = BTreeSet::new();
+    for key in &args.operator_keys {
+        let bytes: [u8; 32] = hex::decode(key)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .with_context(|| format!("--operator-key {key}: expected 64 hex digits (an ed25519 public key)"))?;
+        operator_keys.insert(bytes);
+    }
+    if !args.listen.ip().is_loopback() {
+        anyhow::bail!("plain ws:// is for loopback development only; TLS listeners are not implemented yet (listen on 127.0.0.1)");
+    }
+    run(ExchangeConfig { data_dir: args.data_dir, listen: args.listen, operator_keys, engine: EngineConfig::demo() })?;
+    Ok(())
+}

@@ -1,0 +1,257 @@
+//! Test harness for the real `gpux-exchange` binary: start it on a temporary
+//! data directory and a free loopback port, and talk to it over real
+//! WebSocket connections as an authenticated client would.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use ed25519_dalek::{Signer, SigningKey};
+use futures_util::{SinkExt, StreamExt};
+use gpux_engine::*;
+use gpux_protocol::*;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+pub struct Exchange {
+    pub child: Child,
+    pub addr: String,
+    /// The state hash the process printed when it recovered.
+    pub recovered_hash: String,
+    /// Every line the process printed after it started listening.
+    pub output: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Exchange {
+    pub fn start(data_dir: &Path, operator: Option<&SigningKey>) -> Exchange {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_gpux-exchange"));
+        command.arg("--data-dir").arg(data_dir).arg("--listen").arg("127.0.0.1:0");
+        if let Some(key) = operator {
+            command.arg("--operator-key").arg(hex::encode(key.verifying_key().to_bytes()));
+        }
+        let mut child = command.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("gpux-exchange starts");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut recovered_hash = String::new();
+        let mut addr = None;
+        let mut line = String::new();
+        while addr.is_none() && lines.read_line(&mut line).unwrap_or(0) > 0 {
+            if let Some(hash) = line.trim().split("state hash ").nth(1) {
+                recovered_hash = hash.to_string();
+            }
+            addr = line.trim().strip_prefix("gpux-exchange: listening on ws://").map(str::to_string);
+            line.clear();
+        }
+        let Some(addr) = addr else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("exchange exited before listening");
+        };
+        // Keep draining stdout so the process never blocks on a full pipe.
+        let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = output.clone();
+        std::thread::spawn(move || {
+            for line in lines.lines().map_while(Result::ok) {
+                sink.lock().expect("output lock").push(line);
+            }
+        });
+        Exchange { child, addr, recovered_hash, output }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait for a clean exit; returns the final state hash printed.
+    pub fn terminate(&mut self) -> String {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let status = self.child.wait().expect("wait");
+        assert!(status.success(), "clean shutdown: {status:?}");
+        std::thread::sleep(Duration::from_millis(100));
+        let output = self.output.lock().expect("output lock");
+        output
+            .iter()
+            .find_map(|line| line.strip_prefix("gpux-exchange: stopped, state hash ").map(str::to_string))
+            .expect("the final state hash is printed")
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub struct Client {
+    socket: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    /// Messages read while waiting for a reply, delivered by `recv` later.
+    backlog: std::collections::VecDeque<ServerMessage>,
+    pub nonce: [u8; 32],
+    pub binary: bool,
+    next_id: u64,
+}
+
+pub fn key(seed: u8) -> SigningKey {
+    SigningKey::from_bytes(&[seed; 32])
+}
+
+impl Client {
+    pub async fn connect(addr: &str) -> Client {
+        let (socket, _) = tokio_tungstenite::connect_async(format!("ws://{addr}")).await.expect("websocket connects");
+        let mut client = Client { socket, backlog: Default::default(), nonce: [0; 32], binary: false, next_id: 1 };
+        match client.recv().await {
+            ServerMessage::Challenge { nonce, .. } => client.nonce = hex::decode(nonce).expect("hex").try_into().expect("32 bytes"),
+            other => panic!("expected a challenge, got {other:?}"),
+        }
+        client
+    }
+
+    pub fn auth_message(&mut self, key: &SigningKey, role: Option<Role>) -> ClientMessage {
+        let signature = key.sign(&auth_payload(&self.nonce));
+        ClientMessage::Auth {
+            id: self.id(),
+            public_key: hex::encode(key.verifying_key().to_bytes()),
+            signature: hex::encode(signature.to_bytes()),
+            role,
+        }
+    }
+
+    /// Connects and authenticates; returns the account.
+    pub async fn login(addr: &str, key: &SigningKey, role: Role) -> (Client, AccountId) {
+        let mut client = Client::connect(addr).await;
+        let auth = client.auth_message(key, Some(role));
+        client.send(&auth).await;
+        let account = client
+            .recv_until(|m| match m {
+                ServerMessage::Authenticated { account, .. } => Some(*account),
+                ServerMessage::Error { code, .. } => panic!("auth failed: {code:?}"),
+                _ => None,
+            })
+            .await;
+        (client, account)
+    }
+
+    pub fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    pub async fn send(&mut self, message: &ClientMessage) {
+        let frame = if self.binary {
+            Message::Binary(encode_client_binary(message).into())
+        } else {
+            Message::Text(encode_client_text(message).into())
+        };
+        self.socket.send(frame).await.expect("send");
+    }
+
+    pub async fn send_raw(&mut self, frame: Message) {
+        self.socket.send(frame).await.expect("send raw");
+    }
+
+    /// The next server message (5 s timeout).
+    pub async fn recv(&mut self) -> ServerMessage {
+        if let Some(message) = self.backlog.pop_front() {
+            return message;
+        }
+        self.recv_wire().await
+    }
+
+    async fn recv_wire(&mut self) -> ServerMessage {
+        loop {
+            let frame = tokio::time::timeout(Duration::from_secs(5), self.socket.next())
+                .await
+                .expect("a server message within 5 s")
+                .expect("connection open")
+                .expect("valid frame");
+            match frame {
+                Message::Text(text) => return decode_server_text(&text).expect("server text decodes"),
+                Message::Binary(bytes) => return decode_server_binary(&bytes).expect("server binary decodes"),
+                Message::Close(frame) => panic!("closed: {frame:?}"),
+                _ => continue,
+            }
+        }
+    }
+
+    /// The next message that is not a private event or market data.
+    pub async fn recv_reply(&mut self) -> ServerMessage {
+        loop {
+            match self.recv().await {
+                ServerMessage::Private { .. } | ServerMessage::BookUpdate { .. } | ServerMessage::Trade { .. } => continue,
+                other => return other,
+            }
+        }
+    }
+
+    /// Reads until `pick` returns something, skipping other messages.
+    pub async fn recv_until<T>(&mut self, mut pick: impl FnMut(&ServerMessage) -> Option<T>) -> T {
+        loop {
+            let message = self.recv().await;
+            if let Some(found) = pick(&message) {
+                return found;
+            }
+        }
+    }
+
+    /// Reads until the close frame; returns its reason.
+    pub async fn closed_reason(&mut self) -> String {
+        loop {
+            match tokio::time::timeout(Duration::from_secs(5), self.socket.next()).await.expect("close within 5 s") {
+                Some(Ok(Message::Close(Some(frame)))) => return frame.reason.to_string(),
+                Some(Ok(Message::Close(None))) | None | Some(Err(_)) => return String::new(),
+                Some(Ok(_)) => continue,
+            }
+        }
+    }
+
+    /// Sends a request and waits for its ack or reject (or error) by id;
+    /// whatever else arrives meanwhile stays queued for `recv`.
+    pub async fn request(&mut self, message: ClientMessage) -> ServerMessage {
+        let id = message.id();
+        self.send(&message).await;
+        loop {
+            let message = self.recv_wire().await;
+            match &message {
+                ServerMessage::Ack { id: i, .. } | ServerMessage::Reject { id: i, .. } if *i == id => return message,
+                ServerMessage::Error { id: Some(i), .. } if *i == id => return message,
+                _ => self.backlog.push_back(message),
+            }
+        }
+    }
+
+    pub async fn place(&mut self, order: OrderTicket) -> ServerMessage {
+        let id = self.id();
+        self.request(ClientMessage::NewOrder { id, order }).await
+    }
+}
+
+pub fn h100_spec() -> GpuSpec {
+    GpuSpec {
+        vendor: Vendor::Nvidia,
+        model: "NVIDIA H100 80GB HBM3".into(),
+        memory_mib: 81_559,
+        interconnect: Interconnect::NvLink,
+        mig_profile: None,
+    }
+}
+
+pub fn ticket(client_order_id: u64, side: Side, price: u64, quantity: u32) -> OrderTicket {
+    OrderTicket {
+        client_order_id,
+        instrument: InstrumentId(0),
+        side,
+        order_type: OrderType::Limit,
+        price_minor_per_gpu_hour: price,
+        quantity,
+        time_in_force: TimeInForce::Gtc,
+        post_only: false,
+        self_trade_prevention: SelfTradePrevention::CancelNewest,
+        min_quantity: 0,
+        one_host: false,
+        duration: LeaseDuration::Hours(1),
+        supply: None,
+    }
+}

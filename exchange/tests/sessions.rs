@@ -1,0 +1,205 @@
+//! The exchange over real sockets: authentication, order entry acknowledged
+//! after the journal, private feeds, the public book feed with sequence
+//! numbers, every class of bad input, and state surviving a restart.
+
+mod common;
+
+use common::*;
+use gpux_engine::*;
+use gpux_protocol::*;
+use tokio_tungstenite::tungstenite::Message;
+
+const USD_2: u64 = 2_000_000;
+
+/// An exchange with an operator, a supplier who offered one H100 on spot
+/// at 2.00, and a funded renter.
+struct Market {
+    exchange: Exchange,
+    _dir: tempfile::TempDir,
+    operator: Client,
+    supplier: Client,
+    renter: Client,
+    renter_account: AccountId,
+}
+
+async fn market() -> Market {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start(dir.path(), Some(&key(1)));
+    let (mut operator, _) = Client::login(&exchange.addr, &key(1), Role::Operator).await;
+    let (mut supplier, _) = Client::login(&exchange.addr, &key(2), Role::Supplier).await;
+    let (renter, renter_account) = Client::login(&exchange.addr, &key(3), Role::Renter).await;
+    let id = operator.id();
+    let deposit = operator.request(ClientMessage::Deposit { id, account: renter_account, amount_minor: 1_000_000_000 }).await;
+    assert!(matches!(deposit, ServerMessage::Ack { .. }), "{deposit:?}");
+    let id = supplier.id();
+    let registered =
+        supplier.request(ClientMessage::RegisterGpu { id, host: "node-1".into(), gpu_uuid: "GPU-1".into(), spec: h100_spec() }).await;
+    assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
+    let mut ask = ticket(1, Side::Sell, USD_2, 1);
+    ask.supply = Some(GpuSet { host: HostId(0), gpu_mask: 1 });
+    assert!(matches!(supplier.place(ask).await, ServerMessage::Ack { order: Some(_), .. }));
+    Market { exchange, _dir: dir, operator, supplier, renter, renter_account }
+}
+
+#[tokio::test]
+async fn a_new_key_opens_an_account_only_with_a_role() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start(dir.path(), None);
+    let mut client = Client::connect(&exchange.addr).await;
+    let auth = client.auth_message(&key(9), None);
+    client.send(&auth).await;
+    assert!(matches!(client.recv().await, ServerMessage::Error { code: ErrorCode::AuthFailed, .. }));
+    // A refusal burns the nonce and brings a new challenge.
+    let ServerMessage::Challenge { nonce, .. } = client.recv().await else { panic!("a new challenge") };
+    client.nonce = hex::decode(nonce).expect("hex").try_into().expect("32 bytes");
+    let auth = client.auth_message(&key(9), Some(Role::Renter));
+    client.send(&auth).await;
+    assert!(matches!(client.recv_reply().await, ServerMessage::Authenticated { role: Role::Renter, .. }));
+    let again = client.auth_message(&key(9), None);
+    client.send(&again).await;
+    assert!(matches!(client.recv_reply().await, ServerMessage::Error { code: ErrorCode::AlreadyAuthenticated, .. }));
+
+    // The same key later logs in to the same account without a role.
+    let (_, first) = Client::login(&exchange.addr, &key(10), Role::Supplier).await;
+    let mut other = Client::connect(&exchange.addr).await;
+    let auth = other.auth_message(&key(10), None);
+    other.send(&auth).await;
+    assert!(matches!(other.recv().await, ServerMessage::Authenticated { account, role: Role::Supplier, .. } if account == first));
+}
+
+#[tokio::test]
+async fn a_signature_over_another_connections_challenge_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start(dir.path(), None);
+    let mut victim = Client::connect(&exchange.addr).await;
+    let stolen = victim.auth_message(&key(4), Some(Role::Renter));
+    let mut attacker = Client::connect(&exchange.addr).await;
+    attacker.send(&stolen).await;
+    assert!(matches!(attacker.recv().await, ServerMessage::Error { code: ErrorCode::AuthFailed, .. }));
+    // Nor may anyone claim the operator role without a configured key.
+    let claim = attacker.recv().await;
+    let ServerMessage::Challenge { nonce, .. } = claim else { panic!("a new challenge") };
+    attacker.nonce = hex::decode(nonce).expect("hex").try_into().expect("32 bytes");
+    let operator_claim = attacker.auth_message(&key(5), Some(Role::Operator));
+    attacker.send(&operator_claim).await;
+    assert!(matches!(attacker.recv().await, ServerMessage::Error { code: ErrorCode::AuthFailed, .. }));
+}
+
+#[tokio::test]
+async fn an_order_is_acknowledged_and_both_sides_see_the_fill_and_the_lease() {
+    let mut m = market().await;
+    let placed = m.renter.place(ticket(7, Side::Buy, USD_2, 1)).await;
+    let ServerMessage::Ack { order: Some(order), journal_seq, .. } = placed else { panic!("ack: {placed:?}") };
+    assert!(journal_seq > 0);
+    let lease = m
+        .renter
+        .recv_until(|message| match message {
+            ServerMessage::Private { event: Event { kind: EventKind::LeaseCreated { lease, renter, .. }, .. } } => Some((*lease, *renter)),
+            _ => None,
+        })
+        .await;
+    assert_eq!(lease.1, m.renter_account);
+    let trade = m
+        .supplier
+        .recv_until(|message| match message {
+            ServerMessage::Private { event: Event { kind: EventKind::Trade { buy_order, price_minor_per_gpu_hour, .. }, .. } } => {
+                Some((*buy_order, *price_minor_per_gpu_hour))
+            }
+            _ => None,
+        })
+        .await;
+    assert_eq!(trade, (order, USD_2));
+}
+
+#[tokio::test]
+async fn engine_refusals_come_back_as_rejects_with_their_code() {
+    let mut m = market().await;
+    let off_tick = m.renter.place(ticket(8, Side::Buy, 2_000_500, 1)).await;
+    assert!(matches!(off_tick, ServerMessage::Reject { code: RejectCode::PriceOffTick, .. }), "{off_tick:?}");
+    let id = m.renter.id();
+    let not_yours = m.renter.request(ClientMessage::CancelOrder { id, order: OrderId(0) }).await;
+    assert!(matches!(not_yours, ServerMessage::Reject { code: RejectCode::NotYourOrder, .. }), "{not_yours:?}");
+}
+
+#[tokio::test]
+async fn a_book_subscription_gets_a_snapshot_then_numbered_updates() {
+    let mut m = market().await;
+    let id = m.operator.id();
+    m.operator.send(&ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await;
+    assert!(matches!(m.operator.recv().await, ServerMessage::Subscribed { .. }));
+    let ServerMessage::BookSnapshot { seq, asks, bids, .. } = m.operator.recv().await else { panic!("snapshot") };
+    assert_eq!(asks, vec![(USD_2, 1)]);
+    assert!(bids.is_empty());
+    m.renter.place(ticket(9, Side::Buy, 1_500_000, 2)).await;
+    let update = m.operator.recv().await;
+    assert_eq!(
+        update,
+        ServerMessage::BookUpdate {
+            instrument: InstrumentId(0),
+            seq: seq + 1,
+            side: Side::Buy,
+            price_minor_per_gpu_hour: 1_500_000,
+            quantity: 2
+        }
+    );
+    let id = m.operator.id();
+    m.operator.send(&ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(999) }).await;
+    assert!(matches!(m.operator.recv().await, ServerMessage::Error { code: ErrorCode::UnknownInstrument, .. }));
+}
+
+#[tokio::test]
+async fn every_class_of_bad_frame_gets_its_code_and_the_connection_stays_usable() {
+    let mut m = market().await;
+    let cases: Vec<(Message, ErrorCode)> = vec![
+        (Message::Text("{not json".into()), ErrorCode::MalformedJson),
+        (Message::Text(r#"{"ping":{"id":"seven"}}"#.into()), ErrorCode::WrongType),
+        (Message::Text(r#"{"launch_rocket":{"id":1}}"#.into()), ErrorCode::UnknownMessage),
+        (Message::Binary(vec![0xde, 0xad, 0xbe, 0xef].into()), ErrorCode::MalformedBinary),
+    ];
+    for (frame, code) in cases {
+        m.renter.send_raw(frame).await;
+        let reply = m.renter.recv_reply().await;
+        assert!(matches!(reply, ServerMessage::Error { code: c, .. } if c == code), "{code:?}: {reply:?}");
+    }
+    let id = m.renter.id();
+    let forbidden = m.renter.request(ClientMessage::Deposit { id, account: m.renter_account, amount_minor: 5 }).await;
+    assert!(matches!(forbidden, ServerMessage::Error { code: ErrorCode::Forbidden, .. }));
+    let id = m.renter.id();
+    m.renter.send(&ClientMessage::Ping { id }).await;
+    assert!(matches!(m.renter.recv_reply().await, ServerMessage::Pong { .. }), "still usable");
+
+    let mut anonymous = Client::connect(&m.exchange.addr).await;
+    anonymous.send(&ClientMessage::NewOrder { id: 1, order: ticket(1, Side::Buy, USD_2, 1) }).await;
+    assert!(matches!(anonymous.recv().await, ServerMessage::Error { code: ErrorCode::NotAuthenticated, .. }));
+}
+
+#[tokio::test]
+async fn binary_frames_work_like_text_frames() {
+    let mut m = market().await;
+    m.renter.binary = true;
+    let placed = m.renter.place(ticket(11, Side::Buy, 1_000_000, 1)).await;
+    assert!(matches!(placed, ServerMessage::Ack { order: Some(_), .. }), "{placed:?}");
+}
+
+#[tokio::test]
+async fn an_oversize_frame_closes_the_connection_with_its_reason() {
+    let mut m = market().await;
+    m.renter.send_raw(Message::Text("x".repeat(FRAME_BYTES_MAX + 1).into())).await;
+    assert_eq!(m.renter.closed_reason().await, "frame_too_large");
+}
+
+#[tokio::test]
+async fn the_state_after_a_restart_equals_the_state_before() {
+    let mut m = market().await;
+    m.renter.place(ticket(12, Side::Buy, USD_2, 1)).await;
+    m.renter.place(ticket(13, Side::Buy, 1_000_000, 2)).await;
+    let before = m.exchange.terminate();
+    let restarted = Exchange::start(m._dir.path(), Some(&key(1)));
+    assert_eq!(restarted.recovered_hash, before);
+    let (mut renter, account) = Client::login(&restarted.addr, &key(3), Role::Renter).await;
+    assert_eq!(account, m.renter_account, "the key still maps to its account");
+    let id = renter.id();
+    renter.send(&ClientMessage::OpenOrders { id }).await;
+    let orders = renter.recv_until(|m| if let ServerMessage::Orders { orders, .. } = m { Some(orders.clone()) } else { None }).await;
+    assert_eq!(orders.iter().map(|o| o.client_order_id).collect::<Vec<_>>(), [13]);
+}
