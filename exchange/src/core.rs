@@ -94,6 +94,7 @@ pub enum Request {
     OpenOrders {
         connection: ConnectionId,
         id: u64,
+        offset: u32,
     },
     Disconnect {
         connection: ConnectionId,
@@ -245,10 +246,13 @@ impl Sequencer {
                 let instruments = self.engine.instruments();
                 self.reply(connection, ServerMessage::Instruments { id, instruments });
             }
-            Request::OpenOrders { connection, id } => {
+            Request::OpenOrders { connection, id, offset } => {
                 let account = self.connections.get(&connection).and_then(|c| c.account);
-                let orders = account.map(|a| self.engine.open_orders(a)).unwrap_or_default();
-                self.reply(connection, ServerMessage::Orders { id, orders });
+                let all = account.map(|a| self.engine.open_orders(a)).unwrap_or_default();
+                let start = (offset as usize).min(all.len());
+                let end = (start + gpux_protocol::ORDERS_PAGE_MAX).min(all.len());
+                let next_offset = (end < all.len()).then_some(end as u32);
+                self.reply(connection, ServerMessage::Orders { id, orders: all[start..end].to_vec(), next_offset });
             }
             Request::Disconnect { connection } => self.disconnect(connection),
         }

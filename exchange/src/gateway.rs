@@ -239,7 +239,7 @@ impl Connection {
             ClientMessage::Subscribe { id, channel, instrument } => Request::Subscribe { connection, id, channel, instrument },
             ClientMessage::Unsubscribe { id, channel, instrument } => Request::Unsubscribe { connection, id, channel, instrument },
             ClientMessage::Instruments { id } => Request::Instruments { connection, id },
-            ClientMessage::OpenOrders { id } => Request::OpenOrders { connection, id },
+            ClientMessage::OpenOrders { id, offset } => Request::OpenOrders { connection, id, offset },
             ClientMessage::NewOrder { id, order } => command(id, Command::PlaceOrder(order.into_order(account))),
             ClientMessage::CancelOrder { id, order } => command(id, Command::CancelOrder { account, order }),
             ClientMessage::ReplaceOrder { id, order, price_minor_per_gpu_hour, quantity } => {

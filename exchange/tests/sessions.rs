@@ -198,8 +198,6 @@ async fn the_state_after_a_restart_equals_the_state_before() {
     assert_eq!(restarted.recovered_hash, before);
     let (mut renter, account) = Client::login(&restarted.addr, &key(3), Role::Renter).await;
     assert_eq!(account, m.renter_account, "the key still maps to its account");
-    let id = renter.id();
-    renter.send(&ClientMessage::OpenOrders { id }).await;
-    let orders = renter.recv_until(|m| if let ServerMessage::Orders { orders, .. } = m { Some(orders.clone()) } else { None }).await;
+    let orders = renter.open_orders().await;
     assert_eq!(orders.iter().map(|o| o.client_order_id).collect::<Vec<_>>(), [13]);
 }

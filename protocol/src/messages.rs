@@ -149,9 +149,12 @@ pub enum ClientMessage {
     Instruments {
         id: u64,
     },
-    /// The authenticated account's open orders.
+    /// The authenticated account's open orders, a page at a time: the
+    /// first page from offset 0, the next from the `next_offset` returned.
     OpenOrders {
         id: u64,
+        #[serde(default)]
+        offset: u32,
     },
     Ping {
         id: u64,
@@ -175,7 +178,7 @@ impl ClientMessage {
             | Deposit { id, .. }
             | Withdraw { id, .. }
             | Instruments { id }
-            | OpenOrders { id }
+            | OpenOrders { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -258,9 +261,11 @@ pub enum ServerMessage {
         id: u64,
         instruments: Vec<InstrumentInfo>,
     },
+    /// At most `ORDERS_PAGE_MAX` orders; `next_offset` is set when more follow.
     Orders {
         id: u64,
         orders: Vec<OrderInfo>,
+        next_offset: Option<u32>,
     },
     Pong {
         id: u64,
@@ -322,6 +327,9 @@ impl ErrorCode {
         }
     }
 }
+
+/// Orders in one `orders` page, so that a page stays far below the frame limit.
+pub const ORDERS_PAGE_MAX: usize = 200;
 
 /// The bytes a client signs to prove its key: this prefix and the nonce.
 pub const AUTH_DOMAIN: &[u8] = b"gpux-auth-v1:";

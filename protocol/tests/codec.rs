@@ -47,7 +47,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::Deposit { id: 11, account: AccountId(4), amount_minor: 1_000_000 },
         ClientMessage::Withdraw { id: 12, amount_minor: 5 },
         ClientMessage::Instruments { id: 13 },
-        ClientMessage::OpenOrders { id: 14 },
+        ClientMessage::OpenOrders { id: 14, offset: 0 },
         ClientMessage::Ping { id: 15 },
     ]
 }

@@ -222,6 +222,27 @@ impl Client {
         }
     }
 
+    /// Every open order of the account, following pages.
+    pub async fn open_orders(&mut self) -> Vec<OrderInfo> {
+        let mut all = Vec::new();
+        let mut offset = 0;
+        loop {
+            let id = self.id();
+            self.send(&ClientMessage::OpenOrders { id, offset }).await;
+            let (orders, next) = self
+                .recv_until(|m| match m {
+                    ServerMessage::Orders { id: i, orders, next_offset } if *i == id => Some((orders.clone(), *next_offset)),
+                    _ => None,
+                })
+                .await;
+            all.extend(orders);
+            match next {
+                Some(next) => offset = next,
+                None => return all,
+            }
+        }
+    }
+
     pub async fn place(&mut self, order: OrderTicket) -> ServerMessage {
         let id = self.id();
         self.request(ClientMessage::NewOrder { id, order }).await
