@@ -1,0 +1,233 @@
+//! Load generator for the real exchange over loopback WebSockets: N
+//! connections, each its own renter, each keeping K requests in flight
+//! (K = 1 is strict request/response), alternating a resting bid and its
+//! cancel so books stay bounded. Every request is a journaled, fsynced,
+//! acknowledged command. Reports acknowledged commands/s and ack latency
+//! percentiles (hdrhistogram), and, with `--disk`, the single-commit rate of
+//! the disk under the journal.
+//!
+//! Run (from the workspace root):
+//! `cargo build --release -p gpux-exchange --bins --examples &&
+//!  target/release/examples/exchange-load --connections 100 --in-flight 16 --seconds 10`
+
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ed25519_dalek::{Signer, SigningKey};
+use futures_util::{SinkExt, StreamExt};
+use gpux_engine::*;
+use gpux_protocol::*;
+use hdrhistogram::Histogram;
+use tokio_tungstenite::tungstenite::Message;
+
+struct Args {
+    connections: usize,
+    in_flight: usize,
+    seconds: u64,
+    disk: bool,
+}
+
+fn args() -> Args {
+    let mut args = Args { connections: 100, in_flight: 16, seconds: 10, disk: false };
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let mut index = 0;
+    while index < raw.len() {
+        let value = || raw.get(index + 1).and_then(|v| v.parse::<u64>().ok()).expect("a number after the flag");
+        match raw[index].as_str() {
+            "--connections" => args.connections = value() as usize,
+            "--in-flight" => args.in_flight = value() as usize,
+            "--seconds" => args.seconds = value(),
+            "--disk" => {
+                args.disk = true;
+                index -= 1;
+            }
+            other => panic!("unknown flag {other}"),
+        }
+        index += 2;
+    }
+    args
+}
+
+fn main() {
+    let args = args();
+    let dir = std::env::temp_dir().join(format!("gpux-load-{}", std::process::id()));
+    if args.disk {
+        disk_commit_rate(&dir);
+        return;
+    }
+    let binary = std::env::current_exe().expect("exe").parent().and_then(|p| p.parent()).expect("target dir").join("gpux-exchange");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let mut child = Command::new(&binary)
+        .arg("--data-dir")
+        .arg(&dir)
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--operator-key")
+        .arg(hex::encode(operator.verifying_key().to_bytes()))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e} (build it with --bins)", binary.display()));
+    let addr = {
+        use std::io::BufRead;
+        let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+        loop {
+            let line = lines.next().expect("exchange output").expect("line");
+            if let Some(addr) = line.strip_prefix("gpux-exchange: listening on ws://") {
+                std::thread::spawn(move || lines.for_each(drop));
+                break addr.to_string();
+            }
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    runtime.block_on(drive(&addr, &operator, &args));
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn recv(socket: &mut Socket) -> ServerMessage {
+    loop {
+        match socket.next().await.expect("open").expect("frame") {
+            Message::Binary(bytes) => return decode_server_binary(&bytes).expect("decodes"),
+            Message::Text(text) => return decode_server_text(&text).expect("decodes"),
+            _ => continue,
+        }
+    }
+}
+
+async fn login(addr: &str, key: &SigningKey, role: Role) -> (Socket, AccountId) {
+    let (mut socket, _) = tokio_tungstenite::connect_async(format!("ws://{addr}")).await.expect("connect");
+    let ServerMessage::Challenge { nonce, .. } = recv(&mut socket).await else { panic!("challenge") };
+    let nonce: [u8; 32] = hex::decode(nonce).expect("hex").try_into().expect("32 bytes");
+    let auth = ClientMessage::Auth {
+        id: 1,
+        public_key: hex::encode(key.verifying_key().to_bytes()),
+        signature: hex::encode(key.sign(&auth_payload(&nonce)).to_bytes()),
+        role: Some(role),
+    };
+    socket.send(Message::Binary(encode_client_binary(&auth).into())).await.expect("send");
+    loop {
+        if let ServerMessage::Authenticated { account, .. } = recv(&mut socket).await {
+            return (socket, account);
+        }
+    }
+}
+
+async fn drive(addr: &str, operator: &SigningKey, args: &Args) {
+    let (mut admin, _) = login(addr, operator, Role::Operator).await;
+    let mut sockets = Vec::new();
+    for index in 0..args.connections {
+        let mut seed = [0u8; 32];
+        seed[..8].copy_from_slice(&(index as u64 + 100).to_le_bytes());
+        let (socket, account) = login(addr, &SigningKey::from_bytes(&seed), Role::Renter).await;
+        let deposit = ClientMessage::Deposit { id: 2, account, amount_minor: 1 << 50 };
+        admin.send(Message::Binary(encode_client_binary(&deposit).into())).await.expect("send");
+        loop {
+            if let ServerMessage::Ack { .. } = recv(&mut admin).await {
+                break;
+            }
+        }
+        sockets.push(socket);
+    }
+    let latencies = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds")));
+    let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let started = Instant::now();
+    let tasks: Vec<_> =
+        sockets.into_iter().map(|socket| tokio::spawn(connection_load(socket, args.in_flight, deadline, latencies.clone()))).collect();
+    let mut acked = 0u64;
+    for task in tasks {
+        acked += task.await.expect("load task");
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let histogram = latencies.lock().expect("histogram");
+    println!(
+        "{} connections x {} in flight: {:.0} acknowledged commands/s ({} in {:.1} s); ack latency us p50 {:.0} p99 {:.0} p99.9 {:.0} max {:.0}",
+        args.connections,
+        args.in_flight,
+        acked as f64 / elapsed,
+        acked,
+        elapsed,
+        histogram.value_at_quantile(0.5) as f64 / 1e3,
+        histogram.value_at_quantile(0.99) as f64 / 1e3,
+        histogram.value_at_quantile(0.999) as f64 / 1e3,
+        histogram.max() as f64 / 1e3,
+    );
+}
+
+/// Keeps `in_flight` requests outstanding until the deadline; returns acks.
+async fn connection_load(mut socket: Socket, in_flight: usize, deadline: Instant, latencies: Arc<Mutex<Histogram<u64>>>) -> u64 {
+    let mut sent_at: HashMap<u64, Instant> = HashMap::new();
+    let mut resting: Vec<OrderId> = Vec::new();
+    let mut next_id = 10u64;
+    let mut acked = 0u64;
+    let mut local = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
+    loop {
+        while sent_at.len() < in_flight && Instant::now() < deadline {
+            next_id += 1;
+            let message = match resting.pop() {
+                Some(order) => ClientMessage::CancelOrder { id: next_id, order },
+                None => ClientMessage::NewOrder {
+                    id: next_id,
+                    order: OrderTicket {
+                        client_order_id: next_id,
+                        instrument: InstrumentId(0),
+                        side: Side::Buy,
+                        order_type: OrderType::Limit,
+                        price_minor_per_gpu_hour: 1_000_000 + (next_id % 100) * 1_000,
+                        quantity: 1,
+                        time_in_force: TimeInForce::Gtc,
+                        post_only: false,
+                        self_trade_prevention: SelfTradePrevention::CancelNewest,
+                        min_quantity: 0,
+                        one_host: false,
+                        duration: LeaseDuration::Hours(1),
+                        supply: None,
+                    },
+                },
+            };
+            sent_at.insert(next_id, Instant::now());
+            socket.feed(Message::Binary(encode_client_binary(&message).into())).await.expect("send");
+        }
+        socket.flush().await.expect("flush");
+        if sent_at.is_empty() {
+            break;
+        }
+        match recv(&mut socket).await {
+            ServerMessage::Ack { id, order, .. } => {
+                if let Some(at) = sent_at.remove(&id) {
+                    local.record(at.elapsed().as_nanos().max(1) as u64).expect("in range");
+                    acked += 1;
+                }
+                resting.extend(order);
+            }
+            ServerMessage::Reject { id, code, .. } => panic!("request {id} rejected: {code:?}"),
+            ServerMessage::Error { id, code, .. } => panic!("request {id:?} refused: {code:?}"),
+            _ => {}
+        }
+    }
+    latencies.lock().expect("histogram").add(&local).expect("same bounds");
+    acked
+}
+
+/// Commits of one ~100-byte record each with `Durability::Immediate`, for 3 s.
+fn disk_commit_rate(dir: &std::path::Path) {
+    std::fs::create_dir_all(dir).expect("dir");
+    let db = redb::Database::create(dir.join("commit-rate.redb")).expect("db");
+    let table: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("t");
+    let record = [7u8; 100];
+    let started = Instant::now();
+    let mut commits = 0u64;
+    while started.elapsed() < Duration::from_secs(3) {
+        let mut transaction = db.begin_write().expect("begin");
+        transaction.set_durability(redb::Durability::Immediate).expect("durability");
+        transaction.open_table(table).expect("table").insert(commits, record.as_slice()).expect("insert");
+        transaction.commit().expect("commit");
+        commits += 1;
+    }
+    println!("single-record durable commits: {:.0}/s", commits as f64 / started.elapsed().as_secs_f64());
+    let _ = std::fs::remove_dir_all(dir);
+}
