@@ -27,17 +27,37 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use crate::core::{wall_clock_ms, ConnectionId, Outbound, Request, SharedFrame};
 
-/// Frames queued for one connection before it counts as a slow consumer.
-pub const OUTBOUND_FRAMES_MAX: usize = 8192;
+/// Frames queued for one connection before it counts as a slow consumer
+/// (default). It must hold the largest burst one sequencer batch can send a
+/// connection that reads promptly: at most `REQUESTS_IN_FLIGHT_MAX` answers
+/// with the private events and market data around them.
+pub const OUTBOUND_FRAMES_MAX: usize = 65_536;
+/// Requests one connection may have waiting for an answer from the sequencer.
+pub const REQUESTS_IN_FLIGHT_MAX: u32 = 1024;
+
+/// Per-connection limits of a gateway.
+#[derive(Clone, Copy, Debug)]
+pub struct GatewayLimits {
+    pub outbound_frames_max: usize,
+}
+
+impl Default for GatewayLimits {
+    fn default() -> Self {
+        GatewayLimits { outbound_frames_max: OUTBOUND_FRAMES_MAX }
+    }
+}
 /// Sustained messages per second one connection may send.
 pub const MESSAGES_PER_SECOND_MAX: f64 = 5_000.0;
 /// Burst above the sustained rate.
 pub const MESSAGE_BURST_MAX: f64 = 10_000.0;
 
+/// How long a closing connection waits for its close frame to be written.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
 
 /// Accepts connections until `shutdown` turns true.
-pub async fn serve(listener: TcpListener, core: Sender<Request>, shutdown: watch::Receiver<bool>) {
+pub async fn serve(listener: TcpListener, core: Sender<Request>, shutdown: watch::Receiver<bool>, limits: GatewayLimits) {
     let mut accept_shutdown = shutdown.clone();
     loop {
         tokio::select! {
@@ -45,7 +65,7 @@ pub async fn serve(listener: TcpListener, core: Sender<Request>, shutdown: watch
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
                     tracing::debug!(%peer, "connection accepted");
-                    tokio::spawn(serve_connection(stream, core.clone(), shutdown.clone()));
+                    tokio::spawn(serve_connection(stream, core.clone(), shutdown.clone(), limits));
                 }
                 Err(error) => tracing::warn!(%error, "accept failed"),
             },
@@ -67,13 +87,15 @@ struct Connection {
     binary: bool,
     tokens: f64,
     refilled_at: Instant,
+    /// Requests forwarded to the sequencer and not yet answered.
+    awaiting: u32,
 }
 
-async fn serve_connection(stream: TcpStream, core: Sender<Request>, mut shutdown: watch::Receiver<bool>) {
+async fn serve_connection(stream: TcpStream, core: Sender<Request>, mut shutdown: watch::Receiver<bool>, limits: GatewayLimits) {
     let config = WebSocketConfig::default().max_message_size(Some(FRAME_BYTES_MAX)).max_frame_size(Some(FRAME_BYTES_MAX));
     let Ok(socket) = tokio_tungstenite::accept_async_with_config(stream, Some(config)).await else { return };
     let (mut sink, mut incoming) = socket.split();
-    let (frames, mut outgoing) = mpsc::channel::<Arc<SharedFrame>>(OUTBOUND_FRAMES_MAX);
+    let (frames, mut outgoing) = mpsc::channel::<Arc<SharedFrame>>(limits.outbound_frames_max);
     let too_slow = Arc::new(Notify::new());
     let mut connection = Connection {
         id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
@@ -82,6 +104,7 @@ async fn serve_connection(stream: TcpStream, core: Sender<Request>, mut shutdown
         binary: false,
         tokens: MESSAGE_BURST_MAX,
         refilled_at: Instant::now(),
+        awaiting: 0,
     };
     if connection
         .core
@@ -113,18 +136,24 @@ async fn serve_connection(stream: TcpStream, core: Sender<Request>, mut shutdown
                 }
             }
             Some(frame) = outgoing.recv() => {
-                let mut result = sink.feed(connection.encode_shared(&frame)).await;
-                if let Some(challenge) = connection.observe(frame.message()) {
-                    result = result.and(sink.feed(connection.encode(&challenge)).await);
-                }
-                while let Ok(more) = outgoing.try_recv() {
-                    result = result.and(sink.feed(connection.encode_shared(&more)).await);
-                    if let Some(challenge) = connection.observe(more.message()) {
+                // A reader that stopped reading blocks these writes; the
+                // sequencer then flags it as too slow, which must win.
+                let write = async {
+                    let mut result = sink.feed(connection.encode_shared(&frame)).await;
+                    if let Some(challenge) = connection.observe(frame.message()) {
                         result = result.and(sink.feed(connection.encode(&challenge)).await);
                     }
-                }
-                if result.and(sink.flush().await).is_err() {
-                    break;
+                    while let Ok(more) = outgoing.try_recv() {
+                        result = result.and(sink.feed(connection.encode_shared(&more)).await);
+                        if let Some(challenge) = connection.observe(more.message()) {
+                            result = result.and(sink.feed(connection.encode(&challenge)).await);
+                        }
+                    }
+                    result.and(sink.flush().await)
+                };
+                tokio::select! {
+                    result = write => if result.is_err() { break },
+                    _ = too_slow.notified() => close = Some(ErrorCode::SlowConsumer),
                 }
             }
             _ = too_slow.notified() => close = Some(ErrorCode::SlowConsumer),
@@ -134,7 +163,9 @@ async fn serve_connection(stream: TcpStream, core: Sender<Request>, mut shutdown
     if let Some(code) = close {
         let reason = serde_plain_code(code);
         let frame = CloseFrame { code: CloseCode::Policy, reason: reason.into() };
-        let _ = sink.send(Message::Close(Some(frame))).await;
+        // The close frame queues behind whatever the peer has not read yet;
+        // a peer that never reads is cut off after CLOSE_WAIT.
+        let _ = tokio::time::timeout(CLOSE_WAIT, sink.send(Message::Close(Some(frame)))).await;
     }
     let _ = connection.core.send(Request::Disconnect { connection: connection.id });
 }
@@ -176,6 +207,20 @@ impl Connection {
     /// Tracks the outcome of authentication as the sequencer reports it;
     /// returns a fresh challenge to send after a refusal.
     fn observe(&mut self, message: &ServerMessage) -> Option<ServerMessage> {
+        let answers_a_request = matches!(
+            message,
+            ServerMessage::Authenticated { .. }
+                | ServerMessage::Ack { .. }
+                | ServerMessage::Reject { .. }
+                | ServerMessage::Error { id: Some(_), .. }
+                | ServerMessage::Subscribed { .. }
+                | ServerMessage::Unsubscribed { .. }
+                | ServerMessage::Instruments { .. }
+                | ServerMessage::Orders { .. }
+        );
+        if answers_a_request {
+            self.awaiting = self.awaiting.saturating_sub(1);
+        }
         match (message, &self.session) {
             (ServerMessage::Authenticated { account, role, .. }, _) => {
                 self.session = Session::Authenticated { account: *account, role: *role };
@@ -273,8 +318,14 @@ impl Connection {
     }
 
     fn forward(&mut self, id: u64, request: Request) -> Vec<ServerMessage> {
+        if self.awaiting >= REQUESTS_IN_FLIGHT_MAX {
+            return vec![error(Some(id), ErrorCode::RateLimited, Some(format!("more than {REQUESTS_IN_FLIGHT_MAX} requests in flight")))];
+        }
         match self.core.try_send(request) {
-            Ok(()) => Vec::new(),
+            Ok(()) => {
+                self.awaiting += 1;
+                Vec::new()
+            }
             Err(TrySendError::Full(_)) => vec![error(Some(id), ErrorCode::RateLimited, Some("the exchange is saturated; retry".into()))],
             Err(TrySendError::Disconnected(_)) => vec![error(Some(id), ErrorCode::ShuttingDown, None)],
         }

@@ -25,6 +25,7 @@ pub struct ExchangeConfig {
     pub listen: SocketAddr,
     pub operator_keys: BTreeSet<[u8; 32]>,
     pub engine: EngineConfig,
+    pub limits: gateway::GatewayLimits,
 }
 
 /// Recovers from the journal, serves until SIGTERM or SIGINT, then stops
@@ -45,7 +46,7 @@ pub fn run(config: ExchangeConfig) -> Result<u64> {
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
         say(&format!("listening on ws://{}", listener.local_addr()?));
         let (stop, stopped) = watch::channel(false);
-        let server = tokio::spawn(gateway::serve(listener, requests, stopped));
+        let server = tokio::spawn(gateway::serve(listener, requests, stopped, config.limits));
         wait_for_signal().await;
         say("stopping: no new connections, finishing in-flight commits");
         let _ = stop.send(true);

@@ -22,6 +22,9 @@ struct Args {
     /// Hex ed25519 public key allowed to act as operator (repeatable).
     #[arg(long = "operator-key")]
     operator_keys: Vec<String>,
+    /// Frames queued to one connection before it is closed as a slow consumer.
+    #[arg(long, default_value_t = gpux_exchange::gateway::OUTBOUND_FRAMES_MAX)]
+    outbound_frames_max: usize,
 }
 
 fn main() -> Result<()> {
@@ -41,6 +44,10 @@ fn main() -> Result<()> {
     if !args.listen.ip().is_loopback() {
         anyhow::bail!("plain ws:// is for loopback development only; TLS listeners are not implemented yet (listen on 127.0.0.1)");
     }
-    run(ExchangeConfig { data_dir: args.data_dir, listen: args.listen, operator_keys, engine: EngineConfig::demo() })?;
+    if args.outbound_frames_max == 0 {
+        anyhow::bail!("--outbound-frames-max must be at least 1");
+    }
+    let limits = gpux_exchange::gateway::GatewayLimits { outbound_frames_max: args.outbound_frames_max };
+    run(ExchangeConfig { data_dir: args.data_dir, listen: args.listen, operator_keys, engine: EngineConfig::demo(), limits })?;
     Ok(())
 }

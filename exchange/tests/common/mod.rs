@@ -27,8 +27,12 @@ pub struct Exchange {
 
 impl Exchange {
     pub fn start(data_dir: &Path, operator: Option<&SigningKey>) -> Exchange {
+        Self::start_with(data_dir, operator, &[])
+    }
+
+    pub fn start_with(data_dir: &Path, operator: Option<&SigningKey>, extra: &[&str]) -> Exchange {
         let mut command = Command::new(env!("CARGO_BIN_EXE_gpux-exchange"));
-        command.arg("--data-dir").arg(data_dir).arg("--listen").arg("127.0.0.1:0");
+        command.arg("--data-dir").arg(data_dir).arg("--listen").arg("127.0.0.1:0").args(extra);
         if let Some(key) = operator {
             command.arg("--operator-key").arg(hex::encode(key.verifying_key().to_bytes()));
         }
@@ -100,7 +104,19 @@ pub fn key(seed: u8) -> SigningKey {
 
 impl Client {
     pub async fn connect(addr: &str) -> Client {
-        let (socket, _) = tokio_tungstenite::connect_async(format!("ws://{addr}")).await.expect("websocket connects");
+        Self::connect_with_receive_buffer(addr, None).await
+    }
+
+    /// Connects with a small kernel receive buffer, to play a slow reader.
+    pub async fn connect_with_receive_buffer(addr: &str, receive_buffer: Option<u32>) -> Client {
+        let socket_addr: std::net::SocketAddr = addr.parse().expect("socket address");
+        let tcp = tokio::net::TcpSocket::new_v4().expect("socket");
+        if let Some(bytes) = receive_buffer {
+            tcp.set_recv_buffer_size(bytes).expect("set receive buffer");
+        }
+        let stream = tcp.connect(socket_addr).await.expect("tcp connects");
+        let (socket, _) =
+            tokio_tungstenite::client_async(format!("ws://{addr}"), MaybeTlsStream::Plain(stream)).await.expect("websocket connects");
         let mut client = Client { socket, backlog: Default::default(), nonce: [0; 32], binary: false, next_id: 1 };
         match client.recv().await {
             ServerMessage::Challenge { nonce, .. } => client.nonce = hex::decode(nonce).expect("hex").try_into().expect("32 bytes"),
@@ -146,6 +162,24 @@ impl Client {
             Message::Text(encode_client_text(message).into())
         };
         self.socket.send(frame).await.expect("send");
+    }
+
+    /// Subscribes and waits for the confirmation (and, for a book, its snapshot).
+    pub async fn request_subscribe(&mut self, id: u64, channel: Channel, instrument: InstrumentId) {
+        self.send(&ClientMessage::Subscribe { id, channel, instrument }).await;
+        self.recv_until(|m| matches!(m, ServerMessage::Subscribed { id: i, .. } if *i == id).then_some(())).await;
+        if channel == Channel::Book {
+            self.recv_until(|m| matches!(m, ServerMessage::BookSnapshot { .. }).then_some(())).await;
+        }
+    }
+
+    /// Queues a message without flushing (for floods); see `flush`.
+    pub async fn send_nowait(&mut self, message: &ClientMessage) {
+        self.socket.feed(Message::Text(encode_client_text(message).into())).await.expect("feed");
+    }
+
+    pub async fn flush(&mut self) {
+        self.socket.flush().await.expect("flush");
     }
 
     pub async fn send_raw(&mut self, frame: Message) {
