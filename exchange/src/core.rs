@@ -19,6 +19,7 @@ use gpux_protocol::{encode_server_binary, encode_server_text, Channel, ErrorCode
 use tokio::sync::{mpsc, Notify};
 
 use crate::journal::{Journal, JournalEntry};
+use crate::metrics::Metrics;
 
 /// Requests handled in one batch at most (one journal commit).
 pub const BATCH_MAX: usize = 4096;
@@ -122,6 +123,8 @@ pub struct Sequencer {
     entries: Vec<JournalEntry>,
     /// `(connection or None for market data fan-out, frame)` in release order.
     pending: Vec<(Target, Arc<SharedFrame>)>,
+    metrics: Arc<Metrics>,
+    depth_refreshed_ms: u64,
 }
 
 enum Target {
@@ -138,7 +141,13 @@ pub struct Recovery {
 
 impl Sequencer {
     /// Rebuilds the engine and key bindings by replaying the whole journal.
-    pub fn recover(engine: Engine, journal: Journal, entries: Vec<JournalEntry>, operator_keys: BTreeSet<[u8; 32]>) -> (Self, Recovery) {
+    pub fn recover(
+        engine: Engine,
+        journal: Journal,
+        entries: Vec<JournalEntry>,
+        operator_keys: BTreeSet<[u8; 32]>,
+        metrics: Arc<Metrics>,
+    ) -> (Self, Recovery) {
         let mut sequencer = Sequencer {
             engine,
             journal,
@@ -152,6 +161,8 @@ impl Sequencer {
             trade_seq: HashMap::new(),
             entries: Vec::new(),
             pending: Vec::new(),
+            metrics,
+            depth_refreshed_ms: 0,
         };
         let count = entries.len() as u64;
         for entry in entries {
@@ -211,15 +222,40 @@ impl Sequencer {
             self.handle(request);
         }
         if !self.entries.is_empty() {
+            let started = std::time::Instant::now();
             if let Err(error) = self.journal.append(&self.entries) {
                 // Acknowledged means durable: without the journal nothing may be
                 // acknowledged, and the in-memory state is ahead of the disk.
                 tracing::error!(%error, "journal append failed; stopping so a restart replays the journal");
                 std::process::exit(70);
             }
+            self.metrics.observe_commit(started.elapsed());
+            self.metrics.journal_entries.fetch_add(self.entries.len() as u64, std::sync::atomic::Ordering::Relaxed);
             self.entries.clear();
         }
         self.release();
+        self.refresh_depth();
+    }
+
+    /// Rewrites the book-depth gauges, at most once a second.
+    fn refresh_depth(&mut self) {
+        if self.clock_ms < self.depth_refreshed_ms + 1_000 {
+            return;
+        }
+        self.depth_refreshed_ms = self.clock_ms;
+        let mut text = String::new();
+        for instrument in self.engine.instruments() {
+            if instrument.state == gpux_engine::InstrumentState::Expired {
+                continue;
+            }
+            for (side, name) in [(gpux_engine::Side::Buy, "bid"), (gpux_engine::Side::Sell, "ask")] {
+                let quantity: u64 = self.engine.depth(instrument.instrument, side).iter().map(|(_, q)| q).sum();
+                text.push_str(&format!("gpux_book_quantity{{instrument=\"{}\",side=\"{name}\"}} {quantity}\n", instrument.symbol));
+            }
+        }
+        if let Ok(mut depth) = self.metrics.book_depth.lock() {
+            *depth = text;
+        }
     }
 
     fn handle(&mut self, request: Request) {
@@ -294,6 +330,11 @@ impl Sequencer {
     }
 
     fn apply_command(&mut self, connection: Option<ConnectionId>, id: u64, command: Command) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.metrics.commands.fetch_add(1, Relaxed);
+        if matches!(command, Command::PlaceOrder(_)) {
+            self.metrics.orders.fetch_add(1, Relaxed);
+        }
         let input = Input { at_ms: self.clock_ms, command };
         let events = self.engine.apply(&input).to_vec();
         self.entries.push(JournalEntry::Engine(input));
@@ -301,7 +342,10 @@ impl Sequencer {
         self.route(&events);
         let Some(connection) = connection else { return };
         let reply = match events.last().map(|e| e.kind) {
-            Some(EventKind::Rejected { code, .. }) => ServerMessage::Reject { id, journal_seq, code, message: code.message().to_string() },
+            Some(EventKind::Rejected { code, .. }) => {
+                self.metrics.rejects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                ServerMessage::Reject { id, journal_seq, code, message: code.message().to_string() }
+            }
             _ => {
                 let order = events.iter().find_map(|e| match e.kind {
                     EventKind::OrderAccepted { order, .. } => Some(order),
@@ -462,6 +506,7 @@ impl Sequencer {
         let Some(state) = self.connections.get(&connection) else { return };
         if let Err(mpsc::error::TrySendError::Full(_)) = state.outbound.frames.try_send(frame.clone()) {
             state.outbound.too_slow.notify_one();
+            self.metrics.slow_consumers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.disconnect(connection);
         }
     }

@@ -26,6 +26,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use crate::core::{wall_clock_ms, ConnectionId, Outbound, Request, SharedFrame};
+use crate::metrics::Metrics;
 
 /// Frames queued for one connection before it counts as a slow consumer
 /// (default). It must hold the largest burst one sequencer batch can send a
@@ -57,7 +58,13 @@ const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
 
 /// Accepts connections until `shutdown` turns true.
-pub async fn serve(listener: TcpListener, core: Sender<Request>, shutdown: watch::Receiver<bool>, limits: GatewayLimits) {
+pub async fn serve(
+    listener: TcpListener,
+    core: Sender<Request>,
+    shutdown: watch::Receiver<bool>,
+    limits: GatewayLimits,
+    metrics: Arc<Metrics>,
+) {
     let mut accept_shutdown = shutdown.clone();
     loop {
         tokio::select! {
@@ -65,7 +72,14 @@ pub async fn serve(listener: TcpListener, core: Sender<Request>, shutdown: watch
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
                     tracing::debug!(%peer, "connection accepted");
-                    tokio::spawn(serve_connection(stream, core.clone(), shutdown.clone(), limits));
+                    let (core, shutdown) = (core.clone(), shutdown.clone());
+                    let metrics = metrics.clone();
+                    tokio::spawn(async move {
+                        metrics.connections.fetch_add(1, Ordering::Relaxed);
+                        metrics.connections_total.fetch_add(1, Ordering::Relaxed);
+                        serve_connection(stream, core, shutdown, limits).await;
+                        metrics.connections.fetch_sub(1, Ordering::Relaxed);
+                    });
                 }
                 Err(error) => tracing::warn!(%error, "accept failed"),
             },

@@ -6,6 +6,7 @@
 pub mod core;
 pub mod gateway;
 pub mod journal;
+pub mod metrics;
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -26,6 +27,8 @@ pub struct ExchangeConfig {
     pub operator_keys: BTreeSet<[u8; 32]>,
     pub engine: EngineConfig,
     pub limits: gateway::GatewayLimits,
+    /// Where `GET /metrics` is served (Prometheus text format), if anywhere.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Recovers from the journal, serves until SIGTERM or SIGINT, then stops
@@ -35,7 +38,8 @@ pub fn run(config: ExchangeConfig) -> Result<u64> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
     let (journal, entries) = journal::Journal::open(&config.data_dir.join("journal.redb"))?;
     let engine = Engine::new(config.engine).context("engine config")?;
-    let (sequencer, recovery) = core::Sequencer::recover(engine, journal, entries, config.operator_keys);
+    let metrics = std::sync::Arc::new(metrics::Metrics::default());
+    let (sequencer, recovery) = core::Sequencer::recover(engine, journal, entries, config.operator_keys, metrics.clone());
     say(&format!("recovered {} journal entries, state hash {:016x}", recovery.entries, recovery.state_hash));
 
     let (requests, inbox) = crossbeam_channel::bounded(SEQUENCER_QUEUE_MAX);
@@ -43,10 +47,15 @@ pub fn run(config: ExchangeConfig) -> Result<u64> {
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
+        let (stop, stopped) = watch::channel(false);
+        if let Some(address) = config.metrics_listen {
+            let metrics_listener = TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
+            say(&format!("metrics on http://{}/metrics", metrics_listener.local_addr()?));
+            tokio::spawn(metrics::serve(metrics_listener, metrics.clone()));
+        }
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
         say(&format!("listening on ws://{}", listener.local_addr()?));
-        let (stop, stopped) = watch::channel(false);
-        let server = tokio::spawn(gateway::serve(listener, requests, stopped, config.limits));
+        let server = tokio::spawn(gateway::serve(listener, requests, stopped, config.limits, metrics));
         wait_for_signal().await;
         say("stopping: no new connections, finishing in-flight commits");
         let _ = stop.send(true);

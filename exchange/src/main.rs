@@ -22,6 +22,9 @@ struct Args {
     /// Hex ed25519 public key allowed to act as operator (repeatable).
     #[arg(long = "operator-key")]
     operator_keys: Vec<String>,
+    /// Where to serve Prometheus metrics (`GET /metrics`); `off` for nowhere.
+    #[arg(long, default_value = "127.0.0.1:7301")]
+    metrics_listen: String,
     /// Frames queued to one connection before it is closed as a slow consumer.
     #[arg(long, default_value_t = gpux_exchange::gateway::OUTBOUND_FRAMES_MAX)]
     outbound_frames_max: usize,
@@ -48,6 +51,17 @@ fn main() -> Result<()> {
         anyhow::bail!("--outbound-frames-max must be at least 1");
     }
     let limits = gpux_exchange::gateway::GatewayLimits { outbound_frames_max: args.outbound_frames_max };
-    run(ExchangeConfig { data_dir: args.data_dir, listen: args.listen, operator_keys, engine: EngineConfig::demo(), limits })?;
+    let metrics_listen = match args.metrics_listen.as_str() {
+        "off" => None,
+        address => Some(address.parse::<SocketAddr>().with_context(|| format!("--metrics-listen {address}: expected host:port or off"))?),
+    };
+    run(ExchangeConfig {
+        data_dir: args.data_dir,
+        listen: args.listen,
+        operator_keys,
+        engine: EngineConfig::demo(),
+        limits,
+        metrics_listen,
+    })?;
     Ok(())
 }

@@ -264,3 +264,29 @@ async fn a_connection_over_its_message_rate_is_told_so_and_stays_open() {
     }
     assert!(limited > 0 && pongs >= 10_000, "{limited} limited, {pongs} answered");
 }
+
+#[tokio::test]
+async fn the_operator_reads_prometheus_metrics_over_http() {
+    let mut m = market().await;
+    m.renter.place(ticket(21, Side::Buy, 1_500_000, 3)).await;
+    m.renter.place(ticket(22, Side::Buy, 2_000_500, 1)).await;
+    let body = {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(&m.exchange.metrics_addr).await.expect("metrics port");
+        stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("request");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.expect("response");
+        response
+    };
+    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+    let value = |name: &str| -> f64 {
+        body.lines()
+            .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
+            .unwrap_or_else(|| panic!("{name} in {body}"))
+    };
+    assert_eq!(value("gpux_orders_total "), 3.0, "the supplier's ask and the renter's two bids");
+    assert_eq!(value("gpux_rejects_total "), 1.0);
+    assert_eq!(value("gpux_connections "), 3.0);
+    assert!(value("gpux_journal_commit_seconds_count ") >= 1.0);
+    assert!(body.contains("gpux_journal_commit_seconds_bucket{le=\"+Inf\"}"));
+}

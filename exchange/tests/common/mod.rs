@@ -21,6 +21,8 @@ pub struct Exchange {
     pub addr: String,
     /// The state hash the process printed when it recovered.
     pub recovered_hash: String,
+    /// Where the process serves `GET /metrics`.
+    pub metrics_addr: String,
     /// Every line the process printed after it started listening.
     pub output: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
@@ -32,18 +34,22 @@ impl Exchange {
 
     pub fn start_with(data_dir: &Path, operator: Option<&SigningKey>, extra: &[&str]) -> Exchange {
         let mut command = Command::new(env!("CARGO_BIN_EXE_gpux-exchange"));
-        command.arg("--data-dir").arg(data_dir).arg("--listen").arg("127.0.0.1:0").args(extra);
+        command.arg("--data-dir").arg(data_dir).arg("--listen").arg("127.0.0.1:0").arg("--metrics-listen").arg("127.0.0.1:0").args(extra);
         if let Some(key) = operator {
             command.arg("--operator-key").arg(hex::encode(key.verifying_key().to_bytes()));
         }
         let mut child = command.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("gpux-exchange starts");
         let mut lines = BufReader::new(child.stdout.take().expect("stdout"));
         let mut recovered_hash = String::new();
+        let mut metrics_addr = String::new();
         let mut addr = None;
         let mut line = String::new();
         while addr.is_none() && lines.read_line(&mut line).unwrap_or(0) > 0 {
             if let Some(hash) = line.trim().split("state hash ").nth(1) {
                 recovered_hash = hash.to_string();
+            }
+            if let Some(metrics) = line.trim().strip_prefix("gpux-exchange: metrics on http://") {
+                metrics_addr = metrics.trim_end_matches("/metrics").to_string();
             }
             addr = line.trim().strip_prefix("gpux-exchange: listening on ws://").map(str::to_string);
             line.clear();
@@ -61,7 +67,7 @@ impl Exchange {
                 sink.lock().expect("output lock").push(line);
             }
         });
-        Exchange { child, addr, recovered_hash, output }
+        Exchange { child, addr, recovered_hash, metrics_addr, output }
     }
 
     pub fn kill(&mut self) {

@@ -1,0 +1,100 @@
+//! Operator metrics in the Prometheus text format, served on a separate
+//! loopback HTTP port (`--metrics-listen`). Counters are atomics updated by
+//! the sequencer and the gateway; book depth is a text block the sequencer
+//! refreshes at most once a second. The HTTP side is a deliberately tiny
+//! GET-only responder: one request per connection, bounded header size.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// Upper bounds (seconds) of the journal commit latency histogram.
+const COMMIT_BUCKETS_SECONDS: [f64; 11] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5];
+const REQUEST_BYTES_MAX: usize = 8 * 1024;
+
+#[derive(Default)]
+pub struct Metrics {
+    pub commands: AtomicU64,
+    pub orders: AtomicU64,
+    pub rejects: AtomicU64,
+    pub journal_entries: AtomicU64,
+    pub connections: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub slow_consumers: AtomicU64,
+    commit_buckets: [AtomicU64; COMMIT_BUCKETS_SECONDS.len()],
+    commit_count: AtomicU64,
+    commit_nanos: AtomicU64,
+    pub book_depth: Mutex<String>,
+}
+
+impl Metrics {
+    pub fn observe_commit(&self, took: Duration) {
+        let seconds = took.as_secs_f64();
+        for (bucket, bound) in self.commit_buckets.iter().zip(COMMIT_BUCKETS_SECONDS) {
+            if seconds <= bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.commit_count.fetch_add(1, Ordering::Relaxed);
+        self.commit_nanos.fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    pub fn render(&self) -> String {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let mut out = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, value: u64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+        };
+        metric("gpux_commands_total", "counter", "Commands journaled and applied (rate = commands/s).", load(&self.commands));
+        metric("gpux_orders_total", "counter", "New orders received (rate = orders/s).", load(&self.orders));
+        metric("gpux_rejects_total", "counter", "Commands the engine refused.", load(&self.rejects));
+        metric("gpux_journal_entries_total", "counter", "Entries appended to the journal.", load(&self.journal_entries));
+        metric("gpux_connections", "gauge", "Open WebSocket connections.", load(&self.connections));
+        metric("gpux_connections_total", "counter", "WebSocket connections accepted.", load(&self.connections_total));
+        metric("gpux_slow_consumers_total", "counter", "Connections closed for not reading their feed.", load(&self.slow_consumers));
+        let _ = writeln!(out, "# HELP gpux_journal_commit_seconds Durable journal commit latency (one fsync per batch).");
+        let _ = writeln!(out, "# TYPE gpux_journal_commit_seconds histogram");
+        for (bucket, bound) in self.commit_buckets.iter().zip(COMMIT_BUCKETS_SECONDS) {
+            let _ = writeln!(out, "gpux_journal_commit_seconds_bucket{{le=\"{bound}\"}} {}", load(bucket));
+        }
+        let count = load(&self.commit_count);
+        let _ = writeln!(out, "gpux_journal_commit_seconds_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "gpux_journal_commit_seconds_sum {}", load(&self.commit_nanos) as f64 / 1e9);
+        let _ = writeln!(out, "gpux_journal_commit_seconds_count {count}");
+        let _ = writeln!(out, "# HELP gpux_book_quantity GPUs resting per instrument and side.\n# TYPE gpux_book_quantity gauge");
+        out.push_str(&self.book_depth.lock().map(|text| text.clone()).unwrap_or_default());
+        out
+    }
+}
+
+/// Serves `GET /metrics` until the process ends.
+pub async fn serve(listener: TcpListener, metrics: std::sync::Arc<Metrics>) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else { continue };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut request = Vec::new();
+            let mut buffer = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < REQUEST_BYTES_MAX {
+                match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buffer)).await {
+                    Ok(Ok(read)) if read > 0 => request.extend_from_slice(&buffer[..read]),
+                    _ => return,
+                }
+            }
+            let response = if request.starts_with(b"GET /metrics ") {
+                let body = metrics.render();
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            } else {
+                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string()
+            };
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+    }
+}
