@@ -19,8 +19,9 @@ use gpux_protocol::{
     auth_payload, decode_client_binary, decode_client_text, encode_server_binary, encode_server_text, ClientMessage, ErrorCode,
     ServerMessage, FRAME_BYTES_MAX,
 };
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Notify};
+use tokio_rustls::TlsAcceptor;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
@@ -57,13 +58,38 @@ const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
 
-/// Accepts connections until `shutdown` turns true.
+/// Loads a PEM certificate chain and private key into a TLS acceptor
+/// (rustls with the ring provider; TLS 1.2 and 1.3).
+pub fn tls_acceptor(cert_path: &std::path::Path, key_path: &std::path::Path) -> anyhow::Result<TlsAcceptor> {
+    use anyhow::Context;
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certificates: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
+        .and_then(|certificates| certificates.collect())
+        .with_context(|| format!("reading certificates from {}", cert_path.display()))?;
+    anyhow::ensure!(!certificates.is_empty(), "{} holds no certificate", cert_path.display());
+    let key = PrivateKeyDer::from_pem_file(key_path).with_context(|| format!("reading the private key from {}", key_path.display()))?;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certificates, key)
+        .context("the certificate and key do not form a usable TLS identity")?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// How long a client has to finish the TLS handshake.
+const TLS_HANDSHAKE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Accepts connections until `shutdown` turns true; with `tls`, every
+/// connection must complete a TLS handshake first (wss://).
 pub async fn serve(
     listener: TcpListener,
     core: Sender<Request>,
     shutdown: watch::Receiver<bool>,
     limits: GatewayLimits,
     metrics: Arc<Metrics>,
+    tls: Option<TlsAcceptor>,
 ) {
     let mut accept_shutdown = shutdown.clone();
     loop {
@@ -74,10 +100,17 @@ pub async fn serve(
                     tracing::debug!(%peer, "connection accepted");
                     let (core, shutdown) = (core.clone(), shutdown.clone());
                     let metrics = metrics.clone();
+                    let tls = tls.clone();
                     tokio::spawn(async move {
                         metrics.connections.fetch_add(1, Ordering::Relaxed);
                         metrics.connections_total.fetch_add(1, Ordering::Relaxed);
-                        serve_connection(stream, core, shutdown, limits).await;
+                        match tls {
+                            Some(acceptor) => match tokio::time::timeout(TLS_HANDSHAKE_WAIT, acceptor.accept(stream)).await {
+                                Ok(Ok(secured)) => serve_connection(secured, core, shutdown, limits).await,
+                                _ => tracing::debug!(%peer, "TLS handshake failed"),
+                            },
+                            None => serve_connection(stream, core, shutdown, limits).await,
+                        }
                         metrics.connections.fetch_sub(1, Ordering::Relaxed);
                     });
                 }
@@ -105,7 +138,10 @@ struct Connection {
     awaiting: u32,
 }
 
-async fn serve_connection(stream: TcpStream, core: Sender<Request>, mut shutdown: watch::Receiver<bool>, limits: GatewayLimits) {
+async fn serve_connection<S>(stream: S, core: Sender<Request>, mut shutdown: watch::Receiver<bool>, limits: GatewayLimits)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let config = WebSocketConfig::default().max_message_size(Some(FRAME_BYTES_MAX)).max_frame_size(Some(FRAME_BYTES_MAX));
     let Ok(socket) = tokio_tungstenite::accept_async_with_config(stream, Some(config)).await else { return };
     let (mut sink, mut incoming) = socket.split();

@@ -29,6 +29,9 @@ pub struct ExchangeConfig {
     pub limits: gateway::GatewayLimits,
     /// Where `GET /metrics` is served (Prometheus text format), if anywhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// PEM certificate chain and private key; with them the gateway speaks
+    /// `wss://` only.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// Recovers from the journal, serves until SIGTERM or SIGINT, then stops
@@ -38,6 +41,11 @@ pub fn run(config: ExchangeConfig) -> Result<u64> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
     let (journal, entries) = journal::Journal::open(&config.data_dir.join("journal.redb"))?;
     let engine = Engine::new(config.engine).context("engine config")?;
+    let tls = match &config.tls {
+        Some((certificate, key)) => Some(gateway::tls_acceptor(certificate, key)?),
+        None => None,
+    };
+    let scheme = if tls.is_some() { "wss" } else { "ws" };
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
     let (sequencer, recovery) = core::Sequencer::recover(engine, journal, entries, config.operator_keys, metrics.clone());
     say(&format!("recovered {} journal entries, state hash {:016x}", recovery.entries, recovery.state_hash));
@@ -54,8 +62,8 @@ pub fn run(config: ExchangeConfig) -> Result<u64> {
             tokio::spawn(metrics::serve(metrics_listener, metrics.clone()));
         }
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
-        say(&format!("listening on ws://{}", listener.local_addr()?));
-        let server = tokio::spawn(gateway::serve(listener, requests, stopped, config.limits, metrics));
+        say(&format!("listening on {scheme}://{}", listener.local_addr()?));
+        let server = tokio::spawn(gateway::serve(listener, requests, stopped, config.limits, metrics, tls));
         wait_for_signal().await;
         say("stopping: no new connections, finishing in-flight commits");
         let _ = stop.send(true);

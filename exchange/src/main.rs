@@ -16,12 +16,19 @@ struct Args {
     /// Where the journal (redb) lives.
     #[arg(long, default_value = "gpux-data")]
     data_dir: PathBuf,
-    /// Address of the WebSocket listener (plain ws://, for loopback development).
+    /// Address of the WebSocket listener. Plain ws:// only on loopback;
+    /// any other address needs --tls-cert and --tls-key.
     #[arg(long, default_value = "127.0.0.1:7300")]
     listen: SocketAddr,
     /// Hex ed25519 public key allowed to act as operator (repeatable).
     #[arg(long = "operator-key")]
     operator_keys: Vec<String>,
+    /// PEM certificate chain for wss:// (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for wss:// (with --tls-cert).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Where to serve Prometheus metrics (`GET /metrics`); `off` for nowhere.
     #[arg(long, default_value = "127.0.0.1:7301")]
     metrics_listen: String,
@@ -44,8 +51,9 @@ fn main() -> Result<()> {
             .with_context(|| format!("--operator-key {key}: expected 64 hex digits (an ed25519 public key)"))?;
         operator_keys.insert(bytes);
     }
-    if !args.listen.ip().is_loopback() {
-        anyhow::bail!("plain ws:// is for loopback development only; TLS listeners are not implemented yet (listen on 127.0.0.1)");
+    let tls = args.tls_cert.zip(args.tls_key);
+    if tls.is_none() && !args.listen.ip().is_loopback() {
+        anyhow::bail!("plain ws:// is for loopback development only: give --tls-cert and --tls-key to listen on {}", args.listen);
     }
     if args.outbound_frames_max == 0 {
         anyhow::bail!("--outbound-frames-max must be at least 1");
@@ -62,6 +70,7 @@ fn main() -> Result<()> {
         engine: EngineConfig::demo(),
         limits,
         metrics_listen,
+        tls,
     })?;
     Ok(())
 }

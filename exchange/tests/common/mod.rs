@@ -51,7 +51,11 @@ impl Exchange {
             if let Some(metrics) = line.trim().strip_prefix("gpux-exchange: metrics on http://") {
                 metrics_addr = metrics.trim_end_matches("/metrics").to_string();
             }
-            addr = line.trim().strip_prefix("gpux-exchange: listening on ws://").map(str::to_string);
+            let trimmed = line.trim();
+            addr = trimmed
+                .strip_prefix("gpux-exchange: listening on ws://")
+                .or_else(|| trimmed.strip_prefix("gpux-exchange: listening on wss://"))
+                .map(str::to_string);
             line.clear();
         }
         let Some(addr) = addr else {
