@@ -15,7 +15,7 @@ use crate::ids::{AccountId, InstrumentId, OrderId};
 pub(crate) const NIL: u32 = u32::MAX;
 
 /// One order as the engine keeps it while it is open.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Order {
     pub generation: u32,
     pub live: bool,
@@ -66,7 +66,7 @@ impl Order {
     }
 }
 
-#[derive(Clone, Default)]
+#[derive(Clone, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct OrderSlab {
     orders: Vec<Order>,
     free: Vec<u32>,
@@ -137,7 +137,7 @@ impl OrderSlab {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Level {
     pub price: u64,
     pub quantity: u64,
@@ -145,7 +145,7 @@ pub(crate) struct Level {
     pub tail: u32,
 }
 
-#[derive(Clone, Default)]
+#[derive(Clone, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct BookSide {
     levels: Vec<Level>,
     free_levels: Vec<u32>,
@@ -290,7 +290,7 @@ impl BookSide {
     }
 }
 
-#[derive(Clone)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Book {
     pub bids: BookSide,
     pub asks: BookSide,

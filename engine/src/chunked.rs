@@ -42,6 +42,28 @@ impl<T> ChunkedVec<T> {
     }
 }
 
+impl<T: serde::Serialize> serde::Serialize for ChunkedVec<T> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        // The length up front: compact formats (bincode) need it.
+        let mut sequence = serializer.serialize_seq(Some(self.len))?;
+        for value in self.iter() {
+            sequence.serialize_element(value)?;
+        }
+        sequence.end()
+    }
+}
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for ChunkedVec<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut values = ChunkedVec::default();
+        for value in Vec::<T>::deserialize(deserializer)? {
+            values.push(value);
+        }
+        Ok(values)
+    }
+}
+
 impl<T> Index<usize> for ChunkedVec<T> {
     type Output = T;
     fn index(&self, index: usize) -> &T {

@@ -11,7 +11,7 @@ use crate::config::GpuSpec;
 use crate::ids::{AccountId, ContractId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
 use crate::limits;
 
-#[derive(Clone)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Host {
     pub name: String,
     pub owner: AccountId,
@@ -44,6 +44,26 @@ impl HostGpus {
     }
 }
 
+impl serde::Serialize for HostGpus {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(&self.ids[..self.len as usize])
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for HostGpus {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let ids = Vec::<GpuId>::deserialize(deserializer)?;
+        if ids.len() > limits::GPUS_PER_HOST_MAX as usize {
+            return Err(serde::de::Error::custom("more GPUs on a host than the limit"));
+        }
+        let mut gpus = HostGpus::new();
+        for id in ids {
+            gpus.push(id);
+        }
+        Ok(gpus)
+    }
+}
+
 impl std::ops::Index<usize> for HostGpus {
     type Output = GpuId;
     fn index(&self, index: usize) -> &GpuId {
@@ -51,14 +71,14 @@ impl std::ops::Index<usize> for HostGpus {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum CommitmentHolder {
     Offered(OrderId),
     Sold(ContractId),
 }
 
 /// A reserved window `[start_ms, end_ms)` this GPU is offered or sold for.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Commitment {
     pub start_ms: u64,
     pub end_ms: u64,
@@ -68,13 +88,13 @@ pub(crate) struct Commitment {
 
 /// What never changes after registration, kept apart from the hot state so
 /// that matching touches as few cache lines per GPU as possible.
-#[derive(Clone)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct GpuDetails {
     pub uuid: String,
     pub spec: GpuSpec,
 }
 
-#[derive(Clone)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Gpu {
     pub host: HostId,
     pub index_on_host: u32,

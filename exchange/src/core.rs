@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::journal::{Journal, JournalEntry};
 use crate::metrics::Metrics;
+use crate::snapshots::{Snapshot, SnapshotStore, SNAPSHOT_EVERY_ENTRIES};
 
 /// Requests handled in one batch at most (one journal commit).
 pub const BATCH_MAX: usize = 4096;
@@ -125,6 +126,9 @@ pub struct Sequencer {
     pending: Vec<(Target, Arc<SharedFrame>)>,
     metrics: Arc<Metrics>,
     depth_refreshed_ms: u64,
+    snapshots: SnapshotStore,
+    /// The journal entry the newest snapshot includes.
+    snapshot_seq: u64,
 }
 
 enum Target {
@@ -135,19 +139,30 @@ enum Target {
 
 /// What a recovered exchange looks like, for the operator's log and tests.
 pub struct Recovery {
+    /// The journal entry the snapshot used includes (0: none).
+    pub snapshot_seq: u64,
+    /// Journal entries replayed after the snapshot.
     pub entries: u64,
     pub state_hash: u64,
 }
 
 impl Sequencer {
-    /// Rebuilds the engine and key bindings by replaying the whole journal.
+    /// Rebuilds the engine, key bindings and market-data counters from the
+    /// newest valid snapshot and the journal entries after it.
     pub fn recover(
         engine: Engine,
         journal: Journal,
-        entries: Vec<JournalEntry>,
+        snapshots: SnapshotStore,
         operator_keys: BTreeSet<[u8; 32]>,
         metrics: Arc<Metrics>,
-    ) -> (Self, Recovery) {
+    ) -> anyhow::Result<(Self, Recovery)> {
+        let snapshot = snapshots.latest_valid()?;
+        anyhow::ensure!(
+            snapshot.as_ref().is_none_or(|s| s.journal_seq < journal.next_seq()),
+            "the newest snapshot is ahead of the journal: the journal file does not belong to these snapshots"
+        );
+        let snapshot_seq = snapshot.as_ref().map_or(0, |s| s.journal_seq);
+        let entries = journal.entries_after(snapshot_seq)?;
         let mut sequencer = Sequencer {
             engine,
             journal,
@@ -163,7 +178,16 @@ impl Sequencer {
             pending: Vec::new(),
             metrics,
             depth_refreshed_ms: 0,
+            snapshots,
+            snapshot_seq,
         };
+        if let Some(snapshot) = snapshot {
+            sequencer.engine = snapshot.engine;
+            sequencer.clock_ms = snapshot.clock_ms;
+            sequencer.keys = snapshot.keys.into_iter().collect();
+            sequencer.book_seq = snapshot.book_seq.into_iter().collect();
+            sequencer.trade_seq = snapshot.trade_seq.into_iter().collect();
+        }
         let count = entries.len() as u64;
         for entry in entries {
             match entry {
@@ -178,7 +202,29 @@ impl Sequencer {
             }
         }
         let state_hash = sequencer.engine.state_hash();
-        (sequencer, Recovery { entries: count, state_hash })
+        Ok((sequencer, Recovery { snapshot_seq, entries: count, state_hash }))
+    }
+
+    /// Writes a snapshot of everything committed so far.
+    fn snapshot(&mut self) {
+        let journal_seq = self.journal.next_seq() - 1;
+        if journal_seq == self.snapshot_seq {
+            return;
+        }
+        let snapshot = Snapshot {
+            journal_seq,
+            clock_ms: self.clock_ms,
+            engine: self.engine.clone(),
+            keys: self.keys.iter().map(|(key, account)| (*key, *account)).collect(),
+            book_seq: self.book_seq.iter().map(|(i, s)| (*i, *s)).collect(),
+            trade_seq: self.trade_seq.iter().map(|(i, s)| (*i, *s)).collect(),
+            state_hash: self.engine.state_hash(),
+        };
+        // A failed snapshot costs only restart time: the journal has everything.
+        match self.snapshots.write(&snapshot) {
+            Ok(()) => self.snapshot_seq = journal_seq,
+            Err(error) => tracing::warn!(%error, "snapshot failed; the journal still holds every entry"),
+        }
     }
 
     pub fn state_hash(&self) -> u64 {
@@ -203,7 +249,11 @@ impl Sequencer {
                 }
             }
             self.process(batch);
+            if self.journal.next_seq() - 1 >= self.snapshot_seq + SNAPSHOT_EVERY_ENTRIES {
+                self.snapshot();
+            }
         }
+        self.snapshot();
         self.engine.state_hash()
     }
 

@@ -31,27 +31,36 @@ pub struct Journal {
 }
 
 impl Journal {
-    /// Opens (or creates) the journal and returns every entry in order.
-    pub fn open(path: &Path) -> Result<(Journal, Vec<JournalEntry>)> {
+    /// Opens (or creates) the journal.
+    pub fn open(path: &Path) -> Result<Journal> {
         let db = Database::create(path).with_context(|| format!("opening journal {}", path.display()))?;
         let setup = db.begin_write()?;
         setup.open_table(JOURNAL)?;
         setup.commit()?;
-        let mut entries = Vec::new();
-        let read = db.begin_read()?;
+        let next_seq = {
+            let read = db.begin_read()?;
+            let table = read.open_table(JOURNAL)?;
+            let last = table.last()?.map(|(seq, _)| seq.value());
+            last.map_or(1, |seq| seq + 1)
+        };
+        Ok(Journal { db, next_seq })
+    }
+
+    /// Every entry after `seq`, in order; a gap is an error.
+    pub fn entries_after(&self, seq: u64) -> Result<Vec<JournalEntry>> {
+        let read = self.db.begin_read()?;
         let table = read.open_table(JOURNAL)?;
-        let mut next_seq = 1;
-        for row in table.iter()? {
-            let (seq, bytes) = row?;
-            anyhow::ensure!(seq.value() == next_seq, "journal gap: expected entry {next_seq}, found {}", seq.value());
+        let mut entries = Vec::new();
+        let mut expected = seq + 1;
+        for row in table.range(seq + 1..)? {
+            let (key, bytes) = row?;
+            anyhow::ensure!(key.value() == expected, "journal gap: expected entry {expected}, found {}", key.value());
             let entry: JournalEntry =
-                decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("journal entry {}: {}", seq.value(), e.message))?;
+                decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("journal entry {}: {}", key.value(), e.message))?;
             entries.push(entry);
-            next_seq += 1;
+            expected += 1;
         }
-        drop(table);
-        drop(read);
-        Ok((Journal { db, next_seq }, entries))
+        Ok(entries)
     }
 
     /// Appends `entries` in one durable commit; returns the sequence number
@@ -92,13 +101,14 @@ mod tests {
             JournalEntry::Engine(Input { at_ms: 2, command: Command::Tick }),
         ];
         {
-            let (mut journal, existing) = Journal::open(&path).expect("open");
-            assert!(existing.is_empty());
+            let mut journal = Journal::open(&path).expect("open");
+            assert!(journal.entries_after(0).expect("read").is_empty());
             assert_eq!(journal.append(&entries[..2]).expect("append"), 1);
             assert_eq!(journal.append(&entries[2..]).expect("append"), 3);
         }
-        let (journal, replayed) = Journal::open(&path).expect("reopen");
-        assert_eq!(replayed, entries);
+        let journal = Journal::open(&path).expect("reopen");
+        assert_eq!(journal.entries_after(0).expect("read"), entries);
+        assert_eq!(journal.entries_after(2).expect("read"), entries[2..]);
         assert_eq!(journal.next_seq(), 4);
     }
 }

@@ -7,6 +7,7 @@ pub mod core;
 pub mod gateway;
 pub mod journal;
 pub mod metrics;
+pub mod snapshots;
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -39,7 +40,8 @@ pub struct ExchangeConfig {
 /// connection with a reason and returns the final state hash.
 pub fn run(config: ExchangeConfig) -> Result<u64> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
-    let (journal, entries) = journal::Journal::open(&config.data_dir.join("journal.redb"))?;
+    let journal = journal::Journal::open(&config.data_dir.join("journal.redb"))?;
+    let snapshots = snapshots::SnapshotStore::open(&config.data_dir.join("snapshots.redb"))?;
     let engine = Engine::new(config.engine).context("engine config")?;
     let tls = match &config.tls {
         Some((certificate, key)) => Some(gateway::tls_acceptor(certificate, key)?),
@@ -47,8 +49,11 @@ pub fn run(config: ExchangeConfig) -> Result<u64> {
     };
     let scheme = if tls.is_some() { "wss" } else { "ws" };
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
-    let (sequencer, recovery) = core::Sequencer::recover(engine, journal, entries, config.operator_keys, metrics.clone());
-    say(&format!("recovered {} journal entries, state hash {:016x}", recovery.entries, recovery.state_hash));
+    let (sequencer, recovery) = core::Sequencer::recover(engine, journal, snapshots, config.operator_keys, metrics.clone())?;
+    say(&format!(
+        "recovered from snapshot at journal entry {} plus {} journal entries, state hash {:016x}",
+        recovery.snapshot_seq, recovery.entries, recovery.state_hash
+    ));
 
     let (requests, inbox) = crossbeam_channel::bounded(SEQUENCER_QUEUE_MAX);
     let sequencer_thread = std::thread::Builder::new().name("sequencer".into()).spawn(move || sequencer.run(inbox))?;

@@ -68,6 +68,7 @@ async fn nothing_acknowledged_is_lost_when_the_process_is_killed() {
             let _ = task.await; // Each ends when its connection dies.
         }
         exchange = Exchange::start(dir.path(), Some(&operator));
+        assert!(!exchange.recovered_line.contains("plus 0 journal entries"), "a killed process replays its journal tail");
         for seed in 0..RENTERS {
             let open: BTreeSet<u64> = open_client_order_ids(&exchange.addr, 10 + seed).await.into_iter().collect();
             let ledger = ledgers[seed as usize].lock().expect("ledger");

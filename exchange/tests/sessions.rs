@@ -196,6 +196,7 @@ async fn the_state_after_a_restart_equals_the_state_before() {
     let before = m.exchange.terminate();
     let restarted = Exchange::start(m._dir.path(), Some(&key(1)));
     assert_eq!(restarted.recovered_hash, before);
+    assert!(restarted.recovered_line.contains("plus 0 journal entries"), "a clean stop leaves a snapshot: {}", restarted.recovered_line);
     let (mut renter, account) = Client::login(&restarted.addr, &key(3), Role::Renter).await;
     assert_eq!(account, m.renter_account, "the key still maps to its account");
     let orders = renter.open_orders().await;

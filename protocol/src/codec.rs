@@ -104,3 +104,17 @@ pub fn decode_record<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError
     }
     Ok(value)
 }
+
+/// The largest snapshot of the engine's state read back from disk.
+pub const SNAPSHOT_BYTES_MAX: usize = 1 << 32;
+
+/// Decodes a state snapshot (trusted local data, but still bounded).
+pub fn decode_snapshot<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
+    let malformed = |message: String| DecodeError { code: ErrorCode::MalformedBinary, message };
+    let config = bincode::config::standard().with_limit::<SNAPSHOT_BYTES_MAX>();
+    let (value, read) = bincode::serde::decode_from_slice(bytes, config).map_err(|error| malformed(error.to_string()))?;
+    if read != bytes.len() {
+        return Err(malformed(format!("{} trailing bytes after the snapshot", bytes.len() - read)));
+    }
+    Ok(value)
+}

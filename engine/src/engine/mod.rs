@@ -27,7 +27,7 @@ use crate::gpus::{Gpu, GpuDetails, Host};
 use crate::ids::{AccountId, ContractId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
 use crate::state_hash::StateHasher;
 
-#[derive(Clone)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Account {
     pub role: Role,
     pub available_minor: u64,
@@ -52,7 +52,7 @@ pub enum ContractKind {
     Reserved { window_start_ms: u64, window_end_ms: u64 },
 }
 
-#[derive(Clone)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Instrument {
     pub symbol: String,
     pub class: u16,
@@ -88,7 +88,7 @@ pub struct OrderInfo {
     pub resting: bool,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Lease {
     pub kind: LeaseKind,
     pub instrument: InstrumentId,
@@ -133,14 +133,14 @@ pub struct GpuInfo {
     pub online: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum ContractState {
     Open,
     Delivered(LeaseId),
     Failed,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Contract {
     pub instrument: InstrumentId,
     pub gpu: GpuId,
@@ -157,7 +157,7 @@ pub(crate) struct Contract {
 /// Something the engine must do at a future time. Timers fire in order of
 /// `(at_ms, rank, seq)`: at the same instant, ends fire before starts so a
 /// lease ending at a window's start frees the GPU first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Timer {
     pub at_ms: u64,
     pub rank: u8,
@@ -165,7 +165,7 @@ pub(crate) struct Timer {
     pub kind: TimerKind,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub(crate) enum TimerKind {
     LeaseEnd(LeaseId, LeaseEndReasonKey),
     OrderExpiry(OrderId),
@@ -176,7 +176,7 @@ pub(crate) enum TimerKind {
 }
 
 /// `LeaseEndReason` with an order, so timers can sort.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub(crate) enum LeaseEndReasonKey {
     DurationElapsed,
     Preempted,
@@ -191,7 +191,7 @@ impl LeaseEndReasonKey {
     }
 }
 
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct CalendarCursor {
     pub next_hourly_start_ms: u64,
     pub next_daily_start_ms: u64,
@@ -199,11 +199,12 @@ pub(crate) struct CalendarCursor {
 
 /// The matching engine. `Clone` gives an exact copy of the whole state (for
 /// snapshots and for benchmarks that start many runs from one state).
-#[derive(Clone)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub struct Engine {
     pub(crate) config: EngineConfig,
     pub(crate) now_ms: u64,
     pub(crate) next_seq: u64,
+    #[serde(skip)]
     pub(crate) events: Vec<Event>,
     pub(crate) accounts: Vec<Account>,
     pub(crate) instruments: Vec<Instrument>,

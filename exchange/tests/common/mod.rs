@@ -21,6 +21,8 @@ pub struct Exchange {
     pub addr: String,
     /// The state hash the process printed when it recovered.
     pub recovered_hash: String,
+    /// The whole recovery line (snapshot used, entries replayed).
+    pub recovered_line: String,
     /// Where the process serves `GET /metrics`.
     pub metrics_addr: String,
     /// Every line the process printed after it started listening.
@@ -41,12 +43,14 @@ impl Exchange {
         let mut child = command.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("gpux-exchange starts");
         let mut lines = BufReader::new(child.stdout.take().expect("stdout"));
         let mut recovered_hash = String::new();
+        let mut recovered_line = String::new();
         let mut metrics_addr = String::new();
         let mut addr = None;
         let mut line = String::new();
         while addr.is_none() && lines.read_line(&mut line).unwrap_or(0) > 0 {
             if let Some(hash) = line.trim().split("state hash ").nth(1) {
                 recovered_hash = hash.to_string();
+                recovered_line = line.trim().to_string();
             }
             if let Some(metrics) = line.trim().strip_prefix("gpux-exchange: metrics on http://") {
                 metrics_addr = metrics.trim_end_matches("/metrics").to_string();
@@ -71,7 +75,7 @@ impl Exchange {
                 sink.lock().expect("output lock").push(line);
             }
         });
-        Exchange { child, addr, recovered_hash, metrics_addr, output }
+        Exchange { child, addr, recovered_hash, recovered_line, metrics_addr, output }
     }
 
     pub fn kill(&mut self) {

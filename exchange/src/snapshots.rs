@@ -1,0 +1,206 @@
+//! State snapshots, so a restart replays only the journal's tail.
+//!
+//! A snapshot is the whole engine plus the exchange's own replayed state
+//! (key bindings, market-data counters), taken between batches and tagged
+//! with the last journal entry it includes. Each is stored with a checksum of
+//! its bytes and the engine's state hash; a snapshot that fails either check
+//! is skipped for an older one, and with none left the journal is replayed
+//! from the start. Snapshots live in their own redb file so that writing one
+//! never holds up a journal commit.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use gpux_engine::state_hash::StateHasher;
+use gpux_engine::{AccountId, Engine, InstrumentId};
+use gpux_protocol::{decode_snapshot, encode_record};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+const SNAPSHOTS: TableDefinition<u64, &[u8]> = TableDefinition::new("snapshots");
+/// Journal entries between two periodic snapshots.
+pub const SNAPSHOT_EVERY_ENTRIES: u64 = 100_000;
+/// Snapshots kept (older ones are deleted when a new one is written).
+pub const SNAPSHOTS_KEPT: usize = 2;
+
+#[derive(Clone, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// The last journal entry the snapshot includes.
+    pub journal_seq: u64,
+    pub clock_ms: u64,
+    pub engine: Engine,
+    pub keys: Vec<([u8; 32], AccountId)>,
+    pub book_seq: Vec<(InstrumentId, u64)>,
+    pub trade_seq: Vec<(InstrumentId, u64)>,
+    /// `engine.state_hash()` when the snapshot was taken.
+    pub state_hash: u64,
+}
+
+pub struct SnapshotStore {
+    db: Database,
+}
+
+fn checksum(bytes: &[u8]) -> u64 {
+    let mut hasher = StateHasher::new();
+    hasher.bytes(bytes);
+    hasher.finish()
+}
+
+impl SnapshotStore {
+    pub fn open(path: &Path) -> Result<Self> {
+        let db = Database::create(path).with_context(|| format!("opening snapshots {}", path.display()))?;
+        let setup = db.begin_write()?;
+        setup.open_table(SNAPSHOTS)?;
+        setup.commit()?;
+        Ok(SnapshotStore { db })
+    }
+
+    /// Stores a snapshot durably and prunes the oldest beyond `SNAPSHOTS_KEPT`.
+    pub fn write(&self, snapshot: &Snapshot) -> Result<()> {
+        let payload = encode_record(snapshot);
+        let mut value = checksum(&payload).to_le_bytes().to_vec();
+        value.extend_from_slice(&payload);
+        self.put_raw(snapshot.journal_seq, &value)
+    }
+
+    /// Stores bytes as the snapshot at `journal_seq` (tests use it to plant corruption).
+    pub fn put_raw(&self, journal_seq: u64, value: &[u8]) -> Result<()> {
+        let mut transaction = self.db.begin_write()?;
+        transaction.set_durability(Durability::Immediate)?;
+        {
+            let mut table = transaction.open_table(SNAPSHOTS)?;
+            table.insert(journal_seq, value)?;
+            let keys: Vec<u64> = table.iter()?.map(|row| row.map(|(key, _)| key.value())).collect::<Result<_, _>>()?;
+            for old in keys.iter().rev().skip(SNAPSHOTS_KEPT) {
+                table.remove(old)?;
+            }
+        }
+        transaction.commit()?;
+        Ok(())
+    }
+
+    /// The newest snapshot whose checksum and state hash both verify.
+    pub fn latest_valid(&self) -> Result<Option<Snapshot>> {
+        let read = self.db.begin_read()?;
+        let table = read.open_table(SNAPSHOTS)?;
+        for row in table.iter()?.rev() {
+            let (key, value) = row?;
+            match verify(value.value()) {
+                Ok(snapshot) => return Ok(Some(snapshot)),
+                Err(reason) => tracing::warn!(journal_seq = key.value(), %reason, "skipping an unusable snapshot"),
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn verify(value: &[u8]) -> std::result::Result<Snapshot, String> {
+    let (stored, payload) = value.split_at_checked(8).ok_or("shorter than its checksum")?;
+    let stored = u64::from_le_bytes(stored.try_into().map_err(|_| "checksum width")?);
+    if checksum(payload) != stored {
+        return Err("checksum mismatch".into());
+    }
+    let snapshot: Snapshot = decode_snapshot(payload).map_err(|e| e.message)?;
+    if snapshot.engine.state_hash() != snapshot.state_hash {
+        return Err("state hash mismatch after decoding".into());
+    }
+    Ok(snapshot)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpux_engine::{Command, EngineConfig, Input, Role};
+
+    fn snapshot_at(journal_seq: u64, accounts: u32) -> Snapshot {
+        let mut engine = Engine::new(EngineConfig::demo()).expect("valid config");
+        for _ in 0..accounts {
+            engine.apply(&Input { at_ms: 1_796_223_600_000, command: Command::OpenAccount { role: Role::Renter } });
+        }
+        let state_hash = engine.state_hash();
+        Snapshot { journal_seq, clock_ms: 1, engine, keys: vec![([1; 32], AccountId(0))], book_seq: vec![], trade_seq: vec![], state_hash }
+    }
+
+    #[test]
+    fn the_newest_valid_snapshot_is_used_and_a_corrupt_one_is_skipped() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SnapshotStore::open(&dir.path().join("snapshots.redb")).expect("open");
+        assert!(store.latest_valid().expect("read").is_none());
+        store.write(&snapshot_at(10, 1)).expect("write");
+        let newer = snapshot_at(20, 2);
+        store.write(&newer).expect("write");
+        let loaded = store.latest_valid().expect("read").expect("a snapshot");
+        assert_eq!((loaded.journal_seq, loaded.engine.state_hash()), (20, newer.state_hash));
+
+        let payload = encode_record(&snapshot_at(30, 3));
+        let mut corrupt = checksum(&payload).to_le_bytes().to_vec();
+        corrupt.extend_from_slice(&payload);
+        let last = corrupt.len() - 1;
+        corrupt[last] ^= 0xff;
+        store.put_raw(30, &corrupt).expect("plant corruption");
+        assert_eq!(store.latest_valid().expect("read").map(|s| s.journal_seq), Some(20), "falls back to the older one");
+    }
+
+    /// A restored engine is the same state machine: same hash, and the same
+    /// events for the same next inputs (here: a running lease's end).
+    #[test]
+    fn a_restored_engine_continues_exactly_like_the_original() {
+        use gpux_engine::*;
+        let at = |minutes: u64| 1_796_223_660_000 + minutes * 60_000;
+        let mut engine = Engine::new(EngineConfig::demo()).expect("valid config");
+        let spec = GpuSpec {
+            vendor: Vendor::Nvidia,
+            model: "NVIDIA H100 80GB HBM3".into(),
+            memory_mib: 81_559,
+            interconnect: Interconnect::NvLink,
+            mig_profile: None,
+        };
+        let order = |account, side, supply| NewOrder {
+            account: AccountId(account),
+            client_order_id: 1,
+            instrument: InstrumentId(0),
+            side,
+            order_type: OrderType::Limit,
+            price_minor_per_gpu_hour: 2_000_000,
+            quantity: 1,
+            time_in_force: TimeInForce::Gtc,
+            post_only: false,
+            self_trade_prevention: SelfTradePrevention::CancelNewest,
+            min_quantity: 0,
+            one_host: false,
+            duration: LeaseDuration::Hours(2),
+            supply,
+        };
+        for command in [
+            Command::OpenAccount { role: Role::Supplier },
+            Command::OpenAccount { role: Role::Renter },
+            Command::Deposit { account: AccountId(1), amount_minor: 100_000_000 },
+            Command::RegisterGpu { account: AccountId(0), host: "h".into(), gpu_uuid: "GPU-1".into(), spec },
+            Command::PlaceOrder(order(0, Side::Sell, Some(GpuSet { host: HostId(0), gpu_mask: 1 }))),
+            Command::PlaceOrder(order(1, Side::Buy, None)),
+        ] {
+            engine.apply(&Input { at_ms: at(0), command });
+        }
+        let restored: Engine = decode_snapshot(&encode_record(&engine)).expect("round trip");
+        assert_eq!(restored.state_hash(), engine.state_hash());
+        let mut restored = restored;
+        let later = Input { at_ms: at(180), command: Command::Tick };
+        let expected = engine.apply(&later).to_vec();
+        assert!(expected.iter().any(|e| matches!(e.kind, EventKind::LeaseEnded { .. })));
+        assert_eq!(restored.apply(&later), expected.as_slice());
+        assert_eq!(restored.state_hash(), engine.state_hash());
+    }
+
+    #[test]
+    fn only_the_newest_snapshots_are_kept() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SnapshotStore::open(&dir.path().join("snapshots.redb")).expect("open");
+        for seq in 1..=5 {
+            store.write(&snapshot_at(seq, 0)).expect("write");
+        }
+        let read = store.db.begin_read().expect("read");
+        let keys: Vec<u64> =
+            read.open_table(SNAPSHOTS).expect("table").iter().expect("iter").map(|row| row.expect("row").0.value()).collect();
+        assert_eq!(keys, [4, 5]);
+    }
+}
