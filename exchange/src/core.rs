@@ -249,7 +249,7 @@ impl Sequencer {
                 }
             }
             self.process(batch);
-            if self.journal.next_seq() - 1 >= self.snapshot_seq + SNAPSHOT_EVERY_ENTRIES {
+            if self.journal.next_seq() > self.snapshot_seq + SNAPSHOT_EVERY_ENTRIES {
                 self.snapshot();
             }
         }

@@ -51,14 +51,12 @@ impl Journal {
         let read = self.db.begin_read()?;
         let table = read.open_table(JOURNAL)?;
         let mut entries = Vec::new();
-        let mut expected = seq + 1;
-        for row in table.range(seq + 1..)? {
+        for (expected, row) in (seq + 1..).zip(table.range(seq + 1..)?) {
             let (key, bytes) = row?;
             anyhow::ensure!(key.value() == expected, "journal gap: expected entry {expected}, found {}", key.value());
             let entry: JournalEntry =
                 decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("journal entry {}: {}", key.value(), e.message))?;
             entries.push(entry);
-            expected += 1;
         }
         Ok(entries)
     }
