@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, Notify};
 use crate::journal::{Journal, JournalEntry};
 use crate::metrics::Metrics;
 use crate::snapshots::{Snapshot, SnapshotStore, SNAPSHOT_EVERY_ENTRIES};
+use crate::stats::RollingStats;
 
 /// Requests handled in one batch at most (one journal commit).
 pub const BATCH_MAX: usize = 4096;
@@ -98,6 +99,11 @@ pub enum Request {
         id: u64,
         offset: u32,
     },
+    Stats {
+        connection: ConnectionId,
+        id: u64,
+        instrument: InstrumentId,
+    },
     Disconnect {
         connection: ConnectionId,
     },
@@ -120,6 +126,7 @@ pub struct Sequencer {
     subscribers: BTreeMap<(Channel, InstrumentId), BTreeSet<ConnectionId>>,
     book_seq: HashMap<InstrumentId, u64>,
     trade_seq: HashMap<InstrumentId, u64>,
+    stats: RollingStats,
     /// Inputs of the current batch, journaled before anything below is sent.
     entries: Vec<JournalEntry>,
     /// `(connection or None for market data fan-out, frame)` in release order.
@@ -174,6 +181,7 @@ impl Sequencer {
             subscribers: BTreeMap::new(),
             book_seq: HashMap::new(),
             trade_seq: HashMap::new(),
+            stats: RollingStats::default(),
             entries: Vec::new(),
             pending: Vec::new(),
             metrics,
@@ -187,6 +195,7 @@ impl Sequencer {
             sequencer.keys = snapshot.keys.into_iter().collect();
             sequencer.book_seq = snapshot.book_seq.into_iter().collect();
             sequencer.trade_seq = snapshot.trade_seq.into_iter().collect();
+            sequencer.stats = snapshot.stats;
         }
         let count = entries.len() as u64;
         for entry in entries {
@@ -218,6 +227,7 @@ impl Sequencer {
             keys: self.keys.iter().map(|(key, account)| (*key, *account)).collect(),
             book_seq: self.book_seq.iter().map(|(i, s)| (*i, *s)).collect(),
             trade_seq: self.trade_seq.iter().map(|(i, s)| (*i, *s)).collect(),
+            stats: self.stats.clone(),
             state_hash: self.engine.state_hash(),
         };
         // A failed snapshot costs only restart time: the journal has everything.
@@ -339,6 +349,25 @@ impl Sequencer {
                 let end = (start + gpux_protocol::ORDERS_PAGE_MAX).min(all.len());
                 let next_offset = (end < all.len()).then_some(end as u32);
                 self.reply(connection, ServerMessage::Orders { id, orders: all[start..end].to_vec(), next_offset });
+            }
+            Request::Stats { connection, id, instrument } => {
+                let reply = if self.engine.instrument(instrument).is_some() {
+                    let day = self.stats.day(instrument, self.clock_ms);
+                    ServerMessage::Stats {
+                        id,
+                        instrument,
+                        window_start_ms: day.window_start_ms,
+                        open: day.open,
+                        high: day.high,
+                        low: day.low,
+                        last: day.last,
+                        volume: day.volume,
+                        trades: day.trades,
+                    }
+                } else {
+                    error(Some(id), ErrorCode::UnknownInstrument)
+                };
+                self.reply(connection, reply);
             }
             Request::Disconnect { connection } => self.disconnect(connection),
         }
@@ -483,6 +512,7 @@ impl Sequencer {
             EventKind::Trade { instrument, price_minor_per_gpu_hour, quantity, aggressor, .. } => {
                 let seq = self.trade_seq.entry(instrument).or_insert(0);
                 *seq += 1;
+                self.stats.record(instrument, event.at_ms, price_minor_per_gpu_hour, quantity);
                 Some(ServerMessage::Trade { instrument, seq: *seq, price_minor_per_gpu_hour, quantity, aggressor, at_ms: event.at_ms })
             }
             _ => None,

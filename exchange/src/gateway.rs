@@ -267,6 +267,7 @@ impl Connection {
                 | ServerMessage::Unsubscribed { .. }
                 | ServerMessage::Instruments { .. }
                 | ServerMessage::Orders { .. }
+                | ServerMessage::Stats { .. }
         );
         if answers_a_request {
             self.awaiting = self.awaiting.saturating_sub(1);
@@ -335,6 +336,7 @@ impl Connection {
             ClientMessage::Unsubscribe { id, channel, instrument } => Request::Unsubscribe { connection, id, channel, instrument },
             ClientMessage::Instruments { id } => Request::Instruments { connection, id },
             ClientMessage::OpenOrders { id, offset } => Request::OpenOrders { connection, id, offset },
+            ClientMessage::Stats { id, instrument } => Request::Stats { connection, id, instrument },
             ClientMessage::NewOrder { id, order } => command(id, Command::PlaceOrder(order.into_order(account))),
             ClientMessage::CancelOrder { id, order } => command(id, Command::CancelOrder { account, order }),
             ClientMessage::ReplaceOrder { id, order, price_minor_per_gpu_hour, quantity } => {
@@ -361,6 +363,7 @@ impl Connection {
             | Request::Unsubscribe { id, .. }
             | Request::Instruments { id, .. }
             | Request::OpenOrders { id, .. }
+            | Request::Stats { id, .. }
             | Request::Authenticate { id, .. } => *id,
             Request::Connect { .. } | Request::Disconnect { .. } => 0,
         };

@@ -8,6 +8,7 @@ pub mod gateway;
 pub mod journal;
 pub mod metrics;
 pub mod snapshots;
+pub mod stats;
 
 use std::collections::BTreeSet;
 use std::io::Write;

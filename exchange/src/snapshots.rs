@@ -32,6 +32,7 @@ pub struct Snapshot {
     pub keys: Vec<([u8; 32], AccountId)>,
     pub book_seq: Vec<(InstrumentId, u64)>,
     pub trade_seq: Vec<(InstrumentId, u64)>,
+    pub stats: crate::stats::RollingStats,
     /// `engine.state_hash()` when the snapshot was taken.
     pub state_hash: u64,
 }
@@ -118,7 +119,16 @@ mod tests {
             engine.apply(&Input { at_ms: 1_796_223_600_000, command: Command::OpenAccount { role: Role::Renter } });
         }
         let state_hash = engine.state_hash();
-        Snapshot { journal_seq, clock_ms: 1, engine, keys: vec![([1; 32], AccountId(0))], book_seq: vec![], trade_seq: vec![], state_hash }
+        Snapshot {
+            journal_seq,
+            clock_ms: 1,
+            engine,
+            keys: vec![([1; 32], AccountId(0))],
+            book_seq: vec![],
+            trade_seq: vec![],
+            stats: Default::default(),
+            state_hash,
+        }
     }
 
     #[test]

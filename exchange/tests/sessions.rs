@@ -291,3 +291,32 @@ async fn the_operator_reads_prometheus_metrics_over_http() {
     assert!(value("gpux_journal_commit_seconds_count ") >= 1.0);
     assert!(body.contains("gpux_journal_commit_seconds_bucket{le=\"+Inf\"}"));
 }
+
+#[tokio::test]
+async fn stats_show_the_last_24_hours_of_trades_and_a_resubscribe_resynchronises() {
+    let mut m = market().await;
+    let id = m.operator.id();
+    m.operator.request_subscribe(id, Channel::Trades, InstrumentId(0)).await;
+    m.renter.place(ticket(31, Side::Buy, USD_2, 1)).await;
+    let trade = m.operator.recv_until(|msg| if let ServerMessage::Trade { seq, .. } = msg { Some(*seq) } else { None }).await;
+    assert_eq!(trade, 1, "the first trade of the instrument");
+    let id = m.operator.id();
+    m.operator.send(&ClientMessage::Stats { id, instrument: InstrumentId(0) }).await;
+    let stats = m.operator.recv_until(|msg| matches!(msg, ServerMessage::Stats { .. }).then(|| msg.clone())).await;
+    let ServerMessage::Stats { open, high, low, last, volume, trades, .. } = stats else { unreachable!() };
+    assert_eq!((open, high, low, last, volume, trades), (Some(USD_2), Some(USD_2), Some(USD_2), Some(USD_2), 1, 1));
+
+    // A client that suspects a gap subscribes again and gets a fresh snapshot.
+    let id = m.operator.id();
+    m.operator.send(&ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await;
+    let first = m.operator.recv_until(|msg| if let ServerMessage::BookSnapshot { seq, .. } = msg { Some(*seq) } else { None }).await;
+    m.renter.place(ticket(32, Side::Buy, 1_000_000, 1)).await;
+    let id = m.operator.id();
+    m.operator.send(&ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await;
+    let (second, bids) = m
+        .operator
+        .recv_until(|msg| if let ServerMessage::BookSnapshot { seq, bids, .. } = msg { Some((*seq, bids.clone())) } else { None })
+        .await;
+    assert!(second > first);
+    assert_eq!(bids, vec![(1_000_000, 1)]);
+}

@@ -149,6 +149,11 @@ pub enum ClientMessage {
     Instruments {
         id: u64,
     },
+    /// Rolling 24-hour statistics of one instrument.
+    Stats {
+        id: u64,
+        instrument: InstrumentId,
+    },
     /// The authenticated account's open orders, a page at a time: the
     /// first page from offset 0, the next from the `next_offset` returned.
     OpenOrders {
@@ -179,6 +184,7 @@ impl ClientMessage {
             | Withdraw { id, .. }
             | Instruments { id }
             | OpenOrders { id, .. }
+            | Stats { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -260,6 +266,19 @@ pub enum ServerMessage {
     Instruments {
         id: u64,
         instruments: Vec<InstrumentInfo>,
+    },
+    /// Trades of the last 24 hours: first, highest, lowest and last price
+    /// (absent without trades), GPUs traded and number of trades.
+    Stats {
+        id: u64,
+        instrument: InstrumentId,
+        window_start_ms: u64,
+        open: Option<u64>,
+        high: Option<u64>,
+        low: Option<u64>,
+        last: Option<u64>,
+        volume: u64,
+        trades: u64,
     },
     /// At most `ORDERS_PAGE_MAX` orders; `next_offset` is set when more follow.
     Orders {
