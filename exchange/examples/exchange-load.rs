@@ -27,10 +27,12 @@ struct Args {
     in_flight: usize,
     seconds: u64,
     disk: bool,
+    /// Extra connections that only subscribe to the book the load moves.
+    subscribers: usize,
 }
 
 fn args() -> Args {
-    let mut args = Args { connections: 100, in_flight: 16, seconds: 10, disk: false };
+    let mut args = Args { connections: 100, in_flight: 16, seconds: 10, disk: false, subscribers: 0 };
     let raw: Vec<String> = std::env::args().skip(1).collect();
     let mut index = 0;
     while index < raw.len() {
@@ -39,6 +41,7 @@ fn args() -> Args {
             "--connections" => args.connections = value() as usize,
             "--in-flight" => args.in_flight = value() as usize,
             "--seconds" => args.seconds = value(),
+            "--subscribers" => args.subscribers = value() as usize,
             "--disk" => {
                 args.disk = true;
                 index -= 1;
@@ -135,8 +138,18 @@ async fn drive(addr: &str, operator: &SigningKey, args: &Args) {
         }
         sockets.push(socket);
     }
+    let mut watchers = Vec::new();
+    for index in 0..args.subscribers {
+        let mut seed = [0u8; 32];
+        seed[..8].copy_from_slice(&(index as u64 + 1_000_000).to_le_bytes());
+        let (mut socket, _) = login(addr, &SigningKey::from_bytes(&seed), Role::Renter).await;
+        let subscribe = ClientMessage::Subscribe { id: 3, channel: Channel::Book, instrument: InstrumentId(0) };
+        socket.send(Message::Binary(encode_client_binary(&subscribe).into())).await.expect("send");
+        watchers.push(socket);
+    }
     let latencies = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds")));
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let watcher_tasks: Vec<_> = watchers.into_iter().map(|socket| tokio::spawn(count_updates(socket, deadline))).collect();
     let started = Instant::now();
     let tasks: Vec<_> =
         sockets.into_iter().map(|socket| tokio::spawn(connection_load(socket, args.in_flight, deadline, latencies.clone()))).collect();
@@ -145,6 +158,19 @@ async fn drive(addr: &str, operator: &SigningKey, args: &Args) {
         acked += task.await.expect("load task");
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let mut delivered = 0u64;
+    for task in watcher_tasks {
+        delivered += task.await.expect("watcher");
+    }
+    if args.subscribers > 0 {
+        println!(
+            "{} book subscribers received {} updates ({:.0}/s in all, {:.0}/s each)",
+            args.subscribers,
+            delivered,
+            delivered as f64 / elapsed,
+            delivered as f64 / elapsed / args.subscribers as f64
+        );
+    }
     let histogram = latencies.lock().expect("histogram");
     println!(
         "{} connections x {} in flight: {:.0} acknowledged commands/s ({} in {:.1} s); ack latency us p50 {:.0} p99 {:.0} p99.9 {:.0} max {:.0}",
@@ -158,6 +184,19 @@ async fn drive(addr: &str, operator: &SigningKey, args: &Args) {
         histogram.value_at_quantile(0.999) as f64 / 1e3,
         histogram.max() as f64 / 1e3,
     );
+}
+
+/// Reads a book subscription until the deadline; returns the updates seen.
+async fn count_updates(mut socket: Socket, deadline: Instant) -> u64 {
+    let mut updates = 0;
+    while let Ok(Some(Ok(frame))) = tokio::time::timeout_at(deadline.into(), socket.next()).await {
+        if let Message::Binary(bytes) = frame {
+            if let Ok(ServerMessage::BookUpdate { .. }) = decode_server_binary(&bytes) {
+                updates += 1;
+            }
+        }
+    }
+    updates
 }
 
 /// Keeps `in_flight` requests outstanding until the deadline; returns acks.
@@ -207,6 +246,14 @@ async fn connection_load(mut socket: Socket, in_flight: usize, deadline: Instant
                 resting.extend(order);
             }
             ServerMessage::Reject { id, code, .. } => panic!("request {id} rejected: {code:?}"),
+            ServerMessage::Error { code: ErrorCode::RateLimited, .. } => {
+                // Over this connection's message rate: the message was dropped.
+                // Its id is lost too, so the window shrinks by one and the run goes on.
+                if let Some(&oldest) = sent_at.keys().min() {
+                    sent_at.remove(&oldest);
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
             ServerMessage::Error { id, code, .. } => panic!("request {id:?} refused: {code:?}"),
             _ => {}
         }

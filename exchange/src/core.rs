@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use gpux_engine::{AccountId, Command, Engine, Event, EventKind, Input, InstrumentId, Role};
 use gpux_protocol::{encode_server_binary, encode_server_text, Channel, ErrorCode, ServerMessage};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{broadcast, mpsc, Notify};
 
 use crate::journal::{Journal, JournalEntry};
 use crate::metrics::Metrics;
@@ -53,13 +53,28 @@ impl SharedFrame {
     }
 }
 
+/// What the sequencer sends one connection: its own frames (answers,
+/// private events, snapshots), and the start and end of the market-data
+/// feeds it subscribed to. Market data itself is published once per feed on
+/// a broadcast channel that every subscriber reads on its own task, so the
+/// sequencer's cost does not grow with the number of subscribers.
+pub enum Outgoing {
+    Frame(Arc<SharedFrame>),
+    FeedStart { channel: Channel, instrument: InstrumentId, feed: broadcast::Receiver<Arc<SharedFrame>> },
+    FeedEnd { channel: Channel, instrument: InstrumentId },
+}
+
 /// Where the sequencer sends a connection's frames, and how it tells a
 /// connection that fell behind to close.
 #[derive(Clone)]
 pub struct Outbound {
-    pub frames: mpsc::Sender<Arc<SharedFrame>>,
+    pub frames: mpsc::Sender<Outgoing>,
     pub too_slow: Arc<Notify>,
 }
+
+/// Frames one market-data feed buffers; a subscriber further behind is
+/// closed as a slow consumer.
+pub const FEED_FRAMES_MAX: usize = 16_384;
 
 pub enum Request {
     Connect {
@@ -123,14 +138,15 @@ pub struct Sequencer {
     operator_keys: BTreeSet<[u8; 32]>,
     connections: BTreeMap<ConnectionId, Connection>,
     connections_of: HashMap<AccountId, BTreeSet<ConnectionId>>,
-    subscribers: BTreeMap<(Channel, InstrumentId), BTreeSet<ConnectionId>>,
+    /// Market-data feeds with at least one subscription so far.
+    feeds: HashMap<(Channel, InstrumentId), broadcast::Sender<Arc<SharedFrame>>>,
     book_seq: HashMap<InstrumentId, u64>,
     trade_seq: HashMap<InstrumentId, u64>,
     stats: RollingStats,
     /// Inputs of the current batch, journaled before anything below is sent.
     entries: Vec<JournalEntry>,
-    /// `(connection or None for market data fan-out, frame)` in release order.
-    pending: Vec<(Target, Arc<SharedFrame>)>,
+    /// What the batch produced, in release order.
+    pending: Vec<(Target, Pending)>,
     metrics: Arc<Metrics>,
     depth_refreshed_ms: u64,
     snapshots: SnapshotStore,
@@ -141,7 +157,12 @@ pub struct Sequencer {
 enum Target {
     Connection(ConnectionId),
     Account(AccountId),
-    Subscribers(Channel, InstrumentId),
+    Feed(Channel, InstrumentId),
+}
+
+enum Pending {
+    Frame(Arc<SharedFrame>),
+    Control(Outgoing),
 }
 
 /// What a recovered exchange looks like, for the operator's log and tests.
@@ -178,7 +199,7 @@ impl Sequencer {
             operator_keys,
             connections: BTreeMap::new(),
             connections_of: HashMap::new(),
-            subscribers: BTreeMap::new(),
+            feeds: HashMap::new(),
             book_seq: HashMap::new(),
             trade_seq: HashMap::new(),
             stats: RollingStats::default(),
@@ -328,15 +349,12 @@ impl Sequencer {
             Request::Subscribe { connection, id, channel, instrument } => self.subscribe(connection, id, channel, instrument),
             Request::Unsubscribe { connection, id, channel, instrument } => {
                 let removed = self.connections.get_mut(&connection).is_some_and(|c| c.subscriptions.remove(&(channel, instrument)));
-                let reply = if removed {
-                    if let Some(set) = self.subscribers.get_mut(&(channel, instrument)) {
-                        set.remove(&connection);
-                    }
-                    ServerMessage::Unsubscribed { id, channel, instrument }
+                if removed {
+                    self.reply(connection, ServerMessage::Unsubscribed { id, channel, instrument });
+                    self.pending.push((Target::Connection(connection), Pending::Control(Outgoing::FeedEnd { channel, instrument })));
                 } else {
-                    error(Some(id), ErrorCode::NotSubscribed)
-                };
-                self.reply(connection, reply);
+                    self.reply(connection, error(Some(id), ErrorCode::NotSubscribed));
+                }
             }
             Request::Instruments { connection, id } => {
                 let instruments = self.engine.instruments();
@@ -446,8 +464,7 @@ impl Sequencer {
             self.reply(connection, error(Some(id), ErrorCode::TooManySubscriptions));
             return;
         }
-        state.subscriptions.insert((channel, instrument));
-        self.subscribers.entry((channel, instrument)).or_default().insert(connection);
+        let newly = state.subscriptions.insert((channel, instrument));
         self.reply(connection, ServerMessage::Subscribed { id, channel, instrument });
         if channel == Channel::Book {
             let snapshot = ServerMessage::BookSnapshot {
@@ -458,15 +475,16 @@ impl Sequencer {
             };
             self.reply(connection, snapshot);
         }
+        if newly {
+            // The receiver sees everything published from now on; updates older
+            // than the snapshot that slip in carry a seq the client ignores.
+            let feed = self.feeds.entry((channel, instrument)).or_insert_with(|| broadcast::channel(FEED_FRAMES_MAX).0).subscribe();
+            self.pending.push((Target::Connection(connection), Pending::Control(Outgoing::FeedStart { channel, instrument, feed })));
+        }
     }
 
     fn disconnect(&mut self, connection: ConnectionId) {
         if let Some(state) = self.connections.remove(&connection) {
-            for key in state.subscriptions {
-                if let Some(set) = self.subscribers.get_mut(&key) {
-                    set.remove(&connection);
-                }
-            }
             if let Some(account) = state.account {
                 if let Some(set) = self.connections_of.get_mut(&account) {
                     set.remove(&connection);
@@ -484,13 +502,13 @@ impl Sequencer {
                     ServerMessage::Trade { instrument, .. } => (Channel::Trades, *instrument),
                     _ => unreachable!("market data is book updates and trades"),
                 };
-                self.pending.push((Target::Subscribers(channel, instrument), SharedFrame::new(message)));
+                self.pending.push((Target::Feed(channel, instrument), Pending::Frame(SharedFrame::new(message))));
             }
             let accounts = self.accounts_of(event);
             if accounts.iter().flatten().next().is_some() {
                 let frame = SharedFrame::new(ServerMessage::Private { event: *event });
                 for account in accounts.into_iter().flatten() {
-                    self.pending.push((Target::Account(account), frame.clone()));
+                    self.pending.push((Target::Account(account), Pending::Frame(frame.clone())));
                 }
             }
         }
@@ -554,37 +572,38 @@ impl Sequencer {
     }
 
     fn reply(&mut self, connection: ConnectionId, message: ServerMessage) {
-        self.pending.push((Target::Connection(connection), SharedFrame::new(message)));
+        self.pending.push((Target::Connection(connection), Pending::Frame(SharedFrame::new(message))));
     }
 
     /// Sends everything the batch produced, now that it is durable. A
     /// connection whose queue is full is told to close as a slow consumer.
     fn release(&mut self) {
         let pending = std::mem::take(&mut self.pending);
-        for (target, frame) in pending {
-            match target {
-                Target::Connection(connection) => self.send(connection, &frame),
-                Target::Account(account) => {
+        for (target, item) in pending {
+            match (target, item) {
+                (Target::Connection(connection), Pending::Frame(frame)) => self.send(connection, Outgoing::Frame(frame)),
+                (Target::Connection(connection), Pending::Control(control)) => self.send(connection, control),
+                (Target::Account(account), Pending::Frame(frame)) => {
                     let connections: Vec<ConnectionId> =
                         self.connections_of.get(&account).map(|set| set.iter().copied().collect()).unwrap_or_default();
                     for connection in connections {
-                        self.send(connection, &frame);
+                        self.send(connection, Outgoing::Frame(frame.clone()));
                     }
                 }
-                Target::Subscribers(channel, instrument) => {
-                    let connections: Vec<ConnectionId> =
-                        self.subscribers.get(&(channel, instrument)).map(|set| set.iter().copied().collect()).unwrap_or_default();
-                    for connection in connections {
-                        self.send(connection, &frame);
+                (Target::Feed(channel, instrument), Pending::Frame(frame)) => {
+                    if let Some(feed) = self.feeds.get(&(channel, instrument)) {
+                        // No receiver left is fine: nobody is subscribed now.
+                        let _ = feed.send(frame);
                     }
                 }
+                (_, Pending::Control(_)) => unreachable!("controls go to one connection"),
             }
         }
     }
 
-    fn send(&mut self, connection: ConnectionId, frame: &Arc<SharedFrame>) {
+    fn send(&mut self, connection: ConnectionId, outgoing: Outgoing) {
         let Some(state) = self.connections.get(&connection) else { return };
-        if let Err(mpsc::error::TrySendError::Full(_)) = state.outbound.frames.try_send(frame.clone()) {
+        if let Err(mpsc::error::TrySendError::Full(_)) = state.outbound.frames.try_send(outgoing) {
             state.outbound.too_slow.notify_one();
             self.metrics.slow_consumers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.disconnect(connection);

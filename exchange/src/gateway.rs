@@ -13,20 +13,23 @@ use std::time::Instant;
 
 use crossbeam_channel::{Sender, TrySendError};
 use ed25519_dalek::{Signature, VerifyingKey};
-use futures_util::{SinkExt, StreamExt};
-use gpux_engine::{AccountId, Command, Role};
+use futures_util::{FutureExt, SinkExt, StreamExt};
+use gpux_engine::{AccountId, Command, InstrumentId, Role};
 use gpux_protocol::{
-    auth_payload, decode_client_binary, decode_client_text, encode_server_binary, encode_server_text, ClientMessage, ErrorCode,
+    auth_payload, decode_client_binary, decode_client_text, encode_server_binary, encode_server_text, Channel, ClientMessage, ErrorCode,
     ServerMessage, FRAME_BYTES_MAX,
 };
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio_rustls::TlsAcceptor;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::StreamMap;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
-use crate::core::{wall_clock_ms, ConnectionId, Outbound, Request, SharedFrame};
+use crate::core::{wall_clock_ms, ConnectionId, Outbound, Outgoing, Request, SharedFrame};
 use crate::metrics::Metrics;
 
 /// Frames queued for one connection before it counts as a slow consumer
@@ -145,7 +148,8 @@ where
     let config = WebSocketConfig::default().max_message_size(Some(FRAME_BYTES_MAX)).max_frame_size(Some(FRAME_BYTES_MAX));
     let Ok(socket) = tokio_tungstenite::accept_async_with_config(stream, Some(config)).await else { return };
     let (mut sink, mut incoming) = socket.split();
-    let (frames, mut outgoing) = mpsc::channel::<Arc<SharedFrame>>(limits.outbound_frames_max);
+    let (frames, mut outgoing) = mpsc::channel::<Outgoing>(limits.outbound_frames_max);
+    let mut feeds: StreamMap<(Channel, InstrumentId), BroadcastStream<Arc<SharedFrame>>> = StreamMap::new();
     let too_slow = Arc::new(Notify::new());
     let mut connection = Connection {
         id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
@@ -185,25 +189,53 @@ where
                     }
                 }
             }
-            Some(frame) = outgoing.recv() => {
-                // A reader that stopped reading blocks these writes; the
-                // sequencer then flags it as too slow, which must win.
-                let write = async {
-                    let mut result = sink.feed(connection.encode_shared(&frame)).await;
-                    if let Some(challenge) = connection.observe(frame.message()) {
-                        result = result.and(sink.feed(connection.encode(&challenge)).await);
-                    }
-                    while let Ok(more) = outgoing.try_recv() {
-                        result = result.and(sink.feed(connection.encode_shared(&more)).await);
-                        if let Some(challenge) = connection.observe(more.message()) {
-                            result = result.and(sink.feed(connection.encode(&challenge)).await);
+            Some(first) = outgoing.recv() => {
+                // Gather what is ready; feed starts and ends apply in order, so
+                // a book snapshot is written before any update of its feed.
+                let mut batch = Vec::new();
+                let mut next = Some(first);
+                while let Some(item) = next {
+                    match item {
+                        Outgoing::Frame(frame) => batch.push(frame),
+                        Outgoing::FeedStart { channel, instrument, feed } => {
+                            feeds.insert((channel, instrument), BroadcastStream::new(feed));
+                        }
+                        Outgoing::FeedEnd { channel, instrument } => {
+                            feeds.remove(&(channel, instrument));
                         }
                     }
-                    result.and(sink.flush().await)
-                };
+                    next = if batch.len() < WRITE_BATCH_MAX { outgoing.try_recv().ok() } else { None };
+                }
+                // A reader that stopped reading blocks these writes; the
+                // sequencer then flags it as too slow, which must win.
                 tokio::select! {
-                    result = write => if result.is_err() { break },
+                    result = write_batch(&mut sink, &mut connection, &batch) => if result.is_err() { break },
                     _ = too_slow.notified() => close = Some(ErrorCode::SlowConsumer),
+                }
+            }
+            Some((_, first)) = feeds.next(), if !feeds.is_empty() => {
+                let mut batch = Vec::new();
+                let mut next = Some(first);
+                while let Some(item) = next {
+                    match item {
+                        Ok(frame) => batch.push(frame),
+                        // The feed moved on past frames this connection never read.
+                        Err(BroadcastStreamRecvError::Lagged(_)) => close = Some(ErrorCode::SlowConsumer),
+                    }
+                    next = if close.is_none() && batch.len() < WRITE_BATCH_MAX {
+                        feeds.next().now_or_never().flatten().map(|(_, item)| item)
+                    } else {
+                        None
+                    };
+                }
+                if close.is_none() {
+                    // A peer that stopped reading stalls the write; past the
+                    // limit it is a slow consumer, not a reason to wait forever.
+                    match tokio::time::timeout(WRITE_STALL_MAX, write_batch(&mut sink, &mut connection, &batch)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => break,
+                        Err(_) => close = Some(ErrorCode::SlowConsumer),
+                    }
                 }
             }
             _ = too_slow.notified() => close = Some(ErrorCode::SlowConsumer),
@@ -218,6 +250,27 @@ where
         let _ = tokio::time::timeout(CLOSE_WAIT, sink.send(Message::Close(Some(frame)))).await;
     }
     let _ = connection.core.send(Request::Disconnect { connection: connection.id });
+}
+
+/// How long one batch of feed frames may take to write before the peer
+/// counts as a slow consumer.
+const WRITE_STALL_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Frames written between two flushes.
+const WRITE_BATCH_MAX: usize = 256;
+
+/// Writes frames in this connection's format and flushes once.
+async fn write_batch<K>(sink: &mut K, connection: &mut Connection, batch: &[Arc<SharedFrame>]) -> Result<(), WsError>
+where
+    K: futures_util::Sink<Message, Error = WsError> + Unpin,
+{
+    for frame in batch {
+        sink.feed(connection.encode_shared(frame)).await?;
+        if let Some(challenge) = connection.observe(frame.message()) {
+            sink.feed(connection.encode(&challenge)).await?;
+        }
+    }
+    sink.flush().await
 }
 
 /// The snake_case name of a code, as a close reason.
