@@ -25,20 +25,8 @@ impl Session {
     fn order(&mut self, account: u32, instrument: u32, side: Side, price: u64, quantity: u32) -> NewOrder {
         self.next_client_order_id += 1;
         NewOrder {
-            account: AccountId(account),
-            client_order_id: self.next_client_order_id,
-            instrument: InstrumentId(instrument),
-            side,
-            order_type: OrderType::Limit,
-            price_minor_per_gpu_hour: price,
-            quantity,
-            time_in_force: TimeInForce::Gtc,
-            post_only: false,
-            self_trade_prevention: SelfTradePrevention::CancelNewest,
-            min_quantity: 0,
-            one_host: false,
             duration: LeaseDuration::Hours(2),
-            supply: None,
+            ..NewOrder::limit(AccountId(account), self.next_client_order_id, InstrumentId(instrument), side, price, quantity)
         }
     }
 
@@ -69,13 +57,7 @@ pub fn inputs() -> Vec<Input> {
     for account in 2..5 {
         s.push(Command::Deposit { account: AccountId(account), amount_minor: 1_000_000_000 });
     }
-    let h100 = GpuSpec {
-        vendor: Vendor::Nvidia,
-        model: "NVIDIA H100 80GB HBM3".into(),
-        memory_mib: 81_559,
-        interconnect: Interconnect::NvLink,
-        mig_profile: None,
-    };
+    let h100 = GpuSpec::h100_sxm();
     let mi300x = GpuSpec {
         vendor: Vendor::Amd,
         model: "AMD Instinct MI300X".into(),

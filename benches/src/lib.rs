@@ -98,13 +98,7 @@ impl Generator {
             generator.apply(Command::Deposit { account: AccountId(renter + 1), amount_minor: 1 << 50 });
             generator.renters.push(AccountId(renter + 1));
         }
-        let spec = GpuSpec {
-            vendor: Vendor::Nvidia,
-            model: "NVIDIA H100 80GB HBM3".into(),
-            memory_mib: 81_559,
-            interconnect: Interconnect::NvLink,
-            mig_profile: None,
-        };
+        let spec = GpuSpec::h100_sxm();
         for host in 0..gpus.div_ceil(GPUS_PER_HOST) {
             for index in 0..GPUS_PER_HOST {
                 generator.apply(Command::RegisterGpu {
@@ -177,22 +171,7 @@ impl Generator {
     }
 
     fn order(&mut self, account: AccountId, side: Side, price: u64, quantity: u32) -> NewOrder {
-        NewOrder {
-            account,
-            client_order_id: self.client_order_id(),
-            instrument: SPOT,
-            side,
-            order_type: OrderType::Limit,
-            price_minor_per_gpu_hour: price,
-            quantity,
-            time_in_force: TimeInForce::Gtc,
-            post_only: false,
-            self_trade_prevention: SelfTradePrevention::CancelNewest,
-            min_quantity: 0,
-            one_host: false,
-            duration: LeaseDuration::Hours(1),
-            supply: None,
-        }
+        NewOrder::limit(account, self.client_order_id(), SPOT, side, price, quantity)
     }
 
     /// An ask of `quantity` free GPUs of one host, or `None` when supply ran out.

@@ -128,6 +128,37 @@ pub struct NewOrder {
     pub supply: Option<GpuSet>,
 }
 
+impl NewOrder {
+    /// A plain GTC limit order: no post-only, no minimum, cancel-newest
+    /// self-trade prevention, a one-hour lease, no GPU supply. Callers
+    /// change the fields they need.
+    pub fn limit(
+        account: AccountId,
+        client_order_id: u64,
+        instrument: InstrumentId,
+        side: Side,
+        price_minor_per_gpu_hour: u64,
+        quantity: u32,
+    ) -> Self {
+        NewOrder {
+            account,
+            client_order_id,
+            instrument,
+            side,
+            order_type: OrderType::Limit,
+            price_minor_per_gpu_hour,
+            quantity,
+            time_in_force: TimeInForce::Gtc,
+            post_only: false,
+            self_trade_prevention: SelfTradePrevention::CancelNewest,
+            min_quantity: 0,
+            one_host: false,
+            duration: LeaseDuration::Hours(1),
+            supply: None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Command {

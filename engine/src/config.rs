@@ -45,6 +45,19 @@ pub struct GpuSpec {
     pub mig_profile: Option<String>,
 }
 
+impl GpuSpec {
+    /// An NVIDIA H100 SXM 80 GB as NVML reports it (demo data and tests).
+    pub fn h100_sxm() -> Self {
+        GpuSpec {
+            vendor: Vendor::Nvidia,
+            model: "NVIDIA H100 80GB HBM3".into(),
+            memory_mib: 81_559,
+            interconnect: Interconnect::NvLink,
+            mig_profile: None,
+        }
+    }
+}
+
 /// The minimum spec of a class.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuRequirement {
@@ -209,13 +222,7 @@ mod tests {
     use super::*;
 
     fn h100() -> GpuSpec {
-        GpuSpec {
-            vendor: Vendor::Nvidia,
-            model: "NVIDIA H100 80GB HBM3".into(),
-            memory_mib: 81_559,
-            interconnect: Interconnect::NvLink,
-            mig_profile: None,
-        }
+        GpuSpec::h100_sxm()
     }
 
     #[test]

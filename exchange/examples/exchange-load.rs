@@ -213,21 +213,7 @@ async fn connection_load(mut socket: Socket, in_flight: usize, deadline: Instant
                 Some(order) => ClientMessage::CancelOrder { id: next_id, order },
                 None => ClientMessage::NewOrder {
                     id: next_id,
-                    order: OrderTicket {
-                        client_order_id: next_id,
-                        instrument: InstrumentId(0),
-                        side: Side::Buy,
-                        order_type: OrderType::Limit,
-                        price_minor_per_gpu_hour: 1_000_000 + (next_id % 100) * 1_000,
-                        quantity: 1,
-                        time_in_force: TimeInForce::Gtc,
-                        post_only: false,
-                        self_trade_prevention: SelfTradePrevention::CancelNewest,
-                        min_quantity: 0,
-                        one_host: false,
-                        duration: LeaseDuration::Hours(1),
-                        supply: None,
-                    },
+                    order: OrderTicket::limit(next_id, InstrumentId(0), Side::Buy, 1_000_000 + (next_id % 100) * 1_000, 1),
                 },
             };
             sent_at.insert(next_id, Instant::now());

@@ -158,28 +158,11 @@ mod tests {
         use gpux_engine::*;
         let at = |minutes: u64| 1_796_223_660_000 + minutes * 60_000;
         let mut engine = Engine::new(EngineConfig::demo()).expect("valid config");
-        let spec = GpuSpec {
-            vendor: Vendor::Nvidia,
-            model: "NVIDIA H100 80GB HBM3".into(),
-            memory_mib: 81_559,
-            interconnect: Interconnect::NvLink,
-            mig_profile: None,
-        };
+        let spec = GpuSpec::h100_sxm();
         let order = |account, side, supply| NewOrder {
-            account: AccountId(account),
-            client_order_id: 1,
-            instrument: InstrumentId(0),
-            side,
-            order_type: OrderType::Limit,
-            price_minor_per_gpu_hour: 2_000_000,
-            quantity: 1,
-            time_in_force: TimeInForce::Gtc,
-            post_only: false,
-            self_trade_prevention: SelfTradePrevention::CancelNewest,
-            min_quantity: 0,
-            one_host: false,
             duration: LeaseDuration::Hours(2),
             supply,
+            ..NewOrder::limit(AccountId(account), 1, InstrumentId(0), side, 2_000_000, 1)
         };
         for command in [
             Command::OpenAccount { role: Role::Supplier },

@@ -16,10 +16,6 @@ pub struct DecodeError {
     pub message: String,
 }
 
-fn bincode_config() -> impl bincode::config::Config {
-    bincode::config::standard().with_limit::<FRAME_BYTES_MAX>()
-}
-
 fn decode_json<T: DeserializeOwned>(text: &str) -> Result<T, DecodeError> {
     if text.len() > FRAME_BYTES_MAX {
         return Err(DecodeError { code: ErrorCode::FrameTooLarge, message: ErrorCode::FrameTooLarge.message().into() });
@@ -38,10 +34,17 @@ fn decode_binary<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
     if bytes.len() > FRAME_BYTES_MAX {
         return Err(DecodeError { code: ErrorCode::FrameTooLarge, message: ErrorCode::FrameTooLarge.message().into() });
     }
+    decode_limited::<T, FRAME_BYTES_MAX>(bytes, "message")
+}
+
+/// bincode decoding that allocates at most `LIMIT` bytes and refuses
+/// trailing bytes after the value.
+fn decode_limited<T: DeserializeOwned, const LIMIT: usize>(bytes: &[u8], what: &str) -> Result<T, DecodeError> {
     let malformed = |message: String| DecodeError { code: ErrorCode::MalformedBinary, message };
-    let (value, read) = bincode::serde::decode_from_slice(bytes, bincode_config()).map_err(|error| malformed(error.to_string()))?;
+    let config = bincode::config::standard().with_limit::<LIMIT>();
+    let (value, read) = bincode::serde::decode_from_slice(bytes, config).map_err(|error| malformed(error.to_string()))?;
     if read != bytes.len() {
-        return Err(malformed(format!("{} trailing bytes after the message", bytes.len() - read)));
+        return Err(malformed(format!("{} trailing bytes after the {what}", bytes.len() - read)));
     }
     Ok(value)
 }
@@ -96,13 +99,7 @@ pub fn encode_record<T: Serialize>(record: &T) -> Vec<u8> {
 
 /// Decodes a storage record; bounded like a frame, with a larger limit.
 pub fn decode_record<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
-    let malformed = |message: String| DecodeError { code: ErrorCode::MalformedBinary, message };
-    let config = bincode::config::standard().with_limit::<RECORD_BYTES_MAX>();
-    let (value, read) = bincode::serde::decode_from_slice(bytes, config).map_err(|error| malformed(error.to_string()))?;
-    if read != bytes.len() {
-        return Err(malformed(format!("{} trailing bytes after the record", bytes.len() - read)));
-    }
-    Ok(value)
+    decode_limited::<T, RECORD_BYTES_MAX>(bytes, "record")
 }
 
 /// The largest snapshot of the engine's state read back from disk.
@@ -110,11 +107,5 @@ pub const SNAPSHOT_BYTES_MAX: usize = 1 << 32;
 
 /// Decodes a state snapshot (trusted local data, but still bounded).
 pub fn decode_snapshot<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
-    let malformed = |message: String| DecodeError { code: ErrorCode::MalformedBinary, message };
-    let config = bincode::config::standard().with_limit::<SNAPSHOT_BYTES_MAX>();
-    let (value, read) = bincode::serde::decode_from_slice(bytes, config).map_err(|error| malformed(error.to_string()))?;
-    if read != bytes.len() {
-        return Err(malformed(format!("{} trailing bytes after the snapshot", bytes.len() - read)));
-    }
-    Ok(value)
+    decode_limited::<T, SNAPSHOT_BYTES_MAX>(bytes, "snapshot")
 }

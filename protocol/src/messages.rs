@@ -60,6 +60,25 @@ fn default_duration() -> LeaseDuration {
 }
 
 impl OrderTicket {
+    /// A plain GTC limit order ticket with the documented defaults.
+    pub fn limit(client_order_id: u64, instrument: InstrumentId, side: Side, price_minor_per_gpu_hour: u64, quantity: u32) -> Self {
+        OrderTicket {
+            client_order_id,
+            instrument,
+            side,
+            order_type: default_order_type(),
+            price_minor_per_gpu_hour,
+            quantity,
+            time_in_force: default_time_in_force(),
+            post_only: false,
+            self_trade_prevention: default_self_trade_prevention(),
+            min_quantity: 0,
+            one_host: false,
+            duration: default_duration(),
+            supply: None,
+        }
+    }
+
     pub fn into_order(self, account: AccountId) -> gpux_engine::NewOrder {
         gpux_engine::NewOrder {
             account,

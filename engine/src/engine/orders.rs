@@ -321,20 +321,7 @@ impl Engine {
     /// closes the order when nothing is left.
     pub(crate) fn reduce_order(&mut self, id: OrderId, by: u32, removed_mask: Option<u64>, reason: ReduceReason) {
         let order = *self.orders.get(id).expect("reducing a live order");
-        let removed_mask = match order.supply {
-            Some(set) => {
-                let removed = removed_mask.unwrap_or_else(|| highest_bits(set.gpu_mask, by));
-                self.detach_gpus(id, set, removed, order.instrument);
-                removed
-            }
-            None => {
-                if order.side == Side::Sell {
-                    self.unlock_contracts(id, order.instrument, by);
-                }
-                0
-            }
-        };
-        self.shrink_quantity(id, by, removed_mask);
+        self.shrink_and_free(id, order, by, removed_mask);
         let quantity_left = order.quantity - by;
         if quantity_left == 0 {
             let close = match reason {
@@ -514,10 +501,15 @@ impl Engine {
     }
 
     fn reduce_quantity_for_replace(&mut self, id: OrderId, order: Order, quantity: u32) {
-        let by = order.quantity - quantity;
+        self.shrink_and_free(id, order, order.quantity - quantity, None);
+    }
+
+    /// Lowers an order by `by` and frees what backed that part: the given
+    /// GPUs (or the ask's highest ones), or `by` of a resale's contracts.
+    fn shrink_and_free(&mut self, id: OrderId, order: Order, by: u32, removed_mask: Option<u64>) {
         let removed = match order.supply {
             Some(set) => {
-                let removed = highest_bits(set.gpu_mask, by);
+                let removed = removed_mask.unwrap_or_else(|| highest_bits(set.gpu_mask, by));
                 self.detach_gpus(id, set, removed, order.instrument);
                 removed
             }

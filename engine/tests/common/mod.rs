@@ -93,22 +93,7 @@ impl Market {
     pub fn order(&mut self, account: AccountId, instrument: InstrumentId, side: Side, price: u64, quantity: u32) -> NewOrder {
         let client_order_id = self.next_client_order_id;
         self.next_client_order_id += 1;
-        NewOrder {
-            account,
-            client_order_id,
-            instrument,
-            side,
-            order_type: OrderType::Limit,
-            price_minor_per_gpu_hour: price,
-            quantity,
-            time_in_force: TimeInForce::Gtc,
-            post_only: false,
-            self_trade_prevention: SelfTradePrevention::CancelNewest,
-            min_quantity: 0,
-            one_host: false,
-            duration: LeaseDuration::Hours(1),
-            supply: None,
-        }
+        NewOrder::limit(account, client_order_id, instrument, side, price, quantity)
     }
 
     pub fn place(&mut self, order: NewOrder) -> Vec<Event> {
@@ -147,13 +132,7 @@ impl Market {
 }
 
 pub fn h100_spec() -> GpuSpec {
-    GpuSpec {
-        vendor: Vendor::Nvidia,
-        model: "NVIDIA H100 80GB HBM3".into(),
-        memory_mib: 81_559,
-        interconnect: Interconnect::NvLink,
-        mig_profile: None,
-    }
+    GpuSpec::h100_sxm()
 }
 
 pub fn accepted(events: &[Event]) -> Option<OrderId> {

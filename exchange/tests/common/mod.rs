@@ -298,29 +298,9 @@ impl Client {
 }
 
 pub fn h100_spec() -> GpuSpec {
-    GpuSpec {
-        vendor: Vendor::Nvidia,
-        model: "NVIDIA H100 80GB HBM3".into(),
-        memory_mib: 81_559,
-        interconnect: Interconnect::NvLink,
-        mig_profile: None,
-    }
+    GpuSpec::h100_sxm()
 }
 
 pub fn ticket(client_order_id: u64, side: Side, price: u64, quantity: u32) -> OrderTicket {
-    OrderTicket {
-        client_order_id,
-        instrument: InstrumentId(0),
-        side,
-        order_type: OrderType::Limit,
-        price_minor_per_gpu_hour: price,
-        quantity,
-        time_in_force: TimeInForce::Gtc,
-        post_only: false,
-        self_trade_prevention: SelfTradePrevention::CancelNewest,
-        min_quantity: 0,
-        one_host: false,
-        duration: LeaseDuration::Hours(1),
-        supply: None,
-    }
+    OrderTicket::limit(client_order_id, InstrumentId(0), side, price, quantity)
 }
