@@ -270,6 +270,24 @@ impl Client {
         }
     }
 
+    /// Like `place`, but `None` when the connection is gone (for crash tests,
+    /// where the exchange dies mid-request).
+    pub async fn try_place(&mut self, order: OrderTicket) -> Option<ServerMessage> {
+        let id = self.id();
+        let frame = Message::Text(encode_client_text(&ClientMessage::NewOrder { id, order }).into());
+        self.socket.send(frame).await.ok()?;
+        loop {
+            let frame = tokio::time::timeout(Duration::from_secs(5), self.socket.next()).await.ok()??.ok()?;
+            let Message::Text(text) = frame else { continue };
+            let message = decode_server_text(&text).ok()?;
+            match &message {
+                ServerMessage::Ack { id: i, .. } | ServerMessage::Reject { id: i, .. } if *i == id => return Some(message),
+                ServerMessage::Error { id: Some(i), .. } if *i == id => return Some(message),
+                _ => {}
+            }
+        }
+    }
+
     /// Every open order of the account, following pages.
     pub async fn open_orders(&mut self) -> Vec<OrderInfo> {
         let mut all = Vec::new();
