@@ -35,6 +35,13 @@ struct Args {
     /// Print the demo session's commands (JSON lines) instead of replaying.
     #[arg(long, conflicts_with_all = ["input", "demo"])]
     print_demo_commands: bool,
+    /// Replay the engine inputs of an exchange journal (`journal.redb` in the
+    /// exchange's data directory; stop the exchange first, redb allows one process).
+    #[arg(long, conflicts_with_all = ["input", "demo", "print_demo_commands"])]
+    journal: Option<PathBuf>,
+    /// With --journal: print the journal's commands as JSON lines instead of replaying.
+    #[arg(long, requires = "journal")]
+    commands_only: bool,
 }
 
 fn main() {
@@ -62,7 +69,22 @@ fn run(args: Args) -> Result<()> {
     }
     let mut engine = Engine::new(config).context("engine config")?;
     let mut replayed = 0u64;
-    if args.demo {
+    if let Some(path) = &args.journal {
+        let journal = gpux_exchange::journal::Journal::open(path)?;
+        for entry in journal.entries_after(0)? {
+            // Key bindings are the gateway's; the engine sees only its inputs.
+            let gpux_exchange::journal::JournalEntry::Engine(input) = entry else { continue };
+            if args.commands_only {
+                writeln!(out, "{}", serde_json::to_string(&input)?)?;
+            } else {
+                write_events(&mut out, engine.apply(&input))?;
+            }
+            replayed += 1;
+        }
+        if args.commands_only {
+            return Ok(out.flush()?);
+        }
+    } else if args.demo {
         for input in demo::inputs() {
             write_events(&mut out, engine.apply(&input))?;
             replayed += 1;

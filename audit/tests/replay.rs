@@ -69,3 +69,29 @@ fn an_oversized_line_is_refused() {
     assert_eq!(code, 2);
     assert!(stderr.contains("longer than"), "{stderr}");
 }
+
+/// The exchange's own journal replays through the audit tool to the state
+/// hash the exchange printed when it stopped.
+#[test]
+fn an_exchange_journal_replays_to_the_exchanges_final_state() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let journal = dir.path().join("journal.redb");
+    let inputs = demo_inputs();
+    {
+        let mut store = gpux_exchange::journal::Journal::open(&journal).expect("journal");
+        let entries: Vec<_> = inputs.iter().cloned().map(gpux_exchange::journal::JournalEntry::Engine).collect();
+        store.append(&entries).expect("append");
+    }
+    let (code, from_journal, journal_summary) = audit(&["--journal", journal.to_str().expect("utf-8")], "");
+    assert_eq!(code, 0, "{journal_summary}");
+    let (_, from_demo, demo_summary) = audit(&["--demo"], "");
+    assert_eq!(from_journal, from_demo);
+    assert_eq!(journal_summary, demo_summary);
+    let (_, commands, _) = audit(&["--journal", journal.to_str().expect("utf-8"), "--commands-only"], "");
+    assert_eq!(commands.lines().count(), inputs.len());
+}
+
+fn demo_inputs() -> Vec<gpux_engine::Input> {
+    let (_, commands, _) = audit(&["--print-demo-commands"], "");
+    commands.lines().map(|line| serde_json::from_str(line).expect("a command")).collect()
+}
