@@ -119,6 +119,10 @@ pub enum Request {
         id: u64,
         instrument: InstrumentId,
     },
+    MyGpus {
+        connection: ConnectionId,
+        id: u64,
+    },
     Disconnect {
         connection: ConnectionId,
     },
@@ -386,6 +390,11 @@ impl Sequencer {
                     error(Some(id), ErrorCode::UnknownInstrument)
                 };
                 self.reply(connection, reply);
+            }
+            Request::MyGpus { connection, id } => {
+                let account = self.connections.get(&connection).and_then(|c| c.account);
+                let gpus = account.map(|a| self.engine.gpus_of(a)).unwrap_or_default();
+                self.reply(connection, ServerMessage::Gpus { id, gpus });
             }
             Request::Disconnect { connection } => self.disconnect(connection),
         }

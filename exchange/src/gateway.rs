@@ -321,6 +321,7 @@ impl Connection {
                 | ServerMessage::Instruments { .. }
                 | ServerMessage::Orders { .. }
                 | ServerMessage::Stats { .. }
+                | ServerMessage::Gpus { .. }
         );
         if answers_a_request {
             self.awaiting = self.awaiting.saturating_sub(1);
@@ -390,6 +391,7 @@ impl Connection {
             ClientMessage::Instruments { id } => Request::Instruments { connection, id },
             ClientMessage::OpenOrders { id, offset } => Request::OpenOrders { connection, id, offset },
             ClientMessage::Stats { id, instrument } => Request::Stats { connection, id, instrument },
+            ClientMessage::MyGpus { id } => Request::MyGpus { connection, id },
             ClientMessage::NewOrder { id, order } => command(id, Command::PlaceOrder(order.into_order(account))),
             ClientMessage::CancelOrder { id, order } => command(id, Command::CancelOrder { account, order }),
             ClientMessage::ReplaceOrder { id, order, price_minor_per_gpu_hour, quantity } => {
@@ -417,6 +419,7 @@ impl Connection {
             | Request::Instruments { id, .. }
             | Request::OpenOrders { id, .. }
             | Request::Stats { id, .. }
+            | Request::MyGpus { id, .. }
             | Request::Authenticate { id, .. } => *id,
             Request::Connect { .. } | Request::Disconnect { .. } => 0,
         };

@@ -36,10 +36,23 @@ pub struct ExchangeConfig {
     pub tls: Option<(PathBuf, PathBuf)>,
 }
 
+/// What ends a running exchange.
+pub enum Stop {
+    /// SIGTERM or SIGINT (the binary).
+    Signals,
+    /// A message or a dropped sender (tests and embedding programs).
+    Channel(tokio::sync::oneshot::Receiver<()>),
+}
+
 /// Recovers from the journal, serves until SIGTERM or SIGINT, then stops
 /// accepting, lets the sequencer commit what is in flight, closes every
 /// connection with a reason and returns the final state hash.
 pub fn run(config: ExchangeConfig) -> Result<u64> {
+    run_until(config, Stop::Signals)
+}
+
+/// `run`, ending on `stop`.
+pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
     let journal = journal::Journal::open(&config.data_dir.join("journal.redb"))?;
     let snapshots = snapshots::SnapshotStore::open(&config.data_dir.join("snapshots.redb"))?;
@@ -70,7 +83,12 @@ pub fn run(config: ExchangeConfig) -> Result<u64> {
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
         say(&format!("listening on {scheme}://{}", listener.local_addr()?));
         let server = tokio::spawn(gateway::serve(listener, requests, stopped, config.limits, metrics, tls));
-        wait_for_signal().await;
+        match stop_on {
+            Stop::Signals => wait_for_signal().await,
+            Stop::Channel(receiver) => {
+                let _ = receiver.await;
+            }
+        }
         say("stopping: no new connections, finishing in-flight commits");
         let _ = stop.send(true);
         let _ = server.await;

@@ -3,7 +3,7 @@
 //! to a request (ack, reject, error, snapshot, list) carries the same id.
 
 use gpux_engine::{
-    AccountId, Event, GpuId, GpuSet, GpuSpec, InstrumentId, InstrumentInfo, LeaseDuration, LeaseId, OrderId, OrderInfo, OrderType,
+    AccountId, Event, GpuId, GpuInfo, GpuSet, GpuSpec, InstrumentId, InstrumentInfo, LeaseDuration, LeaseId, OrderId, OrderInfo, OrderType,
     RejectCode, Role, SelfTradePrevention, Side, TimeInForce,
 };
 use serde::{Deserialize, Serialize};
@@ -173,6 +173,11 @@ pub enum ClientMessage {
         id: u64,
         instrument: InstrumentId,
     },
+    /// The GPUs the authenticated account registered (a supplier's agent
+    /// uses it to resume after a restart).
+    MyGpus {
+        id: u64,
+    },
     /// The authenticated account's open orders, a page at a time: the
     /// first page from offset 0, the next from the `next_offset` returned.
     OpenOrders {
@@ -204,6 +209,7 @@ impl ClientMessage {
             | Instruments { id }
             | OpenOrders { id, .. }
             | Stats { id, .. }
+            | MyGpus { id }
             | Ping { id } => *id,
         }
     }
@@ -298,6 +304,10 @@ pub enum ServerMessage {
         last: Option<u64>,
         volume: u64,
         trades: u64,
+    },
+    Gpus {
+        id: u64,
+        gpus: Vec<GpuInfo>,
     },
     /// At most `ORDERS_PAGE_MAX` orders; `next_offset` is set when more follow.
     Orders {

@@ -487,6 +487,15 @@ impl Engine {
         })
     }
 
+    /// Every GPU an account registered, in registration order.
+    pub fn gpus_of(&self, account: AccountId) -> Vec<GpuInfo> {
+        (0..self.gpus.len() as u32)
+            .map(GpuId)
+            .filter(|&id| self.gpus[id.0 as usize].owner == account)
+            .filter_map(|id| self.gpu(id))
+            .collect()
+    }
+
     /// The GPU a host's `index`-th registration got.
     pub fn host_gpu(&self, host: HostId, index: u32) -> Option<GpuId> {
         self.hosts.get(host.0 as usize)?.gpus.get(index as usize).copied()

@@ -1,0 +1,53 @@
+//! The GPU backend trait and its vendor-neutral readings. NVIDIA (NVML), a
+//! future AMD (ROCm SMI) backend and the scripted fake all produce these, so
+//! nothing else in the agent knows which vendor it runs on.
+
+use gpux_engine::GpuSpec;
+
+/// One GPU (or MIG slice) as the host describes it once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuInventory {
+    pub uuid: String,
+    pub spec: GpuSpec,
+    /// The physical GPU of a MIG slice.
+    pub parent_uuid: Option<String>,
+    pub pci_bus_id: Option<String>,
+    pub driver_version: Option<String>,
+    pub cuda_version: Option<String>,
+    pub mig_enabled: bool,
+}
+
+/// A periodic reading of one GPU's health and use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuSample {
+    pub uuid: String,
+    /// Reachable, not overheating, no new uncorrected ECC errors.
+    pub healthy: bool,
+    pub utilisation_percent: u32,
+    pub memory_used_mib: u32,
+    pub temperature_c: Option<u32>,
+    pub power_mw: Option<u32>,
+    pub ecc_uncorrected: Option<u64>,
+    pub processes: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendError(pub String);
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BackendError {}
+
+/// A source of GPU readings. `at_ms` is the agent's clock, so scripted
+/// backends can replay faults over time.
+pub trait GpuBackend: Send {
+    fn inventory(&mut self) -> Result<Vec<GpuInventory>, BackendError>;
+    fn sample(&mut self, at_ms: u64) -> Result<Vec<GpuSample>, BackendError>;
+}
+
+/// A GPU hotter than this is reported unhealthy.
+pub const TEMPERATURE_MAX_C: u32 = 90;

@@ -1,0 +1,129 @@
+//! The owner's agent configuration (TOML): where the exchange is, what this
+//! host is called, where its key lives, what to offer at what floor price,
+//! and the delivery hook. Unknown keys and impossible values are refused
+//! with the key's name, before the agent connects anywhere.
+//!
+//! ```toml
+//! exchange = "ws://127.0.0.1:7300"
+//! host = "dc1-node-01"
+//! key_file = "/var/lib/gpux/host.key"
+//! sample_interval_ms = 10000
+//! delivery_hook = "/usr/local/bin/gpux-deliver"
+//!
+//! [[offer]]
+//! contract = "spot"            # or "preemptible"
+//! price_floor_minor_per_gpu_hour = 2100000
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OfferedContract {
+    Spot,
+    Preemptible,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Offer {
+    pub contract: OfferedContract,
+    pub price_floor_minor_per_gpu_hour: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    pub exchange: String,
+    pub host: String,
+    pub key_file: PathBuf,
+    #[serde(default = "default_sample_interval_ms")]
+    pub sample_interval_ms: u64,
+    /// A program run on every lease event as `hook <event> <lease> <gpu uuids,comma-separated> <end_ms or ->`,
+    /// where event is `start`, `preempt` or `end`. Without one, deliveries are logged.
+    #[serde(default)]
+    pub delivery_hook: Option<PathBuf>,
+    #[serde(default, rename = "offer")]
+    pub offers: Vec<Offer>,
+}
+
+fn default_sample_interval_ms() -> u64 {
+    10_000
+}
+
+impl AgentConfig {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading agent config {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("agent config {}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> Result<Self> {
+        let config: AgentConfig = toml::from_str(text)?;
+        if !(config.exchange.starts_with("ws://") || config.exchange.starts_with("wss://")) {
+            bail!("exchange must be a ws:// or wss:// URL, not {:?}", config.exchange);
+        }
+        if config.host.is_empty() || config.host.len() > 128 || !config.host.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+            bail!("host must be 1..=128 printable ASCII characters without spaces");
+        }
+        if !(1_000..=3_600_000).contains(&config.sample_interval_ms) {
+            bail!("sample_interval_ms must be between 1000 and 3600000");
+        }
+        for offer in &config.offers {
+            if offer.price_floor_minor_per_gpu_hour == 0 {
+                bail!("offer price_floor_minor_per_gpu_hour must be positive");
+            }
+        }
+        if config.offers.iter().filter(|o| o.contract == OfferedContract::Spot).count() > 1
+            || config.offers.iter().filter(|o| o.contract == OfferedContract::Preemptible).count() > 1
+        {
+            bail!("at most one offer per contract kind");
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+exchange = "ws://127.0.0.1:7300"
+host = "node-1"
+key_file = "host.key"
+
+[[offer]]
+contract = "spot"
+price_floor_minor_per_gpu_hour = 2100000
+
+[[offer]]
+contract = "preemptible"
+price_floor_minor_per_gpu_hour = 900000
+"#;
+
+    #[test]
+    fn a_valid_config_parses_with_defaults() {
+        let config = AgentConfig::parse(GOOD).expect("valid");
+        assert_eq!(config.sample_interval_ms, 10_000);
+        assert_eq!(config.offers.len(), 2);
+        assert_eq!(config.delivery_hook, None);
+    }
+
+    #[test]
+    fn a_corrupt_config_is_refused_with_a_reason() {
+        let cases = [
+            ("exchange = 7", "invalid type"),
+            (&GOOD.replace("ws://", "http://"), "ws:// or wss://"),
+            (&GOOD.replace("node-1", "node 1"), "host must be"),
+            (&GOOD.replace("900000", "0"), "positive"),
+            (&format!("{GOOD}\ncolour = \"red\""), "unknown field"),
+            (&GOOD.replace("preemptible", "spot"), "one offer per contract"),
+        ];
+        for (text, expected) in cases {
+            let error = format!("{:#}", AgentConfig::parse(text).expect_err(expected));
+            assert!(error.contains(expected), "{expected}: {error}");
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! The scripted fake backend: a host described in JSON (its GPUs, and faults
+//! over time), for tests and demos on machines without a GPU.
+//!
+//! ```json
+//! {"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3",
+//!            "memory_mib": 81559, "interconnect": "nv_link"}],
+//!  "utilisation_percent": 85,
+//!  "faults": [{"gpu": "GPU-a", "from_ms": 5000, "until_ms": 9000, "kind": "offline"}]}
+//! ```
+//! Fault times are milliseconds after the backend was created.
+
+use std::path::Path;
+
+use gpux_engine::{GpuSpec, Interconnect, Vendor};
+use serde::Deserialize;
+
+use crate::backend::{BackendError, GpuBackend, GpuInventory, GpuSample, TEMPERATURE_MAX_C};
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FakeGpu {
+    pub uuid: String,
+    pub vendor: Vendor,
+    pub model: String,
+    pub memory_mib: u32,
+    pub interconnect: Interconnect,
+    #[serde(default)]
+    pub mig_profile: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// The GPU does not answer.
+    Offline,
+    /// It answers but runs too hot.
+    Overheat,
+    /// New uncorrected memory errors.
+    Ecc,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fault {
+    pub gpu: String,
+    pub from_ms: u64,
+    pub until_ms: u64,
+    pub kind: FaultKind,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FakeHost {
+    pub gpus: Vec<FakeGpu>,
+    #[serde(default)]
+    pub utilisation_percent: u32,
+    #[serde(default)]
+    pub faults: Vec<Fault>,
+}
+
+pub struct FakeBackend {
+    host: FakeHost,
+    started_ms: Option<u64>,
+}
+
+impl FakeBackend {
+    pub fn new(host: FakeHost) -> Result<Self, BackendError> {
+        if host.gpus.is_empty() {
+            return Err(BackendError("the host description lists no GPU".into()));
+        }
+        for fault in &host.faults {
+            if !host.gpus.iter().any(|gpu| gpu.uuid == fault.gpu) {
+                return Err(BackendError(format!("fault for unknown GPU {}", fault.gpu)));
+            }
+        }
+        Ok(FakeBackend { host, started_ms: None })
+    }
+
+    pub fn from_file(path: &Path) -> Result<Self, BackendError> {
+        let text = std::fs::read_to_string(path).map_err(|e| BackendError(format!("reading {}: {e}", path.display())))?;
+        let host: FakeHost = serde_json::from_str(&text).map_err(|e| BackendError(format!("{}: {e}", path.display())))?;
+        Self::new(host)
+    }
+
+    fn fault_at(&self, uuid: &str, elapsed_ms: u64) -> Option<FaultKind> {
+        self.host.faults.iter().find(|f| f.gpu == uuid && (f.from_ms..f.until_ms).contains(&elapsed_ms)).map(|f| f.kind)
+    }
+}
+
+impl GpuBackend for FakeBackend {
+    fn inventory(&mut self) -> Result<Vec<GpuInventory>, BackendError> {
+        Ok(self
+            .host
+            .gpus
+            .iter()
+            .map(|gpu| GpuInventory {
+                uuid: gpu.uuid.clone(),
+                spec: GpuSpec {
+                    vendor: gpu.vendor,
+                    model: gpu.model.clone(),
+                    memory_mib: gpu.memory_mib,
+                    interconnect: gpu.interconnect,
+                    mig_profile: gpu.mig_profile.clone(),
+                },
+                parent_uuid: None,
+                pci_bus_id: None,
+                driver_version: Some("fake".into()),
+                cuda_version: None,
+                mig_enabled: gpu.mig_profile.is_some(),
+            })
+            .collect())
+    }
+
+    fn sample(&mut self, at_ms: u64) -> Result<Vec<GpuSample>, BackendError> {
+        let started = *self.started_ms.get_or_insert(at_ms);
+        let elapsed = at_ms.saturating_sub(started);
+        Ok(self
+            .host
+            .gpus
+            .iter()
+            .map(|gpu| {
+                let fault = self.fault_at(&gpu.uuid, elapsed);
+                GpuSample {
+                    uuid: gpu.uuid.clone(),
+                    healthy: fault.is_none(),
+                    utilisation_percent: self.host.utilisation_percent,
+                    memory_used_mib: gpu.memory_mib * self.host.utilisation_percent / 100,
+                    temperature_c: Some(if fault == Some(FaultKind::Overheat) { TEMPERATURE_MAX_C + 5 } else { 60 }),
+                    power_mw: Some(300_000),
+                    ecc_uncorrected: Some(if fault == Some(FaultKind::Ecc) { 1 } else { 0 }),
+                    processes: 0,
+                }
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(json: &str) -> Result<FakeBackend, BackendError> {
+        let host: FakeHost = serde_json::from_str(json).map_err(|e| BackendError(e.to_string()))?;
+        FakeBackend::new(host)
+    }
+
+    #[test]
+    fn faults_make_a_gpu_unhealthy_for_their_interval_only() {
+        let mut backend = host(
+            r#"{"gpus":[{"uuid":"GPU-a","vendor":"nvidia","model":"NVIDIA H100 80GB HBM3","memory_mib":81559,"interconnect":"nv_link"}],
+                "faults":[{"gpu":"GPU-a","from_ms":1000,"until_ms":2000,"kind":"overheat"}]}"#,
+        )
+        .expect("valid host");
+        assert_eq!(backend.inventory().expect("inventory")[0].spec, GpuSpec::h100_sxm());
+        let healthy_at = |backend: &mut FakeBackend, at| backend.sample(at).expect("sample")[0].healthy;
+        assert!(healthy_at(&mut backend, 10_000));
+        assert!(!healthy_at(&mut backend, 11_500));
+        assert!(healthy_at(&mut backend, 12_000));
+    }
+
+    #[test]
+    fn a_broken_host_description_is_refused_with_a_reason() {
+        assert!(host(r#"{"gpus":[]}"#).is_err());
+        assert!(host(r#"{"gpus":[{"uuid":"a"}]}"#).is_err(), "missing fields");
+        let unknown = r#"{"gpus":[{"uuid":"a","vendor":"amd","model":"AMD Instinct MI300X","memory_mib":196592,"interconnect":"infinity_fabric"}],
+                         "faults":[{"gpu":"b","from_ms":0,"until_ms":1,"kind":"ecc"}]}"#;
+        assert!(host(unknown).is_err_and(|e| e.0.contains("unknown GPU b")));
+    }
+}

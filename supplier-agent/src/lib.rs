@@ -1,0 +1,15 @@
+//! gpux-supplier-agent: the daemon a GPU owner runs on each host.
+//!
+//! It reads the host's GPUs through a small vendor-neutral trait
+//! (`backend::GpuBackend`), with a real NVML implementation (`nvml`) and a
+//! scripted fake for tests and demos (`fake`); proves its host key to the
+//! exchange (`keys`); registers the GPUs, keeps the owner's offers on the
+//! books, withdraws GPUs that turn unhealthy, and hands leases to a
+//! delivery hook (`session`), all as the owner's config says (`config`).
+
+pub mod backend;
+pub mod config;
+pub mod fake;
+pub mod keys;
+pub mod nvml;
+pub mod session;

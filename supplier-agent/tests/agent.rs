@@ -1,0 +1,190 @@
+//! The real agent binary (fake backend) against a real exchange over real
+//! sockets: it registers its GPUs, its offers appear in the book, a renter's
+//! purchase reaches the delivery hook, and a GPU that fails leaves the book.
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ed25519_dalek::SigningKey;
+use gpux_engine::{InstrumentId, Role, Side};
+use gpux_protocol::*;
+use gpux_supplier_agent::session::Connection;
+
+struct Exchange {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    url: String,
+}
+
+impl Exchange {
+    fn start(dir: &std::path::Path, operator: &SigningKey) -> Exchange {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+        let listen: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let config = gpux_exchange::ExchangeConfig {
+            data_dir: dir.to_path_buf(),
+            listen,
+            operator_keys: [operator.verifying_key().to_bytes()].into_iter().collect(),
+            engine: gpux_engine::EngineConfig::demo(),
+            limits: Default::default(),
+            metrics_listen: None,
+            tls: None,
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let thread = std::thread::spawn(move || {
+            gpux_exchange::run_until(config, gpux_exchange::Stop::Channel(stopped)).expect("exchange runs");
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(listen).is_err() {
+            assert!(Instant::now() < deadline, "exchange did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Exchange { stop: Some(stop), thread: Some(thread), url: format!("ws://{listen}") }
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const HOST: &str = r#"{"gpus": [
+    {"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"},
+    {"uuid": "GPU-b", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}],
+  "utilisation_percent": 80,
+  "faults": [{"gpu": "GPU-b", "from_ms": 4000, "until_ms": 600000, "kind": "offline"}]}"#;
+
+fn write(path: &std::path::Path, text: &str) {
+    std::fs::write(path, text).expect("write file");
+}
+
+fn agent_files(dir: &std::path::Path, url: &str) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let hook_log = dir.join("deliveries.log");
+    let hook = dir.join("hook.sh");
+    write(&hook, &format!("#!/bin/sh\necho \"$@\" >> {}\n", hook_log.display()));
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).expect("chmod hook");
+    let config = dir.join("agent.toml");
+    write(
+        &config,
+        &format!(
+            "exchange = \"{url}\"\nhost = \"node-1\"\nkey_file = \"{}\"\nsample_interval_ms = 1000\ndelivery_hook = \"{}\"\n\n[[offer]]\ncontract = \"spot\"\nprice_floor_minor_per_gpu_hour = 2100000\n",
+            dir.join("host.key").display(),
+            hook.display()
+        ),
+    );
+    let host = dir.join("host.json");
+    write(&host, HOST);
+    (config, host, hook_log)
+}
+
+/// Reads book messages until the asks' total equals `quantity` (10 s).
+async fn await_ask_quantity(renter: &mut Connection, asks: &mut std::collections::BTreeMap<u64, u64>, quantity: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while asks.values().sum::<u64>() != quantity {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, renter.next()).await.expect("book reaches the expected size in time").expect("message") {
+            ServerMessage::BookSnapshot { asks: levels, .. } => *asks = levels.into_iter().collect(),
+            ServerMessage::BookUpdate { side: Side::Sell, price_minor_per_gpu_hour, quantity, .. } => {
+                asks.insert(price_minor_per_gpu_hour, quantity);
+                asks.retain(|_, q| *q > 0);
+            }
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_registers_offers_delivers_and_withdraws_a_failed_gpu() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let (config, host, hook_log) = agent_files(dir.path(), &exchange.url);
+
+    let mut renter = Connection::open(&exchange.url, &SigningKey::from_bytes(&[3; 32]), Role::Renter).await.expect("renter");
+    let mut admin = Connection::open(&exchange.url, &operator, Role::Operator).await.expect("operator");
+    let id = admin.new_id();
+    let deposit =
+        admin.request(ClientMessage::Deposit { id, account: renter.account, amount_minor: 1_000_000_000 }).await.expect("deposit");
+    assert!(matches!(deposit, ServerMessage::Ack { .. }), "{deposit:?}");
+    let id = renter.new_id();
+    renter.request(ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await.expect("subscribe");
+
+    let spawned = Instant::now();
+    let _agent = Agent(
+        Command::new(env!("CARGO_BIN_EXE_gpux-agent"))
+            .arg("--config")
+            .arg(&config)
+            .arg("--fake")
+            .arg(&host)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("agent starts"),
+    );
+    let mut asks = std::collections::BTreeMap::new();
+    await_ask_quantity(&mut renter, &mut asks, 2).await;
+    assert_eq!(asks.keys().copied().collect::<Vec<_>>(), [2_100_000], "offered at the owner's floor");
+
+    let id = renter.new_id();
+    let bought =
+        renter.request(ClientMessage::NewOrder { id, order: OrderTicket::limit(1, InstrumentId(0), Side::Buy, 2_100_000, 1) }).await;
+    assert!(matches!(bought, Ok(ServerMessage::Ack { order: Some(_), .. })), "{bought:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = std::fs::read_to_string(&hook_log).unwrap_or_default();
+        if let Some(line) = log.lines().find(|l| l.starts_with("start ")) {
+            assert!(line.contains("GPU-a"), "the leased GPU is handed to the hook: {line}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the delivery hook ran: {log:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Settled after the sale: GPU-b alone is on offer.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(book_asks(&mut renter).await, 1);
+    // GPU-b goes offline 4 s into the agent's run: the agent withdraws it and it stays out.
+    tokio::time::sleep((spawned + Duration::from_secs(7)).saturating_duration_since(Instant::now())).await;
+    assert_eq!(book_asks(&mut renter).await, 0);
+}
+
+/// The total quantity of asks in a fresh snapshot of the H100 spot book.
+async fn book_asks(renter: &mut Connection) -> u64 {
+    let id = renter.new_id();
+    renter.request(ClientMessage::Unsubscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await.expect("unsubscribe");
+    let id = renter.new_id();
+    renter.request(ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await.expect("subscribe");
+    loop {
+        if let ServerMessage::BookSnapshot { asks, .. } = renter.next().await.expect("message") {
+            return asks.iter().map(|(_, quantity)| quantity).sum();
+        }
+    }
+}
+
+#[test]
+fn the_agent_refuses_a_host_key_others_can_read() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (config, host, _) = agent_files(dir.path(), "ws://127.0.0.1:9");
+    let key = dir.path().join("host.key");
+    let mut file = std::fs::File::create(&key).expect("key file");
+    writeln!(file, "{}", "11".repeat(32)).expect("write key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let output =
+        Command::new(env!("CARGO_BIN_EXE_gpux-agent")).arg("--config").arg(&config).arg("--fake").arg(&host).output().expect("runs");
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("chmod 600"));
+}
