@@ -10,6 +10,8 @@
 
 pub mod codec;
 pub mod messages;
+pub mod usage;
 
 pub use codec::*;
 pub use messages::*;
+pub use usage::*;

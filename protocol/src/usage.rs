@@ -1,0 +1,110 @@
+//! Usage reports: what a supplier's agent says about one GPU of one lease
+//! over one interval, signed with the host key and chained to the previous
+//! report of the same lease and GPU.
+//!
+//! The signed bytes are the bincode encoding of the report without its
+//! signature, after the domain prefix `gpux-usage-v1:`; a report's hash is
+//! SHA-256 of those bytes followed by the signature, and the next report
+//! carries it as `prev_hash` (the first carries 32 zero bytes). One
+//! definition here serves the agent that signs and settlement that verifies.
+
+use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use gpux_engine::LeaseId;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::codec::encode_record;
+
+pub const USAGE_DOMAIN: &[u8] = b"gpux-usage-v1:";
+
+/// The signed part of a report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageBody {
+    pub lease: LeaseId,
+    pub gpu_uuid: String,
+    /// Position in the chain of this lease and GPU, from 1.
+    pub seq: u32,
+    /// The interval `[start_ms, end_ms)` this report covers.
+    pub start_ms: u64,
+    pub end_ms: u64,
+    /// How much of the interval the GPU was delivered and healthy.
+    pub available_ms: u64,
+    pub utilisation_percent: u32,
+    pub memory_used_mib_max: u32,
+    /// Samples in the interval that found the GPU unhealthy.
+    pub unhealthy_samples: u32,
+    /// Hex SHA-256 of the previous report of this chain (64 zeros for the first).
+    pub prev_hash: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageReport {
+    pub body: UsageBody,
+    /// Hex ed25519 signature by the host key.
+    pub signature: String,
+}
+
+/// The `prev_hash` of a chain's first report.
+pub fn genesis_hash() -> String {
+    hex::encode([0u8; 32])
+}
+
+fn signed_bytes(body: &UsageBody) -> Vec<u8> {
+    let mut bytes = USAGE_DOMAIN.to_vec();
+    bytes.extend_from_slice(&encode_record(body));
+    bytes
+}
+
+impl UsageReport {
+    pub fn sign(body: UsageBody, key: &SigningKey) -> UsageReport {
+        let signature = key.sign(&signed_bytes(&body));
+        UsageReport { body, signature: hex::encode(signature.to_bytes()) }
+    }
+
+    /// Whether the signature is the holder of `public_key`'s.
+    pub fn verify(&self, public_key: &[u8; 32]) -> bool {
+        let Ok(key) = VerifyingKey::from_bytes(public_key) else { return false };
+        let Some(signature) = hex::decode(&self.signature).ok().and_then(|b| <[u8; 64]>::try_from(b).ok()) else { return false };
+        key.verify(&signed_bytes(&self.body), &Signature::from_bytes(&signature)).is_ok()
+    }
+
+    /// The hash the next report of the chain carries as `prev_hash`.
+    pub fn hash(&self) -> String {
+        let mut hasher = Sha256::new();
+        hasher.update(signed_bytes(&self.body));
+        hasher.update(self.signature.as_bytes());
+        hex::encode(hasher.finalize())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body() -> UsageBody {
+        UsageBody {
+            lease: LeaseId(3),
+            gpu_uuid: "GPU-a".into(),
+            seq: 1,
+            start_ms: 1_000,
+            end_ms: 11_000,
+            available_ms: 10_000,
+            utilisation_percent: 80,
+            memory_used_mib_max: 60_000,
+            unhealthy_samples: 0,
+            prev_hash: genesis_hash(),
+        }
+    }
+
+    #[test]
+    fn a_report_verifies_against_its_signer_only_and_any_change_breaks_it() {
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let report = UsageReport::sign(body(), &key);
+        assert!(report.verify(&key.verifying_key().to_bytes()));
+        assert!(!report.verify(&SigningKey::from_bytes(&[8; 32]).verifying_key().to_bytes()));
+        let mut inflated = report.clone();
+        inflated.body.available_ms += 1;
+        assert!(!inflated.verify(&key.verifying_key().to_bytes()), "an inflated report no longer verifies");
+        assert_ne!(report.hash(), UsageReport::sign(UsageBody { seq: 2, ..body() }, &key).hash());
+    }
+}

@@ -1,0 +1,217 @@
+//! gpux-settlement: turns usage reports into verified GPU time and charges.
+//!
+//! `Settlement` is a pure state machine like the engine: it checks each
+//! report against the lease it claims (signature by the supplier's host key,
+//! the hash chain of that lease and GPU, the interval inside the lease, no
+//! overlap, nothing from the future) and meters what verifies. The exchange
+//! journals every report it receives and replays them through here, so the
+//! outcome of every report, refusals included, is part of the audit trail.
+//!
+//! Metering rule (docs/market-rules.md, "Billing"): a lease's verified
+//! GPU-milliseconds are summed over its GPUs; its charge so far is
+//! `floor(price_minor_per_gpu_hour x verified_ms / 3_600_000)`, and each
+//! report charges the difference from the previous total. However the time is
+//! split into reports, the charges add up to the exact amount rounded down,
+//! so never more than one minor unit below it.
+
+use std::collections::BTreeMap;
+
+use gpux_engine::{AccountId, LeaseId};
+use gpux_protocol::{genesis_hash, UsageReport};
+use serde::{Deserialize, Serialize};
+
+/// How far in the future (by the exchange's clock) a report may end.
+pub const CLOCK_SKEW_MS_MAX: u64 = 5_000;
+/// Reports one chain (lease x GPU) may hold.
+pub const REPORTS_PER_CHAIN_MAX: usize = 1 << 20;
+const MS_PER_HOUR: u128 = 3_600_000;
+
+/// What settlement needs to know about the lease a report claims.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseTerms {
+    pub lease: LeaseId,
+    pub supplier: AccountId,
+    pub gpu_uuids: Vec<String>,
+    pub start_ms: u64,
+    /// When it ended or is scheduled to end; `None` while open-ended.
+    pub end_ms: Option<u64>,
+    pub price_minor_per_gpu_hour: u64,
+}
+
+/// Why a report was refused. Codes are stable (docs/protocol.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum UsageRejectCode {
+    UnknownLease,
+    /// The reporting account is not the lease's supplier.
+    WrongHost,
+    /// The GPU is not one of the lease's.
+    WrongGpu,
+    /// The signature is not the supplier's host key's.
+    Forged,
+    /// Out of order: a later report than the chain expects next.
+    Reordered,
+    /// A position already taken by a different report.
+    Replayed,
+    /// The interval starts before the previous report's end.
+    Overlapping,
+    /// The interval lies (partly) outside the lease.
+    OutOfLease,
+    /// The interval ends after the exchange's clock plus the allowed skew.
+    FromFuture,
+    /// An empty interval, more available time than the interval, or a bad field.
+    Malformed,
+    /// The chain reached its report limit.
+    ChainFull,
+}
+
+impl UsageRejectCode {
+    pub fn message(self) -> &'static str {
+        use UsageRejectCode::*;
+        match self {
+            UnknownLease => "no such lease",
+            WrongHost => "only the lease's supplier reports on it",
+            WrongGpu => "the GPU is not part of the lease",
+            Forged => "the signature does not verify against the supplier's host key",
+            Reordered => "report out of order: send the earlier reports of this lease and GPU first",
+            Replayed => "a different report already holds this position in the chain",
+            Overlapping => "the interval overlaps the previous report",
+            OutOfLease => "the interval lies outside the lease",
+            FromFuture => "the interval ends in the future by the exchange's clock",
+            Malformed => "empty interval, or more available time than the interval",
+            ChainFull => "this lease and GPU reached the report limit",
+        }
+    }
+}
+
+/// What a verified report did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UsageOutcome {
+    /// New verified time, and the charge it adds to the lease.
+    Accepted { verified_ms: u64, charge_minor: u64 },
+    /// The very report was accepted before: nothing happens again.
+    Duplicate,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Chain {
+    hashes: Vec<String>,
+    last_end_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Metered {
+    pub verified_ms: u64,
+    pub charged_minor: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Settlement {
+    chains: BTreeMap<(LeaseId, String), Chain>,
+    metered: BTreeMap<LeaseId, Metered>,
+    /// Refused reports per supplier (feeds its reliability score).
+    rejections: BTreeMap<AccountId, u64>,
+}
+
+impl Settlement {
+    /// Checks and meters one report from `reporter` (whose host key is
+    /// `reporter_key`) about `terms`' lease, at exchange time `now_ms`.
+    pub fn report(
+        &mut self,
+        reporter: AccountId,
+        reporter_key: &[u8; 32],
+        terms: Option<&LeaseTerms>,
+        report: &UsageReport,
+        now_ms: u64,
+    ) -> Result<UsageOutcome, UsageRejectCode> {
+        match self.check(reporter, reporter_key, terms, report, now_ms) {
+            Ok(UsageOutcome::Accepted { verified_ms, .. }) => {
+                let charge_minor = self.accept(terms.expect("an accepted report has a lease"), report);
+                Ok(UsageOutcome::Accepted { verified_ms, charge_minor })
+            }
+            Ok(UsageOutcome::Duplicate) => Ok(UsageOutcome::Duplicate),
+            Err(code) => {
+                *self.rejections.entry(reporter).or_default() += 1;
+                Err(code)
+            }
+        }
+    }
+
+    /// Records a verified report and returns the charge it adds.
+    fn accept(&mut self, terms: &LeaseTerms, report: &UsageReport) -> u64 {
+        let body = &report.body;
+        let chain = self.chains.entry((body.lease, body.gpu_uuid.clone())).or_default();
+        chain.hashes.push(report.hash());
+        chain.last_end_ms = body.end_ms;
+        let metered = self.metered.entry(body.lease).or_default();
+        metered.verified_ms += body.available_ms;
+        let total = (terms.price_minor_per_gpu_hour as u128 * metered.verified_ms as u128 / MS_PER_HOUR) as u64;
+        let charge = total - metered.charged_minor;
+        metered.charged_minor = total;
+        charge
+    }
+
+    pub fn metered(&self, lease: LeaseId) -> Metered {
+        self.metered.get(&lease).copied().unwrap_or_default()
+    }
+
+    /// Refused reports of a supplier so far.
+    pub fn rejections(&self, supplier: AccountId) -> u64 {
+        self.rejections.get(&supplier).copied().unwrap_or(0)
+    }
+
+    fn check(
+        &self,
+        reporter: AccountId,
+        reporter_key: &[u8; 32],
+        terms: Option<&LeaseTerms>,
+        report: &UsageReport,
+        now_ms: u64,
+    ) -> Result<UsageOutcome, UsageRejectCode> {
+        use UsageRejectCode::*;
+        let body = &report.body;
+        let terms = terms.ok_or(UnknownLease)?;
+        if terms.supplier != reporter {
+            return Err(WrongHost);
+        }
+        if !terms.gpu_uuids.contains(&body.gpu_uuid) {
+            return Err(WrongGpu);
+        }
+        if !report.verify(reporter_key) {
+            return Err(Forged);
+        }
+        let chain = self.chains.get(&(body.lease, body.gpu_uuid.clone()));
+        let accepted = chain.map_or(0, |c| c.hashes.len()) as u32;
+        if body.seq == 0 {
+            return Err(Malformed);
+        }
+        if body.seq <= accepted {
+            let seen = &chain.expect("accepted > 0 means a chain").hashes[body.seq as usize - 1];
+            return if *seen == report.hash() { Ok(UsageOutcome::Duplicate) } else { Err(Replayed) };
+        }
+        if body.seq > accepted + 1 {
+            return Err(Reordered);
+        }
+        let expected_prev = chain.and_then(|c| c.hashes.last().cloned()).unwrap_or_else(genesis_hash);
+        if body.prev_hash != expected_prev {
+            return Err(Replayed);
+        }
+        if accepted as usize >= REPORTS_PER_CHAIN_MAX {
+            return Err(ChainFull);
+        }
+        if body.end_ms <= body.start_ms || body.available_ms > body.end_ms - body.start_ms {
+            return Err(Malformed);
+        }
+        if chain.is_some_and(|c| body.start_ms < c.last_end_ms) {
+            return Err(Overlapping);
+        }
+        if body.start_ms < terms.start_ms || terms.end_ms.is_some_and(|end| body.end_ms > end) {
+            return Err(OutOfLease);
+        }
+        if body.end_ms > now_ms + CLOCK_SKEW_MS_MAX {
+            return Err(FromFuture);
+        }
+        Ok(UsageOutcome::Accepted { verified_ms: body.available_ms, charge_minor: 0 })
+    }
+}

@@ -1,0 +1,176 @@
+//! Usage report verification and metering, as the rulebook states them: an
+//! honest chain is metered to the millisecond; forged, replayed, reordered,
+//! overlapping, out-of-lease, future, wrong-GPU and wrong-host reports are
+//! refused with their code and change no balance; resending an accepted
+//! report is harmless; and however time is split into reports, the charges
+//! add up to the exact amount within one minor unit.
+
+use ed25519_dalek::SigningKey;
+use gpux_engine::{AccountId, LeaseId};
+use gpux_protocol::{genesis_hash, UsageBody, UsageReport};
+use gpux_settlement::*;
+use proptest::prelude::*;
+
+const SUPPLIER: AccountId = AccountId(1);
+const PRICE: u64 = 2_000_000;
+
+fn key() -> SigningKey {
+    SigningKey::from_bytes(&[5; 32])
+}
+
+fn terms() -> LeaseTerms {
+    LeaseTerms {
+        lease: LeaseId(7),
+        supplier: SUPPLIER,
+        gpu_uuids: vec!["GPU-a".into(), "GPU-b".into()],
+        start_ms: 1_000_000,
+        end_ms: Some(1_000_000 + 3_600_000),
+        price_minor_per_gpu_hour: PRICE,
+    }
+}
+
+/// Builds the honest chain of one GPU over `[start, end)` cut at `cuts`.
+fn chain(gpu: &str, bounds: &[u64]) -> Vec<UsageReport> {
+    let mut reports: Vec<UsageReport> = Vec::new();
+    for (index, window) in bounds.windows(2).enumerate() {
+        let prev_hash = reports.last().map_or_else(genesis_hash, |r| r.hash());
+        let body = UsageBody {
+            lease: LeaseId(7),
+            gpu_uuid: gpu.into(),
+            seq: index as u32 + 1,
+            start_ms: window[0],
+            end_ms: window[1],
+            available_ms: window[1] - window[0],
+            utilisation_percent: 90,
+            memory_used_mib_max: 1_000,
+            unhealthy_samples: 0,
+            prev_hash,
+        };
+        reports.push(UsageReport::sign(body, &key()));
+    }
+    reports
+}
+
+fn submit(settlement: &mut Settlement, report: &UsageReport) -> Result<UsageOutcome, UsageRejectCode> {
+    settlement.report(SUPPLIER, &key().verifying_key().to_bytes(), Some(&terms()), report, 10_000_000)
+}
+
+#[test]
+fn an_honest_chain_is_metered_to_the_millisecond() {
+    let mut settlement = Settlement::default();
+    let reports = chain("GPU-a", &[1_000_000, 1_010_000, 1_020_001]);
+    assert_eq!(submit(&mut settlement, &reports[0]), Ok(UsageOutcome::Accepted { verified_ms: 10_000, charge_minor: 5_555 }));
+    // 20 001 ms at 2.00/h is 11 111.6 minor units: 11 111 charged in all.
+    assert_eq!(submit(&mut settlement, &reports[1]), Ok(UsageOutcome::Accepted { verified_ms: 10_001, charge_minor: 5_556 }));
+    assert_eq!(settlement.metered(LeaseId(7)), Metered { verified_ms: 20_001, charged_minor: 11_111 });
+}
+
+#[test]
+fn a_resent_report_is_a_harmless_duplicate() {
+    let mut settlement = Settlement::default();
+    let reports = chain("GPU-a", &[1_000_000, 1_010_000]);
+    submit(&mut settlement, &reports[0]).expect("accepted");
+    assert_eq!(submit(&mut settlement, &reports[0]), Ok(UsageOutcome::Duplicate));
+    assert_eq!(settlement.metered(LeaseId(7)).verified_ms, 10_000);
+}
+
+#[test]
+fn each_kind_of_bad_report_is_refused_with_its_code_and_moves_no_money() {
+    let honest = chain("GPU-a", &[1_000_000, 1_010_000, 1_020_000, 1_030_000]);
+    let resign = |mut body: UsageBody| {
+        UsageReport::sign(
+            {
+                body.prev_hash = honest[0].hash();
+                body
+            },
+            &key(),
+        )
+    };
+    let cases: Vec<(&str, UsageReport, UsageRejectCode)> = vec![
+        ("signed by another key", UsageReport::sign(honest[1].body.clone(), &SigningKey::from_bytes(&[6; 32])), UsageRejectCode::Forged),
+        (
+            "inflated after signing",
+            {
+                let mut report = honest[1].clone();
+                report.body.available_ms += 1_000;
+                report
+            },
+            UsageRejectCode::Forged,
+        ),
+        ("skipping a report", honest[2].clone(), UsageRejectCode::Reordered),
+        (
+            "a different report at a taken position",
+            UsageReport::sign(UsageBody { available_ms: 9_000, ..honest[0].body.clone() }, &key()),
+            UsageRejectCode::Replayed,
+        ),
+        (
+            "a wrong previous hash",
+            UsageReport::sign(UsageBody { prev_hash: genesis_hash(), ..honest[1].body.clone() }, &key()),
+            UsageRejectCode::Replayed,
+        ),
+        (
+            "overlapping the previous interval",
+            resign(UsageBody { start_ms: 1_005_000, ..honest[1].body.clone() }),
+            UsageRejectCode::Overlapping,
+        ),
+        (
+            "ending after the lease",
+            resign(UsageBody { end_ms: 1_000_000 + 3_600_001, ..honest[1].body.clone() }),
+            UsageRejectCode::OutOfLease,
+        ),
+        (
+            "claiming more than the interval",
+            resign(UsageBody { available_ms: 10_001, ..honest[1].body.clone() }),
+            UsageRejectCode::Malformed,
+        ),
+        ("a GPU outside the lease", resign(UsageBody { gpu_uuid: "GPU-z".into(), ..honest[1].body.clone() }), UsageRejectCode::WrongGpu),
+    ];
+    for (name, report, code) in cases {
+        let mut settlement = Settlement::default();
+        submit(&mut settlement, &honest[0]).expect("first report accepted");
+        let before = settlement.metered(LeaseId(7));
+        assert_eq!(submit(&mut settlement, &report), Err(code), "{name}");
+        assert_eq!(settlement.metered(LeaseId(7)), before, "{name}: no money moved");
+        assert_eq!(settlement.rejections(SUPPLIER), 1, "{name}: the refusal is recorded");
+    }
+}
+
+#[test]
+fn reports_from_the_future_from_another_host_or_for_no_lease_are_refused() {
+    let mut settlement = Settlement::default();
+    let report = &chain("GPU-a", &[1_000_000, 1_010_000])[0];
+    let key_bytes = key().verifying_key().to_bytes();
+    assert_eq!(settlement.report(SUPPLIER, &key_bytes, Some(&terms()), report, 1_004_999), Err(UsageRejectCode::FromFuture));
+    assert_eq!(settlement.report(AccountId(9), &key_bytes, Some(&terms()), report, 10_000_000), Err(UsageRejectCode::WrongHost));
+    assert_eq!(settlement.report(SUPPLIER, &key_bytes, None, report, 10_000_000), Err(UsageRejectCode::UnknownLease));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// However a lease's time is cut into reports, across its GPUs, the
+    /// charges add up to the exact amount rounded down: never more, and
+    /// less by under one minor unit.
+    #[test]
+    fn charges_add_up_to_the_exact_amount_however_time_is_split(
+        cuts_a in prop::collection::btree_set(1_000_001..1_000_000 + 3_600_000u64, 0..20),
+        cuts_b in prop::collection::btree_set(1_000_001..1_000_000 + 3_600_000u64, 0..20),
+    ) {
+        let mut settlement = Settlement::default();
+        let mut charged = 0u64;
+        for (gpu, cuts) in [("GPU-a", cuts_a), ("GPU-b", cuts_b)] {
+            let mut bounds = vec![1_000_000];
+            bounds.extend(cuts);
+            bounds.push(1_000_000 + 3_600_000);
+            for report in chain(gpu, &bounds) {
+                match submit(&mut settlement, &report) {
+                    Ok(UsageOutcome::Accepted { charge_minor, .. }) => charged += charge_minor,
+                    other => prop_assert!(false, "honest report refused: {other:?}"),
+                }
+            }
+        }
+        // Two GPUs for one hour at PRICE per GPU-hour.
+        prop_assert_eq!(charged, 2 * PRICE);
+        prop_assert_eq!(settlement.metered(LeaseId(7)).verified_ms, 2 * 3_600_000);
+    }
+}
