@@ -70,14 +70,24 @@ fn run(args: Args) -> Result<()> {
     let mut engine = Engine::new(config).context("engine config")?;
     let mut replayed = 0u64;
     if let Some(path) = &args.journal {
+        use gpux_exchange::journal::JournalEntry;
         let journal = gpux_exchange::journal::Journal::open(path)?;
+        let mut account_keys = std::collections::HashMap::new();
+        let mut settlement = gpux_settlement::Settlement::default();
         for entry in journal.entries_after(0)? {
-            // Key bindings are the gateway's; the engine sees only its inputs.
-            let gpux_exchange::journal::JournalEntry::Engine(input) = entry else { continue };
-            if args.commands_only {
-                writeln!(out, "{}", serde_json::to_string(&input)?)?;
-            } else {
-                write_events(&mut out, engine.apply(&input))?;
+            match entry {
+                JournalEntry::Engine(input) if args.commands_only => writeln!(out, "{}", serde_json::to_string(&input)?)?,
+                JournalEntry::Engine(input) => write_events(&mut out, engine.apply(&input))?,
+                JournalEntry::BindKey { public_key, account } => {
+                    account_keys.insert(account, public_key);
+                }
+                // Usage reports charge leases through settlement, exactly as the exchange did.
+                JournalEntry::UsageReport { at_ms, account, report } if !args.commands_only => {
+                    let (_, events) =
+                        gpux_exchange::core::settle_report(&mut engine, &mut settlement, &account_keys, at_ms, account, &report);
+                    write_events(&mut out, &events)?;
+                }
+                JournalEntry::UsageReport { .. } => {}
             }
             replayed += 1;
         }

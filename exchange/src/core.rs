@@ -119,6 +119,11 @@ pub enum Request {
         id: u64,
         instrument: InstrumentId,
     },
+    Usage {
+        connection: ConnectionId,
+        id: u64,
+        report: Box<gpux_protocol::UsageReport>,
+    },
     MyGpus {
         connection: ConnectionId,
         id: u64,
@@ -139,6 +144,9 @@ pub struct Sequencer {
     journal: Journal,
     clock_ms: u64,
     keys: HashMap<[u8; 32], AccountId>,
+    /// Each account's public key (the host key, for a supplier).
+    account_keys: HashMap<AccountId, [u8; 32]>,
+    settlement: gpux_settlement::Settlement,
     operator_keys: BTreeSet<[u8; 32]>,
     connections: BTreeMap<ConnectionId, Connection>,
     connections_of: HashMap<AccountId, BTreeSet<ConnectionId>>,
@@ -200,6 +208,8 @@ impl Sequencer {
             journal,
             clock_ms: 0,
             keys: HashMap::new(),
+            account_keys: HashMap::new(),
+            settlement: gpux_settlement::Settlement::default(),
             operator_keys,
             connections: BTreeMap::new(),
             connections_of: HashMap::new(),
@@ -218,6 +228,8 @@ impl Sequencer {
             sequencer.engine = snapshot.engine;
             sequencer.clock_ms = snapshot.clock_ms;
             sequencer.keys = snapshot.keys.into_iter().collect();
+            sequencer.account_keys = sequencer.keys.iter().map(|(key, account)| (*account, *key)).collect();
+            sequencer.settlement = snapshot.settlement;
             sequencer.book_seq = snapshot.book_seq.into_iter().collect();
             sequencer.trade_seq = snapshot.trade_seq.into_iter().collect();
             sequencer.stats = snapshot.stats;
@@ -232,6 +244,12 @@ impl Sequencer {
                 }
                 JournalEntry::BindKey { public_key, account } => {
                     sequencer.keys.insert(public_key, account);
+                    sequencer.account_keys.insert(account, public_key);
+                }
+                JournalEntry::UsageReport { at_ms, account, report } => {
+                    sequencer.clock_ms = sequencer.clock_ms.max(at_ms);
+                    // Its answer went out when it arrived; replay only re-derives the state.
+                    let _outcome = sequencer.settle(at_ms, account, &report);
                 }
             }
         }
@@ -253,6 +271,7 @@ impl Sequencer {
             book_seq: self.book_seq.iter().map(|(i, s)| (*i, *s)).collect(),
             trade_seq: self.trade_seq.iter().map(|(i, s)| (*i, *s)).collect(),
             stats: self.stats.clone(),
+            settlement: self.settlement.clone(),
             state_hash: self.engine.state_hash(),
         };
         // A failed snapshot costs only restart time: the journal has everything.
@@ -396,6 +415,7 @@ impl Sequencer {
                 let gpus = account.map(|a| self.engine.gpus_of(a)).unwrap_or_default();
                 self.reply(connection, ServerMessage::Gpus { id, gpus });
             }
+            Request::Usage { connection, id, report } => self.usage(connection, id, *report),
             Request::Disconnect { connection } => self.disconnect(connection),
         }
     }
@@ -431,6 +451,7 @@ impl Sequencer {
         self.route(&events);
         let account = account?;
         self.keys.insert(public_key, account);
+        self.account_keys.insert(account, public_key);
         self.entries.push(JournalEntry::BindKey { public_key, account });
         Some(account)
     }
@@ -461,6 +482,38 @@ impl Sequencer {
             }
         };
         self.reply(connection, reply);
+    }
+
+    /// A usage report from a supplier's connection: journaled whatever its
+    /// fate, verified and metered by settlement, charged to the lease.
+    fn usage(&mut self, connection: ConnectionId, id: u64, report: gpux_protocol::UsageReport) {
+        let Some(account) = self.connections.get(&connection).and_then(|c| c.account) else { return };
+        let at_ms = self.clock_ms;
+        self.entries.push(JournalEntry::UsageReport { at_ms, account, report: report.clone() });
+        let journal_seq = self.journal.next_seq() + self.entries.len() as u64 - 1;
+        let reply = match self.settle(at_ms, account, &report) {
+            Ok(gpux_settlement::UsageOutcome::Accepted { charge_minor, .. }) => {
+                ServerMessage::UsageAccepted { id, journal_seq, duplicate: false, charged_minor: charge_minor }
+            }
+            Ok(gpux_settlement::UsageOutcome::Duplicate) => {
+                ServerMessage::UsageAccepted { id, journal_seq, duplicate: true, charged_minor: 0 }
+            }
+            Err(code) => ServerMessage::UsageRejected { id, journal_seq, code, message: code.message().to_string() },
+        };
+        self.reply(connection, reply);
+    }
+
+    /// Verifies, meters and charges one report (live or replayed) and routes
+    /// the charge's events.
+    fn settle(
+        &mut self,
+        at_ms: u64,
+        account: AccountId,
+        report: &gpux_protocol::UsageReport,
+    ) -> Result<gpux_settlement::UsageOutcome, gpux_protocol::UsageRejectCode> {
+        let (outcome, events) = settle_report(&mut self.engine, &mut self.settlement, &self.account_keys, at_ms, account, report);
+        self.route(&events);
+        outcome
     }
 
     fn subscribe(&mut self, connection: ConnectionId, id: u64, channel: Channel, instrument: InstrumentId) {
@@ -618,6 +671,44 @@ impl Sequencer {
             self.disconnect(connection);
         }
     }
+}
+
+/// Verifies and meters one usage report and charges what it adds to the
+/// lease's escrow (a `SettleUsage` engine input at the report's time). The
+/// charge is derived, not journaled: the same report at the same time always
+/// charges the same amount, so replay (the exchange's and `gpux-audit`'s)
+/// reaches the same state.
+pub fn settle_report(
+    engine: &mut Engine,
+    settlement: &mut gpux_settlement::Settlement,
+    account_keys: &HashMap<AccountId, [u8; 32]>,
+    at_ms: u64,
+    account: AccountId,
+    report: &gpux_protocol::UsageReport,
+) -> (Result<gpux_settlement::UsageOutcome, gpux_protocol::UsageRejectCode>, Vec<Event>) {
+    let key = account_keys.get(&account).copied().unwrap_or([0; 32]);
+    let lease = engine.lease(report.body.lease);
+    let terms = lease.as_ref().map(|lease| gpux_settlement::LeaseTerms {
+        lease: lease.lease,
+        supplier: lease.supplier,
+        gpu_uuids: lease.gpus.iter().filter_map(|gpu| engine.gpu(*gpu)).map(|gpu| gpu.uuid).collect(),
+        start_ms: lease.start_ms,
+        end_ms: lease.ended_at_ms.or(lease.end_ms),
+        price_minor_per_gpu_hour: lease.price_minor_per_gpu_hour,
+    });
+    let escrow = lease.map_or(0, |lease| lease.escrow_minor);
+    let outcome = settlement.report(account, &key, terms.as_ref(), report, at_ms);
+    let mut events = Vec::new();
+    if let Ok(gpux_settlement::UsageOutcome::Accepted { charge_minor, .. }) = outcome {
+        // Escrow runs out for open-ended leases past their prepaid horizon;
+        // topping it up is the ledger's job. Charge what is there.
+        let amount_minor = charge_minor.min(escrow);
+        if amount_minor > 0 {
+            let input = Input { at_ms, command: Command::SettleUsage { lease: report.body.lease, amount_minor } };
+            events = engine.apply(&input).to_vec();
+        }
+    }
+    (outcome, events)
 }
 
 fn error(id: Option<u64>, code: ErrorCode) -> ServerMessage {

@@ -322,6 +322,8 @@ impl Connection {
                 | ServerMessage::Orders { .. }
                 | ServerMessage::Stats { .. }
                 | ServerMessage::Gpus { .. }
+                | ServerMessage::UsageAccepted { .. }
+                | ServerMessage::UsageRejected { .. }
         );
         if answers_a_request {
             self.awaiting = self.awaiting.saturating_sub(1);
@@ -392,6 +394,7 @@ impl Connection {
             ClientMessage::OpenOrders { id, offset } => Request::OpenOrders { connection, id, offset },
             ClientMessage::Stats { id, instrument } => Request::Stats { connection, id, instrument },
             ClientMessage::MyGpus { id } => Request::MyGpus { connection, id },
+            ClientMessage::UsageReport { id, report } => Request::Usage { connection, id, report: Box::new(report) },
             ClientMessage::NewOrder { id, order } => command(id, Command::PlaceOrder(order.into_order(account))),
             ClientMessage::CancelOrder { id, order } => command(id, Command::CancelOrder { account, order }),
             ClientMessage::ReplaceOrder { id, order, price_minor_per_gpu_hour, quantity } => {
@@ -420,6 +423,7 @@ impl Connection {
             | Request::OpenOrders { id, .. }
             | Request::Stats { id, .. }
             | Request::MyGpus { id, .. }
+            | Request::Usage { id, .. }
             | Request::Authenticate { id, .. } => *id,
             Request::Connect { .. } | Request::Disconnect { .. } => 0,
         };

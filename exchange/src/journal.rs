@@ -22,7 +22,17 @@ const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("journal");
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum JournalEntry {
     Engine(Input),
-    BindKey { public_key: [u8; 32], account: AccountId },
+    BindKey {
+        public_key: [u8; 32],
+        account: AccountId,
+    },
+    /// A usage report as received from `account` at `at_ms`; replay verifies
+    /// it again and derives the same outcome and charge.
+    UsageReport {
+        at_ms: u64,
+        account: AccountId,
+        report: gpux_protocol::UsageReport,
+    },
 }
 
 pub struct Journal {

@@ -33,6 +33,7 @@ pub struct Snapshot {
     pub book_seq: Vec<(InstrumentId, u64)>,
     pub trade_seq: Vec<(InstrumentId, u64)>,
     pub stats: crate::stats::RollingStats,
+    pub settlement: gpux_settlement::Settlement,
     /// `engine.state_hash()` when the snapshot was taken.
     pub state_hash: u64,
 }
@@ -127,6 +128,7 @@ mod tests {
             book_seq: vec![],
             trade_seq: vec![],
             stats: Default::default(),
+            settlement: Default::default(),
             state_hash,
         }
     }

@@ -173,6 +173,11 @@ pub enum ClientMessage {
         id: u64,
         instrument: InstrumentId,
     },
+    /// A supplier's signed usage report of one GPU of one of its leases.
+    UsageReport {
+        id: u64,
+        report: crate::usage::UsageReport,
+    },
     /// The GPUs the authenticated account registered (a supplier's agent
     /// uses it to resume after a restart).
     MyGpus {
@@ -210,6 +215,7 @@ impl ClientMessage {
             | OpenOrders { id, .. }
             | Stats { id, .. }
             | MyGpus { id }
+            | UsageReport { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -308,6 +314,21 @@ pub enum ServerMessage {
     Gpus {
         id: u64,
         gpus: Vec<GpuInfo>,
+    },
+    /// The report verified (or was accepted before: `duplicate`) and is
+    /// journaled; `charged_minor` is what it added to the lease's charges.
+    UsageAccepted {
+        id: u64,
+        journal_seq: u64,
+        duplicate: bool,
+        charged_minor: u64,
+    },
+    /// The report was refused (and the refusal journaled); no money moved.
+    UsageRejected {
+        id: u64,
+        journal_seq: u64,
+        code: crate::usage::UsageRejectCode,
+        message: String,
     },
     /// At most `ORDERS_PAGE_MAX` orders; `next_offset` is set when more follow.
     Orders {

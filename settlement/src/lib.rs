@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 
 use gpux_engine::{AccountId, LeaseId};
+pub use gpux_protocol::UsageRejectCode;
 use gpux_protocol::{genesis_hash, UsageReport};
 use serde::{Deserialize, Serialize};
 
@@ -36,53 +37,6 @@ pub struct LeaseTerms {
     /// When it ended or is scheduled to end; `None` while open-ended.
     pub end_ms: Option<u64>,
     pub price_minor_per_gpu_hour: u64,
-}
-
-/// Why a report was refused. Codes are stable (docs/protocol.md).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum UsageRejectCode {
-    UnknownLease,
-    /// The reporting account is not the lease's supplier.
-    WrongHost,
-    /// The GPU is not one of the lease's.
-    WrongGpu,
-    /// The signature is not the supplier's host key's.
-    Forged,
-    /// Out of order: a later report than the chain expects next.
-    Reordered,
-    /// A position already taken by a different report.
-    Replayed,
-    /// The interval starts before the previous report's end.
-    Overlapping,
-    /// The interval lies (partly) outside the lease.
-    OutOfLease,
-    /// The interval ends after the exchange's clock plus the allowed skew.
-    FromFuture,
-    /// An empty interval, more available time than the interval, or a bad field.
-    Malformed,
-    /// The chain reached its report limit.
-    ChainFull,
-}
-
-impl UsageRejectCode {
-    pub fn message(self) -> &'static str {
-        use UsageRejectCode::*;
-        match self {
-            UnknownLease => "no such lease",
-            WrongHost => "only the lease's supplier reports on it",
-            WrongGpu => "the GPU is not part of the lease",
-            Forged => "the signature does not verify against the supplier's host key",
-            Reordered => "report out of order: send the earlier reports of this lease and GPU first",
-            Replayed => "a different report already holds this position in the chain",
-            Overlapping => "the interval overlaps the previous report",
-            OutOfLease => "the interval lies outside the lease",
-            FromFuture => "the interval ends in the future by the exchange's clock",
-            Malformed => "empty interval, or more available time than the interval",
-            ChainFull => "this lease and GPU reached the report limit",
-        }
-    }
 }
 
 /// What a verified report did.

@@ -48,6 +48,7 @@ impl Engine {
             escrow_minor,
             active: true,
             preempt_at_ms: None,
+            ended_at_ms: None,
         });
         self.hold(bid.account, escrow_minor, HoldReason::Lease(lease_id));
         self.occupy_gpus(lease_id, kind, host, taken);
@@ -140,6 +141,7 @@ impl Engine {
             return;
         }
         self.leases[lease_id.0 as usize].active = false;
+        self.leases[lease_id.0 as usize].ended_at_ms = Some(self.now_ms);
         for bit in mask_bits(lease.gpu_mask) {
             let gpu_id = self.hosts[lease.host.0 as usize].gpus[bit as usize];
             let gpu = &mut self.gpus[gpu_id.0 as usize];
@@ -313,6 +315,7 @@ impl Engine {
             escrow_minor: contract.escrow_minor,
             active: true,
             preempt_at_ms: None,
+            ended_at_ms: None,
         });
         let stored = &mut self.contracts[contract_id.0 as usize];
         stored.state = ContractState::Delivered(lease_id);

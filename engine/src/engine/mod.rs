@@ -103,6 +103,8 @@ pub(crate) struct Lease {
     pub active: bool,
     /// Set once a preemption notice went out.
     pub preempt_at_ms: Option<u64>,
+    /// When the lease actually ended.
+    pub ended_at_ms: Option<u64>,
 }
 
 /// A public description of a lease.
@@ -117,6 +119,10 @@ pub struct LeaseInfo {
     pub start_ms: u64,
     pub end_ms: Option<u64>,
     pub active: bool,
+    /// When it ended, if it has.
+    pub ended_at_ms: Option<u64>,
+    /// Escrow not yet charged or released.
+    pub escrow_minor: u64,
 }
 
 /// A public description of a registered GPU.
@@ -457,6 +463,8 @@ impl Engine {
             start_ms: lease.start_ms,
             end_ms: lease.end_ms,
             active: lease.active,
+            ended_at_ms: lease.ended_at_ms,
+            escrow_minor: lease.escrow_minor,
         })
     }
 

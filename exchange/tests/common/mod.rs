@@ -263,7 +263,14 @@ impl Client {
         loop {
             let message = self.recv_wire().await;
             match &message {
-                ServerMessage::Ack { id: i, .. } | ServerMessage::Reject { id: i, .. } if *i == id => return message,
+                ServerMessage::Ack { id: i, .. }
+                | ServerMessage::Reject { id: i, .. }
+                | ServerMessage::UsageAccepted { id: i, .. }
+                | ServerMessage::UsageRejected { id: i, .. }
+                    if *i == id =>
+                {
+                    return message
+                }
                 ServerMessage::Error { id: Some(i), .. } if *i == id => return message,
                 _ => self.backlog.push_back(message),
             }
