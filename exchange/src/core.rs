@@ -124,6 +124,10 @@ pub enum Request {
         id: u64,
         report: Box<gpux_protocol::UsageReport>,
     },
+    Balance {
+        connection: ConnectionId,
+        id: u64,
+    },
     MyGpus {
         connection: ConnectionId,
         id: u64,
@@ -416,6 +420,11 @@ impl Sequencer {
                 self.reply(connection, ServerMessage::Gpus { id, gpus });
             }
             Request::Usage { connection, id, report } => self.usage(connection, id, *report),
+            Request::Balance { connection, id } => {
+                let account = self.connections.get(&connection).and_then(|c| c.account);
+                let (available_minor, held_minor) = account.and_then(|a| self.engine.funds(a)).unwrap_or((0, 0));
+                self.reply(connection, ServerMessage::Balance { id, available_minor, held_minor });
+            }
             Request::Disconnect { connection } => self.disconnect(connection),
         }
     }

@@ -323,6 +323,7 @@ impl Connection {
                 | ServerMessage::Stats { .. }
                 | ServerMessage::Gpus { .. }
                 | ServerMessage::UsageAccepted { .. }
+                | ServerMessage::Balance { .. }
                 | ServerMessage::UsageRejected { .. }
         );
         if answers_a_request {
@@ -395,6 +396,7 @@ impl Connection {
             ClientMessage::Stats { id, instrument } => Request::Stats { connection, id, instrument },
             ClientMessage::MyGpus { id } => Request::MyGpus { connection, id },
             ClientMessage::UsageReport { id, report } => Request::Usage { connection, id, report: Box::new(report) },
+            ClientMessage::Balance { id } => Request::Balance { connection, id },
             ClientMessage::NewOrder { id, order } => command(id, Command::PlaceOrder(order.into_order(account))),
             ClientMessage::CancelOrder { id, order } => command(id, Command::CancelOrder { account, order }),
             ClientMessage::ReplaceOrder { id, order, price_minor_per_gpu_hour, quantity } => {
@@ -424,6 +426,7 @@ impl Connection {
             | Request::Stats { id, .. }
             | Request::MyGpus { id, .. }
             | Request::Usage { id, .. }
+            | Request::Balance { id, .. }
             | Request::Authenticate { id, .. } => *id,
             Request::Connect { .. } | Request::Disconnect { .. } => 0,
         };

@@ -173,6 +173,10 @@ pub enum ClientMessage {
         id: u64,
         instrument: InstrumentId,
     },
+    /// The authenticated account's funds.
+    Balance {
+        id: u64,
+    },
     /// A supplier's signed usage report of one GPU of one of its leases.
     UsageReport {
         id: u64,
@@ -216,6 +220,7 @@ impl ClientMessage {
             | Stats { id, .. }
             | MyGpus { id }
             | UsageReport { id, .. }
+            | Balance { id }
             | Ping { id } => *id,
         }
     }
@@ -314,6 +319,12 @@ pub enum ServerMessage {
     Gpus {
         id: u64,
         gpus: Vec<GpuInfo>,
+    },
+    /// Available and held (open bids, lease and contract escrow) funds.
+    Balance {
+        id: u64,
+        available_minor: u64,
+        held_minor: u64,
     },
     /// The report verified (or was accepted before: `duplicate`) and is
     /// journaled; `charged_minor` is what it added to the lease's charges.

@@ -50,7 +50,8 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::OpenOrders { id: 14, offset: 0 },
         ClientMessage::Stats { id: 15, instrument: InstrumentId(0) },
         ClientMessage::MyGpus { id: 16 },
-        ClientMessage::Ping { id: 17 },
+        ClientMessage::Balance { id: 17 },
+        ClientMessage::Ping { id: 18 },
     ]
 }
 
@@ -147,7 +148,7 @@ proptest! {
     }
 
     #[test]
-    fn mutated_valid_frames_never_panic(pick in 0..17usize, position in any::<prop::sample::Index>(), byte in any::<u8>(), cut in any::<prop::sample::Index>()) {
+    fn mutated_valid_frames_never_panic(pick in 0..18usize, position in any::<prop::sample::Index>(), byte in any::<u8>(), cut in any::<prop::sample::Index>()) {
         let message = &sample_client_messages()[pick];
         let mut binary = encode_client_binary(message);
         let index = position.index(binary.len());

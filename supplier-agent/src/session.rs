@@ -97,6 +97,9 @@ fn answer_id(message: &ServerMessage) -> Option<u64> {
         | ServerMessage::Orders { id, .. }
         | ServerMessage::Gpus { id, .. }
         | ServerMessage::Stats { id, .. }
+        | ServerMessage::Balance { id, .. }
+        | ServerMessage::UsageAccepted { id, .. }
+        | ServerMessage::UsageRejected { id, .. }
         | ServerMessage::Pong { id, .. } => Some(*id),
         ServerMessage::Error { id, .. } => *id,
         _ => None,
