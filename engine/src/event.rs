@@ -103,6 +103,13 @@ pub enum EventKind {
         amount_minor: u64,
         reason: HoldReason,
     },
+    /// Verified usage that neither the lease's escrow nor the renter's
+    /// available funds covered (the ledger's to collect).
+    UsageUnpaid {
+        lease: LeaseId,
+        renter: AccountId,
+        amount_minor: u64,
+    },
     GpuRegistered {
         account: AccountId,
         host: HostId,

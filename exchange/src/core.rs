@@ -622,6 +622,7 @@ impl Sequencer {
             | OrderReplaced { account, .. }
             | OrderReduced { account, .. }
             | OrderClosed { account, .. } => [Some(account), None],
+            UsageUnpaid { renter, .. } => [Some(renter), None],
             FundsCharged { account, to, .. } => [Some(account), to],
             Rejected { account, .. } => [account, None],
             Trade { buyer, seller, .. } => [Some(buyer), Some(seller)],
@@ -705,15 +706,13 @@ pub fn settle_report(
         end_ms: lease.ended_at_ms.or(lease.end_ms),
         price_minor_per_gpu_hour: lease.price_minor_per_gpu_hour,
     });
-    let escrow = lease.map_or(0, |lease| lease.escrow_minor);
     let outcome = settlement.report(account, &key, terms.as_ref(), report, at_ms);
     let mut events = Vec::new();
     if let Ok(gpux_settlement::UsageOutcome::Accepted { charge_minor, .. }) = outcome {
-        // Escrow runs out for open-ended leases past their prepaid horizon;
-        // topping it up is the ledger's job. Charge what is there.
-        let amount_minor = charge_minor.min(escrow);
-        if amount_minor > 0 {
-            let input = Input { at_ms, command: Command::SettleUsage { lease: report.body.lease, amount_minor } };
+        // The engine takes it from escrow, then available funds, and reports
+        // any shortfall as unpaid.
+        if charge_minor > 0 {
+            let input = Input { at_ms, command: Command::SettleUsage { lease: report.body.lease, amount_minor: charge_minor } };
             events = engine.apply(&input).to_vec();
         }
     }

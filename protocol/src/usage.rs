@@ -95,7 +95,7 @@ pub enum UsageRejectCode {
     Replayed,
     /// The interval starts before the previous report's end.
     Overlapping,
-    /// The interval lies (partly) outside the lease.
+    /// The interval starts before the lease, or at or after its end.
     OutOfLease,
     /// The interval ends after the exchange's clock plus the allowed skew.
     FromFuture,
@@ -116,7 +116,7 @@ impl UsageRejectCode {
             Reordered => "report out of order: send the earlier reports of this lease and GPU first",
             Replayed => "a different report already holds this position in the chain",
             Overlapping => "the interval overlaps the previous report",
-            OutOfLease => "the interval lies outside the lease",
+            OutOfLease => "the interval starts before the lease or after its end",
             FromFuture => "the interval ends in the future by the exchange's clock",
             Malformed => "empty interval, or more available time than the interval",
             ChainFull => "this lease and GPU reached the report limit",

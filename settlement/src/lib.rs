@@ -48,6 +48,19 @@ pub enum UsageOutcome {
     Duplicate,
 }
 
+/// The report's available time that falls inside the lease. An agent learns
+/// that a lease ended only when told, so its last report may run past the
+/// end: only the share of the interval up to the end counts.
+fn verified_ms(terms: &LeaseTerms, body: &gpux_protocol::UsageBody) -> u64 {
+    match terms.end_ms {
+        Some(end) if body.end_ms > end => {
+            let inside = end - body.start_ms;
+            (body.available_ms as u128 * inside as u128 / (body.end_ms - body.start_ms) as u128) as u64
+        }
+        _ => body.available_ms,
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct Chain {
     hashes: Vec<String>,
@@ -99,7 +112,7 @@ impl Settlement {
         chain.hashes.push(report.hash());
         chain.last_end_ms = body.end_ms;
         let metered = self.metered.entry(body.lease).or_default();
-        metered.verified_ms += body.available_ms;
+        metered.verified_ms += verified_ms(terms, body);
         let total = (terms.price_minor_per_gpu_hour as u128 * metered.verified_ms as u128 / MS_PER_HOUR) as u64;
         let charge = total - metered.charged_minor;
         metered.charged_minor = total;
@@ -160,12 +173,12 @@ impl Settlement {
         if chain.is_some_and(|c| body.start_ms < c.last_end_ms) {
             return Err(Overlapping);
         }
-        if body.start_ms < terms.start_ms || terms.end_ms.is_some_and(|end| body.end_ms > end) {
+        if body.start_ms < terms.start_ms || terms.end_ms.is_some_and(|end| body.start_ms >= end) {
             return Err(OutOfLease);
         }
         if body.end_ms > now_ms + CLOCK_SKEW_MS_MAX {
             return Err(FromFuture);
         }
-        Ok(UsageOutcome::Accepted { verified_ms: body.available_ms, charge_minor: 0 })
+        Ok(UsageOutcome::Accepted { verified_ms: verified_ms(terms, body), charge_minor: 0 })
     }
 }

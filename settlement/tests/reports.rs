@@ -114,8 +114,13 @@ fn each_kind_of_bad_report_is_refused_with_its_code_and_moves_no_money() {
             UsageRejectCode::Overlapping,
         ),
         (
-            "ending after the lease",
-            resign(UsageBody { end_ms: 1_000_000 + 3_600_001, ..honest[1].body.clone() }),
+            "starting at the lease end",
+            resign(UsageBody {
+                start_ms: 1_000_000 + 3_600_000,
+                end_ms: 1_000_000 + 3_610_000,
+                available_ms: 10_000,
+                ..honest[1].body.clone()
+            }),
             UsageRejectCode::OutOfLease,
         ),
         (
@@ -133,6 +138,18 @@ fn each_kind_of_bad_report_is_refused_with_its_code_and_moves_no_money() {
         assert_eq!(settlement.metered(LeaseId(7)), before, "{name}: no money moved");
         assert_eq!(settlement.rejections(SUPPLIER), 1, "{name}: the refusal is recorded");
     }
+}
+
+/// The agent learns of a lease's end only when told, so its last report may
+/// run past it: only the part inside the lease is verified and charged.
+#[test]
+fn a_report_running_past_the_lease_end_counts_only_up_to_the_end() {
+    let mut settlement = Settlement::default();
+    let end = 1_000_000 + 3_600_000;
+    let reports = chain("GPU-a", &[1_000_000, end - 1_000, end + 1_000]);
+    submit(&mut settlement, &reports[0]).expect("first");
+    assert_eq!(submit(&mut settlement, &reports[1]), Ok(UsageOutcome::Accepted { verified_ms: 1_000, charge_minor: 556 }));
+    assert_eq!(settlement.metered(LeaseId(7)).verified_ms, 3_600_000);
 }
 
 #[test]

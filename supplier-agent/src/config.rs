@@ -42,6 +42,9 @@ pub struct AgentConfig {
     pub key_file: PathBuf,
     #[serde(default = "default_sample_interval_ms")]
     pub sample_interval_ms: u64,
+    /// How often each leased GPU's usage is reported.
+    #[serde(default = "default_report_interval_ms")]
+    pub report_interval_ms: u64,
     /// A program run on every lease event as `hook <event> <lease> <gpu uuids,comma-separated> <end_ms or ->`,
     /// where event is `start`, `preempt` or `end`. Without one, deliveries are logged.
     #[serde(default)]
@@ -51,6 +54,10 @@ pub struct AgentConfig {
 }
 
 fn default_sample_interval_ms() -> u64 {
+    10_000
+}
+
+fn default_report_interval_ms() -> u64 {
     10_000
 }
 
@@ -70,6 +77,9 @@ impl AgentConfig {
         }
         if !(1_000..=3_600_000).contains(&config.sample_interval_ms) {
             bail!("sample_interval_ms must be between 1000 and 3600000");
+        }
+        if !(1_000..=3_600_000).contains(&config.report_interval_ms) {
+            bail!("report_interval_ms must be between 1000 and 3600000");
         }
         for offer in &config.offers {
             if offer.price_floor_minor_per_gpu_hour == 0 {

@@ -12,4 +12,5 @@ pub mod config;
 pub mod fake;
 pub mod keys;
 pub mod nvml;
+pub mod reports;
 pub mod session;

@@ -38,6 +38,6 @@ fn main() -> Result<()> {
         let stop = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        Agent::new(config, key, backend).run(stop).await
+        Agent::new(config, key, backend)?.run(stop).await
     })
 }

@@ -7,6 +7,12 @@
 //! The agent re-derives its asks from what it knows (GPU health, its leases)
 //! whenever that changes, by cancelling its ask of a kind and placing a new
 //! one: simple, and always consistent with the engine's view.
+//!
+//! Every `report_interval_ms` it signs a usage report per leased GPU (the
+//! interval since the last one, with the share of samples that found the GPU
+//! healthy) and sends the queue in order. When the connection drops it keeps
+//! sampling and recording, reconnects with exponential back-off and jitter,
+//! withdraws its stale asks, offers again and sends what queued meanwhile.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -25,6 +31,7 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::backend::GpuBackend;
 use crate::config::{AgentConfig, OfferedContract};
+use crate::reports::{Interval, ReportBook};
 
 /// An authenticated connection to the exchange, with request/answer by id.
 /// Messages that arrive while waiting for an answer are queued for `next`.
@@ -125,67 +132,160 @@ async fn read(socket: &mut WebSocketStream<MaybeTlsStream<TcpStream>>) -> Result
 struct HostGpu {
     info: GpuInfo,
     healthy: bool,
+    /// Samples since this GPU's last report.
+    window: Window,
 }
+
+#[derive(Clone, Copy, Default)]
+struct Window {
+    samples: u32,
+    unhealthy: u32,
+    utilisation_sum: u64,
+    memory_used_mib_max: u32,
+}
+
+/// A lease on this host, as the agent follows it.
+#[derive(Clone, Copy, Debug)]
+struct LeaseState {
+    kind: LeaseKind,
+    gpu_mask: u64,
+    start_ms: u64,
+    /// The scheduled end, or the actual end once it ended.
+    end_ms: Option<u64>,
+    ended: bool,
+}
+
+/// An error the agent cannot fix by reconnecting.
+#[derive(Debug)]
+pub struct Fatal(pub String);
+
+impl std::fmt::Display for Fatal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Fatal {}
+
+/// Reconnect back-off bounds.
+const BACKOFF_MIN: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 pub struct Agent {
     config: AgentConfig,
     key: SigningKey,
     backend: Box<dyn GpuBackend>,
-}
-
-/// The agent's live state in a session.
-struct Session {
-    connection: Connection,
-    host: HostId,
+    reports: ReportBook,
     gpus: Vec<HostGpu>,
-    /// Ask instruments per offered contract kind.
-    instruments: BTreeMap<OfferedContract, InstrumentId>,
-    tick_minor: u64,
-    asks: BTreeMap<OfferedContract, OrderId>,
-    /// Running leases on this host: kind and GPU mask.
-    leases: BTreeMap<LeaseId, (LeaseKind, u64)>,
+    leases: BTreeMap<LeaseId, LeaseState>,
     next_client_order_id: u64,
 }
 
+/// What one connection knows (asks and ids die with it).
+struct Link {
+    connection: Connection,
+    host: HostId,
+    instruments: BTreeMap<OfferedContract, InstrumentId>,
+    tick_minor: u64,
+    asks: BTreeMap<OfferedContract, OrderId>,
+}
+
 impl Agent {
-    pub fn new(config: AgentConfig, key: SigningKey, backend: Box<dyn GpuBackend>) -> Self {
-        Agent { config, key, backend }
+    pub fn new(config: AgentConfig, key: SigningKey, backend: Box<dyn GpuBackend>) -> Result<Self> {
+        let reports = ReportBook::open(&config.key_file)?;
+        Ok(Agent { config, key, backend, reports, gpus: Vec::new(), leases: BTreeMap::new(), next_client_order_id: client_order_id_base() })
     }
 
-    /// Runs one session until the exchange goes away or `stop` fires.
+    /// Runs until `stop` fires, reconnecting after connection losses.
     pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) -> Result<()> {
-        let mut connection = Connection::open(&self.config.exchange, &self.key, Role::Supplier).await?;
-        tracing::info!(account = %connection.account, public_key = %hex::encode(self.key.verifying_key().to_bytes()), "logged in");
-        let gpus = self.register(&mut connection).await?;
-        let host = gpus.first().map(|g| g.info.host).context("no GPU of this host qualifies for any listed class")?;
-        let (instruments, tick_minor) = self.instruments(&mut connection, &gpus).await?;
-        let mut session = Session {
-            connection,
-            host,
-            gpus,
-            instruments,
-            tick_minor,
-            asks: BTreeMap::new(),
-            leases: BTreeMap::new(),
-            next_client_order_id: crate::session::client_order_id_base(),
-        };
-        for contract in session.instruments.keys().copied().collect::<Vec<_>>() {
-            self.reoffer(&mut session, contract).await?;
-        }
-        let mut sampling = tokio::time::interval(Duration::from_millis(self.config.sample_interval_ms));
         tokio::pin!(stop);
+        let mut backoff = BACKOFF_MIN;
+        let mut sampling = tokio::time::interval(Duration::from_millis(self.config.sample_interval_ms));
+        let mut reporting = tokio::time::interval(Duration::from_millis(self.config.report_interval_ms));
+        loop {
+            let started = std::time::Instant::now();
+            let error = match self.connect().await {
+                Ok(mut link) => match self.serve(&mut link, &mut stop, &mut sampling, &mut reporting).await {
+                    Ok(()) => return Ok(()),
+                    Err(error) => error,
+                },
+                Err(error) => error,
+            };
+            if let Some(fatal) = error.downcast_ref::<Fatal>() {
+                bail!("{fatal}");
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                backoff = BACKOFF_MIN;
+            }
+            let wait = backoff + jitter(backoff / 4);
+            tracing::warn!(error = %format!("{error:#}"), retry_in_ms = wait.as_millis() as u64, pending_reports = self.reports.pending(), "exchange connection lost");
+            // Keep measuring while away: the reports cover the outage too.
+            let deadline = tokio::time::sleep(wait);
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    _ = &mut stop => return Ok(()),
+                    _ = &mut deadline => break,
+                    // Health changes reach the exchange when the agent is back.
+                    _ = sampling.tick() => { self.sample_only()?; }
+                    _ = reporting.tick() => self.record_reports()?,
+                }
+            }
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    /// Logs in, registers, withdraws stale asks, offers, sends queued reports.
+    async fn connect(&mut self) -> Result<Link> {
+        let mut connection = Connection::open(&self.config.exchange, &self.key, Role::Supplier).await.map_err(|error| {
+            if format!("{error:#}").contains("refused the host key") {
+                anyhow::Error::new(Fatal(format!("{error:#}")))
+            } else {
+                error
+            }
+        })?;
+        tracing::info!(account = %connection.account, public_key = %hex::encode(self.key.verifying_key().to_bytes()), "logged in");
+        self.register(&mut connection).await?;
+        // Health changes seen while away reach the exchange now.
+        for gpu in self.gpus.iter().filter(|g| g.healthy != g.info.online) {
+            let id = connection.new_id();
+            connection.request(ClientMessage::SetGpuOnline { id, gpu: gpu.info.gpu, online: gpu.healthy }).await?;
+        }
+        let host =
+            self.gpus.first().map(|g| g.info.host).ok_or_else(|| Fatal("no GPU of this host qualifies for any listed class".into()))?;
+        let (instruments, tick_minor) = self.instruments(&mut connection).await?;
+        // Asks of an earlier connection are unknown to this one: withdraw them.
+        let id = connection.new_id();
+        connection.request(ClientMessage::MassCancel { id, instrument: None }).await?;
+        let mut link = Link { connection, host, instruments, tick_minor, asks: BTreeMap::new() };
+        self.reoffer_all(&mut link).await?;
+        self.send_reports(&mut link).await?;
+        Ok(link)
+    }
+
+    async fn serve(
+        &mut self,
+        link: &mut Link,
+        stop: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+        sampling: &mut tokio::time::Interval,
+        reporting: &mut tokio::time::Interval,
+    ) -> Result<()> {
         loop {
             tokio::select! {
-                _ = &mut stop => return Ok(()),
-                _ = sampling.tick() => self.sample(&mut session).await?,
-                message = session.connection.next() => self.on_message(&mut session, message?).await?,
+                _ = stop.as_mut() => return Ok(()),
+                _ = sampling.tick() => self.sample(link).await?,
+                _ = reporting.tick() => {
+                    self.record_reports()?;
+                    self.send_reports(link).await?;
+                }
+                message = link.connection.next() => self.on_message(link, message?).await?,
             }
         }
     }
 
-    /// Registers every GPU the exchange does not know yet, then returns the
+    /// Registers every GPU the exchange does not know yet, then loads the
     /// host's GPUs as the exchange sees them.
-    async fn register(&mut self, connection: &mut Connection) -> Result<Vec<HostGpu>> {
+    async fn register(&mut self, connection: &mut Connection) -> Result<()> {
         let inventory = self.backend.inventory()?;
         let known = my_gpus(connection).await?;
         for gpu in &inventory {
@@ -200,21 +300,27 @@ impl Agent {
                 ServerMessage::Reject { code: RejectCode::GpuNotQualified, .. } => {
                     tracing::warn!(uuid = %gpu.uuid, model = %gpu.spec.model, "meets no listed class; not offered")
                 }
-                other => bail!("registering {}: {other:?}", gpu.uuid),
+                other => return Err(Fatal(format!("registering {}: {other:?}", gpu.uuid)).into()),
             }
         }
         let on_host: BTreeSet<&str> = inventory.iter().map(|g| g.uuid.as_str()).collect();
-        Ok(my_gpus(connection)
+        let registered: Vec<GpuInfo> = my_gpus(connection)
             .await?
             .into_iter()
             .filter(|info| info.host_name == self.config.host && on_host.contains(info.uuid.as_str()))
-            .map(|info| HostGpu { healthy: info.online, info })
-            .collect())
+            .collect();
+        for info in registered {
+            match self.gpus.iter_mut().find(|g| g.info.uuid == info.uuid) {
+                Some(gpu) => gpu.info = info,
+                None => self.gpus.push(HostGpu { healthy: info.online, info, window: Window::default() }),
+            }
+        }
+        Ok(())
     }
 
     /// The spot and preemptible instruments of the class these GPUs qualify for.
-    async fn instruments(&self, connection: &mut Connection, gpus: &[HostGpu]) -> Result<(BTreeMap<OfferedContract, InstrumentId>, u64)> {
-        let class = gpus.first().and_then(|g| g.info.classes.first()).context("no qualified GPU")?.clone();
+    async fn instruments(&self, connection: &mut Connection) -> Result<(BTreeMap<OfferedContract, InstrumentId>, u64)> {
+        let class = self.gpus.first().and_then(|g| g.info.classes.first()).context("no qualified GPU")?.clone();
         let id = connection.new_id();
         let ServerMessage::Instruments { instruments, .. } = connection.request(ClientMessage::Instruments { id }).await? else {
             bail!("the exchange did not list its instruments");
@@ -227,7 +333,8 @@ impl Agent {
                 OfferedContract::Preemptible => "PREEMPT",
             };
             let symbol = format!("{class}/{suffix}");
-            let instrument = instruments.iter().find(|i| i.symbol == symbol).with_context(|| format!("the exchange lists no {symbol}"))?;
+            let instrument =
+                instruments.iter().find(|i| i.symbol == symbol).ok_or_else(|| Fatal(format!("the exchange lists no {symbol}")))?;
             tick_minor = instrument.tick_minor;
             found.insert(offer.contract, instrument.instrument);
         }
@@ -235,39 +342,46 @@ impl Agent {
     }
 
     /// GPUs that can be sold now in a contract kind, as a mask over the host.
-    fn free_mask(&self, session: &Session, contract: OfferedContract) -> u64 {
-        let busy = session
+    fn free_mask(&self, contract: OfferedContract) -> u64 {
+        let busy = self
             .leases
             .values()
-            .filter(|(kind, _)| contract == OfferedContract::Preemptible || *kind != LeaseKind::Preemptible)
-            .fold(0u64, |mask, (_, gpus)| mask | gpus);
-        session.gpus.iter().filter(|g| g.healthy).fold(0u64, |mask, g| mask | (1u64 << g.info.index_on_host)) & !busy
+            .filter(|lease| !lease.ended && (contract == OfferedContract::Preemptible || lease.kind != LeaseKind::Preemptible))
+            .fold(0u64, |mask, lease| mask | lease.gpu_mask);
+        self.gpus.iter().filter(|g| g.healthy).fold(0u64, |mask, g| mask | (1u64 << g.info.index_on_host)) & !busy
+    }
+
+    async fn reoffer_all(&mut self, link: &mut Link) -> Result<()> {
+        for contract in link.instruments.keys().copied().collect::<Vec<_>>() {
+            self.reoffer(link, contract).await?;
+        }
+        Ok(())
     }
 
     /// Replaces the ask of one contract kind with one over the GPUs free now.
-    async fn reoffer(&self, session: &mut Session, contract: OfferedContract) -> Result<()> {
-        if let Some(order) = session.asks.remove(&contract) {
-            let id = session.connection.new_id();
-            session.connection.request(ClientMessage::CancelOrder { id, order }).await?;
+    async fn reoffer(&mut self, link: &mut Link, contract: OfferedContract) -> Result<()> {
+        if let Some(order) = link.asks.remove(&contract) {
+            let id = link.connection.new_id();
+            link.connection.request(ClientMessage::CancelOrder { id, order }).await?;
         }
-        let mask = self.free_mask(session, contract);
+        let mask = self.free_mask(contract);
         let (Some(&instrument), Some(offer)) =
-            (session.instruments.get(&contract), self.config.offers.iter().find(|o| o.contract == contract))
+            (link.instruments.get(&contract), self.config.offers.iter().find(|o| o.contract == contract))
         else {
             return Ok(());
         };
         if mask == 0 {
             return Ok(());
         }
-        let price = offer.price_floor_minor_per_gpu_hour.div_ceil(session.tick_minor) * session.tick_minor;
-        session.next_client_order_id += 1;
-        let mut order = OrderTicket::limit(session.next_client_order_id, instrument, Side::Sell, price, mask.count_ones());
-        order.supply = Some(GpuSet { host: session.host, gpu_mask: mask });
-        let id = session.connection.new_id();
-        match session.connection.request(ClientMessage::NewOrder { id, order }).await? {
+        let price = offer.price_floor_minor_per_gpu_hour.div_ceil(link.tick_minor) * link.tick_minor;
+        self.next_client_order_id += 1;
+        let mut order = OrderTicket::limit(self.next_client_order_id, instrument, Side::Sell, price, mask.count_ones());
+        order.supply = Some(GpuSet { host: link.host, gpu_mask: mask });
+        let id = link.connection.new_id();
+        match link.connection.request(ClientMessage::NewOrder { id, order }).await? {
             ServerMessage::Ack { order: Some(order), .. } => {
                 tracing::info!(?contract, gpus = mask.count_ones(), price, "offered");
-                session.asks.insert(contract, order);
+                link.asks.insert(contract, order);
             }
             // A GPU can be busy in a way the agent has not heard of yet (a
             // window delivery); the next event or sample offers again.
@@ -277,73 +391,142 @@ impl Agent {
         Ok(())
     }
 
-    async fn sample(&mut self, session: &mut Session) -> Result<()> {
+    /// Reads the GPUs; returns those whose health changed.
+    fn sample_only(&mut self) -> Result<Vec<(gpux_engine::GpuId, bool)>> {
         let samples = self.backend.sample(now_ms())?;
-        let mut changed = false;
+        let mut changed = Vec::new();
         for sample in samples {
-            let Some(gpu) = session.gpus.iter_mut().find(|g| g.info.uuid == sample.uuid) else { continue };
-            if gpu.healthy == sample.healthy {
-                continue;
+            let Some(gpu) = self.gpus.iter_mut().find(|g| g.info.uuid == sample.uuid) else { continue };
+            gpu.window.samples += 1;
+            gpu.window.unhealthy += u32::from(!sample.healthy);
+            gpu.window.utilisation_sum += sample.utilisation_percent as u64;
+            gpu.window.memory_used_mib_max = gpu.window.memory_used_mib_max.max(sample.memory_used_mib);
+            if gpu.healthy != sample.healthy {
+                gpu.healthy = sample.healthy;
+                tracing::warn!(uuid = %sample.uuid, healthy = sample.healthy, "GPU health changed");
+                changed.push((gpu.info.gpu, sample.healthy));
             }
-            gpu.healthy = sample.healthy;
-            changed = true;
-            tracing::warn!(uuid = %sample.uuid, healthy = sample.healthy, "GPU health changed");
-            let (gpu_id, online) = (gpu.info.gpu, sample.healthy);
-            let id = session.connection.new_id();
-            session.connection.request(ClientMessage::SetGpuOnline { id, gpu: gpu_id, online }).await?;
         }
-        if changed {
-            for contract in session.instruments.keys().copied().collect::<Vec<_>>() {
-                self.reoffer(session, contract).await?;
-            }
+        Ok(changed)
+    }
+
+    async fn sample(&mut self, link: &mut Link) -> Result<()> {
+        let changed = self.sample_only()?;
+        for &(gpu, online) in &changed {
+            let id = link.connection.new_id();
+            link.connection.request(ClientMessage::SetGpuOnline { id, gpu, online }).await?;
+        }
+        if !changed.is_empty() {
+            self.reoffer_all(link).await?;
         }
         Ok(())
     }
 
-    async fn on_message(&mut self, session: &mut Session, message: ServerMessage) -> Result<()> {
+    /// Signs a report per leased GPU for the time since its last report.
+    fn record_reports(&mut self) -> Result<()> {
+        let now = now_ms();
+        let mut finished = Vec::new();
+        for (&lease, state) in &self.leases {
+            let until = state.end_ms.map_or(now, |end| end.min(now));
+            let mut done = state.ended;
+            for gpu in self.gpus.iter_mut().filter(|g| state.gpu_mask & (1u64 << g.info.index_on_host) != 0) {
+                let start = self.reports.next_start_ms(lease, &gpu.info.uuid, state.start_ms);
+                if until <= start {
+                    continue;
+                }
+                let window = std::mem::take(&mut gpu.window);
+                let length = until - start;
+                let available_ms = match window.samples {
+                    0 if gpu.healthy => length,
+                    0 => 0,
+                    samples => length * (samples - window.unhealthy) as u64 / samples as u64,
+                };
+                let interval = Interval {
+                    start_ms: start,
+                    end_ms: until,
+                    available_ms,
+                    utilisation_percent: window.utilisation_sum.checked_div(window.samples as u64).unwrap_or(0) as u32,
+                    memory_used_mib_max: window.memory_used_mib_max,
+                    unhealthy_samples: window.unhealthy,
+                };
+                self.reports.record(lease, &gpu.info.uuid, interval, &self.key)?;
+                done &= state.end_ms.is_some_and(|end| until >= end);
+            }
+            if done {
+                finished.push(lease);
+            }
+        }
+        for lease in finished {
+            self.leases.remove(&lease);
+        }
+        Ok(())
+    }
+
+    /// Sends queued reports in order until the queue is empty.
+    async fn send_reports(&mut self, link: &mut Link) -> Result<()> {
+        while let Some(report) = self.reports.front().cloned() {
+            let id = link.connection.new_id();
+            match link.connection.request(ClientMessage::UsageReport { id, report: report.clone() }).await? {
+                ServerMessage::UsageAccepted { .. } => {}
+                ServerMessage::UsageRejected { code, message, .. } => {
+                    tracing::error!(lease = %report.body.lease, seq = report.body.seq, ?code, %message, "usage report refused")
+                }
+                other => bail!("sending a usage report: {other:?}"),
+            }
+            self.reports.acknowledge_front()?;
+        }
+        Ok(())
+    }
+
+    async fn on_message(&mut self, link: &mut Link, message: ServerMessage) -> Result<()> {
         let ServerMessage::Private { event } = message else { return Ok(()) };
-        let Event { kind, .. } = event;
+        let Event { kind, at_ms, .. } = event;
         let reoffer = match kind {
-            EventKind::LeaseCreated { lease, kind, host, gpu_mask, end_ms, .. } if host == session.host => {
-                session.leases.insert(lease, (kind, gpu_mask));
-                self.deliver("start", session, lease, gpu_mask, end_ms).await;
+            EventKind::LeaseCreated { lease, kind, host, gpu_mask, start_ms, end_ms, .. } if host == link.host => {
+                self.leases.insert(lease, LeaseState { kind, gpu_mask, start_ms, end_ms, ended: false });
+                self.deliver("start", lease, gpu_mask, end_ms).await;
                 // An exclusive lease also takes the GPUs out of the preemptible ask.
                 kind != LeaseKind::Preemptible
             }
             EventKind::PreemptionNotice { lease, ends_at_ms } => {
-                if let Some(&(_, mask)) = session.leases.get(&lease) {
-                    self.deliver("preempt", session, lease, mask, Some(ends_at_ms)).await;
+                if let Some(state) = self.leases.get(&lease).copied() {
+                    self.deliver("preempt", lease, state.gpu_mask, Some(ends_at_ms)).await;
                 }
                 false
             }
-            EventKind::LeaseEnded { lease, .. } => match session.leases.remove(&lease) {
-                Some((_, mask)) => {
-                    self.deliver("end", session, lease, mask, None).await;
+            EventKind::LeaseEnded { lease, .. } => match self.leases.get_mut(&lease) {
+                Some(state) => {
+                    // Report up to the actual end, then forget the lease.
+                    state.end_ms = Some(at_ms);
+                    state.ended = true;
+                    let mask = state.gpu_mask;
+                    self.deliver("end", lease, mask, Some(at_ms)).await;
+                    self.record_reports()?;
+                    self.send_reports(link).await?;
+                    self.reports.close_lease(lease)?;
                     true
                 }
                 None => false,
             },
             EventKind::OrderClosed { order, .. } => {
-                let closed: Vec<OfferedContract> = session.asks.iter().filter(|(_, o)| **o == order).map(|(c, _)| *c).collect();
+                let closed: Vec<OfferedContract> = link.asks.iter().filter(|(_, o)| **o == order).map(|(c, _)| *c).collect();
                 for contract in &closed {
-                    session.asks.remove(contract);
+                    link.asks.remove(contract);
                 }
                 !closed.is_empty()
             }
             _ => false,
         };
         if reoffer {
-            for contract in session.instruments.keys().copied().collect::<Vec<_>>() {
-                self.reoffer(session, contract).await?;
-            }
+            self.reoffer_all(link).await?;
         }
         Ok(())
     }
 
     /// Runs the owner's delivery hook (or logs) for a lease event.
-    async fn deliver(&self, event: &str, session: &Session, lease: LeaseId, mask: u64, until_ms: Option<u64>) {
+    async fn deliver(&self, event: &str, lease: LeaseId, mask: u64, until_ms: Option<u64>) {
         let uuids: Vec<&str> =
-            session.gpus.iter().filter(|g| mask & (1u64 << g.info.index_on_host) != 0).map(|g| g.info.uuid.as_str()).collect();
+            self.gpus.iter().filter(|g| mask & (1u64 << g.info.index_on_host) != 0).map(|g| g.info.uuid.as_str()).collect();
         let until = until_ms.map_or("-".to_string(), |ms| ms.to_string());
         tracing::info!(event, %lease, gpus = %uuids.join(","), %until, "lease event");
         let Some(hook) = &self.config.delivery_hook else { return };
@@ -366,6 +549,13 @@ async fn my_gpus(connection: &mut Connection) -> Result<Vec<GpuInfo>> {
         ServerMessage::Gpus { gpus, .. } => Ok(gpus),
         other => bail!("listing registered GPUs: {other:?}"),
     }
+}
+
+/// A random extra wait of up to `bound`, so reconnecting agents spread out.
+fn jitter(bound: Duration) -> Duration {
+    let mut bytes = [0u8; 8];
+    let random = getrandom::fill(&mut bytes).map_or(0, |()| u64::from_le_bytes(bytes));
+    Duration::from_millis(random % (bound.as_millis() as u64 + 1))
 }
 
 /// Client order ids start from the clock so that a restarted agent never

@@ -16,12 +16,32 @@ struct Exchange {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
     url: String,
+    dir: std::path::PathBuf,
+    operator: SigningKey,
+    listen: std::net::SocketAddr,
 }
 
 impl Exchange {
     fn start(dir: &std::path::Path, operator: &SigningKey) -> Exchange {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
-        let listen: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        Self::start_on(dir, operator, format!("127.0.0.1:{port}").parse().expect("addr"))
+    }
+
+    /// Stops the exchange (a clean stop, as an operator's restart would).
+    fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+
+    fn start_again(&mut self) {
+        *self = Self::start_on(&self.dir.clone(), &self.operator.clone(), self.listen);
+    }
+
+    fn start_on(dir: &std::path::Path, operator: &SigningKey, listen: std::net::SocketAddr) -> Exchange {
         let config = gpux_exchange::ExchangeConfig {
             data_dir: dir.to_path_buf(),
             listen,
@@ -40,18 +60,20 @@ impl Exchange {
             assert!(Instant::now() < deadline, "exchange did not start");
             std::thread::sleep(Duration::from_millis(20));
         }
-        Exchange { stop: Some(stop), thread: Some(thread), url: format!("ws://{listen}") }
+        Exchange {
+            stop: Some(stop),
+            thread: Some(thread),
+            url: format!("ws://{listen}"),
+            dir: dir.to_path_buf(),
+            operator: operator.clone(),
+            listen,
+        }
     }
 }
 
 impl Drop for Exchange {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        self.stop();
     }
 }
 
@@ -75,6 +97,10 @@ fn write(path: &std::path::Path, text: &str) {
 }
 
 fn agent_files(dir: &std::path::Path, url: &str) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    agent_files_with(dir, url, HOST)
+}
+
+fn agent_files_with(dir: &std::path::Path, url: &str, host_json: &str) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
     let hook_log = dir.join("deliveries.log");
     let hook = dir.join("hook.sh");
     write(&hook, &format!("#!/bin/sh\necho \"$@\" >> {}\n", hook_log.display()));
@@ -83,13 +109,13 @@ fn agent_files(dir: &std::path::Path, url: &str) -> (std::path::PathBuf, std::pa
     write(
         &config,
         &format!(
-            "exchange = \"{url}\"\nhost = \"node-1\"\nkey_file = \"{}\"\nsample_interval_ms = 1000\ndelivery_hook = \"{}\"\n\n[[offer]]\ncontract = \"spot\"\nprice_floor_minor_per_gpu_hour = 2100000\n",
+            "exchange = \"{url}\"\nhost = \"node-1\"\nkey_file = \"{}\"\nsample_interval_ms = 1000\nreport_interval_ms = 1000\ndelivery_hook = \"{}\"\n\n[[offer]]\ncontract = \"spot\"\nprice_floor_minor_per_gpu_hour = 2100000\n",
             dir.join("host.key").display(),
             hook.display()
         ),
     );
     let host = dir.join("host.json");
-    write(&host, HOST);
+    write(&host, host_json);
     (config, host, hook_log)
 }
 
@@ -187,4 +213,86 @@ fn the_agent_refuses_a_host_key_others_can_read() {
         Command::new(env!("CARGO_BIN_EXE_gpux-agent")).arg("--config").arg(&config).arg("--fake").arg(&host).output().expect("runs");
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("chmod 600"));
+}
+
+/// Reports flow every second; the exchange then stops for 30 s and comes
+/// back; the agent buffers on disk, reconnects with back-off and delivers
+/// its reports in order, so the lease is billed for every millisecond it ran,
+/// outage included, to the minor unit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_is_reported_through_a_30_second_outage_and_billed_exactly() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let mut exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let healthy_host = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
+    let (config, host, _) = agent_files_with(dir.path(), &exchange.url, healthy_host);
+    let renter_key = SigningKey::from_bytes(&[3; 32]);
+    let deposit = 1_000_000_000;
+    let mut renter = Connection::open(&exchange.url, &renter_key, Role::Renter).await.expect("renter");
+    let mut admin = Connection::open(&exchange.url, &operator, Role::Operator).await.expect("operator");
+    let id = admin.new_id();
+    admin.request(ClientMessage::Deposit { id, account: renter.account, amount_minor: deposit }).await.expect("deposit");
+    let id = renter.new_id();
+    renter.request(ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await.expect("subscribe");
+    let _agent = Agent(
+        Command::new(env!("CARGO_BIN_EXE_gpux-agent"))
+            .arg("--config")
+            .arg(&config)
+            .arg("--fake")
+            .arg(&host)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("agent starts"),
+    );
+    let mut asks = std::collections::BTreeMap::new();
+    await_ask_quantity(&mut renter, &mut asks, 1).await;
+    let id = renter.new_id();
+    let bought =
+        renter.request(ClientMessage::NewOrder { id, order: OrderTicket::limit(1, InstrumentId(0), Side::Buy, 2_100_000, 1) }).await;
+    assert!(matches!(bought, Ok(ServerMessage::Ack { order: Some(_), .. })), "{bought:?}");
+    let (lease, start_ms) = loop {
+        if let ServerMessage::Private { event } = renter.next().await.expect("message") {
+            if let gpux_engine::EventKind::LeaseCreated { lease, start_ms, .. } = event.kind {
+                break (lease, start_ms);
+            }
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    exchange.stop();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    exchange.start_again();
+
+    let mut renter = Connection::open(&exchange.url, &renter_key, Role::Renter).await.expect("renter again");
+    // Give the agent time to reconnect and deliver what it buffered.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let id = renter.new_id();
+    let ended = renter.request(ClientMessage::EndLease { id, lease }).await.expect("end lease");
+    assert!(matches!(ended, ServerMessage::Ack { .. }), "{ended:?}");
+    let ended_at_ms = loop {
+        if let ServerMessage::Private { event } = renter.next().await.expect("message") {
+            if matches!(event.kind, gpux_engine::EventKind::LeaseEnded { .. }) {
+                break event.at_ms;
+            }
+        }
+    };
+    let expected = (2_100_000u128 * (ended_at_ms - start_ms) as u128 / 3_600_000) as u64;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let id = renter.new_id();
+        let ServerMessage::Balance { available_minor, held_minor, .. } =
+            renter.request(ClientMessage::Balance { id }).await.expect("balance")
+        else {
+            panic!("a balance");
+        };
+        if held_minor == 0 && deposit - available_minor == expected {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "billed {} of {expected} expected for {} ms (held {held_minor})",
+            deposit - available_minor,
+            ended_at_ms - start_ms
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -87,17 +87,42 @@ impl Engine {
         self.emit(EventKind::FundsCharged { account: from, to: Some(to), amount_minor, reason });
     }
 
+    /// Charges verified usage: from the lease's escrow first, then from the
+    /// renter's available funds (a lease may be billed after its escrow was
+    /// released at its end). What neither covers is reported as unpaid.
     pub(super) fn settle_usage(&mut self, lease_id: LeaseId, amount_minor: u64) -> Checked<()> {
         let lease = self.leases.get(lease_id.0 as usize).ok_or(RejectCode::UnknownLease)?;
-        if amount_minor == 0 || amount_minor > lease.escrow_minor {
+        if amount_minor == 0 {
             return Err(RejectCode::AmountInvalid);
         }
         let renter = lease.renter;
-        self.leases[lease_id.0 as usize].escrow_minor -= amount_minor;
-        let funds = &mut self.accounts[renter.0 as usize];
-        assert!(funds.held_minor >= amount_minor, "escrow is part of held funds");
-        funds.held_minor -= amount_minor;
-        self.emit(EventKind::FundsCharged { account: renter, to: None, amount_minor, reason: HoldReason::Lease(lease_id) });
+        let from_escrow = amount_minor.min(lease.escrow_minor);
+        if from_escrow > 0 {
+            self.leases[lease_id.0 as usize].escrow_minor -= from_escrow;
+            let funds = &mut self.accounts[renter.0 as usize];
+            assert!(funds.held_minor >= from_escrow, "escrow is part of held funds");
+            funds.held_minor -= from_escrow;
+            self.emit(EventKind::FundsCharged {
+                account: renter,
+                to: None,
+                amount_minor: from_escrow,
+                reason: HoldReason::Lease(lease_id),
+            });
+        }
+        let rest = amount_minor - from_escrow;
+        let from_available = rest.min(self.accounts[renter.0 as usize].available_minor);
+        if from_available > 0 {
+            self.accounts[renter.0 as usize].available_minor -= from_available;
+            self.emit(EventKind::FundsCharged {
+                account: renter,
+                to: None,
+                amount_minor: from_available,
+                reason: HoldReason::Lease(lease_id),
+            });
+        }
+        if rest > from_available {
+            self.emit(EventKind::UsageUnpaid { lease: lease_id, renter, amount_minor: rest - from_available });
+        }
         Ok(())
     }
 

@@ -1,0 +1,184 @@
+//! Usage reports on the agent's side: one hash chain per lease and GPU, the
+//! reports not yet acknowledged, and both kept on disk so that nothing is
+//! lost while the exchange is unreachable or the agent restarts.
+//!
+//! Files (next to the host key): `<key>.chains.json` holds each chain's next
+//! position and hash; `<key>.reports.jsonl` holds the unacknowledged reports
+//! in order. Both are rewritten whole through a temporary file, fsync and
+//! rename, so a crash leaves either the old or the new version. Resending a
+//! report the exchange already accepted is harmless (it answers duplicate).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use ed25519_dalek::SigningKey;
+use gpux_engine::LeaseId;
+use gpux_protocol::{genesis_hash, UsageBody, UsageReport};
+use serde::{Deserialize, Serialize};
+
+/// Unacknowledged reports kept at most (about a day of 10 s reports for 8 GPUs).
+pub const PENDING_REPORTS_MAX: usize = 100_000;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Chain {
+    lease: LeaseId,
+    gpu_uuid: String,
+    next_seq: u32,
+    prev_hash: String,
+    next_start_ms: u64,
+}
+
+/// The readings of one GPU over one report interval.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Interval {
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub available_ms: u64,
+    pub utilisation_percent: u32,
+    pub memory_used_mib_max: u32,
+    pub unhealthy_samples: u32,
+}
+
+pub struct ReportBook {
+    chains_path: PathBuf,
+    pending_path: PathBuf,
+    chains: BTreeMap<(LeaseId, String), Chain>,
+    pending: VecDeque<UsageReport>,
+}
+
+impl ReportBook {
+    /// Opens the book kept next to `key_file`, loading what a previous run left.
+    pub fn open(key_file: &Path) -> Result<Self> {
+        let chains_path = key_file.with_extension("chains.json");
+        let pending_path = key_file.with_extension("reports.jsonl");
+        let chains: Vec<Chain> = match std::fs::read_to_string(&chains_path) {
+            Ok(text) => serde_json::from_str(&text).with_context(|| format!("{} is corrupt", chains_path.display()))?,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(error) => return Err(error).with_context(|| format!("reading {}", chains_path.display())),
+        };
+        let pending = match std::fs::read_to_string(&pending_path) {
+            Ok(text) => text
+                .lines()
+                .filter(|line| !line.trim().is_empty())
+                .map(serde_json::from_str)
+                .collect::<Result<VecDeque<UsageReport>, _>>()
+                .with_context(|| format!("{} is corrupt", pending_path.display()))?,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => VecDeque::new(),
+            Err(error) => return Err(error).with_context(|| format!("reading {}", pending_path.display())),
+        };
+        let chains = chains.into_iter().map(|chain| ((chain.lease, chain.gpu_uuid.clone()), chain)).collect();
+        Ok(ReportBook { chains_path, pending_path, chains, pending })
+    }
+
+    /// Where the next report of a chain starts (the lease start for a new one).
+    pub fn next_start_ms(&self, lease: LeaseId, gpu_uuid: &str, lease_start_ms: u64) -> u64 {
+        self.chains.get(&(lease, gpu_uuid.to_string())).map_or(lease_start_ms, |chain| chain.next_start_ms)
+    }
+
+    /// Signs the next report of a chain, queues it and persists both files.
+    pub fn record(&mut self, lease: LeaseId, gpu_uuid: &str, interval: Interval, key: &SigningKey) -> Result<()> {
+        anyhow::ensure!(
+            self.pending.len() < PENDING_REPORTS_MAX,
+            "{PENDING_REPORTS_MAX} usage reports wait for the exchange; not recording more"
+        );
+        let chain = self.chains.entry((lease, gpu_uuid.to_string())).or_insert_with(|| Chain {
+            lease,
+            gpu_uuid: gpu_uuid.to_string(),
+            next_seq: 1,
+            prev_hash: genesis_hash(),
+            next_start_ms: interval.start_ms,
+        });
+        let body = UsageBody {
+            lease,
+            gpu_uuid: gpu_uuid.to_string(),
+            seq: chain.next_seq,
+            start_ms: interval.start_ms,
+            end_ms: interval.end_ms,
+            available_ms: interval.available_ms,
+            utilisation_percent: interval.utilisation_percent,
+            memory_used_mib_max: interval.memory_used_mib_max,
+            unhealthy_samples: interval.unhealthy_samples,
+            prev_hash: chain.prev_hash.clone(),
+        };
+        let report = UsageReport::sign(body, key);
+        chain.next_seq += 1;
+        chain.prev_hash = report.hash();
+        chain.next_start_ms = interval.end_ms;
+        self.pending.push_back(report);
+        self.persist()
+    }
+
+    pub fn front(&self) -> Option<&UsageReport> {
+        self.pending.front()
+    }
+
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The front report was answered (accepted, duplicate or refused for good).
+    pub fn acknowledge_front(&mut self) -> Result<()> {
+        self.pending.pop_front();
+        self.persist()
+    }
+
+    /// Forgets the chains of a lease whose last report was acknowledged.
+    pub fn close_lease(&mut self, lease: LeaseId) -> Result<()> {
+        self.chains.retain(|(chain_lease, _), _| *chain_lease != lease);
+        self.persist()
+    }
+
+    fn persist(&self) -> Result<()> {
+        let chains: Vec<&Chain> = self.chains.values().collect();
+        write_atomically(&self.chains_path, serde_json::to_string(&chains)?.as_bytes())?;
+        let mut lines = Vec::new();
+        for report in &self.pending {
+            lines.extend_from_slice(serde_json::to_string(report)?.as_bytes());
+            lines.push(b'\n');
+        }
+        write_atomically(&self.pending_path, &lines)
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let temporary = path.with_extension("tmp");
+    let mut file = std::fs::File::create(&temporary).with_context(|| format!("writing {}", temporary.display()))?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(&temporary, path).with_context(|| format!("replacing {}", path.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn interval(start_ms: u64, end_ms: u64) -> Interval {
+        Interval { start_ms, end_ms, available_ms: end_ms - start_ms, ..Interval::default() }
+    }
+
+    #[test]
+    fn chains_and_unacknowledged_reports_survive_a_restart() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let key_file = dir.path().join("host.key");
+        let key = SigningKey::from_bytes(&[4; 32]);
+        {
+            let mut book = ReportBook::open(&key_file).expect("open");
+            book.record(LeaseId(1), "GPU-a", interval(100, 200), &key).expect("record");
+            book.record(LeaseId(1), "GPU-a", interval(200, 300), &key).expect("record");
+            book.acknowledge_front().expect("ack");
+        }
+        let mut book = ReportBook::open(&key_file).expect("reopen");
+        assert_eq!(book.pending(), 1);
+        let second = book.front().expect("the unacknowledged report").clone();
+        assert_eq!((second.body.seq, second.body.start_ms), (2, 200));
+        assert_eq!(book.next_start_ms(LeaseId(1), "GPU-a", 0), 300);
+        book.record(LeaseId(1), "GPU-a", interval(300, 400), &key).expect("record");
+        book.acknowledge_front().expect("ack");
+        let third = book.front().expect("third").clone();
+        assert_eq!(third.body.seq, 3);
+        assert_eq!(third.body.prev_hash, second.hash(), "the chain continues across the restart");
+    }
+}
