@@ -40,15 +40,23 @@ pub struct Connection {
     backlog: std::collections::VecDeque<ServerMessage>,
     next_id: u64,
     pub account: AccountId,
+    /// The exchange's clock minus ours, measured at login.
+    pub clock_offset_ms: i64,
 }
+
+/// Clock differences with the exchange above this are logged as a warning.
+pub const CLOCK_SKEW_WARN_MS: i64 = 1_000;
 
 impl Connection {
     pub async fn open(url: &str, key: &SigningKey, role: Role) -> Result<Connection> {
         let (mut socket, _) = tokio_tungstenite::connect_async(url).await.with_context(|| format!("connecting to {url}"))?;
-        let nonce = match read(&mut socket).await? {
-            ServerMessage::Challenge { nonce, .. } => nonce,
+        let (nonce, clock_offset_ms) = match read(&mut socket).await? {
+            ServerMessage::Challenge { nonce, server_time_ms } => (nonce, server_time_ms as i64 - now_ms() as i64),
             other => bail!("expected a challenge, got {other:?}"),
         };
+        if clock_offset_ms.abs() > CLOCK_SKEW_WARN_MS {
+            tracing::warn!(clock_offset_ms, "this host's clock differs from the exchange's; reports use the exchange's time");
+        }
         let nonce: [u8; 32] = hex::decode(nonce).ok().and_then(|n| n.try_into().ok()).context("challenge nonce is not 32 hex bytes")?;
         let auth = ClientMessage::Auth {
             id: 1,
@@ -60,7 +68,9 @@ impl Connection {
         let mut backlog = std::collections::VecDeque::new();
         loop {
             match read(&mut socket).await? {
-                ServerMessage::Authenticated { account, .. } => return Ok(Connection { socket, backlog, next_id: 1, account }),
+                ServerMessage::Authenticated { account, .. } => {
+                    return Ok(Connection { socket, backlog, next_id: 1, account, clock_offset_ms })
+                }
                 ServerMessage::Error { code, message, .. } => bail!("the exchange refused the host key: {code:?}: {message}"),
                 other => backlog.push_back(other),
             }
@@ -179,6 +189,8 @@ pub struct Agent {
     gpus: Vec<HostGpu>,
     leases: BTreeMap<LeaseId, LeaseState>,
     next_client_order_id: u64,
+    /// The exchange's clock minus ours, from the last login.
+    clock_offset_ms: i64,
 }
 
 /// What one connection knows (asks and ids die with it).
@@ -193,7 +205,16 @@ struct Link {
 impl Agent {
     pub fn new(config: AgentConfig, key: SigningKey, backend: Box<dyn GpuBackend>) -> Result<Self> {
         let reports = ReportBook::open(&config.key_file)?;
-        Ok(Agent { config, key, backend, reports, gpus: Vec::new(), leases: BTreeMap::new(), next_client_order_id: client_order_id_base() })
+        Ok(Agent {
+            config,
+            key,
+            backend,
+            reports,
+            gpus: Vec::new(),
+            leases: BTreeMap::new(),
+            next_client_order_id: client_order_id_base(),
+            clock_offset_ms: 0,
+        })
     }
 
     /// Runs until `stop` fires, reconnecting after connection losses.
@@ -245,6 +266,7 @@ impl Agent {
             }
         })?;
         tracing::info!(account = %connection.account, public_key = %hex::encode(self.key.verifying_key().to_bytes()), "logged in");
+        self.clock_offset_ms = connection.clock_offset_ms;
         self.register(&mut connection).await?;
         // Health changes seen while away reach the exchange now.
         for gpu in self.gpus.iter().filter(|g| g.healthy != g.info.online) {
@@ -424,7 +446,8 @@ impl Agent {
 
     /// Signs a report per leased GPU for the time since its last report.
     fn record_reports(&mut self) -> Result<()> {
-        let now = now_ms();
+        // Intervals are stated in the exchange's time, which leases are in too.
+        let now = now_ms().saturating_add_signed(self.clock_offset_ms);
         let mut finished = Vec::new();
         for (&lease, state) in &self.leases {
             let until = state.end_ms.map_or(now, |end| end.min(now));

@@ -296,3 +296,58 @@ async fn usage_is_reported_through_a_30_second_outage_and_billed_exactly() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A preemptible lease on the agent's GPU is preempted by a spot buyer: the
+/// delivery hook hears `preempt` with the deadline the notice gave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preemption_notice_reaches_the_delivery_hook_with_its_deadline() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let one_gpu = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
+    let (config, host, hook_log) = agent_files_with(dir.path(), &exchange.url, one_gpu);
+    let text = std::fs::read_to_string(&config).expect("config");
+    write(&config, &format!("{text}\n[[offer]]\ncontract = \"preemptible\"\nprice_floor_minor_per_gpu_hour = 800000\n"));
+
+    let mut admin = Connection::open(&exchange.url, &operator, Role::Operator).await.expect("operator");
+    let mut batch = Connection::open(&exchange.url, &SigningKey::from_bytes(&[3; 32]), Role::Renter).await.expect("batch renter");
+    let mut urgent = Connection::open(&exchange.url, &SigningKey::from_bytes(&[4; 32]), Role::Renter).await.expect("spot renter");
+    for account in [batch.account, urgent.account] {
+        let id = admin.new_id();
+        admin.request(ClientMessage::Deposit { id, account, amount_minor: 1_000_000_000 }).await.expect("deposit");
+    }
+    let id = batch.new_id();
+    batch.request(ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(1) }).await.expect("subscribe");
+    let _agent = Agent(
+        Command::new(env!("CARGO_BIN_EXE_gpux-agent"))
+            .arg("--config")
+            .arg(&config)
+            .arg("--fake")
+            .arg(&host)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("agent"),
+    );
+    let mut asks = std::collections::BTreeMap::new();
+    await_ask_quantity(&mut batch, &mut asks, 1).await;
+    let id = batch.new_id();
+    let cheap = batch.request(ClientMessage::NewOrder { id, order: OrderTicket::limit(1, InstrumentId(1), Side::Buy, 800_000, 1) }).await;
+    assert!(matches!(cheap, Ok(ServerMessage::Ack { .. })), "{cheap:?}");
+    // The agent keeps the GPU in its spot ask while the preemptible lease runs.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let notice = loop {
+        let id = urgent.new_id();
+        let order = OrderTicket::limit(id, InstrumentId(0), Side::Buy, 2_100_000, 1);
+        let mut order = order;
+        order.time_in_force = gpux_engine::TimeInForce::Ioc;
+        let _ = urgent.request(ClientMessage::NewOrder { id, order }).await.expect("spot bid");
+        let log = std::fs::read_to_string(&hook_log).unwrap_or_default();
+        if let Some(line) = log.lines().find(|l| l.starts_with("preempt ")) {
+            break line.to_string();
+        }
+        assert!(Instant::now() < deadline, "the hook heard a preemption: {log:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let deadline_ms: u64 = notice.rsplit(' ').next().and_then(|ms| ms.parse().ok()).expect("a deadline in ms");
+    assert!(deadline_ms > 0 && notice.contains("GPU-a"), "{notice}");
+}
