@@ -13,6 +13,11 @@
 //! [[offer]]
 //! contract = "spot"            # or "preemptible"
 //! price_floor_minor_per_gpu_hour = 2100000
+//!
+//! [[offer]]
+//! contract = "hourly_window"   # or "daily_window": reserved windows
+//! price_floor_minor_per_gpu_hour = 1800000
+//! windows_ahead = 6
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -25,6 +30,16 @@ use serde::Deserialize;
 pub enum OfferedContract {
     Spot,
     Preemptible,
+    /// The next `windows_ahead` hourly reserved windows.
+    HourlyWindow,
+    /// The next `windows_ahead` daily reserved windows.
+    DailyWindow,
+}
+
+impl OfferedContract {
+    pub fn is_window(self) -> bool {
+        matches!(self, OfferedContract::HourlyWindow | OfferedContract::DailyWindow)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -32,6 +47,13 @@ pub enum OfferedContract {
 pub struct Offer {
     pub contract: OfferedContract,
     pub price_floor_minor_per_gpu_hour: u64,
+    /// For window offers: how many upcoming tradable windows to offer in.
+    #[serde(default = "default_windows_ahead")]
+    pub windows_ahead: u32,
+}
+
+fn default_windows_ahead() -> u32 {
+    4
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -86,10 +108,13 @@ impl AgentConfig {
                 bail!("offer price_floor_minor_per_gpu_hour must be positive");
             }
         }
-        if config.offers.iter().filter(|o| o.contract == OfferedContract::Spot).count() > 1
-            || config.offers.iter().filter(|o| o.contract == OfferedContract::Preemptible).count() > 1
-        {
-            bail!("at most one offer per contract kind");
+        for (index, offer) in config.offers.iter().enumerate() {
+            if config.offers[..index].iter().any(|other| other.contract == offer.contract) {
+                bail!("at most one offer per contract kind");
+            }
+            if offer.contract.is_window() && !(1..=48).contains(&offer.windows_ahead) {
+                bail!("windows_ahead must be between 1 and 48");
+            }
         }
         Ok(config)
     }

@@ -37,6 +37,8 @@ pub enum FaultKind {
     Overheat,
     /// New uncorrected memory errors.
     Ecc,
+    /// The owner runs a job of their own on it.
+    Busy,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -122,13 +124,13 @@ impl GpuBackend for FakeBackend {
                 let fault = self.fault_at(&gpu.uuid, elapsed);
                 GpuSample {
                     uuid: gpu.uuid.clone(),
-                    healthy: fault.is_none(),
+                    healthy: matches!(fault, None | Some(FaultKind::Busy)),
                     utilisation_percent: self.host.utilisation_percent,
                     memory_used_mib: gpu.memory_mib * self.host.utilisation_percent / 100,
                     temperature_c: Some(if fault == Some(FaultKind::Overheat) { TEMPERATURE_MAX_C + 5 } else { 60 }),
                     power_mw: Some(300_000),
                     ecc_uncorrected: Some(if fault == Some(FaultKind::Ecc) { 1 } else { 0 }),
-                    processes: 0,
+                    processes: u32::from(fault == Some(FaultKind::Busy)),
                 }
             })
             .collect())

@@ -191,15 +191,23 @@ pub struct Agent {
     next_client_order_id: u64,
     /// The exchange's clock minus ours, from the last login.
     clock_offset_ms: i64,
+    /// GPUs (as a host mask) sold as contracts, per reserved window.
+    windows_sold: BTreeMap<InstrumentId, u64>,
 }
 
 /// What one connection knows (asks and ids die with it).
 struct Link {
     connection: Connection,
     host: HostId,
+    class: String,
     instruments: BTreeMap<OfferedContract, InstrumentId>,
     tick_minor: u64,
     asks: BTreeMap<OfferedContract, OrderId>,
+    /// Open asks in reserved windows.
+    window_asks: BTreeMap<InstrumentId, OrderId>,
+    /// Windows where an ask was refused (the GPUs are committed to an
+    /// overlapping window); not tried again this connection.
+    windows_refused: BTreeSet<InstrumentId>,
 }
 
 impl Agent {
@@ -214,6 +222,7 @@ impl Agent {
             leases: BTreeMap::new(),
             next_client_order_id: client_order_id_base(),
             clock_offset_ms: 0,
+            windows_sold: BTreeMap::new(),
         })
     }
 
@@ -279,8 +288,19 @@ impl Agent {
         // Asks of an earlier connection are unknown to this one: withdraw them.
         let id = connection.new_id();
         connection.request(ClientMessage::MassCancel { id, instrument: None }).await?;
-        let mut link = Link { connection, host, instruments, tick_minor, asks: BTreeMap::new() };
+        let class = self.gpus.first().and_then(|g| g.info.classes.first()).cloned().unwrap_or_default();
+        let mut link = Link {
+            connection,
+            host,
+            class,
+            instruments,
+            tick_minor,
+            asks: BTreeMap::new(),
+            window_asks: BTreeMap::new(),
+            windows_refused: BTreeSet::new(),
+        };
         self.reoffer_all(&mut link).await?;
+        self.offer_windows(&mut link).await?;
         self.send_reports(&mut link).await?;
         Ok(link)
     }
@@ -299,6 +319,7 @@ impl Agent {
                 _ = reporting.tick() => {
                     self.record_reports()?;
                     self.send_reports(link).await?;
+                    self.offer_windows(link).await?;
                 }
                 message = link.connection.next() => self.on_message(link, message?).await?,
             }
@@ -349,16 +370,19 @@ impl Agent {
         };
         let mut found = BTreeMap::new();
         let mut tick_minor = 1;
-        for offer in &self.config.offers {
+        for offer in self.config.offers.iter().filter(|o| !o.contract.is_window()) {
             let suffix = match offer.contract {
                 OfferedContract::Spot => "SPOT",
-                OfferedContract::Preemptible => "PREEMPT",
+                _ => "PREEMPT",
             };
             let symbol = format!("{class}/{suffix}");
             let instrument =
                 instruments.iter().find(|i| i.symbol == symbol).ok_or_else(|| Fatal(format!("the exchange lists no {symbol}")))?;
             tick_minor = instrument.tick_minor;
             found.insert(offer.contract, instrument.instrument);
+        }
+        if let Some(instrument) = instruments.iter().find(|i| i.class == class) {
+            tick_minor = instrument.tick_minor;
         }
         Ok((found, tick_minor))
     }
@@ -413,12 +437,76 @@ impl Agent {
         Ok(())
     }
 
+    /// Keeps an ask in each of the next tradable reserved windows the owner
+    /// offers in, over the healthy GPUs not sold in that window and not held
+    /// by a running lease that could reach into it.
+    async fn offer_windows(&mut self, link: &mut Link) -> Result<()> {
+        let offers: Vec<_> = self.config.offers.iter().filter(|o| o.contract.is_window()).cloned().collect();
+        if offers.is_empty() {
+            return Ok(());
+        }
+        let id = link.connection.new_id();
+        let ServerMessage::Instruments { instruments, .. } = link.connection.request(ClientMessage::Instruments { id }).await? else {
+            bail!("the exchange did not list its instruments");
+        };
+        for offer in offers {
+            let label = if offer.contract == OfferedContract::HourlyWindow { "/1H" } else { "/1D" };
+            let mut windows: Vec<(u64, InstrumentId)> = instruments
+                .iter()
+                .filter(|i| i.class == link.class && i.symbol.ends_with(label) && i.state == gpux_engine::InstrumentState::Trading)
+                .filter_map(|i| match i.contract {
+                    gpux_engine::ContractKind::Reserved { window_start_ms, .. } => Some((window_start_ms, i.instrument)),
+                    _ => None,
+                })
+                .collect();
+            windows.sort();
+            for (window_start_ms, instrument) in windows.into_iter().take(offer.windows_ahead as usize) {
+                if link.window_asks.contains_key(&instrument) || link.windows_refused.contains(&instrument) {
+                    continue;
+                }
+                let reaching = self
+                    .leases
+                    .values()
+                    .filter(|l| !l.ended && l.kind != LeaseKind::Preemptible && l.end_ms.is_none_or(|end| end > window_start_ms))
+                    .fold(0u64, |mask, l| mask | l.gpu_mask);
+                let sold = self.windows_sold.get(&instrument).copied().unwrap_or(0);
+                let mask = self.gpus.iter().filter(|g| g.healthy).fold(0u64, |m, g| m | (1u64 << g.info.index_on_host)) & !reaching & !sold;
+                if mask == 0 {
+                    continue;
+                }
+                let price = offer.price_floor_minor_per_gpu_hour.div_ceil(link.tick_minor) * link.tick_minor;
+                self.next_client_order_id += 1;
+                let mut order = OrderTicket::limit(self.next_client_order_id, instrument, Side::Sell, price, mask.count_ones());
+                order.supply = Some(GpuSet { host: link.host, gpu_mask: mask });
+                let id = link.connection.new_id();
+                match link.connection.request(ClientMessage::NewOrder { id, order }).await? {
+                    ServerMessage::Ack { order: Some(order), .. } => {
+                        tracing::info!(%instrument, gpus = mask.count_ones(), price, "offered in a reserved window");
+                        link.window_asks.insert(instrument, order);
+                    }
+                    ServerMessage::Reject { code, .. } => {
+                        tracing::debug!(%instrument, ?code, "window not offered");
+                        link.windows_refused.insert(instrument);
+                    }
+                    other => bail!("offering a window: {other:?}"),
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Reads the GPUs; returns those whose health changed.
     fn sample_only(&mut self) -> Result<Vec<(gpux_engine::GpuId, bool)>> {
         let samples = self.backend.sample(now_ms())?;
+        let leased = self.leases.values().filter(|l| !l.ended).fold(0u64, |mask, l| mask | l.gpu_mask);
         let mut changed = Vec::new();
-        for sample in samples {
+        for mut sample in samples {
             let Some(gpu) = self.gpus.iter_mut().find(|g| g.info.uuid == sample.uuid) else { continue };
+            // A GPU running the owner's own work while nobody leases it is
+            // taken locally: not for sale until it is free again.
+            if sample.processes > 0 && leased & (1u64 << gpu.info.index_on_host) == 0 {
+                sample.healthy = false;
+            }
             gpu.window.samples += 1;
             gpu.window.unhealthy += u32::from(!sample.healthy);
             gpu.window.utilisation_sum += sample.utilisation_percent as u64;
@@ -532,11 +620,18 @@ impl Agent {
                 None => false,
             },
             EventKind::OrderClosed { order, .. } => {
+                link.window_asks.retain(|_, ask| *ask != order);
                 let closed: Vec<OfferedContract> = link.asks.iter().filter(|(_, o)| **o == order).map(|(c, _)| *c).collect();
                 for contract in &closed {
                     link.asks.remove(contract);
                 }
                 !closed.is_empty()
+            }
+            EventKind::ContractCreated { instrument, supplier, gpu, .. } if supplier == link.connection.account => {
+                if let Some(sold) = self.gpus.iter().find(|g| g.info.gpu == gpu) {
+                    *self.windows_sold.entry(instrument).or_default() |= 1u64 << sold.info.index_on_host;
+                }
+                false
             }
             _ => false,
         };

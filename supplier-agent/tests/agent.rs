@@ -351,3 +351,84 @@ async fn a_preemption_notice_reaches_the_delivery_hook_with_its_deadline() {
     let deadline_ms: u64 = notice.rsplit(' ').next().and_then(|ms| ms.parse().ok()).expect("a deadline in ms");
     assert!(deadline_ms > 0 && notice.contains("GPU-a"), "{notice}");
 }
+
+/// The owner offers the next two hourly windows too, and runs a job of their
+/// own on GPU-b: the agent keeps GPU-b out of every ask ("taken locally"),
+/// and offers GPU-a in spot and in each of the two windows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserved_windows_are_offered_and_a_gpu_in_local_use_is_not() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let busy_b = r#"{"gpus": [
+        {"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"},
+        {"uuid": "GPU-b", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}],
+      "faults": [{"gpu": "GPU-b", "from_ms": 0, "until_ms": 600000, "kind": "busy"}]}"#;
+    let (config, host, _) = agent_files_with(dir.path(), &exchange.url, busy_b);
+    let text = std::fs::read_to_string(&config).expect("config");
+    write(
+        &config,
+        &format!("{text}\n[[offer]]\ncontract = \"hourly_window\"\nprice_floor_minor_per_gpu_hour = 1800000\nwindows_ahead = 2\n"),
+    );
+    let mut watcher = Connection::open(&exchange.url, &SigningKey::from_bytes(&[3; 32]), Role::Renter).await.expect("watcher");
+    let _agent = Agent(
+        Command::new(env!("CARGO_BIN_EXE_gpux-agent"))
+            .arg("--config")
+            .arg(&config)
+            .arg("--fake")
+            .arg(&host)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("agent"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        // The tradable hourly windows now (one may stop trading mid-test).
+        let hourly = trading_hourly_windows(&mut watcher).await;
+        let spot = book_asks_of(&mut watcher, InstrumentId(0)).await;
+        let first = book_asks_of(&mut watcher, hourly[0].1).await;
+        let second = book_asks_of(&mut watcher, hourly[1].1).await;
+        let third = book_asks_of(&mut watcher, hourly[2].1).await;
+        if (spot, first, second, third) == (1, 1, 1, 0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "spot {spot}, windows {first} {second} {third}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+async fn trading_hourly_windows(client: &mut Connection) -> Vec<(u64, InstrumentId)> {
+    let id = client.new_id();
+    let ServerMessage::Instruments { instruments, .. } = client.request(ClientMessage::Instruments { id }).await.expect("instruments")
+    else {
+        panic!("instruments")
+    };
+    let mut hourly: Vec<(u64, InstrumentId)> = instruments
+        .iter()
+        .filter(|i| {
+            i.symbol.starts_with("H100-SXM-80G/R/") && i.symbol.ends_with("/1H") && i.state == gpux_engine::InstrumentState::Trading
+        })
+        .filter_map(|i| match i.contract {
+            gpux_engine::ContractKind::Reserved { window_start_ms, .. } => Some((window_start_ms, i.instrument)),
+            _ => None,
+        })
+        .collect();
+    hourly.sort();
+    hourly
+}
+
+/// The total quantity of asks in a fresh snapshot of one book.
+async fn book_asks_of(client: &mut Connection, instrument: InstrumentId) -> u64 {
+    let id = client.new_id();
+    client.request(ClientMessage::Subscribe { id, channel: Channel::Book, instrument }).await.expect("subscribe");
+    let asks = loop {
+        if let ServerMessage::BookSnapshot { instrument: i, asks, .. } = client.next().await.expect("message") {
+            if i == instrument {
+                break asks;
+            }
+        }
+    };
+    let id = client.new_id();
+    client.request(ClientMessage::Unsubscribe { id, channel: Channel::Book, instrument }).await.expect("unsubscribe");
+    asks.iter().map(|(_, quantity)| quantity).sum()
+}
