@@ -56,6 +56,37 @@ fn default_windows_ahead() -> u32 {
     4
 }
 
+/// A daily period (UTC) when the owner makes the GPUs available; `until`
+/// before `from` spans midnight.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Availability {
+    pub from_utc: String,
+    pub until_utc: String,
+}
+
+/// Minute of the day of an `HH:MM` time.
+fn minute_of_day(text: &str) -> Option<u32> {
+    let (hours, minutes) = text.split_once(':')?;
+    let (hours, minutes): (u32, u32) = (hours.parse().ok()?, minutes.parse().ok()?);
+    (hours < 24 && minutes < 60 && text.len() == 5).then_some(hours * 60 + minutes)
+}
+
+impl Availability {
+    fn minutes(&self) -> Option<(u32, u32)> {
+        Some((minute_of_day(&self.from_utc)?, minute_of_day(&self.until_utc)?))
+    }
+
+    fn contains(&self, minute: u32) -> bool {
+        let Some((from, until)) = self.minutes() else { return false };
+        if from <= until {
+            (from..until).contains(&minute)
+        } else {
+            minute >= from || minute < until
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
@@ -73,6 +104,9 @@ pub struct AgentConfig {
     pub delivery_hook: Option<PathBuf>,
     #[serde(default, rename = "offer")]
     pub offers: Vec<Offer>,
+    /// When the GPUs may be sold; none means always.
+    #[serde(default)]
+    pub available: Vec<Availability>,
 }
 
 fn default_sample_interval_ms() -> u64 {
@@ -84,6 +118,17 @@ fn default_report_interval_ms() -> u64 {
 }
 
 impl AgentConfig {
+    /// Whether the owner makes the GPUs available at `at_ms` (UTC).
+    pub fn available_at(&self, at_ms: u64) -> bool {
+        let minute = ((at_ms / 60_000) % (24 * 60)) as u32;
+        self.available.is_empty() || self.available.iter().any(|period| period.contains(minute))
+    }
+
+    /// Whether every minute of `[start_ms, end_ms)` is available.
+    pub fn available_throughout(&self, start_ms: u64, end_ms: u64) -> bool {
+        self.available.is_empty() || (start_ms..end_ms).step_by(60_000).all(|at| self.available_at(at))
+    }
+
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading agent config {}", path.display()))?;
         Self::parse(&text).with_context(|| format!("agent config {}", path.display()))
@@ -106,6 +151,11 @@ impl AgentConfig {
         for offer in &config.offers {
             if offer.price_floor_minor_per_gpu_hour == 0 {
                 bail!("offer price_floor_minor_per_gpu_hour must be positive");
+            }
+        }
+        for period in &config.available {
+            if period.minutes().is_none() {
+                bail!("available periods need from_utc and until_utc as HH:MM, not {:?}..{:?}", period.from_utc, period.until_utc);
             }
         }
         for (index, offer) in config.offers.iter().enumerate() {
@@ -144,6 +194,21 @@ price_floor_minor_per_gpu_hour = 900000
         assert_eq!(config.sample_interval_ms, 10_000);
         assert_eq!(config.offers.len(), 2);
         assert_eq!(config.delivery_hook, None);
+    }
+
+    #[test]
+    fn availability_periods_may_span_midnight() {
+        let config = AgentConfig::parse(&format!("{GOOD}\n[[available]]\nfrom_utc = \"22:00\"\nuntil_utc = \"06:00\"\n")).expect("valid");
+        let at = |hour: u64| 1_796_169_600_000 + hour * 3_600_000; // 2026-12-02T00:00Z + hours
+        assert!(config.available_at(at(23)));
+        assert!(config.available_at(at(5)));
+        assert!(!config.available_at(at(6)));
+        assert!(!config.available_at(at(12)));
+        assert!(config.available_throughout(at(22), at(24 + 6)));
+        assert!(!config.available_throughout(at(21), at(23)));
+        assert!(AgentConfig::parse(GOOD).expect("valid").available_at(at(12)), "no periods: always");
+        let broken = format!("{GOOD}\n[[available]]\nfrom_utc = \"8am\"\nuntil_utc = \"20:00\"\n");
+        assert!(format!("{:#}", AgentConfig::parse(&broken).expect_err("refused")).contains("HH:MM"));
     }
 
     #[test]

@@ -142,6 +142,9 @@ async fn read(socket: &mut WebSocketStream<MaybeTlsStream<TcpStream>>) -> Result
 struct HostGpu {
     info: GpuInfo,
     healthy: bool,
+    /// The delivery hook failed for this GPU's lease: it counts as unavailable
+    /// (reported so, hence not billed) until that lease ends.
+    delivery_failed: bool,
     /// Samples since this GPU's last report.
     window: Window,
 }
@@ -208,6 +211,8 @@ struct Link {
     /// Windows where an ask was refused (the GPUs are committed to an
     /// overlapping window); not tried again this connection.
     windows_refused: BTreeSet<InstrumentId>,
+    /// Whether the owner's schedule made the GPUs available at the last sample.
+    available: Option<bool>,
 }
 
 impl Agent {
@@ -298,6 +303,7 @@ impl Agent {
             asks: BTreeMap::new(),
             window_asks: BTreeMap::new(),
             windows_refused: BTreeSet::new(),
+            available: None,
         };
         self.reoffer_all(&mut link).await?;
         self.offer_windows(&mut link).await?;
@@ -355,7 +361,7 @@ impl Agent {
         for info in registered {
             match self.gpus.iter_mut().find(|g| g.info.uuid == info.uuid) {
                 Some(gpu) => gpu.info = info,
-                None => self.gpus.push(HostGpu { healthy: info.online, info, window: Window::default() }),
+                None => self.gpus.push(HostGpu { healthy: info.online, delivery_failed: false, info, window: Window::default() }),
             }
         }
         Ok(())
@@ -389,6 +395,9 @@ impl Agent {
 
     /// GPUs that can be sold now in a contract kind, as a mask over the host.
     fn free_mask(&self, contract: OfferedContract) -> u64 {
+        if !self.config.available_at(now_ms()) {
+            return 0;
+        }
         let busy = self
             .leases
             .values()
@@ -460,8 +469,12 @@ impl Agent {
                 })
                 .collect();
             windows.sort();
+            let length_ms = if offer.contract == OfferedContract::HourlyWindow { 3_600_000 } else { 86_400_000 };
             for (window_start_ms, instrument) in windows.into_iter().take(offer.windows_ahead as usize) {
-                if link.window_asks.contains_key(&instrument) || link.windows_refused.contains(&instrument) {
+                if link.window_asks.contains_key(&instrument)
+                    || link.windows_refused.contains(&instrument)
+                    || !self.config.available_throughout(window_start_ms, window_start_ms + length_ms)
+                {
                     continue;
                 }
                 let reaching = self
@@ -507,6 +520,9 @@ impl Agent {
             if sample.processes > 0 && leased & (1u64 << gpu.info.index_on_host) == 0 {
                 sample.healthy = false;
             }
+            if gpu.delivery_failed {
+                sample.healthy = false;
+            }
             gpu.window.samples += 1;
             gpu.window.unhealthy += u32::from(!sample.healthy);
             gpu.window.utilisation_sum += sample.utilisation_percent as u64;
@@ -521,12 +537,15 @@ impl Agent {
     }
 
     async fn sample(&mut self, link: &mut Link) -> Result<()> {
+        let available = self.config.available_at(now_ms());
+        let availability_changed = link.available != Some(available);
+        link.available = Some(available);
         let changed = self.sample_only()?;
         for &(gpu, online) in &changed {
             let id = link.connection.new_id();
             link.connection.request(ClientMessage::SetGpuOnline { id, gpu, online }).await?;
         }
-        if !changed.is_empty() {
+        if !changed.is_empty() || availability_changed {
             self.reoffer_all(link).await?;
         }
         Ok(())
@@ -595,13 +614,20 @@ impl Agent {
         let reoffer = match kind {
             EventKind::LeaseCreated { lease, kind, host, gpu_mask, start_ms, end_ms, .. } if host == link.host => {
                 self.leases.insert(lease, LeaseState { kind, gpu_mask, start_ms, end_ms, ended: false });
-                self.deliver("start", lease, gpu_mask, end_ms).await;
+                // Samples taken before the lease say nothing about it.
+                for gpu in self.gpus.iter_mut().filter(|g| gpu_mask & (1u64 << g.info.index_on_host) != 0) {
+                    gpu.window = Window::default();
+                }
+                if !self.deliver("start", lease, gpu_mask, end_ms).await {
+                    self.fail_delivery(link, gpu_mask).await?;
+                }
                 // An exclusive lease also takes the GPUs out of the preemptible ask.
                 kind != LeaseKind::Preemptible
             }
             EventKind::PreemptionNotice { lease, ends_at_ms } => {
                 if let Some(state) = self.leases.get(&lease).copied() {
-                    self.deliver("preempt", lease, state.gpu_mask, Some(ends_at_ms)).await;
+                    // The lease ends at the deadline whatever the hook says.
+                    let _ = self.deliver("preempt", lease, state.gpu_mask, Some(ends_at_ms)).await;
                 }
                 false
             }
@@ -611,7 +637,10 @@ impl Agent {
                     state.end_ms = Some(at_ms);
                     state.ended = true;
                     let mask = state.gpu_mask;
-                    self.deliver("end", lease, mask, Some(at_ms)).await;
+                    let _ = self.deliver("end", lease, mask, Some(at_ms)).await;
+                    for gpu in self.gpus.iter_mut().filter(|g| mask & (1u64 << g.info.index_on_host) != 0) {
+                        gpu.delivery_failed = false;
+                    }
                     self.record_reports()?;
                     self.send_reports(link).await?;
                     self.reports.close_lease(lease)?;
@@ -641,18 +670,44 @@ impl Agent {
         Ok(())
     }
 
-    /// Runs the owner's delivery hook (or logs) for a lease event.
-    async fn deliver(&self, event: &str, lease: LeaseId, mask: u64, until_ms: Option<u64>) {
+    /// The hook could not hand the GPUs over: they count as unavailable until
+    /// the lease ends, so the exchange takes them off the books and the usage
+    /// reports carry no available time (the renter is not billed for them).
+    async fn fail_delivery(&mut self, link: &mut Link, mask: u64) -> Result<()> {
+        let mut failed = Vec::new();
+        for gpu in self.gpus.iter_mut().filter(|g| mask & (1u64 << g.info.index_on_host) != 0) {
+            gpu.delivery_failed = true;
+            if gpu.healthy {
+                gpu.healthy = false;
+                failed.push(gpu.info.gpu);
+            }
+        }
+        for gpu in failed {
+            let id = link.connection.new_id();
+            link.connection.request(ClientMessage::SetGpuOnline { id, gpu, online: false }).await?;
+        }
+        Ok(())
+    }
+
+    /// Runs the owner's delivery hook (or logs) for a lease event; returns
+    /// whether it succeeded.
+    async fn deliver(&self, event: &str, lease: LeaseId, mask: u64, until_ms: Option<u64>) -> bool {
         let uuids: Vec<&str> =
             self.gpus.iter().filter(|g| mask & (1u64 << g.info.index_on_host) != 0).map(|g| g.info.uuid.as_str()).collect();
         let until = until_ms.map_or("-".to_string(), |ms| ms.to_string());
         tracing::info!(event, %lease, gpus = %uuids.join(","), %until, "lease event");
-        let Some(hook) = &self.config.delivery_hook else { return };
+        let Some(hook) = &self.config.delivery_hook else { return true };
         let status = tokio::process::Command::new(hook).arg(event).arg(lease.to_string()).arg(uuids.join(",")).arg(&until).status().await;
         match status {
-            Ok(status) if status.success() => {}
-            Ok(status) => tracing::error!(%lease, %status, hook = %hook_name(hook), "delivery hook failed"),
-            Err(error) => tracing::error!(%lease, %error, hook = %hook_name(hook), "delivery hook could not run"),
+            Ok(status) if status.success() => true,
+            Ok(status) => {
+                tracing::error!(%lease, %status, hook = %hook_name(hook), "delivery hook failed");
+                false
+            }
+            Err(error) => {
+                tracing::error!(%lease, %error, hook = %hook_name(hook), "delivery hook could not run");
+                false
+            }
         }
     }
 }

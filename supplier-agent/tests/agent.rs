@@ -432,3 +432,111 @@ async fn book_asks_of(client: &mut Connection, instrument: InstrumentId) -> u64 
     client.request(ClientMessage::Unsubscribe { id, channel: Channel::Book, instrument }).await.expect("unsubscribe");
     asks.iter().map(|(_, quantity)| quantity).sum()
 }
+
+/// A delivery hook that cannot start the renter's job makes the agent take
+/// the GPU off the market and report it unavailable: the renter pays nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_delivery_is_not_billed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let one_gpu = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
+    let (config, host, _) = agent_files_with(dir.path(), &exchange.url, one_gpu);
+    write(&dir.path().join("hook.sh"), "#!/bin/sh\n[ \"$1\" = start ] && exit 1\nexit 0\n");
+    let deposit = 1_000_000_000;
+    let mut renter = Connection::open(&exchange.url, &SigningKey::from_bytes(&[3; 32]), Role::Renter).await.expect("renter");
+    let mut admin = Connection::open(&exchange.url, &operator, Role::Operator).await.expect("operator");
+    let id = admin.new_id();
+    admin.request(ClientMessage::Deposit { id, account: renter.account, amount_minor: deposit }).await.expect("deposit");
+    let id = renter.new_id();
+    renter.request(ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await.expect("subscribe");
+    let _agent = Agent(
+        Command::new(env!("CARGO_BIN_EXE_gpux-agent"))
+            .arg("--config")
+            .arg(&config)
+            .arg("--fake")
+            .arg(&host)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("agent"),
+    );
+    let mut asks = std::collections::BTreeMap::new();
+    await_ask_quantity(&mut renter, &mut asks, 1).await;
+    let id = renter.new_id();
+    renter
+        .request(ClientMessage::NewOrder { id, order: OrderTicket::limit(1, InstrumentId(0), Side::Buy, 2_100_000, 1) })
+        .await
+        .expect("buy");
+    let lease = loop {
+        if let ServerMessage::Private { event } = renter.next().await.expect("message") {
+            if let gpux_engine::EventKind::LeaseCreated { lease, .. } = event.kind {
+                break lease;
+            }
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    let id = renter.new_id();
+    renter.request(ClientMessage::EndLease { id, lease }).await.expect("end");
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let id = renter.new_id();
+    let ServerMessage::Balance { available_minor, held_minor, .. } = renter.request(ClientMessage::Balance { id }).await.expect("balance")
+    else {
+        panic!("balance")
+    };
+    assert_eq!((available_minor, held_minor), (deposit, 0), "nothing billed for a GPU that was never delivered");
+}
+
+/// The owner makes the GPU available only later today: the agent sells
+/// reserved windows inside that period and nothing on spot now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_availability_schedule_limits_what_is_offered() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let one_gpu = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
+    let (config, host, _) = agent_files_with(dir.path(), &exchange.url, one_gpu);
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64;
+    let hour = |ms: u64| (ms / 3_600_000) % 24;
+    let (from, until) = (hour(now_ms) + 2, hour(now_ms) + 4);
+    let text = std::fs::read_to_string(&config).expect("config");
+    write(
+        &config,
+        &format!(
+            "{text}\n[[offer]]\ncontract = \"hourly_window\"\nprice_floor_minor_per_gpu_hour = 1800000\nwindows_ahead = 6\n\n[[available]]\nfrom_utc = \"{:02}:00\"\nuntil_utc = \"{:02}:00\"\n",
+            from % 24,
+            until % 24
+        ),
+    );
+    let mut watcher = Connection::open(&exchange.url, &SigningKey::from_bytes(&[3; 32]), Role::Renter).await.expect("watcher");
+    let _agent = Agent(
+        Command::new(env!("CARGO_BIN_EXE_gpux-agent"))
+            .arg("--config")
+            .arg(&config)
+            .arg("--fake")
+            .arg(&host)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("agent"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let windows = trading_hourly_windows(&mut watcher).await;
+        let inside: Vec<InstrumentId> = windows
+            .iter()
+            .filter(|(start, _)| (from..until).contains(&((start / 3_600_000) % 24 + if hour(*start) < hour(now_ms) { 24 } else { 0 })))
+            .map(|(_, i)| *i)
+            .collect();
+        let mut offered_inside = 0;
+        for instrument in &inside {
+            offered_inside += book_asks_of(&mut watcher, *instrument).await;
+        }
+        if offered_inside == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the two windows inside the schedule are offered ({offered_inside})");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(book_asks_of(&mut watcher, InstrumentId(0)).await, 0, "nothing on spot outside the schedule");
+    let outside = trading_hourly_windows(&mut watcher).await[0].1;
+    assert_eq!(book_asks_of(&mut watcher, outside).await, 0, "nor in a window outside it");
+}
