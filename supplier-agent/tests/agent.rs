@@ -79,6 +79,30 @@ impl Drop for Exchange {
 
 struct Agent(Child);
 
+/// The real agent binary on a scripted host (its log is discarded).
+fn spawn_agent(config: &std::path::Path, host: &std::path::Path) -> Agent {
+    Agent(
+        Command::new(env!("CARGO_BIN_EXE_gpux-agent"))
+            .arg("--config")
+            .arg(config)
+            .arg("--fake")
+            .arg(host)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("agent starts"),
+    )
+}
+
+/// A renter logged in with key `seed`, funded by the operator.
+async fn funded_renter(exchange: &Exchange, operator: &SigningKey, seed: u8, amount_minor: u64) -> Connection {
+    let renter = Connection::open(&exchange.url, &SigningKey::from_bytes(&[seed; 32]), Role::Renter).await.expect("renter");
+    let mut admin = Connection::open(&exchange.url, operator, Role::Operator).await.expect("operator");
+    let id = admin.new_id();
+    let deposit = admin.request(ClientMessage::Deposit { id, account: renter.account, amount_minor }).await.expect("deposit");
+    assert!(matches!(deposit, ServerMessage::Ack { .. }), "{deposit:?}");
+    renter
+}
+
 impl Drop for Agent {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -142,26 +166,12 @@ async fn the_agent_registers_offers_delivers_and_withdraws_a_failed_gpu() {
     let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
     let (config, host, hook_log) = agent_files(dir.path(), &exchange.url);
 
-    let mut renter = Connection::open(&exchange.url, &SigningKey::from_bytes(&[3; 32]), Role::Renter).await.expect("renter");
-    let mut admin = Connection::open(&exchange.url, &operator, Role::Operator).await.expect("operator");
-    let id = admin.new_id();
-    let deposit =
-        admin.request(ClientMessage::Deposit { id, account: renter.account, amount_minor: 1_000_000_000 }).await.expect("deposit");
-    assert!(matches!(deposit, ServerMessage::Ack { .. }), "{deposit:?}");
+    let mut renter = funded_renter(&exchange, &operator, 3, 1_000_000_000).await;
     let id = renter.new_id();
     renter.request(ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await.expect("subscribe");
 
     let spawned = Instant::now();
-    let _agent = Agent(
-        Command::new(env!("CARGO_BIN_EXE_gpux-agent"))
-            .arg("--config")
-            .arg(&config)
-            .arg("--fake")
-            .arg(&host)
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("agent starts"),
-    );
+    let _agent = spawn_agent(&config, &host);
     let mut asks = std::collections::BTreeMap::new();
     await_ask_quantity(&mut renter, &mut asks, 2).await;
     assert_eq!(asks.keys().copied().collect::<Vec<_>>(), [2_100_000], "offered at the owner's floor");
@@ -228,22 +238,10 @@ async fn usage_is_reported_through_a_30_second_outage_and_billed_exactly() {
     let (config, host, _) = agent_files_with(dir.path(), &exchange.url, healthy_host);
     let renter_key = SigningKey::from_bytes(&[3; 32]);
     let deposit = 1_000_000_000;
-    let mut renter = Connection::open(&exchange.url, &renter_key, Role::Renter).await.expect("renter");
-    let mut admin = Connection::open(&exchange.url, &operator, Role::Operator).await.expect("operator");
-    let id = admin.new_id();
-    admin.request(ClientMessage::Deposit { id, account: renter.account, amount_minor: deposit }).await.expect("deposit");
+    let mut renter = funded_renter(&exchange, &operator, 3, deposit).await;
     let id = renter.new_id();
     renter.request(ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await.expect("subscribe");
-    let _agent = Agent(
-        Command::new(env!("CARGO_BIN_EXE_gpux-agent"))
-            .arg("--config")
-            .arg(&config)
-            .arg("--fake")
-            .arg(&host)
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("agent starts"),
-    );
+    let _agent = spawn_agent(&config, &host);
     let mut asks = std::collections::BTreeMap::new();
     await_ask_quantity(&mut renter, &mut asks, 1).await;
     let id = renter.new_id();
@@ -309,25 +307,11 @@ async fn a_preemption_notice_reaches_the_delivery_hook_with_its_deadline() {
     let text = std::fs::read_to_string(&config).expect("config");
     write(&config, &format!("{text}\n[[offer]]\ncontract = \"preemptible\"\nprice_floor_minor_per_gpu_hour = 800000\n"));
 
-    let mut admin = Connection::open(&exchange.url, &operator, Role::Operator).await.expect("operator");
-    let mut batch = Connection::open(&exchange.url, &SigningKey::from_bytes(&[3; 32]), Role::Renter).await.expect("batch renter");
-    let mut urgent = Connection::open(&exchange.url, &SigningKey::from_bytes(&[4; 32]), Role::Renter).await.expect("spot renter");
-    for account in [batch.account, urgent.account] {
-        let id = admin.new_id();
-        admin.request(ClientMessage::Deposit { id, account, amount_minor: 1_000_000_000 }).await.expect("deposit");
-    }
+    let mut batch = funded_renter(&exchange, &operator, 3, 1_000_000_000).await;
+    let mut urgent = funded_renter(&exchange, &operator, 4, 1_000_000_000).await;
     let id = batch.new_id();
     batch.request(ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(1) }).await.expect("subscribe");
-    let _agent = Agent(
-        Command::new(env!("CARGO_BIN_EXE_gpux-agent"))
-            .arg("--config")
-            .arg(&config)
-            .arg("--fake")
-            .arg(&host)
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("agent"),
-    );
+    let _agent = spawn_agent(&config, &host);
     let mut asks = std::collections::BTreeMap::new();
     await_ask_quantity(&mut batch, &mut asks, 1).await;
     let id = batch.new_id();
@@ -371,16 +355,7 @@ async fn reserved_windows_are_offered_and_a_gpu_in_local_use_is_not() {
         &format!("{text}\n[[offer]]\ncontract = \"hourly_window\"\nprice_floor_minor_per_gpu_hour = 1800000\nwindows_ahead = 2\n"),
     );
     let mut watcher = Connection::open(&exchange.url, &SigningKey::from_bytes(&[3; 32]), Role::Renter).await.expect("watcher");
-    let _agent = Agent(
-        Command::new(env!("CARGO_BIN_EXE_gpux-agent"))
-            .arg("--config")
-            .arg(&config)
-            .arg("--fake")
-            .arg(&host)
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("agent"),
-    );
+    let _agent = spawn_agent(&config, &host);
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         // The tradable hourly windows now (one may stop trading mid-test).
@@ -444,22 +419,10 @@ async fn a_failed_delivery_is_not_billed() {
     let (config, host, _) = agent_files_with(dir.path(), &exchange.url, one_gpu);
     write(&dir.path().join("hook.sh"), "#!/bin/sh\n[ \"$1\" = start ] && exit 1\nexit 0\n");
     let deposit = 1_000_000_000;
-    let mut renter = Connection::open(&exchange.url, &SigningKey::from_bytes(&[3; 32]), Role::Renter).await.expect("renter");
-    let mut admin = Connection::open(&exchange.url, &operator, Role::Operator).await.expect("operator");
-    let id = admin.new_id();
-    admin.request(ClientMessage::Deposit { id, account: renter.account, amount_minor: deposit }).await.expect("deposit");
+    let mut renter = funded_renter(&exchange, &operator, 3, deposit).await;
     let id = renter.new_id();
     renter.request(ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await.expect("subscribe");
-    let _agent = Agent(
-        Command::new(env!("CARGO_BIN_EXE_gpux-agent"))
-            .arg("--config")
-            .arg(&config)
-            .arg("--fake")
-            .arg(&host)
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("agent"),
-    );
+    let _agent = spawn_agent(&config, &host);
     let mut asks = std::collections::BTreeMap::new();
     await_ask_quantity(&mut renter, &mut asks, 1).await;
     let id = renter.new_id();
@@ -508,16 +471,7 @@ async fn an_availability_schedule_limits_what_is_offered() {
         ),
     );
     let mut watcher = Connection::open(&exchange.url, &SigningKey::from_bytes(&[3; 32]), Role::Renter).await.expect("watcher");
-    let _agent = Agent(
-        Command::new(env!("CARGO_BIN_EXE_gpux-agent"))
-            .arg("--config")
-            .arg(&config)
-            .arg("--fake")
-            .arg(&host)
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("agent"),
-    );
+    let _agent = spawn_agent(&config, &host);
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let windows = trading_hourly_windows(&mut watcher).await;
