@@ -95,12 +95,15 @@ pub enum EventKind {
         amount_minor: u64,
         reason: HoldReason,
     },
-    /// Held funds paid to another account (a reserved contract's resale), or
-    /// charged for usage (`to` is `None`: settlement books the counter-entry).
+    /// Funds paid to another account (a reserved contract's resale), or
+    /// charged for usage (`to` is `None`: the ledger books the supplier's and
+    /// the fee's side). `from_held` says whether they came out of held funds
+    /// (escrow) or available ones.
     FundsCharged {
         account: AccountId,
         to: Option<AccountId>,
         amount_minor: u64,
+        from_held: bool,
         reason: HoldReason,
     },
     /// Verified usage that neither the lease's escrow nor the renter's

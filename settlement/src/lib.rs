@@ -14,6 +14,8 @@
 //! split into reports, the charges add up to the exact amount rounded down,
 //! so never more than one minor unit below it.
 
+pub mod ledger;
+
 use std::collections::BTreeMap;
 
 use gpux_engine::{AccountId, LeaseId};

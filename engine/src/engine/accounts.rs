@@ -84,7 +84,7 @@ impl Engine {
         assert!(payer.available_minor >= amount_minor, "transfer exceeds available funds");
         payer.available_minor -= amount_minor;
         self.accounts[to.0 as usize].available_minor += amount_minor;
-        self.emit(EventKind::FundsCharged { account: from, to: Some(to), amount_minor, reason });
+        self.emit(EventKind::FundsCharged { account: from, to: Some(to), amount_minor, from_held: false, reason });
     }
 
     /// Charges verified usage: from the lease's escrow first, then from the
@@ -106,6 +106,7 @@ impl Engine {
                 account: renter,
                 to: None,
                 amount_minor: from_escrow,
+                from_held: true,
                 reason: HoldReason::Lease(lease_id),
             });
         }
@@ -117,6 +118,7 @@ impl Engine {
                 account: renter,
                 to: None,
                 amount_minor: from_available,
+                from_held: false,
                 reason: HoldReason::Lease(lease_id),
             });
         }

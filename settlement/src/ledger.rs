@@ -1,0 +1,172 @@
+//! The double-entry ledger: every movement of money is one transfer between
+//! two ledger accounts, so the sum of all balances is zero at all times.
+//!
+//! The ledger is derived from the engine's event stream (deposits,
+//! withdrawals, holds, releases, charges, unpaid usage) and adds what the
+//! engine does not track: the supplier's payable balance, the exchange's fee
+//! and the renter's debt for usage nothing covered. Because the event stream
+//! is replayed from the journal, so is the ledger; a transfer's id is the
+//! engine event's sequence number and its leg, so none is applied twice.
+
+use std::collections::BTreeMap;
+
+use gpux_engine::{AccountId, Event, EventKind, HoldReason, LeaseId};
+use serde::{Deserialize, Serialize};
+
+/// A ledger account: a participant's sub-account, or the exchange's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LedgerAccount {
+    /// Funds the participant may use or withdraw.
+    Available(AccountId),
+    /// Funds held for open bids and escrowed for leases and contracts.
+    Held(AccountId),
+    /// What the exchange owes a supplier for verified usage.
+    Payable(AccountId),
+    /// Verified usage a renter has not paid (a debit balance).
+    Debt(AccountId),
+    /// The exchange's fee income.
+    Fees,
+    /// The world outside the exchange: deposits come from it, withdrawals go
+    /// to it (a debit balance).
+    External,
+}
+
+impl LedgerAccount {
+    /// Whether the account may go below zero.
+    pub fn may_be_negative(self) -> bool {
+        matches!(self, LedgerAccount::External | LedgerAccount::Debt(_))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transfer {
+    /// Engine event sequence number x 2 + leg (an event may post two legs).
+    pub id: u64,
+    pub at_ms: u64,
+    pub from: LedgerAccount,
+    pub to: LedgerAccount,
+    pub amount_minor: u64,
+    pub lease: Option<LeaseId>,
+}
+
+/// A ledger posting that would break an invariant; the ledger stops there
+/// (better to stop than to go on in a wrong state).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerError(pub String);
+
+impl std::fmt::Display for LedgerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LedgerError {}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Ledger {
+    balances: BTreeMap<LedgerAccount, i128>,
+    /// Suppliers of the leases seen, to know whom a usage charge pays.
+    suppliers: BTreeMap<LeaseId, AccountId>,
+    /// The fee on usage, in basis points of the charge.
+    fee_bps: u32,
+    last_transfer_id: Option<u64>,
+    transfers: u64,
+}
+
+impl Ledger {
+    pub fn new(fee_bps: u32) -> Self {
+        assert!(fee_bps <= 10_000, "a fee above 100% is a configuration error");
+        Ledger { fee_bps, ..Ledger::default() }
+    }
+
+    pub fn balance(&self, account: LedgerAccount) -> i128 {
+        self.balances.get(&account).copied().unwrap_or(0)
+    }
+
+    /// The sum of every balance; zero after every posting.
+    pub fn sum(&self) -> i128 {
+        self.balances.values().sum()
+    }
+
+    pub fn transfer_count(&self) -> u64 {
+        self.transfers
+    }
+
+    /// Posts the transfers an engine event implies; returns them.
+    pub fn apply(&mut self, event: &Event) -> Result<Vec<Transfer>, LedgerError> {
+        use LedgerAccount::*;
+        let mut legs: Vec<(LedgerAccount, LedgerAccount, u64, Option<LeaseId>)> = Vec::new();
+        match event.kind {
+            EventKind::LeaseCreated { lease, supplier, .. } => {
+                self.suppliers.insert(lease, supplier);
+            }
+            EventKind::FundsDeposited { account, amount_minor } => legs.push((External, Available(account), amount_minor, None)),
+            EventKind::FundsWithdrawn { account, amount_minor } => legs.push((Available(account), External, amount_minor, None)),
+            EventKind::FundsHeld { account, amount_minor, reason } => {
+                legs.push((Available(account), Held(account), amount_minor, lease_of(reason)))
+            }
+            EventKind::FundsReleased { account, amount_minor, reason } => {
+                legs.push((Held(account), Available(account), amount_minor, lease_of(reason)))
+            }
+            EventKind::FundsCharged { account, to: Some(to), amount_minor, reason, .. } => {
+                legs.push((Available(account), Available(to), amount_minor, lease_of(reason)))
+            }
+            EventKind::FundsCharged { account, to: None, amount_minor, from_held, reason } => {
+                let source = if from_held { Held(account) } else { Available(account) };
+                legs.extend(self.usage_legs(source, amount_minor, lease_of(reason))?);
+            }
+            EventKind::UsageUnpaid { lease, renter, amount_minor } => {
+                legs.extend(self.usage_legs(Debt(renter), amount_minor, Some(lease))?)
+            }
+            _ => {}
+        }
+        let mut posted = Vec::with_capacity(legs.len());
+        for (leg, (from, to, amount_minor, lease)) in legs.into_iter().enumerate() {
+            let transfer = Transfer { id: event.seq * 2 + leg as u64, at_ms: event.at_ms, from, to, amount_minor, lease };
+            self.post(transfer)?;
+            posted.push(transfer);
+        }
+        Ok(posted)
+    }
+
+    /// A usage charge pays the supplier, less the exchange's fee.
+    fn usage_legs(
+        &self,
+        source: LedgerAccount,
+        amount_minor: u64,
+        lease: Option<LeaseId>,
+    ) -> Result<Vec<(LedgerAccount, LedgerAccount, u64, Option<LeaseId>)>, LedgerError> {
+        let lease = lease.ok_or_else(|| LedgerError("a usage charge without a lease".into()))?;
+        let supplier = *self.suppliers.get(&lease).ok_or_else(|| LedgerError(format!("usage charge for unseen lease {lease}")))?;
+        let fee = (amount_minor as u128 * self.fee_bps as u128 / 10_000) as u64;
+        let mut legs = vec![(source, LedgerAccount::Payable(supplier), amount_minor - fee, Some(lease))];
+        if fee > 0 {
+            legs.push((source, LedgerAccount::Fees, fee, Some(lease)));
+        }
+        Ok(legs)
+    }
+
+    fn post(&mut self, transfer: Transfer) -> Result<(), LedgerError> {
+        if self.last_transfer_id.is_some_and(|last| transfer.id <= last) {
+            return Err(LedgerError(format!("transfer {} applied out of order or twice", transfer.id)));
+        }
+        let from = self.balance(transfer.from) - transfer.amount_minor as i128;
+        if from < 0 && !transfer.from.may_be_negative() {
+            return Err(LedgerError(format!("{:?} would go below zero ({from})", transfer.from)));
+        }
+        *self.balances.entry(transfer.from).or_default() = from;
+        *self.balances.entry(transfer.to).or_default() += transfer.amount_minor as i128;
+        self.last_transfer_id = Some(transfer.id);
+        self.transfers += 1;
+        debug_assert_eq!(self.sum(), 0);
+        Ok(())
+    }
+}
+
+fn lease_of(reason: HoldReason) -> Option<LeaseId> {
+    match reason {
+        HoldReason::Lease(lease) => Some(lease),
+        HoldReason::Order(_) | HoldReason::Contract(_) => None,
+    }
+}
