@@ -39,6 +39,9 @@ impl LedgerAccount {
     }
 }
 
+/// One leg to post: from, to, amount, and the lease it is for.
+type Leg = (LedgerAccount, LedgerAccount, u64, Option<LeaseId>);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Transfer {
     /// Engine event sequence number x 2 + leg (an event may post two legs).
@@ -96,7 +99,7 @@ impl Ledger {
     /// Posts the transfers an engine event implies; returns them.
     pub fn apply(&mut self, event: &Event) -> Result<Vec<Transfer>, LedgerError> {
         use LedgerAccount::*;
-        let mut legs: Vec<(LedgerAccount, LedgerAccount, u64, Option<LeaseId>)> = Vec::new();
+        let mut legs: Vec<Leg> = Vec::new();
         match event.kind {
             EventKind::LeaseCreated { lease, supplier, .. } => {
                 self.suppliers.insert(lease, supplier);
@@ -131,12 +134,7 @@ impl Ledger {
     }
 
     /// A usage charge pays the supplier, less the exchange's fee.
-    fn usage_legs(
-        &self,
-        source: LedgerAccount,
-        amount_minor: u64,
-        lease: Option<LeaseId>,
-    ) -> Result<Vec<(LedgerAccount, LedgerAccount, u64, Option<LeaseId>)>, LedgerError> {
+    fn usage_legs(&self, source: LedgerAccount, amount_minor: u64, lease: Option<LeaseId>) -> Result<Vec<Leg>, LedgerError> {
         let lease = lease.ok_or_else(|| LedgerError("a usage charge without a lease".into()))?;
         let supplier = *self.suppliers.get(&lease).ok_or_else(|| LedgerError(format!("usage charge for unseen lease {lease}")))?;
         let fee = (amount_minor as u128 * self.fee_bps as u128 / 10_000) as u64;
