@@ -128,6 +128,11 @@ pub enum Request {
         connection: ConnectionId,
         id: u64,
     },
+    Statement {
+        connection: ConnectionId,
+        id: u64,
+        after: Option<u64>,
+    },
     MyGpus {
         connection: ConnectionId,
         id: u64,
@@ -151,6 +156,9 @@ pub struct Sequencer {
     /// Each account's public key (the host key, for a supplier).
     account_keys: HashMap<AccountId, [u8; 32]>,
     settlement: gpux_settlement::Settlement,
+    ledger: gpux_settlement::ledger::Ledger,
+    /// Transfers of the current batch, committed with its journal entries.
+    transfers: Vec<gpux_settlement::ledger::Transfer>,
     operator_keys: BTreeSet<[u8; 32]>,
     connections: BTreeMap<ConnectionId, Connection>,
     connections_of: HashMap<AccountId, BTreeSet<ConnectionId>>,
@@ -199,6 +207,7 @@ impl Sequencer {
         snapshots: SnapshotStore,
         operator_keys: BTreeSet<[u8; 32]>,
         metrics: Arc<Metrics>,
+        fee_bps: u32,
     ) -> anyhow::Result<(Self, Recovery)> {
         let snapshot = snapshots.latest_valid()?;
         anyhow::ensure!(
@@ -214,6 +223,8 @@ impl Sequencer {
             keys: HashMap::new(),
             account_keys: HashMap::new(),
             settlement: gpux_settlement::Settlement::default(),
+            ledger: gpux_settlement::ledger::Ledger::new(fee_bps),
+            transfers: Vec::new(),
             operator_keys,
             connections: BTreeMap::new(),
             connections_of: HashMap::new(),
@@ -234,6 +245,7 @@ impl Sequencer {
             sequencer.keys = snapshot.keys.into_iter().collect();
             sequencer.account_keys = sequencer.keys.iter().map(|(key, account)| (*account, *key)).collect();
             sequencer.settlement = snapshot.settlement;
+            sequencer.ledger = snapshot.ledger;
             sequencer.book_seq = snapshot.book_seq.into_iter().collect();
             sequencer.trade_seq = snapshot.trade_seq.into_iter().collect();
             sequencer.stats = snapshot.stats;
@@ -245,6 +257,7 @@ impl Sequencer {
                     sequencer.clock_ms = sequencer.clock_ms.max(input.at_ms);
                     let events = sequencer.engine.apply(&input).to_vec();
                     sequencer.count_market_data(&events);
+                    sequencer.post(&events);
                 }
                 JournalEntry::BindKey { public_key, account } => {
                     sequencer.keys.insert(public_key, account);
@@ -257,6 +270,9 @@ impl Sequencer {
                 }
             }
         }
+        // Replayed transfers are on disk already; nothing was released either.
+        sequencer.transfers.clear();
+        sequencer.pending.clear();
         let state_hash = sequencer.engine.state_hash();
         Ok((sequencer, Recovery { snapshot_seq, entries: count, state_hash }))
     }
@@ -276,6 +292,7 @@ impl Sequencer {
             trade_seq: self.trade_seq.iter().map(|(i, s)| (*i, *s)).collect(),
             stats: self.stats.clone(),
             settlement: self.settlement.clone(),
+            ledger: self.ledger.clone(),
             state_hash: self.engine.state_hash(),
         };
         // A failed snapshot costs only restart time: the journal has everything.
@@ -331,7 +348,7 @@ impl Sequencer {
         }
         if !self.entries.is_empty() {
             let started = std::time::Instant::now();
-            if let Err(error) = self.journal.append(&self.entries) {
+            if let Err(error) = self.journal.append_with_transfers(&self.entries, &self.transfers) {
                 // Acknowledged means durable: without the journal nothing may be
                 // acknowledged, and the in-memory state is ahead of the disk.
                 tracing::error!(%error, "journal append failed; stopping so a restart replays the journal");
@@ -340,6 +357,7 @@ impl Sequencer {
             self.metrics.observe_commit(started.elapsed());
             self.metrics.journal_entries.fetch_add(self.entries.len() as u64, std::sync::atomic::Ordering::Relaxed);
             self.entries.clear();
+            self.transfers.clear();
         }
         self.release();
         self.refresh_depth();
@@ -420,6 +438,22 @@ impl Sequencer {
                 self.reply(connection, ServerMessage::Gpus { id, gpus });
             }
             Request::Usage { connection, id, report } => self.usage(connection, id, *report),
+            Request::Statement { connection, id, after } => {
+                let account = self.connections.get(&connection).and_then(|c| c.account);
+                let page = gpux_protocol::ORDERS_PAGE_MAX;
+                let reply = match account.map(|a| self.journal.statement(a, after, page)) {
+                    Some(Ok(transfers)) => {
+                        let next_after = (transfers.len() == page).then(|| transfers.last().map(|t| t.id)).flatten();
+                        ServerMessage::Statement { id, lines: transfers.iter().map(|t| t.line()).collect(), next_after }
+                    }
+                    Some(Err(error)) => {
+                        tracing::error!(%error, "reading a statement");
+                        ServerMessage::Statement { id, lines: Vec::new(), next_after: None }
+                    }
+                    None => ServerMessage::Statement { id, lines: Vec::new(), next_after: None },
+                };
+                self.reply(connection, reply);
+            }
             Request::Balance { connection, id } => {
                 let account = self.connections.get(&connection).and_then(|c| c.account);
                 let (available_minor, held_minor) = account.and_then(|a| self.engine.funds(a)).unwrap_or((0, 0));
@@ -564,8 +598,23 @@ impl Sequencer {
         }
     }
 
+    /// Books the events in the ledger; keeps the transfers for the commit.
+    /// A ledger error is an invariant broken: stop rather than go on.
+    fn post(&mut self, events: &[Event]) {
+        for event in events {
+            match self.ledger.apply(event) {
+                Ok(transfers) => self.transfers.extend(transfers),
+                Err(error) => {
+                    tracing::error!(%error, "ledger invariant broken; stopping");
+                    std::process::exit(70);
+                }
+            }
+        }
+    }
+
     /// Queues market data and private events for release after the commit.
     fn route(&mut self, events: &[Event]) {
+        self.post(events);
         for event in events {
             if let Some(message) = self.market_data(event) {
                 let (channel, instrument) = match &message {

@@ -324,6 +324,7 @@ impl Connection {
                 | ServerMessage::Gpus { .. }
                 | ServerMessage::UsageAccepted { .. }
                 | ServerMessage::Balance { .. }
+                | ServerMessage::Statement { .. }
                 | ServerMessage::UsageRejected { .. }
         );
         if answers_a_request {
@@ -397,6 +398,7 @@ impl Connection {
             ClientMessage::MyGpus { id } => Request::MyGpus { connection, id },
             ClientMessage::UsageReport { id, report } => Request::Usage { connection, id, report: Box::new(report) },
             ClientMessage::Balance { id } => Request::Balance { connection, id },
+            ClientMessage::Statement { id, after } => Request::Statement { connection, id, after },
             ClientMessage::NewOrder { id, order } => command(id, Command::PlaceOrder(order.into_order(account))),
             ClientMessage::CancelOrder { id, order } => command(id, Command::CancelOrder { account, order }),
             ClientMessage::ReplaceOrder { id, order, price_minor_per_gpu_hour, quantity } => {
@@ -427,6 +429,7 @@ impl Connection {
             | Request::MyGpus { id, .. }
             | Request::Usage { id, .. }
             | Request::Balance { id, .. }
+            | Request::Statement { id, .. }
             | Request::Authenticate { id, .. } => *id,
             Request::Connect { .. } | Request::Disconnect { .. } => 0,
         };

@@ -12,10 +12,14 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use gpux_engine::{AccountId, Input};
 use gpux_protocol::{decode_record, encode_record};
+use gpux_settlement::ledger::Transfer;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("journal");
+/// The ledger's transfers, by transfer id, written in the same commit as
+/// the journal entries they follow from (so statements are durable too).
+const TRANSFERS: TableDefinition<u64, &[u8]> = TableDefinition::new("transfers");
 
 /// One journaled input: an engine command, or the binding of an account to
 /// the public key that proved it (exchange state the engine does not hold).
@@ -46,6 +50,7 @@ impl Journal {
         let db = Database::create(path).with_context(|| format!("opening journal {}", path.display()))?;
         let setup = db.begin_write()?;
         setup.open_table(JOURNAL)?;
+        setup.open_table(TRANSFERS)?;
         setup.commit()?;
         let next_seq = {
             let read = db.begin_read()?;
@@ -74,6 +79,11 @@ impl Journal {
     /// Appends `entries` in one durable commit; returns the sequence number
     /// of the first. An error here is fatal to the exchange.
     pub fn append(&mut self, entries: &[JournalEntry]) -> Result<u64> {
+        self.append_with_transfers(entries, &[])
+    }
+
+    /// Appends entries and the ledger transfers they caused, in one durable commit.
+    pub fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer]) -> Result<u64> {
         let first = self.next_seq;
         let mut transaction = self.db.begin_write()?;
         transaction.set_durability(Durability::Immediate)?;
@@ -82,10 +92,35 @@ impl Journal {
             for (offset, entry) in entries.iter().enumerate() {
                 table.insert(first + offset as u64, encode_record(entry).as_slice())?;
             }
+            let mut ledger = transaction.open_table(TRANSFERS)?;
+            for transfer in transfers {
+                ledger.insert(transfer.id, encode_record(transfer).as_slice())?;
+            }
         }
         transaction.commit()?;
         self.next_seq += entries.len() as u64;
         Ok(first)
+    }
+
+    /// Up to `limit` transfers involving `account` after transfer id `after`,
+    /// oldest first (a scan: statements are not a hot path).
+    pub fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
+        let read = self.db.begin_read()?;
+        let table = read.open_table(TRANSFERS)?;
+        let mut lines = Vec::new();
+        let start = after.map_or(0, |after| after + 1);
+        for row in table.range(start..)? {
+            let (key, bytes) = row?;
+            let transfer: Transfer =
+                decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("transfer {}: {}", key.value(), e.message))?;
+            if transfer.involves(account) {
+                lines.push(transfer);
+                if lines.len() >= limit {
+                    break;
+                }
+            }
+        }
+        Ok(lines)
     }
 
     /// The sequence number the next entry will get.

@@ -34,7 +34,12 @@ pub struct ExchangeConfig {
     /// PEM certificate chain and private key; with them the gateway speaks
     /// `wss://` only.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// The exchange's fee on usage, in basis points.
+    pub fee_bps: u32,
 }
+
+/// The default fee on usage: 2.5%.
+pub const FEE_BPS_DEFAULT: u32 = 250;
 
 /// What ends a running exchange.
 pub enum Stop {
@@ -63,7 +68,8 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
     };
     let scheme = if tls.is_some() { "wss" } else { "ws" };
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
-    let (sequencer, recovery) = core::Sequencer::recover(engine, journal, snapshots, config.operator_keys, metrics.clone())?;
+    let (sequencer, recovery) =
+        core::Sequencer::recover(engine, journal, snapshots, config.operator_keys, metrics.clone(), config.fee_bps)?;
     say(&format!(
         "recovered from snapshot at journal entry {} plus {} journal entries, state hash {:016x}",
         recovery.snapshot_seq, recovery.entries, recovery.state_hash

@@ -13,6 +13,8 @@ use gpux_exchange::{run, ExchangeConfig};
 #[derive(Parser)]
 #[command(name = "gpux-exchange", about = "The gpux exchange: journal, matching engine and WebSocket gateway in one process")]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Tool>,
     /// Where the journal (redb) lives.
     #[arg(long, default_value = "gpux-data")]
     data_dir: PathBuf,
@@ -32,6 +34,9 @@ struct Args {
     /// Where to serve Prometheus metrics (`GET /metrics`); `off` for nowhere.
     #[arg(long, default_value = "127.0.0.1:7301")]
     metrics_listen: String,
+    /// The exchange's fee on usage, in basis points (250 = 2.5%).
+    #[arg(long, default_value_t = gpux_exchange::FEE_BPS_DEFAULT)]
+    fee_bps: u32,
     /// Frames queued to one connection before it is closed as a slow consumer.
     #[arg(long, default_value_t = gpux_exchange::gateway::OUTBOUND_FRAMES_MAX)]
     outbound_frames_max: usize,
@@ -43,6 +48,12 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    if let Some(Tool::Statement { account }) = args.command {
+        return statement(&args.data_dir, account);
+    }
+    if args.fee_bps > 10_000 {
+        anyhow::bail!("--fee-bps must be at most 10000");
+    }
     let mut operator_keys = BTreeSet::new();
     for key in &args.operator_keys {
         let bytes: [u8; 32] = hex::decode(key)
@@ -71,6 +82,38 @@ fn main() -> Result<()> {
         limits,
         metrics_listen,
         tls,
+        fee_bps: args.fee_bps,
     })?;
     Ok(())
+}
+
+#[derive(clap::Subcommand)]
+enum Tool {
+    /// Print an account's ledger transfers as CSV (stop the exchange first:
+    /// the journal file admits one process).
+    Statement {
+        #[arg(long)]
+        account: u32,
+    },
+}
+
+fn statement(data_dir: &std::path::Path, account: u32) -> Result<()> {
+    use std::io::Write;
+    let journal = gpux_exchange::journal::Journal::open(&data_dir.join("journal.redb"))?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    writeln!(out, "transfer,at_ms,from,to,amount_minor,lease")?;
+    let mut after = None;
+    loop {
+        let page = journal.statement(gpux_engine::AccountId(account), after, 1_000)?;
+        for transfer in &page {
+            let line = transfer.line();
+            let lease = line.lease.map_or(String::new(), |lease| lease.to_string());
+            writeln!(out, "{},{},{},{},{},{lease}", line.transfer, line.at_ms, line.from, line.to, line.amount_minor)?;
+        }
+        match page.last() {
+            Some(last) if page.len() == 1_000 => after = Some(last.id),
+            _ => break,
+        }
+    }
+    Ok(out.flush()?)
 }

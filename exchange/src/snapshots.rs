@@ -34,6 +34,7 @@ pub struct Snapshot {
     pub trade_seq: Vec<(InstrumentId, u64)>,
     pub stats: crate::stats::RollingStats,
     pub settlement: gpux_settlement::Settlement,
+    pub ledger: gpux_settlement::ledger::Ledger,
     /// `engine.state_hash()` when the snapshot was taken.
     pub state_hash: u64,
 }
@@ -129,6 +130,7 @@ mod tests {
             trade_seq: vec![],
             stats: Default::default(),
             settlement: Default::default(),
+            ledger: Default::default(),
             state_hash,
         }
     }

@@ -381,3 +381,76 @@ async fn usage_reports_are_verified_charged_and_survive_a_restart() {
     let restarted = Exchange::start(m._dir.path(), Some(&key(1)));
     assert_eq!(restarted.recovered_hash, before, "replaying the reports reaches the same state");
 }
+
+/// The ledger over the wire and on disk: after a usage charge, the renter's
+/// statement shows the deposit, the escrow and the charge, the supplier's
+/// shows what it is owed less the exchange's 2.5% fee, and the CSV the
+/// `statement` tool prints after a stop says the same.
+#[tokio::test]
+async fn statements_show_every_transfer_and_the_fee() {
+    let mut m = market().await;
+    m.renter.place(ticket(51, Side::Buy, USD_2, 1)).await;
+    let (lease, start_ms) = m
+        .supplier
+        .recv_until(|msg| match msg {
+            ServerMessage::Private { event: Event { kind: EventKind::LeaseCreated { lease, start_ms, .. }, .. } } => {
+                Some((*lease, *start_ms))
+            }
+            _ => None,
+        })
+        .await;
+    let body = UsageBody {
+        lease,
+        gpu_uuid: "GPU-1".into(),
+        seq: 1,
+        start_ms,
+        end_ms: start_ms + 1_800,
+        available_ms: 1_800,
+        utilisation_percent: 90,
+        memory_used_mib_max: 1,
+        unhealthy_samples: 0,
+        prev_hash: genesis_hash(),
+    };
+    let id = m.supplier.id();
+    m.supplier.request(ClientMessage::UsageReport { id, report: UsageReport::sign(body, &key(2)) }).await;
+
+    let lines = |client: &mut Client| {
+        let id = client.id();
+        (id, ClientMessage::Statement { id, after: None })
+    };
+    let (id, request) = lines(&mut m.supplier);
+    m.supplier.send(&request).await;
+    let supplier =
+        m.supplier.recv_until(|msg| matches!(msg, ServerMessage::Statement { id: i, .. } if *i == id).then(|| msg.clone())).await;
+    let ServerMessage::Statement { lines: supplier_lines, .. } = supplier else { unreachable!() };
+    let owed: Vec<(String, String, u64)> = supplier_lines.iter().map(|l| (l.from.clone(), l.to.clone(), l.amount_minor)).collect();
+    let renter = m.renter_account;
+    assert!(owed.contains(&(format!("held:{renter}"), "payable:1".into(), 975)), "{owed:?}");
+
+    let (id, request) = lines(&mut m.renter);
+    m.renter.send(&request).await;
+    let statement = m.renter.recv_until(|msg| matches!(msg, ServerMessage::Statement { id: i, .. } if *i == id).then(|| msg.clone())).await;
+    let ServerMessage::Statement { lines: renter_lines, .. } = statement else { unreachable!() };
+    let moves: Vec<(String, String, u64)> = renter_lines.iter().map(|l| (l.from.clone(), l.to.clone(), l.amount_minor)).collect();
+    for expected in [
+        ("external".to_string(), format!("available:{renter}"), 1_000_000_000),
+        (format!("available:{renter}"), format!("held:{renter}"), 2_000_000),
+        (format!("held:{renter}"), "fees".to_string(), 25),
+    ] {
+        assert!(moves.contains(&expected), "{expected:?} in {moves:?}");
+    }
+
+    m.exchange.terminate();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpux-exchange"))
+        .arg("--data-dir")
+        .arg(m._dir.path())
+        .arg("statement")
+        .arg("--account")
+        .arg(renter.to_string())
+        .output()
+        .expect("statement tool runs");
+    let csv = String::from_utf8(output.stdout).expect("utf-8");
+    assert!(csv.starts_with("transfer,at_ms,from,to,amount_minor,lease"), "{csv}");
+    assert_eq!(csv.lines().count() - 1, renter_lines.len(), "the CSV lists the same transfers");
+    assert!(csv.contains(&format!(",held:{renter},fees,25,{lease}")), "{csv}");
+}

@@ -177,6 +177,13 @@ pub enum ClientMessage {
     Balance {
         id: u64,
     },
+    /// The authenticated account's ledger transfers, oldest first, a page at
+    /// a time (after the given transfer id).
+    Statement {
+        id: u64,
+        #[serde(default)]
+        after: Option<u64>,
+    },
     /// A supplier's signed usage report of one GPU of one of its leases.
     UsageReport {
         id: u64,
@@ -221,6 +228,7 @@ impl ClientMessage {
             | MyGpus { id }
             | UsageReport { id, .. }
             | Balance { id }
+            | Statement { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -320,6 +328,12 @@ pub enum ServerMessage {
         id: u64,
         gpus: Vec<GpuInfo>,
     },
+    /// At most `ORDERS_PAGE_MAX` lines; ask again after `next_after` while set.
+    Statement {
+        id: u64,
+        lines: Vec<StatementLine>,
+        next_after: Option<u64>,
+    },
     /// Available and held (open bids, lease and contract escrow) funds.
     Balance {
         id: u64,
@@ -406,6 +420,18 @@ impl ErrorCode {
             ShuttingDown => "the exchange is shutting down",
         }
     }
+}
+
+/// One ledger transfer as a statement shows it. Accounts are labelled
+/// `available:<id>`, `held:<id>`, `payable:<id>`, `debt:<id>`, `fees` or `external`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatementLine {
+    pub transfer: u64,
+    pub at_ms: u64,
+    pub from: String,
+    pub to: String,
+    pub amount_minor: u64,
+    pub lease: Option<LeaseId>,
 }
 
 /// Orders in one `orders` page, so that a page stays far below the frame limit.

@@ -51,7 +51,8 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::Stats { id: 15, instrument: InstrumentId(0) },
         ClientMessage::MyGpus { id: 16 },
         ClientMessage::Balance { id: 17 },
-        ClientMessage::Ping { id: 18 },
+        ClientMessage::Statement { id: 18, after: Some(4) },
+        ClientMessage::Ping { id: 19 },
     ]
 }
 
@@ -148,7 +149,7 @@ proptest! {
     }
 
     #[test]
-    fn mutated_valid_frames_never_panic(pick in 0..18usize, position in any::<prop::sample::Index>(), byte in any::<u8>(), cut in any::<prop::sample::Index>()) {
+    fn mutated_valid_frames_never_panic(pick in 0..19usize, position in any::<prop::sample::Index>(), byte in any::<u8>(), cut in any::<prop::sample::Index>()) {
         let message = &sample_client_messages()[pick];
         let mut binary = encode_client_binary(message);
         let index = position.index(binary.len());

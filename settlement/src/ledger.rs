@@ -33,6 +33,26 @@ pub enum LedgerAccount {
 }
 
 impl LedgerAccount {
+    /// A stable label for statements: `available:3`, `fees`, ...
+    pub fn label(self) -> String {
+        match self {
+            LedgerAccount::Available(account) => format!("available:{account}"),
+            LedgerAccount::Held(account) => format!("held:{account}"),
+            LedgerAccount::Payable(account) => format!("payable:{account}"),
+            LedgerAccount::Debt(account) => format!("debt:{account}"),
+            LedgerAccount::Fees => "fees".into(),
+            LedgerAccount::External => "external".into(),
+        }
+    }
+
+    /// The participant the account belongs to, if any.
+    pub fn owner(self) -> Option<AccountId> {
+        match self {
+            LedgerAccount::Available(a) | LedgerAccount::Held(a) | LedgerAccount::Payable(a) | LedgerAccount::Debt(a) => Some(a),
+            LedgerAccount::Fees | LedgerAccount::External => None,
+        }
+    }
+
     /// Whether the account may go below zero.
     pub fn may_be_negative(self) -> bool {
         matches!(self, LedgerAccount::External | LedgerAccount::Debt(_))
@@ -75,6 +95,23 @@ pub struct Ledger {
     fee_bps: u32,
     last_transfer_id: Option<u64>,
     transfers: u64,
+}
+
+impl Transfer {
+    pub fn involves(&self, account: AccountId) -> bool {
+        self.from.owner() == Some(account) || self.to.owner() == Some(account)
+    }
+
+    pub fn line(&self) -> gpux_protocol::StatementLine {
+        gpux_protocol::StatementLine {
+            transfer: self.id,
+            at_ms: self.at_ms,
+            from: self.from.label(),
+            to: self.to.label(),
+            amount_minor: self.amount_minor,
+            lease: self.lease,
+        }
+    }
 }
 
 impl Ledger {

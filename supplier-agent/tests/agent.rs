@@ -50,6 +50,7 @@ impl Exchange {
             limits: Default::default(),
             metrics_listen: None,
             tls: None,
+            fee_bps: 250,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || {
@@ -491,6 +492,8 @@ async fn an_availability_schedule_limits_what_is_offered() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert_eq!(book_asks_of(&mut watcher, InstrumentId(0)).await, 0, "nothing on spot outside the schedule");
-    let outside = trading_hourly_windows(&mut watcher).await[0].1;
+    let windows = trading_hourly_windows(&mut watcher).await;
+    let inside_schedule = |start: u64| (from..until).contains(&(hour(start) + if hour(start) < hour(now_ms) { 24 } else { 0 }));
+    let outside = windows.iter().find(|(start, _)| !inside_schedule(*start)).expect("a listed window outside the schedule").1;
     assert_eq!(book_asks_of(&mut watcher, outside).await, 0, "nor in a window outside it");
 }
