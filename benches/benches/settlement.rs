@@ -46,6 +46,7 @@ fn settlement_benches(c: &mut Criterion) {
         start_ms: 1_000_000,
         end_ms: None,
         price_minor_per_gpu_hour: 2_000_000,
+        billing_closed: false,
     };
     let mut group = c.benchmark_group("settlement");
     group.sample_size(20);
@@ -84,7 +85,7 @@ fn settlement_benches(c: &mut Criterion) {
     group.throughput(Throughput::Elements(events.len() as u64));
     group.bench_function("ledger_post", |b| {
         b.iter_batched(
-            || Ledger::new(250),
+            Ledger::new,
             |mut ledger| {
                 for event in &events {
                     ledger.apply(event).expect("posts");

@@ -174,6 +174,20 @@ pub enum Command {
         account: AccountId,
         amount_minor: u64,
     },
+    /// Pays a supplier's earnings (its payable balance) out of the exchange.
+    /// Any debt the account owes is repaid from the payable balance first.
+    Payout {
+        account: AccountId,
+        amount_minor: u64,
+    },
+    /// Changes the usage fee from now on (operator).
+    SetFee {
+        fee_bps: u32,
+    },
+    /// Changes the billing grace for leases ending from now on (operator).
+    SetBillingGrace {
+        grace_ms: u64,
+    },
     /// A supplier lists one GPU (or MIG slice) of a host. The first GPU of an
     /// unknown host name registers the host.
     RegisterGpu {
@@ -211,10 +225,13 @@ pub enum Command {
         account: AccountId,
         lease: LeaseId,
     },
-    /// Settlement charged verified usage against a lease's escrow.
+    /// Settlement verified `verified_gpu_ms` more of a lease's GPU-time and
+    /// charges `amount_minor` for it (escrow first, then available funds).
+    /// The amount may be zero when the time is too short to cost a minor unit.
     SettleUsage {
         lease: LeaseId,
         amount_minor: u64,
+        verified_gpu_ms: u64,
     },
     /// Only advances time (expiries, lease ends, window delivery).
     Tick,

@@ -105,6 +105,10 @@ pub struct ClassSpec {
     pub preemption_notice_ms: u64,
     /// Reserved windows of this class, if it lists any.
     pub calendar: Option<CalendarSpec>,
+    /// The availability (verified GPU-time over leased GPU-time, in basis
+    /// points) a spot or reserved lease of this class is promised; below it
+    /// the renter is credited (docs/market-rules.md, "SLA credits").
+    pub sla_availability_bps: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,6 +123,12 @@ pub struct EngineConfig {
     pub orders_per_account_max: u32,
     /// Accounts the engine will open (at most `limits::ACCOUNTS_MAX`).
     pub accounts_max: u32,
+    /// The exchange's fee on usage charges, in basis points; changed later
+    /// only by the journaled `SetFee` command.
+    pub fee_bps: u32,
+    /// How long after a lease ends its usage reports are still billed; then
+    /// its billing closes (leftover escrow released, SLA settled).
+    pub billing_grace_ms: u64,
 }
 
 /// A configuration the engine refuses to run with.
@@ -145,6 +155,9 @@ impl EngineConfig {
         if self.prepaid_horizon_hours == 0 || self.market_protection_bps >= 10_000 {
             return fail("prepaid horizon must be > 0 h and protection < 10000 bps".into());
         }
+        if self.fee_bps > limits::FEE_BPS_MAX || self.billing_grace_ms > limits::BILLING_GRACE_MS_MAX {
+            return fail(format!("fee must be at most {} bps, billing grace at most one day", limits::FEE_BPS_MAX));
+        }
         for class in &self.classes {
             let prices_ok = class.tick_minor > 0
                 && class.price_min_minor_per_gpu_hour >= class.tick_minor
@@ -162,6 +175,9 @@ impl EngineConfig {
                 {
                     return fail(format!("class {}: windows must stop trading at least the preemption notice before they start; at most 336 hourly and 60 daily windows ahead", class.name));
                 }
+            }
+            if class.sla_availability_bps > 10_000 {
+                return fail(format!("class {}: SLA availability is at most 10000 bps", class.name));
             }
             if self.classes.iter().filter(|other| other.name == class.name).count() > 1 {
                 return fail(format!("class {} listed twice", class.name));
@@ -191,6 +207,7 @@ impl EngineConfig {
                     price_max_minor_per_gpu_hour: 100_000_000,
                     preemption_notice_ms: 30_000,
                     calendar,
+                    sla_availability_bps: 9_900,
                 }
             };
         EngineConfig {
@@ -213,6 +230,8 @@ impl EngineConfig {
             market_protection_bps: 500,
             orders_per_account_max: limits::ORDERS_PER_ACCOUNT_MAX_DEFAULT,
             accounts_max: limits::ACCOUNTS_MAX,
+            fee_bps: 250,
+            billing_grace_ms: 10 * 60_000,
         }
     }
 }

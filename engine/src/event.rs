@@ -40,6 +40,8 @@ pub enum LeaseEndReason {
     EndedByRenter,
     Preempted,
     WindowEnded,
+    /// The renter could not fund an open-ended lease's escrow after notice.
+    Unfunded,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -95,10 +97,10 @@ pub enum EventKind {
         amount_minor: u64,
         reason: HoldReason,
     },
-    /// Funds paid to another account (a reserved contract's resale), or
-    /// charged for usage (`to` is `None`: the ledger books the supplier's and
-    /// the fee's side). `from_held` says whether they came out of held funds
-    /// (escrow) or available ones.
+    /// `account` paid `amount_minor`: to `to`'s available funds (a window
+    /// resale), or for a lease's usage (`to: None`), which credits the
+    /// lease's supplier's payable balance. `from_held` says whether it came
+    /// out of held funds (escrow) or available ones.
     FundsCharged {
         account: AccountId,
         to: Option<AccountId>,
@@ -106,12 +108,65 @@ pub enum EventKind {
         from_held: bool,
         reason: HoldReason,
     },
-    /// Verified usage that neither the lease's escrow nor the renter's
-    /// available funds covered (the ledger's to collect).
+    /// Usage neither escrow nor available funds covered: the renter owes it
+    /// (debt), and the supplier is credited all the same.
     UsageUnpaid {
         lease: LeaseId,
         renter: AccountId,
         amount_minor: u64,
+    },
+    /// The exchange's fee on one usage charge, taken from the supplier's
+    /// payable balance that the charge just credited.
+    FeeCharged {
+        lease: LeaseId,
+        supplier: AccountId,
+        amount_minor: u64,
+    },
+    /// Debt repaid, from a deposit (available funds) or a payout (payable).
+    DebtRepaid {
+        account: AccountId,
+        amount_minor: u64,
+        from_payable: bool,
+    },
+    /// A supplier's earnings paid out of the exchange.
+    PayoutSent {
+        account: AccountId,
+        amount_minor: u64,
+    },
+    FeeChanged {
+        fee_bps: u32,
+    },
+    BillingGraceChanged {
+        grace_ms: u64,
+    },
+    /// An open-ended lease's escrow could not be topped up: it ends at
+    /// `ends_at_ms` unless the renter's funds cover the top-up by then.
+    PaymentNotice {
+        lease: LeaseId,
+        renter: AccountId,
+        ends_at_ms: u64,
+        shortfall_minor: u64,
+    },
+    /// Delivered availability fell below the class's SLA: the supplier pays
+    /// the renter `amount_minor` (from payable, then available funds, the
+    /// rest as the supplier's debt) through the SLA pool.
+    SlaCredited {
+        lease: LeaseId,
+        renter: AccountId,
+        supplier: AccountId,
+        amount_minor: u64,
+        from_payable: u64,
+        from_available: u64,
+        from_debt: u64,
+    },
+    /// A lease's billing closed (its end plus the billing grace): no more
+    /// reports are billed, its leftover escrow was released.
+    LeaseBillingClosed {
+        lease: LeaseId,
+        leased_gpu_ms: u64,
+        verified_gpu_ms: u64,
+        usage_charged_minor: u64,
+        availability_bps: u32,
     },
     GpuRegistered {
         account: AccountId,
@@ -270,6 +325,9 @@ pub enum RejectCode {
     UnknownLease,
     NotYourLease,
     LeaseNotActive,
+    LeaseBillingClosed,
+    FeeInvalid,
+    BillingGraceInvalid,
 }
 
 impl RejectCode {
@@ -315,6 +373,9 @@ impl RejectCode {
             UnknownLease => "no such lease",
             NotYourLease => "the lease belongs to another account",
             LeaseNotActive => "the lease has ended or not started",
+            LeaseBillingClosed => "the lease's billing has closed; no more usage is billed",
+            FeeInvalid => "the fee is above the exchange's maximum",
+            BillingGraceInvalid => "the billing grace is above the maximum of one day",
         }
     }
 }

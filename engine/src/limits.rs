@@ -23,3 +23,7 @@ pub const NAME_BYTES_MAX: usize = 128;
 pub const CLASSES_MAX: usize = 64;
 /// The largest single deposit, so that balances stay far from `u64::MAX`.
 pub const DEPOSIT_MINOR_MAX: u64 = 1 << 52;
+/// The highest usage fee the exchange may charge (20%).
+pub const FEE_BPS_MAX: u32 = 2_000;
+/// The longest billing grace after a lease's end (one day).
+pub const BILLING_GRACE_MS_MAX: u64 = 24 * 3_600_000;

@@ -28,6 +28,8 @@ enum Op {
     Settle { pick: u64, amount: u64 },
     Online { supplier: usize, gpu: u32, online: bool },
     Withdraw { who: usize, amount: u64 },
+    Payout { supplier: usize, amount: u64 },
+    Deposit { who: usize, amount: u64 },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -44,6 +46,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (any::<u64>(), 1..5_000_000u64).prop_map(|(pick, amount)| Op::Settle { pick, amount }),
         1 => (0..2usize, 0..4u32, any::<bool>()).prop_map(|(supplier, gpu, online)| Op::Online { supplier, gpu, online }),
         1 => (0..4usize, 1..50_000_000u64).prop_map(|(who, amount)| Op::Withdraw { who, amount }),
+        1 => (0..2usize, 1..5_000_000u64).prop_map(|(supplier, amount)| Op::Payout { supplier, amount }),
+        1 => (0..4usize, 1..50_000_000u64).prop_map(|(who, amount)| Op::Deposit { who, amount }),
     ]
 }
 
@@ -57,6 +61,7 @@ struct Journal {
     markets: Vec<InstrumentId>,
     orders: Vec<OrderId>,
     net_deposits: i128,
+    fees: i128,
 }
 
 impl Journal {
@@ -69,6 +74,7 @@ impl Journal {
             markets: Vec::new(),
             orders: Vec::new(),
             net_deposits: 0,
+            fees: 0,
         };
         for role in [Role::Renter, Role::Renter, Role::Renter, Role::Aggregator] {
             journal.record(Command::OpenAccount { role });
@@ -109,13 +115,17 @@ impl Journal {
                 EventKind::OrderAccepted { order, .. } => self.orders.push(order),
                 EventKind::FundsDeposited { amount_minor, .. } => self.net_deposits += amount_minor as i128,
                 EventKind::FundsWithdrawn { amount_minor, .. } => self.net_deposits -= amount_minor as i128,
-                EventKind::FundsCharged { to: None, amount_minor, .. } => self.net_deposits -= amount_minor as i128,
+                EventKind::PayoutSent { amount_minor, .. } => self.net_deposits -= amount_minor as i128,
+                EventKind::FeeCharged { amount_minor, .. } => self.fees += amount_minor as i128,
                 _ => {}
             }
         }
         self.inputs.push(input);
-        let total: i128 = (0..6).map(|a| self.market.engine.funds(AccountId(a)).map_or(0, |(av, held)| (av + held) as i128)).sum();
-        assert_eq!(total, self.net_deposits, "money is conserved");
+        let total: i128 = (0..6)
+            .filter_map(|a| self.market.engine.balances(AccountId(a)))
+            .map(|b| b.available_minor as i128 + b.held_minor as i128 + b.payable_minor as i128 - b.debt_minor as i128)
+            .sum();
+        assert_eq!(total + self.fees, self.net_deposits, "money is conserved: balances less debt, plus fees");
     }
 
     fn apply(&mut self, op: Op) {
@@ -162,15 +172,19 @@ impl Journal {
                 let account = self.market.engine.lease(lease).map_or(AccountId(0), |l| l.renter);
                 Command::EndLease { account, lease }
             }
-            Op::Settle { pick, amount } if self.market.engine.lease_count() > 0 => {
-                Command::SettleUsage { lease: LeaseId(pick % self.market.engine.lease_count()), amount_minor: amount }
-            }
+            Op::Settle { pick, amount } if self.market.engine.lease_count() > 0 => Command::SettleUsage {
+                lease: LeaseId(pick % self.market.engine.lease_count()),
+                amount_minor: amount,
+                verified_gpu_ms: amount,
+            },
             Op::Online { supplier, gpu, online } => {
                 let (account, host) = self.suppliers[supplier];
                 let gpu = self.market.engine.host_gpu(host, gpu).expect("registered");
                 Command::SetGpuOnline { account, gpu, online }
             }
             Op::Withdraw { who, amount } => Command::Withdraw { account: self.buyers[who], amount_minor: amount },
+            Op::Payout { supplier, amount } => Command::Payout { account: self.suppliers[supplier].0, amount_minor: amount },
+            Op::Deposit { who, amount } => Command::Deposit { account: self.buyers[who], amount_minor: amount },
             _ => Command::Tick,
         };
         self.record(command);

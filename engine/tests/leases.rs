@@ -35,7 +35,9 @@ fn a_spot_lease_runs_for_its_hours_then_frees_the_gpu() {
     let events = m.advance(HOUR);
     assert_eq!(events_of(&events, lease).collect::<Vec<_>>(), [&EventKind::LeaseEnded { lease, reason: LeaseEndReason::DurationElapsed }]);
     assert_eq!(m.engine.gpu_leases(gpu), Some((None, None)));
-    assert_eq!(m.engine.funds(renter), Some((10_000_000_000, 0)), "unsettled escrow is released at the end");
+    assert_eq!(m.engine.funds(renter), Some((10_000_000_000 - USD_2, USD_2)), "escrow covers late reports until billing closes");
+    m.advance(EngineConfig::demo().billing_grace_ms);
+    assert_eq!(m.engine.funds(renter), Some((10_000_000_000, 0)), "unsettled escrow is released when billing closes");
     m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
 }
 
@@ -46,9 +48,10 @@ fn a_renter_may_end_a_lease_early_and_settled_usage_is_kept() {
     let (_, events) = m.bid(renter, H100_SPOT, USD_2, 1);
     let lease = leases(&events)[0].0;
     m.now_ms += 30 * 60_000;
-    m.apply(Command::SettleUsage { lease, amount_minor: 1_000_000 });
+    m.apply(Command::SettleUsage { lease, amount_minor: 1_000_000, verified_gpu_ms: 30 * 60_000 });
     let events = m.apply(Command::EndLease { account: renter, lease });
     assert!(events.iter().any(|e| e.kind == EventKind::LeaseEnded { lease, reason: LeaseEndReason::EndedByRenter }));
+    m.advance(EngineConfig::demo().billing_grace_ms);
     assert_eq!(m.engine.funds(renter), Some((10_000_000_000 - 1_000_000, 0)));
 }
 

@@ -248,7 +248,25 @@ const CASES: &[Case] = &[
         f.market.apply(Command::EndLease { account: renter, lease });
         Command::EndLease { account: renter, lease }
     }),
-    ("settling nothing", RejectCode::AmountInvalid, |f| Command::SettleUsage { lease: f.lease, amount_minor: 0 }),
+    ("settling nothing", RejectCode::AmountInvalid, |f| Command::SettleUsage { lease: f.lease, amount_minor: 0, verified_gpu_ms: 0 }),
+    ("settling usage after the lease's billing closed", RejectCode::LeaseBillingClosed, |f| {
+        let (renter, lease) = (f.renter, f.lease);
+        f.market.apply(Command::EndLease { account: renter, lease });
+        f.market.advance(EngineConfig::demo().billing_grace_ms);
+        Command::SettleUsage { lease, amount_minor: 1_000, verified_gpu_ms: 1_800 }
+    }),
+    ("a payout of nothing", RejectCode::AmountInvalid, |f| Command::Payout { account: f.supplier, amount_minor: 0 }),
+    ("a payout above the supplier's earnings", RejectCode::InsufficientFunds, |f| {
+        let lease = f.lease;
+        f.market.apply(Command::SettleUsage { lease, amount_minor: 1_000_000, verified_gpu_ms: 1_800_000 });
+        Command::Payout { account: f.supplier, amount_minor: 1_000_000 }
+    }),
+    ("a payout to an account that does not exist", RejectCode::UnknownAccount, |_| Command::Payout {
+        account: AccountId(999),
+        amount_minor: 1,
+    }),
+    ("a fee above the maximum", RejectCode::FeeInvalid, |_| Command::SetFee { fee_bps: 2_001 }),
+    ("a billing grace above a day", RejectCode::BillingGraceInvalid, |_| Command::SetBillingGrace { grace_ms: 24 * HOUR + 1 }),
 ];
 
 #[test]

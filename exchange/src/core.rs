@@ -189,6 +189,14 @@ enum Pending {
     Control(Outgoing),
 }
 
+/// The operator's billing settings (flags); applied as journaled commands
+/// when they differ from the engine's.
+#[derive(Clone, Copy, Debug)]
+pub struct BillingPolicy {
+    pub fee_bps: u32,
+    pub grace_ms: u64,
+}
+
 /// What a recovered exchange looks like, for the operator's log and tests.
 pub struct Recovery {
     /// The journal entry the snapshot used includes (0: none).
@@ -207,7 +215,7 @@ impl Sequencer {
         snapshots: SnapshotStore,
         operator_keys: BTreeSet<[u8; 32]>,
         metrics: Arc<Metrics>,
-        fee_bps: u32,
+        billing: BillingPolicy,
     ) -> anyhow::Result<(Self, Recovery)> {
         let snapshot = snapshots.latest_valid()?;
         anyhow::ensure!(
@@ -223,7 +231,7 @@ impl Sequencer {
             keys: HashMap::new(),
             account_keys: HashMap::new(),
             settlement: gpux_settlement::Settlement::default(),
-            ledger: gpux_settlement::ledger::Ledger::new(fee_bps),
+            ledger: gpux_settlement::ledger::Ledger::new(),
             transfers: Vec::new(),
             operator_keys,
             connections: BTreeMap::new(),
@@ -273,6 +281,16 @@ impl Sequencer {
         // Replayed transfers are on disk already; nothing was released either.
         sequencer.transfers.clear();
         sequencer.pending.clear();
+        // The fee and the billing grace are engine state, changed only by
+        // journaled commands, so a replay from any point reaches the same
+        // charges whatever the flags say then.
+        sequencer.clock_ms = sequencer.clock_ms.max(wall_clock_ms());
+        if sequencer.engine.config().fee_bps != billing.fee_bps {
+            sequencer.apply_command(None, 0, Command::SetFee { fee_bps: billing.fee_bps });
+        }
+        if sequencer.engine.config().billing_grace_ms != billing.grace_ms {
+            sequencer.apply_command(None, 0, Command::SetBillingGrace { grace_ms: billing.grace_ms });
+        }
         let state_hash = sequencer.engine.state_hash();
         Ok((sequencer, Recovery { snapshot_seq, entries: count, state_hash }))
     }
@@ -456,8 +474,17 @@ impl Sequencer {
             }
             Request::Balance { connection, id } => {
                 let account = self.connections.get(&connection).and_then(|c| c.account);
-                let (available_minor, held_minor) = account.and_then(|a| self.engine.funds(a)).unwrap_or((0, 0));
-                self.reply(connection, ServerMessage::Balance { id, available_minor, held_minor });
+                let balances = account.and_then(|a| self.engine.balances(a)).unwrap_or_default();
+                self.reply(
+                    connection,
+                    ServerMessage::Balance {
+                        id,
+                        available_minor: balances.available_minor,
+                        held_minor: balances.held_minor,
+                        payable_minor: balances.payable_minor,
+                        debt_minor: balances.debt_minor,
+                    },
+                );
             }
             Request::Disconnect { connection } => self.disconnect(connection),
         }
@@ -671,7 +698,12 @@ impl Sequencer {
             | OrderReplaced { account, .. }
             | OrderReduced { account, .. }
             | OrderClosed { account, .. } => [Some(account), None],
-            UsageUnpaid { renter, .. } => [Some(renter), None],
+            UsageUnpaid { renter, .. } | PaymentNotice { renter, .. } => [Some(renter), None],
+            DebtRepaid { account, .. } | PayoutSent { account, .. } => [Some(account), None],
+            FeeCharged { supplier, .. } => [Some(supplier), None],
+            SlaCredited { renter, supplier, .. } => [Some(renter), Some(supplier)],
+            LeaseBillingClosed { lease, .. } => self.engine.lease(lease).map_or([None, None], |l| [Some(l.renter), Some(l.supplier)]),
+            FeeChanged { .. } | BillingGraceChanged { .. } => [None, None],
             FundsCharged { account, to, .. } => [Some(account), to],
             Rejected { account, .. } => [account, None],
             Trade { buyer, seller, .. } => [Some(buyer), Some(seller)],
@@ -754,15 +786,16 @@ pub fn settle_report(
         start_ms: lease.start_ms,
         end_ms: lease.ended_at_ms.or(lease.end_ms),
         price_minor_per_gpu_hour: lease.price_minor_per_gpu_hour,
+        billing_closed: lease.billing_closed,
     });
     let outcome = settlement.report(account, &key, terms.as_ref(), report, at_ms);
     let mut events = Vec::new();
-    if let Ok(gpux_settlement::UsageOutcome::Accepted { charge_minor, .. }) = outcome {
-        // The engine takes it from escrow, then available funds, and reports
-        // any shortfall as unpaid.
-        if charge_minor > 0 {
-            let input = Input { at_ms, command: Command::SettleUsage { lease: report.body.lease, amount_minor: charge_minor } };
-            events = engine.apply(&input).to_vec();
+    if let Ok(gpux_settlement::UsageOutcome::Accepted { charge_minor, verified_ms }) = outcome {
+        // The engine records the verified time (for the SLA) and takes the
+        // charge from escrow, then available funds, the rest as debt.
+        if charge_minor > 0 || verified_ms > 0 {
+            let command = Command::SettleUsage { lease: report.body.lease, amount_minor: charge_minor, verified_gpu_ms: verified_ms };
+            events = engine.apply(&Input { at_ms, command }).to_vec();
         }
     }
     (outcome, events)

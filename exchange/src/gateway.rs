@@ -389,6 +389,11 @@ impl Connection {
     fn authenticated(&mut self, account: AccountId, role: Role, message: ClientMessage) -> Vec<ServerMessage> {
         let connection = self.id;
         let command = |id, command| Request::Command { connection, id, command };
+        // Only an operator acts on another account's funds.
+        let on_behalf_of = |named: Option<AccountId>| match named {
+            Some(named) if named != account && role != Role::Operator => None,
+            named => Some(named.unwrap_or(account)),
+        };
         let request = match message {
             ClientMessage::Subscribe { id, channel, instrument } => Request::Subscribe { connection, id, channel, instrument },
             ClientMessage::Unsubscribe { id, channel, instrument } => Request::Unsubscribe { connection, id, channel, instrument },
@@ -408,7 +413,14 @@ impl Connection {
             ClientMessage::RegisterGpu { id, host, gpu_uuid, spec } => command(id, Command::RegisterGpu { account, host, gpu_uuid, spec }),
             ClientMessage::SetGpuOnline { id, gpu, online } => command(id, Command::SetGpuOnline { account, gpu, online }),
             ClientMessage::EndLease { id, lease } => command(id, Command::EndLease { account, lease }),
-            ClientMessage::Withdraw { id, amount_minor } => command(id, Command::Withdraw { account, amount_minor }),
+            ClientMessage::Withdraw { id, account: named, amount_minor } => match on_behalf_of(named) {
+                Some(account) => command(id, Command::Withdraw { account, amount_minor }),
+                None => return vec![error(Some(id), ErrorCode::Forbidden, None)],
+            },
+            ClientMessage::Payout { id, account: named, amount_minor } => match on_behalf_of(named) {
+                Some(account) => command(id, Command::Payout { account, amount_minor }),
+                None => return vec![error(Some(id), ErrorCode::Forbidden, None)],
+            },
             ClientMessage::Deposit { id, account: to, amount_minor } => {
                 if role != Role::Operator {
                     return vec![error(Some(id), ErrorCode::Forbidden, None)];

@@ -34,12 +34,14 @@ pub struct ExchangeConfig {
     /// PEM certificate chain and private key; with them the gateway speaks
     /// `wss://` only.
     pub tls: Option<(PathBuf, PathBuf)>,
-    /// The exchange's fee on usage, in basis points.
-    pub fee_bps: u32,
+    /// The exchange's fee on usage and the billing grace after a lease ends.
+    pub billing: core::BillingPolicy,
 }
 
 /// The default fee on usage: 2.5%.
 pub const FEE_BPS_DEFAULT: u32 = 250;
+/// The default billing grace: reports are billed until 10 minutes after a lease ends.
+pub const BILLING_GRACE_MS_DEFAULT: u64 = 10 * 60_000;
 
 /// What ends a running exchange.
 pub enum Stop {
@@ -69,7 +71,7 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
     let scheme = if tls.is_some() { "wss" } else { "ws" };
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
     let (sequencer, recovery) =
-        core::Sequencer::recover(engine, journal, snapshots, config.operator_keys, metrics.clone(), config.fee_bps)?;
+        core::Sequencer::recover(engine, journal, snapshots, config.operator_keys, metrics.clone(), config.billing)?;
     say(&format!(
         "recovered from snapshot at journal entry {} plus {} journal entries, state hash {:016x}",
         recovery.snapshot_seq, recovery.entries, recovery.state_hash

@@ -37,6 +37,10 @@ struct Args {
     /// The exchange's fee on usage, in basis points (250 = 2.5%).
     #[arg(long, default_value_t = gpux_exchange::FEE_BPS_DEFAULT)]
     fee_bps: u32,
+    /// How long after a lease ends its usage reports are still billed, in
+    /// milliseconds; then its billing closes (escrow released, SLA settled).
+    #[arg(long, default_value_t = gpux_exchange::BILLING_GRACE_MS_DEFAULT)]
+    billing_grace_ms: u64,
     /// Frames queued to one connection before it is closed as a slow consumer.
     #[arg(long, default_value_t = gpux_exchange::gateway::OUTBOUND_FRAMES_MAX)]
     outbound_frames_max: usize,
@@ -51,8 +55,11 @@ fn main() -> Result<()> {
     if let Some(Tool::Statement { account }) = args.command {
         return statement(&args.data_dir, account);
     }
-    if args.fee_bps > 10_000 {
-        anyhow::bail!("--fee-bps must be at most 10000");
+    if args.fee_bps > gpux_engine::limits::FEE_BPS_MAX {
+        anyhow::bail!("--fee-bps must be at most {}", gpux_engine::limits::FEE_BPS_MAX);
+    }
+    if args.billing_grace_ms > gpux_engine::limits::BILLING_GRACE_MS_MAX {
+        anyhow::bail!("--billing-grace-ms must be at most {} (one day)", gpux_engine::limits::BILLING_GRACE_MS_MAX);
     }
     let mut operator_keys = BTreeSet::new();
     for key in &args.operator_keys {
@@ -82,7 +89,7 @@ fn main() -> Result<()> {
         limits,
         metrics_listen,
         tls,
-        fee_bps: args.fee_bps,
+        billing: gpux_exchange::core::BillingPolicy { fee_bps: args.fee_bps, grace_ms: args.billing_grace_ms },
     })?;
     Ok(())
 }

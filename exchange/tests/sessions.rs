@@ -383,9 +383,9 @@ async fn usage_reports_are_verified_charged_and_survive_a_restart() {
 }
 
 /// The ledger over the wire and on disk: after a usage charge, the renter's
-/// statement shows the deposit, the escrow and the charge, the supplier's
-/// shows what it is owed less the exchange's 2.5% fee, and the CSV the
-/// `statement` tool prints after a stop says the same.
+/// statement shows the deposit, the escrow and the charge to the supplier,
+/// the supplier's shows the charge credited and the exchange's 2.5% fee taken
+/// from it, and the CSV the `statement` tool prints after a stop says the same.
 #[tokio::test]
 async fn statements_show_every_transfer_and_the_fee() {
     let mut m = market().await;
@@ -425,7 +425,8 @@ async fn statements_show_every_transfer_and_the_fee() {
     let ServerMessage::Statement { lines: supplier_lines, .. } = supplier else { unreachable!() };
     let owed: Vec<(String, String, u64)> = supplier_lines.iter().map(|l| (l.from.clone(), l.to.clone(), l.amount_minor)).collect();
     let renter = m.renter_account;
-    assert!(owed.contains(&(format!("held:{renter}"), "payable:1".into(), 975)), "{owed:?}");
+    assert!(owed.contains(&(format!("held:{renter}"), "payable:1".into(), 1_000)), "{owed:?}");
+    assert!(owed.contains(&("payable:1".into(), "fees".into(), 25)), "{owed:?}");
 
     let (id, request) = lines(&mut m.renter);
     m.renter.send(&request).await;
@@ -435,7 +436,7 @@ async fn statements_show_every_transfer_and_the_fee() {
     for expected in [
         ("external".to_string(), format!("available:{renter}"), 1_000_000_000),
         (format!("available:{renter}"), format!("held:{renter}"), 2_000_000),
-        (format!("held:{renter}"), "fees".to_string(), 25),
+        (format!("held:{renter}"), "payable:1".to_string(), 1_000),
     ] {
         assert!(moves.contains(&expected), "{expected:?} in {moves:?}");
     }
@@ -452,5 +453,5 @@ async fn statements_show_every_transfer_and_the_fee() {
     let csv = String::from_utf8(output.stdout).expect("utf-8");
     assert!(csv.starts_with("transfer,at_ms,from,to,amount_minor,lease"), "{csv}");
     assert_eq!(csv.lines().count() - 1, renter_lines.len(), "the CSV lists the same transfers");
-    assert!(csv.contains(&format!(",held:{renter},fees,25,{lease}")), "{csv}");
+    assert!(csv.contains(&format!(",held:{renter},payable:1,1000,{lease}")), "{csv}");
 }

@@ -161,8 +161,20 @@ pub enum ClientMessage {
         account: AccountId,
         amount_minor: u64,
     },
+    /// Withdraws available funds. An operator may name another account
+    /// (withdrawals are carried out by the operator's payment rails).
     Withdraw {
         id: u64,
+        #[serde(default)]
+        account: Option<AccountId>,
+        amount_minor: u64,
+    },
+    /// Pays a supplier's earnings (payable balance) out; debt is repaid
+    /// from them first. An operator may name another account.
+    Payout {
+        id: u64,
+        #[serde(default)]
+        account: Option<AccountId>,
         amount_minor: u64,
     },
     Instruments {
@@ -222,6 +234,7 @@ impl ClientMessage {
             | EndLease { id, .. }
             | Deposit { id, .. }
             | Withdraw { id, .. }
+            | Payout { id, .. }
             | Instruments { id }
             | OpenOrders { id, .. }
             | Stats { id, .. }
@@ -339,6 +352,11 @@ pub enum ServerMessage {
         id: u64,
         available_minor: u64,
         held_minor: u64,
+        /// Supplier earnings not yet paid out.
+        payable_minor: u64,
+        /// Owed to the exchange (unpaid usage, uncovered SLA credits);
+        /// repaid first from the next deposit or payout.
+        debt_minor: u64,
     },
     /// The report verified (or was accepted before: `duplicate`) and is
     /// journaled; `charged_minor` is what it added to the lease's charges.

@@ -103,6 +103,8 @@ pub enum UsageRejectCode {
     Malformed,
     /// The chain reached its report limit.
     ChainFull,
+    /// The lease ended more than the billing grace ago: no more usage is billed.
+    BillingClosed,
 }
 
 impl UsageRejectCode {
@@ -120,6 +122,7 @@ impl UsageRejectCode {
             FromFuture => "the interval ends in the future by the exchange's clock",
             Malformed => "empty interval, or more available time than the interval",
             ChainFull => "this lease and GPU reached the report limit",
+            BillingClosed => "the lease's billing closed (its end plus the billing grace passed); report sooner",
         }
     }
 }

@@ -2,11 +2,14 @@
 //! two ledger accounts, so the sum of all balances is zero at all times.
 //!
 //! The ledger is derived from the engine's event stream (deposits,
-//! withdrawals, holds, releases, charges, unpaid usage) and adds what the
-//! engine does not track: the supplier's payable balance, the exchange's fee
-//! and the renter's debt for usage nothing covered. Because the event stream
-//! is replayed from the journal, so is the ledger; a transfer's id is the
-//! engine event's sequence number and its leg, so none is applied twice.
+//! withdrawals, holds, releases, usage charges with their fee, unpaid usage,
+//! payouts, debt repayments, SLA credits) and books each as transfers between
+//! ledger accounts: a participant's available, held, payable and debt
+//! accounts, the exchange's fee account, the SLA pool and the outside world.
+//! Because the event stream is replayed from the journal, so is the ledger; a
+//! transfer's id is the engine event's sequence number x 4 and its leg, so
+//! none is applied twice. The engine holds the same balances; a property
+//! test checks that they agree.
 
 use std::collections::BTreeMap;
 
@@ -27,6 +30,9 @@ pub enum LedgerAccount {
     Debt(AccountId),
     /// The exchange's fee income.
     Fees,
+    /// SLA credits pass through here: suppliers pay in, renters are paid
+    /// out, so it is zero after every credit.
+    SlaPool,
     /// The world outside the exchange: deposits come from it, withdrawals go
     /// to it (a debit balance).
     External,
@@ -41,6 +47,7 @@ impl LedgerAccount {
             LedgerAccount::Payable(account) => format!("payable:{account}"),
             LedgerAccount::Debt(account) => format!("debt:{account}"),
             LedgerAccount::Fees => "fees".into(),
+            LedgerAccount::SlaPool => "sla_pool".into(),
             LedgerAccount::External => "external".into(),
         }
     }
@@ -49,7 +56,7 @@ impl LedgerAccount {
     pub fn owner(self) -> Option<AccountId> {
         match self {
             LedgerAccount::Available(a) | LedgerAccount::Held(a) | LedgerAccount::Payable(a) | LedgerAccount::Debt(a) => Some(a),
-            LedgerAccount::Fees | LedgerAccount::External => None,
+            LedgerAccount::Fees | LedgerAccount::SlaPool | LedgerAccount::External => None,
         }
     }
 
@@ -64,7 +71,7 @@ type Leg = (LedgerAccount, LedgerAccount, u64, Option<LeaseId>);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Transfer {
-    /// Engine event sequence number x 2 + leg (an event may post two legs).
+    /// Engine event sequence number x 4 + leg (an event posts up to four legs).
     pub id: u64,
     pub at_ms: u64,
     pub from: LedgerAccount,
@@ -91,8 +98,6 @@ pub struct Ledger {
     balances: BTreeMap<LedgerAccount, i128>,
     /// Suppliers of the leases seen, to know whom a usage charge pays.
     suppliers: BTreeMap<LeaseId, AccountId>,
-    /// The fee on usage, in basis points of the charge.
-    fee_bps: u32,
     last_transfer_id: Option<u64>,
     transfers: u64,
 }
@@ -115,9 +120,8 @@ impl Transfer {
 }
 
 impl Ledger {
-    pub fn new(fee_bps: u32) -> Self {
-        assert!(fee_bps <= 10_000, "a fee above 100% is a configuration error");
-        Ledger { fee_bps, ..Ledger::default() }
+    pub fn new() -> Self {
+        Ledger::default()
     }
 
     pub fn balance(&self, account: LedgerAccount) -> i128 {
@@ -154,32 +158,42 @@ impl Ledger {
             }
             EventKind::FundsCharged { account, to: None, amount_minor, from_held, reason } => {
                 let source = if from_held { Held(account) } else { Available(account) };
-                legs.extend(self.usage_legs(source, amount_minor, lease_of(reason))?);
+                let lease = lease_of(reason).ok_or_else(|| LedgerError("a usage charge without a lease".into()))?;
+                legs.push((source, Payable(self.supplier_of(lease)?), amount_minor, Some(lease)));
             }
             EventKind::UsageUnpaid { lease, renter, amount_minor } => {
-                legs.extend(self.usage_legs(Debt(renter), amount_minor, Some(lease))?)
+                legs.push((Debt(renter), Payable(self.supplier_of(lease)?), amount_minor, Some(lease)))
+            }
+            EventKind::FeeCharged { lease, supplier, amount_minor } => legs.push((Payable(supplier), Fees, amount_minor, Some(lease))),
+            EventKind::DebtRepaid { account, amount_minor, from_payable } => {
+                let source = if from_payable { Payable(account) } else { Available(account) };
+                legs.push((source, Debt(account), amount_minor, None))
+            }
+            EventKind::PayoutSent { account, amount_minor } => legs.push((Payable(account), External, amount_minor, None)),
+            EventKind::SlaCredited { lease, renter, supplier, amount_minor, from_payable, from_available, from_debt } => {
+                for (source, amount) in
+                    [(Payable(supplier), from_payable), (Available(supplier), from_available), (Debt(supplier), from_debt)]
+                {
+                    if amount > 0 {
+                        legs.push((source, SlaPool, amount, Some(lease)));
+                    }
+                }
+                legs.push((SlaPool, Available(renter), amount_minor, Some(lease)));
             }
             _ => {}
         }
         let mut posted = Vec::with_capacity(legs.len());
         for (leg, (from, to, amount_minor, lease)) in legs.into_iter().enumerate() {
-            let transfer = Transfer { id: event.seq * 2 + leg as u64, at_ms: event.at_ms, from, to, amount_minor, lease };
+            let transfer = Transfer { id: event.seq * 4 + leg as u64, at_ms: event.at_ms, from, to, amount_minor, lease };
             self.post(transfer)?;
             posted.push(transfer);
         }
         Ok(posted)
     }
 
-    /// A usage charge pays the supplier, less the exchange's fee.
-    fn usage_legs(&self, source: LedgerAccount, amount_minor: u64, lease: Option<LeaseId>) -> Result<Vec<Leg>, LedgerError> {
-        let lease = lease.ok_or_else(|| LedgerError("a usage charge without a lease".into()))?;
-        let supplier = *self.suppliers.get(&lease).ok_or_else(|| LedgerError(format!("usage charge for unseen lease {lease}")))?;
-        let fee = (amount_minor as u128 * self.fee_bps as u128 / 10_000) as u64;
-        let mut legs = vec![(source, LedgerAccount::Payable(supplier), amount_minor - fee, Some(lease))];
-        if fee > 0 {
-            legs.push((source, LedgerAccount::Fees, fee, Some(lease)));
-        }
-        Ok(legs)
+    /// The supplier a usage charge of `lease` pays.
+    fn supplier_of(&self, lease: LeaseId) -> Result<AccountId, LedgerError> {
+        self.suppliers.get(&lease).copied().ok_or_else(|| LedgerError(format!("usage charge for unseen lease {lease}")))
     }
 
     fn post(&mut self, transfer: Transfer) -> Result<(), LedgerError> {

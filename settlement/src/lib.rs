@@ -39,6 +39,8 @@ pub struct LeaseTerms {
     /// When it ended or is scheduled to end; `None` while open-ended.
     pub end_ms: Option<u64>,
     pub price_minor_per_gpu_hour: u64,
+    /// The lease's billing closed (its end plus the billing grace passed).
+    pub billing_closed: bool,
 }
 
 /// What a verified report did.
@@ -180,6 +182,9 @@ impl Settlement {
         }
         if body.end_ms > now_ms + CLOCK_SKEW_MS_MAX {
             return Err(FromFuture);
+        }
+        if terms.billing_closed {
+            return Err(BillingClosed);
         }
         Ok(UsageOutcome::Accepted { verified_ms: verified_ms(terms, body), charge_minor: 0 })
     }

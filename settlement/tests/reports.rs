@@ -26,6 +26,7 @@ fn terms() -> LeaseTerms {
         start_ms: 1_000_000,
         end_ms: Some(1_000_000 + 3_600_000),
         price_minor_per_gpu_hour: PRICE,
+        billing_closed: false,
     }
 }
 
@@ -138,6 +139,18 @@ fn each_kind_of_bad_report_is_refused_with_its_code_and_moves_no_money() {
         assert_eq!(settlement.metered(LeaseId(7)), before, "{name}: no money moved");
         assert_eq!(settlement.rejections(SUPPLIER), 1, "{name}: the refusal is recorded");
     }
+}
+
+#[test]
+fn a_report_after_the_leases_billing_closed_is_refused_but_a_resent_one_is_still_a_duplicate() {
+    let mut settlement = Settlement::default();
+    let honest = chain("GPU-a", &[1_000_000, 1_010_000, 1_020_000]);
+    submit(&mut settlement, &honest[0]).expect("first report");
+    let closed = LeaseTerms { billing_closed: true, ..terms() };
+    let key = key().verifying_key().to_bytes();
+    assert_eq!(settlement.report(SUPPLIER, &key, Some(&closed), &honest[1], 10_000_000), Err(UsageRejectCode::BillingClosed));
+    assert_eq!(settlement.report(SUPPLIER, &key, Some(&closed), &honest[0], 10_000_000), Ok(UsageOutcome::Duplicate));
+    assert_eq!(settlement.metered(LeaseId(7)).verified_ms, 10_000);
 }
 
 /// The agent learns of a lease's end only when told, so its last report may

@@ -1,9 +1,12 @@
 //! Accounts, funds holds, and supplier registration of hosts and GPUs.
 //!
 //! Funds are tracked as `available` and `held`: an open bid holds its limit
-//! price for its hours, a lease or reserved contract holds its escrow. Every
-//! movement is an event of the same sequenced stream, so settlement can mirror
-//! it in the ledger.
+//! price for its hours, a lease or reserved contract holds its escrow. Usage
+//! charged to a renter credits the supplier's `payable` (less the fee) until
+//! it is paid out; usage nothing covered, and SLA credits a supplier could
+//! not cover, are the account's `debt`, repaid first from any deposit or
+//! payout. Every movement is an event of the same sequenced stream, so
+//! settlement mirrors it in the double-entry ledger.
 
 use super::{Account, Checked, Engine};
 use crate::command::Role;
@@ -23,7 +26,7 @@ impl Engine {
             return Err(RejectCode::TooManyAccounts);
         }
         let account = AccountId(self.accounts.len() as u32);
-        self.accounts.push(Account { role, available_minor: 0, held_minor: 0, open_orders: 0 });
+        self.accounts.push(Account { role, available_minor: 0, held_minor: 0, payable_minor: 0, debt_minor: 0, open_orders: 0 });
         self.emit(EventKind::AccountOpened { account, role });
         Ok(())
     }
@@ -36,7 +39,59 @@ impl Engine {
         let total = available.checked_add(amount_minor).filter(|t| *t <= u64::MAX / 4).ok_or(RejectCode::AmountInvalid)?;
         self.accounts[account.0 as usize].available_minor = total;
         self.emit(EventKind::FundsDeposited { account, amount_minor });
+        let funds = &mut self.accounts[account.0 as usize];
+        let repaid = funds.debt_minor.min(funds.available_minor);
+        if repaid > 0 {
+            funds.debt_minor -= repaid;
+            funds.available_minor -= repaid;
+            self.emit(EventKind::DebtRepaid { account, amount_minor: repaid, from_payable: false });
+        }
         Ok(())
+    }
+
+    /// Pays `amount` of a supplier's earnings out, after repaying its debt
+    /// from them.
+    pub(super) fn payout(&mut self, account: AccountId, amount_minor: u64) -> Checked<()> {
+        let funds = self.account(account)?;
+        if amount_minor == 0 {
+            return Err(RejectCode::AmountInvalid);
+        }
+        if amount_minor.checked_add(funds.debt_minor).is_none_or(|needed| needed > funds.payable_minor) {
+            return Err(RejectCode::InsufficientFunds);
+        }
+        let debt = funds.debt_minor;
+        let funds = &mut self.accounts[account.0 as usize];
+        funds.payable_minor -= debt + amount_minor;
+        funds.debt_minor = 0;
+        if debt > 0 {
+            self.emit(EventKind::DebtRepaid { account, amount_minor: debt, from_payable: true });
+        }
+        self.emit(EventKind::PayoutSent { account, amount_minor });
+        Ok(())
+    }
+
+    pub(super) fn set_fee(&mut self, fee_bps: u32) -> Checked<()> {
+        if fee_bps > limits::FEE_BPS_MAX {
+            return Err(RejectCode::FeeInvalid);
+        }
+        self.config.fee_bps = fee_bps;
+        self.emit(EventKind::FeeChanged { fee_bps });
+        Ok(())
+    }
+
+    pub(super) fn set_billing_grace(&mut self, grace_ms: u64) -> Checked<()> {
+        if grace_ms > limits::BILLING_GRACE_MS_MAX {
+            return Err(RejectCode::BillingGraceInvalid);
+        }
+        self.config.billing_grace_ms = grace_ms;
+        self.emit(EventKind::BillingGraceChanged { grace_ms });
+        Ok(())
+    }
+
+    /// The exchange's fee on a usage charge (rounded down: the fee never
+    /// takes the supplier's minor unit).
+    pub(crate) fn fee_on(&self, amount_minor: u64) -> u64 {
+        (amount_minor as u128 * self.config.fee_bps as u128 / 10_000) as u64
     }
 
     pub(super) fn withdraw(&mut self, account: AccountId, amount_minor: u64) -> Checked<()> {
@@ -87,45 +142,71 @@ impl Engine {
         self.emit(EventKind::FundsCharged { account: from, to: Some(to), amount_minor, from_held: false, reason });
     }
 
-    /// Charges verified usage: from the lease's escrow first, then from the
-    /// renter's available funds (a lease may be billed after its escrow was
-    /// released at its end). What neither covers is reported as unpaid.
-    pub(super) fn settle_usage(&mut self, lease_id: LeaseId, amount_minor: u64) -> Checked<()> {
+    /// Records verified usage of a lease and charges it.
+    pub(super) fn settle_usage(&mut self, lease_id: LeaseId, amount_minor: u64, verified_gpu_ms: u64) -> Checked<()> {
         let lease = self.leases.get(lease_id.0 as usize).ok_or(RejectCode::UnknownLease)?;
-        if amount_minor == 0 {
+        if amount_minor == 0 && verified_gpu_ms == 0 {
             return Err(RejectCode::AmountInvalid);
         }
-        let renter = lease.renter;
+        if lease.billing_closed {
+            return Err(RejectCode::LeaseBillingClosed);
+        }
+        let lease = &mut self.leases[lease_id.0 as usize];
+        lease.verified_gpu_ms += verified_gpu_ms;
+        lease.usage_charged_minor += amount_minor;
+        self.charge_lease(lease_id, amount_minor);
+        Ok(())
+    }
+
+    /// Charges a lease's renter `amount` for the lease: from its escrow
+    /// first, then from available funds; what neither covers becomes the
+    /// renter's debt. The supplier's payable is credited in full whoever
+    /// covers it, and the exchange's fee on the whole charge is taken from it.
+    pub(crate) fn charge_lease(&mut self, lease_id: LeaseId, amount_minor: u64) {
+        let lease = &self.leases[lease_id.0 as usize];
+        let (renter, supplier) = (lease.renter, lease.supplier);
+        let reason = HoldReason::Lease(lease_id);
         let from_escrow = amount_minor.min(lease.escrow_minor);
         if from_escrow > 0 {
             self.leases[lease_id.0 as usize].escrow_minor -= from_escrow;
             let funds = &mut self.accounts[renter.0 as usize];
             assert!(funds.held_minor >= from_escrow, "escrow is part of held funds");
             funds.held_minor -= from_escrow;
-            self.emit(EventKind::FundsCharged {
-                account: renter,
-                to: None,
-                amount_minor: from_escrow,
-                from_held: true,
-                reason: HoldReason::Lease(lease_id),
-            });
+            self.emit(EventKind::FundsCharged { account: renter, to: None, amount_minor: from_escrow, from_held: true, reason });
         }
         let rest = amount_minor - from_escrow;
         let from_available = rest.min(self.accounts[renter.0 as usize].available_minor);
         if from_available > 0 {
             self.accounts[renter.0 as usize].available_minor -= from_available;
-            self.emit(EventKind::FundsCharged {
-                account: renter,
-                to: None,
-                amount_minor: from_available,
-                from_held: false,
-                reason: HoldReason::Lease(lease_id),
-            });
+            self.emit(EventKind::FundsCharged { account: renter, to: None, amount_minor: from_available, from_held: false, reason });
         }
-        if rest > from_available {
-            self.emit(EventKind::UsageUnpaid { lease: lease_id, renter, amount_minor: rest - from_available });
+        let unpaid = rest - from_available;
+        if unpaid > 0 {
+            self.accounts[renter.0 as usize].debt_minor += unpaid;
+            self.emit(EventKind::UsageUnpaid { lease: lease_id, renter, amount_minor: unpaid });
         }
-        Ok(())
+        self.accounts[supplier.0 as usize].payable_minor += amount_minor;
+        let fee_minor = self.fee_on(amount_minor);
+        if fee_minor > 0 {
+            self.accounts[supplier.0 as usize].payable_minor -= fee_minor;
+            self.emit(EventKind::FeeCharged { lease: lease_id, supplier, amount_minor: fee_minor });
+        }
+    }
+
+    /// The supplier pays the renter an SLA credit: from its payable, then
+    /// its available funds; what neither covers becomes its debt.
+    pub(crate) fn pay_sla_credit(&mut self, lease_id: LeaseId, amount_minor: u64) {
+        let lease = &self.leases[lease_id.0 as usize];
+        let (renter, supplier) = (lease.renter, lease.supplier);
+        let funds = &mut self.accounts[supplier.0 as usize];
+        let from_payable = amount_minor.min(funds.payable_minor);
+        funds.payable_minor -= from_payable;
+        let from_available = (amount_minor - from_payable).min(funds.available_minor);
+        funds.available_minor -= from_available;
+        let from_debt = amount_minor - from_payable - from_available;
+        funds.debt_minor += from_debt;
+        self.accounts[renter.0 as usize].available_minor += amount_minor;
+        self.emit(EventKind::SlaCredited { lease: lease_id, renter, supplier, amount_minor, from_payable, from_available, from_debt });
     }
 
     pub(super) fn register_gpu(&mut self, account: AccountId, host_name: &str, uuid: &str, spec: &GpuSpec) -> Checked<()> {

@@ -2,10 +2,16 @@
 //! notice, lease ends (elapsed, by the renter, preempted, window over), and the
 //! delivery of a reserved window as leases on its concrete GPUs.
 //!
-//! A lease's escrow is held from the renter when it starts; settlement charges
-//! verified usage against it (`SettleUsage`) and the rest is released when the
-//! lease ends. A reserved lease that its renter ends early keeps its escrow
-//! until the window ends, because the window was bought whole.
+//! A lease's escrow is held from the renter when it starts: the whole
+//! duration for a fixed-length lease or a reserved window, the prepaid horizon
+//! for an open-ended one, topped up every half horizon (a renter who cannot
+//! fund the top-up gets a payment notice, and the lease ends at the next check
+//! if still short). Settlement charges verified usage against the escrow
+//! (`SettleUsage`). When the lease has ended and the billing grace has passed,
+//! its billing closes: leftover escrow is released and, if delivered
+//! availability fell below the class's SLA, the supplier credits the renter.
+//! A renter who ends a reserved window early pays the rest of the window
+//! (it was bought whole), unless the supplier's GPU is down at that moment.
 
 use super::{Checked, Contract, ContractKind, ContractState, Engine, Lease, LeaseEndReasonKey, TimerKind};
 use crate::book::Order;
@@ -49,6 +55,11 @@ impl Engine {
             active: true,
             preempt_at_ms: None,
             ended_at_ms: None,
+            rolling: bid.duration == LeaseDuration::UntilCancelled,
+            payment_notice: false,
+            verified_gpu_ms: 0,
+            usage_charged_minor: 0,
+            billing_closed: false,
         });
         self.hold(bid.account, escrow_minor, HoldReason::Lease(lease_id));
         self.occupy_gpus(lease_id, kind, host, taken);
@@ -70,6 +81,68 @@ impl Engine {
         if kind == LeaseKind::Preemptible {
             self.schedule_window_preemption(lease_id);
         }
+        if bid.duration == LeaseDuration::UntilCancelled {
+            self.schedule(start_ms + self.top_up_every_ms(), TimerKind::EscrowTopUp(lease_id));
+        }
+    }
+
+    /// Open-ended leases check their escrow every half prepaid horizon.
+    fn top_up_every_ms(&self) -> u64 {
+        self.config.prepaid_horizon_hours as u64 * MS_PER_HOUR / 2
+    }
+
+    /// Tops an open-ended lease's escrow back up to the prepaid horizon. A
+    /// renter who cannot fund it gets a payment notice (what it can fund is
+    /// held); still short at the next check, the lease ends.
+    pub(super) fn top_up_escrow(&mut self, lease_id: LeaseId) {
+        let lease = &self.leases[lease_id.0 as usize];
+        if !lease.active {
+            return;
+        }
+        let target = lease.price * self.config.prepaid_horizon_hours as u64 * lease.gpu_mask.count_ones() as u64;
+        let needed = target.saturating_sub(lease.escrow_minor);
+        let renter = lease.renter;
+        let available = self.accounts[renter.0 as usize].available_minor;
+        let held = needed.min(available);
+        self.hold(renter, held, HoldReason::Lease(lease_id));
+        self.leases[lease_id.0 as usize].escrow_minor += held;
+        if held == needed {
+            self.leases[lease_id.0 as usize].payment_notice = false;
+        } else if self.leases[lease_id.0 as usize].payment_notice {
+            self.end_lease(lease_id, LeaseEndReason::Unfunded);
+            return;
+        } else {
+            self.leases[lease_id.0 as usize].payment_notice = true;
+            let ends_at_ms = self.now_ms + self.top_up_every_ms();
+            self.emit(EventKind::PaymentNotice { lease: lease_id, renter, ends_at_ms, shortfall_minor: needed - held });
+        }
+        self.schedule(self.now_ms + self.top_up_every_ms(), TimerKind::EscrowTopUp(lease_id));
+    }
+
+    /// Billing closes the grace period after the lease ended: leftover
+    /// escrow goes back to the renter and the SLA is settled.
+    pub(super) fn close_billing(&mut self, lease_id: LeaseId) {
+        let lease = &self.leases[lease_id.0 as usize];
+        if lease.billing_closed {
+            return;
+        }
+        let gpus = lease.gpu_mask.count_ones() as u64;
+        let ended_at_ms = lease.ended_at_ms.expect("billing closes after the lease ended");
+        let leased_gpu_ms = ended_at_ms.saturating_sub(lease.start_ms) * gpus;
+        let availability_bps =
+            if leased_gpu_ms == 0 { 10_000 } else { (lease.verified_gpu_ms as u128 * 10_000 / leased_gpu_ms as u128).min(10_000) as u32 };
+        let sla_bps = self.config.classes[self.instruments[lease.instrument.0 as usize].class as usize].sla_availability_bps;
+        let credit_minor = match lease.kind {
+            LeaseKind::Preemptible => 0,
+            LeaseKind::Spot | LeaseKind::Reserved => sla_credit(lease.usage_charged_minor, availability_bps, sla_bps),
+        };
+        let (verified_gpu_ms, usage_charged_minor) = (lease.verified_gpu_ms, lease.usage_charged_minor);
+        self.leases[lease_id.0 as usize].billing_closed = true;
+        self.release_lease_escrow(lease_id);
+        if credit_minor > 0 {
+            self.pay_sla_credit(lease_id, credit_minor);
+        }
+        self.emit(EventKind::LeaseBillingClosed { lease: lease_id, leased_gpu_ms, verified_gpu_ms, usage_charged_minor, availability_bps });
     }
 
     /// Marks the GPUs as running the lease. An exclusive lease takes them out
@@ -152,11 +225,21 @@ impl Engine {
                 gpu.preemptible_lease = None;
             }
         }
-        let keeps_escrow = lease.kind == LeaseKind::Reserved && reason == LeaseEndReason::EndedByRenter;
-        if !keeps_escrow {
-            self.release_lease_escrow(lease_id);
-        }
         self.emit(EventKind::LeaseEnded { lease: lease_id, reason });
+        if lease.kind == LeaseKind::Reserved && reason == LeaseEndReason::EndedByRenter && !self.lease_gpus_down(&lease) {
+            let rest_ms = lease.end_ms.expect("a reserved lease ends with its window").saturating_sub(self.now_ms);
+            let gpus = lease.gpu_mask.count_ones() as u128;
+            let rest_minor = (lease.price as u128 * gpus * rest_ms as u128 / MS_PER_HOUR as u128) as u64;
+            if rest_minor > 0 {
+                self.charge_lease(lease_id, rest_minor);
+            }
+        }
+        self.schedule(self.now_ms + self.config.billing_grace_ms, TimerKind::BillingClose(lease_id));
+    }
+
+    /// Whether any of the lease's GPUs is reported down (a supplier failure).
+    fn lease_gpus_down(&self, lease: &Lease) -> bool {
+        mask_bits(lease.gpu_mask).any(|bit| !self.gpus[self.hosts[lease.host.0 as usize].gpus[bit as usize].0 as usize].online)
     }
 
     fn release_lease_escrow(&mut self, lease_id: LeaseId) {
@@ -316,6 +399,11 @@ impl Engine {
             active: true,
             preempt_at_ms: None,
             ended_at_ms: None,
+            rolling: false,
+            payment_notice: false,
+            verified_gpu_ms: 0,
+            usage_charged_minor: 0,
+            billing_closed: false,
         });
         let stored = &mut self.contracts[contract_id.0 as usize];
         stored.state = ContractState::Delivered(lease_id);
@@ -337,8 +425,7 @@ impl Engine {
         });
     }
 
-    /// Window end: its leases end, kept escrow is released, and its GPUs'
-    /// commitments are dropped.
+    /// Window end: its leases end and its GPUs' commitments are dropped.
     pub(super) fn end_window_leases(&mut self, instrument: InstrumentId) {
         let contracts = self.instruments[instrument.0 as usize].contracts.clone();
         for contract_id in contracts {
@@ -346,9 +433,21 @@ impl Engine {
             let gpu = contract.gpu;
             if let ContractState::Delivered(lease) = contract.state {
                 self.end_lease(lease, LeaseEndReason::WindowEnded);
-                self.release_lease_escrow(lease);
             }
             self.gpus[gpu.0 as usize].remove_commitment(instrument, CommitmentHolder::Sold(contract_id));
         }
     }
+}
+
+/// The SLA credit on a lease's usage charges for its delivered availability
+/// (docs/market-rules.md, "SLA credits"): nothing at or above the SLA, 10%
+/// below it, 25% below 95%, 50% below 90%.
+pub(crate) fn sla_credit(usage_charged_minor: u64, availability_bps: u32, sla_bps: u32) -> u64 {
+    let credit_bps: u128 = match availability_bps {
+        a if a >= sla_bps => 0,
+        a if a >= 9_500 => 1_000,
+        a if a >= 9_000 => 2_500,
+        _ => 5_000,
+    };
+    (usage_charged_minor as u128 * credit_bps / 10_000) as u64
 }

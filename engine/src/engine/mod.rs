@@ -32,7 +32,20 @@ pub(crate) struct Account {
     pub role: Role,
     pub available_minor: u64,
     pub held_minor: u64,
+    /// Earnings from usage, owed to the account until paid out.
+    pub payable_minor: u64,
+    /// Usage it did not pay, or SLA credits it could not cover.
+    pub debt_minor: u64,
     pub open_orders: u32,
+}
+
+/// An account's money, as the engine holds it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Balances {
+    pub available_minor: u64,
+    pub held_minor: u64,
+    pub payable_minor: u64,
+    pub debt_minor: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,6 +118,14 @@ pub(crate) struct Lease {
     pub preempt_at_ms: Option<u64>,
     /// When the lease actually ended.
     pub ended_at_ms: Option<u64>,
+    /// Open-ended spot/preemptible lease: its escrow rolls (topped up to the
+    /// prepaid horizon every half horizon).
+    pub rolling: bool,
+    /// A payment notice is out: the next top-up check ends the lease unless funded.
+    pub payment_notice: bool,
+    pub verified_gpu_ms: u64,
+    pub usage_charged_minor: u64,
+    pub billing_closed: bool,
 }
 
 /// A public description of a lease.
@@ -123,6 +144,10 @@ pub struct LeaseInfo {
     pub ended_at_ms: Option<u64>,
     /// Escrow not yet charged or released.
     pub escrow_minor: u64,
+    /// Reports are no longer billed (its end plus the billing grace passed).
+    pub billing_closed: bool,
+    pub verified_gpu_ms: u64,
+    pub usage_charged_minor: u64,
 }
 
 /// A public description of a registered GPU.
@@ -179,6 +204,8 @@ pub(crate) enum TimerKind {
     TradingStop(InstrumentId),
     WindowStart(InstrumentId),
     WindowEnd(InstrumentId),
+    EscrowTopUp(LeaseId),
+    BillingClose(LeaseId),
 }
 
 /// `LeaseEndReason` with an order, so timers can sort.
@@ -296,6 +323,9 @@ impl Engine {
             Command::OpenAccount { role } => self.open_account(*role),
             Command::Deposit { account, amount_minor } => self.deposit(*account, *amount_minor),
             Command::Withdraw { account, amount_minor } => self.withdraw(*account, *amount_minor),
+            Command::Payout { account, amount_minor } => self.payout(*account, *amount_minor),
+            Command::SetFee { fee_bps } => self.set_fee(*fee_bps),
+            Command::SetBillingGrace { grace_ms } => self.set_billing_grace(*grace_ms),
             Command::RegisterGpu { account, host, gpu_uuid, spec } => self.register_gpu(*account, host, gpu_uuid, spec),
             Command::SetGpuOnline { account, gpu, online } => self.set_gpu_online(*account, *gpu, *online),
             Command::PlaceOrder(order) => self.place_order(order),
@@ -305,7 +335,7 @@ impl Engine {
             }
             Command::MassCancel { account, instrument } => self.mass_cancel(*account, *instrument),
             Command::EndLease { account, lease } => self.end_lease_by_renter(*account, *lease),
-            Command::SettleUsage { lease, amount_minor } => self.settle_usage(*lease, *amount_minor),
+            Command::SettleUsage { lease, amount_minor, verified_gpu_ms } => self.settle_usage(*lease, *amount_minor, *verified_gpu_ms),
             Command::Tick => Ok(()),
         }
     }
@@ -336,7 +366,7 @@ impl Engine {
     pub(crate) fn schedule(&mut self, at_ms: u64, kind: TimerKind) {
         let rank = match kind {
             TimerKind::LeaseEnd(..) | TimerKind::OrderExpiry(_) | TimerKind::WindowEnd(_) => 0,
-            TimerKind::PreemptForWindow(..) | TimerKind::TradingStop(_) => 1,
+            TimerKind::PreemptForWindow(..) | TimerKind::TradingStop(_) | TimerKind::EscrowTopUp(_) | TimerKind::BillingClose(_) => 1,
             TimerKind::WindowStart(_) => 2,
         };
         self.timer_seq += 1;
@@ -351,6 +381,8 @@ impl Engine {
             TimerKind::TradingStop(instrument) => self.stop_trading(instrument),
             TimerKind::WindowStart(instrument) => self.deliver_window(instrument),
             TimerKind::WindowEnd(instrument) => self.expire_window(instrument),
+            TimerKind::EscrowTopUp(lease) => self.top_up_escrow(lease),
+            TimerKind::BillingClose(lease) => self.close_billing(lease),
         }
     }
 
@@ -450,6 +482,16 @@ impl Engine {
         self.accounts.get(account.0 as usize).map(|a| (a.available_minor, a.held_minor))
     }
 
+    /// Every balance of an account: available, held, payable, debt.
+    pub fn balances(&self, account: AccountId) -> Option<Balances> {
+        self.accounts.get(account.0 as usize).map(|a| Balances {
+            available_minor: a.available_minor,
+            held_minor: a.held_minor,
+            payable_minor: a.payable_minor,
+            debt_minor: a.debt_minor,
+        })
+    }
+
     pub fn lease(&self, id: LeaseId) -> Option<LeaseInfo> {
         let lease = self.leases.get(id.0 as usize)?;
         let gpus = crate::gpus::mask_bits(lease.gpu_mask).map(|bit| self.hosts[lease.host.0 as usize].gpus[bit as usize]).collect();
@@ -465,6 +507,9 @@ impl Engine {
             active: lease.active,
             ended_at_ms: lease.ended_at_ms,
             escrow_minor: lease.escrow_minor,
+            billing_closed: lease.billing_closed,
+            verified_gpu_ms: lease.verified_gpu_ms,
+            usage_charged_minor: lease.usage_charged_minor,
         })
     }
 
@@ -526,9 +571,14 @@ impl Engine {
 
 fn command_account(command: &Command) -> Option<AccountId> {
     match command {
-        Command::OpenAccount { .. } | Command::SettleUsage { .. } | Command::Tick => None,
+        Command::OpenAccount { .. }
+        | Command::SettleUsage { .. }
+        | Command::SetFee { .. }
+        | Command::SetBillingGrace { .. }
+        | Command::Tick => None,
         Command::Deposit { account, .. }
         | Command::Withdraw { account, .. }
+        | Command::Payout { account, .. }
         | Command::RegisterGpu { account, .. }
         | Command::SetGpuOnline { account, .. }
         | Command::CancelOrder { account, .. }
@@ -557,6 +607,8 @@ impl Engine {
             h.u64(account.role as u64);
             h.u64(account.available_minor);
             h.u64(account.held_minor);
+            h.u64(account.payable_minor);
+            h.u64(account.debt_minor);
             h.u64(account.open_orders as u64);
         }
         for (id, order) in self.orders.iter_live() {
@@ -596,6 +648,8 @@ impl Engine {
             h.bytes(format!("{contract:?}").as_bytes());
         }
         h.bytes(format!("{:?}", self.timers).as_bytes());
+        h.u64(self.config.fee_bps as u64);
+        h.u64(self.config.billing_grace_ms);
         let mut client_ids: Vec<_> = self.client_order_ids.iter().collect();
         client_ids.sort();
         h.bytes(format!("{client_ids:?}").as_bytes());

@@ -1,0 +1,261 @@
+//! Billing in the engine (docs/market-rules.md, "Billing", "Escrow", "SLA
+//! credits", "Payouts"): usage pays the supplier less the fee, open-ended
+//! leases top their escrow up or end after notice, billing closes after the
+//! grace period with an SLA credit when availability fell short, reserved
+//! windows ended early are paid whole, and payouts and debt.
+
+mod common;
+
+use common::*;
+use gpux_engine::*;
+
+const GRACE: u64 = 10 * 60_000;
+const FEE_BPS: u64 = 250;
+
+fn market(renter_deposit: u64) -> (Market, AccountId, HostId, AccountId) {
+    let mut market = Market::new();
+    let supplier = market.supplier();
+    let host = market.h100_host(supplier, "host-a", 2);
+    let renter = market.renter(renter_deposit);
+    (market, supplier, host, renter)
+}
+
+fn balances(m: &Market, account: AccountId) -> Balances {
+    m.engine.balances(account).expect("account")
+}
+
+fn spot_lease(m: &mut Market, supplier: AccountId, host: HostId, renter: AccountId, duration: LeaseDuration) -> LeaseId {
+    m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+    let mut bid = m.order(renter, H100_SPOT, Side::Buy, USD_2, 1);
+    bid.duration = duration;
+    leases(&m.place(bid))[0].0
+}
+
+fn settle(m: &mut Market, lease: LeaseId, verified_gpu_ms: u64) -> Vec<Event> {
+    let amount_minor = USD_2 * verified_gpu_ms / HOUR;
+    m.apply(Command::SettleUsage { lease, amount_minor, verified_gpu_ms })
+}
+
+fn find<T>(events: &[Event], pick: impl Fn(&EventKind) -> Option<T>) -> Option<T> {
+    events.iter().find_map(|e| pick(&e.kind))
+}
+
+#[test]
+fn usage_pays_the_supplier_less_the_fee_and_a_payout_sends_it_out() {
+    let (mut m, supplier, host, renter) = market(10_000_000_000);
+    let lease = spot_lease(&mut m, supplier, host, renter, LeaseDuration::Hours(1));
+    settle(&mut m, lease, HOUR / 2);
+    let fee = 1_000_000 * FEE_BPS / 10_000;
+    assert_eq!(balances(&m, supplier).payable_minor, 1_000_000 - fee);
+    assert_eq!(balances(&m, renter).held_minor, USD_2 - 1_000_000, "the charge came out of escrow");
+
+    let events = m.apply(Command::Payout { account: supplier, amount_minor: 1_000_000 - fee });
+    assert_eq!(find(&events, |k| matches!(k, EventKind::PayoutSent { .. }).then_some(())), Some(()));
+    assert_eq!(balances(&m, supplier).payable_minor, 0);
+}
+
+#[test]
+fn usage_nothing_covers_is_the_renters_debt_repaid_from_its_next_deposit() {
+    let (mut m, supplier, host, renter) = market(USD_2);
+    let lease = spot_lease(&mut m, supplier, host, renter, LeaseDuration::Hours(1));
+    settle(&mut m, lease, HOUR);
+    let events = m.apply(Command::SettleUsage { lease, amount_minor: 500_000, verified_gpu_ms: 0 });
+    assert_eq!(
+        find(&events, |k| match k {
+            EventKind::UsageUnpaid { amount_minor, .. } => Some(*amount_minor),
+            _ => None,
+        }),
+        Some(500_000)
+    );
+    assert_eq!(balances(&m, renter), Balances { available_minor: 0, held_minor: 0, payable_minor: 0, debt_minor: 500_000 });
+    assert_eq!(balances(&m, supplier).payable_minor, (USD_2 + 500_000) * (10_000 - FEE_BPS) / 10_000, "the supplier is paid regardless");
+
+    m.apply(Command::Deposit { account: renter, amount_minor: 800_000 });
+    assert_eq!(balances(&m, renter), Balances { available_minor: 300_000, held_minor: 0, payable_minor: 0, debt_minor: 0 });
+}
+
+#[test]
+fn an_open_ended_lease_tops_its_escrow_up_every_half_horizon() {
+    let (mut m, supplier, host, renter) = market(10_000_000_000);
+    let lease = spot_lease(&mut m, supplier, host, renter, LeaseDuration::UntilCancelled);
+    assert_eq!(balances(&m, renter).held_minor, USD_2, "one prepaid hour");
+    m.now_ms += HOUR / 2 - 1;
+    settle(&mut m, lease, HOUR / 2);
+    assert_eq!(balances(&m, renter).held_minor, USD_2 / 2);
+    m.advance(1);
+    assert_eq!(balances(&m, renter).held_minor, USD_2, "topped back up to the horizon");
+    assert!(m.engine.lease(lease).expect("lease").active);
+}
+
+#[test]
+fn a_renter_who_cannot_fund_the_top_up_gets_notice_and_the_lease_ends_at_the_next_check() {
+    let (mut m, supplier, host, renter) = market(USD_2);
+    let lease = spot_lease(&mut m, supplier, host, renter, LeaseDuration::UntilCancelled);
+    m.now_ms += HOUR / 2 - 1;
+    settle(&mut m, lease, HOUR / 2);
+    let events = m.advance(1);
+    let notice = find(&events, |k| match k {
+        EventKind::PaymentNotice { lease: l, ends_at_ms, shortfall_minor, .. } if *l == lease => Some((*ends_at_ms, *shortfall_minor)),
+        _ => None,
+    });
+    assert_eq!(notice, Some((T0 + HOUR, USD_2 / 2)));
+
+    let events = m.advance(HOUR / 2);
+    assert!(events.iter().any(|e| e.kind == EventKind::LeaseEnded { lease, reason: LeaseEndReason::Unfunded }));
+}
+
+#[test]
+fn a_deposit_before_the_deadline_keeps_the_lease_running() {
+    let (mut m, supplier, host, renter) = market(USD_2);
+    let lease = spot_lease(&mut m, supplier, host, renter, LeaseDuration::UntilCancelled);
+    m.now_ms += HOUR / 2 - 1;
+    settle(&mut m, lease, HOUR / 2);
+    m.advance(1);
+    m.apply(Command::Deposit { account: renter, amount_minor: 10 * USD_2 });
+    let events = m.advance(HOUR / 2);
+    assert!(!events.iter().any(|e| matches!(e.kind, EventKind::LeaseEnded { .. })));
+    assert!(m.engine.lease(lease).expect("lease").active);
+}
+
+#[test]
+fn billing_closes_after_the_grace_period_and_releases_what_escrow_is_left() {
+    let (mut m, supplier, host, renter) = market(10_000_000_000);
+    let lease = spot_lease(&mut m, supplier, host, renter, LeaseDuration::Hours(1));
+    m.advance(HOUR);
+    let late = settle(&mut m, lease, HOUR);
+    assert!(rejection(&late).is_none(), "a report arriving after the end is billed within the grace");
+    let events = m.advance(GRACE);
+    let closed = find(&events, |k| match k {
+        EventKind::LeaseBillingClosed { lease: l, availability_bps, usage_charged_minor, .. } if *l == lease => {
+            Some((*availability_bps, *usage_charged_minor))
+        }
+        _ => None,
+    });
+    assert_eq!(closed, Some((10_000, USD_2)));
+    assert_eq!(balances(&m, renter), Balances { available_minor: 10_000_000_000 - USD_2, held_minor: 0, payable_minor: 0, debt_minor: 0 });
+    assert_eq!(rejection(&settle(&mut m, lease, 1_000)), Some(RejectCode::LeaseBillingClosed));
+}
+
+fn credit_for(verified_gpu_ms: u64) -> Option<u64> {
+    let (mut m, supplier, host, renter) = market(10_000_000_000);
+    let lease = spot_lease(&mut m, supplier, host, renter, LeaseDuration::Hours(1));
+    m.advance(HOUR);
+    settle(&mut m, lease, verified_gpu_ms);
+    let events = m.advance(GRACE);
+    find(&events, |k| match k {
+        EventKind::SlaCredited { amount_minor, renter: r, supplier: s, .. } if *r == renter && *s == supplier => Some(*amount_minor),
+        _ => None,
+    })
+}
+
+#[test]
+fn sla_credits_follow_the_availability_tiers_of_the_rulebook() {
+    let charge = |ms: u64| USD_2 * ms / HOUR;
+    assert_eq!(credit_for(HOUR), None, "100% delivered");
+    assert_eq!(credit_for(HOUR * 99 / 100), None, "exactly the 99% SLA");
+    assert_eq!(credit_for(HOUR * 98 / 100), Some(charge(HOUR * 98 / 100) / 10), "below 99%: 10%");
+    assert_eq!(credit_for(HOUR * 94 / 100), Some(charge(HOUR * 94 / 100) / 4), "below 95%: 25%");
+    assert_eq!(credit_for(HOUR / 2), Some(charge(HOUR / 2) / 2), "below 90%: 50%");
+}
+
+#[test]
+fn the_supplier_pays_the_sla_credit_from_earnings_then_funds_then_as_debt() {
+    let (mut m, supplier, host, renter) = market(10_000_000_000);
+    let lease = spot_lease(&mut m, supplier, host, renter, LeaseDuration::Hours(1));
+    m.advance(HOUR);
+    settle(&mut m, lease, HOUR / 2);
+    let earned = balances(&m, supplier).payable_minor;
+    m.apply(Command::Payout { account: supplier, amount_minor: earned - 100_000 });
+    m.apply(Command::Deposit { account: supplier, amount_minor: 200_000 });
+    let events = m.advance(GRACE);
+    let credit = find(&events, |k| match k {
+        EventKind::SlaCredited { amount_minor, from_payable, from_available, from_debt, .. } => {
+            Some((*amount_minor, *from_payable, *from_available, *from_debt))
+        }
+        _ => None,
+    });
+    assert_eq!(credit, Some((500_000, 100_000, 200_000, 200_000)));
+    assert_eq!(balances(&m, supplier), Balances { available_minor: 0, held_minor: 0, payable_minor: 0, debt_minor: 200_000 });
+    assert_eq!(balances(&m, renter).available_minor, 10_000_000_000 - 1_000_000 + 500_000);
+}
+
+#[test]
+fn preemptible_leases_carry_no_sla() {
+    let (mut m, supplier, host, renter) = market(10_000_000_000);
+    m.ask(supplier, host, 0b1, H100_PREEMPT, 800_000);
+    let lease = leases(&m.buy(renter, H100_PREEMPT, 800_000, 1))[0].0;
+    m.advance(HOUR);
+    m.apply(Command::SettleUsage { lease, amount_minor: 100_000, verified_gpu_ms: HOUR / 8 });
+    let events = m.advance(GRACE);
+    assert!(!events.iter().any(|e| matches!(e.kind, EventKind::SlaCredited { .. })));
+    assert!(events.iter().any(|e| matches!(e.kind, EventKind::LeaseBillingClosed { availability_bps: 1_250, .. })));
+}
+
+fn reserved_lease(m: &mut Market, supplier: AccountId, host: HostId, renter: AccountId) -> LeaseId {
+    let window = m.window("H100-SXM-80G/R/2026-12-02T18/1H");
+    let mut ask = m.order(supplier, window, Side::Sell, USD_2, 1);
+    ask.supply = Some(GpuSet { host, gpu_mask: 0b1 });
+    m.place(ask);
+    m.buy(renter, window, USD_2, 1);
+    let events = m.advance(3 * HOUR - 60_000);
+    leases(&events)[0].0
+}
+
+#[test]
+fn a_renter_ending_a_reserved_window_early_pays_the_rest_of_the_window() {
+    let (mut m, supplier, host, renter) = market(10_000_000_000);
+    let lease = reserved_lease(&mut m, supplier, host, renter);
+    m.now_ms += HOUR / 4;
+    settle(&mut m, lease, HOUR / 4);
+    let events = m.apply(Command::EndLease { account: renter, lease });
+    let rest = find(&events, |k| match k {
+        EventKind::FundsCharged { amount_minor, reason: HoldReason::Lease(l), .. } if *l == lease => Some(*amount_minor),
+        _ => None,
+    });
+    assert_eq!(rest, Some(USD_2 * 3 / 4));
+    m.advance(GRACE);
+    assert_eq!(balances(&m, renter).available_minor, 10_000_000_000 - USD_2, "the whole window is paid");
+    assert_eq!(balances(&m, supplier).payable_minor, USD_2 * (10_000 - FEE_BPS) / 10_000);
+}
+
+#[test]
+fn ending_a_reserved_window_whose_gpu_is_down_costs_only_what_was_delivered() {
+    let (mut m, supplier, host, renter) = market(10_000_000_000);
+    let lease = reserved_lease(&mut m, supplier, host, renter);
+    m.now_ms += HOUR / 4;
+    settle(&mut m, lease, HOUR / 4);
+    let gpu = m.engine.host_gpu(host, 0).expect("gpu");
+    m.apply(Command::SetGpuOnline { account: supplier, gpu, online: false });
+    m.apply(Command::EndLease { account: renter, lease });
+    m.advance(GRACE);
+    assert_eq!(balances(&m, renter).available_minor, 10_000_000_000 - USD_2 / 4, "only the delivered quarter is paid");
+}
+
+#[test]
+fn a_fee_change_applies_to_charges_from_then_on() {
+    let (mut m, supplier, host, renter) = market(10_000_000_000);
+    let lease = spot_lease(&mut m, supplier, host, renter, LeaseDuration::Hours(1));
+    m.apply(Command::SetFee { fee_bps: 0 });
+    settle(&mut m, lease, HOUR / 2);
+    assert_eq!(balances(&m, supplier).payable_minor, 1_000_000);
+}
+
+#[test]
+fn a_payout_repays_the_suppliers_debt_first() {
+    let (mut m, supplier, host, renter) = market(10_000_000_000);
+    let lease = spot_lease(&mut m, supplier, host, renter, LeaseDuration::Hours(1));
+    m.advance(HOUR);
+    settle(&mut m, lease, HOUR / 2);
+    let earned = balances(&m, supplier).payable_minor;
+    m.apply(Command::Payout { account: supplier, amount_minor: earned });
+    m.advance(GRACE); // 50% credit of 1_000_000, all as debt
+    assert_eq!(balances(&m, supplier).debt_minor, 500_000);
+
+    let lease = spot_lease(&mut m, supplier, host, renter, LeaseDuration::Hours(1));
+    settle(&mut m, lease, HOUR);
+    let payable = balances(&m, supplier).payable_minor;
+    assert_eq!(rejection(&m.apply(Command::Payout { account: supplier, amount_minor: payable })), Some(RejectCode::InsufficientFunds));
+    let events = m.apply(Command::Payout { account: supplier, amount_minor: payable - 500_000 });
+    assert!(events.iter().any(|e| e.kind == EventKind::DebtRepaid { account: supplier, amount_minor: 500_000, from_payable: true }));
+    assert_eq!(balances(&m, supplier), Balances::default());
+}
