@@ -8,7 +8,8 @@
 //! - every accepted report charges exactly what a reference meter computes
 //!   from the honest reports sent, and a forged one changes nothing;
 //! - what renters were charged equals what suppliers were credited, and the
-//!   fees are exactly the rulebook's fee on each charge: nothing is paid twice;
+//!   fees are exactly the rulebook's fee on each lease's charges: nothing is
+//!   paid twice;
 //! - replaying the event stream into a fresh ledger gives the same balances.
 
 use std::collections::BTreeMap;
@@ -71,7 +72,7 @@ struct World {
     verified_ms: BTreeMap<LeaseId, u64>,
     usage_charged: u128,
     supplier_credited: u128,
-    fees_expected: u128,
+    charged_per_lease: BTreeMap<LeaseId, u128>,
 }
 
 fn supplier_key(supplier: AccountId) -> SigningKey {
@@ -93,7 +94,7 @@ impl World {
             verified_ms: BTreeMap::new(),
             usage_charged: 0,
             supplier_credited: 0,
-            fees_expected: 0,
+            charged_per_lease: BTreeMap::new(),
         };
         // Accounts 0..3: renters; 3, 4: suppliers with a 3-GPU host each.
         for role in [Role::Renter, Role::Renter, Role::Renter, Role::Supplier, Role::Supplier] {
@@ -119,13 +120,12 @@ impl World {
 
     fn apply(&mut self, command: Command) -> Vec<Event> {
         let events = self.engine.apply(&Input { at_ms: self.now, command }).to_vec();
-        let fee_bps = self.engine.config().fee_bps as u128;
-        let mut charged_by_command = 0u128;
         for event in &events {
             match event.kind {
-                EventKind::FundsCharged { to: None, amount_minor, .. } | EventKind::UsageUnpaid { amount_minor, .. } => {
+                EventKind::FundsCharged { to: None, amount_minor, reason: HoldReason::Lease(lease), .. }
+                | EventKind::UsageUnpaid { amount_minor, lease, .. } => {
                     self.usage_charged += amount_minor as u128;
-                    charged_by_command += amount_minor as u128;
+                    *self.charged_per_lease.entry(lease).or_default() += amount_minor as u128;
                 }
                 _ => {}
             }
@@ -135,8 +135,6 @@ impl World {
                 }
             }
         }
-        // The rulebook's fee: floor(charge x fee / 10000) on each charge.
-        self.fees_expected += charged_by_command * fee_bps / 10_000;
         self.events.extend_from_slice(&events);
         events
     }
@@ -265,7 +263,9 @@ impl World {
             assert_eq!(-ledger(LedgerAccount::Debt), engine.debt_minor as i128, "debt of {account}");
         }
         assert_eq!(self.supplier_credited, self.usage_charged, "suppliers are credited exactly what usage charged, once");
-        assert_eq!(self.ledger.balance(LedgerAccount::Fees), self.fees_expected as i128, "the fee on each charge, once");
+        // The rulebook's fee: floor(all a lease charged x fee / 10000) per lease.
+        let fees: u128 = self.charged_per_lease.values().map(|charged| charged * self.engine.config().fee_bps as u128 / 10_000).sum();
+        assert_eq!(self.ledger.balance(LedgerAccount::Fees), fees as i128, "the fee on each lease's charges, once");
         assert_eq!(self.ledger.balance(LedgerAccount::SlaPool), 0, "SLA credits pass straight through the pool");
     }
 

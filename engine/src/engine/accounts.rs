@@ -88,11 +88,7 @@ impl Engine {
         Ok(())
     }
 
-    /// The exchange's fee on a usage charge (rounded down: the fee never
-    /// takes the supplier's minor unit).
-    pub(crate) fn fee_on(&self, amount_minor: u64) -> u64 {
-        (amount_minor as u128 * self.config.fee_bps as u128 / 10_000) as u64
-    }
+
 
     pub(super) fn withdraw(&mut self, account: AccountId, amount_minor: u64) -> Checked<()> {
         let available = self.account(account)?.available_minor;
@@ -186,7 +182,13 @@ impl Engine {
             self.emit(EventKind::UsageUnpaid { lease: lease_id, renter, amount_minor: unpaid });
         }
         self.accounts[supplier.0 as usize].payable_minor += amount_minor;
-        let fee_minor = self.fee_on(amount_minor);
+        // The fee is metered like usage: the lease's fee so far is the fee on
+        // all it charged, rounded down, and each charge takes the difference.
+        let lease = &mut self.leases[lease_id.0 as usize];
+        lease.charged_minor += amount_minor;
+        let fee_due = (lease.charged_minor as u128 * self.config.fee_bps as u128 / 10_000) as u64;
+        let fee_minor = fee_due.saturating_sub(lease.fee_charged_minor);
+        lease.fee_charged_minor += fee_minor;
         if fee_minor > 0 {
             self.accounts[supplier.0 as usize].payable_minor -= fee_minor;
             self.emit(EventKind::FeeCharged { lease: lease_id, supplier, amount_minor: fee_minor });

@@ -59,6 +59,8 @@ impl Engine {
             payment_notice: false,
             verified_gpu_ms: 0,
             usage_charged_minor: 0,
+            charged_minor: 0,
+            fee_charged_minor: 0,
             billing_closed: false,
         });
         self.hold(bid.account, escrow_minor, HoldReason::Lease(lease_id));
@@ -403,6 +405,8 @@ impl Engine {
             payment_notice: false,
             verified_gpu_ms: 0,
             usage_charged_minor: 0,
+            charged_minor: 0,
+            fee_charged_minor: 0,
             billing_closed: false,
         });
         let stored = &mut self.contracts[contract_id.0 as usize];

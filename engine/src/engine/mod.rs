@@ -125,6 +125,9 @@ pub(crate) struct Lease {
     pub payment_notice: bool,
     pub verified_gpu_ms: u64,
     pub usage_charged_minor: u64,
+    /// Everything charged for the lease (usage and a reserved window's rest).
+    pub charged_minor: u64,
+    pub fee_charged_minor: u64,
     pub billing_closed: bool,
 }
 
