@@ -52,7 +52,8 @@ fn settlement_benches(c: &mut Criterion) {
     group.sample_size(20);
     group.throughput(Throughput::Elements(REPORTS as u64));
     group.bench_function("verify_signature", |b| b.iter(|| reports.iter().filter(|r| r.verify(&public_key)).count()));
-    let batches: Vec<Vec<(&UsageReport, [u8; 32])>> = reports.chunks(64).map(|chunk| chunk.iter().map(|r| (r, public_key)).collect()).collect();
+    let batches: Vec<Vec<(&UsageReport, [u8; 32])>> =
+        reports.chunks(64).map(|chunk| chunk.iter().map(|r| (r, public_key)).collect()).collect();
     group.bench_function("verify_batch_64", |b| b.iter(|| batches.iter().filter(|batch| gpux_protocol::verify_batch(batch)).count()));
     group.bench_function("report_verify_chain_meter", |b| {
         b.iter_batched(

@@ -114,6 +114,11 @@ pub enum Request {
         id: u64,
         offset: u32,
     },
+    Leases {
+        connection: ConnectionId,
+        id: u64,
+        offset: u32,
+    },
     Stats {
         connection: ConnectionId,
         id: u64,
@@ -430,6 +435,12 @@ impl Sequencer {
                 let end = (start + gpux_protocol::ORDERS_PAGE_MAX).min(all.len());
                 let next_offset = (end < all.len()).then_some(end as u32);
                 self.reply(connection, ServerMessage::Orders { id, orders: all[start..end].to_vec(), next_offset });
+            }
+            Request::Leases { connection, id, offset } => {
+                let account = self.connections.get(&connection).and_then(|c| c.account);
+                let (leases, next_offset) =
+                    account.map(|a| self.engine.leases_of(a, offset as usize, gpux_protocol::ORDERS_PAGE_MAX)).unwrap_or_default();
+                self.reply(connection, ServerMessage::Leases { id, leases, next_offset: next_offset.map(|n| n as u32) });
             }
             Request::Stats { connection, id, instrument } => {
                 let reply = if self.engine.instrument(instrument).is_some() {
@@ -805,6 +816,17 @@ fn error(id: Option<u64>, code: ErrorCode) -> ServerMessage {
     ServerMessage::Error { id, code, message: code.message().to_string() }
 }
 
+/// The exchange clock's offset from the wall clock (`--clock-offset-ms`):
+/// zero in production; demos and tests move the exchange's time ahead to
+/// reach a reserved window's start without waiting for it. Set once at start.
+static CLOCK_OFFSET_MS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+pub fn set_clock_offset_ms(offset_ms: i64) {
+    CLOCK_OFFSET_MS.store(offset_ms, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The exchange's time: the wall clock plus the configured offset.
 pub fn wall_clock_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    let wall = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    wall.saturating_add_signed(CLOCK_OFFSET_MS.load(std::sync::atomic::Ordering::Relaxed))
 }

@@ -399,6 +399,7 @@ impl Connection {
             ClientMessage::Unsubscribe { id, channel, instrument } => Request::Unsubscribe { connection, id, channel, instrument },
             ClientMessage::Instruments { id } => Request::Instruments { connection, id },
             ClientMessage::OpenOrders { id, offset } => Request::OpenOrders { connection, id, offset },
+            ClientMessage::Leases { id, offset } => Request::Leases { connection, id, offset },
             ClientMessage::Stats { id, instrument } => Request::Stats { connection, id, instrument },
             ClientMessage::MyGpus { id } => Request::MyGpus { connection, id },
             ClientMessage::UsageReport { id, report } => Request::Usage { connection, id, report: Box::new(report) },
@@ -437,6 +438,7 @@ impl Connection {
             | Request::Unsubscribe { id, .. }
             | Request::Instruments { id, .. }
             | Request::OpenOrders { id, .. }
+            | Request::Leases { id, .. }
             | Request::Stats { id, .. }
             | Request::MyGpus { id, .. }
             | Request::Usage { id, .. }

@@ -36,6 +36,9 @@ pub struct ExchangeConfig {
     pub tls: Option<(PathBuf, PathBuf)>,
     /// The exchange's fee on usage and the billing grace after a lease ends.
     pub billing: core::BillingPolicy,
+    /// Runs the exchange's clock this far ahead of the wall clock (demos and
+    /// tests that must reach a reserved window's start); 0 in production.
+    pub clock_offset_ms: i64,
 }
 
 /// The default fee on usage: 2.5%.
@@ -60,6 +63,9 @@ pub fn run(config: ExchangeConfig) -> Result<u64> {
 
 /// `run`, ending on `stop`.
 pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
+    if config.clock_offset_ms != 0 {
+        core::set_clock_offset_ms(config.clock_offset_ms);
+    }
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
     let journal = journal::Journal::open(&config.data_dir.join("journal.redb"))?;
     let snapshots = snapshots::SnapshotStore::open(&config.data_dir.join("snapshots.redb"))?;

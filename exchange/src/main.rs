@@ -41,6 +41,11 @@ struct Args {
     /// milliseconds; then its billing closes (escrow released, SLA settled).
     #[arg(long, default_value_t = gpux_exchange::BILLING_GRACE_MS_DEFAULT)]
     billing_grace_ms: u64,
+    /// Runs the exchange's clock this many milliseconds ahead of the wall
+    /// clock (demos and tests that must reach a reserved window's start).
+    /// The journal refuses time going backwards: only ever raise it.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    clock_offset_ms: i64,
     /// Frames queued to one connection before it is closed as a slow consumer.
     #[arg(long, default_value_t = gpux_exchange::gateway::OUTBOUND_FRAMES_MAX)]
     outbound_frames_max: usize,
@@ -90,6 +95,7 @@ fn main() -> Result<()> {
         metrics_listen,
         tls,
         billing: gpux_exchange::core::BillingPolicy { fee_bps: args.fee_bps, grace_ms: args.billing_grace_ms },
+        clock_offset_ms: args.clock_offset_ms,
     })?;
     Ok(())
 }

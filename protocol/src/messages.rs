@@ -213,6 +213,13 @@ pub enum ClientMessage {
         #[serde(default)]
         offset: u32,
     },
+    /// The leases the authenticated account rents or supplies, newest
+    /// first, a page at a time (as `open_orders`).
+    Leases {
+        id: u64,
+        #[serde(default)]
+        offset: u32,
+    },
     Ping {
         id: u64,
     },
@@ -237,6 +244,7 @@ impl ClientMessage {
             | Payout { id, .. }
             | Instruments { id }
             | OpenOrders { id, .. }
+            | Leases { id, .. }
             | Stats { id, .. }
             | MyGpus { id }
             | UsageReport { id, .. }
@@ -377,6 +385,11 @@ pub enum ServerMessage {
     Orders {
         id: u64,
         orders: Vec<OrderInfo>,
+        next_offset: Option<u32>,
+    },
+    Leases {
+        id: u64,
+        leases: Vec<gpux_engine::LeaseInfo>,
         next_offset: Option<u32>,
     },
     Pong {

@@ -51,6 +51,7 @@ impl Exchange {
             metrics_listen: None,
             tls: None,
             billing: gpux_exchange::core::BillingPolicy { fee_bps: 250, grace_ms: gpux_exchange::BILLING_GRACE_MS_DEFAULT },
+            clock_offset_ms: 0,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || {

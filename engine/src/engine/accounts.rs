@@ -88,8 +88,6 @@ impl Engine {
         Ok(())
     }
 
-
-
     pub(super) fn withdraw(&mut self, account: AccountId, amount_minor: u64) -> Checked<()> {
         let available = self.account(account)?.available_minor;
         if amount_minor == 0 {

@@ -516,6 +516,18 @@ impl Engine {
         })
     }
 
+    /// A page of the leases an account rents or supplies, newest first:
+    /// `(leases, offset of the next page)`. A scan of every lease (a query
+    /// for tools and clients, off the matching path).
+    pub fn leases_of(&self, account: AccountId, offset: usize, page: usize) -> (Vec<LeaseInfo>, Option<usize>) {
+        let mut matching =
+            (0..self.leases.len()).rev().filter(|&i| self.leases[i].renter == account || self.leases[i].supplier == account).skip(offset);
+        let leases: Vec<LeaseInfo> = matching.by_ref().take(page).filter_map(|i| self.lease(LeaseId(i as u64))).collect();
+        let more = matching.next().is_some();
+        let next = more.then_some(offset + leases.len());
+        (leases, next)
+    }
+
     pub fn lease_count(&self) -> u64 {
         self.leases.len() as u64
     }

@@ -35,8 +35,13 @@ impl Exchange {
     }
 
     pub fn start_with(data_dir: &Path, operator: Option<&SigningKey>, extra: &[&str]) -> Exchange {
+        Self::start_on(data_dir, operator, "127.0.0.1:0", extra)
+    }
+
+    /// Starts on a given listen address (a restart that clients reconnect to).
+    pub fn start_on(data_dir: &Path, operator: Option<&SigningKey>, listen: &str, extra: &[&str]) -> Exchange {
         let mut command = Command::new(env!("CARGO_BIN_EXE_gpux-exchange"));
-        command.arg("--data-dir").arg(data_dir).arg("--listen").arg("127.0.0.1:0").arg("--metrics-listen").arg("127.0.0.1:0").args(extra);
+        command.arg("--data-dir").arg(data_dir).arg("--listen").arg(listen).arg("--metrics-listen").arg("127.0.0.1:0").args(extra);
         if let Some(key) = operator {
             command.arg("--operator-key").arg(hex::encode(key.verifying_key().to_bytes()));
         }
