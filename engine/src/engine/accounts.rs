@@ -142,12 +142,12 @@ impl Engine {
         if amount_minor == 0 && verified_gpu_ms == 0 {
             return Err(RejectCode::AmountInvalid);
         }
-        if lease.billing_closed {
+        if lease.billing.billing_closed {
             return Err(RejectCode::LeaseBillingClosed);
         }
         let lease = &mut self.leases[lease_id.0 as usize];
-        lease.verified_gpu_ms += verified_gpu_ms;
-        lease.usage_charged_minor += amount_minor;
+        lease.billing.verified_gpu_ms += verified_gpu_ms;
+        lease.billing.usage_charged_minor += amount_minor;
         self.charge_lease(lease_id, amount_minor);
         Ok(())
     }
@@ -182,11 +182,11 @@ impl Engine {
         self.accounts[supplier.0 as usize].payable_minor += amount_minor;
         // The fee is metered like usage: the lease's fee so far is the fee on
         // all it charged, rounded down, and each charge takes the difference.
-        let lease = &mut self.leases[lease_id.0 as usize];
-        lease.charged_minor += amount_minor;
-        let fee_due = (lease.charged_minor as u128 * self.config.fee_bps as u128 / 10_000) as u64;
-        let fee_minor = fee_due.saturating_sub(lease.fee_charged_minor);
-        lease.fee_charged_minor += fee_minor;
+        let billing = &mut self.leases[lease_id.0 as usize].billing;
+        billing.charged_minor += amount_minor;
+        let fee_due = (billing.charged_minor as u128 * self.config.fee_bps as u128 / 10_000) as u64;
+        let fee_minor = fee_due.saturating_sub(billing.fee_charged_minor);
+        billing.fee_charged_minor += fee_minor;
         if fee_minor > 0 {
             self.accounts[supplier.0 as usize].payable_minor -= fee_minor;
             self.emit(EventKind::FeeCharged { lease: lease_id, supplier, amount_minor: fee_minor });

@@ -13,7 +13,7 @@
 //! A renter who ends a reserved window early pays the rest of the window
 //! (it was bought whole), unless the supplier's GPU is down at that moment.
 
-use super::{Checked, Contract, ContractKind, ContractState, Engine, Lease, LeaseEndReasonKey, TimerKind};
+use super::{Checked, Contract, ContractKind, ContractState, Engine, Lease, LeaseBilling, LeaseEndReasonKey, TimerKind};
 use crate::book::Order;
 use crate::command::LeaseDuration;
 use crate::event::{EventKind, HoldReason, LeaseEndReason, LeaseKind, ReduceReason, RejectCode};
@@ -55,13 +55,7 @@ impl Engine {
             active: true,
             preempt_at_ms: None,
             ended_at_ms: None,
-            rolling: bid.duration == LeaseDuration::UntilCancelled,
-            payment_notice: false,
-            verified_gpu_ms: 0,
-            usage_charged_minor: 0,
-            charged_minor: 0,
-            fee_charged_minor: 0,
-            billing_closed: false,
+            billing: LeaseBilling::default(),
         });
         self.hold(bid.account, escrow_minor, HoldReason::Lease(lease_id));
         self.occupy_gpus(lease_id, kind, host, taken);
@@ -109,12 +103,12 @@ impl Engine {
         self.hold(renter, held, HoldReason::Lease(lease_id));
         self.leases[lease_id.0 as usize].escrow_minor += held;
         if held == needed {
-            self.leases[lease_id.0 as usize].payment_notice = false;
-        } else if self.leases[lease_id.0 as usize].payment_notice {
+            self.leases[lease_id.0 as usize].billing.payment_notice = false;
+        } else if self.leases[lease_id.0 as usize].billing.payment_notice {
             self.end_lease(lease_id, LeaseEndReason::Unfunded);
             return;
         } else {
-            self.leases[lease_id.0 as usize].payment_notice = true;
+            self.leases[lease_id.0 as usize].billing.payment_notice = true;
             let ends_at_ms = self.now_ms + self.top_up_every_ms();
             self.emit(EventKind::PaymentNotice { lease: lease_id, renter, ends_at_ms, shortfall_minor: needed - held });
         }
@@ -125,21 +119,24 @@ impl Engine {
     /// escrow goes back to the renter and the SLA is settled.
     pub(super) fn close_billing(&mut self, lease_id: LeaseId) {
         let lease = &self.leases[lease_id.0 as usize];
-        if lease.billing_closed {
+        if lease.billing.billing_closed {
             return;
         }
         let gpus = lease.gpu_mask.count_ones() as u64;
         let ended_at_ms = lease.ended_at_ms.expect("billing closes after the lease ended");
         let leased_gpu_ms = ended_at_ms.saturating_sub(lease.start_ms) * gpus;
-        let availability_bps =
-            if leased_gpu_ms == 0 { 10_000 } else { (lease.verified_gpu_ms as u128 * 10_000 / leased_gpu_ms as u128).min(10_000) as u32 };
+        let availability_bps = if leased_gpu_ms == 0 {
+            10_000
+        } else {
+            (lease.billing.verified_gpu_ms as u128 * 10_000 / leased_gpu_ms as u128).min(10_000) as u32
+        };
         let sla_bps = self.config.classes[self.instruments[lease.instrument.0 as usize].class as usize].sla_availability_bps;
         let credit_minor = match lease.kind {
             LeaseKind::Preemptible => 0,
-            LeaseKind::Spot | LeaseKind::Reserved => sla_credit(lease.usage_charged_minor, availability_bps, sla_bps),
+            LeaseKind::Spot | LeaseKind::Reserved => sla_credit(lease.billing.usage_charged_minor, availability_bps, sla_bps),
         };
-        let (verified_gpu_ms, usage_charged_minor) = (lease.verified_gpu_ms, lease.usage_charged_minor);
-        self.leases[lease_id.0 as usize].billing_closed = true;
+        let (verified_gpu_ms, usage_charged_minor) = (lease.billing.verified_gpu_ms, lease.billing.usage_charged_minor);
+        self.leases[lease_id.0 as usize].billing.billing_closed = true;
         self.release_lease_escrow(lease_id);
         if credit_minor > 0 {
             self.pay_sla_credit(lease_id, credit_minor);
@@ -401,13 +398,7 @@ impl Engine {
             active: true,
             preempt_at_ms: None,
             ended_at_ms: None,
-            rolling: false,
-            payment_notice: false,
-            verified_gpu_ms: 0,
-            usage_charged_minor: 0,
-            charged_minor: 0,
-            fee_charged_minor: 0,
-            billing_closed: false,
+            billing: LeaseBilling::default(),
         });
         let stored = &mut self.contracts[contract_id.0 as usize];
         stored.state = ContractState::Delivered(lease_id);

@@ -118,9 +118,12 @@ pub(crate) struct Lease {
     pub preempt_at_ms: Option<u64>,
     /// When the lease actually ended.
     pub ended_at_ms: Option<u64>,
-    /// Open-ended spot/preemptible lease: its escrow rolls (topped up to the
-    /// prepaid horizon every half horizon).
-    pub rolling: bool,
+    /// What settlement verified and charged, and where billing stands.
+    pub billing: LeaseBilling,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub(crate) struct LeaseBilling {
     /// A payment notice is out: the next top-up check ends the lease unless funded.
     pub payment_notice: bool,
     pub verified_gpu_ms: u64,
@@ -510,9 +513,9 @@ impl Engine {
             active: lease.active,
             ended_at_ms: lease.ended_at_ms,
             escrow_minor: lease.escrow_minor,
-            billing_closed: lease.billing_closed,
-            verified_gpu_ms: lease.verified_gpu_ms,
-            usage_charged_minor: lease.usage_charged_minor,
+            billing_closed: lease.billing.billing_closed,
+            verified_gpu_ms: lease.billing.verified_gpu_ms,
+            usage_charged_minor: lease.billing.usage_charged_minor,
         })
     }
 
