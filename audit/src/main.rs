@@ -83,8 +83,14 @@ fn run(args: Args) -> Result<()> {
                 }
                 // Usage reports charge leases through settlement, exactly as the exchange did.
                 JournalEntry::UsageReport { at_ms, account, report } if !args.commands_only => {
-                    let (_, events) =
-                        gpux_exchange::core::settle_report(&mut engine, &mut settlement, &account_keys, at_ms, account, &report);
+                    let (_, events) = gpux_settlement::settle_report(
+                        &mut engine,
+                        &mut settlement,
+                        &account_keys.get(&account).copied().unwrap_or([0; 32]),
+                        at_ms,
+                        account,
+                        &report,
+                    );
                     write_events(&mut out, &events)?;
                 }
                 JournalEntry::UsageReport { .. } => {}

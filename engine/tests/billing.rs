@@ -104,6 +104,26 @@ fn a_renter_who_cannot_fund_the_top_up_gets_notice_and_the_lease_ends_at_the_nex
     assert!(events.iter().any(|e| e.kind == EventKind::LeaseEnded { lease, reason: LeaseEndReason::Unfunded }));
 }
 
+/// Found by the simulator: with reports lagging an hour, the escrow looked
+/// full at every check while the renter ran on. The escrow must also cover
+/// time used but not yet billed, so a renter with no more funds is ended when
+/// the prepaid hour is used up, however late the reports come, and owes nothing.
+#[test]
+fn lagging_reports_do_not_let_an_unfunded_renter_run_past_its_escrow() {
+    let (mut m, supplier, host, renter) = market(USD_2);
+    let lease = spot_lease(&mut m, supplier, host, renter, LeaseDuration::UntilCancelled);
+    let events = m.advance(HOUR / 2);
+    let notice = find(&events, |k| match k {
+        EventKind::PaymentNotice { lease: l, shortfall_minor, .. } if *l == lease => Some(*shortfall_minor),
+        _ => None,
+    });
+    assert_eq!(notice, Some(USD_2 / 2), "half an hour used and unbilled: the escrow covers only the half hour ahead");
+    let events = m.advance(HOUR / 2);
+    assert!(events.iter().any(|e| e.kind == EventKind::LeaseEnded { lease, reason: LeaseEndReason::Unfunded }));
+    settle(&mut m, lease, HOUR);
+    assert_eq!(balances(&m, renter).debt_minor, 0, "the hour used was the hour prepaid");
+}
+
 #[test]
 fn a_deposit_before_the_deadline_keeps_the_lease_running() {
     let (mut m, supplier, host, renter) = market(USD_2);

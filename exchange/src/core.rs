@@ -592,7 +592,14 @@ impl Sequencer {
         account: AccountId,
         report: &gpux_protocol::UsageReport,
     ) -> Result<gpux_settlement::UsageOutcome, gpux_protocol::UsageRejectCode> {
-        let (outcome, events) = settle_report(&mut self.engine, &mut self.settlement, &self.account_keys, at_ms, account, report);
+        let (outcome, events) = gpux_settlement::settle_report(
+            &mut self.engine,
+            &mut self.settlement,
+            &self.account_keys.get(&account).copied().unwrap_or([0; 32]),
+            at_ms,
+            account,
+            report,
+        );
         self.route(&events);
         outcome
     }
@@ -773,43 +780,6 @@ impl Sequencer {
             self.disconnect(connection);
         }
     }
-}
-
-/// Verifies and meters one usage report and charges what it adds to the
-/// lease's escrow (a `SettleUsage` engine input at the report's time). The
-/// charge is derived, not journaled: the same report at the same time always
-/// charges the same amount, so replay (the exchange's and `gpux-audit`'s)
-/// reaches the same state.
-pub fn settle_report(
-    engine: &mut Engine,
-    settlement: &mut gpux_settlement::Settlement,
-    account_keys: &HashMap<AccountId, [u8; 32]>,
-    at_ms: u64,
-    account: AccountId,
-    report: &gpux_protocol::UsageReport,
-) -> (Result<gpux_settlement::UsageOutcome, gpux_protocol::UsageRejectCode>, Vec<Event>) {
-    let key = account_keys.get(&account).copied().unwrap_or([0; 32]);
-    let lease = engine.lease(report.body.lease);
-    let terms = lease.as_ref().map(|lease| gpux_settlement::LeaseTerms {
-        lease: lease.lease,
-        supplier: lease.supplier,
-        gpu_uuids: lease.gpus.iter().filter_map(|gpu| engine.gpu(*gpu)).map(|gpu| gpu.uuid).collect(),
-        start_ms: lease.start_ms,
-        end_ms: lease.ended_at_ms.or(lease.end_ms),
-        price_minor_per_gpu_hour: lease.price_minor_per_gpu_hour,
-        billing_closed: lease.billing_closed,
-    });
-    let outcome = settlement.report(account, &key, terms.as_ref(), report, at_ms);
-    let mut events = Vec::new();
-    if let Ok(gpux_settlement::UsageOutcome::Accepted { charge_minor, verified_ms }) = outcome {
-        // The engine records the verified time (for the SLA) and takes the
-        // charge from escrow, then available funds, the rest as debt.
-        if charge_minor > 0 || verified_ms > 0 {
-            let command = Command::SettleUsage { lease: report.body.lease, amount_minor: charge_minor, verified_gpu_ms: verified_ms };
-            events = engine.apply(&Input { at_ms, command }).to_vec();
-        }
-    }
-    (outcome, events)
 }
 
 fn error(id: Option<u64>, code: ErrorCode) -> ServerMessage {

@@ -189,3 +189,41 @@ impl Settlement {
         Ok(UsageOutcome::Accepted { verified_ms: verified_ms(terms, body), charge_minor: 0 })
     }
 }
+
+/// Verifies and meters one usage report from `account` (whose key is
+/// `reporter_key`) and charges what it adds to the lease's escrow (a
+/// `SettleUsage` engine input at the report's time). The exchange, the audit
+/// tool and the simulator all settle through here. The charge is derived, not
+/// journaled: the same report at the same time always charges the same amount,
+/// so replay reaches the same state.
+pub fn settle_report(
+    engine: &mut gpux_engine::Engine,
+    settlement: &mut Settlement,
+    reporter_key: &[u8; 32],
+    at_ms: u64,
+    account: AccountId,
+    report: &UsageReport,
+) -> (Result<UsageOutcome, UsageRejectCode>, Vec<gpux_engine::Event>) {
+    let lease = engine.lease(report.body.lease);
+    let terms = lease.as_ref().map(|lease| LeaseTerms {
+        lease: lease.lease,
+        supplier: lease.supplier,
+        gpu_uuids: lease.gpus.iter().filter_map(|gpu| engine.gpu(*gpu)).map(|gpu| gpu.uuid).collect(),
+        start_ms: lease.start_ms,
+        end_ms: lease.ended_at_ms.or(lease.end_ms),
+        price_minor_per_gpu_hour: lease.price_minor_per_gpu_hour,
+        billing_closed: lease.billing_closed,
+    });
+    let outcome = settlement.report(account, reporter_key, terms.as_ref(), report, at_ms);
+    let mut events = Vec::new();
+    if let Ok(UsageOutcome::Accepted { charge_minor, verified_ms }) = outcome {
+        // The engine records the verified time (for the SLA) and takes the
+        // charge from escrow, then available funds, the rest as debt.
+        if charge_minor > 0 || verified_ms > 0 {
+            let command =
+                gpux_engine::Command::SettleUsage { lease: report.body.lease, amount_minor: charge_minor, verified_gpu_ms: verified_ms };
+            events = engine.apply(&gpux_engine::Input { at_ms, command }).to_vec();
+        }
+    }
+    (outcome, events)
+}

@@ -95,7 +95,14 @@ impl Engine {
         if !lease.active {
             return;
         }
-        let target = lease.price * self.config.prepaid_horizon_hours as u64 * lease.gpu_mask.count_ones() as u64;
+        // The escrow must cover the time already used but not yet billed
+        // (usage reports lag) plus the prepaid horizon ahead; otherwise a
+        // renter could run past its funds for as long as reports lag.
+        let gpus = lease.gpu_mask.count_ones() as u128;
+        let elapsed_ms = self.now_ms.saturating_sub(lease.start_ms) as u128;
+        let accrued = (lease.price as u128 * gpus * elapsed_ms / MS_PER_HOUR as u128) as u64;
+        let unbilled = accrued.saturating_sub(lease.billing.usage_charged_minor);
+        let target = lease.price * self.config.prepaid_horizon_hours as u64 * gpus as u64 + unbilled;
         let needed = target.saturating_sub(lease.escrow_minor);
         let renter = lease.renter;
         let available = self.accounts[renter.0 as usize].available_minor;

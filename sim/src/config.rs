@@ -1,0 +1,71 @@
+//! The knobs of one simulation run. Every figure in a report follows from
+//! these and nothing else: no clock, no environment.
+
+/// 2026-12-07T00:00:00Z, a Monday: simulated time starts here.
+pub const START_MS: u64 = 1_796_601_600_000;
+pub const MS_PER_HOUR: u64 = 3_600_000;
+pub const MS_PER_DAY: u64 = 24 * MS_PER_HOUR;
+
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub seed: u64,
+    pub suppliers: u32,
+    pub renters: u32,
+    pub aggregators: u32,
+    pub days: u32,
+    /// How often an agent reports each leased GPU's usage (the real agent
+    /// reports every minute; the simulator reports less often to keep the
+    /// signature work in proportion, which only coarsens the grain).
+    pub report_interval_ms: u64,
+    /// Share of suppliers that cheat (and half as many renters that try to underpay).
+    pub cheater_share_bps: u32,
+    /// Hosts per thousand that crash, lose their network or stop reporting each day.
+    pub fault_per_mille: u32,
+    /// Multiplies every renter's job rate.
+    pub demand_scale: f64,
+    /// Exchange restarts (snapshot plus journal replay) spread over the run.
+    pub restarts: u32,
+    /// How often each supplier re-prices and re-posts its idle GPUs.
+    pub supplier_wake_ms: u64,
+}
+
+impl SimConfig {
+    /// The default market: the sizes the issue asks the simulator to handle.
+    pub fn full() -> Self {
+        SimConfig {
+            seed: 1,
+            suppliers: 10_000,
+            renters: 50_000,
+            aggregators: 50,
+            days: 7,
+            report_interval_ms: 4 * MS_PER_HOUR,
+            cheater_share_bps: 100,
+            fault_per_mille: 20,
+            demand_scale: 1.3,
+            restarts: 2,
+            supplier_wake_ms: 30 * 60_000,
+        }
+    }
+
+    /// A small market for tests: a day, a few hundred participants, many
+    /// cheaters and faults so every kind shows up.
+    pub fn small(seed: u64) -> Self {
+        SimConfig {
+            seed,
+            suppliers: 120,
+            renters: 600,
+            aggregators: 4,
+            days: 2,
+            report_interval_ms: MS_PER_HOUR,
+            cheater_share_bps: 1_500,
+            fault_per_mille: 100,
+            demand_scale: 1.3,
+            restarts: 2,
+            supplier_wake_ms: 30 * 60_000,
+        }
+    }
+
+    pub fn end_ms(&self) -> u64 {
+        START_MS + self.days as u64 * MS_PER_DAY
+    }
+}

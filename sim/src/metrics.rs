@@ -1,0 +1,123 @@
+//! What the simulator measures while it runs, and the invariants it checks.
+//! Money is counted in integer minor units; ratios are computed only when the
+//! report is written.
+
+use std::collections::BTreeMap;
+
+use crate::population::{RenterKind, SupplierCheat};
+
+/// Per simulated hour and class.
+#[derive(Clone, Debug, Default)]
+pub struct HourSample {
+    /// GPU-samples with a running lease, and GPU-samples available to lease
+    /// (registered, online, host up): their ratio is the utilisation.
+    pub leased_gpu_samples: u64,
+    pub available_gpu_samples: u64,
+}
+
+/// Traded volume in one hour of one instrument kind (spot, preemptible,
+/// reserved) of one class.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TradeBucket {
+    pub notional_minor: u128,
+    pub gpus: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct JobStats {
+    pub placed: u64,
+    pub gpus_wanted: u64,
+    pub gpus_filled: u64,
+    pub fully_filled: u64,
+    pub unfilled: u64,
+    /// Milliseconds from the order to its first fill, for filled jobs.
+    pub time_to_fill_ms: Vec<u64>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct CheatStats {
+    pub attempts: u64,
+    /// Refused by settlement or the engine, or moved nothing (a duplicate).
+    pub caught: u64,
+    /// Minor units a cheat attempt moved to the cheater. The goal is zero.
+    pub moved_minor: u64,
+    /// The codes it was refused with.
+    pub codes: BTreeMap<String, u64>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct FaultStats {
+    pub crashes: u64,
+    pub network_losses: u64,
+    pub agents_stopped_reporting: u64,
+    pub leases_on_down_hosts: u64,
+    pub honest_reports_refused: BTreeMap<String, u64>,
+    /// GPU-ms delivered but never billed, by cause.
+    pub unbilled_late_gpu_ms: u64,
+    pub unbilled_stopped_gpu_ms: u64,
+    pub restarts: u64,
+    pub restart_entries_replayed: u64,
+    pub restart_mismatches: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct BillingStats {
+    pub leases_closed: u64,
+    /// Leases whose usage charge is not `floor(price x verified / 1 h)`.
+    pub charge_rule_violations: u64,
+    /// Leases billed for more GPU time than they were delivered.
+    pub overbilled_leases: u64,
+    pub overbilled_gpu_ms: u64,
+    /// Leases with every report on time from an honest agent: verified must
+    /// equal delivered exactly.
+    pub clean_leases: u64,
+    pub clean_mismatches: u64,
+    pub delivered_gpu_ms: u64,
+    pub verified_gpu_ms: u64,
+    pub usage_charged_minor: u64,
+    /// What the delivered time is worth at each lease's price (rounded down per lease).
+    pub delivered_value_minor: u64,
+    pub sla_credits: u64,
+    pub sla_credited_minor: u64,
+    pub fees_minor: u64,
+    pub unpaid_usage_minor: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    /// Indexed by hour of the run, then class index.
+    pub hours: Vec<[HourSample; 4]>,
+    /// Indexed by hour, then class, then kind (0 spot, 1 preemptible, 2 reserved).
+    pub trades: Vec<[[TradeBucket; 3]; 4]>,
+    pub jobs: BTreeMap<RenterKind, JobStats>,
+    pub window_bids: JobStats,
+    pub cheats: BTreeMap<SupplierCheat, CheatStats>,
+    pub renter_cheats: BTreeMap<&'static str, CheatStats>,
+    /// Debt the underpaying renters still owe at the end.
+    pub underpayer_debt_minor: u64,
+    pub faults: FaultStats,
+    pub billing: BillingStats,
+    pub preemptions_by_day: Vec<u64>,
+    pub leases_by_kind: [u64; 3],
+    /// Supplier earnings per class (usage and reserved rest, before fees).
+    pub supplier_revenue_minor: [u64; 4],
+    pub posted_baseline_minor: [u64; 4],
+    pub double_bookings: u64,
+    pub sim_actions: u64,
+    pub orders_rejected: BTreeMap<String, u64>,
+}
+
+impl Metrics {
+    pub fn new(hours: usize, days: usize) -> Self {
+        Metrics {
+            hours: vec![Default::default(); hours],
+            trades: vec![Default::default(); hours],
+            preemptions_by_day: vec![0; days],
+            ..Default::default()
+        }
+    }
+
+    pub fn every_cheat_caught(&self) -> bool {
+        self.cheats.values().chain(self.renter_cheats.values()).all(|c| c.caught == c.attempts && c.moved_minor == 0)
+    }
+}

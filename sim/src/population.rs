@@ -1,0 +1,255 @@
+//! The simulated participants and how a seed draws them: GPU owners with
+//! hosts of 1-8 GPUs, renters of three kinds, aggregators, and which of them
+//! cheat or suffer faults.
+//!
+//! Everything here is drawn from one seeded ChaCha stream in a fixed order, so
+//! the same seed and sizes always give the same population. Prices are in
+//! minor units (micro-dollars) per GPU-hour, like the engine's.
+
+use gpux_engine::{GpuSpec, Interconnect, Vendor};
+use rand::{Rng, RngCore};
+
+use crate::config::SimConfig;
+
+/// The GPU classes the simulated hosts carry: a list price (owners' floors
+/// and the opening prices are drawn around it) and the share of hosts that
+/// carry them.
+pub struct ClassModel {
+    pub name: &'static str,
+    /// Index of the class in `EngineConfig::demo()`.
+    pub class: u16,
+    pub list_price_minor: u64,
+    pub host_share_percent: u32,
+    /// Data-centre hosts: always on, 8 GPUs mostly; else home rigs with 1-4.
+    pub data_centre: bool,
+}
+
+pub const CLASSES: [ClassModel; 4] = [
+    ClassModel { name: "H100-SXM-80G", class: 0, list_price_minor: 2_400_000, host_share_percent: 35, data_centre: true },
+    ClassModel { name: "A100-80G", class: 1, list_price_minor: 1_500_000, host_share_percent: 25, data_centre: true },
+    ClassModel { name: "RTX4090-24G", class: 2, list_price_minor: 400_000, host_share_percent: 30, data_centre: false },
+    ClassModel { name: "MI300X-192G", class: 3, list_price_minor: 2_100_000, host_share_percent: 10, data_centre: true },
+];
+
+pub fn spec_of(class_index: usize) -> GpuSpec {
+    match class_index {
+        0 => GpuSpec::h100_sxm(),
+        1 => GpuSpec {
+            vendor: Vendor::Nvidia,
+            model: "NVIDIA A100-SXM4-80GB".into(),
+            memory_mib: 81_920,
+            interconnect: Interconnect::NvLink,
+            mig_profile: None,
+        },
+        2 => GpuSpec {
+            vendor: Vendor::Nvidia,
+            model: "NVIDIA GeForce RTX 4090".into(),
+            memory_mib: 24_564,
+            interconnect: Interconnect::Pcie,
+            mig_profile: None,
+        },
+        _ => GpuSpec {
+            vendor: Vendor::Amd,
+            model: "AMD Instinct MI300X".into(),
+            memory_mib: 196_608,
+            interconnect: Interconnect::InfinityFabric,
+            mig_profile: None,
+        },
+    }
+}
+
+/// How a cheating supplier tries to be paid for GPU time it did not deliver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SupplierCheat {
+    /// Claims more available time than the interval holds.
+    InflateAvailable,
+    /// Claims time that has not happened yet.
+    ClaimFuture,
+    /// Sends an accepted report again, and an old one re-chained.
+    Replay,
+    /// Signs reports with a key that is not its host key.
+    Forge,
+    /// Reports GPUs that are not in the lease.
+    PhantomGpu,
+    /// Reports the same time twice (overlapping intervals).
+    DoubleCount,
+    /// Reports time before its lease began.
+    BeforeLease,
+    /// Registers a GPU another host already listed, and offers leased GPUs
+    /// again in a reserved window.
+    DoubleSell,
+    /// Reports another supplier's lease.
+    ForeignLease,
+}
+
+pub const SUPPLIER_CHEATS: [SupplierCheat; 9] = [
+    SupplierCheat::InflateAvailable,
+    SupplierCheat::ClaimFuture,
+    SupplierCheat::Replay,
+    SupplierCheat::Forge,
+    SupplierCheat::PhantomGpu,
+    SupplierCheat::DoubleCount,
+    SupplierCheat::BeforeLease,
+    SupplierCheat::DoubleSell,
+    SupplierCheat::ForeignLease,
+];
+
+impl SupplierCheat {
+    pub fn label(self) -> &'static str {
+        match self {
+            SupplierCheat::InflateAvailable => "inflated available time",
+            SupplierCheat::ClaimFuture => "time claimed ahead of the clock",
+            SupplierCheat::Replay => "replayed reports",
+            SupplierCheat::Forge => "forged signatures",
+            SupplierCheat::PhantomGpu => "GPUs not in the lease",
+            SupplierCheat::DoubleCount => "the same time reported twice",
+            SupplierCheat::BeforeLease => "time before the lease",
+            SupplierCheat::DoubleSell => "double-selling GPUs",
+            SupplierCheat::ForeignLease => "another supplier's lease",
+        }
+    }
+}
+
+/// Faults that strike an honest host.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HostFaults {
+    /// The agent's clock runs this far ahead (negative: behind).
+    pub clock_skew_ms: i64,
+    /// Reports reach the exchange this long after they are due.
+    pub report_delay_ms: u64,
+    /// The agent stops reporting at this point of every lease it holds
+    /// (a broken agent): the GPUs keep working, unbilled.
+    pub stops_reporting: bool,
+}
+
+pub struct Supplier {
+    pub class_index: usize,
+    pub host_name: String,
+    pub gpu_count: u32,
+    /// The owner's floor: it never asks below this.
+    pub floor_minor: u64,
+    /// Home rigs are used by their owners during the owner's day: the hour
+    /// (UTC) the owner's day starts, 10 hours long.
+    pub owner_day_start_hour: Option<u32>,
+    /// Data-centre owners that also sell reserved daily windows.
+    pub sells_windows: bool,
+    pub cheat: Option<SupplierCheat>,
+    pub faults: HostFaults,
+    pub key_seed: [u8; 32],
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RenterKind {
+    /// Gang allocations on one host for hours.
+    Training,
+    /// Steady spot capacity, open-ended, for days.
+    Inference,
+    /// Short preemptible jobs.
+    Batch,
+}
+
+impl RenterKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            RenterKind::Training => "training (gang, hours)",
+            RenterKind::Inference => "inference (open-ended spot)",
+            RenterKind::Batch => "batch (preemptible)",
+        }
+    }
+}
+
+pub struct Renter {
+    pub kind: RenterKind,
+    pub class_index: usize,
+    /// Expected jobs per simulated day at the daily average demand.
+    pub jobs_per_day: f64,
+    /// How much above the going price it will pay, in basis points.
+    pub eagerness_bps: u32,
+    /// Deposits only what one job's hold needs, never tops up, and tries to
+    /// withdraw held funds.
+    pub underpays: bool,
+}
+
+pub struct Aggregator {
+    pub class_index: usize,
+    /// Contracts it tries to hold in each daily window.
+    pub contracts_per_window: u32,
+}
+
+pub struct Population {
+    pub suppliers: Vec<Supplier>,
+    pub renters: Vec<Renter>,
+    pub aggregators: Vec<Aggregator>,
+}
+
+fn pick_class(rng: &mut impl RngCore) -> usize {
+    let roll = rng.random_range(0..100);
+    let mut acc = 0;
+    for (index, class) in CLASSES.iter().enumerate() {
+        acc += class.host_share_percent;
+        if roll < acc {
+            return index;
+        }
+    }
+    CLASSES.len() - 1
+}
+
+/// Draws the whole population from the config's seed.
+pub fn draw(config: &SimConfig, rng: &mut impl RngCore) -> Population {
+    let mut suppliers = Vec::with_capacity(config.suppliers as usize);
+    let mut cheaters = 0usize;
+    for index in 0..config.suppliers {
+        let class_index = pick_class(rng);
+        let model = &CLASSES[class_index];
+        let gpu_count =
+            if model.data_centre { *[8u32, 8, 8, 4, 2, 1].get(rng.random_range(0..6)).unwrap_or(&8) } else { rng.random_range(1..=4) };
+        let floor_minor = model.list_price_minor * rng.random_range(45..80) / 100 / 1_000 * 1_000;
+        // Cheaters take the cheats in turn, so every kind shows up.
+        let cheat = (rng.random_range(0..10_000) < config.cheater_share_bps).then(|| {
+            cheaters += 1;
+            SUPPLIER_CHEATS[(cheaters - 1) % SUPPLIER_CHEATS.len()]
+        });
+        let faults = HostFaults {
+            clock_skew_ms: if rng.random_range(0..100) < 3 { rng.random_range(6_000..20_000) } else { rng.random_range(-2_000..2_000) },
+            report_delay_ms: if rng.random_range(0..100) < 5 { rng.random_range(60_000..1_800_000) } else { rng.random_range(0..5_000) },
+            stops_reporting: rng.random_range(0..1_000) < config.fault_per_mille / 2,
+        };
+        let mut key_seed = [0u8; 32];
+        rng.fill_bytes(&mut key_seed);
+        suppliers.push(Supplier {
+            class_index,
+            host_name: format!("sim-host-{index:06}"),
+            gpu_count,
+            floor_minor: floor_minor.max(1_000),
+            owner_day_start_hour: (!model.data_centre).then(|| rng.random_range(0..24)),
+            sells_windows: model.data_centre && class_index != 3 && rng.random_range(0..100) < 30,
+            cheat,
+            faults,
+            key_seed,
+        });
+    }
+    let mut renters = Vec::with_capacity(config.renters as usize);
+    for _ in 0..config.renters {
+        let kind = match rng.random_range(0..100) {
+            0..35 => RenterKind::Training,
+            35..60 => RenterKind::Inference,
+            _ => RenterKind::Batch,
+        };
+        let jobs_per_day = match kind {
+            RenterKind::Training => rng.random_range(0.3..1.0),
+            RenterKind::Inference => rng.random_range(0.05..0.2),
+            RenterKind::Batch => rng.random_range(0.5..2.0),
+        };
+        renters.push(Renter {
+            kind,
+            class_index: pick_class(rng),
+            jobs_per_day: jobs_per_day * config.demand_scale,
+            eagerness_bps: rng.random_range(0..3_000),
+            underpays: rng.random_range(0..10_000) < config.cheater_share_bps / 2,
+        });
+    }
+    let aggregators = (0..config.aggregators)
+        .map(|_| Aggregator { class_index: rng.random_range(0..2), contracts_per_window: rng.random_range(2..=8) })
+        .collect();
+    Population { suppliers, renters, aggregators }
+}

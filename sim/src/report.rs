@@ -1,0 +1,433 @@
+//! The run's report: a Markdown summary with the invariants first, then what
+//! the market did, and SVG plots (plotters, drawn without system fonts so the
+//! bytes depend on the data alone). Money is printed from integer minor units
+//! (1 minor unit = US$0.000001); ratios are computed here and nowhere else.
+
+use std::fmt::Write as _;
+
+use plotters::prelude::*;
+
+use crate::config::MS_PER_HOUR;
+use crate::metrics::{JobStats, Metrics};
+use crate::population::CLASSES;
+use crate::Sim;
+
+/// The report's files: name and contents.
+pub struct ReportFiles {
+    pub files: Vec<(String, String)>,
+    pub invariants_hold: bool,
+}
+
+fn dollars(minor: u128) -> String {
+    let cents = minor / 10_000;
+    let whole = cents / 100;
+    let mut grouped = String::new();
+    let digits = whole.to_string();
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index).is_multiple_of(3) {
+            grouped.push(',');
+        }
+        grouped.push(digit);
+    }
+    format!("${grouped}.{:02}", cents % 100)
+}
+
+fn percent(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        "-".into()
+    } else {
+        format!("{:.1}%", part as f64 * 100.0 / whole as f64)
+    }
+}
+
+fn quantile_minutes(sorted: &[u64], q: f64) -> String {
+    if sorted.is_empty() {
+        return "-".into();
+    }
+    let index = ((sorted.len() - 1) as f64 * q).round() as usize;
+    format!("{:.1} min", sorted[index] as f64 / 60_000.0)
+}
+
+fn check(ok: bool) -> &'static str {
+    if ok {
+        "holds"
+    } else {
+        "**BROKEN**"
+    }
+}
+
+/// The invariants the issue names, each with what the run found.
+pub fn invariants(sim: &Sim) -> Vec<(String, bool, String)> {
+    let m = &sim.metrics;
+    let b = &m.billing;
+    let cheats_attempted: u64 = m.cheats.values().chain(m.renter_cheats.values()).map(|c| c.attempts).sum();
+    vec![
+        ("No GPU leased twice at once".into(), m.double_bookings == 0, format!("{} overlapping lease intervals", m.double_bookings)),
+        (
+            "Ledger balanced and equal to the engine's balances".into(),
+            sim.ledger_matches_engine(),
+            format!("{} transfers, sum {}", sim.exchange.transfers_posted, sim.exchange.ledger().sum()),
+        ),
+        (
+            "Every usage charge = floor(price x verified GPU-time / 1 h)".into(),
+            b.charge_rule_violations == 0,
+            format!("{} leases closed, {} off the rule", b.leases_closed, b.charge_rule_violations),
+        ),
+        (
+            "Never billed for GPU-time not delivered".into(),
+            b.overbilled_leases == 0,
+            format!("{} leases over, by {} GPU-ms", b.overbilled_leases, b.overbilled_gpu_ms),
+        ),
+        (
+            "Honest, on-time leases billed exactly what they delivered".into(),
+            b.clean_mismatches == 0,
+            format!("{} such leases, {} differ", b.clean_leases, b.clean_mismatches),
+        ),
+        ("Every injected cheat caught, no money moved".into(), m.every_cheat_caught(), format!("{cheats_attempted} attempts")),
+        (
+            "Exchange restarts replay to the same state".into(),
+            m.faults.restart_mismatches == 0,
+            format!("{} restarts, {} journal entries replayed", m.faults.restarts, m.faults.restart_entries_replayed),
+        ),
+    ]
+}
+
+/// Writes the Markdown report and its plots. Deterministic: no clock, no
+/// paths, no hash-ordered iteration.
+pub fn render(sim: &Sim) -> ReportFiles {
+    let m = &sim.metrics;
+    let c = &sim.config;
+    let mut md = String::new();
+    let invariants = invariants(sim);
+    let invariants_hold = invariants.iter().all(|(_, ok, _)| *ok);
+    let _ = writeln!(md, "# gpux market simulation\n");
+    let _ = writeln!(
+        md,
+        "Seed {}, {} days, {} suppliers with {} GPUs, {} renters, {} aggregators. The real engine, settlement and ledger ran \
+         in-process on simulated time: {} engine events, {} simulator actions, {} ledger transfers.\n",
+        c.seed,
+        c.days,
+        c.suppliers,
+        sim.gpu_count(),
+        c.renters,
+        c.aggregators,
+        sim.exchange.events_applied,
+        m.sim_actions,
+        sim.exchange.transfers_posted
+    );
+    let _ = writeln!(md, "## Invariants\n\n| Invariant | Result | Found |\n|---|---|---|");
+    for (name, ok, found) in &invariants {
+        let _ = writeln!(md, "| {name} | {} | {found} |", check(*ok));
+    }
+    utilisation_section(&mut md, m);
+    prices_section(&mut md, m);
+    fills_section(&mut md, m);
+    billing_section(&mut md, m);
+    revenue_section(&mut md, m);
+    cheats_section(&mut md, m);
+    faults_section(&mut md, m);
+    let files = vec![
+        ("report.md".to_string(), md),
+        ("utilisation.svg".to_string(), plot_utilisation(m)),
+        ("prices.svg".to_string(), plot_prices(m)),
+        ("revenue.svg".to_string(), plot_revenue(m)),
+    ];
+    ReportFiles { files, invariants_hold }
+}
+
+fn utilisation_section(md: &mut String, m: &Metrics) {
+    let _ = writeln!(
+        md,
+        "\n## Utilisation\n\nLeased GPUs over GPUs available to lease (registered, online, host up), sampled every 15 minutes.\n"
+    );
+    let _ = writeln!(md, "![utilisation](utilisation.svg)\n\n| Class | Mean | Busiest hour | Quietest hour |\n|---|---|---|---|");
+    for (index, class) in CLASSES.iter().enumerate() {
+        let hourly: Vec<f64> = m
+            .hours
+            .iter()
+            .filter(|h| h[index].available_gpu_samples > 0)
+            .map(|h| h[index].leased_gpu_samples as f64 / h[index].available_gpu_samples as f64 * 100.0)
+            .collect();
+        let leased: u64 = m.hours.iter().map(|h| h[index].leased_gpu_samples).sum();
+        let available: u64 = m.hours.iter().map(|h| h[index].available_gpu_samples).sum();
+        let max = hourly.iter().copied().fold(f64::NAN, f64::max);
+        let min = hourly.iter().copied().fold(f64::NAN, f64::min);
+        let _ = writeln!(md, "| {} | {} | {max:.1}% | {min:.1}% |", class.name, percent(leased, available));
+    }
+    let _ = writeln!(md, "\nPreemption notices per day: {:?}", m.preemptions_by_day);
+    let _ = writeln!(
+        md,
+        "\nLeases created: {} spot, {} preemptible, {} reserved-window.",
+        m.leases_by_kind[0], m.leases_by_kind[1], m.leases_by_kind[2]
+    );
+}
+
+fn prices_section(md: &mut String, m: &Metrics) {
+    let _ =
+        writeln!(md, "\n## Clearing prices\n\nVolume-weighted trade price per GPU-hour over the run, and the range of hourly prices.\n");
+    let _ = writeln!(
+        md,
+        "![prices](prices.svg)\n\n| Class | Contract | GPUs traded | VWAP | Hourly low | Hourly high |\n|---|---|---|---|---|---|"
+    );
+    for (index, class) in CLASSES.iter().enumerate() {
+        for (kind, label) in ["spot", "preemptible", "reserved window"].iter().enumerate() {
+            let notional: u128 = m.trades.iter().map(|h| h[index][kind].notional_minor).sum();
+            let gpus: u64 = m.trades.iter().map(|h| h[index][kind].gpus).sum();
+            if gpus == 0 {
+                continue;
+            }
+            let hourly: Vec<u128> = m
+                .trades
+                .iter()
+                .filter(|h| h[index][kind].gpus > 0)
+                .map(|h| h[index][kind].notional_minor / h[index][kind].gpus as u128)
+                .collect();
+            let low = hourly.iter().min().copied().unwrap_or(0);
+            let high = hourly.iter().max().copied().unwrap_or(0);
+            let _ = writeln!(
+                md,
+                "| {} | {label} | {gpus} | {} | {} | {} |",
+                class.name,
+                dollars(notional / gpus as u128),
+                dollars(low),
+                dollars(high)
+            );
+        }
+    }
+}
+
+fn job_row(md: &mut String, label: &str, stats: &JobStats) {
+    let mut sorted = stats.time_to_fill_ms.clone();
+    sorted.sort_unstable();
+    let _ = writeln!(
+        md,
+        "| {label} | {} | {} | {} | {} | {} | {} |",
+        stats.placed,
+        percent(stats.gpus_filled, stats.gpus_wanted),
+        percent(stats.fully_filled, stats.placed),
+        percent(stats.unfilled, stats.placed),
+        quantile_minutes(&sorted, 0.5),
+        quantile_minutes(&sorted, 0.9)
+    );
+}
+
+fn fills_section(md: &mut String, m: &Metrics) {
+    let _ = writeln!(md, "\n## Fill rates and time to fill\n\nEach job is one bid, good for its patience (10 min to 2 h; window bids until the trading stop).\n");
+    let _ =
+        writeln!(md, "| Renters | Jobs | GPUs filled | Fully filled | Unfilled | Time to fill p50 | p90 |\n|---|---|---|---|---|---|---|");
+    for (kind, stats) in &m.jobs {
+        job_row(md, kind.label(), stats);
+    }
+    job_row(md, "training in reserved daily windows", &m.window_bids);
+    if !m.orders_rejected.is_empty() {
+        let _ = writeln!(md, "\nOrders the engine refused (all participants): {:?}", m.orders_rejected);
+    }
+}
+
+fn billing_section(md: &mut String, m: &Metrics) {
+    let b = &m.billing;
+    let _ = writeln!(md, "\n## Billing accuracy\n");
+    let _ = writeln!(
+        md,
+        "Over the {} leases whose billing closed: delivered {:.1} GPU-h (the simulator's truth), verified {:.1} GPU-h, \
+         usage charged {} against {} that the delivered time is worth at the leases' prices; the difference is time \
+         never billed because its reports came too late or never ({:.1} GPU-h late, {:.1} GPU-h from agents that stopped reporting). \
+         Fees: {}. SLA credits: {} paying {}. Usage left unpaid (renter debt): {}.\n",
+        b.leases_closed,
+        b.delivered_gpu_ms as f64 / MS_PER_HOUR as f64,
+        b.verified_gpu_ms as f64 / MS_PER_HOUR as f64,
+        dollars(b.usage_charged_minor as u128),
+        dollars(b.delivered_value_minor as u128),
+        m.faults.unbilled_late_gpu_ms as f64 / MS_PER_HOUR as f64,
+        m.faults.unbilled_stopped_gpu_ms as f64 / MS_PER_HOUR as f64,
+        dollars(b.fees_minor as u128),
+        b.sla_credits,
+        dollars(b.sla_credited_minor as u128),
+        dollars(b.unpaid_usage_minor as u128),
+    );
+}
+
+fn revenue_section(md: &mut String, m: &Metrics) {
+    let _ = writeln!(
+        md,
+        "\n## Supplier revenue against a posted-price market\n\nThe baseline is a posted-price market that guessed the \
+         average right: each class and contract priced all run long at this run's own volume-weighted clearing price, sold first come \
+         first served to every job whose limit reaches it while the GPUs are free for all its hours (no auction, no preemption, no \
+         windows). Exchange revenue is what suppliers were credited for usage and reserved rest, before the exchange fee.\n"
+    );
+    let _ = writeln!(md, "![revenue](revenue.svg)\n\n| Class | Exchange | Posted-price baseline | Ratio |\n|---|---|---|---|");
+    for (index, class) in CLASSES.iter().enumerate() {
+        let (ours, posted) = (m.supplier_revenue_minor[index], m.posted_baseline_minor[index]);
+        let ratio = if posted == 0 { "-".into() } else { format!("{:.2}x", ours as f64 / posted as f64) };
+        let _ = writeln!(md, "| {} | {} | {} | {ratio} |", class.name, dollars(ours as u128), dollars(posted as u128));
+    }
+}
+
+fn cheats_section(md: &mut String, m: &Metrics) {
+    let _ = writeln!(md, "\n## Cheaters\n\n| Cheat | Attempts | Caught | Money moved | Refused with |\n|---|---|---|---|---|");
+    for (cheat, stats) in &m.cheats {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {:?} |",
+            cheat.label(),
+            stats.attempts,
+            stats.caught,
+            dollars(stats.moved_minor as u128),
+            stats.codes
+        );
+    }
+    for (label, stats) in &m.renter_cheats {
+        let _ = writeln!(
+            md,
+            "| renter: {label} | {} | {} | {} | {:?} |",
+            stats.attempts,
+            stats.caught,
+            dollars(stats.moved_minor as u128),
+            stats.codes
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nAn unfunded open-ended lease is ended by the engine once its escrow runs out; the money moved is the debt such renters \
+         still owed at the end ({}), which the supplier was paid regardless.",
+        dollars(m.underpayer_debt_minor as u128)
+    );
+}
+
+fn faults_section(md: &mut String, m: &Metrics) {
+    let f = &m.faults;
+    let _ = writeln!(md, "\n## Faults\n");
+    let _ = writeln!(
+        md,
+        "Host crashes {}, network losses {}, leases whose agent stopped reporting {}, leases started on a host that was down \
+         (the exchange learns of a crash only from the missing reports) {}. Honest reports refused: {:?}. Exchange restarts {} \
+         (snapshot + journal replay, {} entries).",
+        f.crashes,
+        f.network_losses,
+        f.agents_stopped_reporting,
+        f.leases_on_down_hosts,
+        f.honest_reports_refused,
+        f.restarts,
+        f.restart_entries_replayed
+    );
+}
+
+const PALETTE: [RGBColor; 4] = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40)];
+
+fn plot_utilisation(m: &Metrics) -> String {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (960, 420)).into_drawing_area();
+        let hours = m.hours.len().max(1) as f64;
+        let drawn =
+            (|| -> Result<(), Box<dyn std::error::Error + '_>> {
+                root.fill(&WHITE)?;
+                let mut chart = ChartBuilder::on(&root)
+                    .caption("Utilisation per class (% of available GPUs leased)", ("sans-serif", 18))
+                    .margin(12)
+                    .x_label_area_size(36)
+                    .y_label_area_size(48)
+                    .build_cartesian_2d(0f64..hours, 0f64..100f64)?;
+                chart.configure_mesh().x_desc("hour of the run").y_desc("%").draw()?;
+                for (index, class) in CLASSES.iter().enumerate() {
+                    let color = PALETTE[index];
+                    let points =
+                        m.hours.iter().enumerate().filter(|(_, h)| h[index].available_gpu_samples > 0).map(|(hour, h)| {
+                            (hour as f64, h[index].leased_gpu_samples as f64 * 100.0 / h[index].available_gpu_samples as f64)
+                        });
+                    chart
+                        .draw_series(LineSeries::new(points, color.stroke_width(2)))?
+                        .label(class.name)
+                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
+                }
+                chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+                root.present()?;
+                Ok(())
+            })();
+        drawn.expect("drawing into a string cannot fail");
+    }
+    svg
+}
+
+fn plot_prices(m: &Metrics) -> String {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (960, 420)).into_drawing_area();
+        let hours = m.trades.len().max(1) as f64;
+        let top = m
+            .trades
+            .iter()
+            .flat_map(|h| h.iter().flat_map(|c| c.iter()))
+            .filter(|b| b.gpus > 0)
+            .map(|b| (b.notional_minor / b.gpus as u128) as f64 / 1e6)
+            .fold(0.5f64, f64::max)
+            * 1.1;
+        let drawn = (|| -> Result<(), Box<dyn std::error::Error + '_>> {
+            root.fill(&WHITE)?;
+            let mut chart = ChartBuilder::on(&root)
+                .caption("Hourly clearing price, $ per GPU-hour (solid spot, thin preemptible)", ("sans-serif", 18))
+                .margin(12)
+                .x_label_area_size(36)
+                .y_label_area_size(48)
+                .build_cartesian_2d(0f64..hours, 0f64..top)?;
+            chart.configure_mesh().x_desc("hour of the run").y_desc("$ / GPU-h").draw()?;
+            for (index, class) in CLASSES.iter().enumerate() {
+                let color = PALETTE[index];
+                for kind in 0..2 {
+                    let points = m
+                        .trades
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, h)| h[index][kind].gpus > 0)
+                        .map(|(hour, h)| (hour as f64, (h[index][kind].notional_minor / h[index][kind].gpus as u128) as f64 / 1e6));
+                    let series = chart.draw_series(LineSeries::new(points, color.stroke_width(if kind == 0 { 2 } else { 1 })))?;
+                    if kind == 0 {
+                        series.label(class.name).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
+                    }
+                }
+            }
+            chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+            root.present()?;
+            Ok(())
+        })();
+        drawn.expect("drawing into a string cannot fail");
+    }
+    svg
+}
+
+fn plot_revenue(m: &Metrics) -> String {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (960, 420)).into_drawing_area();
+        let top =
+            m.supplier_revenue_minor.iter().chain(m.posted_baseline_minor.iter()).copied().max().unwrap_or(1).max(1) as f64 / 1e6 * 1.15;
+        let drawn = (|| -> Result<(), Box<dyn std::error::Error + '_>> {
+            root.fill(&WHITE)?;
+            let mut chart = ChartBuilder::on(&root)
+                .caption("Supplier revenue, $ (blue: exchange, orange: posted-price baseline)", ("sans-serif", 18))
+                .margin(12)
+                .x_label_area_size(36)
+                .y_label_area_size(72)
+                .build_cartesian_2d(0f64..(CLASSES.len() as f64), 0f64..top)?;
+            chart
+                .configure_mesh()
+                .x_labels(CLASSES.len())
+                .x_label_formatter(&|x| CLASSES.get(*x as usize).map_or(String::new(), |c| c.name.to_string()))
+                .y_desc("$")
+                .draw()?;
+            for index in 0..CLASSES.len() {
+                let x = index as f64;
+                let ours = m.supplier_revenue_minor[index] as f64 / 1e6;
+                let posted = m.posted_baseline_minor[index] as f64 / 1e6;
+                chart.draw_series([
+                    Rectangle::new([(x + 0.15, 0.0), (x + 0.48, ours)], PALETTE[0].filled()),
+                    Rectangle::new([(x + 0.52, 0.0), (x + 0.85, posted)], PALETTE[1].filled()),
+                ])?;
+            }
+            root.present()?;
+            Ok(())
+        })();
+        drawn.expect("drawing into a string cannot fail");
+    }
+    svg
+}
