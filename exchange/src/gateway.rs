@@ -382,6 +382,15 @@ impl Connection {
                 let (account, role) = (*account, *role);
                 self.authenticated(account, role, message)
             }
+            // Public market data needs no login, as on any exchange.
+            (_, ClientMessage::Subscribe { id, channel, instrument }) => {
+                self.forward(id, Request::Subscribe { connection: self.id, id, channel, instrument })
+            }
+            (_, ClientMessage::Unsubscribe { id, channel, instrument }) => {
+                self.forward(id, Request::Unsubscribe { connection: self.id, id, channel, instrument })
+            }
+            (_, ClientMessage::Instruments { id }) => self.forward(id, Request::Instruments { connection: self.id, id }),
+            (_, ClientMessage::Stats { id, instrument }) => self.forward(id, Request::Stats { connection: self.id, id, instrument }),
             (_, _) => vec![error(Some(id), ErrorCode::NotAuthenticated, None)],
         }
     }

@@ -46,6 +46,17 @@ struct Args {
     /// The journal refuses time going backwards: only ever raise it.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     clock_offset_ms: i64,
+    /// Also start a live simulated market: simulated suppliers and renters
+    /// trading on this exchange as real WebSocket clients (a demo; they
+    /// open accounts in this data directory's journal).
+    #[arg(long)]
+    sim: bool,
+    /// Simulated suppliers in the live market (with --sim).
+    #[arg(long, default_value_t = 8)]
+    sim_suppliers: u32,
+    /// Simulated renters in the live market (with --sim).
+    #[arg(long, default_value_t = 16)]
+    sim_renters: u32,
     /// Frames queued to one connection before it is closed as a slow consumer.
     #[arg(long, default_value_t = gpux_exchange::gateway::OUTBOUND_FRAMES_MAX)]
     outbound_frames_max: usize,
@@ -74,6 +85,9 @@ fn main() -> Result<()> {
             .with_context(|| format!("--operator-key {key}: expected 64 hex digits (an ed25519 public key)"))?;
         operator_keys.insert(bytes);
     }
+    if args.sim {
+        start_live_market(&args, &mut operator_keys)?;
+    }
     let tls = args.tls_cert.zip(args.tls_key);
     if tls.is_none() && !args.listen.ip().is_loopback() {
         anyhow::bail!("plain ws:// is for loopback development only: give --tls-cert and --tls-key to listen on {}", args.listen);
@@ -96,6 +110,36 @@ fn main() -> Result<()> {
         tls,
         billing: gpux_exchange::core::BillingPolicy { fee_bps: args.fee_bps, grace_ms: args.billing_grace_ms },
         clock_offset_ms: args.clock_offset_ms,
+    })?;
+    Ok(())
+}
+
+/// Starts the live simulated market on its own thread, with an operator key
+/// made for this run (it funds the simulated renters).
+fn start_live_market(args: &Args, operator_keys: &mut BTreeSet<[u8; 32]>) -> Result<()> {
+    if args.tls_cert.is_some() {
+        anyhow::bail!("--sim drives the exchange over plain ws:// on loopback: leave out --tls-cert");
+    }
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret).map_err(|e| anyhow::anyhow!("no randomness for the simulated operator's key: {e}"))?;
+    let operator_key = ed25519_dalek::SigningKey::from_bytes(&secret);
+    operator_keys.insert(operator_key.verifying_key().to_bytes());
+    let options = gpux_sim::live::LiveOptions {
+        url: format!("ws://{}", args.listen),
+        operator_key,
+        suppliers: args.sim_suppliers,
+        renters: args.sim_renters,
+        seed: u64::from_le_bytes(secret[..8].try_into().expect("8 bytes")),
+    };
+    eprintln!(
+        "live simulated market: {} suppliers and {} renters trading on {} (watch a book: gpux book H100-SXM-80G/SPOT)",
+        options.suppliers, options.renters, options.url
+    );
+    std::thread::Builder::new().name("live-market".into()).spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime for the live market");
+        if let Err(error) = runtime.block_on(gpux_sim::live::run(options)) {
+            eprintln!("live simulated market stopped: {error:#}");
+        }
     })?;
     Ok(())
 }

@@ -65,8 +65,17 @@ async fn nothing_acknowledged_is_lost_when_the_process_is_killed() {
         let tasks: Vec<_> = (0..RENTERS)
             .map(|seed| tokio::spawn(stream_orders(exchange.addr.clone(), 10 + seed, round, ledgers[seed as usize].clone())))
             .collect();
-        // A different moment each round: 300..1100 ms into the stream.
-        tokio::time::sleep(Duration::from_millis(300 + (round * 277) % 800)).await;
+        // Kill once the round has had at least 150 acknowledgements (however
+        // fast this machine's fsync is), then at a different moment each round.
+        let acked_before: usize = ledgers.iter().map(|l| l.lock().expect("ledger").acked.len()).sum();
+        for _ in 0..2_000 {
+            let acked: usize = ledgers.iter().map(|l| l.lock().expect("ledger").acked.len()).sum();
+            if acked >= acked_before + 150 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis((round * 277) % 800)).await;
         exchange.kill();
         for task in tasks {
             // Each ends when its connection dies (a client still logging in
@@ -85,7 +94,7 @@ async fn nothing_acknowledged_is_lost_when_the_process_is_killed() {
     }
     let total_acked: usize = ledgers.iter().map(|l| l.lock().expect("ledger").acked.len()).sum();
     eprintln!("acknowledged orders across {ROUNDS} kill rounds: {total_acked}");
-    assert!(total_acked > 1_000, "the test drove a few thousand acknowledged orders ({total_acked})");
+    assert!(total_acked >= 600, "the test drove hundreds of acknowledged orders ({total_acked})");
 
     // Re-send everything that was sent but never acknowledged.
     for seed in 0..RENTERS {

@@ -171,6 +171,8 @@ async fn every_class_of_bad_frame_gets_its_code_and_the_connection_stays_usable(
     let mut anonymous = Client::connect(&m.exchange.addr).await;
     anonymous.send(&ClientMessage::NewOrder { id: 1, order: ticket(1, Side::Buy, USD_2, 1) }).await;
     assert!(matches!(anonymous.recv().await, ServerMessage::Error { code: ErrorCode::NotAuthenticated, .. }));
+    anonymous.send(&ClientMessage::Instruments { id: 2 }).await;
+    assert!(matches!(anonymous.recv().await, ServerMessage::Instruments { id: 2, .. }), "public market data needs no login");
 }
 
 #[tokio::test]

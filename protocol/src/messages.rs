@@ -398,6 +398,33 @@ pub enum ServerMessage {
     },
 }
 
+impl ServerMessage {
+    /// The request id this message answers; `None` for pushed messages
+    /// (challenge, market data, private events) and errors about no request.
+    pub fn answer_to(&self) -> Option<u64> {
+        use ServerMessage::*;
+        match self {
+            Authenticated { id, .. }
+            | Ack { id, .. }
+            | Reject { id, .. }
+            | Subscribed { id, .. }
+            | Unsubscribed { id, .. }
+            | Instruments { id, .. }
+            | Stats { id, .. }
+            | Gpus { id, .. }
+            | Statement { id, .. }
+            | Balance { id, .. }
+            | UsageAccepted { id, .. }
+            | UsageRejected { id, .. }
+            | Orders { id, .. }
+            | Leases { id, .. }
+            | Pong { id, .. } => Some(*id),
+            Error { id, .. } => *id,
+            Challenge { .. } | BookSnapshot { .. } | BookUpdate { .. } | Trade { .. } | Private { .. } => None,
+        }
+    }
+}
+
 /// Gateway-level error codes (engine refusals use `RejectCode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -36,6 +36,7 @@ pub struct SimExchange {
     snapshot: Option<(State, Vec<JournalEntry>)>,
     pub events_applied: u64,
     pub transfers_posted: u64,
+    pub reports_settled: u64,
 }
 
 /// What a restart found: the state hash before and after replay.
@@ -55,6 +56,7 @@ impl SimExchange {
             snapshot: None,
             events_applied: 0,
             transfers_posted: 0,
+            reports_settled: 0,
         }
     }
 
@@ -93,6 +95,7 @@ impl SimExchange {
         report: &UsageReport,
         events: &mut Vec<Event>,
     ) -> Result<UsageOutcome, UsageRejectCode> {
+        self.reports_settled += 1;
         let key = self.keys.get(&account).copied().unwrap_or([0; 32]);
         let (outcome, settled) = settle_report(&mut self.state.engine, &mut self.state.settlement, &key, at_ms, account, report);
         self.post(&settled);

@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod exchange;
+pub mod live;
 pub mod market;
 pub mod metrics;
 pub mod population;

@@ -76,11 +76,14 @@ fn main() -> anyhow::Result<()> {
     let elapsed = started.elapsed().as_secs_f64();
     let events = sim.exchange.events_applied + sim.metrics.sim_actions;
     eprintln!(
-        "simulated {} days in {elapsed:.1} s: {} engine events + {} simulator actions = {:.0} events/s",
+        "simulated {} days in {elapsed:.1} s: {} engine events + {} simulator actions = {:.0} events/s; \
+         {:.1} s of it signing and settling {} usage reports",
         args.days,
         sim.exchange.events_applied,
         sim.metrics.sim_actions,
-        events as f64 / elapsed
+        events as f64 / elapsed,
+        sim.report_wall.as_secs_f64(),
+        sim.exchange.reports_settled
     );
     let files = report::render(&sim);
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;

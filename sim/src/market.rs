@@ -172,6 +172,10 @@ pub struct Sim {
     /// Last trade price per class and kind (spot, preemptible, reserved).
     reference_price: [[u64; 3]; 4],
     pub metrics: Metrics,
+    /// Wall-clock time spent signing and settling usage reports (for the
+    /// events/s breakdown on stderr; never in the report, which must not
+    /// depend on the machine).
+    pub report_wall: std::time::Duration,
     /// Posted-price counterfactual: GPUs free per class per hour, and the jobs.
     posted_capacity: Vec<[u32; 4]>,
     posted_jobs: Vec<PostedJob>,
@@ -237,6 +241,7 @@ impl Sim {
             reference_price: base,
             posted_capacity: vec![[0; 4]; hours],
             posted_jobs: Vec::new(),
+            report_wall: std::time::Duration::ZERO,
         };
         for index in 0..sim.exchange.engine().instruments().len() as u32 {
             sim.learn_instrument(InstrumentId(index));
@@ -941,9 +946,11 @@ impl Sim {
             unhealthy_samples: 0,
             prev_hash: chain.prev_hash.clone(),
         };
+        let started = std::time::Instant::now();
         let report = UsageReport::sign(body, &supplier.key);
         let mut events = Vec::new();
         let outcome = self.exchange.report(self.now_ms, account, &report, &mut events);
+        self.report_wall += started.elapsed();
         self.observe(&events);
         match outcome {
             Ok(UsageOutcome::Accepted { .. }) => {
@@ -1095,7 +1102,14 @@ impl Sim {
             Some(w) => (w.instrument, 2),
             None => (InstrumentId(class_index as u32 * 2 + contract as u32), contract),
         };
-        let price = tick_round(self.reference_price[class_index][contract] * (10_000 + eagerness_bps as u64) / 10_000);
+        // A renter follows the going price up to what the job is worth to it:
+        // the class's list price (less for preemptible time) scaled by its
+        // eagerness. Without that cap, resting bids lifted by each other's
+        // trades would walk prices up without end.
+        let chasing = self.reference_price[class_index][contract] * (10_000 + eagerness_bps as u64) / 10_000;
+        let list = CLASSES[class_index].list_price_minor * if contract == 1 { PREEMPT_DISCOUNT_PERCENT } else { 100 } / 100;
+        let worth = list * (9_000 + eagerness_bps as u64) / 10_000;
+        let price = tick_round(chasing.min(worth));
         let duration = match (run_ms, underpays) {
             (Some(_), _) | (_, true) => LeaseDuration::UntilCancelled,
             (None, false) => LeaseDuration::Hours(hours),

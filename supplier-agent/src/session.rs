@@ -19,124 +19,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use ed25519_dalek::{Signer, SigningKey};
-use futures_util::{SinkExt, StreamExt};
-use gpux_engine::{
-    AccountId, Event, EventKind, GpuInfo, GpuSet, HostId, InstrumentId, LeaseId, LeaseKind, OrderId, RejectCode, Role, Side,
-};
+use ed25519_dalek::SigningKey;
+use gpux_engine::{Event, EventKind, GpuInfo, GpuSet, HostId, InstrumentId, LeaseId, LeaseKind, OrderId, RejectCode, Role, Side};
 use gpux_protocol::*;
-use tokio::net::TcpStream;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+pub use gpux_client::Connection;
 
 use crate::backend::GpuBackend;
 use crate::config::{AgentConfig, OfferedContract};
 use crate::reports::{Interval, ReportBook};
-
-/// An authenticated connection to the exchange, with request/answer by id.
-/// Messages that arrive while waiting for an answer are queued for `next`.
-pub struct Connection {
-    socket: WebSocketStream<MaybeTlsStream<TcpStream>>,
-    backlog: std::collections::VecDeque<ServerMessage>,
-    next_id: u64,
-    pub account: AccountId,
-    /// The exchange's clock minus ours, measured at login.
-    pub clock_offset_ms: i64,
-}
-
-/// Clock differences with the exchange above this are logged as a warning.
-pub const CLOCK_SKEW_WARN_MS: i64 = 1_000;
-
-impl Connection {
-    pub async fn open(url: &str, key: &SigningKey, role: Role) -> Result<Connection> {
-        let (mut socket, _) = tokio_tungstenite::connect_async(url).await.with_context(|| format!("connecting to {url}"))?;
-        let (nonce, clock_offset_ms) = match read(&mut socket).await? {
-            ServerMessage::Challenge { nonce, server_time_ms } => (nonce, server_time_ms as i64 - now_ms() as i64),
-            other => bail!("expected a challenge, got {other:?}"),
-        };
-        if clock_offset_ms.abs() > CLOCK_SKEW_WARN_MS {
-            tracing::warn!(clock_offset_ms, "this host's clock differs from the exchange's; reports use the exchange's time");
-        }
-        let nonce: [u8; 32] = hex::decode(nonce).ok().and_then(|n| n.try_into().ok()).context("challenge nonce is not 32 hex bytes")?;
-        let auth = ClientMessage::Auth {
-            id: 1,
-            public_key: hex::encode(key.verifying_key().to_bytes()),
-            signature: hex::encode(key.sign(&auth_payload(&nonce)).to_bytes()),
-            role: Some(role),
-        };
-        socket.send(Message::Text(encode_client_text(&auth).into())).await?;
-        let mut backlog = std::collections::VecDeque::new();
-        loop {
-            match read(&mut socket).await? {
-                ServerMessage::Authenticated { account, .. } => {
-                    return Ok(Connection { socket, backlog, next_id: 1, account, clock_offset_ms })
-                }
-                ServerMessage::Error { code, message, .. } => bail!("the exchange refused the host key: {code:?}: {message}"),
-                other => backlog.push_back(other),
-            }
-        }
-    }
-
-    pub fn new_id(&mut self) -> u64 {
-        self.next_id += 1;
-        self.next_id
-    }
-
-    /// Sends a request and waits for the message answering its id.
-    pub async fn request(&mut self, message: ClientMessage) -> Result<ServerMessage> {
-        let id = message.id();
-        self.socket.send(Message::Text(encode_client_text(&message).into())).await?;
-        loop {
-            let message = read(&mut self.socket).await?;
-            if answer_id(&message) == Some(id) {
-                return Ok(message);
-            }
-            self.backlog.push_back(message);
-        }
-    }
-
-    /// The next pushed message (private events, market data).
-    pub async fn next(&mut self) -> Result<ServerMessage> {
-        match self.backlog.pop_front() {
-            Some(message) => Ok(message),
-            None => read(&mut self.socket).await,
-        }
-    }
-}
-
-fn answer_id(message: &ServerMessage) -> Option<u64> {
-    match message {
-        ServerMessage::Ack { id, .. }
-        | ServerMessage::Reject { id, .. }
-        | ServerMessage::Subscribed { id, .. }
-        | ServerMessage::Unsubscribed { id, .. }
-        | ServerMessage::Instruments { id, .. }
-        | ServerMessage::Orders { id, .. }
-        | ServerMessage::Gpus { id, .. }
-        | ServerMessage::Stats { id, .. }
-        | ServerMessage::Balance { id, .. }
-        | ServerMessage::UsageAccepted { id, .. }
-        | ServerMessage::UsageRejected { id, .. }
-        | ServerMessage::Pong { id, .. } => Some(*id),
-        ServerMessage::Error { id, .. } => *id,
-        _ => None,
-    }
-}
-
-async fn read(socket: &mut WebSocketStream<MaybeTlsStream<TcpStream>>) -> Result<ServerMessage> {
-    loop {
-        match socket.next().await.context("the exchange closed the connection")?? {
-            Message::Text(text) => {
-                return decode_server_text(&text).map_err(|e| anyhow::anyhow!("undecodable server message: {}", e.message))
-            }
-            Message::Binary(bytes) => {
-                return decode_server_binary(&bytes).map_err(|e| anyhow::anyhow!("undecodable server message: {}", e.message))
-            }
-            Message::Close(frame) => bail!("the exchange closed the connection: {frame:?}"),
-            _ => continue,
-        }
-    }
-}
 
 /// What the agent knows about one of its GPUs.
 struct HostGpu {
@@ -272,7 +163,7 @@ impl Agent {
 
     /// Logs in, registers, withdraws stale asks, offers, sends queued reports.
     async fn connect(&mut self) -> Result<Link> {
-        let mut connection = Connection::open(&self.config.exchange, &self.key, Role::Supplier).await.map_err(|error| {
+        let mut connection = Connection::open(&self.config.exchange, &self.key, Some(Role::Supplier)).await.map_err(|error| {
             if format!("{error:#}").contains("refused the host key") {
                 anyhow::Error::new(Fatal(format!("{error:#}")))
             } else {

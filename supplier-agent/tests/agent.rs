@@ -97,8 +97,8 @@ fn spawn_agent(config: &std::path::Path, host: &std::path::Path) -> Agent {
 
 /// A renter logged in with key `seed`, funded by the operator.
 async fn funded_renter(exchange: &Exchange, operator: &SigningKey, seed: u8, amount_minor: u64) -> Connection {
-    let renter = Connection::open(&exchange.url, &SigningKey::from_bytes(&[seed; 32]), Role::Renter).await.expect("renter");
-    let mut admin = Connection::open(&exchange.url, operator, Role::Operator).await.expect("operator");
+    let renter = Connection::open(&exchange.url, &SigningKey::from_bytes(&[seed; 32]), Some(Role::Renter)).await.expect("renter");
+    let mut admin = Connection::open(&exchange.url, operator, Some(Role::Operator)).await.expect("operator");
     let id = admin.new_id();
     let deposit = admin.request(ClientMessage::Deposit { id, account: renter.account, amount_minor }).await.expect("deposit");
     assert!(matches!(deposit, ServerMessage::Ack { .. }), "{deposit:?}");
@@ -262,7 +262,7 @@ async fn usage_is_reported_through_a_30_second_outage_and_billed_exactly() {
     tokio::time::sleep(Duration::from_secs(30)).await;
     exchange.start_again();
 
-    let mut renter = Connection::open(&exchange.url, &renter_key, Role::Renter).await.expect("renter again");
+    let mut renter = Connection::open(&exchange.url, &renter_key, Some(Role::Renter)).await.expect("renter again");
     // Give the agent time to reconnect and deliver what it buffered.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let id = renter.new_id();
@@ -353,7 +353,7 @@ async fn reserved_windows_are_offered_and_a_gpu_in_local_use_is_not() {
         &config,
         &format!("{text}\n[[offer]]\ncontract = \"hourly_window\"\nprice_floor_minor_per_gpu_hour = 1800000\nwindows_ahead = 2\n"),
     );
-    let mut watcher = Connection::open(&exchange.url, &SigningKey::from_bytes(&[3; 32]), Role::Renter).await.expect("watcher");
+    let mut watcher = Connection::open(&exchange.url, &SigningKey::from_bytes(&[3; 32]), Some(Role::Renter)).await.expect("watcher");
     let _agent = spawn_agent(&config, &host);
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -469,7 +469,7 @@ async fn an_availability_schedule_limits_what_is_offered() {
             until % 24
         ),
     );
-    let mut watcher = Connection::open(&exchange.url, &SigningKey::from_bytes(&[3; 32]), Role::Renter).await.expect("watcher");
+    let mut watcher = Connection::open(&exchange.url, &SigningKey::from_bytes(&[3; 32]), Some(Role::Renter)).await.expect("watcher");
     let _agent = spawn_agent(&config, &host);
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {

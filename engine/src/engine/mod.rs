@@ -15,7 +15,6 @@ mod orders;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::book::{Book, OrderSlab};
@@ -249,7 +248,10 @@ pub struct Engine {
     pub(crate) instruments: Vec<Instrument>,
     pub(crate) books: Vec<Book>,
     pub(crate) orders: OrderSlab,
-    pub(crate) client_order_ids: FxHashMap<(AccountId, u64), OrderId>,
+    /// Open orders by account and client id. Ordered by account, so a mass
+    /// cancel visits only the account's own orders (a scan of every live
+    /// order made it cost as much as the whole book).
+    pub(crate) client_order_ids: BTreeMap<(AccountId, u64), OrderId>,
     pub(crate) hosts: Vec<Host>,
     pub(crate) host_by_name: BTreeMap<String, HostId>,
     pub(crate) gpus: Vec<Gpu>,
@@ -282,7 +284,7 @@ impl Engine {
             instruments: Vec::new(),
             books: Vec::new(),
             orders: OrderSlab::default(),
-            client_order_ids: FxHashMap::default(),
+            client_order_ids: BTreeMap::new(),
             hosts: Vec::new(),
             host_by_name: BTreeMap::new(),
             gpus: Vec::new(),

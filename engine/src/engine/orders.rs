@@ -413,12 +413,14 @@ impl Engine {
                 return Err(RejectCode::UnknownInstrument);
             }
         }
-        let ids: Vec<OrderId> = self
-            .orders
-            .iter_live()
-            .filter(|(_, o)| o.account == account && instrument.is_none_or(|i| o.instrument == i))
-            .map(|(id, _)| id)
+        // In slot order, as a scan of the order slab visits them.
+        let mut ids: Vec<OrderId> = self
+            .client_order_ids
+            .range((account, 0)..=(account, u64::MAX))
+            .map(|(_, &id)| id)
+            .filter(|&id| instrument.is_none_or(|i| self.orders.get(id).is_some_and(|o| o.instrument == i)))
             .collect();
+        ids.sort_unstable_by_key(|id| id.slot());
         for id in ids {
             self.close_order(id, OrderCloseReason::MassCancelled);
         }

@@ -1,0 +1,128 @@
+//! gpux-client: the Rust client of the gpux exchange, shared by the `gpux`
+//! CLI, the supplier agent and the simulator's live mode.
+//!
+//! One decision shapes it: a `Connection` is a plain sequential object
+//! (send a request, wait for the message that answers its id, queue whatever
+//! else arrives for `next`), not a background task with channels. Every user
+//! here drives one conversation at a time, and a sequential client keeps the
+//! order of pushed messages exactly as the exchange sent them.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use ed25519_dalek::{Signer, SigningKey};
+use futures_util::{SinkExt, StreamExt};
+use gpux_engine::{AccountId, Role};
+use gpux_protocol::*;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// An authenticated connection to the exchange, with request/answer by id.
+/// Messages that arrive while waiting for an answer are queued for `next`.
+pub struct Connection {
+    socket: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    backlog: std::collections::VecDeque<ServerMessage>,
+    next_id: u64,
+    pub account: AccountId,
+    /// The exchange's clock minus ours, measured at login.
+    pub clock_offset_ms: i64,
+}
+
+/// Clock differences with the exchange above this are logged as a warning.
+pub const CLOCK_SKEW_WARN_MS: i64 = 1_000;
+
+impl Connection {
+    /// Connects and logs in with `key`; `role` opens an account for a key
+    /// the exchange does not know yet (`None`: the key must have one).
+    pub async fn open(url: &str, key: &SigningKey, role: Option<Role>) -> Result<Connection> {
+        let (mut socket, _) = tokio_tungstenite::connect_async(url).await.with_context(|| format!("connecting to {url}"))?;
+        let (nonce, clock_offset_ms) = match read(&mut socket).await? {
+            ServerMessage::Challenge { nonce, server_time_ms } => (nonce, server_time_ms as i64 - now_ms() as i64),
+            other => bail!("expected a challenge, got {other:?}"),
+        };
+        if clock_offset_ms.abs() > CLOCK_SKEW_WARN_MS {
+            tracing::warn!(clock_offset_ms, "this host's clock differs from the exchange's; reports use the exchange's time");
+        }
+        let nonce: [u8; 32] = hex::decode(nonce).ok().and_then(|n| n.try_into().ok()).context("challenge nonce is not 32 hex bytes")?;
+        let auth = ClientMessage::Auth {
+            id: 1,
+            public_key: hex::encode(key.verifying_key().to_bytes()),
+            signature: hex::encode(key.sign(&auth_payload(&nonce)).to_bytes()),
+            role,
+        };
+        socket.send(Message::Text(encode_client_text(&auth).into())).await?;
+        let mut backlog = std::collections::VecDeque::new();
+        loop {
+            match read(&mut socket).await? {
+                ServerMessage::Authenticated { account, .. } => {
+                    return Ok(Connection { socket, backlog, next_id: 1, account, clock_offset_ms })
+                }
+                ServerMessage::Error { code, message, .. } => bail!("the exchange refused the host key: {code:?}: {message}"),
+                other => backlog.push_back(other),
+            }
+        }
+    }
+
+    /// Sends a message without waiting for an answer.
+    pub async fn send(&mut self, message: &ClientMessage) -> Result<()> {
+        self.socket.send(Message::Text(encode_client_text(message).into())).await?;
+        Ok(())
+    }
+
+    /// The next pushed message, or `None` if none arrives within `timeout`.
+    pub async fn next_within(&mut self, timeout: std::time::Duration) -> Result<Option<ServerMessage>> {
+        if let Some(message) = self.backlog.pop_front() {
+            return Ok(Some(message));
+        }
+        match tokio::time::timeout(timeout, read(&mut self.socket)).await {
+            Ok(message) => message.map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+
+    pub fn new_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Sends a request and waits for the message answering its id.
+    pub async fn request(&mut self, message: ClientMessage) -> Result<ServerMessage> {
+        let id = message.id();
+        self.socket.send(Message::Text(encode_client_text(&message).into())).await?;
+        loop {
+            let message = read(&mut self.socket).await?;
+            if message.answer_to() == Some(id) {
+                return Ok(message);
+            }
+            self.backlog.push_back(message);
+        }
+    }
+
+    /// The next pushed message (private events, market data).
+    pub async fn next(&mut self) -> Result<ServerMessage> {
+        match self.backlog.pop_front() {
+            Some(message) => Ok(message),
+            None => read(&mut self.socket).await,
+        }
+    }
+}
+
+async fn read(socket: &mut WebSocketStream<MaybeTlsStream<TcpStream>>) -> Result<ServerMessage> {
+    loop {
+        match socket.next().await.context("the exchange closed the connection")?? {
+            Message::Text(text) => {
+                return decode_server_text(&text).map_err(|e| anyhow::anyhow!("undecodable server message: {}", e.message))
+            }
+            Message::Binary(bytes) => {
+                return decode_server_binary(&bytes).map_err(|e| anyhow::anyhow!("undecodable server message: {}", e.message))
+            }
+            Message::Close(frame) => bail!("the exchange closed the connection: {frame:?}"),
+            _ => continue,
+        }
+    }
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

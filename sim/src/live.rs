@@ -1,0 +1,277 @@
+//! The live simulated market: simulated suppliers and renters as real
+//! WebSocket clients of a running exchange, so a newcomer sees books move,
+//! trades print, leases start and usage reports settle in real time.
+//!
+//! Unlike the discrete-event simulator this runs on the wall clock and is not
+//! deterministic (the network and the scheduler decide the interleaving); it
+//! exists to exercise the real gateway and to make the demo alive. Every
+//! participant uses only the documented protocol (docs/protocol.md) through
+//! `gpux-client`: an operator funds the renters, suppliers register GPUs,
+//! keep asks on the spot and preemptible books and report usage of their
+//! leases; renters bid, lease and end their leases.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use ed25519_dalek::SigningKey;
+use gpux_client::{now_ms, Connection};
+use gpux_engine::{AccountId, EventKind, GpuSet, HostId, InstrumentId, LeaseDuration, LeaseId, Role, Side, TimeInForce};
+use gpux_protocol::{genesis_hash, ClientMessage, OrderTicket, ServerMessage, UsageBody, UsageReport};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tokio::sync::mpsc;
+
+use crate::population::{spec_of, CLASSES};
+
+#[derive(Clone, Debug)]
+pub struct LiveOptions {
+    pub url: String,
+    /// A key the exchange accepts as operator (it funds the renters).
+    pub operator_key: SigningKey,
+    pub suppliers: u32,
+    pub renters: u32,
+    pub seed: u64,
+}
+
+const TICK_MINOR: u64 = 1_000;
+const REPORT_EVERY_MS: u64 = 10_000;
+const RENTER_DEPOSIT_MINOR: u64 = 10_000_000_000;
+
+fn key_for(seed: u64, role: u8, index: u32) -> SigningKey {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((role as u64) << 56) ^ index as u64);
+    let mut secret = [0u8; 32];
+    rng.fill(&mut secret);
+    SigningKey::from_bytes(&secret)
+}
+
+fn price_near(rng: &mut ChaCha8Rng, class_index: usize, low_percent: u64, high_percent: u64) -> u64 {
+    let list = CLASSES[class_index].list_price_minor * 70 / 100;
+    (list * rng.random_range(low_percent..high_percent) / 100 / TICK_MINOR).max(1) * TICK_MINOR
+}
+
+/// Connects, retrying while the exchange starts up.
+async fn connect(url: &str, key: &SigningKey, role: Role) -> Result<Connection> {
+    let mut attempts = 0;
+    loop {
+        match Connection::open(url, key, Some(role)).await {
+            Ok(connection) => return Ok(connection),
+            Err(error) if attempts < 50 => {
+                attempts += 1;
+                tracing::debug!(%error, "live market: exchange not up yet");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// Runs the live market until an error (the exchange going away ends it).
+pub async fn run(options: LiveOptions) -> Result<()> {
+    let (fund_tx, mut fund_rx) = mpsc::channel::<AccountId>(1_024);
+    let mut operator = connect(&options.url, &options.operator_key, Role::Operator).await.context("operator login")?;
+    let mut tasks = tokio::task::JoinSet::new();
+    for index in 0..options.suppliers {
+        let options = options.clone();
+        tasks.spawn(async move { supplier(options, index).await });
+    }
+    for index in 0..options.renters {
+        let (options, fund_tx) = (options.clone(), fund_tx.clone());
+        tasks.spawn(async move { renter(options, index, fund_tx).await });
+    }
+    drop(fund_tx);
+    loop {
+        tokio::select! {
+            account = fund_rx.recv() => {
+                let Some(account) = account else { break };
+                let id = operator.new_id();
+                operator.request(ClientMessage::Deposit { id, account, amount_minor: RENTER_DEPOSIT_MINOR }).await?;
+            }
+            finished = tasks.join_next() => match finished {
+                Some(result) => result.context("a live participant panicked")??,
+                None => break,
+            },
+        }
+    }
+    while let Some(result) = tasks.join_next().await {
+        result.context("a live participant panicked")??;
+    }
+    Ok(())
+}
+
+struct LiveLease {
+    lease: LeaseId,
+    gpus: Vec<(u32, String)>,
+    last_end_ms: Vec<u64>,
+    seq: Vec<u32>,
+    prev_hash: Vec<String>,
+    ended: bool,
+}
+
+/// A host of 1-8 GPUs of one class: asks on both books, re-priced every few
+/// seconds, and a signed, hash-chained usage report per leased GPU every ten.
+async fn supplier(options: LiveOptions, index: u32) -> Result<()> {
+    let key = key_for(options.seed, 1, index);
+    let mut rng = ChaCha8Rng::seed_from_u64(options.seed.wrapping_add(index as u64 * 7_919));
+    let class_index = index as usize % CLASSES.len();
+    let mut connection = connect(&options.url, &key, Role::Supplier).await?;
+    let host_name = format!("live-host-{index:03}");
+    let gpu_count = [8u32, 4, 2, 8, 1, 4][index as usize % 6];
+    for gpu in 0..gpu_count {
+        let id = connection.new_id();
+        let message = ClientMessage::RegisterGpu {
+            id,
+            host: host_name.clone(),
+            gpu_uuid: format!("LIVE-{index:03}-{gpu}"),
+            spec: spec_of(class_index),
+        };
+        connection.request(message).await?;
+    }
+    let id = connection.new_id();
+    let host = match connection.request(ClientMessage::MyGpus { id }).await? {
+        ServerMessage::Gpus { gpus, .. } => gpus.first().map(|g| g.host).context("the GPUs registered")?,
+        other => anyhow::bail!("expected the supplier's GPUs, got {other:?}"),
+    };
+    let mut leased_mask = 0u64;
+    let mut leases: Vec<LiveLease> = Vec::new();
+    let mut next_reprice = 0;
+    let mut next_report = now_ms() + REPORT_EVERY_MS;
+    loop {
+        if now_ms() >= next_reprice {
+            next_reprice = now_ms() + rng.random_range(2_000..6_000);
+            reprice(&mut connection, &mut rng, host, class_index, gpu_count, leased_mask).await?;
+        }
+        if now_ms() >= next_report {
+            next_report = now_ms() + REPORT_EVERY_MS;
+            report_usage(&mut connection, &key, &mut leases).await?;
+            leases.retain(|l| !l.ended);
+        }
+        let Some(message) = connection.next_within(Duration::from_millis(250)).await? else { continue };
+        let ServerMessage::Private { event } = message else { continue };
+        match event.kind {
+            EventKind::LeaseCreated { lease, gpu_mask, start_ms, supplier, .. } if supplier == connection.account => {
+                leased_mask |= gpu_mask;
+                let gpus: Vec<(u32, String)> =
+                    (0..64).filter(|bit| gpu_mask & (1 << bit) != 0).map(|bit| (bit, format!("LIVE-{index:03}-{bit}"))).collect();
+                let n = gpus.len();
+                leases.push(LiveLease {
+                    lease,
+                    gpus,
+                    last_end_ms: vec![start_ms; n],
+                    seq: vec![0; n],
+                    prev_hash: vec![genesis_hash(); n],
+                    ended: false,
+                });
+            }
+            EventKind::LeaseEnded { lease, .. } => {
+                if let Some(live) = leases.iter_mut().find(|l| l.lease == lease) {
+                    live.ended = true;
+                    for (bit, _) in &live.gpus {
+                        leased_mask &= !(1 << bit);
+                    }
+                }
+                report_usage(&mut connection, &key, &mut leases).await?;
+                leases.retain(|l| !l.ended);
+            }
+            _ => {}
+        }
+    }
+}
+
+async fn reprice(
+    connection: &mut Connection,
+    rng: &mut ChaCha8Rng,
+    host: HostId,
+    class_index: usize,
+    gpus: u32,
+    leased: u64,
+) -> Result<()> {
+    let all = if gpus >= 64 { u64::MAX } else { (1u64 << gpus) - 1 };
+    let free = all & !leased;
+    for (kind, (low, high)) in [(0u32, (90, 115)), (1, (45, 65))] {
+        let instrument = InstrumentId(class_index as u32 * 2 + kind);
+        let id = connection.new_id();
+        connection.request(ClientMessage::MassCancel { id, instrument: Some(instrument) }).await?;
+        if free == 0 {
+            continue;
+        }
+        let price = price_near(rng, class_index, low, high);
+        let mut order = OrderTicket::limit(now_ms(), instrument, Side::Sell, price, free.count_ones());
+        order.supply = Some(GpuSet { host, gpu_mask: free });
+        let id = connection.new_id();
+        connection.request(ClientMessage::NewOrder { id, order }).await?;
+    }
+    Ok(())
+}
+
+/// Reports every GPU of every lease up to now (or to the lease's end, which
+/// the exchange prorates: the agent learns of an end only when told).
+async fn report_usage(connection: &mut Connection, key: &SigningKey, leases: &mut [LiveLease]) -> Result<()> {
+    let now = now_ms().saturating_add_signed(connection.clock_offset_ms);
+    for lease in leases.iter_mut() {
+        for gpu in 0..lease.gpus.len() {
+            let start_ms = lease.last_end_ms[gpu];
+            if now <= start_ms + 1 {
+                continue;
+            }
+            let body = UsageBody {
+                lease: lease.lease,
+                gpu_uuid: lease.gpus[gpu].1.clone(),
+                seq: lease.seq[gpu] + 1,
+                start_ms,
+                end_ms: now,
+                available_ms: now - start_ms,
+                utilisation_percent: 85,
+                memory_used_mib_max: 30_000,
+                unhealthy_samples: 0,
+                prev_hash: lease.prev_hash[gpu].clone(),
+            };
+            let report = UsageReport::sign(body, key);
+            let id = connection.new_id();
+            if let ServerMessage::UsageAccepted { .. } =
+                connection.request(ClientMessage::UsageReport { id, report: report.clone() }).await?
+            {
+                lease.seq[gpu] += 1;
+                lease.prev_hash[gpu] = report.hash();
+                lease.last_end_ms[gpu] = now;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A renter bidding every second or two for one or two GPUs for an hour,
+/// ending each lease after a minute or so.
+async fn renter(options: LiveOptions, index: u32, fund: mpsc::Sender<AccountId>) -> Result<()> {
+    let key = key_for(options.seed, 2, index);
+    let mut rng = ChaCha8Rng::seed_from_u64(options.seed.wrapping_add(1_000_003 + index as u64 * 104_729));
+    let mut connection = connect(&options.url, &key, Role::Renter).await?;
+    fund.send(connection.account).await.context("the operator task ended")?;
+    let mut ends: Vec<(u64, LeaseId)> = Vec::new();
+    let mut next_bid = now_ms() + rng.random_range(500..2_000);
+    loop {
+        let now = now_ms();
+        if now >= next_bid {
+            next_bid = now + rng.random_range(500..2_500);
+            let class_index = rng.random_range(0..CLASSES.len());
+            let kind = rng.random_range(0..2u32);
+            let price = if kind == 0 { price_near(&mut rng, class_index, 80, 108) } else { price_near(&mut rng, class_index, 40, 60) };
+            let instrument = InstrumentId(class_index as u32 * 2 + kind);
+            let mut order = OrderTicket::limit(now, instrument, Side::Buy, price, rng.random_range(1..3));
+            order.time_in_force = TimeInForce::Gtt { expire_at_ms: now.saturating_add_signed(connection.clock_offset_ms) + 20_000 };
+            order.duration = LeaseDuration::Hours(1);
+            let id = connection.new_id();
+            connection.request(ClientMessage::NewOrder { id, order }).await?;
+        }
+        for (_, lease) in ends.iter().filter(|(at, _)| *at <= now) {
+            let id = connection.new_id();
+            connection.request(ClientMessage::EndLease { id, lease: *lease }).await?;
+        }
+        ends.retain(|(at, _)| *at > now);
+        let Some(ServerMessage::Private { event }) = connection.next_within(Duration::from_millis(200)).await? else { continue };
+        if let EventKind::LeaseCreated { lease, renter, .. } = event.kind {
+            if renter == connection.account {
+                ends.push((now_ms() + rng.random_range(30_000..120_000), lease));
+            }
+        }
+    }
+}
