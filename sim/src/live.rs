@@ -115,7 +115,7 @@ async fn supplier(options: LiveOptions, index: u32) -> Result<()> {
     let class_index = index as usize % CLASSES.len();
     let mut connection = connect(&options.url, &key, Role::Supplier).await?;
     let host_name = format!("live-host-{index:03}");
-    let gpu_count = [8u32, 4, 2, 8, 1, 4][index as usize % 6];
+    let gpu_count = [8u32, 8, 4, 8, 2, 8][index as usize % 6];
     for gpu in 0..gpu_count {
         let id = connection.new_id();
         let message = ClientMessage::RegisterGpu {
@@ -131,29 +131,46 @@ async fn supplier(options: LiveOptions, index: u32) -> Result<()> {
         ServerMessage::Gpus { gpus, .. } => gpus.first().map(|g| g.host).context("the GPUs registered")?,
         other => anyhow::bail!("expected the supplier's GPUs, got {other:?}"),
     };
-    let mut leased_mask = 0u64;
-    let mut leases: Vec<LiveLease> = Vec::new();
+    let mut host_state = HostState { index, leased_mask: 0, leases: Vec::new() };
     let mut next_reprice = 0;
     let mut next_report = now_ms() + REPORT_EVERY_MS;
     loop {
         if now_ms() >= next_reprice {
             next_reprice = now_ms() + rng.random_range(2_000..6_000);
-            reprice(&mut connection, &mut rng, host, class_index, gpu_count, leased_mask).await?;
+            reprice(&mut connection, &mut rng, host, class_index, gpu_count, &mut host_state).await?;
         }
         if now_ms() >= next_report {
             next_report = now_ms() + REPORT_EVERY_MS;
-            report_usage(&mut connection, &key, &mut leases).await?;
-            leases.retain(|l| !l.ended);
+            report_usage(&mut connection, &key, &mut host_state.leases).await?;
+            host_state.leases.retain(|l| !l.ended);
         }
         let Some(message) = connection.next_within(Duration::from_millis(250)).await? else { continue };
-        let ServerMessage::Private { event } = message else { continue };
+        if host_state.handle(&message, connection.account) {
+            report_usage(&mut connection, &key, &mut host_state.leases).await?;
+            host_state.leases.retain(|l| !l.ended);
+        }
+    }
+}
+
+/// What a live host knows about its leases, from its private feed.
+struct HostState {
+    index: u32,
+    leased_mask: u64,
+    leases: Vec<LiveLease>,
+}
+
+impl HostState {
+    /// Takes one pushed message; `true` when a lease ended (time to report).
+    fn handle(&mut self, message: &ServerMessage, account: AccountId) -> bool {
+        let ServerMessage::Private { event } = message else { return false };
         match event.kind {
-            EventKind::LeaseCreated { lease, gpu_mask, start_ms, supplier, .. } if supplier == connection.account => {
-                leased_mask |= gpu_mask;
+            EventKind::LeaseCreated { lease, gpu_mask, start_ms, supplier, .. } if supplier == account => {
+                self.leased_mask |= gpu_mask;
+                let index = self.index;
                 let gpus: Vec<(u32, String)> =
                     (0..64).filter(|bit| gpu_mask & (1 << bit) != 0).map(|bit| (bit, format!("LIVE-{index:03}-{bit}"))).collect();
                 let n = gpus.len();
-                leases.push(LiveLease {
+                self.leases.push(LiveLease {
                     lease,
                     gpus,
                     last_end_ms: vec![start_ms; n],
@@ -161,18 +178,19 @@ async fn supplier(options: LiveOptions, index: u32) -> Result<()> {
                     prev_hash: vec![genesis_hash(); n],
                     ended: false,
                 });
+                false
             }
-            EventKind::LeaseEnded { lease, .. } => {
-                if let Some(live) = leases.iter_mut().find(|l| l.lease == lease) {
+            EventKind::LeaseEnded { lease, .. } => match self.leases.iter_mut().find(|l| l.lease == lease) {
+                Some(live) => {
                     live.ended = true;
                     for (bit, _) in &live.gpus {
-                        leased_mask &= !(1 << bit);
+                        self.leased_mask &= !(1 << bit);
                     }
+                    true
                 }
-                report_usage(&mut connection, &key, &mut leases).await?;
-                leases.retain(|l| !l.ended);
-            }
-            _ => {}
+                None => false,
+            },
+            _ => false,
         }
     }
 }
@@ -183,14 +201,21 @@ async fn reprice(
     host: HostId,
     class_index: usize,
     gpus: u32,
-    leased: u64,
+    state: &mut HostState,
 ) -> Result<()> {
+    for kind in 0..2u32 {
+        let id = connection.new_id();
+        connection.request(ClientMessage::MassCancel { id, instrument: Some(InstrumentId(class_index as u32 * 2 + kind)) }).await?;
+    }
+    // Leases the old asks sold before the cancel arrive ahead of its answer:
+    // take them in before deciding which GPUs are free.
+    while let Some(message) = connection.next_within(Duration::ZERO).await? {
+        state.handle(&message, connection.account);
+    }
     let all = if gpus >= 64 { u64::MAX } else { (1u64 << gpus) - 1 };
-    let free = all & !leased;
+    let free = all & !state.leased_mask;
     for (kind, (low, high)) in [(0u32, (90, 115)), (1, (45, 65))] {
         let instrument = InstrumentId(class_index as u32 * 2 + kind);
-        let id = connection.new_id();
-        connection.request(ClientMessage::MassCancel { id, instrument: Some(instrument) }).await?;
         if free == 0 {
             continue;
         }
@@ -198,7 +223,10 @@ async fn reprice(
         let mut order = OrderTicket::limit(now_ms(), instrument, Side::Sell, price, free.count_ones());
         order.supply = Some(GpuSet { host, gpu_mask: free });
         let id = connection.new_id();
-        connection.request(ClientMessage::NewOrder { id, order }).await?;
+        let answer = connection.request(ClientMessage::NewOrder { id, order }).await?;
+        if matches!(answer, ServerMessage::Reject { .. } | ServerMessage::Error { .. }) {
+            tracing::warn!(?answer, "live market: a supplier's ask was refused");
+        }
     }
     Ok(())
 }
@@ -239,7 +267,7 @@ async fn report_usage(connection: &mut Connection, key: &SigningKey, leases: &mu
     Ok(())
 }
 
-/// A renter bidding every second or two for one or two GPUs for an hour,
+/// A renter bidding every few seconds for one or two GPUs for an hour,
 /// ending each lease after a minute or so.
 async fn renter(options: LiveOptions, index: u32, fund: mpsc::Sender<AccountId>) -> Result<()> {
     let key = key_for(options.seed, 2, index);
@@ -251,10 +279,10 @@ async fn renter(options: LiveOptions, index: u32, fund: mpsc::Sender<AccountId>)
     loop {
         let now = now_ms();
         if now >= next_bid {
-            next_bid = now + rng.random_range(500..2_500);
+            next_bid = now + rng.random_range(4_000..12_000);
             let class_index = rng.random_range(0..CLASSES.len());
             let kind = rng.random_range(0..2u32);
-            let price = if kind == 0 { price_near(&mut rng, class_index, 80, 108) } else { price_near(&mut rng, class_index, 40, 60) };
+            let price = if kind == 0 { price_near(&mut rng, class_index, 75, 104) } else { price_near(&mut rng, class_index, 38, 58) };
             let instrument = InstrumentId(class_index as u32 * 2 + kind);
             let mut order = OrderTicket::limit(now, instrument, Side::Buy, price, rng.random_range(1..3));
             order.time_in_force = TimeInForce::Gtt { expire_at_ms: now.saturating_add_signed(connection.clock_offset_ms) + 20_000 };
@@ -270,7 +298,7 @@ async fn renter(options: LiveOptions, index: u32, fund: mpsc::Sender<AccountId>)
         let Some(ServerMessage::Private { event }) = connection.next_within(Duration::from_millis(200)).await? else { continue };
         if let EventKind::LeaseCreated { lease, renter, .. } = event.kind {
             if renter == connection.account {
-                ends.push((now_ms() + rng.random_range(30_000..120_000), lease));
+                ends.push((now_ms() + rng.random_range(15_000..60_000), lease));
             }
         }
     }

@@ -81,6 +81,17 @@ impl Connection {
         }
     }
 
+    /// Connects without logging in: public market data only (instruments,
+    /// stats, book and trade subscriptions). `account` is meaningless here.
+    pub async fn open_anonymous(url: &str) -> Result<Connection> {
+        let (mut socket, _) = tokio_tungstenite::connect_async(url).await.with_context(|| format!("connecting to {url}"))?;
+        let clock_offset_ms = match read(&mut socket).await? {
+            ServerMessage::Challenge { server_time_ms, .. } => server_time_ms as i64 - now_ms() as i64,
+            other => bail!("expected a challenge, got {other:?}"),
+        };
+        Ok(Connection { socket, backlog: std::collections::VecDeque::new(), next_id: 1, account: AccountId(u32::MAX), clock_offset_ms })
+    }
+
     pub fn new_id(&mut self) -> u64 {
         self.next_id += 1;
         self.next_id

@@ -1,0 +1,148 @@
+//! `gpux book`: a live level-2 view of one instrument. The book is rebuilt
+//! from the snapshot and then the sequence-numbered updates; a gap in the
+//! sequence (a lost update) resubscribes for a fresh snapshot rather than
+//! showing a wrong book.
+
+use std::collections::BTreeMap;
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use gpux_client::{now_ms, Connection};
+use gpux_engine::{InstrumentId, Side};
+use gpux_protocol::{Channel, ClientMessage, ServerMessage};
+
+use crate::money::dollars;
+use crate::Failure;
+
+const TRADES_SHOWN: usize = 10;
+
+#[derive(Default)]
+struct Book {
+    seq: u64,
+    bids: BTreeMap<u64, u64>,
+    asks: BTreeMap<u64, u64>,
+    trades: VecDeque<(u64, u64, u32, Side)>,
+    synced: bool,
+}
+
+impl Book {
+    /// Applies one market-data message; `false` when the sequence has a gap.
+    fn apply(&mut self, message: &ServerMessage) -> bool {
+        match message {
+            ServerMessage::BookSnapshot { seq, bids, asks, .. } => {
+                self.seq = *seq;
+                self.bids = bids.iter().copied().collect();
+                self.asks = asks.iter().copied().collect();
+                self.synced = true;
+            }
+            ServerMessage::BookUpdate { seq, side, price_minor_per_gpu_hour, quantity, .. } if self.synced => {
+                if *seq != self.seq + 1 {
+                    return false;
+                }
+                self.seq = *seq;
+                let levels = if *side == Side::Buy { &mut self.bids } else { &mut self.asks };
+                if *quantity == 0 {
+                    levels.remove(price_minor_per_gpu_hour);
+                } else {
+                    levels.insert(*price_minor_per_gpu_hour, *quantity);
+                }
+            }
+            ServerMessage::Trade { price_minor_per_gpu_hour, quantity, aggressor, at_ms, .. } => {
+                self.trades.push_front((*at_ms, *price_minor_per_gpu_hour, *quantity, *aggressor));
+                self.trades.truncate(TRADES_SHOWN);
+            }
+            _ => {}
+        }
+        true
+    }
+
+    fn render(&self, symbol: &str, depth: usize) -> String {
+        let mut out = format!(
+            "{symbol}  (book seq {})\n\n{:>10} {:>14} | {:<14} {:<10}\n",
+            self.seq, "bid GPUs", "bid $/GPU-h", "ask $/GPU-h", "ask GPUs"
+        );
+        let bids: Vec<_> = self.bids.iter().rev().take(depth).collect();
+        let asks: Vec<_> = self.asks.iter().take(depth).collect();
+        for row in 0..depth.max(1) {
+            let bid = bids.get(row).map_or((String::new(), String::new()), |(p, q)| (q.to_string(), dollars(**p)));
+            let ask = asks.get(row).map_or((String::new(), String::new()), |(p, q)| (dollars(**p), q.to_string()));
+            if bid.0.is_empty() && ask.0.is_empty() && row > 0 {
+                break;
+            }
+            out.push_str(&format!("{:>10} {:>14} | {:<14} {:<10}\n", bid.0, bid.1, ask.0, ask.1));
+        }
+        out.push_str("\nlast trades\n");
+        for (at_ms, price, quantity, aggressor) in &self.trades {
+            out.push_str(&format!("  {at_ms}  {quantity:>4} GPU(s) at {}  ({aggressor:?} took)\n", dollars(*price)));
+        }
+        out
+    }
+}
+
+async fn subscribe(connection: &mut Connection, instrument: InstrumentId) -> Result<(), Failure> {
+    for channel in [Channel::Book, Channel::Trades] {
+        let id = connection.new_id();
+        match connection.request(ClientMessage::Subscribe { id, channel, instrument }).await {
+            Ok(ServerMessage::Subscribed { .. }) => {}
+            Ok(ServerMessage::Error { code, message, .. }) => return Err(Failure::Refused(format!("{code:?}: {message}"))),
+            Ok(other) => return Err(Failure::Unreachable(format!("expected subscribed, got {other:?}"))),
+            Err(error) => return Err(Failure::Unreachable(format!("{error:#}"))),
+        }
+    }
+    Ok(())
+}
+
+pub async fn watch(
+    connection: &mut Connection,
+    instrument: InstrumentId,
+    depth: usize,
+    once: bool,
+    seconds: Option<u64>,
+    json: bool,
+) -> Result<(), Failure> {
+    let id = connection.new_id();
+    let symbol = match connection.request(ClientMessage::Instruments { id }).await {
+        Ok(ServerMessage::Instruments { instruments, .. }) => {
+            instruments.into_iter().find(|i| i.instrument == instrument).map_or(instrument.0.to_string(), |i| i.symbol)
+        }
+        _ => instrument.0.to_string(),
+    };
+    subscribe(connection, instrument).await?;
+    let mut book = Book::default();
+    let deadline = seconds.map(|s| now_ms() + s * 1_000);
+    let mut last_drawn = 0;
+    loop {
+        let message = match connection.next_within(Duration::from_millis(200)).await {
+            Ok(message) => message,
+            Err(error) => return Err(Failure::Unreachable(format!("{error:#}"))),
+        };
+        if let Some(message) = &message {
+            if json {
+                out!("{}", gpux_protocol::encode_server_text(message));
+            }
+            if !book.apply(message) {
+                // A gap: start again from a fresh snapshot.
+                book = Book { trades: std::mem::take(&mut book.trades), ..Book::default() };
+                for channel in [Channel::Book, Channel::Trades] {
+                    let id = connection.new_id();
+                    let _ = connection.request(ClientMessage::Unsubscribe { id, channel, instrument }).await;
+                }
+                subscribe(connection, instrument).await?;
+            }
+        }
+        if once && book.synced {
+            if !json {
+                out!("{}", book.render(&symbol, depth));
+            }
+            return Ok(());
+        }
+        if !json && !once && book.synced && now_ms() - last_drawn >= 250 {
+            last_drawn = now_ms();
+            // Clear the screen and draw from the top.
+            out!("\x1b[2J\x1b[H{}", book.render(&symbol, depth));
+        }
+        if deadline.is_some_and(|d| now_ms() >= d) {
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,453 @@
+//! One function per command: connect, send the documented request, print
+//! the answer for people (or as JSON), map refusals to exit code 1.
+
+use std::time::Duration;
+
+use gpux_client::{now_ms, Connection};
+use gpux_engine::{
+    AccountId, ContractKind, EventKind, GpuSet, InstrumentId, InstrumentInfo, LeaseDuration, LeaseId, OrderId, OrderType, Role, Side,
+    TimeInForce,
+};
+use gpux_protocol::{ClientMessage, OrderTicket, ServerMessage};
+use indicatif::ProgressBar;
+
+use crate::money::{dollars, parse_dollars};
+use crate::{keys, Cli, Command, Failure, KeysAction, OrderArgs, RoleArg, TifArg};
+
+pub async fn run(cli: Cli) -> Result<(), Failure> {
+    let key_path = keys::default_path(cli.key.as_deref());
+    let json = cli.json;
+    match &cli.command {
+        Command::Keys { action: KeysAction::Create } => {
+            let key = keys::create(&key_path)?;
+            out!("created {} (public key {})", key_path.display(), hex::encode(key.verifying_key().to_bytes()));
+            return Ok(());
+        }
+        Command::Keys { action: KeysAction::Show } => {
+            let key = keys::load(&key_path)?;
+            out!("{}", hex::encode(key.verifying_key().to_bytes()));
+            return Ok(());
+        }
+        Command::Book { instrument, depth, once, seconds } => {
+            let mut session = Session::anonymous(&cli.url).await?;
+            let instrument = session.resolve(instrument).await?;
+            return crate::book::watch(&mut session.connection, instrument, *depth, *once, *seconds, json).await;
+        }
+        Command::Instruments { calendar } => {
+            let mut session = Session::anonymous(&cli.url).await?;
+            return instruments(&mut session, *calendar, json).await;
+        }
+        _ => {}
+    }
+    let role = match &cli.command {
+        Command::Login { role } => role.map(|r| match r {
+            RoleArg::Renter => Role::Renter,
+            RoleArg::Supplier => Role::Supplier,
+            RoleArg::Aggregator => Role::Aggregator,
+        }),
+        _ => None,
+    };
+    let key = keys::load(&key_path)?;
+    let mut session = Session::login(&cli.url, &key, role).await?;
+    let s = &mut session;
+    match cli.command {
+        Command::Login { .. } => {
+            out!("logged in as account {} ({:?})", s.connection.account, s.role);
+            Ok(())
+        }
+        Command::Balance => {
+            let id = s.connection.new_id();
+            let answer = s.ask(ClientMessage::Balance { id }, json).await?;
+            if let ServerMessage::Balance { available_minor, held_minor, payable_minor, debt_minor, .. } = answer {
+                out!("available {}", dollars(available_minor));
+                out!("held      {}  (open bids and lease escrow)", dollars(held_minor));
+                out!("payable   {}  (earnings not yet paid out)", dollars(payable_minor));
+                out!("owed      {}", dollars(debt_minor));
+            }
+            Ok(())
+        }
+        Command::Statement { after } => statement(s, after, json).await,
+        Command::Buy(args) => place(s, Side::Buy, args, json).await,
+        Command::Sell(args) => place(s, Side::Sell, args, json).await,
+        Command::Offer { instrument, price, host, gpus } => {
+            let instrument = s.resolve(&instrument).await?;
+            let price = parse_dollars(&price).map_err(Failure::Usage)?;
+            let gpu_mask = gpus.iter().try_fold(0u64, |mask, &i| (i < 64).then_some(mask | (1 << i)));
+            let gpu_mask = gpu_mask.ok_or_else(|| Failure::Usage("GPU indexes are below 64".into()))?;
+            let mut order = OrderTicket::limit(now_ms(), instrument, Side::Sell, price, gpu_mask.count_ones());
+            order.supply = Some(GpuSet { host: gpux_engine::HostId(host), gpu_mask });
+            let id = s.connection.new_id();
+            acknowledged(s.ask(ClientMessage::NewOrder { id, order }, json).await?, "offer placed")
+        }
+        Command::Cancel { order } => {
+            let id = s.connection.new_id();
+            acknowledged(s.ask(ClientMessage::CancelOrder { id, order: OrderId(order) }, json).await?, "cancelled")
+        }
+        Command::Replace { order, price, quantity } => {
+            let price_minor_per_gpu_hour = parse_dollars(&price).map_err(Failure::Usage)?;
+            let id = s.connection.new_id();
+            let message = ClientMessage::ReplaceOrder { id, order: OrderId(order), price_minor_per_gpu_hour, quantity };
+            acknowledged(s.ask(message, json).await?, "replaced")
+        }
+        Command::CancelAll { instrument } => {
+            let instrument = match instrument {
+                Some(symbol) => Some(s.resolve(&symbol).await?),
+                None => None,
+            };
+            let id = s.connection.new_id();
+            acknowledged(s.ask(ClientMessage::MassCancel { id, instrument }, json).await?, "all cancelled")
+        }
+        Command::Orders => orders(s, None, json).await,
+        Command::Offers => orders(s, Some(Side::Sell), json).await,
+        Command::Leases => leases(s, json).await,
+        Command::EndLease { lease } => {
+            let id = s.connection.new_id();
+            acknowledged(s.ask(ClientMessage::EndLease { id, lease: LeaseId(lease) }, json).await?, "lease ended")
+        }
+        Command::Fills { seconds } => fills(s, seconds, json).await,
+        Command::Gpus => {
+            let id = s.connection.new_id();
+            if let ServerMessage::Gpus { gpus, .. } = s.ask(ClientMessage::MyGpus { id }, json).await? {
+                if !json {
+                    out!("{:>6} {:>6} {:>5}  {:<28} {:<8} classes", "gpu", "host", "index", "model", "online");
+                    for gpu in gpus {
+                        out!(
+                            "{:>6} {:>6} {:>5}  {:<28} {:<8} {}",
+                            gpu.gpu.0,
+                            gpu.host.0,
+                            gpu.index_on_host,
+                            gpu.spec.model,
+                            gpu.online,
+                            gpu.classes.join(",")
+                        );
+                    }
+                }
+            }
+            Ok(())
+        }
+        Command::Deposit { account, amount } => {
+            let amount_minor = parse_dollars(&amount).map_err(Failure::Usage)?;
+            let id = s.connection.new_id();
+            acknowledged(s.ask(ClientMessage::Deposit { id, account: AccountId(account), amount_minor }, json).await?, "deposited")
+        }
+        Command::Withdraw { amount } => {
+            let amount_minor = parse_dollars(&amount).map_err(Failure::Usage)?;
+            let id = s.connection.new_id();
+            acknowledged(s.ask(ClientMessage::Withdraw { id, account: None, amount_minor }, json).await?, "withdrawn")
+        }
+        Command::Payout { amount } => {
+            let amount_minor = parse_dollars(&amount).map_err(Failure::Usage)?;
+            let id = s.connection.new_id();
+            acknowledged(s.ask(ClientMessage::Payout { id, account: None, amount_minor }, json).await?, "paid out")
+        }
+        Command::Keys { .. } | Command::Book { .. } | Command::Instruments { .. } => unreachable!("handled before login"),
+    }
+}
+
+/// A connection and what the exchange said about it.
+pub struct Session {
+    pub connection: Connection,
+    role: Option<Role>,
+    instruments: Option<Vec<InstrumentInfo>>,
+}
+
+fn unreachable_exchange(url: &str, error: anyhow::Error) -> Failure {
+    let text = format!("{error:#}");
+    if text.contains("refused the host key") {
+        return Failure::Refused(format!(
+            "{text}\n(a new key needs an account: `gpux login --role renter` (or supplier, aggregator) opens one)"
+        ));
+    }
+    Failure::Unreachable(format!(
+        "cannot reach the exchange at {url}: {text}\n(is it running? `cargo run --release -p gpux-exchange`, or pass --url)"
+    ))
+}
+
+fn spinner(message: &str) -> ProgressBar {
+    let bar = ProgressBar::new_spinner();
+    bar.set_message(message.to_string());
+    bar.enable_steady_tick(Duration::from_millis(100));
+    bar
+}
+
+impl Session {
+    async fn login(url: &str, key: &ed25519_dalek::SigningKey, role: Option<Role>) -> Result<Session, Failure> {
+        let bar = spinner(&format!("connecting to {url}"));
+        let opened = tokio::time::timeout(Duration::from_secs(10), Connection::open(url, key, role)).await;
+        bar.finish_and_clear();
+        let connection = match opened {
+            Ok(Ok(connection)) => connection,
+            Ok(Err(error)) => return Err(unreachable_exchange(url, error)),
+            Err(_) => return Err(Failure::Unreachable(format!("the exchange at {url} did not answer within 10 s"))),
+        };
+        Ok(Session { connection, role, instruments: None })
+    }
+
+    /// Market data needs no login: connect without a key.
+    async fn anonymous(url: &str) -> Result<Session, Failure> {
+        let bar = spinner(&format!("connecting to {url}"));
+        let opened = tokio::time::timeout(Duration::from_secs(10), Connection::open_anonymous(url)).await;
+        bar.finish_and_clear();
+        match opened {
+            Ok(Ok(connection)) => Ok(Session { connection, role: None, instruments: None }),
+            Ok(Err(error)) => Err(unreachable_exchange(url, error)),
+            Err(_) => Err(Failure::Unreachable(format!("the exchange at {url} did not answer within 10 s"))),
+        }
+    }
+
+    /// Sends a request and returns its answer; a gateway error is a refusal.
+    pub async fn ask(&mut self, message: ClientMessage, json: bool) -> Result<ServerMessage, Failure> {
+        let answer = self.connection.request(message).await.map_err(|e| Failure::Unreachable(format!("{e:#}")))?;
+        if json {
+            out!("{}", gpux_protocol::encode_server_text(&answer));
+        }
+        match answer {
+            ServerMessage::Error { code, message, .. } => Err(Failure::Refused(format!("{code:?}: {message}"))),
+            ServerMessage::Reject { code, message, .. } => Err(Failure::Refused(format!("{code:?}: {message}"))),
+            answer => Ok(answer),
+        }
+    }
+
+    async fn instrument_list(&mut self) -> Result<&[InstrumentInfo], Failure> {
+        if self.instruments.is_none() {
+            let id = self.connection.new_id();
+            let list = match self.ask(ClientMessage::Instruments { id }, false).await? {
+                ServerMessage::Instruments { instruments, .. } => instruments,
+                other => return Err(Failure::Unreachable(format!("expected instruments, got {other:?}"))),
+            };
+            self.instruments = Some(list);
+        }
+        Ok(self.instruments.as_deref().unwrap_or_default())
+    }
+
+    /// An instrument by symbol (case-insensitive) or id.
+    pub async fn resolve(&mut self, name: &str) -> Result<InstrumentId, Failure> {
+        let list = self.instrument_list().await?;
+        if let Ok(id) = name.parse::<u32>() {
+            if list.iter().any(|i| i.instrument.0 == id) {
+                return Ok(InstrumentId(id));
+            }
+        }
+        list.iter()
+            .find(|i| i.symbol.eq_ignore_ascii_case(name))
+            .map(|i| i.instrument)
+            .ok_or_else(|| Failure::Usage(format!("no instrument `{name}`: `gpux instruments` lists them (e.g. H100-SXM-80G/SPOT)")))
+    }
+}
+
+fn acknowledged(answer: ServerMessage, what: &str) -> Result<(), Failure> {
+    if let ServerMessage::Ack { journal_seq, order, .. } = answer {
+        match order {
+            Some(order) => out!("{what}: order {} (journal entry {journal_seq})", order.0),
+            None => out!("{what} (journal entry {journal_seq})"),
+        }
+    }
+    Ok(())
+}
+
+async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Result<(), Failure> {
+    let instrument = s.resolve(&args.instrument).await?;
+    let (order_type, price) = match &args.price {
+        Some(price) => (OrderType::Limit, parse_dollars(price).map_err(Failure::Usage)?),
+        None => (OrderType::Market, 0),
+    };
+    let mut order = OrderTicket::limit(args.client_id.unwrap_or_else(now_ms), instrument, side, price, args.quantity);
+    order.order_type = order_type;
+    order.time_in_force = match (args.expire_after_s, args.tif) {
+        (Some(seconds), _) => {
+            TimeInForce::Gtt { expire_at_ms: now_ms().saturating_add_signed(s.connection.clock_offset_ms) + seconds * 1_000 }
+        }
+        (None, TifArg::Gtc) if order_type == OrderType::Market => TimeInForce::Ioc,
+        (None, TifArg::Gtc) => TimeInForce::Gtc,
+        (None, TifArg::Ioc) => TimeInForce::Ioc,
+        (None, TifArg::Fok) => TimeInForce::Fok,
+    };
+    order.post_only = args.post_only;
+    order.one_host = args.one_host;
+    order.duration = if args.until_cancelled { LeaseDuration::UntilCancelled } else { LeaseDuration::Hours(args.hours) };
+    let id = s.connection.new_id();
+    let answer = s.ask(ClientMessage::NewOrder { id, order }, json).await?;
+    if json {
+        return Ok(());
+    }
+    acknowledged(answer, "accepted")?;
+    // What happened at once: fills and leases arrive as private events.
+    while let Ok(Some(message)) = s.connection.next_within(Duration::from_millis(300)).await {
+        if let ServerMessage::Private { event } = message {
+            describe_event(&event.kind);
+        }
+    }
+    Ok(())
+}
+
+fn describe_event(kind: &EventKind) {
+    match kind {
+        EventKind::Trade { price_minor_per_gpu_hour, quantity, instrument, .. } => {
+            out!("filled {quantity} GPU(s) on instrument {} at {}/GPU-h", instrument.0, dollars(*price_minor_per_gpu_hour))
+        }
+        EventKind::LeaseCreated { lease, kind, gpu_mask, start_ms, end_ms, .. } => out!(
+            "lease {} ({kind:?}): {} GPU(s) from {start_ms}{}",
+            lease.0,
+            gpu_mask.count_ones(),
+            end_ms.map_or(" until you end it".into(), |end| format!(" to {end}"))
+        ),
+        EventKind::PreemptionNotice { lease, ends_at_ms } => out!("PREEMPTION NOTICE: lease {} ends at {ends_at_ms}", lease.0),
+        EventKind::PaymentNotice { lease, ends_at_ms, shortfall_minor, .. } => {
+            out!("PAYMENT NOTICE: lease {} needs {} more by {ends_at_ms}", lease.0, dollars(*shortfall_minor))
+        }
+        EventKind::LeaseEnded { lease, reason } => out!("lease {} ended: {reason:?}", lease.0),
+        EventKind::OrderClosed { order, reason, quantity_left, .. } => {
+            out!("order {} closed: {reason:?} ({quantity_left} left)", order.0)
+        }
+        _ => {}
+    }
+}
+
+async fn fills(s: &mut Session, seconds: Option<u64>, json: bool) -> Result<(), Failure> {
+    let deadline = seconds.map(|s| now_ms() + s * 1_000);
+    if !json {
+        out!("following fills, leases and notices of account {} (Ctrl-C to stop)", s.connection.account);
+    }
+    loop {
+        if deadline.is_some_and(|d| now_ms() >= d) {
+            return Ok(());
+        }
+        match s.connection.next_within(Duration::from_millis(250)).await {
+            Ok(Some(message)) => {
+                if json {
+                    out!("{}", gpux_protocol::encode_server_text(&message));
+                } else if let ServerMessage::Private { event } = message {
+                    describe_event(&event.kind);
+                }
+            }
+            Ok(None) => {}
+            Err(error) => return Err(Failure::Unreachable(format!("{error:#}"))),
+        }
+    }
+}
+
+async fn statement(s: &mut Session, mut after: Option<u64>, json: bool) -> Result<(), Failure> {
+    if !json {
+        out!("{:>10} {:>15} {:<16} {:<16} {:>16} lease", "transfer", "at_ms", "from", "to", "amount");
+    }
+    loop {
+        let id = s.connection.new_id();
+        let ServerMessage::Statement { lines, next_after, .. } = s.ask(ClientMessage::Statement { id, after }, json).await? else {
+            return Ok(());
+        };
+        if !json {
+            for line in &lines {
+                let lease = line.lease.map_or(String::new(), |l| l.0.to_string());
+                out!(
+                    "{:>10} {:>15} {:<16} {:<16} {:>16} {lease}",
+                    line.transfer,
+                    line.at_ms,
+                    line.from,
+                    line.to,
+                    dollars(line.amount_minor)
+                );
+            }
+        }
+        match next_after {
+            Some(next) => after = Some(next),
+            None => return Ok(()),
+        }
+    }
+}
+
+async fn orders(s: &mut Session, only: Option<Side>, json: bool) -> Result<(), Failure> {
+    if !json {
+        out!("{:>12} {:>14} {:>4} {:<5} {:>12} {:>5}", "order", "client id", "inst", "side", "price/GPU-h", "qty");
+    }
+    let mut offset = 0;
+    loop {
+        let id = s.connection.new_id();
+        let ServerMessage::Orders { orders, next_offset, .. } = s.ask(ClientMessage::OpenOrders { id, offset }, json).await? else {
+            return Ok(());
+        };
+        if !json {
+            for order in orders.iter().filter(|o| only.is_none_or(|side| o.side == side)) {
+                out!(
+                    "{:>12} {:>14} {:>4} {:<5} {:>12} {:>5}",
+                    order.order.0,
+                    order.client_order_id,
+                    order.instrument.0,
+                    format!("{:?}", order.side).to_lowercase(),
+                    dollars(order.price_minor_per_gpu_hour),
+                    order.quantity
+                );
+            }
+        }
+        match next_offset {
+            Some(next) => offset = next,
+            None => return Ok(()),
+        }
+    }
+}
+
+async fn leases(s: &mut Session, json: bool) -> Result<(), Failure> {
+    if !json {
+        out!(
+            "{:>7} {:<12} {:>6} {:>8} {:>12} {:>7} {:>12} {:>12}",
+            "lease",
+            "kind",
+            "renter",
+            "supplier",
+            "price/GPU-h",
+            "active",
+            "verified s",
+            "charged"
+        );
+    }
+    let mut offset = 0;
+    loop {
+        let id = s.connection.new_id();
+        let ServerMessage::Leases { leases, next_offset, .. } = s.ask(ClientMessage::Leases { id, offset }, json).await? else {
+            return Ok(());
+        };
+        if !json {
+            for lease in &leases {
+                out!(
+                    "{:>7} {:<12} {:>6} {:>8} {:>12} {:>7} {:>12} {:>12}",
+                    lease.lease.0,
+                    format!("{:?}", lease.kind).to_lowercase(),
+                    lease.renter.0,
+                    lease.supplier.0,
+                    dollars(lease.price_minor_per_gpu_hour),
+                    lease.active,
+                    lease.verified_gpu_ms / 1_000,
+                    dollars(lease.usage_charged_minor)
+                );
+            }
+        }
+        match next_offset {
+            Some(next) => offset = next,
+            None => return Ok(()),
+        }
+    }
+}
+
+async fn instruments(s: &mut Session, calendar: bool, json: bool) -> Result<(), Failure> {
+    let id = s.connection.new_id();
+    let ServerMessage::Instruments { instruments, .. } = s.ask(ClientMessage::Instruments { id }, json).await? else { return Ok(()) };
+    if json {
+        return Ok(());
+    }
+    out!("{:>5}  {:<44} {:<9} {:>9} window (UTC)", "id", "symbol", "state", "tick");
+    for info in instruments.iter().filter(|i| !calendar || matches!(i.contract, ContractKind::Reserved { .. })) {
+        let window = match info.contract {
+            ContractKind::Reserved { window_start_ms, window_end_ms } => {
+                format!("{} to {}", gpux_engine::time::format_utc_hour(window_start_ms), gpux_engine::time::format_utc_hour(window_end_ms))
+            }
+            _ => String::new(),
+        };
+        out!(
+            "{:>5}  {:<44} {:<9} {:>9} {window}",
+            info.instrument.0,
+            info.symbol,
+            format!("{:?}", info.state).to_lowercase(),
+            dollars(info.tick_minor)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,224 @@
+//! `gpux`: the command-line client of the gpux exchange, built on the
+//! documented protocol alone (docs/protocol.md) through `gpux-client`.
+//!
+//! Human output by default, `--json` for scripts (one JSON value per line:
+//! the exchange's own messages). Exit codes: 0 done, 1 the exchange refused
+//! (the code and message are printed), 2 a usage error, 3 the exchange could
+//! not be reached or answered out of protocol. Every error says what to do.
+
+/// Prints a line to stdout; a closed pipe (`gpux ... | head`) ends the
+/// program quietly instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::write_line(format_args!($($arg)*))
+    };
+}
+
+pub fn write_line(args: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if stdout.write_fmt(args).and_then(|()| stdout.write_all(b"\n")).and_then(|()| stdout.flush()).is_err() {
+        std::process::exit(0);
+    }
+}
+
+mod book;
+mod commands;
+mod keys;
+mod money;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(name = "gpux", version, about = "Trade GPU time on a gpux exchange from the terminal")]
+pub struct Cli {
+    /// The exchange's WebSocket address.
+    #[arg(long, global = true, env = "GPUX_URL", default_value = "ws://127.0.0.1:7300")]
+    pub url: String,
+    /// Your ed25519 key file (64 hex digits; `gpux keys create` makes one).
+    #[arg(long, global = true, env = "GPUX_KEY")]
+    pub key: Option<PathBuf>,
+    /// Print the exchange's answers as JSON, one per line.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum RoleArg {
+    Renter,
+    Supplier,
+    Aggregator,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum TifArg {
+    Gtc,
+    Ioc,
+    Fok,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct OrderArgs {
+    /// Instrument symbol (e.g. H100-SXM-80G/SPOT) or id.
+    pub instrument: String,
+    /// GPUs (or reserved-window contracts).
+    pub quantity: u32,
+    /// Limit price in dollars per GPU-hour (e.g. 2.15); leave out for a market order.
+    #[arg(long)]
+    pub price: Option<String>,
+    /// Lease length in hours (spot and preemptible).
+    #[arg(long, default_value_t = 1, conflicts_with = "until_cancelled")]
+    pub hours: u32,
+    /// An open-ended lease, billed as used until you end it.
+    #[arg(long)]
+    pub until_cancelled: bool,
+    #[arg(long, value_enum, default_value_t = TifArg::Gtc)]
+    pub tif: TifArg,
+    /// Expire a resting order after this many seconds (good-till-time).
+    #[arg(long, conflicts_with = "tif")]
+    pub expire_after_s: Option<u64>,
+    /// Rest only: refused if it would trade at once.
+    #[arg(long)]
+    pub post_only: bool,
+    /// Gang bid: all GPUs on one host, in one fill.
+    #[arg(long)]
+    pub one_host: bool,
+    /// Your id for the order (default: the current time in ms).
+    #[arg(long)]
+    pub client_id: Option<u64>,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Create or show your key.
+    Keys {
+        #[command(subcommand)]
+        action: KeysAction,
+    },
+    /// Log in; with --role, open an account for a new key.
+    Login {
+        #[arg(long, value_enum)]
+        role: Option<RoleArg>,
+    },
+    /// Available, held, payable and owed funds.
+    Balance,
+    /// Your ledger transfers, oldest first.
+    Statement {
+        /// Only transfers after this transfer id.
+        #[arg(long)]
+        after: Option<u64>,
+    },
+    /// Instruments and their state; --calendar lists reserved windows only.
+    Instruments {
+        #[arg(long)]
+        calendar: bool,
+    },
+    /// Bid for GPU time.
+    Buy(OrderArgs),
+    /// Offer contracts you hold in a reserved window (GPU owners: see `offer`).
+    Sell(OrderArgs),
+    /// Offer your registered GPUs (by index on the host) on an instrument.
+    Offer {
+        instrument: String,
+        /// Price in dollars per GPU-hour.
+        #[arg(long)]
+        price: String,
+        /// Host id (see `gpux gpus`).
+        #[arg(long)]
+        host: u32,
+        /// GPU indexes on the host, e.g. 0,1,2.
+        #[arg(long, value_delimiter = ',', required = true)]
+        gpus: Vec<u32>,
+    },
+    /// Cancel one order.
+    Cancel { order: u64 },
+    /// Change an order's price and quantity.
+    Replace {
+        order: u64,
+        #[arg(long)]
+        price: String,
+        #[arg(long)]
+        quantity: u32,
+    },
+    /// Cancel all your orders (or those in one instrument).
+    CancelAll {
+        #[arg(long)]
+        instrument: Option<String>,
+    },
+    /// Your open orders.
+    Orders,
+    /// Your leases, newest first.
+    Leases,
+    /// End one of your leases now.
+    EndLease { lease: u64 },
+    /// Follow your fills, leases and preemption notices as they happen.
+    Fills {
+        /// Stop after this many seconds (default: until Ctrl-C).
+        #[arg(long)]
+        seconds: Option<u64>,
+    },
+    /// Watch an instrument's book and trades live.
+    Book {
+        instrument: String,
+        /// Price levels per side.
+        #[arg(long, default_value_t = 10)]
+        depth: usize,
+        /// Print the book once and exit.
+        #[arg(long)]
+        once: bool,
+        /// Stop after this many seconds.
+        #[arg(long)]
+        seconds: Option<u64>,
+    },
+    /// Your registered GPUs (suppliers).
+    Gpus,
+    /// Your open sell orders (suppliers' offers).
+    Offers,
+    /// Credit an account (operators).
+    Deposit { account: u32, amount: String },
+    /// Withdraw available funds.
+    Withdraw { amount: String },
+    /// Pay out supplier earnings.
+    Payout { amount: String },
+}
+
+#[derive(Subcommand)]
+pub enum KeysAction {
+    /// Make a new key (refuses to overwrite one).
+    Create,
+    /// Print the public key.
+    Show,
+}
+
+/// A failure with the exit code it maps to.
+pub enum Failure {
+    Refused(String),
+    Usage(String),
+    Unreachable(String),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
+    let outcome = runtime.block_on(commands::run(cli));
+    let code = match outcome {
+        Ok(()) => 0,
+        Err(Failure::Refused(message)) => {
+            eprintln!("refused: {message}");
+            1
+        }
+        Err(Failure::Usage(message)) => {
+            eprintln!("error: {message}");
+            2
+        }
+        Err(Failure::Unreachable(message)) => {
+            eprintln!("error: {message}");
+            3
+        }
+    };
+    std::process::exit(code);
+}
