@@ -69,6 +69,8 @@ fn main() {
         .arg("127.0.0.1:0")
         .arg("--metrics-listen")
         .arg("off")
+        .arg("--console-listen")
+        .arg("off")
         .arg("--operator-key")
         .arg(hex::encode(operator.verifying_key().to_bytes()))
         .stdout(Stdio::piped())

@@ -3,6 +3,7 @@
 //! WebSocket gateway (`gateway`). `run` is the whole process; the binary
 //! only parses its flags.
 
+pub mod console;
 pub mod core;
 pub mod gateway;
 pub mod journal;
@@ -31,6 +32,8 @@ pub struct ExchangeConfig {
     pub limits: gateway::GatewayLimits,
     /// Where `GET /metrics` is served (Prometheus text format), if anywhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// Where the web console is served over HTTP, if anywhere.
+    pub console_listen: Option<SocketAddr>,
     /// PEM certificate chain and private key; with them the gateway speaks
     /// `wss://` only.
     pub tls: Option<(PathBuf, PathBuf)>,
@@ -95,7 +98,13 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
             tokio::spawn(metrics::serve(metrics_listener, metrics.clone()));
         }
         let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
-        say(&format!("listening on {scheme}://{}", listener.local_addr()?));
+        let gateway_url = format!("{scheme}://{}", listener.local_addr()?);
+        if let Some(address) = config.console_listen {
+            let console_listener = TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
+            say(&format!("web console on http://{}/", console_listener.local_addr()?));
+            tokio::spawn(console::serve(console_listener, gateway_url.clone()));
+        }
+        say(&format!("listening on {gateway_url}"));
         let server = tokio::spawn(gateway::serve(listener, requests, stopped, config.limits, metrics, tls));
         match stop_on {
             Stop::Signals => wait_for_signal().await,

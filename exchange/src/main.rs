@@ -46,6 +46,9 @@ struct Args {
     /// The journal refuses time going backwards: only ever raise it.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     clock_offset_ms: i64,
+    /// Where to serve the web console (http://ADDRESS/); `off` for nowhere.
+    #[arg(long, default_value = "127.0.0.1:7380")]
+    console_listen: String,
     /// Also start a live simulated market: simulated suppliers and renters
     /// trading on this exchange as real WebSocket clients (a demo; they
     /// open accounts in this data directory's journal).
@@ -100,6 +103,10 @@ fn main() -> Result<()> {
         "off" => None,
         address => Some(address.parse::<SocketAddr>().with_context(|| format!("--metrics-listen {address}: expected host:port or off"))?),
     };
+    let console_listen = match args.console_listen.as_str() {
+        "off" => None,
+        address => Some(address.parse::<SocketAddr>().with_context(|| format!("--console-listen {address}: expected host:port or off"))?),
+    };
     run(ExchangeConfig {
         data_dir: args.data_dir,
         listen: args.listen,
@@ -107,6 +114,7 @@ fn main() -> Result<()> {
         engine: EngineConfig::demo(),
         limits,
         metrics_listen,
+        console_listen,
         tls,
         billing: gpux_exchange::core::BillingPolicy { fee_bps: args.fee_bps, grace_ms: args.billing_grace_ms },
         clock_offset_ms: args.clock_offset_ms,

@@ -49,6 +49,7 @@ impl Exchange {
             engine: gpux_engine::EngineConfig::demo(),
             limits: Default::default(),
             metrics_listen: None,
+            console_listen: None,
             tls: None,
             billing: gpux_exchange::core::BillingPolicy { fee_bps: 250, grace_ms: gpux_exchange::BILLING_GRACE_MS_DEFAULT },
             clock_offset_ms: 0,

@@ -31,6 +31,7 @@ fn start_exchange(data_dir: &Path, operator_public_key: [u8; 32]) -> Exchange {
         engine: EngineConfig::demo(),
         limits: gpux_exchange::gateway::GatewayLimits { outbound_frames_max: 4_096 },
         metrics_listen: None,
+        console_listen: None,
         tls: None,
         billing: gpux_exchange::core::BillingPolicy { fee_bps: 250, grace_ms: 600_000 },
         clock_offset_ms: 0,

@@ -41,7 +41,16 @@ impl Exchange {
     /// Starts on a given listen address (a restart that clients reconnect to).
     pub fn start_on(data_dir: &Path, operator: Option<&SigningKey>, listen: &str, extra: &[&str]) -> Exchange {
         let mut command = Command::new(env!("CARGO_BIN_EXE_gpux-exchange"));
-        command.arg("--data-dir").arg(data_dir).arg("--listen").arg(listen).arg("--metrics-listen").arg("127.0.0.1:0").args(extra);
+        command
+            .arg("--data-dir")
+            .arg(data_dir)
+            .arg("--listen")
+            .arg(listen)
+            .arg("--metrics-listen")
+            .arg("127.0.0.1:0")
+            .arg("--console-listen")
+            .arg("off")
+            .args(extra);
         if let Some(key) = operator {
             command.arg("--operator-key").arg(hex::encode(key.verifying_key().to_bytes()));
         }

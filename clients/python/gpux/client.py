@@ -1,0 +1,275 @@
+"""The asyncio client: login, requests answered by id, private events and
+market data, and live order books that resync themselves on a sequence gap.
+
+One reader task owns the socket. Answers resolve the future of the request
+with the same id; private events go to `events` (an asyncio.Queue); market
+data goes to the `Book` objects subscribed to that instrument.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives import serialization
+from websockets.asyncio.client import connect as ws_connect
+
+from . import messages as m
+
+AUTH_DOMAIN = b"gpux-auth-v1:"
+
+
+class GpuxError(Exception):
+    """The exchange refused a request: `code` is the documented stable code."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class Key:
+    """An ed25519 key, stored as 64 hex digits like the CLI's and the agent's."""
+
+    def __init__(self, private: Ed25519PrivateKey):
+        self._private = private
+
+    @classmethod
+    def generate(cls) -> "Key":
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_hex(cls, text: str) -> "Key":
+        return cls(Ed25519PrivateKey.from_private_bytes(bytes.fromhex(text.strip())))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Key":
+        return cls.from_hex(Path(path).expanduser().read_text())
+
+    def secret_hex(self) -> str:
+        raw = self._private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+        return raw.hex()
+
+    def public_hex(self) -> str:
+        return self._private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+
+    def sign(self, data: bytes) -> bytes:
+        return self._private.sign(data)
+
+
+class Book:
+    """A level-2 book kept from a snapshot and sequence-numbered updates.
+
+    A gap in the sequence means an update was lost: the book marks itself
+    unsynced and the client resubscribes for a fresh snapshot, so a reader
+    never sees a wrong book, only briefly an unsynced one.
+    """
+
+    def __init__(self, instrument: int):
+        self.instrument = instrument
+        self.seq = 0
+        self.bids: dict[int, int] = {}
+        self.asks: dict[int, int] = {}
+        self.trades: list[m.Trade] = []
+        self.synced = False
+        self.resyncs = 0
+        self._synced_event = asyncio.Event()
+        self._changed = asyncio.Event()
+
+    def apply(self, message: Any) -> bool:
+        """Applies one market-data message; False on a sequence gap."""
+        if isinstance(message, m.BookSnapshot):
+            self.seq = message.seq
+            self.bids = {price: qty for price, qty in message.bids}
+            self.asks = {price: qty for price, qty in message.asks}
+            self.synced = True
+            self._synced_event.set()
+        elif isinstance(message, m.BookUpdate) and self.synced:
+            if message.seq != self.seq + 1:
+                self.synced = False
+                self._synced_event.clear()
+                return False
+            self.seq = message.seq
+            levels = self.bids if message.side == "buy" else self.asks
+            if message.quantity == 0:
+                levels.pop(message.price_minor_per_gpu_hour, None)
+            else:
+                levels[message.price_minor_per_gpu_hour] = message.quantity
+        elif isinstance(message, m.Trade):
+            self.trades.append(message)
+            del self.trades[:-100]
+        self._changed.set()
+        return True
+
+    def best_bid(self) -> Optional[int]:
+        return max(self.bids) if self.bids else None
+
+    def best_ask(self) -> Optional[int]:
+        return min(self.asks) if self.asks else None
+
+    async def wait_synced(self, timeout: float = 10.0) -> None:
+        await asyncio.wait_for(self._synced_event.wait(), timeout)
+
+    async def wait_for(self, predicate, timeout: float = 10.0) -> None:
+        """Waits until `predicate(book)` holds."""
+
+        async def loop():
+            while not (self.synced and predicate(self)):
+                self._changed.clear()
+                await self._changed.wait()
+
+        await asyncio.wait_for(loop(), timeout)
+
+
+class Client:
+    """One session with the exchange. Use `await Client.connect(...)`."""
+
+    def __init__(self, socket, account: Optional[int], role: Optional[str], clock_offset_ms: int):
+        self._socket = socket
+        self.account = account
+        self.role = role
+        self.clock_offset_ms = clock_offset_ms
+        self._next_id = 1
+        self._pending: dict[int, asyncio.Future] = {}
+        self._books: dict[int, Book] = {}
+        self.events: asyncio.Queue = asyncio.Queue()
+        self._reader: Optional[asyncio.Task] = None
+
+    @classmethod
+    async def connect(cls, url: str, key: Optional[Key] = None, role: Optional[str] = None) -> "Client":
+        """Connects and logs in with `key` (`role` opens an account for a new
+        key); without a key the session sees public market data only."""
+        socket = await ws_connect(url, max_size=1 << 20)
+        challenge = m.parse(json.loads(await socket.recv()))
+        if not isinstance(challenge, m.Challenge):
+            raise GpuxError("protocol", f"expected a challenge, got {challenge!r}")
+        offset = challenge.server_time_ms - m._now_ms()
+        client = cls(socket, None, None, offset)
+        if key is not None:
+            signature = key.sign(AUTH_DOMAIN + bytes.fromhex(challenge.nonce))
+            auth = {"auth": {"id": 1, "public_key": key.public_hex(), "signature": signature.hex(), "role": role}}
+            await socket.send(json.dumps(auth))
+            while True:
+                answer = m.parse(json.loads(await socket.recv()))
+                if isinstance(answer, m.Authenticated):
+                    client.account, client.role = answer.account, answer.role
+                    break
+                if isinstance(answer, m.Error):
+                    await socket.close()
+                    raise GpuxError(answer.code, answer.message)
+        client._reader = asyncio.create_task(client._read())
+        return client
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._reader:
+            self._reader.cancel()
+        await self._socket.close()
+
+    async def _read(self) -> None:
+        try:
+            async for frame in self._socket:
+                message = m.parse(json.loads(frame))
+                request = m.answer_id(message)
+                if request is not None and request in self._pending:
+                    future = self._pending.pop(request)
+                    if not future.done():
+                        future.set_result(message)
+                elif isinstance(message, (m.BookSnapshot, m.BookUpdate, m.Trade)):
+                    book = self._books.get(message.instrument)
+                    if book is not None and not book.apply(message):
+                        asyncio.create_task(self.resync(book))
+                else:
+                    await self.events.put(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # the connection closed: fail whoever waits
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(error)
+
+    async def request(self, kind: str, **fields: Any) -> Any:
+        """Sends `{kind: {id, **fields}}` and returns the parsed answer;
+        raises GpuxError on a reject or gateway error."""
+        self._next_id += 1
+        request_id = self._next_id
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        await self._socket.send(json.dumps({kind: {"id": request_id, **fields}}))
+        answer = await asyncio.wait_for(future, 30)
+        if isinstance(answer, (m.Reject, m.Error)):
+            raise GpuxError(answer.code, answer.message)
+        return answer
+
+    # --- requests ------------------------------------------------------------
+
+    async def place(self, order: m.OrderTicket) -> m.Ack:
+        return await self.request("new_order", order=order.to_wire())
+
+    async def cancel(self, order: int) -> m.Ack:
+        return await self.request("cancel_order", order=order)
+
+    async def replace(self, order: int, price: int, quantity: int) -> m.Ack:
+        return await self.request("replace_order", order=order, price_minor_per_gpu_hour=price, quantity=quantity)
+
+    async def cancel_all(self, instrument: Optional[int] = None) -> m.Ack:
+        return await self.request("mass_cancel", instrument=instrument)
+
+    async def balance(self) -> m.Balance:
+        return await self.request("balance")
+
+    async def deposit(self, account: int, amount_minor: int) -> m.Ack:
+        return await self.request("deposit", account=account, amount_minor=amount_minor)
+
+    async def instruments(self) -> list[dict]:
+        return (await self.request("instruments")).fields["instruments"]
+
+    async def open_orders(self) -> list[dict]:
+        orders, offset = [], 0
+        while True:
+            page = (await self.request("open_orders", offset=offset)).fields
+            orders += page["orders"]
+            if page.get("next_offset") is None:
+                return orders
+            offset = page["next_offset"]
+
+    async def leases(self) -> list[dict]:
+        leases, offset = [], 0
+        while True:
+            page = (await self.request("leases", offset=offset)).fields
+            leases += page["leases"]
+            if page.get("next_offset") is None:
+                return leases
+            offset = page["next_offset"]
+
+    async def book(self, instrument: int) -> Book:
+        """Subscribes to an instrument's book and trades; returns the live book."""
+        book = self._books.get(instrument)
+        if book is None:
+            book = Book(instrument)
+            self._books[instrument] = book
+            await self.request("subscribe", channel="book", instrument=instrument)
+            await self.request("subscribe", channel="trades", instrument=instrument)
+        return book
+
+    async def resync(self, book: Book) -> None:
+        """Drops the book's state and asks for a fresh snapshot (after a gap)."""
+        book.resyncs += 1
+        await self.request("unsubscribe", channel="book", instrument=book.instrument)
+        await self.request("subscribe", channel="book", instrument=book.instrument)
+
+    async def next_event(self, timeout: float = 10.0) -> m.Private:
+        """The next private event (fills, leases, notices, funds)."""
+        while True:
+            message = await asyncio.wait_for(self.events.get(), timeout)
+            if isinstance(message, m.Private):
+                return message

@@ -1,0 +1,214 @@
+"""Typed gpux messages (docs/protocol.md).
+
+Every message on the wire is a JSON object with exactly one key, the message
+type, holding its fields. Requests are built with the helpers here; answers
+and pushed messages are parsed into dataclasses by `parse`, with `Unknown`
+for any type this client does not model (so a newer exchange never breaks
+an older client). Money is in integer minor units (1 = US$0.000001).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Optional
+
+MINOR_PER_DOLLAR = 1_000_000
+
+# The demo listing's spot and preemptible instruments (EngineConfig::demo).
+H100_SPOT, H100_PREEMPT = 0, 1
+A100_SPOT, A100_PREEMPT = 2, 3
+
+
+def dollars(text: str | int | Decimal) -> int:
+    """Dollars to minor units, exactly; more than six decimals is an error."""
+    minor = Decimal(str(text)) * MINOR_PER_DOLLAR
+    if minor != minor.to_integral_value() or minor < 0:
+        raise ValueError(f"{text!r}: a non-negative amount with at most six decimals")
+    return int(minor)
+
+
+@dataclass
+class OrderTicket:
+    """A new order (`new_order`'s `order`); defaults as documented."""
+
+    client_order_id: int
+    instrument: int
+    side: str  # "buy" | "sell"
+    quantity: int
+    price_minor_per_gpu_hour: int = 0
+    order_type: str = "limit"  # "limit" | "market"
+    time_in_force: Any = "gtc"  # "gtc" | "ioc" | "fok" | {"gtt": {"expire_at_ms": ...}}
+    post_only: bool = False
+    one_host: bool = False
+    min_quantity: int = 0
+    self_trade_prevention: str = "cancel_newest"
+    duration: Any = field(default_factory=lambda: {"hours": 1})  # or "until_cancelled"
+    supply: Optional[dict] = None  # {"host": id, "gpu_mask": bits} on a GPU owner's ask
+
+    _next_id = [0]
+
+    @classmethod
+    def limit(cls, instrument: int, side: str, price: int, quantity: int, **kwargs: Any) -> "OrderTicket":
+        cls._next_id[0] += 1
+        client_order_id = kwargs.pop("client_order_id", None) or _now_ms() * 1000 + cls._next_id[0] % 1000
+        return cls(client_order_id=client_order_id, instrument=instrument, side=side, quantity=quantity, price_minor_per_gpu_hour=price, **kwargs)
+
+    def to_wire(self) -> dict:
+        return {
+            "client_order_id": self.client_order_id,
+            "instrument": self.instrument,
+            "side": self.side,
+            "order_type": self.order_type,
+            "price_minor_per_gpu_hour": self.price_minor_per_gpu_hour,
+            "quantity": self.quantity,
+            "time_in_force": self.time_in_force,
+            "post_only": self.post_only,
+            "self_trade_prevention": self.self_trade_prevention,
+            "min_quantity": self.min_quantity,
+            "one_host": self.one_host,
+            "duration": self.duration,
+            "supply": self.supply,
+        }
+
+
+def _now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)
+
+
+# --- answers and pushed messages -------------------------------------------------
+
+
+@dataclass
+class Challenge:
+    nonce: str
+    server_time_ms: int
+
+
+@dataclass
+class Authenticated:
+    id: int
+    account: int
+    role: str
+
+
+@dataclass
+class Ack:
+    id: int
+    journal_seq: int
+    order: Optional[int] = None
+
+
+@dataclass
+class Reject:
+    """The engine refused a command (journaled); `code` is stable."""
+
+    id: int
+    journal_seq: int
+    code: str
+    message: str
+
+
+@dataclass
+class Error:
+    """The gateway refused a frame or request before the engine."""
+
+    id: Optional[int]
+    code: str
+    message: str
+
+
+@dataclass
+class Balance:
+    id: int
+    available_minor: int
+    held_minor: int
+    payable_minor: int
+    debt_minor: int
+
+
+@dataclass
+class BookSnapshot:
+    instrument: int
+    seq: int
+    bids: list
+    asks: list
+
+
+@dataclass
+class BookUpdate:
+    instrument: int
+    seq: int
+    side: str
+    price_minor_per_gpu_hour: int
+    quantity: int
+
+
+@dataclass
+class Trade:
+    instrument: int
+    seq: int
+    price_minor_per_gpu_hour: int
+    quantity: int
+    aggressor: str
+    at_ms: int
+
+
+@dataclass
+class Private:
+    """An engine event about the account: `kind` is its type, `fields` its body."""
+
+    seq: int
+    at_ms: int
+    kind: str
+    fields: dict
+
+
+@dataclass
+class Unknown:
+    type: str
+    fields: dict
+
+    @property
+    def id(self) -> Optional[int]:
+        return self.fields.get("id") if isinstance(self.fields, dict) else None
+
+
+_TYPES = {
+    "challenge": Challenge,
+    "authenticated": Authenticated,
+    "ack": Ack,
+    "reject": Reject,
+    "error": Error,
+    "balance": Balance,
+    "book_snapshot": BookSnapshot,
+    "book_update": BookUpdate,
+    "trade": Trade,
+}
+
+
+def parse(message: dict) -> Any:
+    """One decoded JSON server message to its dataclass."""
+    if not isinstance(message, dict) or len(message) != 1:
+        raise ValueError(f"not a gpux message: {message!r}")
+    (kind, body), = message.items()
+    if kind == "private":
+        event = body["event"]
+        inner = event["kind"]
+        if isinstance(inner, str):
+            name, fields = inner, {}
+        else:
+            (name, fields), = inner.items()
+        return Private(seq=event["seq"], at_ms=event["at_ms"], kind=name, fields=fields)
+    cls = _TYPES.get(kind)
+    if cls is None:
+        return Unknown(kind, body)
+    known = {k: v for k, v in body.items() if k in cls.__dataclass_fields__}
+    return cls(**known)
+
+
+def answer_id(message: Any) -> Optional[int]:
+    """The request id a parsed message answers, if any."""
+    return getattr(message, "id", None)

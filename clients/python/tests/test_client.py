@@ -1,0 +1,170 @@
+"""The Python client against the real gpux-exchange binary over a real socket.
+
+Each test starts its own exchange (a temporary data directory, a free port,
+an operator key made for the test) and speaks only the documented protocol.
+"""
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import gpux
+
+ROOT = Path(__file__).resolve().parents[3]
+EXCHANGE = Path(os.environ.get("GPUX_EXCHANGE_BIN", ROOT / "target" / "debug" / "gpux-exchange"))
+sys.path.insert(0, str(ROOT / "clients" / "python" / "examples"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def exchange():
+    """A running exchange: yields (url, operator key)."""
+    assert EXCHANGE.exists(), f"build the exchange first: cargo build -p gpux-exchange ({EXCHANGE})"
+    operator = gpux.Key.generate()
+    port = free_port()
+    with tempfile.TemporaryDirectory() as data:
+        process = subprocess.Popen(
+            [str(EXCHANGE), "--data-dir", data, "--listen", f"127.0.0.1:{port}", "--metrics-listen", "off", "--console-listen", "off",
+             "--operator-key", operator.public_hex()],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        try:
+            deadline = time.time() + 30
+            for line in process.stdout:
+                if "listening on" in line:
+                    break
+                assert time.time() < deadline, "the exchange did not start"
+            yield f"ws://127.0.0.1:{port}", operator
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+async def funded_renter(url, operator, amount="1000"):
+    renter = await gpux.Client.connect(url, gpux.Key.generate(), role="renter")
+    async with await gpux.Client.connect(url, operator, role="operator") as op:
+        await op.deposit(renter.account, gpux.dollars(amount))
+    return renter
+
+
+async def supplier_with_gpus(url, count=1, role="supplier"):
+    supplier = await gpux.Client.connect(url, gpux.Key.generate(), role=role)
+    spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
+    for index in range(count):
+        await supplier.request("register_gpu", host=f"py-host-{supplier.account}", gpu_uuid=f"GPU-py-{supplier.account}-{index}", spec=spec)
+    gpus = (await supplier.request("my_gpus")).fields["gpus"]
+    return supplier, gpus[0]["host"]
+
+
+def test_login_opens_an_account_and_refusals_carry_their_stable_code(exchange):
+    url, _ = exchange
+
+    async def scenario():
+        async with await gpux.Client.connect(url, gpux.Key.generate(), role="renter") as renter:
+            assert renter.account is not None and renter.role == "renter"
+            balance = await renter.balance()
+            assert (balance.available_minor, balance.held_minor, balance.debt_minor) == (0, 0, 0)
+            with pytest.raises(gpux.GpuxError) as off_tick:
+                await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", 2_000_500, 1))
+            assert off_tick.value.code == "price_off_tick"
+            with pytest.raises(gpux.GpuxError) as unfunded:
+                await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2"), 1))
+            assert unfunded.value.code == "insufficient_funds"
+            with pytest.raises(gpux.GpuxError) as unknown:
+                await renter.place(gpux.OrderTicket.limit(999, "buy", gpux.dollars("2"), 1))
+            assert unknown.value.code == "unknown_instrument"
+            assert (await renter.balance()).available_minor == 0, "the session is still sound"
+        async with await gpux.Client.connect(url) as anonymous:
+            assert any(i["symbol"] == "H100-SXM-80G/SPOT" for i in await anonymous.instruments()), "market data is public"
+            with pytest.raises(gpux.GpuxError) as private:
+                await anonymous.balance()
+            assert private.value.code == "not_authenticated"
+
+    run(scenario())
+
+
+def test_an_order_that_fills_brings_its_trade_and_lease_on_the_private_feed(exchange):
+    url, operator = exchange
+
+    async def scenario():
+        supplier, host = await supplier_with_gpus(url)
+        ask = gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1})
+        await supplier.place(ask)
+        renter = await funded_renter(url, operator)
+        ack = await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2.5"), 1, duration={"hours": 2}))
+        assert isinstance(ack, gpux.Ack) and ack.order is not None
+        kinds = set()
+        while not {"trade", "lease_created"} <= kinds:
+            kinds.add((await renter.next_event()).kind)
+        leases = await renter.leases()
+        assert len(leases) == 1 and leases[0]["price_minor_per_gpu_hour"] == 2_000_000 and leases[0]["active"]
+        assert (await renter.balance()).held_minor == 4_000_000, "two hours at the trade price in escrow"
+        await renter.close()
+        await supplier.close()
+
+    run(scenario())
+
+
+def test_a_book_follows_orders_live_and_resyncs_after_a_sequence_gap(exchange):
+    url, operator = exchange
+
+    async def scenario():
+        renter = await funded_renter(url, operator)
+        watcher = await gpux.Client.connect(url)
+        book = await watcher.book(gpux.H100_SPOT)
+        await book.wait_synced()
+        await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("1.9"), 2))
+        await book.wait_for(lambda b: b.bids.get(1_900_000) == 2)
+
+        # A lost update: the next one does not follow; the book refuses it.
+        assert not book.apply(gpux.BookUpdate(gpux.H100_SPOT, book.seq + 5, "buy", 1_800_000, 7))
+        assert not book.synced
+        await watcher.resync(book)
+        await book.wait_synced()
+        assert book.bids == {1_900_000: 2} and book.resyncs == 1, "a fresh snapshot, without the phantom level"
+        await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("1.8"), 1))
+        await book.wait_for(lambda b: b.bids.get(1_800_000) == 1)
+        await renter.close()
+        await watcher.close()
+
+    run(scenario())
+
+
+def test_the_example_bot_quotes_both_sides(exchange):
+    url, operator = exchange
+    import market_maker
+
+    async def scenario():
+        key = gpux.Key.generate()
+        aggregator = await gpux.Client.connect(url, key, role="aggregator")
+        spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
+        await aggregator.request("register_gpu", host="bot-host", gpu_uuid="GPU-bot-0", spec=spec)
+        host = (await aggregator.request("my_gpus")).fields["gpus"][0]["host"]
+        async with await gpux.Client.connect(url, operator, role="operator") as op:
+            await op.deposit(aggregator.account, gpux.dollars("100"))
+        await aggregator.close()
+        await market_maker.run(url, key, gpux.H100_SPOT, 1, 200, rounds=1, host=host, keep=True)
+        async with await gpux.Client.connect(url, key) as client:
+            sides = sorted(order["side"] for order in await client.open_orders())
+            assert sides == ["buy", "sell"], sides
+            book = await client.book(gpux.H100_SPOT)
+            await book.wait_synced()
+            assert book.best_bid() < book.best_ask(), "two-sided and not crossed"
+
+    run(scenario())

@@ -1,0 +1,247 @@
+// gpux web console: instruments, live books (ladder and depth chart),
+// trades with a price chart, the reserved-window calendar and, once logged
+// in with a key, the account's orders, leases, notices and statement.
+// Plain browser JavaScript over the documented WebSocket protocol
+// (docs/protocol.md): no framework, no build step, nothing fetched from
+// elsewhere at run time. The key never leaves the page: it signs the login
+// challenge with WebCrypto's Ed25519.
+"use strict";
+
+const state = {
+  ws: null, nextId: 1, pending: new Map(), nonce: null,
+  instruments: [], selected: null,
+  book: { seq: 0, synced: false, bids: new Map(), asks: new Map() },
+  trades: [], account: null, refreshTimer: null,
+};
+
+const $ = (id) => document.getElementById(id);
+const usd = (minor) => "$" + (minor / 1e6).toFixed(3);
+const hex = (bytes) => Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+const fromHex = (text) => Uint8Array.from(text.match(/../g).map((h) => parseInt(h, 16)));
+const utcHour = (ms) => new Date(ms).toISOString().slice(0, 16).replace("T", " ");
+
+function request(type, fields = {}) {
+  const id = ++state.nextId;
+  state.ws.send(JSON.stringify({ [type]: { id, ...fields } }));
+  return new Promise((resolve, reject) => {
+    state.pending.set(id, { resolve, reject });
+  });
+}
+
+function connect() {
+  state.ws = new WebSocket(window.GPUX_WS);
+  state.ws.onopen = () => ($("connection").textContent = "connected to " + window.GPUX_WS);
+  state.ws.onclose = () => {
+    $("connection").textContent = "disconnected; reconnecting…";
+    state.book.synced = false;
+    setTimeout(connect, 1000);
+  };
+  state.ws.onmessage = (frame) => {
+    const message = JSON.parse(frame.data);
+    const [type, body] = Object.entries(message)[0];
+    if (type === "challenge") {
+      state.nonce = body.nonce;
+      loadInstruments();
+      return;
+    }
+    const waiting = body && body.id !== undefined && state.pending.get(body.id);
+    if (waiting) {
+      state.pending.delete(body.id);
+      if (type === "reject" || type === "error") waiting.reject(new Error(body.code + ": " + body.message));
+      else waiting.resolve({ type, body });
+      return;
+    }
+    if (type === "book_snapshot" || type === "book_update") onBook(type, body);
+    else if (type === "trade") onTrade(body);
+    else if (type === "private") onPrivate(body.event);
+  };
+}
+
+async function loadInstruments() {
+  const { body } = await request("instruments");
+  state.instruments = body.instruments;
+  const list = $("instruments");
+  list.replaceChildren();
+  for (const info of state.instruments.filter((i) => typeof i.contract === "string")) {
+    const item = document.createElement("li");
+    item.dataset.instrument = info.instrument;
+    item.innerHTML = `${info.symbol}<span class="state">${info.state}</span>`;
+    item.onclick = () => select(info.instrument);
+    list.append(item);
+  }
+  renderCalendar();
+  select(state.selected ?? state.instruments[0].instrument);
+}
+
+function renderCalendar() {
+  const rows = state.instruments
+    .filter((i) => i.contract.reserved && i.state !== "expired")
+    .slice(0, 60)
+    .map((i) => `<tr><td>${i.class}</td><td>${utcHour(i.contract.reserved.window_start_ms)} to ${utcHour(i.contract.reserved.window_end_ms)}</td><td>${i.state}</td><td>${i.symbol}</td></tr>`);
+  $("calendar").tBodies[0].innerHTML = rows.join("");
+}
+
+async function select(instrument) {
+  if (state.selected !== null && state.selected !== instrument) {
+    await request("unsubscribe", { channel: "book", instrument: state.selected });
+    await request("unsubscribe", { channel: "trades", instrument: state.selected });
+  }
+  state.selected = instrument;
+  state.book = { seq: 0, synced: false, bids: new Map(), asks: new Map() };
+  state.trades = [];
+  for (const item of $("instruments").children) item.classList.toggle("selected", Number(item.dataset.instrument) === instrument);
+  const info = state.instruments.find((i) => i.instrument === instrument);
+  $("symbol").textContent = info ? info.symbol : String(instrument);
+  await request("subscribe", { channel: "book", instrument });
+  await request("subscribe", { channel: "trades", instrument });
+  renderTrades();
+}
+
+function onBook(type, body) {
+  if (body.instrument !== state.selected) return;
+  const book = state.book;
+  if (type === "book_snapshot") {
+    book.seq = body.seq;
+    book.bids = new Map(body.bids);
+    book.asks = new Map(body.asks);
+    book.synced = true;
+  } else if (book.synced) {
+    if (body.seq !== book.seq + 1) {
+      // A lost update: start again from a fresh snapshot.
+      book.synced = false;
+      request("unsubscribe", { channel: "book", instrument: body.instrument })
+        .then(() => request("subscribe", { channel: "book", instrument: body.instrument }));
+      return;
+    }
+    book.seq = body.seq;
+    const levels = body.side === "buy" ? book.bids : book.asks;
+    if (body.quantity === 0) levels.delete(body.price_minor_per_gpu_hour);
+    else levels.set(body.price_minor_per_gpu_hour, body.quantity);
+  }
+  renderBook();
+}
+
+function renderBook() {
+  const bids = [...state.book.bids].sort((a, b) => b[0] - a[0]).slice(0, 15);
+  const asks = [...state.book.asks].sort((a, b) => a[0] - b[0]).slice(0, 15);
+  const rows = [];
+  for (let i = 0; i < Math.max(bids.length, asks.length, 1); i++) {
+    const [bp, bq] = bids[i] || [];
+    const [ap, aq] = asks[i] || [];
+    rows.push(`<tr><td class="bid">${bq ?? ""}</td><td class="bid">${bp ? usd(bp) : ""}</td><td class="ask">${ap ? usd(ap) : ""}</td><td class="ask">${aq ?? ""}</td></tr>`);
+  }
+  $("ladder").tBodies[0].innerHTML = rows.join("");
+  drawDepth(bids, asks);
+}
+
+function drawDepth(bids, asks) {
+  const canvas = $("depth");
+  const g = canvas.getContext("2d");
+  g.clearRect(0, 0, canvas.width, canvas.height);
+  const prices = [...bids, ...asks].map(([p]) => p);
+  if (prices.length === 0) return;
+  const low = Math.min(...prices), high = Math.max(...prices);
+  const cumulative = (levels) => levels.reduce((acc, [p, q]) => (acc.push([p, (acc.length ? acc[acc.length - 1][1] : 0) + q]), acc), []);
+  const bidSteps = cumulative(bids), askSteps = cumulative(asks);
+  const top = Math.max(1, ...bidSteps.map((s) => s[1]), ...askSteps.map((s) => s[1]));
+  const x = (p) => 10 + ((p - low) / Math.max(1, high - low)) * (canvas.width - 20);
+  const y = (q) => canvas.height - 10 - (q / top) * (canvas.height - 20);
+  for (const [steps, color] of [[bidSteps, "#0a7d32"], [askSteps, "#b42318"]]) {
+    g.beginPath();
+    g.strokeStyle = color;
+    g.lineWidth = 2;
+    // A staircase from the best price outwards: each level adds its GPUs.
+    steps.forEach(([p, q], i) => {
+      if (i === 0) g.moveTo(x(p), y(0));
+      else g.lineTo(x(p), y(steps[i - 1][1]));
+      g.lineTo(x(p), y(q));
+    });
+    g.stroke();
+  }
+}
+
+function onTrade(body) {
+  if (body.instrument !== state.selected) return;
+  state.trades.unshift(body);
+  state.trades.length = Math.min(state.trades.length, 100);
+  renderTrades();
+}
+
+function renderTrades() {
+  $("trades").tBodies[0].innerHTML = state.trades
+    .slice(0, 12)
+    .map((t) => `<tr><td>${new Date(t.at_ms).toISOString().slice(11, 19)}</td><td>${t.quantity}</td><td>${usd(t.price_minor_per_gpu_hour)}</td><td>${t.aggressor}</td></tr>`)
+    .join("");
+  const canvas = $("prices");
+  const g = canvas.getContext("2d");
+  g.clearRect(0, 0, canvas.width, canvas.height);
+  const series = [...state.trades].reverse().map((t) => t.price_minor_per_gpu_hour);
+  if (series.length < 2) return;
+  const low = Math.min(...series), high = Math.max(...series);
+  g.beginPath();
+  g.strokeStyle = "#14213d";
+  series.forEach((p, i) => {
+    const px = 10 + (i / (series.length - 1)) * (canvas.width - 20);
+    const py = canvas.height - 10 - ((p - low) / Math.max(1, high - low)) * (canvas.height - 20);
+    i ? g.lineTo(px, py) : g.moveTo(px, py);
+  });
+  g.stroke();
+}
+
+// --- the account --------------------------------------------------------
+
+async function login(secretHex) {
+  const pkcs8 = new Uint8Array([...fromHex("302e020100300506032b657004220420"), ...fromHex(secretHex.trim())]);
+  const key = await crypto.subtle.importKey("pkcs8", pkcs8, { name: "Ed25519" }, true, ["sign"]);
+  const jwk = await crypto.subtle.exportKey("jwk", key);
+  const publicKey = Uint8Array.from(atob(jwk.x.replace(/-/g, "+").replace(/_/g, "/")), (c) => c.charCodeAt(0));
+  const payload = new Uint8Array([...new TextEncoder().encode("gpux-auth-v1:"), ...fromHex(state.nonce)]);
+  const signature = new Uint8Array(await crypto.subtle.sign({ name: "Ed25519" }, key, payload));
+  const { body } = await request("auth", { public_key: hex(publicKey), signature: hex(signature), role: null });
+  state.account = body.account;
+  $("account").textContent = `account ${body.account} (${body.role})`;
+  $("login").hidden = true;
+  $("mine").hidden = false;
+  refreshAccount();
+}
+
+function onPrivate(event) {
+  const [kind, fields] = typeof event.kind === "string" ? [event.kind, {}] : Object.entries(event.kind)[0];
+  if (kind === "preemption_notice") notice(`Lease ${fields.lease} is preempted: it ends at ${utcHour(fields.ends_at_ms)}`);
+  if (kind === "payment_notice") notice(`Lease ${fields.lease} needs ${usd(fields.shortfall_minor)} more by ${utcHour(fields.ends_at_ms)}`);
+  clearTimeout(state.refreshTimer);
+  state.refreshTimer = setTimeout(refreshAccount, 300);
+}
+
+function notice(text) {
+  const item = document.createElement("li");
+  item.textContent = text;
+  $("notices").prepend(item);
+}
+
+async function refreshAccount() {
+  if (state.account === null) return;
+  const { body: b } = await request("balance");
+  $("balance").textContent = `available ${usd(b.available_minor)} · held ${usd(b.held_minor)} · payable ${usd(b.payable_minor)} · owed ${usd(b.debt_minor)}`;
+  const { body: orders } = await request("open_orders", { offset: 0 });
+  $("orders").tBodies[0].innerHTML = orders.orders
+    .map((o) => `<tr><td>${o.order}</td><td>${o.instrument}</td><td>${o.side}</td><td>${usd(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td></tr>`)
+    .join("");
+  const { body: leases } = await request("leases", { offset: 0 });
+  $("leases").tBodies[0].innerHTML = leases.leases
+    .map((l) => `<tr><td>${l.lease}</td><td>${l.kind}</td><td>${usd(l.price_minor_per_gpu_hour)}</td><td>${l.active}</td><td>${Math.floor(l.verified_gpu_ms / 1000)}</td><td>${usd(l.usage_charged_minor)}</td></tr>`)
+    .join("");
+  const { body: statement } = await request("statement", {});
+  $("statement").tBodies[0].innerHTML = statement.lines
+    .slice(-30)
+    .reverse()
+    .map((s) => `<tr><td>${s.transfer}</td><td>${s.from}</td><td>${s.to}</td><td>${usd(s.amount_minor)}</td><td>${s.lease ?? ""}</td></tr>`)
+    .join("");
+}
+
+$("login").onsubmit = (event) => {
+  event.preventDefault();
+  login($("secret").value).catch((error) => ($("account").textContent = "login failed: " + error.message));
+};
+
+connect();

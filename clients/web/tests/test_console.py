@@ -1,0 +1,154 @@
+"""The web console end to end in headless Chromium.
+
+The real exchange binary serves the console; Debian's Chromium loads it and
+is driven over the Chrome DevTools Protocol (a WebSocket, spoken here with the
+same `websockets` package the Python client uses, so the test needs no
+browser-automation framework). The page must list the instruments, show a
+bid placed through the Python client in its live ladder, and log in with the
+renter's key to show its order; a screenshot is saved as a test artefact.
+"""
+
+import asyncio
+import base64
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from websockets.asyncio.client import connect as ws_connect
+
+import gpux
+
+ROOT = Path(__file__).resolve().parents[3]
+EXCHANGE = Path(os.environ.get("GPUX_EXCHANGE_BIN", ROOT / "target" / "debug" / "gpux-exchange"))
+CHROMIUM = os.environ.get("GPUX_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+ARTEFACTS = Path(os.environ.get("GPUX_ARTEFACTS", ROOT / "target" / "artefacts"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def exchange_with_console():
+    operator = gpux.Key.generate()
+    port, console_port = free_port(), free_port()
+    with tempfile.TemporaryDirectory() as data:
+        process = subprocess.Popen(
+            [str(EXCHANGE), "--data-dir", data, "--listen", f"127.0.0.1:{port}", "--metrics-listen", "off",
+             "--console-listen", f"127.0.0.1:{console_port}", "--operator-key", operator.public_hex()],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        try:
+            for line in process.stdout:
+                if "listening on" in line:
+                    break
+            yield f"ws://127.0.0.1:{port}", f"http://127.0.0.1:{console_port}/", operator
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+
+
+class Browser:
+    """Headless Chromium driven over the DevTools protocol."""
+
+    def __init__(self, profile: str):
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+             f"--remote-debugging-port={self.port}", f"--user-data-dir={profile}", "--window-size=1400,1000", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        self.next_id = 0
+
+    async def open(self):
+        deadline = time.time() + 30
+        while True:
+            try:
+                targets = json.load(urllib.request.urlopen(f"http://127.0.0.1:{self.port}/json", timeout=2))
+                page = next(t for t in targets if t["type"] == "page")
+                break
+            except Exception:
+                assert time.time() < deadline, "Chromium did not start"
+                await asyncio.sleep(0.2)
+        self.socket = await ws_connect(page["webSocketDebuggerUrl"], max_size=64 << 20)
+
+    async def call(self, method: str, **params):
+        self.next_id += 1
+        call_id = self.next_id
+        await self.socket.send(json.dumps({"id": call_id, "method": method, "params": params}))
+        while True:
+            message = json.loads(await self.socket.recv())
+            if message.get("id") == call_id:
+                assert "error" not in message, message
+                return message["result"]
+
+    async def evaluate(self, expression: str):
+        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        return result["result"].get("value")
+
+    async def wait_until(self, expression: str, timeout: float = 15.0, what: str = ""):
+        deadline = time.time() + timeout
+        while not await self.evaluate(expression):
+            assert time.time() < deadline, f"timed out waiting for {what or expression}"
+            await asyncio.sleep(0.1)
+
+    async def screenshot(self, path: Path):
+        data = (await self.call("Page.captureScreenshot", format="png"))["data"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(data))
+
+    async def close(self):
+        await self.socket.close()
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None and not os.environ.get("GPUX_REQUIRE_BROWSER"), reason="Chromium is not installed (.ci/run installs it)"
+)
+def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_console):
+    url, console, operator = exchange_with_console
+
+    async def scenario():
+        with tempfile.TemporaryDirectory() as profile:
+            browser = Browser(profile)
+            await browser.open()
+            try:
+                await browser.call("Page.navigate", url=console)
+                await browser.wait_until("document.querySelectorAll('#instruments li').length >= 10", what="the instrument list")
+                await browser.wait_until("document.getElementById('symbol').textContent === 'H100-SXM-80G/SPOT'", what="the first book")
+                calendar_rows = await browser.evaluate("document.querySelectorAll('#calendar tbody tr').length")
+                assert calendar_rows > 0, "the reserved-window calendar lists windows"
+
+                # An order placed through the Python client appears in the page's live ladder.
+                key = gpux.Key.generate()
+                renter = await gpux.Client.connect(url, key, role="renter")
+                async with await gpux.Client.connect(url, operator, role="operator") as op:
+                    await op.deposit(renter.account, gpux.dollars("100"))
+                ack = await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("1.234"), 3))
+                await browser.wait_until("document.getElementById('ladder').innerText.includes('$1.234')", what="the bid in the ladder")
+                ladder = await browser.evaluate("document.getElementById('ladder').innerText")
+                assert "3" in ladder
+
+                # Logging in with the renter's key shows its account and its order.
+                await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
+                await browser.evaluate("document.querySelector('#login button').click()")
+                await browser.wait_until(f"document.getElementById('account').textContent.includes('account {renter.account}')", what="login")
+                await browser.wait_until(f"document.getElementById('orders').innerText.includes('{ack.order}')", what="the account's order")
+                await browser.wait_until("document.getElementById('balance').textContent.includes('held $3.702')", what="the balance")
+                await browser.screenshot(ARTEFACTS / "console.png")
+                assert (ARTEFACTS / "console.png").stat().st_size > 10_000
+                await renter.close()
+            finally:
+                await browser.close()
+
+    asyncio.run(scenario())
