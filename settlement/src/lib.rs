@@ -27,6 +27,8 @@ use serde::{Deserialize, Serialize};
 pub const CLOCK_SKEW_MS_MAX: u64 = 5_000;
 /// Reports one chain (lease x GPU) may hold.
 pub const REPORTS_PER_CHAIN_MAX: usize = 1 << 20;
+/// Decompressed host keys kept; the cache starts over when full.
+pub const KEY_CACHE_MAX: usize = 1 << 16;
 const MS_PER_HOUR: u128 = 3_600_000;
 
 /// What settlement needs to know about the lease a report claims.
@@ -83,6 +85,10 @@ pub struct Settlement {
     metered: BTreeMap<LeaseId, Metered>,
     /// Refused reports per supplier (feeds its reliability score).
     rejections: BTreeMap<AccountId, u64>,
+    /// Host keys, decompressed once (a cache: not state, never snapshotted,
+    /// and no outcome depends on it).
+    #[serde(skip)]
+    keys: BTreeMap<[u8; 32], Option<ed25519_dalek::VerifyingKey>>,
 }
 
 impl Settlement {
@@ -96,7 +102,8 @@ impl Settlement {
         report: &UsageReport,
         now_ms: u64,
     ) -> Result<UsageOutcome, UsageRejectCode> {
-        match self.check(reporter, reporter_key, terms, report, now_ms) {
+        let key = self.verifying_key(reporter_key);
+        match self.check(reporter, key.as_ref(), terms, report, now_ms) {
             Ok(UsageOutcome::Accepted { verified_ms, .. }) => {
                 let charge_minor = self.accept(terms.expect("an accepted report has a lease"), report);
                 Ok(UsageOutcome::Accepted { verified_ms, charge_minor })
@@ -107,6 +114,19 @@ impl Settlement {
                 Err(code)
             }
         }
+    }
+
+    /// The reporter's key, decompressed (`None`: not a valid key).
+    fn verifying_key(&mut self, key: &[u8; 32]) -> Option<ed25519_dalek::VerifyingKey> {
+        if let Some(cached) = self.keys.get(key) {
+            return *cached;
+        }
+        if self.keys.len() >= KEY_CACHE_MAX {
+            self.keys.clear();
+        }
+        let decompressed = ed25519_dalek::VerifyingKey::from_bytes(key).ok();
+        self.keys.insert(*key, decompressed);
+        decompressed
     }
 
     /// Records a verified report and returns the charge it adds.
@@ -135,7 +155,7 @@ impl Settlement {
     fn check(
         &self,
         reporter: AccountId,
-        reporter_key: &[u8; 32],
+        reporter_key: Option<&ed25519_dalek::VerifyingKey>,
         terms: Option<&LeaseTerms>,
         report: &UsageReport,
         now_ms: u64,
@@ -149,7 +169,7 @@ impl Settlement {
         if !terms.gpu_uuids.contains(&body.gpu_uuid) {
             return Err(WrongGpu);
         }
-        if !report.verify(reporter_key) {
+        if !reporter_key.is_some_and(|key| report.verify_with(key)) {
             return Err(Forged);
         }
         let chain = self.chains.get(&(body.lease, body.gpu_uuid.clone()));
