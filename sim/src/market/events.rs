@@ -1,0 +1,217 @@
+//! What the simulator does with the engine's events: learns instruments,
+//! follows trades and fills, tracks leases against the ground truth, and
+//! checks each lease's billing when it closes.
+
+use super::*;
+
+impl Sim {
+    pub(super) fn observe(&mut self, events: &[Event]) {
+        for event in events {
+            match event.kind {
+                EventKind::InstrumentListed { instrument } => self.learn_instrument(instrument),
+                EventKind::OrderAccepted { order, client_order_id, account, .. }
+                    if client_order_id > 0 && !self.supplier_of_account.contains_key(&account) =>
+                {
+                    let job = self.jobs.get(client_order_id as usize - 1);
+                    if job.is_some_and(|job| self.renters.get(job.renter as usize).is_some_and(|r| r.account == account)) {
+                        self.job_of_order.insert(order, client_order_id as u32 - 1);
+                    }
+                }
+                EventKind::Trade { instrument, price_minor_per_gpu_hour, quantity, buy_order, .. } => {
+                    self.on_trade(instrument, price_minor_per_gpu_hour, quantity, buy_order)
+                }
+                EventKind::OrderClosed { order, .. } => self.on_order_closed(order),
+                EventKind::LeaseCreated { lease, kind, renter, host: _, price_minor_per_gpu_hour, start_ms, end_ms, supplier, .. } => {
+                    self.on_lease_created(lease, kind, renter, supplier, price_minor_per_gpu_hour, start_ms, end_ms)
+                }
+                EventKind::LeaseEnded { lease, .. } => self.on_lease_ended(lease),
+                EventKind::PreemptionNotice { .. } => {
+                    let day = ((self.now_ms - START_MS) / MS_PER_DAY) as usize;
+                    if let Some(count) = self.metrics.preemptions_by_day.get_mut(day) {
+                        *count += 1;
+                    }
+                }
+                EventKind::LeaseBillingClosed { lease, verified_gpu_ms, usage_charged_minor, .. } => {
+                    self.on_billing_closed(lease, verified_gpu_ms, usage_charged_minor)
+                }
+                EventKind::FundsCharged { to: None, amount_minor, reason: gpux_engine::HoldReason::Lease(lease), .. }
+                | EventKind::UsageUnpaid { lease, amount_minor, .. } => {
+                    if let Some(sim_lease) = self.leases.get(&lease) {
+                        let class_index = self.population.suppliers[sim_lease.supplier as usize].class_index;
+                        self.metrics.supplier_revenue_minor[class_index] += amount_minor;
+                    }
+                    if let EventKind::UsageUnpaid { .. } = event.kind {
+                        self.metrics.billing.unpaid_usage_minor += amount_minor;
+                    }
+                }
+                EventKind::FeeCharged { amount_minor, .. } => self.metrics.billing.fees_minor += amount_minor,
+                EventKind::SlaCredited { amount_minor, .. } => {
+                    self.metrics.billing.sla_credits += 1;
+                    self.metrics.billing.sla_credited_minor += amount_minor;
+                }
+                EventKind::GpuStatusChanged { gpu, online } => self.gpu_online[gpu.0 as usize] = online,
+                _ => {}
+            }
+        }
+    }
+
+    pub(super) fn learn_instrument(&mut self, instrument: InstrumentId) {
+        let Some(info) = self.exchange.engine().instrument(instrument) else { return };
+        let Some(class_index) = CLASSES.iter().position(|c| c.name == info.class) else { return };
+        let kind = match info.contract {
+            ContractKind::Spot => 0,
+            ContractKind::Preemptible => 1,
+            ContractKind::Reserved { window_start_ms, window_end_ms } => {
+                if window_end_ms - window_start_ms == MS_PER_DAY {
+                    self.windows.push(WindowInfo { instrument, class_index, start_ms: window_start_ms });
+                }
+                2
+            }
+        };
+        self.instrument_kind.insert(instrument, (class_index, kind));
+    }
+
+    pub(super) fn on_trade(&mut self, instrument: InstrumentId, price: u64, quantity: u32, buy_order: OrderId) {
+        self.last_trade_buy_order = Some(buy_order);
+        if let Some(&(class_index, kind)) = self.instrument_kind.get(&instrument) {
+            self.reference_price[class_index][kind] = price;
+            let hour = ((self.now_ms - START_MS) / MS_PER_HOUR) as usize;
+            if let Some(bucket) = self.metrics.trades.get_mut(hour) {
+                bucket[class_index][kind].notional_minor += price as u128 * quantity as u128;
+                bucket[class_index][kind].gpus += quantity as u64;
+            }
+        }
+        if let Some(&job) = self.job_of_order.get(&buy_order) {
+            let job = &mut self.jobs[job as usize];
+            job.filled += quantity;
+            job.first_fill_ms.get_or_insert(self.now_ms);
+        }
+    }
+
+    pub(super) fn on_order_closed(&mut self, order: OrderId) {
+        let Some(job_index) = self.job_of_order.remove(&order) else { return };
+        let job = &self.jobs[job_index as usize];
+        let stats = if job.window { &mut self.metrics.window_bids } else { self.metrics.jobs.entry(job.kind).or_default() };
+        stats.gpus_filled += job.filled as u64;
+        if job.filled >= job.wanted {
+            stats.fully_filled += 1;
+        } else if job.filled == 0 {
+            stats.unfilled += 1;
+        }
+        if let Some(first) = job.first_fill_ms {
+            stats.time_to_fill_ms.push(first - job.placed_at_ms);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn on_lease_created(
+        &mut self,
+        lease: LeaseId,
+        kind: LeaseKind,
+        renter: AccountId,
+        supplier: AccountId,
+        price: u64,
+        start_ms: u64,
+        end_ms: Option<u64>,
+    ) {
+        let supplier_index = *self.supplier_of_account.get(&supplier).expect("leases are sold by simulated suppliers");
+        let info = self.exchange.engine().lease(lease).expect("a created lease exists");
+        let gpus: Vec<(GpuId, String)> =
+            info.gpus.iter().map(|&gpu| (gpu, self.exchange.engine().gpu(gpu).expect("a leased GPU exists").uuid)).collect();
+        for (gpu, _) in &gpus {
+            self.gpu_lease_count[gpu.0 as usize] += 1;
+        }
+        self.metrics.leases_by_kind[kind as usize] += 1;
+        if self.suppliers[supplier_index as usize].is_down {
+            self.metrics.faults.leases_on_down_hosts += 1;
+        }
+        let chains = vec![Chain { prev_hash: genesis_hash(), last_end_ms: start_ms, ..Chain::default() }; gpus.len()];
+        let stops = self.population.suppliers[supplier_index as usize].faults.stops_reporting;
+        if stops {
+            self.metrics.faults.agents_stopped_reporting += 1;
+        }
+        self.leases.insert(
+            lease,
+            SimLease {
+                supplier: supplier_index,
+                price,
+                start_ms,
+                end_ms,
+                ended_ms: None,
+                gpus,
+                chains,
+                stopped_ms: stops.then_some(start_ms + MS_PER_HOUR / 2),
+                late: false,
+                last_report_sent: false,
+                billing_closed: false,
+            },
+        );
+        let delay = self.population.suppliers[supplier_index as usize].faults.report_delay_ms;
+        self.schedule(start_ms + self.config.report_interval_ms + delay, Action::Report { lease, last: false });
+        // A spot or preemptible lease answers the job whose bid just traded.
+        if kind != LeaseKind::Reserved {
+            if let Some(job) = self.last_trade_buy_order.and_then(|order| self.job_of_order.get(&order)).copied() {
+                let job = &self.jobs[job as usize];
+                if let (Some(run_ms), true) = (job.run_ms, self.renters[job.renter as usize].account == renter) {
+                    self.schedule(start_ms + run_ms, Action::EndLease(lease));
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_lease_ended(&mut self, lease: LeaseId) {
+        let Some(sim_lease) = self.leases.get_mut(&lease) else { return };
+        let ended = self.now_ms.max(sim_lease.start_ms);
+        sim_lease.ended_ms = Some(ended);
+        for (gpu, _) in &sim_lease.gpus {
+            self.gpu_lease_count[gpu.0 as usize] -= 1;
+            if ended > sim_lease.start_ms {
+                self.gpu_intervals[gpu.0 as usize].push((sim_lease.start_ms, ended));
+            }
+        }
+        let delay = self.population.suppliers[sim_lease.supplier as usize].faults.report_delay_ms;
+        self.schedule(ended + delay, Action::Report { lease, last: true });
+    }
+
+    pub(super) fn on_billing_closed(&mut self, lease: LeaseId, verified_gpu_ms: u64, usage_charged_minor: u64) {
+        let Some(sim_lease) = self.leases.get_mut(&lease) else { return };
+        sim_lease.billing_closed = true;
+        // A last report still on its way will be refused: keep the lease for it.
+        let late = !sim_lease.last_report_sent && sim_lease.stopped_ms.is_none();
+        sim_lease.late |= late;
+        let owned;
+        let sim_lease = if late {
+            self.leases.get(&lease).expect("just seen")
+        } else {
+            owned = self.leases.remove(&lease).expect("just seen");
+            &owned
+        };
+        let supplier = &self.suppliers[sim_lease.supplier as usize];
+        let end = sim_lease.ended_ms.expect("billing closes after the lease ended");
+        let delivered: u64 = sim_lease.gpus.iter().map(|_| delivered_ms(&supplier.down, sim_lease.start_ms, end)).sum();
+        let billing = &mut self.metrics.billing;
+        billing.leases_closed += 1;
+        billing.delivered_gpu_ms += delivered;
+        billing.verified_gpu_ms += verified_gpu_ms;
+        billing.usage_charged_minor += usage_charged_minor;
+        billing.delivered_value_minor += (sim_lease.price as u128 * delivered as u128 / MS_PER_HOUR as u128) as u64;
+        if usage_charged_minor != (sim_lease.price as u128 * verified_gpu_ms as u128 / MS_PER_HOUR as u128) as u64 {
+            billing.charge_rule_violations += 1;
+        }
+        if verified_gpu_ms > delivered {
+            billing.overbilled_leases += 1;
+            billing.overbilled_gpu_ms += verified_gpu_ms - delivered;
+        }
+        let unbilled = delivered.saturating_sub(verified_gpu_ms);
+        if sim_lease.stopped_ms.is_some() {
+            self.metrics.faults.unbilled_stopped_gpu_ms += unbilled;
+        } else if sim_lease.late {
+            self.metrics.faults.unbilled_late_gpu_ms += unbilled;
+        } else {
+            billing.clean_leases += 1;
+            if verified_gpu_ms != delivered {
+                billing.clean_mismatches += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! Usage reports: each lease's agent signs its GPUs' verified time and
+//! the real settlement judges it; cheating suppliers add dishonest reports.
+
+use super::*;
+
+impl Sim {
+    /// The agent of the lease's host reports every GPU of the lease, from the
+    /// end of its last accepted report to now (or to the lease's end).
+    pub(super) fn report(&mut self, lease_id: LeaseId, last: bool) {
+        let Some(lease) = self.leases.get(&lease_id) else { return };
+        let supplier_index = lease.supplier as usize;
+        let supplier = &self.suppliers[supplier_index];
+        // A dead agent or a host without network sends when it is back.
+        let back = if supplier.is_down {
+            supplier.down.iter().find(|(from, until)| *from <= self.now_ms && self.now_ms < *until).map(|(_, until)| *until)
+        } else if supplier.network_down_until > 0 {
+            Some(self.now_ms + 5 * 60_000)
+        } else {
+            None
+        };
+        if let Some(back) = back {
+            self.schedule(back.max(self.now_ms + 1), Action::Report { lease: lease_id, last });
+            return;
+        }
+        if !last && lease.ended_ms.is_some() {
+            return;
+        }
+        if lease.stopped_ms.is_some_and(|stop| self.now_ms >= stop) {
+            return;
+        }
+        let faults = self.population.suppliers[supplier_index].faults;
+        let agent_now =
+            (self.now_ms - faults.report_delay_ms.min(self.now_ms - lease.start_ms)).saturating_add_signed(faults.clock_skew_ms);
+        let known_end = lease.ended_ms.or(lease.end_ms);
+        let report_end =
+            if last { lease.ended_ms.expect("the last report follows the end") } else { known_end.map_or(agent_now, |e| e.min(agent_now)) };
+        let account = supplier.account;
+        for gpu_index in 0..lease.gpus.len() {
+            self.report_gpu(lease_id, gpu_index, report_end, account);
+        }
+        if last {
+            let lease = self.leases.get_mut(&lease_id).expect("still open");
+            lease.last_report_sent = true;
+            if lease.billing_closed {
+                self.leases.remove(&lease_id);
+                return;
+            }
+        }
+        let lease = self.leases.get(&lease_id).expect("still open");
+        if self.population.suppliers[supplier_index].cheat.is_some() && !lease.gpus.is_empty() && self.rng.random_range(0..3) == 0 {
+            self.cheat(lease_id);
+        }
+        let lease = self.leases.get(&lease_id).expect("still open");
+        let next = self.now_ms + self.config.report_interval_ms;
+        if !last && lease.ended_ms.is_none() && lease.end_ms.is_none_or(|end| next < end + faults.report_delay_ms) {
+            self.schedule(next, Action::Report { lease: lease_id, last: false });
+        }
+    }
+
+    pub(super) fn report_gpu(&mut self, lease_id: LeaseId, gpu_index: usize, end_ms: u64, account: AccountId) {
+        let lease = self.leases.get(&lease_id).expect("reported leases exist");
+        let chain = &lease.chains[gpu_index];
+        let start_ms = chain.last_end_ms;
+        if end_ms <= start_ms {
+            return;
+        }
+        let supplier = &self.suppliers[lease.supplier as usize];
+        let available_ms = delivered_ms(&supplier.down, start_ms, end_ms);
+        let body = UsageBody {
+            lease: lease_id,
+            gpu_uuid: lease.gpus[gpu_index].1.clone(),
+            seq: chain.accepted + 1,
+            start_ms,
+            end_ms,
+            available_ms,
+            utilisation_percent: 90,
+            memory_used_mib_max: 40_000,
+            unhealthy_samples: 0,
+            prev_hash: chain.prev_hash.clone(),
+        };
+        let started = std::time::Instant::now();
+        let report = UsageReport::sign(body, &supplier.key);
+        let mut events = Vec::new();
+        let outcome = self.exchange.report(self.now_ms, account, &report, &mut events);
+        self.report_wall += started.elapsed();
+        self.observe(&events);
+        match outcome {
+            Ok(UsageOutcome::Accepted { .. }) => {
+                let lease = self.leases.get_mut(&lease_id).expect("reported leases exist");
+                let chain = &mut lease.chains[gpu_index];
+                chain.accepted += 1;
+                chain.prev_hash = report.hash();
+                chain.last_end_ms = end_ms;
+                chain.last_report = Some(report);
+            }
+            Ok(UsageOutcome::Duplicate) => {}
+            Err(code) => {
+                *self.metrics.faults.honest_reports_refused.entry(format!("{code:?}")).or_default() += 1;
+                if code == gpux_settlement::UsageRejectCode::BillingClosed {
+                    if let Some(lease) = self.leases.get_mut(&lease_id) {
+                        lease.late = true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One dishonest report of the supplier's kind about one of its leases.
+    pub(super) fn cheat(&mut self, lease_id: LeaseId) {
+        let lease = self.leases.get(&lease_id).expect("cheated leases exist");
+        let supplier_index = lease.supplier as usize;
+        let Some(kind) = self.population.suppliers[supplier_index].cheat else { return };
+        let chain = lease.chains[0].clone();
+        let now = self.now_ms;
+        let mut body = UsageBody {
+            lease: lease_id,
+            gpu_uuid: lease.gpus[0].1.clone(),
+            seq: chain.accepted + 1,
+            start_ms: chain.last_end_ms,
+            end_ms: now.max(chain.last_end_ms + 60_000),
+            available_ms: 0,
+            utilisation_percent: 100,
+            memory_used_mib_max: 80_000,
+            unhealthy_samples: 0,
+            prev_hash: chain.prev_hash.clone(),
+        };
+        body.available_ms = body.end_ms - body.start_ms;
+        let mut key = self.suppliers[supplier_index].key.clone();
+        let mut reports = Vec::new();
+        match kind {
+            SupplierCheat::InflateAvailable => body.available_ms = (body.end_ms - body.start_ms) * 3 / 2 + 1,
+            SupplierCheat::ClaimFuture => {
+                body.end_ms = now + 6 * MS_PER_HOUR;
+                body.available_ms = body.end_ms - body.start_ms;
+            }
+            SupplierCheat::Replay => {
+                let Some(old) = chain.last_report.clone() else { return };
+                let mut altered = old.body.clone();
+                altered.end_ms += 60 * 60_000;
+                altered.available_ms = altered.end_ms - altered.start_ms;
+                reports.push(UsageReport::sign(altered, &key));
+                reports.push(old);
+            }
+            SupplierCheat::Forge => {
+                let mut seed = [0u8; 32];
+                self.rng.fill(&mut seed);
+                key = SigningKey::from_bytes(&seed);
+            }
+            SupplierCheat::PhantomGpu => body.gpu_uuid = format!("GPU-phantom-{supplier_index}"),
+            SupplierCheat::DoubleCount => {
+                if chain.accepted == 0 {
+                    return;
+                }
+                body.start_ms = chain.last_end_ms - 30 * 60_000;
+                body.available_ms = body.end_ms - body.start_ms;
+            }
+            SupplierCheat::BeforeLease => {
+                body.start_ms = lease.start_ms.saturating_sub(2 * MS_PER_HOUR);
+                body.end_ms = lease.start_ms.saturating_sub(MS_PER_HOUR);
+                body.available_ms = MS_PER_HOUR;
+                body.seq = 1;
+                body.prev_hash = genesis_hash();
+                if chain.accepted > 0 {
+                    body.seq = chain.accepted + 1;
+                    body.prev_hash = chain.prev_hash.clone();
+                }
+            }
+            SupplierCheat::ForeignLease => {
+                // Someone else's lease, claimed with the cheater's own key.
+                let Some((&other, other_lease)) = self.leases.iter().find(|(_, l)| l.supplier as usize != supplier_index) else { return };
+                body.lease = other;
+                body.gpu_uuid = other_lease.gpus[0].1.clone();
+                body.seq = 1;
+                body.prev_hash = genesis_hash();
+                body.start_ms = other_lease.start_ms;
+                body.end_ms = now.max(other_lease.start_ms + 1);
+                body.available_ms = body.end_ms - body.start_ms;
+            }
+            SupplierCheat::DoubleSell => return,
+        }
+        if reports.is_empty() {
+            reports.push(UsageReport::sign(body, &key));
+        }
+        let account = self.suppliers[supplier_index].account;
+        for report in reports {
+            let payable_before = self.payable(account);
+            let mut events = Vec::new();
+            let outcome = self.exchange.report(self.now_ms, account, &report, &mut events);
+            self.observe(&events);
+            let moved = self.payable(account).saturating_sub(payable_before);
+            let stats: &mut CheatStats = self.metrics.cheats.entry(kind).or_default();
+            stats.attempts += 1;
+            stats.moved_minor += moved;
+            match outcome {
+                Err(code) => {
+                    stats.caught += 1;
+                    *stats.codes.entry(format!("{code:?}")).or_default() += 1;
+                }
+                Ok(UsageOutcome::Duplicate) => {
+                    stats.caught += 1;
+                    *stats.codes.entry("duplicate (nothing moved)".into()).or_default() += 1;
+                }
+                Ok(UsageOutcome::Accepted { .. }) => {}
+            }
+        }
+    }
+
+    pub(super) fn payable(&self, account: AccountId) -> u64 {
+        self.exchange.engine().balances(account).map_or(0, |b| b.payable_minor + b.available_minor)
+    }
+}
