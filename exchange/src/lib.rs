@@ -42,6 +42,9 @@ pub struct ExchangeConfig {
     /// Runs the exchange's clock this far ahead of the wall clock (demos and
     /// tests that must reach a reserved window's start); 0 in production.
     pub clock_offset_ms: i64,
+    /// Called once with the gateway's URL when it listens (the port may have
+    /// been chosen by the OS): the binary starts its live simulated market here.
+    pub on_listening: Option<Box<dyn FnOnce(&str) + Send>>,
 }
 
 /// The default fee on usage: 2.5%.
@@ -105,6 +108,9 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
             tokio::spawn(console::serve(console_listener, gateway_url.clone()));
         }
         say(&format!("listening on {gateway_url}"));
+        if let Some(on_listening) = config.on_listening {
+            on_listening(&gateway_url);
+        }
         let server = tokio::spawn(gateway::serve(listener, requests, stopped, config.limits, metrics, tls));
         match stop_on {
             Stop::Signals => wait_for_signal().await,

@@ -88,9 +88,7 @@ fn main() -> Result<()> {
             .with_context(|| format!("--operator-key {key}: expected 64 hex digits (an ed25519 public key)"))?;
         operator_keys.insert(bytes);
     }
-    if args.sim {
-        start_live_market(&args, &mut operator_keys)?;
-    }
+    let on_listening = if args.sim { Some(live_market(&args, &mut operator_keys)?) } else { None };
     let tls = args.tls_cert.zip(args.tls_key);
     if tls.is_none() && !args.listen.ip().is_loopback() {
         anyhow::bail!("plain ws:// is for loopback development only: give --tls-cert and --tls-key to listen on {}", args.listen);
@@ -118,13 +116,14 @@ fn main() -> Result<()> {
         tls,
         billing: gpux_exchange::core::BillingPolicy { fee_bps: args.fee_bps, grace_ms: args.billing_grace_ms },
         clock_offset_ms: args.clock_offset_ms,
+        on_listening,
     })?;
     Ok(())
 }
 
-/// Starts the live simulated market on its own thread, with an operator key
-/// made for this run (it funds the simulated renters).
-fn start_live_market(args: &Args, operator_keys: &mut BTreeSet<[u8; 32]>) -> Result<()> {
+/// The live simulated market, started on its own thread once the gateway
+/// listens, with an operator key made for this run (it funds the renters).
+fn live_market(args: &Args, operator_keys: &mut BTreeSet<[u8; 32]>) -> Result<Box<dyn FnOnce(&str) + Send>> {
     if args.tls_cert.is_some() {
         anyhow::bail!("--sim drives the exchange over plain ws:// on loopback: leave out --tls-cert");
     }
@@ -132,24 +131,23 @@ fn start_live_market(args: &Args, operator_keys: &mut BTreeSet<[u8; 32]>) -> Res
     getrandom::fill(&mut secret).map_err(|e| anyhow::anyhow!("no randomness for the simulated operator's key: {e}"))?;
     let operator_key = ed25519_dalek::SigningKey::from_bytes(&secret);
     operator_keys.insert(operator_key.verifying_key().to_bytes());
-    let options = gpux_sim::live::LiveOptions {
-        url: format!("ws://{}", args.listen),
-        operator_key,
-        suppliers: args.sim_suppliers,
-        renters: args.sim_renters,
-        seed: u64::from_le_bytes(secret[..8].try_into().expect("8 bytes")),
-    };
-    eprintln!(
-        "live simulated market: {} suppliers and {} renters trading on {} (watch a book: gpux book H100-SXM-80G/SPOT)",
-        options.suppliers, options.renters, options.url
-    );
-    std::thread::Builder::new().name("live-market".into()).spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime for the live market");
-        if let Err(error) = runtime.block_on(gpux_sim::live::run(options)) {
-            eprintln!("live simulated market stopped: {error:#}");
+    let (suppliers, renters) = (args.sim_suppliers, args.sim_renters);
+    let seed = u64::from_le_bytes(secret[..8].try_into().expect("8 bytes"));
+    Ok(Box::new(move |url: &str| {
+        let options = gpux_sim::live::LiveOptions { url: url.to_string(), operator_key, suppliers, renters, seed };
+        eprintln!(
+            "live simulated market: {suppliers} suppliers and {renters} renters trading on {url} (watch a book: gpux book H100-SXM-80G/SPOT)"
+        );
+        let started = std::thread::Builder::new().name("live-market".into()).spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime for the live market");
+            if let Err(error) = runtime.block_on(gpux_sim::live::run(options)) {
+                eprintln!("live simulated market stopped: {error:#}");
+            }
+        });
+        if let Err(error) = started {
+            eprintln!("live simulated market not started: {error}");
         }
-    })?;
-    Ok(())
+    }))
 }
 
 #[derive(clap::Subcommand)]

@@ -53,6 +53,7 @@ impl Exchange {
             tls: None,
             billing: gpux_exchange::core::BillingPolicy { fee_bps: 250, grace_ms: gpux_exchange::BILLING_GRACE_MS_DEFAULT },
             clock_offset_ms: 0,
+            on_listening: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || {
