@@ -24,6 +24,9 @@ use tokio::sync::watch;
 /// Requests queued for the sequencer before clients are told to slow down.
 pub const SEQUENCER_QUEUE_MAX: usize = 1 << 16;
 
+/// What to do once the gateway listens, given its URL.
+pub type OnListening = Box<dyn FnOnce(&str) + Send>;
+
 pub struct ExchangeConfig {
     pub data_dir: PathBuf,
     pub listen: SocketAddr,
@@ -44,7 +47,7 @@ pub struct ExchangeConfig {
     pub clock_offset_ms: i64,
     /// Called once with the gateway's URL when it listens (the port may have
     /// been chosen by the OS): the binary starts its live simulated market here.
-    pub on_listening: Option<Box<dyn FnOnce(&str) + Send>>,
+    pub on_listening: Option<OnListening>,
 }
 
 /// The default fee on usage: 2.5%.

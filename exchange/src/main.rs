@@ -123,7 +123,7 @@ fn main() -> Result<()> {
 
 /// The live simulated market, started on its own thread once the gateway
 /// listens, with an operator key made for this run (it funds the renters).
-fn live_market(args: &Args, operator_keys: &mut BTreeSet<[u8; 32]>) -> Result<Box<dyn FnOnce(&str) + Send>> {
+fn live_market(args: &Args, operator_keys: &mut BTreeSet<[u8; 32]>) -> Result<gpux_exchange::OnListening> {
     if args.tls_cert.is_some() {
         anyhow::bail!("--sim drives the exchange over plain ws:// on loopback: leave out --tls-cert");
     }
