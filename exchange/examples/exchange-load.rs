@@ -115,6 +115,7 @@ async fn login(addr: &str, key: &SigningKey, role: Role) -> (Socket, AccountId) 
         public_key: hex::encode(key.verifying_key().to_bytes()),
         signature: hex::encode(key.sign(&auth_payload(&nonce)).to_bytes()),
         role: Some(role),
+        cancel_on_disconnect: false,
     };
     socket.send(Message::Binary(encode_client_binary(&auth).into())).await.expect("send");
     loop {

@@ -87,6 +87,7 @@ pub enum Request {
         id: u64,
         public_key: [u8; 32],
         role: Option<Role>,
+        cancel_on_disconnect: bool,
     },
     Command {
         connection: ConnectionId,
@@ -151,6 +152,8 @@ struct Connection {
     outbound: Outbound,
     account: Option<AccountId>,
     subscriptions: BTreeSet<(Channel, InstrumentId)>,
+    /// Cancel the account's orders when its last session ends.
+    cancel_on_disconnect: bool,
 }
 
 pub struct Sequencer {
@@ -410,9 +413,14 @@ impl Sequencer {
     fn handle(&mut self, request: Request) {
         match request {
             Request::Connect { connection, outbound } => {
-                self.connections.insert(connection, Connection { outbound, account: None, subscriptions: BTreeSet::new() });
+                self.connections.insert(
+                    connection,
+                    Connection { outbound, account: None, subscriptions: BTreeSet::new(), cancel_on_disconnect: false },
+                );
             }
-            Request::Authenticate { connection, id, public_key, role } => self.authenticate(connection, id, public_key, role),
+            Request::Authenticate { connection, id, public_key, role, cancel_on_disconnect } => {
+                self.authenticate(connection, id, public_key, role, cancel_on_disconnect)
+            }
             Request::Command { connection, id, command } => self.apply_command(Some(connection), id, command),
             Request::Subscribe { connection, id, channel, instrument } => self.subscribe(connection, id, channel, instrument),
             Request::Unsubscribe { connection, id, channel, instrument } => {
@@ -501,7 +509,7 @@ impl Sequencer {
         }
     }
 
-    fn authenticate(&mut self, connection: ConnectionId, id: u64, public_key: [u8; 32], role: Option<Role>) {
+    fn authenticate(&mut self, connection: ConnectionId, id: u64, public_key: [u8; 32], role: Option<Role>, cancel_on_disconnect: bool) {
         let account = match (self.keys.get(&public_key).copied(), role) {
             (Some(account), _) => Some(account),
             (None, Some(Role::Operator)) if !self.operator_keys.contains(&public_key) => None,
@@ -516,6 +524,7 @@ impl Sequencer {
         let role = self.engine.role(account).expect("bound accounts exist");
         if let Some(state) = self.connections.get_mut(&connection) {
             state.account = Some(account);
+            state.cancel_on_disconnect = cancel_on_disconnect;
             self.connections_of.entry(account).or_default().insert(connection);
         }
         self.reply(connection, ServerMessage::Authenticated { id, account, role });
@@ -634,12 +643,18 @@ impl Sequencer {
     }
 
     fn disconnect(&mut self, connection: ConnectionId) {
-        if let Some(state) = self.connections.remove(&connection) {
-            if let Some(account) = state.account {
-                if let Some(set) = self.connections_of.get_mut(&account) {
-                    set.remove(&connection);
-                }
+        let Some(state) = self.connections.remove(&connection) else { return };
+        let Some(account) = state.account else { return };
+        let last = match self.connections_of.get_mut(&account) {
+            Some(set) => {
+                set.remove(&connection);
+                set.is_empty()
             }
+            None => true,
+        };
+        if state.cancel_on_disconnect && last {
+            // Journaled like any command, so replay cancels the same orders.
+            self.apply_command(None, 0, Command::MassCancel { account, instrument: None });
         }
     }
 

@@ -368,12 +368,12 @@ impl Connection {
             (_, ClientMessage::Ping { id }) => vec![ServerMessage::Pong { id, server_time_ms: wall_clock_ms() }],
             (Session::Authenticated { .. }, ClientMessage::Auth { .. }) => vec![error(Some(id), ErrorCode::AlreadyAuthenticated, None)],
             (Session::Authenticating, ClientMessage::Auth { .. }) => vec![error(Some(id), ErrorCode::AuthFailed, None)],
-            (Session::Challenged { nonce }, ClientMessage::Auth { id, public_key, signature, role }) => {
+            (Session::Challenged { nonce }, ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect }) => {
                 let nonce = *nonce;
                 match verify(&nonce, &public_key, &signature) {
                     Some(public_key) => {
                         self.session = Session::Authenticating;
-                        self.forward(id, Request::Authenticate { connection: self.id, id, public_key, role })
+                        self.forward(id, Request::Authenticate { connection: self.id, id, public_key, role, cancel_on_disconnect })
                     }
                     None => vec![error(Some(id), ErrorCode::AuthFailed, None), self.new_challenge()],
                 }

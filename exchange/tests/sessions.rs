@@ -457,3 +457,46 @@ async fn statements_show_every_transfer_and_the_fee() {
     assert_eq!(csv.lines().count() - 1, renter_lines.len(), "the CSV lists the same transfers");
     assert!(csv.contains(&format!(",held:{renter},payable:1,1000,{lease}")), "{csv}");
 }
+
+/// An agent's asks must not outlive the agent: a session that logs in with
+/// `cancel_on_disconnect` takes the account's open orders with it when it was
+/// the account's last session (and not before); a session without it leaves
+/// them resting.
+#[tokio::test]
+async fn cancel_on_disconnect_cancels_the_accounts_orders_when_its_last_session_ends() {
+    let mut m = market().await;
+    let login = |flag: bool| {
+        let addr = m.exchange.addr.clone();
+        async move {
+            let mut client = Client::connect(&addr).await;
+            let ClientMessage::Auth { id, public_key, signature, role, .. } = client.auth_message(&key(2), None) else { unreachable!() };
+            client.send(&ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect: flag }).await;
+            assert!(matches!(client.recv_reply().await, ServerMessage::Authenticated { .. }));
+            client
+        }
+    };
+    // The supplier's ask from `market()` rests; two more sessions of the same account log in.
+    let careful = login(true).await;
+    let plain = login(false).await;
+    drop(plain);
+    let mut watcher = Client::connect(&m.exchange.addr).await;
+    let id = watcher.id();
+    watcher.request_subscribe(id, Channel::Book, InstrumentId(0)).await;
+    drop(careful);
+    // The original session (no flag) is still open: nothing is cancelled yet.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(m.supplier.open_orders().await.len(), 1, "another session of the account is still open");
+
+    // Now the account's last session is one that asked for it.
+    let last = login(true).await;
+    drop(std::mem::replace(&mut m.supplier, last));
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(m.supplier.open_orders().await.len(), 1, "the flagged session is open");
+    let Market { supplier, .. } = m;
+    drop(supplier);
+    let update = watcher.recv_until(|msg| match msg {
+        ServerMessage::BookUpdate { side: Side::Sell, quantity: 0, .. } => Some(()),
+        _ => None,
+    });
+    tokio::time::timeout(std::time::Duration::from_secs(5), update).await.expect("the ask left the book when the last session ended");
+}

@@ -59,6 +59,7 @@ async fn a_tls_listener_serves_wss_and_refuses_plain_websockets() {
         public_key: hex::encode(signing.verifying_key().to_bytes()),
         signature: hex::encode(signing.sign(&auth_payload(&nonce)).to_bytes()),
         role: Some(Role::Renter),
+        cancel_on_disconnect: false,
     };
     socket.send(Message::Text(encode_client_text(&auth).into())).await.expect("send");
     loop {

@@ -106,11 +106,16 @@ pub enum ClientMessage {
     /// Proves the key: `signature` is the ed25519 signature of
     /// `gpux-auth-v1:` followed by the challenge nonce's 32 bytes. `role`
     /// opens a new account for a key the exchange does not know yet.
+    /// `cancel_on_disconnect`: when this session ends and the account has no
+    /// other session, all its open orders are cancelled (a journaled mass
+    /// cancel), so a crashed agent's GPUs stop being sold.
     Auth {
         id: u64,
         public_key: String,
         signature: String,
         role: Option<Role>,
+        #[serde(default)]
+        cancel_on_disconnect: bool,
     },
     Subscribe {
         id: u64,

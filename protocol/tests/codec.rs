@@ -23,7 +23,13 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         supply: Some(GpuSet { host: HostId(3), gpu_mask: 0b11 }),
     };
     vec![
-        ClientMessage::Auth { id: 1, public_key: "ab".repeat(32), signature: "cd".repeat(64), role: Some(Role::Supplier) },
+        ClientMessage::Auth {
+            id: 1,
+            public_key: "ab".repeat(32),
+            signature: "cd".repeat(64),
+            role: Some(Role::Supplier),
+            cancel_on_disconnect: true,
+        },
         ClientMessage::Subscribe { id: 2, channel: Channel::Book, instrument: InstrumentId(0) },
         ClientMessage::Unsubscribe { id: 3, channel: Channel::Trades, instrument: InstrumentId(1) },
         ClientMessage::NewOrder { id: 4, order: ticket },

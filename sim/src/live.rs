@@ -53,7 +53,7 @@ fn price_near(rng: &mut ChaCha8Rng, class_index: usize, low_percent: u64, high_p
 async fn connect(url: &str, key: &SigningKey, role: Role) -> Result<Connection> {
     let mut attempts = 0;
     loop {
-        match Connection::open(url, key, Some(role)).await {
+        match Connection::open_with(url, key, Some(role), role == Role::Supplier).await {
             Ok(connection) => return Ok(connection),
             Err(error) if attempts < 50 => {
                 attempts += 1;

@@ -300,7 +300,7 @@ fn faults_section(md: &mut String, m: &Metrics) {
     let _ = writeln!(
         md,
         "Host crashes {}, network losses {}, leases whose agent stopped reporting {}, leases started on a host that was down \
-         (the exchange learns of a crash only from the missing reports) {}. Honest reports refused: {:?}. Exchange restarts {} \
+         (before its session was seen to be gone, 30 s, when cancel-on-disconnect withdraws its asks) {}. Honest reports refused: {:?}. Exchange restarts {} \
          (snapshot + journal replay, {} entries).",
         f.crashes,
         f.network_losses,

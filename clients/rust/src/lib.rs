@@ -36,6 +36,12 @@ impl Connection {
     /// Connects and logs in with `key`; `role` opens an account for a key
     /// the exchange does not know yet (`None`: the key must have one).
     pub async fn open(url: &str, key: &SigningKey, role: Option<Role>) -> Result<Connection> {
+        Self::open_with(url, key, role, false).await
+    }
+
+    /// `open`, asking the exchange to cancel the account's open orders when
+    /// its last session ends (an agent's asks must not outlive the agent).
+    pub async fn open_with(url: &str, key: &SigningKey, role: Option<Role>, cancel_on_disconnect: bool) -> Result<Connection> {
         let (mut socket, _) = tokio_tungstenite::connect_async(url).await.with_context(|| format!("connecting to {url}"))?;
         let (nonce, clock_offset_ms) = match read(&mut socket).await? {
             ServerMessage::Challenge { nonce, server_time_ms } => (nonce, server_time_ms as i64 - now_ms() as i64),
@@ -50,6 +56,7 @@ impl Connection {
             public_key: hex::encode(key.verifying_key().to_bytes()),
             signature: hex::encode(key.sign(&auth_payload(&nonce)).to_bytes()),
             role,
+            cancel_on_disconnect,
         };
         socket.send(Message::Text(encode_client_text(&auth).into())).await?;
         let mut backlog = std::collections::VecDeque::new();

@@ -160,6 +160,7 @@ impl Client {
             public_key: hex::encode(key.verifying_key().to_bytes()),
             signature: hex::encode(signature.to_bytes()),
             role,
+            cancel_on_disconnect: false,
         }
     }
 

@@ -40,15 +40,23 @@ const SAMPLE_EVERY_MS: u64 = 15 * 60_000;
 /// The share of a renter's spot price it pays for preemptible time.
 const PREEMPT_DISCOUNT_PERCENT: u64 = 55;
 const PATIENCE_MS_MAX: u64 = 2 * MS_PER_HOUR;
+/// How long after a host crashes its agent's session is seen to be gone
+/// (the connection closes; the exchange then cancels the host's asks).
+const SESSION_LOSS_DETECTED_MS: u64 = 30_000;
 
 #[derive(Clone, Copy, Debug)]
 enum Action {
     SupplierWake(u32),
     JobArrival(u32),
     AggregatorWake(u32),
-    Report { lease: LeaseId, last: bool },
+    Report {
+        lease: LeaseId,
+        last: bool,
+    },
     EndLease(LeaseId),
     HostDown(u32),
+    /// The exchange notices a crashed host's session is gone.
+    SessionLost(u32),
     HostUp(u32),
     NetworkDown(u32),
     NetworkUp(u32),
@@ -474,6 +482,15 @@ impl Sim {
             Action::HostDown(index) => {
                 self.suppliers[index as usize].is_down = true;
                 self.metrics.faults.crashes += 1;
+                self.schedule(self.now_ms + SESSION_LOSS_DETECTED_MS, Action::SessionLost(index));
+            }
+            Action::SessionLost(index) => {
+                // The agent logged in with cancel_on_disconnect: the exchange
+                // cancels the host's asks once its session is gone.
+                if self.suppliers[index as usize].is_down {
+                    let account = self.suppliers[index as usize].account;
+                    self.submit(Command::MassCancel { account, instrument: None });
+                }
             }
             Action::HostUp(index) => {
                 self.suppliers[index as usize].is_down = false;
