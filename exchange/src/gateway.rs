@@ -44,13 +44,19 @@ pub const REQUESTS_IN_FLIGHT_MAX: u32 = 1024;
 #[derive(Clone, Copy, Debug)]
 pub struct GatewayLimits {
     pub outbound_frames_max: usize,
+    /// A connection that sends nothing (not even a pong to the gateway's
+    /// pings) for this long is closed `idle_timeout`.
+    pub idle_timeout: std::time::Duration,
 }
 
 impl Default for GatewayLimits {
     fn default() -> Self {
-        GatewayLimits { outbound_frames_max: OUTBOUND_FRAMES_MAX }
+        GatewayLimits { outbound_frames_max: OUTBOUND_FRAMES_MAX, idle_timeout: IDLE_TIMEOUT_DEFAULT }
     }
 }
+
+/// The default idle timeout; the gateway pings every third of it.
+pub const IDLE_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(90);
 /// Sustained messages per second one connection may send.
 pub const MESSAGES_PER_SECOND_MAX: f64 = 5_000.0;
 /// Burst above the sustained rate.
@@ -172,9 +178,22 @@ where
     if sink.send(Message::Text(encode_server_text(&challenge).into())).await.is_err() {
         close = Some(ErrorCode::ShuttingDown);
     }
+    // WebSocket pings find dead and half-open connections (a host that lost
+    // power never closes its socket); client libraries answer them on their own.
+    let mut heartbeat = tokio::time::interval(limits.idle_timeout / 3);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_heard = Instant::now();
     while close.is_none() {
         tokio::select! {
+            _ = heartbeat.tick() => {
+                if last_heard.elapsed() >= limits.idle_timeout {
+                    close = Some(ErrorCode::IdleTimeout);
+                } else if sink.send(Message::Ping(Vec::new().into())).await.is_err() {
+                    break;
+                }
+            }
             frame = incoming.next() => {
+                last_heard = Instant::now();
                 let replies = match frame {
                     Some(Ok(Message::Text(text))) => { connection.binary = false; connection.on_frame(decode_client_text(&text)) }
                     Some(Ok(Message::Binary(bytes))) => { connection.binary = true; connection.on_frame(decode_client_binary(&bytes)) }

@@ -60,6 +60,11 @@ struct Args {
     /// Simulated renters in the live market (with --sim).
     #[arg(long, default_value_t = 16)]
     sim_renters: u32,
+    /// Close a connection that sent nothing, not even a pong to the
+    /// gateway's pings, for this long (ms); its session ends (and with
+    /// cancel_on_disconnect, its orders).
+    #[arg(long, default_value_t = gpux_exchange::gateway::IDLE_TIMEOUT_DEFAULT.as_millis() as u64)]
+    idle_timeout_ms: u64,
     /// Frames queued to one connection before it is closed as a slow consumer.
     #[arg(long, default_value_t = gpux_exchange::gateway::OUTBOUND_FRAMES_MAX)]
     outbound_frames_max: usize,
@@ -96,7 +101,13 @@ fn main() -> Result<()> {
     if args.outbound_frames_max == 0 {
         anyhow::bail!("--outbound-frames-max must be at least 1");
     }
-    let limits = gpux_exchange::gateway::GatewayLimits { outbound_frames_max: args.outbound_frames_max };
+    if args.idle_timeout_ms < 300 {
+        anyhow::bail!("--idle-timeout-ms must be at least 300");
+    }
+    let limits = gpux_exchange::gateway::GatewayLimits {
+        outbound_frames_max: args.outbound_frames_max,
+        idle_timeout: std::time::Duration::from_millis(args.idle_timeout_ms),
+    };
     let metrics_listen = match args.metrics_listen.as_str() {
         "off" => None,
         address => Some(address.parse::<SocketAddr>().with_context(|| format!("--metrics-listen {address}: expected host:port or off"))?),

@@ -252,13 +252,16 @@ async fn a_connection_that_does_not_read_its_feed_is_closed_as_a_slow_consumer()
 async fn a_connection_over_its_message_rate_is_told_so_and_stays_open() {
     let m = market().await;
     let mut renter = m.renter;
-    for id in 0..15_000u64 {
+    // Twice the burst: even a slow sender (the bucket refills 5 000/s while
+    // it sends) goes over the limit unless sending takes over 4 s.
+    const PINGS: u64 = 30_000;
+    for id in 0..PINGS {
         renter.send_nowait(&ClientMessage::Ping { id }).await;
     }
     renter.flush().await;
     let mut limited = 0;
     let mut pongs = 0;
-    while limited + pongs < 15_000 {
+    while limited + pongs < PINGS {
         match renter.recv_reply().await {
             ServerMessage::Error { code: ErrorCode::RateLimited, .. } => limited += 1,
             ServerMessage::Pong { .. } => pongs += 1,
@@ -499,4 +502,46 @@ async fn cancel_on_disconnect_cancels_the_accounts_orders_when_its_last_session_
         _ => None,
     });
     tokio::time::timeout(std::time::Duration::from_secs(5), update).await.expect("the ask left the book when the last session ended");
+}
+
+/// A peer that goes silent (a host that lost power leaves a half-open
+/// socket) answers none of the gateway's pings: after the idle timeout its
+/// connection is closed `idle_timeout`, its session ends, and with
+/// `cancel_on_disconnect` its ask leaves the book. A peer that keeps reading
+/// answers the pings on its own and stays.
+#[tokio::test]
+async fn a_silent_connection_is_closed_and_its_orders_cancelled() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start_with(dir.path(), Some(&key(1)), &["--idle-timeout-ms", "1500"]);
+    let mut supplier = Client::connect(&exchange.addr).await;
+    let ClientMessage::Auth { id, public_key, signature, role, .. } = supplier.auth_message(&key(2), Some(Role::Supplier)) else {
+        unreachable!()
+    };
+    supplier.send(&ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect: true }).await;
+    assert!(matches!(supplier.recv_reply().await, ServerMessage::Authenticated { .. }));
+    let id = supplier.id();
+    let registered =
+        supplier.request(ClientMessage::RegisterGpu { id, host: "node-1".into(), gpu_uuid: "GPU-1".into(), spec: h100_spec() }).await;
+    assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
+    let mut ask = ticket(1, Side::Sell, USD_2, 1);
+    ask.supply = Some(GpuSet { host: HostId(0), gpu_mask: 1 });
+    assert!(matches!(supplier.place(ask).await, ServerMessage::Ack { order: Some(_), .. }));
+
+    let mut watcher = Client::connect(&exchange.addr).await;
+    let id = watcher.id();
+    watcher.request_subscribe(id, Channel::Book, InstrumentId(0)).await;
+    // From here the supplier reads nothing, so it answers no ping.
+    let gone = watcher.recv_until(|message| match message {
+        ServerMessage::BookUpdate { side: Side::Sell, quantity: 0, .. } => Some(()),
+        _ => None,
+    });
+    tokio::time::timeout(std::time::Duration::from_secs(10), gone).await.expect("the silent supplier's ask left the book");
+    // The connection is closed (reading it now ends within 5 s). The close
+    // frame says `idle_timeout`, but this client may see a reset first: on
+    // reading it answers the queued pings on a socket the exchange closed.
+    let reason = supplier.closed_reason().await;
+    assert!(reason == "idle_timeout" || reason.is_empty(), "{reason}");
+    let id = watcher.id();
+    watcher.send(&ClientMessage::Ping { id }).await;
+    assert!(matches!(watcher.recv_reply().await, ServerMessage::Pong { .. }), "the reading watcher is still connected");
 }

@@ -460,6 +460,9 @@ pub enum ErrorCode {
     SlowConsumer,
     /// The exchange is shutting down (close reason).
     ShuttingDown,
+    /// Nothing came from the peer, not even a pong to the exchange's pings,
+    /// for the idle timeout (close reason): a dead or half-open connection.
+    IdleTimeout,
 }
 
 impl ErrorCode {
@@ -481,6 +484,7 @@ impl ErrorCode {
             NotSubscribed => "no such subscription on this connection",
             SlowConsumer => "the connection fell too far behind the feed",
             ShuttingDown => "the exchange is shutting down",
+            IdleTimeout => "nothing came from this connection for the idle timeout, not even a pong",
         }
     }
 }

@@ -29,7 +29,7 @@ fn start_exchange(data_dir: &Path, operator_public_key: [u8; 32]) -> Exchange {
         listen: format!("127.0.0.1:{port}").parse().expect("address"),
         operator_keys: [operator_public_key].into_iter().collect(),
         engine: EngineConfig::demo(),
-        limits: gpux_exchange::gateway::GatewayLimits { outbound_frames_max: 4_096 },
+        limits: gpux_exchange::gateway::GatewayLimits::default(),
         metrics_listen: None,
         console_listen: None,
         tls: None,
