@@ -94,6 +94,17 @@ fn run(args: Args) -> Result<()> {
                     write_events(&mut out, &events)?;
                 }
                 JournalEntry::UsageReport { .. } => {}
+                // Delivery records move no money (a host's failure ends its lease
+                // through its own engine entry); they are written as they are,
+                // secrets sealed, so the audit trail shows every delivery step.
+                delivery @ (JournalEntry::BidWorkload { .. }
+                | JournalEntry::LeaseWorkload { .. }
+                | JournalEntry::EncryptionKey { .. }
+                | JournalEntry::DeliveryStatus { .. }) => {
+                    if !args.commands_only {
+                        writeln!(out, "{}", serde_json::to_string(&delivery)?)?;
+                    }
+                }
             }
             replayed += 1;
         }

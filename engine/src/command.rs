@@ -225,6 +225,14 @@ pub enum Command {
         account: AccountId,
         lease: LeaseId,
     },
+    /// The supplier's host could not deliver the lease's workload (its own
+    /// fault, docs/market-rules.md "Delivery"): the lease ends
+    /// `delivery_failed`; what the renter prepaid and was not charged for is
+    /// released at billing close, and no rest of a window is charged.
+    FailLeaseDelivery {
+        account: AccountId,
+        lease: LeaseId,
+    },
     /// Settlement verified `verified_gpu_ms` more of a lease's GPU-time and
     /// charges `amount_minor` for it (escrow first, then available funds).
     /// The amount may be zero when the time is too short to cost a minor unit.

@@ -42,6 +42,8 @@ pub enum LeaseEndReason {
     WindowEnded,
     /// The renter could not fund an open-ended lease's escrow after notice.
     Unfunded,
+    /// The supplier's host failed to deliver the workload (host's fault).
+    DeliveryFailed,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -248,6 +248,16 @@ const CASES: &[Case] = &[
         f.market.apply(Command::EndLease { account: renter, lease });
         Command::EndLease { account: renter, lease }
     }),
+    ("failing the delivery of a lease that does not exist", RejectCode::UnknownLease, |f| Command::FailLeaseDelivery {
+        account: f.supplier,
+        lease: LeaseId(999),
+    }),
+    ("a renter failing a lease's delivery", RejectCode::NotYourLease, |f| Command::FailLeaseDelivery { account: f.renter, lease: f.lease }),
+    ("failing an ended lease's delivery", RejectCode::LeaseNotActive, |f| {
+        let (renter, lease) = (f.renter, f.lease);
+        f.market.apply(Command::EndLease { account: renter, lease });
+        Command::FailLeaseDelivery { account: f.supplier, lease }
+    }),
     ("settling nothing", RejectCode::AmountInvalid, |f| Command::SettleUsage { lease: f.lease, amount_minor: 0, verified_gpu_ms: 0 }),
     ("settling usage after the lease's billing closed", RejectCode::LeaseBillingClosed, |f| {
         let (renter, lease) = (f.renter, f.lease);

@@ -217,6 +217,7 @@ async fn connection_load(mut socket: Socket, in_flight: usize, deadline: Instant
                 None => ClientMessage::NewOrder {
                     id: next_id,
                     order: OrderTicket::limit(next_id, InstrumentId(0), Side::Buy, 1_000_000 + (next_id % 100) * 1_000, 1),
+                    workload: None,
                 },
             };
             sent_at.insert(next_id, Instant::now());

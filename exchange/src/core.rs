@@ -14,10 +14,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use gpux_engine::{AccountId, Command, Engine, Event, EventKind, Input, InstrumentId, Role};
-use gpux_protocol::{encode_server_binary, encode_server_text, Channel, ErrorCode, ServerMessage};
+use gpux_engine::{AccountId, Command, Engine, Event, EventKind, Input, InstrumentId, LeaseId, Role};
+use gpux_protocol::{encode_server_binary, encode_server_text, Channel, DeliveryState, ErrorCode, ServerMessage};
 use tokio::sync::{broadcast, mpsc, Notify};
 
+use crate::delivery::{Deliveries, HostEncryptionKey};
 use crate::journal::{Journal, JournalEntry};
 use crate::metrics::Metrics;
 use crate::snapshots::{Snapshot, SnapshotStore, SNAPSHOT_EVERY_ENTRIES};
@@ -146,7 +147,44 @@ pub enum Request {
     Disconnect {
         connection: ConnectionId,
     },
+    /// A bid with a workload for the leases it fills (validated by the gateway).
+    Bid {
+        connection: ConnectionId,
+        id: u64,
+        command: Command,
+        workload: Box<gpux_protocol::Workload>,
+    },
+    /// Lease delivery: workloads, host keys, statuses, logs.
+    Delivery {
+        connection: ConnectionId,
+        id: u64,
+        request: DeliveryRequest,
+    },
 }
+
+/// The delivery requests (docs/protocol.md "Lease delivery").
+pub enum DeliveryRequest {
+    SetWorkload { lease: LeaseId, workload: Box<gpux_protocol::Workload> },
+    SetEncryptionKey { key: [u8; 32], signature: String },
+    HostKey { lease: LeaseId },
+    Status { lease: LeaseId, state: DeliveryState },
+    Query { lease: LeaseId },
+    Logs { lease: LeaseId, tail_bytes: u32 },
+    LogsReply { request: u64, data: String, truncated: bool },
+}
+
+/// A renter's `lease_logs` request waiting for its host's answer.
+struct LogsWait {
+    connection: ConnectionId,
+    id: u64,
+    lease: LeaseId,
+    deadline_ms: u64,
+}
+
+/// How long a renter's `lease_logs` waits for the host.
+pub const LOGS_WAIT_MS: u64 = 10_000;
+/// `lease_logs` requests waiting at once, exchange-wide (one per connection).
+pub const LOGS_PENDING_MAX: usize = 1024;
 
 struct Connection {
     outbound: Outbound,
@@ -184,6 +222,9 @@ pub struct Sequencer {
     snapshots: SnapshotStore,
     /// The journal entry the newest snapshot includes.
     snapshot_seq: u64,
+    deliveries: Deliveries,
+    logs_pending: BTreeMap<u64, LogsWait>,
+    next_logs_request: u64,
 }
 
 enum Target {
@@ -254,6 +295,9 @@ impl Sequencer {
             depth_refreshed_ms: 0,
             snapshots,
             snapshot_seq,
+            deliveries: Deliveries::default(),
+            logs_pending: BTreeMap::new(),
+            next_logs_request: 1,
         };
         if let Some(snapshot) = snapshot {
             sequencer.engine = snapshot.engine;
@@ -265,6 +309,7 @@ impl Sequencer {
             sequencer.book_seq = snapshot.book_seq.into_iter().collect();
             sequencer.trade_seq = snapshot.trade_seq.into_iter().collect();
             sequencer.stats = snapshot.stats;
+            sequencer.deliveries = snapshot.deliveries;
         }
         let count = entries.len() as u64;
         for entry in entries {
@@ -274,6 +319,23 @@ impl Sequencer {
                     let events = sequencer.engine.apply(&input).to_vec();
                     sequencer.count_market_data(&events);
                     sequencer.post(&events);
+                    sequencer.deliveries.observe(&events);
+                }
+                JournalEntry::BidWorkload { account, client_order_id, workload } => {
+                    sequencer.deliveries.bid_workload(account, client_order_id, workload)
+                }
+                JournalEntry::LeaseWorkload { account: _, lease, workload } => {
+                    let supplier = sequencer.engine.lease(lease).map(|l| l.supplier);
+                    if let Some(supplier) = supplier {
+                        sequencer.deliveries.set_lease_workload(lease, supplier, workload);
+                    }
+                }
+                JournalEntry::EncryptionKey { account, key, signature } => {
+                    sequencer.deliveries.set_encryption_key(account, HostEncryptionKey { key, signature })
+                }
+                JournalEntry::DeliveryStatus { at_ms, account, lease, state } => {
+                    sequencer.clock_ms = sequencer.clock_ms.max(at_ms);
+                    sequencer.deliveries.record_status(lease, account, state, at_ms);
                 }
                 JournalEntry::BindKey { public_key, account } => {
                     sequencer.keys.insert(public_key, account);
@@ -319,6 +381,7 @@ impl Sequencer {
             stats: self.stats.clone(),
             settlement: self.settlement.clone(),
             ledger: self.ledger.clone(),
+            deliveries: self.deliveries.clone(),
             state_hash: self.engine.state_hash(),
         };
         // A failed snapshot costs only restart time: the journal has everything.
@@ -372,6 +435,7 @@ impl Sequencer {
         for request in batch {
             self.handle(request);
         }
+        self.expire_logs_requests();
         if !self.entries.is_empty() {
             let started = std::time::Instant::now();
             if let Err(error) = self.journal.append_with_transfers(&self.entries, &self.transfers) {
@@ -506,6 +570,8 @@ impl Sequencer {
                 );
             }
             Request::Disconnect { connection } => self.disconnect(connection),
+            Request::Bid { connection, id, command, workload } => self.bid(connection, id, command, workload),
+            Request::Delivery { connection, id, request } => self.delivery(connection, id, request),
         }
     }
 
@@ -557,6 +623,10 @@ impl Sequencer {
         self.entries.push(JournalEntry::Engine(input));
         let journal_seq = self.journal.next_seq() + self.entries.len() as u64 - 1;
         self.route(&events);
+        for assigned in self.deliveries.observe(&events) {
+            let frame = SharedFrame::new(ServerMessage::Workload { lease: assigned.lease, workload: assigned.workload });
+            self.pending.push((Target::Account(assigned.supplier), Pending::Frame(frame)));
+        }
         let Some(connection) = connection else { return };
         let reply = match events.last().map(|e| e.kind) {
             Some(EventKind::Rejected { code, .. }) => {
@@ -611,6 +681,168 @@ impl Sequencer {
         );
         self.route(&events);
         outcome
+    }
+
+    /// A bid carrying a workload: the workload is journaled right before the
+    /// bid, and every lease the bid fills receives it.
+    fn bid(&mut self, connection: ConnectionId, id: u64, command: Command, workload: Box<gpux_protocol::Workload>) {
+        let Command::PlaceOrder(order) = &command else { return };
+        if order.side != gpux_engine::Side::Buy {
+            self.reply(connection, error(Some(id), ErrorCode::WorkloadNotOnBid));
+            return;
+        }
+        self.entries.push(JournalEntry::BidWorkload {
+            account: order.account,
+            client_order_id: order.client_order_id,
+            workload: workload.clone(),
+        });
+        self.deliveries.bid_workload(order.account, order.client_order_id, workload);
+        self.apply_command(Some(connection), id, command);
+    }
+
+    fn delivery(&mut self, connection: ConnectionId, id: u64, request: DeliveryRequest) {
+        let Some(account) = self.connections.get(&connection).and_then(|c| c.account) else { return };
+        let reply = match request {
+            DeliveryRequest::SetWorkload { lease, workload } => self.set_workload(account, id, lease, workload),
+            DeliveryRequest::SetEncryptionKey { key, signature } => {
+                let identity = self.account_keys.get(&account).copied().unwrap_or([0; 32]);
+                if !gpux_protocol::delivery::encryption_key_certified(&key, &identity, &signature) {
+                    error(Some(id), ErrorCode::EncryptionKeyInvalid)
+                } else {
+                    self.entries.push(JournalEntry::EncryptionKey { account, key, signature: signature.clone() });
+                    self.deliveries.set_encryption_key(account, HostEncryptionKey { key, signature });
+                    ServerMessage::Ack { id, journal_seq: self.last_entry_seq(), order: None }
+                }
+            }
+            DeliveryRequest::HostKey { lease } => match self.engine.lease(lease).filter(|l| l.renter == account) {
+                None => error(Some(id), ErrorCode::UnknownLease),
+                Some(info) => match (self.deliveries.encryption_key(info.supplier), self.account_keys.get(&info.supplier)) {
+                    (Some(key), Some(identity)) => ServerMessage::HostKey {
+                        id,
+                        lease,
+                        encryption_key: hex::encode(key.key),
+                        identity_key: hex::encode(identity),
+                        signature: key.signature.clone(),
+                    },
+                    _ => error(Some(id), ErrorCode::NoEncryptionKey),
+                },
+            },
+            DeliveryRequest::Status { lease, state } => self.delivery_status(account, id, lease, state),
+            DeliveryRequest::Query { lease } => match self.engine.lease(lease).filter(|l| l.renter == account || l.supplier == account) {
+                None => error(Some(id), ErrorCode::UnknownLease),
+                Some(_) => {
+                    let delivery = self.deliveries.lease(lease);
+                    let (state, at_ms) = match delivery.and_then(|d| d.state.clone()) {
+                        Some((state, at_ms)) => (Some(state), Some(at_ms)),
+                        None => (None, None),
+                    };
+                    ServerMessage::LeaseDelivery { id, lease, workload: delivery.and_then(|d| d.workload.clone()), state, at_ms }
+                }
+            },
+            DeliveryRequest::Logs { lease, tail_bytes } => match self.engine.lease(lease).filter(|l| l.renter == account) {
+                None => error(Some(id), ErrorCode::UnknownLease),
+                Some(info) => {
+                    let host_connected = self.connections_of.get(&info.supplier).is_some_and(|c| !c.is_empty());
+                    if !host_connected {
+                        error(Some(id), ErrorCode::HostUnreachable)
+                    } else if self.logs_pending.len() >= LOGS_PENDING_MAX || self.logs_pending.values().any(|w| w.connection == connection)
+                    {
+                        error(Some(id), ErrorCode::RateLimited)
+                    } else {
+                        let request = self.next_logs_request;
+                        self.next_logs_request += 1;
+                        let deadline_ms = self.clock_ms + LOGS_WAIT_MS;
+                        self.logs_pending.insert(request, LogsWait { connection, id, lease, deadline_ms });
+                        let tail_bytes = tail_bytes.min(gpux_protocol::delivery::limits::LOG_TAIL_BYTES_MAX);
+                        let wanted = SharedFrame::new(ServerMessage::LogsWanted { request, lease, tail_bytes });
+                        self.pending.push((Target::Account(info.supplier), Pending::Frame(wanted)));
+                        return;
+                    }
+                }
+            },
+            DeliveryRequest::LogsReply { request, mut data, truncated } => {
+                let supplier_of = |lease| self.engine.lease(lease).map(|l| l.supplier);
+                match self.logs_pending.get(&request) {
+                    Some(wait) if supplier_of(wait.lease) == Some(account) => {
+                        let wait = self.logs_pending.remove(&request).expect("present");
+                        let limit = gpux_protocol::delivery::limits::LOG_TAIL_BYTES_MAX as usize;
+                        let cut = data.len() > limit;
+                        if cut {
+                            let mut start = data.len() - limit;
+                            while !data.is_char_boundary(start) {
+                                start += 1;
+                            }
+                            data = data.split_off(start);
+                        }
+                        let answer = ServerMessage::LeaseLogs { id: wait.id, lease: wait.lease, data, truncated: truncated || cut };
+                        self.reply(wait.connection, answer);
+                    }
+                    // Late (the renter was told the host did not answer) or not this host's.
+                    _ => {}
+                }
+                ServerMessage::Received { id }
+            }
+        };
+        self.reply(connection, reply);
+    }
+
+    fn set_workload(&mut self, account: AccountId, id: u64, lease: LeaseId, workload: Box<gpux_protocol::Workload>) -> ServerMessage {
+        let Some(info) = self.engine.lease(lease).filter(|l| l.renter == account) else {
+            return error(Some(id), ErrorCode::UnknownLease);
+        };
+        if !info.active {
+            return error(Some(id), ErrorCode::LeaseNotActive);
+        }
+        self.entries.push(JournalEntry::LeaseWorkload { account, lease, workload: workload.clone() });
+        self.deliveries.set_lease_workload(lease, info.supplier, workload.clone());
+        let frame = SharedFrame::new(ServerMessage::Workload { lease, workload });
+        self.pending.push((Target::Account(info.supplier), Pending::Frame(frame)));
+        ServerMessage::Ack { id, journal_seq: self.last_entry_seq(), order: None }
+    }
+
+    /// A host's delivery status: journaled, relayed to the renter, counted;
+    /// a failure on the host's side ends the lease `delivery_failed`.
+    fn delivery_status(&mut self, account: AccountId, id: u64, lease: LeaseId, state: DeliveryState) -> ServerMessage {
+        let Some(info) = self.engine.lease(lease).filter(|l| l.supplier == account) else {
+            return error(Some(id), ErrorCode::UnknownLease);
+        };
+        if info.billing_closed {
+            return error(Some(id), ErrorCode::LeaseNotActive);
+        }
+        if !state.valid() {
+            return error(Some(id), ErrorCode::DeliveryStatusInvalid);
+        }
+        let at_ms = self.clock_ms;
+        self.entries.push(JournalEntry::DeliveryStatus { at_ms, account, lease, state: state.clone() });
+        let journal_seq = self.last_entry_seq();
+        self.metrics.observe_delivery_status(&state);
+        if self.deliveries.record_status(lease, account, state.clone(), at_ms) {
+            self.metrics.observe_time_to_running(at_ms.saturating_sub(info.start_ms));
+        }
+        let host_failed = matches!(state, DeliveryState::Failed { fault: gpux_protocol::Fault::Host, .. });
+        let frame = SharedFrame::new(ServerMessage::Delivery { lease, state, at_ms });
+        self.pending.push((Target::Account(info.renter), Pending::Frame(frame)));
+        if host_failed && info.active {
+            // Journaled like any command: replay ends the lease the same way.
+            self.apply_command(None, 0, Command::FailLeaseDelivery { account, lease });
+        }
+        ServerMessage::Ack { id, journal_seq, order: None }
+    }
+
+    /// Tells renters whose hosts did not send the logs in time.
+    fn expire_logs_requests(&mut self) {
+        let now = self.clock_ms;
+        let expired: Vec<u64> = self.logs_pending.iter().filter(|(_, w)| w.deadline_ms <= now).map(|(r, _)| *r).collect();
+        for request in expired {
+            if let Some(wait) = self.logs_pending.remove(&request) {
+                self.reply(wait.connection, error(Some(wait.id), ErrorCode::HostUnreachable));
+            }
+        }
+    }
+
+    /// The sequence number the newest entry of this batch will have.
+    fn last_entry_seq(&self) -> u64 {
+        self.journal.next_seq() + self.entries.len() as u64 - 1
     }
 
     fn subscribe(&mut self, connection: ConnectionId, id: u64, channel: Channel, instrument: InstrumentId) {

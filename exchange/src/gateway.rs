@@ -29,7 +29,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
-use crate::core::{wall_clock_ms, ConnectionId, Outbound, Outgoing, Request, SharedFrame};
+use crate::core::{wall_clock_ms, ConnectionId, DeliveryRequest, Outbound, Outgoing, Request, SharedFrame};
 use crate::metrics::Metrics;
 
 /// Frames queued for one connection before it counts as a slow consumer
@@ -329,23 +329,8 @@ impl Connection {
     /// Tracks the outcome of authentication as the sequencer reports it;
     /// returns a fresh challenge to send after a refusal.
     fn observe(&mut self, message: &ServerMessage) -> Option<ServerMessage> {
-        let answers_a_request = matches!(
-            message,
-            ServerMessage::Authenticated { .. }
-                | ServerMessage::Ack { .. }
-                | ServerMessage::Reject { .. }
-                | ServerMessage::Error { id: Some(_), .. }
-                | ServerMessage::Subscribed { .. }
-                | ServerMessage::Unsubscribed { .. }
-                | ServerMessage::Instruments { .. }
-                | ServerMessage::Orders { .. }
-                | ServerMessage::Stats { .. }
-                | ServerMessage::Gpus { .. }
-                | ServerMessage::UsageAccepted { .. }
-                | ServerMessage::Balance { .. }
-                | ServerMessage::Statement { .. }
-                | ServerMessage::UsageRejected { .. }
-        );
+        // One source of truth for what answers a request: the protocol's own.
+        let answers_a_request = message.answer_to().is_some();
         if answers_a_request {
             self.awaiting = self.awaiting.saturating_sub(1);
         }
@@ -417,6 +402,7 @@ impl Connection {
     fn authenticated(&mut self, account: AccountId, role: Role, message: ClientMessage) -> Vec<ServerMessage> {
         let connection = self.id;
         let command = |id, command| Request::Command { connection, id, command };
+        let delivery = |id, request| Request::Delivery { connection, id, request };
         // Only an operator acts on another account's funds.
         let on_behalf_of = |named: Option<AccountId>| match named {
             Some(named) if named != account && role != Role::Operator => None,
@@ -433,7 +419,30 @@ impl Connection {
             ClientMessage::UsageReport { id, report } => Request::Usage { connection, id, report: Box::new(report) },
             ClientMessage::Balance { id } => Request::Balance { connection, id },
             ClientMessage::Statement { id, after } => Request::Statement { connection, id, after },
-            ClientMessage::NewOrder { id, order } => command(id, Command::PlaceOrder(order.into_order(account))),
+            ClientMessage::NewOrder { id, order, workload: None } => command(id, Command::PlaceOrder(order.into_order(account))),
+            ClientMessage::NewOrder { id, order, workload: Some(workload) } => {
+                if let Err(refused) = workload.validate() {
+                    return vec![error(Some(id), refused.into(), Some(refused.to_string()))];
+                }
+                Request::Bid { connection, id, command: Command::PlaceOrder(order.into_order(account)), workload }
+            }
+            ClientMessage::SetWorkload { id, lease, workload } => {
+                if let Err(refused) = workload.validate() {
+                    return vec![error(Some(id), refused.into(), Some(refused.to_string()))];
+                }
+                delivery(id, DeliveryRequest::SetWorkload { lease, workload })
+            }
+            ClientMessage::SetEncryptionKey { id, encryption_key, signature } => {
+                match hex::decode(&encryption_key).ok().and_then(|bytes| <[u8; 32]>::try_from(bytes).ok()) {
+                    Some(key) if signature.len() == 128 => delivery(id, DeliveryRequest::SetEncryptionKey { key, signature }),
+                    _ => return vec![error(Some(id), ErrorCode::EncryptionKeyInvalid, None)],
+                }
+            }
+            ClientMessage::HostKey { id, lease } => delivery(id, DeliveryRequest::HostKey { lease }),
+            ClientMessage::DeliveryStatus { id, lease, state } => delivery(id, DeliveryRequest::Status { lease, state }),
+            ClientMessage::LeaseDelivery { id, lease } => delivery(id, DeliveryRequest::Query { lease }),
+            ClientMessage::LeaseLogs { id, lease, tail_bytes } => delivery(id, DeliveryRequest::Logs { lease, tail_bytes }),
+            ClientMessage::Logs { id, request, data, truncated } => delivery(id, DeliveryRequest::LogsReply { request, data, truncated }),
             ClientMessage::CancelOrder { id, order } => command(id, Command::CancelOrder { account, order }),
             ClientMessage::ReplaceOrder { id, order, price_minor_per_gpu_hour, quantity } => {
                 command(id, Command::ReplaceOrder { account, order, price_minor_per_gpu_hour, quantity })
@@ -472,7 +481,9 @@ impl Connection {
             | Request::Usage { id, .. }
             | Request::Balance { id, .. }
             | Request::Statement { id, .. }
-            | Request::Authenticate { id, .. } => *id,
+            | Request::Authenticate { id, .. }
+            | Request::Bid { id, .. }
+            | Request::Delivery { id, .. } => *id,
             Request::Connect { .. } | Request::Disconnect { .. } => 0,
         };
         self.forward(id, request)

@@ -37,6 +37,32 @@ pub enum JournalEntry {
         account: AccountId,
         report: gpux_protocol::UsageReport,
     },
+    /// A bid's workload; the bid's own `Engine` entry follows it directly.
+    /// The secret part is sealed (never in clear here).
+    BidWorkload {
+        account: AccountId,
+        client_order_id: u64,
+        workload: Box<gpux_protocol::Workload>,
+    },
+    /// A renter set the workload of its lease.
+    LeaseWorkload {
+        account: AccountId,
+        lease: gpux_engine::LeaseId,
+        workload: Box<gpux_protocol::Workload>,
+    },
+    /// A host published its encryption key (signature checked before journaling).
+    EncryptionKey {
+        account: AccountId,
+        key: [u8; 32],
+        signature: String,
+    },
+    /// A host reported a lease's delivery status at `at_ms`.
+    DeliveryStatus {
+        at_ms: u64,
+        account: AccountId,
+        lease: gpux_engine::LeaseId,
+        state: gpux_protocol::DeliveryState,
+    },
 }
 
 pub struct Journal {

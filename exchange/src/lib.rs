@@ -5,6 +5,7 @@
 
 pub mod console;
 pub mod core;
+pub mod delivery;
 pub mod gateway;
 pub mod journal;
 pub mod metrics;

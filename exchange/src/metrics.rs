@@ -29,7 +29,16 @@ pub struct Metrics {
     commit_count: AtomicU64,
     commit_nanos: AtomicU64,
     pub book_depth: Mutex<String>,
+    delivery_statuses: [AtomicU64; DELIVERY_STATES.len()],
+    running_buckets: [AtomicU64; RUNNING_BUCKETS_SECONDS.len()],
+    running_count: AtomicU64,
+    running_millis: AtomicU64,
 }
+
+/// Delivery status names, as `gpux_delivery_statuses_total{state=...}` labels.
+const DELIVERY_STATES: [&str; 7] = ["awaiting_secrets", "pulling", "starting", "running", "exited", "failed", "stopped"];
+/// Upper bounds (seconds) of the time-to-running histogram.
+const RUNNING_BUCKETS_SECONDS: [f64; 11] = [0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 360.0, 900.0];
 
 impl Metrics {
     pub fn observe_commit(&self, took: Duration) {
@@ -41,6 +50,24 @@ impl Metrics {
         }
         self.commit_count.fetch_add(1, Ordering::Relaxed);
         self.commit_nanos.fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    pub fn observe_delivery_status(&self, state: &gpux_protocol::DeliveryState) {
+        if let Some(index) = DELIVERY_STATES.iter().position(|name| *name == state.name()) {
+            self.delivery_statuses[index].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Time from a lease's start to its workload's first `running`.
+    pub fn observe_time_to_running(&self, millis: u64) {
+        let seconds = millis as f64 / 1e3;
+        for (bucket, bound) in self.running_buckets.iter().zip(RUNNING_BUCKETS_SECONDS) {
+            if seconds <= bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.running_count.fetch_add(1, Ordering::Relaxed);
+        self.running_millis.fetch_add(millis, Ordering::Relaxed);
     }
 
     pub fn render(&self) -> String {
@@ -65,6 +92,20 @@ impl Metrics {
         let _ = writeln!(out, "gpux_journal_commit_seconds_bucket{{le=\"+Inf\"}} {count}");
         let _ = writeln!(out, "gpux_journal_commit_seconds_sum {}", load(&self.commit_nanos) as f64 / 1e9);
         let _ = writeln!(out, "gpux_journal_commit_seconds_count {count}");
+        let _ = writeln!(out, "# HELP gpux_delivery_statuses_total Delivery statuses reported by hosts, by state.");
+        let _ = writeln!(out, "# TYPE gpux_delivery_statuses_total counter");
+        for (counter, name) in self.delivery_statuses.iter().zip(DELIVERY_STATES) {
+            let _ = writeln!(out, "gpux_delivery_statuses_total{{state=\"{name}\"}} {}", load(counter));
+        }
+        let _ = writeln!(out, "# HELP gpux_lease_time_to_running_seconds From a lease's start to its workload's first running status.");
+        let _ = writeln!(out, "# TYPE gpux_lease_time_to_running_seconds histogram");
+        for (bucket, bound) in self.running_buckets.iter().zip(RUNNING_BUCKETS_SECONDS) {
+            let _ = writeln!(out, "gpux_lease_time_to_running_seconds_bucket{{le=\"{bound}\"}} {}", load(bucket));
+        }
+        let count = load(&self.running_count);
+        let _ = writeln!(out, "gpux_lease_time_to_running_seconds_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "gpux_lease_time_to_running_seconds_sum {}", load(&self.running_millis) as f64 / 1e3);
+        let _ = writeln!(out, "gpux_lease_time_to_running_seconds_count {count}");
         let _ = writeln!(out, "# HELP gpux_book_quantity GPUs resting per instrument and side.\n# TYPE gpux_book_quantity gauge");
         out.push_str(&self.book_depth.lock().map(|text| text.clone()).unwrap_or_default());
         out

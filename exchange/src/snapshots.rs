@@ -35,6 +35,8 @@ pub struct Snapshot {
     pub stats: crate::stats::RollingStats,
     pub settlement: gpux_settlement::Settlement,
     pub ledger: gpux_settlement::ledger::Ledger,
+    /// Workloads (secrets sealed), host encryption keys and delivery statuses.
+    pub deliveries: crate::delivery::Deliveries,
     /// `engine.state_hash()` when the snapshot was taken.
     pub state_hash: u64,
 }
@@ -131,6 +133,7 @@ mod tests {
             stats: Default::default(),
             settlement: Default::default(),
             ledger: Default::default(),
+            deliveries: Default::default(),
             state_hash,
         }
     }

@@ -247,7 +247,7 @@ async fn spot_reserved_and_preemptible_leases_are_billed_exactly_through_a_kill_
             let mut order = OrderTicket::limit(100 + id, instrument, Side::Buy, price, 1);
             order.time_in_force = TimeInForce::Ioc;
             order.duration = duration;
-            let reply = request(&mut renter, &mut leases, ClientMessage::NewOrder { id, order }).await;
+            let reply = request(&mut renter, &mut leases, ClientMessage::NewOrder { id, order, workload: None }).await;
             assert!(matches!(reply, ServerMessage::Ack { .. }), "{reply:?}");
             // An IOC that traded shows a trade on the private feed right after its ack.
             tokio::time::sleep(Duration::from_millis(300)).await;

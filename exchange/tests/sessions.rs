@@ -169,7 +169,7 @@ async fn every_class_of_bad_frame_gets_its_code_and_the_connection_stays_usable(
     assert!(matches!(m.renter.recv_reply().await, ServerMessage::Pong { .. }), "still usable");
 
     let mut anonymous = Client::connect(&m.exchange.addr).await;
-    anonymous.send(&ClientMessage::NewOrder { id: 1, order: ticket(1, Side::Buy, USD_2, 1) }).await;
+    anonymous.send(&ClientMessage::NewOrder { id: 1, order: ticket(1, Side::Buy, USD_2, 1), workload: None }).await;
     assert!(matches!(anonymous.recv().await, ServerMessage::Error { code: ErrorCode::NotAuthenticated, .. }));
     anonymous.send(&ClientMessage::Instruments { id: 2 }).await;
     assert!(matches!(anonymous.recv().await, ServerMessage::Instruments { id: 2, .. }), "public market data needs no login");
@@ -230,7 +230,7 @@ async fn a_connection_that_does_not_read_its_feed_is_closed_as_a_slow_consumer()
             for client_order_id in chunk * 500..(chunk + 1) * 500 {
                 let id = trader.id();
                 let order = ticket(client_order_id, Side::Buy, 1_000_000 + client_order_id * 1_000, 1);
-                trader.send_nowait(&ClientMessage::NewOrder { id, order }).await;
+                trader.send_nowait(&ClientMessage::NewOrder { id, order, workload: None }).await;
             }
             trader.flush().await;
             let mut acks = 0;

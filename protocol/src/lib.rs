@@ -9,9 +9,11 @@
 //! decode is bounded by `FRAME_BYTES_MAX`.
 
 pub mod codec;
+pub mod delivery;
 pub mod messages;
 pub mod usage;
 
 pub use codec::*;
+pub use delivery::{DeliveryState, Endpoint, FailureCode, Fault, RestartPolicy, Sealed, Secrets, Workload, WorkloadError};
 pub use messages::*;
 pub use usage::*;

@@ -127,9 +127,14 @@ pub enum ClientMessage {
         channel: Channel,
         instrument: InstrumentId,
     },
+    /// `workload`: delivered onto every lease this bid fills (spot and
+    /// preemptible; a reserved window's lease gets its workload with
+    /// `set_workload` once it starts).
     NewOrder {
         id: u64,
         order: OrderTicket,
+        #[serde(default)]
+        workload: Option<Box<crate::delivery::Workload>>,
     },
     CancelOrder {
         id: u64,
@@ -225,6 +230,50 @@ pub enum ClientMessage {
         #[serde(default)]
         offset: u32,
     },
+    /// Sets (or replaces) the workload of a lease the account rents; the
+    /// host stops the previous one and starts this.
+    SetWorkload {
+        id: u64,
+        lease: LeaseId,
+        workload: Box<crate::delivery::Workload>,
+    },
+    /// A host publishes its X25519 encryption key (hex), signed (hex) by its
+    /// identity key over `gpux-encryption-key-v1:` + the key's 32 bytes.
+    SetEncryptionKey {
+        id: u64,
+        encryption_key: String,
+        signature: String,
+    },
+    /// The encryption key of a lease's host, to seal secrets to (renter).
+    HostKey {
+        id: u64,
+        lease: LeaseId,
+    },
+    /// A host reports how a lease's delivery stands (supplier of the lease).
+    DeliveryStatus {
+        id: u64,
+        lease: LeaseId,
+        state: crate::delivery::DeliveryState,
+    },
+    /// A lease's workload and last delivery status (renter or supplier).
+    LeaseDelivery {
+        id: u64,
+        lease: LeaseId,
+    },
+    /// The last `tail_bytes` of a lease's workload output (renter), fetched
+    /// from the host.
+    LeaseLogs {
+        id: u64,
+        lease: LeaseId,
+        tail_bytes: u32,
+    },
+    /// A host's answer to `logs_wanted`.
+    Logs {
+        id: u64,
+        request: u64,
+        data: String,
+        truncated: bool,
+    },
     Ping {
         id: u64,
     },
@@ -255,6 +304,13 @@ impl ClientMessage {
             | UsageReport { id, .. }
             | Balance { id }
             | Statement { id, .. }
+            | SetWorkload { id, .. }
+            | SetEncryptionKey { id, .. }
+            | HostKey { id, .. }
+            | DeliveryStatus { id, .. }
+            | LeaseDelivery { id, .. }
+            | LeaseLogs { id, .. }
+            | Logs { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -397,6 +453,52 @@ pub enum ServerMessage {
         leases: Vec<gpux_engine::LeaseInfo>,
         next_offset: Option<u32>,
     },
+    /// A lease's host encryption key and the host's identity key with its
+    /// signature over it: check it with the identity key before sealing.
+    HostKey {
+        id: u64,
+        lease: LeaseId,
+        encryption_key: String,
+        identity_key: String,
+        signature: String,
+    },
+    /// Answer to `lease_delivery`.
+    LeaseDelivery {
+        id: u64,
+        lease: LeaseId,
+        workload: Option<Box<crate::delivery::Workload>>,
+        state: Option<crate::delivery::DeliveryState>,
+        at_ms: Option<u64>,
+    },
+    /// Pushed to a lease's renter at every delivery status its host reports.
+    Delivery {
+        lease: LeaseId,
+        state: crate::delivery::DeliveryState,
+        at_ms: u64,
+    },
+    /// Pushed to a lease's supplier: the workload to run (at the lease's
+    /// creation from a bid with a workload, and at every `set_workload`).
+    Workload {
+        lease: LeaseId,
+        workload: Box<crate::delivery::Workload>,
+    },
+    /// Pushed to a lease's supplier: the renter asks for the workload's output.
+    LogsWanted {
+        request: u64,
+        lease: LeaseId,
+        tail_bytes: u32,
+    },
+    /// Answer to `lease_logs`: the host's output tail.
+    LeaseLogs {
+        id: u64,
+        lease: LeaseId,
+        data: String,
+        truncated: bool,
+    },
+    /// The request was taken; nothing is journaled for it (a host's `logs`).
+    Received {
+        id: u64,
+    },
     Pong {
         id: u64,
         server_time_ms: u64,
@@ -423,9 +525,20 @@ impl ServerMessage {
             | UsageRejected { id, .. }
             | Orders { id, .. }
             | Leases { id, .. }
+            | HostKey { id, .. }
+            | LeaseDelivery { id, .. }
+            | LeaseLogs { id, .. }
+            | Received { id }
             | Pong { id, .. } => Some(*id),
             Error { id, .. } => *id,
-            Challenge { .. } | BookSnapshot { .. } | BookUpdate { .. } | Trade { .. } | Private { .. } => None,
+            Challenge { .. }
+            | BookSnapshot { .. }
+            | BookUpdate { .. }
+            | Trade { .. }
+            | Private { .. }
+            | Delivery { .. }
+            | Workload { .. }
+            | LogsWanted { .. } => None,
         }
     }
 }
@@ -463,6 +576,46 @@ pub enum ErrorCode {
     /// Nothing came from the peer, not even a pong to the exchange's pings,
     /// for the idle timeout (close reason): a dead or half-open connection.
     IdleTimeout,
+    /// Workload refusals (docs/protocol.md "Lease delivery"), one per limit.
+    ImageInvalid,
+    TooManyPorts,
+    PortInvalid,
+    ShmTooLarge,
+    TooManyRestarts,
+    SealedTooLarge,
+    SealedInvalid,
+    WorkloadOptionRefused,
+    /// No such lease, or not one of this account's.
+    UnknownLease,
+    /// The lease has ended.
+    LeaseNotActive,
+    /// The lease's host has published no encryption key.
+    NoEncryptionKey,
+    /// The encryption key is not 32 bytes of hex or its signature does not verify.
+    EncryptionKeyInvalid,
+    /// A delivery status that breaks its bounds (reason length, endpoints).
+    DeliveryStatusInvalid,
+    /// The lease's host is not connected, or did not answer in time.
+    HostUnreachable,
+    /// Only a workload attached to a bid is accepted with a new order.
+    WorkloadNotOnBid,
+}
+
+impl From<crate::delivery::WorkloadError> for ErrorCode {
+    fn from(error: crate::delivery::WorkloadError) -> Self {
+        use crate::delivery::WorkloadError as W;
+        match error {
+            W::ImageInvalid => ErrorCode::ImageInvalid,
+            W::TooManyPorts => ErrorCode::TooManyPorts,
+            W::PortInvalid => ErrorCode::PortInvalid,
+            W::ShmTooLarge => ErrorCode::ShmTooLarge,
+            W::TooManyRestarts => ErrorCode::TooManyRestarts,
+            W::SealedTooLarge => ErrorCode::SealedTooLarge,
+            W::SealedInvalid => ErrorCode::SealedInvalid,
+            // The exchange never sees the secret part; these come from hosts only.
+            W::OptionRefused | W::TooManyEnv | W::EnvInvalid | W::SshKeyInvalid | W::CommandTooLong => ErrorCode::WorkloadOptionRefused,
+        }
+    }
 }
 
 impl ErrorCode {
@@ -485,6 +638,21 @@ impl ErrorCode {
             SlowConsumer => "the connection fell too far behind the feed",
             ShuttingDown => "the exchange is shutting down",
             IdleTimeout => "nothing came from this connection for the idle timeout, not even a pong",
+            ImageInvalid => "the image reference is empty, too long or not of the form [registry/]name[:tag][@digest]",
+            TooManyPorts => "too many ports to expose",
+            PortInvalid => "a port is 0 or listed twice",
+            ShmTooLarge => "shared memory above the limit",
+            TooManyRestarts => "on_failure asks for more restarts than the limit",
+            SealedTooLarge => "the sealed secret part is larger than the limit",
+            SealedInvalid => "the sealed secret part is not hex, or its recipient is not a 32-byte key",
+            WorkloadOptionRefused => "privileged mode, host network, host mounts and added capabilities are never granted",
+            UnknownLease => "no such lease among this account's",
+            LeaseNotActive => "the lease has ended",
+            NoEncryptionKey => "the lease's host has published no encryption key",
+            EncryptionKeyInvalid => "the encryption key is not 32 bytes of hex, or the identity key's signature over it does not verify",
+            DeliveryStatusInvalid => "the delivery status breaks its bounds",
+            HostUnreachable => "the lease's host is not connected or did not answer in time",
+            WorkloadNotOnBid => "a workload goes with a bid (side buy) only",
         }
     }
 }

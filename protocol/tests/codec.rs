@@ -32,7 +32,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         },
         ClientMessage::Subscribe { id: 2, channel: Channel::Book, instrument: InstrumentId(0) },
         ClientMessage::Unsubscribe { id: 3, channel: Channel::Trades, instrument: InstrumentId(1) },
-        ClientMessage::NewOrder { id: 4, order: ticket },
+        ClientMessage::NewOrder { id: 4, order: ticket, workload: None },
         ClientMessage::CancelOrder { id: 5, order: OrderId(4_294_967_296) },
         ClientMessage::ReplaceOrder { id: 6, order: OrderId(1), price_minor_per_gpu_hour: 1_000, quantity: 1 },
         ClientMessage::MassCancel { id: 7, instrument: None },
@@ -104,7 +104,7 @@ fn server_messages_round_trip_through_both_encodings() {
 #[test]
 fn the_json_shape_is_the_documented_one() {
     let text = r#"{"new_order":{"id":4,"order":{"client_order_id":1,"instrument":0,"side":"buy","price_minor_per_gpu_hour":2000000,"quantity":1}}}"#;
-    let ClientMessage::NewOrder { id, order } = decode_client_text(text).expect("documented example decodes") else {
+    let ClientMessage::NewOrder { id, order, workload: None } = decode_client_text(text).expect("documented example decodes") else {
         panic!("wrong message")
     };
     assert_eq!(id, 4);

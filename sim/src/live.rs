@@ -223,7 +223,7 @@ async fn reprice(
         let mut order = OrderTicket::limit(now_ms(), instrument, Side::Sell, price, free.count_ones());
         order.supply = Some(GpuSet { host, gpu_mask: free });
         let id = connection.new_id();
-        let answer = connection.request(ClientMessage::NewOrder { id, order }).await?;
+        let answer = connection.request(ClientMessage::NewOrder { id, order, workload: None }).await?;
         if matches!(answer, ServerMessage::Reject { .. } | ServerMessage::Error { .. }) {
             tracing::warn!(?answer, "live market: a supplier's ask was refused");
         }
@@ -288,7 +288,7 @@ async fn renter(options: LiveOptions, index: u32, fund: mpsc::Sender<AccountId>)
             order.time_in_force = TimeInForce::Gtt { expire_at_ms: now.saturating_add_signed(connection.clock_offset_ms) + 20_000 };
             order.duration = LeaseDuration::Hours(1);
             let id = connection.new_id();
-            connection.request(ClientMessage::NewOrder { id, order }).await?;
+            connection.request(ClientMessage::NewOrder { id, order, workload: None }).await?;
         }
         for (_, lease) in ends.iter().filter(|(at, _)| *at <= now) {
             let id = connection.new_id();

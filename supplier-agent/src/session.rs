@@ -325,7 +325,7 @@ impl Agent {
         let mut order = OrderTicket::limit(self.next_client_order_id, instrument, Side::Sell, price, mask.count_ones());
         order.supply = Some(GpuSet { host: link.host, gpu_mask: mask });
         let id = link.connection.new_id();
-        match link.connection.request(ClientMessage::NewOrder { id, order }).await? {
+        match link.connection.request(ClientMessage::NewOrder { id, order, workload: None }).await? {
             ServerMessage::Ack { order: Some(order), .. } => {
                 tracing::info!(?contract, gpus = mask.count_ones(), price, "offered");
                 link.asks.insert(contract, order);
@@ -384,7 +384,7 @@ impl Agent {
                 let mut order = OrderTicket::limit(self.next_client_order_id, instrument, Side::Sell, price, mask.count_ones());
                 order.supply = Some(GpuSet { host: link.host, gpu_mask: mask });
                 let id = link.connection.new_id();
-                match link.connection.request(ClientMessage::NewOrder { id, order }).await? {
+                match link.connection.request(ClientMessage::NewOrder { id, order, workload: None }).await? {
                     ServerMessage::Ack { order: Some(order), .. } => {
                         tracing::info!(%instrument, gpus = mask.count_ones(), price, "offered in a reserved window");
                         link.window_asks.insert(instrument, order);

@@ -181,8 +181,9 @@ async fn the_agent_registers_offers_delivers_and_withdraws_a_failed_gpu() {
     assert_eq!(asks.keys().copied().collect::<Vec<_>>(), [2_100_000], "offered at the owner's floor");
 
     let id = renter.new_id();
-    let bought =
-        renter.request(ClientMessage::NewOrder { id, order: OrderTicket::limit(1, InstrumentId(0), Side::Buy, 2_100_000, 1) }).await;
+    let bought = renter
+        .request(ClientMessage::NewOrder { id, order: OrderTicket::limit(1, InstrumentId(0), Side::Buy, 2_100_000, 1), workload: None })
+        .await;
     assert!(matches!(bought, Ok(ServerMessage::Ack { order: Some(_), .. })), "{bought:?}");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -249,8 +250,9 @@ async fn usage_is_reported_through_a_30_second_outage_and_billed_exactly() {
     let mut asks = std::collections::BTreeMap::new();
     await_ask_quantity(&mut renter, &mut asks, 1).await;
     let id = renter.new_id();
-    let bought =
-        renter.request(ClientMessage::NewOrder { id, order: OrderTicket::limit(1, InstrumentId(0), Side::Buy, 2_100_000, 1) }).await;
+    let bought = renter
+        .request(ClientMessage::NewOrder { id, order: OrderTicket::limit(1, InstrumentId(0), Side::Buy, 2_100_000, 1), workload: None })
+        .await;
     assert!(matches!(bought, Ok(ServerMessage::Ack { order: Some(_), .. })), "{bought:?}");
     let (lease, start_ms) = loop {
         if let ServerMessage::Private { event } = renter.next().await.expect("message") {
@@ -316,7 +318,9 @@ async fn a_preemption_notice_reaches_the_delivery_hook_with_its_deadline() {
     let mut asks = std::collections::BTreeMap::new();
     await_ask_quantity(&mut batch, &mut asks, 1).await;
     let id = batch.new_id();
-    let cheap = batch.request(ClientMessage::NewOrder { id, order: OrderTicket::limit(1, InstrumentId(1), Side::Buy, 800_000, 1) }).await;
+    let cheap = batch
+        .request(ClientMessage::NewOrder { id, order: OrderTicket::limit(1, InstrumentId(1), Side::Buy, 800_000, 1), workload: None })
+        .await;
     assert!(matches!(cheap, Ok(ServerMessage::Ack { .. })), "{cheap:?}");
     // The agent keeps the GPU in its spot ask while the preemptible lease runs.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -325,7 +329,7 @@ async fn a_preemption_notice_reaches_the_delivery_hook_with_its_deadline() {
         let order = OrderTicket::limit(id, InstrumentId(0), Side::Buy, 2_100_000, 1);
         let mut order = order;
         order.time_in_force = gpux_engine::TimeInForce::Ioc;
-        let _ = urgent.request(ClientMessage::NewOrder { id, order }).await.expect("spot bid");
+        let _ = urgent.request(ClientMessage::NewOrder { id, order, workload: None }).await.expect("spot bid");
         let log = std::fs::read_to_string(&hook_log).unwrap_or_default();
         if let Some(line) = log.lines().find(|l| l.starts_with("preempt ")) {
             break line.to_string();
@@ -428,7 +432,7 @@ async fn a_failed_delivery_is_not_billed() {
     await_ask_quantity(&mut renter, &mut asks, 1).await;
     let id = renter.new_id();
     renter
-        .request(ClientMessage::NewOrder { id, order: OrderTicket::limit(1, InstrumentId(0), Side::Buy, 2_100_000, 1) })
+        .request(ClientMessage::NewOrder { id, order: OrderTicket::limit(1, InstrumentId(0), Side::Buy, 2_100_000, 1), workload: None })
         .await
         .expect("buy");
     let lease = loop {

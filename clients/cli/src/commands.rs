@@ -77,7 +77,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             let mut order = OrderTicket::limit(now_ms(), instrument, Side::Sell, price, gpu_mask.count_ones());
             order.supply = Some(GpuSet { host: gpux_engine::HostId(host), gpu_mask });
             let id = s.connection.new_id();
-            acknowledged(s.ask(ClientMessage::NewOrder { id, order }, json).await?, "offer placed")
+            acknowledged(s.ask(ClientMessage::NewOrder { id, order, workload: None }, json).await?, "offer placed")
         }
         Command::Cancel { order } => {
             let id = s.connection.new_id();
@@ -266,7 +266,7 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
     order.one_host = args.one_host;
     order.duration = if args.until_cancelled { LeaseDuration::UntilCancelled } else { LeaseDuration::Hours(args.hours) };
     let id = s.connection.new_id();
-    let answer = s.ask(ClientMessage::NewOrder { id, order }, json).await?;
+    let answer = s.ask(ClientMessage::NewOrder { id, order, workload: None }, json).await?;
     if json {
         return Ok(());
     }

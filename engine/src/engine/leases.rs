@@ -268,6 +268,19 @@ impl Engine {
         Ok(())
     }
 
+    pub(super) fn fail_lease_delivery(&mut self, account: AccountId, lease_id: LeaseId) -> Checked<()> {
+        self.account(account)?;
+        let lease = self.leases.get(lease_id.0 as usize).ok_or(RejectCode::UnknownLease)?;
+        if lease.supplier != account {
+            return Err(RejectCode::NotYourLease);
+        }
+        if !lease.active {
+            return Err(RejectCode::LeaseNotActive);
+        }
+        self.end_lease(lease_id, LeaseEndReason::DeliveryFailed);
+        Ok(())
+    }
+
     /// A supplier's reserved ask filled: one contract per GPU, escrowed whole.
     pub(crate) fn sell_contracts(&mut self, bid: &Order, supplier: AccountId, host: HostId, taken: u64, price: u64) {
         let instrument = bid.instrument;

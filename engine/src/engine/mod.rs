@@ -343,6 +343,7 @@ impl Engine {
             }
             Command::MassCancel { account, instrument } => self.mass_cancel(*account, *instrument),
             Command::EndLease { account, lease } => self.end_lease_by_renter(*account, *lease),
+            Command::FailLeaseDelivery { account, lease } => self.fail_lease_delivery(*account, *lease),
             Command::SettleUsage { lease, amount_minor, verified_gpu_ms } => self.settle_usage(*lease, *amount_minor, *verified_gpu_ms),
             Command::Tick => Ok(()),
         }
@@ -604,7 +605,8 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::CancelOrder { account, .. }
         | Command::ReplaceOrder { account, .. }
         | Command::MassCancel { account, .. }
-        | Command::EndLease { account, .. } => Some(*account),
+        | Command::EndLease { account, .. }
+        | Command::FailLeaseDelivery { account, .. } => Some(*account),
         Command::PlaceOrder(order) => Some(order.account),
     }
 }

@@ -296,7 +296,7 @@ impl Client {
     /// where the exchange dies mid-request).
     pub async fn try_place(&mut self, order: OrderTicket) -> Option<ServerMessage> {
         let id = self.id();
-        let frame = Message::Text(encode_client_text(&ClientMessage::NewOrder { id, order }).into());
+        let frame = Message::Text(encode_client_text(&ClientMessage::NewOrder { id, order, workload: None }).into());
         self.socket.send(frame).await.ok()?;
         loop {
             let frame = tokio::time::timeout(Duration::from_secs(5), self.socket.next()).await.ok()??.ok()?;
@@ -333,7 +333,7 @@ impl Client {
 
     pub async fn place(&mut self, order: OrderTicket) -> ServerMessage {
         let id = self.id();
-        self.request(ClientMessage::NewOrder { id, order }).await
+        self.request(ClientMessage::NewOrder { id, order, workload: None }).await
     }
 }
 
