@@ -154,7 +154,7 @@ impl Workload {
             if sealed.ciphertext.len() > limits::SEALED_HEX_MAX {
                 return Err(WorkloadError::SealedTooLarge);
             }
-            let hex_ok = |text: &str| text.bytes().all(|b| b.is_ascii_hexdigit()) && text.len() % 2 == 0;
+            let hex_ok = |text: &str| text.bytes().all(|b| b.is_ascii_hexdigit()) && text.len().is_multiple_of(2);
             if sealed.recipient.len() != 64 || !hex_ok(&sealed.recipient) || !hex_ok(&sealed.ciphertext) {
                 return Err(WorkloadError::SealedInvalid);
             }

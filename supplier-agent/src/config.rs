@@ -87,7 +87,7 @@ impl Availability {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     pub exchange: String,
@@ -107,6 +107,96 @@ pub struct AgentConfig {
     /// When the GPUs may be sold; none means always.
     #[serde(default)]
     pub available: Vec<Availability>,
+    /// How leases are delivered: `[delivery] backend = "docker" | "process" | "hook"`.
+    /// Without this section, `delivery_hook` (if set) is the `hook` backend
+    /// and otherwise lease events are only logged.
+    #[serde(default)]
+    pub delivery: Option<DeliveryConfig>,
+}
+
+/// Which delivery backend runs the renters' workloads, and its settings.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeliveryConfig {
+    pub backend: BackendKind,
+    /// Where workloads' published ports are reachable (the host's public address).
+    #[serde(default = "default_public_address")]
+    pub public_address: String,
+    /// Where per-lease scratch data lives (SSH keys file, process output); default `<key_file's dir>/leases`.
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
+    /// How long a stopping workload gets between SIGTERM and SIGKILL at a lease's end.
+    #[serde(default = "default_stop_grace_ms")]
+    pub stop_grace_ms: u64,
+    #[serde(default)]
+    pub docker: DockerConfig,
+    /// The owner's program for the `hook` backend.
+    #[serde(default)]
+    pub hook: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    Docker,
+    Process,
+    Hook,
+}
+
+/// How GPUs are handed to containers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuDevices {
+    /// A device request for the leased GPUs' UUIDs (NVIDIA Container Toolkit).
+    #[default]
+    Nvidia,
+    /// `/dev/kfd` and the leased GPUs' `/dev/dri/renderD*` nodes (ROCm).
+    Amd,
+    /// No device (hosts whose GPUs come from the fake backend, for tests and demos).
+    None,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DockerConfig {
+    /// The Docker Engine API socket (Docker's, or `podman system service`'s).
+    #[serde(default = "default_docker_socket")]
+    pub socket: String,
+    #[serde(default)]
+    pub gpu_devices: GpuDevices,
+    /// CPUs a container gets per leased GPU (none: no limit).
+    #[serde(default)]
+    pub cpus_per_gpu: Option<f64>,
+    /// Memory a container gets per leased GPU, MiB (none: no limit).
+    #[serde(default)]
+    pub memory_mib_per_gpu: Option<u64>,
+    /// Copied from `DeliveryConfig::public_address` at load.
+    #[serde(skip)]
+    pub public_address: String,
+}
+
+impl Default for DockerConfig {
+    fn default() -> Self {
+        DockerConfig {
+            socket: default_docker_socket(),
+            gpu_devices: GpuDevices::default(),
+            cpus_per_gpu: None,
+            memory_mib_per_gpu: None,
+            public_address: default_public_address(),
+        }
+    }
+}
+
+fn default_public_address() -> String {
+    "127.0.0.1".into()
+}
+
+fn default_stop_grace_ms() -> u64 {
+    10_000
+}
+
+fn default_docker_socket() -> String {
+    "/var/run/docker.sock".into()
 }
 
 fn default_sample_interval_ms() -> u64 {
@@ -135,7 +225,28 @@ impl AgentConfig {
     }
 
     pub fn parse(text: &str) -> Result<Self> {
-        let config: AgentConfig = toml::from_str(text)?;
+        let mut config: AgentConfig = toml::from_str(text)?;
+        if let Some(delivery) = &mut config.delivery {
+            delivery.docker.public_address = delivery.public_address.clone();
+            if delivery.public_address.is_empty()
+                || delivery.public_address.len() > 253
+                || delivery.public_address.contains(char::is_whitespace)
+            {
+                bail!("delivery.public_address must be a host name or IP address");
+            }
+            if delivery.backend == BackendKind::Hook && delivery.hook.is_none() && config.delivery_hook.is_none() {
+                bail!("delivery.backend = \"hook\" needs delivery.hook (the owner's program)");
+            }
+            if delivery.stop_grace_ms > 600_000 {
+                bail!("delivery.stop_grace_ms must be at most 600000");
+            }
+            if delivery.docker.cpus_per_gpu.is_some_and(|c| !(c > 0.0 && c <= 1024.0)) {
+                bail!("delivery.docker.cpus_per_gpu must be above 0 and at most 1024");
+            }
+            if delivery.docker.memory_mib_per_gpu == Some(0) {
+                bail!("delivery.docker.memory_mib_per_gpu must be positive");
+            }
+        }
         if !(config.exchange.starts_with("ws://") || config.exchange.starts_with("wss://")) {
             bail!("exchange must be a ws:// or wss:// URL, not {:?}", config.exchange);
         }
@@ -220,6 +331,10 @@ price_floor_minor_per_gpu_hour = 900000
             (&GOOD.replace("900000", "0"), "positive"),
             (&format!("{GOOD}\ncolour = \"red\""), "unknown field"),
             (&GOOD.replace("preemptible", "spot"), "one offer per contract"),
+            (&format!("{GOOD}\n[delivery]\nbackend = \"kubernetes\""), "unknown variant"),
+            (&format!("{GOOD}\n[delivery]\nbackend = \"hook\""), "needs delivery.hook"),
+            (&format!("{GOOD}\n[delivery]\nbackend = \"docker\"\n[delivery.docker]\ncpus_per_gpu = 0.0"), "cpus_per_gpu"),
+            (&format!("{GOOD}\n[delivery]\nbackend = \"docker\"\n[delivery.docker]\nprivileged = true"), "unknown field"),
         ];
         for (text, expected) in cases {
             let error = format!("{:#}", AgentConfig::parse(text).expect_err(expected));

@@ -9,6 +9,7 @@
 
 pub mod backend;
 pub mod config;
+pub mod delivery;
 pub mod fake;
 pub mod keys;
 pub mod nvml;

@@ -26,7 +26,8 @@ use gpux_protocol::*;
 pub use gpux_client::Connection;
 
 use crate::backend::GpuBackend;
-use crate::config::{AgentConfig, OfferedContract};
+use crate::config::{AgentConfig, BackendKind, OfferedContract};
+use crate::delivery::{DeliveryBackend, LeasedGpu, Manager, Order, Report};
 use crate::reports::{Interval, ReportBook};
 
 /// What the agent knows about one of its GPUs.
@@ -87,6 +88,13 @@ pub struct Agent {
     clock_offset_ms: i64,
     /// GPUs (as a host mask) sold as contracts, per reserved window.
     windows_sold: BTreeMap<InstrumentId, u64>,
+    /// The delivery backend, until `run` hands it to the manager's task.
+    delivery_backend: Option<std::sync::Arc<dyn DeliveryBackend>>,
+    encryption_key: std::sync::Arc<gpux_protocol::delivery::EncryptionKey>,
+    /// Orders to the delivery manager and its reports (set up by `run`).
+    delivery: Option<DeliveryLink>,
+    /// The newest delivery status per lease not yet sent (the link was down).
+    statuses_unsent: BTreeMap<LeaseId, DeliveryState>,
 }
 
 /// What one connection knows (asks and ids die with it).
@@ -109,7 +117,18 @@ struct Link {
 impl Agent {
     pub fn new(config: AgentConfig, key: SigningKey, backend: Box<dyn GpuBackend>) -> Result<Self> {
         let reports = ReportBook::open(&config.key_file)?;
+        // The X25519 key renters seal their workloads' secrets to: a file of its
+        // own beside the host key, with the same 0600 rules.
+        let mut encryption_key_file = config.key_file.clone().into_os_string();
+        encryption_key_file.push(".x25519");
+        let secret = crate::keys::load_or_create(std::path::Path::new(&encryption_key_file))?.to_bytes();
+        let encryption_key = std::sync::Arc::new(gpux_protocol::delivery::EncryptionKey::from_bytes(secret));
+        let delivery_backend = delivery_backend(&config)?;
         Ok(Agent {
+            delivery_backend,
+            encryption_key,
+            delivery: None,
+            statuses_unsent: BTreeMap::new(),
             config,
             key,
             backend,
@@ -125,6 +144,11 @@ impl Agent {
     /// Runs until `stop` fires, reconnecting after connection losses.
     pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) -> Result<()> {
         tokio::pin!(stop);
+        if let Some(backend) = self.delivery_backend.take() {
+            tracing::info!(backend = backend.name(), "delivering leases");
+            let grace = Duration::from_millis(self.config.delivery.as_ref().map_or(10_000, |d| d.stop_grace_ms));
+            self.delivery = Some(Manager::spawn(backend, self.encryption_key.clone(), grace));
+        }
         let mut backoff = BACKOFF_MIN;
         let mut sampling = tokio::time::interval(Duration::from_millis(self.config.sample_interval_ms));
         let mut reporting = tokio::time::interval(Duration::from_millis(self.config.report_interval_ms));
@@ -174,6 +198,16 @@ impl Agent {
         tracing::info!(account = %connection.account, public_key = %hex::encode(self.key.verifying_key().to_bytes()), "logged in");
         self.clock_offset_ms = connection.clock_offset_ms;
         self.register(&mut connection).await?;
+        let id = connection.new_id();
+        let publish = ClientMessage::SetEncryptionKey {
+            id,
+            encryption_key: hex::encode(self.encryption_key.public()),
+            signature: self.encryption_key.certify(&self.key),
+        };
+        match connection.request(publish).await? {
+            ServerMessage::Ack { .. } => {}
+            other => return Err(Fatal(format!("publishing the encryption key: {other:?}")).into()),
+        }
         // Health changes seen while away reach the exchange now.
         for gpu in self.gpus.iter().filter(|g| g.healthy != g.info.online) {
             let id = connection.new_id();
@@ -197,9 +231,11 @@ impl Agent {
             windows_refused: BTreeSet::new(),
             available: None,
         };
+        self.resume_leases(&mut link).await?;
         self.reoffer_all(&mut link).await?;
         self.offer_windows(&mut link).await?;
         self.send_reports(&mut link).await?;
+        self.send_statuses(&mut link).await?;
         Ok(link)
     }
 
@@ -220,8 +256,109 @@ impl Agent {
                     self.offer_windows(link).await?;
                 }
                 message = link.connection.next() => self.on_message(link, message?).await?,
+                Some(report) = recv_report(&mut self.delivery) => self.on_delivery_report(link, report).await?,
             }
         }
+    }
+
+    /// The leases this host serves, as the exchange knows them: followed
+    /// again for usage reports after a restart, and handed to the delivery
+    /// manager, which re-adopts their running workloads and removes those of
+    /// leases that ended meanwhile.
+    async fn resume_leases(&mut self, link: &mut Link) -> Result<()> {
+        let mut offset = 0;
+        let mut active = BTreeSet::new();
+        loop {
+            let id = link.connection.new_id();
+            let ServerMessage::Leases { leases, next_offset, .. } = link.connection.request(ClientMessage::Leases { id, offset }).await?
+            else {
+                bail!("listing leases: unexpected answer");
+            };
+            for info in leases.iter().filter(|l| l.active && l.supplier == link.connection.account) {
+                let mask = info
+                    .gpus
+                    .iter()
+                    .filter_map(|gpu| self.gpus.iter().find(|g| g.info.gpu == *gpu))
+                    .fold(0u64, |m, g| m | 1u64 << g.info.index_on_host);
+                if mask == 0 {
+                    continue; // another host of this account
+                }
+                active.insert(info.lease);
+                self.leases.entry(info.lease).or_insert(LeaseState {
+                    kind: info.kind,
+                    gpu_mask: mask,
+                    start_ms: info.start_ms,
+                    end_ms: info.end_ms,
+                    ended: false,
+                });
+            }
+            match next_offset {
+                Some(next) => offset = next,
+                None => break,
+            }
+        }
+        if let Some((orders, _)) = &self.delivery {
+            let _ = orders.send(Order::Reconcile { active });
+        }
+        Ok(())
+    }
+
+    async fn on_delivery_report(&mut self, link: &mut Link, report: Report) -> Result<()> {
+        match report {
+            Report::Status { lease, state } => {
+                if let DeliveryState::Failed { fault: gpux_protocol::Fault::Host, .. } = state {
+                    if let Some(mask) = self.leases.get(&lease).map(|l| l.gpu_mask) {
+                        self.fail_delivery(link, mask).await?;
+                    }
+                }
+                self.statuses_unsent.insert(lease, state);
+                self.send_statuses(link).await?;
+            }
+            Report::Logs { request, data, truncated } => {
+                let id = link.connection.new_id();
+                link.connection.request(ClientMessage::Logs { id, request, data, truncated }).await?;
+            }
+            Report::Unadopted { leases } => {
+                for lease in leases {
+                    let id = link.connection.new_id();
+                    if let ServerMessage::LeaseDelivery { workload: Some(workload), .. } =
+                        link.connection.request(ClientMessage::LeaseDelivery { id, lease }).await?
+                    {
+                        self.deliver(lease, Some(workload));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the delivery statuses that wait; each is acknowledged durable.
+    async fn send_statuses(&mut self, link: &mut Link) -> Result<()> {
+        while let Some((&lease, state)) = self.statuses_unsent.iter().next() {
+            let id = link.connection.new_id();
+            let message = ClientMessage::DeliveryStatus { id, lease, state: state.clone() };
+            match link.connection.request(message).await? {
+                ServerMessage::Ack { .. } => {}
+                ServerMessage::Error { code, message, .. } => tracing::warn!(%lease, ?code, %message, "delivery status refused"),
+                other => bail!("sending a delivery status: {other:?}"),
+            }
+            self.statuses_unsent.remove(&lease);
+        }
+        Ok(())
+    }
+
+    /// Hands a lease's workload (or, for the hook, the lease itself) to the delivery manager.
+    fn deliver(&self, lease: LeaseId, workload: Option<Box<gpux_protocol::Workload>>) {
+        let (Some((orders, _)), Some(state)) = (&self.delivery, self.leases.get(&lease)) else { return };
+        let gpus = self
+            .gpus
+            .iter()
+            .filter(|g| state.gpu_mask & (1u64 << g.info.index_on_host) != 0)
+            .map(|g| LeasedGpu { uuid: g.info.uuid.clone(), index_on_host: g.info.index_on_host })
+            .collect();
+        // Lease times are the exchange's; the manager waits on this host's clock.
+        let start_ms = state.start_ms.saturating_add_signed(-self.clock_offset_ms);
+        let _ = orders.send(Order::Deliver { lease, gpus, workload, start_ms, end_ms: state.end_ms });
     }
 
     /// Registers every GPU the exchange does not know yet, then loads the
@@ -501,7 +638,26 @@ impl Agent {
     }
 
     async fn on_message(&mut self, link: &mut Link, message: ServerMessage) -> Result<()> {
-        let ServerMessage::Private { event } = message else { return Ok(()) };
+        let event = match message {
+            ServerMessage::Private { event } => event,
+            ServerMessage::Workload { lease, workload } => {
+                self.deliver(lease, Some(workload));
+                return Ok(());
+            }
+            ServerMessage::LogsWanted { request, lease, tail_bytes } => {
+                match &self.delivery {
+                    Some((orders, _)) => {
+                        let _ = orders.send(Order::Logs { request, lease, tail_bytes });
+                    }
+                    None => {
+                        let id = link.connection.new_id();
+                        link.connection.request(ClientMessage::Logs { id, request, data: String::new(), truncated: false }).await?;
+                    }
+                }
+                return Ok(());
+            }
+            _ => return Ok(()),
+        };
         let Event { kind, at_ms, .. } = event;
         let reoffer = match kind {
             EventKind::LeaseCreated { lease, kind, host, gpu_mask, start_ms, end_ms, .. } if host == link.host => {
@@ -510,16 +666,20 @@ impl Agent {
                 for gpu in self.gpus.iter_mut().filter(|g| gpu_mask & (1u64 << g.info.index_on_host) != 0) {
                     gpu.window = Window::default();
                 }
-                if !self.deliver("start", lease, gpu_mask, end_ms).await {
-                    self.fail_delivery(link, gpu_mask).await?;
+                self.log_lease_event("start", lease, gpu_mask, end_ms);
+                if self.runs_without_workload() {
+                    self.deliver(lease, None);
                 }
                 // An exclusive lease also takes the GPUs out of the preemptible ask.
                 kind != LeaseKind::Preemptible
             }
             EventKind::PreemptionNotice { lease, ends_at_ms } => {
                 if let Some(state) = self.leases.get(&lease).copied() {
-                    // The lease ends at the deadline whatever the hook says.
-                    let _ = self.deliver("preempt", lease, state.gpu_mask, Some(ends_at_ms)).await;
+                    // SIGTERM now; the lease ends at the deadline whatever the workload does.
+                    self.log_lease_event("preempt", lease, state.gpu_mask, Some(ends_at_ms));
+                    if let Some((orders, _)) = &self.delivery {
+                        let _ = orders.send(Order::Preempt { lease, deadline_ms: ends_at_ms.saturating_add_signed(-self.clock_offset_ms) });
+                    }
                 }
                 false
             }
@@ -529,7 +689,10 @@ impl Agent {
                     state.end_ms = Some(at_ms);
                     state.ended = true;
                     let mask = state.gpu_mask;
-                    let _ = self.deliver("end", lease, mask, Some(at_ms)).await;
+                    self.log_lease_event("end", lease, mask, Some(at_ms));
+                    if let Some((orders, _)) = &self.delivery {
+                        let _ = orders.send(Order::End { lease });
+                    }
                     for gpu in self.gpus.iter_mut().filter(|g| mask & (1u64 << g.info.index_on_host) != 0) {
                         gpu.delivery_failed = false;
                     }
@@ -581,31 +744,54 @@ impl Agent {
         Ok(())
     }
 
-    /// Runs the owner's delivery hook (or logs) for a lease event; returns
-    /// whether it succeeded.
-    async fn deliver(&self, event: &str, lease: LeaseId, mask: u64, until_ms: Option<u64>) -> bool {
+    fn log_lease_event(&self, event: &str, lease: LeaseId, mask: u64, until_ms: Option<u64>) {
         let uuids: Vec<&str> =
             self.gpus.iter().filter(|g| mask & (1u64 << g.info.index_on_host) != 0).map(|g| g.info.uuid.as_str()).collect();
         let until = until_ms.map_or("-".to_string(), |ms| ms.to_string());
         tracing::info!(event, %lease, gpus = %uuids.join(","), %until, "lease event");
-        let Some(hook) = &self.config.delivery_hook else { return true };
-        let status = tokio::process::Command::new(hook).arg(event).arg(lease.to_string()).arg(uuids.join(",")).arg(&until).status().await;
-        match status {
-            Ok(status) if status.success() => true,
-            Ok(status) => {
-                tracing::error!(%lease, %status, hook = %hook_name(hook), "delivery hook failed");
-                false
-            }
-            Err(error) => {
-                tracing::error!(%lease, %error, hook = %hook_name(hook), "delivery hook could not run");
-                false
-            }
-        }
+    }
+
+    fn runs_without_workload(&self) -> bool {
+        matches!(
+            (&self.config.delivery, &self.config.delivery_hook),
+            (Some(crate::config::DeliveryConfig { backend: BackendKind::Hook, .. }), _) | (None, Some(_))
+        )
     }
 }
 
-fn hook_name(hook: &std::path::Path) -> String {
-    PathBuf::from(hook).display().to_string()
+/// Orders to the delivery manager, and its reports.
+type DeliveryLink = (tokio::sync::mpsc::UnboundedSender<Order>, tokio::sync::mpsc::UnboundedReceiver<Report>);
+
+/// The next report of the delivery manager, or never without one.
+async fn recv_report(delivery: &mut Option<DeliveryLink>) -> Option<Report> {
+    match delivery {
+        Some((_, reports)) => reports.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The backend the owner's config names (`[delivery]`, or the older
+/// `delivery_hook` alone); `None` logs lease events only.
+fn delivery_backend(config: &AgentConfig) -> Result<Option<std::sync::Arc<dyn DeliveryBackend>>> {
+    use crate::delivery::{docker::DockerBackend, hook::HookBackend, process::ProcessBackend};
+    let scratch = |delivery: &crate::config::DeliveryConfig| {
+        delivery.state_dir.clone().unwrap_or_else(|| config.key_file.parent().map_or_else(|| PathBuf::from("leases"), |d| d.join("leases")))
+    };
+    Ok(match (&config.delivery, &config.delivery_hook) {
+        (None, None) => None,
+        (None, Some(hook)) => Some(std::sync::Arc::new(HookBackend::new(hook.clone()))),
+        (Some(delivery), hook) => match delivery.backend {
+            BackendKind::Docker => Some(std::sync::Arc::new(
+                DockerBackend::connect(delivery.docker.clone(), config.host.clone(), scratch(delivery))
+                    .with_context(|| format!("connecting to the container engine at {}", delivery.docker.socket))?,
+            )),
+            BackendKind::Process => Some(std::sync::Arc::new(ProcessBackend::new(scratch(delivery), delivery.public_address.clone()))),
+            BackendKind::Hook => {
+                let hook = delivery.hook.clone().or_else(|| hook.clone()).context("delivery.hook is required")?;
+                Some(std::sync::Arc::new(HookBackend::new(hook)))
+            }
+        },
+    })
 }
 
 async fn my_gpus(connection: &mut Connection) -> Result<Vec<GpuInfo>> {

@@ -4,7 +4,7 @@
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ed25519_dalek::SigningKey;
@@ -12,117 +12,14 @@ use gpux_engine::{InstrumentId, Role, Side};
 use gpux_protocol::*;
 use gpux_supplier_agent::session::Connection;
 
-struct Exchange {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    url: String,
-    dir: std::path::PathBuf,
-    operator: SigningKey,
-    listen: std::net::SocketAddr,
-}
-
-impl Exchange {
-    fn start(dir: &std::path::Path, operator: &SigningKey) -> Exchange {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
-        Self::start_on(dir, operator, format!("127.0.0.1:{port}").parse().expect("addr"))
-    }
-
-    /// Stops the exchange (a clean stop, as an operator's restart would).
-    fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-
-    fn start_again(&mut self) {
-        *self = Self::start_on(&self.dir.clone(), &self.operator.clone(), self.listen);
-    }
-
-    fn start_on(dir: &std::path::Path, operator: &SigningKey, listen: std::net::SocketAddr) -> Exchange {
-        let config = gpux_exchange::ExchangeConfig {
-            data_dir: dir.to_path_buf(),
-            listen,
-            operator_keys: [operator.verifying_key().to_bytes()].into_iter().collect(),
-            engine: gpux_engine::EngineConfig::demo(),
-            limits: Default::default(),
-            metrics_listen: None,
-            console_listen: None,
-            tls: None,
-            billing: gpux_exchange::core::BillingPolicy { fee_bps: 250, grace_ms: gpux_exchange::BILLING_GRACE_MS_DEFAULT },
-            clock_offset_ms: 0,
-            on_listening: None,
-        };
-        let (stop, stopped) = tokio::sync::oneshot::channel();
-        let thread = std::thread::spawn(move || {
-            gpux_exchange::run_until(config, gpux_exchange::Stop::Channel(stopped)).expect("exchange runs");
-        });
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(listen).is_err() {
-            assert!(Instant::now() < deadline, "exchange did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Exchange {
-            stop: Some(stop),
-            thread: Some(thread),
-            url: format!("ws://{listen}"),
-            dir: dir.to_path_buf(),
-            operator: operator.clone(),
-            listen,
-        }
-    }
-}
-
-impl Drop for Exchange {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-struct Agent(Child);
-
-/// The real agent binary on a scripted host (its log is discarded).
-fn spawn_agent(config: &std::path::Path, host: &std::path::Path) -> Agent {
-    Agent(
-        Command::new(env!("CARGO_BIN_EXE_gpux-agent"))
-            .arg("--config")
-            .arg(config)
-            .arg("--fake")
-            .arg(host)
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("agent starts"),
-    )
-}
-
-/// A renter logged in with key `seed`, funded by the operator.
-async fn funded_renter(exchange: &Exchange, operator: &SigningKey, seed: u8, amount_minor: u64) -> Connection {
-    let renter = Connection::open(&exchange.url, &SigningKey::from_bytes(&[seed; 32]), Some(Role::Renter)).await.expect("renter");
-    let mut admin = Connection::open(&exchange.url, operator, Some(Role::Operator)).await.expect("operator");
-    let id = admin.new_id();
-    let deposit = admin.request(ClientMessage::Deposit { id, account: renter.account, amount_minor }).await.expect("deposit");
-    assert!(matches!(deposit, ServerMessage::Ack { .. }), "{deposit:?}");
-    renter
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+mod common;
+use common::*;
 
 const HOST: &str = r#"{"gpus": [
     {"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"},
     {"uuid": "GPU-b", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}],
   "utilisation_percent": 80,
   "faults": [{"gpu": "GPU-b", "from_ms": 4000, "until_ms": 600000, "kind": "offline"}]}"#;
-
-fn write(path: &std::path::Path, text: &str) {
-    std::fs::write(path, text).expect("write file");
-}
 
 fn agent_files(dir: &std::path::Path, url: &str) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
     agent_files_with(dir, url, HOST)

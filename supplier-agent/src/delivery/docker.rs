@@ -1,0 +1,284 @@
+//! The `docker` delivery backend: the Docker Engine API through bollard, so
+//! it drives Docker or podman (`podman system service`) alike.
+//!
+//! Each lease's workload is one container named `gpux-lease-<id>`, labelled
+//! with its lease, given exactly the leased GPUs (NVIDIA: a device request
+//! by UUID, MIG slices by their MIG UUID; AMD: `/dev/kfd` and the leased
+//! `/dev/dri/renderD*` nodes), CPU and memory in proportion to its GPUs, its
+//! ports published on the host's public address, and the renter's SSH keys
+//! as a read-only `/root/.ssh/authorized_keys`. Nothing else of the host is
+//! mounted, the network is the engine's default bridge, and capabilities
+//! are the engine's defaults with `no-new-privileges`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bollard::models::{ContainerCreateBody, DeviceMapping, DeviceRequest, HostConfig, PortBinding};
+use bollard::query_parameters::{
+    CreateContainerOptions, CreateImageOptions, KillContainerOptions, ListContainersOptions, LogsOptions, RemoveContainerOptions,
+};
+use bollard::Docker;
+use futures_util::StreamExt;
+use gpux_engine::LeaseId;
+use gpux_protocol::{DeliveryState, Endpoint, FailureCode};
+
+use super::{DeliveryBackend, Failure, Found, Job, Poll, Progress};
+use crate::config::{DockerConfig, GpuDevices};
+
+/// The label that ties a container to its lease.
+pub const LEASE_LABEL: &str = "gpux.lease";
+/// The label naming the host whose agent owns the container.
+pub const HOST_LABEL: &str = "gpux.host";
+
+pub struct DockerBackend {
+    docker: Docker,
+    config: DockerConfig,
+    host: String,
+    scratch: PathBuf,
+}
+
+impl DockerBackend {
+    pub fn connect(config: DockerConfig, host: String, scratch: PathBuf) -> anyhow::Result<Self> {
+        let docker = Docker::connect_with_unix(&config.socket, 120, bollard::API_DEFAULT_VERSION)?;
+        Ok(DockerBackend { docker, config, host, scratch })
+    }
+
+    fn name_of(lease: LeaseId) -> String {
+        format!("gpux-lease-{}", lease.0)
+    }
+
+    fn scratch_of(&self, lease: LeaseId) -> PathBuf {
+        self.scratch.join(lease.0.to_string())
+    }
+
+    /// Pulls the image unless it is present, reporting bytes as they come.
+    async fn pull(&self, job: &Job, image: &str, progress: &Progress) -> Result<(), Failure> {
+        if self.docker.inspect_image(image).await.is_ok() {
+            return Ok(());
+        }
+        let options = CreateImageOptions { from_image: Some(image.to_string()), ..Default::default() };
+        let mut stream = self.docker.create_image(Some(options), None, None);
+        let mut layers: HashMap<String, (u64, u64)> = HashMap::new();
+        let mut last_report = std::time::Instant::now() - Duration::from_secs(10);
+        while let Some(item) = stream.next().await {
+            let info = item.map_err(|e| Failure::new(FailureCode::PullFailed, format!("pulling {image}: {e}")))?;
+            if let Some(detail) = info.error_detail {
+                return Err(Failure::new(FailureCode::PullFailed, format!("pulling {image}: {}", detail.message.unwrap_or_default())));
+            }
+            if let (Some(id), Some(detail)) = (info.id, info.progress_detail) {
+                let entry = layers.entry(id).or_default();
+                entry.0 = detail.current.unwrap_or(0).max(0) as u64;
+                entry.1 = detail.total.unwrap_or(0).max(0) as u64;
+            }
+            if last_report.elapsed() >= Duration::from_secs(2) {
+                last_report = std::time::Instant::now();
+                let (bytes_done, bytes_total) = layers.values().fold((0, 0), |(d, t), (ld, lt)| (d + ld, t + lt));
+                let _ = progress.send((job.lease, DeliveryState::Pulling { bytes_done, bytes_total }));
+            }
+        }
+        // Some engines end a failed pull without an error item.
+        self.docker
+            .inspect_image(image)
+            .await
+            .map(|_| ())
+            .map_err(|e| Failure::new(FailureCode::PullFailed, format!("pulling {image}: {e}")))
+    }
+
+    fn host_config(&self, job: &Job, authorized_keys: Option<&PathBuf>) -> HostConfig {
+        let workload = job.workload.as_ref().expect("docker jobs have a workload");
+        let gpus = job.gpus.len().max(1) as f64;
+        let mut config = HostConfig { privileged: Some(false), security_opt: Some(vec!["no-new-privileges".into()]), ..Default::default() };
+        if !workload.ports.is_empty() {
+            let bindings = workload
+                .ports
+                .iter()
+                .map(|port| {
+                    let binding = PortBinding { host_ip: Some(self.config.public_address.clone()), host_port: Some(String::new()) };
+                    (format!("{port}/tcp"), Some(vec![binding]))
+                })
+                .collect();
+            config.port_bindings = Some(bindings);
+        }
+        if let Some(cpus) = self.config.cpus_per_gpu {
+            config.nano_cpus = Some((cpus * gpus * 1e9) as i64);
+        }
+        if let Some(mib) = self.config.memory_mib_per_gpu {
+            config.memory = Some((mib as f64 * gpus) as i64 * 1024 * 1024);
+        }
+        if workload.shm_mib > 0 {
+            config.shm_size = Some(workload.shm_mib as i64 * 1024 * 1024);
+        }
+        match self.config.gpu_devices {
+            GpuDevices::Nvidia => {
+                config.device_requests = Some(vec![DeviceRequest {
+                    driver: Some("nvidia".into()),
+                    device_ids: Some(job.gpus.iter().map(|g| g.uuid.clone()).collect()),
+                    capabilities: Some(vec![vec!["gpu".into()]]),
+                    ..Default::default()
+                }]);
+            }
+            GpuDevices::Amd => {
+                let mut devices = vec![device("/dev/kfd")];
+                // Render nodes are numbered from 128 in the order the driver enumerates the GPUs.
+                devices.extend(job.gpus.iter().map(|g| device(&format!("/dev/dri/renderD{}", 128 + g.index_on_host))));
+                config.devices = Some(devices);
+            }
+            GpuDevices::None => {}
+        }
+        if let Some(path) = authorized_keys {
+            config.binds = Some(vec![format!("{}:/root/.ssh/authorized_keys:ro", path.display())]);
+        }
+        config
+    }
+
+    async fn endpoints(&self, name: &str) -> Vec<Endpoint> {
+        let Ok(inspect) = self.docker.inspect_container(name, None).await else { return Vec::new() };
+        let ports = inspect.network_settings.and_then(|n| n.ports).unwrap_or_default();
+        let mut endpoints: Vec<Endpoint> = ports
+            .into_iter()
+            .filter_map(|(key, bindings)| {
+                let container_port: u16 = key.split('/').next()?.parse().ok()?;
+                let binding = bindings?.into_iter().next()?;
+                let port: u16 = binding.host_port?.parse().ok()?;
+                Some(Endpoint { container_port, host: self.config.public_address.clone(), port })
+            })
+            .collect();
+        endpoints.sort_by_key(|e| e.container_port);
+        endpoints
+    }
+}
+
+fn device(path: &str) -> DeviceMapping {
+    DeviceMapping { path_on_host: Some(path.into()), path_in_container: Some(path.into()), cgroup_permissions: Some("rwm".into()) }
+}
+
+/// A start error the renter's image causes (its command cannot run) rather than the host.
+fn exec_failure(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    ["executable file not found", "no such file or directory", "permission denied: oci", "exec format error"]
+        .iter()
+        .any(|needle| message.contains(needle))
+}
+
+#[async_trait::async_trait]
+impl DeliveryBackend for DockerBackend {
+    fn name(&self) -> &'static str {
+        "docker"
+    }
+
+    async fn start(&self, job: &Job, progress: &Progress) -> Result<Vec<Endpoint>, Failure> {
+        let workload = job.workload.as_ref().ok_or_else(|| Failure::new(FailureCode::WorkloadRefused, "no workload"))?;
+        let _ = progress.send((job.lease, DeliveryState::Pulling { bytes_done: 0, bytes_total: 0 }));
+        self.pull(job, &workload.image, progress).await?;
+        let _ = progress.send((job.lease, DeliveryState::Starting));
+        let name = Self::name_of(job.lease);
+        // A leftover of an earlier attempt would block the name.
+        let _ = self.docker.remove_container(&name, Some(RemoveContainerOptions { force: true, ..Default::default() })).await;
+        let scratch = self.scratch_of(job.lease);
+        let authorized_keys = if job.secrets.ssh_keys.is_empty() {
+            None
+        } else {
+            std::fs::create_dir_all(&scratch).map_err(|e| Failure::new(FailureCode::HostError, format!("scratch directory: {e}")))?;
+            let path = scratch.join("authorized_keys");
+            std::fs::write(&path, job.secrets.ssh_keys.join("\n") + "\n")
+                .map_err(|e| Failure::new(FailureCode::HostError, format!("writing authorized_keys: {e}")))?;
+            Some(path)
+        };
+        let mut env: Vec<String> = job.secrets.env.iter().map(|(name, value)| format!("{name}={value}")).collect();
+        let uuids: Vec<&str> = job.gpus.iter().map(|g| g.uuid.as_str()).collect();
+        env.push(format!("GPUX_LEASE={}", job.lease.0));
+        env.push(format!("GPUX_GPUS={}", uuids.join(",")));
+        let labels = HashMap::from([(LEASE_LABEL.to_string(), job.lease.0.to_string()), (HOST_LABEL.to_string(), self.host.clone())]);
+        let body = ContainerCreateBody {
+            image: Some(workload.image.clone()),
+            entrypoint: (!job.secrets.command.is_empty()).then(|| job.secrets.command.clone()),
+            cmd: (!job.secrets.args.is_empty()).then(|| job.secrets.args.clone()),
+            env: Some(env),
+            labels: Some(labels),
+            exposed_ports: Some(workload.ports.iter().map(|p| format!("{p}/tcp")).collect()),
+            host_config: Some(self.host_config(job, authorized_keys.as_ref())),
+            ..Default::default()
+        };
+        let options = CreateContainerOptions { name: Some(name.clone()), ..Default::default() };
+        if let Err(error) = self.docker.create_container(Some(options), body).await {
+            return Err(Failure::new(FailureCode::HostError, format!("creating the container: {error}")));
+        }
+        if let Err(error) = self.docker.start_container(&name, None).await {
+            let message = error.to_string();
+            let code = if exec_failure(&message) { FailureCode::ExecFailed } else { FailureCode::HostError };
+            return Err(Failure::new(code, format!("starting the container: {message}")));
+        }
+        Ok(self.endpoints(&name).await)
+    }
+
+    async fn poll(&self, lease: LeaseId) -> Poll {
+        match self.docker.inspect_container(&Self::name_of(lease), None).await {
+            Ok(inspect) => {
+                let state = inspect.state.unwrap_or_default();
+                if state.running == Some(true) {
+                    Poll::Running
+                } else {
+                    Poll::Exited(state.exit_code.unwrap_or(-1))
+                }
+            }
+            Err(_) => Poll::Gone,
+        }
+    }
+
+    async fn terminate(&self, job: &Job, _deadline_ms: u64) {
+        let lease = job.lease;
+        let options = KillContainerOptions { signal: "SIGTERM".into() };
+        if let Err(error) = self.docker.kill_container(&Self::name_of(lease), Some(options)).await {
+            tracing::warn!(%lease, %error, "could not send SIGTERM to the workload");
+        }
+    }
+
+    async fn remove(&self, lease: LeaseId, grace: Duration) {
+        let name = Self::name_of(lease);
+        if !grace.is_zero() {
+            let options = bollard::query_parameters::StopContainerOptions { t: Some(grace.as_secs() as i32), signal: None };
+            let _ = self.docker.stop_container(&name, Some(options)).await;
+        }
+        let options = RemoveContainerOptions { force: true, v: true, ..Default::default() };
+        match self.docker.remove_container(&name, Some(options)).await {
+            Ok(()) => tracing::info!(%lease, "workload removed"),
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
+            Err(error) => tracing::warn!(%lease, %error, "could not remove the workload's container"),
+        }
+        let _ = std::fs::remove_dir_all(self.scratch_of(lease));
+    }
+
+    async fn logs(&self, lease: LeaseId, tail_bytes: u32) -> (String, bool) {
+        let options = LogsOptions { stdout: true, stderr: true, tail: "2000".into(), ..Default::default() };
+        let mut stream = self.docker.logs(&Self::name_of(lease), Some(options));
+        let mut bytes = Vec::new();
+        while let Some(Ok(chunk)) = stream.next().await {
+            bytes.extend_from_slice(&chunk.into_bytes());
+        }
+        tail(&bytes, tail_bytes as usize)
+    }
+
+    async fn find(&self) -> Vec<Found> {
+        let filters = HashMap::from([("label".to_string(), vec![format!("{HOST_LABEL}={}", self.host)])]);
+        let options = ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
+        let Ok(containers) = self.docker.list_containers(Some(options)).await else {
+            tracing::warn!("could not list containers to re-adopt");
+            return Vec::new();
+        };
+        let mut found = Vec::new();
+        for container in containers {
+            let Some(lease) = container.labels.as_ref().and_then(|l| l.get(LEASE_LABEL)).and_then(|v| v.parse().ok()) else { continue };
+            let lease = LeaseId(lease);
+            let running = container.state.as_ref().is_some_and(|s| s.to_string() == "running");
+            found.push(Found { lease, running, endpoints: self.endpoints(&Self::name_of(lease)).await });
+        }
+        found
+    }
+}
+
+/// The last `limit` bytes of `bytes` as text (lossy), and whether more came before.
+pub fn tail(bytes: &[u8], limit: usize) -> (String, bool) {
+    let start = bytes.len().saturating_sub(limit);
+    (String::from_utf8_lossy(&bytes[start..]).into_owned(), start > 0)
+}

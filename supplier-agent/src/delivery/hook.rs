@@ -1,0 +1,81 @@
+//! The `hook` delivery backend: the owner's own program, run on every lease
+//! event as `hook <event> <lease> <gpu uuids,comma-separated> <end_ms or ->`,
+//! where event is `start`, `preempt` or `end`. A failed `start` is a failed
+//! delivery on the host's side. The hook manages whatever it started, so
+//! the agent sees it as running until the lease ends and has no logs of it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use gpux_engine::LeaseId;
+use gpux_protocol::{Endpoint, FailureCode};
+use tokio::sync::Mutex;
+
+use super::{DeliveryBackend, Failure, Found, Job, Poll, Progress};
+
+pub struct HookBackend {
+    hook: PathBuf,
+    /// Each lease's GPU UUIDs, for the later events.
+    gpus: Mutex<std::collections::BTreeMap<LeaseId, String>>,
+}
+
+impl HookBackend {
+    pub fn new(hook: PathBuf) -> Self {
+        HookBackend { hook, gpus: Mutex::new(Default::default()) }
+    }
+
+    async fn run(&self, event: &str, lease: LeaseId, gpus: &str, until: &str) -> Result<(), String> {
+        let status = tokio::process::Command::new(&self.hook).arg(event).arg(lease.to_string()).arg(gpus).arg(until).status().await;
+        match status {
+            Ok(status) if status.success() => Ok(()),
+            Ok(status) => Err(format!("the delivery hook {} exited with {status}", self.hook.display())),
+            Err(error) => Err(format!("the delivery hook {} could not run: {error}", self.hook.display())),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl DeliveryBackend for HookBackend {
+    fn name(&self) -> &'static str {
+        "hook"
+    }
+
+    fn runs_without_workload(&self) -> bool {
+        true
+    }
+
+    async fn start(&self, job: &Job, _progress: &Progress) -> Result<Vec<Endpoint>, Failure> {
+        let uuids: Vec<&str> = job.gpus.iter().map(|g| g.uuid.as_str()).collect();
+        let until = job.end_ms.map_or("-".to_string(), |ms| ms.to_string());
+        self.gpus.lock().await.insert(job.lease, uuids.join(","));
+        self.run("start", job.lease, &uuids.join(","), &until).await.map_err(|reason| Failure::new(FailureCode::HostError, reason))?;
+        Ok(Vec::new())
+    }
+
+    async fn poll(&self, _lease: LeaseId) -> Poll {
+        Poll::Running
+    }
+
+    async fn terminate(&self, job: &Job, deadline_ms: u64) {
+        let uuids: Vec<&str> = job.gpus.iter().map(|g| g.uuid.as_str()).collect();
+        if let Err(error) = self.run("preempt", job.lease, &uuids.join(","), &deadline_ms.to_string()).await {
+            tracing::warn!(lease = %job.lease, %error, "preempt hook failed");
+        }
+    }
+
+    async fn remove(&self, lease: LeaseId, _grace: Duration) {
+        let gpus = self.gpus.lock().await.remove(&lease).unwrap_or_default();
+        let ended_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        if let Err(error) = self.run("end", lease, &gpus, &ended_ms.to_string()).await {
+            tracing::warn!(%lease, %error, "end hook failed");
+        }
+    }
+
+    async fn logs(&self, _lease: LeaseId, _tail_bytes: u32) -> (String, bool) {
+        (String::new(), false)
+    }
+
+    async fn find(&self) -> Vec<Found> {
+        Vec::new()
+    }
+}

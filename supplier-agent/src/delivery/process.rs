@@ -1,0 +1,149 @@
+//! The `process` delivery backend: the workload's command runs as a process
+//! of its own session on the host, with `CUDA_VISIBLE_DEVICES` (NVIDIA) and
+//! `HIP_VISIBLE_DEVICES` (AMD) set to the leased GPUs. For bare hosts and
+//! tests; the image is not used, so the renter's secret part must name the
+//! command. Output goes to `<scratch>/<lease>/output.log`, the pid to
+//! `<scratch>/<lease>/pid`, so a restarted agent finds its processes again
+//! (it can then see whether they run, not their exit codes).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use gpux_engine::LeaseId;
+use gpux_protocol::{Endpoint, FailureCode};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::sync::Mutex;
+
+use super::{DeliveryBackend, Failure, Found, Job, Poll, Progress};
+
+pub struct ProcessBackend {
+    scratch: PathBuf,
+    public_address: String,
+    /// Children this agent started (exit codes are known for these only).
+    children: Mutex<std::collections::BTreeMap<LeaseId, tokio::process::Child>>,
+}
+
+impl ProcessBackend {
+    pub fn new(scratch: PathBuf, public_address: String) -> Self {
+        ProcessBackend { scratch, public_address, children: Mutex::new(Default::default()) }
+    }
+
+    fn dir(&self, lease: LeaseId) -> PathBuf {
+        self.scratch.join(lease.0.to_string())
+    }
+
+    fn pid(&self, lease: LeaseId) -> Option<Pid> {
+        let text = std::fs::read_to_string(self.dir(lease).join("pid")).ok()?;
+        Some(Pid::from_raw(text.trim().parse().ok()?))
+    }
+}
+
+fn alive(pid: Pid) -> bool {
+    kill(pid, None).is_ok()
+}
+
+#[async_trait::async_trait]
+impl DeliveryBackend for ProcessBackend {
+    fn name(&self) -> &'static str {
+        "process"
+    }
+
+    async fn start(&self, job: &Job, _progress: &Progress) -> Result<Vec<Endpoint>, Failure> {
+        let workload = job.workload.as_ref().ok_or_else(|| Failure::new(FailureCode::WorkloadRefused, "no workload"))?;
+        let mut words = job.secrets.command.iter().chain(&job.secrets.args);
+        let program = words.next().ok_or_else(|| Failure::new(FailureCode::WorkloadRefused, "the process backend needs a command"))?;
+        let dir = self.dir(job.lease);
+        std::fs::create_dir_all(&dir).map_err(|e| Failure::new(FailureCode::HostError, format!("scratch directory: {e}")))?;
+        let output =
+            std::fs::File::create(dir.join("output.log")).map_err(|e| Failure::new(FailureCode::HostError, format!("log file: {e}")))?;
+        let errors = output.try_clone().map_err(|e| Failure::new(FailureCode::HostError, format!("log file: {e}")))?;
+        let uuids: Vec<&str> = job.gpus.iter().map(|g| g.uuid.as_str()).collect();
+        let indices: Vec<String> = job.gpus.iter().map(|g| g.index_on_host.to_string()).collect();
+        let mut command = tokio::process::Command::new(program);
+        command
+            .args(words)
+            .current_dir(&dir)
+            .env("CUDA_VISIBLE_DEVICES", uuids.join(","))
+            .env("HIP_VISIBLE_DEVICES", indices.join(","))
+            .env("GPUX_LEASE", job.lease.0.to_string())
+            .envs(job.secrets.env.iter().map(|(n, v)| (n, v)))
+            .stdin(std::process::Stdio::null())
+            .stdout(output)
+            .stderr(errors)
+            .process_group(0)
+            .kill_on_drop(false);
+        let child = command.spawn().map_err(|e| {
+            let code = if e.kind() == std::io::ErrorKind::NotFound || e.kind() == std::io::ErrorKind::PermissionDenied {
+                FailureCode::ExecFailed
+            } else {
+                FailureCode::HostError
+            };
+            Failure::new(code, format!("running {program}: {e}"))
+        })?;
+        if let Some(pid) = child.id() {
+            std::fs::write(dir.join("pid"), pid.to_string()).map_err(|e| Failure::new(FailureCode::HostError, format!("pid file: {e}")))?;
+        }
+        self.children.lock().await.insert(job.lease, child);
+        // A process exposes its ports on the host itself.
+        Ok(workload.ports.iter().map(|&port| Endpoint { container_port: port, host: self.public_address.clone(), port }).collect())
+    }
+
+    async fn poll(&self, lease: LeaseId) -> Poll {
+        if let Some(child) = self.children.lock().await.get_mut(&lease) {
+            return match child.try_wait() {
+                Ok(None) => Poll::Running,
+                Ok(Some(status)) => Poll::Exited(status.code().map_or(-1, i64::from)),
+                Err(_) => Poll::Gone,
+            };
+        }
+        match self.pid(lease) {
+            Some(pid) if alive(pid) => Poll::Running,
+            Some(_) => Poll::Exited(-1),
+            None => Poll::Gone,
+        }
+    }
+
+    async fn terminate(&self, job: &Job, _deadline_ms: u64) {
+        let lease = job.lease;
+        if let Some(pid) = self.pid(lease) {
+            // The whole process group: the command and what it started.
+            let _ = kill(Pid::from_raw(-pid.as_raw()), Signal::SIGTERM);
+        }
+    }
+
+    async fn remove(&self, lease: LeaseId, grace: Duration) {
+        if let Some(pid) = self.pid(lease) {
+            let group = Pid::from_raw(-pid.as_raw());
+            if alive(pid) && !grace.is_zero() {
+                let _ = kill(group, Signal::SIGTERM);
+                let deadline = tokio::time::Instant::now() + grace;
+                while alive(pid) && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            let _ = kill(group, Signal::SIGKILL);
+        }
+        if let Some(mut child) = self.children.lock().await.remove(&lease) {
+            let _ = child.wait().await;
+        }
+        let _ = std::fs::remove_dir_all(self.dir(lease));
+    }
+
+    async fn logs(&self, lease: LeaseId, tail_bytes: u32) -> (String, bool) {
+        let bytes = std::fs::read(self.dir(lease).join("output.log")).unwrap_or_default();
+        super::docker::tail(&bytes, tail_bytes as usize)
+    }
+
+    async fn find(&self) -> Vec<Found> {
+        let Ok(entries) = std::fs::read_dir(&self.scratch) else { return Vec::new() };
+        entries
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u64>().ok())
+            .map(LeaseId)
+            .filter_map(|lease| {
+                let pid = self.pid(lease)?;
+                Some(Found { lease, running: alive(pid), endpoints: Vec::new() })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,411 @@
+//! Lease delivery end to end: a real exchange, the real agent binary with
+//! the `docker` backend driving a real container engine (podman serving the
+//! Docker API, started by `scripts/containers`), GPUs from the fake backend.
+//!
+//! The socket comes from `GPUX_DOCKER_SOCKET`; `scripts/test` sets it. Run
+//! alone without it, these tests say so and pass, unless
+//! `GPUX_REQUIRE_CONTAINERS=1` (CI) makes a missing engine a failure.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use common::*;
+use ed25519_dalek::SigningKey;
+use gpux_engine::{EventKind, InstrumentId, LeaseId, Side, TimeInForce};
+use gpux_protocol::delivery::encryption_key_certified;
+use gpux_protocol::*;
+use gpux_supplier_agent::session::Connection;
+
+const IMAGE: &str = "localhost/gpux-test:busybox";
+const SECRET_ENV: &str = "s3cret-env-value-42";
+const SECRET_SSH: &str = "AAAAC3NzaC1lZDI1NTE5AAAAIGpuxtestkeynotreal";
+
+fn socket() -> Option<String> {
+    match std::env::var("GPUX_DOCKER_SOCKET") {
+        Ok(socket) if std::path::Path::new(&socket).exists() => Some(socket),
+        _ => {
+            assert!(
+                std::env::var("GPUX_REQUIRE_CONTAINERS").as_deref() != Ok("1"),
+                "GPUX_REQUIRE_CONTAINERS=1 but GPUX_DOCKER_SOCKET names no socket: run scripts/containers start"
+            );
+            eprintln!("SKIPPED: no container engine (set GPUX_DOCKER_SOCKET; scripts/test does)");
+            None
+        }
+    }
+}
+
+const ONE_GPU: &str = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
+
+/// Agent files: the docker backend on `socket`, offering spot and
+/// preemptible; `devices` is `none` (fake GPUs) or a host-side fault.
+fn docker_agent(
+    dir: &std::path::Path,
+    url: &str,
+    socket: &str,
+    host_name: &str,
+    devices: &str,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let host = dir.join("host.json");
+    write(&host, ONE_GPU);
+    let config = dir.join("agent.toml");
+    write(
+        &config,
+        &format!(
+            "exchange = \"{url}\"\nhost = \"{host_name}\"\nkey_file = \"{}\"\nsample_interval_ms = 1000\nreport_interval_ms = 1000\n\n\
+             [[offer]]\ncontract = \"spot\"\nprice_floor_minor_per_gpu_hour = 2100000\n\n\
+             [[offer]]\ncontract = \"preemptible\"\nprice_floor_minor_per_gpu_hour = 900000\n\n\
+             [delivery]\nbackend = \"docker\"\npublic_address = \"127.0.0.1\"\nstate_dir = \"{}\"\nstop_grace_ms = 1000\n\n\
+             [delivery.docker]\nsocket = \"{socket}\"\ngpu_devices = \"{devices}\"\n",
+            dir.join("host.key").display(),
+            dir.join("leases").display(),
+        ),
+    );
+    (config, host)
+}
+
+/// What a renter sees of its lease's delivery until `done` holds (60 s).
+async fn await_delivery(renter: &mut Connection, lease: LeaseId, done: impl Fn(&DeliveryState) -> bool) -> DeliveryState {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let message = tokio::time::timeout(left, renter.next()).await.expect("delivery status in time").expect("message");
+        if let ServerMessage::Delivery { lease: of, state, .. } = message {
+            assert!(!matches!(state, DeliveryState::Failed { .. }) || done(&state), "delivery failed: {state:?}");
+            if of == lease && done(&state) {
+                return state;
+            }
+        }
+    }
+}
+
+async fn await_lease(renter: &mut Connection) -> LeaseId {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if let ServerMessage::Private { event } =
+            tokio::time::timeout(left, renter.next()).await.expect("a lease in time").expect("message")
+        {
+            if let EventKind::LeaseCreated { lease, .. } = event.kind {
+                return lease;
+            }
+        }
+    }
+}
+
+/// Seals the secrets to the lease's host, checking the host's signature on its key.
+async fn send_secrets(renter: &mut Connection, lease: LeaseId, workload: Workload, secrets: &Secrets) {
+    let id = renter.new_id();
+    let ServerMessage::HostKey { encryption_key, identity_key, signature, .. } =
+        renter.request(ClientMessage::HostKey { id, lease }).await.expect("host key")
+    else {
+        panic!("host key")
+    };
+    let key: [u8; 32] = hex::decode(&encryption_key).expect("hex").try_into().expect("32 bytes");
+    let identity: [u8; 32] = hex::decode(&identity_key).expect("hex").try_into().expect("32 bytes");
+    assert!(encryption_key_certified(&key, &identity, &signature), "the host signed its encryption key");
+    let workload = Workload { sealed: Some(secrets.seal(&key)), ..workload };
+    let id = renter.new_id();
+    let answer = renter.request(ClientMessage::SetWorkload { id, lease, workload: Box::new(workload) }).await.expect("set workload");
+    assert!(matches!(answer, ServerMessage::Ack { .. }), "{answer:?}");
+}
+
+fn http_get(host: &str, port: u16) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(mut stream) = std::net::TcpStream::connect((host, port)) {
+            stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+            let _ = stream.write_all(b"GET / HTTP/1.0\r\n\r\n");
+            let mut page = String::new();
+            let _ = stream.read_to_string(&mut page);
+            if page.contains("200") {
+                return page;
+            }
+        }
+        assert!(Instant::now() < deadline, "the container's web server answered through the endpoint");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn container_exists(socket: &str, lease: LeaseId) -> bool {
+    let output = std::process::Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", socket])
+        .arg(format!("http://d/v1.41/containers/gpux-lease-{}/json", lease.0))
+        .output()
+        .expect("curl runs");
+    String::from_utf8_lossy(&output.stdout) == "200"
+}
+
+fn files_hold(dir: &std::path::Path, needle: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("dir").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(files_hold(&path, needle));
+        } else if std::fs::read(&path).is_ok_and(|bytes| bytes.windows(needle.len()).any(|w| w == needle.as_bytes())) {
+            found.push(path);
+        }
+    }
+    found
+}
+
+fn secrets_for_httpd() -> Secrets {
+    Secrets {
+        command: vec!["/bin/busybox".into()],
+        args: vec!["httpd".into(), "-f".into(), "-v".into(), "-p".into(), "8080".into(), "-h".into(), "/www".into()],
+        env: vec![("GPUX_TEST_SECRET".into(), SECRET_ENV.into())],
+        ssh_keys: vec![format!("ssh-ed25519 {SECRET_SSH} renter@test")],
+    }
+}
+
+/// The renter's bid carries a workload whose secrets follow; once the bid
+/// fills, the renter seals them to the host's key; the container starts on
+/// the leased GPU, the renter's HTTP request reaches it through the endpoint
+/// it was sent, its logs come back, and the lease's end removes it. Neither
+/// the journal nor the snapshots hold the secrets in clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renter_reaches_its_container_and_the_lease_end_removes_it() {
+    let Some(socket) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let mut exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let (config, host) = docker_agent(dir.path(), &exchange.url, &socket, "delivery-1", "none");
+    let _agent = spawn_agent(&config, &host);
+    let mut renter = funded_renter(&exchange, &operator, 3, 1_000_000_000).await;
+
+    let workload = Workload { ports: vec![8080], secrets_follow: true, ..Workload::image(IMAGE) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let lease = loop {
+        let id = renter.new_id();
+        let mut order = OrderTicket::limit(id, InstrumentId(0), Side::Buy, 2_100_000, 1);
+        order.time_in_force = TimeInForce::Ioc;
+        let answer = renter.request(ClientMessage::NewOrder { id, order, workload: Some(Box::new(workload.clone())) }).await.expect("bid");
+        assert!(matches!(answer, ServerMessage::Ack { .. }), "{answer:?}");
+        if let Ok(lease) = tokio::time::timeout(Duration::from_millis(700), await_lease(&mut renter)).await {
+            break lease;
+        }
+        assert!(Instant::now() < deadline, "the agent's ask filled");
+    };
+    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::AwaitingSecrets)).await;
+    send_secrets(&mut renter, lease, workload, &secrets_for_httpd()).await;
+    let DeliveryState::Running { endpoints, ssh, .. } =
+        await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Running { .. })).await
+    else {
+        unreachable!()
+    };
+    assert_eq!(ssh, None, "no port 22 published");
+    let endpoint = endpoints.iter().find(|e| e.container_port == 8080).expect("the published port");
+    let page = http_get(&endpoint.host, endpoint.port);
+    assert!(page.contains("gpux delivery test page"), "{page}");
+
+    // The last status is kept for queries.
+    let id = renter.new_id();
+    let ServerMessage::LeaseDelivery { state: Some(DeliveryState::Running { .. }), workload: Some(kept), .. } =
+        renter.request(ClientMessage::LeaseDelivery { id, lease }).await.expect("query")
+    else {
+        panic!("lease delivery")
+    };
+    assert!(kept.sealed.is_some(), "the exchange keeps the sealed secrets for the host");
+
+    // The container's output, relayed by the exchange from the host.
+    let id = renter.new_id();
+    let ServerMessage::LeaseLogs { data, .. } =
+        renter.request(ClientMessage::LeaseLogs { id, lease, tail_bytes: 4096 }).await.expect("logs")
+    else {
+        panic!("logs")
+    };
+    assert!(data.contains("response:200"), "httpd -v logged the request: {data:?}");
+
+    let id = renter.new_id();
+    renter.request(ClientMessage::EndLease { id, lease }).await.expect("end");
+    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Stopped)).await;
+    assert!(!container_exists(&socket, lease), "the container is removed at the lease's end");
+
+    exchange.stop();
+    for needle in [SECRET_ENV, SECRET_SSH] {
+        let found = files_hold(&dir.path().join("exchange"), needle);
+        assert!(found.is_empty(), "{needle} in clear in {found:?}");
+    }
+}
+
+/// kill -9 of the agent while the container runs: the restarted agent
+/// re-adopts the same container and billing goes on; a preemption notice
+/// then reaches the workload as SIGTERM, and the container is removed when
+/// the lease ends at the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_readopts_and_a_preempted_workload_gets_sigterm() {
+    let Some(socket) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let (config, host) = docker_agent(dir.path(), &exchange.url, &socket, "delivery-2", "none");
+    let mut agent = spawn_agent(&config, &host);
+    let mut renter = funded_renter(&exchange, &operator, 4, 1_000_000_000).await;
+
+    // A preemptible lease whose workload says goodbye on SIGTERM.
+    let secrets = Secrets {
+        command: vec!["/bin/sh".into()],
+        args: vec!["-c".into(), "trap 'echo got-sigterm; exit 0' TERM; echo started; while true; do sleep 1; done".into()],
+        ..Secrets::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let lease = loop {
+        let id = renter.new_id();
+        let mut order = OrderTicket::limit(id, InstrumentId(1), Side::Buy, 900_000, 1);
+        order.time_in_force = TimeInForce::Ioc;
+        let answer = renter.request(ClientMessage::NewOrder { id, order, workload: None }).await.expect("bid");
+        assert!(matches!(answer, ServerMessage::Ack { .. }), "{answer:?}");
+        if let Ok(lease) = tokio::time::timeout(Duration::from_millis(700), await_lease(&mut renter)).await {
+            break lease;
+        }
+        assert!(Instant::now() < deadline, "the agent's preemptible ask filled");
+    };
+    send_secrets(&mut renter, lease, Workload::image(IMAGE), &secrets).await;
+    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Running { .. })).await;
+    let started_at = container_started_at(&socket, lease);
+
+    // kill -9 and restart: the container is adopted, not started again.
+    let _ = agent.0.kill();
+    let _ = agent.0.wait();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(container_exists(&socket, lease), "the workload outlives its agent");
+    let _agent = spawn_agent(&config, &host);
+    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Running { .. })).await;
+    assert_eq!(container_started_at(&socket, lease), started_at, "the same container, re-adopted");
+    let verified = |info: &gpux_engine::LeaseInfo| info.verified_gpu_ms;
+    let before = lease_info(&mut renter, lease).await;
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    assert!(verified(&lease_info(&mut renter, lease).await) > verified(&before), "billing goes on after the restart");
+
+    // A spot buyer preempts: SIGTERM at the notice.
+    let mut urgent = funded_renter(&exchange, &operator, 5, 1_000_000_000).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let id = urgent.new_id();
+        let mut order = OrderTicket::limit(id, InstrumentId(0), Side::Buy, 2_100_000, 1);
+        order.time_in_force = TimeInForce::Ioc;
+        urgent.request(ClientMessage::NewOrder { id, order, workload: None }).await.expect("spot bid");
+        if let Ok(Ok(ServerMessage::Private { event })) = tokio::time::timeout(Duration::from_millis(700), renter.next()).await {
+            if matches!(event.kind, EventKind::PreemptionNotice { lease: l, .. } if l == lease) {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "the preemptible lease was preempted");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let id = renter.new_id();
+        if let ServerMessage::LeaseLogs { data, .. } =
+            renter.request(ClientMessage::LeaseLogs { id, lease, tail_bytes: 4096 }).await.expect("logs")
+        {
+            if data.contains("got-sigterm") {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "the workload got SIGTERM at the notice");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // The lease ends at the deadline (the demo's 30 s notice); the container goes.
+    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Stopped)).await;
+    assert!(!container_exists(&socket, lease), "removed at the deadline");
+    let ended = lease_info(&mut renter, lease).await;
+    assert!(!ended.active);
+}
+
+/// An agent configured for devices its host lacks cannot create the
+/// container: a failed delivery on the host's side. The lease ends
+/// `delivery_failed` and the renter pays nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_side_failure_ends_the_lease_and_is_not_billed() {
+    let Some(socket) = socket() else { return };
+    if std::path::Path::new("/dev/kfd").exists() {
+        eprintln!("SKIPPED: this host has /dev/kfd, so the AMD device mapping would not fail");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let (config, host) = docker_agent(dir.path(), &exchange.url, &socket, "delivery-3", "amd");
+    let _agent = spawn_agent(&config, &host);
+    let deposit = 1_000_000_000;
+    let mut renter = funded_renter(&exchange, &operator, 6, deposit).await;
+    let secrets = Secrets { command: vec!["/bin/busybox".into(), "sleep".into(), "600".into()], ..Secrets::default() };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let lease = loop {
+        let id = renter.new_id();
+        let mut order = OrderTicket::limit(id, InstrumentId(0), Side::Buy, 2_100_000, 1);
+        order.time_in_force = TimeInForce::Ioc;
+        let workload = Workload { secrets_follow: true, ..Workload::image(IMAGE) };
+        renter.request(ClientMessage::NewOrder { id, order, workload: Some(Box::new(workload)) }).await.expect("bid");
+        if let Ok(lease) = tokio::time::timeout(Duration::from_millis(700), await_lease(&mut renter)).await {
+            break lease;
+        }
+        assert!(Instant::now() < deadline, "the agent's ask filled");
+    };
+    send_secrets(&mut renter, lease, Workload::image(IMAGE), &secrets).await;
+    let failed = await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Failed { .. })).await;
+    assert!(matches!(failed, DeliveryState::Failed { code: FailureCode::HostError, fault: Fault::Host, .. }), "{failed:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lease_info(&mut renter, lease).await.active {
+        assert!(Instant::now() < deadline, "the lease ended");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let info = lease_info(&mut renter, lease).await;
+    assert_eq!(info.usage_charged_minor, 0, "nothing charged for a delivery the host failed");
+    let id = renter.new_id();
+    let ServerMessage::Balance { available_minor, held_minor, .. } = renter.request(ClientMessage::Balance { id }).await.expect("balance")
+    else {
+        panic!("balance")
+    };
+    assert_eq!(available_minor + held_minor, deposit, "the renter's money is whole (escrow released at billing close)");
+}
+
+/// Options no host grants are refused by the exchange with their own code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_workload_options_get_their_codes_over_the_wire() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let mut renter = funded_renter(&exchange, &operator, 7, 1_000_000).await;
+    let base = Workload::image(IMAGE);
+    let cases = [
+        (Workload { privileged: true, ..base.clone() }, ErrorCode::WorkloadOptionRefused),
+        (Workload { host_network: true, ..base.clone() }, ErrorCode::WorkloadOptionRefused),
+        (Workload { host_mounts: vec!["/:/host".into()], ..base.clone() }, ErrorCode::WorkloadOptionRefused),
+        (Workload { cap_add: vec!["SYS_ADMIN".into()], ..base.clone() }, ErrorCode::WorkloadOptionRefused),
+        (Workload { ports: (1..=17).collect(), ..base.clone() }, ErrorCode::TooManyPorts),
+        (Workload::image("bad image"), ErrorCode::ImageInvalid),
+    ];
+    for (workload, expected) in cases {
+        let id = renter.new_id();
+        let order = OrderTicket::limit(id, InstrumentId(0), Side::Buy, 1_000, 1);
+        let answer = renter.request(ClientMessage::NewOrder { id, order, workload: Some(Box::new(workload)) }).await.expect("answer");
+        assert!(matches!(answer, ServerMessage::Error { code, .. } if code == expected), "{expected:?}: {answer:?}");
+    }
+    let id = renter.new_id();
+    let answer = renter.request(ClientMessage::SetWorkload { id, lease: LeaseId(42), workload: Box::new(base) }).await.expect("answer");
+    assert!(matches!(answer, ServerMessage::Error { code: ErrorCode::UnknownLease, .. }), "{answer:?}");
+    let id = renter.new_id();
+    let answer = renter.request(ClientMessage::HostKey { id, lease: LeaseId(42) }).await.expect("answer");
+    assert!(matches!(answer, ServerMessage::Error { code: ErrorCode::UnknownLease, .. }), "{answer:?}");
+}
+
+async fn lease_info(renter: &mut Connection, lease: LeaseId) -> gpux_engine::LeaseInfo {
+    let id = renter.new_id();
+    let ServerMessage::Leases { leases, .. } = renter.request(ClientMessage::Leases { id, offset: 0 }).await.expect("leases") else {
+        panic!("leases")
+    };
+    leases.into_iter().find(|l| l.lease == lease).expect("the lease")
+}
+
+fn container_started_at(socket: &str, lease: LeaseId) -> String {
+    let output = std::process::Command::new("curl")
+        .args(["-s", "--unix-socket", socket])
+        .arg(format!("http://d/v1.41/containers/gpux-lease-{}/json", lease.0))
+        .output()
+        .expect("curl runs");
+    let inspect: serde_json::Value = serde_json::from_slice(&output.stdout).expect("inspect JSON");
+    inspect["State"]["StartedAt"].as_str().expect("started").to_string()
+}
