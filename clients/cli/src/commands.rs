@@ -67,6 +67,8 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Statement { after } => statement(s, after, json).await,
+        Command::Run(args) => crate::run::run(s, args, json).await,
+        Command::Lease { action } => crate::run::lease(s, action, json).await,
         Command::Buy(args) => place(s, Side::Buy, args, json).await,
         Command::Sell(args) => place(s, Side::Sell, args, json).await,
         Command::Offer { instrument, price, host, gpus } => {
@@ -163,7 +165,7 @@ fn unreachable_exchange(url: &str, error: anyhow::Error) -> Failure {
     ))
 }
 
-fn spinner(message: &str) -> ProgressBar {
+pub fn spinner(message: &str) -> ProgressBar {
     let bar = ProgressBar::new_spinner();
     bar.set_message(message.to_string());
     bar.enable_steady_tick(Duration::from_millis(100));

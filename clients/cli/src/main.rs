@@ -26,6 +26,7 @@ mod book;
 mod commands;
 mod keys;
 mod money;
+mod run;
 
 use std::path::PathBuf;
 
@@ -184,6 +185,79 @@ pub enum Command {
     Withdraw { amount: String },
     /// Pay out supplier earnings.
     Payout { amount: String },
+    /// Rent GPUs and run an image on them: bid at most --max-price, wait until it runs, print how to connect.
+    Run(RunArgs),
+    /// A lease's delivery: status and endpoints, logs, stop.
+    Lease {
+        #[command(subcommand)]
+        action: LeaseAction,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Container image, e.g. docker.io/library/python:3.12.
+    #[arg(long)]
+    pub image: String,
+    /// GPUs (on one host when more than one).
+    #[arg(long, default_value_t = 1)]
+    pub gpus: u32,
+    /// Highest price in dollars per GPU-hour.
+    #[arg(long)]
+    pub max_price: String,
+    /// Instrument symbol or id.
+    #[arg(long, default_value = "H100-SXM-80G/SPOT")]
+    pub instrument: String,
+    /// Lease length in hours.
+    #[arg(long, default_value_t = 1, conflicts_with = "until_cancelled")]
+    pub hours: u32,
+    /// An open-ended lease, billed as used until you stop it.
+    #[arg(long)]
+    pub until_cancelled: bool,
+    /// Container port to publish (repeat for more).
+    #[arg(short = 'p', long)]
+    pub port: Vec<u16>,
+    /// OpenSSH public key file to install for root (repeat for more); sealed to the host.
+    #[arg(long)]
+    pub ssh_key: Vec<PathBuf>,
+    /// Environment variable NAME=VALUE (repeat for more); sealed to the host.
+    #[arg(short = 'e', long)]
+    pub env: Vec<String>,
+    /// /dev/shm size in MiB.
+    #[arg(long, default_value_t = 0)]
+    pub shm_mib: u32,
+    #[arg(long, value_enum, default_value_t = RestartArg::Never)]
+    pub restart: RestartArg,
+    /// Treat the first word after -- as the entrypoint (otherwise all words are the image's arguments).
+    #[arg(long)]
+    pub entrypoint: bool,
+    /// Seconds to wait for the workload to run.
+    #[arg(long, default_value_t = 600)]
+    pub wait_s: u64,
+    /// Command and arguments (after --); sealed to the host.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum RestartArg {
+    Never,
+    OnFailure,
+    Always,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum LeaseAction {
+    /// The lease's workload, delivery status and endpoints.
+    Status { lease: u64 },
+    /// End the lease now (the host stops and removes the workload).
+    Stop { lease: u64 },
+    /// The last output of the lease's workload.
+    Logs {
+        lease: u64,
+        #[arg(long, default_value_t = 16 * 1024)]
+        bytes: u32,
+    },
 }
 
 #[derive(Subcommand)]

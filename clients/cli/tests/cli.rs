@@ -160,3 +160,119 @@ fn failures_exit_with_their_code_and_say_what_to_do() {
     let usage = gpux(url, &renter, &["buy"]);
     assert_eq!(usage.status.code(), Some(2), "clap usage errors exit 2");
 }
+
+/// A renter runs `gpux run` with an image, an exposed port, an SSH key and a
+/// secret environment variable; the owner's agent (in-process, docker
+/// backend on podman, fake GPUs) starts the container; an HTTP request
+/// reaches it through the endpoint `gpux run` printed; `gpux lease status`
+/// and `logs` show it; `gpux lease stop` ends it. Needs the container engine
+/// that scripts/test starts (GPUX_DOCKER_SOCKET).
+#[test]
+fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
+    let socket = match std::env::var("GPUX_DOCKER_SOCKET") {
+        Ok(socket) if Path::new(&socket).exists() => socket,
+        _ => {
+            assert!(std::env::var("GPUX_REQUIRE_CONTAINERS").as_deref() != Ok("1"), "no container engine: run scripts/containers start");
+            eprintln!("SKIPPED: no container engine (set GPUX_DOCKER_SOCKET; scripts/test does)");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = |name: &str| -> PathBuf { dir.path().join(format!("{name}.key")) };
+    let offline = "ws://127.0.0.1:1";
+    for name in ["operator", "renter"] {
+        ok(gpux(offline, &key(name), &["keys", "create"]));
+    }
+    let operator_public: [u8; 32] = key_of(&key("operator")).verifying_key().to_bytes();
+    let exchange = start_exchange(&dir.path().join("data"), operator_public);
+    let url = exchange.url.clone();
+    let login = ok(gpux(&url, &key("renter"), &["login", "--role", "renter"]));
+    let renter_account = login.split_whitespace().nth(4).expect("an account id").to_string();
+    ok(gpux(&url, &key("operator"), &["deposit", &renter_account, "100"]));
+
+    // The owner's agent, in-process.
+    let host = dir.path().join("host.json");
+    std::fs::write(&host, r#"{"gpus": [{"uuid": "GPU-run-0", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#)
+        .expect("host file");
+    let config = format!(
+        "exchange = \"{url}\"\nhost = \"run-host\"\nkey_file = \"{}\"\nsample_interval_ms = 1000\nreport_interval_ms = 1000\n\n\
+         [[offer]]\ncontract = \"spot\"\nprice_floor_minor_per_gpu_hour = 2100000\n\n\
+         [delivery]\nbackend = \"docker\"\nstop_grace_ms = 1000\n\n[delivery.docker]\nsocket = \"{socket}\"\ngpu_devices = \"none\"\n",
+        dir.path().join("host.key").display()
+    );
+    let config = gpux_supplier_agent::config::AgentConfig::parse(&config).expect("agent config");
+    let backend = gpux_supplier_agent::fake::FakeBackend::from_file(&host).expect("fake host");
+    let host_key = gpux_supplier_agent::keys::load_or_create(&config.key_file).expect("host key");
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+        runtime.block_on(async move {
+            let agent = gpux_supplier_agent::session::Agent::new(config, host_key, Box::new(backend)).expect("agent");
+            let _ = agent.run(std::future::pending()).await;
+        });
+    });
+
+    let ssh_key = dir.path().join("id.pub");
+    std::fs::write(&ssh_key, "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIclitestkeynotreal renter@cli\n").expect("ssh key");
+    let ssh_key = ssh_key.display().to_string();
+    let args = [
+        "run",
+        "--image",
+        "localhost/gpux-test:busybox",
+        "--max-price",
+        "2.5",
+        "-p",
+        "8080",
+        "--ssh-key",
+        &ssh_key,
+        "-e",
+        "CLI_SECRET=cli-secret-value-7",
+        "--entrypoint",
+        "--wait-s",
+        "60",
+        "--",
+        "/bin/busybox",
+        "httpd",
+        "-f",
+        "-v",
+        "-p",
+        "8080",
+        "-h",
+        "/www",
+    ];
+    // The agent's ask reaches the book within a few seconds.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let printed = loop {
+        let output = gpux(&url, &key("renter"), &args);
+        if output.status.success() {
+            break String::from_utf8_lossy(&output.stdout).to_string();
+        }
+        assert_eq!(output.status.code(), Some(1), "only 'nothing on sale yet' may fail: {}", String::from_utf8_lossy(&output.stderr));
+        assert!(std::time::Instant::now() < deadline, "gpux run never got a GPU: {}", String::from_utf8_lossy(&output.stderr));
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    let lease: String =
+        printed.split("lease ").nth(1).and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()).expect("a lease").to_string();
+    let endpoint = printed.lines().find_map(|l| l.trim().strip_prefix("port 8080 -> ")).expect("the endpoint printed").to_string();
+    let (address, port) = endpoint.rsplit_once(':').expect("host:port");
+    let mut stream = std::net::TcpStream::connect((address, port.parse::<u16>().expect("port"))).expect("connect to the endpoint");
+    use std::io::{Read, Write};
+    stream.write_all(b"GET / HTTP/1.0\r\n\r\n").expect("request");
+    let mut page = String::new();
+    stream.read_to_string(&mut page).expect("page");
+    assert!(page.contains("gpux delivery test page"), "{page}");
+
+    let status = ok(gpux(&url, &key("renter"), &["lease", "status", &lease]));
+    assert!(status.contains("running") && status.contains("port 8080"), "{status}");
+    let logs = ok(gpux(&url, &key("renter"), &["lease", "logs", &lease]));
+    assert!(logs.contains("response:200"), "{logs}");
+    ok(gpux(&url, &key("renter"), &["lease", "stop", &lease]));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let status = ok(gpux(&url, &key("renter"), &["lease", "status", &lease]));
+        if status.contains("stopped and removed") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the workload was stopped: {status}");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+}

@@ -1,0 +1,236 @@
+//! `gpux run` and `gpux lease ...`: a renter's way onto the GPUs it buys.
+//!
+//! `run` places an immediate-or-cancel bid carrying the workload's public
+//! part; for each lease it fills, it fetches the host's encryption key,
+//! checks the host's signature over it, seals the secret part (command,
+//! environment, SSH keys) to it and sends it, then follows the delivery
+//! until the workload runs and prints how to reach it.
+
+use std::time::{Duration, Instant};
+
+use gpux_client::now_ms;
+use gpux_engine::{EventKind, LeaseDuration, LeaseId, OrderType, Side, TimeInForce};
+use gpux_protocol::delivery::encryption_key_certified;
+use gpux_protocol::{ClientMessage, DeliveryState, OrderTicket, RestartPolicy, Secrets, ServerMessage, Workload};
+
+use crate::commands::Session;
+use crate::money::parse_dollars;
+use crate::{Failure, LeaseAction, RestartArg, RunArgs};
+
+pub async fn run(s: &mut Session, args: RunArgs, json: bool) -> Result<(), Failure> {
+    let instrument = s.resolve(&args.instrument).await?;
+    let price = parse_dollars(&args.max_price).map_err(Failure::Usage)?;
+    let mut env = Vec::new();
+    for pair in &args.env {
+        let (name, value) = pair.split_once('=').ok_or_else(|| Failure::Usage(format!("--env takes NAME=VALUE, not {pair:?}")))?;
+        env.push((name.to_string(), value.to_string()));
+    }
+    let mut ssh_keys = Vec::new();
+    for path in &args.ssh_key {
+        let text = std::fs::read_to_string(path).map_err(|e| Failure::Usage(format!("reading SSH key {}: {e}", path.display())))?;
+        ssh_keys.extend(text.lines().filter(|l| !l.trim().is_empty()).map(|l| l.trim().to_string()));
+    }
+    let (command, arguments) = match args.command.split_first() {
+        Some((first, rest)) if args.entrypoint => (vec![first.clone()], rest.to_vec()),
+        _ => (Vec::new(), args.command.clone()),
+    };
+    let secrets = Secrets { command, args: arguments, env, ssh_keys };
+    secrets.validate().map_err(|e| Failure::Usage(e.to_string()))?;
+    let has_secrets = secrets != Secrets::default();
+    let workload = Workload {
+        ports: args.port.clone(),
+        shm_mib: args.shm_mib,
+        restart: match args.restart {
+            RestartArg::Never => RestartPolicy::Never,
+            RestartArg::OnFailure => RestartPolicy::OnFailure { max_restarts: 5 },
+            RestartArg::Always => RestartPolicy::Always,
+        },
+        secrets_follow: has_secrets,
+        ..Workload::image(args.image.clone())
+    };
+    workload.validate().map_err(|e| Failure::Usage(e.to_string()))?;
+
+    let mut order = OrderTicket::limit(now_ms(), instrument, Side::Buy, price, args.gpus);
+    order.order_type = OrderType::Limit;
+    order.time_in_force = TimeInForce::Ioc;
+    order.duration = if args.until_cancelled { LeaseDuration::UntilCancelled } else { LeaseDuration::Hours(args.hours) };
+    order.one_host = args.gpus > 1;
+    let id = s.connection.new_id();
+    let answer = s.ask(ClientMessage::NewOrder { id, order, workload: Some(Box::new(workload.clone())) }, json).await?;
+    let Some(order_id) = (match answer {
+        ServerMessage::Ack { order, .. } => order,
+        _ => None,
+    }) else {
+        return Err(Failure::Refused("the bid was not accepted".into()));
+    };
+
+    // The leases this bid filled come as private events right after the ack.
+    let mut leases: Vec<LeaseId> = Vec::new();
+    let mut ours = false;
+    while let Ok(Some(message)) = s.connection.next_within(Duration::from_millis(500)).await {
+        if let ServerMessage::Private { event } = message {
+            match event.kind {
+                EventKind::Trade { buy_order, .. } => ours = buy_order == order_id,
+                EventKind::LeaseCreated { lease, .. } if ours => leases.push(lease),
+                _ => {}
+            }
+        }
+    }
+    if leases.is_empty() {
+        return Err(Failure::Refused(format!(
+            "no {} GPU(s) on sale at or below {}/GPU-h now; `gpux book {}` shows the asks",
+            args.gpus, args.max_price, args.instrument
+        )));
+    }
+    if !json {
+        out!("leased: {}", leases.iter().map(|l| format!("lease {}", l.0)).collect::<Vec<_>>().join(", "));
+    }
+    if has_secrets {
+        for &lease in &leases {
+            let id = s.connection.new_id();
+            let ServerMessage::HostKey { encryption_key, identity_key, signature, .. } =
+                s.ask(ClientMessage::HostKey { id, lease }, false).await?
+            else {
+                return Err(Failure::Refused("the exchange sent no host key".into()));
+            };
+            let key: [u8; 32] = decode_key(&encryption_key)?;
+            if !encryption_key_certified(&key, &decode_key(&identity_key)?, &signature) {
+                return Err(Failure::Refused(format!(
+                    "lease {}: the host's encryption key is not signed by the host; not sending secrets",
+                    lease.0
+                )));
+            }
+            let sealed = Workload { sealed: Some(secrets.seal(&key)), ..workload.clone() };
+            let id = s.connection.new_id();
+            s.ask(ClientMessage::SetWorkload { id, lease, workload: Box::new(sealed) }, json).await?;
+        }
+    }
+    follow(s, &leases, Duration::from_secs(args.wait_s), json).await
+}
+
+fn decode_key(text: &str) -> Result<[u8; 32], Failure> {
+    hex::decode(text).ok().and_then(|b| b.try_into().ok()).ok_or_else(|| Failure::Refused(format!("not a 32-byte key: {text}")))
+}
+
+/// Follows delivery statuses until every lease runs (or one fails).
+async fn follow(s: &mut Session, leases: &[LeaseId], wait: Duration, json: bool) -> Result<(), Failure> {
+    let bar = (!json).then(|| crate::commands::spinner("waiting for the host to start the workload"));
+    let deadline = Instant::now() + wait;
+    let mut running = std::collections::BTreeMap::new();
+    while running.len() < leases.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let message = match s.connection.next_within(left).await {
+            Ok(Some(message)) => message,
+            Ok(None) => {
+                return Err(Failure::Refused(format!(
+                    "not running after {} s; `gpux lease status <lease>` shows where it stands",
+                    wait.as_secs()
+                )))
+            }
+            Err(error) => return Err(Failure::Unreachable(format!("{error:#}"))),
+        };
+        let ServerMessage::Delivery { lease, state, .. } = &message else { continue };
+        if !leases.contains(lease) {
+            continue;
+        }
+        if json {
+            out!("{}", gpux_protocol::encode_server_text(&message));
+        }
+        if let Some(bar) = &bar {
+            bar.set_message(format!("lease {}: {}", lease.0, describe(state)));
+        }
+        match state {
+            DeliveryState::Running { .. } => {
+                running.insert(*lease, state.clone());
+            }
+            DeliveryState::Failed { .. } | DeliveryState::Exited { .. } | DeliveryState::Stopped => {
+                if let Some(bar) = &bar {
+                    bar.finish_and_clear();
+                }
+                return Err(Failure::Refused(format!("lease {}: {}", lease.0, describe(state))));
+            }
+            _ => {}
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    if !json {
+        for (lease, state) in &running {
+            out!("lease {}: {}", lease.0, describe(state));
+            print_endpoints(state);
+        }
+        out!("logs: gpux lease logs <lease>; stop: gpux lease stop <lease>");
+    }
+    Ok(())
+}
+
+fn print_endpoints(state: &DeliveryState) {
+    if let DeliveryState::Running { endpoints, ssh, .. } = state {
+        for endpoint in endpoints {
+            out!("  port {} -> {}:{}", endpoint.container_port, endpoint.host, endpoint.port);
+        }
+        if let Some(ssh) = ssh {
+            out!("  connect: {ssh}");
+        }
+    }
+}
+
+/// A status in words.
+pub fn describe(state: &DeliveryState) -> String {
+    match state {
+        DeliveryState::AwaitingSecrets => "waiting for the sealed secrets".into(),
+        DeliveryState::Pulling { bytes_done, bytes_total } if *bytes_total > 0 => {
+            format!("pulling the image ({} of {} MB)", bytes_done / 1_000_000, bytes_total / 1_000_000)
+        }
+        DeliveryState::Pulling { .. } => "pulling the image".into(),
+        DeliveryState::Starting => "starting".into(),
+        DeliveryState::Running { restarts: 0, .. } => "running".into(),
+        DeliveryState::Running { restarts, .. } => format!("running (restarted {restarts} times)"),
+        DeliveryState::Exited { code } => format!("exited with code {code}"),
+        DeliveryState::Failed { code, fault, reason } => format!("failed ({code:?}, {fault:?}'s side): {reason}"),
+        DeliveryState::Stopped => "stopped and removed".into(),
+    }
+}
+
+pub async fn lease(s: &mut Session, action: LeaseAction, json: bool) -> Result<(), Failure> {
+    match action {
+        LeaseAction::Status { lease } => {
+            let id = s.connection.new_id();
+            let answer = s.ask(ClientMessage::LeaseDelivery { id, lease: LeaseId(lease) }, json).await?;
+            if let (false, ServerMessage::LeaseDelivery { workload, state, .. }) = (json, answer) {
+                match workload {
+                    Some(workload) => out!("image {}", workload.image),
+                    None => out!("no workload set"),
+                }
+                match state {
+                    Some(state) => {
+                        out!("{}", describe(&state));
+                        print_endpoints(&state);
+                    }
+                    None => out!("no delivery status yet"),
+                }
+            }
+            Ok(())
+        }
+        LeaseAction::Stop { lease } => {
+            let id = s.connection.new_id();
+            let answer = s.ask(ClientMessage::EndLease { id, lease: LeaseId(lease) }, json).await?;
+            if !json && matches!(answer, ServerMessage::Ack { .. }) {
+                out!("lease {lease} ended; the host stops and removes its workload");
+            }
+            Ok(())
+        }
+        LeaseAction::Logs { lease, bytes } => {
+            let id = s.connection.new_id();
+            let answer = s.ask(ClientMessage::LeaseLogs { id, lease: LeaseId(lease), tail_bytes: bytes }, json).await?;
+            if let (false, ServerMessage::LeaseLogs { data, truncated, .. }) = (json, answer) {
+                if truncated {
+                    out!("[... earlier output cut]");
+                }
+                print!("{data}");
+            }
+            Ok(())
+        }
+    }
+}
