@@ -362,6 +362,43 @@ async fn a_host_side_failure_ends_the_lease_and_is_not_billed() {
     assert_eq!(available_minor + held_minor, deposit, "the renter's money is whole (escrow released at billing close)");
 }
 
+/// An image that cannot be pulled is the renter's failure: the lease runs on
+/// (and is billed), and a new workload can be set on it. The image's
+/// registry is `localhost`, so the pull fails at once on loopback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_failure_is_the_renters_and_the_lease_runs_on() {
+    let Some(socket) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let (config, host) = docker_agent(dir.path(), &exchange.url, &socket, "delivery-4", "none");
+    let _agent = spawn_agent(&config, &host);
+    let mut renter = funded_renter(&exchange, &operator, 8, 1_000_000_000).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let lease = loop {
+        let id = renter.new_id();
+        let mut order = OrderTicket::limit(id, InstrumentId(0), Side::Buy, 2_100_000, 1);
+        order.time_in_force = TimeInForce::Ioc;
+        let workload = Workload::image("localhost/gpux-absent:none");
+        renter.request(ClientMessage::NewOrder { id, order, workload: Some(Box::new(workload)) }).await.expect("bid");
+        if let Ok(lease) = tokio::time::timeout(Duration::from_millis(700), await_lease(&mut renter)).await {
+            break lease;
+        }
+        assert!(Instant::now() < deadline, "the agent's ask filled");
+    };
+    let failed = await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Failed { .. })).await;
+    assert!(matches!(failed, DeliveryState::Failed { code: FailureCode::PullFailed, fault: Fault::Renter, .. }), "{failed:?}");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(lease_info(&mut renter, lease).await.active, "the renter's failure does not end the lease");
+    // A working workload on the same lease.
+    let secrets = Secrets { command: vec!["/bin/busybox".into(), "sleep".into(), "600".into()], ..Secrets::default() };
+    send_secrets(&mut renter, lease, Workload::image(IMAGE), &secrets).await;
+    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Running { .. })).await;
+    let id = renter.new_id();
+    renter.request(ClientMessage::EndLease { id, lease }).await.expect("end");
+    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Stopped)).await;
+}
+
 /// Options no host grants are refused by the exchange with their own code.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_workload_options_get_their_codes_over_the_wire() {
