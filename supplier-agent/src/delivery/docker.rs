@@ -1,7 +1,7 @@
 //! The `docker` delivery backend: the Docker Engine API through bollard, so
 //! it drives Docker or podman (`podman system service`) alike.
 //!
-//! Each lease's workload is one container named `gpux-lease-<id>`, labelled
+//! Each lease's workload is one container named `gpux-<host>-lease-<id>`, labelled
 //! with its lease, given exactly the leased GPUs (NVIDIA: a device request
 //! by UUID, MIG slices by their MIG UUID; AMD: `/dev/kfd` and the leased
 //! `/dev/dri/renderD*` nodes), CPU and memory in proportion to its GPUs, its
@@ -44,8 +44,9 @@ impl DockerBackend {
         Ok(DockerBackend { docker, config, host, scratch })
     }
 
-    fn name_of(lease: LeaseId) -> String {
-        format!("gpux-lease-{}", lease.0)
+    /// The container's name: host and lease, so agents sharing an engine never collide.
+    fn name_of(&self, lease: LeaseId) -> String {
+        format!("gpux-{}-lease-{}", self.host, lease.0)
     }
 
     fn scratch_of(&self, lease: LeaseId) -> PathBuf {
@@ -172,7 +173,7 @@ impl DeliveryBackend for DockerBackend {
         let _ = progress.send((job.lease, DeliveryState::Pulling { bytes_done: 0, bytes_total: 0 }));
         self.pull(job, &workload.image, progress).await?;
         let _ = progress.send((job.lease, DeliveryState::Starting));
-        let name = Self::name_of(job.lease);
+        let name = self.name_of(job.lease);
         // A leftover of an earlier attempt would block the name.
         let _ = self.docker.remove_container(&name, Some(RemoveContainerOptions { force: true, ..Default::default() })).await;
         let scratch = self.scratch_of(job.lease);
@@ -213,7 +214,7 @@ impl DeliveryBackend for DockerBackend {
     }
 
     async fn poll(&self, lease: LeaseId) -> Poll {
-        match self.docker.inspect_container(&Self::name_of(lease), None).await {
+        match self.docker.inspect_container(&self.name_of(lease), None).await {
             Ok(inspect) => {
                 let state = inspect.state.unwrap_or_default();
                 if state.running == Some(true) {
@@ -229,13 +230,13 @@ impl DeliveryBackend for DockerBackend {
     async fn terminate(&self, job: &Job, _deadline_ms: u64) {
         let lease = job.lease;
         let options = KillContainerOptions { signal: "SIGTERM".into() };
-        if let Err(error) = self.docker.kill_container(&Self::name_of(lease), Some(options)).await {
+        if let Err(error) = self.docker.kill_container(&self.name_of(lease), Some(options)).await {
             tracing::warn!(%lease, %error, "could not send SIGTERM to the workload");
         }
     }
 
     async fn remove(&self, lease: LeaseId, grace: Duration) {
-        let name = Self::name_of(lease);
+        let name = self.name_of(lease);
         if !grace.is_zero() {
             let options = bollard::query_parameters::StopContainerOptions { t: Some(grace.as_secs() as i32), signal: None };
             let _ = self.docker.stop_container(&name, Some(options)).await;
@@ -251,7 +252,7 @@ impl DeliveryBackend for DockerBackend {
 
     async fn logs(&self, lease: LeaseId, tail_bytes: u32) -> (String, bool) {
         let options = LogsOptions { stdout: true, stderr: true, tail: "2000".into(), ..Default::default() };
-        let mut stream = self.docker.logs(&Self::name_of(lease), Some(options));
+        let mut stream = self.docker.logs(&self.name_of(lease), Some(options));
         let mut bytes = Vec::new();
         while let Some(Ok(chunk)) = stream.next().await {
             bytes.extend_from_slice(&chunk.into_bytes());
@@ -271,7 +272,7 @@ impl DeliveryBackend for DockerBackend {
             let Some(lease) = container.labels.as_ref().and_then(|l| l.get(LEASE_LABEL)).and_then(|v| v.parse().ok()) else { continue };
             let lease = LeaseId(lease);
             let running = container.state.as_ref().is_some_and(|s| s.to_string() == "running");
-            found.push(Found { lease, running, endpoints: self.endpoints(&Self::name_of(lease)).await });
+            found.push(Found { lease, running, endpoints: self.endpoints(&self.name_of(lease)).await });
         }
         found
     }
