@@ -1,6 +1,7 @@
 // gpux web console: instruments, live books (ladder and depth chart),
 // trades with a price chart, the reserved-window calendar and, once logged
-// in with a key, the account's orders, leases, notices and statement.
+// in with a key, the account's orders, leases (with each lease's delivery
+// status and endpoints), notices and statement.
 // Plain browser JavaScript over the documented WebSocket protocol
 // (docs/protocol.md): no framework, no build step, nothing fetched from
 // elsewhere at run time. The key never leaves the page: it signs the login
@@ -12,12 +13,15 @@ const state = {
   instruments: [], selected: null,
   book: { seq: 0, synced: false, bids: new Map(), asks: new Map() },
   trades: [], account: null, refreshTimer: null,
+  leases: [], deliveries: new Map(),
 };
 
 const $ = (id) => document.getElementById(id);
 const usd = (minor) => "$" + (minor / 1e6).toFixed(3);
 const hex = (bytes) => Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
 const fromHex = (text) => Uint8Array.from(text.match(/../g).map((h) => parseInt(h, 16)));
+// Escapes text for innerHTML: hosts write failure reasons, so never trust them.
+const esc = (text) => String(text).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 const utcHour = (ms) => new Date(ms).toISOString().slice(0, 16).replace("T", " ");
 
 function request(type, fields = {}) {
@@ -54,6 +58,10 @@ function connect() {
     if (type === "book_snapshot" || type === "book_update") onBook(type, body);
     else if (type === "trade") onTrade(body);
     else if (type === "private") onPrivate(body.event);
+    else if (type === "delivery") {
+      state.deliveries.set(body.lease, body.state);
+      renderLeases();
+    }
   };
 }
 
@@ -213,6 +221,27 @@ function onPrivate(event) {
   state.refreshTimer = setTimeout(refreshAccount, 300);
 }
 
+// One line for a delivery STATE (docs/protocol.md "Delivery status").
+function describeDelivery(deliveryState) {
+  if (deliveryState === undefined || deliveryState === null) return "—";
+  if (typeof deliveryState === "string") return deliveryState.replace("_", " ");
+  const [name, f] = Object.entries(deliveryState)[0];
+  if (name === "pulling") return `pulling ${f.bytes_done >> 20}/${f.bytes_total >> 20} MiB`;
+  if (name === "running") {
+    const ports = f.endpoints.map((e) => `${e.host}:${e.port}→${e.container_port}`).join(" ");
+    return ["running", ports, f.ssh ?? ""].filter(Boolean).join(" ");
+  }
+  if (name === "exited") return `exited with code ${f.code}`;
+  if (name === "failed") return `failed ${f.code} (${f.fault}'s side): ${f.reason}`;
+  return name;
+}
+
+function renderLeases() {
+  $("leases").tBodies[0].innerHTML = state.leases
+    .map((l) => `<tr><td>${l.lease}</td><td>${l.kind}</td><td>${usd(l.price_minor_per_gpu_hour)}</td><td>${l.active}</td><td>${Math.floor(l.verified_gpu_ms / 1000)}</td><td>${usd(l.usage_charged_minor)}</td><td class="delivery">${esc(describeDelivery(state.deliveries.get(l.lease)))}</td></tr>`)
+    .join("");
+}
+
 function notice(text) {
   const item = document.createElement("li");
   item.textContent = text;
@@ -228,9 +257,14 @@ async function refreshAccount() {
     .map((o) => `<tr><td>${o.order}</td><td>${o.instrument}</td><td>${o.side}</td><td>${usd(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td></tr>`)
     .join("");
   const { body: leases } = await request("leases", { offset: 0 });
-  $("leases").tBodies[0].innerHTML = leases.leases
-    .map((l) => `<tr><td>${l.lease}</td><td>${l.kind}</td><td>${usd(l.price_minor_per_gpu_hour)}</td><td>${l.active}</td><td>${Math.floor(l.verified_gpu_ms / 1000)}</td><td>${usd(l.usage_charged_minor)}</td></tr>`)
-    .join("");
+  state.leases = leases.leases;
+  // The last status of each active lease not yet seen on the feed (pushes
+  // keep them current afterwards).
+  for (const l of state.leases.filter((l) => l.active && !state.deliveries.has(l.lease)).slice(0, 20)) {
+    const { body: known } = await request("lease_delivery", { lease: l.lease });
+    if (known.state !== null && !state.deliveries.has(l.lease)) state.deliveries.set(l.lease, known.state);
+  }
+  renderLeases();
   const { body: statement } = await request("statement", {});
   $("statement").tBodies[0].innerHTML = statement.lines
     .slice(-30)

@@ -1,6 +1,7 @@
 """gpux: Python client for the gpux GPU-capacity exchange (docs/protocol.md)."""
 
 from .client import Book, Client, GpuxError, Key
+from .delivery import Secrets, Workload, describe
 from .messages import (
     A100_PREEMPT,
     A100_SPOT,
@@ -10,7 +11,9 @@ from .messages import (
     Balance,
     BookSnapshot,
     BookUpdate,
+    Delivery,
     Error,
+    LeaseDelivery,
     OrderTicket,
     Private,
     Reject,
@@ -28,15 +31,20 @@ __all__ = [
     "BookSnapshot",
     "BookUpdate",
     "Client",
+    "Delivery",
     "Error",
     "GpuxError",
     "H100_PREEMPT",
     "H100_SPOT",
     "Key",
+    "LeaseDelivery",
     "OrderTicket",
     "Private",
     "Reject",
+    "Secrets",
     "Trade",
+    "Workload",
+    "describe",
     "dollars",
     "parse",
 ]

@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives import serialization
 from websockets.asyncio.client import connect as ws_connect
 
+from . import delivery as d
 from . import messages as m
 
 AUTH_DOMAIN = b"gpux-auth-v1:"
@@ -137,6 +138,9 @@ class Client:
         self._pending: dict[int, asyncio.Future] = {}
         self._books: dict[int, Book] = {}
         self.events: asyncio.Queue = asyncio.Queue()
+        # The last delivery status pushed for each lease the account rents.
+        self.deliveries: dict[int, m.Delivery] = {}
+        self._delivery_changed = asyncio.Event()
         self._reader: Optional[asyncio.Task] = None
 
     @classmethod
@@ -184,6 +188,9 @@ class Client:
                     future = self._pending.pop(request)
                     if not future.done():
                         future.set_result(message)
+                elif isinstance(message, m.Delivery):
+                    self.deliveries[message.lease] = message
+                    self._delivery_changed.set()
                 elif isinstance(message, (m.BookSnapshot, m.BookUpdate, m.Trade)):
                     book = self._books.get(message.instrument)
                     if book is not None and not book.apply(message):
@@ -212,8 +219,11 @@ class Client:
 
     # --- requests ------------------------------------------------------------
 
-    async def place(self, order: m.OrderTicket) -> m.Ack:
-        return await self.request("new_order", order=order.to_wire())
+    async def place(self, order: m.OrderTicket, workload: Optional[d.Workload] = None) -> m.Ack:
+        """Places an order; a bid's `workload` goes to every lease it fills
+        (with secrets, set `secrets_follow` and call `set_workload` with them
+        for each lease: the bid cannot know its hosts)."""
+        return await self.request("new_order", order=order.to_wire(), workload=workload.to_wire() if workload else None)
 
     async def cancel(self, order: int) -> m.Ack:
         return await self.request("cancel_order", order=order)
@@ -250,6 +260,54 @@ class Client:
             if page.get("next_offset") is None:
                 return leases
             offset = page["next_offset"]
+
+    # --- lease delivery ------------------------------------------------------
+
+    async def host_key(self, lease: int) -> bytes:
+        """The leased host's X25519 key, checked against its identity key's
+        signature (GpuxError `encryption_key_invalid` if it does not verify)."""
+        answer = await self.request("host_key", lease=lease)
+        try:
+            return d.verified_host_key(answer.fields)
+        except ValueError as error:
+            raise GpuxError("encryption_key_invalid", str(error)) from error
+
+    async def set_workload(self, lease: int, workload: d.Workload, secrets: Optional[d.Secrets] = None) -> m.Ack:
+        """Sets (or replaces) a lease's workload; `secrets` are sealed to the
+        lease's host after checking its key."""
+        if secrets is not None:
+            workload.sealed = secrets.seal(await self.host_key(lease))
+            workload.secrets_follow = False
+        return await self.request("set_workload", lease=lease, workload=workload.to_wire())
+
+    async def lease_delivery(self, lease: int) -> m.LeaseDelivery:
+        """A lease's workload (public part) and its host's last status."""
+        return await self.request("lease_delivery", lease=lease)
+
+    async def lease_logs(self, lease: int, tail_bytes: int = 16384) -> str:
+        """The last `tail_bytes` of the workload's output, from the host."""
+        return (await self.request("lease_logs", lease=lease, tail_bytes=tail_bytes)).fields["data"]
+
+    async def wait_delivery(self, lease: int, states=("running",), timeout: float = 120.0) -> m.Delivery:
+        """Waits for a lease's delivery to reach one of `states`; raises
+        GpuxError with the failure code if it fails first."""
+        known = await self.lease_delivery(lease)
+        if known.state is not None and lease not in self.deliveries:
+            self.deliveries[lease] = m.Delivery(lease, known.state, known.at_ms or 0)
+
+        async def loop():
+            while True:
+                self._delivery_changed.clear()
+                latest = self.deliveries.get(lease)
+                name = d.state_name(latest.state) if latest else None
+                if name in states:
+                    return latest
+                if name == "failed":
+                    fields = d.state_fields(latest.state)
+                    raise GpuxError(fields["code"], fields["reason"])
+                await self._delivery_changed.wait()
+
+        return await asyncio.wait_for(loop(), timeout)
 
     async def book(self, instrument: int) -> Book:
         """Subscribes to an instrument's book and trades; returns the live book."""

@@ -167,6 +167,27 @@ class Private:
 
 
 @dataclass
+class Delivery:
+    """Pushed to a lease's renter at every delivery status its host reports;
+    `state` is the wire STATE (see gpux.delivery.describe)."""
+
+    lease: int
+    state: Any
+    at_ms: int
+
+
+@dataclass
+class LeaseDelivery:
+    """A lease's workload (public part) and last delivery status."""
+
+    id: int
+    lease: int
+    workload: Optional[dict] = None
+    state: Any = None
+    at_ms: Optional[int] = None
+
+
+@dataclass
 class Unknown:
     type: str
     fields: dict
@@ -186,6 +207,8 @@ _TYPES = {
     "book_snapshot": BookSnapshot,
     "book_update": BookUpdate,
     "trade": Trade,
+    "delivery": Delivery,
+    "lease_delivery": LeaseDelivery,
 }
 
 

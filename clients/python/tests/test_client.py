@@ -63,8 +63,8 @@ async def funded_renter(url, operator, amount="1000"):
     return renter
 
 
-async def supplier_with_gpus(url, count=1, role="supplier"):
-    supplier = await gpux.Client.connect(url, gpux.Key.generate(), role=role)
+async def supplier_with_gpus(url, count=1, role="supplier", key=None):
+    supplier = await gpux.Client.connect(url, key or gpux.Key.generate(), role=role)
     spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
     for index in range(count):
         await supplier.request("register_gpu", host=f"py-host-{supplier.account}", gpu_uuid=f"GPU-py-{supplier.account}-{index}", spec=spec)
@@ -166,5 +166,74 @@ def test_the_example_bot_quotes_both_sides(exchange):
             book = await client.book(gpux.H100_SPOT)
             await book.wait_synced()
             assert book.best_bid() < book.best_ask(), "two-sided and not crossed"
+
+    run(scenario())
+
+
+def test_a_renter_follows_delivery_to_running_with_secrets_only_the_host_can_open(exchange):
+    """The Python client as renter and, speaking the documented protocol, as
+    the host: the host publishes a signed X25519 key, the renter seals its
+    secrets to it, the host opens them and reports statuses that reach the
+    renter's feed and its `lease_delivery` query."""
+    url, operator = exchange
+    from nacl.public import PrivateKey
+
+    from gpux import delivery
+
+    async def workload_for(supplier, lease):
+        while True:
+            message = await asyncio.wait_for(supplier.events.get(), 10)
+            if isinstance(message, gpux.messages.Unknown) and message.type == "workload" and message.fields["lease"] == lease:
+                return message.fields["workload"]
+
+    async def scenario():
+        identity = gpux.Key.generate()
+        supplier, host = await supplier_with_gpus(url, key=identity)
+        host_secret = PrivateKey.generate()
+        await supplier.request("set_encryption_key", **delivery.certify(host_secret, identity.sign))
+        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1}))
+
+        renter = await funded_renter(url, operator)
+        bid = gpux.Workload("localhost/gpux-test:busybox", ports=[8888], secrets_follow=True)
+        await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2.5"), 1), workload=bid)
+        event = await renter.next_event()
+        while event.kind != "lease_created":
+            event = await renter.next_event()
+        lease = event.fields["lease"]
+        first = await workload_for(supplier, lease)
+        assert first["secrets_follow"] and first["sealed"] is None, "the bid's workload reaches the host without secrets"
+
+        secrets = gpux.Secrets(env={"HF_TOKEN": "hf_python_secret"}, ssh_keys=["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPython renter@laptop"])
+        await renter.set_workload(lease, gpux.Workload("localhost/gpux-test:busybox", ports=[8888]), secrets)
+        sealed = (await workload_for(supplier, lease))["sealed"]
+        assert "hf_python_secret" not in str(sealed)
+        assert gpux.Secrets.unseal(sealed, host_secret).env == {"HF_TOKEN": "hf_python_secret"}, "only the host's key opens them"
+        with pytest.raises(Exception):
+            gpux.Secrets.unseal(sealed, PrivateKey.generate())
+
+        await supplier.request("delivery_status", lease=lease, state={"pulling": {"bytes_done": 1 << 20, "bytes_total": 4 << 20}})
+        running = {"running": {"endpoints": [{"container_port": 8888, "host": "127.0.0.1", "port": 40123}], "ssh": None, "restarts": 0}}
+        await supplier.request("delivery_status", lease=lease, state=running)
+        update = await renter.wait_delivery(lease, timeout=10)
+        assert gpux.describe(update.state) == "running 127.0.0.1:40123->8888"
+        known = await renter.lease_delivery(lease)
+        assert known.state == running and known.workload["ports"] == [8888] and "hf_python_secret" not in str(known.workload)
+
+        # A host-side failure ends the lease (nothing charged; the escrow goes
+        # back at billing close, docs/market-rules.md "Delivery"); the
+        # renter's wait says why.
+        failed = {"failed": {"code": "host_error", "fault": "host", "reason": "the GPU fell off the bus"}}
+        await supplier.request("delivery_status", lease=lease, state=failed)
+        with pytest.raises(gpux.GpuxError) as failure:
+            await renter.wait_delivery(lease, timeout=10)
+        assert failure.value.code == "host_error"
+        event = await renter.next_event()
+        while event.kind != "lease_ended":
+            event = await renter.next_event()
+        assert event.fields == {"lease": lease, "reason": "delivery_failed"}
+        ended = (await renter.leases())[0]
+        assert not ended["active"] and ended["usage_charged_minor"] == 0
+        await renter.close()
+        await supplier.close()
 
     run(scenario())

@@ -152,3 +152,54 @@ def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_c
                 await browser.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None and not os.environ.get("GPUX_REQUIRE_BROWSER"), reason="Chromium is not installed (.ci/run installs it)"
+)
+def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_with_console):
+    """A host (the Python client speaking the protocol) reports statuses for a
+    lease; the logged-in renter's lease table shows the endpoint, follows the
+    pushes live, and shows a host's failure reason as text, never as markup."""
+    url, console, operator = exchange_with_console
+
+    async def scenario():
+        supplier = await gpux.Client.connect(url, gpux.Key.generate(), role="supplier")
+        spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
+        await supplier.request("register_gpu", host="console-host", gpu_uuid="GPU-console-0", spec=spec)
+        host = (await supplier.request("my_gpus")).fields["gpus"][0]["host"]
+        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1}))
+        key = gpux.Key.generate()
+        renter = await gpux.Client.connect(url, key, role="renter")
+        async with await gpux.Client.connect(url, operator, role="operator") as op:
+            await op.deposit(renter.account, gpux.dollars("100"))
+        await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2"), 1), workload=gpux.Workload("localhost/gpux-test:busybox", ports=[8888]))
+        lease = (await renter.leases())[0]["lease"]
+        running = {"running": {"endpoints": [{"container_port": 8888, "host": "127.0.0.1", "port": 40123}], "ssh": None, "restarts": 0}}
+        await supplier.request("delivery_status", lease=lease, state=running)
+
+        with tempfile.TemporaryDirectory() as profile:
+            browser = Browser(profile)
+            await browser.open()
+            try:
+                await browser.call("Page.navigate", url=console)
+                await browser.wait_until("document.querySelectorAll('#instruments li').length >= 10", what="the instrument list")
+                await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
+                await browser.evaluate("document.querySelector('#login button').click()")
+                cell = "(document.querySelector('#leases td.delivery') || {}).textContent || ''"
+                await browser.wait_until(f"{cell}.includes('running 127.0.0.1:40123→8888')", what="the running lease's endpoint (queried at login)")
+
+                hostile = "<img src=x onerror=\"document.title='owned'\">"
+                failed = {"failed": {"code": "host_error", "fault": "host", "reason": hostile}}
+                await supplier.request("delivery_status", lease=lease, state=failed)
+                await browser.wait_until(f"{cell}.includes('failed host_error')", what="the pushed failure")
+                assert hostile in await browser.evaluate(cell), "the host's reason is shown as text"
+                assert await browser.evaluate("document.querySelector('#leases img')") is None, "and never parsed as markup"
+                assert await browser.evaluate("document.title") != "owned"
+                await browser.screenshot(ARTEFACTS / "console-delivery.png")
+            finally:
+                await browser.close()
+        await renter.close()
+        await supplier.close()
+
+    asyncio.run(scenario())
