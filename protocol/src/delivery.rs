@@ -444,6 +444,26 @@ mod tests {
         assert_eq!(key().unseal(&tampered), Err(UnsealError::Undecryptable));
     }
 
+    /// Sealed by the Python client (PyNaCl's SealedBox, clients/python
+    /// gpux.Secrets.seal) to the key whose secret is the bytes 1..=32: the
+    /// two implementations speak the same format.
+    #[test]
+    fn secrets_sealed_by_the_python_client_open_here() {
+        let host: [u8; 32] = std::array::from_fn(|i| i as u8 + 1);
+        let sealed = Sealed {
+            recipient: "07a37cbc142093c8b755dc1b10e86cb426374ad16aa853ed0bdfc0b2b86d1c7c".into(),
+            ciphertext: "18bd44a7e7c68b80bb1055656713be5c3cb9cbac19ece9b8e4c1a283e27cf339001357bd279452ba0ce4893a830eae36854f57e8051a2d\
+                         4694e3ac56479b4141a5e3b0565195878f3f5ca810e9a1c0ca0d96150923e37f11c6c12def1e77dd680bad2746a1701c70ad45e596bf6c66c1\
+                         88c6cc4347051eb63c3a00156b9699f359780637d78bb9718b87099298ecd73f20fbbf5f7c83951fbf2a589da63fbd7218373077d84e1e87d8\
+                         093a0b60d3c57d200ab48198c3949e36679a3112d200946f50dfbb128ff2a13ee9d024aa0a"
+                .into(),
+        };
+        let secrets = EncryptionKey::from_bytes(host).unseal(&sealed).expect("PyNaCl's sealed box opens");
+        assert_eq!(secrets.command, ["python", "-m", "http.server"]);
+        assert_eq!(secrets.env, [("HF_TOKEN".to_string(), "hf_from_python".to_string())]);
+        assert_eq!(secrets.ssh_keys, ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPython me@laptop"]);
+    }
+
     #[test]
     fn an_encryption_key_is_certified_by_the_identity_key() {
         let identity = SigningKey::from_bytes(&[3; 32]);
