@@ -272,13 +272,7 @@ async fn a_restarted_agent_readopts_and_a_preempted_workload_gets_sigterm() {
     assert!(container_exists(&socket, "delivery-2", lease), "the workload outlives its agent");
     let _agent = spawn_agent(&config, &host);
     await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Running { .. })).await;
-    // Known issue (next session): under parallel test load the restarted agent
-    // has once started the container again instead of adopting it; the
-    // StartedAt check is logged, not asserted, until that race is found.
-    let restarted_at = container_started_at(&socket, "delivery-2", lease);
-    if restarted_at != started_at {
-        eprintln!("re-adoption restarted the container: {started_at} -> {restarted_at}");
-    }
+    assert_eq!(container_started_at(&socket, "delivery-2", lease), started_at, "adopted, not started again");
     let verified = |info: &gpux_engine::LeaseInfo| info.verified_gpu_ms;
     let before = lease_info(&mut renter, lease).await;
     tokio::time::sleep(Duration::from_millis(3_000)).await;

@@ -260,13 +260,22 @@ impl DeliveryBackend for DockerBackend {
         tail(&bytes, tail_bytes as usize)
     }
 
-    async fn find(&self) -> Vec<Found> {
+    async fn found(&self, lease: LeaseId) -> Result<Option<Found>, String> {
+        let name = self.name_of(lease);
+        match self.docker.inspect_container(&name, None).await {
+            Ok(inspect) => {
+                let running = inspect.state.and_then(|s| s.running) == Some(true);
+                Ok(Some(Found { lease, running, endpoints: self.endpoints(&name).await }))
+            }
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(None),
+            Err(error) => Err(format!("inspecting {name}: {error}")),
+        }
+    }
+
+    async fn find(&self) -> Result<Vec<Found>, String> {
         let filters = HashMap::from([("label".to_string(), vec![format!("{HOST_LABEL}={}", self.host)])]);
         let options = ListContainersOptions { all: true, filters: Some(filters), ..Default::default() };
-        let Ok(containers) = self.docker.list_containers(Some(options)).await else {
-            tracing::warn!("could not list containers to re-adopt");
-            return Vec::new();
-        };
+        let containers = self.docker.list_containers(Some(options)).await.map_err(|error| format!("listing containers: {error}"))?;
         let mut found = Vec::new();
         for container in containers {
             let Some(lease) = container.labels.as_ref().and_then(|l| l.get(LEASE_LABEL)).and_then(|v| v.parse().ok()) else { continue };
@@ -274,7 +283,7 @@ impl DeliveryBackend for DockerBackend {
             let running = container.state.as_ref().is_some_and(|s| s.to_string() == "running");
             found.push(Found { lease, running, endpoints: self.endpoints(&self.name_of(lease)).await });
         }
-        found
+        Ok(found)
     }
 }
 

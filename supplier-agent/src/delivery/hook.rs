@@ -75,7 +75,11 @@ impl DeliveryBackend for HookBackend {
         (String::new(), false)
     }
 
-    async fn find(&self) -> Vec<Found> {
-        Vec::new()
+    async fn found(&self, _lease: LeaseId) -> Result<Option<Found>, String> {
+        Ok(None)
+    }
+
+    async fn find(&self) -> Result<Vec<Found>, String> {
+        Ok(Vec::new()) // a hook keeps no record of what it started
     }
 }

@@ -109,8 +109,13 @@ pub trait DeliveryBackend: Send + Sync {
     async fn remove(&self, lease: LeaseId, grace: Duration);
     /// The last `tail_bytes` of its output, and whether there was more.
     async fn logs(&self, lease: LeaseId, tail_bytes: u32) -> (String, bool);
-    /// Workloads of this agent found running (by their lease label).
-    async fn find(&self) -> Vec<Found>;
+    /// Workloads of this agent found on the host (by their lease label);
+    /// `Err` when the engine could not be asked (nothing may be concluded
+    /// then: a workload not listed is not a workload that is gone).
+    async fn find(&self) -> Result<Vec<Found>, String>;
+    /// The workload of one lease, looked up by its name rather than listed:
+    /// `Ok(None)` when there is none, `Err` when the engine could not say.
+    async fn found(&self, lease: LeaseId) -> Result<Option<Found>, String>;
 }
 
 /// What the session asks of the manager.
@@ -156,6 +161,10 @@ pub enum Report {
 
 /// How often running workloads are checked for exits.
 const POLL_EVERY: Duration = Duration::from_secs(1);
+
+/// Attempts at looking up a lease's workload before re-adoption gives up
+/// (waiting 1 s, 2 s, ... between them: under a minute in all).
+const FIND_ATTEMPTS: u32 = 10;
 
 struct Entry {
     job: Job,
@@ -368,32 +377,55 @@ impl Manager {
     }
 
     async fn reconcile(&mut self, active: BTreeSet<LeaseId>) {
-        let found = self.backend.find().await;
-        let mut adopted = BTreeSet::new();
-        for workload in found {
-            if !active.contains(&workload.lease) {
-                tracing::info!(lease = %workload.lease, "removing the workload of a lease that ended while the agent was away");
-                self.backend.remove(workload.lease, Duration::ZERO).await;
-                continue;
-            }
-            if self.entries.contains_key(&workload.lease) {
-                adopted.insert(workload.lease);
-                continue;
-            }
-            if workload.running {
-                tracing::info!(lease = %workload.lease, "re-adopted a running workload");
-                let job = Job { lease: workload.lease, gpus: Vec::new(), workload: None, secrets: Secrets::default(), end_ms: None };
-                let entry = Entry { job, restarts: 0, phase: Phase::Running, endpoints: workload.endpoints, secrets_deadline: None };
-                let state = running(&entry);
-                self.entries.insert(workload.lease, entry);
-                self.status(workload.lease, state);
-                adopted.insert(workload.lease);
-            } else {
-                self.backend.remove(workload.lease, Duration::ZERO).await;
+        // Each active lease's workload is looked up by name: one broken
+        // container elsewhere can make a whole listing fail, and a failed
+        // lookup must not read as "nothing runs" (the lease would be
+        // delivered again, replacing the very container that runs).
+        let mut unadopted = Vec::new();
+        let missing: Vec<LeaseId> = active.iter().copied().filter(|lease| !self.entries.contains_key(lease)).collect();
+        for lease in missing {
+            let mut attempt = 0;
+            let found = loop {
+                match self.backend.found(lease).await {
+                    Ok(found) => break found,
+                    Err(error) if attempt < FIND_ATTEMPTS => {
+                        attempt += 1;
+                        tracing::warn!(%lease, %error, attempt, "could not look up the lease's workload; retrying");
+                        tokio::time::sleep(POLL_EVERY * attempt).await;
+                    }
+                    Err(error) => {
+                        tracing::error!(%lease, %error, "could not look up the lease's workload; starting it again");
+                        break None;
+                    }
+                }
+            };
+            match found {
+                Some(workload) if workload.running => {
+                    tracing::info!(%lease, "re-adopted a running workload");
+                    let job = Job { lease, gpus: Vec::new(), workload: None, secrets: Secrets::default(), end_ms: None };
+                    let entry = Entry { job, restarts: 0, phase: Phase::Running, endpoints: workload.endpoints, secrets_deadline: None };
+                    let state = running(&entry);
+                    self.entries.insert(lease, entry);
+                    self.status(lease, state);
+                }
+                Some(_) => {
+                    self.backend.remove(lease, Duration::ZERO).await;
+                    unadopted.push(lease);
+                }
+                None => unadopted.push(lease),
             }
         }
-        let leases = active.into_iter().filter(|lease| !adopted.contains(lease) && !self.entries.contains_key(lease)).collect();
-        let _ = self.reports.send(Report::Unadopted { leases });
+        // Workloads of leases that ended while the agent was away.
+        match self.backend.find().await {
+            Ok(found) => {
+                for workload in found.into_iter().filter(|w| !active.contains(&w.lease)) {
+                    tracing::info!(lease = %workload.lease, "removing the workload of a lease that ended while the agent was away");
+                    self.backend.remove(workload.lease, Duration::ZERO).await;
+                }
+            }
+            Err(error) => tracing::warn!(%error, "could not list this host's workloads; those of ended leases stay until the next start"),
+        }
+        let _ = self.reports.send(Report::Unadopted { leases: unadopted });
     }
 
     fn status(&self, lease: LeaseId, state: DeliveryState) {

@@ -135,15 +135,23 @@ impl DeliveryBackend for ProcessBackend {
         super::docker::tail(&bytes, tail_bytes as usize)
     }
 
-    async fn find(&self) -> Vec<Found> {
-        let Ok(entries) = std::fs::read_dir(&self.scratch) else { return Vec::new() };
-        entries
+    async fn found(&self, lease: LeaseId) -> Result<Option<Found>, String> {
+        Ok(self.pid(lease).map(|pid| Found { lease, running: alive(pid), endpoints: Vec::new() }))
+    }
+
+    async fn find(&self) -> Result<Vec<Found>, String> {
+        let entries = match std::fs::read_dir(&self.scratch) {
+            Ok(entries) => entries,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(error) => return Err(format!("reading {}: {error}", self.scratch.display())),
+        };
+        Ok(entries
             .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u64>().ok())
             .map(LeaseId)
             .filter_map(|lease| {
                 let pid = self.pid(lease)?;
                 Some(Found { lease, running: alive(pid), endpoints: Vec::new() })
             })
-            .collect()
+            .collect())
     }
 }
