@@ -91,6 +91,51 @@ fn an_exchange_journal_replays_to_the_exchanges_final_state() {
     assert_eq!(commands.lines().count(), inputs.len());
 }
 
+/// A journal holding a renter's sealed workloads: the audit trail shows every
+/// delivery record, and neither the env value nor the SSH key appears in
+/// clear (nor as the hex of their bytes) in anything the tool prints.
+#[test]
+fn audit_output_never_holds_a_workloads_secrets_in_clear() {
+    use gpux_exchange::journal::{Journal, JournalEntry};
+    use gpux_protocol::delivery::EncryptionKey;
+    use gpux_protocol::{Secrets, Workload};
+    const ENV_VALUE: &str = "hf_audit_secret_0c9a";
+    const SSH_KEY: &str = "AAAAC3NzaC1lZDI1NTE5AAAAIAuditSecretKey";
+
+    let host = EncryptionKey::from_bytes([5; 32]);
+    let secrets = Secrets {
+        command: vec!["/bin/sh".into()],
+        args: vec!["-c".into(), format!("echo {ENV_VALUE}")],
+        env: vec![("HF_TOKEN".into(), ENV_VALUE.into())],
+        ssh_keys: vec![format!("ssh-ed25519 {SSH_KEY} renter@laptop")],
+    };
+    let workload =
+        Workload { ports: vec![22, 8888], sealed: Some(secrets.seal(&host.public())), ..Workload::image("docker.io/library/python:3.12") };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let journal = dir.path().join("journal.redb");
+    let mut entries: Vec<JournalEntry> = demo_inputs().into_iter().map(JournalEntry::Engine).collect();
+    let account = gpux_engine::AccountId(1);
+    entries.push(JournalEntry::BidWorkload { account, client_order_id: 7, workload: Box::new(workload.clone()) });
+    entries.push(JournalEntry::LeaseWorkload { account, lease: gpux_engine::LeaseId(0), workload: Box::new(workload) });
+    Journal::open(&journal).expect("journal").append(&entries).expect("append");
+
+    let path = journal.to_str().expect("utf-8");
+    let (code, events, summary) = audit(&["--journal", path], "");
+    assert_eq!(code, 0, "{summary}");
+    assert_eq!(events.matches("\"LeaseWorkload\"").count(), 1, "the delivery records are in the audit trail");
+    let (_, commands, _) = audit(&["--journal", path, "--commands-only"], "");
+    for output in [events, summary, commands] {
+        for needle in [ENV_VALUE, SSH_KEY] {
+            assert!(!output.contains(needle), "{needle} in clear");
+            assert!(!output.contains(&hex(needle)), "{needle} as hex");
+        }
+    }
+}
+
+fn hex(text: &str) -> String {
+    text.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
 fn demo_inputs() -> Vec<gpux_engine::Input> {
     let (_, commands, _) = audit(&["--print-demo-commands"], "");
     commands.lines().map(|line| serde_json::from_str(line).expect("a command")).collect()
