@@ -4,12 +4,7 @@
 //! gateway listens. A minimal HTTP/1.1 GET responder like the metrics
 //! endpoint's: the console is a handful of files, not a web application.
 
-use std::time::Duration;
-
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-
-const REQUEST_BYTES_MAX: usize = 8 * 1024;
 
 const INDEX_HTML: &str = include_str!("../../clients/web/index.html");
 const APP_JS: &str = include_str!("../../clients/web/app.js");
@@ -26,32 +21,20 @@ fn asset(path: &str, gateway_url: &str) -> Option<(&'static str, String)> {
     }
 }
 
-pub async fn serve(listener: TcpListener, gateway_url: String) {
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else { continue };
-        let gateway_url = gateway_url.clone();
-        tokio::spawn(async move {
-            let mut request = Vec::new();
-            let mut buffer = [0u8; 1024];
-            while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < REQUEST_BYTES_MAX {
-                match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buffer)).await {
-                    Ok(Ok(read)) if read > 0 => request.extend_from_slice(&buffer[..read]),
-                    _ => return,
-                }
-            }
-            let line = String::from_utf8_lossy(&request);
-            let path = line.strip_prefix("GET ").and_then(|rest| rest.split_whitespace().next()).unwrap_or("");
-            let path = path.split('?').next().unwrap_or("");
-            let response = match asset(path, &gateway_url) {
-                Some((content_type, body)) => format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                ),
-                None => "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string(),
-            };
-            let _ = stream.write_all(response.as_bytes()).await;
-        });
-    }
+pub async fn serve(listener: TcpListener, gateway_url: String, metrics: std::sync::Arc<crate::metrics::Metrics>) {
+    crate::admission::serve_http(listener, "console", metrics, move |request| {
+        let line = String::from_utf8_lossy(request);
+        let path = line.strip_prefix("GET ").and_then(|rest| rest.split_whitespace().next()).unwrap_or("");
+        let path = path.split('?').next().unwrap_or("");
+        match asset(path, &gateway_url) {
+            Some((content_type, body)) => format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            ),
+            None => "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string(),
+        }
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
+use crate::admission::{AcceptBackoff, Admission, AdmissionLimits, Ticket};
 use crate::core::{wall_clock_ms, ConnectionId, DeliveryRequest, Outbound, Outgoing, Request, SharedFrame};
 use crate::metrics::Metrics;
 
@@ -40,18 +41,24 @@ pub const OUTBOUND_FRAMES_MAX: usize = 65_536;
 /// Requests one connection may have waiting for an answer from the sequencer.
 pub const REQUESTS_IN_FLIGHT_MAX: u32 = 1024;
 
-/// Per-connection limits of a gateway.
+/// Limits of a gateway: per connection, and on connections at once.
 #[derive(Clone, Copy, Debug)]
 pub struct GatewayLimits {
     pub outbound_frames_max: usize,
     /// A connection that sends nothing (not even a pong to the gateway's
     /// pings) for this long is closed `idle_timeout`.
     pub idle_timeout: std::time::Duration,
+    /// Caps on connections and deadlines until a connection is a session.
+    pub admission: AdmissionLimits,
 }
 
 impl Default for GatewayLimits {
     fn default() -> Self {
-        GatewayLimits { outbound_frames_max: OUTBOUND_FRAMES_MAX, idle_timeout: IDLE_TIMEOUT_DEFAULT }
+        GatewayLimits {
+            outbound_frames_max: OUTBOUND_FRAMES_MAX,
+            idle_timeout: IDLE_TIMEOUT_DEFAULT,
+            admission: AdmissionLimits::default(),
+        }
     }
 }
 
@@ -87,9 +94,6 @@ pub fn tls_acceptor(cert_path: &std::path::Path, key_path: &std::path::Path) -> 
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-/// How long a client has to finish the TLS handshake.
-const TLS_HANDSHAKE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// Accepts connections until `shutdown` turns true; with `tls`, every
 /// connection must complete a TLS handshake first (wss://).
 pub async fn serve(
@@ -100,32 +104,65 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     tls: Option<TlsAcceptor>,
 ) {
+    let admission = Admission::new(limits.admission);
+    let mut backoff = AcceptBackoff::new("websocket");
     let mut accept_shutdown = shutdown.clone();
     loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    tracing::debug!(%peer, "connection accepted");
-                    let (core, shutdown) = (core.clone(), shutdown.clone());
-                    let metrics = metrics.clone();
-                    let tls = tls.clone();
-                    tokio::spawn(async move {
-                        metrics.connections.fetch_add(1, Ordering::Relaxed);
-                        metrics.connections_total.fetch_add(1, Ordering::Relaxed);
-                        match tls {
-                            Some(acceptor) => match tokio::time::timeout(TLS_HANDSHAKE_WAIT, acceptor.accept(stream)).await {
-                                Ok(Ok(secured)) => serve_connection(secured, core, shutdown, limits).await,
-                                _ => tracing::debug!(%peer, "TLS handshake failed"),
-                            },
-                            None => serve_connection(stream, core, shutdown, limits).await,
-                        }
-                        metrics.connections.fetch_sub(1, Ordering::Relaxed);
-                    });
-                }
-                Err(error) => tracing::warn!(%error, "accept failed"),
-            },
+        let (stream, peer) = tokio::select! {
+            accepted = crate::admission::accept(&listener, &mut backoff, &metrics) => accepted,
             _ = accept_shutdown.changed() => break,
+        };
+        // Refused before anything is read: closing is all it costs.
+        let ticket = match admission.admit(peer.ip()) {
+            Ok(ticket) => ticket,
+            Err(refusal) => {
+                metrics.refused(refusal);
+                tracing::debug!(%peer, reason = refusal.label(), "connection refused");
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        tracing::debug!(%peer, "connection accepted");
+        let (core, shutdown) = (core.clone(), shutdown.clone());
+        let metrics = metrics.clone();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            metrics.connections.fetch_add(1, Ordering::Relaxed);
+            metrics.connections_total.fetch_add(1, Ordering::Relaxed);
+            // TLS and the WebSocket upgrade share one deadline from accept.
+            let deadline = tokio::time::Instant::now() + limits.admission.handshake_timeout;
+            match tls {
+                Some(acceptor) => match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+                    Ok(Ok(secured)) => serve_connection(secured, core, shutdown, limits, ticket, deadline, &metrics).await,
+                    Ok(Err(_)) => tracing::debug!(%peer, "TLS handshake failed"),
+                    Err(_) => metrics.reaped(Stage::Handshake),
+                },
+                None => serve_connection(stream, core, shutdown, limits, ticket, deadline, &metrics).await,
+            }
+            metrics.connections.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+}
+
+/// Where in its life a connection was closed for keeping silent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// TLS handshake or WebSocket upgrade not done in time.
+    Handshake,
+    /// Neither logged in nor subscribed in time.
+    Login,
+    /// Nothing heard for the idle timeout.
+    Idle,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 3] = [Stage::Handshake, Stage::Login, Stage::Idle];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Stage::Handshake => "handshake",
+            Stage::Login => "login",
+            Stage::Idle => "idle",
         }
     }
 }
@@ -139,6 +176,9 @@ enum Session {
 struct Connection {
     id: ConnectionId,
     core: Sender<Request>,
+    ticket: Ticket,
+    /// Subscribed to a feed: an anonymous market-data reader, not a silent socket.
+    subscribed: bool,
     session: Session,
     binary: bool,
     tokens: f64,
@@ -147,12 +187,25 @@ struct Connection {
     awaiting: u32,
 }
 
-async fn serve_connection<S>(stream: S, core: Sender<Request>, mut shutdown: watch::Receiver<bool>, limits: GatewayLimits)
-where
+async fn serve_connection<S>(
+    stream: S,
+    core: Sender<Request>,
+    mut shutdown: watch::Receiver<bool>,
+    limits: GatewayLimits,
+    ticket: Ticket,
+    handshake_deadline: tokio::time::Instant,
+    metrics: &Metrics,
+) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let config = WebSocketConfig::default().max_message_size(Some(FRAME_BYTES_MAX)).max_frame_size(Some(FRAME_BYTES_MAX));
-    let Ok(socket) = tokio_tungstenite::accept_async_with_config(stream, Some(config)).await else { return };
+    let socket = match tokio::time::timeout_at(handshake_deadline, tokio_tungstenite::accept_async_with_config(stream, Some(config))).await
+    {
+        Ok(Ok(socket)) => socket,
+        Ok(Err(_)) => return,
+        Err(_) => return metrics.reaped(Stage::Handshake),
+    };
+    let login_deadline = tokio::time::Instant::now() + limits.admission.login_timeout;
     let (mut sink, mut incoming) = socket.split();
     let (frames, mut outgoing) = mpsc::channel::<Outgoing>(limits.outbound_frames_max);
     let mut feeds: StreamMap<(Channel, InstrumentId), BroadcastStream<Arc<SharedFrame>>> = StreamMap::new();
@@ -160,6 +213,8 @@ where
     let mut connection = Connection {
         id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
         core,
+        ticket,
+        subscribed: false,
         session: Session::Authenticating,
         binary: false,
         tokens: MESSAGE_BURST_MAX,
@@ -185,8 +240,13 @@ where
     let mut last_heard = Instant::now();
     while close.is_none() {
         tokio::select! {
+            _ = tokio::time::sleep_until(login_deadline), if !connection.ticket.is_logged_in() && !connection.subscribed => {
+                metrics.reaped(Stage::Login);
+                close = Some(ErrorCode::LoginTimeout);
+            }
             _ = heartbeat.tick() => {
                 if last_heard.elapsed() >= limits.idle_timeout {
+                    metrics.reaped(Stage::Idle);
                     close = Some(ErrorCode::IdleTimeout);
                 } else if sink.send(Message::Ping(Vec::new().into())).await.is_err() {
                     break;
@@ -337,6 +397,7 @@ impl Connection {
         match (message, &self.session) {
             (ServerMessage::Authenticated { account, role, .. }, _) => {
                 self.session = Session::Authenticated { account: *account, role: *role };
+                self.ticket.logged_in();
                 None
             }
             // A refused attempt burns the nonce: the next one signs a new challenge.
@@ -388,6 +449,7 @@ impl Connection {
             }
             // Public market data needs no login, as on any exchange.
             (_, ClientMessage::Subscribe { id, channel, instrument }) => {
+                self.subscribed = true;
                 self.forward(id, Request::Subscribe { connection: self.id, id, channel, instrument })
             }
             (_, ClientMessage::Unsubscribe { id, channel, instrument }) => {

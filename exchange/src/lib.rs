@@ -3,6 +3,7 @@
 //! WebSocket gateway (`gateway`). `run` is the whole process; the binary
 //! only parses its flags.
 
+pub mod admission;
 pub mod console;
 pub mod core;
 pub mod delivery;
@@ -109,13 +110,18 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
         if let Some(address) = config.console_listen {
             let console_listener = TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
             say(&format!("web console on http://{}/", console_listener.local_addr()?));
-            tokio::spawn(console::serve(console_listener, gateway_url.clone()));
+            tokio::spawn(console::serve(console_listener, gateway_url.clone(), metrics.clone()));
         }
         say(&format!("listening on {gateway_url}"));
         if let Some(on_listening) = config.on_listening {
             on_listening(&gateway_url);
         }
-        let server = tokio::spawn(gateway::serve(listener, requests, stopped, config.limits, metrics, tls));
+        let mut limits = config.limits;
+        if let Some(budget) = admission::descriptor_budget().filter(|budget| *budget < limits.admission.connections_max) {
+            say(&format!("at most {budget} connections: the descriptor limit (ulimit -n) leaves no room for more"));
+            limits.admission.connections_max = budget;
+        }
+        let server = tokio::spawn(gateway::serve(listener, requests, stopped, limits, metrics, tls));
         match stop_on {
             Stop::Signals => wait_for_signal().await,
             Stop::Channel(receiver) => {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Parser;
 use gpux_engine::EngineConfig;
-use gpux_exchange::{run, ExchangeConfig};
+use gpux_exchange::{admission, run, ExchangeConfig};
 
 #[derive(Parser)]
 #[command(name = "gpux-exchange", about = "The gpux exchange: journal, matching engine and WebSocket gateway in one process")]
@@ -68,6 +68,21 @@ struct Args {
     /// Frames queued to one connection before it is closed as a slow consumer.
     #[arg(long, default_value_t = gpux_exchange::gateway::OUTBOUND_FRAMES_MAX)]
     outbound_frames_max: usize,
+    /// WebSocket connections at once (lowered to what `ulimit -n` allows).
+    #[arg(long, default_value_t = admission::CONNECTIONS_MAX_DEFAULT)]
+    connections_max: usize,
+    /// WebSocket connections at once from one IP address.
+    #[arg(long, default_value_t = admission::PER_IP_MAX_DEFAULT)]
+    connections_per_ip_max: usize,
+    /// WebSocket connections at once that have not logged in.
+    #[arg(long, default_value_t = admission::UNAUTHENTICATED_MAX_DEFAULT)]
+    unauthenticated_max: usize,
+    /// From TCP accept to a finished TLS handshake and WebSocket upgrade (ms).
+    #[arg(long, default_value_t = admission::HANDSHAKE_TIMEOUT_DEFAULT.as_millis() as u64)]
+    handshake_timeout_ms: u64,
+    /// From the upgrade to a login or a first subscription (ms).
+    #[arg(long, default_value_t = admission::LOGIN_TIMEOUT_DEFAULT.as_millis() as u64)]
+    login_timeout_ms: u64,
 }
 
 fn main() -> Result<()> {
@@ -104,9 +119,22 @@ fn main() -> Result<()> {
     if args.idle_timeout_ms < 300 {
         anyhow::bail!("--idle-timeout-ms must be at least 300");
     }
+    if args.connections_max == 0 || args.connections_per_ip_max == 0 || args.unauthenticated_max == 0 {
+        anyhow::bail!("--connections-max, --connections-per-ip-max and --unauthenticated-max must be at least 1");
+    }
+    if args.handshake_timeout_ms < 100 || args.login_timeout_ms < 100 {
+        anyhow::bail!("--handshake-timeout-ms and --login-timeout-ms must be at least 100");
+    }
     let limits = gpux_exchange::gateway::GatewayLimits {
         outbound_frames_max: args.outbound_frames_max,
         idle_timeout: std::time::Duration::from_millis(args.idle_timeout_ms),
+        admission: admission::AdmissionLimits {
+            connections_max: args.connections_max,
+            per_ip_max: args.connections_per_ip_max,
+            unauthenticated_max: args.unauthenticated_max,
+            handshake_timeout: std::time::Duration::from_millis(args.handshake_timeout_ms),
+            login_timeout: std::time::Duration::from_millis(args.login_timeout_ms),
+        },
     };
     let metrics_listen = match args.metrics_listen.as_str() {
         "off" => None,

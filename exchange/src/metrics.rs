@@ -9,12 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 /// Upper bounds (seconds) of the journal commit latency histogram.
 const COMMIT_BUCKETS_SECONDS: [f64; 11] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5];
-const REQUEST_BYTES_MAX: usize = 8 * 1024;
 
 #[derive(Default)]
 pub struct Metrics {
@@ -25,6 +23,10 @@ pub struct Metrics {
     pub connections: AtomicU64,
     pub connections_total: AtomicU64,
     pub slow_consumers: AtomicU64,
+    /// Accepts that failed (most often: out of file descriptors).
+    pub accept_errors: AtomicU64,
+    connections_refused: [AtomicU64; crate::admission::Refusal::ALL.len()],
+    connections_reaped: [AtomicU64; crate::gateway::Stage::ALL.len()],
     commit_buckets: [AtomicU64; COMMIT_BUCKETS_SECONDS.len()],
     commit_count: AtomicU64,
     commit_nanos: AtomicU64,
@@ -41,6 +43,16 @@ const DELIVERY_STATES: [&str; 7] = ["awaiting_secrets", "pulling", "starting", "
 const RUNNING_BUCKETS_SECONDS: [f64; 11] = [0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 360.0, 900.0];
 
 impl Metrics {
+    pub fn refused(&self, refusal: crate::admission::Refusal) {
+        let index = crate::admission::Refusal::ALL.iter().position(|r| *r == refusal).expect("listed");
+        self.connections_refused[index].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn reaped(&self, stage: crate::gateway::Stage) {
+        let index = crate::gateway::Stage::ALL.iter().position(|s| *s == stage).expect("listed");
+        self.connections_reaped[index].fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn observe_commit(&self, took: Duration) {
         let seconds = took.as_secs_f64();
         for (bucket, bound) in self.commit_buckets.iter().zip(COMMIT_BUCKETS_SECONDS) {
@@ -83,6 +95,22 @@ impl Metrics {
         metric("gpux_connections", "gauge", "Open WebSocket connections.", load(&self.connections));
         metric("gpux_connections_total", "counter", "WebSocket connections accepted.", load(&self.connections_total));
         metric("gpux_slow_consumers_total", "counter", "Connections closed for not reading their feed.", load(&self.slow_consumers));
+        metric(
+            "gpux_accept_errors_total",
+            "counter",
+            "Failed accepts (out of descriptors, most often); each backs off.",
+            load(&self.accept_errors),
+        );
+        let _ = writeln!(out, "# HELP gpux_connections_refused_total Connections closed at accept, by the cap they hit.");
+        let _ = writeln!(out, "# TYPE gpux_connections_refused_total counter");
+        for (counter, refusal) in self.connections_refused.iter().zip(crate::admission::Refusal::ALL) {
+            let _ = writeln!(out, "gpux_connections_refused_total{{cap=\"{}\"}} {}", refusal.label(), load(counter));
+        }
+        let _ = writeln!(out, "# HELP gpux_connections_reaped_total Connections closed for silence, by the stage they stalled in.");
+        let _ = writeln!(out, "# TYPE gpux_connections_reaped_total counter");
+        for (counter, stage) in self.connections_reaped.iter().zip(crate::gateway::Stage::ALL) {
+            let _ = writeln!(out, "gpux_connections_reaped_total{{stage=\"{}\"}} {}", stage.label(), load(counter));
+        }
         let _ = writeln!(out, "# HELP gpux_journal_commit_seconds Durable journal commit latency (one fsync per batch).");
         let _ = writeln!(out, "# TYPE gpux_journal_commit_seconds histogram");
         for (bucket, bound) in self.commit_buckets.iter().zip(COMMIT_BUCKETS_SECONDS) {
@@ -114,28 +142,17 @@ impl Metrics {
 
 /// Serves `GET /metrics` until the process ends.
 pub async fn serve(listener: TcpListener, metrics: std::sync::Arc<Metrics>) {
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else { continue };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let mut request = Vec::new();
-            let mut buffer = [0u8; 1024];
-            while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < REQUEST_BYTES_MAX {
-                match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buffer)).await {
-                    Ok(Ok(read)) if read > 0 => request.extend_from_slice(&buffer[..read]),
-                    _ => return,
-                }
-            }
-            let response = if request.starts_with(b"GET /metrics ") {
-                let body = metrics.render();
-                format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                )
-            } else {
-                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string()
-            };
-            let _ = stream.write_all(response.as_bytes()).await;
-        });
-    }
+    let rendering = metrics.clone();
+    crate::admission::serve_http(listener, "metrics", metrics, move |request| {
+        if request.starts_with(b"GET /metrics ") {
+            let body = rendering.render();
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+        } else {
+            "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string()
+        }
+    })
+    .await
 }

@@ -576,6 +576,9 @@ pub enum ErrorCode {
     /// Nothing came from the peer, not even a pong to the exchange's pings,
     /// for the idle timeout (close reason): a dead or half-open connection.
     IdleTimeout,
+    /// A connection neither logged in nor subscribed to a feed within the
+    /// login timeout (closed).
+    LoginTimeout,
     /// Workload refusals (docs/protocol.md "Lease delivery"), one per limit.
     ImageInvalid,
     TooManyPorts,
@@ -638,6 +641,7 @@ impl ErrorCode {
             SlowConsumer => "the connection fell too far behind the feed",
             ShuttingDown => "the exchange is shutting down",
             IdleTimeout => "nothing came from this connection for the idle timeout, not even a pong",
+            LoginTimeout => "this connection neither logged in nor subscribed to a feed within the login timeout",
             ImageInvalid => "the image reference is empty, too long or not of the form [registry/]name[:tag][@digest]",
             TooManyPorts => "too many ports to expose",
             PortInvalid => "a port is 0 or listed twice",

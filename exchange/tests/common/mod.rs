@@ -40,7 +40,27 @@ impl Exchange {
 
     /// Starts on a given listen address (a restart that clients reconnect to).
     pub fn start_on(data_dir: &Path, operator: Option<&SigningKey>, listen: &str, extra: &[&str]) -> Exchange {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_gpux-exchange"));
+        Self::start_command(Command::new(env!("CARGO_BIN_EXE_gpux-exchange")), data_dir, operator, listen, extra, Stdio::inherit())
+    }
+
+    /// Starts under a descriptor limit (`ulimit -n`), its log (stderr, at
+    /// the `GPUX_LOG` level given) written to `log`.
+    pub fn start_limited(data_dir: &Path, nofile: u32, log: &Path, log_level: &str, extra: &[&str]) -> Exchange {
+        let mut command = Command::new("sh");
+        command.arg("-c").arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\"")).arg(env!("CARGO_BIN_EXE_gpux-exchange"));
+        command.env("GPUX_LOG", log_level);
+        let log = std::fs::File::create(log).expect("log file");
+        Self::start_command(command, data_dir, None, "127.0.0.1:0", extra, Stdio::from(log))
+    }
+
+    fn start_command(
+        mut command: Command,
+        data_dir: &Path,
+        operator: Option<&SigningKey>,
+        listen: &str,
+        extra: &[&str],
+        stderr: Stdio,
+    ) -> Exchange {
         command
             .arg("--data-dir")
             .arg(data_dir)
@@ -54,7 +74,7 @@ impl Exchange {
         if let Some(key) = operator {
             command.arg("--operator-key").arg(hex::encode(key.verifying_key().to_bytes()));
         }
-        let mut child = command.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("gpux-exchange starts");
+        let mut child = command.stdout(Stdio::piped()).stderr(stderr).spawn().expect("gpux-exchange starts");
         let mut lines = BufReader::new(child.stdout.take().expect("stdout"));
         let mut recovered_hash = String::new();
         let mut recovered_line = String::new();
@@ -277,18 +297,10 @@ impl Client {
         self.send(&message).await;
         loop {
             let message = self.recv_wire().await;
-            match &message {
-                ServerMessage::Ack { id: i, .. }
-                | ServerMessage::Reject { id: i, .. }
-                | ServerMessage::UsageAccepted { id: i, .. }
-                | ServerMessage::UsageRejected { id: i, .. }
-                    if *i == id =>
-                {
-                    return message
-                }
-                ServerMessage::Error { id: Some(i), .. } if *i == id => return message,
-                _ => self.backlog.push_back(message),
+            if message.answer_to() == Some(id) {
+                return message;
             }
+            self.backlog.push_back(message);
         }
     }
 

@@ -1,0 +1,186 @@
+//! Hostile clients against the real binary (docs/protocol.md "Limits and
+//! abuse"): sockets that never finish a handshake, never log in, or come in
+//! hundreds from one address. The exchange must reap them within their
+//! deadlines, refuse what is over a cap at once, keep serving logins and
+//! /metrics, and stay cheap in CPU and in log lines while it does.
+
+mod common;
+
+use std::io::Read;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use gpux_engine::{InstrumentId, Role};
+use gpux_protocol::*;
+use tokio_tungstenite::MaybeTlsStream;
+
+/// A connection's fate as its client sees it: closed by the exchange or not.
+fn closed_by_peer(mut stream: &std::net::TcpStream, within: Duration) -> bool {
+    stream.set_read_timeout(Some(within)).expect("timeout");
+    let mut buffer = [0u8; 256];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => return true,
+            Ok(_) => continue, // a challenge or close frame: read on to the end
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+fn metric(body: &str, name: &str) -> f64 {
+    body.lines()
+        .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("{name} in {body}"))
+}
+
+async fn scrape(addr: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("metrics port");
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("request");
+    let mut response = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response)).await.expect("in time").expect("response");
+    response
+}
+
+/// CPU time (user + system) of a process so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let fields: Vec<&str> = stat.rsplit(')').next().expect("fields").split_whitespace().collect();
+    // Fields after the command name: utime and stime are the 12th and 13th (clock ticks, 100 Hz).
+    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    Duration::from_millis(ticks * 10)
+}
+
+/// 400 sockets that never speak, against a process allowed 256 descriptors:
+/// those over the cap are closed at once, the rest reaped at the handshake
+/// deadline; a login then succeeds, /metrics answers, and the attack cost
+/// little CPU and fewer than a hundred log lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_sockets_are_reaped_and_logins_go_on_at_the_descriptor_limit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("exchange.log");
+    let exchange = Exchange::start_limited(
+        &dir.path().join("data"),
+        256,
+        &log,
+        "info",
+        &["--handshake-timeout-ms", "1000", "--connections-per-ip-max", "100000", "--unauthenticated-max", "100000"],
+    );
+    let cpu_before = cpu_time(exchange.child.id());
+    let started = Instant::now();
+
+    let attackers: Vec<std::net::TcpStream> =
+        (0..400).map(|_| std::net::TcpStream::connect(&exchange.addr).expect("the kernel accepts the TCP connection")).collect();
+    // Over the cap: closed at once, without waiting for any deadline.
+    let refused_fast = attackers[300..].iter().filter(|s| closed_by_peer(s, Duration::from_millis(300))).count();
+    assert!(refused_fast >= 50, "only {refused_fast} of the last 100 refused at once");
+    // Admitted ones: reaped at the handshake deadline (1 s).
+    let reaped = attackers[..100].iter().filter(|s| closed_by_peer(s, Duration::from_secs(3))).count();
+    assert_eq!(reaped, 100, "every silent socket is closed by its deadline");
+
+    // The exchange serves on: a login and a scrape.
+    let (mut renter, _) = Client::login(&exchange.addr, &key(9), Role::Renter).await;
+    let id = renter.id();
+    assert!(matches!(renter.request(ClientMessage::Balance { id }).await, ServerMessage::Balance { .. }));
+    let body = scrape(&exchange.metrics_addr).await;
+    assert!(metric(&body, "gpux_connections_refused_total{cap=\"connections_max\"}") >= 50.0, "{body}");
+    assert!(metric(&body, "gpux_connections_reaped_total{stage=\"handshake\"}") >= 100.0, "{body}");
+
+    let cpu = cpu_time(exchange.child.id()) - cpu_before;
+    let wall = started.elapsed();
+    assert!(cpu < wall / 2, "the attack cost {cpu:?} of CPU in {wall:?}");
+    let log_text = std::fs::read_to_string(&log).expect("log");
+    assert!(log_text.lines().count() < 100, "{} log lines:\n{}", log_text.lines().count(), &log_text[..log_text.len().min(4000)]);
+    assert!(log_text.contains("at most 128 connections: the descriptor limit"), "the cap is announced");
+    drop(attackers);
+}
+
+/// An upgraded connection that neither logs in nor subscribes is closed
+/// `login_timeout`; an anonymous subscriber reading market data stays.
+#[tokio::test]
+async fn a_connection_that_never_logs_in_is_closed_and_a_market_data_reader_stays() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start_with(&dir.path().join("data"), None, &["--login-timeout-ms", "500"]);
+    let mut silent = Client::connect(&exchange.addr).await;
+    let mut reader = Client::connect(&exchange.addr).await;
+    let id = reader.id();
+    reader.request_subscribe(id, Channel::Book, InstrumentId(0)).await;
+    assert_eq!(silent.closed_reason().await, "login_timeout");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let id = reader.id();
+    reader.send(&ClientMessage::Ping { id }).await;
+    let pong = reader.recv_until(|m| matches!(m, ServerMessage::Pong { .. }).then_some(())).await;
+    assert_eq!(pong, (), "the subscriber is still served");
+    let body = scrape(&exchange.metrics_addr).await;
+    assert_eq!(metric(&body, "gpux_connections_reaped_total{stage=\"login\"}"), 1.0);
+}
+
+/// Over TLS the deadline covers the handshake and the upgrade: a client that
+/// finishes TLS and then says nothing is closed all the same.
+#[tokio::test]
+async fn a_wss_socket_silent_after_the_tls_handshake_is_reaped() {
+    use tokio::io::AsyncReadExt;
+    use tokio_rustls::rustls;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let identity = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("certificate");
+    let (certificate, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&certificate, identity.cert.pem()).expect("write cert");
+    std::fs::write(&key_file, identity.signing_key.serialize_pem()).expect("write key");
+    let exchange = Exchange::start_with(
+        &dir.path().join("data"),
+        None,
+        &[
+            "--tls-cert",
+            certificate.to_str().expect("utf-8"),
+            "--tls-key",
+            key_file.to_str().expect("utf-8"),
+            "--handshake-timeout-ms",
+            "700",
+        ],
+    );
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(identity.cert.der().clone()).expect("trust");
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(&exchange.addr).await.expect("tcp");
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(rustls::pki_types::ServerName::try_from("localhost").expect("name"), tcp)
+        .await
+        .expect("TLS handshake");
+    let started = Instant::now();
+    let mut buffer = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(3), tls.read(&mut buffer)).await.expect("closed within the deadline");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let body = scrape(&exchange.metrics_addr).await;
+    assert_eq!(metric(&body, "gpux_connections_reaped_total{stage=\"handshake\"}"), 1.0);
+}
+
+/// One address holds at most `--connections-per-ip-max` connections; the
+/// next is closed at once while other addresses are served.
+#[tokio::test]
+async fn one_address_is_capped_and_others_are_served() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start_with(&dir.path().join("data"), None, &["--connections-per-ip-max", "3"]);
+    let held: Vec<Client> = futures_util::future::join_all((0..3).map(|_| Client::connect(&exchange.addr))).await;
+    let fourth = std::net::TcpStream::connect(&exchange.addr).expect("tcp");
+    assert!(closed_by_peer(&fourth, Duration::from_millis(500)), "the fourth from 127.0.0.1 is refused");
+
+    // 127.0.0.2 is another address (all of 127/8 is loopback on Linux).
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind("127.0.0.2:0".parse().expect("addr")).expect("bind 127.0.0.2");
+    let stream = socket.connect(exchange.addr.parse().expect("addr")).await.expect("connect");
+    let (mut other, _) =
+        tokio_tungstenite::client_async(format!("ws://{}", exchange.addr), MaybeTlsStream::Plain(stream)).await.expect("served");
+    use futures_util::StreamExt;
+    let challenge = other.next().await.expect("frame").expect("frame");
+    assert!(challenge.to_text().expect("text").contains("challenge"));
+    let body = scrape(&exchange.metrics_addr).await;
+    assert_eq!(metric(&body, "gpux_connections_refused_total{cap=\"per_ip_max\"}"), 1.0);
+    drop(held);
+}
