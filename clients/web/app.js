@@ -57,7 +57,7 @@ function connect() {
     }
     if (type === "book_snapshot" || type === "book_update") onBook(type, body);
     else if (type === "trade") onTrade(body);
-    else if (type === "private") onPrivate(body.event);
+    else if (type === "private") onPrivate(body.event, body.reason);
     else if (type === "delivery") {
       state.deliveries.set(body.lease, body.state);
       renderLeases();
@@ -213,8 +213,9 @@ async function login(secretHex) {
   refreshAccount();
 }
 
-function onPrivate(event) {
+function onPrivate(event, reason) {
   const [kind, fields] = typeof event.kind === "string" ? [event.kind, {}] : Object.entries(event.kind)[0];
+  if (kind === "rejected") notice(`Refused (${fields.code}): ${reason ?? ""}`);
   if (kind === "preemption_notice") notice(`Lease ${fields.lease} is preempted: it ends at ${utcHour(fields.ends_at_ms)}`);
   if (kind === "payment_notice") notice(`Lease ${fields.lease} needs ${usd(fields.shortfall_minor)} more by ${utcHour(fields.ends_at_ms)}`);
   clearTimeout(state.refreshTimer);

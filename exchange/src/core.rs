@@ -918,7 +918,11 @@ impl Sequencer {
             }
             let accounts = self.accounts_of(event);
             if accounts.iter().flatten().next().is_some() {
-                let frame = SharedFrame::new(ServerMessage::Private { event: *event });
+                let reason = match event.kind {
+                    EventKind::Rejected { code, .. } => Some(code.message().to_string()),
+                    _ => None,
+                };
+                let frame = SharedFrame::new(ServerMessage::Private { event: *event, reason });
                 for account in accounts.into_iter().flatten() {
                     self.pending.push((Target::Account(account), Pending::Frame(frame.clone())));
                 }

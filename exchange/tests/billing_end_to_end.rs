@@ -54,7 +54,7 @@ struct Feed {
 }
 
 fn observe(feed: &mut Feed, message: &ServerMessage) {
-    let ServerMessage::Private { event } = message else { return };
+    let ServerMessage::Private { event, .. } = message else { return };
     let leases = &mut feed.leases;
     match event.kind {
         EventKind::OrderClosed { reason: OrderCloseReason::Filled, .. } => feed.bought += 1,

@@ -94,7 +94,9 @@ async fn an_order_is_acknowledged_and_both_sides_see_the_fill_and_the_lease() {
     let lease = m
         .renter
         .recv_until(|message| match message {
-            ServerMessage::Private { event: Event { kind: EventKind::LeaseCreated { lease, renter, .. }, .. } } => Some((*lease, *renter)),
+            ServerMessage::Private { event: Event { kind: EventKind::LeaseCreated { lease, renter, .. }, .. }, .. } => {
+                Some((*lease, *renter))
+            }
             _ => None,
         })
         .await;
@@ -102,7 +104,7 @@ async fn an_order_is_acknowledged_and_both_sides_see_the_fill_and_the_lease() {
     let trade = m
         .supplier
         .recv_until(|message| match message {
-            ServerMessage::Private { event: Event { kind: EventKind::Trade { buy_order, price_minor_per_gpu_hour, .. }, .. } } => {
+            ServerMessage::Private { event: Event { kind: EventKind::Trade { buy_order, price_minor_per_gpu_hour, .. }, .. }, .. } => {
                 Some((*buy_order, *price_minor_per_gpu_hour))
             }
             _ => None,
@@ -119,6 +121,17 @@ async fn engine_refusals_come_back_as_rejects_with_their_code() {
     let id = m.renter.id();
     let not_yours = m.renter.request(ClientMessage::CancelOrder { id, order: OrderId(0) }).await;
     assert!(matches!(not_yours, ServerMessage::Reject { code: RejectCode::NotYourOrder, .. }), "{not_yours:?}");
+    // The private feed's rejected events carry the same reason as the answers.
+    let reason = m
+        .renter
+        .recv_until(|message| match message {
+            ServerMessage::Private { event: Event { kind: EventKind::Rejected { code: RejectCode::PriceOffTick, .. }, .. }, reason } => {
+                Some(reason.clone())
+            }
+            _ => None,
+        })
+        .await;
+    assert_eq!(reason.as_deref(), Some(RejectCode::PriceOffTick.message()));
 }
 
 #[tokio::test]
@@ -337,7 +350,7 @@ async fn usage_reports_are_verified_charged_and_survive_a_restart() {
     let (lease, start_ms) = m
         .supplier
         .recv_until(|msg| match msg {
-            ServerMessage::Private { event: Event { kind: EventKind::LeaseCreated { lease, start_ms, .. }, .. } } => {
+            ServerMessage::Private { event: Event { kind: EventKind::LeaseCreated { lease, start_ms, .. }, .. }, .. } => {
                 Some((*lease, *start_ms))
             }
             _ => None,
@@ -363,7 +376,7 @@ async fn usage_reports_are_verified_charged_and_survive_a_restart() {
     let charged = m
         .renter
         .recv_until(|msg| match msg {
-            ServerMessage::Private { event: Event { kind: EventKind::FundsCharged { amount_minor, .. }, .. } } => Some(*amount_minor),
+            ServerMessage::Private { event: Event { kind: EventKind::FundsCharged { amount_minor, .. }, .. }, .. } => Some(*amount_minor),
             _ => None,
         })
         .await;
@@ -398,7 +411,7 @@ async fn statements_show_every_transfer_and_the_fee() {
     let (lease, start_ms) = m
         .supplier
         .recv_until(|msg| match msg {
-            ServerMessage::Private { event: Event { kind: EventKind::LeaseCreated { lease, start_ms, .. }, .. } } => {
+            ServerMessage::Private { event: Event { kind: EventKind::LeaseCreated { lease, start_ms, .. }, .. }, .. } => {
                 Some((*lease, *start_ms))
             }
             _ => None,

@@ -16,18 +16,37 @@ pub struct DecodeError {
     pub message: String,
 }
 
-fn decode_json<T: DeserializeOwned>(text: &str) -> Result<T, DecodeError> {
+fn decode_json<T: DeserializeOwned + strum::VariantNames>(text: &str) -> Result<T, DecodeError> {
     if text.len() > FRAME_BYTES_MAX {
         return Err(DecodeError { code: ErrorCode::FrameTooLarge, message: ErrorCode::FrameTooLarge.message().into() });
     }
-    serde_json::from_str(text).map_err(|error| {
-        let code = match error.classify() {
-            serde_json::error::Category::Data if error.to_string().starts_with("unknown variant") => ErrorCode::UnknownMessage,
-            serde_json::error::Category::Data => ErrorCode::WrongType,
-            _ => ErrorCode::MalformedJson,
-        };
-        DecodeError { code, message: error.to_string() }
-    })
+    // Valid frames pay for one parse; only a failure is looked at again.
+    serde_json::from_str(text).map_err(|error| classify::<T>(text, error))
+}
+
+/// Why a text frame did not decode, from its shape rather than from the
+/// error's wording: not JSON (`malformed_json`); JSON that is not an object
+/// with one key naming a message (`unknown_message`); a known message with
+/// a missing field, a field of the wrong type, or a value outside a field's
+/// documented set such as `"side": "up"` (`wrong_type`).
+fn classify<T: strum::VariantNames>(text: &str, error: serde_json::Error) -> DecodeError {
+    let message = error.to_string();
+    let code = match serde_json::from_str::<serde_json::Value>(text) {
+        Err(_) => ErrorCode::MalformedJson,
+        Ok(serde_json::Value::Object(fields)) if fields.len() == 1 => {
+            let (name, _) = fields.iter().next().expect("one field");
+            if T::VARIANTS.contains(&name.as_str()) {
+                ErrorCode::WrongType
+            } else {
+                return DecodeError { code: ErrorCode::UnknownMessage, message: format!("no message is called {name:?}") };
+            }
+        }
+        Ok(_) => {
+            let message = "a frame is a JSON object with one key, the message's name".to_string();
+            return DecodeError { code: ErrorCode::UnknownMessage, message };
+        }
+    };
+    DecodeError { code, message }
 }
 
 fn decode_binary<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {

@@ -100,8 +100,9 @@ impl OrderTicket {
 }
 
 /// Everything a client may send.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, strum::VariantNames)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum ClientMessage {
     /// Proves the key: `signature` is the ed25519 signature of
     /// `gpux-auth-v1:` followed by the challenge nonce's 32 bytes. `role`
@@ -317,8 +318,9 @@ impl ClientMessage {
 }
 
 /// Everything the exchange sends.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, strum::VariantNames)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum ServerMessage {
     /// First message on every connection.
     Challenge {
@@ -388,6 +390,9 @@ pub enum ServerMessage {
     /// leases, preemption notices, funds).
     Private {
         event: Event,
+        /// The human-readable reason of a `rejected` event (null otherwise).
+        #[serde(default)]
+        reason: Option<String>,
     },
     Instruments {
         id: u64,

@@ -60,6 +60,24 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::Balance { id: 17 },
         ClientMessage::Statement { id: 18, after: Some(4) },
         ClientMessage::Ping { id: 19 },
+        ClientMessage::Leases { id: 20, offset: 100 },
+        serde_json::from_str(r#"{"usage_report":{"id":21,"report":{"body":{"lease":17,"gpu_uuid":"GPU-1","seq":1,"start_ms":1796223720000,"end_ms":1796223730000,"available_ms":10000,"utilisation_percent":87,"memory_used_mib_max":61234,"unhealthy_samples":0,"prev_hash":"0000000000000000000000000000000000000000000000000000000000000000"},"signature":"00"}}}"#)
+            .expect("a usage report"),
+        ClientMessage::SetWorkload {
+            id: 22,
+            lease: LeaseId(7),
+            workload: Box::new(Workload { ports: vec![22, 8888], shm_mib: 1024, secrets_follow: true, ..Workload::image("docker.io/library/python:3.12") }),
+        },
+        ClientMessage::SetEncryptionKey { id: 23, encryption_key: "ab".repeat(32), signature: "cd".repeat(64) },
+        ClientMessage::HostKey { id: 24, lease: LeaseId(7) },
+        ClientMessage::DeliveryStatus {
+            id: 25,
+            lease: LeaseId(7),
+            state: DeliveryState::Running { endpoints: vec![Endpoint { container_port: 22, host: "203.0.113.7".into(), port: 40122 }], ssh: Some("ssh -p 40122 root@203.0.113.7".into()), restarts: 1 },
+        },
+        ClientMessage::LeaseDelivery { id: 26, lease: LeaseId(7) },
+        ClientMessage::LeaseLogs { id: 27, lease: LeaseId(7), tail_bytes: 4096 },
+        ClientMessage::Logs { id: 28, request: 3, data: "hello\n".into(), truncated: true },
     ]
 }
 
@@ -92,7 +110,7 @@ fn server_messages_round_trip_through_both_encodings() {
         ServerMessage::Reject { id: 3, journal_seq: 8, code: RejectCode::PriceOffTick, message: "m".into() },
         ServerMessage::Error { id: None, code: ErrorCode::MalformedJson, message: "m".into() },
         ServerMessage::BookSnapshot { instrument: InstrumentId(0), seq: 4, bids: vec![(1_000, 2)], asks: vec![] },
-        ServerMessage::Private { event },
+        ServerMessage::Private { event, reason: Some("insufficient funds".into()) },
         ServerMessage::Instruments { id: 1, instruments: Engine::new(EngineConfig::demo()).expect("valid").instruments() },
     ];
     for message in messages {
@@ -121,12 +139,46 @@ fn each_class_of_bad_text_has_its_code() {
         (r#"{"ping":{"id":"one"}}"#, ErrorCode::WrongType),
         (r#"{"cancel_order":{"id":1}}"#, ErrorCode::WrongType),
         (r#"{"ping":{"id":-1}}"#, ErrorCode::WrongType),
+        (r#"{"ping":{}}"#, ErrorCode::WrongType),
+        // A value outside a field's documented set is a bad field, not an unknown message.
+        (
+            r#"{"new_order":{"id":1,"order":{"client_order_id":1,"instrument":0,"side":"up","price_minor_per_gpu_hour":1,"quantity":1}}}"#,
+            ErrorCode::WrongType,
+        ),
+        (
+            r#"{"new_order":{"id":1,"order":{"client_order_id":1,"instrument":0,"side":"buy","time_in_force":"forever","price_minor_per_gpu_hour":1,"quantity":1}}}"#,
+            ErrorCode::WrongType,
+        ),
+        (r#"{"auth":{"id":1,"public_key":"00","signature":"00","role":"king"}}"#, ErrorCode::WrongType),
+        (r#"{"subscribe":{"id":1,"channel":"gossip","instrument":0}}"#, ErrorCode::WrongType),
+        // JSON that names no message.
+        ("{}", ErrorCode::UnknownMessage),
+        ("[]", ErrorCode::UnknownMessage),
+        (r#""ping""#, ErrorCode::UnknownMessage),
+        ("42", ErrorCode::UnknownMessage),
+        (r#"{"ping":{"id":1},"balance":{"id":2}}"#, ErrorCode::UnknownMessage),
     ];
     for (text, code) in cases {
         assert_eq!(decode_client_text(text).map_err(|e| e.code), Err(code), "{text}");
     }
     let huge = format!(r#"{{"ping":{{"id":1,"pad":"{}"}}}}"#, "x".repeat(FRAME_BYTES_MAX));
     assert_eq!(decode_client_text(&huge).map_err(|e| e.code), Err(ErrorCode::FrameTooLarge));
+}
+
+/// The names the codec checks unknown messages against are the names serde
+/// writes: every sample message's key is among them.
+#[test]
+fn the_known_message_names_are_the_wire_names() {
+    use strum::VariantNames;
+    let mut sampled = std::collections::BTreeSet::new();
+    for message in sample_client_messages() {
+        let text = encode_client_text(&message);
+        let name = text.split('"').nth(1).expect("a key").to_string();
+        assert!(ClientMessage::VARIANTS.contains(&name.as_str()), "{name} is not among {:?}", ClientMessage::VARIANTS);
+        sampled.insert(name);
+    }
+    let known: std::collections::BTreeSet<String> = ClientMessage::VARIANTS.iter().map(|n| n.to_string()).collect();
+    assert_eq!(sampled, known, "every message has a sample here (add one for a new message)");
 }
 
 #[test]

@@ -162,7 +162,7 @@ struct HostState {
 impl HostState {
     /// Takes one pushed message; `true` when a lease ended (time to report).
     fn handle(&mut self, message: &ServerMessage, account: AccountId) -> bool {
-        let ServerMessage::Private { event } = message else { return false };
+        let ServerMessage::Private { event, .. } = message else { return false };
         match event.kind {
             EventKind::LeaseCreated { lease, gpu_mask, start_ms, supplier, .. } if supplier == account => {
                 self.leased_mask |= gpu_mask;
@@ -295,7 +295,7 @@ async fn renter(options: LiveOptions, index: u32, fund: mpsc::Sender<AccountId>)
             connection.request(ClientMessage::EndLease { id, lease: *lease }).await?;
         }
         ends.retain(|(at, _)| *at > now);
-        let Some(ServerMessage::Private { event }) = connection.next_within(Duration::from_millis(200)).await? else { continue };
+        let Some(ServerMessage::Private { event, .. }) = connection.next_within(Duration::from_millis(200)).await? else { continue };
         if let EventKind::LeaseCreated { lease, renter, .. } = event.kind {
             if renter == connection.account {
                 ends.push((now_ms() + rng.random_range(15_000..60_000), lease));

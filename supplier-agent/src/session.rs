@@ -639,7 +639,7 @@ impl Agent {
 
     async fn on_message(&mut self, link: &mut Link, message: ServerMessage) -> Result<()> {
         let event = match message {
-            ServerMessage::Private { event } => event,
+            ServerMessage::Private { event, .. } => event,
             ServerMessage::Workload { lease, workload } => {
                 self.deliver(lease, Some(workload));
                 return Ok(());

@@ -152,7 +152,7 @@ async fn usage_is_reported_through_a_30_second_outage_and_billed_exactly() {
         .await;
     assert!(matches!(bought, Ok(ServerMessage::Ack { order: Some(_), .. })), "{bought:?}");
     let (lease, start_ms) = loop {
-        if let ServerMessage::Private { event } = renter.next().await.expect("message") {
+        if let ServerMessage::Private { event, .. } = renter.next().await.expect("message") {
             if let gpux_engine::EventKind::LeaseCreated { lease, start_ms, .. } = event.kind {
                 break (lease, start_ms);
             }
@@ -170,7 +170,7 @@ async fn usage_is_reported_through_a_30_second_outage_and_billed_exactly() {
     let ended = renter.request(ClientMessage::EndLease { id, lease }).await.expect("end lease");
     assert!(matches!(ended, ServerMessage::Ack { .. }), "{ended:?}");
     let ended_at_ms = loop {
-        if let ServerMessage::Private { event } = renter.next().await.expect("message") {
+        if let ServerMessage::Private { event, .. } = renter.next().await.expect("message") {
             if matches!(event.kind, gpux_engine::EventKind::LeaseEnded { .. }) {
                 break event.at_ms;
             }
@@ -333,7 +333,7 @@ async fn a_failed_delivery_is_not_billed() {
         .await
         .expect("buy");
     let lease = loop {
-        if let ServerMessage::Private { event } = renter.next().await.expect("message") {
+        if let ServerMessage::Private { event, .. } = renter.next().await.expect("message") {
             if let gpux_engine::EventKind::LeaseCreated { lease, .. } = event.kind {
                 break lease;
             }

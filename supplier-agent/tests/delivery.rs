@@ -84,7 +84,7 @@ async fn await_lease(renter: &mut Connection) -> LeaseId {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        if let ServerMessage::Private { event } =
+        if let ServerMessage::Private { event, .. } =
             tokio::time::timeout(left, renter.next()).await.expect("a lease in time").expect("message")
         {
             if let EventKind::LeaseCreated { lease, .. } = event.kind {
@@ -286,7 +286,7 @@ async fn a_restarted_agent_readopts_and_a_preempted_workload_gets_sigterm() {
         let mut order = OrderTicket::limit(id, InstrumentId(0), Side::Buy, 2_100_000, 1);
         order.time_in_force = TimeInForce::Ioc;
         urgent.request(ClientMessage::NewOrder { id, order, workload: None }).await.expect("spot bid");
-        if let Ok(Ok(ServerMessage::Private { event })) = tokio::time::timeout(Duration::from_millis(700), renter.next()).await {
+        if let Ok(Ok(ServerMessage::Private { event, .. })) = tokio::time::timeout(Duration::from_millis(700), renter.next()).await {
             if matches!(event.kind, EventKind::PreemptionNotice { lease: l, .. } if l == lease) {
                 break;
             }

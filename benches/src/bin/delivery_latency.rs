@@ -132,7 +132,7 @@ async fn fill(renter: &mut Connection, workload: &Workload) -> (LeaseId, Instant
         assert!(matches!(answer, ServerMessage::Ack { .. }), "{answer:?}");
         // An IOC bid's fill and lease come right behind its ack.
         while let Some(message) = renter.next_within(Duration::from_millis(200)).await.expect("renter") {
-            if let ServerMessage::Private { event } = message {
+            if let ServerMessage::Private { event, .. } = message {
                 if let EventKind::LeaseCreated { lease, .. } = event.kind {
                     return (lease, since);
                 }

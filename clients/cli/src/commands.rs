@@ -275,7 +275,7 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
     acknowledged(answer, "accepted")?;
     // What happened at once: fills and leases arrive as private events.
     while let Ok(Some(message)) = s.connection.next_within(Duration::from_millis(300)).await {
-        if let ServerMessage::Private { event } = message {
+        if let ServerMessage::Private { event, .. } = message {
             describe_event(&event.kind);
         }
     }
@@ -318,7 +318,7 @@ async fn fills(s: &mut Session, seconds: Option<u64>, json: bool) -> Result<(), 
             Ok(Some(message)) => {
                 if json {
                     out!("{}", gpux_protocol::encode_server_text(&message));
-                } else if let ServerMessage::Private { event } = message {
+                } else if let ServerMessage::Private { event, .. } = message {
                     describe_event(&event.kind);
                 }
             }

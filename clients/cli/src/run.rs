@@ -68,7 +68,7 @@ pub async fn run(s: &mut Session, args: RunArgs, json: bool) -> Result<(), Failu
     let mut leases: Vec<LeaseId> = Vec::new();
     let mut ours = false;
     while let Ok(Some(message)) = s.connection.next_within(Duration::from_millis(500)).await {
-        if let ServerMessage::Private { event } = message {
+        if let ServerMessage::Private { event, .. } = message {
             match event.kind {
                 EventKind::Trade { buy_order, .. } => ours = buy_order == order_id,
                 EventKind::LeaseCreated { lease, .. } if ours => leases.push(lease),

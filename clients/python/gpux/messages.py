@@ -164,6 +164,7 @@ class Private:
     at_ms: int
     kind: str
     fields: dict
+    reason: Optional[str] = None  # why, for a "rejected" event
 
 
 @dataclass
@@ -224,7 +225,7 @@ def parse(message: dict) -> Any:
             name, fields = inner, {}
         else:
             (name, fields), = inner.items()
-        return Private(seq=event["seq"], at_ms=event["at_ms"], kind=name, fields=fields)
+        return Private(seq=event["seq"], at_ms=event["at_ms"], kind=name, fields=fields, reason=body.get("reason"))
     cls = _TYPES.get(kind)
     if cls is None:
         return Unknown(kind, body)
