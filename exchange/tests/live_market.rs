@@ -15,7 +15,31 @@ use gpux_protocol::{Channel, ServerMessage};
 async fn the_live_simulated_market_trades_over_the_real_gateway() {
     let dir = tempfile::tempdir().expect("temp dir");
     let exchange = Exchange::start_with(dir.path(), None, &["--sim", "--sim-suppliers", "8", "--sim-renters", "24"]);
-    let mut watcher = Client::connect(&exchange.addr).await;
+    await_trading(&exchange.addr).await;
+}
+
+/// The README runs `--sim` twice on one data directory: the second run's
+/// traders are the first run's (same keys, same GPUs) and trade again,
+/// without a warning line from the market's own orders.
+#[tokio::test]
+async fn the_live_market_trades_again_after_a_restart_on_the_same_data() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("exchange.log");
+    let data = dir.path().join("data");
+    let args = ["--sim", "--sim-suppliers", "4", "--sim-renters", "8"];
+    let mut first = Exchange::start_logged(&data, &log, "warn", &args);
+    await_trading(&first.addr).await;
+    first.terminate();
+    let first_run = std::fs::read_to_string(&log).expect("log").len();
+    let second = Exchange::start_logged(&data, &log, "warn", &args);
+    await_trading(&second.addr).await;
+    let log = std::fs::read_to_string(&log).expect("log")[first_run..].to_string();
+    assert!(!log.contains("live simulated market stopped"), "{log}");
+    assert!(!log.contains("WARN"), "the live market's own orders warn nobody:\n{log}");
+}
+
+async fn await_trading(addr: &str) {
+    let mut watcher = Client::connect(addr).await;
     for instrument in 0..8 {
         for channel in [Channel::Book, Channel::Trades] {
             let id = watcher.id();

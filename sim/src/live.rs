@@ -105,6 +105,10 @@ struct LiveLease {
     seq: Vec<u32>,
     prev_hash: Vec<String>,
     ended: bool,
+    /// False for a lease of an earlier run of the live market (found at
+    /// start): its report chains were lost with that run, so it is only
+    /// kept out of the asks until its renter ends it.
+    reported: bool,
 }
 
 /// A host of 1-8 GPUs of one class: asks on both books, re-priced every few
@@ -127,11 +131,28 @@ async fn supplier(options: LiveOptions, index: u32) -> Result<()> {
         connection.request(message).await?;
     }
     let id = connection.new_id();
-    let host = match connection.request(ClientMessage::MyGpus { id }).await? {
-        ServerMessage::Gpus { gpus, .. } => gpus.first().map(|g| g.host).context("the GPUs registered")?,
+    let gpus = match connection.request(ClientMessage::MyGpus { id }).await? {
+        ServerMessage::Gpus { gpus, .. } => gpus,
         other => anyhow::bail!("expected the supplier's GPUs, got {other:?}"),
     };
+    let host = gpus.first().map(|g| g.host).context("the GPUs registered")?;
     let mut host_state = HostState { index, leased_mask: 0, leases: Vec::new() };
+    // Leases of an earlier run on this data directory (same seed, same keys).
+    let me = connection.account;
+    for info in active_leases(&mut connection).await?.into_iter().filter(|l| l.supplier == me) {
+        let bits: Vec<u32> = info.gpus.iter().filter_map(|id| gpus.iter().find(|g| g.gpu == *id)).map(|g| g.index_on_host).collect();
+        host_state.leased_mask |= bits.iter().fold(0u64, |mask, bit| mask | 1 << bit);
+        let n = bits.len();
+        host_state.leases.push(LiveLease {
+            lease: info.lease,
+            gpus: bits.into_iter().map(|bit| (bit, format!("LIVE-{index:03}-{bit}"))).collect(),
+            last_end_ms: vec![info.start_ms; n],
+            seq: vec![0; n],
+            prev_hash: vec![genesis_hash(); n],
+            ended: false,
+            reported: false,
+        });
+    }
     let mut next_reprice = 0;
     let mut next_report = now_ms() + REPORT_EVERY_MS;
     loop {
@@ -177,6 +198,7 @@ impl HostState {
                     seq: vec![0; n],
                     prev_hash: vec![genesis_hash(); n],
                     ended: false,
+                    reported: true,
                 });
                 false
             }
@@ -220,7 +242,8 @@ async fn reprice(
             continue;
         }
         let price = price_near(rng, class_index, low, high);
-        let mut order = OrderTicket::limit(now_ms(), instrument, Side::Sell, price, free.count_ones());
+        // Two asks per reprice, at most one reprice per 2 s: unique ids.
+        let mut order = OrderTicket::limit(now_ms() * 2 + kind as u64, instrument, Side::Sell, price, free.count_ones());
         order.supply = Some(GpuSet { host, gpu_mask: free });
         let id = connection.new_id();
         let answer = connection.request(ClientMessage::NewOrder { id, order, workload: None }).await?;
@@ -231,11 +254,27 @@ async fn reprice(
     Ok(())
 }
 
+/// The account's active leases, every page.
+async fn active_leases(connection: &mut Connection) -> Result<Vec<gpux_engine::LeaseInfo>> {
+    let (mut active, mut offset) = (Vec::new(), 0);
+    loop {
+        let id = connection.new_id();
+        let ServerMessage::Leases { leases, next_offset, .. } = connection.request(ClientMessage::Leases { id, offset }).await? else {
+            anyhow::bail!("expected the account's leases");
+        };
+        active.extend(leases.into_iter().filter(|l| l.active));
+        match next_offset {
+            Some(next) => offset = next,
+            None => return Ok(active),
+        }
+    }
+}
+
 /// Reports every GPU of every lease up to now (or to the lease's end, which
 /// the exchange prorates: the agent learns of an end only when told).
 async fn report_usage(connection: &mut Connection, key: &SigningKey, leases: &mut [LiveLease]) -> Result<()> {
     let now = now_ms().saturating_add_signed(connection.clock_offset_ms);
-    for lease in leases.iter_mut() {
+    for lease in leases.iter_mut().filter(|lease| lease.reported) {
         for gpu in 0..lease.gpus.len() {
             let start_ms = lease.last_end_ms[gpu];
             if now <= start_ms + 1 {
@@ -274,6 +313,12 @@ async fn renter(options: LiveOptions, index: u32, fund: mpsc::Sender<AccountId>)
     let mut rng = ChaCha8Rng::seed_from_u64(options.seed.wrapping_add(1_000_003 + index as u64 * 104_729));
     let mut connection = connect(&options.url, &key, Role::Renter).await?;
     fund.send(connection.account).await.context("the operator task ended")?;
+    // Leases of an earlier run on this data directory: nobody follows them now.
+    let me = connection.account;
+    for info in active_leases(&mut connection).await?.into_iter().filter(|l| l.renter == me) {
+        let id = connection.new_id();
+        connection.request(ClientMessage::EndLease { id, lease: info.lease }).await?;
+    }
     let mut ends: Vec<(u64, LeaseId)> = Vec::new();
     let mut next_bid = now_ms() + rng.random_range(500..2_000);
     loop {

@@ -53,6 +53,15 @@ impl Exchange {
         Self::start_command(command, data_dir, None, "127.0.0.1:0", extra, Stdio::from(log))
     }
 
+    /// Starts with its stderr (the log at `log_level`, and what the live
+    /// market prints) appended to `log`.
+    pub fn start_logged(data_dir: &Path, log: &Path, log_level: &str, extra: &[&str]) -> Exchange {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_gpux-exchange"));
+        command.env("GPUX_LOG", log_level);
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file");
+        Self::start_command(command, data_dir, None, "127.0.0.1:0", extra, Stdio::from(log))
+    }
+
     fn start_command(
         mut command: Command,
         data_dir: &Path,
