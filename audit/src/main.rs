@@ -46,6 +46,12 @@ struct Args {
 
 fn main() {
     if let Err(error) = run(Args::parse()) {
+        // A reader that stopped reading (`gpux-audit --demo | head`) is not an error.
+        let closed_pipe =
+            error.chain().any(|cause| cause.downcast_ref::<io::Error>().is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe));
+        if closed_pipe {
+            return;
+        }
         eprintln!("gpux-audit: {error:#}");
         std::process::exit(2);
     }
@@ -71,7 +77,7 @@ fn run(args: Args) -> Result<()> {
     let mut replayed = 0u64;
     if let Some(path) = &args.journal {
         use gpux_exchange::journal::JournalEntry;
-        let journal = gpux_exchange::journal::Journal::open(path)?;
+        let journal = gpux_exchange::journal::JournalReader::open(path)?;
         let mut account_keys = std::collections::HashMap::new();
         let mut settlement = gpux_settlement::Settlement::default();
         for entry in journal.entries_after(0)? {

@@ -140,3 +140,44 @@ fn demo_inputs() -> Vec<gpux_engine::Input> {
     let (_, commands, _) = audit(&["--print-demo-commands"], "");
     commands.lines().map(|line| serde_json::from_str(line).expect("a command")).collect()
 }
+
+/// `gpux-audit --demo | head -1`: the reader leaving early is not a failure.
+#[test]
+fn a_reader_that_stops_early_is_not_an_error() {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpux-audit"))
+        .arg("--demo")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gpux-audit runs");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut first).expect("a line");
+    // The pipe's reading end is closed here, as `head` closes it.
+    let output = child.wait_with_output().expect("gpux-audit finishes");
+    assert!(first.starts_with('{'), "{first}");
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(output.stderr.is_empty(), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
+/// An audit opens its input read-only: the journal file is byte for byte
+/// the same afterwards, and a file without write permission is read.
+#[test]
+fn the_journal_is_read_without_being_changed() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let journal = dir.path().join("journal.redb");
+    {
+        let mut store = gpux_exchange::journal::Journal::open(&journal).expect("journal");
+        let entries: Vec<_> = demo_inputs().into_iter().map(gpux_exchange::journal::JournalEntry::Engine).collect();
+        store.append(&entries).expect("append");
+    }
+    std::fs::set_permissions(&journal, std::fs::Permissions::from_mode(0o444)).expect("read-only");
+    let before = std::fs::read(&journal).expect("bytes");
+    let (code, events, summary) = audit(&["--journal", journal.to_str().expect("utf-8")], "");
+    assert_eq!(code, 0, "{summary}");
+    assert!(!events.is_empty());
+    let (code, _, summary) = audit(&["--journal", journal.to_str().expect("utf-8"), "--commands-only"], "");
+    assert_eq!(code, 0, "{summary}");
+    assert!(std::fs::read(&journal).expect("bytes") == before, "the journal was changed by reading it");
+}

@@ -89,17 +89,7 @@ impl Journal {
 
     /// Every entry after `seq`, in order; a gap is an error.
     pub fn entries_after(&self, seq: u64) -> Result<Vec<JournalEntry>> {
-        let read = self.db.begin_read()?;
-        let table = read.open_table(JOURNAL)?;
-        let mut entries = Vec::new();
-        for (expected, row) in (seq + 1..).zip(table.range(seq + 1..)?) {
-            let (key, bytes) = row?;
-            anyhow::ensure!(key.value() == expected, "journal gap: expected entry {expected}, found {}", key.value());
-            let entry: JournalEntry =
-                decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("journal entry {}: {}", key.value(), e.message))?;
-            entries.push(entry);
-        }
-        Ok(entries)
+        entries_after(&self.db.begin_read()?, seq)
     }
 
     /// Appends `entries` in one durable commit; returns the sequence number
@@ -131,28 +121,65 @@ impl Journal {
     /// Up to `limit` transfers involving `account` after transfer id `after`,
     /// oldest first (a scan: statements are not a hot path).
     pub fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
-        let read = self.db.begin_read()?;
-        let table = read.open_table(TRANSFERS)?;
-        let mut lines = Vec::new();
-        let start = after.map_or(0, |after| after + 1);
-        for row in table.range(start..)? {
-            let (key, bytes) = row?;
-            let transfer: Transfer =
-                decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("transfer {}: {}", key.value(), e.message))?;
-            if transfer.involves(account) {
-                lines.push(transfer);
-                if lines.len() >= limit {
-                    break;
-                }
-            }
-        }
-        Ok(lines)
+        statement(&self.db.begin_read()?, account, after, limit)
     }
 
     /// The sequence number the next entry will get.
     pub fn next_seq(&self) -> u64 {
         self.next_seq
     }
+}
+
+/// A journal opened read-only, by tools that must never change it
+/// (`gpux-audit --journal`, `gpux-exchange statement`): the file is opened
+/// without write access and nothing is created.
+pub struct JournalReader {
+    db: redb::ReadOnlyDatabase,
+}
+
+impl JournalReader {
+    pub fn open(path: &Path) -> Result<JournalReader> {
+        let db = redb::ReadOnlyDatabase::open(path).with_context(|| format!("opening journal {} read-only", path.display()))?;
+        Ok(JournalReader { db })
+    }
+
+    pub fn entries_after(&self, seq: u64) -> Result<Vec<JournalEntry>> {
+        entries_after(&self.db.begin_read()?, seq)
+    }
+
+    pub fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
+        statement(&self.db.begin_read()?, account, after, limit)
+    }
+}
+
+fn entries_after(read: &redb::ReadTransaction, seq: u64) -> Result<Vec<JournalEntry>> {
+    let table = read.open_table(JOURNAL)?;
+    let mut entries = Vec::new();
+    for (expected, row) in (seq + 1..).zip(table.range(seq + 1..)?) {
+        let (key, bytes) = row?;
+        anyhow::ensure!(key.value() == expected, "journal gap: expected entry {expected}, found {}", key.value());
+        let entry: JournalEntry =
+            decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("journal entry {}: {}", key.value(), e.message))?;
+        entries.push(entry);
+    }
+    Ok(entries)
+}
+
+fn statement(read: &redb::ReadTransaction, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
+    let table = read.open_table(TRANSFERS)?;
+    let mut lines = Vec::new();
+    let start = after.map_or(0, |after| after + 1);
+    for row in table.range(start..)? {
+        let (key, bytes) = row?;
+        let transfer: Transfer = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("transfer {}: {}", key.value(), e.message))?;
+        if transfer.involves(account) {
+            lines.push(transfer);
+            if lines.len() >= limit {
+                break;
+            }
+        }
+    }
+    Ok(lines)
 }
 
 #[cfg(test)]

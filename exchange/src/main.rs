@@ -231,7 +231,7 @@ enum Tool {
 
 fn statement(data_dir: &std::path::Path, account: u32) -> Result<()> {
     use std::io::Write;
-    let journal = gpux_exchange::journal::Journal::open(&data_dir.join("journal.redb"))?;
+    let journal = gpux_exchange::journal::JournalReader::open(&data_dir.join("journal.redb"))?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     writeln!(out, "transfer,at_ms,from,to,amount_minor,lease")?;
     let mut after = None;
