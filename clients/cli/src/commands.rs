@@ -52,7 +52,21 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     let s = &mut session;
     match cli.command {
         Command::Login { .. } => {
-            out!("logged in as account {} ({:?})", s.connection.account, s.role);
+            let account = s.connection.account;
+            let actual = s.connection.role.ok_or_else(|| Failure::Unreachable("the exchange sent no role at login".into()))?;
+            // --role opens an account for a new key; a key that has one keeps its role.
+            if let Some(asked) = s.role.filter(|asked| *asked != actual) {
+                return Err(Failure::Refused(format!(
+                    "this key already has account {account} as {}, not {}: --role only opens an account for a new key (make one with `gpux --key PATH keys create`, then `gpux --key PATH login --role ...`)",
+                    role_name(actual),
+                    role_name(asked)
+                )));
+            }
+            if json {
+                out!("{{\"account\":{},\"role\":\"{}\"}}", account.0, role_name(actual));
+            } else {
+                out!("logged in as account {account} ({})", role_name(actual));
+            }
             Ok(())
         }
         Command::Balance => {
@@ -452,4 +466,14 @@ async fn instruments(s: &mut Session, calendar: bool, json: bool) -> Result<(), 
         );
     }
     Ok(())
+}
+
+/// A role as the protocol writes it.
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Renter => "renter",
+        Role::Supplier => "supplier",
+        Role::Aggregator => "aggregator",
+        Role::Operator => "operator",
+    }
 }

@@ -97,7 +97,12 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
     let login = ok(gpux(url, &key("renter"), &["login", "--role", "renter"]));
     let renter_account: u32 = login.split_whitespace().nth(4).and_then(|a| a.parse().ok()).expect("an account id");
     ok(gpux(url, &key("supplier"), &["login", "--role", "supplier"]));
-    ok(gpux(url, &key("operator"), &["login"]));
+    assert!(ok(gpux(url, &key("operator"), &["login"])).contains("(operator)"), "the role as the exchange has it");
+    // The operator's key cannot become a renter: said, not reported as a login.
+    let as_renter = gpux(url, &key("operator"), &["login", "--role", "renter"]);
+    assert_eq!(as_renter.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&as_renter.stderr).contains("as operator, not renter"), "{as_renter:?}");
+    assert_eq!(ok(gpux(url, &key("renter"), &["--json", "login"])).trim(), format!("{{\"account\":{renter_account},\"role\":\"renter\"}}"));
     assert!(ok(gpux(url, &key("renter"), &["balance"])).contains("available $0.00"));
     ok(gpux(url, &key("operator"), &["deposit", &renter_account.to_string(), "100"]));
     assert!(ok(gpux(url, &key("renter"), &["balance"])).contains("available $100.00"));

@@ -25,6 +25,8 @@ pub struct Connection {
     backlog: std::collections::VecDeque<ServerMessage>,
     next_id: u64,
     pub account: AccountId,
+    /// The account's role as the exchange has it (`None` when anonymous).
+    pub role: Option<Role>,
     /// The exchange's clock minus ours, measured at login.
     pub clock_offset_ms: i64,
 }
@@ -62,8 +64,8 @@ impl Connection {
         let mut backlog = std::collections::VecDeque::new();
         loop {
             match read(&mut socket).await? {
-                ServerMessage::Authenticated { account, .. } => {
-                    return Ok(Connection { socket, backlog, next_id: 1, account, clock_offset_ms })
+                ServerMessage::Authenticated { account, role, .. } => {
+                    return Ok(Connection { socket, backlog, next_id: 1, account, role: Some(role), clock_offset_ms })
                 }
                 ServerMessage::Error { code, message, .. } => bail!("the exchange refused the host key: {code:?}: {message}"),
                 other => backlog.push_back(other),
@@ -96,7 +98,14 @@ impl Connection {
             ServerMessage::Challenge { server_time_ms, .. } => server_time_ms as i64 - now_ms() as i64,
             other => bail!("expected a challenge, got {other:?}"),
         };
-        Ok(Connection { socket, backlog: std::collections::VecDeque::new(), next_id: 1, account: AccountId(u32::MAX), clock_offset_ms })
+        Ok(Connection {
+            socket,
+            backlog: std::collections::VecDeque::new(),
+            next_id: 1,
+            account: AccountId(u32::MAX),
+            role: None,
+            clock_offset_ms,
+        })
     }
 
     pub fn new_id(&mut self) -> u64 {
