@@ -86,6 +86,13 @@ pub(crate) struct Commitment {
     pub holder: CommitmentHolder,
 }
 
+impl Commitment {
+    /// Whether it overlaps `[start_ms, end_ms)` (`None`: open-ended).
+    fn overlaps(&self, start_ms: u64, end_ms: Option<u64>) -> bool {
+        self.end_ms > start_ms && end_ms.is_none_or(|end| self.start_ms < end)
+    }
+}
+
 /// What never changes after registration, kept apart from the hot state so
 /// that matching touches as few cache lines per GPU as possible.
 #[derive(Clone, serde::Serialize, serde::Deserialize)]
@@ -117,7 +124,22 @@ impl Gpu {
     /// Whether any commitment overlaps `[start_ms, end_ms)`; an open end
     /// (`None`) overlaps every commitment that ends after `start_ms`.
     pub fn committed_during(&self, start_ms: u64, end_ms: Option<u64>) -> bool {
-        self.commitments.iter().any(|commitment| commitment.end_ms > start_ms && end_ms.is_none_or(|end| commitment.start_ms < end))
+        self.commitments.iter().any(|commitment| commitment.overlaps(start_ms, end_ms))
+    }
+
+    /// Whether a sold window overlaps `[start_ms, end_ms)`. Offered (unsold)
+    /// windows do not hold a GPU back from a lease: the lease withdraws the
+    /// GPU from them instead (`Engine::withdraw_gpu_from_windows_during`).
+    pub fn sold_during(&self, start_ms: u64, end_ms: Option<u64>) -> bool {
+        self.commitments.iter().any(|c| matches!(c.holder, CommitmentHolder::Sold(_)) && c.overlaps(start_ms, end_ms))
+    }
+
+    /// The first offered window ask overlapping `[start_ms, end_ms)`.
+    pub fn offered_during(&self, start_ms: u64, end_ms: Option<u64>) -> Option<OrderId> {
+        self.commitments.iter().find_map(|c| match c.holder {
+            CommitmentHolder::Offered(order) if c.overlaps(start_ms, end_ms) => Some(order),
+            _ => None,
+        })
     }
 
     /// The earliest sold window starting at or after `from_ms`.

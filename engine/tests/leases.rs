@@ -183,6 +183,34 @@ fn a_reserved_window_is_sold_resold_and_delivered_as_a_lease() {
     assert_eq!(m.engine.instrument(window).map(|i| i.state), Some(InstrumentState::Expired));
 }
 
+/// docs/agent.md's own set-up: one GPU in a spot ask and in the next hourly
+/// window's ask. A one-hour spot bid overlapping that window fills (an
+/// offered window does not hold the GPU back), and the window ask loses the
+/// GPU; once a window is sold, spot leases overlapping it are refused.
+#[test]
+fn an_unsold_window_ask_gives_its_gpu_up_to_a_spot_lease_and_a_sold_one_does_not() {
+    let (mut m, supplier, host, renter) = market();
+    let window = m.window("H100-SXM-80G/R/2026-12-02T16/1H"); // 16:00, the lease runs 15:01-16:01
+    let mut window_ask = m.order(supplier, window, Side::Sell, USD_2, 2);
+    window_ask.supply = Some(GpuSet { host, gpu_mask: 0b11 });
+    let window_ask = accepted(&m.place(window_ask)).expect("window ask");
+    m.ask(supplier, host, 0b11, H100_SPOT, USD_2);
+
+    let (_, events) = m.bid(renter, H100_SPOT, USD_2, 1);
+    assert_eq!(trades(&events), [(USD_2, 1)], "the spot bid fills");
+    let (_, _, leased, _, _) = leases(&events)[0];
+    assert!(
+        events.iter().any(|e| matches!(e.kind, EventKind::OrderReduced { order, quantity_left: 1, reason: ReduceReason::GpuLeasedElsewhere, .. } if order == window_ask)),
+        "the window ask drops the leased GPU: {events:?}"
+    );
+    // The other GPU is sold in the window: a spot lease overlapping it is refused.
+    let events = m.buy(renter, window, USD_2, 1);
+    assert_eq!(trades(&events), [(USD_2, 1)]);
+    let mut overlapping = m.order(renter, H100_SPOT, Side::Buy, USD_2, 1);
+    overlapping.time_in_force = TimeInForce::Ioc;
+    assert!(trades(&m.place(overlapping)).is_empty(), "the sold window holds GPU {:b} back", 0b11 & !leased);
+}
+
 #[test]
 fn a_window_whose_gpu_is_offline_at_its_start_is_a_recorded_delivery_failure() {
     let (mut m, supplier, host, renter) = market();

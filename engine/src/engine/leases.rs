@@ -167,6 +167,12 @@ impl Engine {
                     assert!(gpu.exclusive_lease.is_none(), "GPU double-booked");
                     gpu.exclusive_lease = Some(lease_id);
                     self.withdraw_gpu_from_asks(gpu_id, ReduceReason::GpuLeasedElsewhere, false);
+                    // Window asks the lease overlaps lose the GPU (an offered
+                    // window never holds it back from a lease).
+                    let (start_ms, end_ms) = (self.leases[lease_id.0 as usize].start_ms, self.leases[lease_id.0 as usize].end_ms);
+                    while let Some(order) = self.gpus[gpu_id.0 as usize].offered_during(start_ms, end_ms) {
+                        self.remove_gpus_from_ask(order, 1u64 << bit, ReduceReason::GpuLeasedElsewhere);
+                    }
                 }
             }
         }

@@ -3,7 +3,7 @@
 //! sold by a supplier) or a contract transfer (a reserved window resold).
 //!
 //! GPU capacity is not fungible, so a resting ask can cross by price and still
-//! be unable to serve a bid: its GPUs may be committed to a window the lease
+//! be unable to serve a bid: its GPUs may be sold in a window the lease
 //! would overlap, or a gang bid may need more GPUs on one host than the ask
 //! has. Such makers are skipped and keep their place; the next maker in time
 //! priority is tried. This is the one departure from a plain price-time book
@@ -220,7 +220,8 @@ impl Engine {
 
 /// When a spot lease of `duration` could start on `gpu`: now, or after the
 /// notice of the preemptible lease it displaces. `None` when the GPU is
-/// offline, exclusively leased, or committed to a window the lease would overlap.
+/// offline, exclusively leased, or sold in a window the lease would overlap
+/// (a window only offered gives the GPU up to the lease).
 pub(crate) fn spot_start_ms(gpu: &Gpu, now_ms: u64, notice_ms: u64, duration: LeaseDuration) -> Option<u64> {
     if !gpu.online || gpu.exclusive_lease.is_some() {
         return None;
@@ -230,7 +231,7 @@ pub(crate) fn spot_start_ms(gpu: &Gpu, now_ms: u64, notice_ms: u64, duration: Le
         LeaseDuration::Hours(hours) => Some(start_ms + hours as u64 * MS_PER_HOUR),
         LeaseDuration::UntilCancelled => None,
     };
-    (!gpu.committed_during(now_ms, end_ms)).then_some(start_ms)
+    (!gpu.sold_during(now_ms, end_ms)).then_some(start_ms)
 }
 
 /// A preemptible lease needs a GPU nobody uses and no window starting within
