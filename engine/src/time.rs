@@ -18,6 +18,14 @@ pub fn format_utc_hour(at_ms: u64) -> String {
     format!("{year:04}-{month:02}-{day:02}T{hour:02}")
 }
 
+/// `YYYY-MM-DD HH:MM:SS UTC` for a time in ms, for people (CLI output).
+pub fn format_utc(at_ms: u64) -> String {
+    let days = (at_ms / MS_PER_DAY) as i64;
+    let in_day = (at_ms % MS_PER_DAY) / 1_000;
+    let (year, month, day) = civil_from_days(days);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", in_day / 3_600, in_day / 60 % 60, in_day % 60)
+}
+
 /// Howard Hinnant's days-to-civil algorithm (proleptic Gregorian calendar).
 fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
@@ -42,6 +50,7 @@ mod tests {
         // 2026-12-02T15:00:00Z
         assert_eq!(format_utc_hour(1_796_223_600_000), "2026-12-02T15");
         assert_eq!(format_utc_hour(951_782_400_000), "2000-02-29T00");
+        assert_eq!(format_utc(1_796_223_600_000 + 61_500), "2026-12-02 15:01:01 UTC");
     }
 
     #[test]

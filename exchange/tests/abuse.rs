@@ -94,6 +94,7 @@ async fn silent_sockets_are_reaped_and_logins_go_on_at_the_descriptor_limit() {
     let log_text = std::fs::read_to_string(&log).expect("log");
     assert!(log_text.lines().count() < 100, "{} log lines:\n{}", log_text.lines().count(), &log_text[..log_text.len().min(4000)]);
     assert!(log_text.contains("at most 128 connections: the descriptor limit"), "the cap is announced");
+    assert!(!log_text.contains('\x1b'), "no colour codes in a log file");
     drop(attackers);
 }
 

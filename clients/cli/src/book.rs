@@ -73,7 +73,12 @@ impl Book {
         }
         out.push_str("\nlast trades\n");
         for (at_ms, price, quantity, aggressor) in &self.trades {
-            out.push_str(&format!("  {at_ms}  {quantity:>4} GPU(s) at {}  ({aggressor:?} took)\n", dollars(*price)));
+            let taker = if *aggressor == gpux_engine::Side::Buy { "buyer" } else { "seller" };
+            out.push_str(&format!(
+                "  {}  {quantity:>4} GPU(s) at {}  ({taker} took)\n",
+                gpux_engine::time::format_utc(*at_ms),
+                dollars(*price)
+            ));
         }
         out
     }
@@ -84,7 +89,7 @@ async fn subscribe(connection: &mut Connection, instrument: InstrumentId) -> Res
         let id = connection.new_id();
         match connection.request(ClientMessage::Subscribe { id, channel, instrument }).await {
             Ok(ServerMessage::Subscribed { .. }) => {}
-            Ok(ServerMessage::Error { code, message, .. }) => return Err(Failure::Refused(format!("{code:?}: {message}"))),
+            Ok(ServerMessage::Error { code, message, .. }) => return Err(Failure::Refused(format!("{}: {message}", crate::snake(&code)))),
             Ok(other) => return Err(Failure::Unreachable(format!("expected subscribed, got {other:?}"))),
             Err(error) => return Err(Failure::Unreachable(format!("{error:#}"))),
         }
@@ -138,8 +143,13 @@ pub async fn watch(
         }
         if !json && !once && book.synced && now_ms() - last_drawn >= 250 {
             last_drawn = now_ms();
-            // Clear the screen and draw from the top.
-            out!("\x1b[2J\x1b[H{}", book.render(&symbol, depth));
+            // On a terminal: clear the screen and draw from the top. Into a
+            // pipe or a file: one plain snapshot after another, no escapes.
+            if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                out!("\x1b[2J\x1b[H{}", book.render(&symbol, depth));
+            } else {
+                out!("{}", book.render(&symbol, depth));
+            }
         }
         if deadline.is_some_and(|d| now_ms() >= d) {
             return Ok(());

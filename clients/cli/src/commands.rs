@@ -5,10 +5,12 @@ use std::time::Duration;
 
 use gpux_client::{now_ms, Connection};
 use gpux_engine::{
-    AccountId, ContractKind, EventKind, GpuSet, InstrumentId, InstrumentInfo, LeaseDuration, LeaseId, OrderId, OrderType, Role, Side,
-    TimeInForce,
+    AccountId, ContractKind, EventKind, GpuSet, InstrumentId, InstrumentInfo, LeaseDuration, LeaseId, OrderCloseReason, OrderId, OrderType,
+    Role, Side, TimeInForce,
 };
 use gpux_protocol::{ClientMessage, OrderTicket, ServerMessage};
+
+use crate::snake;
 use indicatif::ProgressBar;
 
 use crate::money::{dollars, parse_dollars};
@@ -72,6 +74,9 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Balance => {
             let id = s.connection.new_id();
             let answer = s.ask(ClientMessage::Balance { id }, json).await?;
+            if json {
+                return Ok(());
+            }
             if let ServerMessage::Balance { available_minor, held_minor, payable_minor, debt_minor, .. } = answer {
                 out!("available {}", dollars(available_minor));
                 out!("held      {}  (open bids and lease escrow)", dollars(held_minor));
@@ -218,8 +223,8 @@ impl Session {
             out!("{}", gpux_protocol::encode_server_text(&answer));
         }
         match answer {
-            ServerMessage::Error { code, message, .. } => Err(Failure::Refused(format!("{code:?}: {message}"))),
-            ServerMessage::Reject { code, message, .. } => Err(Failure::Refused(format!("{code:?}: {message}"))),
+            ServerMessage::Error { code, message, .. } => Err(Failure::Refused(format!("{}: {message}", snake(&code)))),
+            ServerMessage::Reject { code, message, .. } => Err(Failure::Refused(format!("{}: {message}", snake(&code)))),
             answer => Ok(answer),
         }
     }
@@ -234,6 +239,11 @@ impl Session {
             self.instruments = Some(list);
         }
         Ok(self.instruments.as_deref().unwrap_or_default())
+    }
+
+    /// Every instrument's symbol by id, for output people read.
+    async fn symbols(&mut self) -> Result<std::collections::HashMap<InstrumentId, String>, Failure> {
+        Ok(self.instrument_list().await?.iter().map(|i| (i.instrument, i.symbol.clone())).collect())
     }
 
     /// An instrument by symbol (case-insensitive) or id.
@@ -281,39 +291,74 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
     order.post_only = args.post_only;
     order.one_host = args.one_host;
     order.duration = if args.until_cancelled { LeaseDuration::UntilCancelled } else { LeaseDuration::Hours(args.hours) };
+    let (price, time_in_force) = (order.price_minor_per_gpu_hour, order.time_in_force);
     let id = s.connection.new_id();
     let answer = s.ask(ClientMessage::NewOrder { id, order, workload: None }, json).await?;
     if json {
         return Ok(());
     }
+    let placed = match &answer {
+        ServerMessage::Ack { order, .. } => *order,
+        _ => None,
+    };
     acknowledged(answer, "accepted")?;
+    let symbols = s.symbols().await?;
     // What happened at once: fills and leases arrive as private events.
+    let (mut filled, mut closed) = (0u32, None);
     while let Ok(Some(message)) = s.connection.next_within(Duration::from_millis(300)).await {
         if let ServerMessage::Private { event, .. } = message {
-            describe_event(&event.kind);
+            describe_event(&event.kind, &symbols);
+            match event.kind {
+                EventKind::Trade { quantity, buy_order, sell_order, .. } if Some(buy_order) == placed || Some(sell_order) == placed => {
+                    filled += quantity
+                }
+                EventKind::OrderClosed { order, reason, .. } if Some(order) == placed => closed = Some(reason),
+                _ => {}
+            }
         }
     }
-    Ok(())
+    // An order that ends without trading all it could is not a silent success.
+    match (closed, filled) {
+        (None, _) => {
+            out!("resting: the rest waits in the book ({})", snake(&time_in_force));
+            Ok(())
+        }
+        (Some(OrderCloseReason::Filled), _) => Ok(()),
+        (Some(reason), 0) => Err(Failure::Refused(format!(
+            "nothing filled ({}): no {} at {} or better could serve it now",
+            snake(&reason),
+            if side == Side::Buy { "ask" } else { "bid" },
+            if price == 0 { "any price".to_string() } else { format!("{}/GPU-h", dollars(price)) }
+        ))),
+        (Some(reason), filled) => {
+            out!("partly filled: {filled} GPU(s); the rest closed ({})", snake(&reason));
+            Ok(())
+        }
+    }
 }
 
-fn describe_event(kind: &EventKind) {
+fn describe_event(kind: &EventKind, symbols: &std::collections::HashMap<InstrumentId, String>) {
+    let symbol = |instrument: &InstrumentId| symbols.get(instrument).cloned().unwrap_or_else(|| format!("instrument {}", instrument.0));
+    let at = |ms: u64| gpux_engine::time::format_utc(ms);
     match kind {
         EventKind::Trade { price_minor_per_gpu_hour, quantity, instrument, .. } => {
-            out!("filled {quantity} GPU(s) on instrument {} at {}/GPU-h", instrument.0, dollars(*price_minor_per_gpu_hour))
+            out!("filled {quantity} GPU(s) of {} at {}/GPU-h", symbol(instrument), dollars(*price_minor_per_gpu_hour))
         }
         EventKind::LeaseCreated { lease, kind, gpu_mask, start_ms, end_ms, .. } => out!(
-            "lease {} ({kind:?}): {} GPU(s) from {start_ms}{}",
+            "lease {} ({}): {} GPU(s) from {}{}",
             lease.0,
+            snake(kind),
             gpu_mask.count_ones(),
-            end_ms.map_or(" until you end it".into(), |end| format!(" to {end}"))
+            at(*start_ms),
+            end_ms.map_or(" until you end it".into(), |end| format!(" to {}", at(end)))
         ),
-        EventKind::PreemptionNotice { lease, ends_at_ms } => out!("PREEMPTION NOTICE: lease {} ends at {ends_at_ms}", lease.0),
+        EventKind::PreemptionNotice { lease, ends_at_ms } => out!("PREEMPTION NOTICE: lease {} ends at {}", lease.0, at(*ends_at_ms)),
         EventKind::PaymentNotice { lease, ends_at_ms, shortfall_minor, .. } => {
-            out!("PAYMENT NOTICE: lease {} needs {} more by {ends_at_ms}", lease.0, dollars(*shortfall_minor))
+            out!("PAYMENT NOTICE: lease {} needs {} more by {}", lease.0, dollars(*shortfall_minor), at(*ends_at_ms))
         }
-        EventKind::LeaseEnded { lease, reason } => out!("lease {} ended: {reason:?}", lease.0),
+        EventKind::LeaseEnded { lease, reason } => out!("lease {} ended: {}", lease.0, snake(reason)),
         EventKind::OrderClosed { order, reason, quantity_left, .. } => {
-            out!("order {} closed: {reason:?} ({quantity_left} left)", order.0)
+            out!("order {} closed: {} ({quantity_left} left)", order.0, snake(reason))
         }
         _ => {}
     }
@@ -321,6 +366,7 @@ fn describe_event(kind: &EventKind) {
 
 async fn fills(s: &mut Session, seconds: Option<u64>, json: bool) -> Result<(), Failure> {
     let deadline = seconds.map(|s| now_ms() + s * 1_000);
+    let symbols = s.symbols().await?;
     if !json {
         out!("following fills, leases and notices of account {} (Ctrl-C to stop)", s.connection.account);
     }
@@ -333,7 +379,7 @@ async fn fills(s: &mut Session, seconds: Option<u64>, json: bool) -> Result<(), 
                 if json {
                     out!("{}", gpux_protocol::encode_server_text(&message));
                 } else if let ServerMessage::Private { event, .. } = message {
-                    describe_event(&event.kind);
+                    describe_event(&event.kind, &symbols);
                 }
             }
             Ok(None) => {}
@@ -344,7 +390,7 @@ async fn fills(s: &mut Session, seconds: Option<u64>, json: bool) -> Result<(), 
 
 async fn statement(s: &mut Session, mut after: Option<u64>, json: bool) -> Result<(), Failure> {
     if !json {
-        out!("{:>10} {:>15} {:<16} {:<16} {:>16} lease", "transfer", "at_ms", "from", "to", "amount");
+        out!("{:>10} {:<23} {:<16} {:<16} {:>16} lease", "transfer", "time", "from", "to", "amount");
     }
     loop {
         let id = s.connection.new_id();
@@ -355,9 +401,9 @@ async fn statement(s: &mut Session, mut after: Option<u64>, json: bool) -> Resul
             for line in &lines {
                 let lease = line.lease.map_or(String::new(), |l| l.0.to_string());
                 out!(
-                    "{:>10} {:>15} {:<16} {:<16} {:>16} {lease}",
+                    "{:>10} {:<23} {:<16} {:<16} {:>16} {lease}",
                     line.transfer,
-                    line.at_ms,
+                    gpux_engine::time::format_utc(line.at_ms),
                     line.from,
                     line.to,
                     dollars(line.amount_minor)
@@ -372,8 +418,9 @@ async fn statement(s: &mut Session, mut after: Option<u64>, json: bool) -> Resul
 }
 
 async fn orders(s: &mut Session, only: Option<Side>, json: bool) -> Result<(), Failure> {
+    let symbols = if json { Default::default() } else { s.symbols().await? };
     if !json {
-        out!("{:>12} {:>14} {:>4} {:<5} {:>12} {:>5}", "order", "client id", "inst", "side", "price/GPU-h", "qty");
+        out!("{:>12} {:>14} {:<30} {:<5} {:>12} {:>5}", "order", "client id", "instrument", "side", "price/GPU-h", "qty");
     }
     let mut offset = 0;
     loop {
@@ -384,11 +431,11 @@ async fn orders(s: &mut Session, only: Option<Side>, json: bool) -> Result<(), F
         if !json {
             for order in orders.iter().filter(|o| only.is_none_or(|side| o.side == side)) {
                 out!(
-                    "{:>12} {:>14} {:>4} {:<5} {:>12} {:>5}",
+                    "{:>12} {:>14} {:<30} {:<5} {:>12} {:>5}",
                     order.order.0,
                     order.client_order_id,
-                    order.instrument.0,
-                    format!("{:?}", order.side).to_lowercase(),
+                    symbols.get(&order.instrument).map_or_else(|| order.instrument.0.to_string(), String::clone),
+                    snake(&order.side),
                     dollars(order.price_minor_per_gpu_hour),
                     order.quantity
                 );
@@ -426,7 +473,7 @@ async fn leases(s: &mut Session, json: bool) -> Result<(), Failure> {
                 out!(
                     "{:>7} {:<12} {:>6} {:>8} {:>12} {:>7} {:>12} {:>12}",
                     lease.lease.0,
-                    format!("{:?}", lease.kind).to_lowercase(),
+                    snake(&lease.kind),
                     lease.renter.0,
                     lease.supplier.0,
                     dollars(lease.price_minor_per_gpu_hour),
@@ -457,13 +504,7 @@ async fn instruments(s: &mut Session, calendar: bool, json: bool) -> Result<(), 
             }
             _ => String::new(),
         };
-        out!(
-            "{:>5}  {:<44} {:<9} {:>9} {window}",
-            info.instrument.0,
-            info.symbol,
-            format!("{:?}", info.state).to_lowercase(),
-            dollars(info.tick_minor)
-        );
+        out!("{:>5}  {:<44} {:<9} {:>9} {window}", info.instrument.0, info.symbol, snake(&info.state), dollars(info.tick_minor));
     }
     Ok(())
 }

@@ -188,7 +188,10 @@ pub fn describe(state: &DeliveryState) -> String {
         DeliveryState::Running { restarts: 0, .. } => "running".into(),
         DeliveryState::Running { restarts, .. } => format!("running (restarted {restarts} times)"),
         DeliveryState::Exited { code } => format!("exited with code {code}"),
-        DeliveryState::Failed { code, fault, reason } => format!("failed ({code:?}, {fault:?}'s side): {reason}"),
+        DeliveryState::Failed { code, fault, reason } => {
+            let fault = if *fault == gpux_protocol::Fault::Host { "the host's side" } else { "your side" };
+            format!("failed ({}, {fault}): {reason}", crate::snake(code))
+        }
         DeliveryState::Stopped => "stopped and removed".into(),
     }
 }

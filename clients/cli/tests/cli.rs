@@ -117,8 +117,15 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
     let json_book = ok(gpux(url, &key("renter"), &["--json", "book", "0", "--once"]));
     assert!(json_book.lines().any(|l| l.starts_with("{\"book_snapshot\"")), "{json_book}");
 
+    // Nothing to sell at $1: an IOC bid that fills nothing says so and fails.
+    let unfilled = gpux(url, &key("renter"), &["buy", "H100-SXM-80G/SPOT", "1", "--price", "1", "--tif", "ioc"]);
+    assert_eq!(unfilled.status.code(), Some(1), "{unfilled:?}");
+    assert!(String::from_utf8_lossy(&unfilled.stderr).contains("nothing filled (killed): no ask at $1.00/GPU-h or better"), "{unfilled:?}");
     let bought = ok(gpux(url, &key("renter"), &["buy", "H100-SXM-80G/SPOT", "1", "--price", "2.50", "--hours", "2"]));
-    assert!(bought.contains("accepted") && bought.contains("filled 1 GPU(s)") && bought.contains("lease"), "{bought}");
+    assert!(bought.contains("accepted") && bought.contains("filled 1 GPU(s) of H100-SXM-80G/SPOT") && bought.contains("lease"), "{bought}");
+    assert!(bought.contains("lease 0 (spot): 1 GPU(s) from 20") && bought.contains(" UTC to 20"), "times for people: {bought}");
+    let piped = ok(gpux(url, &key("renter"), &["book", "H100-SXM-80G/SPOT", "--seconds", "1"]));
+    assert!(piped.contains("bid GPUs") && !piped.contains('\x1b'), "snapshots without terminal escapes into a pipe: {piped:?}");
     let leases = ok(gpux(url, &key("renter"), &["leases"]));
     let lease_id = leases.lines().nth(1).and_then(|l| l.split_whitespace().next()).expect("a lease line").to_string();
     assert!(leases.contains("spot") && leases.contains("$2.00"), "{leases}");
@@ -158,10 +165,10 @@ fn failures_exit_with_their_code_and_say_what_to_do() {
     assert_eq!(too_precise.status.code(), Some(2));
     let off_tick = gpux(url, &renter, &["buy", "0", "1", "--price", "2.0005"]);
     assert_eq!(off_tick.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&off_tick.stderr).contains("PriceOffTick"));
+    assert!(String::from_utf8_lossy(&off_tick.stderr).contains("price_off_tick"), "codes as the protocol writes them");
     let unfunded = gpux(url, &renter, &["buy", "0", "1", "--price", "2"]);
     assert_eq!(unfunded.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&unfunded.stderr).contains("InsufficientFunds"));
+    assert!(String::from_utf8_lossy(&unfunded.stderr).contains("insufficient_funds"));
     let usage = gpux(url, &renter, &["buy"]);
     assert_eq!(usage.status.code(), Some(2), "clap usage errors exit 2");
 }
