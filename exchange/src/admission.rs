@@ -94,14 +94,21 @@ impl Refusal {
 /// The connection counts behind the caps.
 pub struct Admission {
     limits: AdmissionLimits,
+    metrics: Arc<Metrics>,
     total: AtomicUsize,
     unauthenticated: AtomicUsize,
     per_ip: Mutex<HashMap<IpAddr, usize>>,
 }
 
 impl Admission {
-    pub fn new(limits: AdmissionLimits) -> Arc<Admission> {
-        Arc::new(Admission { limits, total: AtomicUsize::new(0), unauthenticated: AtomicUsize::new(0), per_ip: Mutex::new(HashMap::new()) })
+    pub fn new(limits: AdmissionLimits, metrics: Arc<Metrics>) -> Arc<Admission> {
+        Arc::new(Admission {
+            limits,
+            metrics,
+            total: AtomicUsize::new(0),
+            unauthenticated: AtomicUsize::new(0),
+            per_ip: Mutex::new(HashMap::new()),
+        })
     }
 
     pub fn limits(&self) -> &AdmissionLimits {
@@ -129,6 +136,7 @@ impl Admission {
         *from_ip += 1;
         self.total.fetch_add(1, Ordering::Relaxed);
         self.unauthenticated.fetch_add(1, Ordering::Relaxed);
+        self.metrics.connections_unauthenticated.inc();
         Ok(Ticket { admission: self.clone(), ip, logged_in: false })
     }
 }
@@ -146,6 +154,7 @@ impl Ticket {
         if !self.logged_in {
             self.logged_in = true;
             self.admission.unauthenticated.fetch_sub(1, Ordering::Relaxed);
+            self.admission.metrics.connections_unauthenticated.dec();
         }
     }
 
@@ -158,6 +167,7 @@ impl Drop for Ticket {
     fn drop(&mut self) {
         if !self.logged_in {
             self.admission.unauthenticated.fetch_sub(1, Ordering::Relaxed);
+            self.admission.metrics.connections_unauthenticated.dec();
         }
         self.admission.total.fetch_sub(1, Ordering::Relaxed);
         let mut per_ip = self.admission.per_ip.lock().expect("admission lock");
@@ -220,7 +230,7 @@ pub async fn accept(listener: &TcpListener, backoff: &mut AcceptBackoff, metrics
                 return accepted;
             }
             Err(error) => {
-                metrics.accept_errors.fetch_add(1, Ordering::Relaxed);
+                metrics.accept_errors.inc();
                 let wait = backoff.failed(&error, Instant::now());
                 tokio::time::sleep(wait).await;
             }
@@ -285,7 +295,7 @@ mod tests {
 
     #[test]
     fn caps_refuse_with_their_reason_and_tickets_give_their_place_back() {
-        let admission = Admission::new(limits(4, 2, 3));
+        let admission = Admission::new(limits(4, 2, 3), Arc::new(Metrics::new()));
         let a: IpAddr = "10.0.0.1".parse().expect("ip");
         let b: IpAddr = "10.0.0.2".parse().expect("ip");
         let c: IpAddr = "10.0.0.3".parse().expect("ip");

@@ -445,7 +445,7 @@ impl Sequencer {
                 std::process::exit(70);
             }
             self.metrics.observe_commit(started.elapsed());
-            self.metrics.journal_entries.fetch_add(self.entries.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            self.metrics.journal_entries.inc_by(self.entries.len() as u64);
             self.entries.clear();
             self.transfers.clear();
         }
@@ -459,18 +459,16 @@ impl Sequencer {
             return;
         }
         self.depth_refreshed_ms = self.clock_ms;
-        let mut text = String::new();
+        // Expired windows drop out of the gauges.
+        self.metrics.book_quantity.reset();
         for instrument in self.engine.instruments() {
             if instrument.state == gpux_engine::InstrumentState::Expired {
                 continue;
             }
             for (side, name) in [(gpux_engine::Side::Buy, "bid"), (gpux_engine::Side::Sell, "ask")] {
                 let quantity: u64 = self.engine.depth(instrument.instrument, side).iter().map(|(_, q)| q).sum();
-                text.push_str(&format!("gpux_book_quantity{{instrument=\"{}\",side=\"{name}\"}} {quantity}\n", instrument.symbol));
+                self.metrics.book_quantity.with_label_values(&[instrument.symbol.as_str(), name]).set(quantity as i64);
             }
-        }
-        if let Ok(mut depth) = self.metrics.book_depth.lock() {
-            *depth = text;
         }
     }
 
@@ -584,6 +582,8 @@ impl Sequencer {
             (None, None) => None,
         };
         let Some(account) = account else {
+            let reason = if role == Some(Role::Operator) { "operator_key_unknown" } else { "no_account" };
+            self.metrics.auth_failures.with_label_values(&[reason]).inc();
             self.reply(connection, error(Some(id), ErrorCode::AuthFailed));
             return;
         };
@@ -613,10 +613,9 @@ impl Sequencer {
     }
 
     fn apply_command(&mut self, connection: Option<ConnectionId>, id: u64, command: Command) {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.metrics.commands.fetch_add(1, Relaxed);
+        self.metrics.commands.inc();
         if matches!(command, Command::PlaceOrder(_)) {
-            self.metrics.orders.fetch_add(1, Relaxed);
+            self.metrics.orders.inc();
         }
         let input = Input { at_ms: self.clock_ms, command };
         let events = self.engine.apply(&input).to_vec();
@@ -629,10 +628,7 @@ impl Sequencer {
         }
         let Some(connection) = connection else { return };
         let reply = match events.last().map(|e| e.kind) {
-            Some(EventKind::Rejected { code, .. }) => {
-                self.metrics.rejects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                ServerMessage::Reject { id, journal_seq, code, message: code.message().to_string() }
-            }
+            Some(EventKind::Rejected { code, .. }) => ServerMessage::Reject { id, journal_seq, code, message: code.message().to_string() },
             _ => {
                 let order = events.iter().find_map(|e| match e.kind {
                     EventKind::OrderAccepted { order, .. } => Some(order),
@@ -653,12 +649,17 @@ impl Sequencer {
         let journal_seq = self.journal.next_seq() + self.entries.len() as u64 - 1;
         let reply = match self.settle(at_ms, account, &report) {
             Ok(gpux_settlement::UsageOutcome::Accepted { charge_minor, .. }) => {
+                self.metrics.usage_accepted.inc();
                 ServerMessage::UsageAccepted { id, journal_seq, duplicate: false, charged_minor: charge_minor }
             }
             Ok(gpux_settlement::UsageOutcome::Duplicate) => {
+                self.metrics.usage_accepted.inc();
                 ServerMessage::UsageAccepted { id, journal_seq, duplicate: true, charged_minor: 0 }
             }
-            Err(code) => ServerMessage::UsageRejected { id, journal_seq, code, message: code.message().to_string() },
+            Err(code) => {
+                self.metrics.usage_refused.with_label_values(&[&crate::metrics::label(&code)]).inc();
+                ServerMessage::UsageRejected { id, journal_seq, code, message: code.message().to_string() }
+            }
         };
         self.reply(connection, reply);
     }
@@ -906,6 +907,7 @@ impl Sequencer {
 
     /// Queues market data and private events for release after the commit.
     fn route(&mut self, events: &[Event]) {
+        self.metrics.observe_events(events);
         self.post(events);
         for event in events {
             if let Some(message) = self.market_data(event) {
@@ -1027,7 +1029,7 @@ impl Sequencer {
         let Some(state) = self.connections.get(&connection) else { return };
         if let Err(mpsc::error::TrySendError::Full(_)) = state.outbound.frames.try_send(outgoing) {
             state.outbound.too_slow.notify_one();
-            self.metrics.slow_consumers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.metrics.slow_consumers.inc();
             self.disconnect(connection);
         }
     }

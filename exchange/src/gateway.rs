@@ -104,7 +104,7 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     tls: Option<TlsAcceptor>,
 ) {
-    let admission = Admission::new(limits.admission);
+    let admission = Admission::new(limits.admission, metrics.clone());
     let mut backoff = AcceptBackoff::new("websocket");
     let mut accept_shutdown = shutdown.clone();
     loop {
@@ -127,19 +127,19 @@ pub async fn serve(
         let metrics = metrics.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            metrics.connections.fetch_add(1, Ordering::Relaxed);
-            metrics.connections_total.fetch_add(1, Ordering::Relaxed);
+            metrics.connections.inc();
+            metrics.connections_total.inc();
             // TLS and the WebSocket upgrade share one deadline from accept.
             let deadline = tokio::time::Instant::now() + limits.admission.handshake_timeout;
             match tls {
                 Some(acceptor) => match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
-                    Ok(Ok(secured)) => serve_connection(secured, core, shutdown, limits, ticket, deadline, &metrics).await,
+                    Ok(Ok(secured)) => serve_connection(secured, core, shutdown, limits, ticket, deadline, metrics.clone()).await,
                     Ok(Err(_)) => tracing::debug!(%peer, "TLS handshake failed"),
                     Err(_) => metrics.reaped(Stage::Handshake),
                 },
-                None => serve_connection(stream, core, shutdown, limits, ticket, deadline, &metrics).await,
+                None => serve_connection(stream, core, shutdown, limits, ticket, deadline, metrics.clone()).await,
             }
-            metrics.connections.fetch_sub(1, Ordering::Relaxed);
+            metrics.connections.dec();
         });
     }
 }
@@ -176,6 +176,7 @@ enum Session {
 struct Connection {
     id: ConnectionId,
     core: Sender<Request>,
+    metrics: Arc<Metrics>,
     ticket: Ticket,
     /// Subscribed to a feed: an anonymous market-data reader, not a silent socket.
     subscribed: bool,
@@ -194,7 +195,7 @@ async fn serve_connection<S>(
     limits: GatewayLimits,
     ticket: Ticket,
     handshake_deadline: tokio::time::Instant,
-    metrics: &Metrics,
+    metrics: Arc<Metrics>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -213,6 +214,7 @@ async fn serve_connection<S>(
     let mut connection = Connection {
         id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
         core,
+        metrics: metrics.clone(),
         ticket,
         subscribed: false,
         session: Session::Authenticating,
@@ -432,7 +434,10 @@ impl Connection {
         match (&self.session, message) {
             (_, ClientMessage::Ping { id }) => vec![ServerMessage::Pong { id, server_time_ms: wall_clock_ms() }],
             (Session::Authenticated { .. }, ClientMessage::Auth { .. }) => vec![error(Some(id), ErrorCode::AlreadyAuthenticated, None)],
-            (Session::Authenticating, ClientMessage::Auth { .. }) => vec![error(Some(id), ErrorCode::AuthFailed, None)],
+            (Session::Authenticating, ClientMessage::Auth { .. }) => {
+                self.metrics.auth_failures.with_label_values(&["in_progress"]).inc();
+                vec![error(Some(id), ErrorCode::AuthFailed, None)]
+            }
             (Session::Challenged { nonce }, ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect }) => {
                 let nonce = *nonce;
                 match verify(&nonce, &public_key, &signature) {
@@ -440,7 +445,10 @@ impl Connection {
                         self.session = Session::Authenticating;
                         self.forward(id, Request::Authenticate { connection: self.id, id, public_key, role, cancel_on_disconnect })
                     }
-                    None => vec![error(Some(id), ErrorCode::AuthFailed, None), self.new_challenge()],
+                    None => {
+                        self.metrics.auth_failures.with_label_values(&["signature"]).inc();
+                        vec![error(Some(id), ErrorCode::AuthFailed, None), self.new_challenge()]
+                    }
                 }
             }
             (Session::Authenticated { account, role }, message) => {

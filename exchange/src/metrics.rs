@@ -1,142 +1,197 @@
 //! Operator metrics in the Prometheus text format, served on a separate
-//! loopback HTTP port (`--metrics-listen`). Counters are atomics updated by
-//! the sequencer and the gateway; book depth is a text block the sequencer
-//! refreshes at most once a second. The HTTP side is a deliberately tiny
-//! GET-only responder: one request per connection, bounded header size.
+//! loopback HTTP port (`--metrics-listen`), kept with the `prometheus` crate:
+//! counters and gauges updated by the sequencer and the gateway, and the
+//! book depth the sequencer refreshes at most once a second. Every metric
+//! and its labels are listed in docs/protocol.md "Metrics".
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::net::TcpListener;
 
 /// Upper bounds (seconds) of the journal commit latency histogram.
 const COMMIT_BUCKETS_SECONDS: [f64; 11] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5];
-
-#[derive(Default)]
-pub struct Metrics {
-    pub commands: AtomicU64,
-    pub orders: AtomicU64,
-    pub rejects: AtomicU64,
-    pub journal_entries: AtomicU64,
-    pub connections: AtomicU64,
-    pub connections_total: AtomicU64,
-    pub slow_consumers: AtomicU64,
-    /// Accepts that failed (most often: out of file descriptors).
-    pub accept_errors: AtomicU64,
-    connections_refused: [AtomicU64; crate::admission::Refusal::ALL.len()],
-    connections_reaped: [AtomicU64; crate::gateway::Stage::ALL.len()],
-    commit_buckets: [AtomicU64; COMMIT_BUCKETS_SECONDS.len()],
-    commit_count: AtomicU64,
-    commit_nanos: AtomicU64,
-    pub book_depth: Mutex<String>,
-    delivery_statuses: [AtomicU64; DELIVERY_STATES.len()],
-    running_buckets: [AtomicU64; RUNNING_BUCKETS_SECONDS.len()],
-    running_count: AtomicU64,
-    running_millis: AtomicU64,
-}
-
-/// Delivery status names, as `gpux_delivery_statuses_total{state=...}` labels.
-const DELIVERY_STATES: [&str; 7] = ["awaiting_secrets", "pulling", "starting", "running", "exited", "failed", "stopped"];
 /// Upper bounds (seconds) of the time-to-running histogram.
 const RUNNING_BUCKETS_SECONDS: [f64; 11] = [0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 360.0, 900.0];
 
+pub struct Metrics {
+    registry: Registry,
+    pub commands: IntCounter,
+    pub orders: IntCounter,
+    /// Engine refusals, by code.
+    pub rejects: IntCounterVec,
+    pub journal_entries: IntCounter,
+    /// Open WebSocket connections, and how many have not logged in.
+    pub connections: IntGauge,
+    pub connections_unauthenticated: IntGauge,
+    pub connections_total: IntCounter,
+    connections_refused: IntCounterVec,
+    connections_reaped: IntCounterVec,
+    /// Accepts that failed (most often: out of file descriptors).
+    pub accept_errors: IntCounter,
+    pub slow_consumers: IntCounter,
+    /// Refused logins, by reason.
+    pub auth_failures: IntCounterVec,
+    pub trades: IntCounter,
+    /// GPUs traded (a trade of 4 GPUs adds 4).
+    pub traded_gpus: IntCounter,
+    pub leases_opened: IntCounterVec,
+    pub leases_closed: IntCounterVec,
+    pub usage_accepted: IntCounter,
+    pub usage_refused: IntCounterVec,
+    delivery_statuses: IntCounterVec,
+    commit_seconds: Histogram,
+    time_to_running_seconds: Histogram,
+    /// GPUs resting per instrument and side.
+    pub book_quantity: IntGaugeVec,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let metric = IntCounter::new(name, help).expect("a valid metric");
+    registry.register(Box::new(metric.clone())).expect("registered once");
+    metric
+}
+
+fn counters(registry: &Registry, name: &str, help: &str, label: &str) -> IntCounterVec {
+    let metric = IntCounterVec::new(Opts::new(name, help), &[label]).expect("a valid metric");
+    registry.register(Box::new(metric.clone())).expect("registered once");
+    metric
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let metric = IntGauge::new(name, help).expect("a valid metric");
+    registry.register(Box::new(metric.clone())).expect("registered once");
+    metric
+}
+
+fn histogram(registry: &Registry, name: &str, help: &str, buckets: &[f64]) -> Histogram {
+    let metric = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec())).expect("a valid metric");
+    registry.register(Box::new(metric.clone())).expect("registered once");
+    metric
+}
+
 impl Metrics {
+    pub fn new() -> Metrics {
+        let r = Registry::new();
+        let metrics = Metrics {
+            commands: counter(&r, "gpux_commands_total", "Commands journaled and applied (rate = commands/s)."),
+            orders: counter(&r, "gpux_orders_total", "New orders received (rate = orders/s)."),
+            rejects: counters(&r, "gpux_rejects_total", "Commands the engine refused, by code.", "code"),
+            journal_entries: counter(&r, "gpux_journal_entries_total", "Entries appended to the journal."),
+            connections: gauge(&r, "gpux_connections", "Open WebSocket connections."),
+            connections_unauthenticated: gauge(&r, "gpux_connections_unauthenticated", "Open WebSocket connections not logged in."),
+            connections_total: counter(&r, "gpux_connections_total", "WebSocket connections accepted."),
+            connections_refused: counters(
+                &r,
+                "gpux_connections_refused_total",
+                "Connections closed at accept, by the cap they hit.",
+                "cap",
+            ),
+            connections_reaped: counters(
+                &r,
+                "gpux_connections_reaped_total",
+                "Connections closed for silence, by the stage they stalled in.",
+                "stage",
+            ),
+            accept_errors: counter(&r, "gpux_accept_errors_total", "Failed accepts (out of descriptors, most often); each backs off."),
+            slow_consumers: counter(&r, "gpux_slow_consumers_total", "Connections closed for not reading their feed."),
+            auth_failures: counters(&r, "gpux_auth_failures_total", "Refused logins, by reason.", "reason"),
+            trades: counter(&r, "gpux_trades_total", "Trades."),
+            traded_gpus: counter(&r, "gpux_traded_gpus_total", "GPUs traded (volume)."),
+            leases_opened: counters(&r, "gpux_leases_opened_total", "Leases created, by kind.", "kind"),
+            leases_closed: counters(&r, "gpux_leases_closed_total", "Leases ended, by reason.", "reason"),
+            usage_accepted: counter(&r, "gpux_usage_reports_accepted_total", "Usage reports accepted (duplicates included)."),
+            usage_refused: counters(&r, "gpux_usage_reports_refused_total", "Usage reports refused, by code.", "code"),
+            delivery_statuses: counters(&r, "gpux_delivery_statuses_total", "Delivery statuses reported by hosts, by state.", "state"),
+            commit_seconds: histogram(
+                &r,
+                "gpux_journal_commit_seconds",
+                "Durable journal commit latency (one fsync per batch).",
+                &COMMIT_BUCKETS_SECONDS,
+            ),
+            time_to_running_seconds: histogram(
+                &r,
+                "gpux_lease_time_to_running_seconds",
+                "From a lease's start to its workload's first running status.",
+                &RUNNING_BUCKETS_SECONDS,
+            ),
+            book_quantity: {
+                let metric =
+                    IntGaugeVec::new(Opts::new("gpux_book_quantity", "GPUs resting per instrument and side."), &["instrument", "side"])
+                        .expect("a valid metric");
+                r.register(Box::new(metric.clone())).expect("registered once");
+                metric
+            },
+            registry: r,
+        };
+        // Labelled series that exist from the start, so a scrape shows them at 0.
+        for refusal in crate::admission::Refusal::ALL {
+            metrics.connections_refused.with_label_values(&[refusal.label()]);
+        }
+        for stage in crate::gateway::Stage::ALL {
+            metrics.connections_reaped.with_label_values(&[stage.label()]);
+        }
+        for state in ["awaiting_secrets", "pulling", "starting", "running", "exited", "failed", "stopped"] {
+            metrics.delivery_statuses.with_label_values(&[state]);
+        }
+        metrics
+    }
+
     pub fn refused(&self, refusal: crate::admission::Refusal) {
-        let index = crate::admission::Refusal::ALL.iter().position(|r| *r == refusal).expect("listed");
-        self.connections_refused[index].fetch_add(1, Ordering::Relaxed);
+        self.connections_refused.with_label_values(&[refusal.label()]).inc();
     }
 
     pub fn reaped(&self, stage: crate::gateway::Stage) {
-        let index = crate::gateway::Stage::ALL.iter().position(|s| *s == stage).expect("listed");
-        self.connections_reaped[index].fetch_add(1, Ordering::Relaxed);
+        self.connections_reaped.with_label_values(&[stage.label()]).inc();
     }
 
     pub fn observe_commit(&self, took: Duration) {
-        let seconds = took.as_secs_f64();
-        for (bucket, bound) in self.commit_buckets.iter().zip(COMMIT_BUCKETS_SECONDS) {
-            if seconds <= bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.commit_count.fetch_add(1, Ordering::Relaxed);
-        self.commit_nanos.fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+        self.commit_seconds.observe(took.as_secs_f64());
     }
 
     pub fn observe_delivery_status(&self, state: &gpux_protocol::DeliveryState) {
-        if let Some(index) = DELIVERY_STATES.iter().position(|name| *name == state.name()) {
-            self.delivery_statuses[index].fetch_add(1, Ordering::Relaxed);
-        }
+        self.delivery_statuses.with_label_values(&[state.name()]).inc();
     }
 
     /// Time from a lease's start to its workload's first `running`.
     pub fn observe_time_to_running(&self, millis: u64) {
-        let seconds = millis as f64 / 1e3;
-        for (bucket, bound) in self.running_buckets.iter().zip(RUNNING_BUCKETS_SECONDS) {
-            if seconds <= bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
+        self.time_to_running_seconds.observe(millis as f64 / 1e3);
+    }
+
+    /// Counts what the engine did: trades, volume, leases, refusals.
+    pub fn observe_events(&self, events: &[gpux_engine::Event]) {
+        use gpux_engine::EventKind;
+        for event in events {
+            match &event.kind {
+                EventKind::Trade { quantity, .. } => {
+                    self.trades.inc();
+                    self.traded_gpus.inc_by(u64::from(*quantity));
+                }
+                EventKind::LeaseCreated { kind, .. } => self.leases_opened.with_label_values(&[&label(kind)]).inc(),
+                EventKind::LeaseEnded { reason, .. } => self.leases_closed.with_label_values(&[&label(reason)]).inc(),
+                EventKind::Rejected { code, .. } => self.rejects.with_label_values(&[&label(code)]).inc(),
+                _ => {}
             }
         }
-        self.running_count.fetch_add(1, Ordering::Relaxed);
-        self.running_millis.fetch_add(millis, Ordering::Relaxed);
     }
 
     pub fn render(&self) -> String {
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let mut out = String::new();
-        let mut metric = |name: &str, kind: &str, help: &str, value: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
-        };
-        metric("gpux_commands_total", "counter", "Commands journaled and applied (rate = commands/s).", load(&self.commands));
-        metric("gpux_orders_total", "counter", "New orders received (rate = orders/s).", load(&self.orders));
-        metric("gpux_rejects_total", "counter", "Commands the engine refused.", load(&self.rejects));
-        metric("gpux_journal_entries_total", "counter", "Entries appended to the journal.", load(&self.journal_entries));
-        metric("gpux_connections", "gauge", "Open WebSocket connections.", load(&self.connections));
-        metric("gpux_connections_total", "counter", "WebSocket connections accepted.", load(&self.connections_total));
-        metric("gpux_slow_consumers_total", "counter", "Connections closed for not reading their feed.", load(&self.slow_consumers));
-        metric(
-            "gpux_accept_errors_total",
-            "counter",
-            "Failed accepts (out of descriptors, most often); each backs off.",
-            load(&self.accept_errors),
-        );
-        let _ = writeln!(out, "# HELP gpux_connections_refused_total Connections closed at accept, by the cap they hit.");
-        let _ = writeln!(out, "# TYPE gpux_connections_refused_total counter");
-        for (counter, refusal) in self.connections_refused.iter().zip(crate::admission::Refusal::ALL) {
-            let _ = writeln!(out, "gpux_connections_refused_total{{cap=\"{}\"}} {}", refusal.label(), load(counter));
-        }
-        let _ = writeln!(out, "# HELP gpux_connections_reaped_total Connections closed for silence, by the stage they stalled in.");
-        let _ = writeln!(out, "# TYPE gpux_connections_reaped_total counter");
-        for (counter, stage) in self.connections_reaped.iter().zip(crate::gateway::Stage::ALL) {
-            let _ = writeln!(out, "gpux_connections_reaped_total{{stage=\"{}\"}} {}", stage.label(), load(counter));
-        }
-        let _ = writeln!(out, "# HELP gpux_journal_commit_seconds Durable journal commit latency (one fsync per batch).");
-        let _ = writeln!(out, "# TYPE gpux_journal_commit_seconds histogram");
-        for (bucket, bound) in self.commit_buckets.iter().zip(COMMIT_BUCKETS_SECONDS) {
-            let _ = writeln!(out, "gpux_journal_commit_seconds_bucket{{le=\"{bound}\"}} {}", load(bucket));
-        }
-        let count = load(&self.commit_count);
-        let _ = writeln!(out, "gpux_journal_commit_seconds_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "gpux_journal_commit_seconds_sum {}", load(&self.commit_nanos) as f64 / 1e9);
-        let _ = writeln!(out, "gpux_journal_commit_seconds_count {count}");
-        let _ = writeln!(out, "# HELP gpux_delivery_statuses_total Delivery statuses reported by hosts, by state.");
-        let _ = writeln!(out, "# TYPE gpux_delivery_statuses_total counter");
-        for (counter, name) in self.delivery_statuses.iter().zip(DELIVERY_STATES) {
-            let _ = writeln!(out, "gpux_delivery_statuses_total{{state=\"{name}\"}} {}", load(counter));
-        }
-        let _ = writeln!(out, "# HELP gpux_lease_time_to_running_seconds From a lease's start to its workload's first running status.");
-        let _ = writeln!(out, "# TYPE gpux_lease_time_to_running_seconds histogram");
-        for (bucket, bound) in self.running_buckets.iter().zip(RUNNING_BUCKETS_SECONDS) {
-            let _ = writeln!(out, "gpux_lease_time_to_running_seconds_bucket{{le=\"{bound}\"}} {}", load(bucket));
-        }
-        let count = load(&self.running_count);
-        let _ = writeln!(out, "gpux_lease_time_to_running_seconds_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "gpux_lease_time_to_running_seconds_sum {}", load(&self.running_millis) as f64 / 1e3);
-        let _ = writeln!(out, "gpux_lease_time_to_running_seconds_count {count}");
-        let _ = writeln!(out, "# HELP gpux_book_quantity GPUs resting per instrument and side.\n# TYPE gpux_book_quantity gauge");
-        out.push_str(&self.book_depth.lock().map(|text| text.clone()).unwrap_or_default());
-        out
+        prometheus::TextEncoder::new().encode_to_string(&self.registry.gather()).expect("the text format encodes every metric")
+    }
+}
+
+/// A wire enum value as its label (`spot`, `delivery_failed`, `insufficient_funds`).
+pub fn label<T: serde::Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(text)) => text,
+        Ok(serde_json::Value::Object(fields)) => fields.keys().next().cloned().unwrap_or_default(),
+        _ => String::from("other"),
     }
 }
 

@@ -80,7 +80,13 @@ async fn silent_sockets_are_reaped_and_logins_go_on_at_the_descriptor_limit() {
     let reaped = attackers[..100].iter().filter(|s| closed_by_peer(s, Duration::from_secs(3))).count();
     assert_eq!(reaped, 100, "every silent socket is closed by its deadline");
 
-    // The exchange serves on: a login and a scrape.
+    // Every admitted attacker is reaped (the metrics port answers meanwhile);
+    // then the exchange serves a login.
+    let reaped_by = Instant::now() + Duration::from_secs(5);
+    while metric(&scrape(&exchange.metrics_addr).await, "gpux_connections ") > 0.0 {
+        assert!(Instant::now() < reaped_by, "silent sockets still held after 5 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let (mut renter, _) = Client::login(&exchange.addr, &key(9), Role::Renter).await;
     let id = renter.id();
     assert!(matches!(renter.request(ClientMessage::Balance { id }).await, ServerMessage::Balance { .. }));

@@ -284,12 +284,53 @@ async fn a_connection_over_its_message_rate_is_told_so_and_stays_open() {
     assert!(limited > 0 && pongs >= 10_000, "{limited} limited, {pongs} answered");
 }
 
+/// A scripted session moves every metric an operator watches: orders,
+/// refusals by code, trades and volume, leases opened and closed, usage
+/// reports refused by code, refused logins by reason, delivery statuses,
+/// connections by state and the book's depth.
 #[tokio::test]
 async fn the_operator_reads_prometheus_metrics_over_http() {
     let mut m = market().await;
     m.renter.place(ticket(21, Side::Buy, 1_500_000, 3)).await;
     m.renter.place(ticket(22, Side::Buy, 2_000_500, 1)).await;
-    let body = {
+    m.renter.place(ticket(23, Side::Buy, USD_2, 1)).await;
+    let lease = m
+        .supplier
+        .recv_until(|msg| match msg {
+            ServerMessage::Private { event: Event { kind: EventKind::LeaseCreated { lease, .. }, .. }, .. } => Some(*lease),
+            _ => None,
+        })
+        .await;
+    let id = m.supplier.id();
+    let status = ClientMessage::DeliveryStatus { id, lease, state: DeliveryState::Starting };
+    assert!(matches!(m.supplier.request(status).await, ServerMessage::Ack { .. }));
+    let body = UsageBody {
+        lease,
+        gpu_uuid: "GPU-1".into(),
+        seq: 1,
+        start_ms: 1,
+        end_ms: 2,
+        available_ms: 1,
+        utilisation_percent: 90,
+        memory_used_mib_max: 1,
+        unhealthy_samples: 0,
+        prev_hash: genesis_hash(),
+    };
+    let id = m.supplier.id();
+    let forged = ClientMessage::UsageReport { id, report: UsageReport::sign(body, &key(9)) };
+    assert!(matches!(m.supplier.request(forged).await, ServerMessage::UsageRejected { .. }));
+    let id = m.renter.id();
+    assert!(matches!(m.renter.request(ClientMessage::EndLease { id, lease }).await, ServerMessage::Ack { .. }));
+    // A login with another key's signature, left open: refused, not logged in.
+    let mut stranger = Client::connect(&m.exchange.addr).await;
+    let mut auth = stranger.auth_message(&key(8), Some(Role::Renter));
+    if let ClientMessage::Auth { public_key, .. } = &mut auth {
+        *public_key = hex::encode(key(7).verifying_key().to_bytes());
+    }
+    stranger.send(&auth).await;
+    assert!(matches!(stranger.recv_reply().await, ServerMessage::Error { code: ErrorCode::AuthFailed, .. }));
+
+    let scrape = || async {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut stream = tokio::net::TcpStream::connect(&m.exchange.metrics_addr).await.expect("metrics port");
         stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("request");
@@ -297,16 +338,38 @@ async fn the_operator_reads_prometheus_metrics_over_http() {
         stream.read_to_string(&mut response).await.expect("response");
         response
     };
-    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
-    let value = |name: &str| -> f64 {
+    let value = |body: &str, name: &str| -> f64 {
         body.lines()
-            .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
+            .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).and_then(|rest| rest.trim().parse().ok()))
             .unwrap_or_else(|| panic!("{name} in {body}"))
     };
-    assert_eq!(value("gpux_orders_total "), 3.0, "the supplier's ask and the renter's two bids");
-    assert_eq!(value("gpux_rejects_total "), 1.0);
-    assert_eq!(value("gpux_connections "), 3.0);
-    assert!(value("gpux_journal_commit_seconds_count ") >= 1.0);
+    // The depth gauges are refreshed once a second.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let body = loop {
+        let body = scrape().await;
+        if body.contains("gpux_book_quantity{instrument=\"H100-SXM-80G/SPOT\",side=\"bid\"} 3") {
+            break body;
+        }
+        assert!(std::time::Instant::now() < deadline, "no book depth: {body}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+    for (name, expected) in [
+        ("gpux_orders_total", 4.0),
+        ("gpux_rejects_total{code=\"price_off_tick\"}", 1.0),
+        ("gpux_trades_total", 1.0),
+        ("gpux_traded_gpus_total", 1.0),
+        ("gpux_leases_opened_total{kind=\"spot\"}", 1.0),
+        ("gpux_leases_closed_total{reason=\"ended_by_renter\"}", 1.0),
+        ("gpux_usage_reports_refused_total{code=\"forged\"}", 1.0),
+        ("gpux_auth_failures_total{reason=\"signature\"}", 1.0),
+        ("gpux_delivery_statuses_total{state=\"starting\"}", 1.0),
+        ("gpux_connections", 4.0),
+        ("gpux_connections_unauthenticated", 1.0),
+    ] {
+        assert_eq!(value(&body, name), expected, "{name}");
+    }
+    assert!(value(&body, "gpux_journal_commit_seconds_count") >= 1.0);
     assert!(body.contains("gpux_journal_commit_seconds_bucket{le=\"+Inf\"}"));
 }
 

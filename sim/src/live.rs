@@ -235,8 +235,13 @@ async fn reprice(
         state.handle(&message, connection.account);
     }
     let all = if gpus >= 64 { u64::MAX } else { (1u64 << gpus) - 1 };
-    let free = all & !state.leased_mask;
     for (kind, (low, high)) in [(0u32, (90, 115)), (1, (45, 65))] {
+        // The spot ask may have filled at once: its leases come before the
+        // next ask is made.
+        while let Some(message) = connection.next_within(Duration::ZERO).await? {
+            state.handle(&message, connection.account);
+        }
+        let free = all & !state.leased_mask;
         let instrument = InstrumentId(class_index as u32 * 2 + kind);
         if free == 0 {
             continue;
