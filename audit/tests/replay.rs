@@ -156,8 +156,11 @@ fn a_reader_that_stops_early_is_not_an_error() {
     // The pipe's reading end is closed here, as `head` closes it.
     let output = child.wait_with_output().expect("gpux-audit finishes");
     assert!(first.starts_with('{'), "{first}");
-    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
-    assert!(output.stderr.is_empty(), "{}", String::from_utf8_lossy(&output.stderr));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    // The replay may finish into the pipe's buffer first (its summary line is
+    // then all it says); it never reports the closed pipe as an error.
+    assert!(!stderr.contains("Broken pipe") && !stderr.contains("rror"), "{stderr}");
 }
 
 /// An audit opens its input read-only: the journal file is byte for byte
