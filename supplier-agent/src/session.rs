@@ -58,6 +58,21 @@ struct LeaseState {
     /// The scheduled end, or the actual end once it ended.
     end_ms: Option<u64>,
     ended: bool,
+    billing: Billing,
+}
+
+/// How a lease's usage reports count its time (docs/market-rules.md,
+/// "Delivery failures"): a delivery the host fails is not billed at all, so
+/// the reports of a delivery under way wait until its outcome is known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Billing {
+    /// Reports carry the available time the samples show.
+    AsMeasured,
+    /// A workload is being delivered: no report until it runs or fails
+    /// (or the lease ends); the samples keep accumulating.
+    DeliveryPending,
+    /// The host failed the delivery: every report carries no available time.
+    HostFailed,
 }
 
 /// An error the agent cannot fix by reconnecting.
@@ -290,6 +305,7 @@ impl Agent {
                     start_ms: info.start_ms,
                     end_ms: info.end_ms,
                     ended: false,
+                    billing: Billing::AsMeasured,
                 });
             }
             match next_offset {
@@ -306,7 +322,18 @@ impl Agent {
     async fn on_delivery_report(&mut self, link: &mut Link, report: Report) -> Result<()> {
         match report {
             Report::Status { lease, state } => {
-                if let DeliveryState::Failed { fault: gpux_protocol::Fault::Host, .. } = state {
+                let outcome = match &state {
+                    DeliveryState::Failed { fault: gpux_protocol::Fault::Host, .. } => Some(Billing::HostFailed),
+                    DeliveryState::AwaitingSecrets | DeliveryState::Pulling { .. } | DeliveryState::Starting => None,
+                    _ => Some(Billing::AsMeasured),
+                };
+                if let (Some(outcome), Some(lease_state)) = (outcome, self.leases.get_mut(&lease)) {
+                    // Once the host failed a lease, nothing makes it billable again.
+                    if lease_state.billing != Billing::HostFailed {
+                        lease_state.billing = outcome;
+                    }
+                }
+                if outcome == Some(Billing::HostFailed) {
                     if let Some(mask) = self.leases.get(&lease).map(|l| l.gpu_mask) {
                         self.fail_delivery(link, mask).await?;
                     }
@@ -348,8 +375,11 @@ impl Agent {
     }
 
     /// Hands a lease's workload (or, for the hook, the lease itself) to the delivery manager.
-    fn deliver(&self, lease: LeaseId, workload: Option<Box<gpux_protocol::Workload>>) {
-        let (Some((orders, _)), Some(state)) = (&self.delivery, self.leases.get(&lease)) else { return };
+    fn deliver(&mut self, lease: LeaseId, workload: Option<Box<gpux_protocol::Workload>>) {
+        let (Some((orders, _)), Some(state)) = (&self.delivery, self.leases.get_mut(&lease)) else { return };
+        if state.billing == Billing::AsMeasured {
+            state.billing = Billing::DeliveryPending;
+        }
         let gpus = self
             .gpus
             .iter()
@@ -586,6 +616,9 @@ impl Agent {
         let now = now_ms().saturating_add_signed(self.clock_offset_ms);
         let mut finished = Vec::new();
         for (&lease, state) in &self.leases {
+            if state.billing == Billing::DeliveryPending && !state.ended {
+                continue;
+            }
             let until = state.end_ms.map_or(now, |end| end.min(now));
             let mut done = state.ended;
             for gpu in self.gpus.iter_mut().filter(|g| state.gpu_mask & (1u64 << g.info.index_on_host) != 0) {
@@ -596,6 +629,7 @@ impl Agent {
                 let window = std::mem::take(&mut gpu.window);
                 let length = until - start;
                 let available_ms = match window.samples {
+                    _ if state.billing == Billing::HostFailed => 0,
                     0 if gpu.healthy => length,
                     0 => 0,
                     samples => length * (samples - window.unhealthy) as u64 / samples as u64,
@@ -661,7 +695,7 @@ impl Agent {
         let Event { kind, at_ms, .. } = event;
         let reoffer = match kind {
             EventKind::LeaseCreated { lease, kind, host, gpu_mask, start_ms, end_ms, .. } if host == link.host => {
-                self.leases.insert(lease, LeaseState { kind, gpu_mask, start_ms, end_ms, ended: false });
+                self.leases.insert(lease, LeaseState { kind, gpu_mask, start_ms, end_ms, ended: false, billing: Billing::AsMeasured });
                 // Samples taken before the lease say nothing about it.
                 for gpu in self.gpus.iter_mut().filter(|g| gpu_mask & (1u64 << g.info.index_on_host) != 0) {
                     gpu.window = Window::default();
