@@ -73,8 +73,9 @@ pub struct Outbound {
     pub too_slow: Arc<Notify>,
 }
 
-/// Frames one market-data feed buffers; a subscriber further behind is
-/// closed as a slow consumer.
+/// Frames one market-data feed buffers (default, `--feed-frames-max`); a
+/// subscriber further behind loses its place and is resynchronised: a fresh
+/// book snapshot, then the feed from there (`Request::Resync`).
 pub const FEED_FRAMES_MAX: usize = 16_384;
 
 pub enum Request {
@@ -147,6 +148,14 @@ pub enum Request {
     Disconnect {
         connection: ConnectionId,
     },
+    /// The connection fell more than the feed's buffer behind one of its
+    /// feeds and dropped it: send a fresh book snapshot (the conflated book)
+    /// and restart the feed from now.
+    Resync {
+        connection: ConnectionId,
+        channel: Channel,
+        instrument: InstrumentId,
+    },
     /// A bid with a workload for the leases it fills (validated by the gateway).
     Bid {
         connection: ConnectionId,
@@ -210,6 +219,8 @@ pub struct Sequencer {
     connections_of: HashMap<AccountId, BTreeSet<ConnectionId>>,
     /// Market-data feeds with at least one subscription so far.
     feeds: HashMap<(Channel, InstrumentId), broadcast::Sender<Arc<SharedFrame>>>,
+    /// Frames each feed buffers for its slowest subscriber.
+    feed_frames_max: usize,
     book_seq: HashMap<InstrumentId, u64>,
     trade_seq: HashMap<InstrumentId, u64>,
     stats: RollingStats,
@@ -286,6 +297,7 @@ impl Sequencer {
             connections: BTreeMap::new(),
             connections_of: HashMap::new(),
             feeds: HashMap::new(),
+            feed_frames_max: FEED_FRAMES_MAX,
             book_seq: HashMap::new(),
             trade_seq: HashMap::new(),
             stats: RollingStats::default(),
@@ -485,6 +497,7 @@ impl Sequencer {
             }
             Request::Command { connection, id, command } => self.apply_command(Some(connection), id, command),
             Request::Subscribe { connection, id, channel, instrument } => self.subscribe(connection, id, channel, instrument),
+            Request::Resync { connection, channel, instrument } => self.resync(connection, channel, instrument),
             Request::Unsubscribe { connection, id, channel, instrument } => {
                 let removed = self.connections.get_mut(&connection).is_some_and(|c| c.subscriptions.remove(&(channel, instrument)));
                 if removed {
@@ -859,20 +872,48 @@ impl Sequencer {
         let newly = state.subscriptions.insert((channel, instrument));
         self.reply(connection, ServerMessage::Subscribed { id, channel, instrument });
         if channel == Channel::Book {
-            let snapshot = ServerMessage::BookSnapshot {
-                instrument,
-                seq: self.book_seq.get(&instrument).copied().unwrap_or(0),
-                bids: self.engine.depth(instrument, gpux_engine::Side::Buy),
-                asks: self.engine.depth(instrument, gpux_engine::Side::Sell),
-            };
-            self.reply(connection, snapshot);
+            self.reply(connection, self.book_snapshot(instrument));
         }
         if newly {
-            // The receiver sees everything published from now on; updates older
-            // than the snapshot that slip in carry a seq the client ignores.
-            let feed = self.feeds.entry((channel, instrument)).or_insert_with(|| broadcast::channel(FEED_FRAMES_MAX).0).subscribe();
-            self.pending.push((Target::Connection(connection), Pending::Control(Outgoing::FeedStart { channel, instrument, feed })));
+            self.start_feed(connection, channel, instrument);
         }
+    }
+
+    fn book_snapshot(&self, instrument: InstrumentId) -> ServerMessage {
+        ServerMessage::BookSnapshot {
+            instrument,
+            seq: self.book_seq.get(&instrument).copied().unwrap_or(0),
+            bids: self.engine.depth_best(instrument, gpux_engine::Side::Buy, gpux_protocol::BOOK_SNAPSHOT_LEVELS_MAX),
+            asks: self.engine.depth_best(instrument, gpux_engine::Side::Sell, gpux_protocol::BOOK_SNAPSHOT_LEVELS_MAX),
+        }
+    }
+
+    /// Hands the connection a receiver of the feed from now on; updates
+    /// older than a snapshot sent just before carry a seq the client ignores.
+    fn start_feed(&mut self, connection: ConnectionId, channel: Channel, instrument: InstrumentId) {
+        let capacity = self.feed_frames_max;
+        let feed = self.feeds.entry((channel, instrument)).or_insert_with(|| broadcast::channel(capacity).0).subscribe();
+        self.pending.push((Target::Connection(connection), Pending::Control(Outgoing::FeedStart { channel, instrument, feed })));
+    }
+
+    /// A subscriber lost its place in a feed: the book it missed is conflated
+    /// into one fresh snapshot (levels by price, the current seq), then the
+    /// feed resumes from there; trades resume with a gap in `seq`.
+    fn resync(&mut self, connection: ConnectionId, channel: Channel, instrument: InstrumentId) {
+        let subscribed = self.connections.get(&connection).is_some_and(|state| state.subscriptions.contains(&(channel, instrument)));
+        if !subscribed {
+            return;
+        }
+        self.metrics.feed_resyncs.inc();
+        if channel == Channel::Book {
+            self.reply(connection, self.book_snapshot(instrument));
+        }
+        self.start_feed(connection, channel, instrument);
+    }
+
+    /// Sets how many frames each market-data feed buffers (`--feed-frames-max`).
+    pub fn set_feed_frames_max(&mut self, frames: usize) {
+        self.feed_frames_max = frames.max(1);
     }
 
     fn disconnect(&mut self, connection: ConnectionId) {
@@ -1027,9 +1068,10 @@ impl Sequencer {
 
     fn send(&mut self, connection: ConnectionId, outgoing: Outgoing) {
         let Some(state) = self.connections.get(&connection) else { return };
+        // Private frames are never dropped: a connection that cannot take
+        // one more is closed instead (the gateway counts it).
         if let Err(mpsc::error::TrySendError::Full(_)) = state.outbound.frames.try_send(outgoing) {
             state.outbound.too_slow.notify_one();
-            self.metrics.slow_consumers.inc();
             self.disconnect(connection);
         }
     }

@@ -44,7 +44,15 @@ pub const REQUESTS_IN_FLIGHT_MAX: u32 = 1024;
 /// Limits of a gateway: per connection, and on connections at once.
 #[derive(Clone, Copy, Debug)]
 pub struct GatewayLimits {
+    /// Frames queued from the sequencer to one connection (answers, private
+    /// events); one more closes the connection `slow_consumer`.
     pub outbound_frames_max: usize,
+    /// Frames each market-data feed buffers for its slowest subscriber; a
+    /// subscriber further behind is resynchronised with a fresh snapshot.
+    pub feed_frames_max: usize,
+    /// How long one write to a connection may block (the peer does not
+    /// read) before it is closed `slow_consumer`.
+    pub write_stall: std::time::Duration,
     /// A connection that sends nothing (not even a pong to the gateway's
     /// pings) for this long is closed `idle_timeout`.
     pub idle_timeout: std::time::Duration,
@@ -56,6 +64,8 @@ impl Default for GatewayLimits {
     fn default() -> Self {
         GatewayLimits {
             outbound_frames_max: OUTBOUND_FRAMES_MAX,
+            feed_frames_max: crate::core::FEED_FRAMES_MAX,
+            write_stall: WRITE_STALL_DEFAULT,
             idle_timeout: IDLE_TIMEOUT_DEFAULT,
             admission: AdmissionLimits::default(),
         }
@@ -68,6 +78,13 @@ pub const IDLE_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_
 pub const MESSAGES_PER_SECOND_MAX: f64 = 5_000.0;
 /// Burst above the sustained rate.
 pub const MESSAGE_BURST_MAX: f64 = 10_000.0;
+
+/// How long a write may block before the peer counts as a slow consumer (default).
+pub const WRITE_STALL_DEFAULT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Resynchronisations one connection may need within `RESYNC_WINDOW`; one
+/// more and it is closed `slow_consumer`: it cannot keep up even conflated.
+pub const RESYNCS_MAX: usize = 3;
+pub const RESYNC_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How long a closing connection waits for its close frame to be written.
 const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -141,6 +158,47 @@ pub async fn serve(
             }
             metrics.connections.dec();
         });
+    }
+}
+
+/// Why a connection was closed `slow_consumer` (the metric's `cause`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlowCause {
+    /// The sequencer's queue to it was full: private frames are never
+    /// dropped, so the connection goes.
+    QueueFull,
+    /// A write stayed blocked for the write-stall limit.
+    WriteStalled,
+    /// It fell behind its feeds more than `RESYNCS_MAX` times in `RESYNC_WINDOW`.
+    Resyncs,
+}
+
+impl SlowCause {
+    pub const ALL: [SlowCause; 3] = [SlowCause::QueueFull, SlowCause::WriteStalled, SlowCause::Resyncs];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            SlowCause::QueueFull => "queue_full",
+            SlowCause::WriteStalled => "write_stalled",
+            SlowCause::Resyncs => "resyncs",
+        }
+    }
+}
+
+/// The resynchronisations of one connection in the last `RESYNC_WINDOW`.
+#[derive(Debug, Default)]
+pub struct ResyncBudget {
+    recent: std::collections::VecDeque<Instant>,
+}
+
+impl ResyncBudget {
+    /// Records one at `now`; false when it is one too many.
+    pub fn spend(&mut self, now: Instant) -> bool {
+        while self.recent.front().is_some_and(|at| now.duration_since(*at) >= RESYNC_WINDOW) {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(now);
+        self.recent.len() <= RESYNCS_MAX
     }
 }
 
@@ -232,15 +290,23 @@ async fn serve_connection<S>(
     }
     let challenge = connection.new_challenge();
     let mut close: Option<ErrorCode> = None;
-    if sink.send(Message::Text(encode_server_text(&challenge).into())).await.is_err() {
-        close = Some(ErrorCode::ShuttingDown);
+    // Why a `slow_consumer` close happened, for the metric.
+    let mut slow: Option<SlowCause> = None;
+    let mut resyncs = ResyncBudget::default();
+    let stall = limits.write_stall;
+    match tokio::time::timeout(stall, sink.send(Message::Text(encode_server_text(&challenge).into()))).await {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => close = Some(ErrorCode::ShuttingDown),
+        Err(_) => slow = Some(SlowCause::WriteStalled),
     }
     // WebSocket pings find dead and half-open connections (a host that lost
     // power never closes its socket); client libraries answer them on their own.
     let mut heartbeat = tokio::time::interval(limits.idle_timeout / 3);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_heard = Instant::now();
-    while close.is_none() {
+    // Every write is bounded by the stall limit: a peer that stops reading
+    // blocks it, and is then a slow consumer rather than a reason to wait.
+    while close.is_none() && slow.is_none() {
         tokio::select! {
             _ = tokio::time::sleep_until(login_deadline), if !connection.ticket.is_logged_in() && !connection.subscribed => {
                 metrics.reaped(Stage::Login);
@@ -250,8 +316,12 @@ async fn serve_connection<S>(
                 if last_heard.elapsed() >= limits.idle_timeout {
                     metrics.reaped(Stage::Idle);
                     close = Some(ErrorCode::IdleTimeout);
-                } else if sink.send(Message::Ping(Vec::new().into())).await.is_err() {
-                    break;
+                } else {
+                    match tokio::time::timeout(stall, sink.send(Message::Ping(Vec::new().into()))).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => break,
+                        Err(_) => slow = Some(SlowCause::WriteStalled),
+                    }
                 }
             }
             frame = incoming.next() => {
@@ -264,9 +334,13 @@ async fn serve_connection<S>(
                     Some(Err(WsError::Capacity(_))) => { close = Some(ErrorCode::FrameTooLarge); Vec::new() }
                     Some(Err(_)) => break,
                 };
-                for reply in replies {
-                    if sink.send(connection.encode(&reply)).await.is_err() {
-                        close = Some(ErrorCode::ShuttingDown);
+                if !replies.is_empty() {
+                    replies.iter().for_each(|reply| connection.count(reply));
+                    let messages: Vec<Message> = replies.iter().map(|reply| connection.encode(reply)).collect();
+                    match tokio::time::timeout(stall, write_messages(&mut sink, messages)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => break,
+                        Err(_) => slow = Some(SlowCause::WriteStalled),
                     }
                 }
             }
@@ -287,41 +361,53 @@ async fn serve_connection<S>(
                     }
                     next = if batch.len() < WRITE_BATCH_MAX { outgoing.try_recv().ok() } else { None };
                 }
-                // A reader that stopped reading blocks these writes; the
-                // sequencer then flags it as too slow, which must win.
+                // The sequencer's flag that the queue overflowed wins over a
+                // write that the peer blocks.
                 tokio::select! {
-                    result = write_batch(&mut sink, &mut connection, &batch) => if result.is_err() { break },
-                    _ = too_slow.notified() => close = Some(ErrorCode::SlowConsumer),
-                }
-            }
-            Some((_, first)) = feeds.next(), if !feeds.is_empty() => {
-                let mut batch = Vec::new();
-                let mut next = Some(first);
-                while let Some(item) = next {
-                    match item {
-                        Ok(frame) => batch.push(frame),
-                        // The feed moved on past frames this connection never read.
-                        Err(BroadcastStreamRecvError::Lagged(_)) => close = Some(ErrorCode::SlowConsumer),
-                    }
-                    next = if close.is_none() && batch.len() < WRITE_BATCH_MAX {
-                        feeds.next().now_or_never().flatten().map(|(_, item)| item)
-                    } else {
-                        None
-                    };
-                }
-                if close.is_none() {
-                    // A peer that stopped reading stalls the write; past the
-                    // limit it is a slow consumer, not a reason to wait forever.
-                    match tokio::time::timeout(WRITE_STALL_MAX, write_batch(&mut sink, &mut connection, &batch)).await {
+                    result = tokio::time::timeout(stall, write_batch(&mut sink, &mut connection, &batch)) => match result {
                         Ok(Ok(())) => {}
                         Ok(Err(_)) => break,
-                        Err(_) => close = Some(ErrorCode::SlowConsumer),
+                        Err(_) => slow = Some(SlowCause::WriteStalled),
+                    },
+                    _ = too_slow.notified() => slow = Some(SlowCause::QueueFull),
+                }
+            }
+            Some((key, first)) = feeds.next(), if !feeds.is_empty() => {
+                let mut batch = Vec::new();
+                let mut next = Some((key, first));
+                while let Some((key, item)) = next {
+                    match item {
+                        Ok(frame) => batch.push(frame),
+                        // The feed moved on past frames this connection never
+                        // read: drop it at once (nothing after the gap is
+                        // written) and ask for a fresh snapshot and feed.
+                        Err(BroadcastStreamRecvError::Lagged(_)) => {
+                            feeds.remove(&key);
+                            let (channel, instrument) = key;
+                            let resync = Request::Resync { connection: connection.id, channel, instrument };
+                            if !resyncs.spend(Instant::now()) || connection.core.try_send(resync).is_err() {
+                                slow = Some(SlowCause::Resyncs);
+                            }
+                        }
+                    }
+                    next = if slow.is_none() && batch.len() < WRITE_BATCH_MAX { feeds.next().now_or_never().flatten() } else { None };
+                }
+                if slow.is_none() && !batch.is_empty() {
+                    match tokio::time::timeout(stall, write_batch(&mut sink, &mut connection, &batch)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => break,
+                        Err(_) => slow = Some(SlowCause::WriteStalled),
                     }
                 }
             }
-            _ = too_slow.notified() => close = Some(ErrorCode::SlowConsumer),
+            _ = too_slow.notified() => slow = Some(SlowCause::QueueFull),
             _ = shutdown.changed() => close = Some(ErrorCode::ShuttingDown),
         }
+    }
+    if let Some(cause) = slow {
+        metrics.slow_consumer(cause);
+        tracing::debug!(connection = connection.id, cause = cause.label(), "slow consumer closed");
+        close = Some(ErrorCode::SlowConsumer);
     }
     if let Some(code) = close {
         let reason = serde_plain_code(code);
@@ -333,12 +419,19 @@ async fn serve_connection<S>(
     let _ = connection.core.send(Request::Disconnect { connection: connection.id });
 }
 
-/// How long one batch of feed frames may take to write before the peer
-/// counts as a slow consumer.
-const WRITE_STALL_MAX: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// Frames written between two flushes.
 const WRITE_BATCH_MAX: usize = 256;
+
+/// Writes messages and flushes once.
+async fn write_messages<K>(sink: &mut K, messages: Vec<Message>) -> Result<(), WsError>
+where
+    K: futures_util::Sink<Message, Error = WsError> + Unpin,
+{
+    for message in messages {
+        sink.feed(message).await?;
+    }
+    sink.flush().await
+}
 
 /// Writes frames in this connection's format and flushes once.
 async fn write_batch<K>(sink: &mut K, connection: &mut Connection, batch: &[Arc<SharedFrame>]) -> Result<(), WsError>
@@ -346,6 +439,7 @@ where
     K: futures_util::Sink<Message, Error = WsError> + Unpin,
 {
     for frame in batch {
+        connection.count(frame.message());
         sink.feed(connection.encode_shared(frame)).await?;
         if let Some(challenge) = connection.observe(frame.message()) {
             sink.feed(connection.encode(&challenge)).await?;
@@ -356,12 +450,7 @@ where
 
 /// The snake_case name of a code, as a close reason.
 fn serde_plain_code(code: ErrorCode) -> String {
-    encode_server_text(&ServerMessage::Error { id: None, code, message: String::new() })
-        .split("\"code\":\"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .unwrap_or("error")
-        .to_string()
+    crate::metrics::label(&code)
 }
 
 impl Connection {
@@ -370,6 +459,13 @@ impl Connection {
         getrandom::fill(&mut nonce).expect("the OS random source is available");
         self.session = Session::Challenged { nonce };
         ServerMessage::Challenge { nonce: hex::encode(nonce), server_time_ms: wall_clock_ms() }
+    }
+
+    /// Counts the error frames a connection is sent, by code.
+    fn count(&self, message: &ServerMessage) {
+        if let ServerMessage::Error { code, .. } = message {
+            self.metrics.errors.with_label_values(&[&crate::metrics::label(code)]).inc();
+        }
     }
 
     fn encode(&self, message: &ServerMessage) -> Message {
@@ -554,7 +650,7 @@ impl Connection {
             | Request::Authenticate { id, .. }
             | Request::Bid { id, .. }
             | Request::Delivery { id, .. } => *id,
-            Request::Connect { .. } | Request::Disconnect { .. } => 0,
+            Request::Connect { .. } | Request::Disconnect { .. } | Request::Resync { .. } => 0,
         };
         self.forward(id, request)
     }
@@ -585,4 +681,32 @@ fn verify(nonce: &[u8; 32], public_key_hex: &str, signature_hex: &str) -> Option
 
 fn error(id: Option<u64>, code: ErrorCode, detail: Option<String>) -> ServerMessage {
     ServerMessage::Error { id, code, message: detail.unwrap_or_else(|| code.message().to_string()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_may_resync_three_times_a_minute_and_not_a_fourth() {
+        let start = Instant::now();
+        let mut budget = ResyncBudget::default();
+        for second in 0..RESYNCS_MAX as u64 {
+            assert!(budget.spend(start + std::time::Duration::from_secs(second)));
+        }
+        assert!(!budget.spend(start + std::time::Duration::from_secs(10)), "a fourth within the minute");
+    }
+
+    #[test]
+    fn resyncs_older_than_the_window_are_forgotten() {
+        let start = Instant::now();
+        let mut budget = ResyncBudget::default();
+        for _ in 0..RESYNCS_MAX {
+            assert!(budget.spend(start));
+        }
+        assert!(budget.spend(start + RESYNC_WINDOW), "the first three left the window");
+        assert!(budget.spend(start + RESYNC_WINDOW + std::time::Duration::from_secs(1)));
+        assert!(budget.spend(start + RESYNC_WINDOW + std::time::Duration::from_secs(2)));
+        assert!(!budget.spend(start + RESYNC_WINDOW + std::time::Duration::from_secs(3)));
+    }
 }

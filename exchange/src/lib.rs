@@ -87,8 +87,9 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
     };
     let scheme = if tls.is_some() { "wss" } else { "ws" };
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
-    let (sequencer, recovery) =
+    let (mut sequencer, recovery) =
         core::Sequencer::recover(engine, journal, snapshots, config.operator_keys, metrics.clone(), config.billing)?;
+    sequencer.set_feed_frames_max(config.limits.feed_frames_max);
     say(&format!(
         "recovered from snapshot at journal entry {} plus {} journal entries, state hash {:016x}",
         recovery.snapshot_seq, recovery.entries, recovery.state_hash

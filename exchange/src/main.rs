@@ -68,6 +68,14 @@ struct Args {
     /// Frames queued to one connection before it is closed as a slow consumer.
     #[arg(long, default_value_t = gpux_exchange::gateway::OUTBOUND_FRAMES_MAX)]
     outbound_frames_max: usize,
+    /// Frames each market-data feed buffers for its slowest subscriber; one
+    /// further behind is sent a fresh book snapshot and the feed from there.
+    #[arg(long, default_value_t = gpux_exchange::core::FEED_FRAMES_MAX)]
+    feed_frames_max: usize,
+    /// How long one write to a connection may block (the peer does not
+    /// read) before it is closed as a slow consumer (ms).
+    #[arg(long, default_value_t = gpux_exchange::gateway::WRITE_STALL_DEFAULT.as_millis() as u64)]
+    write_stall_ms: u64,
     /// WebSocket connections at once (lowered to what `ulimit -n` allows).
     #[arg(long, default_value_t = admission::CONNECTIONS_MAX_DEFAULT)]
     connections_max: usize,
@@ -115,8 +123,11 @@ fn main() -> Result<()> {
     if tls.is_none() && !args.listen.ip().is_loopback() {
         anyhow::bail!("plain ws:// is for loopback development only: give --tls-cert and --tls-key to listen on {}", args.listen);
     }
-    if args.outbound_frames_max == 0 {
-        anyhow::bail!("--outbound-frames-max must be at least 1");
+    if args.outbound_frames_max == 0 || args.feed_frames_max == 0 {
+        anyhow::bail!("--outbound-frames-max and --feed-frames-max must be at least 1");
+    }
+    if args.write_stall_ms < 100 {
+        anyhow::bail!("--write-stall-ms must be at least 100");
     }
     if args.idle_timeout_ms < 300 {
         anyhow::bail!("--idle-timeout-ms must be at least 300");
@@ -129,6 +140,8 @@ fn main() -> Result<()> {
     }
     let limits = gpux_exchange::gateway::GatewayLimits {
         outbound_frames_max: args.outbound_frames_max,
+        feed_frames_max: args.feed_frames_max,
+        write_stall: std::time::Duration::from_millis(args.write_stall_ms),
         idle_timeout: std::time::Duration::from_millis(args.idle_timeout_ms),
         admission: admission::AdmissionLimits {
             connections_max: args.connections_max,

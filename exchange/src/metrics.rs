@@ -20,6 +20,8 @@ pub struct Metrics {
     pub orders: IntCounter,
     /// Engine refusals, by code.
     pub rejects: IntCounterVec,
+    /// Gateway `error` frames, by code.
+    pub errors: IntCounterVec,
     pub journal_entries: IntCounter,
     /// Open WebSocket connections, and how many have not logged in.
     pub connections: IntGauge,
@@ -29,7 +31,9 @@ pub struct Metrics {
     connections_reaped: IntCounterVec,
     /// Accepts that failed (most often: out of file descriptors).
     pub accept_errors: IntCounter,
-    pub slow_consumers: IntCounter,
+    slow_consumers: IntCounterVec,
+    /// Subscribers resynchronised with a fresh snapshot after falling behind a feed.
+    pub feed_resyncs: IntCounter,
     /// Refused logins, by reason.
     pub auth_failures: IntCounterVec,
     pub trades: IntCounter,
@@ -83,6 +87,7 @@ impl Metrics {
             commands: counter(&r, "gpux_commands_total", "Commands journaled and applied (rate = commands/s)."),
             orders: counter(&r, "gpux_orders_total", "New orders received (rate = orders/s)."),
             rejects: counters(&r, "gpux_rejects_total", "Commands the engine refused, by code.", "code"),
+            errors: counters(&r, "gpux_errors_total", "Error frames sent (bad frames, limits, refused requests), by code.", "code"),
             journal_entries: counter(&r, "gpux_journal_entries_total", "Entries appended to the journal."),
             connections: gauge(&r, "gpux_connections", "Open WebSocket connections."),
             connections_unauthenticated: gauge(&r, "gpux_connections_unauthenticated", "Open WebSocket connections not logged in."),
@@ -100,7 +105,8 @@ impl Metrics {
                 "stage",
             ),
             accept_errors: counter(&r, "gpux_accept_errors_total", "Failed accepts (out of descriptors, most often); each backs off."),
-            slow_consumers: counter(&r, "gpux_slow_consumers_total", "Connections closed for not reading their feed."),
+            slow_consumers: counters(&r, "gpux_slow_consumers_total", "Connections closed slow_consumer, by cause.", "cause"),
+            feed_resyncs: counter(&r, "gpux_feed_resyncs_total", "Subscribers that fell behind a feed and were sent a fresh snapshot."),
             auth_failures: counters(&r, "gpux_auth_failures_total", "Refused logins, by reason.", "reason"),
             trades: counter(&r, "gpux_trades_total", "Trades."),
             traded_gpus: counter(&r, "gpux_traded_gpus_total", "GPUs traded (volume)."),
@@ -137,6 +143,9 @@ impl Metrics {
         for stage in crate::gateway::Stage::ALL {
             metrics.connections_reaped.with_label_values(&[stage.label()]);
         }
+        for cause in crate::gateway::SlowCause::ALL {
+            metrics.slow_consumers.with_label_values(&[cause.label()]);
+        }
         for state in ["awaiting_secrets", "pulling", "starting", "running", "exited", "failed", "stopped"] {
             metrics.delivery_statuses.with_label_values(&[state]);
         }
@@ -149,6 +158,10 @@ impl Metrics {
 
     pub fn reaped(&self, stage: crate::gateway::Stage) {
         self.connections_reaped.with_label_values(&[stage.label()]).inc();
+    }
+
+    pub fn slow_consumer(&self, cause: crate::gateway::SlowCause) {
+        self.slow_consumers.with_label_values(&[cause.label()]).inc();
     }
 
     pub fn observe_commit(&self, took: Duration) {

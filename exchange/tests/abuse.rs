@@ -29,21 +29,6 @@ fn closed_by_peer(mut stream: &std::net::TcpStream, within: Duration) -> bool {
     }
 }
 
-fn metric(body: &str, name: &str) -> f64 {
-    body.lines()
-        .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
-        .unwrap_or_else(|| panic!("{name} in {body}"))
-}
-
-async fn scrape(addr: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("metrics port");
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("request");
-    let mut response = String::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response)).await.expect("in time").expect("response");
-    response
-}
-
 /// CPU time (user + system) of a process so far.
 fn cpu_time(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");

@@ -10,6 +10,11 @@ use crate::messages::{ClientMessage, ErrorCode, ServerMessage};
 /// The largest frame the exchange accepts or sends.
 pub const FRAME_BYTES_MAX: usize = 64 * 1024;
 
+/// Levels per side in a `book_snapshot`: the best ones. A snapshot of this
+/// many levels at the largest prices and quantities fits `FRAME_BYTES_MAX`
+/// in either encoding.
+pub const BOOK_SNAPSHOT_LEVELS_MAX: usize = 1_000;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecodeError {
     pub code: ErrorCode,

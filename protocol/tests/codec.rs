@@ -223,3 +223,20 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_deepest_book_snapshot_fits_a_frame_in_both_encodings() {
+    // The largest price a class may have (2^40), and more GPUs at one level
+    // than any market holds.
+    let level = (1u64 << 40, u64::from(u32::MAX));
+    let snapshot = ServerMessage::BookSnapshot {
+        instrument: InstrumentId(u32::MAX),
+        seq: u64::MAX,
+        bids: vec![level; BOOK_SNAPSHOT_LEVELS_MAX],
+        asks: vec![level; BOOK_SNAPSHOT_LEVELS_MAX],
+    };
+    let text = encode_server_text(&snapshot);
+    assert!(text.len() <= FRAME_BYTES_MAX, "text: {} bytes", text.len());
+    assert!(encode_server_binary(&snapshot).len() <= FRAME_BYTES_MAX);
+    assert_eq!(decode_server_text(&text).expect("decodes"), snapshot);
+}

@@ -461,6 +461,11 @@ impl Engine {
         self.books.get(instrument.0 as usize).map(|book| book.side(side).depth().collect()).unwrap_or_default()
     }
 
+    /// The best `levels` price levels of one side, best first.
+    pub fn depth_best(&self, instrument: InstrumentId, side: Side, levels: usize) -> Vec<(u64, u64)> {
+        self.books.get(instrument.0 as usize).map(|book| book.side(side).depth().take(levels).collect()).unwrap_or_default()
+    }
+
     pub fn best_price(&self, instrument: InstrumentId, side: Side) -> Option<u64> {
         self.books.get(instrument.0 as usize)?.side(side).best_price()
     }

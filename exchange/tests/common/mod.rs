@@ -299,6 +299,21 @@ impl Client {
         }
     }
 
+    /// Reads everything up to the close frame (5 s between frames at
+    /// most); returns what was read and the close reason.
+    pub async fn read_to_close(&mut self) -> (Vec<ServerMessage>, String) {
+        let mut read: Vec<ServerMessage> = self.backlog.drain(..).collect();
+        loop {
+            match tokio::time::timeout(Duration::from_secs(5), self.socket.next()).await.expect("a frame within 5 s") {
+                Some(Ok(Message::Text(text))) => read.push(decode_server_text(&text).expect("server text decodes")),
+                Some(Ok(Message::Binary(bytes))) => read.push(decode_server_binary(&bytes).expect("server binary decodes")),
+                Some(Ok(Message::Close(Some(frame)))) => return (read, frame.reason.to_string()),
+                Some(Ok(Message::Close(None))) | None | Some(Err(_)) => return (read, String::new()),
+                Some(Ok(_)) => continue,
+            }
+        }
+    }
+
     /// Sends a request and waits for its ack or reject (or error) by id;
     /// whatever else arrives meanwhile stays queued for `recv`.
     pub async fn request(&mut self, message: ClientMessage) -> ServerMessage {
@@ -364,4 +379,22 @@ pub fn h100_spec() -> GpuSpec {
 
 pub fn ticket(client_order_id: u64, side: Side, price: u64, quantity: u32) -> OrderTicket {
     OrderTicket::limit(client_order_id, InstrumentId(0), side, price, quantity)
+}
+
+/// The value of the first series in a Prometheus text body whose line
+/// starts with `name` (give a trailing space or `{` to be exact).
+pub fn metric(body: &str, name: &str) -> f64 {
+    body.lines()
+        .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("{name} in {body}"))
+}
+
+/// `GET /metrics` from the exchange's metrics port, the whole response.
+pub async fn scrape(addr: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("metrics port");
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("request");
+    let mut response = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response)).await.expect("in time").expect("response");
+    response
 }
