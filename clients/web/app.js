@@ -114,6 +114,7 @@ function onBook(type, body) {
     book.asks = new Map(body.asks);
     book.synced = true;
   } else if (book.synced) {
+    if (body.seq <= book.seq) return; // older than the snapshot: already in it
     if (body.seq !== book.seq + 1) {
       // A lost update: start again from a fresh snapshot.
       book.synced = false;

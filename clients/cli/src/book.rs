@@ -35,7 +35,8 @@ impl Book {
                 self.asks = asks.iter().copied().collect();
                 self.synced = true;
             }
-            ServerMessage::BookUpdate { seq, side, price_minor_per_gpu_hour, quantity, .. } if self.synced => {
+            // Updates at or below the snapshot's seq are already in it.
+            ServerMessage::BookUpdate { seq, side, price_minor_per_gpu_hour, quantity, .. } if self.synced && *seq > self.seq => {
                 if *seq != self.seq + 1 {
                     return false;
                 }
@@ -154,5 +155,27 @@ pub async fn watch(
         if deadline.is_some_and(|d| now_ms() >= d) {
             return Ok(());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn update(seq: u64, price: u64, quantity: u64) -> ServerMessage {
+        ServerMessage::BookUpdate { instrument: InstrumentId(0), seq, side: Side::Buy, price_minor_per_gpu_hour: price, quantity }
+    }
+
+    #[test]
+    fn updates_older_than_the_snapshot_are_ignored_and_a_gap_is_reported() {
+        let mut book = Book::default();
+        let snapshot = ServerMessage::BookSnapshot { instrument: InstrumentId(0), seq: 10, bids: vec![(100, 2)], asks: vec![] };
+        assert!(book.apply(&snapshot));
+        assert!(book.apply(&update(9, 100, 7)), "already in the snapshot");
+        assert!(book.apply(&update(10, 100, 7)), "already in the snapshot");
+        assert_eq!(book.bids, BTreeMap::from([(100, 2)]));
+        assert!(book.apply(&update(11, 100, 0)));
+        assert!(book.bids.is_empty());
+        assert!(!book.apply(&update(13, 90, 1)), "12 is missing");
     }
 }

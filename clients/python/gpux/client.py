@@ -90,6 +90,8 @@ class Book:
             self.synced = True
             self._synced_event.set()
         elif isinstance(message, m.BookUpdate) and self.synced:
+            if message.seq <= self.seq:
+                return True  # older than the snapshot: already in it
             if message.seq != self.seq + 1:
                 self.synced = False
                 self._synced_event.clear()

@@ -237,3 +237,17 @@ def test_a_renter_follows_delivery_to_running_with_secrets_only_the_host_can_ope
         await supplier.close()
 
     run(scenario())
+
+
+def test_a_book_ignores_updates_older_than_its_snapshot_and_reports_a_gap():
+    from gpux import messages as m
+    from gpux.client import Book
+
+    book = Book(0)
+    book.apply(m.BookSnapshot(instrument=0, seq=10, bids=[[100, 2]], asks=[]))
+    assert book.apply(m.BookUpdate(instrument=0, seq=10, side="buy", price_minor_per_gpu_hour=100, quantity=7))
+    assert book.bids == {100: 2}, "an update the snapshot already holds changes nothing"
+    assert book.apply(m.BookUpdate(instrument=0, seq=11, side="buy", price_minor_per_gpu_hour=100, quantity=0))
+    assert book.bids == {}
+    assert not book.apply(m.BookUpdate(instrument=0, seq=13, side="buy", price_minor_per_gpu_hour=90, quantity=1))
+    assert not book.synced
