@@ -50,8 +50,8 @@ pub struct GatewayLimits {
     /// Frames each market-data feed buffers for its slowest subscriber; a
     /// subscriber further behind is resynchronised with a fresh snapshot.
     pub feed_frames_max: usize,
-    /// How long one write to a connection may block (the peer does not
-    /// read) before it is closed `slow_consumer`.
+    /// How long a connection may take nothing of what waits to be written
+    /// to it (the peer does not read) before it is closed `slow_consumer`.
     pub write_stall: std::time::Duration,
     /// A connection that sends nothing (not even a pong to the gateway's
     /// pings) for this long is closed `idle_timeout`.
@@ -167,7 +167,7 @@ pub enum SlowCause {
     /// The sequencer's queue to it was full: private frames are never
     /// dropped, so the connection goes.
     QueueFull,
-    /// A write stayed blocked for the write-stall limit.
+    /// It took nothing of what waits for it for the write-stall limit.
     WriteStalled,
     /// It fell behind its feeds more than `RESYNCS_MAX` times in `RESYNC_WINDOW`.
     Resyncs,
@@ -289,25 +289,32 @@ async fn serve_connection<S>(
         return;
     }
     let challenge = connection.new_challenge();
+    let mut outbox = Outbox::default();
+    outbox.push(connection.encode(&challenge));
     let mut close: Option<ErrorCode> = None;
     // Why a `slow_consumer` close happened, for the metric.
     let mut slow: Option<SlowCause> = None;
     let mut resyncs = ResyncBudget::default();
     let stall = limits.write_stall;
-    match tokio::time::timeout(stall, sink.send(Message::Text(encode_server_text(&challenge).into()))).await {
-        Ok(Ok(())) => {}
-        Ok(Err(_)) => close = Some(ErrorCode::ShuttingDown),
-        Err(_) => slow = Some(SlowCause::WriteStalled),
-    }
     // WebSocket pings find dead and half-open connections (a host that lost
     // power never closes its socket); client libraries answer them on their own.
     let mut heartbeat = tokio::time::interval(limits.idle_timeout / 3);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_heard = Instant::now();
-    // Every write is bounded by the stall limit: a peer that stops reading
-    // blocks it, and is then a slow consumer rather than a reason to wait.
+    // Reading never waits for writing: what is to be written waits in the
+    // outbox while the peer reads, so a client that sends much before it
+    // reads its answers cannot deadlock with the gateway. Over the outbox's
+    // byte bound the connection takes nothing new (frames wait in the
+    // sequencer's queue, market data in its feed) until the peer reads; a
+    // peer that takes nothing for the stall limit is a slow consumer.
     while close.is_none() && slow.is_none() {
+        let (room, busy, stalled_at) = (outbox.has_room(), outbox.busy(), outbox.stalled_at(stall));
         tokio::select! {
+            result = outbox.drive(&mut sink), if busy => if result.is_err() { break },
+            // The peer may have taken something since the deadline was set.
+            _ = tokio::time::sleep_until(stalled_at), if busy => if outbox.stalled_at(stall) <= tokio::time::Instant::now() {
+                slow = Some(SlowCause::WriteStalled);
+            },
             _ = tokio::time::sleep_until(login_deadline), if !connection.ticket.is_logged_in() && !connection.subscribed => {
                 metrics.reaped(Stage::Login);
                 close = Some(ErrorCode::LoginTimeout);
@@ -317,14 +324,10 @@ async fn serve_connection<S>(
                     metrics.reaped(Stage::Idle);
                     close = Some(ErrorCode::IdleTimeout);
                 } else {
-                    match tokio::time::timeout(stall, sink.send(Message::Ping(Vec::new().into()))).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(_)) => break,
-                        Err(_) => slow = Some(SlowCause::WriteStalled),
-                    }
+                    outbox.push(Message::Ping(Vec::new().into()));
                 }
             }
-            frame = incoming.next() => {
+            frame = incoming.next(), if room => {
                 last_heard = Instant::now();
                 let replies = match frame {
                     Some(Ok(Message::Text(text))) => { connection.binary = false; connection.on_frame(decode_client_text(&text)) }
@@ -334,24 +337,18 @@ async fn serve_connection<S>(
                     Some(Err(WsError::Capacity(_))) => { close = Some(ErrorCode::FrameTooLarge); Vec::new() }
                     Some(Err(_)) => break,
                 };
-                if !replies.is_empty() {
-                    replies.iter().for_each(|reply| connection.count(reply));
-                    let messages: Vec<Message> = replies.iter().map(|reply| connection.encode(reply)).collect();
-                    match tokio::time::timeout(stall, write_messages(&mut sink, messages)).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(_)) => break,
-                        Err(_) => slow = Some(SlowCause::WriteStalled),
-                    }
+                for reply in &replies {
+                    connection.count(reply);
+                    outbox.push(connection.encode(reply));
                 }
             }
-            Some(first) = outgoing.recv() => {
-                // Gather what is ready; feed starts and ends apply in order, so
-                // a book snapshot is written before any update of its feed.
-                let mut batch = Vec::new();
+            Some(first) = outgoing.recv(), if room => {
+                // Take what is ready; feed starts and ends apply in order, so
+                // a book snapshot is queued before any update of its feed.
                 let mut next = Some(first);
                 while let Some(item) = next {
                     match item {
-                        Outgoing::Frame(frame) => batch.push(frame),
+                        Outgoing::Frame(frame) => connection.queue(&mut outbox, &frame),
                         Outgoing::FeedStart { channel, instrument, feed } => {
                             feeds.insert((channel, instrument), BroadcastStream::new(feed));
                         }
@@ -359,28 +356,17 @@ async fn serve_connection<S>(
                             feeds.remove(&(channel, instrument));
                         }
                     }
-                    next = if batch.len() < WRITE_BATCH_MAX { outgoing.try_recv().ok() } else { None };
-                }
-                // The sequencer's flag that the queue overflowed wins over a
-                // write that the peer blocks.
-                tokio::select! {
-                    result = tokio::time::timeout(stall, write_batch(&mut sink, &mut connection, &batch)) => match result {
-                        Ok(Ok(())) => {}
-                        Ok(Err(_)) => break,
-                        Err(_) => slow = Some(SlowCause::WriteStalled),
-                    },
-                    _ = too_slow.notified() => slow = Some(SlowCause::QueueFull),
+                    next = if outbox.has_room() { outgoing.try_recv().ok() } else { None };
                 }
             }
-            Some((key, first)) = feeds.next(), if !feeds.is_empty() => {
-                let mut batch = Vec::new();
+            Some((key, first)) = feeds.next(), if room && !feeds.is_empty() => {
                 let mut next = Some((key, first));
                 while let Some((key, item)) = next {
                     match item {
-                        Ok(frame) => batch.push(frame),
+                        Ok(frame) => connection.queue(&mut outbox, &frame),
                         // The feed moved on past frames this connection never
                         // read: drop it at once (nothing after the gap is
-                        // written) and ask for a fresh snapshot and feed.
+                        // queued) and ask for a fresh snapshot and feed.
                         Err(BroadcastStreamRecvError::Lagged(_)) => {
                             feeds.remove(&key);
                             let (channel, instrument) = key;
@@ -390,14 +376,7 @@ async fn serve_connection<S>(
                             }
                         }
                     }
-                    next = if slow.is_none() && batch.len() < WRITE_BATCH_MAX { feeds.next().now_or_never().flatten() } else { None };
-                }
-                if slow.is_none() && !batch.is_empty() {
-                    match tokio::time::timeout(stall, write_batch(&mut sink, &mut connection, &batch)).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(_)) => break,
-                        Err(_) => slow = Some(SlowCause::WriteStalled),
-                    }
+                    next = if slow.is_none() && outbox.has_room() { feeds.next().now_or_never().flatten() } else { None };
                 }
             }
             _ = too_slow.notified() => slow = Some(SlowCause::QueueFull),
@@ -411,41 +390,102 @@ async fn serve_connection<S>(
     }
     if let Some(code) = close {
         let reason = serde_plain_code(code);
-        let frame = CloseFrame { code: CloseCode::Policy, reason: reason.into() };
+        outbox.push(Message::Close(Some(CloseFrame { code: CloseCode::Policy, reason: reason.into() })));
         // The close frame queues behind whatever the peer has not read yet;
-        // a peer that never reads is cut off after CLOSE_WAIT.
-        let _ = tokio::time::timeout(CLOSE_WAIT, sink.send(Message::Close(Some(frame)))).await;
+        // a peer that never reads is cut off after CLOSE_WAIT. Then the
+        // closing handshake: the peer answers with its own close once it
+        // has read ours, and only then does the socket close, so the peer
+        // reads everything before it (a socket closed with unread input, or
+        // one the kernel gives up on, is reset and the peer loses its tail).
+        let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
+        // One that never logged in is not waited for: silent sockets are
+        // what an attacker holds (it had no ping to answer: the login
+        // deadline comes before the first one at the defaults).
+        let answers = code != ErrorCode::LoginTimeout;
+        if let (Ok(Ok(())), true) = (tokio::time::timeout_at(deadline, outbox.drive(&mut sink)).await, answers) {
+            if code == ErrorCode::FrameTooLarge {
+                // The WebSocket cannot read past the oversize frame: discard
+                // the raw bytes until the peer closes, so it reads the reason.
+                if let Ok(mut socket) = incoming.reunite(sink) {
+                    let mut discard = vec![0u8; 16 * 1024];
+                    while let Ok(Ok(read)) =
+                        tokio::time::timeout_at(deadline, tokio::io::AsyncReadExt::read(socket.get_mut(), &mut discard)).await
+                    {
+                        if read == 0 {
+                            break;
+                        }
+                    }
+                }
+            } else {
+                while let Ok(Some(Ok(message))) = tokio::time::timeout_at(deadline, incoming.next()).await {
+                    if message.is_close() {
+                        break;
+                    }
+                }
+            }
+        }
     }
     let _ = connection.core.send(Request::Disconnect { connection: connection.id });
 }
 
-/// Frames written between two flushes.
-const WRITE_BATCH_MAX: usize = 256;
+/// Bytes waiting in one connection's outbox before it takes nothing new
+/// (a batch may go over by what it holds).
+pub const OUTBOX_BYTES_MAX: usize = 1 << 20;
 
-/// Writes messages and flushes once.
-async fn write_messages<K>(sink: &mut K, messages: Vec<Message>) -> Result<(), WsError>
-where
-    K: futures_util::Sink<Message, Error = WsError> + Unpin,
-{
-    for message in messages {
-        sink.feed(message).await?;
-    }
-    sink.flush().await
+/// What waits to be written to one connection, in order.
+#[derive(Default)]
+struct Outbox {
+    queue: std::collections::VecDeque<Message>,
+    bytes: usize,
+    /// Frames handed to the WebSocket but not yet flushed to the socket.
+    unflushed: bool,
+    /// The last time the peer took something (or the outbox became busy).
+    progressed_at: Option<tokio::time::Instant>,
 }
 
-/// Writes frames in this connection's format and flushes once.
-async fn write_batch<K>(sink: &mut K, connection: &mut Connection, batch: &[Arc<SharedFrame>]) -> Result<(), WsError>
-where
-    K: futures_util::Sink<Message, Error = WsError> + Unpin,
-{
-    for frame in batch {
-        connection.count(frame.message());
-        sink.feed(connection.encode_shared(frame)).await?;
-        if let Some(challenge) = connection.observe(frame.message()) {
-            sink.feed(connection.encode(&challenge)).await?;
+impl Outbox {
+    fn push(&mut self, message: Message) {
+        if !self.busy() {
+            self.progressed_at = Some(tokio::time::Instant::now());
         }
+        self.bytes += message.len();
+        self.queue.push_back(message);
     }
-    sink.flush().await
+
+    fn busy(&self) -> bool {
+        !self.queue.is_empty() || self.unflushed
+    }
+
+    fn has_room(&self) -> bool {
+        self.bytes < OUTBOX_BYTES_MAX
+    }
+
+    /// When a peer that takes nothing more counts as stalled.
+    fn stalled_at(&self, stall: std::time::Duration) -> tokio::time::Instant {
+        self.progressed_at.unwrap_or_else(tokio::time::Instant::now) + stall
+    }
+
+    /// Writes and flushes until the outbox is empty. Cancel-safe: what is
+    /// not yet handed to the WebSocket stays queued.
+    async fn drive<K>(&mut self, sink: &mut K) -> Result<(), WsError>
+    where
+        K: futures_util::Sink<Message, Error = WsError> + Unpin,
+    {
+        std::future::poll_fn(|cx| {
+            while !self.queue.is_empty() {
+                std::task::ready!(sink.poll_ready_unpin(cx))?;
+                let message = self.queue.pop_front().expect("not empty");
+                self.bytes -= message.len();
+                self.progressed_at = Some(tokio::time::Instant::now());
+                self.unflushed = true;
+                sink.start_send_unpin(message)?;
+            }
+            std::task::ready!(sink.poll_flush_unpin(cx))?;
+            self.unflushed = false;
+            std::task::Poll::Ready(Ok(()))
+        })
+        .await
+    }
 }
 
 /// The snake_case name of a code, as a close reason.
@@ -459,6 +499,16 @@ impl Connection {
         getrandom::fill(&mut nonce).expect("the OS random source is available");
         self.session = Session::Challenged { nonce };
         ServerMessage::Challenge { nonce: hex::encode(nonce), server_time_ms: wall_clock_ms() }
+    }
+
+    /// Queues a frame from the sequencer in this connection's format, and
+    /// the fresh challenge that follows a refused login.
+    fn queue(&mut self, outbox: &mut Outbox, frame: &SharedFrame) {
+        self.count(frame.message());
+        outbox.push(self.encode_shared(frame));
+        if let Some(challenge) = self.observe(frame.message()) {
+            outbox.push(self.encode(&challenge));
+        }
     }
 
     /// Counts the error frames a connection is sent, by code.

@@ -72,8 +72,8 @@ struct Args {
     /// further behind is sent a fresh book snapshot and the feed from there.
     #[arg(long, default_value_t = gpux_exchange::core::FEED_FRAMES_MAX)]
     feed_frames_max: usize,
-    /// How long one write to a connection may block (the peer does not
-    /// read) before it is closed as a slow consumer (ms).
+    /// How long a connection may take nothing of what waits to be written
+    /// to it (the peer does not read) before it is closed as a slow consumer (ms).
     #[arg(long, default_value_t = gpux_exchange::gateway::WRITE_STALL_DEFAULT.as_millis() as u64)]
     write_stall_ms: u64,
     /// WebSocket connections at once (lowered to what `ulimit -n` allows).

@@ -549,8 +549,9 @@ impl ServerMessage {
 }
 
 /// Gateway-level error codes (engine refusals use `RejectCode`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::VariantNames)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum ErrorCode {
     /// A text frame that is not JSON.

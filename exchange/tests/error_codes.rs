@@ -1,0 +1,297 @@
+//! Every gateway error code docs/protocol.md lists ("Gateway error codes"),
+//! each produced against the real binary by the frame (or the silence) the
+//! table says causes it, and every `ErrorCode` the code knows is documented.
+//! One row per code: what to send, from whom; the test records the code that
+//! comes back and compares the whole set with the docs.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use common::*;
+use gpux_engine::*;
+use gpux_protocol::delivery::limits;
+use gpux_protocol::*;
+use strum::VariantNames;
+use tokio_tungstenite::tungstenite::Message;
+
+const USD_2: u64 = 2_000_000;
+
+/// The codes in the first column of docs/protocol.md's "Gateway error codes" table.
+fn documented_codes() -> BTreeSet<String> {
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md")).expect("docs/protocol.md");
+    let section = docs.split("## Gateway error codes").nth(1).expect("the section").split("\n## ").next().expect("its text");
+    let mut codes = BTreeSet::new();
+    for row in section.lines().filter(|line| line.starts_with("| `")) {
+        let first_cell = row.split('|').nth(1).expect("a first cell");
+        codes.extend(first_cell.split('`').skip(1).step_by(2).map(str::to_string));
+    }
+    codes
+}
+
+/// Who sends a row's frames.
+#[derive(Clone, Copy, Debug)]
+enum Who {
+    /// A fresh connection that has not logged in.
+    Stranger,
+    Renter,
+    Supplier,
+}
+
+/// What a row sends.
+enum Send {
+    Text(String),
+    Binary(Vec<u8>),
+    /// Requests, all sent before any answer is read; the first error counts.
+    Messages(Vec<ClientMessage>),
+}
+
+struct Row {
+    code: &'static str,
+    from: Who,
+    send: Send,
+}
+
+fn row(code: &'static str, from: Who, send: Send) -> Row {
+    Row { code, from, send }
+}
+
+fn one(message: ClientMessage) -> Send {
+    Send::Messages(vec![message])
+}
+
+/// A bid with a workload; `edit` breaks it one way.
+fn bid_with(id: u64, edit: impl FnOnce(&mut Workload)) -> ClientMessage {
+    let mut workload = Workload::image("docker.io/library/busybox:1.36");
+    edit(&mut workload);
+    let order = OrderTicket::limit(id, InstrumentId(0), Side::Buy, 1_000_000, 1);
+    ClientMessage::NewOrder { id, order, workload: Some(Box::new(workload)) }
+}
+
+/// The market the rows need: a renter with one lease that ended (its host
+/// connected, without an encryption key) and one whose host has gone.
+struct Market {
+    exchange: Exchange,
+    _dir: tempfile::TempDir,
+    renter: Client,
+    supplier: Client,
+    ended_lease: LeaseId,
+    orphan_lease: LeaseId,
+}
+
+async fn lease_from(renter: &mut Client, supplier: &mut Client, gpu_uuid: &str, client_order_id: u64) -> LeaseId {
+    let id = supplier.id();
+    let registered =
+        supplier.request(ClientMessage::RegisterGpu { id, host: gpu_uuid.into(), gpu_uuid: gpu_uuid.into(), spec: h100_spec() }).await;
+    assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
+    let (host, index_on_host) = supplier
+        .recv_until(|message| match message {
+            ServerMessage::Private { event: Event { kind: EventKind::GpuRegistered { host, index_on_host, .. }, .. }, .. } => {
+                Some((*host, *index_on_host))
+            }
+            _ => None,
+        })
+        .await;
+    let mut ask = ticket(client_order_id, Side::Sell, USD_2, 1);
+    ask.supply = Some(GpuSet { host, gpu_mask: 1 << index_on_host });
+    assert!(matches!(supplier.place(ask).await, ServerMessage::Ack { order: Some(_), .. }));
+    assert!(matches!(renter.place(ticket(client_order_id, Side::Buy, USD_2, 1)).await, ServerMessage::Ack { .. }));
+    renter
+        .recv_until(|message| match message {
+            ServerMessage::Private { event: Event { kind: EventKind::LeaseCreated { lease, .. }, .. }, .. } => Some(*lease),
+            _ => None,
+        })
+        .await
+}
+
+async fn market() -> Market {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start(dir.path(), Some(&key(1)));
+    let (mut operator, _) = Client::login(&exchange.addr, &key(1), Role::Operator).await;
+    let (mut renter, renter_account) = Client::login(&exchange.addr, &key(3), Role::Renter).await;
+    let id = operator.id();
+    let deposit = operator.request(ClientMessage::Deposit { id, account: renter_account, amount_minor: 1_000_000_000 }).await;
+    assert!(matches!(deposit, ServerMessage::Ack { .. }), "{deposit:?}");
+    let (mut supplier, _) = Client::login(&exchange.addr, &key(2), Role::Supplier).await;
+    let ended_lease = lease_from(&mut renter, &mut supplier, "GPU-1", 1).await;
+    let id = renter.id();
+    assert!(matches!(renter.request(ClientMessage::EndLease { id, lease: ended_lease }).await, ServerMessage::Ack { .. }));
+    let (mut gone, _) = Client::login(&exchange.addr, &key(5), Role::Supplier).await;
+    let orphan_lease = lease_from(&mut renter, &mut gone, "GPU-2", 2).await;
+    drop(gone);
+    Market { exchange, _dir: dir, renter, supplier, ended_lease, orphan_lease }
+}
+
+/// Sends a row and returns the code of the first `error` that answers it.
+async fn run(m: &mut Market, row: Row) -> String {
+    let mut stranger;
+    let client = match row.from {
+        Who::Stranger => {
+            stranger = Client::connect(&m.exchange.addr).await;
+            &mut stranger
+        }
+        Who::Renter => &mut m.renter,
+        Who::Supplier => &mut m.supplier,
+    };
+    let ids: BTreeSet<u64> = match &row.send {
+        Send::Messages(messages) => messages.iter().map(ClientMessage::id).collect(),
+        Send::Text(_) | Send::Binary(_) => BTreeSet::new(),
+    };
+    match row.send {
+        Send::Text(text) => client.send_raw(Message::Text(text.into())).await,
+        Send::Binary(bytes) => client.send_raw(Message::Binary(bytes.into())).await,
+        Send::Messages(messages) => {
+            for message in &messages {
+                client.send_nowait(message).await;
+            }
+            client.flush().await;
+        }
+    }
+    client
+        .recv_until(|message| match message {
+            // Frames with no id answer the frame itself; others answer one of the row's requests.
+            ServerMessage::Error { id, code, .. } if id.is_none_or(|id| ids.contains(&id)) => Some(wire_name(code)),
+            _ => None,
+        })
+        .await
+}
+
+fn wire_name(code: &ErrorCode) -> String {
+    serde_json::to_value(code).expect("a code serialises").as_str().expect("a string").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_error_code_has_a_frame_that_produces_it() {
+    let documented = documented_codes();
+    let known: BTreeSet<String> = ErrorCode::VARIANTS.iter().map(|name| name.to_string()).collect();
+    assert_eq!(documented, known, "docs/protocol.md lists exactly the codes ErrorCode has");
+
+    let mut m = market().await;
+    let (ended, orphan) = (m.ended_lease, m.orphan_lease);
+    let instruments = match m.renter.request(ClientMessage::Instruments { id: 900 }).await {
+        ServerMessage::Instruments { instruments, .. } => instruments,
+        other => panic!("{other:?}"),
+    };
+    assert!(instruments.len() * 2 > 64, "enough feeds to go over the subscription cap");
+    let subscriptions = [Channel::Book, Channel::Trades]
+        .into_iter()
+        .flat_map(|channel| instruments.iter().map(move |i| (channel, i.instrument)))
+        .take(65)
+        .enumerate()
+        .map(|(n, (channel, instrument))| ClientMessage::Subscribe { id: 1_000 + n as u64, channel, instrument })
+        .collect();
+    let mut forged_auth = Client::connect(&m.exchange.addr).await.auth_message(&key(8), Some(Role::Renter));
+    if let ClientMessage::Auth { signature, .. } = &mut forged_auth {
+        *signature = "00".repeat(64);
+    }
+    let second_auth = m.renter.auth_message(&key(3), Some(Role::Renter));
+    let unsigned_key = ClientMessage::SetEncryptionKey { id: 20, encryption_key: "zz".into(), signature: "00".repeat(64) };
+    let failed_status =
+        DeliveryState::Failed { code: FailureCode::HostError, fault: Fault::Host, reason: "x".repeat(limits::REASON_BYTES_MAX + 1) };
+
+    let table = vec![
+        row("malformed_json", Who::Stranger, Send::Text("{not json".into())),
+        row("wrong_type", Who::Stranger, Send::Text(r#"{"subscribe":{"id":3,"channel":"candles","instrument":0}}"#.into())),
+        row("unknown_message", Who::Stranger, Send::Text(r#"{"frobnicate":{"id":4}}"#.into())),
+        row("malformed_binary", Who::Stranger, Send::Binary(vec![0xff; 9])),
+        row("not_authenticated", Who::Stranger, one(ClientMessage::Balance { id: 5 })),
+        row("already_authenticated", Who::Renter, one(second_auth)),
+        row("auth_failed", Who::Stranger, one(forged_auth)),
+        row("forbidden", Who::Renter, one(ClientMessage::Deposit { id: 7, account: AccountId(0), amount_minor: 1 })),
+        row("rate_limited", Who::Stranger, Send::Messages((0..25_000).map(|id| ClientMessage::Ping { id }).collect())),
+        row("too_many_subscriptions", Who::Stranger, Send::Messages(subscriptions)),
+        row(
+            "unknown_instrument",
+            Who::Stranger,
+            one(ClientMessage::Subscribe { id: 8, channel: Channel::Book, instrument: InstrumentId(999_999) }),
+        ),
+        row(
+            "not_subscribed",
+            Who::Stranger,
+            one(ClientMessage::Unsubscribe { id: 9, channel: Channel::Trades, instrument: InstrumentId(0) }),
+        ),
+        row("image_invalid", Who::Renter, one(bid_with(10, |w| w.image = String::new()))),
+        row("too_many_ports", Who::Renter, one(bid_with(11, |w| w.ports = (1..=limits::PORTS_MAX as u16 + 1).collect()))),
+        row("port_invalid", Who::Renter, one(bid_with(12, |w| w.ports = vec![0]))),
+        row("shm_too_large", Who::Renter, one(bid_with(13, |w| w.shm_mib = limits::SHM_MIB_MAX + 1))),
+        row(
+            "too_many_restarts",
+            Who::Renter,
+            one(bid_with(14, |w| w.restart = RestartPolicy::OnFailure { max_restarts: limits::RESTARTS_MAX + 1 })),
+        ),
+        row(
+            "sealed_too_large",
+            Who::Renter,
+            one(bid_with(15, |w| {
+                w.sealed = Some(Sealed { recipient: "00".repeat(32), ciphertext: "00".repeat(limits::SEALED_HEX_MAX / 2 + 1) })
+            })),
+        ),
+        row(
+            "sealed_invalid",
+            Who::Renter,
+            one(bid_with(16, |w| w.sealed = Some(Sealed { recipient: "zz".into(), ciphertext: "00".into() }))),
+        ),
+        row("workload_option_refused", Who::Renter, one(bid_with(17, |w| w.privileged = true))),
+        row("workload_not_on_bid", Who::Renter, {
+            let order = OrderTicket::limit(18, InstrumentId(0), Side::Sell, USD_2, 1);
+            one(ClientMessage::NewOrder { id: 18, order, workload: Some(Box::new(Workload::image("busybox"))) })
+        }),
+        row("unknown_lease", Who::Renter, one(ClientMessage::LeaseDelivery { id: 19, lease: LeaseId(999_999) })),
+        row(
+            "lease_not_active",
+            Who::Renter,
+            one(ClientMessage::SetWorkload { id: 21, lease: ended, workload: Box::new(Workload::image("busybox")) }),
+        ),
+        row("no_encryption_key", Who::Renter, one(ClientMessage::HostKey { id: 22, lease: ended })),
+        row("encryption_key_invalid", Who::Supplier, one(unsigned_key)),
+        row("delivery_status_invalid", Who::Supplier, one(ClientMessage::DeliveryStatus { id: 23, lease: ended, state: failed_status })),
+        row("host_unreachable", Who::Renter, one(ClientMessage::LeaseLogs { id: 24, lease: orphan, tail_bytes: 1024 })),
+    ];
+    let mut produced = BTreeMap::new();
+    for row in table {
+        let (expected, from) = (row.code, row.from);
+        let got = tokio::time::timeout(Duration::from_secs(20), run(&mut m, row)).await.expect("an answer");
+        assert_eq!(got, expected, "the {expected} row, sent as {from:?}");
+        produced.insert(got, from);
+    }
+
+    // The codes that close the connection, each on an exchange configured
+    // to reach it quickly.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let quick = Exchange::start_with(dir.path(), None, &["--login-timeout-ms", "500", "--idle-timeout-ms", "1800"]);
+    let mut oversize = Client::connect(&quick.addr).await;
+    oversize.send_raw(Message::Text("x".repeat(FRAME_BYTES_MAX + 1).into())).await;
+    // Read at once: the exchange cannot read past an oversize frame, so it
+    // closes the socket with the frame's tail unread, which resets it.
+    assert_eq!(oversize.closed_reason().await, "frame_too_large");
+    produced.insert("frame_too_large".to_string(), Who::Stranger);
+    let silent = Client::connect(&quick.addr).await;
+    let mut idle = Client::connect(&quick.addr).await;
+    idle.request_subscribe(2, Channel::Trades, InstrumentId(0)).await;
+    // None reads (so none answers a ping) for longer than both timeouts;
+    // the first ping (a third of the idle timeout) comes after the login
+    // deadline, as at the defaults.
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    for (mut client, expected) in [(silent, "login_timeout"), (idle, "idle_timeout")] {
+        assert_eq!(client.closed_reason().await, expected);
+        produced.insert(expected.to_string(), Who::Stranger);
+    }
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut narrow = Exchange::start_with(dir.path(), None, &["--outbound-frames-max", "1"]);
+    let mut flooder = Client::connect(&narrow.addr).await;
+    for id in 0..50 {
+        flooder.send_nowait(&ClientMessage::Instruments { id }).await;
+    }
+    flooder.flush().await;
+    assert_eq!(flooder.closed_reason().await, "slow_consumer");
+    produced.insert("slow_consumer".into(), Who::Stranger);
+    let mut bystander = Client::connect(&narrow.addr).await;
+    narrow.terminate();
+    assert_eq!(bystander.closed_reason().await, "shutting_down");
+    produced.insert("shutting_down".into(), Who::Stranger);
+
+    let produced: BTreeSet<String> = produced.into_keys().collect();
+    assert_eq!(produced, documented, "every documented code was produced");
+}
