@@ -1010,12 +1010,18 @@ impl Sequencer {
             | OrderReplaced { account, .. }
             | OrderReduced { account, .. }
             | OrderClosed { account, .. } => [Some(account), None],
-            UsageUnpaid { renter, .. } | PaymentNotice { renter, .. } => [Some(renter), None],
+            // A usage charge is money coming in for the lease's supplier
+            // (to its payable): its feed shows it too.
+            UsageUnpaid { renter, lease, .. } => [Some(renter), self.engine.lease(lease).map(|l| l.supplier)],
+            PaymentNotice { renter, .. } => [Some(renter), None],
             DebtRepaid { account, .. } | PayoutSent { account, .. } => [Some(account), None],
             FeeCharged { supplier, .. } => [Some(supplier), None],
             SlaCredited { renter, supplier, .. } => [Some(renter), Some(supplier)],
             LeaseBillingClosed { lease, .. } => self.engine.lease(lease).map_or([None, None], |l| [Some(l.renter), Some(l.supplier)]),
             FeeChanged { .. } | BillingGraceChanged { .. } => [None, None],
+            FundsCharged { account, to: None, reason: gpux_engine::HoldReason::Lease(lease), .. } => {
+                [Some(account), self.engine.lease(lease).map(|l| l.supplier)]
+            }
             FundsCharged { account, to, .. } => [Some(account), to],
             Rejected { account, .. } => [account, None],
             Trade { buyer, seller, .. } => [Some(buyer), Some(seller)],

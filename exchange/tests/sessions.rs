@@ -402,6 +402,16 @@ async fn usage_reports_are_verified_charged_and_survive_a_restart() {
         })
         .await;
     assert_eq!(charged, 1_000, "the renter sees the charge on its private feed");
+    let credited = m
+        .supplier
+        .recv_until(|msg| match msg {
+            ServerMessage::Private {
+                event: Event { kind: EventKind::FundsCharged { amount_minor, to: None, reason, .. }, .. }, ..
+            } => Some((*amount_minor, *reason)),
+            _ => None,
+        })
+        .await;
+    assert_eq!(credited, (1_000, HoldReason::Lease(lease)), "the supplier sees the money coming in on its feed");
 
     let id = m.supplier.id();
     let again = m.supplier.request(ClientMessage::UsageReport { id, report: first.clone() }).await;

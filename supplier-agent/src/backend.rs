@@ -21,7 +21,9 @@ pub struct GpuInventory {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuSample {
     pub uuid: String,
-    /// Reachable, not overheating, no new uncorrected ECC errors.
+    /// Reachable, not overheating, and no uncorrected ECC error in the
+    /// volatile counter (since the driver last loaded: a reboot or driver
+    /// reload clears it).
     pub healthy: bool,
     pub utilisation_percent: u32,
     pub memory_used_mib: u32,

@@ -116,10 +116,11 @@ pub struct Agent {
 struct Link {
     connection: Connection,
     host: HostId,
-    class: String,
-    instruments: BTreeMap<OfferedContract, InstrumentId>,
-    tick_minor: u64,
-    asks: BTreeMap<OfferedContract, OrderId>,
+    /// The spot and preemptible instrument (and its tick) of each class
+    /// this host's GPUs are offered in, for each contract the owner offers.
+    instruments: BTreeMap<(String, OfferedContract), (InstrumentId, u64)>,
+    /// One ask per class and contract.
+    asks: BTreeMap<(String, OfferedContract), OrderId>,
     /// Open asks in reserved windows.
     window_asks: BTreeMap<InstrumentId, OrderId>,
     /// Windows where an ask was refused (the GPUs are committed to an
@@ -230,17 +231,14 @@ impl Agent {
         }
         let host =
             self.gpus.first().map(|g| g.info.host).ok_or_else(|| Fatal("no GPU of this host qualifies for any listed class".into()))?;
-        let (instruments, tick_minor) = self.instruments(&mut connection).await?;
+        let instruments = self.instruments(&mut connection).await?;
         // Asks of an earlier connection are unknown to this one: withdraw them.
         let id = connection.new_id();
         connection.request(ClientMessage::MassCancel { id, instrument: None }).await?;
-        let class = self.gpus.first().and_then(|g| g.info.classes.first()).cloned().unwrap_or_default();
         let mut link = Link {
             connection,
             host,
-            class,
             instruments,
-            tick_minor,
             asks: BTreeMap::new(),
             window_asks: BTreeMap::new(),
             windows_refused: BTreeSet::new(),
@@ -426,30 +424,54 @@ impl Agent {
         Ok(())
     }
 
-    /// The spot and preemptible instruments of the class these GPUs qualify for.
-    async fn instruments(&self, connection: &mut Connection) -> Result<(BTreeMap<OfferedContract, InstrumentId>, u64)> {
-        let class = self.gpus.first().and_then(|g| g.info.classes.first()).context("no qualified GPU")?.clone();
+    /// The classes this host's GPUs are offered in: each GPU in its own
+    /// (the first it qualifies for), so a host with mixed models or MIG
+    /// profiles sells each kind in its own book.
+    fn classes(&self) -> Vec<String> {
+        let mut classes: Vec<String> = Vec::new();
+        for class in self.gpus.iter().filter_map(|g| g.info.classes.first()) {
+            if !classes.contains(class) {
+                classes.push(class.clone());
+            }
+        }
+        classes
+    }
+
+    /// The GPUs offered in `class`, as a mask over the host.
+    fn class_mask(&self, class: &str) -> u64 {
+        self.gpus
+            .iter()
+            .filter(|g| g.info.classes.first().is_some_and(|c| c == class))
+            .fold(0u64, |m, g| m | (1u64 << g.info.index_on_host))
+    }
+
+    /// The spot and preemptible instruments of each class these GPUs are offered in.
+    async fn instruments(&self, connection: &mut Connection) -> Result<BTreeMap<(String, OfferedContract), (InstrumentId, u64)>> {
+        let classes = self.classes();
+        if classes.is_empty() {
+            bail!("no qualified GPU");
+        }
         let id = connection.new_id();
         let ServerMessage::Instruments { instruments, .. } = connection.request(ClientMessage::Instruments { id }).await? else {
             bail!("the exchange did not list its instruments");
         };
         let mut found = BTreeMap::new();
-        let mut tick_minor = 1;
-        for offer in self.config.offers.iter().filter(|o| !o.contract.is_window()) {
-            let suffix = match offer.contract {
-                OfferedContract::Spot => "SPOT",
-                _ => "PREEMPT",
-            };
-            let symbol = format!("{class}/{suffix}");
-            let instrument =
-                instruments.iter().find(|i| i.symbol == symbol).ok_or_else(|| Fatal(format!("the exchange lists no {symbol}")))?;
-            tick_minor = instrument.tick_minor;
-            found.insert(offer.contract, instrument.instrument);
+        for class in &classes {
+            for offer in self.config.offers.iter().filter(|o| !o.contract.is_window()) {
+                let suffix = match offer.contract {
+                    OfferedContract::Spot => "SPOT",
+                    _ => "PREEMPT",
+                };
+                let symbol = format!("{class}/{suffix}");
+                match instruments.iter().find(|i| i.symbol == symbol) {
+                    Some(instrument) => {
+                        found.insert((class.clone(), offer.contract), (instrument.instrument, instrument.tick_minor));
+                    }
+                    None => tracing::warn!(%symbol, "the exchange lists no such instrument: these GPUs are not offered there"),
+                }
+            }
         }
-        if let Some(instrument) = instruments.iter().find(|i| i.class == class) {
-            tick_minor = instrument.tick_minor;
-        }
-        Ok((found, tick_minor))
+        Ok(found)
     }
 
     /// GPUs that can be sold now in a contract kind, as a mask over the host.
@@ -465,41 +487,47 @@ impl Agent {
         self.gpus.iter().filter(|g| g.healthy).fold(0u64, |mask, g| mask | (1u64 << g.info.index_on_host)) & !busy
     }
 
+    /// GPUs of one class that can be sold now in a contract kind.
+    fn free_mask_in(&self, class: &str, contract: OfferedContract) -> u64 {
+        self.free_mask(contract) & self.class_mask(class)
+    }
+
     async fn reoffer_all(&mut self, link: &mut Link) -> Result<()> {
-        for contract in link.instruments.keys().copied().collect::<Vec<_>>() {
-            self.reoffer(link, contract).await?;
+        for key in link.instruments.keys().cloned().collect::<Vec<_>>() {
+            self.reoffer(link, key).await?;
         }
         Ok(())
     }
 
-    /// Replaces the ask of one contract kind with one over the GPUs free now.
-    async fn reoffer(&mut self, link: &mut Link, contract: OfferedContract) -> Result<()> {
-        if let Some(order) = link.asks.remove(&contract) {
+    /// Replaces the ask of one class and contract with one over the GPUs free now.
+    async fn reoffer(&mut self, link: &mut Link, key: (String, OfferedContract)) -> Result<()> {
+        if let Some(order) = link.asks.remove(&key) {
             let id = link.connection.new_id();
             link.connection.request(ClientMessage::CancelOrder { id, order }).await?;
         }
-        let mask = self.free_mask(contract);
-        let (Some(&instrument), Some(offer)) =
-            (link.instruments.get(&contract), self.config.offers.iter().find(|o| o.contract == contract))
+        let (class, contract) = (&key.0, key.1);
+        let mask = self.free_mask_in(class, contract);
+        let (Some(&(instrument, tick_minor)), Some(offer)) =
+            (link.instruments.get(&key), self.config.offers.iter().find(|o| o.contract == contract))
         else {
             return Ok(());
         };
         if mask == 0 {
             return Ok(());
         }
-        let price = offer.price_floor_minor_per_gpu_hour.div_ceil(link.tick_minor) * link.tick_minor;
+        let price = offer.price_floor_minor_per_gpu_hour.div_ceil(tick_minor) * tick_minor;
         self.next_client_order_id += 1;
         let mut order = OrderTicket::limit(self.next_client_order_id, instrument, Side::Sell, price, mask.count_ones());
         order.supply = Some(GpuSet { host: link.host, gpu_mask: mask });
         let id = link.connection.new_id();
         match link.connection.request(ClientMessage::NewOrder { id, order, workload: None }).await? {
             ServerMessage::Ack { order: Some(order), .. } => {
-                tracing::info!(?contract, gpus = mask.count_ones(), price, "offered");
-                link.asks.insert(contract, order);
+                tracing::info!(%class, ?contract, gpus = mask.count_ones(), price, "offered");
+                link.asks.insert(key, order);
             }
             // A GPU can be busy in a way the agent has not heard of yet (a
             // window delivery); the next event or sample offers again.
-            ServerMessage::Reject { code, .. } => tracing::warn!(?contract, ?code, "offer refused"),
+            ServerMessage::Reject { code, .. } => tracing::warn!(%class, ?contract, ?code, "offer refused"),
             other => bail!("offering: {other:?}"),
         }
         Ok(())
@@ -517,19 +545,20 @@ impl Agent {
         let ServerMessage::Instruments { instruments, .. } = link.connection.request(ClientMessage::Instruments { id }).await? else {
             bail!("the exchange did not list its instruments");
         };
-        for offer in offers {
+        for (class, offer) in self.classes().into_iter().flat_map(|class| offers.iter().map(move |offer| (class.clone(), offer.clone()))) {
             let label = if offer.contract == OfferedContract::HourlyWindow { "/1H" } else { "/1D" };
-            let mut windows: Vec<(u64, InstrumentId)> = instruments
+            let mut windows: Vec<(u64, InstrumentId, u64)> = instruments
                 .iter()
-                .filter(|i| i.class == link.class && i.symbol.ends_with(label) && i.state == gpux_engine::InstrumentState::Trading)
+                .filter(|i| i.class == class && i.symbol.ends_with(label) && i.state == gpux_engine::InstrumentState::Trading)
                 .filter_map(|i| match i.contract {
-                    gpux_engine::ContractKind::Reserved { window_start_ms, .. } => Some((window_start_ms, i.instrument)),
+                    gpux_engine::ContractKind::Reserved { window_start_ms, .. } => Some((window_start_ms, i.instrument, i.tick_minor)),
                     _ => None,
                 })
                 .collect();
             windows.sort();
             let length_ms = if offer.contract == OfferedContract::HourlyWindow { 3_600_000 } else { 86_400_000 };
-            for (window_start_ms, instrument) in windows.into_iter().take(offer.windows_ahead as usize) {
+            let in_class = self.class_mask(&class);
+            for (window_start_ms, instrument, tick_minor) in windows.into_iter().take(offer.windows_ahead as usize) {
                 if link.window_asks.contains_key(&instrument)
                     || link.windows_refused.contains(&instrument)
                     || !self.config.available_throughout(window_start_ms, window_start_ms + length_ms)
@@ -542,11 +571,14 @@ impl Agent {
                     .filter(|l| !l.ended && l.kind != LeaseKind::Preemptible && l.end_ms.is_none_or(|end| end > window_start_ms))
                     .fold(0u64, |mask, l| mask | l.gpu_mask);
                 let sold = self.windows_sold.get(&instrument).copied().unwrap_or(0);
-                let mask = self.gpus.iter().filter(|g| g.healthy).fold(0u64, |m, g| m | (1u64 << g.info.index_on_host)) & !reaching & !sold;
+                let mask = self.gpus.iter().filter(|g| g.healthy).fold(0u64, |m, g| m | (1u64 << g.info.index_on_host))
+                    & !reaching
+                    & !sold
+                    & in_class;
                 if mask == 0 {
                     continue;
                 }
-                let price = offer.price_floor_minor_per_gpu_hour.div_ceil(link.tick_minor) * link.tick_minor;
+                let price = offer.price_floor_minor_per_gpu_hour.div_ceil(tick_minor) * tick_minor;
                 self.next_client_order_id += 1;
                 let mut order = OrderTicket::limit(self.next_client_order_id, instrument, Side::Sell, price, mask.count_ones());
                 order.supply = Some(GpuSet { host: link.host, gpu_mask: mask });
@@ -739,7 +771,8 @@ impl Agent {
             },
             EventKind::OrderClosed { order, .. } => {
                 link.window_asks.retain(|_, ask| *ask != order);
-                let closed: Vec<OfferedContract> = link.asks.iter().filter(|(_, o)| **o == order).map(|(c, _)| *c).collect();
+                let closed: Vec<(String, OfferedContract)> =
+                    link.asks.iter().filter(|(_, o)| **o == order).map(|(c, _)| c.clone()).collect();
                 for contract in &closed {
                     link.asks.remove(contract);
                 }

@@ -398,3 +398,40 @@ async fn an_availability_schedule_limits_what_is_offered() {
     let outside = windows.iter().find(|(start, _)| !inside_schedule(*start)).expect("a listed window outside the schedule").1;
     assert_eq!(book_asks_of(&mut watcher, outside).await, 0, "nor in a window outside it");
 }
+
+/// A host with two kinds of GPU sells each in its own class: the H100 in
+/// `H100-SXM-80G/SPOT`, the RTX 4090 in `RTX4090-24G/SPOT`; a renter buys
+/// in each book and both leases reach the delivery hook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_with_mixed_models_offers_each_in_its_own_class() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let mixed = r#"{"gpus": [
+        {"uuid": "GPU-h", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"},
+        {"uuid": "GPU-r", "vendor": "nvidia", "model": "NVIDIA GeForce RTX 4090", "memory_mib": 24564, "interconnect": "pcie"}]}"#;
+    let (config, host, hook_log) = agent_files_with(dir.path(), &exchange.url, mixed);
+    let mut renter = funded_renter(&exchange, &operator, 3, 1_000_000_000).await;
+    let id = renter.new_id();
+    let ServerMessage::Instruments { instruments, .. } = renter.request(ClientMessage::Instruments { id }).await.expect("instruments")
+    else {
+        panic!("instruments");
+    };
+    let spot = |symbol: &str| instruments.iter().find(|i| i.symbol == symbol).unwrap_or_else(|| panic!("{symbol} listed")).instrument;
+    let _agent = spawn_agent(&config, &host);
+    for (instrument, gpu) in [(spot("H100-SXM-80G/SPOT"), "GPU-h"), (spot("RTX4090-24G/SPOT"), "GPU-r")] {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let id = renter.new_id();
+            let mut order = OrderTicket::limit(id, instrument, Side::Buy, 2_100_000, 1);
+            order.time_in_force = gpux_engine::TimeInForce::Ioc;
+            let placed = renter.request(ClientMessage::NewOrder { id, order, workload: None }).await.expect("bid");
+            assert!(matches!(placed, ServerMessage::Ack { .. }), "{placed:?}");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if std::fs::read_to_string(&hook_log).unwrap_or_default().contains(gpu) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "a lease on {gpu} reached the hook");
+        }
+    }
+}
