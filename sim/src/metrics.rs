@@ -55,6 +55,9 @@ pub struct FaultStats {
     /// GPU-ms delivered but never billed, by cause.
     pub unbilled_late_gpu_ms: u64,
     pub unbilled_stopped_gpu_ms: u64,
+    /// Leases with time never billed, by cause.
+    pub unbilled_late_leases: u64,
+    pub unbilled_stopped_leases: u64,
     pub restarts: u64,
     pub restart_entries_replayed: u64,
     pub restart_mismatches: u64,

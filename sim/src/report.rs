@@ -3,6 +3,7 @@
 //! bytes depend on the data alone). Money is printed from integer minor units
 //! (1 minor unit = US$0.000001); ratios are computed here and nowhere else.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use plotters::prelude::*;
@@ -40,12 +41,47 @@ fn percent(part: u64, whole: u64) -> String {
     }
 }
 
-fn quantile_minutes(sorted: &[u64], q: f64) -> String {
+fn quantile_duration(sorted: &[u64], q: f64) -> String {
     if sorted.is_empty() {
         return "-".into();
     }
     let index = ((sorted.len() - 1) as f64 * q).round() as usize;
-    format!("{:.1} min", sorted[index] as f64 / 60_000.0)
+    duration(sorted[index])
+}
+
+/// A duration a person reads at a glance: "at once" (under a second),
+/// seconds, minutes or hours.
+fn duration(ms: u64) -> String {
+    match ms {
+        0..1_000 => "at once (< 1 s)".into(),
+        1_000..60_000 => format!("{} s", ms / 1_000),
+        60_000..3_600_000 => format!("{:.1} min", ms as f64 / 60_000.0),
+        _ => format!("{:.1} h", ms as f64 / 3_600_000.0),
+    }
+}
+
+/// Codes counted by their Rust names (`InsufficientCapacity`), as the
+/// protocol writes them: `insufficient_capacity 76, price_off_tick 2`.
+fn code_counts(counts: &BTreeMap<String, u64>) -> String {
+    if counts.is_empty() {
+        return "none".into();
+    }
+    counts.iter().map(|(code, count)| format!("`{}` {count}", snake(code))).collect::<Vec<_>>().join(", ")
+}
+
+fn snake(name: &str) -> String {
+    let mut out = String::new();
+    for (index, c) in name.chars().enumerate() {
+        if c.is_uppercase() {
+            if index > 0 {
+                out.push('_');
+            }
+            out.extend(c.to_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn check(ok: bool) -> &'static str {
@@ -154,7 +190,8 @@ fn utilisation_section(md: &mut String, m: &Metrics) {
         let min = hourly.iter().copied().fold(f64::NAN, f64::min);
         let _ = writeln!(md, "| {} | {} | {max:.1}% | {min:.1}% |", class.name, percent(leased, available));
     }
-    let _ = writeln!(md, "\nPreemption notices per day: {:?}", m.preemptions_by_day);
+    let days: Vec<String> = m.preemptions_by_day.iter().enumerate().map(|(day, n)| format!("day {}: {n}", day + 1)).collect();
+    let _ = writeln!(md, "\nPreemption notices: {}.", days.join(", "));
     let _ = writeln!(
         md,
         "\nLeases created: {} spot, {} preemptible, {} reserved-window.",
@@ -206,8 +243,8 @@ fn job_row(md: &mut String, label: &str, stats: &JobStats) {
         percent(stats.gpus_filled, stats.gpus_wanted),
         percent(stats.fully_filled, stats.placed),
         percent(stats.unfilled, stats.placed),
-        quantile_minutes(&sorted, 0.5),
-        quantile_minutes(&sorted, 0.9)
+        quantile_duration(&sorted, 0.5),
+        quantile_duration(&sorted, 0.9)
     );
 }
 
@@ -220,30 +257,50 @@ fn fills_section(md: &mut String, m: &Metrics) {
     }
     job_row(md, "training in reserved daily windows", &m.window_bids);
     if !m.orders_rejected.is_empty() {
-        let _ = writeln!(md, "\nOrders the engine refused (all participants): {:?}", m.orders_rejected);
+        let _ = writeln!(md, "\nOrders the engine refused (all participants), by code: {}.", code_counts(&m.orders_rejected));
     }
 }
 
 fn billing_section(md: &mut String, m: &Metrics) {
-    let b = &m.billing;
+    let (b, f) = (&m.billing, &m.faults);
+    let hours = |ms: u64| ms as f64 / MS_PER_HOUR as f64;
+    let share = |ms: u64| if b.delivered_gpu_ms == 0 { 0.0 } else { ms as f64 * 100.0 / b.delivered_gpu_ms as f64 };
+    let unbilled = b.delivered_gpu_ms.saturating_sub(b.verified_gpu_ms);
     let _ = writeln!(md, "\n## Billing accuracy\n");
     let _ = writeln!(
         md,
         "Over the {} leases whose billing closed: delivered {:.1} GPU-h (the simulator's truth), verified {:.1} GPU-h, \
-         usage charged {} against {} that the delivered time is worth at the leases' prices; the difference is time \
-         never billed because its reports came too late or never ({:.1} GPU-h late, {:.1} GPU-h from agents that stopped reporting). \
-         Fees: {}. SLA credits: {} paying {}. Usage left unpaid (renter debt): {}.\n",
+         usage charged {} against {} that the delivered time is worth at the leases' prices. Fees: {}. SLA credits: {} paying {}. \
+         Usage left unpaid (renter debt): {}.\n",
         b.leases_closed,
-        b.delivered_gpu_ms as f64 / MS_PER_HOUR as f64,
-        b.verified_gpu_ms as f64 / MS_PER_HOUR as f64,
+        hours(b.delivered_gpu_ms),
+        hours(b.verified_gpu_ms),
         dollars(b.usage_charged_minor as u128),
         dollars(b.delivered_value_minor as u128),
-        m.faults.unbilled_late_gpu_ms as f64 / MS_PER_HOUR as f64,
-        m.faults.unbilled_stopped_gpu_ms as f64 / MS_PER_HOUR as f64,
         dollars(b.fees_minor as u128),
         b.sla_credits,
         dollars(b.sla_credited_minor as u128),
         dollars(b.unpaid_usage_minor as u128),
+    );
+    let _ = writeln!(
+        md,
+        "Delivered but never billed: {:.1} GPU-h, {:.1}% of the delivered time. All of it comes from the injected faults, and it is \
+         the supplier's loss, not the renter's (the exchange bills only what verified reports show):\n\n\
+         | Cause | Leases | GPU-h | Share of delivered |\n|---|---|---|---|\n\
+         | reports sent after the billing grace (10 min after the lease ended) by agents that delayed them or whose host was down, refused `billing_closed` | {} | {:.1} | {:.1}% |\n\
+         | agents that stopped reporting mid-lease | {} | {:.1} | {:.1}% |\n\
+         | anything else (an honest, on-time lease billed less than it delivered) | {} | {:.1} | {:.1}% |\n",
+        hours(unbilled),
+        share(unbilled),
+        f.unbilled_late_leases,
+        hours(f.unbilled_late_gpu_ms),
+        share(f.unbilled_late_gpu_ms),
+        f.unbilled_stopped_leases,
+        hours(f.unbilled_stopped_gpu_ms),
+        share(f.unbilled_stopped_gpu_ms),
+        b.clean_mismatches,
+        hours(unbilled.saturating_sub(f.unbilled_late_gpu_ms + f.unbilled_stopped_gpu_ms)),
+        share(unbilled.saturating_sub(f.unbilled_late_gpu_ms + f.unbilled_stopped_gpu_ms)),
     );
 }
 
@@ -255,6 +312,16 @@ fn revenue_section(md: &mut String, m: &Metrics) {
          first served to every job whose limit reaches it while the GPUs are free for all its hours (no auction, no preemption, no \
          windows). Exchange revenue is what suppliers were credited for usage and reserved rest, before the exchange fee.\n"
     );
+    let days = m.preemptions_by_day.len();
+    if days < 7 {
+        let _ = writeln!(
+            md,
+            "**A {}-day run is too short to compare the two.** Reserved windows sold for later days earn nothing within it, \
+             the first hours start from empty books, and one busy or quiet day moves the clearing price the baseline is \
+             priced at. Compare runs of a week or more (the default is 7 days).\n",
+            days
+        );
+    }
     let _ = writeln!(md, "![revenue](revenue.svg)\n\n| Class | Exchange | Posted-price baseline | Ratio |\n|---|---|---|---|");
     for (index, class) in CLASSES.iter().enumerate() {
         let (ours, posted) = (m.supplier_revenue_minor[index], m.posted_baseline_minor[index]);
@@ -268,22 +335,22 @@ fn cheats_section(md: &mut String, m: &Metrics) {
     for (cheat, stats) in &m.cheats {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {:?} |",
+            "| {} | {} | {} | {} | {} |",
             cheat.label(),
             stats.attempts,
             stats.caught,
             dollars(stats.moved_minor as u128),
-            stats.codes
+            code_counts(&stats.codes)
         );
     }
     for (label, stats) in &m.renter_cheats {
         let _ = writeln!(
             md,
-            "| renter: {label} | {} | {} | {} | {:?} |",
+            "| renter: {label} | {} | {} | {} | {} |",
             stats.attempts,
             stats.caught,
             dollars(stats.moved_minor as u128),
-            stats.codes
+            code_counts(&stats.codes)
         );
     }
     let _ = writeln!(
@@ -300,13 +367,14 @@ fn faults_section(md: &mut String, m: &Metrics) {
     let _ = writeln!(
         md,
         "Host crashes {}, network losses {}, leases whose agent stopped reporting {}, leases started on a host that was down \
-         (before its session was seen to be gone, 30 s, when cancel-on-disconnect withdraws its asks) {}. Honest reports refused: {:?}. Exchange restarts {} \
-         (snapshot + journal replay, {} entries).",
+         (before its session was seen to be gone, 30 s, when cancel-on-disconnect withdraws its asks) {}. Honest reports refused, by code: {} \
+         (`billing_closed`: sent after the billing grace, the late reports above; `from_future`: from hosts whose clock runs ahead, \
+         sent again once the exchange's clock has passed their end). Exchange restarts {} (snapshot + journal replay, {} entries).",
         f.crashes,
         f.network_losses,
         f.agents_stopped_reporting,
         f.leases_on_down_hosts,
-        f.honest_reports_refused,
+        code_counts(&f.honest_reports_refused),
         f.restarts,
         f.restart_entries_replayed
     );
@@ -327,8 +395,14 @@ fn plot_utilisation(m: &Metrics) -> String {
                     .margin(12)
                     .x_label_area_size(36)
                     .y_label_area_size(48)
-                    .build_cartesian_2d(0f64..hours, 0f64..100f64)?;
-                chart.configure_mesh().x_desc("hour of the run").y_desc("%").draw()?;
+                    // Headroom above 100% keeps the legend off the lines.
+                    .build_cartesian_2d(0f64..hours, 0f64..145f64)?;
+                chart
+                    .configure_mesh()
+                    .x_desc("hour of the run")
+                    .y_desc("%")
+                    .y_label_formatter(&|y| if *y <= 100.0 { format!("{y:.0}") } else { String::new() })
+                    .draw()?;
                 for (index, class) in CLASSES.iter().enumerate() {
                     let color = PALETTE[index];
                     let points =
@@ -340,7 +414,12 @@ fn plot_utilisation(m: &Metrics) -> String {
                         .label(class.name)
                         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
                 }
-                chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+                chart
+                    .configure_series_labels()
+                    .position(SeriesLabelPosition::UpperRight)
+                    .background_style(WHITE.mix(0.9))
+                    .border_style(BLACK)
+                    .draw()?;
                 root.present()?;
                 Ok(())
             })();
@@ -361,7 +440,8 @@ fn plot_prices(m: &Metrics) -> String {
             .filter(|b| b.gpus > 0)
             .map(|b| (b.notional_minor / b.gpus as u128) as f64 / 1e6)
             .fold(0.5f64, f64::max)
-            * 1.1;
+            // Headroom for the legend above the highest price.
+            * 1.5;
         let drawn = (|| -> Result<(), Box<dyn std::error::Error + '_>> {
             root.fill(&WHITE)?;
             let mut chart = ChartBuilder::on(&root)
@@ -386,7 +466,12 @@ fn plot_prices(m: &Metrics) -> String {
                     }
                 }
             }
-            chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.9))
+                .border_style(BLACK)
+                .draw()?;
             root.present()?;
             Ok(())
         })();
@@ -400,11 +485,11 @@ fn plot_revenue(m: &Metrics) -> String {
     {
         let root = SVGBackend::with_string(&mut svg, (960, 420)).into_drawing_area();
         let top =
-            m.supplier_revenue_minor.iter().chain(m.posted_baseline_minor.iter()).copied().max().unwrap_or(1).max(1) as f64 / 1e6 * 1.15;
+            m.supplier_revenue_minor.iter().chain(m.posted_baseline_minor.iter()).copied().max().unwrap_or(1).max(1) as f64 / 1e6 * 1.4;
         let drawn = (|| -> Result<(), Box<dyn std::error::Error + '_>> {
             root.fill(&WHITE)?;
             let mut chart = ChartBuilder::on(&root)
-                .caption("Supplier revenue, $ (blue: exchange, orange: posted-price baseline)", ("sans-serif", 18))
+                .caption("Supplier revenue per class, $", ("sans-serif", 18))
                 .margin(12)
                 .x_label_area_size(36)
                 .y_label_area_size(72)
@@ -415,15 +500,28 @@ fn plot_revenue(m: &Metrics) -> String {
                 .x_label_formatter(&|x| CLASSES.get(*x as usize).map_or(String::new(), |c| c.name.to_string()))
                 .y_desc("$")
                 .draw()?;
-            for index in 0..CLASSES.len() {
-                let x = index as f64;
-                let ours = m.supplier_revenue_minor[index] as f64 / 1e6;
-                let posted = m.posted_baseline_minor[index] as f64 / 1e6;
-                chart.draw_series([
-                    Rectangle::new([(x + 0.15, 0.0), (x + 0.48, ours)], PALETTE[0].filled()),
-                    Rectangle::new([(x + 0.52, 0.0), (x + 0.85, posted)], PALETTE[1].filled()),
-                ])?;
+            let label = ("sans-serif", 13).into_font();
+            for (offset, color, name, values) in [
+                (0.15, PALETTE[0], "exchange", &m.supplier_revenue_minor),
+                (0.52, PALETTE[1], "posted-price baseline", &m.posted_baseline_minor),
+            ] {
+                let bars = (0..CLASSES.len()).map(|index| {
+                    let (x, value) = (index as f64 + offset, values[index] as f64 / 1e6);
+                    Rectangle::new([(x, 0.0), (x + 0.33, value)], color.filled())
+                });
+                chart.draw_series(bars)?.label(name).legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled()));
+                // Each bar's value just above it.
+                chart.draw_series((0..CLASSES.len()).map(|index| {
+                    let (x, value) = (index as f64 + offset, values[index] as f64 / 1e6);
+                    Text::new(dollars(values[index] as u128), (x, value + top * 0.02), label.clone())
+                }))?;
             }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.9))
+                .border_style(BLACK)
+                .draw()?;
             root.present()?;
             Ok(())
         })();

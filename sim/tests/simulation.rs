@@ -49,3 +49,39 @@ fn the_same_seed_gives_byte_identical_reports_and_another_seed_does_not() {
     assert_ne!(first[0].1, other[0].1, "seed 12 tells another story");
     assert!(first.iter().any(|(name, svg)| name.ends_with(".svg") && svg.starts_with("<svg")));
 }
+
+/// The report reads as prose for people: codes as the protocol writes them
+/// (no Rust Debug text), durations a person reads, the never-billed time
+/// broken down by cause so its shares add up, a short run's revenue
+/// comparison flagged as such, and labelled revenue bars with a legend.
+#[test]
+fn the_report_is_written_for_people() {
+    let sim = run(7);
+    let files = report::render(&sim).files;
+    let md = &files.iter().find(|(name, _)| name == "report.md").expect("report.md").1;
+    for debug in ["{\"", "FromFuture", "InsufficientCapacity", "BillingClosed", "Some(", "0.0 min", "per day: ["] {
+        assert!(!md.contains(debug), "{debug:?} in the report:\n{md}");
+    }
+    assert!(md.contains("`from_future`"), "codes in snake_case");
+    assert!(md.contains("Preemption notices: day 1: "), "counts per day in words");
+    assert!(md.contains("Delivered but never billed"), "the unbilled time is explained");
+    let rows: Vec<f64> = md
+        .lines()
+        .skip_while(|line| !line.starts_with("| Cause |"))
+        .skip(2)
+        .take_while(|line| line.starts_with('|'))
+        .map(|line| line.split('|').nth(3).expect("a GPU-h cell").trim().parse().expect("GPU-h"))
+        .collect();
+    assert_eq!(rows.len(), 3, "three causes");
+    let total: f64 = md
+        .split("Delivered but never billed: ")
+        .nth(1)
+        .and_then(|rest| rest.split(" GPU-h").next())
+        .and_then(|hours| hours.parse().ok())
+        .expect("the total");
+    assert!((rows.iter().sum::<f64>() - total).abs() < 0.2, "the causes add up to the total: {rows:?} vs {total}");
+    assert!(md.contains("too short to compare"), "a {}-day run says so", sim.metrics.preemptions_by_day.len());
+    let revenue = &files.iter().find(|(name, _)| name == "revenue.svg").expect("revenue.svg").1;
+    assert!(revenue.contains("posted-price baseline") && revenue.contains("exchange"), "the bars have a legend");
+    assert!(revenue.contains("H100-SXM-80G") && revenue.contains('$'), "the bars are labelled");
+}

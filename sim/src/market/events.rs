@@ -205,8 +205,10 @@ impl Sim {
         let unbilled = delivered.saturating_sub(verified_gpu_ms);
         if sim_lease.stopped_ms.is_some() {
             self.metrics.faults.unbilled_stopped_gpu_ms += unbilled;
+            self.metrics.faults.unbilled_stopped_leases += u64::from(unbilled > 0);
         } else if sim_lease.late {
             self.metrics.faults.unbilled_late_gpu_ms += unbilled;
+            self.metrics.faults.unbilled_late_leases += u64::from(unbilled > 0);
         } else {
             billing.clean_leases += 1;
             if verified_gpu_ms != delivered {
