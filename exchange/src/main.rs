@@ -20,7 +20,7 @@ struct Args {
     data_dir: PathBuf,
     /// Address of the WebSocket listener. Plain ws:// only on loopback;
     /// any other address needs --tls-cert and --tls-key.
-    #[arg(long, default_value = "127.0.0.1:7300")]
+    #[arg(long, default_value = "127.0.0.1:7300", env = "GPUX_LISTEN")]
     listen: SocketAddr,
     /// Hex ed25519 public key allowed to act as operator (repeatable).
     #[arg(long = "operator-key")]
@@ -32,7 +32,7 @@ struct Args {
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
     /// Where to serve Prometheus metrics (`GET /metrics`); `off` for nowhere.
-    #[arg(long, default_value = "127.0.0.1:7301")]
+    #[arg(long, default_value = "127.0.0.1:7301", env = "GPUX_METRICS_LISTEN")]
     metrics_listen: String,
     /// The exchange's fee on usage, in basis points (250 = 2.5%).
     #[arg(long, default_value_t = gpux_exchange::FEE_BPS_DEFAULT)]
@@ -47,7 +47,7 @@ struct Args {
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     clock_offset_ms: i64,
     /// Where to serve the web console (http://ADDRESS/); `off` for nowhere.
-    #[arg(long, default_value = "127.0.0.1:7380")]
+    #[arg(long, default_value = "127.0.0.1:7380", env = "GPUX_CONSOLE_LISTEN")]
     console_listen: String,
     /// Also start a live simulated market: simulated suppliers and renters
     /// trading on this exchange as real WebSocket clients (a demo; they

@@ -71,6 +71,14 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             }
             Ok(())
         }
+        Command::Account => {
+            if json {
+                out!("{{\"account\":{}}}", s.connection.account.0);
+            } else {
+                out!("{}", s.connection.account.0);
+            }
+            Ok(())
+        }
         Command::Balance => {
             let id = s.connection.new_id();
             let answer = s.ask(ClientMessage::Balance { id }, json).await?;

@@ -114,6 +114,8 @@ pub enum Command {
         #[arg(long, value_enum)]
         role: Option<RoleArg>,
     },
+    /// Your account number alone (for scripts: `gpux deposit $(gpux account) 100`).
+    Account,
     /// Available, held, payable and owed funds.
     Balance,
     /// Your ledger transfers, oldest first.

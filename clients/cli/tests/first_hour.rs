@@ -1,0 +1,96 @@
+//! docs/first-hour.md, run as written: every `sh first-hour` block, in
+//! order, in one bash session, with this build's programs on PATH and free
+//! ports, in a fresh directory (also HOME). The guide starts an exchange and
+//! an agent in the background and stops them itself; a failing run has its
+//! whole process group killed.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+fn blocks(doc: &str) -> Vec<String> {
+    doc.split("```sh first-hour\n").skip(1).map(|block| block.split("```").next().expect("a closed block").to_string()).collect()
+}
+
+#[test]
+fn the_first_hour_guide_runs_as_written() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/first-hour.md")).expect("docs/first-hour.md");
+    let blocks = blocks(&doc);
+    assert!(blocks.len() >= 5, "one block per role and the wrap-up: {}", blocks.len());
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_gpux")).parent().expect("the build's directory").to_path_buf();
+    for program in ["gpux-exchange", "gpux-agent", "gpux-audit"] {
+        assert!(
+            bin_dir.join(program).exists(),
+            "{program} is not built: run the workspace's tests (scripts/test) or `cargo build --workspace` first"
+        );
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = format!("set -euo pipefail\n{}", blocks.join("\n"));
+    let (listen, metrics, console) = (free_port(), free_port(), free_port());
+    let mut child = Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .current_dir(dir.path())
+        .env("HOME", dir.path())
+        .env("PATH", format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default()))
+        .env("GPUX_LISTEN", format!("127.0.0.1:{listen}"))
+        .env("GPUX_URL", format!("ws://127.0.0.1:{listen}"))
+        .env("GPUX_METRICS_LISTEN", format!("127.0.0.1:{metrics}"))
+        .env("GPUX_CONSOLE_LISTEN", format!("127.0.0.1:{console}"))
+        .env_remove("GPUX_KEY")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("bash runs");
+    let (mut stdout, mut stderr) = (child.stdout.take().expect("stdout"), child.stderr.take().expect("stderr"));
+    let out = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let err = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // Whatever the guide left running (it stops its own on success).
+    let _ = Command::new("kill").arg("-TERM").arg(format!("-{}", child.id())).status();
+    let _ = child.wait();
+    let (out, err) = (out.join().expect("stdout"), err.join().expect("stderr"));
+    let status = status.unwrap_or_else(|| panic!("the guide ran over 300 s\n--- stdout\n{out}\n--- stderr\n{err}"));
+    assert!(status.success(), "the guide failed ({status})\n--- stdout\n{out}\n--- stderr\n{err}");
+    for expected in [
+        "H100-SXM-80G/SPOT",
+        "logged in as account",
+        "available $100.00",
+        "filled 1 GPU(s) of H100-SXM-80G/SPOT at $2.00/GPU-h",
+        "lease ended",
+        "filled 1 GPU(s) of H100-SXM-80G/R/",
+        "resting: the rest waits in the book",
+        "gpux_leases_opened_total{kind=\"spot\"} 1",
+        "gpux-audit: replayed",
+    ] {
+        // gpux-audit's summary goes to stderr, the rest to stdout.
+        assert!(
+            out.contains(expected) || err.contains(expected),
+            "{expected:?} missing from what the guide printed:\n{out}\n--- stderr\n{err}"
+        );
+    }
+}
