@@ -16,7 +16,7 @@
 
 pub mod ledger;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use gpux_engine::{AccountId, LeaseId};
 pub use gpux_protocol::UsageRejectCode;
@@ -30,6 +30,12 @@ pub const REPORTS_PER_CHAIN_MAX: usize = 1 << 20;
 /// Decompressed host keys kept; the cache starts over when full.
 pub const KEY_CACHE_MAX: usize = 1 << 16;
 const MS_PER_HOUR: u128 = 3_600_000;
+/// Hashes a chain keeps of its newest accepted reports, to tell a resent
+/// report (`Duplicate`) from a different one with the same `seq`
+/// (`Replayed`). An agent resends only the reports not yet acknowledged,
+/// the newest few; one older than these is answered `Duplicate` unchecked
+/// (it can charge nothing either way).
+pub const RECENT_HASHES: usize = 8;
 
 /// What settlement needs to know about the lease a report claims.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,10 +73,37 @@ fn verified_ms(terms: &LeaseTerms, body: &gpux_protocol::UsageBody) -> u64 {
     }
 }
 
+/// One lease-and-GPU chain: its counters and newest hashes only, so a
+/// chain's size stays the same however many reports it accepts.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct Chain {
-    hashes: Vec<String>,
+    /// Reports accepted (the `seq` of the newest).
+    accepted: u32,
+    /// Hashes of the newest accepted reports, oldest first, at most
+    /// `RECENT_HASHES`: the last is the chain's head (`prev_hash` of the next).
+    recent: VecDeque<String>,
     last_end_ms: u64,
+}
+
+impl Chain {
+    fn head(&self) -> Option<&String> {
+        self.recent.back()
+    }
+
+    /// The hash of accepted report `seq`, if it is among the newest kept.
+    fn hash_of(&self, seq: u32) -> Option<&String> {
+        let oldest_kept = self.accepted - self.recent.len() as u32 + 1;
+        seq.checked_sub(oldest_kept).and_then(|index| self.recent.get(index as usize))
+    }
+
+    fn push(&mut self, hash: String, end_ms: u64) {
+        self.accepted += 1;
+        self.recent.push_back(hash);
+        if self.recent.len() > RECENT_HASHES {
+            self.recent.pop_front();
+        }
+        self.last_end_ms = end_ms;
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -133,8 +166,7 @@ impl Settlement {
     fn accept(&mut self, terms: &LeaseTerms, report: &UsageReport) -> u64 {
         let body = &report.body;
         let chain = self.chains.entry((body.lease, body.gpu_uuid.clone())).or_default();
-        chain.hashes.push(report.hash());
-        chain.last_end_ms = body.end_ms;
+        chain.push(report.hash(), body.end_ms);
         let metered = self.metered.entry(body.lease).or_default();
         metered.verified_ms += verified_ms(terms, body);
         let total = (terms.price_minor_per_gpu_hour as u128 * metered.verified_ms as u128 / MS_PER_HOUR) as u64;
@@ -173,18 +205,22 @@ impl Settlement {
             return Err(Forged);
         }
         let chain = self.chains.get(&(body.lease, body.gpu_uuid.clone()));
-        let accepted = chain.map_or(0, |c| c.hashes.len()) as u32;
+        let accepted = chain.map_or(0, |c| c.accepted);
         if body.seq == 0 {
             return Err(Malformed);
         }
         if body.seq <= accepted {
-            let seen = &chain.expect("accepted > 0 means a chain").hashes[body.seq as usize - 1];
-            return if *seen == report.hash() { Ok(UsageOutcome::Duplicate) } else { Err(Replayed) };
+            return match chain.and_then(|c| c.hash_of(body.seq)) {
+                Some(seen) if *seen == report.hash() => Ok(UsageOutcome::Duplicate),
+                Some(_) => Err(Replayed),
+                // Older than the hashes kept: it charges nothing either way.
+                None => Ok(UsageOutcome::Duplicate),
+            };
         }
         if body.seq > accepted + 1 {
             return Err(Reordered);
         }
-        let expected_prev = chain.and_then(|c| c.hashes.last().cloned()).unwrap_or_else(genesis_hash);
+        let expected_prev = chain.and_then(|c| c.head().cloned()).unwrap_or_else(genesis_hash);
         if body.prev_hash != expected_prev {
             return Err(Replayed);
         }

@@ -204,3 +204,35 @@ proptest! {
         prop_assert_eq!(settlement.metered(LeaseId(7)).verified_ms, 2 * 3_600_000);
     }
 }
+
+/// A chain keeps its counters and newest hashes only: its size stays the
+/// same however many reports it accepts (8 640 a day per GPU at the agent's
+/// default interval), and resends still get their answers: a recent
+/// report resent is a duplicate, a different one with a recent `seq` is
+/// replayed, and one older than the kept hashes is a duplicate unchecked.
+#[test]
+fn a_chain_stays_the_same_size_however_long_it_grows() {
+    let mut settlement = Settlement::default();
+    let bounds: Vec<u64> = (0..=600).map(|n| 1_000_000 + n * 5_000).collect();
+    let reports = chain("GPU-a", &bounds);
+    let mut size_after_warm_up = 0;
+    for (index, report) in reports.iter().enumerate() {
+        assert!(matches!(submit(&mut settlement, report), Ok(UsageOutcome::Accepted { .. })), "report {}", index + 1);
+        if index + 1 == 2 * RECENT_HASHES {
+            size_after_warm_up = gpux_protocol::encode_record(&settlement).len();
+        }
+    }
+    // Counters take a few more varint bytes as they grow; a hash kept per
+    // report would add 65 bytes each, 37 000 here.
+    let size = gpux_protocol::encode_record(&settlement).len();
+    assert!(size <= size_after_warm_up + 16, "600 reports cost what 16 did: {size} bytes against {size_after_warm_up}");
+    assert_eq!(settlement.metered(LeaseId(7)).verified_ms, 3_000_000);
+
+    let newest = &reports[599];
+    assert_eq!(submit(&mut settlement, newest), Ok(UsageOutcome::Duplicate));
+    let mut different = newest.body.clone();
+    different.available_ms -= 1;
+    assert_eq!(submit(&mut settlement, &UsageReport::sign(different, &key())), Err(UsageRejectCode::Replayed));
+    assert_eq!(submit(&mut settlement, &reports[3]), Ok(UsageOutcome::Duplicate), "older than the kept hashes");
+    assert_eq!(settlement.metered(LeaseId(7)).verified_ms, 3_000_000, "no resend charged anything");
+}
