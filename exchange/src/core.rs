@@ -21,7 +21,7 @@ use tokio::sync::{broadcast, mpsc, Notify};
 use crate::delivery::{Deliveries, HostEncryptionKey};
 use crate::journal::{Journal, JournalEntry};
 use crate::metrics::Metrics;
-use crate::snapshots::{Snapshot, SnapshotStore, SNAPSHOT_EVERY_ENTRIES};
+use crate::snapshots::{Snapshot, SnapshotStore, SnapshotWriter, SNAPSHOT_EVERY_ENTRIES};
 use crate::stats::RollingStats;
 
 /// Requests handled in one batch at most (one journal commit).
@@ -230,8 +230,9 @@ pub struct Sequencer {
     pending: Vec<(Target, Pending)>,
     metrics: Arc<Metrics>,
     depth_refreshed_ms: u64,
-    snapshots: SnapshotStore,
-    /// The journal entry the newest snapshot includes.
+    snapshots: SnapshotWriter,
+    /// The journal entry the newest snapshot taken includes (handed to the
+    /// writer; durable shortly after).
     snapshot_seq: u64,
     deliveries: Deliveries,
     logs_pending: BTreeMap<u64, LogsWait>,
@@ -305,7 +306,7 @@ impl Sequencer {
             pending: Vec::new(),
             metrics,
             depth_refreshed_ms: 0,
-            snapshots,
+            snapshots: SnapshotWriter::spawn(snapshots)?,
             snapshot_seq,
             deliveries: Deliveries::default(),
             logs_pending: BTreeMap::new(),
@@ -377,13 +378,14 @@ impl Sequencer {
         Ok((sequencer, Recovery { snapshot_seq, entries: count, state_hash }))
     }
 
-    /// Writes a snapshot of everything committed so far.
-    fn snapshot(&mut self) {
+    /// A copy of everything committed so far, or none if the newest
+    /// snapshot taken already has it.
+    fn take_snapshot(&self) -> Option<Snapshot> {
         let journal_seq = self.journal.next_seq() - 1;
         if journal_seq == self.snapshot_seq {
-            return;
+            return None;
         }
-        let snapshot = Snapshot {
+        Some(Snapshot {
             journal_seq,
             clock_ms: self.clock_ms,
             engine: self.engine.clone(),
@@ -395,11 +397,17 @@ impl Sequencer {
             ledger: self.ledger.clone(),
             deliveries: self.deliveries.clone(),
             state_hash: self.engine.state_hash(),
-        };
-        // A failed snapshot costs only restart time: the journal has everything.
-        match self.snapshots.write(&snapshot) {
-            Ok(()) => self.snapshot_seq = journal_seq,
-            Err(error) => tracing::warn!(%error, "snapshot failed; the journal still holds every entry"),
+        })
+    }
+
+    /// Offers a snapshot to the writer thread: the sequencer copies its
+    /// state and goes on; encoding and the fsync happen on that thread.
+    fn snapshot(&mut self) {
+        if let Some(snapshot) = self.take_snapshot() {
+            let journal_seq = snapshot.journal_seq;
+            if self.snapshots.offer(snapshot) {
+                self.snapshot_seq = journal_seq;
+            }
         }
     }
 
@@ -429,7 +437,9 @@ impl Sequencer {
                 self.snapshot();
             }
         }
-        self.snapshot();
+        // A clean stop leaves a snapshot of everything, durable before it returns.
+        let last = self.take_snapshot();
+        self.snapshots.finish(last);
         self.engine.state_hash()
     }
 

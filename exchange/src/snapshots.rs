@@ -99,6 +99,55 @@ impl SnapshotStore {
     }
 }
 
+/// Writes snapshots on a thread of its own, so the sequencer pays only for
+/// copying its state: encoding, checksumming and the fsync happen here.
+/// One snapshot at a time: while one is being written, the sequencer's next
+/// offer is declined and it offers again after its next batch.
+pub struct SnapshotWriter {
+    offers: Option<crossbeam_channel::Sender<Snapshot>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SnapshotWriter {
+    pub fn spawn(store: SnapshotStore) -> Result<SnapshotWriter> {
+        let (offers, taken) = crossbeam_channel::bounded::<Snapshot>(0);
+        let thread = std::thread::Builder::new().name("snapshots".into()).spawn(move || {
+            for snapshot in taken {
+                // A failed snapshot costs only restart time: the journal has everything.
+                match store.write(&snapshot) {
+                    Ok(()) => tracing::debug!(journal_seq = snapshot.journal_seq, "snapshot written"),
+                    Err(error) => tracing::warn!(%error, "snapshot failed; the journal still holds every entry"),
+                }
+            }
+        })?;
+        Ok(SnapshotWriter { offers: Some(offers), thread: Some(thread) })
+    }
+
+    /// Hands a snapshot over if the writer is idle; false (and the snapshot
+    /// dropped) while it is still writing the last one.
+    pub fn offer(&self, snapshot: Snapshot) -> bool {
+        self.offers.as_ref().is_some_and(|offers| offers.try_send(snapshot).is_ok())
+    }
+
+    /// Writes this last snapshot, waiting for the one in progress first, and
+    /// stops the writer once both are durable.
+    pub fn finish(&mut self, last: Option<Snapshot>) {
+        if let (Some(offers), Some(snapshot)) = (self.offers.take(), last) {
+            let _ = offers.send(snapshot);
+        }
+        self.offers = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for SnapshotWriter {
+    fn drop(&mut self) {
+        self.finish(None);
+    }
+}
+
 fn verify(value: &[u8]) -> std::result::Result<Snapshot, String> {
     let (stored, payload) = value.split_at_checked(8).ok_or("shorter than its checksum")?;
     let stored = u64::from_le_bytes(stored.try_into().map_err(|_| "checksum width")?);
@@ -136,6 +185,26 @@ mod tests {
             deliveries: Default::default(),
             state_hash,
         }
+    }
+
+    /// The writer thread stores what it takes, and `finish` stores the last
+    /// snapshot durably before it returns (what a clean stop relies on).
+    #[test]
+    fn the_writer_thread_stores_offered_snapshots_and_the_last_at_finish() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("snapshots.redb");
+        let mut writer = SnapshotWriter::spawn(SnapshotStore::open(&path).expect("open")).expect("writer");
+        // Declined only while the thread is busy (or not yet waiting).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !writer.offer(snapshot_at(5, 1)) {
+            assert!(std::time::Instant::now() < deadline, "the idle writer takes an offer");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        writer.finish(Some(snapshot_at(9, 2)));
+        assert!(!writer.offer(snapshot_at(12, 3)), "a finished writer takes nothing");
+        drop(writer);
+        let store = SnapshotStore::open(&path).expect("reopen");
+        assert_eq!(store.latest_valid().expect("read").map(|s| s.journal_seq), Some(9));
     }
 
     #[test]
