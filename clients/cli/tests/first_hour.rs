@@ -1,11 +1,10 @@
 //! docs/first-hour.md, run as written: every `sh first-hour` block, in
 //! order, in one bash session, with this build's programs on PATH and free
 //! ports, in a fresh directory (also HOME). The guide starts an exchange and
-//! an agent in the background and stops them itself; a failing run has its
-//! whole process group killed.
+//! an agent in the background and stops them itself; after a failing run,
+//! the processes still working in its directory are stopped by pid.
 
 use std::io::Read;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -16,6 +15,17 @@ fn free_port() -> u16 {
 
 fn blocks(doc: &str) -> Vec<String> {
     doc.split("```sh first-hour\n").skip(1).map(|block| block.split("```").next().expect("a closed block").to_string()).collect()
+}
+
+/// Processes whose working directory is `dir` or below it.
+fn processes_in(dir: &Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()))
+        .filter(|pid| *pid != std::process::id())
+        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir)))
+        .collect()
 }
 
 #[test]
@@ -46,7 +56,6 @@ fn the_first_hour_guide_runs_as_written() {
         .env_remove("GPUX_KEY")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .spawn()
         .expect("bash runs");
     let (mut stdout, mut stderr) = (child.stdout.take().expect("stdout"), child.stderr.take().expect("stderr"));
@@ -70,9 +79,12 @@ fn the_first_hour_guide_runs_as_written() {
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    // Whatever the guide left running (it stops its own on success).
-    let _ = Command::new("kill").arg("-TERM").arg(format!("-{}", child.id())).status();
     let _ = child.wait();
+    // Whatever the guide left running (it stops its own when it succeeds):
+    // the processes whose working directory is the guide's.
+    for pid in processes_in(dir.path()) {
+        let _ = Command::new("kill").arg("-s").arg("TERM").arg(pid.to_string()).status();
+    }
     let (out, err) = (out.join().expect("stdout"), err.join().expect("stderr"));
     let status = status.unwrap_or_else(|| panic!("the guide ran over 300 s\n--- stdout\n{out}\n--- stderr\n{err}"));
     assert!(status.success(), "the guide failed ({status})\n--- stdout\n{out}\n--- stderr\n{err}");

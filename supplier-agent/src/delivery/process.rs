@@ -33,9 +33,13 @@ impl ProcessBackend {
         self.scratch.join(lease.0.to_string())
     }
 
+    /// The workload's pid from its pid file. Never 0 or 1 (nor negative):
+    /// its negation is a process group to signal, and `kill(-1)` would
+    /// signal every process the agent may.
     fn pid(&self, lease: LeaseId) -> Option<Pid> {
         let text = std::fs::read_to_string(self.dir(lease).join("pid")).ok()?;
-        Some(Pid::from_raw(text.trim().parse().ok()?))
+        let pid: i32 = text.trim().parse().ok()?;
+        (pid > 1).then(|| Pid::from_raw(pid))
     }
 }
 
