@@ -39,6 +39,14 @@ pub struct SimExchange {
     pub reports_settled: u64,
 }
 
+/// Encoded sizes of the exchange's state, bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HotState {
+    pub engine: u64,
+    pub settlement: u64,
+    pub ledger: u64,
+}
+
 /// What a restart found: the state hash before and after replay.
 pub struct RestartCheck {
     pub replayed_entries: u64,
@@ -62,6 +70,16 @@ impl SimExchange {
 
     pub fn engine(&self) -> &Engine {
         &self.state.engine
+    }
+
+    /// The encoded size of the state a snapshot holds: engine, settlement
+    /// and ledger, in bytes (what grows with the market's history).
+    pub fn hot_state_bytes(&self) -> HotState {
+        HotState {
+            engine: gpux_protocol::encode_record(&self.state.engine).len() as u64,
+            settlement: gpux_protocol::encode_record(&self.state.settlement).len() as u64,
+            ledger: gpux_protocol::encode_record(&self.state.ledger).len() as u64,
+        }
     }
 
     pub fn ledger(&self) -> &Ledger {

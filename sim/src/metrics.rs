@@ -108,6 +108,8 @@ pub struct Metrics {
     pub double_bookings: u64,
     pub sim_actions: u64,
     pub orders_rejected: BTreeMap<String, u64>,
+    /// The exchange state's encoded size at the end of each day.
+    pub hot_state_by_day: Vec<crate::exchange::HotState>,
 }
 
 impl Metrics {

@@ -162,6 +162,7 @@ pub fn render(sim: &Sim) -> ReportFiles {
     revenue_section(&mut md, m);
     cheats_section(&mut md, m);
     faults_section(&mut md, m);
+    hot_state_section(&mut md, m);
     let files = vec![
         ("report.md".to_string(), md),
         ("utilisation.svg".to_string(), plot_utilisation(m)),
@@ -378,6 +379,27 @@ fn faults_section(md: &mut String, m: &Metrics) {
         f.restarts,
         f.restart_entries_replayed
     );
+}
+
+fn hot_state_section(md: &mut String, m: &Metrics) {
+    let _ = writeln!(
+        md,
+        "\n## Hot state\n\nThe exchange state a snapshot holds, encoded, at the end of each day. It grows with the market's \
+         history (every lease, contract and window instrument stays in the engine, and settlement keeps one chain and one meter per \
+         lease and GPU): bounding it is open work (docs/ARCHITECTURE.md).\n\n| Day | Engine | Settlement | Ledger | Total |\n|---|---|---|---|---|"
+    );
+    let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64);
+    for (day, state) in m.hot_state_by_day.iter().enumerate() {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            day + 1,
+            mib(state.engine),
+            mib(state.settlement),
+            mib(state.ledger),
+            mib(state.engine + state.settlement + state.ledger)
+        );
+    }
 }
 
 const PALETTE: [RGBColor; 4] = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40)];

@@ -35,6 +35,9 @@ fn a_small_market_with_cheaters_and_faults_keeps_every_invariant() {
     assert!(m.faults.crashes > 0 && m.faults.network_losses > 0 && m.faults.agents_stopped_reporting > 0);
     assert!(m.faults.honest_reports_refused.contains_key("FromFuture"), "skewed clocks were refused");
     assert!(m.faults.unbilled_late_gpu_ms > 0, "late reports cost their supplier");
+    // The state's size is measured at the end of every day (docs/PERFORMANCE.md "Hot state").
+    assert_eq!(m.hot_state_by_day.len(), m.preemptions_by_day.len());
+    assert!(m.hot_state_by_day.iter().all(|state| state.engine > 0 && state.settlement > 0));
 }
 
 #[test]

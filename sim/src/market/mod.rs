@@ -520,6 +520,11 @@ impl Sim {
     // ---------------------------------------------------------------- metrics
 
     fn sample(&mut self) {
+        // The last sample of each day measures what the state holds.
+        let day = ((self.now_ms - START_MS) / MS_PER_DAY) as usize;
+        if (self.now_ms - START_MS) % MS_PER_DAY >= MS_PER_DAY - SAMPLE_EVERY_MS && self.metrics.hot_state_by_day.len() == day {
+            self.metrics.hot_state_by_day.push(self.exchange.hot_state_bytes());
+        }
         let hour = ((self.now_ms - START_MS) / MS_PER_HOUR) as usize;
         let Some(samples) = self.metrics.hours.get_mut(hour) else { return };
         for gpu in 0..self.gpu_supplier.len() {
