@@ -403,6 +403,8 @@ impl Sequencer {
     /// Offers a snapshot to the writer thread: the sequencer copies its
     /// state and goes on; encoding and the fsync happen on that thread.
     fn snapshot(&mut self) {
+        let engine = &self.engine;
+        self.settlement.forget_closed(|lease| engine.lease(lease).is_none_or(|l| l.billing_closed));
         if let Some(snapshot) = self.take_snapshot() {
             let journal_seq = snapshot.journal_seq;
             if self.snapshots.offer(snapshot) {
@@ -438,6 +440,8 @@ impl Sequencer {
             }
         }
         // A clean stop leaves a snapshot of everything, durable before it returns.
+        let engine = &self.engine;
+        self.settlement.forget_closed(|lease| engine.lease(lease).is_none_or(|l| l.billing_closed));
         let last = self.take_snapshot();
         self.snapshots.finish(last);
         self.engine.state_hash()

@@ -175,6 +175,21 @@ impl Settlement {
         charge
     }
 
+    /// Forgets the chains and meters of leases whose billing closed: no
+    /// report about them can be accepted any more, and every one is answered
+    /// `BillingClosed` before its chain is looked at, so forgetting changes
+    /// no outcome (the exchange and the simulator call it when they take a
+    /// snapshot; replay may forget at other moments and reach the same answers).
+    pub fn forget_closed(&mut self, billing_closed: impl Fn(LeaseId) -> bool) {
+        self.chains.retain(|(lease, _), _| !billing_closed(*lease));
+        self.metered.retain(|lease, _| !billing_closed(*lease));
+    }
+
+    /// Chains held (one per lease and GPU with an accepted report).
+    pub fn chains(&self) -> usize {
+        self.chains.len()
+    }
+
     pub fn metered(&self, lease: LeaseId) -> Metered {
         self.metered.get(&lease).copied().unwrap_or_default()
     }
@@ -203,6 +218,12 @@ impl Settlement {
         }
         if !reporter_key.is_some_and(|key| report.verify_with(key)) {
             return Err(Forged);
+        }
+        // Before anything about the chain: once a lease's bill is final its
+        // chains may be forgotten (`forget_closed`), and every answer about
+        // it must be the same whether they were or not.
+        if terms.billing_closed {
+            return Err(BillingClosed);
         }
         let chain = self.chains.get(&(body.lease, body.gpu_uuid.clone()));
         let accepted = chain.map_or(0, |c| c.accepted);
@@ -238,9 +259,6 @@ impl Settlement {
         }
         if body.end_ms > now_ms + CLOCK_SKEW_MS_MAX {
             return Err(FromFuture);
-        }
-        if terms.billing_closed {
-            return Err(BillingClosed);
         }
         Ok(UsageOutcome::Accepted { verified_ms: verified_ms(terms, body), charge_minor: 0 })
     }

@@ -141,16 +141,29 @@ fn each_kind_of_bad_report_is_refused_with_its_code_and_moves_no_money() {
     }
 }
 
+/// Once a lease's bill is final every report about it is refused
+/// `billing_closed`, resends too, whether its chains are still held or were
+/// forgotten (`forget_closed`): forgetting them changes no answer.
 #[test]
-fn a_report_after_the_leases_billing_closed_is_refused_but_a_resent_one_is_still_a_duplicate() {
-    let mut settlement = Settlement::default();
+fn after_the_leases_billing_closed_every_report_is_refused_whether_its_chains_are_kept_or_not() {
     let honest = chain("GPU-a", &[1_000_000, 1_010_000, 1_020_000]);
-    submit(&mut settlement, &honest[0]).expect("first report");
     let closed = LeaseTerms { billing_closed: true, ..terms() };
     let key = key().verifying_key().to_bytes();
-    assert_eq!(settlement.report(SUPPLIER, &key, Some(&closed), &honest[1], 10_000_000), Err(UsageRejectCode::BillingClosed));
-    assert_eq!(settlement.report(SUPPLIER, &key, Some(&closed), &honest[0], 10_000_000), Ok(UsageOutcome::Duplicate));
-    assert_eq!(settlement.metered(LeaseId(7)).verified_ms, 10_000);
+    for forget in [false, true] {
+        let mut settlement = Settlement::default();
+        submit(&mut settlement, &honest[0]).expect("first report");
+        if forget {
+            settlement.forget_closed(|lease| lease == LeaseId(7));
+            assert_eq!(settlement.chains(), 0, "the closed lease's chain is gone");
+        }
+        for report in [&honest[1], &honest[0]] {
+            assert_eq!(settlement.report(SUPPLIER, &key, Some(&closed), report, 10_000_000), Err(UsageRejectCode::BillingClosed));
+        }
+    }
+    let mut settlement = Settlement::default();
+    submit(&mut settlement, &honest[0]).expect("first report");
+    settlement.forget_closed(|_| false);
+    assert_eq!((settlement.chains(), settlement.metered(LeaseId(7)).verified_ms), (1, 10_000), "open leases are kept");
 }
 
 /// The agent learns of a lease's end only when told, so its last report may

@@ -72,6 +72,13 @@ impl SimExchange {
         &self.state.engine
     }
 
+    /// Drops settlement state of leases whose billing closed, as the
+    /// exchange does when it takes a snapshot.
+    pub fn forget_closed(&mut self) {
+        let engine = &self.state.engine;
+        self.state.settlement.forget_closed(|lease| engine.lease(lease).is_none_or(|l| l.billing_closed));
+    }
+
     /// The encoded size of the state a snapshot holds: engine, settlement
     /// and ledger, in bytes (what grows with the market's history).
     pub fn hot_state_bytes(&self) -> HotState {
@@ -136,6 +143,7 @@ impl SimExchange {
     /// Takes a snapshot (as the exchange does periodically) and journals
     /// everything after it.
     pub fn snapshot(&mut self) {
+        self.forget_closed();
         self.snapshot = Some((self.state.clone(), Vec::new()));
     }
 

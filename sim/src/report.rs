@@ -384,9 +384,9 @@ fn faults_section(md: &mut String, m: &Metrics) {
 fn hot_state_section(md: &mut String, m: &Metrics) {
     let _ = writeln!(
         md,
-        "\n## Hot state\n\nThe exchange state a snapshot holds, encoded, at the end of each day. It grows with the market's \
-         history (every lease, contract and window instrument stays in the engine, and settlement keeps one chain and one meter per \
-         lease and GPU): bounding it is open work (docs/ARCHITECTURE.md).\n\n| Day | Engine | Settlement | Ledger | Total |\n|---|---|---|---|---|"
+        "\n## Hot state\n\nThe exchange state a snapshot holds, encoded, at the end of each day. Settlement forgets the chains of \
+         leases whose billing closed; the engine still keeps every lease, contract and window instrument, so it grows with the \
+         market's history: bounding it is open work (docs/ARCHITECTURE.md).\n\n| Day | Engine | Settlement | Ledger | Total |\n|---|---|---|---|---|"
     );
     let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64);
     for (day, state) in m.hot_state_by_day.iter().enumerate() {

@@ -523,6 +523,8 @@ impl Sim {
         // The last sample of each day measures what the state holds.
         let day = ((self.now_ms - START_MS) / MS_PER_DAY) as usize;
         if (self.now_ms - START_MS) % MS_PER_DAY >= MS_PER_DAY - SAMPLE_EVERY_MS && self.metrics.hot_state_by_day.len() == day {
+            // What a snapshot would hold: the exchange forgets closed leases' chains when it takes one.
+            self.exchange.forget_closed();
             self.metrics.hot_state_by_day.push(self.exchange.hot_state_bytes());
         }
         let hour = ((self.now_ms - START_MS) / MS_PER_HOUR) as usize;
