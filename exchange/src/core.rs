@@ -530,13 +530,20 @@ impl Sequencer {
                 let all = account.map(|a| self.engine.open_orders(a)).unwrap_or_default();
                 let start = (offset as usize).min(all.len());
                 let end = (start + gpux_protocol::ORDERS_PAGE_MAX).min(all.len());
+                let mut orders = all[start..end].to_vec();
+                // A page also fits a frame: fewer items when they are big.
+                gpux_protocol::fit_page(&mut orders);
+                let end = start + orders.len();
                 let next_offset = (end < all.len()).then_some(end as u32);
-                self.reply(connection, ServerMessage::Orders { id, orders: all[start..end].to_vec(), next_offset });
+                self.reply(connection, ServerMessage::Orders { id, orders, next_offset });
             }
             Request::Leases { connection, id, offset } => {
                 let account = self.connections.get(&connection).and_then(|c| c.account);
-                let (leases, next_offset) =
+                let (mut leases, mut next_offset) =
                     account.map(|a| self.engine.leases_of(a, offset as usize, gpux_protocol::ORDERS_PAGE_MAX)).unwrap_or_default();
+                if gpux_protocol::fit_page(&mut leases) {
+                    next_offset = Some(offset as usize + leases.len());
+                }
                 self.reply(connection, ServerMessage::Leases { id, leases, next_offset: next_offset.map(|n| n as u32) });
             }
             Request::Stats { connection, id, instrument } => {
@@ -569,8 +576,10 @@ impl Sequencer {
                 let page = gpux_protocol::ORDERS_PAGE_MAX;
                 let reply = match account.map(|a| self.journal.statement(a, after, page)) {
                     Some(Ok(transfers)) => {
-                        let next_after = (transfers.len() == page).then(|| transfers.last().map(|t| t.id)).flatten();
-                        ServerMessage::Statement { id, lines: transfers.iter().map(|t| t.line()).collect(), next_after }
+                        let mut lines: Vec<gpux_protocol::StatementLine> = transfers.iter().map(|t| t.line()).collect();
+                        let cut = gpux_protocol::fit_page(&mut lines);
+                        let next_after = (cut || transfers.len() == page).then(|| lines.last().map(|l| l.transfer)).flatten();
+                        ServerMessage::Statement { id, lines, next_after }
                     }
                     Some(Err(error)) => {
                         tracing::error!(%error, "reading a statement");

@@ -10,6 +10,28 @@ use crate::messages::{ClientMessage, ErrorCode, ServerMessage};
 /// The largest frame the exchange accepts or sends.
 pub const FRAME_BYTES_MAX: usize = 64 * 1024;
 
+/// Bytes of JSON the items of one page (`orders`, `leases`, `statement`)
+/// may take, leaving room under `FRAME_BYTES_MAX` for the message around
+/// them and for the largest single item.
+pub const PAGE_BYTES_MAX: usize = 48 * 1024;
+
+/// Cuts `items` to the longest prefix whose JSON fits `PAGE_BYTES_MAX`
+/// (always at least one item); returns whether it cut. A page asks for up
+/// to `ORDERS_PAGE_MAX` items; big ones (a lease of 64 GPUs) fill the byte
+/// budget first, and the page's continuation then starts after the last
+/// item kept.
+pub fn fit_page<T: Serialize>(items: &mut Vec<T>) -> bool {
+    let mut bytes = 0;
+    for (index, item) in items.iter().enumerate() {
+        bytes += serde_json::to_vec(item).map_or(0, |json| json.len()) + 1;
+        if bytes > PAGE_BYTES_MAX && index > 0 {
+            items.truncate(index);
+            return true;
+        }
+    }
+    false
+}
+
 /// Levels per side in a `book_snapshot`: the best ones. A snapshot of this
 /// many levels at the largest prices and quantities fits `FRAME_BYTES_MAX`
 /// in either encoding.

@@ -240,3 +240,37 @@ fn the_deepest_book_snapshot_fits_a_frame_in_both_encodings() {
     assert!(encode_server_binary(&snapshot).len() <= FRAME_BYTES_MAX);
     assert_eq!(decode_server_text(&text).expect("decodes"), snapshot);
 }
+
+/// A full page of the biggest leases (64 GPUs each, every number at its
+/// largest) is cut to what fits a frame, keeps at least one, and says
+/// where the next page starts; a page of small items is left whole.
+#[test]
+fn a_page_of_big_items_is_cut_to_fit_a_frame() {
+    use gpux_engine::{AccountId, GpuId, LeaseId, LeaseInfo, LeaseKind};
+    let big = LeaseInfo {
+        lease: LeaseId(u64::MAX),
+        kind: LeaseKind::Preemptible,
+        renter: AccountId(u32::MAX),
+        supplier: AccountId(u32::MAX),
+        gpus: (0..64).map(|n| GpuId(u32::MAX - n)).collect(),
+        price_minor_per_gpu_hour: 1 << 40,
+        start_ms: u64::MAX,
+        end_ms: Some(u64::MAX),
+        active: true,
+        ended_at_ms: Some(u64::MAX),
+        escrow_minor: u64::MAX,
+        billing_closed: false,
+        verified_gpu_ms: u64::MAX,
+        usage_charged_minor: u64::MAX,
+    };
+    let mut leases = vec![big; ORDERS_PAGE_MAX];
+    assert!(fit_page(&mut leases), "200 leases of 64 GPUs do not fit one frame");
+    assert!(!leases.is_empty() && leases.len() < ORDERS_PAGE_MAX);
+    let page = ServerMessage::Leases { id: u64::MAX, leases, next_offset: Some(u32::MAX) };
+    assert!(encode_server_text(&page).len() <= FRAME_BYTES_MAX, "{} bytes", encode_server_text(&page).len());
+    assert!(encode_server_binary(&page).len() <= FRAME_BYTES_MAX);
+
+    let mut small = vec![1u8; ORDERS_PAGE_MAX];
+    assert!(!fit_page(&mut small));
+    assert_eq!(small.len(), ORDERS_PAGE_MAX);
+}
