@@ -144,6 +144,7 @@ pub enum Request {
     MyGpus {
         connection: ConnectionId,
         id: u64,
+        offset: u32,
     },
     Disconnect {
         connection: ConnectionId,
@@ -565,10 +566,15 @@ impl Sequencer {
                 };
                 self.reply(connection, reply);
             }
-            Request::MyGpus { connection, id } => {
+            Request::MyGpus { connection, id, offset } => {
                 let account = self.connections.get(&connection).and_then(|c| c.account);
-                let gpus = account.map(|a| self.engine.gpus_of(a)).unwrap_or_default();
-                self.reply(connection, ServerMessage::Gpus { id, gpus });
+                let all = account.map(|a| self.engine.gpus_of(a)).unwrap_or_default();
+                let start = (offset as usize).min(all.len());
+                let mut gpus: Vec<_> = all[start..].iter().take(gpux_protocol::ORDERS_PAGE_MAX).cloned().collect();
+                gpux_protocol::fit_page(&mut gpus);
+                let end = start + gpus.len();
+                let next_offset = (end < all.len()).then_some(end as u32);
+                self.reply(connection, ServerMessage::Gpus { id, gpus, next_offset });
             }
             Request::Usage { connection, id, report } => self.usage(connection, id, *report),
             Request::Statement { connection, id, after } => {

@@ -639,7 +639,7 @@ impl Connection {
             ClientMessage::OpenOrders { id, offset } => Request::OpenOrders { connection, id, offset },
             ClientMessage::Leases { id, offset } => Request::Leases { connection, id, offset },
             ClientMessage::Stats { id, instrument } => Request::Stats { connection, id, instrument },
-            ClientMessage::MyGpus { id } => Request::MyGpus { connection, id },
+            ClientMessage::MyGpus { id, offset } => Request::MyGpus { connection, id, offset },
             ClientMessage::UsageReport { id, report } => Request::Usage { connection, id, report: Box::new(report) },
             ClientMessage::Balance { id } => Request::Balance { connection, id },
             ClientMessage::Statement { id, after } => Request::Statement { connection, id, after },

@@ -270,7 +270,7 @@ async fn spot_reserved_and_preemptible_leases_are_billed_exactly_through_a_kill_
     let spot_lease = *leases.leases.iter().find(|(_, s)| s.kind == Some(LeaseKind::Spot)).expect("spot lease").0;
     let gpus = {
         let id = supplier.id();
-        supplier.send(&ClientMessage::MyGpus { id }).await;
+        supplier.send(&ClientMessage::MyGpus { id, offset: 0 }).await;
         supplier.recv_until(|m| matches!(m, ServerMessage::Gpus { id: i, .. } if *i == id).then(|| m.clone())).await
     };
     let ServerMessage::Gpus { gpus, .. } = gpus else { unreachable!() };

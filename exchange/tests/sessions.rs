@@ -589,3 +589,35 @@ async fn a_silent_connection_is_closed_and_its_orders_cancelled() {
     watcher.send(&ClientMessage::Ping { id }).await;
     assert!(matches!(watcher.recv_reply().await, ServerMessage::Pong { .. }), "the reading watcher is still connected");
 }
+
+/// A supplier with more GPUs than fit one frame lists them page by page:
+/// each page fits a frame, and following `next_offset` yields every GPU once.
+#[tokio::test]
+async fn a_big_suppliers_gpus_come_in_pages_that_fit_a_frame() {
+    let mut m = market().await;
+    for n in 0..250u32 {
+        let id = m.supplier.id();
+        let host = format!("rack-{}", n / 50);
+        let registered =
+            m.supplier.request(ClientMessage::RegisterGpu { id, host, gpu_uuid: format!("GPU-page-{n:04}"), spec: h100_spec() }).await;
+        assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
+    }
+    let (mut seen, mut offset, mut pages) = (Vec::new(), 0, 0);
+    loop {
+        let id = m.supplier.id();
+        let ServerMessage::Gpus { gpus, next_offset, .. } = m.supplier.request(ClientMessage::MyGpus { id, offset }).await else {
+            panic!("gpus");
+        };
+        let frame = encode_server_text(&ServerMessage::Gpus { id, gpus: gpus.clone(), next_offset });
+        assert!(frame.len() <= FRAME_BYTES_MAX, "a page of {} bytes", frame.len());
+        pages += 1;
+        seen.extend(gpus.into_iter().map(|g| g.uuid));
+        match next_offset {
+            Some(next) => offset = next,
+            None => break,
+        }
+    }
+    assert!(pages >= 2, "251 GPUs take more than one page");
+    let unique: std::collections::BTreeSet<_> = seen.iter().collect();
+    assert_eq!((seen.len(), unique.len()), (251, 251), "every GPU once (the market's GPU-1 and 250 more)");
+}

@@ -213,9 +213,11 @@ pub enum ClientMessage {
         report: crate::usage::UsageReport,
     },
     /// The GPUs the authenticated account registered (a supplier's agent
-    /// uses it to resume after a restart).
+    /// uses it to resume after a restart), a page at a time like `orders`.
     MyGpus {
         id: u64,
+        #[serde(default)]
+        offset: u32,
     },
     /// The authenticated account's open orders, a page at a time: the
     /// first page from offset 0, the next from the `next_offset` returned.
@@ -301,7 +303,7 @@ impl ClientMessage {
             | OpenOrders { id, .. }
             | Leases { id, .. }
             | Stats { id, .. }
-            | MyGpus { id }
+            | MyGpus { id, .. }
             | UsageReport { id, .. }
             | Balance { id }
             | Statement { id, .. }
@@ -411,9 +413,13 @@ pub enum ServerMessage {
         volume: u64,
         trades: u64,
     },
+    /// At most `ORDERS_PAGE_MAX` GPUs (fewer to fit a frame); ask again
+    /// from `next_offset` while it is set.
     Gpus {
         id: u64,
         gpus: Vec<GpuInfo>,
+        #[serde(default)]
+        next_offset: Option<u32>,
     },
     /// At most `ORDERS_PAGE_MAX` lines; ask again after `next_after` while set.
     Statement {

@@ -56,7 +56,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::Instruments { id: 13 },
         ClientMessage::OpenOrders { id: 14, offset: 0 },
         ClientMessage::Stats { id: 15, instrument: InstrumentId(0) },
-        ClientMessage::MyGpus { id: 16 },
+        ClientMessage::MyGpus { id: 16, offset: 0 },
         ClientMessage::Balance { id: 17 },
         ClientMessage::Statement { id: 18, after: Some(4) },
         ClientMessage::Ping { id: 19 },

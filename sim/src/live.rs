@@ -131,7 +131,8 @@ async fn supplier(options: LiveOptions, index: u32) -> Result<()> {
         connection.request(message).await?;
     }
     let id = connection.new_id();
-    let gpus = match connection.request(ClientMessage::MyGpus { id }).await? {
+    // A simulated host has a handful of GPUs: one page holds them.
+    let gpus = match connection.request(ClientMessage::MyGpus { id, offset: 0 }).await? {
         ServerMessage::Gpus { gpus, .. } => gpus,
         other => anyhow::bail!("expected the supplier's GPUs, got {other:?}"),
     };

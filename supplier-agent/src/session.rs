@@ -861,11 +861,22 @@ fn delivery_backend(config: &AgentConfig) -> Result<Option<std::sync::Arc<dyn De
     })
 }
 
+/// Every GPU the account registered, page after page.
 async fn my_gpus(connection: &mut Connection) -> Result<Vec<GpuInfo>> {
-    let id = connection.new_id();
-    match connection.request(ClientMessage::MyGpus { id }).await? {
-        ServerMessage::Gpus { gpus, .. } => Ok(gpus),
-        other => bail!("listing registered GPUs: {other:?}"),
+    let mut all = Vec::new();
+    let mut offset = 0;
+    loop {
+        let id = connection.new_id();
+        match connection.request(ClientMessage::MyGpus { id, offset }).await? {
+            ServerMessage::Gpus { gpus, next_offset, .. } => {
+                all.extend(gpus);
+                match next_offset {
+                    Some(next) => offset = next,
+                    None => return Ok(all),
+                }
+            }
+            other => bail!("listing registered GPUs: {other:?}"),
+        }
     }
 }
 

@@ -135,21 +135,31 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Fills { seconds } => fills(s, seconds, json).await,
         Command::Gpus => {
-            let id = s.connection.new_id();
-            if let ServerMessage::Gpus { gpus, .. } = s.ask(ClientMessage::MyGpus { id }, json).await? {
-                if !json {
-                    out!("{:>6} {:>6} {:>5}  {:<28} {:<8} classes", "gpu", "host", "index", "model", "online");
-                    for gpu in gpus {
-                        out!(
-                            "{:>6} {:>6} {:>5}  {:<28} {:<8} {}",
-                            gpu.gpu.0,
-                            gpu.host.0,
-                            gpu.index_on_host,
-                            gpu.spec.model,
-                            gpu.online,
-                            gpu.classes.join(",")
-                        );
-                    }
+            let mut all = Vec::new();
+            let mut offset = 0;
+            loop {
+                let id = s.connection.new_id();
+                let ServerMessage::Gpus { gpus, next_offset, .. } = s.ask(ClientMessage::MyGpus { id, offset }, json).await? else {
+                    break;
+                };
+                all.extend(gpus);
+                match next_offset {
+                    Some(next) => offset = next,
+                    None => break,
+                }
+            }
+            if !json {
+                out!("{:>6} {:>6} {:>5}  {:<28} {:<8} classes", "gpu", "host", "index", "model", "online");
+                for gpu in all {
+                    out!(
+                        "{:>6} {:>6} {:>5}  {:<28} {:<8} {}",
+                        gpu.gpu.0,
+                        gpu.host.0,
+                        gpu.index_on_host,
+                        gpu.spec.model,
+                        gpu.online,
+                        gpu.classes.join(",")
+                    );
                 }
             }
             Ok(())
