@@ -1,6 +1,8 @@
-//! `gpux-audit`: replays a command stream through the real engine and writes
-//! every event it produces, so anyone can audit the matching of a day's
-//! trading, and tools outside the Rust code can drive the engine.
+//! `gpux-audit`: replays a command stream or an exchange journal through the
+//! market's one apply path (`gpux_market::MarketState::apply`, the code the
+//! exchange runs) and writes every event it produces, so anyone can audit a
+//! day's trading and its billing, and tools outside the Rust code can drive
+//! the engine.
 //!
 //! Input is JSON lines, one `Input` per line (`{"at_ms":..,"command":{..}}`,
 //! format in docs/market-rules.md, "Audit replay"); output is JSON lines, one
@@ -16,7 +18,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use gpux_engine::{Engine, EngineConfig, Event, EventKind, Input};
+use gpux_audit::write_events;
+use gpux_engine::{EngineConfig, Input};
+use gpux_market::{JournalEntry, MarketState};
 
 /// The longest input line accepted (a command is a few hundred bytes).
 const LINE_BYTES_MAX: usize = 64 * 1024;
@@ -73,53 +77,18 @@ fn run(args: Args) -> Result<()> {
         }
         return Ok(out.flush()?);
     }
-    let mut engine = Engine::new(config).context("engine config")?;
+    // The one apply path the exchange and the simulator use.
+    let mut market = MarketState::new(config).context("engine config")?;
     let mut replayed = 0u64;
     if let Some(path) = &args.journal {
-        use gpux_exchange::journal::JournalEntry;
-        let journal = gpux_exchange::journal::JournalReader::open(path)?;
-        let mut account_keys = std::collections::HashMap::new();
-        let mut settlement = gpux_settlement::Settlement::default();
-        for entry in journal.entries_after(0)? {
-            match entry {
-                JournalEntry::Engine(input) if args.commands_only => writeln!(out, "{}", serde_json::to_string(&input)?)?,
-                JournalEntry::Engine(input) => write_events(&mut out, engine.apply(&input))?,
-                JournalEntry::BindKey { public_key, account } => {
-                    account_keys.insert(account, public_key);
-                }
-                // Usage reports charge leases through settlement, exactly as the exchange did.
-                JournalEntry::UsageReport { at_ms, account, report } if !args.commands_only => {
-                    let (_, events) = gpux_settlement::settle_report(
-                        &mut engine,
-                        &mut settlement,
-                        &account_keys.get(&account).copied().unwrap_or([0; 32]),
-                        at_ms,
-                        account,
-                        &report,
-                    );
-                    write_events(&mut out, &events)?;
-                }
-                JournalEntry::UsageReport { .. } => {}
-                // Delivery records move no money (a host's failure ends its lease
-                // through its own engine entry); they are written as they are,
-                // secrets sealed, so the audit trail shows every delivery step.
-                delivery @ (JournalEntry::BidWorkload { .. }
-                | JournalEntry::LeaseWorkload { .. }
-                | JournalEntry::EncryptionKey { .. }
-                | JournalEntry::DeliveryStatus { .. }) => {
-                    if !args.commands_only {
-                        writeln!(out, "{}", serde_json::to_string(&delivery)?)?;
-                    }
-                }
-            }
-            replayed += 1;
-        }
+        replayed = gpux_audit::replay_journal(path, &mut market, &mut out, args.commands_only)?;
         if args.commands_only {
             return Ok(out.flush()?);
         }
     } else if args.demo {
         for input in demo::inputs() {
-            write_events(&mut out, engine.apply(&input))?;
+            let applied = market.apply(&JournalEntry::Engine(input))?;
+            write_events(&mut out, &applied.events)?;
             replayed += 1;
         }
     } else {
@@ -127,14 +96,18 @@ fn run(args: Args) -> Result<()> {
             Some(path) => Box::new(BufReader::new(File::open(path).with_context(|| format!("opening {}", path.display()))?)),
             None => Box::new(BufReader::new(io::stdin())),
         };
-        replayed = replay(reader, &mut engine, &mut out)?;
+        replayed = replay(reader, &mut market, &mut out)?;
     }
     out.flush()?;
-    eprintln!("gpux-audit: replayed {replayed} commands, {} events, state hash {:016x}", engine.next_event_seq() - 1, engine.state_hash());
+    eprintln!(
+        "gpux-audit: replayed {replayed} entries, {} events, state hash {:016x}",
+        market.engine().next_event_seq() - 1,
+        market.state_hash()
+    );
     Ok(())
 }
 
-fn replay(reader: impl BufRead, engine: &mut Engine, out: &mut impl Write) -> Result<u64> {
+fn replay(reader: impl BufRead, market: &mut MarketState, out: &mut impl Write) -> Result<u64> {
     let mut replayed = 0;
     for (index, line) in reader.lines().enumerate() {
         let line_number = index + 1;
@@ -146,19 +119,9 @@ fn replay(reader: impl BufRead, engine: &mut Engine, out: &mut impl Write) -> Re
             continue;
         }
         let input: Input = serde_json::from_str(&line).with_context(|| format!("line {line_number}: not a valid command"))?;
-        write_events(out, engine.apply(&input))?;
+        let applied = market.apply(&JournalEntry::Engine(input)).with_context(|| format!("line {line_number}"))?;
+        write_events(out, &applied.events)?;
         replayed += 1;
     }
     Ok(replayed)
-}
-
-fn write_events(out: &mut impl Write, events: &[Event]) -> Result<()> {
-    for event in events {
-        let mut value = serde_json::to_value(event)?;
-        if let EventKind::Rejected { code, .. } = event.kind {
-            value["kind"]["rejected"]["message"] = code.message().into();
-        }
-        writeln!(out, "{value}")?;
-    }
-    Ok(())
 }

@@ -78,8 +78,8 @@ fn an_exchange_journal_replays_to_the_exchanges_final_state() {
     let journal = dir.path().join("journal.redb");
     let inputs = demo_inputs();
     {
-        let mut store = gpux_exchange::journal::Journal::open(&journal).expect("journal");
-        let entries: Vec<_> = inputs.iter().cloned().map(gpux_exchange::journal::JournalEntry::Engine).collect();
+        let mut store = gpux_journal::Journal::open(&journal).expect("journal");
+        let entries: Vec<_> = inputs.iter().cloned().map(gpux_journal::JournalEntry::Engine).collect();
         store.append(&entries).expect("append");
     }
     let (code, from_journal, journal_summary) = audit(&["--journal", journal.to_str().expect("utf-8")], "");
@@ -96,7 +96,7 @@ fn an_exchange_journal_replays_to_the_exchanges_final_state() {
 /// clear (nor as the hex of their bytes) in anything the tool prints.
 #[test]
 fn audit_output_never_holds_a_workloads_secrets_in_clear() {
-    use gpux_exchange::journal::{Journal, JournalEntry};
+    use gpux_journal::{Journal, JournalEntry};
     use gpux_protocol::delivery::EncryptionKey;
     use gpux_protocol::{Secrets, Workload};
     const ENV_VALUE: &str = "hf_audit_secret_0c9a";
@@ -171,8 +171,8 @@ fn the_journal_is_read_without_being_changed() {
     let dir = tempfile::tempdir().expect("temp dir");
     let journal = dir.path().join("journal.redb");
     {
-        let mut store = gpux_exchange::journal::Journal::open(&journal).expect("journal");
-        let entries: Vec<_> = demo_inputs().into_iter().map(gpux_exchange::journal::JournalEntry::Engine).collect();
+        let mut store = gpux_journal::Journal::open(&journal).expect("journal");
+        let entries: Vec<_> = demo_inputs().into_iter().map(gpux_journal::JournalEntry::Engine).collect();
         store.append(&entries).expect("append");
     }
     std::fs::set_permissions(&journal, std::fs::Permissions::from_mode(0o444)).expect("read-only");

@@ -30,7 +30,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use crate::admission::{AcceptBackoff, Admission, AdmissionLimits, Ticket};
-use crate::core::{wall_clock_ms, ConnectionId, DeliveryRequest, Outbound, Outgoing, Request, SharedFrame};
+use crate::link::{Clock, ConnectionId, DeliveryRequest, Outbound, Outgoing, Request, SharedFrame};
 use crate::metrics::Metrics;
 
 /// Frames queued for one connection before it counts as a slow consumer
@@ -64,7 +64,7 @@ impl Default for GatewayLimits {
     fn default() -> Self {
         GatewayLimits {
             outbound_frames_max: OUTBOUND_FRAMES_MAX,
-            feed_frames_max: crate::core::FEED_FRAMES_MAX,
+            feed_frames_max: crate::link::FEED_FRAMES_MAX,
             write_stall: WRITE_STALL_DEFAULT,
             idle_timeout: IDLE_TIMEOUT_DEFAULT,
             admission: AdmissionLimits::default(),
@@ -120,6 +120,7 @@ pub async fn serve(
     limits: GatewayLimits,
     metrics: Arc<Metrics>,
     tls: Option<TlsAcceptor>,
+    clock: Clock,
 ) {
     let admission = Admission::new(limits.admission, metrics.clone());
     let mut backoff = AcceptBackoff::new("websocket");
@@ -140,7 +141,8 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         tracing::debug!(%peer, "connection accepted");
-        let (core, shutdown) = (core.clone(), shutdown.clone());
+        let shared = Shared { core: core.clone(), limits, metrics: metrics.clone(), clock };
+        let shutdown = shutdown.clone();
         let metrics = metrics.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
@@ -150,11 +152,11 @@ pub async fn serve(
             let deadline = tokio::time::Instant::now() + limits.admission.handshake_timeout;
             match tls {
                 Some(acceptor) => match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
-                    Ok(Ok(secured)) => serve_connection(secured, core, shutdown, limits, ticket, deadline, metrics.clone()).await,
+                    Ok(Ok(secured)) => serve_connection(secured, shared, shutdown, ticket, deadline).await,
                     Ok(Err(_)) => tracing::debug!(%peer, "TLS handshake failed"),
                     Err(_) => metrics.reaped(Stage::Handshake),
                 },
-                None => serve_connection(stream, core, shutdown, limits, ticket, deadline, metrics.clone()).await,
+                None => serve_connection(stream, shared, shutdown, ticket, deadline).await,
             }
             metrics.connections.dec();
         });
@@ -244,19 +246,28 @@ struct Connection {
     refilled_at: Instant,
     /// Requests forwarded to the sequencer and not yet answered.
     awaiting: u32,
+    clock: Clock,
+}
+
+/// What every connection of a gateway shares.
+#[derive(Clone)]
+struct Shared {
+    core: Sender<Request>,
+    limits: GatewayLimits,
+    metrics: Arc<Metrics>,
+    clock: Clock,
 }
 
 async fn serve_connection<S>(
     stream: S,
-    core: Sender<Request>,
+    shared: Shared,
     mut shutdown: watch::Receiver<bool>,
-    limits: GatewayLimits,
     ticket: Ticket,
     handshake_deadline: tokio::time::Instant,
-    metrics: Arc<Metrics>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let Shared { core, limits, metrics, clock } = shared;
     // The read buffer is allocated whole for every connection: 8 KiB rather
     // than the default 128 KiB keeps an idle connection small (docs/PERFORMANCE.md).
     let config = WebSocketConfig::default()
@@ -285,6 +296,7 @@ async fn serve_connection<S>(
         tokens: MESSAGE_BURST_MAX,
         refilled_at: Instant::now(),
         awaiting: 0,
+        clock,
     };
     if connection
         .core
@@ -506,7 +518,7 @@ impl Connection {
         let mut nonce = [0u8; 32];
         getrandom::fill(&mut nonce).expect("the OS random source is available");
         self.session = Session::Challenged { nonce };
-        ServerMessage::Challenge { nonce: hex::encode(nonce), server_time_ms: wall_clock_ms() }
+        ServerMessage::Challenge { nonce: hex::encode(nonce), server_time_ms: self.clock.now_ms() }
     }
 
     /// Queues a frame from the sequencer in this connection's format, and
@@ -586,7 +598,7 @@ impl Connection {
         };
         let id = message.id();
         match (&self.session, message) {
-            (_, ClientMessage::Ping { id }) => vec![ServerMessage::Pong { id, server_time_ms: wall_clock_ms() }],
+            (_, ClientMessage::Ping { id }) => vec![ServerMessage::Pong { id, server_time_ms: self.clock.now_ms() }],
             (Session::Authenticated { .. }, ClientMessage::Auth { .. }) => vec![error(Some(id), ErrorCode::AlreadyAuthenticated, None)],
             (Session::Authenticating, ClientMessage::Auth { .. }) => {
                 self.metrics.auth_failures.with_label_values(&["in_progress"]).inc();
@@ -797,6 +809,7 @@ mod tests {
                 tokens: MESSAGE_BURST_MAX,
                 refilled_at: Instant::now(),
                 awaiting: 0,
+                clock: Clock::default(),
             };
             (connection, inbox)
         }

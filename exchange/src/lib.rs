@@ -5,13 +5,11 @@
 
 pub mod admission;
 pub mod console;
-pub mod core;
-pub mod delivery;
 pub mod gateway;
-pub mod journal;
+pub mod link;
 pub mod metrics;
+pub mod sequencer;
 pub mod snapshots;
-pub mod stats;
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -19,7 +17,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use gpux_engine::{Engine, EngineConfig};
+use gpux_engine::EngineConfig;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -43,7 +41,7 @@ pub struct ExchangeConfig {
     /// `wss://` only.
     pub tls: Option<(PathBuf, PathBuf)>,
     /// The exchange's fee on usage and the billing grace after a lease ends.
-    pub billing: core::BillingPolicy,
+    pub billing: sequencer::BillingPolicy,
     /// Runs the exchange's clock this far ahead of the wall clock (demos and
     /// tests that must reach a reserved window's start); 0 in production.
     pub clock_offset_ms: i64,
@@ -74,13 +72,11 @@ pub fn run(config: ExchangeConfig) -> Result<u64> {
 
 /// `run`, ending on `stop`.
 pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
-    if config.clock_offset_ms != 0 {
-        core::set_clock_offset_ms(config.clock_offset_ms);
-    }
+    let clock = link::Clock { offset_ms: config.clock_offset_ms };
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
-    let journal = journal::Journal::open(&config.data_dir.join("journal.redb"))?;
+    let journal = gpux_journal::Journal::open(&config.data_dir.join("journal.redb"))?;
     let snapshots = snapshots::SnapshotStore::open(&config.data_dir.join("snapshots.redb"))?;
-    let engine = Engine::new(config.engine).context("engine config")?;
+    let market = gpux_market::MarketState::new(config.engine).context("engine config")?;
     let tls = match &config.tls {
         Some((certificate, key)) => Some(gateway::tls_acceptor(certificate, key)?),
         None => None,
@@ -88,7 +84,7 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
     let scheme = if tls.is_some() { "wss" } else { "ws" };
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
     let (mut sequencer, recovery) =
-        core::Sequencer::recover(engine, journal, snapshots, config.operator_keys, metrics.clone(), config.billing)?;
+        sequencer::Sequencer::recover(market, journal, snapshots, config.operator_keys, metrics.clone(), config.billing, clock)?;
     sequencer.set_feed_frames_max(config.limits.feed_frames_max);
     say(&format!(
         "recovered from snapshot at journal entry {} plus {} journal entries, state hash {:016x}",
@@ -96,7 +92,14 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
     ));
 
     let (requests, inbox) = crossbeam_channel::bounded(SEQUENCER_QUEUE_MAX);
-    let sequencer_thread = std::thread::Builder::new().name("sequencer".into()).spawn(move || sequencer.run(inbox))?;
+    // The sequencer ends when the gateway is gone, or early on a broken
+    // invariant (the journal failed): then the process stops serving too.
+    let (sequencer_done, sequencer_ended) = tokio::sync::oneshot::channel::<()>();
+    let sequencer_thread = std::thread::Builder::new().name("sequencer".into()).spawn(move || {
+        let result = sequencer.run(inbox);
+        drop(sequencer_done);
+        result
+    })?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
@@ -122,12 +125,18 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
             say(&format!("at most {budget} connections: the descriptor limit (ulimit -n) leaves no room for more"));
             limits.admission.connections_max = budget;
         }
-        let server = tokio::spawn(gateway::serve(listener, requests, stopped, limits, metrics, tls));
-        match stop_on {
-            Stop::Signals => wait_for_signal().await,
-            Stop::Channel(receiver) => {
-                let _ = receiver.await;
+        let server = tokio::spawn(gateway::serve(listener, requests, stopped, limits, metrics, tls, clock));
+        let stop_asked = async {
+            match stop_on {
+                Stop::Signals => wait_for_signal().await,
+                Stop::Channel(receiver) => {
+                    let _ = receiver.await;
+                }
             }
+        };
+        tokio::select! {
+            _ = stop_asked => {}
+            _ = sequencer_ended => say("the sequencer stopped"),
         }
         say("stopping: no new connections, finishing in-flight commits");
         let _ = stop.send(true);
@@ -137,7 +146,7 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
         anyhow::Ok(())
     })?;
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
-    let state_hash = sequencer_thread.join().map_err(|_| anyhow::anyhow!("sequencer thread panicked"))?;
+    let state_hash = sequencer_thread.join().map_err(|_| anyhow::anyhow!("sequencer thread panicked"))??;
     say(&format!("stopped, state hash {state_hash:016x}"));
     Ok(state_hash)
 }

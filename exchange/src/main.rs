@@ -70,7 +70,7 @@ struct Args {
     outbound_frames_max: usize,
     /// Frames each market-data feed buffers for its slowest subscriber; one
     /// further behind is sent a fresh book snapshot and the feed from there.
-    #[arg(long, default_value_t = gpux_exchange::core::FEED_FRAMES_MAX)]
+    #[arg(long, default_value_t = gpux_exchange::link::FEED_FRAMES_MAX)]
     feed_frames_max: usize,
     /// How long a connection may take nothing of what waits to be written
     /// to it (the peer does not read) before it is closed as a slow consumer (ms).
@@ -93,7 +93,19 @@ struct Args {
     login_timeout_ms: u64,
 }
 
-fn main() -> Result<()> {
+/// Exit status when the sequencer stopped on a broken invariant (the
+/// journal could not be written): the next start replays the journal.
+const EXIT_SEQUENCER_FAILED: i32 = 70;
+
+fn main() {
+    if let Err(error) = run_main() {
+        eprintln!("gpux-exchange: {error:#}");
+        let sequencer_failed = error.downcast_ref::<gpux_exchange::sequencer::SequencerError>().is_some();
+        std::process::exit(if sequencer_failed { EXIT_SEQUENCER_FAILED } else { 1 });
+    }
+}
+
+fn run_main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("GPUX_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
@@ -168,7 +180,7 @@ fn main() -> Result<()> {
         metrics_listen,
         console_listen,
         tls,
-        billing: gpux_exchange::core::BillingPolicy { fee_bps: args.fee_bps, grace_ms: args.billing_grace_ms },
+        billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: args.fee_bps, grace_ms: args.billing_grace_ms },
         clock_offset_ms: args.clock_offset_ms,
         on_listening,
     })?;
@@ -246,7 +258,7 @@ enum Tool {
 
 fn statement(data_dir: &std::path::Path, account: u32) -> Result<()> {
     use std::io::Write;
-    let journal = gpux_exchange::journal::JournalReader::open(&data_dir.join("journal.redb"))?;
+    let journal = gpux_journal::JournalReader::open(&data_dir.join("journal.redb"))?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     writeln!(out, "transfer,at_ms,from,to,amount_minor,lease")?;
     let mut after = None;

@@ -1,9 +1,9 @@
 //! State snapshots, so a restart replays only the journal's tail.
 //!
-//! A snapshot is the whole engine plus the exchange's own replayed state
-//! (key bindings, market-data counters), taken between batches and tagged
-//! with the last journal entry it includes. Each is stored with a checksum of
-//! its bytes and the engine's state hash; a snapshot that fails either check
+//! A snapshot is the whole market state (`gpux_market::MarketState`), taken
+//! between batches and tagged with the last journal entry it includes. Each
+//! is stored with a checksum of its bytes and the market's state hash
+//! (computed on the writer thread); a snapshot that fails either check
 //! is skipped for an older one, and with none left the journal is replayed
 //! from the start. Snapshots live in their own redb file so that writing one
 //! never holds up a journal commit.
@@ -12,7 +12,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use gpux_engine::state_hash::StateHasher;
-use gpux_engine::{AccountId, Engine, InstrumentId};
+use gpux_market::MarketState;
 use gpux_protocol::{decode_snapshot, encode_record};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -23,22 +23,13 @@ pub const SNAPSHOT_EVERY_ENTRIES: u64 = 100_000;
 /// Snapshots kept (older ones are deleted when a new one is written).
 pub const SNAPSHOTS_KEPT: usize = 2;
 
+/// The market as of a journal entry.
 #[derive(Clone, Serialize, Deserialize)]
 pub struct Snapshot {
     /// The last journal entry the snapshot includes.
     pub journal_seq: u64,
-    pub clock_ms: u64,
-    pub engine: Engine,
-    pub keys: Vec<([u8; 32], AccountId)>,
-    pub book_seq: Vec<(InstrumentId, u64)>,
-    pub trade_seq: Vec<(InstrumentId, u64)>,
-    pub stats: crate::stats::RollingStats,
-    pub settlement: gpux_settlement::Settlement,
-    pub ledger: gpux_settlement::ledger::Ledger,
-    /// Workloads (secrets sealed), host encryption keys and delivery statuses.
-    pub deliveries: crate::delivery::Deliveries,
-    /// `engine.state_hash()` when the snapshot was taken.
-    pub state_hash: u64,
+    /// Everything the journal rebuilds (workload secrets stay sealed in it).
+    pub market: MarketState,
 }
 
 pub struct SnapshotStore {
@@ -61,11 +52,10 @@ impl SnapshotStore {
     }
 
     /// Stores a snapshot durably and prunes the oldest beyond `SNAPSHOTS_KEPT`.
+    /// Stored as `checksum (8 bytes LE) | state hash (8 bytes LE) | record`;
+    /// the checksum covers the state hash and the record.
     pub fn write(&self, snapshot: &Snapshot) -> Result<()> {
-        let payload = encode_record(snapshot);
-        let mut value = checksum(&payload).to_le_bytes().to_vec();
-        value.extend_from_slice(&payload);
-        self.put_raw(snapshot.journal_seq, &value)
+        self.put_raw(snapshot.journal_seq, &stored_bytes(snapshot))
     }
 
     /// Stores bytes as the snapshot at `journal_seq` (tests use it to plant corruption).
@@ -148,14 +138,24 @@ impl Drop for SnapshotWriter {
     }
 }
 
+fn stored_bytes(snapshot: &Snapshot) -> Vec<u8> {
+    let mut body = snapshot.market.state_hash().to_le_bytes().to_vec();
+    body.extend_from_slice(&encode_record(snapshot));
+    let mut value = checksum(&body).to_le_bytes().to_vec();
+    value.extend_from_slice(&body);
+    value
+}
+
 fn verify(value: &[u8]) -> std::result::Result<Snapshot, String> {
-    let (stored, payload) = value.split_at_checked(8).ok_or("shorter than its checksum")?;
+    let (stored, body) = value.split_at_checked(8).ok_or("shorter than its checksum")?;
     let stored = u64::from_le_bytes(stored.try_into().map_err(|_| "checksum width")?);
-    if checksum(payload) != stored {
+    if checksum(body) != stored {
         return Err("checksum mismatch".into());
     }
+    let (state_hash, payload) = body.split_at_checked(8).ok_or("shorter than its state hash")?;
+    let state_hash = u64::from_le_bytes(state_hash.try_into().map_err(|_| "state hash width")?);
     let snapshot: Snapshot = decode_snapshot(payload).map_err(|e| e.message)?;
-    if snapshot.engine.state_hash() != snapshot.state_hash {
+    if snapshot.market.state_hash() != state_hash {
         return Err("state hash mismatch after decoding".into());
     }
     Ok(snapshot)
@@ -164,27 +164,14 @@ fn verify(value: &[u8]) -> std::result::Result<Snapshot, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpux_engine::{Command, EngineConfig, Input, Role};
+    use gpux_engine::{Command, Engine, EngineConfig, Input, Role};
 
     fn snapshot_at(journal_seq: u64, accounts: u32) -> Snapshot {
         let mut engine = Engine::new(EngineConfig::demo()).expect("valid config");
         for _ in 0..accounts {
             engine.apply(&Input { at_ms: 1_796_223_600_000, command: Command::OpenAccount { role: Role::Renter } });
         }
-        let state_hash = engine.state_hash();
-        Snapshot {
-            journal_seq,
-            clock_ms: 1,
-            engine,
-            keys: vec![([1; 32], AccountId(0))],
-            book_seq: vec![],
-            trade_seq: vec![],
-            stats: Default::default(),
-            settlement: Default::default(),
-            ledger: Default::default(),
-            deliveries: Default::default(),
-            state_hash,
-        }
+        Snapshot { journal_seq, market: MarketState::from_engine(engine) }
     }
 
     /// The writer thread stores what it takes, and `finish` stores the last
@@ -216,11 +203,9 @@ mod tests {
         let newer = snapshot_at(20, 2);
         store.write(&newer).expect("write");
         let loaded = store.latest_valid().expect("read").expect("a snapshot");
-        assert_eq!((loaded.journal_seq, loaded.engine.state_hash()), (20, newer.state_hash));
+        assert_eq!((loaded.journal_seq, loaded.market.state_hash()), (20, newer.market.state_hash()));
 
-        let payload = encode_record(&snapshot_at(30, 3));
-        let mut corrupt = checksum(&payload).to_le_bytes().to_vec();
-        corrupt.extend_from_slice(&payload);
+        let mut corrupt = stored_bytes(&snapshot_at(30, 3));
         let last = corrupt.len() - 1;
         corrupt[last] ^= 0xff;
         store.put_raw(30, &corrupt).expect("plant corruption");

@@ -175,14 +175,19 @@ impl Settlement {
         charge
     }
 
-    /// Forgets the chains and meters of leases whose billing closed: no
-    /// report about them can be accepted any more, and every one is answered
+    /// Forgets one lease's chains and meter when its billing closes: no
+    /// report about it can be accepted any more, and every one is answered
     /// `BillingClosed` before its chain is looked at, so forgetting changes
-    /// no outcome (the exchange and the simulator call it when they take a
-    /// snapshot; replay may forget at other moments and reach the same answers).
-    pub fn forget_closed(&mut self, billing_closed: impl Fn(LeaseId) -> bool) {
-        self.chains.retain(|(lease, _), _| !billing_closed(*lease));
-        self.metered.retain(|lease, _| !billing_closed(*lease));
+    /// no outcome. The market calls it on the lease's `LeaseBillingClosed`
+    /// event, so live runs and replays forget at the same point.
+    pub fn forget_lease(&mut self, lease: LeaseId) {
+        let first = (lease, String::new());
+        let chains: Vec<(LeaseId, String)> =
+            self.chains.range(first..).take_while(|((l, _), _)| *l == lease).map(|(key, _)| key.clone()).collect();
+        for key in chains {
+            self.chains.remove(&key);
+        }
+        self.metered.remove(&lease);
     }
 
     /// Chains held (one per lease and GPU with an accepted report).
@@ -220,7 +225,7 @@ impl Settlement {
             return Err(Forged);
         }
         // Before anything about the chain: once a lease's bill is final its
-        // chains may be forgotten (`forget_closed`), and every answer about
+        // chains may be forgotten (`forget_lease`), and every answer about
         // it must be the same whether they were or not.
         if terms.billing_closed {
             return Err(BillingClosed);

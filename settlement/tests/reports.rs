@@ -143,7 +143,7 @@ fn each_kind_of_bad_report_is_refused_with_its_code_and_moves_no_money() {
 
 /// Once a lease's bill is final every report about it is refused
 /// `billing_closed`, resends too, whether its chains are still held or were
-/// forgotten (`forget_closed`): forgetting them changes no answer.
+/// forgotten (`forget_lease`): forgetting them changes no answer.
 #[test]
 fn after_the_leases_billing_closed_every_report_is_refused_whether_its_chains_are_kept_or_not() {
     let honest = chain("GPU-a", &[1_000_000, 1_010_000, 1_020_000]);
@@ -153,7 +153,7 @@ fn after_the_leases_billing_closed_every_report_is_refused_whether_its_chains_ar
         let mut settlement = Settlement::default();
         submit(&mut settlement, &honest[0]).expect("first report");
         if forget {
-            settlement.forget_closed(|lease| lease == LeaseId(7));
+            settlement.forget_lease(LeaseId(7));
             assert_eq!(settlement.chains(), 0, "the closed lease's chain is gone");
         }
         for report in [&honest[1], &honest[0]] {
@@ -162,8 +162,8 @@ fn after_the_leases_billing_closed_every_report_is_refused_whether_its_chains_ar
     }
     let mut settlement = Settlement::default();
     submit(&mut settlement, &honest[0]).expect("first report");
-    settlement.forget_closed(|_| false);
-    assert_eq!((settlement.chains(), settlement.metered(LeaseId(7)).verified_ms), (1, 10_000), "open leases are kept");
+    settlement.forget_lease(LeaseId(8));
+    assert_eq!((settlement.chains(), settlement.metered(LeaseId(7)).verified_ms), (1, 10_000), "other leases are kept");
 }
 
 /// The agent learns of a lease's end only when told, so its last report may

@@ -27,6 +27,9 @@ pub struct SimConfig {
     pub restarts: u32,
     /// How often each supplier re-prices and re-posts its idle GPUs.
     pub supplier_wake_ms: u64,
+    /// Keep every journal entry of the run (`sim.exchange.journal()`), for
+    /// replaying it through the exchange and the audit.
+    pub record_journal: bool,
 }
 
 impl SimConfig {
@@ -44,6 +47,7 @@ impl SimConfig {
             demand_scale: 1.3,
             restarts: 2,
             supplier_wake_ms: 30 * 60_000,
+            record_journal: false,
         }
     }
 
@@ -62,6 +66,7 @@ impl SimConfig {
             demand_scale: 1.3,
             restarts: 2,
             supplier_wake_ms: 30 * 60_000,
+            record_journal: false,
         }
     }
 

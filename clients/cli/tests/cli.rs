@@ -33,7 +33,7 @@ fn start_exchange(data_dir: &Path, operator_public_key: [u8; 32]) -> Exchange {
         metrics_listen: None,
         console_listen: None,
         tls: None,
-        billing: gpux_exchange::core::BillingPolicy { fee_bps: 250, grace_ms: 600_000 },
+        billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: 250, grace_ms: 600_000 },
         clock_offset_ms: 0,
         on_listening: None,
     };

@@ -226,11 +226,12 @@ impl Sim {
         for (index, class) in CLASSES.iter().enumerate() {
             base[index] = [class.list_price_minor * 80 / 100, class.list_price_minor * 45 / 100, class.list_price_minor * 70 / 100];
         }
+        let exchange = if config.record_journal { SimExchange::recording() } else { SimExchange::new() };
         let mut sim = Sim {
             metrics: Metrics::new(hours, config.days as usize),
             config,
             rng,
-            exchange: SimExchange::new(),
+            exchange,
             queue: BinaryHeap::new(),
             queue_order: 0,
             now_ms: START_MS,
@@ -523,8 +524,6 @@ impl Sim {
         // The last sample of each day measures what the state holds.
         let day = ((self.now_ms - START_MS) / MS_PER_DAY) as usize;
         if (self.now_ms - START_MS) % MS_PER_DAY >= MS_PER_DAY - SAMPLE_EVERY_MS && self.metrics.hot_state_by_day.len() == day {
-            // What a snapshot would hold: the exchange forgets closed leases' chains when it takes one.
-            self.exchange.forget_closed();
             self.metrics.hot_state_by_day.push(self.exchange.hot_state_bytes());
         }
         let hour = ((self.now_ms - START_MS) / MS_PER_HOUR) as usize;

@@ -49,7 +49,7 @@ impl Exchange {
             metrics_listen: None,
             console_listen: None,
             tls: None,
-            billing: gpux_exchange::core::BillingPolicy { fee_bps: 250, grace_ms: gpux_exchange::BILLING_GRACE_MS_DEFAULT },
+            billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: 250, grace_ms: gpux_exchange::BILLING_GRACE_MS_DEFAULT },
             clock_offset_ms: 0,
             on_listening: None,
         };

@@ -10,60 +10,16 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use gpux_engine::{AccountId, Input};
+use gpux_engine::AccountId;
+pub use gpux_market::JournalEntry;
 use gpux_protocol::{decode_record, encode_record};
 use gpux_settlement::ledger::Transfer;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
-use serde::{Deserialize, Serialize};
 
 const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("journal");
 /// The ledger's transfers, by transfer id, written in the same commit as
 /// the journal entries they follow from (so statements are durable too).
 const TRANSFERS: TableDefinition<u64, &[u8]> = TableDefinition::new("transfers");
-
-/// One journaled input: an engine command, or the binding of an account to
-/// the public key that proved it (exchange state the engine does not hold).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum JournalEntry {
-    Engine(Input),
-    BindKey {
-        public_key: [u8; 32],
-        account: AccountId,
-    },
-    /// A usage report as received from `account` at `at_ms`; replay verifies
-    /// it again and derives the same outcome and charge.
-    UsageReport {
-        at_ms: u64,
-        account: AccountId,
-        report: gpux_protocol::UsageReport,
-    },
-    /// A bid's workload; the bid's own `Engine` entry follows it directly.
-    /// The secret part is sealed (never in clear here).
-    BidWorkload {
-        account: AccountId,
-        client_order_id: u64,
-        workload: Box<gpux_protocol::Workload>,
-    },
-    /// A renter set the workload of its lease.
-    LeaseWorkload {
-        account: AccountId,
-        lease: gpux_engine::LeaseId,
-        workload: Box<gpux_protocol::Workload>,
-    },
-    /// A host published its encryption key (signature checked before journaling).
-    EncryptionKey {
-        account: AccountId,
-        key: [u8; 32],
-        signature: String,
-    },
-    /// A host reported a lease's delivery status at `at_ms`.
-    DeliveryStatus {
-        at_ms: u64,
-        account: AccountId,
-        lease: gpux_engine::LeaseId,
-        state: gpux_protocol::DeliveryState,
-    },
-}
 
 pub struct Journal {
     db: Database,
@@ -185,7 +141,7 @@ fn statement(read: &redb::ReadTransaction, account: AccountId, after: Option<u64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpux_engine::{Command, Role};
+    use gpux_engine::{Command, Input, Role};
 
     #[test]
     fn entries_survive_reopening_in_order() {

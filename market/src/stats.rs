@@ -1,9 +1,9 @@
 //! Rolling 24-hour statistics per instrument (open, high, low, last, volume,
-//! trade count), kept from the trades the sequencer sees. Trades older than
-//! the window are dropped as new ones arrive or stats are read; each
+//! trade count), kept from the trades the market applies. Trades older than
+//! the window are dropped as new ones arrive (a read only skips them); each
 //! instrument keeps at most `TRADES_PER_INSTRUMENT_MAX` (the oldest go first).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use gpux_engine::InstrumentId;
 use serde::{Deserialize, Serialize};
@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 pub const WINDOW_MS: u64 = 24 * 3_600_000;
 pub const TRADES_PER_INSTRUMENT_MAX: usize = 1_000_000;
 
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Print {
     at_ms: u64,
     price: u64,
@@ -30,9 +30,9 @@ pub struct DayStats {
     pub trades: u64,
 }
 
-#[derive(Clone, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RollingStats {
-    prints: HashMap<InstrumentId, VecDeque<Print>>,
+    prints: BTreeMap<InstrumentId, VecDeque<Print>>,
 }
 
 impl RollingStats {
@@ -45,12 +45,13 @@ impl RollingStats {
         Self::expire(prints, at_ms);
     }
 
-    pub fn day(&mut self, instrument: InstrumentId, now_ms: u64) -> DayStats {
+    /// The figures over the 24 hours up to `now_ms`. Reading changes
+    /// nothing (the state must not depend on who asked what).
+    pub fn day(&self, instrument: InstrumentId, now_ms: u64) -> DayStats {
         let window_start_ms = now_ms.saturating_sub(WINDOW_MS);
         let mut stats = DayStats { window_start_ms, ..DayStats::default() };
-        let Some(prints) = self.prints.get_mut(&instrument) else { return stats };
-        Self::expire(prints, now_ms);
-        for print in prints.iter() {
+        let Some(prints) = self.prints.get(&instrument) else { return stats };
+        for print in prints.iter().filter(|print| print.at_ms >= window_start_ms) {
             stats.open.get_or_insert(print.price);
             stats.high = Some(stats.high.map_or(print.price, |high| high.max(print.price)));
             stats.low = Some(stats.low.map_or(print.price, |low| low.min(print.price)));

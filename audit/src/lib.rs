@@ -1,0 +1,56 @@
+//! The audit's replay of an exchange journal, as a library so that tests
+//! can prove the exchange, the simulator and the audit reach the same state
+//! from the same journal (they share `gpux_market::MarketState::apply`).
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use gpux_engine::{Event, EventKind};
+use gpux_market::{JournalEntry, MarketState};
+
+/// Replays every entry of the journal at `path` (opened read-only) through
+/// `market`, writing the events as JSON lines to `out` (delivery records
+/// too, secrets sealed); with `commands_only`, writes the engine commands
+/// instead and applies nothing. Returns the entries read.
+pub fn replay_journal(path: &Path, market: &mut MarketState, out: &mut impl Write, commands_only: bool) -> Result<u64> {
+    let journal = gpux_journal::JournalReader::open(path)?;
+    let mut replayed = 0;
+    for (offset, entry) in journal.entries_after(0)?.into_iter().enumerate() {
+        replayed += 1;
+        if commands_only {
+            if let JournalEntry::Engine(input) = &entry {
+                writeln!(out, "{}", serde_json::to_string(input)?)?;
+            }
+            continue;
+        }
+        let applied = market.apply(&entry).with_context(|| format!("journal entry {}", offset + 1))?;
+        // Delivery records move no money (a host's failure ends its lease
+        // through its own engine entry); they are written as they are,
+        // secrets sealed, so the audit trail shows every delivery step.
+        if matches!(
+            entry,
+            JournalEntry::BidWorkload { .. }
+                | JournalEntry::LeaseWorkload { .. }
+                | JournalEntry::EncryptionKey { .. }
+                | JournalEntry::DeliveryStatus { .. }
+        ) {
+            writeln!(out, "{}", serde_json::to_string(&entry)?)?;
+        }
+        // Usage reports charge leases through settlement, exactly as the exchange did.
+        write_events(out, &applied.events)?;
+    }
+    Ok(replayed)
+}
+
+/// Writes events as JSON lines, with the message of each rejection added.
+pub fn write_events(out: &mut impl Write, events: &[Event]) -> Result<()> {
+    for event in events {
+        let mut value = serde_json::to_value(event)?;
+        if let EventKind::Rejected { code, .. } = event.kind {
+            value["kind"]["rejected"]["message"] = code.message().into();
+        }
+        writeln!(out, "{value}")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,181 @@
+//! The typed contract between the gateway and the sequencer: what a
+//! connection asks (`Request`), what the sequencer sends back (`Outgoing`,
+//! through each connection's `Outbound`), and the exchange clock both read.
+//! Everything here is plain data, so the link could later run over a socket.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use gpux_engine::{Command, InstrumentId, LeaseId, Role};
+use gpux_protocol::{encode_server_binary, encode_server_text, Channel, DeliveryState, ServerMessage};
+use tokio::sync::{broadcast, mpsc, Notify};
+
+pub type ConnectionId = u64;
+
+/// A server message encoded at most once per format and shared by every
+/// connection it goes to.
+pub struct SharedFrame {
+    message: ServerMessage,
+    text: OnceLock<String>,
+    binary: OnceLock<Vec<u8>>,
+}
+
+impl SharedFrame {
+    pub fn new(message: ServerMessage) -> Arc<Self> {
+        Arc::new(SharedFrame { message, text: OnceLock::new(), binary: OnceLock::new() })
+    }
+    pub fn text(&self) -> &str {
+        self.text.get_or_init(|| encode_server_text(&self.message))
+    }
+    pub fn binary(&self) -> &[u8] {
+        self.binary.get_or_init(|| encode_server_binary(&self.message))
+    }
+    pub fn message(&self) -> &ServerMessage {
+        &self.message
+    }
+}
+
+/// What the sequencer sends one connection: its own frames (answers,
+/// private events, snapshots), and the start and end of the market-data
+/// feeds it subscribed to. Market data itself is published once per feed on
+/// a broadcast channel that every subscriber reads on its own task, so the
+/// sequencer's cost does not grow with the number of subscribers.
+pub enum Outgoing {
+    Frame(Arc<SharedFrame>),
+    FeedStart { channel: Channel, instrument: InstrumentId, feed: broadcast::Receiver<Arc<SharedFrame>> },
+    FeedEnd { channel: Channel, instrument: InstrumentId },
+}
+
+/// Where the sequencer sends a connection's frames, and how it tells a
+/// connection that fell behind to close.
+#[derive(Clone)]
+pub struct Outbound {
+    pub frames: mpsc::Sender<Outgoing>,
+    pub too_slow: Arc<Notify>,
+}
+
+/// Frames one market-data feed buffers (default, `--feed-frames-max`); a
+/// subscriber further behind loses its place and is resynchronised: a fresh
+/// book snapshot, then the feed from there (`Request::Resync`).
+pub const FEED_FRAMES_MAX: usize = 16_384;
+
+pub enum Request {
+    Connect {
+        connection: ConnectionId,
+        outbound: Outbound,
+    },
+    /// The gateway verified the signature; bind or look up the key.
+    Authenticate {
+        connection: ConnectionId,
+        id: u64,
+        public_key: [u8; 32],
+        role: Option<Role>,
+        cancel_on_disconnect: bool,
+    },
+    Command {
+        connection: ConnectionId,
+        id: u64,
+        command: Command,
+    },
+    Subscribe {
+        connection: ConnectionId,
+        id: u64,
+        channel: Channel,
+        instrument: InstrumentId,
+    },
+    Unsubscribe {
+        connection: ConnectionId,
+        id: u64,
+        channel: Channel,
+        instrument: InstrumentId,
+    },
+    Instruments {
+        connection: ConnectionId,
+        id: u64,
+    },
+    OpenOrders {
+        connection: ConnectionId,
+        id: u64,
+        offset: u32,
+    },
+    Leases {
+        connection: ConnectionId,
+        id: u64,
+        offset: u32,
+    },
+    Stats {
+        connection: ConnectionId,
+        id: u64,
+        instrument: InstrumentId,
+    },
+    Usage {
+        connection: ConnectionId,
+        id: u64,
+        report: Box<gpux_protocol::UsageReport>,
+    },
+    Balance {
+        connection: ConnectionId,
+        id: u64,
+    },
+    Statement {
+        connection: ConnectionId,
+        id: u64,
+        after: Option<u64>,
+    },
+    MyGpus {
+        connection: ConnectionId,
+        id: u64,
+        offset: u32,
+    },
+    Disconnect {
+        connection: ConnectionId,
+    },
+    /// The connection fell more than the feed's buffer behind one of its
+    /// feeds and dropped it: send a fresh book snapshot (the conflated book)
+    /// and restart the feed from now.
+    Resync {
+        connection: ConnectionId,
+        channel: Channel,
+        instrument: InstrumentId,
+    },
+    /// A bid with a workload for the leases it fills (validated by the gateway).
+    Bid {
+        connection: ConnectionId,
+        id: u64,
+        command: Command,
+        workload: Box<gpux_protocol::Workload>,
+    },
+    /// Lease delivery: workloads, host keys, statuses, logs.
+    Delivery {
+        connection: ConnectionId,
+        id: u64,
+        request: DeliveryRequest,
+    },
+}
+
+/// The delivery requests (docs/protocol.md "Lease delivery").
+pub enum DeliveryRequest {
+    SetWorkload { lease: LeaseId, workload: Box<gpux_protocol::Workload> },
+    SetEncryptionKey { key: [u8; 32], signature: String },
+    HostKey { lease: LeaseId },
+    Status { lease: LeaseId, state: DeliveryState },
+    Query { lease: LeaseId },
+    Logs { lease: LeaseId, tail_bytes: u32 },
+    LogsReply { request: u64, data: String, truncated: bool },
+}
+
+/// The exchange's clock: the wall clock plus an offset (`--clock-offset-ms`),
+/// zero in production; demos and tests move the exchange's time ahead to
+/// reach a reserved window's start without waiting for it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Clock {
+    pub offset_ms: i64,
+}
+
+impl Clock {
+    /// The exchange's time now, in ms since the Unix epoch.
+    pub fn now_ms(&self) -> u64 {
+        let wall = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        wall.saturating_add_signed(self.offset_ms)
+    }
+}

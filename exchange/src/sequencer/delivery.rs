@@ -1,0 +1,173 @@
+//! Lease delivery requests: bids with a workload, a lease's workload, host
+//! encryption keys, delivery statuses, and the relay of a workload's logs
+//! from its host to its renter (never journaled: logs are not market state).
+
+use gpux_engine::{AccountId, Command, LeaseId};
+use gpux_market::JournalEntry;
+use gpux_protocol::delivery::limits::LOG_TAIL_BYTES_MAX;
+use gpux_protocol::{DeliveryState, ErrorCode, ServerMessage, Workload};
+
+use super::{error, LogsWait, Pending, Sequencer, Target, LOGS_PENDING_MAX, LOGS_WAIT_MS};
+use crate::link::{ConnectionId, DeliveryRequest, SharedFrame};
+
+impl Sequencer {
+    /// A bid carrying a workload: the workload is journaled right before the
+    /// bid, and every lease the bid fills receives it.
+    pub(super) fn bid(&mut self, connection: ConnectionId, id: u64, command: Command, workload: Box<Workload>) {
+        let Command::PlaceOrder(order) = &command else { return };
+        if order.side != gpux_engine::Side::Buy {
+            self.reply(connection, error(Some(id), ErrorCode::WorkloadNotOnBid));
+            return;
+        }
+        let entry = JournalEntry::BidWorkload { account: order.account, client_order_id: order.client_order_id, workload };
+        if self.journal(entry).is_some() {
+            self.apply_command(Some(connection), id, command);
+        }
+    }
+
+    pub(super) fn delivery(&mut self, connection: ConnectionId, id: u64, request: DeliveryRequest) {
+        let Some(account) = self.account(connection) else { return };
+        let reply = match request {
+            DeliveryRequest::SetWorkload { lease, workload } => match self.set_workload(account, id, lease, workload) {
+                Some(reply) => reply,
+                None => return,
+            },
+            DeliveryRequest::SetEncryptionKey { key, signature } => match self.market.check_encryption_key(account, &key, &signature) {
+                Err(code) => error(Some(id), code),
+                Ok(()) => match self.journal(JournalEntry::EncryptionKey { account, key, signature }) {
+                    Some((journal_seq, _)) => ServerMessage::Ack { id, journal_seq, order: None },
+                    None => return,
+                },
+            },
+            DeliveryRequest::HostKey { lease } => self.host_key(account, id, lease),
+            DeliveryRequest::Status { lease, state } => match self.delivery_status(account, id, lease, state) {
+                Some(reply) => reply,
+                None => return,
+            },
+            DeliveryRequest::Query { lease } => self.lease_delivery(account, id, lease),
+            DeliveryRequest::Logs { lease, tail_bytes } => match self.logs(connection, account, id, lease, tail_bytes) {
+                Some(reply) => reply,
+                None => return,
+            },
+            DeliveryRequest::LogsReply { request, data, truncated } => {
+                self.logs_reply(account, request, data, truncated);
+                ServerMessage::Received { id }
+            }
+        };
+        self.reply(connection, reply);
+    }
+
+    /// A renter sets its lease's workload; the market hands it to the host.
+    /// None: the batch failed.
+    fn set_workload(&mut self, account: AccountId, id: u64, lease: LeaseId, workload: Box<Workload>) -> Option<ServerMessage> {
+        if let Err(code) = self.market.check_lease_workload(account, lease) {
+            return Some(error(Some(id), code));
+        }
+        let (journal_seq, _) = self.journal(JournalEntry::LeaseWorkload { account, lease, workload })?;
+        Some(ServerMessage::Ack { id, journal_seq, order: None })
+    }
+
+    /// A host's delivery status: journaled, relayed to the renter, counted;
+    /// a failure on the host's side ends the lease `delivery_failed` (the
+    /// market's follow-up command). None: the batch failed.
+    fn delivery_status(&mut self, account: AccountId, id: u64, lease: LeaseId, state: DeliveryState) -> Option<ServerMessage> {
+        if let Err(code) = self.market.check_delivery_status(account, lease, &state) {
+            return Some(error(Some(id), code));
+        }
+        self.metrics.observe_delivery_status(&state);
+        let at_ms = self.market.clock_ms();
+        let (journal_seq, applied) = self.journal(JournalEntry::DeliveryStatus { at_ms, account, lease, state })?;
+        if applied.first_running {
+            let start_ms = self.market.engine().lease(lease).map_or(at_ms, |l| l.start_ms);
+            self.metrics.observe_time_to_running(at_ms.saturating_sub(start_ms));
+        }
+        Some(ServerMessage::Ack { id, journal_seq, order: None })
+    }
+
+    /// The renter asks for its host's encryption key (to seal secrets).
+    fn host_key(&self, account: AccountId, id: u64, lease: LeaseId) -> ServerMessage {
+        let Some(info) = self.market.engine().lease(lease).filter(|l| l.renter == account) else {
+            return error(Some(id), ErrorCode::UnknownLease);
+        };
+        match (self.market.deliveries().encryption_key(info.supplier), self.market.account_key(info.supplier)) {
+            (Some(key), Some(identity)) => ServerMessage::HostKey {
+                id,
+                lease,
+                encryption_key: hex::encode(key.key),
+                identity_key: hex::encode(identity),
+                signature: key.signature.clone(),
+            },
+            _ => error(Some(id), ErrorCode::NoEncryptionKey),
+        }
+    }
+
+    /// A lease's workload and last status, for its renter or its host.
+    fn lease_delivery(&self, account: AccountId, id: u64, lease: LeaseId) -> ServerMessage {
+        if self.market.engine().lease(lease).filter(|l| l.renter == account || l.supplier == account).is_none() {
+            return error(Some(id), ErrorCode::UnknownLease);
+        }
+        let delivery = self.market.deliveries().lease(lease);
+        let (state, at_ms) = match delivery.and_then(|d| d.state.clone()) {
+            Some((state, at_ms)) => (Some(state), Some(at_ms)),
+            None => (None, None),
+        };
+        ServerMessage::LeaseDelivery { id, lease, workload: delivery.and_then(|d| d.workload.clone()), state, at_ms }
+    }
+
+    /// A renter asks for its workload's logs: the host is asked, and the
+    /// answer (or `host_unreachable` after `LOGS_WAIT_MS`) comes later. None:
+    /// nothing to answer now.
+    fn logs(&mut self, connection: ConnectionId, account: AccountId, id: u64, lease: LeaseId, tail_bytes: u32) -> Option<ServerMessage> {
+        let Some(info) = self.market.engine().lease(lease).filter(|l| l.renter == account) else {
+            return Some(error(Some(id), ErrorCode::UnknownLease));
+        };
+        let host_connected = self.connections_of.get(&info.supplier).is_some_and(|c| !c.is_empty());
+        if !host_connected {
+            return Some(error(Some(id), ErrorCode::HostUnreachable));
+        }
+        if self.logs_pending.len() >= LOGS_PENDING_MAX || self.logs_pending.values().any(|w| w.connection == connection) {
+            return Some(error(Some(id), ErrorCode::RateLimited));
+        }
+        let request = self.next_logs_request;
+        self.next_logs_request += 1;
+        let deadline_ms = self.market.clock_ms() + LOGS_WAIT_MS;
+        self.logs_pending.insert(request, LogsWait { connection, id, lease, deadline_ms });
+        let tail_bytes = tail_bytes.min(LOG_TAIL_BYTES_MAX);
+        let wanted = SharedFrame::new(ServerMessage::LogsWanted { request, lease, tail_bytes });
+        self.pending.push((Target::Account(info.supplier), Pending::Frame(wanted)));
+        None
+    }
+
+    /// The host's logs, relayed to the renter that asked (the tail kept
+    /// within the limit). Late answers and other hosts' are dropped.
+    fn logs_reply(&mut self, account: AccountId, request: u64, mut data: String, truncated: bool) {
+        let supplier_of = |lease| self.market.engine().lease(lease).map(|l| l.supplier);
+        let Some(wait) = self.logs_pending.get(&request) else { return };
+        if supplier_of(wait.lease) != Some(account) {
+            return;
+        }
+        let wait = self.logs_pending.remove(&request).expect("present");
+        let limit = LOG_TAIL_BYTES_MAX as usize;
+        let cut = data.len() > limit;
+        if cut {
+            let mut start = data.len() - limit;
+            while !data.is_char_boundary(start) {
+                start += 1;
+            }
+            data = data.split_off(start);
+        }
+        let answer = ServerMessage::LeaseLogs { id: wait.id, lease: wait.lease, data, truncated: truncated || cut };
+        self.reply(wait.connection, answer);
+    }
+
+    /// Tells renters whose hosts did not send the logs in time.
+    pub(super) fn expire_logs_requests(&mut self) {
+        let now = self.market.clock_ms();
+        let expired: Vec<u64> = self.logs_pending.iter().filter(|(_, w)| w.deadline_ms <= now).map(|(r, _)| *r).collect();
+        for request in expired {
+            if let Some(wait) = self.logs_pending.remove(&request) {
+                self.reply(wait.connection, error(Some(wait.id), ErrorCode::HostUnreachable));
+            }
+        }
+    }
+}

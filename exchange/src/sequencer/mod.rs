@@ -1,0 +1,370 @@
+//! The sequencer: one thread that owns the market state, the journal and the
+//! connection registry, and is the only writer of market state.
+//!
+//! It takes requests in batches (everything that queued while the previous
+//! batch was being committed), turns each into journal entries stamped with
+//! the exchange clock, applies them through `MarketState::apply` (the one
+//! apply path, shared with recovery, the simulator and the audit), appends the
+//! batch to the journal in one durable commit, and only then releases what
+//! the batch produced: acks, rejects, private events, market data and
+//! snapshots. Nothing leaves the process before the inputs behind it are on
+//! disk. A journal or ledger error stops the sequencer with that error (the
+//! process exits and the next start replays the journal).
+//!
+//! Files: `mod.rs` batching, commit and release; `recovery.rs` the restart
+//! from snapshot plus journal and the snapshots taken; `sessions.rs` logins,
+//! subscriptions and disconnects; `delivery.rs` lease delivery requests;
+//! `queries.rs` read-only answers.
+
+mod delivery;
+mod queries;
+mod recovery;
+mod sessions;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use gpux_engine::{AccountId, Command, EventKind, Input, InstrumentId};
+use gpux_market::{Applied, Audience, JournalEntry, MarketError, MarketState};
+use gpux_protocol::{Channel, ErrorCode, ServerMessage};
+use tokio::sync::{broadcast, mpsc};
+
+use crate::link::{Clock, ConnectionId, Outbound, Outgoing, Request, SharedFrame};
+use crate::metrics::Metrics;
+use crate::snapshots::{SnapshotWriter, SNAPSHOT_EVERY_ENTRIES};
+use gpux_journal::Journal;
+
+pub use recovery::{BillingPolicy, Recovery};
+
+/// Requests handled in one batch at most (one journal commit).
+pub const BATCH_MAX: usize = 4096;
+/// Subscriptions one connection may hold.
+pub const SUBSCRIPTIONS_PER_CONNECTION_MAX: usize = 64;
+/// How long a renter's `lease_logs` waits for the host.
+pub const LOGS_WAIT_MS: u64 = 10_000;
+/// `lease_logs` requests waiting at once, exchange-wide (one per connection).
+pub const LOGS_PENDING_MAX: usize = 1024;
+
+/// Why the sequencer stopped serving. Either way the journal holds every
+/// acknowledged entry and the next start replays it.
+#[derive(Debug, thiserror::Error)]
+pub enum SequencerError {
+    /// Acknowledged means durable: without the journal nothing may be
+    /// acknowledged, and the in-memory state is ahead of the disk.
+    #[error("journal append failed: {0:#}")]
+    Journal(anyhow::Error),
+    #[error(transparent)]
+    Market(#[from] MarketError),
+}
+
+/// A renter's `lease_logs` request waiting for its host's answer.
+struct LogsWait {
+    connection: ConnectionId,
+    id: u64,
+    lease: gpux_engine::LeaseId,
+    deadline_ms: u64,
+}
+
+struct Connection {
+    outbound: Outbound,
+    account: Option<AccountId>,
+    subscriptions: BTreeSet<(Channel, InstrumentId)>,
+    /// Cancel the account's orders when its last session ends.
+    cancel_on_disconnect: bool,
+}
+
+pub struct Sequencer {
+    market: MarketState,
+    journal: Journal,
+    clock: Clock,
+    operator_keys: BTreeSet<[u8; 32]>,
+    /// Inputs of the current batch, journaled before anything below is sent.
+    entries: Vec<JournalEntry>,
+    /// Transfers of the current batch, committed with its journal entries.
+    transfers: Vec<gpux_settlement::ledger::Transfer>,
+    /// What the batch produced, in release order.
+    pending: Vec<(Target, Pending)>,
+    /// The first broken invariant of this batch: nothing of it is released.
+    fatal: Option<SequencerError>,
+    connections: BTreeMap<ConnectionId, Connection>,
+    connections_of: HashMap<AccountId, BTreeSet<ConnectionId>>,
+    /// Market-data feeds with at least one subscription so far.
+    feeds: HashMap<(Channel, InstrumentId), broadcast::Sender<Arc<SharedFrame>>>,
+    /// Frames each feed buffers for its slowest subscriber.
+    feed_frames_max: usize,
+    metrics: Arc<Metrics>,
+    depth_refreshed_ms: u64,
+    snapshots: SnapshotWriter,
+    /// The journal entry the newest snapshot taken includes (handed to the
+    /// writer; durable shortly after).
+    snapshot_seq: u64,
+    logs_pending: BTreeMap<u64, LogsWait>,
+    next_logs_request: u64,
+}
+
+enum Target {
+    Connection(ConnectionId),
+    Account(AccountId),
+    Feed(Channel, InstrumentId),
+}
+
+enum Pending {
+    Frame(Arc<SharedFrame>),
+    Control(Outgoing),
+}
+
+impl Sequencer {
+    pub fn state_hash(&self) -> u64 {
+        self.market.state_hash()
+    }
+
+    /// Sets how many frames each market-data feed buffers (`--feed-frames-max`).
+    pub fn set_feed_frames_max(&mut self, frames: usize) {
+        self.feed_frames_max = frames.max(1);
+    }
+
+    /// Serves requests until every sender is gone (the gateway shut down),
+    /// committing what is in flight, then writes a last snapshot and returns
+    /// the state hash. A journal or ledger error ends it early.
+    pub fn run(mut self, requests: Receiver<Request>) -> Result<u64, SequencerError> {
+        loop {
+            let wait = self.time_until_due();
+            let mut batch = Vec::new();
+            match requests.recv_timeout(wait) {
+                Ok(request) => batch.push(request),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            while batch.len() < BATCH_MAX {
+                match requests.try_recv() {
+                    Ok(request) => batch.push(request),
+                    Err(_) => break,
+                }
+            }
+            self.process(batch)?;
+            if self.journal.next_seq() > self.snapshot_seq + SNAPSHOT_EVERY_ENTRIES {
+                self.snapshot();
+            }
+        }
+        // A clean stop leaves a snapshot of everything, durable before it returns.
+        let last = self.take_snapshot();
+        self.snapshots.finish(last);
+        Ok(self.market.state_hash())
+    }
+
+    fn time_until_due(&self) -> Duration {
+        let due = self.market.engine().next_due_ms();
+        Duration::from_millis(due.saturating_sub(self.clock.now_ms()).clamp(1, 1_000))
+    }
+
+    /// One batch: handle, commit, release.
+    fn process(&mut self, batch: Vec<Request>) -> Result<(), SequencerError> {
+        self.market.advance_clock(self.clock.now_ms());
+        if self.market.engine().next_due_ms() <= self.market.clock_ms() {
+            self.apply_command(None, 0, Command::Tick);
+        }
+        for request in batch {
+            self.handle(request);
+        }
+        self.expire_logs_requests();
+        if let Some(fatal) = self.fatal.take() {
+            return Err(fatal);
+        }
+        if !self.entries.is_empty() {
+            let started = std::time::Instant::now();
+            self.journal.append_with_transfers(&self.entries, &self.transfers).map_err(SequencerError::Journal)?;
+            self.metrics.observe_commit(started.elapsed());
+            self.metrics.journal_entries.inc_by(self.entries.len() as u64);
+            self.entries.clear();
+            self.transfers.clear();
+        }
+        self.release();
+        self.refresh_depth();
+        Ok(())
+    }
+
+    fn handle(&mut self, request: Request) {
+        match request {
+            Request::Connect { connection, outbound } => self.connect(connection, outbound),
+            Request::Authenticate { connection, id, public_key, role, cancel_on_disconnect } => {
+                self.authenticate(connection, id, public_key, role, cancel_on_disconnect)
+            }
+            Request::Command { connection, id, command } => self.apply_command(Some(connection), id, command),
+            Request::Subscribe { connection, id, channel, instrument } => self.subscribe(connection, id, channel, instrument),
+            Request::Resync { connection, channel, instrument } => self.resync(connection, channel, instrument),
+            Request::Unsubscribe { connection, id, channel, instrument } => self.unsubscribe(connection, id, channel, instrument),
+            Request::Instruments { connection, id } => self.instruments(connection, id),
+            Request::OpenOrders { connection, id, offset } => self.open_orders(connection, id, offset),
+            Request::Leases { connection, id, offset } => self.leases(connection, id, offset),
+            Request::Stats { connection, id, instrument } => self.stats(connection, id, instrument),
+            Request::MyGpus { connection, id, offset } => self.my_gpus(connection, id, offset),
+            Request::Usage { connection, id, report } => self.usage(connection, id, *report),
+            Request::Statement { connection, id, after } => self.statement(connection, id, after),
+            Request::Balance { connection, id } => self.balance(connection, id),
+            Request::Disconnect { connection } => self.disconnect(connection),
+            Request::Bid { connection, id, command, workload } => self.bid(connection, id, command, workload),
+            Request::Delivery { connection, id, request } => self.delivery(connection, id, request),
+        }
+    }
+
+    /// Journals one entry and applies it to the market; returns its journal
+    /// sequence number and what it caused (already routed for release). After
+    /// a broken invariant nothing more is applied and the batch is dropped.
+    fn journal(&mut self, entry: JournalEntry) -> Option<(u64, Applied)> {
+        if self.fatal.is_some() {
+            return None;
+        }
+        let applied = match self.market.apply(&entry) {
+            Ok(applied) => applied,
+            Err(error) => {
+                tracing::error!(%error, "market invariant broken; stopping");
+                self.fatal = Some(error.into());
+                return None;
+            }
+        };
+        self.entries.push(entry);
+        let journal_seq = self.journal.next_seq() + self.entries.len() as u64 - 1;
+        self.route(&applied);
+        if let Some(command) = applied.follow_up.clone() {
+            // Journaled like any command: replay meets it as its own entry.
+            self.apply_command(None, 0, command);
+        }
+        Some((journal_seq, applied))
+    }
+
+    /// Stamps a command with the exchange clock, journals and applies it,
+    /// and answers the connection that sent it (if any).
+    fn apply_command(&mut self, connection: Option<ConnectionId>, id: u64, command: Command) {
+        self.metrics.commands.inc();
+        if matches!(command, Command::PlaceOrder(_)) {
+            self.metrics.orders.inc();
+        }
+        let input = Input { at_ms: self.market.clock_ms(), command };
+        let Some((journal_seq, applied)) = self.journal(JournalEntry::Engine(input)) else { return };
+        let Some(connection) = connection else { return };
+        let reply = match applied.events.last().map(|e| e.kind) {
+            Some(EventKind::Rejected { code, .. }) => ServerMessage::Reject { id, journal_seq, code, message: code.message().to_string() },
+            _ => {
+                let order = applied.events.iter().find_map(|e| match e.kind {
+                    EventKind::OrderAccepted { order, .. } => Some(order),
+                    _ => None,
+                });
+                ServerMessage::Ack { id, journal_seq, order }
+            }
+        };
+        self.reply(connection, reply);
+    }
+
+    /// A usage report from a supplier's connection: journaled whatever its
+    /// fate, verified and metered by settlement, charged to the lease.
+    fn usage(&mut self, connection: ConnectionId, id: u64, report: gpux_protocol::UsageReport) {
+        let Some(account) = self.account(connection) else { return };
+        let at_ms = self.market.clock_ms();
+        let Some((journal_seq, applied)) = self.journal(JournalEntry::UsageReport { at_ms, account, report }) else { return };
+        let reply = match applied.usage.expect("a usage report has an outcome") {
+            Ok(gpux_settlement::UsageOutcome::Accepted { charge_minor, .. }) => {
+                self.metrics.usage_accepted.inc();
+                ServerMessage::UsageAccepted { id, journal_seq, duplicate: false, charged_minor: charge_minor }
+            }
+            Ok(gpux_settlement::UsageOutcome::Duplicate) => {
+                self.metrics.usage_accepted.inc();
+                ServerMessage::UsageAccepted { id, journal_seq, duplicate: true, charged_minor: 0 }
+            }
+            Err(code) => {
+                self.metrics.usage_refused.with_label_values(&[&crate::metrics::label(&code)]).inc();
+                ServerMessage::UsageRejected { id, journal_seq, code, message: code.message().to_string() }
+            }
+        };
+        self.reply(connection, reply);
+    }
+
+    /// Queues what an entry owes: market data once per feed, private events
+    /// and delivery messages once per account (one shared frame).
+    fn route(&mut self, applied: &Applied) {
+        self.metrics.observe_events(&applied.events);
+        self.transfers.extend_from_slice(&applied.transfers);
+        for notice in &applied.notices {
+            let frame = SharedFrame::new(notice.message.clone());
+            match notice.to {
+                Audience::Feed(channel, instrument) => self.pending.push((Target::Feed(channel, instrument), Pending::Frame(frame))),
+                Audience::Accounts(accounts) => {
+                    for account in accounts.into_iter().flatten() {
+                        self.pending.push((Target::Account(account), Pending::Frame(frame.clone())));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The account a connection logged in as.
+    fn account(&self, connection: ConnectionId) -> Option<AccountId> {
+        self.connections.get(&connection).and_then(|c| c.account)
+    }
+
+    fn reply(&mut self, connection: ConnectionId, message: ServerMessage) {
+        self.pending.push((Target::Connection(connection), Pending::Frame(SharedFrame::new(message))));
+    }
+
+    /// Rewrites the book-depth gauges, at most once a second.
+    fn refresh_depth(&mut self) {
+        let now = self.market.clock_ms();
+        if now < self.depth_refreshed_ms + 1_000 {
+            return;
+        }
+        self.depth_refreshed_ms = now;
+        // Expired windows drop out of the gauges.
+        self.metrics.book_quantity.reset();
+        let engine = self.market.engine();
+        for instrument in engine.instruments() {
+            if instrument.state == gpux_engine::InstrumentState::Expired {
+                continue;
+            }
+            for (side, name) in [(gpux_engine::Side::Buy, "bid"), (gpux_engine::Side::Sell, "ask")] {
+                let quantity: u64 = engine.depth(instrument.instrument, side).iter().map(|(_, q)| q).sum();
+                self.metrics.book_quantity.with_label_values(&[instrument.symbol.as_str(), name]).set(quantity as i64);
+            }
+        }
+    }
+
+    /// Sends everything the batch produced, now that it is durable. A
+    /// connection whose queue is full is told to close as a slow consumer.
+    fn release(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        for (target, item) in pending {
+            match (target, item) {
+                (Target::Connection(connection), Pending::Frame(frame)) => self.send(connection, Outgoing::Frame(frame)),
+                (Target::Connection(connection), Pending::Control(control)) => self.send(connection, control),
+                (Target::Account(account), Pending::Frame(frame)) => {
+                    let connections: Vec<ConnectionId> =
+                        self.connections_of.get(&account).map(|set| set.iter().copied().collect()).unwrap_or_default();
+                    for connection in connections {
+                        self.send(connection, Outgoing::Frame(frame.clone()));
+                    }
+                }
+                (Target::Feed(channel, instrument), Pending::Frame(frame)) => {
+                    if let Some(feed) = self.feeds.get(&(channel, instrument)) {
+                        // No receiver left is fine: nobody is subscribed now.
+                        let _ = feed.send(frame);
+                    }
+                }
+                (_, Pending::Control(_)) => unreachable!("controls go to one connection"),
+            }
+        }
+    }
+
+    fn send(&mut self, connection: ConnectionId, outgoing: Outgoing) {
+        let Some(state) = self.connections.get(&connection) else { return };
+        // Private frames are never dropped: a connection that cannot take
+        // one more is closed instead (the gateway counts it).
+        if let Err(mpsc::error::TrySendError::Full(_)) = state.outbound.frames.try_send(outgoing) {
+            state.outbound.too_slow.notify_one();
+            self.disconnect(connection);
+        }
+    }
+}
+
+fn error(id: Option<u64>, code: ErrorCode) -> ServerMessage {
+    ServerMessage::Error { id, code, message: code.message().to_string() }
+}

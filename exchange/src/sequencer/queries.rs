@@ -1,0 +1,100 @@
+//! Read-only answers: instruments, an account's orders, leases, GPUs,
+//! balance and statement, an instrument's 24-hour stats. None changes the
+//! market; pages fit a frame (`gpux_protocol::fit_page`).
+
+use gpux_engine::InstrumentId;
+use gpux_protocol::{ErrorCode, ServerMessage, ORDERS_PAGE_MAX};
+
+use super::{error, Sequencer};
+use crate::link::ConnectionId;
+
+impl Sequencer {
+    pub(super) fn instruments(&mut self, connection: ConnectionId, id: u64) {
+        let instruments = self.market.engine().instruments();
+        self.reply(connection, ServerMessage::Instruments { id, instruments });
+    }
+
+    pub(super) fn open_orders(&mut self, connection: ConnectionId, id: u64, offset: u32) {
+        let all = self.account(connection).map(|a| self.market.engine().open_orders(a)).unwrap_or_default();
+        let start = (offset as usize).min(all.len());
+        let end = (start + ORDERS_PAGE_MAX).min(all.len());
+        let mut orders = all[start..end].to_vec();
+        // A page also fits a frame: fewer items when they are big.
+        gpux_protocol::fit_page(&mut orders);
+        let end = start + orders.len();
+        let next_offset = (end < all.len()).then_some(end as u32);
+        self.reply(connection, ServerMessage::Orders { id, orders, next_offset });
+    }
+
+    pub(super) fn leases(&mut self, connection: ConnectionId, id: u64, offset: u32) {
+        let (mut leases, mut next_offset) =
+            self.account(connection).map(|a| self.market.engine().leases_of(a, offset as usize, ORDERS_PAGE_MAX)).unwrap_or_default();
+        if gpux_protocol::fit_page(&mut leases) {
+            next_offset = Some(offset as usize + leases.len());
+        }
+        self.reply(connection, ServerMessage::Leases { id, leases, next_offset: next_offset.map(|n| n as u32) });
+    }
+
+    pub(super) fn stats(&mut self, connection: ConnectionId, id: u64, instrument: InstrumentId) {
+        let reply = if self.market.engine().instrument(instrument).is_some() {
+            let day = self.market.stats().day(instrument, self.market.clock_ms());
+            ServerMessage::Stats {
+                id,
+                instrument,
+                window_start_ms: day.window_start_ms,
+                open: day.open,
+                high: day.high,
+                low: day.low,
+                last: day.last,
+                volume: day.volume,
+                trades: day.trades,
+            }
+        } else {
+            error(Some(id), ErrorCode::UnknownInstrument)
+        };
+        self.reply(connection, reply);
+    }
+
+    pub(super) fn my_gpus(&mut self, connection: ConnectionId, id: u64, offset: u32) {
+        let all = self.account(connection).map(|a| self.market.engine().gpus_of(a)).unwrap_or_default();
+        let start = (offset as usize).min(all.len());
+        let mut gpus: Vec<_> = all[start..].iter().take(ORDERS_PAGE_MAX).cloned().collect();
+        gpux_protocol::fit_page(&mut gpus);
+        let end = start + gpus.len();
+        let next_offset = (end < all.len()).then_some(end as u32);
+        self.reply(connection, ServerMessage::Gpus { id, gpus, next_offset });
+    }
+
+    /// Statement lines come from the journal's transfer table (durable).
+    pub(super) fn statement(&mut self, connection: ConnectionId, id: u64, after: Option<u64>) {
+        let page = ORDERS_PAGE_MAX;
+        let reply = match self.account(connection).map(|a| self.journal.statement(a, after, page)) {
+            Some(Ok(transfers)) => {
+                let mut lines: Vec<gpux_protocol::StatementLine> = transfers.iter().map(|t| t.line()).collect();
+                let cut = gpux_protocol::fit_page(&mut lines);
+                let next_after = (cut || transfers.len() == page).then(|| lines.last().map(|l| l.transfer)).flatten();
+                ServerMessage::Statement { id, lines, next_after }
+            }
+            Some(Err(error)) => {
+                tracing::error!(%error, "reading a statement");
+                ServerMessage::Statement { id, lines: Vec::new(), next_after: None }
+            }
+            None => ServerMessage::Statement { id, lines: Vec::new(), next_after: None },
+        };
+        self.reply(connection, reply);
+    }
+
+    pub(super) fn balance(&mut self, connection: ConnectionId, id: u64) {
+        let balances = self.account(connection).and_then(|a| self.market.engine().balances(a)).unwrap_or_default();
+        self.reply(
+            connection,
+            ServerMessage::Balance {
+                id,
+                available_minor: balances.available_minor,
+                held_minor: balances.held_minor,
+                payable_minor: balances.payable_minor,
+                debt_minor: balances.debt_minor,
+            },
+        );
+    }
+}

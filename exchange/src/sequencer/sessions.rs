@@ -1,0 +1,143 @@
+//! Sessions as the sequencer sees them: connections, the account each
+//! logged in as (opening one on a first login), market-data subscriptions,
+//! and what a disconnect cancels.
+
+use std::collections::BTreeSet;
+
+use gpux_engine::{AccountId, Command, EventKind, Input, InstrumentId, Role};
+use gpux_market::JournalEntry;
+use gpux_protocol::{Channel, ErrorCode, ServerMessage};
+use tokio::sync::broadcast;
+
+use super::{error, Connection, Pending, Sequencer, Target, SUBSCRIPTIONS_PER_CONNECTION_MAX};
+use crate::link::{ConnectionId, Outbound, Outgoing};
+
+impl Sequencer {
+    pub(super) fn connect(&mut self, connection: ConnectionId, outbound: Outbound) {
+        self.connections
+            .insert(connection, Connection { outbound, account: None, subscriptions: BTreeSet::new(), cancel_on_disconnect: false });
+    }
+
+    /// The gateway verified the signature over the challenge: bind the key
+    /// to its account, opening one with the role asked for on a first login.
+    pub(super) fn authenticate(
+        &mut self,
+        connection: ConnectionId,
+        id: u64,
+        public_key: [u8; 32],
+        role: Option<Role>,
+        cancel_on_disconnect: bool,
+    ) {
+        let account = match (self.market.account_of_key(&public_key), role) {
+            (Some(account), _) => Some(account),
+            (None, Some(Role::Operator)) if !self.operator_keys.contains(&public_key) => None,
+            (None, None) if self.operator_keys.contains(&public_key) => self.open_account(public_key, Role::Operator),
+            (None, Some(role)) => self.open_account(public_key, role),
+            (None, None) => None,
+        };
+        let Some(account) = account else {
+            let reason = if role == Some(Role::Operator) { "operator_key_unknown" } else { "no_account" };
+            self.metrics.auth_failures.with_label_values(&[reason]).inc();
+            self.reply(connection, error(Some(id), ErrorCode::AuthFailed));
+            return;
+        };
+        let role = self.market.engine().role(account).expect("bound accounts exist");
+        if let Some(state) = self.connections.get_mut(&connection) {
+            state.account = Some(account);
+            state.cancel_on_disconnect = cancel_on_disconnect;
+            self.connections_of.entry(account).or_default().insert(connection);
+        }
+        self.reply(connection, ServerMessage::Authenticated { id, account, role });
+    }
+
+    fn open_account(&mut self, public_key: [u8; 32], role: Role) -> Option<AccountId> {
+        let input = Input { at_ms: self.market.clock_ms(), command: Command::OpenAccount { role } };
+        let (_, applied) = self.journal(JournalEntry::Engine(input))?;
+        let account = applied.events.iter().find_map(|e| match e.kind {
+            EventKind::AccountOpened { account, .. } => Some(account),
+            _ => None,
+        })?;
+        self.journal(JournalEntry::BindKey { public_key, account })?;
+        Some(account)
+    }
+
+    pub(super) fn subscribe(&mut self, connection: ConnectionId, id: u64, channel: Channel, instrument: InstrumentId) {
+        if self.market.engine().instrument(instrument).is_none() {
+            self.reply(connection, error(Some(id), ErrorCode::UnknownInstrument));
+            return;
+        }
+        let Some(state) = self.connections.get_mut(&connection) else { return };
+        if state.subscriptions.len() >= SUBSCRIPTIONS_PER_CONNECTION_MAX && !state.subscriptions.contains(&(channel, instrument)) {
+            self.reply(connection, error(Some(id), ErrorCode::TooManySubscriptions));
+            return;
+        }
+        let newly = state.subscriptions.insert((channel, instrument));
+        self.reply(connection, ServerMessage::Subscribed { id, channel, instrument });
+        if channel == Channel::Book {
+            self.reply(connection, self.book_snapshot(instrument));
+        }
+        if newly {
+            self.start_feed(connection, channel, instrument);
+        }
+    }
+
+    pub(super) fn unsubscribe(&mut self, connection: ConnectionId, id: u64, channel: Channel, instrument: InstrumentId) {
+        let removed = self.connections.get_mut(&connection).is_some_and(|c| c.subscriptions.remove(&(channel, instrument)));
+        if removed {
+            self.reply(connection, ServerMessage::Unsubscribed { id, channel, instrument });
+            self.pending.push((Target::Connection(connection), Pending::Control(Outgoing::FeedEnd { channel, instrument })));
+        } else {
+            self.reply(connection, error(Some(id), ErrorCode::NotSubscribed));
+        }
+    }
+
+    fn book_snapshot(&self, instrument: InstrumentId) -> ServerMessage {
+        let engine = self.market.engine();
+        let levels = gpux_protocol::BOOK_SNAPSHOT_LEVELS_MAX;
+        ServerMessage::BookSnapshot {
+            instrument,
+            seq: self.market.book_seq(instrument),
+            bids: engine.depth_best(instrument, gpux_engine::Side::Buy, levels),
+            asks: engine.depth_best(instrument, gpux_engine::Side::Sell, levels),
+        }
+    }
+
+    /// Hands the connection a receiver of the feed from now on; updates
+    /// older than a snapshot sent just before carry a seq the client ignores.
+    fn start_feed(&mut self, connection: ConnectionId, channel: Channel, instrument: InstrumentId) {
+        let capacity = self.feed_frames_max;
+        let feed = self.feeds.entry((channel, instrument)).or_insert_with(|| broadcast::channel(capacity).0).subscribe();
+        self.pending.push((Target::Connection(connection), Pending::Control(Outgoing::FeedStart { channel, instrument, feed })));
+    }
+
+    /// A subscriber lost its place in a feed: the book it missed is conflated
+    /// into one fresh snapshot (levels by price, the current seq), then the
+    /// feed resumes from there; trades resume with a gap in `seq`.
+    pub(super) fn resync(&mut self, connection: ConnectionId, channel: Channel, instrument: InstrumentId) {
+        let subscribed = self.connections.get(&connection).is_some_and(|state| state.subscriptions.contains(&(channel, instrument)));
+        if !subscribed {
+            return;
+        }
+        self.metrics.feed_resyncs.inc();
+        if channel == Channel::Book {
+            self.reply(connection, self.book_snapshot(instrument));
+        }
+        self.start_feed(connection, channel, instrument);
+    }
+
+    pub(super) fn disconnect(&mut self, connection: ConnectionId) {
+        let Some(state) = self.connections.remove(&connection) else { return };
+        let Some(account) = state.account else { return };
+        let last = match self.connections_of.get_mut(&account) {
+            Some(set) => {
+                set.remove(&connection);
+                set.is_empty()
+            }
+            None => true,
+        };
+        if state.cancel_on_disconnect && last {
+            // Journaled like any command, so replay cancels the same orders.
+            self.apply_command(None, 0, Command::MassCancel { account, instrument: None });
+        }
+    }
+}

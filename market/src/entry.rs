@@ -1,0 +1,67 @@
+//! The journal's entries: everything that changes the market, in the order
+//! the sequencer accepted it. Replaying the entries through
+//! [`MarketState::apply`](crate::MarketState::apply) from any snapshot
+//! rebuilds the same state; nothing else changes it.
+
+use gpux_engine::{AccountId, Input, LeaseId};
+use gpux_protocol::{DeliveryState, UsageReport, Workload};
+use serde::{Deserialize, Serialize};
+
+/// One journaled input: an engine command, or market state the engine does
+/// not hold (key bindings, usage reports, delivery records).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JournalEntry {
+    Engine(Input),
+    /// The binding of an account to the public key that proved it.
+    BindKey {
+        public_key: [u8; 32],
+        account: AccountId,
+    },
+    /// A usage report as received from `account` at `at_ms`; replay verifies
+    /// it again and derives the same outcome and charge.
+    UsageReport {
+        at_ms: u64,
+        account: AccountId,
+        report: UsageReport,
+    },
+    /// A bid's workload; the bid's own `Engine` entry follows it directly.
+    /// The secret part is sealed (never in clear here).
+    BidWorkload {
+        account: AccountId,
+        client_order_id: u64,
+        workload: Box<Workload>,
+    },
+    /// A renter set the workload of its lease.
+    LeaseWorkload {
+        account: AccountId,
+        lease: LeaseId,
+        workload: Box<Workload>,
+    },
+    /// A host published its encryption key (signature checked before journaling).
+    EncryptionKey {
+        account: AccountId,
+        key: [u8; 32],
+        signature: String,
+    },
+    /// A host reported a lease's delivery status at `at_ms`.
+    DeliveryStatus {
+        at_ms: u64,
+        account: AccountId,
+        lease: LeaseId,
+        state: DeliveryState,
+    },
+}
+
+impl JournalEntry {
+    /// The exchange time the entry carries, if it carries one.
+    pub fn at_ms(&self) -> Option<u64> {
+        match self {
+            JournalEntry::Engine(input) => Some(input.at_ms),
+            JournalEntry::UsageReport { at_ms, .. } | JournalEntry::DeliveryStatus { at_ms, .. } => Some(*at_ms),
+            JournalEntry::BindKey { .. }
+            | JournalEntry::BidWorkload { .. }
+            | JournalEntry::LeaseWorkload { .. }
+            | JournalEntry::EncryptionKey { .. } => None,
+        }
+    }
+}

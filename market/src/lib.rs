@@ -1,0 +1,358 @@
+//! gpux-market: the market as pure sequenced state, and the one way it
+//! changes.
+//!
+//! [`MarketState`] holds everything a journal rebuilds: the matching engine,
+//! settlement's usage chains and meters, the double-entry ledger, the
+//! binding of public keys to accounts, lease delivery records, market-data
+//! sequence numbers and the rolling 24-hour statistics. [`MarketState::apply`]
+//! takes one [`JournalEntry`] and returns what it caused ([`Applied`]): the
+//! engine's events, the ledger's transfers, and the messages each account and
+//! each market-data feed is owed. The exchange's sequencer (live and in
+//! recovery), the simulator and the audit replay all call it; there is no
+//! other path, so they cannot disagree about what a journal means.
+//!
+//! No IO, no clocks, no threads: time comes from the entries. Queries never
+//! change the state, so answering them cannot make a live exchange differ
+//! from a replay of its journal.
+
+pub mod delivery;
+pub mod entry;
+mod routing;
+pub mod stats;
+
+use std::collections::BTreeMap;
+
+use gpux_engine::state_hash::StateHasher;
+use gpux_engine::{AccountId, Command, Engine, EngineConfig, Event, EventKind, InstrumentId, LeaseId};
+use gpux_protocol::{Channel, DeliveryState, ErrorCode, ServerMessage, UsageRejectCode};
+use gpux_settlement::ledger::{Ledger, LedgerError, Transfer};
+use gpux_settlement::{settle_report, Settlement, UsageOutcome};
+use serde::{Deserialize, Serialize};
+
+pub use delivery::{Assigned, Deliveries, HostEncryptionKey, LeaseDelivery};
+pub use entry::JournalEntry;
+pub use stats::{DayStats, RollingStats};
+
+/// Why an entry could not be applied. Every one is a broken invariant (the
+/// state may be half-changed): the caller stops rather than go on.
+#[derive(Debug, thiserror::Error)]
+pub enum MarketError {
+    #[error("ledger invariant broken: {0}")]
+    Ledger(#[from] LedgerError),
+}
+
+/// Who a message is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Audience {
+    /// Every session of these accounts (one or two, deduplicated).
+    Accounts([Option<AccountId>; 2]),
+    /// Every subscriber of a market-data feed.
+    Feed(Channel, InstrumentId),
+}
+
+impl Audience {
+    pub fn account(account: AccountId) -> Audience {
+        Audience::Accounts([Some(account), None])
+    }
+}
+
+/// A message the entry owes someone, in the order it must be sent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Notice {
+    pub to: Audience,
+    pub message: ServerMessage,
+}
+
+/// What applying one entry caused.
+#[derive(Clone, Debug, Default)]
+pub struct Applied {
+    /// The engine's events (for a usage report: those of its charge).
+    pub events: Vec<Event>,
+    /// The ledger's postings for those events.
+    pub transfers: Vec<Transfer>,
+    /// Private events, market data and delivery messages, in release order.
+    pub notices: Vec<Notice>,
+    /// A usage report's outcome.
+    pub usage: Option<Result<UsageOutcome, UsageRejectCode>>,
+    /// A delivery status that is the lease's first `running`.
+    pub first_running: bool,
+    /// A command the market rules call for next (a host failure ends its
+    /// lease): the live sequencer journals and applies it as its own entry,
+    /// so a replay meets it in the journal and does not act on this.
+    pub follow_up: Option<Command>,
+}
+
+/// The whole state a journal rebuilds. `clock_ms` is the newest exchange time
+/// seen; it is kept for restarts but is not part of [`state_hash`](Self::state_hash)
+/// (the live exchange also advances it between entries).
+#[derive(Clone, Serialize, Deserialize)]
+pub struct MarketState {
+    engine: Engine,
+    settlement: Settlement,
+    ledger: Ledger,
+    /// Account of each public key bound at login, and the reverse.
+    keys: BTreeMap<[u8; 32], AccountId>,
+    account_keys: BTreeMap<AccountId, [u8; 32]>,
+    deliveries: Deliveries,
+    book_seq: BTreeMap<InstrumentId, u64>,
+    trade_seq: BTreeMap<InstrumentId, u64>,
+    stats: RollingStats,
+    clock_ms: u64,
+}
+
+impl MarketState {
+    pub fn new(config: EngineConfig) -> Result<MarketState, gpux_engine::config::ConfigError> {
+        Ok(MarketState::from_engine(Engine::new(config)?))
+    }
+
+    /// A market around an engine (whose history it did not see: use a new engine).
+    pub fn from_engine(engine: Engine) -> MarketState {
+        MarketState {
+            engine,
+            settlement: Settlement::default(),
+            ledger: Ledger::new(),
+            keys: BTreeMap::new(),
+            account_keys: BTreeMap::new(),
+            deliveries: Deliveries::default(),
+            book_seq: BTreeMap::new(),
+            trade_seq: BTreeMap::new(),
+            stats: RollingStats::default(),
+            clock_ms: 0,
+        }
+    }
+
+    /// Applies one journal entry. The only way the market changes.
+    pub fn apply(&mut self, entry: &JournalEntry) -> Result<Applied, MarketError> {
+        let mut applied = Applied::default();
+        if let Some(at_ms) = entry.at_ms() {
+            self.clock_ms = self.clock_ms.max(at_ms);
+        }
+        // Messages the entry itself owes, sent after those of its events.
+        let mut owed = Vec::new();
+        match entry {
+            JournalEntry::Engine(input) => {
+                applied.events.extend_from_slice(self.engine.apply(input));
+                for assigned in self.deliveries.observe(&applied.events) {
+                    owed.push(Notice {
+                        to: Audience::account(assigned.supplier),
+                        message: ServerMessage::Workload { lease: assigned.lease, workload: assigned.workload },
+                    });
+                }
+            }
+            JournalEntry::BindKey { public_key, account } => {
+                self.keys.insert(*public_key, *account);
+                self.account_keys.insert(*account, *public_key);
+            }
+            JournalEntry::UsageReport { at_ms, account, report } => {
+                let key = self.account_key(*account).unwrap_or([0; 32]);
+                let (outcome, events) = settle_report(&mut self.engine, &mut self.settlement, &key, *at_ms, *account, report);
+                applied.events = events;
+                applied.usage = Some(outcome);
+            }
+            JournalEntry::BidWorkload { account, client_order_id, workload } => {
+                self.deliveries.bid_workload(*account, *client_order_id, workload.clone())
+            }
+            JournalEntry::LeaseWorkload { account: _, lease, workload } => {
+                if let Some(supplier) = self.engine.lease(*lease).map(|l| l.supplier) {
+                    self.deliveries.set_lease_workload(*lease, supplier, workload.clone());
+                    owed.push(Notice {
+                        to: Audience::account(supplier),
+                        message: ServerMessage::Workload { lease: *lease, workload: workload.clone() },
+                    });
+                }
+            }
+            JournalEntry::EncryptionKey { account, key, signature } => {
+                self.deliveries.set_encryption_key(*account, HostEncryptionKey { key: *key, signature: signature.clone() })
+            }
+            JournalEntry::DeliveryStatus { at_ms, account, lease, state } => {
+                applied.first_running = self.deliveries.record_status(*lease, *account, state.clone(), *at_ms);
+                if let Some(info) = self.engine.lease(*lease) {
+                    owed.push(Notice {
+                        to: Audience::account(info.renter),
+                        message: ServerMessage::Delivery { lease: *lease, state: state.clone(), at_ms: *at_ms },
+                    });
+                    let host_failed = matches!(state, DeliveryState::Failed { fault: gpux_protocol::Fault::Host, .. });
+                    if host_failed && info.active {
+                        applied.follow_up = Some(Command::FailLeaseDelivery { account: *account, lease: *lease });
+                    }
+                }
+            }
+        }
+        self.post(&mut applied)?;
+        applied.notices.extend(owed);
+        Ok(applied)
+    }
+
+    /// Books the events in the ledger, forgets leases whose billing closed,
+    /// numbers market data and routes private events.
+    fn post(&mut self, applied: &mut Applied) -> Result<(), MarketError> {
+        for event in &applied.events {
+            applied.transfers.extend(self.ledger.apply(event)?);
+            if let EventKind::LeaseBillingClosed { lease, .. } = event.kind {
+                self.settlement.forget_lease(lease);
+            }
+            if let Some(notice) = self.market_data(event) {
+                applied.notices.push(notice);
+            }
+            let accounts = routing::accounts_of(&self.engine, event);
+            if accounts[0].is_some() || accounts[1].is_some() {
+                let reason = match event.kind {
+                    EventKind::Rejected { code, .. } => Some(code.message().to_string()),
+                    _ => None,
+                };
+                applied
+                    .notices
+                    .push(Notice { to: Audience::Accounts(accounts), message: ServerMessage::Private { event: *event, reason } });
+            }
+        }
+        Ok(())
+    }
+
+    /// Numbers a book update or a trade in its feed and records trades in the stats.
+    fn market_data(&mut self, event: &Event) -> Option<Notice> {
+        match event.kind {
+            EventKind::BookLevel { instrument, side, price_minor_per_gpu_hour, quantity } => {
+                let seq = self.book_seq.entry(instrument).or_insert(0);
+                *seq += 1;
+                Some(Notice {
+                    to: Audience::Feed(Channel::Book, instrument),
+                    message: ServerMessage::BookUpdate { instrument, seq: *seq, side, price_minor_per_gpu_hour, quantity },
+                })
+            }
+            EventKind::Trade { instrument, price_minor_per_gpu_hour, quantity, aggressor, .. } => {
+                let seq = self.trade_seq.entry(instrument).or_insert(0);
+                *seq += 1;
+                self.stats.record(instrument, event.at_ms, price_minor_per_gpu_hour, quantity);
+                Some(Notice {
+                    to: Audience::Feed(Channel::Trades, instrument),
+                    message: ServerMessage::Trade {
+                        instrument,
+                        seq: *seq,
+                        price_minor_per_gpu_hour,
+                        quantity,
+                        aggressor,
+                        at_ms: event.at_ms,
+                    },
+                })
+            }
+            _ => None,
+        }
+    }
+
+    // Checks the sequencer makes before journaling a request: a request
+    // that fails one is answered with the code and never journaled.
+
+    /// A renter setting its lease's workload.
+    pub fn check_lease_workload(&self, account: AccountId, lease: LeaseId) -> Result<(), ErrorCode> {
+        let info = self.engine.lease(lease).filter(|l| l.renter == account).ok_or(ErrorCode::UnknownLease)?;
+        if !info.active {
+            return Err(ErrorCode::LeaseNotActive);
+        }
+        Ok(())
+    }
+
+    /// A host reporting a lease's delivery status.
+    pub fn check_delivery_status(&self, account: AccountId, lease: LeaseId, state: &DeliveryState) -> Result<(), ErrorCode> {
+        let info = self.engine.lease(lease).filter(|l| l.supplier == account).ok_or(ErrorCode::UnknownLease)?;
+        if info.billing_closed {
+            return Err(ErrorCode::LeaseNotActive);
+        }
+        if !state.valid() {
+            return Err(ErrorCode::DeliveryStatusInvalid);
+        }
+        Ok(())
+    }
+
+    /// A host publishing its encryption key, signed by its identity key.
+    pub fn check_encryption_key(&self, account: AccountId, key: &[u8; 32], signature: &str) -> Result<(), ErrorCode> {
+        let identity = self.account_key(account).unwrap_or([0; 32]);
+        if !gpux_protocol::delivery::encryption_key_certified(key, &identity, signature) {
+            return Err(ErrorCode::EncryptionKeyInvalid);
+        }
+        Ok(())
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn settlement(&self) -> &Settlement {
+        &self.settlement
+    }
+
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    pub fn deliveries(&self) -> &Deliveries {
+        &self.deliveries
+    }
+
+    /// The account bound to a public key.
+    pub fn account_of_key(&self, public_key: &[u8; 32]) -> Option<AccountId> {
+        self.keys.get(public_key).copied()
+    }
+
+    /// The public key an account logged in with (its host key, for a supplier).
+    pub fn account_key(&self, account: AccountId) -> Option<[u8; 32]> {
+        self.account_keys.get(&account).copied()
+    }
+
+    /// Key bindings, for tests and tools.
+    pub fn key_bindings(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The newest book update's sequence number in an instrument's feed.
+    pub fn book_seq(&self, instrument: InstrumentId) -> u64 {
+        self.book_seq.get(&instrument).copied().unwrap_or(0)
+    }
+
+    pub fn stats(&self) -> &RollingStats {
+        &self.stats
+    }
+
+    /// The newest exchange time seen.
+    pub fn clock_ms(&self) -> u64 {
+        self.clock_ms
+    }
+
+    /// Moves the exchange clock forward (never back). Only the live
+    /// sequencer calls it, between entries; entries carry their own times.
+    pub fn advance_clock(&mut self, now_ms: u64) {
+        self.clock_ms = self.clock_ms.max(now_ms);
+    }
+
+    /// The accounts an event concerns (at most two, deduplicated).
+    pub fn accounts_of(&self, event: &Event) -> [Option<AccountId>; 2] {
+        routing::accounts_of(&self.engine, event)
+    }
+
+    /// A hash of the whole state but the clock: equal for markets that
+    /// applied the same entries, whether live, replayed from any snapshot,
+    /// simulated or audited.
+    pub fn state_hash(&self) -> u64 {
+        let mut hasher = StateHasher::new();
+        hasher.u64(self.engine.state_hash());
+        let rest = (&self.settlement, &self.ledger, &self.keys, &self.deliveries, &self.book_seq, &self.trade_seq, &self.stats);
+        hasher.bytes(&gpux_protocol::encode_record(&rest));
+        hasher.finish()
+    }
+
+    /// Encoded sizes of the parts that grow with the market's history, bytes.
+    pub fn hot_state_bytes(&self) -> HotState {
+        HotState {
+            engine: gpux_protocol::encode_record(&self.engine).len() as u64,
+            settlement: gpux_protocol::encode_record(&self.settlement).len() as u64,
+            ledger: gpux_protocol::encode_record(&self.ledger).len() as u64,
+        }
+    }
+}
+
+/// Encoded sizes of the market's state, bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HotState {
+    pub engine: u64,
+    pub settlement: u64,
+    pub ledger: u64,
+}
