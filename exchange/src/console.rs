@@ -22,7 +22,7 @@ fn asset(path: &str, gateway_url: &str) -> Option<(&'static str, String)> {
 }
 
 pub async fn serve(listener: TcpListener, gateway_url: String, metrics: std::sync::Arc<crate::metrics::Metrics>) {
-    crate::admission::serve_http(listener, "console", metrics, move |request| {
+    gpux_gateway::admission::serve_http(listener, "console", metrics.gateway.clone(), move |request| {
         let line = String::from_utf8_lossy(request);
         let path = line.strip_prefix("GET ").and_then(|rest| rest.split_whitespace().next()).unwrap_or("");
         let path = path.split('?').next().unwrap_or("");

@@ -3,10 +3,7 @@
 //! WebSocket gateway (`gateway`). `run` is the whole process; the binary
 //! only parses its flags.
 
-pub mod admission;
 pub mod console;
-pub mod gateway;
-pub mod link;
 pub mod metrics;
 pub mod sequencer;
 pub mod snapshots;
@@ -18,6 +15,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use gpux_engine::EngineConfig;
+pub use gpux_gateway as gateway;
+use gpux_gateway::{admission, link};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -125,7 +124,7 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
             say(&format!("at most {budget} connections: the descriptor limit (ulimit -n) leaves no room for more"));
             limits.admission.connections_max = budget;
         }
-        let server = tokio::spawn(gateway::serve(listener, requests, stopped, limits, metrics, tls, clock));
+        let server = tokio::spawn(gateway::serve(listener, requests, stopped, limits, metrics.gateway.clone(), tls, clock));
         let stop_asked = async {
             match stop_on {
                 Stop::Signals => wait_for_signal().await,

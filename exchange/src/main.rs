@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Parser;
 use gpux_engine::EngineConfig;
-use gpux_exchange::{admission, run, ExchangeConfig};
+use gpux_exchange::gateway::admission;
+use gpux_exchange::{run, ExchangeConfig};
 
 #[derive(Parser)]
 #[command(name = "gpux-exchange", about = "The gpux exchange: journal, matching engine and WebSocket gateway in one process")]
@@ -70,7 +71,7 @@ struct Args {
     outbound_frames_max: usize,
     /// Frames each market-data feed buffers for its slowest subscriber; one
     /// further behind is sent a fresh book snapshot and the feed from there.
-    #[arg(long, default_value_t = gpux_exchange::link::FEED_FRAMES_MAX)]
+    #[arg(long, default_value_t = gpux_exchange::gateway::link::FEED_FRAMES_MAX)]
     feed_frames_max: usize,
     /// How long a connection may take nothing of what waits to be written
     /// to it (the peer does not read) before it is closed as a slow consumer (ms).
@@ -130,7 +131,8 @@ fn run_main() -> Result<()> {
             .with_context(|| format!("--operator-key {key}: expected 64 hex digits (an ed25519 public key)"))?;
         operator_keys.insert(bytes);
     }
-    let on_listening = if args.sim { Some(live_market(&args, &mut operator_keys)?) } else { None };
+    let live_child = LiveChild::default();
+    let on_listening = if args.sim { Some(live_market(&args, &mut operator_keys, live_child.clone())?) } else { None };
     let tls = args.tls_cert.zip(args.tls_key);
     if tls.is_none() && !args.listen.ip().is_loopback() {
         anyhow::bail!("plain ws:// is for loopback development only: give --tls-cert and --tls-key to listen on {}", args.listen);
@@ -171,7 +173,7 @@ fn run_main() -> Result<()> {
         "off" => None,
         address => Some(address.parse::<SocketAddr>().with_context(|| format!("--console-listen {address}: expected host:port or off"))?),
     };
-    run(ExchangeConfig {
+    let result = run(ExchangeConfig {
         data_dir: args.data_dir,
         listen: args.listen,
         operator_keys,
@@ -183,36 +185,62 @@ fn run_main() -> Result<()> {
         billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: args.fee_bps, grace_ms: args.billing_grace_ms },
         clock_offset_ms: args.clock_offset_ms,
         on_listening,
-    })?;
-    Ok(())
+    });
+    stop_live_market(&live_child);
+    result.map(|_| ())
 }
 
-/// The live simulated market, started on its own thread once the gateway
-/// listens, with an operator key made for this run (it funds the renters).
-fn live_market(args: &Args, operator_keys: &mut BTreeSet<[u8; 32]>) -> Result<gpux_exchange::OnListening> {
+/// The live simulated market (`gpux-sim live`, a separate process: the
+/// exchange does not link the simulator), started once the gateway listens,
+/// with an operator key kept in the data directory (it funds the renters).
+/// The child is stopped when the exchange stops.
+fn live_market(args: &Args, operator_keys: &mut BTreeSet<[u8; 32]>, child: LiveChild) -> Result<gpux_exchange::OnListening> {
     if args.tls_cert.is_some() {
         anyhow::bail!("--sim drives the exchange over plain ws:// on loopback: leave out --tls-cert");
     }
     let secret = live_market_secret(&args.data_dir)?;
     let operator_key = ed25519_dalek::SigningKey::from_bytes(&secret);
     operator_keys.insert(operator_key.verifying_key().to_bytes());
+    let program = sim_binary()?;
+    let secret_file = args.data_dir.join("live-market.key");
     let (suppliers, renters) = (args.sim_suppliers, args.sim_renters);
-    let seed = u64::from_le_bytes(secret[..8].try_into().expect("8 bytes"));
     Ok(Box::new(move |url: &str| {
-        let options = gpux_sim::live::LiveOptions { url: url.to_string(), operator_key, suppliers, renters, seed };
         eprintln!(
             "live simulated market: {suppliers} suppliers and {renters} renters trading on {url} (watch a book: gpux book H100-SXM-80G/SPOT)"
         );
-        let started = std::thread::Builder::new().name("live-market".into()).spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime for the live market");
-            if let Err(error) = runtime.block_on(gpux_sim::live::run(options)) {
-                eprintln!("live simulated market stopped: {error:#}");
-            }
-        });
-        if let Err(error) = started {
-            eprintln!("live simulated market not started: {error}");
+        let started = std::process::Command::new(&program)
+            .arg("live")
+            .args(["--url", url, "--suppliers", &suppliers.to_string(), "--renters", &renters.to_string()])
+            .arg("--secret-file")
+            .arg(&secret_file)
+            .stdin(std::process::Stdio::null())
+            .spawn();
+        match started {
+            Ok(started) => *child.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(started),
+            Err(error) => eprintln!("live simulated market not started: {}: {error}", program.display()),
         }
     }))
+}
+
+type LiveChild = std::sync::Arc<std::sync::Mutex<Option<std::process::Child>>>;
+
+/// `gpux-sim`: `$GPUX_SIM`, or next to this binary (cargo builds both).
+fn sim_binary() -> Result<std::path::PathBuf> {
+    if let Some(path) = std::env::var_os("GPUX_SIM") {
+        return Ok(path.into());
+    }
+    let exe = std::env::current_exe().context("locating gpux-exchange")?;
+    let path = exe.with_file_name("gpux-sim");
+    anyhow::ensure!(path.exists(), "--sim runs {}, which is missing: build it with `cargo build --release --locked`", path.display());
+    Ok(path)
+}
+
+/// Stops the live market's process, if one runs.
+fn stop_live_market(child: &LiveChild) {
+    if let Some(mut child) = child.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        let _ = child.wait();
+    }
 }
 
 /// The live market's secret, kept in the data directory: its operator key

@@ -4,9 +4,11 @@
 //! book depth the sequencer refreshes at most once a second. Every metric
 //! and its labels are listed in docs/protocol.md "Metrics".
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use gpux_gateway::metrics::GatewayMetrics;
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio::net::TcpListener;
 
 /// Upper bounds (seconds) of the journal commit latency histogram.
@@ -16,26 +18,15 @@ const RUNNING_BUCKETS_SECONDS: [f64; 11] = [0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0
 
 pub struct Metrics {
     registry: Registry,
+    /// The gateway's connection metrics, in the same registry.
+    pub gateway: Arc<GatewayMetrics>,
     pub commands: IntCounter,
     pub orders: IntCounter,
     /// Engine refusals, by code.
     pub rejects: IntCounterVec,
-    /// Gateway `error` frames, by code.
-    pub errors: IntCounterVec,
     pub journal_entries: IntCounter,
-    /// Open WebSocket connections, and how many have not logged in.
-    pub connections: IntGauge,
-    pub connections_unauthenticated: IntGauge,
-    pub connections_total: IntCounter,
-    connections_refused: IntCounterVec,
-    connections_reaped: IntCounterVec,
-    /// Accepts that failed (most often: out of file descriptors).
-    pub accept_errors: IntCounter,
-    slow_consumers: IntCounterVec,
     /// Subscribers resynchronised with a fresh snapshot after falling behind a feed.
     pub feed_resyncs: IntCounter,
-    /// Refused logins, by reason.
-    pub auth_failures: IntCounterVec,
     pub trades: IntCounter,
     /// GPUs traded (a trade of 4 GPUs adds 4).
     pub traded_gpus: IntCounter,
@@ -68,12 +59,6 @@ fn counters(registry: &Registry, name: &str, help: &str, label: &str) -> IntCoun
     metric
 }
 
-fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
-    let metric = IntGauge::new(name, help).expect("a valid metric");
-    registry.register(Box::new(metric.clone())).expect("registered once");
-    metric
-}
-
 fn histogram(registry: &Registry, name: &str, help: &str, buckets: &[f64]) -> Histogram {
     let metric = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec())).expect("a valid metric");
     registry.register(Box::new(metric.clone())).expect("registered once");
@@ -84,30 +69,12 @@ impl Metrics {
     pub fn new() -> Metrics {
         let r = Registry::new();
         let metrics = Metrics {
+            gateway: Arc::new(GatewayMetrics::new(&r)),
             commands: counter(&r, "gpux_commands_total", "Commands journaled and applied (rate = commands/s)."),
             orders: counter(&r, "gpux_orders_total", "New orders received (rate = orders/s)."),
             rejects: counters(&r, "gpux_rejects_total", "Commands the engine refused, by code.", "code"),
-            errors: counters(&r, "gpux_errors_total", "Error frames sent (bad frames, limits, refused requests), by code.", "code"),
             journal_entries: counter(&r, "gpux_journal_entries_total", "Entries appended to the journal."),
-            connections: gauge(&r, "gpux_connections", "Open WebSocket connections."),
-            connections_unauthenticated: gauge(&r, "gpux_connections_unauthenticated", "Open WebSocket connections not logged in."),
-            connections_total: counter(&r, "gpux_connections_total", "WebSocket connections accepted."),
-            connections_refused: counters(
-                &r,
-                "gpux_connections_refused_total",
-                "Connections closed at accept, by the cap they hit.",
-                "cap",
-            ),
-            connections_reaped: counters(
-                &r,
-                "gpux_connections_reaped_total",
-                "Connections closed for silence, by the stage they stalled in.",
-                "stage",
-            ),
-            accept_errors: counter(&r, "gpux_accept_errors_total", "Failed accepts (out of descriptors, most often); each backs off."),
-            slow_consumers: counters(&r, "gpux_slow_consumers_total", "Connections closed slow_consumer, by cause.", "cause"),
             feed_resyncs: counter(&r, "gpux_feed_resyncs_total", "Subscribers that fell behind a feed and were sent a fresh snapshot."),
-            auth_failures: counters(&r, "gpux_auth_failures_total", "Refused logins, by reason.", "reason"),
             trades: counter(&r, "gpux_trades_total", "Trades."),
             traded_gpus: counter(&r, "gpux_traded_gpus_total", "GPUs traded (volume)."),
             leases_opened: counters(&r, "gpux_leases_opened_total", "Leases created, by kind.", "kind"),
@@ -137,31 +104,10 @@ impl Metrics {
             registry: r,
         };
         // Labelled series that exist from the start, so a scrape shows them at 0.
-        for refusal in crate::admission::Refusal::ALL {
-            metrics.connections_refused.with_label_values(&[refusal.label()]);
-        }
-        for stage in crate::gateway::Stage::ALL {
-            metrics.connections_reaped.with_label_values(&[stage.label()]);
-        }
-        for cause in crate::gateway::SlowCause::ALL {
-            metrics.slow_consumers.with_label_values(&[cause.label()]);
-        }
         for state in ["awaiting_secrets", "pulling", "starting", "running", "exited", "failed", "stopped"] {
             metrics.delivery_statuses.with_label_values(&[state]);
         }
         metrics
-    }
-
-    pub fn refused(&self, refusal: crate::admission::Refusal) {
-        self.connections_refused.with_label_values(&[refusal.label()]).inc();
-    }
-
-    pub fn reaped(&self, stage: crate::gateway::Stage) {
-        self.connections_reaped.with_label_values(&[stage.label()]).inc();
-    }
-
-    pub fn slow_consumer(&self, cause: crate::gateway::SlowCause) {
-        self.slow_consumers.with_label_values(&[cause.label()]).inc();
     }
 
     pub fn observe_commit(&self, took: Duration) {
@@ -199,19 +145,12 @@ impl Metrics {
     }
 }
 
-/// A wire enum value as its label (`spot`, `delivery_failed`, `insufficient_funds`).
-pub fn label<T: serde::Serialize>(value: &T) -> String {
-    match serde_json::to_value(value) {
-        Ok(serde_json::Value::String(text)) => text,
-        Ok(serde_json::Value::Object(fields)) => fields.keys().next().cloned().unwrap_or_default(),
-        _ => String::from("other"),
-    }
-}
+pub use gpux_gateway::metrics::label;
 
 /// Serves `GET /metrics` until the process ends.
 pub async fn serve(listener: TcpListener, metrics: std::sync::Arc<Metrics>) {
     let rendering = metrics.clone();
-    crate::admission::serve_http(listener, "metrics", metrics, move |request| {
+    gpux_gateway::admission::serve_http(listener, "metrics", metrics.gateway.clone(), move |request| {
         if request.starts_with(b"GET /metrics ") {
             let body = rendering.render();
             format!(

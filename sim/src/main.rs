@@ -44,10 +44,58 @@ struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    #[command(subcommand)]
+    mode: Option<Mode>,
+}
+
+#[derive(clap::Subcommand)]
+enum Mode {
+    /// Trade on a running exchange in real time, as WebSocket clients
+    /// (what `gpux-exchange --sim` starts): suppliers keep asks up and report
+    /// usage, renters bid; it runs until the exchange goes away.
+    Live {
+        /// The exchange's gateway, e.g. ws://127.0.0.1:7300.
+        #[arg(long)]
+        url: String,
+        /// 64 hex digits: the seed of the market's operator key (which the
+        /// exchange must accept, `--operator-key`) and of its traders' keys.
+        #[arg(long)]
+        secret_file: PathBuf,
+        #[arg(long, default_value_t = 8)]
+        suppliers: u32,
+        #[arg(long, default_value_t = 16)]
+        renters: u32,
+    },
+}
+
+/// The live market: its keys come from the secret, so a restart on the same
+/// secret brings back the same traders.
+fn live(url: String, secret_file: &std::path::Path, suppliers: u32, renters: u32) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(secret_file).with_context(|| format!("reading {}", secret_file.display()))?;
+    let secret: [u8; 32] = hex_decode(text.trim()).with_context(|| format!("{}: expected 64 hex digits", secret_file.display()))?;
+    let operator_key = ed25519_dalek::SigningKey::from_bytes(&secret);
+    let seed = u64::from_le_bytes(secret[..8].try_into().expect("8 bytes"));
+    let options = gpux_sim::live::LiveOptions { url, operator_key, suppliers, renters, seed };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("a runtime for the live market")?;
+    runtime.block_on(gpux_sim::live::run(options)).context("live simulated market stopped")
+}
+
+fn hex_decode(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 || !text.is_ascii() {
+        return None;
+    }
+    let mut bytes = [0u8; 32];
+    for (index, byte) in bytes.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[2 * index..2 * index + 2], 16).ok()?;
+    }
+    Some(bytes)
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(Mode::Live { url, secret_file, suppliers, renters }) = args.mode {
+        return live(url, &secret_file, suppliers, renters);
+    }
     let config = SimConfig {
         seed: args.seed,
         suppliers: args.suppliers,

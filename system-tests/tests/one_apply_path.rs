@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use gpux_engine::EngineConfig;
-use gpux_exchange::link::Clock;
+use gpux_exchange::gateway::link::Clock;
 use gpux_exchange::metrics::Metrics;
 use gpux_exchange::sequencer::{BillingPolicy, Sequencer};
 use gpux_exchange::snapshots::SnapshotStore;

@@ -8,7 +8,7 @@ use gpux_protocol::delivery::limits::LOG_TAIL_BYTES_MAX;
 use gpux_protocol::{DeliveryState, ErrorCode, ServerMessage, Workload};
 
 use super::{error, LogsWait, Pending, Sequencer, Target, LOGS_PENDING_MAX, LOGS_WAIT_MS};
-use crate::link::{ConnectionId, DeliveryRequest, SharedFrame};
+use gpux_gateway::link::{ConnectionId, DeliveryRequest, SharedFrame};
 
 impl Sequencer {
     /// A bid carrying a workload: the workload is journaled right before the

@@ -31,9 +31,9 @@ use gpux_market::{Applied, Audience, JournalEntry, MarketError, MarketState};
 use gpux_protocol::{Channel, ErrorCode, ServerMessage};
 use tokio::sync::{broadcast, mpsc};
 
-use crate::link::{Clock, ConnectionId, Outbound, Outgoing, Request, SharedFrame};
 use crate::metrics::Metrics;
 use crate::snapshots::{SnapshotWriter, SNAPSHOT_EVERY_ENTRIES};
+use gpux_gateway::link::{Clock, ConnectionId, Outbound, Outgoing, Request, SharedFrame};
 use gpux_journal::Journal;
 
 pub use recovery::{BillingPolicy, Recovery};

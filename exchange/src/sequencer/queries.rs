@@ -6,7 +6,7 @@ use gpux_engine::InstrumentId;
 use gpux_protocol::{ErrorCode, ServerMessage, ORDERS_PAGE_MAX};
 
 use super::{error, Sequencer};
-use crate::link::ConnectionId;
+use gpux_gateway::link::ConnectionId;
 
 impl Sequencer {
     pub(super) fn instruments(&mut self, connection: ConnectionId, id: u64) {

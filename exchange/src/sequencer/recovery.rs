@@ -9,9 +9,9 @@ use gpux_engine::Command;
 use gpux_market::MarketState;
 
 use super::Sequencer;
-use crate::link::{Clock, FEED_FRAMES_MAX};
 use crate::metrics::Metrics;
 use crate::snapshots::{Snapshot, SnapshotStore, SnapshotWriter};
+use gpux_gateway::link::{Clock, FEED_FRAMES_MAX};
 use gpux_journal::Journal;
 
 /// The operator's billing settings (flags); applied as journaled commands

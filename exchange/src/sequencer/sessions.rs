@@ -10,7 +10,7 @@ use gpux_protocol::{Channel, ErrorCode, ServerMessage};
 use tokio::sync::broadcast;
 
 use super::{error, Connection, Pending, Sequencer, Target, SUBSCRIPTIONS_PER_CONNECTION_MAX};
-use crate::link::{ConnectionId, Outbound, Outgoing};
+use gpux_gateway::link::{ConnectionId, Outbound, Outgoing};
 
 impl Sequencer {
     pub(super) fn connect(&mut self, connection: ConnectionId, outbound: Outbound) {
@@ -37,7 +37,7 @@ impl Sequencer {
         };
         let Some(account) = account else {
             let reason = if role == Some(Role::Operator) { "operator_key_unknown" } else { "no_account" };
-            self.metrics.auth_failures.with_label_values(&[reason]).inc();
+            self.metrics.gateway.auth_failures.with_label_values(&[reason]).inc();
             self.reply(connection, error(Some(id), ErrorCode::AuthFailed));
             return;
         };

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::metrics::Metrics;
+use crate::metrics::GatewayMetrics;
 
 /// Caps and deadlines of the WebSocket listener.
 #[derive(Clone, Copy, Debug)]
@@ -94,14 +94,14 @@ impl Refusal {
 /// The connection counts behind the caps.
 pub struct Admission {
     limits: AdmissionLimits,
-    metrics: Arc<Metrics>,
+    metrics: Arc<GatewayMetrics>,
     total: AtomicUsize,
     unauthenticated: AtomicUsize,
     per_ip: Mutex<HashMap<IpAddr, usize>>,
 }
 
 impl Admission {
-    pub fn new(limits: AdmissionLimits, metrics: Arc<Metrics>) -> Arc<Admission> {
+    pub fn new(limits: AdmissionLimits, metrics: Arc<GatewayMetrics>) -> Arc<Admission> {
         Arc::new(Admission {
             limits,
             metrics,
@@ -222,7 +222,7 @@ impl AcceptBackoff {
 }
 
 /// The next accepted connection; failures back off (and are counted).
-pub async fn accept(listener: &TcpListener, backoff: &mut AcceptBackoff, metrics: &Metrics) -> (TcpStream, SocketAddr) {
+pub async fn accept(listener: &TcpListener, backoff: &mut AcceptBackoff, metrics: &GatewayMetrics) -> (TcpStream, SocketAddr) {
     loop {
         match listener.accept().await {
             Ok(accepted) => {
@@ -253,7 +253,7 @@ const HTTP_REQUEST_BYTES_MAX: usize = 8 * 1024;
 pub async fn serve_http(
     listener: TcpListener,
     what: &'static str,
-    metrics: Arc<Metrics>,
+    metrics: Arc<GatewayMetrics>,
     respond: impl Fn(&[u8]) -> String + Send + Sync + 'static,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -295,7 +295,7 @@ mod tests {
 
     #[test]
     fn caps_refuse_with_their_reason_and_tickets_give_their_place_back() {
-        let admission = Admission::new(limits(4, 2, 3), Arc::new(Metrics::new()));
+        let admission = Admission::new(limits(4, 2, 3), Arc::new(GatewayMetrics::default()));
         let a: IpAddr = "10.0.0.1".parse().expect("ip");
         let b: IpAddr = "10.0.0.2".parse().expect("ip");
         let c: IpAddr = "10.0.0.3".parse().expect("ip");

@@ -1,4 +1,4 @@
-//! The WebSocket gateway: accepts connections, authenticates them by an
+//! The WebSocket server: accepts connections, authenticates them by an
 //! ed25519 challenge, decodes frames (JSON text or bincode binary), enforces
 //! per-connection limits, forwards requests to the sequencer and writes what
 //! the sequencer sends back.
@@ -31,7 +31,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use crate::admission::{AcceptBackoff, Admission, AdmissionLimits, Ticket};
 use crate::link::{Clock, ConnectionId, DeliveryRequest, Outbound, Outgoing, Request, SharedFrame};
-use crate::metrics::Metrics;
+use crate::metrics::GatewayMetrics;
 
 /// Frames queued for one connection before it counts as a slow consumer
 /// (default). It must hold the largest burst one sequencer batch can send a
@@ -118,7 +118,7 @@ pub async fn serve(
     core: Sender<Request>,
     shutdown: watch::Receiver<bool>,
     limits: GatewayLimits,
-    metrics: Arc<Metrics>,
+    metrics: Arc<GatewayMetrics>,
     tls: Option<TlsAcceptor>,
     clock: Clock,
 ) {
@@ -236,7 +236,7 @@ enum Session {
 struct Connection {
     id: ConnectionId,
     core: Sender<Request>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<GatewayMetrics>,
     ticket: Ticket,
     /// Subscribed to a feed: an anonymous market-data reader, not a silent socket.
     subscribed: bool,
@@ -254,7 +254,7 @@ struct Connection {
 struct Shared {
     core: Sender<Request>,
     limits: GatewayLimits,
-    metrics: Arc<Metrics>,
+    metrics: Arc<GatewayMetrics>,
     clock: Clock,
 }
 
@@ -794,7 +794,7 @@ mod tests {
         use proptest::prelude::*;
 
         fn connection() -> (Connection, crossbeam_channel::Receiver<Request>) {
-            let metrics = Arc::new(Metrics::default());
+            let metrics = Arc::new(GatewayMetrics::default());
             let admission = Admission::new(AdmissionLimits::default(), metrics.clone());
             let ticket = admission.admit("127.0.0.1".parse().expect("an address")).expect("admitted");
             let (core, inbox) = crossbeam_channel::bounded(8);

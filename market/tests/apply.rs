@@ -1,0 +1,293 @@
+//! Property tests of the one apply path over random journals that mix every
+//! kind of entry: orders that trade into leases, time passing, signed usage
+//! reports (honest, resent, forged, out of chain), delivery statuses (a
+//! host's failure calls for its follow-up command), workloads and host keys.
+//!
+//! - A snapshot taken at any entry, encoded and decoded as the exchange
+//!   stores it, then fed the rest of the journal reaches the same state hash
+//!   and the same ledger as the market that never stopped.
+//! - Money balances after every entry, and the ledger's transfer ids only grow.
+//! - Market data is numbered 1, 2, 3... per feed; every private event goes
+//!   to exactly the accounts it concerns.
+
+use std::collections::BTreeMap;
+
+use ed25519_dalek::SigningKey;
+use gpux_engine::*;
+use gpux_market::{Audience, JournalEntry, MarketState};
+use gpux_protocol::{DeliveryState, FailureCode, Fault, ServerMessage, UsageBody, UsageReport};
+use proptest::prelude::*;
+
+/// 2026-12-02T15:01:00Z.
+const T0: u64 = 1_796_223_660_000;
+const SPOT: InstrumentId = InstrumentId(0);
+
+#[derive(Clone, Debug)]
+enum Op {
+    Advance { ms: u64 },
+    Bid { quantity: u32, ticks: u64, hours: u32 },
+    Ask { mask: u64, ticks: u64 },
+    Report { pick: usize, gpu: usize, minutes: u64, tamper: u8 },
+    Status { pick: usize, state: u8 },
+    EndLease { pick: usize },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => (0..30 * 60_000u64).prop_map(|ms| Op::Advance { ms }),
+        3 => (1..3u32, 0..6u64, 0..3u32).prop_map(|(quantity, ticks, hours)| Op::Bid { quantity, ticks, hours }),
+        3 => (1..4u64, 0..6u64).prop_map(|(mask, ticks)| Op::Ask { mask, ticks }),
+        5 => (any::<usize>(), 0..3usize, 1..20u64, 0..8u8).prop_map(|(pick, gpu, minutes, tamper)| Op::Report { pick, gpu, minutes, tamper }),
+        2 => (any::<usize>(), 0..5u8).prop_map(|(pick, state)| Op::Status { pick, state }),
+        1 => any::<usize>().prop_map(|pick| Op::EndLease { pick }),
+    ]
+}
+
+/// Plays the sequencer's part: stamps entries, journals them, applies the
+/// follow-up commands the market calls for as their own entries.
+struct Session {
+    market: MarketState,
+    journal: Vec<JournalEntry>,
+    now_ms: u64,
+    supplier: AccountId,
+    renter: AccountId,
+    key: SigningKey,
+    leases: Vec<LeaseId>,
+    /// (lease, gpu uuid) -> (next seq, previous hash, last end)
+    chains: BTreeMap<(LeaseId, String), (u32, String, u64)>,
+    next_order: u64,
+    next_transfer: u64,
+    feed_seq: BTreeMap<(bool, InstrumentId), u64>,
+    /// Outcomes of the usage reports, in order.
+    outcomes: Vec<Result<gpux_settlement::UsageOutcome, gpux_protocol::UsageRejectCode>>,
+}
+
+impl Session {
+    fn new() -> Session {
+        let key = SigningKey::from_bytes(&[3; 32]);
+        let mut session = Session {
+            market: MarketState::new(EngineConfig::demo()).expect("demo config"),
+            journal: Vec::new(),
+            now_ms: T0,
+            supplier: AccountId(0),
+            renter: AccountId(1),
+            key,
+            leases: Vec::new(),
+            chains: BTreeMap::new(),
+            next_order: 1,
+            next_transfer: 0,
+            feed_seq: BTreeMap::new(),
+            outcomes: Vec::new(),
+        };
+        session.command(Command::OpenAccount { role: Role::Supplier });
+        session.apply(JournalEntry::BindKey { public_key: session.key.verifying_key().to_bytes(), account: AccountId(0) });
+        session.command(Command::OpenAccount { role: Role::Renter });
+        session.command(Command::Deposit { account: AccountId(1), amount_minor: 500_000_000 });
+        for index in 0..2 {
+            let spec = GpuSpec::h100_sxm();
+            session.command(Command::RegisterGpu { account: AccountId(0), host: "h".into(), gpu_uuid: format!("GPU-{index}"), spec });
+        }
+        session
+    }
+
+    fn command(&mut self, command: Command) {
+        self.apply(JournalEntry::Engine(Input { at_ms: self.now_ms, command }));
+    }
+
+    fn apply(&mut self, entry: JournalEntry) {
+        let applied = self.market.apply(&entry).expect("the ledger accepts every entry");
+        self.journal.push(entry);
+        self.outcomes.extend(applied.usage);
+        assert_eq!(self.market.ledger().sum(), 0, "money balances");
+        for transfer in &applied.transfers {
+            assert!(transfer.id >= self.next_transfer, "transfer ids only grow");
+            self.next_transfer = transfer.id + 1;
+        }
+        for notice in &applied.notices {
+            match (&notice.message, notice.to) {
+                (ServerMessage::BookUpdate { instrument, seq, .. }, Audience::Feed(..)) => self.next_feed_seq(false, *instrument, *seq),
+                (ServerMessage::Trade { instrument, seq, .. }, Audience::Feed(..)) => self.next_feed_seq(true, *instrument, *seq),
+                (ServerMessage::Private { event, .. }, Audience::Accounts(accounts)) => {
+                    assert_eq!(accounts, self.market.accounts_of(event), "a private event goes to the accounts it concerns")
+                }
+                (ServerMessage::Workload { .. } | ServerMessage::Delivery { .. }, Audience::Accounts(_)) => {}
+                (message, to) => panic!("unexpected notice {message:?} to {to:?}"),
+            }
+        }
+        for event in &applied.events {
+            if let EventKind::LeaseCreated { lease, .. } = event.kind {
+                self.leases.push(lease);
+            }
+        }
+        if let Some(command) = applied.follow_up {
+            self.command(command);
+        }
+    }
+
+    fn next_feed_seq(&mut self, trades: bool, instrument: InstrumentId, seq: u64) {
+        let last = self.feed_seq.entry((trades, instrument)).or_insert(0);
+        assert_eq!(seq, *last + 1, "market data is numbered without gaps");
+        *last = seq;
+    }
+
+    fn lease(&self, pick: usize) -> Option<LeaseId> {
+        (!self.leases.is_empty()).then(|| self.leases[pick % self.leases.len()])
+    }
+
+    fn run(&mut self, op: &Op) {
+        match *op {
+            Op::Advance { ms } => {
+                self.now_ms += ms;
+                self.command(Command::Tick);
+            }
+            Op::Bid { quantity, ticks, hours } => {
+                let duration = if hours == 0 { LeaseDuration::UntilCancelled } else { LeaseDuration::Hours(hours) };
+                let price = 1_500_000 + ticks * 100_000;
+                let order = NewOrder { duration, ..NewOrder::limit(self.renter, self.next_order, SPOT, Side::Buy, price, quantity) };
+                self.next_order += 1;
+                self.command(Command::PlaceOrder(order));
+            }
+            Op::Ask { mask, ticks } => {
+                let price = 1_500_000 + ticks * 100_000;
+                let supply = Some(GpuSet { host: HostId(0), gpu_mask: mask });
+                let quantity = mask.count_ones();
+                let order = NewOrder { supply, ..NewOrder::limit(self.supplier, self.next_order, SPOT, Side::Sell, price, quantity) };
+                self.next_order += 1;
+                self.command(Command::PlaceOrder(order));
+            }
+            Op::Report { pick, gpu, minutes, tamper } => {
+                let Some(lease) = self.lease(pick) else { return };
+                let Some(info) = self.market.engine().lease(lease) else { return };
+                // Mostly the lease's own GPUs; sometimes one it does not have.
+                let uuid = match info.gpus.get(gpu % 3) {
+                    Some(id) => self.market.engine().gpu(*id).expect("a leased GPU exists").uuid,
+                    None => "GPU-elsewhere".to_string(),
+                };
+                let (seq, prev_hash, last_end) =
+                    self.chains.get(&(lease, uuid.clone())).cloned().unwrap_or((1, gpux_protocol::genesis_hash(), info.start_ms));
+                let end_ms = (last_end + minutes * 60_000).min(self.now_ms);
+                let body = UsageBody {
+                    lease,
+                    gpu_uuid: uuid.clone(),
+                    seq,
+                    start_ms: last_end,
+                    end_ms,
+                    available_ms: end_ms.saturating_sub(last_end),
+                    utilisation_percent: 90,
+                    memory_used_mib_max: 1_000,
+                    unhealthy_samples: 0,
+                    prev_hash,
+                };
+                let report = match tamper {
+                    // Forged: signed by another key.
+                    0 => UsageReport::sign(body, &SigningKey::from_bytes(&[9; 32])),
+                    // Out of chain: a wrong previous hash.
+                    1 => UsageReport::sign(UsageBody { prev_hash: "00".repeat(32), ..body }, &self.key),
+                    _ => UsageReport::sign(body, &self.key),
+                };
+                if tamper >= 2 {
+                    self.chains.insert((lease, uuid), (seq + 1, report.hash(), end_ms));
+                }
+                self.apply(JournalEntry::UsageReport { at_ms: self.now_ms, account: self.supplier, report: report.clone() });
+                if tamper == 7 {
+                    // A resend of the same report.
+                    self.apply(JournalEntry::UsageReport { at_ms: self.now_ms, account: self.supplier, report });
+                }
+            }
+            Op::Status { pick, state } => {
+                let Some(lease) = self.lease(pick) else { return };
+                let state = match state {
+                    0 => DeliveryState::Starting,
+                    1 => DeliveryState::Running { endpoints: Vec::new(), ssh: None, restarts: 0 },
+                    2 => DeliveryState::Exited { code: 1 },
+                    3 => DeliveryState::Failed { code: FailureCode::PullFailed, fault: Fault::Renter, reason: "no such image".into() },
+                    _ => DeliveryState::Failed { code: FailureCode::HostError, fault: Fault::Host, reason: "disk full".into() },
+                };
+                // The sequencer's check before journaling.
+                if self.market.check_delivery_status(self.supplier, lease, &state).is_ok() {
+                    self.apply(JournalEntry::DeliveryStatus { at_ms: self.now_ms, account: self.supplier, lease, state });
+                }
+            }
+            Op::EndLease { pick } => {
+                let Some(lease) = self.lease(pick) else { return };
+                self.command(Command::EndLease { account: self.renter, lease });
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_decoded_snapshot_at_any_entry_replays_to_the_same_state(ops in prop::collection::vec(op(), 1..200), cut in any::<prop::sample::Index>()) {
+        let mut live = Session::new();
+        let mut snapshot = None;
+        let cut = cut.index(ops.len());
+        for (index, op) in ops.iter().enumerate() {
+            if index == cut {
+                let bytes = gpux_protocol::encode_record(&live.market);
+                snapshot = Some((gpux_protocol::decode_snapshot::<MarketState>(&bytes).expect("a snapshot decodes"), live.journal.len()));
+            }
+            live.run(op);
+        }
+        let (mut restored, from) = snapshot.expect("the cut is inside the run");
+        for entry in &live.journal[from..] {
+            restored.apply(entry).expect("replay applies what the live market applied");
+        }
+        prop_assert_eq!(restored.state_hash(), live.market.state_hash());
+        prop_assert_eq!(format!("{:?}", restored.ledger()), format!("{:?}", live.market.ledger()));
+
+        // And from the very start, as the audit replays a journal.
+        let mut audit = MarketState::new(EngineConfig::demo()).expect("demo config");
+        for entry in &live.journal {
+            audit.apply(entry).expect("the audit applies the journal");
+        }
+        prop_assert_eq!(audit.state_hash(), live.market.state_hash());
+    }
+}
+
+/// A host's own failure calls for the lease to end `delivery_failed`: the
+/// market says so (`follow_up`) and does not do it itself, so a replay that
+/// meets the journaled follow-up entry does not end the lease twice.
+#[test]
+fn a_host_failure_calls_for_its_follow_up_command_and_leaves_it_to_the_journal() {
+    let mut session = Session::new();
+    session.run(&Op::Ask { mask: 1, ticks: 0 });
+    session.run(&Op::Bid { quantity: 1, ticks: 0, hours: 2 });
+    let lease = session.lease(0).expect("a lease");
+    let state = DeliveryState::Failed { code: FailureCode::HostError, fault: Fault::Host, reason: "disk full".into() };
+    let entry = JournalEntry::DeliveryStatus { at_ms: session.now_ms, account: session.supplier, lease, state };
+    let mut bare = session.market.clone();
+    let applied = bare.apply(&entry).expect("applies");
+    assert_eq!(applied.follow_up, Some(Command::FailLeaseDelivery { account: session.supplier, lease }));
+    assert!(bare.engine().lease(lease).expect("lease").active, "the market does not end the lease by itself");
+    session.apply(entry);
+    let info = session.market.engine().lease(lease).expect("lease");
+    assert!(!info.active, "the journaled follow-up ended it");
+    assert!(matches!(session.journal.last(), Some(JournalEntry::Engine(Input { command: Command::FailLeaseDelivery { .. }, .. }))));
+}
+
+/// The generator's entries do what they say: asks and bids trade into a
+/// lease, honest reports are accepted and charge, a resend is a duplicate,
+/// forged and out-of-chain reports are refused.
+#[test]
+fn the_generated_entries_trade_report_and_settle() {
+    let mut session = Session::new();
+    session.run(&Op::Ask { mask: 3, ticks: 0 });
+    session.run(&Op::Bid { quantity: 1, ticks: 2, hours: 0 });
+    assert_eq!(session.leases.len(), 1, "the bid filled into a lease");
+    session.run(&Op::Advance { ms: 20 * 60_000 });
+    let before = session.market.ledger().transfer_count();
+    for tamper in [2, 7, 0, 1] {
+        session.run(&Op::Report { pick: 0, gpu: 0, minutes: 5, tamper });
+    }
+    use gpux_protocol::UsageRejectCode::*;
+    use gpux_settlement::UsageOutcome::*;
+    let outcomes: Vec<_> = session.outcomes.iter().map(|o| o.as_ref().map(|o| matches!(o, Accepted { .. })).map_err(|c| *c)).collect();
+    assert_eq!(outcomes[..2], [Ok(true), Ok(true)], "{:?}", session.outcomes);
+    assert!(matches!(session.outcomes[2], Ok(Duplicate)), "{:?}", session.outcomes);
+    assert!(matches!(outcomes[3], Err(Forged)) && outcomes[4].is_err(), "{:?}", session.outcomes);
+    assert!(session.market.ledger().transfer_count() > before, "accepted reports charged the lease");
+    assert_eq!(session.market.settlement().rejections(session.supplier), 2, "the forged and the out-of-chain report were refused");
+}
