@@ -1,8 +1,7 @@
 //! Serves the web console (clients/web): static assets compiled into the
 //! binary, so the console works offline and always matches this exchange's
 //! protocol, plus `/config.js`, which tells the page where the WebSocket
-//! gateway listens. A minimal HTTP/1.1 GET responder like the metrics
-//! endpoint's: the console is a handful of files, not a web application.
+//! gateway listens, over the exchange's bounded HTTP server (`http.rs`).
 
 use tokio::net::TcpListener;
 
@@ -21,20 +20,22 @@ fn asset(path: &str, gateway_url: &str) -> Option<(&'static str, String)> {
     }
 }
 
+/// Serves the console until the process ends.
 pub async fn serve(listener: TcpListener, gateway_url: String, metrics: std::sync::Arc<crate::metrics::Metrics>) {
-    gpux_gateway::admission::serve_http(listener, "console", metrics.gateway.clone(), move |request| {
-        let line = String::from_utf8_lossy(request);
-        let path = line.strip_prefix("GET ").and_then(|rest| rest.split_whitespace().next()).unwrap_or("");
-        let path = path.split('?').next().unwrap_or("");
-        match asset(path, &gateway_url) {
-            Some((content_type, body)) => format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            ),
-            None => "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string(),
+    let router = axum::Router::new().fallback(move |uri: axum::http::Uri| {
+        let gateway_url = gateway_url.clone();
+        async move {
+            use axum::http::{header, StatusCode};
+            use axum::response::IntoResponse;
+            match asset(uri.path(), &gateway_url) {
+                Some((content_type, body)) => {
+                    ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+                }
+                None => StatusCode::NOT_FOUND.into_response(),
+            }
         }
-    })
-    .await
+    });
+    crate::http::serve(listener, "console", metrics.gateway.clone(), router).await
 }
 
 #[cfg(test)]

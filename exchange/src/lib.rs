@@ -4,6 +4,7 @@
 //! only parses its flags.
 
 pub mod console;
+pub mod http;
 pub mod metrics;
 pub mod sequencer;
 pub mod snapshots;

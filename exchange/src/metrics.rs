@@ -148,18 +148,14 @@ impl Metrics {
 pub use gpux_gateway::metrics::label;
 
 /// Serves `GET /metrics` until the process ends.
-pub async fn serve(listener: TcpListener, metrics: std::sync::Arc<Metrics>) {
-    let rendering = metrics.clone();
-    gpux_gateway::admission::serve_http(listener, "metrics", metrics.gateway.clone(), move |request| {
-        if request.starts_with(b"GET /metrics ") {
-            let body = rendering.render();
-            format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            )
-        } else {
-            "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string()
-        }
-    })
-    .await
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    let gateway = metrics.gateway.clone();
+    let router = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = metrics.clone();
+            async move { ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics.render()) }
+        }),
+    );
+    crate::http::serve(listener, "metrics", gateway, router).await
 }

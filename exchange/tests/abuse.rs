@@ -176,3 +176,29 @@ async fn one_address_is_capped_and_others_are_served() {
     assert_eq!(metric(&body, "gpux_connections_refused_total{cap=\"per_ip_max\"}"), 1.0);
     drop(held);
 }
+
+/// The metrics port against sockets that open and never finish a request:
+/// 63 silent and one trickling fill the cap of 64, one more is closed at
+/// once, the rest within the request
+/// timeout, and a scrape is answered again as soon as they are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_http_requests_on_the_metrics_port_are_capped_and_timed_out() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start(&dir.path().join("data"), None);
+    let started = Instant::now();
+    let silent: Vec<std::net::TcpStream> =
+        (0..63).map(|_| std::net::TcpStream::connect(&exchange.metrics_addr).expect("the kernel accepts")).collect();
+    // A head that trickles in and never ends is cut off too.
+    use std::io::Write;
+    let mut trickle = std::net::TcpStream::connect(&exchange.metrics_addr).expect("connects");
+    let _ = trickle.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n");
+    // Over the cap: closed at accept.
+    let extra = std::net::TcpStream::connect(&exchange.metrics_addr).expect("the kernel accepts");
+    assert!(closed_by_peer(&extra, Duration::from_secs(2)), "a connection over the cap is closed at once");
+    for stream in silent.iter().chain([&trickle]) {
+        assert!(closed_by_peer(stream, Duration::from_secs(10)), "a silent HTTP connection is closed");
+    }
+    assert!(started.elapsed() < Duration::from_secs(8), "closed within the timeouts: {:?}", started.elapsed());
+    let body = scrape(&exchange.metrics_addr).await;
+    assert!(body.contains("gpux_connections "), "the scrape is answered again");
+}

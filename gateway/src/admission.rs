@@ -238,53 +238,6 @@ pub async fn accept(listener: &TcpListener, backoff: &mut AcceptBackoff, metrics
     }
 }
 
-/// A short-lived HTTP connection (metrics, console): the whole exchange
-/// must be over within this time, however slowly its bytes trickle in.
-pub const HTTP_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// HTTP connections at once on each of the metrics and console listeners.
-pub const HTTP_CONNECTIONS_MAX: usize = 64;
-/// The longest HTTP request head read.
-const HTTP_REQUEST_BYTES_MAX: usize = 8 * 1024;
-
-/// Serves one-request HTTP connections with `respond` (request head in,
-/// whole response out): at most [`HTTP_CONNECTIONS_MAX`] at once (more are
-/// closed at accept), each bounded by [`HTTP_REQUEST_TIMEOUT`], accept
-/// failures backing off.
-pub async fn serve_http(
-    listener: TcpListener,
-    what: &'static str,
-    metrics: Arc<GatewayMetrics>,
-    respond: impl Fn(&[u8]) -> String + Send + Sync + 'static,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let respond = Arc::new(respond);
-    let slots = Arc::new(tokio::sync::Semaphore::new(HTTP_CONNECTIONS_MAX));
-    let mut backoff = AcceptBackoff::new(what);
-    loop {
-        let (mut stream, _) = accept(&listener, &mut backoff, &metrics).await;
-        let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
-        let respond = respond.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let exchange = async {
-                let mut request = Vec::new();
-                let mut buffer = [0u8; 1024];
-                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                    if request.len() >= HTTP_REQUEST_BYTES_MAX {
-                        return;
-                    }
-                    match stream.read(&mut buffer).await {
-                        Ok(read) if read > 0 => request.extend_from_slice(&buffer[..read]),
-                        _ => return,
-                    }
-                }
-                let _ = stream.write_all(respond(&request).as_bytes()).await;
-            };
-            let _ = tokio::time::timeout(HTTP_REQUEST_TIMEOUT, exchange).await;
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use gpux_engine::{Command, InstrumentId, LeaseId, Role};
+use gpux_engine::{AccountId, Command, InstrumentId, LeaseId, Role};
 use gpux_protocol::{encode_server_binary, encode_server_text, Channel, DeliveryState, ServerMessage};
 use tokio::sync::{broadcast, mpsc, Notify};
 
@@ -42,8 +42,31 @@ impl SharedFrame {
 /// sequencer's cost does not grow with the number of subscribers.
 pub enum Outgoing {
     Frame(Arc<SharedFrame>),
-    FeedStart { channel: Channel, instrument: InstrumentId, feed: broadcast::Receiver<Arc<SharedFrame>> },
-    FeedEnd { channel: Channel, instrument: InstrumentId },
+    FeedStart {
+        channel: Channel,
+        instrument: InstrumentId,
+        feed: broadcast::Receiver<Arc<SharedFrame>>,
+    },
+    FeedEnd {
+        channel: Channel,
+        instrument: InstrumentId,
+    },
+    /// How a login the gateway forwarded (`Request::Authenticate`) ended:
+    /// an acceptance comes before its `authenticated` frame (the session is
+    /// a session before the client can know it), a refusal after its
+    /// `error` frame (the fresh challenge follows the error).
+    Login(LoginOutcome),
+}
+
+/// The sequencer's answer to a verified login.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoginOutcome {
+    Accepted {
+        account: AccountId,
+        role: Role,
+    },
+    /// No account for the key (and no role to open one), or not an operator's key.
+    Refused,
 }
 
 /// Where the sequencer sends a connection's frames, and how it tells a
@@ -151,6 +174,30 @@ pub enum Request {
         id: u64,
         request: DeliveryRequest,
     },
+}
+
+impl Request {
+    /// The id of the client request this carries (answered by a message
+    /// with the same id); `None` for the gateway's own notices.
+    pub fn id(&self) -> Option<u64> {
+        match self {
+            Request::Command { id, .. }
+            | Request::Subscribe { id, .. }
+            | Request::Unsubscribe { id, .. }
+            | Request::Instruments { id, .. }
+            | Request::OpenOrders { id, .. }
+            | Request::Leases { id, .. }
+            | Request::Stats { id, .. }
+            | Request::MyGpus { id, .. }
+            | Request::Usage { id, .. }
+            | Request::Balance { id, .. }
+            | Request::Statement { id, .. }
+            | Request::Authenticate { id, .. }
+            | Request::Bid { id, .. }
+            | Request::Delivery { id, .. } => Some(*id),
+            Request::Connect { .. } | Request::Disconnect { .. } | Request::Resync { .. } => None,
+        }
+    }
 }
 
 /// The delivery requests (docs/protocol.md "Lease delivery").

@@ -30,7 +30,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use crate::admission::{AcceptBackoff, Admission, AdmissionLimits, Ticket};
-use crate::link::{Clock, ConnectionId, DeliveryRequest, Outbound, Outgoing, Request, SharedFrame};
+use crate::link::{Clock, ConnectionId, DeliveryRequest, LoginOutcome, Outbound, Outgoing, Request, SharedFrame};
 use crate::metrics::GatewayMetrics;
 
 /// Frames queued for one connection before it counts as a slow consumer
@@ -372,6 +372,11 @@ async fn serve_connection<S>(
                         Outgoing::FeedEnd { channel, instrument } => {
                             feeds.remove(&(channel, instrument));
                         }
+                        Outgoing::Login(outcome) => {
+                            if let Some(challenge) = connection.login(outcome) {
+                                outbox.push(connection.encode(&challenge));
+                            }
+                        }
                     }
                     next = if outbox.has_room() { outgoing.try_recv().ok() } else { None };
                 }
@@ -521,14 +526,11 @@ impl Connection {
         ServerMessage::Challenge { nonce: hex::encode(nonce), server_time_ms: self.clock.now_ms() }
     }
 
-    /// Queues a frame from the sequencer in this connection's format, and
-    /// the fresh challenge that follows a refused login.
+    /// Queues a frame from the sequencer in this connection's format.
     fn queue(&mut self, outbox: &mut Outbox, frame: &SharedFrame) {
         self.count(frame.message());
         outbox.push(self.encode_shared(frame));
-        if let Some(challenge) = self.observe(frame.message()) {
-            outbox.push(self.encode(&challenge));
-        }
+        self.observe(frame.message());
     }
 
     /// Counts the error frames a connection is sent, by code.
@@ -554,23 +556,26 @@ impl Connection {
         }
     }
 
-    /// Tracks the outcome of authentication as the sequencer reports it;
-    /// returns a fresh challenge to send after a refusal.
-    fn observe(&mut self, message: &ServerMessage) -> Option<ServerMessage> {
+    /// Gives back a request's in-flight slot when its answer goes out.
+    fn observe(&mut self, message: &ServerMessage) {
         // One source of truth for what answers a request: the protocol's own.
-        let answers_a_request = message.answer_to().is_some();
-        if answers_a_request {
+        if message.answer_to().is_some() {
             self.awaiting = self.awaiting.saturating_sub(1);
         }
-        match (message, &self.session) {
-            (ServerMessage::Authenticated { account, role, .. }, _) => {
-                self.session = Session::Authenticated { account: *account, role: *role };
+    }
+
+    /// Applies the sequencer's answer to a login; returns the fresh
+    /// challenge to send after a refusal.
+    fn login(&mut self, outcome: LoginOutcome) -> Option<ServerMessage> {
+        match (outcome, &self.session) {
+            (LoginOutcome::Accepted { account, role }, _) => {
+                self.session = Session::Authenticated { account, role };
                 self.ticket.logged_in();
                 None
             }
             // A refused attempt burns the nonce: the next one signs a new challenge.
-            (ServerMessage::Error { code: ErrorCode::AuthFailed, .. }, Session::Authenticating) => Some(self.new_challenge()),
-            _ => None,
+            (LoginOutcome::Refused, Session::Authenticating) => Some(self.new_challenge()),
+            (LoginOutcome::Refused, _) => None,
         }
     }
 
@@ -705,24 +710,7 @@ impl Connection {
                 return vec![error(Some(id), ErrorCode::AlreadyAuthenticated, None)]
             }
         };
-        let id = match &request {
-            Request::Command { id, .. }
-            | Request::Subscribe { id, .. }
-            | Request::Unsubscribe { id, .. }
-            | Request::Instruments { id, .. }
-            | Request::OpenOrders { id, .. }
-            | Request::Leases { id, .. }
-            | Request::Stats { id, .. }
-            | Request::MyGpus { id, .. }
-            | Request::Usage { id, .. }
-            | Request::Balance { id, .. }
-            | Request::Statement { id, .. }
-            | Request::Authenticate { id, .. }
-            | Request::Bid { id, .. }
-            | Request::Delivery { id, .. } => *id,
-            Request::Connect { .. } | Request::Disconnect { .. } | Request::Resync { .. } => 0,
-        };
-        self.forward(id, request)
+        self.forward(request.id().unwrap_or(0), request)
     }
 
     fn forward(&mut self, id: u64, request: Request) -> Vec<ServerMessage> {
@@ -921,23 +909,7 @@ mod tests {
         }
 
         fn request_id(request: &Request) -> Option<u64> {
-            match request {
-                Request::Command { id, .. }
-                | Request::Subscribe { id, .. }
-                | Request::Unsubscribe { id, .. }
-                | Request::Instruments { id, .. }
-                | Request::OpenOrders { id, .. }
-                | Request::Leases { id, .. }
-                | Request::Stats { id, .. }
-                | Request::MyGpus { id, .. }
-                | Request::Usage { id, .. }
-                | Request::Balance { id, .. }
-                | Request::Statement { id, .. }
-                | Request::Authenticate { id, .. }
-                | Request::Bid { id, .. }
-                | Request::Delivery { id, .. } => Some(*id),
-                Request::Connect { .. } | Request::Disconnect { .. } | Request::Resync { .. } => None,
-            }
+            request.id()
         }
 
         /// The fuzz reaches the logged-in paths: a signed login, accepted,
@@ -949,6 +921,7 @@ mod tests {
             let (auth, _) = decode(&Frame::SignedAuth, &samples, &connection.session);
             assert!(connection.on_frame(auth).is_empty());
             assert!(matches!(inbox.try_recv(), Ok(Request::Authenticate { id: 99, .. })));
+            connection.login(LoginOutcome::Accepted { account: AccountId(9), role: Role::Renter });
             connection.observe(&ServerMessage::Authenticated { id: 99, account: AccountId(9), role: Role::Renter });
             assert!(connection.on_frame(Ok(ClientMessage::Balance { id: 6 })).is_empty());
             assert!(matches!(inbox.try_recv(), Ok(Request::Balance { id: 6, .. })));
@@ -989,15 +962,19 @@ mod tests {
                     if n % answer_every == 0 {
                         for request in unanswered.drain(..) {
                             let id = request_id(&request);
+                            let login = matches!(request, Request::Authenticate { .. });
                             let answer = match request {
                                 Request::Authenticate { id, .. } if accept_login => {
+                                    connection.login(LoginOutcome::Accepted { account: AccountId(9), role: Role::Renter });
                                     ServerMessage::Authenticated { id, account: AccountId(9), role: Role::Renter }
                                 }
                                 _ => ServerMessage::Error { id, code: ErrorCode::AuthFailed, message: String::new() },
                             };
-                            let challenge = connection.observe(&answer);
-                            let challenge_or_nothing = challenge.is_none() || matches!(challenge, Some(ServerMessage::Challenge { .. }));
-                            prop_assert!(challenge_or_nothing, "{:?}", challenge);
+                            connection.observe(&answer);
+                            if login && !accept_login {
+                                let challenge = connection.login(LoginOutcome::Refused);
+                                prop_assert!(matches!(challenge, Some(ServerMessage::Challenge { .. })), "{:?}", challenge);
+                            }
                         }
                     }
                 }

@@ -1,6 +1,7 @@
 //! The one codec: JSON text frames and bincode 2 binary frames for the same
 //! messages, with a size limit on everything decoded. Decoding never panics
-//! and every failure maps to an `ErrorCode` (property-tested).
+//! and every failure maps to an `ErrorCode` (property-tested). Binary frames
+//! use the record encoding of `record.rs`.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -80,23 +81,12 @@ fn decode_binary<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
     if bytes.len() > FRAME_BYTES_MAX {
         return Err(DecodeError { code: ErrorCode::FrameTooLarge, message: ErrorCode::FrameTooLarge.message().into() });
     }
-    decode_limited::<T, FRAME_BYTES_MAX>(bytes, "message")
-}
-
-/// bincode decoding that allocates at most `LIMIT` bytes and refuses
-/// trailing bytes after the value.
-fn decode_limited<T: DeserializeOwned, const LIMIT: usize>(bytes: &[u8], what: &str) -> Result<T, DecodeError> {
-    let malformed = |message: String| DecodeError { code: ErrorCode::MalformedBinary, message };
-    let config = bincode::config::standard().with_limit::<LIMIT>();
-    let (value, read) = bincode::serde::decode_from_slice(bytes, config).map_err(|error| malformed(error.to_string()))?;
-    if read != bytes.len() {
-        return Err(malformed(format!("{} trailing bytes after the {what}", bytes.len() - read)));
-    }
-    Ok(value)
+    crate::record::decode_limited::<T, FRAME_BYTES_MAX>(bytes, "message")
+        .map_err(|error| DecodeError { code: ErrorCode::MalformedBinary, message: error.message })
 }
 
 fn encode_binary<T: Serialize>(message: &T) -> Vec<u8> {
-    bincode::serde::encode_to_vec(message, bincode::config::standard()).expect("every message model encodes to bincode")
+    crate::record::encode_record(message)
 }
 
 fn encode_json<T: Serialize>(message: &T) -> String {
@@ -133,25 +123,4 @@ pub fn encode_server_text(message: &ServerMessage) -> String {
 
 pub fn encode_server_binary(message: &ServerMessage) -> Vec<u8> {
     encode_binary(message)
-}
-
-/// The largest record stored on disk (a journal entry).
-pub const RECORD_BYTES_MAX: usize = 1024 * 1024;
-
-/// Encodes a storage record (a journal entry) in the same bincode format.
-pub fn encode_record<T: Serialize>(record: &T) -> Vec<u8> {
-    encode_binary(record)
-}
-
-/// Decodes a storage record; bounded like a frame, with a larger limit.
-pub fn decode_record<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
-    decode_limited::<T, RECORD_BYTES_MAX>(bytes, "record")
-}
-
-/// The largest snapshot of the engine's state read back from disk.
-pub const SNAPSHOT_BYTES_MAX: usize = 1 << 32;
-
-/// Decodes a state snapshot (trusted local data, but still bounded).
-pub fn decode_snapshot<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
-    decode_limited::<T, SNAPSHOT_BYTES_MAX>(bytes, "snapshot")
 }

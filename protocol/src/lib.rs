@@ -5,15 +5,21 @@
 //! for people and scripts, and bincode 2 binary frames for low-latency
 //! clients. The model is deliberately plain (externally tagged enums, no
 //! flattening, no untagged unions) so that both encodings are total and
-//! round-trip; `codec` is the only place that knows either format, and every
-//! decode is bounded by `FRAME_BYTES_MAX`.
+//! round-trip; `codec` (frames) and `record` (bincode records, under the
+//! binary frames) are the only places that know either format, and every
+//! decode is bounded.
+//!
+//! Modules depend in one direction: `record` <- `usage`, `delivery` <-
+//! `messages` <- `codec`.
 
 pub mod codec;
 pub mod delivery;
 pub mod messages;
+pub mod record;
 pub mod usage;
 
 pub use codec::*;
 pub use delivery::{DeliveryState, Endpoint, FailureCode, Fault, RestartPolicy, Sealed, Secrets, Workload, WorkloadError};
 pub use messages::*;
+pub use record::{decode_record, decode_snapshot, encode_record, RecordError, RECORD_BYTES_MAX, SNAPSHOT_BYTES_MAX};
 pub use usage::*;

@@ -13,7 +13,7 @@ use gpux_engine::LeaseId;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::codec::encode_record;
+use crate::record::encode_record;
 
 pub const USAGE_DOMAIN: &[u8] = b"gpux-usage-v1:";
 

@@ -82,16 +82,17 @@ pub struct Transfer {
 
 /// A ledger posting that would break an invariant; the ledger stops there
 /// (better to stop than to go on in a wrong state).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LedgerError(pub String);
-
-impl std::fmt::Display for LedgerError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerError {
+    #[error("a usage charge without a lease")]
+    ChargeWithoutLease,
+    #[error("usage charge for unseen lease {0}")]
+    UnseenLease(LeaseId),
+    #[error("transfer {0} applied out of order or twice")]
+    OutOfOrder(u64),
+    #[error("{account:?} would go below zero ({balance})")]
+    BelowZero { account: LedgerAccount, balance: i128 },
 }
-
-impl std::error::Error for LedgerError {}
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Ledger {
@@ -158,7 +159,7 @@ impl Ledger {
             }
             EventKind::FundsCharged { account, to: None, amount_minor, from_held, reason } => {
                 let source = if from_held { Held(account) } else { Available(account) };
-                let lease = lease_of(reason).ok_or_else(|| LedgerError("a usage charge without a lease".into()))?;
+                let lease = lease_of(reason).ok_or(LedgerError::ChargeWithoutLease)?;
                 legs.push((source, Payable(self.supplier_of(lease)?), amount_minor, Some(lease)));
             }
             EventKind::UsageUnpaid { lease, renter, amount_minor } => {
@@ -193,16 +194,16 @@ impl Ledger {
 
     /// The supplier a usage charge of `lease` pays.
     fn supplier_of(&self, lease: LeaseId) -> Result<AccountId, LedgerError> {
-        self.suppliers.get(&lease).copied().ok_or_else(|| LedgerError(format!("usage charge for unseen lease {lease}")))
+        self.suppliers.get(&lease).copied().ok_or(LedgerError::UnseenLease(lease))
     }
 
     fn post(&mut self, transfer: Transfer) -> Result<(), LedgerError> {
         if self.last_transfer_id.is_some_and(|last| transfer.id <= last) {
-            return Err(LedgerError(format!("transfer {} applied out of order or twice", transfer.id)));
+            return Err(LedgerError::OutOfOrder(transfer.id));
         }
         let from = self.balance(transfer.from) - transfer.amount_minor as i128;
         if from < 0 && !transfer.from.may_be_negative() {
-            return Err(LedgerError(format!("{:?} would go below zero ({from})", transfer.from)));
+            return Err(LedgerError::BelowZero { account: transfer.from, balance: from });
         }
         *self.balances.entry(transfer.from).or_default() = from;
         *self.balances.entry(transfer.to).or_default() += transfer.amount_minor as i128;

@@ -60,7 +60,7 @@ async fn connect(url: &str, key: &SigningKey, role: Role) -> Result<Connection> 
                 tracing::debug!(%error, "live market: exchange not up yet");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            Err(error) => return Err(error),
+            Err(error) => return Err(error.into()),
         }
     }
 }

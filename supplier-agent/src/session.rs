@@ -204,12 +204,10 @@ impl Agent {
     /// Logs in, registers, withdraws stale asks, offers, sends queued reports.
     async fn connect(&mut self) -> Result<Link> {
         let mut connection =
-            Connection::open_with(&self.config.exchange, &self.key, Some(Role::Supplier), true).await.map_err(|error| {
-                if format!("{error:#}").contains("refused the host key") {
-                    anyhow::Error::new(Fatal(format!("{error:#}")))
-                } else {
-                    error
-                }
+            Connection::open_with(&self.config.exchange, &self.key, Some(Role::Supplier), true).await.map_err(|error| match error {
+                // A refused key stays refused: retrying would only hammer the exchange.
+                gpux_client::ClientError::LoginRefused { .. } => anyhow::Error::new(Fatal(error.to_string())),
+                other => anyhow::Error::new(other),
             })?;
         tracing::info!(account = %connection.account, public_key = %hex::encode(self.key.verifying_key().to_bytes()), "logged in");
         self.clock_offset_ms = connection.clock_offset_ms;

@@ -190,9 +190,9 @@ pub struct Session {
     instruments: Option<Vec<InstrumentInfo>>,
 }
 
-fn unreachable_exchange(url: &str, error: anyhow::Error) -> Failure {
-    let text = format!("{error:#}");
-    if text.contains("refused the host key") {
+fn unreachable_exchange(url: &str, error: gpux_client::ClientError) -> Failure {
+    let text = error.to_string();
+    if let gpux_client::ClientError::LoginRefused { .. } = error {
         return Failure::Refused(format!(
             "{text}\n(a new key needs an account: `gpux login --role renter` (or supplier, aggregator) opens one)"
         ));

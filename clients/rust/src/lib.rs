@@ -9,7 +9,6 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, Context, Result};
 use ed25519_dalek::{Signer, SigningKey};
 use futures_util::{SinkExt, StreamExt};
 use gpux_engine::{AccountId, Role};
@@ -17,6 +16,44 @@ use gpux_protocol::*;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// Why a client call failed. Callers branch on the kind (the CLI tells a
+/// refused key from an exchange it cannot reach; the agent stops for good
+/// on a refused key and retries the rest), never on the text.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No WebSocket to the exchange at `url` (refused, unresolvable, TLS, upgrade).
+    #[error("connecting to {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: Box<tokio_tungstenite::tungstenite::Error>,
+    },
+    /// The exchange answered the login with an error: the key has no
+    /// account (and no role was given to open one), or it is not an operator's.
+    #[error("the exchange refused the host key: {code:?}: {message}")]
+    LoginRefused { code: ErrorCode, message: String },
+    /// The exchange closed the connection (with its close frame's reason, if any).
+    #[error("the exchange closed the connection{}", reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default())]
+    Closed { reason: Option<String> },
+    /// The exchange sent a frame this client cannot decode (a newer protocol?).
+    #[error("undecodable server message: {0}")]
+    Undecodable(String),
+    /// The exchange sent something other than what the protocol says comes next.
+    #[error("unexpected message from the exchange: {0}")]
+    Unexpected(String),
+    /// The WebSocket failed after it was open.
+    #[error("connection to the exchange failed: {0}")]
+    Socket(#[from] Box<tokio_tungstenite::tungstenite::Error>),
+}
+
+impl From<tokio_tungstenite::tungstenite::Error> for ClientError {
+    fn from(error: tokio_tungstenite::tungstenite::Error) -> Self {
+        ClientError::Socket(Box::new(error))
+    }
+}
+
+pub type Result<T, E = ClientError> = std::result::Result<T, E>;
 
 /// An authenticated connection to the exchange, with request/answer by id.
 /// Messages that arrive while waiting for an answer are queued for `next`.
@@ -44,15 +81,18 @@ impl Connection {
     /// `open`, asking the exchange to cancel the account's open orders when
     /// its last session ends (an agent's asks must not outlive the agent).
     pub async fn open_with(url: &str, key: &SigningKey, role: Option<Role>, cancel_on_disconnect: bool) -> Result<Connection> {
-        let (mut socket, _) = tokio_tungstenite::connect_async(url).await.with_context(|| format!("connecting to {url}"))?;
+        let mut socket = connect(url).await?;
         let (nonce, clock_offset_ms) = match read(&mut socket).await? {
             ServerMessage::Challenge { nonce, server_time_ms } => (nonce, server_time_ms as i64 - now_ms() as i64),
-            other => bail!("expected a challenge, got {other:?}"),
+            other => return Err(ClientError::Unexpected(format!("expected a challenge, got {other:?}"))),
         };
         if clock_offset_ms.abs() > CLOCK_SKEW_WARN_MS {
             tracing::warn!(clock_offset_ms, "this host's clock differs from the exchange's; reports use the exchange's time");
         }
-        let nonce: [u8; 32] = hex::decode(nonce).ok().and_then(|n| n.try_into().ok()).context("challenge nonce is not 32 hex bytes")?;
+        let nonce: [u8; 32] = hex::decode(&nonce)
+            .ok()
+            .and_then(|n| n.try_into().ok())
+            .ok_or_else(|| ClientError::Unexpected(format!("a challenge nonce that is not 32 hex bytes: {nonce}")))?;
         let auth = ClientMessage::Auth {
             id: 1,
             public_key: hex::encode(key.verifying_key().to_bytes()),
@@ -67,7 +107,7 @@ impl Connection {
                 ServerMessage::Authenticated { account, role, .. } => {
                     return Ok(Connection { socket, backlog, next_id: 1, account, role: Some(role), clock_offset_ms })
                 }
-                ServerMessage::Error { code, message, .. } => bail!("the exchange refused the host key: {code:?}: {message}"),
+                ServerMessage::Error { code, message, .. } => return Err(ClientError::LoginRefused { code, message }),
                 other => backlog.push_back(other),
             }
         }
@@ -93,10 +133,10 @@ impl Connection {
     /// Connects without logging in: public market data only (instruments,
     /// stats, book and trade subscriptions). `account` is meaningless here.
     pub async fn open_anonymous(url: &str) -> Result<Connection> {
-        let (mut socket, _) = tokio_tungstenite::connect_async(url).await.with_context(|| format!("connecting to {url}"))?;
+        let mut socket = connect(url).await?;
         let clock_offset_ms = match read(&mut socket).await? {
             ServerMessage::Challenge { server_time_ms, .. } => server_time_ms as i64 - now_ms() as i64,
-            other => bail!("expected a challenge, got {other:?}"),
+            other => return Err(ClientError::Unexpected(format!("expected a challenge, got {other:?}"))),
         };
         Ok(Connection {
             socket,
@@ -135,16 +175,21 @@ impl Connection {
     }
 }
 
+async fn connect(url: &str) -> Result<WebSocketStream<MaybeTlsStream<TcpStream>>> {
+    match tokio_tungstenite::connect_async(url).await {
+        Ok((socket, _)) => Ok(socket),
+        Err(source) => Err(ClientError::Connect { url: url.to_string(), source: Box::new(source) }),
+    }
+}
+
 async fn read(socket: &mut WebSocketStream<MaybeTlsStream<TcpStream>>) -> Result<ServerMessage> {
     loop {
-        match socket.next().await.context("the exchange closed the connection")?? {
-            Message::Text(text) => {
-                return decode_server_text(&text).map_err(|e| anyhow::anyhow!("undecodable server message: {}", e.message))
+        match socket.next().await.ok_or(ClientError::Closed { reason: None })?? {
+            Message::Text(text) => return decode_server_text(&text).map_err(|e| ClientError::Undecodable(e.message)),
+            Message::Binary(bytes) => return decode_server_binary(&bytes).map_err(|e| ClientError::Undecodable(e.message)),
+            Message::Close(frame) => {
+                return Err(ClientError::Closed { reason: frame.map(|f| format!("{} {}", u16::from(f.code), f.reason)) })
             }
-            Message::Binary(bytes) => {
-                return decode_server_binary(&bytes).map_err(|e| anyhow::anyhow!("undecodable server message: {}", e.message))
-            }
-            Message::Close(frame) => bail!("the exchange closed the connection: {frame:?}"),
             _ => continue,
         }
     }

@@ -10,7 +10,7 @@ use gpux_protocol::{Channel, ErrorCode, ServerMessage};
 use tokio::sync::broadcast;
 
 use super::{error, Connection, Pending, Sequencer, Target, SUBSCRIPTIONS_PER_CONNECTION_MAX};
-use gpux_gateway::link::{ConnectionId, Outbound, Outgoing};
+use gpux_gateway::link::{ConnectionId, LoginOutcome, Outbound, Outgoing};
 
 impl Sequencer {
     pub(super) fn connect(&mut self, connection: ConnectionId, outbound: Outbound) {
@@ -39,6 +39,7 @@ impl Sequencer {
             let reason = if role == Some(Role::Operator) { "operator_key_unknown" } else { "no_account" };
             self.metrics.gateway.auth_failures.with_label_values(&[reason]).inc();
             self.reply(connection, error(Some(id), ErrorCode::AuthFailed));
+            self.pending.push((Target::Connection(connection), Pending::Control(Outgoing::Login(LoginOutcome::Refused))));
             return;
         };
         let role = self.market.engine().role(account).expect("bound accounts exist");
@@ -47,6 +48,8 @@ impl Sequencer {
             state.cancel_on_disconnect = cancel_on_disconnect;
             self.connections_of.entry(account).or_default().insert(connection);
         }
+        let accepted = Outgoing::Login(LoginOutcome::Accepted { account, role });
+        self.pending.push((Target::Connection(connection), Pending::Control(accepted)));
         self.reply(connection, ServerMessage::Authenticated { id, account, role });
     }
 
