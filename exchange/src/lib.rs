@@ -84,7 +84,7 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
     let scheme = if tls.is_some() { "wss" } else { "ws" };
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
     let (mut sequencer, recovery) =
-        sequencer::Sequencer::recover(market, journal, snapshots, config.operator_keys, metrics.clone(), config.billing, clock)?;
+        sequencer::Sequencer::recover(market, Box::new(journal), snapshots, config.operator_keys, metrics.clone(), config.billing, clock)?;
     sequencer.set_feed_frames_max(config.limits.feed_frames_max);
     say(&format!(
         "recovered from snapshot at journal entry {} plus {} journal entries, state hash {:016x}",

@@ -89,6 +89,57 @@ impl SnapshotStore {
     }
 }
 
+/// Where snapshots are kept: the redb file ([`SnapshotStore`]) in the
+/// exchange, memory ([`MemorySnapshots`]) in tests of the sequencer.
+pub trait SnapshotStorage: Send + 'static {
+    /// Stores a snapshot durably.
+    fn write(&self, snapshot: &Snapshot) -> Result<()>;
+    /// The newest snapshot that verifies.
+    fn latest_valid(&self) -> Result<Option<Snapshot>>;
+}
+
+impl SnapshotStorage for SnapshotStore {
+    fn write(&self, snapshot: &Snapshot) -> Result<()> {
+        SnapshotStore::write(self, snapshot)
+    }
+    fn latest_valid(&self) -> Result<Option<Snapshot>> {
+        SnapshotStore::latest_valid(self)
+    }
+}
+
+/// Snapshots in memory, stored in the same bytes as on disk (checksum,
+/// state hash, record) and verified the same way when read. Clones share
+/// them, so a test restarts a sequencer on what the last one wrote.
+#[derive(Clone, Default)]
+pub struct MemorySnapshots {
+    stored: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u64, Vec<u8>>>>,
+}
+
+impl MemorySnapshots {
+    fn stored(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, Vec<u8>>> {
+        self.stored.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The journal entries the stored snapshots include.
+    pub fn journal_seqs(&self) -> Vec<u64> {
+        self.stored().keys().copied().collect()
+    }
+}
+
+impl SnapshotStorage for MemorySnapshots {
+    fn write(&self, snapshot: &Snapshot) -> Result<()> {
+        let mut stored = self.stored();
+        stored.insert(snapshot.journal_seq, stored_bytes(snapshot));
+        while stored.len() > SNAPSHOTS_KEPT {
+            stored.pop_first();
+        }
+        Ok(())
+    }
+    fn latest_valid(&self) -> Result<Option<Snapshot>> {
+        Ok(self.stored().values().rev().find_map(|bytes| verify(bytes).ok()))
+    }
+}
+
 /// Writes snapshots on a thread of its own, so the sequencer pays only for
 /// copying its state: encoding, checksumming and the fsync happen here.
 /// One snapshot at a time: while one is being written, the sequencer's next
@@ -99,7 +150,7 @@ pub struct SnapshotWriter {
 }
 
 impl SnapshotWriter {
-    pub fn spawn(store: SnapshotStore) -> Result<SnapshotWriter> {
+    pub fn spawn(store: impl SnapshotStorage) -> Result<SnapshotWriter> {
         let (offers, taken) = crossbeam_channel::bounded::<Snapshot>(0);
         let thread = std::thread::Builder::new().name("snapshots".into()).spawn(move || {
             for snapshot in taken {

@@ -86,6 +86,95 @@ impl Journal {
     }
 }
 
+/// What the sequencer needs of a journal: the redb file ([`Journal`]) in
+/// the exchange, memory ([`MemoryJournal`]) in tests of the sequencer.
+pub trait JournalStore: Send {
+    /// The sequence number the next entry will get.
+    fn next_seq(&self) -> u64;
+    /// Every entry after `seq`, in order.
+    fn entries_after(&self, seq: u64) -> Result<Vec<JournalEntry>>;
+    /// Appends entries and the transfers they caused, durably, in one
+    /// commit; returns the first entry's sequence number.
+    fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer]) -> Result<u64>;
+    /// Up to `limit` transfers involving `account` after transfer id `after`.
+    fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>>;
+}
+
+impl JournalStore for Journal {
+    fn next_seq(&self) -> u64 {
+        Journal::next_seq(self)
+    }
+    fn entries_after(&self, seq: u64) -> Result<Vec<JournalEntry>> {
+        Journal::entries_after(self, seq)
+    }
+    fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer]) -> Result<u64> {
+        Journal::append_with_transfers(self, entries, transfers)
+    }
+    fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
+        Journal::statement(self, account, after, limit)
+    }
+}
+
+/// A journal in memory, for tests of the sequencer without IO. Clones share
+/// the same entries (a test "restarts" a sequencer on a clone), and appends
+/// can be made to fail, as a full disk would.
+#[derive(Clone, Default)]
+pub struct MemoryJournal {
+    inner: std::sync::Arc<std::sync::Mutex<MemoryInner>>,
+}
+
+#[derive(Default)]
+struct MemoryInner {
+    entries: Vec<JournalEntry>,
+    transfers: std::collections::BTreeMap<u64, Transfer>,
+    commits: u64,
+    failing: bool,
+}
+
+impl MemoryJournal {
+    fn inner(&self) -> std::sync::MutexGuard<'_, MemoryInner> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Every append from now on fails (`false`: they succeed again).
+    pub fn fail_appends(&self, failing: bool) {
+        self.inner().failing = failing;
+    }
+
+    /// Successful appends so far (one per batch with entries).
+    pub fn commits(&self) -> u64 {
+        self.inner().commits
+    }
+
+    /// Every entry appended so far.
+    pub fn entries(&self) -> Vec<JournalEntry> {
+        self.inner().entries.clone()
+    }
+}
+
+impl JournalStore for MemoryJournal {
+    fn next_seq(&self) -> u64 {
+        self.inner().entries.len() as u64 + 1
+    }
+    fn entries_after(&self, seq: u64) -> Result<Vec<JournalEntry>> {
+        Ok(self.inner().entries.iter().skip(seq as usize).cloned().collect())
+    }
+    fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer]) -> Result<u64> {
+        let mut inner = self.inner();
+        anyhow::ensure!(!inner.failing, "the memory journal was told to fail");
+        let first = inner.entries.len() as u64 + 1;
+        inner.entries.extend_from_slice(entries);
+        inner.transfers.extend(transfers.iter().map(|t| (t.id, *t)));
+        inner.commits += 1;
+        Ok(first)
+    }
+    fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
+        let inner = self.inner();
+        let start = after.map_or(0, |after| after + 1);
+        Ok(inner.transfers.range(start..).map(|(_, t)| *t).filter(|t| t.involves(account)).take(limit).collect())
+    }
+}
+
 /// A journal opened read-only, by tools that must never change it
 /// (`gpux-audit --journal`, `gpux-exchange statement`): the file is opened
 /// without write access and nothing is created.

@@ -35,8 +35,9 @@ fn recovered_hash(data_dir: &Path) -> u64 {
     let snapshots = SnapshotStore::open(&data_dir.join("snapshots.redb")).expect("snapshots");
     let market = MarketState::new(EngineConfig::demo()).expect("demo config");
     let metrics = Arc::new(Metrics::default());
-    let (_sequencer, recovery) = Sequencer::recover(market, journal, snapshots, BTreeSet::new(), metrics, demo_billing(), Clock::default())
-        .expect("the exchange recovers");
+    let (_sequencer, recovery) =
+        Sequencer::recover(market, Box::new(journal), snapshots, BTreeSet::new(), metrics, demo_billing(), Clock::default())
+            .expect("the exchange recovers");
     recovery.state_hash
 }
 

@@ -20,6 +20,8 @@ mod delivery;
 mod queries;
 mod recovery;
 mod sessions;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -34,7 +36,7 @@ use tokio::sync::{broadcast, mpsc};
 use crate::metrics::Metrics;
 use crate::snapshots::{SnapshotWriter, SNAPSHOT_EVERY_ENTRIES};
 use gpux_gateway::link::{Clock, ConnectionId, Outbound, Outgoing, Request, SharedFrame};
-use gpux_journal::Journal;
+use gpux_journal::JournalStore;
 
 pub use recovery::{BillingPolicy, Recovery};
 
@@ -77,7 +79,7 @@ struct Connection {
 
 pub struct Sequencer {
     market: MarketState,
-    journal: Journal,
+    journal: Box<dyn JournalStore>,
     clock: Clock,
     operator_keys: BTreeSet<[u8; 32]>,
     /// Inputs of the current batch, journaled before anything below is sent.

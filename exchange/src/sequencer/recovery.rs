@@ -10,9 +10,9 @@ use gpux_market::MarketState;
 
 use super::Sequencer;
 use crate::metrics::Metrics;
-use crate::snapshots::{Snapshot, SnapshotStore, SnapshotWriter};
+use crate::snapshots::{Snapshot, SnapshotStorage, SnapshotWriter};
 use gpux_gateway::link::{Clock, FEED_FRAMES_MAX};
-use gpux_journal::Journal;
+use gpux_journal::JournalStore;
 
 /// The operator's billing settings (flags); applied as journaled commands
 /// when they differ from the engine's.
@@ -36,8 +36,8 @@ impl Sequencer {
     /// without one) and the journal entries after it.
     pub fn recover(
         market: MarketState,
-        journal: Journal,
-        snapshots: SnapshotStore,
+        journal: Box<dyn JournalStore>,
+        snapshots: impl SnapshotStorage,
         operator_keys: BTreeSet<[u8; 32]>,
         metrics: Arc<Metrics>,
         billing: BillingPolicy,

@@ -1,0 +1,157 @@
+//! The sequencer without IO: a memory journal and memory snapshots stand in
+//! for the redb files, requests are handed over as the gateway would, and
+//! what comes back is read from each connection's queue.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use gpux_engine::{AccountId, Command, EngineConfig, Role};
+use gpux_gateway::link::{Clock, ConnectionId, Outbound, Outgoing, Request};
+use gpux_journal::{JournalEntry, MemoryJournal};
+use gpux_market::MarketState;
+use gpux_protocol::ServerMessage;
+use tokio::sync::{mpsc, Notify};
+
+use super::{BillingPolicy, Sequencer, SequencerError};
+use crate::metrics::Metrics;
+use crate::snapshots::MemorySnapshots;
+
+const OPERATOR: [u8; 32] = [9; 32];
+
+fn recover(journal: &MemoryJournal, snapshots: &MemorySnapshots) -> (Sequencer, super::Recovery) {
+    let config = EngineConfig::demo();
+    let billing = BillingPolicy { fee_bps: config.fee_bps, grace_ms: config.billing_grace_ms };
+    let market = MarketState::new(config).expect("demo config");
+    let operators: BTreeSet<[u8; 32]> = [OPERATOR].into_iter().collect();
+    Sequencer::recover(
+        market,
+        Box::new(journal.clone()),
+        snapshots.clone(),
+        operators,
+        Arc::new(Metrics::default()),
+        billing,
+        Clock::default(),
+    )
+    .expect("recovers")
+}
+
+/// A connection's end of its queue.
+struct Client {
+    connection: ConnectionId,
+    frames: mpsc::Receiver<Outgoing>,
+}
+
+impl Client {
+    fn connect(connection: ConnectionId) -> (Client, Request) {
+        let (frames, receiver) = mpsc::channel(1024);
+        let outbound = Outbound { frames, too_slow: Arc::new(Notify::new()) };
+        (Client { connection, frames: receiver }, Request::Connect { connection, outbound })
+    }
+
+    fn login(&self, id: u64, key: [u8; 32], role: Option<Role>) -> Request {
+        Request::Authenticate { connection: self.connection, id, public_key: key, role, cancel_on_disconnect: false }
+    }
+
+    /// The messages queued so far (controls left out).
+    fn received(&mut self) -> Vec<ServerMessage> {
+        let mut messages = Vec::new();
+        while let Ok(outgoing) = self.frames.try_recv() {
+            if let Outgoing::Frame(frame) = outgoing {
+                messages.push(frame.message().clone());
+            }
+        }
+        messages
+    }
+
+    fn account(&mut self) -> AccountId {
+        self.received()
+            .iter()
+            .find_map(|m| match m {
+                ServerMessage::Authenticated { account, .. } => Some(*account),
+                _ => None,
+            })
+            .expect("logged in")
+    }
+}
+
+/// Acknowledged means durable: when the journal cannot be written, the
+/// batch's answers are never sent and the sequencer stops with the cause.
+#[test]
+fn nothing_of_a_batch_is_released_when_its_commit_fails() {
+    let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
+    let (mut sequencer, _) = recover(&journal, &snapshots);
+    let (mut client, connect) = Client::connect(1);
+    sequencer.process(vec![connect]).expect("commits (the engine's first tick lists the windows)");
+    let before = journal.entries().len();
+    journal.fail_appends(true);
+    let login = client.login(1, [1; 32], Some(Role::Renter));
+    let result = sequencer.process(vec![login]);
+    assert!(matches!(result, Err(SequencerError::Journal(_))), "the sequencer stops on a failed commit");
+    assert!(client.received().is_empty(), "no answer went out for what is not on disk");
+    assert_eq!(journal.entries().len(), before, "nothing was appended");
+}
+
+/// One durable commit per batch, however many requests it holds; each gets
+/// its answer after it.
+#[test]
+fn a_batch_is_one_commit_and_each_request_is_answered() {
+    let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
+    let (mut sequencer, _) = recover(&journal, &snapshots);
+    // The engine's first tick (it lists the reserved windows) commits on its own.
+    sequencer.process(Vec::new()).expect("commits");
+    let (commits, first) = (journal.commits(), journal.entries().len());
+    let mut clients = Vec::new();
+    let mut batch = Vec::new();
+    for connection in 1..=3 {
+        let (client, connect) = Client::connect(connection);
+        batch.push(connect);
+        batch.push(client.login(7, [connection as u8; 32], Some(Role::Renter)));
+        clients.push(client);
+    }
+    sequencer.process(batch).expect("commits");
+    assert_eq!(journal.commits(), commits + 1, "one commit for the batch");
+    let entries = journal.entries().split_off(first);
+    assert_eq!(entries.len(), 6, "each new account: its opening and its key binding");
+    assert!(matches!(entries[1], JournalEntry::BindKey { public_key, .. } if public_key == [1; 32]));
+    let accounts: BTreeSet<AccountId> = clients.iter_mut().map(Client::account).collect();
+    assert_eq!(accounts.len(), 3, "three accounts");
+}
+
+/// A restart on the same journal and snapshots reaches the same state and
+/// answers queries the same; the clean stop's snapshot leaves no tail.
+#[test]
+fn a_restart_reaches_the_same_state_from_the_snapshot_and_the_journal() {
+    let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
+    let (mut sequencer, _) = recover(&journal, &snapshots);
+    let (mut operator, connect) = Client::connect(1);
+    sequencer.process(vec![connect, operator.login(1, OPERATOR, None)]).expect("commits");
+    let (mut renter, connect) = Client::connect(2);
+    sequencer.process(vec![connect, renter.login(1, [2; 32], Some(Role::Renter))]).expect("commits");
+    let account = renter.account();
+    operator.received();
+    let deposit = Command::Deposit { account, amount_minor: 5_000_000 };
+    sequencer.process(vec![Request::Command { connection: 1, id: 2, command: deposit }]).expect("commits");
+    assert!(matches!(operator.received().last(), Some(ServerMessage::Ack { id: 2, .. })));
+    sequencer.process(vec![Request::Balance { connection: 2, id: 3 }]).expect("answers");
+    let balance = renter.received().into_iter().find(|m| matches!(m, ServerMessage::Balance { .. })).expect("a balance");
+    assert!(matches!(balance, ServerMessage::Balance { available_minor: 5_000_000, .. }), "{balance:?}");
+
+    // A clean stop: everything committed and a last snapshot written.
+    let (requests, inbox) = crossbeam_channel::bounded(1);
+    drop(requests);
+    let stopped_at = sequencer.run(inbox).expect("a clean stop");
+    let entries = journal.entries().len() as u64;
+    assert_eq!(snapshots.journal_seqs().last(), Some(&entries), "the last snapshot includes every entry");
+
+    let (mut restarted, recovery) = recover(&journal, &snapshots);
+    assert_eq!((recovery.snapshot_seq, recovery.entries, recovery.state_hash), (entries, 0, stopped_at));
+    let (mut again, connect) = Client::connect(5);
+    restarted.process(vec![connect, again.login(1, [2; 32], None), Request::Balance { connection: 5, id: 3 }]).expect("answers");
+    let messages = again.received();
+    assert!(matches!(messages[0], ServerMessage::Authenticated { account: a, .. } if a == account), "the key finds its account");
+    assert_eq!(messages[1], balance, "the same answer after the restart");
+
+    // And from the journal alone, without the snapshot.
+    let (_, replayed) = recover(&journal, &MemorySnapshots::default());
+    assert_eq!((replayed.snapshot_seq, replayed.entries, replayed.state_hash), (0, entries, stopped_at));
+}
