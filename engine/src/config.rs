@@ -131,13 +131,37 @@ pub struct EngineConfig {
     pub billing_grace_ms: u64,
 }
 
-/// A configuration the engine refuses to run with.
+/// A configuration the engine refuses to run with, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError(pub String);
+pub enum ConfigError {
+    ClassCount,
+    AccountsMax,
+    HorizonOrProtection,
+    FeeOrGrace,
+    PriceBand { class: String },
+    Calendar { class: String },
+    Sla { class: String },
+    DuplicateClass { class: String },
+}
 
 impl std::fmt::Display for ConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "invalid engine config: {}", self.0)
+        f.write_str("invalid engine config: ")?;
+        match self {
+            ConfigError::ClassCount => write!(f, "1..={} classes required", limits::CLASSES_MAX),
+            ConfigError::AccountsMax => write!(f, "accounts_max must be at most {}", limits::ACCOUNTS_MAX),
+            ConfigError::HorizonOrProtection => f.write_str("prepaid horizon must be > 0 h and protection < 10000 bps"),
+            ConfigError::FeeOrGrace => write!(f, "fee must be at most {} bps, billing grace at most one day", limits::FEE_BPS_MAX),
+            ConfigError::PriceBand { class } => {
+                write!(f, "class {class}: tick and price band must be positive multiples of the tick, max <= 2^40")
+            }
+            ConfigError::Calendar { class } => write!(
+                f,
+                "class {class}: windows must stop trading at least the preemption notice before they start; at most 336 hourly and 60 daily windows ahead"
+            ),
+            ConfigError::Sla { class } => write!(f, "class {class}: SLA availability is at most 10000 bps"),
+            ConfigError::DuplicateClass { class } => write!(f, "class {class} listed twice"),
+        }
     }
 }
 
@@ -145,18 +169,17 @@ impl std::error::Error for ConfigError {}
 
 impl EngineConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let fail = |why: String| Err(ConfigError(why));
         if self.classes.is_empty() || self.classes.len() > limits::CLASSES_MAX {
-            return fail(format!("1..={} classes required", limits::CLASSES_MAX));
+            return Err(ConfigError::ClassCount);
         }
         if self.accounts_max > limits::ACCOUNTS_MAX {
-            return fail(format!("accounts_max must be at most {}", limits::ACCOUNTS_MAX));
+            return Err(ConfigError::AccountsMax);
         }
         if self.prepaid_horizon_hours == 0 || self.market_protection_bps >= 10_000 {
-            return fail("prepaid horizon must be > 0 h and protection < 10000 bps".into());
+            return Err(ConfigError::HorizonOrProtection);
         }
         if self.fee_bps > limits::FEE_BPS_MAX || self.billing_grace_ms > limits::BILLING_GRACE_MS_MAX {
-            return fail(format!("fee must be at most {} bps, billing grace at most one day", limits::FEE_BPS_MAX));
+            return Err(ConfigError::FeeOrGrace);
         }
         for class in &self.classes {
             let prices_ok = class.tick_minor > 0
@@ -166,21 +189,21 @@ impl EngineConfig {
                 && class.price_max_minor_per_gpu_hour >= class.price_min_minor_per_gpu_hour
                 && class.price_max_minor_per_gpu_hour <= 1 << 40;
             if !prices_ok {
-                return fail(format!("class {}: tick and price band must be positive multiples of the tick, max <= 2^40", class.name));
+                return Err(ConfigError::PriceBand { class: class.name.clone() });
             }
             if let Some(calendar) = &class.calendar {
                 if calendar.trading_stop_before_start_ms < class.preemption_notice_ms
                     || calendar.hourly_windows_ahead > 24 * 14
                     || calendar.daily_windows_ahead > 60
                 {
-                    return fail(format!("class {}: windows must stop trading at least the preemption notice before they start; at most 336 hourly and 60 daily windows ahead", class.name));
+                    return Err(ConfigError::Calendar { class: class.name.clone() });
                 }
             }
             if class.sla_availability_bps > 10_000 {
-                return fail(format!("class {}: SLA availability is at most 10000 bps", class.name));
+                return Err(ConfigError::Sla { class: class.name.clone() });
             }
             if self.classes.iter().filter(|other| other.name == class.name).count() > 1 {
-                return fail(format!("class {} listed twice", class.name));
+                return Err(ConfigError::DuplicateClass { class: class.name.clone() });
             }
         }
         Ok(())

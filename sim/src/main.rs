@@ -94,7 +94,12 @@ fn hex_decode(text: &str) -> Option<[u8; 32]> {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if let Some(Mode::Live { url, secret_file, suppliers, renters }) = args.mode {
-        return live(url, &secret_file, suppliers, renters);
+        // One line, no backtrace: the usual end is the exchange stopping.
+        if let Err(error) = live(url, &secret_file, suppliers, renters) {
+            eprintln!("gpux-sim: {error:#}");
+            std::process::exit(1);
+        }
+        return Ok(());
     }
     let config = SimConfig {
         seed: args.seed,

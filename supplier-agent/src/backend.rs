@@ -33,16 +33,20 @@ pub struct GpuSample {
     pub processes: u32,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BackendError(pub String);
-
-impl std::fmt::Display for BackendError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
+/// Why a GPU backend could not answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// The vendor's library or driver is missing: the agent cannot start
+    /// on this backend (the message says what to install or use instead).
+    #[error("{0}")]
+    Unavailable(String),
+    /// A query to the GPUs failed; the next sample may succeed.
+    #[error("{what}: {detail}")]
+    Query { what: String, detail: String },
+    /// The fake backend's host description is unusable.
+    #[error("{0}")]
+    Description(String),
 }
-
-impl std::error::Error for BackendError {}
 
 /// A source of GPU readings. `at_ms` is the agent's clock, so scripted
 /// backends can replay faults over time.

@@ -68,19 +68,19 @@ pub struct FakeBackend {
 impl FakeBackend {
     pub fn new(host: FakeHost) -> Result<Self, BackendError> {
         if host.gpus.is_empty() {
-            return Err(BackendError("the host description lists no GPU".into()));
+            return Err(BackendError::Description("the host description lists no GPU".into()));
         }
         for fault in &host.faults {
             if !host.gpus.iter().any(|gpu| gpu.uuid == fault.gpu) {
-                return Err(BackendError(format!("fault for unknown GPU {}", fault.gpu)));
+                return Err(BackendError::Description(format!("fault for unknown GPU {}", fault.gpu)));
             }
         }
         Ok(FakeBackend { host, started_ms: None })
     }
 
     pub fn from_file(path: &Path) -> Result<Self, BackendError> {
-        let text = std::fs::read_to_string(path).map_err(|e| BackendError(format!("reading {}: {e}", path.display())))?;
-        let host: FakeHost = serde_json::from_str(&text).map_err(|e| BackendError(format!("{}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path).map_err(|e| BackendError::Description(format!("reading {}: {e}", path.display())))?;
+        let host: FakeHost = serde_json::from_str(&text).map_err(|e| BackendError::Description(format!("{}: {e}", path.display())))?;
         Self::new(host)
     }
 
@@ -142,7 +142,7 @@ mod tests {
     use super::*;
 
     fn host(json: &str) -> Result<FakeBackend, BackendError> {
-        let host: FakeHost = serde_json::from_str(json).map_err(|e| BackendError(e.to_string()))?;
+        let host: FakeHost = serde_json::from_str(json).map_err(|e| BackendError::Description(e.to_string()))?;
         FakeBackend::new(host)
     }
 
@@ -166,6 +166,6 @@ mod tests {
         assert!(host(r#"{"gpus":[{"uuid":"a"}]}"#).is_err(), "missing fields");
         let unknown = r#"{"gpus":[{"uuid":"a","vendor":"amd","model":"AMD Instinct MI300X","memory_mib":196592,"interconnect":"infinity_fabric"}],
                          "faults":[{"gpu":"b","from_ms":0,"until_ms":1,"kind":"ecc"}]}"#;
-        assert!(host(unknown).is_err_and(|e| e.0.contains("unknown GPU b")));
+        assert!(host(unknown).is_err_and(|e| matches!(&e, BackendError::Description(text) if text.contains("unknown GPU b"))));
     }
 }

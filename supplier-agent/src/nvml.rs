@@ -18,13 +18,13 @@ pub struct NvmlBackend {
 }
 
 fn nvml_error(what: &str, error: impl std::fmt::Display) -> BackendError {
-    BackendError(format!("NVML {what}: {error}"))
+    BackendError::Query { what: format!("NVML {what}"), detail: error.to_string() }
 }
 
 impl NvmlBackend {
     pub fn open() -> Result<Self, BackendError> {
         let nvml = Nvml::init().map_err(|error| {
-            BackendError(format!(
+            BackendError::Unavailable(format!(
                 "NVML is not available ({error}): install the NVIDIA driver (libnvidia-ml.so), or run with --fake <host.json> on a machine without NVIDIA GPUs"
             ))
         })?;
@@ -136,7 +136,9 @@ mod tests {
                 let inventory = backend.inventory().expect("an initialised NVML lists devices");
                 assert!(inventory.iter().all(|gpu| !gpu.uuid.is_empty()));
             }
-            Err(error) => assert!(error.0.contains("install the NVIDIA driver"), "{error}"),
+            Err(error) => {
+                assert!(matches!(&error, BackendError::Unavailable(text) if text.contains("install the NVIDIA driver")), "{error}")
+            }
         }
     }
 }

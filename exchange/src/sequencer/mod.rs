@@ -228,7 +228,8 @@ impl Sequencer {
         };
         self.entries.push(entry);
         let journal_seq = self.journal.next_seq() + self.entries.len() as u64 - 1;
-        self.route(&applied);
+        let mut applied = applied;
+        self.route(&mut applied);
         if let Some(command) = applied.follow_up.clone() {
             // Journaled like any command: replay meets it as its own entry.
             self.apply_command(None, 0, command);
@@ -284,11 +285,12 @@ impl Sequencer {
 
     /// Queues what an entry owes: market data once per feed, private events
     /// and delivery messages once per account (one shared frame).
-    fn route(&mut self, applied: &Applied) {
+    /// The notices are moved out of `applied` into frames (not copied).
+    fn route(&mut self, applied: &mut Applied) {
         self.metrics.observe_events(&applied.events);
         self.transfers.extend_from_slice(&applied.transfers);
-        for notice in &applied.notices {
-            let frame = SharedFrame::new(notice.message.clone());
+        for notice in applied.notices.drain(..) {
+            let frame = SharedFrame::new(notice.message);
             match notice.to {
                 Audience::Feed(channel, instrument) => self.pending.push((Target::Feed(channel, instrument), Pending::Frame(frame))),
                 Audience::Accounts(accounts) => {
