@@ -39,6 +39,7 @@ pub fn replay_journal(path: &Path, market: &mut MarketState, out: &mut impl Writ
         }
         // Usage reports charge leases through settlement, exactly as the exchange did.
         write_events(out, &applied.events)?;
+        write_archived(out, &applied.archived)?;
     }
     Ok(replayed)
 }
@@ -51,6 +52,15 @@ pub fn write_events(out: &mut impl Write, events: &[Event]) -> Result<()> {
             value["kind"]["rejected"]["message"] = code.message().into();
         }
         writeln!(out, "{value}")?;
+    }
+    Ok(())
+}
+
+/// Writes the leases an entry archived (left the market's hot state), one
+/// JSON line each: `{"lease_archived": {..the lease as it was..}}`.
+pub fn write_archived(out: &mut impl Write, leases: &[gpux_engine::LeaseInfo]) -> Result<()> {
+    for lease in leases {
+        writeln!(out, "{}", serde_json::json!({ "lease_archived": lease }))?;
     }
     Ok(())
 }

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use gpux_audit::write_events;
+use gpux_audit::{write_archived, write_events};
 use gpux_engine::{EngineConfig, Input};
 use gpux_market::{JournalEntry, MarketState};
 
@@ -89,6 +89,7 @@ fn run(args: Args) -> Result<()> {
         for input in demo::inputs() {
             let applied = market.apply(&JournalEntry::Engine(input))?;
             write_events(&mut out, &applied.events)?;
+            write_archived(&mut out, &applied.archived)?;
             replayed += 1;
         }
     } else {
@@ -121,6 +122,7 @@ fn replay(reader: impl BufRead, market: &mut MarketState, out: &mut impl Write) 
         let input: Input = serde_json::from_str(&line).with_context(|| format!("line {line_number}: not a valid command"))?;
         let applied = market.apply(&JournalEntry::Engine(input)).with_context(|| format!("line {line_number}"))?;
         write_events(out, &applied.events)?;
+        write_archived(out, &applied.archived)?;
         replayed += 1;
     }
     Ok(replayed)

@@ -26,10 +26,14 @@ fn the_demo_session_trades_preempts_resells_and_delivers() {
         .lines()
         .map(|line| {
             let event: serde_json::Value = serde_json::from_str(line).expect("each line is JSON");
-            event["kind"].as_object().and_then(|kind| kind.keys().next().cloned()).expect("the kind names the event type")
+            // An event names its type in `kind`; an archived lease is `{"lease_archived": ..}`.
+            let kind = event.get("kind").unwrap_or(&event);
+            kind.as_object().and_then(|kind| kind.keys().next().cloned()).expect("the line names its type")
         })
         .collect();
-    for expected in ["trade", "lease_created", "preemption_notice", "contract_transferred", "rejected", "instrument_expired"] {
+    for expected in
+        ["trade", "lease_created", "preemption_notice", "contract_transferred", "rejected", "instrument_expired", "lease_archived"]
+    {
         assert!(types.iter().any(|t| t == expected), "the demo shows {expected}");
     }
 }

@@ -279,3 +279,42 @@ fn a_payout_repays_the_suppliers_debt_first() {
     assert!(events.iter().any(|e| e.kind == EventKind::DebtRepaid { account: supplier, amount_minor: 500_000, from_payable: true }));
     assert_eq!(balances(&m, supplier), Balances::default());
 }
+
+/// A lease whose bill is final leaves the engine when archived: `lease`
+/// and `leases_of` no longer see it, commands about it are refused
+/// `unknown_lease`, its spent timers fire as nothing, and two engines that
+/// archive at the same points stay equal. Leases still billing stay.
+#[test]
+fn an_archived_lease_leaves_the_engine_and_nothing_else_changes() {
+    let (mut m, supplier, host, renter) = market(100_000_000);
+    let done = spot_lease(&mut m, supplier, host, renter, LeaseDuration::Hours(1));
+    let running = {
+        m.ask(supplier, host, 0b10, H100_SPOT, USD_2);
+        let mut bid = m.order(renter, H100_SPOT, Side::Buy, USD_2, 1);
+        bid.duration = LeaseDuration::UntilCancelled;
+        leases(&m.place(bid))[0].0
+    };
+    m.advance(HOUR + GRACE + 1);
+    let closed = m.engine.lease(done).expect("still held");
+    assert!(closed.billing_closed && !m.engine.lease(running).expect("running").billing_closed);
+    assert!(m.engine.archive_leases(m.now_ms - HOUR).is_empty(), "closed too recently");
+    let mut twin = m.engine.clone();
+    let archived = m.engine.archive_leases(m.now_ms);
+    assert_eq!(archived, vec![closed], "the closed lease, as it was");
+    assert_eq!(twin.archive_leases(m.now_ms), archived);
+    assert_eq!(m.engine.lease(done), None);
+    assert_eq!(m.engine.leases_held(), 1);
+    assert_eq!(m.engine.leases_of(renter, 0, 10).0.iter().map(|l| l.lease).collect::<Vec<_>>(), vec![running]);
+    assert_eq!(rejection(&m.apply(Command::EndLease { account: renter, lease: done })), Some(RejectCode::UnknownLease));
+    let settle = Command::SettleUsage { lease: done, amount_minor: 1, verified_gpu_ms: 1 };
+    assert_eq!(rejection(&m.apply(settle)), Some(RejectCode::UnknownLease));
+    twin.apply(&Input { at_ms: m.now_ms, command: Command::EndLease { account: renter, lease: done } });
+    twin.apply(&Input { at_ms: m.now_ms, command: Command::SettleUsage { lease: done, amount_minor: 1, verified_gpu_ms: 1 } });
+    // Days later: the running lease's top-ups go on; nothing else stirs.
+    m.advance(24 * HOUR);
+    twin.apply(&Input { at_ms: m.now_ms, command: Command::Tick });
+    assert!(m.engine.lease(running).expect("running").active);
+    assert_eq!(m.engine.state_hash(), twin.state_hash(), "archiving is deterministic");
+    let restored: Engine = serde_json::from_str(&serde_json::to_string(&m.engine).expect("encodes")).expect("decodes");
+    assert_eq!(restored.state_hash(), m.engine.state_hash(), "a snapshot keeps the archive's holes");
+}

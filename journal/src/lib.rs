@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use gpux_engine::AccountId;
+use gpux_engine::{AccountId, LeaseInfo};
 pub use gpux_market::JournalEntry;
 use gpux_protocol::{decode_record, encode_record};
 use gpux_settlement::ledger::Transfer;
@@ -20,6 +20,10 @@ const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("journal");
 /// The ledger's transfers, by transfer id, written in the same commit as
 /// the journal entries they follow from (so statements are durable too).
 const TRANSFERS: TableDefinition<u64, &[u8]> = TableDefinition::new("transfers");
+/// Leases archived out of the market's hot state, by lease id, written in
+/// the commit of the entry that archived them. A replay derives the same
+/// archive from the entries; this table is what queries read.
+const ARCHIVED_LEASES: TableDefinition<u64, &[u8]> = TableDefinition::new("archived_leases");
 
 pub struct Journal {
     db: Database,
@@ -33,6 +37,7 @@ impl Journal {
         let setup = db.begin_write()?;
         setup.open_table(JOURNAL)?;
         setup.open_table(TRANSFERS)?;
+        setup.open_table(ARCHIVED_LEASES)?;
         setup.commit()?;
         let next_seq = {
             let read = db.begin_read()?;
@@ -51,11 +56,12 @@ impl Journal {
     /// Appends `entries` in one durable commit; returns the sequence number
     /// of the first. An error here is fatal to the exchange.
     pub fn append(&mut self, entries: &[JournalEntry]) -> Result<u64> {
-        self.append_with_transfers(entries, &[])
+        self.append_with_transfers(entries, &[], &[])
     }
 
-    /// Appends entries and the ledger transfers they caused, in one durable commit.
-    pub fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer]) -> Result<u64> {
+    /// Appends entries, the ledger transfers they caused and the leases they
+    /// archived, in one durable commit.
+    pub fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &[LeaseInfo]) -> Result<u64> {
         let first = self.next_seq;
         let mut transaction = self.db.begin_write()?;
         transaction.set_durability(Durability::Immediate)?;
@@ -67,6 +73,10 @@ impl Journal {
             let mut ledger = transaction.open_table(TRANSFERS)?;
             for transfer in transfers {
                 ledger.insert(transfer.id, encode_record(transfer).as_slice())?;
+            }
+            let mut archive = transaction.open_table(ARCHIVED_LEASES)?;
+            for lease in archived {
+                archive.insert(lease.lease.0, encode_record(lease).as_slice())?;
             }
         }
         transaction.commit()?;
@@ -93,11 +103,14 @@ pub trait JournalStore: Send {
     fn next_seq(&self) -> u64;
     /// Every entry after `seq`, in order.
     fn entries_after(&self, seq: u64) -> Result<Vec<JournalEntry>>;
-    /// Appends entries and the transfers they caused, durably, in one
-    /// commit; returns the first entry's sequence number.
-    fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer]) -> Result<u64>;
+    /// Appends entries, the transfers they caused and the leases they
+    /// archived, durably, in one commit; returns the first entry's sequence number.
+    fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &[LeaseInfo]) -> Result<u64>;
     /// Up to `limit` transfers involving `account` after transfer id `after`.
     fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>>;
+    /// Archived leases `account` rented or supplied, newest first, skipping
+    /// `offset`: up to `limit`, and whether more follow.
+    fn archived_leases_of(&self, account: AccountId, offset: usize, limit: usize) -> Result<(Vec<LeaseInfo>, bool)>;
 }
 
 impl JournalStore for Journal {
@@ -107,12 +120,35 @@ impl JournalStore for Journal {
     fn entries_after(&self, seq: u64) -> Result<Vec<JournalEntry>> {
         Journal::entries_after(self, seq)
     }
-    fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer]) -> Result<u64> {
-        Journal::append_with_transfers(self, entries, transfers)
+    fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &[LeaseInfo]) -> Result<u64> {
+        Journal::append_with_transfers(self, entries, transfers, archived)
     }
     fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
         Journal::statement(self, account, after, limit)
     }
+    fn archived_leases_of(&self, account: AccountId, offset: usize, limit: usize) -> Result<(Vec<LeaseInfo>, bool)> {
+        let read = self.db.begin_read()?;
+        let table = read.open_table(ARCHIVED_LEASES)?;
+        let mut matching = Vec::new();
+        for row in table.iter()?.rev() {
+            let (key, bytes) = row?;
+            let lease: LeaseInfo =
+                decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("archived lease {}: {}", key.value(), e.message))?;
+            if lease.renter == account || lease.supplier == account {
+                matching.push(lease);
+                if matching.len() > offset + limit {
+                    break;
+                }
+            }
+        }
+        Ok(page_of(matching, offset, limit))
+    }
+}
+
+/// `items[offset..offset + limit]`, and whether anything follows.
+fn page_of<T>(items: Vec<T>, offset: usize, limit: usize) -> (Vec<T>, bool) {
+    let more = items.len() > offset + limit;
+    (items.into_iter().skip(offset).take(limit).collect(), more)
 }
 
 /// A journal in memory, for tests of the sequencer without IO. Clones share
@@ -127,6 +163,7 @@ pub struct MemoryJournal {
 struct MemoryInner {
     entries: Vec<JournalEntry>,
     transfers: std::collections::BTreeMap<u64, Transfer>,
+    archived: std::collections::BTreeMap<u64, LeaseInfo>,
     commits: u64,
     failing: bool,
 }
@@ -159,12 +196,13 @@ impl JournalStore for MemoryJournal {
     fn entries_after(&self, seq: u64) -> Result<Vec<JournalEntry>> {
         Ok(self.inner().entries.iter().skip(seq as usize).cloned().collect())
     }
-    fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer]) -> Result<u64> {
+    fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &[LeaseInfo]) -> Result<u64> {
         let mut inner = self.inner();
         anyhow::ensure!(!inner.failing, "the memory journal was told to fail");
         let first = inner.entries.len() as u64 + 1;
         inner.entries.extend_from_slice(entries);
         inner.transfers.extend(transfers.iter().map(|t| (t.id, *t)));
+        inner.archived.extend(archived.iter().map(|l| (l.lease.0, l.clone())));
         inner.commits += 1;
         Ok(first)
     }
@@ -172,6 +210,11 @@ impl JournalStore for MemoryJournal {
         let inner = self.inner();
         let start = after.map_or(0, |after| after + 1);
         Ok(inner.transfers.range(start..).map(|(_, t)| *t).filter(|t| t.involves(account)).take(limit).collect())
+    }
+    fn archived_leases_of(&self, account: AccountId, offset: usize, limit: usize) -> Result<(Vec<LeaseInfo>, bool)> {
+        let inner = self.inner();
+        let matching = inner.archived.values().rev().filter(|l| l.renter == account || l.supplier == account).cloned().collect();
+        Ok(page_of(matching, offset, limit))
     }
 }
 

@@ -80,7 +80,14 @@ pub struct Applied {
     /// lease): the live sequencer journals and applies it as its own entry,
     /// so a replay meets it in the journal and does not act on this.
     pub follow_up: Option<Command>,
+    /// Leases that left the hot state ([`LEASE_RETENTION_MS`] after their
+    /// bill became final), as they ended: the exchange keeps them in its
+    /// archive, where queries still find them.
+    pub archived: Vec<gpux_engine::LeaseInfo>,
 }
+
+/// How long a lease stays in the hot state after its billing closed.
+pub const LEASE_RETENTION_MS: u64 = 60 * 60_000;
 
 /// The whole state a journal rebuilds. `clock_ms` is the newest exchange time
 /// seen; it is kept for restarts but is not part of [`state_hash`](Self::state_hash)
@@ -132,6 +139,10 @@ impl MarketState {
         match entry {
             JournalEntry::Engine(input) => {
                 applied.events.extend_from_slice(self.engine.apply(input));
+                applied.archived = self.engine.archive_leases(input.at_ms.saturating_sub(LEASE_RETENTION_MS));
+                for lease in &applied.archived {
+                    self.ledger.forget_lease(lease.lease);
+                }
                 for assigned in self.deliveries.observe(&applied.events) {
                     owed.push(Notice {
                         to: Audience::account(assigned.supplier),

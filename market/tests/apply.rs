@@ -3,6 +3,9 @@
 //! reports (honest, resent, forged, out of chain), delivery statuses (a
 //! host's failure calls for its follow-up command), workloads and host keys.
 //!
+//! Time jumps of hours let leases end, close their bills and leave the hot
+//! state (archived), so snapshots hold engines with holes in their leases.
+//!
 //! - A snapshot taken at any entry, encoded and decoded as the exchange
 //!   stores it, then fed the rest of the journal reaches the same state hash
 //!   and the same ledger as the market that never stopped.
@@ -34,7 +37,7 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        2 => (0..30 * 60_000u64).prop_map(|ms| Op::Advance { ms }),
+        2 => prop_oneof![0..30 * 60_000u64, 60 * 60_000..3 * 60 * 60_000u64].prop_map(|ms| Op::Advance { ms }),
         3 => (1..3u32, 0..6u64, 0..3u32).prop_map(|(quantity, ticks, hours)| Op::Bid { quantity, ticks, hours }),
         3 => (1..4u64, 0..6u64).prop_map(|(mask, ticks)| Op::Ask { mask, ticks }),
         5 => (any::<usize>(), 0..3usize, 1..20u64, 0..8u8).prop_map(|(pick, gpu, minutes, tamper)| Op::Report { pick, gpu, minutes, tamper }),
@@ -290,4 +293,25 @@ fn the_generated_entries_trade_report_and_settle() {
     assert!(matches!(outcomes[3], Err(Forged)) && outcomes[4].is_err(), "{:?}", session.outcomes);
     assert!(session.market.ledger().transfer_count() > before, "accepted reports charged the lease");
     assert_eq!(session.market.settlement().rejections(session.supplier), 2, "the forged and the out-of-chain report were refused");
+}
+
+/// A lease leaves the hot state `LEASE_RETENTION_MS` after its bill is
+/// final, reported in `Applied::archived` by the entry that archives it.
+#[test]
+fn a_lease_leaves_the_hot_state_an_hour_after_its_bill_is_final() {
+    let mut session = Session::new();
+    session.run(&Op::Ask { mask: 1, ticks: 0 });
+    session.run(&Op::Bid { quantity: 1, ticks: 0, hours: 1 });
+    let lease = session.lease(0).expect("a lease");
+    // The lease ends after an hour; its bill is final 10 minutes later.
+    session.run(&Op::Advance { ms: 70 * 60_000 + 1 });
+    let info = session.market.engine().lease(lease).expect("still held");
+    assert!(info.billing_closed);
+    let tick = |at_ms| JournalEntry::Engine(Input { at_ms, command: Command::Tick });
+    let closed_at = T0 + 70 * 60_000;
+    let early = session.market.apply(&tick(closed_at + gpux_market::LEASE_RETENTION_MS - 1)).expect("applies");
+    assert!(early.archived.is_empty());
+    let due = session.market.apply(&tick(closed_at + gpux_market::LEASE_RETENTION_MS)).expect("applies");
+    assert_eq!(due.archived, vec![info]);
+    assert_eq!(session.market.engine().lease(lease), None);
 }

@@ -192,6 +192,12 @@ impl Ledger {
         Ok(posted)
     }
 
+    /// Forgets which supplier a lease pays, once nothing can be charged to
+    /// it any more (the market calls it when it archives the lease).
+    pub fn forget_lease(&mut self, lease: LeaseId) {
+        self.suppliers.remove(&lease);
+    }
+
     /// The supplier a usage charge of `lease` pays.
     fn supplier_of(&self, lease: LeaseId) -> Result<AccountId, LedgerError> {
         self.suppliers.get(&lease).copied().ok_or(LedgerError::UnseenLease(lease))

@@ -13,7 +13,7 @@ mod leases;
 mod matching;
 mod orders;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -258,6 +258,9 @@ pub struct Engine {
     pub(crate) gpu_details: Vec<GpuDetails>,
     pub(crate) gpu_by_uuid: BTreeMap<String, GpuId>,
     pub(crate) leases: ChunkedVec<Lease>,
+    /// Leases whose billing closed, with when, oldest first: what
+    /// `archive_leases` takes out of the engine once they are old enough.
+    pub(crate) billing_closed: VecDeque<(u64, LeaseId)>,
     pub(crate) contracts: ChunkedVec<Contract>,
     /// Pending timers in firing order. A B-tree rather than a binary heap:
     /// it grows a node at a time, where a heap doubles and copies itself.
@@ -291,6 +294,7 @@ impl Engine {
             gpu_details: Vec::new(),
             gpu_by_uuid: BTreeMap::new(),
             leases: ChunkedVec::default(),
+            billing_closed: VecDeque::new(),
             contracts: ChunkedVec::default(),
             timers: BTreeSet::new(),
             timer_seq: 0,
@@ -383,6 +387,17 @@ impl Engine {
     }
 
     fn fire(&mut self, kind: TimerKind) {
+        // An archived lease's timers are spent: it is inactive and its bill
+        // is final, so each would have done nothing.
+        if let TimerKind::LeaseEnd(lease, _)
+        | TimerKind::PreemptForWindow(lease, _)
+        | TimerKind::EscrowTopUp(lease)
+        | TimerKind::BillingClose(lease) = kind
+        {
+            if self.leases.get(lease.0 as usize).is_none() {
+                return;
+            }
+        }
         match kind {
             TimerKind::LeaseEnd(lease, reason) => self.end_lease_if_due(lease, reason.reason()),
             TimerKind::OrderExpiry(order) => self.expire_order(order),
@@ -531,16 +546,48 @@ impl Engine {
     /// `(leases, offset of the next page)`. A scan of every lease (a query
     /// for tools and clients, off the matching path).
     pub fn leases_of(&self, account: AccountId, offset: usize, page: usize) -> (Vec<LeaseInfo>, Option<usize>) {
-        let mut matching =
-            (0..self.leases.len()).rev().filter(|&i| self.leases[i].renter == account || self.leases[i].supplier == account).skip(offset);
+        let ids: Vec<usize> =
+            self.leases.iter_indexed().filter(|(_, l)| l.renter == account || l.supplier == account).map(|(i, _)| i).collect();
+        let mut matching = ids.into_iter().rev().skip(offset);
         let leases: Vec<LeaseInfo> = matching.by_ref().take(page).filter_map(|i| self.lease(LeaseId(i as u64))).collect();
         let more = matching.next().is_some();
         let next = more.then_some(offset + leases.len());
         (leases, next)
     }
 
+    /// How many leases (not archived) an account rents or supplies.
+    pub fn leases_of_count(&self, account: AccountId) -> usize {
+        self.leases.iter().filter(|l| l.renter == account || l.supplier == account).count()
+    }
+
     pub fn lease_count(&self) -> u64 {
         self.leases.len() as u64
+    }
+
+    /// Leases still held (not archived).
+    pub fn leases_held(&self) -> usize {
+        self.leases.live()
+    }
+
+    /// Takes out of the engine the leases whose billing closed at or before
+    /// `closed_by_ms`, oldest first, and returns them as they were. Nothing
+    /// about such a lease can change any more (reports about it are refused
+    /// `billing_closed`, its timers are spent), so the engine forgets it:
+    /// `lease` answers `None` and `leases_of` skips it. The market calls this
+    /// in its apply path, so live runs and replays archive at the same entry.
+    pub fn archive_leases(&mut self, closed_by_ms: u64) -> Vec<LeaseInfo> {
+        let mut archived = Vec::new();
+        while let Some(&(closed_at_ms, lease)) = self.billing_closed.front() {
+            if closed_at_ms > closed_by_ms {
+                break;
+            }
+            self.billing_closed.pop_front();
+            if let Some(info) = self.lease(lease) {
+                self.leases.retire(lease.0 as usize);
+                archived.push(info);
+            }
+        }
+        archived
     }
 
     /// Active leases holding `gpu`: `(exclusive, preemptible)`.
@@ -668,9 +715,10 @@ impl Engine {
                 .as_bytes(),
             );
         }
-        for lease in self.leases.iter() {
-            h.bytes(format!("{lease:?}").as_bytes());
+        for (index, lease) in self.leases.iter_indexed() {
+            h.bytes(format!("{index}{lease:?}").as_bytes());
         }
+        h.bytes(format!("{:?}", self.billing_closed).as_bytes());
         for contract in self.contracts.iter() {
             h.bytes(format!("{contract:?}").as_bytes());
         }

@@ -86,6 +86,8 @@ pub struct Sequencer {
     entries: Vec<JournalEntry>,
     /// Transfers of the current batch, committed with its journal entries.
     transfers: Vec<gpux_settlement::ledger::Transfer>,
+    /// Leases the batch archived, written to the journal's archive in its commit.
+    archived: Vec<gpux_engine::LeaseInfo>,
     /// What the batch produced, in release order.
     pending: Vec<(Target, Pending)>,
     /// The first broken invariant of this batch: nothing of it is released.
@@ -174,13 +176,14 @@ impl Sequencer {
         if let Some(fatal) = self.fatal.take() {
             return Err(fatal);
         }
-        if !self.entries.is_empty() {
+        if !self.entries.is_empty() || !self.archived.is_empty() {
             let started = std::time::Instant::now();
-            self.journal.append_with_transfers(&self.entries, &self.transfers).map_err(SequencerError::Journal)?;
+            self.journal.append_with_transfers(&self.entries, &self.transfers, &self.archived).map_err(SequencerError::Journal)?;
             self.metrics.observe_commit(started.elapsed());
             self.metrics.journal_entries.inc_by(self.entries.len() as u64);
             self.entries.clear();
             self.transfers.clear();
+            self.archived.clear();
         }
         self.release();
         self.refresh_depth();
@@ -289,6 +292,7 @@ impl Sequencer {
     fn route(&mut self, applied: &mut Applied) {
         self.metrics.observe_events(&applied.events);
         self.transfers.extend_from_slice(&applied.transfers);
+        self.archived.append(&mut applied.archived);
         for notice in applied.notices.drain(..) {
             let frame = SharedFrame::new(notice.message);
             match notice.to {

@@ -26,13 +26,35 @@ impl Sequencer {
         self.reply(connection, ServerMessage::Orders { id, orders, next_offset });
     }
 
+    /// The account's leases: those the market holds (newest first), then
+    /// the archived ones (newest first) from the journal's archive.
     pub(super) fn leases(&mut self, connection: ConnectionId, id: u64, offset: u32) {
-        let (mut leases, mut next_offset) =
-            self.account(connection).map(|a| self.market.engine().leases_of(a, offset as usize, ORDERS_PAGE_MAX)).unwrap_or_default();
-        if gpux_protocol::fit_page(&mut leases) {
-            next_offset = Some(offset as usize + leases.len());
+        let Some(account) = self.account(connection) else {
+            return self.reply(connection, ServerMessage::Leases { id, leases: Vec::new(), next_offset: None });
+        };
+        let engine = self.market.engine();
+        let offset = offset as usize;
+        let hot_total = engine.leases_of_count(account);
+        let (mut leases, mut more) = match offset < hot_total {
+            true => {
+                let (page, next) = engine.leases_of(account, offset, ORDERS_PAGE_MAX);
+                (page, next.is_some())
+            }
+            false => (Vec::new(), false),
+        };
+        if !more && leases.len() < ORDERS_PAGE_MAX {
+            let archive_offset = offset.saturating_sub(hot_total);
+            match self.journal.archived_leases_of(account, archive_offset, ORDERS_PAGE_MAX - leases.len()) {
+                Ok((archived, archive_more)) => {
+                    leases.extend(archived);
+                    more = archive_more;
+                }
+                Err(error) => tracing::error!(%error, "reading archived leases"),
+            }
         }
-        self.reply(connection, ServerMessage::Leases { id, leases, next_offset: next_offset.map(|n| n as u32) });
+        let cut = gpux_protocol::fit_page(&mut leases);
+        let next_offset = (more || cut).then_some((offset + leases.len()) as u32);
+        self.reply(connection, ServerMessage::Leases { id, leases, next_offset });
     }
 
     pub(super) fn stats(&mut self, connection: ConnectionId, id: u64, instrument: InstrumentId) {

@@ -52,12 +52,18 @@ impl Sequencer {
         let mut market = snapshot.map_or(market, |snapshot| snapshot.market);
         let entries = journal.entries_after(snapshot_seq)?;
         let count = entries.len() as u64;
+        // Leases the replay archives are in the journal's archive already
+        // (written in their entry's commit), unless the journal predates the
+        // archive: they are written again with the first commit (same key,
+        // same value).
+        let mut archived = Vec::new();
         for (offset, entry) in entries.iter().enumerate() {
             // What an entry sent went out when it was first applied; replay
             // only rebuilds the state.
-            market
+            let applied = market
                 .apply(entry)
                 .map_err(|error| anyhow::anyhow!("replaying journal entry {}: {error}", snapshot_seq + 1 + offset as u64))?;
+            archived.extend(applied.archived);
         }
         let mut sequencer = Sequencer {
             market,
@@ -66,6 +72,7 @@ impl Sequencer {
             operator_keys,
             entries: Vec::new(),
             transfers: Vec::new(),
+            archived,
             pending: Vec::new(),
             fatal: None,
             connections: BTreeMap::new(),

@@ -19,6 +19,11 @@ use crate::snapshots::MemorySnapshots;
 const OPERATOR: [u8; 32] = [9; 32];
 
 fn recover(journal: &MemoryJournal, snapshots: &MemorySnapshots) -> (Sequencer, super::Recovery) {
+    recover_at(journal, snapshots, 0)
+}
+
+/// A restart with the exchange clock `offset_ms` ahead of the wall clock.
+fn recover_at(journal: &MemoryJournal, snapshots: &MemorySnapshots, offset_ms: i64) -> (Sequencer, super::Recovery) {
     let config = EngineConfig::demo();
     let billing = BillingPolicy { fee_bps: config.fee_bps, grace_ms: config.billing_grace_ms };
     let market = MarketState::new(config).expect("demo config");
@@ -30,7 +35,7 @@ fn recover(journal: &MemoryJournal, snapshots: &MemorySnapshots) -> (Sequencer, 
         operators,
         Arc::new(Metrics::default()),
         billing,
-        Clock::default(),
+        Clock { offset_ms },
     )
     .expect("recovers")
 }
@@ -154,4 +159,71 @@ fn a_restart_reaches_the_same_state_from_the_snapshot_and_the_journal() {
     // And from the journal alone, without the snapshot.
     let (_, replayed) = recover(&journal, &MemorySnapshots::default());
     assert_eq!((replayed.snapshot_seq, replayed.entries, replayed.state_hash), (0, entries, stopped_at));
+}
+
+/// A lease an hour past its final bill leaves the market and is written to
+/// the journal's archive in the same commit; the renter's `leases` still
+/// list it, after the current ones.
+#[test]
+fn an_archived_lease_is_still_listed_from_the_journals_archive() {
+    use gpux_engine::{GpuSet, GpuSpec, HostId, InstrumentId, LeaseDuration, NewOrder, Side};
+    const HOUR_MS: i64 = 3_600_000;
+    let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
+    let (mut sequencer, _) = recover(&journal, &snapshots);
+    let (operator, connect_operator) = Client::connect(1);
+    let (mut supplier, connect_supplier) = Client::connect(2);
+    let (mut renter, connect_renter) = Client::connect(3);
+    sequencer
+        .process(vec![
+            connect_operator,
+            operator.login(1, OPERATOR, None),
+            connect_supplier,
+            supplier.login(1, [2; 32], Some(Role::Supplier)),
+            connect_renter,
+            renter.login(1, [3; 32], Some(Role::Renter)),
+        ])
+        .expect("commits");
+    let (supplier_account, renter_account) = (supplier.account(), renter.account());
+    let command = |connection, id, command| Request::Command { connection, id, command };
+    let spot = InstrumentId(0);
+    let ask = NewOrder {
+        supply: Some(GpuSet { host: HostId(0), gpu_mask: 1 }),
+        ..NewOrder::limit(supplier_account, 1, spot, Side::Sell, 2_000_000, 1)
+    };
+    let bid = NewOrder { duration: LeaseDuration::Hours(1), ..NewOrder::limit(renter_account, 1, spot, Side::Buy, 2_000_000, 1) };
+    let register =
+        Command::RegisterGpu { account: supplier_account, host: "h".into(), gpu_uuid: "GPU-0".into(), spec: GpuSpec::h100_sxm() };
+    sequencer
+        .process(vec![
+            command(1, 2, Command::Deposit { account: renter_account, amount_minor: 100_000_000 }),
+            command(2, 2, register),
+            command(2, 3, Command::PlaceOrder(ask)),
+            command(3, 2, Command::PlaceOrder(bid)),
+        ])
+        .expect("commits");
+    let lease = sequencer.market.engine().leases_of(renter_account, 0, 10).0.first().map(|l| l.lease).expect("the bid filled");
+    drop(sequencer);
+
+    // Two hours on: the lease ended and its bill is final, but it is recent.
+    let (mut later, _) = recover_at(&journal, &snapshots, 2 * HOUR_MS);
+    later.process(vec![command(0, 0, Command::Tick)]).expect("commits");
+    assert!(later.market.engine().lease(lease).is_some_and(|l| l.billing_closed));
+    drop(later);
+
+    // Three hours on, the next entry archives it.
+    let (mut archiving, _) = recover_at(&journal, &snapshots, 3 * HOUR_MS);
+    let (mut renter, connect) = Client::connect(9);
+    archiving
+        .process(vec![connect, renter.login(1, [3; 32], None), Request::Command { connection: 9, id: 2, command: Command::Tick }])
+        .expect("commits");
+    assert_eq!(archiving.market.engine().lease(lease), None, "gone from the hot state");
+    renter.received();
+    archiving.process(vec![Request::Leases { connection: 9, id: 3, offset: 0 }]).expect("answers");
+    let listed = renter.received().into_iter().find_map(|m| match m {
+        ServerMessage::Leases { leases, next_offset, .. } => Some((leases, next_offset)),
+        _ => None,
+    });
+    let (leases, next_offset) = listed.expect("a leases answer");
+    assert_eq!((leases.iter().map(|l| l.lease).collect::<Vec<_>>(), next_offset), (vec![lease], None));
+    assert!(leases[0].billing_closed && !leases[0].active);
 }

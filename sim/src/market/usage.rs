@@ -96,8 +96,11 @@ impl Sim {
             Ok(UsageOutcome::Duplicate) => {}
             Err(code) => {
                 *self.metrics.faults.honest_reports_refused.entry(format!("{code:?}")).or_default() += 1;
-                if code == gpux_settlement::UsageRejectCode::BillingClosed {
-                    if let Some(lease) = self.leases.get_mut(&lease_id) {
+                // Late: after the billing grace (`billing_closed`), or after
+                // the lease left the market's hot state (`unknown_lease`).
+                use gpux_settlement::UsageRejectCode::{BillingClosed, UnknownLease};
+                if let Some(lease) = self.leases.get_mut(&lease_id) {
+                    if code == BillingClosed || (code == UnknownLease && lease.billing_closed) {
                         lease.late = true;
                     }
                 }
