@@ -181,6 +181,22 @@ fn a_reserved_window_is_sold_resold_and_delivered_as_a_lease() {
     assert!(events.iter().any(|e| e.kind == EventKind::LeaseEnded { lease, reason: LeaseEndReason::WindowEnded }));
     assert!(events.iter().any(|e| e.kind == EventKind::InstrumentExpired { instrument: window }));
     assert_eq!(m.engine.instrument(window).map(|i| i.state), Some(InstrumentState::Expired));
+
+    // Archived an hour later: the window keeps its listing, its contracts leave.
+    let contracts = m.engine.contracts_held_total();
+    assert_eq!(m.engine.archive_windows(m.now_ms - HOUR), 0, "expired too recently");
+    let before = m.engine.state_hash();
+    let mut twin = m.engine.clone();
+    assert_eq!(m.engine.archive_windows(m.now_ms), 1, "the window's one contract");
+    assert_eq!(twin.archive_windows(m.now_ms), 1);
+    assert_ne!(m.engine.state_hash(), before);
+    assert_eq!(m.engine.state_hash(), twin.state_hash());
+    assert_eq!(m.engine.contracts_held_total(), contracts - 1);
+    assert_eq!(m.engine.contracts_held(renter, window), 0);
+    assert_eq!(m.engine.instrument(window).map(|i| i.state), Some(InstrumentState::Expired), "still listed");
+    m.advance(2 * HOUR);
+    twin.apply(&Input { at_ms: m.now_ms, command: Command::Tick });
+    assert_eq!(m.engine.state_hash(), twin.state_hash(), "the calendar goes on the same");
 }
 
 /// docs/agent.md's own set-up: one GPU in a spot ask and in the next hourly

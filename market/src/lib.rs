@@ -139,7 +139,11 @@ impl MarketState {
         match entry {
             JournalEntry::Engine(input) => {
                 applied.events.extend_from_slice(self.engine.apply(input));
-                applied.archived = self.engine.archive_leases(input.at_ms.saturating_sub(LEASE_RETENTION_MS));
+                let archive_by_ms = input.at_ms.saturating_sub(LEASE_RETENTION_MS);
+                applied.archived = self.engine.archive_leases(archive_by_ms);
+                // An expired window's contracts leave too (nothing queries them;
+                // the journal holds their history).
+                self.engine.archive_windows(archive_by_ms);
                 for lease in &applied.archived {
                     self.ledger.forget_lease(lease.lease);
                 }

@@ -385,9 +385,8 @@ fn hot_state_section(md: &mut String, m: &Metrics) {
     let _ = writeln!(
         md,
         "\n## Hot state\n\nThe exchange state a snapshot holds, encoded, at the end of each day. Settlement forgets the chains of \
-         leases whose billing closed, and an hour later the lease leaves the engine and the ledger for the exchange's archive; \
-         reserved-window contracts and expired window instruments still stay, so they grow with the market's history \
-         (docs/ARCHITECTURE.md).\n\n| Day | Engine | Settlement | Ledger | Total |\n|---|---|---|---|---|"
+         leases whose billing closed, and an hour later the lease leaves the engine and the ledger for the exchange's archive, \
+         as do an expired window's contracts; what still grows is a short listing per expired window (docs/ARCHITECTURE.md).\n\n| Day | Engine | Settlement | Ledger | Total |\n|---|---|---|---|---|"
     );
     let mib = |bytes: u64| format!("{:.2} MiB", bytes as f64 / (1 << 20) as f64);
     for (day, state) in m.hot_state_by_day.iter().enumerate() {

@@ -75,6 +75,7 @@ impl Engine {
         self.end_window_leases(instrument);
         self.instruments[instrument.0 as usize].state = InstrumentState::Expired;
         self.books[instrument.0 as usize] = Book::new();
+        self.expired_windows.push_back((self.now_ms, instrument));
         self.emit(EventKind::InstrumentExpired { instrument });
     }
 }

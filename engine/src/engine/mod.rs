@@ -262,6 +262,9 @@ pub struct Engine {
     /// `archive_leases` takes out of the engine once they are old enough.
     pub(crate) billing_closed: VecDeque<(u64, LeaseId)>,
     pub(crate) contracts: ChunkedVec<Contract>,
+    /// Reserved windows that expired, with when, oldest first: what
+    /// `archive_windows` empties of their contracts once old enough.
+    pub(crate) expired_windows: VecDeque<(u64, InstrumentId)>,
     /// Pending timers in firing order. A B-tree rather than a binary heap:
     /// it grows a node at a time, where a heap doubles and copies itself.
     pub(crate) timers: BTreeSet<Timer>,
@@ -296,6 +299,7 @@ impl Engine {
             leases: ChunkedVec::default(),
             billing_closed: VecDeque::new(),
             contracts: ChunkedVec::default(),
+            expired_windows: VecDeque::new(),
             timers: BTreeSet::new(),
             timer_seq: 0,
             calendar: vec![CalendarCursor::default(); config.classes.len()],
@@ -564,6 +568,31 @@ impl Engine {
         self.leases.len() as u64
     }
 
+    /// Takes the contracts of reserved windows that expired at or before
+    /// `expired_by_ms` out of the engine; returns how many. An expired
+    /// window's contracts are final (delivered or failed, paid out), so the
+    /// engine forgets them: the window keeps its listing (symbol, times,
+    /// state) and holds no contract any more. Called by the market in its
+    /// apply path, with leases.
+    pub fn archive_windows(&mut self, expired_by_ms: u64) -> usize {
+        let mut archived = 0;
+        while let Some(&(expired_at_ms, instrument)) = self.expired_windows.front() {
+            if expired_at_ms > expired_by_ms {
+                break;
+            }
+            self.expired_windows.pop_front();
+            for contract in std::mem::take(&mut self.instruments[instrument.0 as usize].contracts) {
+                archived += usize::from(self.contracts.retire(contract.0 as usize).is_some());
+            }
+        }
+        archived
+    }
+
+    /// Contracts still held (not archived).
+    pub fn contracts_held_total(&self) -> usize {
+        self.contracts.live()
+    }
+
     /// Leases still held (not archived).
     pub fn leases_held(&self) -> usize {
         self.leases.live()
@@ -719,6 +748,7 @@ impl Engine {
             h.bytes(format!("{index}{lease:?}").as_bytes());
         }
         h.bytes(format!("{:?}", self.billing_closed).as_bytes());
+        h.bytes(format!("{:?}", self.expired_windows).as_bytes());
         for contract in self.contracts.iter() {
             h.bytes(format!("{contract:?}").as_bytes());
         }
