@@ -12,7 +12,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use gpux_engine::state_hash::StateHasher;
-use gpux_market::MarketState;
+use gpux_market::{JournalEntry, MarketState};
 use gpux_protocol::{decode_snapshot, encode_record};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -140,43 +140,76 @@ impl SnapshotStorage for MemorySnapshots {
     }
 }
 
-/// Writes snapshots on a thread of its own, so the sequencer pays only for
-/// copying its state: encoding, checksumming and the fsync happen here.
-/// One snapshot at a time: while one is being written, the sequencer's next
-/// offer is declined and it offers again after its next batch.
+/// Takes and stores snapshots without the sequencer copying its state: a
+/// replica of the market on a thread of its own is fed every committed
+/// journal entry and applies it through the same `MarketState::apply` (a
+/// forked state kept up to date by replay), and every `every` entries it
+/// writes itself as the snapshot. The sequencer only hands over the batch it
+/// just committed (moved, not copied).
 pub struct SnapshotWriter {
-    offers: Option<crossbeam_channel::Sender<Snapshot>>,
+    batches: Option<crossbeam_channel::Sender<(u64, Vec<JournalEntry>)>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl SnapshotWriter {
-    pub fn spawn(store: impl SnapshotStorage) -> Result<SnapshotWriter> {
-        let (offers, taken) = crossbeam_channel::bounded::<Snapshot>(0);
+    /// A replica starting from `market` as of journal entry `journal_seq`,
+    /// whose newest stored snapshot is at `snapshot_seq`.
+    pub fn spawn(
+        store: impl SnapshotStorage,
+        market: MarketState,
+        journal_seq: u64,
+        snapshot_seq: u64,
+        every: u64,
+    ) -> Result<SnapshotWriter> {
+        let (batches, committed) = crossbeam_channel::unbounded::<(u64, Vec<JournalEntry>)>();
         let thread = std::thread::Builder::new().name("snapshots".into()).spawn(move || {
-            for snapshot in taken {
+            let mut replica = Snapshot { journal_seq, market };
+            let mut written = snapshot_seq;
+            let write = |replica: &Snapshot, written: &mut u64| {
                 // A failed snapshot costs only restart time: the journal has everything.
-                match store.write(&snapshot) {
-                    Ok(()) => tracing::debug!(journal_seq = snapshot.journal_seq, "snapshot written"),
+                match store.write(replica) {
+                    Ok(()) => {
+                        *written = replica.journal_seq;
+                        tracing::debug!(journal_seq = replica.journal_seq, "snapshot written");
+                    }
                     Err(error) => tracing::warn!(%error, "snapshot failed; the journal still holds every entry"),
                 }
+            };
+            for (first_seq, entries) in committed {
+                if first_seq != replica.journal_seq + 1 {
+                    tracing::error!(first_seq, replica = replica.journal_seq, "snapshot replica out of step; no more snapshots");
+                    return;
+                }
+                for entry in &entries {
+                    if let Err(error) = replica.market.apply(entry) {
+                        tracing::error!(%error, "snapshot replica failed; no more snapshots");
+                        return;
+                    }
+                }
+                replica.journal_seq += entries.len() as u64;
+                if replica.journal_seq >= written + every {
+                    write(&replica, &mut written);
+                }
+            }
+            // The sequencer stopped: a last snapshot of everything.
+            if replica.journal_seq > written {
+                write(&replica, &mut written);
             }
         })?;
-        Ok(SnapshotWriter { offers: Some(offers), thread: Some(thread) })
+        Ok(SnapshotWriter { batches: Some(batches), thread: Some(thread) })
     }
 
-    /// Hands a snapshot over if the writer is idle; false (and the snapshot
-    /// dropped) while it is still writing the last one.
-    pub fn offer(&self, snapshot: Snapshot) -> bool {
-        self.offers.as_ref().is_some_and(|offers| offers.try_send(snapshot).is_ok())
-    }
-
-    /// Writes this last snapshot, waiting for the one in progress first, and
-    /// stops the writer once both are durable.
-    pub fn finish(&mut self, last: Option<Snapshot>) {
-        if let (Some(offers), Some(snapshot)) = (self.offers.take(), last) {
-            let _ = offers.send(snapshot);
+    /// Hands over a committed batch: entries `first_seq..`, in order.
+    pub fn committed(&self, first_seq: u64, entries: Vec<JournalEntry>) {
+        if let Some(batches) = &self.batches {
+            let _ = batches.send((first_seq, entries));
         }
-        self.offers = None;
+    }
+
+    /// Stops the replica once it applied everything it was handed and wrote
+    /// a last snapshot of it (durable when this returns).
+    pub fn finish(&mut self) {
+        self.batches = None;
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -185,7 +218,7 @@ impl SnapshotWriter {
 
 impl Drop for SnapshotWriter {
     fn drop(&mut self) {
-        self.finish(None);
+        self.finish();
     }
 }
 
@@ -225,24 +258,30 @@ mod tests {
         Snapshot { journal_seq, market: MarketState::from_engine(engine) }
     }
 
-    /// The writer thread stores what it takes, and `finish` stores the last
-    /// snapshot durably before it returns (what a clean stop relies on).
+    /// The replica applies the committed batches, writes a snapshot every
+    /// `every` entries, and `finish` writes the last one, durable when it
+    /// returns (what a clean stop relies on). Its state is the sequencer's.
     #[test]
-    fn the_writer_thread_stores_offered_snapshots_and_the_last_at_finish() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("snapshots.redb");
-        let mut writer = SnapshotWriter::spawn(SnapshotStore::open(&path).expect("open")).expect("writer");
-        // Declined only while the thread is busy (or not yet waiting).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while !writer.offer(snapshot_at(5, 1)) {
-            assert!(std::time::Instant::now() < deadline, "the idle writer takes an offer");
-            std::thread::sleep(std::time::Duration::from_millis(1));
+    fn the_replica_snapshots_every_so_many_entries_and_at_finish() {
+        let open = |at_ms| JournalEntry::Engine(Input { at_ms, command: Command::OpenAccount { role: Role::Renter } });
+        let store = MemorySnapshots::default();
+        let start = MarketState::new(EngineConfig::demo()).expect("valid config");
+        let mut live = start.clone();
+        let mut writer = SnapshotWriter::spawn(store.clone(), start, 0, 0, 3).expect("writer");
+        let mut seq = 1;
+        for batch in [vec![open(1_796_223_600_000), open(1_796_223_600_001)], vec![open(1_796_223_600_002)], vec![open(1_796_223_600_003)]]
+        {
+            for entry in &batch {
+                live.apply(entry).expect("applies");
+            }
+            let len = batch.len() as u64;
+            writer.committed(seq, batch);
+            seq += len;
         }
-        writer.finish(Some(snapshot_at(9, 2)));
-        assert!(!writer.offer(snapshot_at(12, 3)), "a finished writer takes nothing");
-        drop(writer);
-        let store = SnapshotStore::open(&path).expect("reopen");
-        assert_eq!(store.latest_valid().expect("read").map(|s| s.journal_seq), Some(9));
+        writer.finish();
+        assert_eq!(store.journal_seqs(), [3, 4], "at 3 entries, then the last at finish");
+        let last = store.latest_valid().expect("reads").expect("a snapshot");
+        assert_eq!((last.journal_seq, last.market.state_hash()), (4, live.state_hash()));
     }
 
     #[test]

@@ -138,13 +138,13 @@ fn main() -> anyhow::Result<()> {
         sim.report_wall.as_secs_f64(),
         sim.exchange.reports_settled
     );
-    // What a snapshot costs the sequencer: a copy of the state (the writer
-    // thread encodes and stores it).
+    // What a snapshot would cost a sequencer that copied its state (the
+    // exchange's snapshot replica avoids it; docs/PERFORMANCE.md).
     let copying = Instant::now();
     let copy = sim.exchange.market().clone();
     let copy_ms = copying.elapsed().as_secs_f64() * 1e3;
     drop(copy);
-    eprintln!("copying the final state (what a snapshot pauses the sequencer for): {copy_ms:.2} ms");
+    eprintln!("copying the final state: {copy_ms:.2} ms");
     let files = report::render(&sim);
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     for (name, contents) in &files.files {

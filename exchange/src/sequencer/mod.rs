@@ -34,7 +34,7 @@ use gpux_protocol::{Channel, ErrorCode, ServerMessage};
 use tokio::sync::{broadcast, mpsc};
 
 use crate::metrics::Metrics;
-use crate::snapshots::{SnapshotWriter, SNAPSHOT_EVERY_ENTRIES};
+use crate::snapshots::SnapshotWriter;
 use gpux_gateway::link::{Clock, ConnectionId, Outbound, Outgoing, Request, SharedFrame};
 use gpux_journal::JournalStore;
 
@@ -100,10 +100,8 @@ pub struct Sequencer {
     feed_frames_max: usize,
     metrics: Arc<Metrics>,
     depth_refreshed_ms: u64,
+    /// The snapshot replica, fed every committed batch.
     snapshots: SnapshotWriter,
-    /// The journal entry the newest snapshot taken includes (handed to the
-    /// writer; durable shortly after).
-    snapshot_seq: u64,
     logs_pending: BTreeMap<u64, LogsWait>,
     next_logs_request: u64,
 }
@@ -148,13 +146,9 @@ impl Sequencer {
                 }
             }
             self.process(batch)?;
-            if self.journal.next_seq() > self.snapshot_seq + SNAPSHOT_EVERY_ENTRIES {
-                self.snapshot();
-            }
         }
         // A clean stop leaves a snapshot of everything, durable before it returns.
-        let last = self.take_snapshot();
-        self.snapshots.finish(last);
+        self.snapshots.finish();
         Ok(self.market.state_hash())
     }
 
@@ -178,10 +172,12 @@ impl Sequencer {
         }
         if !self.entries.is_empty() || !self.archived.is_empty() {
             let started = std::time::Instant::now();
-            self.journal.append_with_transfers(&self.entries, &self.transfers, &self.archived).map_err(SequencerError::Journal)?;
+            let first_seq =
+                self.journal.append_with_transfers(&self.entries, &self.transfers, &self.archived).map_err(SequencerError::Journal)?;
             self.metrics.observe_commit(started.elapsed());
             self.metrics.journal_entries.inc_by(self.entries.len() as u64);
-            self.entries.clear();
+            // The snapshot replica applies the batch on its own thread.
+            self.snapshots.committed(first_seq, std::mem::take(&mut self.entries));
             self.transfers.clear();
             self.archived.clear();
         }

@@ -10,7 +10,7 @@ use gpux_market::MarketState;
 
 use super::Sequencer;
 use crate::metrics::Metrics;
-use crate::snapshots::{Snapshot, SnapshotStorage, SnapshotWriter};
+use crate::snapshots::{SnapshotStorage, SnapshotWriter, SNAPSHOT_EVERY_ENTRIES};
 use gpux_gateway::link::{Clock, FEED_FRAMES_MAX};
 use gpux_journal::JournalStore;
 
@@ -65,6 +65,8 @@ impl Sequencer {
                 .map_err(|error| anyhow::anyhow!("replaying journal entry {}: {error}", snapshot_seq + 1 + offset as u64))?;
             archived.extend(applied.archived);
         }
+        // The snapshot replica starts from the recovered state (one copy, at start).
+        let (replica, replayed_to) = (market.clone(), journal.next_seq() - 1);
         let mut sequencer = Sequencer {
             market,
             journal,
@@ -81,8 +83,7 @@ impl Sequencer {
             feed_frames_max: FEED_FRAMES_MAX,
             metrics,
             depth_refreshed_ms: 0,
-            snapshots: SnapshotWriter::spawn(snapshots)?,
-            snapshot_seq,
+            snapshots: SnapshotWriter::spawn(snapshots, replica, replayed_to, snapshot_seq, SNAPSHOT_EVERY_ENTRIES)?,
             logs_pending: BTreeMap::new(),
             next_logs_request: 1,
         };
@@ -104,26 +105,5 @@ impl Sequencer {
         }
         let state_hash = sequencer.market.state_hash();
         Ok((sequencer, Recovery { snapshot_seq, entries: count, state_hash }))
-    }
-
-    /// A copy of everything committed so far, or none if the newest
-    /// snapshot taken already has it.
-    pub(super) fn take_snapshot(&self) -> Option<Snapshot> {
-        let journal_seq = self.journal.next_seq() - 1;
-        if journal_seq == self.snapshot_seq {
-            return None;
-        }
-        Some(Snapshot { journal_seq, market: self.market.clone() })
-    }
-
-    /// Offers a snapshot to the writer thread: the sequencer copies its
-    /// state and goes on; hashing, encoding and the fsync happen on that thread.
-    pub(super) fn snapshot(&mut self) {
-        if let Some(snapshot) = self.take_snapshot() {
-            let journal_seq = snapshot.journal_seq;
-            if self.snapshots.offer(snapshot) {
-                self.snapshot_seq = journal_seq;
-            }
-        }
     }
 }
