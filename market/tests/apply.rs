@@ -315,3 +315,23 @@ fn a_lease_leaves_the_hot_state_an_hour_after_its_bill_is_final() {
     assert_eq!(due.archived, vec![info]);
     assert_eq!(session.market.engine().lease(lease), None);
 }
+
+/// The `instruments` reply lists what is not expired: after days of hourly
+/// and daily windows it keeps the calendar's size and fits a frame, while
+/// every window ever listed stays known by id.
+#[test]
+fn the_listed_instruments_keep_the_calendars_size_and_fit_a_frame() {
+    let mut market = MarketState::new(EngineConfig::demo()).expect("demo config");
+    let tick = |at_ms| JournalEntry::Engine(Input { at_ms, command: Command::Tick });
+    market.apply(&tick(T0)).expect("applies");
+    let at_start = market.engine().listed_instruments().len();
+    for hour in 1..=72 {
+        market.apply(&tick(T0 + hour * 3_600_000)).expect("applies");
+    }
+    let listed = market.engine().listed_instruments();
+    assert!(listed.len() <= at_start + 8, "{} listed after 3 days, {at_start} at the start", listed.len());
+    assert!(market.engine().instruments().len() > listed.len() + 200, "expired windows stay known by id");
+    assert!(listed.iter().all(|i| i.state != InstrumentState::Expired));
+    let reply = gpux_protocol::encode_server_text(&ServerMessage::Instruments { id: 1, instruments: listed });
+    assert!(reply.len() < gpux_protocol::FRAME_BYTES_MAX, "{} bytes", reply.len());
+}

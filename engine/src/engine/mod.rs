@@ -452,8 +452,19 @@ impl Engine {
         self.next_seq
     }
 
+    /// Every instrument ever listed, expired windows included.
     pub fn instruments(&self) -> Vec<InstrumentInfo> {
         (0..self.instruments.len() as u32).filter_map(|id| self.instrument(InstrumentId(id))).collect()
+    }
+
+    /// The instruments not expired: spot, preemptible, and the reserved
+    /// windows still trading or about to start. Its size follows the
+    /// calendar (windows listed ahead), not the market's history.
+    pub fn listed_instruments(&self) -> Vec<InstrumentInfo> {
+        (0..self.instruments.len() as u32)
+            .filter(|&id| self.instruments[id as usize].state != InstrumentState::Expired)
+            .filter_map(|id| self.instrument(InstrumentId(id)))
+            .collect()
     }
 
     pub fn instrument(&self, id: InstrumentId) -> Option<InstrumentInfo> {

@@ -321,10 +321,7 @@ impl Sequencer {
         // Expired windows drop out of the gauges.
         self.metrics.book_quantity.reset();
         let engine = self.market.engine();
-        for instrument in engine.instruments() {
-            if instrument.state == gpux_engine::InstrumentState::Expired {
-                continue;
-            }
+        for instrument in engine.listed_instruments() {
             for (side, name) in [(gpux_engine::Side::Buy, "bid"), (gpux_engine::Side::Sell, "ask")] {
                 let quantity: u64 = engine.depth(instrument.instrument, side).iter().map(|(_, q)| q).sum();
                 self.metrics.book_quantity.with_label_values(&[instrument.symbol.as_str(), name]).set(quantity as i64);

@@ -10,7 +10,8 @@ use gpux_gateway::link::ConnectionId;
 
 impl Sequencer {
     pub(super) fn instruments(&mut self, connection: ConnectionId, id: u64) {
-        let instruments = self.market.engine().instruments();
+        // Expired windows are history: the list stays the calendar's size.
+        let instruments = self.market.engine().listed_instruments();
         self.reply(connection, ServerMessage::Instruments { id, instruments });
     }
 
