@@ -56,11 +56,15 @@ pub fn write_events(out: &mut impl Write, events: &[Event]) -> Result<()> {
     Ok(())
 }
 
-/// Writes the leases an entry archived (left the market's hot state), one
-/// JSON line each: `{"lease_archived": {..the lease as it was..}}`.
-pub fn write_archived(out: &mut impl Write, leases: &[gpux_engine::LeaseInfo]) -> Result<()> {
-    for lease in leases {
-        writeln!(out, "{}", serde_json::json!({ "lease_archived": lease }))?;
+/// Writes what an entry archived (left the market's hot state), one JSON
+/// line each: `{"lease_archived": {..the lease as it ended..}}` and
+/// `{"instrument_archived": {..the window as it was listed..}}`.
+pub fn write_archived(out: &mut impl Write, archived: &gpux_market::Archived) -> Result<()> {
+    for lease in &archived.leases {
+        writeln!(out, "{}", serde_json::json!({ "lease_archived": lease.info }))?;
+    }
+    for instrument in &archived.instruments {
+        writeln!(out, "{}", serde_json::json!({ "instrument_archived": instrument }))?;
     }
     Ok(())
 }

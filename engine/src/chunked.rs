@@ -13,10 +13,8 @@
 use std::collections::BTreeMap;
 use std::ops::{Index, IndexMut};
 
+/// Values per chunk unless the type says otherwise (leases, contracts).
 const CHUNK_LEN: usize = 4096;
-/// A chunk with this few live values left (and not the newest) is freed and
-/// its live values move to the side map.
-const CHUNK_LIVE_MIN: usize = CHUNK_LEN / 64;
 
 #[derive(Clone)]
 struct Chunk<T> {
@@ -24,8 +22,10 @@ struct Chunk<T> {
     live: usize,
 }
 
+/// `N` values per chunk; a chunk with `N / 64` live values left (and not the
+/// newest) is freed and its live values move to the side map.
 #[derive(Clone)]
-pub(crate) struct ChunkedVec<T> {
+pub(crate) struct ChunkedVec<T, const N: usize = CHUNK_LEN> {
     /// `None`: a freed chunk (its live values, if any, are in `stragglers`).
     chunks: Vec<Option<Chunk<T>>>,
     /// Live values of freed chunks, by index.
@@ -33,21 +33,23 @@ pub(crate) struct ChunkedVec<T> {
     len: usize,
 }
 
-impl<T> Default for ChunkedVec<T> {
+impl<T, const N: usize> Default for ChunkedVec<T, N> {
     fn default() -> Self {
         ChunkedVec { chunks: Vec::new(), stragglers: BTreeMap::new(), len: 0 }
     }
 }
 
-impl<T> ChunkedVec<T> {
+impl<T, const N: usize> ChunkedVec<T, N> {
+    const LIVE_MIN: usize = N / 64;
+
     /// Values ever pushed (the next index), retired ones included.
     pub fn len(&self) -> usize {
         self.len
     }
 
     pub fn push(&mut self, value: T) {
-        if self.len.is_multiple_of(CHUNK_LEN) {
-            self.chunks.push(Some(Chunk { slots: Vec::with_capacity(CHUNK_LEN), live: 0 }));
+        if self.len.is_multiple_of(N) {
+            self.chunks.push(Some(Chunk { slots: Vec::with_capacity(N), live: 0 }));
         }
         let chunk = self.chunks.last_mut().and_then(Option::as_mut).expect("the newest chunk is never freed");
         chunk.slots.push(Some(value));
@@ -56,30 +58,30 @@ impl<T> ChunkedVec<T> {
     }
 
     pub fn get(&self, index: usize) -> Option<&T> {
-        match self.chunks.get(index / CHUNK_LEN)? {
-            Some(chunk) => chunk.slots.get(index % CHUNK_LEN)?.as_ref(),
+        match self.chunks.get(index / N)? {
+            Some(chunk) => chunk.slots.get(index % N)?.as_ref(),
             None => self.stragglers.get(&index),
         }
     }
 
     pub fn get_mut(&mut self, index: usize) -> Option<&mut T> {
-        match self.chunks.get_mut(index / CHUNK_LEN)? {
-            Some(chunk) => chunk.slots.get_mut(index % CHUNK_LEN)?.as_mut(),
+        match self.chunks.get_mut(index / N)? {
+            Some(chunk) => chunk.slots.get_mut(index % N)?.as_mut(),
             None => self.stragglers.get_mut(&index),
         }
     }
 
     /// Takes a value out for good; `None` if it was retired already.
     pub fn retire(&mut self, index: usize) -> Option<T> {
-        let chunk_index = index / CHUNK_LEN;
+        let chunk_index = index / N;
         let newest = chunk_index + 1 == self.chunks.len();
         let slot = self.chunks.get_mut(chunk_index)?;
         let Some(chunk) = slot else { return self.stragglers.remove(&index) };
-        let value = chunk.slots.get_mut(index % CHUNK_LEN)?.take()?;
+        let value = chunk.slots.get_mut(index % N)?.take()?;
         chunk.live -= 1;
-        if !newest && chunk.live <= CHUNK_LIVE_MIN {
+        if !newest && chunk.live <= Self::LIVE_MIN {
             let freed = slot.take().expect("checked above");
-            let first = chunk_index * CHUNK_LEN;
+            let first = chunk_index * N;
             for (offset, live) in freed.slots.into_iter().enumerate() {
                 if let Some(live) = live {
                     self.stragglers.insert(first + offset, live);
@@ -93,11 +95,7 @@ impl<T> ChunkedVec<T> {
     pub fn iter_indexed(&self) -> impl Iterator<Item = (usize, &T)> {
         let mut in_chunks = self.chunks.iter().enumerate().flat_map(|(chunk_index, chunk)| {
             chunk.iter().flat_map(move |chunk| {
-                chunk
-                    .slots
-                    .iter()
-                    .enumerate()
-                    .filter_map(move |(offset, slot)| slot.as_ref().map(|v| (chunk_index * CHUNK_LEN + offset, v)))
+                chunk.slots.iter().enumerate().filter_map(move |(offset, slot)| slot.as_ref().map(|v| (chunk_index * N + offset, v)))
             })
         });
         let mut stragglers = self.stragglers.iter().map(|(index, value)| (*index, value));
@@ -131,7 +129,7 @@ impl<T> ChunkedVec<T> {
 }
 
 /// Stored as the length and the live values with their indices.
-impl<T: serde::Serialize> serde::Serialize for ChunkedVec<T> {
+impl<T: serde::Serialize, const N: usize> serde::Serialize for ChunkedVec<T, N> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeTuple;
         let live: Vec<(u64, &T)> = self.iter_indexed().map(|(index, value)| (index as u64, value)).collect();
@@ -142,11 +140,11 @@ impl<T: serde::Serialize> serde::Serialize for ChunkedVec<T> {
     }
 }
 
-impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for ChunkedVec<T> {
+impl<'de, T: serde::Deserialize<'de>, const N: usize> serde::Deserialize<'de> for ChunkedVec<T, N> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let (len, live): (u64, Vec<(u64, T)>) = serde::Deserialize::deserialize(deserializer)?;
         let len = len as usize;
-        let mut values = ChunkedVec { chunks: (0..len.div_ceil(CHUNK_LEN)).map(|_| None).collect(), ..ChunkedVec::default() };
+        let mut values = ChunkedVec::<T, N> { chunks: (0..len.div_ceil(N)).map(|_| None).collect(), ..ChunkedVec::default() };
         let mut previous = None;
         for (index, value) in live {
             let index = index as usize;
@@ -158,9 +156,9 @@ impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for ChunkedVec<T> 
         }
         values.len = len;
         // The newest chunk (where pushes go) is a chunk again, holding its live values.
-        if let Some(last) = len.checked_sub(1).map(|last| last / CHUNK_LEN) {
-            let first = last * CHUNK_LEN;
-            let mut chunk = Chunk { slots: Vec::with_capacity(CHUNK_LEN), live: 0 };
+        if let Some(last) = len.checked_sub(1).map(|last| last / N) {
+            let first = last * N;
+            let mut chunk = Chunk { slots: Vec::with_capacity(N), live: 0 };
             for index in first..len {
                 let value = values.stragglers.remove(&index);
                 chunk.live += usize::from(value.is_some());
@@ -172,14 +170,14 @@ impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for ChunkedVec<T> 
     }
 }
 
-impl<T> Index<usize> for ChunkedVec<T> {
+impl<T, const N: usize> Index<usize> for ChunkedVec<T, N> {
     type Output = T;
     fn index(&self, index: usize) -> &T {
         self.get(index).expect("indexed a live value")
     }
 }
 
-impl<T> IndexMut<usize> for ChunkedVec<T> {
+impl<T, const N: usize> IndexMut<usize> for ChunkedVec<T, N> {
     fn index_mut(&mut self, index: usize) -> &mut T {
         self.get_mut(index).expect("indexed a live value")
     }
@@ -191,7 +189,7 @@ mod tests {
 
     #[test]
     fn values_keep_their_index_across_chunks() {
-        let mut values = ChunkedVec::default();
+        let mut values: ChunkedVec<u32> = ChunkedVec::default();
         for value in 0..10_000u32 {
             values.push(value);
         }
@@ -209,7 +207,7 @@ mod tests {
     /// through serde are unchanged.
     #[test]
     fn retiring_frees_old_chunks_and_keeps_the_live_values() {
-        let mut values = ChunkedVec::default();
+        let mut values: ChunkedVec<u32> = ChunkedVec::default();
         for value in 0..3 * CHUNK_LEN as u32 {
             values.push(value);
         }

@@ -197,6 +197,37 @@ fn a_reserved_window_is_sold_resold_and_delivered_as_a_lease() {
     m.advance(2 * HOUR);
     twin.apply(&Input { at_ms: m.now_ms, command: Command::Tick });
     assert_eq!(m.engine.state_hash(), twin.state_hash(), "the calendar goes on the same");
+
+    // A day on, the window retires whole, but only once its lease left;
+    // older windows without leases retire before it, younger ones wait.
+    m.advance(24 * HOUR);
+    let window_end = |i: &InstrumentInfo| match i.contract {
+        ContractKind::Reserved { window_end_ms, .. } => window_end_ms,
+        _ => u64::MAX,
+    };
+    let ours = window_end(&m.engine.instrument(window).expect("held"));
+    let older = m.engine.retire_windows(m.now_ms);
+    assert!(!older.is_empty() && older.iter().all(|i| i.instrument != window && window_end(i) <= ours), "{older:?}");
+    assert!(m.engine.instrument(window).is_some(), "its lease is still held");
+    assert!(m.engine.lease(lease).expect("held").billing_closed);
+    assert_eq!(m.engine.archive_leases(m.now_ms).iter().map(|l| l.lease).collect::<Vec<_>>(), vec![lease]);
+    assert!(m.engine.retire_windows(m.now_ms - 30 * HOUR).is_empty(), "expired too recently for that cut");
+    let held = m.engine.instruments_held();
+    let listed = m.engine.instrument(window).expect("still held");
+    let mut twin = m.engine.clone();
+    let retired = m.engine.retire_windows(m.now_ms);
+    assert_eq!(retired.first(), Some(&listed), "the oldest window first, as it was listed: {retired:?}");
+    assert_eq!(twin.retire_windows(m.now_ms), retired);
+    assert_eq!(m.engine.state_hash(), twin.state_hash(), "retiring is deterministic");
+    assert_eq!(m.engine.instruments_held(), held - retired.len());
+    assert_eq!(m.engine.instrument(window), None);
+    assert!(m.engine.instruments().iter().all(|i| i.instrument != window));
+    assert_eq!(m.engine.instrument_by_symbol("H100-SXM-80G/R/2026-12-02T18/1H"), None);
+    let late_bid = m.order(renter, window, Side::Buy, USD_2, 1);
+    assert_eq!(rejection(&m.place(late_bid)), Some(RejectCode::UnknownInstrument));
+    let restored: Engine = serde_json::from_str(&serde_json::to_string(&m.engine).expect("encodes")).expect("decodes");
+    assert_eq!(restored.state_hash(), m.engine.state_hash(), "a snapshot keeps the retired ids taken");
+    assert_eq!(restored.instruments_listed_total(), m.engine.instruments_listed_total());
 }
 
 /// docs/agent.md's own set-up: one GPU in a spot ask and in the next hourly

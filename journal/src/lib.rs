@@ -10,11 +10,12 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use gpux_engine::{AccountId, LeaseInfo};
+use gpux_engine::{AccountId, InstrumentId, InstrumentInfo, LeaseId, LeaseInfo};
 pub use gpux_market::JournalEntry;
+use gpux_market::{Archived, ArchivedLease, LeaseDelivery};
 use gpux_protocol::{decode_record, encode_record};
 use gpux_settlement::ledger::Transfer;
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("journal");
 /// The ledger's transfers, by transfer id, written in the same commit as
@@ -24,6 +25,14 @@ const TRANSFERS: TableDefinition<u64, &[u8]> = TableDefinition::new("transfers")
 /// the commit of the entry that archived them. A replay derives the same
 /// archive from the entries; this table is what queries read.
 const ARCHIVED_LEASES: TableDefinition<u64, &[u8]> = TableDefinition::new("archived_leases");
+/// Archived leases by account: `(account, lease)` for the renter and the
+/// supplier, so an account's page is a range read, not a scan.
+const ARCHIVED_LEASES_BY_ACCOUNT: TableDefinition<(u32, u64), ()> = TableDefinition::new("archived_leases_by_account");
+/// The delivery record (workload as sealed, last status) of an archived
+/// lease that had one, by lease id.
+const ARCHIVED_DELIVERIES: TableDefinition<u64, &[u8]> = TableDefinition::new("archived_deliveries");
+/// Reserved windows retired from the hot state, by instrument id, as listed.
+const ARCHIVED_INSTRUMENTS: TableDefinition<u32, &[u8]> = TableDefinition::new("archived_instruments");
 
 pub struct Journal {
     db: Database,
@@ -37,7 +46,21 @@ impl Journal {
         let setup = db.begin_write()?;
         setup.open_table(JOURNAL)?;
         setup.open_table(TRANSFERS)?;
-        setup.open_table(ARCHIVED_LEASES)?;
+        {
+            let archive = setup.open_table(ARCHIVED_LEASES)?;
+            let mut by_account = setup.open_table(ARCHIVED_LEASES_BY_ACCOUNT)?;
+            // A journal written before the index existed: build it once.
+            if by_account.is_empty()? {
+                for row in archive.iter()? {
+                    let (key, bytes) = row?;
+                    let lease: LeaseInfo =
+                        decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("archived lease {}: {}", key.value(), e.message))?;
+                    index_archived_lease(&mut by_account, &lease)?;
+                }
+            }
+        }
+        setup.open_table(ARCHIVED_DELIVERIES)?;
+        setup.open_table(ARCHIVED_INSTRUMENTS)?;
         setup.commit()?;
         let next_seq = {
             let read = db.begin_read()?;
@@ -56,12 +79,12 @@ impl Journal {
     /// Appends `entries` in one durable commit; returns the sequence number
     /// of the first. An error here is fatal to the exchange.
     pub fn append(&mut self, entries: &[JournalEntry]) -> Result<u64> {
-        self.append_with_transfers(entries, &[], &[])
+        self.append_with_transfers(entries, &[], &Archived::default())
     }
 
-    /// Appends entries, the ledger transfers they caused and the leases they
+    /// Appends entries, the ledger transfers they caused and what they
     /// archived, in one durable commit.
-    pub fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &[LeaseInfo]) -> Result<u64> {
+    pub fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Result<u64> {
         let first = self.next_seq;
         let mut transaction = self.db.begin_write()?;
         transaction.set_durability(Durability::Immediate)?;
@@ -75,8 +98,18 @@ impl Journal {
                 ledger.insert(transfer.id, encode_record(transfer).as_slice())?;
             }
             let mut archive = transaction.open_table(ARCHIVED_LEASES)?;
-            for lease in archived {
-                archive.insert(lease.lease.0, encode_record(lease).as_slice())?;
+            let mut by_account = transaction.open_table(ARCHIVED_LEASES_BY_ACCOUNT)?;
+            let mut deliveries = transaction.open_table(ARCHIVED_DELIVERIES)?;
+            for lease in &archived.leases {
+                archive.insert(lease.info.lease.0, encode_record(&lease.info).as_slice())?;
+                index_archived_lease(&mut by_account, &lease.info)?;
+                if let Some(delivery) = &lease.delivery {
+                    deliveries.insert(lease.info.lease.0, encode_record(delivery).as_slice())?;
+                }
+            }
+            let mut instruments = transaction.open_table(ARCHIVED_INSTRUMENTS)?;
+            for instrument in &archived.instruments {
+                instruments.insert(instrument.instrument.0, encode_record(instrument).as_slice())?;
             }
         }
         transaction.commit()?;
@@ -103,14 +136,18 @@ pub trait JournalStore: Send {
     fn next_seq(&self) -> u64;
     /// Every entry after `seq`, in order.
     fn entries_after(&self, seq: u64) -> Result<Vec<JournalEntry>>;
-    /// Appends entries, the transfers they caused and the leases they
-    /// archived, durably, in one commit; returns the first entry's sequence number.
-    fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &[LeaseInfo]) -> Result<u64>;
+    /// Appends entries, the transfers they caused and what they archived,
+    /// durably, in one commit; returns the first entry's sequence number.
+    fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Result<u64>;
     /// Up to `limit` transfers involving `account` after transfer id `after`.
     fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>>;
     /// Archived leases `account` rented or supplied, newest first, skipping
     /// `offset`: up to `limit`, and whether more follow.
     fn archived_leases_of(&self, account: AccountId, offset: usize, limit: usize) -> Result<(Vec<LeaseInfo>, bool)>;
+    /// An archived lease with its delivery record, if it had one.
+    fn archived_lease(&self, lease: LeaseId) -> Result<Option<ArchivedLease>>;
+    /// A retired reserved window, as it was listed.
+    fn archived_instrument(&self, instrument: InstrumentId) -> Result<Option<InstrumentInfo>>;
 }
 
 impl JournalStore for Journal {
@@ -120,7 +157,7 @@ impl JournalStore for Journal {
     fn entries_after(&self, seq: u64) -> Result<Vec<JournalEntry>> {
         Journal::entries_after(self, seq)
     }
-    fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &[LeaseInfo]) -> Result<u64> {
+    fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Result<u64> {
         Journal::append_with_transfers(self, entries, transfers, archived)
     }
     fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
@@ -128,21 +165,45 @@ impl JournalStore for Journal {
     }
     fn archived_leases_of(&self, account: AccountId, offset: usize, limit: usize) -> Result<(Vec<LeaseInfo>, bool)> {
         let read = self.db.begin_read()?;
-        let table = read.open_table(ARCHIVED_LEASES)?;
-        let mut matching = Vec::new();
-        for row in table.iter()?.rev() {
-            let (key, bytes) = row?;
-            let lease: LeaseInfo =
-                decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("archived lease {}: {}", key.value(), e.message))?;
-            if lease.renter == account || lease.supplier == account {
-                matching.push(lease);
-                if matching.len() > offset + limit {
-                    break;
-                }
-            }
+        let by_account = read.open_table(ARCHIVED_LEASES_BY_ACCOUNT)?;
+        let archive = read.open_table(ARCHIVED_LEASES)?;
+        let mut ids = Vec::new();
+        for row in by_account.range((account.0, 0)..=(account.0, u64::MAX))?.rev().skip(offset).take(limit + 1) {
+            ids.push(row?.0.value().1);
         }
-        Ok(page_of(matching, offset, limit))
+        let more = ids.len() > limit;
+        let mut leases = Vec::with_capacity(limit);
+        for id in ids.into_iter().take(limit) {
+            let bytes = archive.get(id)?.with_context(|| format!("archived lease {id} is indexed but not stored"))?;
+            leases.push(decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("archived lease {id}: {}", e.message))?);
+        }
+        Ok((leases, more))
     }
+    fn archived_lease(&self, lease: LeaseId) -> Result<Option<ArchivedLease>> {
+        let read = self.db.begin_read()?;
+        let Some(bytes) = read.open_table(ARCHIVED_LEASES)?.get(lease.0)? else { return Ok(None) };
+        let info: LeaseInfo = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("archived lease {}: {}", lease.0, e.message))?;
+        let delivery = match read.open_table(ARCHIVED_DELIVERIES)?.get(lease.0)? {
+            Some(bytes) => Some(
+                decode_record::<LeaseDelivery>(bytes.value())
+                    .map_err(|e| anyhow::anyhow!("archived delivery {}: {}", lease.0, e.message))?,
+            ),
+            None => None,
+        };
+        Ok(Some(ArchivedLease { info, delivery }))
+    }
+    fn archived_instrument(&self, instrument: InstrumentId) -> Result<Option<InstrumentInfo>> {
+        let read = self.db.begin_read()?;
+        let Some(bytes) = read.open_table(ARCHIVED_INSTRUMENTS)?.get(instrument.0)? else { return Ok(None) };
+        let info = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("archived instrument {}: {}", instrument.0, e.message))?;
+        Ok(Some(info))
+    }
+}
+
+fn index_archived_lease(by_account: &mut redb::Table<'_, (u32, u64), ()>, lease: &LeaseInfo) -> Result<()> {
+    by_account.insert((lease.renter.0, lease.lease.0), ())?;
+    by_account.insert((lease.supplier.0, lease.lease.0), ())?;
+    Ok(())
 }
 
 /// `items[offset..offset + limit]`, and whether anything follows.
@@ -163,7 +224,8 @@ pub struct MemoryJournal {
 struct MemoryInner {
     entries: Vec<JournalEntry>,
     transfers: std::collections::BTreeMap<u64, Transfer>,
-    archived: std::collections::BTreeMap<u64, LeaseInfo>,
+    archived: std::collections::BTreeMap<u64, ArchivedLease>,
+    instruments: std::collections::BTreeMap<u32, InstrumentInfo>,
     commits: u64,
     failing: bool,
 }
@@ -196,13 +258,14 @@ impl JournalStore for MemoryJournal {
     fn entries_after(&self, seq: u64) -> Result<Vec<JournalEntry>> {
         Ok(self.inner().entries.iter().skip(seq as usize).cloned().collect())
     }
-    fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &[LeaseInfo]) -> Result<u64> {
+    fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Result<u64> {
         let mut inner = self.inner();
         anyhow::ensure!(!inner.failing, "the memory journal was told to fail");
         let first = inner.entries.len() as u64 + 1;
         inner.entries.extend_from_slice(entries);
         inner.transfers.extend(transfers.iter().map(|t| (t.id, *t)));
-        inner.archived.extend(archived.iter().map(|l| (l.lease.0, l.clone())));
+        inner.archived.extend(archived.leases.iter().map(|l| (l.info.lease.0, l.clone())));
+        inner.instruments.extend(archived.instruments.iter().map(|i| (i.instrument.0, i.clone())));
         inner.commits += 1;
         Ok(first)
     }
@@ -213,8 +276,15 @@ impl JournalStore for MemoryJournal {
     }
     fn archived_leases_of(&self, account: AccountId, offset: usize, limit: usize) -> Result<(Vec<LeaseInfo>, bool)> {
         let inner = self.inner();
-        let matching = inner.archived.values().rev().filter(|l| l.renter == account || l.supplier == account).cloned().collect();
+        let matching =
+            inner.archived.values().rev().map(|l| &l.info).filter(|l| l.renter == account || l.supplier == account).cloned().collect();
         Ok(page_of(matching, offset, limit))
+    }
+    fn archived_lease(&self, lease: LeaseId) -> Result<Option<ArchivedLease>> {
+        Ok(self.inner().archived.get(&lease.0).cloned())
+    }
+    fn archived_instrument(&self, instrument: InstrumentId) -> Result<Option<InstrumentInfo>> {
+        Ok(self.inner().instruments.get(&instrument.0).cloned())
     }
 }
 
@@ -294,5 +364,101 @@ mod tests {
         assert_eq!(journal.entries_after(0).expect("read"), entries);
         assert_eq!(journal.entries_after(2).expect("read"), entries[2..]);
         assert_eq!(journal.next_seq(), 4);
+    }
+
+    fn lease(id: u64, renter: u32, supplier: u32) -> LeaseInfo {
+        LeaseInfo {
+            lease: LeaseId(id),
+            kind: gpux_engine::LeaseKind::Spot,
+            renter: AccountId(renter),
+            supplier: AccountId(supplier),
+            gpus: Vec::new(),
+            price_minor_per_gpu_hour: 2_000_000,
+            start_ms: id,
+            end_ms: None,
+            active: false,
+            ended_at_ms: Some(id + 1),
+            escrow_minor: 0,
+            billing_closed: true,
+            verified_gpu_ms: 0,
+            usage_charged_minor: 0,
+        }
+    }
+
+    fn archive_of(ids: std::ops::Range<u64>) -> Archived {
+        let leases = ids
+            .map(|id| {
+                let delivery = (id % 2 == 0).then_some(LeaseDelivery {
+                    supplier: Some(AccountId(2)),
+                    workload: None,
+                    state: Some((gpux_protocol::DeliveryState::Exited { code: id as i64 }, id)),
+                    ran: true,
+                });
+                ArchivedLease { info: lease(id, if id % 2 == 0 { 1 } else { 3 }, 2), delivery }
+            })
+            .collect();
+        let window = InstrumentInfo {
+            instrument: InstrumentId(40),
+            symbol: "H100-SXM-80G/R/2026-12-02T16/1H".into(),
+            class: "H100-SXM-80G".into(),
+            contract: gpux_engine::ContractKind::Reserved { window_start_ms: 0, window_end_ms: 3_600_000 },
+            state: gpux_engine::InstrumentState::Expired,
+            tick_minor: 1_000,
+            price_min_minor_per_gpu_hour: 1_000,
+            price_max_minor_per_gpu_hour: 100_000_000,
+        };
+        Archived { leases, instruments: vec![window] }
+    }
+
+    /// Pages of an account's archived leases (newest first), one archived
+    /// lease with its delivery record, a retired window: the same from the
+    /// redb journal and from the memory one.
+    fn check_archive(store: &dyn JournalStore) {
+        let ids = |leases: Vec<LeaseInfo>| leases.iter().map(|l| l.lease.0).collect::<Vec<_>>();
+        let (page, more) = store.archived_leases_of(AccountId(1), 0, 2).expect("reads");
+        assert_eq!((ids(page), more), (vec![6, 4], true));
+        let (page, more) = store.archived_leases_of(AccountId(1), 2, 2).expect("reads");
+        assert_eq!((ids(page), more), (vec![2, 0], false));
+        let (page, more) = store.archived_leases_of(AccountId(2), 0, 100).expect("reads");
+        assert_eq!((ids(page), more), ((0..7).rev().collect::<Vec<_>>(), false), "the supplier sees both renters' leases");
+        assert_eq!(store.archived_leases_of(AccountId(9), 0, 10).expect("reads"), (Vec::new(), false));
+        let found = store.archived_lease(LeaseId(4)).expect("reads").expect("archived");
+        assert_eq!(
+            (found.info.renter, found.delivery.and_then(|d| d.state)),
+            (AccountId(1), Some((gpux_protocol::DeliveryState::Exited { code: 4 }, 4)))
+        );
+        assert_eq!(store.archived_lease(LeaseId(3)).expect("reads").map(|l| l.delivery), Some(None), "no delivery record");
+        assert_eq!(store.archived_lease(LeaseId(99)).expect("reads"), None);
+        assert_eq!(
+            store.archived_instrument(InstrumentId(40)).expect("reads").map(|i| i.symbol),
+            Some("H100-SXM-80G/R/2026-12-02T16/1H".into())
+        );
+        assert_eq!(store.archived_instrument(InstrumentId(41)).expect("reads"), None);
+    }
+
+    #[test]
+    fn the_archive_answers_by_account_and_by_id_and_its_index_is_rebuilt() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("journal.redb");
+        let mut memory = MemoryJournal::default();
+        {
+            let mut journal = Journal::open(&path).expect("open");
+            for (store, _) in [(&mut journal as &mut dyn JournalStore, 0), (&mut memory as &mut dyn JournalStore, 1)] {
+                let tick = JournalEntry::Engine(Input { at_ms: 1, command: Command::Tick });
+                store.append_with_transfers(std::slice::from_ref(&tick), &[], &archive_of(0..3)).expect("append");
+                store.append_with_transfers(&[tick], &[], &Archived { instruments: Vec::new(), ..archive_of(3..7) }).expect("append");
+                store.append_with_transfers(&[], &[], &Archived { leases: Vec::new(), ..archive_of(0..0) }).expect("append");
+            }
+            check_archive(&journal);
+            check_archive(&memory);
+        }
+        // A journal written before the by-account index existed: reopening builds it.
+        {
+            let db = Database::create(&path).expect("open");
+            let write = db.begin_write().expect("write");
+            write.delete_table(ARCHIVED_LEASES_BY_ACCOUNT).expect("drop the index");
+            write.commit().expect("commit");
+        }
+        check_archive(&Journal::open(&path).expect("reopen"));
     }
 }

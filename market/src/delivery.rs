@@ -38,7 +38,7 @@ pub struct Deliveries {
     pending_bid: Option<(AccountId, u64, Box<Workload>)>,
     /// Workloads of open bids.
     bids: BTreeMap<OrderId, Box<Workload>>,
-    /// Leases with a workload or a status, until their billing closes.
+    /// Leases with a workload or a status, until they leave the hot state.
     leases: BTreeMap<LeaseId, LeaseDelivery>,
     encryption_keys: BTreeMap<AccountId, HostEncryptionKey>,
 }
@@ -57,7 +57,8 @@ impl Deliveries {
     }
 
     /// Follows one engine entry's events: a bid with a workload hands it to
-    /// every lease it fills; closed bids and billed-out leases are dropped.
+    /// every lease it fills; closed bids are dropped (a lease's record leaves
+    /// with the lease, see [`forget_lease`](Self::forget_lease)).
     /// Returns the workloads that leases received.
     pub fn observe(&mut self, events: &[Event]) -> Vec<Assigned> {
         let mut assigned = Vec::new();
@@ -83,9 +84,6 @@ impl Deliveries {
                 }
                 EventKind::OrderClosed { order, .. } => {
                     self.bids.remove(&order);
-                }
-                EventKind::LeaseBillingClosed { lease, .. } => {
-                    self.leases.remove(&lease);
                 }
                 _ => {}
             }
@@ -117,6 +115,11 @@ impl Deliveries {
         entry.ran |= first_run;
         entry.state = Some((state, at_ms));
         first_run
+    }
+
+    /// Takes a lease's record out (the lease left the hot state).
+    pub fn forget_lease(&mut self, lease: LeaseId) -> Option<LeaseDelivery> {
+        self.leases.remove(&lease)
     }
 
     pub fn lease(&self, lease: LeaseId) -> Option<&LeaseDelivery> {

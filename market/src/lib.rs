@@ -80,14 +80,53 @@ pub struct Applied {
     /// lease): the live sequencer journals and applies it as its own entry,
     /// so a replay meets it in the journal and does not act on this.
     pub follow_up: Option<Command>,
-    /// Leases that left the hot state ([`LEASE_RETENTION_MS`] after their
-    /// bill became final), as they ended: the exchange keeps them in its
-    /// archive, where queries still find them.
-    pub archived: Vec<gpux_engine::LeaseInfo>,
+    /// What left the hot state with this entry: the exchange keeps it in
+    /// its archive, where queries still find it.
+    pub archived: Archived,
+}
+
+/// What one entry took out of the hot state.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Archived {
+    /// Leases [`LEASE_RETENTION_MS`] after their bill became final, as they
+    /// ended, each with its delivery record (workload, sealed as it came,
+    /// and last status) if it had one.
+    pub leases: Vec<ArchivedLease>,
+    /// Reserved windows [`WINDOW_RETENTION_MS`] after they expired (once
+    /// their leases left), as they were listed.
+    pub instruments: Vec<gpux_engine::InstrumentInfo>,
+}
+
+impl Archived {
+    pub fn is_empty(&self) -> bool {
+        self.leases.is_empty() && self.instruments.is_empty()
+    }
+
+    pub fn append(&mut self, other: &mut Archived) {
+        self.leases.append(&mut other.leases);
+        self.instruments.append(&mut other.instruments);
+    }
+
+    pub fn clear(&mut self) {
+        self.leases.clear();
+        self.instruments.clear();
+    }
+}
+
+/// A lease as it left the hot state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ArchivedLease {
+    pub info: gpux_engine::LeaseInfo,
+    pub delivery: Option<LeaseDelivery>,
 }
 
 /// How long a lease stays in the hot state after its billing closed.
 pub const LEASE_RETENTION_MS: u64 = 60 * 60_000;
+
+/// How long an expired reserved window stays in the hot state (its 24-hour
+/// statistics and market-data feeds still answer); its contracts leave after
+/// [`LEASE_RETENTION_MS`], and it waits for its last lease to leave.
+pub const WINDOW_RETENTION_MS: u64 = 24 * 60 * 60_000;
 
 /// The whole state a journal rebuilds. `clock_ms` is the newest exchange time
 /// seen; it is kept for restarts but is not part of [`state_hash`](Self::state_hash)
@@ -140,12 +179,19 @@ impl MarketState {
             JournalEntry::Engine(input) => {
                 applied.events.extend_from_slice(self.engine.apply(input));
                 let archive_by_ms = input.at_ms.saturating_sub(LEASE_RETENTION_MS);
-                applied.archived = self.engine.archive_leases(archive_by_ms);
+                for info in self.engine.archive_leases(archive_by_ms) {
+                    self.ledger.forget_lease(info.lease);
+                    let delivery = self.deliveries.forget_lease(info.lease);
+                    applied.archived.leases.push(ArchivedLease { info, delivery });
+                }
                 // An expired window's contracts leave too (nothing queries them;
-                // the journal holds their history).
+                // the journal holds their history), and a day later the window.
                 self.engine.archive_windows(archive_by_ms);
-                for lease in &applied.archived {
-                    self.ledger.forget_lease(lease.lease);
+                applied.archived.instruments = self.engine.retire_windows(input.at_ms.saturating_sub(WINDOW_RETENTION_MS));
+                for window in &applied.archived.instruments {
+                    self.book_seq.remove(&window.instrument);
+                    self.trade_seq.remove(&window.instrument);
+                    self.stats.forget(window.instrument);
                 }
                 for assigned in self.deliveries.observe(&applied.events) {
                     owed.push(Notice {

@@ -45,6 +45,11 @@ impl RollingStats {
         Self::expire(prints, at_ms);
     }
 
+    /// Drops an instrument's prints (a retired window).
+    pub fn forget(&mut self, instrument: InstrumentId) {
+        self.prints.remove(&instrument);
+    }
+
     /// The figures over the 24 hours up to `now_ms`. Reading changes
     /// nothing (the state must not depend on who asked what).
     pub fn day(&self, instrument: InstrumentId, now_ms: u64) -> DayStats {

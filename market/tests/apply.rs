@@ -310,28 +310,53 @@ fn a_lease_leaves_the_hot_state_an_hour_after_its_bill_is_final() {
     let tick = |at_ms| JournalEntry::Engine(Input { at_ms, command: Command::Tick });
     let closed_at = T0 + 70 * 60_000;
     let early = session.market.apply(&tick(closed_at + gpux_market::LEASE_RETENTION_MS - 1)).expect("applies");
-    assert!(early.archived.is_empty());
+    assert!(early.archived.leases.is_empty());
     let due = session.market.apply(&tick(closed_at + gpux_market::LEASE_RETENTION_MS)).expect("applies");
-    assert_eq!(due.archived, vec![info]);
+    assert_eq!(due.archived.leases.iter().map(|l| &l.info).collect::<Vec<_>>(), vec![&info]);
     assert_eq!(session.market.engine().lease(lease), None);
 }
 
 /// The `instruments` reply lists what is not expired: after days of hourly
-/// and daily windows it keeps the calendar's size and fits a frame, while
-/// every window ever listed stays known by id.
+/// and daily windows it keeps the calendar's size and fits a frame; an
+/// expired window stays known by id for a day (`WINDOW_RETENTION_MS`), then
+/// retires, reported in `Applied::archived`, so what the engine holds stays
+/// flat too.
 #[test]
 fn the_listed_instruments_keep_the_calendars_size_and_fit_a_frame() {
     let mut market = MarketState::new(EngineConfig::demo()).expect("demo config");
     let tick = |at_ms| JournalEntry::Engine(Input { at_ms, command: Command::Tick });
     market.apply(&tick(T0)).expect("applies");
     let at_start = market.engine().listed_instruments().len();
-    for hour in 1..=72 {
-        market.apply(&tick(T0 + hour * 3_600_000)).expect("applies");
+    let mut retired = Vec::new();
+    let mut held_by_day = Vec::new();
+    for hour in 1..=96 {
+        let applied = market.apply(&tick(T0 + hour * 3_600_000)).expect("applies");
+        retired.extend(applied.archived.instruments);
+        if hour % 24 == 0 {
+            held_by_day.push(market.engine().instruments_held());
+        }
     }
     let listed = market.engine().listed_instruments();
-    assert!(listed.len() <= at_start + 8, "{} listed after 3 days, {at_start} at the start", listed.len());
-    assert!(market.engine().instruments().len() > listed.len() + 200, "expired windows stay known by id");
+    assert!(listed.len() <= at_start + 8, "{} listed after 4 days, {at_start} at the start", listed.len());
     assert!(listed.iter().all(|i| i.state != InstrumentState::Expired));
-    let reply = gpux_protocol::encode_server_text(&ServerMessage::Instruments { id: 1, instruments: listed });
+    let reply = gpux_protocol::encode_server_text(&ServerMessage::Instruments { id: 1, instruments: listed.clone() });
     assert!(reply.len() < gpux_protocol::FRAME_BYTES_MAX, "{} bytes", reply.len());
+
+    // Expired a day or less ago: still known; older: retired, once each.
+    let held = market.engine().instruments();
+    assert!(held.len() > listed.len() + 50, "the last day's expired windows stay known by id");
+    assert!(retired.len() > 100, "{} retired", retired.len());
+    let unique: std::collections::BTreeSet<_> = retired.iter().map(|i| i.instrument).collect();
+    assert_eq!(unique.len(), retired.len(), "each window retires once");
+    let now = T0 + 96 * 3_600_000;
+    for window in &retired {
+        let gpux_engine::ContractKind::Reserved { window_end_ms, .. } = window.contract else { panic!("only windows retire: {window:?}") };
+        assert!(window_end_ms + gpux_market::WINDOW_RETENTION_MS <= now);
+        assert_eq!(market.engine().instrument(window.instrument), None);
+    }
+    assert!(held.iter().all(|i| match i.contract {
+        gpux_engine::ContractKind::Reserved { window_end_ms, .. } => window_end_ms + gpux_market::WINDOW_RETENTION_MS > now,
+        _ => true,
+    }));
+    assert_eq!(held_by_day[2], held_by_day[3], "flat after the first day's windows retire: {held_by_day:?}");
 }

@@ -386,7 +386,8 @@ fn hot_state_section(md: &mut String, m: &Metrics) {
         md,
         "\n## Hot state\n\nThe exchange state a snapshot holds, encoded, at the end of each day. Settlement forgets the chains of \
          leases whose billing closed, and an hour later the lease leaves the engine and the ledger for the exchange's archive, \
-         as do an expired window's contracts; what still grows is a short listing per expired window (docs/ARCHITECTURE.md).\n\n| Day | Engine | Settlement | Ledger | Total |\n|---|---|---|---|---|"
+         as do an expired window's contracts; a day after it expired the window itself retires (docs/ARCHITECTURE.md).\n\n\
+         | Day | Engine | Settlement | Ledger | Total |\n|---|---|---|---|---|"
     );
     let mib = |bytes: u64| format!("{:.2} MiB", bytes as f64 / (1 << 20) as f64);
     for (day, state) in m.hot_state_by_day.iter().enumerate() {
@@ -398,6 +399,22 @@ fn hot_state_section(md: &mut String, m: &Metrics) {
             mib(state.settlement),
             mib(state.ledger),
             mib(state.engine + state.settlement + state.ledger)
+        );
+    }
+    // Growth after the first day's warm-up, per day (what a flat state shows as about zero).
+    let days = &m.hot_state_by_day;
+    if days.len() >= 3 {
+        let per_day = |field: fn(&crate::exchange::HotState) -> u64| {
+            let (first, last) = (field(&days[1]) as f64, field(&days[days.len() - 1]) as f64);
+            format!("{:+.1} KiB", (last - first) / (days.len() - 2) as f64 / 1024.0)
+        };
+        let _ = writeln!(
+            md,
+            "\nGrowth per day from day 2 to day {}: engine {}, settlement {}, ledger {}.",
+            days.len(),
+            per_day(|s| s.engine),
+            per_day(|s| s.settlement),
+            per_day(|s| s.ledger)
         );
     }
 }

@@ -41,6 +41,7 @@ impl Engine {
             LeaseDuration::UntilCancelled => None,
         };
         let escrow_minor = price * self.billable_hours(bid.instrument, bid.duration) * taken.count_ones() as u64;
+        self.instruments[bid.instrument.0 as usize].leases_held += 1;
         self.leases.push(Lease {
             kind,
             instrument: bid.instrument,
@@ -412,6 +413,7 @@ impl Engine {
         let gpu: GpuId = contract.gpu;
         let (host, index_on_host) = (self.gpus[gpu.0 as usize].host, self.gpus[gpu.0 as usize].index_on_host);
         let gpu_mask = 1u64 << index_on_host;
+        self.instruments[contract.instrument.0 as usize].leases_held += 1;
         self.leases.push(Lease {
             kind: LeaseKind::Reserved,
             instrument: contract.instrument,

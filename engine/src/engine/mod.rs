@@ -72,7 +72,14 @@ pub(crate) struct Instrument {
     pub state: InstrumentState,
     /// Reserved windows: every contract sold in this window.
     pub contracts: Vec<ContractId>,
+    /// Leases on this instrument the engine still holds (not archived): an
+    /// expired window is retired only when none is left.
+    pub leases_held: u32,
 }
+
+/// Instruments and books per chunk: a few hundred windows are listed at a
+/// time, and an old chunk whose windows all retired is freed.
+const INSTRUMENT_CHUNK: usize = 256;
 
 /// A public description of an instrument, for listings and the gateway.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -245,8 +252,9 @@ pub struct Engine {
     #[serde(skip)]
     pub(crate) events: Vec<Event>,
     pub(crate) accounts: Vec<Account>,
-    pub(crate) instruments: Vec<Instrument>,
-    pub(crate) books: Vec<Book>,
+    /// By id; an expired window retires a day after it expired.
+    pub(crate) instruments: ChunkedVec<Instrument, INSTRUMENT_CHUNK>,
+    pub(crate) books: ChunkedVec<Book, INSTRUMENT_CHUNK>,
     pub(crate) orders: OrderSlab,
     /// Open orders by account and client id. Ordered by account, so a mass
     /// cancel visits only the account's own orders (a scan of every live
@@ -265,6 +273,9 @@ pub struct Engine {
     /// Reserved windows that expired, with when, oldest first: what
     /// `archive_windows` empties of their contracts once old enough.
     pub(crate) expired_windows: VecDeque<(u64, InstrumentId)>,
+    /// Expired windows whose contracts left, oldest first: retired whole
+    /// once old enough and without held leases.
+    pub(crate) retiring_windows: VecDeque<(u64, InstrumentId)>,
     /// Pending timers in firing order. A B-tree rather than a binary heap:
     /// it grows a node at a time, where a heap doubles and copies itself.
     pub(crate) timers: BTreeSet<Timer>,
@@ -287,8 +298,8 @@ impl Engine {
             next_seq: 1,
             events: Vec::with_capacity(256),
             accounts: Vec::new(),
-            instruments: Vec::new(),
-            books: Vec::new(),
+            instruments: ChunkedVec::default(),
+            books: ChunkedVec::default(),
             orders: OrderSlab::default(),
             client_order_ids: BTreeMap::new(),
             hosts: Vec::new(),
@@ -300,6 +311,7 @@ impl Engine {
             billing_closed: VecDeque::new(),
             contracts: ChunkedVec::default(),
             expired_windows: VecDeque::new(),
+            retiring_windows: VecDeque::new(),
             timers: BTreeSet::new(),
             timer_seq: 0,
             calendar: vec![CalendarCursor::default(); config.classes.len()],
@@ -416,7 +428,7 @@ impl Engine {
 
     pub(crate) fn add_instrument(&mut self, symbol: String, class: u16, kind: ContractKind) -> InstrumentId {
         let id = InstrumentId(self.instruments.len() as u32);
-        self.instruments.push(Instrument { symbol, class, kind, state: InstrumentState::Trading, contracts: Vec::new() });
+        self.instruments.push(Instrument { symbol, class, kind, state: InstrumentState::Trading, contracts: Vec::new(), leases_held: 0 });
         self.books.push(Book::new());
         id
     }
@@ -452,18 +464,29 @@ impl Engine {
         self.next_seq
     }
 
-    /// Every instrument ever listed, expired windows included.
+    /// Every instrument the engine holds, expired windows not yet retired included.
     pub fn instruments(&self) -> Vec<InstrumentInfo> {
-        (0..self.instruments.len() as u32).filter_map(|id| self.instrument(InstrumentId(id))).collect()
+        self.instruments.iter_indexed().filter_map(|(id, _)| self.instrument(InstrumentId(id as u32))).collect()
+    }
+
+    /// Instruments ever listed (the next instrument id), retired ones included.
+    pub fn instruments_listed_total(&self) -> usize {
+        self.instruments.len()
+    }
+
+    /// Instruments held (not retired).
+    pub fn instruments_held(&self) -> usize {
+        self.instruments.live()
     }
 
     /// The instruments not expired: spot, preemptible, and the reserved
     /// windows still trading or about to start. Its size follows the
     /// calendar (windows listed ahead), not the market's history.
     pub fn listed_instruments(&self) -> Vec<InstrumentInfo> {
-        (0..self.instruments.len() as u32)
-            .filter(|&id| self.instruments[id as usize].state != InstrumentState::Expired)
-            .filter_map(|id| self.instrument(InstrumentId(id)))
+        self.instruments
+            .iter_indexed()
+            .filter(|(_, i)| i.state != InstrumentState::Expired)
+            .filter_map(|(id, _)| self.instrument(InstrumentId(id as u32)))
             .collect()
     }
 
@@ -483,7 +506,7 @@ impl Engine {
     }
 
     pub fn instrument_by_symbol(&self, symbol: &str) -> Option<InstrumentId> {
-        self.instruments.iter().position(|i| i.symbol == symbol).map(|i| InstrumentId(i as u32))
+        self.instruments.iter_indexed().find(|(_, i)| i.symbol == symbol).map(|(id, _)| InstrumentId(id as u32))
     }
 
     /// Price levels of one side, best first, as `(price, quantity)`.
@@ -595,8 +618,35 @@ impl Engine {
             for contract in std::mem::take(&mut self.instruments[instrument.0 as usize].contracts) {
                 archived += usize::from(self.contracts.retire(contract.0 as usize).is_some());
             }
+            self.retiring_windows.push_back((expired_at_ms, instrument));
         }
         archived
+    }
+
+    /// Takes the reserved windows that expired at or before `expired_by_ms`
+    /// out of the engine, once their contracts left (see
+    /// [`archive_windows`](Self::archive_windows)) and none of their leases
+    /// is still held; returns them as they were listed, oldest first. A
+    /// retired window's id stays taken: `instrument` answers `None` for it
+    /// and orders on it are refused `unknown_instrument`. The market calls
+    /// this in its apply path.
+    pub fn retire_windows(&mut self, expired_by_ms: u64) -> Vec<InstrumentInfo> {
+        let mut retired = Vec::new();
+        while let Some(&(expired_at_ms, instrument)) = self.retiring_windows.front() {
+            let index = instrument.0 as usize;
+            // Oldest first; a window whose lease is still held waits, and so
+            // do the younger ones behind it (they are retired with it later).
+            if expired_at_ms > expired_by_ms || self.instruments.get(index).is_some_and(|i| i.leases_held > 0) {
+                break;
+            }
+            self.retiring_windows.pop_front();
+            if let Some(info) = self.instrument(instrument) {
+                self.instruments.retire(index);
+                self.books.retire(index);
+                retired.push(info);
+            }
+        }
+        retired
     }
 
     /// Contracts still held (not archived).
@@ -623,7 +673,10 @@ impl Engine {
             }
             self.billing_closed.pop_front();
             if let Some(info) = self.lease(lease) {
-                self.leases.retire(lease.0 as usize);
+                let instrument = self.leases.retire(lease.0 as usize).expect("a lease answered above").instrument;
+                if let Some(instrument) = self.instruments.get_mut(instrument.0 as usize) {
+                    instrument.leases_held -= 1;
+                }
                 archived.push(info);
             }
         }
@@ -728,7 +781,7 @@ impl Engine {
         for (id, order) in self.orders.iter_live() {
             h.bytes(format!("{id:?}{order:?}").as_bytes());
         }
-        for (index, book) in self.books.iter().enumerate() {
+        for (index, book) in self.books.iter_indexed() {
             h.u64(index as u64);
             for side in [Side::Buy, Side::Sell] {
                 for (price, quantity) in book.side(side).depth() {
@@ -737,8 +790,15 @@ impl Engine {
                 }
             }
         }
-        for instrument in &self.instruments {
-            h.bytes(format!("{}{:?}{:?}{:?}", instrument.symbol, instrument.kind, instrument.state, instrument.contracts).as_bytes());
+        for (index, instrument) in self.instruments.iter_indexed() {
+            h.u64(index as u64);
+            h.bytes(
+                format!(
+                    "{}{:?}{:?}{:?}{}",
+                    instrument.symbol, instrument.kind, instrument.state, instrument.contracts, instrument.leases_held
+                )
+                .as_bytes(),
+            );
         }
         for (gpu, details) in self.gpus.iter().zip(&self.gpu_details) {
             h.bytes(
@@ -759,7 +819,7 @@ impl Engine {
             h.bytes(format!("{index}{lease:?}").as_bytes());
         }
         h.bytes(format!("{:?}", self.billing_closed).as_bytes());
-        h.bytes(format!("{:?}", self.expired_windows).as_bytes());
+        h.bytes(format!("{:?}{:?}", self.expired_windows, self.retiring_windows).as_bytes());
         for contract in self.contracts.iter() {
             h.bytes(format!("{contract:?}").as_bytes());
         }

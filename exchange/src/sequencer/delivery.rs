@@ -101,12 +101,29 @@ impl Sequencer {
         }
     }
 
-    /// A lease's workload and last status, for its renter or its host.
+    /// A lease's workload and last status, for its renter or its host; for
+    /// an archived lease, as it was when the lease left the hot state.
     fn lease_delivery(&self, account: AccountId, id: u64, lease: LeaseId) -> ServerMessage {
-        if self.market.engine().lease(lease).filter(|l| l.renter == account || l.supplier == account).is_none() {
-            return error(Some(id), ErrorCode::UnknownLease);
-        }
-        let delivery = self.market.deliveries().lease(lease);
+        let parties = |renter: AccountId, supplier: AccountId| renter == account || supplier == account;
+        let archived;
+        let delivery = match self.market.engine().lease(lease) {
+            Some(info) if parties(info.renter, info.supplier) => self.market.deliveries().lease(lease),
+            Some(_) => return error(Some(id), ErrorCode::UnknownLease),
+            None => match self.journal.archived_lease(lease) {
+                Ok(Some(found)) if parties(found.info.renter, found.info.supplier) => {
+                    archived = found.delivery;
+                    archived.as_ref()
+                }
+                Ok(_) => return error(Some(id), ErrorCode::UnknownLease),
+                // The journal file could not be read (as for `leases`, the
+                // answer is what the hot state knows; a journal that cannot
+                // be read will fail its next commit, which stops the exchange).
+                Err(reason) => {
+                    tracing::error!(%reason, "reading an archived lease");
+                    return error(Some(id), ErrorCode::UnknownLease);
+                }
+            },
+        };
         let (state, at_ms) = match delivery.and_then(|d| d.state.clone()) {
             Some((state, at_ms)) => (Some(state), Some(at_ms)),
             None => (None, None),

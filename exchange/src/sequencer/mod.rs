@@ -86,8 +86,8 @@ pub struct Sequencer {
     entries: Vec<JournalEntry>,
     /// Transfers of the current batch, committed with its journal entries.
     transfers: Vec<gpux_settlement::ledger::Transfer>,
-    /// Leases the batch archived, written to the journal's archive in its commit.
-    archived: Vec<gpux_engine::LeaseInfo>,
+    /// What the batch archived, written to the journal's archive in its commit.
+    archived: gpux_market::Archived,
     /// What the batch produced, in release order.
     pending: Vec<(Target, Pending)>,
     /// The first broken invariant of this batch: nothing of it is released.

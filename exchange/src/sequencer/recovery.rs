@@ -52,18 +52,18 @@ impl Sequencer {
         let mut market = snapshot.map_or(market, |snapshot| snapshot.market);
         let entries = journal.entries_after(snapshot_seq)?;
         let count = entries.len() as u64;
-        // Leases the replay archives are in the journal's archive already
-        // (written in their entry's commit), unless the journal predates the
-        // archive: they are written again with the first commit (same key,
+        // What the replay archives is in the journal's archive already
+        // (written in its entry's commit), unless the journal predates the
+        // archive: it is written again with the first commit (same key,
         // same value).
-        let mut archived = Vec::new();
+        let mut archived = gpux_market::Archived::default();
         for (offset, entry) in entries.iter().enumerate() {
             // What an entry sent went out when it was first applied; replay
             // only rebuilds the state.
-            let applied = market
+            let mut applied = market
                 .apply(entry)
                 .map_err(|error| anyhow::anyhow!("replaying journal entry {}: {error}", snapshot_seq + 1 + offset as u64))?;
-            archived.extend(applied.archived);
+            archived.append(&mut applied.archived);
         }
         // The snapshot replica starts from the recovered state (one copy, at start).
         let (replica, replayed_to) = (market.clone(), journal.next_seq() - 1);

@@ -6,10 +6,10 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use gpux_engine::{AccountId, Command, EngineConfig, Role};
-use gpux_gateway::link::{Clock, ConnectionId, Outbound, Outgoing, Request};
+use gpux_gateway::link::{Clock, ConnectionId, DeliveryRequest, Outbound, Outgoing, Request};
 use gpux_journal::{JournalEntry, MemoryJournal};
 use gpux_market::MarketState;
-use gpux_protocol::ServerMessage;
+use gpux_protocol::{DeliveryState, ErrorCode, ServerMessage};
 use tokio::sync::{mpsc, Notify};
 
 use super::{BillingPolicy, Sequencer, SequencerError};
@@ -202,6 +202,9 @@ fn an_archived_lease_is_still_listed_from_the_journals_archive() {
         ])
         .expect("commits");
     let lease = sequencer.market.engine().leases_of(renter_account, 0, 10).0.first().map(|l| l.lease).expect("the bid filled");
+    let exited = DeliveryState::Exited { code: 3 };
+    let status = DeliveryRequest::Status { lease, state: exited.clone() };
+    sequencer.process(vec![Request::Delivery { connection: 2, id: 4, request: status }]).expect("commits");
     drop(sequencer);
 
     // Two hours on: the lease ended and its bill is final, but it is recent.
@@ -226,4 +229,23 @@ fn an_archived_lease_is_still_listed_from_the_journals_archive() {
     let (leases, next_offset) = listed.expect("a leases answer");
     assert_eq!((leases.iter().map(|l| l.lease).collect::<Vec<_>>(), next_offset), (vec![lease], None));
     assert!(leases[0].billing_closed && !leases[0].active);
+
+    // Its delivery record went to the archive with it: the last status still answers.
+    let query = |id| Request::Delivery { connection: 9, id, request: DeliveryRequest::Query { lease } };
+    archiving.process(vec![query(4)]).expect("answers");
+    let answer = renter.received().into_iter().find_map(|m| match m {
+        ServerMessage::LeaseDelivery { state, .. } => Some(state),
+        _ => None,
+    });
+    assert_eq!(answer, Some(Some(exited)));
+    assert_eq!(archiving.market.deliveries().sizes().1, 0, "the hot state forgot it");
+    // Someone else's archived lease is unknown to the asker.
+    let (mut stranger, connect) = Client::connect(10);
+    archiving.process(vec![connect, stranger.login(1, [7; 32], Some(Role::Renter))]).expect("commits");
+    stranger.received();
+    archiving.process(vec![Request::Delivery { connection: 10, id: 5, request: DeliveryRequest::Query { lease } }]).expect("answers");
+    assert!(
+        stranger.received().iter().any(|m| matches!(m, ServerMessage::Error { code: ErrorCode::UnknownLease, .. })),
+        "a stranger is told unknown_lease"
+    );
 }

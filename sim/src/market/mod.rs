@@ -257,8 +257,8 @@ impl Sim {
             posted_jobs: Vec::new(),
             report_wall: std::time::Duration::ZERO,
         };
-        for index in 0..sim.exchange.engine().instruments().len() as u32 {
-            sim.learn_instrument(InstrumentId(index));
+        for listed in sim.exchange.engine().instruments() {
+            sim.learn_instrument(listed.instrument);
         }
         sim.open_suppliers();
         sim.open_renters();
