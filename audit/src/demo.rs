@@ -114,5 +114,11 @@ pub fn inputs() -> Vec<Input> {
         s.at_ms += 15 * MINUTE;
         s.push(Command::Tick);
     }
+    // An hour after the expiry the window's contracts go to the archive, and
+    // a day after it the window itself.
+    s.at_ms += 75 * MINUTE;
+    s.push(Command::Tick);
+    s.at_ms += 24 * 60 * MINUTE;
+    s.push(Command::Tick);
     s.inputs
 }

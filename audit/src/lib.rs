@@ -57,11 +57,15 @@ pub fn write_events(out: &mut impl Write, events: &[Event]) -> Result<()> {
 }
 
 /// Writes what an entry archived (left the market's hot state), one JSON
-/// line each: `{"lease_archived": {..the lease as it ended..}}` and
-/// `{"instrument_archived": {..the window as it was listed..}}`.
+/// line each: `{"lease_archived": {..the lease as it ended..}}`,
+/// `{"contract_archived": {..}}` and `{"instrument_archived": {..the window
+/// as it was listed..}}`.
 pub fn write_archived(out: &mut impl Write, archived: &gpux_market::Archived) -> Result<()> {
     for lease in &archived.leases {
         writeln!(out, "{}", serde_json::json!({ "lease_archived": lease.info }))?;
+    }
+    for contract in &archived.contracts {
+        writeln!(out, "{}", serde_json::json!({ "contract_archived": contract }))?;
     }
     for instrument in &archived.instruments {
         writeln!(out, "{}", serde_json::json!({ "instrument_archived": instrument }))?;

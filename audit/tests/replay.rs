@@ -31,9 +31,17 @@ fn the_demo_session_trades_preempts_resells_and_delivers() {
             kind.as_object().and_then(|kind| kind.keys().next().cloned()).expect("the line names its type")
         })
         .collect();
-    for expected in
-        ["trade", "lease_created", "preemption_notice", "contract_transferred", "rejected", "instrument_expired", "lease_archived"]
-    {
+    for expected in [
+        "trade",
+        "lease_created",
+        "preemption_notice",
+        "contract_transferred",
+        "rejected",
+        "instrument_expired",
+        "lease_archived",
+        "contract_archived",
+        "instrument_archived",
+    ] {
         assert!(types.iter().any(|t| t == expected), "the demo shows {expected}");
     }
 }

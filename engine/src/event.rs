@@ -181,6 +181,14 @@ pub enum EventKind {
         gpu: GpuId,
         online: bool,
     },
+    /// A GPU under an active lease went offline (its host reported it
+    /// unhealthy or withdrew it) or came back: told to the lease's renter.
+    LeasedGpuStatusChanged {
+        lease: LeaseId,
+        renter: AccountId,
+        gpu: GpuId,
+        online: bool,
+    },
     InstrumentListed {
         instrument: InstrumentId,
     },
@@ -280,6 +288,18 @@ pub enum EventKind {
         holder: AccountId,
         supplier: AccountId,
         gpu: GpuId,
+    },
+    /// The SLA credit for a window not delivered (availability 0%): the
+    /// supplier pays the holder `amount_minor` (from payable, then available
+    /// funds, the rest as the supplier's debt) through the SLA pool.
+    DeliveryCredited {
+        contract: ContractId,
+        holder: AccountId,
+        supplier: AccountId,
+        amount_minor: u64,
+        from_payable: u64,
+        from_available: u64,
+        from_debt: u64,
     },
 }
 

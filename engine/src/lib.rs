@@ -27,6 +27,8 @@ pub mod time;
 
 pub use command::*;
 pub use config::*;
-pub use engine::{Balances, ContractKind, Engine, GpuInfo, InstrumentInfo, InstrumentState, LeaseInfo, OrderInfo};
+pub use engine::{
+    Balances, ContractInfo, ContractKind, ContractOutcome, Engine, GpuInfo, InstrumentInfo, InstrumentState, LeaseInfo, OrderInfo,
+};
 pub use event::*;
 pub use ids::*;

@@ -184,11 +184,21 @@ fn a_reserved_window_is_sold_resold_and_delivered_as_a_lease() {
 
     // Archived an hour later: the window keeps its listing, its contracts leave.
     let contracts = m.engine.contracts_held_total();
-    assert_eq!(m.engine.archive_windows(m.now_ms - HOUR), 0, "expired too recently");
+    assert!(m.engine.archive_windows(m.now_ms - HOUR).is_empty(), "expired too recently");
     let before = m.engine.state_hash();
     let mut twin = m.engine.clone();
-    assert_eq!(m.engine.archive_windows(m.now_ms), 1, "the window's one contract");
-    assert_eq!(twin.archive_windows(m.now_ms), 1);
+    let archived = m.engine.archive_windows(m.now_ms);
+    let expected = ContractInfo {
+        contract: archived[0].contract,
+        instrument: window,
+        gpu: archived[0].gpu,
+        holder: renter,
+        supplier,
+        price_minor_per_gpu_hour: USD_2,
+        outcome: ContractOutcome::Delivered { lease },
+    };
+    assert_eq!(archived, vec![expected], "the window's one contract, last held by the renter, paid at the primary price");
+    assert_eq!(twin.archive_windows(m.now_ms), archived);
     assert_ne!(m.engine.state_hash(), before);
     assert_eq!(m.engine.state_hash(), twin.state_hash());
     assert_eq!(m.engine.contracts_held_total(), contracts - 1);
@@ -272,7 +282,47 @@ fn a_window_whose_gpu_is_offline_at_its_start_is_a_recorded_delivery_failure() {
     let events = m.advance(HOUR);
     assert!(events.iter().any(|e| matches!(e.kind, EventKind::DeliveryFailed { supplier: s, gpu: g, .. } if s == supplier && g == gpu)));
     assert!(leases(&events).is_empty());
-    assert_eq!(m.engine.funds(renter), Some((10_000_000_000, 0)), "the renter's escrow comes back");
+    // The escrow comes back, and the SLA credit for 0% availability (50% of
+    // the window's US$2.00 at the supplier's price), paid by the supplier:
+    // it has no earnings or funds here, so it owes it.
+    let credit = USD_2 / 2;
+    let credited = events.iter().find_map(|e| match e.kind {
+        EventKind::DeliveryCredited { holder, supplier: s, amount_minor, from_payable, from_available, from_debt, .. } => {
+            Some((holder, s, amount_minor, from_payable, from_available, from_debt))
+        }
+        _ => None,
+    });
+    assert_eq!(credited, Some((renter, supplier, credit, 0, 0, credit)));
+    assert_eq!(m.engine.funds(renter), Some((10_000_000_000 + credit, 0)), "escrow back plus the credit");
+    assert_eq!(m.engine.balances(supplier).map(|b| b.debt_minor), Some(credit));
+}
+
+/// The renter of a leased GPU hears when its host takes the GPU offline
+/// (unhealthy) and when it comes back; the lease goes on.
+#[test]
+fn the_renter_is_told_when_its_leased_gpu_goes_offline_and_back() {
+    let (mut m, supplier, host, renter) = market();
+    m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+    let (_, events) = m.bid(renter, H100_SPOT, USD_2, 1);
+    let (lease, _, _, _, _) = leases(&events)[0];
+    let gpu = m.engine.host_gpu(host, 0).expect("gpu");
+    let told = |events: &[Event]| {
+        events
+            .iter()
+            .filter_map(|e| match e.kind {
+                EventKind::LeasedGpuStatusChanged { lease, renter, gpu, online } => Some((lease, renter, gpu, online)),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let offline = m.apply(Command::SetGpuOnline { account: supplier, gpu, online: false });
+    assert_eq!(told(&offline), [(lease, renter, gpu, false)]);
+    assert!(m.engine.lease(lease).expect("held").active, "the lease goes on");
+    let back = m.apply(Command::SetGpuOnline { account: supplier, gpu, online: true });
+    assert_eq!(told(&back), [(lease, renter, gpu, true)]);
+    // A GPU without a lease: its owner hears, nobody else.
+    let idle = m.engine.host_gpu(host, 1).expect("gpu");
+    assert!(told(&m.apply(Command::SetGpuOnline { account: supplier, gpu: idle, online: false })).is_empty());
 }
 
 #[test]

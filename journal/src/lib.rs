@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use gpux_engine::{AccountId, InstrumentId, InstrumentInfo, LeaseId, LeaseInfo};
+use gpux_engine::{AccountId, ContractId, ContractInfo, InstrumentId, InstrumentInfo, LeaseId, LeaseInfo};
 pub use gpux_market::JournalEntry;
 use gpux_market::{Archived, ArchivedLease, LeaseDelivery};
 use gpux_protocol::{decode_record, encode_record};
@@ -31,6 +31,8 @@ const ARCHIVED_LEASES_BY_ACCOUNT: TableDefinition<(u32, u64), ()> = TableDefinit
 /// The delivery record (workload as sealed, last status) of an archived
 /// lease that had one, by lease id.
 const ARCHIVED_DELIVERIES: TableDefinition<u64, &[u8]> = TableDefinition::new("archived_deliveries");
+/// Contracts of expired reserved windows, by contract id, as they ended.
+const ARCHIVED_CONTRACTS: TableDefinition<u64, &[u8]> = TableDefinition::new("archived_contracts");
 /// Reserved windows retired from the hot state, by instrument id, as listed.
 const ARCHIVED_INSTRUMENTS: TableDefinition<u32, &[u8]> = TableDefinition::new("archived_instruments");
 
@@ -60,6 +62,7 @@ impl Journal {
             }
         }
         setup.open_table(ARCHIVED_DELIVERIES)?;
+        setup.open_table(ARCHIVED_CONTRACTS)?;
         setup.open_table(ARCHIVED_INSTRUMENTS)?;
         setup.commit()?;
         let next_seq = {
@@ -107,6 +110,10 @@ impl Journal {
                     deliveries.insert(lease.info.lease.0, encode_record(delivery).as_slice())?;
                 }
             }
+            let mut contracts = transaction.open_table(ARCHIVED_CONTRACTS)?;
+            for contract in &archived.contracts {
+                contracts.insert(contract.contract.0, encode_record(contract).as_slice())?;
+            }
             let mut instruments = transaction.open_table(ARCHIVED_INSTRUMENTS)?;
             for instrument in &archived.instruments {
                 instruments.insert(instrument.instrument.0, encode_record(instrument).as_slice())?;
@@ -146,6 +153,8 @@ pub trait JournalStore: Send {
     fn archived_leases_of(&self, account: AccountId, offset: usize, limit: usize) -> Result<(Vec<LeaseInfo>, bool)>;
     /// An archived lease with its delivery record, if it had one.
     fn archived_lease(&self, lease: LeaseId) -> Result<Option<ArchivedLease>>;
+    /// A contract of an expired window, as it ended.
+    fn archived_contract(&self, contract: ContractId) -> Result<Option<ContractInfo>>;
     /// A retired reserved window, as it was listed.
     fn archived_instrument(&self, instrument: InstrumentId) -> Result<Option<InstrumentInfo>>;
 }
@@ -192,6 +201,12 @@ impl JournalStore for Journal {
         };
         Ok(Some(ArchivedLease { info, delivery }))
     }
+    fn archived_contract(&self, contract: ContractId) -> Result<Option<ContractInfo>> {
+        let read = self.db.begin_read()?;
+        let Some(bytes) = read.open_table(ARCHIVED_CONTRACTS)?.get(contract.0)? else { return Ok(None) };
+        let info = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("archived contract {}: {}", contract.0, e.message))?;
+        Ok(Some(info))
+    }
     fn archived_instrument(&self, instrument: InstrumentId) -> Result<Option<InstrumentInfo>> {
         let read = self.db.begin_read()?;
         let Some(bytes) = read.open_table(ARCHIVED_INSTRUMENTS)?.get(instrument.0)? else { return Ok(None) };
@@ -225,6 +240,7 @@ struct MemoryInner {
     entries: Vec<JournalEntry>,
     transfers: std::collections::BTreeMap<u64, Transfer>,
     archived: std::collections::BTreeMap<u64, ArchivedLease>,
+    contracts: std::collections::BTreeMap<u64, ContractInfo>,
     instruments: std::collections::BTreeMap<u32, InstrumentInfo>,
     commits: u64,
     failing: bool,
@@ -265,6 +281,7 @@ impl JournalStore for MemoryJournal {
         inner.entries.extend_from_slice(entries);
         inner.transfers.extend(transfers.iter().map(|t| (t.id, *t)));
         inner.archived.extend(archived.leases.iter().map(|l| (l.info.lease.0, l.clone())));
+        inner.contracts.extend(archived.contracts.iter().map(|c| (c.contract.0, c.clone())));
         inner.instruments.extend(archived.instruments.iter().map(|i| (i.instrument.0, i.clone())));
         inner.commits += 1;
         Ok(first)
@@ -282,6 +299,9 @@ impl JournalStore for MemoryJournal {
     }
     fn archived_lease(&self, lease: LeaseId) -> Result<Option<ArchivedLease>> {
         Ok(self.inner().archived.get(&lease.0).cloned())
+    }
+    fn archived_contract(&self, contract: ContractId) -> Result<Option<ContractInfo>> {
+        Ok(self.inner().contracts.get(&contract.0).cloned())
     }
     fn archived_instrument(&self, instrument: InstrumentId) -> Result<Option<InstrumentInfo>> {
         Ok(self.inner().instruments.get(&instrument.0).cloned())
@@ -407,7 +427,16 @@ mod tests {
             price_min_minor_per_gpu_hour: 1_000,
             price_max_minor_per_gpu_hour: 100_000_000,
         };
-        Archived { leases, instruments: vec![window] }
+        let contract = ContractInfo {
+            contract: ContractId(12),
+            instrument: InstrumentId(40),
+            gpu: gpux_engine::GpuId(3),
+            holder: AccountId(1),
+            supplier: AccountId(2),
+            price_minor_per_gpu_hour: 2_000_000,
+            outcome: gpux_engine::ContractOutcome::Delivered { lease: LeaseId(4) },
+        };
+        Archived { leases, contracts: vec![contract], instruments: vec![window] }
     }
 
     /// Pages of an account's archived leases (newest first), one archived
@@ -434,6 +463,9 @@ mod tests {
             Some("H100-SXM-80G/R/2026-12-02T16/1H".into())
         );
         assert_eq!(store.archived_instrument(InstrumentId(41)).expect("reads"), None);
+        let contract = store.archived_contract(ContractId(12)).expect("reads").expect("archived");
+        assert_eq!((contract.holder, contract.outcome), (AccountId(1), gpux_engine::ContractOutcome::Delivered { lease: LeaseId(4) }));
+        assert_eq!(store.archived_contract(ContractId(13)).expect("reads"), None);
     }
 
     #[test]
@@ -446,7 +478,8 @@ mod tests {
             for (store, _) in [(&mut journal as &mut dyn JournalStore, 0), (&mut memory as &mut dyn JournalStore, 1)] {
                 let tick = JournalEntry::Engine(Input { at_ms: 1, command: Command::Tick });
                 store.append_with_transfers(std::slice::from_ref(&tick), &[], &archive_of(0..3)).expect("append");
-                store.append_with_transfers(&[tick], &[], &Archived { instruments: Vec::new(), ..archive_of(3..7) }).expect("append");
+                let later = Archived { contracts: Vec::new(), instruments: Vec::new(), ..archive_of(3..7) };
+                store.append_with_transfers(&[tick], &[], &later).expect("append");
                 store.append_with_transfers(&[], &[], &Archived { leases: Vec::new(), ..archive_of(0..0) }).expect("append");
             }
             check_archive(&journal);

@@ -92,6 +92,9 @@ pub struct Archived {
     /// ended, each with its delivery record (workload, sealed as it came,
     /// and last status) if it had one.
     pub leases: Vec<ArchivedLease>,
+    /// Contracts of reserved windows [`LEASE_RETENTION_MS`] after they
+    /// expired, as they ended.
+    pub contracts: Vec<gpux_engine::ContractInfo>,
     /// Reserved windows [`WINDOW_RETENTION_MS`] after they expired (once
     /// their leases left), as they were listed.
     pub instruments: Vec<gpux_engine::InstrumentInfo>,
@@ -99,16 +102,18 @@ pub struct Archived {
 
 impl Archived {
     pub fn is_empty(&self) -> bool {
-        self.leases.is_empty() && self.instruments.is_empty()
+        self.leases.is_empty() && self.contracts.is_empty() && self.instruments.is_empty()
     }
 
     pub fn append(&mut self, other: &mut Archived) {
         self.leases.append(&mut other.leases);
+        self.contracts.append(&mut other.contracts);
         self.instruments.append(&mut other.instruments);
     }
 
     pub fn clear(&mut self) {
         self.leases.clear();
+        self.contracts.clear();
         self.instruments.clear();
     }
 }
@@ -186,7 +191,7 @@ impl MarketState {
                 }
                 // An expired window's contracts leave too (nothing queries them;
                 // the journal holds their history), and a day later the window.
-                self.engine.archive_windows(archive_by_ms);
+                applied.archived.contracts = self.engine.archive_windows(archive_by_ms);
                 applied.archived.instruments = self.engine.retire_windows(input.at_ms.saturating_sub(WINDOW_RETENTION_MS));
                 for window in &applied.archived.instruments {
                     self.book_seq.remove(&window.instrument);

@@ -38,7 +38,8 @@ pub fn accounts_of(engine: &Engine, event: &Event) -> [Option<AccountId>; 2] {
         }
         ContractCreated { holder, supplier, .. } => [Some(holder), Some(supplier)],
         ContractTransferred { from, to, .. } => [Some(from), Some(to)],
-        DeliveryFailed { holder, supplier, .. } => [Some(holder), Some(supplier)],
+        DeliveryFailed { holder, supplier, .. } | DeliveryCredited { holder, supplier, .. } => [Some(holder), Some(supplier)],
+        LeasedGpuStatusChanged { renter, .. } => [Some(renter), None],
         GpuStatusChanged { gpu, .. } => [engine.gpu(gpu).map(|g| g.owner), None],
         InstrumentListed { .. } | TradingStopped { .. } | InstrumentExpired { .. } | BookLevel { .. } => [None, None],
     };

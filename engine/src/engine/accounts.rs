@@ -198,6 +198,13 @@ impl Engine {
     pub(crate) fn pay_sla_credit(&mut self, lease_id: LeaseId, amount_minor: u64) {
         let lease = &self.leases[lease_id.0 as usize];
         let (renter, supplier) = (lease.renter, lease.supplier);
+        let (from_payable, from_available, from_debt) = self.move_credit(supplier, renter, amount_minor);
+        self.emit(EventKind::SlaCredited { lease: lease_id, renter, supplier, amount_minor, from_payable, from_available, from_debt });
+    }
+
+    /// Moves a credit from `supplier` (payable, then available funds, the
+    /// rest as its debt) to `to`'s available funds; returns the three parts.
+    pub(crate) fn move_credit(&mut self, supplier: AccountId, to: AccountId, amount_minor: u64) -> (u64, u64, u64) {
         let funds = &mut self.accounts[supplier.0 as usize];
         let from_payable = amount_minor.min(funds.payable_minor);
         funds.payable_minor -= from_payable;
@@ -205,8 +212,8 @@ impl Engine {
         funds.available_minor -= from_available;
         let from_debt = amount_minor - from_payable - from_available;
         funds.debt_minor += from_debt;
-        self.accounts[renter.0 as usize].available_minor += amount_minor;
-        self.emit(EventKind::SlaCredited { lease: lease_id, renter, supplier, amount_minor, from_payable, from_available, from_debt });
+        self.accounts[to.0 as usize].available_minor += amount_minor;
+        (from_payable, from_available, from_debt)
     }
 
     pub(super) fn register_gpu(&mut self, account: AccountId, host_name: &str, uuid: &str, spec: &GpuSpec) -> Checked<()> {
@@ -283,6 +290,13 @@ impl Engine {
         }
         self.gpus[gpu_id.0 as usize].online = online;
         self.emit(EventKind::GpuStatusChanged { gpu: gpu_id, online });
+        // Renters of the GPU's active leases are told too (the lease goes on;
+        // its availability shows in what the reports verify).
+        let gpu = &self.gpus[gpu_id.0 as usize];
+        for lease in [gpu.exclusive_lease, gpu.preemptible_lease].into_iter().flatten() {
+            let renter = self.leases[lease.0 as usize].renter;
+            self.emit(EventKind::LeasedGpuStatusChanged { lease, renter, gpu: gpu_id, online });
+        }
         if !online {
             self.withdraw_gpu_from_asks(gpu_id, ReduceReason::GpuOffline, true);
         }

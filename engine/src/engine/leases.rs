@@ -382,7 +382,7 @@ impl Engine {
     /// Window start: every contract becomes a reserved lease on its GPU, or a
     /// recorded delivery failure (escrow back to the holder) if the GPU is not there.
     pub(super) fn deliver_window(&mut self, instrument: InstrumentId) {
-        let ContractKind::Reserved { window_end_ms, .. } = self.instruments[instrument.0 as usize].kind else {
+        let ContractKind::Reserved { window_start_ms, window_end_ms } = self.instruments[instrument.0 as usize].kind else {
             return;
         };
         let contracts = self.instruments[instrument.0 as usize].contracts.clone();
@@ -402,6 +402,23 @@ impl Engine {
                     supplier: contract.supplier,
                     gpu: contract.gpu,
                 });
+                // Availability 0%: the SLA credit of the lowest tier, as a
+                // share of the window's value at the supplier's price.
+                let window_value = (contract.price as u128 * (window_end_ms - window_start_ms) as u128 / MS_PER_HOUR as u128) as u64;
+                let sla_bps = self.config.classes[self.instruments[instrument.0 as usize].class as usize].sla_availability_bps;
+                let amount_minor = sla_credit(window_value, 0, sla_bps);
+                if amount_minor > 0 {
+                    let (from_payable, from_available, from_debt) = self.move_credit(contract.supplier, contract.holder, amount_minor);
+                    self.emit(EventKind::DeliveryCredited {
+                        contract: contract_id,
+                        holder: contract.holder,
+                        supplier: contract.supplier,
+                        amount_minor,
+                        from_payable,
+                        from_available,
+                        from_debt,
+                    });
+                }
                 continue;
             }
             self.deliver_contract(contract_id, &contract, window_end_ms);

@@ -183,6 +183,31 @@ pub(crate) enum ContractState {
     Failed,
 }
 
+/// A reserved-window contract as the archive keeps it: who held it last, on
+/// which GPU, at what primary price, and how the window went for it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContractInfo {
+    pub contract: ContractId,
+    pub instrument: InstrumentId,
+    pub gpu: GpuId,
+    pub holder: AccountId,
+    pub supplier: AccountId,
+    /// The primary sale price (the supplier is paid at this price).
+    pub price_minor_per_gpu_hour: u64,
+    pub outcome: ContractOutcome,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContractOutcome {
+    /// Not delivered (never the case once its window expired).
+    Open,
+    /// The window started and the holder got this lease.
+    Delivered { lease: LeaseId },
+    /// The GPU could not be delivered (the holder was refunded).
+    Failed,
+}
+
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Contract {
     pub instrument: InstrumentId,
@@ -603,20 +628,34 @@ impl Engine {
     }
 
     /// Takes the contracts of reserved windows that expired at or before
-    /// `expired_by_ms` out of the engine; returns how many. An expired
-    /// window's contracts are final (delivered or failed, paid out), so the
-    /// engine forgets them: the window keeps its listing (symbol, times,
-    /// state) and holds no contract any more. Called by the market in its
-    /// apply path, with leases.
-    pub fn archive_windows(&mut self, expired_by_ms: u64) -> usize {
-        let mut archived = 0;
+    /// `expired_by_ms` out of the engine and returns them as they ended. An
+    /// expired window's contracts are final (delivered or failed, paid out),
+    /// so the engine forgets them: the window keeps its listing (symbol,
+    /// times, state) and holds no contract any more. Called by the market in
+    /// its apply path, with leases.
+    pub fn archive_windows(&mut self, expired_by_ms: u64) -> Vec<ContractInfo> {
+        let mut archived = Vec::new();
         while let Some(&(expired_at_ms, instrument)) = self.expired_windows.front() {
             if expired_at_ms > expired_by_ms {
                 break;
             }
             self.expired_windows.pop_front();
             for contract in std::mem::take(&mut self.instruments[instrument.0 as usize].contracts) {
-                archived += usize::from(self.contracts.retire(contract.0 as usize).is_some());
+                if let Some(retired) = self.contracts.retire(contract.0 as usize) {
+                    archived.push(ContractInfo {
+                        contract,
+                        instrument: retired.instrument,
+                        gpu: retired.gpu,
+                        holder: retired.holder,
+                        supplier: retired.supplier,
+                        price_minor_per_gpu_hour: retired.price,
+                        outcome: match retired.state {
+                            ContractState::Open => ContractOutcome::Open,
+                            ContractState::Delivered(lease) => ContractOutcome::Delivered { lease },
+                            ContractState::Failed => ContractOutcome::Failed,
+                        },
+                    });
+                }
             }
             self.retiring_windows.push_back((expired_at_ms, instrument));
         }

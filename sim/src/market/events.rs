@@ -45,7 +45,7 @@ impl Sim {
                     }
                 }
                 EventKind::FeeCharged { amount_minor, .. } => self.metrics.billing.fees_minor += amount_minor,
-                EventKind::SlaCredited { amount_minor, .. } => {
+                EventKind::SlaCredited { amount_minor, .. } | EventKind::DeliveryCredited { amount_minor, .. } => {
                     self.metrics.billing.sla_credits += 1;
                     self.metrics.billing.sla_credited_minor += amount_minor;
                 }
