@@ -72,3 +72,17 @@ pub fn write_archived(out: &mut impl Write, archived: &gpux_market::Archived) ->
     }
     Ok(())
 }
+
+/// Writes every supplier's reliability record and score as of the market's
+/// clock, one line each, in account order: `{"supplier_score": {"supplier":
+/// .., "record": {..}}}` (the `record` of the exchange's `supplier_stats`
+/// answer; a supplier without facts yet has an empty, unrated record).
+pub fn write_scores(out: &mut impl Write, market: &gpux_market::MarketState) -> Result<()> {
+    let (engine, reliability) = (market.engine(), market.reliability());
+    let suppliers = (0..engine.account_count()).map(gpux_engine::AccountId).filter(|a| engine.role(*a).is_some_and(|r| r.may_supply()));
+    for supplier in suppliers {
+        let record = reliability.supplier(supplier, market.clock_ms());
+        writeln!(out, "{}", serde_json::json!({ "supplier_score": { "supplier": supplier, "record": record } }))?;
+    }
+    Ok(())
+}

@@ -46,6 +46,11 @@ struct Args {
     /// With --journal: print the journal's commands as JSON lines instead of replaying.
     #[arg(long, requires = "journal")]
     commands_only: bool,
+    /// After the replay, print every supplier's reliability record and score
+    /// as of the last entry, one `{"supplier_score": ..}` line each (the
+    /// exchange's `supplier_stats` answers the same).
+    #[arg(long, conflicts_with_all = ["print_demo_commands", "commands_only"])]
+    scores: bool,
 }
 
 fn main() {
@@ -98,6 +103,9 @@ fn run(args: Args) -> Result<()> {
             None => Box::new(BufReader::new(io::stdin())),
         };
         replayed = replay(reader, &mut market, &mut out)?;
+    }
+    if args.scores {
+        gpux_audit::write_scores(&mut out, &market)?;
     }
     out.flush()?;
     eprintln!(

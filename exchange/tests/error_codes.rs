@@ -247,6 +247,7 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
         row("encryption_key_invalid", Who::Supplier, one(unsigned_key)),
         row("delivery_status_invalid", Who::Supplier, one(ClientMessage::DeliveryStatus { id: 23, lease: ended, state: failed_status })),
         row("host_unreachable", Who::Renter, one(ClientMessage::LeaseLogs { id: 24, lease: orphan, tail_bytes: 1024 })),
+        row("unknown_supplier", Who::Stranger, one(ClientMessage::SupplierStats { id: 25, supplier: AccountId(999_999) })),
     ];
     let mut produced = BTreeMap::new();
     for row in table {

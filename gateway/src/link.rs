@@ -131,6 +131,11 @@ pub enum Request {
         id: u64,
         instrument: InstrumentId,
     },
+    SupplierStats {
+        connection: ConnectionId,
+        id: u64,
+        supplier: AccountId,
+    },
     Usage {
         connection: ConnectionId,
         id: u64,
@@ -188,6 +193,7 @@ impl Request {
             | Request::OpenOrders { id, .. }
             | Request::Leases { id, .. }
             | Request::Stats { id, .. }
+            | Request::SupplierStats { id, .. }
             | Request::MyGpus { id, .. }
             | Request::Usage { id, .. }
             | Request::Balance { id, .. }

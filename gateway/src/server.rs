@@ -636,6 +636,9 @@ impl Connection {
             }
             (_, ClientMessage::Instruments { id }) => self.forward(id, Request::Instruments { connection: self.id, id }),
             (_, ClientMessage::Stats { id, instrument }) => self.forward(id, Request::Stats { connection: self.id, id, instrument }),
+            (_, ClientMessage::SupplierStats { id, supplier }) => {
+                self.forward(id, Request::SupplierStats { connection: self.id, id, supplier })
+            }
             (_, _) => vec![error(Some(id), ErrorCode::NotAuthenticated, None)],
         }
     }
@@ -656,6 +659,7 @@ impl Connection {
             ClientMessage::OpenOrders { id, offset } => Request::OpenOrders { connection, id, offset },
             ClientMessage::Leases { id, offset } => Request::Leases { connection, id, offset },
             ClientMessage::Stats { id, instrument } => Request::Stats { connection, id, instrument },
+            ClientMessage::SupplierStats { id, supplier } => Request::SupplierStats { connection, id, supplier },
             ClientMessage::MyGpus { id, offset } => Request::MyGpus { connection, id, offset },
             ClientMessage::UsageReport { id, report } => Request::Usage { connection, id, report: Box::new(report) },
             ClientMessage::Balance { id } => Request::Balance { connection, id },
@@ -905,6 +909,7 @@ mod tests {
                     | Request::Unsubscribe { .. }
                     | Request::Instruments { .. }
                     | Request::Stats { .. }
+                    | Request::SupplierStats { .. }
             )
         }
 

@@ -17,6 +17,7 @@
 
 pub mod delivery;
 pub mod entry;
+pub mod reliability;
 mod routing;
 pub mod stats;
 
@@ -148,6 +149,8 @@ pub struct MarketState {
     book_seq: BTreeMap<InstrumentId, u64>,
     trade_seq: BTreeMap<InstrumentId, u64>,
     stats: RollingStats,
+    /// Suppliers' and hosts' reliability records (the scores' facts).
+    reliability: reliability::Reliability,
     clock_ms: u64,
 }
 
@@ -168,6 +171,7 @@ impl MarketState {
             book_seq: BTreeMap::new(),
             trade_seq: BTreeMap::new(),
             stats: RollingStats::default(),
+            reliability: reliability::Reliability::default(),
             clock_ms: 0,
         }
     }
@@ -183,6 +187,8 @@ impl MarketState {
         match entry {
             JournalEntry::Engine(input) => {
                 applied.events.extend_from_slice(self.engine.apply(input));
+                // Before archiving: the facts name leases still held.
+                self.reliability.observe(&self.engine, &applied.events);
                 let archive_by_ms = input.at_ms.saturating_sub(LEASE_RETENTION_MS);
                 for info in self.engine.archive_leases(archive_by_ms) {
                     self.ledger.forget_lease(info.lease);
@@ -212,6 +218,9 @@ impl MarketState {
             JournalEntry::UsageReport { at_ms, account, report } => {
                 let key = self.account_key(*account).unwrap_or([0; 32]);
                 let (outcome, events) = settle_report(&mut self.engine, &mut self.settlement, &key, *at_ms, *account, report);
+                if let Err(code) = outcome {
+                    self.reliability.refused(&self.engine, *account, report.body.lease, code, *at_ms);
+                }
                 applied.events = events;
                 applied.usage = Some(outcome);
             }
@@ -378,6 +387,11 @@ impl MarketState {
         &self.stats
     }
 
+    /// Suppliers' and hosts' reliability records.
+    pub fn reliability(&self) -> &reliability::Reliability {
+        &self.reliability
+    }
+
     /// The newest exchange time seen.
     pub fn clock_ms(&self) -> u64 {
         self.clock_ms
@@ -400,7 +414,10 @@ impl MarketState {
     pub fn state_hash(&self) -> u64 {
         let mut hasher = StateHasher::new();
         hasher.u64(self.engine.state_hash());
-        let rest = (&self.settlement, &self.ledger, &self.keys, &self.deliveries, &self.book_seq, &self.trade_seq, &self.stats);
+        let rest = (
+            (&self.settlement, &self.ledger, &self.keys, &self.deliveries),
+            (&self.book_seq, &self.trade_seq, &self.stats, &self.reliability),
+        );
         hasher.bytes(&gpux_protocol::encode_record(&rest));
         hasher.finish()
     }
@@ -411,6 +428,7 @@ impl MarketState {
             engine: gpux_protocol::encode_record(&self.engine).len() as u64,
             settlement: gpux_protocol::encode_record(&self.settlement).len() as u64,
             ledger: gpux_protocol::encode_record(&self.ledger).len() as u64,
+            reliability: gpux_protocol::encode_record(&self.reliability).len() as u64,
         }
     }
 }
@@ -421,4 +439,7 @@ pub struct HotState {
     pub engine: u64,
     pub settlement: u64,
     pub ledger: u64,
+    /// Reliability records: one bucket per supplier and host per active day,
+    /// for the score window's 30 days, so it grows for 30 days, then stays.
+    pub reliability: u64,
 }

@@ -293,6 +293,10 @@ fn the_generated_entries_trade_report_and_settle() {
     assert!(matches!(outcomes[3], Err(Forged)) && outcomes[4].is_err(), "{:?}", session.outcomes);
     assert!(session.market.ledger().transfer_count() > before, "accepted reports charged the lease");
     assert_eq!(session.market.settlement().rejections(session.supplier), 2, "the forged and the out-of-chain report were refused");
+    // Both count in the supplier's reliability record, by code.
+    let record = session.market.reliability().supplier(session.supplier, session.market.clock_ms());
+    assert_eq!(record.refused_reports.get(&Forged), Some(&1), "{record:?}");
+    assert_eq!(record.refused_reports.values().sum::<u32>(), 2, "{record:?}");
 }
 
 /// A lease leaves the hot state `LEASE_RETENTION_MS` after its bill is

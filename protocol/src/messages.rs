@@ -3,10 +3,33 @@
 //! to a request (ack, reject, error, snapshot, list) carries the same id.
 
 use gpux_engine::{
-    AccountId, Event, GpuId, GpuInfo, GpuSet, GpuSpec, InstrumentId, InstrumentInfo, LeaseDuration, LeaseId, OrderId, OrderInfo, OrderType,
-    RejectCode, Role, SelfTradePrevention, Side, TimeInForce,
+    AccountId, Event, GpuId, GpuInfo, GpuSet, GpuSpec, HostId, InstrumentId, InstrumentInfo, LeaseDuration, LeaseId, OrderId, OrderInfo,
+    OrderType, RejectCode, Role, SelfTradePrevention, Side, TimeInForce,
 };
 use serde::{Deserialize, Serialize};
+
+/// A reliability record's figures over the score window
+/// (docs/market-rules.md "Reliability score").
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReliabilityRecord {
+    /// 0 to 10 000 basis points; null while the window holds too little
+    /// leased time to judge.
+    pub score_bps: Option<u32>,
+    pub leased_gpu_ms: u64,
+    pub verified_gpu_ms: u64,
+    pub leases_closed: u32,
+    pub failed_deliveries: u32,
+    /// Refused usage reports by code.
+    pub refused_reports: std::collections::BTreeMap<crate::usage::UsageRejectCode, u32>,
+}
+
+/// One host's reliability.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostReliability {
+    pub host: HostId,
+    pub host_name: String,
+    pub record: ReliabilityRecord,
+}
 
 /// Public market-data channels, per instrument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -207,6 +230,11 @@ pub enum ClientMessage {
         #[serde(default)]
         after: Option<u64>,
     },
+    /// A supplier's reliability score and record, and its hosts' (public).
+    SupplierStats {
+        id: u64,
+        supplier: AccountId,
+    },
     /// A supplier's signed usage report of one GPU of one of its leases.
     UsageReport {
         id: u64,
@@ -307,6 +335,7 @@ impl ClientMessage {
             | UsageReport { id, .. }
             | Balance { id }
             | Statement { id, .. }
+            | SupplierStats { id, .. }
             | SetWorkload { id, .. }
             | SetEncryptionKey { id, .. }
             | HostKey { id, .. }
@@ -427,6 +456,17 @@ pub enum ServerMessage {
         lines: Vec<StatementLine>,
         next_after: Option<u64>,
     },
+    /// A supplier's reliability over the last `window_days` days, and each
+    /// of its hosts' (at most `ORDERS_PAGE_MAX`, fewer to fit a frame;
+    /// `hosts_more` when some were left out).
+    SupplierStats {
+        id: u64,
+        supplier: AccountId,
+        window_days: u32,
+        record: ReliabilityRecord,
+        hosts: Vec<HostReliability>,
+        hosts_more: bool,
+    },
     /// Available and held (open bids, lease and contract escrow) funds.
     Balance {
         id: u64,
@@ -531,6 +571,7 @@ impl ServerMessage {
             | Stats { id, .. }
             | Gpus { id, .. }
             | Statement { id, .. }
+            | SupplierStats { id, .. }
             | Balance { id, .. }
             | UsageAccepted { id, .. }
             | UsageRejected { id, .. }
@@ -614,6 +655,8 @@ pub enum ErrorCode {
     HostUnreachable,
     /// Only a workload attached to a bid is accepted with a new order.
     WorkloadNotOnBid,
+    /// `supplier_stats` for an account that does not exist or cannot supply.
+    UnknownSupplier,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -669,6 +712,7 @@ impl ErrorCode {
             DeliveryStatusInvalid => "the delivery status breaks its bounds",
             HostUnreachable => "the lease's host is not connected or did not answer in time",
             WorkloadNotOnBid => "a workload goes with a bid (side buy) only",
+            UnknownSupplier => "no supplier account with this id",
         }
     }
 }

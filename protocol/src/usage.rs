@@ -88,7 +88,7 @@ impl UsageReport {
 }
 
 /// Why a report was refused. Codes are stable (docs/protocol.md).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum UsageRejectCode {

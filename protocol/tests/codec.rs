@@ -59,6 +59,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::MyGpus { id: 16, offset: 0 },
         ClientMessage::Balance { id: 17 },
         ClientMessage::Statement { id: 18, after: Some(4) },
+        ClientMessage::SupplierStats { id: 19, supplier: AccountId(1) },
         ClientMessage::Ping { id: 19 },
         ClientMessage::Leases { id: 20, offset: 100 },
         serde_json::from_str(r#"{"usage_report":{"id":21,"report":{"body":{"lease":17,"gpu_uuid":"GPU-1","seq":1,"start_ms":1796223720000,"end_ms":1796223730000,"available_ms":10000,"utilisation_percent":87,"memory_used_mib_max":61234,"unhealthy_samples":0,"prev_hash":"0000000000000000000000000000000000000000000000000000000000000000"},"signature":"00"}}}"#)

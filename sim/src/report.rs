@@ -386,19 +386,22 @@ fn hot_state_section(md: &mut String, m: &Metrics) {
         md,
         "\n## Hot state\n\nThe exchange state a snapshot holds, encoded, at the end of each day. Settlement forgets the chains of \
          leases whose billing closed, and an hour later the lease leaves the engine and the ledger for the exchange's archive, \
-         as do an expired window's contracts; a day after it expired the window itself retires (docs/ARCHITECTURE.md).\n\n\
-         | Day | Engine | Settlement | Ledger | Total |\n|---|---|---|---|---|"
+         as do an expired window's contracts; a day after it expired the window itself retires (docs/ARCHITECTURE.md). \
+         Reliability records keep a bucket per supplier and host per day for the score's 30-day window: they grow for \
+         30 days, then stay.\n\n\
+         | Day | Engine | Settlement | Ledger | Reliability | Total |\n|---|---|---|---|---|---|"
     );
     let mib = |bytes: u64| format!("{:.2} MiB", bytes as f64 / (1 << 20) as f64);
     for (day, state) in m.hot_state_by_day.iter().enumerate() {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} |",
             day + 1,
             mib(state.engine),
             mib(state.settlement),
             mib(state.ledger),
-            mib(state.engine + state.settlement + state.ledger)
+            mib(state.reliability),
+            mib(state.engine + state.settlement + state.ledger + state.reliability)
         );
     }
     // Growth after the first day's warm-up, per day (what a flat state shows as about zero).
@@ -410,11 +413,12 @@ fn hot_state_section(md: &mut String, m: &Metrics) {
         };
         let _ = writeln!(
             md,
-            "\nGrowth per day from day 2 to day {}: engine {}, settlement {}, ledger {}.",
+            "\nGrowth per day from day 2 to day {}: engine {}, settlement {}, ledger {}, reliability {}.",
             days.len(),
             per_day(|s| s.engine),
             per_day(|s| s.settlement),
-            per_day(|s| s.ledger)
+            per_day(|s| s.ledger),
+            per_day(|s| s.reliability)
         );
     }
 }

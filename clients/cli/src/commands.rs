@@ -16,6 +16,41 @@ use indicatif::ProgressBar;
 use crate::money::{dollars, parse_dollars};
 use crate::{keys, Cli, Command, Failure, KeysAction, OrderArgs, RoleArg, TifArg};
 
+/// `gpux supplier N`: the score and what it is made of, then one line per host.
+async fn supplier_stats(s: &mut Session, supplier: AccountId, json: bool) -> Result<(), Failure> {
+    let id = s.connection.new_id();
+    let answer = s.ask(ClientMessage::SupplierStats { id, supplier }, json).await?;
+    if json {
+        return Ok(());
+    }
+    let ServerMessage::SupplierStats { window_days, record, hosts, hosts_more, .. } = answer else {
+        return Err(Failure::Unreachable(format!("expected supplier_stats, got {answer:?}")));
+    };
+    let describe = |record: &gpux_protocol::ReliabilityRecord| {
+        let score = match record.score_bps {
+            Some(bps) => format!("{}.{:02}%", bps / 100, bps % 100),
+            None => "unrated (under 10 GPU-hours)".into(),
+        };
+        let refused: Vec<String> = record.refused_reports.iter().map(|(code, n)| format!("{n} {}", snake(code))).collect();
+        format!(
+            "score {score}: {:.1} of {:.1} GPU-hours verified in {} leases, {} failed deliveries, refused reports: {}",
+            record.verified_gpu_ms as f64 / 3_600_000.0,
+            record.leased_gpu_ms as f64 / 3_600_000.0,
+            record.leases_closed,
+            record.failed_deliveries,
+            if refused.is_empty() { "none".into() } else { refused.join(", ") }
+        )
+    };
+    out!("supplier {supplier}, last {window_days} days: {}", describe(&record));
+    for host in &hosts {
+        out!("  host {} {}: {}", host.host, host.host_name, describe(&host.record));
+    }
+    if hosts_more {
+        out!("  (more hosts not shown)");
+    }
+    Ok(())
+}
+
 pub async fn run(cli: Cli) -> Result<(), Failure> {
     let key_path = keys::default_path(cli.key.as_deref());
     let json = cli.json;
@@ -38,6 +73,10 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Instruments { calendar } => {
             let mut session = Session::anonymous(&cli.url).await?;
             return instruments(&mut session, *calendar, json).await;
+        }
+        Command::Supplier { supplier } => {
+            let mut session = Session::anonymous(&cli.url).await?;
+            return supplier_stats(&mut session, AccountId(*supplier), json).await;
         }
         _ => {}
     }
@@ -179,7 +218,9 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             let id = s.connection.new_id();
             acknowledged(s.ask(ClientMessage::Payout { id, account: None, amount_minor }, json).await?, "paid out")
         }
-        Command::Keys { .. } | Command::Book { .. } | Command::Instruments { .. } => unreachable!("handled before login"),
+        Command::Keys { .. } | Command::Book { .. } | Command::Instruments { .. } | Command::Supplier { .. } => {
+            unreachable!("handled before login")
+        }
     }
 }
 

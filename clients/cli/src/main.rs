@@ -129,6 +129,8 @@ pub enum Command {
         #[arg(long)]
         calendar: bool,
     },
+    /// A supplier's reliability score and record over the last 30 days, and its hosts' (public).
+    Supplier { supplier: u32 },
     /// Bid for GPU time.
     Buy(OrderArgs),
     /// Offer contracts you hold in a reserved window (GPU owners: see `offer`).

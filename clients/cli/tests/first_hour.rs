@@ -98,6 +98,8 @@ fn the_first_hour_guide_runs_as_written() {
         "resting: the rest waits in the book",
         "gpux_leases_opened_total{kind=\"spot\"} 1",
         "gpux-audit: replayed",
+        "unrated (under 10 GPU-hours)",
+        "{\"supplier_score\":{",
     ] {
         // gpux-audit's summary goes to stderr, the rest to stdout.
         assert!(

@@ -245,6 +245,11 @@ class Client:
     async def instruments(self) -> list[dict]:
         return (await self.request("instruments")).fields["instruments"]
 
+    async def supplier_stats(self, supplier: int) -> dict:
+        """A supplier's reliability (public): `record` (score_bps, None while
+        unrated, and its facts) over `window_days`, and each host's."""
+        return (await self.request("supplier_stats", supplier=supplier)).fields
+
     async def open_orders(self) -> list[dict]:
         orders, offset = [], 0
         while True:

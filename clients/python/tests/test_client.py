@@ -107,6 +107,13 @@ def test_an_order_that_fills_brings_its_trade_and_lease_on_the_private_feed(exch
         ask = gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1})
         await supplier.place(ask)
         renter = await funded_renter(url, operator)
+        async with await gpux.Client.connect(url) as anonymous:
+            stats = await anonymous.supplier_stats(supplier.account)
+            assert stats["window_days"] == 30 and stats["record"]["score_bps"] is None, "public, and unrated before any lease closed"
+            assert [h["host"] for h in stats["hosts"]] == [host]
+            with pytest.raises(gpux.GpuxError) as unknown:
+                await anonymous.supplier_stats(renter.account)
+            assert unknown.value.code == "unknown_supplier"
         ack = await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2.5"), 1, duration={"hours": 2}))
         assert isinstance(ack, gpux.Ack) and ack.order is not None
         kinds = set()

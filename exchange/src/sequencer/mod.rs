@@ -200,6 +200,7 @@ impl Sequencer {
             Request::OpenOrders { connection, id, offset } => self.open_orders(connection, id, offset),
             Request::Leases { connection, id, offset } => self.leases(connection, id, offset),
             Request::Stats { connection, id, instrument } => self.stats(connection, id, instrument),
+            Request::SupplierStats { connection, id, supplier } => self.supplier_stats(connection, id, supplier),
             Request::MyGpus { connection, id, offset } => self.my_gpus(connection, id, offset),
             Request::Usage { connection, id, report } => self.usage(connection, id, *report),
             Request::Statement { connection, id, after } => self.statement(connection, id, after),

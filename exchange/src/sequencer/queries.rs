@@ -2,8 +2,8 @@
 //! balance and statement, an instrument's 24-hour stats. None changes the
 //! market; pages fit a frame (`gpux_protocol::fit_page`).
 
-use gpux_engine::InstrumentId;
-use gpux_protocol::{ErrorCode, ServerMessage, ORDERS_PAGE_MAX};
+use gpux_engine::{AccountId, InstrumentId};
+use gpux_protocol::{ErrorCode, HostReliability, ServerMessage, ORDERS_PAGE_MAX};
 
 use super::{error, Sequencer};
 use gpux_gateway::link::ConnectionId;
@@ -74,6 +74,36 @@ impl Sequencer {
             }
         } else {
             error(Some(id), ErrorCode::UnknownInstrument)
+        };
+        self.reply(connection, reply);
+    }
+
+    /// A supplier's reliability record and score, and its hosts' (public:
+    /// renters choose suppliers by it).
+    pub(super) fn supplier_stats(&mut self, connection: ConnectionId, id: u64, supplier: AccountId) {
+        let engine = self.market.engine();
+        if !engine.role(supplier).is_some_and(|role| role.may_supply()) {
+            return self.reply(connection, error(Some(id), ErrorCode::UnknownSupplier));
+        }
+        let now_ms = self.market.clock_ms();
+        let reliability = self.market.reliability();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut hosts: Vec<HostReliability> = Vec::new();
+        for gpu in engine.gpus_of(supplier) {
+            if seen.insert(gpu.host) {
+                hosts.push(HostReliability { host: gpu.host, host_name: gpu.host_name, record: reliability.host(gpu.host, now_ms) });
+            }
+        }
+        let total = hosts.len();
+        hosts.truncate(ORDERS_PAGE_MAX);
+        let cut = gpux_protocol::fit_page(&mut hosts);
+        let reply = ServerMessage::SupplierStats {
+            id,
+            supplier,
+            window_days: gpux_market::reliability::SCORE_WINDOW_DAYS as u32,
+            record: reliability.supplier(supplier, now_ms),
+            hosts_more: cut || hosts.len() < total,
+            hosts,
         };
         self.reply(connection, reply);
     }

@@ -249,3 +249,66 @@ fn an_archived_lease_is_still_listed_from_the_journals_archive() {
         "a stranger is told unknown_lease"
     );
 }
+
+/// `supplier_stats` answers anyone, logged in or not, with the record the
+/// market keeps: here one closed hour-long lease with nothing verified
+/// (unrated: under 10 GPU-hours), on the supplier's one host.
+#[test]
+fn supplier_stats_are_public_and_count_a_closed_lease() {
+    use gpux_engine::{GpuSet, GpuSpec, HostId, InstrumentId, LeaseDuration, NewOrder, Side};
+    let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
+    let (mut sequencer, _) = recover(&journal, &snapshots);
+    let (operator, connect_operator) = Client::connect(1);
+    let (mut supplier, connect_supplier) = Client::connect(2);
+    let (mut renter, connect_renter) = Client::connect(3);
+    sequencer
+        .process(vec![
+            connect_operator,
+            operator.login(1, OPERATOR, None),
+            connect_supplier,
+            supplier.login(1, [2; 32], Some(Role::Supplier)),
+            connect_renter,
+            renter.login(1, [3; 32], Some(Role::Renter)),
+        ])
+        .expect("commits");
+    let (supplier_account, renter_account) = (supplier.account(), renter.account());
+    let command = |connection, id, command| Request::Command { connection, id, command };
+    let ask = NewOrder {
+        supply: Some(GpuSet { host: HostId(0), gpu_mask: 1 }),
+        ..NewOrder::limit(supplier_account, 1, InstrumentId(0), Side::Sell, 2_000_000, 1)
+    };
+    let bid =
+        NewOrder { duration: LeaseDuration::Hours(1), ..NewOrder::limit(renter_account, 1, InstrumentId(0), Side::Buy, 2_000_000, 1) };
+    let register =
+        Command::RegisterGpu { account: supplier_account, host: "rack-1".into(), gpu_uuid: "GPU-0".into(), spec: GpuSpec::h100_sxm() };
+    sequencer
+        .process(vec![
+            command(1, 2, Command::Deposit { account: renter_account, amount_minor: 100_000_000 }),
+            command(2, 2, register),
+            command(2, 3, Command::PlaceOrder(ask)),
+            command(3, 2, Command::PlaceOrder(bid)),
+        ])
+        .expect("commits");
+    drop(sequencer);
+    // Two hours on, the lease ended and its bill is final.
+    let (mut later, _) = recover_at(&journal, &snapshots, 2 * 3_600_000);
+    let (mut stranger, connect) = Client::connect(9);
+    later.process(vec![connect, Request::Command { connection: 0, id: 0, command: Command::Tick }]).expect("commits");
+    let ask_stats = |supplier| Request::SupplierStats { connection: 9, id: 7, supplier };
+    later.process(vec![ask_stats(supplier_account), ask_stats(renter_account)]).expect("answers");
+    let answers = stranger.received();
+    let stats = answers.iter().find_map(|m| match m {
+        ServerMessage::SupplierStats { supplier, window_days, record, hosts, hosts_more, .. } => {
+            Some((*supplier, *window_days, record.clone(), hosts.clone(), *hosts_more))
+        }
+        _ => None,
+    });
+    let (supplier, window_days, record, hosts, hosts_more) = stats.expect("a supplier_stats answer");
+    assert_eq!((supplier, window_days, hosts_more), (supplier_account, 30, false));
+    assert_eq!((record.leases_closed, record.leased_gpu_ms, record.verified_gpu_ms, record.score_bps), (1, 3_600_000, 0, None));
+    assert_eq!(hosts.iter().map(|h| (h.host, h.host_name.as_str(), &h.record)).collect::<Vec<_>>(), [(HostId(0), "rack-1", &record)]);
+    assert!(
+        answers.iter().any(|m| matches!(m, ServerMessage::Error { code: ErrorCode::UnknownSupplier, id: Some(7), .. })),
+        "a renter is not a supplier: {answers:?}"
+    );
+}

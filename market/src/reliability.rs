@@ -1,0 +1,218 @@
+//! Reliability records and scores of suppliers and their hosts, from
+//! journaled facts only, so the exchange, a replay and `gpux-audit` compute
+//! the same figures (docs/market-rules.md "Reliability score").
+//!
+//! A record keeps one bucket per UTC day of exchange time, the last
+//! [`SCORE_WINDOW_DAYS`] days only: its size does not grow with history.
+//! Facts counted, each on the day it happened:
+//! - a lease's billing close: its leased and verified GPU-milliseconds;
+//! - a failed delivery (a reserved window whose GPU was not there at its
+//!   start, or a lease ended `delivery_failed`);
+//! - a refused usage report, by code.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use gpux_engine::{AccountId, Engine, Event, EventKind, HostId, LeaseEndReason, LeaseId};
+use gpux_protocol::UsageRejectCode;
+use serde::{Deserialize, Serialize};
+
+pub use gpux_protocol::HostReliability;
+
+/// Days a score looks back over (UTC days of exchange time, today included).
+pub const SCORE_WINDOW_DAYS: u64 = 30;
+/// A record with less than this many GPU-hours leased in the window (failed
+/// deliveries counted as leased) has no score yet.
+pub const SCORE_MIN_GPU_MS: u64 = 10 * MS_PER_HOUR;
+/// Each failed delivery counts as this many GPU-milliseconds leased and
+/// none delivered.
+pub const FAILED_DELIVERY_GPU_MS: u64 = MS_PER_HOUR;
+/// Taken off the score (in basis points) for each refused report whose code
+/// an honest agent never produces (`forged`, `replayed`).
+pub const DISHONEST_REPORT_PENALTY_BPS: u32 = 100;
+
+const MS_PER_HOUR: u64 = 3_600_000;
+const MS_PER_DAY: u64 = 24 * MS_PER_HOUR;
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Day {
+    day: u64,
+    leased_gpu_ms: u64,
+    verified_gpu_ms: u64,
+    leases_closed: u32,
+    failed_deliveries: u32,
+    /// Refused reports by code (few, and none from an honest agent).
+    refused: Vec<(UsageRejectCode, u32)>,
+}
+
+impl Day {
+    fn refuse(&mut self, code: UsageRejectCode) {
+        match self.refused.iter_mut().find(|(c, _)| *c == code) {
+            Some((_, count)) => *count += 1,
+            None => self.refused.push((code, 1)),
+        }
+    }
+}
+
+/// One supplier's or one host's days.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    days: VecDeque<Day>,
+}
+
+impl Record {
+    fn today(&mut self, at_ms: u64) -> &mut Day {
+        let day = at_ms / MS_PER_DAY;
+        if self.days.back().is_none_or(|last| last.day < day) {
+            self.days.push_back(Day { day, ..Day::default() });
+        }
+        while self.days.front().is_some_and(|first| first.day + SCORE_WINDOW_DAYS <= day) {
+            self.days.pop_front();
+        }
+        // Entries come in time order, so the newest bucket is today's.
+        self.days.back_mut().expect("pushed above")
+    }
+
+    /// The record's figures over the window that ends on `now_ms`'s day.
+    pub fn summary(&self, now_ms: u64) -> Summary {
+        let today = now_ms / MS_PER_DAY;
+        let mut summary = Summary::default();
+        for day in self.days.iter().filter(|d| d.day + SCORE_WINDOW_DAYS > today && d.day <= today) {
+            summary.leased_gpu_ms += day.leased_gpu_ms;
+            summary.verified_gpu_ms += day.verified_gpu_ms;
+            summary.leases_closed += day.leases_closed;
+            summary.failed_deliveries += day.failed_deliveries;
+            for (code, count) in &day.refused {
+                *summary.refused_reports.entry(*code).or_default() += count;
+            }
+        }
+        summary.score_bps = score(&summary);
+        summary
+    }
+}
+
+/// A record's figures over the score window (the wire type).
+pub use gpux_protocol::ReliabilityRecord as Summary;
+
+/// `verified / (leased + failed deliveries x FAILED_DELIVERY_GPU_MS)` in
+/// basis points (verified capped at leased), less
+/// [`DISHONEST_REPORT_PENALTY_BPS`] per forged or replayed report, at
+/// least 0, rounded down; `None` below [`SCORE_MIN_GPU_MS`].
+pub fn score(summary: &Summary) -> Option<u32> {
+    let expected = summary.leased_gpu_ms + summary.failed_deliveries as u64 * FAILED_DELIVERY_GPU_MS;
+    if expected < SCORE_MIN_GPU_MS {
+        return None;
+    }
+    let availability_bps = (summary.verified_gpu_ms.min(summary.leased_gpu_ms) as u128 * 10_000 / expected as u128) as u32;
+    let dishonest: u32 = [UsageRejectCode::Forged, UsageRejectCode::Replayed]
+        .iter()
+        .map(|code| summary.refused_reports.get(code).copied().unwrap_or(0))
+        .sum();
+    Some(availability_bps.saturating_sub(dishonest.saturating_mul(DISHONEST_REPORT_PENALTY_BPS)))
+}
+
+/// Every supplier's and host's record.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reliability {
+    suppliers: BTreeMap<AccountId, Record>,
+    hosts: BTreeMap<HostId, Record>,
+}
+
+impl Reliability {
+    /// Counts the facts among one entry's events. Called by the market's
+    /// apply before leases are archived, so each lease is still known.
+    pub(crate) fn observe(&mut self, engine: &Engine, events: &[Event]) {
+        for event in events {
+            match event.kind {
+                EventKind::LeaseBillingClosed { lease, leased_gpu_ms, verified_gpu_ms, .. } => {
+                    self.count(engine, lease, event.at_ms, |day| {
+                        day.leased_gpu_ms += leased_gpu_ms;
+                        day.verified_gpu_ms += verified_gpu_ms;
+                        day.leases_closed += 1;
+                    });
+                }
+                EventKind::LeaseEnded { lease, reason: LeaseEndReason::DeliveryFailed } => {
+                    self.count(engine, lease, event.at_ms, |day| day.failed_deliveries += 1);
+                }
+                EventKind::DeliveryFailed { supplier, gpu, .. } => {
+                    self.suppliers.entry(supplier).or_default().today(event.at_ms).failed_deliveries += 1;
+                    if let Some(host) = engine.gpu(gpu).map(|g| g.host) {
+                        self.hosts.entry(host).or_default().today(event.at_ms).failed_deliveries += 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// A refused usage report of `reporter` about `lease`. A report about a
+    /// lease that is not the reporter's (unknown, another host's) is not
+    /// counted: it says nothing about the reporter's own supply, and counting
+    /// it would let anyone lower a supplier's host score.
+    pub(crate) fn refused(&mut self, engine: &Engine, reporter: AccountId, lease: LeaseId, code: UsageRejectCode, at_ms: u64) {
+        let Some(info) = engine.lease(lease).filter(|l| l.supplier == reporter) else { return };
+        self.suppliers.entry(reporter).or_default().today(at_ms).refuse(code);
+        if let Some(host) = info.gpus.first().and_then(|g| engine.gpu(*g)).map(|g| g.host) {
+            self.hosts.entry(host).or_default().today(at_ms).refuse(code);
+        }
+    }
+
+    fn count(&mut self, engine: &Engine, lease: LeaseId, at_ms: u64, add: impl Fn(&mut Day)) {
+        let Some(info) = engine.lease(lease) else { return };
+        add(self.suppliers.entry(info.supplier).or_default().today(at_ms));
+        if let Some(host) = info.gpus.first().and_then(|g| engine.gpu(*g)).map(|g| g.host) {
+            add(self.hosts.entry(host).or_default().today(at_ms));
+        }
+    }
+
+    pub fn supplier(&self, supplier: AccountId, now_ms: u64) -> Summary {
+        self.suppliers.get(&supplier).map(|r| r.summary(now_ms)).unwrap_or_default()
+    }
+
+    pub fn host(&self, host: HostId, now_ms: u64) -> Summary {
+        self.hosts.get(&host).map(|r| r.summary(now_ms)).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(leased_h: u64, verified_h: u64, failed: u32, forged: u32) -> Summary {
+        let mut summary = Summary {
+            leased_gpu_ms: leased_h * MS_PER_HOUR,
+            verified_gpu_ms: verified_h * MS_PER_HOUR,
+            failed_deliveries: failed,
+            ..Summary::default()
+        };
+        if forged > 0 {
+            summary.refused_reports.insert(UsageRejectCode::Forged, forged);
+        }
+        summary
+    }
+
+    #[test]
+    fn the_score_follows_the_formula() {
+        assert_eq!(score(&summary(9, 9, 0, 0)), None, "below the minimum history");
+        assert_eq!(score(&summary(9, 9, 1, 0)), Some(9_000), "a failed delivery counts as an hour leased, none delivered");
+        assert_eq!(score(&summary(100, 99, 0, 0)), Some(9_900));
+        assert_eq!(score(&summary(100, 99, 0, 3)), Some(9_600), "100 bps per forged report");
+        assert_eq!(score(&summary(10, 1, 0, 200)), Some(0), "never below zero");
+        assert_eq!(score(&summary(10, 20, 0, 0)), Some(10_000), "verified above leased is capped");
+    }
+
+    #[test]
+    fn a_record_keeps_the_window_only() {
+        let mut record = Record::default();
+        for day in 0..100 {
+            let bucket = record.today(day * MS_PER_DAY + 5);
+            bucket.leased_gpu_ms += MS_PER_HOUR;
+            bucket.verified_gpu_ms += MS_PER_HOUR / 2;
+        }
+        assert_eq!(record.days.len() as u64, SCORE_WINDOW_DAYS);
+        let now = 99 * MS_PER_DAY + 7;
+        assert_eq!(record.summary(now).leased_gpu_ms, SCORE_WINDOW_DAYS * MS_PER_HOUR);
+        assert_eq!(record.summary(now).score_bps, Some(5_000));
+        // Days later, with nothing new, the old days fall out of the window.
+        assert_eq!(record.summary(now + 25 * MS_PER_DAY).leased_gpu_ms, 5 * MS_PER_HOUR);
+        assert_eq!(record.summary(now + 25 * MS_PER_DAY).score_bps, None, "too little history left");
+    }
+}
