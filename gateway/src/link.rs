@@ -171,7 +171,9 @@ pub enum Request {
         connection: ConnectionId,
         id: u64,
         command: Command,
-        workload: Box<gpux_protocol::Workload>,
+        workload: Option<Box<gpux_protocol::Workload>>,
+        /// Replace a lease this bid fills if its host fails it.
+        rematch: bool,
     },
     /// Lease delivery: workloads, host keys, statuses, logs.
     Delivery {

@@ -50,6 +50,12 @@ pub enum JournalEntry {
         lease: LeaseId,
         state: DeliveryState,
     },
+    /// A spot bid opted in to re-match; the bid's own `Engine` entry follows
+    /// it directly (after its `BidWorkload`, if it has one).
+    BidRematch {
+        account: AccountId,
+        client_order_id: u64,
+    },
 }
 
 impl JournalEntry {
@@ -61,7 +67,8 @@ impl JournalEntry {
             JournalEntry::BindKey { .. }
             | JournalEntry::BidWorkload { .. }
             | JournalEntry::LeaseWorkload { .. }
-            | JournalEntry::EncryptionKey { .. } => None,
+            | JournalEntry::EncryptionKey { .. }
+            | JournalEntry::BidRematch { .. } => None,
         }
     }
 }

@@ -18,6 +18,7 @@
 pub mod delivery;
 pub mod entry;
 pub mod reliability;
+pub mod rematch;
 mod routing;
 pub mod stats;
 
@@ -151,6 +152,8 @@ pub struct MarketState {
     stats: RollingStats,
     /// Suppliers' and hosts' reliability records (the scores' facts).
     reliability: reliability::Reliability,
+    /// Spot bids and leases covered by re-match.
+    rematch: rematch::Rematch,
     clock_ms: u64,
 }
 
@@ -172,6 +175,7 @@ impl MarketState {
             trade_seq: BTreeMap::new(),
             stats: RollingStats::default(),
             reliability: reliability::Reliability::default(),
+            rematch: rematch::Rematch::default(),
             clock_ms: 0,
         }
     }
@@ -193,6 +197,7 @@ impl MarketState {
                 for info in self.engine.archive_leases(archive_by_ms) {
                     self.ledger.forget_lease(info.lease);
                     let delivery = self.deliveries.forget_lease(info.lease);
+                    self.rematch.forget_lease(info.lease);
                     applied.archived.leases.push(ArchivedLease { info, delivery });
                 }
                 // An expired window's contracts leave too (nothing queries them;
@@ -208,6 +213,21 @@ impl MarketState {
                     owed.push(Notice {
                         to: Audience::account(assigned.supplier),
                         message: ServerMessage::Workload { lease: assigned.lease, workload: assigned.workload },
+                    });
+                }
+                let rematched = self.rematch.observe(&applied.events);
+                applied.follow_up = rematched.replacement.map(Command::PlaceOrder);
+                for (failed, replacement, renter) in rematched.replaced {
+                    // The replacement takes over the failed lease's workload.
+                    let workload = self.deliveries.lease(failed).and_then(|d| d.workload.clone());
+                    let supplier = replacement.and_then(|lease| self.engine.lease(lease)).map(|l| l.supplier);
+                    if let (Some(lease), Some(supplier), Some(workload)) = (replacement, supplier, workload) {
+                        self.deliveries.set_lease_workload(lease, supplier, workload.clone());
+                        owed.push(Notice { to: Audience::account(supplier), message: ServerMessage::Workload { lease, workload } });
+                    }
+                    owed.push(Notice {
+                        to: Audience::account(renter),
+                        message: ServerMessage::LeaseReplaced { lease: failed, replacement },
                     });
                 }
             }
@@ -227,6 +247,7 @@ impl MarketState {
             JournalEntry::BidWorkload { account, client_order_id, workload } => {
                 self.deliveries.bid_workload(*account, *client_order_id, workload.clone())
             }
+            JournalEntry::BidRematch { account, client_order_id } => self.rematch.bid_rematch(*account, *client_order_id),
             JournalEntry::LeaseWorkload { account: _, lease, workload } => {
                 if let Some(supplier) = self.engine.lease(*lease).map(|l| l.supplier) {
                     self.deliveries.set_lease_workload(*lease, supplier, workload.clone());
@@ -416,7 +437,7 @@ impl MarketState {
         hasher.u64(self.engine.state_hash());
         let rest = (
             (&self.settlement, &self.ledger, &self.keys, &self.deliveries),
-            (&self.book_seq, &self.trade_seq, &self.stats, &self.reliability),
+            (&self.book_seq, &self.trade_seq, &self.stats, &self.reliability, &self.rematch),
         );
         hasher.bytes(&gpux_protocol::encode_record(&rest));
         hasher.finish()

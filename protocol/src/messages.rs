@@ -67,6 +67,10 @@ pub struct OrderTicket {
     pub duration: LeaseDuration,
     #[serde(default)]
     pub supply: Option<GpuSet>,
+    /// Spot bids: replace a lease this bid fills if its host fails it
+    /// (docs/market-rules.md "Re-match").
+    #[serde(default)]
+    pub rematch: bool,
 }
 
 fn default_order_type() -> OrderType {
@@ -99,6 +103,7 @@ impl OrderTicket {
             one_host: false,
             duration: default_duration(),
             supply: None,
+            rematch: false,
         }
     }
 
@@ -521,6 +526,12 @@ pub enum ServerMessage {
         state: Option<crate::delivery::DeliveryState>,
         at_ms: Option<u64>,
     },
+    /// A re-match: the lease `lease` failed on its host and `replacement`
+    /// (null: none could be found at its price) took over its workload.
+    LeaseReplaced {
+        lease: LeaseId,
+        replacement: Option<LeaseId>,
+    },
     /// Pushed to a lease's renter at every delivery status its host reports.
     Delivery {
         lease: LeaseId,
@@ -584,6 +595,7 @@ impl ServerMessage {
             | Pong { id, .. } => Some(*id),
             Error { id, .. } => *id,
             Challenge { .. }
+            | LeaseReplaced { .. }
             | BookSnapshot { .. }
             | BookUpdate { .. }
             | Trade { .. }
@@ -655,6 +667,8 @@ pub enum ErrorCode {
     HostUnreachable,
     /// Only a workload attached to a bid is accepted with a new order.
     WorkloadNotOnBid,
+    /// `rematch` is for spot bids only.
+    RematchNotOnSpotBid,
     /// `supplier_stats` for an account that does not exist or cannot supply.
     UnknownSupplier,
 }
@@ -712,6 +726,7 @@ impl ErrorCode {
             DeliveryStatusInvalid => "the delivery status breaks its bounds",
             HostUnreachable => "the lease's host is not connected or did not answer in time",
             WorkloadNotOnBid => "a workload goes with a bid (side buy) only",
+            RematchNotOnSpotBid => "rematch goes with a bid on a spot instrument only",
             UnknownSupplier => "no supplier account with this id",
         }
     }

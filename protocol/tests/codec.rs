@@ -21,6 +21,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         one_host: false,
         duration: LeaseDuration::UntilCancelled,
         supply: Some(GpuSet { host: HostId(3), gpu_mask: 0b11 }),
+        rematch: false,
     };
     vec![
         ClientMessage::Auth {

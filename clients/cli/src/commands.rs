@@ -349,6 +349,7 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
     };
     order.post_only = args.post_only;
     order.one_host = args.one_host;
+    order.rematch = args.rematch;
     order.duration = if args.until_cancelled { LeaseDuration::UntilCancelled } else { LeaseDuration::Hours(args.hours) };
     let (price, time_in_force) = (order.price_minor_per_gpu_hour, order.time_in_force);
     let id = s.connection.new_id();

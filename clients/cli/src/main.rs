@@ -97,6 +97,9 @@ pub struct OrderArgs {
     /// Gang bid: all GPUs on one host, in one fill.
     #[arg(long)]
     pub one_host: bool,
+    /// Spot bids: if a host fails a lease this bid fills, rent a replacement at no more than its price (docs/market-rules.md "Re-match").
+    #[arg(long)]
+    pub rematch: bool,
     /// Your id for the order (default: the current time in ms).
     #[arg(long)]
     pub client_id: Option<u64>,

@@ -45,6 +45,7 @@ class OrderTicket:
     self_trade_prevention: str = "cancel_newest"
     duration: Any = field(default_factory=lambda: {"hours": 1})  # or "until_cancelled"
     supply: Optional[dict] = None  # {"host": id, "gpu_mask": bits} on a GPU owner's ask
+    rematch: bool = False  # spot bids: replace a lease whose host fails it
 
     _next_id = [0]
 
@@ -69,6 +70,7 @@ class OrderTicket:
             "one_host": self.one_host,
             "duration": self.duration,
             "supply": self.supply,
+            "rematch": self.rematch,
         }
 
 

@@ -286,7 +286,19 @@ impl Engine {
         if !lease.active {
             return Err(RejectCode::LeaseNotActive);
         }
+        let (host, gpu_mask) = (lease.host, lease.gpu_mask);
         self.end_lease(lease_id, LeaseEndReason::DeliveryFailed);
+        // The host failed on these GPUs: they leave the market until it
+        // reports them online again, so no bid (a re-match above all) is
+        // filled on them again at once.
+        for bit in mask_bits(gpu_mask) {
+            let gpu = self.hosts[host.0 as usize].gpus[bit as usize];
+            if self.gpus[gpu.0 as usize].online {
+                self.gpus[gpu.0 as usize].online = false;
+                self.emit(EventKind::GpuStatusChanged { gpu, online: false });
+                self.withdraw_gpu_from_asks(gpu, ReduceReason::GpuOffline, true);
+            }
+        }
         Ok(())
     }
 

@@ -11,18 +11,28 @@ use super::{error, LogsWait, Pending, Sequencer, Target, LOGS_PENDING_MAX, LOGS_
 use gpux_gateway::link::{ConnectionId, DeliveryRequest, SharedFrame};
 
 impl Sequencer {
-    /// A bid carrying a workload: the workload is journaled right before the
-    /// bid, and every lease the bid fills receives it.
-    pub(super) fn bid(&mut self, connection: ConnectionId, id: u64, command: Command, workload: Box<Workload>) {
+    /// A bid carrying a workload, or opting in to re-match: each is journaled
+    /// right before the bid; every lease the bid fills receives the
+    /// workload, and is replaced if its host fails it.
+    pub(super) fn bid(&mut self, connection: ConnectionId, id: u64, command: Command, workload: Option<Box<Workload>>, rematch: bool) {
         let Command::PlaceOrder(order) = &command else { return };
-        if order.side != gpux_engine::Side::Buy {
-            self.reply(connection, error(Some(id), ErrorCode::WorkloadNotOnBid));
+        if order.side != gpux_engine::Side::Buy && workload.is_some() {
+            return self.reply(connection, error(Some(id), ErrorCode::WorkloadNotOnBid));
+        }
+        let spot = self.market.engine().instrument(order.instrument).is_some_and(|i| i.contract == gpux_engine::ContractKind::Spot);
+        if rematch && (order.side != gpux_engine::Side::Buy || !spot) {
+            return self.reply(connection, error(Some(id), ErrorCode::RematchNotOnSpotBid));
+        }
+        let (account, client_order_id) = (order.account, order.client_order_id);
+        if let Some(workload) = workload {
+            if self.journal(JournalEntry::BidWorkload { account, client_order_id, workload }).is_none() {
+                return;
+            }
+        }
+        if rematch && self.journal(JournalEntry::BidRematch { account, client_order_id }).is_none() {
             return;
         }
-        let entry = JournalEntry::BidWorkload { account: order.account, client_order_id: order.client_order_id, workload };
-        if self.journal(entry).is_some() {
-            self.apply_command(Some(connection), id, command);
-        }
+        self.apply_command(Some(connection), id, command);
     }
 
     pub(super) fn delivery(&mut self, connection: ConnectionId, id: u64, request: DeliveryRequest) {

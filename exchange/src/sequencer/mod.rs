@@ -206,7 +206,7 @@ impl Sequencer {
             Request::Statement { connection, id, after } => self.statement(connection, id, after),
             Request::Balance { connection, id } => self.balance(connection, id),
             Request::Disconnect { connection } => self.disconnect(connection),
-            Request::Bid { connection, id, command, workload } => self.bid(connection, id, command, workload),
+            Request::Bid { connection, id, command, workload, rematch } => self.bid(connection, id, command, workload, rematch),
             Request::Delivery { connection, id, request } => self.delivery(connection, id, request),
         }
     }

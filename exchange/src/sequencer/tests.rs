@@ -312,3 +312,103 @@ fn supplier_stats_are_public_and_count_a_closed_lease() {
         "a renter is not a supplier: {answers:?}"
     );
 }
+
+/// Re-match end to end: a spot bid that opted in fills on host a; the host
+/// fails it; the exchange ends the lease, takes its GPU off the market, and
+/// places the renter's fill-or-kill bid at the lease's price, which fills
+/// on host b; the new lease gets the workload and the renter hears of the
+/// replacement. With no other GPU left, the next failure says so.
+#[test]
+fn a_lease_whose_host_fails_it_is_replaced_on_another_host_with_its_workload() {
+    use gpux_engine::{GpuSet, GpuSpec, HostId, InstrumentId, LeaseDuration, NewOrder, Side};
+    use gpux_protocol::{FailureCode, Fault, Workload};
+    let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
+    let (mut sequencer, _) = recover(&journal, &snapshots);
+    let (operator, connect_operator) = Client::connect(1);
+    let (mut supplier, connect_supplier) = Client::connect(2);
+    let (mut renter, connect_renter) = Client::connect(3);
+    sequencer
+        .process(vec![
+            connect_operator,
+            operator.login(1, OPERATOR, None),
+            connect_supplier,
+            supplier.login(1, [2; 32], Some(Role::Supplier)),
+            connect_renter,
+            renter.login(1, [3; 32], Some(Role::Renter)),
+        ])
+        .expect("commits");
+    let (supplier_account, renter_account) = (supplier.account(), renter.account());
+    let command = |connection, id, command| Request::Command { connection, id, command };
+    let register = |host: &str, uuid: &str| Command::RegisterGpu {
+        account: supplier_account,
+        host: host.into(),
+        gpu_uuid: uuid.into(),
+        spec: GpuSpec::h100_sxm(),
+    };
+    let ask = |client_order_id, host| NewOrder {
+        supply: Some(GpuSet { host: HostId(host), gpu_mask: 1 }),
+        ..NewOrder::limit(supplier_account, client_order_id, InstrumentId(0), Side::Sell, 2_000_000, 1)
+    };
+    sequencer
+        .process(vec![
+            command(1, 2, Command::Deposit { account: renter_account, amount_minor: 100_000_000 }),
+            command(2, 2, register("a", "GPU-a")),
+            command(2, 3, register("b", "GPU-b")),
+            command(2, 4, Command::PlaceOrder(ask(1, 0))),
+            command(2, 5, Command::PlaceOrder(ask(2, 1))),
+        ])
+        .expect("commits");
+    let bid =
+        NewOrder { duration: LeaseDuration::Hours(2), ..NewOrder::limit(renter_account, 1, InstrumentId(0), Side::Buy, 2_500_000, 1) };
+    let workload = Box::new(Workload::image("docker.io/library/busybox:latest"));
+    sequencer
+        .process(vec![Request::Bid {
+            connection: 3,
+            id: 2,
+            command: Command::PlaceOrder(bid),
+            workload: Some(workload.clone()),
+            rematch: true,
+        }])
+        .expect("commits");
+    let leases = |sequencer: &Sequencer| sequencer.market.engine().leases_of(renter_account, 0, 10).0;
+    let first = leases(&sequencer)[0].clone();
+    assert_eq!(first.price_minor_per_gpu_hour, 2_000_000, "filled at the ask's price");
+    let host_of = |sequencer: &Sequencer, lease: &gpux_engine::LeaseInfo| sequencer.market.engine().gpu(lease.gpus[0]).map(|g| g.host);
+    assert_eq!(host_of(&sequencer, &first), Some(HostId(0)));
+    renter.received();
+    supplier.received();
+
+    let failed = DeliveryState::Failed { code: FailureCode::HostError, fault: Fault::Host, reason: "the container engine is down".into() };
+    let status = |id, lease| Request::Delivery { connection: 2, id, request: DeliveryRequest::Status { lease, state: failed.clone() } };
+    sequencer.process(vec![status(6, first.lease)]).expect("commits");
+    let now = leases(&sequencer);
+    let replacement = now.iter().find(|l| l.lease != first.lease).expect("a replacement lease").clone();
+    assert!(!now.iter().find(|l| l.lease == first.lease).expect("the failed lease").active);
+    assert_eq!(host_of(&sequencer, &replacement), Some(HostId(1)), "not on the host that failed");
+    assert_eq!((replacement.price_minor_per_gpu_hour, replacement.gpus.len()), (2_000_000, 1));
+    assert_eq!(sequencer.market.engine().gpu(first.gpus[0]).map(|g| g.online), Some(false), "the failed GPU left the market");
+    let to_renter = renter.received();
+    assert!(
+        to_renter.contains(&ServerMessage::LeaseReplaced { lease: first.lease, replacement: Some(replacement.lease) }),
+        "{to_renter:?}"
+    );
+    let to_supplier = supplier.received();
+    assert!(
+        to_supplier
+            .iter()
+            .any(|m| matches!(m, ServerMessage::Workload { lease, workload: w } if *lease == replacement.lease && *w == workload)),
+        "the replacement's host gets the workload: {to_supplier:?}"
+    );
+
+    // Host b fails it too: no GPU left at the price, and the renter is told.
+    sequencer.process(vec![status(7, replacement.lease)]).expect("commits");
+    assert_eq!(leases(&sequencer).len(), 2, "no third lease");
+    let to_renter = renter.received();
+    assert!(to_renter.contains(&ServerMessage::LeaseReplaced { lease: replacement.lease, replacement: None }), "{to_renter:?}");
+
+    // A replay of the journal reaches the same market.
+    let live = sequencer.market.state_hash();
+    drop(sequencer);
+    let (_, replayed) = recover(&journal, &MemorySnapshots::default());
+    assert_eq!(replayed.state_hash, live);
+}

@@ -1,0 +1,160 @@
+//! Re-match: a spot bid may ask the exchange to replace a lease whose host
+//! fails it (docs/market-rules.md "Re-match"). When such a lease ends
+//! `delivery_failed`, the market calls for a fill-or-kill bid by the renter
+//! in the same instrument, for the same GPUs (on one host if the lease was),
+//! at no more than the lease's price, for the lease's remaining hours; the
+//! lease it fills replaces the failed one, takes over its workload and may
+//! be replaced in turn.
+
+use std::collections::BTreeMap;
+
+use gpux_engine::{
+    AccountId, Event, EventKind, InstrumentId, LeaseDuration, LeaseEndReason, LeaseId, LeaseKind, NewOrder, OrderCloseReason, OrderId,
+    SelfTradePrevention, Side, TimeInForce,
+};
+use serde::{Deserialize, Serialize};
+
+/// Client order ids from here up are the exchange's own replacement bids
+/// (this plus the failed lease's id).
+pub const REPLACEMENT_CLIENT_ORDER_ID_BASE: u64 = 1 << 63;
+
+const MS_PER_HOUR: u64 = 3_600_000;
+
+/// A lease that is replaced if its host fails it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Covered {
+    renter: AccountId,
+    instrument: InstrumentId,
+    price: u64,
+    gpus: u32,
+    end_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rematch {
+    /// The opt-in journaled just before its bid's `place_order` entry.
+    pending_bid: Option<(AccountId, u64)>,
+    /// Open spot bids that opted in.
+    bids: BTreeMap<OrderId, ()>,
+    /// Leases covered, until they leave the hot state.
+    leases: BTreeMap<LeaseId, Covered>,
+    /// Replacement bids by their order id: the lease each replaces.
+    replacing: BTreeMap<OrderId, LeaseId>,
+}
+
+/// What re-match did with one entry's events.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// The replacement bid to place next (journaled as its own entry).
+    pub replacement: Option<NewOrder>,
+    /// `(failed lease, replacement lease or none, renter)`: a replacement
+    /// bid filled or was killed.
+    pub replaced: Vec<(LeaseId, Option<LeaseId>, AccountId)>,
+}
+
+impl Rematch {
+    /// A bid's opt-in, journaled right before the bid itself.
+    pub fn bid_rematch(&mut self, account: AccountId, client_order_id: u64) {
+        self.pending_bid = Some((account, client_order_id));
+    }
+
+    /// Follows one engine entry's events.
+    pub fn observe(&mut self, events: &[Event]) -> Outcome {
+        let mut outcome = Outcome::default();
+        let mut buy_order = None;
+        for event in events {
+            match event.kind {
+                EventKind::OrderAccepted { order, account, client_order_id, .. } => {
+                    if self.pending_bid == Some((account, client_order_id)) {
+                        self.pending_bid = None;
+                        self.bids.insert(order, ());
+                    }
+                    if client_order_id >= REPLACEMENT_CLIENT_ORDER_ID_BASE {
+                        let failed = LeaseId(client_order_id - REPLACEMENT_CLIENT_ORDER_ID_BASE);
+                        if self.leases.get(&failed).is_some_and(|c| c.renter == account) {
+                            self.replacing.insert(order, failed);
+                            self.bids.insert(order, ());
+                        }
+                    }
+                }
+                EventKind::Trade { buy_order: order, .. } => buy_order = Some(order),
+                EventKind::LeaseCreated {
+                    lease,
+                    kind: LeaseKind::Spot,
+                    instrument,
+                    renter,
+                    gpu_mask,
+                    price_minor_per_gpu_hour,
+                    end_ms,
+                    ..
+                } => {
+                    let Some(order) = buy_order.filter(|order| self.bids.contains_key(order)) else { continue };
+                    let gpus = gpu_mask.count_ones();
+                    self.leases.insert(lease, Covered { renter, instrument, price: price_minor_per_gpu_hour, gpus, end_ms });
+                    if let Some(failed) = self.replacing.remove(&order) {
+                        outcome.replaced.push((failed, Some(lease), renter));
+                    }
+                }
+                EventKind::OrderClosed { order, account, reason, .. } => {
+                    self.bids.remove(&order);
+                    if let Some(failed) = self.replacing.remove(&order) {
+                        // Filled: its lease was reported above. Anything else: no replacement.
+                        if reason != OrderCloseReason::Filled {
+                            outcome.replaced.push((failed, None, account));
+                        }
+                    }
+                }
+                // A replacement bid refused on admission (the renter's funds
+                // do not cover it, say): no replacement.
+                EventKind::Rejected { account: Some(account), client_order_id, .. }
+                    if client_order_id >= REPLACEMENT_CLIENT_ORDER_ID_BASE =>
+                {
+                    let failed = LeaseId(client_order_id - REPLACEMENT_CLIENT_ORDER_ID_BASE);
+                    if self.leases.get(&failed).is_some_and(|c| c.renter == account) {
+                        outcome.replaced.push((failed, None, account));
+                    }
+                }
+                EventKind::LeaseEnded { lease, reason: LeaseEndReason::DeliveryFailed } => {
+                    if let Some(covered) = self.leases.get(&lease) {
+                        outcome.replacement = Some(replacement_bid(lease, covered, event.at_ms));
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.pending_bid = None;
+        outcome
+    }
+
+    /// A lease left the hot state: nothing can fail it any more.
+    pub fn forget_lease(&mut self, lease: LeaseId) {
+        self.leases.remove(&lease);
+    }
+
+    /// Whether a lease is covered.
+    pub fn covers(&self, lease: LeaseId) -> bool {
+        self.leases.contains_key(&lease)
+    }
+}
+
+/// The renter's fill-or-kill bid for what the failed lease had left.
+fn replacement_bid(failed: LeaseId, covered: &Covered, now_ms: u64) -> NewOrder {
+    let duration = match covered.end_ms {
+        Some(end_ms) => LeaseDuration::Hours(end_ms.saturating_sub(now_ms).div_ceil(MS_PER_HOUR).max(1) as u32),
+        None => LeaseDuration::UntilCancelled,
+    };
+    NewOrder {
+        time_in_force: TimeInForce::Fok,
+        self_trade_prevention: SelfTradePrevention::CancelNewest,
+        one_host: covered.gpus > 1,
+        duration,
+        ..NewOrder::limit(
+            covered.renter,
+            REPLACEMENT_CLIENT_ORDER_ID_BASE + failed.0,
+            covered.instrument,
+            Side::Buy,
+            covered.price,
+            covered.gpus,
+        )
+    }
+}
