@@ -88,6 +88,8 @@ pub struct BillingStats {
 
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
+    /// Suppliers' reliability scores at the end (`None`: unrated), by kind.
+    pub scores: BTreeMap<String, Vec<Option<u32>>>,
     /// Indexed by hour of the run, then class index.
     pub hours: Vec<[HourSample; 4]>,
     /// Indexed by hour, then class, then kind (0 spot, 1 preemptible, 2 reserved).

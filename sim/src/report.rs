@@ -161,6 +161,7 @@ pub fn render(sim: &Sim) -> ReportFiles {
     billing_section(&mut md, m);
     revenue_section(&mut md, m);
     cheats_section(&mut md, m);
+    scores_section(&mut md, m);
     faults_section(&mut md, m);
     hot_state_section(&mut md, m);
     let files = vec![
@@ -360,6 +361,31 @@ fn cheats_section(md: &mut String, m: &Metrics) {
          still owed at the end ({}), which the supplier was paid regardless.",
         dollars(m.underpayer_debt_minor as u128)
     );
+}
+
+fn scores_section(md: &mut String, m: &Metrics) {
+    let _ = writeln!(
+        md,
+        "\n## Reliability scores\n\nEach supplier's public score at the end of the run (docs/market-rules.md \"Reliability score\": \
+         verified over leased time, failed deliveries, forged and replayed reports; unrated under 10 GPU-hours), grouped by what \
+         the simulator knows each supplier was. Cheats the exchange refuses outright move no money; the score is what renters see \
+         of them.\n\n| Supplier kind | Suppliers | Rated | Lowest | Median | Highest |\n|---|---|---|---|---|---|"
+    );
+    let percent = |bps: u32| format!("{}.{:02}%", bps / 100, bps % 100);
+    for (kind, scores) in &m.scores {
+        let mut rated: Vec<u32> = scores.iter().flatten().copied().collect();
+        rated.sort_unstable();
+        let cell = |value: Option<&u32>| value.map_or("-".to_string(), |bps| percent(*bps));
+        let _ = writeln!(
+            md,
+            "| {kind} | {} | {} | {} | {} | {} |",
+            scores.len(),
+            rated.len(),
+            cell(rated.first()),
+            cell(rated.get(rated.len() / 2)),
+            cell(rated.last())
+        );
+    }
 }
 
 fn faults_section(md: &mut String, m: &Metrics) {

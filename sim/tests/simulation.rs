@@ -35,6 +35,16 @@ fn a_small_market_with_cheaters_and_faults_keeps_every_invariant() {
     assert!(m.faults.crashes > 0 && m.faults.network_losses > 0 && m.faults.agents_stopped_reporting > 0);
     assert!(m.faults.honest_reports_refused.contains_key("FromFuture"), "skewed clocks were refused");
     assert!(m.faults.unbilled_late_gpu_ms > 0, "late reports cost their supplier");
+    // Scores separate suppliers that deliver from those that do not: every
+    // rated honest supplier whose agent worked scores above every rated one
+    // whose agent stopped reporting (it delivered, unverified, so unpaid).
+    let rated = |kind: &str| -> Vec<u32> { m.scores.get(kind).map(|s| s.iter().flatten().copied().collect()).unwrap_or_default() };
+    let (mut honest, silent) = (rated("honest"), rated("honest, agent stops reporting"));
+    honest.sort_unstable();
+    assert!(!honest.is_empty() && !silent.is_empty(), "both kinds rated: {:?}", m.scores);
+    let honest_median = honest[honest.len() / 2];
+    assert!(silent.iter().all(|s| *s < honest_median), "silent agents {silent:?} against an honest median of {honest_median}");
+    assert!(honest_median >= 9_000, "honest suppliers score high: {honest:?}");
     // The state's size is measured at the end of every day (docs/PERFORMANCE.md "Hot state").
     assert_eq!(m.hot_state_by_day.len(), m.preemptions_by_day.len());
     assert!(m.hot_state_by_day.iter().all(|state| state.engine > 0 && state.settlement > 0));

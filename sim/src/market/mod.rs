@@ -566,6 +566,24 @@ impl Sim {
         // An unfunded lease is caught when the engine ends it (or its bid was
         // refused); those still running at the end had funds enough so far.
         stats.caught = stats.attempts;
+        self.record_scores();
+    }
+
+    /// Every supplier's reliability score at the end of the run, by what the
+    /// simulator knows it was (the truth the exchange does not see).
+    fn record_scores(&mut self) {
+        let now_ms = self.exchange.market().clock_ms();
+        for (index, state) in self.suppliers.iter().enumerate() {
+            let model = &self.population.suppliers[index];
+            let kind = match (model.cheat, model.faults.stops_reporting, state.down.is_empty()) {
+                (Some(cheat), _, _) => format!("cheat: {}", cheat.label()),
+                (None, true, _) => "honest, agent stops reporting".to_string(),
+                (None, false, false) => "honest, host went down".to_string(),
+                (None, false, true) => "honest".to_string(),
+            };
+            let score = self.exchange.market().reliability().supplier(state.account, now_ms).score_bps;
+            self.metrics.scores.entry(kind).or_default().push(score);
+        }
     }
 
     /// The ledger balances: the sum of all accounts is zero and every
