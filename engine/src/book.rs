@@ -38,6 +38,8 @@ pub(crate) struct Order {
     /// Funds held per open GPU of a bid (limit price x hours).
     pub hold_per_gpu_minor: u64,
     pub expire_at_ms: Option<u64>,
+    /// A bid's minimum seller score (0: any seller).
+    pub min_supplier_score_bps: u32,
 }
 
 impl Order {
@@ -62,6 +64,7 @@ impl Order {
             supply: None,
             hold_per_gpu_minor: 0,
             expire_at_ms: None,
+            min_supplier_score_bps: 0,
         }
     }
 }

@@ -243,4 +243,13 @@ pub enum Command {
     },
     /// Only advances time (expiries, lease ends, window delivery).
     Tick,
+    /// A bid that trades only with sellers whose reliability score (kept
+    /// by the market, [`Engine::set_supplier_score`](crate::Engine::set_supplier_score))
+    /// is at least `min_supplier_score_bps`; unrated sellers do not
+    /// qualify. Sellers that do not are skipped and keep their place
+    /// (docs/market-rules.md "Bids that filter on reliability").
+    PlaceOrderFiltered {
+        order: NewOrder,
+        min_supplier_score_bps: u32,
+    },
 }

@@ -350,6 +350,8 @@ pub enum RejectCode {
     LeaseBillingClosed,
     FeeInvalid,
     BillingGraceInvalid,
+    /// A minimum supplier score on an ask, or above 10 000 basis points.
+    ScoreFilterInvalid,
 }
 
 impl RejectCode {
@@ -398,6 +400,7 @@ impl RejectCode {
             LeaseBillingClosed => "the lease's billing has closed; no more usage is billed",
             FeeInvalid => "the fee is above the exchange's maximum",
             BillingGraceInvalid => "the billing grace is above the maximum of one day",
+            ScoreFilterInvalid => "a minimum supplier score goes on a bid, from 1 to 10000 basis points",
         }
     }
 }

@@ -269,3 +269,63 @@ fn an_ask_arriving_at_a_better_price_trades_at_the_resting_bid_price() {
     let events = m.place(ask);
     assert_eq!(trades(&events), [(2_500_000, 1)]);
 }
+
+/// A bid with a minimum supplier score trades only with sellers the market
+/// rated at least that high: cheaper asks of others are skipped and keep
+/// their place; a resting filtered bid ignores an unqualified incoming ask
+/// and takes a qualified one; the filter goes on bids only.
+#[test]
+fn a_bid_with_a_minimum_score_skips_sellers_below_it() {
+    let (mut m, reliable, reliable_host, renter) = market();
+    let unrated = m.supplier();
+    let unrated_host = m.h100_host(unrated, "unrated-host", 4);
+    let low = m.supplier();
+    let low_host = m.h100_host(low, "low-host", 4);
+    m.engine.set_supplier_score(reliable, Some(9_950));
+    m.engine.set_supplier_score(low, Some(9_000));
+    m.engine.set_supplier_score(unrated, None);
+    let cheap_unrated = m.ask(unrated, unrated_host, 0b1, H100_SPOT, 1_800_000);
+    let cheap_low = m.ask(low, low_host, 0b1, H100_SPOT, 1_900_000);
+    m.ask(reliable, reliable_host, 0b1, H100_SPOT, USD_2);
+
+    let filtered = |m: &mut Market, price, quantity| {
+        let order = m.order(renter, H100_SPOT, Side::Buy, price, quantity);
+        m.apply(Command::PlaceOrderFiltered { order, min_supplier_score_bps: 9_900 })
+    };
+    let events = filtered(&mut m, USD_2, 1);
+    assert_eq!(trades(&events), [(USD_2, 1)], "only the reliable seller's dearer ask");
+    assert!(m.engine.order(cheap_unrated).is_some() && m.engine.order(cheap_low).is_some(), "skipped asks keep resting");
+    // An unfiltered bid takes the cheapest, as always.
+    let (_, events) = m.bid(renter, H100_SPOT, USD_2, 1);
+    assert_eq!(trades(&events), [(1_800_000, 1)]);
+
+    // A filtered bid rests: the low seller's new ask does not fill it, the reliable one's does.
+    let events = filtered(&mut m, 2_100_000, 1);
+    let resting = accepted(&events).expect("accepted");
+    assert!(trades(&events).is_empty(), "the low-scored ask at 1.90 does not qualify");
+    let low_host_2 = m.h100_host(low, "low-host-2", 1);
+    m.ask(low, low_host_2, 0b1, H100_SPOT, 2_000_000);
+    assert!(m.engine.order(resting).is_some(), "still resting");
+    m.engine.set_supplier_score(low, Some(9_900));
+    let low_host_3 = m.h100_host(low, "low-host-3", 1);
+    let mut ask = m.order(low, H100_SPOT, Side::Sell, 2_000_000, 1);
+    ask.supply = Some(GpuSet { host: low_host_3, gpu_mask: 0b1 });
+    assert_eq!(trades(&m.place(ask)), [(2_100_000, 1)], "a score raised to the minimum qualifies");
+
+    // A fill-or-kill filtered bid counts qualified sellers only.
+    let mut fok = m.order(renter, H100_SPOT, Side::Buy, USD_2, 2);
+    fok.time_in_force = TimeInForce::Fok;
+    m.engine.set_supplier_score(low, Some(9_000));
+    let events = m.apply(Command::PlaceOrderFiltered { order: fok, min_supplier_score_bps: 9_900 });
+    assert!(trades(&events).is_empty());
+    assert_eq!(closed(&events, accepted(&events).expect("accepted")), Some(OrderCloseReason::Killed));
+
+    // On an ask, or outside 1..=10 000: refused.
+    let mut ask = m.order(reliable, H100_SPOT, Side::Sell, USD_2, 1);
+    ask.supply = Some(GpuSet { host: reliable_host, gpu_mask: 0b10 });
+    let refused = m.apply(Command::PlaceOrderFiltered { order: ask, min_supplier_score_bps: 9_000 });
+    assert_eq!(rejection(&refused), Some(RejectCode::ScoreFilterInvalid));
+    let bid = m.order(renter, H100_SPOT, Side::Buy, USD_2, 1);
+    let refused = m.apply(Command::PlaceOrderFiltered { order: bid, min_supplier_score_bps: 10_001 });
+    assert_eq!(rejection(&refused), Some(RejectCode::ScoreFilterInvalid));
+}

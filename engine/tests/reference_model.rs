@@ -4,7 +4,9 @@
 //! linear scans. Every ask sits on a fresh host of its own, so GPU
 //! eligibility never interferes and the engine must behave as a plain
 //! price-time limit order book, with all of its order types and self-trade
-//! prevention modes.
+//! prevention modes. Traders have fixed reliability scores (one unrated),
+//! and some bids ask for a minimum: the model skips makers that do not
+//! qualify, as the rulebook says.
 
 mod common;
 
@@ -26,6 +28,16 @@ struct Placement {
     post_only: bool,
     /// 0: cancel newest; 1: cancel oldest; 2: decrement.
     stp: u8,
+    /// Bids: 0 (any seller) or a minimum seller score.
+    min_score: u32,
+}
+
+/// Each trader's score as the market would have set it (`None`: unrated).
+const SCORES: [Option<u32>; 3] = [Some(9_950), None, Some(9_000)];
+
+/// Whether `bid` may trade with a sell of `seller`.
+fn qualifies(bid_min_score: u32, seller: usize) -> bool {
+    bid_min_score == 0 || SCORES[seller].is_some_and(|score| score >= bid_min_score)
 }
 
 #[derive(Clone, Debug)]
@@ -37,8 +49,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0..3usize, any::<bool>(), 0..8u64, 1..5u32, 0..4u8, prop::bool::weighted(0.15), 0..3u8).prop_map(
-            |(trader, buy, ticks, quantity, tif, post_only, stp)| Op::Place(Placement {
+        6 => (0..3usize, any::<bool>(), 0..8u64, 1..5u32, 0..4u8, prop::bool::weighted(0.15), 0..3u8, prop::sample::select(vec![0u32, 0, 9_000, 9_500])).prop_map(
+            |(trader, buy, ticks, quantity, tif, post_only, stp, min_score)| Op::Place(Placement {
                 trader,
                 side: if buy { Side::Buy } else { Side::Sell },
                 ticks,
@@ -46,6 +58,7 @@ fn op() -> impl Strategy<Value = Op> {
                 tif,
                 post_only,
                 stp,
+                min_score: if buy { min_score } else { 0 },
             })
         ),
         2 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
@@ -62,6 +75,7 @@ struct RefOrder {
     quantity: u32,
     priority: u64,
     post_only: bool,
+    min_score: u32,
 }
 
 /// The obviously-correct book: a vector of resting orders, best maker found by scanning.
@@ -95,13 +109,23 @@ impl Reference {
         indices
     }
 
+    /// Whether `taker` and `maker` (of different traders) may trade.
+    fn may_trade(taker: &RefOrder, maker: &RefOrder) -> bool {
+        match taker.side {
+            Side::Buy => qualifies(taker.min_score, maker.trader),
+            Side::Sell => qualifies(maker.min_score, taker.trader),
+        }
+    }
+
     fn fillable(&self, taker: &RefOrder) -> u32 {
         let mut found = 0;
         for index in self.makers(taker.side, taker.price) {
             if self.resting[index].trader == taker.trader {
                 break;
             }
-            found += self.resting[index].quantity;
+            if Self::may_trade(taker, &self.resting[index]) {
+                found += self.resting[index].quantity;
+            }
         }
         found
     }
@@ -112,7 +136,11 @@ impl Reference {
             if taker.quantity == 0 {
                 return;
             }
-            let Some(&index) = self.makers(taker.side, taker.price).first() else { break };
+            // The first maker that is the taker's own (self-trade prevention
+            // applies) or may trade with it; others are skipped.
+            let makers = self.makers(taker.side, taker.price);
+            let eligible = makers.iter().find(|&&i| self.resting[i].trader == taker.trader || Self::may_trade(&taker, &self.resting[i]));
+            let Some(&index) = eligible else { break };
             let maker = self.resting[index].clone();
             if maker.trader == taker.trader {
                 match stp {
@@ -178,12 +206,15 @@ impl Harness {
                 market.apply(Command::Deposit { account, amount_minor: 1 << 50 });
                 account
             })
-            .collect();
+            .collect::<Vec<_>>();
+        for (trader, score) in traders.iter().zip(SCORES) {
+            market.engine.set_supplier_score(*trader, score);
+        }
         Harness { market, reference: Reference::default(), traders, placed: Vec::new(), hosts_made: 0, stp_by_key: Vec::new() }
     }
 
     fn place(&mut self, placement: Placement) {
-        let Placement { trader, side, ticks, quantity, tif, post_only, stp } = placement;
+        let Placement { trader, side, ticks, quantity, tif, post_only, stp, min_score } = placement;
         let key = self.placed.len();
         let price = BASE + ticks * TICK;
         let account = self.traders[trader];
@@ -201,11 +232,14 @@ impl Harness {
             let host = self.market.h100_host(account, &format!("h{}", self.hosts_made), quantity);
             order.supply = Some(GpuSet { host, gpu_mask: (1u64 << quantity) - 1 });
         }
-        let events = self.market.place(order.clone());
+        let events = match min_score {
+            0 => self.market.place(order.clone()),
+            min_supplier_score_bps => self.market.apply(Command::PlaceOrderFiltered { order: order.clone(), min_supplier_score_bps }),
+        };
         self.placed.push(accepted(&events));
         self.stp_by_key.push(stp);
 
-        let taker = RefOrder { key, trader, side, price, quantity, priority: self.reference.clock, post_only };
+        let taker = RefOrder { key, trader, side, price, quantity, priority: self.reference.clock, post_only, min_score };
         self.reference.clock += 1;
         let best_opposite = self.reference.makers(side, price).first().map(|&i| self.reference.resting[i].price);
         if post_only && tif < 2 && best_opposite.is_some() {

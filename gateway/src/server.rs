@@ -664,15 +664,13 @@ impl Connection {
             ClientMessage::UsageReport { id, report } => Request::Usage { connection, id, report: Box::new(report) },
             ClientMessage::Balance { id } => Request::Balance { connection, id },
             ClientMessage::Statement { id, after } => Request::Statement { connection, id, after },
-            ClientMessage::NewOrder { id, order, workload: None } if !order.rematch => {
-                command(id, Command::PlaceOrder(order.into_order(account)))
-            }
+            ClientMessage::NewOrder { id, order, workload: None } if !order.rematch => command(id, order.into_command(account)),
             ClientMessage::NewOrder { id, order, workload } => {
                 if let Some(Err(refused)) = workload.as_ref().map(|w| w.validate()) {
                     return vec![error(Some(id), refused.into(), Some(refused.to_string()))];
                 }
                 let rematch = order.rematch;
-                Request::Bid { connection, id, command: Command::PlaceOrder(order.into_order(account)), workload, rematch }
+                Request::Bid { connection, id, command: order.into_command(account), workload, rematch }
             }
             ClientMessage::SetWorkload { id, lease, workload } => {
                 if let Err(refused) = workload.validate() {

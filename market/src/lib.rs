@@ -154,6 +154,8 @@ pub struct MarketState {
     reliability: reliability::Reliability,
     /// Spot bids and leases covered by re-match.
     rematch: rematch::Rematch,
+    /// The UTC day the engine's supplier scores were last all refreshed.
+    scores_day: u64,
     clock_ms: u64,
 }
 
@@ -176,6 +178,7 @@ impl MarketState {
             stats: RollingStats::default(),
             reliability: reliability::Reliability::default(),
             rematch: rematch::Rematch::default(),
+            scores_day: 0,
             clock_ms: 0,
         }
     }
@@ -190,9 +193,18 @@ impl MarketState {
         let mut owed = Vec::new();
         match entry {
             JournalEntry::Engine(input) => {
+                // A new UTC day moves every score's window: the engine matches
+                // this entry's bids with today's scores.
+                let day = input.at_ms / reliability::MS_PER_DAY;
+                if day > self.scores_day {
+                    self.scores_day = day;
+                    let suppliers: Vec<AccountId> = self.reliability.suppliers().collect();
+                    self.refresh_scores(&suppliers, input.at_ms);
+                }
                 applied.events.extend_from_slice(self.engine.apply(input));
                 // Before archiving: the facts name leases still held.
-                self.reliability.observe(&self.engine, &applied.events);
+                let touched = self.reliability.observe(&self.engine, &applied.events);
+                self.refresh_scores(&touched, input.at_ms);
                 let archive_by_ms = input.at_ms.saturating_sub(LEASE_RETENTION_MS);
                 for info in self.engine.archive_leases(archive_by_ms) {
                     self.ledger.forget_lease(info.lease);
@@ -240,6 +252,7 @@ impl MarketState {
                 let (outcome, events) = settle_report(&mut self.engine, &mut self.settlement, &key, *at_ms, *account, report);
                 if let Err(code) = outcome {
                     self.reliability.refused(&self.engine, *account, report.body.lease, code, *at_ms);
+                    self.refresh_scores(&[*account], *at_ms);
                 }
                 applied.events = events;
                 applied.usage = Some(outcome);
@@ -413,6 +426,15 @@ impl MarketState {
         &self.reliability
     }
 
+    /// Hands the engine the current scores of `suppliers`, for bids that
+    /// filter on them.
+    fn refresh_scores(&mut self, suppliers: &[AccountId], now_ms: u64) {
+        for &supplier in suppliers {
+            let score = self.reliability.supplier(supplier, now_ms).score_bps;
+            self.engine.set_supplier_score(supplier, score);
+        }
+    }
+
     /// The newest exchange time seen.
     pub fn clock_ms(&self) -> u64 {
         self.clock_ms
@@ -437,7 +459,7 @@ impl MarketState {
         hasher.u64(self.engine.state_hash());
         let rest = (
             (&self.settlement, &self.ledger, &self.keys, &self.deliveries),
-            (&self.book_seq, &self.trade_seq, &self.stats, &self.reliability, &self.rematch),
+            (&self.book_seq, &self.trade_seq, &self.stats, &self.reliability, &self.rematch, self.scores_day),
         );
         hasher.bytes(&gpux_protocol::encode_record(&rest));
         hasher.finish()

@@ -31,7 +31,7 @@ pub const FAILED_DELIVERY_GPU_MS: u64 = MS_PER_HOUR;
 pub const DISHONEST_REPORT_PENALTY_BPS: u32 = 100;
 
 const MS_PER_HOUR: u64 = 3_600_000;
-const MS_PER_DAY: u64 = 24 * MS_PER_HOUR;
+pub(crate) const MS_PER_DAY: u64 = 24 * MS_PER_HOUR;
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct Day {
     day: u64,
@@ -119,10 +119,13 @@ pub struct Reliability {
 impl Reliability {
     /// Counts the facts among one entry's events. Called by the market's
     /// apply before leases are archived, so each lease is still known.
-    pub(crate) fn observe(&mut self, engine: &Engine, events: &[Event]) {
+    /// Returns the suppliers whose records changed.
+    pub(crate) fn observe(&mut self, engine: &Engine, events: &[Event]) -> Vec<AccountId> {
+        let mut touched = Vec::new();
         for event in events {
             match event.kind {
                 EventKind::LeaseBillingClosed { lease, leased_gpu_ms, verified_gpu_ms, .. } => {
+                    touched.extend(engine.lease(lease).map(|l| l.supplier));
                     self.count(engine, lease, event.at_ms, |day| {
                         day.leased_gpu_ms += leased_gpu_ms;
                         day.verified_gpu_ms += verified_gpu_ms;
@@ -130,9 +133,11 @@ impl Reliability {
                     });
                 }
                 EventKind::LeaseEnded { lease, reason: LeaseEndReason::DeliveryFailed } => {
+                    touched.extend(engine.lease(lease).map(|l| l.supplier));
                     self.count(engine, lease, event.at_ms, |day| day.failed_deliveries += 1);
                 }
                 EventKind::DeliveryFailed { supplier, gpu, .. } => {
+                    touched.push(supplier);
                     self.suppliers.entry(supplier).or_default().today(event.at_ms).failed_deliveries += 1;
                     if let Some(host) = engine.gpu(gpu).map(|g| g.host) {
                         self.hosts.entry(host).or_default().today(event.at_ms).failed_deliveries += 1;
@@ -141,6 +146,7 @@ impl Reliability {
                 _ => {}
             }
         }
+        touched
     }
 
     /// A refused usage report of `reporter` about `lease`. A report about a
@@ -165,6 +171,11 @@ impl Reliability {
 
     pub fn supplier(&self, supplier: AccountId, now_ms: u64) -> Summary {
         self.suppliers.get(&supplier).map(|r| r.summary(now_ms)).unwrap_or_default()
+    }
+
+    /// Suppliers with a record.
+    pub(crate) fn suppliers(&self) -> impl Iterator<Item = AccountId> + '_ {
+        self.suppliers.keys().copied()
     }
 
     pub fn host(&self, host: HostId, now_ms: u64) -> Summary {

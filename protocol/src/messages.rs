@@ -71,6 +71,11 @@ pub struct OrderTicket {
     /// (docs/market-rules.md "Re-match").
     #[serde(default)]
     pub rematch: bool,
+    /// Bids: trade only with sellers whose reliability score is at least
+    /// this (basis points, 1 to 10 000; 0: any seller). docs/market-rules.md
+    /// "Bids that filter on reliability".
+    #[serde(default)]
+    pub min_supplier_score_bps: u32,
 }
 
 fn default_order_type() -> OrderType {
@@ -104,6 +109,15 @@ impl OrderTicket {
             duration: default_duration(),
             supply: None,
             rematch: false,
+            min_supplier_score_bps: 0,
+        }
+    }
+
+    /// The engine command this ticket places for `account`.
+    pub fn into_command(self, account: AccountId) -> gpux_engine::Command {
+        match self.min_supplier_score_bps {
+            0 => gpux_engine::Command::PlaceOrder(self.into_order(account)),
+            min_supplier_score_bps => gpux_engine::Command::PlaceOrderFiltered { order: self.into_order(account), min_supplier_score_bps },
         }
     }
 

@@ -22,6 +22,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         duration: LeaseDuration::UntilCancelled,
         supply: Some(GpuSet { host: HostId(3), gpu_mask: 0b11 }),
         rematch: false,
+        min_supplier_score_bps: 9_900,
     };
     vec![
         ClientMessage::Auth {

@@ -16,6 +16,27 @@ use indicatif::ProgressBar;
 use crate::money::{dollars, parse_dollars};
 use crate::{keys, Cli, Command, Failure, KeysAction, OrderArgs, RoleArg, TifArg};
 
+/// "99.5" (percent, up to two decimals) as basis points (9950), 0.01 to 100.
+fn parse_percent_bps(text: &str) -> Result<u32, String> {
+    let refuse = || format!("--min-score takes a percent from 0.01 to 100 with at most two decimals, e.g. 99.5, not {text:?}");
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    if whole.is_empty()
+        || text.ends_with('.')
+        || fraction.len() > 2
+        || !whole.bytes().chain(fraction.bytes()).all(|b| b.is_ascii_digit())
+        || whole.len() > 3
+    {
+        return Err(refuse());
+    }
+    let whole: u32 = whole.parse().map_err(|_| refuse())?;
+    let fraction: u32 = format!("{fraction:0<2}").parse().map_err(|_| refuse())?;
+    let bps = whole * 100 + fraction;
+    if bps == 0 || bps > 10_000 {
+        return Err(refuse());
+    }
+    Ok(bps)
+}
+
 /// `gpux supplier N`: the score and what it is made of, then one line per host.
 async fn supplier_stats(s: &mut Session, supplier: AccountId, json: bool) -> Result<(), Failure> {
     let id = s.connection.new_id();
@@ -350,6 +371,9 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
     order.post_only = args.post_only;
     order.one_host = args.one_host;
     order.rematch = args.rematch;
+    if let Some(percent) = &args.min_score {
+        order.min_supplier_score_bps = parse_percent_bps(percent).map_err(Failure::Usage)?;
+    }
     order.duration = if args.until_cancelled { LeaseDuration::UntilCancelled } else { LeaseDuration::Hours(args.hours) };
     let (price, time_in_force) = (order.price_minor_per_gpu_hour, order.time_in_force);
     let id = s.connection.new_id();
@@ -576,5 +600,21 @@ fn role_name(role: Role) -> &'static str {
         Role::Supplier => "supplier",
         Role::Aggregator => "aggregator",
         Role::Operator => "operator",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_percent_bps;
+
+    #[test]
+    fn a_min_score_is_a_percent_with_two_decimals_at_most() {
+        assert_eq!(parse_percent_bps("99.5"), Ok(9_950));
+        assert_eq!(parse_percent_bps("99.25"), Ok(9_925));
+        assert_eq!(parse_percent_bps("100"), Ok(10_000));
+        assert_eq!(parse_percent_bps("0.01"), Ok(1));
+        for bad in ["", "0", "100.01", "99.999", "-1", "1e2", ".5", "99.", "1000"] {
+            assert!(parse_percent_bps(bad).is_err(), "{bad:?}");
+        }
     }
 }

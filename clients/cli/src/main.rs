@@ -100,6 +100,9 @@ pub struct OrderArgs {
     /// Spot bids: if a host fails a lease this bid fills, rent a replacement at no more than its price (docs/market-rules.md "Re-match").
     #[arg(long)]
     pub rematch: bool,
+    /// Bids: trade only with suppliers whose reliability score is at least this percent, e.g. 99.5 (see `gpux supplier`).
+    #[arg(long)]
+    pub min_score: Option<String>,
     /// Your id for the order (default: the current time in ms).
     #[arg(long)]
     pub client_id: Option<u64>,

@@ -46,6 +46,7 @@ class OrderTicket:
     duration: Any = field(default_factory=lambda: {"hours": 1})  # or "until_cancelled"
     supply: Optional[dict] = None  # {"host": id, "gpu_mask": bits} on a GPU owner's ask
     rematch: bool = False  # spot bids: replace a lease whose host fails it
+    min_supplier_score_bps: int = 0  # bids: only sellers scoring at least this (1-10000; 0: any)
 
     _next_id = [0]
 
@@ -71,6 +72,7 @@ class OrderTicket:
             "duration": self.duration,
             "supply": self.supply,
             "rematch": self.rematch,
+            "min_supplier_score_bps": self.min_supplier_score_bps,
         }
 
 

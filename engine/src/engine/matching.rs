@@ -106,6 +106,10 @@ impl Engine {
 
     /// How many GPUs `sell` can deliver to `buy` now, and which (for a GPU-backed ask).
     fn fill_capacity(&self, buy: &Order, sell: &Order) -> (u32, u64) {
+        // A bid that asks for reliable sellers skips the others (they keep their place).
+        if buy.min_supplier_score_bps > 0 && self.supplier_scores.get(&sell.account).is_none_or(|s| *s < buy.min_supplier_score_bps) {
+            return (0, 0);
+        }
         let Some(set) = sell.supply else {
             // A resale of contracts: any quantity, but never a gang bid's one host.
             return if buy.one_host { (0, 0) } else { (sell.quantity, 0) };

@@ -301,6 +301,9 @@ pub struct Engine {
     /// Expired windows whose contracts left, oldest first: retired whole
     /// once old enough and without held leases.
     pub(crate) retiring_windows: VecDeque<(u64, InstrumentId)>,
+    /// Sellers' reliability scores (rated ones only), set by the market;
+    /// bids with a minimum score match only sellers at or above it.
+    pub(crate) supplier_scores: BTreeMap<AccountId, u32>,
     /// Pending timers in firing order. A B-tree rather than a binary heap:
     /// it grows a node at a time, where a heap doubles and copies itself.
     pub(crate) timers: BTreeSet<Timer>,
@@ -337,6 +340,7 @@ impl Engine {
             contracts: ChunkedVec::default(),
             expired_windows: VecDeque::new(),
             retiring_windows: VecDeque::new(),
+            supplier_scores: BTreeMap::new(),
             timers: BTreeSet::new(),
             timer_seq: 0,
             calendar: vec![CalendarCursor::default(); config.classes.len()],
@@ -381,7 +385,14 @@ impl Engine {
             Command::SetBillingGrace { grace_ms } => self.set_billing_grace(*grace_ms),
             Command::RegisterGpu { account, host, gpu_uuid, spec } => self.register_gpu(*account, host, gpu_uuid, spec),
             Command::SetGpuOnline { account, gpu, online } => self.set_gpu_online(*account, *gpu, *online),
-            Command::PlaceOrder(order) => self.place_order(order),
+            Command::PlaceOrder(order) => self.place_order(order, 0),
+            Command::PlaceOrderFiltered { order, min_supplier_score_bps } => {
+                if order.side != Side::Buy || *min_supplier_score_bps == 0 || *min_supplier_score_bps > 10_000 {
+                    Err(RejectCode::ScoreFilterInvalid)
+                } else {
+                    self.place_order(order, *min_supplier_score_bps)
+                }
+            }
             Command::CancelOrder { account, order } => self.cancel_order(*account, *order),
             Command::ReplaceOrder { account, order, price_minor_per_gpu_hour, quantity } => {
                 self.replace_order(*account, *order, *price_minor_per_gpu_hour, *quantity)
@@ -688,6 +699,22 @@ impl Engine {
         retired
     }
 
+    /// Sets (or, with `None`: unrated, clears) a seller's reliability score,
+    /// which bids with a minimum score match against. The market calls this
+    /// in its apply path whenever a score may have changed, so live runs and
+    /// replays match the same way.
+    pub fn set_supplier_score(&mut self, account: AccountId, score_bps: Option<u32>) {
+        match score_bps {
+            Some(score) => self.supplier_scores.insert(account, score),
+            None => self.supplier_scores.remove(&account),
+        };
+    }
+
+    /// A seller's score as the engine matches with it (`None`: unrated).
+    pub fn supplier_score(&self, account: AccountId) -> Option<u32> {
+        self.supplier_scores.get(&account).copied()
+    }
+
     /// Contracts still held (not archived).
     pub fn contracts_held_total(&self) -> usize {
         self.contracts.live()
@@ -791,13 +818,13 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::MassCancel { account, .. }
         | Command::EndLease { account, .. }
         | Command::FailLeaseDelivery { account, .. } => Some(*account),
-        Command::PlaceOrder(order) => Some(order.account),
+        Command::PlaceOrder(order) | Command::PlaceOrderFiltered { order, .. } => Some(order.account),
     }
 }
 
 fn command_client_order_id(command: &Command) -> u64 {
     match command {
-        Command::PlaceOrder(order) => order.client_order_id,
+        Command::PlaceOrder(order) | Command::PlaceOrderFiltered { order, .. } => order.client_order_id,
         _ => 0,
     }
 }
@@ -858,7 +885,7 @@ impl Engine {
             h.bytes(format!("{index}{lease:?}").as_bytes());
         }
         h.bytes(format!("{:?}", self.billing_closed).as_bytes());
-        h.bytes(format!("{:?}{:?}", self.expired_windows, self.retiring_windows).as_bytes());
+        h.bytes(format!("{:?}{:?}{:?}", self.expired_windows, self.retiring_windows, self.supplier_scores).as_bytes());
         for contract in self.contracts.iter() {
             h.bytes(format!("{contract:?}").as_bytes());
         }

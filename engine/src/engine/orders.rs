@@ -19,7 +19,7 @@ struct Admission {
 }
 
 impl Engine {
-    pub(super) fn place_order(&mut self, new: &NewOrder) -> Checked<()> {
+    pub(super) fn place_order(&mut self, new: &NewOrder, min_supplier_score_bps: u32) -> Checked<()> {
         let admission = self.admit(new)?;
         let order = Order {
             instrument: new.instrument,
@@ -38,6 +38,7 @@ impl Engine {
                 TimeInForce::Gtt { expire_at_ms } => Some(expire_at_ms),
                 _ => None,
             },
+            min_supplier_score_bps,
             ..Order::vacant()
         };
         let id = self.orders.insert(order);

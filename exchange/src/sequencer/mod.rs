@@ -241,7 +241,7 @@ impl Sequencer {
     /// and answers the connection that sent it (if any).
     fn apply_command(&mut self, connection: Option<ConnectionId>, id: u64, command: Command) {
         self.metrics.commands.inc();
-        if matches!(command, Command::PlaceOrder(_)) {
+        if matches!(command, Command::PlaceOrder(_) | Command::PlaceOrderFiltered { .. }) {
             self.metrics.orders.inc();
         }
         let input = Input { at_ms: self.market.clock_ms(), command };
