@@ -12,6 +12,7 @@
 //! Modules depend in one direction: `record` <- `usage`, `delivery` <-
 //! `messages` <- `codec`.
 
+pub mod challenge;
 pub mod codec;
 pub mod delivery;
 pub mod messages;
