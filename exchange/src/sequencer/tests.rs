@@ -40,6 +40,26 @@ fn recover_at(journal: &MemoryJournal, snapshots: &MemorySnapshots, offset_ms: i
     .expect("recovers")
 }
 
+/// The operator (connection 1) logs in, and a new supplier (connection 2)
+/// and a new renter (connection 3) open their accounts. The operator's
+/// client is returned too: its connection's queue lives as long as it does.
+fn operator_supplier_and_renter(sequencer: &mut Sequencer) -> (Client, Client, Client) {
+    let (operator, connect_operator) = Client::connect(1);
+    let (supplier, connect_supplier) = Client::connect(2);
+    let (renter, connect_renter) = Client::connect(3);
+    sequencer
+        .process(vec![
+            connect_operator,
+            operator.login(1, OPERATOR, None),
+            connect_supplier,
+            supplier.login(1, [2; 32], Some(Role::Supplier)),
+            connect_renter,
+            renter.login(1, [3; 32], Some(Role::Renter)),
+        ])
+        .expect("commits");
+    (operator, supplier, renter)
+}
+
 /// A connection's end of its queue.
 struct Client {
     connection: ConnectionId,
@@ -170,19 +190,7 @@ fn an_archived_lease_is_still_listed_from_the_journals_archive() {
     const HOUR_MS: i64 = 3_600_000;
     let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
     let (mut sequencer, _) = recover(&journal, &snapshots);
-    let (operator, connect_operator) = Client::connect(1);
-    let (mut supplier, connect_supplier) = Client::connect(2);
-    let (mut renter, connect_renter) = Client::connect(3);
-    sequencer
-        .process(vec![
-            connect_operator,
-            operator.login(1, OPERATOR, None),
-            connect_supplier,
-            supplier.login(1, [2; 32], Some(Role::Supplier)),
-            connect_renter,
-            renter.login(1, [3; 32], Some(Role::Renter)),
-        ])
-        .expect("commits");
+    let (_operator, mut supplier, mut renter) = operator_supplier_and_renter(&mut sequencer);
     let (supplier_account, renter_account) = (supplier.account(), renter.account());
     let command = |connection, id, command| Request::Command { connection, id, command };
     let spot = InstrumentId(0);
@@ -258,19 +266,7 @@ fn supplier_stats_are_public_and_count_a_closed_lease() {
     use gpux_engine::{GpuSet, GpuSpec, HostId, InstrumentId, LeaseDuration, NewOrder, Side};
     let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
     let (mut sequencer, _) = recover(&journal, &snapshots);
-    let (operator, connect_operator) = Client::connect(1);
-    let (mut supplier, connect_supplier) = Client::connect(2);
-    let (mut renter, connect_renter) = Client::connect(3);
-    sequencer
-        .process(vec![
-            connect_operator,
-            operator.login(1, OPERATOR, None),
-            connect_supplier,
-            supplier.login(1, [2; 32], Some(Role::Supplier)),
-            connect_renter,
-            renter.login(1, [3; 32], Some(Role::Renter)),
-        ])
-        .expect("commits");
+    let (_operator, mut supplier, mut renter) = operator_supplier_and_renter(&mut sequencer);
     let (supplier_account, renter_account) = (supplier.account(), renter.account());
     let command = |connection, id, command| Request::Command { connection, id, command };
     let ask = NewOrder {
@@ -324,19 +320,7 @@ fn a_lease_whose_host_fails_it_is_replaced_on_another_host_with_its_workload() {
     use gpux_protocol::{FailureCode, Fault, Workload};
     let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
     let (mut sequencer, _) = recover(&journal, &snapshots);
-    let (operator, connect_operator) = Client::connect(1);
-    let (mut supplier, connect_supplier) = Client::connect(2);
-    let (mut renter, connect_renter) = Client::connect(3);
-    sequencer
-        .process(vec![
-            connect_operator,
-            operator.login(1, OPERATOR, None),
-            connect_supplier,
-            supplier.login(1, [2; 32], Some(Role::Supplier)),
-            connect_renter,
-            renter.login(1, [3; 32], Some(Role::Renter)),
-        ])
-        .expect("commits");
+    let (_operator, mut supplier, mut renter) = operator_supplier_and_renter(&mut sequencer);
     let (supplier_account, renter_account) = (supplier.account(), renter.account());
     let command = |connection, id, command| Request::Command { connection, id, command };
     let register = |host: &str, uuid: &str| Command::RegisterGpu {
