@@ -1,7 +1,8 @@
 // gpux web console: instruments, live books (ladder and depth chart),
 // trades with a price chart, the reserved-window calendar and, once logged
 // in with a key, the account's orders, leases (with each lease's delivery
-// status and endpoints), notices and statement.
+// status and endpoints, and its supplier's reliability score), notices and
+// statement.
 // Plain browser JavaScript over the documented WebSocket protocol
 // (docs/protocol.md): no framework, no build step, nothing fetched from
 // elsewhere at run time. The key never leaves the page: it signs the login
@@ -13,7 +14,7 @@ const state = {
   instruments: [], selected: null,
   book: { seq: 0, synced: false, bids: new Map(), asks: new Map() },
   trades: [], account: null, refreshTimer: null,
-  leases: [], deliveries: new Map(),
+  leases: [], deliveries: new Map(), scores: new Map(),
 };
 
 const $ = (id) => document.getElementById(id);
@@ -238,9 +239,16 @@ function describeDelivery(deliveryState) {
   return name;
 }
 
+// A supplier's score as people read it: "99.14%", or "unrated" under 10 GPU-hours.
+function describeScore(supplier) {
+  if (!state.scores.has(supplier)) return `supplier ${supplier}`;
+  const bps = state.scores.get(supplier);
+  return `supplier ${supplier} · ${bps === null ? "unrated" : (bps / 100).toFixed(2) + "%"}`;
+}
+
 function renderLeases() {
   $("leases").tBodies[0].innerHTML = state.leases
-    .map((l) => `<tr><td>${l.lease}</td><td>${l.kind}</td><td>${usd(l.price_minor_per_gpu_hour)}</td><td>${l.active}</td><td>${Math.floor(l.verified_gpu_ms / 1000)}</td><td>${usd(l.usage_charged_minor)}</td><td class="delivery">${esc(describeDelivery(state.deliveries.get(l.lease)))}</td></tr>`)
+    .map((l) => `<tr><td>${l.lease}</td><td>${l.kind}</td><td>${usd(l.price_minor_per_gpu_hour)}</td><td>${l.active}</td><td>${Math.floor(l.verified_gpu_ms / 1000)}</td><td>${usd(l.usage_charged_minor)}</td><td class="supplier">${describeScore(l.supplier)}</td><td class="delivery">${esc(describeDelivery(state.deliveries.get(l.lease)))}</td></tr>`)
     .join("");
 }
 
@@ -265,6 +273,11 @@ async function refreshAccount() {
   for (const l of state.leases.filter((l) => l.active && !state.deliveries.has(l.lease)).slice(0, 20)) {
     const { body: known } = await request("lease_delivery", { lease: l.lease });
     if (known.state !== null && !state.deliveries.has(l.lease)) state.deliveries.set(l.lease, known.state);
+  }
+  // Each supplier's reliability score (public; docs/market-rules.md "Reliability score").
+  for (const supplier of [...new Set(state.leases.map((l) => l.supplier))].slice(0, 20)) {
+    const { body: stats } = await request("supplier_stats", { supplier });
+    state.scores.set(supplier, stats.record.score_bps);
   }
   renderLeases();
   const { body: statement } = await request("statement", {});

@@ -188,6 +188,8 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
                 await browser.evaluate("document.querySelector('#login button').click()")
                 cell = "(document.querySelector('#leases td.delivery') || {}).textContent || ''"
                 await browser.wait_until(f"{cell}.includes('running 127.0.0.1:40123→8888')", what="the running lease's endpoint (queried at login)")
+                supplier_cell = "(document.querySelector('#leases td.supplier') || {}).textContent || ''"
+                await browser.wait_until(f"{supplier_cell}.includes('unrated')", what="the lease's supplier and its score")
 
                 hostile = "<img src=x onerror=\"document.title='owned'\">"
                 failed = {"failed": {"code": "host_error", "fault": "host", "reason": hostile}}
