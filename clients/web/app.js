@@ -1,4 +1,5 @@
-// gpux web console: instruments, live books (ladder and depth chart),
+// gpux web console: instruments, live books (ladder and depth chart), any
+// supplier's reliability score,
 // trades with a price chart, the reserved-window calendar and, once logged
 // in with a key, the account's orders, leases (with each lease's delivery
 // status and endpoints, and its supplier's reliability score), notices and
@@ -287,6 +288,30 @@ async function refreshAccount() {
     .map((s) => `<tr><td>${s.transfer}</td><td>${s.from}</td><td>${s.to}</td><td>${usd(s.amount_minor)}</td><td>${s.lease ?? ""}</td></tr>`)
     .join("");
 }
+
+// Any supplier's reliability (public, no login needed): its score and record,
+// then each host's.
+async function lookUpSupplier(supplier) {
+  const out = $("supplier-stats");
+  try {
+    const { body } = await request("supplier_stats", { supplier });
+    state.scores.set(supplier, body.record.score_bps);
+    const line = (r) => {
+      const score = r.score_bps === null ? "unrated" : (r.score_bps / 100).toFixed(2) + "%";
+      const hours = (ms) => (ms / 3.6e6).toFixed(1);
+      return `${score}: ${hours(r.verified_gpu_ms)} of ${hours(r.leased_gpu_ms)} GPU-h verified, ${r.leases_closed} leases, ${r.failed_deliveries} failed deliveries`;
+    };
+    const hosts = body.hosts.map((h) => `<li>${esc(h.host_name)}: ${line(h.record)}</li>`).join("");
+    out.innerHTML = `<p>supplier ${body.supplier}, last ${body.window_days} days: ${line(body.record)}</p><ul>${hosts}</ul>`;
+  } catch (error) {
+    out.textContent = error.message;
+  }
+}
+
+$("supplier-lookup").onsubmit = (event) => {
+  event.preventDefault();
+  lookUpSupplier(Number($("supplier-id").value));
+};
 
 $("login").onsubmit = (event) => {
   event.preventDefault();

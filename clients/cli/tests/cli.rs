@@ -266,11 +266,26 @@ fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
         printed.split("lease ").nth(1).and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()).expect("a lease").to_string();
     let endpoint = printed.lines().find_map(|l| l.trim().strip_prefix("port 8080 -> ")).expect("the endpoint printed").to_string();
     let (address, port) = endpoint.rsplit_once(':').expect("host:port");
-    let mut stream = std::net::TcpStream::connect((address, port.parse::<u16>().expect("port"))).expect("connect to the endpoint");
+    // `running` means the container started; the server in it may take a
+    // moment to listen (and podman's port forwarding to follow).
     use std::io::{Read, Write};
-    stream.write_all(b"GET / HTTP/1.0\r\n\r\n").expect("request");
-    let mut page = String::new();
-    stream.read_to_string(&mut page).expect("page");
+    let port = port.parse::<u16>().expect("port");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let page = loop {
+        let fetched = std::net::TcpStream::connect((address, port)).and_then(|mut stream| {
+            stream.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
+            let mut page = String::new();
+            stream.read_to_string(&mut page)?;
+            Ok(page)
+        });
+        match fetched {
+            Ok(page) if !page.is_empty() => break page,
+            other => {
+                assert!(std::time::Instant::now() < deadline, "the endpoint never served the page: {other:?}");
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        }
+    };
     assert!(page.contains("gpux delivery test page"), "{page}");
 
     let status = ok(gpux(&url, &key("renter"), &["lease", "status", &lease]));
