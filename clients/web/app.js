@@ -299,7 +299,8 @@ async function lookUpSupplier(supplier) {
     const line = (r) => {
       const score = r.score_bps === null ? "unrated" : (r.score_bps / 100).toFixed(2) + "%";
       const hours = (ms) => (ms / 3.6e6).toFixed(1);
-      return `${score}: ${hours(r.verified_gpu_ms)} of ${hours(r.leased_gpu_ms)} GPU-h verified, ${r.leases_closed} leases, ${r.failed_deliveries} failed deliveries`;
+      const challenges = `hardware challenges ${r.challenges_passed} passed, ${r.challenges_too_slow} too slow, ${r.challenges_failed} wrong, ${r.challenges_unanswered} unanswered`;
+      return `${score}: ${hours(r.verified_gpu_ms)} of ${hours(r.leased_gpu_ms)} GPU-h verified, ${r.leases_closed} leases, ${r.failed_deliveries} failed deliveries, ${challenges}`;
     };
     const hosts = body.hosts.map((h) => `<li>${esc(h.host_name)}: ${line(h.record)}</li>`).join("");
     out.innerHTML = `<p>supplier ${body.supplier}, last ${body.window_days} days: ${line(body.record)}</p><ul>${hosts}</ul>`;

@@ -40,6 +40,8 @@ pub(crate) struct Order {
     pub expire_at_ms: Option<u64>,
     /// A bid's minimum seller score (0: any seller).
     pub min_supplier_score_bps: u32,
+    /// A bid that trades with verified GPUs only.
+    pub verified_only: bool,
 }
 
 impl Order {
@@ -65,6 +67,7 @@ impl Order {
             hold_per_gpu_minor: 0,
             expire_at_ms: None,
             min_supplier_score_bps: 0,
+            verified_only: false,
         }
     }
 }

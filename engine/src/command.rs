@@ -252,4 +252,36 @@ pub enum Command {
         order: NewOrder,
         min_supplier_score_bps: u32,
     },
+    /// The market verified (or timed out) a GPU's answer to a hardware
+    /// challenge: the GPU keeps the classes whose minimum rate its answer
+    /// showed, is verified in them, or is rejected for a wrong answer
+    /// (docs/market-rules.md "Verified hardware"). Only the market issues
+    /// it (a follow-up of the challenge's journal entries), never a client.
+    RecordChallenge {
+        gpu: GpuId,
+        answer: ChallengeAnswer,
+    },
+    /// A bid that trades only with verified GPUs (and, when
+    /// `min_supplier_score_bps` is above 0, only with sellers rated at least
+    /// that): unverified GPUs are skipped as if not offered, and resold
+    /// contracts do not qualify (docs/market-rules.md "Bids that filter on
+    /// reliability").
+    PlaceOrderVerified {
+        order: NewOrder,
+        min_supplier_score_bps: u32,
+    },
+}
+
+/// How a GPU answered a hardware challenge, as the market checked it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChallengeAnswer {
+    /// The product verified; its commitment came `elapsed_ms` after the
+    /// challenge of side `n` was issued.
+    Correct { n: u32, elapsed_ms: u64 },
+    /// The answer did not verify: a wrong product, or a commitment the
+    /// opening does not match.
+    Wrong,
+    /// No verifiable answer before the challenge expired.
+    Unanswered,
 }

@@ -109,6 +109,37 @@ pub struct ClassSpec {
     /// points) a spot or reserved lease of this class is promised; below it
     /// the renter is credited (docs/market-rules.md, "SLA credits").
     pub sla_availability_bps: u32,
+    /// The hardware challenge a GPU of this class must pass to be verified
+    /// in it (docs/market-rules.md "Verified hardware"); `None`: GPUs of
+    /// the class are not challenged and never verified.
+    #[serde(default)]
+    pub challenge: Option<ChallengeSpec>,
+}
+
+/// A class's hardware challenge: multiply two seeded `n x n` matrices
+/// (`gpux_protocol::challenge`) and commit to the product within the time
+/// the class's minimum rate allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChallengeSpec {
+    /// The matrices' side (at most `limits::CHALLENGE_N_MAX`).
+    pub n: u32,
+    /// The least rate a GPU of the class must show, in MFLOP/s: the
+    /// challenge's `2 n^3` operations over the time from the challenge's
+    /// issue to its commitment's arrival (the round trip included).
+    pub min_mflops: u64,
+}
+
+impl ChallengeSpec {
+    /// The challenge's floating-point operations: `2 n^3`.
+    pub fn flops(&self) -> u64 {
+        2 * (self.n as u64).pow(3)
+    }
+
+    /// The rate a commitment `elapsed_ms` after the challenge shows, MFLOP/s
+    /// (rounded down; an answer within the same millisecond counts as 1 ms).
+    pub fn mflops(&self, elapsed_ms: u64) -> u64 {
+        self.flops() / 1_000 / elapsed_ms.max(1)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -142,6 +173,7 @@ pub enum ConfigError {
     Calendar { class: String },
     Sla { class: String },
     DuplicateClass { class: String },
+    Challenge { class: String },
 }
 
 impl std::fmt::Display for ConfigError {
@@ -161,6 +193,9 @@ impl std::fmt::Display for ConfigError {
             ),
             ConfigError::Sla { class } => write!(f, "class {class}: SLA availability is at most 10000 bps"),
             ConfigError::DuplicateClass { class } => write!(f, "class {class} listed twice"),
+            ConfigError::Challenge { class } => {
+                write!(f, "class {class}: the challenge's n must be 1..={} and its minimum rate positive", limits::CHALLENGE_N_MAX)
+            }
         }
     }
 }
@@ -202,6 +237,9 @@ impl EngineConfig {
             if class.sla_availability_bps > 10_000 {
                 return Err(ConfigError::Sla { class: class.name.clone() });
             }
+            if class.challenge.is_some_and(|c| c.n == 0 || c.n > limits::CHALLENGE_N_MAX || c.min_mflops == 0) {
+                return Err(ConfigError::Challenge { class: class.name.clone() });
+            }
             if self.classes.iter().filter(|other| other.name == class.name).count() > 1 {
                 return Err(ConfigError::DuplicateClass { class: class.name.clone() });
             }
@@ -231,6 +269,10 @@ impl EngineConfig {
                     preemption_notice_ms: 30_000,
                     calendar,
                     sla_availability_bps: 9_900,
+                    // Sized for the fake backend, which answers on the CPU
+                    // (docs/market-rules.md "Verified hardware" says what a
+                    // production listing states instead).
+                    challenge: Some(ChallengeSpec { n: 256, min_mflops: 10 }),
                 }
             };
         EngineConfig {

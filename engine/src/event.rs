@@ -72,6 +72,24 @@ pub enum ReduceReason {
     SelfTradeDecrement,
     GpuOffline,
     GpuLeasedElsewhere,
+    /// A hardware challenge disqualified the GPU from the ask's class.
+    GpuDisqualified,
+}
+
+/// What a hardware challenge showed about a GPU (docs/market-rules.md
+/// "Verified hardware").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChallengeOutcome {
+    /// Right, and fast enough for every class its spec meets.
+    Passed,
+    /// Right, but below the minimum rate of at least one of those classes:
+    /// it leaves them (until a later challenge shows the rate).
+    TooSlow,
+    /// Wrong: the GPU is rejected from every class for good.
+    WrongAnswer,
+    /// No verifiable answer in time: the GPU is no longer verified.
+    Unanswered,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -300,6 +318,17 @@ pub enum EventKind {
         from_payable: u64,
         from_available: u64,
         from_debt: u64,
+    },
+    /// A hardware challenge's result: the classes the GPU keeps and whether
+    /// it is verified in them (told to its owner; counted in its record).
+    GpuChallenged {
+        gpu: GpuId,
+        owner: AccountId,
+        outcome: ChallengeOutcome,
+        /// The rate the answer showed, MFLOP/s (0 unless correct).
+        mflops: u64,
+        classes_mask: u64,
+        verified: bool,
     },
 }
 

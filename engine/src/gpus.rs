@@ -99,6 +99,8 @@ impl Commitment {
 pub(crate) struct GpuDetails {
     pub uuid: String,
     pub spec: GpuSpec,
+    /// Its last hardware challenge.
+    pub challenge: Option<crate::engine::GpuVerification>,
 }
 
 #[derive(Clone, serde::Serialize, serde::Deserialize)]
@@ -108,6 +110,9 @@ pub(crate) struct Gpu {
     pub owner: AccountId,
     pub classes_mask: u64,
     pub online: bool,
+    /// Its last hardware challenge verified it (bids that ask for verified
+    /// GPUs match only these).
+    pub verified: bool,
     pub spot_ask: Option<OrderId>,
     pub preemptible_ask: Option<OrderId>,
     /// A spot lease, or a reserved window being delivered.

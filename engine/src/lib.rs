@@ -28,7 +28,8 @@ pub mod time;
 pub use command::*;
 pub use config::*;
 pub use engine::{
-    Balances, ContractInfo, ContractKind, ContractOutcome, Engine, GpuInfo, InstrumentInfo, InstrumentState, LeaseInfo, OrderInfo,
+    Balances, ChallengeTarget, ContractInfo, ContractKind, ContractOutcome, Engine, GpuInfo, GpuVerification, InstrumentInfo,
+    InstrumentState, LeaseInfo, OrderInfo,
 };
 pub use event::*;
 pub use ids::*;

@@ -27,3 +27,8 @@ pub const DEPOSIT_MINOR_MAX: u64 = 1 << 52;
 pub const FEE_BPS_MAX: u32 = 2_000;
 /// The longest billing grace after a lease's end (one day).
 pub const BILLING_GRACE_MS_MAX: u64 = 24 * 3_600_000;
+
+/// The largest matrix side a class's hardware challenge may ask for: the
+/// answer (a hash per row and the opened rows) must fit one frame, and the
+/// exchange recomputes the opened rows on its sequencer thread.
+pub const CHALLENGE_N_MAX: u32 = 256;

@@ -329,3 +329,75 @@ fn a_bid_with_a_minimum_score_skips_sellers_below_it() {
     let refused = m.apply(Command::PlaceOrderFiltered { order: bid, min_supplier_score_bps: 10_001 });
     assert_eq!(rejection(&refused), Some(RejectCode::ScoreFilterInvalid));
 }
+
+fn challenged(events: &[Event]) -> Option<(ChallengeOutcome, u64, u64, bool)> {
+    events.iter().find_map(|e| match e.kind {
+        EventKind::GpuChallenged { outcome, mflops, classes_mask, verified, .. } => Some((outcome, mflops, classes_mask, verified)),
+        _ => None,
+    })
+}
+
+/// A hardware challenge's result (docs/market-rules.md "Verified hardware"):
+/// a fast correct answer verifies the GPU; a slow one takes it out of the
+/// class (and its ask) until a later answer shows the rate; no answer
+/// drops the verification only; a wrong answer rejects the GPU for good.
+/// A bid for verified GPUs skips unverified ones, resold contracts too.
+#[test]
+fn challenges_verify_disqualify_or_reject_a_gpu_and_verified_only_bids_follow() {
+    let (mut m, supplier, host, renter) = market();
+    let h100 = 1u64 << 0; // the H100-SXM-80G class's bit in the demo config
+    let gpu = |m: &Market, index| m.engine.host_gpu(host, index).expect("registered");
+    let (g0, g1, g2) = (gpu(&m, 0), gpu(&m, 1), gpu(&m, 2));
+    assert!(!m.engine.gpu(g0).expect("gpu").verified, "unverified until a challenge passes");
+
+    // 2 x 256^3 = 33.55 MFLOP in 100 ms: 335 MFLOP/s, above the class's 10.
+    let fast = ChallengeAnswer::Correct { n: 256, elapsed_ms: 100 };
+    let events = m.apply(Command::RecordChallenge { gpu: g0, answer: fast });
+    assert_eq!(challenged(&events), Some((ChallengeOutcome::Passed, 335, h100, true)));
+    let info = m.engine.gpu(g0).expect("gpu");
+    assert!(info.verified);
+    assert_eq!(info.challenge.map(|c| (c.outcome, c.mflops, c.rejected)), Some((ChallengeOutcome::Passed, 335, false)));
+
+    // A verified-only bid skips the cheaper unverified GPU and takes the verified one.
+    let unverified_ask = m.ask(supplier, host, 0b010, H100_SPOT, 1_900_000);
+    m.ask(supplier, host, 0b001, H100_SPOT, USD_2);
+    let bid = m.order(renter, H100_SPOT, Side::Buy, USD_2, 1);
+    let events = m.apply(Command::PlaceOrderVerified { order: bid, min_supplier_score_bps: 0 });
+    assert_eq!(trades(&events), [(USD_2, 1)]);
+    assert!(m.engine.order(unverified_ask).is_some(), "the unverified ask keeps its place");
+
+    // Too slow (4 s: 8 MFLOP/s): out of the class and its ask.
+    let slow = ChallengeAnswer::Correct { n: 256, elapsed_ms: 4_000 };
+    let events = m.apply(Command::RecordChallenge { gpu: g1, answer: slow });
+    assert_eq!(challenged(&events), Some((ChallengeOutcome::TooSlow, 8, 0, false)));
+    assert_eq!(closed(&events, unverified_ask), Some(OrderCloseReason::SupplyGone));
+    let mut ask = m.order(supplier, H100_SPOT, Side::Sell, USD_2, 1);
+    ask.supply = Some(GpuSet { host, gpu_mask: 0b010 });
+    assert_eq!(rejection(&m.place(ask.clone())), Some(RejectCode::InsufficientCapacity), "not a GPU of the class now");
+    // A later fast answer brings it back.
+    let events = m.apply(Command::RecordChallenge { gpu: g1, answer: fast });
+    assert_eq!(challenged(&events), Some((ChallengeOutcome::Passed, 335, h100, true)));
+    assert!(accepted(&m.place(ask)).is_some());
+
+    // No answer: still listed, no longer verified.
+    let events = m.apply(Command::RecordChallenge { gpu: g1, answer: ChallengeAnswer::Unanswered });
+    assert_eq!(challenged(&events), Some((ChallengeOutcome::Unanswered, 0, h100, false)));
+
+    // A wrong answer: rejected for good, a later right answer does not bring it back.
+    let events = m.apply(Command::RecordChallenge { gpu: g2, answer: ChallengeAnswer::Wrong });
+    assert_eq!(challenged(&events), Some((ChallengeOutcome::WrongAnswer, 0, 0, false)));
+    let events = m.apply(Command::RecordChallenge { gpu: g2, answer: fast });
+    assert_eq!(challenged(&events).map(|c| (c.2, c.3)), Some((0, false)));
+    assert_eq!(m.engine.gpu(g2).and_then(|g| g.challenge).map(|c| c.rejected), Some(true));
+
+    // A verified-only bid is refused on an ask, or with a score above 10 000.
+    let mut ask = m.order(supplier, H100_SPOT, Side::Sell, USD_2, 1);
+    ask.supply = Some(GpuSet { host, gpu_mask: 0b1000 });
+    let refused = m.apply(Command::PlaceOrderVerified { order: ask, min_supplier_score_bps: 0 });
+    assert_eq!(rejection(&refused), Some(RejectCode::ScoreFilterInvalid));
+    let bid = m.order(renter, H100_SPOT, Side::Buy, USD_2, 1);
+    let refused = m.apply(Command::PlaceOrderVerified { order: bid, min_supplier_score_bps: 10_001 });
+    assert_eq!(rejection(&refused), Some(RejectCode::ScoreFilterInvalid));
+    let unknown = m.apply(Command::RecordChallenge { gpu: GpuId(999), answer: fast });
+    assert_eq!(rejection(&unknown), Some(RejectCode::UnknownGpu));
+}

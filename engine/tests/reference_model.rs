@@ -6,7 +6,9 @@
 //! price-time limit order book, with all of its order types and self-trade
 //! prevention modes. Traders have fixed reliability scores (one unrated),
 //! and some bids ask for a minimum: the model skips makers that do not
-//! qualify, as the rulebook says.
+//! qualify, as the rulebook says. Some asks' GPUs passed a hardware
+//! challenge (verified) and some bids ask for verified GPUs only: the model
+//! skips unverified makers for those bids likewise.
 
 mod common;
 
@@ -30,6 +32,8 @@ struct Placement {
     stp: u8,
     /// Bids: 0 (any seller) or a minimum seller score.
     min_score: u32,
+    /// Asks: the GPUs are verified; bids: verified GPUs only.
+    verified: bool,
 }
 
 /// Each trader's score as the market would have set it (`None`: unrated).
@@ -49,8 +53,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0..3usize, any::<bool>(), 0..8u64, 1..5u32, 0..4u8, prop::bool::weighted(0.15), 0..3u8, prop::sample::select(vec![0u32, 0, 9_000, 9_500])).prop_map(
-            |(trader, buy, ticks, quantity, tif, post_only, stp, min_score)| Op::Place(Placement {
+        6 => (0..3usize, any::<bool>(), 0..8u64, 1..5u32, 0..4u8, prop::bool::weighted(0.15), 0..3u8, prop::sample::select(vec![0u32, 0, 9_000, 9_500]), prop::bool::weighted(0.4)).prop_map(
+            |(trader, buy, ticks, quantity, tif, post_only, stp, min_score, verified)| Op::Place(Placement {
                 trader,
                 side: if buy { Side::Buy } else { Side::Sell },
                 ticks,
@@ -59,6 +63,7 @@ fn op() -> impl Strategy<Value = Op> {
                 post_only,
                 stp,
                 min_score: if buy { min_score } else { 0 },
+                verified,
             })
         ),
         2 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
@@ -76,6 +81,7 @@ struct RefOrder {
     priority: u64,
     post_only: bool,
     min_score: u32,
+    verified: bool,
 }
 
 /// The obviously-correct book: a vector of resting orders, best maker found by scanning.
@@ -111,10 +117,8 @@ impl Reference {
 
     /// Whether `taker` and `maker` (of different traders) may trade.
     fn may_trade(taker: &RefOrder, maker: &RefOrder) -> bool {
-        match taker.side {
-            Side::Buy => qualifies(taker.min_score, maker.trader),
-            Side::Sell => qualifies(maker.min_score, taker.trader),
-        }
+        let (bid, ask) = if taker.side == Side::Buy { (taker, maker) } else { (maker, taker) };
+        qualifies(bid.min_score, ask.trader) && (!bid.verified || ask.verified)
     }
 
     fn fillable(&self, taker: &RefOrder) -> u32 {
@@ -214,7 +218,7 @@ impl Harness {
     }
 
     fn place(&mut self, placement: Placement) {
-        let Placement { trader, side, ticks, quantity, tif, post_only, stp, min_score } = placement;
+        let Placement { trader, side, ticks, quantity, tif, post_only, stp, min_score, verified } = placement;
         let key = self.placed.len();
         let price = BASE + ticks * TICK;
         let account = self.traders[trader];
@@ -231,15 +235,29 @@ impl Harness {
             self.hosts_made += 1;
             let host = self.market.h100_host(account, &format!("h{}", self.hosts_made), quantity);
             order.supply = Some(GpuSet { host, gpu_mask: (1u64 << quantity) - 1 });
+            if verified {
+                // A fast, correct answer to the challenge (the demo class's n).
+                for index in 0..quantity {
+                    let gpu = self.market.engine.host_gpu(host, index).expect("registered");
+                    let answer = ChallengeAnswer::Correct { n: 256, elapsed_ms: 10 };
+                    self.market.apply(Command::RecordChallenge { gpu, answer });
+                    assert!(self.market.engine.gpu(gpu).expect("registered").verified);
+                }
+            }
         }
-        let events = match min_score {
-            0 => self.market.place(order.clone()),
-            min_supplier_score_bps => self.market.apply(Command::PlaceOrderFiltered { order: order.clone(), min_supplier_score_bps }),
+        let events = match (min_score, side == Side::Buy && verified) {
+            (0, false) => self.market.place(order.clone()),
+            (min_supplier_score_bps, false) => {
+                self.market.apply(Command::PlaceOrderFiltered { order: order.clone(), min_supplier_score_bps })
+            }
+            (min_supplier_score_bps, true) => {
+                self.market.apply(Command::PlaceOrderVerified { order: order.clone(), min_supplier_score_bps })
+            }
         };
         self.placed.push(accepted(&events));
         self.stp_by_key.push(stp);
 
-        let taker = RefOrder { key, trader, side, price, quantity, priority: self.reference.clock, post_only, min_score };
+        let taker = RefOrder { key, trader, side, price, quantity, priority: self.reference.clock, post_only, min_score, verified };
         self.reference.clock += 1;
         let best_opposite = self.reference.makers(side, price).first().map(|&i| self.reference.resting[i].price);
         if post_only && tif < 2 && best_opposite.is_some() {

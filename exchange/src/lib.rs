@@ -45,6 +45,9 @@ pub struct ExchangeConfig {
     /// Runs the exchange's clock this far ahead of the wall clock (demos and
     /// tests that must reach a reserved window's start); 0 in production.
     pub clock_offset_ms: i64,
+    /// The mean time between two hardware challenges of an idle GPU
+    /// (`sequencer::CHALLENGE_INTERVAL_MS_DEFAULT` in production).
+    pub challenge_interval_ms: u64,
     /// Called once with the gateway's URL when it listens (the port may have
     /// been chosen by the OS): the binary starts its live simulated market here.
     pub on_listening: Option<OnListening>,
@@ -86,6 +89,7 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
     let (mut sequencer, recovery) =
         sequencer::Sequencer::recover(market, Box::new(journal), snapshots, config.operator_keys, metrics.clone(), config.billing, clock)?;
     sequencer.set_feed_frames_max(config.limits.feed_frames_max);
+    sequencer.set_challenge_interval_ms(config.challenge_interval_ms);
     say(&format!(
         "recovered from snapshot at journal entry {} plus {} journal entries, state hash {:016x}",
         recovery.snapshot_seq, recovery.entries, recovery.state_hash

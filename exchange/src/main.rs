@@ -47,6 +47,11 @@ struct Args {
     /// The journal refuses time going backwards: only ever raise it.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     clock_offset_ms: i64,
+    /// The mean time between two hardware challenges of an idle GPU, in
+    /// milliseconds (each wait is drawn from half to one and a half of it;
+    /// a GPU is also challenged as it registers).
+    #[arg(long, default_value_t = gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT, value_parser = clap::value_parser!(u64).range(1_000..))]
+    challenge_interval_ms: u64,
     /// Where to serve the web console (http://ADDRESS/); `off` for nowhere.
     #[arg(long, default_value = "127.0.0.1:7380", env = "GPUX_CONSOLE_LISTEN")]
     console_listen: String,
@@ -184,6 +189,7 @@ fn run_main() -> Result<()> {
         tls,
         billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: args.fee_bps, grace_ms: args.billing_grace_ms },
         clock_offset_ms: args.clock_offset_ms,
+        challenge_interval_ms: args.challenge_interval_ms,
         on_listening,
     });
     stop_live_market(&live_child);

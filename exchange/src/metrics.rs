@@ -35,6 +35,9 @@ pub struct Metrics {
     pub usage_accepted: IntCounter,
     pub usage_refused: IntCounterVec,
     delivery_statuses: IntCounterVec,
+    /// Hardware challenges issued, and their outcomes.
+    pub challenges_issued: IntCounter,
+    challenge_outcomes: IntCounterVec,
     commit_seconds: Histogram,
     time_to_running_seconds: Histogram,
     /// GPUs resting per instrument and side.
@@ -82,6 +85,8 @@ impl Metrics {
             usage_accepted: counter(&r, "gpux_usage_reports_accepted_total", "Usage reports accepted (duplicates included)."),
             usage_refused: counters(&r, "gpux_usage_reports_refused_total", "Usage reports refused, by code.", "code"),
             delivery_statuses: counters(&r, "gpux_delivery_statuses_total", "Delivery statuses reported by hosts, by state.", "state"),
+            challenges_issued: counter(&r, "gpux_challenges_issued_total", "Hardware challenges issued to GPUs."),
+            challenge_outcomes: counters(&r, "gpux_challenge_outcomes_total", "Hardware challenge results, by outcome.", "outcome"),
             commit_seconds: histogram(
                 &r,
                 "gpux_journal_commit_seconds",
@@ -135,6 +140,7 @@ impl Metrics {
                 EventKind::LeaseCreated { kind, .. } => self.leases_opened.with_label_values(&[&label(kind)]).inc(),
                 EventKind::LeaseEnded { reason, .. } => self.leases_closed.with_label_values(&[&label(reason)]).inc(),
                 EventKind::Rejected { code, .. } => self.rejects.with_label_values(&[&label(code)]).inc(),
+                EventKind::GpuChallenged { outcome, .. } => self.challenge_outcomes.with_label_values(&[&label(outcome)]).inc(),
                 _ => {}
             }
         }

@@ -252,6 +252,24 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
             let order = OrderTicket { rematch: true, ..OrderTicket::limit(26, InstrumentId(0), Side::Sell, USD_2, 1) };
             one(ClientMessage::NewOrder { id: 26, order, workload: None })
         }),
+        // The exchange challenged GPU-1 as its (connected) supplier registered
+        // it: challenge 1, never answered here.
+        row(
+            "unknown_challenge",
+            Who::Supplier,
+            one(ClientMessage::ChallengeCommit { id: 27, challenge: 999, commitment: "ab".repeat(32) }),
+        ),
+        row("unknown_challenge", Who::Renter, one(ClientMessage::ChallengeCommit { id: 28, challenge: 1, commitment: "ab".repeat(32) })),
+        row(
+            "challenge_answer_invalid",
+            Who::Supplier,
+            one(ClientMessage::ChallengeCommit { id: 29, challenge: 1, commitment: "zz".into() }),
+        ),
+        row(
+            "challenge_out_of_order",
+            Who::Supplier,
+            one(ClientMessage::ChallengeOpening { id: 30, challenge: 1, row_hashes: Vec::new(), rows: Vec::new() }),
+        ),
     ];
     let mut produced = BTreeMap::new();
     for row in table {

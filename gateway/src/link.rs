@@ -181,6 +181,18 @@ pub enum Request {
         id: u64,
         request: DeliveryRequest,
     },
+    /// A host's answer to a hardware challenge (hex already decoded).
+    Challenge {
+        connection: ConnectionId,
+        id: u64,
+        request: ChallengeRequest,
+    },
+}
+
+/// The hardware challenge's steps (docs/protocol.md "Hardware challenges").
+pub enum ChallengeRequest {
+    Commit { challenge: u64, commitment: [u8; 32] },
+    Opening { challenge: u64, row_hashes: Vec<[u8; 32]>, rows: Vec<(u32, Vec<i32>)> },
 }
 
 impl Request {
@@ -202,7 +214,8 @@ impl Request {
             | Request::Statement { id, .. }
             | Request::Authenticate { id, .. }
             | Request::Bid { id, .. }
-            | Request::Delivery { id, .. } => Some(*id),
+            | Request::Delivery { id, .. }
+            | Request::Challenge { id, .. } => Some(*id),
             Request::Connect { .. } | Request::Disconnect { .. } | Request::Resync { .. } => None,
         }
     }

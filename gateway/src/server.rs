@@ -30,7 +30,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use crate::admission::{AcceptBackoff, Admission, AdmissionLimits, Ticket};
-use crate::link::{Clock, ConnectionId, DeliveryRequest, LoginOutcome, Outbound, Outgoing, Request, SharedFrame};
+use crate::link::{ChallengeRequest, Clock, ConnectionId, DeliveryRequest, LoginOutcome, Outbound, Outgoing, Request, SharedFrame};
 use crate::metrics::GatewayMetrics;
 
 /// Frames queued for one connection before it counts as a slow consumer
@@ -689,6 +689,18 @@ impl Connection {
             ClientMessage::LeaseDelivery { id, lease } => delivery(id, DeliveryRequest::Query { lease }),
             ClientMessage::LeaseLogs { id, lease, tail_bytes } => delivery(id, DeliveryRequest::Logs { lease, tail_bytes }),
             ClientMessage::Logs { id, request, data, truncated } => delivery(id, DeliveryRequest::LogsReply { request, data, truncated }),
+            ClientMessage::ChallengeCommit { id, challenge, commitment } => match hash32(&commitment) {
+                Some(commitment) => Request::Challenge { connection, id, request: ChallengeRequest::Commit { challenge, commitment } },
+                None => return vec![error(Some(id), ErrorCode::ChallengeAnswerInvalid, None)],
+            },
+            ClientMessage::ChallengeOpening { id, challenge, row_hashes, rows } => {
+                match row_hashes.iter().map(|hash| hash32(hash)).collect::<Option<Vec<[u8; 32]>>>() {
+                    Some(row_hashes) => {
+                        Request::Challenge { connection, id, request: ChallengeRequest::Opening { challenge, row_hashes, rows } }
+                    }
+                    None => return vec![error(Some(id), ErrorCode::ChallengeAnswerInvalid, None)],
+                }
+            }
             ClientMessage::CancelOrder { id, order } => command(id, Command::CancelOrder { account, order }),
             ClientMessage::ReplaceOrder { id, order, price_minor_per_gpu_hour, quantity } => {
                 command(id, Command::ReplaceOrder { account, order, price_minor_per_gpu_hour, quantity })
@@ -744,6 +756,11 @@ fn verify(nonce: &[u8; 32], public_key_hex: &str, signature_hex: &str) -> Option
 
 fn error(id: Option<u64>, code: ErrorCode, detail: Option<String>) -> ServerMessage {
     ServerMessage::Error { id, code, message: detail.unwrap_or_else(|| code.message().to_string()) }
+}
+
+/// 32 bytes from 64 hex digits.
+fn hash32(hex_text: &str) -> Option<[u8; 32]> {
+    hex::decode(hex_text).ok().and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 //! [`MarketState::apply`](crate::MarketState::apply) from any snapshot
 //! rebuilds the same state; nothing else changes it.
 
-use gpux_engine::{AccountId, Input, LeaseId};
+use gpux_engine::{AccountId, GpuId, Input, LeaseId};
+use gpux_protocol::challenge::ChallengeError;
 use gpux_protocol::{DeliveryState, UsageReport, Workload};
 use serde::{Deserialize, Serialize};
 
@@ -56,6 +57,37 @@ pub enum JournalEntry {
         account: AccountId,
         client_order_id: u64,
     },
+    /// The exchange challenged a GPU's hardware (docs/market-rules.md
+    /// "Verified hardware"); the market numbers the challenge.
+    ChallengeIssued {
+        at_ms: u64,
+        gpu: GpuId,
+        seed: [u8; 32],
+        n: u32,
+    },
+    /// The GPU's owner committed to its answer; `open_seed` (drawn after
+    /// it arrived) names the rows it must open.
+    ChallengeCommitted {
+        at_ms: u64,
+        account: AccountId,
+        challenge: u64,
+        commitment: [u8; 32],
+        open_seed: [u8; 32],
+    },
+    /// The owner opened its answer and the sequencer checked it: the
+    /// verdict (the opening itself is not kept: it is `n` hashes and 8
+    /// rows, and says nothing more than the verdict).
+    ChallengeAnswered {
+        at_ms: u64,
+        account: AccountId,
+        challenge: u64,
+        verdict: Result<(), ChallengeError>,
+    },
+    /// No answer came in time.
+    ChallengeExpired {
+        at_ms: u64,
+        challenge: u64,
+    },
 }
 
 impl JournalEntry {
@@ -63,7 +95,12 @@ impl JournalEntry {
     pub fn at_ms(&self) -> Option<u64> {
         match self {
             JournalEntry::Engine(input) => Some(input.at_ms),
-            JournalEntry::UsageReport { at_ms, .. } | JournalEntry::DeliveryStatus { at_ms, .. } => Some(*at_ms),
+            JournalEntry::UsageReport { at_ms, .. }
+            | JournalEntry::DeliveryStatus { at_ms, .. }
+            | JournalEntry::ChallengeIssued { at_ms, .. }
+            | JournalEntry::ChallengeCommitted { at_ms, .. }
+            | JournalEntry::ChallengeAnswered { at_ms, .. }
+            | JournalEntry::ChallengeExpired { at_ms, .. } => Some(*at_ms),
             JournalEntry::BindKey { .. }
             | JournalEntry::BidWorkload { .. }
             | JournalEntry::LeaseWorkload { .. }

@@ -15,6 +15,7 @@
 //! change the state, so answering them cannot make a live exchange differ
 //! from a replay of its journal.
 
+pub mod challenges;
 pub mod delivery;
 pub mod entry;
 pub mod reliability;
@@ -154,6 +155,8 @@ pub struct MarketState {
     reliability: reliability::Reliability,
     /// Spot bids and leases covered by re-match.
     rematch: rematch::Rematch,
+    /// Hardware challenges in flight.
+    challenges: challenges::Challenges,
     /// The UTC day the engine's supplier scores were last all refreshed.
     scores_day: u64,
     clock_ms: u64,
@@ -178,6 +181,7 @@ impl MarketState {
             stats: RollingStats::default(),
             reliability: reliability::Reliability::default(),
             rematch: rematch::Rematch::default(),
+            challenges: challenges::Challenges::default(),
             scores_day: 0,
             clock_ms: 0,
         }
@@ -272,6 +276,29 @@ impl MarketState {
             }
             JournalEntry::EncryptionKey { account, key, signature } => {
                 self.deliveries.set_encryption_key(*account, HostEncryptionKey { key: *key, signature: signature.clone() })
+            }
+            JournalEntry::ChallengeIssued { at_ms, gpu, seed, n } => {
+                if let Some(owner) = self.engine.gpu(*gpu).map(|g| g.owner) {
+                    let challenge = self.challenges.issue(*gpu, owner, *seed, *n, *at_ms);
+                    let expires_at_ms = self.challenges.get(challenge).map_or(*at_ms, |p| p.expires_at_ms());
+                    owed.push(Notice {
+                        to: Audience::account(owner),
+                        message: ServerMessage::GpuChallenge { challenge, gpu: *gpu, seed: hex::encode(seed), n: *n, expires_at_ms },
+                    });
+                }
+            }
+            JournalEntry::ChallengeCommitted { at_ms, account: _, challenge, commitment, open_seed } => {
+                self.challenges.commit(*challenge, *commitment, *open_seed, *at_ms)
+            }
+            JournalEntry::ChallengeAnswered { at_ms: _, account: _, challenge, verdict } => {
+                if let Some((gpu, answer)) = self.challenges.close(*challenge, Some(*verdict)) {
+                    applied.follow_up = Some(Command::RecordChallenge { gpu, answer });
+                }
+            }
+            JournalEntry::ChallengeExpired { at_ms: _, challenge } => {
+                if let Some((gpu, answer)) = self.challenges.close(*challenge, None) {
+                    applied.follow_up = Some(Command::RecordChallenge { gpu, answer });
+                }
             }
             JournalEntry::DeliveryStatus { at_ms, account, lease, state } => {
                 applied.first_running = self.deliveries.record_status(*lease, *account, state.clone(), *at_ms);
@@ -421,6 +448,11 @@ impl MarketState {
         &self.stats
     }
 
+    /// Hardware challenges in flight.
+    pub fn challenges(&self) -> &challenges::Challenges {
+        &self.challenges
+    }
+
     /// Suppliers' and hosts' reliability records.
     pub fn reliability(&self) -> &reliability::Reliability {
         &self.reliability
@@ -459,7 +491,7 @@ impl MarketState {
         hasher.u64(self.engine.state_hash());
         let rest = (
             (&self.settlement, &self.ledger, &self.keys, &self.deliveries),
-            (&self.book_seq, &self.trade_seq, &self.stats, &self.reliability, &self.rematch, self.scores_day),
+            (&self.book_seq, &self.trade_seq, &self.stats, &self.reliability, &self.rematch, self.scores_day, &self.challenges),
         );
         hasher.bytes(&gpux_protocol::encode_record(&rest));
         hasher.finish()

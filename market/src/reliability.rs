@@ -8,11 +8,12 @@
 //! - a lease's billing close: its leased and verified GPU-milliseconds;
 //! - a failed delivery (a reserved window whose GPU was not there at its
 //!   start, or a lease ended `delivery_failed`);
-//! - a refused usage report, by code.
+//! - a refused usage report, by code;
+//! - a hardware challenge's outcome (passed, too slow, wrong, unanswered).
 
 use std::collections::{BTreeMap, VecDeque};
 
-use gpux_engine::{AccountId, Engine, Event, EventKind, HostId, LeaseEndReason, LeaseId};
+use gpux_engine::{AccountId, ChallengeOutcome, Engine, Event, EventKind, HostId, LeaseEndReason, LeaseId};
 use gpux_protocol::UsageRejectCode;
 use serde::{Deserialize, Serialize};
 
@@ -29,6 +30,9 @@ pub const FAILED_DELIVERY_GPU_MS: u64 = MS_PER_HOUR;
 /// Taken off the score (in basis points) for each refused report whose code
 /// an honest agent never produces (`forged`, `replayed`).
 pub const DISHONEST_REPORT_PENALTY_BPS: u32 = 100;
+/// Taken off the score for each wrong answer to a hardware challenge (an
+/// honest GPU never computes a wrong product).
+pub const WRONG_CHALLENGE_PENALTY_BPS: u32 = 1_000;
 
 const MS_PER_HOUR: u64 = 3_600_000;
 pub(crate) const MS_PER_DAY: u64 = 24 * MS_PER_HOUR;
@@ -41,6 +45,8 @@ struct Day {
     failed_deliveries: u32,
     /// Refused reports by code (few, and none from an honest agent).
     refused: Vec<(UsageRejectCode, u32)>,
+    /// Hardware challenges: passed, too slow, wrong, unanswered.
+    challenges: [u32; 4],
 }
 
 impl Day {
@@ -83,6 +89,10 @@ impl Record {
             for (code, count) in &day.refused {
                 *summary.refused_reports.entry(*code).or_default() += count;
             }
+            summary.challenges_passed += day.challenges[0];
+            summary.challenges_too_slow += day.challenges[1];
+            summary.challenges_failed += day.challenges[2];
+            summary.challenges_unanswered += day.challenges[3];
         }
         summary.score_bps = score(&summary);
         summary
@@ -94,8 +104,9 @@ pub use gpux_protocol::ReliabilityRecord as Summary;
 
 /// `verified / (leased + failed deliveries x FAILED_DELIVERY_GPU_MS)` in
 /// basis points (verified capped at leased), less
-/// [`DISHONEST_REPORT_PENALTY_BPS`] per forged or replayed report, at
-/// least 0, rounded down; `None` below [`SCORE_MIN_GPU_MS`].
+/// [`DISHONEST_REPORT_PENALTY_BPS`] per forged or replayed report and
+/// [`WRONG_CHALLENGE_PENALTY_BPS`] per wrong challenge answer, at least 0,
+/// rounded down; `None` below [`SCORE_MIN_GPU_MS`].
 pub fn score(summary: &Summary) -> Option<u32> {
     let expected = summary.leased_gpu_ms + summary.failed_deliveries as u64 * FAILED_DELIVERY_GPU_MS;
     if expected < SCORE_MIN_GPU_MS {
@@ -106,7 +117,10 @@ pub fn score(summary: &Summary) -> Option<u32> {
         .iter()
         .map(|code| summary.refused_reports.get(code).copied().unwrap_or(0))
         .sum();
-    Some(availability_bps.saturating_sub(dishonest.saturating_mul(DISHONEST_REPORT_PENALTY_BPS)))
+    let penalty = dishonest
+        .saturating_mul(DISHONEST_REPORT_PENALTY_BPS)
+        .saturating_add(summary.challenges_failed.saturating_mul(WRONG_CHALLENGE_PENALTY_BPS));
+    Some(availability_bps.saturating_sub(penalty))
 }
 
 /// Every supplier's and host's record.
@@ -135,6 +149,19 @@ impl Reliability {
                 EventKind::LeaseEnded { lease, reason: LeaseEndReason::DeliveryFailed } => {
                     touched.extend(engine.lease(lease).map(|l| l.supplier));
                     self.count(engine, lease, event.at_ms, |day| day.failed_deliveries += 1);
+                }
+                EventKind::GpuChallenged { gpu, owner, outcome, .. } => {
+                    let slot = match outcome {
+                        ChallengeOutcome::Passed => 0,
+                        ChallengeOutcome::TooSlow => 1,
+                        ChallengeOutcome::WrongAnswer => 2,
+                        ChallengeOutcome::Unanswered => 3,
+                    };
+                    touched.push(owner);
+                    self.suppliers.entry(owner).or_default().today(event.at_ms).challenges[slot] += 1;
+                    if let Some(host) = engine.gpu(gpu).map(|g| g.host) {
+                        self.hosts.entry(host).or_default().today(event.at_ms).challenges[slot] += 1;
+                    }
                 }
                 EventKind::DeliveryFailed { supplier, gpu, .. } => {
                     touched.push(supplier);
@@ -208,6 +235,8 @@ mod tests {
         assert_eq!(score(&summary(100, 99, 0, 3)), Some(9_600), "100 bps per forged report");
         assert_eq!(score(&summary(10, 1, 0, 200)), Some(0), "never below zero");
         assert_eq!(score(&summary(10, 20, 0, 0)), Some(10_000), "verified above leased is capped");
+        let wrong = Summary { challenges_failed: 2, challenges_unanswered: 5, challenges_too_slow: 1, ..summary(100, 99, 0, 1) };
+        assert_eq!(score(&wrong), Some(7_800), "1 000 bps per wrong challenge answer; slow and unanswered cost nothing here");
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub fn accounts_of(engine: &Engine, event: &Event) -> [Option<AccountId>; 2] {
         ContractTransferred { from, to, .. } => [Some(from), Some(to)],
         DeliveryFailed { holder, supplier, .. } | DeliveryCredited { holder, supplier, .. } => [Some(holder), Some(supplier)],
         LeasedGpuStatusChanged { renter, .. } => [Some(renter), None],
+        GpuChallenged { owner, .. } => [Some(owner), None],
         GpuStatusChanged { gpu, .. } => [engine.gpu(gpu).map(|g| g.owner), None],
         InstrumentListed { .. } | TradingStopped { .. } | InstrumentExpired { .. } | BookLevel { .. } => [None, None],
     };

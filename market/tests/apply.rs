@@ -1,7 +1,8 @@
 //! Property tests of the one apply path over random journals that mix every
 //! kind of entry: orders that trade into leases, time passing, signed usage
 //! reports (honest, resent, forged, out of chain), delivery statuses (a
-//! host's failure calls for its follow-up command), workloads and host keys.
+//! host's failure calls for its follow-up command), workloads and host keys,
+//! and hardware challenges answered right, wrong, late or never.
 //!
 //! Time jumps of hours let leases end, close their bills and leave the hot
 //! state (archived), so snapshots hold engines with holes in their leases.
@@ -27,12 +28,39 @@ const SPOT: InstrumentId = InstrumentId(0);
 
 #[derive(Clone, Debug)]
 enum Op {
-    Advance { ms: u64 },
-    Bid { quantity: u32, ticks: u64, hours: u32 },
-    Ask { mask: u64, ticks: u64 },
-    Report { pick: usize, gpu: usize, minutes: u64, tamper: u8 },
-    Status { pick: usize, state: u8 },
-    EndLease { pick: usize },
+    Advance {
+        ms: u64,
+    },
+    Bid {
+        quantity: u32,
+        ticks: u64,
+        hours: u32,
+    },
+    Ask {
+        mask: u64,
+        ticks: u64,
+    },
+    Report {
+        pick: usize,
+        gpu: usize,
+        minutes: u64,
+        tamper: u8,
+    },
+    Status {
+        pick: usize,
+        state: u8,
+    },
+    EndLease {
+        pick: usize,
+    },
+    /// A hardware challenge of GPU `gpu`, answered as `answer` says (0:
+    /// right, 1: wrong product, 2: never opened, 3: never committed),
+    /// `delay_ms` after its issue.
+    Challenge {
+        gpu: u32,
+        answer: u8,
+        delay_ms: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -43,6 +71,7 @@ fn op() -> impl Strategy<Value = Op> {
         5 => (any::<usize>(), 0..3usize, 1..20u64, 0..8u8).prop_map(|(pick, gpu, minutes, tamper)| Op::Report { pick, gpu, minutes, tamper }),
         2 => (any::<usize>(), 0..5u8).prop_map(|(pick, state)| Op::Status { pick, state }),
         1 => any::<usize>().prop_map(|pick| Op::EndLease { pick }),
+        1 => (0..2u32, 0..4u8, 0..5_000u64).prop_map(|(gpu, answer, delay_ms)| Op::Challenge { gpu, answer, delay_ms }),
     ]
 }
 
@@ -114,6 +143,7 @@ impl Session {
                     assert_eq!(accounts, self.market.accounts_of(event), "a private event goes to the accounts it concerns")
                 }
                 (ServerMessage::Workload { .. } | ServerMessage::Delivery { .. }, Audience::Accounts(_)) => {}
+                (ServerMessage::GpuChallenge { .. }, Audience::Accounts(accounts)) => assert_eq!(accounts, [Some(self.supplier), None]),
                 (message, to) => panic!("unexpected notice {message:?} to {to:?}"),
             }
         }
@@ -215,7 +245,53 @@ impl Session {
                 let Some(lease) = self.lease(pick) else { return };
                 self.command(Command::EndLease { account: self.renter, lease });
             }
+            Op::Challenge { gpu, answer, delay_ms } => {
+                self.challenge(GpuId(gpu), answer, delay_ms, 16);
+            }
         }
+    }
+
+    /// Plays one hardware challenge through the sequencer's steps (checks
+    /// before journaling, as the sequencer makes them). Returns its id.
+    fn challenge(&mut self, gpu: GpuId, answer: u8, delay_ms: u64, n: u32) -> u64 {
+        use gpux_protocol::challenge::{matrices, product, Answer};
+        let seed = [gpu.0 as u8 + 1; 32];
+        self.apply(JournalEntry::ChallengeIssued { at_ms: self.now_ms, gpu, seed, n });
+        let challenge = self.market.challenges().expired(u64::MAX).into_iter().max().expect("issued");
+        self.now_ms += delay_ms;
+        if answer == 3 {
+            self.now_ms += gpux_market::challenges::CHALLENGE_ANSWER_MS;
+            for expired in self.market.challenges().expired(self.now_ms) {
+                self.apply(JournalEntry::ChallengeExpired { at_ms: self.now_ms, challenge: expired });
+            }
+            return challenge;
+        }
+        let (a, b) = matrices(&seed, n);
+        let mut rows = product(&a, &b, n);
+        if answer == 1 {
+            rows.iter_mut().for_each(|row| row[0] += 1);
+        }
+        let computed = Answer::commit(rows);
+        assert_eq!(self.market.challenges().check_commit(self.supplier, challenge, self.now_ms), Ok(()));
+        let (commitment, open_seed) = (computed.commitment, [7; 32]);
+        self.apply(JournalEntry::ChallengeCommitted { at_ms: self.now_ms, account: self.supplier, challenge, commitment, open_seed });
+        if answer == 2 {
+            self.now_ms += gpux_market::challenges::CHALLENGE_ANSWER_MS;
+            self.command(Command::Tick);
+            for expired in self.market.challenges().expired(self.now_ms) {
+                self.apply(JournalEntry::ChallengeExpired { at_ms: self.now_ms, challenge: expired });
+            }
+            return challenge;
+        }
+        let asked = self.market.challenges().get(challenge).expect("open").rows_to_open();
+        let opened = computed.open(&asked);
+        let verdict = self
+            .market
+            .challenges()
+            .check_opening(self.supplier, challenge, &computed.row_hashes, &opened, self.now_ms)
+            .expect("a well-formed opening");
+        self.apply(JournalEntry::ChallengeAnswered { at_ms: self.now_ms, account: self.supplier, challenge, verdict });
+        challenge
     }
 }
 
@@ -269,6 +345,75 @@ fn a_host_failure_calls_for_its_follow_up_command_and_leaves_it_to_the_journal()
     let info = session.market.engine().lease(lease).expect("lease");
     assert!(!info.active, "the journaled follow-up ended it");
     assert!(matches!(session.journal.last(), Some(JournalEntry::Engine(Input { command: Command::FailLeaseDelivery { .. }, .. }))));
+}
+
+/// A hardware challenge through the market: a right answer in time
+/// verifies the GPU, a right answer too slow for the class takes it out of
+/// the class, a wrong product rejects it, silence unverifies it; each is
+/// the follow-up `RecordChallenge` the journal holds, counted in the
+/// supplier's record. Steps out of turn, another's challenge and malformed
+/// openings are errors, and change nothing.
+#[test]
+fn a_hardware_challenge_is_issued_committed_opened_and_recorded() {
+    use gpux_protocol::ErrorCode;
+    let mut session = Session::new();
+    let gpu = GpuId(0);
+    let last_outcome = |session: &Session| session.market.engine().gpu(gpu).and_then(|g| g.challenge).map(|c| c.outcome);
+
+    // 2 x 256^3 = 33.6 MFLOP in 50 ms: 671 MFLOP/s.
+    session.challenge(gpu, 0, 50, 256);
+    assert_eq!(last_outcome(&session), Some(ChallengeOutcome::Passed));
+    assert!(session.market.engine().gpu(gpu).expect("gpu").verified);
+    assert!(matches!(
+        session.journal.last(),
+        Some(JournalEntry::Engine(Input {
+            command: Command::RecordChallenge { answer: ChallengeAnswer::Correct { n: 256, elapsed_ms: 50 }, .. },
+            ..
+        }))
+    ));
+    // In 4 s: 8 MFLOP/s, below the class's 10.
+    session.challenge(gpu, 0, 4_000, 256);
+    assert_eq!(last_outcome(&session), Some(ChallengeOutcome::TooSlow));
+    assert!(session.market.engine().gpu(gpu).expect("gpu").classes.is_empty());
+    session.challenge(gpu, 2, 10, 16);
+    assert_eq!(last_outcome(&session), Some(ChallengeOutcome::Unanswered), "committed, never opened");
+    session.challenge(gpu, 3, 10, 16);
+    assert_eq!(last_outcome(&session), Some(ChallengeOutcome::Unanswered), "never committed");
+    session.challenge(gpu, 1, 10, 16);
+    assert_eq!(last_outcome(&session), Some(ChallengeOutcome::WrongAnswer));
+    let record = session.market.reliability().supplier(session.supplier, session.now_ms);
+    assert_eq!(
+        (record.challenges_passed, record.challenges_too_slow, record.challenges_unanswered, record.challenges_failed),
+        (1, 1, 2, 1)
+    );
+
+    // Errors: nothing is journaled for them.
+    session.apply(JournalEntry::ChallengeIssued { at_ms: session.now_ms, gpu: GpuId(1), seed: [5; 32], n: 16 });
+    let open = session.market.challenges().expired(u64::MAX)[0];
+    let challenges = session.market.challenges();
+    let now = session.now_ms;
+    assert_eq!(challenges.check_commit(session.renter, open, now), Err(ErrorCode::UnknownChallenge), "another's challenge");
+    assert_eq!(challenges.check_commit(session.supplier, open + 1, now), Err(ErrorCode::UnknownChallenge), "never issued");
+    assert_eq!(challenges.check_commit(session.supplier, open - 1, now), Err(ErrorCode::UnknownChallenge), "already answered");
+    let late = now + gpux_market::challenges::CHALLENGE_ANSWER_MS;
+    assert_eq!(challenges.check_commit(session.supplier, open, late), Err(ErrorCode::UnknownChallenge), "expired");
+    assert_eq!(challenges.check_opening(session.supplier, open, &[], &[], now), Err(ErrorCode::ChallengeOutOfOrder), "open before commit");
+    session.apply(JournalEntry::ChallengeCommitted {
+        at_ms: now,
+        account: session.supplier,
+        challenge: open,
+        commitment: [0; 32],
+        open_seed: [1; 32],
+    });
+    let challenges = session.market.challenges();
+    assert_eq!(challenges.check_commit(session.supplier, open, now), Err(ErrorCode::ChallengeOutOfOrder), "a second commitment");
+    let too_many = vec![[0u8; 32]; 17];
+    assert_eq!(challenges.check_opening(session.supplier, open, &too_many, &[], now), Err(ErrorCode::ChallengeAnswerInvalid));
+    let short_row = vec![(3u32, vec![0i32; 15])];
+    assert_eq!(challenges.check_opening(session.supplier, open, &[], &short_row, now), Err(ErrorCode::ChallengeAnswerInvalid));
+    let far_row = vec![(16u32, vec![0i32; 16])];
+    assert_eq!(challenges.check_opening(session.supplier, open, &[], &far_row, now), Err(ErrorCode::ChallengeAnswerInvalid));
+    assert!(challenges.get(open).is_some(), "still open after the errors");
 }
 
 /// The generator's entries do what they say: asks and bids trade into a

@@ -1,8 +1,7 @@
-//! The hardware challenge's arithmetic (issue 17, "Verified hardware"): what
-//! a GPU computes, how it commits to the answer, and how the exchange checks
-//! the answer cheaply. Not yet sent by the exchange: this is the part both
-//! sides must agree on byte for byte, with its tests; the messages, the
-//! journal entries and the agent's backends come next.
+//! The hardware challenge's arithmetic (docs/market-rules.md "Verified
+//! hardware", docs/protocol.md "Hardware challenges"): what a GPU computes,
+//! how it commits to the answer, and how the exchange checks the answer
+//! cheaply. Both sides must agree on it byte for byte.
 //!
 //! The work: `C = A x B` for two `n x n` matrices drawn from a seed, with
 //! entries in -2..=2. Every product entry is an integer of magnitude at
@@ -28,14 +27,15 @@
 
 use sha2::{Digest, Sha256};
 
-/// The largest matrix side a challenge may ask for (exactness bound and
-/// the exchange's own checking cost).
-pub const CHALLENGE_N_MAX: u32 = 1 << 14;
+/// The largest matrix side a challenge may ask for: its answer must fit a
+/// frame (every entry is exact far beyond it).
+pub const CHALLENGE_N_MAX: u32 = gpux_engine::limits::CHALLENGE_N_MAX;
 /// Rows the exchange opens.
 pub const CHALLENGE_OPENED_ROWS: usize = 8;
 
 /// Why an answer is refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ChallengeError {
     #[error("the row hashes do not hash to the commitment")]
     CommitmentMismatch,
@@ -110,6 +110,28 @@ pub fn product_row(a: &[i8], b: &[i8], n: u32, i: u32) -> Vec<i32> {
 /// The whole product, as an honest prover without a GPU computes it.
 pub fn product(a: &[i8], b: &[i8], n: u32) -> Vec<Vec<i32>> {
     (0..n).map(|i| product_row(a, b, n, i)).collect()
+}
+
+/// A prover's answer, computed: the product's row hashes and commitment,
+/// and the rows kept for the opening.
+pub struct Answer {
+    pub rows: Vec<Vec<i32>>,
+    pub row_hashes: Vec<[u8; 32]>,
+    pub commitment: [u8; 32],
+}
+
+impl Answer {
+    /// Commits to a computed product.
+    pub fn commit(rows: Vec<Vec<i32>>) -> Answer {
+        let row_hashes: Vec<[u8; 32]> = rows.iter().map(|row| row_hash(row)).collect();
+        let commitment = commitment(&row_hashes);
+        Answer { rows, row_hashes, commitment }
+    }
+
+    /// The rows asked for, as `challenge_opening` carries them.
+    pub fn open(&self, asked: &[u32]) -> OpenedRows {
+        asked.iter().filter_map(|&row| self.rows.get(row as usize).map(|entries| (row, entries.clone()))).collect()
+    }
 }
 
 pub fn row_hash(row: &[i32]) -> [u8; 32] {

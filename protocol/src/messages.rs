@@ -21,6 +21,16 @@ pub struct ReliabilityRecord {
     pub failed_deliveries: u32,
     /// Refused usage reports by code.
     pub refused_reports: std::collections::BTreeMap<crate::usage::UsageRejectCode, u32>,
+    /// Hardware challenges answered right and fast enough, right but too
+    /// slow for a class, wrong, and not answered in time.
+    #[serde(default)]
+    pub challenges_passed: u32,
+    #[serde(default)]
+    pub challenges_too_slow: u32,
+    #[serde(default)]
+    pub challenges_failed: u32,
+    #[serde(default)]
+    pub challenges_unanswered: u32,
 }
 
 /// One host's reliability.
@@ -76,6 +86,10 @@ pub struct OrderTicket {
     /// "Bids that filter on reliability".
     #[serde(default)]
     pub min_supplier_score_bps: u32,
+    /// Bids: trade only with GPUs whose last hardware challenge verified
+    /// them (docs/market-rules.md "Verified hardware").
+    #[serde(default)]
+    pub verified_only: bool,
 }
 
 fn default_order_type() -> OrderType {
@@ -110,14 +124,20 @@ impl OrderTicket {
             supply: None,
             rematch: false,
             min_supplier_score_bps: 0,
+            verified_only: false,
         }
     }
 
     /// The engine command this ticket places for `account`.
     pub fn into_command(self, account: AccountId) -> gpux_engine::Command {
-        match self.min_supplier_score_bps {
-            0 => gpux_engine::Command::PlaceOrder(self.into_order(account)),
-            min_supplier_score_bps => gpux_engine::Command::PlaceOrderFiltered { order: self.into_order(account), min_supplier_score_bps },
+        match (self.min_supplier_score_bps, self.verified_only) {
+            (0, false) => gpux_engine::Command::PlaceOrder(self.into_order(account)),
+            (min_supplier_score_bps, false) => {
+                gpux_engine::Command::PlaceOrderFiltered { order: self.into_order(account), min_supplier_score_bps }
+            }
+            (min_supplier_score_bps, true) => {
+                gpux_engine::Command::PlaceOrderVerified { order: self.into_order(account), min_supplier_score_bps }
+            }
         }
     }
 
@@ -327,6 +347,22 @@ pub enum ClientMessage {
     Ping {
         id: u64,
     },
+    /// A host commits to its answer of a hardware challenge: the hex
+    /// SHA-256 of its product's row hashes (docs/protocol.md "Hardware
+    /// challenges"). Answered with `challenge_rows`.
+    ChallengeCommit {
+        id: u64,
+        challenge: u64,
+        commitment: String,
+    },
+    /// A host opens its committed answer: every row hash (hex, in row
+    /// order) and the rows `challenge_rows` named, as `[row, [entries]]`.
+    ChallengeOpening {
+        id: u64,
+        challenge: u64,
+        row_hashes: Vec<String>,
+        rows: Vec<(u32, Vec<i32>)>,
+    },
 }
 
 impl ClientMessage {
@@ -362,6 +398,8 @@ impl ClientMessage {
             | LeaseDelivery { id, .. }
             | LeaseLogs { id, .. }
             | Logs { id, .. }
+            | ChallengeCommit { id, .. }
+            | ChallengeOpening { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -579,6 +617,25 @@ pub enum ServerMessage {
         id: u64,
         server_time_ms: u64,
     },
+    /// Pushed to a GPU's owner: a hardware challenge for that GPU. Compute
+    /// `A x B` for the matrices drawn from `seed` (hex, 32 bytes) and send
+    /// `challenge_commit` before `expires_at_ms` (exchange time); the time
+    /// until the commitment arrives is what is measured.
+    GpuChallenge {
+        challenge: u64,
+        gpu: GpuId,
+        seed: String,
+        n: u32,
+        expires_at_ms: u64,
+    },
+    /// Answer to `challenge_commit`: the commitment is journaled; open
+    /// these rows with `challenge_opening`.
+    ChallengeRows {
+        id: u64,
+        journal_seq: u64,
+        challenge: u64,
+        rows: Vec<u32>,
+    },
 }
 
 impl ServerMessage {
@@ -606,6 +663,7 @@ impl ServerMessage {
             | LeaseDelivery { id, .. }
             | LeaseLogs { id, .. }
             | Received { id }
+            | ChallengeRows { id, .. }
             | Pong { id, .. } => Some(*id),
             Error { id, .. } => *id,
             Challenge { .. }
@@ -616,6 +674,7 @@ impl ServerMessage {
             | Private { .. }
             | Delivery { .. }
             | Workload { .. }
+            | GpuChallenge { .. }
             | LogsWanted { .. } => None,
         }
     }
@@ -685,6 +744,16 @@ pub enum ErrorCode {
     RematchNotOnSpotBid,
     /// `supplier_stats` for an account that does not exist or cannot supply.
     UnknownSupplier,
+    /// No such hardware challenge open for this account's GPUs: never
+    /// issued, another owner's, already answered, or expired.
+    UnknownChallenge,
+    /// A challenge answer that is not well formed: a commitment or row
+    /// hash that is not 32 bytes of hex, more row hashes or rows than the
+    /// challenge has, or a row of the wrong length.
+    ChallengeAnswerInvalid,
+    /// A challenge step out of turn: a second commitment, or an opening
+    /// before the commitment.
+    ChallengeOutOfOrder,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -742,6 +811,11 @@ impl ErrorCode {
             WorkloadNotOnBid => "a workload goes with a bid (side buy) only",
             RematchNotOnSpotBid => "rematch goes with a bid on a spot instrument only",
             UnknownSupplier => "no supplier account with this id",
+            UnknownChallenge => "no such hardware challenge open for this account's GPUs (answered, expired, or never issued)",
+            ChallengeAnswerInvalid => {
+                "the challenge answer is malformed: hashes must be 32 bytes of hex, at most n row hashes and rows of n entries"
+            }
+            ChallengeOutOfOrder => "commit once, then open: this challenge step is out of turn",
         }
     }
 }

@@ -23,6 +23,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         supply: Some(GpuSet { host: HostId(3), gpu_mask: 0b11 }),
         rematch: false,
         min_supplier_score_bps: 9_900,
+        verified_only: true,
     };
     vec![
         ClientMessage::Auth {
@@ -81,6 +82,8 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::LeaseDelivery { id: 26, lease: LeaseId(7) },
         ClientMessage::LeaseLogs { id: 27, lease: LeaseId(7), tail_bytes: 4096 },
         ClientMessage::Logs { id: 28, request: 3, data: "hello\n".into(), truncated: true },
+        ClientMessage::ChallengeCommit { id: 29, challenge: 4, commitment: "ab".repeat(32) },
+        ClientMessage::ChallengeOpening { id: 30, challenge: 4, row_hashes: vec!["cd".repeat(32); 2], rows: vec![(1, vec![-3, 0])] },
     ]
 }
 
@@ -115,6 +118,8 @@ fn server_messages_round_trip_through_both_encodings() {
         ServerMessage::BookSnapshot { instrument: InstrumentId(0), seq: 4, bids: vec![(1_000, 2)], asks: vec![] },
         ServerMessage::Private { event, reason: Some("insufficient funds".into()) },
         ServerMessage::Instruments { id: 1, instruments: Engine::new(EngineConfig::demo()).expect("valid").instruments() },
+        ServerMessage::GpuChallenge { challenge: 4, gpu: GpuId(2), seed: "ef".repeat(32), n: 256, expires_at_ms: 1_796_223_720_000 },
+        ServerMessage::ChallengeRows { id: 29, journal_seq: 12, challenge: 4, rows: vec![3, 17, 200] },
     ];
     for message in messages {
         assert_eq!(decode_server_text(&encode_server_text(&message)), Ok(message.clone()));

@@ -53,6 +53,17 @@ pub enum BackendError {
 pub trait GpuBackend: Send {
     fn inventory(&mut self) -> Result<Vec<GpuInventory>, BackendError>;
     fn sample(&mut self, at_ms: u64) -> Result<Vec<GpuSample>, BackendError>;
+
+    /// Computes a hardware challenge's product `A x B` on the GPU `uuid`
+    /// (docs/agent.md "Hardware challenges"): the matrices come from
+    /// `seed`, the rows are returned in order. The default computes on the
+    /// host's CPU: no backend has a GPU kernel yet (docs/agent.md says what
+    /// that means for the measured rate).
+    fn challenge(&mut self, uuid: &str, seed: &[u8; 32], n: u32) -> Result<Vec<Vec<i32>>, BackendError> {
+        let _ = uuid;
+        let (a, b) = gpux_protocol::challenge::matrices(seed, n);
+        Ok(gpux_protocol::challenge::product(&a, &b, n))
+    }
 }
 
 /// A GPU hotter than this is reported unhealthy.

@@ -26,6 +26,13 @@ pub struct FakeGpu {
     pub interconnect: Interconnect,
     #[serde(default)]
     pub mig_profile: Option<String>,
+    /// A cheating GPU for tests and demos: answers hardware challenges with
+    /// a wrong product (`wrong`), or this many milliseconds late (`slow`:
+    /// a slower GPU than the model it claims).
+    #[serde(default)]
+    pub challenge_wrong: bool,
+    #[serde(default)]
+    pub challenge_delay_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -135,6 +142,25 @@ impl GpuBackend for FakeBackend {
             })
             .collect())
     }
+
+    /// Computes on the CPU, as an honest GPU would answer; a cheating GPU
+    /// of the description answers late or wrong.
+    fn challenge(&mut self, uuid: &str, seed: &[u8; 32], n: u32) -> Result<Vec<Vec<i32>>, BackendError> {
+        let gpu = self
+            .host
+            .gpus
+            .iter()
+            .find(|g| g.uuid == uuid)
+            .ok_or_else(|| BackendError::Query { what: "challenge".into(), detail: format!("no GPU {uuid} on this host") })?;
+        let (a, b) = gpux_protocol::challenge::matrices(seed, n);
+        let mut rows = gpux_protocol::challenge::product(&a, &b, n);
+        if gpu.challenge_wrong {
+            // Plausible but wrong: every entry off by one.
+            rows.iter_mut().flatten().for_each(|entry| *entry += 1);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(gpu.challenge_delay_ms));
+        Ok(rows)
+    }
 }
 
 #[cfg(test)]
@@ -158,6 +184,19 @@ mod tests {
         assert!(healthy_at(&mut backend, 10_000));
         assert!(!healthy_at(&mut backend, 11_500));
         assert!(healthy_at(&mut backend, 12_000));
+    }
+
+    #[test]
+    fn the_fake_answers_challenges_right_unless_it_cheats() {
+        let gpus = r#"{"gpus":[{"uuid":"GPU-a","vendor":"nvidia","model":"NVIDIA H100 80GB HBM3","memory_mib":81559,"interconnect":"nv_link"},
+                              {"uuid":"GPU-b","vendor":"nvidia","model":"NVIDIA H100 80GB HBM3","memory_mib":81559,"interconnect":"nv_link","challenge_wrong":true}]}"#;
+        let mut backend = host(gpus).expect("valid host");
+        let seed = [4u8; 32];
+        let (a, b) = gpux_protocol::challenge::matrices(&seed, 32);
+        let right = gpux_protocol::challenge::product(&a, &b, 32);
+        assert_eq!(backend.challenge("GPU-a", &seed, 32).expect("answered"), right);
+        assert_ne!(backend.challenge("GPU-b", &seed, 32).expect("answered"), right);
+        assert!(backend.challenge("GPU-z", &seed, 32).is_err(), "not a GPU of this host");
     }
 
     #[test]

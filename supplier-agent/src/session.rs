@@ -708,6 +708,10 @@ impl Agent {
                 self.deliver(lease, Some(workload));
                 return Ok(());
             }
+            ServerMessage::GpuChallenge { challenge, gpu, seed, n, .. } => {
+                self.answer_challenge(link, challenge, gpu, &seed, n).await?;
+                return Ok(());
+            }
             ServerMessage::LogsWanted { request, lease, tail_bytes } => {
                 match &self.delivery {
                     Some((orders, _)) => {
@@ -776,6 +780,21 @@ impl Agent {
                 }
                 !closed.is_empty()
             }
+            EventKind::GpuChallenged { gpu, outcome, mflops, verified, .. } => {
+                let uuid = self.gpus.iter().find(|g| g.info.gpu == gpu).map(|g| g.info.uuid.clone()).unwrap_or_default();
+                let classes_before: Vec<Vec<String>> = self.gpus.iter().map(|g| g.info.classes.clone()).collect();
+                // The classes it keeps: as the exchange has them now.
+                for info in my_gpus(&mut link.connection).await? {
+                    if let Some(known) = self.gpus.iter_mut().find(|g| g.info.uuid == info.uuid) {
+                        known.info = info;
+                    }
+                }
+                match outcome {
+                    gpux_engine::ChallengeOutcome::Passed => tracing::info!(%uuid, mflops, verified, "hardware challenge passed"),
+                    other => tracing::warn!(%uuid, outcome = ?other, mflops, "hardware challenge not passed"),
+                }
+                classes_before != self.gpus.iter().map(|g| g.info.classes.clone()).collect::<Vec<_>>()
+            }
             EventKind::ContractCreated { instrument, supplier, gpu, .. } if supplier == link.connection.account => {
                 if let Some(sold) = self.gpus.iter().find(|g| g.info.gpu == gpu) {
                     *self.windows_sold.entry(instrument).or_default() |= 1u64 << sold.info.index_on_host;
@@ -786,6 +805,48 @@ impl Agent {
         };
         if reoffer {
             self.reoffer_all(link).await?;
+        }
+        Ok(())
+    }
+
+    /// Answers a hardware challenge (docs/agent.md "Hardware challenges"):
+    /// the backend computes the product, the agent commits to it, then
+    /// opens the rows the exchange names. A challenge it cannot answer is
+    /// left to expire (the exchange records it unanswered).
+    async fn answer_challenge(&mut self, link: &mut Link, challenge: u64, gpu: gpux_engine::GpuId, seed: &str, n: u32) -> Result<()> {
+        let Some(uuid) = self.gpus.iter().find(|g| g.info.gpu == gpu).map(|g| g.info.uuid.clone()) else {
+            tracing::warn!(challenge, ?gpu, "challenge for a GPU not on this host");
+            return Ok(());
+        };
+        let Some(seed) = hex::decode(seed).ok().and_then(|bytes| <[u8; 32]>::try_from(bytes).ok()) else {
+            tracing::warn!(challenge, "challenge with a malformed seed");
+            return Ok(());
+        };
+        let started = std::time::Instant::now();
+        let rows = match self.backend.challenge(&uuid, &seed, n) {
+            Ok(rows) => rows,
+            Err(error) => {
+                tracing::warn!(challenge, %uuid, %error, "could not compute the challenge");
+                return Ok(());
+            }
+        };
+        let answer = gpux_protocol::challenge::Answer::commit(rows);
+        let computed_ms = started.elapsed().as_millis() as u64;
+        let id = link.connection.new_id();
+        let commit = ClientMessage::ChallengeCommit { id, challenge, commitment: hex::encode(answer.commitment) };
+        let asked = match link.connection.request(commit).await? {
+            ServerMessage::ChallengeRows { rows, .. } => rows,
+            other => {
+                tracing::warn!(challenge, ?other, "challenge commitment refused");
+                return Ok(());
+            }
+        };
+        let id = link.connection.new_id();
+        let row_hashes = answer.row_hashes.iter().map(hex::encode).collect();
+        let opening = ClientMessage::ChallengeOpening { id, challenge, row_hashes, rows: answer.open(&asked) };
+        match link.connection.request(opening).await? {
+            ServerMessage::Ack { .. } => tracing::info!(challenge, %uuid, n, computed_ms, "hardware challenge answered"),
+            other => tracing::warn!(challenge, ?other, "challenge opening refused"),
         }
         Ok(())
     }

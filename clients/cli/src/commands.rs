@@ -54,12 +54,16 @@ async fn supplier_stats(s: &mut Session, supplier: AccountId, json: bool) -> Res
         };
         let refused: Vec<String> = record.refused_reports.iter().map(|(code, n)| format!("{n} {}", snake(code))).collect();
         format!(
-            "score {score}: {:.1} of {:.1} GPU-hours verified in {} leases, {} failed deliveries, refused reports: {}",
+            "score {score}: {:.1} of {:.1} GPU-hours verified in {} leases, {} failed deliveries, refused reports: {}; hardware challenges: {} passed, {} too slow, {} wrong, {} unanswered",
             record.verified_gpu_ms as f64 / 3_600_000.0,
             record.leased_gpu_ms as f64 / 3_600_000.0,
             record.leases_closed,
             record.failed_deliveries,
-            if refused.is_empty() { "none".into() } else { refused.join(", ") }
+            if refused.is_empty() { "none".into() } else { refused.join(", ") },
+            record.challenges_passed,
+            record.challenges_too_slow,
+            record.challenges_failed,
+            record.challenges_unanswered,
         )
     };
     out!("supplier {supplier}, last {window_days} days: {}", describe(&record));
@@ -209,15 +213,25 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 }
             }
             if !json {
-                out!("{:>6} {:>6} {:>5}  {:<28} {:<8} classes", "gpu", "host", "index", "model", "online");
+                out!("{:>6} {:>6} {:>5}  {:<28} {:<8} {:<24} classes", "gpu", "host", "index", "model", "online", "challenge");
                 for gpu in all {
+                    // The last hardware challenge: its outcome and the rate it showed.
+                    let challenge = match gpu.challenge {
+                        Some(c) => format!(
+                            "{} {} MFLOP/s",
+                            serde_json::to_value(c.outcome).map_or(String::new(), |v| v.as_str().unwrap_or("").to_string()),
+                            c.mflops
+                        ),
+                        None => "none yet".to_string(),
+                    };
                     out!(
-                        "{:>6} {:>6} {:>5}  {:<28} {:<8} {}",
+                        "{:>6} {:>6} {:>5}  {:<28} {:<8} {:<24} {}",
                         gpu.gpu.0,
                         gpu.host.0,
                         gpu.index_on_host,
                         gpu.spec.model,
                         gpu.online,
+                        challenge,
                         gpu.classes.join(",")
                     );
                 }
@@ -371,6 +385,7 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
     order.post_only = args.post_only;
     order.one_host = args.one_host;
     order.rematch = args.rematch;
+    order.verified_only = args.verified_only;
     if let Some(percent) = &args.min_score {
         order.min_supplier_score_bps = parse_percent_bps(percent).map_err(Failure::Usage)?;
     }

@@ -103,6 +103,9 @@ pub struct OrderArgs {
     /// Bids: trade only with suppliers whose reliability score is at least this percent, e.g. 99.5 (see `gpux supplier`).
     #[arg(long)]
     pub min_score: Option<String>,
+    /// Bids: trade only with GPUs whose hardware challenge verified them (docs/market-rules.md "Verified hardware").
+    #[arg(long)]
+    pub verified_only: bool,
     /// Your id for the order (default: the current time in ms).
     #[arg(long)]
     pub client_id: Option<u64>,

@@ -35,6 +35,7 @@ fn start_exchange(data_dir: &Path, operator_public_key: [u8; 32]) -> Exchange {
         tls: None,
         billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: 250, grace_ms: 600_000 },
         clock_offset_ms: 0,
+        challenge_interval_ms: gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT,
         on_listening: None,
     };
     std::thread::spawn(move || gpux_exchange::run_until(config, gpux_exchange::Stop::Channel(stopped)));

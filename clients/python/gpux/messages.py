@@ -47,6 +47,7 @@ class OrderTicket:
     supply: Optional[dict] = None  # {"host": id, "gpu_mask": bits} on a GPU owner's ask
     rematch: bool = False  # spot bids: replace a lease whose host fails it
     min_supplier_score_bps: int = 0  # bids: only sellers scoring at least this (1-10000; 0: any)
+    verified_only: bool = False  # bids: only GPUs a hardware challenge verified
 
     _next_id = [0]
 
@@ -73,6 +74,7 @@ class OrderTicket:
             "supply": self.supply,
             "rematch": self.rematch,
             "min_supplier_score_bps": self.min_supplier_score_bps,
+            "verified_only": self.verified_only,
         }
 
 

@@ -8,10 +8,10 @@
 //! payout. Every movement is an event of the same sequenced stream, so
 //! settlement mirrors it in the double-entry ledger.
 
-use super::{Account, Checked, Engine};
-use crate::command::Role;
-use crate::config::GpuSpec;
-use crate::event::{EventKind, HoldReason, ReduceReason, RejectCode};
+use super::{Account, Checked, Engine, GpuVerification};
+use crate::command::{ChallengeAnswer, Role};
+use crate::config::{ChallengeSpec, GpuSpec};
+use crate::event::{ChallengeOutcome, EventKind, HoldReason, ReduceReason, RejectCode};
 use crate::gpus::{CommitmentHolder, Gpu, GpuDetails, Host, HostGpus};
 use crate::ids::{AccountId, GpuId, HostId, LeaseId};
 use crate::limits;
@@ -261,13 +261,14 @@ impl Engine {
         let gpu = GpuId(self.gpus.len() as u32);
         let index_on_host = self.hosts[host.0 as usize].gpus.len() as u32;
         self.hosts[host.0 as usize].gpus.push(gpu);
-        self.gpu_details.push(GpuDetails { uuid: uuid.to_string(), spec: spec.clone() });
+        self.gpu_details.push(GpuDetails { uuid: uuid.to_string(), spec: spec.clone(), challenge: None });
         self.gpus.push(Gpu {
             host,
             index_on_host,
             owner: account,
             classes_mask,
             online: true,
+            verified: false,
             spot_ask: None,
             preemptible_ask: None,
             exclusive_lease: None,
@@ -299,6 +300,55 @@ impl Engine {
         }
         if !online {
             self.withdraw_gpu_from_asks(gpu_id, ReduceReason::GpuOffline, true);
+        }
+        Ok(())
+    }
+
+    /// Records a hardware challenge's result (docs/market-rules.md "Verified
+    /// hardware"). A correct answer keeps the classes whose spec the GPU
+    /// meets and whose minimum rate the answer showed (classes without a
+    /// challenge are kept), and verifies the GPU if it keeps any; a wrong
+    /// answer rejects it from every class for good; no answer leaves its
+    /// classes and drops its verification. Classes it leaves take it out of
+    /// its asks (sold windows stay sold).
+    pub(super) fn record_challenge(&mut self, gpu_id: GpuId, answer: ChallengeAnswer) -> Checked<()> {
+        let gpu = self.gpus.get(gpu_id.0 as usize).ok_or(RejectCode::UnknownGpu)?;
+        let owner = gpu.owner;
+        let before = gpu.classes_mask;
+        let details = &self.gpu_details[gpu_id.0 as usize];
+        let rejected = details.challenge.is_some_and(|c| c.rejected) || answer == ChallengeAnswer::Wrong;
+        let spec_mask = self
+            .config
+            .classes
+            .iter()
+            .enumerate()
+            .filter(|(_, class)| class.requirement.is_met_by(&details.spec))
+            .fold(0u64, |mask, (index, _)| mask | (1u64 << index));
+        let (outcome, mflops, classes_mask, verified) = match answer {
+            ChallengeAnswer::Wrong => (ChallengeOutcome::WrongAnswer, 0, 0, false),
+            ChallengeAnswer::Unanswered => (ChallengeOutcome::Unanswered, 0, if rejected { 0 } else { before }, false),
+            ChallengeAnswer::Correct { n, elapsed_ms } => {
+                let mflops = ChallengeSpec { n, min_mflops: 1 }.mflops(elapsed_ms);
+                let fast_enough = self
+                    .config
+                    .classes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, class)| class.challenge.is_none_or(|c| mflops >= c.min_mflops))
+                    .fold(0u64, |mask, (index, _)| mask | (1u64 << index));
+                let kept = if rejected { 0 } else { spec_mask & fast_enough };
+                let outcome = if kept == spec_mask { ChallengeOutcome::Passed } else { ChallengeOutcome::TooSlow };
+                (outcome, mflops, kept, kept != 0)
+            }
+        };
+        let at_ms = self.now_ms;
+        self.gpu_details[gpu_id.0 as usize].challenge = Some(GpuVerification { at_ms, outcome, mflops, rejected });
+        let gpu = &mut self.gpus[gpu_id.0 as usize];
+        gpu.classes_mask = classes_mask;
+        gpu.verified = verified;
+        self.emit(EventKind::GpuChallenged { gpu: gpu_id, owner, outcome, mflops, classes_mask, verified });
+        if before & !classes_mask != 0 {
+            self.withdraw_gpu_from_asks(gpu_id, ReduceReason::GpuDisqualified, true);
         }
         Ok(())
     }

@@ -111,8 +111,10 @@ impl Engine {
             return (0, 0);
         }
         let Some(set) = sell.supply else {
-            // A resale of contracts: any quantity, but never a gang bid's one host.
-            return if buy.one_host { (0, 0) } else { (sell.quantity, 0) };
+            // A resale of contracts: any quantity, but never a gang bid's one
+            // host, nor a bid for verified GPUs (a contract names no GPU the
+            // buyer can check before the window).
+            return if buy.one_host || buy.verified_only { (0, 0) } else { (sell.quantity, 0) };
         };
         let kind = self.instruments[buy.instrument.0 as usize].kind;
         let notice_ms = self.notice_ms(buy.instrument);
@@ -120,6 +122,9 @@ impl Engine {
         let usable = mask_bits(set.gpu_mask)
             .filter(|&bit| {
                 let gpu = &self.gpus[host.gpus[bit as usize].0 as usize];
+                if buy.verified_only && !gpu.verified {
+                    return false;
+                }
                 match kind {
                     ContractKind::Reserved { .. } => true,
                     ContractKind::Spot => spot_start_ms(gpu, self.now_ms, notice_ms, buy.duration).is_some(),

@@ -174,6 +174,32 @@ pub struct GpuInfo {
     pub spec: crate::config::GpuSpec,
     pub classes: Vec<String>,
     pub online: bool,
+    /// Whether its last hardware challenge verified it in the classes it
+    /// keeps (docs/market-rules.md "Verified hardware").
+    #[serde(default)]
+    pub verified: bool,
+    /// Its last hardware challenge, if it had one.
+    #[serde(default)]
+    pub challenge: Option<GpuVerification>,
+}
+
+/// See [`Engine::challenge_target`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChallengeTarget {
+    pub owner: AccountId,
+    pub idle: bool,
+    pub n: Option<u32>,
+}
+
+/// A GPU's last hardware challenge as the engine recorded it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GpuVerification {
+    pub at_ms: u64,
+    pub outcome: crate::event::ChallengeOutcome,
+    /// The rate its answer showed (0 unless answered correctly).
+    pub mflops: u64,
+    /// A wrong answer rejects the GPU from every class for good.
+    pub rejected: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -385,14 +411,22 @@ impl Engine {
             Command::SetBillingGrace { grace_ms } => self.set_billing_grace(*grace_ms),
             Command::RegisterGpu { account, host, gpu_uuid, spec } => self.register_gpu(*account, host, gpu_uuid, spec),
             Command::SetGpuOnline { account, gpu, online } => self.set_gpu_online(*account, *gpu, *online),
-            Command::PlaceOrder(order) => self.place_order(order, 0),
+            Command::PlaceOrder(order) => self.place_order(order, 0, false),
             Command::PlaceOrderFiltered { order, min_supplier_score_bps } => {
                 if order.side != Side::Buy || *min_supplier_score_bps == 0 || *min_supplier_score_bps > 10_000 {
                     Err(RejectCode::ScoreFilterInvalid)
                 } else {
-                    self.place_order(order, *min_supplier_score_bps)
+                    self.place_order(order, *min_supplier_score_bps, false)
                 }
             }
+            Command::PlaceOrderVerified { order, min_supplier_score_bps } => {
+                if order.side != Side::Buy || *min_supplier_score_bps > 10_000 {
+                    Err(RejectCode::ScoreFilterInvalid)
+                } else {
+                    self.place_order(order, *min_supplier_score_bps, true)
+                }
+            }
+            Command::RecordChallenge { gpu, answer } => self.record_challenge(*gpu, *answer),
             Command::CancelOrder { account, order } => self.cancel_order(*account, *order),
             Command::ReplaceOrder { account, order, price_minor_per_gpu_hour, quantity } => {
                 self.replace_order(*account, *order, *price_minor_per_gpu_hour, *quantity)
@@ -769,6 +803,8 @@ impl Engine {
                 .map(|class| self.config.classes[class].name.clone())
                 .collect(),
             online: gpu.online,
+            verified: gpu.verified,
+            challenge: self.gpu_details[id.0 as usize].challenge,
         })
     }
 
@@ -779,6 +815,31 @@ impl Engine {
             .filter(|&id| self.gpus[id.0 as usize].owner == account)
             .filter_map(|id| self.gpu(id))
             .collect()
+    }
+
+    /// GPUs registered (ids are `0..gpu_count`).
+    pub fn gpu_count(&self) -> u32 {
+        self.gpus.len() as u32
+    }
+
+    /// What the sequencer needs to challenge a GPU's hardware: its owner,
+    /// whether it is idle (online, no lease), and the challenge's side (the
+    /// largest of the classes its spec meets; `None`: none of them
+    /// challenges, or a wrong answer rejected it for good).
+    pub fn challenge_target(&self, id: GpuId) -> Option<ChallengeTarget> {
+        let gpu = self.gpus.get(id.0 as usize)?;
+        let details = &self.gpu_details[id.0 as usize];
+        let rejected = details.challenge.is_some_and(|c| c.rejected);
+        let n = self
+            .config
+            .classes
+            .iter()
+            .filter(|class| class.requirement.is_met_by(&details.spec))
+            .filter_map(|class| class.challenge.map(|c| c.n))
+            .max()
+            .filter(|_| !rejected);
+        let idle = gpu.online && gpu.exclusive_lease.is_none() && gpu.preemptible_lease.is_none();
+        Some(ChallengeTarget { owner: gpu.owner, idle, n })
     }
 
     /// The GPU a host's `index`-th registration got.
@@ -807,6 +868,7 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::SettleUsage { .. }
         | Command::SetFee { .. }
         | Command::SetBillingGrace { .. }
+        | Command::RecordChallenge { .. }
         | Command::Tick => None,
         Command::Deposit { account, .. }
         | Command::Withdraw { account, .. }
@@ -818,13 +880,17 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::MassCancel { account, .. }
         | Command::EndLease { account, .. }
         | Command::FailLeaseDelivery { account, .. } => Some(*account),
-        Command::PlaceOrder(order) | Command::PlaceOrderFiltered { order, .. } => Some(order.account),
+        Command::PlaceOrder(order) | Command::PlaceOrderFiltered { order, .. } | Command::PlaceOrderVerified { order, .. } => {
+            Some(order.account)
+        }
     }
 }
 
 fn command_client_order_id(command: &Command) -> u64 {
     match command {
-        Command::PlaceOrder(order) | Command::PlaceOrderFiltered { order, .. } => order.client_order_id,
+        Command::PlaceOrder(order) | Command::PlaceOrderFiltered { order, .. } | Command::PlaceOrderVerified { order, .. } => {
+            order.client_order_id
+        }
         _ => 0,
     }
 }
@@ -869,9 +935,12 @@ impl Engine {
         for (gpu, details) in self.gpus.iter().zip(&self.gpu_details) {
             h.bytes(
                 format!(
-                    "{}{}{:?}{:?}{:?}{:?}{:?}",
+                    "{}{}{}{}{:?}{:?}{:?}{:?}{:?}{:?}",
                     details.uuid,
                     gpu.online,
+                    gpu.classes_mask,
+                    gpu.verified,
+                    details.challenge,
                     gpu.spot_ask,
                     gpu.preemptible_ask,
                     gpu.exclusive_lease,

@@ -19,7 +19,7 @@ struct Admission {
 }
 
 impl Engine {
-    pub(super) fn place_order(&mut self, new: &NewOrder, min_supplier_score_bps: u32) -> Checked<()> {
+    pub(super) fn place_order(&mut self, new: &NewOrder, min_supplier_score_bps: u32, verified_only: bool) -> Checked<()> {
         let admission = self.admit(new)?;
         let order = Order {
             instrument: new.instrument,
@@ -39,6 +39,7 @@ impl Engine {
                 _ => None,
             },
             min_supplier_score_bps,
+            verified_only,
             ..Order::vacant()
         };
         let id = self.orders.insert(order);
@@ -327,7 +328,7 @@ impl Engine {
         if quantity_left == 0 {
             let close = match reason {
                 ReduceReason::SelfTradeDecrement => OrderCloseReason::SelfTradePrevented,
-                ReduceReason::GpuOffline | ReduceReason::GpuLeasedElsewhere => OrderCloseReason::SupplyGone,
+                ReduceReason::GpuOffline | ReduceReason::GpuLeasedElsewhere | ReduceReason::GpuDisqualified => OrderCloseReason::SupplyGone,
             };
             self.close_order(id, close);
         } else {

@@ -16,6 +16,7 @@
 //! subscriptions and disconnects; `delivery.rs` lease delivery requests;
 //! `queries.rs` read-only answers.
 
+mod challenges;
 mod delivery;
 mod queries;
 mod recovery;
@@ -38,6 +39,7 @@ use crate::snapshots::SnapshotWriter;
 use gpux_gateway::link::{Clock, ConnectionId, Outbound, Outgoing, Request, SharedFrame};
 use gpux_journal::JournalStore;
 
+pub use challenges::CHALLENGE_INTERVAL_MS_DEFAULT;
 pub use recovery::{BillingPolicy, Recovery};
 
 /// Requests handled in one batch at most (one journal commit).
@@ -104,6 +106,8 @@ pub struct Sequencer {
     snapshots: SnapshotWriter,
     logs_pending: BTreeMap<u64, LogsWait>,
     next_logs_request: u64,
+    /// When each GPU is next challenged.
+    challenges: challenges::Schedule,
 }
 
 enum Target {
@@ -166,6 +170,7 @@ impl Sequencer {
         for request in batch {
             self.handle(request);
         }
+        self.run_challenges();
         self.expire_logs_requests();
         if let Some(fatal) = self.fatal.take() {
             return Err(fatal);
@@ -208,6 +213,7 @@ impl Sequencer {
             Request::Disconnect { connection } => self.disconnect(connection),
             Request::Bid { connection, id, command, workload, rematch } => self.bid(connection, id, command, workload, rematch),
             Request::Delivery { connection, id, request } => self.delivery(connection, id, request),
+            Request::Challenge { connection, id, request } => self.challenge(connection, id, request),
         }
     }
 
@@ -229,6 +235,7 @@ impl Sequencer {
         self.entries.push(entry);
         let journal_seq = self.journal.next_seq() + self.entries.len() as u64 - 1;
         let mut applied = applied;
+        self.note_registrations(&applied.events);
         self.route(&mut applied);
         if let Some(command) = applied.follow_up.clone() {
             // Journaled like any command: replay meets it as its own entry.

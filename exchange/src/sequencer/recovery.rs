@@ -86,7 +86,9 @@ impl Sequencer {
             snapshots: SnapshotWriter::spawn(snapshots, replica, replayed_to, snapshot_seq, SNAPSHOT_EVERY_ENTRIES)?,
             logs_pending: BTreeMap::new(),
             next_logs_request: 1,
+            challenges: Default::default(),
         };
+        sequencer.set_challenge_interval_ms(super::CHALLENGE_INTERVAL_MS_DEFAULT);
         // The fee and the billing grace are engine state, changed only by
         // journaled commands, so a replay from any point reaches the same
         // charges whatever the flags say then. These commands are committed

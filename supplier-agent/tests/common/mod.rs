@@ -17,12 +17,18 @@ pub struct Exchange {
     dir: std::path::PathBuf,
     operator: SigningKey,
     listen: std::net::SocketAddr,
+    challenge_interval_ms: u64,
 }
 
 impl Exchange {
     pub fn start(dir: &std::path::Path, operator: &SigningKey) -> Exchange {
+        Self::start_with_challenges(dir, operator, gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT)
+    }
+
+    /// An exchange that challenges idle GPUs every `interval_ms` on average.
+    pub fn start_with_challenges(dir: &std::path::Path, operator: &SigningKey, interval_ms: u64) -> Exchange {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
-        Self::start_on(dir, operator, format!("127.0.0.1:{port}").parse().expect("addr"))
+        Self::start_on(dir, operator, format!("127.0.0.1:{port}").parse().expect("addr"), interval_ms)
     }
 
     /// Stops the exchange (a clean stop, as an operator's restart would).
@@ -36,10 +42,10 @@ impl Exchange {
     }
 
     pub fn start_again(&mut self) {
-        *self = Self::start_on(&self.dir.clone(), &self.operator.clone(), self.listen);
+        *self = Self::start_on(&self.dir.clone(), &self.operator.clone(), self.listen, self.challenge_interval_ms);
     }
 
-    fn start_on(dir: &std::path::Path, operator: &SigningKey, listen: std::net::SocketAddr) -> Exchange {
+    fn start_on(dir: &std::path::Path, operator: &SigningKey, listen: std::net::SocketAddr, challenge_interval_ms: u64) -> Exchange {
         let config = gpux_exchange::ExchangeConfig {
             data_dir: dir.to_path_buf(),
             listen,
@@ -51,6 +57,7 @@ impl Exchange {
             tls: None,
             billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: 250, grace_ms: gpux_exchange::BILLING_GRACE_MS_DEFAULT },
             clock_offset_ms: 0,
+            challenge_interval_ms,
             on_listening: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -69,6 +76,7 @@ impl Exchange {
             dir: dir.to_path_buf(),
             operator: operator.clone(),
             listen,
+            challenge_interval_ms,
         }
     }
 }

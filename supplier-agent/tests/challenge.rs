@@ -1,0 +1,119 @@
+//! Verified hardware end to end (docs/market-rules.md "Verified hardware"):
+//! three real agents on the fake backend against a real exchange that
+//! challenges every GPU as it registers and again every couple of seconds
+//! while idle. The honest GPU passes (again and again) and is verified; a
+//! GPU that computes a wrong product is rejected from its class for good; a
+//! GPU that answers too slowly for the class it claims (a slower card
+//! registered as an H100) leaves the class. A bid for verified GPUs trades
+//! with the honest one only, and every result is in the suppliers' public
+//! records.
+
+use std::time::{Duration, Instant};
+
+use ed25519_dalek::SigningKey;
+use gpux_engine::{AccountId, ChallengeOutcome, GpuInfo, InstrumentId, Side, TimeInForce};
+use gpux_protocol::*;
+use gpux_supplier_agent::session::Connection;
+
+mod common;
+use common::*;
+
+/// An agent on host `name` with one H100 as described by `extra` (cheats).
+fn agent(dir: &std::path::Path, url: &str, name: &str, extra: &str) -> (Agent, SigningKey) {
+    let dir = dir.join(name);
+    std::fs::create_dir_all(&dir).expect("agent dir");
+    let key_file = dir.join("host.key");
+    let config = dir.join("agent.toml");
+    write(
+        &config,
+        &format!(
+            "exchange = \"{url}\"\nhost = \"{name}\"\nkey_file = \"{}\"\nsample_interval_ms = 1000\nreport_interval_ms = 1000\n\n[[offer]]\ncontract = \"spot\"\nprice_floor_minor_per_gpu_hour = 2000000\n",
+            key_file.display()
+        ),
+    );
+    let host = dir.join("host.json");
+    write(
+        &host,
+        &format!(
+            r#"{{"gpus": [{{"uuid": "GPU-{name}", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"{extra}}}]}}"#
+        ),
+    );
+    let key = gpux_supplier_agent::keys::load_or_create(&key_file).expect("host key");
+    (spawn_agent(&config, &host), key)
+}
+
+/// The supplier's GPU as the exchange shows it to its owner, once the
+/// agent logged in and registered it.
+async fn gpu_of(exchange: &Exchange, key: &SigningKey) -> Option<(AccountId, GpuInfo)> {
+    let mut owner = Connection::open(&exchange.url, key, None).await.ok()?;
+    let id = owner.new_id();
+    let ServerMessage::Gpus { gpus, .. } = owner.request(ClientMessage::MyGpus { id, offset: 0 }).await.expect("gpus") else {
+        panic!("gpus");
+    };
+    Some((owner.account, gpus.into_iter().next()?))
+}
+
+async fn record(client: &mut Connection, supplier: AccountId) -> ReliabilityRecord {
+    let id = client.new_id();
+    match client.request(ClientMessage::SupplierStats { id, supplier }).await.expect("supplier stats") {
+        ServerMessage::SupplierStats { record, .. } => record,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn challenges_verify_the_honest_gpu_and_catch_a_wrong_and_a_slow_one() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start_with_challenges(&dir.path().join("exchange"), &operator, 2_000);
+    let mut renter = funded_renter(&exchange, &operator, 3, 1_000_000_000).await;
+    // The demo class: n = 256, at least 10 MFLOP/s, so at most 3.4 s to commit.
+    let (_honest, honest_key) = agent(dir.path(), &exchange.url, "honest", "");
+    let (_wrong, wrong_key) = agent(dir.path(), &exchange.url, "wrong", r#", "challenge_wrong": true"#);
+    let (_slow, slow_key) = agent(dir.path(), &exchange.url, "slow", r#", "challenge_delay_ms": 5000"#);
+
+    // Each GPU's first challenge comes as it registers; the honest one is
+    // challenged again while idle (every 1 to 3 s here).
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let (honest, wrong, slow) = loop {
+        let results = (gpu_of(&exchange, &honest_key).await, gpu_of(&exchange, &wrong_key).await, gpu_of(&exchange, &slow_key).await);
+        if let (Some(honest), Some(wrong), Some(slow)) = &results {
+            let honest_record = record(&mut renter, honest.0).await;
+            if wrong.1.challenge.is_some() && slow.1.challenge.is_some() && honest_record.challenges_passed >= 2 {
+                break (honest.clone(), wrong.clone(), slow.clone());
+            }
+        }
+        assert!(Instant::now() < deadline, "every GPU answered its challenges: {results:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let outcome = |gpu: &GpuInfo| gpu.challenge.map(|c| c.outcome);
+    assert_eq!(outcome(&honest.1), Some(ChallengeOutcome::Passed), "{honest:?}");
+    assert!(honest.1.verified && honest.1.classes == ["H100-SXM-80G"], "{honest:?}");
+    assert!(honest.1.challenge.expect("challenged").mflops >= 10, "{honest:?}");
+    assert_eq!(outcome(&wrong.1), Some(ChallengeOutcome::WrongAnswer), "{wrong:?}");
+    assert!(!wrong.1.verified && wrong.1.classes.is_empty() && wrong.1.challenge.expect("challenged").rejected, "{wrong:?}");
+    assert_eq!(outcome(&slow.1), Some(ChallengeOutcome::TooSlow), "{slow:?}");
+    assert!(!slow.1.verified && slow.1.classes.is_empty(), "{slow:?}");
+    assert!(slow.1.challenge.expect("challenged").mflops < 10, "{slow:?}");
+
+    // The public records say so; a wrong answer costs the score.
+    let honest_record = record(&mut renter, honest.0).await;
+    assert!(honest_record.challenges_passed >= 2 && honest_record.challenges_failed == 0, "{honest_record:?}");
+    let wrong_record = record(&mut renter, wrong.0).await;
+    assert_eq!(wrong_record.challenges_failed, 1, "rejected for good: not challenged again {wrong_record:?}");
+    let slow_record = record(&mut renter, slow.0).await;
+    assert!(slow_record.challenges_too_slow >= 1 && slow_record.challenges_passed == 0, "{slow_record:?}");
+
+    // A bid for verified GPUs trades with the honest GPU.
+    let mut order = OrderTicket::limit(1, InstrumentId(0), Side::Buy, 2_000_000, 1);
+    order.time_in_force = TimeInForce::Ioc;
+    order.verified_only = true;
+    let id = renter.new_id();
+    let placed = renter.request(ClientMessage::NewOrder { id, order, workload: None }).await.expect("bid");
+    assert!(matches!(placed, ServerMessage::Ack { .. }), "{placed:?}");
+    let id = renter.new_id();
+    let ServerMessage::Leases { leases, .. } = renter.request(ClientMessage::Leases { id, offset: 0 }).await.expect("leases") else {
+        panic!("leases");
+    };
+    assert_eq!(leases.iter().map(|l| l.supplier).collect::<Vec<_>>(), [honest.0], "{leases:?}");
+}
