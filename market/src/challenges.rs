@@ -95,6 +95,11 @@ impl Challenges {
         self.pending.iter().filter(|(_, p)| p.expires_at_ms() <= now_ms).map(|(id, _)| *id).collect()
     }
 
+    /// The newest challenge's id (0 before the first).
+    pub fn latest(&self) -> u64 {
+        self.next
+    }
+
     pub fn len(&self) -> usize {
         self.pending.len()
     }

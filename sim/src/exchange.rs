@@ -105,6 +105,18 @@ impl SimExchange {
         applied.usage.expect("a usage report has an outcome")
     }
 
+    /// Applies a hardware challenge's entry, then the engine command the
+    /// market calls for (as the sequencer journals it); its events are
+    /// appended to `events`.
+    pub fn challenge(&mut self, entry: JournalEntry, events: &mut Vec<Event>) {
+        let applied = self.record(entry);
+        events.extend_from_slice(&applied.events);
+        if let Some(command) = applied.follow_up {
+            let at_ms = self.market.clock_ms();
+            self.apply(Input { at_ms, command }, events);
+        }
+    }
+
     /// Applies one entry through the market's one apply path and records it.
     fn record(&mut self, entry: JournalEntry) -> Applied {
         let applied = self.market.apply(&entry).expect("the ledger accepts every engine event");

@@ -45,6 +45,22 @@ pub struct CheatStats {
     pub codes: BTreeMap<String, u64>,
 }
 
+/// Hardware challenges of one kind of supplier (docs/market-rules.md
+/// "Verified hardware").
+#[derive(Clone, Debug, Default)]
+pub struct ChallengeStats {
+    pub suppliers: u64,
+    /// Suppliers with at least one challenge answered.
+    pub suppliers_answered: u64,
+    /// Suppliers with a GPU found wrong or too slow, and how long after
+    /// the run's start (when every GPU was listed) the first was.
+    pub suppliers_caught: u64,
+    pub time_to_catch_ms: Vec<u64>,
+    pub issued: u64,
+    /// Results: passed, too slow, wrong, unanswered.
+    pub outcomes: [u64; 4],
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct FaultStats {
     pub crashes: u64,
@@ -97,6 +113,9 @@ pub struct Metrics {
     pub jobs: BTreeMap<RenterKind, JobStats>,
     pub window_bids: JobStats,
     pub cheats: BTreeMap<SupplierCheat, CheatStats>,
+    /// Hardware challenges by supplier kind (`None`: no hardware cheat:
+    /// honest, or cheating at usage reports only).
+    pub challenges: BTreeMap<Option<SupplierCheat>, ChallengeStats>,
     pub renter_cheats: BTreeMap<&'static str, CheatStats>,
     /// Debt the underpaying renters still owe at the end.
     pub underpayer_debt_minor: u64,
@@ -122,6 +141,15 @@ impl Metrics {
             preemptions_by_day: vec![0; days],
             ..Default::default()
         }
+    }
+
+    /// Every hardware cheater answered was caught, and no honest GPU was
+    /// found wrong or too slow.
+    pub fn hardware_cheats_caught_and_honest_spared(&self) -> bool {
+        self.challenges.iter().all(|(kind, stats)| match kind {
+            Some(_) => stats.suppliers_caught == stats.suppliers_answered,
+            None => stats.outcomes[1] == 0 && stats.outcomes[2] == 0,
+        })
     }
 
     pub fn every_cheat_caught(&self) -> bool {

@@ -80,11 +80,21 @@ pub enum SupplierCheat {
     DoubleSell,
     /// Reports another supplier's lease.
     ForeignLease,
+    /// Its GPUs answer hardware challenges with a wrong product (a broken
+    /// or emulated GPU passed off as a real one).
+    WrongProduct,
+    /// A slower GPU registered as the class's model (misdeclared): it
+    /// answers hardware challenges right, but slower than the class allows.
+    SlowGpu,
 }
 
-pub const SUPPLIER_CHEATS: [SupplierCheat; 9] = [
+/// In the order cheaters take them (the hardware cheats early, so a run
+/// with few cheaters has both).
+pub const SUPPLIER_CHEATS: [SupplierCheat; 11] = [
     SupplierCheat::InflateAvailable,
+    SupplierCheat::WrongProduct,
     SupplierCheat::ClaimFuture,
+    SupplierCheat::SlowGpu,
     SupplierCheat::Replay,
     SupplierCheat::Forge,
     SupplierCheat::PhantomGpu,
@@ -95,6 +105,11 @@ pub const SUPPLIER_CHEATS: [SupplierCheat; 9] = [
 ];
 
 impl SupplierCheat {
+    /// Cheats at hardware challenges (their usage reports are honest).
+    pub fn is_hardware(self) -> bool {
+        matches!(self, SupplierCheat::WrongProduct | SupplierCheat::SlowGpu)
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             SupplierCheat::InflateAvailable => "inflated available time",
@@ -106,6 +121,8 @@ impl SupplierCheat {
             SupplierCheat::BeforeLease => "time before the lease",
             SupplierCheat::DoubleSell => "double-selling GPUs",
             SupplierCheat::ForeignLease => "another supplier's lease",
+            SupplierCheat::WrongProduct => "wrong hardware challenge answers",
+            SupplierCheat::SlowGpu => "a slower GPU than the model it claims",
         }
     }
 }

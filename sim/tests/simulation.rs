@@ -23,10 +23,19 @@ fn a_small_market_with_cheaters_and_faults_keeps_every_invariant() {
     let m = &sim.metrics;
     assert!(m.billing.leases_closed > 300, "the market traded: {} leases closed", m.billing.leases_closed);
     assert!(m.billing.clean_leases > 0 && m.billing.sla_credits > 0, "clean leases and SLA credits both occur");
-    for cheat in SUPPLIER_CHEATS {
+    for cheat in SUPPLIER_CHEATS.into_iter().filter(|cheat| !cheat.is_hardware()) {
         let stats = m.cheats.get(&cheat).unwrap_or_else(|| panic!("{cheat:?} was never tried"));
         assert!(stats.attempts > 0 && stats.caught == stats.attempts && stats.moved_minor == 0, "{cheat:?}: {stats:?}");
     }
+    // Hardware cheaters are caught by challenges, at their first one (as
+    // their GPUs are listed); honest GPUs pass theirs.
+    for cheat in SUPPLIER_CHEATS.into_iter().filter(|cheat| cheat.is_hardware()) {
+        let stats = m.challenges.get(&Some(cheat)).unwrap_or_else(|| panic!("no {cheat:?} supplier"));
+        assert!(stats.suppliers > 0 && stats.suppliers_caught == stats.suppliers, "{cheat:?}: {stats:?}");
+        assert!(stats.time_to_catch_ms.iter().all(|ms| *ms < 60_000), "{cheat:?}: {stats:?}");
+    }
+    let honest = &m.challenges[&None];
+    assert!(honest.outcomes[0] > 0 && honest.outcomes[1] == 0 && honest.outcomes[2] == 0, "{honest:?}");
     for label in ["withdrawal of held funds", "bid beyond its funds", "open-ended lease left unfunded"] {
         let stats = &m.renter_cheats[label];
         assert!(stats.attempts > 0 && stats.moved_minor == 0, "{label}: {stats:?}");

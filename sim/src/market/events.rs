@@ -25,6 +25,7 @@ impl Sim {
                     self.on_lease_created(lease, kind, renter, supplier, price_minor_per_gpu_hour, start_ms, end_ms)
                 }
                 EventKind::LeaseEnded { lease, .. } => self.on_lease_ended(lease),
+                EventKind::GpuChallenged { gpu, outcome, classes_mask, .. } => self.on_gpu_challenged(gpu, outcome, classes_mask),
                 EventKind::PreemptionNotice { .. } => {
                     let day = ((self.now_ms - START_MS) / MS_PER_DAY) as usize;
                     if let Some(count) = self.metrics.preemptions_by_day.get_mut(day) {

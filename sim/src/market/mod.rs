@@ -30,6 +30,7 @@ use crate::exchange::SimExchange;
 use crate::metrics::{CheatStats, Metrics};
 use crate::population::{self, Population, RenterKind, SupplierCheat, CLASSES};
 
+mod challenges;
 mod events;
 mod renters;
 mod suppliers;
@@ -64,6 +65,12 @@ enum Action {
     Snapshot,
     Restart,
     RenterCheat(u32),
+    /// A hardware challenge of an idle GPU (scheduled again each time).
+    Challenge(GpuId),
+    /// The GPU's answer to a challenge arrives.
+    ChallengeAnswer(u64, GpuId),
+    /// A challenge of a host that went down runs out.
+    ChallengeExpire(u64),
 }
 
 struct Scheduled {
@@ -100,6 +107,9 @@ struct SupplierState {
     network_down_until: u64,
     offered_window: Option<InstrumentId>,
     next_client_order_id: u64,
+    /// A hardware challenge was answered, and one found a GPU wrong or slow.
+    challenge_answered: bool,
+    challenge_caught: bool,
 }
 
 struct RenterState {
@@ -159,6 +169,9 @@ struct WindowInfo {
 pub struct Sim {
     pub config: SimConfig,
     rng: ChaCha8Rng,
+    /// Hardware challenges draw from their own stream, so that turning them
+    /// on or changing their schedule leaves the market's draws as they were.
+    challenge_rng: ChaCha8Rng,
     pub exchange: SimExchange,
     queue: BinaryHeap<Reverse<Scheduled>>,
     queue_order: u64,
@@ -179,6 +192,8 @@ pub struct Sim {
     gpu_class: Vec<usize>,
     gpu_lease_count: Vec<u8>,
     gpu_online: Vec<bool>,
+    /// A hardware challenge took the GPU out of its class.
+    gpu_disqualified: Vec<bool>,
     gpu_intervals: Vec<Vec<(u64, u64)>>,
     instrument_kind: FxHashMap<InstrumentId, (usize, usize)>,
     windows: Vec<WindowInfo>,
@@ -227,7 +242,9 @@ impl Sim {
             base[index] = [class.list_price_minor * 80 / 100, class.list_price_minor * 45 / 100, class.list_price_minor * 70 / 100];
         }
         let exchange = if config.record_journal { SimExchange::recording() } else { SimExchange::new() };
+        let challenge_rng = ChaCha8Rng::seed_from_u64(config.seed ^ 0x6368_616c_6c65_6e67);
         let mut sim = Sim {
+            challenge_rng,
             metrics: Metrics::new(hours, config.days as usize),
             config,
             rng,
@@ -249,6 +266,7 @@ impl Sim {
             gpu_class: Vec::new(),
             gpu_lease_count: Vec::new(),
             gpu_online: Vec::new(),
+            gpu_disqualified: Vec::new(),
             gpu_intervals: Vec::new(),
             instrument_kind: FxHashMap::default(),
             windows: Vec::new(),
@@ -261,6 +279,7 @@ impl Sim {
             sim.learn_instrument(listed.instrument);
         }
         sim.open_suppliers();
+        sim.schedule_first_challenges();
         sim.open_renters();
         sim.open_aggregators();
         sim.schedule_run_wide();
@@ -309,6 +328,8 @@ impl Sim {
                 network_down_until: 0,
                 offered_window: None,
                 next_client_order_id: 1,
+                challenge_answered: false,
+                challenge_caught: false,
             };
             for gpu_index in 0..gpu_count {
                 let uuid = format!("GPU-{index:06}-{gpu_index}");
@@ -322,6 +343,7 @@ impl Sim {
                         self.gpu_class.push(class_index);
                         self.gpu_lease_count.push(0);
                         self.gpu_online.push(true);
+                        self.gpu_disqualified.push(false);
                         self.gpu_intervals.push(Vec::new());
                         debug_assert_eq!(self.gpu_supplier.len(), gpu.0 as usize + 1);
                     }
@@ -505,6 +527,9 @@ impl Sim {
             Action::Snapshot => self.exchange.snapshot(),
             Action::Restart => self.restart(),
             Action::RenterCheat(index) => self.renter_cheat(index),
+            Action::Challenge(gpu) => self.challenge_gpu(gpu),
+            Action::ChallengeAnswer(challenge, gpu) => self.answer_challenge(challenge, gpu),
+            Action::ChallengeExpire(challenge) => self.expire_challenge(challenge),
         }
     }
 

@@ -29,7 +29,8 @@ impl Sim {
             if self.gpu_online[gpu.0 as usize] != want_online {
                 self.submit(Command::SetGpuOnline { account, gpu, online: want_online });
             }
-            if want_online && !leased {
+            // A GPU a hardware challenge took out of the class is not offered.
+            if want_online && !leased && !self.gpu_disqualified[gpu.0 as usize] {
                 free_mask |= 1 << bit;
             }
         }

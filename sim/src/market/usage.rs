@@ -179,7 +179,7 @@ impl Sim {
                 body.end_ms = now.max(other_lease.start_ms + 1);
                 body.available_ms = body.end_ms - body.start_ms;
             }
-            SupplierCheat::DoubleSell => return,
+            SupplierCheat::DoubleSell | SupplierCheat::WrongProduct | SupplierCheat::SlowGpu => return,
         }
         if reports.is_empty() {
             reports.push(UsageReport::sign(body, &key));

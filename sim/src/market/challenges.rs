@@ -1,0 +1,135 @@
+//! Hardware challenges as the exchange's sequencer issues them
+//! (docs/market-rules.md "Verified hardware"): every GPU as it is listed,
+//! then at random times while it is idle. The answers are real products,
+//! committed and opened through the market's checks; only the round trip is
+//! drawn: 1 to 4 ms for an honest GPU, 8 to 30 ms for a slower card than
+//! the model it claims (the demo class's minimum of 10 MFLOP/s allows
+//! 6.5 ms for the simulator's `n` of 32). A host that is down does not
+//! answer, and its challenge expires.
+
+use gpux_market::JournalEntry;
+use gpux_protocol::challenge::{matrices, product, Answer};
+use rand::RngCore;
+
+use super::*;
+
+/// The simulator's matrices: smaller than the demo class's 256, so a week of
+/// challenges costs seconds (the rate follows `n`: see the module's note).
+pub(super) const CHALLENGE_N: u32 = 32;
+/// The mean time between two challenges of an idle GPU (the exchange's default).
+const CHALLENGE_INTERVAL_MS: u64 = 6 * MS_PER_HOUR;
+
+impl Sim {
+    /// The kind a supplier's challenges are counted under.
+    fn hardware_kind(&self, supplier: usize) -> Option<SupplierCheat> {
+        self.population.suppliers[supplier].cheat.filter(|cheat| cheat.is_hardware())
+    }
+
+    /// Counts the suppliers of each kind and schedules every GPU's first
+    /// challenge within a minute of its listing.
+    pub(super) fn schedule_first_challenges(&mut self) {
+        for supplier in 0..self.suppliers.len() {
+            let kind = self.hardware_kind(supplier);
+            self.metrics.challenges.entry(kind).or_default().suppliers += 1;
+            for gpu in self.suppliers[supplier].gpus.clone() {
+                let at = START_MS + self.challenge_rng.random_range(0..60_000);
+                self.schedule(at, Action::Challenge(gpu));
+            }
+        }
+    }
+
+    pub(super) fn challenge_gpu(&mut self, gpu: GpuId) {
+        let interval = CHALLENGE_INTERVAL_MS / 2 + self.challenge_rng.random_range(0..CHALLENGE_INTERVAL_MS);
+        self.schedule(self.now_ms + interval, Action::Challenge(gpu));
+        let supplier = self.gpu_supplier[gpu.0 as usize] as usize;
+        let Some(target) = self.exchange.engine().challenge_target(gpu) else { return };
+        // Rejected GPUs are not challenged again; busy or unreachable ones wait.
+        if target.n.is_none() || !target.idle || self.suppliers[supplier].is_down || self.exchange.market().challenges().in_flight(gpu) {
+            return;
+        }
+        let mut seed = [0u8; 32];
+        self.challenge_rng.fill_bytes(&mut seed);
+        let mut events = Vec::new();
+        self.exchange.challenge(JournalEntry::ChallengeIssued { at_ms: self.now_ms, gpu, seed, n: CHALLENGE_N }, &mut events);
+        self.observe(&events);
+        let challenge = self.exchange.market().challenges().latest();
+        let kind = self.hardware_kind(supplier);
+        self.metrics.challenges.entry(kind).or_default().issued += 1;
+        let round_trip_ms = if kind == Some(SupplierCheat::SlowGpu) {
+            self.challenge_rng.random_range(8..=30)
+        } else {
+            self.challenge_rng.random_range(1..=4)
+        };
+        self.schedule(self.now_ms + round_trip_ms, Action::ChallengeAnswer(challenge, gpu));
+    }
+
+    pub(super) fn answer_challenge(&mut self, challenge: u64, gpu: GpuId) {
+        let supplier = self.gpu_supplier[gpu.0 as usize] as usize;
+        let Some(pending) = self.exchange.market().challenges().get(challenge).cloned() else { return };
+        if self.suppliers[supplier].is_down {
+            self.schedule(pending.expires_at_ms(), Action::ChallengeExpire(challenge));
+            return;
+        }
+        let account = self.suppliers[supplier].account;
+        let (a, b) = matrices(&pending.seed, pending.n);
+        let mut rows = product(&a, &b, pending.n);
+        if self.hardware_kind(supplier) == Some(SupplierCheat::WrongProduct) {
+            // Plausible but wrong: one entry of every row off by one.
+            rows.iter_mut().for_each(|row| row[0] += 1);
+        }
+        let answer = Answer::commit(rows);
+        let now = self.now_ms;
+        self.exchange.market().challenges().check_commit(account, challenge, now).expect("the simulator commits in turn and in time");
+        let mut open_seed = [0u8; 32];
+        self.challenge_rng.fill_bytes(&mut open_seed);
+        let mut events = Vec::new();
+        let commit = JournalEntry::ChallengeCommitted { at_ms: now, account, challenge, commitment: answer.commitment, open_seed };
+        self.exchange.challenge(commit, &mut events);
+        let asked = self.exchange.market().challenges().get(challenge).expect("committed").rows_to_open();
+        let opened = answer.open(&asked);
+        let verdict = self
+            .exchange
+            .market()
+            .challenges()
+            .check_opening(account, challenge, &answer.row_hashes, &opened, now)
+            .expect("a well-formed opening");
+        self.exchange.challenge(JournalEntry::ChallengeAnswered { at_ms: now, account, challenge, verdict }, &mut events);
+        self.observe(&events);
+    }
+
+    pub(super) fn expire_challenge(&mut self, challenge: u64) {
+        if self.exchange.market().challenges().get(challenge).is_none_or(|p| p.expires_at_ms() > self.now_ms) {
+            return;
+        }
+        let mut events = Vec::new();
+        self.exchange.challenge(JournalEntry::ChallengeExpired { at_ms: self.now_ms, challenge }, &mut events);
+        self.observe(&events);
+    }
+
+    /// A challenge's result, against what the simulator knows the supplier is.
+    pub(super) fn on_gpu_challenged(&mut self, gpu: GpuId, outcome: gpux_engine::ChallengeOutcome, classes_mask: u64) {
+        use gpux_engine::ChallengeOutcome::*;
+        let supplier = self.gpu_supplier[gpu.0 as usize] as usize;
+        self.gpu_disqualified[gpu.0 as usize] = classes_mask == 0;
+        let kind = self.hardware_kind(supplier);
+        let first_answer = !self.suppliers[supplier].challenge_answered && outcome != Unanswered;
+        let first_catch = !self.suppliers[supplier].challenge_caught && matches!(outcome, TooSlow | WrongAnswer);
+        let since_start = self.now_ms - START_MS;
+        let stats = self.metrics.challenges.entry(kind).or_default();
+        stats.outcomes[match outcome {
+            Passed => 0,
+            TooSlow => 1,
+            WrongAnswer => 2,
+            Unanswered => 3,
+        }] += 1;
+        if first_answer {
+            stats.suppliers_answered += 1;
+        }
+        if first_catch {
+            stats.suppliers_caught += 1;
+            stats.time_to_catch_ms.push(since_start);
+        }
+        self.suppliers[supplier].challenge_answered |= first_answer;
+        self.suppliers[supplier].challenge_caught |= first_catch;
+    }
+}
