@@ -270,6 +270,16 @@ pub enum Command {
         order: NewOrder,
         min_supplier_score_bps: u32,
     },
+    /// The market matched the renter's signed "unreachable" evidence against
+    /// the supplier's reports of the same time: `disputed_gpu_ms` more of
+    /// the lease's GPU time is disputed, and the supplier's share of its
+    /// charge is withheld into the exchange's dispute pool (the fees
+    /// account), not refunded (docs/market-rules.md "Disputes"). Only the
+    /// market issues it, never a client.
+    WithholdDisputed {
+        lease: LeaseId,
+        disputed_gpu_ms: u64,
+    },
 }
 
 /// How a GPU answered a hardware challenge, as the market checked it.

@@ -330,6 +330,20 @@ pub enum EventKind {
         classes_mask: u64,
         verified: bool,
     },
+    /// GPU time of a lease was disputed (docs/market-rules.md "Disputes"):
+    /// the supplier gives up `amount_minor` of what it was credited for it
+    /// (from payable, then available funds, the rest as its debt) to the
+    /// exchange; the renter is not refunded.
+    UsageDisputed {
+        lease: LeaseId,
+        renter: AccountId,
+        supplier: AccountId,
+        disputed_gpu_ms: u64,
+        amount_minor: u64,
+        from_payable: u64,
+        from_available: u64,
+        from_debt: u64,
+    },
 }
 
 /// Why a command changed nothing. The codes are stable; docs/protocol.md and

@@ -265,6 +265,17 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
             Who::Supplier,
             one(ClientMessage::ChallengeCommit { id: 29, challenge: 1, commitment: "zz".into() }),
         ),
+        row("unknown_account", Who::Stranger, one(ClientMessage::RenterStats { id: 31, renter: AccountId(999_999) })),
+        row("liveness_invalid", Who::Renter, {
+            // Before the lease began, and signed by a key not the renter's.
+            let body = LivenessBody { lease: orphan, start_ms: 1, end_ms: 2, reachable: false };
+            one(ClientMessage::Liveness { id: 32, report: LivenessReport::sign(body, &key(7)) })
+        }),
+        row("unknown_lease", Who::Supplier, {
+            // Liveness is the renter's to sign: not the supplier's lease to observe.
+            let body = LivenessBody { lease: ended, start_ms: 1, end_ms: 2, reachable: false };
+            one(ClientMessage::Liveness { id: 33, report: LivenessReport::sign(body, &key(2)) })
+        }),
         row(
             "challenge_out_of_order",
             Who::Supplier,

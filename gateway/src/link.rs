@@ -136,6 +136,11 @@ pub enum Request {
         id: u64,
         supplier: AccountId,
     },
+    RenterStats {
+        connection: ConnectionId,
+        id: u64,
+        renter: AccountId,
+    },
     Usage {
         connection: ConnectionId,
         id: u64,
@@ -187,6 +192,12 @@ pub enum Request {
         id: u64,
         request: ChallengeRequest,
     },
+    /// A renter's signed liveness observation of its lease.
+    Liveness {
+        connection: ConnectionId,
+        id: u64,
+        report: Box<gpux_protocol::LivenessReport>,
+    },
 }
 
 /// The hardware challenge's steps (docs/protocol.md "Hardware challenges").
@@ -208,6 +219,7 @@ impl Request {
             | Request::Leases { id, .. }
             | Request::Stats { id, .. }
             | Request::SupplierStats { id, .. }
+            | Request::RenterStats { id, .. }
             | Request::MyGpus { id, .. }
             | Request::Usage { id, .. }
             | Request::Balance { id, .. }
@@ -215,7 +227,8 @@ impl Request {
             | Request::Authenticate { id, .. }
             | Request::Bid { id, .. }
             | Request::Delivery { id, .. }
-            | Request::Challenge { id, .. } => Some(*id),
+            | Request::Challenge { id, .. }
+            | Request::Liveness { id, .. } => Some(*id),
             Request::Connect { .. } | Request::Disconnect { .. } | Request::Resync { .. } => None,
         }
     }

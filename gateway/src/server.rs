@@ -639,6 +639,7 @@ impl Connection {
             (_, ClientMessage::SupplierStats { id, supplier }) => {
                 self.forward(id, Request::SupplierStats { connection: self.id, id, supplier })
             }
+            (_, ClientMessage::RenterStats { id, renter }) => self.forward(id, Request::RenterStats { connection: self.id, id, renter }),
             (_, _) => vec![error(Some(id), ErrorCode::NotAuthenticated, None)],
         }
     }
@@ -660,6 +661,7 @@ impl Connection {
             ClientMessage::Leases { id, offset } => Request::Leases { connection, id, offset },
             ClientMessage::Stats { id, instrument } => Request::Stats { connection, id, instrument },
             ClientMessage::SupplierStats { id, supplier } => Request::SupplierStats { connection, id, supplier },
+            ClientMessage::RenterStats { id, renter } => Request::RenterStats { connection, id, renter },
             ClientMessage::MyGpus { id, offset } => Request::MyGpus { connection, id, offset },
             ClientMessage::UsageReport { id, report } => Request::Usage { connection, id, report: Box::new(report) },
             ClientMessage::Balance { id } => Request::Balance { connection, id },
@@ -701,6 +703,7 @@ impl Connection {
                     None => return vec![error(Some(id), ErrorCode::ChallengeAnswerInvalid, None)],
                 }
             }
+            ClientMessage::Liveness { id, report } => Request::Liveness { connection, id, report: Box::new(report) },
             ClientMessage::CancelOrder { id, order } => command(id, Command::CancelOrder { account, order }),
             ClientMessage::ReplaceOrder { id, order, price_minor_per_gpu_hour, quantity } => {
                 command(id, Command::ReplaceOrder { account, order, price_minor_per_gpu_hour, quantity })
@@ -928,6 +931,7 @@ mod tests {
                     | Request::Instruments { .. }
                     | Request::Stats { .. }
                     | Request::SupplierStats { .. }
+                    | Request::RenterStats { .. }
             )
         }
 

@@ -5,7 +5,7 @@
 
 use gpux_engine::{AccountId, GpuId, Input, LeaseId};
 use gpux_protocol::challenge::ChallengeError;
-use gpux_protocol::{DeliveryState, UsageReport, Workload};
+use gpux_protocol::{DeliveryState, LivenessReport, UsageReport, Workload};
 use serde::{Deserialize, Serialize};
 
 /// One journaled input: an engine command, or market state the engine does
@@ -88,6 +88,14 @@ pub enum JournalEntry {
         at_ms: u64,
         challenge: u64,
     },
+    /// A renter's signed observation of its lease's endpoint, received at
+    /// `at_ms` (checked before journaling: the renter's own lease, signed by
+    /// its key, in time order; docs/market-rules.md "Disputes").
+    Liveness {
+        at_ms: u64,
+        account: AccountId,
+        report: LivenessReport,
+    },
 }
 
 impl JournalEntry {
@@ -100,7 +108,8 @@ impl JournalEntry {
             | JournalEntry::ChallengeIssued { at_ms, .. }
             | JournalEntry::ChallengeCommitted { at_ms, .. }
             | JournalEntry::ChallengeAnswered { at_ms, .. }
-            | JournalEntry::ChallengeExpired { at_ms, .. } => Some(*at_ms),
+            | JournalEntry::ChallengeExpired { at_ms, .. }
+            | JournalEntry::Liveness { at_ms, .. } => Some(*at_ms),
             JournalEntry::BindKey { .. }
             | JournalEntry::BidWorkload { .. }
             | JournalEntry::LeaseWorkload { .. }

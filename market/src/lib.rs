@@ -17,6 +17,7 @@
 
 pub mod challenges;
 pub mod delivery;
+pub mod disputes;
 pub mod entry;
 pub mod reliability;
 pub mod rematch;
@@ -157,6 +158,9 @@ pub struct MarketState {
     rematch: rematch::Rematch,
     /// Hardware challenges in flight.
     challenges: challenges::Challenges,
+    /// Renters' liveness evidence against suppliers' reports, and renters'
+    /// dispute records.
+    disputes: disputes::Disputes,
     /// The UTC day the engine's supplier scores were last all refreshed.
     scores_day: u64,
     clock_ms: u64,
@@ -182,6 +186,7 @@ impl MarketState {
             reliability: reliability::Reliability::default(),
             rematch: rematch::Rematch::default(),
             challenges: challenges::Challenges::default(),
+            disputes: disputes::Disputes::default(),
             scores_day: 0,
             clock_ms: 0,
         }
@@ -254,9 +259,18 @@ impl MarketState {
             JournalEntry::UsageReport { at_ms, account, report } => {
                 let key = self.account_key(*account).unwrap_or([0; 32]);
                 let (outcome, events) = settle_report(&mut self.engine, &mut self.settlement, &key, *at_ms, *account, report);
-                if let Err(code) = outcome {
-                    self.reliability.refused(&self.engine, *account, report.body.lease, code, *at_ms);
-                    self.refresh_scores(&[*account], *at_ms);
+                match outcome {
+                    Err(code) => {
+                        self.reliability.refused(&self.engine, *account, report.body.lease, code, *at_ms);
+                        self.refresh_scores(&[*account], *at_ms);
+                    }
+                    Ok(UsageOutcome::Accepted { verified_ms, .. }) => {
+                        if let Some(renter) = self.engine.lease(report.body.lease).map(|l| l.renter) {
+                            let disputed = self.disputes.claimed(renter, &report.body, verified_ms);
+                            applied.follow_up = self.disputed(report.body.lease, disputed, *at_ms);
+                        }
+                    }
+                    Ok(UsageOutcome::Duplicate) => {}
                 }
                 applied.events = events;
                 applied.usage = Some(outcome);
@@ -300,6 +314,10 @@ impl MarketState {
                     applied.follow_up = Some(Command::RecordChallenge { gpu, answer });
                 }
             }
+            JournalEntry::Liveness { at_ms, account, report } => {
+                let disputed = self.disputes.observe(*account, report);
+                applied.follow_up = self.disputed(report.body.lease, disputed, *at_ms);
+            }
             JournalEntry::DeliveryStatus { at_ms, account, lease, state } => {
                 applied.first_running = self.deliveries.record_status(*lease, *account, state.clone(), *at_ms);
                 if let Some(info) = self.engine.lease(*lease) {
@@ -326,6 +344,7 @@ impl MarketState {
             applied.transfers.extend(self.ledger.apply(event)?);
             if let EventKind::LeaseBillingClosed { lease, .. } = event.kind {
                 self.settlement.forget_lease(lease);
+                self.disputes.forget_lease(lease);
             }
             if let Some(notice) = self.market_data(event) {
                 applied.notices.push(notice);
@@ -399,6 +418,24 @@ impl MarketState {
         Ok(())
     }
 
+    /// A renter's liveness observation of its lease.
+    pub fn check_liveness(&self, account: AccountId, report: &gpux_protocol::LivenessReport, now_ms: u64) -> Result<(), ErrorCode> {
+        let lease = self.engine.lease(report.body.lease);
+        self.disputes.check(account, lease.as_ref(), report, self.account_key(account), now_ms)
+    }
+
+    /// Disputed GPU time of a lease: counted in its supplier's and host's
+    /// records; returns the command that withholds its charge.
+    fn disputed(&mut self, lease: LeaseId, disputed_gpu_ms: u64, at_ms: u64) -> Option<Command> {
+        if disputed_gpu_ms == 0 {
+            return None;
+        }
+        if let Some(supplier) = self.reliability.disputed(&self.engine, lease, disputed_gpu_ms, at_ms) {
+            self.refresh_scores(&[supplier], at_ms);
+        }
+        Some(Command::WithholdDisputed { lease, disputed_gpu_ms })
+    }
+
     /// A host publishing its encryption key, signed by its identity key.
     pub fn check_encryption_key(&self, account: AccountId, key: &[u8; 32], signature: &str) -> Result<(), ErrorCode> {
         let identity = self.account_key(account).unwrap_or([0; 32]);
@@ -453,6 +490,11 @@ impl MarketState {
         &self.challenges
     }
 
+    /// Renters' dispute records.
+    pub fn disputes(&self) -> &disputes::Disputes {
+        &self.disputes
+    }
+
     /// Suppliers' and hosts' reliability records.
     pub fn reliability(&self) -> &reliability::Reliability {
         &self.reliability
@@ -491,7 +533,16 @@ impl MarketState {
         hasher.u64(self.engine.state_hash());
         let rest = (
             (&self.settlement, &self.ledger, &self.keys, &self.deliveries),
-            (&self.book_seq, &self.trade_seq, &self.stats, &self.reliability, &self.rematch, self.scores_day, &self.challenges),
+            (
+                &self.book_seq,
+                &self.trade_seq,
+                &self.stats,
+                &self.reliability,
+                &self.rematch,
+                self.scores_day,
+                &self.challenges,
+                &self.disputes,
+            ),
         );
         hasher.bytes(&gpux_protocol::encode_record(&rest));
         hasher.finish()

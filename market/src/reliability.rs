@@ -9,7 +9,9 @@
 //! - a failed delivery (a reserved window whose GPU was not there at its
 //!   start, or a lease ended `delivery_failed`);
 //! - a refused usage report, by code;
-//! - a hardware challenge's outcome (passed, too slow, wrong, unanswered).
+//! - a hardware challenge's outcome (passed, too slow, wrong, unanswered);
+//! - GPU time a renter's signed liveness evidence disputes (docs/market-rules.md
+//!   "Disputes").
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -47,6 +49,8 @@ struct Day {
     refused: Vec<(UsageRejectCode, u32)>,
     /// Hardware challenges: passed, too slow, wrong, unanswered.
     challenges: [u32; 4],
+    disputes: u32,
+    disputed_gpu_ms: u64,
 }
 
 impl Day {
@@ -93,6 +97,8 @@ impl Record {
             summary.challenges_too_slow += day.challenges[1];
             summary.challenges_failed += day.challenges[2];
             summary.challenges_unanswered += day.challenges[3];
+            summary.disputes += day.disputes;
+            summary.disputed_gpu_ms += day.disputed_gpu_ms;
         }
         summary.score_bps = score(&summary);
         summary
@@ -102,8 +108,8 @@ impl Record {
 /// A record's figures over the score window (the wire type).
 pub use gpux_protocol::ReliabilityRecord as Summary;
 
-/// `verified / (leased + failed deliveries x FAILED_DELIVERY_GPU_MS)` in
-/// basis points (verified capped at leased), less
+/// `(verified - disputed) / (leased + failed deliveries x FAILED_DELIVERY_GPU_MS)`
+/// in basis points (verified capped at leased), less
 /// [`DISHONEST_REPORT_PENALTY_BPS`] per forged or replayed report and
 /// [`WRONG_CHALLENGE_PENALTY_BPS`] per wrong challenge answer, at least 0,
 /// rounded down; `None` below [`SCORE_MIN_GPU_MS`].
@@ -112,7 +118,8 @@ pub fn score(summary: &Summary) -> Option<u32> {
     if expected < SCORE_MIN_GPU_MS {
         return None;
     }
-    let availability_bps = (summary.verified_gpu_ms.min(summary.leased_gpu_ms) as u128 * 10_000 / expected as u128) as u32;
+    let delivered = summary.verified_gpu_ms.min(summary.leased_gpu_ms).saturating_sub(summary.disputed_gpu_ms);
+    let availability_bps = (delivered as u128 * 10_000 / expected as u128) as u32;
     let dishonest: u32 = [UsageRejectCode::Forged, UsageRejectCode::Replayed]
         .iter()
         .map(|code| summary.refused_reports.get(code).copied().unwrap_or(0))
@@ -188,6 +195,16 @@ impl Reliability {
         }
     }
 
+    /// GPU time of `lease` that a renter's evidence disputes: one dispute
+    /// in its supplier's and host's records. Returns the supplier.
+    pub(crate) fn disputed(&mut self, engine: &Engine, lease: LeaseId, disputed_gpu_ms: u64, at_ms: u64) -> Option<AccountId> {
+        self.count(engine, lease, at_ms, |day| {
+            day.disputes += 1;
+            day.disputed_gpu_ms += disputed_gpu_ms;
+        });
+        engine.lease(lease).map(|l| l.supplier)
+    }
+
     fn count(&mut self, engine: &Engine, lease: LeaseId, at_ms: u64, add: impl Fn(&mut Day)) {
         let Some(info) = engine.lease(lease) else { return };
         add(self.suppliers.entry(info.supplier).or_default().today(at_ms));
@@ -237,6 +254,10 @@ mod tests {
         assert_eq!(score(&summary(10, 20, 0, 0)), Some(10_000), "verified above leased is capped");
         let wrong = Summary { challenges_failed: 2, challenges_unanswered: 5, challenges_too_slow: 1, ..summary(100, 99, 0, 1) };
         assert_eq!(score(&wrong), Some(7_800), "1 000 bps per wrong challenge answer; slow and unanswered cost nothing here");
+        let disputed = Summary { disputes: 3, disputed_gpu_ms: 9 * MS_PER_HOUR, ..summary(100, 99, 0, 0) };
+        assert_eq!(score(&disputed), Some(9_000), "disputed time counts as not delivered");
+        let all_disputed = Summary { disputed_gpu_ms: 200 * MS_PER_HOUR, ..summary(100, 99, 0, 0) };
+        assert_eq!(score(&all_disputed), Some(0));
     }
 
     #[test]

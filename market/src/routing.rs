@@ -41,6 +41,7 @@ pub fn accounts_of(engine: &Engine, event: &Event) -> [Option<AccountId>; 2] {
         DeliveryFailed { holder, supplier, .. } | DeliveryCredited { holder, supplier, .. } => [Some(holder), Some(supplier)],
         LeasedGpuStatusChanged { renter, .. } => [Some(renter), None],
         GpuChallenged { owner, .. } => [Some(owner), None],
+        UsageDisputed { renter, supplier, .. } => [Some(renter), Some(supplier)],
         GpuStatusChanged { gpu, .. } => [engine.gpu(gpu).map(|g| g.owner), None],
         InstrumentListed { .. } | TradingStopped { .. } | InstrumentExpired { .. } | BookLevel { .. } => [None, None],
     };

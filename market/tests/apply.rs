@@ -2,7 +2,9 @@
 //! kind of entry: orders that trade into leases, time passing, signed usage
 //! reports (honest, resent, forged, out of chain), delivery statuses (a
 //! host's failure calls for its follow-up command), workloads and host keys,
-//! and hardware challenges answered right, wrong, late or never.
+//! hardware challenges answered right, wrong, late or never, and renters'
+//! signed liveness observations (reachable, unreachable, forged) that
+//! dispute reported time.
 //!
 //! Time jumps of hours let leases end, close their bills and leave the hot
 //! state (archived), so snapshots hold engines with holes in their leases.
@@ -19,7 +21,7 @@ use std::collections::BTreeMap;
 use ed25519_dalek::SigningKey;
 use gpux_engine::*;
 use gpux_market::{Audience, JournalEntry, MarketState};
-use gpux_protocol::{DeliveryState, FailureCode, Fault, ServerMessage, UsageBody, UsageReport};
+use gpux_protocol::{DeliveryState, FailureCode, Fault, LivenessBody, LivenessReport, ServerMessage, UsageBody, UsageReport};
 use proptest::prelude::*;
 
 /// 2026-12-02T15:01:00Z.
@@ -61,6 +63,13 @@ enum Op {
         answer: u8,
         delay_ms: u64,
     },
+    /// The renter's observation of a lease over the next `minutes` (0: a
+    /// reachable one, 1: unreachable, 2: signed by another key).
+    Liveness {
+        pick: usize,
+        minutes: u64,
+        kind: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -72,6 +81,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (any::<usize>(), 0..5u8).prop_map(|(pick, state)| Op::Status { pick, state }),
         1 => any::<usize>().prop_map(|pick| Op::EndLease { pick }),
         1 => (0..2u32, 0..4u8, 0..5_000u64).prop_map(|(gpu, answer, delay_ms)| Op::Challenge { gpu, answer, delay_ms }),
+        2 => (any::<usize>(), 1..30u64, 0..3u8).prop_map(|(pick, minutes, kind)| Op::Liveness { pick, minutes, kind }),
     ]
 }
 
@@ -84,7 +94,10 @@ struct Session {
     supplier: AccountId,
     renter: AccountId,
     key: SigningKey,
+    renter_key: SigningKey,
     leases: Vec<LeaseId>,
+    /// The end of the renter's last observation of each lease.
+    observed: BTreeMap<LeaseId, u64>,
     /// (lease, gpu uuid) -> (next seq, previous hash, last end)
     chains: BTreeMap<(LeaseId, String), (u32, String, u64)>,
     next_order: u64,
@@ -104,7 +117,9 @@ impl Session {
             supplier: AccountId(0),
             renter: AccountId(1),
             key,
+            renter_key: SigningKey::from_bytes(&[4; 32]),
             leases: Vec::new(),
+            observed: BTreeMap::new(),
             chains: BTreeMap::new(),
             next_order: 1,
             next_transfer: 0,
@@ -114,6 +129,7 @@ impl Session {
         session.command(Command::OpenAccount { role: Role::Supplier });
         session.apply(JournalEntry::BindKey { public_key: session.key.verifying_key().to_bytes(), account: AccountId(0) });
         session.command(Command::OpenAccount { role: Role::Renter });
+        session.apply(JournalEntry::BindKey { public_key: session.renter_key.verifying_key().to_bytes(), account: AccountId(1) });
         session.command(Command::Deposit { account: AccountId(1), amount_minor: 500_000_000 });
         for index in 0..2 {
             let spec = GpuSpec::h100_sxm();
@@ -247,6 +263,24 @@ impl Session {
             }
             Op::Challenge { gpu, answer, delay_ms } => {
                 self.challenge(GpuId(gpu), answer, delay_ms, 16);
+            }
+            Op::Liveness { pick, minutes, kind } => {
+                let Some(lease) = self.lease(pick) else { return };
+                let Some(info) = self.market.engine().lease(lease) else { return };
+                let start_ms = self.observed.get(&lease).copied().unwrap_or(info.start_ms);
+                let end_ms = (start_ms + minutes * 60_000).min(self.now_ms).min(info.ended_at_ms.unwrap_or(u64::MAX));
+                let body = LivenessBody { lease, start_ms, end_ms, reachable: kind == 0 };
+                let key = if kind == 2 { SigningKey::from_bytes(&[8; 32]) } else { self.renter_key.clone() };
+                let report = LivenessReport::sign(body, &key);
+                // The sequencer's check before journaling.
+                let checked = self.market.check_liveness(self.renter, &report, self.now_ms);
+                if kind == 2 {
+                    assert!(checked.is_err(), "another key's signature");
+                }
+                if checked.is_ok() {
+                    self.observed.insert(lease, end_ms);
+                    self.apply(JournalEntry::Liveness { at_ms: self.now_ms, account: self.renter, report });
+                }
             }
         }
     }
@@ -508,4 +542,86 @@ fn the_listed_instruments_keep_the_calendars_size_and_fit_a_frame() {
         _ => true,
     }));
     assert_eq!(held_by_day[2], held_by_day[3], "flat after the first day's windows retire: {held_by_day:?}");
+}
+
+/// Two-sided evidence (docs/market-rules.md "Disputes"): the renter signs
+/// "unreachable" for time the supplier reported available. Whichever
+/// arrives second, the overlap is disputed: the supplier gives up its share
+/// of that time's charge to the exchange (the renter, who still pays, gets
+/// nothing back, so lying gains it nothing), the follow-up `WithholdDisputed`
+/// is journaled, and both parties' records count it. A reachable
+/// observation disputes nothing. Observations out of order, too long, in the
+/// future, about another's lease or signed by another key are refused.
+#[test]
+fn unreachable_evidence_against_reported_time_is_disputed_and_withheld() {
+    use gpux_protocol::ErrorCode;
+    let mut session = Session::new();
+    session.run(&Op::Ask { mask: 1, ticks: 0 });
+    session.run(&Op::Bid { quantity: 1, ticks: 0, hours: 3 });
+    let lease = session.lease(0).expect("a lease");
+    let minute = 60_000;
+    let payable = |s: &Session| s.market.engine().balances(s.supplier).expect("supplier").payable_minor;
+    let renter_funds = |s: &Session| {
+        let b = s.market.engine().balances(s.renter).expect("renter");
+        b.available_minor + b.held_minor
+    };
+    let observe = |s: &mut Session, from: u64, to: u64, reachable: bool| {
+        let report = LivenessReport::sign(LivenessBody { lease, start_ms: T0 + from, end_ms: T0 + to, reachable }, &s.renter_key);
+        let checked = s.market.check_liveness(s.renter, &report, s.now_ms);
+        if checked.is_ok() {
+            s.apply(JournalEntry::Liveness { at_ms: s.now_ms, account: s.renter, report });
+        }
+        checked
+    };
+    let withheld = |s: &Session| match s.journal.last() {
+        Some(JournalEntry::Engine(Input { command: Command::WithholdDisputed { disputed_gpu_ms, .. }, .. })) => Some(*disputed_gpu_ms),
+        _ => None,
+    };
+
+    // The report first: 20 minutes at 1.5 (units per GPU-hour) charge 0.5,
+    // 0.4875 to the supplier after the 2.5% fee.
+    session.run(&Op::Advance { ms: 20 * minute });
+    session.run(&Op::Report { pick: 0, gpu: 0, minutes: 20, tamper: 2 });
+    let (payable_before, renter_before) = (payable(&session), renter_funds(&session));
+    assert_eq!(observe(&mut session, 10 * minute, 20 * minute, false), Ok(()));
+    assert_eq!(withheld(&session), Some(10 * minute), "the follow-up is journaled");
+    assert_eq!(payable_before - payable(&session), 243_750, "half the reported time's share withheld");
+    assert_eq!(renter_funds(&session), renter_before, "the renter is not refunded");
+
+    // The observation first, then the report of the same time.
+    session.run(&Op::Advance { ms: 10 * minute });
+    assert_eq!(observe(&mut session, 20 * minute, 30 * minute, false), Ok(()));
+    assert_eq!(withheld(&session), None, "nothing reported yet for that time");
+    let payable_before = payable(&session);
+    session.run(&Op::Report { pick: 0, gpu: 0, minutes: 10, tamper: 2 });
+    assert_eq!(withheld(&session), Some(10 * minute));
+    let charged_share = 243_750;
+    assert_eq!(payable(&session), payable_before + charged_share - charged_share, "credited, then withheld");
+
+    // Reachable time disputes nothing.
+    session.run(&Op::Advance { ms: 10 * minute });
+    assert_eq!(observe(&mut session, 30 * minute, 40 * minute, true), Ok(()));
+    session.run(&Op::Report { pick: 0, gpu: 0, minutes: 10, tamper: 2 });
+    assert_eq!(withheld(&session), None);
+
+    let now = session.now_ms;
+    let supplier = session.market.reliability().supplier(session.supplier, now);
+    assert_eq!((supplier.disputes, supplier.disputed_gpu_ms), (2, 20 * minute));
+    let renter = session.market.disputes().renter(session.renter);
+    assert_eq!((renter.observations, renter.unreachable_ms, renter.disputes, renter.disputed_gpu_ms), (3, 20 * minute, 2, 20 * minute));
+
+    // Refused, and nothing recorded.
+    let journal_len = session.journal.len();
+    assert_eq!(observe(&mut session, 35 * minute, 41 * minute, false), Err(ErrorCode::LivenessInvalid), "overlaps the previous one");
+    assert_eq!(observe(&mut session, 40 * minute, 40 * minute, false), Err(ErrorCode::LivenessInvalid), "empty");
+    assert_eq!(observe(&mut session, 40 * minute, 101 * minute, false), Err(ErrorCode::LivenessInvalid), "over an hour");
+    assert_eq!(observe(&mut session, 40 * minute, 50 * minute, false), Err(ErrorCode::LivenessInvalid), "in the future");
+    let body = LivenessBody { lease, start_ms: T0 + 40 * minute, end_ms: T0 + 40 * minute + 1, reachable: false };
+    let forged = LivenessReport::sign(body.clone(), &SigningKey::from_bytes(&[8; 32]));
+    assert_eq!(session.market.check_liveness(session.renter, &forged, now), Err(ErrorCode::LivenessInvalid), "another key");
+    let theirs = LivenessReport::sign(body.clone(), &session.key);
+    assert_eq!(session.market.check_liveness(session.supplier, &theirs, now), Err(ErrorCode::UnknownLease), "not the renter's lease");
+    let unknown = LivenessReport::sign(LivenessBody { lease: LeaseId(99), ..body }, &session.renter_key);
+    assert_eq!(session.market.check_liveness(session.renter, &unknown, now), Err(ErrorCode::UnknownLease));
+    assert_eq!(session.journal.len(), journal_len, "nothing journaled for them");
 }

@@ -15,12 +15,14 @@
 pub mod challenge;
 pub mod codec;
 pub mod delivery;
+pub mod liveness;
 pub mod messages;
 pub mod record;
 pub mod usage;
 
 pub use codec::*;
 pub use delivery::{DeliveryState, Endpoint, FailureCode, Fault, RestartPolicy, Sealed, Secrets, Workload, WorkloadError};
+pub use liveness::{LivenessBody, LivenessReport};
 pub use messages::*;
 pub use record::{decode_record, decode_snapshot, encode_record, RecordError, RECORD_BYTES_MAX, SNAPSHOT_BYTES_MAX};
 pub use usage::*;

@@ -21,6 +21,13 @@ pub struct ReliabilityRecord {
     pub failed_deliveries: u32,
     /// Refused usage reports by code.
     pub refused_reports: std::collections::BTreeMap<crate::usage::UsageRejectCode, u32>,
+    /// Intervals a renter signed unreachable while this supplier reported
+    /// the GPU available (docs/market-rules.md "Disputes"), and the GPU time
+    /// they covered.
+    #[serde(default)]
+    pub disputes: u32,
+    #[serde(default)]
+    pub disputed_gpu_ms: u64,
     /// Hardware challenges answered right and fast enough, right but too
     /// slow for a class, wrong, and not answered in time.
     #[serde(default)]
@@ -31,6 +38,18 @@ pub struct ReliabilityRecord {
     pub challenges_failed: u32,
     #[serde(default)]
     pub challenges_unanswered: u32,
+}
+
+/// A renter's side of the two-sided evidence, over the exchange's life
+/// (docs/market-rules.md "Disputes"): observations it signed, the time it
+/// signed unreachable, and the disputes that time raised against reported
+/// time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenterRecord {
+    pub observations: u32,
+    pub unreachable_ms: u64,
+    pub disputes: u32,
+    pub disputed_gpu_ms: u64,
 }
 
 /// One host's reliability.
@@ -274,6 +293,12 @@ pub enum ClientMessage {
         id: u64,
         supplier: AccountId,
     },
+    /// An account's record as a renter: its liveness observations and the
+    /// disputes they raised (public).
+    RenterStats {
+        id: u64,
+        renter: AccountId,
+    },
     /// A supplier's signed usage report of one GPU of one of its leases.
     UsageReport {
         id: u64,
@@ -363,6 +388,12 @@ pub enum ClientMessage {
         row_hashes: Vec<String>,
         rows: Vec<(u32, Vec<i32>)>,
     },
+    /// A renter's signed observation of its lease's endpoint
+    /// (docs/protocol.md "Liveness").
+    Liveness {
+        id: u64,
+        report: crate::liveness::LivenessReport,
+    },
 }
 
 impl ClientMessage {
@@ -391,6 +422,7 @@ impl ClientMessage {
             | Balance { id }
             | Statement { id, .. }
             | SupplierStats { id, .. }
+            | RenterStats { id, .. }
             | SetWorkload { id, .. }
             | SetEncryptionKey { id, .. }
             | HostKey { id, .. }
@@ -400,6 +432,7 @@ impl ClientMessage {
             | Logs { id, .. }
             | ChallengeCommit { id, .. }
             | ChallengeOpening { id, .. }
+            | Liveness { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -523,6 +556,12 @@ pub enum ServerMessage {
         record: ReliabilityRecord,
         hosts: Vec<HostReliability>,
         hosts_more: bool,
+    },
+    /// An account's record as a renter.
+    RenterStats {
+        id: u64,
+        renter: AccountId,
+        record: RenterRecord,
     },
     /// Available and held (open bids, lease and contract escrow) funds.
     Balance {
@@ -654,6 +693,7 @@ impl ServerMessage {
             | Gpus { id, .. }
             | Statement { id, .. }
             | SupplierStats { id, .. }
+            | RenterStats { id, .. }
             | Balance { id, .. }
             | UsageAccepted { id, .. }
             | UsageRejected { id, .. }
@@ -744,6 +784,8 @@ pub enum ErrorCode {
     RematchNotOnSpotBid,
     /// `supplier_stats` for an account that does not exist or cannot supply.
     UnknownSupplier,
+    /// `renter_stats` for an account that does not exist.
+    UnknownAccount,
     /// No such hardware challenge open for this account's GPUs: never
     /// issued, another owner's, already answered, or expired.
     UnknownChallenge,
@@ -754,6 +796,10 @@ pub enum ErrorCode {
     /// A challenge step out of turn: a second commitment, or an opening
     /// before the commitment.
     ChallengeOutOfOrder,
+    /// A liveness observation whose signature is not the renter's key's, or
+    /// whose interval is empty, longer than an hour, outside the lease, in
+    /// the future, or not after the lease's previous observation.
+    LivenessInvalid,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -811,11 +857,13 @@ impl ErrorCode {
             WorkloadNotOnBid => "a workload goes with a bid (side buy) only",
             RematchNotOnSpotBid => "rematch goes with a bid on a spot instrument only",
             UnknownSupplier => "no supplier account with this id",
+            UnknownAccount => "no account with this id",
             UnknownChallenge => "no such hardware challenge open for this account's GPUs (answered, expired, or never issued)",
             ChallengeAnswerInvalid => {
                 "the challenge answer is malformed: hashes must be 32 bytes of hex, at most n row hashes and rows of n entries"
             }
             ChallengeOutOfOrder => "commit once, then open: this challenge step is out of turn",
+            LivenessInvalid => "the liveness observation is not signed by this account's key, or its interval is empty, over an hour, outside the lease, in the future or not after the previous one",
         }
     }
 }

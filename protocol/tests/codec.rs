@@ -63,6 +63,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::Balance { id: 17 },
         ClientMessage::Statement { id: 18, after: Some(4) },
         ClientMessage::SupplierStats { id: 19, supplier: AccountId(1) },
+        ClientMessage::RenterStats { id: 32, renter: AccountId(1) },
         ClientMessage::Ping { id: 19 },
         ClientMessage::Leases { id: 20, offset: 100 },
         serde_json::from_str(r#"{"usage_report":{"id":21,"report":{"body":{"lease":17,"gpu_uuid":"GPU-1","seq":1,"start_ms":1796223720000,"end_ms":1796223730000,"available_ms":10000,"utilisation_percent":87,"memory_used_mib_max":61234,"unhealthy_samples":0,"prev_hash":"0000000000000000000000000000000000000000000000000000000000000000"},"signature":"00"}}}"#)
@@ -84,6 +85,13 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::Logs { id: 28, request: 3, data: "hello\n".into(), truncated: true },
         ClientMessage::ChallengeCommit { id: 29, challenge: 4, commitment: "ab".repeat(32) },
         ClientMessage::ChallengeOpening { id: 30, challenge: 4, row_hashes: vec!["cd".repeat(32); 2], rows: vec![(1, vec![-3, 0])] },
+        ClientMessage::Liveness {
+            id: 31,
+            report: gpux_protocol::LivenessReport::sign(
+                gpux_protocol::LivenessBody { lease: LeaseId(7), start_ms: 1_000, end_ms: 61_000, reachable: false },
+                &ed25519_dalek::SigningKey::from_bytes(&[9; 32]),
+            ),
+        },
     ]
 }
 

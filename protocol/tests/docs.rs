@@ -78,3 +78,31 @@ fn the_usage_signing_example_is_what_the_code_signs() {
     assert!(report.verify(&key.verifying_key().to_bytes()));
     assert_eq!(report.hash(), field("report hash:"));
 }
+
+/// The liveness signing example: the documented body, signed with the
+/// documented key, is exactly the documented bytes and signature.
+#[test]
+fn the_liveness_signing_example_is_what_the_code_signs() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md")).expect("docs/protocol.md exists");
+    let block = doc.split("```text liveness-signing\n").nth(1).expect("the worked example").split("```").next().expect("closed");
+    let field = |name: &str| -> String {
+        let line = block.lines().find(|line| line.starts_with(name)).unwrap_or_else(|| panic!("{name} in the example"));
+        line[name.len()..].split_whitespace().collect()
+    };
+    let secret: [u8; 32] = hex::decode(field("secret key:")).expect("hex").try_into().expect("32 bytes");
+    let key = ed25519_dalek::SigningKey::from_bytes(&secret);
+    let report = examples("client")
+        .into_iter()
+        .find_map(|example| match decode_client_text(&example) {
+            Ok(ClientMessage::Liveness { report, .. }) => Some(report),
+            _ => None,
+        })
+        .expect("a liveness example");
+    let mut signed = gpux_protocol::liveness::LIVENESS_DOMAIN.to_vec();
+    signed.extend_from_slice(&encode_record(&report.body));
+    assert_eq!(hex::encode(&signed), field("signed bytes:"), "the byte layout");
+    let resigned = LivenessReport::sign(report.body.clone(), &key);
+    assert_eq!(resigned.signature, field("signature:"));
+    assert_eq!(report.signature, resigned.signature, "the JSON example carries the real signature");
+    assert!(report.verify(&key.verifying_key().to_bytes()));
+}

@@ -181,6 +181,15 @@ impl Ledger {
                 }
                 legs.push((SlaPool, Available(renter), amount_minor, Some(lease)));
             }
+            EventKind::UsageDisputed { lease, supplier, from_payable, from_available, from_debt, .. } => {
+                for (source, amount) in
+                    [(Payable(supplier), from_payable), (Available(supplier), from_available), (Debt(supplier), from_debt)]
+                {
+                    if amount > 0 {
+                        legs.push((source, Fees, amount, Some(lease)));
+                    }
+                }
+            }
             EventKind::DeliveryCredited { holder, supplier, amount_minor, from_payable, from_available, from_debt, .. } => {
                 for (source, amount) in
                     [(Payable(supplier), from_payable), (Available(supplier), from_available), (Debt(supplier), from_debt)]

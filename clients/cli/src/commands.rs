@@ -37,6 +37,26 @@ fn parse_percent_bps(text: &str) -> Result<u32, String> {
     Ok(bps)
 }
 
+/// `gpux renter N`: an account's liveness evidence and the disputes it raised.
+async fn renter_stats(s: &mut Session, renter: AccountId, json: bool) -> Result<(), Failure> {
+    let id = s.connection.new_id();
+    let answer = s.ask(ClientMessage::RenterStats { id, renter }, json).await?;
+    if json {
+        return Ok(());
+    }
+    let ServerMessage::RenterStats { record, .. } = answer else {
+        return Err(Failure::Unreachable(format!("expected renter_stats, got {answer:?}")));
+    };
+    out!(
+        "renter {renter}: {} signed liveness observations, {:.2} hours signed unreachable, {} disputes ({:.2} GPU-hours of reported time)",
+        record.observations,
+        record.unreachable_ms as f64 / 3_600_000.0,
+        record.disputes,
+        record.disputed_gpu_ms as f64 / 3_600_000.0,
+    );
+    Ok(())
+}
+
 /// `gpux supplier N`: the score and what it is made of, then one line per host.
 async fn supplier_stats(s: &mut Session, supplier: AccountId, json: bool) -> Result<(), Failure> {
     let id = s.connection.new_id();
@@ -54,7 +74,7 @@ async fn supplier_stats(s: &mut Session, supplier: AccountId, json: bool) -> Res
         };
         let refused: Vec<String> = record.refused_reports.iter().map(|(code, n)| format!("{n} {}", snake(code))).collect();
         format!(
-            "score {score}: {:.1} of {:.1} GPU-hours verified in {} leases, {} failed deliveries, refused reports: {}; hardware challenges: {} passed, {} too slow, {} wrong, {} unanswered",
+            "score {score}: {:.1} of {:.1} GPU-hours verified in {} leases, {} failed deliveries, refused reports: {}; hardware challenges: {} passed, {} too slow, {} wrong, {} unanswered; {} disputes by renters ({:.2} GPU-hours)",
             record.verified_gpu_ms as f64 / 3_600_000.0,
             record.leased_gpu_ms as f64 / 3_600_000.0,
             record.leases_closed,
@@ -64,6 +84,8 @@ async fn supplier_stats(s: &mut Session, supplier: AccountId, json: bool) -> Res
             record.challenges_too_slow,
             record.challenges_failed,
             record.challenges_unanswered,
+            record.disputes,
+            record.disputed_gpu_ms as f64 / 3_600_000.0,
         )
     };
     out!("supplier {supplier}, last {window_days} days: {}", describe(&record));
@@ -102,6 +124,10 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Supplier { supplier } => {
             let mut session = Session::anonymous(&cli.url).await?;
             return supplier_stats(&mut session, AccountId(*supplier), json).await;
+        }
+        Command::Renter { renter } => {
+            let mut session = Session::anonymous(&cli.url).await?;
+            return renter_stats(&mut session, AccountId(*renter), json).await;
         }
         _ => {}
     }
@@ -159,7 +185,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Statement { after } => statement(s, after, json).await,
         Command::Run(args) => crate::run::run(s, args, json).await,
-        Command::Lease { action } => crate::run::lease(s, action, json).await,
+        Command::Lease { action } => crate::run::lease(s, action, &key, json).await,
         Command::Buy(args) => place(s, Side::Buy, args, json).await,
         Command::Sell(args) => place(s, Side::Sell, args, json).await,
         Command::Offer { instrument, price, host, gpus } => {
@@ -253,7 +279,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             let id = s.connection.new_id();
             acknowledged(s.ask(ClientMessage::Payout { id, account: None, amount_minor }, json).await?, "paid out")
         }
-        Command::Keys { .. } | Command::Book { .. } | Command::Instruments { .. } | Command::Supplier { .. } => {
+        Command::Keys { .. } | Command::Book { .. } | Command::Instruments { .. } | Command::Supplier { .. } | Command::Renter { .. } => {
             unreachable!("handled before login")
         }
     }

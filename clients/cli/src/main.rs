@@ -140,6 +140,8 @@ pub enum Command {
     },
     /// A supplier's reliability score and record over the last 30 days, and its hosts' (public).
     Supplier { supplier: u32 },
+    /// An account's signed liveness observations and the disputes they raised (public).
+    Renter { renter: u32 },
     /// Bid for GPU time.
     Buy(OrderArgs),
     /// Offer contracts you hold in a reserved window (GPU owners: see `offer`).
@@ -279,6 +281,21 @@ pub enum LeaseAction {
         lease: u64,
         #[arg(long, default_value_t = 16 * 1024)]
         bytes: u32,
+    },
+    /// Probe the lease's endpoint and sign what you see (reachable or not)
+    /// for the exchange: time the host reports available while you signed it
+    /// unreachable is disputed (docs/market-rules.md "Disputes").
+    Watch {
+        lease: u64,
+        /// Seconds between two probes (a TCP connect to the endpoint).
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
+        probe_every: u64,
+        /// Seconds each signed observation covers.
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        sign_every: u64,
+        /// Stop after this many seconds (default: until the lease ends or Ctrl-C).
+        #[arg(long)]
+        seconds: Option<u64>,
     },
 }
 

@@ -196,8 +196,11 @@ pub fn describe(state: &DeliveryState) -> String {
     }
 }
 
-pub async fn lease(s: &mut Session, action: LeaseAction, json: bool) -> Result<(), Failure> {
+pub async fn lease(s: &mut Session, action: LeaseAction, key: &ed25519_dalek::SigningKey, json: bool) -> Result<(), Failure> {
     match action {
+        LeaseAction::Watch { lease, probe_every, sign_every, seconds } => {
+            watch(s, LeaseId(lease), key, Duration::from_secs(probe_every), sign_every * 1_000, seconds, json).await
+        }
         LeaseAction::Status { lease } => {
             let id = s.connection.new_id();
             let answer = s.ask(ClientMessage::LeaseDelivery { id, lease: LeaseId(lease) }, json).await?;
@@ -235,5 +238,106 @@ pub async fn lease(s: &mut Session, action: LeaseAction, json: bool) -> Result<(
             }
             Ok(())
         }
+    }
+}
+
+/// `gpux lease watch`: probes the lease's first endpoint every
+/// `probe_every` and signs, every `sign_every_ms`, whether any probe of
+/// that interval reached it (unreachable: none did; docs/protocol.md
+/// "Liveness observations").
+async fn watch(
+    s: &mut Session,
+    lease: LeaseId,
+    key: &ed25519_dalek::SigningKey,
+    probe_every: Duration,
+    sign_every_ms: u64,
+    seconds: Option<u64>,
+    json: bool,
+) -> Result<(), Failure> {
+    use gpux_protocol::{LivenessBody, LivenessReport};
+    let id = s.connection.new_id();
+    let answer = s.ask(ClientMessage::LeaseDelivery { id, lease }, false).await?;
+    let endpoint = match answer {
+        ServerMessage::LeaseDelivery { state: Some(DeliveryState::Running { endpoints, .. }), .. } => endpoints.into_iter().next(),
+        _ => None,
+    };
+    let Some(endpoint) = endpoint else {
+        return Err(Failure::Usage(format!(
+            "lease {lease} has no endpoint to probe yet: it must be running with a published port (`gpux lease status {lease}`)"
+        )));
+    };
+    let address = format!("{}:{}", endpoint.host, endpoint.port);
+    let offset = s.connection.clock_offset_ms;
+    let exchange_now = move || gpux_client::now_ms().saturating_add_signed(offset);
+    let deadline = seconds.map(|seconds| exchange_now() + seconds * 1_000);
+    if !json {
+        out!(
+            "watching lease {lease} at {address}: a probe every {} s, a signed observation every {} s",
+            probe_every.as_secs(),
+            sign_every_ms / 1_000
+        );
+    }
+    let mut start_ms = exchange_now();
+    let mut reachable = false;
+    let mut ended_at_ms = None;
+    loop {
+        let probe = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(&address)).await;
+        reachable |= matches!(probe, Ok(Ok(_)));
+        // Private events that came meanwhile (a dispute, the lease's end).
+        while let Some(message) = s.connection.next_within(Duration::ZERO).await.map_err(|e| Failure::Unreachable(format!("{e:#}")))? {
+            if let ServerMessage::Private { event, .. } = &message {
+                if let gpux_engine::EventKind::LeaseEnded { lease: ended, .. } = event.kind {
+                    if ended == lease {
+                        ended_at_ms = Some(event.at_ms);
+                    }
+                }
+                if let gpux_engine::EventKind::UsageDisputed { lease: disputed, disputed_gpu_ms, amount_minor, .. } = event.kind {
+                    if disputed == lease && !json {
+                        out!(
+                            "disputed {} s of reported time; {} withheld from the host",
+                            disputed_gpu_ms / 1_000,
+                            crate::money::dollars(amount_minor)
+                        );
+                    }
+                }
+            }
+        }
+        // Observations end with the lease.
+        let now = exchange_now().min(ended_at_ms.unwrap_or(u64::MAX));
+        let done = deadline.is_some_and(|deadline| now >= deadline) || ended_at_ms.is_some();
+        if now <= start_ms {
+            return Ok(());
+        }
+        if now >= start_ms + sign_every_ms || done {
+            let body = LivenessBody { lease, start_ms, end_ms: now, reachable };
+            let id = s.connection.new_id();
+            let message = ClientMessage::Liveness { id, report: LivenessReport::sign(body.clone(), key) };
+            let answer = s.connection.request(message).await.map_err(|e| Failure::Unreachable(format!("{e:#}")))?;
+            if json {
+                out!("{}", gpux_protocol::encode_server_text(&answer));
+            }
+            match answer {
+                ServerMessage::Ack { .. } => {
+                    if !json {
+                        out!("{} s {}", (body.end_ms - body.start_ms) / 1_000, if reachable { "reachable" } else { "UNREACHABLE" });
+                    }
+                }
+                // The lease's bill is final: nothing more to watch.
+                ServerMessage::Error { code: gpux_protocol::ErrorCode::LeaseNotActive, .. } => {
+                    if !json {
+                        out!("lease {lease} is over: its bill is final");
+                    }
+                    return Ok(());
+                }
+                ServerMessage::Error { code, message, .. } => return Err(Failure::Refused(format!("{}: {message}", crate::snake(&code)))),
+                other => return Err(Failure::Unreachable(format!("expected an ack, got {other:?}"))),
+            }
+            start_ms = body.end_ms;
+            reachable = false;
+        }
+        if done {
+            return Ok(());
+        }
+        tokio::time::sleep(probe_every).await;
     }
 }

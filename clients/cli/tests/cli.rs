@@ -293,6 +293,13 @@ fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
     assert!(status.contains("running") && status.contains("port 8080"), "{status}");
     let logs = ok(gpux(&url, &key("renter"), &["lease", "logs", &lease]));
     assert!(logs.contains("response:200"), "{logs}");
+    // The renter signs what it sees of the endpoint: reachable, acknowledged,
+    // and counted in its public record.
+    let watched = ok(gpux(&url, &key("renter"), &["lease", "watch", &lease, "--probe-every", "1", "--sign-every", "1", "--seconds", "3"]));
+    assert!(watched.contains(" reachable") && !watched.contains("UNREACHABLE"), "{watched}");
+    let record = ok(gpux(&url, &key("renter"), &["renter", &renter_account]));
+    assert!(record.contains("observations") && !record.contains(" 0 signed"), "{record}");
+    assert!(record.contains("0 disputes"), "nothing disputed while it was reachable: {record}");
     ok(gpux(&url, &key("renter"), &["lease", "stop", &lease]));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
@@ -303,4 +310,7 @@ fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
         assert!(std::time::Instant::now() < deadline, "the workload was stopped: {status}");
         std::thread::sleep(std::time::Duration::from_millis(300));
     }
+    // Nothing to probe on a stopped lease: a usage error, not a hang.
+    let watch_stopped = gpux(&url, &key("renter"), &["lease", "watch", &lease, "--seconds", "1"]);
+    assert_eq!(watch_stopped.status.code(), Some(2), "{}", String::from_utf8_lossy(&watch_stopped.stderr));
 }

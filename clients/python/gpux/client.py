@@ -22,6 +22,23 @@ from . import delivery as d
 from . import messages as m
 
 AUTH_DOMAIN = b"gpux-auth-v1:"
+LIVENESS_DOMAIN = b"gpux-liveness-v1:"
+
+
+def _varint(n: int) -> bytes:
+    """An unsigned integer in bincode's standard (variable-length) encoding."""
+    if n < 251:
+        return bytes([n])
+    for tag, width in ((0xFB, 2), (0xFC, 4), (0xFD, 8)):
+        if n < 1 << (8 * width):
+            return bytes([tag]) + n.to_bytes(width, "little")
+    raise ValueError(f"{n} does not fit in 64 bits")
+
+
+def liveness_signed_bytes(lease: int, start_ms: int, end_ms: int, reachable: bool) -> bytes:
+    """The bytes a liveness observation's signature covers (docs/protocol.md
+    "Liveness observations")."""
+    return LIVENESS_DOMAIN + _varint(lease) + _varint(start_ms) + _varint(end_ms) + bytes([1 if reachable else 0])
 
 
 class GpuxError(Exception):
@@ -144,6 +161,7 @@ class Client:
         self.deliveries: dict[int, m.Delivery] = {}
         self._delivery_changed = asyncio.Event()
         self._reader: Optional[asyncio.Task] = None
+        self._key: Optional[Key] = None
 
     @classmethod
     async def connect(cls, url: str, key: Optional[Key] = None, role: Optional[str] = None) -> "Client":
@@ -155,6 +173,7 @@ class Client:
             raise GpuxError("protocol", f"expected a challenge, got {challenge!r}")
         offset = challenge.server_time_ms - m._now_ms()
         client = cls(socket, None, None, offset)
+        client._key = key
         if key is not None:
             signature = key.sign(AUTH_DOMAIN + bytes.fromhex(challenge.nonce))
             auth = {"auth": {"id": 1, "public_key": key.public_hex(), "signature": signature.hex(), "role": role}}
@@ -249,6 +268,25 @@ class Client:
         """A supplier's reliability (public): `record` (score_bps, None while
         unrated, and its facts) over `window_days`, and each host's."""
         return (await self.request("supplier_stats", supplier=supplier)).fields
+
+    async def renter_stats(self, renter: int) -> dict:
+        """An account's record as a renter (public): liveness observations
+        it signed, time signed unreachable, disputes raised."""
+        return (await self.request("renter_stats", renter=renter)).fields["record"]
+
+    def exchange_now_ms(self) -> int:
+        """The exchange's clock, as measured at login."""
+        return m._now_ms() + self.clock_offset_ms
+
+    async def liveness(self, lease: int, start_ms: int, end_ms: int, reachable: bool) -> m.Ack:
+        """Signs and sends what this renter saw of its lease's endpoint over
+        `[start_ms, end_ms)` (exchange time): reported time it signed
+        unreachable is disputed (docs/market-rules.md "Disputes")."""
+        if self._key is None:
+            raise GpuxError("not_authenticated", "liveness is signed with the login key")
+        signature = self._key.sign(liveness_signed_bytes(lease, start_ms, end_ms, reachable))
+        body = {"lease": lease, "start_ms": start_ms, "end_ms": end_ms, "reachable": reachable}
+        return await self.request("liveness", report={"body": body, "signature": signature.hex()})
 
     async def open_orders(self) -> list[dict]:
         orders, offset = [], 0

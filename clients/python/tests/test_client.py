@@ -122,6 +122,22 @@ def test_an_order_that_fills_brings_its_trade_and_lease_on_the_private_feed(exch
         leases = await renter.leases()
         assert len(leases) == 1 and leases[0]["price_minor_per_gpu_hour"] == 2_000_000 and leases[0]["active"]
         assert (await renter.balance()).held_minor == 4_000_000, "two hours at the trade price in escrow"
+        # The renter signs what it saw of the lease (docs/market-rules.md "Disputes").
+        lease = leases[0]
+        end = min(renter.exchange_now_ms(), lease["start_ms"] + 60_000)
+        end = max(end, lease["start_ms"] + 1)
+        await asyncio.sleep(max(0, end - renter.exchange_now_ms()) / 1000)
+        ack = await renter.liveness(lease["lease"], lease["start_ms"], end, True)
+        assert isinstance(ack, gpux.Ack)
+        with pytest.raises(gpux.GpuxError) as overlapping:
+            await renter.liveness(lease["lease"], lease["start_ms"], end, False)
+        assert overlapping.value.code == "liveness_invalid", "each observation starts after the previous one"
+        with pytest.raises(gpux.GpuxError) as theirs:
+            await supplier.liveness(lease["lease"], end, end + 1, False)
+        assert theirs.value.code == "unknown_lease", "only the renter observes its lease"
+        async with await gpux.Client.connect(url) as anonymous:
+            record = await anonymous.renter_stats(renter.account)
+            assert record == {"observations": 1, "unreachable_ms": 0, "disputes": 0, "disputed_gpu_ms": 0}
         await renter.close()
         await supplier.close()
 
@@ -244,6 +260,18 @@ def test_a_renter_follows_delivery_to_running_with_secrets_only_the_host_can_ope
         await supplier.close()
 
     run(scenario())
+
+
+def test_liveness_is_signed_as_the_protocol_document_says():
+    from gpux.client import liveness_signed_bytes
+
+    signed = liveness_signed_bytes(17, 1796223720000, 1796223780000, False)
+    assert signed.hex() == "677075782d6c6976656e6573732d76313a11fd40da4637a2010000fda0c44737a201000000"
+    key = gpux.Key.from_hex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")
+    assert key.sign(signed).hex() == (
+        "55c028c8cfc21147374bd4e4b1bde385ae2b50a5de1c70c8eb7f56004661da3b"
+        "37e9711d364846ded4f0b3bf9ba151527eba18deb972e0e496031f16411ef103"
+    )
 
 
 def test_a_book_ignores_updates_older_than_its_snapshot_and_reports_a_gap():

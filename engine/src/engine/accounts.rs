@@ -193,6 +193,46 @@ impl Engine {
         }
     }
 
+    /// Withholds the supplier's share of disputed GPU time's charge: the
+    /// lease's disputed time so far is worth `price x disputed / 1 h`
+    /// (rounded down, as usage is), less the fee the exchange already took
+    /// on it; each command takes the difference from what was withheld.
+    pub(super) fn withhold_disputed(&mut self, lease_id: LeaseId, disputed_gpu_ms: u64) -> Checked<()> {
+        let lease = self.leases.get(lease_id.0 as usize).ok_or(RejectCode::UnknownLease)?;
+        if disputed_gpu_ms == 0 {
+            return Err(RejectCode::AmountInvalid);
+        }
+        if lease.billing.billing_closed {
+            return Err(RejectCode::LeaseBillingClosed);
+        }
+        let (renter, supplier, price) = (lease.renter, lease.supplier, lease.price);
+        let fee_bps = self.config.fee_bps as u128;
+        let billing = &mut self.leases[lease_id.0 as usize].billing;
+        billing.disputed_gpu_ms += disputed_gpu_ms;
+        let gross = price as u128 * billing.disputed_gpu_ms as u128 / 3_600_000;
+        let due = (gross - gross * fee_bps / 10_000) as u64;
+        let amount_minor = due.saturating_sub(billing.withheld_minor);
+        billing.withheld_minor += amount_minor;
+        let funds = &mut self.accounts[supplier.0 as usize];
+        let from_payable = amount_minor.min(funds.payable_minor);
+        funds.payable_minor -= from_payable;
+        let from_available = (amount_minor - from_payable).min(funds.available_minor);
+        funds.available_minor -= from_available;
+        let from_debt = amount_minor - from_payable - from_available;
+        funds.debt_minor += from_debt;
+        self.emit(EventKind::UsageDisputed {
+            lease: lease_id,
+            renter,
+            supplier,
+            disputed_gpu_ms,
+            amount_minor,
+            from_payable,
+            from_available,
+            from_debt,
+        });
+        Ok(())
+    }
+
     /// The supplier pays the renter an SLA credit: from its payable, then
     /// its available funds; what neither covers becomes its debt.
     pub(crate) fn pay_sla_credit(&mut self, lease_id: LeaseId, amount_minor: u64) {

@@ -138,6 +138,10 @@ pub(crate) struct LeaseBilling {
     pub charged_minor: u64,
     pub fee_charged_minor: u64,
     pub billing_closed: bool,
+    /// GPU time disputed by the renter's liveness evidence, and what of its
+    /// charge was withheld from the supplier so far.
+    pub disputed_gpu_ms: u64,
+    pub withheld_minor: u64,
 }
 
 /// A public description of a lease.
@@ -427,6 +431,7 @@ impl Engine {
                 }
             }
             Command::RecordChallenge { gpu, answer } => self.record_challenge(*gpu, *answer),
+            Command::WithholdDisputed { lease, disputed_gpu_ms } => self.withhold_disputed(*lease, *disputed_gpu_ms),
             Command::CancelOrder { account, order } => self.cancel_order(*account, *order),
             Command::ReplaceOrder { account, order, price_minor_per_gpu_hour, quantity } => {
                 self.replace_order(*account, *order, *price_minor_per_gpu_hour, *quantity)
@@ -869,6 +874,7 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::SetFee { .. }
         | Command::SetBillingGrace { .. }
         | Command::RecordChallenge { .. }
+        | Command::WithholdDisputed { .. }
         | Command::Tick => None,
         Command::Deposit { account, .. }
         | Command::Withdraw { account, .. }

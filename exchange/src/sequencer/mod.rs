@@ -18,6 +18,7 @@
 
 mod challenges;
 mod delivery;
+mod liveness;
 mod queries;
 mod recovery;
 mod sessions;
@@ -206,6 +207,7 @@ impl Sequencer {
             Request::Leases { connection, id, offset } => self.leases(connection, id, offset),
             Request::Stats { connection, id, instrument } => self.stats(connection, id, instrument),
             Request::SupplierStats { connection, id, supplier } => self.supplier_stats(connection, id, supplier),
+            Request::RenterStats { connection, id, renter } => self.renter_stats(connection, id, renter),
             Request::MyGpus { connection, id, offset } => self.my_gpus(connection, id, offset),
             Request::Usage { connection, id, report } => self.usage(connection, id, *report),
             Request::Statement { connection, id, after } => self.statement(connection, id, after),
@@ -214,6 +216,7 @@ impl Sequencer {
             Request::Bid { connection, id, command, workload, rematch } => self.bid(connection, id, command, workload, rematch),
             Request::Delivery { connection, id, request } => self.delivery(connection, id, request),
             Request::Challenge { connection, id, request } => self.challenge(connection, id, request),
+            Request::Liveness { connection, id, report } => self.liveness(connection, id, *report),
         }
     }
 

@@ -108,6 +108,14 @@ impl Sequencer {
         self.reply(connection, reply);
     }
 
+    pub(super) fn renter_stats(&mut self, connection: ConnectionId, id: u64, renter: AccountId) {
+        if self.market.engine().role(renter).is_none() {
+            return self.reply(connection, error(Some(id), ErrorCode::UnknownAccount));
+        }
+        let record = self.market.disputes().renter(renter);
+        self.reply(connection, ServerMessage::RenterStats { id, renter, record });
+    }
+
     pub(super) fn my_gpus(&mut self, connection: ConnectionId, id: u64, offset: u32) {
         let all = self.account(connection).map(|a| self.market.engine().gpus_of(a)).unwrap_or_default();
         let start = (offset as usize).min(all.len());

@@ -1,0 +1,26 @@
+//! Renters' liveness observations (docs/market-rules.md "Disputes"): checked
+//! against the renter's lease and key before journaling; the market matches
+//! them against the supplier's usage reports.
+
+use gpux_gateway::link::ConnectionId;
+use gpux_market::JournalEntry;
+use gpux_protocol::ServerMessage;
+
+use super::{error, Sequencer};
+
+impl Sequencer {
+    /// A renter's liveness observation: checked, journaled, acknowledged
+    /// (what it disputes reaches both parties as `usage_disputed`).
+    pub(super) fn liveness(&mut self, connection: ConnectionId, id: u64, report: gpux_protocol::LivenessReport) {
+        let Some(account) = self.account(connection) else { return };
+        let now = self.market.clock_ms();
+        let reply = match self.market.check_liveness(account, &report, now) {
+            Err(code) => error(Some(id), code),
+            Ok(()) => match self.journal(JournalEntry::Liveness { at_ms: now, account, report }) {
+                Some((journal_seq, _)) => ServerMessage::Ack { id, journal_seq, order: None },
+                None => return,
+            },
+        };
+        self.reply(connection, reply);
+    }
+}

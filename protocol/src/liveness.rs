@@ -1,0 +1,78 @@
+//! Liveness observations: what a renter's client saw of its lease's
+//! endpoint over one interval (reachable or not), signed with the key the
+//! renter's account logged in with (docs/protocol.md "Liveness", docs/market-rules.md
+//! "Disputes"). The signed bytes are `gpux-liveness-v1:` followed by the
+//! bincode encoding of the body, as for usage reports: an observation is
+//! evidence the renter cannot later deny, and the journal keeps it whole.
+
+use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use gpux_engine::LeaseId;
+use serde::{Deserialize, Serialize};
+
+use crate::record::encode_record;
+
+pub const LIVENESS_DOMAIN: &[u8] = b"gpux-liveness-v1:";
+
+/// The longest interval one observation may cover.
+pub const LIVENESS_INTERVAL_MS_MAX: u64 = 3_600_000;
+
+/// The signed part of an observation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LivenessBody {
+    pub lease: LeaseId,
+    /// The interval `[start_ms, end_ms)` observed (exchange time).
+    pub start_ms: u64,
+    pub end_ms: u64,
+    /// Whether any probe in the interval reached the lease's endpoint;
+    /// `false` says it was unreachable throughout.
+    pub reachable: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LivenessReport {
+    pub body: LivenessBody,
+    /// Hex ed25519 signature by the renter's key.
+    pub signature: String,
+}
+
+fn signed_bytes(body: &LivenessBody) -> Vec<u8> {
+    let mut bytes = LIVENESS_DOMAIN.to_vec();
+    bytes.extend_from_slice(&encode_record(body));
+    bytes
+}
+
+impl LivenessReport {
+    pub fn sign(body: LivenessBody, key: &SigningKey) -> LivenessReport {
+        let signature = key.sign(&signed_bytes(&body));
+        LivenessReport { body, signature: hex::encode(signature.to_bytes()) }
+    }
+
+    /// Whether the signature is the holder of `public_key`'s.
+    pub fn verify(&self, public_key: &[u8; 32]) -> bool {
+        let Ok(key) = VerifyingKey::from_bytes(public_key) else { return false };
+        let Some(signature) =
+            hex::decode(&self.signature).ok().and_then(|b| <[u8; 64]>::try_from(b).ok()).map(|b| Signature::from_bytes(&b))
+        else {
+            return false;
+        };
+        key.verify(&signed_bytes(&self.body), &signature).is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_observation_verifies_with_its_signers_key_only_and_unaltered() {
+        let key = SigningKey::from_bytes(&[5; 32]);
+        let body = LivenessBody { lease: LeaseId(17), start_ms: 1_000, end_ms: 11_000, reachable: false };
+        let report = LivenessReport::sign(body.clone(), &key);
+        assert!(report.verify(&key.verifying_key().to_bytes()));
+        assert!(!report.verify(&SigningKey::from_bytes(&[6; 32]).verifying_key().to_bytes()), "another key");
+        let altered = LivenessReport { body: LivenessBody { reachable: true, ..body }, ..report.clone() };
+        assert!(!altered.verify(&key.verifying_key().to_bytes()), "an altered body");
+        let garbled = LivenessReport { signature: "zz".into(), ..report };
+        assert!(!garbled.verify(&key.verifying_key().to_bytes()));
+    }
+}
