@@ -102,7 +102,24 @@ impl SimExchange {
         self.reports_settled += 1;
         let applied = self.record(JournalEntry::UsageReport { at_ms, account, report: report.clone() });
         events.extend_from_slice(&applied.events);
-        applied.usage.expect("a usage report has an outcome")
+        let outcome = applied.usage.expect("a usage report has an outcome");
+        // Time the renter's evidence disputes: withheld, as the sequencer journals it.
+        if let Some(command) = applied.follow_up {
+            let at_ms = self.market.clock_ms();
+            self.apply(Input { at_ms, command }, events);
+        }
+        outcome
+    }
+
+    /// A renter's liveness observation received at `at_ms` (checked as the
+    /// sequencer checks it), then the follow-up it calls for.
+    pub fn liveness(&mut self, at_ms: u64, account: AccountId, report: gpux_protocol::LivenessReport, events: &mut Vec<Event>) {
+        let applied = self.record(JournalEntry::Liveness { at_ms, account, report });
+        events.extend_from_slice(&applied.events);
+        if let Some(command) = applied.follow_up {
+            let at_ms = self.market.clock_ms();
+            self.apply(Input { at_ms, command }, events);
+        }
     }
 
     /// Applies a hardware challenge's entry, then the engine command the

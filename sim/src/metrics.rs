@@ -102,6 +102,28 @@ pub struct BillingStats {
     pub unpaid_usage_minor: u64,
 }
 
+/// Renters' liveness evidence against suppliers' reports, for the leases
+/// of one kind of supplier.
+#[derive(Clone, Debug, Default)]
+pub struct DisputeStats {
+    pub leases: u64,
+    /// Leases whose renter signs liveness observations.
+    pub leases_watched: u64,
+    pub leases_disputed: u64,
+    /// Watched leases, closed, whose workload died while the host reported
+    /// it available, and how many of them were disputed.
+    pub leases_watched_faked: u64,
+    pub leases_watched_faked_disputed: u64,
+    /// GPU time billed that was not delivered (verified beyond the truth).
+    pub billed_undelivered_gpu_ms: u64,
+    pub disputed_gpu_ms: u64,
+    /// The supplier's share withheld for disputed time.
+    pub withheld_minor: u64,
+    /// From the workload's death to the lease's first dispute.
+    pub time_to_dispute_ms: Vec<u64>,
+    pub observations: u64,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
     /// Suppliers' reliability scores at the end (`None`: unrated), by kind.
@@ -117,6 +139,8 @@ pub struct Metrics {
     /// honest, or cheating at usage reports only).
     pub challenges: BTreeMap<Option<SupplierCheat>, ChallengeStats>,
     pub renter_cheats: BTreeMap<&'static str, CheatStats>,
+    /// Disputes by supplier kind (`None`: honest at availability).
+    pub disputes: BTreeMap<Option<SupplierCheat>, DisputeStats>,
     /// Debt the underpaying renters still owe at the end.
     pub underpayer_debt_minor: u64,
     pub faults: FaultStats,
@@ -149,6 +173,15 @@ impl Metrics {
         self.challenges.iter().all(|(kind, stats)| match kind {
             Some(_) => stats.suppliers_caught == stats.suppliers_answered,
             None => stats.outcomes[1] == 0 && stats.outcomes[2] == 0,
+        })
+    }
+
+    /// No supplier that reports availability truthfully was disputed, and
+    /// every watched lease of a fake-availability supplier was.
+    pub fn fake_availability_disputed_and_honest_spared(&self) -> bool {
+        self.disputes.iter().all(|(kind, stats)| match kind {
+            Some(SupplierCheat::FakeAvailability) => stats.leases_watched_faked_disputed == stats.leases_watched_faked,
+            _ => stats.leases_disputed == 0 && stats.disputed_gpu_ms == 0,
         })
     }
 

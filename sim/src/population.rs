@@ -86,13 +86,18 @@ pub enum SupplierCheat {
     /// A slower GPU registered as the class's model (misdeclared): it
     /// answers hardware challenges right, but slower than the class allows.
     SlowGpu,
+    /// The renter's workload dies some time into each lease and the host
+    /// keeps reporting the GPUs available (fake availability): only the
+    /// renter's signed liveness evidence can tell.
+    FakeAvailability,
 }
 
-/// In the order cheaters take them (the hardware cheats early, so a run
-/// with few cheaters has both).
-pub const SUPPLIER_CHEATS: [SupplierCheat; 11] = [
+/// In the order cheaters take them (the hardware cheats and fake
+/// availability early, so a run with few cheaters has them).
+pub const SUPPLIER_CHEATS: [SupplierCheat; 12] = [
     SupplierCheat::InflateAvailable,
     SupplierCheat::WrongProduct,
+    SupplierCheat::FakeAvailability,
     SupplierCheat::ClaimFuture,
     SupplierCheat::SlowGpu,
     SupplierCheat::Replay,
@@ -123,6 +128,7 @@ impl SupplierCheat {
             SupplierCheat::ForeignLease => "another supplier's lease",
             SupplierCheat::WrongProduct => "wrong hardware challenge answers",
             SupplierCheat::SlowGpu => "a slower GPU than the model it claims",
+            SupplierCheat::FakeAvailability => "a dead workload reported available",
         }
     }
 }

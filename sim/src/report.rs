@@ -110,7 +110,7 @@ pub fn invariants(sim: &Sim) -> Vec<(String, bool, String)> {
             format!("{} leases closed, {} off the rule", b.leases_closed, b.charge_rule_violations),
         ),
         (
-            "Never billed for GPU-time not delivered".into(),
+            "Never billed for GPU-time not delivered (but by fake-availability hosts, see Disputes)".into(),
             b.overbilled_leases == 0,
             format!("{} leases over, by {} GPU-ms", b.overbilled_leases, b.overbilled_gpu_ms),
         ),
@@ -125,6 +125,15 @@ pub fn invariants(sim: &Sim) -> Vec<(String, bool, String)> {
             let issued: u64 = m.challenges.values().map(|s| s.issued).sum();
             format!("{issued} challenges, {caught} cheaters caught")
         }),
+        (
+            "Every watched fake-availability lease disputed, no truthful host disputed".into(),
+            m.fake_availability_disputed_and_honest_spared(),
+            {
+                let disputed: u64 = m.disputes.values().map(|s| s.leases_disputed).sum();
+                let observations: u64 = m.disputes.values().map(|s| s.observations).sum();
+                format!("{observations} signed observations, {disputed} leases disputed")
+            },
+        ),
         (
             "Exchange restarts replay to the same state".into(),
             m.faults.restart_mismatches == 0,
@@ -167,6 +176,7 @@ pub fn render(sim: &Sim) -> ReportFiles {
     revenue_section(&mut md, m);
     cheats_section(&mut md, m);
     challenges_section(&mut md, m);
+    disputes_section(&mut md, m, sim.config.report_interval_ms);
     scores_section(&mut md, m);
     faults_section(&mut md, m);
     hot_state_section(&mut md, m);
@@ -400,10 +410,52 @@ fn challenges_section(md: &mut String, m: &Metrics) {
             stats.suppliers, stats.issued
         );
     }
+}
+
+fn disputes_section(md: &mut String, m: &Metrics, report_interval_ms: u64) {
     let _ = writeln!(
         md,
-        "\nNot simulated yet: suppliers that claim availability while the renter's workload is unreachable (caught only by the \
-         renter's own liveness evidence, which the exchange does not take yet)."
+        "\n## Disputes\n\nEvery other renter watches its leases and signs what it sees, an hour at most per observation \
+         (docs/market-rules.md \"Disputes\"): unreachable where the host was down or the workload dead throughout. \
+         Fake-availability hosts let the renter's workload die 10 minutes to 2 hours into each lease and go on reporting every \
+         GPU available. Disputed time is what a report claims beyond the time outside the renter's unreachable time; the \
+         host's share of it is withheld (the renter still pays). Time to dispute: from the workload's death to the lease's \
+         first dispute (the simulator's agents report every {:.1} h, so it is about that).\n\n\
+         | Supplier kind | Leases | Watched | Signed observations | Leases disputed | Billed, not delivered | Disputed | Withheld from the host | Time to dispute (median, max) |\n\
+         |---|---|---|---|---|---|---|---|---|",
+        report_interval_ms as f64 / 3_600_000.0
+    );
+    for (kind, stats) in &m.disputes {
+        let label = kind.map_or("truthful about availability".to_string(), |cheat| format!("cheat: {}", cheat.label()));
+        let mut times = stats.time_to_dispute_ms.clone();
+        times.sort_unstable();
+        let time = match (times.get(times.len() / 2), times.last()) {
+            (Some(median), Some(max)) => format!("{}, {}", duration(*median), duration(*max)),
+            _ => "-".into(),
+        };
+        let disputed = match kind {
+            Some(_) => format!(
+                "{} ({} of {} watched, faked and closed)",
+                stats.leases_disputed, stats.leases_watched_faked_disputed, stats.leases_watched_faked
+            ),
+            None => stats.leases_disputed.to_string(),
+        };
+        let hours = |ms: u64| format!("{:.1} GPU-h", ms as f64 / 3_600_000.0);
+        let billed = if kind.is_some() { hours(stats.billed_undelivered_gpu_ms) } else { "-".into() };
+        let _ = writeln!(
+            md,
+            "| {label} | {} | {} | {} | {disputed} | {billed} | {} | {} | {time} |",
+            stats.leases,
+            stats.leases_watched,
+            stats.observations,
+            hours(stats.disputed_gpu_ms),
+            dollars(stats.withheld_minor as u128),
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nWhat it does not catch: a lease whose renter does not watch is billed in full (its share of billed-not-delivered \
+         time above), and the renter is not refunded for disputed time (so lying gains neither side money)."
     );
 }
 

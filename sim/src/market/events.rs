@@ -46,6 +46,21 @@ impl Sim {
                     }
                 }
                 EventKind::FeeCharged { amount_minor, .. } => self.metrics.billing.fees_minor += amount_minor,
+                EventKind::UsageDisputed { lease, disputed_gpu_ms, amount_minor, .. } => {
+                    if let Some(sim_lease) = self.leases.get_mut(&lease) {
+                        let cheat = self.population.suppliers[sim_lease.supplier as usize].cheat;
+                        let stats = self.metrics.disputes.entry(cheat.filter(|c| *c == SupplierCheat::FakeAvailability)).or_default();
+                        stats.disputed_gpu_ms += disputed_gpu_ms;
+                        stats.withheld_minor += amount_minor;
+                        if !sim_lease.disputed {
+                            sim_lease.disputed = true;
+                            stats.leases_disputed += 1;
+                            if let Some(dead) = sim_lease.dead_from_ms {
+                                stats.time_to_dispute_ms.push(self.now_ms.saturating_sub(dead));
+                            }
+                        }
+                    }
+                }
                 EventKind::SlaCredited { amount_minor, .. } | EventKind::DeliveryCredited { amount_minor, .. } => {
                     self.metrics.billing.sla_credits += 1;
                     self.metrics.billing.sla_credited_minor += amount_minor;
@@ -131,6 +146,14 @@ impl Sim {
         if stops {
             self.metrics.faults.agents_stopped_reporting += 1;
         }
+        let cheat = self.population.suppliers[supplier_index as usize].cheat;
+        let faked = cheat == Some(SupplierCheat::FakeAvailability);
+        // Its workload dies 10 minutes to 2 hours in (drawn from no stream).
+        let dead_from_ms = faked.then(|| start_ms + (10 + lease.0 % 110) * 60_000);
+        let watcher = self.renter_of_account.get(&renter).and_then(|&index| self.renters[index as usize].watcher.clone());
+        let disputes = self.metrics.disputes.entry(cheat.filter(|c| *c == SupplierCheat::FakeAvailability)).or_default();
+        disputes.leases += 1;
+        disputes.leases_watched += u64::from(watcher.is_some());
         self.leases.insert(
             lease,
             SimLease {
@@ -145,6 +168,12 @@ impl Sim {
                 late: false,
                 last_report_sent: false,
                 billing_closed: false,
+                renter,
+                watcher,
+                observed_to_ms: start_ms,
+                dead_from_ms,
+                disputed: false,
+                faked_watched: false,
             },
         );
         let delay = self.population.suppliers[supplier_index as usize].faults.report_delay_ms;
@@ -189,7 +218,19 @@ impl Sim {
         };
         let supplier = &self.suppliers[sim_lease.supplier as usize];
         let end = sim_lease.ended_ms.expect("billing closes after the lease ended");
-        let delivered: u64 = sim_lease.gpus.iter().map(|_| delivered_ms(&supplier.down, sim_lease.start_ms, end)).sum();
+        // What the renter really had: the host up, and its workload alive.
+        let alive_to = sim_lease.dead_from_ms.map_or(end, |dead| dead.clamp(sim_lease.start_ms, end));
+        let delivered: u64 = sim_lease.gpus.iter().map(|_| delivered_ms(&supplier.down, sim_lease.start_ms, alive_to)).sum();
+        if sim_lease.dead_from_ms.is_some() {
+            // A fake-availability lease: billed beyond the truth by design of
+            // the cheat (the renter's evidence disputes what it watched); kept
+            // out of the honest billing figures.
+            let stats = self.metrics.disputes.entry(Some(SupplierCheat::FakeAvailability)).or_default();
+            stats.billed_undelivered_gpu_ms += verified_gpu_ms.saturating_sub(delivered);
+            stats.leases_watched_faked += u64::from(sim_lease.faked_watched);
+            stats.leases_watched_faked_disputed += u64::from(sim_lease.faked_watched && sim_lease.disputed);
+            return;
+        }
         let billing = &mut self.metrics.billing;
         billing.leases_closed += 1;
         billing.delivered_gpu_ms += delivered;

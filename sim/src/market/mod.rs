@@ -114,6 +114,9 @@ struct SupplierState {
 
 struct RenterState {
     account: AccountId,
+    /// Renters that run a liveness watcher sign observations of their
+    /// leases with this key (every other renter).
+    watcher: Option<SigningKey>,
 }
 
 struct AggregatorState {
@@ -157,6 +160,18 @@ struct SimLease {
     last_report_sent: bool,
     /// Billing closed; the lease is kept only for a last report still on its way.
     billing_closed: bool,
+    /// The renter's account and, if it watches its leases, its key; the end
+    /// of its last liveness observation.
+    renter: AccountId,
+    watcher: Option<SigningKey>,
+    observed_to_ms: u64,
+    /// A fake-availability host's workload died here (the host goes on
+    /// reporting the GPUs available).
+    dead_from_ms: Option<u64>,
+    disputed: bool,
+    /// An accepted report claimed time after the workload died, on a
+    /// watched lease.
+    faked_watched: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -181,6 +196,7 @@ pub struct Sim {
     renters: Vec<RenterState>,
     aggregators: Vec<AggregatorState>,
     supplier_of_account: FxHashMap<AccountId, u32>,
+    renter_of_account: FxHashMap<AccountId, u32>,
     underpayers: Vec<AccountId>,
     jobs: Vec<Job>,
     job_of_order: FxHashMap<OrderId, u32>,
@@ -257,6 +273,7 @@ impl Sim {
             renters: Vec::new(),
             aggregators: Vec::new(),
             supplier_of_account: FxHashMap::default(),
+            renter_of_account: FxHashMap::default(),
             underpayers: Vec::new(),
             jobs: Vec::new(),
             job_of_order: FxHashMap::default(),
@@ -394,7 +411,18 @@ impl Sim {
                 let at = START_MS + self.rng.random_range(0..self.config.days as u64 * MS_PER_DAY);
                 self.schedule(at, Action::RenterCheat(index as u32));
             }
-            self.renters.push(RenterState { account });
+            // Every other renter watches its leases; its key is bound as a
+            // login binds it (drawn from no random stream, so the market's
+            // draws stay as they were).
+            let watcher = (index % 2 == 0).then(|| {
+                let mut seed = [0x5a; 32];
+                seed[..4].copy_from_slice(&(index as u32).to_le_bytes());
+                let key = SigningKey::from_bytes(&seed);
+                self.exchange.register_key(account, key.verifying_key().to_bytes());
+                key
+            });
+            self.renter_of_account.insert(account, index as u32);
+            self.renters.push(RenterState { account, watcher });
             let first = self.next_arrival(index as u32, START_MS);
             self.schedule(first, Action::JobArrival(index as u32));
         }

@@ -35,7 +35,10 @@ impl Sim {
         let report_end =
             if last { lease.ended_ms.expect("the last report follows the end") } else { known_end.map_or(agent_now, |e| e.min(agent_now)) };
         let account = supplier.account;
-        for gpu_index in 0..lease.gpus.len() {
+        // The renter (if it watches) signs what it saw up to the report's end.
+        let gpu_count = lease.gpus.len();
+        self.sign_liveness(lease_id, report_end.min(self.now_ms));
+        for gpu_index in 0..gpu_count {
             self.report_gpu(lease_id, gpu_index, report_end, account);
         }
         if last {
@@ -65,7 +68,9 @@ impl Sim {
             return;
         }
         let supplier = &self.suppliers[lease.supplier as usize];
-        let available_ms = delivered_ms(&supplier.down, start_ms, end_ms);
+        // A fake-availability host claims the whole interval, up or not,
+        // its renter's workload alive or not.
+        let available_ms = if lease.dead_from_ms.is_some() { end_ms - start_ms } else { delivered_ms(&supplier.down, start_ms, end_ms) };
         let body = UsageBody {
             lease: lease_id,
             gpu_uuid: lease.gpus[gpu_index].1.clone(),
@@ -87,6 +92,9 @@ impl Sim {
         match outcome {
             Ok(UsageOutcome::Accepted { .. }) => {
                 let lease = self.leases.get_mut(&lease_id).expect("reported leases exist");
+                if lease.watcher.is_some() && lease.dead_from_ms.is_some_and(|dead| end_ms > dead) {
+                    lease.faked_watched = true;
+                }
                 let chain = &mut lease.chains[gpu_index];
                 chain.accepted += 1;
                 chain.prev_hash = report.hash();
@@ -104,6 +112,41 @@ impl Sim {
                         lease.late = true;
                     }
                 }
+            }
+        }
+    }
+
+    /// The lease's renter, if it watches, signs liveness observations from
+    /// its last one to `to_ms`, an hour at most each, cut where the
+    /// workload died: unreachable where the host was down or the workload
+    /// dead throughout, reachable otherwise (the truth, as an honest
+    /// renter's probes see it).
+    pub(super) fn sign_liveness(&mut self, lease_id: LeaseId, to_ms: u64) {
+        let Some(lease) = self.leases.get(&lease_id) else { return };
+        let Some(key) = lease.watcher.clone() else { return };
+        let (renter, dead_from, supplier) = (lease.renter, lease.dead_from_ms, lease.supplier as usize);
+        let mut from = lease.observed_to_ms;
+        while from < to_ms {
+            let mut to = (from + MS_PER_HOUR).min(to_ms);
+            if let Some(dead) = dead_from.filter(|dead| *dead > from && *dead < to) {
+                to = dead;
+            }
+            let dead = dead_from.is_some_and(|dead| dead <= from);
+            let reachable = !dead && delivered_ms(&self.suppliers[supplier].down, from, to) > 0;
+            let body = gpux_protocol::LivenessBody { lease: lease_id, start_ms: from, end_ms: to, reachable };
+            let report = gpux_protocol::LivenessReport::sign(body, &key);
+            // The sequencer's check before journaling.
+            if self.exchange.market().check_liveness(renter, &report, self.now_ms).is_err() {
+                return;
+            }
+            let mut events = Vec::new();
+            self.exchange.liveness(self.now_ms, renter, report, &mut events);
+            self.observe(&events);
+            let stats = self.metrics.disputes.entry(dead_from.map(|_| SupplierCheat::FakeAvailability)).or_default();
+            stats.observations += 1;
+            from = to;
+            if let Some(lease) = self.leases.get_mut(&lease_id) {
+                lease.observed_to_ms = to;
             }
         }
     }
@@ -179,7 +222,7 @@ impl Sim {
                 body.end_ms = now.max(other_lease.start_ms + 1);
                 body.available_ms = body.end_ms - body.start_ms;
             }
-            SupplierCheat::DoubleSell | SupplierCheat::WrongProduct | SupplierCheat::SlowGpu => return,
+            SupplierCheat::DoubleSell | SupplierCheat::WrongProduct | SupplierCheat::SlowGpu | SupplierCheat::FakeAvailability => return,
         }
         if reports.is_empty() {
             reports.push(UsageReport::sign(body, &key));
