@@ -204,6 +204,27 @@ impl BookSide {
         })
     }
 
+    /// The slots of resting orders from the best price to the worst, in
+    /// time order within a price: `take` of them after the first `skip`.
+    pub fn slots(&self, slab: &OrderSlab, skip: usize, take: usize) -> Vec<u32> {
+        let mut slots = Vec::with_capacity(take.min(256));
+        let mut seen = 0;
+        for &(_, level) in self.ladder.iter().rev() {
+            let mut slot = self.levels[level as usize].head;
+            while slot != NIL {
+                if seen >= skip {
+                    if slots.len() == take {
+                        return slots;
+                    }
+                    slots.push(slot);
+                }
+                seen += 1;
+                slot = slab.at(slot).next;
+            }
+        }
+        slots
+    }
+
     /// Appends the order at `slot` to the tail of its price level; returns
     /// the level's new total quantity.
     pub fn push_back(&mut self, slab: &mut OrderSlab, slot: u32) -> u64 {

@@ -29,7 +29,7 @@ pub use command::*;
 pub use config::*;
 pub use engine::{
     Balances, ChallengeTarget, ContractInfo, ContractKind, ContractOutcome, Engine, GpuInfo, GpuVerification, InstrumentInfo,
-    InstrumentState, LeaseInfo, OrderInfo,
+    InstrumentState, LeaseInfo, OfferInfo, OrderInfo,
 };
 pub use event::*;
 pub use ids::*;

@@ -401,3 +401,42 @@ fn challenges_verify_disqualify_or_reject_a_gpu_and_verified_only_bids_follow() 
     let unknown = m.apply(Command::RecordChallenge { gpu: GpuId(999), answer: fast });
     assert_eq!(rejection(&unknown), Some(RejectCode::UnknownGpu));
 }
+
+/// The public list of offers: every resting ask one by one, best price
+/// first and in time order within a price, with its seller's score and how
+/// many of its GPUs a hardware challenge verified; paged.
+#[test]
+fn offers_list_each_ask_in_price_time_order_with_its_sellers_score() {
+    let (mut m, reliable, reliable_host, _renter) = market();
+    let other = m.supplier();
+    let other_host = m.h100_host(other, "other-host", 4);
+    m.engine.set_supplier_score(reliable, Some(9_950));
+    let first_at_two = m.ask(other, other_host, 0b11, H100_SPOT, USD_2);
+    let cheapest = m.ask(reliable, reliable_host, 0b1, H100_SPOT, 1_900_000);
+    let second_at_two = m.ask(reliable, reliable_host, 0b10, H100_SPOT, USD_2);
+    let gpu = m.engine.host_gpu(reliable_host, 0).expect("GPU 0 of the host");
+    m.apply(Command::RecordChallenge { gpu, answer: ChallengeAnswer::Correct { n: 256, elapsed_ms: 10 } });
+    assert!(m.engine.gpu(gpu).expect("gpu").verified);
+
+    let (offers, next) = m.engine.offers(H100_SPOT, 0, 10);
+    assert_eq!(next, None);
+    let seen: Vec<_> = offers
+        .iter()
+        .map(|o| (o.price_minor_per_gpu_hour, o.quantity, o.supplier, o.host, o.gpus_verified, o.supplier_score_bps))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (1_900_000, 1, reliable, Some(reliable_host), 1, Some(9_950)),
+            (USD_2, 2, other, Some(other_host), 0, None),
+            (USD_2, 1, reliable, Some(reliable_host), 0, Some(9_950)),
+        ],
+        "best price first, then time order: {cheapest:?} {first_at_two:?} {second_at_two:?}"
+    );
+    let (page, next) = m.engine.offers(H100_SPOT, 1, 1);
+    assert_eq!((page.len(), page[0].supplier, next), (1, other, Some(2)), "a page of one after the first");
+    let (page, next) = m.engine.offers(H100_SPOT, 2, 1);
+    assert_eq!((page[0].supplier, next), (reliable, None), "the last page");
+    assert!(m.engine.offers(H100_SPOT, 3, 10).0.is_empty());
+    assert!(m.engine.offers(InstrumentId(9_999), 0, 10).0.is_empty(), "no such instrument");
+}

@@ -141,6 +141,12 @@ pub enum Request {
         id: u64,
         renter: AccountId,
     },
+    BookOffers {
+        connection: ConnectionId,
+        id: u64,
+        instrument: InstrumentId,
+        offset: u32,
+    },
     Usage {
         connection: ConnectionId,
         id: u64,
@@ -220,6 +226,7 @@ impl Request {
             | Request::Stats { id, .. }
             | Request::SupplierStats { id, .. }
             | Request::RenterStats { id, .. }
+            | Request::BookOffers { id, .. }
             | Request::MyGpus { id, .. }
             | Request::Usage { id, .. }
             | Request::Balance { id, .. }

@@ -640,6 +640,9 @@ impl Connection {
                 self.forward(id, Request::SupplierStats { connection: self.id, id, supplier })
             }
             (_, ClientMessage::RenterStats { id, renter }) => self.forward(id, Request::RenterStats { connection: self.id, id, renter }),
+            (_, ClientMessage::BookOffers { id, instrument, offset }) => {
+                self.forward(id, Request::BookOffers { connection: self.id, id, instrument, offset })
+            }
             (_, _) => vec![error(Some(id), ErrorCode::NotAuthenticated, None)],
         }
     }
@@ -662,6 +665,7 @@ impl Connection {
             ClientMessage::Stats { id, instrument } => Request::Stats { connection, id, instrument },
             ClientMessage::SupplierStats { id, supplier } => Request::SupplierStats { connection, id, supplier },
             ClientMessage::RenterStats { id, renter } => Request::RenterStats { connection, id, renter },
+            ClientMessage::BookOffers { id, instrument, offset } => Request::BookOffers { connection, id, instrument, offset },
             ClientMessage::MyGpus { id, offset } => Request::MyGpus { connection, id, offset },
             ClientMessage::UsageReport { id, report } => Request::Usage { connection, id, report: Box::new(report) },
             ClientMessage::Balance { id } => Request::Balance { connection, id },
@@ -932,6 +936,7 @@ mod tests {
                     | Request::Stats { .. }
                     | Request::SupplierStats { .. }
                     | Request::RenterStats { .. }
+                    | Request::BookOffers { .. }
             )
         }
 

@@ -299,6 +299,14 @@ pub enum ClientMessage {
         id: u64,
         renter: AccountId,
     },
+    /// The asks resting in an instrument's book, one by one in price-time
+    /// order, each with its seller's score (public), a page at a time.
+    BookOffers {
+        id: u64,
+        instrument: InstrumentId,
+        #[serde(default)]
+        offset: u32,
+    },
     /// A supplier's signed usage report of one GPU of one of its leases.
     UsageReport {
         id: u64,
@@ -423,6 +431,7 @@ impl ClientMessage {
             | Statement { id, .. }
             | SupplierStats { id, .. }
             | RenterStats { id, .. }
+            | BookOffers { id, .. }
             | SetWorkload { id, .. }
             | SetEncryptionKey { id, .. }
             | HostKey { id, .. }
@@ -563,6 +572,13 @@ pub enum ServerMessage {
         renter: AccountId,
         record: RenterRecord,
     },
+    /// A page of an instrument's asks, best first.
+    BookOffers {
+        id: u64,
+        instrument: InstrumentId,
+        offers: Vec<gpux_engine::OfferInfo>,
+        next_offset: Option<u32>,
+    },
     /// Available and held (open bids, lease and contract escrow) funds.
     Balance {
         id: u64,
@@ -694,6 +710,7 @@ impl ServerMessage {
             | Statement { id, .. }
             | SupplierStats { id, .. }
             | RenterStats { id, .. }
+            | BookOffers { id, .. }
             | Balance { id, .. }
             | UsageAccepted { id, .. }
             | UsageRejected { id, .. }

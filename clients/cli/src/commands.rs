@@ -37,6 +37,45 @@ fn parse_percent_bps(text: &str) -> Result<u32, String> {
     Ok(bps)
 }
 
+/// `gpux asks SYMBOL`: the book's asks one by one, best first, each with
+/// its seller and the seller's score, pages followed up to `limit`.
+async fn asks(s: &mut Session, instrument: gpux_engine::InstrumentId, limit: usize, json: bool) -> Result<(), Failure> {
+    let mut shown = 0;
+    let mut offset = 0;
+    loop {
+        let id = s.connection.new_id();
+        let answer = s.ask(ClientMessage::BookOffers { id, instrument, offset }, json).await?;
+        let ServerMessage::BookOffers { offers, next_offset, .. } = answer else {
+            return Err(Failure::Unreachable(format!("expected book_offers, got {answer:?}")));
+        };
+        for offer in &offers {
+            if shown == limit {
+                return Ok(());
+            }
+            shown += 1;
+            if json {
+                continue;
+            }
+            let score = match offer.supplier_score_bps {
+                Some(bps) => format!("score {}.{:02}%", bps / 100, bps % 100),
+                None => "unrated".into(),
+            };
+            let supply = match offer.host {
+                Some(host) => format!("host {host}, {} of {} GPU(s) verified", offer.gpus_verified, offer.quantity),
+                None => "reserved contracts offered again".into(),
+            };
+            out!("{}/GPU-h x {}  supplier {} ({score}; {supply})", dollars(offer.price_minor_per_gpu_hour), offer.quantity, offer.supplier);
+        }
+        if shown == 0 && !json {
+            out!("no asks");
+        }
+        match next_offset {
+            Some(next) if shown < limit => offset = next,
+            _ => return Ok(()),
+        }
+    }
+}
+
 /// `gpux renter N`: an account's liveness evidence and the disputes it raised.
 async fn renter_stats(s: &mut Session, renter: AccountId, json: bool) -> Result<(), Failure> {
     let id = s.connection.new_id();
@@ -128,6 +167,11 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Renter { renter } => {
             let mut session = Session::anonymous(&cli.url).await?;
             return renter_stats(&mut session, AccountId(*renter), json).await;
+        }
+        Command::Asks { instrument, limit } => {
+            let mut session = Session::anonymous(&cli.url).await?;
+            let instrument = session.resolve(instrument).await?;
+            return asks(&mut session, instrument, *limit, json).await;
         }
         _ => {}
     }
@@ -279,7 +323,12 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             let id = s.connection.new_id();
             acknowledged(s.ask(ClientMessage::Payout { id, account: None, amount_minor }, json).await?, "paid out")
         }
-        Command::Keys { .. } | Command::Book { .. } | Command::Instruments { .. } | Command::Supplier { .. } | Command::Renter { .. } => {
+        Command::Keys { .. }
+        | Command::Book { .. }
+        | Command::Instruments { .. }
+        | Command::Supplier { .. }
+        | Command::Renter { .. }
+        | Command::Asks { .. } => {
             unreachable!("handled before login")
         }
     }

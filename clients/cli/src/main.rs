@@ -142,6 +142,13 @@ pub enum Command {
     Supplier { supplier: u32 },
     /// An account's signed liveness observations and the disputes they raised (public).
     Renter { renter: u32 },
+    /// Every ask in an instrument's book, best first, with its seller's score and verified GPUs (public).
+    Asks {
+        instrument: String,
+        /// Asks to show at most.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
     /// Bid for GPU time.
     Buy(OrderArgs),
     /// Offer contracts you hold in a reserved window (GPU owners: see `offer`).

@@ -115,6 +115,8 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
     assert!(ok(gpux(url, &key("supplier"), &["offers"])).contains("$2.00"));
     let book = ok(gpux(url, &key("renter"), &["book", "H100-SXM-80G/SPOT", "--once"]));
     assert!(book.contains("$2.00") && book.contains("ask"), "{book}");
+    let asks = ok(gpux(url, &key("renter"), &["asks", "H100-SXM-80G/SPOT"]));
+    assert!(asks.contains("$2.00/GPU-h x 1") && asks.contains("unrated") && asks.contains("host 0"), "{asks}");
     let json_book = ok(gpux(url, &key("renter"), &["--json", "book", "0", "--once"]));
     assert!(json_book.lines().any(|l| l.starts_with("{\"book_snapshot\"")), "{json_book}");
 

@@ -269,6 +269,18 @@ class Client:
         unrated, and its facts) over `window_days`, and each host's."""
         return (await self.request("supplier_stats", supplier=supplier)).fields
 
+    async def book_offers(self, instrument: int) -> list[dict]:
+        """Every ask in the instrument's book, best first, each with its
+        seller, the seller's score and how many of its GPUs are verified
+        (public)."""
+        offers, offset = [], 0
+        while True:
+            page = (await self.request("book_offers", instrument=instrument, offset=offset)).fields
+            offers += page["offers"]
+            if page.get("next_offset") is None:
+                return offers
+            offset = page["next_offset"]
+
     async def renter_stats(self, renter: int) -> dict:
         """An account's record as a renter (public): liveness observations
         it signed, time signed unreachable, disputes raised."""

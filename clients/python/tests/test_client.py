@@ -111,6 +111,10 @@ def test_an_order_that_fills_brings_its_trade_and_lease_on_the_private_feed(exch
             stats = await anonymous.supplier_stats(supplier.account)
             assert stats["window_days"] == 30 and stats["record"]["score_bps"] is None, "public, and unrated before any lease closed"
             assert [h["host"] for h in stats["hosts"]] == [host]
+            offers = await anonymous.book_offers(gpux.H100_SPOT)
+            assert [(o["price_minor_per_gpu_hour"], o["supplier"], o["host"], o["supplier_score_bps"]) for o in offers] == [
+                (2_000_000, supplier.account, host, None)
+            ], offers
             with pytest.raises(gpux.GpuxError) as unknown:
                 await anonymous.supplier_stats(renter.account)
             assert unknown.value.code == "unknown_supplier"

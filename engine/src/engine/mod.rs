@@ -144,6 +144,21 @@ pub(crate) struct LeaseBilling {
     pub withheld_minor: u64,
 }
 
+/// A resting ask as the public `book_offers` request shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OfferInfo {
+    pub price_minor_per_gpu_hour: u64,
+    pub quantity: u32,
+    pub supplier: AccountId,
+    /// The host of the GPUs behind it; `None` for contracts of a reserved
+    /// window offered again.
+    pub host: Option<HostId>,
+    /// How many of its GPUs their last hardware challenge verified.
+    pub gpus_verified: u32,
+    /// The seller's reliability score (`None`: unrated).
+    pub supplier_score_bps: Option<u32>,
+}
+
 /// A public description of a lease.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseInfo {
@@ -587,6 +602,37 @@ impl Engine {
     /// Price levels of one side, best first, as `(price, quantity)`.
     pub fn depth(&self, instrument: InstrumentId, side: Side) -> Vec<(u64, u64)> {
         self.books.get(instrument.0 as usize).map(|book| book.side(side).depth().collect()).unwrap_or_default()
+    }
+
+    /// Resting asks of an instrument in price-time order, each with its
+    /// seller's score and how many of its GPUs are verified: a page of at
+    /// most `limit` after the first `offset`, and the offset of the next
+    /// page if there is one (docs/protocol.md "Offers").
+    pub fn offers(&self, instrument: InstrumentId, offset: usize, limit: usize) -> (Vec<OfferInfo>, Option<usize>) {
+        let Some(book) = self.books.get(instrument.0 as usize) else { return (Vec::new(), None) };
+        let mut slots = book.side(Side::Sell).slots(&self.orders, offset, limit + 1);
+        let more = slots.len() > limit;
+        slots.truncate(limit);
+        let offers = slots
+            .into_iter()
+            .map(|slot| {
+                let order = self.orders.at(slot);
+                let gpus = order.supply.map(|set| {
+                    let host = &self.hosts[set.host.0 as usize];
+                    crate::gpus::mask_bits(set.gpu_mask).filter(|bit| self.gpus[host.gpus[*bit as usize].0 as usize].verified).count()
+                        as u32
+                });
+                OfferInfo {
+                    price_minor_per_gpu_hour: order.price,
+                    quantity: order.quantity,
+                    supplier: order.account,
+                    host: order.supply.map(|set| set.host),
+                    gpus_verified: gpus.unwrap_or(0),
+                    supplier_score_bps: self.supplier_score(order.account),
+                }
+            })
+            .collect();
+        (offers, more.then_some(offset + limit))
     }
 
     /// The best `levels` price levels of one side, best first.

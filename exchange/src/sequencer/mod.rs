@@ -208,6 +208,7 @@ impl Sequencer {
             Request::Stats { connection, id, instrument } => self.stats(connection, id, instrument),
             Request::SupplierStats { connection, id, supplier } => self.supplier_stats(connection, id, supplier),
             Request::RenterStats { connection, id, renter } => self.renter_stats(connection, id, renter),
+            Request::BookOffers { connection, id, instrument, offset } => self.book_offers(connection, id, instrument, offset),
             Request::MyGpus { connection, id, offset } => self.my_gpus(connection, id, offset),
             Request::Usage { connection, id, report } => self.usage(connection, id, *report),
             Request::Statement { connection, id, after } => self.statement(connection, id, after),

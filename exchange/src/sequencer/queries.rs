@@ -108,6 +108,18 @@ impl Sequencer {
         self.reply(connection, reply);
     }
 
+    /// An instrument's asks one by one, best first, with their sellers'
+    /// scores (public).
+    pub(super) fn book_offers(&mut self, connection: ConnectionId, id: u64, instrument: InstrumentId, offset: u32) {
+        if self.market.engine().instrument(instrument).is_none() {
+            return self.reply(connection, error(Some(id), ErrorCode::UnknownInstrument));
+        }
+        let (mut offers, next) = self.market.engine().offers(instrument, offset as usize, ORDERS_PAGE_MAX);
+        let cut = gpux_protocol::fit_page(&mut offers);
+        let next_offset = if cut { Some(offset + offers.len() as u32) } else { next.map(|n| n as u32) };
+        self.reply(connection, ServerMessage::BookOffers { id, instrument, offers, next_offset });
+    }
+
     pub(super) fn renter_stats(&mut self, connection: ConnectionId, id: u64, renter: AccountId) {
         if self.market.engine().role(renter).is_none() {
             return self.reply(connection, error(Some(id), ErrorCode::UnknownAccount));
