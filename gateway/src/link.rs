@@ -168,6 +168,9 @@ pub enum Request {
     },
     Disconnect {
         connection: ConnectionId,
+        /// The exchange closed it because it is stopping (not the client's
+        /// doing: no fact of a supplier's record).
+        exchange_stopping: bool,
     },
     /// The connection fell more than the feed's buffer behind one of its
     /// feeds and dropped it: send a fresh book snapshot (the conflated book)

@@ -447,7 +447,8 @@ async fn serve_connection<S>(
             }
         }
     }
-    let _ = connection.core.send(Request::Disconnect { connection: connection.id });
+    let exchange_stopping = close == Some(ErrorCode::ShuttingDown);
+    let _ = connection.core.send(Request::Disconnect { connection: connection.id, exchange_stopping });
 }
 
 /// The WebSocket read buffer of one connection, allocated when it opens.

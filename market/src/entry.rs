@@ -88,6 +88,12 @@ pub enum JournalEntry {
         at_ms: u64,
         challenge: u64,
     },
+    /// A supplier's last session closed while it supplied active leases
+    /// (docs/market-rules.md "Reliability score").
+    SupplierDisconnected {
+        at_ms: u64,
+        account: AccountId,
+    },
     /// A renter's signed observation of its lease's endpoint, received at
     /// `at_ms` (checked before journaling: the renter's own lease, signed by
     /// its key, in time order; docs/market-rules.md "Disputes").
@@ -109,7 +115,8 @@ impl JournalEntry {
             | JournalEntry::ChallengeCommitted { at_ms, .. }
             | JournalEntry::ChallengeAnswered { at_ms, .. }
             | JournalEntry::ChallengeExpired { at_ms, .. }
-            | JournalEntry::Liveness { at_ms, .. } => Some(*at_ms),
+            | JournalEntry::Liveness { at_ms, .. }
+            | JournalEntry::SupplierDisconnected { at_ms, .. } => Some(*at_ms),
             JournalEntry::BindKey { .. }
             | JournalEntry::BidWorkload { .. }
             | JournalEntry::LeaseWorkload { .. }

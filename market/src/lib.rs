@@ -129,6 +129,10 @@ pub struct ArchivedLease {
     pub delivery: Option<LeaseDelivery>,
 }
 
+/// How long after a preempted lease's end its host may report the workload
+/// stopped before the preemption counts as honoured late.
+pub const PREEMPTION_STOP_MS: u64 = 60_000;
+
 /// How long a lease stays in the hot state after its billing closed.
 pub const LEASE_RETENTION_MS: u64 = 60 * 60_000;
 
@@ -161,6 +165,9 @@ pub struct MarketState {
     /// Renters' liveness evidence against suppliers' reports, and renters'
     /// dispute records.
     disputes: disputes::Disputes,
+    /// Preempted leases whose workload the host has not yet reported
+    /// stopped, with the time they ended.
+    preempted: BTreeMap<LeaseId, u64>,
     /// The UTC day the engine's supplier scores were last all refreshed.
     scores_day: u64,
     clock_ms: u64,
@@ -187,6 +194,7 @@ impl MarketState {
             rematch: rematch::Rematch::default(),
             challenges: challenges::Challenges::default(),
             disputes: disputes::Disputes::default(),
+            preempted: BTreeMap::new(),
             scores_day: 0,
             clock_ms: 0,
         }
@@ -212,7 +220,8 @@ impl MarketState {
                 }
                 applied.events.extend_from_slice(self.engine.apply(input));
                 // Before archiving: the facts name leases still held.
-                let touched = self.reliability.observe(&self.engine, &applied.events);
+                let mut touched = self.reliability.observe(&self.engine, &applied.events);
+                touched.extend(self.watch_preemptions(&applied.events));
                 self.refresh_scores(&touched, input.at_ms);
                 let archive_by_ms = input.at_ms.saturating_sub(LEASE_RETENTION_MS);
                 for info in self.engine.archive_leases(archive_by_ms) {
@@ -318,7 +327,20 @@ impl MarketState {
                 let disputed = self.disputes.observe(*account, report);
                 applied.follow_up = self.disputed(report.body.lease, disputed, *at_ms);
             }
+            JournalEntry::SupplierDisconnected { at_ms, account } => {
+                let leases = self.engine.active_leases_supplied(*account);
+                self.reliability.disconnected(&self.engine, *account, &leases, *at_ms);
+                self.refresh_scores(&[*account], *at_ms);
+            }
             JournalEntry::DeliveryStatus { at_ms, account, lease, state } => {
+                let stopped = matches!(state, DeliveryState::Stopped | DeliveryState::Exited { .. } | DeliveryState::Failed { .. });
+                if let Some(ended_ms) = self.preempted.get(lease).copied().filter(|_| stopped) {
+                    self.preempted.remove(lease);
+                    if *at_ms > ended_ms + PREEMPTION_STOP_MS {
+                        self.reliability.late_preemption(&self.engine, *lease, *at_ms);
+                        self.refresh_scores(&[*account], *at_ms);
+                    }
+                }
                 applied.first_running = self.deliveries.record_status(*lease, *account, state.clone(), *at_ms);
                 if let Some(info) = self.engine.lease(*lease) {
                     owed.push(Notice {
@@ -416,6 +438,32 @@ impl MarketState {
             return Err(ErrorCode::DeliveryStatusInvalid);
         }
         Ok(())
+    }
+
+    /// Follows preempted leases until their host reports the workload
+    /// stopped: a lease preempted while its workload was not stopped is
+    /// watched; one still watched when its bill closes was honoured late
+    /// (never reported stopped). Returns the suppliers whose records changed.
+    fn watch_preemptions(&mut self, events: &[Event]) -> Vec<AccountId> {
+        let mut touched = Vec::new();
+        for event in events {
+            match event.kind {
+                EventKind::LeaseEnded { lease, reason: gpux_engine::LeaseEndReason::Preempted } => {
+                    let running = self.deliveries.lease(lease).and_then(|d| d.state.as_ref()).is_some_and(|(state, _)| {
+                        !matches!(state, DeliveryState::Stopped | DeliveryState::Exited { .. } | DeliveryState::Failed { .. })
+                    });
+                    if running {
+                        self.preempted.insert(lease, event.at_ms);
+                    }
+                }
+                EventKind::LeaseBillingClosed { lease, .. } if self.preempted.remove(&lease).is_some() => {
+                    self.reliability.late_preemption(&self.engine, lease, event.at_ms);
+                    touched.extend(self.engine.lease(lease).map(|l| l.supplier));
+                }
+                _ => {}
+            }
+        }
+        touched
     }
 
     /// A renter's liveness observation of its lease.
@@ -542,6 +590,7 @@ impl MarketState {
                 self.scores_day,
                 &self.challenges,
                 &self.disputes,
+                &self.preempted,
             ),
         );
         hasher.bytes(&gpux_protocol::encode_record(&rest));

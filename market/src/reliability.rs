@@ -11,7 +11,10 @@
 //! - a refused usage report, by code;
 //! - a hardware challenge's outcome (passed, too slow, wrong, unanswered);
 //! - GPU time a renter's signed liveness evidence disputes (docs/market-rules.md
-//!   "Disputes").
+//!   "Disputes");
+//! - a supplier's last session closing while it supplies active leases;
+//! - a preemption honoured late (the workload not reported stopped within
+//!   a minute of the lease's end).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -35,6 +38,12 @@ pub const DISHONEST_REPORT_PENALTY_BPS: u32 = 100;
 /// Taken off the score for each wrong answer to a hardware challenge (an
 /// honest GPU never computes a wrong product).
 pub const WRONG_CHALLENGE_PENALTY_BPS: u32 = 1_000;
+/// Taken off for each disconnect during leases (the renter loses status,
+/// logs and timely reports while the agent is away; a restart costs little).
+pub const DISCONNECT_PENALTY_BPS: u32 = 10;
+/// Taken off for each preemption honoured late (the next holder of the GPU
+/// waits for it).
+pub const LATE_PREEMPTION_PENALTY_BPS: u32 = 100;
 
 const MS_PER_HOUR: u64 = 3_600_000;
 pub(crate) const MS_PER_DAY: u64 = 24 * MS_PER_HOUR;
@@ -51,6 +60,8 @@ struct Day {
     challenges: [u32; 4],
     disputes: u32,
     disputed_gpu_ms: u64,
+    disconnects: u32,
+    late_preemptions: u32,
 }
 
 impl Day {
@@ -99,6 +110,8 @@ impl Record {
             summary.challenges_unanswered += day.challenges[3];
             summary.disputes += day.disputes;
             summary.disputed_gpu_ms += day.disputed_gpu_ms;
+            summary.disconnects_during_leases += day.disconnects;
+            summary.preemptions_late += day.late_preemptions;
         }
         summary.score_bps = score(&summary);
         summary
@@ -126,7 +139,9 @@ pub fn score(summary: &Summary) -> Option<u32> {
         .sum();
     let penalty = dishonest
         .saturating_mul(DISHONEST_REPORT_PENALTY_BPS)
-        .saturating_add(summary.challenges_failed.saturating_mul(WRONG_CHALLENGE_PENALTY_BPS));
+        .saturating_add(summary.challenges_failed.saturating_mul(WRONG_CHALLENGE_PENALTY_BPS))
+        .saturating_add(summary.disconnects_during_leases.saturating_mul(DISCONNECT_PENALTY_BPS))
+        .saturating_add(summary.preemptions_late.saturating_mul(LATE_PREEMPTION_PENALTY_BPS));
     Some(availability_bps.saturating_sub(penalty))
 }
 
@@ -205,6 +220,31 @@ impl Reliability {
         engine.lease(lease).map(|l| l.supplier)
     }
 
+    /// A supplier's last session closed while it supplied `leases` (active):
+    /// one disconnect for it and for each host among the leases'.
+    pub(crate) fn disconnected(&mut self, engine: &Engine, supplier: AccountId, leases: &[LeaseId], at_ms: u64) {
+        if leases.is_empty() {
+            return;
+        }
+        self.suppliers.entry(supplier).or_default().today(at_ms).disconnects += 1;
+        let mut hosts: Vec<HostId> = leases
+            .iter()
+            .filter_map(|l| engine.lease(*l))
+            .filter_map(|l| l.gpus.first().and_then(|g| engine.gpu(*g)))
+            .map(|g| g.host)
+            .collect();
+        hosts.sort_unstable();
+        hosts.dedup();
+        for host in hosts {
+            self.hosts.entry(host).or_default().today(at_ms).disconnects += 1;
+        }
+    }
+
+    /// A preempted lease whose workload was not reported stopped in time.
+    pub(crate) fn late_preemption(&mut self, engine: &Engine, lease: LeaseId, at_ms: u64) {
+        self.count(engine, lease, at_ms, |day| day.late_preemptions += 1);
+    }
+
     fn count(&mut self, engine: &Engine, lease: LeaseId, at_ms: u64, add: impl Fn(&mut Day)) {
         let Some(info) = engine.lease(lease) else { return };
         add(self.suppliers.entry(info.supplier).or_default().today(at_ms));
@@ -258,6 +298,8 @@ mod tests {
         assert_eq!(score(&disputed), Some(9_000), "disputed time counts as not delivered");
         let all_disputed = Summary { disputed_gpu_ms: 200 * MS_PER_HOUR, ..summary(100, 99, 0, 0) };
         assert_eq!(score(&all_disputed), Some(0));
+        let flaky = Summary { disconnects_during_leases: 3, preemptions_late: 2, ..summary(100, 99, 0, 0) };
+        assert_eq!(score(&flaky), Some(9_900 - 30 - 200), "10 bps per disconnect during leases, 100 per late preemption");
     }
 
     #[test]

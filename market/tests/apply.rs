@@ -70,6 +70,8 @@ enum Op {
         minutes: u64,
         kind: u8,
     },
+    /// The supplier's last session closes.
+    Disconnect,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -82,6 +84,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(|pick| Op::EndLease { pick }),
         1 => (0..2u32, 0..4u8, 0..5_000u64).prop_map(|(gpu, answer, delay_ms)| Op::Challenge { gpu, answer, delay_ms }),
         2 => (any::<usize>(), 1..30u64, 0..3u8).prop_map(|(pick, minutes, kind)| Op::Liveness { pick, minutes, kind }),
+        1 => Just(Op::Disconnect),
     ]
 }
 
@@ -264,6 +267,7 @@ impl Session {
             Op::Challenge { gpu, answer, delay_ms } => {
                 self.challenge(GpuId(gpu), answer, delay_ms, 16);
             }
+            Op::Disconnect => self.apply(JournalEntry::SupplierDisconnected { at_ms: self.now_ms, account: self.supplier }),
             Op::Liveness { pick, minutes, kind } => {
                 let Some(lease) = self.lease(pick) else { return };
                 let Some(info) = self.market.engine().lease(lease) else { return };
@@ -624,4 +628,69 @@ fn unreachable_evidence_against_reported_time_is_disputed_and_withheld() {
     let unknown = LivenessReport::sign(LivenessBody { lease: LeaseId(99), ..body }, &session.renter_key);
     assert_eq!(session.market.check_liveness(session.renter, &unknown, now), Err(ErrorCode::UnknownLease));
     assert_eq!(session.journal.len(), journal_len, "nothing journaled for them");
+}
+
+/// Preemptions honoured late count in the supplier's record: a preempted
+/// lease whose host reports its workload stopped within a minute of the
+/// end is on time; one stopped later, or never before its bill closes, is
+/// late. A supplier gone while it supplies leases counts a disconnect.
+#[test]
+fn late_preemptions_and_disconnects_during_leases_count_in_the_record() {
+    const PREEMPT: InstrumentId = InstrumentId(1);
+    let mut session = Session::new();
+    session.command(Command::RegisterGpu { account: AccountId(0), host: "h".into(), gpu_uuid: "GPU-2".into(), spec: GpuSpec::h100_sxm() });
+    let running = DeliveryState::Running { endpoints: Vec::new(), ssh: None, restarts: 0 };
+    let mut preempted = Vec::new();
+    for gpu in 0..3u32 {
+        let mask = 1u64 << gpu;
+        let supply = Some(GpuSet { host: HostId(0), gpu_mask: mask });
+        let next = session.next_order;
+        session.next_order += 3;
+        let preemptible_ask = NewOrder { supply, ..NewOrder::limit(session.supplier, next, PREEMPT, Side::Sell, 800_000, 1) };
+        session.command(Command::PlaceOrder(preemptible_ask));
+        let bid = NewOrder {
+            duration: LeaseDuration::UntilCancelled,
+            ..NewOrder::limit(session.renter, next + 1, PREEMPT, Side::Buy, 800_000, 1)
+        };
+        session.command(Command::PlaceOrder(bid));
+        let lease = *session.leases.last().expect("the preemptible lease");
+        session.apply(JournalEntry::DeliveryStatus { at_ms: session.now_ms, account: session.supplier, lease, state: running.clone() });
+        let spot_ask = NewOrder { supply, ..NewOrder::limit(session.supplier, next + 2, SPOT, Side::Sell, 2_000_000, 1) };
+        session.command(Command::PlaceOrder(spot_ask));
+        preempted.push(lease);
+    }
+    // A spot bid takes all three GPUs: each preemptible lease gets its notice.
+    let bid = NewOrder { duration: LeaseDuration::Hours(2), ..NewOrder::limit(session.renter, 900, SPOT, Side::Buy, 2_000_000, 3) };
+    session.command(Command::PlaceOrder(bid));
+    session.run(&Op::Advance { ms: 30_000 });
+    for lease in &preempted {
+        assert!(!session.market.engine().lease(*lease).expect("held").active, "preempted");
+    }
+    let stopped = |session: &mut Session, lease| {
+        let entry = JournalEntry::DeliveryStatus { at_ms: session.now_ms, account: session.supplier, lease, state: DeliveryState::Stopped };
+        session.apply(entry);
+    };
+    let late = |session: &Session| session.market.reliability().supplier(session.supplier, session.now_ms).preemptions_late;
+    session.now_ms += 10_000;
+    stopped(&mut session, preempted[0]);
+    assert_eq!(late(&session), 0, "stopped 10 s after the end: on time");
+    session.now_ms += 2 * 60_000;
+    stopped(&mut session, preempted[1]);
+    assert_eq!(late(&session), 1, "stopped over a minute after the end: late");
+    // The third is never reported stopped: late once its bill closes.
+    session.run(&Op::Advance { ms: 10 * 60_000 });
+    assert!(session.market.engine().lease(preempted[2]).expect("held").billing_closed);
+    assert_eq!(late(&session), 2);
+    let record = session.market.reliability().supplier(session.supplier, session.now_ms);
+    assert_eq!(record.disconnects_during_leases, 0);
+
+    // The supplier's agent goes while the spot leases run.
+    session.apply(JournalEntry::SupplierDisconnected { at_ms: session.now_ms, account: session.supplier });
+    let record = session.market.reliability().supplier(session.supplier, session.now_ms);
+    assert_eq!(record.disconnects_during_leases, 1);
+    assert_eq!(session.market.reliability().host(HostId(0), session.now_ms).disconnects_during_leases, 1, "and its host");
+    // Without active leases it is no fact.
+    let renter = session.renter;
+    session.apply(JournalEntry::SupplierDisconnected { at_ms: session.now_ms, account: renter });
+    assert_eq!(session.market.reliability().supplier(renter, session.now_ms).disconnects_during_leases, 0);
 }

@@ -28,6 +28,13 @@ pub struct ReliabilityRecord {
     pub disputes: u32,
     #[serde(default)]
     pub disputed_gpu_ms: u64,
+    /// Times its last session closed while it supplied active leases.
+    #[serde(default)]
+    pub disconnects_during_leases: u32,
+    /// Preempted leases whose workload it reported stopped more than a
+    /// minute after the lease ended, or never.
+    #[serde(default)]
+    pub preemptions_late: u32,
     /// Hardware challenges answered right and fast enough, right but too
     /// slow for a class, wrong, and not answered in time.
     #[serde(default)]

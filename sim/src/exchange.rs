@@ -111,6 +111,14 @@ impl SimExchange {
         outcome
     }
 
+    /// A supplier's last session closed (its host went down): a fact of its
+    /// record if it supplies active leases, journaled as the sequencer does.
+    pub fn supplier_disconnected(&mut self, at_ms: u64, account: AccountId) {
+        if !self.market.engine().active_leases_supplied(account).is_empty() {
+            self.record(JournalEntry::SupplierDisconnected { at_ms, account });
+        }
+    }
+
     /// A renter's liveness observation received at `at_ms` (checked as the
     /// sequencer checks it), then the follow-up it calls for.
     pub fn liveness(&mut self, at_ms: u64, account: AccountId, report: gpux_protocol::LivenessReport, events: &mut Vec<Event>) {

@@ -113,7 +113,7 @@ async fn supplier_stats(s: &mut Session, supplier: AccountId, json: bool) -> Res
         };
         let refused: Vec<String> = record.refused_reports.iter().map(|(code, n)| format!("{n} {}", snake(code))).collect();
         format!(
-            "score {score}: {:.1} of {:.1} GPU-hours verified in {} leases, {} failed deliveries, refused reports: {}; hardware challenges: {} passed, {} too slow, {} wrong, {} unanswered; {} disputes by renters ({:.2} GPU-hours)",
+            "score {score}: {:.1} of {:.1} GPU-hours verified in {} leases, {} failed deliveries, refused reports: {}; hardware challenges: {} passed, {} too slow, {} wrong, {} unanswered; {} disputes by renters ({:.2} GPU-hours); {} disconnects during leases, {} preemptions honoured late",
             record.verified_gpu_ms as f64 / 3_600_000.0,
             record.leased_gpu_ms as f64 / 3_600_000.0,
             record.leases_closed,
@@ -125,6 +125,8 @@ async fn supplier_stats(s: &mut Session, supplier: AccountId, json: bool) -> Res
             record.challenges_unanswered,
             record.disputes,
             record.disputed_gpu_ms as f64 / 3_600_000.0,
+            record.disconnects_during_leases,
+            record.preemptions_late,
         )
     };
     out!("supplier {supplier}, last {window_days} days: {}", describe(&record));

@@ -714,6 +714,11 @@ impl Engine {
         (leases, next)
     }
 
+    /// The active leases an account supplies.
+    pub fn active_leases_supplied(&self, account: AccountId) -> Vec<LeaseId> {
+        self.leases.iter_indexed().filter(|(_, l)| l.supplier == account && l.active).map(|(i, _)| LeaseId(i as u64)).collect()
+    }
+
     /// How many leases (not archived) an account rents or supplies.
     pub fn leases_of_count(&self, account: AccountId) -> usize {
         self.leases.iter().filter(|l| l.renter == account || l.supplier == account).count()

@@ -213,7 +213,7 @@ impl Sequencer {
             Request::Usage { connection, id, report } => self.usage(connection, id, *report),
             Request::Statement { connection, id, after } => self.statement(connection, id, after),
             Request::Balance { connection, id } => self.balance(connection, id),
-            Request::Disconnect { connection } => self.disconnect(connection),
+            Request::Disconnect { connection, exchange_stopping } => self.disconnect(connection, exchange_stopping),
             Request::Bid { connection, id, command, workload, rematch } => self.bid(connection, id, command, workload, rematch),
             Request::Delivery { connection, id, request } => self.delivery(connection, id, request),
             Request::Challenge { connection, id, request } => self.challenge(connection, id, request),
@@ -373,7 +373,7 @@ impl Sequencer {
         // one more is closed instead (the gateway counts it).
         if let Err(mpsc::error::TrySendError::Full(_)) = state.outbound.frames.try_send(outgoing) {
             state.outbound.too_slow.notify_one();
-            self.disconnect(connection);
+            self.disconnect(connection, false);
         }
     }
 }

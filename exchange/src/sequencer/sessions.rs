@@ -128,7 +128,7 @@ impl Sequencer {
         self.start_feed(connection, channel, instrument);
     }
 
-    pub(super) fn disconnect(&mut self, connection: ConnectionId) {
+    pub(super) fn disconnect(&mut self, connection: ConnectionId, exchange_stopping: bool) {
         let Some(state) = self.connections.remove(&connection) else { return };
         let Some(account) = state.account else { return };
         let last = match self.connections_of.get_mut(&account) {
@@ -141,6 +141,11 @@ impl Sequencer {
         if state.cancel_on_disconnect && last {
             // Journaled like any command, so replay cancels the same orders.
             self.apply_command(None, 0, Command::MassCancel { account, instrument: None });
+        }
+        // A supplier gone while it supplies leases: a fact of its record.
+        if last && !exchange_stopping && !self.market.engine().active_leases_supplied(account).is_empty() {
+            let at_ms = self.market.clock_ms();
+            self.journal(gpux_market::JournalEntry::SupplierDisconnected { at_ms, account });
         }
     }
 }

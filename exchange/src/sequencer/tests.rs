@@ -396,3 +396,56 @@ fn a_lease_whose_host_fails_it_is_replaced_on_another_host_with_its_workload() {
     let (_, replayed) = recover(&journal, &MemorySnapshots::default());
     assert_eq!(replayed.state_hash, live);
 }
+
+/// A supplier whose last session closes while it supplies a lease gets a
+/// journaled disconnect in its record; one the exchange closed because it
+/// is stopping does not (not the supplier's doing), nor one without leases.
+#[test]
+fn a_supplier_gone_during_its_leases_is_journaled_but_not_when_the_exchange_stops() {
+    use gpux_engine::{GpuSet, GpuSpec, HostId, InstrumentId, LeaseDuration, NewOrder, Side};
+    let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
+    let (mut sequencer, _) = recover(&journal, &snapshots);
+    let (_operator, mut supplier, mut renter) = operator_supplier_and_renter(&mut sequencer);
+    let (supplier_account, renter_account) = (supplier.account(), renter.account());
+    let command = |connection, id, command| Request::Command { connection, id, command };
+    let disconnects = |journal: &MemoryJournal| {
+        journal
+            .entries()
+            .iter()
+            .filter(|e| matches!(e, JournalEntry::SupplierDisconnected { account, .. } if *account == supplier_account))
+            .count()
+    };
+    let register =
+        Command::RegisterGpu { account: supplier_account, host: "rack-1".into(), gpu_uuid: "GPU-0".into(), spec: GpuSpec::h100_sxm() };
+    sequencer.process(vec![command(2, 2, register)]).expect("commits");
+    // Gone without a lease: nothing to record.
+    sequencer.process(vec![Request::Disconnect { connection: 2, exchange_stopping: false }]).expect("commits");
+    assert_eq!(disconnects(&journal), 0);
+
+    let (back, connect) = Client::connect(4);
+    sequencer.process(vec![connect, back.login(1, [2; 32], None)]).expect("commits");
+    let ask = NewOrder {
+        supply: Some(GpuSet { host: HostId(0), gpu_mask: 1 }),
+        ..NewOrder::limit(supplier_account, 1, InstrumentId(0), Side::Sell, 2_000_000, 1)
+    };
+    let bid =
+        NewOrder { duration: LeaseDuration::Hours(1), ..NewOrder::limit(renter_account, 1, InstrumentId(0), Side::Buy, 2_000_000, 1) };
+    sequencer
+        .process(vec![
+            command(1, 2, Command::Deposit { account: renter_account, amount_minor: 100_000_000 }),
+            command(4, 2, Command::PlaceOrder(ask)),
+            command(3, 2, Command::PlaceOrder(bid)),
+        ])
+        .expect("commits");
+    assert_eq!(sequencer.market.engine().active_leases_supplied(supplier_account).len(), 1);
+    // Closed by a stopping exchange: not the supplier's fact.
+    sequencer.process(vec![Request::Disconnect { connection: 4, exchange_stopping: true }]).expect("commits");
+    assert_eq!(disconnects(&journal), 0);
+    let (again, connect) = Client::connect(5);
+    sequencer.process(vec![connect, again.login(1, [2; 32], None)]).expect("commits");
+    sequencer.process(vec![Request::Disconnect { connection: 5, exchange_stopping: false }]).expect("commits");
+    assert_eq!(disconnects(&journal), 1, "gone during its lease");
+    let record = sequencer.market.reliability().supplier(supplier_account, sequencer.market.clock_ms());
+    assert_eq!(record.disconnects_during_leases, 1);
+    drop((supplier, again, back));
+}

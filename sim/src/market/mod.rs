@@ -541,6 +541,7 @@ impl Sim {
                 if self.suppliers[index as usize].is_down {
                     let account = self.suppliers[index as usize].account;
                     self.submit(Command::MassCancel { account, instrument: None });
+                    self.exchange.supplier_disconnected(self.now_ms, account);
                 }
             }
             Action::HostUp(index) => {
