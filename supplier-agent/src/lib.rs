@@ -6,9 +6,13 @@
 //! exchange (`keys`); registers the GPUs, keeps the owner's offers on the
 //! books, withdraws GPUs that turn unhealthy, and hands leases to a
 //! delivery hook (`session`), all as the owner's config says (`config`).
+//! With the `cuda` feature, NVML hosts compute hardware challenges on the
+//! GPU with cuBLAS (`cuda`).
 
 pub mod backend;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod delivery;
 pub mod fake;
 pub mod keys;

@@ -115,6 +115,14 @@ impl GpuBackend for NvmlBackend {
         }
         Ok(samples)
     }
+
+    /// With the `cuda` feature the product is computed on the GPU by cuBLAS;
+    /// without it, on the host's CPU (the default), which no NVIDIA class's
+    /// minimum rate expects.
+    #[cfg(feature = "cuda")]
+    fn challenge(&mut self, uuid: &str, seed: &[u8; 32], n: u32) -> Result<Vec<Vec<i32>>, BackendError> {
+        crate::cuda::product(uuid, seed, n)
+    }
 }
 
 #[cfg(test)]

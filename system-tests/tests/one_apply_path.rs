@@ -50,11 +50,13 @@ fn a_simulated_days_journal_gives_the_simulators_state_in_the_exchange_and_the_a
     sim.run(|_| {});
     let entries = sim.exchange.journal();
     let reports = entries.iter().filter(|e| matches!(e, JournalEntry::UsageReport { .. })).count();
-    // Every supplier's host key is bound (renters sign nothing).
+    let observations = entries.iter().filter(|e| matches!(e, JournalEntry::Liveness { .. })).count();
+    // Every supplier's host key is bound, and the key of every other renter
+    // (those that sign liveness observations of their leases).
     let bindings = entries.iter().filter(|e| matches!(e, JournalEntry::BindKey { .. })).count();
     assert!(
-        entries.len() > 2_000 && reports > 200 && bindings == 30,
-        "{} entries, {reports} reports, {bindings} key bindings",
+        entries.len() > 2_000 && reports > 200 && observations > 100 && bindings == 30 + 60,
+        "{} entries, {reports} reports, {observations} liveness observations, {bindings} key bindings",
         entries.len()
     );
     assert!(sim.exchange.ledger().transfer_count() > 1_000, "money moved");
