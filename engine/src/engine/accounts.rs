@@ -213,13 +213,7 @@ impl Engine {
         let due = (gross - gross * fee_bps / 10_000) as u64;
         let amount_minor = due.saturating_sub(billing.withheld_minor);
         billing.withheld_minor += amount_minor;
-        let funds = &mut self.accounts[supplier.0 as usize];
-        let from_payable = amount_minor.min(funds.payable_minor);
-        funds.payable_minor -= from_payable;
-        let from_available = (amount_minor - from_payable).min(funds.available_minor);
-        funds.available_minor -= from_available;
-        let from_debt = amount_minor - from_payable - from_available;
-        funds.debt_minor += from_debt;
+        let (from_payable, from_available, from_debt) = self.take_from_supplier(supplier, amount_minor);
         self.emit(EventKind::UsageDisputed {
             lease: lease_id,
             renter,
@@ -245,6 +239,14 @@ impl Engine {
     /// Moves a credit from `supplier` (payable, then available funds, the
     /// rest as its debt) to `to`'s available funds; returns the three parts.
     pub(crate) fn move_credit(&mut self, supplier: AccountId, to: AccountId, amount_minor: u64) -> (u64, u64, u64) {
+        let parts = self.take_from_supplier(supplier, amount_minor);
+        self.accounts[to.0 as usize].available_minor += amount_minor;
+        parts
+    }
+
+    /// Takes `amount` from a supplier: from its payable, then its available
+    /// funds; what neither covers becomes its debt. Returns the three parts.
+    fn take_from_supplier(&mut self, supplier: AccountId, amount_minor: u64) -> (u64, u64, u64) {
         let funds = &mut self.accounts[supplier.0 as usize];
         let from_payable = amount_minor.min(funds.payable_minor);
         funds.payable_minor -= from_payable;
@@ -252,7 +254,6 @@ impl Engine {
         funds.available_minor -= from_available;
         let from_debt = amount_minor - from_payable - from_available;
         funds.debt_minor += from_debt;
-        self.accounts[to.0 as usize].available_minor += amount_minor;
         (from_payable, from_available, from_debt)
     }
 
