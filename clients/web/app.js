@@ -1,5 +1,6 @@
-// gpux web console: instruments, live books (ladder and depth chart), any
-// supplier's reliability score,
+// gpux web console: instruments, live books (ladder and depth chart, and
+// each offer with its seller's reliability score), any supplier's
+// reliability score,
 // trades with a price chart, the reserved-window calendar and, once logged
 // in with a key, the account's orders, leases (with each lease's delivery
 // status and endpoints, and its supplier's reliability score), notices and
@@ -15,7 +16,7 @@ const state = {
   instruments: [], selected: null,
   book: { seq: 0, synced: false, bids: new Map(), asks: new Map() },
   trades: [], account: null, refreshTimer: null,
-  leases: [], deliveries: new Map(), scores: new Map(),
+  leases: [], deliveries: new Map(), scores: new Map(), offersTimer: null,
 };
 
 const $ = (id) => document.getElementById(id);
@@ -105,6 +106,32 @@ async function select(instrument) {
   await request("subscribe", { channel: "book", instrument });
   await request("subscribe", { channel: "trades", instrument });
   renderTrades();
+  refreshOffers();
+}
+
+// The book's asks one by one with their sellers' scores (public
+// `book_offers`, docs/protocol.md), the best 15; asked again at most once a
+// second while the book moves.
+async function refreshOffers() {
+  const instrument = state.selected;
+  const { body } = await request("book_offers", { instrument, offset: 0 });
+  if (instrument !== state.selected) return;
+  const score = (bps) => (bps === null ? "unrated" : (bps / 100).toFixed(2) + "%");
+  $("offers").tBodies[0].innerHTML = body.offers
+    .slice(0, 15)
+    .map((o) => {
+      const verified = o.host === null ? "resold window" : `${o.gpus_verified} of ${o.quantity}`;
+      return `<tr><td>${usd(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td>${o.supplier}</td><td>${score(o.supplier_score_bps)}</td><td>${verified}</td></tr>`;
+    })
+    .join("");
+}
+
+function offersChanged() {
+  if (state.offersTimer !== null) return;
+  state.offersTimer = setTimeout(() => {
+    state.offersTimer = null;
+    refreshOffers().catch(() => {});
+  }, 1000);
 }
 
 function onBook(type, body) {
@@ -128,6 +155,7 @@ function onBook(type, body) {
     const levels = body.side === "buy" ? book.bids : book.asks;
     if (body.quantity === 0) levels.delete(body.price_minor_per_gpu_hour);
     else levels.set(body.price_minor_per_gpu_hour, body.quantity);
+    if (body.side === "sell") offersChanged();
   }
   renderBook();
 }
@@ -300,7 +328,8 @@ async function lookUpSupplier(supplier) {
       const score = r.score_bps === null ? "unrated" : (r.score_bps / 100).toFixed(2) + "%";
       const hours = (ms) => (ms / 3.6e6).toFixed(1);
       const challenges = `hardware challenges ${r.challenges_passed} passed, ${r.challenges_too_slow} too slow, ${r.challenges_failed} wrong, ${r.challenges_unanswered} unanswered`;
-      return `${score}: ${hours(r.verified_gpu_ms)} of ${hours(r.leased_gpu_ms)} GPU-h verified, ${r.leases_closed} leases, ${r.failed_deliveries} failed deliveries, ${challenges}`;
+      const conduct = `${r.disputes} disputes by renters (${hours(r.disputed_gpu_ms)} GPU-h), ${r.disconnects_during_leases} disconnects during leases, ${r.preemptions_late} preemptions honoured late`;
+      return `${score}: ${hours(r.verified_gpu_ms)} of ${hours(r.leased_gpu_ms)} GPU-h verified, ${r.leases_closed} leases, ${r.failed_deliveries} failed deliveries, ${challenges}, ${conduct}`;
     };
     const hosts = body.hosts.map((h) => `<li>${esc(h.host_name)}: ${line(h.record)}</li>`).join("");
     out.innerHTML = `<p>supplier ${body.supplier}, last ${body.window_days} days: ${line(body.record)}</p><ul>${hosts}</ul>`;

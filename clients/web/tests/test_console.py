@@ -180,6 +180,9 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
             await op.deposit(renter.account, gpux.dollars("100"))
         await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2"), 1), workload=gpux.Workload("localhost/gpux-test:busybox", ports=[8888]))
         lease = (await renter.leases())[0]["lease"]
+        # A second GPU on offer, with its seller's score in the offers table.
+        await supplier.request("register_gpu", host="console-host", gpu_uuid="GPU-console-1", spec=spec)
+        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2.5"), 1, supply={"host": host, "gpu_mask": 2}))
         running = {"running": {"endpoints": [{"container_port": 8888, "host": "127.0.0.1", "port": 40123}], "ssh": None, "restarts": 0}}
         await supplier.request("delivery_status", lease=lease, state=running)
 
@@ -189,6 +192,11 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
             try:
                 await browser.call("Page.navigate", url=console)
                 await browser.wait_until("document.querySelectorAll('#instruments li').length >= 10", what="the instrument list")
+                offers = "document.getElementById('offers').innerText"
+                await browser.wait_until(
+                    f"{offers}.includes('$2.500') && {offers}.includes('unrated') && {offers}.includes('{supplier.account}')",
+                    what="the offer with its seller and score",
+                )
                 await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
                 await browser.evaluate("document.querySelector('#login button').click()")
                 cell = "(document.querySelector('#leases td.delivery') || {}).textContent || ''"
@@ -200,6 +208,7 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
                 await browser.evaluate("document.querySelector('#supplier-lookup button').click()")
                 stats = "document.getElementById('supplier-stats').textContent"
                 await browser.wait_until(f"{stats}.includes('console-host: unrated')", what="the supplier lookup")
+                assert "0 disputes by renters" in await browser.evaluate(stats)
                 await browser.evaluate(f"document.getElementById('supplier-id').value = '{renter.account}'")
                 await browser.evaluate("document.querySelector('#supplier-lookup button').click()")
                 await browser.wait_until(f"{stats}.includes('unknown_supplier')", what="a renter is no supplier")
