@@ -76,8 +76,13 @@ async fn silent_sockets_are_reaped_and_logins_go_on_at_the_descriptor_limit() {
     let id = renter.id();
     assert!(matches!(renter.request(ClientMessage::Balance { id }).await, ServerMessage::Balance { .. }));
     let body = scrape(&exchange.metrics_addr).await;
-    assert!(metric(&body, "gpux_connections_refused_total{cap=\"connections_max\"}") >= 50.0, "{body}");
-    assert!(metric(&body, "gpux_connections_reaped_total{stage=\"handshake\"}") >= 100.0, "{body}");
+    // Every attacker is accounted for: refused at the cap or reaped at the
+    // handshake deadline (how many of each depends on how fast the 400
+    // connects came: slots freed by reaping admit later ones; seen 47 and
+    // 353 on a loaded 2-core machine).
+    let refused = metric(&body, "gpux_connections_refused_total{cap=\"connections_max\"}");
+    let reaped = metric(&body, "gpux_connections_reaped_total{stage=\"handshake\"}");
+    assert!(refused >= 1.0 && reaped >= 100.0 && refused + reaped >= 400.0, "refused {refused}, reaped {reaped}: {body}");
 
     let cpu = cpu_time(exchange.child.id()) - cpu_before;
     let wall = started.elapsed();
