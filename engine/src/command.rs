@@ -83,6 +83,8 @@ pub enum SelfTradePrevention {
     CancelOldest,
     /// Both orders shrink by the smaller quantity; no trade is printed.
     Decrement,
+    /// Both orders close (appended last: journals encode the variant's index).
+    CancelBoth,
 }
 
 /// How long a spot or preemptible lease is wanted. Ignored for reserved

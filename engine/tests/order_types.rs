@@ -209,6 +209,27 @@ fn self_trade_prevention_decrement_shrinks_both_orders_without_a_trade() {
     assert_eq!(m.engine.funds(aggregator), Some((1_000_000_000, 0)));
 }
 
+/// Cancel both: the own resting ask and the incoming bid both close, even
+/// with another seller's ask behind the own one at the same price (matching
+/// stops), and nothing stays held.
+#[test]
+fn self_trade_prevention_cancel_both_closes_the_resting_and_the_incoming_order() {
+    let (mut m, supplier, host, _) = market();
+    let aggregator = m.open(Role::Aggregator);
+    m.apply(Command::Deposit { account: aggregator, amount_minor: 1_000_000_000 });
+    let own_host = m.h100_host(aggregator, "agg-host", 1);
+    let own_ask = m.ask(aggregator, own_host, 0b1, H100_SPOT, USD_2);
+    let other_ask = m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+    let mut order = m.order(aggregator, H100_SPOT, Side::Buy, USD_2, 1);
+    order.self_trade_prevention = SelfTradePrevention::CancelBoth;
+    let events = m.place(order);
+    assert!(trades(&events).is_empty(), "matching stops at the own order");
+    assert_eq!(closed(&events, own_ask), Some(OrderCloseReason::SelfTradePrevented));
+    assert_eq!(closed(&events, accepted(&events).expect("accepted")), Some(OrderCloseReason::SelfTradePrevented));
+    assert!(m.engine.order(other_ask).is_some(), "the other seller's ask still rests");
+    assert_eq!(m.engine.funds(aggregator), Some((1_000_000_000, 0)), "the bid's hold is released");
+}
+
 #[test]
 fn a_gang_bid_takes_all_its_gpus_from_one_host_or_waits() {
     let (mut m, supplier, host, renter) = market();

@@ -53,7 +53,7 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0..3usize, any::<bool>(), 0..8u64, 1..5u32, 0..4u8, prop::bool::weighted(0.15), 0..3u8, prop::sample::select(vec![0u32, 0, 9_000, 9_500]), prop::bool::weighted(0.4)).prop_map(
+        6 => (0..3usize, any::<bool>(), 0..8u64, 1..5u32, 0..4u8, prop::bool::weighted(0.15), 0..4u8, prop::sample::select(vec![0u32, 0, 9_000, 9_500]), prop::bool::weighted(0.4)).prop_map(
             |(trader, buy, ticks, quantity, tif, post_only, stp, min_score, verified)| Op::Place(Placement {
                 trader,
                 side: if buy { Side::Buy } else { Side::Sell },
@@ -153,6 +153,11 @@ impl Reference {
                         self.resting.remove(index);
                         continue;
                     }
+                    3 => {
+                        // Cancel both: the resting order and the taker close.
+                        self.resting.remove(index);
+                        return;
+                    }
                     _ => {
                         let by = maker.quantity.min(taker.quantity);
                         self.resting[index].quantity -= by;
@@ -229,8 +234,12 @@ impl Harness {
             _ => TimeInForce::Fok,
         };
         order.post_only = post_only;
-        order.self_trade_prevention =
-            [SelfTradePrevention::CancelNewest, SelfTradePrevention::CancelOldest, SelfTradePrevention::Decrement][stp as usize];
+        order.self_trade_prevention = [
+            SelfTradePrevention::CancelNewest,
+            SelfTradePrevention::CancelOldest,
+            SelfTradePrevention::Decrement,
+            SelfTradePrevention::CancelBoth,
+        ][stp as usize];
         if side == Side::Sell {
             self.hosts_made += 1;
             let host = self.market.h100_host(account, &format!("h{}", self.hosts_made), quantity);

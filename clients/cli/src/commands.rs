@@ -460,6 +460,12 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
         (None, TifArg::Fok) => TimeInForce::Fok,
     };
     order.post_only = args.post_only;
+    order.self_trade_prevention = match args.stp {
+        crate::StpArg::CancelNewest => gpux_engine::SelfTradePrevention::CancelNewest,
+        crate::StpArg::CancelOldest => gpux_engine::SelfTradePrevention::CancelOldest,
+        crate::StpArg::Decrement => gpux_engine::SelfTradePrevention::Decrement,
+        crate::StpArg::CancelBoth => gpux_engine::SelfTradePrevention::CancelBoth,
+    };
     order.one_host = args.one_host;
     order.rematch = args.rematch;
     order.verified_only = args.verified_only;

@@ -109,6 +109,9 @@ pub struct OrderArgs {
     /// Your id for the order (default: the current time in ms).
     #[arg(long)]
     pub client_id: Option<u64>,
+    /// What happens when the order would trade with one of your own (docs/market-rules.md "Self-trade prevention").
+    #[arg(long, value_enum, default_value_t = StpArg::CancelNewest)]
+    pub stp: StpArg,
 }
 
 #[derive(Subcommand)]
@@ -304,6 +307,15 @@ pub enum LeaseAction {
         #[arg(long)]
         seconds: Option<u64>,
     },
+}
+
+/// Self-trade prevention, as `--stp` names it.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum StpArg {
+    CancelNewest,
+    CancelOldest,
+    Decrement,
+    CancelBoth,
 }
 
 #[derive(Subcommand)]

@@ -121,7 +121,7 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
     assert!(json_book.lines().any(|l| l.starts_with("{\"book_snapshot\"")), "{json_book}");
 
     // Nothing to sell at $1: an IOC bid that fills nothing says so and fails.
-    let unfilled = gpux(url, &key("renter"), &["buy", "H100-SXM-80G/SPOT", "1", "--price", "1", "--tif", "ioc"]);
+    let unfilled = gpux(url, &key("renter"), &["buy", "H100-SXM-80G/SPOT", "1", "--price", "1", "--tif", "ioc", "--stp", "cancel-both"]);
     assert_eq!(unfilled.status.code(), Some(1), "{unfilled:?}");
     assert!(String::from_utf8_lossy(&unfilled.stderr).contains("nothing filled (killed): no ask at $1.00/GPU-h or better"), "{unfilled:?}");
     let bought = ok(gpux(url, &key("renter"), &["buy", "H100-SXM-80G/SPOT", "1", "--price", "2.50", "--hours", "2"]));

@@ -91,6 +91,11 @@ impl Engine {
                 self.close_order(maker_id, OrderCloseReason::SelfTradePrevented);
                 Step::Continue
             }
+            SelfTradePrevention::CancelBoth => {
+                self.close_order(maker_id, OrderCloseReason::SelfTradePrevented);
+                self.close_order(taker_id, OrderCloseReason::SelfTradePrevented);
+                Step::TakerClosed
+            }
             SelfTradePrevention::Decrement => {
                 let by = taker.quantity.min(maker.quantity);
                 self.reduce_order(maker_id, by, None, ReduceReason::SelfTradeDecrement);
