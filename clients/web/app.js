@@ -1,6 +1,6 @@
 // gpux web console: instruments, live books (ladder and depth chart, and
 // each offer with its seller's reliability score), any supplier's
-// reliability score,
+// reliability score and any renter's dispute record,
 // trades with a price chart, the reserved-window calendar and, once logged
 // in with a key, the account's orders, leases (with each lease's delivery
 // status and endpoints, and its supplier's reliability score), notices and
@@ -337,6 +337,25 @@ async function lookUpSupplier(supplier) {
     out.textContent = error.message;
   }
 }
+
+// Any account's record as a renter (public): the liveness observations it
+// signed and the disputes they raised (docs/market-rules.md "Disputes").
+async function lookUpRenter(renter) {
+  const out = $("renter-stats");
+  try {
+    const { body } = await request("renter_stats", { renter });
+    const r = body.record;
+    const hours = (ms) => (ms / 3.6e6).toFixed(2);
+    out.textContent = `renter ${body.renter}: ${r.observations} signed observations, ${hours(r.unreachable_ms)} h signed unreachable, ${r.disputes} disputes (${hours(r.disputed_gpu_ms)} GPU-h of reported time)`;
+  } catch (error) {
+    out.textContent = error.message;
+  }
+}
+
+$("renter-lookup").onsubmit = (event) => {
+  event.preventDefault();
+  lookUpRenter(Number($("renter-id").value));
+};
 
 $("supplier-lookup").onsubmit = (event) => {
   event.preventDefault();

@@ -212,6 +212,18 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
                 await browser.evaluate(f"document.getElementById('supplier-id').value = '{renter.account}'")
                 await browser.evaluate("document.querySelector('#supplier-lookup button').click()")
                 await browser.wait_until(f"{stats}.includes('unknown_supplier')", what="a renter is no supplier")
+                # Its record as a renter instead: after one signed observation.
+                lease_info = (await renter.leases())[0]
+                end = max(renter.exchange_now_ms(), lease_info["start_ms"] + 1)
+                await asyncio.sleep(max(0, end - renter.exchange_now_ms()) / 1000)
+                await renter.liveness(lease, lease_info["start_ms"], end, True)
+                await browser.evaluate(f"document.getElementById('renter-id').value = '{renter.account}'")
+                await browser.evaluate("document.querySelector('#renter-lookup button').click()")
+                renter_stats = "document.getElementById('renter-stats').textContent"
+                await browser.wait_until(f"{renter_stats}.includes('1 signed observations')", what="the renter lookup")
+                await browser.evaluate("document.getElementById('renter-id').value = '999999'")
+                await browser.evaluate("document.querySelector('#renter-lookup button').click()")
+                await browser.wait_until(f"{renter_stats}.includes('unknown_account')", what="no such account")
 
                 hostile = "<img src=x onerror=\"document.title='owned'\">"
                 failed = {"failed": {"code": "host_error", "fault": "host", "reason": hostile}}
