@@ -18,6 +18,7 @@ pub mod delivery;
 pub mod liveness;
 pub mod messages;
 pub mod record;
+mod signed;
 pub mod usage;
 
 pub use codec::*;

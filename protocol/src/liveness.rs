@@ -5,11 +5,11 @@
 //! bincode encoding of the body, as for usage reports: an observation is
 //! evidence the renter cannot later deny, and the journal keeps it whole.
 
-use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use ed25519_dalek::{SigningKey, VerifyingKey};
 use gpux_engine::LeaseId;
 use serde::{Deserialize, Serialize};
 
-use crate::record::encode_record;
+use crate::signed::{sign_hex, verify_hex};
 
 pub const LIVENESS_DOMAIN: &[u8] = b"gpux-liveness-v1:";
 
@@ -35,27 +35,15 @@ pub struct LivenessReport {
     pub signature: String,
 }
 
-fn signed_bytes(body: &LivenessBody) -> Vec<u8> {
-    let mut bytes = LIVENESS_DOMAIN.to_vec();
-    bytes.extend_from_slice(&encode_record(body));
-    bytes
-}
-
 impl LivenessReport {
     pub fn sign(body: LivenessBody, key: &SigningKey) -> LivenessReport {
-        let signature = key.sign(&signed_bytes(&body));
-        LivenessReport { body, signature: hex::encode(signature.to_bytes()) }
+        let signature = sign_hex(LIVENESS_DOMAIN, &body, key);
+        LivenessReport { body, signature }
     }
 
     /// Whether the signature is the holder of `public_key`'s.
     pub fn verify(&self, public_key: &[u8; 32]) -> bool {
-        let Ok(key) = VerifyingKey::from_bytes(public_key) else { return false };
-        let Some(signature) =
-            hex::decode(&self.signature).ok().and_then(|b| <[u8; 64]>::try_from(b).ok()).map(|b| Signature::from_bytes(&b))
-        else {
-            return false;
-        };
-        key.verify(&signed_bytes(&self.body), &signature).is_ok()
+        VerifyingKey::from_bytes(public_key).is_ok_and(|key| verify_hex(LIVENESS_DOMAIN, &self.body, &self.signature, &key))
     }
 }
 

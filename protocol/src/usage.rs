@@ -8,12 +8,12 @@
 //! carries it as `prev_hash` (the first carries 32 zero bytes). One
 //! definition here serves the agent that signs and settlement that verifies.
 
-use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use ed25519_dalek::{SigningKey, VerifyingKey};
 use gpux_engine::LeaseId;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::record::encode_record;
+use crate::signed::{sign_hex, signature_from_hex, signed_bytes, verify_hex};
 
 pub const USAGE_DOMAIN: &[u8] = b"gpux-usage-v1:";
 
@@ -49,16 +49,10 @@ pub fn genesis_hash() -> String {
     hex::encode([0u8; 32])
 }
 
-fn signed_bytes(body: &UsageBody) -> Vec<u8> {
-    let mut bytes = USAGE_DOMAIN.to_vec();
-    bytes.extend_from_slice(&encode_record(body));
-    bytes
-}
-
 impl UsageReport {
     pub fn sign(body: UsageBody, key: &SigningKey) -> UsageReport {
-        let signature = key.sign(&signed_bytes(&body));
-        UsageReport { body, signature: hex::encode(signature.to_bytes()) }
+        let signature = sign_hex(USAGE_DOMAIN, &body, key);
+        UsageReport { body, signature }
     }
 
     /// Whether the signature is the holder of `public_key`'s.
@@ -69,19 +63,13 @@ impl UsageReport {
     /// `verify` with a key already decompressed (settlement keeps each
     /// host's key decompressed: decompression is a fifth of a verification).
     pub fn verify_with(&self, key: &VerifyingKey) -> bool {
-        let Some(signature) = self.signature_bytes() else { return false };
-        key.verify(&signed_bytes(&self.body), &signature).is_ok()
-    }
-
-    /// The signature as bytes, if it is 64 hex-encoded bytes.
-    fn signature_bytes(&self) -> Option<Signature> {
-        hex::decode(&self.signature).ok().and_then(|b| <[u8; 64]>::try_from(b).ok()).map(|b| Signature::from_bytes(&b))
+        verify_hex(USAGE_DOMAIN, &self.body, &self.signature, key)
     }
 
     /// The hash the next report of the chain carries as `prev_hash`.
     pub fn hash(&self) -> String {
         let mut hasher = Sha256::new();
-        hasher.update(signed_bytes(&self.body));
+        hasher.update(signed_bytes(USAGE_DOMAIN, &self.body));
         hasher.update(self.signature.as_bytes());
         hex::encode(hasher.finalize())
     }
@@ -149,8 +137,10 @@ pub fn verify_batch(reports: &[(&UsageReport, [u8; 32])]) -> bool {
     let mut signatures = Vec::with_capacity(reports.len());
     let mut keys = Vec::with_capacity(reports.len());
     for (report, public_key) in reports {
-        let (Ok(key), Some(signature)) = (VerifyingKey::from_bytes(public_key), report.signature_bytes()) else { return false };
-        messages.push(signed_bytes(&report.body));
+        let (Ok(key), Some(signature)) = (VerifyingKey::from_bytes(public_key), signature_from_hex(&report.signature)) else {
+            return false;
+        };
+        messages.push(signed_bytes(USAGE_DOMAIN, &report.body));
         signatures.push(signature);
         keys.push(key);
     }
