@@ -42,6 +42,15 @@ pub(crate) struct Order {
     pub min_supplier_score_bps: u32,
     /// A bid that trades with verified GPUs only.
     pub verified_only: bool,
+    /// A bid that trades all of its quantity in one pass or nothing.
+    pub all_or_none: bool,
+    /// A budget bid while it takes liquidity: what it may still spend (held
+    /// as one lump, `hold_per_gpu_minor` is 0). Once it rests it is a plain
+    /// bid and this is `None`.
+    pub budget_left_minor: Option<u64>,
+    /// An armed stop order's trigger price: it is off the book, holds and
+    /// locks nothing, until the last trade price reaches it.
+    pub stop_price: Option<u64>,
 }
 
 impl Order {
@@ -68,6 +77,9 @@ impl Order {
             expire_at_ms: None,
             min_supplier_score_bps: 0,
             verified_only: false,
+            all_or_none: false,
+            budget_left_minor: None,
+            stop_price: None,
         }
     }
 }

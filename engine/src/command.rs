@@ -37,7 +37,7 @@ impl Role {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Side {
     Buy,
@@ -282,6 +282,52 @@ pub enum Command {
         lease: LeaseId,
         disputed_gpu_ms: u64,
     },
+    /// An order with any of the order types beyond a plain one: all-or-none,
+    /// a budget, a stop trigger, and the reliability filters of
+    /// `PlaceOrderFiltered`/`PlaceOrderVerified` (docs/market-rules.md
+    /// "Order types"). Appended last: journals encode variant indices.
+    PlaceOrderWith {
+        order: NewOrder,
+        options: OrderOptions,
+    },
+}
+
+impl Command {
+    /// The new order this command places, if it places one.
+    pub fn new_order(&self) -> Option<&NewOrder> {
+        match self {
+            Command::PlaceOrder(order)
+            | Command::PlaceOrderFiltered { order, .. }
+            | Command::PlaceOrderVerified { order, .. }
+            | Command::PlaceOrderWith { order, .. } => Some(order),
+            _ => None,
+        }
+    }
+}
+
+/// What an order asks for beyond a plain [`NewOrder`]. The default is a
+/// plain order. A journaled record: fields are only ever appended in a new
+/// command variant, never here.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct OrderOptions {
+    /// Bids: trade only with sellers rated at least this (basis points,
+    /// 1 to 10 000; 0: any seller).
+    pub min_supplier_score_bps: u32,
+    /// Bids: trade only with verified GPUs.
+    pub verified_only: bool,
+    /// Bids: all of `quantity` trades in one matching pass or none of it;
+    /// a GTC or GTT all-or-none bid rests until it can (docs/market-rules.md
+    /// "All-or-none").
+    pub all_or_none: bool,
+    /// Bids: spend at most this (minor units) on the GPUs it buys, within
+    /// its limit price; `quantity` is then the most GPUs wanted. 0: no
+    /// budget (docs/market-rules.md "Budget orders").
+    pub budget_minor: u64,
+    /// Waits unseen until the instrument's last trade price reaches this
+    /// (a bid: at or above it; an ask: at or below it), then enters the
+    /// market as the order it carries. 0: no stop (docs/market-rules.md
+    /// "Stop orders").
+    pub stop_price_minor_per_gpu_hour: u64,
 }
 
 /// How a GPU answered a hardware challenge, as the market checked it.

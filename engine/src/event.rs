@@ -64,6 +64,11 @@ pub enum OrderCloseReason {
     TradingStopped,
     /// Every GPU behind the ask went offline or was leased in another book.
     SupplyGone,
+    /// A budget bid's money is spent: what is left buys no GPU at its limit.
+    BudgetSpent,
+    /// A stop order triggered but failed a check it passed when armed
+    /// (funds, its GPUs, the window's trading); `StopRefused` says which.
+    StopRefused,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,6 +79,9 @@ pub enum ReduceReason {
     GpuLeasedElsewhere,
     /// A hardware challenge disqualified the GPU from the ask's class.
     GpuDisqualified,
+    /// A budget bid about to rest keeps only the GPUs its budget's rest buys
+    /// at its limit price.
+    BudgetLimit,
 }
 
 /// What a hardware challenge showed about a GPU (docs/market-rules.md
@@ -243,6 +251,26 @@ pub enum EventKind {
         quantity_left: u32,
         reason: ReduceReason,
     },
+    /// A stop order is armed: off the book until the last trade price reaches
+    /// `stop_price_minor_per_gpu_hour`.
+    StopArmed {
+        order: OrderId,
+        account: AccountId,
+        stop_price_minor_per_gpu_hour: u64,
+    },
+    /// A trade at `last_trade_price_minor_per_gpu_hour` reached the stop: the
+    /// order now enters the market as newly arrived.
+    StopTriggered {
+        order: OrderId,
+        account: AccountId,
+        last_trade_price_minor_per_gpu_hour: u64,
+    },
+    /// The triggered stop failed this check; it closes `stop_refused`.
+    StopRefused {
+        order: OrderId,
+        account: AccountId,
+        code: RejectCode,
+    },
     OrderClosed {
         order: OrderId,
         account: AccountId,
@@ -395,6 +423,18 @@ pub enum RejectCode {
     BillingGraceInvalid,
     /// A minimum supplier score on an ask, or above 10 000 basis points.
     ScoreFilterInvalid,
+    /// All-or-none on an ask, or with a minimum quantity.
+    AllOrNoneInvalid,
+    /// A budget on an ask, with all-or-none or one host, or on an open-ended lease.
+    BudgetInvalid,
+    /// The budget does not buy one GPU at the order's limit price.
+    BudgetTooSmall,
+    /// A stop price off tick or outside the price band.
+    StopPriceInvalid,
+    /// The last trade price already reached the stop price.
+    StopWouldTrigger,
+    /// The exchange's bound on armed stop orders is reached.
+    TooManyStops,
 }
 
 impl RejectCode {
@@ -444,6 +484,12 @@ impl RejectCode {
             FeeInvalid => "the fee is above the exchange's maximum",
             BillingGraceInvalid => "the billing grace is above the maximum of one day",
             ScoreFilterInvalid => "a minimum supplier score goes on a bid, from 1 to 10000 basis points",
+            AllOrNoneInvalid => "all-or-none goes on a bid without a minimum quantity",
+            BudgetInvalid => "a budget goes on a bid for a fixed duration, without all-or-none or one host",
+            BudgetTooSmall => "the budget does not buy one GPU at the order's limit price",
+            StopPriceInvalid => "the stop price must be on tick and inside the price band",
+            StopWouldTrigger => "the last trade price already reached the stop price; send the order without a stop",
+            TooManyStops => "the exchange holds the maximum number of armed stop orders",
         }
     }
 }

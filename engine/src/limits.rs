@@ -32,3 +32,11 @@ pub const BILLING_GRACE_MS_MAX: u64 = 24 * 3_600_000;
 /// answer (a hash per row and the opened rows) must fit one frame, and the
 /// exchange recomputes the opened rows on its sequencer thread.
 pub const CHALLENGE_N_MAX: u32 = 256;
+
+/// Resting all-or-none bids one sweep re-checks, best first, after an ask
+/// rests in their book (and at every tick): each check walks the crossing
+/// asks, so the sweep's cost is bounded whatever the book holds.
+pub const ALL_OR_NONE_SWEEP_MAX: usize = 32;
+/// Armed stop orders across all books (each account is also bound by its
+/// open-order limit, which counts them).
+pub const STOPS_ARMED_MAX: usize = 1 << 20;

@@ -16,7 +16,10 @@ pub fn accounts_of(engine: &Engine, event: &Event) -> [Option<AccountId>; 2] {
         | OrderAccepted { account, .. }
         | OrderReplaced { account, .. }
         | OrderReduced { account, .. }
-        | OrderClosed { account, .. } => [Some(account), None],
+        | OrderClosed { account, .. }
+        | StopArmed { account, .. }
+        | StopTriggered { account, .. }
+        | StopRefused { account, .. } => [Some(account), None],
         // A usage charge is money coming in for the lease's supplier
         // (to its payable): its feed shows it too.
         UsageUnpaid { renter, lease, .. } => [Some(renter), engine.lease(lease).map(|l| l.supplier)],

@@ -116,6 +116,21 @@ pub struct OrderTicket {
     /// them (docs/market-rules.md "Verified hardware").
     #[serde(default)]
     pub verified_only: bool,
+    /// Bids: all of `quantity` in one pass or nothing; GTC/GTT ones rest
+    /// until they can fill whole (docs/market-rules.md "All-or-none").
+    #[serde(default)]
+    pub all_or_none: bool,
+    /// Bids: spend at most this many minor units, within the limit price;
+    /// `quantity` is then the most GPUs wanted (docs/market-rules.md
+    /// "Budget orders"). 0: no budget.
+    #[serde(default)]
+    pub budget_minor: u64,
+    /// A stop order: off the book until the instrument's last trade price
+    /// reaches this (a bid: at or above; an ask: at or below), then it
+    /// enters as the order the rest of the ticket describes
+    /// (docs/market-rules.md "Stop orders"). 0: no stop.
+    #[serde(default)]
+    pub stop_price_minor_per_gpu_hour: u64,
 }
 
 fn default_order_type() -> OrderType {
@@ -151,11 +166,24 @@ impl OrderTicket {
             rematch: false,
             min_supplier_score_bps: 0,
             verified_only: false,
+            all_or_none: false,
+            budget_minor: 0,
+            stop_price_minor_per_gpu_hour: 0,
         }
     }
 
     /// The engine command this ticket places for `account`.
     pub fn into_command(self, account: AccountId) -> gpux_engine::Command {
+        if self.all_or_none || self.budget_minor > 0 || self.stop_price_minor_per_gpu_hour > 0 {
+            let options = gpux_engine::OrderOptions {
+                min_supplier_score_bps: self.min_supplier_score_bps,
+                verified_only: self.verified_only,
+                all_or_none: self.all_or_none,
+                budget_minor: self.budget_minor,
+                stop_price_minor_per_gpu_hour: self.stop_price_minor_per_gpu_hour,
+            };
+            return gpux_engine::Command::PlaceOrderWith { order: self.into_order(account), options };
+        }
         match (self.min_supplier_score_bps, self.verified_only) {
             (0, false) => gpux_engine::Command::PlaceOrder(self.into_order(account)),
             (min_supplier_score_bps, false) => {

@@ -24,6 +24,9 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         rematch: false,
         min_supplier_score_bps: 9_900,
         verified_only: true,
+        all_or_none: true,
+        budget_minor: 5_000_000,
+        stop_price_minor_per_gpu_hour: 2_100_000,
     };
     vec![
         ClientMessage::Auth {

@@ -12,7 +12,7 @@
 use super::{ContractKind, Engine};
 use crate::book::{crosses, Order, NIL};
 use crate::command::{LeaseDuration, SelfTradePrevention, Side};
-use crate::event::{EventKind, LeaseKind, OrderCloseReason, ReduceReason};
+use crate::event::{EventKind, HoldReason, LeaseKind, OrderCloseReason, ReduceReason};
 use crate::gpus::{lowest_bits, mask_bits, Gpu};
 use crate::ids::OrderId;
 use crate::time::MS_PER_HOUR;
@@ -20,6 +20,9 @@ use crate::time::MS_PER_HOUR;
 enum Step {
     Continue,
     TakerClosed,
+    /// A budget taker cannot pay for one more GPU at this maker's price,
+    /// nor at any later one (they are no better).
+    BudgetSpent,
 }
 
 impl Engine {
@@ -32,7 +35,7 @@ impl Engine {
     }
 
     /// Returns false when self-trade prevention closed the taker.
-    fn match_order(&mut self, taker_id: OrderId) -> bool {
+    pub(super) fn match_order(&mut self, taker_id: OrderId) -> bool {
         let taker = *self.orders.get(taker_id).expect("a live taker");
         let instrument = taker.instrument.0 as usize;
         let maker_side = taker.side.opposite();
@@ -47,8 +50,10 @@ impl Engine {
             while cursor != NIL {
                 let next = self.orders.at(cursor).next;
                 let maker_id = self.orders.id_at(cursor);
-                if let Step::TakerClosed = self.try_match(taker_id, maker_id) {
-                    return false;
+                match self.try_match(taker_id, maker_id) {
+                    Step::TakerClosed => return false,
+                    Step::BudgetSpent => return true,
+                    Step::Continue => {}
                 }
                 if self.orders.get(taker_id).expect("live taker").quantity == 0 {
                     return true;
@@ -71,7 +76,18 @@ impl Engine {
             Side::Sell => (maker_id, maker, taker_id, taker),
         };
         let (capacity, usable_mask) = self.fill_capacity(&buy, &sell);
-        let quantity = capacity.min(buy.quantity).min(sell.quantity);
+        let mut quantity = capacity.min(buy.quantity).min(sell.quantity);
+        if let Some(left) = buy.budget_left_minor {
+            let affordable = left / (maker.price * self.billable_hours(buy.instrument, buy.duration));
+            if affordable == 0 {
+                return Step::BudgetSpent;
+            }
+            quantity = quantity.min(affordable.min(u32::MAX as u64) as u32);
+        }
+        if buy.all_or_none && quantity < buy.quantity {
+            // All or none: this maker alone cannot fill the bid; it keeps its place.
+            return Step::Continue;
+        }
         if quantity > 0 {
             self.execute_fill(buy_id, sell_id, quantity, usable_mask, maker.price, taker.side);
             if self.orders.get(maker_id).is_some_and(|m| m.quantity == 0) {
@@ -151,6 +167,7 @@ impl Engine {
         let taker = *self.orders.get(taker_id).expect("live taker");
         let book_side = self.books[taker.instrument.0 as usize].side(taker.side.opposite());
         let mut remaining_supply = taker.supply.map(|set| set.gpu_mask);
+        let mut budget_left = taker.budget_left_minor;
         let mut found = 0u32;
         for position in (0..book_side.level_count()).rev() {
             let level = book_side.level(book_side.level_at(position));
@@ -169,7 +186,17 @@ impl Engine {
                         if taker.one_host && capacity >= taker.quantity {
                             return taker.quantity;
                         }
-                        capacity.min(maker.quantity)
+                        let mut take = capacity.min(maker.quantity);
+                        if let Some(left) = budget_left.as_mut() {
+                            let cost_per_gpu = maker.price * self.billable_hours(taker.instrument, taker.duration);
+                            let affordable = (*left / cost_per_gpu).min(u32::MAX as u64) as u32;
+                            if affordable == 0 {
+                                return found;
+                            }
+                            take = take.min(affordable).min(needed - found);
+                            *left -= take as u64 * cost_per_gpu;
+                        }
+                        take
                     }
                     Side::Sell => {
                         let mut seller = taker;
@@ -177,7 +204,9 @@ impl Engine {
                             set.gpu_mask = mask;
                         }
                         let (capacity, usable) = self.fill_capacity(&maker, &seller);
-                        let take = capacity.min(maker.quantity).min(needed - found);
+                        let whole = capacity.min(maker.quantity).min(taker.quantity - found);
+                        // An all-or-none bid takes all of its quantity or is passed over.
+                        let take = if maker.all_or_none && whole < maker.quantity { 0 } else { whole.min(needed - found) };
                         remaining_supply = remaining_supply.map(|mask| mask & !lowest_bits(usable, take));
                         take
                     }
@@ -207,7 +236,14 @@ impl Engine {
             buyer: buy.account,
             seller: sell.account,
         });
+        self.note_trade(instrument, price);
         self.shrink_quantity(buy_id, quantity, 0);
+        if let Some(left) = buy.budget_left_minor {
+            // A budget bid pays from its lump: what these GPUs cost moves to their lease or contracts.
+            let cost = price * self.billable_hours(instrument, buy.duration) * quantity as u64;
+            self.orders.get_mut(buy_id).expect("live bid").budget_left_minor = Some(left - cost);
+            self.release(buy.account, cost, HoldReason::Order(buy_id));
+        }
         let kind = self.instruments[instrument.0 as usize].kind;
         match sell.supply {
             Some(set) => {

@@ -9,6 +9,7 @@
 
 mod accounts;
 mod calendar;
+mod follow_ons;
 mod leases;
 mod matching;
 mod orders;
@@ -19,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::book::{Book, OrderSlab};
 use crate::chunked::ChunkedVec;
-use crate::command::{Command, Input, Role, Side};
+use crate::command::{Command, Input, OrderOptions, Role, Side};
 use crate::config::{ConfigError, EngineConfig};
 use crate::event::{Event, EventKind, LeaseEndReason, LeaseKind, RejectCode};
 use crate::gpus::{Gpu, GpuDetails, Host};
@@ -356,6 +357,32 @@ pub struct Engine {
     pub(crate) calendar: Vec<CalendarCursor>,
     /// The earliest time at which `list_calendar` has something to list.
     pub(crate) calendar_due_ms: u64,
+    /// Each instrument's last trade price (what stop orders trigger on).
+    pub(crate) last_trade: BTreeMap<InstrumentId, u64>,
+    /// Armed stop orders: what each enters the market as once triggered.
+    pub(crate) armed_stops: BTreeMap<OrderId, ArmedStop>,
+    /// Armed stops by `(instrument, side, stop price, arming order)`, so a
+    /// trade finds the ones it triggers with one range.
+    pub(crate) stop_index: BTreeSet<(InstrumentId, Side, u64, u64, OrderId)>,
+    pub(crate) stop_seq: u64,
+    /// Stops a trade of the command being applied triggered, in arming
+    /// order; they enter once the pass that triggered them is done. Empty
+    /// between commands.
+    #[serde(skip)]
+    pub(crate) stops_triggered: VecDeque<OrderId>,
+    /// Books in which an ask rested (or an all-or-none bid changed) during
+    /// the command being applied: their all-or-none bids are re-checked
+    /// before the command ends. Empty between commands.
+    #[serde(skip)]
+    pub(crate) all_or_none_due: Vec<InstrumentId>,
+}
+
+/// A stop order waiting for its trigger.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct ArmedStop {
+    pub seq: u64,
+    pub order: crate::command::NewOrder,
+    pub options: crate::command::OrderOptions,
 }
 
 /// A handler's early exit: the command is rejected with this code.
@@ -390,6 +417,12 @@ impl Engine {
             timer_seq: 0,
             calendar: vec![CalendarCursor::default(); config.classes.len()],
             calendar_due_ms: 0,
+            last_trade: BTreeMap::new(),
+            armed_stops: BTreeMap::new(),
+            stop_index: BTreeSet::new(),
+            stop_seq: 0,
+            stops_triggered: VecDeque::new(),
+            all_or_none_due: Vec::new(),
             config,
         };
         for class in 0..engine.config.classes.len() as u16 {
@@ -412,10 +445,18 @@ impl Engine {
             return &self.events;
         }
         self.advance_to(input.at_ms);
-        if let Err(code) = self.execute(&input.command) {
-            let account = command_account(&input.command);
-            let client_order_id = command_client_order_id(&input.command);
-            self.emit(EventKind::Rejected { account, client_order_id, code });
+        match self.execute(&input.command) {
+            Ok(()) => {
+                if input.command == Command::Tick {
+                    self.all_or_none_due_everywhere();
+                }
+                self.run_follow_ons();
+            }
+            Err(code) => {
+                let account = command_account(&input.command);
+                let client_order_id = command_client_order_id(&input.command);
+                self.emit(EventKind::Rejected { account, client_order_id, code });
+            }
         }
         &self.events
     }
@@ -430,21 +471,19 @@ impl Engine {
             Command::SetBillingGrace { grace_ms } => self.set_billing_grace(*grace_ms),
             Command::RegisterGpu { account, host, gpu_uuid, spec } => self.register_gpu(*account, host, gpu_uuid, spec),
             Command::SetGpuOnline { account, gpu, online } => self.set_gpu_online(*account, *gpu, *online),
-            Command::PlaceOrder(order) => self.place_order(order, 0, false),
+            Command::PlaceOrder(order) => self.place_order(order, &OrderOptions::default()),
             Command::PlaceOrderFiltered { order, min_supplier_score_bps } => {
-                if order.side != Side::Buy || *min_supplier_score_bps == 0 || *min_supplier_score_bps > 10_000 {
+                if *min_supplier_score_bps == 0 {
                     Err(RejectCode::ScoreFilterInvalid)
                 } else {
-                    self.place_order(order, *min_supplier_score_bps, false)
+                    self.place_order(order, &OrderOptions { min_supplier_score_bps: *min_supplier_score_bps, ..OrderOptions::default() })
                 }
             }
-            Command::PlaceOrderVerified { order, min_supplier_score_bps } => {
-                if order.side != Side::Buy || *min_supplier_score_bps > 10_000 {
-                    Err(RejectCode::ScoreFilterInvalid)
-                } else {
-                    self.place_order(order, *min_supplier_score_bps, true)
-                }
-            }
+            Command::PlaceOrderVerified { order, min_supplier_score_bps } => self.place_order(
+                order,
+                &OrderOptions { min_supplier_score_bps: *min_supplier_score_bps, verified_only: true, ..OrderOptions::default() },
+            ),
+            Command::PlaceOrderWith { order, options } => self.place_order(order, options),
             Command::RecordChallenge { gpu, answer } => self.record_challenge(*gpu, *answer),
             Command::WithholdDisputed { lease, disputed_gpu_ms } => self.withhold_disputed(*lease, *disputed_gpu_ms),
             Command::CancelOrder { account, order } => self.cancel_order(*account, *order),
@@ -937,19 +976,15 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::MassCancel { account, .. }
         | Command::EndLease { account, .. }
         | Command::FailLeaseDelivery { account, .. } => Some(*account),
-        Command::PlaceOrder(order) | Command::PlaceOrderFiltered { order, .. } | Command::PlaceOrderVerified { order, .. } => {
-            Some(order.account)
-        }
+        Command::PlaceOrder(order)
+        | Command::PlaceOrderFiltered { order, .. }
+        | Command::PlaceOrderVerified { order, .. }
+        | Command::PlaceOrderWith { order, .. } => Some(order.account),
     }
 }
 
 fn command_client_order_id(command: &Command) -> u64 {
-    match command {
-        Command::PlaceOrder(order) | Command::PlaceOrderFiltered { order, .. } | Command::PlaceOrderVerified { order, .. } => {
-            order.client_order_id
-        }
-        _ => 0,
-    }
+    command.new_order().map_or(0, |order| order.client_order_id)
 }
 
 impl Engine {
@@ -1018,6 +1053,7 @@ impl Engine {
         h.bytes(format!("{:?}", self.timers).as_bytes());
         h.u64(self.config.fee_bps as u64);
         h.u64(self.config.billing_grace_ms);
+        h.bytes(format!("{:?}{:?}{:?}{}", self.last_trade, self.armed_stops, self.stop_index, self.stop_seq).as_bytes());
         let mut client_ids: Vec<_> = self.client_order_ids.iter().collect();
         client_ids.sort();
         h.bytes(format!("{client_ids:?}").as_bytes());

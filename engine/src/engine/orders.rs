@@ -4,7 +4,7 @@
 
 use super::{Checked, ContractKind, Engine, InstrumentState, TimerKind};
 use crate::book::{crosses, Order, NIL};
-use crate::command::{GpuSet, LeaseDuration, NewOrder, OrderType, Side, TimeInForce};
+use crate::command::{GpuSet, LeaseDuration, NewOrder, OrderOptions, OrderType, Side, TimeInForce};
 use crate::event::{EventKind, HoldReason, OrderCloseReason, ReduceReason, RejectCode};
 use crate::gpus::{highest_bits, mask_bits, Commitment, CommitmentHolder};
 use crate::ids::{AccountId, InstrumentId, OrderId};
@@ -12,15 +12,23 @@ use crate::limits;
 use crate::time::MS_PER_HOUR;
 
 /// What the validated order will do once accepted.
-struct Admission {
+pub(super) struct Admission {
     price: u64,
     hold_per_gpu_minor: u64,
     no_liquidity: bool,
+    /// A budget bid's lump hold: its budget, or less when `quantity` GPUs
+    /// at the limit price cost less.
+    budget_minor: Option<u64>,
 }
 
 impl Engine {
-    pub(super) fn place_order(&mut self, new: &NewOrder, min_supplier_score_bps: u32, verified_only: bool) -> Checked<()> {
-        let admission = self.admit(new)?;
+    pub(super) fn place_order(&mut self, new: &NewOrder, options: &OrderOptions) -> Checked<()> {
+        check_options(new, options)?;
+        let admission = self.admit(new, options, false)?;
+        if options.stop_price_minor_per_gpu_hour > 0 {
+            self.check_stop(new, options.stop_price_minor_per_gpu_hour)?;
+        }
+        let stop_price = (options.stop_price_minor_per_gpu_hour > 0).then_some(options.stop_price_minor_per_gpu_hour);
         let order = Order {
             instrument: new.instrument,
             account: new.account,
@@ -33,13 +41,15 @@ impl Engine {
             one_host: new.one_host,
             post_only: new.post_only,
             supply: new.supply,
-            hold_per_gpu_minor: admission.hold_per_gpu_minor,
+            hold_per_gpu_minor: 0,
             expire_at_ms: match new.time_in_force {
                 TimeInForce::Gtt { expire_at_ms } => Some(expire_at_ms),
                 _ => None,
             },
-            min_supplier_score_bps,
-            verified_only,
+            min_supplier_score_bps: options.min_supplier_score_bps,
+            verified_only: options.verified_only,
+            all_or_none: options.all_or_none,
+            stop_price,
             ..Order::vacant()
         };
         let id = self.orders.insert(order);
@@ -54,29 +64,53 @@ impl Engine {
             price_minor_per_gpu_hour: admission.price,
             quantity: new.quantity,
         });
+        match stop_price {
+            Some(stop_price) => self.arm_stop(id, new, options, stop_price),
+            None => self.enter(id, new, admission),
+        }
+        Ok(())
+    }
+
+    /// An accepted order (new, or a stop just triggered) takes what backs
+    /// it, trades what it can and rests or closes.
+    pub(super) fn enter(&mut self, id: OrderId, new: &NewOrder, admission: Admission) {
+        {
+            let order = self.orders.get_mut(id).expect("an accepted order");
+            order.price = admission.price;
+            order.hold_per_gpu_minor = admission.hold_per_gpu_minor;
+            order.budget_left_minor = admission.budget_minor;
+        }
         if new.side == Side::Buy {
-            self.hold(new.account, admission.hold_per_gpu_minor * new.quantity as u64, HoldReason::Order(id));
+            let held = admission.budget_minor.unwrap_or(admission.hold_per_gpu_minor * new.quantity as u64);
+            self.hold(new.account, held, HoldReason::Order(id));
         } else {
             self.lock_supply(id, new.quantity);
         }
         if admission.no_liquidity {
             self.close_order(id, OrderCloseReason::NoLiquidity);
-            return Ok(());
+            return;
         }
         let fok = new.time_in_force == TimeInForce::Fok;
-        let needed = if fok { new.quantity } else { new.min_quantity };
-        if needed > 0 && self.fillable_quantity(id, needed) < needed {
-            let reason = if fok { OrderCloseReason::Killed } else { OrderCloseReason::MinQuantityNotMet };
-            self.close_order(id, reason);
-            return Ok(());
-        }
+        let all_or_none = self.orders.get(id).expect("live").all_or_none;
+        let needed = if fok || all_or_none { new.quantity } else { new.min_quantity };
         let rests = new.order_type == OrderType::Limit && matches!(new.time_in_force, TimeInForce::Gtc | TimeInForce::Gtt { .. });
+        if needed > 0 && self.fillable_quantity(id, needed) < needed {
+            if all_or_none && rests {
+                // It waits on the book, untraded, until it can fill whole.
+                self.rest_or_close(id, true);
+                return;
+            }
+            let reason = if fok || all_or_none { OrderCloseReason::Killed } else { OrderCloseReason::MinQuantityNotMet };
+            self.close_order(id, reason);
+            return;
+        }
         self.match_and_settle(id, rests);
-        Ok(())
     }
 
-    /// Every check of a new order, in the order the rulebook lists them. Reads only.
-    fn admit(&self, new: &NewOrder) -> Checked<Admission> {
+    /// Every check of a new order, in the order the rulebook lists them.
+    /// Reads only. `triggered`: a stop that was armed, whose client id and
+    /// open-order slot are its own already.
+    pub(super) fn admit(&self, new: &NewOrder, options: &OrderOptions, triggered: bool) -> Checked<Admission> {
         let role = self.account(new.account)?.role;
         let instrument = self.instruments.get(new.instrument.0 as usize).ok_or(RejectCode::UnknownInstrument)?;
         if instrument.state != InstrumentState::Trading {
@@ -99,6 +133,9 @@ impl Engine {
         }
         if new.side == Side::Buy && !reserved {
             check_duration(new.duration)?;
+            if options.budget_minor > 0 && new.duration == LeaseDuration::UntilCancelled {
+                return Err(RejectCode::BudgetInvalid);
+            }
         }
         if let TimeInForce::Gtt { expire_at_ms } = new.time_in_force {
             if expire_at_ms <= self.now_ms {
@@ -109,11 +146,12 @@ impl Engine {
         if new.post_only && (new.order_type != OrderType::Limit || !may_rest) {
             return Err(RejectCode::PostOnlyNotLimit);
         }
-        if self.client_order_ids.contains_key(&(new.account, new.client_order_id)) {
+        if !triggered && self.client_order_ids.contains_key(&(new.account, new.client_order_id)) {
             return Err(RejectCode::DuplicateClientOrderId);
         }
-        if self.account(new.account)?.open_orders >= self.config.orders_per_account_max
-            || self.orders.live_count() >= limits::ORDERS_LIVE_MAX
+        if !triggered
+            && (self.account(new.account)?.open_orders >= self.config.orders_per_account_max
+                || self.orders.live_count() >= limits::ORDERS_LIVE_MAX)
         {
             return Err(RejectCode::TooManyOpenOrders);
         }
@@ -136,14 +174,41 @@ impl Engine {
             return Err(RejectCode::PostOnlyWouldCross);
         }
         let mut hold_per_gpu_minor = 0;
+        let mut budget_minor = None;
         if new.side == Side::Buy {
-            hold_per_gpu_minor = self.hold_per_gpu(new.instrument, price, new.duration)?;
-            let total = hold_per_gpu_minor.checked_mul(new.quantity as u64).ok_or(RejectCode::InsufficientFunds)?;
+            let per_gpu = self.hold_per_gpu(new.instrument, price, new.duration)?;
+            let total = per_gpu.checked_mul(new.quantity as u64).ok_or(RejectCode::InsufficientFunds)?;
+            let total = if options.budget_minor > 0 {
+                // A market order's budget is checked at its protected price.
+                if per_gpu > options.budget_minor {
+                    return Err(RejectCode::BudgetTooSmall);
+                }
+                budget_minor = Some(total.min(options.budget_minor));
+                total.min(options.budget_minor)
+            } else {
+                hold_per_gpu_minor = per_gpu;
+                total
+            };
             if total > self.account(new.account)?.available_minor {
                 return Err(RejectCode::InsufficientFunds);
             }
         }
-        Ok(Admission { price, hold_per_gpu_minor, no_liquidity })
+        Ok(Admission { price, hold_per_gpu_minor, no_liquidity, budget_minor })
+    }
+
+    /// A stop's own checks: its price, that it has not triggered already, the bound.
+    fn check_stop(&self, new: &NewOrder, stop_price: u64) -> Checked<()> {
+        let class = self.instruments[new.instrument.0 as usize].class;
+        if self.check_price(class, stop_price).is_err() {
+            return Err(RejectCode::StopPriceInvalid);
+        }
+        if self.last_trade.get(&new.instrument).is_some_and(|&last| stop_reached(new.side, stop_price, last)) {
+            return Err(RejectCode::StopWouldTrigger);
+        }
+        if self.armed_stops.len() >= limits::STOPS_ARMED_MAX {
+            return Err(RejectCode::TooManyStops);
+        }
+        Ok(())
     }
 
     pub(crate) fn check_price(&self, class: u16, price: u64) -> Checked<()> {
@@ -328,6 +393,7 @@ impl Engine {
         if quantity_left == 0 {
             let close = match reason {
                 ReduceReason::SelfTradeDecrement => OrderCloseReason::SelfTradePrevented,
+                ReduceReason::BudgetLimit => OrderCloseReason::BudgetSpent,
                 ReduceReason::GpuOffline | ReduceReason::GpuLeasedElsewhere | ReduceReason::GpuDisqualified => OrderCloseReason::SupplyGone,
             };
             self.close_order(id, close);
@@ -360,10 +426,15 @@ impl Engine {
                 quantity,
             });
         }
-        match (order.side, order.supply) {
-            (Side::Buy, _) => self.release(order.account, order.hold_per_gpu_minor * order.quantity as u64, HoldReason::Order(id)),
-            (Side::Sell, Some(set)) => self.detach_gpus(id, set, set.gpu_mask, order.instrument),
-            (Side::Sell, None) => self.unlock_contracts(id, order.instrument, u32::MAX),
+        match (order.stop_price, order.side, order.supply) {
+            // An armed stop holds and locks nothing.
+            (Some(stop_price), side, _) => self.disarm_stop(id, order.instrument, side, stop_price),
+            (None, Side::Buy, _) => {
+                let held = order.hold_per_gpu_minor * order.quantity as u64 + order.budget_left_minor.unwrap_or(0);
+                self.release(order.account, held, HoldReason::Order(id));
+            }
+            (None, Side::Sell, Some(set)) => self.detach_gpus(id, set, set.gpu_mask, order.instrument),
+            (None, Side::Sell, None) => self.unlock_contracts(id, order.instrument, u32::MAX),
         }
         self.client_order_ids.remove(&(order.account, order.client_order_id));
         self.accounts[order.account.0 as usize].open_orders -= 1;
@@ -373,7 +444,26 @@ impl Engine {
 
     /// Puts what is left of a matched order on the book, or closes it.
     pub(crate) fn rest_or_close(&mut self, id: OrderId, rests: bool) {
-        let order = *self.orders.get(id).expect("a live taker");
+        let mut order = *self.orders.get(id).expect("a live taker");
+        if let (Some(left), true, true) = (order.budget_left_minor, rests, order.quantity > 0) {
+            // A budget bid rests as a plain bid for what the rest of its
+            // budget buys at its limit price; the remainder goes back.
+            let per_gpu = self.hold_per_gpu(order.instrument, order.price, order.duration).expect("admitted at this price");
+            let keep = order.quantity.min((left / per_gpu) as u32);
+            if keep == 0 {
+                self.close_order(id, OrderCloseReason::BudgetSpent);
+                return;
+            }
+            self.release(order.account, left - per_gpu * keep as u64, HoldReason::Order(id));
+            let stored = self.orders.get_mut(id).expect("live");
+            stored.budget_left_minor = None;
+            stored.hold_per_gpu_minor = per_gpu;
+            if keep < order.quantity {
+                stored.quantity = keep;
+                self.emit(EventKind::OrderReduced { order: id, account: order.account, quantity_left: keep, reason: ReduceReason::BudgetLimit });
+            }
+            order = *self.orders.get(id).expect("live");
+        }
         if order.quantity == 0 {
             self.close_order(id, OrderCloseReason::Filled);
         } else if !rests {
@@ -389,6 +479,9 @@ impl Engine {
             });
             if let Some(expire_at_ms) = order.expire_at_ms {
                 self.schedule(expire_at_ms, TimerKind::OrderExpiry(id));
+            }
+            if order.side == Side::Sell {
+                self.all_or_none_due_in(order.instrument);
             }
         }
     }
@@ -437,6 +530,9 @@ impl Engine {
 
     pub(super) fn replace_order(&mut self, account: AccountId, id: OrderId, price: u64, quantity: u32) -> Checked<()> {
         let order = self.owned_order(account, id)?;
+        if order.stop_price.is_some() {
+            return Err(RejectCode::ReplaceInvalid);
+        }
         self.check_price(self.instruments[order.instrument.0 as usize].class, price)?;
         check_quantity(quantity)?;
         let new_hold_per_gpu = match (order.side, order.supply) {
@@ -467,6 +563,10 @@ impl Engine {
                 self.reduce_quantity_for_replace(id, order, quantity);
             }
             self.emit(EventKind::OrderReplaced { order: id, account, price_minor_per_gpu_hour: price, quantity, priority_kept: true });
+            if order.all_or_none && quantity < order.quantity {
+                // Smaller, it may fill whole now.
+                self.all_or_none_due_in(order.instrument);
+            }
             return Ok(());
         }
         // Losing priority: off the book, re-priced, then treated as newly arrived.
@@ -500,7 +600,11 @@ impl Engine {
             self.lock_more_contracts(id, order.instrument, quantity - order.quantity);
         }
         self.emit(EventKind::OrderReplaced { order: id, account, price_minor_per_gpu_hour: price, quantity, priority_kept: false });
-        self.match_and_settle(id, true);
+        if order.all_or_none && self.fillable_quantity(id, quantity) < quantity {
+            self.rest_or_close(id, true);
+        } else {
+            self.match_and_settle(id, true);
+        }
         Ok(())
     }
 
@@ -540,6 +644,30 @@ impl Engine {
         }
         assert_eq!(left, 0, "admission checked the seller's contracts");
     }
+}
+
+/// Whether a trade at `last` reaches a stop of `side` at `stop_price`: a
+/// bid's stop at or above it, an ask's at or below.
+pub(crate) fn stop_reached(side: Side, stop_price: u64, last: u64) -> bool {
+    match side {
+        Side::Buy => last >= stop_price,
+        Side::Sell => last <= stop_price,
+    }
+}
+
+/// The checks of an order's options that need no state, in the rulebook's order.
+fn check_options(new: &NewOrder, options: &OrderOptions) -> Checked<()> {
+    let bid = new.side == Side::Buy;
+    if (options.min_supplier_score_bps > 0 || options.verified_only) && !bid || options.min_supplier_score_bps > 10_000 {
+        return Err(RejectCode::ScoreFilterInvalid);
+    }
+    if options.all_or_none && (!bid || new.min_quantity > 0) {
+        return Err(RejectCode::AllOrNoneInvalid);
+    }
+    if options.budget_minor > 0 && (!bid || options.all_or_none || new.one_host) {
+        return Err(RejectCode::BudgetInvalid);
+    }
+    Ok(())
 }
 
 fn check_quantity(quantity: u32) -> Checked<()> {

@@ -15,7 +15,7 @@ impl Sequencer {
     /// right before the bid; every lease the bid fills receives the
     /// workload, and is replaced if its host fails it.
     pub(super) fn bid(&mut self, connection: ConnectionId, id: u64, command: Command, workload: Option<Box<Workload>>, rematch: bool) {
-        let (Command::PlaceOrder(order) | Command::PlaceOrderFiltered { order, .. }) = &command else { return };
+        let Some(order) = command.new_order() else { return };
         if order.side != gpux_engine::Side::Buy && workload.is_some() {
             return self.reply(connection, error(Some(id), ErrorCode::WorkloadNotOnBid));
         }

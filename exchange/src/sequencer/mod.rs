@@ -252,7 +252,7 @@ impl Sequencer {
     /// and answers the connection that sent it (if any).
     fn apply_command(&mut self, connection: Option<ConnectionId>, id: u64, command: Command) {
         self.metrics.commands.inc();
-        if matches!(command, Command::PlaceOrder(_) | Command::PlaceOrderFiltered { .. }) {
+        if command.new_order().is_some() {
             self.metrics.orders.inc();
         }
         let input = Input { at_ms: self.market.clock_ms(), command };
