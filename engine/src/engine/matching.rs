@@ -84,14 +84,20 @@ impl Engine {
             }
             quantity = quantity.min(affordable.min(u32::MAX as u64) as u32);
         }
-        if buy.all_or_none && quantity < buy.quantity {
-            // All or none: this maker alone cannot fill the bid; it keeps its place.
+        if buy.all_or_none && taker.side == Side::Sell && quantity < buy.quantity {
+            // A resting all-or-none bid this ask cannot fill whole keeps its
+            // place. (As the taker, it entered only once it could fill whole.)
             return Step::Continue;
         }
         if quantity > 0 {
             self.execute_fill(buy_id, sell_id, quantity, usable_mask, maker.price, taker.side);
             if self.orders.get(maker_id).is_some_and(|m| m.quantity == 0) {
                 self.close_order(maker_id, OrderCloseReason::Filled);
+            }
+            let budget_left = self.orders.get(buy_id).and_then(|b| b.budget_left_minor);
+            if budget_left.is_some_and(|left| left < maker.price * self.billable_hours(buy.instrument, buy.duration)) {
+                // What is left pays for no GPU at this price, nor at any later one.
+                return Step::BudgetSpent;
             }
         }
         Step::Continue
