@@ -214,8 +214,7 @@ impl Reference {
     /// trades whole if it can.
     fn sweep(&mut self) {
         let Some(best_ask) = self.resting.iter().filter(|o| o.side == Side::Sell).map(|o| o.price).min() else { return };
-        let mut candidates: Vec<&RefOrder> =
-            self.resting.iter().filter(|o| o.side == Side::Buy && o.aon && o.price >= best_ask).collect();
+        let mut candidates: Vec<&RefOrder> = self.resting.iter().filter(|o| o.side == Side::Buy && o.aon && o.price >= best_ask).collect();
         candidates.sort_by_key(|o| (u64::MAX - o.price, o.priority));
         let keys: Vec<usize> = candidates.iter().take(32).map(|o| o.key).collect();
         for key in keys {
@@ -437,8 +436,19 @@ impl Harness {
         self.stp_by_key.push(stp);
 
         let budget_left = (budget > 0).then(|| budget.min(price * quantity as u64));
-        let taker =
-            RefOrder { key, trader, side, price, quantity, priority: self.reference.clock, post_only, min_score, verified, aon, budget_left };
+        let taker = RefOrder {
+            key,
+            trader,
+            side,
+            price,
+            quantity,
+            priority: self.reference.clock,
+            post_only,
+            min_score,
+            verified,
+            aon,
+            budget_left,
+        };
         self.reference.clock += 1;
         let best_opposite = self.reference.makers(side, price).first().map(|&i| self.reference.resting[i].price);
         if post_only && tif < 2 && best_opposite.is_some() {
@@ -455,7 +465,8 @@ impl Harness {
         }
         if let Some(stop_ticks) = stop {
             let stop_price = BASE + stop_ticks * TICK;
-            let reached = self.reference.last_trade.is_some_and(|last| if side == Side::Buy { last >= stop_price } else { last <= stop_price });
+            let reached =
+                self.reference.last_trade.is_some_and(|last| if side == Side::Buy { last >= stop_price } else { last <= stop_price });
             if reached {
                 assert_eq!(rejection(&events), Some(RejectCode::StopWouldTrigger));
                 return;

@@ -113,7 +113,9 @@ impl Engine {
         let mut reached: Vec<(u64, OrderId, u64, Side)> = self
             .stop_index
             .range((instrument, Side::Buy, 0, 0, lowest)..=(instrument, Side::Buy, price, u64::MAX, highest))
-            .chain(self.stop_index.range((instrument, Side::Sell, price, 0, lowest)..=(instrument, Side::Sell, u64::MAX, u64::MAX, highest)))
+            .chain(
+                self.stop_index.range((instrument, Side::Sell, price, 0, lowest)..=(instrument, Side::Sell, u64::MAX, u64::MAX, highest)),
+            )
             .map(|&(_, side, stop_price, seq, id)| (seq, id, stop_price, side))
             .collect();
         reached.sort_unstable();

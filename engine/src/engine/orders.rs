@@ -460,7 +460,12 @@ impl Engine {
             stored.hold_per_gpu_minor = per_gpu;
             if keep < order.quantity {
                 stored.quantity = keep;
-                self.emit(EventKind::OrderReduced { order: id, account: order.account, quantity_left: keep, reason: ReduceReason::BudgetLimit });
+                self.emit(EventKind::OrderReduced {
+                    order: id,
+                    account: order.account,
+                    quantity_left: keep,
+                    reason: ReduceReason::BudgetLimit,
+                });
             }
             order = *self.orders.get(id).expect("live");
         }

@@ -20,6 +20,8 @@ pub struct Market {
     next_client_order_id: u64,
     /// Every event so far, for tests that look back.
     pub log: Vec<Event>,
+    /// Every input applied so far: the journal a replay starts from.
+    pub inputs: Vec<Input>,
 }
 
 impl Default for Market {
@@ -34,11 +36,19 @@ impl Market {
     }
 
     pub fn with_config(config: EngineConfig) -> Self {
-        Market { engine: Engine::new(config).expect("valid config"), now_ms: T0, next_client_order_id: 1, log: Vec::new() }
+        Market {
+            engine: Engine::new(config).expect("valid config"),
+            now_ms: T0,
+            next_client_order_id: 1,
+            log: Vec::new(),
+            inputs: Vec::new(),
+        }
     }
 
     pub fn apply(&mut self, command: Command) -> Vec<Event> {
-        let events = self.engine.apply(&Input { at_ms: self.now_ms, command }).to_vec();
+        let input = Input { at_ms: self.now_ms, command };
+        let events = self.engine.apply(&input).to_vec();
+        self.inputs.push(input);
         self.log.extend_from_slice(&events);
         events
     }
