@@ -64,7 +64,8 @@ fn event_names(events: &[Event]) -> Vec<&'static str> {
 #[test]
 fn an_all_or_none_bid_fills_whole_across_hosts_or_rests_untraded() {
     // (ask GPUs on successive hosts, bid quantity, trades expected, bid rests with)
-    let cases: &[(&[u32], u32, &[(u64, u32)], Option<u32>)] = &[
+    type Case = (&'static [u32], u32, &'static [(u64, u32)], Option<u32>);
+    let cases: &[Case] = &[
         (&[2, 2], 4, &[(USD_2, 2), (USD_2, 2)], None),
         (&[3], 4, &[], Some(4)),
         (&[1, 1, 1], 4, &[], Some(4)),
@@ -118,7 +119,8 @@ fn an_ask_passes_over_an_all_or_none_bid_it_cannot_fill_and_trades_with_the_bid_
 #[test]
 fn a_minimum_quantity_ask_does_not_count_an_all_or_none_bid_it_cannot_fill_whole() {
     // (ask GPUs, its min quantity, trades expected)
-    let cases: &[(u32, u32, &[(u64, u32)])] = &[(3, 3, &[]), (4, 4, &[(USD_2, 4)]), (4, 1, &[(USD_2, 4)])];
+    type Case = (u32, u32, &'static [(u64, u32)]);
+    let cases: &[Case] = &[(3, 3, &[]), (4, 4, &[(USD_2, 4)]), (4, 1, &[(USD_2, 4)])];
     for &(gpus, min_quantity, expected) in cases {
         let mut f = fixture();
         f.aon_bid(USD_2, 4);

@@ -199,13 +199,11 @@ impl Reference {
     /// then matching. `rests`: GTC.
     fn enter(&mut self, taker: RefOrder, stp: u8, tif: u8) {
         let rests = tif < 2;
-        if taker.aon || tif == 3 {
-            if self.fillable(&taker, taker.quantity) < taker.quantity {
-                if taker.aon && rests {
-                    self.resting.push(taker);
-                }
-                return;
+        if (taker.aon || tif == 3) && self.fillable(&taker, taker.quantity) < taker.quantity {
+            if taker.aon && rests {
+                self.resting.push(taker);
             }
+            return;
         }
         self.run(taker, stp, rests);
     }

@@ -80,10 +80,11 @@ impl Engine {
         for id in candidates {
             let Some(order) = self.orders.get(id) else { continue };
             let quantity = order.quantity;
-            if self.fillable_quantity(id, quantity) >= quantity && self.match_order(id) {
-                if self.orders.get(id).is_some_and(|o| o.quantity == 0) {
-                    self.close_order(id, OrderCloseReason::Filled);
-                }
+            if self.fillable_quantity(id, quantity) >= quantity
+                && self.match_order(id)
+                && self.orders.get(id).is_some_and(|o| o.quantity == 0)
+            {
+                self.close_order(id, OrderCloseReason::Filled);
             }
         }
     }
