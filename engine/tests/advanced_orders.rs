@@ -159,7 +159,7 @@ fn shrinking_a_resting_all_or_none_bid_fills_it_if_it_now_fits() {
 }
 
 #[test]
-fn a_tick_fills_an_all_or_none_bid_that_a_verification_made_whole() {
+fn a_second_later_an_all_or_none_bid_that_a_verification_made_whole_fills() {
     let mut f = fixture();
     f.ask(0, 2, USD_2);
     f.ask(1, 2, USD_2);

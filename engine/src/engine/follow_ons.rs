@@ -1,6 +1,6 @@
-//! What a command sets off after its own matching: stop orders its trades
-//! triggered, and all-or-none bids that the liquidity it added (or a tick)
-//! may now fill whole. Both run before the command ends, in a fixed order,
+//! What a command (or a timer) sets off after its own matching: stop orders
+//! its trades triggered, and all-or-none bids that the liquidity it added
+//! (or time passing) may now fill whole. Both run before the command ends, in a fixed order,
 //! so the same journal always gives the same events.
 
 use super::{ArmedStop, Engine};
@@ -9,6 +9,9 @@ use crate::command::{NewOrder, OrderOptions, Side};
 use crate::event::{EventKind, OrderCloseReason};
 use crate::ids::{InstrumentId, OrderId};
 use crate::limits;
+
+/// How often a book's crossing all-or-none bids are re-checked while it has any.
+const ALL_OR_NONE_RECHECK_MS: u64 = 1_000;
 
 impl Engine {
     /// Runs follow-ons until none is left: first every due all-or-none
@@ -34,33 +37,30 @@ impl Engine {
         }
     }
 
-    /// A tick re-checks every book whose best bid crosses its best ask (only
-    /// bids that were skipped, all-or-none ones among them, can): time may
-    /// have freed GPUs, a seller may have been verified.
-    pub(super) fn all_or_none_due_everywhere(&mut self) {
-        let crossing: Vec<InstrumentId> = self
-            .books
-            .iter_indexed()
-            .filter(|(_, book)| match (book.side(Side::Buy).best_price(), book.side(Side::Sell).best_price()) {
-                (Some(bid), Some(ask)) => bid >= ask,
-                _ => false,
-            })
-            .map(|(index, _)| InstrumentId(index as u32))
-            .collect();
-        for instrument in crossing {
+    /// Schedules a re-check of `instrument`'s all-or-none bids a second
+    /// from now, unless one is pending.
+    pub(crate) fn schedule_all_or_none_recheck(&mut self, instrument: InstrumentId) {
+        if self.all_or_none_recheck.insert(instrument) {
+            self.schedule(self.now_ms + ALL_OR_NONE_RECHECK_MS, super::TimerKind::AllOrNoneRecheck(instrument));
+        }
+    }
+
+    /// The re-check timer fired: sweep the book if an all-or-none bid
+    /// still crosses its best ask (and check again a second later).
+    pub(super) fn recheck_all_or_none(&mut self, instrument: InstrumentId) {
+        self.all_or_none_recheck.remove(&instrument);
+        if !self.crossing_all_or_none(instrument, 1).is_empty() {
             self.all_or_none_due_in(instrument);
         }
     }
 
-    /// The resting all-or-none bids that cross the best ask, best first (at
-    /// most `ALL_OR_NONE_SWEEP_MAX`), each trades whole if it now can, as
-    /// the taker at the asks' prices.
-    fn sweep_all_or_none(&mut self, instrument: InstrumentId) {
+    /// Up to `max` resting all-or-none bids that cross the best ask, best first.
+    fn crossing_all_or_none(&self, instrument: InstrumentId, max: usize) -> Vec<OrderId> {
         let book = &self.books[instrument.0 as usize];
-        let Some(best_ask) = book.side(Side::Sell).best_price() else { return };
+        let Some(best_ask) = book.side(Side::Sell).best_price() else { return Vec::new() };
         let bids = book.side(Side::Buy);
-        let mut candidates = Vec::new();
-        'levels: for position in (0..bids.level_count()).rev() {
+        let mut found = Vec::new();
+        for position in (0..bids.level_count()).rev() {
             let level = bids.level(bids.level_at(position));
             if level.price < best_ask {
                 break;
@@ -69,15 +69,23 @@ impl Engine {
             while cursor != NIL {
                 let order = self.orders.at(cursor);
                 if order.all_or_none {
-                    candidates.push(self.orders.id_at(cursor));
-                    if candidates.len() == limits::ALL_OR_NONE_SWEEP_MAX {
-                        break 'levels;
+                    found.push(self.orders.id_at(cursor));
+                    if found.len() == max {
+                        return found;
                     }
                 }
                 cursor = order.next;
             }
         }
-        for id in candidates {
+        found
+    }
+
+    /// The resting all-or-none bids that cross the best ask, best first (at
+    /// most `ALL_OR_NONE_SWEEP_MAX`), each trades whole if it now can, as
+    /// the taker at the asks' prices.
+    fn sweep_all_or_none(&mut self, instrument: InstrumentId) {
+        let mut left = false;
+        for id in self.crossing_all_or_none(instrument, limits::ALL_OR_NONE_SWEEP_MAX) {
             let Some(order) = self.orders.get(id) else { continue };
             let quantity = order.quantity;
             if self.fillable_quantity(id, quantity) >= quantity
@@ -85,7 +93,12 @@ impl Engine {
                 && self.orders.get(id).is_some_and(|o| o.quantity == 0)
             {
                 self.close_order(id, OrderCloseReason::Filled);
+            } else {
+                left = true;
             }
+        }
+        if left {
+            self.schedule_all_or_none_recheck(instrument);
         }
     }
 

@@ -289,6 +289,9 @@ pub(crate) enum TimerKind {
     WindowEnd(InstrumentId),
     EscrowTopUp(LeaseId),
     BillingClose(LeaseId),
+    /// A book's crossing all-or-none bids are re-checked (once a second
+    /// while it has any: time may free GPUs, GPUs may become verified).
+    AllOrNoneRecheck(InstrumentId),
 }
 
 /// `LeaseEndReason` with an order, so timers can sort.
@@ -375,6 +378,8 @@ pub struct Engine {
     /// before the command ends. Empty between commands.
     #[serde(skip)]
     pub(crate) all_or_none_due: Vec<InstrumentId>,
+    /// Books with an `AllOrNoneRecheck` timer pending.
+    pub(crate) all_or_none_recheck: BTreeSet<InstrumentId>,
 }
 
 /// A stop order waiting for its trigger.
@@ -423,6 +428,7 @@ impl Engine {
             stop_seq: 0,
             stops_triggered: VecDeque::new(),
             all_or_none_due: Vec::new(),
+            all_or_none_recheck: BTreeSet::new(),
             config,
         };
         for class in 0..engine.config.classes.len() as u16 {
@@ -445,13 +451,10 @@ impl Engine {
             return &self.events;
         }
         self.advance_to(input.at_ms);
+        // What the timers set off comes before the command.
+        self.run_follow_ons();
         match self.execute(&input.command) {
-            Ok(()) => {
-                if input.command == Command::Tick {
-                    self.all_or_none_due_everywhere();
-                }
-                self.run_follow_ons();
-            }
+            Ok(()) => self.run_follow_ons(),
             Err(code) => {
                 let account = command_account(&input.command);
                 let client_order_id = command_client_order_id(&input.command);
@@ -524,7 +527,11 @@ impl Engine {
     pub(crate) fn schedule(&mut self, at_ms: u64, kind: TimerKind) {
         let rank = match kind {
             TimerKind::LeaseEnd(..) | TimerKind::OrderExpiry(_) | TimerKind::WindowEnd(_) => 0,
-            TimerKind::PreemptForWindow(..) | TimerKind::TradingStop(_) | TimerKind::EscrowTopUp(_) | TimerKind::BillingClose(_) => 1,
+            TimerKind::PreemptForWindow(..)
+            | TimerKind::TradingStop(_)
+            | TimerKind::EscrowTopUp(_)
+            | TimerKind::BillingClose(_)
+            | TimerKind::AllOrNoneRecheck(_) => 1,
             TimerKind::WindowStart(_) => 2,
         };
         self.timer_seq += 1;
@@ -552,6 +559,7 @@ impl Engine {
             TimerKind::WindowEnd(instrument) => self.expire_window(instrument),
             TimerKind::EscrowTopUp(lease) => self.top_up_escrow(lease),
             TimerKind::BillingClose(lease) => self.close_billing(lease),
+            TimerKind::AllOrNoneRecheck(instrument) => self.recheck_all_or_none(instrument),
         }
     }
 
@@ -1053,7 +1061,10 @@ impl Engine {
         h.bytes(format!("{:?}", self.timers).as_bytes());
         h.u64(self.config.fee_bps as u64);
         h.u64(self.config.billing_grace_ms);
-        h.bytes(format!("{:?}{:?}{:?}{}", self.last_trade, self.armed_stops, self.stop_index, self.stop_seq).as_bytes());
+        h.bytes(
+            format!("{:?}{:?}{:?}{}{:?}", self.last_trade, self.armed_stops, self.stop_index, self.stop_seq, self.all_or_none_recheck)
+                .as_bytes(),
+        );
         let mut client_ids: Vec<_> = self.client_order_ids.iter().collect();
         client_ids.sort();
         h.bytes(format!("{client_ids:?}").as_bytes());

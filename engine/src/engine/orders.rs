@@ -487,6 +487,8 @@ impl Engine {
             }
             if order.side == Side::Sell {
                 self.all_or_none_due_in(order.instrument);
+            } else if order.all_or_none {
+                self.schedule_all_or_none_recheck(order.instrument);
             }
         }
     }
