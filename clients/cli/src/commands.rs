@@ -472,8 +472,15 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
     if let Some(percent) = &args.min_score {
         order.min_supplier_score_bps = parse_percent_bps(percent).map_err(Failure::Usage)?;
     }
+    order.all_or_none = args.all_or_none;
+    if let Some(budget) = &args.budget {
+        order.budget_minor = parse_dollars(budget).map_err(|e| Failure::Usage(format!("--budget: {e}")))?;
+    }
+    if let Some(stop) = &args.stop {
+        order.stop_price_minor_per_gpu_hour = parse_dollars(stop).map_err(|e| Failure::Usage(format!("--stop: {e}")))?;
+    }
     order.duration = if args.until_cancelled { LeaseDuration::UntilCancelled } else { LeaseDuration::Hours(args.hours) };
-    let (price, time_in_force) = (order.price_minor_per_gpu_hour, order.time_in_force);
+    let (price, time_in_force, stop) = (order.price_minor_per_gpu_hour, order.time_in_force, order.stop_price_minor_per_gpu_hour);
     let id = s.connection.new_id();
     let answer = s.ask(ClientMessage::NewOrder { id, order, workload: None }, json).await?;
     if json {
@@ -486,7 +493,7 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
     acknowledged(answer, "accepted")?;
     let symbols = s.symbols().await?;
     // What happened at once: fills and leases arrive as private events.
-    let (mut filled, mut closed) = (0u32, None);
+    let (mut filled, mut closed, mut armed) = (0u32, None, false);
     while let Ok(Some(message)) = s.connection.next_within(Duration::from_millis(300)).await {
         if let ServerMessage::Private { event, .. } = message {
             describe_event(&event.kind, &symbols);
@@ -495,9 +502,19 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
                     filled += quantity
                 }
                 EventKind::OrderClosed { order, reason, .. } if Some(order) == placed => closed = Some(reason),
+                EventKind::StopArmed { order, .. } if Some(order) == placed => armed = true,
+                EventKind::StopTriggered { order, .. } if Some(order) == placed => armed = false,
                 _ => {}
             }
         }
+    }
+    if armed && closed.is_none() {
+        out!(
+            "armed: off the book until a trade prints at {}/GPU-h or {}",
+            dollars(stop),
+            if side == Side::Buy { "above" } else { "below" }
+        );
+        return Ok(());
     }
     // An order that ends without trading all it could is not a silent success.
     match (closed, filled) {
@@ -542,6 +559,13 @@ fn describe_event(kind: &EventKind, symbols: &std::collections::HashMap<Instrume
         EventKind::OrderClosed { order, reason, quantity_left, .. } => {
             out!("order {} closed: {} ({quantity_left} left)", order.0, snake(reason))
         }
+        EventKind::OrderReduced { order, quantity_left, reason: gpux_engine::ReduceReason::BudgetLimit, .. } => {
+            out!("order {}: the budget left buys {quantity_left} more GPU(s) at its limit; that rests", order.0)
+        }
+        EventKind::StopTriggered { order, last_trade_price_minor_per_gpu_hour, .. } => {
+            out!("stop order {} triggered by a trade at {}/GPU-h", order.0, dollars(*last_trade_price_minor_per_gpu_hour))
+        }
+        EventKind::StopRefused { order, code, .. } => out!("stop order {} refused at its trigger: {}", order.0, code.message()),
         _ => {}
     }
 }

@@ -112,6 +112,15 @@ pub struct OrderArgs {
     /// What happens when the order would trade with one of your own (docs/market-rules.md "Self-trade prevention").
     #[arg(long, value_enum, default_value_t = StpArg::CancelNewest)]
     pub stp: StpArg,
+    /// Bids: all GPUs in one fill from any hosts, or none; rests untraded until it can (docs/market-rules.md "All-or-none").
+    #[arg(long)]
+    pub all_or_none: bool,
+    /// Bids: spend at most this many dollars (e.g. 500), buying as many whole GPUs as it pays for within the limit; QUANTITY is then the most GPUs wanted (docs/market-rules.md "Budget orders").
+    #[arg(long)]
+    pub budget: Option<String>,
+    /// A stop order: off the book until a trade prints at this price (dollars per GPU-hour) or beyond (bids: at or above; asks: at or below), then it enters as this order (docs/market-rules.md "Stop orders").
+    #[arg(long)]
+    pub stop: Option<String>,
 }
 
 #[derive(Subcommand)]

@@ -137,6 +137,19 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
     assert!(statement.contains("external") && statement.contains(&format!("available:{renter_account}")), "{statement}");
     let json = ok(gpux(url, &key("renter"), &["--json", "balance"]));
     assert!(json.trim().starts_with("{\"balance\":"), "{json}");
+    // The order types beyond plain ones (docs/market-rules.md "Order types and options").
+    let armed = ok(gpux(url, &key("renter"), &["buy", "H100-SXM-80G/SPOT", "1", "--price", "2.50", "--stop", "2.40"]));
+    assert!(armed.contains("armed: off the book until a trade prints at $2.40/GPU-h or above"), "{armed}");
+    let reached = gpux(url, &key("renter"), &["buy", "H100-SXM-80G/SPOT", "1", "--price", "2.50", "--stop", "1.50"]);
+    assert_eq!(reached.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&reached.stderr).contains("stop_would_trigger"), "{reached:?}");
+    let small = gpux(url, &key("renter"), &["buy", "H100-SXM-80G/SPOT", "3", "--price", "2.50", "--budget", "1", "--tif", "ioc"]);
+    assert_eq!(small.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&small.stderr).contains("budget_too_small"), "{small:?}");
+    let bad_budget = gpux(url, &key("renter"), &["buy", "H100-SXM-80G/SPOT", "3", "--price", "2.50", "--budget", "ten"]);
+    assert_eq!(bad_budget.status.code(), Some(2), "{bad_budget:?}");
+    let gang = ok(gpux(url, &key("renter"), &["buy", "H100-SXM-80G/SPOT", "2", "--price", "2.50", "--all-or-none"]));
+    assert!(gang.contains("resting"), "all-or-none waits whole on the book: {gang}");
     let calendar = ok(gpux(url, &key("renter"), &["instruments", "--calendar"]));
     assert!(calendar.lines().skip(1).all(|l| l.contains(" to ")), "only reserved windows: {calendar}");
 }
