@@ -48,8 +48,30 @@ class OrderTicket:
     rematch: bool = False  # spot bids: replace a lease whose host fails it
     min_supplier_score_bps: int = 0  # bids: only sellers scoring at least this (1-10000; 0: any)
     verified_only: bool = False  # bids: only GPUs a hardware challenge verified
+    all_or_none: bool = False  # bids: the whole quantity in one pass or nothing; rests until it can
+    budget_minor: int = 0  # bids: spend at most this; quantity is then the most GPUs wanted
+    stop_price_minor_per_gpu_hour: int = 0  # a stop: off the book until a trade reaches this
 
     _next_id = [0]
+
+    @classmethod
+    def stop_limit(cls, instrument: int, side: str, stop: int, price: int, quantity: int, **kwargs: Any) -> "OrderTicket":
+        """A stop-limit order: armed off the book until a trade prints at
+        `stop` or beyond (a bid: at or above; an ask: at or below), then a
+        limit order at `price` (docs/market-rules.md "Stop orders")."""
+        return cls.limit(instrument, side, price, quantity, stop_price_minor_per_gpu_hour=stop, **kwargs)
+
+    @classmethod
+    def with_budget(cls, instrument: int, price: int, budget: int, max_gpus: int, **kwargs: Any) -> "OrderTicket":
+        """A bid that spends at most `budget` (minor units) on whole GPUs at
+        `price` or better, up to `max_gpus` (docs/market-rules.md "Budget orders")."""
+        return cls.limit(instrument, "buy", price, max_gpus, budget_minor=budget, **kwargs)
+
+    @classmethod
+    def all_or_none_bid(cls, instrument: int, price: int, quantity: int, **kwargs: Any) -> "OrderTicket":
+        """A bid for `quantity` GPUs from any hosts in one fill, or none; it
+        rests untraded until the book can fill it whole (docs/market-rules.md "All-or-none")."""
+        return cls.limit(instrument, "buy", price, quantity, all_or_none=True, **kwargs)
 
     @classmethod
     def limit(cls, instrument: int, side: str, price: int, quantity: int, **kwargs: Any) -> "OrderTicket":
@@ -75,6 +97,9 @@ class OrderTicket:
             "rematch": self.rematch,
             "min_supplier_score_bps": self.min_supplier_score_bps,
             "verified_only": self.verified_only,
+            "all_or_none": self.all_or_none,
+            "budget_minor": self.budget_minor,
+            "stop_price_minor_per_gpu_hour": self.stop_price_minor_per_gpu_hour,
         }
 
 

@@ -148,6 +148,34 @@ def test_an_order_that_fills_brings_its_trade_and_lease_on_the_private_feed(exch
     run(scenario())
 
 
+def test_stop_budget_and_all_or_none_orders_work_from_python(exchange):
+    url, operator = exchange
+
+    async def scenario():
+        supplier, host = await supplier_with_gpus(url)
+        renter = await funded_renter(url, operator)
+        # An all-or-none bid for 2 waits whole while one GPU is offered.
+        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1}))
+        gang = await renter.place(gpux.OrderTicket.all_or_none_bid(gpux.H100_SPOT, gpux.dollars("2.5"), 2))
+        assert gang.order is not None
+        # A buy stop at 2.00 arms; a budget bid that buys the offered GPU prints 2.00 and triggers it.
+        stop = await renter.place(gpux.OrderTicket.stop_limit(gpux.H100_SPOT, "buy", gpux.dollars("2"), gpux.dollars("2.2"), 1))
+        with pytest.raises(gpux.GpuxError) as small:
+            await renter.place(gpux.OrderTicket.with_budget(gpux.H100_SPOT, gpux.dollars("2"), gpux.dollars("1"), 3))
+        assert small.value.code == "budget_too_small"
+        await renter.place(gpux.OrderTicket.with_budget(gpux.H100_SPOT, gpux.dollars("2"), gpux.dollars("3"), 3, time_in_force="ioc"))
+        seen = {}
+        while "stop_triggered" not in seen:
+            event = await renter.next_event()
+            seen[event.kind] = event
+        assert seen["stop_armed"].fields["order"] == stop.order
+        assert seen["stop_triggered"].fields["last_trade_price_minor_per_gpu_hour"] == 2_000_000
+        await renter.close()
+        await supplier.close()
+
+    run(scenario())
+
+
 def test_a_book_follows_orders_live_and_resyncs_after_a_sequence_gap(exchange):
     url, operator = exchange
 
