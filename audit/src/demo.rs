@@ -1,7 +1,8 @@
 //! The built-in demo session: two suppliers list H100 hosts and an MI300X
 //! host, renters buy spot, preemptible and gang capacity, an aggregator buys
 //! a reserved window and resells it, a spot buyer preempts a preemptible
-//! lease, and time runs through the window's delivery and expiry. Every
+//! lease, and time runs through the window's delivery and expiry; then a
+//! budget bid, a stop and an all-or-none bid trade on the A100 book. Every
 //! command is written out explicitly so the stream doubles as an example of
 //! the audit format.
 
@@ -120,5 +121,37 @@ pub fn inputs() -> Vec<Input> {
     s.push(Command::Tick);
     s.at_ms += 24 * 60 * MINUTE;
     s.push(Command::Tick);
+
+    // Order types beyond plain ones (docs/market-rules.md), on the A100 spot
+    // book (instrument 2), listed by a third supplier (account 5, host 3).
+    s.push(Command::OpenAccount { role: Role::Supplier });
+    let a100 = GpuSpec {
+        vendor: Vendor::Nvidia,
+        model: "NVIDIA A100-SXM4-80GB".into(),
+        memory_mib: 81_920,
+        interconnect: Interconnect::NvLink,
+        mig_profile: None,
+    };
+    s.register(5, "dc2-node-01", 8, a100);
+    s.ask(5, 3, 0x03, 2, 1_200_000);
+    s.ask(5, 3, 0x0c, 2, 1_300_000);
+    // A budget of $7.50 for two-hour leases at up to $1.40: two GPUs at 1.20
+    // (4.80), one at 1.30 (2.60); the 0.10 left buys none: budget_spent.
+    let spend = s.order(2, 2, Side::Buy, 1_400_000, 10);
+    s.push(Command::PlaceOrderWith { order: spend, options: OrderOptions { budget_minor: 7_500_000, ..OrderOptions::default() } });
+    // A buy stop at 1.50 arms off the book (the last trade is 1.30).
+    let stop = s.order(3, 2, Side::Buy, 1_600_000, 1);
+    s.push(Command::PlaceOrderWith {
+        order: stop,
+        options: OrderOptions { stop_price_minor_per_gpu_hour: 1_500_000, ..OrderOptions::default() },
+    });
+    // An all-or-none bid for 3 rests untraded: one GPU is offered.
+    let gang = s.order(3, 2, Side::Buy, 1_600_000, 3);
+    s.push(Command::PlaceOrderWith { order: gang, options: OrderOptions { all_or_none: true, ..OrderOptions::default() } });
+    // Two more GPUs at 1.50 make it whole: it fills at 1.30 and 1.50, and
+    // the trade at 1.50 triggers the stop, which rests at 1.60 until the
+    // next ask fills it.
+    s.ask(5, 3, 0x30, 2, 1_500_000);
+    s.ask(5, 3, 0x40, 2, 1_550_000);
     s.inputs
 }

@@ -41,9 +41,23 @@ fn the_demo_session_trades_preempts_resells_and_delivers() {
         "lease_archived",
         "contract_archived",
         "instrument_archived",
+        "stop_armed",
+        "stop_triggered",
     ] {
         assert!(types.iter().any(|t| t == expected), "the demo shows {expected}");
     }
+    // The A100 book at the end: the budget bid spent its money, the
+    // all-or-none bid filled whole at the asks' prices, the stop filled last.
+    let a100_trades: Vec<(u64, u64)> = events
+        .lines()
+        .filter_map(|line| {
+            let event: serde_json::Value = serde_json::from_str(line).ok()?;
+            let trade = event.get("kind")?.get("trade")?;
+            (trade["instrument"] == 2).then(|| (trade["price_minor_per_gpu_hour"].as_u64().unwrap(), trade["quantity"].as_u64().unwrap()))
+        })
+        .collect();
+    assert_eq!(a100_trades, [(1_200_000, 2), (1_300_000, 1), (1_300_000, 1), (1_500_000, 2), (1_600_000, 1)]);
+    assert!(events.contains("\"budget_spent\""), "the budget bid closes budget_spent");
 }
 
 #[test]
