@@ -2,7 +2,7 @@
 // each offer with its seller's reliability score), any supplier's
 // reliability score and any renter's dispute record,
 // trades with a price chart, the reserved-window calendar and, once logged
-// in with a key, the account's orders, leases (with each lease's delivery
+// in with a key, an order ticket (every order type), the account's orders, leases (with each lease's delivery
 // status and endpoints, and its supplier's reliability score), notices and
 // statement.
 // Plain browser JavaScript over the documented WebSocket protocol
@@ -293,7 +293,7 @@ async function refreshAccount() {
   $("balance").textContent = `available ${usd(b.available_minor)} · held ${usd(b.held_minor)} · payable ${usd(b.payable_minor)} · owed ${usd(b.debt_minor)}`;
   const { body: orders } = await request("open_orders", { offset: 0 });
   $("orders").tBodies[0].innerHTML = orders.orders
-    .map((o) => `<tr><td>${o.order}</td><td>${o.instrument}</td><td>${o.side}</td><td>${usd(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td></tr>`)
+    .map((o) => `<tr><td>${o.order}</td><td>${o.instrument}</td><td>${o.side}</td><td>${usd(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td>${o.resting ? "on the book" : "armed stop"}</td></tr>`)
     .join("");
   const { body: leases } = await request("leases", { offset: 0 });
   state.leases = leases.leases;
@@ -360,6 +360,48 @@ $("renter-lookup").onsubmit = (event) => {
 $("supplier-lookup").onsubmit = (event) => {
   event.preventDefault();
   lookUpSupplier(Number($("supplier-id").value));
+};
+
+// Dollars as typed ("2.15", "$500") to minor units, exactly: no floats
+// touch money. At most six decimals; throws on anything else.
+function parseDollars(text) {
+  const match = /^\$?(\d+)(?:\.(\d{1,6}))?$/.exec(text.trim());
+  if (!match) throw new Error(`"${text}" is not an amount in dollars with at most six decimals`);
+  const minor = BigInt(match[1]) * 1000000n + BigInt((match[2] ?? "").padEnd(6, "0"));
+  if (minor > BigInt(Number.MAX_SAFE_INTEGER)) throw new Error(`"${text}" is too large`);
+  return Number(minor);
+}
+
+// The order ticket: every order type of docs/market-rules.md, on the
+// instrument shown; the exchange's answer (or its code) shows below it.
+async function placeFromTicket() {
+  const out = $("ticket-result");
+  try {
+    const market = $("t-type").value === "market";
+    const order = {
+      client_order_id: Date.now(),
+      instrument: state.selected,
+      side: $("t-side").value,
+      order_type: $("t-type").value,
+      price_minor_per_gpu_hour: market ? 0 : parseDollars($("t-price").value),
+      quantity: Number($("t-quantity").value),
+      time_in_force: market && $("t-tif").value === "gtc" ? "ioc" : $("t-tif").value,
+      duration: { hours: Number($("t-hours").value) },
+      all_or_none: $("t-aon").checked,
+      budget_minor: $("t-budget").value.trim() ? parseDollars($("t-budget").value) : 0,
+      stop_price_minor_per_gpu_hour: $("t-stop").value.trim() ? parseDollars($("t-stop").value) : 0,
+    };
+    const { body } = await request("new_order", { order });
+    out.textContent = `accepted: order ${body.order} (journal entry ${body.journal_seq})` + (order.stop_price_minor_per_gpu_hour ? ", armed" : "");
+    refreshAccount();
+  } catch (error) {
+    out.textContent = "refused: " + error.message;
+  }
+}
+
+$("ticket").onsubmit = (event) => {
+  event.preventDefault();
+  placeFromTicket();
 };
 
 $("login").onsubmit = (event) => {

@@ -150,6 +150,23 @@ def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_c
                 await browser.wait_until(f"document.getElementById('account').textContent.includes('account {renter.account}')", what="login")
                 await browser.wait_until(f"document.getElementById('orders').innerText.includes('{ack.order}')", what="the account's order")
                 await browser.wait_until("document.getElementById('balance').textContent.includes('held $3.702')", what="the balance")
+
+                # The order ticket: a stop-limit bid arms off the book; a budget too small is refused with its code.
+                async def ticket(fields: dict) -> str:
+                    await browser.evaluate("document.getElementById('ticket-result').textContent = ''")
+                    for field, value in fields.items():
+                        await browser.evaluate(f"document.getElementById('{field}').value = {json.dumps(value)}")
+                    await browser.evaluate("document.querySelector('#ticket button').click()")
+                    await browser.wait_until("document.getElementById('ticket-result').textContent !== ''", what="the ticket's answer")
+                    return await browser.evaluate("document.getElementById('ticket-result').textContent")
+
+                armed = await ticket({"t-price": "2.5", "t-quantity": "1", "t-stop": "2.4", "t-budget": ""})
+                assert armed.startswith("accepted: order") and armed.endswith("armed"), armed
+                await browser.wait_until("document.getElementById('orders').innerText.includes('armed stop')", what="the armed stop")
+                refused = await ticket({"t-price": "2.5", "t-quantity": "3", "t-stop": "", "t-budget": "1"})
+                assert "budget_too_small" in refused, refused
+                bad = await ticket({"t-price": "2.5000001", "t-budget": ""})
+                assert "at most six decimals" in bad, bad
                 await browser.screenshot(ARTEFACTS / "console.png")
                 assert (ARTEFACTS / "console.png").stat().st_size > 10_000
                 await renter.close()

@@ -3,9 +3,11 @@
 //!
 //! Work is split by concern across the files of this module: `accounts` (funds
 //! and registration), `orders` (entry, cancel, replace), `matching` (crossing,
-//! fills and what a fill creates), `leases` (leases, contracts, timers) and
-//! `calendar` (listing and expiring reserved windows). Every handler validates
-//! first and mutates after, so a rejected command changes nothing.
+//! fills and what a fill creates), `leases` (leases, contracts, timers),
+//! `calendar` (listing and expiring reserved windows) and `follow_ons`
+//! (triggered stops and all-or-none re-checks, run before a command ends).
+//! Every handler validates first and mutates after, so a rejected command
+//! changes nothing.
 
 mod accounts;
 mod calendar;
