@@ -53,7 +53,8 @@ fn the_demo_session_trades_preempts_resells_and_delivers() {
         .filter_map(|line| {
             let event: serde_json::Value = serde_json::from_str(line).ok()?;
             let trade = event.get("kind")?.get("trade")?;
-            (trade["instrument"] == 2).then(|| (trade["price_minor_per_gpu_hour"].as_u64().unwrap(), trade["quantity"].as_u64().unwrap()))
+            (trade["instrument"] == 2)
+                .then(|| (trade["price_minor_per_gpu_hour"].as_u64().expect("a price"), trade["quantity"].as_u64().expect("a quantity")))
         })
         .collect();
     assert_eq!(a100_trades, [(1_200_000, 2), (1_300_000, 1), (1_300_000, 1), (1_500_000, 2), (1_600_000, 1)]);
