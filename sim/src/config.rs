@@ -30,6 +30,12 @@ pub struct SimConfig {
     /// Keep every journal entry of the run (`sim.exchange.journal()`), for
     /// replaying it through the exchange and the audit.
     pub record_journal: bool,
+    /// Share of renters' job bids (basis points) placed as one of the order
+    /// types beyond plain ones, in turn: a budget of three quarters of the
+    /// job's hold at its limit, all-or-none, or a stop one percent above its
+    /// price (docs/market-rules.md). 0 draws nothing, so runs without it
+    /// are the same as before it existed.
+    pub order_types_bps: u32,
 }
 
 impl SimConfig {
@@ -48,6 +54,7 @@ impl SimConfig {
             restarts: 2,
             supplier_wake_ms: 30 * 60_000,
             record_journal: false,
+            order_types_bps: 0,
         }
     }
 
@@ -67,6 +74,7 @@ impl SimConfig {
             restarts: 2,
             supplier_wake_ms: 30 * 60_000,
             record_journal: false,
+            order_types_bps: 0,
         }
     }
 

@@ -35,6 +35,9 @@ struct Args {
     /// Multiplies every renter's job rate.
     #[arg(long, default_value_t = 1.3)]
     demand: f64,
+    /// Share of renters' bids, in basis points, placed as budget, all-or-none or stop orders.
+    #[arg(long, default_value_t = 0)]
+    order_types_bps: u32,
     /// Exchange restarts (snapshot + journal replay) during the run.
     #[arg(long, default_value_t = 2)]
     restarts: u32,
@@ -112,6 +115,7 @@ fn main() -> anyhow::Result<()> {
         fault_per_mille: args.faults_per_mille,
         demand_scale: args.demand,
         restarts: args.restarts,
+        order_types_bps: args.order_types_bps,
         ..SimConfig::full()
     };
     let started = Instant::now();

@@ -153,6 +153,9 @@ pub struct Metrics {
     pub double_bookings: u64,
     pub sim_actions: u64,
     pub orders_rejected: BTreeMap<String, u64>,
+    /// Renters' bids placed as order types beyond plain ones, by type
+    /// (`SimConfig::order_types_bps`), and stops the market triggered.
+    pub order_types: BTreeMap<&'static str, u64>,
     /// The exchange state's encoded size at the end of each day.
     pub hot_state_by_day: Vec<crate::exchange::HotState>,
 }

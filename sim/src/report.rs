@@ -277,6 +277,10 @@ fn fills_section(md: &mut String, m: &Metrics) {
     if !m.orders_rejected.is_empty() {
         let _ = writeln!(md, "\nOrders the engine refused (all participants), by code: {}.", code_counts(&m.orders_rejected));
     }
+    if !m.order_types.is_empty() {
+        let counts: Vec<String> = m.order_types.iter().map(|(label, count)| format!("{label} {count}")).collect();
+        let _ = writeln!(md, "\nJob bids placed as other order types (`--order-types-bps`): {}.", counts.join(", "));
+    }
 }
 
 fn billing_section(md: &mut String, m: &Metrics) {

@@ -68,6 +68,23 @@ fn a_small_market_with_cheaters_and_faults_keeps_every_invariant() {
     assert!(m.hot_state_by_day.iter().all(|state| state.engine > 0 && state.settlement > 0));
 }
 
+/// A third of the renters' bids use budgets, all-or-none or stops: every
+/// invariant still holds (the ledger equal to the engine's balances, what
+/// budgets and stops hold and release included; restarts replay them).
+#[test]
+fn a_market_using_budget_all_or_none_and_stop_orders_keeps_every_invariant() {
+    let mut sim = Sim::new(SimConfig { suppliers: 100, renters: 500, order_types_bps: 3_300, ..SimConfig::small(11) });
+    sim.run(|_| {});
+    for (name, ok, found) in report::invariants(&sim) {
+        assert!(ok, "{name}: {found}");
+    }
+    let types = &sim.metrics.order_types;
+    for label in ["budget", "all-or-none", "stop", "stops triggered"] {
+        assert!(types.get(label).is_some_and(|n| *n > 0), "{label}: {types:?}");
+    }
+    assert_eq!(sim.metrics.faults.restarts, 2, "restarts replayed journals holding them");
+}
+
 #[test]
 fn the_same_seed_gives_byte_identical_reports_and_another_seed_does_not() {
     let first = report::render(&run(11)).files;

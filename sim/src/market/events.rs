@@ -21,6 +21,7 @@ impl Sim {
                     self.on_trade(instrument, price_minor_per_gpu_hour, quantity, buy_order)
                 }
                 EventKind::OrderClosed { order, .. } => self.on_order_closed(order),
+                EventKind::StopTriggered { .. } => *self.metrics.order_types.entry("stops triggered").or_default() += 1,
                 EventKind::LeaseCreated { lease, kind, renter, host: _, price_minor_per_gpu_hour, start_ms, end_ms, supplier, .. } => {
                     self.on_lease_created(lease, kind, renter, supplier, price_minor_per_gpu_hour, start_ms, end_ms)
                 }

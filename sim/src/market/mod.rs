@@ -16,7 +16,7 @@ use std::collections::BinaryHeap;
 use ed25519_dalek::SigningKey;
 use gpux_engine::{
     AccountId, Command, ContractKind, Event, EventKind, GpuId, GpuSet, HostId, Input, InstrumentId, InstrumentState, LeaseDuration,
-    LeaseId, LeaseKind, NewOrder, OrderId, Role, Side, TimeInForce,
+    LeaseId, LeaseKind, NewOrder, OrderId, OrderOptions, Role, Side, TimeInForce,
 };
 use gpux_protocol::{genesis_hash, UsageBody, UsageReport};
 use gpux_settlement::ledger::LedgerAccount;

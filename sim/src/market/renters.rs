@@ -77,13 +77,43 @@ impl Sim {
         if underpays {
             self.metrics.renter_cheats.entry("open-ended lease left unfunded").or_default().attempts += 1;
         }
-        if !self.place(order) {
+        let placed = match self.order_type_for_job(&order, hold) {
+            None => self.place(order),
+            Some((label, options)) => {
+                *self.metrics.order_types.entry(label).or_default() += 1;
+                self.place_with(order, options)
+            }
+        };
+        if !placed {
             let stats = if window.is_some() { &mut self.metrics.window_bids } else { self.metrics.jobs.entry(kind).or_default() };
             stats.unfilled += 1;
             if underpays {
                 self.metrics.renter_cheats.entry("open-ended lease left unfunded").or_default().caught += 1;
             }
         }
+    }
+
+    /// Which order type beyond a plain bid this job's bid uses, if any
+    /// (`SimConfig::order_types_bps`): a budget of three quarters of its
+    /// hold (it buys fewer GPUs at its limit, all of them when cheaper),
+    /// all-or-none, or a stop one percent above its price. Budgets and
+    /// all-or-none need two GPUs or more (and a budget a fixed duration and
+    /// no one-host gang); other bids take a stop. Draws nothing when the
+    /// share is 0.
+    fn order_type_for_job(&mut self, order: &NewOrder, hold: u64) -> Option<(&'static str, OrderOptions)> {
+        if self.config.order_types_bps == 0 || self.rng.random_range(0..10_000) >= self.config.order_types_bps {
+            return None;
+        }
+        let several = order.quantity >= 2;
+        let fixed = order.duration != LeaseDuration::UntilCancelled && !order.one_host;
+        Some(match self.rng.random_range(0..3u32) {
+            0 if several && fixed => ("budget", OrderOptions { budget_minor: hold * 3 / 4, ..OrderOptions::default() }),
+            0 | 1 if several => ("all-or-none", OrderOptions { all_or_none: true, ..OrderOptions::default() }),
+            _ => {
+                let stop = tick_round(order.price_minor_per_gpu_hour * 101 / 100);
+                ("stop", OrderOptions { stop_price_minor_per_gpu_hour: stop, ..OrderOptions::default() })
+            }
+        })
     }
 
     /// Remembers a job for the posted-price counterfactual (`posted_baseline`).

@@ -74,6 +74,18 @@ impl Sim {
         true
     }
 
+    /// Places an order with options beyond a plain one (`place` otherwise).
+    pub(super) fn place_with(&mut self, order: NewOrder, options: OrderOptions) -> bool {
+        let events = self.submit(Command::PlaceOrderWith { order, options });
+        for event in &events {
+            if let EventKind::Rejected { code, .. } = event.kind {
+                *self.metrics.orders_rejected.entry(format!("{code:?}")).or_default() += 1;
+                return false;
+            }
+        }
+        true
+    }
+
     pub(super) fn next_window(&self, class_index: usize) -> Option<WindowInfo> {
         let engine = self.exchange.engine();
         self.windows
