@@ -2,7 +2,8 @@
 // each offer with its seller's reliability score), any supplier's
 // reliability score and any renter's dispute record,
 // trades with a price chart, the reserved-window calendar and, once logged
-// in with a key, an order ticket (every order type), the account's orders, leases (with each lease's delivery
+// in with a key, an order ticket (every order type), the account's orders
+// (each with a cancel button), leases (an end button on active ones; each lease's delivery
 // status and endpoints, and its supplier's reliability score), notices and
 // statement.
 // Plain browser JavaScript over the documented WebSocket protocol
@@ -277,7 +278,7 @@ function describeScore(supplier) {
 
 function renderLeases() {
   $("leases").tBodies[0].innerHTML = state.leases
-    .map((l) => `<tr><td>${l.lease}</td><td>${l.kind}</td><td>${usd(l.price_minor_per_gpu_hour)}</td><td>${l.active}</td><td>${Math.floor(l.verified_gpu_ms / 1000)}</td><td>${usd(l.usage_charged_minor)}</td><td class="supplier">${describeScore(l.supplier)}</td><td class="delivery">${esc(describeDelivery(state.deliveries.get(l.lease)))}</td></tr>`)
+    .map((l) => `<tr><td>${l.lease}</td><td>${l.kind}</td><td>${usd(l.price_minor_per_gpu_hour)}</td><td>${l.active}</td><td>${Math.floor(l.verified_gpu_ms / 1000)}</td><td>${usd(l.usage_charged_minor)}</td><td class="supplier">${describeScore(l.supplier)}</td><td class="delivery">${esc(describeDelivery(state.deliveries.get(l.lease)))}</td><td>${l.active ? `<button data-end-lease="${l.lease}">end</button>` : ""}</td></tr>`)
     .join("");
 }
 
@@ -293,7 +294,7 @@ async function refreshAccount() {
   $("balance").textContent = `available ${usd(b.available_minor)} · held ${usd(b.held_minor)} · payable ${usd(b.payable_minor)} · owed ${usd(b.debt_minor)}`;
   const { body: orders } = await request("open_orders", { offset: 0 });
   $("orders").tBodies[0].innerHTML = orders.orders
-    .map((o) => `<tr><td>${o.order}</td><td>${o.instrument}</td><td>${o.side}</td><td>${usd(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td>${o.resting ? "on the book" : "armed stop"}</td></tr>`)
+    .map((o) => `<tr><td>${o.order}</td><td>${o.instrument}</td><td>${o.side}</td><td>${usd(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td>${o.resting ? "on the book" : "armed stop"}</td><td><button data-cancel-order="${o.order}">cancel</button></td></tr>`)
     .join("");
   const { body: leases } = await request("leases", { offset: 0 });
   state.leases = leases.leases;
@@ -398,6 +399,29 @@ async function placeFromTicket() {
     out.textContent = "refused: " + error.message;
   }
 }
+
+// Cancel an open order, end an active lease: the answer (or its code)
+// shows under the ticket; the tables refresh from the private feed.
+async function act(type, fields, what) {
+  const out = $("ticket-result");
+  try {
+    const { body } = await request(type, fields);
+    out.textContent = `${what} (journal entry ${body.journal_seq})`;
+    refreshAccount();
+  } catch (error) {
+    out.textContent = "refused: " + error.message;
+  }
+}
+
+$("orders").onclick = (event) => {
+  const order = event.target.dataset && event.target.dataset.cancelOrder;
+  if (order) act("cancel_order", { order: Number(order) }, `order ${order} cancelled`);
+};
+
+$("leases").onclick = (event) => {
+  const lease = event.target.dataset && event.target.dataset.endLease;
+  if (lease) act("end_lease", { lease: Number(lease) }, `lease ${lease} ended`);
+};
 
 $("ticket").onsubmit = (event) => {
   event.preventDefault();

@@ -124,7 +124,7 @@ def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_c
     url, console, operator = exchange_with_console
 
     async def scenario():
-        with tempfile.TemporaryDirectory() as profile:
+        with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:  # Chromium's helpers may still write as it exits
             browser = Browser(profile)
             await browser.open()
             try:
@@ -167,6 +167,11 @@ def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_c
                 assert "budget_too_small" in refused, refused
                 bad = await ticket({"t-price": "2.5000001", "t-budget": ""})
                 assert "at most six decimals" in bad, bad
+                # Cancel from the open orders table: the first bid goes.
+                await browser.evaluate(f"document.querySelector('[data-cancel-order=\"{ack.order}\"]').click()")
+                await browser.wait_until(f"document.getElementById('ticket-result').textContent.startsWith('order {ack.order} cancelled')", what="the cancel")
+                await browser.wait_until(f"document.querySelector('[data-cancel-order=\"{ack.order}\"]') === null", what="the order gone")
+                assert ack.order not in [o["order"] for o in await renter.open_orders()], "cancelled on the exchange"
                 await browser.screenshot(ARTEFACTS / "console.png")
                 assert (ARTEFACTS / "console.png").stat().st_size > 10_000
                 await renter.close()
@@ -203,7 +208,7 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
         running = {"running": {"endpoints": [{"container_port": 8888, "host": "127.0.0.1", "port": 40123}], "ssh": None, "restarts": 0}}
         await supplier.request("delivery_status", lease=lease, state=running)
 
-        with tempfile.TemporaryDirectory() as profile:
+        with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:  # Chromium's helpers may still write as it exits
             browser = Browser(profile)
             await browser.open()
             try:
@@ -250,6 +255,16 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
                 assert await browser.evaluate("document.querySelector('#leases img')") is None, "and never parsed as markup"
                 assert await browser.evaluate("document.title") != "owned"
                 await browser.screenshot(ARTEFACTS / "console-delivery.png")
+                # A second lease (the GPU offered at 2.50), ended from its row.
+                await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2.5"), 1))
+                second = next(l["lease"] for l in await renter.leases() if l["lease"] != lease)
+                button = f"document.querySelector('[data-end-lease=\"{second}\"]')"
+                await browser.wait_until(f"{button} !== null", what="the second lease's end button")
+                await browser.evaluate(f"{button}.click()")
+                await browser.wait_until("document.getElementById('ticket-result').textContent !== ''", what="the lease end")
+                ended = await browser.evaluate("document.getElementById('ticket-result').textContent")
+                assert ended.startswith(f"lease {second} ended"), ended
+                assert not next(l for l in await renter.leases() if l["lease"] == second)["active"], "ended on the exchange"
             finally:
                 await browser.close()
         await renter.close()
