@@ -16,7 +16,7 @@ const state = {
   ws: null, nextId: 1, pending: new Map(), nonce: null,
   instruments: [], selected: null,
   book: { seq: 0, synced: false, bids: new Map(), asks: new Map() },
-  trades: [], account: null, refreshTimer: null,
+  trades: [], account: null, secret: null, refreshTimer: null,
   leases: [], deliveries: new Map(), scores: new Map(), offersTimer: null,
 };
 
@@ -41,6 +41,9 @@ function connect() {
   state.ws.onopen = () => ($("connection").textContent = "connected to " + window.GPUX_WS);
   state.ws.onclose = () => {
     $("connection").textContent = "disconnected; reconnecting…";
+    // Requests in flight get no answer on this socket.
+    for (const waiting of state.pending.values()) waiting.reject(new Error("disconnected"));
+    state.pending.clear();
     state.book.synced = false;
     setTimeout(connect, 1000);
   };
@@ -50,6 +53,10 @@ function connect() {
     if (type === "challenge") {
       state.nonce = body.nonce;
       loadInstruments();
+      // After a reconnect, log in again with the key already in the page.
+      if (state.secret !== null) {
+        login(state.secret).catch((error) => ($("account").textContent = "login failed: " + error.message));
+      }
       return;
     }
     const waiting = body && body.id !== undefined && state.pending.get(body.id);
@@ -238,6 +245,7 @@ async function login(secretHex) {
   const payload = new Uint8Array([...new TextEncoder().encode("gpux-auth-v1:"), ...fromHex(state.nonce)]);
   const signature = new Uint8Array(await crypto.subtle.sign({ name: "Ed25519" }, key, payload));
   const { body } = await request("auth", { public_key: hex(publicKey), signature: hex(signature), role: null });
+  state.secret = secretHex;
   state.account = body.account;
   $("account").textContent = `account ${body.account} (${body.role})`;
   $("login").hidden = true;

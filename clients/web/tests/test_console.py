@@ -172,6 +172,10 @@ def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_c
                 await browser.wait_until(f"document.getElementById('ticket-result').textContent.startsWith('order {ack.order} cancelled')", what="the cancel")
                 await browser.wait_until(f"document.querySelector('[data-cancel-order=\"{ack.order}\"]') === null", what="the order gone")
                 assert ack.order not in [o["order"] for o in await renter.open_orders()], "cancelled on the exchange"
+                # The connection drops: the page reconnects and logs in again with the key it holds.
+                await browser.evaluate("document.getElementById('account').textContent = ''; state.ws.close()")
+                await browser.wait_until(f"document.getElementById('account').textContent.includes('account {renter.account}')", what="the re-login")
+                await browser.wait_until("document.getElementById('orders').innerText.includes('armed stop')", what="the orders after re-login")
                 await browser.screenshot(ARTEFACTS / "console.png")
                 assert (ARTEFACTS / "console.png").stat().st_size > 10_000
                 await renter.close()
