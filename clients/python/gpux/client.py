@@ -261,6 +261,50 @@ class Client:
     async def deposit(self, account: int, amount_minor: int) -> m.Ack:
         return await self.request("deposit", account=account, amount_minor=amount_minor)
 
+    async def withdraw(self, amount_minor: int, account: Optional[int] = None) -> m.Ack:
+        """Moves available funds out (the operator names `account`)."""
+        return await self.request("withdraw", account=account, amount_minor=amount_minor)
+
+    async def payout(self, amount_minor: int, account: Optional[int] = None) -> m.Ack:
+        """Pays a supplier's earnings out (the operator names `account`)."""
+        return await self.request("payout", account=account, amount_minor=amount_minor)
+
+    async def statement(self) -> list[dict]:
+        """Every ledger transfer of the account, oldest first (all pages)."""
+        lines, after = [], None
+        while True:
+            page = (await self.request("statement", after=after)).fields
+            lines += page["lines"]
+            if page.get("next_after") is None:
+                return lines
+            after = page["next_after"]
+
+    async def end_lease(self, lease: int) -> m.Ack:
+        return await self.request("end_lease", lease=lease)
+
+    async def register_gpu(self, host: str, gpu_uuid: str, spec: dict) -> m.Ack:
+        """Lists a GPU of a host (the supplier agent does this from NVML)."""
+        return await self.request("register_gpu", host=host, gpu_uuid=gpu_uuid, spec=spec)
+
+    async def set_gpu_online(self, gpu: int, online: bool) -> m.Ack:
+        return await self.request("set_gpu_online", gpu=gpu, online=online)
+
+    async def my_gpus(self) -> list[dict]:
+        """The account's registered GPUs (all pages)."""
+        gpus, offset = [], 0
+        while True:
+            page = (await self.request("my_gpus", offset=offset)).fields
+            gpus += page["gpus"]
+            if page.get("next_offset") is None:
+                return gpus
+            offset = page["next_offset"]
+
+    async def stats(self, instrument: int) -> dict:
+        """An instrument's last 24 hours: open, high, low, last, volume, trades."""
+        fields = dict((await self.request("stats", instrument=instrument)).fields)
+        fields.pop("id", None)
+        return fields
+
     async def instruments(self) -> list[dict]:
         return (await self.request("instruments")).fields["instruments"]
 

@@ -176,6 +176,38 @@ def test_stop_budget_and_all_or_none_orders_work_from_python(exchange):
     run(scenario())
 
 
+def test_gpus_leases_money_and_the_statement_from_python(exchange):
+    url, operator = exchange
+
+    async def scenario():
+        supplier = await gpux.Client.connect(url, gpux.Key.generate(), role="supplier")
+        spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
+        await supplier.register_gpu("py-host", "GPU-py-0", spec)
+        gpus = await supplier.my_gpus()
+        assert [(g["uuid"], g["online"]) for g in gpus] == [("GPU-py-0", True)]
+        await supplier.set_gpu_online(gpus[0]["gpu"], False)
+        assert not (await supplier.my_gpus())[0]["online"]
+        await supplier.set_gpu_online(gpus[0]["gpu"], True)
+        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": gpus[0]["host"], "gpu_mask": 1}))
+        renter = await funded_renter(url, operator)
+        await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2"), 1))
+        lease = (await renter.leases())[0]["lease"]
+        await renter.end_lease(lease)
+        assert not (await renter.leases())[0]["active"]
+        stats = await renter.stats(gpux.H100_SPOT)
+        assert stats["last"] == 2_000_000 and stats["trades"] == 1, stats
+        await renter.withdraw(gpux.dollars("1"))
+        lines = await renter.statement()
+        assert any(l["to"] == "external" and l["amount_minor"] == 1_000_000 for l in lines), lines
+        with pytest.raises(gpux.GpuxError) as nothing_earned:
+            await supplier.payout(gpux.dollars("1"))
+        assert nothing_earned.value.code == "insufficient_funds"
+        await renter.close()
+        await supplier.close()
+
+    run(scenario())
+
+
 def test_a_book_follows_orders_live_and_resyncs_after_a_sequence_gap(exchange):
     url, operator = exchange
 
