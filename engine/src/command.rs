@@ -290,6 +290,26 @@ pub enum Command {
         order: NewOrder,
         options: OrderOptions,
     },
+    /// `parent` (a renter or an aggregator, itself no sub-account) opens a
+    /// sub-account: an account of the parent's role whose funds come from
+    /// and go back to the parent only (docs/market-rules.md "Sub-accounts").
+    OpenSubAccount {
+        parent: AccountId,
+    },
+    /// Moves available funds between a parent and one of its sub-accounts
+    /// (`to_sub_account`: from the parent to the sub-account, else back).
+    MoveFunds {
+        parent: AccountId,
+        sub_account: AccountId,
+        amount_minor: u64,
+        to_sub_account: bool,
+    },
+    /// The parent sets what one of its sub-accounts may do.
+    SetAccountLimits {
+        parent: AccountId,
+        sub_account: AccountId,
+        limits: AccountLimits,
+    },
 }
 
 impl Command {
@@ -328,6 +348,21 @@ pub struct OrderOptions {
     /// market as the order it carries. 0: no stop (docs/market-rules.md
     /// "Stop orders").
     pub stop_price_minor_per_gpu_hour: u64,
+}
+
+/// What a parent lets one of its sub-accounts do, checked when an order
+/// arrives (docs/market-rules.md "Sub-accounts"). `None`: no limit beyond
+/// the exchange's own. A journaled record: fields are only ever appended in
+/// a new command variant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct AccountLimits {
+    /// Open orders (resting, armed stops) at once.
+    pub max_open_orders: Option<u32>,
+    /// What one bid may hold when it arrives (minor units).
+    pub max_order_minor: Option<u64>,
+    /// Everything held at once (open bids, escrows, contracts) after a new
+    /// bid's hold: the sub-account's spending ceiling.
+    pub max_held_minor: Option<u64>,
 }
 
 /// How a GPU answered a hardware challenge, as the market checked it.

@@ -372,6 +372,23 @@ pub enum EventKind {
         from_available: u64,
         from_debt: u64,
     },
+    /// A sub-account was opened (its `AccountOpened` came just before).
+    SubAccountOpened {
+        parent: AccountId,
+        account: AccountId,
+    },
+    /// Available funds moved between a parent and its sub-account.
+    FundsMoved {
+        from: AccountId,
+        to: AccountId,
+        amount_minor: u64,
+    },
+    /// A parent set its sub-account's limits.
+    AccountLimitsSet {
+        parent: AccountId,
+        account: AccountId,
+        limits: crate::command::AccountLimits,
+    },
 }
 
 /// Why a command changed nothing. The codes are stable; docs/protocol.md and
@@ -435,6 +452,18 @@ pub enum RejectCode {
     StopWouldTrigger,
     /// The exchange's bound on armed stop orders is reached.
     TooManyStops,
+    /// Sub-accounts are opened by renters and aggregators.
+    SubAccountRoleNotPermitted,
+    /// A sub-account opens no sub-accounts of its own.
+    SubAccountNested,
+    /// The parent already has the most sub-accounts it may have.
+    TooManySubAccounts,
+    /// The account named is not a sub-account of this parent.
+    NotYourSubAccount,
+    /// A sub-account's funds leave only back to its parent.
+    SubAccountFundsStay,
+    /// The order is beyond a limit the parent set on this sub-account.
+    SubAccountLimit,
 }
 
 impl RejectCode {
@@ -490,6 +519,12 @@ impl RejectCode {
             StopPriceInvalid => "the stop price must be on tick and inside the price band",
             StopWouldTrigger => "the last trade price already reached the stop price; send the order without a stop",
             TooManyStops => "the exchange holds the maximum number of armed stop orders",
+            SubAccountRoleNotPermitted => "sub-accounts are opened by renter and aggregator accounts",
+            SubAccountNested => "a sub-account cannot open sub-accounts",
+            TooManySubAccounts => "the account already has the maximum number of sub-accounts",
+            NotYourSubAccount => "the account named is not one of your sub-accounts",
+            SubAccountFundsStay => "a sub-account's funds go back to its parent only; ask the parent to move them",
+            SubAccountLimit => "the order is beyond a limit the parent set on this sub-account",
         }
     }
 }

@@ -40,3 +40,6 @@ pub const ALL_OR_NONE_SWEEP_MAX: usize = 32;
 /// Armed stop orders across all books (each account is also bound by its
 /// open-order limit, which counts them).
 pub const STOPS_ARMED_MAX: usize = 1 << 20;
+
+/// Sub-accounts one account may open.
+pub const SUB_ACCOUNTS_PER_ACCOUNT_MAX: usize = 1_000;

@@ -34,6 +34,8 @@ pub struct Metrics {
     pub leases_closed: IntCounterVec,
     pub usage_accepted: IntCounter,
     pub usage_refused: IntCounterVec,
+    /// Requests refused because the session's key lacks their scope.
+    pub scope_refusals: IntCounter,
     delivery_statuses: IntCounterVec,
     /// Hardware challenges issued, and their outcomes.
     pub challenges_issued: IntCounter,
@@ -84,6 +86,7 @@ impl Metrics {
             leases_closed: counters(&r, "gpux_leases_closed_total", "Leases ended, by reason.", "reason"),
             usage_accepted: counter(&r, "gpux_usage_reports_accepted_total", "Usage reports accepted (duplicates included)."),
             usage_refused: counters(&r, "gpux_usage_reports_refused_total", "Usage reports refused, by code.", "code"),
+            scope_refusals: counter(&r, "gpux_scope_refusals_total", "Requests refused because the key lacks their scope."),
             delivery_statuses: counters(&r, "gpux_delivery_statuses_total", "Delivery statuses reported by hosts, by state.", "state"),
             challenges_issued: counter(&r, "gpux_challenges_issued_total", "Hardware challenges issued to GPUs."),
             challenge_outcomes: counters(&r, "gpux_challenge_outcomes_total", "Hardware challenge results, by outcome.", "outcome"),

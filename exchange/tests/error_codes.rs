@@ -157,6 +157,27 @@ async fn run(m: &mut Market, row: Row) -> String {
         .await
 }
 
+fn public(key: &ed25519_dalek::SigningKey) -> String {
+    hex::encode(key.verifying_key().to_bytes())
+}
+
+fn add_key(id: u64, public_key: String, scopes: &[Scope]) -> ClientMessage {
+    ClientMessage::AddKey { id, account: None, public_key, scopes: Scopes::of(scopes), expires_at_ms: None, label: String::new() }
+}
+
+fn limits_keys() -> usize {
+    gpux_protocol::access::KEYS_PER_ACCOUNT_MAX
+}
+
+/// Logs in with a key added to an account (no role).
+async fn login_with(addr: &str, key: &ed25519_dalek::SigningKey) -> Client {
+    let mut client = Client::connect(addr).await;
+    let auth = client.auth_message(key, None);
+    client.send(&auth).await;
+    client.recv_until(|m| matches!(m, ServerMessage::Authenticated { .. }).then_some(())).await;
+    client
+}
+
 fn wire_name(code: &ErrorCode) -> String {
     serde_json::to_value(code).expect("a code serialises").as_str().expect("a string").to_string()
 }
@@ -276,6 +297,17 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
             let body = LivenessBody { lease: ended, start_ms: 1, end_ms: 2, reachable: false };
             one(ClientMessage::Liveness { id: 33, report: LivenessReport::sign(body, &key(2)) })
         }),
+        row("key_invalid", Who::Renter, one(add_key(34, "zz".into(), &[Scope::Read]))),
+        row("key_in_use", Who::Renter, one(add_key(35, public(&key(3)), &[Scope::Read]))),
+        row("key_invalid", Who::Renter, one(add_key(36, public(&key(80)), &[]))),
+        row("unknown_key", Who::Renter, one(ClientMessage::RevokeKey { id: 37, public_key: public(&key(81)) })),
+        row("owner_key", Who::Renter, one(ClientMessage::RevokeKey { id: 38, public_key: public(&key(3)) })),
+        row("not_your_sub_account", Who::Renter, one(ClientMessage::Keys { id: 39, account: Some(AccountId(0)) })),
+        row(
+            "too_many_keys",
+            Who::Renter,
+            Send::Messages((0..=limits_keys()).map(|n| add_key(40 + n as u64, public(&key(100 + n as u8)), &[Scope::Read])).collect()),
+        ),
         row(
             "challenge_out_of_order",
             Who::Supplier,
@@ -288,6 +320,34 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
         let got = tokio::time::timeout(Duration::from_secs(20), run(&mut m, row)).await.expect("an answer");
         assert_eq!(got, expected, "the {expected} row, sent as {from:?}");
         produced.insert(got, from);
+    }
+
+    // A key's scope, expiry and revocation: the supplier adds two read-only
+    // keys, one expiring in a second.
+    let now = match m.supplier.request(ClientMessage::Ping { id: 60 }).await {
+        ServerMessage::Pong { server_time_ms, .. } => server_time_ms,
+        other => panic!("{other:?}"),
+    };
+    let mut expiring = add_key(61, public(&key(91)), &[Scope::Read]);
+    if let ClientMessage::AddKey { expires_at_ms, .. } = &mut expiring {
+        *expires_at_ms = Some(now + 1_000);
+    }
+    for add in [add_key(62, public(&key(90)), &[Scope::Read]), expiring] {
+        assert!(matches!(m.supplier.request(add).await, ServerMessage::KeyAdded { .. }));
+    }
+    let mut reader = login_with(&m.exchange.addr, &key(90)).await;
+    let mut short_lived = login_with(&m.exchange.addr, &key(91)).await;
+    let order = OrderTicket::limit(63, InstrumentId(0), Side::Buy, USD_2, 1);
+    match reader.request(ClientMessage::NewOrder { id: 63, order, workload: None }).await {
+        ServerMessage::Error { code, .. } => produced.insert(wire_name(&code), Who::Supplier),
+        other => panic!("{other:?}"),
+    };
+    let revoked = m.supplier.request(ClientMessage::RevokeKey { id: 64, public_key: public(&key(90)) }).await;
+    assert!(matches!(revoked, ServerMessage::KeyRevoked { .. }), "{revoked:?}");
+    for (client, expected) in [(&mut reader, "key_revoked"), (&mut short_lived, "key_expired")] {
+        let (_, reason) = tokio::time::timeout(Duration::from_secs(5), client.read_to_close()).await.expect("closed");
+        assert_eq!(reason, expected);
+        produced.insert(reason, Who::Supplier);
     }
 
     // The codes that close the connection, each on an exchange configured

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpux_engine::{AccountId, Command, InstrumentId, LeaseId, Role};
-use gpux_protocol::{encode_server_binary, encode_server_text, Channel, DeliveryState, ServerMessage};
+use gpux_protocol::{encode_server_binary, encode_server_text, Channel, DeliveryState, ErrorCode, Scope, Scopes, ServerMessage};
 use tokio::sync::{broadcast, mpsc, Notify};
 
 pub type ConnectionId = u64;
@@ -56,6 +56,9 @@ pub enum Outgoing {
     /// a session before the client can know it), a refusal after its
     /// `error` frame (the fresh challenge follows the error).
     Login(LoginOutcome),
+    /// Close the connection with this reason once what is queued before it
+    /// is written (its key was revoked or expired).
+    Close(ErrorCode),
 }
 
 /// The sequencer's answer to a verified login.
@@ -207,6 +210,23 @@ pub enum Request {
         id: u64,
         report: Box<gpux_protocol::LivenessReport>,
     },
+    /// Sub-accounts and API keys (hex already decoded).
+    Access {
+        connection: ConnectionId,
+        id: u64,
+        request: AccessRequest,
+    },
+}
+
+/// Sub-accounts and keys (docs/protocol.md "Sub-accounts", "Keys and scopes").
+pub enum AccessRequest {
+    OpenSubAccount,
+    MoveFunds { sub_account: AccountId, amount_minor: u64, to_sub_account: bool },
+    SetLimits { sub_account: AccountId, limits: gpux_engine::AccountLimits },
+    SubAccounts { offset: u32 },
+    AddKey { account: Option<AccountId>, public_key: [u8; 32], scopes: Scopes, expires_at_ms: Option<u64>, label: String },
+    RevokeKey { public_key: [u8; 32] },
+    Keys { account: Option<AccountId> },
 }
 
 /// The hardware challenge's steps (docs/protocol.md "Hardware challenges").
@@ -238,9 +258,90 @@ impl Request {
             | Request::Bid { id, .. }
             | Request::Delivery { id, .. }
             | Request::Challenge { id, .. }
-            | Request::Liveness { id, .. } => Some(*id),
+            | Request::Liveness { id, .. }
+            | Request::Access { id, .. } => Some(*id),
             Request::Connect { .. } | Request::Disconnect { .. } | Request::Resync { .. } => None,
         }
+    }
+}
+
+impl Request {
+    /// The scope a key needs to send this request (docs/protocol.md "Keys
+    /// and scopes"); `None` for public requests and the gateway's own.
+    pub fn scope(&self) -> Option<Scope> {
+        match self {
+            Request::Command { command, .. } => Some(command_scope(command)),
+            Request::Bid { .. } => Some(Scope::Trade),
+            Request::OpenOrders { .. }
+            | Request::Leases { .. }
+            | Request::Balance { .. }
+            | Request::Statement { .. }
+            | Request::MyGpus { .. }
+            | Request::Delivery { request: DeliveryRequest::Query { .. }, .. }
+            | Request::Access { request: AccessRequest::SubAccounts { .. } | AccessRequest::Keys { .. }, .. } => Some(Scope::Read),
+            Request::Usage { .. } | Request::Delivery { .. } | Request::Challenge { .. } | Request::Liveness { .. } => Some(Scope::Deliver),
+            Request::Access { .. } => Some(Scope::Manage),
+            Request::Connect { .. }
+            | Request::Authenticate { .. }
+            | Request::Subscribe { .. }
+            | Request::Unsubscribe { .. }
+            | Request::Instruments { .. }
+            | Request::Stats { .. }
+            | Request::SupplierStats { .. }
+            | Request::RenterStats { .. }
+            | Request::BookOffers { .. }
+            | Request::Disconnect { .. }
+            | Request::Resync { .. } => None,
+        }
+    }
+
+    /// The connection this request came from.
+    pub fn connection(&self) -> ConnectionId {
+        match self {
+            Request::Connect { connection, .. }
+            | Request::Authenticate { connection, .. }
+            | Request::Command { connection, .. }
+            | Request::Subscribe { connection, .. }
+            | Request::Unsubscribe { connection, .. }
+            | Request::Instruments { connection, .. }
+            | Request::OpenOrders { connection, .. }
+            | Request::Leases { connection, .. }
+            | Request::Stats { connection, .. }
+            | Request::SupplierStats { connection, .. }
+            | Request::RenterStats { connection, .. }
+            | Request::BookOffers { connection, .. }
+            | Request::Usage { connection, .. }
+            | Request::Balance { connection, .. }
+            | Request::Statement { connection, .. }
+            | Request::MyGpus { connection, .. }
+            | Request::Disconnect { connection, .. }
+            | Request::Resync { connection, .. }
+            | Request::Bid { connection, .. }
+            | Request::Delivery { connection, .. }
+            | Request::Challenge { connection, .. }
+            | Request::Liveness { connection, .. }
+            | Request::Access { connection, .. } => *connection,
+        }
+    }
+}
+
+/// The scope of an engine command a client sends.
+fn command_scope(command: &Command) -> Scope {
+    match command {
+        Command::PlaceOrder(_)
+        | Command::PlaceOrderFiltered { .. }
+        | Command::PlaceOrderVerified { .. }
+        | Command::PlaceOrderWith { .. }
+        | Command::CancelOrder { .. }
+        | Command::ReplaceOrder { .. }
+        | Command::MassCancel { .. } => Scope::Trade,
+        Command::EndLease { .. } | Command::RegisterGpu { .. } | Command::SetGpuOnline { .. } | Command::FailLeaseDelivery { .. } => {
+            Scope::Deliver
+        }
+        Command::Withdraw { .. } | Command::Payout { .. } | Command::Deposit { .. } => Scope::Withdraw,
+        // Nothing else comes from a client but sub-account management; the
+        // market's own commands never pass a scope check.
+        _ => Scope::Manage,
     }
 }
 

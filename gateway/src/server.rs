@@ -30,7 +30,9 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use crate::admission::{AcceptBackoff, Admission, AdmissionLimits, Ticket};
-use crate::link::{ChallengeRequest, Clock, ConnectionId, DeliveryRequest, LoginOutcome, Outbound, Outgoing, Request, SharedFrame};
+use crate::link::{
+    AccessRequest, ChallengeRequest, Clock, ConnectionId, DeliveryRequest, LoginOutcome, Outbound, Outgoing, Request, SharedFrame,
+};
 use crate::metrics::GatewayMetrics;
 
 /// Frames queued for one connection before it counts as a slow consumer
@@ -377,6 +379,10 @@ async fn serve_connection<S>(
                                 outbox.push(connection.encode(&challenge));
                             }
                         }
+                        Outgoing::Close(code) => {
+                            close = Some(code);
+                            break;
+                        }
                     }
                     next = if outbox.has_room() { outgoing.try_recv().ok() } else { None };
                 }
@@ -652,6 +658,7 @@ impl Connection {
         let connection = self.id;
         let command = |id, command| Request::Command { connection, id, command };
         let delivery = |id, request| Request::Delivery { connection, id, request };
+        let access = |id, request| Request::Access { connection, id, request };
         // Only an operator acts on another account's funds.
         let on_behalf_of = |named: Option<AccountId>| match named {
             Some(named) if named != account && role != Role::Operator => None,
@@ -731,6 +738,21 @@ impl Connection {
                 }
                 command(id, Command::Deposit { account: to, amount_minor })
             }
+            ClientMessage::OpenSubAccount { id } => access(id, AccessRequest::OpenSubAccount),
+            ClientMessage::MoveFunds { id, sub_account, amount_minor, to_sub_account } => {
+                access(id, AccessRequest::MoveFunds { sub_account, amount_minor, to_sub_account })
+            }
+            ClientMessage::SetSubAccountLimits { id, sub_account, limits } => access(id, AccessRequest::SetLimits { sub_account, limits }),
+            ClientMessage::SubAccounts { id, offset } => access(id, AccessRequest::SubAccounts { offset }),
+            ClientMessage::AddKey { id, account, public_key, scopes, expires_at_ms, label } => match ed25519_key(&public_key) {
+                Some(public_key) => access(id, AccessRequest::AddKey { account, public_key, scopes, expires_at_ms, label }),
+                None => return vec![error(Some(id), ErrorCode::KeyInvalid, None)],
+            },
+            ClientMessage::RevokeKey { id, public_key } => match hash32(&public_key) {
+                Some(public_key) => access(id, AccessRequest::RevokeKey { public_key }),
+                None => return vec![error(Some(id), ErrorCode::KeyInvalid, None)],
+            },
+            ClientMessage::Keys { id, account } => access(id, AccessRequest::Keys { account }),
             ClientMessage::Auth { id, .. } | ClientMessage::Ping { id } => {
                 return vec![error(Some(id), ErrorCode::AlreadyAuthenticated, None)]
             }
@@ -764,6 +786,13 @@ fn verify(nonce: &[u8; 32], public_key_hex: &str, signature_hex: &str) -> Option
 
 fn error(id: Option<u64>, code: ErrorCode, detail: Option<String>) -> ServerMessage {
     ServerMessage::Error { id, code, message: detail.unwrap_or_else(|| code.message().to_string()) }
+}
+
+/// An ed25519 public key from 64 hex digits (a valid point).
+fn ed25519_key(hex_text: &str) -> Option<[u8; 32]> {
+    let bytes = hash32(hex_text)?;
+    VerifyingKey::from_bytes(&bytes).ok()?;
+    Some(bytes)
 }
 
 /// 32 bytes from 64 hex digits.

@@ -102,6 +102,24 @@ pub enum JournalEntry {
         account: AccountId,
         report: LivenessReport,
     },
+    /// `by` added an API key to its account or one of its sub-accounts
+    /// (`account`), checked before journaling (docs/protocol.md "Keys and
+    /// scopes").
+    AddKey {
+        at_ms: u64,
+        by: AccountId,
+        account: AccountId,
+        public_key: [u8; 32],
+        scopes: gpux_protocol::Scopes,
+        expires_at_ms: Option<u64>,
+        label: String,
+    },
+    /// `by` revoked a key of its account or of one of its sub-accounts.
+    RevokeKey {
+        at_ms: u64,
+        by: AccountId,
+        public_key: [u8; 32],
+    },
 }
 
 impl JournalEntry {
@@ -116,7 +134,9 @@ impl JournalEntry {
             | JournalEntry::ChallengeAnswered { at_ms, .. }
             | JournalEntry::ChallengeExpired { at_ms, .. }
             | JournalEntry::Liveness { at_ms, .. }
-            | JournalEntry::SupplierDisconnected { at_ms, .. } => Some(*at_ms),
+            | JournalEntry::SupplierDisconnected { at_ms, .. }
+            | JournalEntry::AddKey { at_ms, .. }
+            | JournalEntry::RevokeKey { at_ms, .. } => Some(*at_ms),
             JournalEntry::BindKey { .. }
             | JournalEntry::BidWorkload { .. }
             | JournalEntry::LeaseWorkload { .. }

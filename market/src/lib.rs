@@ -19,6 +19,7 @@ pub mod challenges;
 pub mod delivery;
 pub mod disputes;
 pub mod entry;
+pub mod keys;
 pub mod reliability;
 pub mod rematch;
 mod routing;
@@ -149,9 +150,8 @@ pub struct MarketState {
     engine: Engine,
     settlement: Settlement,
     ledger: Ledger,
-    /// Account of each public key bound at login, and the reverse.
-    keys: BTreeMap<[u8; 32], AccountId>,
-    account_keys: BTreeMap<AccountId, [u8; 32]>,
+    /// API keys: owner keys bound at login, keys added and revoked.
+    keys: keys::Keys,
     deliveries: Deliveries,
     book_seq: BTreeMap<InstrumentId, u64>,
     trade_seq: BTreeMap<InstrumentId, u64>,
@@ -184,8 +184,7 @@ impl MarketState {
             engine,
             settlement: Settlement::default(),
             ledger: Ledger::new(),
-            keys: BTreeMap::new(),
-            account_keys: BTreeMap::new(),
+            keys: keys::Keys::default(),
             deliveries: Deliveries::default(),
             book_seq: BTreeMap::new(),
             trade_seq: BTreeMap::new(),
@@ -261,9 +260,26 @@ impl MarketState {
                     });
                 }
             }
-            JournalEntry::BindKey { public_key, account } => {
-                self.keys.insert(*public_key, *account);
-                self.account_keys.insert(*account, *public_key);
+            JournalEntry::BindKey { public_key, account } => self.keys.bind(*public_key, *account),
+            JournalEntry::AddKey { at_ms, by, account, public_key, scopes, expires_at_ms, label } => {
+                // Checked before journaling; re-checked so that replay of any
+                // journal keeps the same invariants.
+                let grant = (scopes, *expires_at_ms, label.as_str());
+                if self.keys.check_add(&self.engine, *by, *account, public_key, grant, *at_ms).is_ok() {
+                    let grant = keys::KeyGrant {
+                        account: *account,
+                        scopes: *scopes,
+                        expires_at_ms: *expires_at_ms,
+                        label: label.clone(),
+                        added_at_ms: *at_ms,
+                    };
+                    self.keys.add(*public_key, grant);
+                }
+            }
+            JournalEntry::RevokeKey { at_ms: _, by, public_key } => {
+                if self.keys.check_revoke(&self.engine, *by, public_key).is_ok() {
+                    self.keys.revoke(*public_key);
+                }
             }
             JournalEntry::UsageReport { at_ms, account, report } => {
                 let key = self.account_key(*account).unwrap_or([0; 32]);
@@ -509,19 +525,25 @@ impl MarketState {
         &self.deliveries
     }
 
-    /// The account bound to a public key.
+    /// The account bound to a public key (not revoked).
     pub fn account_of_key(&self, public_key: &[u8; 32]) -> Option<AccountId> {
-        self.keys.get(public_key).copied()
+        self.keys.account_of(public_key)
     }
 
-    /// The public key an account logged in with (its host key, for a supplier).
+    /// The account's first key: the one it was opened with (its host key,
+    /// for a supplier), or a sub-account's first key added.
     pub fn account_key(&self, account: AccountId) -> Option<[u8; 32]> {
-        self.account_keys.get(&account).copied()
+        self.keys.identity(account)
+    }
+
+    /// The API keys.
+    pub fn keys(&self) -> &keys::Keys {
+        &self.keys
     }
 
     /// Key bindings, for tests and tools.
     pub fn key_bindings(&self) -> usize {
-        self.keys.len()
+        self.keys.bound_count()
     }
 
     /// The newest book update's sequence number in an instrument's feed.

@@ -40,7 +40,8 @@ pub fn accounts_of(engine: &Engine, event: &Event) -> [Option<AccountId>; 2] {
             engine.lease(lease).map_or([None, None], |l| [Some(l.renter), Some(l.supplier)])
         }
         ContractCreated { holder, supplier, .. } => [Some(holder), Some(supplier)],
-        ContractTransferred { from, to, .. } => [Some(from), Some(to)],
+        ContractTransferred { from, to, .. } | FundsMoved { from, to, .. } => [Some(from), Some(to)],
+        SubAccountOpened { parent, account } | AccountLimitsSet { parent, account, .. } => [Some(parent), Some(account)],
         DeliveryFailed { holder, supplier, .. } | DeliveryCredited { holder, supplier, .. } => [Some(holder), Some(supplier)],
         LeasedGpuStatusChanged { renter, .. } => [Some(renter), None],
         GpuChallenged { owner, .. } => [Some(owner), None],

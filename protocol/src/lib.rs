@@ -9,9 +9,10 @@
 //! binary frames) are the only places that know either format, and every
 //! decode is bounded.
 //!
-//! Modules depend in one direction: `record` <- `usage`, `delivery` <-
-//! `messages` <- `codec`.
+//! Modules depend in one direction: `record` <- `usage`, `delivery`,
+//! `access` <- `messages` <- `codec`.
 
+pub mod access;
 pub mod challenge;
 pub mod codec;
 pub mod delivery;
@@ -21,6 +22,7 @@ pub mod record;
 mod signed;
 pub mod usage;
 
+pub use access::{KeyInfo, Scope, Scopes};
 pub use codec::*;
 pub use delivery::{DeliveryState, Endpoint, FailureCode, Fault, RestartPolicy, Sealed, Secrets, Workload, WorkloadError};
 pub use liveness::{LivenessBody, LivenessReport};

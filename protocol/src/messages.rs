@@ -3,9 +3,11 @@
 //! to a request (ack, reject, error, snapshot, list) carries the same id.
 
 use gpux_engine::{
-    AccountId, Event, GpuId, GpuInfo, GpuSet, GpuSpec, HostId, InstrumentId, InstrumentInfo, LeaseDuration, LeaseId, OrderId, OrderInfo,
-    OrderType, RejectCode, Role, SelfTradePrevention, Side, TimeInForce,
+    AccountId, AccountLimits, Event, GpuId, GpuInfo, GpuSet, GpuSpec, HostId, InstrumentId, InstrumentInfo, LeaseDuration, LeaseId,
+    OrderId, OrderInfo, OrderType, RejectCode, Role, SelfTradePrevention, Side, SubAccountInfo, TimeInForce,
 };
+
+use crate::access::{KeyInfo, Scopes};
 use serde::{Deserialize, Serialize};
 
 /// A reliability record's figures over the score window
@@ -437,6 +439,58 @@ pub enum ClientMessage {
         id: u64,
         report: crate::liveness::LivenessReport,
     },
+    /// Opens a sub-account under the authenticated account (docs/protocol.md
+    /// "Sub-accounts"). Answered with `sub_account_opened`.
+    OpenSubAccount {
+        id: u64,
+    },
+    /// Moves available funds to one of the account's sub-accounts
+    /// (`to_sub_account`) or back from it.
+    MoveFunds {
+        id: u64,
+        sub_account: AccountId,
+        amount_minor: u64,
+        to_sub_account: bool,
+    },
+    /// Sets what a sub-account may do (every limit replaced; null: none).
+    SetSubAccountLimits {
+        id: u64,
+        sub_account: AccountId,
+        limits: AccountLimits,
+    },
+    /// The account's sub-accounts with their balances and limits, a page
+    /// at a time (as `open_orders`).
+    SubAccounts {
+        id: u64,
+        #[serde(default)]
+        offset: u32,
+    },
+    /// Adds an API key (docs/protocol.md "Keys and scopes") to the account
+    /// or, with `account`, to one of its sub-accounts. A key grants only
+    /// scopes the key that adds it holds.
+    AddKey {
+        id: u64,
+        #[serde(default)]
+        account: Option<AccountId>,
+        public_key: String,
+        scopes: Scopes,
+        #[serde(default)]
+        expires_at_ms: Option<u64>,
+        #[serde(default)]
+        label: String,
+    },
+    /// Revokes a key of the account or of one of its sub-accounts; its open
+    /// sessions are closed at once (`key_revoked`).
+    RevokeKey {
+        id: u64,
+        public_key: String,
+    },
+    /// The keys of the account or, with `account`, of one of its sub-accounts.
+    Keys {
+        id: u64,
+        #[serde(default)]
+        account: Option<AccountId>,
+    },
 }
 
 impl ClientMessage {
@@ -477,6 +531,13 @@ impl ClientMessage {
             | ChallengeCommit { id, .. }
             | ChallengeOpening { id, .. }
             | Liveness { id, .. }
+            | OpenSubAccount { id }
+            | MoveFunds { id, .. }
+            | SetSubAccountLimits { id, .. }
+            | SubAccounts { id, .. }
+            | AddKey { id, .. }
+            | RevokeKey { id, .. }
+            | Keys { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -726,6 +787,39 @@ pub enum ServerMessage {
         challenge: u64,
         rows: Vec<u32>,
     },
+    /// Answer to `open_sub_account`: journaled; the new account's id.
+    SubAccountOpened {
+        id: u64,
+        journal_seq: u64,
+        account: AccountId,
+    },
+    /// Answer to `sub_accounts`: at most `ORDERS_PAGE_MAX`; ask again from
+    /// `next_offset` while it is set.
+    SubAccounts {
+        id: u64,
+        sub_accounts: Vec<SubAccountInfo>,
+        #[serde(default)]
+        next_offset: Option<u32>,
+    },
+    /// Answer to `add_key`: journaled; the key logs in as `account`.
+    KeyAdded {
+        id: u64,
+        journal_seq: u64,
+        public_key: String,
+        account: AccountId,
+    },
+    /// Answer to `revoke_key`: journaled; the key's sessions are closed.
+    KeyRevoked {
+        id: u64,
+        journal_seq: u64,
+        public_key: String,
+    },
+    /// Answer to `keys`.
+    Keys {
+        id: u64,
+        account: AccountId,
+        keys: Vec<KeyInfo>,
+    },
 }
 
 impl ServerMessage {
@@ -756,6 +850,11 @@ impl ServerMessage {
             | LeaseLogs { id, .. }
             | Received { id }
             | ChallengeRows { id, .. }
+            | SubAccountOpened { id, .. }
+            | SubAccounts { id, .. }
+            | KeyAdded { id, .. }
+            | KeyRevoked { id, .. }
+            | Keys { id, .. }
             | Pong { id, .. } => Some(*id),
             Error { id, .. } => *id,
             Challenge { .. }
@@ -852,6 +951,29 @@ pub enum ErrorCode {
     /// whose interval is empty, longer than an hour, outside the lease, in
     /// the future, or not after the lease's previous observation.
     LivenessInvalid,
+    /// The session's key does not hold the scope this request needs
+    /// (docs/protocol.md "Keys and scopes").
+    ScopeDenied,
+    /// The key expired: refused at login, and an open session is closed.
+    KeyExpired,
+    /// The key was revoked: refused at login, and its open sessions are
+    /// closed with this reason.
+    KeyRevoked,
+    /// `add_key` with a key already bound to an account, or revoked.
+    KeyInUse,
+    /// `add_key` with a public key that is not 32 bytes of hex or not an
+    /// ed25519 point, no scopes, an expiry not in the future, or a label
+    /// over 64 bytes or not printable ASCII.
+    KeyInvalid,
+    /// `revoke_key` of a key not bound to the account or its sub-accounts.
+    UnknownKey,
+    /// An account's owner key is never revoked.
+    OwnerKey,
+    /// The account holds the most keys it may (32 besides its owner key).
+    TooManyKeys,
+    /// A key or sub-account request naming an account that is not one of
+    /// the authenticated account's sub-accounts.
+    NotYourSubAccount,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -915,6 +1037,15 @@ impl ErrorCode {
                 "the challenge answer is malformed: hashes must be 32 bytes of hex, at most n row hashes and rows of n entries"
             }
             ChallengeOutOfOrder => "commit once, then open: this challenge step is out of turn",
+            ScopeDenied => "this key's scopes do not permit this request; use a key that holds its scope",
+            KeyExpired => "this key has expired; log in with another key of the account",
+            KeyRevoked => "this key was revoked; log in with another key of the account",
+            KeyInUse => "the key is already bound to an account (or was revoked); generate a fresh key",
+            KeyInvalid => "the key must be 64 hex digits of an ed25519 public key, with at least one scope, an expiry in the future and a label of at most 64 printable ASCII bytes",
+            UnknownKey => "no such key on this account or its sub-accounts",
+            OwnerKey => "an account's owner key cannot be revoked",
+            TooManyKeys => "the account holds the maximum of 32 keys besides its owner key; revoke one first",
+            NotYourSubAccount => "the account named is not one of your sub-accounts",
             LivenessInvalid => "the liveness observation is not signed by this account's key, or its interval is empty, over an hour, outside the lease, in the future or not after the previous one",
         }
     }

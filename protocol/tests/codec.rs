@@ -96,6 +96,24 @@ fn sample_client_messages() -> Vec<ClientMessage> {
                 &ed25519_dalek::SigningKey::from_bytes(&[9; 32]),
             ),
         },
+        ClientMessage::OpenSubAccount { id: 32 },
+        ClientMessage::MoveFunds { id: 33, sub_account: AccountId(12), amount_minor: 5_000_000, to_sub_account: true },
+        ClientMessage::SetSubAccountLimits {
+            id: 34,
+            sub_account: AccountId(12),
+            limits: AccountLimits { max_open_orders: Some(3), max_order_minor: None, max_held_minor: Some(9_000_000) },
+        },
+        ClientMessage::SubAccounts { id: 35, offset: 200 },
+        ClientMessage::AddKey {
+            id: 36,
+            account: Some(AccountId(12)),
+            public_key: "ef".repeat(32),
+            scopes: Scopes::of(&[Scope::Read, Scope::Manage]),
+            expires_at_ms: Some(1_800_000_000_000),
+            label: "bot".into(),
+        },
+        ClientMessage::RevokeKey { id: 37, public_key: "ef".repeat(32) },
+        ClientMessage::Keys { id: 38, account: None },
     ]
 }
 

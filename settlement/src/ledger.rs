@@ -148,6 +148,7 @@ impl Ledger {
             }
             EventKind::FundsDeposited { account, amount_minor } => legs.push((External, Available(account), amount_minor, None)),
             EventKind::FundsWithdrawn { account, amount_minor } => legs.push((Available(account), External, amount_minor, None)),
+            EventKind::FundsMoved { from, to, amount_minor } => legs.push((Available(from), Available(to), amount_minor, None)),
             EventKind::FundsHeld { account, amount_minor, reason } => {
                 legs.push((Available(account), Held(account), amount_minor, lease_of(reason)))
             }

@@ -1,7 +1,9 @@
 //! The ledger against the engine and a reference meter, on random journals
 //! of deposits, bids and GPU-backed asks (spot, preemptible, reserved
 //! windows), lease ends, signed usage reports (honest and forged) through the
-//! real settlement, billing closes with SLA credits, payouts and withdrawals:
+//! real settlement, billing closes with SLA credits, payouts and withdrawals,
+//! and funds moved between a renter and its sub-account (renter 2 is renter
+//! 0's sub-account; its withdrawals are refused):
 //! - every transfer keeps the sum of all balances at zero;
 //! - each participant's available, held, payable and debt balances equal the
 //!   engine's own view (two independent bookkeepings agree);
@@ -34,6 +36,7 @@ enum Op {
     Deposit { renter: u32, amount: u64 },
     Report { lease: u64, span_ms: u64, available_percent: u64, forged: bool },
     Payout { supplier: u32, amount: u64 },
+    Move { to_sub_account: bool, amount: u64 },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -48,6 +51,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (any::<u64>(), 1..2 * 3_600_000u64, 50..=100u64, prop::bool::weighted(0.15))
             .prop_map(|(lease, span_ms, available_percent, forged)| Op::Report { lease, span_ms, available_percent, forged }),
         1 => (0..2u32, 1..5_000_000u64).prop_map(|(supplier, amount)| Op::Payout { supplier, amount }),
+        2 => (any::<bool>(), 1..60_000_000u64).prop_map(|(to_sub_account, amount)| Op::Move { to_sub_account, amount }),
     ]
 }
 
@@ -96,10 +100,15 @@ impl World {
             supplier_credited: 0,
             charged_per_lease: BTreeMap::new(),
         };
-        // Accounts 0..3: renters; 3, 4: suppliers with a 3-GPU host each.
-        for role in [Role::Renter, Role::Renter, Role::Renter, Role::Supplier, Role::Supplier] {
+        // Accounts 0..3: renters (2 is 0's sub-account); 3, 4: suppliers
+        // with a 3-GPU host each.
+        world.apply(Command::OpenAccount { role: Role::Renter });
+        world.apply(Command::OpenAccount { role: Role::Renter });
+        world.apply(Command::OpenSubAccount { parent: AccountId(0) });
+        for role in [Role::Supplier, Role::Supplier] {
             world.apply(Command::OpenAccount { role });
         }
+        assert_eq!(world.engine.parent_of(AccountId(2)), Some(AccountId(0)));
         for renter in 0..3 {
             world.apply(Command::Deposit { account: AccountId(renter), amount_minor: 50_000_000 });
         }
@@ -243,6 +252,9 @@ impl World {
             Op::Withdraw { renter, amount } => Command::Withdraw { account: AccountId(renter), amount_minor: amount },
             Op::Deposit { renter, amount } => Command::Deposit { account: AccountId(renter), amount_minor: amount },
             Op::Payout { supplier, amount } => Command::Payout { account: AccountId(3 + supplier), amount_minor: amount },
+            Op::Move { to_sub_account, amount } => {
+                Command::MoveFunds { parent: AccountId(0), sub_account: AccountId(2), amount_minor: amount, to_sub_account }
+            }
             Op::Report { lease, span_ms, available_percent, forged } => {
                 self.report(lease, span_ms, available_percent, forged);
                 return;

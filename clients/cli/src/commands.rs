@@ -325,12 +325,9 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             let id = s.connection.new_id();
             acknowledged(s.ask(ClientMessage::Payout { id, account: None, amount_minor }, json).await?, "paid out")
         }
-        Command::Keys { .. }
-        | Command::Book { .. }
-        | Command::Instruments { .. }
-        | Command::Supplier { .. }
-        | Command::Renter { .. }
-        | Command::Asks { .. } => {
+        Command::SubAccount { action } => crate::access::sub_account(s, action, json).await,
+        Command::Keys { action } => crate::access::keys(s, action, json).await,
+        Command::Book { .. } | Command::Instruments { .. } | Command::Supplier { .. } | Command::Renter { .. } | Command::Asks { .. } => {
             unreachable!("handled before login")
         }
     }
@@ -432,7 +429,7 @@ impl Session {
     }
 }
 
-fn acknowledged(answer: ServerMessage, what: &str) -> Result<(), Failure> {
+pub(crate) fn acknowledged(answer: ServerMessage, what: &str) -> Result<(), Failure> {
     if let ServerMessage::Ack { journal_seq, order, .. } = answer {
         match order {
             Some(order) => out!("{what}: order {} (journal entry {journal_seq})", order.0),

@@ -31,6 +31,7 @@ pub fn write_line(args: std::fmt::Arguments) {
     }
 }
 
+mod access;
 mod book;
 mod commands;
 mod keys;
@@ -235,6 +236,36 @@ pub enum Command {
         #[command(subcommand)]
         action: LeaseAction,
     },
+    /// Sub-accounts for your own customers: open, fund, limit, list (docs/market-rules.md "Sub-accounts").
+    SubAccount {
+        #[command(subcommand)]
+        action: SubAccountAction,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SubAccountAction {
+    /// Open a sub-account; prints its account number.
+    Create,
+    /// Your sub-accounts with their balances, open orders and limits.
+    List,
+    /// Move dollars from your available funds to a sub-account.
+    Fund { sub_account: u32, amount: String },
+    /// Move dollars from a sub-account back to you.
+    Defund { sub_account: u32, amount: String },
+    /// Set a sub-account's limits (each one left out is no limit; all are replaced).
+    Limits {
+        sub_account: u32,
+        /// Open orders at once.
+        #[arg(long)]
+        max_open_orders: Option<u32>,
+        /// Dollars one bid may hold.
+        #[arg(long)]
+        max_order: Option<String>,
+        /// Dollars it may hold in all (open bids, escrows, contracts): its spending ceiling.
+        #[arg(long)]
+        max_held: Option<String>,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -333,6 +364,38 @@ pub enum KeysAction {
     Create,
     /// Print the public key.
     Show,
+    /// Let another key act as your account (or one of your sub-accounts) with some scopes.
+    Grant {
+        /// The other key's public key (64 hex digits; `gpux --key FILE keys show` prints it).
+        public_key: String,
+        /// What it may do, e.g. read,trade (read, trade, deliver, withdraw, manage).
+        #[arg(long, value_delimiter = ',', required = true)]
+        scopes: Vec<ScopeArg>,
+        /// Act as this sub-account instead of your own account.
+        #[arg(long)]
+        sub_account: Option<u32>,
+        /// The key stops working this many seconds from now.
+        #[arg(long)]
+        expires_in_s: Option<u64>,
+        #[arg(long, default_value = "")]
+        label: String,
+    },
+    /// Revoke a key granted before: its open sessions close at once.
+    Revoke { public_key: String },
+    /// Your account's keys (or a sub-account's) with their scopes.
+    List {
+        #[arg(long)]
+        sub_account: Option<u32>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ScopeArg {
+    Read,
+    Trade,
+    Deliver,
+    Withdraw,
+    Manage,
 }
 
 /// A failure with the exit code it maps to.

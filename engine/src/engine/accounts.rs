@@ -53,6 +53,7 @@ impl Engine {
     /// from them.
     pub(super) fn payout(&mut self, account: AccountId, amount_minor: u64) -> Checked<()> {
         let funds = self.account(account)?;
+        self.check_funds_may_leave(account)?;
         if amount_minor == 0 {
             return Err(RejectCode::AmountInvalid);
         }
@@ -90,6 +91,7 @@ impl Engine {
 
     pub(super) fn withdraw(&mut self, account: AccountId, amount_minor: u64) -> Checked<()> {
         let available = self.account(account)?.available_minor;
+        self.check_funds_may_leave(account)?;
         if amount_minor == 0 {
             return Err(RejectCode::AmountInvalid);
         }

@@ -15,6 +15,7 @@ mod follow_ons;
 mod leases;
 mod matching;
 mod orders;
+mod sub_accounts;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -28,6 +29,7 @@ use crate::event::{Event, EventKind, LeaseEndReason, LeaseKind, RejectCode};
 use crate::gpus::{Gpu, GpuDetails, Host};
 use crate::ids::{AccountId, ContractId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
 use crate::state_hash::StateHasher;
+pub use sub_accounts::SubAccountInfo;
 
 #[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Account {
@@ -382,6 +384,17 @@ pub struct Engine {
     pub(crate) all_or_none_due: Vec<InstrumentId>,
     /// Books with an `AllOrNoneRecheck` timer pending.
     pub(crate) all_or_none_recheck: BTreeSet<InstrumentId>,
+    /// Sub-accounts: each one's parent and limits.
+    pub(crate) sub_accounts: BTreeMap<AccountId, SubAccount>,
+    /// Each parent's sub-accounts, in the order opened.
+    pub(crate) sub_accounts_of: BTreeMap<AccountId, Vec<AccountId>>,
+}
+
+/// A sub-account's place under its parent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct SubAccount {
+    pub parent: AccountId,
+    pub limits: crate::command::AccountLimits,
 }
 
 /// A stop order waiting for its trigger.
@@ -431,6 +444,8 @@ impl Engine {
             stops_triggered: VecDeque::new(),
             all_or_none_due: Vec::new(),
             all_or_none_recheck: BTreeSet::new(),
+            sub_accounts: BTreeMap::new(),
+            sub_accounts_of: BTreeMap::new(),
             config,
         };
         for class in 0..engine.config.classes.len() as u16 {
@@ -489,6 +504,11 @@ impl Engine {
                 &OrderOptions { min_supplier_score_bps: *min_supplier_score_bps, verified_only: true, ..OrderOptions::default() },
             ),
             Command::PlaceOrderWith { order, options } => self.place_order(order, options),
+            Command::OpenSubAccount { parent } => self.open_sub_account(*parent),
+            Command::MoveFunds { parent, sub_account, amount_minor, to_sub_account } => {
+                self.move_funds(*parent, *sub_account, *amount_minor, *to_sub_account)
+            }
+            Command::SetAccountLimits { parent, sub_account, limits } => self.set_account_limits(*parent, *sub_account, *limits),
             Command::RecordChallenge { gpu, answer } => self.record_challenge(*gpu, *answer),
             Command::WithholdDisputed { lease, disputed_gpu_ms } => self.withhold_disputed(*lease, *disputed_gpu_ms),
             Command::CancelOrder { account, order } => self.cancel_order(*account, *order),
@@ -986,6 +1006,7 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::MassCancel { account, .. }
         | Command::EndLease { account, .. }
         | Command::FailLeaseDelivery { account, .. } => Some(*account),
+        Command::OpenSubAccount { parent } | Command::MoveFunds { parent, .. } | Command::SetAccountLimits { parent, .. } => Some(*parent),
         Command::PlaceOrder(order)
         | Command::PlaceOrderFiltered { order, .. }
         | Command::PlaceOrderVerified { order, .. }
@@ -1067,6 +1088,7 @@ impl Engine {
             format!("{:?}{:?}{:?}{}{:?}", self.last_trade, self.armed_stops, self.stop_index, self.stop_seq, self.all_or_none_recheck)
                 .as_bytes(),
         );
+        h.bytes(format!("{:?}{:?}", self.sub_accounts, self.sub_accounts_of).as_bytes());
         let mut client_ids: Vec<_> = self.client_order_ids.iter().collect();
         client_ids.sort();
         h.bytes(format!("{client_ids:?}").as_bytes());

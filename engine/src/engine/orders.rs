@@ -192,6 +192,9 @@ impl Engine {
             if total > self.account(new.account)?.available_minor {
                 return Err(RejectCode::InsufficientFunds);
             }
+            self.check_sub_account_limits(new.account, total, !triggered)?;
+        } else {
+            self.check_sub_account_limits(new.account, 0, !triggered)?;
         }
         Ok(Admission { price, hold_per_gpu_minor, no_liquidity, budget_minor })
     }

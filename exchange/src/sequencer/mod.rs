@@ -16,6 +16,7 @@
 //! subscriptions and disconnects; `delivery.rs` lease delivery requests;
 //! `queries.rs` read-only answers.
 
+mod access;
 mod challenges;
 mod delivery;
 mod liveness;
@@ -78,6 +79,9 @@ struct Connection {
     subscriptions: BTreeSet<(Channel, InstrumentId)>,
     /// Cancel the account's orders when its last session ends.
     cancel_on_disconnect: bool,
+    /// The key it logged in with, and when that key expires.
+    key: Option<[u8; 32]>,
+    key_expires_at_ms: Option<u64>,
 }
 
 pub struct Sequencer {
@@ -109,6 +113,8 @@ pub struct Sequencer {
     next_logs_request: u64,
     /// When each GPU is next challenged.
     challenges: challenges::Schedule,
+    /// Sessions whose key expires, by when.
+    sessions_expiring: BTreeSet<(u64, ConnectionId)>,
 }
 
 enum Target {
@@ -173,6 +179,7 @@ impl Sequencer {
         }
         self.run_challenges();
         self.expire_logs_requests();
+        self.expire_sessions();
         if let Some(fatal) = self.fatal.take() {
             return Err(fatal);
         }
@@ -193,6 +200,9 @@ impl Sequencer {
     }
 
     fn handle(&mut self, request: Request) {
+        if !self.permitted(&request) {
+            return;
+        }
         match request {
             Request::Connect { connection, outbound } => self.connect(connection, outbound),
             Request::Authenticate { connection, id, public_key, role, cancel_on_disconnect } => {
@@ -218,6 +228,7 @@ impl Sequencer {
             Request::Delivery { connection, id, request } => self.delivery(connection, id, request),
             Request::Challenge { connection, id, request } => self.challenge(connection, id, request),
             Request::Liveness { connection, id, report } => self.liveness(connection, id, *report),
+            Request::Access { connection, id, request } => self.access(connection, id, request),
         }
     }
 

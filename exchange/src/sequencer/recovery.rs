@@ -86,6 +86,7 @@ impl Sequencer {
             snapshots: SnapshotWriter::spawn(snapshots, replica, replayed_to, snapshot_seq, SNAPSHOT_EVERY_ENTRIES)?,
             logs_pending: BTreeMap::new(),
             next_logs_request: 1,
+            sessions_expiring: BTreeSet::new(),
             challenges: Default::default(),
         };
         sequencer.set_challenge_interval_ms(super::CHALLENGE_INTERVAL_MS_DEFAULT);

@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 
 use gpux_engine::{AccountId, Command, EventKind, Input, InstrumentId, Role};
+use gpux_market::keys::KeyRefusal;
 use gpux_market::JournalEntry;
 use gpux_protocol::{Channel, ErrorCode, ServerMessage};
 use tokio::sync::broadcast;
@@ -14,8 +15,15 @@ use gpux_gateway::link::{ConnectionId, LoginOutcome, Outbound, Outgoing};
 
 impl Sequencer {
     pub(super) fn connect(&mut self, connection: ConnectionId, outbound: Outbound) {
-        self.connections
-            .insert(connection, Connection { outbound, account: None, subscriptions: BTreeSet::new(), cancel_on_disconnect: false });
+        let state = Connection {
+            outbound,
+            account: None,
+            subscriptions: BTreeSet::new(),
+            cancel_on_disconnect: false,
+            key: None,
+            key_expires_at_ms: None,
+        };
+        self.connections.insert(connection, state);
     }
 
     /// The gateway verified the signature over the challenge: bind the key
@@ -28,7 +36,23 @@ impl Sequencer {
         role: Option<Role>,
         cancel_on_disconnect: bool,
     ) {
-        let account = match (self.market.account_of_key(&public_key), role) {
+        // A key revoked or expired never logs in (nor opens a new account).
+        let now_ms = self.market.clock_ms();
+        let access = match self.market.keys().access(&public_key, now_ms) {
+            Ok(access) => access,
+            Err(refusal) => {
+                let (reason, code) = match refusal {
+                    KeyRefusal::Revoked => ("key_revoked", ErrorCode::KeyRevoked),
+                    KeyRefusal::Expired => ("key_expired", ErrorCode::KeyExpired),
+                };
+                self.metrics.gateway.auth_failures.with_label_values(&[reason]).inc();
+                self.reply(connection, error(Some(id), code));
+                self.pending.push((Target::Connection(connection), Pending::Control(Outgoing::Login(LoginOutcome::Refused))));
+                return;
+            }
+        };
+        let key_expires_at_ms = access.and_then(|access| access.expires_at_ms);
+        let account = match (access.map(|access| access.account), role) {
             (Some(account), _) => Some(account),
             (None, Some(Role::Operator)) if !self.operator_keys.contains(&public_key) => None,
             (None, None) if self.operator_keys.contains(&public_key) => self.open_account(public_key, Role::Operator),
@@ -46,7 +70,12 @@ impl Sequencer {
         if let Some(state) = self.connections.get_mut(&connection) {
             state.account = Some(account);
             state.cancel_on_disconnect = cancel_on_disconnect;
+            state.key = Some(public_key);
+            state.key_expires_at_ms = key_expires_at_ms;
             self.connections_of.entry(account).or_default().insert(connection);
+            if let Some(at_ms) = key_expires_at_ms {
+                self.sessions_expiring.insert((at_ms, connection));
+            }
         }
         let accepted = Outgoing::Login(LoginOutcome::Accepted { account, role });
         self.pending.push((Target::Connection(connection), Pending::Control(accepted)));
@@ -130,6 +159,9 @@ impl Sequencer {
 
     pub(super) fn disconnect(&mut self, connection: ConnectionId, exchange_stopping: bool) {
         let Some(state) = self.connections.remove(&connection) else { return };
+        if let Some(at_ms) = state.key_expires_at_ms {
+            self.sessions_expiring.remove(&(at_ms, connection));
+        }
         let Some(account) = state.account else { return };
         let last = match self.connections_of.get_mut(&account) {
             Some(set) => {

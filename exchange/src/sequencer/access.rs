@@ -1,0 +1,150 @@
+//! Sub-accounts and API keys as the sequencer serves them (docs/protocol.md
+//! "Sub-accounts", "Keys and scopes"): the scope check every request passes,
+//! the requests that open, fund and limit sub-accounts and add and revoke
+//! keys, and closing the sessions of a key revoked or expired.
+
+use gpux_engine::{Command, EventKind, Input};
+use gpux_gateway::link::{AccessRequest, ConnectionId, Outgoing, Request};
+use gpux_market::keys::KeyRefusal;
+use gpux_market::JournalEntry;
+use gpux_protocol::{ErrorCode, ServerMessage, ORDERS_PAGE_MAX};
+
+use super::{error, Pending, Sequencer, Target};
+
+impl Sequencer {
+    /// Whether the connection's key may send `request` now: a key revoked
+    /// or expired since login closes its session; a key without the
+    /// request's scope is refused (`scope_denied`).
+    pub(super) fn permitted(&mut self, request: &Request) -> bool {
+        let Some(scope) = request.scope() else { return true };
+        let connection = request.connection();
+        let Some(key) = self.connections.get(&connection).and_then(|c| c.key) else { return true };
+        match self.market.keys().access(&key, self.market.clock_ms()) {
+            Ok(Some(access)) if access.scopes.contains(scope) => true,
+            Ok(Some(_)) => {
+                self.metrics.scope_refusals.inc();
+                self.reply(connection, error(request.id(), ErrorCode::ScopeDenied));
+                false
+            }
+            Ok(None) | Err(KeyRefusal::Revoked) => {
+                self.close_session(connection, request.id(), ErrorCode::KeyRevoked);
+                false
+            }
+            Err(KeyRefusal::Expired) => {
+                self.close_session(connection, request.id(), ErrorCode::KeyExpired);
+                false
+            }
+        }
+    }
+
+    /// Tells the connection why and closes it once that is written.
+    pub(super) fn close_session(&mut self, connection: ConnectionId, id: Option<u64>, code: ErrorCode) {
+        self.reply(connection, error(id, code));
+        self.pending.push((Target::Connection(connection), Pending::Control(Outgoing::Close(code))));
+    }
+
+    /// Sessions whose key expired by now are closed (`key_expired`).
+    pub(super) fn expire_sessions(&mut self) {
+        let now = self.market.clock_ms();
+        while let Some(&(at_ms, connection)) = self.sessions_expiring.first() {
+            if at_ms > now {
+                break;
+            }
+            self.sessions_expiring.pop_first();
+            if self.connections.contains_key(&connection) {
+                self.close_session(connection, None, ErrorCode::KeyExpired);
+            }
+        }
+    }
+
+    pub(super) fn access(&mut self, connection: ConnectionId, id: u64, request: AccessRequest) {
+        let Some(account) = self.account(connection) else { return };
+        match request {
+            AccessRequest::OpenSubAccount => {
+                let input = Input { at_ms: self.market.clock_ms(), command: Command::OpenSubAccount { parent: account } };
+                self.metrics.commands.inc();
+                let Some((journal_seq, applied)) = self.journal(JournalEntry::Engine(input)) else { return };
+                let reply = applied.events.iter().rev().find_map(|event| match event.kind {
+                    EventKind::SubAccountOpened { account, .. } => Some(ServerMessage::SubAccountOpened { id, journal_seq, account }),
+                    EventKind::Rejected { code, .. } => {
+                        Some(ServerMessage::Reject { id, journal_seq, code, message: code.message().to_string() })
+                    }
+                    _ => None,
+                });
+                if let Some(reply) = reply {
+                    self.reply(connection, reply);
+                }
+            }
+            AccessRequest::MoveFunds { sub_account, amount_minor, to_sub_account } => {
+                let command = Command::MoveFunds { parent: account, sub_account, amount_minor, to_sub_account };
+                self.apply_command(Some(connection), id, command);
+            }
+            AccessRequest::SetLimits { sub_account, limits } => {
+                self.apply_command(Some(connection), id, Command::SetAccountLimits { parent: account, sub_account, limits });
+            }
+            AccessRequest::SubAccounts { offset } => {
+                let engine = self.market.engine();
+                let mut sub_accounts = engine.sub_accounts_of(account, offset as usize, ORDERS_PAGE_MAX);
+                gpux_protocol::fit_page(&mut sub_accounts);
+                let end = offset as usize + sub_accounts.len();
+                let next_offset = (end < engine.sub_account_count(account)).then_some(end as u32);
+                self.reply(connection, ServerMessage::SubAccounts { id, sub_accounts, next_offset });
+            }
+            AccessRequest::AddKey { account: named, public_key, scopes, expires_at_ms, label } => {
+                let target = named.unwrap_or(account);
+                // A key grants only what the key adding it holds.
+                let holds = self.session_scopes(connection);
+                if !holds.covers(scopes) {
+                    self.metrics.scope_refusals.inc();
+                    return self.reply(connection, error(Some(id), ErrorCode::ScopeDenied));
+                }
+                let at_ms = self.market.clock_ms();
+                let checked = self.market.keys().check_add(
+                    self.market.engine(),
+                    account,
+                    target,
+                    &public_key,
+                    (&scopes, expires_at_ms, &label),
+                    at_ms,
+                );
+                if let Err(code) = checked {
+                    return self.reply(connection, error(Some(id), code));
+                }
+                let entry = JournalEntry::AddKey { at_ms, by: account, account: target, public_key, scopes, expires_at_ms, label };
+                let Some((journal_seq, _)) = self.journal(entry) else { return };
+                let reply = ServerMessage::KeyAdded { id, journal_seq, public_key: hex::encode(public_key), account: target };
+                self.reply(connection, reply);
+            }
+            AccessRequest::RevokeKey { public_key } => {
+                if let Err(code) = self.market.keys().check_revoke(self.market.engine(), account, &public_key) {
+                    return self.reply(connection, error(Some(id), code));
+                }
+                let at_ms = self.market.clock_ms();
+                let Some((journal_seq, _)) = self.journal(JournalEntry::RevokeKey { at_ms, by: account, public_key }) else { return };
+                self.reply(connection, ServerMessage::KeyRevoked { id, journal_seq, public_key: hex::encode(public_key) });
+                // Every open session of the key ends now (after this batch's
+                // commit, like everything else the batch sends).
+                let sessions: Vec<ConnectionId> =
+                    self.connections.iter().filter(|(_, c)| c.key == Some(public_key)).map(|(&connection, _)| connection).collect();
+                for session in sessions {
+                    self.close_session(session, None, ErrorCode::KeyRevoked);
+                }
+            }
+            AccessRequest::Keys { account: named } => {
+                let target = named.unwrap_or(account);
+                if target != account && self.market.engine().parent_of(target) != Some(account) {
+                    return self.reply(connection, error(Some(id), ErrorCode::NotYourSubAccount));
+                }
+                let keys = self.market.keys().keys_of(target);
+                self.reply(connection, ServerMessage::Keys { id, account: target, keys });
+            }
+        }
+    }
+
+    /// The scopes of the key a connection logged in with.
+    fn session_scopes(&self, connection: ConnectionId) -> gpux_protocol::Scopes {
+        let key = self.connections.get(&connection).and_then(|c| c.key);
+        key.and_then(|key| self.market.keys().access(&key, self.market.clock_ms()).ok().flatten())
+            .map_or(gpux_protocol::Scopes::NONE, |access| access.scopes)
+    }
+}
