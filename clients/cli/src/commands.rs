@@ -342,7 +342,11 @@ pub struct Session {
 
 fn unreachable_exchange(url: &str, error: gpux_client::ClientError) -> Failure {
     let text = error.to_string();
-    if let gpux_client::ClientError::LoginRefused { .. } = error {
+    if let gpux_client::ClientError::LoginRefused { code, .. } = error {
+        if code != gpux_protocol::ErrorCode::AuthFailed {
+            // Revoked, expired: the key itself is done; no account to open.
+            return Failure::Refused(format!("{text}\n(ask the account's owner for a new key, or use another key of the account)"));
+        }
         return Failure::Refused(format!(
             "{text}\n(a new key needs an account: `gpux login --role renter` (or supplier, aggregator) opens one)"
         ));

@@ -154,6 +154,65 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
     assert!(calendar.lines().skip(1).all(|l| l.contains(" to ")), "only reserved windows: {calendar}");
 }
 
+/// An aggregator keeps a customer in a sub-account with the CLI alone:
+/// opens it, funds it, limits it, hands the customer a scoped key, sees
+/// its activity, revokes the key, and takes the money back.
+#[test]
+fn an_aggregator_runs_a_customer_sub_account_with_the_cli() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = |name: &str| -> PathBuf { dir.path().join(format!("{name}.key")) };
+    let offline = "ws://127.0.0.1:1";
+    for name in ["operator", "aggregator", "customer"] {
+        ok(gpux(offline, &key(name), &["keys", "create"]));
+    }
+    let operator_public = ok(gpux(offline, &key("operator"), &["keys", "show"]));
+    let operator_public: [u8; 32] = hex::decode(operator_public.trim()).expect("hex").try_into().expect("32 bytes");
+    let exchange = start_exchange(&dir.path().join("data"), operator_public);
+    let url = exchange.url.as_str();
+    let login = ok(gpux(url, &key("aggregator"), &["login", "--role", "aggregator"]));
+    let parent: u32 = login.split_whitespace().nth(4).and_then(|a| a.parse().ok()).expect("an account id");
+    ok(gpux(url, &key("operator"), &["login"]));
+    ok(gpux(url, &key("operator"), &["deposit", &parent.to_string(), "500"]));
+
+    let created = ok(gpux(url, &key("aggregator"), &["sub-account", "create"]));
+    let sub: u32 = created.split_whitespace().nth(2).and_then(|a| a.trim_end_matches(':').parse().ok()).expect("a sub-account id");
+    assert!(ok(gpux(url, &key("aggregator"), &["sub-account", "fund", &sub.to_string(), "120"])).contains("moved $120.00 to sub-account"));
+    ok(gpux(url, &key("aggregator"), &["sub-account", "limits", &sub.to_string(), "--max-open-orders", "2", "--max-held", "10"]));
+    let customer_public = ok(gpux(offline, &key("customer"), &["keys", "show"])).trim().to_string();
+    let granted = ok(gpux(
+        url,
+        &key("aggregator"),
+        &["keys", "grant", &customer_public, "--sub-account", &sub.to_string(), "--scopes", "read,trade", "--label", "customer 1"],
+    ));
+    assert!(granted.contains(&format!("acts as account {sub} with scopes read,trade")), "{granted}");
+    let listed = ok(gpux(url, &key("aggregator"), &["keys", "list", "--sub-account", &sub.to_string()]));
+    assert!(listed.contains(&customer_public) && listed.contains("\"customer 1\": read,trade"), "{listed}");
+
+    // The customer logs in to the sub-account with its own key.
+    assert!(ok(gpux(url, &key("customer"), &["login"])).contains(&format!("account {sub}")));
+    assert!(ok(gpux(url, &key("customer"), &["balance"])).contains("available $120.00"));
+    ok(gpux(url, &key("customer"), &["buy", "H100-SXM-80G/SPOT", "2", "--price", "2.50", "--hours", "2"]));
+    let over = gpux(url, &key("customer"), &["buy", "H100-SXM-80G/SPOT", "1", "--price", "2.50", "--hours", "2"]);
+    assert_eq!(over.status.code(), Some(1), "$10 held + $5 is over the $10 ceiling");
+    assert!(String::from_utf8_lossy(&over.stderr).contains("sub_account_limit"), "{over:?}");
+    let withdraw = gpux(url, &key("customer"), &["withdraw", "1"]);
+    assert_eq!(withdraw.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&withdraw.stderr).contains("scope_denied"), "a read,trade key withdraws nothing: {withdraw:?}");
+    let list = ok(gpux(url, &key("aggregator"), &["sub-account", "list"]));
+    assert!(list.contains(&format!("sub-account {sub}: available $110.00, held $10.00")) && list.contains("1 open orders"), "{list}");
+    assert!(list.contains("limits: open orders 2, one bid none, held in all $10.00"), "{list}");
+
+    assert!(ok(gpux(url, &key("aggregator"), &["keys", "revoke", &customer_public])).contains("sessions are closed"));
+    let refused = gpux(url, &key("customer"), &["balance"]);
+    assert_eq!(refused.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("key_revoked") && said.contains("ask the account's owner for a new key"), "{refused:?}");
+    ok(gpux(url, &key("aggregator"), &["cancel-all"]));
+    assert!(ok(gpux(url, &key("aggregator"), &["sub-account", "defund", &sub.to_string(), "110"])).contains("moved $110.00 back"));
+    let statement = ok(gpux(url, &key("aggregator"), &["statement"]));
+    assert!(statement.contains(&format!("available:{sub}")), "the moves are on the parent's statement: {statement}");
+}
+
 #[test]
 fn failures_exit_with_their_code_and_say_what_to_do() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -162,6 +162,8 @@ class Client:
         self._delivery_changed = asyncio.Event()
         self._reader: Optional[asyncio.Task] = None
         self._key: Optional[Key] = None
+        # Set once the connection closed: what every request then raises.
+        self.closed: Optional[GpuxError] = None
 
     @classmethod
     async def connect(cls, url: str, key: Optional[Key] = None, role: Optional[str] = None) -> "Client":
@@ -220,14 +222,22 @@ class Client:
                     await self.events.put(message)
         except asyncio.CancelledError:
             raise
-        except Exception as error:  # the connection closed: fail whoever waits
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(error)
+        except Exception:  # the connection broke
+            pass
+        # Closed, cleanly or not: whoever waits, and every later request,
+        # fails with the exchange's close reason as the code (`key_revoked`,
+        # `slow_consumer`, ...; `connection_closed` without one).
+        reason = getattr(self._socket, "close_reason", None) or "connection_closed"
+        self.closed = GpuxError(reason, f"the exchange closed the connection ({reason})")
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(self.closed)
 
     async def request(self, kind: str, **fields: Any) -> Any:
         """Sends `{kind: {id, **fields}}` and returns the parsed answer;
         raises GpuxError on a reject or gateway error."""
+        if self.closed is not None:
+            raise self.closed
         self._next_id += 1
         request_id = self._next_id
         future = asyncio.get_running_loop().create_future()
@@ -278,6 +288,60 @@ class Client:
             if page.get("next_after") is None:
                 return lines
             after = page["next_after"]
+
+    # --- sub-accounts and keys (docs/protocol.md "Sub-accounts", "Keys and scopes")
+
+    async def open_sub_account(self) -> int:
+        """Opens a sub-account under this account; returns its account id."""
+        return (await self.request("open_sub_account")).fields["account"]
+
+    async def move_funds(self, sub_account: int, amount_minor: int, to_sub_account: bool = True) -> m.Ack:
+        """Moves available funds to a sub-account (or back with `to_sub_account=False`)."""
+        return await self.request("move_funds", sub_account=sub_account, amount_minor=amount_minor, to_sub_account=to_sub_account)
+
+    async def set_sub_account_limits(
+        self,
+        sub_account: int,
+        max_open_orders: Optional[int] = None,
+        max_order_minor: Optional[int] = None,
+        max_held_minor: Optional[int] = None,
+    ) -> m.Ack:
+        """Replaces every limit of a sub-account (None: no limit)."""
+        limits = {"max_open_orders": max_open_orders, "max_order_minor": max_order_minor, "max_held_minor": max_held_minor}
+        return await self.request("set_sub_account_limits", sub_account=sub_account, limits=limits)
+
+    async def sub_accounts(self) -> list[dict]:
+        """This account's sub-accounts with balances, open orders and limits (all pages)."""
+        subs, offset = [], 0
+        while True:
+            page = (await self.request("sub_accounts", offset=offset)).fields
+            subs += page["sub_accounts"]
+            if page.get("next_offset") is None:
+                return subs
+            offset = page["next_offset"]
+
+    async def add_key(
+        self,
+        public_key: str,
+        scopes: list[str],
+        account: Optional[int] = None,
+        expires_at_ms: Optional[int] = None,
+        label: str = "",
+    ) -> dict:
+        """Lets another key act as this account (or sub-account `account`)
+        with `scopes` (read, trade, deliver, withdraw, manage)."""
+        answer = await self.request(
+            "add_key", account=account, public_key=public_key, scopes=scopes, expires_at_ms=expires_at_ms, label=label
+        )
+        return answer.fields
+
+    async def revoke_key(self, public_key: str) -> dict:
+        """Revokes a key; its open sessions are closed at once."""
+        return (await self.request("revoke_key", public_key=public_key)).fields
+
+    async def keys(self, account: Optional[int] = None) -> list[dict]:
+        """The keys of this account (or of sub-account `account`), owner key first."""
+        return (await self.request("keys", account=account)).fields["keys"]
 
     async def end_lease(self, lease: int) -> m.Ack:
         return await self.request("end_lease", lease=lease)

@@ -208,6 +208,58 @@ def test_gpus_leases_money_and_the_statement_from_python(exchange):
     run(scenario())
 
 
+def test_an_aggregator_keeps_customers_apart_in_sub_accounts_with_scoped_keys(exchange):
+    url, operator = exchange
+
+    async def scenario():
+        parent = await funded_renter(url, operator, "500")
+        customers = []
+        for amount in ("100", "50"):
+            sub = await parent.open_sub_account()
+            await parent.move_funds(sub, gpux.dollars(amount))
+            key = gpux.Key.generate()
+            added = await parent.add_key(key.public_hex(), ["read", "trade"], account=sub, label=f"customer {sub}")
+            assert added["account"] == sub
+            customers.append((sub, await gpux.Client.connect(url, key)))
+        (a, alice), (b, bob) = customers
+        assert (alice.account, bob.account) == (a, b), "each key logs in to its sub-account"
+        await parent.set_sub_account_limits(a, max_open_orders=1)
+        ack = await alice.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2"), 1))
+        with pytest.raises(gpux.GpuxError) as limited:
+            await alice.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2"), 1))
+        assert limited.value.code == "sub_account_limit"
+        assert await bob.open_orders() == [], "Bob sees nothing of Alice's"
+        with pytest.raises(gpux.GpuxError) as theirs:
+            await bob.cancel(ack.order)
+        assert theirs.value.code == "not_your_order"
+        with pytest.raises(gpux.GpuxError) as scoped:
+            await bob.withdraw(1)
+        assert scoped.value.code == "scope_denied"
+        subs = {s["account"]: s for s in await parent.sub_accounts()}
+        assert subs[a]["balances"]["held_minor"] == 2_000_000 and subs[a]["open_orders"] == 1
+        assert subs[a]["limits"] == {"max_open_orders": 1, "max_order_minor": None, "max_held_minor": None}
+        assert subs[b]["balances"]["available_minor"] == 50_000_000
+        keys = await parent.keys(account=b)
+        assert [k["scopes"] for k in keys] == [["read", "trade"]] and not keys[0]["owner"]
+        pending = asyncio.create_task(bob.balance())
+        await parent.revoke_key(keys[0]["public_key"])
+        with pytest.raises(gpux.GpuxError) as revoked:
+            # The session is closed at once: what was in flight, and anything
+            # sent after, fails with the close reason.
+            await pending  # answered before the revocation, or failed by it
+            await bob.balance()
+        assert revoked.value.code == "key_revoked"
+        with pytest.raises(gpux.GpuxError) as after:
+            await bob.balance()
+        assert after.value.code == "key_revoked"
+        await parent.move_funds(b, gpux.dollars("50"), to_sub_account=False)
+        assert (await parent.balance()).available_minor == gpux.dollars("500") - gpux.dollars("100")
+        await alice.close()
+        await parent.close()
+
+    run(scenario())
+
+
 def test_a_book_follows_orders_live_and_resyncs_after_a_sequence_gap(exchange):
     url, operator = exchange
 

@@ -31,7 +31,7 @@ pub enum ClientError {
     },
     /// The exchange answered the login with an error: the key has no
     /// account (and no role was given to open one), or it is not an operator's.
-    #[error("the exchange refused the host key: {code:?}: {message}")]
+    #[error("the exchange refused the key: {}: {message}", wire_code(code))]
     LoginRefused { code: ErrorCode, message: String },
     /// The exchange closed the connection (with its close frame's reason, if any).
     #[error("the exchange closed the connection{}", reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default())]
@@ -197,4 +197,9 @@ async fn read(socket: &mut WebSocketStream<MaybeTlsStream<TcpStream>>) -> Result
 
 pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// An error code as the protocol writes it (`key_revoked`).
+fn wire_code(code: &ErrorCode) -> String {
+    serde_json::to_value(code).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| format!("{code:?}"))
 }
