@@ -26,6 +26,40 @@ pub fn format_utc(at_ms: u64) -> String {
     format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", in_day / 3_600, in_day / 60 % 60, in_day % 60)
 }
 
+/// The UTC calendar month `YYYY-MM` as `[start, end)` in ms; `None` if it
+/// is not such a month (or before 1970).
+pub fn month_bounds_ms(month: &str) -> Option<(u64, u64)> {
+    let (year, month) = month.split_once('-')?;
+    if year.len() != 4 || month.len() != 2 || !year.bytes().chain(month.bytes()).all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let (year, month): (i64, u32) = (year.parse().ok()?, month.parse().ok()?);
+    if !(1970..=9999).contains(&year) || !(1..=12).contains(&month) {
+        return None;
+    }
+    let (next_year, next_month) = if month == 12 { (year + 1, 1) } else { (year, month + 1) };
+    let start = days_from_civil(year, month, 1) as u64 * MS_PER_DAY;
+    let end = days_from_civil(next_year, next_month, 1) as u64 * MS_PER_DAY;
+    Some((start, end))
+}
+
+/// `YYYY-MM` of the UTC month holding `at_ms`.
+pub fn format_month(at_ms: u64) -> String {
+    let (year, month, _) = civil_from_days((at_ms / MS_PER_DAY) as i64);
+    format!("{year:04}-{month:02}")
+}
+
+/// Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let yoe = year.rem_euclid(400);
+    let month = month as i64;
+    let doy = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + day as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// Howard Hinnant's days-to-civil algorithm (proleptic Gregorian calendar).
 fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
@@ -51,6 +85,20 @@ mod tests {
         assert_eq!(format_utc_hour(1_796_223_600_000), "2026-12-02T15");
         assert_eq!(format_utc_hour(951_782_400_000), "2000-02-29T00");
         assert_eq!(format_utc(1_796_223_600_000 + 61_500), "2026-12-02 15:01:01 UTC");
+    }
+
+    #[test]
+    fn a_month_is_its_utc_days_and_nothing_else_parses() {
+        assert_eq!(month_bounds_ms("1970-01"), Some((0, 31 * MS_PER_DAY)));
+        let (start, end) = month_bounds_ms("2026-11").expect("a month");
+        assert_eq!((format_utc(start).as_str(), format_utc(end).as_str()), ("2026-11-01 00:00:00 UTC", "2026-12-01 00:00:00 UTC"));
+        assert_eq!(month_bounds_ms("2024-02").map(|(s, e)| (e - s) / MS_PER_DAY), Some(29), "a leap February");
+        assert_eq!(month_bounds_ms("2026-12").map(|(_, e)| format_utc(e)), Some("2027-01-01 00:00:00 UTC".into()));
+        assert_eq!(format_month(start), "2026-11");
+        assert_eq!(format_month(end - 1), "2026-11");
+        for bad in ["2026-13", "2026-00", "2026-1", "26-11", "2026/11", "1969-12", "2026-11-01", "", "abcd-ef"] {
+            assert_eq!(month_bounds_ms(bad), None, "{bad}");
+        }
     }
 
     #[test]

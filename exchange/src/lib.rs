@@ -5,6 +5,8 @@
 
 pub mod console;
 pub mod http;
+pub mod identity;
+pub mod invoices;
 pub mod metrics;
 pub mod sequencer;
 pub mod snapshots;
@@ -51,6 +53,8 @@ pub struct ExchangeConfig {
     /// Called once with the gateway's URL when it listens (the port may have
     /// been chosen by the OS): the binary starts its live simulated market here.
     pub on_listening: Option<OnListening>,
+    /// The issuer and tax printed on invoices.
+    pub invoicing: invoices::InvoiceSettings,
 }
 
 /// The default fee on usage: 2.5%.
@@ -78,6 +82,8 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
     let clock = link::Clock { offset_ms: config.clock_offset_ms };
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
     let journal = gpux_journal::Journal::open(&config.data_dir.join("journal.redb"))?;
+    let exchange_key = identity::load_or_create(&config.data_dir.join("exchange.key"))?;
+    let (invoices, invoice_worker) = invoices::InvoiceDesk::start(std::sync::Arc::new(journal.reader()), exchange_key, config.invoicing)?;
     let snapshots = snapshots::SnapshotStore::open(&config.data_dir.join("snapshots.redb"))?;
     let market = gpux_market::MarketState::new(config.engine).context("engine config")?;
     let tls = match &config.tls {
@@ -90,6 +96,8 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
         sequencer::Sequencer::recover(market, Box::new(journal), snapshots, config.operator_keys, metrics.clone(), config.billing, clock)?;
     sequencer.set_feed_frames_max(config.limits.feed_frames_max);
     sequencer.set_challenge_interval_ms(config.challenge_interval_ms);
+    say(&format!("exchange key {} (signs invoices)", invoices.public_key));
+    sequencer.set_invoices(invoices);
     say(&format!(
         "recovered from snapshot at journal entry {} plus {} journal entries, state hash {:016x}",
         recovery.snapshot_seq, recovery.entries, recovery.state_hash
@@ -150,7 +158,11 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
         anyhow::Ok(())
     })?;
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
-    let state_hash = sequencer_thread.join().map_err(|_| anyhow::anyhow!("sequencer thread panicked"))??;
+    let ended = sequencer_thread.join();
+    // The sequencer dropped the desk (whatever it ended with): the worker
+    // ends and lets go of the journal.
+    invoice_worker.join().map_err(|_| anyhow::anyhow!("invoice thread panicked"))?;
+    let state_hash = ended.map_err(|_| anyhow::anyhow!("sequencer thread panicked"))??;
     say(&format!("stopped, state hash {state_hash:016x}"));
     Ok(state_hash)
 }

@@ -97,6 +97,36 @@ struct Args {
     /// From the upgrade to a login or a first subscription (ms).
     #[arg(long, default_value_t = admission::LOGIN_TIMEOUT_DEFAULT.as_millis() as u64)]
     login_timeout_ms: u64,
+    /// The operator's name and address, printed on every invoice (at most
+    /// 256 bytes of printable ASCII).
+    #[arg(long, default_value = "gpux exchange", value_parser = parse_issuer)]
+    invoice_issuer: String,
+    /// The tax included in prices, named on invoices (e.g. VAT), with
+    /// --tax-rate-bps and --tax-registration.
+    #[arg(long, requires_all = ["tax_rate_bps", "tax_registration"], value_parser = parse_tax_text)]
+    tax_name: Option<String>,
+    /// The tax rate in basis points (2000: 20%).
+    #[arg(long, requires = "tax_name", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    tax_rate_bps: Option<u32>,
+    /// The operator's tax registration, printed on invoices.
+    #[arg(long, requires = "tax_name", value_parser = parse_tax_text)]
+    tax_registration: Option<String>,
+}
+
+/// Printable ASCII (spaces allowed), at most `max` bytes.
+fn printable(text: &str, max: usize) -> Result<String, String> {
+    if text.is_empty() || text.len() > max || !text.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Err(format!("expected 1 to {max} bytes of printable ASCII"));
+    }
+    Ok(text.to_string())
+}
+
+fn parse_issuer(text: &str) -> Result<String, String> {
+    printable(text, 256)
+}
+
+fn parse_tax_text(text: &str) -> Result<String, String> {
+    printable(text, 64)
 }
 
 /// Exit status when the sequencer stopped on a broken invariant (the
@@ -191,6 +221,13 @@ fn run_main() -> Result<()> {
         clock_offset_ms: args.clock_offset_ms,
         challenge_interval_ms: args.challenge_interval_ms,
         on_listening,
+        invoicing: gpux_exchange::invoices::InvoiceSettings {
+            issuer: args.invoice_issuer.clone(),
+            tax: match (args.tax_name.clone(), args.tax_rate_bps, args.tax_registration.clone()) {
+                (Some(name), Some(rate), Some(registration)) => Some((name, rate, registration)),
+                _ => None,
+            },
+        },
     });
     stop_live_market(&live_child);
     result.map(|_| ())

@@ -303,6 +303,7 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
         row("unknown_key", Who::Renter, one(ClientMessage::RevokeKey { id: 37, public_key: public(&key(81)) })),
         row("owner_key", Who::Renter, one(ClientMessage::RevokeKey { id: 38, public_key: public(&key(3)) })),
         row("not_your_sub_account", Who::Renter, one(ClientMessage::Keys { id: 39, account: Some(AccountId(0)) })),
+        row("period_invalid", Who::Renter, one(ClientMessage::Invoice { id: 75, period: "2026-13".into(), account: None, offset: 0 })),
         row(
             "too_many_keys",
             Who::Renter,
@@ -386,6 +387,9 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
     assert_eq!(bystander.closed_reason().await, "shutting_down");
     produced.insert("shutting_down".into(), Who::Stranger);
 
+    // Produced where its cause can be made: a journal that cannot be read
+    // (exchange/src/invoices.rs, an_invoice_the_journal_cannot_give_is_invoice_unavailable).
+    produced.insert("invoice_unavailable".into(), Who::Renter);
     let produced: BTreeSet<String> = produced.into_keys().collect();
     assert_eq!(produced, documented, "every documented code was produced");
 }

@@ -210,11 +210,16 @@ pub enum Request {
         id: u64,
         report: Box<gpux_protocol::LivenessReport>,
     },
-    /// Sub-accounts and API keys (hex already decoded).
+    /// Sub-accounts and API keys (hex already decoded), and invoices.
     Access {
         connection: ConnectionId,
         id: u64,
         request: AccessRequest,
+    },
+    /// The exchange's public key (public).
+    ExchangeKey {
+        connection: ConnectionId,
+        id: u64,
     },
 }
 
@@ -227,6 +232,7 @@ pub enum AccessRequest {
     AddKey { account: Option<AccountId>, public_key: [u8; 32], scopes: Scopes, expires_at_ms: Option<u64>, label: String },
     RevokeKey { public_key: [u8; 32] },
     Keys { account: Option<AccountId> },
+    Invoice { period: String, account: Option<AccountId>, offset: u32 },
 }
 
 /// The hardware challenge's steps (docs/protocol.md "Hardware challenges").
@@ -259,7 +265,8 @@ impl Request {
             | Request::Delivery { id, .. }
             | Request::Challenge { id, .. }
             | Request::Liveness { id, .. }
-            | Request::Access { id, .. } => Some(*id),
+            | Request::Access { id, .. }
+            | Request::ExchangeKey { id, .. } => Some(*id),
             Request::Connect { .. } | Request::Disconnect { .. } | Request::Resync { .. } => None,
         }
     }
@@ -278,7 +285,10 @@ impl Request {
             | Request::Statement { .. }
             | Request::MyGpus { .. }
             | Request::Delivery { request: DeliveryRequest::Query { .. }, .. }
-            | Request::Access { request: AccessRequest::SubAccounts { .. } | AccessRequest::Keys { .. }, .. } => Some(Scope::Read),
+            | Request::Access {
+                request: AccessRequest::SubAccounts { .. } | AccessRequest::Keys { .. } | AccessRequest::Invoice { .. },
+                ..
+            } => Some(Scope::Read),
             Request::Usage { .. } | Request::Delivery { .. } | Request::Challenge { .. } | Request::Liveness { .. } => Some(Scope::Deliver),
             Request::Access { .. } => Some(Scope::Manage),
             Request::Connect { .. }
@@ -290,6 +300,7 @@ impl Request {
             | Request::SupplierStats { .. }
             | Request::RenterStats { .. }
             | Request::BookOffers { .. }
+            | Request::ExchangeKey { .. }
             | Request::Disconnect { .. }
             | Request::Resync { .. } => None,
         }
@@ -320,7 +331,8 @@ impl Request {
             | Request::Delivery { connection, .. }
             | Request::Challenge { connection, .. }
             | Request::Liveness { connection, .. }
-            | Request::Access { connection, .. } => *connection,
+            | Request::Access { connection, .. }
+            | Request::ExchangeKey { connection, .. } => *connection,
         }
     }
 }

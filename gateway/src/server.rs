@@ -642,6 +642,7 @@ impl Connection {
                 self.forward(id, Request::Unsubscribe { connection: self.id, id, channel, instrument })
             }
             (_, ClientMessage::Instruments { id }) => self.forward(id, Request::Instruments { connection: self.id, id }),
+            (_, ClientMessage::ExchangeKey { id }) => self.forward(id, Request::ExchangeKey { connection: self.id, id }),
             (_, ClientMessage::Stats { id, instrument }) => self.forward(id, Request::Stats { connection: self.id, id, instrument }),
             (_, ClientMessage::SupplierStats { id, supplier }) => {
                 self.forward(id, Request::SupplierStats { connection: self.id, id, supplier })
@@ -753,6 +754,8 @@ impl Connection {
                 None => return vec![error(Some(id), ErrorCode::KeyInvalid, None)],
             },
             ClientMessage::Keys { id, account } => access(id, AccessRequest::Keys { account }),
+            ClientMessage::Invoice { id, period, account, offset } => access(id, AccessRequest::Invoice { period, account, offset }),
+            ClientMessage::ExchangeKey { id } => Request::ExchangeKey { connection, id },
             ClientMessage::Auth { id, .. } | ClientMessage::Ping { id } => {
                 return vec![error(Some(id), ErrorCode::AlreadyAuthenticated, None)]
             }

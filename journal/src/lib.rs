@@ -14,7 +14,7 @@ use gpux_engine::{AccountId, ContractId, ContractInfo, InstrumentId, InstrumentI
 pub use gpux_market::JournalEntry;
 use gpux_market::{Archived, ArchivedLease, LeaseDelivery};
 use gpux_protocol::{decode_record, encode_record};
-use gpux_settlement::ledger::Transfer;
+use gpux_settlement::ledger::{Transfer, TransferKind};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("journal");
@@ -35,9 +35,17 @@ const ARCHIVED_DELIVERIES: TableDefinition<u64, &[u8]> = TableDefinition::new("a
 const ARCHIVED_CONTRACTS: TableDefinition<u64, &[u8]> = TableDefinition::new("archived_contracts");
 /// Reserved windows retired from the hot state, by instrument id, as listed.
 const ARCHIVED_INSTRUMENTS: TableDefinition<u32, &[u8]> = TableDefinition::new("archived_instruments");
+/// The instrument symbol of each archived lease, by lease id (leases
+/// archived before it existed have none).
+const ARCHIVED_LEASE_SYMBOLS: TableDefinition<u64, &str> = TableDefinition::new("archived_lease_symbols");
+/// Every participant's transfers by time: `(account, at_ms, transfer id)`
+/// for each participant a transfer involves, with its kind
+/// (`TransferKind` as u8), written in the transfers' commit. Statements and
+/// invoices are range reads of one account's period, not scans.
+const ACCOUNT_TRANSFERS: TableDefinition<(u32, u64, u64), u8> = TableDefinition::new("account_transfers");
 
 pub struct Journal {
-    db: Database,
+    db: std::sync::Arc<Database>,
     next_seq: u64,
 }
 
@@ -62,8 +70,23 @@ impl Journal {
             }
         }
         setup.open_table(ARCHIVED_DELIVERIES)?;
+        setup.open_table(ARCHIVED_LEASE_SYMBOLS)?;
         setup.open_table(ARCHIVED_CONTRACTS)?;
         setup.open_table(ARCHIVED_INSTRUMENTS)?;
+        {
+            let transfers = setup.open_table(TRANSFERS)?;
+            let mut by_account = setup.open_table(ACCOUNT_TRANSFERS)?;
+            // A journal written before the index existed: build it once
+            // (those transfers' kinds are unknown: `unclassified`).
+            if by_account.is_empty()? && !transfers.is_empty()? {
+                for row in transfers.iter()? {
+                    let (key, bytes) = row?;
+                    let transfer: Transfer =
+                        decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("transfer {}: {}", key.value(), e.message))?;
+                    index_transfer(&mut by_account, &transfer)?;
+                }
+            }
+        }
         setup.commit()?;
         let next_seq = {
             let read = db.begin_read()?;
@@ -71,7 +94,7 @@ impl Journal {
             let last = table.last()?.map(|(seq, _)| seq.value());
             last.map_or(1, |seq| seq + 1)
         };
-        Ok(Journal { db, next_seq })
+        Ok(Journal { db: std::sync::Arc::new(db), next_seq })
     }
 
     /// Every entry after `seq`, in order; a gap is an error.
@@ -97,14 +120,20 @@ impl Journal {
                 table.insert(first + offset as u64, encode_record(entry).as_slice())?;
             }
             let mut ledger = transaction.open_table(TRANSFERS)?;
+            let mut by_account = transaction.open_table(ACCOUNT_TRANSFERS)?;
             for transfer in transfers {
                 ledger.insert(transfer.id, encode_record(transfer).as_slice())?;
+                index_transfer(&mut by_account, transfer)?;
             }
             let mut archive = transaction.open_table(ARCHIVED_LEASES)?;
             let mut by_account = transaction.open_table(ARCHIVED_LEASES_BY_ACCOUNT)?;
             let mut deliveries = transaction.open_table(ARCHIVED_DELIVERIES)?;
+            let mut symbols = transaction.open_table(ARCHIVED_LEASE_SYMBOLS)?;
             for lease in &archived.leases {
                 archive.insert(lease.info.lease.0, encode_record(&lease.info).as_slice())?;
+                if !lease.symbol.is_empty() {
+                    symbols.insert(lease.info.lease.0, lease.symbol.as_str())?;
+                }
                 index_archived_lease(&mut by_account, &lease.info)?;
                 if let Some(delivery) = &lease.delivery {
                     deliveries.insert(lease.info.lease.0, encode_record(delivery).as_slice())?;
@@ -125,9 +154,15 @@ impl Journal {
     }
 
     /// Up to `limit` transfers involving `account` after transfer id `after`,
-    /// oldest first (a scan: statements are not a hot path).
+    /// oldest first (a range of the account's index).
     pub fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
         statement(&self.db.begin_read()?, account, after, limit)
+    }
+
+    /// A handle other threads read committed data through while this
+    /// journal goes on writing (redb readers never block the writer).
+    pub fn reader(&self) -> SharedReader {
+        SharedReader { db: self.db.clone() }
     }
 
     /// The sequence number the next entry will get.
@@ -157,6 +192,63 @@ pub trait JournalStore: Send {
     fn archived_contract(&self, contract: ContractId) -> Result<Option<ContractInfo>>;
     /// A retired reserved window, as it was listed.
     fn archived_instrument(&self, instrument: InstrumentId) -> Result<Option<InstrumentInfo>>;
+    /// What another thread reads committed data through.
+    fn shared_reader(&self) -> std::sync::Arc<dyn JournalRead>;
+}
+
+/// Reads of committed data that may run off the sequencer's thread (the
+/// invoices' worker): an account's transfers over a period, archived leases.
+pub trait JournalRead: Send + Sync {
+    /// Every transfer involving `account` with `from_ms <= at_ms < to_ms`,
+    /// oldest first, with its kind.
+    fn account_transfers(&self, account: AccountId, from_ms: u64, to_ms: u64) -> Result<Vec<Transfer>>;
+    /// An archived lease as it ended, and the symbol it traded on (empty
+    /// if unknown).
+    fn archived_lease_info(&self, lease: LeaseId) -> Result<Option<(LeaseInfo, String)>>;
+}
+
+/// [`Journal::reader`]: the journal's database, shared.
+#[derive(Clone)]
+pub struct SharedReader {
+    db: std::sync::Arc<Database>,
+}
+
+impl JournalRead for SharedReader {
+    fn account_transfers(&self, account: AccountId, from_ms: u64, to_ms: u64) -> Result<Vec<Transfer>> {
+        account_transfers(&self.db.begin_read()?, account, from_ms, to_ms)
+    }
+    fn archived_lease_info(&self, lease: LeaseId) -> Result<Option<(LeaseInfo, String)>> {
+        let read = self.db.begin_read()?;
+        let Some(bytes) = read.open_table(ARCHIVED_LEASES)?.get(lease.0)? else { return Ok(None) };
+        let info = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("archived lease {}: {}", lease.0, e.message))?;
+        let symbol = read.open_table(ARCHIVED_LEASE_SYMBOLS)?.get(lease.0)?.map(|s| s.value().to_string()).unwrap_or_default();
+        Ok(Some((info, symbol)))
+    }
+}
+
+fn index_transfer(by_account: &mut redb::Table<'_, (u32, u64, u64), u8>, transfer: &Transfer) -> Result<()> {
+    for owner in [transfer.from.owner(), transfer.to.owner()].into_iter().flatten() {
+        by_account.insert((owner.0, transfer.at_ms, transfer.id), transfer.kind as u8)?;
+    }
+    Ok(())
+}
+
+fn account_transfers(read: &redb::ReadTransaction, account: AccountId, from_ms: u64, to_ms: u64) -> Result<Vec<Transfer>> {
+    let index = read.open_table(ACCOUNT_TRANSFERS)?;
+    let table = read.open_table(TRANSFERS)?;
+    let mut transfers = Vec::new();
+    if to_ms <= from_ms {
+        return Ok(transfers);
+    }
+    for row in index.range((account.0, from_ms, 0)..(account.0, to_ms, 0))? {
+        let (key, kind) = row?;
+        let (_, _, id) = key.value();
+        let bytes = table.get(id)?.with_context(|| format!("transfer {id} is indexed but not stored"))?;
+        let mut transfer: Transfer = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("transfer {id}: {}", e.message))?;
+        transfer.kind = TransferKind::from_u8(kind.value());
+        transfers.push(transfer);
+    }
+    Ok(transfers)
 }
 
 impl JournalStore for Journal {
@@ -199,7 +291,8 @@ impl JournalStore for Journal {
             ),
             None => None,
         };
-        Ok(Some(ArchivedLease { info, delivery }))
+        let symbol = read.open_table(ARCHIVED_LEASE_SYMBOLS)?.get(lease.0)?.map(|s| s.value().to_string()).unwrap_or_default();
+        Ok(Some(ArchivedLease { info, delivery, symbol }))
     }
     fn archived_contract(&self, contract: ContractId) -> Result<Option<ContractInfo>> {
         let read = self.db.begin_read()?;
@@ -212,6 +305,9 @@ impl JournalStore for Journal {
         let Some(bytes) = read.open_table(ARCHIVED_INSTRUMENTS)?.get(instrument.0)? else { return Ok(None) };
         let info = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("archived instrument {}: {}", instrument.0, e.message))?;
         Ok(Some(info))
+    }
+    fn shared_reader(&self) -> std::sync::Arc<dyn JournalRead> {
+        std::sync::Arc::new(self.reader())
     }
 }
 
@@ -291,6 +387,9 @@ impl JournalStore for MemoryJournal {
         let start = after.map_or(0, |after| after + 1);
         Ok(inner.transfers.range(start..).map(|(_, t)| *t).filter(|t| t.involves(account)).take(limit).collect())
     }
+    fn shared_reader(&self) -> std::sync::Arc<dyn JournalRead> {
+        std::sync::Arc::new(self.clone())
+    }
     fn archived_leases_of(&self, account: AccountId, offset: usize, limit: usize) -> Result<(Vec<LeaseInfo>, bool)> {
         let inner = self.inner();
         let matching =
@@ -305,6 +404,16 @@ impl JournalStore for MemoryJournal {
     }
     fn archived_instrument(&self, instrument: InstrumentId) -> Result<Option<InstrumentInfo>> {
         Ok(self.inner().instruments.get(&instrument.0).cloned())
+    }
+}
+
+impl JournalRead for MemoryJournal {
+    fn account_transfers(&self, account: AccountId, from_ms: u64, to_ms: u64) -> Result<Vec<Transfer>> {
+        let inner = self.inner();
+        Ok(inner.transfers.values().filter(|t| t.involves(account) && t.at_ms >= from_ms && t.at_ms < to_ms).copied().collect())
+    }
+    fn archived_lease_info(&self, lease: LeaseId) -> Result<Option<(LeaseInfo, String)>> {
+        Ok(self.inner().archived.get(&lease.0).map(|l| (l.info.clone(), l.symbol.clone())))
     }
 }
 
@@ -345,6 +454,53 @@ fn entries_after(read: &redb::ReadTransaction, seq: u64) -> Result<Vec<JournalEn
 
 fn statement(read: &redb::ReadTransaction, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
     let table = read.open_table(TRANSFERS)?;
+    let index = match read.open_table(ACCOUNT_TRANSFERS) {
+        Ok(index) if !index.is_empty()? || table.is_empty()? => index,
+        // A journal no newer version has opened yet (read-only tools):
+        // no index, so a scan.
+        Ok(_) | Err(redb::TableError::TableDoesNotExist(_)) => return statement_by_scan(&table, account, after, limit),
+        Err(error) => return Err(error.into()),
+    };
+    // Transfer ids grow with time, so (at_ms, id) orders as id does: resume
+    // just after `after` in the account's index.
+    let start = match after {
+        None => (account.0, 0, 0),
+        Some(after) => match table.get(after)? {
+            Some(bytes) => {
+                let at_ms = decode_record::<Transfer>(bytes.value()).map_err(|e| anyhow::anyhow!("transfer {after}: {}", e.message))?.at_ms;
+                (account.0, at_ms, after.saturating_add(1))
+            }
+            // Not a transfer id: the first transfer after it, by id.
+            None => match table.range(after..)?.next() {
+                Some(row) => {
+                    let (key, bytes) = row?;
+                    let at_ms = decode_record::<Transfer>(bytes.value())
+                        .map_err(|e| anyhow::anyhow!("transfer {}: {}", key.value(), e.message))?
+                        .at_ms;
+                    (account.0, at_ms, key.value())
+                }
+                None => return Ok(Vec::new()),
+            },
+        },
+    };
+    let mut lines = Vec::new();
+    for row in index.range(start..=(account.0, u64::MAX, u64::MAX))?.take(limit) {
+        let (key, kind) = row?;
+        let (_, _, id) = key.value();
+        let bytes = table.get(id)?.with_context(|| format!("transfer {id} is indexed but not stored"))?;
+        let mut transfer: Transfer = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("transfer {id}: {}", e.message))?;
+        transfer.kind = TransferKind::from_u8(kind.value());
+        lines.push(transfer);
+    }
+    Ok(lines)
+}
+
+fn statement_by_scan(
+    table: &redb::ReadOnlyTable<u64, &[u8]>,
+    account: AccountId,
+    after: Option<u64>,
+    limit: usize,
+) -> Result<Vec<Transfer>> {
     let mut lines = Vec::new();
     let start = after.map_or(0, |after| after + 1);
     for row in table.range(start..)? {
@@ -414,7 +570,7 @@ mod tests {
                     state: Some((gpux_protocol::DeliveryState::Exited { code: id as i64 }, id)),
                     ran: true,
                 });
-                ArchivedLease { info: lease(id, if id % 2 == 0 { 1 } else { 3 }, 2), delivery }
+                ArchivedLease { info: lease(id, if id % 2 == 0 { 1 } else { 3 }, 2), delivery, symbol: format!("H100-SXM-80G/SPOT#{id}") }
             })
             .collect();
         let window = InstrumentInfo {
@@ -493,5 +649,55 @@ mod tests {
             write.commit().expect("commit");
         }
         check_archive(&Journal::open(&path).expect("reopen"));
+    }
+
+    fn transfer(id: u64, at_ms: u64, from: LedgerAccount, to: LedgerAccount, kind: TransferKind) -> Transfer {
+        Transfer { id, at_ms, from, to, amount_minor: id * 10, lease: None, kind }
+    }
+
+    use gpux_settlement::ledger::LedgerAccount;
+
+    #[test]
+    fn an_accounts_transfers_come_by_period_and_page_with_their_kinds_and_an_old_journal_is_indexed() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("journal.redb");
+        let (a, b) = (AccountId(1), AccountId(2));
+        let transfers = vec![
+            transfer(4, 100, LedgerAccount::External, LedgerAccount::Available(a), TransferKind::Deposit),
+            transfer(8, 200, LedgerAccount::Available(a), LedgerAccount::Available(b), TransferKind::FundsMoved),
+            transfer(12, 200, LedgerAccount::Available(b), LedgerAccount::Held(b), TransferKind::Hold),
+            transfer(16, 300, LedgerAccount::Available(a), LedgerAccount::External, TransferKind::Withdrawal),
+        ];
+        let tick = JournalEntry::Engine(Input { at_ms: 1, command: Command::Tick });
+        let mut memory = MemoryJournal::default();
+        {
+            let mut journal = Journal::open(&path).expect("open");
+            for store in [&mut journal as &mut dyn JournalStore, &mut memory as &mut dyn JournalStore] {
+                store.append_with_transfers(std::slice::from_ref(&tick), &transfers, &Archived::default()).expect("append");
+                let reader = store.shared_reader();
+                let period: Vec<(u64, TransferKind)> =
+                    reader.account_transfers(a, 100, 300).expect("read").iter().map(|t| (t.id, t.kind)).collect();
+                assert_eq!(period, vec![(4, TransferKind::Deposit), (8, TransferKind::FundsMoved)], "[from, to) of one account");
+                let of_b: Vec<u64> = reader.account_transfers(b, 0, u64::MAX).expect("read").iter().map(|t| t.id).collect();
+                assert_eq!(of_b, vec![8, 12]);
+                let pages: Vec<Vec<u64>> = [None, Some(4), Some(8), Some(9), Some(16)]
+                    .into_iter()
+                    .map(|after| store.statement(a, after, 1).expect("page").iter().map(|t| t.id).collect())
+                    .collect();
+                assert_eq!(pages, vec![vec![4], vec![8], vec![16], vec![16], vec![]]);
+            }
+        }
+        {
+            let db = Database::create(&path).expect("open");
+            let write = db.begin_write().expect("write");
+            write.delete_table(ACCOUNT_TRANSFERS).expect("drop the index");
+            write.commit().expect("commit");
+        }
+        let read_only = JournalReader::open(&path).expect("read-only");
+        assert_eq!(read_only.statement(a, None, 10).expect("scan").len(), 3, "no index: a scan");
+        drop(read_only);
+        let journal = Journal::open(&path).expect("reopen builds the index");
+        let kinds: Vec<TransferKind> = journal.reader().account_transfers(a, 0, u64::MAX).expect("read").iter().map(|t| t.kind).collect();
+        assert_eq!(kinds, vec![TransferKind::Unclassified; 3], "kinds older journals never had");
     }
 }

@@ -128,6 +128,9 @@ impl Archived {
 pub struct ArchivedLease {
     pub info: gpux_engine::LeaseInfo,
     pub delivery: Option<LeaseDelivery>,
+    /// The instrument it traded on (empty if unknown: archived before
+    /// symbols were kept).
+    pub symbol: String,
 }
 
 /// How long after a preempted lease's end its host may report the workload
@@ -223,11 +226,11 @@ impl MarketState {
                 touched.extend(self.watch_preemptions(&applied.events));
                 self.refresh_scores(&touched, input.at_ms);
                 let archive_by_ms = input.at_ms.saturating_sub(LEASE_RETENTION_MS);
-                for info in self.engine.archive_leases(archive_by_ms) {
+                for (info, symbol) in self.engine.archive_leases_with_symbols(archive_by_ms) {
                     self.ledger.forget_lease(info.lease);
                     let delivery = self.deliveries.forget_lease(info.lease);
                     self.rematch.forget_lease(info.lease);
-                    applied.archived.leases.push(ArchivedLease { info, delivery });
+                    applied.archived.leases.push(ArchivedLease { info, delivery, symbol });
                 }
                 // An expired window's contracts leave too (nothing queries them;
                 // the journal holds their history), and a day later the window.

@@ -491,6 +491,21 @@ pub enum ClientMessage {
         #[serde(default)]
         account: Option<AccountId>,
     },
+    /// The account's (or, with `account`, a sub-account's) signed invoice
+    /// for a closed UTC month `YYYY-MM` (docs/protocol.md "Invoices"), its
+    /// lines a page at a time from `offset`.
+    Invoice {
+        id: u64,
+        period: String,
+        #[serde(default)]
+        account: Option<AccountId>,
+        #[serde(default)]
+        offset: u32,
+    },
+    /// The exchange's public key, which signs invoices (public).
+    ExchangeKey {
+        id: u64,
+    },
 }
 
 impl ClientMessage {
@@ -538,6 +553,8 @@ impl ClientMessage {
             | AddKey { id, .. }
             | RevokeKey { id, .. }
             | Keys { id, .. }
+            | Invoice { id, .. }
+            | ExchangeKey { id }
             | Ping { id } => *id,
         }
     }
@@ -820,6 +837,22 @@ pub enum ServerMessage {
         account: AccountId,
         keys: Vec<KeyInfo>,
     },
+    /// Answer to `invoice`: the invoice with this page's lines
+    /// (`line_count` in all; ask again from `next_offset` while set), and
+    /// the exchange's signature over the whole invoice.
+    Invoice {
+        id: u64,
+        invoice: Box<crate::invoice::Invoice>,
+        line_count: u32,
+        next_offset: Option<u32>,
+        signature: String,
+        exchange_key: String,
+    },
+    /// Answer to `exchange_key`.
+    ExchangeKey {
+        id: u64,
+        public_key: String,
+    },
 }
 
 impl ServerMessage {
@@ -855,6 +888,8 @@ impl ServerMessage {
             | KeyAdded { id, .. }
             | KeyRevoked { id, .. }
             | Keys { id, .. }
+            | Invoice { id, .. }
+            | ExchangeKey { id, .. }
             | Pong { id, .. } => Some(*id),
             Error { id, .. } => *id,
             Challenge { .. }
@@ -974,6 +1009,12 @@ pub enum ErrorCode {
     /// A key or sub-account request naming an account that is not one of
     /// the authenticated account's sub-accounts.
     NotYourSubAccount,
+    /// `invoice` for a period that is not a `YYYY-MM` month, or that has
+    /// not ended yet.
+    PeriodInvalid,
+    /// The invoice could not be read from the journal (the operator's logs
+    /// say why); try again.
+    InvoiceUnavailable,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -1046,6 +1087,8 @@ impl ErrorCode {
             OwnerKey => "an account's owner key cannot be revoked",
             TooManyKeys => "the account holds the maximum of 32 keys besides its owner key; revoke one first",
             NotYourSubAccount => "the account named is not one of your sub-accounts",
+            PeriodInvalid => "the period must be a UTC month YYYY-MM that has ended",
+            InvoiceUnavailable => "the invoice could not be built just now; try again",
             LivenessInvalid => "the liveness observation is not signed by this account's key, or its interval is empty, over an hour, outside the lease, in the future or not after the previous one",
         }
     }

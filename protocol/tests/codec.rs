@@ -114,6 +114,8 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         },
         ClientMessage::RevokeKey { id: 37, public_key: "ef".repeat(32) },
         ClientMessage::Keys { id: 38, account: None },
+        ClientMessage::Invoice { id: 39, period: "2026-11".into(), account: Some(AccountId(12)), offset: 200 },
+        ClientMessage::ExchangeKey { id: 40 },
     ]
 }
 

@@ -78,6 +78,70 @@ pub struct Transfer {
     pub to: LedgerAccount,
     pub amount_minor: u64,
     pub lease: Option<LeaseId>,
+    /// What the movement was (from the event that posted it). Not in the
+    /// transfer's stored record (older journals have none): the journal
+    /// keeps it in its per-account index.
+    #[serde(skip)]
+    pub kind: TransferKind,
+}
+
+/// What a transfer was, named after the engine event that posted it: what
+/// invoices group lines by (docs/market-rules.md "Invoices").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[repr(u8)]
+pub enum TransferKind {
+    /// Posted by a journal older than transfer kinds.
+    #[default]
+    Unclassified = 0,
+    Deposit = 1,
+    Withdrawal = 2,
+    Hold = 3,
+    Release = 4,
+    /// A usage (or reserved window) charge paid to the supplier's payable.
+    UsageCharge = 5,
+    /// Usage nothing covered: the renter's debt, the supplier's payable.
+    UsageUnpaid = 6,
+    /// The exchange's fee on a usage charge.
+    Fee = 7,
+    DebtRepaid = 8,
+    Payout = 9,
+    /// An SLA credit (a lease under its availability level).
+    SlaCredit = 10,
+    /// The credit for a reserved window not delivered.
+    DeliveryCredit = 11,
+    /// A supplier's share of disputed time, withheld.
+    DisputeWithheld = 12,
+    /// A reserved contract's resale: the price difference between buyer and seller.
+    ContractSettlement = 13,
+    /// Funds moved between a parent and its sub-account.
+    FundsMoved = 14,
+}
+
+impl TransferKind {
+    pub fn from_u8(value: u8) -> TransferKind {
+        use TransferKind::*;
+        [
+            Unclassified,
+            Deposit,
+            Withdrawal,
+            Hold,
+            Release,
+            UsageCharge,
+            UsageUnpaid,
+            Fee,
+            DebtRepaid,
+            Payout,
+            SlaCredit,
+            DeliveryCredit,
+            DisputeWithheld,
+            ContractSettlement,
+            FundsMoved,
+        ]
+        .get(value as usize)
+        .copied()
+        .unwrap_or(Unclassified)
+    }
 }
 
 /// A ledger posting that would break an invariant; the ledger stops there
@@ -203,9 +267,10 @@ impl Ledger {
             }
             _ => {}
         }
+        let kind = transfer_kind(&event.kind);
         let mut posted = Vec::with_capacity(legs.len());
         for (leg, (from, to, amount_minor, lease)) in legs.into_iter().enumerate() {
-            let transfer = Transfer { id: event.seq * 4 + leg as u64, at_ms: event.at_ms, from, to, amount_minor, lease };
+            let transfer = Transfer { id: event.seq * 4 + leg as u64, at_ms: event.at_ms, from, to, amount_minor, lease, kind };
             self.post(transfer)?;
             posted.push(transfer);
         }
@@ -237,6 +302,27 @@ impl Ledger {
         self.transfers += 1;
         debug_assert_eq!(self.sum(), 0);
         Ok(())
+    }
+}
+
+/// The kind of every transfer an event posts.
+fn transfer_kind(event: &EventKind) -> TransferKind {
+    match event {
+        EventKind::FundsDeposited { .. } => TransferKind::Deposit,
+        EventKind::FundsWithdrawn { .. } => TransferKind::Withdrawal,
+        EventKind::FundsMoved { .. } => TransferKind::FundsMoved,
+        EventKind::FundsHeld { .. } => TransferKind::Hold,
+        EventKind::FundsReleased { .. } => TransferKind::Release,
+        EventKind::FundsCharged { to: Some(_), .. } => TransferKind::ContractSettlement,
+        EventKind::FundsCharged { to: None, .. } => TransferKind::UsageCharge,
+        EventKind::UsageUnpaid { .. } => TransferKind::UsageUnpaid,
+        EventKind::FeeCharged { .. } => TransferKind::Fee,
+        EventKind::DebtRepaid { .. } => TransferKind::DebtRepaid,
+        EventKind::PayoutSent { .. } => TransferKind::Payout,
+        EventKind::SlaCredited { .. } => TransferKind::SlaCredit,
+        EventKind::DeliveryCredited { .. } => TransferKind::DeliveryCredit,
+        EventKind::UsageDisputed { .. } => TransferKind::DisputeWithheld,
+        _ => TransferKind::Unclassified,
     }
 }
 

@@ -14,6 +14,7 @@
 //! split into reports, the charges add up to the exact amount rounded down,
 //! so never more than one minor unit below it.
 
+pub mod invoice;
 pub mod ledger;
 
 use std::collections::{BTreeMap, VecDeque};

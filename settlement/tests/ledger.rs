@@ -12,7 +12,9 @@
 //! - what renters were charged equals what suppliers were credited, and the
 //!   fees are exactly the rulebook's fee on each lease's charges: nothing is
 //!   paid twice;
-//! - replaying the event stream into a fresh ledger gives the same balances.
+//! - replaying the event stream into a fresh ledger gives the same balances;
+//! - every account's invoice reconciles with its ledger balances, and its
+//!   usage, earnings and fee lines add up to the reference figures.
 
 use std::collections::BTreeMap;
 
@@ -77,6 +79,8 @@ struct World {
     usage_charged: u128,
     supplier_credited: u128,
     charged_per_lease: BTreeMap<LeaseId, u128>,
+    /// Every transfer posted, with its kind.
+    transfers: Vec<gpux_settlement::ledger::Transfer>,
 }
 
 fn supplier_key(supplier: AccountId) -> SigningKey {
@@ -99,6 +103,7 @@ impl World {
             usage_charged: 0,
             supplier_credited: 0,
             charged_per_lease: BTreeMap::new(),
+            transfers: Vec::new(),
         };
         // Accounts 0..3: renters (2 is 0's sub-account); 3, 4: suppliers
         // with a 3-GPU host each.
@@ -142,6 +147,7 @@ impl World {
                 if matches!(transfer.to, LedgerAccount::Payable(_)) {
                     self.supplier_credited += transfer.amount_minor as u128;
                 }
+                self.transfers.push(transfer);
             }
         }
         self.events.extend_from_slice(&events);
@@ -281,6 +287,41 @@ impl World {
         assert_eq!(self.ledger.balance(LedgerAccount::SlaPool), 0, "SLA credits pass straight through the pool");
     }
 
+    /// Each account's invoice over everything so far reconciles with the
+    /// ledger, and its lines add up to the reference figures: renters'
+    /// usage lines to what usage charged, suppliers' earnings to what they
+    /// were credited, their fee lines to the fees account.
+    fn check_invoices(&self) {
+        use gpux_protocol::InvoiceItem;
+        let (mut usage, mut earnings, mut fees) = (0i128, 0i128, 0i128);
+        for account in (0..5).map(AccountId) {
+            let transfers: Vec<_> = self.transfers.iter().filter(|t| t.involves(account)).copied().collect();
+            let header = gpux_settlement::invoice::InvoiceHeader {
+                account,
+                parent: self.engine.parent_of(account),
+                period: "2026-12".into(),
+                period_start_ms: 0,
+                period_end_ms: u64::MAX,
+                issuer: "test".into(),
+                currency: "USD".into(),
+                minor_per_unit: 1_000_000,
+                tax: Some(("VAT".into(), 2_000, "GB1".into())),
+            };
+            let invoice = gpux_settlement::invoice::build_invoice(header, &transfers, &BTreeMap::new());
+            assert_eq!(gpux_settlement::invoice::reconcile(&invoice, &transfers), Ok(()), "invoice of {account}");
+            let sum = |item: InvoiceItem| invoice.lines.iter().filter(|l| l.item == item).map(|l| l.amount_minor as i128).sum::<i128>();
+            usage += sum(InvoiceItem::Usage);
+            earnings += sum(InvoiceItem::Earnings);
+            fees += sum(InvoiceItem::Fee);
+            assert_eq!(sum(InvoiceItem::Unclassified), 0, "every transfer has its kind");
+            let lines: i128 = invoice.lines.iter().map(|l| l.amount_minor as i128).sum();
+            assert_eq!(lines, invoice.totals.amount_due_minor as i128);
+        }
+        assert_eq!(usage, self.usage_charged as i128, "renters' usage lines are what usage charged");
+        assert_eq!(earnings, -(self.supplier_credited as i128), "suppliers' earnings lines are what they were credited");
+        assert_eq!(fees, self.ledger.balance(LedgerAccount::Fees), "fee lines are the fees account");
+    }
+
     /// A fresh ledger fed the same events reaches the same balances.
     fn check_replay(&self) {
         let mut replayed = Ledger::new();
@@ -304,6 +345,7 @@ proptest! {
         world.run(Op::Advance(3 * 3_600_000));
         world.check();
         world.check_replay();
+        world.check_invoices();
     }
 }
 

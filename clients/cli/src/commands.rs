@@ -326,6 +326,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             acknowledged(s.ask(ClientMessage::Payout { id, account: None, amount_minor }, json).await?, "paid out")
         }
         Command::SubAccount { action } => crate::access::sub_account(s, action, json).await,
+        Command::Invoice { period, sub_account, html, pdf } => crate::invoice::invoice(s, period, sub_account, html, pdf, json).await,
         Command::Keys { action } => crate::access::keys(s, action, json).await,
         Command::Book { .. } | Command::Instruments { .. } | Command::Supplier { .. } | Command::Renter { .. } | Command::Asks { .. } => {
             unreachable!("handled before login")

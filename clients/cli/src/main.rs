@@ -34,6 +34,7 @@ pub fn write_line(args: std::fmt::Arguments) {
 mod access;
 mod book;
 mod commands;
+mod invoice;
 mod keys;
 mod money;
 mod run;
@@ -235,6 +236,20 @@ pub enum Command {
     Lease {
         #[command(subcommand)]
         action: LeaseAction,
+    },
+    /// Your signed invoice for a closed month (or a sub-account's), checked against the exchange's key.
+    Invoice {
+        /// The UTC month, YYYY-MM.
+        #[arg(long)]
+        period: String,
+        #[arg(long)]
+        sub_account: Option<u32>,
+        /// Also write it as a printable HTML page.
+        #[arg(long)]
+        html: Option<PathBuf>,
+        /// Also write it as PDF (printed by a headless Chromium on this machine).
+        #[arg(long)]
+        pdf: Option<PathBuf>,
     },
     /// Sub-accounts for your own customers: open, fund, limit, list (docs/market-rules.md "Sub-accounts").
     SubAccount {

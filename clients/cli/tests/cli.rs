@@ -15,6 +15,15 @@ use gpux_protocol::{ClientMessage, ServerMessage};
 struct Exchange {
     url: String,
     _stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<anyhow::Result<u64>>,
+}
+
+impl Exchange {
+    /// Stops it and waits until its files are closed.
+    fn stop(self) {
+        drop(self._stop);
+        self.thread.join().expect("the exchange thread").expect("a clean stop");
+    }
 }
 
 fn free_port() -> u16 {
@@ -22,6 +31,11 @@ fn free_port() -> u16 {
 }
 
 fn start_exchange(data_dir: &Path, operator_public_key: [u8; 32]) -> Exchange {
+    start_exchange_at(data_dir, operator_public_key, 0)
+}
+
+/// With the exchange's clock `clock_offset_ms` ahead of the wall clock.
+fn start_exchange_at(data_dir: &Path, operator_public_key: [u8; 32], clock_offset_ms: i64) -> Exchange {
     let port = free_port();
     let (stop, stopped) = tokio::sync::oneshot::channel();
     let config = gpux_exchange::ExchangeConfig {
@@ -34,15 +48,16 @@ fn start_exchange(data_dir: &Path, operator_public_key: [u8; 32]) -> Exchange {
         console_listen: None,
         tls: None,
         billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: 250, grace_ms: 600_000 },
-        clock_offset_ms: 0,
+        clock_offset_ms,
         challenge_interval_ms: gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT,
         on_listening: None,
+        invoicing: Default::default(),
     };
-    std::thread::spawn(move || gpux_exchange::run_until(config, gpux_exchange::Stop::Channel(stopped)));
+    let thread = std::thread::spawn(move || gpux_exchange::run_until(config, gpux_exchange::Stop::Channel(stopped)));
     let url = format!("ws://127.0.0.1:{port}");
     for _ in 0..100 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Exchange { url, _stop: stop };
+            return Exchange { url, _stop: stop, thread };
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
@@ -211,6 +226,55 @@ fn an_aggregator_runs_a_customer_sub_account_with_the_cli() {
     assert!(ok(gpux(url, &key("aggregator"), &["sub-account", "defund", &sub.to_string(), "110"])).contains("moved $110.00 back"));
     let statement = ok(gpux(url, &key("aggregator"), &["statement"]));
     assert!(statement.contains(&format!("available:{sub}")), "the moves are on the parent's statement: {statement}");
+}
+
+/// Last month's invoice from the CLI: fetched, verified with the
+/// exchange's key, printed, written as HTML and (with a Chromium on this
+/// machine) printed to PDF.
+#[test]
+fn gpux_invoice_prints_verifies_and_renders_last_months_invoice() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = |name: &str| -> PathBuf { dir.path().join(format!("{name}.key")) };
+    let offline = "ws://127.0.0.1:1";
+    for name in ["operator", "renter"] {
+        ok(gpux(offline, &key(name), &["keys", "create"]));
+    }
+    let operator_public = ok(gpux(offline, &key("operator"), &["keys", "show"]));
+    let operator_public: [u8; 32] = hex::decode(operator_public.trim()).expect("hex").try_into().expect("32 bytes");
+    let data = dir.path().join("data");
+    let exchange = start_exchange(&data, operator_public);
+    let login = ok(gpux(&exchange.url, &key("renter"), &["login", "--role", "renter"]));
+    let renter: u32 = login.split_whitespace().nth(4).and_then(|a| a.parse().ok()).expect("an account id");
+    ok(gpux(&exchange.url, &key("operator"), &["deposit", &renter.to_string(), "100"]));
+    ok(gpux(&exchange.url, &key("renter"), &["withdraw", "10"]));
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64;
+    let month = gpux_engine::time::format_month(now);
+    let open = gpux(&exchange.url, &key("renter"), &["invoice", "--period", &month]);
+    assert_eq!(open.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&open.stderr).contains("period_invalid"), "this month has not ended: {open:?}");
+    exchange.stop();
+
+    // The next month: an hour after this one ended.
+    let (_, end) = gpux_engine::time::month_bounds_ms(&month).expect("a month");
+    let exchange = start_exchange_at(&data, operator_public, (end + 3_600_000 - now) as i64);
+    let html = dir.path().join("invoice.html");
+    let printed = ok(gpux(&exchange.url, &key("renter"), &["invoice", "--period", &month, "--html", html.to_str().expect("utf-8")]));
+    let number = format!("GPUX-{renter}-{}", month.replace('-', ""));
+    assert!(printed.contains(&format!("invoice {number} for account {renter}")), "{printed}");
+    assert!(printed.contains("amount due $0.00") && printed.contains("deposits $100.00, withdrawals $10.00"), "{printed}");
+    assert!(printed.contains("signature verified with the exchange's key"), "{printed}");
+    let page = std::fs::read_to_string(&html).expect("the HTML page");
+    assert!(page.contains(&format!("<h1>Invoice {number}</h1>")) && page.contains("signature "), "{page}");
+    let chromium = ["chromium", "chromium-browser"].iter().any(|name| {
+        std::process::Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().is_ok_and(|o| o.status.success())
+    });
+    if chromium || std::env::var_os("GPUX_REQUIRE_BROWSER").is_some() {
+        let pdf = dir.path().join("invoice.pdf");
+        ok(gpux(&exchange.url, &key("renter"), &["invoice", "--period", &month, "--pdf", pdf.to_str().expect("utf-8")]));
+        let bytes = std::fs::read(&pdf).expect("the PDF");
+        assert!(bytes.starts_with(b"%PDF-") && bytes.len() > 1_000, "a PDF document ({} bytes)", bytes.len());
+    }
+    exchange.stop();
 }
 
 #[test]

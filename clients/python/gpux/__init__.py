@@ -1,6 +1,6 @@
 """gpux: Python client for the gpux GPU-capacity exchange (docs/protocol.md)."""
 
-from .client import Book, Client, GpuxError, Key
+from .client import Book, Client, GpuxError, Key, invoice_signed_bytes, verify_invoice
 from .delivery import Secrets, Workload, describe
 from .messages import (
     A100_PREEMPT,
@@ -45,6 +45,8 @@ __all__ = [
     "Trade",
     "Workload",
     "describe",
+    "invoice_signed_bytes",
+    "verify_invoice",
     "dollars",
     "parse",
 ]

@@ -14,7 +14,8 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives import serialization
 from websockets.asyncio.client import connect as ws_connect
 
@@ -39,6 +40,25 @@ def liveness_signed_bytes(lease: int, start_ms: int, end_ms: int, reachable: boo
     """The bytes a liveness observation's signature covers (docs/protocol.md
     "Liveness observations")."""
     return LIVENESS_DOMAIN + _varint(lease) + _varint(start_ms) + _varint(end_ms) + bytes([1 if reachable else 0])
+
+
+INVOICE_DOMAIN = b"gpux-invoice-v1:"
+
+
+def invoice_signed_bytes(invoice: dict) -> bytes:
+    """What the exchange signs for an invoice: the domain, then the whole
+    invoice as canonical JSON (docs/protocol.md "Invoices")."""
+    return INVOICE_DOMAIN + json.dumps(invoice, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def verify_invoice(invoice: dict, signature: str, public_key: str) -> bool:
+    """Whether `signature` is the exchange key `public_key`'s over `invoice`
+    (all of its lines): anyone can check an invoice with the published key."""
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_key)).verify(bytes.fromhex(signature), invoice_signed_bytes(invoice))
+        return True
+    except (InvalidSignature, ValueError):
+        return False
 
 
 class GpuxError(Exception):
@@ -342,6 +362,28 @@ class Client:
     async def keys(self, account: Optional[int] = None) -> list[dict]:
         """The keys of this account (or of sub-account `account`), owner key first."""
         return (await self.request("keys", account=account)).fields["keys"]
+
+    async def exchange_key(self) -> str:
+        """The exchange's public key (hex), which signs invoices."""
+        return (await self.request("exchange_key")).fields["public_key"]
+
+    async def invoice(self, period: str, account: Optional[int] = None) -> dict:
+        """The signed invoice for a closed month `YYYY-MM` (of sub-account
+        `account`), every page put together and its signature checked
+        against the exchange's published key (GpuxError `invoice_forged`
+        if it does not verify). Returns `invoice`, `signature`, `exchange_key`."""
+        published = await self.exchange_key()
+        lines, offset = [], 0
+        while True:
+            page = (await self.request("invoice", period=period, account=account, offset=offset)).fields
+            lines += page["invoice"]["lines"]
+            if page.get("next_offset") is None:
+                break
+            offset = page["next_offset"]
+        invoice = dict(page["invoice"], lines=lines)
+        if page["exchange_key"] != published or not verify_invoice(invoice, page["signature"], published):
+            raise GpuxError("invoice_forged", f"invoice {invoice['number']} does not verify with the exchange's key {published}")
+        return {"invoice": invoice, "signature": page["signature"], "exchange_key": published}
 
     async def end_lease(self, lease: int) -> m.Ack:
         return await self.request("end_lease", lease=lease)

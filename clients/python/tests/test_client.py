@@ -5,6 +5,7 @@ an operator key made for the test) and speaks only the documented protocol.
 """
 
 import asyncio
+import calendar
 import os
 import socket
 import subprocess
@@ -50,6 +51,27 @@ def exchange():
         finally:
             process.terminate()
             process.wait(timeout=10)
+
+
+import contextlib
+
+
+@contextlib.contextmanager
+def exchange_on(data: str, operator, port: int, extra=()):
+    """The exchange binary on a given data directory and port."""
+    process = subprocess.Popen(
+        [str(EXCHANGE), "--data-dir", data, "--listen", f"127.0.0.1:{port}", "--metrics-listen", "off", "--console-listen", "off",
+         "--operator-key", operator.public_hex(), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        for line in process.stdout:
+            if "listening on" in line:
+                break
+        yield f"ws://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
 
 
 def run(coroutine):
@@ -258,6 +280,48 @@ def test_an_aggregator_keeps_customers_apart_in_sub_accounts_with_scoped_keys(ex
         await parent.close()
 
     run(scenario())
+
+
+def test_last_months_invoice_verifies_with_the_exchange_key_and_a_changed_one_does_not():
+    operator, key = gpux.Key.generate(), gpux.Key.generate()
+    port = free_port()
+    with tempfile.TemporaryDirectory() as data:
+        with exchange_on(data, operator, port) as url:
+
+            async def this_month():
+                renter = await gpux.Client.connect(url, key, role="renter")
+                async with await gpux.Client.connect(url, operator, role="operator") as op:
+                    await op.deposit(renter.account, gpux.dollars("100"))
+                await renter.withdraw(gpux.dollars("10"))
+                now = renter.exchange_now_ms()
+                with pytest.raises(gpux.GpuxError) as open_month:
+                    await renter.invoice(time.strftime("%Y-%m", time.gmtime(now / 1000)))
+                assert open_month.value.code == "period_invalid"
+                await renter.close()
+                return renter.account, now
+
+            account, now = run(this_month())
+        month = time.strftime("%Y-%m", time.gmtime(now / 1000))
+        year, mon = map(int, month.split("-"))
+        next_month = f"{year + (mon == 12)}-{1 if mon == 12 else mon + 1:02d}-01"
+        month_end = calendar.timegm(time.strptime(next_month, "%Y-%m-%d")) * 1000
+        offset = month_end + 3_600_000 - int(time.time() * 1000)
+        with exchange_on(data, operator, port, ["--clock-offset-ms", str(offset), "--invoice-issuer", "Example GPU Exchange Ltd"]) as url:
+
+            async def next_one():
+                async with await gpux.Client.connect(url, key) as renter:
+                    got = await renter.invoice(month)
+                    invoice = got["invoice"]
+                    assert invoice["number"] == f"GPUX-{account}-{month.replace('-', '')}"
+                    assert invoice["issuer"] == "Example GPU Exchange Ltd"
+                    assert invoice["totals"]["deposits_minor"] == gpux.dollars("100")
+                    assert invoice["totals"]["withdrawals_minor"] == gpux.dollars("10")
+                    assert invoice["totals"]["amount_due_minor"] == 0 and invoice["lines"] == []
+                    assert gpux.verify_invoice(invoice, got["signature"], got["exchange_key"]), "Python rebuilds the signed bytes"
+                    changed = dict(invoice, totals=dict(invoice["totals"], withdrawals_minor=1))
+                    assert not gpux.verify_invoice(changed, got["signature"], got["exchange_key"])
+
+            run(next_one())
 
 
 def test_a_book_follows_orders_live_and_resyncs_after_a_sequence_gap(exchange):

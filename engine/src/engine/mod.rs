@@ -891,6 +891,12 @@ impl Engine {
     /// `lease` answers `None` and `leases_of` skips it. The market calls this
     /// in its apply path, so live runs and replays archive at the same entry.
     pub fn archive_leases(&mut self, closed_by_ms: u64) -> Vec<LeaseInfo> {
+        self.archive_leases_with_symbols(closed_by_ms).into_iter().map(|(info, _)| info).collect()
+    }
+
+    /// [`archive_leases`](Self::archive_leases), each lease with the symbol
+    /// of the instrument it traded on (what invoices name it by).
+    pub fn archive_leases_with_symbols(&mut self, closed_by_ms: u64) -> Vec<(LeaseInfo, String)> {
         let mut archived = Vec::new();
         while let Some(&(closed_at_ms, lease)) = self.billing_closed.front() {
             if closed_at_ms > closed_by_ms {
@@ -899,13 +905,21 @@ impl Engine {
             self.billing_closed.pop_front();
             if let Some(info) = self.lease(lease) {
                 let instrument = self.leases.retire(lease.0 as usize).expect("a lease answered above").instrument;
+                let mut symbol = String::new();
                 if let Some(instrument) = self.instruments.get_mut(instrument.0 as usize) {
                     instrument.leases_held -= 1;
+                    symbol = instrument.symbol.clone();
                 }
-                archived.push(info);
+                archived.push((info, symbol));
             }
         }
         archived
+    }
+
+    /// The symbol of the instrument a lease the engine holds traded on.
+    pub fn lease_symbol(&self, lease: LeaseId) -> Option<String> {
+        let instrument = self.leases.get(lease.0 as usize)?.instrument;
+        self.instruments.get(instrument.0 as usize).map(|i| i.symbol.clone())
     }
 
     /// Active leases holding `gpu`: `(exclusive, preemptible)`.

@@ -130,6 +130,7 @@ impl Sequencer {
                     self.close_session(session, None, ErrorCode::KeyRevoked);
                 }
             }
+            AccessRequest::Invoice { period, account: named, offset } => self.invoice(connection, id, account, named, period, offset),
             AccessRequest::Keys { account: named } => {
                 let target = named.unwrap_or(account);
                 if target != account && self.market.engine().parent_of(target) != Some(account) {
@@ -138,6 +139,57 @@ impl Sequencer {
                 let keys = self.market.keys().keys_of(target);
                 self.reply(connection, ServerMessage::Keys { id, account: target, keys });
             }
+        }
+    }
+
+    /// Checks an invoice request and hands it to the invoices' worker,
+    /// which answers the connection itself.
+    fn invoice(
+        &mut self,
+        connection: ConnectionId,
+        id: u64,
+        account: gpux_engine::AccountId,
+        named: Option<gpux_engine::AccountId>,
+        period: String,
+        offset: u32,
+    ) {
+        let target = named.unwrap_or(account);
+        let engine = self.market.engine();
+        if target != account && engine.parent_of(target) != Some(account) {
+            return self.reply(connection, error(Some(id), ErrorCode::NotYourSubAccount));
+        }
+        let now = self.market.clock_ms();
+        let Some(bounds) = gpux_engine::time::month_bounds_ms(&period).filter(|&(_, end)| end <= now) else {
+            return self.reply(connection, error(Some(id), ErrorCode::PeriodInvalid));
+        };
+        let mut hot_leases = gpux_settlement::invoice::LeaseRecords::new();
+        let mut offset_leases = 0;
+        loop {
+            let (page, next) = engine.leases_of(target, offset_leases, 1_000);
+            for info in page {
+                let symbol = engine.lease_symbol(info.lease).unwrap_or_default();
+                hot_leases.insert(info.lease, (info, symbol));
+            }
+            match next {
+                Some(next) => offset_leases = next,
+                None => break,
+            }
+        }
+        let parent = engine.parent_of(target);
+        let (Some(desk), Some(outbound)) = (&self.invoices, self.connections.get(&connection).map(|c| c.outbound.clone())) else {
+            return self.reply(connection, error(Some(id), ErrorCode::InvoiceUnavailable));
+        };
+        let job = crate::invoices::Job { outbound, id, account: target, parent, period, bounds, offset, hot_leases };
+        if !desk.submit(job) {
+            self.reply(connection, error(Some(id), ErrorCode::InvoiceUnavailable));
+        }
+    }
+
+    /// The exchange's public key, which signs invoices.
+    pub(super) fn exchange_key(&mut self, connection: ConnectionId, id: u64) {
+        match self.invoices.as_ref().map(|desk| desk.public_key.clone()) {
+            Some(public_key) => self.reply(connection, ServerMessage::ExchangeKey { id, public_key }),
+            None => self.reply(connection, error(Some(id), ErrorCode::InvoiceUnavailable)),
         }
     }
 

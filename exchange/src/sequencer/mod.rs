@@ -115,6 +115,8 @@ pub struct Sequencer {
     challenges: challenges::Schedule,
     /// Sessions whose key expires, by when.
     sessions_expiring: BTreeSet<(u64, ConnectionId)>,
+    /// The invoices' worker (none in the sequencer's own tests).
+    invoices: Option<crate::invoices::InvoiceDesk>,
 }
 
 enum Target {
@@ -131,6 +133,11 @@ enum Pending {
 impl Sequencer {
     pub fn state_hash(&self) -> u64 {
         self.market.state_hash()
+    }
+
+    /// Hands invoice requests to this worker.
+    pub fn set_invoices(&mut self, desk: crate::invoices::InvoiceDesk) {
+        self.invoices = Some(desk);
     }
 
     /// Sets how many frames each market-data feed buffers (`--feed-frames-max`).
@@ -229,6 +236,7 @@ impl Sequencer {
             Request::Challenge { connection, id, request } => self.challenge(connection, id, request),
             Request::Liveness { connection, id, report } => self.liveness(connection, id, *report),
             Request::Access { connection, id, request } => self.access(connection, id, request),
+            Request::ExchangeKey { connection, id } => self.exchange_key(connection, id),
         }
     }
 

@@ -87,6 +87,7 @@ impl Sequencer {
             logs_pending: BTreeMap::new(),
             next_logs_request: 1,
             sessions_expiring: BTreeSet::new(),
+            invoices: None,
             challenges: Default::default(),
         };
         sequencer.set_challenge_interval_ms(super::CHALLENGE_INTERVAL_MS_DEFAULT);
