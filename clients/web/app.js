@@ -4,8 +4,9 @@
 // trades with a price chart, the reserved-window calendar and, once logged
 // in with a key, an order ticket (every order type), the account's orders
 // (each with a cancel button), leases (an end button on active ones; each lease's delivery
-// status and endpoints, and its supplier's reliability score), notices and
-// statement.
+// status and endpoints, and its supplier's reliability score), notices,
+// statement, sub-accounts (open, fund, take back, their balances and
+// limits) and signed invoices (checked against the exchange's key, printable).
 // Plain browser JavaScript over the documented WebSocket protocol
 // (docs/protocol.md): no framework, no build step, nothing fetched from
 // elsewhere at run time. The key never leaves the page: it signs the login
@@ -318,6 +319,20 @@ async function refreshAccount() {
     state.scores.set(supplier, stats.record.score_bps);
   }
   renderLeases();
+  try {
+    const { body: subs } = await request("sub_accounts", { offset: 0 });
+    const limit = (value, show) => (value === null ? "none" : show(value));
+    $("subs").tBodies[0].innerHTML = subs.sub_accounts
+      .map((sub) => {
+        const l = sub.limits;
+        const limits = `orders ${limit(l.max_open_orders, String)} · one bid ${limit(l.max_order_minor, usd)} · held ${limit(l.max_held_minor, usd)}`;
+        return `<tr><td>${sub.account}</td><td>${usd(sub.balances.available_minor)}</td><td>${usd(sub.balances.held_minor)}</td><td>${usd(sub.balances.debt_minor)}</td><td>${sub.open_orders}</td><td>${limits}</td></tr>`;
+      })
+      .join("");
+  } catch (error) {
+    // A key without the read scope sees none (the rest shows what it may).
+    $("subs").tBodies[0].innerHTML = `<tr><td colspan="6">${esc(error.message)}</td></tr>`;
+  }
   const { body: statement } = await request("statement", {});
   $("statement").tBodies[0].innerHTML = statement.lines
     .slice(-30)
@@ -430,6 +445,84 @@ $("leases").onclick = (event) => {
   const lease = event.target.dataset && event.target.dataset.endLease;
   if (lease) act("end_lease", { lease: Number(lease) }, `lease ${lease} ended`);
 };
+
+$("sub-open").onsubmit = async (event) => {
+  event.preventDefault();
+  try {
+    const { body } = await request("open_sub_account");
+    $("sub-result").textContent = `opened sub-account ${body.account} (journal entry ${body.journal_seq})`;
+    $("sub-id").value = body.account;
+    refreshAccount();
+  } catch (error) {
+    $("sub-result").textContent = "refused: " + error.message;
+  }
+};
+
+$("sub-move").onsubmit = async (event) => {
+  event.preventDefault();
+  try {
+    const sub_account = Number($("sub-id").value);
+    const amount_minor = parseDollars($("sub-amount").value);
+    const to_sub_account = $("sub-direction").value === "in";
+    const { body } = await request("move_funds", { sub_account, amount_minor, to_sub_account });
+    $("sub-result").textContent = `moved ${usd(amount_minor)} ${to_sub_account ? "to" : "back from"} sub-account ${sub_account} (journal entry ${body.journal_seq})`;
+    refreshAccount();
+  } catch (error) {
+    $("sub-result").textContent = "refused: " + error.message;
+  }
+};
+
+// JSON with every object's keys sorted and no whitespace: the form the
+// exchange signs (docs/protocol.md "Invoices").
+function canonical(value) {
+  if (Array.isArray(value)) return "[" + value.map(canonical).join(",") + "]";
+  if (value !== null && typeof value === "object") {
+    return "{" + Object.keys(value).sort().map((k) => JSON.stringify(k) + ":" + canonical(value[k])).join(",") + "}";
+  }
+  return JSON.stringify(value);
+}
+
+const signedUsd = (minor) => (minor < 0 ? "-" + usd(-minor) : usd(minor));
+
+async function showInvoice(period, account) {
+  const out = $("invoice");
+  try {
+    const { body: published } = await request("exchange_key");
+    let lines = [];
+    let offset = 0;
+    let page;
+    for (;;) {
+      ({ body: page } = await request("invoice", { period, account, offset }));
+      lines = lines.concat(page.invoice.lines);
+      if (page.next_offset === null) break;
+      offset = page.next_offset;
+    }
+    const invoice = { ...page.invoice, lines };
+    const key = await crypto.subtle.importKey("raw", fromHex(published.public_key), { name: "Ed25519" }, false, ["verify"]);
+    const bytes = new TextEncoder().encode("gpux-invoice-v1:" + canonical(invoice));
+    const verified = page.exchange_key === published.public_key && (await crypto.subtle.verify({ name: "Ed25519" }, key, fromHex(page.signature), bytes));
+    const t = invoice.totals;
+    const rows = invoice.lines
+      .map((l) => `<tr><td>${l.lease ?? "—"}</td><td>${esc(l.instrument)}</td><td>${l.item}</td><td>${l.price_minor_per_gpu_hour === null ? "" : usd(l.price_minor_per_gpu_hour)}</td><td>${signedUsd(l.amount_minor)}</td></tr>`)
+      .join("");
+    const tax = invoice.tax ? `<p>includes ${esc(invoice.tax.name)} ${(invoice.tax.rate_bps / 100).toFixed(2)}% (${esc(invoice.tax.registration)}): ${usd(invoice.tax.included_minor)}</p>` : "";
+    out.innerHTML = `<h4>Invoice ${esc(invoice.number)}</h4><p>${esc(invoice.issuer)} · account ${invoice.account}${invoice.parent === null ? "" : ` (sub-account of ${invoice.parent})`} · ${esc(invoice.period)} (UTC) · ${esc(invoice.currency)}</p>
+      <table><thead><tr><th>lease</th><th>instrument</th><th>item</th><th>$/GPU-h</th><th>amount</th></tr></thead><tbody>${rows}</tbody></table>
+      <p>charges ${usd(t.charges_minor)} · credits ${usd(t.credits_minor)} · <strong>amount due <span id="invoice-due">${signedUsd(t.amount_due_minor)}</span></strong></p>
+      <p>deposits ${usd(t.deposits_minor)} · withdrawals ${usd(t.withdrawals_minor)} · payouts ${usd(t.payouts_minor)} · moved in ${usd(t.moved_in_minor)} · moved out ${usd(t.moved_out_minor)}</p>${tax}
+      <p class="${verified ? "verified" : "forged"}" id="invoice-check">${verified ? "signature verified" : "signature does NOT verify"} with the exchange's key ${published.public_key}</p>`;
+  } catch (error) {
+    out.textContent = "refused: " + error.message;
+  }
+}
+
+$("invoice-form").onsubmit = (event) => {
+  event.preventDefault();
+  const account = $("invoice-account").value.trim() ? Number($("invoice-account").value) : null;
+  showInvoice($("invoice-period").value.trim(), account);
+};
+
+$("invoice-print").onclick = () => window.print();
 
 $("ticket").onsubmit = (event) => {
   event.preventDefault();

@@ -252,6 +252,7 @@ class Client:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(self.closed)
+        self._pending.clear()
 
     async def request(self, kind: str, **fields: Any) -> Any:
         """Sends `{kind: {id, **fields}}` and returns the parsed answer;
@@ -262,8 +263,18 @@ class Client:
         request_id = self._next_id
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
-        await self._socket.send(json.dumps({kind: {"id": request_id, **fields}}))
-        answer = await asyncio.wait_for(future, 30)
+        try:
+            await self._socket.send(json.dumps({kind: {"id": request_id, **fields}}))
+            answer = await asyncio.wait_for(future, 30)
+        except (GpuxError, asyncio.TimeoutError):
+            raise
+        except Exception as error:
+            # The socket closed under the request: the close reason says why
+            # (the reader sets it as it sees the close).
+            await asyncio.sleep(0)
+            raise (self.closed or GpuxError("connection_closed", str(error))) from error
+        finally:
+            self._pending.pop(request_id, None)
         if isinstance(answer, (m.Reject, m.Error)):
             raise GpuxError(answer.code, answer.message)
         return answer

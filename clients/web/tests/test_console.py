@@ -275,3 +275,54 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
         await supplier.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None and not os.environ.get("GPUX_REQUIRE_BROWSER"), reason="Chromium is not installed (.ci/run installs it)"
+)
+def test_the_console_opens_and_funds_a_sub_account_and_shows_a_verified_invoice(exchange_with_console):
+    url, console, operator = exchange_with_console
+
+    async def scenario():
+        key = gpux.Key.generate()
+        aggregator = await gpux.Client.connect(url, key, role="aggregator")
+        async with await gpux.Client.connect(url, operator, role="operator") as op:
+            await op.deposit(aggregator.account, gpux.dollars("100"))
+        with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
+            browser = Browser(profile)
+            await browser.open()
+            try:
+                await browser.call("Page.navigate", url=console)
+                await browser.wait_until("document.querySelectorAll('#instruments li').length >= 10", what="the instrument list")
+                await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
+                await browser.evaluate("document.querySelector('#login button').click()")
+                await browser.wait_until(f"document.getElementById('account').textContent.includes('account {aggregator.account}')", what="login")
+
+                await browser.evaluate("document.querySelector('#sub-open button').click()")
+                await browser.wait_until("document.getElementById('sub-result').textContent.startsWith('opened sub-account')", what="the sub-account")
+                sub = int((await browser.evaluate("document.getElementById('sub-result').textContent")).split()[2])
+                await browser.evaluate("document.getElementById('sub-amount').value = '25'")
+                await browser.evaluate("document.querySelector('#sub-move button').click()")
+                await browser.wait_until(f"document.getElementById('sub-result').textContent.startsWith('moved $25.000 to sub-account {sub}')", what="the move")
+                await browser.wait_until(f"document.getElementById('subs').innerText.includes('$25.000')", what="the sub-account's balance")
+                subs = await aggregator.sub_accounts()
+                assert [(s["account"], s["balances"]["available_minor"]) for s in subs] == [(sub, gpux.dollars("25"))], "moved on the exchange"
+
+                # Last month's invoice (closed; nothing happened in it), checked in the page with WebCrypto.
+                now = time.gmtime()
+                last = f"{now.tm_year - (now.tm_mon == 1)}-{12 if now.tm_mon == 1 else now.tm_mon - 1:02d}"
+                await browser.evaluate(f"document.getElementById('invoice-period').value = '{last}'")
+                await browser.evaluate("document.querySelector('#invoice-form button').click()")
+                await browser.wait_until("document.getElementById('invoice').innerText.includes('signature')", what="the invoice")
+                shown = await browser.evaluate("document.getElementById('invoice').innerText")
+                assert f"Invoice GPUX-{aggregator.account}-{last.replace('-', '')}" in shown, shown
+                assert "signature verified" in shown and "NOT" not in shown, shown
+                this = time.strftime("%Y-%m", now)
+                await browser.evaluate(f"document.getElementById('invoice-period').value = '{this}'")
+                await browser.evaluate("document.querySelector('#invoice-form button').click()")
+                await browser.wait_until("document.getElementById('invoice').innerText.includes('period_invalid')", what="the open month refused")
+                await aggregator.close()
+            finally:
+                await browser.close()
+
+    asyncio.run(scenario())
