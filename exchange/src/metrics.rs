@@ -118,6 +118,33 @@ impl Metrics {
         metrics
     }
 
+    /// Every metric the process serves: its name and label names (series
+    /// of labelled metrics appear in a scrape only once they exist).
+    pub fn descriptions(&self) -> Vec<(String, Vec<String>)> {
+        let mut collectors: Vec<&dyn prometheus::core::Collector> = vec![
+            &self.commands,
+            &self.orders,
+            &self.rejects,
+            &self.journal_entries,
+            &self.feed_resyncs,
+            &self.trades,
+            &self.traded_gpus,
+            &self.leases_opened,
+            &self.leases_closed,
+            &self.usage_accepted,
+            &self.usage_refused,
+            &self.scope_refusals,
+            &self.delivery_statuses,
+            &self.challenges_issued,
+            &self.challenge_outcomes,
+            &self.commit_seconds,
+            &self.time_to_running_seconds,
+            &self.book_quantity,
+        ];
+        collectors.extend(self.gateway.collectors());
+        collectors.iter().flat_map(|c| c.desc()).map(|d| (d.fq_name.clone(), d.variable_labels.clone())).collect()
+    }
+
     pub fn observe_commit(&self, took: Duration) {
         self.commit_seconds.observe(took.as_secs_f64());
     }
@@ -167,4 +194,86 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
         }),
     );
     crate::http::serve(listener, "metrics", gateway, router).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::*;
+
+    fn registered() -> BTreeMap<String, BTreeSet<String>> {
+        Metrics::new().descriptions().into_iter().map(|(name, labels)| (name, labels.into_iter().collect())).collect()
+    }
+
+    /// The label names a docs table cell gives: the backticked words outside
+    /// parentheses, before a colon (what follows it lists values).
+    fn label_names(cell: &str) -> BTreeSet<String> {
+        let head = cell.split(':').next().unwrap_or("");
+        let (mut depth, mut outside) = (0, String::new());
+        for c in head.chars() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                c if depth == 0 => outside.push(c),
+                _ => {}
+            }
+        }
+        outside.split('`').skip(1).step_by(2).map(str::to_string).collect()
+    }
+
+    /// docs/protocol.md "Metrics": every metric with its label names, as registered.
+    #[test]
+    fn the_metrics_table_lists_every_metric_with_its_labels() {
+        let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md")).expect("docs/protocol.md");
+        let section = docs.split("\n## Metrics\n").nth(1).expect("the section").split("\n## ").next().expect("its text");
+        let mut documented = BTreeMap::new();
+        for row in section.lines().filter(|l| l.starts_with("| `gpux_")) {
+            let cells: Vec<&str> = row.split('|').collect();
+            for name in cells[1].split('`').skip(1).step_by(2) {
+                documented.insert(name.to_string(), label_names(cells[3]));
+            }
+        }
+        assert_eq!(documented, registered(), "docs/protocol.md lists exactly the registered metrics, each with its labels");
+    }
+
+    /// packaging/grafana/gpux-exchange.json queries only registered metrics,
+    /// grouped by their own labels.
+    #[test]
+    fn the_dashboard_queries_registered_metrics_by_their_labels() {
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../packaging/grafana/gpux-exchange.json"))
+            .expect("the dashboard");
+        let dashboard: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        let registered = registered();
+        let mut queries = 0;
+        for panel in dashboard["panels"].as_array().expect("panels") {
+            for target in panel["targets"].as_array().expect("targets") {
+                let expr = target["expr"].as_str().expect("expr");
+                let legend = target["legendFormat"].as_str().unwrap_or("");
+                let names: Vec<&str> = expr
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .filter(|w| w.starts_with("gpux_"))
+                    .map(|w| w.trim_end_matches("_bucket").trim_end_matches("_sum").trim_end_matches("_count"))
+                    .collect();
+                assert!(!names.is_empty(), "{expr} queries no gpux metric");
+                let mut labels: Vec<&str> = expr
+                    .split("by (")
+                    .skip(1)
+                    .filter_map(|rest| rest.split(')').next())
+                    .flat_map(|l| l.split(','))
+                    .map(str::trim)
+                    .collect();
+                labels.extend(legend.split("{{").skip(1).filter_map(|rest| rest.split("}}").next()));
+                for name in names {
+                    let own =
+                        registered.get(name).unwrap_or_else(|| panic!("the dashboard queries {name}, which the exchange does not serve"));
+                    for label in labels.iter().filter(|l| **l != "le") {
+                        assert!(own.contains(*label), "{expr}: {name} has no label {label}");
+                    }
+                }
+                queries += 1;
+            }
+        }
+        assert!(queries >= 10);
+    }
 }

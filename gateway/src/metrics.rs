@@ -50,6 +50,21 @@ pub(crate) fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
 }
 
 impl GatewayMetrics {
+    /// Every metric, for listing their names and labels.
+    pub fn collectors(&self) -> Vec<&dyn prometheus::core::Collector> {
+        vec![
+            &self.errors,
+            &self.connections,
+            &self.connections_unauthenticated,
+            &self.connections_total,
+            &self.connections_refused,
+            &self.connections_reaped,
+            &self.accept_errors,
+            &self.slow_consumers,
+            &self.auth_failures,
+        ]
+    }
+
     /// Creates the gateway's metrics in `r`.
     pub fn new(r: &Registry) -> GatewayMetrics {
         let metrics = GatewayMetrics {

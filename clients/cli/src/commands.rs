@@ -148,6 +148,15 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             out!("created {} (public key {})", key_path.display(), hex::encode(key.verifying_key().to_bytes()));
             return Ok(());
         }
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut command = Cli::command();
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut command, "gpux", &mut script);
+            // As every output: a closed pipe ends the program quietly.
+            out!("{}", String::from_utf8_lossy(&script).trim_end());
+            return Ok(());
+        }
         Command::Keys { action: KeysAction::Show } => {
             let key = keys::load(&key_path)?;
             out!("{}", hex::encode(key.verifying_key().to_bytes()));
@@ -326,6 +335,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             acknowledged(s.ask(ClientMessage::Payout { id, account: None, amount_minor }, json).await?, "paid out")
         }
         Command::SubAccount { action } => crate::access::sub_account(s, action, json).await,
+        Command::Completions { .. } => Ok(()),
         Command::Invoice { period, sub_account, html, pdf } => crate::invoice::invoice(s, period, sub_account, html, pdf, json).await,
         Command::Keys { action } => crate::access::keys(s, action, json).await,
         Command::Book { .. } | Command::Instruments { .. } | Command::Supplier { .. } | Command::Renter { .. } | Command::Asks { .. } => {

@@ -237,6 +237,11 @@ pub enum Command {
         #[command(subcommand)]
         action: LeaseAction,
     },
+    /// Print a completion script for your shell: `gpux completions bash > /etc/bash_completion.d/gpux`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Your signed invoice for a closed month (or a sub-account's), checked against the exchange's key.
     Invoice {
         /// The UTC month, YYYY-MM.

@@ -452,3 +452,17 @@ fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
     let watch_stopped = gpux(&url, &key("renter"), &["lease", "watch", &lease, "--seconds", "1"]);
     assert_eq!(watch_stopped.status.code(), Some(2), "{}", String::from_utf8_lossy(&watch_stopped.stderr));
 }
+
+#[test]
+fn completions_cover_every_command_for_each_shell() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpux")).args(["completions", shell]).output().expect("gpux runs");
+        assert!(output.status.success(), "{shell}: {output:?}");
+        let script = String::from_utf8_lossy(&output.stdout);
+        for command in ["sub-account", "invoice", "keys", "buy", "lease"] {
+            assert!(script.contains(command), "{shell} completes {command}");
+        }
+    }
+    let unknown = std::process::Command::new(env!("CARGO_BIN_EXE_gpux")).args(["completions", "tcsh"]).output().expect("gpux runs");
+    assert_eq!(unknown.status.code(), Some(2), "an unknown shell is a usage error");
+}
