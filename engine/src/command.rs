@@ -310,6 +310,16 @@ pub enum Command {
         sub_account: AccountId,
         limits: AccountLimits,
     },
+    /// The renter of a fixed-duration spot lease offers what is left of it
+    /// on its class's resale book, whole, at `price_minor_per_gpu_hour`
+    /// (docs/market-rules.md "Lease resale").
+    OfferLease {
+        account: AccountId,
+        lease: LeaseId,
+        client_order_id: u64,
+        price_minor_per_gpu_hour: u64,
+        time_in_force: TimeInForce,
+    },
 }
 
 impl Command {

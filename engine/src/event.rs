@@ -44,6 +44,9 @@ pub enum LeaseEndReason {
     Unfunded,
     /// The supplier's host failed to deliver the workload (host's fault).
     DeliveryFailed,
+    /// The renter sold what was left of it on the resale book: a new lease
+    /// for the buyer goes on from now on the same GPUs.
+    Resold,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,6 +72,9 @@ pub enum OrderCloseReason {
     /// A stop order triggered but failed a check it passed when armed
     /// (funds, its GPUs, the window's trading); `StopRefused` says which.
     StopRefused,
+    /// The lease a resale ask offered ended, or came within its last 15
+    /// minutes, before it sold.
+    LeaseEnded,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -464,6 +470,12 @@ pub enum RejectCode {
     SubAccountFundsStay,
     /// The order is beyond a limit the parent set on this sub-account.
     SubAccountLimit,
+    /// Only a fixed-duration spot lease with 15 minutes or more left is
+    /// resold, by its renter, with `OfferLease` (a plain ask on a resale
+    /// book offers nothing).
+    LeaseNotResellable,
+    /// The lease is on offer already; cancel that ask first.
+    LeaseAlreadyOffered,
 }
 
 impl RejectCode {
@@ -525,6 +537,8 @@ impl RejectCode {
             NotYourSubAccount => "the account named is not one of your sub-accounts",
             SubAccountFundsStay => "a sub-account's funds go back to its parent only; ask the parent to move them",
             SubAccountLimit => "the order is beyond a limit the parent set on this sub-account",
+            LeaseNotResellable => "only a fixed-duration spot lease of yours with 15 minutes or more left is resold, with offer_lease",
+            LeaseAlreadyOffered => "the lease is on offer already; cancel that ask first",
         }
     }
 }

@@ -346,7 +346,8 @@ fn command_scope(command: &Command) -> Scope {
         | Command::PlaceOrderWith { .. }
         | Command::CancelOrder { .. }
         | Command::ReplaceOrder { .. }
-        | Command::MassCancel { .. } => Scope::Trade,
+        | Command::MassCancel { .. }
+        | Command::OfferLease { .. } => Scope::Trade,
         Command::EndLease { .. } | Command::RegisterGpu { .. } | Command::SetGpuOnline { .. } | Command::FailLeaseDelivery { .. } => {
             Scope::Deliver
         }

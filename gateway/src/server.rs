@@ -756,6 +756,9 @@ impl Connection {
             ClientMessage::Keys { id, account } => access(id, AccessRequest::Keys { account }),
             ClientMessage::Invoice { id, period, account, offset } => access(id, AccessRequest::Invoice { period, account, offset }),
             ClientMessage::ExchangeKey { id } => Request::ExchangeKey { connection, id },
+            ClientMessage::OfferLease { id, lease, price_minor_per_gpu_hour, client_order_id, time_in_force } => {
+                command(id, Command::OfferLease { account, lease, client_order_id, price_minor_per_gpu_hour, time_in_force })
+            }
             ClientMessage::Auth { id, .. } | ClientMessage::Ping { id } => {
                 return vec![error(Some(id), ErrorCode::AlreadyAuthenticated, None)]
             }

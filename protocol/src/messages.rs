@@ -506,6 +506,22 @@ pub enum ClientMessage {
     ExchangeKey {
         id: u64,
     },
+    /// Offers what is left of a fixed-duration spot lease, whole, on its
+    /// class's resale book (docs/market-rules.md "Lease resale"). Answered
+    /// like `new_order` (`ack` with the ask's order id).
+    OfferLease {
+        id: u64,
+        lease: LeaseId,
+        price_minor_per_gpu_hour: u64,
+        #[serde(default)]
+        client_order_id: u64,
+        #[serde(default = "gtc")]
+        time_in_force: TimeInForce,
+    },
+}
+
+fn gtc() -> TimeInForce {
+    TimeInForce::Gtc
 }
 
 impl ClientMessage {
@@ -555,6 +571,7 @@ impl ClientMessage {
             | Keys { id, .. }
             | Invoice { id, .. }
             | ExchangeKey { id }
+            | OfferLease { id, .. }
             | Ping { id } => *id,
         }
     }

@@ -116,6 +116,13 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::Keys { id: 38, account: None },
         ClientMessage::Invoice { id: 39, period: "2026-11".into(), account: Some(AccountId(12)), offset: 200 },
         ClientMessage::ExchangeKey { id: 40 },
+        ClientMessage::OfferLease {
+            id: 41,
+            lease: LeaseId(7),
+            price_minor_per_gpu_hour: 2_500_000,
+            client_order_id: 12,
+            time_in_force: TimeInForce::Gtt { expire_at_ms: 1_800_000_000_000 },
+        },
     ]
 }
 

@@ -2,8 +2,9 @@
 //! of deposits, bids and GPU-backed asks (spot, preemptible, reserved
 //! windows), lease ends, signed usage reports (honest and forged) through the
 //! real settlement, billing closes with SLA credits, payouts and withdrawals,
-//! and funds moved between a renter and its sub-account (renter 2 is renter
-//! 0's sub-account; its withdrawals are refused):
+//! funds moved between a renter and its sub-account (renter 2 is renter
+//! 0's sub-account; its withdrawals are refused), and leases resold (above
+//! and below their price) on the resale book:
 //! - every transfer keeps the sum of all balances at zero;
 //! - each participant's available, held, payable and debt balances equal the
 //!   engine's own view (two independent bookkeepings agree);
@@ -30,15 +31,57 @@ const T0: u64 = 1_796_223_660_000;
 #[derive(Clone, Debug)]
 enum Op {
     Advance(u64),
-    Bid { renter: u32, market: usize, ticks: u64, quantity: u32, hours: u32 },
-    Ask { supplier: u32, market: usize, ticks: u64, mask: u64 },
+    Bid {
+        renter: u32,
+        market: usize,
+        ticks: u64,
+        quantity: u32,
+        hours: u32,
+    },
+    Ask {
+        supplier: u32,
+        market: usize,
+        ticks: u64,
+        mask: u64,
+    },
     EndLease(u64),
-    Charge { lease: u64, amount: u64 },
-    Withdraw { renter: u32, amount: u64 },
-    Deposit { renter: u32, amount: u64 },
-    Report { lease: u64, span_ms: u64, available_percent: u64, forged: bool },
-    Payout { supplier: u32, amount: u64 },
-    Move { to_sub_account: bool, amount: u64 },
+    Charge {
+        lease: u64,
+        amount: u64,
+    },
+    Withdraw {
+        renter: u32,
+        amount: u64,
+    },
+    Deposit {
+        renter: u32,
+        amount: u64,
+    },
+    Report {
+        lease: u64,
+        span_ms: u64,
+        available_percent: u64,
+        forged: bool,
+    },
+    Payout {
+        supplier: u32,
+        amount: u64,
+    },
+    Move {
+        to_sub_account: bool,
+        amount: u64,
+    },
+    /// The renter of a lease offers the rest of it on the resale book.
+    Resell {
+        lease: u64,
+        ticks: u64,
+    },
+    ResaleBid {
+        renter: u32,
+        ticks: u64,
+        quantity: u32,
+        hours: u32,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -54,6 +97,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(lease, span_ms, available_percent, forged)| Op::Report { lease, span_ms, available_percent, forged }),
         1 => (0..2u32, 1..5_000_000u64).prop_map(|(supplier, amount)| Op::Payout { supplier, amount }),
         2 => (any::<bool>(), 1..60_000_000u64).prop_map(|(to_sub_account, amount)| Op::Move { to_sub_account, amount }),
+        2 => (any::<u64>(), 0..9u64).prop_map(|(lease, ticks)| Op::Resell { lease, ticks }),
+        2 => (0..3u32, 0..9u64, 1..4u32, 1..4u32).prop_map(|(renter, ticks, quantity, hours)| Op::ResaleBid { renter, ticks, quantity, hours }),
     ]
 }
 
@@ -258,6 +303,32 @@ impl World {
             Op::Withdraw { renter, amount } => Command::Withdraw { account: AccountId(renter), amount_minor: amount },
             Op::Deposit { renter, amount } => Command::Deposit { account: AccountId(renter), amount_minor: amount },
             Op::Payout { supplier, amount } => Command::Payout { account: AccountId(3 + supplier), amount_minor: amount },
+            Op::Resell { lease, ticks } if self.engine.lease_count() > 0 => {
+                let lease = LeaseId(lease % self.engine.lease_count());
+                let renter = self.engine.lease(lease).expect("lease").renter;
+                self.next_client_order_id += 1;
+                Command::OfferLease {
+                    account: renter,
+                    lease,
+                    client_order_id: self.next_client_order_id,
+                    price_minor_per_gpu_hour: 1_100_000 + ticks * 200_000,
+                    time_in_force: TimeInForce::Gtc,
+                }
+            }
+            Op::ResaleBid { renter, ticks, quantity, hours } => {
+                let Some(book) = self.engine.instruments().into_iter().find(|i| i.symbol.ends_with("/RESALE")) else { return };
+                self.next_client_order_id += 1;
+                let mut order = NewOrder::limit(
+                    AccountId(renter),
+                    self.next_client_order_id,
+                    book.instrument,
+                    Side::Buy,
+                    1_100_000 + ticks * 200_000,
+                    quantity,
+                );
+                order.duration = LeaseDuration::Hours(hours);
+                Command::PlaceOrder(order)
+            }
             Op::Move { to_sub_account, amount } => {
                 Command::MoveFunds { parent: AccountId(0), sub_account: AccountId(2), amount_minor: amount, to_sub_account }
             }

@@ -346,6 +346,16 @@ pub enum LeaseAction {
     Status { lease: u64 },
     /// End the lease now (the host stops and removes the workload).
     Stop { lease: u64 },
+    /// Sell what is left of a fixed-duration spot lease on its class's resale
+    /// book, whole (docs/market-rules.md "Lease resale"); buyers bid on CLASS/RESALE.
+    Resell {
+        lease: u64,
+        /// Dollars per GPU-hour.
+        #[arg(long)]
+        price: String,
+        #[arg(long, value_enum, default_value_t = TifArg::Gtc)]
+        tif: TifArg,
+    },
     /// The last output of the lease's workload.
     Logs {
         lease: u64,

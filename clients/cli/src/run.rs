@@ -219,6 +219,26 @@ pub async fn lease(s: &mut Session, action: LeaseAction, key: &ed25519_dalek::Si
             }
             Ok(())
         }
+        LeaseAction::Resell { lease, price, tif } => {
+            let price_minor_per_gpu_hour = crate::money::parse_dollars(&price).map_err(Failure::Usage)?;
+            let time_in_force = match tif {
+                crate::TifArg::Gtc => gpux_engine::TimeInForce::Gtc,
+                crate::TifArg::Ioc => gpux_engine::TimeInForce::Ioc,
+                crate::TifArg::Fok => gpux_engine::TimeInForce::Fok,
+            };
+            let id = s.connection.new_id();
+            let client_order_id = gpux_client::now_ms();
+            let message = ClientMessage::OfferLease { id, lease: LeaseId(lease), price_minor_per_gpu_hour, client_order_id, time_in_force };
+            let answer = s.ask(message, json).await?;
+            if let (false, ServerMessage::Ack { order: Some(order), .. }) = (json, answer) {
+                out!(
+                    "lease {lease} offered at {}/GPU-h: order {} on its class's resale book (good till 15 minutes before the lease ends)",
+                    crate::money::dollars(price_minor_per_gpu_hour),
+                    order.0
+                );
+            }
+            Ok(())
+        }
         LeaseAction::Stop { lease } => {
             let id = s.connection.new_id();
             let answer = s.ask(ClientMessage::EndLease { id, lease: LeaseId(lease) }, json).await?;

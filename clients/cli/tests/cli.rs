@@ -147,6 +147,13 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
     let leases = ok(gpux(url, &key("renter"), &["leases"]));
     let lease_id = leases.lines().nth(1).and_then(|l| l.split_whitespace().next()).expect("a lease line").to_string();
     assert!(leases.contains("spot") && leases.contains("$2.00"), "{leases}");
+    // The rest of the 2-hour lease goes on sale on the resale book; ending the lease takes the offer with it.
+    let offered = ok(gpux(url, &key("renter"), &["lease", "resell", &lease_id, "--price", "3"]));
+    assert!(offered.contains(&format!("lease {lease_id} offered at $3.00/GPU-h: order")), "{offered}");
+    let again = gpux(url, &key("renter"), &["lease", "resell", &lease_id, "--price", "3"]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("lease_already_offered"), "{again:?}");
+    assert!(ok(gpux(url, &key("renter"), &["asks", "H100-SXM-80G/RESALE"])).contains("$3.00/GPU-h x 1"), "the offer on the resale book");
     assert!(ok(gpux(url, &key("renter"), &["end-lease", &lease_id])).contains("lease ended"));
     let statement = ok(gpux(url, &key("renter"), &["statement"]));
     assert!(statement.contains("external") && statement.contains(&format!("available:{renter_account}")), "{statement}");

@@ -396,6 +396,18 @@ class Client:
             raise GpuxError("invoice_forged", f"invoice {invoice['number']} does not verify with the exchange's key {published}")
         return {"invoice": invoice, "signature": page["signature"], "exchange_key": published}
 
+    async def offer_lease(self, lease: int, price: int, time_in_force: str = "gtc", client_order_id: Optional[int] = None) -> m.Ack:
+        """Offers what is left of a fixed-duration spot lease, whole, on its
+        class's resale book (docs/market-rules.md "Lease resale"); buyers bid
+        on CLASS/RESALE with `duration={"hours": N}`."""
+        return await self.request(
+            "offer_lease",
+            lease=lease,
+            price_minor_per_gpu_hour=price,
+            client_order_id=client_order_id if client_order_id is not None else m._now_ms(),
+            time_in_force=time_in_force,
+        )
+
     async def end_lease(self, lease: int) -> m.Ack:
         return await self.request("end_lease", lease=lease)
 

@@ -148,6 +148,13 @@ def test_an_order_that_fills_brings_its_trade_and_lease_on_the_private_feed(exch
         leases = await renter.leases()
         assert len(leases) == 1 and leases[0]["price_minor_per_gpu_hour"] == 2_000_000 and leases[0]["active"]
         assert (await renter.balance()).held_minor == 4_000_000, "two hours at the trade price in escrow"
+        # The rest of the lease could go on the resale book (docs/market-rules.md "Lease resale").
+        offer = await renter.offer_lease(leases[0]["lease"], gpux.dollars("3"))
+        assert offer.order is not None
+        with pytest.raises(gpux.GpuxError) as twice:
+            await renter.offer_lease(leases[0]["lease"], gpux.dollars("3"))
+        assert twice.value.code == "lease_already_offered"
+        await renter.cancel(offer.order)
         # The renter signs what it saw of the lease (docs/market-rules.md "Disputes").
         lease = leases[0]
         end = min(renter.exchange_now_ms(), lease["start_ms"] + 60_000)

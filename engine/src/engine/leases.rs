@@ -156,7 +156,7 @@ impl Engine {
     /// Marks the GPUs as running the lease. An exclusive lease takes them out
     /// of every spot and preemptible ask; a preemptible one leaves them in the
     /// supplier's spot ask, from which a spot buyer may preempt it.
-    fn occupy_gpus(&mut self, lease_id: LeaseId, kind: LeaseKind, host: HostId, taken: u64) {
+    pub(super) fn occupy_gpus(&mut self, lease_id: LeaseId, kind: LeaseKind, host: HostId, taken: u64) {
         for bit in mask_bits(taken) {
             let gpu_id = self.hosts[host.0 as usize].gpus[bit as usize];
             let gpu = &mut self.gpus[gpu_id.0 as usize];
@@ -228,6 +228,8 @@ impl Engine {
         if !lease.active {
             return;
         }
+        // On offer for resale: the ask goes with it.
+        self.close_offer_of(lease_id);
         self.leases[lease_id.0 as usize].active = false;
         self.leases[lease_id.0 as usize].ended_at_ms = Some(self.now_ms);
         for bit in mask_bits(lease.gpu_mask) {

@@ -75,7 +75,7 @@ impl Engine {
             Side::Buy => (taker_id, taker, maker_id, maker),
             Side::Sell => (maker_id, maker, taker_id, taker),
         };
-        let (capacity, usable_mask) = self.fill_capacity(&buy, &sell);
+        let (capacity, usable_mask) = self.fill_capacity(&buy, &sell, sell_id);
         let mut quantity = capacity.min(buy.quantity).min(sell.quantity);
         if let Some(left) = buy.budget_left_minor {
             let affordable = left / (maker.price * self.billable_hours(buy.instrument, buy.duration));
@@ -131,11 +131,15 @@ impl Engine {
         }
     }
 
-    /// How many GPUs `sell` can deliver to `buy` now, and which (for a GPU-backed ask).
-    fn fill_capacity(&self, buy: &Order, sell: &Order) -> (u32, u64) {
+    /// How many GPUs `sell` (order `sell_id`) can deliver to `buy` now, and
+    /// which (for a GPU-backed ask).
+    fn fill_capacity(&self, buy: &Order, sell: &Order, sell_id: OrderId) -> (u32, u64) {
         // A bid that asks for reliable sellers skips the others (they keep their place).
         if buy.min_supplier_score_bps > 0 && self.supplier_scores.get(&sell.account).is_none_or(|s| *s < buy.min_supplier_score_bps) {
             return (0, 0);
+        }
+        if self.instruments[buy.instrument.0 as usize].kind == ContractKind::LeaseResale {
+            return (self.resale_capacity(buy, sell_id), 0);
         }
         let Some(set) = sell.supply else {
             // A resale of contracts: any quantity, but never a gang bid's one
@@ -156,6 +160,8 @@ impl Engine {
                     ContractKind::Reserved { .. } => true,
                     ContractKind::Spot => spot_start_ms(gpu, self.now_ms, notice_ms, buy.duration).is_some(),
                     ContractKind::Preemptible => preemptible_fits(gpu, self.now_ms, notice_ms),
+                    // Answered above: a resale book's asks are leases.
+                    ContractKind::LeaseResale => false,
                 }
             })
             .fold(0u64, |mask, bit| mask | (1u64 << bit));
@@ -183,12 +189,13 @@ impl Engine {
             let mut cursor = level.head;
             while cursor != NIL {
                 let maker = *self.orders.at(cursor);
+                let maker_id = self.orders.id_at(cursor);
                 if maker.account == taker.account {
                     return found;
                 }
                 let capacity = match taker.side {
                     Side::Buy => {
-                        let (capacity, _) = self.fill_capacity(&taker, &maker);
+                        let (capacity, _) = self.fill_capacity(&taker, &maker, maker_id);
                         if taker.one_host && capacity >= taker.quantity {
                             return taker.quantity;
                         }
@@ -209,7 +216,7 @@ impl Engine {
                         if let (Some(set), Some(mask)) = (seller.supply.as_mut(), remaining_supply) {
                             set.gpu_mask = mask;
                         }
-                        let (capacity, usable) = self.fill_capacity(&maker, &seller);
+                        let (capacity, usable) = self.fill_capacity(&maker, &seller, taker_id);
                         let whole = capacity.min(maker.quantity).min(taker.quantity - found);
                         // An all-or-none bid takes all of its quantity or is passed over.
                         let take = if maker.all_or_none && whole < maker.quantity { 0 } else { whole.min(needed - found) };
@@ -260,7 +267,12 @@ impl Engine {
                     ContractKind::Spot => self.create_lease(LeaseKind::Spot, &buy, sell.account, set.host, taken, price),
                     ContractKind::Preemptible => self.create_lease(LeaseKind::Preemptible, &buy, sell.account, set.host, taken, price),
                     ContractKind::Reserved { .. } => self.sell_contracts(&buy, sell.account, set.host, taken, price),
+                    ContractKind::LeaseResale => unreachable!("a resale book's asks name no GPUs"),
                 }
+            }
+            None if kind == ContractKind::LeaseResale => {
+                self.shrink_quantity(sell_id, quantity, 0);
+                self.resell_lease(&buy, sell_id, sell.account, price);
             }
             None => {
                 self.shrink_quantity(sell_id, quantity, 0);

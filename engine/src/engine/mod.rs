@@ -12,6 +12,7 @@
 mod accounts;
 mod calendar;
 mod follow_ons;
+mod lease_resale;
 mod leases;
 mod matching;
 mod orders;
@@ -66,7 +67,13 @@ pub enum InstrumentState {
 pub enum ContractKind {
     Spot,
     Preemptible,
-    Reserved { window_start_ms: u64, window_end_ms: u64 },
+    Reserved {
+        window_start_ms: u64,
+        window_end_ms: u64,
+    },
+    /// A class's resale book: what is left of fixed-duration spot leases,
+    /// each offered whole by its renter (listed at the class's first offer).
+    LeaseResale,
 }
 
 #[derive(Clone, serde::Serialize, serde::Deserialize)]
@@ -388,6 +395,22 @@ pub struct Engine {
     pub(crate) sub_accounts: BTreeMap<AccountId, SubAccount>,
     /// Each parent's sub-accounts, in the order opened.
     pub(crate) sub_accounts_of: BTreeMap<AccountId, Vec<AccountId>>,
+    /// Each class's resale book, once listed.
+    pub(crate) resale_books: BTreeMap<u16, InstrumentId>,
+    /// Resale asks and the lease each offers; and the reverse.
+    pub(crate) lease_offers: BTreeMap<OrderId, LeaseOffer>,
+    pub(crate) offered_leases: BTreeMap<LeaseId, OrderId>,
+    /// The lease an `OfferLease` is placing its ask for (within the command only).
+    #[serde(skip)]
+    pub(crate) pending_lease_offer: Option<LeaseOffer>,
+}
+
+/// A resale ask's lease, and what the reseller holds to pay a buyer the
+/// difference when it sells below the lease's price.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct LeaseOffer {
+    pub lease: LeaseId,
+    pub hold_minor: u64,
 }
 
 /// A sub-account's place under its parent.
@@ -446,6 +469,10 @@ impl Engine {
             all_or_none_recheck: BTreeSet::new(),
             sub_accounts: BTreeMap::new(),
             sub_accounts_of: BTreeMap::new(),
+            resale_books: BTreeMap::new(),
+            lease_offers: BTreeMap::new(),
+            offered_leases: BTreeMap::new(),
+            pending_lease_offer: None,
             config,
         };
         for class in 0..engine.config.classes.len() as u16 {
@@ -509,6 +536,9 @@ impl Engine {
                 self.move_funds(*parent, *sub_account, *amount_minor, *to_sub_account)
             }
             Command::SetAccountLimits { parent, sub_account, limits } => self.set_account_limits(*parent, *sub_account, *limits),
+            Command::OfferLease { account, lease, client_order_id, price_minor_per_gpu_hour, time_in_force } => {
+                self.offer_lease(*account, *lease, *client_order_id, *price_minor_per_gpu_hour, *time_in_force)
+            }
             Command::RecordChallenge { gpu, answer } => self.record_challenge(*gpu, *answer),
             Command::WithholdDisputed { lease, disputed_gpu_ms } => self.withhold_disputed(*lease, *disputed_gpu_ms),
             Command::CancelOrder { account, order } => self.cancel_order(*account, *order),
@@ -1019,7 +1049,8 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::ReplaceOrder { account, .. }
         | Command::MassCancel { account, .. }
         | Command::EndLease { account, .. }
-        | Command::FailLeaseDelivery { account, .. } => Some(*account),
+        | Command::FailLeaseDelivery { account, .. }
+        | Command::OfferLease { account, .. } => Some(*account),
         Command::OpenSubAccount { parent } | Command::MoveFunds { parent, .. } | Command::SetAccountLimits { parent, .. } => Some(*parent),
         Command::PlaceOrder(order)
         | Command::PlaceOrderFiltered { order, .. }
@@ -1029,7 +1060,10 @@ fn command_account(command: &Command) -> Option<AccountId> {
 }
 
 fn command_client_order_id(command: &Command) -> u64 {
-    command.new_order().map_or(0, |order| order.client_order_id)
+    match command {
+        Command::OfferLease { client_order_id, .. } => *client_order_id,
+        command => command.new_order().map_or(0, |order| order.client_order_id),
+    }
 }
 
 impl Engine {
@@ -1103,6 +1137,7 @@ impl Engine {
                 .as_bytes(),
         );
         h.bytes(format!("{:?}{:?}", self.sub_accounts, self.sub_accounts_of).as_bytes());
+        h.bytes(format!("{:?}{:?}{:?}", self.resale_books, self.lease_offers, self.offered_leases).as_bytes());
         let mut client_ids: Vec<_> = self.client_order_ids.iter().collect();
         client_ids.sort();
         h.bytes(format!("{client_ids:?}").as_bytes());

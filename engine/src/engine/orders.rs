@@ -117,12 +117,20 @@ impl Engine {
             return Err(RejectCode::InstrumentNotTrading);
         }
         let reserved = matches!(instrument.kind, ContractKind::Reserved { .. });
+        let resale = instrument.kind == ContractKind::LeaseResale;
         match (new.side, new.supply) {
             (Side::Buy, Some(_)) => return Err(RejectCode::SupplyNotAllowed),
             (Side::Buy, None) if !role.may_buy() => return Err(RejectCode::RoleNotPermitted),
+            (Side::Sell, Some(_)) if resale => return Err(RejectCode::SupplyNotAllowed),
             (Side::Sell, Some(_)) if !role.may_supply() => return Err(RejectCode::RoleNotPermitted),
-            (Side::Sell, None) if !reserved => return Err(RejectCode::SupplyRequired),
+            // A resale book's asks are leases, offered with OfferLease only.
+            (Side::Sell, None) if resale && self.pending_lease_offer.is_none() => return Err(RejectCode::LeaseNotResellable),
+            (Side::Sell, None) if !reserved && !resale => return Err(RejectCode::SupplyRequired),
             _ => {}
+        }
+        // A bid for what is left of a lease says the most hours it pays for.
+        if resale && new.side == Side::Buy && new.duration == LeaseDuration::UntilCancelled {
+            return Err(RejectCode::DurationInvalid);
         }
         check_quantity(new.quantity)?;
         if new.min_quantity > new.quantity {
@@ -157,7 +165,7 @@ impl Engine {
         }
         match new.supply {
             Some(set) => self.check_supply(new.account, new.instrument, set, new.quantity)?,
-            None if new.side == Side::Sell && self.unoffered_contracts(new.account, new.instrument) < new.quantity => {
+            None if new.side == Side::Sell && !resale && self.unoffered_contracts(new.account, new.instrument) < new.quantity => {
                 return Err(RejectCode::InsufficientContracts);
             }
             None => {}
@@ -285,6 +293,8 @@ impl Engine {
                         gpu.commitments.len() < limits::COMMITMENTS_PER_GPU_MAX
                             && !gpu.committed_during(window_start_ms, Some(window_end_ms))
                     }
+                    // Refused earlier: a resale book's asks name no GPUs.
+                    ContractKind::LeaseResale => false,
                 }
         });
         if all_free {
@@ -309,7 +319,11 @@ impl Engine {
         let order = *self.orders.get(id).expect("the order was just inserted");
         let instrument = order.instrument;
         let Some(set) = order.supply else {
-            self.lock_more_contracts(id, instrument, quantity);
+            if self.instruments[instrument.0 as usize].kind == ContractKind::LeaseResale {
+                self.lock_lease_offer(id);
+            } else {
+                self.lock_more_contracts(id, instrument, quantity);
+            }
             return;
         };
         let kind = self.instruments[instrument.0 as usize].kind;
@@ -325,6 +339,7 @@ impl Engine {
                     instrument,
                     holder: CommitmentHolder::Offered(id),
                 }),
+                ContractKind::LeaseResale => unreachable!("a resale book's asks name no GPUs"),
             }
         }
     }
@@ -437,7 +452,11 @@ impl Engine {
                 self.release(order.account, held, HoldReason::Order(id));
             }
             (None, Side::Sell, Some(set)) => self.detach_gpus(id, set, set.gpu_mask, order.instrument),
-            (None, Side::Sell, None) => self.unlock_contracts(id, order.instrument, u32::MAX),
+            (None, Side::Sell, None) => {
+                if !self.unlock_lease_offer(id, order.account) {
+                    self.unlock_contracts(id, order.instrument, u32::MAX)
+                }
+            }
         }
         self.client_order_ids.remove(&(order.account, order.client_order_id));
         self.accounts[order.account.0 as usize].open_orders -= 1;
@@ -540,7 +559,9 @@ impl Engine {
 
     pub(super) fn replace_order(&mut self, account: AccountId, id: OrderId, price: u64, quantity: u32) -> Checked<()> {
         let order = self.owned_order(account, id)?;
-        if order.stop_price.is_some() {
+        // A stop, and a resale ask (its lease's price difference is held for
+        // the price it was offered at): cancel and place again instead.
+        if order.stop_price.is_some() || self.lease_offers.contains_key(&id) {
             return Err(RejectCode::ReplaceInvalid);
         }
         self.check_price(self.instruments[order.instrument.0 as usize].class, price)?;

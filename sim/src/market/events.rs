@@ -84,6 +84,8 @@ impl Sim {
                 }
                 2
             }
+            // The simulated population resells no leases.
+            ContractKind::LeaseResale => return,
         };
         self.instrument_kind.insert(instrument, (class_index, kind));
     }
