@@ -120,6 +120,14 @@ async fn last_months_invoices_verify_and_equal_the_ledger() {
     assert!(charged_minor > 0);
     let id = renter.id();
     assert!(matches!(renter.request(ClientMessage::EndLease { id, lease }).await, ServerMessage::Ack { .. }));
+    // A sub-account the renter funds this month: its own invoice, for the parent.
+    let id = renter.id();
+    let ServerMessage::SubAccountOpened { account: sub, .. } = renter.request(ClientMessage::OpenSubAccount { id }).await else {
+        panic!("a sub-account")
+    };
+    let id = renter.id();
+    let moved = renter.request(ClientMessage::MoveFunds { id, sub_account: sub, amount_minor: 10_000_000, to_sub_account: true }).await;
+    assert!(matches!(moved, ServerMessage::Ack { .. }), "{moved:?}");
     let this_month = gpux_engine::time::format_month(now_ms());
     let bounds = gpux_engine::time::month_bounds_ms(&this_month).expect("a month");
     assert_eq!(invoice(&mut renter, &this_month, None).await.err(), Some(ErrorCode::PeriodInvalid), "the month has not ended");
@@ -177,6 +185,12 @@ async fn last_months_invoices_verify_and_equal_the_ledger() {
             assert_eq!((usage, earned, fee), (0, -(charged_minor as i64), to_fees as i64), "{invoice:?}");
         }
     }
+    let (sub_invoice, signature, _) = invoice(&mut renter, &this_month, Some(sub)).await.expect("the sub-account's invoice");
+    assert!(sub_invoice.verify(&signature, &public_key));
+    assert_eq!((sub_invoice.account, sub_invoice.parent), (sub, Some(renter_account)));
+    assert_eq!((sub_invoice.totals.moved_in_minor, sub_invoice.totals.amount_due_minor), (10_000_000, 0));
+    let (parent_invoice, _, _) = invoice(&mut renter, &this_month, None).await.expect("the parent's");
+    assert_eq!(parent_invoice.totals.moved_out_minor, 10_000_000, "the parent's side of the move");
     let next_month = gpux_engine::time::format_month(bounds.1);
     for period in [next_month.as_str(), "2026-13", "november"] {
         assert_eq!(invoice(&mut renter, period, None).await.err(), Some(ErrorCode::PeriodInvalid), "{period}");

@@ -121,3 +121,94 @@ fn a_live_exchanges_journal_gives_its_state_in_the_audit_and_a_recovery() {
     std::fs::remove_file(dir.path().join("snapshots.redb")).expect("drop the snapshots");
     assert_eq!(recovered_hash(dir.path()), printed, "a recovery from the journal alone reaches it");
 }
+
+/// Sub-accounts, scoped keys (added and revoked) and a lease resold on the
+/// resale book, as journal entries: the audit and a recovery reach the
+/// state the market reached applying them.
+#[test]
+fn sub_accounts_keys_and_a_resold_lease_replay_alike_in_the_audit_and_a_recovery() {
+    use gpux_engine::*;
+    const T0: u64 = 1_796_223_660_000;
+    const HOUR: u64 = 3_600_000;
+    let mut market = MarketState::new(EngineConfig::demo()).expect("demo config");
+    let mut entries = Vec::new();
+    let mut apply = |entry: JournalEntry| -> Vec<Event> {
+        let applied = market.apply(&entry).expect("applies");
+        entries.push(entry);
+        applied.events
+    };
+    let at = |at_ms: u64, command: Command| JournalEntry::Engine(Input { at_ms, command });
+    let (renter, supplier, sub) = (AccountId(0), AccountId(1), AccountId(2));
+    apply(at(T0, Command::OpenAccount { role: Role::Aggregator }));
+    apply(JournalEntry::BindKey { public_key: [1; 32], account: renter });
+    apply(at(T0, Command::OpenAccount { role: Role::Supplier }));
+    apply(JournalEntry::BindKey { public_key: [2; 32], account: supplier });
+    apply(at(T0, Command::Deposit { account: renter, amount_minor: 100_000_000 }));
+    apply(at(T0, Command::OpenSubAccount { parent: renter }));
+    apply(at(T0, Command::MoveFunds { parent: renter, sub_account: sub, amount_minor: 40_000_000, to_sub_account: true }));
+    let limits = AccountLimits { max_open_orders: Some(5), max_order_minor: None, max_held_minor: Some(30_000_000) };
+    apply(at(T0, Command::SetAccountLimits { parent: renter, sub_account: sub, limits }));
+    let scopes = gpux_protocol::Scopes::of(&[gpux_protocol::Scope::Read, gpux_protocol::Scope::Trade]);
+    apply(JournalEntry::AddKey {
+        at_ms: T0,
+        by: renter,
+        account: sub,
+        public_key: [3; 32],
+        scopes,
+        expires_at_ms: None,
+        label: "c".into(),
+    });
+    apply(JournalEntry::AddKey {
+        at_ms: T0,
+        by: renter,
+        account: sub,
+        public_key: [4; 32],
+        scopes,
+        expires_at_ms: Some(T0 + HOUR),
+        label: String::new(),
+    });
+    apply(JournalEntry::RevokeKey { at_ms: T0, by: renter, public_key: [3; 32] });
+    for index in 0..2 {
+        let register =
+            Command::RegisterGpu { account: supplier, host: "h".into(), gpu_uuid: format!("GPU-{index}"), spec: GpuSpec::h100_sxm() };
+        apply(at(T0, register));
+    }
+    let spot = InstrumentId(0);
+    let mut ask = NewOrder::limit(supplier, 1, spot, Side::Sell, 2_000_000, 2);
+    ask.supply = Some(GpuSet { host: HostId(0), gpu_mask: 0b11 });
+    apply(at(T0, Command::PlaceOrder(ask)));
+    let mut bid = NewOrder::limit(sub, 2, spot, Side::Buy, 2_000_000, 2);
+    bid.duration = LeaseDuration::Hours(4);
+    let events = apply(at(T0, Command::PlaceOrder(bid)));
+    let lease = events.iter().find_map(|e| match e.kind {
+        EventKind::LeaseCreated { lease, .. } => Some(lease),
+        _ => None,
+    });
+    let lease = lease.expect("the sub-account rents");
+    let offer = Command::OfferLease {
+        account: sub,
+        lease,
+        client_order_id: 3,
+        price_minor_per_gpu_hour: 2_500_000,
+        time_in_force: TimeInForce::Gtc,
+    };
+    let events = apply(at(T0 + HOUR, offer));
+    let book = events.iter().find_map(|e| match e.kind {
+        EventKind::OrderAccepted { instrument, side: Side::Sell, .. } => Some(instrument),
+        _ => None,
+    });
+    let mut take = NewOrder::limit(renter, 4, book.expect("the resale book"), Side::Buy, 2_500_000, 2);
+    take.duration = LeaseDuration::Hours(3);
+    let events = apply(at(T0 + HOUR, Command::PlaceOrder(take)));
+    assert!(events.iter().any(|e| matches!(e.kind, EventKind::LeaseEnded { reason: LeaseEndReason::Resold, .. })), "resold");
+    apply(at(T0 + 2 * HOUR, Command::Tick));
+    let expected = market.state_hash();
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    {
+        let mut journal = Journal::open(&dir.path().join("journal.redb")).expect("journal");
+        journal.append(&entries).expect("append");
+    }
+    assert_eq!(audit_hash(&dir.path().join("journal.redb")), expected, "the audit reaches the market's state");
+    assert_eq!(recovered_hash(dir.path()), expected, "a recovery reaches it too");
+}
