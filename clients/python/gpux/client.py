@@ -184,18 +184,41 @@ class Client:
         self._key: Optional[Key] = None
         # Set once the connection closed: what every request then raises.
         self.closed: Optional[GpuxError] = None
+        self._url = ""
+        self._reconnect = False
+        self._closing = False
+        self._connected = asyncio.Event()
+        # How many times the connection was opened again after a drop.
+        self.reconnects = 0
 
     @classmethod
-    async def connect(cls, url: str, key: Optional[Key] = None, role: Optional[str] = None) -> "Client":
+    async def connect(cls, url: str, key: Optional[Key] = None, role: Optional[str] = None, reconnect: bool = False) -> "Client":
         """Connects and logs in with `key` (`role` opens an account for a new
-        key); without a key the session sees public market data only."""
+        key); without a key the session sees public market data only.
+
+        With `reconnect`, a connection that drops (the exchange restarts, the
+        network fails) is opened again with backoff: the client logs in
+        again with its key and resubscribes its books (each resyncs from a
+        fresh snapshot). Requests in flight when it dropped fail with the
+        close reason; resend them once `wait_connected()` returns (orders:
+        with the same client_order_id, which the exchange refuses twice). A
+        key that was revoked or expired is not retried."""
+        socket, account, actual_role, offset = await cls._open(url, key, role)
+        client = cls(socket, account, actual_role, offset)
+        client._key = key
+        client._url = url
+        client._reconnect = reconnect
+        client._reader = asyncio.create_task(client._run())
+        return client
+
+    @staticmethod
+    async def _open(url: str, key: Optional[Key], role: Optional[str]):
         socket = await ws_connect(url, max_size=1 << 20)
         challenge = m.parse(json.loads(await socket.recv()))
         if not isinstance(challenge, m.Challenge):
             raise GpuxError("protocol", f"expected a challenge, got {challenge!r}")
         offset = challenge.server_time_ms - m._now_ms()
-        client = cls(socket, None, None, offset)
-        client._key = key
+        account, actual_role = None, None
         if key is not None:
             signature = key.sign(AUTH_DOMAIN + bytes.fromhex(challenge.nonce))
             auth = {"auth": {"id": 1, "public_key": key.public_hex(), "signature": signature.hex(), "role": role}}
@@ -203,13 +226,67 @@ class Client:
             while True:
                 answer = m.parse(json.loads(await socket.recv()))
                 if isinstance(answer, m.Authenticated):
-                    client.account, client.role = answer.account, answer.role
+                    account, actual_role = answer.account, answer.role
                     break
                 if isinstance(answer, m.Error):
                     await socket.close()
                     raise GpuxError(answer.code, answer.message)
-        client._reader = asyncio.create_task(client._read())
-        return client
+        return socket, account, actual_role, offset
+
+    # Close reasons after which reconnecting cannot help.
+    _FINAL = ("key_revoked", "key_expired", "auth_failed")
+
+    async def _run(self) -> None:
+        """Reads until the connection closes; with `reconnect`, opens it
+        again (backoff 0.2 s doubling to 5 s) and goes on."""
+        while True:
+            await self._read()
+            if not self._reconnect or self._closing or (self.closed is not None and self.closed.code in self._FINAL):
+                return
+            delay = 0.2
+            while True:
+                await asyncio.sleep(delay)
+                try:
+                    socket, account, _, offset = await self._open(self._url, self._key, None)
+                except GpuxError as refused:
+                    if refused.code in self._FINAL:
+                        self.closed = refused
+                        return
+                    delay = min(delay * 2, 5.0)
+                    continue
+                except OSError:
+                    delay = min(delay * 2, 5.0)
+                    continue
+                except Exception:
+                    delay = min(delay * 2, 5.0)
+                    continue
+                break
+            self._socket, self.clock_offset_ms = socket, offset
+            if account is not None:
+                self.account = account
+            self.closed = None
+            self.reconnects += 1
+            # Every book resyncs from a fresh snapshot on the new connection.
+            for book in self._books.values():
+                book.synced = False
+                book._synced_event.clear()
+                for channel in ("book", "trades"):
+                    self._next_id += 1
+                    answer = asyncio.get_running_loop().create_future()
+                    # Nobody awaits these answers: a drop's error is read here.
+                    answer.add_done_callback(lambda f: f.cancelled() or f.exception())
+                    self._pending[self._next_id] = answer
+                    await self._socket.send(json.dumps({"subscribe": {"id": self._next_id, "channel": channel, "instrument": book.instrument}}))
+            self._connected.set()
+
+    async def wait_connected(self, timeout: float = 30.0) -> None:
+        """Returns once the connection is open (again, after a drop)."""
+        async def loop():
+            while self.closed is not None:
+                self._connected.clear()
+                await self._connected.wait()
+
+        await asyncio.wait_for(loop(), timeout)
 
     async def __aenter__(self) -> "Client":
         return self
@@ -218,6 +295,7 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
+        self._closing = True
         if self._reader:
             self._reader.cancel()
         await self._socket.close()

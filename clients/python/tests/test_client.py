@@ -331,6 +331,46 @@ def test_last_months_invoice_verifies_with_the_exchange_key_and_a_changed_one_do
             run(next_one())
 
 
+def test_a_client_with_reconnect_logs_in_again_and_resyncs_its_book_after_the_exchange_restarts():
+    operator, key = gpux.Key.generate(), gpux.Key.generate()
+    port = free_port()
+    with tempfile.TemporaryDirectory() as data:
+        first = exchange_on(data, operator, port)
+        url = first.__enter__()
+
+        async def scenario():
+            nonlocal first
+            client = await gpux.Client.connect(url, key, role="renter", reconnect=True)
+            async with await gpux.Client.connect(url, operator, role="operator") as op:
+                await op.deposit(client.account, gpux.dollars("100"))
+            book = await client.book(gpux.H100_SPOT)
+            await book.wait_synced()
+            await client.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("1.5"), 2))
+            await book.wait_for(lambda b: b.best_bid() == gpux.dollars("1.5"))
+            account = client.account
+            first.__exit__(None, None, None)
+            with pytest.raises(gpux.GpuxError):
+                await client.balance()
+            assert not book.synced or client.closed is not None
+            first = exchange_on(data, operator, port)
+            first.__enter__()
+            await client.wait_connected(timeout=30)
+            assert client.reconnects == 1 and client.account == account, "the same account, logged in again"
+            assert (await client.balance()).held_minor == gpux.dollars("3"), "the bid's hold survived the restart"
+            await book.wait_for(lambda b: b.best_bid() == gpux.dollars("1.5"), timeout=15)
+            assert book.synced, "the book resynced from a fresh snapshot"
+            await client.close()
+
+        try:
+            run(scenario())
+        finally:
+            first.__exit__(None, None, None)
+
+
+def test_the_package_carries_its_type_information():
+    assert (Path(gpux.__file__).parent / "py.typed").exists(), "PEP 561 marker"
+
+
 def test_a_book_follows_orders_live_and_resyncs_after_a_sequence_gap(exchange):
     url, operator = exchange
 
