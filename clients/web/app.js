@@ -22,7 +22,13 @@ const state = {
 };
 
 const $ = (id) => document.getElementById(id);
-const usd = (minor) => "$" + (minor / 1e6).toFixed(3);
+// Minor units (micro-dollars) as dollars to the last minor unit, never
+// rounded: cents always, more digits only when there are more ($0.000417).
+const usd = (minor) => {
+  const whole = Math.floor(minor / 1e6);
+  const fraction = String(minor % 1e6).padStart(6, "0").replace(/0{1,4}$/, "");
+  return `$${whole}.${fraction.padEnd(2, "0")}`;
+};
 const hex = (bytes) => Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
 const fromHex = (text) => Uint8Array.from(text.match(/../g).map((h) => parseInt(h, 16)));
 // Escapes text for innerHTML: hosts write failure reasons, so never trust them.
@@ -250,6 +256,7 @@ async function login(secretHex) {
   state.account = body.account;
   $("account").textContent = `account ${body.account} (${body.role})`;
   $("login").hidden = true;
+  $("logout").hidden = false;
   $("mine").hidden = false;
   refreshAccount();
 }
@@ -527,6 +534,19 @@ $("invoice-print").onclick = () => window.print();
 $("ticket").onsubmit = (event) => {
   event.preventDefault();
   placeFromTicket();
+};
+
+// Logging out forgets the key and ends the session: the page reconnects
+// to market data only.
+$("logout").onclick = () => {
+  state.secret = null;
+  state.account = null;
+  $("account").textContent = "";
+  $("mine").hidden = true;
+  $("login").hidden = false;
+  $("logout").hidden = true;
+  $("secret").value = "";
+  state.ws.close();
 };
 
 $("login").onsubmit = (event) => {

@@ -220,7 +220,7 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
                 await browser.wait_until("document.querySelectorAll('#instruments li').length >= 10", what="the instrument list")
                 offers = "document.getElementById('offers').innerText"
                 await browser.wait_until(
-                    f"{offers}.includes('$2.500') && {offers}.includes('unrated') && {offers}.includes('{supplier.account}')",
+                    f"{offers}.includes('$2.50') && {offers}.includes('unrated') && {offers}.includes('{supplier.account}')",
                     what="the offer with its seller and score",
                 )
                 await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
@@ -303,8 +303,8 @@ def test_the_console_opens_and_funds_a_sub_account_and_shows_a_verified_invoice(
                 sub = int((await browser.evaluate("document.getElementById('sub-result').textContent")).split()[2])
                 await browser.evaluate("document.getElementById('sub-amount').value = '25'")
                 await browser.evaluate("document.querySelector('#sub-move button').click()")
-                await browser.wait_until(f"document.getElementById('sub-result').textContent.startsWith('moved $25.000 to sub-account {sub}')", what="the move")
-                await browser.wait_until(f"document.getElementById('subs').innerText.includes('$25.000')", what="the sub-account's balance")
+                await browser.wait_until(f"document.getElementById('sub-result').textContent.startsWith('moved $25.00 to sub-account {sub}')", what="the move")
+                await browser.wait_until(f"document.getElementById('subs').innerText.includes('$25.00')", what="the sub-account's balance")
                 subs = await aggregator.sub_accounts()
                 assert [(s["account"], s["balances"]["available_minor"]) for s in subs] == [(sub, gpux.dollars("25"))], "moved on the exchange"
 
@@ -321,6 +321,15 @@ def test_the_console_opens_and_funds_a_sub_account_and_shows_a_verified_invoice(
                 await browser.evaluate(f"document.getElementById('invoice-period').value = '{this}'")
                 await browser.evaluate("document.querySelector('#invoice-form button').click()")
                 await browser.wait_until("document.getElementById('invoice').innerText.includes('period_invalid')", what="the open month refused")
+                # Amounts to the last minor unit: $0.000417 is not $0.000.
+                assert await browser.evaluate("usd(417)") == "$0.000417"
+                assert await browser.evaluate("[usd(0), usd(1234000), usd(25000000), usd(100)].join(' ')") == "$0.00 $1.234 $25.00 $0.0001"
+                # Logging out forgets the key: after the reconnect the page is not logged in.
+                await browser.evaluate("document.getElementById('logout').click()")
+                await browser.wait_until("document.getElementById('mine').hidden && !document.getElementById('login').hidden", what="logged out")
+                await browser.wait_until("state.ws.readyState === 1 && state.nonce !== null", what="the reconnect")
+                await asyncio.sleep(1.5)
+                assert await browser.evaluate("state.account === null && document.getElementById('account').textContent === ''")
                 await aggregator.close()
             finally:
                 await browser.close()
