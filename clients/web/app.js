@@ -340,13 +340,21 @@ async function refreshAccount() {
     // A key without the read scope sees none (the rest shows what it may).
     $("subs").tBodies[0].innerHTML = `<tr><td colspan="6">${esc(error.message)}</td></tr>`;
   }
-  const { body: statement } = await request("statement", {});
+  await showStatement(null);
+}
+
+// The statement newest first, a page at a time ("older" pages back).
+async function showStatement(before) {
+  const { body: statement } = await request("recent_statement", { before });
+  state.statementBefore = statement.next_before;
+  $("statement-older").hidden = statement.next_before === null;
   $("statement").tBodies[0].innerHTML = statement.lines
-    .slice(-30)
-    .reverse()
-    .map((s) => `<tr><td>${s.transfer}</td><td>${s.from}</td><td>${s.to}</td><td>${usd(s.amount_minor)}</td><td>${s.lease ?? ""}</td></tr>`)
+    .map((s) => `<tr><td>${s.transfer}</td><td>${utcHour(s.at_ms)}</td><td>${s.from}</td><td>${s.to}</td><td>${usd(s.amount_minor)}</td><td>${s.lease ?? ""}</td></tr>`)
     .join("");
 }
+
+$("statement-older").onclick = () => showStatement(state.statementBefore);
+$("statement-newest").onclick = () => showStatement(null);
 
 // Any supplier's reliability (public, no login needed): its score and record,
 // then each host's.

@@ -164,6 +164,12 @@ pub enum Request {
         id: u64,
         after: Option<u64>,
     },
+    /// The statement newest first, before a transfer id.
+    RecentStatement {
+        connection: ConnectionId,
+        id: u64,
+        before: Option<u64>,
+    },
     MyGpus {
         connection: ConnectionId,
         id: u64,
@@ -260,6 +266,7 @@ impl Request {
             | Request::Usage { id, .. }
             | Request::Balance { id, .. }
             | Request::Statement { id, .. }
+            | Request::RecentStatement { id, .. }
             | Request::Authenticate { id, .. }
             | Request::Bid { id, .. }
             | Request::Delivery { id, .. }
@@ -283,6 +290,7 @@ impl Request {
             | Request::Leases { .. }
             | Request::Balance { .. }
             | Request::Statement { .. }
+            | Request::RecentStatement { .. }
             | Request::MyGpus { .. }
             | Request::Delivery { request: DeliveryRequest::Query { .. }, .. }
             | Request::Access {
@@ -324,6 +332,7 @@ impl Request {
             | Request::Usage { connection, .. }
             | Request::Balance { connection, .. }
             | Request::Statement { connection, .. }
+            | Request::RecentStatement { connection, .. }
             | Request::MyGpus { connection, .. }
             | Request::Disconnect { connection, .. }
             | Request::Resync { connection, .. }

@@ -679,6 +679,7 @@ impl Connection {
             ClientMessage::UsageReport { id, report } => Request::Usage { connection, id, report: Box::new(report) },
             ClientMessage::Balance { id } => Request::Balance { connection, id },
             ClientMessage::Statement { id, after } => Request::Statement { connection, id, after },
+            ClientMessage::RecentStatement { id, before } => Request::RecentStatement { connection, id, before },
             ClientMessage::NewOrder { id, order, workload: None } if !order.rematch => command(id, order.into_command(account)),
             ClientMessage::NewOrder { id, order, workload } => {
                 if let Some(Err(refused)) = workload.as_ref().map(|w| w.validate()) {

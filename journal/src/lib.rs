@@ -183,6 +183,9 @@ pub trait JournalStore: Send {
     fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Result<u64>;
     /// Up to `limit` transfers involving `account` after transfer id `after`.
     fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>>;
+    /// Up to `limit` transfers involving `account` before transfer id
+    /// `before` (the newest without it), newest first.
+    fn recent_statement(&self, account: AccountId, before: Option<u64>, limit: usize) -> Result<Vec<Transfer>>;
     /// Archived leases `account` rented or supplied, newest first, skipping
     /// `offset`: up to `limit`, and whether more follow.
     fn archived_leases_of(&self, account: AccountId, offset: usize, limit: usize) -> Result<(Vec<LeaseInfo>, bool)>;
@@ -263,6 +266,9 @@ impl JournalStore for Journal {
     }
     fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
         Journal::statement(self, account, after, limit)
+    }
+    fn recent_statement(&self, account: AccountId, before: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
+        recent_statement(&self.db.begin_read()?, account, before, limit)
     }
     fn archived_leases_of(&self, account: AccountId, offset: usize, limit: usize) -> Result<(Vec<LeaseInfo>, bool)> {
         let read = self.db.begin_read()?;
@@ -387,6 +393,11 @@ impl JournalStore for MemoryJournal {
         let start = after.map_or(0, |after| after + 1);
         Ok(inner.transfers.range(start..).map(|(_, t)| *t).filter(|t| t.involves(account)).take(limit).collect())
     }
+    fn recent_statement(&self, account: AccountId, before: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
+        let inner = self.inner();
+        let end = before.unwrap_or(u64::MAX);
+        Ok(inner.transfers.range(..end).rev().map(|(_, t)| *t).filter(|t| t.involves(account)).take(limit).collect())
+    }
     fn shared_reader(&self) -> std::sync::Arc<dyn JournalRead> {
         std::sync::Arc::new(self.clone())
     }
@@ -485,6 +496,34 @@ fn statement(read: &redb::ReadTransaction, account: AccountId, after: Option<u64
     };
     let mut lines = Vec::new();
     for row in index.range(start..=(account.0, u64::MAX, u64::MAX))?.take(limit) {
+        let (key, kind) = row?;
+        let (_, _, id) = key.value();
+        let bytes = table.get(id)?.with_context(|| format!("transfer {id} is indexed but not stored"))?;
+        let mut transfer: Transfer = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("transfer {id}: {}", e.message))?;
+        transfer.kind = TransferKind::from_u8(kind.value());
+        lines.push(transfer);
+    }
+    Ok(lines)
+}
+
+fn recent_statement(read: &redb::ReadTransaction, account: AccountId, before: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
+    let table = read.open_table(TRANSFERS)?;
+    let index = read.open_table(ACCOUNT_TRANSFERS)?;
+    // Transfer ids grow with time, so (at_ms, id) orders as id does.
+    let end = match before {
+        None => (account.0, u64::MAX, u64::MAX),
+        Some(before) => match table.range(before..)?.next() {
+            Some(row) => {
+                let (key, bytes) = row?;
+                let at_ms =
+                    decode_record::<Transfer>(bytes.value()).map_err(|e| anyhow::anyhow!("transfer {}: {}", key.value(), e.message))?.at_ms;
+                (account.0, at_ms, before)
+            }
+            None => (account.0, u64::MAX, u64::MAX),
+        },
+    };
+    let mut lines = Vec::new();
+    for row in index.range((account.0, 0, 0)..end)?.rev().take(limit) {
         let (key, kind) = row?;
         let (_, _, id) = key.value();
         let bytes = table.get(id)?.with_context(|| format!("transfer {id} is indexed but not stored"))?;
@@ -685,6 +724,11 @@ mod tests {
                     .map(|after| store.statement(a, after, 1).expect("page").iter().map(|t| t.id).collect())
                     .collect();
                 assert_eq!(pages, vec![vec![4], vec![8], vec![16], vec![16], vec![]]);
+                let newest: Vec<Vec<u64>> = [None, Some(16), Some(9), Some(8), Some(4)]
+                    .into_iter()
+                    .map(|before| store.recent_statement(a, before, 2).expect("page").iter().map(|t| t.id).collect())
+                    .collect();
+                assert_eq!(newest, vec![vec![16, 8], vec![8, 4], vec![8, 4], vec![4], vec![]], "newest first, before an id");
             }
         }
         {

@@ -506,6 +506,13 @@ pub enum ClientMessage {
     ExchangeKey {
         id: u64,
     },
+    /// The account's ledger transfers newest first, a page at a time
+    /// (before the given transfer id; the newest without it).
+    RecentStatement {
+        id: u64,
+        #[serde(default)]
+        before: Option<u64>,
+    },
     /// Offers what is left of a fixed-duration spot lease, whole, on its
     /// class's resale book (docs/market-rules.md "Lease resale"). Answered
     /// like `new_order` (`ack` with the ask's order id).
@@ -572,6 +579,7 @@ impl ClientMessage {
             | Invoice { id, .. }
             | ExchangeKey { id }
             | OfferLease { id, .. }
+            | RecentStatement { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -870,6 +878,13 @@ pub enum ServerMessage {
         id: u64,
         public_key: String,
     },
+    /// Answer to `recent_statement`: at most `ORDERS_PAGE_MAX` lines, newest
+    /// first; ask again with `before` = `next_before` while it is set.
+    RecentStatement {
+        id: u64,
+        lines: Vec<StatementLine>,
+        next_before: Option<u64>,
+    },
 }
 
 impl ServerMessage {
@@ -907,6 +922,7 @@ impl ServerMessage {
             | Keys { id, .. }
             | Invoice { id, .. }
             | ExchangeKey { id, .. }
+            | RecentStatement { id, .. }
             | Pong { id, .. } => Some(*id),
             Error { id, .. } => *id,
             Challenge { .. }

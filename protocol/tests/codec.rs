@@ -116,6 +116,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::Keys { id: 38, account: None },
         ClientMessage::Invoice { id: 39, period: "2026-11".into(), account: Some(AccountId(12)), offset: 200 },
         ClientMessage::ExchangeKey { id: 40 },
+        ClientMessage::RecentStatement { id: 42, before: Some(4_000) },
         ClientMessage::OfferLease {
             id: 41,
             lease: LeaseId(7),

@@ -486,6 +486,13 @@ class Client:
             time_in_force=time_in_force,
         )
 
+    async def recent_statement(self, before: Optional[int] = None) -> dict:
+        """One page of the account's transfers, newest first (before transfer
+        id `before`): `lines`, and `next_before` for the next (older) page."""
+        fields = dict((await self.request("recent_statement", before=before)).fields)
+        fields.pop("id", None)
+        return fields
+
     async def end_lease(self, lease: int) -> m.Ack:
         return await self.request("end_lease", lease=lease)
 

@@ -228,6 +228,9 @@ def test_gpus_leases_money_and_the_statement_from_python(exchange):
         await renter.withdraw(gpux.dollars("1"))
         lines = await renter.statement()
         assert any(l["to"] == "external" and l["amount_minor"] == 1_000_000 for l in lines), lines
+        newest = await renter.recent_statement()
+        assert newest["lines"][0] == lines[-1], "newest first: the withdrawal"
+        assert [l["transfer"] for l in newest["lines"]] == [l["transfer"] for l in reversed(lines)][: len(newest["lines"])]
         with pytest.raises(gpux.GpuxError) as nothing_earned:
             await supplier.payout(gpux.dollars("1"))
         assert nothing_earned.value.code == "insufficient_funds"

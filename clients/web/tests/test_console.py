@@ -305,6 +305,10 @@ def test_the_console_opens_and_funds_a_sub_account_and_shows_a_verified_invoice(
                 await browser.evaluate("document.querySelector('#sub-move button').click()")
                 await browser.wait_until(f"document.getElementById('sub-result').textContent.startsWith('moved $25.00 to sub-account {sub}')", what="the move")
                 await browser.wait_until(f"document.getElementById('subs').innerText.includes('$25.00')", what="the sub-account's balance")
+                # The statement shows the newest transfer first: the move just made.
+                await browser.wait_until("document.querySelector('#statement tbody tr') !== null", what="the statement")
+                first_row = await browser.evaluate("document.querySelector('#statement tbody tr').innerText")
+                assert f"available:{sub}" in first_row and "$25.00" in first_row, first_row
                 subs = await aggregator.sub_accounts()
                 assert [(s["account"], s["balances"]["available_minor"]) for s in subs] == [(sub, gpux.dollars("25"))], "moved on the exchange"
 

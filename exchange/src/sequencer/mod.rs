@@ -229,6 +229,7 @@ impl Sequencer {
             Request::MyGpus { connection, id, offset } => self.my_gpus(connection, id, offset),
             Request::Usage { connection, id, report } => self.usage(connection, id, *report),
             Request::Statement { connection, id, after } => self.statement(connection, id, after),
+            Request::RecentStatement { connection, id, before } => self.recent_statement(connection, id, before),
             Request::Balance { connection, id } => self.balance(connection, id),
             Request::Disconnect { connection, exchange_stopping } => self.disconnect(connection, exchange_stopping),
             Request::Bid { connection, id, command, workload, rematch } => self.bid(connection, id, command, workload, rematch),

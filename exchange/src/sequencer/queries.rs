@@ -157,6 +157,25 @@ impl Sequencer {
         self.reply(connection, reply);
     }
 
+    /// The statement newest first: a range of the account's index read backwards.
+    pub(super) fn recent_statement(&mut self, connection: ConnectionId, id: u64, before: Option<u64>) {
+        let page = ORDERS_PAGE_MAX;
+        let reply = match self.account(connection).map(|a| self.journal.recent_statement(a, before, page)) {
+            Some(Ok(transfers)) => {
+                let mut lines: Vec<gpux_protocol::StatementLine> = transfers.iter().map(|t| t.line()).collect();
+                let cut = gpux_protocol::fit_page(&mut lines);
+                let next_before = (cut || transfers.len() == page).then(|| lines.last().map(|l| l.transfer)).flatten();
+                ServerMessage::RecentStatement { id, lines, next_before }
+            }
+            Some(Err(error)) => {
+                tracing::error!(%error, "reading a statement");
+                ServerMessage::RecentStatement { id, lines: Vec::new(), next_before: None }
+            }
+            None => ServerMessage::RecentStatement { id, lines: Vec::new(), next_before: None },
+        };
+        self.reply(connection, reply);
+    }
+
     pub(super) fn balance(&mut self, connection: ConnectionId, id: u64) {
         let balances = self.account(connection).and_then(|a| self.market.engine().balances(a)).unwrap_or_default();
         self.reply(
