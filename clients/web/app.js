@@ -310,7 +310,7 @@ async function refreshAccount() {
   $("balance").textContent = `available ${usd(b.available_minor)} · held ${usd(b.held_minor)} · payable ${usd(b.payable_minor)} · owed ${usd(b.debt_minor)}`;
   const { body: orders } = await request("open_orders", { offset: 0 });
   $("orders").tBodies[0].innerHTML = orders.orders
-    .map((o) => `<tr><td>${o.order}</td><td>${o.instrument}</td><td>${o.side}</td><td>${usd(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td>${o.resting ? "on the book" : "armed stop"}</td><td><button data-cancel-order="${o.order}">cancel</button></td></tr>`)
+    .map((o) => `<tr><td>${o.order}</td><td>${o.instrument}</td><td>${o.side}</td><td>${usd(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td>${o.resting ? "on the book" : "armed stop"}</td><td><button data-cancel-order="${o.order}">cancel</button>${o.resting ? ` <button data-replace-order="${o.order}" title="to the ticket's price and quantity">replace</button>` : ""}</td></tr>`)
     .join("");
   const { body: leases } = await request("leases", { offset: 0 });
   state.leases = leases.leases;
@@ -454,6 +454,18 @@ async function act(type, fields, what) {
 $("orders").onclick = (event) => {
   const order = event.target.dataset && event.target.dataset.cancelOrder;
   if (order) act("cancel_order", { order: Number(order) }, `order ${order} cancelled`);
+  // Cancel-replace to the ticket's price and quantity (time priority kept
+  // only when the price is unchanged and the quantity does not grow).
+  const replace = event.target.dataset && event.target.dataset.replaceOrder;
+  if (replace) {
+    try {
+      const price_minor_per_gpu_hour = parseDollars($("t-price").value);
+      const quantity = Number($("t-quantity").value);
+      act("replace_order", { order: Number(replace), price_minor_per_gpu_hour, quantity }, `order ${replace} replaced at ${usd(price_minor_per_gpu_hour)} x ${quantity}`);
+    } catch (error) {
+      $("ticket-result").textContent = "refused: " + error.message;
+    }
+  }
 };
 
 $("leases").onclick = (event) => {

@@ -167,6 +167,13 @@ def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_c
                 assert "budget_too_small" in refused, refused
                 bad = await ticket({"t-price": "2.5000001", "t-budget": ""})
                 assert "at most six decimals" in bad, bad
+                # Replace from the open orders table: the first bid to the ticket's $1.2 x 2.
+                await browser.evaluate("document.getElementById('t-price').value = '1.2'; document.getElementById('t-quantity').value = '2'")
+                await browser.evaluate(f"document.querySelector('[data-replace-order=\"{ack.order}\"]').click()")
+                await browser.wait_until(f"document.getElementById('ticket-result').textContent.startsWith('order {ack.order} replaced at $1.20 x 2')", what="the replace")
+                await browser.wait_until("document.getElementById('ladder').innerText.includes('$1.20')", what="the replaced bid in the ladder")
+                replaced = [o for o in await renter.open_orders() if o["order"] == ack.order]
+                assert replaced and (replaced[0]["price_minor_per_gpu_hour"], replaced[0]["quantity"]) == (1_200_000, 2), replaced
                 # Cancel from the open orders table: the first bid goes.
                 await browser.evaluate(f"document.querySelector('[data-cancel-order=\"{ack.order}\"]').click()")
                 await browser.wait_until(f"document.getElementById('ticket-result').textContent.startsWith('order {ack.order} cancelled')", what="the cancel")
