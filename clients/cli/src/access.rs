@@ -140,8 +140,7 @@ pub async fn keys(s: &mut Session, action: KeysAction, json: bool) -> Result<(),
             out!("keys of account {account}:");
             for key in &keys {
                 let names: Vec<String> = key.scopes.list().iter().map(snake).collect();
-                let expiry =
-                    key.expires_at_ms.map_or_else(|| "no expiry".into(), |at| format!("expires {}", gpux_engine::time::format_utc(at)));
+                let expiry = key.expires_at_ms.map_or_else(|| "no expiry".into(), |at| format!("expires {}", crate::clock::when(at)));
                 let role = if key.owner { "owner" } else { "granted" };
                 let label = if key.label.is_empty() { String::new() } else { format!(" \"{}\"", key.label) };
                 out!("  {} {role}{label}: {} ({expiry})", key.public_key, names.join(","));

@@ -75,11 +75,7 @@ impl Book {
         out.push_str("\nlast trades\n");
         for (at_ms, price, quantity, aggressor) in &self.trades {
             let taker = if *aggressor == gpux_engine::Side::Buy { "buyer" } else { "seller" };
-            out.push_str(&format!(
-                "  {}  {quantity:>4} GPU(s) at {}  ({taker} took)\n",
-                gpux_engine::time::format_utc(*at_ms),
-                dollars(*price)
-            ));
+            out.push_str(&format!("  {}  {quantity:>4} GPU(s) at {}  ({taker} took)\n", crate::clock::when(*at_ms), dollars(*price)));
         }
         out
     }

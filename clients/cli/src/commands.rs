@@ -550,7 +550,7 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
 
 fn describe_event(kind: &EventKind, symbols: &std::collections::HashMap<InstrumentId, String>) {
     let symbol = |instrument: &InstrumentId| symbols.get(instrument).cloned().unwrap_or_else(|| format!("instrument {}", instrument.0));
-    let at = |ms: u64| gpux_engine::time::format_utc(ms);
+    let at = |ms: u64| crate::clock::when(ms);
     match kind {
         EventKind::Trade { price_minor_per_gpu_hour, quantity, instrument, .. } => {
             out!("filled {quantity} GPU(s) of {} at {}/GPU-h", symbol(instrument), dollars(*price_minor_per_gpu_hour))
@@ -621,7 +621,7 @@ async fn statement(s: &mut Session, mut after: Option<u64>, json: bool) -> Resul
                 out!(
                     "{:>10} {:<23} {:<16} {:<16} {:>16} {lease}",
                     line.transfer,
-                    gpux_engine::time::format_utc(line.at_ms),
+                    crate::clock::when(line.at_ms),
                     line.from,
                     line.to,
                     dollars(line.amount_minor)

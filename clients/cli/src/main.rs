@@ -33,6 +33,7 @@ pub fn write_line(args: std::fmt::Arguments) {
 
 mod access;
 mod book;
+mod clock;
 mod commands;
 mod invoice;
 mod keys;
@@ -55,6 +56,9 @@ pub struct Cli {
     /// Print the exchange's answers as JSON, one per line.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Times in UTC instead of this machine's time zone.
+    #[arg(long, global = true)]
+    pub utc: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -437,6 +441,7 @@ pub enum Failure {
 
 fn main() {
     let cli = Cli::parse();
+    clock::use_utc(cli.utc);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
     let outcome = runtime.block_on(commands::run(cli));
     let code = match outcome {

@@ -157,6 +157,21 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
     assert!(ok(gpux(url, &key("renter"), &["end-lease", &lease_id])).contains("lease ended"));
     let statement = ok(gpux(url, &key("renter"), &["statement"]));
     assert!(statement.contains("external") && statement.contains(&format!("available:{renter_account}")), "{statement}");
+    // Times in the machine's zone (a POSIX TZ: no tz database needed), its offset named; --utc for UTC.
+    let in_zone = |zone: &str, extra: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpux"))
+            .env("TZ", zone)
+            .args(["--url", url, "--key"])
+            .arg(key("renter"))
+            .args(extra)
+            .arg("statement")
+            .output()
+            .expect("gpux runs");
+        ok(output)
+    };
+    assert!(in_zone("JST-9", &[]).contains(" +09:00 "), "Tokyo's offset");
+    let utc = in_zone("JST-9", &["--utc"]);
+    assert!(utc.contains(" UTC ") && !utc.contains("+09:00"), "{utc}");
     let json = ok(gpux(url, &key("renter"), &["--json", "balance"]));
     assert!(json.trim().starts_with("{\"balance\":"), "{json}");
     // The order types beyond plain ones (docs/market-rules.md "Order types and options").
