@@ -91,12 +91,29 @@ async function loadInstruments() {
   for (const info of state.instruments.filter((i) => typeof i.contract === "string")) {
     const item = document.createElement("li");
     item.dataset.instrument = info.instrument;
-    item.innerHTML = `${info.symbol}<span class="state">${info.state}</span>`;
+    item.innerHTML = `${info.symbol}<span class="state">${info.state}</span><div class="quote"></div>`;
     item.onclick = () => select(info.instrument);
     list.append(item);
   }
   renderCalendar();
   select(state.selected ?? state.instruments[0].instrument);
+  refreshQuotes();
+}
+
+// Each standing book's last price, 24-hour change and volume (public
+// `stats`), under its name in the list; refreshed every 15 s.
+async function refreshQuotes() {
+  clearTimeout(state.quotesTimer);
+  for (const item of $("instruments").children) {
+    try {
+      const { body: s } = await request("stats", { instrument: Number(item.dataset.instrument) });
+      const change = s.open === null || s.open === 0 ? "" : ` ${s.last >= s.open ? "+" : ""}${(((s.last - s.open) / s.open) * 100).toFixed(1)}%`;
+      item.querySelector(".quote").textContent = s.last === null ? "no trades in 24 h" : `last ${usd(s.last)}${change} · ${s.volume} GPUs`;
+    } catch (error) {
+      return; // disconnected: the reconnect reloads the list
+    }
+  }
+  state.quotesTimer = setTimeout(refreshQuotes, 15000);
 }
 
 function renderCalendar() {

@@ -225,6 +225,11 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
             try:
                 await browser.call("Page.navigate", url=console)
                 await browser.wait_until("document.querySelectorAll('#instruments li').length >= 10", what="the instrument list")
+                # The lease's trade shows as the spot book's last price and volume in the list.
+                spot = f"document.querySelector('#instruments li[data-instrument=\"{gpux.H100_SPOT}\"] .quote').textContent"
+                await browser.wait_until(f"{spot}.startsWith('last $2.00') && {spot}.includes('1 GPUs')", what="the spot book's quote")
+                preempt = f"document.querySelector('#instruments li[data-instrument=\"{gpux.H100_PREEMPT}\"] .quote').textContent"
+                await browser.wait_until(f"{preempt} === 'no trades in 24 h'", what="an untraded book's quote")
                 offers = "document.getElementById('offers').innerText"
                 await browser.wait_until(
                     f"{offers}.includes('$2.50') && {offers}.includes('unrated') && {offers}.includes('{supplier.account}')",
