@@ -283,6 +283,7 @@ function onPrivate(event, reason) {
   if (kind === "rejected") notice(`Refused (${fields.code}): ${reason ?? ""}`);
   if (kind === "preemption_notice") notice(`Lease ${fields.lease} is preempted: it ends at ${utcHour(fields.ends_at_ms)}`);
   if (kind === "payment_notice") notice(`Lease ${fields.lease} needs ${usd(fields.shortfall_minor)} more by ${utcHour(fields.ends_at_ms)}`);
+  if (kind === "spend_alert") notice(`Spent ${usd(fields.spent_minor)}: ${fields.threshold_bps / 100}% of your ${fields.daily ? "daily" : "total"} limit of ${usd(fields.limit_minor)}`);
   clearTimeout(state.refreshTimer);
   state.refreshTimer = setTimeout(refreshAccount, 300);
 }
@@ -324,7 +325,18 @@ function notice(text) {
 async function refreshAccount() {
   if (state.account === null) return;
   const { body: b } = await request("balance");
-  $("balance").textContent = `available ${usd(b.available_minor)} · held ${usd(b.held_minor)} · payable ${usd(b.payable_minor)} · owed ${usd(b.debt_minor)}`;
+  let spendLine = "";
+  try {
+    const { body: spend } = await request("spend");
+    if (spend.spend !== null) {
+      const s = spend.spend;
+      const limit = (value) => (value === null ? "no limit" : usd(value));
+      spendLine = ` · spend: today ${usd(s.spent_today_minor)} (daily ${limit(s.limits.daily_minor)}), in all ${usd(s.spent_total_minor)} (total ${limit(s.limits.total_minor)}), held limit ${limit(s.limits.max_held_minor)}`;
+    }
+  } catch (error) {
+    spendLine = "";
+  }
+  $("balance").textContent = `available ${usd(b.available_minor)} · held ${usd(b.held_minor)} · payable ${usd(b.payable_minor)} · owed ${usd(b.debt_minor)}` + spendLine;
   const { body: orders } = await request("open_orders", { offset: 0 });
   $("orders").tBodies[0].innerHTML = orders.orders
     .map((o) => `<tr><td>${o.order}</td><td>${o.instrument}</td><td>${o.side}</td><td>${usd(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td>${o.resting ? "on the book" : "armed stop"}</td><td><button data-cancel-order="${o.order}">cancel</button>${o.resting ? ` <button data-replace-order="${o.order}" title="to the ticket's price and quantity">replace</button>` : ""}</td></tr>`)

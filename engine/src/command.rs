@@ -320,6 +320,25 @@ pub enum Command {
         price_minor_per_gpu_hour: u64,
         time_in_force: TimeInForce,
     },
+    /// The account sets its own spend limits (docs/market-rules.md "Spend
+    /// control"); every limit replaced, `None` for none.
+    SetSpendLimits {
+        account: AccountId,
+        limits: SpendLimits,
+    },
+}
+
+/// What an account lets itself spend and commit (docs/market-rules.md
+/// "Spend control"). A journaled record: fields are only ever appended in a
+/// new command variant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SpendLimits {
+    /// Spent this UTC day plus everything held, after a new bid's hold.
+    pub daily_minor: Option<u64>,
+    /// Spent since the limits were set plus everything held, after a new bid's hold.
+    pub total_minor: Option<u64>,
+    /// Everything held at once (open bids, escrows, contracts), after a new bid's hold.
+    pub max_held_minor: Option<u64>,
 }
 
 impl Command {

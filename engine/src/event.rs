@@ -395,6 +395,20 @@ pub enum EventKind {
         account: AccountId,
         limits: crate::command::AccountLimits,
     },
+    /// An account set its own spend limits.
+    SpendLimitsSet {
+        account: AccountId,
+        limits: crate::command::SpendLimits,
+    },
+    /// What the account spent crossed `threshold_bps` (5000, 8000, 10000)
+    /// of its daily or total limit (once per threshold, per day for daily).
+    SpendAlert {
+        account: AccountId,
+        daily: bool,
+        threshold_bps: u32,
+        spent_minor: u64,
+        limit_minor: u64,
+    },
 }
 
 /// Why a command changed nothing. The codes are stable; docs/protocol.md and
@@ -476,6 +490,8 @@ pub enum RejectCode {
     LeaseNotResellable,
     /// The lease is on offer already; cancel that ask first.
     LeaseAlreadyOffered,
+    /// The order would take the account past a spend limit it set.
+    SpendLimit,
 }
 
 impl RejectCode {
@@ -539,6 +555,7 @@ impl RejectCode {
             SubAccountLimit => "the order is beyond a limit the parent set on this sub-account",
             LeaseNotResellable => "only a fixed-duration spot lease of yours with 15 minutes or more left is resold, with offer_lease",
             LeaseAlreadyOffered => "the lease is on offer already; cancel that ask first",
+            SpendLimit => "the order would take the account past a spend limit it set; raise the limit or wait for the next UTC day",
         }
     }
 }

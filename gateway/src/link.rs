@@ -239,6 +239,7 @@ pub enum AccessRequest {
     RevokeKey { public_key: [u8; 32] },
     Keys { account: Option<AccountId> },
     Invoice { period: String, account: Option<AccountId>, offset: u32 },
+    Spend,
 }
 
 /// The hardware challenge's steps (docs/protocol.md "Hardware challenges").
@@ -294,7 +295,8 @@ impl Request {
             | Request::MyGpus { .. }
             | Request::Delivery { request: DeliveryRequest::Query { .. }, .. }
             | Request::Access {
-                request: AccessRequest::SubAccounts { .. } | AccessRequest::Keys { .. } | AccessRequest::Invoice { .. },
+                request:
+                    AccessRequest::SubAccounts { .. } | AccessRequest::Keys { .. } | AccessRequest::Invoice { .. } | AccessRequest::Spend,
                 ..
             } => Some(Scope::Read),
             Request::Usage { .. } | Request::Delivery { .. } | Request::Challenge { .. } | Request::Liveness { .. } => Some(Scope::Deliver),

@@ -680,6 +680,8 @@ impl Connection {
             ClientMessage::Balance { id } => Request::Balance { connection, id },
             ClientMessage::Statement { id, after } => Request::Statement { connection, id, after },
             ClientMessage::RecentStatement { id, before } => Request::RecentStatement { connection, id, before },
+            ClientMessage::SetSpendLimits { id, limits } => command(id, Command::SetSpendLimits { account, limits }),
+            ClientMessage::Spend { id } => access(id, AccessRequest::Spend),
             ClientMessage::NewOrder { id, order, workload: None } if !order.rematch => command(id, order.into_command(account)),
             ClientMessage::NewOrder { id, order, workload } => {
                 if let Some(Err(refused)) = workload.as_ref().map(|w| w.validate()) {

@@ -19,7 +19,9 @@ pub fn accounts_of(engine: &Engine, event: &Event) -> [Option<AccountId>; 2] {
         | OrderClosed { account, .. }
         | StopArmed { account, .. }
         | StopTriggered { account, .. }
-        | StopRefused { account, .. } => [Some(account), None],
+        | StopRefused { account, .. }
+        | SpendLimitsSet { account, .. }
+        | SpendAlert { account, .. } => [Some(account), None],
         // A usage charge is money coming in for the lease's supplier
         // (to its payable): its feed shows it too.
         UsageUnpaid { renter, lease, .. } => [Some(renter), engine.lease(lease).map(|l| l.supplier)],

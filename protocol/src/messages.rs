@@ -4,7 +4,7 @@
 
 use gpux_engine::{
     AccountId, AccountLimits, Event, GpuId, GpuInfo, GpuSet, GpuSpec, HostId, InstrumentId, InstrumentInfo, LeaseDuration, LeaseId,
-    OrderId, OrderInfo, OrderType, RejectCode, Role, SelfTradePrevention, Side, SubAccountInfo, TimeInForce,
+    OrderId, OrderInfo, OrderType, RejectCode, Role, SelfTradePrevention, Side, SpendLimits, SpendStatus, SubAccountInfo, TimeInForce,
 };
 
 use crate::access::{KeyInfo, Scopes};
@@ -506,6 +506,16 @@ pub enum ClientMessage {
     ExchangeKey {
         id: u64,
     },
+    /// Sets the account's own spend limits (docs/market-rules.md "Spend
+    /// control"); every limit replaced, null for none. Answered `ack`.
+    SetSpendLimits {
+        id: u64,
+        limits: SpendLimits,
+    },
+    /// The account's spend limits and what they count.
+    Spend {
+        id: u64,
+    },
     /// The account's ledger transfers newest first, a page at a time
     /// (before the given transfer id; the newest without it).
     RecentStatement {
@@ -580,6 +590,8 @@ impl ClientMessage {
             | ExchangeKey { id }
             | OfferLease { id, .. }
             | RecentStatement { id, .. }
+            | SetSpendLimits { id, .. }
+            | Spend { id }
             | Ping { id } => *id,
         }
     }
@@ -878,6 +890,11 @@ pub enum ServerMessage {
         id: u64,
         public_key: String,
     },
+    /// Answer to `spend`: null when the account set no limits.
+    Spend {
+        id: u64,
+        spend: Option<SpendStatus>,
+    },
     /// Answer to `recent_statement`: at most `ORDERS_PAGE_MAX` lines, newest
     /// first; ask again with `before` = `next_before` while it is set.
     RecentStatement {
@@ -923,6 +940,7 @@ impl ServerMessage {
             | Invoice { id, .. }
             | ExchangeKey { id, .. }
             | RecentStatement { id, .. }
+            | Spend { id, .. }
             | Pong { id, .. } => Some(*id),
             Error { id, .. } => *id,
             Challenge { .. }

@@ -117,6 +117,11 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::Invoice { id: 39, period: "2026-11".into(), account: Some(AccountId(12)), offset: 200 },
         ClientMessage::ExchangeKey { id: 40 },
         ClientMessage::RecentStatement { id: 42, before: Some(4_000) },
+        ClientMessage::SetSpendLimits {
+            id: 43,
+            limits: SpendLimits { daily_minor: Some(100_000_000), total_minor: None, max_held_minor: Some(50_000_000) },
+        },
+        ClientMessage::Spend { id: 44 },
         ClientMessage::OfferLease {
             id: 41,
             lease: LeaseId(7),

@@ -336,6 +336,38 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::SubAccount { action } => crate::access::sub_account(s, action, json).await,
         Command::Completions { .. } => Ok(()),
+        Command::Spend { daily, total, max_held, clear } => {
+            let parse = |text: Option<String>| text.map(|t| parse_dollars(&t)).transpose().map_err(Failure::Usage);
+            let limits =
+                gpux_engine::SpendLimits { daily_minor: parse(daily)?, total_minor: parse(total)?, max_held_minor: parse(max_held)? };
+            if clear || limits != gpux_engine::SpendLimits::default() {
+                let id = s.connection.new_id();
+                let answer = s.ask(ClientMessage::SetSpendLimits { id, limits }, json).await?;
+                if !json {
+                    acknowledged(answer, if clear { "spend limits removed" } else { "spend limits set" })?;
+                }
+            }
+            let id = s.connection.new_id();
+            let answer = s.ask(ClientMessage::Spend { id }, json).await?;
+            if let (false, ServerMessage::Spend { spend, .. }) = (json, answer) {
+                match spend {
+                    None => out!("no spend limits"),
+                    Some(status) => {
+                        let limit = |l: Option<u64>| l.map_or_else(|| "none".to_string(), dollars);
+                        out!(
+                            "spent today {}, in all {}, held {}; limits: daily {}, total {}, held {}",
+                            dollars(status.spent_today_minor),
+                            dollars(status.spent_total_minor),
+                            dollars(status.held_minor),
+                            limit(status.limits.daily_minor),
+                            limit(status.limits.total_minor),
+                            limit(status.limits.max_held_minor)
+                        );
+                    }
+                }
+            }
+            Ok(())
+        }
         Command::Invoice { period, sub_account, html, pdf } => crate::invoice::invoice(s, period, sub_account, html, pdf, json).await,
         Command::Keys { action } => crate::access::keys(s, action, json).await,
         Command::Book { .. } | Command::Instruments { .. } | Command::Supplier { .. } | Command::Renter { .. } | Command::Asks { .. } => {

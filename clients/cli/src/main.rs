@@ -241,6 +241,21 @@ pub enum Command {
         #[command(subcommand)]
         action: LeaseAction,
     },
+    /// Your spend limits and what they count; with a limit flag, set them (docs/market-rules.md "Spend control").
+    Spend {
+        /// Dollars spent this UTC day plus held, at most (every limit is replaced; leave one out for none).
+        #[arg(long)]
+        daily: Option<String>,
+        /// Dollars spent since now plus held, at most.
+        #[arg(long)]
+        total: Option<String>,
+        /// Dollars held at once, at most.
+        #[arg(long)]
+        max_held: Option<String>,
+        /// Remove every limit.
+        #[arg(long, conflicts_with_all = ["daily", "total", "max_held"])]
+        clear: bool,
+    },
     /// Print a completion script for your shell: `gpux completions bash > /etc/bash_completion.d/gpux`.
     Completions {
         #[arg(value_enum)]

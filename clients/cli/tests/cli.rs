@@ -187,6 +187,14 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
     assert_eq!(bad_budget.status.code(), Some(2), "{bad_budget:?}");
     let gang = ok(gpux(url, &key("renter"), &["buy", "H100-SXM-80G/SPOT", "2", "--price", "2.50", "--all-or-none"]));
     assert!(gang.contains("resting"), "all-or-none waits whole on the book: {gang}");
+    // Spend control: a $1 cap on what is held refuses a bid that holds more.
+    assert!(ok(gpux(url, &key("renter"), &["spend"])).contains("no spend limits"));
+    let set = ok(gpux(url, &key("renter"), &["spend", "--max-held", "1", "--daily", "50"]));
+    assert!(set.contains("spend limits set") && set.contains("limits: daily $50.00, total none, held $1.00"), "{set}");
+    let capped = gpux(url, &key("renter"), &["buy", "H100-SXM-80G/SPOT", "1", "--price", "1.50"]);
+    assert_eq!(capped.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&capped.stderr).contains("spend_limit"), "{capped:?}");
+    assert!(ok(gpux(url, &key("renter"), &["spend", "--clear"])).contains("no spend limits"));
     let calendar = ok(gpux(url, &key("renter"), &["instruments", "--calendar"]));
     assert!(calendar.lines().skip(1).all(|l| l.contains(" to ")), "only reserved windows: {calendar}");
 }

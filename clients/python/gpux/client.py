@@ -493,6 +493,18 @@ class Client:
         fields.pop("id", None)
         return fields
 
+    async def set_spend_limits(
+        self, daily_minor: Optional[int] = None, total_minor: Optional[int] = None, max_held_minor: Optional[int] = None
+    ) -> m.Ack:
+        """Replaces the account's own spend limits (None: no limit; all None
+        removes them); bids past one are refused `spend_limit`."""
+        limits = {"daily_minor": daily_minor, "total_minor": total_minor, "max_held_minor": max_held_minor}
+        return await self.request("set_spend_limits", limits=limits)
+
+    async def spend(self) -> Optional[dict]:
+        """The account's spend limits and what they count (None without limits)."""
+        return (await self.request("spend")).fields["spend"]
+
     async def end_lease(self, lease: int) -> m.Ack:
         return await self.request("end_lease", lease=lease)
 

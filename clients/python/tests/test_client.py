@@ -228,6 +228,13 @@ def test_gpus_leases_money_and_the_statement_from_python(exchange):
         await renter.withdraw(gpux.dollars("1"))
         lines = await renter.statement()
         assert any(l["to"] == "external" and l["amount_minor"] == 1_000_000 for l in lines), lines
+        await renter.set_spend_limits(max_held_minor=gpux.dollars("1"))
+        with pytest.raises(gpux.GpuxError) as capped:
+            await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("1.5"), 1))
+        assert capped.value.code == "spend_limit"
+        assert (await renter.spend())["limits"]["max_held_minor"] == gpux.dollars("1")
+        await renter.set_spend_limits()
+        assert await renter.spend() is None
         newest = await renter.recent_statement()
         assert newest["lines"][0] == lines[-1], "newest first: the withdrawal"
         assert [l["transfer"] for l in newest["lines"]] == [l["transfer"] for l in reversed(lines)][: len(newest["lines"])]

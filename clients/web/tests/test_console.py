@@ -300,6 +300,7 @@ def test_the_console_opens_and_funds_a_sub_account_and_shows_a_verified_invoice(
         aggregator = await gpux.Client.connect(url, key, role="aggregator")
         async with await gpux.Client.connect(url, operator, role="operator") as op:
             await op.deposit(aggregator.account, gpux.dollars("100"))
+        await aggregator.set_spend_limits(daily_minor=gpux.dollars("50"))
         with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
             browser = Browser(profile)
             await browser.open()
@@ -310,6 +311,7 @@ def test_the_console_opens_and_funds_a_sub_account_and_shows_a_verified_invoice(
                 await browser.evaluate("document.querySelector('#login button').click()")
                 await browser.wait_until(f"document.getElementById('account').textContent.includes('account {aggregator.account}')", what="login")
 
+                await browser.wait_until("document.getElementById('balance').textContent.includes('spend: today $0.00 (daily $50.00)')", what="the spend limits")
                 await browser.evaluate("document.querySelector('#sub-open button').click()")
                 await browser.wait_until("document.getElementById('sub-result').textContent.startsWith('opened sub-account')", what="the sub-account")
                 sub = int((await browser.evaluate("document.getElementById('sub-result').textContent")).split()[2])

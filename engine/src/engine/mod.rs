@@ -16,6 +16,7 @@ mod lease_resale;
 mod leases;
 mod matching;
 mod orders;
+mod spend;
 mod sub_accounts;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -30,6 +31,7 @@ use crate::event::{Event, EventKind, LeaseEndReason, LeaseKind, RejectCode};
 use crate::gpus::{Gpu, GpuDetails, Host};
 use crate::ids::{AccountId, ContractId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
 use crate::state_hash::StateHasher;
+pub use spend::SpendStatus;
 pub use sub_accounts::SubAccountInfo;
 
 #[derive(Clone, serde::Serialize, serde::Deserialize)]
@@ -403,6 +405,8 @@ pub struct Engine {
     /// The lease an `OfferLease` is placing its ask for (within the command only).
     #[serde(skip)]
     pub(crate) pending_lease_offer: Option<LeaseOffer>,
+    /// Accounts that set spend limits, and what they spent.
+    pub(crate) spend: BTreeMap<AccountId, spend::Spend>,
 }
 
 /// A resale ask's lease, and what the reseller holds to pay a buyer the
@@ -473,6 +477,7 @@ impl Engine {
             lease_offers: BTreeMap::new(),
             offered_leases: BTreeMap::new(),
             pending_lease_offer: None,
+            spend: BTreeMap::new(),
             config,
         };
         for class in 0..engine.config.classes.len() as u16 {
@@ -539,6 +544,7 @@ impl Engine {
             Command::OfferLease { account, lease, client_order_id, price_minor_per_gpu_hour, time_in_force } => {
                 self.offer_lease(*account, *lease, *client_order_id, *price_minor_per_gpu_hour, *time_in_force)
             }
+            Command::SetSpendLimits { account, limits } => self.set_spend_limits(*account, *limits),
             Command::RecordChallenge { gpu, answer } => self.record_challenge(*gpu, *answer),
             Command::WithholdDisputed { lease, disputed_gpu_ms } => self.withhold_disputed(*lease, *disputed_gpu_ms),
             Command::CancelOrder { account, order } => self.cancel_order(*account, *order),
@@ -557,6 +563,9 @@ impl Engine {
         let event = Event { seq: self.next_seq, at_ms: self.now_ms, kind };
         self.next_seq += 1;
         self.events.push(event);
+        if !self.spend.is_empty() {
+            self.note_spend(&kind);
+        }
     }
 
     /// Fires every timer due at or before `at_ms`, each at its own time, then
@@ -1050,7 +1059,8 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::MassCancel { account, .. }
         | Command::EndLease { account, .. }
         | Command::FailLeaseDelivery { account, .. }
-        | Command::OfferLease { account, .. } => Some(*account),
+        | Command::OfferLease { account, .. }
+        | Command::SetSpendLimits { account, .. } => Some(*account),
         Command::OpenSubAccount { parent } | Command::MoveFunds { parent, .. } | Command::SetAccountLimits { parent, .. } => Some(*parent),
         Command::PlaceOrder(order)
         | Command::PlaceOrderFiltered { order, .. }
@@ -1138,6 +1148,7 @@ impl Engine {
         );
         h.bytes(format!("{:?}{:?}", self.sub_accounts, self.sub_accounts_of).as_bytes());
         h.bytes(format!("{:?}{:?}{:?}", self.resale_books, self.lease_offers, self.offered_leases).as_bytes());
+        h.bytes(format!("{:?}", self.spend).as_bytes());
         let mut client_ids: Vec<_> = self.client_order_ids.iter().collect();
         client_ids.sort();
         h.bytes(format!("{client_ids:?}").as_bytes());

@@ -201,6 +201,7 @@ impl Engine {
                 return Err(RejectCode::InsufficientFunds);
             }
             self.check_sub_account_limits(new.account, total, !triggered)?;
+            self.check_spend_limits(new.account, total)?;
         } else {
             self.check_sub_account_limits(new.account, 0, !triggered)?;
         }

@@ -131,6 +131,10 @@ impl Sequencer {
                 }
             }
             AccessRequest::Invoice { period, account: named, offset } => self.invoice(connection, id, account, named, period, offset),
+            AccessRequest::Spend => {
+                let spend = self.market.engine().spend_status(account);
+                self.reply(connection, ServerMessage::Spend { id, spend });
+            }
             AccessRequest::Keys { account: named } => {
                 let target = named.unwrap_or(account);
                 if target != account && self.market.engine().parent_of(target) != Some(account) {
