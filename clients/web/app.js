@@ -116,13 +116,25 @@ async function refreshQuotes() {
   state.quotesTimer = setTimeout(refreshQuotes, 15000);
 }
 
+// The calendar of one class at a time (every window it lists, none cut
+// off); a row opens that window's book.
 function renderCalendar() {
-  const rows = state.instruments
-    .filter((i) => i.contract.reserved && i.state !== "expired")
-    .slice(0, 60)
-    .map((i) => `<tr><td>${i.class}</td><td>${utcHour(i.contract.reserved.window_start_ms)} to ${utcHour(i.contract.reserved.window_end_ms)}</td><td>${i.state}</td><td>${i.symbol}</td></tr>`);
+  const windows = state.instruments.filter((i) => i.contract.reserved && i.state !== "expired");
+  const classes = [...new Set(windows.map((i) => i.class))];
+  const picker = $("calendar-class");
+  const chosen = classes.includes(picker.value) ? picker.value : classes[0];
+  picker.innerHTML = classes.map((c) => `<option${c === chosen ? " selected" : ""}>${esc(c)}</option>`).join("");
+  const rows = windows
+    .filter((i) => i.class === chosen)
+    .map((i) => `<tr data-instrument="${i.instrument}"><td>${esc(i.class)}</td><td>${utcHour(i.contract.reserved.window_start_ms)} to ${utcHour(i.contract.reserved.window_end_ms)}</td><td>${i.state}</td><td>${esc(i.symbol)}</td></tr>`);
   $("calendar").tBodies[0].innerHTML = rows.join("");
 }
+
+$("calendar-class").onchange = () => renderCalendar();
+$("calendar").onclick = (event) => {
+  const row = event.target.closest("tr[data-instrument]");
+  if (row) select(Number(row.dataset.instrument));
+};
 
 async function select(instrument) {
   if (state.selected !== null && state.selected !== instrument) {

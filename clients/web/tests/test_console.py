@@ -133,6 +133,17 @@ def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_c
                 await browser.wait_until("document.getElementById('symbol').textContent === 'H100-SXM-80G/SPOT'", what="the first book")
                 calendar_rows = await browser.evaluate("document.querySelectorAll('#calendar tbody tr').length")
                 assert calendar_rows > 0, "the reserved-window calendar lists windows"
+                # One class at a time, every window of it (24 hourly and 7 daily), and a row opens its book.
+                classes = await browser.evaluate("[...document.querySelectorAll('#calendar-class option')].map(o => o.value)")
+                assert "H100-SXM-80G" in classes and len(classes) >= 2, classes
+                assert calendar_rows >= 31, calendar_rows
+                await browser.evaluate("document.getElementById('calendar-class').value = 'A100-80G'; document.getElementById('calendar-class').onchange()")
+                assert await browser.evaluate("[...document.querySelectorAll('#calendar tbody tr td:first-child')].every(td => td.textContent === 'A100-80G')")
+                window_symbol = await browser.evaluate("document.querySelector('#calendar tbody tr td:last-child').textContent")
+                await browser.evaluate("document.querySelector('#calendar tbody tr').click()")
+                await browser.wait_until(f"document.getElementById('symbol').textContent === '{window_symbol}'", what="the window's book")
+                await browser.evaluate(f"select({gpux.H100_SPOT})")
+                await browser.wait_until("document.getElementById('symbol').textContent === 'H100-SXM-80G/SPOT'", what="back to the spot book")
 
                 # An order placed through the Python client appears in the page's live ladder.
                 key = gpux.Key.generate()
