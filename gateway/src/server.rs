@@ -976,6 +976,7 @@ mod tests {
                     | Request::SupplierStats { .. }
                     | Request::RenterStats { .. }
                     | Request::BookOffers { .. }
+                    | Request::ExchangeKey { .. }
             )
         }
 
