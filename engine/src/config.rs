@@ -15,16 +15,24 @@ pub enum Vendor {
     Amd,
     Intel,
     Other,
+    /// Huawei Ascend NPUs.
+    Huawei,
+    Cambricon,
+    Iluvatar,
 }
 
-/// How the GPU talks to its peers on the host. `NvLink` and `InfinityFabric`
-/// both count as a high-bandwidth fabric for classes that require one.
+/// How the GPU talks to its peers on the host. Every link but PCIe (NVLink,
+/// AMD's Infinity Fabric/xGMI, Huawei's HCCS, Cambricon's MLU-Link) counts
+/// as a high-bandwidth fabric for classes that require one. Variants are
+/// only ever appended: journals encode their index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Interconnect {
     Pcie,
     NvLink,
     InfinityFabric,
+    Hccs,
+    MluLink,
 }
 
 impl Interconnect {

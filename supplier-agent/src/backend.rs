@@ -1,6 +1,7 @@
-//! The GPU backend trait and its vendor-neutral readings. NVIDIA (NVML), a
-//! future AMD (ROCm SMI) backend and the scripted fake all produce these, so
-//! nothing else in the agent knows which vendor it runs on.
+//! The GPU backend trait and its vendor-neutral readings. NVIDIA (NVML),
+//! the vendor-tool backends (AMD, Huawei Ascend, Cambricon, Iluvatar: see
+//! `vendor`) and the scripted fake all produce these, so nothing else in
+//! the agent knows which vendor it runs on.
 
 use gpux_engine::GpuSpec;
 

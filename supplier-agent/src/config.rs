@@ -152,6 +152,14 @@ pub enum GpuDevices {
     Nvidia,
     /// `/dev/kfd` and the leased GPUs' `/dev/dri/renderD*` nodes (ROCm).
     Amd,
+    /// The leased NPUs' `/dev/davinci<N>` and the shared `/dev/davinci_manager`,
+    /// `/dev/devmm_svm`, `/dev/hisi_hdc`, with the host's driver
+    /// (`/usr/local/Ascend/driver`) mounted read-only (Huawei Ascend).
+    Ascend,
+    /// The leased MLUs' `/dev/cambricon_dev<N>` and `/dev/cambricon_ctl` (Cambricon).
+    Cambricon,
+    /// The leased GPUs' `/dev/iluvatar<N>` (Iluvatar CoreX).
+    Iluvatar,
     /// No device (hosts whose GPUs come from the fake backend, for tests and demos).
     None,
 }

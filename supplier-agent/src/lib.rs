@@ -1,8 +1,9 @@
 //! gpux-supplier-agent: the daemon a GPU owner runs on each host.
 //!
 //! It reads the host's GPUs through a small vendor-neutral trait
-//! (`backend::GpuBackend`), with a real NVML implementation (`nvml`) and a
-//! scripted fake for tests and demos (`fake`); proves its host key to the
+//! (`backend::GpuBackend`), with a real NVML implementation (`nvml`),
+//! backends over the vendor tools of AMD, Huawei Ascend, Cambricon and
+//! Iluvatar (`vendor`) and a scripted fake for tests and demos (`fake`); proves its host key to the
 //! exchange (`keys`); registers the GPUs, keeps the owner's offers on the
 //! books, withdraws GPUs that turn unhealthy, and hands leases to a
 //! delivery hook (`session`), all as the owner's config says (`config`).
@@ -19,3 +20,4 @@ pub mod keys;
 pub mod nvml;
 pub mod reports;
 pub mod session;
+pub mod vendor;

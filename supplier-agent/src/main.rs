@@ -9,6 +9,11 @@ use gpux_supplier_agent::config::AgentConfig;
 use gpux_supplier_agent::fake::FakeBackend;
 use gpux_supplier_agent::nvml::NvmlBackend;
 use gpux_supplier_agent::session::Agent;
+use gpux_supplier_agent::vendor::amd::AmdBackend;
+use gpux_supplier_agent::vendor::ascend::AscendBackend;
+use gpux_supplier_agent::vendor::cambricon::CambriconBackend;
+use gpux_supplier_agent::vendor::iluvatar::IluvatarBackend;
+use gpux_supplier_agent::vendor::BackendChoice;
 
 #[derive(Parser)]
 #[command(name = "gpux-agent", about = "The gpux supplier agent: registers this host's GPUs, keeps offers on the books, delivers leases")]
@@ -16,9 +21,12 @@ struct Args {
     /// Agent configuration (TOML); see docs/agent.md.
     #[arg(long)]
     config: PathBuf,
-    /// Use a scripted host description (JSON) instead of NVML.
-    #[arg(long)]
+    /// Use a scripted host description (JSON) instead of a GPU backend.
+    #[arg(long, conflicts_with = "backend")]
     fake: Option<PathBuf>,
+    /// Which vendor's GPUs this host has (docs/agent.md "GPU backends").
+    #[arg(long, value_enum, default_value_t = BackendChoice::Nvml)]
+    backend: BackendChoice,
 }
 
 fn main() -> Result<()> {
@@ -33,7 +41,13 @@ fn main() -> Result<()> {
     let key = gpux_supplier_agent::keys::load_or_create(&config.key_file)?;
     let backend: Box<dyn GpuBackend> = match &args.fake {
         Some(path) => Box::new(FakeBackend::from_file(path)?),
-        None => Box::new(NvmlBackend::open()?),
+        None => match args.backend {
+            BackendChoice::Nvml => Box::new(NvmlBackend::open()?),
+            BackendChoice::Amd => Box::new(AmdBackend::open()?),
+            BackendChoice::Ascend => Box::new(AscendBackend::open()?),
+            BackendChoice::Cambricon => Box::new(CambriconBackend::open()?),
+            BackendChoice::Iluvatar => Box::new(IluvatarBackend::open()?),
+        },
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("runtime")?;
     runtime.block_on(async {

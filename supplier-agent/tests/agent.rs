@@ -127,6 +127,35 @@ fn the_agent_refuses_a_host_key_others_can_read() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("chmod 600"));
 }
 
+/// On a host without the vendor's tool, each backend stops the agent with
+/// a message that names what to install (no tool here has the hardware).
+#[test]
+fn a_vendor_backend_without_its_tool_says_what_to_install() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (config, _, _) = agent_files(dir.path(), "ws://127.0.0.1:9");
+    for (backend, expected) in [
+        ("amd", "install ROCm"),
+        ("ascend", "install the Ascend NPU driver"),
+        ("cambricon", "install the Cambricon MLU driver"),
+        ("iluvatar", "install the Iluvatar CoreX driver"),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_gpux-agent"))
+            .arg("--config")
+            .arg(&config)
+            .args(["--backend", backend])
+            .env("PATH", dir.path())
+            .output()
+            .expect("runs");
+        assert!(!output.status.success(), "{backend}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{backend}: {stderr}");
+    }
+    let output =
+        Command::new(env!("CARGO_BIN_EXE_gpux-agent")).arg("--config").arg(&config).args(["--backend", "tpu"]).output().expect("runs");
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("possible values: nvml, amd, ascend, cambricon, iluvatar"));
+}
+
 /// Reports flow every second; the exchange then stops for 30 s and comes
 /// back; the agent buffers on disk, reconnects with back-off and delivers
 /// its reports in order, so the lease is billed for every millisecond it ran,

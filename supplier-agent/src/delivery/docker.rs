@@ -125,10 +125,33 @@ impl DockerBackend {
                 devices.extend(job.gpus.iter().map(|g| device(&format!("/dev/dri/renderD{}", 128 + g.index_on_host))));
                 config.devices = Some(devices);
             }
+            GpuDevices::Ascend => {
+                let mut devices: Vec<DeviceMapping> =
+                    job.gpus.iter().map(|g| device(&format!("/dev/davinci{}", g.index_on_host))).collect();
+                devices.extend(["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"].map(device));
+                config.devices = Some(devices);
+            }
+            GpuDevices::Cambricon => {
+                let mut devices: Vec<DeviceMapping> =
+                    job.gpus.iter().map(|g| device(&format!("/dev/cambricon_dev{}", g.index_on_host))).collect();
+                devices.push(device("/dev/cambricon_ctl"));
+                config.devices = Some(devices);
+            }
+            GpuDevices::Iluvatar => {
+                config.devices = Some(job.gpus.iter().map(|g| device(&format!("/dev/iluvatar{}", g.index_on_host))).collect());
+            }
             GpuDevices::None => {}
         }
+        let mut binds = Vec::new();
+        if self.config.gpu_devices == GpuDevices::Ascend {
+            // The Ascend user-space runtime in the image talks to the host's driver.
+            binds.push("/usr/local/Ascend/driver:/usr/local/Ascend/driver:ro".to_string());
+        }
         if let Some(path) = authorized_keys {
-            config.binds = Some(vec![format!("{}:/root/.ssh/authorized_keys:ro", path.display())]);
+            binds.push(format!("{}:/root/.ssh/authorized_keys:ro", path.display()));
+        }
+        if !binds.is_empty() {
+            config.binds = Some(binds);
         }
         config
     }
@@ -291,4 +314,53 @@ impl DeliveryBackend for DockerBackend {
 pub fn tail(bytes: &[u8], limit: usize) -> (String, bool) {
     let start = bytes.len().saturating_sub(limit);
     (String::from_utf8_lossy(&bytes[start..]).into_owned(), start > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delivery::LeasedGpu;
+
+    fn job() -> Job {
+        Job {
+            lease: LeaseId(7),
+            gpus: vec![LeasedGpu { uuid: "U-2".into(), index_on_host: 2 }, LeasedGpu { uuid: "U-5".into(), index_on_host: 5 }],
+            workload: Some(serde_json::from_str(r#"{"image": "ubuntu:24.04"}"#).expect("a workload")),
+            secrets: Default::default(),
+            end_ms: None,
+        }
+    }
+
+    fn host_config(gpu_devices: GpuDevices) -> HostConfig {
+        // bollard wants the socket's path to exist, and connects lazily:
+        // nothing is dialled here.
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let socket = dir.path().join("engine.sock");
+        std::fs::write(&socket, b"").expect("a socket stand-in");
+        let config = DockerConfig { gpu_devices, socket: socket.display().to_string(), ..DockerConfig::default() };
+        let backend = DockerBackend::connect(config, "h".into(), dir.path().into()).expect("a client");
+        backend.host_config(&job(), None)
+    }
+
+    fn device_paths(config: &HostConfig) -> Vec<String> {
+        config.devices.iter().flatten().filter_map(|d| d.path_on_host.clone()).collect()
+    }
+
+    /// Each vendor's container gets exactly the leased devices (by the
+    /// vendor's device index) and the shared control nodes, nothing more.
+    #[test]
+    fn each_vendor_hands_the_container_only_the_leased_devices() {
+        let nvidia = host_config(GpuDevices::Nvidia);
+        let request = &nvidia.device_requests.as_ref().expect("a device request")[0];
+        assert_eq!(request.device_ids.as_deref(), Some(&["U-2".to_string(), "U-5".to_string()][..]));
+        assert_eq!(device_paths(&host_config(GpuDevices::Amd)), ["/dev/kfd", "/dev/dri/renderD130", "/dev/dri/renderD133"]);
+        let ascend = host_config(GpuDevices::Ascend);
+        assert_eq!(device_paths(&ascend), ["/dev/davinci2", "/dev/davinci5", "/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]);
+        assert_eq!(ascend.binds.as_deref(), Some(&["/usr/local/Ascend/driver:/usr/local/Ascend/driver:ro".to_string()][..]));
+        assert_eq!(device_paths(&host_config(GpuDevices::Cambricon)), ["/dev/cambricon_dev2", "/dev/cambricon_dev5", "/dev/cambricon_ctl"]);
+        assert_eq!(device_paths(&host_config(GpuDevices::Iluvatar)), ["/dev/iluvatar2", "/dev/iluvatar5"]);
+        let none = host_config(GpuDevices::None);
+        assert!(none.devices.is_none() && none.device_requests.is_none() && none.binds.is_none());
+        assert_eq!(none.privileged, Some(false));
+    }
 }
