@@ -326,6 +326,14 @@ pub enum Command {
         account: AccountId,
         limits: SpendLimits,
     },
+    /// The operator's listing file replaces the listing (docs/market-rules.md
+    /// "The listing"): classes amended and appended, fees, calendar, SLA;
+    /// refused `listing_incompatible` unless
+    /// [`Engine::check_listing_change`](crate::Engine::check_listing_change)
+    /// accepts it. Only the exchange issues it, at start, never a client.
+    ChangeListing {
+        listing: Box<crate::config::EngineConfig>,
+    },
 }
 
 /// What an account lets itself spend and commit (docs/market-rules.md

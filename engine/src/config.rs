@@ -70,7 +70,9 @@ impl GpuSpec {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuRequirement {
     pub vendor: Vendor,
-    /// Accepted model names (exact, as the driver reports them).
+    /// Accepted model names as the driver reports them, each a pattern in
+    /// which `*` stands for any run of characters (`NVIDIA A100*80GB*`);
+    /// without a `*` the name must match exactly. Case counts.
     pub models: Vec<String>,
     pub memory_mib_min: u32,
     pub fabric_required: bool,
@@ -82,10 +84,77 @@ pub struct GpuRequirement {
 impl GpuRequirement {
     pub fn is_met_by(&self, spec: &GpuSpec) -> bool {
         spec.vendor == self.vendor
-            && self.models.iter().any(|model| model == &spec.model)
+            && self.models.iter().any(|pattern| matches_pattern(pattern, &spec.model))
             && spec.memory_mib >= self.memory_mib_min
             && (!self.fabric_required || spec.interconnect.is_fabric())
             && spec.mig_profile == self.mig_profile
+    }
+}
+
+/// Whether `text` matches `pattern`, where `*` matches any run of
+/// characters (none included) and everything else matches itself.
+pub fn matches_pattern(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = text.strip_prefix(first) else { return false };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else { return rest.is_empty() };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+/// One step of a class's SLA credit schedule: a lease whose availability
+/// came in below `availability_below_bps` is credited `credit_bps` of its
+/// usage charges (the deepest step it falls under counts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlaCreditTier {
+    pub availability_below_bps: u32,
+    pub credit_bps: u32,
+}
+
+/// The credit schedule the demo listing and journals older than the
+/// listing file use: 10% below the SLA, 25% below 95%, 50% below 90%.
+pub fn default_credit_tiers(sla_availability_bps: u32) -> Vec<SlaCreditTier> {
+    let mut tiers = vec![SlaCreditTier { availability_below_bps: sla_availability_bps, credit_bps: 1_000 }];
+    for (below, credit) in [(9_500, 2_500), (9_000, 5_000)] {
+        if below < sla_availability_bps {
+            tiers.push(SlaCreditTier { availability_below_bps: below, credit_bps: credit });
+        }
+    }
+    tiers
+}
+
+/// The exchange's currency: what every amount is counted in, and how many
+/// minor units make one major unit (10^decimals). Fixed at genesis.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Currency {
+    /// ISO 4217 code, e.g. `USD`, `CNY`.
+    pub code: String,
+    /// Decimal places of the minor unit: 6 for US dollar micro-units, 2 for CNY fen.
+    pub decimals: u8,
+}
+
+impl Currency {
+    pub fn usd_micro() -> Self {
+        Currency { code: "USD".into(), decimals: 6 }
+    }
+
+    /// An amount of minor units in major units, exactly: `1_500_000` USD micro -> `1.500000`.
+    pub fn format(&self, minor: i128) -> String {
+        let scale = 10i128.pow(self.decimals as u32);
+        let sign = if minor < 0 { "-" } else { "" };
+        let (whole, fraction) = (minor.abs() / scale, minor.abs() % scale);
+        if self.decimals == 0 {
+            format!("{sign}{whole}")
+        } else {
+            format!("{sign}{whole}.{fraction:0width$}", width = self.decimals as usize)
+        }
     }
 }
 
@@ -94,6 +163,7 @@ impl GpuRequirement {
 /// `daily_windows_ahead` days, each tradable until `trading_stop_before_start_ms`
 /// before it starts.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CalendarSpec {
     pub hourly_windows_ahead: u32,
     pub daily_windows_ahead: u32,
@@ -122,12 +192,16 @@ pub struct ClassSpec {
     /// the class are not challenged and never verified.
     #[serde(default)]
     pub challenge: Option<ChallengeSpec>,
+    /// The SLA credit schedule, deepest last (availability thresholds
+    /// falling, credits rising; the first at most the SLA).
+    pub sla_credit_tiers: Vec<SlaCreditTier>,
 }
 
 /// A class's hardware challenge: multiply two seeded `n x n` matrices
 /// (`gpux_protocol::challenge`) and commit to the product within the time
 /// the class's minimum rate allows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ChallengeSpec {
     /// The matrices' side (at most `limits::CHALLENGE_N_MAX`).
     pub n: u32,
@@ -168,6 +242,8 @@ pub struct EngineConfig {
     /// How long after a lease ends its usage reports are still billed; then
     /// its billing closes (leftover escrow released, SLA settled).
     pub billing_grace_ms: u64,
+    /// What every amount is counted in; fixed at genesis.
+    pub currency: Currency,
 }
 
 /// A configuration the engine refuses to run with, and why.
@@ -182,6 +258,9 @@ pub enum ConfigError {
     Sla { class: String },
     DuplicateClass { class: String },
     Challenge { class: String },
+    CreditTiers { class: String },
+    Currency,
+    ModelPattern { class: String },
 }
 
 impl std::fmt::Display for ConfigError {
@@ -204,6 +283,15 @@ impl std::fmt::Display for ConfigError {
             ConfigError::Challenge { class } => {
                 write!(f, "class {class}: the challenge's n must be 1..={} and its minimum rate positive", limits::CHALLENGE_N_MAX)
             }
+            ConfigError::CreditTiers { class } => write!(
+                f,
+                "class {class}: SLA credit tiers must start at or below the SLA, fall in availability and rise in credit (at most 10000 bps), at most {} tiers",
+                limits::SLA_TIERS_MAX
+            ),
+            ConfigError::Currency => f.write_str("currency: a code of 3 capital letters and 0..=9 decimals"),
+            ConfigError::ModelPattern { class } => {
+                write!(f, "class {class}: 1..=16 model patterns, each 1..=128 printable characters and not only `*`")
+            }
         }
     }
 }
@@ -223,6 +311,10 @@ impl EngineConfig {
         }
         if self.fee_bps > limits::FEE_BPS_MAX || self.billing_grace_ms > limits::BILLING_GRACE_MS_MAX {
             return Err(ConfigError::FeeOrGrace);
+        }
+        let code = &self.currency.code;
+        if code.len() != 3 || !code.bytes().all(|b| b.is_ascii_uppercase()) || self.currency.decimals > 9 {
+            return Err(ConfigError::Currency);
         }
         for class in &self.classes {
             let prices_ok = class.tick_minor > 0
@@ -247,6 +339,23 @@ impl EngineConfig {
             }
             if class.challenge.is_some_and(|c| c.n == 0 || c.n > limits::CHALLENGE_N_MAX || c.min_mflops == 0) {
                 return Err(ConfigError::Challenge { class: class.name.clone() });
+            }
+            let tiers = &class.sla_credit_tiers;
+            let tiers_ok = tiers.len() <= limits::SLA_TIERS_MAX
+                && tiers.first().is_none_or(|t| t.availability_below_bps <= class.sla_availability_bps)
+                && tiers.iter().all(|t| t.credit_bps <= 10_000)
+                && tiers
+                    .windows(2)
+                    .all(|w| w[1].availability_below_bps < w[0].availability_below_bps && w[1].credit_bps >= w[0].credit_bps);
+            if !tiers_ok {
+                return Err(ConfigError::CreditTiers { class: class.name.clone() });
+            }
+            let models = &class.requirement.models;
+            if models.is_empty()
+                || models.len() > 16
+                || models.iter().any(|m| m.is_empty() || m.len() > 128 || m.chars().all(|c| c == '*') || m.chars().any(char::is_control))
+            {
+                return Err(ConfigError::ModelPattern { class: class.name.clone() });
             }
             if self.classes.iter().filter(|other| other.name == class.name).count() > 1 {
                 return Err(ConfigError::DuplicateClass { class: class.name.clone() });
@@ -277,6 +386,7 @@ impl EngineConfig {
                     preemption_notice_ms: 30_000,
                     calendar,
                     sla_availability_bps: 9_900,
+                    sla_credit_tiers: default_credit_tiers(9_900),
                     // Sized for the fake backend, which answers on the CPU
                     // (docs/market-rules.md "Verified hardware" says what a
                     // production listing states instead).
@@ -305,6 +415,7 @@ impl EngineConfig {
             accounts_max: limits::ACCOUNTS_MAX,
             fee_bps: 250,
             billing_grace_ms: 10 * 60_000,
+            currency: Currency::usd_micro(),
         }
     }
 }
@@ -330,6 +441,37 @@ mod tests {
         let slice = GpuSpec { memory_mib: 9_856, mig_profile: Some("1g.10gb".into()), ..h100() };
         assert!(config.classes[4].requirement.is_met_by(&slice));
         assert!(!config.classes[0].requirement.is_met_by(&slice), "a slice is not a whole GPU");
+    }
+
+    #[test]
+    fn model_patterns_match_runs_of_any_characters() {
+        assert!(matches_pattern("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"));
+        assert!(!matches_pattern("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3e"));
+        assert!(matches_pattern("NVIDIA A100*80GB*", "NVIDIA A100-SXM4-80GB"));
+        assert!(matches_pattern("NVIDIA A100*80GB*", "NVIDIA A100 80GB PCIe"));
+        assert!(!matches_pattern("NVIDIA A100*80GB*", "NVIDIA A100-SXM4-40GB"));
+        assert!(matches_pattern("*MI300X*", "AMD Instinct MI300X OAM"));
+        assert!(matches_pattern("Ascend 910B*", "Ascend 910B3"));
+        assert!(!matches_pattern("Ascend 910B*", "Ascend 910"));
+        assert!(matches_pattern("a*b*a", "aba") && !matches_pattern("a*a", "a"));
+    }
+
+    #[test]
+    fn credit_tiers_pay_the_deepest_step_and_bad_schedules_are_refused() {
+        let mut config = EngineConfig::demo();
+        config.classes[0].sla_availability_bps = 9_990;
+        config.classes[0].sla_credit_tiers = vec![
+            SlaCreditTier { availability_below_bps: 9_990, credit_bps: 1_000 },
+            SlaCreditTier { availability_below_bps: 9_900, credit_bps: 3_000 },
+        ];
+        assert_eq!(config.validate(), Ok(()));
+        config.classes[0].sla_credit_tiers.reverse();
+        assert_eq!(config.validate(), Err(ConfigError::CreditTiers { class: "H100-SXM-80G".into() }));
+        let mut config = EngineConfig::demo();
+        config.currency = Currency { code: "usd".into(), decimals: 6 };
+        assert_eq!(config.validate(), Err(ConfigError::Currency));
+        assert_eq!(Currency { code: "CNY".into(), decimals: 2 }.format(-1_505), "-15.05");
+        assert_eq!(Currency::usd_micro().format(2_100_000), "2.100000");
     }
 
     #[test]

@@ -409,6 +409,12 @@ pub enum EventKind {
         spent_minor: u64,
         limit_minor: u64,
     },
+    /// A new listing took effect (its new classes' `InstrumentListed` came
+    /// just before): how many classes it lists, and its fee.
+    ListingChanged {
+        classes: u16,
+        fee_bps: u32,
+    },
 }
 
 /// Why a command changed nothing. The codes are stable; docs/protocol.md and
@@ -492,6 +498,9 @@ pub enum RejectCode {
     LeaseAlreadyOffered,
     /// The order would take the account past a spend limit it set.
     SpendLimit,
+    /// A listing change the current listing cannot take (a class removed,
+    /// renamed, moved or re-specified, another currency, or an invalid listing).
+    ListingIncompatible,
 }
 
 impl RejectCode {
@@ -556,6 +565,9 @@ impl RejectCode {
             LeaseNotResellable => "only a fixed-duration spot lease of yours with 15 minutes or more left is resold, with offer_lease",
             LeaseAlreadyOffered => "the lease is on offer already; cancel that ask first",
             SpendLimit => "the order would take the account past a spend limit it set; raise the limit or wait for the next UTC day",
+            ListingIncompatible => {
+                "the listing cannot replace the current one: classes are only amended or appended, the currency is fixed"
+            }
         }
     }
 }

@@ -21,6 +21,8 @@ pub const COMMITMENTS_PER_GPU_MAX: usize = 64;
 pub const NAME_BYTES_MAX: usize = 128;
 /// Classes in one engine (a GPU's qualifying classes are a `u64` mask).
 pub const CLASSES_MAX: usize = 64;
+/// Steps of a class's SLA credit schedule.
+pub const SLA_TIERS_MAX: usize = 8;
 /// The largest single deposit, so that balances stay far from `u64::MAX`.
 pub const DEPOSIT_MINOR_MAX: u64 = 1 << 52;
 /// The highest usage fee the exchange may charge (20%).

@@ -7,6 +7,7 @@ pub mod console;
 pub mod http;
 pub mod identity;
 pub mod invoices;
+pub mod listing;
 pub mod metrics;
 pub mod sequencer;
 pub mod snapshots;
@@ -85,15 +86,25 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
     let exchange_key = identity::load_or_create(&config.data_dir.join("exchange.key"))?;
     let (invoices, invoice_worker) = invoices::InvoiceDesk::start(std::sync::Arc::new(journal.reader()), exchange_key, config.invoicing)?;
     let snapshots = snapshots::SnapshotStore::open(&config.data_dir.join("snapshots.redb"))?;
-    let market = gpux_market::MarketState::new(config.engine).context("engine config")?;
+    // A journal without a genesis listing starts with the demo listing
+    // (what every exchange listed before the listing file).
+    let market = gpux_market::MarketState::new(gpux_engine::EngineConfig::demo()).context("demo listing")?;
     let tls = match &config.tls {
         Some((certificate, key)) => Some(gateway::tls_acceptor(certificate, key)?),
         None => None,
     };
     let scheme = if tls.is_some() { "wss" } else { "ws" };
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
-    let (mut sequencer, recovery) =
-        sequencer::Sequencer::recover(market, Box::new(journal), snapshots, config.operator_keys, metrics.clone(), config.billing, clock)?;
+    let (mut sequencer, recovery) = sequencer::Sequencer::recover(
+        market,
+        Some(config.engine),
+        Box::new(journal),
+        snapshots,
+        config.operator_keys,
+        metrics.clone(),
+        config.billing,
+        clock,
+    )?;
     sequencer.set_feed_frames_max(config.limits.feed_frames_max);
     sequencer.set_challenge_interval_ms(config.challenge_interval_ms);
     say(&format!("exchange key {} (signs invoices)", invoices.public_key));

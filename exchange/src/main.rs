@@ -7,7 +7,6 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use gpux_engine::EngineConfig;
 use gpux_exchange::gateway::admission;
 use gpux_exchange::{run, ExchangeConfig};
 
@@ -35,13 +34,20 @@ struct Args {
     /// Where to serve Prometheus metrics (`GET /metrics`); `off` for nowhere.
     #[arg(long, default_value = "127.0.0.1:7301", env = "GPUX_METRICS_LISTEN")]
     metrics_listen: String,
-    /// The exchange's fee on usage, in basis points (250 = 2.5%).
-    #[arg(long, default_value_t = gpux_exchange::FEE_BPS_DEFAULT)]
-    fee_bps: u32,
+    /// What the exchange lists: classes, fees, SLA, calendar, currency
+    /// (docs/market-rules.md "The listing"). Without it, the demo listing
+    /// (listing/demo.toml, built in).
+    #[arg(long)]
+    listing: Option<PathBuf>,
+    /// The exchange's fee on usage, in basis points (250 = 2.5%); overrides
+    /// the listing's `fee_bps`.
+    #[arg(long)]
+    fee_bps: Option<u32>,
     /// How long after a lease ends its usage reports are still billed, in
-    /// milliseconds; then its billing closes (escrow released, SLA settled).
-    #[arg(long, default_value_t = gpux_exchange::BILLING_GRACE_MS_DEFAULT)]
-    billing_grace_ms: u64,
+    /// milliseconds; then its billing closes (escrow released, SLA
+    /// settled). Overrides the listing's `billing_grace_ms`.
+    #[arg(long)]
+    billing_grace_ms: Option<u64>,
     /// Runs the exchange's clock this many milliseconds ahead of the wall
     /// clock (demos and tests that must reach a reserved window's start).
     /// The journal refuses time going backwards: only ever raise it.
@@ -152,12 +158,18 @@ fn run_main() -> Result<()> {
     if let Some(Tool::Statement { account }) = args.command {
         return statement(&args.data_dir, account);
     }
-    if args.fee_bps > gpux_engine::limits::FEE_BPS_MAX {
+    if args.fee_bps.is_some_and(|fee| fee > gpux_engine::limits::FEE_BPS_MAX) {
         anyhow::bail!("--fee-bps must be at most {}", gpux_engine::limits::FEE_BPS_MAX);
     }
-    if args.billing_grace_ms > gpux_engine::limits::BILLING_GRACE_MS_MAX {
+    if args.billing_grace_ms.is_some_and(|grace| grace > gpux_engine::limits::BILLING_GRACE_MS_MAX) {
         anyhow::bail!("--billing-grace-ms must be at most {} (one day)", gpux_engine::limits::BILLING_GRACE_MS_MAX);
     }
+    let mut listing = match &args.listing {
+        Some(path) => gpux_exchange::listing::load(path)?,
+        None => gpux_exchange::listing::parse(gpux_exchange::listing::DEMO, "listing/demo.toml (built in)")?,
+    };
+    listing.fee_bps = args.fee_bps.unwrap_or(listing.fee_bps);
+    listing.billing_grace_ms = args.billing_grace_ms.unwrap_or(listing.billing_grace_ms);
     let mut operator_keys = BTreeSet::new();
     for key in &args.operator_keys {
         let bytes: [u8; 32] = hex::decode(key)
@@ -212,12 +224,12 @@ fn run_main() -> Result<()> {
         data_dir: args.data_dir,
         listen: args.listen,
         operator_keys,
-        engine: EngineConfig::demo(),
+        billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: listing.fee_bps, grace_ms: listing.billing_grace_ms },
+        engine: listing,
         limits,
         metrics_listen,
         console_listen,
         tls,
-        billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: args.fee_bps, grace_ms: args.billing_grace_ms },
         clock_offset_ms: args.clock_offset_ms,
         challenge_interval_ms: args.challenge_interval_ms,
         on_listening,

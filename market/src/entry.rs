@@ -120,6 +120,13 @@ pub enum JournalEntry {
         by: AccountId,
         public_key: [u8; 32],
     },
+    /// The listing the journal starts with (docs/market-rules.md "The
+    /// listing"): the first entry of a journal written since the listing
+    /// file; older journals start with the demo listing. Anywhere else it
+    /// is refused (`MarketError::GenesisNotFirst`).
+    Genesis {
+        listing: Box<gpux_engine::EngineConfig>,
+    },
 }
 
 impl JournalEntry {
@@ -141,7 +148,8 @@ impl JournalEntry {
             | JournalEntry::BidWorkload { .. }
             | JournalEntry::LeaseWorkload { .. }
             | JournalEntry::EncryptionKey { .. }
-            | JournalEntry::BidRematch { .. } => None,
+            | JournalEntry::BidRematch { .. }
+            | JournalEntry::Genesis { .. } => None,
         }
     }
 }

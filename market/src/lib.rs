@@ -44,6 +44,12 @@ pub use stats::{DayStats, RollingStats};
 pub enum MarketError {
     #[error("ledger invariant broken: {0}")]
     Ledger(#[from] LedgerError),
+    /// A genesis entry after the market had started.
+    #[error("a genesis listing is only the journal's first entry")]
+    GenesisNotFirst,
+    /// A genesis listing the engine refuses (the journal was not written by an exchange that validated it).
+    #[error("the genesis listing is invalid: {0}")]
+    GenesisInvalid(gpux_engine::config::ConfigError),
 }
 
 /// Who a message is for.
@@ -202,6 +208,13 @@ impl MarketState {
         }
     }
 
+    /// Whether nothing has happened in this market yet (no entry applied
+    /// that moved its clock or caused an event): where a genesis listing
+    /// may still replace its listing.
+    pub fn is_pristine(&self) -> bool {
+        self.clock_ms == 0 && self.engine.next_event_seq() == 1
+    }
+
     /// Applies one journal entry. The only way the market changes.
     pub fn apply(&mut self, entry: &JournalEntry) -> Result<Applied, MarketError> {
         let mut applied = Applied::default();
@@ -211,6 +224,12 @@ impl MarketState {
         // Messages the entry itself owes, sent after those of its events.
         let mut owed = Vec::new();
         match entry {
+            JournalEntry::Genesis { listing } => {
+                if !self.is_pristine() {
+                    return Err(MarketError::GenesisNotFirst);
+                }
+                *self = MarketState::new((**listing).clone()).map_err(MarketError::GenesisInvalid)?;
+            }
             JournalEntry::Engine(input) => {
                 // A new UTC day moves every score's window: the engine matches
                 // this entry's bids with today's scores.

@@ -36,7 +36,7 @@ fn recovered_hash(data_dir: &Path) -> u64 {
     let market = MarketState::new(EngineConfig::demo()).expect("demo config");
     let metrics = Arc::new(Metrics::default());
     let (_sequencer, recovery) =
-        Sequencer::recover(market, Box::new(journal), snapshots, BTreeSet::new(), metrics, demo_billing(), Clock::default())
+        Sequencer::recover(market, None, Box::new(journal), snapshots, BTreeSet::new(), metrics, demo_billing(), Clock::default())
             .expect("the exchange recovers");
     recovery.state_hash
 }

@@ -138,10 +138,10 @@ impl Engine {
         } else {
             (lease.billing.verified_gpu_ms as u128 * 10_000 / leased_gpu_ms as u128).min(10_000) as u32
         };
-        let sla_bps = self.config.classes[self.instruments[lease.instrument.0 as usize].class as usize].sla_availability_bps;
+        let tiers = &self.config.classes[self.instruments[lease.instrument.0 as usize].class as usize].sla_credit_tiers;
         let credit_minor = match lease.kind {
             LeaseKind::Preemptible => 0,
-            LeaseKind::Spot | LeaseKind::Reserved => sla_credit(lease.billing.usage_charged_minor, availability_bps, sla_bps),
+            LeaseKind::Spot | LeaseKind::Reserved => sla_credit(lease.billing.usage_charged_minor, availability_bps, tiers),
         };
         let (verified_gpu_ms, usage_charged_minor) = (lease.billing.verified_gpu_ms, lease.billing.usage_charged_minor);
         self.leases[lease_id.0 as usize].billing.billing_closed = true;
@@ -419,8 +419,8 @@ impl Engine {
                 // Availability 0%: the SLA credit of the lowest tier, as a
                 // share of the window's value at the supplier's price.
                 let window_value = (contract.price as u128 * (window_end_ms - window_start_ms) as u128 / MS_PER_HOUR as u128) as u64;
-                let sla_bps = self.config.classes[self.instruments[instrument.0 as usize].class as usize].sla_availability_bps;
-                let amount_minor = sla_credit(window_value, 0, sla_bps);
+                let tiers = &self.config.classes[self.instruments[instrument.0 as usize].class as usize].sla_credit_tiers;
+                let amount_minor = sla_credit(window_value, 0, tiers);
                 if amount_minor > 0 {
                     let (from_payable, from_available, from_debt) = self.move_credit(contract.supplier, contract.holder, amount_minor);
                     self.emit(EventKind::DeliveryCredited {
@@ -496,14 +496,12 @@ impl Engine {
 }
 
 /// The SLA credit on a lease's usage charges for its delivered availability
-/// (docs/market-rules.md, "SLA credits"): nothing at or above the SLA, 10%
-/// below it, 25% below 95%, 50% below 90%.
-pub(crate) fn sla_credit(usage_charged_minor: u64, availability_bps: u32, sla_bps: u32) -> u64 {
-    let credit_bps: u128 = match availability_bps {
-        a if a >= sla_bps => 0,
-        a if a >= 9_500 => 1_000,
-        a if a >= 9_000 => 2_500,
-        _ => 5_000,
-    };
-    (usage_charged_minor as u128 * credit_bps / 10_000) as u64
+/// (docs/market-rules.md, "SLA credits"): the credit of the deepest tier
+/// of the class's schedule the availability falls below; nothing above
+/// them all (the demo schedule: 10% below the SLA, 25% below 95%, 50%
+/// below 90%).
+pub(crate) fn sla_credit(usage_charged_minor: u64, availability_bps: u32, tiers: &[crate::config::SlaCreditTier]) -> u64 {
+    let credit_bps =
+        tiers.iter().filter(|tier| availability_bps < tier.availability_below_bps).map(|tier| tier.credit_bps).max().unwrap_or(0);
+    (usage_charged_minor as u128 * credit_bps as u128 / 10_000) as u64
 }

@@ -14,6 +14,8 @@ mod calendar;
 mod follow_ons;
 mod lease_resale;
 mod leases;
+mod listing;
+pub use listing::ListingChangeError;
 mod matching;
 mod orders;
 mod spend;
@@ -521,6 +523,7 @@ impl Engine {
             Command::Payout { account, amount_minor } => self.payout(*account, *amount_minor),
             Command::SetFee { fee_bps } => self.set_fee(*fee_bps),
             Command::SetBillingGrace { grace_ms } => self.set_billing_grace(*grace_ms),
+            Command::ChangeListing { listing } => self.change_listing(listing),
             Command::RegisterGpu { account, host, gpu_uuid, spec } => self.register_gpu(*account, host, gpu_uuid, spec),
             Command::SetGpuOnline { account, gpu, online } => self.set_gpu_online(*account, *gpu, *online),
             Command::PlaceOrder(order) => self.place_order(order, &OrderOptions::default()),
@@ -1046,6 +1049,7 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::SettleUsage { .. }
         | Command::SetFee { .. }
         | Command::SetBillingGrace { .. }
+        | Command::ChangeListing { .. }
         | Command::RecordChallenge { .. }
         | Command::WithholdDisputed { .. }
         | Command::Tick => None,
@@ -1083,6 +1087,7 @@ impl Engine {
     /// checked by comparing the events themselves.
     fn hash_into(&self, h: &mut StateHasher) {
         h.u64(self.now_ms);
+        h.bytes(format!("{:?}", self.config).as_bytes());
         for account in &self.accounts {
             h.u64(account.role as u64);
             h.u64(account.available_minor);

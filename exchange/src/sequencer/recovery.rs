@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use gpux_engine::Command;
-use gpux_market::MarketState;
+use gpux_engine::{Command, EngineConfig};
+use gpux_market::{JournalEntry, MarketState};
 
 use super::Sequencer;
 use crate::metrics::Metrics;
@@ -34,8 +34,13 @@ pub struct Recovery {
 impl Sequencer {
     /// Rebuilds the market from the newest valid snapshot (or `market`, new,
     /// without one) and the journal entries after it.
+    // Each argument is a separate input of recovery (what to replay onto,
+    // what the operator lists, where from, who operates, what to measure,
+    // what billing and what clock); bundling them would only rename them.
+    #[allow(clippy::too_many_arguments)]
     pub fn recover(
         market: MarketState,
+        listing: Option<EngineConfig>,
         journal: Box<dyn JournalStore>,
         snapshots: impl SnapshotStorage,
         operator_keys: BTreeSet<[u8; 32]>,
@@ -91,6 +96,9 @@ impl Sequencer {
             challenges: Default::default(),
         };
         sequencer.set_challenge_interval_ms(super::CHALLENGE_INTERVAL_MS_DEFAULT);
+        if let Some(listing) = listing {
+            sequencer.adopt_listing(listing, snapshot_seq == 0 && count == 0)?;
+        }
         // The fee and the billing grace are engine state, changed only by
         // journaled commands, so a replay from any point reaches the same
         // charges whatever the flags say then. These commands are committed
@@ -109,5 +117,26 @@ impl Sequencer {
         }
         let state_hash = sequencer.market.state_hash();
         Ok((sequencer, Recovery { snapshot_seq, entries: count, state_hash }))
+    }
+
+    /// Makes the operator's listing the market's (docs/market-rules.md
+    /// "The listing"): a new journal starts with it (its genesis entry); a
+    /// journal whose listing differs gets a `ChangeListing`, committed
+    /// with the first batch like the fee flags, or, when the change is one
+    /// the listing cannot take, the exchange does not start.
+    fn adopt_listing(&mut self, listing: EngineConfig, new_journal: bool) -> anyhow::Result<()> {
+        if new_journal {
+            self.journal(JournalEntry::Genesis { listing: Box::new(listing) });
+        } else if self.market.engine().config() != &listing {
+            self.market.engine().check_listing_change(&listing).map_err(|error| {
+                anyhow::anyhow!("the listing file cannot replace the journal's listing: {error} (docs/market-rules.md \"The listing\")")
+            })?;
+            self.market.advance_clock(self.clock.now_ms());
+            self.apply_command(None, 0, Command::ChangeListing { listing: Box::new(listing) });
+        }
+        if let Some(fatal) = self.fatal.take() {
+            return Err(fatal.into());
+        }
+        Ok(())
     }
 }

@@ -30,6 +30,7 @@ fn recover_at(journal: &MemoryJournal, snapshots: &MemorySnapshots, offset_ms: i
     let operators: BTreeSet<[u8; 32]> = [OPERATOR].into_iter().collect();
     Sequencer::recover(
         market,
+        None,
         Box::new(journal.clone()),
         snapshots.clone(),
         operators,

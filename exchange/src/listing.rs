@@ -1,0 +1,254 @@
+//! The operator's listing file (`gpux-exchange --listing listing.toml`):
+//! classes, books, SLA and credit tiers, fees, calendar and currency, read
+//! into the engine's [`EngineConfig`]. Every mistake is reported with the
+//! file, the line and the field (`ListingError`), before the exchange opens
+//! its journal. How the listing takes effect (the journal's genesis entry,
+//! then a journaled `ChangeListing` when the file changes) is in
+//! `sequencer::recovery`; the rules are in docs/market-rules.md "The listing".
+
+use std::path::Path;
+
+use gpux_engine::{CalendarSpec, ChallengeSpec, ClassSpec, ConfigError, Currency, EngineConfig, GpuRequirement, SlaCreditTier, Vendor};
+use serde::Deserialize;
+use toml::Spanned;
+
+/// The demo listing (`listing/demo.toml`): the default, and what journals
+/// written before listing files started with (`EngineConfig::demo()`).
+pub const DEMO: &str = include_str!("../../listing/demo.toml");
+
+/// A listing file the exchange will not run with, and where it is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {field}: {message}")]
+pub struct ListingError {
+    pub file: String,
+    /// 1-based; 0 when the file could not be read at all.
+    pub line: usize,
+    /// The field (or section) at fault, e.g. `class H100-SXM-80G.sla_credit_tiers`.
+    pub field: String,
+    pub message: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    exchange: Spanned<ExchangeSection>,
+    #[serde(default)]
+    defaults: ClassFields,
+    #[serde(rename = "class", default)]
+    classes: Vec<Spanned<ClassEntry>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExchangeSection {
+    currency: String,
+    decimals: u8,
+    fee_bps: u32,
+    billing_grace_ms: u64,
+    prepaid_horizon_hours: u32,
+    market_protection_bps: u32,
+    orders_per_account_max: u32,
+    accounts_max: u32,
+}
+
+/// What a class may set and `[defaults]` may give every class.
+#[derive(Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClassFields {
+    tick_minor: Option<u64>,
+    price_min_minor_per_gpu_hour: Option<u64>,
+    price_max_minor_per_gpu_hour: Option<u64>,
+    preemption_notice_ms: Option<u64>,
+    sla_availability_bps: Option<u32>,
+    sla_credit_tiers: Option<Vec<SlaCreditTier>>,
+    challenge: Option<ChallengeSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClassEntry {
+    name: String,
+    vendor: Vendor,
+    models: Vec<String>,
+    memory_mib_min: u32,
+    #[serde(default)]
+    fabric_required: bool,
+    #[serde(default)]
+    mig_profile: Option<String>,
+    #[serde(default)]
+    calendar: Option<CalendarSpec>,
+    /// The class is not challenged even if `[defaults]` names a challenge.
+    #[serde(default)]
+    no_challenge: bool,
+    #[serde(flatten)]
+    fields: ClassFields,
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
+}
+
+/// Reads and checks a listing file.
+pub fn load(path: &Path) -> Result<EngineConfig, ListingError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|error| ListingError {
+        file: file.clone(),
+        line: 0,
+        field: "file".into(),
+        message: format!("cannot read it: {error}"),
+    })?;
+    parse(&text, &file)
+}
+
+/// Parses and checks a listing's text; `file` names it in errors.
+pub fn parse(text: &str, file: &str) -> Result<EngineConfig, ListingError> {
+    let error = |line: usize, field: &str, message: String| ListingError { file: file.into(), line, field: field.into(), message };
+    let parsed: File = toml::from_str(text).map_err(|e| {
+        let line = e.span().map_or(1, |span| line_of(text, span.start));
+        let message = e.message().trim().to_string();
+        // The key on the line at fault (a missing field: the section's header).
+        let on_line = text.lines().nth(line - 1).unwrap_or("").trim();
+        let field = match on_line.split_once('=') {
+            Some((key, _)) => key.trim().to_string(),
+            None if !on_line.is_empty() => on_line.to_string(),
+            None => "toml".to_string(),
+        };
+        error(line, &field, message)
+    })?;
+    let exchange_line = line_of(text, parsed.exchange.span().start);
+    let exchange = parsed.exchange.into_inner();
+    let mut classes = Vec::new();
+    let mut class_lines = Vec::new();
+    for entry in parsed.classes {
+        class_lines.push(line_of(text, entry.span().start));
+        let entry = entry.into_inner();
+        let line = *class_lines.last().unwrap_or(&1);
+        let field = |name: &str| format!("class {}.{name}", entry.name);
+        let pick = |own: &Option<u64>, default: &Option<u64>, name: &str| {
+            own.or(*default).ok_or_else(|| error(line, &field(name), "missing, and [defaults] does not give it".into()))
+        };
+        let (own, defaults) = (&entry.fields, &parsed.defaults);
+        let sla_availability_bps = own
+            .sla_availability_bps
+            .or(defaults.sla_availability_bps)
+            .ok_or_else(|| error(line, &field("sla_availability_bps"), "missing, and [defaults] does not give it".into()))?;
+        classes.push(ClassSpec {
+            name: entry.name.clone(),
+            requirement: GpuRequirement {
+                vendor: entry.vendor,
+                models: entry.models.clone(),
+                memory_mib_min: entry.memory_mib_min,
+                fabric_required: entry.fabric_required,
+                mig_profile: entry.mig_profile.clone(),
+            },
+            tick_minor: pick(&own.tick_minor, &defaults.tick_minor, "tick_minor")?,
+            price_min_minor_per_gpu_hour: pick(
+                &own.price_min_minor_per_gpu_hour,
+                &defaults.price_min_minor_per_gpu_hour,
+                "price_min_minor_per_gpu_hour",
+            )?,
+            price_max_minor_per_gpu_hour: pick(
+                &own.price_max_minor_per_gpu_hour,
+                &defaults.price_max_minor_per_gpu_hour,
+                "price_max_minor_per_gpu_hour",
+            )?,
+            preemption_notice_ms: pick(&own.preemption_notice_ms, &defaults.preemption_notice_ms, "preemption_notice_ms")?,
+            calendar: entry.calendar.clone(),
+            sla_availability_bps,
+            sla_credit_tiers: own
+                .sla_credit_tiers
+                .clone()
+                .or_else(|| defaults.sla_credit_tiers.clone())
+                .unwrap_or_else(|| gpux_engine::default_credit_tiers(sla_availability_bps)),
+            challenge: if entry.no_challenge { None } else { own.challenge.or(defaults.challenge) },
+        });
+    }
+    let config = EngineConfig {
+        classes,
+        prepaid_horizon_hours: exchange.prepaid_horizon_hours,
+        market_protection_bps: exchange.market_protection_bps,
+        orders_per_account_max: exchange.orders_per_account_max,
+        accounts_max: exchange.accounts_max,
+        fee_bps: exchange.fee_bps,
+        billing_grace_ms: exchange.billing_grace_ms,
+        currency: Currency { code: exchange.currency, decimals: exchange.decimals },
+    };
+    config.validate().map_err(|invalid| {
+        let class_at = |name: &str| {
+            config.classes.iter().position(|c| c.name == name).and_then(|i| class_lines.get(i).copied()).unwrap_or(exchange_line)
+        };
+        let (line, field) = match &invalid {
+            ConfigError::ClassCount => (exchange_line, "class".to_string()),
+            ConfigError::AccountsMax => (exchange_line, "exchange.accounts_max".into()),
+            ConfigError::HorizonOrProtection => (exchange_line, "exchange.prepaid_horizon_hours/market_protection_bps".into()),
+            ConfigError::FeeOrGrace => (exchange_line, "exchange.fee_bps/billing_grace_ms".into()),
+            ConfigError::Currency => (exchange_line, "exchange.currency/decimals".into()),
+            ConfigError::PriceBand { class } => (class_at(class), format!("class {class}.tick_minor/price_*")),
+            ConfigError::Calendar { class } => (class_at(class), format!("class {class}.calendar")),
+            ConfigError::Sla { class } => (class_at(class), format!("class {class}.sla_availability_bps")),
+            ConfigError::DuplicateClass { class } => {
+                let second = config.classes.iter().enumerate().filter(|(_, c)| &c.name == class).nth(1).map(|(i, _)| i);
+                (second.and_then(|i| class_lines.get(i).copied()).unwrap_or(exchange_line), format!("class {class}.name"))
+            }
+            ConfigError::Challenge { class } => (class_at(class), format!("class {class}.challenge")),
+            ConfigError::CreditTiers { class } => (class_at(class), format!("class {class}.sla_credit_tiers")),
+            ConfigError::ModelPattern { class } => (class_at(class), format!("class {class}.models")),
+        };
+        let message = invalid.to_string();
+        error(line, &field, message.trim_start_matches("invalid engine config: ").to_string())
+    })?;
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_listing_file_is_the_demo_config() {
+        assert_eq!(parse(DEMO, "demo.toml"), Ok(EngineConfig::demo()));
+    }
+
+    /// Every kind of mistake names the file, the line and the field.
+    #[test]
+    fn mistakes_are_reported_with_file_line_and_field() {
+        let cases: &[(&str, &str, usize, &str)] = &[
+            ("fee_bps = 250", "fee_bps = \"250\"", 9, "invalid type"),
+            ("decimals = 6\n", "decimals = 6\ncolour = \"blue\"\n", 9, "unknown field `colour`"),
+            ("vendor = \"amd\"", "vendor = \"graphcore\"", 54, "unknown variant `graphcore`"),
+            ("sla_availability_bps = 9900 ", "sla_availability_bps = 10001 ", 0, "SLA availability"),
+            ("models = [\"NVIDIA GeForce RTX 4090\"]", "models = [\"*\"]", 46, "model patterns"),
+            ("currency = \"USD\"", "currency = \"dollar\"", 6, "currency"),
+            ("name = \"A100-80G\"", "name = \"H100-SXM-80G\"", 39, "listed twice"),
+            ("tick_minor = 1000 ", "tick_minor = 1500 ", 0, "tick and price band"),
+        ];
+        for (from, to, line, needle) in cases {
+            assert!(DEMO.contains(from), "{from}");
+            let text = DEMO.replacen(from, to, 1);
+            let error = parse(&text, "listing.toml").expect_err(to);
+            assert_eq!(error.file, "listing.toml");
+            if *line > 0 {
+                assert_eq!(error.line, *line, "{to}: {error}");
+            }
+            assert!(error.to_string().contains(needle), "{to}: {error}");
+        }
+        // A missing field without a default names the class.
+        let text = DEMO.replacen("tick_minor = 1000 ", "", 1);
+        let error = parse(&text, "listing.toml").expect_err("no tick");
+        assert_eq!((error.line, error.field.as_str()), (31, "class H100-SXM-80G.tick_minor"));
+        let missing = load(Path::new("/nonexistent/listing.toml")).expect_err("no file");
+        assert!(missing.to_string().starts_with("/nonexistent/listing.toml:0: file: cannot read it"), "{missing}");
+    }
+
+    #[test]
+    fn a_class_may_override_the_defaults_and_opt_out_of_the_challenge() {
+        let text = format!(
+            "{DEMO}\n[[class]]\nname = \"910B-64G\"\nvendor = \"huawei\"\nmodels = [\"Ascend 910B*\"]\nmemory_mib_min = 60000\n\
+             sla_availability_bps = 9990\nno_challenge = true\ntick_minor = 10000\nprice_min_minor_per_gpu_hour = 10000\n"
+        );
+        let config = parse(&text, "listing.toml").expect("valid");
+        let class = config.classes.last().expect("a class");
+        assert_eq!((class.tick_minor, class.sla_availability_bps, class.challenge), (10_000, 9_990, None));
+        assert_eq!(class.sla_credit_tiers, config.classes[0].sla_credit_tiers, "[defaults]' tiers");
+    }
+}
