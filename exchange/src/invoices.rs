@@ -33,11 +33,13 @@ pub struct InvoiceSettings {
     /// `(name, rate in basis points, registration)` of the tax included in
     /// prices (`--tax-name`, `--tax-rate-bps`, `--tax-registration`).
     pub tax: Option<(String, u32, String)>,
+    /// The exchange's currency (the listing's; fixed at genesis).
+    pub currency: gpux_engine::Currency,
 }
 
 impl Default for InvoiceSettings {
     fn default() -> Self {
-        InvoiceSettings { issuer: "gpux exchange".into(), tax: None }
+        InvoiceSettings { issuer: "gpux exchange".into(), tax: None, currency: gpux_engine::Currency::usd_micro() }
     }
 }
 
@@ -136,8 +138,8 @@ fn build(reader: &dyn JournalRead, key: &SigningKey, settings: &InvoiceSettings,
         period_start_ms: start,
         period_end_ms: end,
         issuer: settings.issuer.clone(),
-        currency: "USD".into(),
-        minor_per_unit: 1_000_000,
+        currency: settings.currency.code.clone(),
+        minor_per_unit: 10u64.pow(settings.currency.decimals as u32),
         tax: settings.tax.clone(),
     };
     let invoice = build_invoice(header, &transfers, &leases);

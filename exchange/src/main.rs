@@ -170,6 +170,7 @@ fn run_main() -> Result<()> {
     };
     listing.fee_bps = args.fee_bps.unwrap_or(listing.fee_bps);
     listing.billing_grace_ms = args.billing_grace_ms.unwrap_or(listing.billing_grace_ms);
+    let currency = listing.currency.clone();
     let mut operator_keys = BTreeSet::new();
     for key in &args.operator_keys {
         let bytes: [u8; 32] = hex::decode(key)
@@ -239,6 +240,7 @@ fn run_main() -> Result<()> {
                 (Some(name), Some(rate), Some(registration)) => Some((name, rate, registration)),
                 _ => None,
             },
+            currency,
         },
     });
     stop_live_market(&live_child);
@@ -342,15 +344,21 @@ enum Tool {
 fn statement(data_dir: &std::path::Path, account: u32) -> Result<()> {
     use std::io::Write;
     let journal = gpux_journal::JournalReader::open(&data_dir.join("journal.redb"))?;
+    let currency = journal.genesis_listing()?.currency;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    writeln!(out, "transfer,at_ms,from,to,amount_minor,lease")?;
+    writeln!(out, "transfer,at_ms,from,to,amount_minor,lease,amount,currency")?;
     let mut after = None;
     loop {
         let page = journal.statement(gpux_engine::AccountId(account), after, 1_000)?;
         for transfer in &page {
             let line = transfer.line();
             let lease = line.lease.map_or(String::new(), |lease| lease.to_string());
-            writeln!(out, "{},{},{},{},{},{lease}", line.transfer, line.at_ms, line.from, line.to, line.amount_minor)?;
+            let amount = currency.format(line.amount_minor as i128);
+            writeln!(
+                out,
+                "{},{},{},{},{},{lease},{amount},{}",
+                line.transfer, line.at_ms, line.from, line.to, line.amount_minor, currency.code
+            )?;
         }
         match page.last() {
             Some(last) if page.len() == 1_000 => after = Some(last.id),

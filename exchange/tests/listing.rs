@@ -87,6 +87,7 @@ async fn a_listing_file_starts_the_journal_its_changes_are_journaled_and_replay_
     // The same file again: nothing to change, the journal replays to the same state.
     let mut exchange = Exchange::start_with(&data, None, &["--listing", a_arg]);
     assert_eq!(exchange.recovered_hash, hash_a, "{}", exchange.recovered_line);
+    assert!(!symbols(&exchange.addr).await.is_empty(), "serving before it is stopped");
     exchange.terminate();
 
     // A class appended and the fee raised: one ChangeListing, journaled.
@@ -100,6 +101,7 @@ async fn a_listing_file_starts_the_journal_its_changes_are_journaled_and_replay_
     assert_ne!(hash_a, hash_b);
     let mut exchange = Exchange::start_with(&data, None, &["--listing", b_arg]);
     assert_eq!(exchange.recovered_hash, hash_b, "the change replays: {}", exchange.recovered_line);
+    assert!(!symbols(&exchange.addr).await.is_empty(), "serving before it is stopped");
     exchange.terminate();
 
     // What the journal's listing cannot take stops the exchange before it serves.
@@ -119,6 +121,7 @@ async fn a_listing_file_starts_the_journal_its_changes_are_journaled_and_replay_
     // None of those wrote anything: the journal still replays to the same state.
     let mut exchange = Exchange::start_with(&data, None, &["--listing", b_arg]);
     assert_eq!(exchange.recovered_hash, hash_b, "{}", exchange.recovered_line);
+    assert!(!symbols(&exchange.addr).await.is_empty(), "serving before it is stopped");
     exchange.terminate();
 }
 
@@ -136,5 +139,40 @@ async fn without_a_listing_file_the_exchange_lists_the_demo_listing() {
     let hash = exchange.terminate();
     let mut exchange = Exchange::start(dir.path(), None);
     assert_eq!(exchange.recovered_hash, hash);
+    // Serving (its signal handlers installed) before it is stopped.
+    assert!(!symbols(&exchange.addr).await.is_empty());
     exchange.terminate();
+}
+
+/// An exchange whose listing is in CNY (fen, two decimals) counts every
+/// amount in fen from its genesis, and its statement says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cny_exchange_counts_in_fen_and_its_statement_says_cny() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("data");
+    let cny = DEMO
+        .replacen("currency = \"USD\"", "currency = \"CNY\"", 1)
+        .replacen("decimals = 6\n", "decimals = 2\n", 1)
+        .replacen("tick_minor = 1000 ", "tick_minor = 1 ", 1)
+        .replacen("price_min_minor_per_gpu_hour = 1000\n", "price_min_minor_per_gpu_hour = 1\n", 1)
+        .replacen("price_max_minor_per_gpu_hour = 100000000 ", "price_max_minor_per_gpu_hour = 10000000 ", 1);
+    let listing = write(dir.path(), "cny.toml", &format!("{cny}{ASCEND_CLASS}"));
+    let mut exchange = Exchange::start_with(&data, Some(&key(1)), &["--listing", listing.to_str().expect("utf-8 path")]);
+    let (mut operator, _) = Client::login(&exchange.addr, &key(1), gpux_engine::Role::Operator).await;
+    let (_renter, renter) = Client::login(&exchange.addr, &key(3), gpux_engine::Role::Renter).await;
+    let id = operator.id();
+    let deposit = operator.request(ClientMessage::Deposit { id, account: renter, amount_minor: 150_505 }).await;
+    assert!(matches!(deposit, ServerMessage::Ack { .. }), "{deposit:?}");
+    exchange.terminate();
+
+    let output = Command::new(env!("CARGO_BIN_EXE_gpux-exchange"))
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["statement", "--account", &renter.0.to_string()])
+        .output()
+        .expect("statement runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let csv = String::from_utf8(output.stdout).expect("utf-8");
+    assert!(csv.starts_with("transfer,at_ms,from,to,amount_minor,lease,amount,currency\n"), "{csv}");
+    assert!(csv.contains(",150505,,1505.05,CNY"), "{csv}");
 }

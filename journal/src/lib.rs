@@ -448,6 +448,24 @@ impl JournalReader {
     pub fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
         statement(&self.db.begin_read()?, account, after, limit)
     }
+
+    /// The listing the journal started with: its `Genesis` entry, or the
+    /// demo listing for a journal written before listing files. (Later
+    /// `ChangeListing`s never change the currency.)
+    pub fn genesis_listing(&self) -> Result<gpux_engine::EngineConfig> {
+        let read = self.db.begin_read()?;
+        let table = read.open_table(JOURNAL)?;
+        let first = match table.get(1)? {
+            Some(bytes) => {
+                Some(decode_record::<JournalEntry>(bytes.value()).map_err(|e| anyhow::anyhow!("journal entry 1: {}", e.message))?)
+            }
+            None => None,
+        };
+        Ok(match first {
+            Some(JournalEntry::Genesis { listing }) => *listing,
+            _ => gpux_engine::EngineConfig::demo(),
+        })
+    }
 }
 
 fn entries_after(read: &redb::ReadTransaction, seq: u64) -> Result<Vec<JournalEntry>> {
