@@ -694,3 +694,26 @@ fn late_preemptions_and_disconnects_during_leases_count_in_the_record() {
     session.apply(JournalEntry::SupplierDisconnected { at_ms: session.now_ms, account: renter });
     assert_eq!(session.market.reliability().supplier(renter, session.now_ms).disconnects_during_leases, 0);
 }
+
+/// A journal's genesis listing replaces the listing of a market nothing has
+/// happened in; anywhere later it breaks the journal and is refused.
+#[test]
+fn a_genesis_listing_starts_the_market_and_is_refused_after_anything_happened() {
+    let mut listing = EngineConfig::demo();
+    listing.currency = Currency { code: "CNY".into(), decimals: 2 };
+    listing.classes.truncate(2);
+    let mut market = MarketState::new(EngineConfig::demo()).expect("demo");
+    assert!(market.is_pristine());
+    market.apply(&JournalEntry::Genesis { listing: Box::new(listing.clone()) }).expect("genesis");
+    assert_eq!(market.engine().config(), &listing);
+    assert_eq!(market.engine().listed_instruments().len(), 4, "spot and preemptible of two classes, no window yet");
+    market.apply(&JournalEntry::Engine(Input { at_ms: 1_000, command: Command::Tick })).expect("tick");
+    assert!(!market.is_pristine());
+    let error = market.apply(&JournalEntry::Genesis { listing: Box::new(EngineConfig::demo()) }).expect_err("not first");
+    assert!(matches!(error, gpux_market::MarketError::GenesisNotFirst), "{error}");
+    let mut broken = EngineConfig::demo();
+    broken.classes.clear();
+    let mut fresh = MarketState::new(EngineConfig::demo()).expect("demo");
+    let error = fresh.apply(&JournalEntry::Genesis { listing: Box::new(broken) }).expect_err("invalid");
+    assert!(matches!(error, gpux_market::MarketError::GenesisInvalid(ConfigError::ClassCount)), "{error}");
+}
