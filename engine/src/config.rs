@@ -159,15 +159,21 @@ impl Currency {
 }
 
 /// How reserved windows of a class are listed: hourly blocks for the next
-/// `hourly_windows_ahead` hours and daily blocks for the next
-/// `daily_windows_ahead` days, each tradable until `trading_stop_before_start_ms`
-/// before it starts.
+/// `hourly_windows_ahead` hours, daily blocks (from 00:00 UTC) for the next
+/// `daily_windows_ahead` days, weekly blocks (from Monday 00:00 UTC) for
+/// the next `weekly_windows_ahead` weeks and monthly blocks (UTC calendar
+/// months) for the next `monthly_windows_ahead` months, each tradable until
+/// `trading_stop_before_start_ms` before it starts.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CalendarSpec {
     pub hourly_windows_ahead: u32,
     pub daily_windows_ahead: u32,
     pub trading_stop_before_start_ms: u64,
+    #[serde(default)]
+    pub weekly_windows_ahead: u32,
+    #[serde(default)]
+    pub monthly_windows_ahead: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -276,7 +282,7 @@ impl std::fmt::Display for ConfigError {
             }
             ConfigError::Calendar { class } => write!(
                 f,
-                "class {class}: windows must stop trading at least the preemption notice before they start; at most 336 hourly and 60 daily windows ahead"
+                "class {class}: windows must stop trading at least the preemption notice before they start; at most 336 hourly, 60 daily, 26 weekly and 6 monthly windows ahead"
             ),
             ConfigError::Sla { class } => write!(f, "class {class}: SLA availability is at most 10000 bps"),
             ConfigError::DuplicateClass { class } => write!(f, "class {class} listed twice"),
@@ -330,6 +336,8 @@ impl EngineConfig {
                 if calendar.trading_stop_before_start_ms < class.preemption_notice_ms
                     || calendar.hourly_windows_ahead > 24 * 14
                     || calendar.daily_windows_ahead > 60
+                    || calendar.weekly_windows_ahead > limits::WEEKLY_WINDOWS_AHEAD_MAX
+                    || calendar.monthly_windows_ahead > limits::MONTHLY_WINDOWS_AHEAD_MAX
                 {
                     return Err(ConfigError::Calendar { class: class.name.clone() });
                 }
@@ -368,7 +376,13 @@ impl EngineConfig {
     /// tests: data-centre, consumer, AMD and fractional classes. Prices are in
     /// micro-dollars per GPU-hour (1 minor unit = US$0.000001).
     pub fn demo() -> Self {
-        let calendar = Some(CalendarSpec { hourly_windows_ahead: 24, daily_windows_ahead: 7, trading_stop_before_start_ms: 15 * 60_000 });
+        let calendar = Some(CalendarSpec {
+            hourly_windows_ahead: 24,
+            daily_windows_ahead: 7,
+            trading_stop_before_start_ms: 15 * 60_000,
+            weekly_windows_ahead: 4,
+            monthly_windows_ahead: 6,
+        });
         let class =
             |name: &str, vendor, models: &[&str], memory_mib_min, fabric_required, mig: Option<&str>, calendar: Option<CalendarSpec>| {
                 ClassSpec {

@@ -45,3 +45,8 @@ pub const STOPS_ARMED_MAX: usize = 1 << 20;
 
 /// Sub-accounts one account may open.
 pub const SUB_ACCOUNTS_PER_ACCOUNT_MAX: usize = 1_000;
+
+/// Weekly reserved windows a class may list ahead (half a year).
+pub const WEEKLY_WINDOWS_AHEAD_MAX: u32 = 26;
+/// Monthly reserved windows a class may list ahead (half a year).
+pub const MONTHLY_WINDOWS_AHEAD_MAX: u32 = 6;

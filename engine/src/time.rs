@@ -4,10 +4,42 @@
 
 pub const MS_PER_HOUR: u64 = 3_600_000;
 pub const MS_PER_DAY: u64 = 24 * MS_PER_HOUR;
+pub const MS_PER_WEEK: u64 = 7 * MS_PER_DAY;
+/// 1970-01-05, the first Monday of the epoch (weeks start on Mondays, UTC).
+const FIRST_MONDAY_MS: u64 = 4 * MS_PER_DAY;
 
 /// Rounds `at_ms` up to the next multiple of `step_ms` (itself if aligned).
 pub fn align_up(at_ms: u64, step_ms: u64) -> u64 {
     at_ms.div_ceil(step_ms) * step_ms
+}
+
+/// The first Monday 00:00 UTC at or after `at_ms`.
+pub fn align_up_week(at_ms: u64) -> u64 {
+    align_up(at_ms.saturating_sub(FIRST_MONDAY_MS), MS_PER_WEEK) + FIRST_MONDAY_MS
+}
+
+/// The start (00:00 UTC on the 1st) of the month holding `at_ms`.
+pub fn month_start(at_ms: u64) -> u64 {
+    let (year, month, _) = civil_from_days((at_ms / MS_PER_DAY) as i64);
+    days_from_civil(year, month, 1) as u64 * MS_PER_DAY
+}
+
+/// The first month start at or after `at_ms`.
+pub fn align_up_month(at_ms: u64) -> u64 {
+    let start = month_start(at_ms);
+    if start == at_ms {
+        start
+    } else {
+        add_months(start, 1)
+    }
+}
+
+/// The month start `months` calendar months after (or, negative, before)
+/// the month holding `at_ms`; the epoch's month at the earliest.
+pub fn add_months(at_ms: u64, months: i64) -> u64 {
+    let (year, month, _) = civil_from_days((at_ms / MS_PER_DAY) as i64);
+    let index = (year * 12 + month as i64 - 1 + months).max(1970 * 12);
+    days_from_civil(index.div_euclid(12), (index.rem_euclid(12) + 1) as u32, 1) as u64 * MS_PER_DAY
 }
 
 /// `YYYY-MM-DDTHH` (UTC) for a time in ms, used in window symbols.
@@ -99,6 +131,23 @@ mod tests {
         for bad in ["2026-13", "2026-00", "2026-1", "26-11", "2026/11", "1969-12", "2026-11-01", "", "abcd-ef"] {
             assert_eq!(month_bounds_ms(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn weeks_start_on_monday_and_months_on_the_first() {
+        // 2026-12-04 is a Friday; the next Monday is 2026-12-07.
+        let friday = month_bounds_ms("2026-12").expect("a month").0 + 3 * MS_PER_DAY + 5 * MS_PER_HOUR;
+        assert_eq!(format_utc(align_up_week(friday)), "2026-12-07 00:00:00 UTC");
+        assert_eq!(align_up_week(align_up_week(friday)), align_up_week(friday), "a Monday is its own week start");
+        assert_eq!(format_utc(align_up_week(0)), "1970-01-05 00:00:00 UTC");
+        assert_eq!(format_utc(month_start(friday)), "2026-12-01 00:00:00 UTC");
+        assert_eq!(format_utc(align_up_month(friday)), "2027-01-01 00:00:00 UTC");
+        assert_eq!(align_up_month(month_start(friday)), month_start(friday));
+        assert_eq!(format_utc(add_months(friday, 6)), "2027-06-01 00:00:00 UTC");
+        assert_eq!(format_utc(add_months(friday, -12)), "2025-12-01 00:00:00 UTC");
+        assert_eq!(add_months(0, -3), 0, "never before the epoch");
+        let (feb, mar) = month_bounds_ms("2028-02").expect("a month");
+        assert_eq!(add_months(feb, 1), mar);
     }
 
     #[test]

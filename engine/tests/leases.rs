@@ -139,6 +139,75 @@ fn windows_are_listed_hourly_and_daily_ahead_and_stop_trading_before_they_start(
     assert_eq!(later.len(), 3, "one 16:00 window per class with a calendar");
 }
 
+/// Long reservations: weekly windows (Monday to Monday) four weeks ahead
+/// and monthly windows (UTC calendar months) six months ahead, sold whole
+/// (the month's hours escrowed), resold before they start and delivered as
+/// one lease for the month; the calendar rolls a month on at each month's start.
+#[test]
+fn a_monthly_window_is_sold_resold_and_delivered() {
+    let (mut m, supplier, host, renter) = market();
+    let symbols: Vec<String> = m.engine.instruments().into_iter().map(|i| i.symbol).filter(|s| s.starts_with("H100-SXM-80G/R/")).collect();
+    let of = |label: &str| symbols.iter().filter(|s| s.ends_with(label)).cloned().collect::<Vec<_>>();
+    assert_eq!(
+        of("/1W"),
+        ["2026-12-07T00", "2026-12-14T00", "2026-12-21T00", "2026-12-28T00"].map(|d| format!("H100-SXM-80G/R/{d}/1W")),
+        "Mondays, four weeks ahead"
+    );
+    assert_eq!(
+        of("/1M"),
+        ["2027-01", "2027-02", "2027-03", "2027-04", "2027-05", "2027-06"].map(|d| format!("H100-SXM-80G/R/{d}-01T00/1M")),
+        "the next six months"
+    );
+    let window = m.window("H100-SXM-80G/R/2027-01-01T00/1M");
+    let (start, end) = match m.engine.instrument(window).map(|i| i.contract) {
+        Some(ContractKind::Reserved { window_start_ms, window_end_ms }) => (window_start_ms, window_end_ms),
+        other => panic!("not a window: {other:?}"),
+    };
+    assert_eq!((end - start) / HOUR, 31 * 24, "January's hours");
+
+    let aggregator = m.open(Role::Aggregator);
+    m.apply(Command::Deposit { account: aggregator, amount_minor: 10_000_000_000 });
+    let mut ask = m.order(supplier, window, Side::Sell, USD_2, 1);
+    ask.supply = Some(GpuSet { host, gpu_mask: 0b1 });
+    m.place(ask);
+    assert_eq!(trades(&m.buy(aggregator, window, USD_2, 1)), [(USD_2, 1)]);
+    let month_value = USD_2 * 31 * 24;
+    assert_eq!(m.engine.funds(aggregator), Some((10_000_000_000 - month_value, month_value)), "the whole month is prepaid");
+
+    // The GPU is committed for January: a weekly window overlapping it cannot
+    // be offered on it, an earlier one can.
+    let overlapping = m.window("H100-SXM-80G/R/2026-12-28T00/1W");
+    let mut ask = m.order(supplier, overlapping, Side::Sell, USD_2, 1);
+    ask.supply = Some(GpuSet { host, gpu_mask: 0b1 });
+    assert_eq!(rejection(&m.place(ask)), Some(RejectCode::InsufficientCapacity));
+    let before = m.window("H100-SXM-80G/R/2026-12-21T00/1W");
+    let mut ask = m.order(supplier, before, Side::Sell, USD_2, 1);
+    ask.supply = Some(GpuSet { host, gpu_mask: 0b1 });
+    accepted(&m.place(ask)).expect("the week before January is free");
+
+    // Resold at a profit a week on.
+    m.advance(7 * 24 * HOUR);
+    let resale = m.order(aggregator, window, Side::Sell, 2_100_000, 1);
+    accepted(&m.place(resale)).expect("a held month can be offered");
+    assert_eq!(trades(&m.buy(renter, window, 2_100_000, 1)), [(2_100_000, 1)]);
+    assert_eq!(m.engine.contracts_held(renter, window), 1);
+    assert_eq!(m.engine.funds(aggregator), Some((10_000_000_000 + 100_000 * 31 * 24, 0)), "the aggregator keeps the spread");
+    assert!(m.engine.instrument_by_symbol("H100-SXM-80G/R/2027-01-04T00/1W").is_some(), "weeks roll on");
+
+    // Trading stops 15 minutes before the month, then it is delivered whole.
+    m.advance(start - 15 * 60_000 - m.now_ms);
+    assert_eq!(m.engine.instrument(window).map(|i| i.state), Some(InstrumentState::Stopped));
+    let events = m.advance(15 * 60_000);
+    let (lease, kind, mask, lease_start, lease_end) = leases(&events)[0];
+    assert_eq!((kind, mask, lease_start, lease_end), (LeaseKind::Reserved, 0b1, start, Some(end)));
+    assert_eq!(m.engine.lease(lease).map(|l| l.renter), Some(renter));
+    assert!(m.engine.instrument_by_symbol("H100-SXM-80G/R/2027-07-01T00/1M").is_some(), "July lists on January 1st");
+
+    let events = m.advance(end - m.now_ms);
+    assert!(events.iter().any(|e| e.kind == EventKind::LeaseEnded { lease, reason: LeaseEndReason::WindowEnded }));
+    assert_eq!(m.engine.instrument(window).map(|i| i.state), Some(InstrumentState::Expired));
+}
+
 /// The aggregator use case end to end: a supplier sells a window, an
 /// aggregator buys it and resells it at a profit, the final holder gets a
 /// lease on the concrete GPU when the window starts, and the window expires.

@@ -221,6 +221,7 @@ mod tests {
             ("currency = \"USD\"", "currency = \"dollar\"", 6, "currency"),
             ("name = \"A100-80G\"", "name = \"H100-SXM-80G\"", 39, "listed twice"),
             ("tick_minor = 1000 ", "tick_minor = 1500 ", 0, "tick and price band"),
+            ("monthly_windows_ahead = 6", "monthly_windows_ahead = 7", 0, "6 monthly windows ahead"),
         ];
         for (from, to, line, needle) in cases {
             assert!(DEMO.contains(from), "{from}");

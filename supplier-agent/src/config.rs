@@ -15,7 +15,7 @@
 //! price_floor_minor_per_gpu_hour = 2100000
 //!
 //! [[offer]]
-//! contract = "hourly_window"   # or "daily_window": reserved windows
+//! contract = "hourly_window"   # or "daily_window", "weekly_window", "monthly_window"
 //! price_floor_minor_per_gpu_hour = 1800000
 //! windows_ahead = 6
 //! ```
@@ -34,11 +34,26 @@ pub enum OfferedContract {
     HourlyWindow,
     /// The next `windows_ahead` daily reserved windows.
     DailyWindow,
+    /// The next `windows_ahead` weekly reserved windows (Monday to Monday, UTC).
+    WeeklyWindow,
+    /// The next `windows_ahead` monthly reserved windows (UTC calendar months).
+    MonthlyWindow,
 }
 
 impl OfferedContract {
     pub fn is_window(self) -> bool {
-        matches!(self, OfferedContract::HourlyWindow | OfferedContract::DailyWindow)
+        self.window_label().is_some()
+    }
+
+    /// The symbol suffix of the windows this contract offers in.
+    pub fn window_label(self) -> Option<&'static str> {
+        match self {
+            OfferedContract::Spot | OfferedContract::Preemptible => None,
+            OfferedContract::HourlyWindow => Some("/1H"),
+            OfferedContract::DailyWindow => Some("/1D"),
+            OfferedContract::WeeklyWindow => Some("/1W"),
+            OfferedContract::MonthlyWindow => Some("/1M"),
+        }
     }
 }
 

@@ -544,22 +544,23 @@ impl Agent {
             bail!("the exchange did not list its instruments");
         };
         for (class, offer) in self.classes().into_iter().flat_map(|class| offers.iter().map(move |offer| (class.clone(), offer.clone()))) {
-            let label = if offer.contract == OfferedContract::HourlyWindow { "/1H" } else { "/1D" };
-            let mut windows: Vec<(u64, InstrumentId, u64)> = instruments
+            let Some(label) = offer.contract.window_label() else { continue };
+            let mut windows: Vec<(u64, u64, InstrumentId, u64)> = instruments
                 .iter()
                 .filter(|i| i.class == class && i.symbol.ends_with(label) && i.state == gpux_engine::InstrumentState::Trading)
                 .filter_map(|i| match i.contract {
-                    gpux_engine::ContractKind::Reserved { window_start_ms, .. } => Some((window_start_ms, i.instrument, i.tick_minor)),
+                    gpux_engine::ContractKind::Reserved { window_start_ms, window_end_ms } => {
+                        Some((window_start_ms, window_end_ms, i.instrument, i.tick_minor))
+                    }
                     _ => None,
                 })
                 .collect();
             windows.sort();
-            let length_ms = if offer.contract == OfferedContract::HourlyWindow { 3_600_000 } else { 86_400_000 };
             let in_class = self.class_mask(&class);
-            for (window_start_ms, instrument, tick_minor) in windows.into_iter().take(offer.windows_ahead as usize) {
+            for (window_start_ms, window_end_ms, instrument, tick_minor) in windows.into_iter().take(offer.windows_ahead as usize) {
                 if link.window_asks.contains_key(&instrument)
                     || link.windows_refused.contains(&instrument)
-                    || !self.config.available_throughout(window_start_ms, window_start_ms + length_ms)
+                    || !self.config.available_throughout(window_start_ms, window_end_ms)
                 {
                     continue;
                 }

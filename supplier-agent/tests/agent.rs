@@ -267,9 +267,10 @@ async fn a_preemption_notice_reaches_the_delivery_hook_with_its_deadline() {
     assert!(deadline_ms > 0 && notice.contains("GPU-a"), "{notice}");
 }
 
-/// The owner offers the next two hourly windows too, and runs a job of their
-/// own on GPU-b: the agent keeps GPU-b out of every ask ("taken locally"),
-/// and offers GPU-a in spot and in each of the two windows.
+/// The owner offers the next two hourly windows and next month too, and runs
+/// a job of their own on GPU-b: the agent keeps GPU-b out of every ask
+/// ("taken locally"), and offers GPU-a in spot, in each of the two hourly
+/// windows and in the first monthly window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reserved_windows_are_offered_and_a_gpu_in_local_use_is_not() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -283,7 +284,10 @@ async fn reserved_windows_are_offered_and_a_gpu_in_local_use_is_not() {
     let text = std::fs::read_to_string(&config).expect("config");
     write(
         &config,
-        &format!("{text}\n[[offer]]\ncontract = \"hourly_window\"\nprice_floor_minor_per_gpu_hour = 1800000\nwindows_ahead = 2\n"),
+        &format!(
+            "{text}\n[[offer]]\ncontract = \"hourly_window\"\nprice_floor_minor_per_gpu_hour = 1800000\nwindows_ahead = 2\n\
+             \n[[offer]]\ncontract = \"monthly_window\"\nprice_floor_minor_per_gpu_hour = 1500000\nwindows_ahead = 1\n"
+        ),
     );
     let mut watcher = Connection::open(&exchange.url, &SigningKey::from_bytes(&[3; 32]), Some(Role::Renter)).await.expect("watcher");
     let _agent = spawn_agent(&config, &host);
@@ -295,15 +299,22 @@ async fn reserved_windows_are_offered_and_a_gpu_in_local_use_is_not() {
         let first = book_asks_of(&mut watcher, hourly[0].1).await;
         let second = book_asks_of(&mut watcher, hourly[1].1).await;
         let third = book_asks_of(&mut watcher, hourly[2].1).await;
-        if (spot, first, second, third) == (1, 1, 1, 0) {
+        let monthly = trading_windows(&mut watcher, "/1M").await;
+        let month = book_asks_of(&mut watcher, monthly[0].1).await;
+        let next_month = book_asks_of(&mut watcher, monthly[1].1).await;
+        if (spot, first, second, third, month, next_month) == (1, 1, 1, 0, 1, 0) {
             break;
         }
-        assert!(Instant::now() < deadline, "spot {spot}, windows {first} {second} {third}");
+        assert!(Instant::now() < deadline, "spot {spot}, windows {first} {second} {third}, months {month} {next_month}");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
 
 async fn trading_hourly_windows(client: &mut Connection) -> Vec<(u64, InstrumentId)> {
+    trading_windows(client, "/1H").await
+}
+
+async fn trading_windows(client: &mut Connection, label: &str) -> Vec<(u64, InstrumentId)> {
     let id = client.new_id();
     let ServerMessage::Instruments { instruments, .. } = client.request(ClientMessage::Instruments { id }).await.expect("instruments")
     else {
@@ -312,7 +323,7 @@ async fn trading_hourly_windows(client: &mut Connection) -> Vec<(u64, Instrument
     let mut hourly: Vec<(u64, InstrumentId)> = instruments
         .iter()
         .filter(|i| {
-            i.symbol.starts_with("H100-SXM-80G/R/") && i.symbol.ends_with("/1H") && i.state == gpux_engine::InstrumentState::Trading
+            i.symbol.starts_with("H100-SXM-80G/R/") && i.symbol.ends_with(label) && i.state == gpux_engine::InstrumentState::Trading
         })
         .filter_map(|i| match i.contract {
             gpux_engine::ContractKind::Reserved { window_start_ms, .. } => Some((window_start_ms, i.instrument)),

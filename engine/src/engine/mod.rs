@@ -327,8 +327,9 @@ impl LeaseEndReasonKey {
 
 #[derive(Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct CalendarCursor {
-    pub next_hourly_start_ms: u64,
-    pub next_daily_start_ms: u64,
+    /// Per window length (`calendar::WindowLength` order): the start of the
+    /// first window not yet listed.
+    pub next_start_ms: [u64; 4],
 }
 
 /// The matching engine. `Clone` gives an exact copy of the whole state (for
