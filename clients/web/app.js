@@ -19,15 +19,23 @@ const state = {
   book: { seq: 0, synced: false, bids: new Map(), asks: new Map() },
   trades: [], account: null, secret: null, refreshTimer: null,
   leases: [], deliveries: new Map(), scores: new Map(), offersTimer: null,
+  // The exchange's currency, from its listing (docs/protocol.md "listing").
+  currency: { code: "USD", decimals: 6 }, regions: [],
 };
 
 const $ = (id) => document.getElementById(id);
-// Minor units (micro-dollars) as dollars to the last minor unit, never
-// rounded: cents always, more digits only when there are more ($0.000417).
-const usd = (minor) => {
-  const whole = Math.floor(minor / 1e6);
-  const fraction = String(minor % 1e6).padStart(6, "0").replace(/0{1,4}$/, "");
-  return `$${whole}.${fraction.padEnd(2, "0")}`;
+// Minor units in the exchange's currency to the last minor unit, never
+// rounded: cents always, more digits only when there are more ($0.000417,
+// 15.05 CNY).
+const money = (minor) => {
+  const { code, decimals } = state.currency;
+  const scale = 10 ** decimals;
+  let text = String(Math.floor(minor / scale));
+  if (decimals > 0) {
+    const digits = String(minor % scale).padStart(decimals, "0");
+    text += "." + (decimals < 2 ? digits : digits.replace(/0+$/, "").padEnd(2, "0"));
+  }
+  return code === "USD" ? `$${text}` : `${text} ${code}`;
 };
 const hex = (bytes) => Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
 const fromHex = (text) => Uint8Array.from(text.match(/../g).map((h) => parseInt(h, 16)));
@@ -84,6 +92,14 @@ function connect() {
 }
 
 async function loadInstruments() {
+  const { body: listed } = await request("listing");
+  state.currency = listed.listing.currency;
+  state.regions = listed.listing.regions;
+  $("t-regions").replaceChildren(...state.regions.map((name) => new Option(name, name)));
+  for (const unit of document.querySelectorAll(".currency")) unit.textContent = state.currency.code;
+  $("t-price").placeholder = `${state.currency.code}/GPU-h`;
+  $("t-budget").placeholder = `budget ${state.currency.code}`;
+  $("t-stop").placeholder = `stop ${state.currency.code}/GPU-h`;
   const { body } = await request("instruments");
   state.instruments = body.instruments;
   const list = $("instruments");
@@ -108,7 +124,7 @@ async function refreshQuotes() {
     try {
       const { body: s } = await request("stats", { instrument: Number(item.dataset.instrument) });
       const change = s.open === null || s.open === 0 ? "" : ` ${s.last >= s.open ? "+" : ""}${(((s.last - s.open) / s.open) * 100).toFixed(1)}%`;
-      item.querySelector(".quote").textContent = s.last === null ? "no trades in 24 h" : `last ${usd(s.last)}${change} · ${s.volume} GPUs`;
+      item.querySelector(".quote").textContent = s.last === null ? "no trades in 24 h" : `last ${money(s.last)}${change} · ${s.volume} GPUs`;
     } catch (error) {
       return; // disconnected: the reconnect reloads the list
     }
@@ -165,7 +181,7 @@ async function refreshOffers() {
     .slice(0, 15)
     .map((o) => {
       const verified = o.host === null ? "resold window" : `${o.gpus_verified} of ${o.quantity}`;
-      return `<tr><td>${usd(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td>${o.supplier}</td><td>${score(o.supplier_score_bps)}</td><td>${verified}</td></tr>`;
+      return `<tr><td>${money(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td>${o.supplier}</td><td>${score(o.supplier_score_bps)}</td><td>${verified}</td><td>${esc(o.region ?? "none")}</td></tr>`;
     })
     .join("");
 }
@@ -211,7 +227,7 @@ function renderBook() {
   for (let i = 0; i < Math.max(bids.length, asks.length, 1); i++) {
     const [bp, bq] = bids[i] || [];
     const [ap, aq] = asks[i] || [];
-    rows.push(`<tr><td class="bid">${bq ?? ""}</td><td class="bid">${bp ? usd(bp) : ""}</td><td class="ask">${ap ? usd(ap) : ""}</td><td class="ask">${aq ?? ""}</td></tr>`);
+    rows.push(`<tr><td class="bid">${bq ?? ""}</td><td class="bid">${bp ? money(bp) : ""}</td><td class="ask">${ap ? money(ap) : ""}</td><td class="ask">${aq ?? ""}</td></tr>`);
   }
   $("ladder").tBodies[0].innerHTML = rows.join("");
   drawDepth(bids, asks);
@@ -253,7 +269,7 @@ function onTrade(body) {
 function renderTrades() {
   $("trades").tBodies[0].innerHTML = state.trades
     .slice(0, 12)
-    .map((t) => `<tr><td>${new Date(t.at_ms).toISOString().slice(11, 19)}</td><td>${t.quantity}</td><td>${usd(t.price_minor_per_gpu_hour)}</td><td>${t.aggressor}</td></tr>`)
+    .map((t) => `<tr><td>${new Date(t.at_ms).toISOString().slice(11, 19)}</td><td>${t.quantity}</td><td>${money(t.price_minor_per_gpu_hour)}</td><td>${t.aggressor}</td></tr>`)
     .join("");
   const canvas = $("prices");
   const g = canvas.getContext("2d");
@@ -294,8 +310,8 @@ function onPrivate(event, reason) {
   const [kind, fields] = typeof event.kind === "string" ? [event.kind, {}] : Object.entries(event.kind)[0];
   if (kind === "rejected") notice(`Refused (${fields.code}): ${reason ?? ""}`);
   if (kind === "preemption_notice") notice(`Lease ${fields.lease} is preempted: it ends at ${utcHour(fields.ends_at_ms)}`);
-  if (kind === "payment_notice") notice(`Lease ${fields.lease} needs ${usd(fields.shortfall_minor)} more by ${utcHour(fields.ends_at_ms)}`);
-  if (kind === "spend_alert") notice(`Spent ${usd(fields.spent_minor)}: ${fields.threshold_bps / 100}% of your ${fields.daily ? "daily" : "total"} limit of ${usd(fields.limit_minor)}`);
+  if (kind === "payment_notice") notice(`Lease ${fields.lease} needs ${money(fields.shortfall_minor)} more by ${utcHour(fields.ends_at_ms)}`);
+  if (kind === "spend_alert") notice(`Spent ${money(fields.spent_minor)}: ${fields.threshold_bps / 100}% of your ${fields.daily ? "daily" : "total"} limit of ${money(fields.limit_minor)}`);
   clearTimeout(state.refreshTimer);
   state.refreshTimer = setTimeout(refreshAccount, 300);
 }
@@ -324,7 +340,7 @@ function describeScore(supplier) {
 
 function renderLeases() {
   $("leases").tBodies[0].innerHTML = state.leases
-    .map((l) => `<tr><td>${l.lease}</td><td>${l.kind}</td><td>${usd(l.price_minor_per_gpu_hour)}</td><td>${l.active}</td><td>${Math.floor(l.verified_gpu_ms / 1000)}</td><td>${usd(l.usage_charged_minor)}</td><td class="supplier">${describeScore(l.supplier)}</td><td class="delivery">${esc(describeDelivery(state.deliveries.get(l.lease)))}</td><td>${l.active ? `<button data-end-lease="${l.lease}">end</button>` : ""}</td></tr>`)
+    .map((l) => `<tr><td>${l.lease}</td><td>${l.kind}</td><td>${money(l.price_minor_per_gpu_hour)}</td><td>${l.active}</td><td>${Math.floor(l.verified_gpu_ms / 1000)}</td><td>${money(l.usage_charged_minor)}</td><td class="supplier">${describeScore(l.supplier)}</td><td class="delivery">${esc(describeDelivery(state.deliveries.get(l.lease)))}</td><td>${l.active ? `<button data-end-lease="${l.lease}">end</button>` : ""}</td></tr>`)
     .join("");
 }
 
@@ -342,16 +358,16 @@ async function refreshAccount() {
     const { body: spend } = await request("spend");
     if (spend.spend !== null) {
       const s = spend.spend;
-      const limit = (value) => (value === null ? "no limit" : usd(value));
-      spendLine = ` · spend: today ${usd(s.spent_today_minor)} (daily ${limit(s.limits.daily_minor)}), in all ${usd(s.spent_total_minor)} (total ${limit(s.limits.total_minor)}), held limit ${limit(s.limits.max_held_minor)}`;
+      const limit = (value) => (value === null ? "no limit" : money(value));
+      spendLine = ` · spend: today ${money(s.spent_today_minor)} (daily ${limit(s.limits.daily_minor)}), in all ${money(s.spent_total_minor)} (total ${limit(s.limits.total_minor)}), held limit ${limit(s.limits.max_held_minor)}`;
     }
   } catch (error) {
     spendLine = "";
   }
-  $("balance").textContent = `available ${usd(b.available_minor)} · held ${usd(b.held_minor)} · payable ${usd(b.payable_minor)} · owed ${usd(b.debt_minor)}` + spendLine;
+  $("balance").textContent = `available ${money(b.available_minor)} · held ${money(b.held_minor)} · payable ${money(b.payable_minor)} · owed ${money(b.debt_minor)}` + spendLine;
   const { body: orders } = await request("open_orders", { offset: 0 });
   $("orders").tBodies[0].innerHTML = orders.orders
-    .map((o) => `<tr><td>${o.order}</td><td>${o.instrument}</td><td>${o.side}</td><td>${usd(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td>${o.resting ? "on the book" : "armed stop"}</td><td><button data-cancel-order="${o.order}">cancel</button>${o.resting ? ` <button data-replace-order="${o.order}" title="to the ticket's price and quantity">replace</button>` : ""}</td></tr>`)
+    .map((o) => `<tr><td>${o.order}</td><td>${o.instrument}</td><td>${o.side}</td><td>${money(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td>${o.resting ? "on the book" : "armed stop"}</td><td><button data-cancel-order="${o.order}">cancel</button>${o.resting ? ` <button data-replace-order="${o.order}" title="to the ticket's price and quantity">replace</button>` : ""}</td></tr>`)
     .join("");
   const { body: leases } = await request("leases", { offset: 0 });
   state.leases = leases.leases;
@@ -373,8 +389,8 @@ async function refreshAccount() {
     $("subs").tBodies[0].innerHTML = subs.sub_accounts
       .map((sub) => {
         const l = sub.limits;
-        const limits = `orders ${limit(l.max_open_orders, String)} · one bid ${limit(l.max_order_minor, usd)} · held ${limit(l.max_held_minor, usd)}`;
-        return `<tr><td>${sub.account}</td><td>${usd(sub.balances.available_minor)}</td><td>${usd(sub.balances.held_minor)}</td><td>${usd(sub.balances.debt_minor)}</td><td>${sub.open_orders}</td><td>${limits}</td></tr>`;
+        const limits = `orders ${limit(l.max_open_orders, String)} · one bid ${limit(l.max_order_minor, money)} · held ${limit(l.max_held_minor, money)}`;
+        return `<tr><td>${sub.account}</td><td>${money(sub.balances.available_minor)}</td><td>${money(sub.balances.held_minor)}</td><td>${money(sub.balances.debt_minor)}</td><td>${sub.open_orders}</td><td>${limits}</td></tr>`;
       })
       .join("");
   } catch (error) {
@@ -390,7 +406,7 @@ async function showStatement(before) {
   state.statementBefore = statement.next_before;
   $("statement-older").hidden = statement.next_before === null;
   $("statement").tBodies[0].innerHTML = statement.lines
-    .map((s) => `<tr><td>${s.transfer}</td><td>${utcHour(s.at_ms)}</td><td>${s.from}</td><td>${s.to}</td><td>${usd(s.amount_minor)}</td><td>${s.lease ?? ""}</td></tr>`)
+    .map((s) => `<tr><td>${s.transfer}</td><td>${utcHour(s.at_ms)}</td><td>${s.from}</td><td>${s.to}</td><td>${money(s.amount_minor)}</td><td>${s.lease ?? ""}</td></tr>`)
     .join("");
 }
 
@@ -442,12 +458,15 @@ $("supplier-lookup").onsubmit = (event) => {
   lookUpSupplier(Number($("supplier-id").value));
 };
 
-// Dollars as typed ("2.15", "$500") to minor units, exactly: no floats
-// touch money. At most six decimals; throws on anything else.
-function parseDollars(text) {
-  const match = /^\$?(\d+)(?:\.(\d{1,6}))?$/.exec(text.trim());
-  if (!match) throw new Error(`"${text}" is not an amount in dollars with at most six decimals`);
-  const minor = BigInt(match[1]) * 1000000n + BigInt((match[2] ?? "").padEnd(6, "0"));
+// An amount as typed ("2.15", "$500" on a dollar exchange, "15.05 CNY") to
+// minor units of the exchange's currency, exactly: no floats touch money.
+// At most the currency's decimals; throws on anything else.
+function parseAmount(text) {
+  const { code, decimals } = state.currency;
+  const fraction = decimals > 0 ? `(?:\\.(\\d{1,${decimals}}))?` : "()";
+  const match = new RegExp(`^${code === "USD" ? "\\$?" : ""}(\\d+)${fraction}(?:\\s*${code})?$`).exec(text.trim());
+  if (!match) throw new Error(`"${text}" is not an amount in ${code} with at most ${decimals} decimals`);
+  const minor = BigInt(match[1]) * 10n ** BigInt(decimals) + BigInt((match[2] ?? "").padEnd(decimals, "0") || "0");
   if (minor > BigInt(Number.MAX_SAFE_INTEGER)) throw new Error(`"${text}" is too large`);
   return Number(minor);
 }
@@ -463,13 +482,14 @@ async function placeFromTicket() {
       instrument: state.selected,
       side: $("t-side").value,
       order_type: $("t-type").value,
-      price_minor_per_gpu_hour: market ? 0 : parseDollars($("t-price").value),
+      price_minor_per_gpu_hour: market ? 0 : parseAmount($("t-price").value),
       quantity: Number($("t-quantity").value),
       time_in_force: market && $("t-tif").value === "gtc" ? "ioc" : $("t-tif").value,
       duration: { hours: Number($("t-hours").value) },
       all_or_none: $("t-aon").checked,
-      budget_minor: $("t-budget").value.trim() ? parseDollars($("t-budget").value) : 0,
-      stop_price_minor_per_gpu_hour: $("t-stop").value.trim() ? parseDollars($("t-stop").value) : 0,
+      budget_minor: $("t-budget").value.trim() ? parseAmount($("t-budget").value) : 0,
+      stop_price_minor_per_gpu_hour: $("t-stop").value.trim() ? parseAmount($("t-stop").value) : 0,
+      regions: Array.from($("t-regions").selectedOptions, (option) => option.value),
     };
     const { body } = await request("new_order", { order });
     out.textContent = `accepted: order ${body.order} (journal entry ${body.journal_seq})` + (order.stop_price_minor_per_gpu_hour ? ", armed" : "");
@@ -500,9 +520,9 @@ $("orders").onclick = (event) => {
   const replace = event.target.dataset && event.target.dataset.replaceOrder;
   if (replace) {
     try {
-      const price_minor_per_gpu_hour = parseDollars($("t-price").value);
+      const price_minor_per_gpu_hour = parseAmount($("t-price").value);
       const quantity = Number($("t-quantity").value);
-      act("replace_order", { order: Number(replace), price_minor_per_gpu_hour, quantity }, `order ${replace} replaced at ${usd(price_minor_per_gpu_hour)} x ${quantity}`);
+      act("replace_order", { order: Number(replace), price_minor_per_gpu_hour, quantity }, `order ${replace} replaced at ${money(price_minor_per_gpu_hour)} x ${quantity}`);
     } catch (error) {
       $("ticket-result").textContent = "refused: " + error.message;
     }
@@ -530,10 +550,10 @@ $("sub-move").onsubmit = async (event) => {
   event.preventDefault();
   try {
     const sub_account = Number($("sub-id").value);
-    const amount_minor = parseDollars($("sub-amount").value);
+    const amount_minor = parseAmount($("sub-amount").value);
     const to_sub_account = $("sub-direction").value === "in";
     const { body } = await request("move_funds", { sub_account, amount_minor, to_sub_account });
-    $("sub-result").textContent = `moved ${usd(amount_minor)} ${to_sub_account ? "to" : "back from"} sub-account ${sub_account} (journal entry ${body.journal_seq})`;
+    $("sub-result").textContent = `moved ${money(amount_minor)} ${to_sub_account ? "to" : "back from"} sub-account ${sub_account} (journal entry ${body.journal_seq})`;
     refreshAccount();
   } catch (error) {
     $("sub-result").textContent = "refused: " + error.message;
@@ -550,7 +570,7 @@ function canonical(value) {
   return JSON.stringify(value);
 }
 
-const signedUsd = (minor) => (minor < 0 ? "-" + usd(-minor) : usd(minor));
+const signedUsd = (minor) => (minor < 0 ? "-" + money(-minor) : money(minor));
 
 async function showInvoice(period, account) {
   const out = $("invoice");
@@ -571,13 +591,13 @@ async function showInvoice(period, account) {
     const verified = page.exchange_key === published.public_key && (await crypto.subtle.verify({ name: "Ed25519" }, key, fromHex(page.signature), bytes));
     const t = invoice.totals;
     const rows = invoice.lines
-      .map((l) => `<tr><td>${l.lease ?? "—"}</td><td>${esc(l.instrument)}</td><td>${l.item}</td><td>${l.price_minor_per_gpu_hour === null ? "" : usd(l.price_minor_per_gpu_hour)}</td><td>${signedUsd(l.amount_minor)}</td></tr>`)
+      .map((l) => `<tr><td>${l.lease ?? "—"}</td><td>${esc(l.instrument)}</td><td>${l.item}</td><td>${l.price_minor_per_gpu_hour === null ? "" : money(l.price_minor_per_gpu_hour)}</td><td>${signedUsd(l.amount_minor)}</td></tr>`)
       .join("");
-    const tax = invoice.tax ? `<p>includes ${esc(invoice.tax.name)} ${(invoice.tax.rate_bps / 100).toFixed(2)}% (${esc(invoice.tax.registration)}): ${usd(invoice.tax.included_minor)}</p>` : "";
+    const tax = invoice.tax ? `<p>includes ${esc(invoice.tax.name)} ${(invoice.tax.rate_bps / 100).toFixed(2)}% (${esc(invoice.tax.registration)}): ${money(invoice.tax.included_minor)}</p>` : "";
     out.innerHTML = `<h4>Invoice ${esc(invoice.number)}</h4><p>${esc(invoice.issuer)} · account ${invoice.account}${invoice.parent === null ? "" : ` (sub-account of ${invoice.parent})`} · ${esc(invoice.period)} (UTC) · ${esc(invoice.currency)}</p>
       <table><thead><tr><th>lease</th><th>instrument</th><th>item</th><th>$/GPU-h</th><th>amount</th></tr></thead><tbody>${rows}</tbody></table>
-      <p>charges ${usd(t.charges_minor)} · credits ${usd(t.credits_minor)} · <strong>amount due <span id="invoice-due">${signedUsd(t.amount_due_minor)}</span></strong></p>
-      <p>deposits ${usd(t.deposits_minor)} · withdrawals ${usd(t.withdrawals_minor)} · payouts ${usd(t.payouts_minor)} · moved in ${usd(t.moved_in_minor)} · moved out ${usd(t.moved_out_minor)}</p>${tax}
+      <p>charges ${money(t.charges_minor)} · credits ${money(t.credits_minor)} · <strong>amount due <span id="invoice-due">${signedUsd(t.amount_due_minor)}</span></strong></p>
+      <p>deposits ${money(t.deposits_minor)} · withdrawals ${money(t.withdrawals_minor)} · payouts ${money(t.payouts_minor)} · moved in ${money(t.moved_in_minor)} · moved out ${money(t.moved_out_minor)}</p>${tax}
       <p class="${verified ? "verified" : "forged"}" id="invoice-check">${verified ? "signature verified" : "signature does NOT verify"} with the exchange's key ${published.public_key}</p>`;
   } catch (error) {
     out.textContent = "refused: " + error.message;

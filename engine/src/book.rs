@@ -51,6 +51,8 @@ pub(crate) struct Order {
     /// An armed stop order's trigger price: it is off the book, holds and
     /// locks nothing, until the last trade price reaches it.
     pub stop_price: Option<u64>,
+    /// A bid's regions (bit `i`: the listing's region `i`; 0: any region).
+    pub regions: u32,
 }
 
 impl Order {
@@ -80,6 +82,7 @@ impl Order {
             all_or_none: false,
             budget_left_minor: None,
             stop_price: None,
+            regions: 0,
         }
     }
 }

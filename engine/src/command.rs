@@ -334,6 +334,26 @@ pub enum Command {
     ChangeListing {
         listing: Box<crate::config::EngineConfig>,
     },
+    /// `RegisterGpu` for a host in a region (one of the listing's) and an
+    /// optional zone (shown only). A host's region is set by the first GPU
+    /// that names one and never changes (docs/market-rules.md "Regions").
+    /// Appended: journals encode variant indices.
+    RegisterGpuInRegion {
+        account: AccountId,
+        host: String,
+        gpu_uuid: String,
+        spec: GpuSpec,
+        region: String,
+        zone: String,
+    },
+    /// A bid with `PlaceOrderWith`'s options that trades only with GPUs of
+    /// hosts in one of `regions` (names from the listing; hosts that
+    /// declared none and resold contracts do not qualify). Appended.
+    PlaceOrderInRegions {
+        order: NewOrder,
+        options: OrderOptions,
+        regions: Vec<String>,
+    },
 }
 
 /// What an account lets itself spend and commit (docs/market-rules.md
@@ -356,7 +376,8 @@ impl Command {
             Command::PlaceOrder(order)
             | Command::PlaceOrderFiltered { order, .. }
             | Command::PlaceOrderVerified { order, .. }
-            | Command::PlaceOrderWith { order, .. } => Some(order),
+            | Command::PlaceOrderWith { order, .. }
+            | Command::PlaceOrderInRegions { order, .. } => Some(order),
             _ => None,
         }
     }

@@ -250,6 +250,10 @@ pub struct EngineConfig {
     pub billing_grace_ms: u64,
     /// What every amount is counted in; fixed at genesis.
     pub currency: Currency,
+    /// The regions hosts may declare and bids may require, in id order
+    /// (only ever appended: a host's region is its index here).
+    #[serde(default)]
+    pub regions: Vec<String>,
 }
 
 /// A configuration the engine refuses to run with, and why.
@@ -267,6 +271,7 @@ pub enum ConfigError {
     CreditTiers { class: String },
     Currency,
     ModelPattern { class: String },
+    Regions,
 }
 
 impl std::fmt::Display for ConfigError {
@@ -298,6 +303,11 @@ impl std::fmt::Display for ConfigError {
             ConfigError::ModelPattern { class } => {
                 write!(f, "class {class}: 1..=16 model patterns, each 1..=128 printable characters and not only `*`")
             }
+            ConfigError::Regions => write!(
+                f,
+                "regions: at most {} distinct names of 1..=32 lower-case letters, digits and -",
+                limits::REGIONS_MAX
+            ),
         }
     }
 }
@@ -321,6 +331,12 @@ impl EngineConfig {
         let code = &self.currency.code;
         if code.len() != 3 || !code.bytes().all(|b| b.is_ascii_uppercase()) || self.currency.decimals > 9 {
             return Err(ConfigError::Currency);
+        }
+        let regions_ok = self.regions.len() <= limits::REGIONS_MAX
+            && self.regions.iter().all(|r| region_name_is_valid(r))
+            && self.regions.iter().enumerate().all(|(i, r)| !self.regions[..i].contains(r));
+        if !regions_ok {
+            return Err(ConfigError::Regions);
         }
         for class in &self.classes {
             let prices_ok = class.tick_minor > 0
@@ -430,8 +446,22 @@ impl EngineConfig {
             fee_bps: 250,
             billing_grace_ms: 10 * 60_000,
             currency: Currency::usd_micro(),
+            regions: ["us-east", "us-west", "eu-central", "cn-east", "cn-west"].map(String::from).to_vec(),
         }
     }
+
+    /// The index of region `name` in the listing.
+    pub fn region_index(&self, name: &str) -> Option<u8> {
+        self.regions.iter().position(|r| r == name).map(|i| i as u8)
+    }
+}
+
+/// Whether `name` may name a region or a zone: 1..=32 bytes of lower-case
+/// letters, digits and `-`.
+pub fn region_name_is_valid(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= limits::REGION_NAME_BYTES_MAX
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
 #[cfg(test)]

@@ -501,6 +501,12 @@ pub enum RejectCode {
     /// A listing change the current listing cannot take (a class removed,
     /// renamed, moved or re-specified, another currency, or an invalid listing).
     ListingIncompatible,
+    /// A region the listing does not name.
+    UnknownRegion,
+    /// The host was registered in another region (a host never moves).
+    RegionMismatch,
+    /// A region filter on an ask, or naming more regions than the listing has.
+    RegionFilterInvalid,
 }
 
 impl RejectCode {
@@ -568,6 +574,9 @@ impl RejectCode {
             ListingIncompatible => {
                 "the listing cannot replace the current one: classes are only amended or appended, the currency is fixed"
             }
+            UnknownRegion => "the exchange's listing names no such region (the instruments request lists them)",
+            RegionMismatch => "the host is registered in another region; a host keeps its region (register a moved host under a new name)",
+            RegionFilterInvalid => "a region filter goes on a bid and names at most the listing's regions",
         }
     }
 }

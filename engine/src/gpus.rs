@@ -17,6 +17,13 @@ pub(crate) struct Host {
     pub owner: AccountId,
     /// GPUs in registration order; bit `i` of a `GpuSet` mask is `gpus[i]`.
     pub gpus: HostGpus,
+    /// The host's region (an index into the listing's regions), declared
+    /// with its first GPU; `None`: undeclared (no region-restricted bid
+    /// trades with it).
+    pub region: Option<u8>,
+    /// The zone (data centre, availability zone) the host declared, shown
+    /// only; empty if none.
+    pub zone: String,
 }
 
 /// A host's GPU ids, stored inline (no pointer to chase on the hot path of

@@ -46,6 +46,11 @@ pub const STOPS_ARMED_MAX: usize = 1 << 20;
 /// Sub-accounts one account may open.
 pub const SUB_ACCOUNTS_PER_ACCOUNT_MAX: usize = 1_000;
 
+/// Regions a listing may name (a bid's region set is a 32-bit mask).
+pub const REGIONS_MAX: usize = 32;
+/// Bytes of a region or zone name.
+pub const REGION_NAME_BYTES_MAX: usize = 32;
+
 /// Weekly reserved windows a class may list ahead (half a year).
 pub const WEEKLY_WINDOWS_AHEAD_MAX: u32 = 26;
 /// Monthly reserved windows a class may list ahead (half a year).

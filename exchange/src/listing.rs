@@ -49,6 +49,8 @@ struct ExchangeSection {
     market_protection_bps: u32,
     orders_per_account_max: u32,
     accounts_max: u32,
+    #[serde(default)]
+    regions: Vec<String>,
 }
 
 /// What a class may set and `[defaults]` may give every class.
@@ -172,6 +174,7 @@ pub fn parse(text: &str, file: &str) -> Result<EngineConfig, ListingError> {
         fee_bps: exchange.fee_bps,
         billing_grace_ms: exchange.billing_grace_ms,
         currency: Currency { code: exchange.currency, decimals: exchange.decimals },
+        regions: exchange.regions,
     };
     config.validate().map_err(|invalid| {
         let class_at = |name: &str| {
@@ -183,6 +186,7 @@ pub fn parse(text: &str, file: &str) -> Result<EngineConfig, ListingError> {
             ConfigError::HorizonOrProtection => (exchange_line, "exchange.prepaid_horizon_hours/market_protection_bps".into()),
             ConfigError::FeeOrGrace => (exchange_line, "exchange.fee_bps/billing_grace_ms".into()),
             ConfigError::Currency => (exchange_line, "exchange.currency/decimals".into()),
+            ConfigError::Regions => (exchange_line, "exchange.regions".into()),
             ConfigError::PriceBand { class } => (class_at(class), format!("class {class}.tick_minor/price_*")),
             ConfigError::Calendar { class } => (class_at(class), format!("class {class}.calendar")),
             ConfigError::Sla { class } => (class_at(class), format!("class {class}.sla_availability_bps")),
@@ -215,13 +219,15 @@ mod tests {
         let cases: &[(&str, &str, usize, &str)] = &[
             ("fee_bps = 250", "fee_bps = \"250\"", 9, "invalid type"),
             ("decimals = 6\n", "decimals = 6\ncolour = \"blue\"\n", 9, "unknown field `colour`"),
-            ("vendor = \"amd\"", "vendor = \"graphcore\"", 54, "unknown variant `graphcore`"),
+            ("vendor = \"amd\"", "vendor = \"graphcore\"", 57, "unknown variant `graphcore`"),
             ("sla_availability_bps = 9900 ", "sla_availability_bps = 10001 ", 0, "SLA availability"),
-            ("models = [\"NVIDIA GeForce RTX 4090\"]", "models = [\"*\"]", 46, "model patterns"),
+            ("models = [\"NVIDIA GeForce RTX 4090\"]", "models = [\"*\"]", 49, "model patterns"),
             ("currency = \"USD\"", "currency = \"dollar\"", 6, "currency"),
-            ("name = \"A100-80G\"", "name = \"H100-SXM-80G\"", 39, "listed twice"),
+            ("name = \"A100-80G\"", "name = \"H100-SXM-80G\"", 42, "listed twice"),
             ("tick_minor = 1000 ", "tick_minor = 1500 ", 0, "tick and price band"),
             ("monthly_windows_ahead = 6", "monthly_windows_ahead = 7", 0, "6 monthly windows ahead"),
+            ("\"cn-east\", \"cn-west\"]", "\"cn-east\", \"cn-east\"]", 0, "distinct names"),
+            ("\"us-east\",", "\"US East\",", 0, "lower-case letters"),
         ];
         for (from, to, line, needle) in cases {
             assert!(DEMO.contains(from), "{from}");
@@ -236,7 +242,7 @@ mod tests {
         // A missing field without a default names the class.
         let text = DEMO.replacen("tick_minor = 1000 ", "", 1);
         let error = parse(&text, "listing.toml").expect_err("no tick");
-        assert_eq!((error.line, error.field.as_str()), (31, "class H100-SXM-80G.tick_minor"));
+        assert_eq!((error.line, error.field.as_str()), (34, "class H100-SXM-80G.tick_minor"));
         let missing = load(Path::new("/nonexistent/listing.toml")).expect_err("no file");
         assert!(missing.to_string().starts_with("/nonexistent/listing.toml:0: file: cannot read it"), "{missing}");
     }

@@ -82,8 +82,16 @@ struct Market {
 
 async fn lease_from(renter: &mut Client, supplier: &mut Client, gpu_uuid: &str, client_order_id: u64) -> LeaseId {
     let id = supplier.id();
-    let registered =
-        supplier.request(ClientMessage::RegisterGpu { id, host: gpu_uuid.into(), gpu_uuid: gpu_uuid.into(), spec: h100_spec() }).await;
+    let registered = supplier
+        .request(ClientMessage::RegisterGpu {
+            id,
+            host: gpu_uuid.into(),
+            gpu_uuid: gpu_uuid.into(),
+            spec: h100_spec(),
+            region: None,
+            zone: None,
+        })
+        .await;
     assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
     let (host, index_on_host) = supplier
         .recv_until(|message| match message {

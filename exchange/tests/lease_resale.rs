@@ -27,7 +27,14 @@ async fn a_resold_lease_goes_on_for_the_buyer_with_the_buyers_workload() {
     }
     for gpu in ["GPU-r0", "GPU-r1"] {
         let id = supplier.id();
-        let register = ClientMessage::RegisterGpu { id, host: "resale-host".into(), gpu_uuid: gpu.into(), spec: h100_spec() };
+        let register = ClientMessage::RegisterGpu {
+            id,
+            host: "resale-host".into(),
+            gpu_uuid: gpu.into(),
+            spec: h100_spec(),
+            region: None,
+            zone: None,
+        };
         assert!(matches!(supplier.request(register).await, ServerMessage::Ack { .. }));
     }
     let mut ask = ticket(1, Side::Sell, 2_000_000, 2);

@@ -32,8 +32,16 @@ async fn market() -> Market {
     let deposit = operator.request(ClientMessage::Deposit { id, account: renter_account, amount_minor: 1_000_000_000 }).await;
     assert!(matches!(deposit, ServerMessage::Ack { .. }), "{deposit:?}");
     let id = supplier.id();
-    let registered =
-        supplier.request(ClientMessage::RegisterGpu { id, host: "node-1".into(), gpu_uuid: "GPU-1".into(), spec: h100_spec() }).await;
+    let registered = supplier
+        .request(ClientMessage::RegisterGpu {
+            id,
+            host: "node-1".into(),
+            gpu_uuid: "GPU-1".into(),
+            spec: h100_spec(),
+            region: None,
+            zone: None,
+        })
+        .await;
     assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
     let mut ask = ticket(1, Side::Sell, USD_2, 1);
     ask.supply = Some(GpuSet { host: HostId(0), gpu_mask: 1 });
@@ -564,8 +572,16 @@ async fn a_silent_connection_is_closed_and_its_orders_cancelled() {
     supplier.send(&ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect: true }).await;
     assert!(matches!(supplier.recv_reply().await, ServerMessage::Authenticated { .. }));
     let id = supplier.id();
-    let registered =
-        supplier.request(ClientMessage::RegisterGpu { id, host: "node-1".into(), gpu_uuid: "GPU-1".into(), spec: h100_spec() }).await;
+    let registered = supplier
+        .request(ClientMessage::RegisterGpu {
+            id,
+            host: "node-1".into(),
+            gpu_uuid: "GPU-1".into(),
+            spec: h100_spec(),
+            region: None,
+            zone: None,
+        })
+        .await;
     assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
     let mut ask = ticket(1, Side::Sell, USD_2, 1);
     ask.supply = Some(GpuSet { host: HostId(0), gpu_mask: 1 });
@@ -598,8 +614,17 @@ async fn a_big_suppliers_gpus_come_in_pages_that_fit_a_frame() {
     for n in 0..250u32 {
         let id = m.supplier.id();
         let host = format!("rack-{}", n / 50);
-        let registered =
-            m.supplier.request(ClientMessage::RegisterGpu { id, host, gpu_uuid: format!("GPU-page-{n:04}"), spec: h100_spec() }).await;
+        let registered = m
+            .supplier
+            .request(ClientMessage::RegisterGpu {
+                id,
+                host,
+                gpu_uuid: format!("GPU-page-{n:04}"),
+                spec: h100_spec(),
+                region: None,
+                zone: None,
+            })
+            .await;
         assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
     }
     let (mut seen, mut offset, mut pages) = (Vec::new(), 0, 0);

@@ -227,6 +227,17 @@ pub enum Request {
         connection: ConnectionId,
         id: u64,
     },
+    /// The listing the engine runs (public).
+    Listing {
+        connection: ConnectionId,
+        id: u64,
+    },
+    /// A lease's recent telemetry (its renter or supplier).
+    LeaseTelemetry {
+        connection: ConnectionId,
+        id: u64,
+        lease: LeaseId,
+    },
 }
 
 /// Sub-accounts and keys (docs/protocol.md "Sub-accounts", "Keys and scopes").
@@ -274,7 +285,9 @@ impl Request {
             | Request::Challenge { id, .. }
             | Request::Liveness { id, .. }
             | Request::Access { id, .. }
-            | Request::ExchangeKey { id, .. } => Some(*id),
+            | Request::ExchangeKey { id, .. }
+            | Request::Listing { id, .. }
+            | Request::LeaseTelemetry { id, .. } => Some(*id),
             Request::Connect { .. } | Request::Disconnect { .. } | Request::Resync { .. } => None,
         }
     }
@@ -289,6 +302,7 @@ impl Request {
             Request::Bid { .. } => Some(Scope::Trade),
             Request::OpenOrders { .. }
             | Request::Leases { .. }
+            | Request::LeaseTelemetry { .. }
             | Request::Balance { .. }
             | Request::Statement { .. }
             | Request::RecentStatement { .. }
@@ -311,6 +325,7 @@ impl Request {
             | Request::RenterStats { .. }
             | Request::BookOffers { .. }
             | Request::ExchangeKey { .. }
+            | Request::Listing { .. }
             | Request::Disconnect { .. }
             | Request::Resync { .. } => None,
         }
@@ -343,7 +358,9 @@ impl Request {
             | Request::Challenge { connection, .. }
             | Request::Liveness { connection, .. }
             | Request::Access { connection, .. }
-            | Request::ExchangeKey { connection, .. } => *connection,
+            | Request::ExchangeKey { connection, .. }
+            | Request::Listing { connection, .. }
+            | Request::LeaseTelemetry { connection, .. } => *connection,
         }
     }
 }
@@ -355,13 +372,16 @@ fn command_scope(command: &Command) -> Scope {
         | Command::PlaceOrderFiltered { .. }
         | Command::PlaceOrderVerified { .. }
         | Command::PlaceOrderWith { .. }
+        | Command::PlaceOrderInRegions { .. }
         | Command::CancelOrder { .. }
         | Command::ReplaceOrder { .. }
         | Command::MassCancel { .. }
         | Command::OfferLease { .. } => Scope::Trade,
-        Command::EndLease { .. } | Command::RegisterGpu { .. } | Command::SetGpuOnline { .. } | Command::FailLeaseDelivery { .. } => {
-            Scope::Deliver
-        }
+        Command::EndLease { .. }
+        | Command::RegisterGpu { .. }
+        | Command::RegisterGpuInRegion { .. }
+        | Command::SetGpuOnline { .. }
+        | Command::FailLeaseDelivery { .. } => Scope::Deliver,
         Command::Withdraw { .. } | Command::Payout { .. } | Command::Deposit { .. } => Scope::Withdraw,
         // Nothing else comes from a client but sub-account management; the
         // market's own commands never pass a scope check.

@@ -643,6 +643,7 @@ impl Connection {
             }
             (_, ClientMessage::Instruments { id }) => self.forward(id, Request::Instruments { connection: self.id, id }),
             (_, ClientMessage::ExchangeKey { id }) => self.forward(id, Request::ExchangeKey { connection: self.id, id }),
+            (_, ClientMessage::Listing { id }) => self.forward(id, Request::Listing { connection: self.id, id }),
             (_, ClientMessage::Stats { id, instrument }) => self.forward(id, Request::Stats { connection: self.id, id, instrument }),
             (_, ClientMessage::SupplierStats { id, supplier }) => {
                 self.forward(id, Request::SupplierStats { connection: self.id, id, supplier })
@@ -725,7 +726,21 @@ impl Connection {
                 command(id, Command::ReplaceOrder { account, order, price_minor_per_gpu_hour, quantity })
             }
             ClientMessage::MassCancel { id, instrument } => command(id, Command::MassCancel { account, instrument }),
-            ClientMessage::RegisterGpu { id, host, gpu_uuid, spec } => command(id, Command::RegisterGpu { account, host, gpu_uuid, spec }),
+            ClientMessage::RegisterGpu { id, host, gpu_uuid, spec, region: None, zone: None } => {
+                command(id, Command::RegisterGpu { account, host, gpu_uuid, spec })
+            }
+            // A zone without a region names no region: refused unknown_region.
+            ClientMessage::RegisterGpu { id, host, gpu_uuid, spec, region, zone } => command(
+                id,
+                Command::RegisterGpuInRegion {
+                    account,
+                    host,
+                    gpu_uuid,
+                    spec,
+                    region: region.unwrap_or_default(),
+                    zone: zone.unwrap_or_default(),
+                },
+            ),
             ClientMessage::SetGpuOnline { id, gpu, online } => command(id, Command::SetGpuOnline { account, gpu, online }),
             ClientMessage::EndLease { id, lease } => command(id, Command::EndLease { account, lease }),
             ClientMessage::Withdraw { id, account: named, amount_minor } => match on_behalf_of(named) {
@@ -759,6 +774,8 @@ impl Connection {
             ClientMessage::Keys { id, account } => access(id, AccessRequest::Keys { account }),
             ClientMessage::Invoice { id, period, account, offset } => access(id, AccessRequest::Invoice { period, account, offset }),
             ClientMessage::ExchangeKey { id } => Request::ExchangeKey { connection, id },
+            ClientMessage::Listing { id } => Request::Listing { connection, id },
+            ClientMessage::LeaseTelemetry { id, lease } => Request::LeaseTelemetry { connection, id, lease },
             ClientMessage::OfferLease { id, lease, price_minor_per_gpu_hour, client_order_id, time_in_force } => {
                 command(id, Command::OfferLease { account, lease, client_order_id, price_minor_per_gpu_hour, time_in_force })
             }
@@ -977,6 +994,7 @@ mod tests {
                     | Request::RenterStats { .. }
                     | Request::BookOffers { .. }
                     | Request::ExchangeKey { .. }
+                    | Request::Listing { .. }
             )
         }
 

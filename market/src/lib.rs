@@ -24,11 +24,12 @@ pub mod reliability;
 pub mod rematch;
 mod routing;
 pub mod stats;
+pub mod telemetry;
 
 use std::collections::BTreeMap;
 
 use gpux_engine::state_hash::StateHasher;
-use gpux_engine::{AccountId, Command, Engine, EngineConfig, Event, EventKind, InstrumentId, LeaseId};
+use gpux_engine::{AccountId, Command, Engine, EngineConfig, Event, EventKind, InstrumentId, LeaseId, OrderOptions};
 use gpux_protocol::{Channel, DeliveryState, ErrorCode, ServerMessage, UsageRejectCode};
 use gpux_settlement::ledger::{Ledger, LedgerError, Transfer};
 use gpux_settlement::{settle_report, Settlement, UsageOutcome};
@@ -179,6 +180,8 @@ pub struct MarketState {
     preempted: BTreeMap<LeaseId, u64>,
     /// The UTC day the engine's supplier scores were last all refreshed.
     scores_day: u64,
+    /// Leases' recent telemetry from accepted usage reports.
+    telemetry: telemetry::Telemetry,
     clock_ms: u64,
 }
 
@@ -204,6 +207,7 @@ impl MarketState {
             disputes: disputes::Disputes::default(),
             preempted: BTreeMap::new(),
             scores_day: 0,
+            telemetry: telemetry::Telemetry::default(),
             clock_ms: 0,
         }
     }
@@ -239,6 +243,9 @@ impl MarketState {
                     let suppliers: Vec<AccountId> = self.reliability.suppliers().collect();
                     self.refresh_scores(&suppliers, input.at_ms);
                 }
+                if let Command::PlaceOrderInRegions { order, regions, .. } = &input.command {
+                    self.rematch.bid_regions(order.account, order.client_order_id, regions);
+                }
                 applied.events.extend_from_slice(self.engine.apply(input));
                 // Before archiving: the facts name leases still held.
                 let mut touched = self.reliability.observe(&self.engine, &applied.events);
@@ -249,6 +256,7 @@ impl MarketState {
                     self.ledger.forget_lease(info.lease);
                     let delivery = self.deliveries.forget_lease(info.lease);
                     self.rematch.forget_lease(info.lease);
+                    self.telemetry.forget_lease(info.lease);
                     applied.archived.leases.push(ArchivedLease { info, delivery, symbol });
                 }
                 // An expired window's contracts leave too (nothing queries them;
@@ -267,7 +275,10 @@ impl MarketState {
                     });
                 }
                 let rematched = self.rematch.observe(&applied.events);
-                applied.follow_up = rematched.replacement.map(Command::PlaceOrder);
+                applied.follow_up = rematched.replacement.map(|(order, regions)| match regions.is_empty() {
+                    true => Command::PlaceOrder(order),
+                    false => Command::PlaceOrderInRegions { order, options: OrderOptions::default(), regions },
+                });
                 for (failed, replacement, renter) in rematched.replaced {
                     // The replacement takes over the failed lease's workload.
                     let workload = self.deliveries.lease(failed).and_then(|d| d.workload.clone());
@@ -312,6 +323,7 @@ impl MarketState {
                         self.refresh_scores(&[*account], *at_ms);
                     }
                     Ok(UsageOutcome::Accepted { verified_ms, .. }) => {
+                        self.telemetry.record(&report.body);
                         if let Some(renter) = self.engine.lease(report.body.lease).map(|l| l.renter) {
                             let disputed = self.disputes.claimed(renter, &report.body, verified_ms);
                             applied.follow_up = self.disputed(report.body.lease, disputed, *at_ms);
@@ -617,6 +629,11 @@ impl MarketState {
         routing::accounts_of(&self.engine, event)
     }
 
+    /// A lease's recent telemetry (empty once it left the hot state).
+    pub fn lease_telemetry(&self, lease: LeaseId) -> Vec<gpux_protocol::GpuTelemetry> {
+        self.telemetry.lease(lease)
+    }
+
     /// A hash of the whole state but the clock: equal for markets that
     /// applied the same entries, whether live, replayed from any snapshot,
     /// simulated or audited.
@@ -624,7 +641,7 @@ impl MarketState {
         let mut hasher = StateHasher::new();
         hasher.u64(self.engine.state_hash());
         let rest = (
-            (&self.settlement, &self.ledger, &self.keys, &self.deliveries),
+            (&self.settlement, &self.ledger, &self.keys, &self.deliveries, &self.telemetry),
             (
                 &self.book_seq,
                 &self.trade_seq,

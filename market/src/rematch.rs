@@ -28,14 +28,18 @@ struct Covered {
     price: u64,
     gpus: u32,
     end_ms: Option<u64>,
+    /// The regions the bid required (empty: any); its replacement keeps them.
+    regions: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rematch {
     /// The opt-in journaled just before its bid's `place_order` entry.
     pending_bid: Option<(AccountId, u64)>,
-    /// Open spot bids that opted in.
-    bids: BTreeMap<OrderId, ()>,
+    /// The regions that bid requires (seen in its entry before it applies).
+    pending_regions: Vec<String>,
+    /// Open spot bids that opted in, with the regions each requires.
+    bids: BTreeMap<OrderId, Vec<String>>,
     /// Leases covered, until they leave the hot state.
     leases: BTreeMap<LeaseId, Covered>,
     /// Replacement bids by their order id: the lease each replaces.
@@ -45,8 +49,9 @@ pub struct Rematch {
 /// What re-match did with one entry's events.
 #[derive(Debug, Default)]
 pub struct Outcome {
-    /// The replacement bid to place next (journaled as its own entry).
-    pub replacement: Option<NewOrder>,
+    /// The replacement bid to place next (journaled as its own entry), and
+    /// the regions it keeps from the bid it replaces (empty: any).
+    pub replacement: Option<(NewOrder, Vec<String>)>,
     /// `(failed lease, replacement lease or none, renter)`: a replacement
     /// bid filled or was killed.
     pub replaced: Vec<(LeaseId, Option<LeaseId>, AccountId)>,
@@ -56,6 +61,15 @@ impl Rematch {
     /// A bid's opt-in, journaled right before the bid itself.
     pub fn bid_rematch(&mut self, account: AccountId, client_order_id: u64) {
         self.pending_bid = Some((account, client_order_id));
+        self.pending_regions.clear();
+    }
+
+    /// The regions the bid in the entry about to apply requires, if it is
+    /// the one that opted in.
+    pub fn bid_regions(&mut self, account: AccountId, client_order_id: u64, regions: &[String]) {
+        if self.pending_bid == Some((account, client_order_id)) {
+            self.pending_regions = regions.to_vec();
+        }
     }
 
     /// Follows one engine entry's events.
@@ -67,13 +81,14 @@ impl Rematch {
                 EventKind::OrderAccepted { order, account, client_order_id, .. } => {
                     if self.pending_bid == Some((account, client_order_id)) {
                         self.pending_bid = None;
-                        self.bids.insert(order, ());
+                        self.bids.insert(order, std::mem::take(&mut self.pending_regions));
                     }
                     if client_order_id >= REPLACEMENT_CLIENT_ORDER_ID_BASE {
                         let failed = LeaseId(client_order_id - REPLACEMENT_CLIENT_ORDER_ID_BASE);
-                        if self.leases.get(&failed).is_some_and(|c| c.renter == account) {
+                        if let Some(covered) = self.leases.get(&failed).filter(|c| c.renter == account) {
+                            let regions = covered.regions.clone();
                             self.replacing.insert(order, failed);
-                            self.bids.insert(order, ());
+                            self.bids.insert(order, regions);
                         }
                     }
                 }
@@ -88,9 +103,11 @@ impl Rematch {
                     end_ms,
                     ..
                 } => {
-                    let Some(order) = buy_order.filter(|order| self.bids.contains_key(order)) else { continue };
+                    let Some((order, regions)) = buy_order.and_then(|order| Some((order, self.bids.get(&order)?.clone()))) else {
+                        continue;
+                    };
                     let gpus = gpu_mask.count_ones();
-                    self.leases.insert(lease, Covered { renter, instrument, price: price_minor_per_gpu_hour, gpus, end_ms });
+                    self.leases.insert(lease, Covered { renter, instrument, price: price_minor_per_gpu_hour, gpus, end_ms, regions });
                     if let Some(failed) = self.replacing.remove(&order) {
                         outcome.replaced.push((failed, Some(lease), renter));
                     }
@@ -116,13 +133,14 @@ impl Rematch {
                 }
                 EventKind::LeaseEnded { lease, reason: LeaseEndReason::DeliveryFailed } => {
                     if let Some(covered) = self.leases.get(&lease) {
-                        outcome.replacement = Some(replacement_bid(lease, covered, event.at_ms));
+                        outcome.replacement = Some((replacement_bid(lease, covered, event.at_ms), covered.regions.clone()));
                     }
                 }
                 _ => {}
             }
         }
         self.pending_bid = None;
+        self.pending_regions.clear();
         outcome
     }
 

@@ -133,6 +133,11 @@ pub struct OrderTicket {
     /// (docs/market-rules.md "Stop orders"). 0: no stop.
     #[serde(default)]
     pub stop_price_minor_per_gpu_hour: u64,
+    /// Bids: trade only with GPUs of hosts in one of these regions (names
+    /// from the listing, `listing` request; empty: any region).
+    /// docs/market-rules.md "Regions".
+    #[serde(default)]
+    pub regions: Vec<String>,
 }
 
 fn default_order_type() -> OrderType {
@@ -171,19 +176,19 @@ impl OrderTicket {
             all_or_none: false,
             budget_minor: 0,
             stop_price_minor_per_gpu_hour: 0,
+            regions: Vec::new(),
         }
     }
 
     /// The engine command this ticket places for `account`.
-    pub fn into_command(self, account: AccountId) -> gpux_engine::Command {
+    pub fn into_command(mut self, account: AccountId) -> gpux_engine::Command {
+        if !self.regions.is_empty() {
+            let options = self.options();
+            let regions = std::mem::take(&mut self.regions);
+            return gpux_engine::Command::PlaceOrderInRegions { order: self.into_order(account), options, regions };
+        }
         if self.all_or_none || self.budget_minor > 0 || self.stop_price_minor_per_gpu_hour > 0 {
-            let options = gpux_engine::OrderOptions {
-                min_supplier_score_bps: self.min_supplier_score_bps,
-                verified_only: self.verified_only,
-                all_or_none: self.all_or_none,
-                budget_minor: self.budget_minor,
-                stop_price_minor_per_gpu_hour: self.stop_price_minor_per_gpu_hour,
-            };
+            let options = self.options();
             return gpux_engine::Command::PlaceOrderWith { order: self.into_order(account), options };
         }
         match (self.min_supplier_score_bps, self.verified_only) {
@@ -194,6 +199,17 @@ impl OrderTicket {
             (min_supplier_score_bps, true) => {
                 gpux_engine::Command::PlaceOrderVerified { order: self.into_order(account), min_supplier_score_bps }
             }
+        }
+    }
+
+    /// The ticket's options as the engine records them.
+    pub fn options(&self) -> gpux_engine::OrderOptions {
+        gpux_engine::OrderOptions {
+            min_supplier_score_bps: self.min_supplier_score_bps,
+            verified_only: self.verified_only,
+            all_or_none: self.all_or_none,
+            budget_minor: self.budget_minor,
+            stop_price_minor_per_gpu_hour: self.stop_price_minor_per_gpu_hour,
         }
     }
 
@@ -269,11 +285,19 @@ pub enum ClientMessage {
         id: u64,
         instrument: Option<InstrumentId>,
     },
+    /// Registers a GPU of one of the account's hosts. `region` (one of the
+    /// listing's) and `zone` (shown only) are declared by the host's first
+    /// GPU that names a region; a host keeps its region
+    /// (docs/market-rules.md "Regions").
     RegisterGpu {
         id: u64,
         host: String,
         gpu_uuid: String,
         spec: GpuSpec,
+        #[serde(default)]
+        region: Option<String>,
+        #[serde(default)]
+        zone: Option<String>,
     },
     SetGpuOnline {
         id: u64,
@@ -535,6 +559,17 @@ pub enum ClientMessage {
         #[serde(default = "gtc")]
         time_in_force: TimeInForce,
     },
+    /// The listing the exchange runs (public): currency and its minor
+    /// units, regions, fees, classes with their SLA and calendar.
+    Listing {
+        id: u64,
+    },
+    /// A lease's recent telemetry from its accepted usage reports (its
+    /// renter or supplier; docs/protocol.md "Lease telemetry").
+    LeaseTelemetry {
+        id: u64,
+        lease: LeaseId,
+    },
 }
 
 fn gtc() -> TimeInForce {
@@ -592,6 +627,8 @@ impl ClientMessage {
             | RecentStatement { id, .. }
             | SetSpendLimits { id, .. }
             | Spend { id }
+            | Listing { id }
+            | LeaseTelemetry { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -902,6 +939,21 @@ pub enum ServerMessage {
         lines: Vec<StatementLine>,
         next_before: Option<u64>,
     },
+    /// Answer to `listing`: the listing as the engine runs it now (after
+    /// every journaled change). Amounts everywhere are in `currency`'s
+    /// minor units (10^`decimals` per major unit).
+    Listing {
+        id: u64,
+        listing: Box<gpux_engine::EngineConfig>,
+    },
+    /// Answer to `lease_telemetry`: each of the lease's GPUs with its
+    /// latest samples, oldest first (at most `TELEMETRY_SAMPLES_MAX` each;
+    /// none once the lease has left the exchange's hot state).
+    LeaseTelemetry {
+        id: u64,
+        lease: LeaseId,
+        gpus: Vec<crate::usage::GpuTelemetry>,
+    },
 }
 
 impl ServerMessage {
@@ -941,6 +993,8 @@ impl ServerMessage {
             | ExchangeKey { id, .. }
             | RecentStatement { id, .. }
             | Spend { id, .. }
+            | Listing { id, .. }
+            | LeaseTelemetry { id, .. }
             | Pong { id, .. } => Some(*id),
             Error { id, .. } => *id,
             Challenge { .. }

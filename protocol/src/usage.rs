@@ -44,6 +44,39 @@ pub struct UsageReport {
     pub signature: String,
 }
 
+/// What one accepted usage report measured of one GPU (docs/protocol.md
+/// "Lease telemetry"): the interval, its available time, the mean
+/// utilisation, the most memory used and the unhealthy samples.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TelemetrySample {
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub available_ms: u64,
+    pub utilisation_percent: u32,
+    pub memory_used_mib_max: u32,
+    pub unhealthy_samples: u32,
+}
+
+impl From<&UsageBody> for TelemetrySample {
+    fn from(body: &UsageBody) -> Self {
+        TelemetrySample {
+            start_ms: body.start_ms,
+            end_ms: body.end_ms,
+            available_ms: body.available_ms,
+            utilisation_percent: body.utilisation_percent,
+            memory_used_mib_max: body.memory_used_mib_max,
+            unhealthy_samples: body.unhealthy_samples,
+        }
+    }
+}
+
+/// One leased GPU's recent telemetry, oldest first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuTelemetry {
+    pub gpu_uuid: String,
+    pub samples: Vec<TelemetrySample>,
+}
+
 /// The `prev_hash` of a chain's first report.
 pub fn genesis_hash() -> String {
     hex::encode([0u8; 32])

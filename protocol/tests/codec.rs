@@ -27,6 +27,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         all_or_none: true,
         budget_minor: 5_000_000,
         stop_price_minor_per_gpu_hour: 2_100_000,
+        regions: vec!["cn-east".into(), "cn-west".into()],
     };
     vec![
         ClientMessage::Auth {
@@ -53,6 +54,8 @@ fn sample_client_messages() -> Vec<ClientMessage> {
                 interconnect: Interconnect::InfinityFabric,
                 mig_profile: None,
             },
+            region: Some("cn-west".into()),
+            zone: Some("cn-west-1a".into()),
         },
         ClientMessage::SetGpuOnline { id: 9, gpu: GpuId(2), online: false },
         ClientMessage::EndLease { id: 10, lease: LeaseId(3) },
@@ -116,6 +119,8 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::Keys { id: 38, account: None },
         ClientMessage::Invoice { id: 39, period: "2026-11".into(), account: Some(AccountId(12)), offset: 200 },
         ClientMessage::ExchangeKey { id: 40 },
+        ClientMessage::Listing { id: 41 },
+        ClientMessage::LeaseTelemetry { id: 42, lease: LeaseId(17) },
         ClientMessage::RecentStatement { id: 42, before: Some(4_000) },
         ClientMessage::SetSpendLimits {
             id: 43,

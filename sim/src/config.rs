@@ -36,6 +36,12 @@ pub struct SimConfig {
     /// price (docs/market-rules.md). 0 draws nothing, so runs without it
     /// are the same as before it existed.
     pub order_types_bps: u32,
+    /// Regions (docs/market-rules.md "Regions"): 0 draws none, so runs
+    /// without it are the same as before it existed. Otherwise every host
+    /// declares a region (`population::REGIONS`, owners' floors scaled by
+    /// its costs) and this share of renters (basis points) bid only in
+    /// their home region; the report shows prices by region.
+    pub regional_renters_bps: u32,
 }
 
 impl SimConfig {
@@ -55,6 +61,7 @@ impl SimConfig {
             supplier_wake_ms: 30 * 60_000,
             record_journal: false,
             order_types_bps: 0,
+            regional_renters_bps: 0,
         }
     }
 
@@ -75,6 +82,7 @@ impl SimConfig {
             supplier_wake_ms: 30 * 60_000,
             record_journal: false,
             order_types_bps: 0,
+            regional_renters_bps: 0,
         }
     }
 

@@ -120,6 +120,14 @@ async fn supplier(options: LiveOptions, index: u32) -> Result<()> {
     let mut connection = connect(&options.url, &key, Role::Supplier).await?;
     let host_name = format!("live-host-{index:03}");
     let gpu_count = [8u32, 8, 4, 8, 2, 8][index as usize % 6];
+    // Hosts spread over the regions the exchange lists (none: no region).
+    let id = connection.new_id();
+    let region = match connection.request(ClientMessage::Listing { id }).await? {
+        ServerMessage::Listing { listing, .. } if !listing.regions.is_empty() => {
+            Some(listing.regions[index as usize % listing.regions.len()].clone())
+        }
+        _ => None,
+    };
     for gpu in 0..gpu_count {
         let id = connection.new_id();
         let message = ClientMessage::RegisterGpu {
@@ -127,6 +135,8 @@ async fn supplier(options: LiveOptions, index: u32) -> Result<()> {
             host: host_name.clone(),
             gpu_uuid: format!("LIVE-{index:03}-{gpu}"),
             spec: spec_of(class_index),
+            region: region.clone(),
+            zone: None,
         };
         connection.request(message).await?;
     }

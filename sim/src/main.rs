@@ -38,6 +38,9 @@ struct Args {
     /// Share of renters' bids, in basis points, placed as budget, all-or-none or stop orders.
     #[arg(long, default_value_t = 0)]
     order_types_bps: u32,
+    /// Regions: hosts declare one (owners' costs differ by region) and this share of renters, in basis points, bid only in their home region; 0: no regions.
+    #[arg(long, default_value_t = 0)]
+    regional_renters_bps: u32,
     /// Exchange restarts (snapshot + journal replay) during the run.
     #[arg(long, default_value_t = 2)]
     restarts: u32,
@@ -116,6 +119,7 @@ fn main() -> anyhow::Result<()> {
         demand_scale: args.demand,
         restarts: args.restarts,
         order_types_bps: args.order_types_bps,
+        regional_renters_bps: args.regional_renters_bps,
         ..SimConfig::full()
     };
     let started = Instant::now();

@@ -158,6 +158,24 @@ pub struct Metrics {
     pub order_types: BTreeMap<&'static str, u64>,
     /// The exchange state's encoded size at the end of each day.
     pub hot_state_by_day: Vec<crate::exchange::HotState>,
+    /// Leases by the region of their host, as the engine has it
+    /// (`SimConfig::regional_renters_bps`).
+    pub regions: BTreeMap<String, RegionStats>,
+    /// Leases a renter who bids only at home got outside its region (the
+    /// engine must make none).
+    pub regional_leases_elsewhere: u64,
+}
+
+/// The leases made on hosts of one region.
+#[derive(Clone, Debug, Default)]
+pub struct RegionStats {
+    pub leases: u64,
+    pub gpus: u64,
+    /// Leases of renters who bid only in this region.
+    pub regional_leases: u64,
+    /// Each GPU's price as basis points of its class's list price, summed
+    /// (over `gpus`: the average price level in the region).
+    pub price_bps_of_list_sum: u64,
 }
 
 impl Metrics {

@@ -58,6 +58,37 @@ pub fn spec_of(class_index: usize) -> GpuSpec {
     }
 }
 
+/// A region of the demo listing as the simulator models it: what power and
+/// space cost there (owners' floors scale by it) and the shares of hosts
+/// and of regional renters at home there. Compute moves west for the east:
+/// cn-west is cheap and has hosts, cn-east has the demand.
+pub struct RegionModel {
+    pub name: &'static str,
+    pub cost_percent: u64,
+    pub host_share_percent: u32,
+    pub renter_share_percent: u32,
+}
+
+pub const REGIONS: [RegionModel; 5] = [
+    RegionModel { name: "us-east", cost_percent: 100, host_share_percent: 30, renter_share_percent: 30 },
+    RegionModel { name: "us-west", cost_percent: 105, host_share_percent: 15, renter_share_percent: 15 },
+    RegionModel { name: "eu-central", cost_percent: 115, host_share_percent: 15, renter_share_percent: 20 },
+    RegionModel { name: "cn-east", cost_percent: 125, host_share_percent: 10, renter_share_percent: 30 },
+    RegionModel { name: "cn-west", cost_percent: 75, host_share_percent: 30, renter_share_percent: 5 },
+];
+
+fn pick_region(rng: &mut impl RngCore, share: impl Fn(&RegionModel) -> u32) -> u8 {
+    let roll = rng.random_range(0..100);
+    let mut acc = 0;
+    for (index, region) in REGIONS.iter().enumerate() {
+        acc += share(region);
+        if roll < acc {
+            return index as u8;
+        }
+    }
+    REGIONS.len() as u8 - 1
+}
+
 /// How a cheating supplier tries to be paid for GPU time it did not deliver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum SupplierCheat {
@@ -159,6 +190,8 @@ pub struct Supplier {
     pub cheat: Option<SupplierCheat>,
     pub faults: HostFaults,
     pub key_seed: [u8; 32],
+    /// The host's region (`REGIONS` index); `None` when the run has none.
+    pub region: Option<u8>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -191,6 +224,8 @@ pub struct Renter {
     /// Deposits only what one job's hold needs, never tops up, and tries to
     /// withdraw held funds.
     pub underpays: bool,
+    /// Bids only in this region (`REGIONS` index): its data must stay there.
+    pub region: Option<u8>,
 }
 
 pub struct Aggregator {
@@ -249,6 +284,7 @@ pub fn draw(config: &SimConfig, rng: &mut impl RngCore) -> Population {
             cheat,
             faults,
             key_seed,
+            region: None,
         });
     }
     let mut renters = Vec::with_capacity(config.renters as usize);
@@ -269,10 +305,33 @@ pub fn draw(config: &SimConfig, rng: &mut impl RngCore) -> Population {
             jobs_per_day: jobs_per_day * config.demand_scale,
             eagerness_bps: rng.random_range(0..3_000),
             underpays: rng.random_range(0..10_000) < config.cheater_share_bps / 2,
+            region: None,
         });
     }
     let aggregators = (0..config.aggregators)
         .map(|_| Aggregator { class_index: rng.random_range(0..2), contracts_per_window: rng.random_range(2..=8) })
         .collect();
-    Population { suppliers, renters, aggregators }
+    let mut population = Population { suppliers, renters, aggregators };
+    draw_regions(config, &mut population);
+    population
+}
+
+/// Regions come from a stream of their own, so a run without them draws
+/// exactly what it drew before regions existed.
+fn draw_regions(config: &SimConfig, population: &mut Population) {
+    use rand::SeedableRng;
+    if config.regional_renters_bps == 0 {
+        return;
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(config.seed ^ 0x7265_6769_6f6e_7321);
+    for supplier in &mut population.suppliers {
+        let region = pick_region(&mut rng, |r| r.host_share_percent);
+        let cost = REGIONS[region as usize].cost_percent;
+        supplier.floor_minor = (supplier.floor_minor * cost / 100 / 1_000 * 1_000).max(1_000);
+        supplier.region = Some(region);
+    }
+    for renter in &mut population.renters {
+        let home = pick_region(&mut rng, |r| r.renter_share_percent);
+        renter.region = (rng.random_range(0..10_000) < config.regional_renters_bps).then_some(home);
+    }
 }

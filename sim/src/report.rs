@@ -97,7 +97,7 @@ pub fn invariants(sim: &Sim) -> Vec<(String, bool, String)> {
     let m = &sim.metrics;
     let b = &m.billing;
     let cheats_attempted: u64 = m.cheats.values().chain(m.renter_cheats.values()).map(|c| c.attempts).sum();
-    vec![
+    let mut list = vec![
         ("No GPU leased twice at once".into(), m.double_bookings == 0, format!("{} overlapping lease intervals", m.double_bookings)),
         (
             "Ledger balanced and equal to the engine's balances".into(),
@@ -139,7 +139,16 @@ pub fn invariants(sim: &Sim) -> Vec<(String, bool, String)> {
             m.faults.restart_mismatches == 0,
             format!("{} restarts, {} journal entries replayed", m.faults.restarts, m.faults.restart_entries_replayed),
         ),
-    ]
+    ];
+    if sim.config.regional_renters_bps > 0 {
+        let regional: u64 = m.regions.values().map(|r| r.regional_leases).sum();
+        list.push((
+            "Renters who bid only in their region leased only there".into(),
+            m.regional_leases_elsewhere == 0,
+            format!("{regional} such leases, {} elsewhere", m.regional_leases_elsewhere),
+        ));
+    }
+    list
 }
 
 /// Writes the Markdown report and its plots. Deterministic: no clock, no
@@ -280,6 +289,26 @@ fn fills_section(md: &mut String, m: &Metrics) {
     if !m.order_types.is_empty() {
         let counts: Vec<String> = m.order_types.iter().map(|(label, count)| format!("{label} {count}")).collect();
         let _ = writeln!(md, "\nJob bids placed as other order types (`--order-types-bps`): {}.", counts.join(", "));
+    }
+    if !m.regions.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Prices by region\n\nEach host declared a region; owners' floors follow its costs, and renters who must stay at home \
+             (`--regional-renters-bps`) bid only there. Price level: GPUs' prices as a share of their class's list price.\n"
+        );
+        let _ = writeln!(md, "| Region | Leases | GPUs | Of them home-only renters' leases | Price level |\n|---|---|---|---|---|");
+        for (region, stats) in &m.regions {
+            let level = stats.price_bps_of_list_sum.checked_div(stats.gpus).unwrap_or(0);
+            let _ = writeln!(
+                md,
+                "| {region} | {} | {} | {} | {}.{:02}% |",
+                stats.leases,
+                stats.gpus,
+                stats.regional_leases,
+                level / 100,
+                level % 100
+            );
+        }
     }
 }
 

@@ -155,3 +155,26 @@ fn the_hot_state_is_flat_after_a_day_of_warm_up() {
         assert!(total(day) * 100 <= total(1) * 115, "day {}: {} bytes against {} after day 2: {days:?}", day + 1, total(day), total(1));
     }
 }
+
+/// Hosts declare regions whose costs differ and a third of the renters bid
+/// only at home: every invariant still holds, those renters leased only in
+/// their region, and prices differ by region as the costs do (cn-west,
+/// cheap power, below cn-east, where the demand is).
+#[test]
+fn a_market_with_regions_prices_them_apart_and_keeps_home_only_renters_at_home() {
+    let mut sim = Sim::new(SimConfig { suppliers: 100, renters: 500, regional_renters_bps: 3_300, ..SimConfig::small(13) });
+    sim.run(|_| {});
+    for (name, ok, found) in report::invariants(&sim) {
+        assert!(ok, "{name}: {found}");
+    }
+    let regions = &sim.metrics.regions;
+    assert!(regions.keys().all(|r| r != "none"), "every host declared a region: {regions:?}");
+    let level = |name: &str| {
+        let stats = &regions[name];
+        assert!(stats.gpus > 0 && stats.regional_leases > 0, "{name}: {stats:?}");
+        stats.price_bps_of_list_sum / stats.gpus
+    };
+    assert!(level("cn-west") < level("cn-east"), "cn-west {} vs cn-east {}", level("cn-west"), level("cn-east"));
+    let report = report::render(&sim).files;
+    assert!(report[0].1.contains("## Prices by region"), "the report shows them");
+}

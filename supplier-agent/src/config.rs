@@ -108,6 +108,15 @@ pub struct AgentConfig {
     pub exchange: String,
     pub host: String,
     pub key_file: PathBuf,
+    /// The host's region, one the exchange lists (its `listing` request);
+    /// declared when the host's first GPU registers and kept for good.
+    /// Without it the host is in no region: bids that require regions
+    /// never trade with it.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// The host's zone (data centre, availability zone), shown to renters.
+    #[serde(default)]
+    pub zone: Option<String>,
     #[serde(default = "default_sample_interval_ms")]
     pub sample_interval_ms: u64,
     /// How often each leased GPU's usage is reported.
@@ -275,6 +284,14 @@ impl AgentConfig {
         }
         if config.host.is_empty() || config.host.len() > 128 || !config.host.bytes().all(|b| (0x21..0x7f).contains(&b)) {
             bail!("host must be 1..=128 printable ASCII characters without spaces");
+        }
+        for (field, name) in [("region", &config.region), ("zone", &config.zone)] {
+            if name.as_deref().is_some_and(|name| !gpux_engine::region_name_is_valid(name)) {
+                bail!("{field} must be 1..=32 lower-case letters, digits and - (e.g. \"cn-east\"), not {name:?}");
+            }
+        }
+        if config.zone.is_some() && config.region.is_none() {
+            bail!("zone needs region (a zone is within a region)");
         }
         if !(1_000..=3_600_000).contains(&config.sample_interval_ms) {
             bail!("sample_interval_ms must be between 1000 and 3600000");

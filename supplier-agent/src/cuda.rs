@@ -10,10 +10,11 @@
 //! (entries -2..=2, `n` at most 256), exact in f32, so the GPU's answer is
 //! the CPU's to the bit whatever order cuBLAS sums in.
 //!
-//! What ran where: written against cudarc 0.19's API and compiled here; the
-//! GPU path has not run on a GPU yet (no GPU machine was lent to the
-//! session that wrote it). `cuda_product_matches_the_cpu` is the check to
-//! run on one: `cargo test -p gpux-supplier-agent --features cuda cuda`.
+//! What ran where: on an NVIDIA H200 with CUDA 13.0's cuBLAS (2026-12-04,
+//! `scripts/gpu-check`; docs/agent.md "What ran where"): the product equals
+//! the CPU's and the exchange's challenge passed. `cuda_product_matches_the_cpu`
+//! is the check to run on a GPU (`GPUX_REQUIRE_GPU=1` makes a missing GPU
+//! fail it): `cargo test -p gpux-supplier-agent --features cuda cuda`.
 
 use std::sync::Arc;
 
@@ -114,19 +115,23 @@ mod tests {
     }
 
     /// Runs only where a CUDA GPU is: the GPU's product is the CPU's.
+    /// `GPUX_REQUIRE_GPU=1` (scripts/gpu-check) makes a missing GPU a
+    /// failure instead of a skip.
     #[test]
     fn cuda_product_matches_the_cpu() {
+        let skip = |why: String| {
+            assert!(std::env::var_os("GPUX_REQUIRE_GPU").is_none(), "GPUX_REQUIRE_GPU is set: {why}");
+            eprintln!("{why}: skipped");
+        };
         if !available() {
-            eprintln!("no CUDA driver or cuBLAS: skipped");
-            return;
+            return skip("no CUDA driver or cuBLAS".into());
         }
-        let Ok(count) = CudaContext::device_count() else {
-            eprintln!("no CUDA driver: skipped");
-            return;
+        let count = match CudaContext::device_count() {
+            Ok(count) => count,
+            Err(error) => return skip(format!("no CUDA driver ({error:?})")),
         };
         if count == 0 {
-            eprintln!("no CUDA device: skipped");
-            return;
+            return skip("no CUDA device".into());
         }
         let context = CudaContext::new(0).expect("device 0");
         let bytes: [u8; 16] = context.uuid().expect("uuid").bytes.map(|b| b as u8);

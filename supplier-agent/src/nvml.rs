@@ -59,6 +59,11 @@ fn mig_profile(name: &str) -> Option<String> {
     name.split(" MIG ").nth(1).map(|profile| profile.trim().to_string())
 }
 
+/// Compute processes on a GPU other than this agent's own.
+fn others(processes: &[nvml_wrapper::struct_wrappers::device::ProcessInfo]) -> u32 {
+    processes.iter().filter(|process| process.pid != std::process::id()).count() as u32
+}
+
 fn has_active_nvlink(device: &Device<'_>) -> bool {
     (0..NVLINK_LINKS_MAX).any(|link| device.link_wrapper_for(link).is_active().unwrap_or(false))
 }
@@ -110,7 +115,10 @@ impl GpuBackend for NvmlBackend {
                 temperature_c,
                 power_mw: device.power_usage().ok(),
                 ecc_uncorrected,
-                processes: device.running_compute_processes().map_or(0, |p| p.len() as u32),
+                // Not the agent itself: its hardware challenges run on the
+                // GPU (feature `cuda`) and hold a CUDA context there, which
+                // would read as the owner's own work and take the GPU off sale.
+                processes: device.running_compute_processes().map_or(0, |p| others(&p)),
             });
         }
         Ok(samples)

@@ -30,16 +30,9 @@ struct Chain {
     next_start_ms: u64,
 }
 
-/// The readings of one GPU over one report interval.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Interval {
-    pub start_ms: u64,
-    pub end_ms: u64,
-    pub available_ms: u64,
-    pub utilisation_percent: u32,
-    pub memory_used_mib_max: u32,
-    pub unhealthy_samples: u32,
-}
+/// The readings of one GPU over one report interval: what the report
+/// signs, and what renters read back as the lease's telemetry.
+pub use gpux_protocol::TelemetrySample as Interval;
 
 pub struct ReportBook {
     chains_path: PathBuf,

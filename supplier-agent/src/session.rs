@@ -258,16 +258,21 @@ impl Agent {
         reporting: &mut tokio::time::Interval,
     ) -> Result<()> {
         loop {
+            // Messages first: a lease's workload arrives right behind its
+            // `lease_created`, and a report recorded in between would bill,
+            // as measured, time whose delivery is still to come (seen under
+            // load: a delivery the host then failed was charged).
             tokio::select! {
+                biased;
                 _ = stop.as_mut() => return Ok(()),
+                message = link.connection.next() => self.on_message(link, message?).await?,
+                Some(report) = recv_report(&mut self.delivery) => self.on_delivery_report(link, report).await?,
                 _ = sampling.tick() => self.sample(link).await?,
                 _ = reporting.tick() => {
                     self.record_reports()?;
                     self.send_reports(link).await?;
                     self.offer_windows(link).await?;
                 }
-                message = link.connection.next() => self.on_message(link, message?).await?,
-                Some(report) = recv_report(&mut self.delivery) => self.on_delivery_report(link, report).await?,
             }
         }
     }
@@ -397,12 +402,29 @@ impl Agent {
                 continue;
             }
             let id = connection.new_id();
-            let request =
-                ClientMessage::RegisterGpu { id, host: self.config.host.clone(), gpu_uuid: gpu.uuid.clone(), spec: gpu.spec.clone() };
+            let request = ClientMessage::RegisterGpu {
+                id,
+                host: self.config.host.clone(),
+                gpu_uuid: gpu.uuid.clone(),
+                spec: gpu.spec.clone(),
+                region: self.config.region.clone(),
+                zone: self.config.zone.clone(),
+            };
             match connection.request(request).await? {
                 ServerMessage::Ack { .. } => tracing::info!(uuid = %gpu.uuid, model = %gpu.spec.model, "registered"),
                 ServerMessage::Reject { code: RejectCode::GpuNotQualified, .. } => {
                     tracing::warn!(uuid = %gpu.uuid, model = %gpu.spec.model, "meets no listed class; not offered")
+                }
+                ServerMessage::Reject { code: RejectCode::UnknownRegion, .. } => {
+                    let region = self.config.region.as_deref().unwrap_or_default();
+                    return Err(Fatal(format!("region {region:?} is not one the exchange lists (gpux listing shows its regions)")).into());
+                }
+                ServerMessage::Reject { code: RejectCode::RegionMismatch, .. } => {
+                    let host = &self.config.host;
+                    return Err(Fatal(format!(
+                        "host {host:?} is registered in another region; a host keeps its region (set region back, or register the moved machine under a new host name)"
+                    ))
+                    .into());
                 }
                 other => return Err(Fatal(format!("registering {}: {other:?}", gpu.uuid)).into()),
             }
@@ -413,6 +435,22 @@ impl Agent {
             .into_iter()
             .filter(|info| info.host_name == self.config.host && on_host.contains(info.uuid.as_str()))
             .collect();
+        if let (Some(wanted), Some(info)) = (&self.config.region, registered.first()) {
+            match &info.region {
+                Some(region) if region != wanted => {
+                    let host = &self.config.host;
+                    return Err(Fatal(format!(
+                        "host {host:?} is registered in region {region:?}, not {wanted:?}; a host keeps its region (set region back, or register the moved machine under a new host name)"
+                    ))
+                    .into());
+                }
+                Some(_) => {}
+                None => tracing::warn!(
+                    region = %wanted,
+                    "this host registered its GPUs before it declared a region and stays in none (bids that require a region pass it by); register it under a new host name to declare one"
+                ),
+            }
+        }
         for info in registered {
             match self.gpus.iter_mut().find(|g| g.info.uuid == info.uuid) {
                 Some(gpu) => gpu.info = info,
@@ -650,7 +688,16 @@ impl Agent {
             if state.billing == Billing::DeliveryPending && !state.ended {
                 continue;
             }
-            let until = state.end_ms.map_or(now, |end| end.min(now));
+            // An ended lease is reported up to its end as the exchange
+            // stamped it, whatever this host's clock says: its chains are
+            // closed right after, so a last interval cut short by a clock a
+            // few ms behind would be followed by a new chain from the lease's
+            // start (refused `replayed`; seen on an H200 host).
+            let until = match state.end_ms {
+                Some(end) if state.ended => end,
+                Some(end) => end.min(now),
+                None => now,
+            };
             let mut done = state.ended;
             for gpu in self.gpus.iter_mut().filter(|g| state.gpu_mask & (1u64 << g.info.index_on_host) != 0) {
                 let start = self.reports.next_start_ms(lease, &gpu.info.uuid, state.start_ms);
@@ -768,6 +815,7 @@ impl Agent {
                     self.record_reports()?;
                     self.send_reports(link).await?;
                     self.reports.close_lease(lease)?;
+                    self.leases.remove(&lease);
                     true
                 }
                 None => false,
@@ -955,4 +1003,70 @@ fn client_order_id_base() -> u64 {
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lease that ended is reported to its end even when this host's
+    /// clock (with the offset it measured) is behind the exchange's, and
+    /// then forgotten: no second chain for it starts from its beginning.
+    #[test]
+    fn an_ended_lease_is_reported_to_its_end_with_a_clock_behind_the_exchanges() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = AgentConfig::parse(&format!(
+            "exchange = \"ws://127.0.0.1:9\"\nhost = \"h\"\nkey_file = \"{}\"\n",
+            dir.path().join("host.key").display()
+        ))
+        .expect("config");
+        let host: crate::fake::FakeHost = serde_json::from_str(
+            r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#,
+        )
+        .expect("host");
+        let backend = Box::new(crate::fake::FakeBackend::new(host).expect("backend"));
+        let mut agent = Agent::new(config, SigningKey::from_bytes(&[4; 32]), backend).expect("agent");
+        agent.gpus.push(HostGpu {
+            info: GpuInfo {
+                gpu: gpux_engine::GpuId(0),
+                uuid: "GPU-a".into(),
+                host: gpux_engine::HostId(0),
+                host_name: "h".into(),
+                index_on_host: 0,
+                owner: gpux_engine::AccountId(0),
+                spec: gpux_engine::GpuSpec::h100_sxm(),
+                classes: vec!["H100-SXM-80G".into()],
+                online: true,
+                verified: false,
+                challenge: None,
+                region: None,
+                zone: String::new(),
+            },
+            healthy: true,
+            delivery_failed: false,
+            window: Window::default(),
+        });
+        // The exchange ended the lease at `end`; this host's clock, offset
+        // included, reads a minute earlier.
+        let end = now_ms();
+        agent.clock_offset_ms = -60_000;
+        let lease = LeaseId(7);
+        let state = LeaseState {
+            kind: LeaseKind::Spot,
+            gpu_mask: 1,
+            start_ms: end - 600_000,
+            end_ms: Some(end),
+            ended: true,
+            billing: Billing::AsMeasured,
+        };
+        agent.leases.insert(lease, state);
+        agent.record_reports().expect("recorded");
+        let report = agent.reports.front().expect("a report").clone();
+        assert_eq!((report.body.seq, report.body.start_ms, report.body.end_ms), (1, end - 600_000, end), "up to the end");
+        assert!(agent.leases.is_empty(), "the lease is done");
+        agent.reports.acknowledge_front().expect("acknowledged");
+        agent.reports.close_lease(lease).expect("closed");
+        agent.record_reports().expect("recorded");
+        assert_eq!(agent.reports.pending(), 0, "no new chain from the lease's start");
+    }
 }

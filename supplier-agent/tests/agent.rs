@@ -95,6 +95,26 @@ async fn the_agent_registers_offers_delivers_and_withdraws_a_failed_gpu() {
     // Settled after the sale: GPU-b alone is on offer.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     assert_eq!(book_asks(&mut renter).await, 1);
+    // The renter sees how its GPU is doing: the host's signed reports, with
+    // the utilisation the host measured (the fake host's 80%).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let gpus = loop {
+        let id = renter.new_id();
+        let Ok(ServerMessage::LeaseTelemetry { gpus, .. }) =
+            renter.request(ClientMessage::LeaseTelemetry { id, lease: gpux_engine::LeaseId(0) }).await
+        else {
+            panic!("telemetry")
+        };
+        // A report whose interval held no health sample says 0%: wait for one that did.
+        if gpus.first().is_some_and(|g| g.samples.iter().any(|s| s.utilisation_percent > 0)) || Instant::now() > deadline {
+            break gpus;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(gpus.len(), 1, "{gpus:?}");
+    assert_eq!(gpus[0].gpu_uuid, "GPU-a");
+    let samples = &gpus[0].samples;
+    assert!(samples.iter().any(|s| s.utilisation_percent == 80) && samples.iter().all(|s| s.available_ms > 0), "{gpus:?}");
     // GPU-b goes offline 4 s into the agent's run: the agent withdraws it and it stays out.
     tokio::time::sleep((spawned + Duration::from_secs(7)).saturating_duration_since(Instant::now())).await;
     assert_eq!(book_asks(&mut renter).await, 0);
@@ -474,4 +494,64 @@ async fn a_host_with_mixed_models_offers_each_in_its_own_class() {
             assert!(Instant::now() < deadline, "a lease on {gpu} reached the hook");
         }
     }
+}
+
+/// The config's region and zone reach the exchange with the host's GPUs:
+/// the book's offers show them and a bid for that region trades with them;
+/// a region the exchange does not list stops the agent with that reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_declares_its_hosts_region_and_a_regional_bid_buys_there() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let (config, host, _) = agent_files(dir.path(), &exchange.url);
+    let text = std::fs::read_to_string(&config).expect("config");
+    write(&config, &text.replacen("host = \"node-1\"\n", "host = \"node-1\"\nregion = \"cn-west\"\nzone = \"gy-1\"\n", 1));
+    let mut renter = funded_renter(&exchange, &operator, 3, 1_000_000_000).await;
+    let id = renter.new_id();
+    renter.request(ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await.expect("subscribe");
+    let _agent = spawn_agent(&config, &host);
+    let mut asks = std::collections::BTreeMap::new();
+    await_ask_quantity(&mut renter, &mut asks, 2).await;
+    let id = renter.new_id();
+    let Ok(ServerMessage::BookOffers { offers, .. }) =
+        renter.request(ClientMessage::BookOffers { id, instrument: InstrumentId(0), offset: 0 }).await
+    else {
+        panic!("offers")
+    };
+    assert!(offers.iter().all(|o| o.region.as_deref() == Some("cn-west")), "{offers:?}");
+
+    let mut elsewhere = OrderTicket::limit(1, InstrumentId(0), Side::Buy, 2_100_000, 1);
+    elsewhere.regions = vec!["cn-east".into()];
+    elsewhere.time_in_force = gpux_engine::TimeInForce::Ioc;
+    let mut here = OrderTicket::limit(2, InstrumentId(0), Side::Buy, 2_100_000, 1);
+    here.regions = vec!["cn-west".into()];
+    for (order, trades) in [(elsewhere, false), (here, true)] {
+        let id = renter.new_id();
+        let answer = renter.request(ClientMessage::NewOrder { id, order, workload: None }).await;
+        let Ok(ServerMessage::Ack { order: Some(order), .. }) = answer else { panic!("{answer:?}") };
+        let reason = loop {
+            let message = tokio::time::timeout(Duration::from_secs(10), renter.next()).await.expect("in time").expect("message");
+            if let ServerMessage::Private { event, .. } = message {
+                if let gpux_engine::EventKind::OrderClosed { order: closed, reason, .. } = event.kind {
+                    if closed == order {
+                        break reason;
+                    }
+                }
+            }
+        };
+        let filled = reason == gpux_engine::OrderCloseReason::Filled;
+        assert_eq!(filled, trades, "{reason:?}");
+    }
+
+    // A region the exchange does not list: the agent stops and says so.
+    let other = tempfile::tempdir().expect("temp dir");
+    let (config, host, _) = agent_files(other.path(), &exchange.url);
+    let text = std::fs::read_to_string(&config).expect("config");
+    write(&config, &text.replacen("host = \"node-1\"\n", "host = \"node-2\"\nregion = \"mars-north\"\n", 1));
+    let output =
+        Command::new(env!("CARGO_BIN_EXE_gpux-agent")).arg("--config").arg(&config).arg("--fake").arg(&host).output().expect("runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("region \"mars-north\" is not one the exchange lists"), "{stderr}");
 }

@@ -5,7 +5,7 @@ use gpux_engine::{AccountId, AccountLimits};
 use gpux_protocol::{ClientMessage, Scope, Scopes, ServerMessage};
 
 use crate::commands::{acknowledged, Session};
-use crate::money::{dollars, parse_dollars};
+use crate::money::{amount, parse_amount};
 use crate::{snake, Failure, KeysAction, ScopeArg, SubAccountAction};
 
 fn limit(limit: Option<u64>, show: impl Fn(u64) -> String) -> String {
@@ -25,7 +25,7 @@ pub async fn sub_account(s: &mut Session, action: SubAccountAction, json: bool) 
         SubAccountAction::Fund { sub_account, amount } => move_funds(s, sub_account, &amount, true, json).await,
         SubAccountAction::Defund { sub_account, amount } => move_funds(s, sub_account, &amount, false, json).await,
         SubAccountAction::Limits { sub_account, max_open_orders, max_order, max_held } => {
-            let parse = |text: Option<String>| text.map(|t| parse_dollars(&t)).transpose().map_err(Failure::Usage);
+            let parse = |text: Option<String>| text.map(|t| parse_amount(&t)).transpose().map_err(Failure::Usage);
             let limits = AccountLimits { max_open_orders, max_order_minor: parse(max_order)?, max_held_minor: parse(max_held)? };
             let id = s.connection.new_id();
             let answer = s.ask(ClientMessage::SetSubAccountLimits { id, sub_account: AccountId(sub_account), limits }, json).await?;
@@ -49,13 +49,13 @@ pub async fn sub_account(s: &mut Session, action: SubAccountAction, json: bool) 
                         out!(
                             "sub-account {}: available {}, held {}, owed {}, {} open orders; limits: open orders {}, one bid {}, held in all {}",
                             sub.account,
-                            dollars(b.available_minor),
-                            dollars(b.held_minor),
-                            dollars(b.debt_minor),
+                            amount(b.available_minor),
+                            amount(b.held_minor),
+                            amount(b.debt_minor),
                             sub.open_orders,
                             limit(sub.limits.max_open_orders.map(u64::from), |n| n.to_string()),
-                            limit(sub.limits.max_order_minor, dollars),
-                            limit(sub.limits.max_held_minor, dollars),
+                            limit(sub.limits.max_order_minor, amount),
+                            limit(sub.limits.max_held_minor, amount),
                         );
                     }
                 }
@@ -73,8 +73,8 @@ pub async fn sub_account(s: &mut Session, action: SubAccountAction, json: bool) 
     }
 }
 
-async fn move_funds(s: &mut Session, sub_account: u32, amount: &str, to_sub_account: bool, json: bool) -> Result<(), Failure> {
-    let amount_minor = parse_dollars(amount).map_err(Failure::Usage)?;
+async fn move_funds(s: &mut Session, sub_account: u32, text: &str, to_sub_account: bool, json: bool) -> Result<(), Failure> {
+    let amount_minor = parse_amount(text).map_err(Failure::Usage)?;
     let id = s.connection.new_id();
     let message = ClientMessage::MoveFunds { id, sub_account: AccountId(sub_account), amount_minor, to_sub_account };
     let answer = s.ask(message, json).await?;
@@ -82,9 +82,9 @@ async fn move_funds(s: &mut Session, sub_account: u32, amount: &str, to_sub_acco
         return Ok(());
     }
     let what = if to_sub_account {
-        format!("moved {} to sub-account {sub_account}", dollars(amount_minor))
+        format!("moved {} to sub-account {sub_account}", amount(amount_minor))
     } else {
-        format!("moved {} back from sub-account {sub_account}", dollars(amount_minor))
+        format!("moved {} back from sub-account {sub_account}", amount(amount_minor))
     };
     acknowledged(answer, &what)
 }

@@ -11,7 +11,7 @@ use gpux_client::{now_ms, Connection};
 use gpux_engine::{InstrumentId, Side};
 use gpux_protocol::{Channel, ClientMessage, ServerMessage};
 
-use crate::money::dollars;
+use crate::money::amount;
 use crate::Failure;
 
 const TRADES_SHOWN: usize = 10;
@@ -65,8 +65,8 @@ impl Book {
         let bids: Vec<_> = self.bids.iter().rev().take(depth).collect();
         let asks: Vec<_> = self.asks.iter().take(depth).collect();
         for row in 0..depth.max(1) {
-            let bid = bids.get(row).map_or((String::new(), String::new()), |(p, q)| (q.to_string(), dollars(**p)));
-            let ask = asks.get(row).map_or((String::new(), String::new()), |(p, q)| (dollars(**p), q.to_string()));
+            let bid = bids.get(row).map_or((String::new(), String::new()), |(p, q)| (q.to_string(), amount(**p)));
+            let ask = asks.get(row).map_or((String::new(), String::new()), |(p, q)| (amount(**p), q.to_string()));
             if bid.0.is_empty() && ask.0.is_empty() && row > 0 {
                 break;
             }
@@ -75,7 +75,7 @@ impl Book {
         out.push_str("\nlast trades\n");
         for (at_ms, price, quantity, aggressor) in &self.trades {
             let taker = if *aggressor == gpux_engine::Side::Buy { "buyer" } else { "seller" };
-            out.push_str(&format!("  {}  {quantity:>4} GPU(s) at {}  ({taker} took)\n", crate::clock::when(*at_ms), dollars(*price)));
+            out.push_str(&format!("  {}  {quantity:>4} GPU(s) at {}  ({taker} took)\n", crate::clock::when(*at_ms), amount(*price)));
         }
         out
     }

@@ -13,7 +13,7 @@ use gpux_protocol::{ClientMessage, OrderTicket, ServerMessage};
 use crate::snake;
 use indicatif::ProgressBar;
 
-use crate::money::{dollars, parse_dollars};
+use crate::money::{amount, parse_amount};
 use crate::{keys, Cli, Command, Failure, KeysAction, OrderArgs, RoleArg, TifArg};
 
 /// "99.5" (percent, up to two decimals) as basis points (9950), 0.01 to 100.
@@ -60,11 +60,12 @@ async fn asks(s: &mut Session, instrument: gpux_engine::InstrumentId, limit: usi
                 Some(bps) => format!("score {}.{:02}%", bps / 100, bps % 100),
                 None => "unrated".into(),
             };
+            let region = offer.region.as_deref().unwrap_or("no region");
             let supply = match offer.host {
-                Some(host) => format!("host {host}, {} of {} GPU(s) verified", offer.gpus_verified, offer.quantity),
+                Some(host) => format!("host {host} in {region}, {} of {} GPU(s) verified", offer.gpus_verified, offer.quantity),
                 None => "reserved contracts offered again".into(),
             };
-            out!("{}/GPU-h x {}  supplier {} ({score}; {supply})", dollars(offer.price_minor_per_gpu_hour), offer.quantity, offer.supplier);
+            out!("{}/GPU-h x {}  supplier {} ({score}; {supply})", amount(offer.price_minor_per_gpu_hour), offer.quantity, offer.supplier);
         }
         if shown == 0 && !json {
             out!("no asks");
@@ -74,6 +75,47 @@ async fn asks(s: &mut Session, instrument: gpux_engine::InstrumentId, limit: usi
             _ => return Ok(()),
         }
     }
+}
+
+/// `gpux listing`: the exchange's currency, regions, fees and classes.
+async fn listing(s: &mut Session, json: bool) -> Result<(), Failure> {
+    let id = s.connection.new_id();
+    let answer = s.ask(ClientMessage::Listing { id }, json).await?;
+    if json {
+        return Ok(());
+    }
+    let ServerMessage::Listing { listing, .. } = answer else {
+        return Err(Failure::Unreachable(format!("expected listing, got {answer:?}")));
+    };
+    let currency = &listing.currency;
+    out!(
+        "currency {} ({} decimals: amounts are in 1/{} {})",
+        currency.code,
+        currency.decimals,
+        10u64.pow(currency.decimals as u32),
+        currency.code
+    );
+    out!("fee {}.{:02}% of usage charges", listing.fee_bps / 100, listing.fee_bps % 100);
+    out!("regions {}", if listing.regions.is_empty() { "none listed".to_string() } else { listing.regions.join(", ") });
+    out!("{:<20} {:<10} {:>9} {:>16} {:>16}  reserved windows", "class", "vendor", "SLA", "tick", "price band/GPU-h");
+    for class in &listing.classes {
+        let windows = match &class.calendar {
+            Some(c) => format!(
+                "{}h {}d {}w {}m ahead",
+                c.hourly_windows_ahead, c.daily_windows_ahead, c.weekly_windows_ahead, c.monthly_windows_ahead
+            ),
+            None => "none".to_string(),
+        };
+        out!(
+            "{:<20} {:<10} {:>8}% {:>16} {:>16}  {windows}",
+            class.name,
+            snake(&class.requirement.vendor),
+            format!("{}.{:02}", class.sla_availability_bps / 100, class.sla_availability_bps % 100),
+            amount(class.tick_minor),
+            format!("{}-{}", amount(class.price_min_minor_per_gpu_hour), amount(class.price_max_minor_per_gpu_hour)),
+        );
+    }
+    Ok(())
 }
 
 /// `gpux renter N`: an account's liveness evidence and the disputes it raised.
@@ -179,6 +221,10 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             let mut session = Session::anonymous(&cli.url).await?;
             return renter_stats(&mut session, AccountId(*renter), json).await;
         }
+        Command::Listing => {
+            let mut session = Session::anonymous(&cli.url).await?;
+            return listing(&mut session, json).await;
+        }
         Command::Asks { instrument, limit } => {
             let mut session = Session::anonymous(&cli.url).await?;
             let instrument = session.resolve(instrument).await?;
@@ -231,10 +277,10 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 return Ok(());
             }
             if let ServerMessage::Balance { available_minor, held_minor, payable_minor, debt_minor, .. } = answer {
-                out!("available {}", dollars(available_minor));
-                out!("held      {}  (open bids and lease escrow)", dollars(held_minor));
-                out!("payable   {}  (earnings not yet paid out)", dollars(payable_minor));
-                out!("owed      {}", dollars(debt_minor));
+                out!("available {}", amount(available_minor));
+                out!("held      {}  (open bids and lease escrow)", amount(held_minor));
+                out!("payable   {}  (earnings not yet paid out)", amount(payable_minor));
+                out!("owed      {}", amount(debt_minor));
             }
             Ok(())
         }
@@ -245,7 +291,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Sell(args) => place(s, Side::Sell, args, json).await,
         Command::Offer { instrument, price, host, gpus } => {
             let instrument = s.resolve(&instrument).await?;
-            let price = parse_dollars(&price).map_err(Failure::Usage)?;
+            let price = parse_amount(&price).map_err(Failure::Usage)?;
             let gpu_mask = gpus.iter().try_fold(0u64, |mask, &i| (i < 64).then_some(mask | (1 << i)));
             let gpu_mask = gpu_mask.ok_or_else(|| Failure::Usage("GPU indexes are below 64".into()))?;
             let mut order = OrderTicket::limit(now_ms(), instrument, Side::Sell, price, gpu_mask.count_ones());
@@ -258,7 +304,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             acknowledged(s.ask(ClientMessage::CancelOrder { id, order: OrderId(order) }, json).await?, "cancelled")
         }
         Command::Replace { order, price, quantity } => {
-            let price_minor_per_gpu_hour = parse_dollars(&price).map_err(Failure::Usage)?;
+            let price_minor_per_gpu_hour = parse_amount(&price).map_err(Failure::Usage)?;
             let id = s.connection.new_id();
             let message = ClientMessage::ReplaceOrder { id, order: OrderId(order), price_minor_per_gpu_hour, quantity };
             acknowledged(s.ask(message, json).await?, "replaced")
@@ -294,7 +340,16 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 }
             }
             if !json {
-                out!("{:>6} {:>6} {:>5}  {:<28} {:<8} {:<24} classes", "gpu", "host", "index", "model", "online", "challenge");
+                out!(
+                    "{:>6} {:>6} {:>5}  {:<28} {:<8} {:<24} {:<20} classes",
+                    "gpu",
+                    "host",
+                    "index",
+                    "model",
+                    "online",
+                    "challenge",
+                    "region/zone"
+                );
                 for gpu in all {
                     // The last hardware challenge: its outcome and the rate it showed.
                     let challenge = match gpu.challenge {
@@ -305,14 +360,20 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                         ),
                         None => "none yet".to_string(),
                     };
+                    let region = match (&gpu.region, gpu.zone.as_str()) {
+                        (Some(region), "") => region.clone(),
+                        (Some(region), zone) => format!("{region}/{zone}"),
+                        (None, _) => "-".to_string(),
+                    };
                     out!(
-                        "{:>6} {:>6} {:>5}  {:<28} {:<8} {:<24} {}",
+                        "{:>6} {:>6} {:>5}  {:<28} {:<8} {:<24} {:<20} {}",
                         gpu.gpu.0,
                         gpu.host.0,
                         gpu.index_on_host,
                         gpu.spec.model,
                         gpu.online,
                         challenge,
+                        region,
                         gpu.classes.join(",")
                     );
                 }
@@ -320,24 +381,24 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Deposit { account, amount } => {
-            let amount_minor = parse_dollars(&amount).map_err(Failure::Usage)?;
+            let amount_minor = parse_amount(&amount).map_err(Failure::Usage)?;
             let id = s.connection.new_id();
             acknowledged(s.ask(ClientMessage::Deposit { id, account: AccountId(account), amount_minor }, json).await?, "deposited")
         }
         Command::Withdraw { amount } => {
-            let amount_minor = parse_dollars(&amount).map_err(Failure::Usage)?;
+            let amount_minor = parse_amount(&amount).map_err(Failure::Usage)?;
             let id = s.connection.new_id();
             acknowledged(s.ask(ClientMessage::Withdraw { id, account: None, amount_minor }, json).await?, "withdrawn")
         }
         Command::Payout { amount } => {
-            let amount_minor = parse_dollars(&amount).map_err(Failure::Usage)?;
+            let amount_minor = parse_amount(&amount).map_err(Failure::Usage)?;
             let id = s.connection.new_id();
             acknowledged(s.ask(ClientMessage::Payout { id, account: None, amount_minor }, json).await?, "paid out")
         }
         Command::SubAccount { action } => crate::access::sub_account(s, action, json).await,
         Command::Completions { .. } => Ok(()),
         Command::Spend { daily, total, max_held, clear } => {
-            let parse = |text: Option<String>| text.map(|t| parse_dollars(&t)).transpose().map_err(Failure::Usage);
+            let parse = |text: Option<String>| text.map(|t| parse_amount(&t)).transpose().map_err(Failure::Usage);
             let limits =
                 gpux_engine::SpendLimits { daily_minor: parse(daily)?, total_minor: parse(total)?, max_held_minor: parse(max_held)? };
             if clear || limits != gpux_engine::SpendLimits::default() {
@@ -353,12 +414,12 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 match spend {
                     None => out!("no spend limits"),
                     Some(status) => {
-                        let limit = |l: Option<u64>| l.map_or_else(|| "none".to_string(), dollars);
+                        let limit = |l: Option<u64>| l.map_or_else(|| "none".to_string(), amount);
                         out!(
                             "spent today {}, in all {}, held {}; limits: daily {}, total {}, held {}",
-                            dollars(status.spent_today_minor),
-                            dollars(status.spent_total_minor),
-                            dollars(status.held_minor),
+                            amount(status.spent_today_minor),
+                            amount(status.spent_total_minor),
+                            amount(status.held_minor),
                             limit(status.limits.daily_minor),
                             limit(status.limits.total_minor),
                             limit(status.limits.max_held_minor)
@@ -370,7 +431,12 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Invoice { period, sub_account, html, pdf } => crate::invoice::invoice(s, period, sub_account, html, pdf, json).await,
         Command::Keys { action } => crate::access::keys(s, action, json).await,
-        Command::Book { .. } | Command::Instruments { .. } | Command::Supplier { .. } | Command::Renter { .. } | Command::Asks { .. } => {
+        Command::Book { .. }
+        | Command::Instruments { .. }
+        | Command::Supplier { .. }
+        | Command::Renter { .. }
+        | Command::Asks { .. }
+        | Command::Listing => {
             unreachable!("handled before login")
         }
     }
@@ -416,7 +482,18 @@ impl Session {
             Ok(Err(error)) => return Err(unreachable_exchange(url, error)),
             Err(_) => return Err(Failure::Unreachable(format!("the exchange at {url} did not answer within 10 s"))),
         };
-        Ok(Session { connection, role, instruments: None })
+        let mut session = Session { connection, role, instruments: None };
+        session.adopt_currency().await;
+        Ok(session)
+    }
+
+    /// Reads the exchange's currency from its listing, so amounts are typed
+    /// and shown in it (an exchange that publishes none: US dollars).
+    async fn adopt_currency(&mut self) {
+        let id = self.connection.new_id();
+        if let Ok(ServerMessage::Listing { listing, .. }) = self.connection.request(ClientMessage::Listing { id }).await {
+            crate::money::set_currency(listing.currency);
+        }
     }
 
     /// Market data needs no login: connect without a key.
@@ -425,7 +502,11 @@ impl Session {
         let opened = tokio::time::timeout(Duration::from_secs(10), Connection::open_anonymous(url)).await;
         bar.finish_and_clear();
         match opened {
-            Ok(Ok(connection)) => Ok(Session { connection, role: None, instruments: None }),
+            Ok(Ok(connection)) => {
+                let mut session = Session { connection, role: None, instruments: None };
+                session.adopt_currency().await;
+                Ok(session)
+            }
             Ok(Err(error)) => Err(unreachable_exchange(url, error)),
             Err(_) => Err(Failure::Unreachable(format!("the exchange at {url} did not answer within 10 s"))),
         }
@@ -489,7 +570,7 @@ pub(crate) fn acknowledged(answer: ServerMessage, what: &str) -> Result<(), Fail
 async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Result<(), Failure> {
     let instrument = s.resolve(&args.instrument).await?;
     let (order_type, price) = match &args.price {
-        Some(price) => (OrderType::Limit, parse_dollars(price).map_err(Failure::Usage)?),
+        Some(price) => (OrderType::Limit, parse_amount(price).map_err(Failure::Usage)?),
         None => (OrderType::Market, 0),
     };
     let mut order = OrderTicket::limit(args.client_id.unwrap_or_else(now_ms), instrument, side, price, args.quantity);
@@ -517,11 +598,12 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
         order.min_supplier_score_bps = parse_percent_bps(percent).map_err(Failure::Usage)?;
     }
     order.all_or_none = args.all_or_none;
+    order.regions = args.regions.clone();
     if let Some(budget) = &args.budget {
-        order.budget_minor = parse_dollars(budget).map_err(|e| Failure::Usage(format!("--budget: {e}")))?;
+        order.budget_minor = parse_amount(budget).map_err(|e| Failure::Usage(format!("--budget: {e}")))?;
     }
     if let Some(stop) = &args.stop {
-        order.stop_price_minor_per_gpu_hour = parse_dollars(stop).map_err(|e| Failure::Usage(format!("--stop: {e}")))?;
+        order.stop_price_minor_per_gpu_hour = parse_amount(stop).map_err(|e| Failure::Usage(format!("--stop: {e}")))?;
     }
     order.duration = if args.until_cancelled { LeaseDuration::UntilCancelled } else { LeaseDuration::Hours(args.hours) };
     let (price, time_in_force, stop) = (order.price_minor_per_gpu_hour, order.time_in_force, order.stop_price_minor_per_gpu_hour);
@@ -553,11 +635,7 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
         }
     }
     if armed && closed.is_none() {
-        out!(
-            "armed: off the book until a trade prints at {}/GPU-h or {}",
-            dollars(stop),
-            if side == Side::Buy { "above" } else { "below" }
-        );
+        out!("armed: off the book until a trade prints at {}/GPU-h or {}", amount(stop), if side == Side::Buy { "above" } else { "below" });
         return Ok(());
     }
     // An order that ends without trading all it could is not a silent success.
@@ -568,10 +646,11 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
         }
         (Some(OrderCloseReason::Filled), _) => Ok(()),
         (Some(reason), 0) => Err(Failure::Refused(format!(
-            "nothing filled ({}): no {} at {} or better could serve it now",
+            "nothing filled ({}): no {} at {} or better{} could serve it now",
             snake(&reason),
             if side == Side::Buy { "ask" } else { "bid" },
-            if price == 0 { "any price".to_string() } else { format!("{}/GPU-h", dollars(price)) }
+            if price == 0 { "any price".to_string() } else { format!("{}/GPU-h", amount(price)) },
+            if args.regions.is_empty() { String::new() } else { format!(" in {}", args.regions.join(", ")) }
         ))),
         (Some(reason), filled) => {
             out!("partly filled: {filled} GPU(s); the rest closed ({})", snake(&reason));
@@ -585,7 +664,7 @@ fn describe_event(kind: &EventKind, symbols: &std::collections::HashMap<Instrume
     let at = |ms: u64| crate::clock::when(ms);
     match kind {
         EventKind::Trade { price_minor_per_gpu_hour, quantity, instrument, .. } => {
-            out!("filled {quantity} GPU(s) of {} at {}/GPU-h", symbol(instrument), dollars(*price_minor_per_gpu_hour))
+            out!("filled {quantity} GPU(s) of {} at {}/GPU-h", symbol(instrument), amount(*price_minor_per_gpu_hour))
         }
         EventKind::LeaseCreated { lease, kind, gpu_mask, start_ms, end_ms, .. } => out!(
             "lease {} ({}): {} GPU(s) from {}{}",
@@ -597,7 +676,7 @@ fn describe_event(kind: &EventKind, symbols: &std::collections::HashMap<Instrume
         ),
         EventKind::PreemptionNotice { lease, ends_at_ms } => out!("PREEMPTION NOTICE: lease {} ends at {}", lease.0, at(*ends_at_ms)),
         EventKind::PaymentNotice { lease, ends_at_ms, shortfall_minor, .. } => {
-            out!("PAYMENT NOTICE: lease {} needs {} more by {}", lease.0, dollars(*shortfall_minor), at(*ends_at_ms))
+            out!("PAYMENT NOTICE: lease {} needs {} more by {}", lease.0, amount(*shortfall_minor), at(*ends_at_ms))
         }
         EventKind::LeaseEnded { lease, reason } => out!("lease {} ended: {}", lease.0, snake(reason)),
         EventKind::OrderClosed { order, reason, quantity_left, .. } => {
@@ -607,7 +686,7 @@ fn describe_event(kind: &EventKind, symbols: &std::collections::HashMap<Instrume
             out!("order {}: the budget left buys {quantity_left} more GPU(s) at its limit; that rests", order.0)
         }
         EventKind::StopTriggered { order, last_trade_price_minor_per_gpu_hour, .. } => {
-            out!("stop order {} triggered by a trade at {}/GPU-h", order.0, dollars(*last_trade_price_minor_per_gpu_hour))
+            out!("stop order {} triggered by a trade at {}/GPU-h", order.0, amount(*last_trade_price_minor_per_gpu_hour))
         }
         EventKind::StopRefused { order, code, .. } => out!("stop order {} refused at its trigger: {}", order.0, code.message()),
         _ => {}
@@ -656,7 +735,7 @@ async fn statement(s: &mut Session, mut after: Option<u64>, json: bool) -> Resul
                     crate::clock::when(line.at_ms),
                     line.from,
                     line.to,
-                    dollars(line.amount_minor)
+                    amount(line.amount_minor)
                 );
             }
         }
@@ -670,7 +749,7 @@ async fn statement(s: &mut Session, mut after: Option<u64>, json: bool) -> Resul
 async fn orders(s: &mut Session, only: Option<Side>, json: bool) -> Result<(), Failure> {
     let symbols = if json { Default::default() } else { s.symbols().await? };
     if !json {
-        out!("{:>12} {:>14} {:<30} {:<5} {:>12} {:>5}", "order", "client id", "instrument", "side", "price/GPU-h", "qty");
+        out!("{:>12} {:>14} {:<30} {:<5} {:>12} {:>5}  regions", "order", "client id", "instrument", "side", "price/GPU-h", "qty");
     }
     let mut offset = 0;
     loop {
@@ -681,13 +760,14 @@ async fn orders(s: &mut Session, only: Option<Side>, json: bool) -> Result<(), F
         if !json {
             for order in orders.iter().filter(|o| only.is_none_or(|side| o.side == side)) {
                 out!(
-                    "{:>12} {:>14} {:<30} {:<5} {:>12} {:>5}",
+                    "{:>12} {:>14} {:<30} {:<5} {:>12} {:>5}  {}",
                     order.order.0,
                     order.client_order_id,
                     symbols.get(&order.instrument).map_or_else(|| order.instrument.0.to_string(), String::clone),
                     snake(&order.side),
-                    dollars(order.price_minor_per_gpu_hour),
-                    order.quantity
+                    amount(order.price_minor_per_gpu_hour),
+                    order.quantity,
+                    if order.regions.is_empty() { "any".to_string() } else { order.regions.join(",") }
                 );
             }
         }
@@ -726,10 +806,10 @@ async fn leases(s: &mut Session, json: bool) -> Result<(), Failure> {
                     snake(&lease.kind),
                     lease.renter.0,
                     lease.supplier.0,
-                    dollars(lease.price_minor_per_gpu_hour),
+                    amount(lease.price_minor_per_gpu_hour),
                     lease.active,
                     lease.verified_gpu_ms / 1_000,
-                    dollars(lease.usage_charged_minor)
+                    amount(lease.usage_charged_minor)
                 );
             }
         }
@@ -754,7 +834,7 @@ async fn instruments(s: &mut Session, calendar: bool, json: bool) -> Result<(), 
             }
             _ => String::new(),
         };
-        out!("{:>5}  {:<44} {:<9} {:>9} {window}", info.instrument.0, info.symbol, snake(&info.state), dollars(info.tick_minor));
+        out!("{:>5}  {:<44} {:<9} {:>9} {window}", info.instrument.0, info.symbol, snake(&info.state), amount(info.tick_minor));
     }
     Ok(())
 }

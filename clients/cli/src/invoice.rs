@@ -9,15 +9,15 @@ use gpux_engine::AccountId;
 use gpux_protocol::{ClientMessage, Invoice, ServerMessage};
 
 use crate::commands::Session;
-use crate::money::dollars;
+use crate::money::amount;
 use crate::{snake, Failure};
 
 /// Signed money for people: `-$1.50`.
 fn signed(minor: i64) -> String {
     if minor < 0 {
-        format!("-{}", dollars(minor.unsigned_abs()))
+        format!("-{}", amount(minor.unsigned_abs()))
     } else {
-        dollars(minor as u64)
+        amount(minor as u64)
     }
 }
 
@@ -85,19 +85,19 @@ fn print_invoice(invoice: &Invoice, public_key: &str) {
     }
     for line in &invoice.lines {
         let lease = line.lease.map_or_else(|| "account".to_string(), |l| format!("lease {l}"));
-        let price = line.price_minor_per_gpu_hour.map_or_else(String::new, |p| format!(" at {}/GPU-h", dollars(p)));
+        let price = line.price_minor_per_gpu_hour.map_or_else(String::new, |p| format!(" at {}/GPU-h", amount(p)));
         let hours = line.verified_gpu_ms.map_or_else(String::new, |ms| format!(", {:.3} GPU-h verified", ms as f64 / 3_600_000.0));
         out!("  {lease} {}{price}{hours}: {} {}", line.instrument, snake(&line.item), signed(line.amount_minor));
     }
     let t = invoice.totals;
-    out!("charges {}, credits {}, amount due {}", dollars(t.charges_minor), dollars(t.credits_minor), signed(t.amount_due_minor));
+    out!("charges {}, credits {}, amount due {}", amount(t.charges_minor), amount(t.credits_minor), signed(t.amount_due_minor));
     out!(
         "deposits {}, withdrawals {}, payouts {}, moved in {}, moved out {}",
-        dollars(t.deposits_minor),
-        dollars(t.withdrawals_minor),
-        dollars(t.payouts_minor),
-        dollars(t.moved_in_minor),
-        dollars(t.moved_out_minor)
+        amount(t.deposits_minor),
+        amount(t.withdrawals_minor),
+        amount(t.payouts_minor),
+        amount(t.moved_in_minor),
+        amount(t.moved_out_minor)
     );
     if let Some(tax) = &invoice.tax {
         out!(
@@ -106,7 +106,7 @@ fn print_invoice(invoice: &Invoice, public_key: &str) {
             tax.rate_bps / 100,
             tax.rate_bps % 100,
             tax.registration,
-            dollars(tax.included_minor)
+            amount(tax.included_minor)
         );
     }
     out!("signature verified with the exchange's key {public_key}");
@@ -125,7 +125,7 @@ pub fn render_html(invoice: &Invoice, signature: &str, public_key: &str) -> Stri
             line.lease.map_or_else(|| "-".into(), |l| l.to_string()),
             escape(&line.instrument),
             escape(&snake(&line.item)),
-            line.price_minor_per_gpu_hour.map_or_else(String::new, dollars),
+            line.price_minor_per_gpu_hour.map_or_else(String::new, amount),
             line.verified_gpu_ms.map_or_else(String::new, |ms| format!("{:.3}", ms as f64 / 3_600_000.0)),
             signed(line.amount_minor),
         ));
@@ -138,7 +138,7 @@ pub fn render_html(invoice: &Invoice, signature: &str, public_key: &str) -> Stri
             tax.rate_bps / 100,
             tax.rate_bps % 100,
             escape(&tax.registration),
-            dollars(tax.included_minor)
+            amount(tax.included_minor)
         )
     });
     let parent = invoice.parent.map_or_else(String::new, |p| format!(" (sub-account of {p})"));
@@ -175,14 +175,14 @@ td, th {{ border-bottom: 1px solid #ccc; padding: 3px 6px; text-align: left; }}
         account = invoice.account,
         period = escape(&invoice.period),
         currency = escape(&invoice.currency),
-        charges = dollars(t.charges_minor),
-        credits = dollars(t.credits_minor),
+        charges = amount(t.charges_minor),
+        credits = amount(t.credits_minor),
         due = signed(t.amount_due_minor),
-        deposits = dollars(t.deposits_minor),
-        withdrawals = dollars(t.withdrawals_minor),
-        payouts = dollars(t.payouts_minor),
-        moved_in = dollars(t.moved_in_minor),
-        moved_out = dollars(t.moved_out_minor),
+        deposits = amount(t.deposits_minor),
+        withdrawals = amount(t.withdrawals_minor),
+        payouts = amount(t.payouts_minor),
+        moved_in = amount(t.moved_in_minor),
+        moved_out = amount(t.moved_out_minor),
     )
 }
 

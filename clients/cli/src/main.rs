@@ -83,7 +83,7 @@ pub struct OrderArgs {
     pub instrument: String,
     /// GPUs (or reserved-window contracts).
     pub quantity: u32,
-    /// Limit price in dollars per GPU-hour (e.g. 2.15); leave out for a market order.
+    /// Limit price in the exchange's currency per GPU-hour (e.g. 2.15); leave out for a market order.
     #[arg(long)]
     pub price: Option<String>,
     /// Lease length in hours (spot and preemptible).
@@ -121,12 +121,15 @@ pub struct OrderArgs {
     /// Bids: all GPUs in one fill from any hosts, or none; rests untraded until it can (docs/market-rules.md "All-or-none").
     #[arg(long)]
     pub all_or_none: bool,
-    /// Bids: spend at most this many dollars (e.g. 500), buying as many whole GPUs as it pays for within the limit; QUANTITY is then the most GPUs wanted (docs/market-rules.md "Budget orders").
+    /// Bids: spend at most this much money (e.g. 500; in the exchange's currency, `gpux listing`), buying as many whole GPUs as it pays for within the limit; QUANTITY is then the most GPUs wanted (docs/market-rules.md "Budget orders").
     #[arg(long)]
     pub budget: Option<String>,
-    /// A stop order: off the book until a trade prints at this price (dollars per GPU-hour) or beyond (bids: at or above; asks: at or below), then it enters as this order (docs/market-rules.md "Stop orders").
+    /// A stop order: off the book until a trade prints at this price (money per GPU-hour) or beyond (bids: at or above; asks: at or below), then it enters as this order (docs/market-rules.md "Stop orders").
     #[arg(long)]
     pub stop: Option<String>,
+    /// Bids: trade only with GPUs of hosts in these regions, e.g. --region cn-east,cn-west (`gpux listing` names them; docs/market-rules.md "Regions").
+    #[arg(long = "region", value_delimiter = ',')]
+    pub regions: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -174,7 +177,7 @@ pub enum Command {
     /// Offer your registered GPUs (by index on the host) on an instrument.
     Offer {
         instrument: String,
-        /// Price in dollars per GPU-hour.
+        /// Price in the exchange's currency per GPU-hour.
         #[arg(long)]
         price: String,
         /// Host id (see `gpux gpus`).
@@ -226,6 +229,8 @@ pub enum Command {
     },
     /// Your registered GPUs (suppliers).
     Gpus,
+    /// What the exchange lists: its currency, regions, fees and classes (public).
+    Listing,
     /// Your open sell orders (suppliers' offers).
     Offers,
     /// Credit an account (operators).
@@ -288,9 +293,9 @@ pub enum SubAccountAction {
     Create,
     /// Your sub-accounts with their balances, open orders and limits.
     List,
-    /// Move dollars from your available funds to a sub-account.
+    /// Move money from your available funds to a sub-account.
     Fund { sub_account: u32, amount: String },
-    /// Move dollars from a sub-account back to you.
+    /// Move money from a sub-account back to you.
     Defund { sub_account: u32, amount: String },
     /// Set a sub-account's limits (each one left out is no limit; all are replaced).
     Limits {
@@ -315,7 +320,7 @@ pub struct RunArgs {
     /// GPUs (on one host when more than one).
     #[arg(long, default_value_t = 1)]
     pub gpus: u32,
-    /// Highest price in dollars per GPU-hour.
+    /// Highest price in the exchange's currency per GPU-hour.
     #[arg(long)]
     pub max_price: String,
     /// Instrument symbol or id.
@@ -374,6 +379,14 @@ pub enum LeaseAction {
         price: String,
         #[arg(long, value_enum, default_value_t = TifArg::Gtc)]
         tif: TifArg,
+    },
+    /// How the lease's GPUs are doing: each GPU's latest usage reports
+    /// (time, available share, utilisation, most memory used).
+    Telemetry {
+        lease: u64,
+        /// Samples per GPU to show, newest last.
+        #[arg(long, default_value_t = 10)]
+        last: usize,
     },
     /// The last output of the lease's workload.
     Logs {

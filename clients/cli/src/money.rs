@@ -1,35 +1,75 @@
-//! Dollars as people type and read them, to and from the exchange's minor
-//! units (1 minor unit = US$0.000001). Parsing is exact (rust_decimal): a
-//! price with more than six decimals is refused, never rounded.
+//! Amounts as people type and read them, to and from the exchange's minor
+//! units. The currency comes from the exchange's listing (`listing`
+//! request, read once a session connects); until then, and with an exchange
+//! that does not publish one, it is US dollars in micro-units (6 decimals).
+//! Parsing is exact (rust_decimal): an amount with more decimals than the
+//! currency's minor unit is refused, never rounded.
 
-use rust_decimal::Decimal;
 use std::str::FromStr;
+use std::sync::OnceLock;
 
-const MINOR_PER_DOLLAR: i64 = 1_000_000;
+use gpux_engine::Currency;
+use rust_decimal::Decimal;
 
-/// `"2.5"`, `"$2.50"` or `"2"` dollars to minor units.
-pub fn parse_dollars(text: &str) -> Result<u64, String> {
-    let cleaned = text.trim().trim_start_matches('$').replace(',', "");
-    let dollars = Decimal::from_str(&cleaned).map_err(|_| format!("`{text}` is not an amount in dollars (e.g. 2.50)"))?;
-    if dollars.is_sign_negative() {
-        return Err(format!("`{text}`: amounts are positive"));
-    }
-    let minor = dollars * Decimal::from(MINOR_PER_DOLLAR);
-    if minor.fract() != Decimal::ZERO {
-        return Err(format!("`{text}`: at most six decimals (the exchange counts micro-dollars)"));
-    }
-    u64::try_from(minor.trunc().mantissa() / 10i128.pow(minor.trunc().scale())).map_err(|_| format!("`{text}` is too large"))
+/// The exchange's currency, set once per process (one CLI run talks to one
+/// exchange).
+static CURRENCY: OnceLock<Currency> = OnceLock::new();
+
+/// Adopts the exchange's currency; a second call keeps the first.
+pub fn set_currency(currency: Currency) {
+    let _ = CURRENCY.set(currency);
 }
 
-/// Minor units as dollars, with cents always and micro-dollars when present.
-pub fn dollars(minor: u64) -> String {
-    let whole = minor / MINOR_PER_DOLLAR as u64;
-    let fraction = minor % MINOR_PER_DOLLAR as u64;
-    if fraction.is_multiple_of(10_000) {
-        format!("${whole}.{:02}", fraction / 10_000)
+/// The currency amounts are read and written in.
+pub fn currency() -> Currency {
+    CURRENCY.get().cloned().unwrap_or_else(Currency::usd_micro)
+}
+
+/// `"2.5"`, `"$2.50"` (US dollars), `"2.50 CNY"` or `"2"` in minor units.
+pub fn parse_amount(text: &str) -> Result<u64, String> {
+    parse_in(&currency(), text)
+}
+
+/// Minor units in the exchange's currency: `$2.50` for US dollars,
+/// `2.50 CNY` for any other; whole cents (two decimals) always, and every
+/// further decimal the amount has, never rounded.
+pub fn amount(minor: u64) -> String {
+    format_in(&currency(), minor)
+}
+
+fn parse_in(currency: &Currency, text: &str) -> Result<u64, String> {
+    let mut cleaned = text.trim().replace(',', "");
+    if currency.code == "USD" {
+        cleaned = cleaned.trim_start_matches('$').to_string();
+    }
+    let cleaned = cleaned.trim_end_matches(currency.code.as_str()).trim();
+    let code = &currency.code;
+    let major = Decimal::from_str(cleaned).map_err(|_| format!("`{text}` is not an amount in {code} (e.g. 2.50)"))?;
+    if major.is_sign_negative() {
+        return Err(format!("`{text}`: amounts are positive"));
+    }
+    let minor = major * Decimal::from(10u64.pow(currency.decimals as u32));
+    if minor.fract() != Decimal::ZERO {
+        let decimals = currency.decimals;
+        return Err(format!("`{text}`: at most {decimals} decimals (the exchange counts {code} to 10^-{decimals})"));
+    }
+    let minor = minor.trunc();
+    u64::try_from(minor.mantissa() / 10i128.pow(minor.scale())).map_err(|_| format!("`{text}` is too large"))
+}
+
+fn format_in(currency: &Currency, minor: u64) -> String {
+    let exact = currency.format(minor as i128);
+    // Cents always; further decimals only where the amount has them.
+    let text = match exact.split_once('.') {
+        // A currency of one decimal shows it as it is.
+        Some((whole, fraction)) if fraction.len() < 2 => format!("{whole}.{fraction}"),
+        Some((whole, fraction)) => format!("{whole}.{:0<2}", fraction.trim_end_matches('0')),
+        None => exact,
+    };
+    if currency.code == "USD" {
+        format!("${text}")
     } else {
-        let digits = format!("{fraction:06}");
-        format!("${whole}.{}", digits.trim_end_matches('0'))
+        format!("{text} {}", currency.code)
     }
 }
 
@@ -39,14 +79,33 @@ mod tests {
 
     #[test]
     fn dollars_parse_exactly_to_micro_dollars_and_print_back() {
-        assert_eq!(parse_dollars("2.5"), Ok(2_500_000));
-        assert_eq!(parse_dollars("$1,200.000001"), Ok(1_200_000_001));
-        assert_eq!(parse_dollars("0"), Ok(0));
-        assert!(parse_dollars("0.0000001").is_err(), "seven decimals would need rounding");
-        assert!(parse_dollars("-1").is_err());
-        assert!(parse_dollars("two").is_err());
-        assert_eq!(dollars(2_500_000), "$2.50");
-        assert_eq!(dollars(1_200_000_001), "$1200.000001");
-        assert_eq!(dollars(0), "$0.00");
+        let usd = Currency::usd_micro();
+        assert_eq!(parse_in(&usd, "2.5"), Ok(2_500_000));
+        assert_eq!(parse_in(&usd, "$1,200.000001"), Ok(1_200_000_001));
+        assert_eq!(parse_in(&usd, "0"), Ok(0));
+        assert!(parse_in(&usd, "0.0000001").is_err(), "seven decimals would need rounding");
+        assert!(parse_in(&usd, "-1").is_err());
+        assert!(parse_in(&usd, "two").is_err());
+        assert_eq!(format_in(&usd, 2_500_000), "$2.50");
+        assert_eq!(format_in(&usd, 1_200_000_001), "$1200.000001");
+        assert_eq!(format_in(&usd, 417), "$0.000417");
+        assert_eq!(format_in(&usd, 0), "$0.00");
+    }
+
+    #[test]
+    fn yuan_parse_exactly_to_fen_and_print_with_their_code() {
+        let cny = Currency { code: "CNY".into(), decimals: 2 };
+        assert_eq!(parse_in(&cny, "15.05"), Ok(1_505));
+        assert_eq!(parse_in(&cny, "15.05 CNY"), Ok(1_505));
+        assert_eq!(parse_in(&cny, "1,000"), Ok(100_000));
+        assert!(parse_in(&cny, "0.001").is_err(), "a fen is the smallest unit");
+        assert!(parse_in(&cny, "$1").is_err(), "a dollar sign on a yuan exchange is a mistake");
+        assert_eq!(format_in(&cny, 1_505), "15.05 CNY");
+        assert_eq!(format_in(&cny, 100_000), "1000.00 CNY");
+        assert_eq!(format_in(&cny, 0), "0.00 CNY");
+        let yen = Currency { code: "JPY".into(), decimals: 0 };
+        assert_eq!(format_in(&yen, 1_500), "1500 JPY");
+        assert_eq!(parse_in(&yen, "1500"), Ok(1_500));
+        assert!(parse_in(&yen, "1.5").is_err());
     }
 }

@@ -14,12 +14,12 @@ use gpux_protocol::delivery::encryption_key_certified;
 use gpux_protocol::{ClientMessage, DeliveryState, OrderTicket, RestartPolicy, Secrets, ServerMessage, Workload};
 
 use crate::commands::Session;
-use crate::money::parse_dollars;
+use crate::money::parse_amount;
 use crate::{Failure, LeaseAction, RestartArg, RunArgs};
 
 pub async fn run(s: &mut Session, args: RunArgs, json: bool) -> Result<(), Failure> {
     let instrument = s.resolve(&args.instrument).await?;
-    let price = parse_dollars(&args.max_price).map_err(Failure::Usage)?;
+    let price = parse_amount(&args.max_price).map_err(Failure::Usage)?;
     let mut env = Vec::new();
     for pair in &args.env {
         let (name, value) = pair.split_once('=').ok_or_else(|| Failure::Usage(format!("--env takes NAME=VALUE, not {pair:?}")))?;
@@ -220,7 +220,7 @@ pub async fn lease(s: &mut Session, action: LeaseAction, key: &ed25519_dalek::Si
             Ok(())
         }
         LeaseAction::Resell { lease, price, tif } => {
-            let price_minor_per_gpu_hour = crate::money::parse_dollars(&price).map_err(Failure::Usage)?;
+            let price_minor_per_gpu_hour = crate::money::parse_amount(&price).map_err(Failure::Usage)?;
             let time_in_force = match tif {
                 crate::TifArg::Gtc => gpux_engine::TimeInForce::Gtc,
                 crate::TifArg::Ioc => gpux_engine::TimeInForce::Ioc,
@@ -233,7 +233,7 @@ pub async fn lease(s: &mut Session, action: LeaseAction, key: &ed25519_dalek::Si
             if let (false, ServerMessage::Ack { order: Some(order), .. }) = (json, answer) {
                 out!(
                     "lease {lease} offered at {}/GPU-h: order {} on its class's resale book (good till 15 minutes before the lease ends)",
-                    crate::money::dollars(price_minor_per_gpu_hour),
+                    crate::money::amount(price_minor_per_gpu_hour),
                     order.0
                 );
             }
@@ -244,6 +244,30 @@ pub async fn lease(s: &mut Session, action: LeaseAction, key: &ed25519_dalek::Si
             let answer = s.ask(ClientMessage::EndLease { id, lease: LeaseId(lease) }, json).await?;
             if !json && matches!(answer, ServerMessage::Ack { .. }) {
                 out!("lease {lease} ended; the host stops and removes its workload");
+            }
+            Ok(())
+        }
+        LeaseAction::Telemetry { lease, last } => {
+            let id = s.connection.new_id();
+            let answer = s.ask(ClientMessage::LeaseTelemetry { id, lease: LeaseId(lease) }, json).await?;
+            let (false, ServerMessage::LeaseTelemetry { gpus, .. }) = (json, answer) else { return Ok(()) };
+            if gpus.is_empty() {
+                out!("lease {lease}: no usage report yet (or the lease has left the exchange's recent history)");
+            }
+            for gpu in gpus {
+                out!("{}", gpu.gpu_uuid);
+                out!("  {:<31} {:>9} {:>11} {:>12} {:>9}", "interval", "available", "utilisation", "memory MiB", "unhealthy");
+                for sample in gpu.samples.iter().skip(gpu.samples.len().saturating_sub(last)) {
+                    let length = sample.end_ms.saturating_sub(sample.start_ms).max(1);
+                    out!(
+                        "  {:<31} {:>8}% {:>10}% {:>12} {:>9}",
+                        format!("{} +{}s", crate::clock::when(sample.start_ms), length / 1_000),
+                        sample.available_ms * 100 / length,
+                        sample.utilisation_percent,
+                        sample.memory_used_mib_max,
+                        sample.unhealthy_samples
+                    );
+                }
             }
             Ok(())
         }
@@ -316,7 +340,7 @@ async fn watch(
                         out!(
                             "disputed {} s of reported time; {} withheld from the host",
                             disputed_gpu_ms / 1_000,
-                            crate::money::dollars(amount_minor)
+                            crate::money::amount(amount_minor)
                         );
                     }
                 }

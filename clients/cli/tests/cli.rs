@@ -55,13 +55,17 @@ fn start_exchange_at(data_dir: &Path, operator_public_key: [u8; 32], clock_offse
     };
     let thread = std::thread::spawn(move || gpux_exchange::run_until(config, gpux_exchange::Stop::Channel(stopped)));
     let url = format!("ws://127.0.0.1:{port}");
-    for _ in 0..100 {
+    // Up to 30 s: a loaded 2-core machine (CI) can be slow to start it.
+    for _ in 0..600 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return Exchange { url, _stop: stop, thread };
         }
+        if thread.is_finished() {
+            panic!("the exchange stopped before it served: {:?}", thread.join());
+        }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    panic!("the exchange did not start");
+    panic!("the exchange did not start within 30 s");
 }
 
 fn gpux(url: &str, key: &Path, args: &[&str]) -> Output {
@@ -90,7 +94,14 @@ fn register_gpu(url: &str, supplier: &SigningKey) {
     runtime.block_on(async {
         let mut connection = gpux_client::Connection::open(url, supplier, Some(Role::Supplier)).await.expect("supplier login");
         let id = connection.new_id();
-        let message = ClientMessage::RegisterGpu { id, host: "cli-host".into(), gpu_uuid: "GPU-cli-0".into(), spec: GpuSpec::h100_sxm() };
+        let message = ClientMessage::RegisterGpu {
+            id,
+            host: "cli-host".into(),
+            gpu_uuid: "GPU-cli-0".into(),
+            spec: GpuSpec::h100_sxm(),
+            region: None,
+            zone: None,
+        };
         assert!(matches!(connection.request(message).await.expect("answer"), ServerMessage::Ack { .. }));
     });
 }
@@ -132,6 +143,14 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
     assert!(book.contains("$2.00") && book.contains("ask"), "{book}");
     let asks = ok(gpux(url, &key("renter"), &["asks", "H100-SXM-80G/SPOT"]));
     assert!(asks.contains("$2.00/GPU-h x 1") && asks.contains("unrated") && asks.contains("host 0"), "{asks}");
+    assert!(asks.contains("in no region"), "{asks}");
+    let listing = ok(gpux(url, &key("renter"), &["listing"]));
+    assert!(listing.contains("currency USD (6 decimals") && listing.contains("cn-east") && listing.contains("H100-SXM-80G"), "{listing}");
+    // The only ask is on a host in no region: a bid for two regions passes it by.
+    let elsewhere =
+        gpux(url, &key("renter"), &["buy", "H100-SXM-80G/SPOT", "1", "--price", "2.50", "--tif", "ioc", "--region", "cn-east,cn-west"]);
+    assert_eq!(elsewhere.status.code(), Some(1), "{elsewhere:?}");
+    assert!(String::from_utf8_lossy(&elsewhere.stderr).contains("or better in cn-east, cn-west could serve it"), "{elsewhere:?}");
     let json_book = ok(gpux(url, &key("renter"), &["--json", "book", "0", "--once"]));
     assert!(json_book.lines().any(|l| l.starts_with("{\"book_snapshot\"")), "{json_book}");
 
@@ -148,6 +167,10 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
     let lease_id = leases.lines().nth(1).and_then(|l| l.split_whitespace().next()).expect("a lease line").to_string();
     assert!(leases.contains("spot") && leases.contains("$2.00"), "{leases}");
     // The rest of the 2-hour lease goes on sale on the resale book; ending the lease takes the offer with it.
+    let telemetry = ok(gpux(url, &key("renter"), &["lease", "telemetry", &lease_id]));
+    assert!(telemetry.contains("no usage report yet"), "{telemetry}");
+    let foreign = gpux(url, &key("operator"), &["lease", "telemetry", &lease_id]);
+    assert!(String::from_utf8_lossy(&foreign.stderr).contains("unknown_lease"), "{foreign:?}");
     let offered = ok(gpux(url, &key("renter"), &["lease", "resell", &lease_id, "--price", "3"]));
     assert!(offered.contains(&format!("lease {lease_id} offered at $3.00/GPU-h: order")), "{offered}");
     let again = gpux(url, &key("renter"), &["lease", "resell", &lease_id, "--price", "3"]);

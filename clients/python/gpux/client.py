@@ -452,6 +452,17 @@ class Client:
         """The keys of this account (or of sub-account `account`), owner key first."""
         return (await self.request("keys", account=account)).fields["keys"]
 
+    async def lease_telemetry(self, lease: int) -> list[dict]:
+        """Each GPU of a lease (you rent or supply) with its latest usage
+        reports' measurements, oldest first: `gpu_uuid` and `samples`
+        (`start_ms`, `end_ms`, `available_ms`, `utilisation_percent`,
+        `memory_used_mib_max`, `unhealthy_samples`)."""
+        return (await self.request("lease_telemetry", lease=lease)).fields["gpus"]
+
+    async def ping(self) -> int:
+        """The exchange's clock now (ms since the epoch), answered `pong`."""
+        return (await self.request("ping")).fields["server_time_ms"]
+
     async def exchange_key(self) -> str:
         """The exchange's public key (hex), which signs invoices."""
         return (await self.request("exchange_key")).fields["public_key"]
@@ -508,9 +519,23 @@ class Client:
     async def end_lease(self, lease: int) -> m.Ack:
         return await self.request("end_lease", lease=lease)
 
-    async def register_gpu(self, host: str, gpu_uuid: str, spec: dict) -> m.Ack:
-        """Lists a GPU of a host (the supplier agent does this from NVML)."""
-        return await self.request("register_gpu", host=host, gpu_uuid=gpu_uuid, spec=spec)
+    async def register_gpu(
+        self, host: str, gpu_uuid: str, spec: dict, region: Optional[str] = None, zone: Optional[str] = None
+    ) -> m.Ack:
+        """Lists a GPU of a host (the supplier agent does this from NVML).
+        `region` (one of the listing's) and `zone` are declared by the host's
+        first GPU that names a region, and kept (docs/market-rules.md "Regions")."""
+        return await self.request("register_gpu", host=host, gpu_uuid=gpu_uuid, spec=spec, region=region, zone=zone)
+
+    async def listing(self) -> dict:
+        """The listing the exchange runs (public): currency, regions, fees,
+        classes with their SLA, calendar and challenge."""
+        return (await self.request("listing")).fields["listing"]
+
+    async def currency(self) -> m.Currency:
+        """The exchange's currency, to read and write amounts in."""
+        currency = (await self.listing())["currency"]
+        return m.Currency(currency["code"], currency["decimals"])
 
     async def set_gpu_online(self, gpu: int, online: bool) -> m.Ack:
         return await self.request("set_gpu_online", gpu=gpu, online=online)

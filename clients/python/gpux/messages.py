@@ -4,7 +4,8 @@ Every message on the wire is a JSON object with exactly one key, the message
 type, holding its fields. Requests are built with the helpers here; answers
 and pushed messages are parsed into dataclasses by `parse`, with `Unknown`
 for any type this client does not model (so a newer exchange never breaks
-an older client). Money is in integer minor units (1 = US$0.000001).
+an older client). Money is in integer minor units of the exchange's
+currency (`Client.currency()`; the demo's is US dollars, 1 = US$0.000001).
 """
 
 from __future__ import annotations
@@ -26,6 +27,35 @@ def dollars(text: str | int | Decimal) -> int:
     if minor != minor.to_integral_value() or minor < 0:
         raise ValueError(f"{text!r}: a non-negative amount with at most six decimals")
     return int(minor)
+
+
+@dataclass(frozen=True)
+class Currency:
+    """The exchange's currency (`listing`'s `currency`): what every amount
+    is counted in, `decimals` being the minor unit (10^-decimals)."""
+
+    code: str
+    decimals: int
+
+    def to_minor(self, text: str | int | Decimal) -> int:
+        """An amount in major units ("15.05") to minor units, exactly; more
+        decimals than the minor unit has is an error, never rounded."""
+        minor = Decimal(str(text)) * (10 ** self.decimals)
+        if minor != minor.to_integral_value() or minor < 0:
+            raise ValueError(f"{text!r}: a non-negative amount in {self.code} with at most {self.decimals} decimals")
+        return int(minor)
+
+    def format(self, minor: int) -> str:
+        """Minor units as people read them: `$2.50` for US dollars,
+        `15.05 CNY` otherwise; cents always, further decimals only where the
+        amount has them."""
+        whole, fraction = divmod(minor, 10 ** self.decimals)
+        text = str(whole)
+        if self.decimals:
+            digits = str(fraction).rjust(self.decimals, "0")
+            kept = digits.rstrip("0")
+            text += "." + (digits if self.decimals < 2 else kept.ljust(2, "0"))
+        return f"${text}" if self.code == "USD" else f"{text} {self.code}"
 
 
 @dataclass
@@ -51,6 +81,7 @@ class OrderTicket:
     all_or_none: bool = False  # bids: the whole quantity in one pass or nothing; rests until it can
     budget_minor: int = 0  # bids: spend at most this; quantity is then the most GPUs wanted
     stop_price_minor_per_gpu_hour: int = 0  # a stop: off the book until a trade reaches this
+    regions: list = field(default_factory=list)  # bids: only GPUs of hosts in these regions ([]: any)
 
     _next_id = [0]
 
@@ -100,6 +131,7 @@ class OrderTicket:
             "all_or_none": self.all_or_none,
             "budget_minor": self.budget_minor,
             "stop_price_minor_per_gpu_hour": self.stop_price_minor_per_gpu_hour,
+            "regions": list(self.regions),
         }
 
 

@@ -247,6 +247,53 @@ def test_gpus_leases_money_and_the_statement_from_python(exchange):
     run(scenario())
 
 
+def test_a_regional_bid_buys_only_in_its_region_and_amounts_follow_the_listings_currency(exchange):
+    url, operator = exchange
+
+    async def scenario():
+        async with await gpux.Client.connect(url) as anonymous:
+            listing = await anonymous.listing()
+            currency = await anonymous.currency()
+            assert abs(await anonymous.ping() - time.time() * 1000) < 60_000, "the exchange's clock"
+        assert "cn-east" in listing["regions"] and currency == gpux.Currency("USD", 6)
+        assert currency.format(2_500_000) == "$2.50" and currency.to_minor("2.5") == 2_500_000
+        cny = gpux.Currency("CNY", 2)
+        assert (cny.format(150_505), cny.to_minor("1505.05")) == ("1505.05 CNY", 150_505)
+        with pytest.raises(ValueError):
+            cny.to_minor("0.001")
+
+        supplier = await gpux.Client.connect(url, gpux.Key.generate(), role="supplier")
+        spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
+        await supplier.register_gpu("py-virginia", "GPU-py-va", spec, region="us-east")
+        await supplier.register_gpu("py-shanghai", "GPU-py-sh", spec, region="cn-east", zone="sh-2")
+        with pytest.raises(gpux.GpuxError) as moved:
+            await supplier.register_gpu("py-shanghai", "GPU-py-sh-2", spec, region="us-west")
+        assert moved.value.code == "region_mismatch"
+        gpus = await supplier.my_gpus()
+        assert [(g["region"], g["zone"]) for g in gpus] == [("us-east", ""), ("cn-east", "sh-2")]
+        for gpu, price in zip(gpus, ("1.5", "2.5")):
+            supply = {"host": gpu["host"], "gpu_mask": 1 << gpu["index_on_host"]}
+            await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", currency.to_minor(price), 1, supply=supply))
+        renter = await funded_renter(url, operator)
+        await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", currency.to_minor("3"), 1, regions=["cn-east"]))
+        lease = (await renter.leases())[0]
+        assert lease["price_minor_per_gpu_hour"] == 2_500_000, "the cn-east GPU, passing the cheaper us-east one by"
+        assert lease["gpus"] == [gpus[1]["gpu"]]
+        assert await renter.lease_telemetry(lease["lease"]) == [], "no usage report yet"
+        other = await funded_renter(url, operator)
+        with pytest.raises(gpux.GpuxError) as foreign:
+            await other.lease_telemetry(lease["lease"])
+        assert foreign.value.code == "unknown_lease", "only the lease's renter and supplier see it"
+        await other.close()
+        with pytest.raises(gpux.GpuxError) as unknown:
+            await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", currency.to_minor("3"), 1, regions=["atlantis"]))
+        assert unknown.value.code == "unknown_region"
+        await renter.close()
+        await supplier.close()
+
+    run(scenario())
+
+
 def test_an_aggregator_keeps_customers_apart_in_sub_accounts_with_scoped_keys(exchange):
     url, operator = exchange
 

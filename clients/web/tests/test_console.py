@@ -179,7 +179,15 @@ def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_c
                 refused = await ticket({"t-price": "2.5", "t-quantity": "3", "t-stop": "", "t-budget": "1"})
                 assert "budget_too_small" in refused, refused
                 bad = await ticket({"t-price": "2.5000001", "t-budget": ""})
-                assert "at most six decimals" in bad, bad
+                assert "in USD with at most 6 decimals" in bad, bad
+                # A bid for one region: the ticket lists the exchange's regions (from its listing).
+                regions = await browser.evaluate("[...document.querySelectorAll('#t-regions option')].map(o => o.value)")
+                assert regions == (await renter.listing())["regions"] and "cn-east" in regions, regions
+                await browser.evaluate("[...document.getElementById('t-regions').options].forEach(o => o.selected = o.value === 'cn-east')")
+                regional = await ticket({"t-price": "0.5", "t-quantity": "1", "t-stop": "", "t-budget": ""})
+                assert regional.startswith("accepted: order"), regional
+                assert [o["regions"] for o in await renter.open_orders() if o["price_minor_per_gpu_hour"] == 500_000] == [["cn-east"]]
+                await browser.evaluate("[...document.getElementById('t-regions').options].forEach(o => o.selected = false)")
                 # Replace from the open orders table: the first bid to the ticket's $1.2 x 2.
                 await browser.evaluate("document.getElementById('t-price').value = '1.2'; document.getElementById('t-quantity').value = '2'")
                 await browser.evaluate(f"document.querySelector('[data-replace-order=\"{ack.order}\"]').click()")
@@ -353,8 +361,8 @@ def test_the_console_opens_and_funds_a_sub_account_and_shows_a_verified_invoice(
                 await browser.evaluate("document.querySelector('#invoice-form button').click()")
                 await browser.wait_until("document.getElementById('invoice').innerText.includes('period_invalid')", what="the open month refused")
                 # Amounts to the last minor unit: $0.000417 is not $0.000.
-                assert await browser.evaluate("usd(417)") == "$0.000417"
-                assert await browser.evaluate("[usd(0), usd(1234000), usd(25000000), usd(100)].join(' ')") == "$0.00 $1.234 $25.00 $0.0001"
+                assert await browser.evaluate("money(417)") == "$0.000417"
+                assert await browser.evaluate("[money(0), money(1234000), money(25000000), money(100)].join(' ')") == "$0.00 $1.234 $25.00 $0.0001"
                 # Logging out forgets the key: after the reconnect the page is not logged in.
                 await browser.evaluate("document.getElementById('logout').click()")
                 await browser.wait_until("document.getElementById('mine').hidden && !document.getElementById('login').hidden", what="logged out")

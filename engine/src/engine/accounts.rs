@@ -259,7 +259,14 @@ impl Engine {
         (from_payable, from_available, from_debt)
     }
 
-    pub(super) fn register_gpu(&mut self, account: AccountId, host_name: &str, uuid: &str, spec: &GpuSpec) -> Checked<()> {
+    pub(super) fn register_gpu(
+        &mut self,
+        account: AccountId,
+        host_name: &str,
+        uuid: &str,
+        spec: &GpuSpec,
+        region: Option<(&String, &String)>,
+    ) -> Checked<()> {
         if !self.account(account)?.role.may_supply() {
             return Err(RejectCode::RoleNotPermitted);
         }
@@ -267,6 +274,15 @@ impl Engine {
         if !names.into_iter().flatten().all(name_is_valid) {
             return Err(RejectCode::NameInvalid);
         }
+        let (region, zone) = match region {
+            None => (None, ""),
+            Some((name, zone)) => {
+                if !zone.is_empty() && !crate::config::region_name_is_valid(zone) {
+                    return Err(RejectCode::NameInvalid);
+                }
+                (Some(self.config.region_index(name).ok_or(RejectCode::UnknownRegion)?), zone.as_str())
+            }
+        };
         if self.gpu_by_uuid.contains_key(uuid) {
             return Err(RejectCode::GpuAlreadyRegistered);
         }
@@ -292,15 +308,30 @@ impl Engine {
                 if existing.gpus.len() as u32 >= limits::GPUS_PER_HOST_MAX {
                     return Err(RejectCode::HostFull);
                 }
+                if region.is_some() && existing.region.is_some() && existing.region != region {
+                    return Err(RejectCode::RegionMismatch);
+                }
                 host
             }
             None => {
                 let host = HostId(self.hosts.len() as u32);
-                self.hosts.push(Host { name: host_name.to_string(), owner: account, gpus: HostGpus::new() });
+                self.hosts.push(Host {
+                    name: host_name.to_string(),
+                    owner: account,
+                    gpus: HostGpus::new(),
+                    region: None,
+                    zone: String::new(),
+                });
                 self.host_by_name.insert(host_name.to_string(), host);
                 host
             }
         };
+        // An undeclared host takes the first region one of its GPUs names.
+        let record = &mut self.hosts[host.0 as usize];
+        if record.region.is_none() && region.is_some() {
+            record.region = region;
+            record.zone = zone.to_string();
+        }
         let gpu = GpuId(self.gpus.len() as u32);
         let index_on_host = self.hosts[host.0 as usize].gpus.len() as u32;
         self.hosts[host.0 as usize].gpus.push(gpu);

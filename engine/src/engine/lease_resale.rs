@@ -136,7 +136,13 @@ impl Engine {
         let LeaseDuration::Hours(hours) = buy.duration else { return 0 };
         // A lease names its GPUs: a bid for verified ones checks them.
         let unverified = buy.verified_only && !self.lease_gpus_verified(lease);
-        if unverified || buy.quantity < gpus || (buy.one_host && buy.quantity != gpus) || (hours as u64 * MS_PER_HOUR) < left_ms {
+        let elsewhere = !super::matching::host_in_regions(self.hosts[lease.host.0 as usize].region, buy.regions);
+        if unverified
+            || elsewhere
+            || buy.quantity < gpus
+            || (buy.one_host && buy.quantity != gpus)
+            || (hours as u64 * MS_PER_HOUR) < left_ms
+        {
             return 0;
         }
         gpus

@@ -20,6 +20,8 @@ pub enum ListingChangeError {
     ClassRemoved(String),
     #[error("class {0}: its requirement (vendor, models, memory, fabric, profile) is fixed once listed; list a new class instead")]
     RequirementChanged(String),
+    #[error("region {0} is in the journal's listing and must stay in its place (regions are only appended)")]
+    RegionRemoved(String),
 }
 
 impl Engine {
@@ -29,6 +31,11 @@ impl Engine {
         listing.validate().map_err(ListingChangeError::Invalid)?;
         if listing.currency != self.config.currency {
             return Err(ListingChangeError::Currency { old: self.config.currency.code.clone(), new: listing.currency.code.clone() });
+        }
+        for (index, old) in self.config.regions.iter().enumerate() {
+            if listing.regions.get(index) != Some(old) {
+                return Err(ListingChangeError::RegionRemoved(old.clone()));
+            }
         }
         for (index, old) in self.config.classes.iter().enumerate() {
             let Some(new) = listing.classes.get(index).filter(|new| new.name == old.name) else {

@@ -143,13 +143,17 @@ impl Engine {
         }
         let Some(set) = sell.supply else {
             // A resale of contracts: any quantity, but never a gang bid's one
-            // host, nor a bid for verified GPUs (a contract names no GPU the
-            // buyer can check before the window).
-            return if buy.one_host || buy.verified_only { (0, 0) } else { (sell.quantity, 0) };
+            // host, nor a bid for verified GPUs or for regions (a contract
+            // names no GPU, nor host, the buyer can check before the window).
+            return if buy.one_host || buy.verified_only || buy.regions != 0 { (0, 0) } else { (sell.quantity, 0) };
         };
         let kind = self.instruments[buy.instrument.0 as usize].kind;
         let notice_ms = self.notice_ms(buy.instrument);
         let host = &self.hosts[set.host.0 as usize];
+        // A bid for some regions skips hosts elsewhere (they keep their place).
+        if !host_in_regions(host.region, buy.regions) {
+            return (0, 0);
+        }
         let usable = mask_bits(set.gpu_mask)
             .filter(|&bit| {
                 let gpu = &self.gpus[host.gpus[bit as usize].0 as usize];
@@ -309,4 +313,10 @@ pub(crate) fn preemptible_fits(gpu: &Gpu, now_ms: u64, notice_ms: u64) -> bool {
         && gpu.exclusive_lease.is_none()
         && gpu.preemptible_lease.is_none()
         && !gpu.committed_during(now_ms, Some(now_ms + notice_ms + 1))
+}
+
+/// Whether a host in `region` serves a bid for `regions` (0: any region;
+/// an undeclared host serves only such bids).
+pub(crate) fn host_in_regions(region: Option<u8>, regions: u32) -> bool {
+    regions == 0 || region.is_some_and(|r| regions & (1u32 << r) != 0)
 }

@@ -121,6 +121,9 @@ pub struct OrderInfo {
     pub price_minor_per_gpu_hour: u64,
     pub quantity: u32,
     pub resting: bool,
+    /// A bid's required regions (empty: any region).
+    #[serde(default)]
+    pub regions: Vec<String>,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -173,6 +176,9 @@ pub struct OfferInfo {
     pub gpus_verified: u32,
     /// The seller's reliability score (`None`: unrated).
     pub supplier_score_bps: Option<u32>,
+    /// The region of its host (`None`: undeclared, or a resold contract).
+    #[serde(default)]
+    pub region: Option<String>,
 }
 
 /// A public description of a lease.
@@ -216,6 +222,11 @@ pub struct GpuInfo {
     /// Its last hardware challenge, if it had one.
     #[serde(default)]
     pub challenge: Option<GpuVerification>,
+    /// Its host's region and zone (`None` and empty: undeclared).
+    #[serde(default)]
+    pub region: Option<String>,
+    #[serde(default)]
+    pub zone: String,
 }
 
 /// See [`Engine::challenge_target`].
@@ -525,7 +536,10 @@ impl Engine {
             Command::SetFee { fee_bps } => self.set_fee(*fee_bps),
             Command::SetBillingGrace { grace_ms } => self.set_billing_grace(*grace_ms),
             Command::ChangeListing { listing } => self.change_listing(listing),
-            Command::RegisterGpu { account, host, gpu_uuid, spec } => self.register_gpu(*account, host, gpu_uuid, spec),
+            Command::RegisterGpu { account, host, gpu_uuid, spec } => self.register_gpu(*account, host, gpu_uuid, spec, None),
+            Command::RegisterGpuInRegion { account, host, gpu_uuid, spec, region, zone } => {
+                self.register_gpu(*account, host, gpu_uuid, spec, Some((region, zone)))
+            }
             Command::SetGpuOnline { account, gpu, online } => self.set_gpu_online(*account, *gpu, *online),
             Command::PlaceOrder(order) => self.place_order(order, &OrderOptions::default()),
             Command::PlaceOrderFiltered { order, min_supplier_score_bps } => {
@@ -540,6 +554,10 @@ impl Engine {
                 &OrderOptions { min_supplier_score_bps: *min_supplier_score_bps, verified_only: true, ..OrderOptions::default() },
             ),
             Command::PlaceOrderWith { order, options } => self.place_order(order, options),
+            Command::PlaceOrderInRegions { order, options, regions } => {
+                let regions = self.region_mask(order, regions)?;
+                self.place_order_in(order, options, regions)
+            }
             Command::OpenSubAccount { parent } => self.open_sub_account(*parent),
             Command::MoveFunds { parent, sub_account, amount_minor, to_sub_account } => {
                 self.move_funds(*parent, *sub_account, *amount_minor, *to_sub_account)
@@ -741,6 +759,7 @@ impl Engine {
                     host: order.supply.map(|set| set.host),
                     gpus_verified: gpus.unwrap_or(0),
                     supplier_score_bps: self.supplier_score(order.account),
+                    region: order.supply.and_then(|set| self.host_region(set.host)).map(str::to_string),
                 }
             })
             .collect();
@@ -766,6 +785,7 @@ impl Engine {
             price_minor_per_gpu_hour: order.price,
             quantity: order.quantity,
             resting: order.resting,
+            regions: self.region_names(order.regions),
         })
     }
 
@@ -987,7 +1007,20 @@ impl Engine {
             online: gpu.online,
             verified: gpu.verified,
             challenge: self.gpu_details[id.0 as usize].challenge,
+            region: self.host_region(gpu.host).map(str::to_string),
+            zone: self.hosts[gpu.host.0 as usize].zone.clone(),
         })
+    }
+
+    /// The names of the regions in a bid's region mask.
+    fn region_names(&self, mask: u32) -> Vec<String> {
+        self.config.regions.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, r)| r.clone()).collect()
+    }
+
+    /// The region a host declared, by name.
+    pub fn host_region(&self, host: HostId) -> Option<&str> {
+        let region = self.hosts.get(host.0 as usize)?.region?;
+        self.config.regions.get(region as usize).map(String::as_str)
     }
 
     /// Every GPU an account registered, in registration order.
@@ -1058,6 +1091,7 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::Withdraw { account, .. }
         | Command::Payout { account, .. }
         | Command::RegisterGpu { account, .. }
+        | Command::RegisterGpuInRegion { account, .. }
         | Command::SetGpuOnline { account, .. }
         | Command::CancelOrder { account, .. }
         | Command::ReplaceOrder { account, .. }
@@ -1070,7 +1104,8 @@ fn command_account(command: &Command) -> Option<AccountId> {
         Command::PlaceOrder(order)
         | Command::PlaceOrderFiltered { order, .. }
         | Command::PlaceOrderVerified { order, .. }
-        | Command::PlaceOrderWith { order, .. } => Some(order.account),
+        | Command::PlaceOrderWith { order, .. }
+        | Command::PlaceOrderInRegions { order, .. } => Some(order.account),
     }
 }
 
@@ -1118,6 +1153,9 @@ impl Engine {
                 )
                 .as_bytes(),
             );
+        }
+        for host in &self.hosts {
+            h.bytes(format!("{}{:?}{:?}{}", host.name, host.owner, host.region, host.zone).as_bytes());
         }
         for (gpu, details) in self.gpus.iter().zip(&self.gpu_details) {
             h.bytes(

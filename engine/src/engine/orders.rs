@@ -23,6 +23,20 @@ pub(super) struct Admission {
 
 impl Engine {
     pub(super) fn place_order(&mut self, new: &NewOrder, options: &OrderOptions) -> Checked<()> {
+        self.place_order_in(new, options, 0)
+    }
+
+    /// The mask of the listing's regions a bid names (bit `i`: region `i`).
+    pub(super) fn region_mask(&self, new: &NewOrder, regions: &[String]) -> Checked<u32> {
+        if new.side != Side::Buy || regions.is_empty() || regions.len() > self.config.regions.len() {
+            return Err(RejectCode::RegionFilterInvalid);
+        }
+        regions.iter().try_fold(0u32, |mask, name| Ok(mask | 1u32 << self.config.region_index(name).ok_or(RejectCode::UnknownRegion)?))
+    }
+
+    /// Places an order; `regions` (a mask of the listing's regions, 0: any)
+    /// restricts a bid to GPUs of hosts in those regions.
+    pub(super) fn place_order_in(&mut self, new: &NewOrder, options: &OrderOptions, regions: u32) -> Checked<()> {
         check_options(new, options)?;
         let admission = self.admit(new, options, false)?;
         if options.stop_price_minor_per_gpu_hour > 0 {
@@ -50,6 +64,7 @@ impl Engine {
             verified_only: options.verified_only,
             all_or_none: options.all_or_none,
             stop_price,
+            regions,
             ..Order::vacant()
         };
         let id = self.orders.insert(order);

@@ -83,13 +83,19 @@ impl Market {
 
     /// Registers `gpus` H100 SXM GPUs on a new host and returns it.
     pub fn h100_host(&mut self, supplier: AccountId, name: &str, gpus: u32) -> HostId {
+        self.h100_host_in(supplier, name, gpus, None)
+    }
+
+    /// `h100_host` in a region and zone (`None`: no region).
+    pub fn h100_host_in(&mut self, supplier: AccountId, name: &str, gpus: u32, region: Option<(&str, &str)>) -> HostId {
         let mut host = None;
         for index in 0..gpus {
-            let events = self.apply(Command::RegisterGpu {
-                account: supplier,
-                host: name.to_string(),
-                gpu_uuid: format!("GPU-{name}-{index}"),
-                spec: h100_spec(),
+            let (account, host_name, gpu_uuid, spec) = (supplier, name.to_string(), format!("GPU-{name}-{index}"), h100_spec());
+            let events = self.apply(match region {
+                None => Command::RegisterGpu { account, host: host_name, gpu_uuid, spec },
+                Some((region, zone)) => {
+                    Command::RegisterGpuInRegion { account, host: host_name, gpu_uuid, spec, region: region.into(), zone: zone.into() }
+                }
             });
             host = events.iter().find_map(|e| match e.kind {
                 EventKind::GpuRegistered { host, .. } => Some(host),

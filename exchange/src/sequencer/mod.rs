@@ -238,6 +238,8 @@ impl Sequencer {
             Request::Liveness { connection, id, report } => self.liveness(connection, id, *report),
             Request::Access { connection, id, request } => self.access(connection, id, request),
             Request::ExchangeKey { connection, id } => self.exchange_key(connection, id),
+            Request::Listing { connection, id } => self.listing(connection, id),
+            Request::LeaseTelemetry { connection, id, lease } => self.lease_telemetry(connection, id, lease),
         }
     }
 

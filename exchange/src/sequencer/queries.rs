@@ -2,7 +2,7 @@
 //! balance and statement, an instrument's 24-hour stats. None changes the
 //! market; pages fit a frame (`gpux_protocol::fit_page`).
 
-use gpux_engine::{AccountId, InstrumentId};
+use gpux_engine::{AccountId, InstrumentId, LeaseId};
 use gpux_protocol::{ErrorCode, HostReliability, ServerMessage, ORDERS_PAGE_MAX};
 
 use super::{error, Sequencer};
@@ -13,6 +13,36 @@ impl Sequencer {
         // Expired windows are history: the list stays the calendar's size.
         let instruments = self.market.engine().listed_instruments();
         self.reply(connection, ServerMessage::Instruments { id, instruments });
+    }
+
+    /// A lease's recent telemetry, for its renter or supplier; a lease that
+    /// left the hot state has none (its reports stay in the journal).
+    pub(super) fn lease_telemetry(&mut self, connection: ConnectionId, id: u64, lease: LeaseId) {
+        let Some(account) = self.account(connection) else { return self.reply(connection, error(Some(id), ErrorCode::NotAuthenticated)) };
+        let party = |renter: AccountId, supplier: AccountId| renter == account || supplier == account;
+        let answer = match self.market.engine().lease(lease) {
+            Some(info) if party(info.renter, info.supplier) => {
+                ServerMessage::LeaseTelemetry { id, lease, gpus: self.market.lease_telemetry(lease) }
+            }
+            Some(_) => error(Some(id), ErrorCode::UnknownLease),
+            None => match self.journal.archived_lease(lease) {
+                Ok(Some(found)) if party(found.info.renter, found.info.supplier) => {
+                    ServerMessage::LeaseTelemetry { id, lease, gpus: Vec::new() }
+                }
+                Ok(_) => error(Some(id), ErrorCode::UnknownLease),
+                Err(reason) => {
+                    tracing::error!(%reason, "reading an archived lease");
+                    error(Some(id), ErrorCode::UnknownLease)
+                }
+            },
+        };
+        self.reply(connection, answer);
+    }
+
+    /// The listing the engine runs now (public).
+    pub(super) fn listing(&mut self, connection: ConnectionId, id: u64) {
+        let listing = Box::new(self.market.engine().config().clone());
+        self.reply(connection, ServerMessage::Listing { id, listing });
     }
 
     pub(super) fn open_orders(&mut self, connection: ConnectionId, id: u64, offset: u32) {

@@ -122,6 +122,24 @@ impl Sim {
         }
     }
 
+    /// Counts a lease in its host's region (as the engine has it), and
+    /// checks a renter who bids only at home got it there.
+    fn count_lease_region(&mut self, info: &gpux_engine::LeaseInfo, renter: AccountId, supplier_index: usize, price: u64) {
+        let engine = self.exchange.engine();
+        let region = info.gpus.first().and_then(|&gpu| engine.gpu(gpu)).and_then(|gpu| gpu.region).unwrap_or_else(|| "none".into());
+        let home = self.renter_of_account.get(&renter).and_then(|&index| self.population.renters[index as usize].region);
+        if home.is_some_and(|home| population::REGIONS[home as usize].name != region) {
+            self.metrics.regional_leases_elsewhere += 1;
+        }
+        let list = CLASSES[self.population.suppliers[supplier_index].class_index].list_price_minor;
+        let gpus = info.gpus.len() as u64;
+        let stats = self.metrics.regions.entry(region).or_default();
+        stats.leases += 1;
+        stats.gpus += gpus;
+        stats.regional_leases += home.is_some() as u64;
+        stats.price_bps_of_list_sum += price * 10_000 / list * gpus;
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn on_lease_created(
         &mut self,
@@ -137,6 +155,9 @@ impl Sim {
         let info = self.exchange.engine().lease(lease).expect("a created lease exists");
         let gpus: Vec<(GpuId, String)> =
             info.gpus.iter().map(|&gpu| (gpu, self.exchange.engine().gpu(gpu).expect("a leased GPU exists").uuid)).collect();
+        if self.config.regional_renters_bps > 0 {
+            self.count_lease_region(&info, renter, supplier_index as usize, price);
+        }
         for (gpu, _) in &gpus {
             self.gpu_lease_count[gpu.0 as usize] += 1;
         }

@@ -334,7 +334,7 @@ impl Sim {
             let model = &self.population.suppliers[index];
             let key = SigningKey::from_bytes(&model.key_seed);
             self.exchange.register_key(account, key.verifying_key().to_bytes());
-            let (class_index, gpu_count, host_name) = (model.class_index, model.gpu_count, model.host_name.clone());
+            let (class_index, gpu_count) = (model.class_index, model.gpu_count);
             let mut state = SupplierState {
                 account,
                 key,
@@ -351,7 +351,7 @@ impl Sim {
             for gpu_index in 0..gpu_count {
                 let uuid = format!("GPU-{index:06}-{gpu_index}");
                 let spec = population::spec_of(class_index);
-                let events = self.submit(Command::RegisterGpu { account, host: host_name.clone(), gpu_uuid: uuid, spec });
+                let events = self.submit(self.register_gpu(index, account, uuid, spec));
                 for event in events {
                     if let EventKind::GpuRegistered { host, gpu, .. } = event.kind {
                         state.host = Some(host);

@@ -9,6 +9,7 @@ impl Sim {
         self.schedule(next, Action::JobArrival(index));
         let renter = &self.population.renters[index as usize];
         let (kind, class_index, eagerness_bps, underpays) = (renter.kind, renter.class_index, renter.eagerness_bps, renter.underpays);
+        let renter_region = renter.region;
         let account = self.renters[index as usize].account;
         let (quantity, hours, run_ms, contract) = match kind {
             RenterKind::Training => {
@@ -34,7 +35,9 @@ impl Sim {
         let chasing = self.reference_price[class_index][contract] * (10_000 + eagerness_bps as u64) / 10_000;
         let list = CLASSES[class_index].list_price_minor * if contract == 1 { PREEMPT_DISCOUNT_PERCENT } else { 100 } / 100;
         let worth = list * (9_000 + eagerness_bps as u64) / 10_000;
-        let price = tick_round(chasing.min(worth));
+        // A renter whose data must stay at home pays what GPUs cost there.
+        let home_cost = renter_region.map_or(100, |r| population::REGIONS[r as usize].cost_percent);
+        let price = tick_round(chasing.min(worth) * home_cost / 100);
         let duration = match (run_ms, underpays) {
             (Some(_), _) | (_, true) => LeaseDuration::UntilCancelled,
             (None, false) => LeaseDuration::Hours(hours),
@@ -77,11 +80,19 @@ impl Sim {
         if underpays {
             self.metrics.renter_cheats.entry("open-ended lease left unfunded").or_default().attempts += 1;
         }
-        let placed = match self.order_type_for_job(&order, hold) {
-            None => self.place(order),
-            Some((label, options)) => {
+        let placed = match (self.order_type_for_job(&order, hold), renter_region) {
+            (None, None) => self.place(order),
+            (Some((label, options)), None) => {
                 *self.metrics.order_types.entry(label).or_default() += 1;
                 self.place_with(order, options)
+            }
+            (typed, Some(region)) => {
+                let options = typed.map_or_else(OrderOptions::default, |(label, options)| {
+                    *self.metrics.order_types.entry(label).or_default() += 1;
+                    options
+                });
+                let regions = vec![population::REGIONS[region as usize].name.to_string()];
+                self.place_command(Command::PlaceOrderInRegions { order, options, regions })
             }
         };
         if !placed {

@@ -63,6 +63,19 @@ impl Sim {
     }
 
     /// Places an order, counting a refusal by its code.
+    /// Registers a GPU on supplier `index`'s host, in its region if it has one.
+    pub(super) fn register_gpu(&self, index: usize, account: AccountId, gpu_uuid: String, spec: gpux_engine::GpuSpec) -> Command {
+        let supplier = &self.population.suppliers[index];
+        let host = supplier.host_name.clone();
+        match supplier.region {
+            None => Command::RegisterGpu { account, host, gpu_uuid, spec },
+            Some(region) => {
+                let region = population::REGIONS[region as usize].name.to_string();
+                Command::RegisterGpuInRegion { account, host, gpu_uuid, spec, region, zone: String::new() }
+            }
+        }
+    }
+
     pub(super) fn place(&mut self, order: NewOrder) -> bool {
         let events = self.submit(Command::PlaceOrder(order));
         for event in &events {
@@ -76,7 +89,12 @@ impl Sim {
 
     /// Places an order with options beyond a plain one (`place` otherwise).
     pub(super) fn place_with(&mut self, order: NewOrder, options: OrderOptions) -> bool {
-        let events = self.submit(Command::PlaceOrderWith { order, options });
+        self.place_command(Command::PlaceOrderWith { order, options })
+    }
+
+    /// Places an order command and counts its rejection, if any.
+    pub(super) fn place_command(&mut self, command: Command) -> bool {
+        let events = self.submit(command);
         for event in &events {
             if let EventKind::Rejected { code, .. } = event.kind {
                 *self.metrics.orders_rejected.entry(format!("{code:?}")).or_default() += 1;
@@ -118,8 +136,7 @@ impl Sim {
         let victim = self.rng.random_range(0..self.suppliers.len());
         let uuid = format!("GPU-{victim:06}-0");
         let spec = population::spec_of(self.population.suppliers[victim].class_index);
-        let events =
-            self.submit(Command::RegisterGpu { account, host: self.population.suppliers[i].host_name.clone(), gpu_uuid: uuid, spec });
+        let events = self.submit(self.register_gpu(i, account, uuid, spec));
         self.record_engine_cheat(SupplierCheat::DoubleSell, &events);
         let leased_mask = self.suppliers[i]
             .gpus
