@@ -1,7 +1,8 @@
 // gpux web console: instruments, live books (ladder and depth chart, and
 // each offer with its seller's reliability score), any supplier's
 // reliability score and any renter's dispute record,
-// trades with a price chart, the reserved-window calendar and, once logged
+// trades (history on load, then live) with a price chart of candles (uPlot,
+// vendored), the reserved-window calendar and, once logged
 // in with a key, an order ticket (every order type), the account's orders
 // (each with a cancel button), leases (an end button on active ones; each lease's delivery
 // status and endpoints, and its supplier's reliability score), notices,
@@ -21,6 +22,8 @@ const state = {
   leases: [], deliveries: new Map(), scores: new Map(), offersTimer: null,
   // The exchange's currency, from its listing (docs/protocol.md "listing").
   currency: { code: "USD", decimals: 6 }, regions: [],
+  // The price chart: its interval, its uPlot, and a pending redraw.
+  interval: "1m", chart: null, candlesTimer: null,
 };
 
 const $ = (id) => document.getElementById(id);
@@ -107,7 +110,7 @@ async function loadInstruments() {
   for (const info of state.instruments.filter((i) => typeof i.contract === "string")) {
     const item = document.createElement("li");
     item.dataset.instrument = info.instrument;
-    item.innerHTML = `${info.symbol}<span class="state">${info.state}</span><div class="quote"></div>`;
+    item.innerHTML = `${info.symbol}<span class="state">${info.state}</span><div class="bbo"></div><div class="quote"></div>`;
     item.onclick = () => select(info.instrument);
     list.append(item);
   }
@@ -116,12 +119,16 @@ async function loadInstruments() {
   refreshQuotes();
 }
 
-// Each standing book's last price, 24-hour change and volume (public
-// `stats`), under its name in the list; refreshed every 15 s.
+// Each standing book's best bid and ask (public `book`), last price,
+// 24-hour change and volume (public `stats`), under its name in the list;
+// refreshed every 15 s.
 async function refreshQuotes() {
   clearTimeout(state.quotesTimer);
   for (const item of $("instruments").children) {
     try {
+      const { body: b } = await request("book", { instrument: Number(item.dataset.instrument) });
+      const best = (levels) => (levels.length ? money(levels[0][0]) : "none");
+      item.querySelector(".bbo").textContent = `bid ${best(b.bids)} · ask ${best(b.asks)}`;
       const { body: s } = await request("stats", { instrument: Number(item.dataset.instrument) });
       const change = s.open === null || s.open === 0 ? "" : ` ${s.last >= s.open ? "+" : ""}${(((s.last - s.open) / s.open) * 100).toFixed(1)}%`;
       item.querySelector(".quote").textContent = s.last === null ? "no trades in 24 h" : `last ${money(s.last)}${change} · ${s.volume} GPUs`;
@@ -165,9 +172,63 @@ async function select(instrument) {
   $("symbol").textContent = info ? info.symbol : String(instrument);
   await request("subscribe", { channel: "book", instrument });
   await request("subscribe", { channel: "trades", instrument });
+  // The history before the subscription (docs/protocol.md "History"),
+  // merged with what the live feed brought meanwhile.
+  const { body: history } = await request("trades", { instrument, before_seq: null });
+  if (instrument !== state.selected) return;
+  const seen = new Set(state.trades.map((t) => t.seq));
+  state.trades.push(...history.trades.filter((t) => !seen.has(t.seq)).map((t) => ({ instrument, ...t })));
+  state.trades.sort((a, b) => b.seq - a.seq);
+  state.trades.length = Math.min(state.trades.length, 100);
   renderTrades();
+  refreshCandles();
   refreshOffers();
 }
+
+// The price chart: the selected interval's candles (`candles`), drawn by
+// uPlot with a time axis (UTC) and a price axis in the exchange's currency;
+// redrawn at most every 2 s while trades come in.
+async function refreshCandles() {
+  const instrument = state.selected;
+  const { body } = await request("candles", { instrument, interval: state.interval, before_ms: null });
+  if (instrument !== state.selected) return;
+  const candles = body.candles;
+  const data = [candles.map((c) => c.start_ms / 1000), candles.map((c) => c.close), candles.map((c) => c.high), candles.map((c) => c.low)];
+  const holder = $("prices");
+  holder.dataset.candles = String(candles.length);
+  if (state.chart) state.chart.destroy();
+  const price = (u, ticks) => ticks.map((minor) => money(Math.round(minor)));
+  state.chart = new uPlot(
+    {
+      width: 420, height: 180, tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"),
+      legend: { show: false }, cursor: { show: true },
+      scales: { x: { time: true } },
+      axes: [{ stroke: "#444", grid: { stroke: "#eee" } }, { stroke: "#444", grid: { stroke: "#eee" }, size: 80, values: price }],
+      series: [
+        {},
+        { label: "close", stroke: "#14213d", width: 2, points: { show: candles.length < 3 } },
+        { label: "high", stroke: "#9aa6c0", width: 1 },
+        { label: "low", stroke: "#9aa6c0", width: 1 },
+      ],
+      bands: [{ series: [2, 3], fill: "rgba(20, 33, 61, 0.08)" }],
+    },
+    data,
+    holder,
+  );
+}
+
+function candlesChanged() {
+  if (state.candlesTimer !== null) return;
+  state.candlesTimer = setTimeout(() => {
+    state.candlesTimer = null;
+    refreshCandles().catch(() => {});
+  }, 2000);
+}
+
+$("interval").onchange = () => {
+  state.interval = $("interval").value;
+  refreshCandles().catch(() => {});
+};
 
 // The book's asks one by one with their sellers' scores (public
 // `book_offers`, docs/protocol.md), the best 15; asked again at most once a
@@ -261,9 +322,11 @@ function drawDepth(bids, asks) {
 
 function onTrade(body) {
   if (body.instrument !== state.selected) return;
+  if (state.trades.some((t) => t.seq === body.seq)) return;
   state.trades.unshift(body);
   state.trades.length = Math.min(state.trades.length, 100);
   renderTrades();
+  candlesChanged();
 }
 
 function renderTrades() {
@@ -271,20 +334,6 @@ function renderTrades() {
     .slice(0, 12)
     .map((t) => `<tr><td>${new Date(t.at_ms).toISOString().slice(11, 19)}</td><td>${t.quantity}</td><td>${money(t.price_minor_per_gpu_hour)}</td><td>${t.aggressor}</td></tr>`)
     .join("");
-  const canvas = $("prices");
-  const g = canvas.getContext("2d");
-  g.clearRect(0, 0, canvas.width, canvas.height);
-  const series = [...state.trades].reverse().map((t) => t.price_minor_per_gpu_hour);
-  if (series.length < 2) return;
-  const low = Math.min(...series), high = Math.max(...series);
-  g.beginPath();
-  g.strokeStyle = "#14213d";
-  series.forEach((p, i) => {
-    const px = 10 + (i / (series.length - 1)) * (canvas.width - 20);
-    const py = canvas.height - 10 - ((p - low) / Math.max(1, high - low)) * (canvas.height - 20);
-    i ? g.lineTo(px, py) : g.moveTo(px, py);
-  });
-  g.stroke();
 }
 
 // --- the account --------------------------------------------------------

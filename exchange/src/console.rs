@@ -1,13 +1,17 @@
 //! Serves the web console (clients/web): static assets compiled into the
 //! binary, so the console works offline and always matches this exchange's
 //! protocol, plus `/config.js`, which tells the page where the WebSocket
-//! gateway listens, over the exchange's bounded HTTP server (`http.rs`).
+//! gateway listens, and the REST read API under `/api/v1/`
+//! (`gpux_gateway::rest`), over the exchange's bounded HTTP server (`http.rs`).
 
 use tokio::net::TcpListener;
 
 const INDEX_HTML: &str = include_str!("../../clients/web/index.html");
 const APP_JS: &str = include_str!("../../clients/web/app.js");
 const STYLE_CSS: &str = include_str!("../../clients/web/style.css");
+/// The price chart's library (clients/web/vendor/uplot/README.md).
+const UPLOT_JS: &str = include_str!("../../clients/web/vendor/uplot/uPlot.iife.min.js");
+const UPLOT_CSS: &str = include_str!("../../clients/web/vendor/uplot/uPlot.min.css");
 
 /// The response to `GET path`: content type and body, if the path exists.
 fn asset(path: &str, gateway_url: &str) -> Option<(&'static str, String)> {
@@ -15,14 +19,16 @@ fn asset(path: &str, gateway_url: &str) -> Option<(&'static str, String)> {
         "/" | "/index.html" => Some(("text/html; charset=utf-8", INDEX_HTML.to_string())),
         "/app.js" => Some(("text/javascript; charset=utf-8", APP_JS.to_string())),
         "/style.css" => Some(("text/css; charset=utf-8", STYLE_CSS.to_string())),
+        "/vendor/uPlot.iife.min.js" => Some(("text/javascript; charset=utf-8", UPLOT_JS.to_string())),
+        "/vendor/uPlot.min.css" => Some(("text/css; charset=utf-8", UPLOT_CSS.to_string())),
         "/config.js" => Some(("text/javascript; charset=utf-8", format!("window.GPUX_WS = {gateway_url:?};\n"))),
         _ => None,
     }
 }
 
-/// Serves the console until the process ends.
-pub async fn serve(listener: TcpListener, gateway_url: String, metrics: std::sync::Arc<crate::metrics::Metrics>) {
-    let router = axum::Router::new().fallback(move |uri: axum::http::Uri| {
+/// Serves the console and the REST API until the process ends.
+pub async fn serve(listener: TcpListener, gateway_url: String, metrics: std::sync::Arc<crate::metrics::Metrics>, rest: axum::Router) {
+    let router = rest.fallback(move |uri: axum::http::Uri| {
         let gateway_url = gateway_url.clone();
         async move {
             use axum::http::{header, StatusCode};
@@ -51,5 +57,6 @@ mod tests {
         );
         assert!(asset("/../Cargo.toml", "ws://x").is_none());
         assert!(asset("/metrics", "ws://x").is_none());
+        assert!(asset("/vendor/uPlot.iife.min.js", "ws://x").is_some_and(|(_, body)| body.contains("uPlot")));
     }
 }

@@ -136,8 +136,11 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
         let gateway_url = format!("{scheme}://{}", listener.local_addr()?);
         if let Some(address) = config.console_listen {
             let console_listener = TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
-            say(&format!("web console on http://{}/", console_listener.local_addr()?));
-            tokio::spawn(console::serve(console_listener, gateway_url.clone(), metrics.clone()));
+            let address = console_listener.local_addr()?;
+            say(&format!("web console on http://{address}/"));
+            say(&format!("REST API on http://{address}/api/v1/ (docs/rest.md)"));
+            let rest = gpux_gateway::rest::router(requests.clone(), clock);
+            tokio::spawn(console::serve(console_listener, gateway_url.clone(), metrics.clone(), rest));
         }
         say(&format!("listening on {gateway_url}"));
         if let Some(on_listening) = config.on_listening {

@@ -398,6 +398,8 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
     // Produced where its cause can be made: a journal that cannot be read
     // (exchange/src/invoices.rs, an_invoice_the_journal_cannot_give_is_invoice_unavailable).
     produced.insert("invoice_unavailable".into(), Who::Renter);
+    // (exchange/src/sequencer/tests.rs, history_the_journal_cannot_give_is_history_unavailable).
+    produced.insert("history_unavailable".into(), Who::Renter);
     let produced: BTreeSet<String> = produced.into_keys().collect();
     assert_eq!(produced, documented, "every documented code was produced");
 }

@@ -6,6 +6,9 @@
 //! limits, and the fan-out of the sequencer's frames and market-data feeds
 //! to sockets (outbox, slow consumers, resync).
 //!
+//! The REST read API ([`rest`]) is the same edge over HTTP: one short
+//! session per request.
+//!
 //! It talks to the sequencer only through [`link`]: typed `Request`s in, and
 //! `Outgoing` frames out through each connection's `Outbound`. It knows
 //! nothing of the journal, the engine's state or the ledger.
@@ -13,6 +16,7 @@
 pub mod admission;
 pub mod link;
 pub mod metrics;
+pub mod rest;
 mod server;
 
 pub use server::*;

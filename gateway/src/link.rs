@@ -97,6 +97,11 @@ pub enum Request {
         public_key: [u8; 32],
         role: Option<Role>,
         cancel_on_disconnect: bool,
+        /// Whether the session is the account's presence (a WebSocket
+        /// session: it gets the account's pushed events, and its end may
+        /// cancel orders or be a supplier's disconnect), or one REST
+        /// request's, which is none of these.
+        presence: bool,
     },
     Command {
         connection: ConnectionId,
@@ -238,6 +243,26 @@ pub enum Request {
         id: u64,
         lease: LeaseId,
     },
+    /// Market history from the journal's index: trades and candles
+    /// (public), the account's fills.
+    History {
+        connection: ConnectionId,
+        id: u64,
+        request: HistoryRequest,
+    },
+    /// An instrument's book now, once (public).
+    Book {
+        connection: ConnectionId,
+        id: u64,
+        instrument: InstrumentId,
+    },
+}
+
+/// Market history (docs/protocol.md "History").
+pub enum HistoryRequest {
+    Trades { instrument: InstrumentId, before_seq: Option<u64> },
+    Candles { instrument: InstrumentId, interval: gpux_protocol::CandleInterval, before_ms: Option<u64> },
+    Fills { before: Option<gpux_protocol::FillCursor> },
 }
 
 /// Sub-accounts and keys (docs/protocol.md "Sub-accounts", "Keys and scopes").
@@ -287,7 +312,9 @@ impl Request {
             | Request::Access { id, .. }
             | Request::ExchangeKey { id, .. }
             | Request::Listing { id, .. }
-            | Request::LeaseTelemetry { id, .. } => Some(*id),
+            | Request::LeaseTelemetry { id, .. }
+            | Request::History { id, .. }
+            | Request::Book { id, .. } => Some(*id),
             Request::Connect { .. } | Request::Disconnect { .. } | Request::Resync { .. } => None,
         }
     }
@@ -303,6 +330,7 @@ impl Request {
             Request::OpenOrders { .. }
             | Request::Leases { .. }
             | Request::LeaseTelemetry { .. }
+            | Request::History { request: HistoryRequest::Fills { .. }, .. }
             | Request::Balance { .. }
             | Request::Statement { .. }
             | Request::RecentStatement { .. }
@@ -326,6 +354,8 @@ impl Request {
             | Request::BookOffers { .. }
             | Request::ExchangeKey { .. }
             | Request::Listing { .. }
+            | Request::History { .. }
+            | Request::Book { .. }
             | Request::Disconnect { .. }
             | Request::Resync { .. } => None,
         }
@@ -360,7 +390,9 @@ impl Request {
             | Request::Access { connection, .. }
             | Request::ExchangeKey { connection, .. }
             | Request::Listing { connection, .. }
-            | Request::LeaseTelemetry { connection, .. } => *connection,
+            | Request::LeaseTelemetry { connection, .. }
+            | Request::History { connection, .. }
+            | Request::Book { connection, .. } => *connection,
         }
     }
 }

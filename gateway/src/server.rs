@@ -31,7 +31,8 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use crate::admission::{AcceptBackoff, Admission, AdmissionLimits, Ticket};
 use crate::link::{
-    AccessRequest, ChallengeRequest, Clock, ConnectionId, DeliveryRequest, LoginOutcome, Outbound, Outgoing, Request, SharedFrame,
+    AccessRequest, ChallengeRequest, Clock, ConnectionId, DeliveryRequest, HistoryRequest, LoginOutcome, Outbound, Outgoing, Request,
+    SharedFrame,
 };
 use crate::metrics::GatewayMetrics;
 
@@ -92,6 +93,11 @@ pub const RESYNC_WINDOW: std::time::Duration = std::time::Duration::from_secs(60
 const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
+
+/// A fresh connection id (WebSocket connections and REST sessions share them).
+pub fn next_connection_id() -> ConnectionId {
+    NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed)
+}
 
 /// Loads a PEM certificate chain and private key into a TLS acceptor
 /// (rustls with the ring provider; TLS 1.2 and 1.3).
@@ -288,7 +294,7 @@ async fn serve_connection<S>(
     let mut feeds: StreamMap<(Channel, InstrumentId), BroadcastStream<Arc<SharedFrame>>> = StreamMap::new();
     let too_slow = Arc::new(Notify::new());
     let mut connection = Connection {
-        id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
+        id: next_connection_id(),
         core,
         metrics: metrics.clone(),
         ticket,
@@ -621,7 +627,10 @@ impl Connection {
                 match verify(&nonce, &public_key, &signature) {
                     Some(public_key) => {
                         self.session = Session::Authenticating;
-                        self.forward(id, Request::Authenticate { connection: self.id, id, public_key, role, cancel_on_disconnect })
+                        self.forward(
+                            id,
+                            Request::Authenticate { connection: self.id, id, public_key, role, cancel_on_disconnect, presence: true },
+                        )
                     }
                     None => {
                         self.metrics.auth_failures.with_label_values(&["signature"]).inc();
@@ -644,6 +653,15 @@ impl Connection {
             (_, ClientMessage::Instruments { id }) => self.forward(id, Request::Instruments { connection: self.id, id }),
             (_, ClientMessage::ExchangeKey { id }) => self.forward(id, Request::ExchangeKey { connection: self.id, id }),
             (_, ClientMessage::Listing { id }) => self.forward(id, Request::Listing { connection: self.id, id }),
+            (_, ClientMessage::Trades { id, instrument, before_seq }) => {
+                let request = HistoryRequest::Trades { instrument, before_seq };
+                self.forward(id, Request::History { connection: self.id, id, request })
+            }
+            (_, ClientMessage::Candles { id, instrument, interval, before_ms }) => {
+                let request = HistoryRequest::Candles { instrument, interval, before_ms };
+                self.forward(id, Request::History { connection: self.id, id, request })
+            }
+            (_, ClientMessage::Book { id, instrument }) => self.forward(id, Request::Book { connection: self.id, id, instrument }),
             (_, ClientMessage::Stats { id, instrument }) => self.forward(id, Request::Stats { connection: self.id, id, instrument }),
             (_, ClientMessage::SupplierStats { id, supplier }) => {
                 self.forward(id, Request::SupplierStats { connection: self.id, id, supplier })
@@ -776,6 +794,14 @@ impl Connection {
             ClientMessage::ExchangeKey { id } => Request::ExchangeKey { connection, id },
             ClientMessage::Listing { id } => Request::Listing { connection, id },
             ClientMessage::LeaseTelemetry { id, lease } => Request::LeaseTelemetry { connection, id, lease },
+            ClientMessage::Trades { id, instrument, before_seq } => {
+                Request::History { connection, id, request: HistoryRequest::Trades { instrument, before_seq } }
+            }
+            ClientMessage::Candles { id, instrument, interval, before_ms } => {
+                Request::History { connection, id, request: HistoryRequest::Candles { instrument, interval, before_ms } }
+            }
+            ClientMessage::Fills { id, before } => Request::History { connection, id, request: HistoryRequest::Fills { before } },
+            ClientMessage::Book { id, instrument } => Request::Book { connection, id, instrument },
             ClientMessage::OfferLease { id, lease, price_minor_per_gpu_hour, client_order_id, time_in_force } => {
                 command(id, Command::OfferLease { account, lease, client_order_id, price_minor_per_gpu_hour, time_in_force })
             }
@@ -995,6 +1021,8 @@ mod tests {
                     | Request::BookOffers { .. }
                     | Request::ExchangeKey { .. }
                     | Request::Listing { .. }
+                    | Request::History { request: HistoryRequest::Trades { .. } | HistoryRequest::Candles { .. }, .. }
+                    | Request::Book { .. }
             )
         }
 

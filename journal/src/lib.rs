@@ -13,6 +13,7 @@ use anyhow::{Context, Result};
 use gpux_engine::{AccountId, ContractId, ContractInfo, InstrumentId, InstrumentInfo, LeaseId, LeaseInfo};
 pub use gpux_market::JournalEntry;
 use gpux_market::{Archived, ArchivedLease, LeaseDelivery};
+use gpux_protocol::history::{Candle, CandleInterval, CandleRecord, Fill, FillCursor, TradeRecord};
 use gpux_protocol::{decode_record, encode_record};
 use gpux_settlement::ledger::{Transfer, TransferKind};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
@@ -43,6 +44,15 @@ const ARCHIVED_LEASE_SYMBOLS: TableDefinition<u64, &str> = TableDefinition::new(
 /// (`TransferKind` as u8), written in the transfers' commit. Statements and
 /// invoices are range reads of one account's period, not scans.
 const ACCOUNT_TRANSFERS: TableDefinition<(u32, u64, u64), u8> = TableDefinition::new("account_transfers");
+/// Every trade as printed, by `(instrument, seq)` (docs/protocol.md
+/// "History"), written in the commit of the entry that printed it.
+const TRADES: TableDefinition<(u32, u64), &[u8]> = TableDefinition::new("trades");
+/// Each party's fills: `(account, at_ms, instrument, seq)` -> its side (0
+/// buy, 1 sell); the trade itself is in [`TRADES`].
+const ACCOUNT_FILLS: TableDefinition<(u32, u64, u32, u64), u8> = TableDefinition::new("account_fills");
+/// Price candles: `(instrument, interval ms, start ms)` -> [`CandleRecord`],
+/// updated in the trades' commit (adding a trade twice counts it once).
+const CANDLES: TableDefinition<(u32, u64, u64), &[u8]> = TableDefinition::new("candles");
 
 pub struct Journal {
     db: std::sync::Arc<Database>,
@@ -73,6 +83,9 @@ impl Journal {
         setup.open_table(ARCHIVED_LEASE_SYMBOLS)?;
         setup.open_table(ARCHIVED_CONTRACTS)?;
         setup.open_table(ARCHIVED_INSTRUMENTS)?;
+        setup.open_table(TRADES)?;
+        setup.open_table(ACCOUNT_FILLS)?;
+        setup.open_table(CANDLES)?;
         {
             let transfers = setup.open_table(TRANSFERS)?;
             let mut by_account = setup.open_table(ACCOUNT_TRANSFERS)?;
@@ -147,6 +160,7 @@ impl Journal {
             for instrument in &archived.instruments {
                 instruments.insert(instrument.instrument.0, encode_record(instrument).as_slice())?;
             }
+            index_trades(&transaction, &archived.trades)?;
         }
         transaction.commit()?;
         self.next_seq += entries.len() as u64;
@@ -197,6 +211,15 @@ pub trait JournalStore: Send {
     fn archived_instrument(&self, instrument: InstrumentId) -> Result<Option<InstrumentInfo>>;
     /// What another thread reads committed data through.
     fn shared_reader(&self) -> std::sync::Arc<dyn JournalRead>;
+    /// Up to `limit` of an instrument's trades before trade `before_seq`
+    /// (the newest without it), newest first.
+    fn trades(&self, instrument: InstrumentId, before_seq: Option<u64>, limit: usize) -> Result<Vec<TradeRecord>>;
+    /// The newest `limit` candles of `interval` starting before
+    /// `before_ms`, oldest first, and whether older ones exist.
+    fn candles(&self, instrument: InstrumentId, interval: CandleInterval, before_ms: u64, limit: usize) -> Result<(Vec<Candle>, bool)>;
+    /// Up to `limit` of an account's fills before `before` (the newest
+    /// without it), newest first.
+    fn fills(&self, account: AccountId, before: Option<FillCursor>, limit: usize) -> Result<Vec<Fill>>;
 }
 
 /// Reads of committed data that may run off the sequencer's thread (the
@@ -315,6 +338,110 @@ impl JournalStore for Journal {
     fn shared_reader(&self) -> std::sync::Arc<dyn JournalRead> {
         std::sync::Arc::new(self.reader())
     }
+    fn trades(&self, instrument: InstrumentId, before_seq: Option<u64>, limit: usize) -> Result<Vec<TradeRecord>> {
+        trades(&self.db.begin_read()?, instrument, before_seq, limit)
+    }
+    fn candles(&self, instrument: InstrumentId, interval: CandleInterval, before_ms: u64, limit: usize) -> Result<(Vec<Candle>, bool)> {
+        candles(&self.db.begin_read()?, instrument, interval, before_ms, limit)
+    }
+    fn fills(&self, account: AccountId, before: Option<FillCursor>, limit: usize) -> Result<Vec<Fill>> {
+        fills(&self.db.begin_read()?, account, before, limit)
+    }
+}
+
+/// Writes trades, their parties' fills and the candles they fall in.
+fn index_trades(transaction: &redb::WriteTransaction, trades: &[TradeRecord]) -> Result<()> {
+    if trades.is_empty() {
+        return Ok(());
+    }
+    let mut table = transaction.open_table(TRADES)?;
+    let mut fills = transaction.open_table(ACCOUNT_FILLS)?;
+    let mut candles = transaction.open_table(CANDLES)?;
+    for trade in trades {
+        table.insert((trade.instrument.0, trade.seq), encode_record(trade).as_slice())?;
+        fills.insert((trade.buyer.0, trade.at_ms, trade.instrument.0, trade.seq), 0)?;
+        fills.insert((trade.seller.0, trade.at_ms, trade.instrument.0, trade.seq), 1)?;
+        for interval in CandleInterval::ALL {
+            let start_ms = interval.start(trade.at_ms);
+            let key = (trade.instrument.0, interval.ms(), start_ms);
+            let existing = match candles.get(key)? {
+                Some(bytes) => {
+                    Some(decode_record::<CandleRecord>(bytes.value()).map_err(|e| anyhow::anyhow!("candle {key:?}: {}", e.message))?)
+                }
+                None => None,
+            };
+            let record = match existing {
+                Some(mut record) => {
+                    record.add(trade);
+                    record
+                }
+                None => CandleRecord::first(start_ms, trade),
+            };
+            candles.insert(key, encode_record(&record).as_slice())?;
+        }
+    }
+    Ok(())
+}
+
+fn side_of(code: u8) -> gpux_engine::Side {
+    if code == 0 {
+        gpux_engine::Side::Buy
+    } else {
+        gpux_engine::Side::Sell
+    }
+}
+
+fn decode_trade(bytes: &[u8], key: (u32, u64)) -> Result<TradeRecord> {
+    decode_record(bytes).map_err(|e| anyhow::anyhow!("trade {key:?}: {}", e.message))
+}
+
+fn trades(read: &redb::ReadTransaction, instrument: InstrumentId, before_seq: Option<u64>, limit: usize) -> Result<Vec<TradeRecord>> {
+    let table = read.open_table(TRADES)?;
+    let end = before_seq.unwrap_or(u64::MAX);
+    let mut found = Vec::new();
+    for row in table.range((instrument.0, 0)..(instrument.0, end))?.rev().take(limit) {
+        let (key, bytes) = row?;
+        found.push(decode_trade(bytes.value(), key.value())?);
+    }
+    Ok(found)
+}
+
+fn candles(
+    read: &redb::ReadTransaction,
+    instrument: InstrumentId,
+    interval: CandleInterval,
+    before_ms: u64,
+    limit: usize,
+) -> Result<(Vec<Candle>, bool)> {
+    let table = read.open_table(CANDLES)?;
+    let range = (instrument.0, interval.ms(), 0)..(instrument.0, interval.ms(), before_ms);
+    let mut found = Vec::new();
+    for row in table.range(range)?.rev().take(limit + 1) {
+        let (key, bytes) = row?;
+        let record: CandleRecord = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("candle {:?}: {}", key.value(), e.message))?;
+        found.push(record.candle);
+    }
+    let more = found.len() > limit;
+    found.truncate(limit);
+    found.reverse();
+    Ok((found, more))
+}
+
+fn fills(read: &redb::ReadTransaction, account: AccountId, before: Option<FillCursor>, limit: usize) -> Result<Vec<Fill>> {
+    let index = read.open_table(ACCOUNT_FILLS)?;
+    let table = read.open_table(TRADES)?;
+    let end = match before {
+        Some(cursor) => (account.0, cursor.at_ms, cursor.instrument.0, cursor.seq),
+        None => (account.0, u64::MAX, u32::MAX, u64::MAX),
+    };
+    let mut found = Vec::new();
+    for row in index.range((account.0, 0, 0, 0)..end)?.rev().take(limit) {
+        let (key, side) = row?;
+        let (_, _, instrument, seq) = key.value();
+        let bytes = table.get((instrument, seq))?.with_context(|| format!("fill of trade {instrument}/{seq} is indexed but not stored"))?;
+        found.push(decode_trade(bytes.value(), (instrument, seq))?.fill(side_of(side.value())));
+    }
+    Ok(found)
 }
 
 fn index_archived_lease(by_account: &mut redb::Table<'_, (u32, u64), ()>, lease: &LeaseInfo) -> Result<()> {
@@ -344,8 +471,11 @@ struct MemoryInner {
     archived: std::collections::BTreeMap<u64, ArchivedLease>,
     contracts: std::collections::BTreeMap<u64, ContractInfo>,
     instruments: std::collections::BTreeMap<u32, InstrumentInfo>,
+    trades: std::collections::BTreeMap<(u32, u64), TradeRecord>,
     commits: u64,
     failing: bool,
+    /// History reads fail, as an unreadable index would.
+    failing_reads: bool,
 }
 
 impl MemoryJournal {
@@ -356,6 +486,11 @@ impl MemoryJournal {
     /// Every append from now on fails (`false`: they succeed again).
     pub fn fail_appends(&self, failing: bool) {
         self.inner().failing = failing;
+    }
+
+    /// Every history read from now on fails (`false`: they succeed again).
+    pub fn fail_history_reads(&self, failing: bool) {
+        self.inner().failing_reads = failing;
     }
 
     /// Successful appends so far (one per batch with entries).
@@ -385,6 +520,7 @@ impl JournalStore for MemoryJournal {
         inner.archived.extend(archived.leases.iter().map(|l| (l.info.lease.0, l.clone())));
         inner.contracts.extend(archived.contracts.iter().map(|c| (c.contract.0, c.clone())));
         inner.instruments.extend(archived.instruments.iter().map(|i| (i.instrument.0, i.clone())));
+        inner.trades.extend(archived.trades.iter().map(|t| ((t.instrument.0, t.seq), t.clone())));
         inner.commits += 1;
         Ok(first)
     }
@@ -415,6 +551,41 @@ impl JournalStore for MemoryJournal {
     }
     fn archived_instrument(&self, instrument: InstrumentId) -> Result<Option<InstrumentInfo>> {
         Ok(self.inner().instruments.get(&instrument.0).cloned())
+    }
+    fn trades(&self, instrument: InstrumentId, before_seq: Option<u64>, limit: usize) -> Result<Vec<TradeRecord>> {
+        let inner = self.inner();
+        anyhow::ensure!(!inner.failing_reads, "the memory journal was told to fail reads");
+        let range = (instrument.0, 0)..(instrument.0, before_seq.unwrap_or(u64::MAX));
+        Ok(inner.trades.range(range).rev().take(limit).map(|(_, t)| t.clone()).collect())
+    }
+    fn candles(&self, instrument: InstrumentId, interval: CandleInterval, before_ms: u64, limit: usize) -> Result<(Vec<Candle>, bool)> {
+        let inner = self.inner();
+        anyhow::ensure!(!inner.failing_reads, "the memory journal was told to fail reads");
+        let mut buckets: std::collections::BTreeMap<u64, CandleRecord> = std::collections::BTreeMap::new();
+        for trade in inner.trades.range((instrument.0, 0)..=(instrument.0, u64::MAX)).map(|(_, t)| t) {
+            let start_ms = interval.start(trade.at_ms);
+            if start_ms < before_ms {
+                buckets.entry(start_ms).and_modify(|c| c.add(trade)).or_insert_with(|| CandleRecord::first(start_ms, trade));
+            }
+        }
+        let more = buckets.len() > limit;
+        let skip = buckets.len().saturating_sub(limit);
+        Ok((buckets.into_values().skip(skip).map(|r| r.candle).collect(), more))
+    }
+    fn fills(&self, account: AccountId, before: Option<FillCursor>, limit: usize) -> Result<Vec<Fill>> {
+        let inner = self.inner();
+        anyhow::ensure!(!inner.failing_reads, "the memory journal was told to fail reads");
+        let mut all: Vec<Fill> = Vec::new();
+        for trade in inner.trades.values() {
+            if trade.buyer == account {
+                all.push(trade.fill(gpux_engine::Side::Buy));
+            }
+            if trade.seller == account {
+                all.push(trade.fill(gpux_engine::Side::Sell));
+            }
+        }
+        all.sort_by_key(|f| std::cmp::Reverse(f.cursor()));
+        Ok(all.into_iter().filter(|f| before.is_none_or(|b| f.cursor() < b)).take(limit).collect())
     }
 }
 
@@ -649,7 +820,7 @@ mod tests {
             price_minor_per_gpu_hour: 2_000_000,
             outcome: gpux_engine::ContractOutcome::Delivered { lease: LeaseId(4) },
         };
-        Archived { leases, contracts: vec![contract], instruments: vec![window] }
+        Archived { leases, contracts: vec![contract], instruments: vec![window], trades: Vec::new() }
     }
 
     /// Pages of an account's archived leases (newest first), one archived

@@ -110,23 +110,28 @@ pub struct Archived {
     /// Reserved windows [`WINDOW_RETENTION_MS`] after they expired (once
     /// their leases left), as they were listed.
     pub instruments: Vec<gpux_engine::InstrumentInfo>,
+    /// Trades the entry printed, for the exchange's history index
+    /// (docs/protocol.md "History"); nothing left the hot state with them.
+    pub trades: Vec<gpux_protocol::TradeRecord>,
 }
 
 impl Archived {
     pub fn is_empty(&self) -> bool {
-        self.leases.is_empty() && self.contracts.is_empty() && self.instruments.is_empty()
+        self.leases.is_empty() && self.contracts.is_empty() && self.instruments.is_empty() && self.trades.is_empty()
     }
 
     pub fn append(&mut self, other: &mut Archived) {
         self.leases.append(&mut other.leases);
         self.contracts.append(&mut other.contracts);
         self.instruments.append(&mut other.instruments);
+        self.trades.append(&mut other.trades);
     }
 
     pub fn clear(&mut self) {
         self.leases.clear();
         self.contracts.clear();
         self.instruments.clear();
+        self.trades.clear();
     }
 }
 
@@ -418,7 +423,7 @@ impl MarketState {
                 self.settlement.forget_lease(lease);
                 self.disputes.forget_lease(lease);
             }
-            if let Some(notice) = self.market_data(event) {
+            if let Some(notice) = self.market_data(event, &mut applied.archived.trades) {
                 applied.notices.push(notice);
             }
             let accounts = routing::accounts_of(&self.engine, event);
@@ -435,8 +440,9 @@ impl MarketState {
         Ok(())
     }
 
-    /// Numbers a book update or a trade in its feed and records trades in the stats.
-    fn market_data(&mut self, event: &Event) -> Option<Notice> {
+    /// Numbers a book update or a trade in its feed and records trades in
+    /// the stats and, for the journal's history index, in `trades`.
+    fn market_data(&mut self, event: &Event, trades: &mut Vec<gpux_protocol::TradeRecord>) -> Option<Notice> {
         match event.kind {
             EventKind::BookLevel { instrument, side, price_minor_per_gpu_hour, quantity } => {
                 let seq = self.book_seq.entry(instrument).or_insert(0);
@@ -446,10 +452,22 @@ impl MarketState {
                     message: ServerMessage::BookUpdate { instrument, seq: *seq, side, price_minor_per_gpu_hour, quantity },
                 })
             }
-            EventKind::Trade { instrument, price_minor_per_gpu_hour, quantity, aggressor, .. } => {
+            EventKind::Trade { instrument, price_minor_per_gpu_hour, quantity, aggressor, buy_order, sell_order, buyer, seller } => {
                 let seq = self.trade_seq.entry(instrument).or_insert(0);
                 *seq += 1;
                 self.stats.record(instrument, event.at_ms, price_minor_per_gpu_hour, quantity);
+                trades.push(gpux_protocol::TradeRecord {
+                    instrument,
+                    seq: *seq,
+                    at_ms: event.at_ms,
+                    price_minor_per_gpu_hour,
+                    quantity,
+                    aggressor,
+                    buy_order,
+                    sell_order,
+                    buyer,
+                    seller,
+                });
                 Some(Notice {
                     to: Audience::Feed(Channel::Trades, instrument),
                     message: ServerMessage::Trade {

@@ -570,6 +570,37 @@ pub enum ClientMessage {
         id: u64,
         lease: LeaseId,
     },
+    /// An instrument's trades, newest first (public): a page of at most
+    /// `TRADES_PAGE_MAX` before trade `before_seq` (the newest without it).
+    Trades {
+        id: u64,
+        instrument: InstrumentId,
+        #[serde(default)]
+        before_seq: Option<u64>,
+    },
+    /// An instrument's price candles of one interval (public): the newest
+    /// `CANDLES_PAGE_MAX` starting before `before_ms` (now without it),
+    /// oldest first.
+    Candles {
+        id: u64,
+        instrument: InstrumentId,
+        interval: crate::history::CandleInterval,
+        #[serde(default)]
+        before_ms: Option<u64>,
+    },
+    /// The account's fills, newest first: a page before `before` (the
+    /// newest without it).
+    Fills {
+        id: u64,
+        #[serde(default)]
+        before: Option<crate::history::FillCursor>,
+    },
+    /// An instrument's book now, once (public; a `book` subscription
+    /// starts with the same snapshot and follows it).
+    Book {
+        id: u64,
+        instrument: InstrumentId,
+    },
 }
 
 fn gtc() -> TimeInForce {
@@ -629,6 +660,10 @@ impl ClientMessage {
             | Spend { id }
             | Listing { id }
             | LeaseTelemetry { id, .. }
+            | Trades { id, .. }
+            | Candles { id, .. }
+            | Fills { id, .. }
+            | Book { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -954,6 +989,39 @@ pub enum ServerMessage {
         lease: LeaseId,
         gpus: Vec<crate::usage::GpuTelemetry>,
     },
+    /// Answer to `trades`: newest first; ask again with `before_seq` =
+    /// `next_before_seq` while it is set.
+    Trades {
+        id: u64,
+        instrument: InstrumentId,
+        trades: Vec<crate::history::TradePrint>,
+        next_before_seq: Option<u64>,
+    },
+    /// Answer to `candles`: oldest first; older candles start before
+    /// `next_before_ms` while it is set.
+    Candles {
+        id: u64,
+        instrument: InstrumentId,
+        interval: crate::history::CandleInterval,
+        candles: Vec<crate::history::Candle>,
+        next_before_ms: Option<u64>,
+    },
+    /// Answer to `fills`: newest first; ask again with `before` =
+    /// `next_before` while it is set.
+    Fills {
+        id: u64,
+        fills: Vec<crate::history::Fill>,
+        next_before: Option<crate::history::FillCursor>,
+    },
+    /// Answer to `book`: levels best first as `[price, quantity]` (at most
+    /// `BOOK_SNAPSHOT_LEVELS_MAX` a side) and the book's update counter.
+    Book {
+        id: u64,
+        instrument: InstrumentId,
+        seq: u64,
+        bids: Vec<(u64, u64)>,
+        asks: Vec<(u64, u64)>,
+    },
 }
 
 impl ServerMessage {
@@ -995,6 +1063,10 @@ impl ServerMessage {
             | Spend { id, .. }
             | Listing { id, .. }
             | LeaseTelemetry { id, .. }
+            | Trades { id, .. }
+            | Candles { id, .. }
+            | Fills { id, .. }
+            | Book { id, .. }
             | Pong { id, .. } => Some(*id),
             Error { id, .. } => *id,
             Challenge { .. }
@@ -1120,6 +1192,9 @@ pub enum ErrorCode {
     /// The invoice could not be read from the journal (the operator's logs
     /// say why); try again.
     InvoiceUnavailable,
+    /// Market history could not be read from the journal's index (the
+    /// operator's logs say why); try again.
+    HistoryUnavailable,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -1194,6 +1269,7 @@ impl ErrorCode {
             NotYourSubAccount => "the account named is not one of your sub-accounts",
             PeriodInvalid => "the period must be a UTC month YYYY-MM that has ended",
             InvoiceUnavailable => "the invoice could not be built just now; try again",
+            HistoryUnavailable => "market history could not be read just now; try again",
             LivenessInvalid => "the liveness observation is not signed by this account's key, or its interval is empty, over an hour, outside the lease, in the future or not after the previous one",
         }
     }

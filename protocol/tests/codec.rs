@@ -127,6 +127,10 @@ fn sample_client_messages() -> Vec<ClientMessage> {
             limits: SpendLimits { daily_minor: Some(100_000_000), total_minor: None, max_held_minor: Some(50_000_000) },
         },
         ClientMessage::Spend { id: 44 },
+        ClientMessage::Trades { id: 45, instrument: InstrumentId(0), before_seq: Some(1_000) },
+        ClientMessage::Candles { id: 46, instrument: InstrumentId(0), interval: CandleInterval::Hour, before_ms: None },
+        ClientMessage::Fills { id: 47, before: Some(FillCursor { at_ms: 1_796_223_720_000, instrument: InstrumentId(2), seq: 9 }) },
+        ClientMessage::Book { id: 48, instrument: InstrumentId(1) },
         ClientMessage::OfferLease {
             id: 41,
             lease: LeaseId(7),
@@ -170,6 +174,48 @@ fn server_messages_round_trip_through_both_encodings() {
         ServerMessage::Instruments { id: 1, instruments: Engine::new(EngineConfig::demo()).expect("valid").instruments() },
         ServerMessage::GpuChallenge { challenge: 4, gpu: GpuId(2), seed: "ef".repeat(32), n: 256, expires_at_ms: 1_796_223_720_000 },
         ServerMessage::ChallengeRows { id: 29, journal_seq: 12, challenge: 4, rows: vec![3, 17, 200] },
+        ServerMessage::Trades {
+            id: 45,
+            instrument: InstrumentId(0),
+            trades: vec![TradePrint {
+                seq: 9,
+                at_ms: 1_796_223_720_000,
+                price_minor_per_gpu_hour: 2_050_000,
+                quantity: 2,
+                aggressor: Side::Buy,
+            }],
+            next_before_seq: Some(9),
+        },
+        ServerMessage::Candles {
+            id: 46,
+            instrument: InstrumentId(0),
+            interval: CandleInterval::Minute,
+            candles: vec![Candle {
+                start_ms: 1_796_223_660_000,
+                open: 2_000_000,
+                high: 2_100_000,
+                low: 1_990_000,
+                close: 2_050_000,
+                volume: 12,
+                trades: 5,
+            }],
+            next_before_ms: None,
+        },
+        ServerMessage::Fills {
+            id: 47,
+            fills: vec![Fill {
+                instrument: InstrumentId(0),
+                seq: 9,
+                at_ms: 1_796_223_720_000,
+                side: Side::Sell,
+                order: OrderId(4_294_967_301),
+                price_minor_per_gpu_hour: 2_050_000,
+                quantity: 2,
+                liquidity: Liquidity::Maker,
+            }],
+            next_before: None,
+        },
+        ServerMessage::Book { id: 48, instrument: InstrumentId(1), seq: 77, bids: vec![(2_000_000, 3)], asks: vec![(2_100_000, 1)] },
     ];
     for message in messages {
         assert_eq!(decode_server_text(&encode_server_text(&message)), Ok(message.clone()));

@@ -77,6 +77,108 @@ async fn asks(s: &mut Session, instrument: gpux_engine::InstrumentId, limit: usi
     }
 }
 
+/// `gpux trades`: an instrument's past trades, newest first, a page at a time.
+async fn trades(s: &mut Session, instrument: InstrumentId, limit: usize, json: bool) -> Result<(), Failure> {
+    let (mut shown, mut before_seq) = (0, None);
+    loop {
+        let id = s.connection.new_id();
+        let answer = s.ask(ClientMessage::Trades { id, instrument, before_seq }, json).await?;
+        let ServerMessage::Trades { trades, next_before_seq, .. } = answer else {
+            return Err(Failure::Unreachable(format!("expected trades, got {answer:?}")));
+        };
+        for trade in trades.iter().take(limit - shown) {
+            if !json {
+                let side = if trade.aggressor == Side::Buy { "buyer took" } else { "seller took" };
+                out!(
+                    "{}  {} GPU(s) at {}/GPU-h ({side})",
+                    crate::clock::when(trade.at_ms),
+                    trade.quantity,
+                    amount(trade.price_minor_per_gpu_hour)
+                );
+            }
+            shown += 1;
+        }
+        if shown == 0 && !json {
+            out!("no trades");
+        }
+        match next_before_seq {
+            Some(next) if shown < limit => before_seq = Some(next),
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// `gpux candles`: the newest candles of an interval, oldest first.
+async fn candles(
+    s: &mut Session,
+    instrument: InstrumentId,
+    interval: gpux_protocol::CandleInterval,
+    limit: usize,
+    json: bool,
+) -> Result<(), Failure> {
+    let id = s.connection.new_id();
+    let answer = s.ask(ClientMessage::Candles { id, instrument, interval, before_ms: None }, json).await?;
+    if json {
+        return Ok(());
+    }
+    let ServerMessage::Candles { candles, .. } = answer else {
+        return Err(Failure::Unreachable(format!("expected candles, got {answer:?}")));
+    };
+    if candles.is_empty() {
+        out!("no trades");
+        return Ok(());
+    }
+    out!("{:<27} {:>12} {:>12} {:>12} {:>12} {:>6} {:>6}", "start", "open", "high", "low", "close", "GPUs", "trades");
+    for candle in &candles[candles.len().saturating_sub(limit)..] {
+        out!(
+            "{:<27} {:>12} {:>12} {:>12} {:>12} {:>6} {:>6}",
+            crate::clock::when(candle.start_ms),
+            amount(candle.open),
+            amount(candle.high),
+            amount(candle.low),
+            amount(candle.close),
+            candle.volume,
+            candle.trades
+        );
+    }
+    Ok(())
+}
+
+/// `gpux fills --past`: the account's fills, newest first, a page at a time.
+async fn past_fills(s: &mut Session, limit: usize, json: bool) -> Result<(), Failure> {
+    let symbols = s.symbols().await?;
+    let (mut shown, mut before) = (0, None);
+    loop {
+        let id = s.connection.new_id();
+        let answer = s.ask(ClientMessage::Fills { id, before }, json).await?;
+        let ServerMessage::Fills { fills, next_before, .. } = answer else {
+            return Err(Failure::Unreachable(format!("expected fills, got {answer:?}")));
+        };
+        for fill in fills.iter().take(limit - shown) {
+            if !json {
+                let symbol = symbols.get(&fill.instrument).cloned().unwrap_or_else(|| fill.instrument.0.to_string());
+                let side = if fill.side == Side::Buy { "bought" } else { "sold" };
+                let liquidity = if fill.liquidity == gpux_protocol::Liquidity::Taker { "taker" } else { "maker" };
+                out!(
+                    "{}  {side} {} GPU(s) of {symbol} at {}/GPU-h, order {} ({liquidity})",
+                    crate::clock::when(fill.at_ms),
+                    fill.quantity,
+                    amount(fill.price_minor_per_gpu_hour),
+                    fill.order.0
+                );
+            }
+            shown += 1;
+        }
+        if shown == 0 && !json {
+            out!("no fills");
+        }
+        match next_before {
+            Some(next) if shown < limit => before = Some(next),
+            _ => return Ok(()),
+        }
+    }
+}
+
 /// `gpux listing`: the exchange's currency, regions, fees and classes.
 async fn listing(s: &mut Session, json: bool) -> Result<(), Failure> {
     let id = s.connection.new_id();
@@ -230,6 +332,17 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             let instrument = session.resolve(instrument).await?;
             return asks(&mut session, instrument, *limit, json).await;
         }
+        Command::Trades { instrument, limit } => {
+            let mut session = Session::anonymous(&cli.url).await?;
+            let instrument = session.resolve(instrument).await?;
+            return trades(&mut session, instrument, *limit, json).await;
+        }
+        Command::Candles { instrument, interval, limit } => {
+            let mut session = Session::anonymous(&cli.url).await?;
+            let instrument = session.resolve(instrument).await?;
+            let interval = gpux_protocol::CandleInterval::from_name(interval).expect("clap checked the interval");
+            return candles(&mut session, instrument, interval, *limit, json).await;
+        }
         _ => {}
     }
     let role = match &cli.command {
@@ -324,7 +437,8 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             let id = s.connection.new_id();
             acknowledged(s.ask(ClientMessage::EndLease { id, lease: LeaseId(lease) }, json).await?, "lease ended")
         }
-        Command::Fills { seconds } => fills(s, seconds, json).await,
+        Command::Fills { past: true, limit, .. } => past_fills(s, limit, json).await,
+        Command::Fills { seconds, .. } => fills(s, seconds, json).await,
         Command::Gpus => {
             let mut all = Vec::new();
             let mut offset = 0;
@@ -436,6 +550,8 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         | Command::Supplier { .. }
         | Command::Renter { .. }
         | Command::Asks { .. }
+        | Command::Trades { .. }
+        | Command::Candles { .. }
         | Command::Listing => {
             unreachable!("handled before login")
         }

@@ -208,11 +208,35 @@ pub enum Command {
     Leases,
     /// End one of your leases now.
     EndLease { lease: u64 },
-    /// Follow your fills, leases and preemption notices as they happen.
+    /// Follow your fills, leases and preemption notices as they happen;
+    /// with --past, list your past fills instead, newest first.
     Fills {
         /// Stop after this many seconds (default: until Ctrl-C).
         #[arg(long)]
         seconds: Option<u64>,
+        /// List past fills (from the exchange's history) and exit.
+        #[arg(long)]
+        past: bool,
+        /// Past fills to show at most (with --past).
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// An instrument's past trades, newest first (public).
+    Trades {
+        instrument: String,
+        /// Trades to show at most.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// An instrument's price candles, oldest first (public).
+    Candles {
+        instrument: String,
+        /// Candle interval: 1m, 1h or 1d.
+        #[arg(long, default_value = "1h", value_parser = ["1m", "1h", "1d"])]
+        interval: String,
+        /// The newest candles to show at most.
+        #[arg(long, default_value_t = 24)]
+        limit: usize,
     },
     /// Watch an instrument's book and trades live.
     Book {

@@ -161,6 +161,22 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
     let bought = ok(gpux(url, &key("renter"), &["buy", "H100-SXM-80G/SPOT", "1", "--price", "2.50", "--hours", "2"]));
     assert!(bought.contains("accepted") && bought.contains("filled 1 GPU(s) of H100-SXM-80G/SPOT") && bought.contains("lease"), "{bought}");
     assert!(bought.contains("lease 0 (spot): 1 GPU(s) from 20") && bought.contains(" UTC to 20"), "times for people: {bought}");
+    // History: the trade, its candle and each side's fill (docs/protocol.md "History").
+    let trades = ok(gpux(url, &key("renter"), &["trades", "H100-SXM-80G/SPOT"]));
+    assert!(trades.contains("1 GPU(s) at $2.00/GPU-h (buyer took)") && trades.contains(" UTC"), "{trades}");
+    let candles = ok(gpux(url, &key("renter"), &["candles", "H100-SXM-80G/SPOT", "--interval", "1m"]));
+    assert!(candles.lines().nth(1).is_some_and(|l| l.matches("$2.00").count() == 4), "{candles}");
+    let bad_interval = gpux(url, &key("renter"), &["candles", "H100-SXM-80G/SPOT", "--interval", "5m"]);
+    assert_eq!(bad_interval.status.code(), Some(2), "{bad_interval:?}");
+    let bought_fills = ok(gpux(url, &key("renter"), &["fills", "--past"]));
+    assert!(
+        bought_fills.contains("bought 1 GPU(s) of H100-SXM-80G/SPOT at $2.00/GPU-h") && bought_fills.contains("(taker)"),
+        "{bought_fills}"
+    );
+    let sold_fills = ok(gpux(url, &key("supplier"), &["fills", "--past"]));
+    assert!(sold_fills.contains("sold 1 GPU(s)") && sold_fills.contains("(maker)"), "{sold_fills}");
+    let json_trades = ok(gpux(url, &key("renter"), &["--json", "trades", "0"]));
+    assert!(json_trades.trim().starts_with("{\"trades\":"), "{json_trades}");
     let piped = ok(gpux(url, &key("renter"), &["book", "H100-SXM-80G/SPOT", "--seconds", "1"]));
     assert!(piped.contains("bid GPUs") && !piped.contains('\x1b'), "snapshots without terminal escapes into a pipe: {piped:?}");
     let leases = ok(gpux(url, &key("renter"), &["leases"]));

@@ -2,6 +2,7 @@
 
 from .client import Book, Client, GpuxError, Key, invoice_signed_bytes, verify_invoice
 from .delivery import Secrets, Workload, describe
+from .rest import Rest, rest_signed_bytes
 from .messages import (
     A100_PREEMPT,
     A100_SPOT,
@@ -42,6 +43,7 @@ __all__ = [
     "LeaseDelivery",
     "OrderTicket",
     "Private",
+    "Rest",
     "Reject",
     "Secrets",
     "Trade",
@@ -51,4 +53,5 @@ __all__ = [
     "verify_invoice",
     "dollars",
     "parse",
+    "rest_signed_bytes",
 ]

@@ -576,6 +576,37 @@ class Client:
                 return offers
             offset = page["next_offset"]
 
+    async def book_once(self, instrument: int) -> dict:
+        """An instrument's book now, once, without following it (public;
+        `book()` follows it live): `seq`, `bids` and `asks` as
+        `[price, quantity]` levels, best first."""
+        fields = dict((await self.request("book", instrument=instrument)).fields)
+        fields.pop("id", None)
+        return fields
+
+    async def trades(self, instrument: int, before_seq: Optional[int] = None) -> dict:
+        """One page of an instrument's trades, newest first (public):
+        `trades` (`seq`, `at_ms`, `price_minor_per_gpu_hour`, `quantity`,
+        `aggressor`) and `next_before_seq` for the next (older) page."""
+        fields = dict((await self.request("trades", instrument=instrument, before_seq=before_seq)).fields)
+        fields.pop("id", None)
+        return fields
+
+    async def candles(self, instrument: int, interval: str = "1h", before_ms: Optional[int] = None) -> dict:
+        """Price candles of `interval` (`1m`, `1h` or `1d`), oldest first
+        (public): `candles` (`start_ms`, `open`, `high`, `low`, `close`,
+        `volume`, `trades`) and `next_before_ms` while older ones exist."""
+        fields = dict((await self.request("candles", instrument=instrument, interval=interval, before_ms=before_ms)).fields)
+        fields.pop("id", None)
+        return fields
+
+    async def fills(self, before: Optional[dict] = None) -> dict:
+        """One page of the account's fills, newest first: `fills` and
+        `next_before` (pass it as `before` for the next, older page)."""
+        fields = dict((await self.request("fills", before=before)).fields)
+        fields.pop("id", None)
+        return fields
+
     async def renter_stats(self, renter: int) -> dict:
         """An account's record as a renter (public): liveness observations
         it signed, time signed unreachable, disputes raised."""

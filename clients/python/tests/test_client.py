@@ -570,3 +570,63 @@ def test_a_book_ignores_updates_older_than_its_snapshot_and_reports_a_gap():
     assert book.bids == {}
     assert not book.apply(m.BookUpdate(instrument=0, seq=13, side="buy", price_minor_per_gpu_hour=90, quantity=1))
     assert not book.synced
+
+
+def test_history_over_the_websocket_and_the_rest_api_agree():
+    """Trades, candles, fills and the book after one trade, from the
+    WebSocket and from the REST API (signed for the account's paths)."""
+    operator = gpux.Key.generate()
+    port, http = free_port(), free_port()
+    with tempfile.TemporaryDirectory() as data:
+        process = subprocess.Popen(
+            [str(EXCHANGE), "--data-dir", data, "--listen", f"127.0.0.1:{port}", "--metrics-listen", "off",
+             "--console-listen", f"127.0.0.1:{http}", "--operator-key", operator.public_hex()],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        try:
+            for line in process.stdout:
+                if "listening on" in line:
+                    break
+            url, base = f"ws://127.0.0.1:{port}", f"http://127.0.0.1:{http}"
+
+            async def scenario():
+                supplier, host = await supplier_with_gpus(url)
+                await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1}))
+                key = gpux.Key.generate()
+                renter = await gpux.Client.connect(url, key, role="renter")
+                async with await gpux.Client.connect(url, operator, role="operator") as op:
+                    await op.deposit(renter.account, gpux.dollars("100"))
+                await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2.5"), 1))
+                trades = await renter.trades(gpux.H100_SPOT)
+                assert [(t["price_minor_per_gpu_hour"], t["quantity"], t["aggressor"]) for t in trades["trades"]] == [(2_000_000, 1, "buy")]
+                assert trades["next_before_seq"] is None
+                candles = await renter.candles(gpux.H100_SPOT, "1m")
+                assert [(c["open"], c["close"], c["volume"], c["trades"]) for c in candles["candles"]] == [(2_000_000, 2_000_000, 1, 1)]
+                bought = (await renter.fills())["fills"]
+                sold = (await supplier.fills())["fills"]
+                assert [(f["side"], f["liquidity"]) for f in bought] == [("buy", "taker")]
+                assert [(f["side"], f["liquidity"]) for f in sold] == [("sell", "maker")]
+                book = await renter.book_once(gpux.H100_SPOT)
+                assert book["asks"] == [] and book["bids"] == [], "the ask was taken whole"
+
+                public, signed = gpux.Rest(base), gpux.Rest(base, key)
+                assert public.get(f"/api/v1/instruments/{gpux.H100_SPOT}/trades") == trades
+                assert public.get(f"/api/v1/instruments/{gpux.H100_SPOT}/candles?interval=1m") == candles
+                assert signed.get("/api/v1/account/fills") == {"fills": bought, "next_before": None}
+                assert signed.get("/api/v1/account/balance")["held_minor"] == (await renter.balance()).held_minor
+                with pytest.raises(gpux.GpuxError) as unsigned:
+                    public.get("/api/v1/account/fills")
+                assert (unsigned.value.code, unsigned.value.status) == ("not_authenticated", 401)
+                with pytest.raises(gpux.GpuxError) as interval:
+                    public.get(f"/api/v1/instruments/{gpux.H100_SPOT}/candles?interval=5m")
+                assert (interval.value.code, interval.value.status) == ("wrong_type", 400)
+                with pytest.raises(gpux.GpuxError) as unknown:
+                    public.get("/api/v1/instruments/999/trades")
+                assert (unknown.value.code, unknown.value.status) == ("unknown_instrument", 404)
+                await renter.close()
+                await supplier.close()
+
+            run(scenario())
+        finally:
+            process.terminate()
+            process.wait(timeout=10)

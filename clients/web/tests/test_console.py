@@ -251,6 +251,18 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
                 await browser.wait_until(f"{spot}.startsWith('last $2.00') && {spot}.includes('1 GPUs')", what="the spot book's quote")
                 preempt = f"document.querySelector('#instruments li[data-instrument=\"{gpux.H100_PREEMPT}\"] .quote').textContent"
                 await browser.wait_until(f"{preempt} === 'no trades in 24 h'", what="an untraded book's quote")
+                # Best bid and ask in the list (the $2.50 offer rests; no bids).
+                bbo = f"document.querySelector('#instruments li[data-instrument=\"{gpux.H100_SPOT}\"] .bbo').textContent"
+                await browser.wait_until(f"{bbo} === 'bid none · ask $2.50'", what="the spot book's best bid and ask")
+                # The trade made before the page opened is in its history, and
+                # in the price chart's candles (a uPlot chart with both axes).
+                await browser.evaluate(f"document.querySelector('#instruments li[data-instrument=\"{gpux.H100_SPOT}\"]').click()")
+                trades = "document.getElementById('trades').innerText"
+                await browser.wait_until(f"{trades}.includes('$2.00') && {trades}.includes('buy')", what="trade history on load")
+                await browser.wait_until("document.getElementById('prices').dataset.candles === '1'", what="the price chart's candle")
+                assert await browser.evaluate("document.querySelectorAll('#prices .u-axis').length") == 2, "a time axis and a price axis"
+                await browser.evaluate("document.getElementById('interval').value = '1d'; document.getElementById('interval').onchange()")
+                await browser.wait_until("document.getElementById('prices').dataset.candles === '1'", what="the daily candle")
                 offers = "document.getElementById('offers').innerText"
                 await browser.wait_until(
                     f"{offers}.includes('$2.50') && {offers}.includes('unrated') && {offers}.includes('{supplier.account}')",

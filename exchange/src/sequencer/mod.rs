@@ -82,6 +82,8 @@ struct Connection {
     /// The key it logged in with, and when that key expires.
     key: Option<[u8; 32]>,
     key_expires_at_ms: Option<u64>,
+    /// A WebSocket session (the account's presence), not one REST request's.
+    presence: bool,
 }
 
 pub struct Sequencer {
@@ -212,8 +214,8 @@ impl Sequencer {
         }
         match request {
             Request::Connect { connection, outbound } => self.connect(connection, outbound),
-            Request::Authenticate { connection, id, public_key, role, cancel_on_disconnect } => {
-                self.authenticate(connection, id, public_key, role, cancel_on_disconnect)
+            Request::Authenticate { connection, id, public_key, role, cancel_on_disconnect, presence } => {
+                self.authenticate(connection, id, public_key, role, cancel_on_disconnect, presence)
             }
             Request::Command { connection, id, command } => self.apply_command(Some(connection), id, command),
             Request::Subscribe { connection, id, channel, instrument } => self.subscribe(connection, id, channel, instrument),
@@ -240,6 +242,8 @@ impl Sequencer {
             Request::ExchangeKey { connection, id } => self.exchange_key(connection, id),
             Request::Listing { connection, id } => self.listing(connection, id),
             Request::LeaseTelemetry { connection, id, lease } => self.lease_telemetry(connection, id, lease),
+            Request::History { connection, id, request } => self.history(connection, id, request),
+            Request::Book { connection, id, instrument } => self.book(connection, id, instrument),
         }
     }
 

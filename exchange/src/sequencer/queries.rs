@@ -6,7 +6,8 @@ use gpux_engine::{AccountId, InstrumentId, LeaseId};
 use gpux_protocol::{ErrorCode, HostReliability, ServerMessage, ORDERS_PAGE_MAX};
 
 use super::{error, Sequencer};
-use gpux_gateway::link::ConnectionId;
+use gpux_gateway::link::{ConnectionId, HistoryRequest};
+use gpux_protocol::history::{CANDLES_PAGE_MAX, TRADES_PAGE_MAX};
 
 impl Sequencer {
     pub(super) fn instruments(&mut self, connection: ConnectionId, id: u64) {
@@ -206,6 +207,50 @@ impl Sequencer {
         self.reply(connection, reply);
     }
 
+    /// Trades, candles and fills from the journal's history index
+    /// (committed data: what this batch prints is there after its commit).
+    pub(super) fn history(&mut self, connection: ConnectionId, id: u64, request: HistoryRequest) {
+        let known = |instrument| {
+            self.market.engine().instrument(instrument).is_some() || self.journal.archived_instrument(instrument).is_ok_and(|i| i.is_some())
+        };
+        let reply = match request {
+            HistoryRequest::Trades { instrument, .. } | HistoryRequest::Candles { instrument, .. } if !known(instrument) => {
+                error(Some(id), ErrorCode::UnknownInstrument)
+            }
+            HistoryRequest::Trades { instrument, before_seq } => match self.journal.trades(instrument, before_seq, TRADES_PAGE_MAX) {
+                Ok(found) => {
+                    let mut trades: Vec<_> = found.iter().map(|t| t.print()).collect();
+                    let cut = gpux_protocol::fit_page(&mut trades);
+                    let next_before_seq = (cut || trades.len() == TRADES_PAGE_MAX).then(|| trades.last().map(|t| t.seq)).flatten();
+                    ServerMessage::Trades { id, instrument, trades, next_before_seq }
+                }
+                Err(reason) => history_unavailable(id, reason),
+            },
+            HistoryRequest::Candles { instrument, interval, before_ms } => {
+                let before_ms = before_ms.unwrap_or(u64::MAX);
+                match self.journal.candles(instrument, interval, before_ms, CANDLES_PAGE_MAX) {
+                    Ok((candles, more)) => {
+                        let next_before_ms = more.then(|| candles.first().map(|c| c.start_ms)).flatten();
+                        ServerMessage::Candles { id, instrument, interval, candles, next_before_ms }
+                    }
+                    Err(reason) => history_unavailable(id, reason),
+                }
+            }
+            HistoryRequest::Fills { before } => match self.account(connection) {
+                None => error(Some(id), ErrorCode::NotAuthenticated),
+                Some(account) => match self.journal.fills(account, before, TRADES_PAGE_MAX) {
+                    Ok(mut fills) => {
+                        let cut = gpux_protocol::fit_page(&mut fills);
+                        let next_before = (cut || fills.len() == TRADES_PAGE_MAX).then(|| fills.last().map(|f| f.cursor())).flatten();
+                        ServerMessage::Fills { id, fills, next_before }
+                    }
+                    Err(reason) => history_unavailable(id, reason),
+                },
+            },
+        };
+        self.reply(connection, reply);
+    }
+
     pub(super) fn balance(&mut self, connection: ConnectionId, id: u64) {
         let balances = self.account(connection).and_then(|a| self.market.engine().balances(a)).unwrap_or_default();
         self.reply(
@@ -219,4 +264,9 @@ impl Sequencer {
             },
         );
     }
+}
+
+fn history_unavailable(id: u64, reason: anyhow::Error) -> ServerMessage {
+    tracing::error!(%reason, "reading market history");
+    error(Some(id), ErrorCode::HistoryUnavailable)
 }

@@ -22,6 +22,7 @@ impl Sequencer {
             cancel_on_disconnect: false,
             key: None,
             key_expires_at_ms: None,
+            presence: false,
         };
         self.connections.insert(connection, state);
     }
@@ -35,6 +36,7 @@ impl Sequencer {
         public_key: [u8; 32],
         role: Option<Role>,
         cancel_on_disconnect: bool,
+        presence: bool,
     ) {
         // A key revoked or expired never logs in (nor opens a new account).
         let now_ms = self.market.clock_ms();
@@ -69,10 +71,13 @@ impl Sequencer {
         let role = self.market.engine().role(account).expect("bound accounts exist");
         if let Some(state) = self.connections.get_mut(&connection) {
             state.account = Some(account);
-            state.cancel_on_disconnect = cancel_on_disconnect;
+            state.cancel_on_disconnect = cancel_on_disconnect && presence;
             state.key = Some(public_key);
             state.key_expires_at_ms = key_expires_at_ms;
-            self.connections_of.entry(account).or_default().insert(connection);
+            state.presence = presence;
+            if presence {
+                self.connections_of.entry(account).or_default().insert(connection);
+            }
             if let Some(at_ms) = key_expires_at_ms {
                 self.sessions_expiring.insert((at_ms, connection));
             }
@@ -123,6 +128,16 @@ impl Sequencer {
         }
     }
 
+    /// An instrument's book once, without a subscription (public).
+    pub(super) fn book(&mut self, connection: ConnectionId, id: u64, instrument: InstrumentId) {
+        let reply = match self.book_snapshot(instrument) {
+            _ if self.market.engine().instrument(instrument).is_none() => error(Some(id), ErrorCode::UnknownInstrument),
+            ServerMessage::BookSnapshot { instrument, seq, bids, asks } => ServerMessage::Book { id, instrument, seq, bids, asks },
+            other => other,
+        };
+        self.reply(connection, reply);
+    }
+
     fn book_snapshot(&self, instrument: InstrumentId) -> ServerMessage {
         let engine = self.market.engine();
         let levels = gpux_protocol::BOOK_SNAPSHOT_LEVELS_MAX;
@@ -162,7 +177,7 @@ impl Sequencer {
         if let Some(at_ms) = state.key_expires_at_ms {
             self.sessions_expiring.remove(&(at_ms, connection));
         }
-        let Some(account) = state.account else { return };
+        let Some(account) = state.account.filter(|_| state.presence) else { return };
         let last = match self.connections_of.get_mut(&account) {
             Some(set) => {
                 set.remove(&connection);

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use gpux_engine::{AccountId, Command, EngineConfig, Role};
-use gpux_gateway::link::{Clock, ConnectionId, DeliveryRequest, Outbound, Outgoing, Request};
+use gpux_gateway::link::{Clock, ConnectionId, DeliveryRequest, HistoryRequest, Outbound, Outgoing, Request};
 use gpux_journal::{JournalEntry, MemoryJournal};
 use gpux_market::MarketState;
 use gpux_protocol::{DeliveryState, ErrorCode, ServerMessage};
@@ -75,7 +75,7 @@ impl Client {
     }
 
     fn login(&self, id: u64, key: [u8; 32], role: Option<Role>) -> Request {
-        Request::Authenticate { connection: self.connection, id, public_key: key, role, cancel_on_disconnect: false }
+        Request::Authenticate { connection: self.connection, id, public_key: key, role, cancel_on_disconnect: false, presence: true }
     }
 
     /// The messages queued so far (controls left out).
@@ -449,4 +449,43 @@ fn a_supplier_gone_during_its_leases_is_journaled_but_not_when_the_exchange_stop
     let record = sequencer.market.reliability().supplier(supplier_account, sequencer.market.clock_ms());
     assert_eq!(record.disconnects_during_leases, 1);
     drop((supplier, again, back));
+}
+
+/// History comes from the journal's index; when it cannot be read, each
+/// history request is answered `history_unavailable` and nothing else
+/// changes (the market goes on).
+#[test]
+fn history_the_journal_cannot_give_is_history_unavailable() {
+    let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
+    let (mut sequencer, _) = recover(&journal, &snapshots);
+    let (_operator, _supplier, mut renter) = operator_supplier_and_renter(&mut sequencer);
+    renter.received();
+    let spot = gpux_engine::InstrumentId(0);
+    let requests = |connection| {
+        vec![
+            Request::History { connection, id: 5, request: HistoryRequest::Trades { instrument: spot, before_seq: None } },
+            Request::History {
+                connection,
+                id: 6,
+                request: HistoryRequest::Candles { instrument: spot, interval: gpux_protocol::CandleInterval::Day, before_ms: None },
+            },
+            Request::History { connection, id: 7, request: HistoryRequest::Fills { before: None } },
+        ]
+    };
+    sequencer.process(requests(3)).expect("commits");
+    let answers = renter.received();
+    assert!(matches!(answers[0], ServerMessage::Trades { id: 5, .. }), "{answers:?}");
+    assert!(matches!(answers[1], ServerMessage::Candles { id: 6, .. }), "{answers:?}");
+    assert!(matches!(answers[2], ServerMessage::Fills { id: 7, .. }), "{answers:?}");
+    journal.fail_history_reads(true);
+    sequencer.process(requests(3)).expect("the market goes on");
+    let codes: Vec<_> = renter
+        .received()
+        .into_iter()
+        .map(|m| match m {
+            ServerMessage::Error { id, code, .. } => (id, code),
+            other => panic!("an error, not {other:?}"),
+        })
+        .collect();
+    assert_eq!(codes, [5, 6, 7].map(|id| (Some(id), ErrorCode::HistoryUnavailable)));
 }

@@ -25,6 +25,9 @@ pub struct Exchange {
     pub recovered_line: String,
     /// Where the process serves `GET /metrics`.
     pub metrics_addr: String,
+    /// Where it serves the console and the REST API (`--console-listen`
+    /// among the extra arguments; empty without).
+    pub console_addr: String,
     /// Every line the process printed after it started listening.
     pub output: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
@@ -70,16 +73,11 @@ impl Exchange {
         extra: &[&str],
         stderr: Stdio,
     ) -> Exchange {
-        command
-            .arg("--data-dir")
-            .arg(data_dir)
-            .arg("--listen")
-            .arg(listen)
-            .arg("--metrics-listen")
-            .arg("127.0.0.1:0")
-            .arg("--console-listen")
-            .arg("off")
-            .args(extra);
+        command.arg("--data-dir").arg(data_dir).arg("--listen").arg(listen).arg("--metrics-listen").arg("127.0.0.1:0");
+        if !extra.contains(&"--console-listen") {
+            command.arg("--console-listen").arg("off");
+        }
+        command.args(extra);
         if let Some(key) = operator {
             command.arg("--operator-key").arg(hex::encode(key.verifying_key().to_bytes()));
         }
@@ -88,6 +86,7 @@ impl Exchange {
         let mut recovered_hash = String::new();
         let mut recovered_line = String::new();
         let mut metrics_addr = String::new();
+        let mut console_addr = String::new();
         let mut addr = None;
         let mut line = String::new();
         while addr.is_none() && lines.read_line(&mut line).unwrap_or(0) > 0 {
@@ -97,6 +96,9 @@ impl Exchange {
             }
             if let Some(metrics) = line.trim().strip_prefix("gpux-exchange: metrics on http://") {
                 metrics_addr = metrics.trim_end_matches("/metrics").to_string();
+            }
+            if let Some(console) = line.trim().strip_prefix("gpux-exchange: web console on http://") {
+                console_addr = console.trim_end_matches('/').to_string();
             }
             let trimmed = line.trim();
             addr = trimmed
@@ -118,7 +120,7 @@ impl Exchange {
                 sink.lock().expect("output lock").push(line);
             }
         });
-        Exchange { child, addr, recovered_hash, recovered_line, metrics_addr, output }
+        Exchange { child, addr, recovered_hash, recovered_line, metrics_addr, console_addr, output }
     }
 
     pub fn kill(&mut self) {
@@ -397,4 +399,21 @@ pub async fn scrape(addr: &str) -> String {
     let mut response = String::new();
     tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response)).await.expect("in time").expect("response");
     response
+}
+
+/// `GET path` over HTTP/1.1 with these headers: the status and the body.
+pub async fn http_get(addr: &str, path: &str, headers: &[(&str, String)]) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("HTTP port");
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).await.expect("request");
+    let mut response = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut response)).await.expect("in time").expect("response");
+    let status = response.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or_else(|| panic!("a status line: {response}"));
+    let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default();
+    (status, body)
 }

@@ -1,0 +1,234 @@
+//! The REST read API against the real binary (docs/rest.md): every path of
+//! docs/openapi.json is asked, and every answer, success or refusal, is
+//! validated against the document's schema for its status; the document
+//! names no path this test does not ask. Then the rules of signed requests
+//! (a stale or forged signature, a key without the `read` scope, a path
+//! that needs a signature asked without one), and that REST sessions are
+//! not the account's presence: a supplier's requests while its agent is
+//! away record no disconnects.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::*;
+use ed25519_dalek::{Signer, SigningKey};
+use gpux_engine::*;
+use gpux_protocol::*;
+use serde_json::Value;
+
+const SPEC: &str = include_str!("../../docs/openapi.json");
+
+struct Api {
+    addr: String,
+    spec: Value,
+    asked: BTreeSet<String>,
+}
+
+impl Api {
+    /// `GET path` with these headers, validated against the document: the
+    /// path's template, its status among the documented ones, the body
+    /// against that status's schema. Returns status and body.
+    async fn get_with(&mut self, template: &str, path: &str, headers: &[(&str, String)]) -> (u16, String) {
+        let (status, body) = http_get(&self.addr, path, headers).await;
+        let operation = &self.spec["paths"][template]["get"];
+        assert!(operation.is_object(), "{template} is in docs/openapi.json");
+        let response = &operation["responses"][status.to_string()];
+        assert!(response.is_object(), "{path}: status {status} is documented for {template} ({body})");
+        let schema = &response["content"]["application/json"]["schema"];
+        let value: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: JSON body: {e}: {body}"));
+        let mut root = self.spec.clone();
+        root.as_object_mut().expect("an object").extend(schema.as_object().expect("a schema").clone());
+        let validator = jsonschema::validator_for(&root).expect("the document's schemas compile");
+        let errors: Vec<String> = validator.iter_errors(&value).map(|e| format!("{} at {}", e, e.instance_path())).collect();
+        assert!(errors.is_empty(), "{path} ({status}) does not match docs/openapi.json: {errors:?}\n{body}");
+        self.asked.insert(template.to_string());
+        (status, body)
+    }
+}
+
+impl Api {
+    /// `GET path` (signed with `key` when given), validated; the body parsed.
+    async fn json(&mut self, template: &str, path: &str, key: Option<&SigningKey>) -> (u16, Value) {
+        let headers = match key {
+            Some(key) => signed_headers(key, path, now_ms()),
+            None => Vec::new(),
+        };
+        let (status, body) = self.get_with(template, path, &headers).await;
+        (status, serde_json::from_str(&body).expect("JSON"))
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_millis() as u64
+}
+
+fn signed_headers(key: &SigningKey, path: &str, timestamp_ms: u64) -> Vec<(&'static str, String)> {
+    let signature = key.sign(&gpux_gateway::rest::signed_bytes("GET", path, timestamp_ms));
+    vec![
+        ("X-Gpux-Key", hex::encode(key.verifying_key().to_bytes())),
+        ("X-Gpux-Timestamp", timestamp_ms.to_string()),
+        ("X-Gpux-Signature", hex::encode(signature.to_bytes())),
+    ]
+}
+
+fn code(body: &Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or_else(|| panic!("an error body: {body}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_path_answers_as_the_openapi_document_says() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start_with(dir.path(), Some(&key(1)), &["--console-listen", "127.0.0.1:0"]);
+    assert!(!exchange.console_addr.is_empty(), "the exchange says where it serves HTTP");
+    let (mut operator, _) = Client::login(&exchange.addr, &key(1), Role::Operator).await;
+    let (mut supplier, supplier_account) = Client::login(&exchange.addr, &key(2), Role::Supplier).await;
+    let (mut renter, renter_account) = Client::login(&exchange.addr, &key(3), Role::Renter).await;
+    let id = operator.id();
+    let deposit = operator.request(ClientMessage::Deposit { id, account: renter_account, amount_minor: 100_000_000 }).await;
+    assert!(matches!(deposit, ServerMessage::Ack { .. }), "{deposit:?}");
+    let id = supplier.id();
+    let registered = supplier
+        .request(ClientMessage::RegisterGpu {
+            id,
+            host: "rest-host".into(),
+            gpu_uuid: "GPU-rest-0".into(),
+            spec: h100_spec(),
+            region: None,
+            zone: None,
+        })
+        .await;
+    assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
+    let spot = InstrumentId(0);
+    let mut ask = ticket(1, Side::Sell, 2_000_000, 1);
+    ask.instrument = spot;
+    ask.supply = Some(GpuSet { host: HostId(0), gpu_mask: 1 });
+    let placed = supplier.place(ask).await;
+    assert!(matches!(placed, ServerMessage::Ack { .. }), "{placed:?}");
+    let mut bid = ticket(2, Side::Buy, 2_500_000, 1);
+    bid.instrument = spot;
+    assert!(matches!(renter.place(bid).await, ServerMessage::Ack { .. }));
+    // A resting bid, so the book has a side.
+    let mut resting = ticket(3, Side::Buy, 1_000_000, 2);
+    resting.instrument = spot;
+    assert!(matches!(renter.place(resting).await, ServerMessage::Ack { .. }));
+
+    let spec: Value = serde_json::from_str(SPEC).expect("docs/openapi.json is JSON");
+    let mut api = Api { addr: exchange.console_addr.clone(), spec, asked: BTreeSet::new() };
+    let (renter_key, supplier_key) = (key(3), key(2));
+
+    // Public paths.
+    let (status, document) = api.json("/api/v1/openapi.json", "/api/v1/openapi.json", None).await;
+    assert_eq!((status, document["openapi"].as_str()), (200, Some("3.1.0")));
+    let (status, listing) = api.json("/api/v1/listing", "/api/v1/listing", None).await;
+    assert_eq!((status, listing["listing"]["currency"]["code"].as_str()), (200, Some("USD")));
+    let (status, instruments) = api.json("/api/v1/instruments", "/api/v1/instruments", None).await;
+    assert_eq!((status, instruments["instruments"][0]["symbol"].as_str()), (200, Some("H100-SXM-80G/SPOT")));
+    let (status, stats) = api.json("/api/v1/instruments/{instrument}/stats", "/api/v1/instruments/0/stats", None).await;
+    assert_eq!((status, stats["last"].as_u64(), stats["volume"].as_u64()), (200, Some(2_000_000), Some(1)));
+    let (status, book) = api.json("/api/v1/instruments/{instrument}/book", "/api/v1/instruments/0/book", None).await;
+    assert_eq!((status, &book["bids"]), (200, &serde_json::json!([[1_000_000, 2]])));
+    let (status, offers) = api.json("/api/v1/instruments/{instrument}/offers", "/api/v1/instruments/0/offers?offset=0", None).await;
+    assert_eq!((status, offers["offers"].as_array().map(Vec::len)), (200, Some(0)), "the only ask was taken");
+    let (status, trades) = api.json("/api/v1/instruments/{instrument}/trades", "/api/v1/instruments/0/trades", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(trades["trades"][0]["price_minor_per_gpu_hour"].as_u64(), Some(2_000_000));
+    assert_eq!(trades["trades"][0]["aggressor"].as_str(), Some("buy"));
+    let (status, candles) = api.json("/api/v1/instruments/{instrument}/candles", "/api/v1/instruments/0/candles?interval=1h", None).await;
+    assert_eq!((status, candles["candles"][0]["volume"].as_u64()), (200, Some(1)));
+    let path = format!("/api/v1/suppliers/{}/stats", supplier_account.0);
+    let (status, stats) = api.json("/api/v1/suppliers/{supplier}/stats", &path, None).await;
+    assert_eq!((status, stats["hosts"][0]["host_name"].as_str()), (200, Some("rest-host")));
+    let path = format!("/api/v1/renters/{}/stats", renter_account.0);
+    let (status, _) = api.json("/api/v1/renters/{renter}/stats", &path, None).await;
+    assert_eq!(status, 200);
+
+    // The account's paths, signed.
+    let (status, balance) = api.json("/api/v1/account/balance", "/api/v1/account/balance", Some(&renter_key)).await;
+    assert_eq!((status, balance["held_minor"].as_u64().map(|h| h > 0)), (200, Some(true)));
+    let (status, orders) = api.json("/api/v1/account/orders", "/api/v1/account/orders", Some(&renter_key)).await;
+    assert_eq!((status, orders["orders"].as_array().map(Vec::len)), (200, Some(1)), "the resting bid");
+    let (status, leases) = api.json("/api/v1/account/leases", "/api/v1/account/leases?offset=0", Some(&renter_key)).await;
+    assert_eq!((status, leases["leases"][0]["price_minor_per_gpu_hour"].as_u64()), (200, Some(2_000_000)));
+    let (status, gpus) = api.json("/api/v1/account/gpus", "/api/v1/account/gpus", Some(&supplier_key)).await;
+    assert_eq!((status, gpus["gpus"][0]["uuid"].as_str()), (200, Some("GPU-rest-0")));
+    let (status, statement) = api.json("/api/v1/account/statement", "/api/v1/account/statement", Some(&renter_key)).await;
+    assert_eq!(status, 200);
+    assert!(statement["lines"].as_array().is_some_and(|lines| !lines.is_empty()));
+    let (status, fills) = api.json("/api/v1/account/fills", "/api/v1/account/fills", Some(&renter_key)).await;
+    assert_eq!((status, fills["fills"][0]["side"].as_str(), fills["fills"][0]["liquidity"].as_str()), (200, Some("buy"), Some("taker")));
+    let (status, sold) = api.json("/api/v1/account/fills", "/api/v1/account/fills", Some(&supplier_key)).await;
+    assert_eq!((status, sold["fills"][0]["liquidity"].as_str()), (200, Some("maker")));
+    let cursor = &fills["fills"][0];
+    let older = format!(
+        "/api/v1/account/fills?before_at_ms={}&before_instrument={}&before_seq={}",
+        cursor["at_ms"], cursor["instrument"], cursor["seq"]
+    );
+    let (status, none) = api.json("/api/v1/account/fills", &older, Some(&renter_key)).await;
+    assert_eq!((status, none["fills"].as_array().map(Vec::len)), (200, Some(0)), "nothing before the first fill");
+
+    // The same answers as the WebSocket's.
+    let id = renter.id();
+    let ServerMessage::Fills { fills: over_ws, .. } = renter.request(ClientMessage::Fills { id, before: None }).await else {
+        panic!("fills")
+    };
+    assert_eq!(serde_json::to_value(&over_ws).expect("JSON"), fills["fills"]);
+
+    // Refusals, each with its code and documented status.
+    let (status, body) = api.json("/api/v1/account/fills", "/api/v1/account/fills", None).await;
+    assert_eq!((status, code(&body)), (401, "not_authenticated"));
+    let stale = signed_headers(&renter_key, "/api/v1/account/balance", now_ms() - 120_000);
+    let (status, body) = api.get_with("/api/v1/account/balance", "/api/v1/account/balance", &stale).await;
+    assert_eq!((status, code(&serde_json::from_str(&body).expect("JSON"))), (401, "auth_failed"), "a stale timestamp");
+    let forged = signed_headers(&renter_key, "/api/v1/account/orders", now_ms());
+    let (status, body) = api.get_with("/api/v1/account/balance", "/api/v1/account/balance", &forged).await;
+    assert_eq!((status, code(&serde_json::from_str(&body).expect("JSON"))), (401, "auth_failed"), "signed for another path");
+    let (status, body) = api.json("/api/v1/account/balance", "/api/v1/account/balance", Some(&key(99))).await;
+    assert_eq!((status, code(&body)), (401, "auth_failed"), "a key without an account");
+    let (status, body) = api.json("/api/v1/instruments/{instrument}/candles", "/api/v1/instruments/0/candles?interval=5m", None).await;
+    assert_eq!((status, code(&body)), (400, "wrong_type"));
+    let (status, body) = api.json("/api/v1/instruments/{instrument}/trades", "/api/v1/instruments/0/trades?before=3", None).await;
+    assert_eq!((status, code(&body)), (400, "wrong_type"), "an unknown parameter");
+    let (status, body) = api.json("/api/v1/instruments/{instrument}/trades", "/api/v1/instruments/4000/trades", None).await;
+    assert_eq!((status, code(&body)), (404, "unknown_instrument"));
+    let (status, body) = api.json("/api/v1/suppliers/{supplier}/stats", "/api/v1/suppliers/4000/stats", None).await;
+    assert_eq!((status, code(&body)), (404, "unknown_supplier"));
+    let (status, body) = http_get(&exchange.console_addr, "/api/v1/launch", &[]).await;
+    assert_eq!((status, code(&serde_json::from_str(&body).expect("JSON"))), (404, "unknown_message"));
+
+    // A key without the read scope.
+    let trader = key(40);
+    let id = renter.id();
+    let added = renter
+        .request(ClientMessage::AddKey {
+            id,
+            account: None,
+            public_key: hex::encode(trader.verifying_key().to_bytes()),
+            scopes: Scopes::of(&[Scope::Trade]),
+            expires_at_ms: None,
+            label: "bot".into(),
+        })
+        .await;
+    assert!(matches!(added, ServerMessage::KeyAdded { .. }), "{added:?}");
+    let (status, body) = api.json("/api/v1/account/fills", "/api/v1/account/fills", Some(&trader)).await;
+    assert_eq!((status, code(&body)), (403, "scope_denied"));
+
+    // Every documented path was asked.
+    let documented: BTreeSet<String> = api.spec["paths"].as_object().expect("paths").keys().cloned().collect();
+    assert_eq!(api.asked, documented, "the test asks every path docs/openapi.json documents");
+
+    // REST sessions are not presence: the supplier's agent leaves (one
+    // disconnect during a lease), and its REST reads add none.
+    drop(supplier);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let path = format!("/api/v1/suppliers/{}/stats", supplier_account.0);
+    let (_, before) = api.json("/api/v1/suppliers/{supplier}/stats", &path, None).await;
+    assert_eq!(before["record"]["disconnects_during_leases"].as_u64(), Some(1), "{before}");
+    for _ in 0..3 {
+        let (status, _) = api.json("/api/v1/account/gpus", "/api/v1/account/gpus", Some(&supplier_key)).await;
+        assert_eq!(status, 200);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (_, after) = api.json("/api/v1/suppliers/{supplier}/stats", &path, None).await;
+    assert_eq!(after["record"]["disconnects_during_leases"].as_u64(), Some(1), "{after}");
+}
