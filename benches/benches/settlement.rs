@@ -29,6 +29,7 @@ fn chain(key: &SigningKey) -> Vec<UsageReport> {
             memory_used_mib_max: 1_000,
             unhealthy_samples: 0,
             prev_hash,
+            readings: None,
         };
         reports.push(UsageReport::sign(body, key));
     }

@@ -389,7 +389,7 @@ function describeScore(supplier) {
 
 function renderLeases() {
   $("leases").tBodies[0].innerHTML = state.leases
-    .map((l) => `<tr><td>${l.lease}</td><td>${l.kind}</td><td>${money(l.price_minor_per_gpu_hour)}</td><td>${l.active}</td><td>${Math.floor(l.verified_gpu_ms / 1000)}</td><td>${money(l.usage_charged_minor)}</td><td class="supplier">${describeScore(l.supplier)}</td><td class="delivery">${esc(describeDelivery(state.deliveries.get(l.lease)))}</td><td>${l.active ? `<button data-end-lease="${l.lease}">end</button>` : ""}</td></tr>`)
+    .map((l) => `<tr><td>${l.lease}</td><td>${l.kind}</td><td>${money(l.price_minor_per_gpu_hour)}</td><td>${l.active}</td><td>${Math.floor(l.verified_gpu_ms / 1000)}</td><td>${money(l.usage_charged_minor)}</td><td class="supplier">${describeScore(l.supplier)}</td><td class="delivery">${esc(describeDelivery(state.deliveries.get(l.lease)))}</td><td><button data-telemetry="${l.lease}">telemetry</button>${l.active ? ` <button data-end-lease="${l.lease}">end</button>` : ""}</td></tr>`)
     .join("");
 }
 
@@ -581,7 +581,47 @@ $("orders").onclick = (event) => {
 $("leases").onclick = (event) => {
   const lease = event.target.dataset && event.target.dataset.endLease;
   if (lease) act("end_lease", { lease: Number(lease) }, `lease ${lease} ended`);
+  const watched = event.target.dataset && event.target.dataset.telemetry;
+  if (watched) showTelemetry(Number(watched)).catch((error) => ($("telemetry-lease").textContent = "refused: " + error.message));
 };
+
+// A lease's telemetry (`lease_telemetry`): per GPU, utilisation (%),
+// the highest temperature (°C) and mean power (W) of each signed report,
+// on a time axis (UTC), one uPlot chart per GPU.
+async function showTelemetry(lease) {
+  const { body } = await request("lease_telemetry", { lease });
+  const holder = $("telemetry-charts");
+  holder.replaceChildren();
+  $("telemetry-lease").textContent = body.gpus.length ? `lease ${lease}` : `lease ${lease}: no usage report yet`;
+  for (const gpu of body.gpus) {
+    const box = document.createElement("div");
+    box.className = "telemetry-gpu";
+    box.dataset.samples = String(gpu.samples.length);
+    box.append(Object.assign(document.createElement("div"), { textContent: gpu.gpu_uuid }));
+    holder.append(box);
+    const at = gpu.samples.map((s) => s.end_ms / 1000);
+    const pick = (field) => gpu.samples.map((s) => s[field] ?? null);
+    new uPlot(
+      {
+        width: 640, height: 200, tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"),
+        scales: { x: { time: true }, pct: { range: [0, 100] }, w: {} },
+        axes: [
+          { stroke: "#444", grid: { stroke: "#eee" } },
+          { scale: "pct", stroke: "#444", values: (u, ticks) => ticks.map((t) => `${t}% / ${t}°C`), size: 90 },
+          { scale: "w", side: 1, stroke: "#7a4b00", values: (u, ticks) => ticks.map((t) => `${t} W`), grid: { show: false } },
+        ],
+        series: [
+          {},
+          { label: "utilisation %", scale: "pct", stroke: "#14213d", width: 2 },
+          { label: "max °C", scale: "pct", stroke: "#b42318", width: 1 },
+          { label: "power W", scale: "w", stroke: "#7a4b00", width: 1 },
+        ],
+      },
+      [at, pick("utilisation_percent"), pick("temperature_c_max"), pick("power_w_mean")],
+      box,
+    );
+  }
+}
 
 $("sub-open").onsubmit = async (event) => {
   event.preventDefault();

@@ -288,6 +288,7 @@ async fn spot_reserved_and_preemptible_leases_are_billed_exactly_through_a_kill_
             memory_used_mib_max: 1,
             unhealthy_samples: 0,
             prev_hash: genesis_hash(),
+            readings: None,
         };
         let forged = UsageReport::sign(body.clone(), &key(77));
         let replayed = UsageReport::sign(body, &host_key);

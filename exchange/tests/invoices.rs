@@ -114,6 +114,7 @@ async fn last_months_invoices_verify_and_equal_the_ledger() {
         memory_used_mib_max: 1_000,
         unhealthy_samples: 0,
         prev_hash: genesis_hash(),
+        readings: None,
     };
     let id = supplier.id();
     let report = ClientMessage::UsageReport { id, report: UsageReport::sign(body, &key(2)) };

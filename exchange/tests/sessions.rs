@@ -280,6 +280,7 @@ async fn the_operator_reads_prometheus_metrics_over_http() {
         memory_used_mib_max: 1,
         unhealthy_samples: 0,
         prev_hash: genesis_hash(),
+        readings: None,
     };
     let id = m.supplier.id();
     let forged = ClientMessage::UsageReport { id, report: UsageReport::sign(body, &key(9)) };
@@ -396,6 +397,7 @@ async fn usage_reports_are_verified_charged_and_survive_a_restart() {
         memory_used_mib_max: 40_000,
         unhealthy_samples: 0,
         prev_hash,
+        readings: None,
     };
     let first = UsageReport::sign(body(1, start_ms, start_ms + 1_800, genesis_hash()), &key(2));
     let id = m.supplier.id();
@@ -467,6 +469,7 @@ async fn statements_show_every_transfer_and_the_fee() {
         memory_used_mib_max: 1,
         unhealthy_samples: 0,
         prev_hash: genesis_hash(),
+        readings: None,
     };
     let id = m.supplier.id();
     m.supplier.request(ClientMessage::UsageReport { id, report: UsageReport::sign(body, &key(2)) }).await;

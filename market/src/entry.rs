@@ -19,10 +19,13 @@ pub enum JournalEntry {
         account: AccountId,
     },
     /// A usage report as received from `account` at `at_ms`; replay verifies
-    /// it again and derives the same outcome and charge.
+    /// it again and derives the same outcome and charge. A report without
+    /// readings, in version 1's layout (journals from before readings
+    /// decode unchanged); one with readings is a [`JournalEntry::UsageReportV2`].
     UsageReport {
         at_ms: u64,
         account: AccountId,
+        #[serde(with = "gpux_protocol::usage_v1_record")]
         report: UsageReport,
     },
     /// A bid's workload; the bid's own `Engine` entry follows it directly.
@@ -127,14 +130,39 @@ pub enum JournalEntry {
     Genesis {
         listing: Box<gpux_engine::EngineConfig>,
     },
+    /// A usage report with readings (temperature and power, signed as
+    /// version 2), applied as a `UsageReport`.
+    UsageReportV2 {
+        at_ms: u64,
+        account: AccountId,
+        report: UsageReport,
+    },
 }
 
 impl JournalEntry {
+    /// The entry for a usage report: version 1's layout without readings,
+    /// version 2's with them.
+    pub fn usage(at_ms: u64, account: AccountId, report: UsageReport) -> JournalEntry {
+        match report.body.readings {
+            None => JournalEntry::UsageReport { at_ms, account, report },
+            Some(_) => JournalEntry::UsageReportV2 { at_ms, account, report },
+        }
+    }
+
+    /// The usage report the entry carries, if it carries one.
+    pub fn usage_report(&self) -> Option<&UsageReport> {
+        match self {
+            JournalEntry::UsageReport { report, .. } | JournalEntry::UsageReportV2 { report, .. } => Some(report),
+            _ => None,
+        }
+    }
+
     /// The exchange time the entry carries, if it carries one.
     pub fn at_ms(&self) -> Option<u64> {
         match self {
             JournalEntry::Engine(input) => Some(input.at_ms),
             JournalEntry::UsageReport { at_ms, .. }
+            | JournalEntry::UsageReportV2 { at_ms, .. }
             | JournalEntry::DeliveryStatus { at_ms, .. }
             | JournalEntry::ChallengeIssued { at_ms, .. }
             | JournalEntry::ChallengeCommitted { at_ms, .. }

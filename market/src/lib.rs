@@ -319,7 +319,7 @@ impl MarketState {
                     self.keys.revoke(*public_key);
                 }
             }
-            JournalEntry::UsageReport { at_ms, account, report } => {
+            JournalEntry::UsageReport { at_ms, account, report } | JournalEntry::UsageReportV2 { at_ms, account, report } => {
                 let key = self.account_key(*account).unwrap_or([0; 32]);
                 let (outcome, events) = settle_report(&mut self.engine, &mut self.settlement, &key, *at_ms, *account, report);
                 match outcome {

@@ -63,6 +63,7 @@ mod tests {
             memory_used_mib_max: 1_000 + seq,
             unhealthy_samples: 0,
             prev_hash: gpux_protocol::genesis_hash(),
+            readings: None,
         }
     }
 

@@ -229,6 +229,7 @@ impl Session {
                     memory_used_mib_max: 1_000,
                     unhealthy_samples: 0,
                     prev_hash,
+                    readings: None,
                 };
                 let report = match tamper {
                     // Forged: signed by another key.

@@ -3,19 +3,27 @@
 //! report of the same lease and GPU.
 //!
 //! The signed bytes are the bincode encoding of the report without its
-//! signature, after the domain prefix `gpux-usage-v1:`; a report's hash is
-//! SHA-256 of those bytes followed by the signature, and the next report
-//! carries it as `prev_hash` (the first carries 32 zero bytes). One
-//! definition here serves the agent that signs and settlement that verifies.
+//! signature, after a domain prefix: a report without readings is signed
+//! as version 1 (`gpux-usage-v1:` and the body without its `readings`
+//! field, byte for byte what agents signed before readings existed), one
+//! with readings as version 2 (`gpux-usage-v2:` and the whole body). A
+//! report's hash is SHA-256 of those bytes followed by the signature, and
+//! the next report carries it as `prev_hash` (the first carries 32 zero
+//! bytes). One definition here serves the agent that signs and settlement
+//! that verifies.
 
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use gpux_engine::LeaseId;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::signed::{sign_hex, signature_from_hex, signed_bytes, verify_hex};
+use ed25519_dalek::{Signer, Verifier};
+
+use crate::signed::{signature_from_hex, signed_bytes};
 
 pub const USAGE_DOMAIN: &[u8] = b"gpux-usage-v1:";
+/// The domain of reports that carry readings.
+pub const USAGE_DOMAIN_V2: &[u8] = b"gpux-usage-v2:";
 
 /// The signed part of a report.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,6 +43,99 @@ pub struct UsageBody {
     pub unhealthy_samples: u32,
     /// Hex SHA-256 of the previous report of this chain (64 zeros for the first).
     pub prev_hash: String,
+    /// The GPU's temperature and power over the interval, signed with the
+    /// rest (version 2); absent from reports of agents that predate them.
+    #[serde(default)]
+    pub readings: Option<Readings>,
+}
+
+/// Temperature and power of one GPU over a report's interval; each absent
+/// when the GPU has no such sensor.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Readings {
+    /// The highest temperature sampled, in degrees Celsius.
+    pub temperature_c_max: Option<u32>,
+    /// The mean power drawn over the samples, in watts.
+    pub power_w_mean: Option<u32>,
+}
+
+/// A body as version 1 signed it: every field but `readings`, in order.
+#[derive(Serialize, Deserialize)]
+struct BodyV1 {
+    lease: LeaseId,
+    gpu_uuid: String,
+    seq: u32,
+    start_ms: u64,
+    end_ms: u64,
+    available_ms: u64,
+    utilisation_percent: u32,
+    memory_used_mib_max: u32,
+    unhealthy_samples: u32,
+    prev_hash: String,
+}
+
+impl UsageBody {
+    fn v1(&self) -> BodyV1 {
+        BodyV1 {
+            lease: self.lease,
+            gpu_uuid: self.gpu_uuid.clone(),
+            seq: self.seq,
+            start_ms: self.start_ms,
+            end_ms: self.end_ms,
+            available_ms: self.available_ms,
+            utilisation_percent: self.utilisation_percent,
+            memory_used_mib_max: self.memory_used_mib_max,
+            unhealthy_samples: self.unhealthy_samples,
+            prev_hash: self.prev_hash.clone(),
+        }
+    }
+
+    /// The bytes its signature covers (version 1 without readings, 2 with).
+    pub fn signed_bytes(&self) -> Vec<u8> {
+        match self.readings {
+            None => signed_bytes(USAGE_DOMAIN, &self.v1()),
+            Some(_) => signed_bytes(USAGE_DOMAIN_V2, self),
+        }
+    }
+}
+
+/// The journal's record of a report without readings keeps version 1's
+/// layout (`#[serde(with = "usage_v1_record")]`), so journals written
+/// before readings existed decode unchanged; reports with readings are
+/// journaled in an entry of their own with the whole body.
+pub mod usage_v1_record {
+    use super::*;
+
+    #[derive(Serialize, Deserialize)]
+    struct ReportV1 {
+        body: BodyV1,
+        signature: String,
+    }
+
+    pub fn serialize<S: serde::Serializer>(report: &UsageReport, serializer: S) -> Result<S::Ok, S::Error> {
+        if report.body.readings.is_some() {
+            return Err(serde::ser::Error::custom("a report with readings is journaled as a UsageReportV2 entry"));
+        }
+        ReportV1 { body: report.body.v1(), signature: report.signature.clone() }.serialize(serializer)
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<UsageReport, D::Error> {
+        let ReportV1 { body, signature } = ReportV1::deserialize(deserializer)?;
+        let body = UsageBody {
+            lease: body.lease,
+            gpu_uuid: body.gpu_uuid,
+            seq: body.seq,
+            start_ms: body.start_ms,
+            end_ms: body.end_ms,
+            available_ms: body.available_ms,
+            utilisation_percent: body.utilisation_percent,
+            memory_used_mib_max: body.memory_used_mib_max,
+            unhealthy_samples: body.unhealthy_samples,
+            prev_hash: body.prev_hash,
+            readings: None,
+        };
+        Ok(UsageReport { body, signature })
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +156,12 @@ pub struct TelemetrySample {
     pub utilisation_percent: u32,
     pub memory_used_mib_max: u32,
     pub unhealthy_samples: u32,
+    /// The highest temperature (degrees Celsius) and the mean power (watts)
+    /// the report signed; null from reports without readings.
+    #[serde(default)]
+    pub temperature_c_max: Option<u32>,
+    #[serde(default)]
+    pub power_w_mean: Option<u32>,
 }
 
 impl From<&UsageBody> for TelemetrySample {
@@ -66,6 +173,8 @@ impl From<&UsageBody> for TelemetrySample {
             utilisation_percent: body.utilisation_percent,
             memory_used_mib_max: body.memory_used_mib_max,
             unhealthy_samples: body.unhealthy_samples,
+            temperature_c_max: body.readings.and_then(|r| r.temperature_c_max),
+            power_w_mean: body.readings.and_then(|r| r.power_w_mean),
         }
     }
 }
@@ -84,7 +193,7 @@ pub fn genesis_hash() -> String {
 
 impl UsageReport {
     pub fn sign(body: UsageBody, key: &SigningKey) -> UsageReport {
-        let signature = sign_hex(USAGE_DOMAIN, &body, key);
+        let signature = hex::encode(key.sign(&body.signed_bytes()).to_bytes());
         UsageReport { body, signature }
     }
 
@@ -96,13 +205,14 @@ impl UsageReport {
     /// `verify` with a key already decompressed (settlement keeps each
     /// host's key decompressed: decompression is a fifth of a verification).
     pub fn verify_with(&self, key: &VerifyingKey) -> bool {
-        verify_hex(USAGE_DOMAIN, &self.body, &self.signature, key)
+        let Some(signature) = signature_from_hex(&self.signature) else { return false };
+        key.verify(&self.body.signed_bytes(), &signature).is_ok()
     }
 
     /// The hash the next report of the chain carries as `prev_hash`.
     pub fn hash(&self) -> String {
         let mut hasher = Sha256::new();
-        hasher.update(signed_bytes(USAGE_DOMAIN, &self.body));
+        hasher.update(self.body.signed_bytes());
         hasher.update(self.signature.as_bytes());
         hex::encode(hasher.finalize())
     }
@@ -173,7 +283,7 @@ pub fn verify_batch(reports: &[(&UsageReport, [u8; 32])]) -> bool {
         let (Ok(key), Some(signature)) = (VerifyingKey::from_bytes(public_key), signature_from_hex(&report.signature)) else {
             return false;
         };
-        messages.push(signed_bytes(USAGE_DOMAIN, &report.body));
+        messages.push(report.body.signed_bytes());
         signatures.push(signature);
         keys.push(key);
     }
@@ -197,7 +307,71 @@ mod tests {
             memory_used_mib_max: 60_000,
             unhealthy_samples: 0,
             prev_hash: genesis_hash(),
+            readings: None,
         }
+    }
+
+    type FieldsV1 = (LeaseId, String, u32, u64, u64, u64, u32, u32, u32, String);
+
+    /// A body's ten fields as version 1 had them.
+    fn v1_fields(body: &UsageBody) -> FieldsV1 {
+        (
+            body.lease,
+            body.gpu_uuid.clone(),
+            body.seq,
+            body.start_ms,
+            body.end_ms,
+            body.available_ms,
+            body.utilisation_percent,
+            body.memory_used_mib_max,
+            body.unhealthy_samples,
+            body.prev_hash.clone(),
+        )
+    }
+
+    /// What agents signed before readings existed: `gpux-usage-v1:` and the
+    /// ten fields' record encoding.
+    fn v1_bytes(body: &UsageBody) -> Vec<u8> {
+        let mut bytes = USAGE_DOMAIN.to_vec();
+        bytes.extend_from_slice(&crate::record::encode_record(&v1_fields(body)));
+        bytes
+    }
+
+    #[test]
+    fn a_report_without_readings_signs_version_ones_bytes_and_journals_in_its_layout() {
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let old = UsageReport::sign(body(), &key);
+        assert_eq!(body().signed_bytes(), v1_bytes(&body()), "version 1's signed bytes are unchanged");
+        let signature = hex::encode(key.sign(&v1_bytes(&body())).to_bytes());
+        assert_eq!(old.signature, signature, "an old agent's report verifies as it always did");
+
+        #[derive(Serialize, Deserialize)]
+        struct Entry(#[serde(with = "usage_v1_record")] UsageReport);
+        let journaled = crate::record::encode_record(&Entry(old.clone()));
+        let legacy = crate::record::encode_record(&(v1_fields(&body()), old.signature.clone()));
+        assert_eq!(journaled, legacy, "the journal's layout is version 1's");
+        let Entry(decoded) = crate::record::decode_record(&journaled).expect("decodes");
+        assert_eq!(decoded, old);
+        let with = UsageReport::sign(UsageBody { readings: Some(Readings::default()), ..body() }, &key);
+        let refused = bincode::serde::encode_to_vec(Entry(with), bincode::config::standard());
+        assert!(refused.is_err(), "a report with readings is no version 1 record");
+    }
+
+    #[test]
+    fn readings_are_signed_version_two_and_cannot_be_stripped_or_changed() {
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let public = key.verifying_key().to_bytes();
+        let readings = Readings { temperature_c_max: Some(71), power_w_mean: Some(412) };
+        let report = UsageReport::sign(UsageBody { readings: Some(readings), ..body() }, &key);
+        assert!(report.verify(&public));
+        assert!(report.body.signed_bytes().starts_with(USAGE_DOMAIN_V2));
+        let mut stripped = report.clone();
+        stripped.body.readings = None;
+        assert!(!stripped.verify(&public), "readings cannot be dropped from a signed report");
+        let mut cooler = report.clone();
+        cooler.body.readings = Some(Readings { temperature_c_max: Some(60), ..readings });
+        assert!(!cooler.verify(&public), "nor changed");
+        assert_ne!(report.hash(), UsageReport::sign(body(), &key).hash());
     }
 
     #[test]

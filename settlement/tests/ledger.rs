@@ -225,6 +225,7 @@ impl World {
             memory_used_mib_max: 1_000,
             unhealthy_samples: 0,
             prev_hash: chain.last_hash.clone().unwrap_or_else(genesis_hash),
+            readings: None,
         };
         let signer = if forged { SigningKey::from_bytes(&[99; 32]) } else { supplier_key(lease.supplier) };
         let report = UsageReport::sign(body.clone(), &signer);

@@ -46,6 +46,7 @@ fn chain(gpu: &str, bounds: &[u64]) -> Vec<UsageReport> {
             memory_used_mib_max: 1_000,
             unhealthy_samples: 0,
             prev_hash,
+            readings: None,
         };
         reports.push(UsageReport::sign(body, &key()));
     }

@@ -100,7 +100,7 @@ impl SimExchange {
         events: &mut Vec<Event>,
     ) -> Result<UsageOutcome, UsageRejectCode> {
         self.reports_settled += 1;
-        let applied = self.record(JournalEntry::UsageReport { at_ms, account, report: report.clone() });
+        let applied = self.record(JournalEntry::usage(at_ms, account, report.clone()));
         events.extend_from_slice(&applied.events);
         let outcome = applied.usage.expect("a usage report has an outcome");
         // Time the renter's evidence disputes: withheld, as the sequencer journals it.

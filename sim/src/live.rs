@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use ed25519_dalek::SigningKey;
 use gpux_client::{now_ms, Connection};
 use gpux_engine::{AccountId, EventKind, GpuSet, HostId, InstrumentId, LeaseDuration, LeaseId, Role, Side, TimeInForce};
-use gpux_protocol::{genesis_hash, ClientMessage, OrderTicket, ServerMessage, UsageBody, UsageReport};
+use gpux_protocol::{genesis_hash, ClientMessage, OrderTicket, Readings, ServerMessage, UsageBody, UsageReport};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::sync::mpsc;
@@ -307,6 +307,11 @@ async fn report_usage(connection: &mut Connection, key: &SigningKey, leases: &mu
                 memory_used_mib_max: 30_000,
                 unhealthy_samples: 0,
                 prev_hash: lease.prev_hash[gpu].clone(),
+                // Temperature and power as a busy H100 shows them (the console's telemetry chart).
+                readings: Some(Readings {
+                    temperature_c_max: Some(62 + (lease.seq[gpu] % 7)),
+                    power_w_mean: Some(540 + 10 * (lease.seq[gpu] % 5)),
+                }),
             };
             let report = UsageReport::sign(body, key);
             let id = connection.new_id();

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use ed25519_dalek::SigningKey;
 use gpux_engine::LeaseId;
-use gpux_protocol::{genesis_hash, UsageBody, UsageReport};
+use gpux_protocol::{genesis_hash, Readings, UsageBody, UsageReport};
 use serde::{Deserialize, Serialize};
 
 /// Unacknowledged reports kept at most (about a day of 10 s reports for 8 GPUs).
@@ -94,6 +94,9 @@ impl ReportBook {
             memory_used_mib_max: interval.memory_used_mib_max,
             unhealthy_samples: interval.unhealthy_samples,
             prev_hash: chain.prev_hash.clone(),
+            // Signed with the rest (version 2) when the GPU read either.
+            readings: (interval.temperature_c_max.is_some() || interval.power_w_mean.is_some())
+                .then_some(Readings { temperature_c_max: interval.temperature_c_max, power_w_mean: interval.power_w_mean }),
         };
         let report = UsageReport::sign(body, key);
         chain.next_seq += 1;

@@ -47,6 +47,11 @@ struct Window {
     unhealthy: u32,
     utilisation_sum: u64,
     memory_used_mib_max: u32,
+    /// The highest temperature read, and power summed over the samples
+    /// that read it (mW) with their count, for the report's readings.
+    temperature_c_max: Option<u32>,
+    power_mw_sum: u64,
+    power_samples: u32,
 }
 
 /// A lease on this host, as the agent follows it.
@@ -655,6 +660,13 @@ impl Agent {
             gpu.window.unhealthy += u32::from(!sample.healthy);
             gpu.window.utilisation_sum += sample.utilisation_percent as u64;
             gpu.window.memory_used_mib_max = gpu.window.memory_used_mib_max.max(sample.memory_used_mib);
+            if let Some(temperature) = sample.temperature_c {
+                gpu.window.temperature_c_max = Some(gpu.window.temperature_c_max.map_or(temperature, |max| max.max(temperature)));
+            }
+            if let Some(power) = sample.power_mw {
+                gpu.window.power_mw_sum += power as u64;
+                gpu.window.power_samples += 1;
+            }
             if gpu.healthy != sample.healthy {
                 gpu.healthy = sample.healthy;
                 tracing::warn!(uuid = %sample.uuid, healthy = sample.healthy, "GPU health changed");
@@ -719,6 +731,8 @@ impl Agent {
                     utilisation_percent: window.utilisation_sum.checked_div(window.samples as u64).unwrap_or(0) as u32,
                     memory_used_mib_max: window.memory_used_mib_max,
                     unhealthy_samples: window.unhealthy,
+                    temperature_c_max: window.temperature_c_max,
+                    power_w_mean: window.power_mw_sum.checked_div(window.power_samples as u64).map(|mw| (mw / 1_000) as u32),
                 };
                 self.reports.record(lease, &gpu.info.uuid, interval, &self.key)?;
                 done &= state.end_ms.is_some_and(|end| until >= end);

@@ -115,6 +115,10 @@ async fn the_agent_registers_offers_delivers_and_withdraws_a_failed_gpu() {
     assert_eq!(gpus[0].gpu_uuid, "GPU-a");
     let samples = &gpus[0].samples;
     assert!(samples.iter().any(|s| s.utilisation_percent == 80) && samples.iter().all(|s| s.available_ms > 0), "{gpus:?}");
+    // And its temperature and power, signed in the same reports (version 2):
+    // the fake host's 60 °C and 300 W.
+    let measured = samples.iter().find(|s| s.utilisation_percent == 80).expect("a measured interval");
+    assert_eq!((measured.temperature_c_max, measured.power_w_mean), (Some(60), Some(300)), "{gpus:?}");
     // GPU-b goes offline 4 s into the agent's run: the agent withdraws it and it stays out.
     tokio::time::sleep((spawned + Duration::from_secs(7)).saturating_duration_since(Instant::now())).await;
     assert_eq!(book_asks(&mut renter).await, 0);

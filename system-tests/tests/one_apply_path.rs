@@ -49,7 +49,7 @@ fn a_simulated_days_journal_gives_the_simulators_state_in_the_exchange_and_the_a
     let mut sim = Sim::new(SimConfig { suppliers: 30, renters: 120, days: 1, record_journal: true, ..SimConfig::small(5) });
     sim.run(|_| {});
     let entries = sim.exchange.journal();
-    let reports = entries.iter().filter(|e| matches!(e, JournalEntry::UsageReport { .. })).count();
+    let reports = entries.iter().filter(|e| e.usage_report().is_some()).count();
     let observations = entries.iter().filter(|e| matches!(e, JournalEntry::Liveness { .. })).count();
     // Every supplier's host key is bound, and the key of every other renter
     // (those that sign liveness observations of their leases).
@@ -114,7 +114,7 @@ fn a_live_exchanges_journal_gives_its_state_in_the_audit_and_a_recovery() {
 
     let journal_path = dir.path().join("journal.redb");
     let entries = gpux_journal::JournalReader::open(&journal_path).expect("journal").entries_after(0).expect("entries");
-    let reports = entries.iter().filter(|e| matches!(e, JournalEntry::UsageReport { .. })).count();
+    let reports = entries.iter().filter(|e| e.usage_report().is_some()).count();
     assert!(reports >= 1, "the live market reported usage: {reports} reports in {} entries", entries.len());
     assert_eq!(audit_hash(&journal_path), printed, "the audit reaches the state the exchange stopped at");
     // The stop wrote a snapshot; a recovery from the journal alone must agree too.

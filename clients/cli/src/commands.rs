@@ -897,7 +897,7 @@ async fn orders(s: &mut Session, only: Option<Side>, json: bool) -> Result<(), F
 async fn leases(s: &mut Session, json: bool) -> Result<(), Failure> {
     if !json {
         out!(
-            "{:>7} {:<12} {:>6} {:>8} {:>12} {:>7} {:>12} {:>12}",
+            "{:>7} {:<12} {:>6} {:>8} {:>12} {:>7} {:>12} {:>12}  {:<25} until",
             "lease",
             "kind",
             "renter",
@@ -905,7 +905,8 @@ async fn leases(s: &mut Session, json: bool) -> Result<(), Failure> {
             "price/GPU-h",
             "active",
             "verified s",
-            "charged"
+            "charged",
+            "from"
         );
     }
     let mut offset = 0;
@@ -916,8 +917,14 @@ async fn leases(s: &mut Session, json: bool) -> Result<(), Failure> {
         };
         if !json {
             for lease in &leases {
+                // Until it ended, or until its end (none for until-cancelled leases).
+                let until = match (lease.ended_at_ms, lease.end_ms) {
+                    (Some(ended), _) => crate::clock::when(ended),
+                    (None, Some(end)) => crate::clock::when(end),
+                    (None, None) => "cancelled".into(),
+                };
                 out!(
-                    "{:>7} {:<12} {:>6} {:>8} {:>12} {:>7} {:>12} {:>12}",
+                    "{:>7} {:<12} {:>6} {:>8} {:>12} {:>7} {:>12} {:>12}  {:<25} {until}",
                     lease.lease.0,
                     snake(&lease.kind),
                     lease.renter.0,
@@ -925,7 +932,8 @@ async fn leases(s: &mut Session, json: bool) -> Result<(), Failure> {
                     amount(lease.price_minor_per_gpu_hour),
                     lease.active,
                     lease.verified_gpu_ms / 1_000,
-                    amount(lease.usage_charged_minor)
+                    amount(lease.usage_charged_minor),
+                    crate::clock::when(lease.start_ms)
                 );
             }
         }

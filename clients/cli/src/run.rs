@@ -256,16 +256,28 @@ pub async fn lease(s: &mut Session, action: LeaseAction, key: &ed25519_dalek::Si
             }
             for gpu in gpus {
                 out!("{}", gpu.gpu_uuid);
-                out!("  {:<31} {:>9} {:>11} {:>12} {:>9}", "interval", "available", "utilisation", "memory MiB", "unhealthy");
+                out!(
+                    "  {:<31} {:>9} {:>11} {:>12} {:>9} {:>6} {:>7}",
+                    "interval",
+                    "available",
+                    "utilisation",
+                    "memory MiB",
+                    "unhealthy",
+                    "max °C",
+                    "power W"
+                );
                 for sample in gpu.samples.iter().skip(gpu.samples.len().saturating_sub(last)) {
                     let length = sample.end_ms.saturating_sub(sample.start_ms).max(1);
+                    let reading = |value: Option<u32>| value.map_or("-".to_string(), |v| v.to_string());
                     out!(
-                        "  {:<31} {:>8}% {:>10}% {:>12} {:>9}",
+                        "  {:<31} {:>8}% {:>10}% {:>12} {:>9} {:>6} {:>7}",
                         format!("{} +{}s", crate::clock::when(sample.start_ms), length / 1_000),
                         sample.available_ms * 100 / length,
                         sample.utilisation_percent,
                         sample.memory_used_mib_max,
-                        sample.unhealthy_samples
+                        sample.unhealthy_samples,
+                        reading(sample.temperature_c_max),
+                        reading(sample.power_w_mean)
                     );
                 }
             }

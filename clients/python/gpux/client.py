@@ -456,7 +456,8 @@ class Client:
         """Each GPU of a lease (you rent or supply) with its latest usage
         reports' measurements, oldest first: `gpu_uuid` and `samples`
         (`start_ms`, `end_ms`, `available_ms`, `utilisation_percent`,
-        `memory_used_mib_max`, `unhealthy_samples`)."""
+        `memory_used_mib_max`, `unhealthy_samples`, `temperature_c_max`,
+        `power_w_mean`; the last two None from reports without readings)."""
         return (await self.request("lease_telemetry", lease=lease)).fields["gpus"]
 
     async def ping(self) -> int:

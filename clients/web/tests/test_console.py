@@ -57,6 +57,27 @@ def exchange_with_console():
             process.wait(timeout=10)
 
 
+def varint(value: int) -> bytes:
+    """bincode's variable-length unsigned integer (docs/protocol.md)."""
+    if value < 251:
+        return bytes([value])
+    for marker, size in ((0xFB, 2), (0xFC, 4), (0xFD, 8)):
+        if value < 1 << (8 * size):
+            return bytes([marker]) + value.to_bytes(size, "little")
+    raise ValueError(value)
+
+
+def usage_v2_signed_bytes(body: dict) -> bytes:
+    """A usage report's signed bytes with readings, as docs/protocol.md
+    "Usage reports" lays them out."""
+    text = lambda value: varint(len(value.encode())) + value.encode()
+    option = lambda value: b"\x00" if value is None else b"\x01" + varint(value)
+    fields = [varint(body["lease"]), text(body["gpu_uuid"])]
+    fields += [varint(body[name]) for name in ("seq", "start_ms", "end_ms", "available_ms", "utilisation_percent", "memory_used_mib_max", "unhealthy_samples")]
+    fields += [text(body["prev_hash"]), b"\x01", option(body["readings"]["temperature_c_max"]), option(body["readings"]["power_w_mean"])]
+    return b"gpux-usage-v2:" + b"".join(fields)
+
+
 class Browser:
     """Headless Chromium driven over the DevTools protocol."""
 
@@ -223,7 +244,8 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
     url, console, operator = exchange_with_console
 
     async def scenario():
-        supplier = await gpux.Client.connect(url, gpux.Key.generate(), role="supplier")
+        supplier_key = gpux.Key.generate()
+        supplier = await gpux.Client.connect(url, supplier_key, role="supplier")
         spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
         await supplier.request("register_gpu", host="console-host", gpu_uuid="GPU-console-0", spec=spec)
         host = (await supplier.request("my_gpus")).fields["gpus"][0]["host"]
@@ -295,6 +317,22 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
                 await browser.evaluate("document.getElementById('renter-id').value = '999999'")
                 await browser.evaluate("document.querySelector('#renter-lookup button').click()")
                 await browser.wait_until(f"{renter_stats}.includes('unknown_account')", what="no such account")
+
+                # The host signs a usage report with readings (version 2, signed
+                # from docs/protocol.md's layout alone); the lease's telemetry
+                # button charts utilisation, temperature and power.
+                body = {"lease": lease, "gpu_uuid": "GPU-console-0", "seq": 1, "start_ms": lease_info["start_ms"], "end_ms": end,
+                        "available_ms": end - lease_info["start_ms"], "utilisation_percent": 73, "memory_used_mib_max": 40000,
+                        "unhealthy_samples": 0, "prev_hash": "0" * 64, "readings": {"temperature_c_max": 71, "power_w_mean": 612}}
+                signature = supplier_key.sign(usage_v2_signed_bytes(body)).hex()
+                accepted = await supplier.request("usage_report", report={"body": body, "signature": signature})
+                assert accepted.type == "usage_accepted", accepted
+                await browser.evaluate(f"document.querySelector('[data-telemetry=\"{lease}\"]').click()")
+                chart = "document.querySelector('#telemetry-charts .telemetry-gpu')"
+                await browser.wait_until(f"{chart} !== null && {chart}.dataset.samples === '1'", what="the lease's telemetry chart")
+                assert await browser.evaluate(f"{chart}.querySelectorAll('.u-axis').length") == 3, "time, percent and watts"
+                telemetry = await renter.lease_telemetry(lease)
+                assert (telemetry[0]["samples"][0]["temperature_c_max"], telemetry[0]["samples"][0]["power_w_mean"]) == (71, 612)
 
                 hostile = "<img src=x onerror=\"document.title='owned'\">"
                 failed = {"failed": {"code": "host_error", "fault": "host", "reason": hostile}}

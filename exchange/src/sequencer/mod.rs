@@ -302,7 +302,7 @@ impl Sequencer {
     fn usage(&mut self, connection: ConnectionId, id: u64, report: gpux_protocol::UsageReport) {
         let Some(account) = self.account(connection) else { return };
         let at_ms = self.market.clock_ms();
-        let Some((journal_seq, applied)) = self.journal(JournalEntry::UsageReport { at_ms, account, report }) else { return };
+        let Some((journal_seq, applied)) = self.journal(JournalEntry::usage(at_ms, account, report)) else { return };
         let reply = match applied.usage.expect("a usage report has an outcome") {
             Ok(gpux_settlement::UsageOutcome::Accepted { charge_minor, .. }) => {
                 self.metrics.usage_accepted.inc();

@@ -82,6 +82,9 @@ impl Sim {
             memory_used_mib_max: 40_000,
             unhealthy_samples: 0,
             prev_hash: chain.prev_hash.clone(),
+            // Every other report carries readings (version 2), so a simulated
+            // journal holds both versions and replays must verify both.
+            readings: (chain.accepted % 2 == 1).then_some(gpux_protocol::Readings { temperature_c_max: Some(66), power_w_mean: Some(560) }),
         };
         let started = std::time::Instant::now();
         let report = UsageReport::sign(body, &supplier.key);
@@ -169,6 +172,7 @@ impl Sim {
             memory_used_mib_max: 80_000,
             unhealthy_samples: 0,
             prev_hash: chain.prev_hash.clone(),
+            readings: None,
         };
         body.available_ms = body.end_ms - body.start_ms;
         let mut key = self.suppliers[supplier_index].key.clone();
