@@ -1,0 +1,260 @@
+//! Short probes for `scripts/bench`: each prints one line `figure: value`,
+//! gpux's path and the bare ceiling of the same work on the same machine in
+//! the same run, so the ratio is what is compared (docs/PERFORMANCE.md).
+//!
+//! - `engine-bare N`: a bare array-of-levels book (FIFO queues per price,
+//!   an id map for cancels; no GPUs, leases, money or events) on the
+//!   engine-latency probe's mix (60% adds, 30% cancels, 10% crossing IOC
+//!   orders taking three resting orders each, so the book stays at about
+//!   10k resting orders within 100 ticks of the mid): the ceiling of
+//!   price-time matching in Rust.
+//! - `redb-bare SECONDS`: redb commits of 200 records of 128 bytes with
+//!   `Durability::Immediate` (fsync) in a fresh file: the ceiling of the
+//!   journal's group commit.
+//! - `ed25519-bare N`: ed25519 signature verification on one core, one at
+//!   a time and in batches of 64 (ed25519-dalek): the ceiling of the usage
+//!   report path.
+//! - `usage N`: gpux settlement's whole report path on one core (signature,
+//!   hash chain, interval checks, metering) over N reports of one chain.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use ed25519_dalek::{Signer, SigningKey, Verifier};
+use gpux_benches::Rng;
+use gpux_engine::{AccountId, LeaseId};
+use gpux_protocol::{genesis_hash, UsageBody, UsageReport};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let number = |index: usize, default: u64| args.get(index).and_then(|v| v.parse().ok()).unwrap_or(default);
+    match args.first().map(String::as_str) {
+        Some("engine-bare") => engine_bare(number(1, 1_000_000) as usize),
+        Some("redb-bare") => redb_bare(Duration::from_secs(number(1, 3))),
+        Some("ed25519-bare") => ed25519_bare(number(1, 20_000) as usize),
+        Some("usage") => usage(number(1, 20_000) as usize),
+        _ => {
+            eprintln!("usage: probes engine-bare N | redb-bare SECONDS | ed25519-bare N | usage N");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// One side of a bare book: a FIFO of (order id, quantity) per tick.
+struct Side {
+    levels: Vec<VecDeque<(u64, u32)>>,
+}
+
+impl Side {
+    fn new(ticks: usize) -> Side {
+        Side { levels: (0..ticks).map(|_| VecDeque::new()).collect() }
+    }
+}
+
+struct BareBook {
+    bids: Side,
+    asks: Side,
+    /// Where each resting order is: side (true = bid) and tick.
+    resting: HashMap<u64, (bool, usize)>,
+}
+
+impl BareBook {
+    fn add(&mut self, id: u64, bid: bool, tick: usize, quantity: u32) {
+        let side = if bid { &mut self.bids } else { &mut self.asks };
+        side.levels[tick].push_back((id, quantity));
+        self.resting.insert(id, (bid, tick));
+    }
+
+    fn cancel(&mut self, id: u64) -> bool {
+        let Some((bid, tick)) = self.resting.remove(&id) else { return false };
+        let side = if bid { &mut self.bids } else { &mut self.asks };
+        let level = &mut side.levels[tick];
+        if let Some(at) = level.iter().position(|(o, _)| *o == id) {
+            level.remove(at);
+        }
+        true
+    }
+
+    /// An IOC order taking the best `orders` resting orders whole (their
+    /// quantities) up to `limit`; the number of fills.
+    fn cross(&mut self, bid: bool, limit: usize, orders: u32) -> u32 {
+        let mut quantity = u32::MAX;
+        let mut left = orders;
+        let mut fills = 0;
+        let ticks: Box<dyn Iterator<Item = usize>> =
+            if bid { Box::new(0..=limit) } else { Box::new((limit..self.bids.levels.len()).rev()) };
+        for tick in ticks {
+            let level = if bid { &mut self.asks.levels[tick] } else { &mut self.bids.levels[tick] };
+            while left > 0 {
+                let Some(front) = level.front_mut() else { break };
+                let taken = front.1.min(quantity);
+                front.1 -= taken;
+                quantity -= taken;
+                fills += 1;
+                if front.1 == 0 {
+                    let (id, _) = level.pop_front().expect("a front");
+                    self.resting.remove(&id);
+                    left -= 1;
+                }
+            }
+            if left == 0 {
+                break;
+            }
+        }
+        fills
+    }
+}
+
+fn engine_bare(commands: usize) {
+    const TICKS: usize = 200;
+    const MID: usize = 100;
+    let mut rng = Rng::new(7);
+    let mut book = BareBook { bids: Side::new(TICKS), asks: Side::new(TICKS), resting: HashMap::new() };
+    let mut open: Vec<u64> = Vec::new();
+    let mut next_id = 1u64;
+    // About 10k resting orders, bids below the mid and asks above.
+    for _ in 0..10_000 {
+        let bid = rng.below(2) == 0;
+        let offset = 1 + rng.below(99) as usize;
+        let tick = if bid { MID - offset } else { MID + offset };
+        book.add(next_id, bid, tick, 1 + rng.below(4) as u32);
+        open.push(next_id);
+        next_id += 1;
+    }
+    // The stream is drawn ahead, so only the book is timed.
+    enum Op {
+        Add(bool, usize, u32),
+        Cancel(usize),
+        Cross(bool, usize, u32),
+    }
+    let ops: Vec<Op> = (0..commands)
+        .map(|_| match rng.below(10) {
+            0..=5 => {
+                let bid = rng.below(2) == 0;
+                let offset = 1 + rng.below(99) as usize;
+                Op::Add(bid, if bid { MID - offset } else { MID + offset }, 1 + rng.below(4) as u32)
+            }
+            6..=8 => Op::Cancel(rng.below(u64::MAX) as usize),
+            _ => {
+                // Any price: it takes about three resting orders, as the
+                // engine probe's crossing orders do.
+                let bid = rng.below(2) == 0;
+                Op::Cross(bid, if bid { TICKS - 1 } else { 0 }, 3)
+            }
+        })
+        .collect();
+    let started = Instant::now();
+    let mut fills = 0u64;
+    for op in &ops {
+        match *op {
+            Op::Add(bid, tick, quantity) => {
+                book.add(next_id, bid, tick, quantity);
+                open.push(next_id);
+                next_id += 1;
+            }
+            Op::Cancel(mut pick) => {
+                // Ids of orders a cross filled are stale: drop them and pick again.
+                while !open.is_empty() {
+                    let id = open.swap_remove(pick % open.len());
+                    if book.cancel(id) {
+                        break;
+                    }
+                    pick = pick.wrapping_mul(6364136223846793005).wrapping_add(1);
+                }
+            }
+            Op::Cross(bid, limit, quantity) => fills += book.cross(bid, limit, quantity) as u64,
+        }
+    }
+    let elapsed = started.elapsed();
+    println!(
+        "bare book: {:.2} M commands/s ({commands} commands, {fills} fills, {} resting at the end)",
+        commands as f64 / elapsed.as_secs_f64() / 1e6,
+        book.resting.len()
+    );
+}
+
+fn redb_bare(duration: Duration) {
+    const TABLE: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("records");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = redb::Database::create(dir.path().join("bare.redb")).expect("redb file");
+    let record = [7u8; 128];
+    let started = Instant::now();
+    let (mut key, mut commits) = (0u64, 0u64);
+    while started.elapsed() < duration {
+        let mut transaction = db.begin_write().expect("write");
+        transaction.set_durability(redb::Durability::Immediate).expect("durability");
+        {
+            let mut table = transaction.open_table(TABLE).expect("table");
+            for _ in 0..200 {
+                table.insert(key, record.as_slice()).expect("insert");
+                key += 1;
+            }
+        }
+        transaction.commit().expect("commit");
+        commits += 1;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    println!("bare redb: {:.0} records/s at 200 per fsynced commit ({:.0} commits/s)", key as f64 / seconds, commits as f64 / seconds);
+}
+
+fn ed25519_bare(count: usize) {
+    let key = SigningKey::from_bytes(&[9; 32]);
+    let public = key.verifying_key();
+    let messages: Vec<Vec<u8>> =
+        (0..count).map(|i| format!("report {i} of a usage chain, about a hundred bytes long ...").into_bytes()).collect();
+    let signatures: Vec<ed25519_dalek::Signature> = messages.iter().map(|m| key.sign(m)).collect();
+    let started = Instant::now();
+    // `verify`, the check settlement makes (docs/PERFORMANCE.md "Settlement").
+    let valid = messages.iter().zip(&signatures).filter(|(m, s)| public.verify(m, s).is_ok()).count();
+    let single = count as f64 / started.elapsed().as_secs_f64();
+    assert_eq!(valid, count);
+    let started = Instant::now();
+    for (messages, signatures) in messages.chunks(64).zip(signatures.chunks(64)) {
+        let messages: Vec<&[u8]> = messages.iter().map(Vec::as_slice).collect();
+        let keys = vec![public; messages.len()];
+        ed25519_dalek::verify_batch(&messages, signatures, &keys).expect("valid batch");
+    }
+    let batched = count as f64 / started.elapsed().as_secs_f64();
+    println!("bare ed25519: {single:.0} verifications/s one at a time, {batched:.0}/s in batches of 64 (one core)");
+}
+
+fn usage(count: usize) {
+    let key = SigningKey::from_bytes(&[9; 32]);
+    let public = key.verifying_key().to_bytes();
+    let mut reports: Vec<UsageReport> = Vec::with_capacity(count);
+    for index in 0..count as u64 {
+        let prev_hash = reports.last().map_or_else(genesis_hash, |r| r.hash());
+        let body = UsageBody {
+            lease: LeaseId(1),
+            gpu_uuid: "GPU-a".into(),
+            seq: index as u32 + 1,
+            start_ms: 1_000_000 + index * 10_000,
+            end_ms: 1_000_000 + (index + 1) * 10_000,
+            available_ms: 10_000,
+            utilisation_percent: 80,
+            memory_used_mib_max: 1_000,
+            unhealthy_samples: 0,
+            prev_hash,
+            readings: None,
+        };
+        reports.push(UsageReport::sign(body, &key));
+    }
+    let terms = gpux_settlement::LeaseTerms {
+        lease: LeaseId(1),
+        supplier: AccountId(1),
+        gpu_uuids: vec!["GPU-a".into()],
+        start_ms: 1_000_000,
+        end_ms: None,
+        price_minor_per_gpu_hour: 2_000_000,
+        billing_closed: false,
+    };
+    let mut settlement = gpux_settlement::Settlement::default();
+    let started = Instant::now();
+    for report in &reports {
+        settlement.report(AccountId(1), &public, Some(&terms), report, u64::MAX / 2).expect("an honest report");
+    }
+    println!(
+        "gpux usage reports: {:.0} verified, chained and metered per second (one core, {count} reports)",
+        count as f64 / started.elapsed().as_secs_f64()
+    );
+}
