@@ -159,6 +159,9 @@ pub enum Request {
         connection: ConnectionId,
         id: u64,
         report: Box<gpux_protocol::UsageReport>,
+        /// The key the gateway verified the report's signature against
+        /// under ZIP-215, if it verified (the session's login key).
+        checked_by: Option<[u8; 32]>,
     },
     Balance {
         connection: ConnectionId,

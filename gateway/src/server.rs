@@ -255,6 +255,10 @@ struct Connection {
     /// Requests forwarded to the sequencer and not yet answered.
     awaiting: u32,
     clock: Clock,
+    /// The key the session logged in with (its signature verified here):
+    /// usage reports are verified against it on this connection's task,
+    /// off the sequencer's thread.
+    login_key: Option<[u8; 32]>,
 }
 
 /// What every connection of a gateway shares.
@@ -305,6 +309,7 @@ async fn serve_connection<S>(
         refilled_at: Instant::now(),
         awaiting: 0,
         clock,
+        login_key: None,
     };
     if connection
         .core
@@ -627,6 +632,7 @@ impl Connection {
                 match verify(&nonce, &public_key, &signature) {
                     Some(public_key) => {
                         self.session = Session::Authenticating;
+                        self.login_key = Some(public_key);
                         self.forward(
                             id,
                             Request::Authenticate { connection: self.id, id, public_key, role, cancel_on_disconnect, presence: true },
@@ -695,7 +701,13 @@ impl Connection {
             ClientMessage::RenterStats { id, renter } => Request::RenterStats { connection, id, renter },
             ClientMessage::BookOffers { id, instrument, offset } => Request::BookOffers { connection, id, instrument, offset },
             ClientMessage::MyGpus { id, offset } => Request::MyGpus { connection, id, offset },
-            ClientMessage::UsageReport { id, report } => Request::Usage { connection, id, report: Box::new(report) },
+            ClientMessage::UsageReport { id, report } => {
+                // Verified here, on this connection's task, under ZIP-215 (the
+                // rule under which this check and the journal replay's agree);
+                // the sequencer then skips it when the key is the account's.
+                let checked_by = self.login_key.filter(|key| report.verify_zip215(key));
+                Request::Usage { connection, id, report: Box::new(report), checked_by }
+            }
             ClientMessage::Balance { id } => Request::Balance { connection, id },
             ClientMessage::Statement { id, after } => Request::Statement { connection, id, after },
             ClientMessage::RecentStatement { id, before } => Request::RecentStatement { connection, id, before },
@@ -909,6 +921,7 @@ mod tests {
                 refilled_at: Instant::now(),
                 awaiting: 0,
                 clock: Clock::default(),
+                login_key: None,
             };
             (connection, inbox)
         }

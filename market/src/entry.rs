@@ -137,6 +137,12 @@ pub enum JournalEntry {
         account: AccountId,
         report: UsageReport,
     },
+    /// Usage reports after this entry are checked by `rule`
+    /// (docs/market-rules.md "Usage reports"); the exchange journals it once
+    /// when it first runs a version that checks by ZIP-215.
+    SignatureRule {
+        rule: gpux_settlement::SignatureRule,
+    },
 }
 
 impl JournalEntry {
@@ -177,6 +183,7 @@ impl JournalEntry {
             | JournalEntry::LeaseWorkload { .. }
             | JournalEntry::EncryptionKey { .. }
             | JournalEntry::BidRematch { .. }
+            | JournalEntry::SignatureRule { .. }
             | JournalEntry::Genesis { .. } => None,
         }
     }

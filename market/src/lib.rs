@@ -299,6 +299,7 @@ impl MarketState {
                 }
             }
             JournalEntry::BindKey { public_key, account } => self.keys.bind(*public_key, *account),
+            JournalEntry::SignatureRule { rule } => self.settlement.set_signature_rule(*rule),
             JournalEntry::AddKey { at_ms, by, account, public_key, scopes, expires_at_ms, label } => {
                 // Checked before journaling; re-checked so that replay of any
                 // journal keeps the same invariants.
@@ -586,6 +587,21 @@ impl MarketState {
     /// for a supplier), or a sub-account's first key added.
     pub fn account_key(&self, account: AccountId) -> Option<[u8; 32]> {
         self.keys.identity(account)
+    }
+
+    /// The rule usage reports' signatures are checked by.
+    pub fn signature_rule(&self) -> gpux_settlement::SignatureRule {
+        self.settlement.signature_rule()
+    }
+
+    /// The next usage report applied is `report` from `account`, whose
+    /// signature the gateway verified under ZIP-215 against `key`: if `key`
+    /// is the account's, settlement need not verify it again (the outcome is
+    /// the same; a replay verifies it).
+    pub fn mark_report_checked(&mut self, account: AccountId, key: [u8; 32], report: &gpux_protocol::UsageReport) {
+        if self.account_key(account) == Some(key) {
+            self.settlement.mark_checked(key, report);
+        }
     }
 
     /// The API keys.

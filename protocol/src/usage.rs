@@ -218,6 +218,42 @@ impl UsageReport {
     }
 }
 
+impl UsageReport {
+    /// Whether the signature is `public_key`'s under ZIP-215's rules
+    /// (ed25519-zebra): the cofactored equation, any encoding of a point
+    /// that decodes, S below the group order. Single and batch verification
+    /// ([`verify_batch_zip215`]) agree on every input.
+    pub fn verify_zip215(&self, public_key: &[u8; 32]) -> bool {
+        let (Ok(key), Some(signature)) = (ed25519_zebra::VerificationKey::try_from(*public_key), zebra_signature(&self.signature)) else {
+            return false;
+        };
+        key.verify(&signature, &self.body.signed_bytes()).is_ok()
+    }
+}
+
+fn zebra_signature(text: &str) -> Option<ed25519_zebra::Signature> {
+    let bytes: [u8; 64] = hex::decode(text).ok()?.try_into().ok()?;
+    Some(ed25519_zebra::Signature::from_bytes(&bytes))
+}
+
+/// Verifies many reports at once under ZIP-215's rules, each against its
+/// signer's key: true only if every one verifies, which is exactly when
+/// [`UsageReport::verify_zip215`] accepts each (the property batch
+/// verification under these rules guarantees, and
+/// `zip215_batch_and_single_verification_agree_on_edge_cases` checks).
+pub fn verify_batch_zip215(reports: &[(&UsageReport, [u8; 32])]) -> bool {
+    let mut verifier = ed25519_zebra::batch::Verifier::new();
+    let mut messages = Vec::with_capacity(reports.len());
+    for (report, _) in reports {
+        messages.push(report.body.signed_bytes());
+    }
+    for ((report, public_key), message) in reports.iter().zip(&messages) {
+        let Some(signature) = zebra_signature(&report.signature) else { return false };
+        verifier.queue((ed25519_zebra::VerificationKeyBytes::from(*public_key), signature, message));
+    }
+    verifier.verify(rand_core::OsRng).is_ok()
+}
+
 /// Why a report was refused. Codes are stable (docs/protocol.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -355,6 +391,76 @@ mod tests {
         let with = UsageReport::sign(UsageBody { readings: Some(Readings::default()), ..body() }, &key);
         let refused = bincode::serde::encode_to_vec(Entry(with), bincode::config::standard());
         assert!(refused.is_err(), "a report with readings is no version 1 record");
+    }
+
+    /// The points of order dividing 8, canonically encoded, and the
+    /// non-canonical encodings of points (y + p for the y that fit in 255
+    /// bits, and x = 0 with its sign bit set).
+    fn edge_encodings() -> Vec<[u8; 32]> {
+        use curve25519_dalek::edwards::CompressedEdwardsY;
+        let mut encodings: Vec<[u8; 32]> = curve25519_dalek::constants::EIGHT_TORSION.iter().map(|p| p.compress().to_bytes()).collect();
+        let mut one_with_sign = [0u8; 32];
+        one_with_sign[0] = 1;
+        one_with_sign[31] = 0x80;
+        encodings.push(one_with_sign);
+        let mut minus_one_with_sign = [0xff; 32];
+        minus_one_with_sign[0] = 0xec;
+        encodings.push(minus_one_with_sign);
+        for delta in 0u8..19 {
+            // p + delta = 2^255 - 19 + delta, little-endian.
+            let mut y = [0xff; 32];
+            y[0] = 0xed + delta;
+            y[31] = 0x7f;
+            for sign in [0u8, 0x80] {
+                let mut e = y;
+                e[31] |= sign;
+                if CompressedEdwardsY(e).decompress().is_some() {
+                    encodings.push(e);
+                }
+            }
+        }
+        encodings
+    }
+
+    #[test]
+    fn zip215_batch_and_single_verification_agree_on_edge_cases() {
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let public = key.verifying_key().to_bytes();
+        let honest = UsageReport::sign(body(), &key);
+        assert!(honest.verify_zip215(&public) && honest.verify(&public), "an honest report verifies under both rules");
+        let encodings = edge_encodings();
+        assert!(encodings.len() >= 12, "{}", encodings.len());
+        let (mut cases, mut accepted) = (0, 0);
+        // Small-order and non-canonical keys and R, s = 0 and s = 1, over a
+        // real report's bytes: each alone, and in a batch with honest
+        // reports, batch and single give the same answer.
+        for a in &encodings {
+            for r in &encodings {
+                for s_low in [0u8, 1] {
+                    let mut signature = [0u8; 64];
+                    signature[..32].copy_from_slice(r);
+                    signature[32] = s_low;
+                    let crafted = UsageReport { body: body(), signature: hex::encode(signature) };
+                    let single = crafted.verify_zip215(a);
+                    assert_eq!(verify_batch_zip215(&[(&crafted, *a)]), single, "A {} R {} s {s_low}", hex::encode(a), hex::encode(r));
+                    let mixed = [(&honest, public), (&crafted, *a), (&honest, public)];
+                    assert_eq!(verify_batch_zip215(&mixed), single, "in a batch: A {} R {}", hex::encode(a), hex::encode(r));
+                    cases += 1;
+                    accepted += usize::from(single);
+                }
+            }
+        }
+        assert!(accepted > 0 && accepted < cases, "the cases include accepted and refused ones: {accepted} of {cases}");
+        // A wrong signature fails the batch it is in.
+        let mut wrong = honest.clone();
+        wrong.body.available_ms += 1;
+        assert!(!wrong.verify_zip215(&public));
+        assert!(!verify_batch_zip215(&[(&honest, public), (&wrong, public)]));
+        // S at or above the group order is refused by both.
+        let mut unreduced = hex::decode(&honest.signature).expect("hex");
+        unreduced[63] |= 0xf0;
+        let unreduced = UsageReport { body: body(), signature: hex::encode(unreduced) };
+        assert!(!unreduced.verify_zip215(&public) && !verify_batch_zip215(&[(&unreduced, public)]));
     }
 
     #[test]

@@ -113,16 +113,38 @@ pub struct Metered {
     pub charged_minor: u64,
 }
 
+/// The rule a report's signature is checked by (docs/market-rules.md
+/// "Usage reports"). A journal starts with `Legacy` and changes once, by a
+/// journaled entry, so every report is checked at replay by the rule it was
+/// checked by live.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SignatureRule {
+    /// ed25519-dalek's `verify` (cofactorless), as before ZIP-215.
+    #[default]
+    Legacy,
+    /// ZIP-215 (ed25519-zebra): batch and single verification agree on
+    /// every input, so a report may be checked before it is sequenced.
+    Zip215,
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Settlement {
     chains: BTreeMap<(LeaseId, String), Chain>,
     metered: BTreeMap<LeaseId, Metered>,
     /// Refused reports per supplier (feeds its reliability score).
     rejections: BTreeMap<AccountId, u64>,
+    rule: SignatureRule,
     /// Host keys, decompressed once (a cache: not state, never snapshotted,
     /// and no outcome depends on it).
     #[serde(skip)]
     keys: BTreeMap<[u8; 32], Option<ed25519_dalek::VerifyingKey>>,
+    /// A report already verified under ZIP-215 off the sequencer's thread,
+    /// as (key, report hash), for the next `report` call only: it skips the
+    /// verification whose outcome it already knows (the same under ZIP-215
+    /// wherever computed), so no outcome depends on it.
+    #[serde(skip)]
+    checked: Option<([u8; 32], String)>,
 }
 
 impl Settlement {
@@ -136,8 +158,18 @@ impl Settlement {
         report: &UsageReport,
         now_ms: u64,
     ) -> Result<UsageOutcome, UsageRejectCode> {
-        let key = self.verifying_key(reporter_key);
-        match self.check(reporter, key.as_ref(), terms, report, now_ms) {
+        let checked = self.checked.take();
+        // Only a report about one of the reporter's leased GPUs is worth a
+        // verification (`check` refuses the rest before the signature).
+        let worth = terms.is_some_and(|t| t.supplier == reporter && t.gpu_uuids.contains(&report.body.gpu_uuid));
+        let signature_valid = worth
+            && match self.rule {
+                SignatureRule::Legacy => self.verifying_key(reporter_key).is_some_and(|key| report.verify_with(&key)),
+                SignatureRule::Zip215 => {
+                    checked.is_some_and(|(key, hash)| key == *reporter_key && hash == report.hash()) || report.verify_zip215(reporter_key)
+                }
+            };
+        match self.check(reporter, signature_valid, terms, report, now_ms) {
             Ok(UsageOutcome::Accepted { verified_ms, .. }) => {
                 let charge_minor = self.accept(terms.expect("an accepted report has a lease"), report);
                 Ok(UsageOutcome::Accepted { verified_ms, charge_minor })
@@ -148,6 +180,22 @@ impl Settlement {
                 Err(code)
             }
         }
+    }
+
+    /// The rule signatures are checked by from now on.
+    pub fn set_signature_rule(&mut self, rule: SignatureRule) {
+        self.rule = rule;
+    }
+
+    pub fn signature_rule(&self) -> SignatureRule {
+        self.rule
+    }
+
+    /// The next report settled is this one, already verified under ZIP-215
+    /// against `key` (by the gateway); under the legacy rule it is verified
+    /// again all the same.
+    pub fn mark_checked(&mut self, key: [u8; 32], report: &UsageReport) {
+        self.checked = Some((key, report.hash()));
     }
 
     /// The reporter's key, decompressed (`None`: not a valid key).
@@ -208,7 +256,7 @@ impl Settlement {
     fn check(
         &self,
         reporter: AccountId,
-        reporter_key: Option<&ed25519_dalek::VerifyingKey>,
+        signature_valid: bool,
         terms: Option<&LeaseTerms>,
         report: &UsageReport,
         now_ms: u64,
@@ -222,7 +270,7 @@ impl Settlement {
         if !terms.gpu_uuids.contains(&body.gpu_uuid) {
             return Err(WrongGpu);
         }
-        if !reporter_key.is_some_and(|key| report.verify_with(key)) {
+        if !signature_valid {
             return Err(Forged);
         }
         // Before anything about the chain: once a lease's bill is final its

@@ -250,3 +250,36 @@ fn a_chain_stays_the_same_size_however_long_it_grows() {
     assert_eq!(submit(&mut settlement, &reports[3]), Ok(UsageOutcome::Duplicate), "older than the kept hashes");
     assert_eq!(settlement.metered(LeaseId(7)).verified_ms, 3_000_000, "no resend charged anything");
 }
+
+/// Under ZIP-215 (docs/market-rules.md "Usage reports"), a report the
+/// gateway verified is not verified again; the mark only ever spares the
+/// exact report (key and hash) it names, so a changed report carrying a
+/// verified one's signature is still `forged`, and under the legacy rule
+/// the mark is ignored. Both rules give every honest and every forged
+/// report the same outcome.
+#[test]
+fn a_report_marked_checked_skips_only_its_own_verification() {
+    let public = key().verifying_key().to_bytes();
+    let honest = chain("GPU-a", &[1_000_000, 1_010_000, 1_020_000]);
+    let mut inflated = honest[1].clone();
+    inflated.body.available_ms += 1;
+    for rule in [SignatureRule::Legacy, SignatureRule::Zip215] {
+        let mut settlement = Settlement::default();
+        settlement.set_signature_rule(rule);
+        assert_eq!(settlement.signature_rule(), rule);
+        settlement.mark_checked(public, &honest[0]);
+        assert!(matches!(submit(&mut settlement, &honest[0]), Ok(UsageOutcome::Accepted { .. })), "{rule:?}");
+        // The mark of the honest report does not cover a changed copy.
+        settlement.mark_checked(public, &honest[1]);
+        assert_eq!(submit(&mut settlement, &inflated), Err(UsageRejectCode::Forged), "{rule:?}");
+        // Nor another key's mark; and a mark is spent by the next report.
+        settlement.mark_checked([9; 32], &honest[1]);
+        assert!(matches!(submit(&mut settlement, &honest[1]), Ok(UsageOutcome::Accepted { .. })), "verified itself: {rule:?}");
+    }
+    // A mark for a report that never verified does not make it pass under
+    // the legacy rule (which ignores marks), and names a hash no forged
+    // report of another body can have under ZIP-215.
+    let mut settlement = Settlement::default();
+    settlement.mark_checked(public, &inflated);
+    assert_eq!(submit(&mut settlement, &inflated), Err(UsageRejectCode::Forged), "legacy ignores marks");
+}

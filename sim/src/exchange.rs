@@ -37,20 +37,27 @@ pub struct RestartCheck {
 
 impl SimExchange {
     pub fn new() -> Self {
-        SimExchange {
-            market: MarketState::new(EngineConfig::demo()).expect("the demo config is valid"),
-            snapshot: None,
-            journal: None,
-            events_applied: 0,
-            transfers_posted: 0,
-            reports_settled: 0,
-        }
+        Self::with_journal(None)
     }
 
     /// An exchange that keeps every entry it applies, so the run's journal
     /// can be written to an exchange's journal file and replayed there.
     pub fn recording() -> Self {
-        SimExchange { journal: Some(Vec::new()), ..SimExchange::new() }
+        Self::with_journal(Some(Vec::new()))
+    }
+
+    fn with_journal(journal: Option<Vec<JournalEntry>>) -> Self {
+        let mut exchange = SimExchange {
+            market: MarketState::new(EngineConfig::demo()).expect("the demo config is valid"),
+            snapshot: None,
+            journal,
+            events_applied: 0,
+            transfers_posted: 0,
+            reports_settled: 0,
+        };
+        // As the exchange does at its first start: reports are checked by ZIP-215.
+        exchange.record(JournalEntry::SignatureRule { rule: gpux_settlement::SignatureRule::Zip215 });
+        exchange
     }
 
     /// Every entry applied since the start (empty unless `recording`).

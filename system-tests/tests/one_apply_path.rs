@@ -139,6 +139,8 @@ fn sub_accounts_keys_and_a_resold_lease_replay_alike_in_the_audit_and_a_recovery
     };
     let at = |at_ms: u64, command: Command| JournalEntry::Engine(Input { at_ms, command });
     let (renter, supplier, sub) = (AccountId(0), AccountId(1), AccountId(2));
+    // As an exchange's journal starts (else its recovery adds this entry).
+    apply(JournalEntry::SignatureRule { rule: gpux_settlement::SignatureRule::Zip215 });
     apply(at(T0, Command::OpenAccount { role: Role::Aggregator }));
     apply(JournalEntry::BindKey { public_key: [1; 32], account: renter });
     apply(at(T0, Command::OpenAccount { role: Role::Supplier }));

@@ -15,7 +15,9 @@
 //!   a time and in batches of 64 (ed25519-dalek): the ceiling of the usage
 //!   report path.
 //! - `usage N`: gpux settlement's whole report path on one core (signature,
-//!   hash chain, interval checks, metering) over N reports of one chain.
+//!   hash chain, interval checks, metering) over N reports of one chain,
+//!   under the legacy rule, under ZIP-215, and for reports the gateway
+//!   verified; then ZIP-215 verification alone, single and batched.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -248,13 +250,37 @@ fn usage(count: usize) {
         price_minor_per_gpu_hour: 2_000_000,
         billing_closed: false,
     };
-    let mut settlement = gpux_settlement::Settlement::default();
-    let started = Instant::now();
-    for report in &reports {
-        settlement.report(AccountId(1), &public, Some(&terms), report, u64::MAX / 2).expect("an honest report");
+    use gpux_settlement::SignatureRule;
+    // The sequencer's cost per report under each rule: verifying it there
+    // (legacy, or ZIP-215), or only checking the chain and metering a report
+    // the gateway verified (ZIP-215, marked).
+    let mut rates = Vec::new();
+    for (rule, marked) in [(SignatureRule::Legacy, false), (SignatureRule::Zip215, false), (SignatureRule::Zip215, true)] {
+        let mut settlement = gpux_settlement::Settlement::default();
+        settlement.set_signature_rule(rule);
+        let started = Instant::now();
+        for report in &reports {
+            if marked {
+                settlement.mark_checked(public, report);
+            }
+            settlement.report(AccountId(1), &public, Some(&terms), report, u64::MAX / 2).expect("an honest report");
+        }
+        rates.push(count as f64 / started.elapsed().as_secs_f64());
     }
     println!(
-        "gpux usage reports: {:.0} verified, chained and metered per second (one core, {count} reports)",
-        count as f64 / started.elapsed().as_secs_f64()
+        "gpux usage reports per second on the sequencer's core: {:.0} verifying (legacy), {:.0} verifying (ZIP-215), {:.0} verified by the gateway ({count} reports)",
+        rates[0], rates[1], rates[2]
     );
+    // The gateway's side: ZIP-215 verification one at a time, and what
+    // batches of 64 would give.
+    let started = Instant::now();
+    assert!(reports.iter().all(|r| r.verify_zip215(&public)));
+    let single = count as f64 / started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    for chunk in reports.chunks(64) {
+        let batch: Vec<(&UsageReport, [u8; 32])> = chunk.iter().map(|r| (r, public)).collect();
+        assert!(gpux_protocol::verify_batch_zip215(&batch));
+    }
+    let batched = count as f64 / started.elapsed().as_secs_f64();
+    println!("ZIP-215 verification (ed25519-zebra, one core): {single:.0}/s one at a time, {batched:.0}/s in batches of 64");
 }

@@ -229,7 +229,7 @@ impl Sequencer {
             Request::RenterStats { connection, id, renter } => self.renter_stats(connection, id, renter),
             Request::BookOffers { connection, id, instrument, offset } => self.book_offers(connection, id, instrument, offset),
             Request::MyGpus { connection, id, offset } => self.my_gpus(connection, id, offset),
-            Request::Usage { connection, id, report } => self.usage(connection, id, *report),
+            Request::Usage { connection, id, report, checked_by } => self.usage(connection, id, *report, checked_by),
             Request::Statement { connection, id, after } => self.statement(connection, id, after),
             Request::RecentStatement { connection, id, before } => self.recent_statement(connection, id, before),
             Request::Balance { connection, id } => self.balance(connection, id),
@@ -299,9 +299,12 @@ impl Sequencer {
 
     /// A usage report from a supplier's connection: journaled whatever its
     /// fate, verified and metered by settlement, charged to the lease.
-    fn usage(&mut self, connection: ConnectionId, id: u64, report: gpux_protocol::UsageReport) {
+    fn usage(&mut self, connection: ConnectionId, id: u64, report: gpux_protocol::UsageReport, checked_by: Option<[u8; 32]>) {
         let Some(account) = self.account(connection) else { return };
         let at_ms = self.market.clock_ms();
+        if let Some(key) = checked_by {
+            self.market.mark_report_checked(account, key, &report);
+        }
         let Some((journal_seq, applied)) = self.journal(JournalEntry::usage(at_ms, account, report)) else { return };
         let reply = match applied.usage.expect("a usage report has an outcome") {
             Ok(gpux_settlement::UsageOutcome::Accepted { charge_minor, .. }) => {

@@ -111,6 +111,12 @@ impl Sequencer {
         if config.billing_grace_ms != billing.grace_ms {
             sequencer.apply_command(None, 0, Command::SetBillingGrace { grace_ms: billing.grace_ms });
         }
+        // Usage reports are checked by ZIP-215 from here on (the gateway
+        // verifies them off this thread); a journal that began under the
+        // legacy rule keeps it for the reports before this entry.
+        if sequencer.market.signature_rule() != gpux_settlement::SignatureRule::Zip215 {
+            sequencer.journal(JournalEntry::SignatureRule { rule: gpux_settlement::SignatureRule::Zip215 });
+        }
         sequencer.pending.clear();
         if let Some(fatal) = sequencer.fatal.take() {
             return Err(fatal.into());
