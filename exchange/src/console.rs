@@ -26,8 +26,14 @@ fn asset(path: &str, gateway_url: &str) -> Option<(&'static str, String)> {
     }
 }
 
-/// Serves the console and the REST API until the process ends.
-pub async fn serve(listener: TcpListener, gateway_url: String, metrics: std::sync::Arc<crate::metrics::Metrics>, rest: axum::Router) {
+/// Serves the console and the REST API until the process ends (HTTPS with `tls`).
+pub async fn serve(
+    listener: TcpListener,
+    gateway_url: String,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+    rest: axum::Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
     let router = rest.fallback(move |uri: axum::http::Uri| {
         let gateway_url = gateway_url.clone();
         async move {
@@ -41,7 +47,7 @@ pub async fn serve(listener: TcpListener, gateway_url: String, metrics: std::syn
             }
         }
     });
-    crate::http::serve(listener, "console", metrics.gateway.clone(), router).await
+    crate::http::serve(listener, "console", metrics.gateway.clone(), router, tls).await
 }
 
 #[cfg(test)]

@@ -137,10 +137,12 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
         if let Some(address) = config.console_listen {
             let console_listener = TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
             let address = console_listener.local_addr()?;
-            say(&format!("web console on http://{address}/"));
-            say(&format!("REST API on http://{address}/api/v1/ (docs/rest.md)"));
+            // With the gateway's TLS identity the console and REST are HTTPS only.
+            let http = if tls.is_some() { "https" } else { "http" };
+            say(&format!("web console on {http}://{address}/"));
+            say(&format!("REST API on {http}://{address}/api/v1/ (docs/rest.md)"));
             let rest = gpux_gateway::rest::router(requests.clone(), clock);
-            tokio::spawn(console::serve(console_listener, gateway_url.clone(), metrics.clone(), rest));
+            tokio::spawn(console::serve(console_listener, gateway_url.clone(), metrics.clone(), rest, tls.clone()));
         }
         say(&format!("listening on {gateway_url}"));
         if let Some(on_listening) = config.on_listening {

@@ -193,7 +193,7 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
             async move { ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics.render()) }
         }),
     );
-    crate::http::serve(listener, "metrics", gateway, router).await
+    crate::http::serve(listener, "metrics", gateway, router, None).await
 }
 
 #[cfg(test)]

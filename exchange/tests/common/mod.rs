@@ -97,7 +97,8 @@ impl Exchange {
             if let Some(metrics) = line.trim().strip_prefix("gpux-exchange: metrics on http://") {
                 metrics_addr = metrics.trim_end_matches("/metrics").to_string();
             }
-            if let Some(console) = line.trim().strip_prefix("gpux-exchange: web console on http://") {
+            let console = line.trim().strip_prefix("gpux-exchange: web console on http://");
+            if let Some(console) = console.or_else(|| line.trim().strip_prefix("gpux-exchange: web console on https://")) {
                 console_addr = console.trim_end_matches('/').to_string();
             }
             let trimmed = line.trim();
