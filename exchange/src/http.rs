@@ -1,7 +1,9 @@
 //! The exchange's small HTTP servers (the metrics scrape and the web
 //! console): axum routers served over hyper's HTTP/1.1, with the bounds an
 //! unauthenticated port needs: at most [`HTTP_CONNECTIONS_MAX`] connections
-//! at once (more are closed at accept), one request per connection, the
+//! at once and [`HTTP_CONNECTIONS_PER_IP_MAX`] from one address (more are
+//! closed at accept, so one client cannot take every slot), one request per
+//! connection, the
 //! request head read within [`HTTP_HEAD_TIMEOUT`] and the whole exchange over
 //! within [`HTTP_REQUEST_TIMEOUT`] however slowly its bytes trickle in, and
 //! accept failures backing off (docs/protocol.md "Limits and abuse"). With
@@ -23,6 +25,41 @@ pub const HTTP_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub const HTTP_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 /// HTTP connections at once on each of the metrics and console listeners.
 pub const HTTP_CONNECTIONS_MAX: usize = 64;
+/// HTTP connections at once from one IP address on each listener.
+pub const HTTP_CONNECTIONS_PER_IP_MAX: usize = 16;
+
+/// Connections open per address; a [`PerIpSlot`] gives its place back.
+#[derive(Default)]
+struct PerIp(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+struct PerIpSlot {
+    counts: Arc<PerIp>,
+    ip: std::net::IpAddr,
+}
+
+impl PerIp {
+    fn take(counts: &Arc<PerIp>, ip: std::net::IpAddr) -> Option<PerIpSlot> {
+        let mut open = counts.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let count = open.entry(ip).or_insert(0);
+        if *count >= HTTP_CONNECTIONS_PER_IP_MAX {
+            return None;
+        }
+        *count += 1;
+        Some(PerIpSlot { counts: counts.clone(), ip })
+    }
+}
+
+impl Drop for PerIpSlot {
+    fn drop(&mut self) {
+        let mut open = self.counts.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(count) = open.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
 /// The largest request head read.
 const HTTP_HEAD_BYTES_MAX: usize = 8 * 1024;
 
@@ -36,14 +73,16 @@ pub async fn serve(
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(HTTP_CONNECTIONS_MAX));
+    let per_ip = Arc::new(PerIp::default());
     let mut backoff = AcceptBackoff::new(what);
     loop {
-        let (stream, _) = accept(&listener, &mut backoff, &metrics).await;
+        let (stream, peer) = accept(&listener, &mut backoff, &metrics).await;
+        let Some(from_ip) = PerIp::take(&per_ip, peer.ip()) else { continue };
         let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
         let service = TowerToHyperService::new(router.clone());
         let tls = tls.clone();
         tokio::spawn(async move {
-            let _slot = slot;
+            let _slots = (slot, from_ip);
             let exchange = async move {
                 let builder = || {
                     let mut builder = hyper::server::conn::http1::Builder::new();

@@ -29,6 +29,17 @@ fn closed_by_peer(mut stream: &std::net::TcpStream, within: Duration) -> bool {
     }
 }
 
+/// A plain TCP connection from a given loopback address (Linux routes all
+/// of 127.0.0.0/8 to lo), as a blocking std stream.
+async fn connect_from(source: &str, to: &str) -> std::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind(format!("{source}:0").parse().expect("an address")).expect("bind a loopback address");
+    let stream = socket.connect(to.parse().expect("an address")).await.expect("the kernel accepts");
+    let stream = stream.into_std().expect("std stream");
+    stream.set_nonblocking(false).expect("blocking");
+    stream
+}
+
 /// CPU time (user + system) of a process so far.
 fn cpu_time(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
@@ -191,14 +202,17 @@ async fn slow_http_requests_on_the_metrics_port_are_capped_and_timed_out() {
     let dir = tempfile::tempdir().expect("temp dir");
     let exchange = Exchange::start(&dir.path().join("data"), None);
     let started = Instant::now();
-    let silent: Vec<std::net::TcpStream> =
-        (0..63).map(|_| std::net::TcpStream::connect(&exchange.metrics_addr).expect("the kernel accepts")).collect();
+    // From four loopback addresses, under the per-address cap of 16.
+    let mut silent = Vec::new();
+    for index in 0..63u8 {
+        silent.push(connect_from(&format!("127.0.0.{}", 2 + index / 16), &exchange.metrics_addr).await);
+    }
     // A head that trickles in and never ends is cut off too.
     use std::io::Write;
-    let mut trickle = std::net::TcpStream::connect(&exchange.metrics_addr).expect("connects");
+    let mut trickle = connect_from("127.0.0.20", &exchange.metrics_addr).await;
     let _ = trickle.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n");
     // Over the cap: closed at accept.
-    let extra = std::net::TcpStream::connect(&exchange.metrics_addr).expect("the kernel accepts");
+    let extra = connect_from("127.0.0.21", &exchange.metrics_addr).await;
     assert!(closed_by_peer(&extra, Duration::from_secs(2)), "a connection over the cap is closed at once");
     for stream in silent.iter().chain([&trickle]) {
         assert!(closed_by_peer(stream, Duration::from_secs(10)), "a silent HTTP connection is closed");
@@ -206,4 +220,26 @@ async fn slow_http_requests_on_the_metrics_port_are_capped_and_timed_out() {
     assert!(started.elapsed() < Duration::from_secs(8), "closed within the timeouts: {:?}", started.elapsed());
     let body = scrape(&exchange.metrics_addr).await;
     assert!(body.contains("gpux_connections "), "the scrape is answered again");
+}
+
+/// One address cannot take every HTTP slot: its 17th connection at once is
+/// closed at accept, while another address is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_take_every_http_slot() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start(&dir.path().join("data"), None);
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        held.push(connect_from("127.0.0.30", &exchange.metrics_addr).await);
+    }
+    let seventeenth = connect_from("127.0.0.30", &exchange.metrics_addr).await;
+    assert!(closed_by_peer(&seventeenth, Duration::from_secs(1)), "over the per-address cap: closed at once");
+    use std::io::Write;
+    let mut other = connect_from("127.0.0.31", &exchange.metrics_addr).await;
+    other.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("request");
+    other.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let mut response = String::new();
+    let _ = other.read_to_string(&mut response);
+    assert!(response.starts_with("HTTP/1.1 200") && response.contains("gpux_connections "), "another address is served: {response}");
+    drop(held);
 }
