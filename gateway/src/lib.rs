@@ -18,5 +18,6 @@ pub mod link;
 pub mod metrics;
 pub mod rest;
 mod server;
+pub mod verifier;
 
 pub use server::*;

@@ -22,6 +22,8 @@ pub struct GatewayMetrics {
     slow_consumers: IntCounterVec,
     /// Refused logins, by reason (the sequencer counts the ones it refuses too).
     pub auth_failures: IntCounterVec,
+    /// Batches of usage-report signatures the verifier pool checked.
+    pub usage_verify_batches: IntCounter,
 }
 
 impl Default for GatewayMetrics {
@@ -62,6 +64,7 @@ impl GatewayMetrics {
             &self.accept_errors,
             &self.slow_consumers,
             &self.auth_failures,
+            &self.usage_verify_batches,
         ]
     }
 
@@ -82,6 +85,11 @@ impl GatewayMetrics {
             accept_errors: counter(r, "gpux_accept_errors_total", "Failed accepts (out of descriptors, most often); each backs off."),
             slow_consumers: counters(r, "gpux_slow_consumers_total", "Connections closed slow_consumer, by cause.", "cause"),
             auth_failures: counters(r, "gpux_auth_failures_total", "Refused logins, by reason.", "reason"),
+            usage_verify_batches: counter(
+                r,
+                "gpux_usage_verify_batches_total",
+                "Batches of usage-report signatures the gateway's verifier pool checked (a report alone is a batch of one).",
+            ),
         };
         // Labelled series that exist from the start, so a scrape shows them at 0.
         for refusal in Refusal::ALL {

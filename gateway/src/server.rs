@@ -35,6 +35,7 @@ use crate::link::{
     SharedFrame,
 };
 use crate::metrics::GatewayMetrics;
+use crate::verifier::Verifier;
 
 /// Frames queued for one connection before it counts as a slow consumer
 /// (default). It must hold the largest burst one sequencer batch can send a
@@ -133,6 +134,9 @@ pub async fn serve(
     let admission = Admission::new(limits.admission, metrics.clone());
     let mut backoff = AcceptBackoff::new("websocket");
     let mut accept_shutdown = shutdown.clone();
+    // Usage reports of all connections are verified on these threads, in
+    // batches (verifier.rs); the threads end with the last connection.
+    let verifier = Verifier::start(verifier_threads(), metrics.usage_verify_batches.clone());
     loop {
         let (stream, peer) = tokio::select! {
             accepted = crate::admission::accept(&listener, &mut backoff, &metrics) => accepted,
@@ -149,7 +153,7 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         tracing::debug!(%peer, "connection accepted");
-        let shared = Shared { core: core.clone(), limits, metrics: metrics.clone(), clock };
+        let shared = Shared { core: core.clone(), limits, metrics: metrics.clone(), clock, verifier: verifier.clone() };
         let shutdown = shutdown.clone();
         let metrics = metrics.clone();
         let tls = tls.clone();
@@ -268,6 +272,13 @@ struct Shared {
     limits: GatewayLimits,
     metrics: Arc<GatewayMetrics>,
     clock: Clock,
+    verifier: Verifier,
+}
+
+/// Verifier threads: one per core (they batch, so a few keep up with many
+/// connections; the connections' tasks share the same cores).
+fn verifier_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |cores| cores.get())
 }
 
 async fn serve_connection<S>(
@@ -279,7 +290,7 @@ async fn serve_connection<S>(
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let Shared { core, limits, metrics, clock } = shared;
+    let Shared { core, limits, metrics, clock, verifier } = shared;
     // The read buffer is allocated whole for every connection: 8 KiB rather
     // than the default 128 KiB keeps an idle connection small (docs/PERFORMANCE.md).
     let config = WebSocketConfig::default()
@@ -359,14 +370,15 @@ async fn serve_connection<S>(
             }
             frame = incoming.next(), if room => {
                 last_heard = Instant::now();
-                let replies = match frame {
-                    Some(Ok(Message::Text(text))) => { connection.binary = false; connection.on_frame(decode_client_text(&text)) }
-                    Some(Ok(Message::Binary(bytes))) => { connection.binary = true; connection.on_frame(decode_client_binary(&bytes)) }
-                    Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => Vec::new(),
+                let decoded = match frame {
+                    Some(Ok(Message::Text(text))) => { connection.binary = false; decode_client_text(&text) }
+                    Some(Ok(Message::Binary(bytes))) => { connection.binary = true; decode_client_binary(&bytes) }
+                    Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => continue,
                     Some(Ok(Message::Close(_))) | None => break,
-                    Some(Err(WsError::Capacity(_))) => { close = Some(ErrorCode::FrameTooLarge); Vec::new() }
+                    Some(Err(WsError::Capacity(_))) => { close = Some(ErrorCode::FrameTooLarge); continue }
                     Some(Err(_)) => break,
                 };
+                let replies = connection.on_frame_verified(decoded, &verifier).await;
                 for reply in &replies {
                     connection.count(reply);
                     outbox.push(connection.encode(reply));
@@ -610,11 +622,40 @@ impl Connection {
     }
 
     /// Handles one decoded (or undecodable) frame; returns what to answer at
-    /// once. Answers that need the sequencer come back through the outbound queue.
+    /// once. Answers that need the sequencer come back through the outbound
+    /// queue. A usage report's signature is verified on this task.
+    #[cfg(test)]
     fn on_frame(&mut self, decoded: Result<ClientMessage, gpux_protocol::DecodeError>) -> Vec<ServerMessage> {
         if self.rate_limited() {
             return vec![error(None, ErrorCode::RateLimited, None)];
         }
+        self.handle(decoded, None)
+    }
+
+    /// `on_frame`, with a usage report's signature verified by the gateway's
+    /// verifier pool (batched with other connections' reports). The
+    /// connection awaits the verdict before it reads its next frame, so its
+    /// requests reach the sequencer in the order it sent them.
+    async fn on_frame_verified(
+        &mut self,
+        decoded: Result<ClientMessage, gpux_protocol::DecodeError>,
+        verifier: &Verifier,
+    ) -> Vec<ServerMessage> {
+        if self.rate_limited() {
+            return vec![error(None, ErrorCode::RateLimited, None)];
+        }
+        match (decoded, self.login_key, &self.session) {
+            (Ok(ClientMessage::UsageReport { id, report }), Some(key), Session::Authenticated { .. }) => {
+                let (report, verified) = verifier.verify(report, key).await;
+                self.handle(Ok(ClientMessage::UsageReport { id, report }), Some(verified))
+            }
+            (decoded, _, _) => self.handle(decoded, None),
+        }
+    }
+
+    /// A frame past the rate limit. `verified`: a usage report's verdict
+    /// under ZIP-215 against the login key, when the pool gave one.
+    fn handle(&mut self, decoded: Result<ClientMessage, gpux_protocol::DecodeError>, verified: Option<bool>) -> Vec<ServerMessage> {
         let message = match decoded {
             Ok(message) => message,
             Err(decode) => return vec![error(None, decode.code, Some(decode.message))],
@@ -646,7 +687,7 @@ impl Connection {
             }
             (Session::Authenticated { account, role }, message) => {
                 let (account, role) = (*account, *role);
-                self.authenticated(account, role, message)
+                self.authenticated(account, role, message, verified)
             }
             // Public market data needs no login, as on any exchange.
             (_, ClientMessage::Subscribe { id, channel, instrument }) => {
@@ -680,7 +721,7 @@ impl Connection {
         }
     }
 
-    fn authenticated(&mut self, account: AccountId, role: Role, message: ClientMessage) -> Vec<ServerMessage> {
+    fn authenticated(&mut self, account: AccountId, role: Role, message: ClientMessage, verified: Option<bool>) -> Vec<ServerMessage> {
         let connection = self.id;
         let command = |id, command| Request::Command { connection, id, command };
         let delivery = |id, request| Request::Delivery { connection, id, request };
@@ -702,10 +743,11 @@ impl Connection {
             ClientMessage::BookOffers { id, instrument, offset } => Request::BookOffers { connection, id, instrument, offset },
             ClientMessage::MyGpus { id, offset } => Request::MyGpus { connection, id, offset },
             ClientMessage::UsageReport { id, report } => {
-                // Verified here, on this connection's task, under ZIP-215 (the
-                // rule under which this check and the journal replay's agree);
-                // the sequencer then skips it when the key is the account's.
-                let checked_by = self.login_key.filter(|key| report.verify_zip215(key));
+                // Verified in the gateway (the verifier pool, else here) under
+                // ZIP-215, the rule under which this check and the journal
+                // replay's agree; the sequencer then skips it when the key is
+                // the account's.
+                let checked_by = self.login_key.filter(|key| verified.unwrap_or_else(|| report.verify_zip215(key)));
                 Request::Usage { connection, id, report: Box::new(report), checked_by }
             }
             ClientMessage::Balance { id } => Request::Balance { connection, id },

@@ -18,6 +18,9 @@
 //!   hash chain, interval checks, metering) over N reports of one chain,
 //!   under the legacy rule, under ZIP-215, and for reports the gateway
 //!   verified; then ZIP-215 verification alone, single and batched.
+//! - `verifier N`: the gateway's verifier pool (one thread) fed N reports
+//!   by 200 tasks at once, as 200 reporting agents' connections, against
+//!   the same tasks verifying each report on their own task (one worker).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -35,8 +38,9 @@ fn main() {
         Some("redb-bare") => redb_bare(Duration::from_secs(number(1, 3))),
         Some("ed25519-bare") => ed25519_bare(number(1, 20_000) as usize),
         Some("usage") => usage(number(1, 20_000) as usize),
+        Some("verifier") => verifier(number(1, 20_000) as usize),
         _ => {
-            eprintln!("usage: probes engine-bare N | redb-bare SECONDS | ed25519-bare N | usage N");
+            eprintln!("usage: probes engine-bare N | redb-bare SECONDS | ed25519-bare N | usage N | verifier N");
             std::process::exit(2);
         }
     }
@@ -220,9 +224,8 @@ fn ed25519_bare(count: usize) {
     println!("bare ed25519: {single:.0} verifications/s one at a time, {batched:.0}/s in batches of 64 (one core)");
 }
 
-fn usage(count: usize) {
-    let key = SigningKey::from_bytes(&[9; 32]);
-    let public = key.verifying_key().to_bytes();
+/// `count` reports of one chain, signed by `key`.
+fn signed_reports(key: &SigningKey, count: usize) -> Vec<UsageReport> {
     let mut reports: Vec<UsageReport> = Vec::with_capacity(count);
     for index in 0..count as u64 {
         let prev_hash = reports.last().map_or_else(genesis_hash, |r| r.hash());
@@ -239,8 +242,15 @@ fn usage(count: usize) {
             prev_hash,
             readings: None,
         };
-        reports.push(UsageReport::sign(body, &key));
+        reports.push(UsageReport::sign(body, key));
     }
+    reports
+}
+
+fn usage(count: usize) {
+    let key = SigningKey::from_bytes(&[9; 32]);
+    let public = key.verifying_key().to_bytes();
+    let reports = signed_reports(&key, count);
     let terms = gpux_settlement::LeaseTerms {
         lease: LeaseId(1),
         supplier: AccountId(1),
@@ -283,4 +293,56 @@ fn usage(count: usize) {
     }
     let batched = count as f64 / started.elapsed().as_secs_f64();
     println!("ZIP-215 verification (ed25519-zebra, one core): {single:.0}/s one at a time, {batched:.0}/s in batches of 64");
+}
+
+fn verifier(count: usize) {
+    const TASKS: usize = 200;
+    let key = SigningKey::from_bytes(&[9; 32]);
+    let public = key.verifying_key().to_bytes();
+    let reports = signed_reports(&key, count);
+    let chunks: Vec<Vec<UsageReport>> = reports.chunks(count.div_ceil(TASKS)).map(<[UsageReport]>::to_vec).collect();
+    // The connections' tasks on one worker thread, as the gateway's runtime.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let inline = runtime.block_on(async {
+        let started = Instant::now();
+        let tasks: Vec<_> = chunks
+            .clone()
+            .into_iter()
+            .map(|chunk| tokio::spawn(async move { chunk.iter().filter(|r| r.verify_zip215(&public)).count() }))
+            .collect();
+        let mut verified = 0;
+        for task in tasks {
+            verified += task.await.expect("task");
+        }
+        assert_eq!(verified, count);
+        count as f64 / started.elapsed().as_secs_f64()
+    });
+    let batches = prometheus::IntCounter::new("batches", "batches").expect("counter");
+    let pool = gpux_gateway::verifier::Verifier::start(1, batches);
+    let pooled = runtime.block_on(async {
+        let started = Instant::now();
+        let tasks: Vec<_> = chunks
+            .into_iter()
+            .map(|chunk| {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    let mut verified = 0;
+                    for report in chunk {
+                        verified += usize::from(pool.verify(report, public).await.1);
+                    }
+                    verified
+                })
+            })
+            .collect();
+        let mut verified = 0;
+        for task in tasks {
+            verified += task.await.expect("task");
+        }
+        assert_eq!(verified, count);
+        count as f64 / started.elapsed().as_secs_f64()
+    });
+    println!(
+        "gpux gateway usage verification, {TASKS} connections: {inline:.0} reports/s each on its own task (one core), {pooled:.0}/s through the verifier pool (one thread; mean batch {:.1})",
+        count as f64 / pool.batches() as f64
+    );
 }
