@@ -9,6 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use gpux_engine::{AccountId, Command, InstrumentId, LeaseId, Role};
 use gpux_protocol::{encode_server_binary, encode_server_text, Channel, DeliveryState, ErrorCode, Scope, Scopes, ServerMessage};
 use tokio::sync::{broadcast, mpsc, Notify};
+use tokio_tungstenite::tungstenite::protocol::frame::Utf8Bytes;
+use tokio_tungstenite::tungstenite::{Bytes, Message};
 
 pub type ConnectionId = u64;
 
@@ -16,8 +18,8 @@ pub type ConnectionId = u64;
 /// connection it goes to.
 pub struct SharedFrame {
     message: ServerMessage,
-    text: OnceLock<String>,
-    binary: OnceLock<Vec<u8>>,
+    text: OnceLock<Utf8Bytes>,
+    binary: OnceLock<Bytes>,
 }
 
 impl SharedFrame {
@@ -25,13 +27,28 @@ impl SharedFrame {
         Arc::new(SharedFrame { message, text: OnceLock::new(), binary: OnceLock::new() })
     }
     pub fn text(&self) -> &str {
-        self.text.get_or_init(|| encode_server_text(&self.message))
+        self.text_bytes().as_str()
     }
     pub fn binary(&self) -> &[u8] {
-        self.binary.get_or_init(|| encode_server_binary(&self.message))
+        self.binary_bytes()
+    }
+    /// The frame as a WebSocket message in the connection's format: the
+    /// encoding is shared (reference-counted), not copied per connection.
+    pub fn ws_message(&self, binary: bool) -> Message {
+        if binary {
+            Message::Binary(self.binary_bytes().clone())
+        } else {
+            Message::Text(self.text_bytes().clone())
+        }
     }
     pub fn message(&self) -> &ServerMessage {
         &self.message
+    }
+    fn text_bytes(&self) -> &Utf8Bytes {
+        self.text.get_or_init(|| Utf8Bytes::from(encode_server_text(&self.message)))
+    }
+    fn binary_bytes(&self) -> &Bytes {
+        self.binary.get_or_init(|| Bytes::from(encode_server_binary(&self.message)))
     }
 }
 

@@ -579,11 +579,7 @@ impl Connection {
     }
 
     fn encode_shared(&self, frame: &SharedFrame) -> Message {
-        if self.binary {
-            Message::Binary(frame.binary().to_vec().into())
-        } else {
-            Message::Text(frame.text().to_string().into())
-        }
+        frame.ws_message(self.binary)
     }
 
     /// Gives back a request's in-flight slot when its answer goes out.

@@ -21,6 +21,14 @@
 //! - `verifier N`: the gateway's verifier pool (one thread) fed N reports
 //!   by 200 tasks at once, as 200 reporting agents' connections, against
 //!   the same tasks verifying each report on their own task (one worker).
+//! - `fanout-bare SUBSCRIBERS SECONDS`: a bare WebSocket broadcast over
+//!   loopback: one publisher, a tokio broadcast channel, one task per
+//!   subscriber writing each frame (an encoded `book_update`, shared, not
+//!   copied) with batched flushes, and as many reading clients in the same
+//!   process decoding each frame, as exchange-load's subscribers do. The
+//!   publisher is paced by the slowest reader (it stays at most 4 096
+//!   frames ahead, sleeping a millisecond when it is), so nothing is skipped: the ceiling of delivered
+//!   market-data frames per second on this machine.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -39,8 +47,11 @@ fn main() {
         Some("ed25519-bare") => ed25519_bare(number(1, 20_000) as usize),
         Some("usage") => usage(number(1, 20_000) as usize),
         Some("verifier") => verifier(number(1, 20_000) as usize),
+        Some("fanout-bare") => fanout_bare(number(1, 200) as usize, Duration::from_secs(number(2, 5))),
         _ => {
-            eprintln!("usage: probes engine-bare N | redb-bare SECONDS | ed25519-bare N | usage N | verifier N");
+            eprintln!(
+                "usage: probes engine-bare N | redb-bare SECONDS | ed25519-bare N | usage N | verifier N | fanout-bare SUBSCRIBERS SECONDS"
+            );
             std::process::exit(2);
         }
     }
@@ -344,5 +355,97 @@ fn verifier(count: usize) {
     println!(
         "gpux gateway usage verification, {TASKS} connections: {inline:.0} reports/s each on its own task (one core), {pooled:.0}/s through the verifier pool (one thread; mean batch {:.1})",
         count as f64 / pool.batches() as f64
+    );
+}
+
+fn fanout_bare(subscribers: usize, duration: Duration) {
+    use futures_util::{SinkExt, StreamExt};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use tokio_tungstenite::tungstenite::{Bytes, Message};
+    const AHEAD_MAX: u64 = 4_096;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let delivered = runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let (feed, _) = tokio::sync::broadcast::channel::<Bytes>(8_192);
+        let stop = Arc::new(AtomicBool::new(false));
+        let counters: Vec<Arc<AtomicU64>> = (0..subscribers).map(|_| Arc::new(AtomicU64::new(0))).collect();
+        let mut readers = Vec::new();
+        for counter in &counters {
+            let (counter, stop) = (counter.clone(), stop.clone());
+            let client = tokio::spawn(tokio_tungstenite::connect_async(format!("ws://{addr}")));
+            let (stream, _) = listener.accept().await.expect("accept");
+            let _ = stream.set_nodelay(true);
+            let server = tokio_tungstenite::accept_async(stream).await.expect("upgrade");
+            let (mut socket, _) = client.await.expect("task").expect("connect");
+            let mut updates = feed.subscribe();
+            tokio::spawn(async move {
+                let (mut sink, _) = server.split();
+                while let Ok(frame) = updates.recv().await {
+                    if sink.feed(Message::Binary(frame)).await.is_err() {
+                        return;
+                    }
+                    // What else is ready goes in the same write.
+                    for _ in 0..64 {
+                        match updates.try_recv() {
+                            Ok(frame) => {
+                                if sink.feed(Message::Binary(frame)).await.is_err() {
+                                    return;
+                                }
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    if sink.flush().await.is_err() {
+                        return;
+                    }
+                }
+            });
+            readers.push(tokio::spawn(async move {
+                while let Some(Ok(frame)) = socket.next().await {
+                    if let Message::Binary(bytes) = frame {
+                        if let Ok(gpux_protocol::ServerMessage::BookUpdate { .. }) = gpux_protocol::decode_server_binary(&bytes) {
+                            counter.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                }
+            }));
+        }
+        let started = Instant::now();
+        let mut published = 0u64;
+        while started.elapsed() < duration {
+            let slowest = counters.iter().map(|c| c.load(Ordering::Relaxed)).min().unwrap_or(0);
+            if published - slowest >= AHEAD_MAX {
+                // Far enough ahead (about 0.1 s of every reader's frames):
+                // sleep rather than spin, so the publisher takes no core.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                continue;
+            }
+            for _ in 0..64 {
+                published += 1;
+                let update = gpux_protocol::ServerMessage::BookUpdate {
+                    instrument: gpux_engine::InstrumentId(0),
+                    seq: published,
+                    side: gpux_engine::Side::Buy,
+                    price_minor_per_gpu_hour: 2_000_000 + published % 100,
+                    quantity: published % 7,
+                };
+                let _ = feed.send(Bytes::from(gpux_protocol::encode_server_binary(&update)));
+            }
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let delivered: u64 = counters.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+        stop.store(true, Ordering::Relaxed);
+        drop(feed);
+        delivered as f64 / seconds
+    });
+    runtime.shutdown_background();
+    println!(
+        "bare fan-out: {delivered:.0} frames/s delivered in all to {subscribers} WebSocket subscribers ({:.0}/s each; publisher paced, none skipped)",
+        delivered / subscribers as f64
     );
 }
