@@ -19,5 +19,6 @@ pub mod metrics;
 pub mod rest;
 mod server;
 pub mod verifier;
+pub mod wire;
 
 pub use server::*;

@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpux_engine::{AccountId, Command, InstrumentId, LeaseId, Role};
 use gpux_protocol::{encode_server_binary, encode_server_text, Channel, DeliveryState, ErrorCode, Scope, Scopes, ServerMessage};
+use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, mpsc, Notify};
 use tokio_tungstenite::tungstenite::protocol::frame::Utf8Bytes;
 use tokio_tungstenite::tungstenite::{Bytes, Message};
@@ -79,7 +80,7 @@ pub enum Outgoing {
 }
 
 /// The sequencer's answer to a verified login.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LoginOutcome {
     Accepted {
         account: AccountId,
@@ -102,11 +103,8 @@ pub struct Outbound {
 /// book snapshot, then the feed from there (`Request::Resync`).
 pub const FEED_FRAMES_MAX: usize = 16_384;
 
+#[derive(Serialize, Deserialize)]
 pub enum Request {
-    Connect {
-        connection: ConnectionId,
-        outbound: Outbound,
-    },
     /// The gateway verified the signature; bind or look up the key.
     Authenticate {
         connection: ConnectionId,
@@ -276,9 +274,20 @@ pub enum Request {
         id: u64,
         instrument: InstrumentId,
     },
+    /// In process only: over a socket a gateway sends `wire::Up::Connect`
+    /// and the link server makes the connection's `Outbound`. Last, and
+    /// it must stay last: serde numbers variants by position when encoding
+    /// but skips this one when decoding, so one before others would shift
+    /// them (`wire::tests` catch it).
+    #[serde(skip)]
+    Connect {
+        connection: ConnectionId,
+        outbound: Outbound,
+    },
 }
 
 /// Market history (docs/protocol.md "History").
+#[derive(Serialize, Deserialize)]
 pub enum HistoryRequest {
     Trades { instrument: InstrumentId, before_seq: Option<u64> },
     Candles { instrument: InstrumentId, interval: gpux_protocol::CandleInterval, before_ms: Option<u64> },
@@ -286,6 +295,7 @@ pub enum HistoryRequest {
 }
 
 /// Sub-accounts and keys (docs/protocol.md "Sub-accounts", "Keys and scopes").
+#[derive(Serialize, Deserialize)]
 pub enum AccessRequest {
     OpenSubAccount,
     MoveFunds { sub_account: AccountId, amount_minor: u64, to_sub_account: bool },
@@ -299,6 +309,7 @@ pub enum AccessRequest {
 }
 
 /// The hardware challenge's steps (docs/protocol.md "Hardware challenges").
+#[derive(Serialize, Deserialize)]
 pub enum ChallengeRequest {
     Commit { challenge: u64, commitment: [u8; 32] },
     Opening { challenge: u64, row_hashes: Vec<[u8; 32]>, rows: Vec<(u32, Vec<i32>)> },
@@ -442,6 +453,7 @@ fn command_scope(command: &Command) -> Scope {
 }
 
 /// The delivery requests (docs/protocol.md "Lease delivery").
+#[derive(Serialize, Deserialize)]
 pub enum DeliveryRequest {
     SetWorkload { lease: LeaseId, workload: Box<gpux_protocol::Workload> },
     SetEncryptionKey { key: [u8; 32], signature: String },

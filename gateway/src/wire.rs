@@ -1,0 +1,427 @@
+//! The link over a socket (issue 19, part 1): the typed contract of
+//! [`crate::link`] as frames on a byte stream (TCP or a Unix socket), so a
+//! gateway can run as its own process.
+//!
+//! A stream starts with a handshake: each side writes a [`Hello`] (magic,
+//! link version, who it is) and reads the other's; a different version or
+//! a peer that is not a gpux link is refused before anything else is read.
+//! Then each frame is a little-endian `u32` length and that many bytes of
+//! bincode (the protocol's binary encoding, standard configuration), at
+//! most [`LINK_FRAME_BYTES_MAX`]: a longer length is refused before any of
+//! it is read or allocated.
+//!
+//! Gateway to sequencer: [`Up`]. A connection is announced with
+//! `Up::Connect` (no `Outbound` travels: the sequencer's side of the link
+//! makes one per remote connection and forwards what it receives as
+//! [`Down`] frames tagged with the connection). Sequencer to gateway:
+//! [`Down`]. Market data travels once per gateway: `Down::Feed` carries one
+//! update of a feed, and the gateway hands it to each of its connections
+//! subscribed to that feed (`Down::FeedStart` marks where a connection's
+//! feed begins, right after its snapshot, in the stream's order).
+//!
+//! Not yet done (issue 19): the link server in the exchange and the
+//! `gpux-gateway` process that use these frames; until then the gateway
+//! runs in the exchange's process and the link is in-process channels.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::link::{ConnectionId, LoginOutcome, Request};
+use gpux_engine::InstrumentId;
+use gpux_protocol::{Channel, ErrorCode, ServerMessage};
+
+/// This build's link version; both ends must speak the same.
+pub const LINK_VERSION: u16 = 1;
+/// What a link stream starts with.
+pub const LINK_MAGIC: [u8; 8] = *b"gpuxlink";
+/// The largest link frame: one request or server message (client frames are
+/// at most `FRAME_BYTES_MAX`), with room for the framing around it.
+pub const LINK_FRAME_BYTES_MAX: usize = 2 * gpux_protocol::FRAME_BYTES_MAX + 4096;
+
+/// The first frame of each side.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    pub magic: [u8; 8],
+    pub version: u16,
+    pub peer: Peer,
+}
+
+/// Who is at an end of a link.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Peer {
+    /// A gateway, by the name its operator gave it (for logs and metrics).
+    Gateway { name: String },
+    /// A sequencer node.
+    Sequencer { node: u64 },
+}
+
+/// Gateway to sequencer.
+#[derive(Serialize, Deserialize)]
+pub enum Up {
+    /// A client connection opened on the gateway.
+    Connect { connection: ConnectionId },
+    /// One of a connection's requests (never `Request::Connect`).
+    Request(Request),
+}
+
+/// Sequencer to gateway.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Down {
+    /// A frame for one connection: an answer, a private event, a snapshot.
+    Frame { connection: ConnectionId, message: ServerMessage },
+    /// How a login the gateway forwarded ended.
+    Login { connection: ConnectionId, outcome: LoginOutcome },
+    /// Close the connection with this reason once what is before it is written.
+    Close { connection: ConnectionId, code: ErrorCode },
+    /// The connection's feed starts here (after its snapshot).
+    FeedStart { connection: ConnectionId, channel: Channel, instrument: InstrumentId },
+    /// The connection's feed ends here.
+    FeedEnd { connection: ConnectionId, channel: Channel, instrument: InstrumentId },
+    /// One update of a feed, once for all of this gateway's subscribers.
+    Feed { channel: Channel, instrument: InstrumentId, message: ServerMessage },
+    /// The connection's queue in the sequencer is full: close it `slow_consumer`.
+    TooSlow { connection: ConnectionId },
+}
+
+/// Why a link stream failed. Each ends the link (the gateway then reconnects).
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("link i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("a link frame of {0} bytes is over the limit of {LINK_FRAME_BYTES_MAX}")]
+    TooLarge(usize),
+    #[error("a link frame does not decode: {0}")]
+    Decode(String),
+    #[error("the peer is not a gpux link")]
+    NotALink,
+    #[error("the peer speaks link version {theirs}, this side {LINK_VERSION}")]
+    Version { theirs: u16 },
+    #[error("the link closed")]
+    Closed,
+}
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<LINK_FRAME_BYTES_MAX>()
+}
+
+/// Encodes one frame (length and body), ready to write.
+pub fn encode_frame<T: Serialize>(value: &T) -> Result<Vec<u8>, WireError> {
+    let mut frame = vec![0; 4];
+    bincode::serde::encode_into_std_write(value, &mut frame, config()).map_err(|e| WireError::Decode(e.to_string()))?;
+    let length = frame.len() - 4;
+    if length > LINK_FRAME_BYTES_MAX {
+        return Err(WireError::TooLarge(length));
+    }
+    frame[..4].copy_from_slice(&(length as u32).to_le_bytes());
+    Ok(frame)
+}
+
+/// Writes one frame.
+pub async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(writer: &mut W, value: &T) -> Result<(), WireError> {
+    writer.write_all(&encode_frame(value)?).await?;
+    Ok(())
+}
+
+/// Reads one frame; `Ok(None)` when the stream ends cleanly between frames.
+pub async fn read_frame<R: AsyncRead + Unpin, T: DeserializeOwned>(reader: &mut R) -> Result<Option<T>, WireError> {
+    let mut length = [0u8; 4];
+    match reader.read_exact(&mut length).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let length = u32::from_le_bytes(length) as usize;
+    if length > LINK_FRAME_BYTES_MAX {
+        return Err(WireError::TooLarge(length));
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).await.map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => WireError::Closed,
+        _ => WireError::Io(e),
+    })?;
+    let (value, used) = bincode::serde::decode_from_slice(&body, config()).map_err(|e| WireError::Decode(e.to_string()))?;
+    if used != length {
+        return Err(WireError::Decode(format!("{} bytes after the value", length - used)));
+    }
+    Ok(Some(value))
+}
+
+/// Writes this side's `Hello`, reads the peer's and checks it: the same
+/// magic and link version.
+pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, peer: Peer) -> Result<Hello, WireError> {
+    write_frame(stream, &Hello { magic: LINK_MAGIC, version: LINK_VERSION, peer }).await?;
+    stream.flush().await?;
+    let theirs: Hello = match read_frame(stream).await {
+        Ok(Some(hello)) => hello,
+        Ok(None) => return Err(WireError::Closed),
+        // Whatever is not a hello frame is not a link (an HTTP client, say).
+        Err(WireError::Decode(_) | WireError::TooLarge(_)) => return Err(WireError::NotALink),
+        Err(other) => return Err(other),
+    };
+    if theirs.magic != LINK_MAGIC {
+        return Err(WireError::NotALink);
+    }
+    if theirs.version != LINK_VERSION {
+        return Err(WireError::Version { theirs: theirs.version });
+    }
+    Ok(theirs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::link::{AccessRequest, ChallengeRequest, DeliveryRequest, HistoryRequest};
+    use gpux_engine::{AccountId, Command, LeaseId, Role};
+
+    /// One of each request the gateway forwards (every `Request` variant
+    /// but the in-process `Connect`), as `Up` frames.
+    fn every_up() -> Vec<Up> {
+        let c = 7;
+        let report = gpux_protocol::UsageReport {
+            body: gpux_protocol::UsageBody {
+                lease: LeaseId(3),
+                gpu_uuid: "GPU-1".into(),
+                seq: 1,
+                start_ms: 10,
+                end_ms: 20,
+                available_ms: 10,
+                utilisation_percent: 50,
+                memory_used_mib_max: 1,
+                unhealthy_samples: 0,
+                prev_hash: gpux_protocol::genesis_hash(),
+                readings: Some(gpux_protocol::Readings { temperature_c_max: Some(70), power_w_mean: None }),
+            },
+            signature: "ab".repeat(64),
+        };
+        let requests = vec![
+            Request::Authenticate {
+                connection: c,
+                id: 1,
+                public_key: [5; 32],
+                role: Some(Role::Renter),
+                cancel_on_disconnect: true,
+                presence: true,
+            },
+            Request::Command { connection: c, id: 2, command: Command::MassCancel { account: AccountId(4), instrument: None } },
+            Request::Subscribe { connection: c, id: 3, channel: Channel::Book, instrument: InstrumentId(1) },
+            Request::Unsubscribe { connection: c, id: 4, channel: Channel::Trades, instrument: InstrumentId(1) },
+            Request::Instruments { connection: c, id: 5 },
+            Request::OpenOrders { connection: c, id: 6, offset: 10 },
+            Request::Leases { connection: c, id: 7, offset: 0 },
+            Request::Stats { connection: c, id: 8, instrument: InstrumentId(2) },
+            Request::SupplierStats { connection: c, id: 9, supplier: AccountId(9) },
+            Request::RenterStats { connection: c, id: 10, renter: AccountId(9) },
+            Request::BookOffers { connection: c, id: 11, instrument: InstrumentId(2), offset: 5 },
+            Request::Usage { connection: c, id: 12, report: Box::new(report), checked_by: Some([6; 32]) },
+            Request::Balance { connection: c, id: 13 },
+            Request::Statement { connection: c, id: 14, after: Some(3) },
+            Request::RecentStatement { connection: c, id: 15, before: None },
+            Request::MyGpus { connection: c, id: 16, offset: 0 },
+            Request::Disconnect { connection: c, exchange_stopping: false },
+            Request::Resync { connection: c, channel: Channel::Book, instrument: InstrumentId(1) },
+            Request::Bid {
+                connection: c,
+                id: 17,
+                command: Command::MassCancel { account: AccountId(4), instrument: None },
+                workload: None,
+                rematch: true,
+            },
+            Request::Delivery { connection: c, id: 18, request: DeliveryRequest::HostKey { lease: LeaseId(3) } },
+            Request::Delivery {
+                connection: c,
+                id: 19,
+                request: DeliveryRequest::LogsReply { request: 4, data: "log".into(), truncated: false },
+            },
+            Request::Challenge {
+                connection: c,
+                id: 20,
+                request: ChallengeRequest::Opening { challenge: 1, row_hashes: vec![[1; 32]], rows: vec![(0, vec![-1, 2])] },
+            },
+            Request::Liveness {
+                connection: c,
+                id: 28,
+                report: Box::new(gpux_protocol::LivenessReport {
+                    body: gpux_protocol::LivenessBody { lease: LeaseId(3), start_ms: 1, end_ms: 2, reachable: true },
+                    signature: "cd".repeat(64),
+                }),
+            },
+            Request::Access {
+                connection: c,
+                id: 21,
+                request: AccessRequest::Invoice { period: "2026-11".into(), account: None, offset: 0 },
+            },
+            Request::Access {
+                connection: c,
+                id: 22,
+                request: AccessRequest::MoveFunds { sub_account: AccountId(5), amount_minor: 100, to_sub_account: true },
+            },
+            Request::ExchangeKey { connection: c, id: 23 },
+            Request::Listing { connection: c, id: 24 },
+            Request::LeaseTelemetry { connection: c, id: 25, lease: LeaseId(3) },
+            Request::History {
+                connection: c,
+                id: 26,
+                request: HistoryRequest::Trades { instrument: InstrumentId(1), before_seq: Some(9) },
+            },
+            Request::Book { connection: c, id: 27, instrument: InstrumentId(1) },
+        ];
+        let mut ups = vec![Up::Connect { connection: c }];
+        ups.extend(requests.into_iter().map(Up::Request));
+        ups
+    }
+
+    /// Which variant a request is: a match without a wildcard, so a new
+    /// `Request` variant does not compile until it is added here and to
+    /// `every_up`.
+    fn variant(request: &Request) -> usize {
+        match request {
+            Request::Authenticate { .. } => 0,
+            Request::Command { .. } => 1,
+            Request::Subscribe { .. } => 2,
+            Request::Unsubscribe { .. } => 3,
+            Request::Instruments { .. } => 4,
+            Request::OpenOrders { .. } => 5,
+            Request::Leases { .. } => 6,
+            Request::Stats { .. } => 7,
+            Request::SupplierStats { .. } => 8,
+            Request::RenterStats { .. } => 9,
+            Request::BookOffers { .. } => 10,
+            Request::Usage { .. } => 11,
+            Request::Balance { .. } => 12,
+            Request::Statement { .. } => 13,
+            Request::RecentStatement { .. } => 14,
+            Request::MyGpus { .. } => 15,
+            Request::Disconnect { .. } => 16,
+            Request::Resync { .. } => 17,
+            Request::Bid { .. } => 18,
+            Request::Delivery { .. } => 19,
+            Request::Challenge { .. } => 20,
+            Request::Liveness { .. } => 21,
+            Request::Access { .. } => 22,
+            Request::ExchangeKey { .. } => 23,
+            Request::Listing { .. } => 24,
+            Request::LeaseTelemetry { .. } => 25,
+            Request::History { .. } => 26,
+            Request::Book { .. } => 27,
+            Request::Connect { .. } => usize::MAX,
+        }
+    }
+
+    #[test]
+    fn the_samples_hold_every_request_that_crosses_the_link() {
+        let mut seen = [false; 28];
+        for up in every_up() {
+            if let Up::Request(request) = up {
+                seen[variant(&request)] = true;
+            }
+        }
+        assert_eq!(seen.iter().position(|seen| !seen), None, "a request variant has no sample");
+    }
+
+    fn every_down() -> Vec<Down> {
+        let c = 9;
+        vec![
+            Down::Frame { connection: c, message: ServerMessage::Pong { id: 1, server_time_ms: 5 } },
+            Down::Login { connection: c, outcome: LoginOutcome::Accepted { account: AccountId(3), role: Role::Supplier } },
+            Down::Login { connection: c, outcome: LoginOutcome::Refused },
+            Down::Close { connection: c, code: ErrorCode::KeyRevoked },
+            Down::FeedStart { connection: c, channel: Channel::Book, instrument: InstrumentId(2) },
+            Down::FeedEnd { connection: c, channel: Channel::Book, instrument: InstrumentId(2) },
+            Down::Feed {
+                channel: Channel::Book,
+                instrument: InstrumentId(2),
+                message: ServerMessage::BookUpdate {
+                    instrument: InstrumentId(2),
+                    seq: 4,
+                    side: gpux_engine::Side::Sell,
+                    price_minor_per_gpu_hour: 1_000,
+                    quantity: 3,
+                },
+            },
+            Down::TooSlow { connection: c },
+        ]
+    }
+
+    #[tokio::test]
+    async fn every_frame_crosses_a_stream_unchanged_in_order() {
+        let (mut gateway, mut sequencer) = tokio::io::duplex(1 << 20);
+        let ups = every_up();
+        for up in &ups {
+            write_frame(&mut gateway, up).await.expect("written");
+        }
+        drop(gateway);
+        // Compared by their encoding: the same bytes again after decoding.
+        for up in &ups {
+            let read: Up = read_frame(&mut sequencer).await.expect("reads").expect("a frame");
+            assert_eq!(encode_frame(&read).expect("in memory"), encode_frame(up).expect("in memory"));
+        }
+        assert!(read_frame::<_, Up>(&mut sequencer).await.expect("a clean end").is_none(), "the stream ends between frames");
+    }
+
+    #[tokio::test]
+    async fn down_frames_round_trip() {
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        for down in every_down() {
+            write_frame(&mut a, &down).await.expect("written");
+            let read: Down = read_frame(&mut b).await.expect("reads").expect("a frame");
+            assert_eq!(format!("{read:?}"), format!("{down:?}"));
+        }
+    }
+
+    #[test]
+    fn the_in_process_connect_never_goes_on_the_wire() {
+        let (frames, _) = tokio::sync::mpsc::channel(1);
+        let outbound = crate::link::Outbound { frames, too_slow: Default::default() };
+        let connect = Up::Request(Request::Connect { connection: 1, outbound });
+        assert!(matches!(encode_frame(&connect), Err(WireError::Decode(_))));
+    }
+
+    #[tokio::test]
+    async fn an_oversize_length_is_refused_before_it_is_read() {
+        let (mut a, mut b) = tokio::io::duplex(64);
+        let length = (LINK_FRAME_BYTES_MAX as u32 + 1).to_le_bytes();
+        a.write_all(&length).await.expect("in memory");
+        // Nothing of the body is sent: a reader that waited for it would hang.
+        match read_frame::<_, Down>(&mut b).await {
+            Err(WireError::TooLarge(n)) => assert_eq!(n, LINK_FRAME_BYTES_MAX + 1),
+            other => panic!("expected too_large, got {:?}", other.map(|_| ())),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_frame_cut_short_or_garbled_is_an_error_not_a_value() {
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        let frame = encode_frame(&every_down()[0]).expect("in memory");
+        a.write_all(&frame[..frame.len() - 1]).await.expect("in memory");
+        drop(a);
+        assert!(matches!(read_frame::<_, Down>(&mut b).await, Err(WireError::Closed)));
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        let mut garbled = frame.clone();
+        garbled[4] = 200; // no such variant
+        a.write_all(&garbled).await.expect("in memory");
+        assert!(matches!(read_frame::<_, Down>(&mut b).await, Err(WireError::Decode(_))));
+    }
+
+    #[tokio::test]
+    async fn the_handshake_admits_the_same_version_and_refuses_others() {
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        let gateway = tokio::spawn(async move { handshake(&mut a, Peer::Gateway { name: "g1".into() }).await.map(|h| h.peer) });
+        let sequencer = handshake(&mut b, Peer::Sequencer { node: 1 }).await.expect("same version");
+        assert_eq!(sequencer.peer, Peer::Gateway { name: "g1".into() });
+        assert_eq!(gateway.await.expect("in memory").expect("same version"), Peer::Sequencer { node: 1 });
+
+        // A peer of another version.
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        let other = Hello { magic: LINK_MAGIC, version: LINK_VERSION + 1, peer: Peer::Sequencer { node: 2 } };
+        write_frame(&mut a, &other).await.expect("in memory");
+        assert!(
+            matches!(handshake(&mut b, Peer::Gateway { name: "g".into() }).await, Err(WireError::Version { theirs }) if theirs == LINK_VERSION + 1)
+        );
+
+        // Something that is not a link at all (an HTTP request).
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        a.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("in memory");
+        assert!(matches!(handshake(&mut b, Peer::Sequencer { node: 1 }).await, Err(WireError::NotALink)));
+    }
+}
