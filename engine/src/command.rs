@@ -435,4 +435,12 @@ pub enum ChallengeAnswer {
     Wrong,
     /// No verifiable answer before the challenge expired.
     Unanswered,
+    /// The memory challenge's opening verified; its commitment came
+    /// `elapsed_ms` after the challenge (`passes` over `2^words_log2` words)
+    /// was issued.
+    MemoryCorrect { words_log2: u32, passes: u32, elapsed_ms: u64 },
+    /// The memory challenge's answer did not verify.
+    MemoryWrong,
+    /// No verifiable answer to the memory challenge before it expired.
+    MemoryUnanswered,
 }

@@ -201,6 +201,41 @@ pub struct ClassSpec {
     /// The SLA credit schedule, deepest last (availability thresholds
     /// falling, credits rising; the first at most the SLA).
     pub sla_credit_tiers: Vec<SlaCreditTier>,
+    /// The memory-bandwidth challenge a GPU of this class must pass to be
+    /// verified in it (docs/market-rules.md "Verified hardware"); `None`:
+    /// the class does not measure memory bandwidth.
+    #[serde(default)]
+    pub memory_challenge: Option<MemoryChallengeSpec>,
+}
+
+/// A class's memory-bandwidth challenge: `passes` passes over a seeded
+/// buffer of `2^words_log2` 32-bit words (`gpux_protocol::memory`),
+/// committed to within the time the class's minimum bandwidth allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryChallengeSpec {
+    /// The buffer's size, log2 of its words
+    /// (`limits::MEMORY_WORDS_LOG2_MIN..=MEMORY_WORDS_LOG2_MAX`).
+    pub words_log2: u32,
+    /// Passes over it (1..=`limits::MEMORY_PASSES_MAX`).
+    pub passes: u32,
+    /// The least bandwidth a GPU of the class must show, MB/s: the bytes
+    /// an honest GPU moves (`4 W (1 + 3 passes)`) over the time from the
+    /// challenge's issue to its commitment's arrival (the round trip included).
+    pub min_mbps: u64,
+}
+
+impl MemoryChallengeSpec {
+    /// The bytes an honest prover moves.
+    pub fn bytes(&self) -> u64 {
+        4 * (1u64 << self.words_log2) * (1 + 3 * self.passes as u64)
+    }
+
+    /// The bandwidth a commitment `elapsed_ms` after the challenge shows,
+    /// MB/s (rounded down; an answer within the same millisecond counts as 1 ms).
+    pub fn mbps(&self, elapsed_ms: u64) -> u64 {
+        self.bytes() / 1_000 / elapsed_ms.max(1)
+    }
 }
 
 /// A class's hardware challenge: multiply two seeded `n x n` matrices
@@ -268,6 +303,7 @@ pub enum ConfigError {
     Sla { class: String },
     DuplicateClass { class: String },
     Challenge { class: String },
+    MemoryChallenge { class: String },
     CreditTiers { class: String },
     Currency,
     ModelPattern { class: String },
@@ -294,6 +330,13 @@ impl std::fmt::Display for ConfigError {
             ConfigError::Challenge { class } => {
                 write!(f, "class {class}: the challenge's n must be 1..={} and its minimum rate positive", limits::CHALLENGE_N_MAX)
             }
+            ConfigError::MemoryChallenge { class } => write!(
+                f,
+                "class {class}: the memory challenge's words_log2 must be {}..={}, its passes 1..={} and its minimum bandwidth positive",
+                limits::MEMORY_WORDS_LOG2_MIN,
+                limits::MEMORY_WORDS_LOG2_MAX,
+                limits::MEMORY_PASSES_MAX
+            ),
             ConfigError::CreditTiers { class } => write!(
                 f,
                 "class {class}: SLA credit tiers must start at or below the SLA, fall in availability and rise in credit (at most 10000 bps), at most {} tiers",
@@ -364,6 +407,13 @@ impl EngineConfig {
             if class.challenge.is_some_and(|c| c.n == 0 || c.n > limits::CHALLENGE_N_MAX || c.min_mflops == 0) {
                 return Err(ConfigError::Challenge { class: class.name.clone() });
             }
+            if class.memory_challenge.is_some_and(|c| {
+                !(limits::MEMORY_WORDS_LOG2_MIN..=limits::MEMORY_WORDS_LOG2_MAX).contains(&c.words_log2)
+                    || !(1..=limits::MEMORY_PASSES_MAX).contains(&c.passes)
+                    || c.min_mbps == 0
+            }) {
+                return Err(ConfigError::MemoryChallenge { class: class.name.clone() });
+            }
             let tiers = &class.sla_credit_tiers;
             let tiers_ok = tiers.len() <= limits::SLA_TIERS_MAX
                 && tiers.first().is_none_or(|t| t.availability_below_bps <= class.sla_availability_bps)
@@ -421,6 +471,7 @@ impl EngineConfig {
                     // (docs/market-rules.md "Verified hardware" says what a
                     // production listing states instead).
                     challenge: Some(ChallengeSpec { n: 256, min_mflops: 10 }),
+                    memory_challenge: Some(MemoryChallengeSpec { words_log2: 16, passes: 8, min_mbps: 10 }),
                 }
             };
         EngineConfig {

@@ -415,6 +415,17 @@ pub enum EventKind {
         classes: u16,
         fee_bps: u32,
     },
+    /// A GPU's memory-bandwidth challenge was recorded (as `GpuChallenged`
+    /// for the compute challenge; `mbps`: the bandwidth the answer showed,
+    /// MB/s, 0 unless correct).
+    GpuMemoryChallenged {
+        gpu: GpuId,
+        owner: AccountId,
+        outcome: ChallengeOutcome,
+        mbps: u64,
+        classes_mask: u64,
+        verified: bool,
+    },
 }
 
 /// Why a command changed nothing. The codes are stable; docs/protocol.md and

@@ -106,8 +106,35 @@ impl Commitment {
 pub(crate) struct GpuDetails {
     pub uuid: String,
     pub spec: GpuSpec,
-    /// Its last hardware challenge.
+    /// Its last hardware (compute) challenge.
     pub challenge: Option<crate::engine::GpuVerification>,
+    /// Its last memory-bandwidth challenge.
+    pub memory: Option<crate::engine::MemoryVerification>,
+    /// The last rates its correct answers showed (`None`: never measured),
+    /// against which each class's minimums are held.
+    pub measured_mflops: Option<u64>,
+    pub measured_mbps: Option<u64>,
+}
+
+impl GpuDetails {
+    /// Whether the measured rates meet a class's minimums (a rate never
+    /// measured does not disqualify; it only keeps the GPU unverified).
+    pub fn fast_enough_for(&self, class: &crate::config::ClassSpec) -> bool {
+        class.challenge.is_none_or(|c| self.measured_mflops.is_none_or(|m| m >= c.min_mflops))
+            && class.memory_challenge.is_none_or(|c| self.measured_mbps.is_none_or(|m| m >= c.min_mbps))
+    }
+
+    /// Whether the GPU's last answer of every kind of challenge the class
+    /// asks for was correct (what "verified in it" means).
+    pub fn answered_for(&self, class: &crate::config::ClassSpec) -> bool {
+        use crate::event::ChallengeOutcome::{Passed, TooSlow};
+        (class.challenge.is_none() || self.challenge.is_some_and(|v| matches!(v.outcome, Passed | TooSlow)))
+            && (class.memory_challenge.is_none() || self.memory.is_some_and(|v| matches!(v.outcome, Passed | TooSlow)))
+    }
+
+    pub fn rejected(&self) -> bool {
+        self.challenge.is_some_and(|c| c.rejected)
+    }
 }
 
 #[derive(Clone, serde::Serialize, serde::Deserialize)]

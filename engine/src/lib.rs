@@ -29,7 +29,7 @@ pub use command::*;
 pub use config::*;
 pub use engine::{
     Balances, ChallengeTarget, ContractInfo, ContractKind, ContractOutcome, Engine, GpuInfo, GpuVerification, InstrumentInfo,
-    InstrumentState, LeaseInfo, ListingChangeError, OfferInfo, OrderInfo, SpendStatus, SubAccountInfo,
+    InstrumentState, LeaseInfo, ListingChangeError, MemoryVerification, OfferInfo, OrderInfo, SpendStatus, SubAccountInfo,
 };
 pub use event::*;
 pub use ids::*;

@@ -35,6 +35,15 @@ pub const BILLING_GRACE_MS_MAX: u64 = 24 * 3_600_000;
 /// exchange recomputes the opened rows on its sequencer thread.
 pub const CHALLENGE_N_MAX: u32 = 256;
 
+/// A memory challenge's buffer is `2^words_log2` 32-bit words: at least one
+/// leaf (256 words), at most 2^32 words (16 GiB, twice that on the GPU for
+/// the passes' two buffers).
+pub const MEMORY_WORDS_LOG2_MIN: u32 = 8;
+pub const MEMORY_WORDS_LOG2_MAX: u32 = 32;
+/// The most passes a memory challenge may ask for: the exchange recomputes
+/// each checked word from the `2^passes` initial words it depends on.
+pub const MEMORY_PASSES_MAX: u32 = 12;
+
 /// Resting all-or-none bids one sweep re-checks, best first, after an ask
 /// rests in their book (and at every tick): each check walks the crossing
 /// asks, so the sweep's cost is bounded whatever the book holds.

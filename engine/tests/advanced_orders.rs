@@ -171,6 +171,8 @@ fn a_second_later_an_all_or_none_bid_that_a_verification_made_whole_fills() {
         for index in 0..2 {
             let gpu = f.m.engine.host_gpu(host, index).expect("registered");
             f.m.apply(Command::RecordChallenge { gpu, answer: ChallengeAnswer::Correct { n: 256, elapsed_ms: 10 } });
+            let memory = ChallengeAnswer::MemoryCorrect { words_log2: 16, passes: 8, elapsed_ms: 10 };
+            f.m.apply(Command::RecordChallenge { gpu, answer: memory });
         }
     }
     assert!(f.m.engine.order(bid).is_some(), "verification alone adds no ask: nothing re-checks the bid yet");

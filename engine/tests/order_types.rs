@@ -358,6 +358,70 @@ fn challenged(events: &[Event]) -> Option<(ChallengeOutcome, u64, u64, bool)> {
     })
 }
 
+fn memory_challenged(events: &[Event]) -> Option<(ChallengeOutcome, u64, u64, bool)> {
+    events.iter().find_map(|e| match e.kind {
+        EventKind::GpuMemoryChallenged { outcome, mbps, classes_mask, verified, .. } => Some((outcome, mbps, classes_mask, verified)),
+        _ => None,
+    })
+}
+
+/// The demo class's memory challenge (2^16 words, 8 passes: 6.55 MB moved)
+/// answered in 10 ms: 655 MB/s, above its 10.
+const FAST_MEMORY: ChallengeAnswer = ChallengeAnswer::MemoryCorrect { words_log2: 16, passes: 8, elapsed_ms: 10 };
+
+/// The memory-bandwidth challenge (docs/market-rules.md "Verified
+/// hardware"): a GPU is verified only once both kinds its class asks for
+/// were answered right; memory too slow for the class takes it out of the
+/// class (and its ask) until a later answer shows the bandwidth, whatever
+/// its compute rate; a wrong memory answer rejects it for good, and the
+/// two kinds alternate (the target says which is next).
+#[test]
+fn the_memory_challenge_verifies_disqualifies_or_rejects_with_the_compute_one() {
+    let (mut m, supplier, host, _renter) = market();
+    let h100 = 1u64 << 0;
+    let gpu = |m: &Market, index| m.engine.host_gpu(host, index).expect("registered");
+    let (g0, g1) = (gpu(&m, 0), gpu(&m, 1));
+    let fast_compute = ChallengeAnswer::Correct { n: 256, elapsed_ms: 100 };
+    let target = m.engine.challenge_target(g0).expect("registered");
+    assert_eq!((target.n, target.memory, target.memory_next), (Some(256), Some((16, 8)), false), "compute first");
+
+    // Compute alone does not verify; memory next, then both: verified.
+    let events = m.apply(Command::RecordChallenge { gpu: g0, answer: fast_compute });
+    assert_eq!(challenged(&events), Some((ChallengeOutcome::Passed, 335, h100, false)));
+    assert!(m.engine.challenge_target(g0).expect("registered").memory_next, "memory next");
+    m.advance(1);
+    let events = m.apply(Command::RecordChallenge { gpu: g0, answer: FAST_MEMORY });
+    assert_eq!(memory_challenged(&events), Some((ChallengeOutcome::Passed, 655, h100, true)));
+    let info = m.engine.gpu(g0).expect("gpu");
+    assert_eq!(info.memory.map(|v| (v.outcome, v.mbps)), Some((ChallengeOutcome::Passed, 655)));
+    assert!(!m.engine.challenge_target(g0).expect("registered").memory_next, "compute next: they alternate");
+
+    // Memory too slow (6.55 MB in 1 s: 6 MB/s, under 10): out of the class
+    // and its ask, though its compute is fast.
+    m.apply(Command::RecordChallenge { gpu: g1, answer: fast_compute });
+    let ask = m.ask(supplier, host, 0b010, H100_SPOT, USD_2);
+    let slow = ChallengeAnswer::MemoryCorrect { words_log2: 16, passes: 8, elapsed_ms: 1_000 };
+    let events = m.apply(Command::RecordChallenge { gpu: g1, answer: slow });
+    assert_eq!(memory_challenged(&events), Some((ChallengeOutcome::TooSlow, 6, 0, false)));
+    assert_eq!(closed(&events, ask), Some(OrderCloseReason::SupplyGone));
+    // A later fast compute answer does not bring it back: memory still too slow.
+    let events = m.apply(Command::RecordChallenge { gpu: g1, answer: fast_compute });
+    assert_eq!(challenged(&events), Some((ChallengeOutcome::Passed, 335, 0, false)));
+    // A fast memory answer does.
+    let events = m.apply(Command::RecordChallenge { gpu: g1, answer: FAST_MEMORY });
+    assert_eq!(memory_challenged(&events), Some((ChallengeOutcome::Passed, 655, h100, true)));
+    // Unanswered: still in the class, no longer verified.
+    let events = m.apply(Command::RecordChallenge { gpu: g1, answer: ChallengeAnswer::MemoryUnanswered });
+    assert_eq!(memory_challenged(&events), Some((ChallengeOutcome::Unanswered, 0, h100, false)));
+    // Wrong: rejected for good, from both kinds.
+    let events = m.apply(Command::RecordChallenge { gpu: g1, answer: ChallengeAnswer::MemoryWrong });
+    assert_eq!(memory_challenged(&events), Some((ChallengeOutcome::WrongAnswer, 0, 0, false)));
+    let events = m.apply(Command::RecordChallenge { gpu: g1, answer: fast_compute });
+    assert_eq!(challenged(&events).map(|c| (c.2, c.3)), Some((0, false)));
+    let target = m.engine.challenge_target(g1).expect("registered");
+    assert_eq!((target.n, target.memory), (None, None), "a rejected GPU is not challenged again");
+}
+
 /// A hardware challenge's result (docs/market-rules.md "Verified hardware"):
 /// a fast correct answer verifies the GPU; a slow one takes it out of the
 /// class (and its ask) until a later answer shows the rate; no answer
@@ -370,6 +434,13 @@ fn challenges_verify_disqualify_or_reject_a_gpu_and_verified_only_bids_follow() 
     let gpu = |m: &Market, index| m.engine.host_gpu(host, index).expect("registered");
     let (g0, g1, g2) = (gpu(&m, 0), gpu(&m, 1), gpu(&m, 2));
     assert!(!m.engine.gpu(g0).expect("gpu").verified, "unverified until a challenge passes");
+    // Their memory bandwidth is measured and fast enough (the class asks
+    // for both; see the memory test below): what follows is the compute
+    // challenge's part.
+    for gpu in [g0, g1, g2] {
+        let events = m.apply(Command::RecordChallenge { gpu, answer: FAST_MEMORY });
+        assert_eq!(memory_challenged(&events), Some((ChallengeOutcome::Passed, 655, h100, false)), "not verified by one kind alone");
+    }
 
     // 2 x 256^3 = 33.55 MFLOP in 100 ms: 335 MFLOP/s, above the class's 10.
     let fast = ChallengeAnswer::Correct { n: 256, elapsed_ms: 100 };
@@ -437,6 +508,7 @@ fn offers_list_each_ask_in_price_time_order_with_its_sellers_score() {
     let second_at_two = m.ask(reliable, reliable_host, 0b10, H100_SPOT, USD_2);
     let gpu = m.engine.host_gpu(reliable_host, 0).expect("GPU 0 of the host");
     m.apply(Command::RecordChallenge { gpu, answer: ChallengeAnswer::Correct { n: 256, elapsed_ms: 10 } });
+    m.apply(Command::RecordChallenge { gpu, answer: FAST_MEMORY });
     assert!(m.engine.gpu(gpu).expect("gpu").verified);
 
     let (offers, next) = m.engine.offers(H100_SPOT, 0, 10);

@@ -409,6 +409,8 @@ impl Harness {
                     let gpu = self.market.engine.host_gpu(host, index).expect("registered");
                     let answer = ChallengeAnswer::Correct { n: 256, elapsed_ms: 10 };
                     self.market.apply(Command::RecordChallenge { gpu, answer });
+                    let answer = ChallengeAnswer::MemoryCorrect { words_log2: 16, passes: 8, elapsed_ms: 10 };
+                    self.market.apply(Command::RecordChallenge { gpu, answer });
                     assert!(self.market.engine.gpu(gpu).expect("registered").verified);
                 }
             }

@@ -8,7 +8,9 @@
 
 use std::path::Path;
 
-use gpux_engine::{CalendarSpec, ChallengeSpec, ClassSpec, ConfigError, Currency, EngineConfig, GpuRequirement, SlaCreditTier, Vendor};
+use gpux_engine::{
+    CalendarSpec, ChallengeSpec, ClassSpec, ConfigError, Currency, EngineConfig, GpuRequirement, MemoryChallengeSpec, SlaCreditTier, Vendor,
+};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -64,6 +66,7 @@ struct ClassFields {
     sla_availability_bps: Option<u32>,
     sla_credit_tiers: Option<Vec<SlaCreditTier>>,
     challenge: Option<ChallengeSpec>,
+    memory_challenge: Option<MemoryChallengeSpec>,
 }
 
 #[derive(Deserialize)]
@@ -79,7 +82,7 @@ struct ClassEntry {
     mig_profile: Option<String>,
     #[serde(default)]
     calendar: Option<CalendarSpec>,
-    /// The class is not challenged even if `[defaults]` names a challenge.
+    /// The class is not challenged (neither challenge) even if `[defaults]` names one.
     #[serde(default)]
     no_challenge: bool,
     #[serde(flatten)]
@@ -163,6 +166,7 @@ pub fn parse(text: &str, file: &str) -> Result<EngineConfig, ListingError> {
                 .or_else(|| defaults.sla_credit_tiers.clone())
                 .unwrap_or_else(|| gpux_engine::default_credit_tiers(sla_availability_bps)),
             challenge: if entry.no_challenge { None } else { own.challenge.or(defaults.challenge) },
+            memory_challenge: if entry.no_challenge { None } else { own.memory_challenge.or(defaults.memory_challenge) },
         });
     }
     let config = EngineConfig {
@@ -195,6 +199,7 @@ pub fn parse(text: &str, file: &str) -> Result<EngineConfig, ListingError> {
                 (second.and_then(|i| class_lines.get(i).copied()).unwrap_or(exchange_line), format!("class {class}.name"))
             }
             ConfigError::Challenge { class } => (class_at(class), format!("class {class}.challenge")),
+            ConfigError::MemoryChallenge { class } => (class_at(class), format!("class {class}.memory_challenge")),
             ConfigError::CreditTiers { class } => (class_at(class), format!("class {class}.sla_credit_tiers")),
             ConfigError::ModelPattern { class } => (class_at(class), format!("class {class}.models")),
         };
@@ -219,15 +224,17 @@ mod tests {
         let cases: &[(&str, &str, usize, &str)] = &[
             ("fee_bps = 250", "fee_bps = \"250\"", 9, "invalid type"),
             ("decimals = 6\n", "decimals = 6\ncolour = \"blue\"\n", 9, "unknown field `colour`"),
-            ("vendor = \"amd\"", "vendor = \"graphcore\"", 57, "unknown variant `graphcore`"),
+            ("vendor = \"amd\"", "vendor = \"graphcore\"", 59, "unknown variant `graphcore`"),
             ("sla_availability_bps = 9900 ", "sla_availability_bps = 10001 ", 0, "SLA availability"),
-            ("models = [\"NVIDIA GeForce RTX 4090\"]", "models = [\"*\"]", 49, "model patterns"),
+            ("models = [\"NVIDIA GeForce RTX 4090\"]", "models = [\"*\"]", 51, "model patterns"),
             ("currency = \"USD\"", "currency = \"dollar\"", 6, "currency"),
-            ("name = \"A100-80G\"", "name = \"H100-SXM-80G\"", 42, "listed twice"),
+            ("name = \"A100-80G\"", "name = \"H100-SXM-80G\"", 44, "listed twice"),
             ("tick_minor = 1000 ", "tick_minor = 1500 ", 0, "tick and price band"),
             ("monthly_windows_ahead = 6", "monthly_windows_ahead = 7", 0, "6 monthly windows ahead"),
             ("\"cn-east\", \"cn-west\"]", "\"cn-east\", \"cn-east\"]", 0, "distinct names"),
             ("\"us-east\",", "\"US East\",", 0, "lower-case letters"),
+            ("words_log2 = 16", "words_log2 = 40", 0, "memory challenge's words_log2"),
+            ("passes = 8", "passes = 13", 0, "its passes 1..=12"),
         ];
         for (from, to, line, needle) in cases {
             assert!(DEMO.contains(from), "{from}");
@@ -242,7 +249,7 @@ mod tests {
         // A missing field without a default names the class.
         let text = DEMO.replacen("tick_minor = 1000 ", "", 1);
         let error = parse(&text, "listing.toml").expect_err("no tick");
-        assert_eq!((error.line, error.field.as_str()), (34, "class H100-SXM-80G.tick_minor"));
+        assert_eq!((error.line, error.field.as_str()), (36, "class H100-SXM-80G.tick_minor"));
         let missing = load(Path::new("/nonexistent/listing.toml")).expect_err("no file");
         assert!(missing.to_string().starts_with("/nonexistent/listing.toml:0: file: cannot read it"), "{missing}");
     }
@@ -255,7 +262,7 @@ mod tests {
         );
         let config = parse(&text, "listing.toml").expect("valid");
         let class = config.classes.last().expect("a class");
-        assert_eq!((class.tick_minor, class.sla_availability_bps, class.challenge), (10_000, 9_990, None));
+        assert_eq!((class.tick_minor, class.sla_availability_bps, class.challenge, class.memory_challenge), (10_000, 9_990, None, None));
         assert_eq!(class.sla_credit_tiers, config.classes[0].sla_credit_tiers, "[defaults]' tiers");
     }
 }

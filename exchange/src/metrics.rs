@@ -170,7 +170,9 @@ impl Metrics {
                 EventKind::LeaseCreated { kind, .. } => self.leases_opened.with_label_values(&[&label(kind)]).inc(),
                 EventKind::LeaseEnded { reason, .. } => self.leases_closed.with_label_values(&[&label(reason)]).inc(),
                 EventKind::Rejected { code, .. } => self.rejects.with_label_values(&[&label(code)]).inc(),
-                EventKind::GpuChallenged { outcome, .. } => self.challenge_outcomes.with_label_values(&[&label(outcome)]).inc(),
+                EventKind::GpuChallenged { outcome, .. } | EventKind::GpuMemoryChallenged { outcome, .. } => {
+                    self.challenge_outcomes.with_label_values(&[&label(outcome)]).inc()
+                }
                 _ => {}
             }
         }

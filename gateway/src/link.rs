@@ -313,6 +313,7 @@ pub enum AccessRequest {
 pub enum ChallengeRequest {
     Commit { challenge: u64, commitment: [u8; 32] },
     Opening { challenge: u64, row_hashes: Vec<[u8; 32]>, rows: Vec<(u32, Vec<i32>)> },
+    MemoryOpening { challenge: u64, leaves: Vec<gpux_protocol::memory::LeafOpening> },
 }
 
 impl Request {

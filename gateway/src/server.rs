@@ -788,6 +788,9 @@ impl Connection {
                     None => return vec![error(Some(id), ErrorCode::ChallengeAnswerInvalid, None)],
                 }
             }
+            ClientMessage::MemoryOpening { id, challenge, leaves } => {
+                Request::Challenge { connection, id, request: ChallengeRequest::MemoryOpening { challenge, leaves } }
+            }
             ClientMessage::Liveness { id, report } => Request::Liveness { connection, id, report: Box::new(report) },
             ClientMessage::CancelOrder { id, order } => command(id, Command::CancelOrder { account, order }),
             ClientMessage::ReplaceOrder { id, order, price_minor_per_gpu_hour, quantity } => {

@@ -238,6 +238,14 @@ mod tests {
                 id: 20,
                 request: ChallengeRequest::Opening { challenge: 1, row_hashes: vec![[1; 32]], rows: vec![(0, vec![-1, 2])] },
             },
+            Request::Challenge {
+                connection: c,
+                id: 31,
+                request: ChallengeRequest::MemoryOpening {
+                    challenge: 2,
+                    leaves: vec![gpux_protocol::memory::LeafOpening { leaf: 3, words: vec![1, 2], path: vec!["ab".repeat(32)] }],
+                },
+            },
             Request::Liveness {
                 connection: c,
                 id: 28,

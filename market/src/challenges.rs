@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use gpux_engine::{AccountId, ChallengeAnswer, GpuId};
 use gpux_protocol::challenge::{self, ChallengeError};
+use gpux_protocol::memory;
 use gpux_protocol::ErrorCode;
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +24,9 @@ pub struct Pending {
     pub n: u32,
     pub issued_ms: u64,
     pub commit: Option<Commit>,
+    /// A memory challenge's `(words_log2, passes)` (`n` is 0 then); `None`:
+    /// the compute challenge.
+    pub memory: Option<(u32, u32)>,
 }
 
 /// A challenge's commitment, and the seed of the rows it must open.
@@ -40,9 +44,13 @@ impl Pending {
         self.commit.as_ref().map_or(self.issued_ms, |c| c.at_ms) + CHALLENGE_ANSWER_MS
     }
 
-    /// The rows its opening must show.
+    /// The rows (memory: the leaves) its opening must show.
     pub fn rows_to_open(&self) -> Vec<u32> {
-        self.commit.as_ref().map(|c| challenge::rows_to_open(&c.open_seed, self.n)).unwrap_or_default()
+        let Some(commit) = &self.commit else { return Vec::new() };
+        match self.memory {
+            None => challenge::rows_to_open(&commit.open_seed, self.n),
+            Some((words_log2, _)) => memory::leaves_to_open(&commit.open_seed, words_log2),
+        }
     }
 }
 
@@ -57,7 +65,14 @@ impl Challenges {
     /// Opens a challenge; returns its id.
     pub(crate) fn issue(&mut self, gpu: GpuId, owner: AccountId, seed: [u8; 32], n: u32, at_ms: u64) -> u64 {
         self.next += 1;
-        self.pending.insert(self.next, Pending { gpu, owner, seed, n, issued_ms: at_ms, commit: None });
+        self.pending.insert(self.next, Pending { gpu, owner, seed, n, issued_ms: at_ms, commit: None, memory: None });
+        self.next
+    }
+
+    /// Opens a memory challenge of `(words_log2, passes)`; returns its id.
+    pub(crate) fn issue_memory(&mut self, gpu: GpuId, owner: AccountId, seed: [u8; 32], memory: (u32, u32), at_ms: u64) -> u64 {
+        self.next += 1;
+        self.pending.insert(self.next, Pending { gpu, owner, seed, n: 0, issued_ms: at_ms, commit: None, memory: Some(memory) });
         self.next
     }
 
@@ -71,12 +86,17 @@ impl Challenges {
     /// the engine records for its GPU.
     pub(crate) fn close(&mut self, challenge: u64, verdict: Option<Result<(), ChallengeError>>) -> Option<(GpuId, ChallengeAnswer)> {
         let pending = self.pending.remove(&challenge)?;
-        let answer = match (verdict, &pending.commit) {
-            (Some(Ok(())), Some(commit)) => {
+        let answer = match (verdict, &pending.commit, pending.memory) {
+            (Some(Ok(())), Some(commit), None) => {
                 ChallengeAnswer::Correct { n: pending.n, elapsed_ms: commit.at_ms.saturating_sub(pending.issued_ms) }
             }
-            (Some(_), _) => ChallengeAnswer::Wrong,
-            (None, _) => ChallengeAnswer::Unanswered,
+            (Some(Ok(())), Some(commit), Some((words_log2, passes))) => {
+                ChallengeAnswer::MemoryCorrect { words_log2, passes, elapsed_ms: commit.at_ms.saturating_sub(pending.issued_ms) }
+            }
+            (Some(_), _, None) => ChallengeAnswer::Wrong,
+            (Some(_), _, Some(_)) => ChallengeAnswer::MemoryWrong,
+            (None, _, None) => ChallengeAnswer::Unanswered,
+            (None, _, Some(_)) => ChallengeAnswer::MemoryUnanswered,
         };
         Some((pending.gpu, answer))
     }
@@ -130,12 +150,34 @@ impl Challenges {
     ) -> Result<Result<(), ChallengeError>, ErrorCode> {
         let pending = self.open_for(account, challenge, now_ms)?;
         let Some(commit) = &pending.commit else { return Err(ErrorCode::ChallengeOutOfOrder) };
+        if pending.memory.is_some() {
+            // A memory challenge is opened with `memory_opening`.
+            return Err(ErrorCode::ChallengeAnswerInvalid);
+        }
         let n = pending.n as usize;
         if row_hashes.len() > n || rows.len() > n || rows.iter().any(|(row, entries)| *row as usize >= n || entries.len() != n) {
             return Err(ErrorCode::ChallengeAnswerInvalid);
         }
         let asked = pending.rows_to_open();
         Ok(challenge::verify_opening(&pending.seed, pending.n, &commit.commitment, row_hashes, &asked, rows))
+    }
+
+    /// Checks a memory challenge's opening before its verdict is journaled,
+    /// as [`Challenges::check_opening`] does for the compute challenge.
+    pub fn check_memory_opening(
+        &self,
+        account: AccountId,
+        challenge: u64,
+        opened: &[memory::LeafOpening],
+        now_ms: u64,
+    ) -> Result<Result<(), ChallengeError>, ErrorCode> {
+        let pending = self.open_for(account, challenge, now_ms)?;
+        let Some(commit) = &pending.commit else { return Err(ErrorCode::ChallengeOutOfOrder) };
+        let Some((words_log2, passes)) = pending.memory else { return Err(ErrorCode::ChallengeAnswerInvalid) };
+        if !memory::well_formed(words_log2, opened) {
+            return Err(ErrorCode::ChallengeAnswerInvalid);
+        }
+        Ok(memory::verify_opening(&pending.seed, words_log2, passes, &commit.commitment, &commit.open_seed, opened))
     }
 
     fn open_for(&self, account: AccountId, challenge: u64, now_ms: u64) -> Result<&Pending, ErrorCode> {

@@ -143,6 +143,16 @@ pub enum JournalEntry {
     SignatureRule {
         rule: gpux_settlement::SignatureRule,
     },
+    /// The exchange challenged a GPU's memory bandwidth (docs/market-rules.md
+    /// "Verified hardware"): `passes` over `2^words_log2` words; committed,
+    /// answered and expired as a `ChallengeIssued` challenge is.
+    MemoryChallengeIssued {
+        at_ms: u64,
+        gpu: GpuId,
+        seed: [u8; 32],
+        words_log2: u32,
+        passes: u32,
+    },
 }
 
 impl JournalEntry {
@@ -171,6 +181,7 @@ impl JournalEntry {
             | JournalEntry::UsageReportV2 { at_ms, .. }
             | JournalEntry::DeliveryStatus { at_ms, .. }
             | JournalEntry::ChallengeIssued { at_ms, .. }
+            | JournalEntry::MemoryChallengeIssued { at_ms, .. }
             | JournalEntry::ChallengeCommitted { at_ms, .. }
             | JournalEntry::ChallengeAnswered { at_ms, .. }
             | JournalEntry::ChallengeExpired { at_ms, .. }

@@ -366,6 +366,23 @@ impl MarketState {
                     });
                 }
             }
+            JournalEntry::MemoryChallengeIssued { at_ms, gpu, seed, words_log2, passes } => {
+                if let Some(owner) = self.engine.gpu(*gpu).map(|g| g.owner) {
+                    let challenge = self.challenges.issue_memory(*gpu, owner, *seed, (*words_log2, *passes), *at_ms);
+                    let expires_at_ms = self.challenges.get(challenge).map_or(*at_ms, |p| p.expires_at_ms());
+                    owed.push(Notice {
+                        to: Audience::account(owner),
+                        message: ServerMessage::GpuMemoryChallenge {
+                            challenge,
+                            gpu: *gpu,
+                            seed: hex::encode(seed),
+                            words_log2: *words_log2,
+                            passes: *passes,
+                            expires_at_ms,
+                        },
+                    });
+                }
+            }
             JournalEntry::ChallengeCommitted { at_ms, account: _, challenge, commitment, open_seed } => {
                 self.challenges.commit(*challenge, *commitment, *open_seed, *at_ms)
             }

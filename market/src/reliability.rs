@@ -172,7 +172,7 @@ impl Reliability {
                     touched.extend(engine.lease(lease).map(|l| l.supplier));
                     self.count(engine, lease, event.at_ms, |day| day.failed_deliveries += 1);
                 }
-                EventKind::GpuChallenged { gpu, owner, outcome, .. } => {
+                EventKind::GpuChallenged { gpu, owner, outcome, .. } | EventKind::GpuMemoryChallenged { gpu, owner, outcome, .. } => {
                     let slot = match outcome {
                         ChallengeOutcome::Passed => 0,
                         ChallengeOutcome::TooSlow => 1,

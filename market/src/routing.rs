@@ -46,7 +46,7 @@ pub fn accounts_of(engine: &Engine, event: &Event) -> [Option<AccountId>; 2] {
         SubAccountOpened { parent, account } | AccountLimitsSet { parent, account, .. } => [Some(parent), Some(account)],
         DeliveryFailed { holder, supplier, .. } | DeliveryCredited { holder, supplier, .. } => [Some(holder), Some(supplier)],
         LeasedGpuStatusChanged { renter, .. } => [Some(renter), None],
-        GpuChallenged { owner, .. } => [Some(owner), None],
+        GpuChallenged { owner, .. } | GpuMemoryChallenged { owner, .. } => [Some(owner), None],
         UsageDisputed { renter, supplier, .. } => [Some(renter), Some(supplier)],
         GpuStatusChanged { gpu, .. } => [engine.gpu(gpu).map(|g| g.owner), None],
         InstrumentListed { .. } | TradingStopped { .. } | InstrumentExpired { .. } | BookLevel { .. } => [None, None],

@@ -162,7 +162,9 @@ impl Session {
                     assert_eq!(accounts, self.market.accounts_of(event), "a private event goes to the accounts it concerns")
                 }
                 (ServerMessage::Workload { .. } | ServerMessage::Delivery { .. }, Audience::Accounts(_)) => {}
-                (ServerMessage::GpuChallenge { .. }, Audience::Accounts(accounts)) => assert_eq!(accounts, [Some(self.supplier), None]),
+                (ServerMessage::GpuChallenge { .. } | ServerMessage::GpuMemoryChallenge { .. }, Audience::Accounts(accounts)) => {
+                    assert_eq!(accounts, [Some(self.supplier), None])
+                }
                 (message, to) => panic!("unexpected notice {message:?} to {to:?}"),
             }
         }
@@ -332,6 +334,35 @@ impl Session {
         self.apply(JournalEntry::ChallengeAnswered { at_ms: self.now_ms, account: self.supplier, challenge, verdict });
         challenge
     }
+
+    /// A memory challenge of `passes` over `2^words_log2` words answered
+    /// after `delay_ms`: 0 right, 1 a pass short (wrong), 3 never.
+    fn memory_challenge(&mut self, gpu: GpuId, answer: u8, delay_ms: u64, words_log2: u32, passes: u32) -> u64 {
+        use gpux_protocol::memory::{CpuProof, Params};
+        let seed = [gpu.0 as u8 + 9; 32];
+        self.apply(JournalEntry::MemoryChallengeIssued { at_ms: self.now_ms, gpu, seed, words_log2, passes });
+        let challenge = self.market.challenges().expired(u64::MAX).into_iter().max().expect("issued");
+        self.now_ms += delay_ms;
+        if answer == 3 {
+            self.now_ms += gpux_market::challenges::CHALLENGE_ANSWER_MS;
+            for expired in self.market.challenges().expired(self.now_ms) {
+                self.apply(JournalEntry::ChallengeExpired { at_ms: self.now_ms, challenge: expired });
+            }
+            return challenge;
+        }
+        let proof = CpuProof::new(Params::new(&seed, words_log2, if answer == 1 { passes - 1 } else { passes }).compute());
+        assert_eq!(self.market.challenges().check_commit(self.supplier, challenge, self.now_ms), Ok(()));
+        let (commitment, open_seed) = (proof.root(), [8; 32]);
+        self.apply(JournalEntry::ChallengeCommitted { at_ms: self.now_ms, account: self.supplier, challenge, commitment, open_seed });
+        let asked = self.market.challenges().get(challenge).expect("open").rows_to_open();
+        let verdict = self
+            .market
+            .challenges()
+            .check_memory_opening(self.supplier, challenge, &proof.open(&asked), self.now_ms)
+            .expect("a well-formed opening");
+        self.apply(JournalEntry::ChallengeAnswered { at_ms: self.now_ms, account: self.supplier, challenge, verdict });
+        challenge
+    }
 }
 
 proptest! {
@@ -399,6 +430,9 @@ fn a_hardware_challenge_is_issued_committed_opened_and_recorded() {
     let gpu = GpuId(0);
     let last_outcome = |session: &Session| session.market.engine().gpu(gpu).and_then(|g| g.challenge).map(|c| c.outcome);
 
+    // Its memory bandwidth first (the class asks for both).
+    session.memory_challenge(gpu, 0, 10, 16, 8);
+    assert!(!session.market.engine().gpu(gpu).expect("gpu").verified, "one kind of two");
     // 2 x 256^3 = 33.6 MFLOP in 50 ms: 671 MFLOP/s.
     session.challenge(gpu, 0, 50, 256);
     assert_eq!(last_outcome(&session), Some(ChallengeOutcome::Passed));
@@ -423,7 +457,8 @@ fn a_hardware_challenge_is_issued_committed_opened_and_recorded() {
     let record = session.market.reliability().supplier(session.supplier, session.now_ms);
     assert_eq!(
         (record.challenges_passed, record.challenges_too_slow, record.challenges_unanswered, record.challenges_failed),
-        (1, 1, 2, 1)
+        (2, 1, 2, 1),
+        "the memory challenge counts too"
     );
 
     // Errors: nothing is journaled for them.
@@ -453,6 +488,74 @@ fn a_hardware_challenge_is_issued_committed_opened_and_recorded() {
     let far_row = vec![(16u32, vec![0i32; 16])];
     assert_eq!(challenges.check_opening(session.supplier, open, &[], &far_row, now), Err(ErrorCode::ChallengeAnswerInvalid));
     assert!(challenges.get(open).is_some(), "still open after the errors");
+}
+
+/// A memory-bandwidth challenge through the market: issued (the owner is
+/// told), committed to a Merkle root, opened leaf by leaf and recorded as
+/// the follow-up `RecordChallenge`; a buffer a pass short is caught and
+/// rejects the GPU; a compute opening for it, or a malformed leaf, is an
+/// error that changes nothing.
+#[test]
+fn a_memory_challenge_is_issued_committed_opened_and_recorded() {
+    use gpux_protocol::ErrorCode;
+    let mut session = Session::new();
+    let gpu = GpuId(0);
+    let memory = |session: &Session| session.market.engine().gpu(gpu).and_then(|g| g.memory).map(|v| (v.outcome, v.mbps));
+
+    // 4 x 2^16 x 25 = 6.55 MB in 20 ms: 327 MB/s.
+    session.memory_challenge(gpu, 0, 20, 16, 8);
+    assert_eq!(memory(&session), Some((ChallengeOutcome::Passed, 327)));
+    assert!(matches!(
+        session.journal.last(),
+        Some(JournalEntry::Engine(Input {
+            command: Command::RecordChallenge { answer: ChallengeAnswer::MemoryCorrect { words_log2: 16, passes: 8, elapsed_ms: 20 }, .. },
+            ..
+        }))
+    ));
+    session.memory_challenge(gpu, 3, 0, 16, 8);
+    assert_eq!(memory(&session), Some((ChallengeOutcome::Unanswered, 0)));
+
+    // Errors before a verdict.
+    session.apply(JournalEntry::MemoryChallengeIssued { at_ms: session.now_ms, gpu, seed: [5; 32], words_log2: 12, passes: 3 });
+    let open = session.market.challenges().expired(u64::MAX)[0];
+    let now = session.now_ms;
+    let opening = |leaf: u32, words: usize, path: usize| {
+        vec![gpux_protocol::memory::LeafOpening { leaf, words: vec![0; words], path: vec!["00".repeat(32); path] }]
+    };
+    let challenges = session.market.challenges();
+    assert_eq!(challenges.check_memory_opening(session.supplier, open, &opening(0, 256, 4), now), Err(ErrorCode::ChallengeOutOfOrder));
+    session.apply(JournalEntry::ChallengeCommitted {
+        at_ms: now,
+        account: session.supplier,
+        challenge: open,
+        commitment: [0; 32],
+        open_seed: [1; 32],
+    });
+    let challenges = session.market.challenges();
+    let supplier = session.supplier;
+    assert_eq!(challenges.check_opening(supplier, open, &[], &[], now), Err(ErrorCode::ChallengeAnswerInvalid), "a compute opening");
+    assert_eq!(
+        challenges.check_memory_opening(supplier, open, &opening(16, 256, 4), now),
+        Err(ErrorCode::ChallengeAnswerInvalid),
+        "no leaf 16"
+    );
+    assert_eq!(challenges.check_memory_opening(supplier, open, &opening(0, 255, 4), now), Err(ErrorCode::ChallengeAnswerInvalid));
+    assert_eq!(challenges.check_memory_opening(supplier, open, &opening(0, 256, 3), now), Err(ErrorCode::ChallengeAnswerInvalid));
+    assert_eq!(challenges.check_memory_opening(session.renter, open, &opening(0, 256, 4), now), Err(ErrorCode::UnknownChallenge));
+    // Well formed but not the committed root: a wrong answer.
+    assert_eq!(
+        challenges.check_memory_opening(supplier, open, &opening(0, 256, 4), now),
+        Ok(Err(gpux_protocol::challenge::ChallengeError::WrongRows)),
+        "not the leaves asked for"
+    );
+    let expired = JournalEntry::ChallengeExpired { at_ms: now + gpux_market::challenges::CHALLENGE_ANSWER_MS, challenge: open };
+    session.apply(expired);
+
+    // A pass short: caught, rejected for good.
+    session.memory_challenge(gpu, 1, 10, 16, 8);
+    assert_eq!(memory(&session), Some((ChallengeOutcome::WrongAnswer, 0)));
+    let info = session.market.engine().gpu(gpu).expect("gpu");
+    assert!(info.classes.is_empty() && !info.verified && info.challenge.is_some_and(|c| c.rejected));
 }
 
 /// The generator's entries do what they say: asks and bids trade into a

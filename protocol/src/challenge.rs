@@ -47,6 +47,12 @@ pub enum ChallengeError {
     RowNotCommitted,
     #[error("an opened row is not the product's row")]
     WrongProduct,
+    /// Memory challenge: an opened leaf's path does not lead to the committed root.
+    #[error("an opened leaf does not hash to the committed root")]
+    LeafNotCommitted,
+    /// Memory challenge: a checked word of an opened leaf is not the passes' result.
+    #[error("an opened leaf holds a word the passes do not give")]
+    WrongWords,
 }
 
 /// A deterministic stream of numbers from a seed: the state starts at
@@ -54,14 +60,14 @@ pub enum ChallengeError {
 /// words (`state = mix(state ^ word)`); each draw adds 0x9e3779b97f4a7c15 to
 /// the state and returns `mix(state)` (SplitMix64). Both sides must draw
 /// exactly this.
-struct Stream {
+pub(crate) struct Stream {
     state: u64,
 }
 
 const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
 
 impl Stream {
-    fn new(seed: &[u8; 32], domain: u64) -> Stream {
+    pub(crate) fn new(seed: &[u8; 32], domain: u64) -> Stream {
         let mut state = domain.wrapping_mul(GOLDEN);
         for word in seed.chunks_exact(8) {
             state = mix(state ^ u64::from_le_bytes(word.try_into().expect("8 bytes")));
@@ -69,7 +75,7 @@ impl Stream {
         Stream { state }
     }
 
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.state = self.state.wrapping_add(GOLDEN);
         mix(self.state)
     }

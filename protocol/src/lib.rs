@@ -19,6 +19,7 @@ pub mod delivery;
 pub mod history;
 pub mod invoice;
 pub mod liveness;
+pub mod memory;
 pub mod messages;
 pub mod record;
 mod signed;

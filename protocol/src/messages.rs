@@ -601,6 +601,13 @@ pub enum ClientMessage {
         id: u64,
         instrument: InstrumentId,
     },
+    /// A host opens its committed answer to a memory challenge: the leaves
+    /// `challenge_rows` named, each with its words and its path to the root.
+    MemoryOpening {
+        id: u64,
+        challenge: u64,
+        leaves: Vec<crate::memory::LeafOpening>,
+    },
 }
 
 fn gtc() -> TimeInForce {
@@ -664,6 +671,7 @@ impl ClientMessage {
             | Candles { id, .. }
             | Fills { id, .. }
             | Book { id, .. }
+            | MemoryOpening { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -1022,6 +1030,18 @@ pub enum ServerMessage {
         bids: Vec<(u64, u64)>,
         asks: Vec<(u64, u64)>,
     },
+    /// Pushed to a GPU's owner: measure the GPU's memory bandwidth
+    /// (docs/protocol.md "Hardware challenges"): `passes` over `2^words_log2`
+    /// words drawn from `seed` (hex); commit with `challenge_commit` before
+    /// `expires_at_ms`, then open with `memory_opening`.
+    GpuMemoryChallenge {
+        challenge: u64,
+        gpu: GpuId,
+        seed: String,
+        words_log2: u32,
+        passes: u32,
+        expires_at_ms: u64,
+    },
 }
 
 impl ServerMessage {
@@ -1078,6 +1098,7 @@ impl ServerMessage {
             | Delivery { .. }
             | Workload { .. }
             | GpuChallenge { .. }
+            | GpuMemoryChallenge { .. }
             | LogsWanted { .. } => None,
         }
     }

@@ -92,6 +92,11 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::Logs { id: 28, request: 3, data: "hello\n".into(), truncated: true },
         ClientMessage::ChallengeCommit { id: 29, challenge: 4, commitment: "ab".repeat(32) },
         ClientMessage::ChallengeOpening { id: 30, challenge: 4, row_hashes: vec!["cd".repeat(32); 2], rows: vec![(1, vec![-3, 0])] },
+        ClientMessage::MemoryOpening {
+            id: 31,
+            challenge: 5,
+            leaves: vec![gpux_protocol::memory::LeafOpening { leaf: 3, words: vec![7, 4_000_000_000], path: vec!["ef".repeat(32)] }],
+        },
         ClientMessage::Liveness {
             id: 31,
             report: gpux_protocol::LivenessReport::sign(
@@ -173,6 +178,14 @@ fn server_messages_round_trip_through_both_encodings() {
         ServerMessage::Private { event, reason: Some("insufficient funds".into()) },
         ServerMessage::Instruments { id: 1, instruments: Engine::new(EngineConfig::demo()).expect("valid").instruments() },
         ServerMessage::GpuChallenge { challenge: 4, gpu: GpuId(2), seed: "ef".repeat(32), n: 256, expires_at_ms: 1_796_223_720_000 },
+        ServerMessage::GpuMemoryChallenge {
+            challenge: 5,
+            gpu: GpuId(2),
+            seed: "ef".repeat(32),
+            words_log2: 30,
+            passes: 10,
+            expires_at_ms: 1_796_223_720_000,
+        },
         ServerMessage::ChallengeRows { id: 29, journal_seq: 12, challenge: 4, rows: vec![3, 17, 200] },
         ServerMessage::Trades {
             id: 45,

@@ -415,10 +415,11 @@ fn cheats_section(md: &mut String, m: &Metrics) {
 fn challenges_section(md: &mut String, m: &Metrics) {
     let _ = writeln!(
         md,
-        "\n## Hardware challenges\n\nEvery GPU is challenged as it is listed and again at random idle times (every 3 to 9 hours; \
-         docs/market-rules.md \"Verified hardware\"). The products are real and checked as the exchange checks them; the round \
+        "\n## Hardware challenges\n\nEvery GPU's compute is challenged as it is listed, its memory bandwidth a second after its \
+         first answer, and the two in turn at random idle times (every 3 to 9 hours; docs/market-rules.md \"Verified hardware\"); \
+         both kinds count below. The products and memory passes are real and checked as the exchange checks them; the round \
          trip is drawn: 1-4 ms for an honest GPU, 8-30 ms for a slower card than the model it claims, against the class's 6.5 ms \
-         (the simulator's n of 32 at the demo class's 10 MFLOP/s). Caught: a GPU found wrong or too slow; the time is from the \
+         (the simulator's n of 32 at the demo class's 10 MFLOP/s) and 5.3 ms (2^10 words and 4 passes at its 10 MB/s). Caught: a GPU found wrong or too slow; the time is from the \
          run's start, when every GPU was listed. Unanswered: the host was down.\n\n\
          | Supplier kind | Suppliers | Challenged | Passed | Too slow | Wrong | Unanswered | Suppliers caught | Time to catch (median, max) |\n\
          |---|---|---|---|---|---|---|---|---|"

@@ -65,6 +65,58 @@ pub trait GpuBackend: Send {
         let (a, b) = gpux_protocol::challenge::matrices(seed, n);
         Ok(gpux_protocol::challenge::product(&a, &b, n))
     }
+
+    /// Runs a memory-bandwidth challenge on the GPU `uuid` (docs/agent.md
+    /// "Hardware challenges"): `passes` over `2^words_log2` words drawn from
+    /// `seed`, committed to by a Merkle root. The default computes on the
+    /// host's CPU (what a backend without a GPU kernel can do; its
+    /// bandwidth is the host's), up to [`CPU_MEMORY_WORDS_LOG2_MAX`].
+    fn memory_challenge(
+        &mut self,
+        uuid: &str,
+        seed: &[u8; 32],
+        words_log2: u32,
+        passes: u32,
+    ) -> Result<Box<dyn MemoryProof>, BackendError> {
+        let _ = uuid;
+        cpu_memory_proof(seed, words_log2, passes)
+    }
+}
+
+/// A memory challenge's result, committed: the root, and the leaves the
+/// exchange names opened with their paths. A GPU backend keeps the buffer
+/// and the tree on the GPU until it is dropped.
+pub trait MemoryProof: Send {
+    fn root(&self) -> [u8; 32];
+    fn open(&mut self, leaves: &[u32]) -> Result<Vec<gpux_protocol::memory::LeafOpening>, BackendError>;
+}
+
+impl MemoryProof for gpux_protocol::memory::CpuProof {
+    fn root(&self) -> [u8; 32] {
+        gpux_protocol::memory::CpuProof::root(self)
+    }
+
+    fn open(&mut self, leaves: &[u32]) -> Result<Vec<gpux_protocol::memory::LeafOpening>, BackendError> {
+        Ok(gpux_protocol::memory::CpuProof::open(self, leaves))
+    }
+}
+
+/// The largest memory challenge the CPU answers: 2^26 words (256 MiB, twice
+/// that while the passes run). A larger one is a GPU's to answer.
+pub const CPU_MEMORY_WORDS_LOG2_MAX: u32 = 26;
+
+/// The memory challenge computed on the host's CPU.
+pub fn cpu_memory_proof(seed: &[u8; 32], words_log2: u32, passes: u32) -> Result<Box<dyn MemoryProof>, BackendError> {
+    if words_log2 > CPU_MEMORY_WORDS_LOG2_MAX {
+        return Err(BackendError::Query {
+            what: "memory challenge".into(),
+            detail: format!(
+                "2^{words_log2} words is more than the CPU answers (2^{CPU_MEMORY_WORDS_LOG2_MAX}); this backend has no GPU kernel"
+            ),
+        });
+    }
+    let words = gpux_protocol::memory::Params::new(seed, words_log2, passes).compute();
+    Ok(Box::new(gpux_protocol::memory::CpuProof::new(words)))
 }
 
 /// A GPU hotter than this is reported unhealthy.

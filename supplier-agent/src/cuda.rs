@@ -104,6 +104,221 @@ pub fn product(uuid: &str, seed: &[u8; 32], n: u32) -> Result<Vec<Vec<i32>>, Bac
     Ok(c.chunks(n as usize).map(|row| row.iter().map(|&v| v as i32).collect()).collect())
 }
 
+/// The memory challenge's kernels (protocol/src/memory.rs says what they
+/// compute, bit for bit): the initial buffer, one pass, the leaf hashes and
+/// one level of Merkle nodes (SHA-256 per thread; a leaf is 1 KiB, so
+/// hashing moves a small share of what the passes do). Compiled by NVRTC
+/// at run time, once per process.
+const MEMORY_KERNELS: &str = r#"
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef unsigned char u8;
+
+__device__ __forceinline__ u32 fmix32(u32 h) {
+    h ^= h >> 16; h *= 0x85ebca6bu; h ^= h >> 13; h *= 0xc2b2ae35u; return h ^ (h >> 16);
+}
+
+extern "C" __global__ void gpux_init(u32 *x, u64 words, u32 key0) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += (u64)blockDim.x * gridDim.x) {
+        x[i] = fmix32((u32)i ^ key0);
+    }
+}
+
+extern "C" __global__ void gpux_pass(const u32 *in, u32 *out, u64 words, u64 offset, u32 key) {
+    u64 mask = words - 1;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += (u64)blockDim.x * gridDim.x) {
+        u32 a = in[i];
+        u32 b = in[(i + offset) & mask];
+        out[i] = fmix32((a + ((b << 7) | (b >> 25))) ^ key);
+    }
+}
+
+__constant__ u32 K[64] = {
+    0x428a2f98u, 0x71374491u, 0xb5c0fbcfu, 0xe9b5dba5u, 0x3956c25bu, 0x59f111f1u, 0x923f82a4u, 0xab1c5ed5u,
+    0xd807aa98u, 0x12835b01u, 0x243185beu, 0x550c7dc3u, 0x72be5d74u, 0x80deb1feu, 0x9bdc06a7u, 0xc19bf174u,
+    0xe49b69c1u, 0xefbe4786u, 0x0fc19dc6u, 0x240ca1ccu, 0x2de92c6fu, 0x4a7484aau, 0x5cb0a9dcu, 0x76f988dau,
+    0x983e5152u, 0xa831c66du, 0xb00327c8u, 0xbf597fc7u, 0xc6e00bf3u, 0xd5a79147u, 0x06ca6351u, 0x14292967u,
+    0x27b70a85u, 0x2e1b2138u, 0x4d2c6dfcu, 0x53380d13u, 0x650a7354u, 0x766a0abbu, 0x81c2c92eu, 0x92722c85u,
+    0xa2bfe8a1u, 0xa81a664bu, 0xc24b8b70u, 0xc76c51a3u, 0xd192e819u, 0xd6990624u, 0xf40e3585u, 0x106aa070u,
+    0x19a4c116u, 0x1e376c08u, 0x2748774cu, 0x34b0bcb5u, 0x391c0cb3u, 0x4ed8aa4au, 0x5b9cca4fu, 0x682e6ff3u,
+    0x748f82eeu, 0x78a5636fu, 0x84c87814u, 0x8cc70208u, 0x90befffau, 0xa4506cebu, 0xbef9a3f7u, 0xc67178f2u};
+
+__device__ __forceinline__ u32 rotr(u32 x, int n) { return (x >> n) | (x << (32 - n)); }
+
+/* SHA-256 over a byte stream fed one byte at a time. */
+struct Sha { u32 h[8]; u8 block[64]; u32 fill; u64 length; };
+
+__device__ void sha_compress(Sha *s) {
+    u32 w[64];
+    for (int t = 0; t < 16; t++) {
+        w[t] = ((u32)s->block[4 * t] << 24) | ((u32)s->block[4 * t + 1] << 16) | ((u32)s->block[4 * t + 2] << 8) | (u32)s->block[4 * t + 3];
+    }
+    for (int t = 16; t < 64; t++) {
+        u32 s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
+        u32 s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
+        w[t] = w[t - 16] + s0 + w[t - 7] + s1;
+    }
+    u32 a = s->h[0], b = s->h[1], c = s->h[2], d = s->h[3], e = s->h[4], f = s->h[5], g = s->h[6], h = s->h[7];
+    for (int t = 0; t < 64; t++) {
+        u32 t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + K[t] + w[t];
+        u32 t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    s->h[0] += a; s->h[1] += b; s->h[2] += c; s->h[3] += d; s->h[4] += e; s->h[5] += f; s->h[6] += g; s->h[7] += h;
+}
+
+__device__ void sha_init(Sha *s) {
+    const u32 iv[8] = {0x6a09e667u, 0xbb67ae85u, 0x3c6ef372u, 0xa54ff53au, 0x510e527fu, 0x9b05688cu, 0x1f83d9abu, 0x5be0cd19u};
+    for (int i = 0; i < 8; i++) s->h[i] = iv[i];
+    s->fill = 0; s->length = 0;
+}
+
+__device__ void sha_byte(Sha *s, u8 byte) {
+    s->block[s->fill++] = byte;
+    s->length += 8;
+    if (s->fill == 64) { sha_compress(s); s->fill = 0; }
+}
+
+__device__ void sha_final(Sha *s, u8 *out) {
+    u64 length = s->length;
+    s->block[s->fill++] = 0x80;
+    if (s->fill > 56) { while (s->fill < 64) s->block[s->fill++] = 0; sha_compress(s); s->fill = 0; }
+    while (s->fill < 56) s->block[s->fill++] = 0;
+    for (int i = 7; i >= 0; i--) s->block[s->fill++] = (u8)(length >> (8 * i));
+    sha_compress(s);
+    for (int i = 0; i < 8; i++) {
+        out[4 * i] = (u8)(s->h[i] >> 24); out[4 * i + 1] = (u8)(s->h[i] >> 16); out[4 * i + 2] = (u8)(s->h[i] >> 8); out[4 * i + 3] = (u8)s->h[i];
+    }
+}
+
+/* Leaf hashes: SHA-256(0x00 || 256 words as little-endian u32). */
+extern "C" __global__ void gpux_leaves(const u32 *x, u8 *hashes, u64 leaves) {
+    for (u64 leaf = (u64)blockIdx.x * blockDim.x + threadIdx.x; leaf < leaves; leaf += (u64)blockDim.x * gridDim.x) {
+        Sha s; sha_init(&s);
+        sha_byte(&s, 0);
+        const u32 *words = x + leaf * 256;
+        for (int i = 0; i < 256; i++) {
+            u32 w = words[i];
+            sha_byte(&s, (u8)w); sha_byte(&s, (u8)(w >> 8)); sha_byte(&s, (u8)(w >> 16)); sha_byte(&s, (u8)(w >> 24));
+        }
+        sha_final(&s, hashes + leaf * 32);
+    }
+}
+
+/* One level of nodes: SHA-256(0x01 || left || right). */
+extern "C" __global__ void gpux_nodes(const u8 *below, u8 *above, u64 count) {
+    for (u64 node = (u64)blockIdx.x * blockDim.x + threadIdx.x; node < count; node += (u64)blockDim.x * gridDim.x) {
+        Sha s; sha_init(&s);
+        sha_byte(&s, 1);
+        for (int i = 0; i < 64; i++) sha_byte(&s, below[node * 64 + i]);
+        sha_final(&s, above + node * 32);
+    }
+}
+"#;
+
+/// The memory kernels' PTX, compiled once.
+fn memory_ptx() -> Result<cudarc::nvrtc::Ptx, BackendError> {
+    static PTX: std::sync::OnceLock<Result<cudarc::nvrtc::Ptx, String>> = std::sync::OnceLock::new();
+    PTX.get_or_init(|| {
+        // SAFETY: only tries to open the shared library.
+        #[allow(unsafe_code)]
+        let present = unsafe { cudarc::nvrtc::sys::is_culib_present() };
+        if !present {
+            return Err("NVRTC (libnvrtc) cannot be loaded".into());
+        }
+        cudarc::nvrtc::compile_ptx(MEMORY_KERNELS).map_err(|e| format!("{e:?}"))
+    })
+    .clone()
+    .map_err(|detail| BackendError::Query { what: "CUDA memory kernels".into(), detail })
+}
+
+/// A grid-stride launch over `items`.
+fn grid(items: u64) -> cudarc::driver::LaunchConfig {
+    let blocks = items.div_ceil(256).clamp(1, 1 << 20) as u32;
+    cudarc::driver::LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// A memory challenge run on the GPU: the final buffer and every level of
+/// its Merkle tree stay on the GPU; the root and the opened leaves are
+/// copied back.
+pub struct GpuMemoryProof {
+    stream: Arc<CudaStream>,
+    words: cudarc::driver::CudaSlice<u32>,
+    levels: Vec<cudarc::driver::CudaSlice<u8>>,
+    root: [u8; 32],
+}
+
+/// Runs the memory challenge of `seed` on the GPU `uuid`.
+pub fn memory(uuid: &str, seed: &[u8; 32], words_log2: u32, passes: u32) -> Result<GpuMemoryProof, BackendError> {
+    use cudarc::driver::PushKernelArg;
+    let context = context_of(uuid)?;
+    let module = context.load_module(memory_ptx()?).map_err(|e| cuda_error("load the memory kernels", e))?;
+    let function = |name: &str| module.load_function(name).map_err(|e| cuda_error(name, e));
+    let (init, pass, leaves_kernel, nodes) =
+        (function("gpux_init")?, function("gpux_pass")?, function("gpux_leaves")?, function("gpux_nodes")?);
+    let stream: Arc<CudaStream> = context.default_stream();
+    let params = gpux_protocol::memory::Params::new(seed, words_log2, passes);
+    let words = params.words();
+    let alloc = |what: &str| stream.alloc_zeros::<u32>(words as usize).map_err(|e| cuda_error(what, e));
+    let (mut current, mut next) = (alloc("allocate the buffer")?, alloc("allocate the second buffer")?);
+    // SAFETY (every launch below): the kernels index only below the sizes
+    // passed with them, which are the buffers' own.
+    #[allow(unsafe_code)]
+    unsafe { stream.launch_builder(&init).arg(&mut current).arg(&words).arg(&params.key0).launch(grid(words)) }
+        .map_err(|e| cuda_error("initial buffer", e))?;
+    for &(offset, key) in &params.passes {
+        #[allow(unsafe_code)]
+        unsafe { stream.launch_builder(&pass).arg(&current).arg(&mut next).arg(&words).arg(&offset).arg(&key).launch(grid(words)) }
+            .map_err(|e| cuda_error("pass", e))?;
+        std::mem::swap(&mut current, &mut next);
+    }
+    drop(next);
+    let leaf_count = gpux_protocol::memory::leaf_count(words_log2);
+    let mut level = stream.alloc_zeros::<u8>(leaf_count as usize * 32).map_err(|e| cuda_error("allocate the leaf hashes", e))?;
+    #[allow(unsafe_code)]
+    unsafe { stream.launch_builder(&leaves_kernel).arg(&current).arg(&mut level).arg(&leaf_count).launch(grid(leaf_count)) }
+        .map_err(|e| cuda_error("leaf hashes", e))?;
+    let mut levels = vec![level];
+    let mut count = leaf_count;
+    while count > 1 {
+        count /= 2;
+        let mut above = stream.alloc_zeros::<u8>(count as usize * 32).map_err(|e| cuda_error("allocate a tree level", e))?;
+        let below = levels.last().expect("a level");
+        #[allow(unsafe_code)]
+        unsafe { stream.launch_builder(&nodes).arg(below).arg(&mut above).arg(&count).launch(grid(count)) }
+            .map_err(|e| cuda_error("tree level", e))?;
+        levels.push(above);
+    }
+    let root: Vec<u8> = stream.clone_dtoh(levels.last().expect("a level")).map_err(|e| cuda_error("copy the root", e))?;
+    let root: [u8; 32] = root.try_into().map_err(|_| cuda_error("root", "not 32 bytes"))?;
+    Ok(GpuMemoryProof { stream, words: current, levels, root })
+}
+
+impl crate::backend::MemoryProof for GpuMemoryProof {
+    fn root(&self) -> [u8; 32] {
+        self.root
+    }
+
+    fn open(&mut self, leaves: &[u32]) -> Result<Vec<gpux_protocol::memory::LeafOpening>, BackendError> {
+        const LEAF: usize = gpux_protocol::memory::LEAF_WORDS;
+        let count = self.levels[0].len() / 32;
+        let mut opened = Vec::with_capacity(leaves.len());
+        for &leaf in leaves.iter().filter(|&&leaf| (leaf as usize) < count) {
+            let start = leaf as usize * LEAF;
+            let words = self.stream.clone_dtoh(&self.words.slice(start..start + LEAF)).map_err(|e| cuda_error("copy a leaf", e))?;
+            let mut path = Vec::with_capacity(self.levels.len() - 1);
+            for (height, level) in self.levels[..self.levels.len() - 1].iter().enumerate() {
+                let sibling = ((leaf as usize) >> height) ^ 1;
+                let hash =
+                    self.stream.clone_dtoh(&level.slice(sibling * 32..sibling * 32 + 32)).map_err(|e| cuda_error("copy a path", e))?;
+                path.push(hex::encode(hash));
+            }
+            opened.push(gpux_protocol::memory::LeafOpening { leaf, words, path });
+        }
+        Ok(opened)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,5 +356,48 @@ mod tests {
         eprintln!("256^3 on the GPU (with context and copies): {:?}", started.elapsed());
         let (a, b) = gpux_protocol::challenge::matrices(&seed, 256);
         assert_eq!(rows, gpux_protocol::challenge::product(&a, &b, 256));
+    }
+
+    /// Runs only where a CUDA GPU and NVRTC are: the GPU's memory challenge
+    /// commits to the CPU's root, opens what the exchange verifies, and a
+    /// large one prints the bandwidth it shows.
+    #[test]
+    fn cuda_memory_challenge_matches_the_cpu() {
+        use crate::backend::MemoryProof;
+        let skip = |why: String| {
+            assert!(std::env::var_os("GPUX_REQUIRE_GPU").is_none(), "GPUX_REQUIRE_GPU is set: {why}");
+            eprintln!("{why}: skipped");
+        };
+        if !available() {
+            return skip("no CUDA driver or cuBLAS".into());
+        }
+        match CudaContext::device_count() {
+            Ok(count) if count > 0 => {}
+            other => return skip(format!("no CUDA device ({other:?})")),
+        }
+        let context = CudaContext::new(0).expect("device 0");
+        let uuid = uuid_text(&context.uuid().expect("uuid").bytes.map(|b| b as u8));
+        let (seed, open_seed) = ([7u8; 32], [9u8; 32]);
+        let (log2, passes) = (16, 8);
+        let mut proof = memory(&uuid, &seed, log2, passes).expect("runs");
+        let cpu = gpux_protocol::memory::CpuProof::new(gpux_protocol::memory::Params::new(&seed, log2, passes).compute());
+        assert_eq!(proof.root(), cpu.root(), "the GPU's buffer and tree are the CPU's");
+        let leaves = gpux_protocol::memory::leaves_to_open(&open_seed, log2);
+        let opened = proof.open(&leaves).expect("opens");
+        assert_eq!(opened, cpu.open(&leaves));
+        assert_eq!(gpux_protocol::memory::verify_opening(&seed, log2, passes, &proof.root(), &open_seed, &opened), Ok(()));
+        // A production-sized one: 2^30 words (4 GiB, twice that on the GPU), 10 passes.
+        for (log2, passes) in [(28u32, 10u32), (30, 10)] {
+            let started = std::time::Instant::now();
+            let proof = memory(&uuid, &[3; 32], log2, passes).expect("runs");
+            let elapsed = started.elapsed();
+            let bytes = gpux_protocol::memory::bytes_moved(log2, passes);
+            eprintln!(
+                "2^{log2} words x {passes} passes: {:?} with hashing and copies, {} GB/s; root {}",
+                elapsed,
+                bytes / elapsed.as_micros().max(1) as u64 / 1_000,
+                hex::encode(proof.root())
+            );
+        }
     }
 }

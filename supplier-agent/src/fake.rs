@@ -33,6 +33,14 @@ pub struct FakeGpu {
     pub challenge_wrong: bool,
     #[serde(default)]
     pub challenge_delay_ms: u64,
+    /// The same for the memory-bandwidth challenge: a buffer one pass
+    /// short (`memory_wrong`: plausible, committed, but wrong), or an
+    /// answer this many milliseconds late (`memory_delay_ms`: slower
+    /// memory than the model it claims).
+    #[serde(default)]
+    pub memory_wrong: bool,
+    #[serde(default)]
+    pub memory_delay_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -161,6 +169,27 @@ impl GpuBackend for FakeBackend {
         std::thread::sleep(std::time::Duration::from_millis(gpu.challenge_delay_ms));
         Ok(rows)
     }
+
+    /// Computes on the CPU, as an honest GPU would answer; a cheating GPU
+    /// of the description runs a pass short or answers late.
+    fn memory_challenge(
+        &mut self,
+        uuid: &str,
+        seed: &[u8; 32],
+        words_log2: u32,
+        passes: u32,
+    ) -> Result<Box<dyn crate::backend::MemoryProof>, BackendError> {
+        let gpu = self
+            .host
+            .gpus
+            .iter()
+            .find(|g| g.uuid == uuid)
+            .ok_or_else(|| BackendError::Query { what: "memory challenge".into(), detail: format!("no GPU {uuid} on this host") })?;
+        let passes = if gpu.memory_wrong { passes - 1 } else { passes };
+        let proof = crate::backend::cpu_memory_proof(seed, words_log2, passes)?;
+        std::thread::sleep(std::time::Duration::from_millis(gpu.memory_delay_ms));
+        Ok(proof)
+    }
 }
 
 #[cfg(test)]
@@ -197,6 +226,23 @@ mod tests {
         assert_eq!(backend.challenge("GPU-a", &seed, 32).expect("answered"), right);
         assert_ne!(backend.challenge("GPU-b", &seed, 32).expect("answered"), right);
         assert!(backend.challenge("GPU-z", &seed, 32).is_err(), "not a GPU of this host");
+    }
+
+    #[test]
+    fn the_fake_answers_memory_challenges_right_unless_it_cheats() {
+        let json = r#"{"gpus": [{"uuid":"GPU-a","vendor":"nvidia","model":"NVIDIA H100 80GB HBM3","memory_mib":81559,"interconnect":"nv_link"},
+                              {"uuid":"GPU-b","vendor":"nvidia","model":"NVIDIA H100 80GB HBM3","memory_mib":81559,"interconnect":"nv_link","memory_wrong":true}]}"#;
+        let mut backend = host(json).expect("valid");
+        let (seed, open) = ([3u8; 32], [4u8; 32]);
+        let leaves = gpux_protocol::memory::leaves_to_open(&open, 12);
+        let verify = |proof: &mut Box<dyn crate::backend::MemoryProof>| {
+            let opened = proof.open(&leaves).expect("opens");
+            gpux_protocol::memory::verify_opening(&seed, 12, 3, &proof.root(), &open, &opened)
+        };
+        assert_eq!(verify(&mut backend.memory_challenge("GPU-a", &seed, 12, 3).expect("answered")), Ok(()));
+        assert!(verify(&mut backend.memory_challenge("GPU-b", &seed, 12, 3).expect("answered")).is_err());
+        assert!(backend.memory_challenge("GPU-z", &seed, 12, 3).is_err(), "not a GPU of this host");
+        assert!(backend.memory_challenge("GPU-a", &seed, 30, 3).is_err(), "more than the CPU answers");
     }
 
     #[test]

@@ -131,6 +131,20 @@ impl GpuBackend for NvmlBackend {
     fn challenge(&mut self, uuid: &str, seed: &[u8; 32], n: u32) -> Result<Vec<Vec<i32>>, BackendError> {
         crate::cuda::product(uuid, seed, n)
     }
+
+    /// With the `cuda` feature the memory passes, the leaf hashes and the
+    /// Merkle tree run on the GPU (NVRTC-compiled kernels); without it, on
+    /// the host's CPU up to its limit.
+    #[cfg(feature = "cuda")]
+    fn memory_challenge(
+        &mut self,
+        uuid: &str,
+        seed: &[u8; 32],
+        words_log2: u32,
+        passes: u32,
+    ) -> Result<Box<dyn crate::backend::MemoryProof>, BackendError> {
+        Ok(Box::new(crate::cuda::memory(uuid, seed, words_log2, passes)?))
+    }
 }
 
 #[cfg(test)]

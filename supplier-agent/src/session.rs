@@ -774,6 +774,10 @@ impl Agent {
                 self.answer_challenge(link, challenge, gpu, &seed, n).await?;
                 return Ok(());
             }
+            ServerMessage::GpuMemoryChallenge { challenge, gpu, seed, words_log2, passes, .. } => {
+                self.answer_memory_challenge(link, challenge, gpu, &seed, words_log2, passes).await?;
+                return Ok(());
+            }
             ServerMessage::LogsWanted { request, lease, tail_bytes } => {
                 match &self.delivery {
                     Some((orders, _)) => {
@@ -843,7 +847,9 @@ impl Agent {
                 }
                 !closed.is_empty()
             }
-            EventKind::GpuChallenged { gpu, outcome, mflops, verified, .. } => {
+            EventKind::GpuChallenged { gpu, outcome, mflops: rate, verified, .. }
+            | EventKind::GpuMemoryChallenged { gpu, outcome, mbps: rate, verified, .. } => {
+                let kind = if matches!(event.kind, EventKind::GpuChallenged { .. }) { "compute" } else { "memory" };
                 let uuid = self.gpus.iter().find(|g| g.info.gpu == gpu).map(|g| g.info.uuid.clone()).unwrap_or_default();
                 let classes_before: Vec<Vec<String>> = self.gpus.iter().map(|g| g.info.classes.clone()).collect();
                 // The classes it keeps: as the exchange has them now.
@@ -853,8 +859,8 @@ impl Agent {
                     }
                 }
                 match outcome {
-                    gpux_engine::ChallengeOutcome::Passed => tracing::info!(%uuid, mflops, verified, "hardware challenge passed"),
-                    other => tracing::warn!(%uuid, outcome = ?other, mflops, "hardware challenge not passed"),
+                    gpux_engine::ChallengeOutcome::Passed => tracing::info!(%uuid, kind, rate, verified, "hardware challenge passed"),
+                    other => tracing::warn!(%uuid, kind, outcome = ?other, rate, "hardware challenge not passed"),
                 }
                 classes_before != self.gpus.iter().map(|g| g.info.classes.clone()).collect::<Vec<_>>()
             }
@@ -910,6 +916,59 @@ impl Agent {
         match link.connection.request(opening).await? {
             ServerMessage::Ack { .. } => tracing::info!(challenge, %uuid, n, computed_ms, "hardware challenge answered"),
             other => tracing::warn!(challenge, ?other, "challenge opening refused"),
+        }
+        Ok(())
+    }
+
+    /// Answers a memory-bandwidth challenge as [`Agent::answer_challenge`]
+    /// does the compute one: the backend runs the passes and commits to the
+    /// buffer's Merkle root, then opens the leaves the exchange names.
+    async fn answer_memory_challenge(
+        &mut self,
+        link: &mut Link,
+        challenge: u64,
+        gpu: gpux_engine::GpuId,
+        seed: &str,
+        words_log2: u32,
+        passes: u32,
+    ) -> Result<()> {
+        let Some(uuid) = self.gpus.iter().find(|g| g.info.gpu == gpu).map(|g| g.info.uuid.clone()) else {
+            tracing::warn!(challenge, ?gpu, "memory challenge for a GPU not on this host");
+            return Ok(());
+        };
+        let Some(seed) = hex::decode(seed).ok().and_then(|bytes| <[u8; 32]>::try_from(bytes).ok()) else {
+            tracing::warn!(challenge, "memory challenge with a malformed seed");
+            return Ok(());
+        };
+        let started = std::time::Instant::now();
+        let mut proof = match self.backend.memory_challenge(&uuid, &seed, words_log2, passes) {
+            Ok(proof) => proof,
+            Err(error) => {
+                tracing::warn!(challenge, %uuid, %error, "could not run the memory challenge");
+                return Ok(());
+            }
+        };
+        let computed_ms = started.elapsed().as_millis() as u64;
+        let id = link.connection.new_id();
+        let commit = ClientMessage::ChallengeCommit { id, challenge, commitment: hex::encode(proof.root()) };
+        let leaves = match link.connection.request(commit).await? {
+            ServerMessage::ChallengeRows { rows, .. } => rows,
+            other => {
+                tracing::warn!(challenge, ?other, "memory challenge commitment refused");
+                return Ok(());
+            }
+        };
+        let leaves = match proof.open(&leaves) {
+            Ok(opened) => opened,
+            Err(error) => {
+                tracing::warn!(challenge, %uuid, %error, "could not open the memory challenge");
+                return Ok(());
+            }
+        };
+        let id = link.connection.new_id();
+        match link.connection.request(ClientMessage::MemoryOpening { id, challenge, leaves }).await? {
+            ServerMessage::Ack { .. } => tracing::info!(challenge, %uuid, words_log2, passes, computed_ms, "memory challenge answered"),
+            other => tracing::warn!(challenge, ?other, "memory challenge opening refused"),
         }
         Ok(())
     }
@@ -1053,6 +1112,7 @@ mod tests {
                 online: true,
                 verified: false,
                 challenge: None,
+                memory: None,
                 region: None,
                 zone: String::new(),
             },

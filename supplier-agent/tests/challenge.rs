@@ -1,12 +1,13 @@
 //! Verified hardware end to end (docs/market-rules.md "Verified hardware"):
-//! three real agents on the fake backend against a real exchange that
-//! challenges every GPU as it registers and again every couple of seconds
-//! while idle. The honest GPU passes (again and again) and is verified; a
-//! GPU that computes a wrong product is rejected from its class for good; a
-//! GPU that answers too slowly for the class it claims (a slower card
-//! registered as an H100) leaves the class. A bid for verified GPUs trades
-//! with the honest one only, and every result is in the suppliers' public
-//! records.
+//! five real agents on the fake backend against a real exchange that
+//! challenges every GPU's compute as it registers, its memory bandwidth
+//! right after, and both again every couple of seconds while idle. The
+//! honest GPU passes both (again and again) and is verified; a GPU that
+//! computes a wrong product, or runs the memory passes one short, is
+//! rejected from its class for good; a GPU that answers either too slowly
+//! for the class it claims (a slower card registered as an H100) leaves the
+//! class. A bid for verified GPUs trades with the honest one only, and
+//! every result is in the suppliers' public records.
 
 use std::time::{Duration, Instant};
 
@@ -71,16 +72,31 @@ async fn challenges_verify_the_honest_gpu_and_catch_a_wrong_and_a_slow_one() {
     let (_honest, honest_key) = agent(dir.path(), &exchange.url, "honest", "");
     let (_wrong, wrong_key) = agent(dir.path(), &exchange.url, "wrong", r#", "challenge_wrong": true"#);
     let (_slow, slow_key) = agent(dir.path(), &exchange.url, "slow", r#", "challenge_delay_ms": 5000"#);
+    // The demo class's memory challenge: 2^16 words, 8 passes (6.55 MB) at
+    // at least 10 MB/s, so at most 655 ms to commit.
+    let (_memory_wrong, memory_wrong_key) = agent(dir.path(), &exchange.url, "memwrong", r#", "memory_wrong": true"#);
+    let (_memory_slow, memory_slow_key) = agent(dir.path(), &exchange.url, "memslow", r#", "memory_delay_ms": 2000"#);
 
     // Each GPU's first challenge comes as it registers; the honest one is
     // challenged again while idle (every 1 to 3 s here).
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let (honest, wrong, slow) = loop {
-        let results = (gpu_of(&exchange, &honest_key).await, gpu_of(&exchange, &wrong_key).await, gpu_of(&exchange, &slow_key).await);
-        if let (Some(honest), Some(wrong), Some(slow)) = &results {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (honest, wrong, slow, memory_wrong, memory_slow) = loop {
+        let results = (
+            gpu_of(&exchange, &honest_key).await,
+            gpu_of(&exchange, &wrong_key).await,
+            gpu_of(&exchange, &slow_key).await,
+            gpu_of(&exchange, &memory_wrong_key).await,
+            gpu_of(&exchange, &memory_slow_key).await,
+        );
+        if let (Some(honest), Some(wrong), Some(slow), Some(memory_wrong), Some(memory_slow)) = &results {
             let honest_record = record(&mut renter, honest.0).await;
-            if wrong.1.challenge.is_some() && slow.1.challenge.is_some() && honest_record.challenges_passed >= 2 {
-                break (honest.clone(), wrong.clone(), slow.clone());
+            if wrong.1.challenge.is_some()
+                && slow.1.memory.is_some()
+                && memory_wrong.1.memory.is_some()
+                && memory_slow.1.memory.is_some()
+                && honest_record.challenges_passed >= 3
+            {
+                break (honest.clone(), wrong.clone(), slow.clone(), memory_wrong.clone(), memory_slow.clone());
             }
         }
         assert!(Instant::now() < deadline, "every GPU answered its challenges: {results:?}");
@@ -90,11 +106,22 @@ async fn challenges_verify_the_honest_gpu_and_catch_a_wrong_and_a_slow_one() {
     assert_eq!(outcome(&honest.1), Some(ChallengeOutcome::Passed), "{honest:?}");
     assert!(honest.1.verified && honest.1.classes == ["H100-SXM-80G"], "{honest:?}");
     assert!(honest.1.challenge.expect("challenged").mflops >= 10, "{honest:?}");
+    assert!(honest.1.memory.is_some_and(|m| m.outcome == ChallengeOutcome::Passed && m.mbps >= 10), "{honest:?}");
     assert_eq!(outcome(&wrong.1), Some(ChallengeOutcome::WrongAnswer), "{wrong:?}");
     assert!(!wrong.1.verified && wrong.1.classes.is_empty() && wrong.1.challenge.expect("challenged").rejected, "{wrong:?}");
     assert_eq!(outcome(&slow.1), Some(ChallengeOutcome::TooSlow), "{slow:?}");
     assert!(!slow.1.verified && slow.1.classes.is_empty(), "{slow:?}");
     assert!(slow.1.challenge.expect("challenged").mflops < 10, "{slow:?}");
+    assert_eq!(slow.1.memory.map(|m| m.outcome), Some(ChallengeOutcome::Passed), "its memory is fine: {slow:?}");
+    // Memory a pass short: rejected for good, though its compute passed.
+    assert_eq!(memory_wrong.1.challenge.map(|c| c.outcome), Some(ChallengeOutcome::Passed), "{memory_wrong:?}");
+    assert_eq!(memory_wrong.1.memory.map(|m| m.outcome), Some(ChallengeOutcome::WrongAnswer), "{memory_wrong:?}");
+    assert!(!memory_wrong.1.verified && memory_wrong.1.classes.is_empty(), "{memory_wrong:?}");
+    assert!(memory_wrong.1.challenge.expect("challenged").rejected, "{memory_wrong:?}");
+    // Memory too slow for the class: out of it.
+    assert_eq!(memory_slow.1.memory.map(|m| m.outcome), Some(ChallengeOutcome::TooSlow), "{memory_slow:?}");
+    assert!(memory_slow.1.memory.expect("challenged").mbps < 10, "{memory_slow:?}");
+    assert!(!memory_slow.1.verified && memory_slow.1.classes.is_empty(), "{memory_slow:?}");
 
     // The public records say so; a wrong answer costs the score.
     let honest_record = record(&mut renter, honest.0).await;
@@ -102,7 +129,11 @@ async fn challenges_verify_the_honest_gpu_and_catch_a_wrong_and_a_slow_one() {
     let wrong_record = record(&mut renter, wrong.0).await;
     assert_eq!(wrong_record.challenges_failed, 1, "rejected for good: not challenged again {wrong_record:?}");
     let slow_record = record(&mut renter, slow.0).await;
-    assert!(slow_record.challenges_too_slow >= 1 && slow_record.challenges_passed == 0, "{slow_record:?}");
+    assert!(slow_record.challenges_too_slow >= 1 && slow_record.challenges_failed == 0, "{slow_record:?}");
+    let memory_wrong_record = record(&mut renter, memory_wrong.0).await;
+    assert_eq!(memory_wrong_record.challenges_failed, 1, "{memory_wrong_record:?}");
+    let memory_slow_record = record(&mut renter, memory_slow.0).await;
+    assert!(memory_slow_record.challenges_too_slow >= 1, "{memory_slow_record:?}");
 
     // A bid for verified GPUs trades with the honest GPU.
     let mut order = OrderTicket::limit(1, InstrumentId(0), Side::Buy, 2_000_000, 1);

@@ -455,13 +455,14 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             }
             if !json {
                 out!(
-                    "{:>6} {:>6} {:>5}  {:<28} {:<8} {:<24} {:<20} classes",
+                    "{:>6} {:>6} {:>5}  {:<28} {:<8} {:<24} {:<22} {:<20} classes",
                     "gpu",
                     "host",
                     "index",
                     "model",
                     "online",
                     "challenge",
+                    "memory challenge",
                     "region/zone"
                 );
                 for gpu in all {
@@ -474,19 +475,29 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                         ),
                         None => "none yet".to_string(),
                     };
+                    // The last memory-bandwidth challenge, likewise.
+                    let memory = match gpu.memory {
+                        Some(m) => format!(
+                            "{} {} MB/s",
+                            serde_json::to_value(m.outcome).map_or(String::new(), |v| v.as_str().unwrap_or("").to_string()),
+                            m.mbps
+                        ),
+                        None => "none yet".to_string(),
+                    };
                     let region = match (&gpu.region, gpu.zone.as_str()) {
                         (Some(region), "") => region.clone(),
                         (Some(region), zone) => format!("{region}/{zone}"),
                         (None, _) => "-".to_string(),
                     };
                     out!(
-                        "{:>6} {:>6} {:>5}  {:<28} {:<8} {:<24} {:<20} {}",
+                        "{:>6} {:>6} {:>5}  {:<28} {:<8} {:<24} {:<22} {:<20} {}",
                         gpu.gpu.0,
                         gpu.host.0,
                         gpu.index_on_host,
                         gpu.spec.model,
                         gpu.online,
                         challenge,
+                        memory,
                         region,
                         gpu.classes.join(",")
                     );

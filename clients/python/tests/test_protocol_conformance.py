@@ -20,7 +20,7 @@ DOC = (ROOT / "docs" / "protocol.md").read_text()
 
 # The supplier agent's own traffic (usage reports, hardware challenges,
 # delivery status, its encryption key, log relays): the Rust agent sends it.
-AGENT_ONLY = {"usage_report", "challenge_commit", "challenge_opening", "delivery_status", "set_encryption_key", "logs"}
+AGENT_ONLY = {"usage_report", "challenge_commit", "challenge_opening", "memory_opening", "delivery_status", "set_encryption_key", "logs"}
 
 
 def examples(kind: str) -> list[dict]:

@@ -8,9 +8,9 @@
 //! payout. Every movement is an event of the same sequenced stream, so
 //! settlement mirrors it in the double-entry ledger.
 
-use super::{Account, Checked, Engine, GpuVerification};
+use super::{Account, Checked, Engine, GpuVerification, MemoryVerification};
 use crate::command::{ChallengeAnswer, Role};
-use crate::config::{ChallengeSpec, GpuSpec};
+use crate::config::{ChallengeSpec, GpuSpec, MemoryChallengeSpec};
 use crate::event::{ChallengeOutcome, EventKind, HoldReason, ReduceReason, RejectCode};
 use crate::gpus::{CommitmentHolder, Gpu, GpuDetails, Host, HostGpus};
 use crate::ids::{AccountId, GpuId, HostId, LeaseId};
@@ -335,7 +335,14 @@ impl Engine {
         let gpu = GpuId(self.gpus.len() as u32);
         let index_on_host = self.hosts[host.0 as usize].gpus.len() as u32;
         self.hosts[host.0 as usize].gpus.push(gpu);
-        self.gpu_details.push(GpuDetails { uuid: uuid.to_string(), spec: spec.clone(), challenge: None });
+        self.gpu_details.push(GpuDetails {
+            uuid: uuid.to_string(),
+            spec: spec.clone(),
+            challenge: None,
+            memory: None,
+            measured_mflops: None,
+            measured_mbps: None,
+        });
         self.gpus.push(Gpu {
             host,
             index_on_host,
@@ -379,52 +386,80 @@ impl Engine {
     }
 
     /// Records a hardware challenge's result (docs/market-rules.md "Verified
-    /// hardware"). A correct answer keeps the classes whose spec the GPU
-    /// meets and whose minimum rate the answer showed (classes without a
-    /// challenge are kept), and verifies the GPU if it keeps any; a wrong
-    /// answer rejects it from every class for good; no answer leaves its
-    /// classes and drops its verification. Classes it leaves take it out of
-    /// its asks (sold windows stay sold).
+    /// hardware"). A correct answer measures a rate (compute or memory
+    /// bandwidth); the GPU keeps the classes whose spec it meets and whose
+    /// minimums its measured rates reach (a rate never measured does not
+    /// disqualify), and is verified if it keeps a challenged class and its
+    /// last answer of every kind its kept classes ask for was correct. A
+    /// wrong answer of either kind rejects it from every class for good; no
+    /// answer leaves its classes and drops its verification. Classes it
+    /// leaves take it out of its asks (sold windows stay sold).
     pub(super) fn record_challenge(&mut self, gpu_id: GpuId, answer: ChallengeAnswer) -> Checked<()> {
         let gpu = self.gpus.get(gpu_id.0 as usize).ok_or(RejectCode::UnknownGpu)?;
         let owner = gpu.owner;
         let before = gpu.classes_mask;
-        let details = &self.gpu_details[gpu_id.0 as usize];
-        let rejected = details.challenge.is_some_and(|c| c.rejected) || answer == ChallengeAnswer::Wrong;
-        let spec_mask = self
-            .config
-            .classes
-            .iter()
-            .enumerate()
-            .filter(|(_, class)| class.requirement.is_met_by(&details.spec))
-            .fold(0u64, |mask, (index, _)| mask | (1u64 << index));
-        let (outcome, mflops, classes_mask, verified) = match answer {
-            ChallengeAnswer::Wrong => (ChallengeOutcome::WrongAnswer, 0, 0, false),
-            ChallengeAnswer::Unanswered => (ChallengeOutcome::Unanswered, 0, if rejected { 0 } else { before }, false),
+        let at_ms = self.now_ms;
+        let index = gpu_id.0 as usize;
+        let memory_kind =
+            matches!(answer, ChallengeAnswer::MemoryCorrect { .. } | ChallengeAnswer::MemoryWrong | ChallengeAnswer::MemoryUnanswered);
+        let (outcome, rate, wrong) = match answer {
+            ChallengeAnswer::Wrong | ChallengeAnswer::MemoryWrong => (ChallengeOutcome::WrongAnswer, 0, true),
+            ChallengeAnswer::Unanswered | ChallengeAnswer::MemoryUnanswered => (ChallengeOutcome::Unanswered, 0, false),
             ChallengeAnswer::Correct { n, elapsed_ms } => {
                 let mflops = ChallengeSpec { n, min_mflops: 1 }.mflops(elapsed_ms);
-                let fast_enough = self
-                    .config
-                    .classes
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, class)| class.challenge.is_none_or(|c| mflops >= c.min_mflops))
-                    .fold(0u64, |mask, (index, _)| mask | (1u64 << index));
-                let kept = if rejected { 0 } else { spec_mask & fast_enough };
-                let outcome = if kept == spec_mask { ChallengeOutcome::Passed } else { ChallengeOutcome::TooSlow };
-                (outcome, mflops, kept, kept != 0)
+                self.gpu_details[index].measured_mflops = Some(mflops);
+                (ChallengeOutcome::Passed, mflops, false)
+            }
+            ChallengeAnswer::MemoryCorrect { words_log2, passes, elapsed_ms } => {
+                let mbps = MemoryChallengeSpec { words_log2, passes, min_mbps: 1 }.mbps(elapsed_ms);
+                self.gpu_details[index].measured_mbps = Some(mbps);
+                (ChallengeOutcome::Passed, mbps, false)
             }
         };
-        let at_ms = self.now_ms;
-        self.gpu_details[gpu_id.0 as usize].challenge = Some(GpuVerification { at_ms, outcome, mflops, rejected });
-        let gpu = &mut self.gpus[gpu_id.0 as usize];
-        gpu.classes_mask = classes_mask;
+        let details = &self.gpu_details[index];
+        let rejected = details.rejected() || wrong;
+        let spec_mask = self.class_mask(|class| class.requirement.is_met_by(&details.spec));
+        let kept = if rejected { 0 } else { spec_mask & self.class_mask(|class| details.fast_enough_for(class)) };
+        // A correct answer below the minimum of a class its spec meets says so.
+        let below = |class: &crate::config::ClassSpec| match memory_kind {
+            true => class.memory_challenge.is_some_and(|c| rate < c.min_mbps),
+            false => class.challenge.is_some_and(|c| rate < c.min_mflops),
+        };
+        let too_slow = spec_mask & self.class_mask(below) != 0;
+        let outcome = if outcome == ChallengeOutcome::Passed && too_slow { ChallengeOutcome::TooSlow } else { outcome };
+        let details = &mut self.gpu_details[index];
+        if memory_kind {
+            details.memory = Some(MemoryVerification { at_ms, outcome, mbps: rate });
+            if wrong {
+                // The rejection is kept with the compute record, which
+                // every reader of `rejected` looks at.
+                let compute = details.challenge.get_or_insert(GpuVerification { at_ms, outcome, mflops: 0, rejected: true });
+                compute.rejected = true;
+            }
+        } else {
+            details.challenge = Some(GpuVerification { at_ms, outcome, mflops: rate, rejected });
+        }
+        let details = &self.gpu_details[index];
+        let challenged = self.class_mask(|class| class.challenge.is_some() || class.memory_challenge.is_some());
+        let verified = kept & challenged != 0
+            && self.config.classes.iter().enumerate().all(|(i, class)| kept & (1u64 << i) == 0 || details.answered_for(class));
+        let gpu = &mut self.gpus[index];
+        gpu.classes_mask = kept;
         gpu.verified = verified;
-        self.emit(EventKind::GpuChallenged { gpu: gpu_id, owner, outcome, mflops, classes_mask, verified });
-        if before & !classes_mask != 0 {
+        if memory_kind {
+            self.emit(EventKind::GpuMemoryChallenged { gpu: gpu_id, owner, outcome, mbps: rate, classes_mask: kept, verified });
+        } else {
+            self.emit(EventKind::GpuChallenged { gpu: gpu_id, owner, outcome, mflops: rate, classes_mask: kept, verified });
+        }
+        if before & !kept != 0 {
             self.withdraw_gpu_from_asks(gpu_id, ReduceReason::GpuDisqualified, true);
         }
         Ok(())
+    }
+
+    /// The classes `pick` holds for, as a mask.
+    fn class_mask(&self, pick: impl Fn(&crate::config::ClassSpec) -> bool) -> u64 {
+        self.config.classes.iter().enumerate().filter(|(_, class)| pick(class)).fold(0u64, |mask, (i, _)| mask | (1u64 << i))
     }
 
     /// Takes a GPU out of the asks that offer it: its spot and preemptible

@@ -65,18 +65,13 @@ impl Engine {
         // for the class; their agents offer there after their next login.
         let new_mask = |engine: &Engine, gpu: usize| {
             let details = &engine.gpu_details[gpu];
-            let verification = details.challenge;
-            if verification.is_some_and(|v| v.rejected) {
+            if details.rejected() {
                 return 0;
             }
             (classes_before..engine.config.classes.len())
                 .filter(|&class| {
                     let spec = &engine.config.classes[class];
-                    spec.requirement.is_met_by(&details.spec)
-                        && match (spec.challenge, verification) {
-                            (Some(challenge), Some(v)) if v.mflops > 0 => v.mflops >= challenge.min_mflops,
-                            _ => true,
-                        }
+                    spec.requirement.is_met_by(&details.spec) && details.fast_enough_for(spec)
                 })
                 .fold(0u64, |mask, class| mask | (1u64 << class))
         };

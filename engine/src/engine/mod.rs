@@ -219,9 +219,12 @@ pub struct GpuInfo {
     /// keeps (docs/market-rules.md "Verified hardware").
     #[serde(default)]
     pub verified: bool,
-    /// Its last hardware challenge, if it had one.
+    /// Its last hardware (compute) challenge, if it had one.
     #[serde(default)]
     pub challenge: Option<GpuVerification>,
+    /// Its last memory-bandwidth challenge, if it had one.
+    #[serde(default)]
+    pub memory: Option<MemoryVerification>,
     /// Its host's region and zone (`None` and empty: undeclared).
     #[serde(default)]
     pub region: Option<String>,
@@ -235,6 +238,14 @@ pub struct ChallengeTarget {
     pub owner: AccountId,
     pub idle: bool,
     pub n: Option<u32>,
+    /// The memory challenge's `(words_log2, passes)`: the largest of each
+    /// among the classes its spec meets (`None` as for `n`).
+    pub memory: Option<(u32, u32)>,
+    /// Whether the next challenge is the memory one: the GPU has one to
+    /// take, and its last memory challenge is older than its last compute
+    /// challenge (or it has had a compute challenge and no memory one yet,
+    /// or its classes ask for no compute challenge). The two alternate.
+    pub memory_next: bool,
 }
 
 /// A GPU's last hardware challenge as the engine recorded it.
@@ -246,6 +257,15 @@ pub struct GpuVerification {
     pub mflops: u64,
     /// A wrong answer rejects the GPU from every class for good.
     pub rejected: bool,
+}
+
+/// A GPU's last memory-bandwidth challenge as the engine recorded it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MemoryVerification {
+    pub at_ms: u64,
+    pub outcome: crate::event::ChallengeOutcome,
+    /// The bandwidth its answer showed, MB/s (0 unless answered correctly).
+    pub mbps: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -1007,6 +1027,7 @@ impl Engine {
             online: gpu.online,
             verified: gpu.verified,
             challenge: self.gpu_details[id.0 as usize].challenge,
+            memory: self.gpu_details[id.0 as usize].memory,
             region: self.host_region(gpu.host).map(str::to_string),
             zone: self.hosts[gpu.host.0 as usize].zone.clone(),
         })
@@ -1044,17 +1065,21 @@ impl Engine {
     pub fn challenge_target(&self, id: GpuId) -> Option<ChallengeTarget> {
         let gpu = self.gpus.get(id.0 as usize)?;
         let details = &self.gpu_details[id.0 as usize];
-        let rejected = details.challenge.is_some_and(|c| c.rejected);
-        let n = self
-            .config
-            .classes
-            .iter()
-            .filter(|class| class.requirement.is_met_by(&details.spec))
-            .filter_map(|class| class.challenge.map(|c| c.n))
-            .max()
-            .filter(|_| !rejected);
+        let rejected = details.rejected();
+        let classes = || self.config.classes.iter().filter(|class| class.requirement.is_met_by(&details.spec));
+        let n = classes().filter_map(|class| class.challenge.map(|c| c.n)).max().filter(|_| !rejected);
+        let words_log2 = classes().filter_map(|class| class.memory_challenge.map(|c| c.words_log2)).max();
+        let passes = classes().filter_map(|class| class.memory_challenge.map(|c| c.passes)).max();
+        let memory = words_log2.zip(passes).filter(|_| !rejected);
+        let memory_next = memory.is_some()
+            && (n.is_none()
+                || match (details.challenge, details.memory) {
+                    (None, _) => false,
+                    (Some(_), None) => true,
+                    (Some(compute), Some(memory)) => memory.at_ms < compute.at_ms,
+                });
         let idle = gpu.online && gpu.exclusive_lease.is_none() && gpu.preemptible_lease.is_none();
-        Some(ChallengeTarget { owner: gpu.owner, idle, n })
+        Some(ChallengeTarget { owner: gpu.owner, idle, n, memory, memory_next })
     }
 
     /// The GPU a host's `index`-th registration got.
@@ -1160,12 +1185,15 @@ impl Engine {
         for (gpu, details) in self.gpus.iter().zip(&self.gpu_details) {
             h.bytes(
                 format!(
-                    "{}{}{}{}{:?}{:?}{:?}{:?}{:?}{:?}",
+                    "{}{}{}{}{:?}{:?}{:?}{:?}{:?}{:?}{:?}{:?}{:?}",
                     details.uuid,
                     gpu.online,
                     gpu.classes_mask,
                     gpu.verified,
                     details.challenge,
+                    details.memory,
+                    details.measured_mflops,
+                    details.measured_mbps,
                     gpu.spot_ask,
                     gpu.preemptible_ask,
                     gpu.exclusive_lease,

@@ -5,7 +5,7 @@
 //! operating system's randomness and are journaled; when to challenge is
 //! this process's own schedule, not market state (a restart draws a new one).
 
-use gpux_engine::{AccountId, EventKind, GpuId};
+use gpux_engine::{AccountId, ChallengeOutcome, EventKind, GpuId};
 use gpux_market::JournalEntry;
 use gpux_protocol::ServerMessage;
 
@@ -52,11 +52,19 @@ impl Sequencer {
         }
     }
 
-    /// Notes GPUs registered by an entry's events (challenged at the next check).
+    /// Notes GPUs registered by an entry's events, and GPUs whose compute
+    /// challenge was just answered and whose memory bandwidth is next: both
+    /// are challenged at the next check.
     pub(super) fn note_registrations(&mut self, events: &[gpux_engine::Event]) {
         for event in events {
-            if let EventKind::GpuRegistered { gpu, .. } = event.kind {
-                self.challenges.registered.push(gpu);
+            match event.kind {
+                EventKind::GpuRegistered { gpu, .. } => self.challenges.registered.push(gpu),
+                EventKind::GpuChallenged { gpu, outcome: ChallengeOutcome::Passed | ChallengeOutcome::TooSlow, .. }
+                    if self.market.engine().challenge_target(gpu).is_some_and(|t| t.memory_next) =>
+                {
+                    self.challenges.registered.push(gpu)
+                }
+                _ => {}
             }
         }
     }
@@ -80,13 +88,19 @@ impl Sequencer {
             let next = now + self.challenges.wait_ms();
             self.challenges.due.insert(gpu, next);
             let Some(target) = self.market.engine().challenge_target(gpu) else { continue };
-            let Some(n) = target.n else { continue };
+            let entry = match (target.memory_next, target.memory, target.n) {
+                (true, Some((words_log2, passes)), _) => {
+                    JournalEntry::MemoryChallengeIssued { at_ms: now, gpu, seed: random_bytes(), words_log2, passes }
+                }
+                (_, _, Some(n)) => JournalEntry::ChallengeIssued { at_ms: now, gpu, seed: random_bytes(), n },
+                _ => continue,
+            };
             let connected = self.connections_of.get(&target.owner).is_some_and(|c| !c.is_empty());
             if !target.idle || !connected || self.market.challenges().in_flight(gpu) {
                 continue;
             }
             self.metrics.challenges_issued.inc();
-            if self.journal(JournalEntry::ChallengeIssued { at_ms: now, gpu, seed: random_bytes(), n }).is_none() {
+            if self.journal(entry).is_none() {
                 return;
             }
         }
@@ -101,19 +115,41 @@ impl Sequencer {
             },
             ChallengeRequest::Opening { challenge, row_hashes, rows } => {
                 let now = self.market.clock_ms();
-                match self.market.challenges().check_opening(account, challenge, &row_hashes, &rows, now) {
-                    Err(code) => error(Some(id), code),
-                    Ok(verdict) => {
-                        let entry = JournalEntry::ChallengeAnswered { at_ms: now, account, challenge, verdict };
-                        match self.journal(entry) {
-                            Some((journal_seq, _)) => ServerMessage::Ack { id, journal_seq, order: None },
-                            None => return,
-                        }
-                    }
+                let checked = self.market.challenges().check_opening(account, challenge, &row_hashes, &rows, now);
+                match self.answered(account, id, challenge, checked) {
+                    Some(reply) => reply,
+                    None => return,
+                }
+            }
+            ChallengeRequest::MemoryOpening { challenge, leaves } => {
+                let now = self.market.clock_ms();
+                let checked = self.market.challenges().check_memory_opening(account, challenge, &leaves, now);
+                match self.answered(account, id, challenge, checked) {
+                    Some(reply) => reply,
+                    None => return,
                 }
             }
         };
         self.reply(connection, reply);
+    }
+
+    /// An opening's verdict, journaled; or the error that kept it from one.
+    /// None: the batch failed.
+    fn answered(
+        &mut self,
+        account: AccountId,
+        id: u64,
+        challenge: u64,
+        checked: Result<Result<(), gpux_protocol::challenge::ChallengeError>, gpux_protocol::ErrorCode>,
+    ) -> Option<ServerMessage> {
+        match checked {
+            Err(code) => Some(error(Some(id), code)),
+            Ok(verdict) => {
+                let entry = JournalEntry::ChallengeAnswered { at_ms: self.market.clock_ms(), account, challenge, verdict };
+                let (journal_seq, _) = self.journal(entry)?;
+                Some(ServerMessage::Ack { id, journal_seq, order: None })
+            }
+        }
     }
 
     /// A commitment: journaled with the seed of the rows to open, which the

@@ -26,7 +26,16 @@ impl Sim {
                     self.on_lease_created(lease, kind, renter, supplier, price_minor_per_gpu_hour, start_ms, end_ms)
                 }
                 EventKind::LeaseEnded { lease, .. } => self.on_lease_ended(lease),
-                EventKind::GpuChallenged { gpu, outcome, classes_mask, .. } => self.on_gpu_challenged(gpu, outcome, classes_mask),
+                EventKind::GpuChallenged { gpu, outcome, classes_mask, .. } => {
+                    self.on_gpu_challenged(gpu, outcome, classes_mask);
+                    // Its memory bandwidth right after its first compute answer.
+                    if outcome != gpux_engine::ChallengeOutcome::Unanswered
+                        && self.exchange.engine().challenge_target(gpu).is_some_and(|t| t.memory_next)
+                    {
+                        self.schedule(self.now_ms + 1_000, Action::MemoryChallenge(gpu));
+                    }
+                }
+                EventKind::GpuMemoryChallenged { gpu, outcome, classes_mask, .. } => self.on_gpu_challenged(gpu, outcome, classes_mask),
                 EventKind::PreemptionNotice { .. } => {
                     let day = ((self.now_ms - START_MS) / MS_PER_DAY) as usize;
                     if let Some(count) = self.metrics.preemptions_by_day.get_mut(day) {

@@ -67,6 +67,8 @@ enum Action {
     RenterCheat(u32),
     /// A hardware challenge of an idle GPU (scheduled again each time).
     Challenge(GpuId),
+    /// The memory challenge that follows a GPU's compute answer (not scheduled again).
+    MemoryChallenge(GpuId),
     /// The GPU's answer to a challenge arrives.
     ChallengeAnswer(u64, GpuId),
     /// A challenge of a host that went down runs out.
@@ -556,7 +558,8 @@ impl Sim {
             Action::Snapshot => self.exchange.snapshot(),
             Action::Restart => self.restart(),
             Action::RenterCheat(index) => self.renter_cheat(index),
-            Action::Challenge(gpu) => self.challenge_gpu(gpu),
+            Action::Challenge(gpu) => self.challenge_gpu(gpu, true),
+            Action::MemoryChallenge(gpu) => self.challenge_gpu(gpu, false),
             Action::ChallengeAnswer(challenge, gpu) => self.answer_challenge(challenge, gpu),
             Action::ChallengeExpire(challenge) => self.expire_challenge(challenge),
         }
