@@ -203,7 +203,7 @@ mod tests {
 
     fn outbound() -> (Outbound, tokio::sync::mpsc::Receiver<Outgoing>) {
         let (frames, receiver) = tokio::sync::mpsc::channel(4);
-        (Outbound { frames, too_slow: Arc::new(tokio::sync::Notify::new()) }, receiver)
+        (Outbound::local(frames, Arc::new(tokio::sync::Notify::new())), receiver)
     }
 
     fn answer(receiver: &mut tokio::sync::mpsc::Receiver<Outgoing>) -> ServerMessage {

@@ -7,6 +7,7 @@ pub mod console;
 pub mod http;
 pub mod identity;
 pub mod invoices;
+pub mod link_server;
 pub mod listing;
 pub mod metrics;
 pub mod sequencer;
@@ -40,6 +41,9 @@ pub struct ExchangeConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Where the web console is served over HTTP, if anywhere.
     pub console_listen: Option<SocketAddr>,
+    /// Where remote gateways (`gpux-gateway`) open their links, if anywhere
+    /// (`link_server`; they prove the data directory's `link.secret`).
+    pub link_listen: Option<SocketAddr>,
     /// PEM certificate chain and private key; with them the gateway speaks
     /// `wss://` only.
     pub tls: Option<(PathBuf, PathBuf)>,
@@ -143,6 +147,16 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
             say(&format!("REST API on {http}://{address}/api/v1/ (docs/rest.md)"));
             let rest = gpux_gateway::rest::router(requests.clone(), clock);
             tokio::spawn(console::serve(console_listener, gateway_url.clone(), metrics.clone(), rest, tls.clone()));
+        }
+        if let Some(address) = config.link_listen {
+            let secret = link_server::load_or_create_secret(&config.data_dir)?;
+            let link_listener = TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
+            say(&format!(
+                "links for gateways on {} (gpux-gateway --sequencer ADDRESS --link-secret-file {})",
+                link_listener.local_addr()?,
+                config.data_dir.join("link.secret").display()
+            ));
+            tokio::spawn(link_server::serve_links(link_listener, requests.clone(), secret, stopped.clone()));
         }
         say(&format!("listening on {gateway_url}"));
         if let Some(on_listening) = config.on_listening {

@@ -61,6 +61,13 @@ struct Args {
     /// Where to serve the web console (http://ADDRESS/); `off` for nowhere.
     #[arg(long, default_value = "127.0.0.1:7380", env = "GPUX_CONSOLE_LISTEN")]
     console_listen: String,
+    /// Where gateways in their own processes (`gpux-gateway`) open their
+    /// links to this exchange (host:port; none by default). A link speaks
+    /// for any account: it must present the data directory's `link.secret`
+    /// (made on first use), and it travels in clear, so keep the address on
+    /// loopback or a private network (docs/operations.md).
+    #[arg(long, env = "GPUX_LINK_LISTEN")]
+    link_listen: Option<SocketAddr>,
     /// Also start a live simulated market: simulated suppliers and renters
     /// trading on this exchange as real WebSocket clients (a demo; they
     /// open accounts in this data directory's journal).
@@ -230,6 +237,7 @@ fn run_main() -> Result<()> {
         limits,
         metrics_listen,
         console_listen,
+        link_listen: args.link_listen,
         tls,
         clock_offset_ms: args.clock_offset_ms,
         challenge_interval_ms: args.challenge_interval_ms,

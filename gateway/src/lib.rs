@@ -16,6 +16,7 @@
 pub mod admission;
 pub mod link;
 pub mod metrics;
+pub mod remote;
 pub mod rest;
 mod server;
 pub mod verifier;

@@ -94,8 +94,103 @@ pub enum LoginOutcome {
 /// connection that fell behind to close.
 #[derive(Clone)]
 pub struct Outbound {
-    pub frames: mpsc::Sender<Outgoing>,
+    pub frames: Frames,
     pub too_slow: Arc<Notify>,
+}
+
+impl Outbound {
+    /// A connection of a gateway in this process.
+    pub fn local(frames: mpsc::Sender<Outgoing>, too_slow: Arc<Notify>) -> Outbound {
+        Outbound { frames: Frames::Local(frames), too_slow }
+    }
+}
+
+/// A connection's queue: its own channel (a gateway in this process), or
+/// its gateway's link (`Link`), which carries every connection of that
+/// gateway and the feeds it subscribed to in the sequencer's order.
+#[derive(Clone)]
+pub enum Frames {
+    Local(mpsc::Sender<Outgoing>),
+    Link { link: LinkSender, connection: ConnectionId },
+}
+
+/// Why a frame was not queued.
+#[derive(Debug, PartialEq, Eq)]
+pub enum QueueError {
+    /// The queue is full (the connection, or its gateway's link, is too slow).
+    Full,
+    /// Nobody reads it any more.
+    Closed,
+}
+
+impl Frames {
+    /// Queues a frame without waiting.
+    pub fn try_send(&self, outgoing: Outgoing) -> Result<(), QueueError> {
+        match self {
+            Frames::Local(frames) => frames.try_send(outgoing).map_err(|error| match error {
+                mpsc::error::TrySendError::Full(_) => QueueError::Full,
+                mpsc::error::TrySendError::Closed(_) => QueueError::Closed,
+            }),
+            Frames::Link { link, connection } => {
+                let connection = *connection;
+                link.try_send(match outgoing {
+                    Outgoing::Frame(frame) => crate::wire::Down::Frame { connection, message: frame.message().clone() },
+                    // The gateway feeds its connections from its own copy of
+                    // the feed, which the link carries once (`LinkSender`).
+                    Outgoing::FeedStart { channel, instrument, feed: _ } => {
+                        crate::wire::Down::FeedStart { connection, channel, instrument }
+                    }
+                    Outgoing::FeedEnd { channel, instrument } => crate::wire::Down::FeedEnd { connection, channel, instrument },
+                    Outgoing::Login(outcome) => crate::wire::Down::Login { connection, outcome },
+                    Outgoing::Close(code) => crate::wire::Down::Close { connection, code },
+                })
+            }
+        }
+    }
+
+    /// The link this queue goes through, if it is a remote gateway's.
+    pub fn link(&self) -> Option<&LinkSender> {
+        match self {
+            Frames::Local(_) => None,
+            Frames::Link { link, .. } => Some(link),
+        }
+    }
+}
+
+/// Frames a gateway's link queues in the sequencer's process before the
+/// link counts as too slow and is closed (its gateway reconnects).
+pub const LINK_QUEUE_FRAMES_MAX: usize = 1 << 16;
+
+/// The sequencer's side of one remote gateway's link: every frame for the
+/// gateway's connections and every update of the feeds it subscribed to go
+/// through this one queue, so the gateway sees them in the sequencer's
+/// order (a connection's feed starts exactly after its snapshot).
+#[derive(Clone)]
+pub struct LinkSender {
+    pub id: u64,
+    queue: mpsc::Sender<crate::wire::Down>,
+    /// Set when the queue overflowed: the link server closes the link.
+    broken: Arc<Notify>,
+}
+
+impl LinkSender {
+    /// A link's queue; the receiver is the link's writer, `broken` is
+    /// notified when the queue overflows.
+    pub fn new(id: u64, frames_max: usize) -> (LinkSender, mpsc::Receiver<crate::wire::Down>, Arc<Notify>) {
+        let (queue, receiver) = mpsc::channel(frames_max);
+        let broken = Arc::new(Notify::new());
+        (LinkSender { id, queue, broken: broken.clone() }, receiver, broken)
+    }
+
+    pub fn try_send(&self, down: crate::wire::Down) -> Result<(), QueueError> {
+        self.queue.try_send(down).map_err(|error| match error {
+            mpsc::error::TrySendError::Full(_) => {
+                self.broken.notify_one();
+                QueueError::Full
+            }
+            mpsc::error::TrySendError::Closed(_) => QueueError::Closed,
+        })
+    }
 }
 
 /// Frames one market-data feed buffers (default, `--feed-frames-max`); a
@@ -390,6 +485,42 @@ impl Request {
             | Request::Book { .. }
             | Request::Disconnect { .. }
             | Request::Resync { .. } => None,
+        }
+    }
+
+    /// The connection this request came from, to rewrite (the link server
+    /// maps a remote gateway's connection ids into its own range).
+    pub fn connection_mut(&mut self) -> &mut ConnectionId {
+        match self {
+            Request::Connect { connection, .. }
+            | Request::Authenticate { connection, .. }
+            | Request::Command { connection, .. }
+            | Request::Subscribe { connection, .. }
+            | Request::Unsubscribe { connection, .. }
+            | Request::Instruments { connection, .. }
+            | Request::OpenOrders { connection, .. }
+            | Request::Leases { connection, .. }
+            | Request::Stats { connection, .. }
+            | Request::SupplierStats { connection, .. }
+            | Request::RenterStats { connection, .. }
+            | Request::BookOffers { connection, .. }
+            | Request::Usage { connection, .. }
+            | Request::Balance { connection, .. }
+            | Request::Statement { connection, .. }
+            | Request::RecentStatement { connection, .. }
+            | Request::MyGpus { connection, .. }
+            | Request::Disconnect { connection, .. }
+            | Request::Resync { connection, .. }
+            | Request::Bid { connection, .. }
+            | Request::Delivery { connection, .. }
+            | Request::Challenge { connection, .. }
+            | Request::Liveness { connection, .. }
+            | Request::Access { connection, .. }
+            | Request::ExchangeKey { connection, .. }
+            | Request::Listing { connection, .. }
+            | Request::LeaseTelemetry { connection, .. }
+            | Request::History { connection, .. }
+            | Request::Book { connection, .. } => connection,
         }
     }
 

@@ -169,7 +169,7 @@ impl Rest {
     ) -> Result<ServerMessage, Failure> {
         let connection = crate::server::next_connection_id();
         let (frames, mut answers) = mpsc::channel::<Outgoing>(16);
-        let outbound = Outbound { frames, too_slow: std::sync::Arc::new(Notify::new()) };
+        let outbound = Outbound::local(frames, std::sync::Arc::new(Notify::new()));
         self.send(Request::Connect { connection, outbound })?;
         let _session = Session { core: self.core.clone(), connection };
         let exchange = async {

@@ -322,11 +322,7 @@ async fn serve_connection<S>(
         clock,
         login_key: None,
     };
-    if connection
-        .core
-        .send(Request::Connect { connection: connection.id, outbound: Outbound { frames, too_slow: too_slow.clone() } })
-        .is_err()
-    {
+    if connection.core.send(Request::Connect { connection: connection.id, outbound: Outbound::local(frames, too_slow.clone()) }).is_err() {
         return;
     }
     let challenge = connection.new_challenge();

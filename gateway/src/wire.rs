@@ -19,9 +19,8 @@
 //! subscribed to that feed (`Down::FeedStart` marks where a connection's
 //! feed begins, right after its snapshot, in the stream's order).
 //!
-//! Not yet done (issue 19): the link server in the exchange and the
-//! `gpux-gateway` process that use these frames; until then the gateway
-//! runs in the exchange's process and the link is in-process channels.
+//! The exchange's side is `gpux_exchange::link_server`; the gateway's is
+//! [`crate::remote`] (the `gpux-gateway` process).
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -45,6 +44,21 @@ pub struct Hello {
     pub magic: [u8; 8],
     pub version: u16,
     pub peer: Peer,
+    /// A gateway proves it may speak for clients: [`link_token`] of the
+    /// secret the exchange keeps (`link.secret` in its data directory). The
+    /// sequencer's side sends zeros.
+    pub token: [u8; 32],
+}
+
+/// What a gateway's hello carries for a link secret: SHA-256 of
+/// `gpux-link-v1:` and the secret. (It travels in clear: run links on
+/// loopback or a private network.)
+pub fn link_token(secret: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(b"gpux-link-v1:");
+    hasher.update(secret);
+    hasher.finalize().into()
 }
 
 /// Who is at an end of a link.
@@ -99,6 +113,10 @@ pub enum WireError {
     Version { theirs: u16 },
     #[error("the link closed")]
     Closed,
+    #[error("the gateway's link token is not the exchange's (link.secret)")]
+    Token,
+    #[error("the link broke the protocol: {0}")]
+    Protocol(String),
 }
 
 fn config() -> impl bincode::config::Config {
@@ -149,8 +167,8 @@ pub async fn read_frame<R: AsyncRead + Unpin, T: DeserializeOwned>(reader: &mut 
 
 /// Writes this side's `Hello`, reads the peer's and checks it: the same
 /// magic and link version.
-pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, peer: Peer) -> Result<Hello, WireError> {
-    write_frame(stream, &Hello { magic: LINK_MAGIC, version: LINK_VERSION, peer }).await?;
+pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, peer: Peer, token: [u8; 32]) -> Result<Hello, WireError> {
+    write_frame(stream, &Hello { magic: LINK_MAGIC, version: LINK_VERSION, peer, token }).await?;
     stream.flush().await?;
     let theirs: Hello = match read_frame(stream).await {
         Ok(Some(hello)) => hello,
@@ -380,7 +398,7 @@ mod tests {
     #[test]
     fn the_in_process_connect_never_goes_on_the_wire() {
         let (frames, _) = tokio::sync::mpsc::channel(1);
-        let outbound = crate::link::Outbound { frames, too_slow: Default::default() };
+        let outbound = crate::link::Outbound::local(frames, Default::default());
         let connect = Up::Request(Request::Connect { connection: 1, outbound });
         assert!(matches!(encode_frame(&connect), Err(WireError::Decode(_))));
     }
@@ -414,22 +432,24 @@ mod tests {
     #[tokio::test]
     async fn the_handshake_admits_the_same_version_and_refuses_others() {
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
-        let gateway = tokio::spawn(async move { handshake(&mut a, Peer::Gateway { name: "g1".into() }).await.map(|h| h.peer) });
-        let sequencer = handshake(&mut b, Peer::Sequencer { node: 1 }).await.expect("same version");
-        assert_eq!(sequencer.peer, Peer::Gateway { name: "g1".into() });
+        let token = link_token(b"secret");
+        let gateway = tokio::spawn(async move { handshake(&mut a, Peer::Gateway { name: "g1".into() }, token).await.map(|h| h.peer) });
+        let sequencer = handshake(&mut b, Peer::Sequencer { node: 1 }, [0; 32]).await.expect("same version");
+        assert_eq!((sequencer.peer, sequencer.token), (Peer::Gateway { name: "g1".into() }, token));
+        assert_ne!(link_token(b"secret"), link_token(b"other"));
         assert_eq!(gateway.await.expect("in memory").expect("same version"), Peer::Sequencer { node: 1 });
 
         // A peer of another version.
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
-        let other = Hello { magic: LINK_MAGIC, version: LINK_VERSION + 1, peer: Peer::Sequencer { node: 2 } };
+        let other = Hello { magic: LINK_MAGIC, version: LINK_VERSION + 1, peer: Peer::Sequencer { node: 2 }, token: [0; 32] };
         write_frame(&mut a, &other).await.expect("in memory");
         assert!(
-            matches!(handshake(&mut b, Peer::Gateway { name: "g".into() }).await, Err(WireError::Version { theirs }) if theirs == LINK_VERSION + 1)
+            matches!(handshake(&mut b, Peer::Gateway { name: "g".into() }, [0; 32]).await, Err(WireError::Version { theirs }) if theirs == LINK_VERSION + 1)
         );
 
         // Something that is not a link at all (an HTTP request).
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
         a.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("in memory");
-        assert!(matches!(handshake(&mut b, Peer::Sequencer { node: 1 }).await, Err(WireError::NotALink)));
+        assert!(matches!(handshake(&mut b, Peer::Sequencer { node: 1 }, [0; 32]).await, Err(WireError::NotALink)));
     }
 }

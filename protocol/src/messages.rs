@@ -1216,6 +1216,10 @@ pub enum ErrorCode {
     /// Market history could not be read from the journal's index (the
     /// operator's logs say why); try again.
     HistoryUnavailable,
+    /// The gateway lost its link to the exchange's sequencer (close reason,
+    /// or the answer to a request it could not forward): reconnect; orders
+    /// sent with a client order id may be sent again safely.
+    SequencerUnavailable,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -1291,6 +1295,7 @@ impl ErrorCode {
             PeriodInvalid => "the period must be a UTC month YYYY-MM that has ended",
             InvoiceUnavailable => "the invoice could not be built just now; try again",
             HistoryUnavailable => "market history could not be read just now; try again",
+            SequencerUnavailable => "this gateway has no link to the exchange's sequencer just now; reconnect (resend orders with their client order ids)",
             LivenessInvalid => "the liveness observation is not signed by this account's key, or its interval is empty, over an hour, outside the lease, in the future or not after the previous one",
         }
     }

@@ -91,6 +91,7 @@ fn a_live_exchanges_journal_gives_its_state_in_the_audit_and_a_recovery() {
         limits: gpux_exchange::gateway::GatewayLimits::default(),
         metrics_listen: None,
         console_listen: None,
+        link_listen: None,
         tls: None,
         billing: demo_billing(),
         clock_offset_ms: 0,

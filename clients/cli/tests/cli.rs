@@ -46,6 +46,7 @@ fn start_exchange_at(data_dir: &Path, operator_public_key: [u8; 32], clock_offse
         limits: gpux_exchange::gateway::GatewayLimits::default(),
         metrics_listen: None,
         console_listen: None,
+        link_listen: None,
         tls: None,
         billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: 250, grace_ms: 600_000 },
         clock_offset_ms,

@@ -34,11 +34,12 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use gpux_engine::{AccountId, Command, EventKind, Input, InstrumentId};
 use gpux_market::{Applied, Audience, JournalEntry, MarketError, MarketState};
 use gpux_protocol::{Channel, ErrorCode, ServerMessage};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::broadcast;
 
 use crate::metrics::Metrics;
 use crate::snapshots::SnapshotWriter;
-use gpux_gateway::link::{Clock, ConnectionId, Outbound, Outgoing, Request, SharedFrame};
+use gpux_gateway::link::{Clock, ConnectionId, LinkSender, Outbound, Outgoing, QueueError, Request, SharedFrame};
+use gpux_gateway::wire::Down;
 use gpux_journal::JournalStore;
 
 pub use challenges::CHALLENGE_INTERVAL_MS_DEFAULT;
@@ -105,6 +106,9 @@ pub struct Sequencer {
     connections_of: HashMap<AccountId, BTreeSet<ConnectionId>>,
     /// Market-data feeds with at least one subscription so far.
     feeds: HashMap<(Channel, InstrumentId), broadcast::Sender<Arc<SharedFrame>>>,
+    /// Remote gateways' links subscribed to each feed, with the connections
+    /// that subscribed through each: every update goes once down each link.
+    link_feeds: HashMap<(Channel, InstrumentId), BTreeMap<u64, LinkSubscribers>>,
     /// Frames each feed buffers for its slowest subscriber.
     feed_frames_max: usize,
     metrics: Arc<Metrics>,
@@ -120,6 +124,9 @@ pub struct Sequencer {
     /// The invoices' worker (none in the sequencer's own tests).
     invoices: Option<crate::invoices::InvoiceDesk>,
 }
+
+/// A remote gateway's link and its connections subscribed to one feed.
+type LinkSubscribers = (LinkSender, BTreeSet<ConnectionId>);
 
 enum Target {
     Connection(ConnectionId),
@@ -386,6 +393,13 @@ impl Sequencer {
                     }
                 }
                 (Target::Feed(channel, instrument), Pending::Frame(frame)) => {
+                    if let Some(links) = self.link_feeds.get(&(channel, instrument)) {
+                        for (link, _) in links.values() {
+                            // A full link is closed by its server (the
+                            // gateway reconnects); nothing to do here.
+                            let _ = link.try_send(Down::Feed { channel, instrument, message: frame.message().clone() });
+                        }
+                    }
                     if let Some(feed) = self.feeds.get(&(channel, instrument)) {
                         // No receiver left is fine: nobody is subscribed now.
                         let _ = feed.send(frame);
@@ -400,7 +414,7 @@ impl Sequencer {
         let Some(state) = self.connections.get(&connection) else { return };
         // Private frames are never dropped: a connection that cannot take
         // one more is closed instead (the gateway counts it).
-        if let Err(mpsc::error::TrySendError::Full(_)) = state.outbound.frames.try_send(outgoing) {
+        if let Err(QueueError::Full) = state.outbound.frames.try_send(outgoing) {
             state.outbound.too_slow.notify_one();
             self.disconnect(connection, false);
         }

@@ -85,6 +85,7 @@ impl Sequencer {
             connections: BTreeMap::new(),
             connections_of: HashMap::new(),
             feeds: HashMap::new(),
+            link_feeds: HashMap::new(),
             feed_frames_max: FEED_FRAMES_MAX,
             metrics,
             depth_refreshed_ms: 0,

@@ -121,6 +121,7 @@ impl Sequencer {
     pub(super) fn unsubscribe(&mut self, connection: ConnectionId, id: u64, channel: Channel, instrument: InstrumentId) {
         let removed = self.connections.get_mut(&connection).is_some_and(|c| c.subscriptions.remove(&(channel, instrument)));
         if removed {
+            self.leave_link_feed(connection, channel, instrument);
             self.reply(connection, ServerMessage::Unsubscribed { id, channel, instrument });
             self.pending.push((Target::Connection(connection), Pending::Control(Outgoing::FeedEnd { channel, instrument })));
         } else {
@@ -152,6 +153,13 @@ impl Sequencer {
     /// Hands the connection a receiver of the feed from now on; updates
     /// older than a snapshot sent just before carry a seq the client ignores.
     fn start_feed(&mut self, connection: ConnectionId, channel: Channel, instrument: InstrumentId) {
+        // A remote gateway's connection: its link carries the feed (once
+        // for all of the gateway's subscribers), from this point of the
+        // sequencer's order on.
+        if let Some(link) = self.connections.get(&connection).and_then(|c| c.outbound.frames.link()).cloned() {
+            let links = self.link_feeds.entry((channel, instrument)).or_default();
+            links.entry(link.id).or_insert_with(|| (link, BTreeSet::new())).1.insert(connection);
+        }
         let capacity = self.feed_frames_max;
         let feed = self.feeds.entry((channel, instrument)).or_insert_with(|| broadcast::channel(capacity).0).subscribe();
         self.pending.push((Target::Connection(connection), Pending::Control(Outgoing::FeedStart { channel, instrument, feed })));
@@ -172,7 +180,28 @@ impl Sequencer {
         self.start_feed(connection, channel, instrument);
     }
 
+    /// A remote gateway's connection left a feed: the link stops carrying
+    /// it once none of the gateway's connections is subscribed.
+    fn leave_link_feed(&mut self, connection: ConnectionId, channel: Channel, instrument: InstrumentId) {
+        let Some(link) = self.connections.get(&connection).and_then(|c| c.outbound.frames.link()).map(|l| l.id) else { return };
+        let Some(links) = self.link_feeds.get_mut(&(channel, instrument)) else { return };
+        if let Some((_, subscribers)) = links.get_mut(&link) {
+            subscribers.remove(&connection);
+            if subscribers.is_empty() {
+                links.remove(&link);
+            }
+        }
+        if links.is_empty() {
+            self.link_feeds.remove(&(channel, instrument));
+        }
+    }
+
     pub(super) fn disconnect(&mut self, connection: ConnectionId, exchange_stopping: bool) {
+        let feeds: Vec<(Channel, InstrumentId)> =
+            self.connections.get(&connection).map(|c| c.subscriptions.iter().copied().collect()).unwrap_or_default();
+        for (channel, instrument) in feeds {
+            self.leave_link_feed(connection, channel, instrument);
+        }
         let Some(state) = self.connections.remove(&connection) else { return };
         if let Some(at_ms) = state.key_expires_at_ms {
             self.sessions_expiring.remove(&(at_ms, connection));

@@ -70,7 +70,7 @@ struct Client {
 impl Client {
     fn connect(connection: ConnectionId) -> (Client, Request) {
         let (frames, receiver) = mpsc::channel(1024);
-        let outbound = Outbound { frames, too_slow: Arc::new(Notify::new()) };
+        let outbound = Outbound::local(frames, Arc::new(Notify::new()));
         (Client { connection, frames: receiver }, Request::Connect { connection, outbound })
     }
 

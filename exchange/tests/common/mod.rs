@@ -30,6 +30,9 @@ pub struct Exchange {
     pub console_addr: String,
     /// Every line the process printed after it started listening.
     pub output: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// Where gateways open their links (`--link-listen` among the extra
+    /// arguments; empty without).
+    pub link_addr: String,
 }
 
 impl Exchange {
@@ -87,6 +90,7 @@ impl Exchange {
         let mut recovered_line = String::new();
         let mut metrics_addr = String::new();
         let mut console_addr = String::new();
+        let mut link_addr = String::new();
         let mut addr = None;
         let mut line = String::new();
         while addr.is_none() && lines.read_line(&mut line).unwrap_or(0) > 0 {
@@ -100,6 +104,9 @@ impl Exchange {
             let console = line.trim().strip_prefix("gpux-exchange: web console on http://");
             if let Some(console) = console.or_else(|| line.trim().strip_prefix("gpux-exchange: web console on https://")) {
                 console_addr = console.trim_end_matches('/').to_string();
+            }
+            if let Some(link) = line.trim().strip_prefix("gpux-exchange: links for gateways on ") {
+                link_addr = link.split_whitespace().next().unwrap_or("").to_string();
             }
             let trimmed = line.trim();
             addr = trimmed
@@ -121,7 +128,7 @@ impl Exchange {
                 sink.lock().expect("output lock").push(line);
             }
         });
-        Exchange { child, addr, recovered_hash, recovered_line, metrics_addr, console_addr, output }
+        Exchange { child, addr, recovered_hash, recovered_line, metrics_addr, console_addr, output, link_addr }
     }
 
     pub fn kill(&mut self) {

@@ -54,6 +54,7 @@ impl Exchange {
             limits: Default::default(),
             metrics_listen: None,
             console_listen: None,
+            link_listen: None,
             tls: None,
             billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: 250, grace_ms: gpux_exchange::BILLING_GRACE_MS_DEFAULT },
             clock_offset_ms: 0,

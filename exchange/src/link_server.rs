@@ -1,0 +1,198 @@
+//! The sequencer's side of remote gateways' links (issue 19; the frames are
+//! `gpux_gateway::wire`): `gpux-exchange --link-listen ADDR` accepts
+//! `gpux-gateway` processes, each of which serves clients of its own and
+//! forwards their requests here.
+//!
+//! Per link: a handshake (magic, version, and the token of the exchange's
+//! `link.secret`: a link speaks for any account, so only a gateway that
+//! holds the secret may open one), then two tasks. The reader turns `Up`
+//! frames into the sequencer's requests, mapping the gateway's connection
+//! ids into this link's range (`link << 40 | id`, above every id of the
+//! exchange's own gateway) so no two gateways' connections meet; a request
+//! naming a connection the gateway never announced breaks the link. The
+//! writer drains the link's one queue (`LinkSender`), into which the
+//! sequencer puts every frame of the gateway's connections and every update
+//! of the feeds they subscribed to, once per link, in its own order. A link
+//! that falls `LINK_QUEUE_FRAMES_MAX` frames behind is closed; when a link
+//! ends, each of its connections is disconnected as if its client had left.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use gpux_gateway::link::{ConnectionId, Frames, LinkSender, Outbound, Request, LINK_QUEUE_FRAMES_MAX};
+use gpux_gateway::wire::{self, Peer, Up, WireError};
+use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Notify};
+
+/// Where a link's connection ids start: the exchange's own gateway numbers
+/// its connections below this.
+pub const LINK_CONNECTION_BASE: ConnectionId = 1 << 40;
+/// Links open at once (each is a gateway process; a handful is normal).
+pub const LINKS_MAX: usize = 64;
+/// How long a peer has to finish the handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The exchange's link secret: `link.secret` in the data directory, 32
+/// random bytes made on first use (readable by the exchange's user only).
+pub fn load_or_create_secret(data_dir: &Path) -> anyhow::Result<Vec<u8>> {
+    let path = data_dir.join("link.secret");
+    if let Ok(secret) = std::fs::read(&path) {
+        let secret = secret.trim_ascii().to_vec();
+        anyhow::ensure!(!secret.is_empty(), "{} is empty", path.display());
+        return Ok(secret);
+    }
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret).map_err(|e| anyhow::anyhow!("randomness: {e}"))?;
+    let hex = hex::encode(secret);
+    {
+        use std::io::Write;
+        #[cfg(unix)]
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        options.mode(0o600);
+        let mut file = options.open(&path).map_err(|e| anyhow::anyhow!("creating {}: {e}", path.display()))?;
+        file.write_all(hex.as_bytes())?;
+        file.sync_all()?;
+    }
+    Ok(hex.into_bytes())
+}
+
+/// Accepts gateways' links until shutdown.
+pub async fn serve_links(listener: TcpListener, core: Sender<Request>, secret: Vec<u8>, mut shutdown: watch::Receiver<bool>) {
+    let token = wire::link_token(&secret);
+    let open = Arc::new(AtomicU64::new(0));
+    let mut next_link: u64 = 1;
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "link accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => break,
+        };
+        if open.load(Ordering::Relaxed) as usize >= LINKS_MAX {
+            tracing::warn!(%peer, "link refused: {LINKS_MAX} links open");
+            continue;
+        }
+        let link = next_link;
+        next_link += 1;
+        open.fetch_add(1, Ordering::Relaxed);
+        let (core, open, shutdown) = (core.clone(), open.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            match run_link(stream, link, core, token, shutdown).await {
+                Ok(()) => tracing::info!(%peer, link, "link closed"),
+                Err(error) => tracing::warn!(%peer, link, %error, "link ended"),
+            }
+            open.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+}
+
+async fn run_link(
+    mut stream: tokio::net::TcpStream,
+    link: u64,
+    core: Sender<Request>,
+    token: [u8; 32],
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), WireError> {
+    let _ = stream.set_nodelay(true);
+    let hello = tokio::time::timeout(HANDSHAKE_TIMEOUT, wire::handshake(&mut stream, Peer::Sequencer { node: 0 }, [0; 32]))
+        .await
+        .map_err(|_| WireError::Protocol("no handshake within 5 s".into()))??;
+    let name = match hello.peer {
+        Peer::Gateway { name } => name,
+        other => return Err(WireError::Protocol(format!("a link from {other:?}, not a gateway"))),
+    };
+    if !constant_time_eq(&hello.token, &token) {
+        return Err(WireError::Token);
+    }
+    tracing::info!(link, gateway = %name, "link open");
+    let (reader, writer) = stream.into_split();
+    let (sender, mut queue, broken) = LinkSender::new(link, LINK_QUEUE_FRAMES_MAX);
+    // The writer: the link's one queue, in the sequencer's order.
+    let writing = tokio::spawn(async move {
+        let mut writer = BufWriter::new(writer);
+        while let Some(down) = queue.recv().await {
+            wire::write_frame(&mut writer, &down).await?;
+            if queue.is_empty() {
+                writer.flush().await?;
+            }
+        }
+        Ok::<(), WireError>(())
+    });
+    let connections = read_link(reader, link, &core, sender, &broken, &mut shutdown).await;
+    writing.abort();
+    // Whatever ended the link, its clients are gone: disconnect each
+    // connection as the exchange's own gateway does when a client leaves.
+    let (connections, result) = connections;
+    for connection in connections {
+        let _ = core.send(Request::Disconnect { connection, exchange_stopping: *shutdown.borrow() });
+    }
+    result
+}
+
+/// Reads a link's `Up` frames into the sequencer until the link ends;
+/// returns the connections it announced (in the exchange's numbering).
+async fn read_link(
+    reader: tokio::net::tcp::OwnedReadHalf,
+    link: u64,
+    core: &Sender<Request>,
+    sender: LinkSender,
+    broken: &Notify,
+    shutdown: &mut watch::Receiver<bool>,
+) -> (BTreeSet<ConnectionId>, Result<(), WireError>) {
+    let mut reader = BufReader::new(reader);
+    let mut connections = BTreeSet::new();
+    let base = link << 40;
+    let result = loop {
+        let up: Up = tokio::select! {
+            frame = wire::read_frame(&mut reader) => match frame {
+                Ok(Some(up)) => up,
+                Ok(None) => break Ok(()),
+                Err(error) => break Err(error),
+            },
+            _ = broken.notified() => break Err(WireError::Protocol(format!("the gateway fell {LINK_QUEUE_FRAMES_MAX} frames behind"))),
+            _ = shutdown.changed() => break Ok(()),
+        };
+        let request = match up {
+            Up::Connect { connection } => {
+                if connection == 0 || connection >= LINK_CONNECTION_BASE || !connections.insert(base | connection) {
+                    break Err(WireError::Protocol(format!("connection {connection} announced twice or out of range")));
+                }
+                // The sequencer's frames for it go down this link.
+                let outbound = Outbound { frames: Frames::Link { link: sender.clone(), connection }, too_slow: Arc::new(Notify::new()) };
+                Request::Connect { connection: base | connection, outbound }
+            }
+            Up::Request(mut request) => {
+                let connection = request.connection_mut();
+                if !connections.contains(&(base | *connection)) {
+                    break Err(WireError::Protocol(format!("a request of connection {connection}, never announced")));
+                }
+                *connection |= base;
+                if let Request::Disconnect { connection, .. } = &request {
+                    connections.remove(connection);
+                }
+                request
+            }
+        };
+        if core.send(request).is_err() {
+            break Ok(()); // the sequencer stopped
+        }
+    };
+    (connections, result)
+}
+
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
