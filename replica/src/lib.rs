@@ -14,9 +14,11 @@
 //!
 //! A log entry is a [`Batch`]: the journal entries one sequencer batch
 //! committed (the leader's sequencer proposes them; followers apply them).
-//! Not built yet: the sequencer proposing through Raft, the TCP network
-//! between nodes, `gpux-exchange cluster init|join|status` (see
-//! docs/operations.md "Not yet").
+//! - [`network`]: Raft between nodes over TCP, length-prefixed bincode,
+//!   admitted by the cluster's token.
+//!
+//! Not built yet: the sequencer proposing through Raft, `gpux-exchange
+//! cluster init|join|status` (see docs/operations.md "Not yet").
 
 // openraft's traits return its `StorageError` (over 200 bytes); the
 // helpers that build one return it as the traits do.
@@ -28,6 +30,7 @@ use gpux_market::JournalEntry;
 use serde::{Deserialize, Serialize};
 
 pub mod log_store;
+pub mod network;
 pub mod state_machine;
 
 /// The journal entries one sequencer batch committed: one Raft log entry.
