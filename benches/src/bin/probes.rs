@@ -29,6 +29,12 @@
 //!   publisher is paced by the slowest reader (it stays at most 4 096
 //!   frames ahead, sleeping a millisecond when it is), so nothing is skipped: the ceiling of delivered
 //!   market-data frames per second on this machine.
+//! - `raft NODES SECONDS`: the replicated market (gpux-replica) with NODES
+//!   replicas in this process over loopback TCP, each with its redb log
+//!   (fsync per append) and market: batches of 64 journal entries
+//!   (deposits) written through the leader by 1 and by 8 concurrent
+//!   writers, each write waiting for its commit on a majority and its
+//!   apply on the leader. Run with 1 and with 3 nodes for the ratio.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -48,9 +54,10 @@ fn main() {
         Some("usage") => usage(number(1, 20_000) as usize),
         Some("verifier") => verifier(number(1, 20_000) as usize),
         Some("fanout-bare") => fanout_bare(number(1, 200) as usize, Duration::from_secs(number(2, 5))),
+        Some("raft") => raft(number(1, 3), Duration::from_secs(number(2, 3))),
         _ => {
             eprintln!(
-                "usage: probes engine-bare N | redb-bare SECONDS | ed25519-bare N | usage N | verifier N | fanout-bare SUBSCRIBERS SECONDS"
+                "usage: probes engine-bare N | redb-bare SECONDS | ed25519-bare N | usage N | verifier N | fanout-bare SUBSCRIBERS SECONDS | raft NODES SECONDS"
             );
             std::process::exit(2);
         }
@@ -448,4 +455,90 @@ fn fanout_bare(subscribers: usize, duration: Duration) {
         "bare fan-out: {delivered:.0} frames/s delivered in all to {subscribers} WebSocket subscribers ({:.0}/s each; publisher paced, none skipped)",
         delivered / subscribers as f64
     );
+}
+
+/// See the module's `raft`.
+fn raft(nodes: u64, duration: Duration) {
+    use gpux_engine::{Command, EngineConfig, Input, Role};
+    use gpux_market::JournalEntry;
+    use gpux_replica::{log_store::LogStore, network, state_machine::MarketMachine, Batch};
+    use std::sync::Arc;
+
+    const ENTRIES: usize = 64;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    runtime.block_on(async move {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let secret: Arc<[u8]> = Arc::from(&b"probe"[..]);
+        let config = Arc::new(
+            openraft::Config { heartbeat_interval: 100, election_timeout_min: 500, election_timeout_max: 1_000, ..Default::default() }
+                .validate()
+                .expect("valid"),
+        );
+        let mut members = std::collections::BTreeMap::new();
+        let mut listeners = Vec::new();
+        for id in 1..=nodes {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds");
+            members.insert(id, openraft::BasicNode::new(listener.local_addr().expect("addr").to_string()));
+            listeners.push((id, listener));
+        }
+        let mut rafts = Vec::new();
+        for (id, listener) in listeners {
+            let log = LogStore::open(&dir.path().join(format!("{id}-log.redb"))).expect("log");
+            let machine = MarketMachine::open(&dir.path().join(format!("{id}-sm.redb")), EngineConfig::demo()).expect("machine");
+            let raft = gpux_replica::Raft::new(id, config.clone(), network::TcpNetwork::new(&secret), log, machine).await.expect("raft");
+            tokio::spawn(network::serve(listener, raft.clone(), secret.clone()));
+            rafts.push(raft);
+        }
+        rafts[0].initialize(members).await.expect("initialized");
+        let leader = loop {
+            if let Some(raft) = rafts.iter().find(|r| r.metrics().borrow().state.is_leader()) {
+                break raft.clone();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let open = Batch { entries: vec![JournalEntry::Engine(Input { at_ms: 1, command: Command::OpenAccount { role: Role::Renter } })] };
+        leader.client_write(open).await.expect("committed");
+        let deposits = Batch {
+            entries: (0..ENTRIES)
+                .map(|_| JournalEntry::Engine(Input {
+                    at_ms: 2,
+                    command: Command::Deposit { account: gpux_engine::AccountId(0), amount_minor: 1 },
+                }))
+                .collect(),
+        };
+        for writers in [1usize, 8] {
+            let deadline = Instant::now() + duration;
+            let mut tasks = Vec::new();
+            for _ in 0..writers {
+                let (leader, batch) = (leader.clone(), deposits.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut latencies = Vec::new();
+                    while Instant::now() < deadline {
+                        let started = Instant::now();
+                        leader.client_write(batch.clone()).await.expect("committed");
+                        latencies.push(started.elapsed());
+                    }
+                    latencies
+                }));
+            }
+            let started = Instant::now();
+            let mut latencies = Vec::new();
+            for task in tasks {
+                latencies.extend(task.await.expect("writer"));
+            }
+            let seconds = started.elapsed().as_secs_f64();
+            latencies.sort();
+            let p99 = latencies[(latencies.len() * 99 / 100).min(latencies.len() - 1)];
+            println!(
+                "replicated market, {nodes} node(s) over loopback TCP, {writers} writer(s): {:.0} batches/s = {:.0} journal entries/s committed and applied, p50 {:.2} ms, p99 {:.2} ms per batch",
+                latencies.len() as f64 / seconds,
+                (latencies.len() * ENTRIES) as f64 / seconds,
+                latencies[latencies.len() / 2].as_secs_f64() * 1e3,
+                p99.as_secs_f64() * 1e3
+            );
+        }
+        for raft in rafts {
+            let _ = raft.shutdown().await;
+        }
+    });
 }
