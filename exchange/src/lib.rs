@@ -156,7 +156,7 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
                 link_listener.local_addr()?,
                 config.data_dir.join("link.secret").display()
             ));
-            tokio::spawn(link_server::serve_links(link_listener, requests.clone(), secret, stopped.clone()));
+            tokio::spawn(link_server::serve_links(link_listener, requests.clone(), secret, metrics.clone(), stopped.clone()));
         }
         say(&format!("listening on {gateway_url}"));
         if let Some(on_listening) = config.on_listening {

@@ -65,7 +65,13 @@ pub fn load_or_create_secret(data_dir: &Path) -> anyhow::Result<Vec<u8>> {
 }
 
 /// Accepts gateways' links until shutdown.
-pub async fn serve_links(listener: TcpListener, core: Sender<Request>, secret: Vec<u8>, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve_links(
+    listener: TcpListener,
+    core: Sender<Request>,
+    secret: Vec<u8>,
+    metrics: Arc<crate::metrics::Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let token = wire::link_token(&secret);
     let open = Arc::new(AtomicU64::new(0));
     let mut next_link: u64 = 1;
@@ -83,17 +89,29 @@ pub async fn serve_links(listener: TcpListener, core: Sender<Request>, secret: V
         };
         if open.load(Ordering::Relaxed) as usize >= LINKS_MAX {
             tracing::warn!(%peer, "link refused: {LINKS_MAX} links open");
+            metrics.links_ended.with_label_values(&["refused"]).inc();
             continue;
         }
         let link = next_link;
         next_link += 1;
         open.fetch_add(1, Ordering::Relaxed);
-        let (core, open, shutdown) = (core.clone(), open.clone(), shutdown.clone());
+        let (core, open, shutdown, metrics) = (core.clone(), open.clone(), shutdown.clone(), metrics.clone());
         tokio::spawn(async move {
-            match run_link(stream, link, core, token, shutdown).await {
-                Ok(()) => tracing::info!(%peer, link, "link closed"),
-                Err(error) => tracing::warn!(%peer, link, %error, "link ended"),
-            }
+            let cause = match run_link(stream, link, core, token, &metrics, shutdown).await {
+                Ok(()) => {
+                    tracing::info!(%peer, link, "link closed");
+                    "closed"
+                }
+                Err(error) => {
+                    tracing::warn!(%peer, link, %error, "link ended");
+                    match error {
+                        WireError::Token => "token",
+                        WireError::TooSlow => "too_slow",
+                        _ => "broken",
+                    }
+                }
+            };
+            metrics.links_ended.with_label_values(&[cause]).inc();
             open.fetch_sub(1, Ordering::Relaxed);
         });
     }
@@ -104,6 +122,7 @@ async fn run_link(
     link: u64,
     core: Sender<Request>,
     token: [u8; 32],
+    metrics: &crate::metrics::Metrics,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), WireError> {
     let _ = stream.set_nodelay(true);
@@ -118,6 +137,7 @@ async fn run_link(
         return Err(WireError::Token);
     }
     tracing::info!(link, gateway = %name, "link open");
+    metrics.links_open.inc();
     let (reader, writer) = stream.into_split();
     let (sender, mut queue, broken) = LinkSender::new(link, LINK_QUEUE_FRAMES_MAX);
     // The writer: the link's one queue, in the sequencer's order.
@@ -139,6 +159,7 @@ async fn run_link(
     for connection in connections {
         let _ = core.send(Request::Disconnect { connection, exchange_stopping: *shutdown.borrow() });
     }
+    metrics.links_open.dec();
     result
 }
 
@@ -162,7 +183,7 @@ async fn read_link(
                 Ok(None) => break Ok(()),
                 Err(error) => break Err(error),
             },
-            _ = broken.notified() => break Err(WireError::Protocol(format!("the gateway fell {LINK_QUEUE_FRAMES_MAX} frames behind"))),
+            _ = broken.notified() => break Err(WireError::TooSlow),
             _ = shutdown.changed() => break Ok(()),
         };
         let request = match up {

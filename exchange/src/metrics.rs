@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpux_gateway::metrics::GatewayMetrics;
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::net::TcpListener;
 
 /// Upper bounds (seconds) of the journal commit latency histogram.
@@ -44,6 +44,10 @@ pub struct Metrics {
     time_to_running_seconds: Histogram,
     /// GPUs resting per instrument and side.
     pub book_quantity: IntGaugeVec,
+    /// Remote gateways' links open now (`link_server`).
+    pub links_open: IntGauge,
+    /// Links that ended, by cause.
+    pub links_ended: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -109,6 +113,12 @@ impl Metrics {
                 r.register(Box::new(metric.clone())).expect("registered once");
                 metric
             },
+            links_open: {
+                let metric = IntGauge::new("gpux_links", "Remote gateways' links open now (--link-listen).").expect("a valid metric");
+                r.register(Box::new(metric.clone())).expect("registered once");
+                metric
+            },
+            links_ended: counters(&r, "gpux_links_ended_total", "Remote gateways' links that ended, by cause.", "cause"),
             registry: r,
         };
         // Labelled series that exist from the start, so a scrape shows them at 0.
@@ -140,6 +150,8 @@ impl Metrics {
             &self.commit_seconds,
             &self.time_to_running_seconds,
             &self.book_quantity,
+            &self.links_open,
+            &self.links_ended,
         ];
         collectors.extend(self.gateway.collectors());
         collectors.iter().flat_map(|c| c.desc()).map(|d| (d.fq_name.clone(), d.variable_labels.clone())).collect()

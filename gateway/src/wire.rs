@@ -117,6 +117,8 @@ pub enum WireError {
     Token,
     #[error("the link broke the protocol: {0}")]
     Protocol(String),
+    #[error("the gateway fell {} frames behind on its link", crate::link::LINK_QUEUE_FRAMES_MAX)]
+    TooSlow,
 }
 
 fn config() -> impl bincode::config::Config {

@@ -64,6 +64,7 @@ fn the_image_copies_binaries_the_workspace_builds_and_runs_them_with_their_flags
     // Each binary and the package that builds it.
     let made_by = [
         ("gpux-exchange", "gpux-exchange"),
+        ("gpux-gateway", "gpux-gateway"),
         ("gpux-agent", "gpux-supplier-agent"),
         ("gpux", "gpux-cli"),
         ("gpux-audit", "gpux-audit"),
