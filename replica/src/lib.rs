@@ -10,7 +10,9 @@
 //! - [`state_machine::MarketMachine`]: applies each committed batch of
 //!   journal entries with `MarketState::apply`, in log order, exactly as
 //!   the single-node exchange and `gpux-audit` do; snapshots are the
-//!   market's bytes (as the exchange's own snapshots), kept on redb.
+//!   market's bytes (as the exchange's own snapshots), kept on redb; with a
+//!   journal sink it also writes every applied batch into the node's own
+//!   journal, once.
 //!
 //! A log entry is a [`Batch`]: the journal entries one sequencer batch
 //! committed (the leader's sequencer proposes them; followers apply them).

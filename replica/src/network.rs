@@ -125,7 +125,18 @@ async fn serve_peer(mut stream: TcpStream, raft: Raft, token: [u8; 32]) -> Resul
             Call::Vote(request) => Reply::Vote(raft.vote(request).await),
             Call::InstallSnapshot(request) => Reply::InstallSnapshot(raft.install_snapshot(request).await),
         };
+        // This node's Raft stopped: say so, then close, so the peer
+        // connects afresh (to whatever serves the address next).
+        let stopped = matches!(
+            &reply,
+            Reply::AppendEntries(Err(RaftError::Fatal(_)))
+                | Reply::Vote(Err(RaftError::Fatal(_)))
+                | Reply::InstallSnapshot(Err(RaftError::Fatal(_)))
+        );
         write_frame(&mut stream, &reply).await?;
+        if stopped {
+            return Ok(());
+        }
     }
 }
 

@@ -34,6 +34,8 @@ struct Applied {
     market: MarketState,
     last_applied: Option<LogId>,
     membership: StoredMembership<NodeId, BasicNode>,
+    /// The node's journal sequence after the last applied log entry.
+    journal_next: u64,
 }
 
 /// A snapshot as stored.
@@ -41,7 +43,14 @@ struct Applied {
 struct Stored {
     meta: SnapshotMeta<NodeId, BasicNode>,
     data: Vec<u8>,
+    /// The journal sequence after the entries the snapshot includes.
+    journal_next: u64,
 }
+
+/// Where a node writes the journal entries it applies, with their ledger
+/// transfers and what they archived: its own journal, so statements,
+/// history and a restart's recovery read the same journal on every node.
+pub type JournalSink = Arc<Mutex<Box<dyn gpux_journal::JournalStore>>>;
 
 /// The market as a Raft state machine (cheap to clone: state is shared, so
 /// the node keeps a handle to read the market while Raft owns the machine).
@@ -49,6 +58,7 @@ struct Stored {
 pub struct MarketMachine {
     applied: Arc<Mutex<Applied>>,
     db: Arc<Database>,
+    journal: Option<JournalSink>,
 }
 
 impl MarketMachine {
@@ -66,12 +76,37 @@ impl MarketMachine {
             bytes.map(|bytes| decode::<Stored>(&bytes)).transpose()?
         };
         let applied = match stored {
-            Some(stored) => {
-                Applied { market: decode(&stored.data)?, last_applied: stored.meta.last_log_id, membership: stored.meta.last_membership }
-            }
-            None => Applied { market: MarketState::new(listing)?, last_applied: None, membership: StoredMembership::default() },
+            Some(stored) => Applied {
+                market: decode(&stored.data)?,
+                last_applied: stored.meta.last_log_id,
+                membership: stored.meta.last_membership,
+                journal_next: stored.journal_next,
+            },
+            None => Applied {
+                market: MarketState::new(listing)?,
+                last_applied: None,
+                membership: StoredMembership::default(),
+                // A journal's first entry is number 1.
+                journal_next: 1,
+            },
         };
-        Ok(MarketMachine { applied: Arc::new(Mutex::new(applied)), db: Arc::new(db) })
+        Ok(MarketMachine { applied: Arc::new(Mutex::new(applied)), db: Arc::new(db), journal: None })
+    }
+
+    /// Also writes every applied batch into `journal` (entries, transfers,
+    /// archive), exactly once: a batch re-applied after a restart, which
+    /// the journal already holds, is not written again. The journal must
+    /// start where the machine does (empty for a new node), and Raft must
+    /// then never purge the log nor send this node a snapshot instead of
+    /// entries (it would leave a hole in the journal): see [`journal_config`].
+    pub fn with_journal(mut self, journal: JournalSink) -> MarketMachine {
+        self.journal = Some(journal);
+        self
+    }
+
+    /// The node's journal sequence after the last applied batch.
+    pub fn journal_next(&self) -> u64 {
+        self.applied.lock().expect("the machine's lock").journal_next
     }
 
     /// Reads the market as applied so far.
@@ -108,14 +143,14 @@ impl MarketMachine {
 
 impl RaftSnapshotBuilder<TypeConfig> for MarketMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let (data, last_log_id, last_membership) = {
+        let (data, last_log_id, last_membership, journal_next) = {
             let applied = self.applied.lock().expect("the machine's lock");
             let data = encode(&applied.market).map_err(|e| io(ErrorVerb::Read, e))?;
-            (data, applied.last_applied, applied.membership.clone())
+            (data, applied.last_applied, applied.membership.clone(), applied.journal_next)
         };
         let snapshot_id = last_log_id.map_or_else(|| "empty".to_string(), |id| format!("{}-{}", id.leader_id, id.index));
         let meta = SnapshotMeta { last_log_id, last_membership, snapshot_id };
-        let stored = Stored { meta: meta.clone(), data };
+        let stored = Stored { meta: meta.clone(), data, journal_next };
         self.store(&stored)?;
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(stored.data)) })
     }
@@ -142,12 +177,35 @@ impl RaftStateMachine<TypeConfig> for MarketMachine {
             match entry.payload {
                 EntryPayload::Blank => {}
                 EntryPayload::Normal(batch) => {
+                    let mut transfers = Vec::new();
+                    let mut archived = gpux_market::Archived::default();
                     for (position, journal_entry) in batch.entries.iter().enumerate() {
                         match applied.market.apply(journal_entry) {
-                            Ok(_) => outcome.applied += 1,
+                            Ok(mut done) => {
+                                outcome.applied += 1;
+                                transfers.append(&mut done.transfers);
+                                archived.append(&mut done.archived);
+                            }
                             Err(refused) => outcome.refused.push((position as u32, refused.to_string())),
                         }
                     }
+                    if let Some(journal) = &self.journal {
+                        let mut journal = journal.lock().expect("the journal's lock");
+                        let written = journal.next_seq();
+                        let end = applied.journal_next + batch.entries.len() as u64;
+                        if written == applied.journal_next {
+                            journal
+                                .append_with_transfers(&batch.entries, &transfers, &archived)
+                                .map_err(|e| StorageIOError::apply(entry.log_id, AnyError::error(e.to_string())))?;
+                        } else if written < end {
+                            // Neither where this batch starts nor past it:
+                            // not this machine's journal.
+                            let error = format!("the journal is at {written}, the batch spans {}..{end}", applied.journal_next);
+                            return Err(StorageIOError::apply(entry.log_id, AnyError::error(error)).into());
+                        }
+                        // Otherwise it was written before a restart: applied again, not written.
+                    }
+                    applied.journal_next += batch.entries.len() as u64;
                 }
                 EntryPayload::Membership(membership) => applied.membership = StoredMembership::new(Some(entry.log_id), membership),
             }
@@ -171,10 +229,16 @@ impl RaftStateMachine<TypeConfig> for MarketMachine {
         meta: &SnapshotMeta<NodeId, BasicNode>,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
+        // A node that keeps a journal takes entries, never a snapshot (its
+        // journal would miss what the snapshot covers): `journal_config`
+        // keeps Raft from sending one; should one come, it is refused.
+        if self.journal.is_some() {
+            return Err(io(ErrorVerb::Write, "a snapshot for a node that keeps a journal (it takes entries only)"));
+        }
         let data = snapshot.into_inner();
         let market: MarketState = decode(&data).map_err(|e| io(ErrorVerb::Read, e))?;
-        self.store(&Stored { meta: meta.clone(), data })?;
         let mut applied = self.applied.lock().expect("the machine's lock");
+        self.store(&Stored { meta: meta.clone(), data, journal_next: applied.journal_next })?;
         applied.market = market;
         applied.last_applied = meta.last_log_id;
         applied.membership = meta.last_membership.clone();
@@ -184,4 +248,13 @@ impl RaftStateMachine<TypeConfig> for MarketMachine {
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         Ok(self.stored()?.map(|stored| Snapshot { meta: stored.meta, snapshot: Box::new(Cursor::new(stored.data)) }))
     }
+}
+
+/// A Raft config for nodes that keep a journal: the log is never purged,
+/// and a lagging node is always sent entries, never a snapshot (every
+/// node's journal holds every entry); snapshots still speed up restarts.
+pub fn journal_config(mut config: openraft::Config) -> openraft::Config {
+    config.max_in_snapshot_log_to_keep = 1 << 48;
+    config.replication_lag_threshold = 1 << 48;
+    config
 }

@@ -1,0 +1,155 @@
+//! Every replica writes what it applies into its own journal (the
+//! exchange's redb journal), so statements, history and a restart's
+//! recovery read the same journal on every node: after batches through the
+//! leader, every node's journal holds the same entries in the same order
+//! with the same ledger transfers; a node restarted from its log (no
+//! snapshot here) applies every committed entry again without writing any
+//! of them a second time, then writes the next batch.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpux_engine::{AccountId, Command, EngineConfig, Input, Role};
+use gpux_journal::{Journal, JournalStore};
+use gpux_market::JournalEntry;
+use gpux_replica::log_store::LogStore;
+use gpux_replica::network::{self, TcpNetwork};
+use gpux_replica::state_machine::{journal_config, JournalSink, MarketMachine};
+use gpux_replica::{Batch, NodeId, Raft};
+use openraft::{BasicNode, Config};
+
+const SECRET: &[u8] = b"journal test";
+
+struct Node {
+    raft: Raft,
+    machine: MarketMachine,
+    journal: JournalSink,
+    server: tokio::task::JoinHandle<()>,
+}
+
+fn config() -> Arc<Config> {
+    let config = Config {
+        heartbeat_interval: 50,
+        election_timeout_min: 300,
+        election_timeout_max: 600,
+        // No snapshot: a restart applies the whole log again.
+        snapshot_policy: openraft::SnapshotPolicy::Never,
+        ..Default::default()
+    };
+    Arc::new(journal_config(config).validate().expect("valid"))
+}
+
+async fn start(dir: &std::path::Path, id: NodeId, listener: tokio::net::TcpListener) -> Node {
+    let mut tries = 0;
+    let (log, machine, journal) = loop {
+        let opened = (
+            LogStore::open(&dir.join(format!("{id}-log.redb"))),
+            MarketMachine::open(&dir.join(format!("{id}-machine.redb")), EngineConfig::demo()),
+            Journal::open(&dir.join(format!("{id}-journal.redb"))),
+        );
+        match opened {
+            (Ok(log), Ok(machine), Ok(journal)) => break (log, machine, journal),
+            _ => {
+                tries += 1;
+                assert!(tries < 100, "node {id}'s files open");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let journal: JournalSink = Arc::new(Mutex::new(Box::new(journal) as Box<dyn JournalStore>));
+    let machine = machine.with_journal(journal.clone());
+    let raft = Raft::new(id, config(), TcpNetwork::new(SECRET), log, machine.clone()).await.expect("raft");
+    let server = tokio::spawn(network::serve(listener, raft.clone(), Arc::from(SECRET)));
+    Node { raft, machine, journal, server }
+}
+
+fn batch(account: u32) -> Batch {
+    Batch {
+        entries: vec![
+            JournalEntry::Engine(Input { at_ms: 1_800_000_000_000, command: Command::OpenAccount { role: Role::Renter } }),
+            JournalEntry::Engine(Input {
+                at_ms: 1_800_000_000_000,
+                command: Command::Deposit { account: AccountId(account), amount_minor: 7_000 + account as u64 },
+            }),
+        ],
+    }
+}
+
+fn journal_of(node: &Node) -> (u64, Vec<JournalEntry>, usize) {
+    let journal = node.journal.lock().expect("lock");
+    let statement = journal.statement(AccountId(3), None, 100).expect("statement").len();
+    (journal.next_seq(), journal.entries_after(0).expect("entries"), statement)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_writes_the_same_journal_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut members = BTreeMap::new();
+    let mut listeners = BTreeMap::new();
+    for id in 1..=3u64 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        members.insert(id, BasicNode::new(listener.local_addr().expect("addr").to_string()));
+        listeners.insert(id, listener);
+    }
+    let mut nodes = BTreeMap::new();
+    for (id, listener) in listeners {
+        nodes.insert(id, start(dir.path(), id, listener).await);
+    }
+    nodes[&1].raft.initialize(members.clone()).await.expect("initialized");
+    let leader = loop {
+        if let Some(id) = nodes.values().find_map(|n| {
+            let metrics = n.raft.metrics().borrow().clone();
+            metrics.state.is_leader().then_some(metrics.id)
+        }) {
+            break id;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut written = Vec::new();
+    let mut last = 0;
+    for account in 0..10 {
+        let batch = batch(account);
+        written.extend(batch.entries.clone());
+        last = nodes[&leader].raft.client_write(batch).await.expect("committed").log_id.index;
+    }
+    for node in nodes.values() {
+        node.raft.wait(Some(Duration::from_secs(10))).applied_index_at_least(Some(last), "applied").await.expect("applied");
+    }
+    for node in nodes.values() {
+        let (next, entries, statement) = journal_of(node);
+        assert_eq!(next, written.len() as u64 + 1);
+        assert_eq!(entries, written, "the same entries in the same order on every node");
+        assert_eq!(statement, 1, "account 3's deposit, with its ledger transfer");
+        assert_eq!(node.machine.journal_next(), next);
+    }
+
+    // A follower restarts from its log: it applies every entry again and
+    // writes none of them twice.
+    let follower = *nodes.keys().find(|id| **id != leader).expect("a follower");
+    let node = nodes.remove(&follower).expect("running");
+    node.server.abort();
+    node.raft.shutdown().await.expect("shuts down");
+    drop(node);
+    let listener = loop {
+        match tokio::net::TcpListener::bind(&members[&follower].addr).await {
+            Ok(listener) => break listener,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    nodes.insert(follower, start(dir.path(), follower, listener).await);
+    let batch = batch(10);
+    written.extend(batch.entries.clone());
+    last = nodes[&leader].raft.client_write(batch).await.expect("committed").log_id.index;
+    nodes[&follower].raft.wait(Some(Duration::from_secs(10))).applied_index_at_least(Some(last), "applied").await.expect("applied");
+    assert!(nodes[&follower].raft.metrics().borrow().snapshot.is_none(), "it re-applied its log, not a snapshot");
+    let (next, entries, _) = journal_of(&nodes[&follower]);
+    assert_eq!(entries, written, "nothing written twice, nothing missing");
+    assert_eq!(next, written.len() as u64 + 1);
+    let hashes: Vec<u64> = nodes.values().map(|n| n.machine.read(|m| m.state_hash())).collect();
+    assert!(hashes.windows(2).all(|pair| pair[0] == pair[1]), "{hashes:?}");
+    for node in nodes.into_values() {
+        node.server.abort();
+        node.raft.shutdown().await.expect("shuts down");
+    }
+}
