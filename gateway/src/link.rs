@@ -411,6 +411,44 @@ pub enum ChallengeRequest {
     MemoryOpening { challenge: u64, leaves: Vec<gpux_protocol::memory::LeafOpening> },
 }
 
+/// The `connection` field of any request, by reference (shared or mutable
+/// as the request is).
+macro_rules! connection_of {
+    ($request:expr) => {
+        match $request {
+            Request::Connect { connection, .. }
+            | Request::Authenticate { connection, .. }
+            | Request::Command { connection, .. }
+            | Request::Subscribe { connection, .. }
+            | Request::Unsubscribe { connection, .. }
+            | Request::Instruments { connection, .. }
+            | Request::OpenOrders { connection, .. }
+            | Request::Leases { connection, .. }
+            | Request::Stats { connection, .. }
+            | Request::SupplierStats { connection, .. }
+            | Request::RenterStats { connection, .. }
+            | Request::BookOffers { connection, .. }
+            | Request::Usage { connection, .. }
+            | Request::Balance { connection, .. }
+            | Request::Statement { connection, .. }
+            | Request::RecentStatement { connection, .. }
+            | Request::MyGpus { connection, .. }
+            | Request::Disconnect { connection, .. }
+            | Request::Resync { connection, .. }
+            | Request::Bid { connection, .. }
+            | Request::Delivery { connection, .. }
+            | Request::Challenge { connection, .. }
+            | Request::Liveness { connection, .. }
+            | Request::Access { connection, .. }
+            | Request::ExchangeKey { connection, .. }
+            | Request::Listing { connection, .. }
+            | Request::LeaseTelemetry { connection, .. }
+            | Request::History { connection, .. }
+            | Request::Book { connection, .. } => connection,
+        }
+    };
+}
+
 impl Request {
     /// The id of the client request this carries (answered by a message
     /// with the same id); `None` for the gateway's own notices.
@@ -491,72 +529,12 @@ impl Request {
     /// The connection this request came from, to rewrite (the link server
     /// maps a remote gateway's connection ids into its own range).
     pub fn connection_mut(&mut self) -> &mut ConnectionId {
-        match self {
-            Request::Connect { connection, .. }
-            | Request::Authenticate { connection, .. }
-            | Request::Command { connection, .. }
-            | Request::Subscribe { connection, .. }
-            | Request::Unsubscribe { connection, .. }
-            | Request::Instruments { connection, .. }
-            | Request::OpenOrders { connection, .. }
-            | Request::Leases { connection, .. }
-            | Request::Stats { connection, .. }
-            | Request::SupplierStats { connection, .. }
-            | Request::RenterStats { connection, .. }
-            | Request::BookOffers { connection, .. }
-            | Request::Usage { connection, .. }
-            | Request::Balance { connection, .. }
-            | Request::Statement { connection, .. }
-            | Request::RecentStatement { connection, .. }
-            | Request::MyGpus { connection, .. }
-            | Request::Disconnect { connection, .. }
-            | Request::Resync { connection, .. }
-            | Request::Bid { connection, .. }
-            | Request::Delivery { connection, .. }
-            | Request::Challenge { connection, .. }
-            | Request::Liveness { connection, .. }
-            | Request::Access { connection, .. }
-            | Request::ExchangeKey { connection, .. }
-            | Request::Listing { connection, .. }
-            | Request::LeaseTelemetry { connection, .. }
-            | Request::History { connection, .. }
-            | Request::Book { connection, .. } => connection,
-        }
+        connection_of!(self)
     }
 
     /// The connection this request came from.
     pub fn connection(&self) -> ConnectionId {
-        match self {
-            Request::Connect { connection, .. }
-            | Request::Authenticate { connection, .. }
-            | Request::Command { connection, .. }
-            | Request::Subscribe { connection, .. }
-            | Request::Unsubscribe { connection, .. }
-            | Request::Instruments { connection, .. }
-            | Request::OpenOrders { connection, .. }
-            | Request::Leases { connection, .. }
-            | Request::Stats { connection, .. }
-            | Request::SupplierStats { connection, .. }
-            | Request::RenterStats { connection, .. }
-            | Request::BookOffers { connection, .. }
-            | Request::Usage { connection, .. }
-            | Request::Balance { connection, .. }
-            | Request::Statement { connection, .. }
-            | Request::RecentStatement { connection, .. }
-            | Request::MyGpus { connection, .. }
-            | Request::Disconnect { connection, .. }
-            | Request::Resync { connection, .. }
-            | Request::Bid { connection, .. }
-            | Request::Delivery { connection, .. }
-            | Request::Challenge { connection, .. }
-            | Request::Liveness { connection, .. }
-            | Request::Access { connection, .. }
-            | Request::ExchangeKey { connection, .. }
-            | Request::Listing { connection, .. }
-            | Request::LeaseTelemetry { connection, .. }
-            | Request::History { connection, .. }
-            | Request::Book { connection, .. } => *connection,
-        }
+        *connection_of!(self)
     }
 }
 

@@ -154,12 +154,7 @@ impl GpuBackend for FakeBackend {
     /// Computes on the CPU, as an honest GPU would answer; a cheating GPU
     /// of the description answers late or wrong.
     fn challenge(&mut self, uuid: &str, seed: &[u8; 32], n: u32) -> Result<Vec<Vec<i32>>, BackendError> {
-        let gpu = self
-            .host
-            .gpus
-            .iter()
-            .find(|g| g.uuid == uuid)
-            .ok_or_else(|| BackendError::Query { what: "challenge".into(), detail: format!("no GPU {uuid} on this host") })?;
+        let gpu = self.described(uuid, "challenge")?;
         let (a, b) = gpux_protocol::challenge::matrices(seed, n);
         let mut rows = gpux_protocol::challenge::product(&a, &b, n);
         if gpu.challenge_wrong {
@@ -179,16 +174,22 @@ impl GpuBackend for FakeBackend {
         words_log2: u32,
         passes: u32,
     ) -> Result<Box<dyn crate::backend::MemoryProof>, BackendError> {
-        let gpu = self
-            .host
-            .gpus
-            .iter()
-            .find(|g| g.uuid == uuid)
-            .ok_or_else(|| BackendError::Query { what: "memory challenge".into(), detail: format!("no GPU {uuid} on this host") })?;
+        let gpu = self.described(uuid, "memory challenge")?;
         let passes = if gpu.memory_wrong { passes - 1 } else { passes };
         let proof = crate::backend::cpu_memory_proof(seed, words_log2, passes)?;
         std::thread::sleep(std::time::Duration::from_millis(gpu.memory_delay_ms));
         Ok(proof)
+    }
+}
+
+impl FakeBackend {
+    /// The described GPU `uuid`, for a challenge (`what`) asked of it.
+    fn described(&self, uuid: &str, what: &str) -> Result<&FakeGpu, BackendError> {
+        self.host
+            .gpus
+            .iter()
+            .find(|g| g.uuid == uuid)
+            .ok_or_else(|| BackendError::Query { what: what.into(), detail: format!("no GPU {uuid} on this host") })
     }
 }
 
