@@ -18,6 +18,9 @@
 //! committed (the leader's sequencer proposes them; followers apply them).
 //! - [`network`]: Raft between nodes over TCP, length-prefixed bincode,
 //!   admitted by the cluster's token.
+//! - [`journal::ReplicatedJournal`]: the journal a leader's sequencer
+//!   writes through Raft (an append returns once committed on a majority
+//!   and in this node's journal).
 //!
 //! Not built yet: the sequencer proposing through Raft, `gpux-exchange
 //! cluster init|join|status` (see docs/operations.md "Not yet").
@@ -31,6 +34,7 @@ use std::io::Cursor;
 use gpux_market::JournalEntry;
 use serde::{Deserialize, Serialize};
 
+pub mod journal;
 pub mod log_store;
 pub mod network;
 pub mod state_machine;

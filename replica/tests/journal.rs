@@ -153,3 +153,62 @@ async fn every_replica_writes_the_same_journal_once() {
         node.raft.shutdown().await.expect("shuts down");
     }
 }
+
+/// The journal a leader's sequencer writes through: an append returns its
+/// first sequence number once the batch is committed and in the leader's
+/// journal (and the followers' once they apply it); on a follower it fails
+/// (not the leader) and nothing is written anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leaders_sequencer_journal_appends_through_raft() {
+    use gpux_replica::journal::ReplicatedJournal;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut members = BTreeMap::new();
+    let mut listeners = BTreeMap::new();
+    for id in 1..=3u64 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        members.insert(id, BasicNode::new(listener.local_addr().expect("addr").to_string()));
+        listeners.insert(id, listener);
+    }
+    let mut nodes = BTreeMap::new();
+    for (id, listener) in listeners {
+        nodes.insert(id, start(dir.path(), id, listener).await);
+    }
+    nodes[&1].raft.initialize(members).await.expect("initialized");
+    let leader = loop {
+        if let Some(id) = nodes.values().find_map(|n| {
+            let metrics = n.raft.metrics().borrow().clone();
+            metrics.state.is_leader().then_some(metrics.id)
+        }) {
+            break id;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let follower = *nodes.keys().find(|id| **id != leader).expect("a follower");
+    let runtime = tokio::runtime::Handle::current();
+    let (on_leader, on_follower) = (
+        ReplicatedJournal::new(nodes[&leader].raft.clone(), runtime.clone(), nodes[&leader].journal.clone()),
+        ReplicatedJournal::new(nodes[&follower].raft.clone(), runtime, nodes[&follower].journal.clone()),
+    );
+    // The sequencer's thread is outside the runtime: append from one.
+    let appended = tokio::task::spawn_blocking(move || {
+        let (mut on_leader, mut on_follower) = (on_leader, on_follower);
+        let none = gpux_market::Archived::default();
+        let firsts: Vec<u64> =
+            (0..3).map(|account| on_leader.append_with_transfers(&batch(account).entries, &[], &none).expect("committed")).collect();
+        let refused = on_follower.append_with_transfers(&batch(9).entries, &[], &none);
+        (firsts, refused.is_err(), on_leader.next_seq(), on_leader.entries_after(0).expect("entries").len())
+    })
+    .await
+    .expect("the appending thread");
+    assert_eq!(appended, (vec![1, 3, 5], true, 7, 6), "(first seqs, follower refused, next seq, entries)");
+    let written: Vec<JournalEntry> = (0..3).flat_map(|account| batch(account).entries).collect();
+    let last = nodes[&leader].raft.metrics().borrow().last_applied.expect("applied").index;
+    for node in nodes.values() {
+        node.raft.wait(Some(Duration::from_secs(10))).applied_index_at_least(Some(last), "applied").await.expect("applied");
+        assert_eq!(journal_of(node).1, written, "every node's journal, nothing of the follower's refused append");
+    }
+    for node in nodes.into_values() {
+        node.server.abort();
+        node.raft.shutdown().await.expect("shuts down");
+    }
+}

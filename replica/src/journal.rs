@@ -1,0 +1,114 @@
+//! The journal a leader's sequencer writes through Raft (issue 19): a
+//! [`JournalStore`] whose append proposes the batch to the cluster and
+//! returns once a majority has it on disk and this node applied it. The
+//! node's [`MarketMachine`](crate::state_machine::MarketMachine), with this
+//! journal as its sink, writes the entries (with the transfers and archive
+//! its own apply produced) into the local journal, as every follower's
+//! machine does into theirs; everything read goes to that local journal.
+//!
+//! So an acknowledgement the sequencer sends after `append_with_transfers`
+//! means: committed on a majority, and in this node's journal. An error
+//! (this node is no longer the leader, Raft stopped, a batch refused by the
+//! market) is the sequencer's journal failure: it stops sequencing.
+
+use std::sync::Arc;
+
+use anyhow::{anyhow, Result};
+use gpux_engine::{AccountId, ContractId, ContractInfo, InstrumentId, InstrumentInfo, LeaseId, LeaseInfo};
+use gpux_journal::{JournalRead, JournalStore};
+use gpux_market::{Archived, ArchivedLease, JournalEntry};
+use gpux_protocol::history::{Candle, CandleInterval, Fill, FillCursor, TradeRecord};
+use gpux_settlement::ledger::Transfer;
+
+use crate::state_machine::JournalSink;
+use crate::{Batch, Raft};
+
+/// The leader's journal: appends through Raft, reads from the local
+/// journal the state machine writes.
+pub struct ReplicatedJournal {
+    raft: Raft,
+    runtime: tokio::runtime::Handle,
+    local: JournalSink,
+}
+
+impl ReplicatedJournal {
+    /// `local` is the sink the node's state machine writes; appends block
+    /// on `runtime` (call them from a thread outside it: the sequencer's).
+    pub fn new(raft: Raft, runtime: tokio::runtime::Handle, local: JournalSink) -> ReplicatedJournal {
+        ReplicatedJournal { raft, runtime, local }
+    }
+
+    fn local(&self) -> std::sync::MutexGuard<'_, Box<dyn JournalStore>> {
+        self.local.lock().expect("the journal's lock")
+    }
+}
+
+impl JournalStore for ReplicatedJournal {
+    fn next_seq(&self) -> u64 {
+        self.local().next_seq()
+    }
+
+    fn entries_after(&self, seq: u64) -> Result<Vec<JournalEntry>> {
+        self.local().entries_after(seq)
+    }
+
+    /// Proposes the batch and waits for its commit and apply. The
+    /// transfers and archive are not sent: every node's machine derives the
+    /// same ones from the entries (checked here by their count).
+    fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Result<u64> {
+        let first = self.next_seq();
+        let batch = Batch { entries: entries.to_vec() };
+        let raft = self.raft.clone();
+        let written = self.runtime.block_on(async move { raft.client_write(batch).await });
+        let response = written.map_err(|error| anyhow!("the batch was not committed through Raft: {error}"))?;
+        if let Some((position, why)) = response.data.refused.first() {
+            return Err(anyhow!("the market refused entry {position} of a committed batch: {why}"));
+        }
+        let next = self.next_seq();
+        if next != first + entries.len() as u64 {
+            return Err(anyhow!("the batch committed, but the local journal went from {first} to {next}, not {} entries", entries.len()));
+        }
+        let _ = (transfers, archived);
+        Ok(first)
+    }
+
+    fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
+        self.local().statement(account, after, limit)
+    }
+
+    fn recent_statement(&self, account: AccountId, before: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
+        self.local().recent_statement(account, before, limit)
+    }
+
+    fn archived_leases_of(&self, account: AccountId, offset: usize, limit: usize) -> Result<(Vec<LeaseInfo>, bool)> {
+        self.local().archived_leases_of(account, offset, limit)
+    }
+
+    fn archived_lease(&self, lease: LeaseId) -> Result<Option<ArchivedLease>> {
+        self.local().archived_lease(lease)
+    }
+
+    fn archived_contract(&self, contract: ContractId) -> Result<Option<ContractInfo>> {
+        self.local().archived_contract(contract)
+    }
+
+    fn archived_instrument(&self, instrument: InstrumentId) -> Result<Option<InstrumentInfo>> {
+        self.local().archived_instrument(instrument)
+    }
+
+    fn shared_reader(&self) -> Arc<dyn JournalRead> {
+        self.local().shared_reader()
+    }
+
+    fn trades(&self, instrument: InstrumentId, before_seq: Option<u64>, limit: usize) -> Result<Vec<TradeRecord>> {
+        self.local().trades(instrument, before_seq, limit)
+    }
+
+    fn candles(&self, instrument: InstrumentId, interval: CandleInterval, before_ms: u64, limit: usize) -> Result<(Vec<Candle>, bool)> {
+        self.local().candles(instrument, interval, before_ms, limit)
+    }
+
+    fn fills(&self, account: AccountId, before: Option<FillCursor>, limit: usize) -> Result<Vec<Fill>> {
+        self.local().fills(account, before, limit)
+    }
+}
