@@ -6,17 +6,19 @@
 //! snapshot here) applies every committed entry again without writing any
 //! of them a second time, then writes the next batch.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpux_engine::{AccountId, Command, EngineConfig, Input, Role};
+use gpux_engine::{AccountId, EngineConfig};
 use gpux_journal::{Journal, JournalStore};
 use gpux_market::JournalEntry;
 use gpux_replica::log_store::LogStore;
 use gpux_replica::network::{self, TcpNetwork};
 use gpux_replica::state_machine::{journal_config, JournalSink, MarketMachine};
-use gpux_replica::{Batch, NodeId, Raft};
+use gpux_replica::{NodeId, Raft};
 use openraft::{BasicNode, Config};
 
 const SECRET: &[u8] = b"journal test";
@@ -64,16 +66,14 @@ async fn start(dir: &std::path::Path, id: NodeId, listener: tokio::net::TcpListe
     Node { raft, machine, journal, server }
 }
 
-fn batch(account: u32) -> Batch {
-    Batch {
-        entries: vec![
-            JournalEntry::Engine(Input { at_ms: 1_800_000_000_000, command: Command::OpenAccount { role: Role::Renter } }),
-            JournalEntry::Engine(Input {
-                at_ms: 1_800_000_000_000,
-                command: Command::Deposit { account: AccountId(account), amount_minor: 7_000 + account as u64 },
-            }),
-        ],
+/// Three nodes with journals on loopback, not yet initialized.
+async fn cluster(dir: &std::path::Path) -> (BTreeMap<NodeId, BasicNode>, BTreeMap<NodeId, Node>) {
+    let (members, listeners) = common::listeners(3).await;
+    let mut nodes = BTreeMap::new();
+    for (id, listener) in listeners {
+        nodes.insert(id, start(dir, id, listener).await);
     }
+    (members, nodes)
 }
 
 fn journal_of(node: &Node) -> (u64, Vec<JournalEntry>, usize) {
@@ -85,31 +85,13 @@ fn journal_of(node: &Node) -> (u64, Vec<JournalEntry>, usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_replica_writes_the_same_journal_once() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut members = BTreeMap::new();
-    let mut listeners = BTreeMap::new();
-    for id in 1..=3u64 {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds");
-        members.insert(id, BasicNode::new(listener.local_addr().expect("addr").to_string()));
-        listeners.insert(id, listener);
-    }
-    let mut nodes = BTreeMap::new();
-    for (id, listener) in listeners {
-        nodes.insert(id, start(dir.path(), id, listener).await);
-    }
+    let (members, mut nodes) = cluster(dir.path()).await;
     nodes[&1].raft.initialize(members.clone()).await.expect("initialized");
-    let leader = loop {
-        if let Some(id) = nodes.values().find_map(|n| {
-            let metrics = n.raft.metrics().borrow().clone();
-            metrics.state.is_leader().then_some(metrics.id)
-        }) {
-            break id;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let leader = common::leader(nodes.values().map(|n| &n.raft)).await;
     let mut written = Vec::new();
     let mut last = 0;
     for account in 0..10 {
-        let batch = batch(account);
+        let batch = common::batch(account);
         written.extend(batch.entries.clone());
         last = nodes[&leader].raft.client_write(batch).await.expect("committed").log_id.index;
     }
@@ -138,7 +120,7 @@ async fn every_replica_writes_the_same_journal_once() {
         }
     };
     nodes.insert(follower, start(dir.path(), follower, listener).await);
-    let batch = batch(10);
+    let batch = common::batch(10);
     written.extend(batch.entries.clone());
     last = nodes[&leader].raft.client_write(batch).await.expect("committed").log_id.index;
     nodes[&follower].raft.wait(Some(Duration::from_secs(10))).applied_index_at_least(Some(last), "applied").await.expect("applied");
@@ -162,27 +144,9 @@ async fn every_replica_writes_the_same_journal_once() {
 async fn the_leaders_sequencer_journal_appends_through_raft() {
     use gpux_replica::journal::ReplicatedJournal;
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut members = BTreeMap::new();
-    let mut listeners = BTreeMap::new();
-    for id in 1..=3u64 {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds");
-        members.insert(id, BasicNode::new(listener.local_addr().expect("addr").to_string()));
-        listeners.insert(id, listener);
-    }
-    let mut nodes = BTreeMap::new();
-    for (id, listener) in listeners {
-        nodes.insert(id, start(dir.path(), id, listener).await);
-    }
-    nodes[&1].raft.initialize(members).await.expect("initialized");
-    let leader = loop {
-        if let Some(id) = nodes.values().find_map(|n| {
-            let metrics = n.raft.metrics().borrow().clone();
-            metrics.state.is_leader().then_some(metrics.id)
-        }) {
-            break id;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let (members, nodes) = cluster(dir.path()).await;
+    nodes[&1].raft.initialize(members.clone()).await.expect("initialized");
+    let leader = common::leader(nodes.values().map(|n| &n.raft)).await;
     let follower = *nodes.keys().find(|id| **id != leader).expect("a follower");
     let runtime = tokio::runtime::Handle::current();
     let (on_leader, on_follower) = (
@@ -193,18 +157,25 @@ async fn the_leaders_sequencer_journal_appends_through_raft() {
     let appended = tokio::task::spawn_blocking(move || {
         let (mut on_leader, mut on_follower) = (on_leader, on_follower);
         let none = gpux_market::Archived::default();
-        let firsts: Vec<u64> =
-            (0..3).map(|account| on_leader.append_with_transfers(&batch(account).entries, &[], &none).expect("committed")).collect();
-        let refused = on_follower.append_with_transfers(&batch(9).entries, &[], &none);
+        let firsts: Vec<u64> = (0..3)
+            .map(|account| on_leader.append_with_transfers(&common::batch(account).entries, &[], &none).expect("committed"))
+            .collect();
+        let refused = on_follower.append_with_transfers(&common::batch(9).entries, &[], &none);
         (firsts, refused.is_err(), on_leader.next_seq(), on_leader.entries_after(0).expect("entries").len())
     })
     .await
     .expect("the appending thread");
     assert_eq!(appended, (vec![1, 3, 5], true, 7, 6), "(first seqs, follower refused, next seq, entries)");
-    let written: Vec<JournalEntry> = (0..3).flat_map(|account| batch(account).entries).collect();
-    let last = nodes[&leader].raft.metrics().borrow().last_applied.expect("applied").index;
+    let written: Vec<JournalEntry> = (0..3).flat_map(|account| common::batch(account).entries).collect();
+    // Every node writes the three batches (the followers once they apply
+    // them: Raft's metrics may lag what is applied, so the journal itself is
+    // what is waited for).
     for node in nodes.values() {
-        node.raft.wait(Some(Duration::from_secs(10))).applied_index_at_least(Some(last), "applied").await.expect("applied");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while journal_of(node).1.len() < written.len() {
+            assert!(std::time::Instant::now() < deadline, "a node applies the committed batches");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         assert_eq!(journal_of(node).1, written, "every node's journal, nothing of the follower's refused append");
     }
     for node in nodes.into_values() {

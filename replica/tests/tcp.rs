@@ -4,17 +4,18 @@
 //! new leader and keep committing; a peer without the cluster's token gets
 //! no answer and changes nothing.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpux_engine::{AccountId, Command, EngineConfig, Input, Role};
-use gpux_market::JournalEntry;
+use gpux_engine::EngineConfig;
 use gpux_replica::log_store::LogStore;
 use gpux_replica::network::{self, TcpNetwork};
 use gpux_replica::state_machine::MarketMachine;
-use gpux_replica::{Batch, NodeId, Raft};
-use openraft::{BasicNode, Config};
+use gpux_replica::Raft;
+use openraft::Config;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 struct Node {
@@ -25,28 +26,6 @@ struct Node {
 
 const SECRET: &[u8] = b"the cluster's secret";
 
-fn batch(account: u32) -> Batch {
-    Batch {
-        entries: vec![
-            JournalEntry::Engine(Input { at_ms: 1_800_000_000_000, command: Command::OpenAccount { role: Role::Renter } }),
-            JournalEntry::Engine(Input {
-                at_ms: 1_800_000_000_000,
-                command: Command::Deposit { account: AccountId(account), amount_minor: 5_000 + account as u64 },
-            }),
-        ],
-    }
-}
-
-async fn leader(nodes: &BTreeMap<NodeId, Node>) -> NodeId {
-    for _ in 0..200 {
-        if let Some(id) = nodes.values().find_map(|n| n.raft.metrics().borrow().state.is_leader().then(|| n.raft.metrics().borrow().id)) {
-            return id;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("no leader within 10 s");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_over_tcp_commit_and_fail_over() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -55,13 +34,7 @@ async fn three_replicas_over_tcp_commit_and_fail_over() {
             .validate()
             .expect("valid"),
     );
-    let mut listeners = BTreeMap::new();
-    let mut members = BTreeMap::new();
-    for id in 1..=3u64 {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds");
-        members.insert(id, BasicNode::new(listener.local_addr().expect("addr").to_string()));
-        listeners.insert(id, listener);
-    }
+    let (members, listeners) = common::listeners(3).await;
     let mut nodes = BTreeMap::new();
     for (id, listener) in listeners {
         let log = LogStore::open(&dir.path().join(format!("{id}-log.redb"))).expect("log");
@@ -72,10 +45,10 @@ async fn three_replicas_over_tcp_commit_and_fail_over() {
     }
     nodes[&1].raft.initialize(members.clone()).await.expect("initialized");
 
-    let first = leader(&nodes).await;
+    let first = common::leader(nodes.values().map(|n| &n.raft)).await;
     let mut last = 0;
     for account in 0..5 {
-        let response = nodes[&first].raft.client_write(batch(account)).await.expect("committed");
+        let response = nodes[&first].raft.client_write(common::batch(account)).await.expect("committed");
         assert!(response.data.refused.is_empty());
         last = response.log_id.index;
     }
@@ -97,10 +70,10 @@ async fn three_replicas_over_tcp_commit_and_fail_over() {
     let gone = nodes.remove(&first).expect("running");
     gone.server.abort();
     gone.raft.shutdown().await.expect("shuts down");
-    let second = leader(&nodes).await;
+    let second = common::leader(nodes.values().map(|n| &n.raft)).await;
     assert_ne!(second, first);
     for account in 5..8 {
-        last = nodes[&second].raft.client_write(batch(account)).await.expect("the two left commit").log_id.index;
+        last = nodes[&second].raft.client_write(common::batch(account)).await.expect("the two left commit").log_id.index;
     }
     for node in nodes.values() {
         node.raft.wait(Some(Duration::from_secs(10))).applied_index_at_least(Some(last), "applied").await.expect("applied");
