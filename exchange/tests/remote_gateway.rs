@@ -1,7 +1,8 @@
 //! A gateway in its own process (issue 19): `gpux-gateway` linked to a real
 //! exchange's `--link-listen` serves clients of the same market as the
 //! exchange's own listener. Orders, private events and the book feed cross
-//! the link; a gateway without the exchange's link secret is refused; when
+//! the link (the gateway skipping a first address that answers nothing);
+//! a gateway without the exchange's link secret is refused; when
 //! the exchange goes away the gateway closes its clients
 //! `sequencer_unavailable`, and serves again once the exchange is back.
 
@@ -24,11 +25,12 @@ struct Gateway {
 }
 
 impl Gateway {
-    fn start(sequencer: &str, secret: &std::path::Path) -> Gateway {
+    fn start(sequencers: &[&str], secret: &std::path::Path) -> Gateway {
         let binary = std::path::Path::new(env!("CARGO_BIN_EXE_gpux-exchange")).with_file_name("gpux-gateway");
         assert!(binary.exists(), "{} is built with the workspace (cargo build -p gpux-gateway)", binary.display());
         let mut child = Command::new(binary)
-            .args(["--listen", "127.0.0.1:0", "--name", "test-gateway", "--sequencer", sequencer])
+            .args(["--listen", "127.0.0.1:0", "--name", "test-gateway"])
+            .args(sequencers.iter().flat_map(|address| ["--sequencer", address]))
             .arg("--link-secret-file")
             .arg(secret)
             .stdout(Stdio::piped())
@@ -98,7 +100,9 @@ async fn a_gateway_in_its_own_process_serves_the_same_market() {
     let mut exchange = Exchange::start_with(dir.path(), Some(&operator_key), &["--link-listen", "127.0.0.1:0"]);
     assert!(!exchange.link_addr.is_empty(), "the exchange says where links go");
     let secret = dir.path().join("link.secret");
-    let gateway = Gateway::start(&exchange.link_addr, &secret);
+    // Its first address answers nothing: it links to the second.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("addr").to_string();
+    let gateway = Gateway::start(&[&dead, &exchange.link_addr], &secret);
 
     // The renter and a market-data reader on the remote gateway; the
     // operator and the supplier on the exchange's own listener.
@@ -167,7 +171,7 @@ async fn a_gateway_in_its_own_process_serves_the_same_market() {
     // clients are closed sequencer_unavailable.
     let wrong = dir.path().join("wrong.secret");
     std::fs::write(&wrong, "not the secret").expect("write");
-    let impostor = Gateway::start(&exchange.link_addr, &wrong);
+    let impostor = Gateway::start(&[&exchange.link_addr], &wrong);
     assert_eq!(close_reason_of_a_new_connection(&impostor.addr).await, "sequencer_unavailable");
     let metrics = scrape(&exchange.metrics_addr).await;
     assert_eq!(metric(&metrics, "gpux_links"), 1.0, "the real gateway's link is open: {metrics}");

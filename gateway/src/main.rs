@@ -16,9 +16,11 @@ use gpux_gateway::{admission, GatewayLimits};
 #[derive(Parser)]
 #[command(name = "gpux-gateway", about = "A gpux WebSocket gateway in its own process, linked to an exchange's sequencer")]
 struct Args {
-    /// The exchange's link address (its --link-listen), host:port.
-    #[arg(long, env = "GPUX_SEQUENCER")]
-    sequencer: String,
+    /// The exchange's link address (its --link-listen), host:port;
+    /// repeatable: the gateway links to the first that answers, and fails
+    /// over to the next when its link breaks.
+    #[arg(long = "sequencer", env = "GPUX_SEQUENCER", value_delimiter = ',', required = true)]
+    sequencers: Vec<String>,
     /// The exchange's link secret: its data directory's link.secret.
     #[arg(long, env = "GPUX_LINK_SECRET_FILE")]
     link_secret_file: PathBuf,
@@ -82,7 +84,7 @@ fn run(args: Args) -> Result<()> {
         say(&format!("at most {budget} connections: the descriptor limit (ulimit -n) leaves no room for more"));
         limits.admission.connections_max = budget;
     }
-    let config = RemoteConfig::new(args.sequencer.clone(), args.name.clone(), secret);
+    let config = RemoteConfig::new(args.sequencers.clone(), args.name.clone(), secret);
     let registry = prometheus::Registry::new();
     let metrics = std::sync::Arc::new(gpux_gateway::metrics::GatewayMetrics::new(&registry));
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -92,7 +94,7 @@ fn run(args: Args) -> Result<()> {
         let (requests, inbox) = crossbeam_channel::bounded(1 << 16);
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let linked = tokio::spawn(bridge(config, inbox, stopped.clone()));
-        say(&format!("listening on {scheme}://{}, linked to the exchange at {}", listener.local_addr()?, args.sequencer));
+        say(&format!("listening on {scheme}://{}, linked to the exchange at {}", listener.local_addr()?, args.sequencers.join(", ")));
         let server = tokio::spawn(gpux_gateway::serve(listener, requests, stopped, limits, metrics, tls, Default::default()));
         wait_for_signal().await;
         say("stopping: closing every connection");

@@ -17,8 +17,9 @@
 //! client connection of this gateway is closed `sequencer_unavailable`
 //! (clients reconnect and resend orders under their client order ids, which
 //! the exchange deduplicates), connections opened meanwhile are closed the
-//! same way, and the bridge reconnects with a backoff of 100 ms doubling
-//! to 2 s.
+//! same way, and the bridge links again: to the next of its addresses
+//! first, then each in turn, then after a backoff of 100 ms doubling to 2 s
+//! per round.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -40,8 +41,9 @@ const BRIDGE_QUEUE_MAX: usize = 1 << 14;
 /// Where the bridge links to and who it says it is.
 #[derive(Clone, Debug)]
 pub struct RemoteConfig {
-    /// The exchange's `--link-listen` address (host:port).
-    pub sequencer: String,
+    /// The exchange's `--link-listen` addresses (host:port), tried in turn
+    /// from the last one that answered (the first at start).
+    pub sequencers: Vec<String>,
     /// This gateway's name (the exchange's logs name links by it).
     pub name: String,
     /// [`wire::link_token`] of the exchange's `link.secret`.
@@ -51,8 +53,8 @@ pub struct RemoteConfig {
 }
 
 impl RemoteConfig {
-    pub fn new(sequencer: String, name: String, secret: &[u8]) -> RemoteConfig {
-        RemoteConfig { sequencer, name, token: wire::link_token(secret), feed_frames_max: FEED_FRAMES_MAX }
+    pub fn new(sequencers: Vec<String>, name: String, secret: &[u8]) -> RemoteConfig {
+        RemoteConfig { sequencers, name, token: wire::link_token(secret), feed_frames_max: FEED_FRAMES_MAX }
     }
 }
 
@@ -135,23 +137,40 @@ pub async fn bridge(config: RemoteConfig, requests: crossbeam_channel::Receiver<
         .expect("a thread for the bridge");
     let mut bridge = Bridge { connections: HashMap::new(), feeds: HashMap::new(), feed_frames_max: config.feed_frames_max };
     let mut backoff = Duration::from_millis(100);
+    // Which address to try next: the one that last answered, else the next.
+    let mut next = 0;
     loop {
         if *shutdown.borrow() {
             return;
         }
-        match connect(&config).await {
-            Ok(stream) => {
+        // One round over every address before backing off.
+        let mut linked = None;
+        for offset in 0..config.sequencers.len().max(1) {
+            let index = (next + offset) % config.sequencers.len().max(1);
+            let Some(address) = config.sequencers.get(index) else { break };
+            match connect(address, &config).await {
+                Ok(stream) => {
+                    next = index;
+                    linked = Some((address.clone(), stream));
+                    break;
+                }
+                Err(error) => tracing::warn!(sequencer = %address, %error, "no link to the exchange"),
+            }
+        }
+        if let Some((address, stream)) = linked {
+            {
                 backoff = Duration::from_millis(100);
-                tracing::info!(sequencer = %config.sequencer, "link open");
+                tracing::info!(sequencer = %address, "link open");
                 let ended = run_link(stream, &mut bridge, &mut inbox, &mut shutdown).await;
                 bridge.lost();
                 match ended {
                     Ok(Ended::Stopped) => return,
-                    Ok(Ended::Closed) => tracing::warn!("the exchange closed the link"),
-                    Err(error) => tracing::warn!(%error, "link lost"),
+                    Ok(Ended::Closed) => tracing::warn!(sequencer = %address, "the exchange closed the link"),
+                    Err(error) => tracing::warn!(sequencer = %address, %error, "link lost"),
                 }
+                // Fail over: the next address first.
+                next += 1;
             }
-            Err(error) => tracing::warn!(sequencer = %config.sequencer, %error, "no link to the exchange"),
         }
         // Until the next try, new connections are refused.
         let wait = tokio::time::sleep(backoff);
@@ -170,8 +189,8 @@ pub async fn bridge(config: RemoteConfig, requests: crossbeam_channel::Receiver<
     }
 }
 
-async fn connect(config: &RemoteConfig) -> Result<TcpStream, WireError> {
-    let mut stream = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(&config.sequencer))
+async fn connect(address: &str, config: &RemoteConfig) -> Result<TcpStream, WireError> {
+    let mut stream = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(address))
         .await
         .map_err(|_| WireError::Protocol("connecting took over 5 s".into()))??;
     let _ = stream.set_nodelay(true);
