@@ -6,6 +6,10 @@
 //! percentiles (hdrhistogram), and, with `--disk`, the single-commit rate of
 //! the disk under the journal.
 //!
+//! With `--nodes 3` it drives a replicated cluster of 3 nodes on loopback
+//! instead (docs/operations.md "A replicated cluster"): every
+//! acknowledgement is then on a majority's disks.
+//!
 //! Run (from the workspace root):
 //! `cargo build --release -p gpux-exchange --bins --examples &&
 //!  target/release/examples/exchange-load --connections 100 --in-flight 16 --seconds 10`
@@ -29,10 +33,12 @@ struct Args {
     disk: bool,
     /// Extra connections that only subscribe to the book the load moves.
     subscribers: usize,
+    /// Cluster nodes (0: the single exchange).
+    nodes: u64,
 }
 
 fn args() -> Args {
-    let mut args = Args { connections: 100, in_flight: 16, seconds: 10, disk: false, subscribers: 0 };
+    let mut args = Args { connections: 100, in_flight: 16, seconds: 10, disk: false, subscribers: 0, nodes: 0 };
     let raw: Vec<String> = std::env::args().skip(1).collect();
     let mut index = 0;
     while index < raw.len() {
@@ -42,6 +48,7 @@ fn args() -> Args {
             "--in-flight" => args.in_flight = value() as usize,
             "--seconds" => args.seconds = value(),
             "--subscribers" => args.subscribers = value() as usize,
+            "--nodes" => args.nodes = value(),
             "--disk" => {
                 args.disk = true;
                 index -= 1;
@@ -62,36 +69,87 @@ fn main() {
     }
     let binary = std::env::current_exe().expect("exe").parent().and_then(|p| p.parent()).expect("target dir").join("gpux-exchange");
     let operator = SigningKey::from_bytes(&[1; 32]);
-    let mut child = Command::new(&binary)
-        .arg("--data-dir")
-        .arg(&dir)
-        .arg("--listen")
-        .arg("127.0.0.1:0")
-        .arg("--metrics-listen")
-        .arg("off")
-        .arg("--console-listen")
-        .arg("off")
-        .arg("--operator-key")
-        .arg(hex::encode(operator.verifying_key().to_bytes()))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("start {}: {e} (build it with --bins)", binary.display()));
-    let addr = {
-        use std::io::BufRead;
-        let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-        loop {
-            let line = lines.next().expect("exchange output").expect("line");
-            if let Some(addr) = line.strip_prefix("gpux-exchange: listening on ws://") {
-                std::thread::spawn(move || lines.for_each(drop));
-                break addr.to_string();
-            }
-        }
-    };
+    let (mut children, addr) =
+        if args.nodes > 0 { cluster(&binary, &dir, &operator, args.nodes) } else { single(&binary, &dir, &operator) };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     runtime.block_on(drive(&addr, &operator, &args));
-    let _ = child.kill();
-    let _ = child.wait();
+    for child in &mut children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn exchange(binary: &std::path::Path, data_dir: &std::path::Path, operator: &SigningKey) -> Command {
+    let mut command = Command::new(binary);
+    command.arg("--data-dir").arg(data_dir).args(["--listen", "127.0.0.1:0", "--metrics-listen", "off", "--console-listen", "off"]);
+    command.arg("--operator-key").arg(hex::encode(operator.verifying_key().to_bytes())).stdout(Stdio::piped());
+    command
+}
+
+/// Every line the processes print, with the index of the process.
+fn lines_of(children: &mut [std::process::Child]) -> std::sync::mpsc::Receiver<(usize, String)> {
+    use std::io::BufRead;
+    let (lines, received) = std::sync::mpsc::channel();
+    for (index, child) in children.iter_mut().enumerate() {
+        let (stdout, lines) = (child.stdout.take().expect("stdout"), lines.clone());
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = lines.send((index, line));
+            }
+        });
+    }
+    received
+}
+
+fn listening(lines: &std::sync::mpsc::Receiver<(usize, String)>) -> String {
+    loop {
+        let (_, line) = lines.recv().expect("exchange output");
+        if let Some(addr) = line.strip_prefix("gpux-exchange: listening on ws://") {
+            return addr.to_string();
+        }
+    }
+}
+
+fn single(binary: &std::path::Path, dir: &std::path::Path, operator: &SigningKey) -> (Vec<std::process::Child>, String) {
+    let child =
+        exchange(binary, dir, operator).spawn().unwrap_or_else(|e| panic!("start {}: {e} (build it with --bins)", binary.display()));
+    let mut children = vec![child];
+    let lines = lines_of(&mut children);
+    let addr = listening(&lines);
+    std::thread::spawn(move || lines.iter().for_each(drop));
+    (children, addr)
+}
+
+/// `nodes` cluster nodes on loopback, started and initialized; returns
+/// the leader's client address once it serves.
+fn cluster(binary: &std::path::Path, dir: &std::path::Path, operator: &SigningKey, nodes: u64) -> (Vec<std::process::Child>, String) {
+    std::fs::create_dir_all(dir).expect("data dir");
+    let secret = dir.join("cluster.secret");
+    std::fs::write(&secret, "exchange-load cluster secret").expect("secret");
+    let mut children = Vec::new();
+    for id in 1..=nodes {
+        let mut command = exchange(binary, &dir.join(format!("node{id}")), operator);
+        command.args(["--node-id", &id.to_string(), "--raft-listen", "127.0.0.1:0", "--cluster-secret-file"]).arg(&secret);
+        children.push(command.spawn().unwrap_or_else(|e| panic!("start {}: {e} (build it with --bins)", binary.display())));
+    }
+    let lines = lines_of(&mut children);
+    let mut raft = std::collections::BTreeMap::new();
+    while raft.len() < nodes as usize {
+        let (index, line) = lines.recv().expect("node output");
+        if let Some(addr) = line.split(": raft on ").nth(1) {
+            raft.insert(index as u64 + 1, addr.to_string());
+        }
+    }
+    let mut init = Command::new(binary);
+    init.args(["cluster", "init", "--peer", &raft[&1], "--cluster-secret-file"]).arg(&secret);
+    for (id, addr) in &raft {
+        init.args(["--node", &format!("{id}={addr}")]);
+    }
+    assert!(init.status().expect("cluster init").success(), "cluster init");
+    let addr = listening(&lines);
+    std::thread::spawn(move || lines.iter().for_each(drop));
+    (children, addr)
 }
 
 type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;

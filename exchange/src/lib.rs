@@ -3,6 +3,7 @@
 //! WebSocket gateway (`gateway`). `run` is the whole process; the binary
 //! only parses its flags.
 
+pub mod cluster;
 pub mod console;
 pub mod http;
 pub mod identity;
@@ -60,6 +61,9 @@ pub struct ExchangeConfig {
     pub on_listening: Option<OnListening>,
     /// The issuer and tax printed on invoices.
     pub invoicing: invoices::InvoiceSettings,
+    /// Run as a node of a replicated cluster (docs/operations.md "A
+    /// replicated cluster"); none: the single-node exchange.
+    pub cluster: Option<cluster::ClusterConfig>,
 }
 
 /// The default fee on usage: 2.5%.
@@ -83,28 +87,27 @@ pub fn run(config: ExchangeConfig) -> Result<u64> {
 }
 
 /// `run`, ending on `stop`.
-pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
+pub fn run_until(mut config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
+    if let Some(cluster) = config.cluster.clone() {
+        return cluster::run_node(config, cluster, stop_on);
+    }
     let clock = link::Clock { offset_ms: config.clock_offset_ms };
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
     let journal = gpux_journal::Journal::open(&config.data_dir.join("journal.redb"))?;
     let exchange_key = identity::load_or_create(&config.data_dir.join("exchange.key"))?;
-    let (invoices, invoice_worker) = invoices::InvoiceDesk::start(std::sync::Arc::new(journal.reader()), exchange_key, config.invoicing)?;
+    let (invoices, invoice_worker) =
+        invoices::InvoiceDesk::start(std::sync::Arc::new(journal.reader()), exchange_key, config.invoicing.clone())?;
     let snapshots = snapshots::SnapshotStore::open(&config.data_dir.join("snapshots.redb"))?;
     // A journal without a genesis listing starts with the demo listing
     // (what every exchange listed before the listing file).
     let market = gpux_market::MarketState::new(gpux_engine::EngineConfig::demo()).context("demo listing")?;
-    let tls = match &config.tls {
-        Some((certificate, key)) => Some(gateway::tls_acceptor(certificate, key)?),
-        None => None,
-    };
-    let scheme = if tls.is_some() { "wss" } else { "ws" };
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
     let (mut sequencer, recovery) = sequencer::Sequencer::recover(
         market,
-        Some(config.engine),
+        Some(config.engine.clone()),
         Box::new(journal),
         snapshots,
-        config.operator_keys,
+        config.operator_keys.clone(),
         metrics.clone(),
         config.billing,
         clock,
@@ -117,57 +120,13 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
         "recovered from snapshot at journal entry {} plus {} journal entries, state hash {:016x}",
         recovery.snapshot_seq, recovery.entries, recovery.state_hash
     ));
-
-    let (requests, inbox) = crossbeam_channel::bounded(SEQUENCER_QUEUE_MAX);
-    // The sequencer ends when the gateway is gone, or early on a broken
-    // invariant (the journal failed): then the process stops serving too.
-    let (sequencer_done, sequencer_ended) = tokio::sync::oneshot::channel::<()>();
-    let sequencer_thread = std::thread::Builder::new().name("sequencer".into()).spawn(move || {
-        let result = sequencer.run(inbox);
-        drop(sequencer_done);
-        result
-    })?;
-
+    let mut surface = Surface::new(&config, metrics.clone())?;
+    surface.on_listening = config.on_listening.take();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    runtime.block_on(async move {
-        let (stop, stopped) = watch::channel(false);
+    let sequencer_thread = runtime.block_on(async move {
         if let Some(address) = config.metrics_listen {
-            let metrics_listener = TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
-            say(&format!("metrics on http://{}/metrics", metrics_listener.local_addr()?));
-            tokio::spawn(metrics::serve(metrics_listener, metrics.clone()));
+            serve_metrics(address, metrics.clone()).await?;
         }
-        let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
-        let gateway_url = format!("{scheme}://{}", listener.local_addr()?);
-        if let Some(address) = config.console_listen {
-            let console_listener = TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
-            let address = console_listener.local_addr()?;
-            // With the gateway's TLS identity the console and REST are HTTPS only.
-            let http = if tls.is_some() { "https" } else { "http" };
-            say(&format!("web console on {http}://{address}/"));
-            say(&format!("REST API on {http}://{address}/api/v1/ (docs/rest.md)"));
-            let rest = gpux_gateway::rest::router(requests.clone(), clock);
-            tokio::spawn(console::serve(console_listener, gateway_url.clone(), metrics.clone(), rest, tls.clone()));
-        }
-        if let Some(address) = config.link_listen {
-            let secret = link_server::load_or_create_secret(&config.data_dir)?;
-            let link_listener = TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
-            say(&format!(
-                "links for gateways on {} (gpux-gateway --sequencer ADDRESS --link-secret-file {})",
-                link_listener.local_addr()?,
-                config.data_dir.join("link.secret").display()
-            ));
-            tokio::spawn(link_server::serve_links(link_listener, requests.clone(), secret, metrics.clone(), stopped.clone()));
-        }
-        say(&format!("listening on {gateway_url}"));
-        if let Some(on_listening) = config.on_listening {
-            on_listening(&gateway_url);
-        }
-        let mut limits = config.limits;
-        if let Some(budget) = admission::descriptor_budget().filter(|budget| *budget < limits.admission.connections_max) {
-            say(&format!("at most {budget} connections: the descriptor limit (ulimit -n) leaves no room for more"));
-            limits.admission.connections_max = budget;
-        }
-        let server = tokio::spawn(gateway::serve(listener, requests, stopped, limits, metrics.gateway.clone(), tls, clock));
         let stop_asked = async {
             match stop_on {
                 Stop::Signals => wait_for_signal().await,
@@ -176,16 +135,8 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
                 }
             }
         };
-        tokio::select! {
-            _ = stop_asked => {}
-            _ = sequencer_ended => say("the sequencer stopped"),
-        }
-        say("stopping: no new connections, finishing in-flight commits");
-        let _ = stop.send(true);
-        let _ = server.await;
-        // Give connection tasks a moment to send their close frames.
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        anyhow::Ok(())
+        let (_, sequencer_thread) = surface.serve(sequencer, stop_asked).await?;
+        anyhow::Ok(sequencer_thread)
     })?;
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     let ended = sequencer_thread.join();
@@ -195,6 +146,165 @@ pub fn run_until(config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
     let state_hash = ended.map_err(|_| anyhow::anyhow!("sequencer thread panicked"))??;
     say(&format!("stopped, state hash {state_hash:016x}"));
     Ok(state_hash)
+}
+
+async fn serve_metrics(address: SocketAddr, metrics: std::sync::Arc<metrics::Metrics>) -> Result<()> {
+    let metrics_listener = TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
+    say(&format!("metrics on http://{}/metrics", metrics_listener.local_addr()?));
+    tokio::spawn(metrics::serve(metrics_listener, metrics));
+    Ok(())
+}
+
+/// Why a sequencer stopped being served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// What the caller waited on happened (a signal, a stop message, a
+    /// cluster node that lost the leadership).
+    Asked,
+    /// The sequencer ended by itself (a broken invariant: the journal failed).
+    SequencerStopped,
+}
+
+/// What the process serves a recovered sequencer on: the clients'
+/// WebSocket listener, the console and REST, and the links of remote
+/// gateways. A cluster node serves one sequencer after another (one per
+/// time it leads) on the same addresses.
+pub(crate) struct Surface {
+    data_dir: PathBuf,
+    listen: SocketAddr,
+    console_listen: Option<SocketAddr>,
+    link_listen: Option<SocketAddr>,
+    limits: gateway::GatewayLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    clock: link::Clock,
+    metrics: std::sync::Arc<metrics::Metrics>,
+    on_listening: Option<OnListening>,
+}
+
+/// The sequencer's thread: its final state hash, or why it stopped.
+pub(crate) type SequencerThread = std::thread::JoinHandle<Result<u64, sequencer::SequencerError>>;
+
+impl Surface {
+    fn new(config: &ExchangeConfig, metrics: std::sync::Arc<metrics::Metrics>) -> Result<Surface> {
+        let tls = match &config.tls {
+            Some((certificate, key)) => Some(gateway::tls_acceptor(certificate, key)?),
+            None => None,
+        };
+        let mut limits = config.limits;
+        if let Some(budget) = admission::descriptor_budget().filter(|budget| *budget < limits.admission.connections_max) {
+            say(&format!("at most {budget} connections: the descriptor limit (ulimit -n) leaves no room for more"));
+            limits.admission.connections_max = budget;
+        }
+        Ok(Surface {
+            data_dir: config.data_dir.clone(),
+            listen: config.listen,
+            console_listen: config.console_listen,
+            link_listen: config.link_listen,
+            limits,
+            tls,
+            clock: link::Clock { offset_ms: config.clock_offset_ms },
+            metrics,
+            on_listening: None,
+        })
+    }
+
+    /// Runs `sequencer` on its thread and serves it until `until` is done
+    /// or the sequencer stops; then stops accepting, closes every
+    /// connection with a reason, and hands back the sequencer's thread (it
+    /// ends once nothing can reach it: the caller joins it).
+    async fn serve(
+        &mut self,
+        sequencer: sequencer::Sequencer,
+        until: impl std::future::Future<Output = ()>,
+    ) -> Result<(Ended, SequencerThread)> {
+        let (requests, inbox) = crossbeam_channel::bounded(SEQUENCER_QUEUE_MAX);
+        // The sequencer ends when the gateway is gone, or early on a broken
+        // invariant (the journal failed): then the process stops serving too.
+        let (sequencer_done, sequencer_ended) = tokio::sync::oneshot::channel::<()>();
+        let sequencer_thread = std::thread::Builder::new().name("sequencer".into()).spawn(move || {
+            let result = sequencer.run(inbox);
+            drop(sequencer_done);
+            result
+        })?;
+        let (stop, stopped) = watch::channel(false);
+        let scheme = if self.tls.is_some() { "wss" } else { "ws" };
+        let mut tasks = Vec::new();
+        let served = async {
+            let listener = TcpListener::bind(self.listen).await.with_context(|| format!("binding {}", self.listen))?;
+            let gateway_url = format!("{scheme}://{}", listener.local_addr()?);
+            if let Some(address) = self.console_listen {
+                let console_listener = TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
+                let address = console_listener.local_addr()?;
+                // With the gateway's TLS identity the console and REST are HTTPS only.
+                let http = if self.tls.is_some() { "https" } else { "http" };
+                say(&format!("web console on {http}://{address}/"));
+                say(&format!("REST API on {http}://{address}/api/v1/ (docs/rest.md)"));
+                let rest = gpux_gateway::rest::router(requests.clone(), self.clock);
+                tasks.push(tokio::spawn(console::serve(
+                    console_listener,
+                    gateway_url.clone(),
+                    self.metrics.clone(),
+                    rest,
+                    self.tls.clone(),
+                )));
+            }
+            if let Some(address) = self.link_listen {
+                let secret = link_server::load_or_create_secret(&self.data_dir)?;
+                let link_listener = TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
+                say(&format!(
+                    "links for gateways on {} (gpux-gateway --sequencer ADDRESS --link-secret-file {})",
+                    link_listener.local_addr()?,
+                    self.data_dir.join("link.secret").display()
+                ));
+                tasks.push(tokio::spawn(link_server::serve_links(
+                    link_listener,
+                    requests.clone(),
+                    secret,
+                    self.metrics.clone(),
+                    stopped.clone(),
+                )));
+            }
+            say(&format!("listening on {gateway_url}"));
+            if let Some(on_listening) = self.on_listening.take() {
+                on_listening(&gateway_url);
+            }
+            anyhow::Ok(tokio::spawn(gateway::serve(
+                listener,
+                requests,
+                stopped,
+                self.limits,
+                self.metrics.gateway.clone(),
+                self.tls.clone(),
+                self.clock,
+            )))
+        };
+        let server = match served.await {
+            Ok(server) => server,
+            Err(error) => {
+                // The sequencer ends: every sender of its requests is gone.
+                for task in tasks {
+                    task.abort();
+                }
+                return Err(error);
+            }
+        };
+        let ended = tokio::select! {
+            _ = until => Ended::Asked,
+            _ = sequencer_ended => {
+                say("the sequencer stopped");
+                Ended::SequencerStopped
+            }
+        };
+        say("stopping: no new connections, finishing in-flight commits");
+        let _ = stop.send(true);
+        let _ = server.await;
+        // Give connection tasks a moment to send their close frames.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        for task in tasks {
+            task.abort();
+        }
+        Ok((ended, sequencer_thread))
+    }
 }
 
 async fn wait_for_signal() {

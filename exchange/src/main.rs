@@ -68,6 +68,19 @@ struct Args {
     /// loopback or a private network (docs/operations.md).
     #[arg(long, env = "GPUX_LINK_LISTEN")]
     link_listen: Option<SocketAddr>,
+    /// Run as node N (from 1) of a replicated cluster, with --raft-listen
+    /// and --cluster-secret-file (docs/operations.md "A replicated
+    /// cluster"). The node serves --listen, --console-listen and
+    /// --link-listen only while it leads.
+    #[arg(long, requires_all = ["raft_listen", "cluster_secret_file"], value_parser = clap::value_parser!(u64).range(1..))]
+    node_id: Option<u64>,
+    /// Where this node's Raft listens for its peers and operators (with --node-id).
+    #[arg(long, requires = "node_id")]
+    raft_listen: Option<SocketAddr>,
+    /// The cluster's secret, the same file on every node (with --node-id;
+    /// at least 16 bytes).
+    #[arg(long, requires = "node_id")]
+    cluster_secret_file: Option<PathBuf>,
     /// Also start a live simulated market: simulated suppliers and renters
     /// trading on this exchange as real WebSocket clients (a demo; they
     /// open accounts in this data directory's journal).
@@ -156,15 +169,25 @@ fn main() {
 
 fn run_main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("GPUX_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("GPUX_LOG").unwrap_or_else(|_| "warn,openraft=error".into()))
         .with_writer(std::io::stderr)
         // Colour for a terminal only: never escape codes in a log file.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = Args::parse();
-    if let Some(Tool::Statement { account }) = args.command {
-        return statement(&args.data_dir, account);
+    match args.command {
+        Some(Tool::Statement { account }) => return statement(&args.data_dir, account),
+        Some(Tool::Cluster { command }) => return cluster_tool(command),
+        None => {}
     }
+    let cluster = match (args.node_id, args.raft_listen, &args.cluster_secret_file) {
+        (Some(node_id), Some(raft_listen), Some(secret)) => {
+            anyhow::ensure!(!args.sim, "--sim runs on a single exchange: leave it out with --node-id");
+            let secret = gpux_exchange::cluster::read_secret(secret)?;
+            Some(gpux_exchange::cluster::ClusterConfig { node_id, raft_listen, secret })
+        }
+        _ => None,
+    };
     if args.fee_bps.is_some_and(|fee| fee > gpux_engine::limits::FEE_BPS_MAX) {
         anyhow::bail!("--fee-bps must be at most {}", gpux_engine::limits::FEE_BPS_MAX);
     }
@@ -250,6 +273,7 @@ fn run_main() -> Result<()> {
             },
             currency,
         },
+        cluster,
     });
     stop_live_market(&live_child);
     result.map(|_| ())
@@ -341,12 +365,108 @@ fn live_market_secret(data_dir: &std::path::Path) -> Result<[u8; 32]> {
 
 #[derive(clap::Subcommand)]
 enum Tool {
+    /// Operate a replicated cluster through a node's Raft port
+    /// (docs/operations.md "A replicated cluster").
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterTool,
+    },
     /// Print an account's ledger transfers as CSV (stop the exchange first:
     /// the journal file admits one process).
     Statement {
         #[arg(long)]
         account: u32,
     },
+}
+
+#[derive(clap::Args)]
+struct NodeAccess {
+    /// A node's Raft address (its --raft-listen).
+    #[arg(long)]
+    peer: String,
+    /// The cluster's secret file (the nodes' --cluster-secret-file).
+    #[arg(long)]
+    cluster_secret_file: PathBuf,
+}
+
+#[derive(clap::Subcommand)]
+enum ClusterTool {
+    /// Start a new cluster of the named nodes (every one running), once,
+    /// through any of them.
+    Init {
+        #[command(flatten)]
+        access: NodeAccess,
+        /// A member: ID=RAFT_ADDRESS (repeat for each node).
+        #[arg(long = "node", required = true, value_parser = parse_member)]
+        nodes: Vec<(u64, String)>,
+    },
+    /// Add a running node (started with its own --node-id): it catches up,
+    /// then votes. Sent to the leader (any node's address finds it).
+    Join {
+        #[command(flatten)]
+        access: NodeAccess,
+        /// The new node: ID=RAFT_ADDRESS.
+        #[arg(long, value_parser = parse_member)]
+        node: (u64, String),
+    },
+    /// Remove a node from the cluster (stop its process afterwards).
+    Leave {
+        #[command(flatten)]
+        access: NodeAccess,
+        #[arg(long)]
+        node_id: u64,
+    },
+    /// Make the node at --peer the leader (a leader transfer before
+    /// maintenance of the current one): the leader stops serving and
+    /// yields, the node campaigns until it wins (10 s at most).
+    Lead {
+        #[command(flatten)]
+        access: NodeAccess,
+    },
+    /// A node's view of the cluster, as JSON: state, term, leader, log and
+    /// applied index, voters, learners and, on the leader, each node's lag.
+    Status {
+        #[command(flatten)]
+        access: NodeAccess,
+    },
+}
+
+fn parse_member(text: &str) -> Result<(u64, String), String> {
+    let (id, addr) = text.split_once('=').ok_or("expected ID=HOST:PORT")?;
+    let id: u64 = id.parse().map_err(|_| format!("{id}: a node id is a number from 1"))?;
+    if id == 0 {
+        return Err("node ids start at 1".into());
+    }
+    addr.parse::<SocketAddr>().map_err(|_| format!("{addr}: expected HOST:PORT (an IP address and a port)"))?;
+    Ok((id, addr.to_string()))
+}
+
+fn cluster_tool(command: ClusterTool) -> Result<()> {
+    use gpux_replica::admin::{call, call_leader, AdminReply, AdminRequest};
+    let (access, request, to_leader) = match command {
+        ClusterTool::Init { access, nodes } => (access, AdminRequest::Initialize { members: nodes.into_iter().collect() }, false),
+        ClusterTool::Join { access, node: (id, addr) } => (access, AdminRequest::Join { id, addr }, true),
+        ClusterTool::Leave { access, node_id } => (access, AdminRequest::Leave { id: node_id }, true),
+        ClusterTool::Lead { access } => (access, AdminRequest::Lead, false),
+        ClusterTool::Status { access } => (access, AdminRequest::Status, false),
+    };
+    let secret = gpux_exchange::cluster::read_secret(&access.cluster_secret_file)?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let reply = runtime.block_on(async {
+        if to_leader {
+            call_leader(&access.peer, &secret, request).await
+        } else {
+            call(&access.peer, &secret, request).await
+        }
+    })?;
+    match reply {
+        AdminReply::Done => println!("done"),
+        AdminReply::Status(status) => println!("{}", serde_json::to_string_pretty(&status)?),
+        AdminReply::NotLeader { leader: Some((id, addr)) } => anyhow::bail!("not the leader: node {id} at {addr} leads; ask it"),
+        AdminReply::NotLeader { leader: None } => anyhow::bail!("no leader now (an election is under way?): try again"),
+        AdminReply::Failed(why) => anyhow::bail!("{why}"),
+    }
+    Ok(())
 }
 
 fn statement(data_dir: &std::path::Path, account: u32) -> Result<()> {

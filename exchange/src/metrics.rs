@@ -48,6 +48,14 @@ pub struct Metrics {
     pub links_open: IntGauge,
     /// Links that ended, by cause.
     pub links_ended: IntCounterVec,
+    /// A cluster node's Raft (`gpux_raft_*`), and whether it serves now.
+    raft_term: IntGauge,
+    raft_leader: IntGauge,
+    raft_is_leader: IntGauge,
+    raft_last_log_index: IntGauge,
+    raft_applied_index: IntGauge,
+    raft_lag: IntGaugeVec,
+    pub cluster_serving: IntGauge,
 }
 
 impl Default for Metrics {
@@ -58,6 +66,12 @@ impl Default for Metrics {
 
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
     let metric = IntCounter::new(name, help).expect("a valid metric");
+    registry.register(Box::new(metric.clone())).expect("registered once");
+    metric
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let metric = IntGauge::new(name, help).expect("a valid metric");
     registry.register(Box::new(metric.clone())).expect("registered once");
     metric
 }
@@ -119,6 +133,21 @@ impl Metrics {
                 metric
             },
             links_ended: counters(&r, "gpux_links_ended_total", "Remote gateways' links that ended, by cause.", "cause"),
+            raft_term: gauge(&r, "gpux_raft_term", "A cluster node's current Raft term."),
+            raft_leader: gauge(&r, "gpux_raft_leader", "The node id of the leader this node knows (0: none)."),
+            raft_is_leader: gauge(&r, "gpux_raft_is_leader", "1 while this node is the Raft leader."),
+            raft_last_log_index: gauge(&r, "gpux_raft_last_log_index", "The last Raft log index this node holds."),
+            raft_applied_index: gauge(&r, "gpux_raft_applied_index", "The last Raft log index this node applied."),
+            raft_lag: {
+                let metric = IntGaugeVec::new(
+                    Opts::new("gpux_raft_replication_lag", "On the leader: log entries each node is behind it."),
+                    &["node"],
+                )
+                .expect("a valid metric");
+                r.register(Box::new(metric.clone())).expect("registered once");
+                metric
+            },
+            cluster_serving: gauge(&r, "gpux_cluster_serving", "1 while this node's sequencer serves (it leads with a majority)."),
             registry: r,
         };
         // Labelled series that exist from the start, so a scrape shows them at 0.
@@ -152,9 +181,29 @@ impl Metrics {
             &self.book_quantity,
             &self.links_open,
             &self.links_ended,
+            &self.raft_term,
+            &self.raft_leader,
+            &self.raft_is_leader,
+            &self.raft_last_log_index,
+            &self.raft_applied_index,
+            &self.raft_lag,
+            &self.cluster_serving,
         ];
         collectors.extend(self.gateway.collectors());
         collectors.iter().flat_map(|c| c.desc()).map(|d| (d.fq_name.clone(), d.variable_labels.clone())).collect()
+    }
+
+    /// A cluster node's Raft, as its status reads.
+    pub fn observe_raft(&self, status: &gpux_replica::admin::NodeStatus) {
+        self.raft_term.set(status.term as i64);
+        self.raft_leader.set(status.leader.as_ref().map_or(0, |(id, _)| *id as i64));
+        self.raft_is_leader.set(i64::from(status.state == "leader"));
+        self.raft_last_log_index.set(status.last_log_index as i64);
+        self.raft_applied_index.set(status.last_applied as i64);
+        self.raft_lag.reset();
+        for (node, lag) in &status.lag {
+            self.raft_lag.with_label_values(&[&node.to_string()]).set(*lag as i64);
+        }
     }
 
     pub fn observe_commit(&self, took: Duration) {

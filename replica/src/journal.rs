@@ -11,7 +11,9 @@
 //! (this node is no longer the leader, Raft stopped, a batch refused by the
 //! market) is the sequencer's journal failure: it stops sequencing.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 use gpux_engine::{AccountId, ContractId, ContractInfo, InstrumentId, InstrumentInfo, LeaseId, LeaseInfo};
@@ -23,19 +25,32 @@ use gpux_settlement::ledger::Transfer;
 use crate::state_machine::JournalSink;
 use crate::{Batch, Raft};
 
+/// How long an append waits for its batch to commit: a leader cut off from
+/// its majority never commits, and its sequencer must stop, not hang.
+pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The leader's journal: appends through Raft, reads from the local
 /// journal the state machine writes.
 pub struct ReplicatedJournal {
     raft: Raft,
     runtime: tokio::runtime::Handle,
     local: JournalSink,
+    fence: Arc<AtomicBool>,
 }
 
 impl ReplicatedJournal {
     /// `local` is the sink the node's state machine writes; appends block
     /// on `runtime` (call them from a thread outside it: the sequencer's).
     pub fn new(raft: Raft, runtime: tokio::runtime::Handle, local: JournalSink) -> ReplicatedJournal {
-        ReplicatedJournal { raft, runtime, local }
+        ReplicatedJournal { raft, runtime, local, fence: Arc::default() }
+    }
+
+    /// Once set, every append fails before it proposes anything: the node
+    /// stopped serving (it lost the leadership, or its majority), and its
+    /// sequencer must never write again, even should the node lead again
+    /// (a new sequencer recovers then, from the journal).
+    pub fn fence(&self) -> Arc<AtomicBool> {
+        self.fence.clone()
     }
 
     fn local(&self) -> std::sync::MutexGuard<'_, Box<dyn JournalStore>> {
@@ -56,10 +71,14 @@ impl JournalStore for ReplicatedJournal {
     /// transfers and archive are not sent: every node's machine derives the
     /// same ones from the entries (checked here by their count).
     fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Result<u64> {
+        if self.fence.load(Ordering::SeqCst) {
+            return Err(anyhow!("this node stopped sequencing (it is not the serving leader any more)"));
+        }
         let first = self.next_seq();
         let batch = Batch { entries: entries.to_vec() };
         let raft = self.raft.clone();
-        let written = self.runtime.block_on(async move { raft.client_write(batch).await });
+        let written = self.runtime.block_on(async move { tokio::time::timeout(COMMIT_TIMEOUT, raft.client_write(batch)).await });
+        let written = written.map_err(|_| anyhow!("the batch was not committed through Raft within {COMMIT_TIMEOUT:?}"))?;
         let response = written.map_err(|error| anyhow!("the batch was not committed through Raft: {error}"))?;
         if let Some((position, why)) = response.data.refused.first() {
             return Err(anyhow!("the market refused entry {position} of a committed batch: {why}"));

@@ -21,9 +21,10 @@
 //! - [`journal::ReplicatedJournal`]: the journal a leader's sequencer
 //!   writes through Raft (an append returns once committed on a majority
 //!   and in this node's journal).
+//! - [`admin`]: the operator's calls (`gpux-exchange cluster ...`) on the
+//!   Raft port.
 //!
-//! Not built yet: the sequencer proposing through Raft, `gpux-exchange
-//! cluster init|join|status` (see docs/operations.md "Not yet").
+//! `gpux-exchange --node-id` runs a node (exchange/src/cluster.rs).
 
 // openraft's traits return its `StorageError` (over 200 bytes); the
 // helpers that build one return it as the traits do.
@@ -34,6 +35,7 @@ use std::io::Cursor;
 use gpux_market::JournalEntry;
 use serde::{Deserialize, Serialize};
 
+pub mod admin;
 pub mod journal;
 pub mod log_store;
 pub mod network;

@@ -4,9 +4,12 @@
 //!
 //! A connection starts with the cluster token: SHA-256 of
 //! `gpux-raft-v1:` and the cluster's secret (every node holds the same
-//! secret file). A peer with another token is dropped before anything else
-//! is read: an entry from outside the cluster must never reach the log.
-//! Frames are bounded ([`RAFT_FRAME_BYTES_MAX`]) before they are read.
+//! secret file), then the caller's node id (u64 little-endian; 0 for an
+//! operator's `gpux-exchange cluster` command). A peer with another token
+//! is dropped before anything else is read: an entry from outside the
+//! cluster must never reach the log. Frames are bounded
+//! ([`RAFT_FRAME_BYTES_MAX`]) before they are read. Besides Raft's own
+//! calls a connection carries the operator's ([`crate::admin`]).
 //!
 //! Errors map as openraft expects: a connection that cannot be made is
 //! `Unreachable` (Raft backs off), a connection that breaks mid-call is a
@@ -26,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::admin::{AdminReply, AdminRequest, Handover};
 use crate::{NodeId, Raft, TypeConfig};
 
 /// The largest Raft frame: a batch of log entries or a snapshot chunk
@@ -41,22 +45,27 @@ pub fn cluster_token(secret: &[u8]) -> [u8; 32] {
     hasher.finalize().into()
 }
 
+/// The bytes a connection starts with: the cluster token and the caller's node id.
+pub const HELLO_BYTES: usize = 40;
+
 #[derive(Serialize, Deserialize)]
-enum Call {
+pub(crate) enum Call {
     AppendEntries(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
     InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
+    Admin(AdminRequest),
 }
 
 #[derive(Serialize, Deserialize)]
-enum Reply {
+pub(crate) enum Reply {
     AppendEntries(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
     InstallSnapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+    Admin(AdminReply),
 }
 
 #[derive(Debug, thiserror::Error)]
-enum FrameError {
+pub enum FrameError {
     #[error("raft link i/o: {0}")]
     Io(#[from] std::io::Error),
     #[error("a raft frame of {0} bytes is over the limit")]
@@ -65,7 +74,7 @@ enum FrameError {
     Decode(String),
 }
 
-async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(writer: &mut W, value: &T) -> Result<(), FrameError> {
+pub(crate) async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(writer: &mut W, value: &T) -> Result<(), FrameError> {
     let body = crate::encode(value).map_err(|e| FrameError::Decode(e.to_string()))?;
     if body.len() > RAFT_FRAME_BYTES_MAX {
         return Err(FrameError::TooLarge(body.len()));
@@ -76,7 +85,7 @@ async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(writer: &mut W, value:
     Ok(())
 }
 
-async fn read_frame<R: AsyncRead + Unpin, T: serde::de::DeserializeOwned>(reader: &mut R) -> Result<T, FrameError> {
+pub(crate) async fn read_frame<R: AsyncRead + Unpin, T: serde::de::DeserializeOwned>(reader: &mut R) -> Result<T, FrameError> {
     let mut length = [0u8; 4];
     reader.read_exact(&mut length).await?;
     let length = u32::from_le_bytes(length) as usize;
@@ -88,30 +97,31 @@ async fn read_frame<R: AsyncRead + Unpin, T: serde::de::DeserializeOwned>(reader
     crate::decode(&body).map_err(|e| FrameError::Decode(e.to_string()))
 }
 
-/// Serves this node's Raft to its peers until the listener fails.
-pub async fn serve(listener: TcpListener, raft: Raft, secret: Arc<[u8]>) {
+/// Serves this node's Raft to its peers (and operators' calls) until the
+/// listener fails.
+pub async fn serve(listener: TcpListener, raft: Raft, secret: Arc<[u8]>, handover: Handover) {
     let token = cluster_token(&secret);
     loop {
         let Ok((stream, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let raft = raft.clone();
+        let (raft, secret, handover) = (raft.clone(), secret.clone(), handover.clone());
         tokio::spawn(async move {
-            if let Err(error) = serve_peer(stream, raft, token).await {
+            if let Err(error) = serve_peer(stream, raft, token, secret, handover).await {
                 tracing::debug!(%peer, %error, "raft peer connection ended");
             }
         });
     }
 }
 
-async fn serve_peer(mut stream: TcpStream, raft: Raft, token: [u8; 32]) -> Result<(), FrameError> {
+async fn serve_peer(mut stream: TcpStream, raft: Raft, token: [u8; 32], secret: Arc<[u8]>, handover: Handover) -> Result<(), FrameError> {
     let _ = stream.set_nodelay(true);
-    let mut theirs = [0u8; 32];
-    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut theirs))
+    let mut hello = [0u8; HELLO_BYTES];
+    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut hello))
         .await
         .map_err(|_| FrameError::Decode("no token within 5 s".into()))??;
-    if theirs.iter().zip(&token).fold(0u8, |acc, (a, b)| acc | (a ^ b)) != 0 {
+    if hello[..32].iter().zip(&token).fold(0u8, |acc, (a, b)| acc | (a ^ b)) != 0 {
         return Err(FrameError::Decode("not this cluster's token".into()));
     }
     loop {
@@ -124,6 +134,7 @@ async fn serve_peer(mut stream: TcpStream, raft: Raft, token: [u8; 32]) -> Resul
             Call::AppendEntries(request) => Reply::AppendEntries(raft.append_entries(request).await),
             Call::Vote(request) => Reply::Vote(raft.vote(request).await),
             Call::InstallSnapshot(request) => Reply::InstallSnapshot(raft.install_snapshot(request).await),
+            Call::Admin(request) => Reply::Admin(crate::admin::handle(&raft, &secret, &handover, request).await),
         };
         // This node's Raft stopped: say so, then close, so the peer
         // connects afresh (to whatever serves the address next).
@@ -143,20 +154,29 @@ async fn serve_peer(mut stream: TcpStream, raft: Raft, token: [u8; 32]) -> Resul
 /// Makes connections to peers (lazily: nothing connects until a call).
 #[derive(Clone)]
 pub struct TcpNetwork {
-    token: [u8; 32],
+    hello: [u8; HELLO_BYTES],
 }
 
 impl TcpNetwork {
-    pub fn new(secret: &[u8]) -> TcpNetwork {
-        TcpNetwork { token: cluster_token(secret) }
+    /// The network of node `id` (named to its peers as each connection starts).
+    pub fn new(secret: &[u8], id: NodeId) -> TcpNetwork {
+        TcpNetwork { hello: hello(secret, id) }
     }
+}
+
+/// What a connection from node `id` (0: an operator) starts with.
+pub fn hello(secret: &[u8], id: NodeId) -> [u8; HELLO_BYTES] {
+    let mut hello = [0u8; HELLO_BYTES];
+    hello[..32].copy_from_slice(&cluster_token(secret));
+    hello[32..].copy_from_slice(&id.to_le_bytes());
+    hello
 }
 
 /// One peer's connection, made on first use and again after it breaks.
 pub struct TcpPeer {
     target: NodeId,
     addr: String,
-    token: [u8; 32],
+    hello: [u8; HELLO_BYTES],
     stream: Option<TcpStream>,
 }
 
@@ -164,7 +184,7 @@ impl RaftNetworkFactory<TypeConfig> for TcpNetwork {
     type Network = TcpPeer;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> TcpPeer {
-        TcpPeer { target, addr: node.addr.clone(), token: self.token, stream: None }
+        TcpPeer { target, addr: node.addr.clone(), hello: self.hello, stream: None }
     }
 }
 
@@ -185,7 +205,7 @@ impl TcpPeer {
                 Err(_) => return Err(CallError::Unreachable(Unreachable::new(&AnyError::error("connect timed out")))),
             };
             let _ = stream.set_nodelay(true);
-            if let Err(error) = stream.write_all(&self.token).await {
+            if let Err(error) = stream.write_all(&self.hello).await {
                 return Err(CallError::Unreachable(Unreachable::new(&error)));
             }
             self.stream = Some(stream);

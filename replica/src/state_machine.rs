@@ -114,6 +114,13 @@ impl MarketMachine {
         read(&self.applied.lock().expect("the machine's lock").market)
     }
 
+    /// A copy of the market as applied so far, with the journal sequence
+    /// after it (read together: a sequencer recovers from them).
+    pub fn market_and_journal_next(&self) -> (MarketState, u64) {
+        let applied = self.applied.lock().expect("the machine's lock");
+        (applied.market.clone(), applied.journal_next)
+    }
+
     /// The last log id applied.
     pub fn last_applied(&self) -> Option<LogId> {
         self.applied.lock().expect("the machine's lock").last_applied

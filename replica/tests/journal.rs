@@ -61,8 +61,8 @@ async fn start(dir: &std::path::Path, id: NodeId, listener: tokio::net::TcpListe
     };
     let journal: JournalSink = Arc::new(Mutex::new(Box::new(journal) as Box<dyn JournalStore>));
     let machine = machine.with_journal(journal.clone());
-    let raft = Raft::new(id, config(), TcpNetwork::new(SECRET), log, machine.clone()).await.expect("raft");
-    let server = tokio::spawn(network::serve(listener, raft.clone(), Arc::from(SECRET)));
+    let raft = Raft::new(id, config(), TcpNetwork::new(SECRET, id), log, machine.clone()).await.expect("raft");
+    let server = tokio::spawn(network::serve(listener, raft.clone(), Arc::from(SECRET), Default::default()));
     Node { raft, machine, journal, server }
 }
 

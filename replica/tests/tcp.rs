@@ -39,8 +39,8 @@ async fn three_replicas_over_tcp_commit_and_fail_over() {
     for (id, listener) in listeners {
         let log = LogStore::open(&dir.path().join(format!("{id}-log.redb"))).expect("log");
         let machine = MarketMachine::open(&dir.path().join(format!("{id}-machine.redb")), EngineConfig::demo()).expect("machine");
-        let raft = Raft::new(id, config.clone(), TcpNetwork::new(SECRET), log, machine.clone()).await.expect("raft");
-        let server = tokio::spawn(network::serve(listener, raft.clone(), Arc::from(SECRET)));
+        let raft = Raft::new(id, config.clone(), TcpNetwork::new(SECRET, id), log, machine.clone()).await.expect("raft");
+        let server = tokio::spawn(network::serve(listener, raft.clone(), Arc::from(SECRET), Default::default()));
         nodes.insert(id, Node { raft, machine, server });
     }
     nodes[&1].raft.initialize(members.clone()).await.expect("initialized");

@@ -485,8 +485,8 @@ fn raft(nodes: u64, duration: Duration) {
         for (id, listener) in listeners {
             let log = LogStore::open(&dir.path().join(format!("{id}-log.redb"))).expect("log");
             let machine = MarketMachine::open(&dir.path().join(format!("{id}-sm.redb")), EngineConfig::demo()).expect("machine");
-            let raft = gpux_replica::Raft::new(id, config.clone(), network::TcpNetwork::new(&secret), log, machine).await.expect("raft");
-            tokio::spawn(network::serve(listener, raft.clone(), secret.clone()));
+            let raft = gpux_replica::Raft::new(id, config.clone(), network::TcpNetwork::new(&secret, id), log, machine).await.expect("raft");
+            tokio::spawn(network::serve(listener, raft.clone(), secret.clone(), Default::default()));
             rafts.push(raft);
         }
         rafts[0].initialize(members).await.expect("initialized");

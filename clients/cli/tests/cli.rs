@@ -52,6 +52,7 @@ fn start_exchange_at(data_dir: &Path, operator_public_key: [u8; 32], clock_offse
         clock_offset_ms,
         challenge_interval_ms: gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT,
         on_listening: None,
+        cluster: None,
         invoicing: Default::default(),
     };
     let thread = std::thread::spawn(move || gpux_exchange::run_until(config, gpux_exchange::Stop::Channel(stopped)));

@@ -123,6 +123,9 @@ pub struct Sequencer {
     sessions_expiring: BTreeSet<(u64, ConnectionId)>,
     /// The invoices' worker (none in the sequencer's own tests).
     invoices: Option<crate::invoices::InvoiceDesk>,
+    /// Set from outside to end `run` (a cluster node that stops leading);
+    /// looked at between batches, at least once a second.
+    stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A remote gateway's link and its connections subscribed to one feed.
@@ -158,7 +161,7 @@ impl Sequencer {
     /// committing what is in flight, then writes a last snapshot and returns
     /// the state hash. A journal or ledger error ends it early.
     pub fn run(mut self, requests: Receiver<Request>) -> Result<u64, SequencerError> {
-        loop {
+        while !self.stop.load(std::sync::atomic::Ordering::SeqCst) {
             let wait = self.time_until_due();
             let mut batch = Vec::new();
             match requests.recv_timeout(wait) {
@@ -177,6 +180,11 @@ impl Sequencer {
         // A clean stop leaves a snapshot of everything, durable before it returns.
         self.snapshots.finish();
         Ok(self.market.state_hash())
+    }
+
+    /// Set it and `run` returns after the batch in hand (within a second).
+    pub fn stop_flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.stop.clone()
     }
 
     fn time_until_due(&self) -> Duration {

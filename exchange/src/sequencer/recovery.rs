@@ -95,6 +95,7 @@ impl Sequencer {
             sessions_expiring: BTreeSet::new(),
             invoices: None,
             challenges: Default::default(),
+            stop: Arc::default(),
         };
         sequencer.set_challenge_interval_ms(super::CHALLENGE_INTERVAL_MS_DEFAULT);
         if let Some(listing) = listing {

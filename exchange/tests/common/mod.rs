@@ -203,6 +203,36 @@ impl Client {
         }
     }
 
+    /// Connects and authenticates within 5 s, or `None` (nobody listens,
+    /// or the connection closed): for tests that fail over between
+    /// addresses.
+    pub async fn try_login(addr: &str, key: &SigningKey, role: Role) -> Option<(Client, AccountId)> {
+        let attempt = async {
+            let stream = TcpStream::connect(addr).await.ok()?;
+            let (socket, _) = tokio_tungstenite::client_async(format!("ws://{addr}"), MaybeTlsStream::Plain(stream)).await.ok()?;
+            let mut client = Client { socket, backlog: Default::default(), nonce: [0; 32], binary: false, next_id: 1 };
+            loop {
+                let Message::Text(text) = client.socket.next().await?.ok()? else { continue };
+                if let Ok(ServerMessage::Challenge { nonce, .. }) = decode_server_text(&text) {
+                    client.nonce = hex::decode(nonce).ok()?.try_into().ok()?;
+                    break;
+                }
+            }
+            let auth = client.auth_message(key, Some(role));
+            let frame = Message::Text(encode_client_text(&auth).into());
+            client.socket.send(frame).await.ok()?;
+            loop {
+                let Message::Text(text) = client.socket.next().await?.ok()? else { continue };
+                match decode_server_text(&text).ok()? {
+                    ServerMessage::Authenticated { account, .. } => return Some((client, account)),
+                    ServerMessage::Error { .. } => return None,
+                    _ => {}
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), attempt).await.ok().flatten()
+    }
+
     /// Connects and authenticates; returns the account.
     pub async fn login(addr: &str, key: &SigningKey, role: Role) -> (Client, AccountId) {
         let mut client = Client::connect(addr).await;

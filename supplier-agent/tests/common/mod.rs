@@ -60,6 +60,7 @@ impl Exchange {
             clock_offset_ms: 0,
             challenge_interval_ms,
             on_listening: None,
+            cluster: None,
             invoicing: Default::default(),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();

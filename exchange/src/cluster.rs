@@ -1,0 +1,298 @@
+//! A node of a replicated cluster (issue 19; docs/operations.md "A
+//! replicated cluster"). Every node runs Raft (gpux-replica) over its own
+//! files: the Raft log (`raft-log.redb`), the state machine's snapshots
+//! (`raft-machine.redb`) and the journal its state machine writes
+//! (`journal.redb`, the same journal a single node keeps, entry for entry).
+//!
+//! Only the leader sequences. A node that becomes leader waits until a
+//! majority confirms it and everything committed is applied, recovers a
+//! sequencer from its state machine's market and its journal, and serves
+//! clients, the console and gateways' links on its addresses; its journal
+//! appends go through Raft ([`ReplicatedJournal`]), so an acknowledgement
+//! means committed on a majority. When it loses the leadership, or a
+//! majority stops answering it, it fences that sequencer (no append of it
+//! can succeed any more), closes its listeners and connections, and waits
+//! to lead again. Followers listen on nothing but Raft and metrics, so
+//! clients and gateways that try each node's address find the leader.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use gpux_journal::JournalStore;
+use gpux_replica::journal::ReplicatedJournal;
+use gpux_replica::log_store::LogStore;
+use gpux_replica::state_machine::{journal_config, JournalSink, MarketMachine};
+use gpux_replica::{network, NodeId, Raft};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::snapshots::{Snapshot, SnapshotStorage};
+use crate::{say, sequencer, Ended, ExchangeConfig, Stop, Surface};
+
+/// How a process joins its cluster (`--node-id`, `--raft-listen`,
+/// `--cluster-secret-file`).
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// This node's id, from 1; unique in the cluster, never reused.
+    pub node_id: NodeId,
+    /// Where this node's Raft listens for its peers (and operators).
+    pub raft_listen: SocketAddr,
+    /// The secret every node of the cluster holds.
+    pub secret: Vec<u8>,
+}
+
+/// The smallest cluster secret accepted, in bytes.
+pub const CLUSTER_SECRET_BYTES_MIN: usize = 16;
+
+/// Reads a cluster secret file: at least 16 bytes (e.g. 64 hex digits from
+/// `head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'`), surrounding
+/// whitespace ignored.
+pub fn read_secret(path: &std::path::Path) -> Result<Vec<u8>> {
+    let text = std::fs::read(path).with_context(|| format!("reading the cluster secret {}", path.display()))?;
+    let secret = text.trim_ascii().to_vec();
+    anyhow::ensure!(
+        secret.len() >= CLUSTER_SECRET_BYTES_MIN,
+        "{}: a cluster secret needs at least {CLUSTER_SECRET_BYTES_MIN} bytes (it has {})",
+        path.display(),
+        secret.len()
+    );
+    Ok(secret)
+}
+
+/// The Raft timing of a node: heartbeats every 100 ms, an election after
+/// 0.5 to 1 s without one.
+fn raft_config() -> Result<Arc<openraft::Config>> {
+    let config = openraft::Config {
+        cluster_name: "gpux".into(),
+        heartbeat_interval: 100,
+        election_timeout_min: 500,
+        election_timeout_max: 1_000,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(20_000),
+        ..Default::default()
+    };
+    Ok(Arc::new(journal_config(config).validate()?))
+}
+
+/// How often a serving leader checks that a majority still answers it, and
+/// how long it waits for the answer before it stops serving.
+const LEADERSHIP_CHECK_EVERY: Duration = Duration::from_millis(500);
+const LEADERSHIP_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Runs a cluster node until `stop_on`: Raft always, a sequencer while it
+/// leads. Returns the state hash of the market it applied last.
+pub fn run_node(mut config: ExchangeConfig, cluster: ClusterConfig, stop_on: Stop) -> Result<u64> {
+    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let metrics = Arc::new(crate::metrics::Metrics::default());
+    let mut surface = Surface::new(&config, metrics.clone())?;
+    surface.on_listening = config.on_listening.take();
+    let ended = runtime.block_on(async {
+        let journal = gpux_journal::Journal::open(&config.data_dir.join("journal.redb"))?;
+        let reader: Arc<dyn gpux_journal::JournalRead> = Arc::new(journal.reader());
+        let sink: JournalSink = Arc::new(Mutex::new(Box::new(journal) as Box<dyn JournalStore>));
+        let log = LogStore::open(&config.data_dir.join("raft-log.redb")).context("opening raft-log.redb")?;
+        let machine = MarketMachine::open(&config.data_dir.join("raft-machine.redb"), gpux_engine::EngineConfig::demo())
+            .context("opening raft-machine.redb")?
+            .with_journal(sink.clone());
+        let id = cluster.node_id;
+        let raft = Raft::new(id, raft_config()?, network::TcpNetwork::new(&cluster.secret, id), log, machine.clone()).await?;
+        let raft_listener =
+            TcpListener::bind(cluster.raft_listen).await.with_context(|| format!("binding {} (--raft-listen)", cluster.raft_listen))?;
+        say(&format!("node {id}: raft on {}", raft_listener.local_addr()?));
+        let handover = gpux_replica::admin::Handover::default();
+        tokio::spawn(network::serve(raft_listener, raft.clone(), Arc::from(cluster.secret.as_slice()), handover.clone()));
+        if let Some(address) = config.metrics_listen {
+            crate::serve_metrics(address, metrics.clone()).await?;
+        }
+        tokio::spawn(report_raft(raft.clone(), metrics.clone()));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        tokio::spawn(async move {
+            match stop_on {
+                Stop::Signals => crate::wait_for_signal().await,
+                Stop::Channel(receiver) => {
+                    let _ = receiver.await;
+                }
+            }
+            let _ = stop_tx.send(true);
+        });
+        let exchange_key = crate::identity::load_or_create(&config.data_dir.join("exchange.key"))?;
+        let stopping = || {
+            let mut stop_rx = stop_rx.clone();
+            async move {
+                let _ = stop_rx.wait_for(|stop| *stop).await;
+            }
+        };
+        loop {
+            let term = tokio::select! {
+                _ = stopping() => break,
+                term = lead(&raft, &handover) => term,
+            };
+            // Recover a sequencer from what this node applied (its market
+            // and its journal hold every committed entry now).
+            let journal = ReplicatedJournal::new(raft.clone(), tokio::runtime::Handle::current(), sink.clone());
+            let fence = journal.fence();
+            let (invoices, invoice_worker) =
+                crate::invoices::InvoiceDesk::start(reader.clone(), exchange_key.clone(), config.invoicing.clone())?;
+            let recovering = {
+                let (listing, operator_keys, metrics, billing) =
+                    (config.engine.clone(), config.operator_keys.clone(), metrics.clone(), config.billing);
+                let (clock, machine) = (surface.clock, machine.clone());
+                tokio::task::spawn_blocking(move || {
+                    sequencer::Sequencer::recover(
+                        gpux_market::MarketState::new(gpux_engine::EngineConfig::demo())?,
+                        Some(listing),
+                        Box::new(journal),
+                        MachineSnapshots { machine },
+                        operator_keys,
+                        metrics,
+                        billing,
+                        clock,
+                    )
+                })
+            };
+            let (mut sequencer, recovery) = recovering.await??;
+            sequencer.set_feed_frames_max(config.limits.feed_frames_max);
+            sequencer.set_challenge_interval_ms(config.challenge_interval_ms);
+            sequencer.set_invoices(invoices);
+            let stop_sequencer = sequencer.stop_flag();
+            say(&format!(
+                "node {id} leads in term {term}: recovered at journal entry {} plus {} journal entries, state hash {:016x}",
+                recovery.snapshot_seq, recovery.entries, recovery.state_hash
+            ));
+            metrics.cluster_serving.set(1);
+            let until = async {
+                tokio::select! {
+                    _ = stopping() => {}
+                    why = deposed(&raft, term, &handover) => say(&format!("node {id} stops serving: {why}")),
+                }
+            };
+            let served = surface.serve(sequencer, until).await;
+            metrics.cluster_serving.set(0);
+            // Whatever happened, nothing this sequencer does reaches the
+            // log any more, and it ends within a second.
+            fence.store(true, Ordering::SeqCst);
+            stop_sequencer.store(true, Ordering::SeqCst);
+            let (ended, thread) = served?;
+            let result = tokio::task::spawn_blocking(move || thread.join()).await?;
+            let _ = tokio::task::spawn_blocking(move || invoice_worker.join()).await?;
+            match result {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => say(&format!("node {id}: the sequencer stopped: {error}")),
+                Err(_) => anyhow::bail!("sequencer thread panicked"),
+            }
+            if ended == Ended::Asked && *stop_rx.borrow() {
+                break;
+            }
+        }
+        say("stopping");
+        let _ = raft.shutdown().await;
+        anyhow::Ok(machine.read(|market| market.state_hash()))
+    });
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    let state_hash = ended?;
+    say(&format!("stopped, state hash {state_hash:016x}"));
+    Ok(state_hash)
+}
+
+/// Waits until this node leads with a majority behind it and has applied
+/// everything in its log (entries a previous sequencer of its own proposed
+/// included); returns the term.
+async fn lead(raft: &Raft, handover: &gpux_replica::admin::Handover) -> u64 {
+    let mut metrics = raft.metrics();
+    let mut yielding = handover.subscribe();
+    loop {
+        let (leading, term) = {
+            let now = metrics.borrow_and_update();
+            (now.state.is_leader(), now.current_term)
+        };
+        if *yielding.borrow_and_update() {
+            // Handing the leadership over: not until that ends.
+            tokio::select! {
+                _ = yielding.changed() => {}
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+            continue;
+        }
+        if leading {
+            let confirmed = tokio::time::timeout(LEADERSHIP_CHECK_TIMEOUT, raft.ensure_linearizable()).await;
+            if matches!(confirmed, Ok(Ok(_))) {
+                let now = raft.metrics().borrow().clone();
+                let applied = now.last_applied.map_or(0, |log_id| log_id.index);
+                if now.current_term == term && now.state.is_leader() && applied >= now.last_log_index.unwrap_or(0) {
+                    return term;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        if metrics.changed().await.is_err() {
+            // Raft stopped: nothing to lead.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Returns (why) once this node no longer leads in `term`, or a majority
+/// no longer confirms it.
+async fn deposed(raft: &Raft, term: u64, handover: &gpux_replica::admin::Handover) -> String {
+    let mut metrics = raft.metrics();
+    let mut check = tokio::time::interval(LEADERSHIP_CHECK_EVERY);
+    let mut yielding = handover.subscribe();
+    loop {
+        if *yielding.borrow_and_update() {
+            return "it hands the leadership over (cluster lead)".into();
+        }
+        {
+            let now = metrics.borrow_and_update();
+            if !now.state.is_leader() || now.current_term != term {
+                return format!("it no longer leads (term {}, leader {:?})", now.current_term, now.current_leader);
+            }
+        }
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() { return "raft stopped".into() },
+            _ = yielding.changed() => {}
+            _ = check.tick() => {
+                match tokio::time::timeout(LEADERSHIP_CHECK_TIMEOUT, raft.ensure_linearizable()).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(error)) => return format!("a majority does not confirm it: {error}"),
+                    Err(_) => return format!("no majority answered within {LEADERSHIP_CHECK_TIMEOUT:?}"),
+                }
+            }
+        }
+    }
+}
+
+/// Keeps the node's Raft gauges current (`gpux_raft_*`).
+async fn report_raft(raft: Raft, metrics: Arc<crate::metrics::Metrics>) {
+    let mut watch = raft.metrics();
+    loop {
+        let status = gpux_replica::admin::status(&raft);
+        metrics.observe_raft(&status);
+        if watch.changed().await.is_err() {
+            return;
+        }
+        // At most 10 updates a second.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The sequencer's snapshots on a cluster node: it recovers from the
+/// market the node's state machine applied (no replay), and writes none
+/// (the state machine's Raft snapshots serve a node's restart).
+struct MachineSnapshots {
+    machine: MarketMachine,
+}
+
+impl SnapshotStorage for MachineSnapshots {
+    fn write(&self, _snapshot: &Snapshot) -> Result<()> {
+        Ok(())
+    }
+
+    fn latest_valid(&self) -> Result<Option<Snapshot>> {
+        let (market, journal_next) = self.machine.market_and_journal_next();
+        Ok((journal_next > 1).then(|| Snapshot { journal_seq: journal_next - 1, market }))
+    }
+}
