@@ -8,7 +8,11 @@
 //!
 //! With `--nodes 3` it drives a replicated cluster of 3 nodes on loopback
 //! instead (docs/operations.md "A replicated cluster"): every
-//! acknowledgement is then on a majority's disks.
+//! acknowledgement is then on a majority's disks. With `--gateways G` the
+//! clients connect to G `gpux-gateway` processes linked to the exchange
+//! (spread evenly); adding `--capacity` opens logged-in connections to them
+//! until they refuse, each gateway under `ulimit -n` of `--gateway-nofile`
+//! (default 256), and prints how many they held at once.
 //!
 //! Run (from the workspace root):
 //! `cargo build --release -p gpux-exchange --bins --examples &&
@@ -35,10 +39,24 @@ struct Args {
     subscribers: usize,
     /// Cluster nodes (0: the single exchange).
     nodes: u64,
+    /// `gpux-gateway` processes the clients connect to (0: the exchange's own listener).
+    gateways: usize,
+    capacity: bool,
+    gateway_nofile: u64,
 }
 
 fn args() -> Args {
-    let mut args = Args { connections: 100, in_flight: 16, seconds: 10, disk: false, subscribers: 0, nodes: 0 };
+    let mut args = Args {
+        connections: 100,
+        in_flight: 16,
+        seconds: 10,
+        disk: false,
+        subscribers: 0,
+        nodes: 0,
+        gateways: 0,
+        capacity: false,
+        gateway_nofile: 256,
+    };
     let raw: Vec<String> = std::env::args().skip(1).collect();
     let mut index = 0;
     while index < raw.len() {
@@ -49,6 +67,12 @@ fn args() -> Args {
             "--seconds" => args.seconds = value(),
             "--subscribers" => args.subscribers = value() as usize,
             "--nodes" => args.nodes = value(),
+            "--gateways" => args.gateways = value() as usize,
+            "--gateway-nofile" => args.gateway_nofile = value(),
+            "--capacity" => {
+                args.capacity = true;
+                index -= 1;
+            }
             "--disk" => {
                 args.disk = true;
                 index -= 1;
@@ -70,9 +94,19 @@ fn main() {
     let binary = std::env::current_exe().expect("exe").parent().and_then(|p| p.parent()).expect("target dir").join("gpux-exchange");
     let operator = SigningKey::from_bytes(&[1; 32]);
     let (mut children, addr) =
-        if args.nodes > 0 { cluster(&binary, &dir, &operator, args.nodes) } else { single(&binary, &dir, &operator) };
+        if args.nodes > 0 { cluster(&binary, &dir, &operator, args.nodes) } else { single(&binary, &dir, &operator, args.gateways > 0) };
+    let addrs = if args.gateways > 0 {
+        let (link, secret) = addr.split_once(' ').expect("the link address and secret");
+        gateways(&binary, link, std::path::Path::new(secret), &args, &mut children)
+    } else {
+        vec![addr]
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    runtime.block_on(drive(&addr, &operator, &args));
+    if args.capacity {
+        runtime.block_on(capacity(&addrs, &args));
+    } else {
+        runtime.block_on(drive(&addrs, &operator, &args));
+    }
     for child in &mut children {
         let _ = child.kill();
         let _ = child.wait();
@@ -111,14 +145,119 @@ fn listening(lines: &std::sync::mpsc::Receiver<(usize, String)>) -> String {
     }
 }
 
-fn single(binary: &std::path::Path, dir: &std::path::Path, operator: &SigningKey) -> (Vec<std::process::Child>, String) {
-    let child =
-        exchange(binary, dir, operator).spawn().unwrap_or_else(|e| panic!("start {}: {e} (build it with --bins)", binary.display()));
+/// The exchange's client address; with `link`, its link address and
+/// secret file instead (separated by a space).
+fn single(binary: &std::path::Path, dir: &std::path::Path, operator: &SigningKey, link: bool) -> (Vec<std::process::Child>, String) {
+    let mut command = exchange(binary, dir, operator);
+    if link {
+        command.args(["--link-listen", "127.0.0.1:0"]);
+    }
+    let child = command.spawn().unwrap_or_else(|e| panic!("start {}: {e} (build it with --bins)", binary.display()));
     let mut children = vec![child];
     let lines = lines_of(&mut children);
-    let addr = listening(&lines);
+    let addr = if link {
+        loop {
+            let (_, line) = lines.recv().expect("exchange output");
+            if let Some(rest) = line.strip_prefix("gpux-exchange: links for gateways on ") {
+                break format!("{} {}", rest.split_whitespace().next().expect("address"), dir.join("link.secret").display());
+            }
+        }
+    } else {
+        listening(&lines)
+    };
     std::thread::spawn(move || lines.iter().for_each(drop));
     (children, addr)
+}
+
+/// `args.gateways` gpux-gateway processes linked to `link`; their client addresses.
+fn gateways(
+    binary: &std::path::Path,
+    link: &str,
+    secret: &std::path::Path,
+    args: &Args,
+    children: &mut Vec<std::process::Child>,
+) -> Vec<String> {
+    let gateway = binary.with_file_name("gpux-gateway");
+    let first = children.len();
+    for index in 0..args.gateways {
+        let mut command = Command::new("sh");
+        let nofile = if args.capacity { args.gateway_nofile.to_string() } else { "$(ulimit -Hn)".to_string() };
+        command.arg("-c").arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\"")).arg(&gateway);
+        command.args(["--sequencer", link, "--listen", "127.0.0.1:0", "--name", &format!("gw-{index}")]);
+        command.args(["--connections-per-ip-max", "1000000", "--connections-max", "1000000"]).arg("--link-secret-file").arg(secret);
+        children.push(command.stdout(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("start {}: {e}", gateway.display())));
+    }
+    let lines = lines_of(&mut children[first..]);
+    let mut addrs = Vec::new();
+    while addrs.len() < args.gateways {
+        let (_, line) = lines.recv().expect("gateway output");
+        if let Some(rest) = line.split("listening on ws://").nth(1) {
+            addrs.push(rest.split([',', ' ']).next().expect("address").to_string());
+        }
+    }
+    std::thread::spawn(move || lines.iter().for_each(drop));
+    addrs
+}
+
+/// Opens logged-in connections, spread over `addrs`, until every address
+/// refuses one; prints how many were open at once.
+async fn capacity(addrs: &[String], args: &Args) {
+    let mut held = Vec::new();
+    let mut full = vec![false; addrs.len()];
+    let mut index = 0u64;
+    while full.iter().any(|full| !full) {
+        for (slot, addr) in addrs.iter().enumerate() {
+            if full[slot] {
+                continue;
+            }
+            index += 1;
+            let mut seed = [0u8; 32];
+            seed[..8].copy_from_slice(&(index + 5_000_000).to_le_bytes());
+            let opened = tokio::time::timeout(Duration::from_secs(5), try_login(addr, &SigningKey::from_bytes(&seed))).await;
+            match opened {
+                Ok(Some(socket)) => held.push(socket),
+                _ => full[slot] = true,
+            }
+        }
+    }
+    println!("{} gateway(s), ulimit -n {} each: {} logged-in connections held at once", addrs.len(), args.gateway_nofile, held.len());
+}
+
+async fn try_login(addr: &str, key: &SigningKey) -> Option<Socket> {
+    let (mut socket, _) = tokio_tungstenite::connect_async(format!("ws://{addr}")).await.ok()?;
+    let nonce = loop {
+        match socket.next().await?.ok()? {
+            Message::Text(text) => {
+                if let Ok(ServerMessage::Challenge { nonce, .. }) = decode_server_text(&text) {
+                    break nonce;
+                }
+            }
+            Message::Close(_) => return None,
+            _ => {}
+        }
+    };
+    let nonce: [u8; 32] = hex::decode(nonce).ok()?.try_into().ok()?;
+    let auth = ClientMessage::Auth {
+        id: 1,
+        public_key: hex::encode(key.verifying_key().to_bytes()),
+        signature: hex::encode(key.sign(&auth_payload(&nonce)).to_bytes()),
+        role: Some(Role::Renter),
+        cancel_on_disconnect: false,
+    };
+    socket.send(Message::Binary(encode_client_binary(&auth).into())).await.ok()?;
+    loop {
+        let message = match socket.next().await?.ok()? {
+            Message::Binary(bytes) => decode_server_binary(&bytes).ok()?,
+            Message::Text(text) => decode_server_text(&text).ok()?,
+            Message::Close(_) => return None,
+            _ => continue,
+        };
+        match message {
+            ServerMessage::Authenticated { .. } => return Some(socket),
+            ServerMessage::Error { .. } => return None,
+            _ => {}
+        }
+    }
 }
 
 /// `nodes` cluster nodes on loopback, started and initialized; returns
@@ -183,13 +322,13 @@ async fn login(addr: &str, key: &SigningKey, role: Role) -> (Socket, AccountId) 
     }
 }
 
-async fn drive(addr: &str, operator: &SigningKey, args: &Args) {
-    let (mut admin, _) = login(addr, operator, Role::Operator).await;
+async fn drive(addrs: &[String], operator: &SigningKey, args: &Args) {
+    let (mut admin, _) = login(&addrs[0], operator, Role::Operator).await;
     let mut sockets = Vec::new();
     for index in 0..args.connections {
         let mut seed = [0u8; 32];
         seed[..8].copy_from_slice(&(index as u64 + 100).to_le_bytes());
-        let (socket, account) = login(addr, &SigningKey::from_bytes(&seed), Role::Renter).await;
+        let (socket, account) = login(&addrs[index % addrs.len()], &SigningKey::from_bytes(&seed), Role::Renter).await;
         let deposit = ClientMessage::Deposit { id: 2, account, amount_minor: 1 << 50 };
         admin.send(Message::Binary(encode_client_binary(&deposit).into())).await.expect("send");
         loop {
@@ -203,7 +342,7 @@ async fn drive(addr: &str, operator: &SigningKey, args: &Args) {
     for index in 0..args.subscribers {
         let mut seed = [0u8; 32];
         seed[..8].copy_from_slice(&(index as u64 + 1_000_000).to_le_bytes());
-        let (mut socket, _) = login(addr, &SigningKey::from_bytes(&seed), Role::Renter).await;
+        let (mut socket, _) = login(&addrs[index % addrs.len()], &SigningKey::from_bytes(&seed), Role::Renter).await;
         let subscribe = ClientMessage::Subscribe { id: 3, channel: Channel::Book, instrument: InstrumentId(0) };
         socket.send(Message::Binary(encode_client_binary(&subscribe).into())).await.expect("send");
         watchers.push(socket);

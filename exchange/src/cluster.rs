@@ -70,11 +70,19 @@ fn raft_config() -> Result<Arc<openraft::Config>> {
         heartbeat_interval: 100,
         election_timeout_min: 500,
         election_timeout_max: 1_000,
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(20_000),
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY_LOG_ENTRIES),
         ..Default::default()
     };
     Ok(Arc::new(journal_config(config).validate()?))
 }
+
+/// A node's state machine takes a snapshot every this many log entries
+/// (a restart applies at most this many again).
+pub const SNAPSHOT_EVERY_LOG_ENTRIES: u64 = 2_000;
+
+/// A node's journal commits durably once in this many batches (and
+/// before each state-machine snapshot).
+pub const JOURNAL_DURABLE_EVERY: u32 = 128;
 
 /// How often a serving leader checks that a majority still answers it, and
 /// how long it waits for the answer before it stops serving.
@@ -90,7 +98,11 @@ pub fn run_node(mut config: ExchangeConfig, cluster: ClusterConfig, stop_on: Sto
     let mut surface = Surface::new(&config, metrics.clone())?;
     surface.on_listening = config.on_listening.take();
     let ended = runtime.block_on(async {
-        let journal = gpux_journal::Journal::open(&config.data_dir.join("journal.redb"))?;
+        let mut journal = gpux_journal::Journal::open(&config.data_dir.join("journal.redb"))?;
+        // A copy of the Raft log (durable on a majority before anything is
+        // acknowledged): one fsync in JOURNAL_DURABLE_EVERY commits, and the
+        // log rebuilds what a crash takes.
+        journal.durable_every(JOURNAL_DURABLE_EVERY);
         let reader: Arc<dyn gpux_journal::JournalRead> = Arc::new(journal.reader());
         let sink: JournalSink = Arc::new(Mutex::new(Box::new(journal) as Box<dyn JournalStore>));
         let log = LogStore::open(&config.data_dir.join("raft-log.redb")).context("opening raft-log.redb")?;
@@ -280,7 +292,7 @@ async fn report_raft(raft: Raft, metrics: Arc<crate::metrics::Metrics>) {
 }
 
 /// The sequencer's snapshots on a cluster node: it recovers from the
-/// market the node's state machine applied (no replay), and writes none
+/// market the node's state machine applied (no replay), and takes none
 /// (the state machine's Raft snapshots serve a node's restart).
 struct MachineSnapshots {
     machine: MarketMachine,
@@ -288,7 +300,11 @@ struct MachineSnapshots {
 
 impl SnapshotStorage for MachineSnapshots {
     fn write(&self, _snapshot: &Snapshot) -> Result<()> {
-        Ok(())
+        anyhow::bail!("a cluster node's sequencer takes no snapshot (its state machine does)")
+    }
+
+    fn takes_snapshots(&self) -> bool {
+        false
     }
 
     fn latest_valid(&self) -> Result<Option<Snapshot>> {

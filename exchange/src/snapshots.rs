@@ -96,6 +96,11 @@ pub trait SnapshotStorage: Send + 'static {
     fn write(&self, snapshot: &Snapshot) -> Result<()>;
     /// The newest snapshot that verifies.
     fn latest_valid(&self) -> Result<Option<Snapshot>>;
+    /// Whether the sequencer takes snapshots into it (a cluster node's
+    /// state machine takes its own: no replica market is kept for this).
+    fn takes_snapshots(&self) -> bool {
+        true
+    }
 }
 
 impl SnapshotStorage for SnapshotStore {
@@ -197,6 +202,11 @@ impl SnapshotWriter {
             }
         })?;
         Ok(SnapshotWriter { batches: Some(batches), thread: Some(thread) })
+    }
+
+    /// A writer that takes no snapshot and keeps no replica.
+    pub fn disabled() -> SnapshotWriter {
+        SnapshotWriter { batches: None, thread: None }
     }
 
     /// Hands over a committed batch: entries `first_seq..`, in order.

@@ -93,7 +93,11 @@ impl Node {
         let started = Instant::now();
         while !self.output.lock().expect("output").iter().any(|l| l.starts_with(&ready)) {
             let exited = self.child.as_mut().expect("started").try_wait().expect("try_wait");
-            let log = || std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default();
+            let log = || {
+                let log = std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                format!("{}\nstdout: {:?}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"), self.output.lock().expect("output"))
+            };
             assert!(exited.is_none(), "node {} exited as it started: {exited:?}\n{}", self.id, log());
             assert!(started.elapsed() < Duration::from_secs(20), "node {} not up within 20 s\n{}", self.id, log());
             std::thread::sleep(Duration::from_millis(20));
@@ -185,6 +189,25 @@ impl Cluster {
                 }
             }
             assert!(started.elapsed() < Duration::from_secs(30), "no serving leader within 30 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until every node has applied its leader's last log index.
+    async fn caught_up(&self) {
+        let started = Instant::now();
+        loop {
+            let leader = self.serving_leader().await;
+            if let Some(target) = self.status(leader).await.map(|s| s.last_log_index) {
+                let mut behind = false;
+                for id in self.nodes.keys() {
+                    behind |= self.status(*id).await.is_none_or(|s| s.last_applied < target);
+                }
+                if !behind {
+                    return;
+                }
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "a node did not catch up within 60 s");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -646,6 +669,8 @@ async fn failover_time_over_20_rounds() {
         took.push(load.first_ack_after(killed_at).await);
         let (secret, operator) = (cluster.secret.clone(), cluster.operator.clone());
         cluster.nodes.get_mut(&leader).expect("node").start(&secret, &operator);
+        // From a whole cluster each round: the restarted node caught up.
+        cluster.caught_up().await;
     }
     took.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;

@@ -57,6 +57,10 @@ const CANDLES: TableDefinition<(u32, u64, u64), &[u8]> = TableDefinition::new("c
 pub struct Journal {
     db: std::sync::Arc<Database>,
     next_seq: u64,
+    /// Every how many commits one is made durable (1: every one; see
+    /// [`Journal::durable_every`]), and commits since the last durable one.
+    durable_every: u32,
+    since_durable: u32,
 }
 
 impl Journal {
@@ -107,7 +111,7 @@ impl Journal {
             let last = table.last()?.map(|(seq, _)| seq.value());
             last.map_or(1, |seq| seq + 1)
         };
-        Ok(Journal { db: std::sync::Arc::new(db), next_seq })
+        Ok(Journal { db: std::sync::Arc::new(db), next_seq, durable_every: 1, since_durable: 0 })
     }
 
     /// Every entry after `seq`, in order; a gap is an error.
@@ -121,12 +125,29 @@ impl Journal {
         self.append_with_transfers(entries, &[], &Archived::default())
     }
 
+    /// Makes only every `commits`-th commit durable (and those [`sync`]
+    /// asks): for a journal that is a copy of a durable log (a cluster
+    /// node's, whose Raft log on a majority's disks is what an
+    /// acknowledgement waits for), which the log rebuilds after a crash.
+    /// A crash loses at most the commits since the last durable one, whole
+    /// (redb: a non-durable commit is persisted by the next durable one).
+    ///
+    /// [`sync`]: JournalStore::sync
+    pub fn durable_every(&mut self, commits: u32) {
+        self.durable_every = commits.max(1);
+    }
+
     /// Appends entries, the ledger transfers they caused and what they
-    /// archived, in one durable commit.
+    /// archived, in one durable commit (see [`Journal::durable_every`]).
     pub fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Result<u64> {
         let first = self.next_seq;
         let mut transaction = self.db.begin_write()?;
-        transaction.set_durability(Durability::Immediate)?;
+        self.since_durable += 1;
+        let durable = self.since_durable >= self.durable_every;
+        if durable {
+            self.since_durable = 0;
+        }
+        transaction.set_durability(if durable { Durability::Immediate } else { Durability::None })?;
         {
             let mut table = transaction.open_table(JOURNAL)?;
             for (offset, entry) in entries.iter().enumerate() {
@@ -195,6 +216,11 @@ pub trait JournalStore: Send {
     /// Appends entries, the transfers they caused and what they archived,
     /// durably, in one commit; returns the first entry's sequence number.
     fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Result<u64>;
+    /// Makes every commit so far durable (a journal whose commits are not
+    /// all durable: [`Journal::durable_every`]).
+    fn sync(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// Up to `limit` transfers involving `account` after transfer id `after`.
     fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>>;
     /// Up to `limit` transfers involving `account` before transfer id
@@ -286,6 +312,15 @@ impl JournalStore for Journal {
     }
     fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Result<u64> {
         Journal::append_with_transfers(self, entries, transfers, archived)
+    }
+    fn sync(&mut self) -> Result<()> {
+        if self.since_durable > 0 {
+            let mut transaction = self.db.begin_write()?;
+            transaction.set_durability(Durability::Immediate)?;
+            transaction.commit()?;
+            self.since_durable = 0;
+        }
+        Ok(())
     }
     fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
         Journal::statement(self, account, after, limit)
@@ -748,6 +783,28 @@ fn statement_by_scan(
 mod tests {
     use super::*;
     use gpux_engine::{Command, Input, Role};
+
+    /// A lazily durable journal reads back every commit at once, and what
+    /// `sync` made durable survives reopening.
+    #[test]
+    fn a_lazy_journal_reads_its_commits_and_sync_makes_them_durable() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("journal.redb");
+        let tick = |at_ms| JournalEntry::Engine(Input { at_ms, command: Command::Tick });
+        {
+            let mut journal = Journal::open(&path).expect("open");
+            journal.durable_every(100);
+            for at_ms in 1..=10 {
+                journal.append(&[tick(at_ms)]).expect("append");
+            }
+            assert_eq!(journal.since_durable, 10, "none of the ten was durable");
+            assert_eq!(journal.entries_after(0).expect("read").len(), 10, "readable before any is durable");
+            JournalStore::sync(&mut journal).expect("sync");
+            assert_eq!(journal.since_durable, 0);
+        }
+        let journal = Journal::open(&path).expect("reopen");
+        assert_eq!(journal.entries_after(0).expect("read"), (1..=10).map(tick).collect::<Vec<_>>());
+    }
 
     #[test]
     fn entries_survive_reopening_in_order() {

@@ -55,9 +55,6 @@ pub struct BatchOutcome {
     /// Entries it refused, by position in the batch, with why (the
     /// sequencer checks entries before proposing, so none is expected).
     pub refused: Vec<(u32, String)>,
-    /// The market's state hash after the batch (every node agrees on it at
-    /// the same log index).
-    pub state_hash: u64,
 }
 
 openraft::declare_raft_types!(

@@ -99,6 +99,10 @@ impl MarketMachine {
     /// start where the machine does (empty for a new node), and Raft must
     /// then never purge the log nor send this node a snapshot instead of
     /// entries (it would leave a hole in the journal): see [`journal_config`].
+    /// The journal may commit lazily (`Journal::durable_every`): a snapshot
+    /// syncs it before it is stored, so a restart from the snapshot finds
+    /// every entry it will not apply again, and writes again from the log
+    /// the batches a crash took from the journal.
     pub fn with_journal(mut self, journal: JournalSink) -> MarketMachine {
         self.journal = Some(journal);
         self
@@ -155,6 +159,12 @@ impl RaftSnapshotBuilder<TypeConfig> for MarketMachine {
             let data = encode(&applied.market).map_err(|e| io(ErrorVerb::Read, e))?;
             (data, applied.last_applied, applied.membership.clone(), applied.journal_next)
         };
+        // The journal must hold, durably, everything a restart from this
+        // snapshot will not apply again (it may commit lazily: a cluster
+        // node's journal is a copy of the Raft log).
+        if let Some(journal) = &self.journal {
+            journal.lock().expect("the journal's lock").sync().map_err(|e| io(ErrorVerb::Write, e))?;
+        }
         let snapshot_id = last_log_id.map_or_else(|| "empty".to_string(), |id| format!("{}-{}", id.leader_id, id.index));
         let meta = SnapshotMeta { last_log_id, last_membership, snapshot_id };
         let stored = Stored { meta: meta.clone(), data, journal_next };
@@ -216,7 +226,6 @@ impl RaftStateMachine<TypeConfig> for MarketMachine {
                 }
                 EntryPayload::Membership(membership) => applied.membership = StoredMembership::new(Some(entry.log_id), membership),
             }
-            outcome.state_hash = applied.market.state_hash();
             // One outcome per entry, Blank and Membership ones included.
             outcomes.push(outcome);
         }

@@ -71,7 +71,11 @@ impl Sequencer {
             archived.append(&mut applied.archived);
         }
         // The snapshot replica starts from the recovered state (one copy, at start).
-        let (replica, replayed_to) = (market.clone(), journal.next_seq() - 1);
+        let snapshot_writer = if snapshots.takes_snapshots() {
+            SnapshotWriter::spawn(snapshots, market.clone(), journal.next_seq() - 1, snapshot_seq, SNAPSHOT_EVERY_ENTRIES)?
+        } else {
+            SnapshotWriter::disabled()
+        };
         let mut sequencer = Sequencer {
             market,
             journal,
@@ -89,7 +93,7 @@ impl Sequencer {
             feed_frames_max: FEED_FRAMES_MAX,
             metrics,
             depth_refreshed_ms: 0,
-            snapshots: SnapshotWriter::spawn(snapshots, replica, replayed_to, snapshot_seq, SNAPSHOT_EVERY_ENTRIES)?,
+            snapshots: snapshot_writer,
             logs_pending: BTreeMap::new(),
             next_logs_request: 1,
             sessions_expiring: BTreeSet::new(),
