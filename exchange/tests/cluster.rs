@@ -8,6 +8,9 @@
 //! every node's journal is a prefix of the longest, nodes with the same
 //! journal have the same state hash, `gpux-audit`'s replay of each node's
 //! journal reaches that node's state hash, and the ledger sums to zero.
+//! Besides: a `gpux-gateway` given every node's link address follows the
+//! leader, and nodes join, leave and hand the leadership over through
+//! `gpux-exchange cluster`.
 
 mod common;
 
@@ -26,6 +29,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
 const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+const LINK_SECRET: &str = "6c696e6b2d7365637265742d666f722d7468652d636c75737465722d74657374";
 
 /// A loopback address free now, below Linux's ephemeral range (32768 up),
 /// so no outgoing connection takes it before its node binds it (a node's
@@ -50,6 +54,8 @@ struct Node {
     listen: String,
     raft: String,
     metrics: String,
+    /// Where gateways link while this node leads (`--link-listen`).
+    link: String,
     child: Option<Child>,
     output: Arc<Mutex<Vec<String>>>,
 }
@@ -62,6 +68,7 @@ impl Node {
             listen: free_port(),
             raft: free_port(),
             metrics: free_port(),
+            link: free_port(),
             child: None,
             output: Arc::default(),
         }
@@ -72,7 +79,7 @@ impl Node {
             .arg("--data-dir")
             .arg(&self.dir)
             .args(["--node-id", &self.id.to_string(), "--raft-listen", &self.raft, "--listen", &self.listen])
-            .args(["--metrics-listen", &self.metrics, "--console-listen", "off"])
+            .args(["--metrics-listen", &self.metrics, "--console-listen", "off", "--link-listen", &self.link])
             .arg("--cluster-secret-file")
             .arg(secret)
             .arg("--operator-key")
@@ -148,9 +155,14 @@ impl Cluster {
         let secret = root.path().join("cluster.secret");
         std::fs::write(&secret, SECRET).expect("secret file");
         let operator = key(1);
+        // One link secret on every node (docs/operations.md), so a gateway
+        // links to whichever leads.
+        std::fs::write(root.path().join("link.secret"), LINK_SECRET).expect("link secret");
         let mut nodes = BTreeMap::new();
         for id in 1..=count {
             let mut node = Node::new(root.path(), id);
+            std::fs::create_dir_all(&node.dir).expect("data dir");
+            std::fs::write(node.dir.join("link.secret"), LINK_SECRET).expect("link secret");
             node.start(&secret, &operator);
             nodes.insert(id, node);
         }
@@ -681,4 +693,101 @@ async fn failover_time_over_20_rounds() {
         ms(took[0])
     );
     load.stop_and_check(&cluster).await;
+}
+
+/// A `gpux-gateway` given every node's link address links to the leader
+/// (followers refuse links), and when the leader dies it links to the next
+/// one: its client places an order before and after, and sees both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_follows_the_leader() {
+    let mut cluster = Cluster::start(3, |node| node.raft.clone());
+    let leader = cluster.serving_leader().await;
+    let links: Vec<String> = cluster.nodes.values().map(|node| node.link.clone()).collect();
+    let binary = Path::new(env!("CARGO_BIN_EXE_gpux-exchange")).with_file_name("gpux-gateway");
+    assert!(binary.exists(), "{} is built with the workspace (cargo build -p gpux-gateway)", binary.display());
+    let mut gateway = Command::new(binary)
+        .args(["--listen", "127.0.0.1:0", "--name", "cluster-gateway", "--sequencer", &links.join(",")])
+        .arg("--link-secret-file")
+        .arg(cluster.root.path().join("link.secret"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("gpux-gateway starts");
+    let mut lines = BufReader::new(gateway.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    let mut addr = None;
+    while addr.is_none() && lines.read_line(&mut line).unwrap_or(0) > 0 {
+        addr = line.trim().strip_prefix("gpux-gateway: listening on ws://").and_then(|rest| rest.split(',').next()).map(str::to_string);
+        line.clear();
+    }
+    let addr = addr.expect("the gateway listens");
+    std::thread::spawn(move || for _ in lines.lines().map_while(Result::ok) {});
+    {
+        let (mut operator, _) = Client::login(&cluster.nodes[&leader].listen, &cluster.operator, Role::Operator).await;
+        let (_, account) = Client::login(&cluster.nodes[&leader].listen, &key(30), Role::Renter).await;
+        let id = operator.id();
+        assert!(matches!(operator.request(ClientMessage::Deposit { id, account, amount_minor: 1 << 40 }).await, ServerMessage::Ack { .. }));
+    }
+    // Places an order through the gateway, resending it (same client order
+    // id) until it is acknowledged or found placed.
+    let place = |client_order_id: u64| {
+        let addr = addr.clone();
+        async move {
+            let started = Instant::now();
+            loop {
+                assert!(started.elapsed() < Duration::from_secs(30), "order {client_order_id}: no answer through the gateway in 30 s");
+                if let Some((mut client, _)) = Client::try_login(&addr, &key(30), Role::Renter).await {
+                    match client.try_place(ticket(client_order_id, Side::Buy, 1_000_000, 1)).await {
+                        Some(ServerMessage::Ack { .. }) => return false,
+                        Some(ServerMessage::Reject { code: RejectCode::DuplicateClientOrderId, .. }) => return true,
+                        Some(other) => panic!("{other:?}"),
+                        None => {}
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    place(1).await;
+    assert_eq!(metric(&scrape(&cluster.nodes[&leader].metrics).await, "gpux_links"), 1.0, "the gateway links to the leader");
+    let killed_at = Instant::now();
+    cluster.nodes.get_mut(&leader).expect("node").kill();
+    place(2).await;
+    eprintln!("the gateway's client placed an order {:?} after the leader's death", killed_at.elapsed());
+    let next = cluster.serving_leader().await;
+    assert_ne!(next, leader);
+    assert_eq!(metric(&scrape(&cluster.nodes[&next].metrics).await, "gpux_links"), 1.0, "the gateway linked to the new leader");
+    let (mut client, _) = Client::try_login(&addr, &key(30), Role::Renter).await.expect("logs in through the gateway");
+    let open: BTreeSet<u64> = client.open_orders().await.iter().map(|order| order.client_order_id).collect();
+    assert_eq!(open, BTreeSet::from([1, 2]), "both orders, once each");
+    let _ = gateway.kill();
+    let _ = gateway.wait();
+}
+
+/// Cluster flags that cannot work are refused before anything starts, each
+/// with its reason.
+#[test]
+fn bad_cluster_flags_are_refused_with_a_reason() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let short = dir.path().join("short.secret");
+    std::fs::write(&short, "too short").expect("write");
+    let good = dir.path().join("good.secret");
+    std::fs::write(&good, SECRET).expect("write");
+    let data = dir.path().join("data");
+    let (short, good, data) = (short.to_str().expect("utf-8"), good.to_str().expect("utf-8"), data.to_str().expect("utf-8"));
+    let cases: [(&[&str], &str); 6] = [
+        (&["--node-id", "1"], "--raft-listen"),
+        (&["--node-id", "0", "--raft-listen", "127.0.0.1:0", "--cluster-secret-file", good], "0 is not in 1.."),
+        (&["--node-id", "1", "--raft-listen", "127.0.0.1:0", "--cluster-secret-file", short], "at least 16 bytes"),
+        (&["--node-id", "1", "--raft-listen", "127.0.0.1:0", "--cluster-secret-file", good, "--sim"], "--sim runs on a single exchange"),
+        (&["cluster", "init", "--peer", "127.0.0.1:1", "--cluster-secret-file", good, "--node", "1"], "expected ID=HOST:PORT"),
+        (&["cluster", "status", "--peer", "127.0.0.1:1", "--cluster-secret-file", good], "cannot reach 127.0.0.1:1"),
+    ];
+    for (args, reason) in cases {
+        let output = Command::new(env!("CARGO_BIN_EXE_gpux-exchange")).args(["--data-dir", data]).args(args).output().expect("runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?} is refused");
+        assert!(stderr.contains(reason), "{args:?}: expected {reason:?} in {stderr}");
+    }
+    assert!(!Path::new(data).join("raft-log.redb").exists(), "nothing was started");
 }
