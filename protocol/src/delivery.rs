@@ -439,8 +439,11 @@ mod tests {
         assert_eq!(other.unseal(&sealed), Err(UnsealError::WrongRecipient));
         let forged = Sealed { recipient: hex::encode(other.public()), ..sealed.clone() };
         assert_eq!(other.unseal(&forged), Err(UnsealError::Undecryptable));
+        // One ciphertext byte flipped (a fixed replacement would leave the
+        // 1 in 256 ciphertexts that already hold it untouched).
         let mut tampered = sealed.clone();
-        tampered.ciphertext.replace_range(70..72, "00");
+        let byte = u8::from_str_radix(&tampered.ciphertext[70..72], 16).expect("hex");
+        tampered.ciphertext.replace_range(70..72, &format!("{:02x}", byte ^ 0x01));
         assert_eq!(key().unseal(&tampered), Err(UnsealError::Undecryptable));
     }
 
