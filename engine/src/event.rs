@@ -541,7 +541,9 @@ impl RejectCode {
             MinQuantityInvalid => "min_quantity must not exceed quantity",
             DurationInvalid => "duration must be 1 hour or more and within the maximum",
             ExpiryInPast => "good-till-time expiry must be in the future",
-            DuplicateClientOrderId => "client_order_id is already used by an open order of this account",
+            DuplicateClientOrderId => {
+                "client_order_id is already used by an open order of this account, or by one that closed in the last 24 hours"
+            }
             TooManyOpenOrders => "the account has too many open orders; cancel some first",
             PostOnlyWouldCross => "post-only order would trade on arrival",
             PostOnlyNotLimit => "post-only needs a limit order that may rest (GTC or GTT)",

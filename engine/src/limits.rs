@@ -11,6 +11,12 @@ pub const GPUS_PER_HOST_MAX: u32 = 64;
 pub const GPUS_MAX: u32 = 1 << 22;
 /// Live orders across all books (the order slab's capacity bound).
 pub const ORDERS_LIVE_MAX: u32 = 1 << 24;
+/// How long a closed order's client id stays taken (docs/market-rules.md
+/// "Client order ids"): a day of the exchange's clock.
+pub const CLOSED_CLIENT_ORDER_ID_MS: u64 = 24 * 3_600_000;
+/// Closed orders' client ids remembered at most, exchange-wide (the oldest
+/// is forgotten first).
+pub const CLOSED_CLIENT_ORDER_IDS_MAX: usize = 1 << 20;
 /// Default bound on one account's open orders (configurable per engine).
 pub const ORDERS_PER_ACCOUNT_MAX_DEFAULT: u32 = 10_000;
 /// Longest spot/preemptible minimum duration a bid may ask for.

@@ -533,3 +533,25 @@ fn offers_list_each_ask_in_price_time_order_with_its_sellers_score() {
     assert!(m.engine.offers(H100_SPOT, 3, 10).0.is_empty());
     assert!(m.engine.offers(InstrumentId(9_999), 0, 10).0.is_empty(), "no such instrument");
 }
+
+/// A closed order's client id stays taken for a day (docs/market-rules.md
+/// "Client order ids"): an order resent after a lost connection is placed
+/// at most once, whether the first traded out, was cancelled or rests.
+#[test]
+fn a_client_order_id_stays_taken_for_a_day_after_its_order_closed() {
+    let (mut m, supplier, host, renter) = market();
+    m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+    let filled = m.order(renter, H100_SPOT, Side::Buy, USD_2, 1);
+    let events = m.place(filled.clone());
+    assert_eq!(trades(&events), [(USD_2, 1)], "the first traded out");
+    assert_eq!(rejection(&m.place(filled.clone())), Some(RejectCode::DuplicateClientOrderId), "resent: refused");
+    let cancelled = m.order(renter, H100_SPOT, Side::Buy, 1_000_000, 1);
+    let order = accepted(&m.place(cancelled.clone())).expect("rests");
+    m.apply(Command::CancelOrder { account: renter, order });
+    assert_eq!(rejection(&m.place(cancelled.clone())), Some(RejectCode::DuplicateClientOrderId), "cancelled, resent: refused");
+    m.advance(24 * 3_600_000 - 1);
+    assert_eq!(rejection(&m.place(cancelled.clone())), Some(RejectCode::DuplicateClientOrderId), "a day less 1 ms later: still taken");
+    m.advance(1);
+    assert!(accepted(&m.place(cancelled)).is_some(), "a day later the id is free again");
+    assert!(accepted(&m.place(filled)).is_some());
+}

@@ -59,7 +59,7 @@ impl Engine {
                 return Err(RejectCode::ExpiryInPast);
             }
         }
-        if self.client_order_ids.contains_key(&(account, client_order_id)) {
+        if self.client_order_id_taken(account, client_order_id) {
             return Err(RejectCode::DuplicateClientOrderId);
         }
         if funds.open_orders >= self.config.orders_per_account_max || self.orders.live_count() >= crate::limits::ORDERS_LIVE_MAX {

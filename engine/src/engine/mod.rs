@@ -32,6 +32,7 @@ use crate::config::{ConfigError, EngineConfig};
 use crate::event::{Event, EventKind, LeaseEndReason, LeaseKind, RejectCode};
 use crate::gpus::{Gpu, GpuDetails, Host};
 use crate::ids::{AccountId, ContractId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
+use crate::limits;
 use crate::state_hash::StateHasher;
 pub use spend::SpendStatus;
 pub use sub_accounts::SubAccountInfo;
@@ -381,6 +382,15 @@ pub struct Engine {
     /// cancel visits only the account's own orders (a scan of every live
     /// order made it cost as much as the whole book).
     pub(crate) client_order_ids: BTreeMap<(AccountId, u64), OrderId>,
+    /// Client ids of orders that closed lately (traded out, cancelled,
+    /// expired), by account and id, with when they closed: still taken for
+    /// `limits::CLOSED_CLIENT_ORDER_ID_MS`, so an order resent after a lost
+    /// connection is placed at most once, whatever became of the first.
+    /// (A list of pairs when encoded: JSON maps take string keys only.)
+    #[serde(with = "pairs")]
+    pub(crate) closed_client_order_ids: BTreeMap<(AccountId, u64), u64>,
+    /// The same, oldest first: `(closed at ms, account, client id)`.
+    pub(crate) closed_client_order_ids_by_time: VecDeque<(u64, AccountId, u64)>,
     pub(crate) hosts: Vec<Host>,
     pub(crate) host_by_name: BTreeMap<String, HostId>,
     pub(crate) gpus: Vec<Gpu>,
@@ -483,6 +493,8 @@ impl Engine {
             books: ChunkedVec::default(),
             orders: OrderSlab::default(),
             client_order_ids: BTreeMap::new(),
+            closed_client_order_ids: BTreeMap::new(),
+            closed_client_order_ids_by_time: VecDeque::new(),
             hosts: Vec::new(),
             host_by_name: BTreeMap::new(),
             gpus: Vec::new(),
@@ -1224,5 +1236,60 @@ impl Engine {
         let mut client_ids: Vec<_> = self.client_order_ids.iter().collect();
         client_ids.sort();
         h.bytes(format!("{client_ids:?}").as_bytes());
+        h.u64(self.closed_client_order_ids_by_time.len() as u64);
+        for (at_ms, account, client_order_id) in &self.closed_client_order_ids_by_time {
+            h.u64(*at_ms);
+            h.u64(u64::from(account.0));
+            h.u64(*client_order_id);
+        }
+    }
+
+    /// Whether the account's client order id is taken: by an open order,
+    /// or by one that closed within `limits::CLOSED_CLIENT_ORDER_ID_MS`.
+    pub(crate) fn client_order_id_taken(&self, account: AccountId, client_order_id: u64) -> bool {
+        self.client_order_ids.contains_key(&(account, client_order_id))
+            || self
+                .closed_client_order_ids
+                .get(&(account, client_order_id))
+                .is_some_and(|closed_at| closed_at + limits::CLOSED_CLIENT_ORDER_ID_MS > self.now_ms)
+    }
+
+    /// Remembers a closed order's client id, forgetting those older than
+    /// the window (and the oldest beyond the cap).
+    pub(crate) fn remember_closed_client_order_id(&mut self, account: AccountId, client_order_id: u64) {
+        while let Some(&(at_ms, old_account, old_id)) = self.closed_client_order_ids_by_time.front() {
+            let expired = at_ms + limits::CLOSED_CLIENT_ORDER_ID_MS <= self.now_ms;
+            if !expired && self.closed_client_order_ids_by_time.len() < limits::CLOSED_CLIENT_ORDER_IDS_MAX {
+                break;
+            }
+            self.closed_client_order_ids_by_time.pop_front();
+            // A later close of the same id (after its window) stays.
+            if self.closed_client_order_ids.get(&(old_account, old_id)) == Some(&at_ms) {
+                self.closed_client_order_ids.remove(&(old_account, old_id));
+            }
+        }
+        self.closed_client_order_ids.insert((account, client_order_id), self.now_ms);
+        self.closed_client_order_ids_by_time.push_back((self.now_ms, account, client_order_id));
+    }
+}
+
+/// A map encoded as a list of `(key, value)` pairs (JSON maps take string
+/// keys only; the engine's tuple-keyed maps do not).
+mod pairs {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<K: Serialize, V: Serialize, S: Serializer>(map: &BTreeMap<K, V>, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(map.iter())
+    }
+
+    pub fn deserialize<'de, K, V, D>(deserializer: D) -> Result<BTreeMap<K, V>, D::Error>
+    where
+        K: Deserialize<'de> + Ord,
+        V: Deserialize<'de>,
+        D: Deserializer<'de>,
+    {
+        Ok(Vec::<(K, V)>::deserialize(deserializer)?.into_iter().collect())
     }
 }

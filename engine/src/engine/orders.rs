@@ -169,7 +169,7 @@ impl Engine {
         if new.post_only && (new.order_type != OrderType::Limit || !may_rest) {
             return Err(RejectCode::PostOnlyNotLimit);
         }
-        if !triggered && self.client_order_ids.contains_key(&(new.account, new.client_order_id)) {
+        if !triggered && self.client_order_id_taken(new.account, new.client_order_id) {
             return Err(RejectCode::DuplicateClientOrderId);
         }
         if !triggered
@@ -475,6 +475,7 @@ impl Engine {
             }
         }
         self.client_order_ids.remove(&(order.account, order.client_order_id));
+        self.remember_closed_client_order_id(order.account, order.client_order_id);
         self.accounts[order.account.0 as usize].open_orders -= 1;
         self.orders.remove(id);
         self.emit(EventKind::OrderClosed { order: id, account: order.account, reason, quantity_left: order.quantity });
