@@ -679,6 +679,7 @@ async fn failover_time_over_20_rounds() {
         let killed_at = Instant::now();
         cluster.nodes.get_mut(&leader).expect("node").kill();
         took.push(load.first_ack_after(killed_at).await);
+        eprintln!("round {}: node {leader} killed, first acknowledgement after {:?}", took.len(), took[took.len() - 1]);
         let (secret, operator) = (cluster.secret.clone(), cluster.operator.clone());
         cluster.nodes.get_mut(&leader).expect("node").start(&secret, &operator);
         // From a whole cluster each round: the restarted node caught up.
@@ -703,25 +704,9 @@ async fn a_gateway_follows_the_leader() {
     let mut cluster = Cluster::start(3, |node| node.raft.clone());
     let leader = cluster.serving_leader().await;
     let links: Vec<String> = cluster.nodes.values().map(|node| node.link.clone()).collect();
-    let binary = Path::new(env!("CARGO_BIN_EXE_gpux-exchange")).with_file_name("gpux-gateway");
-    assert!(binary.exists(), "{} is built with the workspace (cargo build -p gpux-gateway)", binary.display());
-    let mut gateway = Command::new(binary)
-        .args(["--listen", "127.0.0.1:0", "--name", "cluster-gateway", "--sequencer", &links.join(",")])
-        .arg("--link-secret-file")
-        .arg(cluster.root.path().join("link.secret"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("gpux-gateway starts");
-    let mut lines = BufReader::new(gateway.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    let mut addr = None;
-    while addr.is_none() && lines.read_line(&mut line).unwrap_or(0) > 0 {
-        addr = line.trim().strip_prefix("gpux-gateway: listening on ws://").and_then(|rest| rest.split(',').next()).map(str::to_string);
-        line.clear();
-    }
-    let addr = addr.expect("the gateway listens");
-    std::thread::spawn(move || for _ in lines.lines().map_while(Result::ok) {});
+    let links: Vec<&str> = links.iter().map(String::as_str).collect();
+    let gateway = Gateway::start(&links, &cluster.root.path().join("link.secret"));
+    let addr = gateway.addr.clone();
     {
         let (mut operator, _) = Client::login(&cluster.nodes[&leader].listen, &cluster.operator, Role::Operator).await;
         let (_, account) = Client::login(&cluster.nodes[&leader].listen, &key(30), Role::Renter).await;
@@ -760,8 +745,7 @@ async fn a_gateway_follows_the_leader() {
     let (mut client, _) = Client::try_login(&addr, &key(30), Role::Renter).await.expect("logs in through the gateway");
     let open: BTreeSet<u64> = client.open_orders().await.iter().map(|order| order.client_order_id).collect();
     assert_eq!(open, BTreeSet::from([1, 2]), "both orders, once each");
-    let _ = gateway.kill();
-    let _ = gateway.wait();
+    drop(gateway);
 }
 
 /// Cluster flags that cannot work are refused before anything starts, each

@@ -8,8 +8,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -17,44 +15,6 @@ use gpux_engine::*;
 use gpux_protocol::*;
 
 const USD_2: u64 = 2_000_000;
-
-/// A `gpux-gateway` process (built beside `gpux-exchange`).
-struct Gateway {
-    child: Child,
-    addr: String,
-}
-
-impl Gateway {
-    fn start(sequencers: &[&str], secret: &std::path::Path) -> Gateway {
-        let binary = std::path::Path::new(env!("CARGO_BIN_EXE_gpux-exchange")).with_file_name("gpux-gateway");
-        assert!(binary.exists(), "{} is built with the workspace (cargo build -p gpux-gateway)", binary.display());
-        let mut child = Command::new(binary)
-            .args(["--listen", "127.0.0.1:0", "--name", "test-gateway"])
-            .args(sequencers.iter().flat_map(|address| ["--sequencer", address]))
-            .arg("--link-secret-file")
-            .arg(secret)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("gpux-gateway starts");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        let mut addr = None;
-        while addr.is_none() && lines.read_line(&mut line).unwrap_or(0) > 0 {
-            addr = line.trim().strip_prefix("gpux-gateway: listening on ws://").and_then(|rest| rest.split(',').next()).map(str::to_string);
-            line.clear();
-        }
-        let addr = addr.expect("the gateway listens");
-        std::thread::spawn(move || for _ in lines.lines().map_while(Result::ok) {});
-        Gateway { child, addr }
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Logs in on `addr`, retrying while the gateway's link is not up yet (a
 /// try then ends in a closed connection, which panics the try's task).
