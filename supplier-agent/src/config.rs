@@ -279,8 +279,11 @@ impl AgentConfig {
                 bail!("delivery.docker.memory_mib_per_gpu must be positive");
             }
         }
-        if !(config.exchange.starts_with("ws://") || config.exchange.starts_with("wss://")) {
-            bail!("exchange must be a ws:// or wss:// URL, not {:?}", config.exchange);
+        // One address, or a cluster's nodes comma-separated (the agent
+        // connects to the one that accepts: the leader).
+        let urls: Vec<&str> = config.exchange.split(',').map(str::trim).collect();
+        if urls.iter().any(|url| !(url.starts_with("ws://") || url.starts_with("wss://"))) {
+            bail!("exchange must be a ws:// or wss:// URL (or several, comma-separated), not {:?}", config.exchange);
         }
         if config.host.is_empty() || config.host.len() > 128 || !config.host.bytes().all(|b| (0x21..0x7f).contains(&b)) {
             bail!("host must be 1..=128 printable ASCII characters without spaces");
@@ -362,11 +365,19 @@ price_floor_minor_per_gpu_hour = 900000
         assert!(format!("{:#}", AgentConfig::parse(&broken).expect_err("refused")).contains("HH:MM"));
     }
 
+    /// A cluster's nodes, comma-separated (docs/operations.md).
+    #[test]
+    fn several_exchange_addresses_are_accepted() {
+        let cluster = GOOD.replace("ws://127.0.0.1:7300", "ws://127.0.0.1:7301, ws://127.0.0.1:7302,wss://n3.example:7300");
+        assert!(AgentConfig::parse(&cluster).is_ok());
+    }
+
     #[test]
     fn a_corrupt_config_is_refused_with_a_reason() {
         let cases = [
             ("exchange = 7", "invalid type"),
             (&GOOD.replace("ws://", "http://"), "ws:// or wss://"),
+            (&GOOD.replace("ws://127.0.0.1:7300", "ws://127.0.0.1:7300,127.0.0.1:7301"), "several, comma-separated"),
             (&GOOD.replace("node-1", "node 1"), "host must be"),
             (&GOOD.replace("900000", "0"), "positive"),
             (&format!("{GOOD}\ncolour = \"red\""), "unknown field"),

@@ -47,7 +47,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 #[derive(Parser)]
 #[command(name = "gpux", version, about = "Trade GPU time on a gpux exchange from the terminal")]
 pub struct Cli {
-    /// The exchange's WebSocket address.
+    /// The exchange's WebSocket address; for a cluster, every node's,
+    /// comma-separated (the one that leads accepts).
     #[arg(long, global = true, env = "GPUX_URL", default_value = "ws://127.0.0.1:7300")]
     pub url: String,
     /// Your ed25519 key file (64 hex digits; `gpux keys create` makes one).

@@ -368,6 +368,9 @@ fn failures_exit_with_their_code_and_say_what_to_do() {
     assert!(String::from_utf8_lossy(&no_account.stderr).contains("gpux login --role renter"));
 
     ok(gpux(url, &renter, &["login", "--role", "renter"]));
+    // A cluster's addresses, comma-separated: one that refuses is skipped.
+    let several = format!("ws://127.0.0.1:1,{url}");
+    assert!(ok(gpux(&several, &renter, &["balance"])).contains("available"), "the second address answers");
     let unknown = gpux(url, &renter, &["buy", "NOPE/SPOT", "1", "--price", "1"]);
     assert_eq!(unknown.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("gpux instruments"));

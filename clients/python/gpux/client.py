@@ -194,7 +194,9 @@ class Client:
     @classmethod
     async def connect(cls, url: str, key: Optional[Key] = None, role: Optional[str] = None, reconnect: bool = False) -> "Client":
         """Connects and logs in with `key` (`role` opens an account for a new
-        key); without a key the session sees public market data only.
+        key); without a key the session sees public market data only. `url`
+        may name several addresses, comma-separated (a cluster's nodes): the
+        first that accepts is used, and a reconnect tries them all again.
 
         With `reconnect`, a connection that drops (the exchange restarts, the
         network fails) is opened again with backoff: the client logs in
@@ -213,7 +215,19 @@ class Client:
 
     @staticmethod
     async def _open(url: str, key: Optional[Key], role: Optional[str]):
-        socket = await ws_connect(url, max_size=1 << 20)
+        # Several comma-separated addresses (a cluster's nodes): the first
+        # that accepts (only the leader does).
+        urls = [u.strip() for u in url.split(",") if u.strip()]
+        if not urls:
+            raise GpuxError("connect", "no exchange address given")
+        socket = None
+        for index, each in enumerate(urls):
+            try:
+                socket = await ws_connect(each, max_size=1 << 20)
+                break
+            except OSError:
+                if index == len(urls) - 1:
+                    raise
         challenge = m.parse(json.loads(await socket.recv()))
         if not isinstance(challenge, m.Challenge):
             raise GpuxError("protocol", f"expected a challenge, got {challenge!r}")

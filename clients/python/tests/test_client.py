@@ -121,6 +121,22 @@ def test_login_opens_an_account_and_refusals_carry_their_stable_code(exchange):
     run(scenario())
 
 
+def test_several_addresses_connect_to_the_first_that_accepts(exchange):
+    """A cluster's nodes, comma-separated: nodes that refuse (followers, or
+    dead) are skipped; with none accepting, the connection error is raised."""
+    url, _ = exchange
+    dead = f"ws://127.0.0.1:{free_port()}"
+
+    async def scenario():
+        key = gpux.Key.generate()
+        async with await gpux.Client.connect(f"{dead},{url}", key, role="renter") as renter:
+            assert renter.account is not None
+        with pytest.raises(OSError):
+            await gpux.Client.connect(f"{dead}, {dead}", key)
+
+    run(scenario())
+
+
 def test_an_order_that_fills_brings_its_trade_and_lease_on_the_private_feed(exchange):
     url, operator = exchange
 

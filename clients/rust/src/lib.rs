@@ -175,11 +175,21 @@ impl Connection {
     }
 }
 
+/// Connects to `url`, or, given several comma-separated addresses (the
+/// nodes of a cluster: only the leader accepts), to the first that does;
+/// the error names the last one tried.
 async fn connect(url: &str) -> Result<WebSocketStream<MaybeTlsStream<TcpStream>>> {
-    match tokio_tungstenite::connect_async(url).await {
-        Ok((socket, _)) => Ok(socket),
-        Err(source) => Err(ClientError::Connect { url: url.to_string(), source: Box::new(source) }),
+    let mut failed = None;
+    for url in url.split(',').map(str::trim).filter(|url| !url.is_empty()) {
+        match tokio_tungstenite::connect_async(url).await {
+            Ok((socket, _)) => return Ok(socket),
+            Err(source) => failed = Some(ClientError::Connect { url: url.to_string(), source: Box::new(source) }),
+        }
     }
+    Err(failed.unwrap_or_else(|| ClientError::Connect {
+        url: url.to_string(),
+        source: Box::new(tokio_tungstenite::tungstenite::Error::Url(tokio_tungstenite::tungstenite::error::UrlError::NoHostName)),
+    }))
 }
 
 async fn read(socket: &mut WebSocketStream<MaybeTlsStream<TcpStream>>) -> Result<ServerMessage> {
