@@ -383,14 +383,10 @@ pub struct Engine {
     /// order made it cost as much as the whole book).
     pub(crate) client_order_ids: BTreeMap<(AccountId, u64), OrderId>,
     /// Client ids of orders that closed lately (traded out, cancelled,
-    /// expired), by account and id, with when they closed: still taken for
+    /// expired), with when they closed: still taken for
     /// `limits::CLOSED_CLIENT_ORDER_ID_MS`, so an order resent after a lost
     /// connection is placed at most once, whatever became of the first.
-    /// (A list of pairs when encoded: JSON maps take string keys only.)
-    #[serde(with = "pairs")]
-    pub(crate) closed_client_order_ids: BTreeMap<(AccountId, u64), u64>,
-    /// The same, oldest first: `(closed at ms, account, client id)`.
-    pub(crate) closed_client_order_ids_by_time: VecDeque<(u64, AccountId, u64)>,
+    pub(crate) closed_client_order_ids: ClosedClientOrderIds,
     pub(crate) hosts: Vec<Host>,
     pub(crate) host_by_name: BTreeMap<String, HostId>,
     pub(crate) gpus: Vec<Gpu>,
@@ -493,8 +489,7 @@ impl Engine {
             books: ChunkedVec::default(),
             orders: OrderSlab::default(),
             client_order_ids: BTreeMap::new(),
-            closed_client_order_ids: BTreeMap::new(),
-            closed_client_order_ids_by_time: VecDeque::new(),
+            closed_client_order_ids: ClosedClientOrderIds::default(),
             hosts: Vec::new(),
             host_by_name: BTreeMap::new(),
             gpus: Vec::new(),
@@ -1236,8 +1231,8 @@ impl Engine {
         let mut client_ids: Vec<_> = self.client_order_ids.iter().collect();
         client_ids.sort();
         h.bytes(format!("{client_ids:?}").as_bytes());
-        h.u64(self.closed_client_order_ids_by_time.len() as u64);
-        for (at_ms, account, client_order_id) in &self.closed_client_order_ids_by_time {
+        h.u64(self.closed_client_order_ids.by_time.len() as u64);
+        for (at_ms, account, client_order_id) in &self.closed_client_order_ids.by_time {
             h.u64(*at_ms);
             h.u64(u64::from(account.0));
             h.u64(*client_order_id);
@@ -1250,46 +1245,63 @@ impl Engine {
         self.client_order_ids.contains_key(&(account, client_order_id))
             || self
                 .closed_client_order_ids
-                .get(&(account, client_order_id))
+                .closed_at(account, client_order_id)
                 .is_some_and(|closed_at| closed_at + limits::CLOSED_CLIENT_ORDER_ID_MS > self.now_ms)
     }
 
-    /// Remembers a closed order's client id, forgetting those older than
-    /// the window (and the oldest beyond the cap).
+    /// Remembers a closed order's client id.
     pub(crate) fn remember_closed_client_order_id(&mut self, account: AccountId, client_order_id: u64) {
-        while let Some(&(at_ms, old_account, old_id)) = self.closed_client_order_ids_by_time.front() {
-            let expired = at_ms + limits::CLOSED_CLIENT_ORDER_ID_MS <= self.now_ms;
-            if !expired && self.closed_client_order_ids_by_time.len() < limits::CLOSED_CLIENT_ORDER_IDS_MAX {
-                break;
-            }
-            self.closed_client_order_ids_by_time.pop_front();
-            // A later close of the same id (after its window) stays.
-            if self.closed_client_order_ids.get(&(old_account, old_id)) == Some(&at_ms) {
-                self.closed_client_order_ids.remove(&(old_account, old_id));
-            }
-        }
-        self.closed_client_order_ids.insert((account, client_order_id), self.now_ms);
-        self.closed_client_order_ids_by_time.push_back((self.now_ms, account, client_order_id));
+        self.closed_client_order_ids.remember(self.now_ms, account, client_order_id);
     }
 }
 
-/// A map encoded as a list of `(key, value)` pairs (JSON maps take string
-/// keys only; the engine's tuple-keyed maps do not).
-mod pairs {
-    use std::collections::BTreeMap;
+/// The client ids of orders closed lately, oldest first, with an index by
+/// account and id (a hash map: looked up on every order and written on
+/// every close, it is never iterated, so its order cannot reach the state).
+/// Encoded as the list alone; the index is rebuilt from it.
+#[derive(Clone, Default)]
+pub(crate) struct ClosedClientOrderIds {
+    /// `(closed at ms, account, client id)`, oldest first.
+    pub(crate) by_time: VecDeque<(u64, AccountId, u64)>,
+    index: rustc_hash::FxHashMap<(AccountId, u64), u64>,
+}
 
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub fn serialize<K: Serialize, V: Serialize, S: Serializer>(map: &BTreeMap<K, V>, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(map.iter())
+impl ClosedClientOrderIds {
+    /// When the account's order with this client id last closed, if remembered.
+    pub(crate) fn closed_at(&self, account: AccountId, client_order_id: u64) -> Option<u64> {
+        self.index.get(&(account, client_order_id)).copied()
     }
 
-    pub fn deserialize<'de, K, V, D>(deserializer: D) -> Result<BTreeMap<K, V>, D::Error>
-    where
-        K: Deserialize<'de> + Ord,
-        V: Deserialize<'de>,
-        D: Deserializer<'de>,
-    {
-        Ok(Vec::<(K, V)>::deserialize(deserializer)?.into_iter().collect())
+    /// Remembers a close at `now_ms`, forgetting those older than the
+    /// window (and the oldest beyond the cap).
+    fn remember(&mut self, now_ms: u64, account: AccountId, client_order_id: u64) {
+        while let Some(&(at_ms, old_account, old_id)) = self.by_time.front() {
+            let expired = at_ms + limits::CLOSED_CLIENT_ORDER_ID_MS <= now_ms;
+            if !expired && self.by_time.len() < limits::CLOSED_CLIENT_ORDER_IDS_MAX {
+                break;
+            }
+            self.by_time.pop_front();
+            // A later close of the same id (after its window) stays.
+            if self.index.get(&(old_account, old_id)) == Some(&at_ms) {
+                self.index.remove(&(old_account, old_id));
+            }
+        }
+        self.index.insert((account, client_order_id), now_ms);
+        self.by_time.push_back((now_ms, account, client_order_id));
+    }
+}
+
+impl Serialize for ClosedClientOrderIds {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.by_time.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for ClosedClientOrderIds {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let by_time = VecDeque::<(u64, AccountId, u64)>::deserialize(deserializer)?;
+        // In order: a later close of an id is the one remembered.
+        let index = by_time.iter().map(|&(at_ms, account, id)| ((account, id), at_ms)).collect();
+        Ok(ClosedClientOrderIds { by_time, index })
     }
 }
