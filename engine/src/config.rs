@@ -244,7 +244,8 @@ impl MemoryChallengeSpec {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChallengeSpec {
-    /// The matrices' side (at most `limits::CHALLENGE_N_MAX`).
+    /// The matrices' side: a power of two from `limits::CHALLENGE_N_MIN` to
+    /// `limits::CHALLENGE_N_MAX`.
     pub n: u32,
     /// The least rate a GPU of the class must show, in MFLOP/s: the
     /// challenge's `2 n^3` operations over the time from the challenge's
@@ -328,7 +329,12 @@ impl std::fmt::Display for ConfigError {
             ConfigError::Sla { class } => write!(f, "class {class}: SLA availability is at most 10000 bps"),
             ConfigError::DuplicateClass { class } => write!(f, "class {class} listed twice"),
             ConfigError::Challenge { class } => {
-                write!(f, "class {class}: the challenge's n must be 1..={} and its minimum rate positive", limits::CHALLENGE_N_MAX)
+                write!(
+                    f,
+                    "class {class}: the challenge's n must be a power of two from {} to {} and its minimum rate positive",
+                    limits::CHALLENGE_N_MIN,
+                    limits::CHALLENGE_N_MAX
+                )
             }
             ConfigError::MemoryChallenge { class } => write!(
                 f,
@@ -404,7 +410,9 @@ impl EngineConfig {
             if class.sla_availability_bps > 10_000 {
                 return Err(ConfigError::Sla { class: class.name.clone() });
             }
-            if class.challenge.is_some_and(|c| c.n == 0 || c.n > limits::CHALLENGE_N_MAX || c.min_mflops == 0) {
+            if class.challenge.is_some_and(|c| {
+                !c.n.is_power_of_two() || !(limits::CHALLENGE_N_MIN..=limits::CHALLENGE_N_MAX).contains(&c.n) || c.min_mflops == 0
+            }) {
                 return Err(ConfigError::Challenge { class: class.name.clone() });
             }
             if class.memory_challenge.is_some_and(|c| {
@@ -575,5 +583,25 @@ mod tests {
         let mut broken = EngineConfig::demo();
         broken.classes[0].price_min_minor_per_gpu_hour = 1_500;
         assert!(broken.validate().is_err());
+    }
+
+    #[test]
+    fn a_challenge_side_is_a_power_of_two_within_the_limits() {
+        let class = EngineConfig::demo().classes[0].name.clone();
+        for (n, min_mflops, valid) in [
+            (16, 1, true),
+            (16_384, 1, true),
+            (1_024, 1, true),
+            (8, 1, false),
+            (300, 1, false),
+            (32_768, 1, false),
+            (0, 1, false),
+            (256, 0, false),
+        ] {
+            let mut config = EngineConfig::demo();
+            config.classes[0].challenge = Some(ChallengeSpec { n, min_mflops });
+            let expected = if valid { Ok(()) } else { Err(ConfigError::Challenge { class: class.clone() }) };
+            assert_eq!(config.validate(), expected, "n = {n}, min_mflops = {min_mflops}");
+        }
     }
 }

@@ -36,10 +36,12 @@ pub const FEE_BPS_MAX: u32 = 2_000;
 /// The longest billing grace after a lease's end (one day).
 pub const BILLING_GRACE_MS_MAX: u64 = 24 * 3_600_000;
 
-/// The largest matrix side a class's hardware challenge may ask for: the
-/// answer (a hash per row and the opened rows) must fit one frame, and the
-/// exchange recomputes the opened rows on its sequencer thread.
-pub const CHALLENGE_N_MAX: u32 = 256;
+/// The matrix sides a class's hardware challenge may ask for: a power of
+/// two from 16 (the product fills one 256-word Merkle leaf) to 16 384 (a
+/// GPU holds the two matrices, the f32 product and its words: 4 GiB; the
+/// exchange's check is 128 dot products of length `n`, drawn from the seed).
+pub const CHALLENGE_N_MIN: u32 = 16;
+pub const CHALLENGE_N_MAX: u32 = 16_384;
 
 /// A memory challenge's buffer is `2^words_log2` 32-bit words: at least one
 /// leaf (256 words), at most 2^32 words (16 GiB, twice that on the GPU for

@@ -317,11 +317,7 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
             Who::Renter,
             Send::Messages((0..=limits_keys()).map(|n| add_key(40 + n as u64, public(&key(100 + n as u8)), &[Scope::Read])).collect()),
         ),
-        row(
-            "challenge_out_of_order",
-            Who::Supplier,
-            one(ClientMessage::ChallengeOpening { id: 30, challenge: 1, row_hashes: Vec::new(), rows: Vec::new() }),
-        ),
+        row("challenge_out_of_order", Who::Supplier, one(ClientMessage::ChallengeOpening { id: 30, challenge: 1, leaves: Vec::new() })),
     ];
     let mut produced = BTreeMap::new();
     for row in table {

@@ -406,9 +406,16 @@ pub enum AccessRequest {
 /// The hardware challenge's steps (docs/protocol.md "Hardware challenges").
 #[derive(Serialize, Deserialize)]
 pub enum ChallengeRequest {
-    Commit { challenge: u64, commitment: [u8; 32] },
-    Opening { challenge: u64, row_hashes: Vec<[u8; 32]>, rows: Vec<(u32, Vec<i32>)> },
-    MemoryOpening { challenge: u64, leaves: Vec<gpux_protocol::memory::LeafOpening> },
+    Commit {
+        challenge: u64,
+        commitment: [u8; 32],
+    },
+    /// `challenge_opening` (`memory: false`) or `memory_opening`.
+    Opening {
+        challenge: u64,
+        leaves: Vec<gpux_protocol::memory::LeafOpening>,
+        memory: bool,
+    },
 }
 
 /// The `connection` field of any request, by reference (shared or mutable

@@ -776,16 +776,11 @@ impl Connection {
                 Some(commitment) => Request::Challenge { connection, id, request: ChallengeRequest::Commit { challenge, commitment } },
                 None => return vec![error(Some(id), ErrorCode::ChallengeAnswerInvalid, None)],
             },
-            ClientMessage::ChallengeOpening { id, challenge, row_hashes, rows } => {
-                match row_hashes.iter().map(|hash| hash32(hash)).collect::<Option<Vec<[u8; 32]>>>() {
-                    Some(row_hashes) => {
-                        Request::Challenge { connection, id, request: ChallengeRequest::Opening { challenge, row_hashes, rows } }
-                    }
-                    None => return vec![error(Some(id), ErrorCode::ChallengeAnswerInvalid, None)],
-                }
+            ClientMessage::ChallengeOpening { id, challenge, leaves } => {
+                Request::Challenge { connection, id, request: ChallengeRequest::Opening { challenge, leaves, memory: false } }
             }
             ClientMessage::MemoryOpening { id, challenge, leaves } => {
-                Request::Challenge { connection, id, request: ChallengeRequest::MemoryOpening { challenge, leaves } }
+                Request::Challenge { connection, id, request: ChallengeRequest::Opening { challenge, leaves, memory: true } }
             }
             ClientMessage::Liveness { id, report } => Request::Liveness { connection, id, report: Box::new(report) },
             ClientMessage::CancelOrder { id, order } => command(id, Command::CancelOrder { account, order }),

@@ -256,14 +256,19 @@ mod tests {
             Request::Challenge {
                 connection: c,
                 id: 20,
-                request: ChallengeRequest::Opening { challenge: 1, row_hashes: vec![[1; 32]], rows: vec![(0, vec![-1, 2])] },
+                request: ChallengeRequest::Opening {
+                    challenge: 1,
+                    leaves: vec![gpux_protocol::memory::LeafOpening { leaf: 0, words: vec![u32::MAX, 2], path: Vec::new() }],
+                    memory: false,
+                },
             },
             Request::Challenge {
                 connection: c,
                 id: 31,
-                request: ChallengeRequest::MemoryOpening {
+                request: ChallengeRequest::Opening {
                     challenge: 2,
                     leaves: vec![gpux_protocol::memory::LeafOpening { leaf: 3, words: vec![1, 2], path: vec!["ab".repeat(32)] }],
+                    memory: true,
                 },
             },
             Request::Liveness {

@@ -44,11 +44,11 @@ impl Pending {
         self.commit.as_ref().map_or(self.issued_ms, |c| c.at_ms) + CHALLENGE_ANSWER_MS
     }
 
-    /// The rows (memory: the leaves) its opening must show.
+    /// The leaves its opening must show.
     pub fn rows_to_open(&self) -> Vec<u32> {
         let Some(commit) = &self.commit else { return Vec::new() };
         match self.memory {
-            None => challenge::rows_to_open(&commit.open_seed, self.n),
+            None => challenge::leaves_to_open(&commit.open_seed, self.n),
             Some((words_log2, _)) => memory::leaves_to_open(&commit.open_seed, words_log2),
         }
     }
@@ -139,45 +139,34 @@ impl Challenges {
 
     /// Checks an opening before its verdict is journaled: a malformed or
     /// out-of-turn opening is an error (nothing recorded); a well-formed one
-    /// has a verdict, right or wrong.
+    /// has a verdict, right or wrong. `memory`: a `memory_opening` (a
+    /// `challenge_opening` otherwise); opening a challenge of the other kind
+    /// is malformed.
     pub fn check_opening(
         &self,
         account: AccountId,
         challenge: u64,
-        row_hashes: &[[u8; 32]],
-        rows: &[(u32, Vec<i32>)],
-        now_ms: u64,
-    ) -> Result<Result<(), ChallengeError>, ErrorCode> {
-        let pending = self.open_for(account, challenge, now_ms)?;
-        let Some(commit) = &pending.commit else { return Err(ErrorCode::ChallengeOutOfOrder) };
-        if pending.memory.is_some() {
-            // A memory challenge is opened with `memory_opening`.
-            return Err(ErrorCode::ChallengeAnswerInvalid);
-        }
-        let n = pending.n as usize;
-        if row_hashes.len() > n || rows.len() > n || rows.iter().any(|(row, entries)| *row as usize >= n || entries.len() != n) {
-            return Err(ErrorCode::ChallengeAnswerInvalid);
-        }
-        let asked = pending.rows_to_open();
-        Ok(challenge::verify_opening(&pending.seed, pending.n, &commit.commitment, row_hashes, &asked, rows))
-    }
-
-    /// Checks a memory challenge's opening before its verdict is journaled,
-    /// as [`Challenges::check_opening`] does for the compute challenge.
-    pub fn check_memory_opening(
-        &self,
-        account: AccountId,
-        challenge: u64,
+        memory: bool,
         opened: &[memory::LeafOpening],
         now_ms: u64,
     ) -> Result<Result<(), ChallengeError>, ErrorCode> {
         let pending = self.open_for(account, challenge, now_ms)?;
         let Some(commit) = &pending.commit else { return Err(ErrorCode::ChallengeOutOfOrder) };
-        let Some((words_log2, passes)) = pending.memory else { return Err(ErrorCode::ChallengeAnswerInvalid) };
-        if !memory::well_formed(words_log2, opened) {
-            return Err(ErrorCode::ChallengeAnswerInvalid);
+        match (pending.memory, memory) {
+            (None, false) => {
+                if !challenge::well_formed(pending.n, opened) {
+                    return Err(ErrorCode::ChallengeAnswerInvalid);
+                }
+                Ok(challenge::verify_opening(&pending.seed, pending.n, &commit.commitment, &commit.open_seed, opened))
+            }
+            (Some((words_log2, passes)), true) => {
+                if !memory::well_formed(words_log2, opened) {
+                    return Err(ErrorCode::ChallengeAnswerInvalid);
+                }
+                Ok(memory::verify_opening(&pending.seed, words_log2, passes, &commit.commitment, &commit.open_seed, opened))
+            }
+            _ => Err(ErrorCode::ChallengeAnswerInvalid),
         }
-        Ok(memory::verify_opening(&pending.seed, words_log2, passes, &commit.commitment, &commit.open_seed, opened))
     }
 
     fn open_for(&self, account: AccountId, challenge: u64, now_ms: u64) -> Result<&Pending, ErrorCode> {

@@ -295,7 +295,8 @@ impl Session {
     /// Plays one hardware challenge through the sequencer's steps (checks
     /// before journaling, as the sequencer makes them). Returns its id.
     fn challenge(&mut self, gpu: GpuId, answer: u8, delay_ms: u64, n: u32) -> u64 {
-        use gpux_protocol::challenge::{matrices, product, Answer};
+        use gpux_protocol::challenge::{matrices, product};
+        use gpux_protocol::memory::CpuProof;
         let seed = [gpu.0 as u8 + 1; 32];
         self.apply(JournalEntry::ChallengeIssued { at_ms: self.now_ms, gpu, seed, n });
         let challenge = self.market.challenges().expired(u64::MAX).into_iter().max().expect("issued");
@@ -308,13 +309,13 @@ impl Session {
             return challenge;
         }
         let (a, b) = matrices(&seed, n);
-        let mut rows = product(&a, &b, n);
+        let mut words = product(&a, &b, n);
         if answer == 1 {
-            rows.iter_mut().for_each(|row| row[0] += 1);
+            words.iter_mut().for_each(|word| *word = word.wrapping_add(1));
         }
-        let computed = Answer::commit(rows);
+        let computed = CpuProof::new(words);
         assert_eq!(self.market.challenges().check_commit(self.supplier, challenge, self.now_ms), Ok(()));
-        let (commitment, open_seed) = (computed.commitment, [7; 32]);
+        let (commitment, open_seed) = (computed.root(), [7; 32]);
         self.apply(JournalEntry::ChallengeCommitted { at_ms: self.now_ms, account: self.supplier, challenge, commitment, open_seed });
         if answer == 2 {
             self.now_ms += gpux_market::challenges::CHALLENGE_ANSWER_MS;
@@ -326,11 +327,8 @@ impl Session {
         }
         let asked = self.market.challenges().get(challenge).expect("open").rows_to_open();
         let opened = computed.open(&asked);
-        let verdict = self
-            .market
-            .challenges()
-            .check_opening(self.supplier, challenge, &computed.row_hashes, &opened, self.now_ms)
-            .expect("a well-formed opening");
+        let verdict =
+            self.market.challenges().check_opening(self.supplier, challenge, false, &opened, self.now_ms).expect("a well-formed opening");
         self.apply(JournalEntry::ChallengeAnswered { at_ms: self.now_ms, account: self.supplier, challenge, verdict });
         challenge
     }
@@ -358,7 +356,7 @@ impl Session {
         let verdict = self
             .market
             .challenges()
-            .check_memory_opening(self.supplier, challenge, &proof.open(&asked), self.now_ms)
+            .check_opening(self.supplier, challenge, true, &proof.open(&asked), self.now_ms)
             .expect("a well-formed opening");
         self.apply(JournalEntry::ChallengeAnswered { at_ms: self.now_ms, account: self.supplier, challenge, verdict });
         challenge
@@ -471,7 +469,11 @@ fn a_hardware_challenge_is_issued_committed_opened_and_recorded() {
     assert_eq!(challenges.check_commit(session.supplier, open - 1, now), Err(ErrorCode::UnknownChallenge), "already answered");
     let late = now + gpux_market::challenges::CHALLENGE_ANSWER_MS;
     assert_eq!(challenges.check_commit(session.supplier, open, late), Err(ErrorCode::UnknownChallenge), "expired");
-    assert_eq!(challenges.check_opening(session.supplier, open, &[], &[], now), Err(ErrorCode::ChallengeOutOfOrder), "open before commit");
+    assert_eq!(
+        challenges.check_opening(session.supplier, open, false, &[], now),
+        Err(ErrorCode::ChallengeOutOfOrder),
+        "open before commit"
+    );
     session.apply(JournalEntry::ChallengeCommitted {
         at_ms: now,
         account: session.supplier,
@@ -481,12 +483,31 @@ fn a_hardware_challenge_is_issued_committed_opened_and_recorded() {
     });
     let challenges = session.market.challenges();
     assert_eq!(challenges.check_commit(session.supplier, open, now), Err(ErrorCode::ChallengeOutOfOrder), "a second commitment");
-    let too_many = vec![[0u8; 32]; 17];
-    assert_eq!(challenges.check_opening(session.supplier, open, &too_many, &[], now), Err(ErrorCode::ChallengeAnswerInvalid));
-    let short_row = vec![(3u32, vec![0i32; 15])];
-    assert_eq!(challenges.check_opening(session.supplier, open, &[], &short_row, now), Err(ErrorCode::ChallengeAnswerInvalid));
-    let far_row = vec![(16u32, vec![0i32; 16])];
-    assert_eq!(challenges.check_opening(session.supplier, open, &[], &far_row, now), Err(ErrorCode::ChallengeAnswerInvalid));
+    // n = 16: one leaf of 256 entries, the root its hash (no path).
+    let leaf = |leaf: u32, words: usize, path: usize| gpux_protocol::memory::LeafOpening {
+        leaf,
+        words: vec![0; words],
+        path: vec!["00".repeat(32); path],
+    };
+    let supplier = session.supplier;
+    for (malformed, why) in [
+        (vec![leaf(0, 256, 0); 9], "more leaves than are opened"),
+        (vec![leaf(1, 256, 0)], "no leaf 1"),
+        (vec![leaf(0, 255, 0)], "a short leaf"),
+        (vec![leaf(0, 256, 1)], "a path longer than the tree"),
+    ] {
+        assert_eq!(challenges.check_opening(supplier, open, false, &malformed, now), Err(ErrorCode::ChallengeAnswerInvalid), "{why}");
+    }
+    assert_eq!(
+        challenges.check_opening(supplier, open, true, &[leaf(0, 256, 0)], now),
+        Err(ErrorCode::ChallengeAnswerInvalid),
+        "a memory opening"
+    );
+    // Well formed, not the committed root: a verdict (wrong), not an error.
+    assert_eq!(
+        challenges.check_opening(supplier, open, false, &[leaf(0, 256, 0)], now),
+        Ok(Err(gpux_protocol::challenge::ChallengeError::LeafNotCommitted))
+    );
     assert!(challenges.get(open).is_some(), "still open after the errors");
 }
 
@@ -523,7 +544,7 @@ fn a_memory_challenge_is_issued_committed_opened_and_recorded() {
         vec![gpux_protocol::memory::LeafOpening { leaf, words: vec![0; words], path: vec!["00".repeat(32); path] }]
     };
     let challenges = session.market.challenges();
-    assert_eq!(challenges.check_memory_opening(session.supplier, open, &opening(0, 256, 4), now), Err(ErrorCode::ChallengeOutOfOrder));
+    assert_eq!(challenges.check_opening(session.supplier, open, true, &opening(0, 256, 4), now), Err(ErrorCode::ChallengeOutOfOrder));
     session.apply(JournalEntry::ChallengeCommitted {
         at_ms: now,
         account: session.supplier,
@@ -533,18 +554,18 @@ fn a_memory_challenge_is_issued_committed_opened_and_recorded() {
     });
     let challenges = session.market.challenges();
     let supplier = session.supplier;
-    assert_eq!(challenges.check_opening(supplier, open, &[], &[], now), Err(ErrorCode::ChallengeAnswerInvalid), "a compute opening");
+    assert_eq!(challenges.check_opening(supplier, open, false, &[], now), Err(ErrorCode::ChallengeAnswerInvalid), "a compute opening");
     assert_eq!(
-        challenges.check_memory_opening(supplier, open, &opening(16, 256, 4), now),
+        challenges.check_opening(supplier, open, true, &opening(16, 256, 4), now),
         Err(ErrorCode::ChallengeAnswerInvalid),
         "no leaf 16"
     );
-    assert_eq!(challenges.check_memory_opening(supplier, open, &opening(0, 255, 4), now), Err(ErrorCode::ChallengeAnswerInvalid));
-    assert_eq!(challenges.check_memory_opening(supplier, open, &opening(0, 256, 3), now), Err(ErrorCode::ChallengeAnswerInvalid));
-    assert_eq!(challenges.check_memory_opening(session.renter, open, &opening(0, 256, 4), now), Err(ErrorCode::UnknownChallenge));
+    assert_eq!(challenges.check_opening(supplier, open, true, &opening(0, 255, 4), now), Err(ErrorCode::ChallengeAnswerInvalid));
+    assert_eq!(challenges.check_opening(supplier, open, true, &opening(0, 256, 3), now), Err(ErrorCode::ChallengeAnswerInvalid));
+    assert_eq!(challenges.check_opening(session.renter, open, true, &opening(0, 256, 4), now), Err(ErrorCode::UnknownChallenge));
     // Well formed but not the committed root: a wrong answer.
     assert_eq!(
-        challenges.check_memory_opening(supplier, open, &opening(0, 256, 4), now),
+        challenges.check_opening(supplier, open, true, &opening(0, 256, 4), now),
         Ok(Err(gpux_protocol::challenge::ChallengeError::WrongRows)),
         "not the leaves asked for"
     );

@@ -4,48 +4,56 @@
 //! cheaply. Both sides must agree on it byte for byte.
 //!
 //! The work: `C = A x B` for two `n x n` matrices drawn from a seed, with
-//! entries in -2..=2. Every product entry is an integer of magnitude at
-//! most `4n`, exact in f32 (and in f16 inputs with f32 accumulation, as
-//! tensor cores do) for any `n` up to 2^22, so a GPU, a CPU and the
-//! exchange all get the same integers.
+//! entries in -2..=2 (`n` a power of two, 16 to 16 384). Every product
+//! entry is an integer of magnitude at most `4n`, exact in f32 (and in f16
+//! inputs with f32 accumulation, as tensor cores do) for any `n` up to
+//! 2^22, so a GPU, a CPU and the exchange all get the same integers.
 //!
-//! The answer, in two steps:
-//! 1. **Commit**: the hash of every row of `C` (SHA-256 of its entries as
-//!    little-endian i32), and the commitment: SHA-256 of those row hashes
-//!    in order. Its arrival time is what the exchange times.
-//! 2. **Open**: the exchange then names `k` rows (drawn after the commitment
-//!    arrived); the prover sends those rows and all row hashes. The exchange
-//!    checks the row hashes against the commitment, each opened row against
-//!    its hash, and recomputes each opened row as `A_i x B`: `O(k n^2)` work
-//!    against the prover's `O(n^3)`.
+//! The answer, in two steps, as for the memory challenge (`memory.rs`):
+//! 1. **Commit**: `C` row-major as 32-bit words (each entry's two's
+//!    complement), cut into leaves of 256 words, committed to by the root
+//!    of the memory challenge's Merkle tree. Its arrival time is what the
+//!    exchange times.
+//! 2. **Open**: the exchange then names 8 leaves (drawn after the root
+//!    arrived); the prover sends each with its path to the root. The
+//!    exchange checks every path and recomputes 16 entries of each opened
+//!    leaf as dot products of a row of `A` and a column of `B`, drawing
+//!    those entries straight from the seed (no matrix is ever formed on
+//!    its side): `O(n)` work per entry, about `136 n` draws in all, against
+//!    the prover's `O(n^3)`.
 //!
 //! Freivalds' check alone (`A(Br) = Cr` for a random `r`) does not bind a
 //! prover that knows `A`, `B` and `r`: it can compute `A(Br)` in `O(n^2)`
-//! without ever forming `C`. Committing to every row before any row is
-//! named does: a prover that skipped a share `f` of the rows (or got them
-//! wrong) is caught with probability `1 - (1 - f)^k`.
+//! without ever forming `C`. Committing to every entry before any is named
+//! does: a prover that skipped or faked a share `f` of the entries (spread
+//! over the product) is caught with probability about `1 - (1 - f)^128`;
+//! one that skipped a share `f` of whole leaves, `1 - (1 - f)^8`.
 
-use sha2::{Digest, Sha256};
+use crate::memory::{self, CpuProof, LeafOpening};
 
-/// The largest matrix side a challenge may ask for: its answer must fit a
-/// frame (every entry is exact far beyond it).
+/// The smallest and largest matrix sides a challenge may ask for (a
+/// power of two between them): the product must fill at least one leaf,
+/// and a GPU holds the largest (four 1 GiB buffers).
+pub const CHALLENGE_N_MIN: u32 = gpux_engine::limits::CHALLENGE_N_MIN;
 pub const CHALLENGE_N_MAX: u32 = gpux_engine::limits::CHALLENGE_N_MAX;
-/// Rows the exchange opens.
-pub const CHALLENGE_OPENED_ROWS: usize = 8;
 
 /// Why an answer is refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ChallengeError {
+    /// Row-hash commitments (before the Merkle tree): kept so that journals
+    /// that recorded them still decode.
     #[error("the row hashes do not hash to the commitment")]
     CommitmentMismatch,
     #[error("expected one row hash per row")]
     RowHashCount,
-    #[error("an opened row was not asked for, or is missing")]
+    /// Other leaves (rows, before the Merkle tree) than asked, or missing ones.
+    #[error("an opened leaf was not asked for, or is missing")]
     WrongRows,
     #[error("an opened row does not match its committed hash")]
     RowNotCommitted,
-    #[error("an opened row is not the product's row")]
+    /// Compute challenge: a checked entry of an opened leaf is not the product's.
+    #[error("an opened leaf holds an entry that is not the product's")]
     WrongProduct,
     /// Memory challenge: an opened leaf's path does not lead to the committed root.
     #[error("an opened leaf does not hash to the committed root")]
@@ -79,6 +87,19 @@ impl Stream {
         self.state = self.state.wrapping_add(GOLDEN);
         mix(self.state)
     }
+
+    /// Draw `k` (0-based) of a fresh stream, without the ones before it:
+    /// `mix(state + (k + 1) x 0x9e3779b97f4a7c15)`.
+    pub(crate) fn at(&self, k: u64) -> u64 {
+        mix(self.state.wrapping_add(k.wrapping_add(1).wrapping_mul(GOLDEN)))
+    }
+}
+
+/// A stream's state after absorbing the seed: with it a GPU kernel draws
+/// any entry by itself (draw `k` is `mix(origin + (k + 1) x
+/// 0x9e3779b97f4a7c15)`, SplitMix64's finaliser).
+pub fn stream_origin(seed: &[u8; 32], domain: u64) -> u64 {
+    Stream::new(seed, domain).state
 }
 
 /// SplitMix64's finaliser.
@@ -88,17 +109,32 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Whether `n` is a matrix side a challenge may ask for.
+pub fn n_valid(n: u32) -> bool {
+    n.is_power_of_two() && (CHALLENGE_N_MIN..=CHALLENGE_N_MAX).contains(&n)
+}
+
+/// The product's size in words, as a power of two: `2 log2 n`.
+pub fn words_log2(n: u32) -> u32 {
+    2 * n.trailing_zeros()
+}
+
+/// A matrix entry as drawn: `draw % 5 - 2`.
+fn entry(draw: u64) -> i8 {
+    (draw % 5) as i8 - 2
+}
+
 /// The challenge's two matrices, row-major, entries in -2..=2: `A` from
-/// the seed's stream 1, `B` from stream 2.
+/// the seed's stream 1, `B` from stream 2, entry `k` the stream's draw `k`.
 pub fn matrices(seed: &[u8; 32], n: u32) -> (Vec<i8>, Vec<i8>) {
     let draw = |domain| {
         let mut stream = Stream::new(seed, domain);
-        (0..n as usize * n as usize).map(|_| (stream.next() % 5) as i8 - 2).collect::<Vec<i8>>()
+        (0..n as usize * n as usize).map(|_| entry(stream.next())).collect::<Vec<i8>>()
     };
     (draw(1), draw(2))
 }
 
-/// Row `i` of `A x B` (what the exchange recomputes for an opened row).
+/// Row `i` of `A x B`.
 pub fn product_row(a: &[i8], b: &[i8], n: u32, i: u32) -> Vec<i32> {
     let n = n as usize;
     let mut row = vec![0i32; n];
@@ -113,100 +149,70 @@ pub fn product_row(a: &[i8], b: &[i8], n: u32, i: u32) -> Vec<i32> {
     row
 }
 
-/// The whole product, as an honest prover without a GPU computes it.
-pub fn product(a: &[i8], b: &[i8], n: u32) -> Vec<Vec<i32>> {
-    (0..n).map(|i| product_row(a, b, n, i)).collect()
+/// The whole product as the words committed to: row-major, each entry's
+/// two's complement. What an honest prover without a GPU computes.
+pub fn product(a: &[i8], b: &[i8], n: u32) -> Vec<u32> {
+    (0..n).flat_map(|i| product_row(a, b, n, i)).map(|entry| entry as u32).collect()
 }
 
-/// A prover's answer, computed: the product's row hashes and commitment,
-/// and the rows kept for the opening.
-pub struct Answer {
-    pub rows: Vec<Vec<i32>>,
-    pub row_hashes: Vec<[u8; 32]>,
-    pub commitment: [u8; 32],
+/// The honest CPU prover: the product of the challenge of `seed` and `n`,
+/// committed.
+pub fn cpu_proof(seed: &[u8; 32], n: u32) -> CpuProof {
+    let (a, b) = matrices(seed, n);
+    CpuProof::new(product(&a, &b, n))
 }
 
-impl Answer {
-    /// Commits to a computed product.
-    pub fn commit(rows: Vec<Vec<i32>>) -> Answer {
-        let row_hashes: Vec<[u8; 32]> = rows.iter().map(|row| row_hash(row)).collect();
-        let commitment = commitment(&row_hashes);
-        Answer { rows, row_hashes, commitment }
+/// The leaves the exchange opens: those of the memory challenge's rule
+/// ([`memory::leaves_to_open`]) over the product's `n^2` words.
+pub fn leaves_to_open(open_seed: &[u8; 32], n: u32) -> Vec<u32> {
+    memory::leaves_to_open(open_seed, words_log2(n))
+}
+
+/// Whether an opening is well formed for the challenge of `n` (checked
+/// before any verdict, as [`memory::well_formed`]).
+pub fn well_formed(n: u32, opened: &[LeafOpening]) -> bool {
+    n_valid(n) && memory::well_formed(words_log2(n), opened)
+}
+
+/// Entries of the product drawn straight from the seed, as the exchange
+/// checks them: each a dot product of a row of `A` (kept while the next
+/// entry asked for is in the same row) and a column of `B`.
+struct Entries {
+    a: Stream,
+    b: Stream,
+    n: u64,
+    row: Option<(u64, Vec<i8>)>,
+}
+
+impl Entries {
+    fn new(seed: &[u8; 32], n: u32) -> Entries {
+        Entries { a: Stream::new(seed, 1), b: Stream::new(seed, 2), n: n as u64, row: None }
     }
 
-    /// The rows asked for, as `challenge_opening` carries them.
-    pub fn open(&self, asked: &[u32]) -> OpenedRows {
-        asked.iter().filter_map(|&row| self.rows.get(row as usize).map(|entries| (row, entries.clone()))).collect()
-    }
-}
-
-pub fn row_hash(row: &[i32]) -> [u8; 32] {
-    let mut hasher = Sha256::new();
-    for entry in row {
-        hasher.update(entry.to_le_bytes());
-    }
-    hasher.finalize().into()
-}
-
-/// The commitment to a product: SHA-256 of its row hashes in order.
-pub fn commitment(row_hashes: &[[u8; 32]]) -> [u8; 32] {
-    let mut hasher = Sha256::new();
-    for hash in row_hashes {
-        hasher.update(hash);
-    }
-    hasher.finalize().into()
-}
-
-/// The rows the exchange opens: `CHALLENGE_OPENED_ROWS` distinct rows (all
-/// of them if `n` is smaller), drawn from a seed the exchange picks after
-/// the commitment arrived.
-pub fn rows_to_open(open_seed: &[u8; 32], n: u32) -> Vec<u32> {
-    let mut stream = Stream::new(open_seed, 3);
-    let want = CHALLENGE_OPENED_ROWS.min(n as usize);
-    let mut rows: Vec<u32> = Vec::with_capacity(want);
-    while rows.len() < want {
-        let row = (stream.next() % n as u64) as u32;
-        if !rows.contains(&row) {
-            rows.push(row);
+    /// The word at `index` (row-major) of the product.
+    fn word(&mut self, index: u64) -> u32 {
+        let (n, i, j) = (self.n, index / self.n, index % self.n);
+        if self.row.as_ref().is_none_or(|(row, _)| *row != i) {
+            self.row = Some((i, (0..n).map(|k| entry(self.a.at(i * n + k))).collect()));
         }
+        let (_, row) = self.row.as_ref().expect("just set");
+        let dot: i32 = row.iter().enumerate().map(|(k, &a_ik)| a_ik as i32 * entry(self.b.at(k as u64 * n + j)) as i32).sum();
+        dot as u32
     }
-    rows.sort_unstable();
-    rows
 }
 
-/// Opened rows: `(row index, its entries)`.
-pub type OpenedRows = Vec<(u32, Vec<i32>)>;
-
-/// Checks an opening: `row_hashes` hash to `committed`, and each opened row
-/// (exactly the rows asked for, in order) has its committed hash and is
-/// row `i` of `A x B`.
+/// Checks an opening: exactly the leaves asked for, in order, each leading
+/// to the committed root by its path, and each checked entry the
+/// product's. Expects a [`well_formed`] opening.
 pub fn verify_opening(
     seed: &[u8; 32],
     n: u32,
-    committed: &[u8; 32],
-    row_hashes: &[[u8; 32]],
-    asked: &[u32],
-    opened: &[(u32, Vec<i32>)],
+    root: &[u8; 32],
+    open_seed: &[u8; 32],
+    opened: &[LeafOpening],
 ) -> Result<(), ChallengeError> {
-    if row_hashes.len() != n as usize {
-        return Err(ChallengeError::RowHashCount);
-    }
-    if commitment(row_hashes) != *committed {
-        return Err(ChallengeError::CommitmentMismatch);
-    }
-    if opened.len() != asked.len() || opened.iter().zip(asked).any(|((row, _), asked)| row != asked) {
-        return Err(ChallengeError::WrongRows);
-    }
-    let (a, b) = matrices(seed, n);
-    for (row, entries) in opened {
-        if row_hash(entries) != row_hashes[*row as usize] {
-            return Err(ChallengeError::RowNotCommitted);
-        }
-        if *entries != product_row(&a, &b, n, *row) {
-            return Err(ChallengeError::WrongProduct);
-        }
-    }
-    Ok(())
+    let mut entries = Entries::new(seed, n);
+    memory::verify_leaves(words_log2(n), root, open_seed, opened, ChallengeError::WrongProduct, |i| entries.word(i))
 }
 
 #[cfg(test)]
@@ -215,13 +221,6 @@ mod tests {
 
     const SEED: [u8; 32] = [7; 32];
     const OPEN: [u8; 32] = [9; 32];
-
-    /// An honest prover's full answer: row hashes and the opened rows.
-    fn answer(product: &[Vec<i32>], asked: &[u32]) -> (Vec<[u8; 32]>, OpenedRows) {
-        let hashes = product.iter().map(|row| row_hash(row)).collect();
-        let opened = asked.iter().map(|&i| (i, product[i as usize].clone())).collect();
-        (hashes, opened)
-    }
 
     #[test]
     fn the_draw_is_fixed_by_the_seed_and_the_entries_are_small() {
@@ -236,6 +235,17 @@ mod tests {
         // A known value pins the stream, so agents in any language can check theirs.
         // (Checked against an independent Python rendering of the stream as documented.)
         assert_eq!(&a[..8], &[2, 1, -2, -2, -2, 1, 1, -1], "the documented stream");
+        // Any entry can be drawn by itself (what the exchange and a GPU kernel do).
+        let stream = Stream::new(&SEED, 2);
+        assert!((0..256u64).all(|k| entry(stream.at(k)) == b[k as usize]));
+        assert_eq!(stream_origin(&SEED, 2), stream.state);
+    }
+
+    #[test]
+    fn the_sides_allowed_are_powers_of_two_that_fill_a_leaf() {
+        assert!(n_valid(16) && n_valid(256) && n_valid(16_384));
+        assert!(!n_valid(0) && !n_valid(8) && !n_valid(48) && !n_valid(32_768));
+        assert_eq!((words_log2(16), words_log2(16_384)), (8, 28));
     }
 
     #[test]
@@ -246,67 +256,102 @@ mod tests {
         // The float path a GPU takes gives the same integers.
         let (af, bf): (Vec<f32>, Vec<f32>) = (a.iter().map(|&v| v as f32).collect(), b.iter().map(|&v| v as f32).collect());
         for i in [0usize, 17, 63] {
-            let row: Vec<i32> =
-                (0..n as usize).map(|j| (0..n as usize).map(|k| af[i * 64 + k] * bf[k * 64 + j]).sum::<f32>() as i32).collect();
-            assert_eq!(row, product[i]);
+            for j in [0usize, 5, 63] {
+                let entry = (0..64).map(|k| af[i * 64 + k] * bf[k * 64 + j]).sum::<f32>() as i32;
+                assert_eq!(entry as u32, product[i * 64 + j]);
+            }
         }
-        let asked = rows_to_open(&OPEN, n);
-        assert_eq!(asked.len(), CHALLENGE_OPENED_ROWS);
-        let (hashes, opened) = answer(&product, &asked);
-        assert_eq!(verify_opening(&SEED, n, &commitment(&hashes), &hashes, &asked, &opened), Ok(()));
+        // The exchange's entry-by-entry recomputation is the product, everywhere.
+        let mut entries = Entries::new(&SEED, n);
+        assert!((0..(n * n) as u64).all(|i| entries.word(i) == product[i as usize]));
+        assert!(product.iter().any(|&w| (w as i32) < 0), "negative entries occur");
+
+        let proof = cpu_proof(&SEED, n);
+        let asked = leaves_to_open(&OPEN, n);
+        assert_eq!(asked.len(), memory::MEMORY_OPENED_LEAVES);
+        let opened = proof.open(&asked);
+        assert!(well_formed(n, &opened));
+        assert_eq!(verify_opening(&SEED, n, &proof.root(), &OPEN, &opened), Ok(()));
+        // The smallest: one leaf, the root its hash.
+        let single = cpu_proof(&SEED, 16);
+        let opened = single.open(&leaves_to_open(&OPEN, 16));
+        assert_eq!((opened.len(), opened[0].path.len()), (1, 0));
+        assert_eq!(verify_opening(&SEED, 16, &single.root(), &OPEN, &opened), Ok(()));
     }
 
     #[test]
     fn wrong_or_uncommitted_answers_are_refused() {
         let n = 32;
-        let (a, b) = matrices(&SEED, n);
-        let honest = product(&a, &b, n);
-        let asked = rows_to_open(&OPEN, n);
-        let (hashes, opened) = answer(&honest, &asked);
-        let committed = commitment(&hashes);
+        let proof = cpu_proof(&SEED, n);
+        let asked = leaves_to_open(&OPEN, n);
+        let opened = proof.open(&asked);
+        let root = proof.root();
 
         // A wrong product, committed consistently: caught by recomputation.
-        let mut wrong = honest.clone();
-        wrong[asked[0] as usize][3] += 1;
-        let (wrong_hashes, wrong_opened) = answer(&wrong, &asked);
-        let check = verify_opening(&SEED, n, &commitment(&wrong_hashes), &wrong_hashes, &asked, &wrong_opened);
+        let (a, b) = matrices(&SEED, n);
+        let wrong = CpuProof::new(product(&a, &b, n).into_iter().map(|w| w.wrapping_add(1)).collect());
+        let check = verify_opening(&SEED, n, &wrong.root(), &OPEN, &wrong.open(&asked));
         assert_eq!(check, Err(ChallengeError::WrongProduct));
-        // The right rows opened against a commitment to something else.
-        assert_eq!(verify_opening(&SEED, n, &commitment(&wrong_hashes), &hashes, &asked, &opened), Err(ChallengeError::CommitmentMismatch));
-        // A row changed after committing.
-        let mut changed = opened.clone();
-        changed[1].1[0] += 1;
-        assert_eq!(verify_opening(&SEED, n, &committed, &hashes, &asked, &changed), Err(ChallengeError::RowNotCommitted));
-        // Other rows than asked, or too few hashes.
-        let mut shifted = opened.clone();
-        shifted[0].0 = (asked[0] + 1) % n;
-        assert_eq!(verify_opening(&SEED, n, &committed, &hashes, &asked, &shifted), Err(ChallengeError::WrongRows));
-        assert_eq!(verify_opening(&SEED, n, &committed, &hashes[1..], &asked, &opened), Err(ChallengeError::RowHashCount));
         // Another challenge's answer.
-        assert_eq!(verify_opening(&[8; 32], n, &committed, &hashes, &asked, &opened), Err(ChallengeError::WrongProduct));
+        let other = cpu_proof(&[8; 32], n);
+        assert_eq!(verify_opening(&SEED, n, &other.root(), &OPEN, &other.open(&asked)), Err(ChallengeError::WrongProduct));
+        // An entry changed after committing, or the right leaves against another root.
+        let mut changed = opened.clone();
+        changed[1].words[0] ^= 1;
+        assert_eq!(verify_opening(&SEED, n, &root, &OPEN, &changed), Err(ChallengeError::LeafNotCommitted));
+        assert_eq!(verify_opening(&SEED, n, &wrong.root(), &OPEN, &opened), Err(ChallengeError::LeafNotCommitted));
+        // Other leaves than asked, or too few.
+        let mut shifted = opened.clone();
+        shifted[0].leaf ^= 1;
+        assert_eq!(verify_opening(&SEED, n, &root, &OPEN, &shifted), Err(ChallengeError::WrongRows));
+        assert_eq!(verify_opening(&SEED, n, &root, &OPEN, &opened[1..]), Err(ChallengeError::WrongRows));
+        // Malformed openings are told apart before any verdict.
+        let mut long_leaf = opened.clone();
+        long_leaf[0].words.push(0);
+        assert!(!well_formed(n, &long_leaf));
+        assert!(!well_formed(n, &cpu_proof(&SEED, 64).open(&leaves_to_open(&OPEN, 64))), "a larger product's leaves");
+        assert!(!well_formed(48, &opened), "not a side a challenge has");
     }
 
-    /// A prover that computed only half the rows (and committed zeros for
-    /// the rest) is caught unless every opened row falls in its half:
-    /// about 1 in 2^8 for 8 opened rows. Over 200 draws of the opened rows
-    /// it is caught at least 190 times (expected: 199.2).
+    /// A prover that computed only half the product (and committed zeros
+    /// for the rest) is caught unless every opened leaf falls in its half:
+    /// about 1 in 2^8 for 8 opened leaves. Over 200 draws it is caught at
+    /// least 190 times (expected: 199.2).
     #[test]
-    fn a_lazy_prover_is_caught_by_the_opened_rows() {
+    fn a_lazy_prover_is_caught_by_the_opened_leaves() {
         let n = 64;
         let (a, b) = matrices(&SEED, n);
         let mut lazy = product(&a, &b, n);
-        for row in lazy.iter_mut().skip(n as usize / 2) {
-            row.iter_mut().for_each(|entry| *entry = 0);
-        }
-        let hashes: Vec<[u8; 32]> = lazy.iter().map(|row| row_hash(row)).collect();
-        let committed = commitment(&hashes);
+        let half = lazy.len() / 2;
+        lazy[half..].iter_mut().for_each(|entry| *entry = 0);
+        let proof = CpuProof::new(lazy);
         let caught = (0..200u8)
             .filter(|draw| {
-                let asked = rows_to_open(&[*draw; 32], n);
-                let opened: OpenedRows = asked.iter().map(|&i| (i, lazy[i as usize].clone())).collect();
-                verify_opening(&SEED, n, &committed, &hashes, &asked, &opened).is_err()
+                let open = [*draw; 32];
+                verify_opening(&SEED, n, &proof.root(), &open, &proof.open(&leaves_to_open(&open, n))).is_err()
             })
             .count();
         assert!(caught >= 190, "caught {caught} of 200");
+    }
+
+    /// The exchange's check of the largest challenge stays small: 8 leaves
+    /// of 16 entries, each a dot product of length 16 384 drawn from the
+    /// seed (no matrix formed).
+    #[test]
+    fn checking_the_largest_challenge_is_bounded() {
+        let n = CHALLENGE_N_MAX;
+        let started = std::time::Instant::now();
+        let mut entries = Entries::new(&SEED, n);
+        let leaves = leaves_to_open(&OPEN, n);
+        let mut words = 0;
+        for leaf in &leaves {
+            for offset in 0..memory::MEMORY_CHECKED_WORDS as u64 {
+                std::hint::black_box(entries.word(*leaf as u64 * memory::LEAF_WORDS as u64 + offset * 13));
+                words += 1;
+            }
+        }
+        eprintln!("recomputing {words} entries at n = {n}: {:?}", started.elapsed());
+        assert_eq!(words, 128);
+        assert_eq!(memory::leaf_count(words_log2(n)), 1 << 20);
     }
 }

@@ -242,6 +242,25 @@ pub fn verify_opening(
     open_seed: &[u8; 32],
     opened: &[LeafOpening],
 ) -> Result<(), ChallengeError> {
+    let params = Params::new(seed, words_log2, passes);
+    verify_leaves(words_log2, root, open_seed, opened, ChallengeError::WrongWords, |i| params.word_after(passes as usize, i))
+}
+
+/// Checks an opening of any buffer committed as a Merkle tree of
+/// [`LEAF_WORDS`]-word leaves (the memory challenge's, and the compute
+/// challenge's product): exactly the leaves [`leaves_to_open`] names, in
+/// order, each leading to `root` by its path, and
+/// [`MEMORY_CHECKED_WORDS`] words of each (drawn from the open seed's
+/// stream 6) equal to `word(index)`; `wrong` is the error of a word that
+/// differs. Expects a [`well_formed`] opening.
+pub(crate) fn verify_leaves(
+    words_log2: u32,
+    root: &[u8; 32],
+    open_seed: &[u8; 32],
+    opened: &[LeafOpening],
+    wrong: ChallengeError,
+    mut word: impl FnMut(u64) -> u32,
+) -> Result<(), ChallengeError> {
     let asked = leaves_to_open(open_seed, words_log2);
     if opened.len() != asked.len() || opened.iter().zip(&asked).any(|(o, asked)| o.leaf != *asked) {
         return Err(ChallengeError::WrongRows);
@@ -257,12 +276,11 @@ pub fn verify_opening(
             return Err(ChallengeError::LeafNotCommitted);
         }
     }
-    let params = Params::new(seed, words_log2, passes);
     for (opening, offsets) in opened.iter().zip(words_to_check(open_seed, opened.len())) {
         for offset in offsets {
             let i = opening.leaf as u64 * LEAF_WORDS as u64 + offset as u64;
-            if opening.words.get(offset) != Some(&params.word_after(passes as usize, i)) {
-                return Err(ChallengeError::WrongWords);
+            if opening.words.get(offset) != Some(&word(i)) {
+                return Err(wrong);
             }
         }
     }

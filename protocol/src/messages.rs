@@ -442,20 +442,21 @@ pub enum ClientMessage {
         id: u64,
     },
     /// A host commits to its answer of a hardware challenge: the hex
-    /// SHA-256 of its product's row hashes (docs/protocol.md "Hardware
-    /// challenges"). Answered with `challenge_rows`.
+    /// Merkle root of its product's (or memory buffer's) 256-word leaves
+    /// (docs/protocol.md "Hardware challenges"). Answered with
+    /// `challenge_rows`.
     ChallengeCommit {
         id: u64,
         challenge: u64,
         commitment: String,
     },
-    /// A host opens its committed answer: every row hash (hex, in row
-    /// order) and the rows `challenge_rows` named, as `[row, [entries]]`.
+    /// A host opens its committed product: the leaves `challenge_rows`
+    /// named, each with its words (the entries' two's complement) and its
+    /// path to the root, as `memory_opening` does for a memory challenge.
     ChallengeOpening {
         id: u64,
         challenge: u64,
-        row_hashes: Vec<String>,
-        rows: Vec<(u32, Vec<i32>)>,
+        leaves: Vec<crate::memory::LeafOpening>,
     },
     /// A renter's signed observation of its lease's endpoint
     /// (docs/protocol.md "Liveness").
@@ -914,7 +915,8 @@ pub enum ServerMessage {
         expires_at_ms: u64,
     },
     /// Answer to `challenge_commit`: the commitment is journaled; open
-    /// these rows with `challenge_opening`.
+    /// these leaves with `challenge_opening` (a memory challenge:
+    /// `memory_opening`).
     ChallengeRows {
         id: u64,
         journal_seq: u64,
@@ -1173,9 +1175,10 @@ pub enum ErrorCode {
     /// No such hardware challenge open for this account's GPUs: never
     /// issued, another owner's, already answered, or expired.
     UnknownChallenge,
-    /// A challenge answer that is not well formed: a commitment or row
-    /// hash that is not 32 bytes of hex, more row hashes or rows than the
-    /// challenge has, or a row of the wrong length.
+    /// A challenge answer that is not well formed: a commitment that is not
+    /// 32 bytes of hex; an opening of more leaves than are opened, a leaf
+    /// beyond the buffer or not 256 words, a path that is not the tree's
+    /// height in hex hashes, or an opening of the other kind of challenge.
     ChallengeAnswerInvalid,
     /// A challenge step out of turn: a second commitment, or an opening
     /// before the commitment.
@@ -1280,7 +1283,7 @@ impl ErrorCode {
             UnknownAccount => "no account with this id",
             UnknownChallenge => "no such hardware challenge open for this account's GPUs (answered, expired, or never issued)",
             ChallengeAnswerInvalid => {
-                "the challenge answer is malformed: hashes must be 32 bytes of hex, at most n row hashes and rows of n entries"
+                "the challenge answer is malformed: a 32-byte hex root, then the leaves named, each of 256 words with a path of the tree's height"
             }
             ChallengeOutOfOrder => "commit once, then open: this challenge step is out of turn",
             ScopeDenied => "this key's scopes do not permit this request; use a key that holds its scope",

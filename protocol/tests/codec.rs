@@ -91,7 +91,11 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::LeaseLogs { id: 27, lease: LeaseId(7), tail_bytes: 4096 },
         ClientMessage::Logs { id: 28, request: 3, data: "hello\n".into(), truncated: true },
         ClientMessage::ChallengeCommit { id: 29, challenge: 4, commitment: "ab".repeat(32) },
-        ClientMessage::ChallengeOpening { id: 30, challenge: 4, row_hashes: vec!["cd".repeat(32); 2], rows: vec![(1, vec![-3, 0])] },
+        ClientMessage::ChallengeOpening {
+            id: 30,
+            challenge: 4,
+            leaves: vec![gpux_protocol::memory::LeafOpening { leaf: 1, words: vec![u32::MAX - 2, 0], path: vec!["cd".repeat(32); 2] }],
+        },
         ClientMessage::MemoryOpening {
             id: 31,
             challenge: 5,
@@ -268,6 +272,8 @@ fn each_class_of_bad_text_has_its_code() {
         ),
         (r#"{"auth":{"id":1,"public_key":"00","signature":"00","role":"king"}}"#, ErrorCode::WrongType),
         (r#"{"subscribe":{"id":1,"channel":"gossip","instrument":0}}"#, ErrorCode::WrongType),
+        // A challenge opening of the row-hash scheme before the Merkle tree.
+        (r#"{"challenge_opening":{"id":1,"challenge":2,"row_hashes":[],"rows":[[0,[1,-2]]]}}"#, ErrorCode::WrongType),
         // JSON that names no message.
         ("{}", ErrorCode::UnknownMessage),
         ("[]", ErrorCode::UnknownMessage),

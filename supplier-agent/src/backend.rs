@@ -56,14 +56,13 @@ pub trait GpuBackend: Send {
     fn sample(&mut self, at_ms: u64) -> Result<Vec<GpuSample>, BackendError>;
 
     /// Computes a hardware challenge's product `A x B` on the GPU `uuid`
-    /// (docs/agent.md "Hardware challenges"): the matrices come from
-    /// `seed`, the rows are returned in order. The default computes on the
-    /// host's CPU: no backend has a GPU kernel yet (docs/agent.md says what
-    /// that means for the measured rate).
-    fn challenge(&mut self, uuid: &str, seed: &[u8; 32], n: u32) -> Result<Vec<Vec<i32>>, BackendError> {
+    /// (docs/agent.md "Hardware challenges"), the matrices drawn from
+    /// `seed`, and commits to it by a Merkle root. The default computes on
+    /// the host's CPU (what a backend without a GPU kernel can do; the rate
+    /// measured is the host's), up to [`CPU_CHALLENGE_N_MAX`].
+    fn challenge(&mut self, uuid: &str, seed: &[u8; 32], n: u32) -> Result<Box<dyn MerkleProof>, BackendError> {
         let _ = uuid;
-        let (a, b) = gpux_protocol::challenge::matrices(seed, n);
-        Ok(gpux_protocol::challenge::product(&a, &b, n))
+        cpu_challenge_proof(seed, n)
     }
 
     /// Runs a memory-bandwidth challenge on the GPU `uuid` (docs/agent.md
@@ -77,21 +76,22 @@ pub trait GpuBackend: Send {
         seed: &[u8; 32],
         words_log2: u32,
         passes: u32,
-    ) -> Result<Box<dyn MemoryProof>, BackendError> {
+    ) -> Result<Box<dyn MerkleProof>, BackendError> {
         let _ = uuid;
         cpu_memory_proof(seed, words_log2, passes)
     }
 }
 
-/// A memory challenge's result, committed: the root, and the leaves the
-/// exchange names opened with their paths. A GPU backend keeps the buffer
-/// and the tree on the GPU until it is dropped.
-pub trait MemoryProof: Send {
+/// A challenge's result (the product, or the memory buffer), committed:
+/// the root, and the leaves the exchange names opened with their paths. A
+/// GPU backend keeps the buffer and the tree on the GPU until it is
+/// dropped.
+pub trait MerkleProof: Send {
     fn root(&self) -> [u8; 32];
     fn open(&mut self, leaves: &[u32]) -> Result<Vec<gpux_protocol::memory::LeafOpening>, BackendError>;
 }
 
-impl MemoryProof for gpux_protocol::memory::CpuProof {
+impl MerkleProof for gpux_protocol::memory::CpuProof {
     fn root(&self) -> [u8; 32] {
         gpux_protocol::memory::CpuProof::root(self)
     }
@@ -101,12 +101,27 @@ impl MemoryProof for gpux_protocol::memory::CpuProof {
     }
 }
 
+/// The largest compute challenge the CPU answers: `n = 1024` (2.1 GFLOP,
+/// seconds of one core). A larger one is a GPU's to answer.
+pub const CPU_CHALLENGE_N_MAX: u32 = 1024;
+
+/// The compute challenge computed on the host's CPU.
+pub fn cpu_challenge_proof(seed: &[u8; 32], n: u32) -> Result<Box<dyn MerkleProof>, BackendError> {
+    if n > CPU_CHALLENGE_N_MAX {
+        return Err(BackendError::Query {
+            what: "hardware challenge".into(),
+            detail: format!("n = {n} is more than the CPU answers ({CPU_CHALLENGE_N_MAX}); this backend has no GPU kernel"),
+        });
+    }
+    Ok(Box::new(gpux_protocol::challenge::cpu_proof(seed, n)))
+}
+
 /// The largest memory challenge the CPU answers: 2^26 words (256 MiB, twice
 /// that while the passes run). A larger one is a GPU's to answer.
 pub const CPU_MEMORY_WORDS_LOG2_MAX: u32 = 26;
 
 /// The memory challenge computed on the host's CPU.
-pub fn cpu_memory_proof(seed: &[u8; 32], words_log2: u32, passes: u32) -> Result<Box<dyn MemoryProof>, BackendError> {
+pub fn cpu_memory_proof(seed: &[u8; 32], words_log2: u32, passes: u32) -> Result<Box<dyn MerkleProof>, BackendError> {
     if words_log2 > CPU_MEMORY_WORDS_LOG2_MAX {
         return Err(BackendError::Query {
             what: "memory challenge".into(),

@@ -1,25 +1,29 @@
-//! The hardware challenge on an NVIDIA GPU (cargo feature `cuda`): the
-//! seeded matrices go to the GPU as f32 and cuBLAS multiplies them (SGEMM),
-//! so the rate the exchange measures is the GPU's, not the host CPU's
-//! (docs/agent.md "Hardware challenges"). The CUDA driver is loaded at run
-//! time (cudarc's dynamic loading): an agent built with the feature still
-//! starts on a machine without one, and its challenges fail with a
+//! The hardware challenges on an NVIDIA GPU (cargo feature `cuda`), so the
+//! rate the exchange measures is the GPU's, not the host CPU's
+//! (docs/agent.md "Hardware challenges"). The compute challenge: a kernel
+//! draws the seeded matrices on the GPU as f16 (entries -2..=2 are exact),
+//! cuBLAS multiplies them on the tensor cores with f32 accumulation
+//! (`cublasGemmEx`), a kernel turns the f32 product into its integer words,
+//! and the leaf and node kernels build the Merkle tree on the GPU; only the
+//! root and the opened leaves are copied back. The memory challenge runs
+//! its passes and the same tree on the GPU. The CUDA driver is loaded at
+//! run time (cudarc's dynamic loading): an agent built with the feature
+//! still starts on a machine without one, and its challenges fail with a
 //! `Query` error instead of computing on the CPU.
 //!
-//! Every entry of the product is an integer of magnitude at most `4 n`
-//! (entries -2..=2, `n` at most 256), exact in f32, so the GPU's answer is
-//! the CPU's to the bit whatever order cuBLAS sums in.
+//! Every entry of the product, and every partial sum, is an integer of
+//! magnitude at most `4 n` (entries -2..=2, `n` at most 16 384: under 2^17),
+//! exact in f32, so the GPU's answer is the CPU's to the bit whatever order
+//! cuBLAS sums in.
 //!
-//! What ran where: on an NVIDIA H200 with CUDA 13.0's cuBLAS (2026-12-04,
-//! `scripts/gpu-check`; docs/agent.md "What ran where"): the product equals
-//! the CPU's and the exchange's challenge passed. `cuda_product_matches_the_cpu`
-//! is the check to run on a GPU (`GPUX_REQUIRE_GPU=1` makes a missing GPU
-//! fail it): `cargo test -p gpux-supplier-agent --features cuda cuda`.
+//! What ran where: docs/agent.md "What ran where". The checks to run on a
+//! GPU (`GPUX_REQUIRE_GPU=1` makes a missing GPU fail them): `cargo test -p
+//! gpux-supplier-agent --features cuda cuda`.
 
 use std::sync::Arc;
 
 use cudarc::cublas::sys::cublasOperation_t;
-use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::backend::BackendError;
@@ -69,53 +73,39 @@ fn context_of(uuid: &str) -> Result<Arc<CudaContext>, BackendError> {
     })
 }
 
-/// `A x B` for the challenge of `seed` and `n`, computed by cuBLAS on the
-/// GPU `uuid`; rows in order.
-pub fn product(uuid: &str, seed: &[u8; 32], n: u32) -> Result<Vec<Vec<i32>>, BackendError> {
-    let context = context_of(uuid)?;
-    let stream: Arc<CudaStream> = context.default_stream();
-    let (a, b) = gpux_protocol::challenge::matrices(seed, n);
-    let to_f32 = |m: &[i8]| m.iter().map(|&v| f32::from(v)).collect::<Vec<f32>>();
-    let a = stream.clone_htod(&to_f32(&a)).map_err(|e| cuda_error("copy A", e))?;
-    let b = stream.clone_htod(&to_f32(&b)).map_err(|e| cuda_error("copy B", e))?;
-    let size = n as usize * n as usize;
-    let mut c = stream.alloc_zeros::<f32>(size).map_err(|e| cuda_error("allocate C", e))?;
-    let blas = CudaBlas::new(stream.clone()).map_err(|e| cuda_error("cuBLAS", e))?;
-    let n_int = n as i32;
-    // cuBLAS is column-major: a row-major matrix is its transpose there, so
-    // the row-major C = A B is the column-major C^T = B^T A^T: B first.
-    let config = GemmConfig {
-        transa: cublasOperation_t::CUBLAS_OP_N,
-        transb: cublasOperation_t::CUBLAS_OP_N,
-        m: n_int,
-        n: n_int,
-        k: n_int,
-        alpha: 1.0f32,
-        lda: n_int,
-        ldb: n_int,
-        beta: 0.0f32,
-        ldc: n_int,
-    };
-    // SAFETY: the three buffers hold n x n f32 each, as the config says.
-    #[allow(unsafe_code)]
-    let computed = unsafe { blas.gemm(config, &b, &a, &mut c) };
-    computed.map_err(|e| cuda_error("SGEMM", e))?;
-    let c = stream.clone_dtoh(&c).map_err(|e| cuda_error("copy C", e))?;
-    Ok(c.chunks(n as usize).map(|row| row.iter().map(|&v| v as i32).collect()).collect())
-}
-
-/// The memory challenge's kernels (protocol/src/memory.rs says what they
-/// compute, bit for bit): the initial buffer, one pass, the leaf hashes and
-/// one level of Merkle nodes (SHA-256 per thread; a leaf is 1 KiB, so
-/// hashing moves a small share of what the passes do). Compiled by NVRTC
-/// at run time, once per process.
-const MEMORY_KERNELS: &str = r#"
+/// The challenges' kernels (protocol/src/challenge.rs and memory.rs say
+/// what they compute, bit for bit): a challenge matrix, the product's
+/// words, the memory challenge's initial buffer and one pass, the leaf
+/// hashes and one level of Merkle nodes (SHA-256 per thread; a leaf is
+/// 1 KiB, so hashing moves a small share of what the passes do). Compiled
+/// by NVRTC at run time, once per process.
+const KERNELS: &str = r#"
 typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef unsigned char u8;
 
 __device__ __forceinline__ u32 fmix32(u32 h) {
     h ^= h >> 16; h *= 0x85ebca6bu; h ^= h >> 13; h *= 0xc2b2ae35u; return h ^ (h >> 16);
+}
+
+__device__ __forceinline__ u64 mix64(u64 z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull; z = (z ^ (z >> 27)) * 0x94d049bb133111ebull; return z ^ (z >> 31);
+}
+
+/* A challenge matrix, row-major, as f16 bit patterns: entry k is draw k of
+   the stream whose state after the seed is `origin`, % 5 - 2. */
+extern "C" __global__ void gpux_matrix(unsigned short *m, u64 count, u64 origin) {
+    const unsigned short f16[5] = {0xc000, 0xbc00, 0x0000, 0x3c00, 0x4000}; /* -2, -1, 0, 1, 2 */
+    for (u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x; k < count; k += (u64)blockDim.x * gridDim.x) {
+        m[k] = f16[mix64(origin + (k + 1) * 0x9e3779b97f4a7c15ull) % 5];
+    }
+}
+
+/* The product's words: each f32 entry (an integer) as its two's complement. */
+extern "C" __global__ void gpux_words(const float *c, u32 *w, u64 count) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (u64)blockDim.x * gridDim.x) {
+        w[i] = (u32)(int)c[i];
+    }
 }
 
 extern "C" __global__ void gpux_init(u32 *x, u64 words, u32 key0) {
@@ -216,8 +206,8 @@ extern "C" __global__ void gpux_nodes(const u8 *below, u8 *above, u64 count) {
 }
 "#;
 
-/// The memory kernels' PTX, compiled once.
-fn memory_ptx() -> Result<cudarc::nvrtc::Ptx, BackendError> {
+/// The kernels' PTX, compiled once.
+fn kernels_ptx() -> Result<cudarc::nvrtc::Ptx, BackendError> {
     static PTX: std::sync::OnceLock<Result<cudarc::nvrtc::Ptx, String>> = std::sync::OnceLock::new();
     PTX.get_or_init(|| {
         // SAFETY: only tries to open the shared library.
@@ -226,10 +216,10 @@ fn memory_ptx() -> Result<cudarc::nvrtc::Ptx, BackendError> {
         if !present {
             return Err("NVRTC (libnvrtc) cannot be loaded".into());
         }
-        cudarc::nvrtc::compile_ptx(MEMORY_KERNELS).map_err(|e| format!("{e:?}"))
+        cudarc::nvrtc::compile_ptx(KERNELS).map_err(|e| format!("{e:?}"))
     })
     .clone()
-    .map_err(|detail| BackendError::Query { what: "CUDA memory kernels".into(), detail })
+    .map_err(|detail| BackendError::Query { what: "CUDA kernels".into(), detail })
 }
 
 /// A grid-stride launch over `items`.
@@ -238,25 +228,107 @@ fn grid(items: u64) -> cudarc::driver::LaunchConfig {
     cudarc::driver::LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
 }
 
-/// A memory challenge run on the GPU: the final buffer and every level of
-/// its Merkle tree stay on the GPU; the root and the opened leaves are
-/// copied back.
-pub struct GpuMemoryProof {
+/// A challenge's result on the GPU (the product's words, or the memory
+/// buffer) and every level of its Merkle tree stay on the GPU; the root and
+/// the opened leaves are copied back.
+pub struct GpuMerkleProof {
     stream: Arc<CudaStream>,
     words: cudarc::driver::CudaSlice<u32>,
     levels: Vec<cudarc::driver::CudaSlice<u8>>,
     root: [u8; 32],
 }
 
-/// Runs the memory challenge of `seed` on the GPU `uuid`.
-pub fn memory(uuid: &str, seed: &[u8; 32], words_log2: u32, passes: u32) -> Result<GpuMemoryProof, BackendError> {
+/// The kernels, loaded into the context of the GPU `uuid`.
+struct Kernels {
+    context: Arc<CudaContext>,
+    module: Arc<cudarc::driver::CudaModule>,
+}
+
+impl Kernels {
+    fn load(uuid: &str) -> Result<Kernels, BackendError> {
+        let context = context_of(uuid)?;
+        let module = context.load_module(kernels_ptx()?).map_err(|e| cuda_error("load the kernels", e))?;
+        Ok(Kernels { context, module })
+    }
+
+    fn function(&self, name: &str) -> Result<cudarc::driver::CudaFunction, BackendError> {
+        self.module.load_function(name).map_err(|e| cuda_error(name, e))
+    }
+}
+
+/// `A x B` for the challenge of `seed` and `n` on the GPU `uuid`, committed.
+pub fn product(uuid: &str, seed: &[u8; 32], n: u32) -> Result<GpuMerkleProof, BackendError> {
+    use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType_t};
+    use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
+    if !gpux_protocol::challenge::n_valid(n) {
+        return Err(BackendError::Query { what: "hardware challenge".into(), detail: format!("n = {n} is not a challenge's side") });
+    }
+    let kernels = Kernels::load(uuid)?;
+    let (matrix, to_words) = (kernels.function("gpux_matrix")?, kernels.function("gpux_words")?);
+    let stream: Arc<CudaStream> = kernels.context.default_stream();
+    let size = n as u64 * n as u64;
+    let alloc = |what: &str| stream.alloc_zeros::<u16>(size as usize).map_err(|e| cuda_error(what, e));
+    let (mut a, mut b) = (alloc("allocate A")?, alloc("allocate B")?);
+    for (m, domain) in [(&mut a, 1u64), (&mut b, 2)] {
+        let origin = gpux_protocol::challenge::stream_origin(seed, domain);
+        // SAFETY: the kernel writes `size` entries of a buffer of `size`.
+        #[allow(unsafe_code)]
+        unsafe { stream.launch_builder(&matrix).arg(m).arg(&size).arg(&origin).launch(grid(size)) }
+            .map_err(|e| cuda_error("draw a matrix", e))?;
+    }
+    let mut c = stream.alloc_zeros::<f32>(size as usize).map_err(|e| cuda_error("allocate C", e))?;
+    let blas = CudaBlas::new(stream.clone()).map_err(|e| cuda_error("cuBLAS", e))?;
+    let (alpha, beta, side) = (1.0f32, 0.0f32, n as i32);
+    {
+        let (a_ptr, _a_done) = a.device_ptr(&stream);
+        let (b_ptr, _b_done) = b.device_ptr(&stream);
+        let (c_ptr, _c_done) = c.device_ptr_mut(&stream);
+        // cuBLAS is column-major: a row-major matrix is its transpose there,
+        // so the row-major C = A B is the column-major C^T = B^T A^T: B
+        // first. f16 inputs, f32 output and accumulation (tensor cores).
+        // SAFETY: A and B hold n x n f16, C n x n f32, as the call says.
+        #[allow(unsafe_code)]
+        let computed = unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *blas.handle(),
+                cublasOperation_t::CUBLAS_OP_N,
+                cublasOperation_t::CUBLAS_OP_N,
+                side,
+                side,
+                side,
+                (&alpha) as *const f32 as *const _,
+                b_ptr as *const std::ffi::c_void,
+                cudaDataType_t::CUDA_R_16F,
+                side,
+                a_ptr as *const std::ffi::c_void,
+                cudaDataType_t::CUDA_R_16F,
+                side,
+                (&beta) as *const f32 as *const _,
+                c_ptr as *mut std::ffi::c_void,
+                cudaDataType_t::CUDA_R_32F,
+                side,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        computed.map_err(|e| cuda_error("GEMM", e))?;
+    }
+    drop((a, b));
+    let mut words = stream.alloc_zeros::<u32>(size as usize).map_err(|e| cuda_error("allocate the words", e))?;
+    // SAFETY: both buffers hold `size` entries.
+    #[allow(unsafe_code)]
+    unsafe { stream.launch_builder(&to_words).arg(&c).arg(&mut words).arg(&size).launch(grid(size)) }
+        .map_err(|e| cuda_error("the product's words", e))?;
+    drop(c);
+    commit(&kernels, stream, words, gpux_protocol::challenge::words_log2(n))
+}
+
+/// Runs the memory challenge of `seed` on the GPU `uuid`, committed.
+pub fn memory(uuid: &str, seed: &[u8; 32], words_log2: u32, passes: u32) -> Result<GpuMerkleProof, BackendError> {
     use cudarc::driver::PushKernelArg;
-    let context = context_of(uuid)?;
-    let module = context.load_module(memory_ptx()?).map_err(|e| cuda_error("load the memory kernels", e))?;
-    let function = |name: &str| module.load_function(name).map_err(|e| cuda_error(name, e));
-    let (init, pass, leaves_kernel, nodes) =
-        (function("gpux_init")?, function("gpux_pass")?, function("gpux_leaves")?, function("gpux_nodes")?);
-    let stream: Arc<CudaStream> = context.default_stream();
+    let kernels = Kernels::load(uuid)?;
+    let (init, pass) = (kernels.function("gpux_init")?, kernels.function("gpux_pass")?);
+    let stream: Arc<CudaStream> = kernels.context.default_stream();
     let params = gpux_protocol::memory::Params::new(seed, words_log2, passes);
     let words = params.words();
     let alloc = |what: &str| stream.alloc_zeros::<u32>(words as usize).map_err(|e| cuda_error(what, e));
@@ -273,10 +345,25 @@ pub fn memory(uuid: &str, seed: &[u8; 32], words_log2: u32, passes: u32) -> Resu
         std::mem::swap(&mut current, &mut next);
     }
     drop(next);
+    commit(&kernels, stream, current, words_log2)
+}
+
+/// Builds the Merkle tree of `2^words_log2` words on the GPU and copies the
+/// root back.
+fn commit(
+    kernels: &Kernels,
+    stream: Arc<CudaStream>,
+    words: cudarc::driver::CudaSlice<u32>,
+    words_log2: u32,
+) -> Result<GpuMerkleProof, BackendError> {
+    use cudarc::driver::PushKernelArg;
+    let (leaves_kernel, nodes) = (kernels.function("gpux_leaves")?, kernels.function("gpux_nodes")?);
     let leaf_count = gpux_protocol::memory::leaf_count(words_log2);
     let mut level = stream.alloc_zeros::<u8>(leaf_count as usize * 32).map_err(|e| cuda_error("allocate the leaf hashes", e))?;
+    // SAFETY (both launches): the kernels index only below the counts
+    // passed with them, which the buffers hold.
     #[allow(unsafe_code)]
-    unsafe { stream.launch_builder(&leaves_kernel).arg(&current).arg(&mut level).arg(&leaf_count).launch(grid(leaf_count)) }
+    unsafe { stream.launch_builder(&leaves_kernel).arg(&words).arg(&mut level).arg(&leaf_count).launch(grid(leaf_count)) }
         .map_err(|e| cuda_error("leaf hashes", e))?;
     let mut levels = vec![level];
     let mut count = leaf_count;
@@ -291,10 +378,10 @@ pub fn memory(uuid: &str, seed: &[u8; 32], words_log2: u32, passes: u32) -> Resu
     }
     let root: Vec<u8> = stream.clone_dtoh(levels.last().expect("a level")).map_err(|e| cuda_error("copy the root", e))?;
     let root: [u8; 32] = root.try_into().map_err(|_| cuda_error("root", "not 32 bytes"))?;
-    Ok(GpuMemoryProof { stream, words: current, levels, root })
+    Ok(GpuMerkleProof { stream, words, levels, root })
 }
 
-impl crate::backend::MemoryProof for GpuMemoryProof {
+impl crate::backend::MerkleProof for GpuMerkleProof {
     fn root(&self) -> [u8; 32] {
         self.root
     }
@@ -329,11 +416,13 @@ mod tests {
         assert_eq!(uuid_text(&bytes), "GPU-5f0c6a2e-0000-4000-8000-000000000001");
     }
 
-    /// Runs only where a CUDA GPU is: the GPU's product is the CPU's.
-    /// `GPUX_REQUIRE_GPU=1` (scripts/gpu-check) makes a missing GPU a
-    /// failure instead of a skip.
+    /// Runs only where a CUDA GPU, cuBLAS and NVRTC are: the GPU's product
+    /// commits to the CPU's root and opens what the exchange verifies; large
+    /// ones print the rate they show. `GPUX_REQUIRE_GPU=1`
+    /// (scripts/gpu-check) makes a missing GPU a failure instead of a skip.
     #[test]
     fn cuda_product_matches_the_cpu() {
+        use crate::backend::MerkleProof;
         let skip = |why: String| {
             assert!(std::env::var_os("GPUX_REQUIRE_GPU").is_none(), "GPUX_REQUIRE_GPU is set: {why}");
             eprintln!("{why}: skipped");
@@ -349,13 +438,32 @@ mod tests {
             return skip("no CUDA device".into());
         }
         let context = CudaContext::new(0).expect("device 0");
-        let bytes: [u8; 16] = context.uuid().expect("uuid").bytes.map(|b| b as u8);
-        let seed = [7u8; 32];
-        let started = std::time::Instant::now();
-        let rows = product(&uuid_text(&bytes), &seed, 256).expect("computes");
-        eprintln!("256^3 on the GPU (with context and copies): {:?}", started.elapsed());
-        let (a, b) = gpux_protocol::challenge::matrices(&seed, 256);
-        assert_eq!(rows, gpux_protocol::challenge::product(&a, &b, 256));
+        let uuid = uuid_text(&context.uuid().expect("uuid").bytes.map(|b| b as u8));
+        let (seed, open_seed) = ([7u8; 32], [9u8; 32]);
+        for n in [16u32, 256, 1024] {
+            let started = std::time::Instant::now();
+            let mut proof = product(&uuid, &seed, n).expect("computes");
+            eprintln!("{n}^3 on the GPU (with the context, kernels and tree): {:?}", started.elapsed());
+            let cpu = gpux_protocol::challenge::cpu_proof(&seed, n);
+            assert_eq!(proof.root(), cpu.root(), "n = {n}: the GPU's product and tree are the CPU's");
+            let leaves = gpux_protocol::challenge::leaves_to_open(&open_seed, n);
+            let opened = proof.open(&leaves).expect("opens");
+            assert_eq!(opened, cpu.open(&leaves));
+            assert_eq!(gpux_protocol::challenge::verify_opening(&seed, n, &proof.root(), &open_seed, &opened), Ok(()));
+        }
+        // Production sizes: the rate a class's minimum is set against.
+        for n in [4096u32, 8192, 16_384] {
+            let started = std::time::Instant::now();
+            let mut proof = product(&uuid, &[3; 32], n).expect("computes");
+            let elapsed = started.elapsed();
+            let opened = proof.open(&gpux_protocol::challenge::leaves_to_open(&open_seed, n)).expect("opens");
+            let verified = gpux_protocol::challenge::verify_opening(&[3; 32], n, &proof.root(), &open_seed, &opened);
+            eprintln!(
+                "n = {n}: {elapsed:?} with drawing, GEMM and tree, {} GFLOP/s; verified {verified:?}",
+                2 * (n as u64).pow(3) / elapsed.as_micros().max(1) as u64 / 1_000
+            );
+            assert_eq!(verified, Ok(()));
+        }
     }
 
     /// Runs only where a CUDA GPU and NVRTC are: the GPU's memory challenge
@@ -363,7 +471,7 @@ mod tests {
     /// large one prints the bandwidth it shows.
     #[test]
     fn cuda_memory_challenge_matches_the_cpu() {
-        use crate::backend::MemoryProof;
+        use crate::backend::MerkleProof;
         let skip = |why: String| {
             assert!(std::env::var_os("GPUX_REQUIRE_GPU").is_none(), "GPUX_REQUIRE_GPU is set: {why}");
             eprintln!("{why}: skipped");

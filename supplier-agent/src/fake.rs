@@ -153,16 +153,19 @@ impl GpuBackend for FakeBackend {
 
     /// Computes on the CPU, as an honest GPU would answer; a cheating GPU
     /// of the description answers late or wrong.
-    fn challenge(&mut self, uuid: &str, seed: &[u8; 32], n: u32) -> Result<Vec<Vec<i32>>, BackendError> {
+    fn challenge(&mut self, uuid: &str, seed: &[u8; 32], n: u32) -> Result<Box<dyn crate::backend::MerkleProof>, BackendError> {
         let gpu = self.described(uuid, "challenge")?;
+        if n > crate::backend::CPU_CHALLENGE_N_MAX {
+            return crate::backend::cpu_challenge_proof(seed, n);
+        }
         let (a, b) = gpux_protocol::challenge::matrices(seed, n);
-        let mut rows = gpux_protocol::challenge::product(&a, &b, n);
+        let mut words = gpux_protocol::challenge::product(&a, &b, n);
         if gpu.challenge_wrong {
             // Plausible but wrong: every entry off by one.
-            rows.iter_mut().flatten().for_each(|entry| *entry += 1);
+            words.iter_mut().for_each(|word| *word = word.wrapping_add(1));
         }
         std::thread::sleep(std::time::Duration::from_millis(gpu.challenge_delay_ms));
-        Ok(rows)
+        Ok(Box::new(gpux_protocol::memory::CpuProof::new(words)))
     }
 
     /// Computes on the CPU, as an honest GPU would answer; a cheating GPU
@@ -173,7 +176,7 @@ impl GpuBackend for FakeBackend {
         seed: &[u8; 32],
         words_log2: u32,
         passes: u32,
-    ) -> Result<Box<dyn crate::backend::MemoryProof>, BackendError> {
+    ) -> Result<Box<dyn crate::backend::MerkleProof>, BackendError> {
         let gpu = self.described(uuid, "memory challenge")?;
         let passes = if gpu.memory_wrong { passes - 1 } else { passes };
         let proof = crate::backend::cpu_memory_proof(seed, words_log2, passes)?;
@@ -221,12 +224,16 @@ mod tests {
         let gpus = r#"{"gpus":[{"uuid":"GPU-a","vendor":"nvidia","model":"NVIDIA H100 80GB HBM3","memory_mib":81559,"interconnect":"nv_link"},
                               {"uuid":"GPU-b","vendor":"nvidia","model":"NVIDIA H100 80GB HBM3","memory_mib":81559,"interconnect":"nv_link","challenge_wrong":true}]}"#;
         let mut backend = host(gpus).expect("valid host");
-        let seed = [4u8; 32];
-        let (a, b) = gpux_protocol::challenge::matrices(&seed, 32);
-        let right = gpux_protocol::challenge::product(&a, &b, 32);
-        assert_eq!(backend.challenge("GPU-a", &seed, 32).expect("answered"), right);
-        assert_ne!(backend.challenge("GPU-b", &seed, 32).expect("answered"), right);
+        let (seed, open) = ([4u8; 32], [5u8; 32]);
+        let leaves = gpux_protocol::challenge::leaves_to_open(&open, 32);
+        let verify = |proof: &mut Box<dyn crate::backend::MerkleProof>| {
+            let opened = proof.open(&leaves).expect("opens");
+            gpux_protocol::challenge::verify_opening(&seed, 32, &proof.root(), &open, &opened)
+        };
+        assert_eq!(verify(&mut backend.challenge("GPU-a", &seed, 32).expect("answered")), Ok(()));
+        assert!(verify(&mut backend.challenge("GPU-b", &seed, 32).expect("answered")).is_err());
         assert!(backend.challenge("GPU-z", &seed, 32).is_err(), "not a GPU of this host");
+        assert!(backend.challenge("GPU-a", &seed, 2048).is_err(), "more than the CPU answers");
     }
 
     #[test]
@@ -236,7 +243,7 @@ mod tests {
         let mut backend = host(json).expect("valid");
         let (seed, open) = ([3u8; 32], [4u8; 32]);
         let leaves = gpux_protocol::memory::leaves_to_open(&open, 12);
-        let verify = |proof: &mut Box<dyn crate::backend::MemoryProof>| {
+        let verify = |proof: &mut Box<dyn crate::backend::MerkleProof>| {
             let opened = proof.open(&leaves).expect("opens");
             gpux_protocol::memory::verify_opening(&seed, 12, 3, &proof.root(), &open, &opened)
         };

@@ -128,8 +128,8 @@ impl GpuBackend for NvmlBackend {
     /// without it, on the host's CPU (the default), which no NVIDIA class's
     /// minimum rate expects.
     #[cfg(feature = "cuda")]
-    fn challenge(&mut self, uuid: &str, seed: &[u8; 32], n: u32) -> Result<Vec<Vec<i32>>, BackendError> {
-        crate::cuda::product(uuid, seed, n)
+    fn challenge(&mut self, uuid: &str, seed: &[u8; 32], n: u32) -> Result<Box<dyn crate::backend::MerkleProof>, BackendError> {
+        Ok(Box::new(crate::cuda::product(uuid, seed, n)?))
     }
 
     /// With the `cuda` feature the memory passes, the leaf hashes and the
@@ -142,7 +142,7 @@ impl GpuBackend for NvmlBackend {
         seed: &[u8; 32],
         words_log2: u32,
         passes: u32,
-    ) -> Result<Box<dyn crate::backend::MemoryProof>, BackendError> {
+    ) -> Result<Box<dyn crate::backend::MerkleProof>, BackendError> {
         Ok(Box::new(crate::cuda::memory(uuid, seed, words_log2, passes)?))
     }
 }

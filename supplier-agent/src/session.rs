@@ -879,43 +879,23 @@ impl Agent {
     }
 
     /// Answers a hardware challenge (docs/agent.md "Hardware challenges"):
-    /// the backend computes the product, the agent commits to it, then
-    /// opens the rows the exchange names. A challenge it cannot answer is
-    /// left to expire (the exchange records it unanswered).
+    /// the backend computes the product and commits to it by a Merkle root,
+    /// the agent sends the root, then opens the leaves the exchange names.
+    /// A challenge it cannot answer is left to expire (the exchange records
+    /// it unanswered).
     async fn answer_challenge(&mut self, link: &mut Link, challenge: u64, gpu: gpux_engine::GpuId, seed: &str, n: u32) -> Result<()> {
-        let Some(uuid) = self.gpus.iter().find(|g| g.info.gpu == gpu).map(|g| g.info.uuid.clone()) else {
-            tracing::warn!(challenge, ?gpu, "challenge for a GPU not on this host");
-            return Ok(());
-        };
-        let Some(seed) = hex::decode(seed).ok().and_then(|bytes| <[u8; 32]>::try_from(bytes).ok()) else {
-            tracing::warn!(challenge, "challenge with a malformed seed");
-            return Ok(());
-        };
+        let Some((uuid, seed)) = self.challenged(challenge, gpu, seed) else { return Ok(()) };
         let started = std::time::Instant::now();
-        let rows = match self.backend.challenge(&uuid, &seed, n) {
-            Ok(rows) => rows,
+        let proof = match self.backend.challenge(&uuid, &seed, n) {
+            Ok(proof) => proof,
             Err(error) => {
                 tracing::warn!(challenge, %uuid, %error, "could not compute the challenge");
                 return Ok(());
             }
         };
-        let answer = gpux_protocol::challenge::Answer::commit(rows);
         let computed_ms = started.elapsed().as_millis() as u64;
-        let id = link.connection.new_id();
-        let commit = ClientMessage::ChallengeCommit { id, challenge, commitment: hex::encode(answer.commitment) };
-        let asked = match link.connection.request(commit).await? {
-            ServerMessage::ChallengeRows { rows, .. } => rows,
-            other => {
-                tracing::warn!(challenge, ?other, "challenge commitment refused");
-                return Ok(());
-            }
-        };
-        let id = link.connection.new_id();
-        let row_hashes = answer.row_hashes.iter().map(hex::encode).collect();
-        let opening = ClientMessage::ChallengeOpening { id, challenge, row_hashes, rows: answer.open(&asked) };
-        match link.connection.request(opening).await? {
-            ServerMessage::Ack { .. } => tracing::info!(challenge, %uuid, n, computed_ms, "hardware challenge answered"),
-            other => tracing::warn!(challenge, ?other, "challenge opening refused"),
+        if Self::commit_and_open(link, challenge, &uuid, proof, false).await? {
+            tracing::info!(challenge, %uuid, n, computed_ms, "hardware challenge answered");
         }
         Ok(())
     }
@@ -932,16 +912,9 @@ impl Agent {
         words_log2: u32,
         passes: u32,
     ) -> Result<()> {
-        let Some(uuid) = self.gpus.iter().find(|g| g.info.gpu == gpu).map(|g| g.info.uuid.clone()) else {
-            tracing::warn!(challenge, ?gpu, "memory challenge for a GPU not on this host");
-            return Ok(());
-        };
-        let Some(seed) = hex::decode(seed).ok().and_then(|bytes| <[u8; 32]>::try_from(bytes).ok()) else {
-            tracing::warn!(challenge, "memory challenge with a malformed seed");
-            return Ok(());
-        };
+        let Some((uuid, seed)) = self.challenged(challenge, gpu, seed) else { return Ok(()) };
         let started = std::time::Instant::now();
-        let mut proof = match self.backend.memory_challenge(&uuid, &seed, words_log2, passes) {
+        let proof = match self.backend.memory_challenge(&uuid, &seed, words_log2, passes) {
             Ok(proof) => proof,
             Err(error) => {
                 tracing::warn!(challenge, %uuid, %error, "could not run the memory challenge");
@@ -949,28 +922,66 @@ impl Agent {
             }
         };
         let computed_ms = started.elapsed().as_millis() as u64;
-        let id = link.connection.new_id();
-        let commit = ClientMessage::ChallengeCommit { id, challenge, commitment: hex::encode(proof.root()) };
-        let leaves = match link.connection.request(commit).await? {
-            ServerMessage::ChallengeRows { rows, .. } => rows,
-            other => {
-                tracing::warn!(challenge, ?other, "memory challenge commitment refused");
-                return Ok(());
-            }
-        };
-        let leaves = match proof.open(&leaves) {
-            Ok(opened) => opened,
-            Err(error) => {
-                tracing::warn!(challenge, %uuid, %error, "could not open the memory challenge");
-                return Ok(());
-            }
-        };
-        let id = link.connection.new_id();
-        match link.connection.request(ClientMessage::MemoryOpening { id, challenge, leaves }).await? {
-            ServerMessage::Ack { .. } => tracing::info!(challenge, %uuid, words_log2, passes, computed_ms, "memory challenge answered"),
-            other => tracing::warn!(challenge, ?other, "memory challenge opening refused"),
+        if Self::commit_and_open(link, challenge, &uuid, proof, true).await? {
+            tracing::info!(challenge, %uuid, words_log2, passes, computed_ms, "memory challenge answered");
         }
         Ok(())
+    }
+
+    /// The challenged GPU's UUID and the challenge's seed; `None` (logged)
+    /// for a GPU not on this host or a malformed seed.
+    fn challenged(&self, challenge: u64, gpu: gpux_engine::GpuId, seed: &str) -> Option<(String, [u8; 32])> {
+        let Some(uuid) = self.gpus.iter().find(|g| g.info.gpu == gpu).map(|g| g.info.uuid.clone()) else {
+            tracing::warn!(challenge, ?gpu, "challenge for a GPU not on this host");
+            return None;
+        };
+        let Some(seed) = hex::decode(seed).ok().and_then(|bytes| <[u8; 32]>::try_from(bytes).ok()) else {
+            tracing::warn!(challenge, "challenge with a malformed seed");
+            return None;
+        };
+        Some((uuid, seed))
+    }
+
+    /// Sends a computed challenge's root, then opens the leaves the
+    /// exchange names (`challenge_opening`, or `memory_opening` for a
+    /// memory challenge). Whether the exchange took the opening (refusals
+    /// are logged).
+    async fn commit_and_open(
+        link: &mut Link,
+        challenge: u64,
+        uuid: &str,
+        mut proof: Box<dyn crate::backend::MerkleProof>,
+        memory: bool,
+    ) -> Result<bool> {
+        let id = link.connection.new_id();
+        let commit = ClientMessage::ChallengeCommit { id, challenge, commitment: hex::encode(proof.root()) };
+        let asked = match link.connection.request(commit).await? {
+            ServerMessage::ChallengeRows { rows, .. } => rows,
+            other => {
+                tracing::warn!(challenge, ?other, "challenge commitment refused");
+                return Ok(false);
+            }
+        };
+        let leaves = match proof.open(&asked) {
+            Ok(opened) => opened,
+            Err(error) => {
+                tracing::warn!(challenge, %uuid, %error, "could not open the challenge's leaves");
+                return Ok(false);
+            }
+        };
+        let id = link.connection.new_id();
+        let opening = if memory {
+            ClientMessage::MemoryOpening { id, challenge, leaves }
+        } else {
+            ClientMessage::ChallengeOpening { id, challenge, leaves }
+        };
+        match link.connection.request(opening).await? {
+            ServerMessage::Ack { .. } => Ok(true),
+            other => {
+                tracing::warn!(challenge, ?other, "challenge opening refused");
+                Ok(false)
+            }
+        }
     }
 
     /// The hook could not hand the GPUs over: they count as unavailable until

@@ -113,17 +113,9 @@ impl Sequencer {
                 Some(reply) => reply,
                 None => return,
             },
-            ChallengeRequest::Opening { challenge, row_hashes, rows } => {
+            ChallengeRequest::Opening { challenge, leaves, memory } => {
                 let now = self.market.clock_ms();
-                let checked = self.market.challenges().check_opening(account, challenge, &row_hashes, &rows, now);
-                match self.answered(account, id, challenge, checked) {
-                    Some(reply) => reply,
-                    None => return,
-                }
-            }
-            ChallengeRequest::MemoryOpening { challenge, leaves } => {
-                let now = self.market.clock_ms();
-                let checked = self.market.challenges().check_memory_opening(account, challenge, &leaves, now);
+                let checked = self.market.challenges().check_opening(account, challenge, memory, &leaves, now);
                 match self.answered(account, id, challenge, checked) {
                     Some(reply) => reply,
                     None => return,

@@ -10,7 +10,7 @@
 //! is down does not answer, and its challenge expires.
 
 use gpux_market::JournalEntry;
-use gpux_protocol::challenge::{matrices, product, Answer};
+use gpux_protocol::challenge::{matrices, product};
 use gpux_protocol::memory::{CpuProof, Params};
 use rand::RngCore;
 
@@ -91,27 +91,24 @@ impl Sim {
             return self.answer_memory_challenge(challenge, account, &pending.seed, words_log2, passes);
         }
         let (a, b) = matrices(&pending.seed, pending.n);
-        let mut rows = product(&a, &b, pending.n);
+        let mut words = product(&a, &b, pending.n);
         if self.hardware_kind(supplier) == Some(SupplierCheat::WrongProduct) {
-            // Plausible but wrong: one entry of every row off by one.
-            rows.iter_mut().for_each(|row| row[0] += 1);
+            // Plausible but wrong (a card that cannot keep the precision):
+            // every entry off by one.
+            words.iter_mut().for_each(|word| *word = word.wrapping_add(1));
         }
-        let answer = Answer::commit(rows);
+        let answer = CpuProof::new(words);
         let now = self.now_ms;
         self.exchange.market().challenges().check_commit(account, challenge, now).expect("the simulator commits in turn and in time");
         let mut open_seed = [0u8; 32];
         self.challenge_rng.fill_bytes(&mut open_seed);
         let mut events = Vec::new();
-        let commit = JournalEntry::ChallengeCommitted { at_ms: now, account, challenge, commitment: answer.commitment, open_seed };
+        let commit = JournalEntry::ChallengeCommitted { at_ms: now, account, challenge, commitment: answer.root(), open_seed };
         self.exchange.challenge(commit, &mut events);
         let asked = self.exchange.market().challenges().get(challenge).expect("committed").rows_to_open();
         let opened = answer.open(&asked);
-        let verdict = self
-            .exchange
-            .market()
-            .challenges()
-            .check_opening(account, challenge, &answer.row_hashes, &opened, now)
-            .expect("a well-formed opening");
+        let verdict =
+            self.exchange.market().challenges().check_opening(account, challenge, false, &opened, now).expect("a well-formed opening");
         self.exchange.challenge(JournalEntry::ChallengeAnswered { at_ms: now, account, challenge, verdict }, &mut events);
         self.observe(&events);
     }
@@ -132,7 +129,7 @@ impl Sim {
             .exchange
             .market()
             .challenges()
-            .check_memory_opening(account, challenge, &proof.open(&asked), now)
+            .check_opening(account, challenge, true, &proof.open(&asked), now)
             .expect("a well-formed opening");
         self.exchange.challenge(JournalEntry::ChallengeAnswered { at_ms: now, account, challenge, verdict }, &mut events);
         self.observe(&events);
