@@ -95,9 +95,9 @@ __device__ __forceinline__ u64 mix64(u64 z) {
 /* A challenge matrix, row-major, as f16 bit patterns: entry k is draw k of
    the stream whose state after the seed is `origin`, % 5 - 2. */
 extern "C" __global__ void gpux_matrix(unsigned short *m, u64 count, u64 origin) {
-    const unsigned short f16[5] = {0xc000, 0xbc00, 0x0000, 0x3c00, 0x4000}; /* -2, -1, 0, 1, 2 */
+    const unsigned short halves[5] = {0xc000, 0xbc00, 0x0000, 0x3c00, 0x4000}; /* -2, -1, 0, 1, 2 as f16 */
     for (u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x; k < count; k += (u64)blockDim.x * gridDim.x) {
-        m[k] = f16[mix64(origin + (k + 1) * 0x9e3779b97f4a7c15ull) % 5];
+        m[k] = halves[mix64(origin + (k + 1) * 0x9e3779b97f4a7c15ull) % 5];
     }
 }
 
