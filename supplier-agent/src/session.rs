@@ -133,6 +133,8 @@ struct Link {
     windows_refused: BTreeSet<InstrumentId>,
     /// Whether the owner's schedule made the GPUs available at the last sample.
     available: Option<bool>,
+    /// Events asked for the asks to be offered again, once no message waits.
+    reoffer_due: bool,
 }
 
 impl Agent {
@@ -246,6 +248,7 @@ impl Agent {
             window_asks: BTreeMap::new(),
             windows_refused: BTreeSet::new(),
             available: None,
+            reoffer_due: false,
         };
         self.resume_leases(&mut link).await?;
         self.reoffer_all(&mut link).await?;
@@ -271,6 +274,11 @@ impl Agent {
                 biased;
                 _ = stop.as_mut() => return Ok(()),
                 message = link.connection.next() => self.on_message(link, message?).await?,
+                // Only when no message is waiting (biased: polled after it).
+                _ = std::future::ready(()), if link.reoffer_due => {
+                    link.reoffer_due = false;
+                    self.reoffer_all(link).await?;
+                }
                 Some(report) = recv_report(&mut self.delivery) => self.on_delivery_report(link, report).await?,
                 _ = sampling.tick() => self.sample(link).await?,
                 _ = reporting.tick() => {
@@ -872,9 +880,11 @@ impl Agent {
             }
             _ => false,
         };
-        if reoffer {
-            self.reoffer_all(link).await?;
-        }
+        // Offered again once the events that came with this one are read:
+        // a fill's `lease_created` comes before its ask's `order_closed`,
+        // and cancelling the ask in between would be refused
+        // (`unknown_order`, journaled).
+        link.reoffer_due |= reoffer;
         Ok(())
     }
 

@@ -246,6 +246,12 @@ async fn usage_is_reported_through_a_30_second_outage_and_billed_exactly() {
         assert!(Instant::now() < deadline, "billed {billed} of {expected} expected for {} ms (held {held_minor})", ended_at_ms - start_ms);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Its ask filled, the lease came, the exchange went away and back: the
+    // agent never sent a request the exchange refused (its ask's
+    // `order_closed` follows the `lease_created`; it offers again once both
+    // are read, not in between).
+    exchange.stop();
+    assert_eq!(journaled_rejections(&dir.path().join("exchange")), Vec::<String>::new());
 }
 
 /// A preemptible lease on the agent's GPU is preempted by a spot buyer: the

@@ -90,6 +90,16 @@ impl Drop for Exchange {
     }
 }
 
+/// The rejections an exchange journaled (its data directory's journal
+/// replayed as `gpux-audit` does), as JSON lines: an agent that knows its
+/// own asks never sends a request the exchange refuses.
+pub fn journaled_rejections(exchange_dir: &std::path::Path) -> Vec<String> {
+    let mut market = gpux_market::MarketState::new(gpux_engine::EngineConfig::demo()).expect("market");
+    let mut events = Vec::new();
+    gpux_audit::replay_journal(&exchange_dir.join("journal.redb"), &mut market, &mut events, false).expect("replays");
+    String::from_utf8(events).expect("utf-8").lines().filter(|line| line.contains(r#""rejected""#)).map(str::to_owned).collect()
+}
+
 pub struct Agent(pub Child);
 
 /// The real agent binary on a scripted host (its log is discarded).
