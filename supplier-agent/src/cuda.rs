@@ -238,22 +238,51 @@ pub struct GpuMerkleProof {
     root: [u8; 32],
 }
 
-/// The kernels, loaded into the context of the GPU `uuid`.
+/// What a GPU's challenges run on: its CUDA context and stream, the
+/// kernels loaded into it, and a cuBLAS handle. Set up once per GPU and
+/// process ([`kernels`]), so a challenge is timed for its work alone.
 struct Kernels {
-    context: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
     module: Arc<cudarc::driver::CudaModule>,
+    blas: CudaBlas,
 }
 
 impl Kernels {
     fn load(uuid: &str) -> Result<Kernels, BackendError> {
         let context = context_of(uuid)?;
         let module = context.load_module(kernels_ptx()?).map_err(|e| cuda_error("load the kernels", e))?;
-        Ok(Kernels { context, module })
+        let stream = context.default_stream();
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| cuda_error("cuBLAS", e))?;
+        Ok(Kernels { stream, module, blas })
     }
 
     fn function(&self, name: &str) -> Result<cudarc::driver::CudaFunction, BackendError> {
         self.module.load_function(name).map_err(|e| cuda_error(name, e))
     }
+}
+
+/// The GPU `uuid`'s [`Kernels`], set up on first use and kept for the
+/// process (the agent's CUDA context lives as long as the agent; NVML
+/// counts it as the agent's, not as the owner's work).
+fn kernels(uuid: &str) -> Result<Arc<Kernels>, BackendError> {
+    static LOADED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, Arc<Kernels>>>> = std::sync::OnceLock::new();
+    let loaded = LOADED.get_or_init(Default::default);
+    if let Some(kernels) = loaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(uuid) {
+        return Ok(kernels.clone());
+    }
+    let kernels = Arc::new(Kernels::load(uuid)?);
+    loaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(uuid.to_owned(), kernels.clone());
+    Ok(kernels)
+}
+
+/// Readies the GPU `uuid` for challenges before any arrives: its CUDA
+/// context, the kernels (compiled by NVRTC once per process) and cuBLAS,
+/// then the smallest challenge once. Without it the first challenge, the
+/// one a GPU takes as it registers, would be charged that setup (about
+/// half a second on an H200: docs/agent.md "What ran where") and could
+/// show too low a rate for its class.
+pub fn warm_up(uuid: &str) -> Result<(), BackendError> {
+    product(uuid, &[0; 32], gpux_protocol::challenge::CHALLENGE_N_MIN).map(drop)
 }
 
 /// `A x B` for the challenge of `seed` and `n` on the GPU `uuid`, committed.
@@ -263,9 +292,9 @@ pub fn product(uuid: &str, seed: &[u8; 32], n: u32) -> Result<GpuMerkleProof, Ba
     if !gpux_protocol::challenge::n_valid(n) {
         return Err(BackendError::Query { what: "hardware challenge".into(), detail: format!("n = {n} is not a challenge's side") });
     }
-    let kernels = Kernels::load(uuid)?;
+    let kernels = kernels(uuid)?;
     let (matrix, to_words) = (kernels.function("gpux_matrix")?, kernels.function("gpux_words")?);
-    let stream: Arc<CudaStream> = kernels.context.default_stream();
+    let stream = kernels.stream.clone();
     let size = n as u64 * n as u64;
     let alloc = |what: &str| stream.alloc_zeros::<u16>(size as usize).map_err(|e| cuda_error(what, e));
     let (mut a, mut b) = (alloc("allocate A")?, alloc("allocate B")?);
@@ -277,7 +306,6 @@ pub fn product(uuid: &str, seed: &[u8; 32], n: u32) -> Result<GpuMerkleProof, Ba
             .map_err(|e| cuda_error("draw a matrix", e))?;
     }
     let mut c = stream.alloc_zeros::<f32>(size as usize).map_err(|e| cuda_error("allocate C", e))?;
-    let blas = CudaBlas::new(stream.clone()).map_err(|e| cuda_error("cuBLAS", e))?;
     let (alpha, beta, side) = (1.0f32, 0.0f32, n as i32);
     {
         let (a_ptr, _a_done) = a.device_ptr(&stream);
@@ -290,7 +318,7 @@ pub fn product(uuid: &str, seed: &[u8; 32], n: u32) -> Result<GpuMerkleProof, Ba
         #[allow(unsafe_code)]
         let computed = unsafe {
             cudarc::cublas::result::gemm_ex(
-                *blas.handle(),
+                *kernels.blas.handle(),
                 cublasOperation_t::CUBLAS_OP_N,
                 cublasOperation_t::CUBLAS_OP_N,
                 side,
@@ -326,9 +354,9 @@ pub fn product(uuid: &str, seed: &[u8; 32], n: u32) -> Result<GpuMerkleProof, Ba
 /// Runs the memory challenge of `seed` on the GPU `uuid`, committed.
 pub fn memory(uuid: &str, seed: &[u8; 32], words_log2: u32, passes: u32) -> Result<GpuMerkleProof, BackendError> {
     use cudarc::driver::PushKernelArg;
-    let kernels = Kernels::load(uuid)?;
+    let kernels = kernels(uuid)?;
     let (init, pass) = (kernels.function("gpux_init")?, kernels.function("gpux_pass")?);
-    let stream: Arc<CudaStream> = kernels.context.default_stream();
+    let stream = kernels.stream.clone();
     let params = gpux_protocol::memory::Params::new(seed, words_log2, passes);
     let words = params.words();
     let alloc = |what: &str| stream.alloc_zeros::<u32>(words as usize).map_err(|e| cuda_error(what, e));

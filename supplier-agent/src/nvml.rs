@@ -95,6 +95,16 @@ impl GpuBackend for NvmlBackend {
                 cuda_version: cuda_version.clone(),
             });
         }
+        // Before the GPUs register (and the exchange challenges them): the
+        // challenges' CUDA setup, once per GPU and process.
+        #[cfg(feature = "cuda")]
+        for gpu in inventory.iter().filter(|gpu| gpu.parent_uuid.is_none()) {
+            let started = std::time::Instant::now();
+            match crate::cuda::warm_up(&gpu.uuid) {
+                Ok(()) => tracing::debug!(uuid = %gpu.uuid, elapsed = ?started.elapsed(), "ready for hardware challenges"),
+                Err(error) => tracing::warn!(uuid = %gpu.uuid, %error, "hardware challenges will fail on this GPU"),
+            }
+        }
         Ok(inventory)
     }
 
