@@ -254,6 +254,12 @@ pub struct ChallengeSpec {
 }
 
 impl ChallengeSpec {
+    /// Whether `n` is a side a challenge may ask for: a power of two from
+    /// `limits::CHALLENGE_N_MIN` to `limits::CHALLENGE_N_MAX`.
+    pub fn side_valid(&self) -> bool {
+        self.n.is_power_of_two() && (limits::CHALLENGE_N_MIN..=limits::CHALLENGE_N_MAX).contains(&self.n)
+    }
+
     /// The challenge's floating-point operations: `2 n^3`.
     pub fn flops(&self) -> u64 {
         2 * (self.n as u64).pow(3)
@@ -364,6 +370,21 @@ impl std::fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 impl EngineConfig {
+    /// [`EngineConfig::validate`], and the rules that hold for listings
+    /// written now but not for every listing a journal may hold: a
+    /// challenge's side is a power of two from `limits::CHALLENGE_N_MIN` to
+    /// `limits::CHALLENGE_N_MAX` (a class of a journal's older listing with
+    /// another side is never challenged: `ChallengeSpec::side_valid`).
+    pub fn validate_listing(&self) -> Result<(), ConfigError> {
+        self.validate()?;
+        match self.classes.iter().find(|class| class.challenge.is_some_and(|c| !c.side_valid())) {
+            Some(class) => Err(ConfigError::Challenge { class: class.name.clone() }),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the config can be applied: what every listing a journal
+    /// holds must meet (see [`EngineConfig::validate_listing`] for new ones).
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.classes.is_empty() || self.classes.len() > limits::CLASSES_MAX {
             return Err(ConfigError::ClassCount);
@@ -410,9 +431,10 @@ impl EngineConfig {
             if class.sla_availability_bps > 10_000 {
                 return Err(ConfigError::Sla { class: class.name.clone() });
             }
-            if class.challenge.is_some_and(|c| {
-                !c.n.is_power_of_two() || !(limits::CHALLENGE_N_MIN..=limits::CHALLENGE_N_MAX).contains(&c.n) || c.min_mflops == 0
-            }) {
+            // Journals replay listings of every version: sides from before the
+            // Merkle commitment (1 to 256, any) stay valid here;
+            // `validate_listing` holds new listings to powers of two.
+            if class.challenge.is_some_and(|c| c.n == 0 || c.n > limits::CHALLENGE_N_MAX || c.min_mflops == 0) {
                 return Err(ConfigError::Challenge { class: class.name.clone() });
             }
             if class.memory_challenge.is_some_and(|c| {
@@ -588,20 +610,22 @@ mod tests {
     #[test]
     fn a_challenge_side_is_a_power_of_two_within_the_limits() {
         let class = EngineConfig::demo().classes[0].name.clone();
-        for (n, min_mflops, valid) in [
-            (16, 1, true),
-            (16_384, 1, true),
-            (1_024, 1, true),
-            (8, 1, false),
-            (300, 1, false),
-            (32_768, 1, false),
-            (0, 1, false),
-            (256, 0, false),
+        // (n, min_mflops, valid in a new listing, valid in a journal's listing)
+        for (n, min_mflops, new, replayed) in [
+            (16, 1, true, true),
+            (16_384, 1, true, true),
+            (1_024, 1, true, true),
+            (8, 1, false, true),
+            (100, 1, false, true),
+            (32_768, 1, false, false),
+            (0, 1, false, false),
+            (256, 0, false, false),
         ] {
             let mut config = EngineConfig::demo();
             config.classes[0].challenge = Some(ChallengeSpec { n, min_mflops });
-            let expected = if valid { Ok(()) } else { Err(ConfigError::Challenge { class: class.clone() }) };
-            assert_eq!(config.validate(), expected, "n = {n}, min_mflops = {min_mflops}");
+            let verdict = |valid: bool| if valid { Ok(()) } else { Err(ConfigError::Challenge { class: class.clone() }) };
+            assert_eq!(config.validate_listing(), verdict(new), "n = {n}, min_mflops = {min_mflops}, a new listing");
+            assert_eq!(config.validate(), verdict(replayed), "n = {n}, min_mflops = {min_mflops}, a journal's listing");
         }
     }
 }

@@ -180,7 +180,7 @@ pub fn parse(text: &str, file: &str) -> Result<EngineConfig, ListingError> {
         currency: Currency { code: exchange.currency, decimals: exchange.decimals },
         regions: exchange.regions,
     };
-    config.validate().map_err(|invalid| {
+    config.validate_listing().map_err(|invalid| {
         let class_at = |name: &str| {
             config.classes.iter().position(|c| c.name == name).and_then(|i| class_lines.get(i).copied()).unwrap_or(exchange_line)
         };
@@ -235,6 +235,8 @@ mod tests {
             ("\"us-east\",", "\"US East\",", 0, "lower-case letters"),
             ("words_log2 = 16", "words_log2 = 40", 0, "memory challenge's words_log2"),
             ("passes = 8", "passes = 13", 0, "its passes 1..=12"),
+            ("n = 256, ", "n = 100, ", 0, "a power of two from 16 to 16384"),
+            ("n = 256, ", "n = 32768, ", 0, "a power of two from 16 to 16384"),
         ];
         for (from, to, line, needle) in cases {
             assert!(DEMO.contains(from), "{from}");

@@ -92,7 +92,11 @@ impl Sequencer {
                 (true, Some((words_log2, passes)), _) => {
                     JournalEntry::MemoryChallengeIssued { at_ms: now, gpu, seed: random_bytes(), words_log2, passes }
                 }
-                (_, _, Some(n)) => JournalEntry::ChallengeIssued { at_ms: now, gpu, seed: random_bytes(), n },
+                // A side from a journal's older listing has no opening the
+                // market can check: such a class is not challenged.
+                (_, _, Some(n)) if gpux_protocol::challenge::n_valid(n) => {
+                    JournalEntry::ChallengeIssued { at_ms: now, gpu, seed: random_bytes(), n }
+                }
                 _ => continue,
             };
             let connected = self.connections_of.get(&target.owner).is_some_and(|c| !c.is_empty());

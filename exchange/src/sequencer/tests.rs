@@ -24,7 +24,15 @@ fn recover(journal: &MemoryJournal, snapshots: &MemorySnapshots) -> (Sequencer, 
 
 /// A restart with the exchange clock `offset_ms` ahead of the wall clock.
 fn recover_at(journal: &MemoryJournal, snapshots: &MemorySnapshots, offset_ms: i64) -> (Sequencer, super::Recovery) {
-    let config = EngineConfig::demo();
+    recover_with(journal, snapshots, EngineConfig::demo(), offset_ms)
+}
+
+fn recover_with(
+    journal: &MemoryJournal,
+    snapshots: &MemorySnapshots,
+    config: EngineConfig,
+    offset_ms: i64,
+) -> (Sequencer, super::Recovery) {
     let billing = BillingPolicy { fee_bps: config.fee_bps, grace_ms: config.billing_grace_ms };
     let market = MarketState::new(config).expect("demo config");
     let operators: BTreeSet<[u8; 32]> = [OPERATOR].into_iter().collect();
@@ -488,4 +496,31 @@ fn history_the_journal_cannot_give_is_history_unavailable() {
         })
         .collect();
     assert_eq!(codes, [5, 6, 7].map(|id| (Some(id), ErrorCode::HistoryUnavailable)));
+}
+
+/// A class whose challenge side comes from a journal's older listing (any
+/// side up to 256 was valid before the product was committed as a Merkle
+/// tree) still applies, and its GPUs are not challenged: no opening of such
+/// a side can be checked. A side of today's rules is challenged as the GPU
+/// registers.
+#[test]
+fn a_challenge_side_of_an_older_listing_applies_and_is_not_challenged() {
+    use gpux_engine::GpuSpec;
+    for (n, challenged) in [(100u32, false), (256, true)] {
+        let mut config = EngineConfig::demo();
+        for spec in config.classes.iter_mut().filter_map(|class| class.challenge.as_mut()) {
+            spec.n = n;
+        }
+        assert_eq!(config.validate(), Ok(()), "a journal's listing");
+        assert_eq!(config.validate_listing().is_ok(), challenged, "a new listing");
+        let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
+        let (mut sequencer, _) = recover_with(&journal, &snapshots, config, 0);
+        let (_operator, mut supplier, _renter) = operator_supplier_and_renter(&mut sequencer);
+        let account = supplier.account();
+        let register = Command::RegisterGpu { account, host: "a".into(), gpu_uuid: "GPU-a".into(), spec: GpuSpec::h100_sxm() };
+        sequencer.process(vec![Request::Command { connection: 2, id: 2, command: register }]).expect("commits");
+        sequencer.process(Vec::new()).expect("commits");
+        let issued = journal.entries().iter().any(|entry| matches!(entry, JournalEntry::ChallengeIssued { .. }));
+        assert_eq!(issued, challenged, "n = {n}");
+    }
 }
