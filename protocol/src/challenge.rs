@@ -334,6 +334,44 @@ mod tests {
         assert!(caught >= 190, "caught {caught} of 200");
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Against a reference model of what the exchange looks at: a
+        /// prover that commits (consistently) to a product with one entry
+        /// changed is caught exactly when that entry is one of the checked
+        /// entries of the opened leaves; otherwise its answer verifies, as
+        /// an honest one always does.
+        #[test]
+        fn one_wrong_entry_is_caught_exactly_when_it_is_checked(
+            log2 in 4u32..=6,
+            seed in proptest::prelude::any::<[u8; 32]>(),
+            open in proptest::prelude::any::<[u8; 32]>(),
+            index in proptest::prelude::any::<proptest::sample::Index>(),
+            checked_pick in proptest::prelude::any::<proptest::sample::Index>(),
+            pick_checked in proptest::prelude::any::<bool>(),
+        ) {
+            let n = 1u32 << log2;
+            let (a, b) = matrices(&seed, n);
+            let mut words = product(&a, &b, n);
+            let leaves = leaves_to_open(&open, n);
+            let checked: Vec<usize> = leaves
+                .iter()
+                .zip(memory::words_to_check(&open, leaves.len()))
+                .flat_map(|(leaf, offsets)| offsets.into_iter().map(move |o| *leaf as usize * memory::LEAF_WORDS + o))
+                .collect();
+            let honest = CpuProof::new(words.clone());
+            proptest::prop_assert_eq!(verify_opening(&seed, n, &honest.root(), &open, &honest.open(&leaves)), Ok(()));
+            // Half the cases change a checked entry, the others any entry.
+            let changed = if pick_checked { checked[checked_pick.index(checked.len())] } else { index.index(words.len()) };
+            words[changed] = words[changed].wrapping_add(1);
+            let cheat = CpuProof::new(words);
+            let verdict = verify_opening(&seed, n, &cheat.root(), &open, &cheat.open(&leaves));
+            let expected = if checked.contains(&changed) { Err(ChallengeError::WrongProduct) } else { Ok(()) };
+            proptest::prop_assert_eq!(verdict, expected, "entry {} changed", changed);
+        }
+    }
+
     /// The exchange's check of the largest challenge stays small: 8 leaves
     /// of 16 entries, each a dot product of length 16 384 drawn from the
     /// seed (no matrix formed).

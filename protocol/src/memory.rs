@@ -211,7 +211,7 @@ pub fn leaves_to_open(open_seed: &[u8; 32], words_log2: u32) -> Vec<u32> {
 /// The words within each opened leaf the exchange recomputes: for the
 /// opened leaves in order, [`MEMORY_CHECKED_WORDS`] offsets each from the
 /// open seed's stream 6.
-fn words_to_check(open_seed: &[u8; 32], leaves: usize) -> Vec<Vec<usize>> {
+pub(crate) fn words_to_check(open_seed: &[u8; 32], leaves: usize) -> Vec<Vec<usize>> {
     let mut stream = Stream::new(open_seed, 6);
     (0..leaves).map(|_| (0..MEMORY_CHECKED_WORDS).map(|_| (stream.next() % LEAF_WORDS as u64) as usize).collect()).collect()
 }
