@@ -622,8 +622,17 @@ async fn nodes_join_leave_and_hand_over_the_leadership() {
     let joined = cli(&["join", "--peer", &cluster.nodes[&follower].raft, "--node", &format!("4={}", fourth.raft)]);
     assert!(joined.status.success(), "join: {}", String::from_utf8_lossy(&joined.stderr));
     cluster.nodes.insert(4, fourth);
-    let status = cli(&["status", "--peer", &cluster.nodes[&4].raft]);
-    let status: NodeStatus = serde_json::from_slice(&status.stdout).expect("status is JSON");
+    // The join is committed on a majority; the new node learns of it as the
+    // leader's log reaches it (a moment later: CI once asked too soon).
+    let started = Instant::now();
+    let status = loop {
+        let status = cli(&["status", "--peer", &cluster.nodes[&4].raft]);
+        let status: NodeStatus = serde_json::from_slice(&status.stdout).expect("status is JSON");
+        if status.voters == BTreeSet::from([1, 2, 3, 4]) || started.elapsed() > Duration::from_secs(10) {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(status.voters, BTreeSet::from([1, 2, 3, 4]));
     assert_eq!(status.leader.map(|(id, _)| id), Some(leader));
     cluster.converged().await;

@@ -275,14 +275,49 @@ fn kernels(uuid: &str) -> Result<Arc<Kernels>, BackendError> {
     Ok(kernels)
 }
 
-/// Readies the GPU `uuid` for challenges before any arrives: its CUDA
-/// context, the kernels (compiled by NVRTC once per process) and cuBLAS,
-/// then the smallest challenge once. Without it the first challenge, the
-/// one a GPU takes as it registers, would be charged that setup (about
-/// half a second on an H200: docs/agent.md "What ran where") and could
-/// show too low a rate for its class.
-pub fn warm_up(uuid: &str) -> Result<(), BackendError> {
-    product(uuid, &[0; 32], gpux_protocol::challenge::CHALLENGE_N_MIN).map(drop)
+/// Readies the GPU `uuid` for challenges before any arrives, once per
+/// process: its CUDA context, the kernels (compiled by NVRTC) and cuBLAS
+/// are set up, and a small challenge of each kind is answered on the GPU
+/// and compared with the CPU's answer. Without the setup the first
+/// challenge, the one a GPU takes as it registers, would be charged it
+/// (about half a second on an H200: docs/agent.md "What ran where") and
+/// could show too low a rate for its class. Without the comparison a
+/// kernel that computes wrong on this GPU (a driver, a card or a bug the
+/// tests never met) would commit to a wrong answer, and a wrong answer
+/// rejects a GPU for good; a GPU that fails it refuses its challenges
+/// instead (they expire unanswered, which costs no points), with this
+/// error in the log.
+pub fn self_check(uuid: &str) -> Result<(), BackendError> {
+    static CHECKED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, Result<(), BackendError>>>> =
+        std::sync::OnceLock::new();
+    let checked = CHECKED.get_or_init(Default::default);
+    if let Some(verdict) = checked.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(uuid) {
+        return verdict.clone();
+    }
+    let verdict = compare_with_the_cpu(uuid);
+    checked.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(uuid.to_owned(), verdict.clone());
+    verdict
+}
+
+/// A 32 x 32 product (four leaves, two levels of nodes) and a memory
+/// challenge of 2^10 words and 3 passes, on the GPU and on the CPU.
+fn compare_with_the_cpu(uuid: &str) -> Result<(), BackendError> {
+    use crate::backend::MerkleProof;
+    let seed = [0x5a; 32];
+    let wrong = |what: &str| BackendError::Query {
+        what: "CUDA self-check".into(),
+        detail: format!(
+            "the GPU's {what} is not the CPU's: this GPU's hardware challenges are refused (report it with the driver and CUDA versions)"
+        ),
+    };
+    if product(uuid, &seed, 32)?.root() != gpux_protocol::challenge::cpu_proof(&seed, 32).root() {
+        return Err(wrong("product of a 32 x 32 challenge"));
+    }
+    let cpu = gpux_protocol::memory::CpuProof::new(gpux_protocol::memory::Params::new(&seed, 10, 3).compute());
+    if memory(uuid, &seed, 10, 3)?.root() != cpu.root() {
+        return Err(wrong("memory challenge of 2^10 words"));
+    }
+    Ok(())
 }
 
 /// `A x B` for the challenge of `seed` and `n` on the GPU `uuid`, committed.
@@ -467,6 +502,7 @@ mod tests {
         }
         let context = CudaContext::new(0).expect("device 0");
         let uuid = uuid_text(&context.uuid().expect("uuid").bytes.map(|b| b as u8));
+        assert_eq!(self_check(&uuid), Ok(()), "the agent's self-check passes");
         let (seed, open_seed) = ([7u8; 32], [9u8; 32]);
         for n in [16u32, 256, 1024] {
             let started = std::time::Instant::now();

@@ -100,7 +100,7 @@ impl GpuBackend for NvmlBackend {
         #[cfg(feature = "cuda")]
         for gpu in inventory.iter().filter(|gpu| gpu.parent_uuid.is_none()) {
             let started = std::time::Instant::now();
-            match crate::cuda::warm_up(&gpu.uuid) {
+            match crate::cuda::self_check(&gpu.uuid) {
                 Ok(()) => tracing::debug!(uuid = %gpu.uuid, elapsed = ?started.elapsed(), "ready for hardware challenges"),
                 Err(error) => tracing::warn!(uuid = %gpu.uuid, %error, "hardware challenges will fail on this GPU"),
             }
@@ -139,6 +139,7 @@ impl GpuBackend for NvmlBackend {
     /// minimum rate expects.
     #[cfg(feature = "cuda")]
     fn challenge(&mut self, uuid: &str, seed: &[u8; 32], n: u32) -> Result<Box<dyn crate::backend::MerkleProof>, BackendError> {
+        crate::cuda::self_check(uuid)?;
         Ok(Box::new(crate::cuda::product(uuid, seed, n)?))
     }
 
@@ -153,6 +154,7 @@ impl GpuBackend for NvmlBackend {
         words_log2: u32,
         passes: u32,
     ) -> Result<Box<dyn crate::backend::MerkleProof>, BackendError> {
+        crate::cuda::self_check(uuid)?;
         Ok(Box::new(crate::cuda::memory(uuid, seed, words_log2, passes)?))
     }
 }
