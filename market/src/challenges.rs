@@ -128,11 +128,17 @@ impl Challenges {
         self.pending.is_empty()
     }
 
-    /// Checks a commitment before it is journaled.
+    /// Checks a commitment before it is journaled. A compute challenge
+    /// whose side no opening can have (issued under a journal's older
+    /// listing, before the product was committed as a Merkle tree) takes no
+    /// commitment: it expires unanswered.
     pub fn check_commit(&self, account: AccountId, challenge: u64, now_ms: u64) -> Result<(), ErrorCode> {
         let pending = self.open_for(account, challenge, now_ms)?;
         if pending.commit.is_some() {
             return Err(ErrorCode::ChallengeOutOfOrder);
+        }
+        if pending.memory.is_none() && !challenge::n_valid(pending.n) {
+            return Err(ErrorCode::ChallengeAnswerInvalid);
         }
         Ok(())
     }

@@ -509,6 +509,14 @@ fn a_hardware_challenge_is_issued_committed_opened_and_recorded() {
         Ok(Err(gpux_protocol::challenge::ChallengeError::LeafNotCommitted))
     );
     assert!(challenges.get(open).is_some(), "still open after the errors");
+
+    // A side from a journal's older listing (any n up to 256 then): no
+    // opening can have it, so no commitment is taken (it expires unanswered).
+    session.apply(JournalEntry::ChallengeIssued { at_ms: session.now_ms, gpu: GpuId(1), seed: [6; 32], n: 100 });
+    let legacy = session.market.challenges().latest();
+    let checked = session.market.challenges().check_commit(session.supplier, legacy, session.now_ms);
+    assert_eq!(checked, Err(ErrorCode::ChallengeAnswerInvalid));
+    assert_eq!(gpux_protocol::challenge::leaves_to_open(&[1; 32], 100), Vec::<u32>::new(), "and names no leaves");
 }
 
 /// A memory-bandwidth challenge through the market: issued (the owner is

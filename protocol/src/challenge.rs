@@ -163,8 +163,12 @@ pub fn cpu_proof(seed: &[u8; 32], n: u32) -> CpuProof {
 }
 
 /// The leaves the exchange opens: those of the memory challenge's rule
-/// ([`memory::leaves_to_open`]) over the product's `n^2` words.
+/// ([`memory::leaves_to_open`]) over the product's `n^2` words (none for a
+/// side no challenge may have).
 pub fn leaves_to_open(open_seed: &[u8; 32], n: u32) -> Vec<u32> {
+    if !n_valid(n) {
+        return Vec::new();
+    }
     memory::leaves_to_open(open_seed, words_log2(n))
 }
 

@@ -194,6 +194,7 @@ impl CpuProof {
 /// The leaves the exchange opens: [`MEMORY_OPENED_LEAVES`] distinct leaves
 /// (all of them if there are fewer), drawn from the open seed's stream 5.
 pub fn leaves_to_open(open_seed: &[u8; 32], words_log2: u32) -> Vec<u32> {
+    // A buffer smaller than a leaf (no challenge has one) opens nothing.
     let count = leaf_count(words_log2);
     let want = (MEMORY_OPENED_LEAVES as u64).min(count) as usize;
     let mut stream = Stream::new(open_seed, 5);
