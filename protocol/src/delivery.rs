@@ -338,13 +338,38 @@ pub enum FailureCode {
     HostError,
     /// The host's GPU became unavailable during start (host).
     GpuUnavailable,
+    /// The host's container engine did not answer (host): its socket
+    /// refused or timed out, as opposed to an engine that answered with an
+    /// error about the renter's image or command.
+    EngineUnavailable,
 }
 
 impl FailureCode {
     pub fn fault(self) -> Fault {
         match self {
-            FailureCode::HostError | FailureCode::GpuUnavailable => Fault::Host,
-            _ => Fault::Renter,
+            FailureCode::HostError | FailureCode::GpuUnavailable | FailureCode::EngineUnavailable => Fault::Host,
+            FailureCode::WorkloadRefused
+            | FailureCode::PullFailed
+            | FailureCode::SecretsInvalid
+            | FailureCode::SecretsMissing
+            | FailureCode::ExecFailed => Fault::Renter,
+        }
+    }
+
+    /// The fixed text a host reports with this code when the detail could
+    /// carry the renter's sealed values (a command path, an environment
+    /// variable in an engine's error): the detail stays in the host's own
+    /// log, and only this reaches the exchange and its journal.
+    pub fn describe(self) -> &'static str {
+        match self {
+            FailureCode::WorkloadRefused => "the workload broke a limit or asked for a refused option",
+            FailureCode::PullFailed => "the image could not be pulled",
+            FailureCode::SecretsInvalid => "the sealed secrets did not open with the host's key or broke a limit",
+            FailureCode::SecretsMissing => "the sealed secrets never came",
+            FailureCode::ExecFailed => "the workload's command could not be executed in the image",
+            FailureCode::HostError => "the host could not create or start the workload",
+            FailureCode::GpuUnavailable => "a leased GPU became unavailable",
+            FailureCode::EngineUnavailable => "the host's container engine did not answer",
         }
     }
 }

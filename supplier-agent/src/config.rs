@@ -152,6 +152,20 @@ pub struct DeliveryConfig {
     /// How long a stopping workload gets between SIGTERM and SIGKILL at a lease's end.
     #[serde(default = "default_stop_grace_ms")]
     pub stop_grace_ms: u64,
+    /// How long a started workload must stay up before it is reported
+    /// `running` (a command that exits sooner is reported `exited`).
+    #[serde(default = "default_ready_after_ms")]
+    pub ready_after_ms: u64,
+    /// After a delivery the host failed, its GPUs stay off sale until the
+    /// lease ended and a health check (the engine answers, the GPUs read
+    /// healthy) passed, tried first this long after the failure, then at
+    /// doubling intervals (up to an hour) while it fails; each further host
+    /// failure in a row doubles the first wait.
+    #[serde(default = "default_health_backoff_ms")]
+    pub health_backoff_ms: u64,
+    /// Pulls, starts and stops run side by side, at most this many at once.
+    #[serde(default = "default_delivery_concurrency")]
+    pub concurrency: u32,
     #[serde(default)]
     pub docker: DockerConfig,
     /// The owner's program for the `hook` backend.
@@ -227,6 +241,18 @@ fn default_stop_grace_ms() -> u64 {
     10_000
 }
 
+fn default_ready_after_ms() -> u64 {
+    2_000
+}
+
+fn default_health_backoff_ms() -> u64 {
+    30_000
+}
+
+fn default_delivery_concurrency() -> u32 {
+    8
+}
+
 fn default_docker_socket() -> String {
     "/var/run/docker.sock".into()
 }
@@ -271,6 +297,15 @@ impl AgentConfig {
             }
             if delivery.stop_grace_ms > 600_000 {
                 bail!("delivery.stop_grace_ms must be at most 600000");
+            }
+            if delivery.ready_after_ms > 600_000 {
+                bail!("delivery.ready_after_ms must be at most 600000");
+            }
+            if !(1_000..=3_600_000).contains(&delivery.health_backoff_ms) {
+                bail!("delivery.health_backoff_ms must be between 1000 and 3600000");
+            }
+            if !(1..=256).contains(&delivery.concurrency) {
+                bail!("delivery.concurrency must be between 1 and 256");
             }
             if delivery.docker.cpus_per_gpu.is_some_and(|c| !(c > 0.0 && c <= 1024.0)) {
                 bail!("delivery.docker.cpus_per_gpu must be above 0 and at most 1024");

@@ -27,7 +27,7 @@ pub use gpux_client::Connection;
 
 use crate::backend::GpuBackend;
 use crate::config::{AgentConfig, BackendKind, OfferedContract};
-use crate::delivery::{DeliveryBackend, LeasedGpu, Manager, Order, Report};
+use crate::delivery::{DeliveryBackend, LeasedGpu, Manager, Order, Report, Tuning};
 use crate::reports::{Interval, ReportBook};
 
 /// What the agent knows about one of its GPUs.
@@ -92,6 +92,13 @@ impl std::fmt::Display for Fatal {
 
 impl std::error::Error for Fatal {}
 
+/// How long a login waits for the delivery manager's listing of the host's
+/// workloads before going on without offers (they follow the listing).
+const RECONCILE_WAIT: Duration = Duration::from_secs(10);
+
+/// The longest wait between health checks after a host failure.
+const HEALTH_BACKOFF_MAX: Duration = Duration::from_secs(3600);
+
 /// Reconnect back-off bounds.
 const BACKOFF_MIN: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -115,6 +122,32 @@ pub struct Agent {
     delivery: Option<DeliveryLink>,
     /// The newest delivery status per lease not yet sent (the link was down).
     statuses_unsent: BTreeMap<LeaseId, DeliveryState>,
+    /// The delivery backend, kept for the health check after a host failure.
+    delivery_health: Option<std::sync::Arc<dyn DeliveryBackend>>,
+    /// GPUs (host masks) of ended leases whose workloads are not yet
+    /// confirmed gone: not offered until they are.
+    releasing: BTreeMap<LeaseId, u64>,
+    /// The host's failed deliveries and the health check that must pass
+    /// before their GPUs are offered again.
+    health: HostHealth,
+    /// When this process began measuring (this host's clock): time before
+    /// it, while the agent was down, was measured by nobody and is not billed.
+    measuring_since_ms: Option<u64>,
+}
+
+/// After a delivery the host failed: its GPUs stay off sale (offline at the
+/// exchange) until the failed lease ended and a health check passed, with a
+/// back-off that grows with failures in a row (docs/agent.md "Delivery").
+#[derive(Default)]
+struct HostHealth {
+    /// Leases the host failed that are still active, with their GPU masks.
+    failed_leases: BTreeMap<LeaseId, u64>,
+    /// Host failures since the last workload that reached `running`.
+    failures_in_row: u32,
+    /// The wait before the next check (doubles while checks fail).
+    wait: Duration,
+    /// When the next check is due (this host's clock).
+    check_at: Option<tokio::time::Instant>,
 }
 
 /// What one connection knows (asks and ids die with it).
@@ -135,6 +168,10 @@ struct Link {
     available: Option<bool>,
     /// Events asked for the asks to be offered again, once no message waits.
     reoffer_due: bool,
+    /// Whether the delivery manager has listed this host's workloads since
+    /// the login: until then nothing is offered (a workload of a lease that
+    /// ended while the agent was away may still hold a GPU).
+    reconciled: bool,
 }
 
 impl Agent {
@@ -148,6 +185,10 @@ impl Agent {
         let encryption_key = std::sync::Arc::new(gpux_protocol::delivery::EncryptionKey::from_bytes(secret));
         let delivery_backend = delivery_backend(&config)?;
         Ok(Agent {
+            delivery_health: delivery_backend.clone(),
+            releasing: BTreeMap::new(),
+            health: HostHealth::default(),
+            measuring_since_ms: None,
             delivery_backend,
             encryption_key,
             delivery: None,
@@ -167,10 +208,15 @@ impl Agent {
     /// Runs until `stop` fires, reconnecting after connection losses.
     pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) -> Result<()> {
         tokio::pin!(stop);
+        self.measuring_since_ms = Some(now_ms());
         if let Some(backend) = self.delivery_backend.take() {
             tracing::info!(backend = backend.name(), "delivering leases");
-            let grace = Duration::from_millis(self.config.delivery.as_ref().map_or(10_000, |d| d.stop_grace_ms));
-            self.delivery = Some(Manager::spawn(backend, self.encryption_key.clone(), grace));
+            let tuning = self.config.delivery.as_ref().map_or_else(Tuning::default, |d| Tuning {
+                stop_grace: Duration::from_millis(d.stop_grace_ms),
+                ready_after: Duration::from_millis(d.ready_after_ms),
+                concurrency: d.concurrency as usize,
+            });
+            self.delivery = Some(Manager::spawn(backend, self.encryption_key.clone(), tuning));
         }
         let mut backoff = BACKOFF_MIN;
         let mut sampling = tokio::time::interval(Duration::from_millis(self.config.sample_interval_ms));
@@ -249,8 +295,21 @@ impl Agent {
             windows_refused: BTreeSet::new(),
             available: None,
             reoffer_due: false,
+            reconciled: self.delivery.is_none(),
         };
         self.resume_leases(&mut link).await?;
+        // The manager lists the host's workloads before anything is offered
+        // (a workload of a lease that ended meanwhile may hold a GPU); an
+        // engine that does not answer in time leaves the offers to the
+        // answer, whenever it comes.
+        let deadline = tokio::time::Instant::now() + RECONCILE_WAIT;
+        while !link.reconciled {
+            match tokio::time::timeout_at(deadline, recv_report(&mut self.delivery)).await {
+                Ok(Some(report)) => self.on_delivery_report(&mut link, report).await?,
+                _ => break,
+            }
+        }
+        link.reoffer_due = false;
         self.reoffer_all(&mut link).await?;
         self.offer_windows(&mut link).await?;
         self.send_reports(&mut link).await?;
@@ -348,9 +407,14 @@ impl Agent {
                     }
                 }
                 if outcome == Some(Billing::HostFailed) {
-                    if let Some(mask) = self.leases.get(&lease).map(|l| l.gpu_mask) {
+                    if let Some(mask) = self.leases.get(&lease).filter(|l| !l.ended).map(|l| l.gpu_mask) {
+                        self.health.failures_in_row += 1;
+                        self.health.failed_leases.insert(lease, mask);
                         self.fail_delivery(link, mask).await?;
                     }
+                }
+                if matches!(state, DeliveryState::Running { .. }) {
+                    self.health.failures_in_row = 0;
                 }
                 self.statuses_unsent.insert(lease, state);
                 self.send_statuses(link).await?;
@@ -359,7 +423,20 @@ impl Agent {
                 let id = link.connection.new_id();
                 link.connection.request(ClientMessage::Logs { id, request, data, truncated }).await?;
             }
+            Report::Removing { lease, gpus } => {
+                let mask = self.gpus.iter().filter(|g| gpus.contains(&g.info.uuid)).fold(0u64, |m, g| m | 1u64 << g.info.index_on_host);
+                *self.releasing.entry(lease).or_default() |= mask;
+            }
+            Report::Released { lease } => {
+                if self.releasing.remove(&lease).is_some() {
+                    link.reoffer_due = true;
+                }
+            }
             Report::Unadopted { leases } => {
+                if !link.reconciled {
+                    link.reconciled = true;
+                    link.reoffer_due = true;
+                }
                 for lease in leases {
                     let id = link.connection.new_id();
                     if let ServerMessage::LeaseDelivery { workload: Some(workload), .. } =
@@ -533,7 +610,8 @@ impl Agent {
             .values()
             .filter(|lease| !lease.ended && (contract == OfferedContract::Preemptible || lease.kind != LeaseKind::Preemptible))
             .fold(0u64, |mask, lease| mask | lease.gpu_mask);
-        self.gpus.iter().filter(|g| g.healthy).fold(0u64, |mask, g| mask | (1u64 << g.info.index_on_host)) & !busy
+        let releasing = self.releasing.values().fold(0u64, |mask, m| mask | m);
+        self.gpus.iter().filter(|g| g.healthy).fold(0u64, |mask, g| mask | (1u64 << g.info.index_on_host)) & !busy & !releasing
     }
 
     /// GPUs of one class that can be sold now in a contract kind.
@@ -555,7 +633,7 @@ impl Agent {
             link.connection.request(ClientMessage::CancelOrder { id, order }).await?;
         }
         let (class, contract) = (&key.0, key.1);
-        let mask = self.free_mask_in(class, contract);
+        let mask = if link.reconciled { self.free_mask_in(class, contract) } else { 0 };
         let (Some(&(instrument, tick_minor)), Some(offer)) =
             (link.instruments.get(&key), self.config.offers.iter().find(|o| o.contract == contract))
         else {
@@ -587,7 +665,7 @@ impl Agent {
     /// by a running lease that could reach into it.
     async fn offer_windows(&mut self, link: &mut Link) -> Result<()> {
         let offers: Vec<_> = self.config.offers.iter().filter(|o| o.contract.is_window()).cloned().collect();
-        if offers.is_empty() {
+        if offers.is_empty() || !link.reconciled {
             return Ok(());
         }
         let id = link.connection.new_id();
@@ -685,6 +763,7 @@ impl Agent {
     }
 
     async fn sample(&mut self, link: &mut Link) -> Result<()> {
+        self.check_health().await;
         let available = self.config.available_at(now_ms());
         let availability_changed = link.available != Some(available);
         link.available = Some(available);
@@ -703,6 +782,9 @@ impl Agent {
     fn record_reports(&mut self) -> Result<()> {
         // Intervals are stated in the exchange's time, which leases are in too.
         let now = now_ms().saturating_add_signed(self.clock_offset_ms);
+        // Time before this process began measuring was measured by nobody
+        // (the agent was down): it is reported, but never as available.
+        let measured_from = self.measuring_since_ms.map_or(u64::MAX, |ms| ms.saturating_add_signed(self.clock_offset_ms));
         let mut finished = Vec::new();
         for (&lease, state) in &self.leases {
             if state.billing == Billing::DeliveryPending && !state.ended {
@@ -725,12 +807,12 @@ impl Agent {
                     continue;
                 }
                 let window = std::mem::take(&mut gpu.window);
-                let length = until - start;
+                let measured = until - start.max(measured_from).min(until);
                 let available_ms = match window.samples {
                     _ if state.billing == Billing::HostFailed => 0,
-                    0 if gpu.healthy => length,
+                    0 if gpu.healthy => measured,
                     0 => 0,
-                    samples => length * (samples - window.unhealthy) as u64 / samples as u64,
+                    samples => measured * (samples - window.unhealthy) as u64 / samples as u64,
                 };
                 let interval = Interval {
                     start_ms: start,
@@ -833,10 +915,16 @@ impl Agent {
                     let mask = state.gpu_mask;
                     self.log_lease_event("end", lease, mask, Some(at_ms));
                     if let Some((orders, _)) = &self.delivery {
+                        // Its GPUs are offered again once the workload is confirmed gone.
+                        self.releasing.insert(lease, mask);
                         let _ = orders.send(Order::End { lease });
                     }
-                    for gpu in self.gpus.iter_mut().filter(|g| mask & (1u64 << g.info.index_on_host) != 0) {
-                        gpu.delivery_failed = false;
+                    if self.health.failed_leases.remove(&lease).is_some() {
+                        // GPUs the host failed on come back only through the health check.
+                        let first = self.health_backoff() * 2u32.saturating_pow(self.health.failures_in_row.saturating_sub(1).min(12));
+                        self.health.wait = first.min(HEALTH_BACKOFF_MAX);
+                        self.health.check_at = Some(tokio::time::Instant::now() + self.health.wait);
+                        tracing::warn!(%lease, failures_in_row = self.health.failures_in_row, check_in_ms = self.health.wait.as_millis() as u64, "the host failed this lease's delivery: its GPUs stay off sale until a health check passes");
                     }
                     self.record_reports()?;
                     self.send_reports(link).await?;
@@ -1013,6 +1101,41 @@ impl Agent {
         Ok(())
     }
 
+    fn health_backoff(&self) -> Duration {
+        Duration::from_millis(self.config.delivery.as_ref().map_or(30_000, |d| d.health_backoff_ms))
+    }
+
+    /// Once every lease the host failed has ended and the back-off passed:
+    /// the delivery backend must answer (the engine is up) for the GPUs it
+    /// failed on to count as healthy again; a failed check doubles the wait.
+    async fn check_health(&mut self) {
+        let Some(due) = self.health.check_at else { return };
+        if !self.health.failed_leases.is_empty() || tokio::time::Instant::now() < due {
+            return;
+        }
+        let outcome = match &self.delivery_health {
+            Some(backend) => match tokio::time::timeout(Duration::from_secs(5), backend.health()).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err("the health check timed out after 5 s".to_string()),
+            },
+            None => Ok(()),
+        };
+        match outcome {
+            Ok(()) => {
+                tracing::info!("health check passed: the GPUs the host failed on are offered again");
+                self.health.check_at = None;
+                for gpu in &mut self.gpus {
+                    gpu.delivery_failed = false;
+                }
+            }
+            Err(error) => {
+                self.health.wait = (self.health.wait * 2).min(HEALTH_BACKOFF_MAX);
+                self.health.check_at = Some(tokio::time::Instant::now() + self.health.wait);
+                tracing::warn!(%error, check_in_ms = self.health.wait.as_millis() as u64, "health check failed: the GPUs stay off sale");
+            }
+        }
+    }
+
     fn log_lease_event(&self, event: &str, lease: LeaseId, mask: u64, until_ms: Option<u64>) {
         let uuids: Vec<&str> =
             self.gpus.iter().filter(|g| mask & (1u64 << g.info.index_on_host) != 0).map(|g| g.info.uuid.as_str()).collect();
@@ -1043,8 +1166,13 @@ async fn recv_report(delivery: &mut Option<DeliveryLink>) -> Option<Report> {
 /// `delivery_hook` alone); `None` logs lease events only.
 fn delivery_backend(config: &AgentConfig) -> Result<Option<std::sync::Arc<dyn DeliveryBackend>>> {
     use crate::delivery::{docker::DockerBackend, hook::HookBackend, process::ProcessBackend};
+    // Absolute: the container engine reads a relative bind source as a volume's name.
     let scratch = |delivery: &crate::config::DeliveryConfig| {
-        delivery.state_dir.clone().unwrap_or_else(|| config.key_file.parent().map_or_else(|| PathBuf::from("leases"), |d| d.join("leases")))
+        let dir = delivery
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| config.key_file.parent().map_or_else(|| PathBuf::from("leases"), |d| d.join("leases")));
+        std::path::absolute(&dir).unwrap_or(dir)
     };
     Ok(match (&config.delivery, &config.delivery_hook) {
         (None, None) => None,

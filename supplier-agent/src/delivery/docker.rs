@@ -30,6 +30,27 @@ use crate::config::{DockerConfig, GpuDevices};
 pub const LEASE_LABEL: &str = "gpux.lease";
 /// The label naming the host whose agent owns the container.
 pub const HOST_LABEL: &str = "gpux.host";
+/// The label listing the UUIDs of the GPUs the container was given: a
+/// restarted agent keeps them off sale until the container is gone.
+pub const GPUS_LABEL: &str = "gpux.gpus";
+
+/// Whether an engine error means the engine answered (an HTTP status from
+/// it) rather than not being reached at all (socket refused, timed out,
+/// connection broken): only the second is the engine being unavailable.
+fn engine_answered(error: &bollard::errors::Error) -> bool {
+    matches!(error, bollard::errors::Error::DockerResponseServerError { .. } | bollard::errors::Error::DockerStreamError { .. })
+}
+
+fn not_found(error: &bollard::errors::Error) -> bool {
+    matches!(error, bollard::errors::Error::DockerResponseServerError { status_code: 404, .. })
+}
+
+/// A failure of a call to the engine: `EngineUnavailable` (host) when the
+/// engine was not reached, else `answered` (whose side the caller says).
+fn engine_failure(answered: FailureCode, what: &str, error: &bollard::errors::Error) -> Failure {
+    let code = if engine_answered(error) { answered } else { FailureCode::EngineUnavailable };
+    Failure::new(code, format!("{what}: {error}"))
+}
 
 pub struct DockerBackend {
     docker: Docker,
@@ -54,18 +75,28 @@ impl DockerBackend {
     }
 
     /// Pulls the image unless it is present, reporting bytes as they come.
+    /// An engine that does not answer is the host's failure; an engine that
+    /// answers that the image cannot be had (absent, private, a registry the
+    /// renter named that does not answer) is the renter's.
     async fn pull(&self, job: &Job, image: &str, progress: &Progress) -> Result<(), Failure> {
-        if self.docker.inspect_image(image).await.is_ok() {
-            return Ok(());
+        match self.docker.inspect_image(image).await {
+            Ok(_) => return Ok(()),
+            Err(error) if not_found(&error) => {}
+            Err(error) => return Err(engine_failure(FailureCode::HostError, "inspecting the image", &error)),
         }
         let options = CreateImageOptions { from_image: Some(image.to_string()), ..Default::default() };
         let mut stream = self.docker.create_image(Some(options), None, None);
         let mut layers: HashMap<String, (u64, u64)> = HashMap::new();
         let mut last_report = std::time::Instant::now() - Duration::from_secs(10);
         while let Some(item) = stream.next().await {
-            let info = item.map_err(|e| Failure::new(FailureCode::PullFailed, format!("pulling {image}: {e}")))?;
+            let info = item.map_err(|e| match engine_answered(&e) {
+                // The image's name is the renter's own and public in its workload.
+                true => Failure::public(FailureCode::PullFailed, format!("pulling {image}: {e}")),
+                false => Failure::new(FailureCode::EngineUnavailable, format!("pulling {image}: {e}")),
+            })?;
             if let Some(detail) = info.error_detail {
-                return Err(Failure::new(FailureCode::PullFailed, format!("pulling {image}: {}", detail.message.unwrap_or_default())));
+                let message = detail.message.unwrap_or_default();
+                return Err(Failure::public(FailureCode::PullFailed, format!("pulling {image}: {message}")));
             }
             if let (Some(id), Some(detail)) = (info.id, info.progress_detail) {
                 let entry = layers.entry(id).or_default();
@@ -79,11 +110,11 @@ impl DockerBackend {
             }
         }
         // Some engines end a failed pull without an error item.
-        self.docker
-            .inspect_image(image)
-            .await
-            .map(|_| ())
-            .map_err(|e| Failure::new(FailureCode::PullFailed, format!("pulling {image}: {e}")))
+        match self.docker.inspect_image(image).await {
+            Ok(_) => Ok(()),
+            Err(error) if engine_answered(&error) => Err(Failure::public(FailureCode::PullFailed, format!("pulling {image}: {error}"))),
+            Err(error) => Err(Failure::new(FailureCode::EngineUnavailable, format!("pulling {image}: {error}"))),
+        }
     }
 
     fn host_config(&self, job: &Job, authorized_keys: Option<&PathBuf>) -> HostConfig {
@@ -192,13 +223,17 @@ impl DeliveryBackend for DockerBackend {
     }
 
     async fn start(&self, job: &Job, progress: &Progress) -> Result<Vec<Endpoint>, Failure> {
-        let workload = job.workload.as_ref().ok_or_else(|| Failure::new(FailureCode::WorkloadRefused, "no workload"))?;
+        let workload = job.workload.as_ref().ok_or_else(|| Failure::public(FailureCode::WorkloadRefused, "no workload"))?;
         let _ = progress.send((job.lease, DeliveryState::Pulling { bytes_done: 0, bytes_total: 0 }));
         self.pull(job, &workload.image, progress).await?;
         let _ = progress.send((job.lease, DeliveryState::Starting));
         let name = self.name_of(job.lease);
         // A leftover of an earlier attempt would block the name.
-        let _ = self.docker.remove_container(&name, Some(RemoveContainerOptions { force: true, ..Default::default() })).await;
+        match self.docker.remove_container(&name, Some(RemoveContainerOptions { force: true, ..Default::default() })).await {
+            Ok(()) => {}
+            Err(error) if not_found(&error) => {}
+            Err(error) => return Err(engine_failure(FailureCode::HostError, "removing a leftover container", &error)),
+        }
         let scratch = self.scratch_of(job.lease);
         let authorized_keys = if job.secrets.ssh_keys.is_empty() {
             None
@@ -213,7 +248,11 @@ impl DeliveryBackend for DockerBackend {
         let uuids: Vec<&str> = job.gpus.iter().map(|g| g.uuid.as_str()).collect();
         env.push(format!("GPUX_LEASE={}", job.lease.0));
         env.push(format!("GPUX_GPUS={}", uuids.join(",")));
-        let labels = HashMap::from([(LEASE_LABEL.to_string(), job.lease.0.to_string()), (HOST_LABEL.to_string(), self.host.clone())]);
+        let labels = HashMap::from([
+            (LEASE_LABEL.to_string(), job.lease.0.to_string()),
+            (HOST_LABEL.to_string(), self.host.clone()),
+            (GPUS_LABEL.to_string(), uuids.join(",")),
+        ]);
         let body = ContainerCreateBody {
             image: Some(workload.image.clone()),
             entrypoint: (!job.secrets.command.is_empty()).then(|| job.secrets.command.clone()),
@@ -226,11 +265,17 @@ impl DeliveryBackend for DockerBackend {
         };
         let options = CreateContainerOptions { name: Some(name.clone()), ..Default::default() };
         if let Err(error) = self.docker.create_container(Some(options), body).await {
-            return Err(Failure::new(FailureCode::HostError, format!("creating the container: {error}")));
+            return Err(engine_failure(FailureCode::HostError, "creating the container", &error));
         }
         if let Err(error) = self.docker.start_container(&name, None).await {
+            // The engine's text can name the renter's sealed command: it
+            // stays in `detail`, on this host.
             let message = error.to_string();
-            let code = if exec_failure(&message) { FailureCode::ExecFailed } else { FailureCode::HostError };
+            let code = match engine_answered(&error) {
+                true if exec_failure(&message) => FailureCode::ExecFailed,
+                true => FailureCode::HostError,
+                false => FailureCode::EngineUnavailable,
+            };
             return Err(Failure::new(code, format!("starting the container: {message}")));
         }
         Ok(self.endpoints(&name).await)
@@ -246,7 +291,8 @@ impl DeliveryBackend for DockerBackend {
                     Poll::Exited(state.exit_code.unwrap_or(-1))
                 }
             }
-            Err(_) => Poll::Gone,
+            Err(error) if not_found(&error) => Poll::Gone,
+            Err(_) => Poll::Unknown,
         }
     }
 
@@ -258,19 +304,26 @@ impl DeliveryBackend for DockerBackend {
         }
     }
 
-    async fn remove(&self, lease: LeaseId, grace: Duration) {
+    async fn remove(&self, lease: LeaseId, grace: Duration) -> Result<(), String> {
         let name = self.name_of(lease);
         if !grace.is_zero() {
-            let options = bollard::query_parameters::StopContainerOptions { t: Some(grace.as_secs() as i32), signal: None };
+            let options = bollard::query_parameters::StopContainerOptions { t: Some(grace.as_secs().max(1) as i32), signal: None };
             let _ = self.docker.stop_container(&name, Some(options)).await;
         }
         let options = RemoveContainerOptions { force: true, v: true, ..Default::default() };
         match self.docker.remove_container(&name, Some(options)).await {
             Ok(()) => tracing::info!(%lease, "workload removed"),
-            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
-            Err(error) => tracing::warn!(%lease, %error, "could not remove the workload's container"),
+            Err(error) if not_found(&error) => {}
+            Err(error) => return Err(format!("removing {name}: {error}")),
+        }
+        // Confirmed: the engine no longer knows the container.
+        match self.docker.inspect_container(&name, None).await {
+            Err(error) if not_found(&error) => {}
+            Ok(_) => return Err(format!("{name} is still there after its removal")),
+            Err(error) => return Err(format!("confirming the removal of {name}: {error}")),
         }
         let _ = std::fs::remove_dir_all(self.scratch_of(lease));
+        Ok(())
     }
 
     async fn logs(&self, lease: LeaseId, tail_bytes: u32) -> (String, bool) {
@@ -287,10 +340,11 @@ impl DeliveryBackend for DockerBackend {
         let name = self.name_of(lease);
         match self.docker.inspect_container(&name, None).await {
             Ok(inspect) => {
+                let gpus = gpus_of(inspect.config.as_ref().and_then(|c| c.labels.as_ref()));
                 let running = inspect.state.and_then(|s| s.running) == Some(true);
-                Ok(Some(Found { lease, running, endpoints: self.endpoints(&name).await }))
+                Ok(Some(Found { lease, running, endpoints: self.endpoints(&name).await, gpus }))
             }
-            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(None),
+            Err(error) if not_found(&error) => Ok(None),
             Err(error) => Err(format!("inspecting {name}: {error}")),
         }
     }
@@ -304,10 +358,20 @@ impl DeliveryBackend for DockerBackend {
             let Some(lease) = container.labels.as_ref().and_then(|l| l.get(LEASE_LABEL)).and_then(|v| v.parse().ok()) else { continue };
             let lease = LeaseId(lease);
             let running = container.state.as_ref().is_some_and(|s| s.to_string() == "running");
-            found.push(Found { lease, running, endpoints: self.endpoints(&self.name_of(lease)).await });
+            let gpus = gpus_of(container.labels.as_ref());
+            found.push(Found { lease, running, endpoints: self.endpoints(&self.name_of(lease)).await, gpus });
         }
         Ok(found)
     }
+
+    async fn health(&self) -> Result<(), String> {
+        self.docker.ping().await.map(|_| ()).map_err(|error| format!("the container engine did not answer: {error}"))
+    }
+}
+
+/// The GPU UUIDs a container's labels name.
+fn gpus_of(labels: Option<&HashMap<String, String>>) -> Vec<String> {
+    labels.and_then(|l| l.get(GPUS_LABEL)).map(|v| v.split(',').filter(|u| !u.is_empty()).map(String::from).collect()).unwrap_or_default()
 }
 
 /// The last `limit` bytes of `bytes` as text (lossy), and whether more came before.

@@ -63,12 +63,14 @@ impl DeliveryBackend for HookBackend {
         }
     }
 
-    async fn remove(&self, lease: LeaseId, _grace: Duration) {
-        let gpus = self.gpus.lock().await.remove(&lease).unwrap_or_default();
+    /// The `end` hook; its failure is a removal not confirmed, tried again
+    /// (the owner's program is what says the GPUs are free).
+    async fn remove(&self, lease: LeaseId, _grace: Duration) -> Result<(), String> {
+        let gpus = self.gpus.lock().await.get(&lease).cloned().unwrap_or_default();
         let ended_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        if let Err(error) = self.run("end", lease, &gpus, &ended_ms.to_string()).await {
-            tracing::warn!(%lease, %error, "end hook failed");
-        }
+        self.run("end", lease, &gpus, &ended_ms.to_string()).await.map_err(|error| format!("end hook failed: {error}"))?;
+        self.gpus.lock().await.remove(&lease);
+        Ok(())
     }
 
     async fn logs(&self, _lease: LeaseId, _tail_bytes: u32) -> (String, bool) {

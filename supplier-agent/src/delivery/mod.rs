@@ -45,15 +45,30 @@ pub struct Job {
 }
 
 /// Why a start failed, and whose fault it is (`FailureCode::fault`).
+///
+/// `reason` travels to the exchange (and so into its journal and the
+/// renter's feed); `detail` stays in this host's log. A backend puts what
+/// an engine or the OS said into `detail` ([`Failure::new`]): such texts can
+/// carry the renter's sealed values (a command path, an environment
+/// variable), so the reason sent is then the code's fixed text
+/// (`FailureCode::describe`). Only reasons built from what is public anyway
+/// (the image's name, a limit of the unsealed workload) use [`Failure::public`].
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{code:?}: {reason}")]
+#[error("{code:?}: {reason} ({detail})")]
 pub struct Failure {
     pub code: FailureCode,
     pub reason: String,
+    pub detail: String,
 }
 
 impl Failure {
-    pub fn new(code: FailureCode, reason: impl Into<String>) -> Self {
+    /// A failure whose detail stays on the host; the exchange is told the code's fixed text.
+    pub fn new(code: FailureCode, detail: impl Into<String>) -> Self {
+        Failure { code, reason: code.describe().to_string(), detail: detail.into() }
+    }
+
+    /// A failure whose reason holds nothing sealed and may be sent as it is.
+    pub fn public(code: FailureCode, reason: impl Into<String>) -> Self {
         let mut reason: String = reason.into();
         if reason.len() > gpux_protocol::delivery::limits::REASON_BYTES_MAX {
             let mut cut = gpux_protocol::delivery::limits::REASON_BYTES_MAX;
@@ -62,7 +77,7 @@ impl Failure {
             }
             reason.truncate(cut);
         }
-        Failure { code, reason }
+        Failure { code, detail: reason.clone(), reason }
     }
 
     fn state(&self) -> DeliveryState {
@@ -77,18 +92,21 @@ pub enum Poll {
     Exited(i64),
     /// Its container or process is gone (removed behind the agent's back).
     Gone,
+    /// The engine did not answer: nothing may be concluded (a workload not
+    /// seen is not a workload that is gone).
+    Unknown,
 }
 
-/// A workload found running when the agent started (re-adoption).
+/// A workload found on the host (re-adoption, or one to remove).
 #[derive(Clone, Debug)]
 pub struct Found {
     pub lease: LeaseId,
     pub running: bool,
     pub endpoints: Vec<Endpoint>,
+    /// The UUIDs of the GPUs it was given, where the backend records them:
+    /// those GPUs stay off sale until it is confirmed gone.
+    pub gpus: Vec<String>,
 }
-
-/// A start attempt's outcome: lease, attempt number, endpoints or failure.
-type Started = mpsc::UnboundedSender<(LeaseId, u64, Result<Vec<Endpoint>, Failure>)>;
 
 /// Progress a backend reports while it starts a workload.
 pub type Progress = mpsc::UnboundedSender<(LeaseId, DeliveryState)>;
@@ -106,7 +124,9 @@ pub trait DeliveryBackend: Send + Sync {
     /// Asks the workload to stop (SIGTERM): a preemption notice, ending at `deadline_ms`.
     async fn terminate(&self, job: &Job, deadline_ms: u64);
     /// Stops (after `grace`) and removes the workload and its scratch data.
-    async fn remove(&self, lease: LeaseId, grace: Duration);
+    /// `Ok` only once it is confirmed gone (or was never there); `Err` when
+    /// the engine could not confirm it, and the caller tries again.
+    async fn remove(&self, lease: LeaseId, grace: Duration) -> Result<(), String>;
     /// The last `tail_bytes` of its output, and whether there was more.
     async fn logs(&self, lease: LeaseId, tail_bytes: u32) -> (String, bool);
     /// Workloads of this agent found on the host (by their lease label);
@@ -116,6 +136,12 @@ pub trait DeliveryBackend: Send + Sync {
     /// The workload of one lease, looked up by its name rather than listed:
     /// `Ok(None)` when there is none, `Err` when the engine could not say.
     async fn found(&self, lease: LeaseId) -> Result<Option<Found>, String>;
+    /// Whether the backend can deliver now (the container engine answers):
+    /// the health check a host must pass before GPUs it failed a delivery
+    /// on are offered again.
+    async fn health(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// What the session asks of the manager.
@@ -135,6 +161,8 @@ pub enum Order {
         lease: LeaseId,
         deadline_ms: u64,
     },
+    /// The lease ended: its workload is removed, retried until confirmed,
+    /// and `Report::Released` follows.
     End {
         lease: LeaseId,
     },
@@ -145,7 +173,8 @@ pub enum Order {
     },
     /// The leases the exchange says are active on this host: workloads of
     /// others are removed, running ones of these re-adopted. Answers with
-    /// `Report::Unadopted` for active leases that have nothing running.
+    /// `Report::Unadopted` for active leases that have nothing running,
+    /// once the host's workloads could be listed.
     Reconcile {
         active: BTreeSet<LeaseId>,
     },
@@ -154,9 +183,47 @@ pub enum Order {
 /// What the manager tells the session.
 #[derive(Debug)]
 pub enum Report {
-    Status { lease: LeaseId, state: DeliveryState },
-    Logs { request: u64, data: String, truncated: bool },
-    Unadopted { leases: Vec<LeaseId> },
+    Status {
+        lease: LeaseId,
+        state: DeliveryState,
+    },
+    Logs {
+        request: u64,
+        data: String,
+        truncated: bool,
+    },
+    /// The answer to a `Reconcile`, sent once this host's workloads were
+    /// listed (retried until the engine answers): nothing of an ended lease
+    /// is left unknown.
+    Unadopted {
+        leases: Vec<LeaseId>,
+    },
+    /// A workload of an ended lease is being removed: its GPUs stay off sale.
+    Removing {
+        lease: LeaseId,
+        gpus: Vec<String>,
+    },
+    /// The lease's workload is confirmed gone: its GPUs may be sold again.
+    Released {
+        lease: LeaseId,
+    },
+}
+
+/// How the manager is tuned (the owner's `[delivery]` settings).
+#[derive(Clone, Copy, Debug)]
+pub struct Tuning {
+    /// SIGTERM to SIGKILL at a lease's end.
+    pub stop_grace: Duration,
+    /// How long a started workload must stay up before it is `running`.
+    pub ready_after: Duration,
+    /// Backend operations (pulls, starts, stops) running at once.
+    pub concurrency: usize,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning { stop_grace: Duration::from_secs(10), ready_after: Duration::from_secs(2), concurrency: 8 }
+    }
 }
 
 /// How often running workloads are checked for exits.
@@ -166,6 +233,10 @@ const POLL_EVERY: Duration = Duration::from_secs(1);
 /// (waiting 1 s, 2 s, ... between them: under a minute in all).
 const FIND_ATTEMPTS: u32 = 10;
 
+/// Retries of a removal the engine did not confirm: from 1 s, doubling, to 30 s apart.
+const REMOVE_RETRY_MIN: Duration = Duration::from_secs(1);
+const REMOVE_RETRY_MAX: Duration = Duration::from_secs(30);
+
 struct Entry {
     job: Job,
     restarts: u32,
@@ -173,23 +244,55 @@ struct Entry {
     endpoints: Vec<Endpoint>,
     /// When secrets that were to follow stop being waited for.
     secrets_deadline: Option<tokio::time::Instant>,
+    /// Which start attempt is current (results of older ones are dropped).
+    generation: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     AwaitingSecrets,
     Starting,
+    /// Started; `running` once it has stayed up until `ready_at`.
+    Settling {
+        ready_at: tokio::time::Instant,
+    },
     Running,
     Done,
 }
 
+/// A workload being removed until the engine confirms it gone.
+struct Removal {
+    /// Whether the renter is told `stopped` once it is gone.
+    tell: bool,
+    attempts: u32,
+    in_flight: bool,
+    next_at: tokio::time::Instant,
+}
+
+/// Results of the manager's own tasks, back on its loop.
+enum Done {
+    Started { lease: LeaseId, generation: u64, result: Result<Vec<Endpoint>, Failure> },
+    Removed { lease: LeaseId, result: Result<(), String> },
+    Polled { results: Vec<(LeaseId, u64, Poll)> },
+    Reconciled { adopted: Vec<Found>, unadopted: Vec<LeaseId>, orphans: Vec<Found> },
+}
+
+/// Runs every lease's deliveries side by side: a pull, a start, a stop's
+/// grace or an engine that does not answer for one lease never holds up
+/// another's (each is a task of its own, at most `Tuning::concurrency` at
+/// once); the loop itself only keeps the books.
 pub struct Manager {
     backend: Arc<dyn DeliveryBackend>,
     key: Arc<EncryptionKey>,
-    stop_grace: Duration,
+    tuning: Tuning,
+    slots: Arc<tokio::sync::Semaphore>,
     entries: BTreeMap<LeaseId, Entry>,
+    removals: BTreeMap<LeaseId, Removal>,
+    generation: u64,
+    polling: bool,
     reports: mpsc::UnboundedSender<Report>,
     progress: Progress,
+    done: mpsc::UnboundedSender<Done>,
 }
 
 impl Manager {
@@ -197,98 +300,218 @@ impl Manager {
     pub fn spawn(
         backend: Arc<dyn DeliveryBackend>,
         key: Arc<EncryptionKey>,
-        stop_grace: Duration,
+        tuning: Tuning,
     ) -> (mpsc::UnboundedSender<Order>, mpsc::UnboundedReceiver<Report>) {
         let (orders_tx, orders) = mpsc::unbounded_channel();
         let (reports, reports_rx) = mpsc::unbounded_channel();
         let (progress, progress_rx) = mpsc::unbounded_channel();
-        let manager = Manager { backend, key, stop_grace, entries: BTreeMap::new(), reports, progress };
-        tokio::spawn(manager.run(orders, progress_rx));
+        let (done, done_rx) = mpsc::unbounded_channel();
+        let manager = Manager {
+            backend,
+            key,
+            tuning,
+            slots: Arc::new(tokio::sync::Semaphore::new(tuning.concurrency.max(1))),
+            entries: BTreeMap::new(),
+            removals: BTreeMap::new(),
+            generation: 0,
+            polling: false,
+            reports,
+            progress,
+            done,
+        };
+        tokio::spawn(manager.run(orders, progress_rx, done_rx));
         (orders_tx, reports_rx)
     }
 
-    async fn run(mut self, mut orders: mpsc::UnboundedReceiver<Order>, mut progress: mpsc::UnboundedReceiver<(LeaseId, DeliveryState)>) {
-        let mut polling = tokio::time::interval(POLL_EVERY);
-        let (started_tx, mut started) = mpsc::unbounded_channel();
-        let mut generation = 0u64;
-        let mut generations: BTreeMap<LeaseId, u64> = BTreeMap::new();
+    async fn run(
+        mut self,
+        mut orders: mpsc::UnboundedReceiver<Order>,
+        mut progress: mpsc::UnboundedReceiver<(LeaseId, DeliveryState)>,
+        mut done: mpsc::UnboundedReceiver<Done>,
+    ) {
+        let mut ticks = tokio::time::interval(POLL_EVERY);
         loop {
             tokio::select! {
                 order = orders.recv() => {
                     let Some(order) = order else { return };
-                    match order {
-                        Order::Deliver { lease, gpus, workload, start_ms, end_ms } => {
-                            // A new workload replaces the running one.
-                            if self.entries.remove(&lease).is_some() {
-                                self.backend.remove(lease, self.stop_grace).await;
-                            }
-                            let Some(job) = self.prepare(lease, gpus, workload.map(|w| *w), end_ms) else { continue };
-                            let waiting = job.workload.as_ref().is_some_and(|w| w.secrets_follow && w.sealed.is_none());
-                            let mut entry = Entry { job, restarts: 0, phase: Phase::Starting, endpoints: Vec::new(), secrets_deadline: None };
-                            if waiting {
-                                entry.phase = Phase::AwaitingSecrets;
-                                entry.secrets_deadline = Some(tokio::time::Instant::now() + Duration::from_millis(SECRETS_WAIT_MS));
-                                self.status(lease, DeliveryState::AwaitingSecrets);
-                                self.entries.insert(lease, entry);
-                                continue;
-                            }
-                            generation += 1;
-                            generations.insert(lease, generation);
-                            self.launch(&mut entry, generation, &started_tx, start_ms);
-                            self.entries.insert(lease, entry);
-                        }
-                        Order::Preempt { lease, deadline_ms } => {
-                            if let Some(entry) = self.entries.get(&lease) {
-                                self.backend.terminate(&entry.job, deadline_ms).await;
-                            }
-                        }
-                        Order::End { lease } => {
-                            generations.remove(&lease);
-                            if self.entries.remove(&lease).is_some() || self.backend.runs_without_workload() {
-                                self.backend.remove(lease, self.stop_grace).await;
-                                self.status(lease, DeliveryState::Stopped);
-                            }
-                        }
-                        Order::Logs { request, lease, tail_bytes } => {
-                            let (data, truncated) = if self.entries.contains_key(&lease) {
-                                self.backend.logs(lease, tail_bytes).await
-                            } else {
-                                (String::new(), false)
-                            };
-                            let _ = self.reports.send(Report::Logs { request, data, truncated });
-                        }
-                        Order::Reconcile { active } => self.reconcile(active).await,
-                    }
+                    self.on_order(order);
                 }
                 Some((lease, state)) = progress.recv() => {
                     if self.entries.get(&lease).is_some_and(|e| e.phase == Phase::Starting) {
                         self.status(lease, state);
                     }
                 }
-                Some((lease, of_generation, result)) = started.recv() => {
-                    if generations.get(&lease) != Some(&of_generation) {
-                        continue; // replaced or ended meanwhile
-                    }
-                    let Some(entry) = self.entries.get_mut(&lease) else { continue };
-                    match result {
-                        Ok(endpoints) => {
-                            entry.phase = Phase::Running;
-                            entry.endpoints = endpoints;
-                            let state = running(entry);
-                            self.status(lease, state);
-                        }
-                        Err(failure) => {
-                            entry.phase = Phase::Done;
-                            tracing::warn!(%lease, code = ?failure.code, reason = %failure.reason, "delivery failed");
-                            self.status(lease, failure.state());
-                        }
-                    }
-                }
-                _ = polling.tick() => {
-                    self.supervise(&mut generation, &mut generations, &started_tx).await;
-                }
+                Some(result) = done.recv() => self.on_done(result),
+                _ = ticks.tick() => self.supervise(),
             }
         }
+    }
+
+    fn on_order(&mut self, order: Order) {
+        match order {
+            Order::Deliver { lease, gpus, workload, start_ms, end_ms } => {
+                // A new workload replaces the running one (removed first, in its task).
+                let replacing = self.entries.remove(&lease).is_some();
+                let Some(job) = self.prepare(lease, gpus, workload.map(|w| *w), end_ms) else {
+                    if replacing {
+                        self.remove(lease, false);
+                    }
+                    return;
+                };
+                let waiting = job.workload.as_ref().is_some_and(|w| w.secrets_follow && w.sealed.is_none());
+                let mut entry =
+                    Entry { job, restarts: 0, phase: Phase::Starting, endpoints: Vec::new(), secrets_deadline: None, generation: 0 };
+                if waiting {
+                    entry.phase = Phase::AwaitingSecrets;
+                    entry.secrets_deadline = Some(tokio::time::Instant::now() + Duration::from_millis(SECRETS_WAIT_MS));
+                    self.status(lease, DeliveryState::AwaitingSecrets);
+                    if replacing {
+                        self.remove(lease, false);
+                    }
+                } else {
+                    self.launch(&mut entry, start_ms, replacing);
+                }
+                self.entries.insert(lease, entry);
+            }
+            Order::Preempt { lease, deadline_ms } => {
+                if let Some(entry) = self.entries.get(&lease) {
+                    let (backend, job) = (self.backend.clone(), entry.job.clone());
+                    tokio::spawn(async move { backend.terminate(&job, deadline_ms).await });
+                }
+            }
+            Order::End { lease } => {
+                let tell = self.entries.remove(&lease).is_some() || self.backend.runs_without_workload();
+                self.remove(lease, tell);
+            }
+            Order::Logs { request, lease, tail_bytes } => {
+                let (backend, reports, known) = (self.backend.clone(), self.reports.clone(), self.entries.contains_key(&lease));
+                tokio::spawn(async move {
+                    let (data, truncated) = if known { backend.logs(lease, tail_bytes).await } else { (String::new(), false) };
+                    let _ = reports.send(Report::Logs { request, data, truncated });
+                });
+            }
+            Order::Reconcile { active } => self.reconcile(active),
+        }
+    }
+
+    fn on_done(&mut self, done: Done) {
+        match done {
+            Done::Started { lease, generation, result } => {
+                let Some(entry) = self.entries.get_mut(&lease).filter(|e| e.generation == generation) else {
+                    return; // replaced or ended meanwhile
+                };
+                match result {
+                    Ok(endpoints) => {
+                        entry.endpoints = endpoints;
+                        if self.tuning.ready_after.is_zero() {
+                            entry.phase = Phase::Running;
+                            let state = running(entry);
+                            self.status(lease, state);
+                        } else {
+                            // `running` once it stayed up: a command that
+                            // exits at once is reported exited, never running.
+                            entry.phase = Phase::Settling { ready_at: tokio::time::Instant::now() + self.tuning.ready_after };
+                        }
+                    }
+                    Err(failure) => {
+                        entry.phase = Phase::Done;
+                        tracing::warn!(%lease, code = ?failure.code, detail = %failure.detail, "delivery failed");
+                        self.status(lease, failure.state());
+                    }
+                }
+            }
+            Done::Removed { lease, result } => {
+                let Some(removal) = self.removals.get_mut(&lease) else { return };
+                removal.in_flight = false;
+                match result {
+                    Ok(()) => {
+                        let removal = self.removals.remove(&lease).expect("present");
+                        if removal.tell {
+                            self.status(lease, DeliveryState::Stopped);
+                        }
+                        let _ = self.reports.send(Report::Released { lease });
+                    }
+                    Err(error) => {
+                        removal.attempts += 1;
+                        let wait = (REMOVE_RETRY_MIN * 2u32.saturating_pow(removal.attempts - 1)).min(REMOVE_RETRY_MAX);
+                        removal.next_at = tokio::time::Instant::now() + wait;
+                        tracing::warn!(%lease, %error, attempts = removal.attempts, retry_in_ms = wait.as_millis() as u64, "the workload's removal is not confirmed; its GPUs stay off sale");
+                    }
+                }
+            }
+            Done::Polled { results } => {
+                self.polling = false;
+                for (lease, generation, poll) in results {
+                    self.on_poll(lease, generation, poll);
+                }
+            }
+            Done::Reconciled { adopted, unadopted, orphans } => {
+                for workload in adopted {
+                    let lease = workload.lease;
+                    if self.entries.contains_key(&lease) {
+                        continue;
+                    }
+                    tracing::info!(%lease, "re-adopted a running workload");
+                    let job = Job { lease, gpus: Vec::new(), workload: None, secrets: Secrets::default(), end_ms: None };
+                    let entry = Entry {
+                        job,
+                        restarts: 0,
+                        phase: Phase::Running,
+                        endpoints: workload.endpoints,
+                        secrets_deadline: None,
+                        generation: 0,
+                    };
+                    let state = running(&entry);
+                    self.entries.insert(lease, entry);
+                    self.status(lease, state);
+                }
+                for workload in orphans {
+                    if self.entries.contains_key(&workload.lease) || self.removals.contains_key(&workload.lease) {
+                        continue;
+                    }
+                    tracing::info!(lease = %workload.lease, "removing the workload of a lease that ended while the agent was away");
+                    let _ = self.reports.send(Report::Removing { lease: workload.lease, gpus: workload.gpus });
+                    self.remove(workload.lease, false);
+                }
+                let _ = self.reports.send(Report::Unadopted { leases: unadopted });
+            }
+        }
+    }
+
+    fn on_poll(&mut self, lease: LeaseId, generation: u64, poll: Poll) {
+        let Some(entry) = self.entries.get_mut(&lease).filter(|e| e.generation == generation) else { return };
+        let code = match poll {
+            Poll::Running => {
+                if let Phase::Settling { ready_at } = entry.phase {
+                    if ready_at <= tokio::time::Instant::now() {
+                        entry.phase = Phase::Running;
+                        let state = running(entry);
+                        self.status(lease, state);
+                    }
+                }
+                return;
+            }
+            Poll::Unknown => return,
+            Poll::Exited(code) => code,
+            Poll::Gone => -1,
+        };
+        if !matches!(entry.phase, Phase::Running | Phase::Settling { .. }) {
+            return;
+        }
+        let restart = match entry.job.workload.as_ref().map_or(RestartPolicy::Never, |w| w.restart) {
+            RestartPolicy::Never => false,
+            RestartPolicy::Always => true,
+            RestartPolicy::OnFailure { max_restarts } => code != 0 && entry.restarts < max_restarts,
+        };
+        self.status(lease, DeliveryState::Exited { code });
+        let mut entry = self.entries.remove(&lease).expect("present");
+        if restart {
+            entry.restarts += 1;
+            self.launch(&mut entry, 0, true);
+        } else {
+            entry.phase = Phase::Done;
+        }
+        self.entries.insert(lease, entry);
     }
 
     /// Checks the workload against the limits, opens its secrets; reports a failure and returns `None` when it cannot run.
@@ -300,7 +523,7 @@ impl Manager {
             return None;
         };
         if let Err(refused) = workload.validate() {
-            self.status(lease, Failure::new(FailureCode::WorkloadRefused, refused.to_string()).state());
+            self.status(lease, Failure::public(FailureCode::WorkloadRefused, refused.to_string()).state());
             return None;
         }
         let secrets = match &workload.sealed {
@@ -308,124 +531,164 @@ impl Manager {
             Some(sealed) => match self.key.unseal(sealed) {
                 Ok(secrets) => secrets,
                 Err(error) => {
-                    self.status(lease, Failure::new(FailureCode::SecretsInvalid, error.to_string()).state());
+                    self.status(lease, Failure::public(FailureCode::SecretsInvalid, error.to_string()).state());
                     return None;
                 }
             },
         };
         if let Err(refused) = secrets.validate() {
+            // The limit a secret broke is told to the renter only as the code.
+            tracing::warn!(%lease, %refused, "the sealed secrets break a limit");
             self.status(lease, Failure::new(FailureCode::WorkloadRefused, refused.to_string()).state());
             return None;
         }
         Some(Job { lease, gpus, workload: Some(workload), secrets, end_ms })
     }
 
-    fn launch(&self, entry: &mut Entry, generation: u64, started: &Started, start_ms: u64) {
+    /// Starts the entry's workload in a task of its own (after removing the
+    /// one it replaces, when `replacing`).
+    fn launch(&mut self, entry: &mut Entry, start_ms: u64, replacing: bool) {
+        self.generation += 1;
+        entry.generation = self.generation;
         entry.phase = Phase::Starting;
-        let (backend, job, progress, started) = (self.backend.clone(), entry.job.clone(), self.progress.clone(), started.clone());
+        let (backend, job, progress, done, slots) =
+            (self.backend.clone(), entry.job.clone(), self.progress.clone(), self.done.clone(), self.slots.clone());
+        let (generation, grace) = (entry.generation, self.tuning.stop_grace);
         self.status(job.lease, DeliveryState::Starting);
         tokio::spawn(async move {
             let wait = start_ms.saturating_sub(now_ms());
             if wait > 0 {
                 tokio::time::sleep(Duration::from_millis(wait)).await;
             }
+            let _slot = slots.acquire_owned().await;
+            if replacing {
+                if let Err(error) = backend.remove(job.lease, grace).await {
+                    tracing::warn!(lease = %job.lease, %error, "could not remove the workload being replaced");
+                }
+            }
             let result = backend.start(&job, &progress).await;
-            let _ = started.send((job.lease, generation, result));
+            let _ = done.send(Done::Started { lease: job.lease, generation, result });
         });
     }
 
-    /// Restarts or reports exited workloads; gives up on secrets that never came.
-    async fn supervise(&mut self, generation: &mut u64, generations: &mut BTreeMap<LeaseId, u64>, started: &Started) {
-        let leases: Vec<LeaseId> = self.entries.keys().copied().collect();
-        for lease in leases {
-            let Some(entry) = self.entries.get(&lease) else { continue };
-            match entry.phase {
-                Phase::AwaitingSecrets if entry.secrets_deadline.is_some_and(|d| d <= tokio::time::Instant::now()) => {
-                    let failure = Failure::new(FailureCode::SecretsMissing, "the sealed secrets never came");
-                    self.entries.get_mut(&lease).expect("present").phase = Phase::Done;
-                    self.status(lease, failure.state());
-                }
-                Phase::Running => {
-                    let code = match self.backend.poll(lease).await {
-                        Poll::Running => continue,
-                        Poll::Exited(code) => code,
-                        Poll::Gone => -1,
-                    };
-                    let entry = self.entries.get_mut(&lease).expect("present");
-                    let restart = match entry.job.workload.as_ref().map_or(RestartPolicy::Never, |w| w.restart) {
-                        RestartPolicy::Never => false,
-                        RestartPolicy::Always => true,
-                        RestartPolicy::OnFailure { max_restarts } => code != 0 && entry.restarts < max_restarts,
-                    };
-                    self.status(lease, DeliveryState::Exited { code });
-                    let entry = self.entries.get_mut(&lease).expect("present");
-                    if restart {
-                        entry.restarts += 1;
-                        self.backend.remove(lease, Duration::ZERO).await;
-                        *generation += 1;
-                        generations.insert(lease, *generation);
-                        let mut entry = self.entries.remove(&lease).expect("present");
-                        self.launch(&mut entry, *generation, started, 0);
-                        self.entries.insert(lease, entry);
-                    } else {
-                        entry.phase = Phase::Done;
-                    }
-                }
-                _ => {}
-            }
-        }
+    /// Queues the lease's workload for removal, tried until the engine confirms it.
+    fn remove(&mut self, lease: LeaseId, tell: bool) {
+        let removal =
+            self.removals.entry(lease).or_insert(Removal { tell, attempts: 0, in_flight: false, next_at: tokio::time::Instant::now() });
+        removal.tell |= tell;
+        self.start_removal(lease);
     }
 
-    async fn reconcile(&mut self, active: BTreeSet<LeaseId>) {
+    fn start_removal(&mut self, lease: LeaseId) {
+        let Some(removal) = self.removals.get_mut(&lease) else { return };
+        if removal.in_flight {
+            return;
+        }
+        removal.in_flight = true;
+        // The first attempt gives the workload its grace; retries force it.
+        let grace = if removal.attempts == 0 { self.tuning.stop_grace } else { Duration::ZERO };
+        let (backend, done) = (self.backend.clone(), self.done.clone());
+        tokio::spawn(async move {
+            let result = backend.remove(lease, grace).await;
+            let _ = done.send(Done::Removed { lease, result });
+        });
+    }
+
+    /// Each tick: removals due again, secrets given up on, and one round of
+    /// polls (in a task; the next round only once it is back).
+    fn supervise(&mut self) {
+        let now = tokio::time::Instant::now();
+        let due: Vec<LeaseId> = self.removals.iter().filter(|(_, r)| !r.in_flight && r.next_at <= now).map(|(&l, _)| l).collect();
+        for lease in due {
+            self.start_removal(lease);
+        }
+        let expired: Vec<LeaseId> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.phase == Phase::AwaitingSecrets && e.secrets_deadline.is_some_and(|d| d <= now))
+            .map(|(&l, _)| l)
+            .collect();
+        for lease in expired {
+            self.entries.get_mut(&lease).expect("present").phase = Phase::Done;
+            self.status(lease, Failure::public(FailureCode::SecretsMissing, "the sealed secrets never came").state());
+        }
+        if self.polling {
+            return;
+        }
+        let watched: Vec<(LeaseId, u64)> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| matches!(e.phase, Phase::Running | Phase::Settling { .. }))
+            .map(|(&l, e)| (l, e.generation))
+            .collect();
+        if watched.is_empty() {
+            return;
+        }
+        self.polling = true;
+        let (backend, done) = (self.backend.clone(), self.done.clone());
+        tokio::spawn(async move {
+            let polls = watched.iter().map(|&(lease, _)| backend.poll(lease));
+            let results = futures_util::future::join_all(polls).await;
+            let results = watched.into_iter().zip(results).map(|((lease, generation), poll)| (lease, generation, poll)).collect();
+            let _ = done.send(Done::Polled { results });
+        });
+    }
+
+    /// Looks up the active leases' workloads and lists the host's (in a
+    /// task, retrying until the engine answers), then re-adopts, removes
+    /// and answers `Unadopted`.
+    fn reconcile(&mut self, active: BTreeSet<LeaseId>) {
         // Each active lease's workload is looked up by name: one broken
         // container elsewhere can make a whole listing fail, and a failed
         // lookup must not read as "nothing runs" (the lease would be
         // delivered again, replacing the very container that runs).
-        let mut unadopted = Vec::new();
         let missing: Vec<LeaseId> = active.iter().copied().filter(|lease| !self.entries.contains_key(lease)).collect();
-        for lease in missing {
-            let mut attempt = 0;
-            let found = loop {
-                match self.backend.found(lease).await {
-                    Ok(found) => break found,
-                    Err(error) if attempt < FIND_ATTEMPTS => {
-                        attempt += 1;
-                        tracing::warn!(%lease, %error, attempt, "could not look up the lease's workload; retrying");
-                        tokio::time::sleep(POLL_EVERY * attempt).await;
+        let (backend, done) = (self.backend.clone(), self.done.clone());
+        tokio::spawn(async move {
+            let (mut adopted, mut unadopted) = (Vec::new(), Vec::new());
+            for lease in missing {
+                let mut attempt = 0;
+                let found = loop {
+                    match backend.found(lease).await {
+                        Ok(found) => break found,
+                        Err(error) if attempt < FIND_ATTEMPTS => {
+                            attempt += 1;
+                            tracing::warn!(%lease, %error, attempt, "could not look up the lease's workload; retrying");
+                            tokio::time::sleep(POLL_EVERY * attempt).await;
+                        }
+                        Err(error) => {
+                            tracing::error!(%lease, %error, "could not look up the lease's workload; starting it again");
+                            break None;
+                        }
                     }
+                };
+                match found {
+                    Some(workload) if workload.running => adopted.push(workload),
+                    Some(_) => {
+                        if let Err(error) = backend.remove(lease, Duration::ZERO).await {
+                            tracing::warn!(%lease, %error, "could not remove the stopped workload before starting it again");
+                        }
+                        unadopted.push(lease);
+                    }
+                    None => unadopted.push(lease),
+                }
+            }
+            // Workloads of leases that ended while the agent was away: the
+            // listing is retried until the engine answers, since a workload
+            // not listed may still hold a GPU about to be sold again.
+            let mut wait = REMOVE_RETRY_MIN;
+            let orphans = loop {
+                match backend.find().await {
+                    Ok(found) => break found.into_iter().filter(|w| !active.contains(&w.lease)).collect(),
                     Err(error) => {
-                        tracing::error!(%lease, %error, "could not look up the lease's workload; starting it again");
-                        break None;
+                        tracing::warn!(%error, retry_in_ms = wait.as_millis() as u64, "could not list this host's workloads; nothing is offered until it can");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(REMOVE_RETRY_MAX);
                     }
                 }
             };
-            match found {
-                Some(workload) if workload.running => {
-                    tracing::info!(%lease, "re-adopted a running workload");
-                    let job = Job { lease, gpus: Vec::new(), workload: None, secrets: Secrets::default(), end_ms: None };
-                    let entry = Entry { job, restarts: 0, phase: Phase::Running, endpoints: workload.endpoints, secrets_deadline: None };
-                    let state = running(&entry);
-                    self.entries.insert(lease, entry);
-                    self.status(lease, state);
-                }
-                Some(_) => {
-                    self.backend.remove(lease, Duration::ZERO).await;
-                    unadopted.push(lease);
-                }
-                None => unadopted.push(lease),
-            }
-        }
-        // Workloads of leases that ended while the agent was away.
-        match self.backend.find().await {
-            Ok(found) => {
-                for workload in found.into_iter().filter(|w| !active.contains(&w.lease)) {
-                    tracing::info!(lease = %workload.lease, "removing the workload of a lease that ended while the agent was away");
-                    self.backend.remove(workload.lease, Duration::ZERO).await;
-                }
-            }
-            Err(error) => tracing::warn!(%error, "could not list this host's workloads; those of ended leases stay until the next start"),
-        }
-        let _ = self.reports.send(Report::Unadopted { leases: unadopted });
+            let _ = done.send(Done::Reconciled { adopted, unadopted, orphans });
+        });
     }
 
     fn status(&self, lease: LeaseId, state: DeliveryState) {

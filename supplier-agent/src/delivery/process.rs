@@ -41,6 +41,13 @@ impl ProcessBackend {
         let pid: i32 = text.trim().parse().ok()?;
         (pid > 1).then(|| Pid::from_raw(pid))
     }
+
+    /// The UUIDs of the GPUs its workload was given.
+    fn gpus(&self, lease: LeaseId) -> Vec<String> {
+        std::fs::read_to_string(self.dir(lease).join("gpus"))
+            .map(|text| text.split(',').filter(|u| !u.is_empty()).map(String::from).collect())
+            .unwrap_or_default()
+    }
 }
 
 fn alive(pid: Pid) -> bool {
@@ -54,9 +61,9 @@ impl DeliveryBackend for ProcessBackend {
     }
 
     async fn start(&self, job: &Job, _progress: &Progress) -> Result<Vec<Endpoint>, Failure> {
-        let workload = job.workload.as_ref().ok_or_else(|| Failure::new(FailureCode::WorkloadRefused, "no workload"))?;
+        let workload = job.workload.as_ref().ok_or_else(|| Failure::public(FailureCode::WorkloadRefused, "no workload"))?;
         let mut words = job.secrets.command.iter().chain(&job.secrets.args);
-        let program = words.next().ok_or_else(|| Failure::new(FailureCode::WorkloadRefused, "the process backend needs a command"))?;
+        let program = words.next().ok_or_else(|| Failure::public(FailureCode::WorkloadRefused, "the process backend needs a command"))?;
         let dir = self.dir(job.lease);
         std::fs::create_dir_all(&dir).map_err(|e| Failure::new(FailureCode::HostError, format!("scratch directory: {e}")))?;
         let output =
@@ -88,6 +95,8 @@ impl DeliveryBackend for ProcessBackend {
         if let Some(pid) = child.id() {
             std::fs::write(dir.join("pid"), pid.to_string()).map_err(|e| Failure::new(FailureCode::HostError, format!("pid file: {e}")))?;
         }
+        // Which GPUs it holds, so a restarted agent keeps them off sale until it is gone.
+        let _ = std::fs::write(dir.join("gpus"), uuids.join(","));
         self.children.lock().await.insert(job.lease, child);
         // A process exposes its ports on the host itself.
         Ok(workload.ports.iter().map(|&port| Endpoint { container_port: port, host: self.public_address.clone(), port }).collect())
@@ -116,7 +125,7 @@ impl DeliveryBackend for ProcessBackend {
         }
     }
 
-    async fn remove(&self, lease: LeaseId, grace: Duration) {
+    async fn remove(&self, lease: LeaseId, grace: Duration) -> Result<(), String> {
         if let Some(pid) = self.pid(lease) {
             let group = Pid::from_raw(-pid.as_raw());
             if alive(pid) && !grace.is_zero() {
@@ -131,7 +140,21 @@ impl DeliveryBackend for ProcessBackend {
         if let Some(mut child) = self.children.lock().await.remove(&lease) {
             let _ = child.wait().await;
         }
-        let _ = std::fs::remove_dir_all(self.dir(lease));
+        // A process not our child is reaped by someone else: wait for it to go.
+        if let Some(pid) = self.pid(lease) {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+            while alive(pid) && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if alive(pid) {
+                return Err(format!("process {pid} still runs after SIGKILL"));
+            }
+        }
+        match std::fs::remove_dir_all(self.dir(lease)) {
+            Ok(()) => Ok(()),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(error) => Err(format!("removing {}: {error}", self.dir(lease).display())),
+        }
     }
 
     async fn logs(&self, lease: LeaseId, tail_bytes: u32) -> (String, bool) {
@@ -140,7 +163,7 @@ impl DeliveryBackend for ProcessBackend {
     }
 
     async fn found(&self, lease: LeaseId) -> Result<Option<Found>, String> {
-        Ok(self.pid(lease).map(|pid| Found { lease, running: alive(pid), endpoints: Vec::new() }))
+        Ok(self.pid(lease).map(|pid| Found { lease, running: alive(pid), endpoints: Vec::new(), gpus: self.gpus(lease) }))
     }
 
     async fn find(&self) -> Result<Vec<Found>, String> {
@@ -154,7 +177,7 @@ impl DeliveryBackend for ProcessBackend {
             .map(LeaseId)
             .filter_map(|lease| {
                 let pid = self.pid(lease)?;
-                Some(Found { lease, running: alive(pid), endpoints: Vec::new() })
+                Some(Found { lease, running: alive(pid), endpoints: Vec::new(), gpus: self.gpus(lease) })
             })
             .collect())
     }
