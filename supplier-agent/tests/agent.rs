@@ -254,6 +254,80 @@ async fn usage_is_reported_through_a_30_second_outage_and_billed_exactly() {
     assert_eq!(journaled_rejections(&dir.path().join("exchange")), Vec::<String>::new());
 }
 
+/// kill -9 of the agent mid-lease, restarted 5 s later: the gap between its
+/// last report and the new process's start was measured by nobody, so it is
+/// not billed (docs/market-rules.md "Delivery": gaps nobody reported are not
+/// billed). Before, the first report after the restart counted the whole gap
+/// as available, from samples taken after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_time_a_killed_agent_was_down_is_not_billed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let one_gpu = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
+    let (config, host, _) = agent_files_with(dir.path(), &exchange.url, one_gpu);
+    let mut renter = funded_renter(&exchange, &operator, 3, 1_000_000_000).await;
+    let id = renter.new_id();
+    renter.request(ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await.expect("subscribe");
+    let mut agent = spawn_agent(&config, &host);
+    await_ask_quantity(&mut renter, &mut std::collections::BTreeMap::new(), 1).await;
+    let id = renter.new_id();
+    let order = OrderTicket::limit(1, InstrumentId(0), Side::Buy, 2_100_000, 1);
+    let bought = renter.request(ClientMessage::NewOrder { id, order, workload: None }).await;
+    assert!(matches!(bought, Ok(ServerMessage::Ack { order: Some(_), .. })), "{bought:?}");
+    let (lease, start_ms) = loop {
+        if let ServerMessage::Private { event, .. } = renter.next().await.expect("message") {
+            if let gpux_engine::EventKind::LeaseCreated { lease, start_ms, .. } = event.kind {
+                break (lease, start_ms);
+            }
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let _ = agent.0.kill();
+    let _ = agent.0.wait();
+    let killed_ms = now_ms();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let restarted_ms = now_ms();
+    let _agent = spawn_agent(&config, &host);
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let id = renter.new_id();
+    let ended = renter.request(ClientMessage::EndLease { id, lease }).await.expect("end lease");
+    assert!(matches!(ended, ServerMessage::Ack { .. }), "{ended:?}");
+    let ended_ms = loop {
+        if let ServerMessage::Private { event, .. } = renter.next().await.expect("message") {
+            if matches!(event.kind, gpux_engine::EventKind::LeaseEnded { .. }) {
+                break event.at_ms;
+            }
+        }
+    };
+    // Billed time settles once the agent sent its last report; read it until it stops moving.
+    let (mut last, mut still_since) = (u64::MAX, Instant::now());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let verified = loop {
+        let id = renter.new_id();
+        let ServerMessage::Leases { leases, .. } = renter.request(ClientMessage::Leases { id, offset: 0 }).await.expect("leases") else {
+            panic!("leases")
+        };
+        let verified = leases.iter().find(|l| l.lease == lease).expect("the lease").verified_gpu_ms;
+        if verified != last {
+            (last, still_since) = (verified, Instant::now());
+        } else if still_since.elapsed() > Duration::from_secs(2) {
+            break verified;
+        }
+        assert!(Instant::now() < deadline, "billing settled");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // At most what both processes measured: from the lease's start to the
+    // kill, and from the restart to the end (one ms of rounding a report).
+    let measured = (killed_ms - start_ms) + (ended_ms - restarted_ms);
+    assert!(verified <= measured + 2, "billed {verified} ms of the {measured} ms measured ({} ms in all)", ended_ms - start_ms);
+    assert!(verified + 3_000 >= measured, "billed {verified} ms: what was measured is paid ({measured} ms)");
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64
+}
+
 /// A preemptible lease on the agent's GPU is preempted by a spot buyer: the
 /// delivery hook hears `preempt` with the deadline the notice gave.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

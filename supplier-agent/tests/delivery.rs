@@ -66,7 +66,7 @@ fn docker_agent(
 }
 
 /// What a renter sees of its lease's delivery until `done` holds (60 s).
-async fn await_delivery(renter: &mut Connection, lease: LeaseId, done: impl Fn(&DeliveryState) -> bool) -> DeliveryState {
+async fn await_delivery(renter: &mut Connection, lease: LeaseId, mut done: impl FnMut(&DeliveryState) -> bool) -> DeliveryState {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -427,6 +427,306 @@ async fn refused_workload_options_get_their_codes_over_the_wire() {
     let id = renter.new_id();
     let answer = renter.request(ClientMessage::HostKey { id, lease: LeaseId(42) }).await.expect("answer");
     assert!(matches!(answer, ServerMessage::Error { code: ErrorCode::UnknownLease, .. }), "{answer:?}");
+}
+
+/// A container engine of one test's own: podman serving the Docker API on
+/// a socket of its own, over the same image store as the shared one, so a
+/// test can take it down and bring it back without touching the others.
+struct PrivateEngine {
+    socket: std::path::PathBuf,
+    service: Option<std::process::Child>,
+}
+
+impl PrivateEngine {
+    fn start(dir: &std::path::Path) -> PrivateEngine {
+        let mut engine = PrivateEngine { socket: dir.join("engine.sock"), service: None };
+        engine.up();
+        engine
+    }
+
+    fn up(&mut self) {
+        let _ = std::fs::remove_file(&self.socket);
+        let conf = std::path::Path::new(&std::env::var("GPUX_DOCKER_SOCKET").expect("socket")).with_file_name("containers.conf");
+        let service = std::process::Command::new("podman")
+            .env("CONTAINERS_CONF", conf)
+            .args(["system", "service", "--time=0"])
+            .arg(format!("unix://{}", self.socket.display()))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("podman starts");
+        self.service = Some(service);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.socket.exists() {
+            assert!(Instant::now() < deadline, "podman opened its socket");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The engine's service killed: its socket refuses (containers run on).
+    fn down(&mut self) {
+        if let Some(mut service) = self.service.take() {
+            let _ = service.kill();
+            let _ = service.wait();
+        }
+    }
+
+    fn socket(&self) -> String {
+        self.socket.display().to_string()
+    }
+}
+
+impl Drop for PrivateEngine {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
+
+/// Whether podman itself (no service needed) knows the container.
+fn container_known_to_podman(host: &str, lease: LeaseId) -> bool {
+    let conf = std::path::Path::new(&std::env::var("GPUX_DOCKER_SOCKET").expect("socket")).with_file_name("containers.conf");
+    std::process::Command::new("podman")
+        .env("CONTAINERS_CONF", conf)
+        .args(["container", "exists", &format!("gpux-{host}-lease-{}", lease.0)])
+        .status()
+        .expect("podman runs")
+        .success()
+}
+
+/// Bids IOC for one GPU of instrument 0 until one fills (`Some(lease)`) or
+/// `within` passes (`None`), with `workload` attached.
+async fn lease_within(renter: &mut Connection, workload: Option<&Workload>, within: Duration) -> Option<LeaseId> {
+    let deadline = Instant::now() + within;
+    loop {
+        let id = renter.new_id();
+        let mut order = OrderTicket::limit(id, InstrumentId(0), Side::Buy, 2_100_000, 1);
+        order.time_in_force = TimeInForce::Ioc;
+        let answer = renter.request(ClientMessage::NewOrder { id, order, workload: workload.cloned().map(Box::new) }).await.expect("bid");
+        assert!(matches!(answer, ServerMessage::Ack { .. }), "{answer:?}");
+        if let Ok(lease) = tokio::time::timeout(Duration::from_millis(500), await_lease(renter)).await {
+            return Some(lease);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+    }
+}
+
+async fn balance(renter: &mut Connection) -> (u64, u64) {
+    let id = renter.new_id();
+    let ServerMessage::Balance { available_minor, held_minor, .. } = renter.request(ClientMessage::Balance { id }).await.expect("balance")
+    else {
+        panic!("balance")
+    };
+    (available_minor, held_minor)
+}
+
+/// The host's container engine is down when a lease's delivery begins: the
+/// host's failure (`engine_unavailable`), never a pull failure charged to
+/// the renter. The lease ends `delivery_failed`, nothing is charged, the
+/// GPU is off sale while the engine stays down (health checks fail), and
+/// on sale again once the engine is back and a check passed; then a
+/// delivery works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_does_not_answer_is_the_hosts_fault_and_its_gpu_waits_for_a_health_check() {
+    let Some(_) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut engine = PrivateEngine::start(dir.path());
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let (config, host) = docker_agent(dir.path(), &exchange.url, &engine.socket(), "faults-1", "none");
+    let text = std::fs::read_to_string(&config).expect("config");
+    write(&config, &text.replace("stop_grace_ms = 1000\n", "stop_grace_ms = 1000\nhealth_backoff_ms = 1000\n"));
+    let _agent = spawn_agent(&config, &host);
+    let deposit = 1_000_000_000;
+    let mut renter = funded_renter(&exchange, &operator, 9, deposit).await;
+    // The agent offers once it has listed the engine's workloads.
+    let probe = lease_within(&mut renter, None, Duration::from_secs(20)).await.expect("the GPU on sale");
+    let id = renter.new_id();
+    renter.request(ClientMessage::EndLease { id, lease: probe }).await.expect("end");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    engine.down();
+    let down_at = Instant::now();
+    let workload = Workload::image(IMAGE);
+    let lease = lease_within(&mut renter, Some(&workload), Duration::from_secs(20)).await.expect("a lease");
+    let failed = await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Failed { .. })).await;
+    assert!(matches!(failed, DeliveryState::Failed { code: FailureCode::EngineUnavailable, fault: Fault::Host, .. }), "{failed:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lease_info(&mut renter, lease).await.active {
+        assert!(Instant::now() < deadline, "the lease ended");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let info = lease_info(&mut renter, lease).await;
+    let ended_after_ms = info.ended_at_ms.expect("ended") - info.start_ms;
+    eprintln!(
+        "engine down: lease ended as the host's fault {ended_after_ms} ms after it began ({} ms after the outage)",
+        down_at.elapsed().as_millis()
+    );
+    // Off sale while the engine is down: checks at 1 s, 2 s, 4 s fail.
+    assert_eq!(lease_within(&mut renter, None, Duration::from_secs(6)).await, None, "the GPU is not sold while the engine is down");
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(lease_info(&mut renter, lease).await.usage_charged_minor, 0, "nothing charged for the host's failure");
+    let probe_charged = lease_info(&mut renter, probe).await.usage_charged_minor;
+    let (available, held) = balance(&mut renter).await;
+    assert_eq!(available + held + probe_charged, deposit, "the renter paid for the probe lease only");
+
+    engine.up();
+    let back = lease_within(&mut renter, None, Duration::from_secs(30)).await.expect("on sale again once a health check passed");
+    let id = renter.new_id();
+    renter.request(ClientMessage::EndLease { id, lease: back }).await.expect("end");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let secrets = Secrets { command: vec!["/bin/busybox".into(), "sleep".into(), "600".into()], ..Secrets::default() };
+    let workload = Workload { secrets_follow: true, ..Workload::image(IMAGE) };
+    let lease = lease_within(&mut renter, Some(&workload), Duration::from_secs(20)).await.expect("a lease");
+    send_secrets(&mut renter, lease, Workload::image(IMAGE), &secrets).await;
+    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Running { .. })).await;
+    let id = renter.new_id();
+    renter.request(ClientMessage::EndLease { id, lease }).await.expect("end");
+    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Stopped)).await;
+}
+
+/// The engine is unreachable when a lease ends: the agent does not claim
+/// `stopped`, the container is still there, and the GPU is not sold to the
+/// next renter; once the engine is back the removal is retried, confirmed,
+/// `stopped` reported and the GPU offered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_the_engine_cannot_confirm_keeps_the_gpu_off_sale() {
+    let Some(_) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut engine = PrivateEngine::start(dir.path());
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let (config, host) = docker_agent(dir.path(), &exchange.url, &engine.socket(), "faults-2", "none");
+    let _agent = spawn_agent(&config, &host);
+    let mut renter = funded_renter(&exchange, &operator, 10, 1_000_000_000).await;
+    let mut next = funded_renter(&exchange, &operator, 11, 1_000_000_000).await;
+    let secrets = Secrets { command: vec!["/bin/busybox".into(), "sleep".into(), "600".into()], ..Secrets::default() };
+    let workload = Workload { secrets_follow: true, ..Workload::image(IMAGE) };
+    let lease = lease_within(&mut renter, Some(&workload), Duration::from_secs(20)).await.expect("a lease");
+    send_secrets(&mut renter, lease, Workload::image(IMAGE), &secrets).await;
+    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Running { .. })).await;
+
+    engine.down();
+    let id = renter.new_id();
+    renter.request(ClientMessage::EndLease { id, lease }).await.expect("end");
+    let stopped =
+        tokio::time::timeout(Duration::from_secs(4), await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Stopped))).await;
+    assert!(stopped.is_err(), "`stopped` is not claimed while the engine cannot remove the container");
+    assert!(container_known_to_podman("faults-2", lease), "the container is still there");
+    assert_eq!(lease_within(&mut next, None, Duration::from_secs(3)).await, None, "the GPU is not sold while its last container stays");
+
+    engine.up();
+    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Stopped)).await;
+    assert!(!container_known_to_podman("faults-2", lease), "removed once the engine is back");
+    let again = lease_within(&mut next, None, Duration::from_secs(20)).await.expect("offered again once the removal is confirmed");
+    assert!(lease_info(&mut next, again).await.active);
+}
+
+/// A sealed command that cannot be executed: `exec_failed`, the renter's
+/// side, and the command's path (a canary here) reaches neither the
+/// renter's feed nor the exchange's journal or snapshots: the engine's
+/// error text, which names it, stays in the host's log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_exec_journals_a_code_never_the_sealed_command() {
+    const CANARY: &str = "gpux-canary-3f9a1c";
+    let Some(socket) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let mut exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let (config, host) = docker_agent(dir.path(), &exchange.url, &socket, "faults-3", "none");
+    let _agent = spawn_agent(&config, &host);
+    let mut renter = funded_renter(&exchange, &operator, 12, 1_000_000_000).await;
+    let secrets = Secrets { command: vec![format!("/{CANARY}/run")], ..Secrets::default() };
+    let workload = Workload { secrets_follow: true, ..Workload::image(IMAGE) };
+    let lease = lease_within(&mut renter, Some(&workload), Duration::from_secs(20)).await.expect("a lease");
+    send_secrets(&mut renter, lease, Workload::image(IMAGE), &secrets).await;
+    let failed = await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Failed { .. })).await;
+    let DeliveryState::Failed { code: FailureCode::ExecFailed, fault: Fault::Renter, reason } = &failed else { panic!("{failed:?}") };
+    assert!(!reason.contains(CANARY), "{reason}");
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert!(lease_info(&mut renter, lease).await.active, "the renter's failure leaves the lease running");
+    let id = renter.new_id();
+    renter.request(ClientMessage::EndLease { id, lease }).await.expect("end");
+    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Stopped)).await;
+    exchange.stop();
+    let found = files_hold(&dir.path().join("exchange"), CANARY);
+    assert!(found.is_empty(), "the sealed command in clear in {found:?}");
+}
+
+/// A command that exits at once is never reported `running`: it stays
+/// `starting` until it stayed up (2 s by default), so the renter sees it
+/// exit with its code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_exits_at_once_is_exited_never_running() {
+    let Some(socket) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let (config, host) = docker_agent(dir.path(), &exchange.url, &socket, "faults-4", "none");
+    let _agent = spawn_agent(&config, &host);
+    let mut renter = funded_renter(&exchange, &operator, 13, 1_000_000_000).await;
+    let secrets = Secrets { command: vec!["/bin/sh".into(), "-c".into(), "echo bye; exit 3".into()], ..Secrets::default() };
+    let workload = Workload { secrets_follow: true, ..Workload::image(IMAGE) };
+    let lease = lease_within(&mut renter, Some(&workload), Duration::from_secs(20)).await.expect("a lease");
+    send_secrets(&mut renter, lease, Workload::image(IMAGE), &secrets).await;
+    let mut seen = Vec::new();
+    let exited = await_delivery(&mut renter, lease, |s| {
+        seen.push(s.name());
+        matches!(s, DeliveryState::Exited { .. })
+    })
+    .await;
+    assert_eq!(exited, DeliveryState::Exited { code: 3 });
+    assert!(!seen.contains(&"running"), "claimed running before it exited: {seen:?}");
+}
+
+/// A workload that ignores SIGTERM (a shell as PID 1) holds its lease's
+/// removal for the whole stop grace (8 s here); meanwhile another lease on
+/// the same host is served: its logs come back at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_stopping_lease_does_not_freeze_the_host() {
+    let Some(socket) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let (config, host) = docker_agent(dir.path(), &exchange.url, &socket, "faults-5", "none");
+    let two_gpus = ONE_GPU.replace(
+        r#"}]}"#,
+        r#"}, {"uuid": "GPU-b", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#,
+    );
+    write(&host, &two_gpus);
+    let text = std::fs::read_to_string(&config).expect("config");
+    write(&config, &text.replace("stop_grace_ms = 1000\n", "stop_grace_ms = 8000\n"));
+    let _agent = spawn_agent(&config, &host);
+    let mut renter = funded_renter(&exchange, &operator, 14, 1_000_000_000).await;
+    let stubborn = Secrets { command: vec!["/bin/sh".into(), "-c".into(), "while true; do sleep 1; done".into()], ..Secrets::default() };
+    let workload = Workload { secrets_follow: true, ..Workload::image(IMAGE) };
+    let first = lease_within(&mut renter, Some(&workload), Duration::from_secs(20)).await.expect("a lease");
+    send_secrets(&mut renter, first, Workload::image(IMAGE), &stubborn).await;
+    await_delivery(&mut renter, first, |s| matches!(s, DeliveryState::Running { .. })).await;
+    let talker = Secrets {
+        command: vec!["/bin/sh".into(), "-c".into(), "echo hello-from-two; while true; do sleep 1; done".into()],
+        ..Secrets::default()
+    };
+    let second = lease_within(&mut renter, Some(&workload), Duration::from_secs(20)).await.expect("a second lease");
+    send_secrets(&mut renter, second, Workload::image(IMAGE), &talker).await;
+    await_delivery(&mut renter, second, |s| matches!(s, DeliveryState::Running { .. })).await;
+
+    let id = renter.new_id();
+    renter.request(ClientMessage::EndLease { id, lease: first }).await.expect("end");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let asked = Instant::now();
+    let id = renter.new_id();
+    let ServerMessage::LeaseLogs { data, .. } =
+        renter.request(ClientMessage::LeaseLogs { id, lease: second, tail_bytes: 4096 }).await.expect("logs")
+    else {
+        panic!("logs")
+    };
+    assert!(data.contains("hello-from-two"), "{data:?}");
+    assert!(asked.elapsed() < Duration::from_secs(3), "logs took {:?} while another lease stopped", asked.elapsed());
+    // The stubborn one is stopped only after its grace, SIGKILLed.
+    await_delivery(&mut renter, first, |s| matches!(s, DeliveryState::Stopped)).await;
+    assert!(asked.elapsed() >= Duration::from_secs(6), "the grace was given: {:?}", asked.elapsed());
 }
 
 async fn lease_info(renter: &mut Connection, lease: LeaseId) -> gpux_engine::LeaseInfo {
