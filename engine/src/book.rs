@@ -53,6 +53,9 @@ pub(crate) struct Order {
     pub stop_price: Option<u64>,
     /// A bid's regions (bit `i`: the listing's region `i`; 0: any region).
     pub regions: u32,
+    /// A bid that carries a workload: it trades only with suppliers that
+    /// can deliver one (`Engine::set_delivering`).
+    pub needs_delivery: bool,
 }
 
 impl Order {
@@ -79,6 +82,7 @@ impl Order {
             expire_at_ms: None,
             min_supplier_score_bps: 0,
             verified_only: false,
+            needs_delivery: false,
             all_or_none: false,
             budget_left_minor: None,
             stop_price: None,

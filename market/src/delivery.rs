@@ -98,6 +98,11 @@ impl Deliveries {
         entry.workload = Some(workload);
     }
 
+    /// Whether the bid about to be placed carries a workload (journaled right before it).
+    pub fn bid_has_workload(&self, account: AccountId, client_order_id: u64) -> bool {
+        self.pending_bid.as_ref().is_some_and(|(a, c, _)| (*a, *c) == (account, client_order_id))
+    }
+
     pub fn set_encryption_key(&mut self, account: AccountId, key: HostEncryptionKey) {
         self.encryption_keys.insert(account, key);
     }

@@ -251,6 +251,17 @@ impl MarketState {
                 if let Command::PlaceOrderInRegions { order, regions, .. } = &input.command {
                     self.rematch.bid_regions(order.account, order.client_order_id, regions);
                 }
+                // A bid that carries a workload (its own, or the failed
+                // lease's that a replacement takes over) trades only with
+                // suppliers that can deliver it.
+                if let Some(order) = input.command.new_order() {
+                    let replaces = order.client_order_id.checked_sub(rematch::REPLACEMENT_CLIENT_ORDER_ID_BASE).map(LeaseId);
+                    if self.deliveries.bid_has_workload(order.account, order.client_order_id)
+                        || replaces.is_some_and(|failed| self.deliveries.lease(failed).is_some_and(|d| d.workload.is_some()))
+                    {
+                        self.engine.expect_workload(order.account, order.client_order_id);
+                    }
+                }
                 applied.events.extend_from_slice(self.engine.apply(input));
                 // Before archiving: the facts name leases still held.
                 let mut touched = self.reliability.observe(&self.engine, &applied.events);
@@ -354,7 +365,8 @@ impl MarketState {
                 }
             }
             JournalEntry::EncryptionKey { account, key, signature } => {
-                self.deliveries.set_encryption_key(*account, HostEncryptionKey { key: *key, signature: signature.clone() })
+                self.deliveries.set_encryption_key(*account, HostEncryptionKey { key: *key, signature: signature.clone() });
+                self.engine.set_delivering(*account);
             }
             JournalEntry::ChallengeIssued { at_ms, gpu, seed, n } => {
                 if let Some(owner) = self.engine.gpu(*gpu).map(|g| g.owner) {

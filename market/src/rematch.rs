@@ -2,7 +2,7 @@
 //! fails it (docs/market-rules.md "Re-match"). When such a lease ends
 //! `delivery_failed`, the market calls for a fill-or-kill bid by the renter
 //! in the same instrument, for the same GPUs (on one host if the lease was),
-//! at no more than the lease's price, for the lease's remaining hours; the
+//! at no more than the opted-in bid's limit price, for the lease's remaining hours; the
 //! lease it fills replaces the failed one, takes over its workload and may
 //! be replaced in turn.
 
@@ -25,7 +25,8 @@ const MS_PER_HOUR: u64 = 3_600_000;
 struct Covered {
     renter: AccountId,
     instrument: InstrumentId,
-    price: u64,
+    /// The limit price of the bid that opted in: what a replacement may pay.
+    limit: u64,
     gpus: u32,
     end_ms: Option<u64>,
     /// The regions the bid required (empty: any); its replacement keeps them.
@@ -38,8 +39,8 @@ pub struct Rematch {
     pending_bid: Option<(AccountId, u64)>,
     /// The regions that bid requires (seen in its entry before it applies).
     pending_regions: Vec<String>,
-    /// Open spot bids that opted in, with the regions each requires.
-    bids: BTreeMap<OrderId, Vec<String>>,
+    /// Open spot bids that opted in, with the regions each requires and its limit price.
+    bids: BTreeMap<OrderId, (Vec<String>, u64)>,
     /// Leases covered, until they leave the hot state.
     leases: BTreeMap<LeaseId, Covered>,
     /// Replacement bids by their order id: the lease each replaces.
@@ -78,17 +79,17 @@ impl Rematch {
         let mut buy_order = None;
         for event in events {
             match event.kind {
-                EventKind::OrderAccepted { order, account, client_order_id, .. } => {
+                EventKind::OrderAccepted { order, account, client_order_id, price_minor_per_gpu_hour, .. } => {
                     if self.pending_bid == Some((account, client_order_id)) {
                         self.pending_bid = None;
-                        self.bids.insert(order, std::mem::take(&mut self.pending_regions));
+                        self.bids.insert(order, (std::mem::take(&mut self.pending_regions), price_minor_per_gpu_hour));
                     }
                     if client_order_id >= REPLACEMENT_CLIENT_ORDER_ID_BASE {
                         let failed = LeaseId(client_order_id - REPLACEMENT_CLIENT_ORDER_ID_BASE);
                         if let Some(covered) = self.leases.get(&failed).filter(|c| c.renter == account) {
-                            let regions = covered.regions.clone();
+                            let kept = (covered.regions.clone(), covered.limit);
                             self.replacing.insert(order, failed);
-                            self.bids.insert(order, regions);
+                            self.bids.insert(order, kept);
                         }
                     }
                 }
@@ -103,11 +104,12 @@ impl Rematch {
                     end_ms,
                     ..
                 } => {
-                    let Some((order, regions)) = buy_order.and_then(|order| Some((order, self.bids.get(&order)?.clone()))) else {
+                    let Some((order, (regions, limit))) = buy_order.and_then(|order| Some((order, self.bids.get(&order)?.clone()))) else {
                         continue;
                     };
                     let gpus = gpu_mask.count_ones();
-                    self.leases.insert(lease, Covered { renter, instrument, price: price_minor_per_gpu_hour, gpus, end_ms, regions });
+                    let limit = limit.max(price_minor_per_gpu_hour);
+                    self.leases.insert(lease, Covered { renter, instrument, limit, gpus, end_ms, regions });
                     if let Some(failed) = self.replacing.remove(&order) {
                         outcome.replaced.push((failed, Some(lease), renter));
                     }
@@ -155,7 +157,9 @@ impl Rematch {
     }
 }
 
-/// The renter's fill-or-kill bid for what the failed lease had left.
+/// The renter's fill-or-kill bid for what the failed lease had left, at the
+/// limit the renter set on the bid that opted in (the failed lease's price
+/// may be well below what the market asks now).
 fn replacement_bid(failed: LeaseId, covered: &Covered, now_ms: u64) -> NewOrder {
     let duration = match covered.end_ms {
         Some(end_ms) => LeaseDuration::Hours(end_ms.saturating_sub(now_ms).div_ceil(MS_PER_HOUR).max(1) as u32),
@@ -171,7 +175,7 @@ fn replacement_bid(failed: LeaseId, covered: &Covered, now_ms: u64) -> NewOrder 
             REPLACEMENT_CLIENT_ORDER_ID_BASE + failed.0,
             covered.instrument,
             Side::Buy,
-            covered.price,
+            covered.limit,
             covered.gpus,
         )
     }

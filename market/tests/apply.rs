@@ -161,7 +161,10 @@ impl Session {
                 (ServerMessage::Private { event, .. }, Audience::Accounts(accounts)) => {
                     assert_eq!(accounts, self.market.accounts_of(event), "a private event goes to the accounts it concerns")
                 }
-                (ServerMessage::Workload { .. } | ServerMessage::Delivery { .. }, Audience::Accounts(_)) => {}
+                (
+                    ServerMessage::Workload { .. } | ServerMessage::Delivery { .. } | ServerMessage::LeaseReplaced { .. },
+                    Audience::Accounts(_),
+                ) => {}
                 (ServerMessage::GpuChallenge { .. } | ServerMessage::GpuMemoryChallenge { .. }, Audience::Accounts(accounts)) => {
                     assert_eq!(accounts, [Some(self.supplier), None])
                 }
@@ -413,6 +416,49 @@ fn a_host_failure_calls_for_its_follow_up_command_and_leaves_it_to_the_journal()
     let info = session.market.engine().lease(lease).expect("lease");
     assert!(!info.active, "the journaled follow-up ended it");
     assert!(matches!(session.journal.last(), Some(JournalEntry::Engine(Input { command: Command::FailLeaseDelivery { .. }, .. }))));
+}
+
+/// A bid that carries a workload trades only with suppliers whose hosts can
+/// take one (they published an encryption key): it skips the others' asks
+/// (which keep their place for bids without a workload), and fills once the
+/// supplier published its key. Its lease, covered by re-match, is replaced
+/// when the host fails it, at up to the opted-in bid's limit: here above
+/// the failed lease's price, where the only GPU left is offered.
+#[test]
+fn a_workload_bid_skips_hosts_that_cannot_deliver_and_its_replacement_pays_up_to_its_limit() {
+    let mut session = Session::new();
+    let (renter, supplier) = (session.renter, session.supplier);
+    let workload = Box::new(gpux_protocol::Workload::image("localhost/app:1"));
+    let workload_bid = |session: &mut Session, price: u64, rematch: bool| {
+        let client_order_id = session.next_order;
+        session.next_order += 1;
+        session.apply(JournalEntry::BidWorkload { account: renter, client_order_id, workload: workload.clone() });
+        if rematch {
+            session.apply(JournalEntry::BidRematch { account: renter, client_order_id });
+        }
+        let order = NewOrder { time_in_force: TimeInForce::Ioc, ..NewOrder::limit(renter, client_order_id, SPOT, Side::Buy, price, 1) };
+        let before = session.leases.len();
+        session.command(Command::PlaceOrder(order));
+        session.leases[before..].first().copied()
+    };
+    session.run(&Op::Ask { mask: 0b01, ticks: 0 });
+    assert_eq!(workload_bid(&mut session, 1_500_000, false), None, "no lease from a host that cannot take the workload");
+    let key = gpux_protocol::delivery::EncryptionKey::from_bytes([5; 32]);
+    let signature = key.certify(&session.key);
+    session.apply(JournalEntry::EncryptionKey { account: supplier, key: key.public(), signature });
+    let lease = workload_bid(&mut session, 1_900_000, true).expect("a lease once the supplier delivers");
+    assert_eq!(session.market.engine().lease(lease).expect("lease").price_minor_per_gpu_hour, 1_500_000);
+
+    // The only other GPU is offered above the failed lease's price, within the bid's limit.
+    session.run(&Op::Ask { mask: 0b10, ticks: 3 });
+    let state = DeliveryState::Failed { code: FailureCode::EngineUnavailable, fault: Fault::Host, reason: "engine down".into() };
+    session.apply(JournalEntry::DeliveryStatus { at_ms: session.now_ms, account: supplier, lease, state });
+    let replacement = *session.leases.last().expect("leases");
+    assert_ne!(replacement, lease, "the failed lease was replaced");
+    let info = session.market.engine().lease(replacement).expect("replacement");
+    assert_eq!((info.price_minor_per_gpu_hour, info.renter), (1_800_000, renter));
+    let taken = session.market.deliveries().lease(replacement).and_then(|d| d.workload.clone());
+    assert_eq!(taken, Some(workload), "the replacement took over the workload");
 }
 
 /// A hardware challenge through the market: a right answer in time

@@ -17,7 +17,7 @@ use crate::money::{amount, parse_amount};
 use crate::{keys, Cli, Command, Failure, KeysAction, OrderArgs, RoleArg, TifArg};
 
 /// "99.5" (percent, up to two decimals) as basis points (9950), 0.01 to 100.
-fn parse_percent_bps(text: &str) -> Result<u32, String> {
+pub(crate) fn parse_percent_bps(text: &str) -> Result<u32, String> {
     let refuse = || format!("--min-score takes a percent from 0.01 to 100 with at most two decimals, e.g. 99.5, not {text:?}");
     let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
     if whole.is_empty()
@@ -719,13 +719,8 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
         crate::StpArg::CancelBoth => gpux_engine::SelfTradePrevention::CancelBoth,
     };
     order.one_host = args.one_host;
-    order.rematch = args.rematch;
-    order.verified_only = args.verified_only;
-    if let Some(percent) = &args.min_score {
-        order.min_supplier_score_bps = parse_percent_bps(percent).map_err(Failure::Usage)?;
-    }
+    args.filters.apply(&mut order)?;
     order.all_or_none = args.all_or_none;
-    order.regions = args.regions.clone();
     if let Some(budget) = &args.budget {
         order.budget_minor = parse_amount(budget).map_err(|e| Failure::Usage(format!("--budget: {e}")))?;
     }
@@ -777,7 +772,7 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
             snake(&reason),
             if side == Side::Buy { "ask" } else { "bid" },
             if price == 0 { "any price".to_string() } else { format!("{}/GPU-h", amount(price)) },
-            if args.regions.is_empty() { String::new() } else { format!(" in {}", args.regions.join(", ")) }
+            if args.filters.regions.is_empty() { String::new() } else { format!(" in {}", args.filters.regions.join(", ")) }
         ))),
         (Some(reason), filled) => {
             out!("partly filled: {filled} GPU(s); the rest closed ({})", snake(&reason));

@@ -42,7 +42,7 @@ mod run;
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
 #[command(name = "gpux", version, about = "Trade GPU time on a gpux exchange from the terminal")]
@@ -104,15 +104,8 @@ pub struct OrderArgs {
     /// Gang bid: all GPUs on one host, in one fill.
     #[arg(long)]
     pub one_host: bool,
-    /// Spot bids: if a host fails a lease this bid fills, rent a replacement at no more than its price (docs/market-rules.md "Re-match").
-    #[arg(long)]
-    pub rematch: bool,
-    /// Bids: trade only with suppliers whose reliability score is at least this percent, e.g. 99.5 (see `gpux supplier`).
-    #[arg(long)]
-    pub min_score: Option<String>,
-    /// Bids: trade only with GPUs whose hardware challenge verified them (docs/market-rules.md "Verified hardware").
-    #[arg(long)]
-    pub verified_only: bool,
+    #[command(flatten)]
+    pub filters: BidFilters,
     /// Your id for the order (default: the current time in ms).
     #[arg(long)]
     pub client_id: Option<u64>,
@@ -128,9 +121,36 @@ pub struct OrderArgs {
     /// A stop order: off the book until a trade prints at this price (money per GPU-hour) or beyond (bids: at or above; asks: at or below), then it enters as this order (docs/market-rules.md "Stop orders").
     #[arg(long)]
     pub stop: Option<String>,
+}
+
+/// What a bid asks of its sellers and of a host that fails it (`buy` and `run`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct BidFilters {
+    /// Spot bids: if a host fails a lease this bid fills, rent a replacement at no more than this bid's limit price (docs/market-rules.md "Re-match").
+    #[arg(long)]
+    pub rematch: bool,
+    /// Bids: trade only with suppliers whose reliability score is at least this percent, e.g. 99.5 (see `gpux supplier`).
+    #[arg(long)]
+    pub min_score: Option<String>,
+    /// Bids: trade only with GPUs whose hardware challenge verified them (docs/market-rules.md "Verified hardware").
+    #[arg(long)]
+    pub verified_only: bool,
     /// Bids: trade only with GPUs of hosts in these regions, e.g. --region cn-east,cn-west (`gpux listing` names them; docs/market-rules.md "Regions").
     #[arg(long = "region", value_delimiter = ',')]
     pub regions: Vec<String>,
+}
+
+impl BidFilters {
+    /// Sets the filters on a bid.
+    pub fn apply(&self, order: &mut gpux_protocol::OrderTicket) -> Result<(), Failure> {
+        order.rematch = self.rematch;
+        order.verified_only = self.verified_only;
+        if let Some(percent) = &self.min_score {
+            order.min_supplier_score_bps = commands::parse_percent_bps(percent).map_err(Failure::Usage)?;
+        }
+        order.regions = self.regions.clone();
+        Ok(())
+    }
 }
 
 #[derive(Subcommand)]
@@ -377,6 +397,8 @@ pub struct RunArgs {
     /// Seconds to wait for the workload to run.
     #[arg(long, default_value_t = 600)]
     pub wait_s: u64,
+    #[command(flatten)]
+    pub filters: BidFilters,
     /// Command and arguments (after --); sealed to the host.
     #[arg(last = true)]
     pub command: Vec<String>,

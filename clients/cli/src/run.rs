@@ -1,10 +1,13 @@
 //! `gpux run` and `gpux lease ...`: a renter's way onto the GPUs it buys.
 //!
 //! `run` places an immediate-or-cancel bid carrying the workload's public
-//! part; for each lease it fills, it fetches the host's encryption key,
-//! checks the host's signature over it, seals the secret part (command,
-//! environment, SSH keys) to it and sends it, then follows the delivery
-//! until the workload runs and prints how to reach it.
+//! part (with `buy`'s filters and re-match); for each lease it fills, it
+//! fetches the host's encryption key, checks the host's signature over it,
+//! seals the secret part (command, environment, SSH keys) to it and sends
+//! it, then follows the delivery until the workload runs and prints how to
+//! reach it. When delivery cannot begin it ends the leases it started (and
+//! says so); when the workload fails or exits it prints the code, the last
+//! log lines and whether the lease is still billed, and exits non-zero.
 
 use std::time::{Duration, Instant};
 
@@ -55,6 +58,7 @@ pub async fn run(s: &mut Session, args: RunArgs, json: bool) -> Result<(), Failu
     order.time_in_force = TimeInForce::Ioc;
     order.duration = if args.until_cancelled { LeaseDuration::UntilCancelled } else { LeaseDuration::Hours(args.hours) };
     order.one_host = args.gpus > 1;
+    args.filters.apply(&mut order)?;
     let id = s.connection.new_id();
     let answer = s.ask(ClientMessage::NewOrder { id, order, workload: Some(Box::new(workload.clone())) }, json).await?;
     let Some(order_id) = (match answer {
@@ -87,25 +91,95 @@ pub async fn run(s: &mut Session, args: RunArgs, json: bool) -> Result<(), Failu
     }
     if has_secrets {
         for &lease in &leases {
-            let id = s.connection.new_id();
-            let ServerMessage::HostKey { encryption_key, identity_key, signature, .. } =
-                s.ask(ClientMessage::HostKey { id, lease }, false).await?
-            else {
-                return Err(Failure::Refused("the exchange sent no host key".into()));
-            };
-            let key: [u8; 32] = decode_key(&encryption_key)?;
-            if !encryption_key_certified(&key, &decode_key(&identity_key)?, &signature) {
-                return Err(Failure::Refused(format!(
-                    "lease {}: the host's encryption key is not signed by the host; not sending secrets",
-                    lease.0
-                )));
+            if let Err(failure) = send_secrets(s, lease, &workload, &secrets, json).await {
+                // Delivery cannot begin: the leases this run started are ended, not left billed.
+                let ended = end_leases(s, &leases).await;
+                return Err(Failure::Refused(format!("{}; {ended}", failure_text(&failure))));
             }
-            let sealed = Workload { sealed: Some(secrets.seal(&key)), ..workload.clone() };
-            let id = s.connection.new_id();
-            s.ask(ClientMessage::SetWorkload { id, lease, workload: Box::new(sealed) }, json).await?;
         }
     }
     follow(s, &leases, Duration::from_secs(args.wait_s), json).await
+}
+
+/// Seals the secrets to the lease's host, once its key is shown to be the host's own.
+async fn send_secrets(s: &mut Session, lease: LeaseId, workload: &Workload, secrets: &Secrets, json: bool) -> Result<(), Failure> {
+    let id = s.connection.new_id();
+    let ServerMessage::HostKey { encryption_key, identity_key, signature, .. } = s.ask(ClientMessage::HostKey { id, lease }, false).await?
+    else {
+        return Err(Failure::Refused(format!("lease {}: the exchange sent no host key", lease.0)));
+    };
+    let key: [u8; 32] = decode_key(&encryption_key)?;
+    if !encryption_key_certified(&key, &decode_key(&identity_key)?, &signature) {
+        return Err(Failure::Refused(format!(
+            "lease {}: the host's encryption key is not signed by the host; not sending secrets",
+            lease.0
+        )));
+    }
+    let sealed = Workload { sealed: Some(secrets.seal(&key)), ..workload.clone() };
+    let id = s.connection.new_id();
+    s.ask(ClientMessage::SetWorkload { id, lease, workload: Box::new(sealed) }, json).await?;
+    Ok(())
+}
+
+fn failure_text(failure: &Failure) -> String {
+    match failure {
+        Failure::Usage(text) | Failure::Refused(text) | Failure::Unreachable(text) => text.clone(),
+    }
+}
+
+/// Ends the leases a run started; says which ended (and which could not be).
+async fn end_leases(s: &mut Session, leases: &[LeaseId]) -> String {
+    let mut ended = Vec::new();
+    let mut kept = Vec::new();
+    for &lease in leases {
+        let id = s.connection.new_id();
+        match s.connection.request(ClientMessage::EndLease { id, lease }).await {
+            Ok(ServerMessage::Ack { .. }) => ended.push(lease.0.to_string()),
+            _ => kept.push(lease.0.to_string()),
+        }
+    }
+    let mut text = format!("ended lease(s) {} (billed only for the time they ran)", ended.join(", "));
+    if !kept.is_empty() {
+        text.push_str(&format!("; could NOT end lease(s) {}: `gpux lease stop <lease>` ends them", kept.join(", ")));
+    }
+    text
+}
+
+/// What a renter needs when its workload stopped short of running: the
+/// last lines it printed and whether its lease is still billed.
+async fn after_failure(s: &mut Session, lease: LeaseId, state: &DeliveryState) -> String {
+    let mut text = format!("lease {}: {}", lease.0, describe(state));
+    if let DeliveryState::Failed { fault: gpux_protocol::Fault::Host, .. } = state {
+        text.push_str(
+            "\nthe host's failure: the exchange ends the lease and charges nothing for it (with --rematch a replacement is sought: `gpux leases`)",
+        );
+        return text;
+    }
+    let id = s.connection.new_id();
+    if let Ok(ServerMessage::LeaseLogs { data, .. }) = s.connection.request(ClientMessage::LeaseLogs { id, lease, tail_bytes: 4096 }).await
+    {
+        let lines: Vec<&str> = data.lines().collect();
+        if !lines.is_empty() {
+            text.push_str("\nlast output:");
+            for line in &lines[lines.len().saturating_sub(20)..] {
+                text.push_str("\n  ");
+                text.push_str(line);
+            }
+        }
+    }
+    let id = s.connection.new_id();
+    let active = match s.connection.request(ClientMessage::Leases { id, offset: 0 }).await {
+        Ok(ServerMessage::Leases { leases, .. }) => leases.iter().find(|l| l.lease == lease).map(|l| l.active),
+        _ => None,
+    };
+    text.push_str(&match active {
+        Some(true) => {
+            format!("\nlease {} is still active and BILLED: set another workload, or `gpux lease stop {}` to end it", lease.0, lease.0)
+        }
+        Some(false) => format!("\nlease {} has ended", lease.0),
+        None => format!("\n`gpux lease status {}` shows whether lease {} is still billed", lease.0, lease.0),
+    });
+    text
 }
 
 fn decode_key(text: &str) -> Result<[u8; 32], Failure> {
@@ -147,7 +221,8 @@ async fn follow(s: &mut Session, leases: &[LeaseId], wait: Duration, json: bool)
                 if let Some(bar) = &bar {
                     bar.finish_and_clear();
                 }
-                return Err(Failure::Refused(format!("lease {}: {}", lease.0, describe(state))));
+                let (lease, state) = (*lease, state.clone());
+                return Err(Failure::Refused(after_failure(s, lease, &state).await));
             }
             _ => {}
         }

@@ -525,6 +525,40 @@ fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
     // Nothing to probe on a stopped lease: a usage error, not a hang.
     let watch_stopped = gpux(&url, &key("renter"), &["lease", "watch", &lease, "--seconds", "1"]);
     assert_eq!(watch_stopped.status.code(), Some(2), "{}", String::from_utf8_lossy(&watch_stopped.stderr));
+
+    // A command that fails at once: never `running`; `gpux run` exits 1 with
+    // the exit code, the last output and that the lease is still billed.
+    // With `buy`'s re-match, which `run` now takes too.
+    let failing = [
+        "run",
+        "--image",
+        "localhost/gpux-test:busybox",
+        "--max-price",
+        "2.5",
+        "--rematch",
+        "--entrypoint",
+        "--wait-s",
+        "60",
+        "--",
+        "/bin/sh",
+        "-c",
+        "echo boom-output; exit 1",
+    ];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let refused = loop {
+        let output = gpux(&url, &key("renter"), &failing);
+        assert!(!output.status.success(), "a failing workload never makes `gpux run` succeed");
+        let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+        if !stderr.contains("on sale") {
+            assert_eq!(output.status.code(), Some(1), "{stderr}");
+            break stderr;
+        }
+        assert!(std::time::Instant::now() < deadline, "the GPU came back on sale: {stderr}");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    assert!(refused.contains("exited with code 1"), "{refused}");
+    assert!(refused.contains("boom-output"), "the last output is shown: {refused}");
+    assert!(refused.contains("still active and BILLED"), "{refused}");
 }
 
 #[test]

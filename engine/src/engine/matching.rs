@@ -147,6 +147,10 @@ impl Engine {
             // names no GPU, nor host, the buyer can check before the window).
             return if buy.one_host || buy.verified_only || buy.regions != 0 { (0, 0) } else { (sell.quantity, 0) };
         };
+        // A bid with a workload skips suppliers that cannot deliver one (they keep their place).
+        if buy.needs_delivery && !self.delivering.contains(&sell.account) {
+            return (0, 0);
+        }
         let kind = self.instruments[buy.instrument.0 as usize].kind;
         let notice_ms = self.notice_ms(buy.instrument);
         let host = &self.hosts[set.host.0 as usize];

@@ -447,6 +447,14 @@ pub struct Engine {
     pub(crate) pending_lease_offer: Option<LeaseOffer>,
     /// Accounts that set spend limits, and what they spent.
     pub(crate) spend: BTreeMap<AccountId, spend::Spend>,
+    /// Suppliers whose hosts take renters' workloads (they published an
+    /// encryption key), set by the market: bids that carry a workload trade
+    /// with these only.
+    pub(crate) delivering: BTreeSet<AccountId>,
+    /// The order the command being applied places carries a workload
+    /// (`expect_workload`; within the command only).
+    #[serde(skip)]
+    pub(crate) workload_expected: Option<(AccountId, u64)>,
 }
 
 /// A resale ask's lease, and what the reseller holds to pay a buyer the
@@ -519,6 +527,8 @@ impl Engine {
             offered_leases: BTreeMap::new(),
             pending_lease_offer: None,
             spend: BTreeMap::new(),
+            delivering: BTreeSet::new(),
+            workload_expected: None,
             config,
         };
         for class in 0..engine.config.classes.len() as u16 {
@@ -533,12 +543,32 @@ impl Engine {
     /// consecutively after the previous input's. A rejected input yields one
     /// `Rejected` event and changes nothing else.
     pub fn apply(&mut self, input: &Input) -> &[Event] {
+        self.apply_one(input);
+        self.workload_expected = None;
+        &self.events
+    }
+
+    /// The supplier's hosts take renters' workloads (it published the key
+    /// workloads' secrets are sealed to): bids that carry a workload may
+    /// trade with its asks from now on.
+    pub fn set_delivering(&mut self, account: AccountId) {
+        self.delivering.insert(account);
+    }
+
+    /// The next command places `account`'s order `client_order_id` with a
+    /// workload attached: that bid trades only with suppliers that deliver
+    /// (docs/market-rules.md "Delivery"). Holds for the next `apply` only.
+    pub fn expect_workload(&mut self, account: AccountId, client_order_id: u64) {
+        self.workload_expected = Some((account, client_order_id));
+    }
+
+    fn apply_one(&mut self, input: &Input) {
         self.events.clear();
         if input.at_ms < self.now_ms {
             let account = command_account(&input.command);
             let client_order_id = command_client_order_id(&input.command);
             self.emit(EventKind::Rejected { account, client_order_id, code: RejectCode::TimeWentBackwards });
-            return &self.events;
+            return;
         }
         self.advance_to(input.at_ms);
         // What the timers set off comes before the command.
@@ -551,7 +581,6 @@ impl Engine {
                 self.emit(EventKind::Rejected { account, client_order_id, code });
             }
         }
-        &self.events
     }
 
     fn execute(&mut self, command: &Command) -> Checked<()> {
@@ -1215,6 +1244,7 @@ impl Engine {
         }
         h.bytes(format!("{:?}", self.billing_closed).as_bytes());
         h.bytes(format!("{:?}{:?}{:?}", self.expired_windows, self.retiring_windows, self.supplier_scores).as_bytes());
+        h.bytes(format!("{:?}", self.delivering).as_bytes());
         for contract in self.contracts.iter() {
             h.bytes(format!("{contract:?}").as_bytes());
         }

@@ -65,6 +65,7 @@ impl Engine {
             all_or_none: options.all_or_none,
             stop_price,
             regions,
+            needs_delivery: self.workload_expected == Some((new.account, new.client_order_id)),
             ..Order::vacant()
         };
         let id = self.orders.insert(order);

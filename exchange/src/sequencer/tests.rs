@@ -354,6 +354,9 @@ fn a_lease_whose_host_fails_it_is_replaced_on_another_host_with_its_workload() {
     let bid =
         NewOrder { duration: LeaseDuration::Hours(2), ..NewOrder::limit(renter_account, 1, InstrumentId(0), Side::Buy, 2_500_000, 1) };
     let workload = Box::new(Workload::image("docker.io/library/busybox:latest"));
+    // The supplier's hosts take workloads (its key as the market records
+    // it; the request's signature check is the gateway test's).
+    sequencer.journal(JournalEntry::EncryptionKey { account: supplier_account, key: [7; 32], signature: String::new() }).expect("applies");
     sequencer
         .process(vec![Request::Bid {
             connection: 3,
