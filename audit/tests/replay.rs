@@ -135,6 +135,7 @@ fn audit_output_never_holds_a_workloads_secrets_in_clear() {
         args: vec!["-c".into(), format!("echo {ENV_VALUE}")],
         env: vec![("HF_TOKEN".into(), ENV_VALUE.into())],
         ssh_keys: vec![format!("ssh-ed25519 {SSH_KEY} renter@laptop")],
+        ..Secrets::default()
     };
     let workload =
         Workload { ports: vec![22, 8888], sealed: Some(secrets.seal(&host.public())), ..Workload::image("docker.io/library/python:3.12") };

@@ -201,6 +201,10 @@ pub enum WorkloadError {
     SshKeyInvalid,
     #[error("the command and arguments have too many words")]
     CommandTooLong,
+    #[error("the readiness probe's port is 0 or its HTTP path does not start with / (printable, at most 256 bytes)")]
+    ReadinessInvalid,
+    #[error("the registry credentials are empty, too long or hold control characters")]
+    RegistryAuthInvalid,
 }
 
 /// The secret part: sealed to the host, never seen by the exchange.
@@ -218,6 +222,34 @@ pub struct Secrets {
     /// OpenSSH public key lines installed as `/root/.ssh/authorized_keys`.
     #[serde(default)]
     pub ssh_keys: Vec<String>,
+    /// How the host tells the workload is ready: `running` is reported once
+    /// it answers here, rather than once it stayed up for the host's
+    /// `ready_after_ms`. In the sealed part because the public part is
+    /// journaled in a fixed layout; only the host needs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness: Option<Readiness>,
+    /// Credentials for a private registry, used for this workload's pull only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_auth: Option<RegistryAuth>,
+}
+
+/// A readiness probe: a TCP connection to one of the workload's ports, or,
+/// with `http_path`, an HTTP GET of that path answered 2xx or 3xx.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Readiness {
+    pub port: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_path: Option<String>,
+}
+
+/// A private registry's credentials (Docker's `X-Registry-Auth`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistryAuth {
+    pub username: String,
+    pub password: String,
+    /// The registry they are for (default: the image's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
 }
 
 impl Secrets {
@@ -241,6 +273,22 @@ impl Secrets {
         }
         if self.command.len() + self.args.len() > limits::COMMAND_WORDS_MAX {
             return Err(WorkloadError::CommandTooLong);
+        }
+        if let Some(readiness) = &self.readiness {
+            let path_ok = |path: &str| path.starts_with('/') && path.len() <= 256 && path.bytes().all(|b| b.is_ascii_graphic());
+            if readiness.port == 0 || readiness.http_path.as_deref().is_some_and(|path| !path_ok(path)) {
+                return Err(WorkloadError::ReadinessInvalid);
+            }
+        }
+        if let Some(auth) = &self.registry_auth {
+            let field_ok = |text: &str| text.len() <= 1024 && !text.contains(['\0', '\n', '\r']);
+            if auth.username.is_empty()
+                || !field_ok(&auth.username)
+                || !field_ok(&auth.password)
+                || !auth.server.as_deref().is_none_or(field_ok)
+            {
+                return Err(WorkloadError::RegistryAuthInvalid);
+            }
         }
         Ok(())
     }
@@ -456,6 +504,8 @@ mod tests {
             args: vec!["-c".into(), "sleep 1".into()],
             env: vec![("TOKEN".into(), "s3cret-value".into())],
             ssh_keys: vec!["ssh-ed25519 AAAAC3Nza renter@laptop".into()],
+            readiness: Some(Readiness { port: 8080, http_path: Some("/health".into()) }),
+            registry_auth: Some(RegistryAuth { username: "renter".into(), password: "registry-token".into(), server: None }),
         };
         let sealed = secrets.seal(&key().public());
         assert!(!sealed.ciphertext.contains(&hex::encode("s3cret-value")));
@@ -541,6 +591,18 @@ mod tests {
             (Secrets { ssh_keys: vec!["not a key".into()], ..secrets.clone() }, WorkloadError::SshKeyInvalid),
             (Secrets { ssh_keys: vec!["ssh-ed25519 AAAA\ncommand".into()], ..secrets.clone() }, WorkloadError::SshKeyInvalid),
             (Secrets { args: vec!["x".into(); 257], ..secrets.clone() }, WorkloadError::CommandTooLong),
+            (Secrets { readiness: Some(Readiness { port: 0, http_path: None }), ..secrets.clone() }, WorkloadError::ReadinessInvalid),
+            (
+                Secrets { readiness: Some(Readiness { port: 80, http_path: Some("health check".into()) }), ..secrets.clone() },
+                WorkloadError::ReadinessInvalid,
+            ),
+            (
+                Secrets {
+                    registry_auth: Some(RegistryAuth { username: String::new(), password: "p".into(), server: None }),
+                    ..secrets.clone()
+                },
+                WorkloadError::RegistryAuthInvalid,
+            ),
         ];
         for (secrets, code) in secret_cases {
             assert_eq!(secrets.validate(), Err(code), "{secrets:?}");

@@ -1237,7 +1237,13 @@ impl From<crate::delivery::WorkloadError> for ErrorCode {
             W::SealedTooLarge => ErrorCode::SealedTooLarge,
             W::SealedInvalid => ErrorCode::SealedInvalid,
             // The exchange never sees the secret part; these come from hosts only.
-            W::OptionRefused | W::TooManyEnv | W::EnvInvalid | W::SshKeyInvalid | W::CommandTooLong => ErrorCode::WorkloadOptionRefused,
+            W::OptionRefused
+            | W::TooManyEnv
+            | W::EnvInvalid
+            | W::SshKeyInvalid
+            | W::CommandTooLong
+            | W::ReadinessInvalid
+            | W::RegistryAuthInvalid => ErrorCode::WorkloadOptionRefused,
         }
     }
 }

@@ -156,6 +156,9 @@ fn secrets_for_httpd() -> Secrets {
         args: vec!["httpd".into(), "-f".into(), "-v".into(), "-p".into(), "8080".into(), "-h".into(), "/www".into()],
         env: vec![("GPUX_TEST_SECRET".into(), SECRET_ENV.into())],
         ssh_keys: vec![format!("ssh-ed25519 {SECRET_SSH} renter@test")],
+        // `running` once the page is served, not once it stayed up 2 s.
+        readiness: Some(gpux_protocol::delivery::Readiness { port: 8080, http_path: Some("/index.html".into()) }),
+        registry_auth: None,
     }
 }
 
@@ -678,6 +681,37 @@ async fn a_command_that_exits_at_once_is_exited_never_running() {
     .await;
     assert_eq!(exited, DeliveryState::Exited { code: 3 });
     assert!(!seen.contains(&"running"), "claimed running before it exited: {seen:?}");
+}
+
+/// A readiness probe on a port nothing listens on: the workload runs but is
+/// never claimed `running` (it stays `starting`); the lease's end stops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_whose_readiness_probe_never_answers_is_not_running() {
+    let Some(socket) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let (config, host) = docker_agent(dir.path(), &exchange.url, &socket, "faults-6", "none");
+    let _agent = spawn_agent(&config, &host);
+    let mut renter = funded_renter(&exchange, &operator, 15, 1_000_000_000).await;
+    let secrets = Secrets {
+        command: vec!["/bin/busybox".into(), "sleep".into(), "600".into()],
+        readiness: Some(gpux_protocol::delivery::Readiness { port: 8080, http_path: None }),
+        ..Secrets::default()
+    };
+    let workload = Workload { ports: vec![8080], secrets_follow: true, ..Workload::image(IMAGE) };
+    let lease = lease_within(&mut renter, Some(&workload), Duration::from_secs(20)).await.expect("a lease");
+    send_secrets(&mut renter, lease, workload.clone(), &secrets).await;
+    let running = tokio::time::timeout(
+        Duration::from_secs(6),
+        await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Running { .. } | DeliveryState::Exited { .. })),
+    )
+    .await;
+    assert!(running.is_err(), "claimed {running:?} although nothing answers on the readiness port");
+    assert!(container_exists(&socket, "faults-6", lease), "the workload itself runs");
+    let id = renter.new_id();
+    renter.request(ClientMessage::EndLease { id, lease }).await.expect("end");
+    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Stopped)).await;
 }
 
 /// A workload that ignores SIGTERM (a shell as PID 1) holds its lease's

@@ -93,6 +93,10 @@ async fn run(leases: usize, statuses: usize, socket: &str) {
         args: ["httpd", "-f", "-p", "8080", "-h", "/www"].map(String::from).to_vec(),
         env: vec![("HF_TOKEN".into(), "bench-secret".into())],
         ssh_keys: Vec::new(),
+        // `running` once the server answers (without a probe the host waits
+        // its ready_after_ms, 2 s by default, to see that it stays up).
+        readiness: Some(gpux_protocol::delivery::Readiness { port: 8080, http_path: Some("/".into()) }),
+        registry_auth: None,
     };
     let workload = Workload { ports: vec![8080], ..Workload::image(IMAGE) };
     for round in 0..=leases {

@@ -397,6 +397,18 @@ pub struct RunArgs {
     /// Seconds to wait for the workload to run.
     #[arg(long, default_value_t = 600)]
     pub wait_s: u64,
+    /// Report `running` only once this container port accepts a connection (a published port; sealed to the host).
+    #[arg(long)]
+    pub ready_port: Option<u16>,
+    /// With --ready-port: only once an HTTP GET of this path answers 2xx or 3xx, e.g. /health.
+    #[arg(long, requires = "ready_port")]
+    pub ready_path: Option<String>,
+    /// User name for a private registry (sealed to the host with the password).
+    #[arg(long, requires = "registry_password_file")]
+    pub registry_user: Option<String>,
+    /// File holding the private registry's password or token (never on the command line).
+    #[arg(long, requires = "registry_user")]
+    pub registry_password_file: Option<PathBuf>,
     #[command(flatten)]
     pub filters: BidFilters,
     /// Command and arguments (after --); sealed to the host.

@@ -37,7 +37,22 @@ pub async fn run(s: &mut Session, args: RunArgs, json: bool) -> Result<(), Failu
         Some((first, rest)) if args.entrypoint => (vec![first.clone()], rest.to_vec()),
         _ => (Vec::new(), args.command.clone()),
     };
-    let secrets = Secrets { command, args: arguments, env, ssh_keys };
+    let readiness = args.ready_port.map(|port| gpux_protocol::delivery::Readiness { port, http_path: args.ready_path.clone() });
+    if readiness.as_ref().is_some_and(|r| !args.port.contains(&r.port)) {
+        return Err(Failure::Usage("--ready-port must be one of the published ports (-p)".into()));
+    }
+    let registry_auth = match (&args.registry_user, &args.registry_password_file) {
+        (Some(username), Some(path)) => {
+            let password = std::fs::read_to_string(path).map_err(|e| Failure::Usage(format!("reading {}: {e}", path.display())))?;
+            Some(gpux_protocol::delivery::RegistryAuth {
+                username: username.clone(),
+                password: password.trim_end().to_string(),
+                server: None,
+            })
+        }
+        _ => None,
+    };
+    let secrets = Secrets { command, args: arguments, env, ssh_keys, readiness, registry_auth };
     secrets.validate().map_err(|e| Failure::Usage(e.to_string()))?;
     let has_secrets = secrets != Secrets::default();
     let workload = Workload {

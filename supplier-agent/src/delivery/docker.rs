@@ -85,7 +85,14 @@ impl DockerBackend {
             Err(error) => return Err(engine_failure(FailureCode::HostError, "inspecting the image", &error)),
         }
         let options = CreateImageOptions { from_image: Some(image.to_string()), ..Default::default() };
-        let mut stream = self.docker.create_image(Some(options), None, None);
+        // A private registry's credentials, from the sealed part: for this pull only.
+        let credentials = job.secrets.registry_auth.as_ref().map(|auth| bollard::auth::DockerCredentials {
+            username: Some(auth.username.clone()),
+            password: Some(auth.password.clone()),
+            serveraddress: auth.server.clone(),
+            ..Default::default()
+        });
+        let mut stream = self.docker.create_image(Some(options), None, credentials);
         let mut layers: HashMap<String, (u64, u64)> = HashMap::new();
         let mut last_report = std::time::Instant::now() - Duration::from_secs(10);
         while let Some(item) = stream.next().await {

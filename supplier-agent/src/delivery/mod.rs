@@ -273,7 +273,7 @@ struct Removal {
 enum Done {
     Started { lease: LeaseId, generation: u64, result: Result<Vec<Endpoint>, Failure> },
     Removed { lease: LeaseId, result: Result<(), String> },
-    Polled { results: Vec<(LeaseId, u64, Poll)> },
+    Polled { results: Vec<(LeaseId, u64, Poll, bool)> },
     Reconciled { adopted: Vec<Found>, unadopted: Vec<LeaseId>, orphans: Vec<Found> },
 }
 
@@ -403,7 +403,7 @@ impl Manager {
                 match result {
                     Ok(endpoints) => {
                         entry.endpoints = endpoints;
-                        if self.tuning.ready_after.is_zero() {
+                        if self.tuning.ready_after.is_zero() && entry.job.secrets.readiness.is_none() {
                             entry.phase = Phase::Running;
                             let state = running(entry);
                             self.status(lease, state);
@@ -441,8 +441,8 @@ impl Manager {
             }
             Done::Polled { results } => {
                 self.polling = false;
-                for (lease, generation, poll) in results {
-                    self.on_poll(lease, generation, poll);
+                for (lease, generation, poll, ready) in results {
+                    self.on_poll(lease, generation, poll, ready);
                 }
             }
             Done::Reconciled { adopted, unadopted, orphans } => {
@@ -478,12 +478,14 @@ impl Manager {
         }
     }
 
-    fn on_poll(&mut self, lease: LeaseId, generation: u64, poll: Poll) {
+    /// `ready`: the renter's readiness probe answered (or there is none).
+    fn on_poll(&mut self, lease: LeaseId, generation: u64, poll: Poll, ready: bool) {
         let Some(entry) = self.entries.get_mut(&lease).filter(|e| e.generation == generation) else { return };
         let code = match poll {
             Poll::Running => {
                 if let Phase::Settling { ready_at } = entry.phase {
-                    if ready_at <= tokio::time::Instant::now() {
+                    let probed = entry.job.secrets.readiness.is_some();
+                    if (probed && ready) || (!probed && ready_at <= tokio::time::Instant::now()) {
                         entry.phase = Phase::Running;
                         let state = running(entry);
                         self.status(lease, state);
@@ -615,11 +617,11 @@ impl Manager {
         if self.polling {
             return;
         }
-        let watched: Vec<(LeaseId, u64)> = self
+        let watched: Vec<(LeaseId, u64, Option<Probe>)> = self
             .entries
             .iter()
             .filter(|(_, e)| matches!(e.phase, Phase::Running | Phase::Settling { .. }))
-            .map(|(&l, e)| (l, e.generation))
+            .map(|(&l, e)| (l, e.generation, matches!(e.phase, Phase::Settling { .. }).then(|| probe_of(e)).flatten()))
             .collect();
         if watched.is_empty() {
             return;
@@ -627,9 +629,20 @@ impl Manager {
         self.polling = true;
         let (backend, done) = (self.backend.clone(), self.done.clone());
         tokio::spawn(async move {
-            let polls = watched.iter().map(|&(lease, _)| backend.poll(lease));
+            let polls = watched.iter().map(|(lease, _, probe)| {
+                let backend = backend.clone();
+                async move {
+                    let poll = backend.poll(*lease).await;
+                    let ready = match probe {
+                        Some(probe) if poll == Poll::Running => probe.answers().await,
+                        _ => false,
+                    };
+                    (poll, ready)
+                }
+            });
             let results = futures_util::future::join_all(polls).await;
-            let results = watched.into_iter().zip(results).map(|((lease, generation), poll)| (lease, generation, poll)).collect();
+            let results =
+                watched.into_iter().zip(results).map(|((lease, generation, _), (poll, ready))| (lease, generation, poll, ready)).collect();
             let _ = done.send(Done::Polled { results });
         });
     }
@@ -693,6 +706,48 @@ impl Manager {
 
     fn status(&self, lease: LeaseId, state: DeliveryState) {
         let _ = self.reports.send(Report::Status { lease, state });
+    }
+}
+
+/// Where a settling workload's readiness probe knocks: the published
+/// endpoint of the probe's container port.
+struct Probe {
+    address: String,
+    http_path: Option<String>,
+}
+
+fn probe_of(entry: &Entry) -> Option<Probe> {
+    let readiness = entry.job.secrets.readiness.as_ref()?;
+    // A port that is not published cannot be probed: it is never ready,
+    // and the renter sees the workload stay `starting`.
+    let endpoint = entry.endpoints.iter().find(|e| e.container_port == readiness.port);
+    let address = endpoint.map_or_else(|| "0.0.0.0:0".to_string(), |e| format!("{}:{}", e.host, e.port));
+    Some(Probe { address, http_path: readiness.http_path.clone() })
+}
+
+impl Probe {
+    /// A TCP connection within 1 s, and with a path, an HTTP/1.0 GET answered 2xx or 3xx within 2 s.
+    async fn answers(&self) -> bool {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let connect = tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(&self.address));
+        let Ok(Ok(mut stream)) = connect.await else { return false };
+        let Some(path) = &self.http_path else { return true };
+        let exchange = async {
+            stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.address).as_bytes()).await.ok()?;
+            let mut head = [0u8; 16];
+            let mut read = 0;
+            while read < 12 {
+                let n = stream.read(&mut head[read..]).await.ok()?;
+                if n == 0 {
+                    break;
+                }
+                read += n;
+            }
+            // "HTTP/1.x 200": the status's first digit.
+            let status = std::str::from_utf8(&head[..read]).ok()?.split_whitespace().nth(1)?.to_string();
+            Some(status.starts_with('2') || status.starts_with('3'))
+        };
+        tokio::time::timeout(Duration::from_secs(2), exchange).await.ok().flatten().unwrap_or(false)
     }
 }
 
