@@ -299,7 +299,19 @@ impl MarketState {
                     // The replacement takes over the failed lease's workload.
                     let workload = self.deliveries.lease(failed).and_then(|d| d.workload.clone());
                     let supplier = replacement.and_then(|lease| self.engine.lease(lease)).map(|l| l.supplier);
-                    if let (Some(lease), Some(supplier), Some(workload)) = (replacement, supplier, workload) {
+                    if let (Some(lease), Some(supplier), Some(mut workload)) = (replacement, supplier, workload) {
+                        // Secrets sealed to the failed host's key do not open
+                        // on another: the new host waits for the renter to
+                        // seal them to its key (told by `lease_replaced`).
+                        let new_key = self.deliveries.encryption_key(supplier).map(|k| hex::encode(k.key));
+                        if workload
+                            .sealed
+                            .as_ref()
+                            .is_some_and(|sealed| !new_key.as_ref().is_some_and(|key| sealed.recipient.eq_ignore_ascii_case(key)))
+                        {
+                            workload.sealed = None;
+                            workload.secrets_follow = true;
+                        }
                         self.deliveries.set_lease_workload(lease, supplier, workload.clone());
                         owed.push(Notice { to: Audience::account(supplier), message: ServerMessage::Workload { lease, workload } });
                     }

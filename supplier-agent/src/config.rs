@@ -122,6 +122,11 @@ pub struct AgentConfig {
     /// How often each leased GPU's usage is reported.
     #[serde(default = "default_report_interval_ms")]
     pub report_interval_ms: u64,
+    /// A leased GPU unhealthy this long is lost: the agent fails its lease
+    /// on the host's side (`gpu_unavailable`), so the exchange ends it,
+    /// bills nothing more, and re-matches it where the renter asked.
+    #[serde(default = "default_gpu_lost_after_ms")]
+    pub gpu_lost_after_ms: u64,
     /// A program run on every lease event as `hook <event> <lease> <gpu uuids,comma-separated> <end_ms or ->`,
     /// where event is `start`, `preempt` or `end`. Without one, deliveries are logged.
     #[serde(default)]
@@ -265,6 +270,10 @@ fn default_report_interval_ms() -> u64 {
     10_000
 }
 
+fn default_gpu_lost_after_ms() -> u64 {
+    60_000
+}
+
 impl AgentConfig {
     /// Whether the owner makes the GPUs available at `at_ms` (UTC).
     pub fn available_at(&self, at_ms: u64) -> bool {
@@ -330,6 +339,9 @@ impl AgentConfig {
         }
         if config.zone.is_some() && config.region.is_none() {
             bail!("zone needs region (a zone is within a region)");
+        }
+        if !(1_000..=86_400_000).contains(&config.gpu_lost_after_ms) {
+            bail!("gpu_lost_after_ms must be between 1000 and 86400000");
         }
         if !(1_000..=3_600_000).contains(&config.sample_interval_ms) {
             bail!("sample_interval_ms must be between 1000 and 3600000");

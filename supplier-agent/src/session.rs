@@ -39,6 +39,8 @@ struct HostGpu {
     delivery_failed: bool,
     /// Samples since this GPU's last report.
     window: Window,
+    /// Since when (this host's clock) its samples read it unhealthy.
+    unhealthy_since: Option<u64>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -544,7 +546,13 @@ impl Agent {
         for info in registered {
             match self.gpus.iter_mut().find(|g| g.info.uuid == info.uuid) {
                 Some(gpu) => gpu.info = info,
-                None => self.gpus.push(HostGpu { healthy: info.online, delivery_failed: false, info, window: Window::default() }),
+                None => self.gpus.push(HostGpu {
+                    healthy: info.online,
+                    delivery_failed: false,
+                    info,
+                    window: Window::default(),
+                    unhealthy_since: None,
+                }),
             }
         }
         Ok(())
@@ -753,6 +761,12 @@ impl Agent {
                 gpu.window.power_mw_sum += power as u64;
                 gpu.window.power_samples += 1;
             }
+            // Lost when the GPU itself reads unhealthy (not when the agent
+            // holds it back after a failed delivery).
+            gpu.unhealthy_since = match (sample.healthy || gpu.delivery_failed, gpu.unhealthy_since) {
+                (true, _) => None,
+                (false, since) => since.or(Some(now_ms())),
+            };
             if gpu.healthy != sample.healthy {
                 gpu.healthy = sample.healthy;
                 tracing::warn!(uuid = %sample.uuid, healthy = sample.healthy, "GPU health changed");
@@ -764,6 +778,7 @@ impl Agent {
 
     async fn sample(&mut self, link: &mut Link) -> Result<()> {
         self.check_health().await;
+        self.fail_leases_of_lost_gpus(link).await?;
         let available = self.config.available_at(now_ms());
         let availability_changed = link.available != Some(available);
         link.available = Some(available);
@@ -1101,6 +1116,44 @@ impl Agent {
         Ok(())
     }
 
+    /// A leased GPU unhealthy for `gpu_lost_after_ms` is lost: its lease is
+    /// failed on the host's side (`gpu_unavailable`), so the exchange ends
+    /// it and bills nothing after (what was delivered before is paid), and
+    /// a re-match bid replaces it where the renter asked for one.
+    async fn fail_leases_of_lost_gpus(&mut self, link: &mut Link) -> Result<()> {
+        let lost_after = self.config.gpu_lost_after_ms;
+        let now = now_ms();
+        let lost_mask = self
+            .gpus
+            .iter()
+            .filter(|g| g.unhealthy_since.is_some_and(|since| now.saturating_sub(since) >= lost_after))
+            .fold(0u64, |mask, g| mask | 1u64 << g.info.index_on_host);
+        if lost_mask == 0 {
+            return Ok(());
+        }
+        let lost: Vec<LeaseId> = self
+            .leases
+            .iter()
+            .filter(|(_, l)| !l.ended && l.billing != Billing::HostFailed && l.gpu_mask & lost_mask != 0)
+            .map(|(&lease, _)| lease)
+            .collect();
+        for lease in lost {
+            let state = self.leases.get_mut(&lease).expect("listed");
+            state.billing = Billing::HostFailed;
+            let uuids: Vec<&str> = self
+                .gpus
+                .iter()
+                .filter(|g| state.gpu_mask & lost_mask & (1u64 << g.info.index_on_host) != 0)
+                .map(|g| g.info.uuid.as_str())
+                .collect();
+            let reason = format!("GPU {} unavailable for {} s", uuids.join(","), lost_after / 1_000);
+            tracing::error!(%lease, %reason, "a leased GPU is lost: failing the lease on the host's side");
+            let failure = crate::delivery::Failure::public(FailureCode::GpuUnavailable, reason);
+            self.statuses_unsent.insert(lease, DeliveryState::Failed { code: failure.code, fault: Fault::Host, reason: failure.reason });
+        }
+        self.send_statuses(link).await
+    }
+
     fn health_backoff(&self) -> Duration {
         Duration::from_millis(self.config.delivery.as_ref().map_or(30_000, |d| d.health_backoff_ms))
     }
@@ -1268,6 +1321,7 @@ mod tests {
             healthy: true,
             delivery_failed: false,
             window: Window::default(),
+            unhealthy_since: None,
         });
         // The exchange ended the lease at `end`; this host's clock, offset
         // included, reads a minute earlier.

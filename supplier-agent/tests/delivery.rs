@@ -683,6 +683,77 @@ async fn a_command_that_exits_at_once_is_exited_never_running() {
     assert!(!seen.contains(&"running"), "claimed running before it exited: {seen:?}");
 }
 
+/// A leased GPU lost mid-lease (the fake GPU stops answering 9 s after its
+/// agent started; the agent calls it lost after 2 s): the renter is told
+/// `gpu_unavailable`, the host's side; the lease ends and is billed only
+/// for what was delivered before; the renter's re-match bid takes a GPU on
+/// another host, the renter seals its secrets to that host's key (the old
+/// sealing does not open there) and the workload runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_lost_mid_lease_ends_it_as_the_hosts_fault_and_rematch_delivers_again() {
+    let Some(socket) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let (dir_a, dir_b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&dir_a).expect("dir");
+    std::fs::create_dir_all(&dir_b).expect("dir");
+    let (config_a, host_a) = docker_agent(&dir_a, &exchange.url, &socket, "faults-7a", "none");
+    let failing = ONE_GPU
+        .replace("GPU-a", "GPU-lost")
+        .replace(r#"}]}"#, r#"}], "faults": [{"gpu": "GPU-lost", "from_ms": 9000, "until_ms": 600000, "kind": "offline"}]}"#);
+    write(&host_a, &failing);
+    let text = std::fs::read_to_string(&config_a).expect("config");
+    write(&config_a, &text.replace("report_interval_ms = 1000\n", "report_interval_ms = 1000\ngpu_lost_after_ms = 2000\n"));
+    let _agent_a = spawn_agent(&config_a, &host_a);
+    let mut renter = funded_renter(&exchange, &operator, 16, 1_000_000_000).await;
+    let secrets = Secrets { command: vec!["/bin/busybox".into(), "sleep".into(), "600".into()], ..Secrets::default() };
+    let workload = Workload { secrets_follow: true, ..Workload::image(IMAGE) };
+    let deadline = Instant::now() + Duration::from_secs(8);
+    let first = loop {
+        let id = renter.new_id();
+        let mut order = OrderTicket::limit(id, InstrumentId(0), Side::Buy, 2_500_000, 1);
+        order.time_in_force = TimeInForce::Ioc;
+        order.rematch = true;
+        let answer = renter.request(ClientMessage::NewOrder { id, order, workload: Some(Box::new(workload.clone())) }).await.expect("bid");
+        assert!(matches!(answer, ServerMessage::Ack { .. }), "{answer:?}");
+        if let Ok(lease) = tokio::time::timeout(Duration::from_millis(500), await_lease(&mut renter)).await {
+            break lease;
+        }
+        assert!(Instant::now() < deadline, "host a's GPU leased before it fails");
+    };
+    send_secrets(&mut renter, first, Workload::image(IMAGE), &secrets).await;
+    await_delivery(&mut renter, first, |s| matches!(s, DeliveryState::Running { .. })).await;
+    let (config_b, host_b) = docker_agent(&dir_b, &exchange.url, &socket, "faults-7b", "none");
+    write(&host_b, &ONE_GPU.replace("GPU-a", "GPU-spare"));
+    let _agent_b = spawn_agent(&config_b, &host_b);
+
+    let (mut failed, mut replacement) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while failed.is_none() || replacement.is_none() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, renter.next()).await.expect("the loss and its replacement in time").expect("message") {
+            ServerMessage::Delivery { lease, state: state @ DeliveryState::Failed { .. }, .. } if lease == first => failed = Some(state),
+            ServerMessage::LeaseReplaced { lease, replacement: by } if lease == first => {
+                replacement = Some(by.expect("a replacement on host b"));
+            }
+            _ => {}
+        }
+    }
+    let failed = failed.expect("told");
+    assert!(matches!(failed, DeliveryState::Failed { code: FailureCode::GpuUnavailable, fault: Fault::Host, .. }), "{failed:?}");
+    let second = replacement.expect("replaced");
+    send_secrets(&mut renter, second, Workload::image(IMAGE), &secrets).await;
+    await_delivery(&mut renter, second, |s| matches!(s, DeliveryState::Running { .. })).await;
+    assert!(container_exists(&socket, "faults-7b", second), "the workload runs on host b");
+    let old = lease_info(&mut renter, first).await;
+    assert!(!old.active, "the failed lease ended");
+    assert!(old.verified_gpu_ms <= 9_000, "billed {} ms: nothing after the GPU was lost", old.verified_gpu_ms);
+    let id = renter.new_id();
+    renter.request(ClientMessage::EndLease { id, lease: second }).await.expect("end");
+    await_delivery(&mut renter, second, |s| matches!(s, DeliveryState::Stopped)).await;
+}
+
 /// A readiness probe on a port nothing listens on: the workload runs but is
 /// never claimed `running` (it stays `starting`); the lease's end stops it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
