@@ -205,6 +205,10 @@ pub enum GpuDevices {
     Iluvatar,
     /// No device (hosts whose GPUs come from the fake backend, for tests and demos).
     None,
+    /// Each leased fake GPU as `/dev/gpux-fake<N>` (the host's `/dev/null`),
+    /// so tests on machines without GPUs check that a container gets exactly
+    /// its leased devices, through the same device mapping the vendors use.
+    Fake,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]

@@ -754,6 +754,47 @@ async fn a_gpu_lost_mid_lease_ends_it_as_the_hosts_fault_and_rematch_delivers_ag
     await_delivery(&mut renter, second, |s| matches!(s, DeliveryState::Stopped)).await;
 }
 
+/// A container gets exactly the leased GPUs' devices: a two-GPU host
+/// (`gpu_devices = "fake"`: each GPU a device node of its own) leases one
+/// GPU per lease; each container lists one device node, its own lease's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_gets_exactly_its_leased_gpus_devices() {
+    let Some(socket) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let (config, host) = docker_agent(dir.path(), &exchange.url, &socket, "devices-1", "fake");
+    let two_gpus = ONE_GPU.replace(
+        r#"}]}"#,
+        r#"}, {"uuid": "GPU-b", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#,
+    );
+    write(&host, &two_gpus);
+    let _agent = spawn_agent(&config, &host);
+    let mut renter = funded_renter(&exchange, &operator, 17, 1_000_000_000).await;
+    let secrets =
+        Secrets { command: vec!["/bin/sh".into(), "-c".into(), "echo GPUS=$GPUX_GPUS; ls /dev; sleep 600".into()], ..Secrets::default() };
+    let workload = Workload { secrets_follow: true, ..Workload::image(IMAGE) };
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let lease = lease_within(&mut renter, Some(&workload), Duration::from_secs(20)).await.expect("a lease");
+        send_secrets(&mut renter, lease, Workload::image(IMAGE), &secrets).await;
+        await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Running { .. })).await;
+        let id = renter.new_id();
+        let ServerMessage::LeaseLogs { data, .. } =
+            renter.request(ClientMessage::LeaseLogs { id, lease, tail_bytes: 4096 }).await.expect("logs")
+        else {
+            panic!("logs")
+        };
+        let nodes: Vec<&str> = data.split_whitespace().filter(|w| w.starts_with("gpux-fake")).collect();
+        let uuid = data.lines().find_map(|l| l.strip_prefix("GPUS=")).expect("the leased GPU named");
+        let expected = if uuid == "GPU-a" { "gpux-fake0" } else { "gpux-fake1" };
+        assert_eq!(nodes, [expected], "lease {lease:?} on {uuid}: {data}");
+        seen.push(uuid.to_string());
+    }
+    seen.sort();
+    assert_eq!(seen, ["GPU-a", "GPU-b"], "one lease on each GPU");
+}
+
 /// A readiness probe on a port nothing listens on: the workload runs but is
 /// never claimed `running` (it stays `starting`); the lease's end stops it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -178,6 +178,14 @@ impl DockerBackend {
             GpuDevices::Iluvatar => {
                 config.devices = Some(job.gpus.iter().map(|g| device(&format!("/dev/iluvatar{}", g.index_on_host))).collect());
             }
+            GpuDevices::Fake => {
+                let fake = |g: &crate::delivery::LeasedGpu| DeviceMapping {
+                    path_on_host: Some("/dev/null".into()),
+                    path_in_container: Some(format!("/dev/gpux-fake{}", g.index_on_host)),
+                    cgroup_permissions: Some("rwm".into()),
+                };
+                config.devices = Some(job.gpus.iter().map(fake).collect());
+            }
             GpuDevices::None => {}
         }
         let mut binds = Vec::new();
