@@ -688,7 +688,9 @@ class Client:
 
     async def wait_delivery(self, lease: int, states=("running",), timeout: float = 120.0) -> m.Delivery:
         """Waits for a lease's delivery to reach one of `states`; raises
-        GpuxError with the failure code if it fails first."""
+        GpuxError with the failure code if it fails first, and with code
+        "exited" (or "stopped") if the workload exits (or is removed) before
+        reaching them: the lease of a workload that exited is still billed."""
         known = await self.lease_delivery(lease)
         if known.state is not None and lease not in self.deliveries:
             self.deliveries[lease] = m.Delivery(lease, known.state, known.at_ms or 0)
@@ -703,6 +705,11 @@ class Client:
                 if name == "failed":
                     fields = d.state_fields(latest.state)
                     raise GpuxError(fields["code"], fields["reason"])
+                if name == "exited":
+                    code = d.state_fields(latest.state)["code"]
+                    raise GpuxError("exited", f"the workload exited with code {code}; lease {lease} is still active and billed")
+                if name == "stopped":
+                    raise GpuxError("stopped", f"lease {lease}'s workload was stopped and removed")
                 await self._delivery_changed.wait()
 
         return await asyncio.wait_for(loop(), timeout)

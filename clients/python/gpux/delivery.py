@@ -31,9 +31,17 @@ class Secrets:
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     ssh_keys: list[str] = field(default_factory=list)
+    # {"port": 8080, "http_path": "/health"}: `running` once it answers there.
+    readiness: Optional[dict] = None
+    # {"username": ..., "password": ..., "server": ...}: a private registry's credentials.
+    registry_auth: Optional[dict] = None
 
     def to_json(self) -> bytes:
         body = {"command": self.command, "args": self.args, "env": [[k, v] for k, v in self.env.items()], "ssh_keys": self.ssh_keys}
+        if self.readiness is not None:
+            body["readiness"] = self.readiness
+        if self.registry_auth is not None:
+            body["registry_auth"] = self.registry_auth
         return json.dumps(body, separators=(",", ":")).encode()
 
     def seal(self, host_encryption_key: bytes) -> dict:
@@ -47,7 +55,14 @@ class Secrets:
         if sealed["recipient"] != bytes(host_key.public_key).hex():
             raise ValueError("sealed to another key")
         body = json.loads(SealedBox(host_key).decrypt(bytes.fromhex(sealed["ciphertext"])))
-        return cls(command=body["command"], args=body["args"], env=dict(body["env"]), ssh_keys=body["ssh_keys"])
+        return cls(
+            command=body["command"],
+            args=body["args"],
+            env=dict(body["env"]),
+            ssh_keys=body["ssh_keys"],
+            readiness=body.get("readiness"),
+            registry_auth=body.get("registry_auth"),
+        )
 
 
 @dataclass

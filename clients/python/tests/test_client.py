@@ -526,11 +526,17 @@ def test_a_renter_follows_delivery_to_running_with_secrets_only_the_host_can_ope
         first = await workload_for(supplier, lease)
         assert first["secrets_follow"] and first["sealed"] is None, "the bid's workload reaches the host without secrets"
 
-        secrets = gpux.Secrets(env={"HF_TOKEN": "hf_python_secret"}, ssh_keys=["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPython renter@laptop"])
+        secrets = gpux.Secrets(
+            env={"HF_TOKEN": "hf_python_secret"},
+            ssh_keys=["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPython renter@laptop"],
+            readiness={"port": 8888, "http_path": "/health"},
+        )
         await renter.set_workload(lease, gpux.Workload("localhost/gpux-test:busybox", ports=[8888]), secrets)
         sealed = (await workload_for(supplier, lease))["sealed"]
         assert "hf_python_secret" not in str(sealed)
-        assert gpux.Secrets.unseal(sealed, host_secret).env == {"HF_TOKEN": "hf_python_secret"}, "only the host's key opens them"
+        opened = gpux.Secrets.unseal(sealed, host_secret)
+        assert opened.env == {"HF_TOKEN": "hf_python_secret"}, "only the host's key opens them"
+        assert opened.readiness == {"port": 8888, "http_path": "/health"}
         with pytest.raises(Exception):
             gpux.Secrets.unseal(sealed, PrivateKey.generate())
 
@@ -541,6 +547,12 @@ def test_a_renter_follows_delivery_to_running_with_secrets_only_the_host_can_ope
         assert gpux.describe(update.state) == "running 127.0.0.1:40123->8888"
         known = await renter.lease_delivery(lease)
         assert known.state == running and known.workload["ports"] == [8888] and "hf_python_secret" not in str(known.workload)
+
+        # A workload that exits is never waited on as if it might run.
+        await supplier.request("delivery_status", lease=lease, state={"exited": {"code": 3}})
+        with pytest.raises(gpux.GpuxError) as exited:
+            await renter.wait_delivery(lease, timeout=10)
+        assert exited.value.code == "exited" and "code 3" in str(exited.value)
 
         # A host-side failure ends the lease (nothing charged; the escrow goes
         # back at billing close, docs/market-rules.md "Delivery"); the
