@@ -267,15 +267,19 @@ impl Agent {
         tracing::info!(account = %connection.account, public_key = %hex::encode(self.key.verifying_key().to_bytes()), "logged in");
         self.clock_offset_ms = connection.clock_offset_ms;
         self.register(&mut connection).await?;
-        let id = connection.new_id();
-        let publish = ClientMessage::SetEncryptionKey {
-            id,
-            encryption_key: hex::encode(self.encryption_key.public()),
-            signature: self.encryption_key.certify(&self.key),
-        };
-        match connection.request(publish).await? {
-            ServerMessage::Ack { .. } => {}
-            other => return Err(Fatal(format!("publishing the encryption key: {other:?}")).into()),
+        // Published only by a host that runs renters' workloads: bids that
+        // carry one trade only with suppliers that published it.
+        if self.delivers_workloads() {
+            let id = connection.new_id();
+            let publish = ClientMessage::SetEncryptionKey {
+                id,
+                encryption_key: hex::encode(self.encryption_key.public()),
+                signature: self.encryption_key.certify(&self.key),
+            };
+            match connection.request(publish).await? {
+                ServerMessage::Ack { .. } => {}
+                other => return Err(Fatal(format!("publishing the encryption key: {other:?}")).into()),
+            }
         }
         // Health changes seen while away reach the exchange now.
         for gpu in self.gpus.iter().filter(|g| g.healthy != g.info.online) {
@@ -1194,6 +1198,11 @@ impl Agent {
             self.gpus.iter().filter(|g| mask & (1u64 << g.info.index_on_host) != 0).map(|g| g.info.uuid.as_str()).collect();
         let until = until_ms.map_or("-".to_string(), |ms| ms.to_string());
         tracing::info!(event, %lease, gpus = %uuids.join(","), %until, "lease event");
+    }
+
+    /// Whether this host runs renters' workloads (the `docker` or `process` backend).
+    fn delivers_workloads(&self) -> bool {
+        matches!(&self.config.delivery, Some(crate::config::DeliveryConfig { backend: BackendKind::Docker | BackendKind::Process, .. }))
     }
 
     fn runs_without_workload(&self) -> bool {

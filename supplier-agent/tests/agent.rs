@@ -324,6 +324,47 @@ async fn the_time_a_killed_agent_was_down_is_not_billed() {
     assert!(verified + 3_000 >= measured, "billed {verified} ms: what was measured is paid ({measured} ms)");
 }
 
+/// A host whose agent runs no workloads (the delivery hook only) publishes
+/// no encryption key: a bid that carries a workload never leases its GPU
+/// (the renter would pay for GPUs its workload cannot reach), a bid without
+/// one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_bid_never_leases_a_host_that_runs_no_workloads() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let one_gpu = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
+    let (config, host, _) = agent_files_with(dir.path(), &exchange.url, one_gpu);
+    let mut renter = funded_renter(&exchange, &operator, 3, 1_000_000_000).await;
+    let id = renter.new_id();
+    renter.request(ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await.expect("subscribe");
+    let _agent = spawn_agent(&config, &host);
+    await_ask_quantity(&mut renter, &mut std::collections::BTreeMap::new(), 1).await;
+    let bid = |client_order_id| {
+        let mut order = OrderTicket::limit(client_order_id, InstrumentId(0), Side::Buy, 2_100_000, 1);
+        order.time_in_force = gpux_engine::TimeInForce::Ioc;
+        order
+    };
+    let leased = |message: &ServerMessage| matches!(message, ServerMessage::Private { event, .. } if matches!(event.kind, gpux_engine::EventKind::LeaseCreated { .. }));
+    let id = renter.new_id();
+    let workload = Box::new(Workload { secrets_follow: true, ..Workload::image("localhost/app:1") });
+    let answer = renter.request(ClientMessage::NewOrder { id, order: bid(1), workload: Some(workload) }).await.expect("bid");
+    assert!(matches!(answer, ServerMessage::Ack { .. }), "{answer:?}");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while let Ok(message) = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), renter.next()).await {
+        assert!(!leased(&message.expect("message")), "a workload bid leased a host that runs no workloads");
+    }
+    let id = renter.new_id();
+    renter.request(ClientMessage::NewOrder { id, order: bid(2), workload: None }).await.expect("bid");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let message = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), renter.next()).await;
+        if leased(&message.expect("a lease for the plain bid").expect("message")) {
+            break;
+        }
+    }
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64
 }
