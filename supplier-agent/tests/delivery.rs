@@ -754,6 +754,62 @@ async fn a_gpu_lost_mid_lease_ends_it_as_the_hosts_fault_and_rematch_delivers_ag
     await_delivery(&mut renter, second, |s| matches!(s, DeliveryState::Stopped)).await;
 }
 
+/// kill -9 of the agent, and its container removed behind its back (`podman
+/// rm -f`) while it was down: the restarted agent finds nothing running for
+/// the active lease and delivers it again from the workload the exchange
+/// kept (sealed to this host, so it opens); the time the agent was down is
+/// not billed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_whose_container_was_removed_delivers_again_and_bills_no_gap() {
+    let Some(socket) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let (config, host) = docker_agent(dir.path(), &exchange.url, &socket, "faults-8", "none");
+    let mut agent = spawn_agent(&config, &host);
+    let mut renter = funded_renter(&exchange, &operator, 18, 1_000_000_000).await;
+    let secrets = Secrets { command: vec!["/bin/busybox".into(), "sleep".into(), "600".into()], ..Secrets::default() };
+    let workload = Workload { secrets_follow: true, ..Workload::image(IMAGE) };
+    let lease = lease_within(&mut renter, Some(&workload), Duration::from_secs(20)).await.expect("a lease");
+    send_secrets(&mut renter, lease, Workload::image(IMAGE), &secrets).await;
+    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Running { .. })).await;
+    let start_ms = lease_info(&mut renter, lease).await.start_ms;
+
+    let _ = agent.0.kill();
+    let _ = agent.0.wait();
+    let killed_ms = now_ms();
+    let conf = std::path::Path::new(&socket).with_file_name("containers.conf");
+    let removed = std::process::Command::new("podman")
+        .env("CONTAINERS_CONF", conf)
+        .args(["rm", "-f", &format!("gpux-faults-8-lease-{}", lease.0)])
+        .output()
+        .expect("podman runs");
+    assert!(removed.status.success(), "{removed:?}");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let restarted_ms = now_ms();
+    let _agent = spawn_agent(&config, &host);
+    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Running { .. })).await;
+    assert!(container_exists(&socket, "faults-8", lease), "delivered again");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let id = renter.new_id();
+    renter.request(ClientMessage::EndLease { id, lease }).await.expect("end");
+    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Stopped)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let info = lease_info(&mut renter, lease).await;
+    let ended_ms = info.ended_at_ms.expect("ended");
+    let measured = (killed_ms - start_ms) + (ended_ms - restarted_ms);
+    assert!(
+        info.verified_gpu_ms <= measured + 2,
+        "billed {} ms of the {measured} ms the agents measured ({} ms in all)",
+        info.verified_gpu_ms,
+        ended_ms - start_ms
+    );
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64
+}
+
 /// A container gets exactly the leased GPUs' devices: a two-GPU host
 /// (`gpu_devices = "fake"`: each GPU a device node of its own) leases one
 /// GPU per lease; each container lists one device node, its own lease's.
