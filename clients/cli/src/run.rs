@@ -97,7 +97,9 @@ pub async fn run(s: &mut Session, args: RunArgs, json: bool) -> Result<(), Failu
     }
     if leases.is_empty() {
         return Err(Failure::Refused(format!(
-            "no {} GPU(s) on sale at or below {}/GPU-h now; `gpux book {}` shows the asks",
+            "no {} GPU(s) on sale at or below {}/GPU-h now from hosts that run workloads (with the filters given); \
+             `gpux book {}` shows the asks, and `gpux asks` which hosts they are (a host without a docker or process \
+             backend takes no workload)",
             args.gpus, args.max_price, args.instrument
         )));
     }

@@ -229,6 +229,9 @@ impl Default for Tuning {
 /// How often running workloads are checked for exits.
 const POLL_EVERY: Duration = Duration::from_secs(1);
 
+/// How often a started workload not yet `running` is checked (and probed).
+const SETTLE_POLL_EVERY: Duration = Duration::from_millis(100);
+
 /// Attempts at looking up a lease's workload before re-adoption gives up
 /// (waiting 1 s, 2 s, ... between them: under a minute in all).
 const FIND_ATTEMPTS: u32 = 10;
@@ -273,7 +276,7 @@ struct Removal {
 enum Done {
     Started { lease: LeaseId, generation: u64, result: Result<Vec<Endpoint>, Failure> },
     Removed { lease: LeaseId, result: Result<(), String> },
-    Polled { results: Vec<(LeaseId, u64, Poll, bool)> },
+    Polled { results: Vec<(LeaseId, u64, Poll, bool)>, settling_only: bool },
     Reconciled { adopted: Vec<Found>, unadopted: Vec<LeaseId>, orphans: Vec<Found> },
 }
 
@@ -290,6 +293,7 @@ pub struct Manager {
     removals: BTreeMap<LeaseId, Removal>,
     generation: u64,
     polling: bool,
+    settle_polling: bool,
     reports: mpsc::UnboundedSender<Report>,
     progress: Progress,
     done: mpsc::UnboundedSender<Done>,
@@ -315,6 +319,7 @@ impl Manager {
             removals: BTreeMap::new(),
             generation: 0,
             polling: false,
+            settle_polling: false,
             reports,
             progress,
             done,
@@ -330,6 +335,8 @@ impl Manager {
         mut done: mpsc::UnboundedReceiver<Done>,
     ) {
         let mut ticks = tokio::time::interval(POLL_EVERY);
+        let mut settle_ticks = tokio::time::interval(SETTLE_POLL_EVERY);
+        settle_ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 order = orders.recv() => {
@@ -343,6 +350,7 @@ impl Manager {
                 }
                 Some(result) = done.recv() => self.on_done(result),
                 _ = ticks.tick() => self.supervise(),
+                _ = settle_ticks.tick() => self.poll_round(true),
             }
         }
     }
@@ -439,8 +447,12 @@ impl Manager {
                     }
                 }
             }
-            Done::Polled { results } => {
-                self.polling = false;
+            Done::Polled { results, settling_only } => {
+                if settling_only {
+                    self.settle_polling = false;
+                } else {
+                    self.polling = false;
+                }
                 for (lease, generation, poll, ready) in results {
                     self.on_poll(lease, generation, poll, ready);
                 }
@@ -614,19 +626,32 @@ impl Manager {
             self.entries.get_mut(&lease).expect("present").phase = Phase::Done;
             self.status(lease, Failure::public(FailureCode::SecretsMissing, "the sealed secrets never came").state());
         }
-        if self.polling {
+        self.poll_round(false);
+    }
+
+    /// One round of polls in a task of its own (the next round of its kind
+    /// only once it is back): of every started workload each second, and of
+    /// those settling (not yet `running`) every 100 ms, so a workload is
+    /// reported `running` soon after its probe answers or its wait ends.
+    fn poll_round(&mut self, settling_only: bool) {
+        let in_flight = if settling_only { &mut self.settle_polling } else { &mut self.polling };
+        if *in_flight {
             return;
         }
         let watched: Vec<(LeaseId, u64, Option<Probe>)> = self
             .entries
             .iter()
-            .filter(|(_, e)| matches!(e.phase, Phase::Running | Phase::Settling { .. }))
+            .filter(|(_, e)| match e.phase {
+                Phase::Settling { .. } => true,
+                Phase::Running => !settling_only,
+                _ => false,
+            })
             .map(|(&l, e)| (l, e.generation, matches!(e.phase, Phase::Settling { .. }).then(|| probe_of(e)).flatten()))
             .collect();
         if watched.is_empty() {
             return;
         }
-        self.polling = true;
+        *in_flight = true;
         let (backend, done) = (self.backend.clone(), self.done.clone());
         tokio::spawn(async move {
             let polls = watched.iter().map(|(lease, _, probe)| {
@@ -643,7 +668,7 @@ impl Manager {
             let results = futures_util::future::join_all(polls).await;
             let results =
                 watched.into_iter().zip(results).map(|((lease, generation, _), (poll, ready))| (lease, generation, poll, ready)).collect();
-            let _ = done.send(Done::Polled { results });
+            let _ = done.send(Done::Polled { results, settling_only });
         });
     }
 
