@@ -884,7 +884,10 @@ async fn a_workload_whose_readiness_probe_never_answers_is_not_running() {
 
 /// A workload that ignores SIGTERM (a shell as PID 1) holds its lease's
 /// removal for the whole stop grace (8 s here); meanwhile another lease on
-/// the same host is served: its logs come back at once.
+/// the same host is served: its logs come back at once, and a third lease
+/// is delivered (with an SSH key, from a state directory the config names
+/// relatively, as docs/first-hour.md writes paths: the key file's bind
+/// mount must be absolute, or the engine reads it as a volume's name).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_stopping_lease_does_not_freeze_the_host() {
     let Some(socket) = socket() else { return };
@@ -892,14 +895,27 @@ async fn one_stopping_lease_does_not_freeze_the_host() {
     let operator = SigningKey::from_bytes(&[1; 32]);
     let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
     let (config, host) = docker_agent(dir.path(), &exchange.url, &socket, "faults-5", "none");
-    let two_gpus = ONE_GPU.replace(
+    let three_gpus = ONE_GPU.replace(
         r#"}]}"#,
-        r#"}, {"uuid": "GPU-b", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#,
+        r#"}, {"uuid": "GPU-b", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}, {"uuid": "GPU-c", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#,
     );
-    write(&host, &two_gpus);
+    write(&host, &three_gpus);
     let text = std::fs::read_to_string(&config).expect("config");
-    write(&config, &text.replace("stop_grace_ms = 1000\n", "stop_grace_ms = 8000\n"));
-    let _agent = spawn_agent(&config, &host);
+    let state_dir = format!("state_dir = \"{}\"", dir.path().join("leases").display());
+    let text = text.replace("stop_grace_ms = 1000\n", "stop_grace_ms = 8000\n").replace(&state_dir, "state_dir = \"leases\"");
+    assert!(text.contains("state_dir = \"leases\""), "{text}");
+    write(&config, &text);
+    let _agent = Agent(
+        std::process::Command::new(env!("CARGO_BIN_EXE_gpux-agent"))
+            .current_dir(dir.path())
+            .arg("--config")
+            .arg(&config)
+            .arg("--fake")
+            .arg(&host)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("agent starts"),
+    );
     let mut renter = funded_renter(&exchange, &operator, 14, 1_000_000_000).await;
     let stubborn = Secrets { command: vec!["/bin/sh".into(), "-c".into(), "while true; do sleep 1; done".into()], ..Secrets::default() };
     let workload = Workload { secrets_follow: true, ..Workload::image(IMAGE) };
@@ -926,6 +942,15 @@ async fn one_stopping_lease_does_not_freeze_the_host() {
     };
     assert!(data.contains("hello-from-two"), "{data:?}");
     assert!(asked.elapsed() < Duration::from_secs(3), "logs took {:?} while another lease stopped", asked.elapsed());
+    let with_key = Secrets {
+        command: vec!["/bin/busybox".into(), "sleep".into(), "600".into()],
+        ssh_keys: vec![format!("ssh-ed25519 {SECRET_SSH} renter@test")],
+        ..Secrets::default()
+    };
+    let third = lease_within(&mut renter, Some(&workload), Duration::from_secs(5)).await.expect("a third lease during the grace");
+    send_secrets(&mut renter, third, Workload::image(IMAGE), &with_key).await;
+    await_delivery(&mut renter, third, |s| matches!(s, DeliveryState::Running { .. })).await;
+    assert!(asked.elapsed() < Duration::from_secs(6), "delivered while the first still stopped: {:?}", asked.elapsed());
     // The stubborn one is stopped only after its grace, SIGKILLed.
     await_delivery(&mut renter, first, |s| matches!(s, DeliveryState::Stopped)).await;
     assert!(asked.elapsed() >= Duration::from_secs(6), "the grace was given: {:?}", asked.elapsed());

@@ -248,6 +248,13 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
         supplier = await gpux.Client.connect(url, supplier_key, role="supplier")
         spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
         await supplier.request("register_gpu", host="console-host", gpu_uuid="GPU-console-0", spec=spec)
+        # A host that takes workloads publishes its encryption key (a bid
+        # with a workload trades with no other, docs/market-rules.md "Delivery").
+        from nacl.public import PrivateKey
+
+        from gpux import delivery
+
+        await supplier.request("set_encryption_key", **delivery.certify(PrivateKey.generate(), supplier_key.sign))
         host = (await supplier.request("my_gpus")).fields["gpus"][0]["host"]
         await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1}))
         key = gpux.Key.generate()
