@@ -589,6 +589,44 @@ async fn an_engine_that_does_not_answer_is_the_hosts_fault_and_its_gpu_waits_for
     await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Stopped)).await;
 }
 
+/// The engine goes down while a workload runs (podman's containers run on
+/// without its API service): the agent cannot see the container, and says
+/// nothing it does not know: no `exited`, the lease goes on and is billed
+/// (the GPU is the renter's, the workload runs); once the engine is back
+/// the agent sees it running and the lease's end removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_down_while_the_workload_runs_claims_no_exit() {
+    let Some(_) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut engine = PrivateEngine::start(dir.path());
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let (config, host) = docker_agent(dir.path(), &exchange.url, &engine.socket(), "faults-9", "none");
+    let _agent = spawn_agent(&config, &host);
+    let mut renter = funded_renter(&exchange, &operator, 19, 1_000_000_000).await;
+    let secrets = Secrets { command: vec!["/bin/busybox".into(), "sleep".into(), "600".into()], ..Secrets::default() };
+    let workload = Workload { secrets_follow: true, ..Workload::image(IMAGE) };
+    let lease = lease_within(&mut renter, Some(&workload), Duration::from_secs(20)).await.expect("a lease");
+    send_secrets(&mut renter, lease, Workload::image(IMAGE), &secrets).await;
+    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Running { .. })).await;
+
+    engine.down();
+    let told =
+        tokio::time::timeout(Duration::from_secs(5), await_delivery(&mut renter, lease, |s| !matches!(s, DeliveryState::Running { .. })))
+            .await;
+    assert!(told.is_err(), "the renter was told {told:?} while the engine could not be asked");
+    let before = lease_info(&mut renter, lease).await;
+    assert!(before.active, "the lease goes on");
+    engine.up();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = lease_info(&mut renter, lease).await;
+    assert!(after.verified_gpu_ms > before.verified_gpu_ms, "billing went on: the workload ran");
+    let id = renter.new_id();
+    renter.request(ClientMessage::EndLease { id, lease }).await.expect("end");
+    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Stopped)).await;
+    assert!(!container_known_to_podman("faults-9", lease), "removed at the end");
+}
+
 /// The engine is unreachable when a lease ends: the agent does not claim
 /// `stopped`, the container is still there, and the GPU is not sold to the
 /// next renter; once the engine is back the removal is retried, confirmed,
