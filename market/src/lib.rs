@@ -439,6 +439,9 @@ impl MarketState {
                     }
                 }
                 applied.first_running = self.deliveries.record_status(*lease, *account, state.clone(), *at_ms);
+                if applied.first_running && self.engine.lease(*lease).is_some_and(|l| l.supplier == *account) {
+                    self.reliability.delivered(&self.engine, *lease);
+                }
                 if let Some(info) = self.engine.lease(*lease) {
                     owed.push(Notice {
                         to: Audience::account(info.renter),

@@ -77,6 +77,8 @@ impl Day {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
     days: VecDeque<Day>,
+    /// Host-side delivery failures since its last workload reached `running`.
+    failed_in_row: u32,
 }
 
 impl Record {
@@ -114,6 +116,7 @@ impl Record {
             summary.preemptions_late += day.late_preemptions;
         }
         summary.score_bps = score(&summary);
+        summary.failed_deliveries_in_row = self.failed_in_row;
         summary
     }
 }
@@ -171,6 +174,7 @@ impl Reliability {
                 EventKind::LeaseEnded { lease, reason: LeaseEndReason::DeliveryFailed } => {
                     touched.extend(engine.lease(lease).map(|l| l.supplier));
                     self.count(engine, lease, event.at_ms, |day| day.failed_deliveries += 1);
+                    self.each_record(engine, lease, |record| record.failed_in_row += 1);
                 }
                 EventKind::GpuChallenged { gpu, owner, outcome, .. } | EventKind::GpuMemoryChallenged { gpu, owner, outcome, .. } => {
                     let slot = match outcome {
@@ -187,9 +191,13 @@ impl Reliability {
                 }
                 EventKind::DeliveryFailed { supplier, gpu, .. } => {
                     touched.push(supplier);
-                    self.suppliers.entry(supplier).or_default().today(event.at_ms).failed_deliveries += 1;
+                    let record = self.suppliers.entry(supplier).or_default();
+                    record.today(event.at_ms).failed_deliveries += 1;
+                    record.failed_in_row += 1;
                     if let Some(host) = engine.gpu(gpu).map(|g| g.host) {
-                        self.hosts.entry(host).or_default().today(event.at_ms).failed_deliveries += 1;
+                        let record = self.hosts.entry(host).or_default();
+                        record.today(event.at_ms).failed_deliveries += 1;
+                        record.failed_in_row += 1;
                     }
                 }
                 _ => {}
@@ -243,6 +251,27 @@ impl Reliability {
     /// A preempted lease whose workload was not reported stopped in time.
     pub(crate) fn late_preemption(&mut self, engine: &Engine, lease: LeaseId, at_ms: u64) {
         self.count(engine, lease, at_ms, |day| day.late_preemptions += 1);
+    }
+
+    /// A workload of `lease` reached `running` for the first time: its
+    /// supplier's and host's failures in a row end.
+    pub(crate) fn delivered(&mut self, engine: &Engine, lease: LeaseId) {
+        let Some(info) = engine.lease(lease) else { return };
+        if let Some(record) = self.suppliers.get_mut(&info.supplier) {
+            record.failed_in_row = 0;
+        }
+        if let Some(record) = info.gpus.first().and_then(|g| engine.gpu(*g)).and_then(|g| self.hosts.get_mut(&g.host)) {
+            record.failed_in_row = 0;
+        }
+    }
+
+    /// Changes the lease's supplier's and host's records (those that exist or are due).
+    fn each_record(&mut self, engine: &Engine, lease: LeaseId, change: impl Fn(&mut Record)) {
+        let Some(info) = engine.lease(lease) else { return };
+        change(self.suppliers.entry(info.supplier).or_default());
+        if let Some(host) = info.gpus.first().and_then(|g| engine.gpu(*g)).map(|g| g.host) {
+            change(self.hosts.entry(host).or_default());
+        }
     }
 
     fn count(&mut self, engine: &Engine, lease: LeaseId, at_ms: u64, add: impl Fn(&mut Day)) {

@@ -461,6 +461,40 @@ fn a_workload_bid_skips_hosts_that_cannot_deliver_and_its_replacement_pays_up_to
     assert_eq!(taken, Some(workload), "the replacement took over the workload");
 }
 
+/// Host-side delivery failures in a row show in the host's and supplier's
+/// public records (the back-off their agent keeps doubles with them), and
+/// end when a workload of theirs reaches `running`.
+#[test]
+fn host_failures_in_a_row_are_on_the_record_until_a_workload_runs() {
+    let mut session = Session::new();
+    let supplier = session.supplier;
+    let failed = DeliveryState::Failed { code: FailureCode::EngineUnavailable, fault: Fault::Host, reason: "engine down".into() };
+    let in_row = |session: &Session| {
+        let (host, account) =
+            (session.market.reliability().host(HostId(0), session.now_ms), session.market.reliability().supplier(supplier, session.now_ms));
+        (host.failed_deliveries_in_row, account.failed_deliveries_in_row)
+    };
+    for (mask, expected) in [(0b01, 1), (0b10, 2)] {
+        session.run(&Op::Ask { mask, ticks: 0 });
+        session.run(&Op::Bid { quantity: 1, ticks: 0, hours: 1 });
+        let lease = *session.leases.last().expect("a lease");
+        session.apply(JournalEntry::DeliveryStatus { at_ms: session.now_ms, account: supplier, lease, state: failed.clone() });
+        assert!(!session.market.engine().lease(lease).expect("lease").active);
+        assert_eq!(in_row(&session), (expected, expected));
+    }
+    // Both GPUs are offline now (the agent's health check brings them back).
+    for gpu in [GpuId(0), GpuId(1)] {
+        session.command(Command::SetGpuOnline { account: supplier, gpu, online: true });
+    }
+    session.run(&Op::Ask { mask: 0b01, ticks: 0 });
+    session.run(&Op::Bid { quantity: 1, ticks: 0, hours: 1 });
+    let lease = *session.leases.last().expect("a lease");
+    let running = DeliveryState::Running { endpoints: Vec::new(), ssh: None, restarts: 0 };
+    session.apply(JournalEntry::DeliveryStatus { at_ms: session.now_ms, account: supplier, lease, state: running });
+    assert_eq!(in_row(&session), (0, 0), "a workload that runs ends the run of failures");
+    assert_eq!(session.market.reliability().host(HostId(0), session.now_ms).failed_deliveries, 2, "the window still counts both");
+}
+
 /// A hardware challenge through the market: a right answer in time
 /// verifies the GPU, a right answer too slow for the class takes it out of
 /// the class, a wrong product rejects it, silence unverifies it; each is

@@ -47,6 +47,13 @@ pub struct ReliabilityRecord {
     pub challenges_failed: u32,
     #[serde(default)]
     pub challenges_unanswered: u32,
+    /// Deliveries failed on the host's side (a lease ended
+    /// `delivery_failed`, a window not delivered) since its last workload
+    /// that reached `running`, whatever the window: its agent keeps the
+    /// GPUs off sale after each for a back-off that doubles with this count
+    /// (docs/market-rules.md "Delivery").
+    #[serde(default)]
+    pub failed_deliveries_in_row: u32,
 }
 
 /// A renter's side of the two-sided evidence, over the exchange's life
