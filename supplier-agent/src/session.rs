@@ -281,6 +281,7 @@ impl Agent {
                 other => return Err(Fatal(format!("publishing the encryption key: {other:?}")).into()),
             }
         }
+        self.resume_health_backoff(&mut connection).await?;
         // Health changes seen while away reach the exchange now.
         for gpu in self.gpus.iter().filter(|g| g.healthy != g.info.online) {
             let id = connection.new_id();
@@ -1156,6 +1157,41 @@ impl Agent {
             self.statuses_unsent.insert(lease, DeliveryState::Failed { code: failure.code, fault: Fault::Host, reason: failure.reason });
         }
         self.send_statuses(link).await
+    }
+
+    /// A restarted agent keeps the back-off of the one before it: when the
+    /// host's public record shows host-side delivery failures in a row and
+    /// the exchange has its GPUs offline, they stay off sale until a health
+    /// check passes, first after the wait that count calls for.
+    async fn resume_health_backoff(&mut self, connection: &mut Connection) -> Result<()> {
+        if self.health.check_at.is_some() || self.delivery_health.is_none() {
+            return Ok(());
+        }
+        let Some(host) = self.gpus.first().map(|g| g.info.host) else { return Ok(()) };
+        let id = connection.new_id();
+        let ServerMessage::SupplierStats { hosts, .. } =
+            connection.request(ClientMessage::SupplierStats { id, supplier: connection.account }).await?
+        else {
+            return Ok(());
+        };
+        let in_row = hosts.iter().find(|h| h.host == host).map_or(0, |h| h.record.failed_deliveries_in_row);
+        let offline: Vec<usize> = self.gpus.iter().enumerate().filter(|(_, g)| !g.info.online).map(|(i, _)| i).collect();
+        if in_row == 0 || offline.is_empty() {
+            return Ok(());
+        }
+        for index in offline {
+            self.gpus[index].delivery_failed = true;
+            self.gpus[index].healthy = false;
+        }
+        self.health.failures_in_row = in_row;
+        self.health.wait = (self.health_backoff() * 2u32.saturating_pow(in_row.saturating_sub(1).min(12))).min(HEALTH_BACKOFF_MAX);
+        self.health.check_at = Some(tokio::time::Instant::now() + self.health.wait);
+        tracing::warn!(
+            failures_in_row = in_row,
+            check_in_ms = self.health.wait.as_millis() as u64,
+            "this host failed deliveries before the restart: its offline GPUs stay off sale until a health check passes"
+        );
+        Ok(())
     }
 
     fn health_backoff(&self) -> Duration {

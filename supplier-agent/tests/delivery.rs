@@ -527,9 +527,9 @@ async fn balance(renter: &mut Connection) -> (u64, u64) {
 /// The host's container engine is down when a lease's delivery begins: the
 /// host's failure (`engine_unavailable`), never a pull failure charged to
 /// the renter. The lease ends `delivery_failed`, nothing is charged, the
-/// GPU is off sale while the engine stays down (health checks fail), and
-/// on sale again once the engine is back and a check passed; then a
-/// delivery works.
+/// GPU is off sale while the engine stays down (health checks fail), also
+/// through a restart of the agent, and on sale again once the engine is
+/// back and a check passed; then a delivery works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_that_does_not_answer_is_the_hosts_fault_and_its_gpu_waits_for_a_health_check() {
     let Some(_) = socket() else { return };
@@ -539,8 +539,8 @@ async fn an_engine_that_does_not_answer_is_the_hosts_fault_and_its_gpu_waits_for
     let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
     let (config, host) = docker_agent(dir.path(), &exchange.url, &engine.socket(), "faults-1", "none");
     let text = std::fs::read_to_string(&config).expect("config");
-    write(&config, &text.replace("stop_grace_ms = 1000\n", "stop_grace_ms = 1000\nhealth_backoff_ms = 1000\n"));
-    let _agent = spawn_agent(&config, &host);
+    write(&config, &text.replace("stop_grace_ms = 1000\n", "stop_grace_ms = 1000\nhealth_backoff_ms = 4000\n"));
+    let mut agent = spawn_agent(&config, &host);
     let deposit = 1_000_000_000;
     let mut renter = funded_renter(&exchange, &operator, 9, deposit).await;
     // The agent offers once it has listed the engine's workloads.
@@ -566,7 +566,7 @@ async fn an_engine_that_does_not_answer_is_the_hosts_fault_and_its_gpu_waits_for
         "engine down: lease ended as the host's fault {ended_after_ms} ms after it began ({} ms after the outage)",
         down_at.elapsed().as_millis()
     );
-    // Off sale while the engine is down: checks at 1 s, 2 s, 4 s fail.
+    // Off sale while the engine is down: the check at 4 s fails.
     assert_eq!(lease_within(&mut renter, None, Duration::from_secs(6)).await, None, "the GPU is not sold while the engine is down");
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     assert_eq!(lease_info(&mut renter, lease).await.usage_charged_minor, 0, "nothing charged for the host's failure");
@@ -574,8 +574,18 @@ async fn an_engine_that_does_not_answer_is_the_hosts_fault_and_its_gpu_waits_for
     let (available, held) = balance(&mut renter).await;
     assert_eq!(available + held + probe_charged, deposit, "the renter paid for the probe lease only");
 
+    // The engine is back, and the agent restarted (kill -9) at once: the new
+    // process keeps the back-off (the host's record shows the failure and
+    // the exchange has the GPU offline), so the GPU is not sold before a
+    // health check, 4 s on.
     engine.up();
+    let _ = agent.0.kill();
+    let _ = agent.0.wait();
+    let _agent = spawn_agent(&config, &host);
+    let restarted = Instant::now();
+    assert_eq!(lease_within(&mut renter, None, Duration::from_millis(2_500)).await, None, "not sold before the resumed health check");
     let back = lease_within(&mut renter, None, Duration::from_secs(30)).await.expect("on sale again once a health check passed");
+    assert!(restarted.elapsed() >= Duration::from_secs(3), "sold {:?} after the restart", restarted.elapsed());
     let id = renter.new_id();
     renter.request(ClientMessage::EndLease { id, lease: back }).await.expect("end");
     tokio::time::sleep(Duration::from_millis(1_500)).await;
