@@ -44,6 +44,23 @@ fn agent_files_with(dir: &std::path::Path, url: &str, host_json: &str) -> (std::
     (config, host, hook_log)
 }
 
+/// A one-GPU host's agent (the delivery hook) whose ask is on the book, and
+/// a funded renter watching the book: the agent's files, the agent, the renter.
+async fn one_gpu_on_sale(
+    dir: &std::path::Path,
+    exchange: &Exchange,
+    operator: &SigningKey,
+) -> (std::path::PathBuf, std::path::PathBuf, common::Agent, Connection) {
+    let one_gpu = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
+    let (config, host, _) = agent_files_with(dir, &exchange.url, one_gpu);
+    let mut renter = funded_renter(exchange, operator, 3, 1_000_000_000).await;
+    let id = renter.new_id();
+    renter.request(ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await.expect("subscribe");
+    let agent = spawn_agent(&config, &host);
+    await_ask_quantity(&mut renter, &mut std::collections::BTreeMap::new(), 1).await;
+    (config, host, agent, renter)
+}
+
 /// Reads book messages until the asks' total equals `quantity` (10 s).
 async fn await_ask_quantity(renter: &mut Connection, asks: &mut std::collections::BTreeMap<u64, u64>, quantity: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -264,13 +281,7 @@ async fn the_time_a_killed_agent_was_down_is_not_billed() {
     let dir = tempfile::tempdir().expect("temp dir");
     let operator = SigningKey::from_bytes(&[1; 32]);
     let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
-    let one_gpu = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
-    let (config, host, _) = agent_files_with(dir.path(), &exchange.url, one_gpu);
-    let mut renter = funded_renter(&exchange, &operator, 3, 1_000_000_000).await;
-    let id = renter.new_id();
-    renter.request(ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await.expect("subscribe");
-    let mut agent = spawn_agent(&config, &host);
-    await_ask_quantity(&mut renter, &mut std::collections::BTreeMap::new(), 1).await;
+    let (config, host, mut agent, mut renter) = one_gpu_on_sale(dir.path(), &exchange, &operator).await;
     let id = renter.new_id();
     let order = OrderTicket::limit(1, InstrumentId(0), Side::Buy, 2_100_000, 1);
     let bought = renter.request(ClientMessage::NewOrder { id, order, workload: None }).await;
@@ -333,13 +344,7 @@ async fn a_workload_bid_never_leases_a_host_that_runs_no_workloads() {
     let dir = tempfile::tempdir().expect("temp dir");
     let operator = SigningKey::from_bytes(&[1; 32]);
     let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
-    let one_gpu = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
-    let (config, host, _) = agent_files_with(dir.path(), &exchange.url, one_gpu);
-    let mut renter = funded_renter(&exchange, &operator, 3, 1_000_000_000).await;
-    let id = renter.new_id();
-    renter.request(ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await.expect("subscribe");
-    let _agent = spawn_agent(&config, &host);
-    await_ask_quantity(&mut renter, &mut std::collections::BTreeMap::new(), 1).await;
+    let (_, _, _agent, mut renter) = one_gpu_on_sale(dir.path(), &exchange, &operator).await;
     let bid = |client_order_id| {
         let mut order = OrderTicket::limit(client_order_id, InstrumentId(0), Side::Buy, 2_100_000, 1);
         order.time_in_force = gpux_engine::TimeInForce::Ioc;

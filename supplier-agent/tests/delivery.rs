@@ -515,6 +515,21 @@ async fn lease_within(renter: &mut Connection, workload: Option<&Workload>, with
     }
 }
 
+/// A workload that runs until stopped.
+fn sleeper() -> Secrets {
+    Secrets { command: vec!["/bin/busybox".into(), "sleep".into(), "600".into()], ..Secrets::default() }
+}
+
+/// Leases one GPU with a workload whose secrets follow, seals `secrets` to
+/// the lease's host and waits until it runs.
+async fn running_lease(renter: &mut Connection, secrets: &Secrets) -> LeaseId {
+    let workload = Workload { secrets_follow: true, ..Workload::image(IMAGE) };
+    let lease = lease_within(renter, Some(&workload), Duration::from_secs(20)).await.expect("a lease");
+    send_secrets(renter, lease, Workload::image(IMAGE), secrets).await;
+    await_delivery(renter, lease, |s| matches!(s, DeliveryState::Running { .. })).await;
+    lease
+}
+
 async fn balance(renter: &mut Connection) -> (u64, u64) {
     let id = renter.new_id();
     let ServerMessage::Balance { available_minor, held_minor, .. } = renter.request(ClientMessage::Balance { id }).await.expect("balance")
@@ -589,11 +604,7 @@ async fn an_engine_that_does_not_answer_is_the_hosts_fault_and_its_gpu_waits_for
     let id = renter.new_id();
     renter.request(ClientMessage::EndLease { id, lease: back }).await.expect("end");
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let secrets = Secrets { command: vec!["/bin/busybox".into(), "sleep".into(), "600".into()], ..Secrets::default() };
-    let workload = Workload { secrets_follow: true, ..Workload::image(IMAGE) };
-    let lease = lease_within(&mut renter, Some(&workload), Duration::from_secs(20)).await.expect("a lease");
-    send_secrets(&mut renter, lease, Workload::image(IMAGE), &secrets).await;
-    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Running { .. })).await;
+    let lease = running_lease(&mut renter, &sleeper()).await;
     let id = renter.new_id();
     renter.request(ClientMessage::EndLease { id, lease }).await.expect("end");
     await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Stopped)).await;
@@ -614,11 +625,7 @@ async fn an_engine_down_while_the_workload_runs_claims_no_exit() {
     let (config, host) = docker_agent(dir.path(), &exchange.url, &engine.socket(), "faults-9", "none");
     let _agent = spawn_agent(&config, &host);
     let mut renter = funded_renter(&exchange, &operator, 19, 1_000_000_000).await;
-    let secrets = Secrets { command: vec!["/bin/busybox".into(), "sleep".into(), "600".into()], ..Secrets::default() };
-    let workload = Workload { secrets_follow: true, ..Workload::image(IMAGE) };
-    let lease = lease_within(&mut renter, Some(&workload), Duration::from_secs(20)).await.expect("a lease");
-    send_secrets(&mut renter, lease, Workload::image(IMAGE), &secrets).await;
-    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Running { .. })).await;
+    let lease = running_lease(&mut renter, &sleeper()).await;
 
     engine.down();
     let told =
@@ -652,11 +659,7 @@ async fn a_removal_the_engine_cannot_confirm_keeps_the_gpu_off_sale() {
     let _agent = spawn_agent(&config, &host);
     let mut renter = funded_renter(&exchange, &operator, 10, 1_000_000_000).await;
     let mut next = funded_renter(&exchange, &operator, 11, 1_000_000_000).await;
-    let secrets = Secrets { command: vec!["/bin/busybox".into(), "sleep".into(), "600".into()], ..Secrets::default() };
-    let workload = Workload { secrets_follow: true, ..Workload::image(IMAGE) };
-    let lease = lease_within(&mut renter, Some(&workload), Duration::from_secs(20)).await.expect("a lease");
-    send_secrets(&mut renter, lease, Workload::image(IMAGE), &secrets).await;
-    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Running { .. })).await;
+    let lease = running_lease(&mut renter, &sleeper()).await;
 
     engine.down();
     let id = renter.new_id();
@@ -755,7 +758,7 @@ async fn a_gpu_lost_mid_lease_ends_it_as_the_hosts_fault_and_rematch_delivers_ag
     write(&config_a, &text.replace("report_interval_ms = 1000\n", "report_interval_ms = 1000\ngpu_lost_after_ms = 2000\n"));
     let _agent_a = spawn_agent(&config_a, &host_a);
     let mut renter = funded_renter(&exchange, &operator, 16, 1_000_000_000).await;
-    let secrets = Secrets { command: vec!["/bin/busybox".into(), "sleep".into(), "600".into()], ..Secrets::default() };
+    let secrets = sleeper();
     let workload = Workload { secrets_follow: true, ..Workload::image(IMAGE) };
     let deadline = Instant::now() + Duration::from_secs(8);
     let first = loop {
@@ -816,11 +819,7 @@ async fn a_restarted_agent_whose_container_was_removed_delivers_again_and_bills_
     let (config, host) = docker_agent(dir.path(), &exchange.url, &socket, "faults-8", "none");
     let mut agent = spawn_agent(&config, &host);
     let mut renter = funded_renter(&exchange, &operator, 18, 1_000_000_000).await;
-    let secrets = Secrets { command: vec!["/bin/busybox".into(), "sleep".into(), "600".into()], ..Secrets::default() };
-    let workload = Workload { secrets_follow: true, ..Workload::image(IMAGE) };
-    let lease = lease_within(&mut renter, Some(&workload), Duration::from_secs(20)).await.expect("a lease");
-    send_secrets(&mut renter, lease, Workload::image(IMAGE), &secrets).await;
-    await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Running { .. })).await;
+    let lease = running_lease(&mut renter, &sleeper()).await;
     let start_ms = lease_info(&mut renter, lease).await.start_ms;
 
     let _ = agent.0.kill();
