@@ -61,6 +61,21 @@ async fn one_gpu_on_sale(
     (config, host, agent, renter)
 }
 
+/// Buys the one GPU on sale (a GTC bid at the agent's floor): the lease and its start.
+async fn buy_the_gpu(renter: &mut Connection) -> (gpux_engine::LeaseId, u64) {
+    let id = renter.new_id();
+    let order = OrderTicket::limit(1, InstrumentId(0), Side::Buy, 2_100_000, 1);
+    let bought = renter.request(ClientMessage::NewOrder { id, order, workload: None }).await;
+    assert!(matches!(bought, Ok(ServerMessage::Ack { order: Some(_), .. })), "{bought:?}");
+    loop {
+        if let ServerMessage::Private { event, .. } = renter.next().await.expect("message") {
+            if let gpux_engine::EventKind::LeaseCreated { lease, start_ms, .. } = event.kind {
+                return (lease, start_ms);
+            }
+        }
+    }
+}
+
 /// Reads book messages until the asks' total equals `quantity` (10 s).
 async fn await_ask_quantity(renter: &mut Connection, asks: &mut std::collections::BTreeMap<u64, u64>, quantity: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -216,18 +231,7 @@ async fn usage_is_reported_through_a_30_second_outage_and_billed_exactly() {
     let _agent = spawn_agent(&config, &host);
     let mut asks = std::collections::BTreeMap::new();
     await_ask_quantity(&mut renter, &mut asks, 1).await;
-    let id = renter.new_id();
-    let bought = renter
-        .request(ClientMessage::NewOrder { id, order: OrderTicket::limit(1, InstrumentId(0), Side::Buy, 2_100_000, 1), workload: None })
-        .await;
-    assert!(matches!(bought, Ok(ServerMessage::Ack { order: Some(_), .. })), "{bought:?}");
-    let (lease, start_ms) = loop {
-        if let ServerMessage::Private { event, .. } = renter.next().await.expect("message") {
-            if let gpux_engine::EventKind::LeaseCreated { lease, start_ms, .. } = event.kind {
-                break (lease, start_ms);
-            }
-        }
-    };
+    let (lease, start_ms) = buy_the_gpu(&mut renter).await;
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     exchange.stop();
     tokio::time::sleep(Duration::from_secs(30)).await;
@@ -282,17 +286,7 @@ async fn the_time_a_killed_agent_was_down_is_not_billed() {
     let operator = SigningKey::from_bytes(&[1; 32]);
     let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
     let (config, host, mut agent, mut renter) = one_gpu_on_sale(dir.path(), &exchange, &operator).await;
-    let id = renter.new_id();
-    let order = OrderTicket::limit(1, InstrumentId(0), Side::Buy, 2_100_000, 1);
-    let bought = renter.request(ClientMessage::NewOrder { id, order, workload: None }).await;
-    assert!(matches!(bought, Ok(ServerMessage::Ack { order: Some(_), .. })), "{bought:?}");
-    let (lease, start_ms) = loop {
-        if let ServerMessage::Private { event, .. } = renter.next().await.expect("message") {
-            if let gpux_engine::EventKind::LeaseCreated { lease, start_ms, .. } = event.kind {
-                break (lease, start_ms);
-            }
-        }
-    };
+    let (lease, start_ms) = buy_the_gpu(&mut renter).await;
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     let _ = agent.0.kill();
     let _ = agent.0.wait();
