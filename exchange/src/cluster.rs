@@ -92,7 +92,7 @@ const LEADERSHIP_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 /// Runs a cluster node until `stop_on`: Raft always, a sequencer while it
 /// leads. Returns the state hash of the market it applied last.
 pub fn run_node(mut config: ExchangeConfig, cluster: ClusterConfig, stop_on: Stop) -> Result<u64> {
-    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
+    crate::data_dir::prepare(&config.data_dir)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let metrics = Arc::new(crate::metrics::Metrics::default());
     let mut surface = Surface::new(&config, metrics.clone())?;
@@ -109,6 +109,7 @@ pub fn run_node(mut config: ExchangeConfig, cluster: ClusterConfig, stop_on: Sto
         let machine = MarketMachine::open(&config.data_dir.join("raft-machine.redb"), gpux_engine::EngineConfig::demo())
             .context("opening raft-machine.redb")?
             .with_journal(sink.clone());
+        crate::data_dir::seal_files(&config.data_dir)?;
         let id = cluster.node_id;
         let raft = Raft::new(id, raft_config()?, network::TcpNetwork::new(&cluster.secret, id), log, machine.clone()).await?;
         let raft_listener =

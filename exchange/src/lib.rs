@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod console;
+pub mod data_dir;
 pub mod http;
 pub mod identity;
 pub mod invoices;
@@ -92,12 +93,13 @@ pub fn run_until(mut config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
         return cluster::run_node(config, cluster, stop_on);
     }
     let clock = link::Clock { offset_ms: config.clock_offset_ms };
-    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
+    data_dir::prepare(&config.data_dir)?;
     let journal = gpux_journal::Journal::open(&config.data_dir.join("journal.redb"))?;
     let exchange_key = identity::load_or_create(&config.data_dir.join("exchange.key"))?;
     let (invoices, invoice_worker) =
         invoices::InvoiceDesk::start(std::sync::Arc::new(journal.reader()), exchange_key, config.invoicing.clone())?;
     let snapshots = snapshots::SnapshotStore::open(&config.data_dir.join("snapshots.redb"))?;
+    data_dir::seal_files(&config.data_dir)?;
     // A journal without a genesis listing starts with the demo listing
     // (what every exchange listed before the listing file).
     let market = gpux_market::MarketState::new(gpux_engine::EngineConfig::demo()).context("demo listing")?;
