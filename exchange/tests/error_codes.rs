@@ -146,6 +146,16 @@ async fn run(m: &mut Market, row: Row) -> String {
         Send::Messages(messages) => messages.iter().map(ClientMessage::id).collect(),
         Send::Text(_) | Send::Binary(_) => BTreeSet::new(),
     };
+    // A raw frame's answer carries the frame's id when the frame holds one
+    // (`{"name": {"id": 3, ...}}`), and none otherwise.
+    let raw_id = match &row.send {
+        Send::Text(text) => serde_json::from_str::<serde_json::Value>(text)
+            .ok()
+            .and_then(|frame| frame.as_object().and_then(|fields| fields.values().next().cloned()))
+            .and_then(|body| body.get("id").and_then(serde_json::Value::as_u64)),
+        _ => None,
+    };
+    let raw = !matches!(row.send, Send::Messages(_));
     match row.send {
         Send::Text(text) => client.send_raw(Message::Text(text.into())).await,
         Send::Binary(bytes) => client.send_raw(Message::Binary(bytes.into())).await,
@@ -158,8 +168,9 @@ async fn run(m: &mut Market, row: Row) -> String {
     }
     client
         .recv_until(|message| match message {
-            // Frames with no id answer the frame itself; others answer one of the row's requests.
-            ServerMessage::Error { id, code, .. } if id.is_none_or(|id| ids.contains(&id)) => Some(wire_name(code)),
+            // Raw frames are answered with their own id or none; requests by their ids.
+            ServerMessage::Error { id, code, .. } if raw && *id == raw_id => Some(wire_name(code)),
+            ServerMessage::Error { id, code, .. } if !raw && id.is_none_or(|id| ids.contains(&id)) => Some(wire_name(code)),
             _ => None,
         })
         .await

@@ -650,7 +650,7 @@ impl Connection {
     fn handle(&mut self, decoded: Result<ClientMessage, gpux_protocol::DecodeError>, verified: Option<bool>) -> Vec<ServerMessage> {
         let message = match decoded {
             Ok(message) => message,
-            Err(decode) => return vec![error(None, decode.code, Some(decode.message))],
+            Err(decode) => return vec![error(decode.id, decode.code, Some(decode.message))],
         };
         let id = message.id();
         match (&self.session, message) {

@@ -42,11 +42,15 @@ pub const BOOK_SNAPSHOT_LEVELS_MAX: usize = 1_000;
 pub struct DecodeError {
     pub code: ErrorCode,
     pub message: String,
+    /// The request's `id`, when a text frame that did not decode still
+    /// carries one (`{"name": {"id": 7, ...}}`): the answer names it, so a
+    /// client waiting on that id hears why (docs/protocol.md "Errors").
+    pub id: Option<u64>,
 }
 
 fn decode_json<T: DeserializeOwned + strum::VariantNames>(text: &str) -> Result<T, DecodeError> {
     if text.len() > FRAME_BYTES_MAX {
-        return Err(DecodeError { code: ErrorCode::FrameTooLarge, message: ErrorCode::FrameTooLarge.message().into() });
+        return Err(DecodeError { code: ErrorCode::FrameTooLarge, message: ErrorCode::FrameTooLarge.message().into(), id: None });
     }
     // Valid frames pay for one parse; only a failure is looked at again.
     serde_json::from_str(text).map_err(|error| classify::<T>(text, error))
@@ -59,30 +63,34 @@ fn decode_json<T: DeserializeOwned + strum::VariantNames>(text: &str) -> Result<
 /// documented set such as `"side": "up"` (`wrong_type`).
 fn classify<T: strum::VariantNames>(text: &str, error: serde_json::Error) -> DecodeError {
     let message = error.to_string();
-    let code = match serde_json::from_str::<serde_json::Value>(text) {
-        Err(_) => ErrorCode::MalformedJson,
+    let (code, id) = match serde_json::from_str::<serde_json::Value>(text) {
+        Err(_) => (ErrorCode::MalformedJson, None),
         Ok(serde_json::Value::Object(fields)) if fields.len() == 1 => {
-            let (name, _) = fields.iter().next().expect("one field");
+            let (name, body) = fields.iter().next().expect("one field");
+            let id = body.get("id").and_then(serde_json::Value::as_u64);
             if T::VARIANTS.contains(&name.as_str()) {
-                ErrorCode::WrongType
+                (ErrorCode::WrongType, id)
             } else {
-                return DecodeError { code: ErrorCode::UnknownMessage, message: format!("no message is called {name:?}") };
+                return DecodeError { code: ErrorCode::UnknownMessage, message: format!("no message is called {name:?}"), id };
             }
         }
         Ok(_) => {
             let message = "a frame is a JSON object with one key, the message's name".to_string();
-            return DecodeError { code: ErrorCode::UnknownMessage, message };
+            return DecodeError { code: ErrorCode::UnknownMessage, message, id: None };
         }
     };
-    DecodeError { code, message }
+    DecodeError { code, message, id }
 }
 
 fn decode_binary<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
     if bytes.len() > FRAME_BYTES_MAX {
-        return Err(DecodeError { code: ErrorCode::FrameTooLarge, message: ErrorCode::FrameTooLarge.message().into() });
+        return Err(DecodeError { code: ErrorCode::FrameTooLarge, message: ErrorCode::FrameTooLarge.message().into(), id: None });
     }
-    crate::record::decode_limited::<T, FRAME_BYTES_MAX>(bytes, "message")
-        .map_err(|error| DecodeError { code: ErrorCode::MalformedBinary, message: error.message })
+    crate::record::decode_limited::<T, FRAME_BYTES_MAX>(bytes, "message").map_err(|error| DecodeError {
+        code: ErrorCode::MalformedBinary,
+        message: error.message,
+        id: None,
+    })
 }
 
 fn encode_binary<T: Serialize>(message: &T) -> Vec<u8> {

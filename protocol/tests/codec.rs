@@ -288,6 +288,22 @@ fn each_class_of_bad_text_has_its_code() {
     assert_eq!(decode_client_text(&huge).map_err(|e| e.code), Err(ErrorCode::FrameTooLarge));
 }
 
+/// A frame that does not decode but names its request's id is answered with
+/// that id, so the client waiting on it hears why; one without an id (or
+/// not JSON) with none.
+#[test]
+fn a_bad_frame_is_answered_with_its_id_when_it_carries_one() {
+    let id_of = |text: &str| decode_client_text(text).expect_err("refused").id;
+    assert_eq!(id_of(r#"{"cancel_order":{"id":41}}"#), Some(41));
+    assert_eq!(id_of(r#"{"launch_rocket":{"id":42}}"#), Some(42));
+    assert_eq!(id_of(r#"{"new_order":{"id":43,"order":{"side":"up"}}}"#), Some(43));
+    assert_eq!(id_of(r#"{"ping":{"id":"one"}}"#), None, "an id that is not a number names no request");
+    assert_eq!(id_of(r#"{"ping":{}}"#), None);
+    assert_eq!(id_of("{not json"), None);
+    assert_eq!(id_of(r#"{"ping":{"id":1},"balance":{"id":2}}"#), None, "two messages: no one request");
+    assert_eq!(decode_client_binary(&[0xff]).expect_err("refused").id, None);
+}
+
 /// The names the codec checks unknown messages against are the names serde
 /// writes: every sample message's key is among them.
 #[test]

@@ -111,6 +111,12 @@ def test_login_opens_an_account_and_refusals_carry_their_stable_code(exchange):
             with pytest.raises(gpux.GpuxError) as unknown:
                 await renter.place(gpux.OrderTicket.limit(999, "buy", gpux.dollars("2"), 1))
             assert unknown.value.code == "unknown_instrument"
+            # A request the gateway cannot decode is answered with its id:
+            # the code comes at once, not a 30 s timeout.
+            started = time.monotonic()
+            with pytest.raises(gpux.GpuxError) as malformed:
+                await renter.request("cancel_order")
+            assert malformed.value.code == "wrong_type" and time.monotonic() - started < 5
             assert (await renter.balance()).available_minor == 0, "the session is still sound"
         async with await gpux.Client.connect(url) as anonymous:
             assert any(i["symbol"] == "H100-SXM-80G/SPOT" for i in await anonymous.instruments()), "market data is public"
