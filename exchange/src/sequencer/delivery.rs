@@ -7,7 +7,10 @@ use gpux_market::JournalEntry;
 use gpux_protocol::delivery::limits::LOG_TAIL_BYTES_MAX;
 use gpux_protocol::{DeliveryState, ErrorCode, ServerMessage, Workload};
 
-use super::{error, LogsWait, Pending, Sequencer, Target, LOGS_PENDING_MAX, LOGS_WAIT_MS};
+use super::{
+    error, LogsWait, Pending, Sequencer, Target, LOGS_PENDING_MAX, LOGS_PENDING_PER_ACCOUNT_MAX, LOGS_PENDING_PER_SUPPLIER_MAX,
+    LOGS_WAIT_MS,
+};
 use gpux_gateway::link::{ConnectionId, DeliveryRequest, SharedFrame};
 
 impl Sequencer {
@@ -152,13 +155,22 @@ impl Sequencer {
         if !host_connected {
             return Some(error(Some(id), ErrorCode::HostUnreachable));
         }
-        if self.logs_pending.len() >= LOGS_PENDING_MAX || self.logs_pending.values().any(|w| w.connection == connection) {
+        // The exchange-wide table, one per connection, and each renter's and
+        // each supplier's share of it (docs/market-rules.md "Shared limits").
+        let waits = self.logs_pending.values();
+        let (mine, on_supplier) =
+            waits.fold((0, 0), |(mine, on), w| (mine + usize::from(w.account == account), on + usize::from(w.supplier == info.supplier)));
+        if self.logs_pending.len() >= LOGS_PENDING_MAX
+            || mine >= LOGS_PENDING_PER_ACCOUNT_MAX
+            || on_supplier >= LOGS_PENDING_PER_SUPPLIER_MAX
+            || self.logs_pending.values().any(|w| w.connection == connection)
+        {
             return Some(error(Some(id), ErrorCode::RateLimited));
         }
         let request = self.next_logs_request;
         self.next_logs_request += 1;
         let deadline_ms = self.market.clock_ms() + LOGS_WAIT_MS;
-        self.logs_pending.insert(request, LogsWait { connection, id, lease, deadline_ms });
+        self.logs_pending.insert(request, LogsWait { connection, account, supplier: info.supplier, id, lease, deadline_ms });
         let tail_bytes = tail_bytes.min(LOG_TAIL_BYTES_MAX);
         let wanted = SharedFrame::new(ServerMessage::LogsWanted { request, lease, tail_bytes });
         self.pending.push((Target::Account(info.supplier), Pending::Frame(wanted)));

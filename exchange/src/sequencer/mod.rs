@@ -53,6 +53,13 @@ pub const SUBSCRIPTIONS_PER_CONNECTION_MAX: usize = 64;
 pub const LOGS_WAIT_MS: u64 = 10_000;
 /// `lease_logs` requests waiting at once, exchange-wide (one per connection).
 pub const LOGS_PENDING_MAX: usize = 1024;
+/// Of those, one renter account's (over all its connections): a renter
+/// whose host stays silent holds at most this many places for 10 s each.
+pub const LOGS_PENDING_PER_ACCOUNT_MAX: usize = 4;
+/// Of those, waiting on one supplier's hosts: a silent host (or a renter
+/// and host of one owner) cannot hold every other renter's place.
+pub const LOGS_PENDING_PER_SUPPLIER_MAX: usize = 64;
+const _: () = assert!(LOGS_PENDING_PER_ACCOUNT_MAX < LOGS_PENDING_PER_SUPPLIER_MAX && LOGS_PENDING_PER_SUPPLIER_MAX < LOGS_PENDING_MAX);
 
 /// Why the sequencer stopped serving. Either way the journal holds every
 /// acknowledged entry and the next start replays it.
@@ -69,6 +76,9 @@ pub enum SequencerError {
 /// A renter's `lease_logs` request waiting for its host's answer.
 struct LogsWait {
     connection: ConnectionId,
+    /// The renter that asked, and the supplier asked (their shares).
+    account: gpux_engine::AccountId,
+    supplier: gpux_engine::AccountId,
     id: u64,
     lease: gpux_engine::LeaseId,
     deadline_ms: u64,

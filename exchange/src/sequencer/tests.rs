@@ -320,7 +320,7 @@ fn supplier_stats_are_public_and_count_a_closed_lease() {
 
 /// Re-match end to end: a spot bid that opted in fills on host a; the host
 /// fails it; the exchange ends the lease, takes its GPU off the market, and
-/// places the renter's fill-or-kill bid at the lease's price, which fills
+/// places the renter's fill-or-kill bid at its bid's limit, which fills
 /// on host b; the new lease gets the workload and the renter hears of the
 /// replacement. With no other GPU left, the next failure says so.
 #[test]
@@ -526,4 +526,75 @@ fn a_challenge_side_of_an_older_listing_applies_and_is_not_challenged() {
         let issued = journal.entries().iter().any(|entry| matches!(entry, JournalEntry::ChallengeIssued { .. }));
         assert_eq!(issued, challenged, "n = {n}");
     }
+}
+
+/// `lease_logs` waits are a table every renter shares: one renter whose
+/// host stays silent holds at most its account's share (4), over as many
+/// connections as it opens; another renter of the same host is still served.
+#[test]
+fn one_renters_unanswered_log_requests_hold_only_its_share() {
+    use gpux_engine::{GpuSet, GpuSpec, HostId, InstrumentId, LeaseDuration, NewOrder, Side};
+    let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
+    let (mut sequencer, _) = recover(&journal, &snapshots);
+    let (_operator, mut supplier, mut renter) = operator_supplier_and_renter(&mut sequencer);
+    let (supplier_account, renter_account) = (supplier.account(), renter.account());
+    let (other, connect_other) = Client::connect(20);
+    sequencer.process(vec![connect_other, other.login(1, [4; 32], Some(Role::Renter))]).expect("commits");
+    let mut other = other;
+    let other_account = other.account();
+    let command = |connection, id, command| Request::Command { connection, id, command };
+    let ask = NewOrder {
+        supply: Some(GpuSet { host: HostId(0), gpu_mask: 0b11 }),
+        ..NewOrder::limit(supplier_account, 1, InstrumentId(0), Side::Sell, 2_000_000, 2)
+    };
+    let bid = |account, client_order_id| NewOrder {
+        duration: LeaseDuration::Hours(1),
+        ..NewOrder::limit(account, client_order_id, InstrumentId(0), Side::Buy, 2_000_000, 1)
+    };
+    let register = |uuid: &str| Command::RegisterGpu {
+        account: supplier_account,
+        host: "silent".into(),
+        gpu_uuid: uuid.into(),
+        spec: GpuSpec::h100_sxm(),
+    };
+    sequencer
+        .process(vec![
+            command(1, 2, Command::Deposit { account: renter_account, amount_minor: 100_000_000 }),
+            command(1, 3, Command::Deposit { account: other_account, amount_minor: 100_000_000 }),
+            command(2, 2, register("GPU-s0")),
+            command(2, 3, register("GPU-s1")),
+            command(2, 4, Command::PlaceOrder(ask)),
+            command(3, 2, Command::PlaceOrder(bid(renter_account, 1))),
+            command(20, 2, Command::PlaceOrder(bid(other_account, 1))),
+        ])
+        .expect("commits");
+    let lease_of = |sequencer: &Sequencer, account| sequencer.market.engine().leases_of(account, 0, 10).0[0].lease;
+    let (mine, theirs) = (lease_of(&sequencer, renter_account), lease_of(&sequencer, other_account));
+    let logs = |connection, lease| Request::Delivery { connection, id: 9, request: DeliveryRequest::Logs { lease, tail_bytes: 100 } };
+    // The renter's own connection and four more, all its account.
+    let mut connections = vec![(3, None)];
+    for connection in 30..34 {
+        let (client, connect) = Client::connect(connection);
+        sequencer.process(vec![connect, client.login(1, [3; 32], Some(Role::Renter))]).expect("commits");
+        connections.push((connection, Some(client)));
+    }
+    renter.received();
+    for (connection, _) in &connections {
+        sequencer.process(vec![logs(*connection, mine)]).expect("answers");
+    }
+    let refused =
+        |client: &mut Client| client.received().iter().any(|m| matches!(m, ServerMessage::Error { code: ErrorCode::RateLimited, .. }));
+    assert!(!refused(&mut renter), "within the share");
+    let mut fifth = connections.pop().and_then(|(_, client)| client).expect("a client");
+    assert!(refused(&mut fifth), "a fifth wait of one account is refused");
+    for (_, client) in connections.iter_mut() {
+        if let Some(client) = client {
+            assert!(!refused(client), "within the share");
+        }
+    }
+    other.received();
+    sequencer.process(vec![logs(20, theirs)]).expect("answers");
+    assert!(!refused(&mut other), "another renter of the same silent host is still served");
+    let asked = supplier.received().iter().filter(|m| matches!(m, ServerMessage::LogsWanted { .. })).count();
+    assert_eq!(asked, 5, "the host was asked four times for one renter and once for the other");
 }
