@@ -34,8 +34,18 @@ use tokio::sync::{watch, Notify};
 pub const LINK_CONNECTION_BASE: ConnectionId = 1 << 40;
 /// Links open at once (each is a gateway process; a handful is normal).
 pub const LINKS_MAX: usize = 64;
+/// Connections still in their handshake (not yet shown to hold the
+/// secret): a pool of their own, apart from the links, so silent
+/// connections never keep a real gateway from linking. When it is full the
+/// oldest handshake is dropped for the newcomer: a gateway's handshake takes
+/// a round trip, so a flood would have to arrive faster than that to crowd
+/// it out.
+pub const LINK_HANDSHAKES_MAX: usize = 16;
 /// How long a peer has to finish the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// At most one warning per this long for refused or failed handshakes (the
+/// rest are counted in the next one and in `gpux_links_ended_total`).
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// The exchange's link secret: `link.secret` in the data directory, 32
 /// random bytes made on first use (readable by the exchange's user only).
@@ -74,6 +84,8 @@ pub async fn serve_links(
 ) {
     let token = wire::link_token(&secret);
     let open = Arc::new(AtomicU64::new(0));
+    let handshaking: Arc<Handshakes> = Arc::default();
+    let refusals = Arc::new(RefusalLog::default());
     let mut next_link: u64 = 1;
     loop {
         let (stream, peer) = tokio::select! {
@@ -88,22 +100,40 @@ pub async fn serve_links(
             _ = shutdown.changed() => break,
         };
         if open.load(Ordering::Relaxed) as usize >= LINKS_MAX {
-            tracing::warn!(%peer, "link refused: {LINKS_MAX} links open");
+            refusals.warn(&format!("link refused from {peer}: {LINKS_MAX} links open"));
             metrics.links_ended.with_label_values(&["refused"]).inc();
             continue;
         }
         let link = next_link;
         next_link += 1;
-        open.fetch_add(1, Ordering::Relaxed);
+        let (cancel, cancelled) = tokio::sync::oneshot::channel();
+        {
+            let mut waiting = handshaking.lock().expect("handshakes lock");
+            if waiting.len() >= LINK_HANDSHAKES_MAX {
+                if let Some((_, oldest)) = waiting.pop_front() {
+                    let _ = oldest.send(());
+                }
+            }
+            waiting.push_back((link, cancel));
+        }
         let (core, open, shutdown, metrics) = (core.clone(), open.clone(), shutdown.clone(), metrics.clone());
+        let (handshaking, refusals) = (handshaking.clone(), refusals.clone());
         tokio::spawn(async move {
-            let cause = match run_link(stream, link, core, token, &metrics, shutdown).await {
+            let admitted = Admission { link, handshaking: &handshaking, cancelled, open: &open };
+            let (linked, outcome) = run_link(stream, admitted, core, token, &metrics, shutdown).await;
+            let cause = match outcome {
                 Ok(()) => {
                     tracing::info!(%peer, link, "link closed");
                     "closed"
                 }
                 Err(error) => {
-                    tracing::warn!(%peer, link, %error, "link ended");
+                    // A link that was open is worth a line each; handshakes
+                    // that fail (a flood, a wrong secret) are summed.
+                    if linked {
+                        tracing::warn!(%peer, link, %error, "link ended");
+                    } else {
+                        refusals.warn(&format!("link handshake from {peer} failed: {error}"));
+                    }
                     match error {
                         WireError::Token => "token",
                         WireError::TooSlow => "too_slow",
@@ -112,30 +142,66 @@ pub async fn serve_links(
                 }
             };
             metrics.links_ended.with_label_values(&[cause]).inc();
-            open.fetch_sub(1, Ordering::Relaxed);
+            if linked {
+                open.fetch_sub(1, Ordering::Relaxed);
+            }
         });
     }
 }
 
+/// Connections in their handshake, oldest first, each with what drops it.
+type Handshakes = std::sync::Mutex<std::collections::VecDeque<(u64, tokio::sync::oneshot::Sender<()>)>>;
+
+/// A connection in its handshake: its place in the handshakes' pool (left
+/// when the handshake ends, or taken by a newcomer: `cancelled`), and the
+/// count of open links it joins once it showed the secret.
+struct Admission<'a> {
+    link: u64,
+    handshaking: &'a Handshakes,
+    cancelled: tokio::sync::oneshot::Receiver<()>,
+    open: &'a AtomicU64,
+}
+
+/// Runs one link: the handshake (within its pool), then the link itself.
+/// Returns whether it became an open link, and how it ended.
 async fn run_link(
     mut stream: tokio::net::TcpStream,
-    link: u64,
+    admission: Admission<'_>,
     core: Sender<Request>,
     token: [u8; 32],
     metrics: &crate::metrics::Metrics,
+    shutdown: watch::Receiver<bool>,
+) -> (bool, Result<(), WireError>) {
+    let Admission { link, handshaking, cancelled, open } = admission;
+    let _ = stream.set_nodelay(true);
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, wire::handshake(&mut stream, Peer::Sequencer { node: 0 }, [0; 32]));
+    let hello = tokio::select! {
+        hello = handshake => hello.map_err(|_| WireError::Protocol("no handshake within 5 s".into())).and_then(|hello| hello),
+        _ = cancelled => Err(WireError::Protocol(format!("dropped for a newer connection: {LINK_HANDSHAKES_MAX} handshakes waiting"))),
+    };
+    handshaking.lock().expect("handshakes lock").retain(|(waiting, _)| *waiting != link);
+    let checked = hello.and_then(|hello| match hello.peer {
+        Peer::Gateway { name } if constant_time_eq(&hello.token, &token) => Ok(name),
+        Peer::Gateway { .. } => Err(WireError::Token),
+        other => Err(WireError::Protocol(format!("a link from {other:?}, not a gateway"))),
+    });
+    let name = match checked {
+        Ok(name) => name,
+        Err(error) => return (false, Err(error)),
+    };
+    open.fetch_add(1, Ordering::Relaxed);
+    (true, serve_link(stream, link, name, core, metrics, shutdown).await)
+}
+
+/// An open link: its queue's writer, and its reader until it ends.
+async fn serve_link(
+    stream: tokio::net::TcpStream,
+    link: u64,
+    name: String,
+    core: Sender<Request>,
+    metrics: &crate::metrics::Metrics,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), WireError> {
-    let _ = stream.set_nodelay(true);
-    let hello = tokio::time::timeout(HANDSHAKE_TIMEOUT, wire::handshake(&mut stream, Peer::Sequencer { node: 0 }, [0; 32]))
-        .await
-        .map_err(|_| WireError::Protocol("no handshake within 5 s".into()))??;
-    let name = match hello.peer {
-        Peer::Gateway { name } => name,
-        other => return Err(WireError::Protocol(format!("a link from {other:?}, not a gateway"))),
-    };
-    if !constant_time_eq(&hello.token, &token) {
-        return Err(WireError::Token);
-    }
     tracing::info!(link, gateway = %name, "link open");
     metrics.links_open.inc();
     let (reader, writer) = stream.into_split();
@@ -216,4 +282,25 @@ async fn read_link(
 
 fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Warnings about refused or failed handshakes, at most one per
+/// `REFUSAL_LOG_EVERY`, with the count of those not logged since.
+#[derive(Default)]
+struct RefusalLog {
+    state: std::sync::Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+impl RefusalLog {
+    fn warn(&self, what: &str) {
+        let mut state = self.state.lock().expect("refusal log lock");
+        let (last, suppressed) = &mut *state;
+        if last.is_some_and(|at| at.elapsed() < REFUSAL_LOG_EVERY) {
+            *suppressed += 1;
+            return;
+        }
+        tracing::warn!(suppressed = *suppressed, "{what}");
+        *last = Some(std::time::Instant::now());
+        *suppressed = 0;
+    }
 }

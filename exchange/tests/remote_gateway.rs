@@ -152,3 +152,31 @@ async fn a_gateway_in_its_own_process_serves_the_same_market() {
     assert_eq!(leases.len(), 1, "the same market through the same gateway after the exchange's restart");
     drop(exchange);
 }
+
+/// The link port under a flood of connections that never handshake (more
+/// than `LINKS_MAX`): they fill only the handshakes' pool, the oldest of
+/// which each newcomer displaces, so a real gateway links at once, not
+/// after the silent ones time out (5 s); the refusals are not logged one by
+/// one (`gpux_links_ended_total` counts them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_to_the_link_port_never_keep_a_gateway_out() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start_with(dir.path(), Some(&key(1)), &["--link-listen", "127.0.0.1:0"]);
+    let silent: Vec<tokio::net::TcpStream> = {
+        let mut streams = Vec::new();
+        for _ in 0..gpux_exchange::link_server::LINKS_MAX + 16 {
+            streams.push(tokio::net::TcpStream::connect(&exchange.link_addr).await.expect("connects"));
+        }
+        streams
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let gateway = Gateway::start(&[&exchange.link_addr], &dir.path().join("link.secret"));
+    let (_renter, _) = login_when_linked(&gateway.addr, &key(3), Role::Renter).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "linked {:?} after the flood (the silent connections hold their handshakes for 5 s)",
+        started.elapsed()
+    );
+    drop(silent);
+}
