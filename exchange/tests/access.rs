@@ -305,3 +305,59 @@ async fn an_expired_key_is_closed_out_and_refused() {
     assert_eq!(reason, "key_expired", "{read:?}");
     assert_eq!(login_existing(&f.exchange.addr, &key(61)).await.err(), Some(ErrorCode::KeyExpired));
 }
+
+/// Keys cannot escalate (issue "Fair shares"): a key added by an expiring
+/// key never outlives it; a key may revoke only keys whose scopes are
+/// within its own; and revoking a key revokes the keys it added, whose
+/// sessions end at once and which never log in again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_never_outlives_nor_outranks_the_key_that_added_it() {
+    let mut f = fixture().await;
+    let now = exchange_time(&mut f.parent).await;
+    let until = now + 120_000;
+    let added = f.add_key(None, &key(70), &[Scope::Read, Scope::Trade, Scope::Manage], Some(until)).await;
+    assert!(matches!(added, ServerMessage::KeyAdded { .. }), "{added:?}");
+    let (mut manager, _) = login_existing(&f.exchange.addr, &key(70)).await.expect("logs in");
+    let add = |id, public_key: &SigningKey, scopes: &[Scope], expires_at_ms: Option<u64>| ClientMessage::AddKey {
+        id,
+        account: None,
+        public_key: public(public_key),
+        scopes: Scopes::of(scopes),
+        expires_at_ms,
+        label: String::new(),
+    };
+    for expires_at_ms in [None, Some(until + 1)] {
+        let id = manager.id();
+        let answer = manager.request(add(id, &key(71), &[Scope::Read], expires_at_ms)).await;
+        assert!(
+            matches!(answer, ServerMessage::Error { code: ErrorCode::ScopeDenied, .. }),
+            "outlives its adder ({expires_at_ms:?}): {answer:?}"
+        );
+    }
+    let id = manager.id();
+    assert!(matches!(manager.request(add(id, &key(71), &[Scope::Read, Scope::Trade], Some(until))).await, ServerMessage::KeyAdded { .. }));
+    let (mut child, _) = login_existing(&f.exchange.addr, &key(71)).await.expect("the added key logs in");
+
+    // A manage key that cannot trade cannot revoke one that can.
+    assert!(matches!(f.add_key(None, &key(72), &[Scope::Read, Scope::Manage], None).await, ServerMessage::KeyAdded { .. }));
+    let (mut weak, _) = login_existing(&f.exchange.addr, &key(72)).await.expect("logs in");
+    let id = weak.id();
+    let answer = weak.request(ClientMessage::RevokeKey { id, public_key: public(&key(71)) }).await;
+    assert!(matches!(answer, ServerMessage::Error { code: ErrorCode::ScopeDenied, .. }), "{answer:?}");
+
+    // The owner revokes the manager: the key it added goes with it.
+    let id = f.parent.id();
+    let revoked = f.parent.request(ClientMessage::RevokeKey { id, public_key: public(&key(70)) }).await;
+    assert!(matches!(revoked, ServerMessage::KeyRevoked { .. }), "{revoked:?}");
+    for session in [&mut manager, &mut child] {
+        let (_, reason) = tokio::time::timeout(Duration::from_secs(5), session.read_to_close()).await.expect("closed");
+        assert_eq!(reason, "key_revoked");
+    }
+    assert_eq!(login_existing(&f.exchange.addr, &key(71)).await.err(), Some(ErrorCode::KeyRevoked), "revoked with its adder");
+    // It holds through a restart: the lineage is journaled.
+    let addr = f.exchange.addr.clone();
+    f.exchange.terminate();
+    let restarted = Exchange::start_on(f._dir.path(), Some(&key(1)), &addr, &[]);
+    assert_eq!(login_existing(&restarted.addr, &key(71)).await.err(), Some(ErrorCode::KeyRevoked));
+    assert!(login_existing(&restarted.addr, &key(72)).await.is_ok(), "keys the revoked key did not add stay");
+}

@@ -13,11 +13,19 @@ fn mode(path: &std::path::Path) -> u32 {
     std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).permissions().mode() & 0o777
 }
 
-#[test]
-fn the_data_directory_and_its_files_are_owner_only() {
+/// Answers a ping: the exchange serves (and handles signals) by then.
+async fn served(exchange: &Exchange) {
+    let mut client = Client::connect(&exchange.addr).await;
+    let id = client.id();
+    assert!(matches!(client.request(gpux_protocol::ClientMessage::Ping { id }).await, gpux_protocol::ServerMessage::Pong { .. }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_directory_and_its_files_are_owner_only() {
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("data");
     let mut exchange = Exchange::start_with(&data, None, &[]);
+    served(&exchange).await;
     exchange.terminate();
     assert_eq!(mode(&data), 0o700, "the data directory");
     for file in ["journal.redb", "snapshots.redb", "exchange.key"] {
@@ -26,6 +34,7 @@ fn the_data_directory_and_its_files_are_owner_only() {
     // A file an older exchange left readable is made owner-only at the next start.
     std::fs::set_permissions(data.join("journal.redb"), std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let mut exchange = Exchange::start_with(&data, None, &[]);
+    served(&exchange).await;
     exchange.terminate();
     assert_eq!(mode(&data.join("journal.redb")), 0o600);
 }

@@ -153,6 +153,20 @@ pub enum JournalEntry {
         words_log2: u32,
         passes: u32,
     },
+    /// `AddKey` with the key that added it (`by_key`): the added key never
+    /// outlives it nor holds more scopes (checked before journaling), and
+    /// is revoked with it (docs/protocol.md "Keys and scopes"). What the
+    /// exchange journals since keys keep their lineage.
+    AddKeyBy {
+        at_ms: u64,
+        by: AccountId,
+        by_key: [u8; 32],
+        account: AccountId,
+        public_key: [u8; 32],
+        scopes: gpux_protocol::Scopes,
+        expires_at_ms: Option<u64>,
+        label: String,
+    },
 }
 
 impl JournalEntry {
@@ -188,7 +202,8 @@ impl JournalEntry {
             | JournalEntry::Liveness { at_ms, .. }
             | JournalEntry::SupplierDisconnected { at_ms, .. }
             | JournalEntry::AddKey { at_ms, .. }
-            | JournalEntry::RevokeKey { at_ms, .. } => Some(*at_ms),
+            | JournalEntry::RevokeKey { at_ms, .. }
+            | JournalEntry::AddKeyBy { at_ms, .. } => Some(*at_ms),
             JournalEntry::BindKey { .. }
             | JournalEntry::BidWorkload { .. }
             | JournalEntry::LeaseWorkload { .. }

@@ -2,7 +2,7 @@
 //! opened with (its owner key: every scope, no expiry, never revoked), the
 //! keys added to it since, each with scopes, an optional expiry and a
 //! label, and the keys revoked (never bound again). Changed only by
-//! journal entries (`BindKey`, `AddKey`, `RevokeKey`), so replay rebuilds
+//! journal entries (`BindKey`, `AddKey`, `AddKeyBy`, `RevokeKey`), so replay rebuilds
 //! it; in snapshots.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,6 +20,10 @@ pub struct KeyGrant {
     pub expires_at_ms: Option<u64>,
     pub label: String,
     pub added_at_ms: u64,
+    /// The key that added it (journaled since keys keep their lineage): it
+    /// is revoked with that key.
+    #[serde(default)]
+    pub added_by: Option<[u8; 32]>,
 }
 
 /// What a key may do as it logs in or sends a request.
@@ -66,14 +70,32 @@ impl Keys {
         self.grants.insert(public_key, grant);
     }
 
+    /// Revokes a key and every key it added, and theirs in turn.
     pub(crate) fn revoke(&mut self, public_key: [u8; 32]) {
-        if let Some(account) = self.bound.remove(&public_key) {
-            if let Some(added) = self.added.get_mut(&account) {
-                added.remove(&public_key);
+        for key in self.lineage(&public_key) {
+            if let Some(account) = self.bound.remove(&key) {
+                if let Some(added) = self.added.get_mut(&account) {
+                    added.remove(&key);
+                }
             }
+            self.grants.remove(&key);
+            self.revoked.insert(key);
         }
-        self.grants.remove(&public_key);
-        self.revoked.insert(public_key);
+    }
+
+    /// A key and the keys it added, transitively (those still granted):
+    /// what revoking it revokes.
+    pub fn lineage(&self, public_key: &[u8; 32]) -> Vec<[u8; 32]> {
+        let mut lineage = vec![*public_key];
+        let mut next = 0;
+        while next < lineage.len() {
+            let parent = lineage[next];
+            next += 1;
+            let children = self.grants.iter().filter(|(key, grant)| grant.added_by == Some(parent) && !lineage.contains(*key));
+            let children: Vec<[u8; 32]> = children.map(|(key, _)| *key).collect();
+            lineage.extend(children);
+        }
+        lineage
     }
 
     /// The account a key acts as (bound and not revoked).

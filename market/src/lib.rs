@@ -324,19 +324,10 @@ impl MarketState {
             JournalEntry::BindKey { public_key, account } => self.keys.bind(*public_key, *account),
             JournalEntry::SignatureRule { rule } => self.settlement.set_signature_rule(*rule),
             JournalEntry::AddKey { at_ms, by, account, public_key, scopes, expires_at_ms, label } => {
-                // Checked before journaling; re-checked so that replay of any
-                // journal keeps the same invariants.
-                let grant = (scopes, *expires_at_ms, label.as_str());
-                if self.keys.check_add(&self.engine, *by, *account, public_key, grant, *at_ms).is_ok() {
-                    let grant = keys::KeyGrant {
-                        account: *account,
-                        scopes: *scopes,
-                        expires_at_ms: *expires_at_ms,
-                        label: label.clone(),
-                        added_at_ms: *at_ms,
-                    };
-                    self.keys.add(*public_key, grant);
-                }
+                self.add_key(*at_ms, *by, None, *account, public_key, scopes, *expires_at_ms, label)
+            }
+            JournalEntry::AddKeyBy { at_ms, by, by_key, account, public_key, scopes, expires_at_ms, label } => {
+                self.add_key(*at_ms, *by, Some(*by_key), *account, public_key, scopes, *expires_at_ms, label)
             }
             JournalEntry::RevokeKey { at_ms: _, by, public_key } => {
                 if self.keys.check_revoke(&self.engine, *by, public_key).is_ok() {
@@ -684,6 +675,28 @@ impl MarketState {
 
     /// Hands the engine the current scores of `suppliers`, for bids that
     /// filter on them.
+    /// A journaled key grant: checked before journaling, re-checked so that
+    /// replay of any journal keeps the same invariants.
+    #[allow(clippy::too_many_arguments)]
+    fn add_key(
+        &mut self,
+        at_ms: u64,
+        by: AccountId,
+        by_key: Option<[u8; 32]>,
+        account: AccountId,
+        public_key: &[u8; 32],
+        scopes: &gpux_protocol::Scopes,
+        expires_at_ms: Option<u64>,
+        label: &str,
+    ) {
+        let grant = (scopes, expires_at_ms, label);
+        if self.keys.check_add(&self.engine, by, account, public_key, grant, at_ms).is_ok() {
+            let grant =
+                keys::KeyGrant { account, scopes: *scopes, expires_at_ms, label: label.to_string(), added_at_ms: at_ms, added_by: by_key };
+            self.keys.add(*public_key, grant);
+        }
+    }
+
     fn refresh_scores(&mut self, suppliers: &[AccountId], now_ms: u64) {
         for &supplier in suppliers {
             let score = self.reliability.supplier(supplier, now_ms).score_bps;

@@ -92,9 +92,12 @@ impl Sequencer {
             }
             AccessRequest::AddKey { account: named, public_key, scopes, expires_at_ms, label } => {
                 let target = named.unwrap_or(account);
-                // A key grants only what the key adding it holds.
+                // A key grants only what the key adding it holds, and never
+                // outlives it.
                 let holds = self.session_scopes(connection);
-                if !holds.covers(scopes) {
+                let adder_expires = self.session_expiry(connection);
+                let outlives = adder_expires.is_some_and(|until| expires_at_ms.is_none_or(|at| at > until));
+                if !holds.covers(scopes) || outlives {
                     self.metrics.scope_refusals.inc();
                     return self.reply(connection, error(Some(id), ErrorCode::ScopeDenied));
                 }
@@ -110,7 +113,13 @@ impl Sequencer {
                 if let Err(code) = checked {
                     return self.reply(connection, error(Some(id), code));
                 }
-                let entry = JournalEntry::AddKey { at_ms, by: account, account: target, public_key, scopes, expires_at_ms, label };
+                // The adding key is journaled: the new key is revoked with it.
+                let entry = match self.connections.get(&connection).and_then(|c| c.key) {
+                    Some(by_key) => {
+                        JournalEntry::AddKeyBy { at_ms, by: account, by_key, account: target, public_key, scopes, expires_at_ms, label }
+                    }
+                    None => JournalEntry::AddKey { at_ms, by: account, account: target, public_key, scopes, expires_at_ms, label },
+                };
                 let Some((journal_seq, _)) = self.journal(entry) else { return };
                 let reply = ServerMessage::KeyAdded { id, journal_seq, public_key: hex::encode(public_key), account: target };
                 self.reply(connection, reply);
@@ -119,13 +128,25 @@ impl Sequencer {
                 if let Err(code) = self.market.keys().check_revoke(self.market.engine(), account, &public_key) {
                     return self.reply(connection, error(Some(id), code));
                 }
+                // A key revokes only keys whose scopes are within its own.
+                let target_scopes = self.market.keys().access(&public_key, self.market.clock_ms()).ok().flatten().map(|a| a.scopes);
+                if target_scopes.is_some_and(|scopes| !self.session_scopes(connection).covers(scopes)) {
+                    self.metrics.scope_refusals.inc();
+                    return self.reply(connection, error(Some(id), ErrorCode::ScopeDenied));
+                }
+                // What it added goes with it, and theirs in turn.
+                let revoked = self.market.keys().lineage(&public_key);
                 let at_ms = self.market.clock_ms();
                 let Some((journal_seq, _)) = self.journal(JournalEntry::RevokeKey { at_ms, by: account, public_key }) else { return };
                 self.reply(connection, ServerMessage::KeyRevoked { id, journal_seq, public_key: hex::encode(public_key) });
-                // Every open session of the key ends now (after this batch's
-                // commit, like everything else the batch sends).
-                let sessions: Vec<ConnectionId> =
-                    self.connections.iter().filter(|(_, c)| c.key == Some(public_key)).map(|(&connection, _)| connection).collect();
+                // Every open session of those keys ends now (after this
+                // batch's commit, like everything else the batch sends).
+                let sessions: Vec<ConnectionId> = self
+                    .connections
+                    .iter()
+                    .filter(|(_, c)| c.key.is_some_and(|key| revoked.contains(&key)))
+                    .map(|(&connection, _)| connection)
+                    .collect();
                 for session in sessions {
                     self.close_session(session, None, ErrorCode::KeyRevoked);
                 }
@@ -195,6 +216,12 @@ impl Sequencer {
             Some(public_key) => self.reply(connection, ServerMessage::ExchangeKey { id, public_key }),
             None => self.reply(connection, error(Some(id), ErrorCode::InvoiceUnavailable)),
         }
+    }
+
+    /// When the key a connection logged in with expires (`None`: never).
+    fn session_expiry(&self, connection: ConnectionId) -> Option<u64> {
+        let key = self.connections.get(&connection).and_then(|c| c.key);
+        key.and_then(|key| self.market.keys().access(&key, self.market.clock_ms()).ok().flatten()).and_then(|access| access.expires_at_ms)
     }
 
     /// The scopes of the key a connection logged in with.
