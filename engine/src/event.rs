@@ -574,7 +574,7 @@ impl RejectCode {
             BudgetTooSmall => "the budget does not buy one GPU at the order's limit price",
             StopPriceInvalid => "the stop price must be on tick and inside the price band",
             StopWouldTrigger => "the last trade price already reached the stop price; send the order without a stop",
-            TooManyStops => "the exchange holds the maximum number of armed stop orders",
+            TooManyStops => "the account holds its share of armed stop orders, or the exchange its maximum",
             SubAccountRoleNotPermitted => "sub-accounts are opened by renter and aggregator accounts",
             SubAccountNested => "a sub-account cannot open sub-accounts",
             TooManySubAccounts => "the account already has the maximum number of sub-accounts",

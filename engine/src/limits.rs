@@ -14,9 +14,15 @@ pub const ORDERS_LIVE_MAX: u32 = 1 << 24;
 /// How long a closed order's client id stays taken (docs/market-rules.md
 /// "Client order ids"): a day of the exchange's clock.
 pub const CLOSED_CLIENT_ORDER_ID_MS: u64 = 24 * 3_600_000;
-/// Closed orders' client ids remembered at most, exchange-wide (the oldest
-/// is forgotten first).
+/// Closed orders' client ids remembered at most, exchange-wide. When it is
+/// full, the account that remembers the most forgets its oldest: an account
+/// loses ids inside the window only once every account with ids remembers
+/// at least as many as it does.
 pub const CLOSED_CLIENT_ORDER_IDS_MAX: usize = 1 << 20;
+/// Closed orders' client ids one account keeps at most (its own oldest is
+/// forgotten first, inside the window too).
+pub const CLOSED_CLIENT_ORDER_IDS_PER_ACCOUNT_MAX: usize = 1 << 17;
+const _: () = assert!(CLOSED_CLIENT_ORDER_IDS_PER_ACCOUNT_MAX * 8 <= CLOSED_CLIENT_ORDER_IDS_MAX, "no one account fills the table");
 /// Default bound on one account's open orders (configurable per engine).
 pub const ORDERS_PER_ACCOUNT_MAX_DEFAULT: u32 = 10_000;
 /// Longest spot/preemptible minimum duration a bid may ask for.
@@ -59,6 +65,10 @@ pub const ALL_OR_NONE_SWEEP_MAX: usize = 32;
 /// Armed stop orders across all books (each account is also bound by its
 /// open-order limit, which counts them).
 pub const STOPS_ARMED_MAX: usize = 1 << 20;
+/// Armed stop orders one account may hold (its share of `STOPS_ARMED_MAX`;
+/// each also holds the funds or GPUs of the order it would become).
+pub const STOPS_ARMED_PER_ACCOUNT_MAX: u32 = 4_096;
+const _: () = assert!(STOPS_ARMED_PER_ACCOUNT_MAX as usize * 256 <= STOPS_ARMED_MAX, "filling the stops table takes 256 funded accounts");
 
 /// Sub-accounts one account may open.
 pub const SUB_ACCOUNTS_PER_ACCOUNT_MAX: usize = 1_000;

@@ -471,14 +471,19 @@ fn a_stop_market_order_trades_at_the_protected_price_when_triggered() {
 #[test]
 fn an_armed_stop_cancels_expires_is_not_replaced_and_is_refused_when_it_no_longer_passes() {
     let mut f = fixture();
+    let (plain, _) = f.m.bid(f.renter, H100_SPOT, USD_2, 1);
+    let (_, plain_held) = f.m.engine.funds(f.renter).expect("renter");
+    f.m.apply(Command::CancelOrder { account: f.renter, order: plain });
     let order = f.m.order(f.renter, H100_SPOT, Side::Buy, USD_2, 1);
     let stop = accepted(&f.with(order, OrderOptions { stop_price_minor_per_gpu_hour: USD_2, ..OrderOptions::default() })).expect("armed");
-    let (available, held) = f.m.engine.funds(f.renter).expect("renter");
-    assert_eq!(held, 0, "an armed stop holds nothing");
+    let (_, held) = f.m.engine.funds(f.renter).expect("renter");
+    assert!(plain_held > 0);
+    assert_eq!(held, plain_held, "an armed stop holds what the order it would become holds");
     let events = f.m.apply(Command::ReplaceOrder { account: f.renter, order: stop, price_minor_per_gpu_hour: USD_2_10, quantity: 1 });
     assert_eq!(rejection(&events), Some(RejectCode::ReplaceInvalid));
     let events = f.m.apply(Command::CancelOrder { account: f.renter, order: stop });
     assert_eq!(closed(&events, stop), Some(OrderCloseReason::Cancelled));
+    assert_eq!(f.m.engine.funds(f.renter).expect("renter").1, 0, "a cancelled stop's hold is released");
 
     // GTT: it expires while armed.
     let mut order = f.m.order(f.renter, H100_SPOT, Side::Buy, USD_2, 1);
@@ -486,18 +491,68 @@ fn an_armed_stop_cancels_expires_is_not_replaced_and_is_refused_when_it_no_longe
     let stop = accepted(&f.with(order, OrderOptions { stop_price_minor_per_gpu_hour: USD_2, ..OrderOptions::default() })).expect("armed");
     let events = f.m.advance(1_000);
     assert_eq!(closed(&events, stop), Some(OrderCloseReason::Expired));
+    assert_eq!(f.m.engine.funds(f.renter).expect("renter").1, 0, "an expired stop's hold is released");
 
-    // Refused at its trigger: the funds it needs were withdrawn meanwhile.
-    let order = f.m.order(f.renter, H100_SPOT, Side::Buy, USD_2_10, 1);
-    let stop = accepted(&f.with(order, OrderOptions { stop_price_minor_per_gpu_hour: USD_2, ..OrderOptions::default() })).expect("armed");
-    let other = f.m.renter(1_000_000_000);
-    f.m.apply(Command::Withdraw { account: f.renter, amount_minor: available });
+    // Refused at its trigger: a stop-market holds at its stop price; when it
+    // triggers, the book's protected price needs more than the account has.
     f.ask(0, 1, USD_2);
+    f.ask(1, 1, USD_2_20);
+    let mut order = f.m.order(f.renter, H100_SPOT, Side::Buy, 0, 1);
+    order.order_type = OrderType::Market;
+    order.time_in_force = TimeInForce::Ioc;
+    let stop = accepted(&f.with(order, OrderOptions { stop_price_minor_per_gpu_hour: USD_2, ..OrderOptions::default() })).expect("armed");
+    let (available, held) = f.m.engine.funds(f.renter).expect("renter");
+    assert_eq!(held, plain_held, "a stop-market holds at its stop price");
+    f.m.apply(Command::Withdraw { account: f.renter, amount_minor: available });
+    let other = f.m.renter(1_000_000_000);
     let events = f.m.buy(other, H100_SPOT, USD_2, 1);
     assert_eq!(event_names(&events), ["trade", "stop_triggered", "stop_refused"]);
     assert!(events.iter().any(|e| matches!(e.kind, EventKind::StopRefused { code: RejectCode::InsufficientFunds, .. })));
     assert_eq!(closed(&events, stop), Some(OrderCloseReason::StopRefused));
-    assert_eq!(f.m.engine.open_order_count(), 0);
+    assert_eq!(f.m.engine.funds(f.renter).expect("renter"), (plain_held, 0), "the refused stop's hold went back to available");
+    assert_eq!(f.m.engine.order(stop).map(|o| o.quantity), None);
+}
+
+/// Issue 41: armed stops once held nothing, so one account could arm stops
+/// without limit, and sell stops could name the same GPU twice.
+#[test]
+fn armed_stops_need_funds_or_gpus_and_each_account_has_a_share_of_the_stops_table() {
+    let mut f = fixture();
+    // A bid stop the account cannot pay for is refused, as the order would be.
+    let poor = f.m.renter(1_000);
+    let order = f.m.order(poor, H100_SPOT, Side::Buy, USD_2, 1);
+    let events = f.with(order, OrderOptions { stop_price_minor_per_gpu_hour: USD_2, ..OrderOptions::default() });
+    assert_eq!(rejection(&events), Some(RejectCode::InsufficientFunds));
+
+    // A sell stop locks its GPUs: a second stop or ask naming them is refused.
+    let f_host = f.hosts[0];
+    let mut order = f.m.order(f.supplier, H100_SPOT, Side::Sell, USD_1_90, 1);
+    order.supply = Some(GpuSet { host: f_host, gpu_mask: 0b1 });
+    let stop = accepted(&f.with(order.clone(), OrderOptions { stop_price_minor_per_gpu_hour: USD_1_90, ..OrderOptions::default() }))
+        .expect("armed");
+    order.client_order_id += 1;
+    let events = f.with(order.clone(), OrderOptions { stop_price_minor_per_gpu_hour: USD_1_90, ..OrderOptions::default() });
+    assert_eq!(rejection(&events), Some(RejectCode::InsufficientCapacity));
+    order.client_order_id += 1;
+    assert_eq!(rejection(&f.m.place(order.clone())), Some(RejectCode::InsufficientCapacity));
+    // Cancelled, it frees the GPU.
+    f.m.apply(Command::CancelOrder { account: f.supplier, order: stop });
+    order.client_order_id += 1;
+    assert!(accepted(&f.m.place(order)).is_some());
+
+    // An account's share of the stops table: past it, `too_many_stops`,
+    // while another account still arms its own.
+    let rich = f.m.renter(1 << 50);
+    let stop_at = |f: &mut Fixture, account| {
+        let order = f.m.order(account, H100_SPOT, Side::Buy, USD_1_90, 1);
+        f.with(order, OrderOptions { stop_price_minor_per_gpu_hour: USD_2_20, ..OrderOptions::default() })
+    };
+    for _ in 0..limits::STOPS_ARMED_PER_ACCOUNT_MAX {
+        assert!(accepted(&stop_at(&mut f, rich)).is_some());
+    }
+    assert_eq!(rejection(&stop_at(&mut f, rich)), Some(RejectCode::TooManyStops));
+    let victim = f.renter;
+    assert!(accepted(&stop_at(&mut f, victim)).is_some(), "another account is served");
 }
 
 #[test]

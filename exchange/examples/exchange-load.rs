@@ -243,6 +243,7 @@ async fn try_login(addr: &str, key: &SigningKey) -> Option<Socket> {
         signature: hex::encode(key.sign(&auth_payload(&nonce)).to_bytes()),
         role: Some(Role::Renter),
         cancel_on_disconnect: false,
+        invite: None,
     };
     socket.send(Message::Binary(encode_client_binary(&auth).into())).await.ok()?;
     loop {
@@ -313,6 +314,7 @@ async fn login(addr: &str, key: &SigningKey, role: Role) -> (Socket, AccountId) 
         signature: hex::encode(key.sign(&auth_payload(&nonce)).to_bytes()),
         role: Some(role),
         cancel_on_disconnect: false,
+        invite: None,
     };
     socket.send(Message::Binary(encode_client_binary(&auth).into())).await.expect("send");
     loop {

@@ -169,6 +169,7 @@ pub fn run_node(mut config: ExchangeConfig, cluster: ClusterConfig, stop_on: Sto
             let (mut sequencer, recovery) = recovering.await??;
             sequencer.set_feed_frames_max(config.limits.feed_frames_max);
             sequencer.set_challenge_interval_ms(config.challenge_interval_ms);
+            sequencer.set_account_opening(config.accounts);
             sequencer.set_invoices(invoices);
             let stop_sequencer = sequencer.stop_flag();
             say(&format!(

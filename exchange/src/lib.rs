@@ -65,6 +65,9 @@ pub struct ExchangeConfig {
     /// Run as a node of a replicated cluster (docs/operations.md "A
     /// replicated cluster"); none: the single-node exchange.
     pub cluster: Option<cluster::ClusterConfig>,
+    /// Who may open an account with a first login, and how many accounts
+    /// the exchange holds (docs/operations.md "Opening accounts").
+    pub accounts: sequencer::AccountOpening,
 }
 
 /// The default fee on usage: 2.5%.
@@ -116,6 +119,7 @@ pub fn run_until(mut config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
     )?;
     sequencer.set_feed_frames_max(config.limits.feed_frames_max);
     sequencer.set_challenge_interval_ms(config.challenge_interval_ms);
+    sequencer.set_account_opening(config.accounts);
     say(&format!("exchange key {} (signs invoices)", invoices.public_key));
     sequencer.set_invoices(invoices);
     say(&format!(

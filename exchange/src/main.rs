@@ -123,6 +123,19 @@ struct Args {
     /// From the upgrade to a login or a first subscription (ms).
     #[arg(long, default_value_t = admission::LOGIN_TIMEOUT_DEFAULT.as_millis() as u64)]
     login_timeout_ms: u64,
+    /// Who may open an account with a first login: `open` (any key, at
+    /// --accounts-per-address-hour from one address) or `invite` (only a
+    /// key with an operator's invitation: `gpux invite`).
+    #[arg(long, value_enum, default_value_t = gpux_exchange::sequencer::OpeningMode::Open)]
+    account_opening: gpux_exchange::sequencer::OpeningMode,
+    /// Accounts the exchange holds at most; first logins past it are
+    /// refused `too_many_accounts`.
+    #[arg(long, default_value_t = gpux_engine::limits::ACCOUNTS_MAX,
+          value_parser = clap::value_parser!(u32).range(1..=gpux_engine::limits::ACCOUNTS_MAX as i64))]
+    accounts_max: u32,
+    /// Accounts one address (IPv4, or IPv6 /64) may open per hour (open mode).
+    #[arg(long, default_value_t = gpux_exchange::sequencer::ACCOUNTS_PER_ADDRESS_HOUR_DEFAULT)]
+    accounts_per_address_hour: u32,
     /// The operator's name and address, printed on every invoice (at most
     /// 256 bytes of printable ASCII).
     #[arg(long, default_value = "gpux exchange", value_parser = parse_issuer)]
@@ -274,6 +287,11 @@ fn run_main() -> Result<()> {
             currency,
         },
         cluster,
+        accounts: gpux_exchange::sequencer::AccountOpening {
+            mode: args.account_opening,
+            accounts_max: args.accounts_max,
+            per_address_hour: args.accounts_per_address_hour,
+        },
     });
     stop_live_market(&live_child);
     result.map(|_| ())

@@ -407,6 +407,12 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
     produced.insert("invoice_unavailable".into(), Who::Renter);
     // (exchange/src/sequencer/tests.rs, history_the_journal_cannot_give_is_history_unavailable).
     produced.insert("history_unavailable".into(), Who::Renter);
+    // An exchange that opens accounts by invitation, and a full account
+    // table (exchange/tests/account_opening.rs,
+    // without_an_invitation_no_key_opens_an_account_and_a_full_table_says_too_many_accounts).
+    for code in ["invite_required", "invite_invalid", "too_many_accounts"] {
+        produced.insert(code.into(), Who::Stranger);
+    }
     // Only a gateway in its own process closes with it
     // (exchange/tests/remote_gateway.rs, a_gateway_in_its_own_process_serves_the_same_market).
     produced.insert("sequencer_unavailable".into(), Who::Stranger);

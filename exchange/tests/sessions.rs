@@ -528,7 +528,7 @@ async fn cancel_on_disconnect_cancels_the_accounts_orders_when_its_last_session_
         async move {
             let mut client = Client::connect(&addr).await;
             let ClientMessage::Auth { id, public_key, signature, role, .. } = client.auth_message(&key(2), None) else { unreachable!() };
-            client.send(&ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect: flag }).await;
+            client.send(&ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect: flag, invite: None }).await;
             assert!(matches!(client.recv_reply().await, ServerMessage::Authenticated { .. }));
             client
         }
@@ -572,7 +572,7 @@ async fn a_silent_connection_is_closed_and_its_orders_cancelled() {
     let ClientMessage::Auth { id, public_key, signature, role, .. } = supplier.auth_message(&key(2), Some(Role::Supplier)) else {
         unreachable!()
     };
-    supplier.send(&ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect: true }).await;
+    supplier.send(&ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect: true, invite: None }).await;
     assert!(matches!(supplier.recv_reply().await, ServerMessage::Authenticated { .. }));
     let id = supplier.id();
     let registered = supplier

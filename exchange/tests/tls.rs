@@ -68,6 +68,7 @@ async fn a_tls_listener_serves_wss_and_refuses_plain_websockets() {
         signature: hex::encode(signing.sign(&auth_payload(&nonce)).to_bytes()),
         role: Some(Role::Renter),
         cancel_on_disconnect: false,
+        invite: None,
     };
     socket.send(Message::Text(encode_client_text(&auth).into())).await.expect("send");
     loop {

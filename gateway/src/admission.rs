@@ -158,6 +158,11 @@ impl Ticket {
         }
     }
 
+    /// The client's address.
+    pub fn ip(&self) -> IpAddr {
+        self.ip
+    }
+
     pub fn is_logged_in(&self) -> bool {
         self.logged_in
     }

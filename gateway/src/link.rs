@@ -212,6 +212,11 @@ pub enum Request {
         /// cancel orders or be a supplier's disconnect), or one REST
         /// request's, which is none of these.
         presence: bool,
+        /// An operator's invitation (`auth.invite`), for a first login.
+        invite: Option<String>,
+        /// The client's address, for the rate of accounts opened from one
+        /// address (none for a REST request, which opens no account).
+        address: Option<std::net::IpAddr>,
     },
     Command {
         connection: ConnectionId,

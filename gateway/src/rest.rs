@@ -181,6 +181,8 @@ impl Rest {
                     role: None,
                     cancel_on_disconnect: false,
                     presence: false,
+                    invite: None,
+                    address: None,
                 })?;
                 loop {
                     match answers.recv().await {

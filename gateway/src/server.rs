@@ -660,7 +660,7 @@ impl Connection {
                 self.metrics.auth_failures.with_label_values(&["in_progress"]).inc();
                 vec![error(Some(id), ErrorCode::AuthFailed, None)]
             }
-            (Session::Challenged { nonce }, ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect }) => {
+            (Session::Challenged { nonce }, ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect, invite }) => {
                 let nonce = *nonce;
                 match verify(&nonce, &public_key, &signature) {
                     Some(public_key) => {
@@ -668,7 +668,16 @@ impl Connection {
                         self.login_key = Some(public_key);
                         self.forward(
                             id,
-                            Request::Authenticate { connection: self.id, id, public_key, role, cancel_on_disconnect, presence: true },
+                            Request::Authenticate {
+                                connection: self.id,
+                                id,
+                                public_key,
+                                role,
+                                cancel_on_disconnect,
+                                presence: true,
+                                invite,
+                                address: Some(self.ticket.ip()),
+                            },
                         )
                     }
                     None => {
@@ -968,6 +977,7 @@ mod tests {
                     signature: "22".repeat(64),
                     role: Some(Role::Renter),
                     cancel_on_disconnect: false,
+                    invite: None,
                 },
                 ClientMessage::Subscribe { id: 3, channel: Channel::Book, instrument: InstrumentId(0) },
                 ClientMessage::Unsubscribe { id: 4, channel: Channel::Trades, instrument: InstrumentId(1) },
@@ -1027,6 +1037,7 @@ mod tests {
                         signature: hex::encode(key.sign(&auth_payload(&nonce)).to_bytes()),
                         role: Some(Role::Renter),
                         cancel_on_disconnect: false,
+                        invite: None,
                     };
                     (Ok(auth.clone()), Some(auth))
                 }

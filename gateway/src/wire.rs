@@ -222,6 +222,8 @@ mod tests {
                 role: Some(Role::Renter),
                 cancel_on_disconnect: true,
                 presence: true,
+                invite: Some("gpux-invite-v1.renter.1.00.00".into()),
+                address: Some(std::net::IpAddr::from([10, 0, 0, 7])),
             },
             Request::Command { connection: c, id: 2, command: Command::MassCancel { account: AccountId(4), instrument: None } },
             Request::Subscribe { connection: c, id: 3, channel: Channel::Book, instrument: InstrumentId(1) },

@@ -17,6 +17,7 @@ pub mod challenge;
 pub mod codec;
 pub mod delivery;
 pub mod history;
+pub mod invite;
 pub mod invoice;
 pub mod liveness;
 pub mod memory;

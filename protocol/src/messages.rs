@@ -258,6 +258,11 @@ pub enum ClientMessage {
         role: Option<Role>,
         #[serde(default)]
         cancel_on_disconnect: bool,
+        /// An operator's invitation for this key and role (`invite::Invite`),
+        /// needed to open an account where the exchange opens accounts by
+        /// invitation only; ignored for a key that has an account.
+        #[serde(default)]
+        invite: Option<String>,
     },
     Subscribe {
         id: u64,
@@ -1226,6 +1231,15 @@ pub enum ErrorCode {
     /// Market history could not be read from the journal's index (the
     /// operator's logs say why); try again.
     HistoryUnavailable,
+    /// A first login could not open an account: the exchange holds as many
+    /// accounts as its operator allows.
+    TooManyAccounts,
+    /// A first login without an invitation, where the exchange opens
+    /// accounts by invitation only (`--account-opening invite`).
+    InviteRequired,
+    /// The invitation does not parse, is not signed by an operator key of
+    /// this exchange for this key and role, or has expired.
+    InviteInvalid,
     /// The gateway lost its link to the exchange's sequencer (close reason,
     /// or the answer to a request it could not forward): reconnect; orders
     /// sent with a client order id may be sent again safely.
@@ -1311,6 +1325,9 @@ impl ErrorCode {
             PeriodInvalid => "the period must be a UTC month YYYY-MM that has ended",
             InvoiceUnavailable => "the invoice could not be built just now; try again",
             HistoryUnavailable => "market history could not be read just now; try again",
+            TooManyAccounts => "the exchange cannot open another account: it holds as many as its operator allows",
+            InviteRequired => "this exchange opens accounts by invitation: ask its operator for one and log in with --invite",
+            InviteInvalid => "the invitation does not verify: not signed by this exchange's operator for this key and role, or expired",
             SequencerUnavailable => "this gateway has no link to the exchange's sequencer just now; reconnect (resend orders with their client order ids)",
             LivenessInvalid => "the liveness observation is not signed by this account's key, or its interval is empty, over an hour, outside the lease, in the future or not after the previous one",
         }

@@ -36,6 +36,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
             signature: "cd".repeat(64),
             role: Some(Role::Supplier),
             cancel_on_disconnect: true,
+            invite: None,
         },
         ClientMessage::Subscribe { id: 2, channel: Channel::Book, instrument: InstrumentId(0) },
         ClientMessage::Unsubscribe { id: 3, channel: Channel::Trades, instrument: InstrumentId(1) },

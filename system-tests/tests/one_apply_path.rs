@@ -98,6 +98,7 @@ fn a_live_exchanges_journal_gives_its_state_in_the_audit_and_a_recovery() {
         challenge_interval_ms: gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT,
         on_listening: None,
         cluster: None,
+        accounts: Default::default(),
         invoicing: Default::default(),
     };
     let exchange = std::thread::spawn(move || gpux_exchange::run_until(config, gpux_exchange::Stop::Channel(stopped)));

@@ -302,6 +302,21 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             out!("{}", String::from_utf8_lossy(&script).trim_end());
             return Ok(());
         }
+        Command::Invite { public_key, role, expires_in_s } => {
+            let key = keys::load(&key_path)?;
+            let mut user = [0u8; 32];
+            hex::decode_to_slice(public_key.trim(), &mut user)
+                .map_err(|_| Failure::Usage(format!("{public_key}: a public key is 64 hex digits (`gpux keys show` prints it)")))?;
+            let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            let expires_at_ms = now_ms.saturating_add(expires_in_s.saturating_mul(1_000));
+            let invite = gpux_protocol::invite::Invite::sign(&key, &user, role_of(*role), expires_at_ms);
+            if json {
+                out!("{{\"invite\":\"{}\",\"expires_at_ms\":{expires_at_ms}}}", invite.encode());
+            } else {
+                out!("{}", invite.encode());
+            }
+            return Ok(());
+        }
         Command::Keys { action: KeysAction::Show } => {
             let key = keys::load(&key_path)?;
             out!("{}", hex::encode(key.verifying_key().to_bytes()));
@@ -346,16 +361,12 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         }
         _ => {}
     }
-    let role = match &cli.command {
-        Command::Login { role } => role.map(|r| match r {
-            RoleArg::Renter => Role::Renter,
-            RoleArg::Supplier => Role::Supplier,
-            RoleArg::Aggregator => Role::Aggregator,
-        }),
-        _ => None,
+    let (role, invite) = match &cli.command {
+        Command::Login { role, invite } => (role.map(role_of), invite.clone()),
+        _ => (None, None),
     };
     let key = keys::load(&key_path)?;
-    let mut session = Session::login(&cli.url, &key, role).await?;
+    let mut session = Session::login(&cli.url, &key, role, invite).await?;
     let s = &mut session;
     match cli.command {
         Command::Login { .. } => {
@@ -564,6 +575,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         | Command::Asks { .. }
         | Command::Trades { .. }
         | Command::Candles { .. }
+        | Command::Invite { .. }
         | Command::Listing => {
             unreachable!("handled before login")
         }
@@ -580,6 +592,14 @@ pub struct Session {
 fn unreachable_exchange(url: &str, error: gpux_client::ClientError) -> Failure {
     let text = error.to_string();
     if let gpux_client::ClientError::LoginRefused { code, .. } = error {
+        if matches!(code, gpux_protocol::ErrorCode::InviteRequired | gpux_protocol::ErrorCode::InviteInvalid) {
+            return Failure::Refused(format!(
+                "{text}\n(send the exchange's operator your public key (`gpux keys show`); they run `gpux invite KEY --role ROLE` and give you the invitation for `gpux login --role ROLE --invite INVITATION`)"
+            ));
+        }
+        if code == gpux_protocol::ErrorCode::TooManyAccounts {
+            return Failure::Refused(format!("{text}\n(the exchange opens no more accounts; ask its operator)"));
+        }
         if code != gpux_protocol::ErrorCode::AuthFailed {
             // Revoked, expired: the key itself is done; no account to open.
             return Failure::Refused(format!("{text}\n(ask the account's owner for a new key, or use another key of the account)"));
@@ -593,6 +613,14 @@ fn unreachable_exchange(url: &str, error: gpux_client::ClientError) -> Failure {
     ))
 }
 
+fn role_of(role: RoleArg) -> Role {
+    match role {
+        RoleArg::Renter => Role::Renter,
+        RoleArg::Supplier => Role::Supplier,
+        RoleArg::Aggregator => Role::Aggregator,
+    }
+}
+
 pub fn spinner(message: &str) -> ProgressBar {
     let bar = ProgressBar::new_spinner();
     bar.set_message(message.to_string());
@@ -601,9 +629,9 @@ pub fn spinner(message: &str) -> ProgressBar {
 }
 
 impl Session {
-    async fn login(url: &str, key: &ed25519_dalek::SigningKey, role: Option<Role>) -> Result<Session, Failure> {
+    async fn login(url: &str, key: &ed25519_dalek::SigningKey, role: Option<Role>, invite: Option<String>) -> Result<Session, Failure> {
         let bar = spinner(&format!("connecting to {url}"));
-        let opened = tokio::time::timeout(Duration::from_secs(10), Connection::open(url, key, role)).await;
+        let opened = tokio::time::timeout(Duration::from_secs(10), Connection::open_invited(url, key, role, false, invite)).await;
         bar.finish_and_clear();
         let connection = match opened {
             Ok(Ok(connection)) => connection,

@@ -164,6 +164,22 @@ pub enum Command {
     Login {
         #[arg(long, value_enum)]
         role: Option<RoleArg>,
+        /// An operator's invitation for this key and role (`gpux invite`),
+        /// which an exchange that opens accounts by invitation needs.
+        #[arg(long, requires = "role")]
+        invite: Option<String>,
+    },
+    /// Operators: invite a new key to open an account (signed with your
+    /// key, which must be one of the exchange's operator keys; needs no
+    /// exchange). Prints the invitation for `gpux login --invite`.
+    Invite {
+        /// The new user's public key (64 hex digits: `gpux keys show`).
+        public_key: String,
+        #[arg(long, value_enum)]
+        role: RoleArg,
+        /// The invitation expires this many seconds from now (default a week).
+        #[arg(long, default_value_t = 7 * 24 * 3600)]
+        expires_in_s: u64,
     },
     /// Your account number alone (for scripts: `gpux deposit $(gpux account) 100`).
     Account,

@@ -36,6 +36,15 @@ fn start_exchange(data_dir: &Path, operator_public_key: [u8; 32]) -> Exchange {
 
 /// With the exchange's clock `clock_offset_ms` ahead of the wall clock.
 fn start_exchange_at(data_dir: &Path, operator_public_key: [u8; 32], clock_offset_ms: i64) -> Exchange {
+    start_exchange_with(data_dir, operator_public_key, clock_offset_ms, Default::default())
+}
+
+fn start_exchange_with(
+    data_dir: &Path,
+    operator_public_key: [u8; 32],
+    clock_offset_ms: i64,
+    accounts: gpux_exchange::sequencer::AccountOpening,
+) -> Exchange {
     let port = free_port();
     let (stop, stopped) = tokio::sync::oneshot::channel();
     let config = gpux_exchange::ExchangeConfig {
@@ -53,6 +62,7 @@ fn start_exchange_at(data_dir: &Path, operator_public_key: [u8; 32], clock_offse
         challenge_interval_ms: gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT,
         on_listening: None,
         cluster: None,
+        accounts,
         invoicing: Default::default(),
     };
     let thread = std::thread::spawn(move || gpux_exchange::run_until(config, gpux_exchange::Stop::Channel(stopped)));
@@ -573,4 +583,33 @@ fn completions_cover_every_command_for_each_shell() {
     }
     let unknown = std::process::Command::new(env!("CARGO_BIN_EXE_gpux")).args(["completions", "tcsh"]).output().expect("gpux runs");
     assert_eq!(unknown.status.code(), Some(2), "an unknown shell is a usage error");
+}
+
+/// docs/operations.md "Opening accounts": on an exchange that opens
+/// accounts by invitation, a new user's first login says what to do, the
+/// operator's `gpux invite` makes the invitation, and the login with it
+/// opens the account.
+#[test]
+fn an_operator_invites_a_new_user_with_the_cli() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = |name: &str| -> PathBuf { dir.path().join(format!("{name}.key")) };
+    let offline = "ws://127.0.0.1:1";
+    for name in ["operator", "renter"] {
+        ok(gpux(offline, &key(name), &["keys", "create"]));
+    }
+    let policy = gpux_exchange::sequencer::AccountOpening { mode: gpux_exchange::sequencer::OpeningMode::Invite, ..Default::default() };
+    let exchange = start_exchange_with(&dir.path().join("data"), key_of(&key("operator")).verifying_key().to_bytes(), 0, policy);
+    let refused = gpux(&exchange.url, &key("renter"), &["login", "--role", "renter"]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("invite_required") && stderr.contains("gpux invite"), "{stderr}");
+    let renter_public = ok(gpux(offline, &key("renter"), &["keys", "show"]));
+    // Made offline, with the operator's key.
+    let invite = ok(gpux(offline, &key("operator"), &["invite", renter_public.trim(), "--role", "renter"]));
+    let wrong_role = gpux(&exchange.url, &key("renter"), &["login", "--role", "supplier", "--invite", invite.trim()]);
+    assert!(String::from_utf8_lossy(&wrong_role.stderr).contains("invite_invalid"), "{wrong_role:?}");
+    let opened = ok(gpux(&exchange.url, &key("renter"), &["login", "--role", "renter", "--invite", invite.trim()]));
+    assert!(opened.contains("logged in as account"), "{opened}");
+    assert!(ok(gpux(&exchange.url, &key("renter"), &["balance"])).contains("available"));
+    exchange.stop();
 }

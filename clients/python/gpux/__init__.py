@@ -1,6 +1,6 @@
 """gpux: Python client for the gpux GPU-capacity exchange (docs/protocol.md)."""
 
-from .client import Book, Client, GpuxError, Key, invoice_signed_bytes, verify_invoice
+from .client import Book, Client, GpuxError, Key, invite, invoice_signed_bytes, verify_invoice
 from .delivery import Secrets, Workload, describe
 from .rest import Rest, rest_signed_bytes
 from .messages import (
@@ -49,6 +49,7 @@ __all__ = [
     "Trade",
     "Workload",
     "describe",
+    "invite",
     "invoice_signed_bytes",
     "verify_invoice",
     "dollars",

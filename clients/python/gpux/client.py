@@ -99,6 +99,22 @@ class Key:
         return self._private.sign(data)
 
 
+def invite(operator: Key, public_key_hex: str, role: str, expires_at_ms: int) -> str:
+    """An operator's invitation for the key `public_key_hex` to open a `role`
+    account until `expires_at_ms` (as `gpux invite`): what `Client.connect`
+    sends as `invite` to an exchange that opens accounts by invitation
+    (docs/operations.md "Opening accounts"). `operator` must be one of the
+    exchange's operator keys."""
+    if role not in ("renter", "supplier", "aggregator"):
+        raise ValueError(f"an invitation opens a renter, supplier or aggregator account, not {role!r}")
+    user = bytes.fromhex(public_key_hex)
+    if len(user) != 32:
+        raise ValueError("a public key is 32 bytes of hex")
+    signed = b"gpux-invite-v1:" + user + role.encode() + b":" + int(expires_at_ms).to_bytes(8, "little")
+    signature = operator.sign(signed)
+    return f"gpux-invite-v1.{role}.{int(expires_at_ms)}.{operator.public_hex()}.{signature.hex()}"
+
+
 class Book:
     """A level-2 book kept from a snapshot and sequence-numbered updates.
 
@@ -192,9 +208,15 @@ class Client:
         self.reconnects = 0
 
     @classmethod
-    async def connect(cls, url: str, key: Optional[Key] = None, role: Optional[str] = None, reconnect: bool = False) -> "Client":
+    async def connect(
+        cls, url: str, key: Optional[Key] = None, role: Optional[str] = None, reconnect: bool = False, invite: Optional[str] = None
+    ) -> "Client":
         """Connects and logs in with `key` (`role` opens an account for a new
-        key); without a key the session sees public market data only. `url`
+        key; `invite` is the operator's invitation an exchange that opens
+        accounts by invitation needs for that: `gpux invite`); without a key
+        the session sees public market data only. A first login it refuses
+        raises GpuxError with `invite_required`, `invite_invalid`,
+        `too_many_accounts` or `rate_limited`. `url`
         may name several addresses, comma-separated (a cluster's nodes): the
         first that accepts is used, and a reconnect tries them all again.
 
@@ -205,7 +227,7 @@ class Client:
         close reason; resend them once `wait_connected()` returns (orders:
         with the same client_order_id, which the exchange refuses twice). A
         key that was revoked or expired is not retried."""
-        socket, account, actual_role, offset = await cls._open(url, key, role)
+        socket, account, actual_role, offset = await cls._open(url, key, role, invite)
         client = cls(socket, account, actual_role, offset)
         client._key = key
         client._url = url
@@ -214,7 +236,7 @@ class Client:
         return client
 
     @staticmethod
-    async def _open(url: str, key: Optional[Key], role: Optional[str]):
+    async def _open(url: str, key: Optional[Key], role: Optional[str], invite: Optional[str] = None):
         # Several comma-separated addresses (a cluster's nodes): the first
         # that accepts (only the leader does).
         urls = [u.strip() for u in url.split(",") if u.strip()]
@@ -236,6 +258,8 @@ class Client:
         if key is not None:
             signature = key.sign(AUTH_DOMAIN + bytes.fromhex(challenge.nonce))
             auth = {"auth": {"id": 1, "public_key": key.public_hex(), "signature": signature.hex(), "role": role}}
+            if invite is not None:
+                auth["auth"]["invite"] = invite
             await socket.send(json.dumps(auth))
             while True:
                 answer = m.parse(json.loads(await socket.recv()))
@@ -248,7 +272,7 @@ class Client:
         return socket, account, actual_role, offset
 
     # Close reasons after which reconnecting cannot help.
-    _FINAL = ("key_revoked", "key_expired", "auth_failed")
+    _FINAL = ("key_revoked", "key_expired", "auth_failed", "invite_required", "invite_invalid", "too_many_accounts")
 
     async def _run(self) -> None:
         """Reads until the connection closes; with `reconnect`, opens it

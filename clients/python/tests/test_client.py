@@ -127,6 +127,28 @@ def test_login_opens_an_account_and_refusals_carry_their_stable_code(exchange):
     run(scenario())
 
 
+def test_an_invited_key_opens_its_account_and_refusals_name_their_cause():
+    operator = gpux.Key.generate()
+    with tempfile.TemporaryDirectory() as data, exchange_on(data, operator, free_port(), ["--account-opening", "invite"]) as url:
+
+        async def scenario():
+            user = gpux.Key.generate()
+            with pytest.raises(gpux.GpuxError) as uninvited:
+                await gpux.Client.connect(url, user, role="renter")
+            assert uninvited.value.code == "invite_required"
+            later = int(time.time() * 1000) + 60_000
+            with pytest.raises(gpux.GpuxError) as forged:
+                await gpux.Client.connect(url, user, role="renter", invite=gpux.invite(gpux.Key.generate(), user.public_hex(), "renter", later))
+            assert forged.value.code == "invite_invalid"
+            invitation = gpux.invite(operator, user.public_hex(), "renter", later)
+            async with await gpux.Client.connect(url, user, role="renter", invite=invitation) as renter:
+                assert renter.role == "renter"
+            async with await gpux.Client.connect(url, user) as again:
+                assert again.account == renter.account, "a known key logs in without an invitation"
+
+        run(scenario())
+
+
 def test_several_addresses_connect_to_the_first_that_accepts(exchange):
     """A cluster's nodes, comma-separated: nodes that refuse (followers, or
     dead) are skipped; with none accepting, the connection error is raised."""

@@ -81,6 +81,18 @@ impl Connection {
     /// `open`, asking the exchange to cancel the account's open orders when
     /// its last session ends (an agent's asks must not outlive the agent).
     pub async fn open_with(url: &str, key: &SigningKey, role: Option<Role>, cancel_on_disconnect: bool) -> Result<Connection> {
+        Self::open_invited(url, key, role, cancel_on_disconnect, None).await
+    }
+
+    /// `open_with` carrying an operator's invitation (`gpux invite`), which
+    /// an exchange that opens accounts by invitation needs on a first login.
+    pub async fn open_invited(
+        url: &str,
+        key: &SigningKey,
+        role: Option<Role>,
+        cancel_on_disconnect: bool,
+        invite: Option<String>,
+    ) -> Result<Connection> {
         let mut socket = connect(url).await?;
         let (nonce, clock_offset_ms) = match read(&mut socket).await? {
             ServerMessage::Challenge { nonce, server_time_ms } => (nonce, server_time_ms as i64 - now_ms() as i64),
@@ -99,6 +111,7 @@ impl Connection {
             signature: hex::encode(key.sign(&auth_payload(&nonce)).to_bytes()),
             role,
             cancel_on_disconnect,
+            invite,
         };
         socket.send(Message::Text(encode_client_text(&auth).into())).await?;
         let mut backlog = std::collections::VecDeque::new();

@@ -26,7 +26,15 @@ impl Engine {
             return Err(RejectCode::TooManyAccounts);
         }
         let account = AccountId(self.accounts.len() as u32);
-        self.accounts.push(Account { role, available_minor: 0, held_minor: 0, payable_minor: 0, debt_minor: 0, open_orders: 0 });
+        self.accounts.push(Account {
+            role,
+            available_minor: 0,
+            held_minor: 0,
+            payable_minor: 0,
+            debt_minor: 0,
+            open_orders: 0,
+            armed_stops: 0,
+        });
         self.emit(EventKind::AccountOpened { account, role });
         Ok(())
     }

@@ -102,9 +102,11 @@ impl Engine {
         }
     }
 
-    /// Arms a stop order just accepted: nothing is held or locked, it is
+    /// Arms a stop order just accepted and backed (a bid's funds held, an
+    /// ask's GPUs or contracts locked, as the order it would become): it is
     /// off the book; it expires like any order with a GTT.
     pub(super) fn arm_stop(&mut self, id: OrderId, new: &NewOrder, options: &OrderOptions, stop_price: u64) {
+        self.accounts[new.account.0 as usize].armed_stops += 1;
         self.stop_seq += 1;
         let seq = self.stop_seq;
         self.armed_stops.insert(id, ArmedStop { seq, order: new.clone(), options: *options });
@@ -143,6 +145,7 @@ impl Engine {
     pub(crate) fn disarm_stop(&mut self, id: OrderId, instrument: InstrumentId, side: Side, stop_price: u64) {
         if let Some(stop) = self.armed_stops.remove(&id) {
             self.stop_index.remove(&(instrument, side, stop_price, stop.seq, id));
+            self.accounts[stop.order.account.0 as usize].armed_stops -= 1;
         }
         self.stops_triggered.retain(|&queued| queued != id);
     }
@@ -150,12 +153,24 @@ impl Engine {
     /// A triggered stop enters the market as newly arrived, after every
     /// check a new order passes (it may fail one it passed when armed).
     fn enter_triggered_stop(&mut self, id: OrderId) {
-        let Some(stop) = self.armed_stops.remove(&id) else { return };
+        let Some(mut stop) = self.armed_stops.remove(&id) else { return };
         let order = self.orders.get_mut(id).expect("an armed stop is a live order");
         order.stop_price = None;
-        let (account, instrument) = (order.account, order.instrument);
+        let armed = *order;
+        let (account, instrument) = (armed.account, armed.instrument);
+        self.accounts[account.0 as usize].armed_stops -= 1;
         let last = self.last_trade[&instrument];
         self.emit(EventKind::StopTriggered { order: id, account, last_trade_price_minor_per_gpu_hour: last });
+        // What held it while armed goes back, and the order is admitted and
+        // backed anew as it stands now (GPUs leased elsewhere meanwhile have
+        // left it).
+        self.unback(id, &armed);
+        stop.order.quantity = armed.quantity;
+        stop.order.min_quantity = stop.order.min_quantity.min(armed.quantity);
+        stop.order.supply = armed.supply;
+        let order = self.orders.get_mut(id).expect("live");
+        order.hold_per_gpu_minor = 0;
+        order.budget_left_minor = None;
         match self.admit(&stop.order, &stop.options, true) {
             Ok(admission) => self.enter(id, &stop.order, admission),
             Err(code) => {

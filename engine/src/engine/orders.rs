@@ -38,11 +38,14 @@ impl Engine {
     /// restricts a bid to GPUs of hosts in those regions.
     pub(super) fn place_order_in(&mut self, new: &NewOrder, options: &OrderOptions, regions: u32) -> Checked<()> {
         check_options(new, options)?;
-        let admission = self.admit(new, options, false)?;
-        if options.stop_price_minor_per_gpu_hour > 0 {
-            self.check_stop(new, options.stop_price_minor_per_gpu_hour)?;
-        }
+        let mut admission = self.admit(new, options, false)?;
         let stop_price = (options.stop_price_minor_per_gpu_hour > 0).then_some(options.stop_price_minor_per_gpu_hour);
+        if let Some(stop_price) = stop_price {
+            self.check_stop(new, stop_price)?;
+            if new.side == Side::Buy {
+                admission = self.stop_hold(new, options, admission, stop_price)?;
+            }
+        }
         let order = Order {
             instrument: new.instrument,
             account: new.account,
@@ -81,15 +84,44 @@ impl Engine {
             quantity: new.quantity,
         });
         match stop_price {
-            Some(stop_price) => self.arm_stop(id, new, options, stop_price),
+            Some(stop_price) => {
+                self.back(id, new, &admission);
+                self.arm_stop(id, new, options, stop_price)
+            }
             None => self.enter(id, new, admission),
         }
         Ok(())
     }
 
-    /// An accepted order (new, or a stop just triggered) takes what backs
-    /// it, trades what it can and rests or closes.
-    pub(super) fn enter(&mut self, id: OrderId, new: &NewOrder, admission: Admission) {
+    /// What an armed stop bid holds: the funds of the order it would become,
+    /// priced at its limit (a stop-market at its stop price, the price that
+    /// triggers it), checked against the account's funds and limits.
+    fn stop_hold(&self, new: &NewOrder, options: &OrderOptions, admission: Admission, stop_price: u64) -> Checked<Admission> {
+        let price = match new.order_type {
+            OrderType::Limit => new.price_minor_per_gpu_hour,
+            OrderType::Market => stop_price,
+        };
+        let per_gpu = self.hold_per_gpu(new.instrument, price, new.duration)?;
+        let total = per_gpu.checked_mul(new.quantity as u64).ok_or(RejectCode::InsufficientFunds)?;
+        let (hold_per_gpu_minor, budget_minor, total) = if options.budget_minor > 0 {
+            if per_gpu > options.budget_minor {
+                return Err(RejectCode::BudgetTooSmall);
+            }
+            (0, Some(total.min(options.budget_minor)), total.min(options.budget_minor))
+        } else {
+            (per_gpu, None, total)
+        };
+        if total > self.account(new.account)?.available_minor {
+            return Err(RejectCode::InsufficientFunds);
+        }
+        self.check_sub_account_limits(new.account, total, true)?;
+        self.check_spend_limits(new.account, total)?;
+        Ok(Admission { hold_per_gpu_minor, budget_minor, ..admission })
+    }
+
+    /// Takes what backs an accepted order: a bid's funds, an ask's GPUs or
+    /// contracts. `close_order` (through `unback`) gives them back.
+    fn back(&mut self, id: OrderId, new: &NewOrder, admission: &Admission) {
         {
             let order = self.orders.get_mut(id).expect("an accepted order");
             order.price = admission.price;
@@ -102,6 +134,29 @@ impl Engine {
         } else {
             self.lock_supply(id, new.quantity);
         }
+    }
+
+    /// Gives back what backs a live order (its funds hold, its GPUs or
+    /// contracts), as `order` stands now.
+    pub(super) fn unback(&mut self, id: OrderId, order: &Order) {
+        match (order.side, order.supply) {
+            (Side::Buy, _) => {
+                let held = order.hold_per_gpu_minor * order.quantity as u64 + order.budget_left_minor.unwrap_or(0);
+                self.release(order.account, held, HoldReason::Order(id));
+            }
+            (Side::Sell, Some(set)) => self.detach_gpus(id, set, set.gpu_mask, order.instrument),
+            (Side::Sell, None) => {
+                if !self.unlock_lease_offer(id, order.account) {
+                    self.unlock_contracts(id, order.instrument, u32::MAX)
+                }
+            }
+        }
+    }
+
+    /// An accepted order (new, or a stop just triggered) takes what backs
+    /// it, trades what it can and rests or closes.
+    pub(super) fn enter(&mut self, id: OrderId, new: &NewOrder, admission: Admission) {
+        self.back(id, new, &admission);
         if admission.no_liquidity {
             self.close_order(id, OrderCloseReason::NoLiquidity);
             return;
@@ -233,7 +288,9 @@ impl Engine {
         if self.last_trade.get(&new.instrument).is_some_and(|&last| stop_reached(new.side, stop_price, last)) {
             return Err(RejectCode::StopWouldTrigger);
         }
-        if self.armed_stops.len() >= limits::STOPS_ARMED_MAX {
+        if self.armed_stops.len() >= limits::STOPS_ARMED_MAX
+            || self.account(new.account)?.armed_stops >= limits::STOPS_ARMED_PER_ACCOUNT_MAX
+        {
             return Err(RejectCode::TooManyStops);
         }
         Ok(())
@@ -461,20 +518,10 @@ impl Engine {
                 quantity,
             });
         }
-        match (order.stop_price, order.side, order.supply) {
-            // An armed stop holds and locks nothing.
-            (Some(stop_price), side, _) => self.disarm_stop(id, order.instrument, side, stop_price),
-            (None, Side::Buy, _) => {
-                let held = order.hold_per_gpu_minor * order.quantity as u64 + order.budget_left_minor.unwrap_or(0);
-                self.release(order.account, held, HoldReason::Order(id));
-            }
-            (None, Side::Sell, Some(set)) => self.detach_gpus(id, set, set.gpu_mask, order.instrument),
-            (None, Side::Sell, None) => {
-                if !self.unlock_lease_offer(id, order.account) {
-                    self.unlock_contracts(id, order.instrument, u32::MAX)
-                }
-            }
+        if let Some(stop_price) = order.stop_price {
+            self.disarm_stop(id, order.instrument, order.side, stop_price);
         }
+        self.unback(id, &order);
         self.client_order_ids.remove(&(order.account, order.client_order_id));
         self.remember_closed_client_order_id(order.account, order.client_order_id);
         self.accounts[order.account.0 as usize].open_orders -= 1;

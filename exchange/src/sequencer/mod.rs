@@ -20,6 +20,7 @@ mod access;
 mod challenges;
 mod delivery;
 mod liveness;
+mod opening;
 mod queries;
 mod recovery;
 mod sessions;
@@ -43,6 +44,7 @@ use gpux_gateway::wire::Down;
 use gpux_journal::JournalStore;
 
 pub use challenges::CHALLENGE_INTERVAL_MS_DEFAULT;
+pub use opening::{AccountOpening, OpeningMode, ACCOUNTS_PER_ADDRESS_HOUR_DEFAULT, OPENING_ADDRESSES_MAX};
 pub use recovery::{BillingPolicy, Recovery};
 
 /// Requests handled in one batch at most (one journal commit).
@@ -133,6 +135,8 @@ pub struct Sequencer {
     sessions_expiring: BTreeSet<(u64, ConnectionId)>,
     /// The invoices' worker (none in the sequencer's own tests).
     invoices: Option<crate::invoices::InvoiceDesk>,
+    /// Who may open an account, and the counts per address.
+    openings: opening::Openings,
     /// Set from outside to end `run` (a cluster node that stops leading);
     /// looked at between batches, at least once a second.
     stop: Arc<std::sync::atomic::AtomicBool>,
@@ -160,6 +164,12 @@ impl Sequencer {
     /// Hands invoice requests to this worker.
     pub fn set_invoices(&mut self, desk: crate::invoices::InvoiceDesk) {
         self.invoices = Some(desk);
+    }
+
+    /// Sets what opening an account costs (`--account-opening`, `--accounts-max`,
+    /// `--accounts-per-address-hour`).
+    pub fn set_account_opening(&mut self, policy: AccountOpening) {
+        self.openings.policy = policy;
     }
 
     /// Sets how many frames each market-data feed buffers (`--feed-frames-max`).
@@ -239,8 +249,9 @@ impl Sequencer {
         }
         match request {
             Request::Connect { connection, outbound } => self.connect(connection, outbound),
-            Request::Authenticate { connection, id, public_key, role, cancel_on_disconnect, presence } => {
-                self.authenticate(connection, id, public_key, role, cancel_on_disconnect, presence)
+            Request::Authenticate { connection, id, public_key, role, cancel_on_disconnect, presence, invite, address } => {
+                let login = sessions::Login { public_key, role, cancel_on_disconnect, presence, invite, address };
+                self.authenticate(connection, id, login)
             }
             Request::Command { connection, id, command } => self.apply_command(Some(connection), id, command),
             Request::Subscribe { connection, id, channel, instrument } => self.subscribe(connection, id, channel, instrument),

@@ -99,6 +99,7 @@ impl Sequencer {
             sessions_expiring: BTreeSet::new(),
             invoices: None,
             challenges: Default::default(),
+            openings: Default::default(),
             stop: Arc::default(),
         };
         sequencer.set_challenge_interval_ms(super::CHALLENGE_INTERVAL_MS_DEFAULT);

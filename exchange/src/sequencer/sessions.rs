@@ -10,8 +10,18 @@ use gpux_market::JournalEntry;
 use gpux_protocol::{Channel, ErrorCode, ServerMessage};
 use tokio::sync::broadcast;
 
-use super::{error, Connection, Pending, Sequencer, Target, SUBSCRIPTIONS_PER_CONNECTION_MAX};
+use super::{error, opening, Connection, Pending, Sequencer, Target, SUBSCRIPTIONS_PER_CONNECTION_MAX};
 use gpux_gateway::link::{ConnectionId, LoginOutcome, Outbound, Outgoing};
+
+/// A login the gateway verified (`Request::Authenticate`).
+pub(super) struct Login {
+    pub public_key: [u8; 32],
+    pub role: Option<Role>,
+    pub cancel_on_disconnect: bool,
+    pub presence: bool,
+    pub invite: Option<String>,
+    pub address: Option<std::net::IpAddr>,
+}
 
 impl Sequencer {
     pub(super) fn connect(&mut self, connection: ConnectionId, outbound: Outbound) {
@@ -28,45 +38,44 @@ impl Sequencer {
     }
 
     /// The gateway verified the signature over the challenge: bind the key
-    /// to its account, opening one with the role asked for on a first login.
-    pub(super) fn authenticate(
-        &mut self,
-        connection: ConnectionId,
-        id: u64,
-        public_key: [u8; 32],
-        role: Option<Role>,
-        cancel_on_disconnect: bool,
-        presence: bool,
-    ) {
+    /// to its account, opening one with the role asked for on a first login
+    /// when the exchange's opening policy lets it (`opening`).
+    pub(super) fn authenticate(&mut self, connection: ConnectionId, id: u64, login: Login) {
+        let Login { public_key, role, cancel_on_disconnect, presence, invite, address } = login;
         // A key revoked or expired never logs in (nor opens a new account).
         let now_ms = self.market.clock_ms();
+        let refuse = |sequencer: &mut Self, reason: &str, code: ErrorCode| {
+            sequencer.metrics.gateway.auth_failures.with_label_values(&[reason]).inc();
+            sequencer.reply(connection, error(Some(id), code));
+            sequencer.pending.push((Target::Connection(connection), Pending::Control(Outgoing::Login(LoginOutcome::Refused))));
+        };
         let access = match self.market.keys().access(&public_key, now_ms) {
             Ok(access) => access,
-            Err(refusal) => {
-                let (reason, code) = match refusal {
-                    KeyRefusal::Revoked => ("key_revoked", ErrorCode::KeyRevoked),
-                    KeyRefusal::Expired => ("key_expired", ErrorCode::KeyExpired),
-                };
-                self.metrics.gateway.auth_failures.with_label_values(&[reason]).inc();
-                self.reply(connection, error(Some(id), code));
-                self.pending.push((Target::Connection(connection), Pending::Control(Outgoing::Login(LoginOutcome::Refused))));
-                return;
-            }
+            Err(KeyRefusal::Revoked) => return refuse(self, "key_revoked", ErrorCode::KeyRevoked),
+            Err(KeyRefusal::Expired) => return refuse(self, "key_expired", ErrorCode::KeyExpired),
         };
         let key_expires_at_ms = access.and_then(|access| access.expires_at_ms);
+        let operator_key = self.operator_keys.contains(&public_key);
         let account = match (access.map(|access| access.account), role) {
-            (Some(account), _) => Some(account),
-            (None, Some(Role::Operator)) if !self.operator_keys.contains(&public_key) => None,
-            (None, None) if self.operator_keys.contains(&public_key) => self.open_account(public_key, Role::Operator),
-            (None, Some(role)) => self.open_account(public_key, role),
-            (None, None) => None,
-        };
-        let Some(account) = account else {
-            let reason = if role == Some(Role::Operator) { "operator_key_unknown" } else { "no_account" };
-            self.metrics.gateway.auth_failures.with_label_values(&[reason]).inc();
-            self.reply(connection, error(Some(id), ErrorCode::AuthFailed));
-            self.pending.push((Target::Connection(connection), Pending::Control(Outgoing::Login(LoginOutcome::Refused))));
-            return;
+            (Some(account), _) => account,
+            (None, Some(Role::Operator) | None) if operator_key => match self.open_account(public_key, Role::Operator) {
+                Some(account) => account,
+                None => return refuse(self, "too_many_accounts", ErrorCode::TooManyAccounts),
+            },
+            (None, Some(Role::Operator)) => return refuse(self, "operator_key_unknown", ErrorCode::AuthFailed),
+            (None, Some(role)) => {
+                let accounts = self.market.engine().account_count();
+                let operators: Vec<[u8; 32]> = self.operator_keys.iter().copied().collect();
+                let first = opening::FirstLogin { public_key: &public_key, role, invite: invite.as_deref(), address };
+                if let Err(refused) = self.openings.admit(first, accounts, &operators, now_ms) {
+                    return refuse(self, refused.reason, refused.code);
+                }
+                match self.open_account(public_key, role) {
+                    Some(account) => account,
+                    None => return refuse(self, "too_many_accounts", ErrorCode::TooManyAccounts),
+                }
+            }
+            (None, None) => return refuse(self, "no_account", ErrorCode::AuthFailed),
         };
         let role = self.market.engine().role(account).expect("bound accounts exist");
         if let Some(state) = self.connections.get_mut(&connection) {

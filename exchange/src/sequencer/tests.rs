@@ -83,7 +83,16 @@ impl Client {
     }
 
     fn login(&self, id: u64, key: [u8; 32], role: Option<Role>) -> Request {
-        Request::Authenticate { connection: self.connection, id, public_key: key, role, cancel_on_disconnect: false, presence: true }
+        Request::Authenticate {
+            connection: self.connection,
+            id,
+            public_key: key,
+            role,
+            cancel_on_disconnect: false,
+            presence: true,
+            invite: None,
+            address: None,
+        }
     }
 
     /// The messages queued so far (controls left out).

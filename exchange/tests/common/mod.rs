@@ -200,6 +200,7 @@ impl Client {
             signature: hex::encode(signature.to_bytes()),
             role,
             cancel_on_disconnect: false,
+            invite: None,
         }
     }
 

@@ -61,6 +61,7 @@ impl Exchange {
             challenge_interval_ms,
             on_listening: None,
             cluster: None,
+            accounts: Default::default(),
             invoicing: Default::default(),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();

@@ -1,0 +1,267 @@
+//! What opening an account costs (docs/operations.md "Opening accounts"):
+//! the operator chooses whether any key may open one (at a bounded rate
+//! from one address) or only a key an operator invited, and how many
+//! accounts the exchange holds at most. A refusal names its cause
+//! (`too_many_accounts`, `invite_required`, `invite_invalid`,
+//! `rate_limited`), never a bare `auth_failed`.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use gpux_engine::Role;
+use gpux_protocol::invite::Invite;
+use gpux_protocol::ErrorCode;
+
+/// Accounts one address may open per hour by default (open mode).
+pub const ACCOUNTS_PER_ADDRESS_HOUR_DEFAULT: u32 = 20;
+/// Addresses whose openings are counted at once; a newcomer past it is
+/// refused `rate_limited` until an hour-old count is dropped.
+pub const OPENING_ADDRESSES_MAX: usize = 65_536;
+const HOUR_MS: u64 = 3_600_000;
+
+/// Who may open an account with a first login.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OpeningMode {
+    /// Any key, at `per_address_hour` accounts per hour from one address
+    /// (an IPv4 address, or an IPv6 /64; loopback is not counted).
+    #[default]
+    Open,
+    /// Only a key with an operator's invitation for it (`gpux invite`).
+    Invite,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct AccountOpening {
+    pub mode: OpeningMode,
+    /// Accounts the exchange holds at most (first logins past it are
+    /// refused `too_many_accounts`); at most `limits::ACCOUNTS_MAX`.
+    pub accounts_max: u32,
+    pub per_address_hour: u32,
+}
+
+impl Default for AccountOpening {
+    fn default() -> Self {
+        AccountOpening {
+            mode: OpeningMode::Open,
+            accounts_max: gpux_engine::limits::ACCOUNTS_MAX,
+            per_address_hour: ACCOUNTS_PER_ADDRESS_HOUR_DEFAULT,
+        }
+    }
+}
+
+/// The counts of accounts opened per address in the current hour.
+#[derive(Default)]
+pub(super) struct Openings {
+    pub policy: AccountOpening,
+    /// Address (IPv4, or an IPv6 /64 prefix) -> (hour it began, opened).
+    by_address: BTreeMap<u128, (u64, u32)>,
+}
+
+fn address_key(address: IpAddr) -> u128 {
+    match address {
+        IpAddr::V4(v4) => u32::from(v4) as u128,
+        // One /64 is what a single host or customer is usually given.
+        IpAddr::V6(v6) => (u128::from(v6) & !((1u128 << 64) - 1)) | 1 << 32,
+    }
+}
+
+/// A first login: a key with no account, the role it asks for, and what
+/// it brings.
+#[derive(Clone, Copy)]
+pub(super) struct FirstLogin<'a> {
+    pub public_key: &'a [u8; 32],
+    pub role: Role,
+    pub invite: Option<&'a str>,
+    pub address: Option<IpAddr>,
+}
+
+/// Why a first login opens no account.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Refused {
+    pub code: ErrorCode,
+    /// The metric label (`gpux_auth_failures_total{reason}`).
+    pub reason: &'static str,
+}
+
+impl Openings {
+    /// Whether `first.public_key` may open a `first.role` account now
+    /// (the exchange holds `accounts`); counts the opening against its
+    /// address when it may.
+    pub fn admit(&mut self, first: FirstLogin<'_>, accounts: u32, operator_keys: &[[u8; 32]], now_ms: u64) -> Result<(), Refused> {
+        let FirstLogin { public_key, role, invite, address } = first;
+        if accounts >= self.policy.accounts_max.min(gpux_engine::limits::ACCOUNTS_MAX) {
+            return Err(Refused { code: ErrorCode::TooManyAccounts, reason: "too_many_accounts" });
+        }
+        if let Some(text) = invite {
+            // An invitation is checked wherever it is sent, so a bad one
+            // is never silently ignored.
+            let invite = Invite::parse(text).map_err(|_| Refused { code: ErrorCode::InviteInvalid, reason: "invite_invalid" })?;
+            invite
+                .admits(public_key, role, now_ms, operator_keys)
+                .map_err(|_| Refused { code: ErrorCode::InviteInvalid, reason: "invite_invalid" })?;
+            return Ok(());
+        }
+        if self.policy.mode == OpeningMode::Invite {
+            return Err(Refused { code: ErrorCode::InviteRequired, reason: "invite_required" });
+        }
+        // The exchange's own host (its simulated market, load tests, a
+        // gateway's own checks) is not counted.
+        let Some(address) = address.filter(|address| !address.is_loopback()) else { return Ok(()) };
+        let limited = Refused { code: ErrorCode::RateLimited, reason: "accounts_per_address" };
+        let key = address_key(address);
+        if !self.by_address.contains_key(&key) && self.by_address.len() >= OPENING_ADDRESSES_MAX {
+            self.by_address.retain(|_, &mut (since_ms, _)| since_ms + HOUR_MS > now_ms);
+            if self.by_address.len() >= OPENING_ADDRESSES_MAX {
+                return Err(limited);
+            }
+        }
+        let (since_ms, opened) = self.by_address.entry(key).or_insert((now_ms, 0));
+        if *since_ms + HOUR_MS <= now_ms {
+            (*since_ms, *opened) = (now_ms, 0);
+        }
+        if *opened >= self.policy.per_address_hour {
+            return Err(limited);
+        }
+        *opened += 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ed25519_dalek::SigningKey;
+
+    fn openings(mode: OpeningMode, accounts_max: u32, per_address_hour: u32) -> Openings {
+        Openings { policy: AccountOpening { mode, accounts_max, per_address_hour }, ..Default::default() }
+    }
+
+    #[test]
+    fn one_address_opens_its_share_per_hour_and_others_are_not_held_up() {
+        let mut o = openings(OpeningMode::Open, 1_000, 3);
+        let attacker = Some(IpAddr::from([10, 0, 0, 1]));
+        for _ in 0..3 {
+            assert_eq!(
+                o.admit(FirstLogin { public_key: &[1; 32], role: Role::Renter, invite: None, address: attacker }, 5, &[], 0),
+                Ok(())
+            );
+        }
+        assert_eq!(
+            o.admit(FirstLogin { public_key: &[1; 32], role: Role::Renter, invite: None, address: attacker }, 5, &[], 1)
+                .map_err(|r| r.code),
+            Err(ErrorCode::RateLimited)
+        );
+        // An IPv6 /64 is one address.
+        let v6 = |last: u16| Some(IpAddr::from([0x2001, 0xdb8, 0, 1, 0, 0, 0, last]));
+        for last in 0..3 {
+            assert_eq!(
+                o.admit(FirstLogin { public_key: &[1; 32], role: Role::Renter, invite: None, address: v6(last) }, 5, &[], 0),
+                Ok(())
+            );
+        }
+        assert_eq!(
+            o.admit(FirstLogin { public_key: &[1; 32], role: Role::Renter, invite: None, address: v6(9) }, 5, &[], 0).map_err(|r| r.code),
+            Err(ErrorCode::RateLimited)
+        );
+        assert_eq!(
+            o.admit(
+                FirstLogin { public_key: &[1; 32], role: Role::Renter, invite: None, address: Some(IpAddr::from([10, 0, 0, 2])) },
+                5,
+                &[],
+                1
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            o.admit(FirstLogin { public_key: &[1; 32], role: Role::Renter, invite: None, address: attacker }, 5, &[], HOUR_MS),
+            Ok(()),
+            "an hour later"
+        );
+        assert_eq!(
+            o.admit(FirstLogin { public_key: &[1; 32], role: Role::Renter, invite: None, address: attacker }, 1_000, &[], HOUR_MS)
+                .map_err(|r| r.code),
+            Err(ErrorCode::TooManyAccounts)
+        );
+        for _ in 0..10 {
+            assert_eq!(
+                o.admit(
+                    FirstLogin { public_key: &[1; 32], role: Role::Renter, invite: None, address: Some(IpAddr::from([127, 0, 0, 1])) },
+                    5,
+                    &[],
+                    0
+                ),
+                Ok(()),
+                "loopback"
+            );
+        }
+        // The table of addresses is bounded: past it, newcomers wait for an
+        // hour-old count to go.
+        let mut o = openings(OpeningMode::Open, u32::MAX, 1);
+        for n in 0..OPENING_ADDRESSES_MAX as u32 {
+            assert_eq!(
+                o.admit(
+                    FirstLogin {
+                        public_key: &[1; 32],
+                        role: Role::Renter,
+                        invite: None,
+                        address: Some(IpAddr::from((n + (11 << 24)).to_be_bytes()))
+                    },
+                    0,
+                    &[],
+                    0
+                ),
+                Ok(())
+            );
+        }
+        let newcomer = Some(IpAddr::from([12, 0, 0, 1]));
+        assert_eq!(
+            o.admit(FirstLogin { public_key: &[1; 32], role: Role::Renter, invite: None, address: newcomer }, 0, &[], 1)
+                .map_err(|r| r.code),
+            Err(ErrorCode::RateLimited)
+        );
+        assert_eq!(
+            o.admit(FirstLogin { public_key: &[1; 32], role: Role::Renter, invite: None, address: newcomer }, 0, &[], HOUR_MS),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn invitation_mode_opens_only_invited_keys() {
+        let operator = SigningKey::from_bytes(&[3; 32]);
+        let operators = [operator.verifying_key().to_bytes()];
+        let mut o = openings(OpeningMode::Invite, 1_000, 0);
+        let user = [4u8; 32];
+        let invite = Invite::sign(&operator, &user, Role::Supplier, 10).encode();
+        let code = |r: Result<(), Refused>| r.map_err(|r| r.code);
+        assert_eq!(
+            code(o.admit(FirstLogin { public_key: &user, role: Role::Supplier, invite: None, address: None }, 0, &operators, 0)),
+            Err(ErrorCode::InviteRequired)
+        );
+        assert_eq!(
+            code(o.admit(FirstLogin { public_key: &user, role: Role::Supplier, invite: Some(&invite), address: None }, 0, &operators, 0)),
+            Ok(())
+        );
+        assert_eq!(
+            code(o.admit(
+                FirstLogin { public_key: &[5; 32], role: Role::Supplier, invite: Some(&invite), address: None },
+                0,
+                &operators,
+                0
+            )),
+            Err(ErrorCode::InviteInvalid)
+        );
+        assert_eq!(
+            code(o.admit(FirstLogin { public_key: &user, role: Role::Supplier, invite: Some(&invite), address: None }, 0, &operators, 10)),
+            Err(ErrorCode::InviteInvalid)
+        );
+        assert_eq!(
+            code(o.admit(
+                FirstLogin { public_key: &user, role: Role::Supplier, invite: Some("nonsense"), address: None },
+                0,
+                &operators,
+                0
+            )),
+            Err(ErrorCode::InviteInvalid)
+        );
+    }
+}
