@@ -108,6 +108,12 @@ impl Generator {
                     spec: spec.clone(),
                 });
             }
+            // Proven, as a real host's GPUs are after their first challenge:
+            // a supplier holds only one host's worth of unproven GPUs.
+            for index in 0..GPUS_PER_HOST {
+                let gpu = GpuId(host * GPUS_PER_HOST + index);
+                generator.apply(Command::RecordChallenge { gpu, answer: ChallengeAnswer::Correct { n: 256, elapsed_ms: 10 } });
+            }
             generator.hosts.push(HostId(host));
             generator.free_gpus.push(u64::MAX);
         }

@@ -518,6 +518,13 @@ pub enum RejectCode {
     RegionMismatch,
     /// A region filter on an ask, or naming more regions than the listing has.
     RegionFilterInvalid,
+    /// The supplier holds its share of the exchange's GPUs
+    /// (`limits::GPUS_PER_ACCOUNT_MAX`).
+    TooManyGpus,
+    /// The supplier has `limits::GPUS_UNPROVEN_PER_ACCOUNT_MAX` GPUs that
+    /// never answered a hardware challenge correctly: register more once
+    /// some have (retry later).
+    GpusAwaitingChallenge,
 }
 
 impl RejectCode {
@@ -560,7 +567,11 @@ impl RejectCode {
             NotYourGpu => "the GPU belongs to another account",
             GpuAlreadyRegistered => "a GPU with this UUID is already registered",
             GpuNotQualified => "the GPU meets no listed class's minimum spec",
-            HostFull => "the host already has the maximum number of GPUs",
+            HostFull => "the host already has the maximum number of GPUs, or the exchange does",
+            TooManyGpus => "the account holds its share of the exchange's GPUs",
+            GpusAwaitingChallenge => {
+                "the account's GPUs that have not yet passed a hardware challenge are at their limit; register more once they have"
+            }
             NameInvalid => "names must be 1..=128 bytes of printable ASCII",
             UnknownLease => "no such lease",
             NotYourLease => "the lease belongs to another account",

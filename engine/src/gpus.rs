@@ -114,6 +114,10 @@ pub(crate) struct GpuDetails {
     /// against which each class's minimums are held.
     pub measured_mflops: Option<u64>,
     pub measured_mbps: Option<u64>,
+    /// It answered a hardware challenge correctly once (or was registered
+    /// only in classes that ask for none): it no longer counts among its
+    /// owner's unproven GPUs (`limits::GPUS_UNPROVEN_PER_ACCOUNT_MAX`).
+    pub proven: bool,
 }
 
 impl GpuDetails {

@@ -9,6 +9,14 @@ pub const QUANTITY_MAX: u32 = 4096;
 pub const GPUS_PER_HOST_MAX: u32 = 64;
 /// GPUs the whole exchange may register.
 pub const GPUS_MAX: u32 = 1 << 22;
+/// GPUs one account may register (its share of `GPUS_MAX`).
+pub const GPUS_PER_ACCOUNT_MAX: u32 = 1 << 16;
+/// GPUs one account may hold that never answered a hardware challenge
+/// correctly (in a listing that challenges their classes): one full host.
+/// More register as earlier ones pass, so fake GPUs cost a real one each
+/// past this.
+pub const GPUS_UNPROVEN_PER_ACCOUNT_MAX: u32 = GPUS_PER_HOST_MAX;
+const _: () = assert!(GPUS_UNPROVEN_PER_ACCOUNT_MAX <= GPUS_PER_ACCOUNT_MAX && GPUS_PER_ACCOUNT_MAX * 64 <= GPUS_MAX);
 /// Live orders across all books (the order slab's capacity bound).
 pub const ORDERS_LIVE_MAX: u32 = 1 << 24;
 /// How long a closed order's client id stays taken (docs/market-rules.md

@@ -555,3 +555,60 @@ fn a_client_order_id_stays_taken_for_a_day_after_its_order_closed() {
     assert!(accepted(&m.place(cancelled)).is_some(), "a day later the id is free again");
     assert!(accepted(&m.place(filled)).is_some());
 }
+
+/// Issue 41: one unfunded supplier registered 20 000 fake GPUs in seconds,
+/// filling the exchange's GPU table for everyone. A supplier holds at most
+/// one host's worth of GPUs that never answered a hardware challenge; more
+/// register as those prove themselves, and another supplier is not held up.
+#[test]
+fn a_supplier_registers_past_one_hosts_worth_only_as_its_gpus_pass_their_challenges() {
+    let mut m = Market::new();
+    let faker = m.supplier();
+    let unproven = limits::GPUS_UNPROVEN_PER_ACCOUNT_MAX;
+    m.h100_host(faker, "fake-0", unproven);
+    let register = |m: &mut Market, account, host: &str, uuid: &str| {
+        m.apply(Command::RegisterGpu { account, host: host.into(), gpu_uuid: uuid.into(), spec: h100_spec() })
+    };
+    assert_eq!(rejection(&register(&mut m, faker, "fake-1", "GPU-fake-1-0")), Some(RejectCode::GpusAwaitingChallenge));
+    // A wrong answer proves nothing: the GPU still holds its place.
+    m.apply(Command::RecordChallenge { gpu: GpuId(0), answer: ChallengeAnswer::Wrong });
+    assert_eq!(rejection(&register(&mut m, faker, "fake-1", "GPU-fake-1-0")), Some(RejectCode::GpusAwaitingChallenge));
+    // Nor does none.
+    m.apply(Command::RecordChallenge { gpu: GpuId(1), answer: ChallengeAnswer::Unanswered });
+    assert_eq!(rejection(&register(&mut m, faker, "fake-1", "GPU-fake-1-0")), Some(RejectCode::GpusAwaitingChallenge));
+    // Another supplier registers a whole host meanwhile.
+    let honest = m.supplier();
+    m.h100_host(honest, "honest-0", unproven);
+    // A correct answer (fast enough or not) frees one place, once.
+    for _ in 0..2 {
+        m.apply(Command::RecordChallenge { gpu: GpuId(2), answer: ChallengeAnswer::Correct { n: 256, elapsed_ms: 1_000_000 } });
+    }
+    assert!(rejection(&register(&mut m, faker, "fake-1", "GPU-fake-1-0")).is_none());
+    assert_eq!(rejection(&register(&mut m, faker, "fake-1", "GPU-fake-1-1")), Some(RejectCode::GpusAwaitingChallenge));
+    // The state hash covers the counts: a replay reaches the same.
+    let mut replay = Engine::new(EngineConfig::demo()).expect("config");
+    for input in &m.inputs {
+        replay.apply(input);
+    }
+    assert_eq!(replay.state_hash(), m.engine.state_hash());
+}
+
+/// The share of the exchange's GPU table one supplier may hold, proven or not.
+#[test]
+fn a_supplier_holds_at_most_its_share_of_the_gpu_table() {
+    let mut m = Market::new();
+    let supplier = m.supplier();
+    let per_host = limits::GPUS_PER_HOST_MAX;
+    let mut gpu = 0u32;
+    for host in 0..limits::GPUS_PER_ACCOUNT_MAX / per_host {
+        m.h100_host(supplier, &format!("h{host}"), per_host);
+        for _ in 0..per_host {
+            m.apply(Command::RecordChallenge { gpu: GpuId(gpu), answer: ChallengeAnswer::Correct { n: 256, elapsed_ms: 10 } });
+            gpu += 1;
+        }
+    }
+    let events = m.apply(Command::RegisterGpu { account: supplier, host: "last".into(), gpu_uuid: "GPU-last".into(), spec: h100_spec() });
+    assert_eq!(rejection(&events), Some(RejectCode::TooManyGpus));
+    let other = m.supplier();
+    m.h100_host(other, "other", 1);
+}

@@ -225,9 +225,18 @@ const CASES: &[Case] = &[
         spec: h100_spec(),
     }),
     ("a 65th GPU on one host", RejectCode::HostFull, |f| {
-        let supplier = f.supplier;
+        let supplier = f.market.supplier();
         f.market.h100_host(supplier, "big-host", 64);
+        for gpu in 0..64 {
+            let gpu = GpuId(f.market.engine.gpu_count() - 1 - gpu);
+            f.market.apply(Command::RecordChallenge { gpu, answer: ChallengeAnswer::Correct { n: 256, elapsed_ms: 10 } });
+        }
         Command::RegisterGpu { account: supplier, host: "big-host".into(), gpu_uuid: "GPU-65".into(), spec: h100_spec() }
+    }),
+    ("a 65th unproven GPU of one supplier", RejectCode::GpusAwaitingChallenge, |f| {
+        let supplier = f.market.supplier();
+        f.market.h100_host(supplier, "new-host", 64);
+        Command::RegisterGpu { account: supplier, host: "next-host".into(), gpu_uuid: "GPU-next".into(), spec: h100_spec() }
     }),
     ("an empty host name", RejectCode::NameInvalid, |f| Command::RegisterGpu {
         account: f.supplier,

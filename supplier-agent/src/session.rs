@@ -135,7 +135,16 @@ pub struct Agent {
     /// When this process began measuring (this host's clock): time before
     /// it, while the agent was down, was measured by nobody and is not billed.
     measuring_since_ms: Option<u64>,
+    /// GPUs the exchange would not register yet (`gpus_awaiting_challenge`:
+    /// the account's unproven GPUs are at their limit): registration is
+    /// tried again at this time (this host's clock).
+    register_again_at: Option<tokio::time::Instant>,
 }
+
+/// How long a GPU refused `gpus_awaiting_challenge` waits before the agent
+/// registers it again (the account's earlier GPUs prove themselves at
+/// their first hardware challenge, issued right after registration).
+const REGISTER_AGAIN_AFTER: Duration = Duration::from_secs(60);
 
 /// After a delivery the host failed: its GPUs stay off sale (offline at the
 /// exchange) until the failed lease ended and a health check passed, with a
@@ -204,6 +213,7 @@ impl Agent {
             next_client_order_id: client_order_id_base(),
             clock_offset_ms: 0,
             windows_sold: BTreeMap::new(),
+            register_again_at: None,
         })
     }
 
@@ -287,8 +297,12 @@ impl Agent {
             let id = connection.new_id();
             connection.request(ClientMessage::SetGpuOnline { id, gpu: gpu.info.gpu, online: gpu.healthy }).await?;
         }
-        let host =
-            self.gpus.first().map(|g| g.info.host).ok_or_else(|| Fatal("no GPU of this host qualifies for any listed class".into()))?;
+        let host = match self.gpus.first() {
+            Some(gpu) => gpu.info.host,
+            // Registered later, once the account's earlier GPUs passed their challenges.
+            None if self.register_again_at.is_some() => bail!("no GPU of this host is registered yet; logging in again"),
+            None => return Err(Fatal("no GPU of this host qualifies for any listed class".into()).into()),
+        };
         let instruments = self.instruments(&mut connection).await?;
         // Asks of an earlier connection are unknown to this one: withdraw them.
         let id = connection.new_id();
@@ -351,6 +365,13 @@ impl Agent {
                     self.record_reports()?;
                     self.send_reports(link).await?;
                     self.offer_windows(link).await?;
+                    if self.register_again_at.is_some_and(|at| at <= tokio::time::Instant::now()) {
+                        let before = self.gpus.len();
+                        self.register(&mut link.connection).await?;
+                        if self.gpus.len() > before {
+                            link.reoffer_due = true;
+                        }
+                    }
                 }
             }
         }
@@ -494,6 +515,7 @@ impl Agent {
     async fn register(&mut self, connection: &mut Connection) -> Result<()> {
         let inventory = self.backend.inventory()?;
         let known = my_gpus(connection).await?;
+        self.register_again_at = None;
         for gpu in &inventory {
             if known.iter().any(|k| k.uuid == gpu.uuid) {
                 continue;
@@ -511,6 +533,16 @@ impl Agent {
                 ServerMessage::Ack { .. } => tracing::info!(uuid = %gpu.uuid, model = %gpu.spec.model, "registered"),
                 ServerMessage::Reject { code: RejectCode::GpuNotQualified, .. } => {
                     tracing::warn!(uuid = %gpu.uuid, model = %gpu.spec.model, "meets no listed class; not offered")
+                }
+                ServerMessage::Reject { code: RejectCode::GpusAwaitingChallenge, .. } => {
+                    tracing::warn!(
+                        uuid = %gpu.uuid,
+                        "not registered yet: this account's GPUs that have not passed a hardware challenge are at their limit; trying again in a minute"
+                    );
+                    self.register_again_at = Some(tokio::time::Instant::now() + REGISTER_AGAIN_AFTER);
+                }
+                ServerMessage::Reject { code: RejectCode::TooManyGpus, .. } => {
+                    tracing::warn!(uuid = %gpu.uuid, "not registered: this account holds its share of the exchange's GPUs; not offered")
                 }
                 ServerMessage::Reject { code: RejectCode::UnknownRegion, .. } => {
                     let region = self.config.region.as_deref().unwrap_or_default();

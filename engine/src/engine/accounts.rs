@@ -34,6 +34,8 @@ impl Engine {
             debt_minor: 0,
             open_orders: 0,
             armed_stops: 0,
+            gpus: 0,
+            gpus_unproven: 0,
         });
         self.emit(EventKind::AccountOpened { account, role });
         Ok(())
@@ -297,6 +299,10 @@ impl Engine {
         if self.gpus.len() as u32 >= limits::GPUS_MAX {
             return Err(RejectCode::HostFull);
         }
+        let funds = self.account(account)?;
+        if funds.gpus >= limits::GPUS_PER_ACCOUNT_MAX {
+            return Err(RejectCode::TooManyGpus);
+        }
         let classes_mask = self
             .config
             .classes
@@ -306,6 +312,10 @@ impl Engine {
             .fold(0u64, |mask, (index, _)| mask | (1u64 << index));
         if classes_mask == 0 {
             return Err(RejectCode::GpuNotQualified);
+        }
+        let unproven = self.challenges_any(classes_mask);
+        if unproven && funds.gpus_unproven >= limits::GPUS_UNPROVEN_PER_ACCOUNT_MAX {
+            return Err(RejectCode::GpusAwaitingChallenge);
         }
         let host = match self.host_by_name.get(host_name) {
             Some(&host) => {
@@ -350,6 +360,7 @@ impl Engine {
             memory: None,
             measured_mflops: None,
             measured_mbps: None,
+            proven: !unproven,
         });
         self.gpus.push(Gpu {
             host,
@@ -365,6 +376,9 @@ impl Engine {
             commitments: Vec::new(),
         });
         self.gpu_by_uuid.insert(uuid.to_string(), gpu);
+        let funds = &mut self.accounts[account.0 as usize];
+        funds.gpus += 1;
+        funds.gpus_unproven += u32::from(unproven);
         self.emit(EventKind::GpuRegistered { account, host, gpu, index_on_host, classes_mask });
         Ok(())
     }
@@ -424,6 +438,12 @@ impl Engine {
                 (ChallengeOutcome::Passed, mbps, false)
             }
         };
+        if !wrong && outcome == ChallengeOutcome::Passed && !self.proven(index) {
+            // Its first correct answer proves it: its place among the
+            // owner's unproven GPUs goes back.
+            self.gpu_details[index].proven = true;
+            self.accounts[owner.0 as usize].gpus_unproven -= 1;
+        }
         let details = &self.gpu_details[index];
         let rejected = details.rejected() || wrong;
         let spec_mask = self.class_mask(|class| class.requirement.is_met_by(&details.spec));
@@ -463,6 +483,18 @@ impl Engine {
             self.withdraw_gpu_from_asks(gpu_id, ReduceReason::GpuDisqualified, true);
         }
         Ok(())
+    }
+
+    /// Whether any class in `classes_mask` asks for a hardware challenge
+    /// (a GPU only in unchallenged classes has nothing to prove).
+    fn challenges_any(&self, classes_mask: u64) -> bool {
+        self.class_mask(|class| class.challenge.is_some() || class.memory_challenge.is_some()) & classes_mask != 0
+    }
+
+    /// Whether the GPU answered a challenge correctly once, or never had
+    /// one to answer.
+    fn proven(&self, index: usize) -> bool {
+        self.gpu_details[index].proven
     }
 
     /// The classes `pick` holds for, as a mask.

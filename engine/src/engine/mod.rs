@@ -49,6 +49,10 @@ pub(crate) struct Account {
     pub open_orders: u32,
     /// Its armed stops (counted in `open_orders` too).
     pub armed_stops: u32,
+    /// GPUs it registered, and those of them not yet proven (no correct
+    /// answer to a hardware challenge, in a listing that challenges them).
+    pub gpus: u32,
+    pub gpus_unproven: u32,
 }
 
 /// An account's money, as the engine holds it.
@@ -1195,6 +1199,8 @@ impl Engine {
             h.u64(account.debt_minor);
             h.u64(account.open_orders as u64);
             h.u64(account.armed_stops as u64);
+            h.u64(account.gpus as u64);
+            h.u64(account.gpus_unproven as u64);
         }
         for (id, order) in self.orders.iter_live() {
             h.bytes(format!("{id:?}{order:?}").as_bytes());
