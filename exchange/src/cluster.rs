@@ -42,6 +42,18 @@ pub struct ClusterConfig {
     pub raft_listen: SocketAddr,
     /// The secret every node of the cluster holds.
     pub secret: Vec<u8>,
+    /// TLS on the Raft port (`--raft-tls-cert`, `--raft-tls-key`,
+    /// `--raft-tls-ca`): this node's identity, and the certificates it
+    /// trusts for its peers'.
+    pub tls: Option<RaftTls>,
+}
+
+/// A node's TLS for Raft: it serves with `identity` and checks its peers'
+/// certificates against `trust`.
+#[derive(Clone, Debug)]
+pub struct RaftTls {
+    pub identity: Arc<tokio_rustls::rustls::ServerConfig>,
+    pub trust: Arc<tokio_rustls::rustls::ClientConfig>,
 }
 
 /// The smallest cluster secret accepted, in bytes.
@@ -111,12 +123,17 @@ pub fn run_node(mut config: ExchangeConfig, cluster: ClusterConfig, stop_on: Sto
             .with_journal(sink.clone());
         crate::data_dir::seal_files(&config.data_dir)?;
         let id = cluster.node_id;
-        let raft = Raft::new(id, raft_config()?, network::TcpNetwork::new(&cluster.secret, id), log, machine.clone()).await?;
+        let mut net = network::TcpNetwork::new(&cluster.secret, id);
+        if let Some(tls) = &cluster.tls {
+            net = net.with_tls(tls.trust.clone());
+        }
+        let raft = Raft::new(id, raft_config()?, net, log, machine.clone()).await?;
         let raft_listener =
             TcpListener::bind(cluster.raft_listen).await.with_context(|| format!("binding {} (--raft-listen)", cluster.raft_listen))?;
         say(&format!("node {id}: raft on {}", raft_listener.local_addr()?));
         let handover = gpux_replica::admin::Handover::default();
-        tokio::spawn(network::serve(raft_listener, raft.clone(), Arc::from(cluster.secret.as_slice()), handover.clone()));
+        let identity = cluster.tls.as_ref().map(|tls| tls.identity.clone());
+        tokio::spawn(network::serve_tls(raft_listener, raft.clone(), Arc::from(cluster.secret.as_slice()), handover.clone(), identity));
         if let Some(address) = config.metrics_listen {
             crate::serve_metrics(address, metrics.clone()).await?;
         }

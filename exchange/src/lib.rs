@@ -49,6 +49,9 @@ pub struct ExchangeConfig {
     /// PEM certificate chain and private key; with them the gateway speaks
     /// `wss://` only.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// PEM certificate chain and private key for the link port: with them
+    /// gateways link over TLS only (`--link-tls-cert`, `--link-tls-key`).
+    pub link_tls: Option<(PathBuf, PathBuf)>,
     /// The exchange's fee on usage and the billing grace after a lease ends.
     pub billing: sequencer::BillingPolicy,
     /// Runs the exchange's clock this far ahead of the wall clock (demos and
@@ -182,6 +185,7 @@ pub(crate) struct Surface {
     link_listen: Option<SocketAddr>,
     limits: gateway::GatewayLimits,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    link_tls: Option<tokio_rustls::TlsAcceptor>,
     clock: link::Clock,
     metrics: std::sync::Arc<metrics::Metrics>,
     on_listening: Option<OnListening>,
@@ -196,6 +200,12 @@ impl Surface {
             Some((certificate, key)) => Some(gateway::tls_acceptor(certificate, key)?),
             None => None,
         };
+        let link_tls = match &config.link_tls {
+            Some((certificate, key)) => Some(tokio_rustls::TlsAcceptor::from(
+                gpux_protocol::tls::server_config(certificate, key).context("--link-tls-cert/--link-tls-key")?,
+            )),
+            None => None,
+        };
         let mut limits = config.limits;
         if let Some(budget) = admission::descriptor_budget().filter(|budget| *budget < limits.admission.connections_max) {
             say(&format!("at most {budget} connections: the descriptor limit (ulimit -n) leaves no room for more"));
@@ -208,6 +218,7 @@ impl Surface {
             link_listen: config.link_listen,
             limits,
             tls,
+            link_tls,
             clock: link::Clock { offset_ms: config.clock_offset_ms },
             metrics,
             on_listening: None,
@@ -258,14 +269,16 @@ impl Surface {
                 let secret = link_server::load_or_create_secret(&self.data_dir)?;
                 let link_listener = TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
                 say(&format!(
-                    "links for gateways on {} (gpux-gateway --sequencer ADDRESS --link-secret-file {})",
+                    "links for gateways on {}{} (gpux-gateway --sequencer ADDRESS --link-secret-file {})",
                     link_listener.local_addr()?,
+                    if self.link_tls.is_some() { " over TLS" } else { "" },
                     self.data_dir.join("link.secret").display()
                 ));
                 tasks.push(tokio::spawn(link_server::serve_links(
                     link_listener,
                     requests.clone(),
                     secret,
+                    self.link_tls.clone(),
                     self.metrics.clone(),
                     stopped.clone(),
                 )));

@@ -3,9 +3,10 @@
 //! `gpux-gateway` processes, each of which serves clients of its own and
 //! forwards their requests here.
 //!
-//! Per link: a handshake (magic, version, and the token of the exchange's
-//! `link.secret`: a link speaks for any account, so only a gateway that
-//! holds the secret may open one), then two tasks. The reader turns `Up`
+//! Per link: a handshake (magic, version, fresh nonces, then each side's
+//! proof of the exchange's `link.secret` over both nonces: a link speaks
+//! for any account, so only a gateway that holds the secret may open one,
+//! and a captured handshake is worth nothing), then two tasks. The reader turns `Up`
 //! frames into the sequencer's requests, mapping the gateway's connection
 //! ids into this link's range (`link << 40 | id`, above every id of the
 //! exchange's own gateway) so no two gateways' connections meet; a request
@@ -25,6 +26,7 @@ use std::time::Duration;
 use crossbeam_channel::Sender;
 use gpux_gateway::link::{ConnectionId, Frames, LinkSender, Outbound, Request, LINK_QUEUE_FRAMES_MAX};
 use gpux_gateway::wire::{self, Peer, Up, WireError};
+use gpux_protocol::peer_auth::{HandshakePool, Throttle};
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
@@ -79,13 +81,14 @@ pub async fn serve_links(
     listener: TcpListener,
     core: Sender<Request>,
     secret: Vec<u8>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     metrics: Arc<crate::metrics::Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let token = wire::link_token(&secret);
     let open = Arc::new(AtomicU64::new(0));
-    let handshaking: Arc<Handshakes> = Arc::default();
-    let refusals = Arc::new(RefusalLog::default());
+    let handshaking: Arc<Handshakes> = Arc::new(HandshakePool::new(LINK_HANDSHAKES_MAX));
+    let refusals = Arc::new(RefusalLog(Throttle::new(REFUSAL_LOG_EVERY)));
     let mut next_link: u64 = 1;
     loop {
         let (stream, peer) = tokio::select! {
@@ -107,19 +110,13 @@ pub async fn serve_links(
         let link = next_link;
         next_link += 1;
         let (cancel, cancelled) = tokio::sync::oneshot::channel();
-        {
-            let mut waiting = handshaking.lock().expect("handshakes lock");
-            if waiting.len() >= LINK_HANDSHAKES_MAX {
-                if let Some((_, oldest)) = waiting.pop_front() {
-                    let _ = oldest.send(());
-                }
-            }
-            waiting.push_back((link, cancel));
+        if let Some(oldest) = handshaking.enter(link, cancel) {
+            let _ = oldest.send(());
         }
-        let (core, open, shutdown, metrics) = (core.clone(), open.clone(), shutdown.clone(), metrics.clone());
+        let (core, open, shutdown, metrics, tls) = (core.clone(), open.clone(), shutdown.clone(), metrics.clone(), tls.clone());
         let (handshaking, refusals) = (handshaking.clone(), refusals.clone());
         tokio::spawn(async move {
-            let admitted = Admission { link, handshaking: &handshaking, cancelled, open: &open };
+            let admitted = Admission { link, handshaking: &handshaking, cancelled, open: &open, tls };
             let (linked, outcome) = run_link(stream, admitted, core, token, &metrics, shutdown).await;
             let cause = match outcome {
                 Ok(()) => {
@@ -150,7 +147,7 @@ pub async fn serve_links(
 }
 
 /// Connections in their handshake, oldest first, each with what drops it.
-type Handshakes = std::sync::Mutex<std::collections::VecDeque<(u64, tokio::sync::oneshot::Sender<()>)>>;
+type Handshakes = HandshakePool<tokio::sync::oneshot::Sender<()>>;
 
 /// A connection in its handshake: its place in the handshakes' pool (left
 /// when the handshake ends, or taken by a newcomer: `cancelled`), and the
@@ -160,42 +157,54 @@ struct Admission<'a> {
     handshaking: &'a Handshakes,
     cancelled: tokio::sync::oneshot::Receiver<()>,
     open: &'a AtomicU64,
+    /// TLS first, when the link port has an identity (`--link-tls-cert`).
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 /// Runs one link: the handshake (within its pool), then the link itself.
 /// Returns whether it became an open link, and how it ended.
 async fn run_link(
-    mut stream: tokio::net::TcpStream,
+    tcp: tokio::net::TcpStream,
     admission: Admission<'_>,
     core: Sender<Request>,
     token: [u8; 32],
     metrics: &crate::metrics::Metrics,
     shutdown: watch::Receiver<bool>,
 ) -> (bool, Result<(), WireError>) {
-    let Admission { link, handshaking, cancelled, open } = admission;
-    let _ = stream.set_nodelay(true);
-    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, wire::handshake(&mut stream, Peer::Sequencer { node: 0 }, [0; 32]));
+    let Admission { link, handshaking, cancelled, open, tls } = admission;
+    let _ = tcp.set_nodelay(true);
+    let mut stream: Option<wire::LinkStream> = None;
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+        let mut secured: wire::LinkStream = match tls {
+            None => Box::new(tcp),
+            Some(acceptor) => Box::new(acceptor.accept(tcp).await.map_err(|e| WireError::Protocol(format!("TLS: {e}")))?),
+        };
+        let hello = wire::handshake(&mut secured, Peer::Sequencer { node: 0 }, token).await;
+        stream = Some(secured);
+        hello
+    });
     let hello = tokio::select! {
         hello = handshake => hello.map_err(|_| WireError::Protocol("no handshake within 5 s".into())).and_then(|hello| hello),
         _ = cancelled => Err(WireError::Protocol(format!("dropped for a newer connection: {LINK_HANDSHAKES_MAX} handshakes waiting"))),
     };
-    handshaking.lock().expect("handshakes lock").retain(|(waiting, _)| *waiting != link);
+    handshaking.leave(link);
     let checked = hello.and_then(|hello| match hello.peer {
-        Peer::Gateway { name } if constant_time_eq(&hello.token, &token) => Ok(name),
-        Peer::Gateway { .. } => Err(WireError::Token),
+        // Its proof over this connection's nonce verified in the handshake.
+        Peer::Gateway { name } => Ok(name),
         other => Err(WireError::Protocol(format!("a link from {other:?}, not a gateway"))),
     });
     let name = match checked {
         Ok(name) => name,
         Err(error) => return (false, Err(error)),
     };
+    let stream = stream.expect("a handshake that succeeded kept its stream");
     open.fetch_add(1, Ordering::Relaxed);
     (true, serve_link(stream, link, name, core, metrics, shutdown).await)
 }
 
 /// An open link: its queue's writer, and its reader until it ends.
 async fn serve_link(
-    stream: tokio::net::TcpStream,
+    stream: wire::LinkStream,
     link: u64,
     name: String,
     core: Sender<Request>,
@@ -204,7 +213,7 @@ async fn serve_link(
 ) -> Result<(), WireError> {
     tracing::info!(link, gateway = %name, "link open");
     metrics.links_open.inc();
-    let (reader, writer) = stream.into_split();
+    let (reader, writer) = tokio::io::split(stream);
     let (sender, mut queue, broken) = LinkSender::new(link, LINK_QUEUE_FRAMES_MAX);
     // The writer: the link's one queue, in the sequencer's order.
     let writing = tokio::spawn(async move {
@@ -232,7 +241,7 @@ async fn serve_link(
 /// Reads a link's `Up` frames into the sequencer until the link ends;
 /// returns the connections it announced (in the exchange's numbering).
 async fn read_link(
-    reader: tokio::net::tcp::OwnedReadHalf,
+    reader: tokio::io::ReadHalf<wire::LinkStream>,
     link: u64,
     core: &Sender<Request>,
     sender: LinkSender,
@@ -280,27 +289,14 @@ async fn read_link(
     (connections, result)
 }
 
-fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// Warnings about refused or failed handshakes, at most one per
 /// `REFUSAL_LOG_EVERY`, with the count of those not logged since.
-#[derive(Default)]
-struct RefusalLog {
-    state: std::sync::Mutex<(Option<std::time::Instant>, u64)>,
-}
+struct RefusalLog(Throttle);
 
 impl RefusalLog {
     fn warn(&self, what: &str) {
-        let mut state = self.state.lock().expect("refusal log lock");
-        let (last, suppressed) = &mut *state;
-        if last.is_some_and(|at| at.elapsed() < REFUSAL_LOG_EVERY) {
-            *suppressed += 1;
-            return;
+        if let Some(suppressed) = self.0.should_log() {
+            tracing::warn!(suppressed, "{what}");
         }
-        tracing::warn!(suppressed = *suppressed, "{what}");
-        *last = Some(std::time::Instant::now());
-        *suppressed = 0;
     }
 }

@@ -31,6 +31,13 @@ struct Args {
     /// PEM private key for wss:// (with --tls-cert).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// PEM certificate chain for the link port (--link-listen): gateways
+    /// then link over TLS and check it (gpux-gateway --link-tls-ca).
+    #[arg(long, requires_all = ["link_tls_key", "link_listen"])]
+    link_tls_cert: Option<PathBuf>,
+    /// PEM private key of --link-tls-cert.
+    #[arg(long, requires = "link_tls_cert")]
+    link_tls_key: Option<PathBuf>,
     /// Where to serve Prometheus metrics (`GET /metrics`); `off` for nowhere.
     #[arg(long, default_value = "127.0.0.1:7301", env = "GPUX_METRICS_LISTEN")]
     metrics_listen: String,
@@ -81,6 +88,17 @@ struct Args {
     /// at least 16 bytes).
     #[arg(long, requires = "node_id")]
     cluster_secret_file: Option<PathBuf>,
+    /// PEM certificate chain of this node's Raft port (with --raft-tls-key
+    /// and --raft-tls-ca): peers and operators then reach it over TLS only.
+    #[arg(long, requires_all = ["node_id", "raft_tls_key", "raft_tls_ca"])]
+    raft_tls_cert: Option<PathBuf>,
+    /// PEM private key of --raft-tls-cert.
+    #[arg(long, requires = "raft_tls_cert")]
+    raft_tls_key: Option<PathBuf>,
+    /// PEM certificates this node trusts for its peers' Raft ports (the
+    /// cluster's CA); each peer's certificate must name its Raft host.
+    #[arg(long, requires = "raft_tls_cert")]
+    raft_tls_ca: Option<PathBuf>,
     /// Also start a live simulated market: simulated suppliers and renters
     /// trading on this exchange as real WebSocket clients (a demo; they
     /// open accounts in this data directory's journal).
@@ -197,7 +215,14 @@ fn run_main() -> Result<()> {
         (Some(node_id), Some(raft_listen), Some(secret)) => {
             anyhow::ensure!(!args.sim, "--sim runs on a single exchange: leave it out with --node-id");
             let secret = gpux_exchange::cluster::read_secret(secret)?;
-            Some(gpux_exchange::cluster::ClusterConfig { node_id, raft_listen, secret })
+            let tls = match (&args.raft_tls_cert, &args.raft_tls_key, &args.raft_tls_ca) {
+                (Some(cert), Some(key), Some(ca)) => Some(gpux_exchange::cluster::RaftTls {
+                    identity: gpux_protocol::tls::server_config(cert, key).context("--raft-tls-cert/--raft-tls-key")?,
+                    trust: gpux_protocol::tls::client_config(ca).context("--raft-tls-ca")?,
+                }),
+                _ => None,
+            };
+            Some(gpux_exchange::cluster::ClusterConfig { node_id, raft_listen, secret, tls })
         }
         _ => None,
     };
@@ -274,6 +299,7 @@ fn run_main() -> Result<()> {
         metrics_listen,
         console_listen,
         link_listen: args.link_listen,
+        link_tls: args.link_tls_cert.clone().zip(args.link_tls_key.clone()),
         tls,
         clock_offset_ms: args.clock_offset_ms,
         challenge_interval_ms: args.challenge_interval_ms,
@@ -405,6 +431,9 @@ struct NodeAccess {
     /// The cluster's secret file (the nodes' --cluster-secret-file).
     #[arg(long)]
     cluster_secret_file: PathBuf,
+    /// The certificates to trust when the nodes' Raft ports speak TLS (their --raft-tls-ca).
+    #[arg(long)]
+    raft_tls_ca: Option<PathBuf>,
 }
 
 #[derive(clap::Subcommand)]
@@ -460,7 +489,7 @@ fn parse_member(text: &str) -> Result<(u64, String), String> {
 }
 
 fn cluster_tool(command: ClusterTool) -> Result<()> {
-    use gpux_replica::admin::{call, call_leader, AdminReply, AdminRequest};
+    use gpux_replica::admin::{call_leader, call_with, AdminReply, AdminRequest};
     let (access, request, to_leader) = match command {
         ClusterTool::Init { access, nodes } => (access, AdminRequest::Initialize { members: nodes.into_iter().collect() }, false),
         ClusterTool::Join { access, node: (id, addr) } => (access, AdminRequest::Join { id, addr }, true),
@@ -469,12 +498,13 @@ fn cluster_tool(command: ClusterTool) -> Result<()> {
         ClusterTool::Status { access } => (access, AdminRequest::Status, false),
     };
     let secret = gpux_exchange::cluster::read_secret(&access.cluster_secret_file)?;
+    let tls = access.raft_tls_ca.as_deref().map(gpux_protocol::tls::client_config).transpose().context("--raft-tls-ca")?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let reply = runtime.block_on(async {
         if to_leader {
-            call_leader(&access.peer, &secret, request).await
+            call_leader(&access.peer, &secret, tls.as_ref(), request).await
         } else {
-            call(&access.peer, &secret, request).await
+            call_with(&access.peer, &secret, tls.as_ref(), request).await
         }
     })?;
     match reply {

@@ -526,7 +526,7 @@ async fn nothing_acknowledged_is_lost_when_nodes_are_killed() {
 
 /// A proxy in front of each node's Raft port that drops what goes to or
 /// comes from a node cut off (each connection names its caller's node id
-/// after the cluster token).
+/// in its first bytes).
 struct Partition {
     cut: watch::Sender<BTreeSet<u64>>,
 }
@@ -545,7 +545,7 @@ impl Partition {
                     if inbound.read_exact(&mut hello).await.is_err() {
                         return;
                     }
-                    let from = u64::from_le_bytes(hello[32..].try_into().expect("8 bytes"));
+                    let from = gpux_replica::network::hello_node(&hello);
                     let severed = move |cut: &BTreeSet<u64>| cut.contains(&from) || cut.contains(&to);
                     if severed(&cut.borrow()) {
                         return;

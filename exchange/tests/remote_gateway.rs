@@ -180,3 +180,37 @@ async fn silent_connections_to_the_link_port_never_keep_a_gateway_out() {
     );
     drop(silent);
 }
+
+/// docs/operations.md "Ports and secrets": with `--link-tls-cert` the link
+/// port speaks TLS only; a gateway given the certificate to trust links
+/// and serves, one without TLS never links.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_over_tls_serves_and_a_plain_gateway_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let identity = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()]).expect("certificate");
+    let (cert, key_file) = (dir.path().join("link.pem"), dir.path().join("link.key"));
+    std::fs::write(&cert, identity.cert.pem()).expect("write cert");
+    std::fs::write(&key_file, identity.signing_key.serialize_pem()).expect("write key");
+    let data = dir.path().join("data");
+    let exchange = Exchange::start_with(
+        &data,
+        Some(&key(1)),
+        &[
+            "--link-listen",
+            "127.0.0.1:0",
+            "--link-tls-cert",
+            cert.to_str().expect("utf-8"),
+            "--link-tls-key",
+            key_file.to_str().expect("utf-8"),
+        ],
+    );
+    let secret = data.join("link.secret");
+    let secured = Gateway::start_with(&[&exchange.link_addr], &secret, &["--link-tls-ca", cert.to_str().expect("utf-8")]);
+    let (mut renter, _) = login_when_linked(&secured.addr, &key(3), Role::Renter).await;
+    assert!(matches!(renter.request(ClientMessage::Ping { id: 2 }).await, ServerMessage::Pong { .. }));
+
+    // Without TLS (the same secret): no link, so its clients are told.
+    let plain = Gateway::start(&[&exchange.link_addr], &secret);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(close_reason_of_a_new_connection(&plain.addr).await, "sequencer_unavailable");
+}

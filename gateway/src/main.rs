@@ -37,6 +37,11 @@ struct Args {
     /// PEM private key for wss:// (with --tls-cert).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Link to the exchange over TLS, trusting the certificates in this PEM
+    /// file (the exchange's --link-tls-cert, or the CA that signed it); its
+    /// certificate must name the host of each --sequencer address.
+    #[arg(long)]
+    link_tls_ca: Option<PathBuf>,
     /// Connections at most (also bounded by the descriptor limit).
     #[arg(long, default_value_t = admission::AdmissionLimits::default().connections_max)]
     connections_max: usize,
@@ -84,7 +89,10 @@ fn run(args: Args) -> Result<()> {
         say(&format!("at most {budget} connections: the descriptor limit (ulimit -n) leaves no room for more"));
         limits.admission.connections_max = budget;
     }
-    let config = RemoteConfig::new(args.sequencers.clone(), args.name.clone(), secret);
+    let mut config = RemoteConfig::new(args.sequencers.clone(), args.name.clone(), secret);
+    if let Some(ca) = &args.link_tls_ca {
+        config.tls = Some(gpux_protocol::tls::client_config(ca).context("--link-tls-ca")?);
+    }
     let registry = prometheus::Registry::new();
     let metrics = std::sync::Arc::new(gpux_gateway::metrics::GatewayMetrics::new(&registry));
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;

@@ -50,11 +50,14 @@ pub struct RemoteConfig {
     pub token: [u8; 32],
     /// Frames each feed buffers for its slowest subscriber here.
     pub feed_frames_max: usize,
+    /// Link over TLS, trusting these certificates (`--link-tls-ca`): the
+    /// exchange's certificate must name the host of the address linked to.
+    pub tls: Option<Arc<tokio_rustls::rustls::ClientConfig>>,
 }
 
 impl RemoteConfig {
     pub fn new(sequencers: Vec<String>, name: String, secret: &[u8]) -> RemoteConfig {
-        RemoteConfig { sequencers, name, token: wire::link_token(secret), feed_frames_max: FEED_FRAMES_MAX }
+        RemoteConfig { sequencers, name, token: wire::link_token(secret), feed_frames_max: FEED_FRAMES_MAX, tls: None }
     }
 }
 
@@ -189,11 +192,23 @@ pub async fn bridge(config: RemoteConfig, requests: crossbeam_channel::Receiver<
     }
 }
 
-async fn connect(address: &str, config: &RemoteConfig) -> Result<TcpStream, WireError> {
-    let mut stream = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(address))
+async fn connect(address: &str, config: &RemoteConfig) -> Result<wire::LinkStream, WireError> {
+    let tcp = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(address))
         .await
         .map_err(|_| WireError::Protocol("connecting took over 5 s".into()))??;
-    let _ = stream.set_nodelay(true);
+    let _ = tcp.set_nodelay(true);
+    let mut stream: wire::LinkStream = match &config.tls {
+        None => Box::new(tcp),
+        Some(tls) => {
+            let name = gpux_protocol::tls::server_name(address).map_err(|e| WireError::Protocol(e.to_string()))?;
+            let connector = tokio_rustls::TlsConnector::from(tls.clone());
+            let secured = tokio::time::timeout(Duration::from_secs(5), connector.connect(name, tcp))
+                .await
+                .map_err(|_| WireError::Protocol("no TLS handshake within 5 s".into()))?
+                .map_err(|e| WireError::Protocol(format!("TLS: {e}")))?;
+            Box::new(secured)
+        }
+    };
     let hello = tokio::time::timeout(
         Duration::from_secs(5),
         wire::handshake(&mut stream, Peer::Gateway { name: config.name.clone() }, config.token),
@@ -214,12 +229,12 @@ enum Ended {
 }
 
 async fn run_link(
-    stream: TcpStream,
+    stream: wire::LinkStream,
     bridge: &mut Bridge,
     inbox: &mut mpsc::Receiver<Request>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Ended, WireError> {
-    let (reader, writer) = stream.into_split();
+    let (reader, writer) = tokio::io::split(stream);
     let mut writer = BufWriter::new(writer);
     // Frames are read on their own task so a long write never holds them up.
     let (downs, mut down_inbox) = mpsc::channel::<Result<Down, WireError>>(1024);

@@ -103,21 +103,7 @@ pub fn next_connection_id() -> ConnectionId {
 /// Loads a PEM certificate chain and private key into a TLS acceptor
 /// (rustls with the ring provider; TLS 1.2 and 1.3).
 pub fn tls_acceptor(cert_path: &std::path::Path, key_path: &std::path::Path) -> anyhow::Result<TlsAcceptor> {
-    use anyhow::Context;
-    use tokio_rustls::rustls;
-    use tokio_rustls::rustls::pki_types::pem::PemObject;
-    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certificates: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
-        .and_then(|certificates| certificates.collect())
-        .with_context(|| format!("reading certificates from {}", cert_path.display()))?;
-    anyhow::ensure!(!certificates.is_empty(), "{} holds no certificate", cert_path.display());
-    let key = PrivateKeyDer::from_pem_file(key_path).with_context(|| format!("reading the private key from {}", key_path.display()))?;
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(certificates, key)
-        .context("the certificate and key do not form a usable TLS identity")?;
-    Ok(TlsAcceptor::from(Arc::new(config)))
+    Ok(TlsAcceptor::from(gpux_protocol::tls::server_config(cert_path, key_path)?))
 }
 
 /// Accepts connections until `shutdown` turns true; with `tls`, every

@@ -31,12 +31,14 @@ use gpux_engine::InstrumentId;
 use gpux_protocol::{Channel, ErrorCode, ServerMessage};
 
 /// This build's link version; both ends must speak the same.
-pub const LINK_VERSION: u16 = 1;
+pub const LINK_VERSION: u16 = 2;
 /// What a link stream starts with.
 pub const LINK_MAGIC: [u8; 8] = *b"gpuxlink";
 /// The largest link frame: one request or server message (client frames are
 /// at most `FRAME_BYTES_MAX`), with room for the framing around it.
 pub const LINK_FRAME_BYTES_MAX: usize = 2 * gpux_protocol::FRAME_BYTES_MAX + 4096;
+/// The domain of the link handshake's proofs.
+const LINK_DOMAIN: &[u8] = b"gpux-link-v2";
 
 /// The first frame of each side.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,15 +46,24 @@ pub struct Hello {
     pub magic: [u8; 8],
     pub version: u16,
     pub peer: Peer,
-    /// A gateway proves it may speak for clients: [`link_token`] of the
-    /// secret the exchange keeps (`link.secret` in its data directory). The
-    /// sequencer's side sends zeros.
-    pub token: [u8; 32],
+    /// A fresh random nonce: the other side's proof covers it, so no
+    /// captured handshake works again.
+    pub nonce: [u8; 32],
 }
 
-/// What a gateway's hello carries for a link secret: SHA-256 of
-/// `gpux-link-v1:` and the secret. (It travels in clear: run links on
-/// loopback or a private network.)
+/// The second frame of each side: HMAC-SHA256, keyed with [`link_token`]
+/// of the exchange's `link.secret`, over both nonces, the side's role (the
+/// gateway connects, the sequencer accepts) and the peer it says it is
+/// (`gpux_protocol::peer_auth`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proof {
+    pub proof: [u8; 32],
+}
+
+/// The key both ends of a link prove: SHA-256 of `gpux-link-v1:` and the
+/// secret. It never travels: each handshake sends only proofs over fresh
+/// nonces (the link's frames after it travel in clear: run links on
+/// loopback or a private network).
 pub fn link_token(secret: &[u8]) -> [u8; 32] {
     use sha2::Digest;
     let mut hasher = sha2::Sha256::new();
@@ -60,6 +71,11 @@ pub fn link_token(secret: &[u8]) -> [u8; 32] {
     hasher.update(secret);
     hasher.finalize().into()
 }
+
+/// A link's byte stream: plain TCP, or TLS over it (`--link-tls-*`).
+pub trait LinkIo: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> LinkIo for T {}
+pub type LinkStream = Box<dyn LinkIo>;
 
 /// Who is at an end of a link.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -169,8 +185,10 @@ pub async fn read_frame<R: AsyncRead + Unpin, T: DeserializeOwned>(reader: &mut 
 
 /// Writes this side's `Hello`, reads the peer's and checks it: the same
 /// magic and link version.
-pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, peer: Peer, token: [u8; 32]) -> Result<Hello, WireError> {
-    write_frame(stream, &Hello { magic: LINK_MAGIC, version: LINK_VERSION, peer, token }).await?;
+pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, peer: Peer, key: [u8; 32]) -> Result<Hello, WireError> {
+    use gpux_protocol::peer_auth::{self, Role};
+    let mine = peer_auth::nonce();
+    write_frame(stream, &Hello { magic: LINK_MAGIC, version: LINK_VERSION, peer: peer.clone(), nonce: mine }).await?;
     stream.flush().await?;
     let theirs: Hello = match read_frame(stream).await {
         Ok(Some(hello)) => hello,
@@ -184,6 +202,23 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, peer: 
     }
     if theirs.version != LINK_VERSION {
         return Err(WireError::Version { theirs: theirs.version });
+    }
+    // The gateway connects; the sequencer accepts. Two ends of one role
+    // each expect the other role's proof, and fail.
+    let (role, other_role, initiator, responder) = match peer {
+        Peer::Gateway { .. } => (Role::Initiator, Role::Responder, mine, theirs.nonce),
+        Peer::Sequencer { .. } => (Role::Responder, Role::Initiator, theirs.nonce, mine),
+    };
+    let statement = |peer: &Peer| bincode::serde::encode_to_vec(peer, config()).map_err(|e| WireError::Decode(e.to_string()));
+    let proof = peer_auth::proof(&key, LINK_DOMAIN, role, &initiator, &responder, &statement(&peer)?);
+    write_frame(stream, &Proof { proof }).await?;
+    stream.flush().await?;
+    let their_proof: Proof = match read_frame(stream).await? {
+        Some(proof) => proof,
+        None => return Err(WireError::Closed),
+    };
+    if !peer_auth::verify(&key, LINK_DOMAIN, other_role, &initiator, &responder, &statement(&theirs.peer)?, &their_proof.proof) {
+        return Err(WireError::Token);
     }
     Ok(theirs)
 }
@@ -443,22 +478,63 @@ mod tests {
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
         let token = link_token(b"secret");
         let gateway = tokio::spawn(async move { handshake(&mut a, Peer::Gateway { name: "g1".into() }, token).await.map(|h| h.peer) });
-        let sequencer = handshake(&mut b, Peer::Sequencer { node: 1 }, [0; 32]).await.expect("same version");
-        assert_eq!((sequencer.peer, sequencer.token), (Peer::Gateway { name: "g1".into() }, token));
+        let sequencer = handshake(&mut b, Peer::Sequencer { node: 1 }, token).await.expect("same version");
+        assert_eq!(sequencer.peer, Peer::Gateway { name: "g1".into() });
         assert_ne!(link_token(b"secret"), link_token(b"other"));
         assert_eq!(gateway.await.expect("in memory").expect("same version"), Peer::Sequencer { node: 1 });
 
         // A peer of another version.
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
-        let other = Hello { magic: LINK_MAGIC, version: LINK_VERSION + 1, peer: Peer::Sequencer { node: 2 }, token: [0; 32] };
+        let other = Hello { magic: LINK_MAGIC, version: LINK_VERSION + 1, peer: Peer::Sequencer { node: 2 }, nonce: [0; 32] };
         write_frame(&mut a, &other).await.expect("in memory");
         assert!(
-            matches!(handshake(&mut b, Peer::Gateway { name: "g".into() }, [0; 32]).await, Err(WireError::Version { theirs }) if theirs == LINK_VERSION + 1)
+            matches!(handshake(&mut b, Peer::Gateway { name: "g".into() }, token).await, Err(WireError::Version { theirs }) if theirs == LINK_VERSION + 1)
         );
 
         // Something that is not a link at all (an HTTP request).
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
         a.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("in memory");
-        assert!(matches!(handshake(&mut b, Peer::Sequencer { node: 1 }, [0; 32]).await, Err(WireError::NotALink)));
+        assert!(matches!(handshake(&mut b, Peer::Sequencer { node: 1 }, token).await, Err(WireError::NotALink)));
+    }
+
+    /// Issue 41: the hello once carried a fixed hash of the secret, so one
+    /// captured handshake opened a link for ever. Now each side proves the
+    /// key over the other's fresh nonce: a wrong key fails on both sides, and
+    /// a recorded handshake replayed to the exchange fails.
+    #[tokio::test]
+    async fn a_wrong_key_or_a_replayed_handshake_opens_no_link() {
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        let gateway =
+            tokio::spawn(async move { handshake(&mut a, Peer::Gateway { name: "g1".into() }, link_token(b"guess")).await.map(|h| h.peer) });
+        let sequencer = handshake(&mut b, Peer::Sequencer { node: 1 }, link_token(b"secret")).await;
+        assert!(matches!(sequencer, Err(WireError::Token)), "the exchange refuses a wrong key");
+        assert!(matches!(gateway.await.expect("in memory"), Err(WireError::Token)), "the gateway refuses an exchange without the key");
+
+        // Record what a real gateway sends in a good handshake.
+        let token = link_token(b"secret");
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        let recorded = tokio::spawn(async move {
+            let hello = Hello { magic: LINK_MAGIC, version: LINK_VERSION, peer: Peer::Gateway { name: "g1".into() }, nonce: [7; 32] };
+            write_frame(&mut a, &hello).await.expect("in memory");
+            let sequencer_hello: Hello = read_frame(&mut a).await.expect("read").expect("a hello");
+            let proof = gpux_protocol::peer_auth::proof(
+                &token,
+                LINK_DOMAIN,
+                gpux_protocol::peer_auth::Role::Initiator,
+                &[7; 32],
+                &sequencer_hello.nonce,
+                &bincode::serde::encode_to_vec(&hello.peer, config()).expect("encodes"),
+            );
+            write_frame(&mut a, &Proof { proof }).await.expect("in memory");
+            let _: Option<Proof> = read_frame(&mut a).await.expect("the exchange's proof");
+            (hello, Proof { proof })
+        });
+        handshake(&mut b, Peer::Sequencer { node: 1 }, token).await.expect("the real gateway links");
+        let (hello, proof) = recorded.await.expect("in memory");
+        // Replayed word for word to a new connection: the exchange's nonce differs.
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        write_frame(&mut a, &hello).await.expect("in memory");
+        write_frame(&mut a, &proof).await.expect("in memory");
+        assert!(matches!(handshake(&mut b, Peer::Sequencer { node: 1 }, token).await, Err(WireError::Token)));
     }
 }

@@ -22,8 +22,10 @@ pub mod invoice;
 pub mod liveness;
 pub mod memory;
 pub mod messages;
+pub mod peer_auth;
 pub mod record;
 mod signed;
+pub mod tls;
 pub mod usage;
 
 pub use access::{KeyInfo, Scope, Scopes};

@@ -13,12 +13,11 @@ use std::time::Duration;
 
 use openraft::{BasicNode, ChangeMembers};
 use serde::{Deserialize, Serialize};
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::network::{hello, read_frame, write_frame, Call, FrameError, Reply};
+use crate::network::{cluster_token, connect, read_frame, write_frame, Call, FrameError, Reply};
 use crate::{NodeId, Raft};
+use tokio_rustls::rustls::ClientConfig;
 
 /// What an operator asks a node.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -230,10 +229,23 @@ async fn lead(raft: &Raft, secret: &[u8]) -> AdminReply {
 
 /// Sends one operator's call to the node whose Raft port is `addr`.
 pub async fn call(addr: &str, secret: &[u8], request: AdminRequest) -> Result<AdminReply, AdminError> {
+    call_with(addr, secret, None, request).await
+}
+
+/// [`call`] over TLS when `tls` is given (the cluster's `--raft-tls-ca`).
+pub async fn call_with(
+    addr: &str,
+    secret: &[u8],
+    tls: Option<&Arc<ClientConfig>>,
+    request: AdminRequest,
+) -> Result<AdminReply, AdminError> {
     let exchanged = tokio::time::timeout(ADMIN_TIMEOUT, async {
-        let mut stream = TcpStream::connect(addr).await.map_err(|source| AdminError::Unreachable { addr: addr.to_string(), source })?;
         let frame = |source: FrameError| AdminError::Frame { addr: addr.to_string(), source };
-        stream.write_all(&hello(secret, 0)).await.map_err(|e| frame(e.into()))?;
+        let mut stream = match connect(addr, tls, &cluster_token(secret), 0).await {
+            Ok(stream) => stream,
+            Err(FrameError::Io(source)) => return Err(AdminError::Unreachable { addr: addr.to_string(), source }),
+            Err(error) => return Err(frame(error)),
+        };
         write_frame(&mut stream, &Call::Admin(request)).await.map_err(frame)?;
         match read_frame::<_, Reply>(&mut stream).await.map_err(frame)? {
             Reply::Admin(reply) => Ok(reply),
@@ -246,10 +258,15 @@ pub async fn call(addr: &str, secret: &[u8], request: AdminRequest) -> Result<Ad
 
 /// [`call`], sent again to the leader once when the node answers that it
 /// is not the leader and names one.
-pub async fn call_leader(addr: &str, secret: &[u8], request: AdminRequest) -> Result<AdminReply, AdminError> {
-    match call(addr, secret, request.clone()).await? {
+pub async fn call_leader(
+    addr: &str,
+    secret: &[u8],
+    tls: Option<&Arc<ClientConfig>>,
+    request: AdminRequest,
+) -> Result<AdminReply, AdminError> {
+    match call_with(addr, secret, tls, request.clone()).await? {
         AdminReply::NotLeader { leader: Some((_, leader_addr)) } if !leader_addr.is_empty() && leader_addr != addr => {
-            call(&leader_addr, secret, request).await
+            call_with(&leader_addr, secret, tls, request).await
         }
         reply => Ok(reply),
     }

@@ -2,12 +2,17 @@
 //! request and its reply at a time per connection, on a port of its own
 //! (never the clients' or the gateways').
 //!
-//! A connection starts with the cluster token: SHA-256 of
-//! `gpux-raft-v1:` and the cluster's secret (every node holds the same
-//! secret file), then the caller's node id (u64 little-endian; 0 for an
-//! operator's `gpux-exchange cluster` command). A peer with another token
-//! is dropped before anything else is read: an entry from outside the
-//! cluster must never reach the log. Frames are bounded
+//! A connection starts with a mutual challenge-response over the cluster's
+//! secret (every node holds the same secret file; `gpux_protocol::peer_auth`):
+//! the caller sends `gpuxraft`, the version, a fresh nonce and its node id
+//! (u64 little-endian; 0 for an operator's `gpux-exchange cluster`
+//! command); the node answers with its own nonce and its proof over both;
+//! the caller checks it and sends its proof, which covers its node id. A
+//! peer that cannot prove the secret is dropped before anything else is
+//! read: an entry from outside the cluster must never reach the log, and a
+//! captured handshake never works again. At most [`RAFT_HANDSHAKES_MAX`]
+//! connections wait in their handshake at once (a newcomer displaces the
+//! oldest), each for at most 5 s. Frames are bounded
 //! ([`RAFT_FRAME_BYTES_MAX`]) before they are read. Besides Raft's own
 //! calls a connection carries the operator's ([`crate::admin`]).
 //!
@@ -31,12 +36,15 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::admin::{AdminReply, AdminRequest, Handover};
 use crate::{NodeId, Raft, TypeConfig};
+use gpux_protocol::peer_auth::{self, HandshakePool, Role, Throttle, NONCE_BYTES};
+use tokio_rustls::rustls::{ClientConfig, ServerConfig};
 
 /// The largest Raft frame: a batch of log entries or a snapshot chunk
 /// (openraft sends snapshots in 3 MiB chunks).
 pub const RAFT_FRAME_BYTES_MAX: usize = 64 << 20;
 
-/// What a connection starts with: the cluster's token.
+/// The key both ends prove: SHA-256 of `gpux-raft-v1:` and the cluster's
+/// secret (it never travels).
 pub fn cluster_token(secret: &[u8]) -> [u8; 32] {
     use sha2::Digest;
     let mut hasher = sha2::Sha256::new();
@@ -45,8 +53,93 @@ pub fn cluster_token(secret: &[u8]) -> [u8; 32] {
     hasher.finalize().into()
 }
 
-/// The bytes a connection starts with: the cluster token and the caller's node id.
-pub const HELLO_BYTES: usize = 40;
+/// What a connection starts with: magic, version, the caller's nonce and
+/// its node id (the last 8 bytes: [`hello_node`]).
+pub const HELLO_BYTES: usize = 8 + 2 + NONCE_BYTES + 8;
+const RAFT_MAGIC: [u8; 8] = *b"gpuxraft";
+const RAFT_VERSION: u16 = 2;
+const RAFT_DOMAIN: &[u8] = b"gpux-raft-v2";
+/// Connections in their handshake at once.
+pub const RAFT_HANDSHAKES_MAX: usize = 16;
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A Raft connection's byte stream: plain TCP, or TLS over it.
+pub trait RaftIo: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static> RaftIo for T {}
+type RaftStream = Box<dyn RaftIo>;
+
+/// Connects to `addr` (TLS first when `tls` is given: the node's
+/// certificate must name the host of `addr`) and proves the secret as node
+/// `id`.
+pub(crate) async fn connect(addr: &str, tls: Option<&Arc<ClientConfig>>, key: &[u8; 32], id: NodeId) -> Result<RaftStream, FrameError> {
+    let tcp = TcpStream::connect(addr).await?;
+    let _ = tcp.set_nodelay(true);
+    let mut stream: RaftStream = match tls {
+        None => Box::new(tcp),
+        Some(tls) => {
+            let name = gpux_protocol::tls::server_name(addr).map_err(|e| FrameError::Decode(e.to_string()))?;
+            Box::new(tokio_rustls::TlsConnector::from(tls.clone()).connect(name, tcp).await?)
+        }
+    };
+    client_handshake(&mut stream, key, id).await?;
+    Ok(stream)
+}
+
+/// The node id a connection's hello names (not yet proven).
+pub fn hello_node(hello: &[u8; HELLO_BYTES]) -> NodeId {
+    u64::from_le_bytes(hello[HELLO_BYTES - 8..].try_into().expect("8 bytes"))
+}
+
+/// The caller's side of the handshake: proves the secret as node `id` and
+/// checks that the node it reached holds it too.
+pub(crate) async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    key: &[u8; 32],
+    id: NodeId,
+) -> Result<(), FrameError> {
+    let mine = peer_auth::nonce();
+    let mut hello = [0u8; HELLO_BYTES];
+    hello[..8].copy_from_slice(&RAFT_MAGIC);
+    hello[8..10].copy_from_slice(&RAFT_VERSION.to_le_bytes());
+    hello[10..10 + NONCE_BYTES].copy_from_slice(&mine);
+    hello[HELLO_BYTES - 8..].copy_from_slice(&id.to_le_bytes());
+    stream.write_all(&hello).await?;
+    stream.flush().await?;
+    let mut answer = [0u8; NONCE_BYTES + 32];
+    stream.read_exact(&mut answer).await?;
+    let theirs: [u8; NONCE_BYTES] = answer[..NONCE_BYTES].try_into().expect("32 bytes");
+    let proof: [u8; 32] = answer[NONCE_BYTES..].try_into().expect("32 bytes");
+    if !peer_auth::verify(key, RAFT_DOMAIN, Role::Responder, &mine, &theirs, b"", &proof) {
+        return Err(FrameError::Decode("the node does not hold this cluster's secret".into()));
+    }
+    let proof = peer_auth::proof(key, RAFT_DOMAIN, Role::Initiator, &mine, &theirs, &id.to_le_bytes());
+    stream.write_all(&proof).await?;
+    stream.flush().await?;
+    Ok(())
+}
+
+/// The node's side: returns the caller's node id once it proved the secret.
+async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, key: &[u8; 32]) -> Result<NodeId, FrameError> {
+    let mut hello = [0u8; HELLO_BYTES];
+    stream.read_exact(&mut hello).await?;
+    if hello[..8] != RAFT_MAGIC || hello[8..10] != RAFT_VERSION.to_le_bytes() {
+        return Err(FrameError::Decode("not a gpux Raft connection of this version".into()));
+    }
+    let theirs: [u8; NONCE_BYTES] = hello[10..10 + NONCE_BYTES].try_into().expect("32 bytes");
+    let node = hello_node(&hello);
+    let mine = peer_auth::nonce();
+    let mut answer = [0u8; NONCE_BYTES + 32];
+    answer[..NONCE_BYTES].copy_from_slice(&mine);
+    answer[NONCE_BYTES..].copy_from_slice(&peer_auth::proof(key, RAFT_DOMAIN, Role::Responder, &theirs, &mine, b""));
+    stream.write_all(&answer).await?;
+    stream.flush().await?;
+    let mut proof = [0u8; 32];
+    stream.read_exact(&mut proof).await?;
+    if !peer_auth::verify(key, RAFT_DOMAIN, Role::Initiator, &theirs, &mine, &node.to_le_bytes(), &proof) {
+        return Err(FrameError::Decode("not this cluster's secret".into()));
+    }
+    Ok(node)
+}
 
 #[derive(Serialize, Deserialize)]
 pub(crate) enum Call {
@@ -100,30 +193,62 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin, T: serde::de::DeserializeOw
 /// Serves this node's Raft to its peers (and operators' calls) until the
 /// listener fails.
 pub async fn serve(listener: TcpListener, raft: Raft, secret: Arc<[u8]>, handover: Handover) {
-    let token = cluster_token(&secret);
+    serve_tls(listener, raft, secret, handover, None).await
+}
+
+/// [`serve`], TLS first on every connection when `tls` is given.
+pub async fn serve_tls(listener: TcpListener, raft: Raft, secret: Arc<[u8]>, handover: Handover, tls: Option<Arc<ServerConfig>>) {
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
+    let key = cluster_token(&secret);
+    let handshaking: Arc<HandshakePool<tokio::sync::oneshot::Sender<()>>> = Arc::new(HandshakePool::new(RAFT_HANDSHAKES_MAX));
+    let refusals = Arc::new(Throttle::new(Duration::from_secs(10)));
+    let mut next: u64 = 0;
     loop {
         let Ok((stream, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let (raft, secret, handover) = (raft.clone(), secret.clone(), handover.clone());
+        next += 1;
+        let connection = next;
+        let (cancel, cancelled) = tokio::sync::oneshot::channel();
+        if let Some(oldest) = handshaking.enter(connection, cancel) {
+            let _ = oldest.send(());
+        }
+        let (raft, secret, handover, handshaking, refusals, tls) =
+            (raft.clone(), secret.clone(), handover.clone(), handshaking.clone(), refusals.clone(), tls.clone());
         tokio::spawn(async move {
-            if let Err(error) = serve_peer(stream, raft, token, secret, handover).await {
+            let _ = stream.set_nodelay(true);
+            let handshake = async {
+                let mut stream: RaftStream = match tls {
+                    None => Box::new(stream),
+                    Some(acceptor) => Box::new(acceptor.accept(stream).await?),
+                };
+                server_handshake(&mut stream, &key).await.map(|_| stream)
+            };
+            let proven = tokio::select! {
+                proven = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => {
+                    proven.unwrap_or_else(|_| Err(FrameError::Decode("no handshake within 5 s".into())))
+                }
+                _ = cancelled => Err(FrameError::Decode(format!("dropped for a newer connection: {RAFT_HANDSHAKES_MAX} handshakes waiting"))),
+            };
+            handshaking.leave(connection);
+            let stream = match proven {
+                Ok(stream) => stream,
+                Err(error) => {
+                    if let Some(suppressed) = refusals.should_log() {
+                        tracing::warn!(%peer, %error, suppressed, "raft handshake failed");
+                    }
+                    return;
+                }
+            };
+            if let Err(error) = serve_peer(stream, raft, secret, handover).await {
                 tracing::debug!(%peer, %error, "raft peer connection ended");
             }
         });
     }
 }
 
-async fn serve_peer(mut stream: TcpStream, raft: Raft, token: [u8; 32], secret: Arc<[u8]>, handover: Handover) -> Result<(), FrameError> {
-    let _ = stream.set_nodelay(true);
-    let mut hello = [0u8; HELLO_BYTES];
-    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut hello))
-        .await
-        .map_err(|_| FrameError::Decode("no token within 5 s".into()))??;
-    if hello[..32].iter().zip(&token).fold(0u8, |acc, (a, b)| acc | (a ^ b)) != 0 {
-        return Err(FrameError::Decode("not this cluster's token".into()));
-    }
+async fn serve_peer(mut stream: RaftStream, raft: Raft, secret: Arc<[u8]>, handover: Handover) -> Result<(), FrameError> {
     loop {
         let call: Call = match read_frame(&mut stream).await {
             Ok(call) => call,
@@ -154,37 +279,38 @@ async fn serve_peer(mut stream: TcpStream, raft: Raft, token: [u8; 32], secret: 
 /// Makes connections to peers (lazily: nothing connects until a call).
 #[derive(Clone)]
 pub struct TcpNetwork {
-    hello: [u8; HELLO_BYTES],
+    key: [u8; 32],
+    id: NodeId,
+    tls: Option<Arc<ClientConfig>>,
 }
 
 impl TcpNetwork {
     /// The network of node `id` (named to its peers as each connection starts).
     pub fn new(secret: &[u8], id: NodeId) -> TcpNetwork {
-        TcpNetwork { hello: hello(secret, id) }
+        TcpNetwork { key: cluster_token(secret), id, tls: None }
     }
-}
 
-/// What a connection from node `id` (0: an operator) starts with.
-pub fn hello(secret: &[u8], id: NodeId) -> [u8; HELLO_BYTES] {
-    let mut hello = [0u8; HELLO_BYTES];
-    hello[..32].copy_from_slice(&cluster_token(secret));
-    hello[32..].copy_from_slice(&id.to_le_bytes());
-    hello
+    /// Connects to peers over TLS, trusting `tls`'s certificates.
+    pub fn with_tls(self, tls: Arc<ClientConfig>) -> TcpNetwork {
+        TcpNetwork { tls: Some(tls), ..self }
+    }
 }
 
 /// One peer's connection, made on first use and again after it breaks.
 pub struct TcpPeer {
     target: NodeId,
     addr: String,
-    hello: [u8; HELLO_BYTES],
-    stream: Option<TcpStream>,
+    key: [u8; 32],
+    id: NodeId,
+    tls: Option<Arc<ClientConfig>>,
+    stream: Option<RaftStream>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for TcpNetwork {
     type Network = TcpPeer;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> TcpPeer {
-        TcpPeer { target, addr: node.addr.clone(), hello: self.hello, stream: None }
+        TcpPeer { target, addr: node.addr.clone(), key: self.key, id: self.id, tls: self.tls.clone(), stream: None }
     }
 }
 
@@ -198,17 +324,12 @@ impl TcpPeer {
     async fn call(&mut self, call: Call, option: &RPCOption) -> Result<Reply, CallError> {
         let ttl = option.hard_ttl();
         if self.stream.is_none() {
-            let connected = tokio::time::timeout(ttl, TcpStream::connect(&self.addr)).await;
-            let mut stream = match connected {
-                Ok(Ok(stream)) => stream,
+            let connected = tokio::time::timeout(ttl, connect(&self.addr, self.tls.as_ref(), &self.key, self.id)).await;
+            match connected {
+                Ok(Ok(stream)) => self.stream = Some(stream),
                 Ok(Err(error)) => return Err(CallError::Unreachable(Unreachable::new(&error))),
                 Err(_) => return Err(CallError::Unreachable(Unreachable::new(&AnyError::error("connect timed out")))),
-            };
-            let _ = stream.set_nodelay(true);
-            if let Err(error) = stream.write_all(&self.hello).await {
-                return Err(CallError::Unreachable(Unreachable::new(&error)));
             }
-            self.stream = Some(stream);
         }
         let stream = self.stream.as_mut().expect("connected above");
         let exchanged = tokio::time::timeout(ttl, async {

@@ -1,8 +1,9 @@
 //! Three replicas over real TCP on loopback (the network nodes use):
 //! batches committed through the leader reach every node; the leader's
 //! process gone (its Raft shut down, its port closed), the others elect a
-//! new leader and keep committing; a peer without the cluster's token gets
-//! no answer and changes nothing.
+//! new leader and keep committing; a peer without the cluster's secret gets
+//! no answer and changes nothing, a recorded handshake replayed opens
+//! nothing, and silent connections do not keep the cluster's own out.
 
 mod common;
 
@@ -60,7 +61,7 @@ async fn three_replicas_over_tcp_commit_and_fail_over() {
 
     // A stranger on a node's Raft port: dropped without an answer.
     let mut stranger = tokio::net::TcpStream::connect(&members[&2].addr).await.expect("connects");
-    stranger.write_all(&[7u8; 32]).await.expect("writes");
+    stranger.write_all(&[7u8; network::HELLO_BYTES]).await.expect("writes");
     stranger.write_all(&[9, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]).await.expect("writes");
     let mut buffer = [0u8; 16];
     let read = tokio::time::timeout(Duration::from_secs(5), stranger.read(&mut buffer)).await.expect("closed in time");
@@ -81,6 +82,117 @@ async fn three_replicas_over_tcp_commit_and_fail_over() {
     let hashes: Vec<u64> = nodes.values().map(|n| n.machine.read(|m| m.state_hash())).collect();
     assert!(hashes.windows(2).all(|pair| pair[0] == pair[1]), "{hashes:?}");
     assert_eq!(nodes[&second].machine.read(|m| m.engine().account_count()), 8, "every committed batch applied once");
+    for node in nodes.into_values() {
+        node.server.abort();
+        node.raft.shutdown().await.expect("shuts down");
+    }
+}
+
+/// Issue 41: the Raft port's hello was a fixed hash of the secret, so one
+/// captured handshake worked for ever, and unauthenticated connections had
+/// no bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_or_wrong_handshake_opens_nothing_and_silent_connections_keep_no_peer_out() {
+    use gpux_protocol::peer_auth::{self, Role};
+    use gpux_replica::admin::{self, AdminReply, AdminRequest};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (members, listeners) = common::listeners(1).await;
+    let (id, listener) = listeners.into_iter().next().expect("one");
+    let log = LogStore::open(&dir.path().join("log.redb")).expect("log");
+    let machine = MarketMachine::open(&dir.path().join("machine.redb"), EngineConfig::demo()).expect("machine");
+    let config = Arc::new(Config::default().validate().expect("valid"));
+    let raft = Raft::new(id, config, TcpNetwork::new(SECRET, id), log, machine).await.expect("raft");
+    let server = tokio::spawn(network::serve(listener, raft.clone(), Arc::from(SECRET), Default::default()));
+    let addr = members[&id].addr.clone();
+
+    // The operator's call proves the secret; a wrong secret gets nothing.
+    assert!(matches!(admin::call(&addr, SECRET, AdminRequest::Status).await, Ok(AdminReply::Status(_))));
+    assert!(admin::call(&addr, b"a guess", AdminRequest::Status).await.is_err());
+
+    // A genuine handshake, recorded, then replayed word for word.
+    let key = network::cluster_token(SECRET);
+    let mut hello = [0u8; network::HELLO_BYTES];
+    hello[..8].copy_from_slice(b"gpuxraft");
+    hello[8..10].copy_from_slice(&2u16.to_le_bytes());
+    hello[10..42].copy_from_slice(&[5; 32]);
+    hello[network::HELLO_BYTES - 8..].copy_from_slice(&9u64.to_le_bytes());
+    let handshake = |proof: Option<[u8; 32]>| {
+        let addr = addr.clone();
+        async move {
+            let mut stream = tokio::net::TcpStream::connect(&addr).await.expect("connects");
+            stream.write_all(&hello).await.expect("writes");
+            let mut answer = [0u8; 64];
+            stream.read_exact(&mut answer).await.expect("the node answers");
+            let theirs: [u8; 32] = answer[..32].try_into().expect("32");
+            let proof =
+                proof.unwrap_or_else(|| peer_auth::proof(&key, b"gpux-raft-v2", Role::Initiator, &[5; 32], &theirs, &9u64.to_le_bytes()));
+            stream.write_all(&proof).await.expect("writes");
+            (stream, proof)
+        }
+    };
+    let (stream, recorded) = handshake(None).await;
+    assert!(stays_open(stream).await, "the genuine handshake is served (the node waits for a call)");
+    let (stream, _) = handshake(Some(recorded)).await;
+    assert!(!stays_open(stream).await, "the replayed proof is refused: the node's nonce is new");
+
+    // 64 silent connections: the pool of handshakes keeps 16, newest first,
+    // and a peer's handshake still goes through at once.
+    let mut silent = Vec::new();
+    for _ in 0..64 {
+        silent.push(tokio::net::TcpStream::connect(&addr).await.expect("connects"));
+    }
+    let started = std::time::Instant::now();
+    assert!(matches!(admin::call(&addr, SECRET, AdminRequest::Status).await, Ok(AdminReply::Status(_))));
+    assert!(started.elapsed() < Duration::from_secs(2), "served in {:?}", started.elapsed());
+    server.abort();
+    raft.shutdown().await.expect("shuts down");
+}
+
+/// Whether the node keeps the connection open (a proven peer's, waiting
+/// for its call) rather than closing it (a refused handshake).
+async fn stays_open(mut stream: tokio::net::TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    tokio::time::timeout(Duration::from_secs(1), stream.read(&mut byte)).await.is_err()
+}
+
+/// docs/operations.md "Ports and secrets": with TLS on the Raft port the
+/// nodes commit as before, an operator's call over TLS is answered, and a
+/// caller without TLS gets nothing even with the secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_commit_over_tls_and_a_plain_caller_is_refused() {
+    use gpux_replica::admin::{self, AdminReply, AdminRequest};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let identity = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("certificate");
+    let (cert, key) = (dir.path().join("raft.pem"), dir.path().join("raft.key"));
+    std::fs::write(&cert, identity.cert.pem()).expect("write cert");
+    std::fs::write(&key, identity.signing_key.serialize_pem()).expect("write key");
+    let server = gpux_protocol::tls::server_config(&cert, &key).expect("identity");
+    let trust = gpux_protocol::tls::client_config(&cert).expect("trust");
+    let config = Arc::new(
+        Config { heartbeat_interval: 50, election_timeout_min: 300, election_timeout_max: 600, ..Default::default() }
+            .validate()
+            .expect("valid"),
+    );
+    let (members, listeners) = common::listeners(3).await;
+    let mut nodes = BTreeMap::new();
+    for (id, listener) in listeners {
+        let log = LogStore::open(&dir.path().join(format!("{id}-log.redb"))).expect("log");
+        let machine = MarketMachine::open(&dir.path().join(format!("{id}-machine.redb")), EngineConfig::demo()).expect("machine");
+        let net = TcpNetwork::new(SECRET, id).with_tls(trust.clone());
+        let raft = Raft::new(id, config.clone(), net, log, machine.clone()).await.expect("raft");
+        let serving = tokio::spawn(network::serve_tls(listener, raft.clone(), Arc::from(SECRET), Default::default(), Some(server.clone())));
+        nodes.insert(id, Node { raft, machine, server: serving });
+    }
+    nodes[&1].raft.initialize(members.clone()).await.expect("initialized");
+    let leader = common::leader(nodes.values().map(|n| &n.raft)).await;
+    let last = nodes[&leader].raft.client_write(common::batch(0)).await.expect("committed").log_id.index;
+    for node in nodes.values() {
+        node.raft.wait(Some(Duration::from_secs(10))).applied_index_at_least(Some(last), "applied").await.expect("applied");
+    }
+    let addr = &members[&2].addr;
+    let answered = admin::call_with(addr, SECRET, Some(&trust), AdminRequest::Status).await;
+    assert!(matches!(answered, Ok(AdminReply::Status(_))), "{answered:?}");
+    assert!(admin::call(addr, SECRET, AdminRequest::Status).await.is_err(), "no TLS, no answer");
     for node in nodes.into_values() {
         node.server.abort();
         node.raft.shutdown().await.expect("shuts down");

@@ -93,6 +93,7 @@ fn a_live_exchanges_journal_gives_its_state_in_the_audit_and_a_recovery() {
         console_listen: None,
         link_listen: None,
         tls: None,
+        link_tls: None,
         billing: demo_billing(),
         clock_offset_ms: 0,
         challenge_interval_ms: gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT,

@@ -57,6 +57,7 @@ fn start_exchange_with(
         console_listen: None,
         link_listen: None,
         tls: None,
+        link_tls: None,
         billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: 250, grace_ms: 600_000 },
         clock_offset_ms,
         challenge_interval_ms: gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT,

@@ -466,6 +466,11 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn start(sequencers: &[&str], secret: &std::path::Path) -> Gateway {
+        Self::start_with(sequencers, secret, &[])
+    }
+
+    /// `start` with more arguments (`--link-tls-ca FILE`).
+    pub fn start_with(sequencers: &[&str], secret: &std::path::Path, extra: &[&str]) -> Gateway {
         let binary = std::path::Path::new(env!("CARGO_BIN_EXE_gpux-exchange")).with_file_name("gpux-gateway");
         assert!(binary.exists(), "{} is built with the workspace (cargo build -p gpux-gateway)", binary.display());
         let mut child = Command::new(binary)
@@ -473,6 +478,7 @@ impl Gateway {
             .args(sequencers.iter().flat_map(|address| ["--sequencer", address]))
             .arg("--link-secret-file")
             .arg(secret)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

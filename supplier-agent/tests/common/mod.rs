@@ -56,6 +56,7 @@ impl Exchange {
             console_listen: None,
             link_listen: None,
             tls: None,
+            link_tls: None,
             billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: 250, grace_ms: gpux_exchange::BILLING_GRACE_MS_DEFAULT },
             clock_offset_ms: 0,
             challenge_interval_ms,
