@@ -1,0 +1,111 @@
+//! Fair shares (issue 41) as an attacker with ordinary accounts would try
+//! them, against the real binary over real sockets: fake GPUs and armed
+//! stops pile up only to each account's share, each refusal says why, a
+//! victim account keeps being served, and the exchange's memory stays
+//! bounded while it happens (resident memory grows by less than 64 MiB).
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::*;
+use gpux_engine::*;
+use gpux_protocol::*;
+
+const USD_1: u64 = 1_000_000;
+const USD_3: u64 = 3_000_000;
+
+/// Resident memory of a process, in KiB (`VmRSS`).
+fn resident_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let line = status.lines().find(|line| line.starts_with("VmRSS:")).expect("VmRSS");
+    line.split_whitespace().nth(1).expect("a number").parse().expect("KiB")
+}
+
+/// Sends the messages 1 000 at a time (a connection may have 1 024 in
+/// flight), reading an answer to each: the count of acknowledgements and of
+/// each refusal code.
+async fn pipelined(client: &mut Client, messages: Vec<ClientMessage>) -> (usize, HashMap<RejectCode, usize>) {
+    let (mut acked, mut refused) = (0, HashMap::new());
+    for chunk in messages.chunks(1_000) {
+        for message in chunk {
+            client.send_nowait(message).await;
+        }
+        client.flush().await;
+        let mut answered = 0;
+        while answered < chunk.len() {
+            match client.recv().await {
+                ServerMessage::Ack { .. } => acked += 1,
+                ServerMessage::Reject { code, .. } => *refused.entry(code).or_insert(0) += 1,
+                ServerMessage::Error { code, .. } => panic!("gateway error {code:?}"),
+                _ => continue,
+            }
+            answered += 1;
+        }
+    }
+    (acked, refused)
+}
+
+fn register(id: u64, host: &str, gpu: u32) -> ClientMessage {
+    ClientMessage::RegisterGpu {
+        id,
+        host: host.into(),
+        gpu_uuid: format!("GPU-{host}-{gpu}"),
+        spec: GpuSpec::h100_sxm(),
+        region: None,
+        zone: None,
+    }
+}
+
+fn stop_bid(id: u64, client_order_id: u64) -> ClientMessage {
+    let mut order = OrderTicket::limit(client_order_id, InstrumentId(0), Side::Buy, USD_1, 1);
+    order.stop_price_minor_per_gpu_hour = USD_3;
+    ClientMessage::NewOrder { id, order, workload: None }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_gpus_and_armed_stops_stop_at_each_accounts_share_and_a_victim_is_served() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start(dir.path(), Some(&key(1)));
+    let pid = exchange.child.id();
+    let (mut operator, _) = Client::login(&exchange.addr, &key(1), Role::Operator).await;
+    let before_kib = resident_kib(pid);
+
+    // Fake GPUs: one unfunded supplier registers a host's worth that never
+    // answer their challenges, then is refused; an honest supplier is not.
+    let (mut faker, _) = Client::login(&exchange.addr, &key(2), Role::Supplier).await;
+    let flood: Vec<ClientMessage> = (0..200).map(|gpu| register(100 + gpu as u64, &format!("fake-{}", gpu / 64), gpu % 64)).collect();
+    let (acked, refused) = pipelined(&mut faker, flood).await;
+    assert_eq!(acked, limits::GPUS_UNPROVEN_PER_ACCOUNT_MAX as usize, "{refused:?}");
+    assert_eq!(refused.get(&RejectCode::GpusAwaitingChallenge), Some(&(200 - acked)), "{refused:?}");
+    let (mut honest, _) = Client::login(&exchange.addr, &key(3), Role::Supplier).await;
+    let (acked, refused) = pipelined(&mut honest, (0..8).map(|gpu| register(10 + gpu as u64, "honest", gpu)).collect()).await;
+    assert_eq!((acked, refused.len()), (8, 0), "{refused:?}");
+
+    // Armed stops: each holds its bid's funds, and one account arms at most
+    // its share, however much money it has.
+    let (mut attacker, attacker_account) = Client::login(&exchange.addr, &key(4), Role::Renter).await;
+    let (mut victim, victim_account) = Client::login(&exchange.addr, &key(5), Role::Renter).await;
+    for (id, account) in [(2, attacker_account), (3, victim_account)] {
+        let deposit = ClientMessage::Deposit { id, account, amount_minor: 1 << 40 };
+        assert!(matches!(operator.request(deposit).await, ServerMessage::Ack { .. }));
+    }
+    let share = limits::STOPS_ARMED_PER_ACCOUNT_MAX as u64;
+    let (acked, refused) = pipelined(&mut attacker, (0..share + 50).map(|n| stop_bid(1_000 + n, n)).collect()).await;
+    assert_eq!(acked as u64, share, "{refused:?}");
+    assert_eq!(refused.get(&RejectCode::TooManyStops), Some(&50), "{refused:?}");
+    let held = match attacker.request(ClientMessage::Balance { id: 2 }).await {
+        ServerMessage::Balance { held_minor, .. } => held_minor,
+        other => panic!("{other:?}"),
+    };
+    assert!(held >= share * USD_1, "every armed stop holds its bid's funds: {held}");
+    let (acked, refused) = pipelined(&mut victim, vec![stop_bid(2, 1)]).await;
+    assert_eq!((acked, refused.len()), (1, 0), "the victim arms its stop: {refused:?}");
+    // An account without the funds arms nothing.
+    let (mut poor, _) = Client::login(&exchange.addr, &key(6), Role::Renter).await;
+    let (_, refused) = pipelined(&mut poor, vec![stop_bid(2, 1)]).await;
+    assert_eq!(refused.get(&RejectCode::InsufficientFunds), Some(&1));
+
+    let grown_kib = resident_kib(pid).saturating_sub(before_kib);
+    assert!(grown_kib < 64 * 1024, "the exchange grew {grown_kib} KiB during the attack");
+}
