@@ -343,6 +343,10 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             let mut session = Session::anonymous(&cli.url).await?;
             return listing(&mut session, json).await;
         }
+        Command::Job { action: crate::JobAction::Plan { file, catalogue } } => {
+            let mut session = Session::anonymous(&cli.url).await?;
+            return crate::job::plan_job(&mut session, file, catalogue.clone(), json).await;
+        }
         Command::Asks { instrument, limit } => {
             let mut session = Session::anonymous(&cli.url).await?;
             let instrument = session.resolve(instrument).await?;
@@ -576,6 +580,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         | Command::Trades { .. }
         | Command::Candles { .. }
         | Command::Invite { .. }
+        | Command::Job { .. }
         | Command::Listing => {
             unreachable!("handled before login")
         }

@@ -36,6 +36,7 @@ mod book;
 mod clock;
 mod commands;
 mod invoice;
+mod job;
 mod keys;
 mod money;
 mod run;
@@ -322,6 +323,11 @@ pub enum Command {
         #[arg(long, conflicts_with_all = ["daily", "total", "max_held"])]
         clear: bool,
     },
+    /// Jobs: your code and data run on the GPUs the books offer (docs/jobs.md).
+    Job {
+        #[command(subcommand)]
+        action: JobAction,
+    },
     /// Print a completion script for your shell: `gpux completions bash > /etc/bash_completion.d/gpux`.
     Completions {
         #[arg(value_enum)]
@@ -493,6 +499,20 @@ pub enum StpArg {
     CancelOldest,
     Decrement,
     CancelBoth,
+}
+
+#[derive(Subcommand)]
+pub enum JobAction {
+    /// What a job file would run on now: the framework found in its code,
+    /// the preset image, the memory it needs, every book with its expected
+    /// cost and why it lost, and the one chosen (public data; nothing is bought).
+    Plan {
+        /// The job file (TOML; docs/jobs.md "The job file").
+        file: PathBuf,
+        /// The operator's preset images (TOML; default $GPUX_CATALOGUE).
+        #[arg(long)]
+        catalogue: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]

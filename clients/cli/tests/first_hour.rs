@@ -1,4 +1,5 @@
-//! docs/first-hour.md, run as written: every `sh first-hour` block, in
+//! docs/first-hour.md and docs/jobs.md's first hour, run as written: every
+//! `sh first-hour` (`sh jobs-first-hour`) block, in
 //! order, in one bash session, with this build's programs on PATH and free
 //! ports, in a fresh directory (also HOME). The guide starts an exchange and
 //! an agent in the background and stops them itself; after a failing run,
@@ -13,8 +14,8 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
-fn blocks(doc: &str) -> Vec<String> {
-    doc.split("```sh first-hour\n").skip(1).map(|block| block.split("```").next().expect("a closed block").to_string()).collect()
+fn blocks(doc: &str, tag: &str) -> Vec<String> {
+    doc.split(&format!("```sh {tag}\n")).skip(1).map(|block| block.split("```").next().expect("a closed block").to_string()).collect()
 }
 
 /// Processes whose working directory is `dir` or below it.
@@ -28,11 +29,14 @@ fn processes_in(dir: &Path) -> Vec<u32> {
         .collect()
 }
 
-#[test]
-fn the_first_hour_guide_runs_as_written() {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/first-hour.md")).expect("docs/first-hour.md");
-    let blocks = blocks(&doc);
-    assert!(blocks.len() >= 5, "one block per role and the wrap-up: {}", blocks.len());
+/// Runs the blocks of `doc` tagged `sh TAG`, in order, in one bash session
+/// in a fresh directory (also HOME), with this build's programs on PATH and
+/// free ports; returns what it printed (stdout, stderr), having checked it
+/// succeeded within 300 s.
+fn run_guide(doc: &str, tag: &str, blocks_min: usize) -> (String, String) {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(doc)).expect("the guide");
+    let blocks = blocks(&doc, tag);
+    assert!(blocks.len() >= blocks_min, "{tag}: {} blocks", blocks.len());
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_gpux")).parent().expect("the build's directory").to_path_buf();
     for program in ["gpux-exchange", "gpux-agent", "gpux-audit"] {
         assert!(
@@ -88,6 +92,12 @@ fn the_first_hour_guide_runs_as_written() {
     let (out, err) = (out.join().expect("stdout"), err.join().expect("stderr"));
     let status = status.unwrap_or_else(|| panic!("the guide ran over 300 s\n--- stdout\n{out}\n--- stderr\n{err}"));
     assert!(status.success(), "the guide failed ({status})\n--- stdout\n{out}\n--- stderr\n{err}");
+    (out, err)
+}
+
+#[test]
+fn the_first_hour_guide_runs_as_written() {
+    let (out, err) = run_guide("docs/first-hour.md", "first-hour", 5);
     for expected in [
         "H100-SXM-80G/SPOT",
         "logged in as account",
@@ -106,5 +116,21 @@ fn the_first_hour_guide_runs_as_written() {
             out.contains(expected) || err.contains(expected),
             "{expected:?} missing from what the guide printed:\n{out}\n--- stderr\n{err}"
         );
+    }
+}
+
+#[test]
+fn the_jobs_guide_runs_as_written() {
+    let (out, err) = run_guide("docs/jobs.md", "jobs-first-hour", 3);
+    for expected in [
+        "framework: pytorch (requirements.txt:1 torch==2.4.0)",
+        "image: pytorch 2.4 on cuda-12.4 (torch==2.4.0 pins 2.4)",
+        "installed at start: einops>=0.7",
+        "memory: 19 GiB per GPU at least",
+        "* H100-SXM-80G/SPOT",
+        "only 0 GPU(s) offered now",
+        "plan: H100-SXM-80G/SPOT for $12.00 expected",
+    ] {
+        assert!(out.contains(expected), "{expected:?} missing from what the guide printed:\n{out}\n--- stderr\n{err}");
     }
 }

@@ -1,0 +1,509 @@
+//! The job file (docs/jobs.md "The job file"): TOML a renter writes once
+//! and submits, or the same fields as `gpux job submit` flags. Parsed
+//! strictly (unknown keys are errors, so a typo never silently drops a
+//! limit) and checked whole before anything is planned; each mistake is a
+//! typed [`SpecError`] naming the field.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use rust_decimal::Decimal;
+use serde::Deserialize;
+
+/// GPUs one node of a job may ask for (a host holds at most 64).
+pub const GPUS_PER_NODE_MAX: u32 = 64;
+/// Nodes one job may span.
+pub const NODES_MAX: u32 = 256;
+/// The longest a job may run, in hours (90 days, as a lease).
+pub const DURATION_HOURS_MAX: u64 = 24 * 90;
+/// Retries after a failure (each one a new lease and a resume).
+pub const RETRIES_MAX: u32 = 100;
+/// Arguments of the command, inputs, and bytes of any one text field.
+pub const COMMAND_ARGS_MAX: usize = 256;
+pub const INPUTS_MAX: usize = 32;
+pub const TEXT_BYTES_MAX: usize = 4096;
+
+/// Why a job file is refused. Each names the field a renter fixes.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SpecError {
+    #[error("the job file does not parse: {0}")]
+    Toml(String),
+    #[error("name: 1 to 64 characters of letters, digits, '-', '_' or '.'")]
+    Name,
+    #[error("code: give either `dir` (your code, packed and sent) or `image` (a ready image), not both and not neither")]
+    CodeSource,
+    #[error("code.command: the command to run, a non-empty list of at most {COMMAND_ARGS_MAX} arguments")]
+    Command,
+    #[error("resources.gpus_per_node: 1 to {GPUS_PER_NODE_MAX}")]
+    GpusPerNode,
+    #[error("resources.nodes: 1 to {NODES_MAX}")]
+    Nodes,
+    #[error("resources: give `gpu_memory_gib` or `model_params`, not both")]
+    MemoryTwice,
+    #[error("resources.model_params: a count such as 350M, 7B or 1.5T")]
+    ModelParams,
+    #[error("resources.gpu_memory_gib: 1 to 4096")]
+    GpuMemory,
+    #[error("limits.{0}: a positive amount such as 2.50")]
+    Amount(&'static str),
+    #[error("limits.max_duration: a duration such as 90m, 6h or 2d, at most {DURATION_HOURS_MAX} h")]
+    Duration,
+    #[error("data.checkpoint_interval: a duration such as 10m, at least 10 s")]
+    CheckpointInterval,
+    #[error("data.{0}: an absolute path inside the container, such as /outputs")]
+    ContainerPath(&'static str),
+    #[error("data.inputs: at most {INPUTS_MAX}, each with a name, a url (s3://, gs://, az://, file:// or https://) and an absolute mount")]
+    Input,
+    #[error("limits.retries: at most {RETRIES_MAX}")]
+    Retries,
+    #[error("limits.min_score: a share from 0 to 1, such as 0.95")]
+    MinScore,
+    #[error("{0}: at most {TEXT_BYTES_MAX} bytes")]
+    TooLong(&'static str),
+}
+
+/// What the job runs on: the framework it was written for (detected from
+/// the code when `auto`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum FrameworkChoice {
+    #[default]
+    Auto,
+    Pytorch,
+    Tensorflow,
+    Paddlepaddle,
+    Jax,
+    /// Plain Python or a ready image: no framework image, no detection.
+    None,
+}
+
+/// Whether the model trains (weights, gradients and optimizer state on the
+/// GPU) or only runs (weights alone): what sizes its memory need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Training,
+    Inference,
+}
+
+/// Which contracts the job may run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ContractChoice {
+    /// Spot or preemptible, whichever is expected to cost less.
+    #[default]
+    Any,
+    Spot,
+    Preemptible,
+}
+
+/// The vendor stack the job's framework build needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum VendorChoice {
+    /// Any vendor the framework has a preset image for.
+    #[default]
+    Any,
+    Nvidia,
+    Amd,
+    Huawei,
+    Cambricon,
+    Intel,
+    Iluvatar,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    name: String,
+    code: CodeFile,
+    #[serde(default)]
+    resources: ResourcesFile,
+    #[serde(default)]
+    limits: LimitsFile,
+    #[serde(default)]
+    data: DataFile,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CodeFile {
+    dir: Option<PathBuf>,
+    image: Option<String>,
+    command: Vec<String>,
+    #[serde(default)]
+    framework: FrameworkChoice,
+}
+
+#[derive(Clone, Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ResourcesFile {
+    gpus_per_node: Option<u32>,
+    nodes: Option<u32>,
+    gpu_memory_gib: Option<u32>,
+    model_params: Option<String>,
+    #[serde(default)]
+    mode: Mode,
+    #[serde(default)]
+    vendor: VendorChoice,
+}
+
+#[derive(Clone, Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct LimitsFile {
+    max_price_per_gpu_hour: Option<String>,
+    budget: Option<String>,
+    max_duration: Option<String>,
+    region: Option<String>,
+    min_score: Option<f64>,
+    #[serde(default)]
+    verified_only: bool,
+    #[serde(default)]
+    contract: ContractChoice,
+    retries: Option<u32>,
+}
+
+#[derive(Clone, Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct DataFile {
+    #[serde(default)]
+    inputs: Vec<InputFile>,
+    outputs: Option<String>,
+    checkpoint_dir: Option<String>,
+    checkpoint_interval: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InputFile {
+    name: String,
+    url: String,
+    mount: String,
+}
+
+/// Where the job's code comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CodeSource {
+    /// A directory on the renter's machine, packed and sent (relative paths
+    /// are from the job file's directory).
+    Dir(PathBuf),
+    /// A ready image (a reference the hosts can pull).
+    Image(String),
+}
+
+/// How much GPU memory the job needs per GPU: given, or from the model's size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryNeed {
+    /// Nothing said: any class will do (the smallest by cost).
+    Unstated,
+    GpuMemoryGib(u32),
+    /// Parameters of the model (350M = 350_000_000).
+    ModelParams(u64),
+}
+
+/// A dataset mounted read-only into the container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Input {
+    pub name: String,
+    pub url: String,
+    pub mount: String,
+}
+
+/// A job, checked whole.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobSpec {
+    pub name: String,
+    pub code: CodeSource,
+    pub command: Vec<String>,
+    pub framework: FrameworkChoice,
+    pub gpus_per_node: u32,
+    pub nodes: u32,
+    pub memory: MemoryNeed,
+    pub mode: Mode,
+    pub vendor: VendorChoice,
+    /// In the exchange's currency, major units (2.50), converted with the
+    /// listing's decimals when the job is planned.
+    pub max_price_per_gpu_hour: Option<Decimal>,
+    pub budget: Option<Decimal>,
+    pub max_duration_ms: Option<u64>,
+    pub region: Option<String>,
+    /// Basis points (0.95 = 9 500).
+    pub min_score_bps: u32,
+    pub verified_only: bool,
+    pub contract: ContractChoice,
+    pub retries: u32,
+    pub inputs: Vec<Input>,
+    pub outputs: String,
+    pub checkpoint_dir: String,
+    pub checkpoint_interval_ms: u64,
+}
+
+/// Retries when the file says nothing.
+pub const RETRIES_DEFAULT: u32 = 3;
+/// Checkpoint interval when the file says nothing (10 minutes).
+pub const CHECKPOINT_INTERVAL_MS_DEFAULT: u64 = 10 * 60_000;
+
+impl JobSpec {
+    /// Parses and checks a job file.
+    pub fn parse(text: &str) -> Result<JobSpec, SpecError> {
+        let file: File = toml::from_str(text).map_err(|e| SpecError::Toml(e.to_string()))?;
+        file.check()
+    }
+
+    /// The GPUs the whole job holds at once.
+    pub fn gpus(&self) -> u32 {
+        self.gpus_per_node * self.nodes
+    }
+}
+
+impl File {
+    fn check(self) -> Result<JobSpec, SpecError> {
+        let name_ok =
+            (1..=64).contains(&self.name.len()) && self.name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !name_ok {
+            return Err(SpecError::Name);
+        }
+        let code = match (self.code.dir, self.code.image) {
+            (Some(dir), None) => CodeSource::Dir(dir),
+            (None, Some(image)) if !image.trim().is_empty() => CodeSource::Image(text(image, "code.image")?),
+            _ => return Err(SpecError::CodeSource),
+        };
+        let command = self.code.command;
+        if command.is_empty() || command.len() > COMMAND_ARGS_MAX || command[0].trim().is_empty() {
+            return Err(SpecError::Command);
+        }
+        for argument in &command {
+            if argument.len() > TEXT_BYTES_MAX {
+                return Err(SpecError::TooLong("code.command"));
+            }
+        }
+        let resources = self.resources;
+        let gpus_per_node = resources.gpus_per_node.unwrap_or(1);
+        if !(1..=GPUS_PER_NODE_MAX).contains(&gpus_per_node) {
+            return Err(SpecError::GpusPerNode);
+        }
+        let nodes = resources.nodes.unwrap_or(1);
+        if !(1..=NODES_MAX).contains(&nodes) {
+            return Err(SpecError::Nodes);
+        }
+        let memory = match (resources.gpu_memory_gib, resources.model_params) {
+            (Some(_), Some(_)) => return Err(SpecError::MemoryTwice),
+            (Some(gib), None) if (1..=4096).contains(&gib) => MemoryNeed::GpuMemoryGib(gib),
+            (Some(_), None) => return Err(SpecError::GpuMemory),
+            (None, Some(params)) => MemoryNeed::ModelParams(parse_count(&params).ok_or(SpecError::ModelParams)?),
+            (None, None) => MemoryNeed::Unstated,
+        };
+        let limits = self.limits;
+        let max_price_per_gpu_hour = limits.max_price_per_gpu_hour.map(|a| amount(&a, "max_price_per_gpu_hour")).transpose()?;
+        let budget = limits.budget.map(|a| amount(&a, "budget")).transpose()?;
+        let max_duration_ms = match limits.max_duration {
+            None => None,
+            Some(text) => {
+                let ms = parse_duration_ms(&text).ok_or(SpecError::Duration)?;
+                if ms == 0 || ms > DURATION_HOURS_MAX * 3_600_000 {
+                    return Err(SpecError::Duration);
+                }
+                Some(ms)
+            }
+        };
+        let min_score_bps = match limits.min_score {
+            None => 0,
+            Some(share) if (0.0..=1.0).contains(&share) => (share * 10_000.0).round() as u32,
+            Some(_) => return Err(SpecError::MinScore),
+        };
+        let retries = limits.retries.unwrap_or(RETRIES_DEFAULT);
+        if retries > RETRIES_MAX {
+            return Err(SpecError::Retries);
+        }
+        let region = limits.region.map(|r| text(r, "limits.region")).transpose()?;
+        let data = self.data;
+        if data.inputs.len() > INPUTS_MAX {
+            return Err(SpecError::Input);
+        }
+        let schemes = ["s3://", "gs://", "az://", "file://", "https://"];
+        let mut inputs = Vec::new();
+        for input in data.inputs {
+            let ok = !input.name.is_empty()
+                && schemes.iter().any(|scheme| input.url.starts_with(scheme))
+                && container_path(&input.mount)
+                && input.url.len() <= TEXT_BYTES_MAX;
+            if !ok {
+                return Err(SpecError::Input);
+            }
+            inputs.push(Input { name: input.name, url: input.url, mount: input.mount });
+        }
+        let outputs = data.outputs.unwrap_or_else(|| "/outputs".into());
+        if !container_path(&outputs) {
+            return Err(SpecError::ContainerPath("outputs"));
+        }
+        let checkpoint_dir = data.checkpoint_dir.unwrap_or_else(|| "/checkpoints".into());
+        if !container_path(&checkpoint_dir) {
+            return Err(SpecError::ContainerPath("checkpoint_dir"));
+        }
+        let checkpoint_interval_ms = match data.checkpoint_interval {
+            None => CHECKPOINT_INTERVAL_MS_DEFAULT,
+            Some(text) => parse_duration_ms(&text).filter(|ms| *ms >= 10_000).ok_or(SpecError::CheckpointInterval)?,
+        };
+        Ok(JobSpec {
+            name: self.name,
+            code,
+            command,
+            framework: self.code.framework,
+            gpus_per_node,
+            nodes,
+            memory,
+            mode: resources.mode,
+            vendor: resources.vendor,
+            max_price_per_gpu_hour,
+            budget,
+            max_duration_ms,
+            region,
+            min_score_bps,
+            verified_only: limits.verified_only,
+            contract: limits.contract,
+            retries,
+            inputs,
+            outputs,
+            checkpoint_dir,
+            checkpoint_interval_ms,
+        })
+    }
+}
+
+fn text(value: String, field: &'static str) -> Result<String, SpecError> {
+    if value.len() > TEXT_BYTES_MAX {
+        return Err(SpecError::TooLong(field));
+    }
+    Ok(value)
+}
+
+fn amount(text: &str, field: &'static str) -> Result<Decimal, SpecError> {
+    let value = Decimal::from_str(text.trim().trim_start_matches('$')).map_err(|_| SpecError::Amount(field))?;
+    if value <= Decimal::ZERO {
+        return Err(SpecError::Amount(field));
+    }
+    Ok(value)
+}
+
+fn container_path(path: &str) -> bool {
+    path.starts_with('/') && path.len() <= 256 && !path.split('/').any(|part| part == "..") && !path.contains('\0')
+}
+
+/// `350M`, `7B`, `1.5T`, `125000000`: a count of parameters.
+pub fn parse_count(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let (number, scale) = match text.chars().last()? {
+        'K' | 'k' => (&text[..text.len() - 1], 1_000u64),
+        'M' | 'm' => (&text[..text.len() - 1], 1_000_000),
+        'B' | 'b' | 'G' | 'g' => (&text[..text.len() - 1], 1_000_000_000),
+        'T' | 't' => (&text[..text.len() - 1], 1_000_000_000_000),
+        _ => (text, 1),
+    };
+    let number = Decimal::from_str(number.trim()).ok()?;
+    if number <= Decimal::ZERO {
+        return None;
+    }
+    let count = number.checked_mul(Decimal::from(scale))?.trunc();
+    u64::try_from(count).ok().filter(|count| *count > 0)
+}
+
+/// `90s`, `30m`, `6h`, `2d` (one unit), in milliseconds.
+pub fn parse_duration_ms(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let unit_ms = match text.chars().last()? {
+        's' => 1_000u64,
+        'm' => 60_000,
+        'h' => 3_600_000,
+        'd' => 86_400_000,
+        _ => return None,
+    };
+    let number: u64 = text[..text.len() - 1].trim().parse().ok()?;
+    number.checked_mul(unit_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL: &str = r#"
+name = "resnet-train"
+
+[code]
+dir = "."
+command = ["python", "train.py", "--epochs", "10"]
+framework = "auto"
+
+[resources]
+gpus_per_node = 2
+model_params = "350M"
+
+[limits]
+max_price_per_gpu_hour = "2.50"
+budget = "100"
+max_duration = "6h"
+min_score = 0.9
+contract = "preemptible"
+retries = 5
+
+[data]
+inputs = [{ name = "imagenet", url = "s3://datasets/imagenet", mount = "/data" }]
+checkpoint_interval = "5m"
+"#;
+
+    #[test]
+    fn a_full_job_file_parses_with_its_defaults_filled() {
+        let spec = JobSpec::parse(FULL).expect("parses");
+        assert_eq!(spec.code, CodeSource::Dir(".".into()));
+        assert_eq!((spec.gpus_per_node, spec.nodes, spec.gpus()), (2, 1, 2));
+        assert_eq!(spec.memory, MemoryNeed::ModelParams(350_000_000));
+        assert_eq!(spec.max_price_per_gpu_hour, Some(Decimal::new(250, 2)));
+        assert_eq!(spec.max_duration_ms, Some(6 * 3_600_000));
+        assert_eq!((spec.min_score_bps, spec.contract, spec.retries), (9_000, ContractChoice::Preemptible, 5));
+        assert_eq!(
+            (spec.outputs.as_str(), spec.checkpoint_dir.as_str(), spec.checkpoint_interval_ms),
+            ("/outputs", "/checkpoints", 300_000)
+        );
+        assert_eq!(spec.inputs[0].mount, "/data");
+    }
+
+    #[test]
+    fn each_mistake_names_its_field() {
+        let with = |from: &str, to: &str| JobSpec::parse(&FULL.replace(from, to));
+        let cases: &[(&str, &str, SpecError)] = &[
+            ("name = \"resnet-train\"", "name = \"bad name\"", SpecError::Name),
+            ("dir = \".\"", "dir = \".\"\nimage = \"x\"", SpecError::CodeSource),
+            ("command = [\"python\", \"train.py\", \"--epochs\", \"10\"]", "command = []", SpecError::Command),
+            ("gpus_per_node = 2", "gpus_per_node = 65", SpecError::GpusPerNode),
+            ("gpus_per_node = 2", "gpus_per_node = 2\nnodes = 0", SpecError::Nodes),
+            ("model_params = \"350M\"", "model_params = \"350M\"\ngpu_memory_gib = 8", SpecError::MemoryTwice),
+            ("model_params = \"350M\"", "model_params = \"lots\"", SpecError::ModelParams),
+            ("\"2.50\"", "\"-1\"", SpecError::Amount("max_price_per_gpu_hour")),
+            ("budget = \"100\"", "budget = \"ten\"", SpecError::Amount("budget")),
+            ("max_duration = \"6h\"", "max_duration = \"forever\"", SpecError::Duration),
+            ("max_duration = \"6h\"", "max_duration = \"91d\"", SpecError::Duration),
+            ("min_score = 0.9", "min_score = 1.5", SpecError::MinScore),
+            ("retries = 5", "retries = 101", SpecError::Retries),
+            ("mount = \"/data\"", "mount = \"data\"", SpecError::Input),
+            ("s3://datasets", "ftp://datasets", SpecError::Input),
+            ("checkpoint_interval = \"5m\"", "checkpoint_interval = \"1s\"", SpecError::CheckpointInterval),
+            ("checkpoint_interval = \"5m\"", "checkpoint_dir = \"/a/../b\"", SpecError::ContainerPath("checkpoint_dir")),
+        ];
+        for (from, to, expected) in cases {
+            assert_eq!(with(from, to).as_ref().err(), Some(expected), "{from} -> {to}");
+        }
+        // A misspelt key is refused, not ignored.
+        assert!(matches!(with("budget = ", "budjet = "), Err(SpecError::Toml(_))));
+    }
+
+    #[test]
+    fn counts_and_durations_parse_as_people_write_them() {
+        assert_eq!(parse_count("7B"), Some(7_000_000_000));
+        assert_eq!(parse_count("1.5T"), Some(1_500_000_000_000));
+        assert_eq!(parse_count("125000000"), Some(125_000_000));
+        assert_eq!(parse_count("0"), None);
+        assert_eq!(parse_duration_ms("90s"), Some(90_000));
+        assert_eq!(parse_duration_ms("2d"), Some(172_800_000));
+        assert_eq!(parse_duration_ms("2"), None);
+    }
+}
