@@ -4,6 +4,8 @@
 //! reading the code directory:
 //!
 //! - `spec`: the job file (TOML), checked whole with typed errors;
+//! - `bundle`: the code directory packed the same way wherever it is
+//!   packed, named by its SHA-256, and unpacked without escaping its place;
 //! - `detect`: the framework and its version from requirements.txt,
 //!   pyproject.toml, environment.yml, setup.py and imports;
 //! - `catalogue`: preset images per framework and vendor stack, pinned by
@@ -15,6 +17,7 @@
 //! The job's life at the exchange (bids, delivery, resume from checkpoints,
 //! its bill) is market state like a lease's, in `gpux-market`.
 
+pub mod bundle;
 pub mod catalogue;
 pub mod detect;
 pub mod plan;

@@ -50,6 +50,12 @@ pub async fn plan_job(s: &mut Session, file: &Path, catalogue: Option<PathBuf>, 
             (framework_of(choice), requirement, requirements, "said in the job file".to_string())
         }
     };
+    // The code bundle, packed as it would be sent (its hash is what the
+    // exchange will hold).
+    let bundle = match &spec.code {
+        CodeSource::Dir(dir) => Some(gpux_jobs::bundle::pack(&base.join(dir)).map_err(|e| Failure::Usage(e.to_string()))?),
+        CodeSource::Image(_) => None,
+    };
     let catalogue_path = catalogue.or_else(|| std::env::var_os("GPUX_CATALOGUE").map(PathBuf::from));
     let catalogue = match &catalogue_path {
         Some(path) => {
@@ -120,6 +126,8 @@ pub async fn plan_job(s: &mut Session, file: &Path, catalogue: Option<PathBuf>, 
             "image": image.as_ref().map(|i| i.image.reference.clone()),
             "image_reason": image.as_ref().map(|i| i.reason.clone()),
             "install": image.as_ref().map(|i| i.install.clone()).unwrap_or_default(),
+            "bundle_sha256": bundle.as_ref().map(|b| b.sha256_hex()),
+            "bundle_bytes": bundle.as_ref().map(|b| b.bytes.len()),
             "memory_mib_per_gpu": planned.memory_mib_per_gpu,
             "gpus": spec.gpus(),
             "hours_priced": planned.hours_priced,
@@ -130,6 +138,15 @@ pub async fn plan_job(s: &mut Session, file: &Path, catalogue: Option<PathBuf>, 
         return if chosen.is_some() { Ok(()) } else { Err(Failure::Refused("no book meets the job now".into())) };
     }
     out!("job {}: {} GPU(s) ({} node(s) x {})", spec.name, spec.gpus(), spec.nodes, spec.gpus_per_node);
+    if let Some(bundle) = &bundle {
+        out!(
+            "code: {} file(s), {} KiB packed ({} KiB of files), sha256 {}",
+            bundle.files,
+            (bundle.bytes.len() as u64).div_ceil(1024),
+            bundle.unpacked_bytes.div_ceil(1024),
+            bundle.sha256_hex()
+        );
+    }
     out!("framework: {} ({evidence})", framework.map_or("none", Framework::name));
     match (&spec.code, &image, framework, &catalogue_path) {
         (CodeSource::Image(reference), _, _, _) => out!("image: {reference} (the job's own)"),

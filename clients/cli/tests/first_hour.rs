@@ -123,6 +123,7 @@ fn the_first_hour_guide_runs_as_written() {
 fn the_jobs_guide_runs_as_written() {
     let (out, err) = run_guide("docs/jobs.md", "jobs-first-hour", 3);
     for expected in [
+        "code: 2 file(s)",
         "framework: pytorch (requirements.txt:1 torch==2.4.0)",
         "image: pytorch 2.4 on cuda-12.4 (torch==2.4.0 pins 2.4)",
         "installed at start: einops>=0.7",
