@@ -29,6 +29,16 @@ pub enum Role {
 }
 
 impl Role {
+    /// Its name on the wire (`renter`, `supplier`, `aggregator`, `operator`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Renter => "renter",
+            Role::Supplier => "supplier",
+            Role::Aggregator => "aggregator",
+            Role::Operator => "operator",
+        }
+    }
+
     pub fn may_buy(self) -> bool {
         matches!(self, Role::Renter | Role::Aggregator)
     }

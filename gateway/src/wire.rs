@@ -217,7 +217,8 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, peer: 
         Some(proof) => proof,
         None => return Err(WireError::Closed),
     };
-    if !peer_auth::verify(&key, LINK_DOMAIN, other_role, &initiator, &responder, &statement(&theirs.peer)?, &their_proof.proof) {
+    let expected = peer_auth::proof(&key, LINK_DOMAIN, other_role, &initiator, &responder, &statement(&theirs.peer)?);
+    if !peer_auth::same(&expected, &their_proof.proof) {
         return Err(WireError::Token);
     }
     Ok(theirs)

@@ -27,44 +27,6 @@ pub enum CatalogueError {
     TooMany,
 }
 
-/// The vendor a stack serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StackVendor {
-    Nvidia,
-    Amd,
-    Huawei,
-    Cambricon,
-    Intel,
-    Iluvatar,
-}
-
-impl StackVendor {
-    pub fn engine_vendor(self) -> gpux_engine::Vendor {
-        match self {
-            StackVendor::Nvidia => gpux_engine::Vendor::Nvidia,
-            StackVendor::Amd => gpux_engine::Vendor::Amd,
-            StackVendor::Huawei => gpux_engine::Vendor::Huawei,
-            StackVendor::Cambricon => gpux_engine::Vendor::Cambricon,
-            StackVendor::Intel => gpux_engine::Vendor::Intel,
-            StackVendor::Iluvatar => gpux_engine::Vendor::Iluvatar,
-        }
-    }
-
-    fn allowed_by(self, choice: VendorChoice) -> bool {
-        matches!(
-            (choice, self),
-            (VendorChoice::Any, _)
-                | (VendorChoice::Nvidia, StackVendor::Nvidia)
-                | (VendorChoice::Amd, StackVendor::Amd)
-                | (VendorChoice::Huawei, StackVendor::Huawei)
-                | (VendorChoice::Cambricon, StackVendor::Cambricon)
-                | (VendorChoice::Intel, StackVendor::Intel)
-                | (VendorChoice::Iluvatar, StackVendor::Iluvatar)
-        )
-    }
-}
-
 /// One preset image.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -74,7 +36,7 @@ pub struct Image {
     pub version: String,
     /// The vendor stack it is built on (`cuda-12.4`, `rocm-6.1`, `cann-8.0`).
     pub stack: String,
-    pub vendor: StackVendor,
+    pub vendor: gpux_engine::Vendor,
     /// Pinned: `registry/name@sha256:...`.
     pub reference: String,
     /// Distributions already installed in it (besides the framework).
@@ -124,7 +86,7 @@ impl Catalogue {
 
     /// The vendors with an image for `framework` the job may use.
     pub fn vendors_for(&self, framework: Framework, choice: VendorChoice) -> BTreeSet<gpux_engine::Vendor> {
-        self.images.iter().filter(|i| i.framework == framework && i.vendor.allowed_by(choice)).map(|i| i.vendor.engine_vendor()).collect()
+        self.images.iter().filter(|i| i.framework == framework && choice.allows(i.vendor)).map(|i| i.vendor).collect()
     }
 
     /// The image for `framework` on `vendor` that meets `requirement`: the
@@ -136,8 +98,7 @@ impl Catalogue {
         vendor: gpux_engine::Vendor,
         declared: &[Requirement],
     ) -> Option<ImageChoice> {
-        let mut candidates: Vec<&Image> =
-            self.images.iter().filter(|i| i.framework == framework && i.vendor.engine_vendor() == vendor).collect();
+        let mut candidates: Vec<&Image> = self.images.iter().filter(|i| i.framework == framework && i.vendor == vendor).collect();
         // Newest first.
         candidates.sort_by_key(|image| std::cmp::Reverse(version_parts(&image.version)));
         let wanted = requirement.and_then(|r| r.version_number().and_then(version_parts).map(|v| (r, v)));

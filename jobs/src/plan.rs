@@ -89,6 +89,8 @@ pub enum Verdict {
     /// Cheaper candidates are above it.
     Costlier,
     VendorWithoutImage,
+    /// The job names another vendor (`resources.vendor`).
+    VendorExcluded,
     TooLittleMemory {
         class_mib: u32,
     },
@@ -111,6 +113,7 @@ impl Verdict {
             Verdict::Chosen => "chosen: the lowest expected cost".into(),
             Verdict::Costlier => "costs more than the chosen one".into(),
             Verdict::VendorWithoutImage => "no preset image for the framework on this vendor".into(),
+            Verdict::VendorExcluded => "the job asks for another vendor".into(),
             Verdict::TooLittleMemory { class_mib } => format!("{} GiB per GPU is less than the job needs", class_mib / 1024),
             Verdict::ContractExcluded => "the job's contract preference excludes it".into(),
             Verdict::NotEnoughOffered { offered } => format!("only {offered} GPU(s) offered now"),
@@ -180,7 +183,9 @@ pub fn plan(spec: &JobSpec, market: &Market<'_>, vendors: Option<&BTreeSet<Vendo
             expected_cost = expected_cost.saturating_add(expected_cost.saturating_mul(PREEMPTIBLE_REWORK_BPS) / 10_000);
         }
         let offered: u32 = asks.iter().map(|(_, quantity)| quantity).sum();
-        let verdict = if vendors.is_some_and(|v| !v.contains(&class.requirement.vendor)) {
+        let verdict = if !spec.vendor.allows(class.requirement.vendor) {
+            Verdict::VendorExcluded
+        } else if vendors.is_some_and(|v| !v.contains(&class.requirement.vendor)) {
             Verdict::VendorWithoutImage
         } else if (class.requirement.memory_mib_min as u64) < need_mib {
             Verdict::TooLittleMemory { class_mib: class.requirement.memory_mib_min }
@@ -321,5 +326,8 @@ mod tests {
         let no_nvidia: BTreeSet<Vendor> = [Vendor::Amd].into();
         let amd_only = super::plan(&spec("", ""), &market, Some(&no_nvidia));
         assert_eq!(verdict(&amd_only, h100), Some(Verdict::VendorWithoutImage));
+        // And one the job excludes.
+        let amd_job = super::plan(&spec("vendor = \"amd\"", ""), &market, None);
+        assert_eq!(verdict(&amd_job, h100), Some(Verdict::VendorExcluded));
     }
 }

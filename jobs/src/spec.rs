@@ -113,6 +113,22 @@ pub enum VendorChoice {
     Iluvatar,
 }
 
+impl VendorChoice {
+    /// Whether a GPU of `vendor` is one the job may run on.
+    pub fn allows(self, vendor: gpux_engine::Vendor) -> bool {
+        use gpux_engine::Vendor as V;
+        match self {
+            VendorChoice::Any => true,
+            VendorChoice::Nvidia => vendor == V::Nvidia,
+            VendorChoice::Amd => vendor == V::Amd,
+            VendorChoice::Huawei => vendor == V::Huawei,
+            VendorChoice::Cambricon => vendor == V::Cambricon,
+            VendorChoice::Intel => vendor == V::Intel,
+            VendorChoice::Iluvatar => vendor == V::Iluvatar,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {

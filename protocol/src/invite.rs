@@ -39,19 +39,10 @@ pub struct Invite {
     pub signature: [u8; 64],
 }
 
-fn role_name(role: Role) -> &'static str {
-    match role {
-        Role::Renter => "renter",
-        Role::Supplier => "supplier",
-        Role::Aggregator => "aggregator",
-        Role::Operator => "operator",
-    }
-}
-
 fn signed_bytes(user_key: &[u8; 32], role: Role, expires_at_ms: u64) -> Vec<u8> {
     let mut bytes = format!("{PREFIX}:").into_bytes();
     bytes.extend_from_slice(user_key);
-    bytes.extend_from_slice(role_name(role).as_bytes());
+    bytes.extend_from_slice(role.name().as_bytes());
     bytes.push(b':');
     bytes.extend_from_slice(&expires_at_ms.to_le_bytes());
     bytes
@@ -66,13 +57,7 @@ impl Invite {
     }
 
     pub fn encode(&self) -> String {
-        format!(
-            "{PREFIX}.{}.{}.{}.{}",
-            role_name(self.role),
-            self.expires_at_ms,
-            hex::encode(self.operator_key),
-            hex::encode(self.signature)
-        )
+        format!("{PREFIX}.{}.{}.{}.{}", self.role.name(), self.expires_at_ms, hex::encode(self.operator_key), hex::encode(self.signature))
     }
 
     pub fn parse(text: &str) -> Result<Invite, InviteError> {

@@ -109,7 +109,7 @@ pub(crate) async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     stream.read_exact(&mut answer).await?;
     let theirs: [u8; NONCE_BYTES] = answer[..NONCE_BYTES].try_into().expect("32 bytes");
     let proof: [u8; 32] = answer[NONCE_BYTES..].try_into().expect("32 bytes");
-    if !peer_auth::verify(key, RAFT_DOMAIN, Role::Responder, &mine, &theirs, b"", &proof) {
+    if !peer_auth::same(&peer_auth::proof(key, RAFT_DOMAIN, Role::Responder, &mine, &theirs, b""), &proof) {
         return Err(FrameError::Decode("the node does not hold this cluster's secret".into()));
     }
     let proof = peer_auth::proof(key, RAFT_DOMAIN, Role::Initiator, &mine, &theirs, &id.to_le_bytes());
@@ -135,7 +135,7 @@ async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, key
     stream.flush().await?;
     let mut proof = [0u8; 32];
     stream.read_exact(&mut proof).await?;
-    if !peer_auth::verify(key, RAFT_DOMAIN, Role::Initiator, &theirs, &mine, &node.to_le_bytes(), &proof) {
+    if !peer_auth::same(&peer_auth::proof(key, RAFT_DOMAIN, Role::Initiator, &theirs, &mine, &node.to_le_bytes()), &proof) {
         return Err(FrameError::Decode("not this cluster's secret".into()));
     }
     Ok(node)

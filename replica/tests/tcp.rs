@@ -27,9 +27,10 @@ struct Node {
 
 const SECRET: &[u8] = b"the cluster's secret";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_replicas_over_tcp_commit_and_fail_over() {
-    let dir = tempfile::tempdir().expect("temp dir");
+type Tls = (Arc<tokio_rustls::rustls::ServerConfig>, Arc<tokio_rustls::rustls::ClientConfig>);
+
+/// Three nodes on loopback (over TLS with `tls`), initialized as a cluster.
+async fn three_nodes(dir: &std::path::Path, tls: Option<Tls>) -> (BTreeMap<u64, openraft::BasicNode>, BTreeMap<u64, Node>) {
     let config = Arc::new(
         Config { heartbeat_interval: 50, election_timeout_min: 300, election_timeout_max: 600, ..Default::default() }
             .validate()
@@ -38,13 +39,25 @@ async fn three_replicas_over_tcp_commit_and_fail_over() {
     let (members, listeners) = common::listeners(3).await;
     let mut nodes = BTreeMap::new();
     for (id, listener) in listeners {
-        let log = LogStore::open(&dir.path().join(format!("{id}-log.redb"))).expect("log");
-        let machine = MarketMachine::open(&dir.path().join(format!("{id}-machine.redb")), EngineConfig::demo()).expect("machine");
-        let raft = Raft::new(id, config.clone(), TcpNetwork::new(SECRET, id), log, machine.clone()).await.expect("raft");
-        let server = tokio::spawn(network::serve(listener, raft.clone(), Arc::from(SECRET), Default::default()));
+        let log = LogStore::open(&dir.join(format!("{id}-log.redb"))).expect("log");
+        let machine = MarketMachine::open(&dir.join(format!("{id}-machine.redb")), EngineConfig::demo()).expect("machine");
+        let mut net = TcpNetwork::new(SECRET, id);
+        if let Some((_, trust)) = &tls {
+            net = net.with_tls(trust.clone());
+        }
+        let raft = Raft::new(id, config.clone(), net, log, machine.clone()).await.expect("raft");
+        let identity = tls.as_ref().map(|(identity, _)| identity.clone());
+        let server = tokio::spawn(network::serve_tls(listener, raft.clone(), Arc::from(SECRET), Default::default(), identity));
         nodes.insert(id, Node { raft, machine, server });
     }
     nodes[&1].raft.initialize(members.clone()).await.expect("initialized");
+    (members, nodes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_over_tcp_commit_and_fail_over() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (members, mut nodes) = three_nodes(dir.path(), None).await;
 
     let first = common::leader(nodes.values().map(|n| &n.raft)).await;
     let mut last = 0;
@@ -168,22 +181,7 @@ async fn three_replicas_commit_over_tls_and_a_plain_caller_is_refused() {
     std::fs::write(&key, identity.signing_key.serialize_pem()).expect("write key");
     let server = gpux_protocol::tls::server_config(&cert, &key).expect("identity");
     let trust = gpux_protocol::tls::client_config(&cert).expect("trust");
-    let config = Arc::new(
-        Config { heartbeat_interval: 50, election_timeout_min: 300, election_timeout_max: 600, ..Default::default() }
-            .validate()
-            .expect("valid"),
-    );
-    let (members, listeners) = common::listeners(3).await;
-    let mut nodes = BTreeMap::new();
-    for (id, listener) in listeners {
-        let log = LogStore::open(&dir.path().join(format!("{id}-log.redb"))).expect("log");
-        let machine = MarketMachine::open(&dir.path().join(format!("{id}-machine.redb")), EngineConfig::demo()).expect("machine");
-        let net = TcpNetwork::new(SECRET, id).with_tls(trust.clone());
-        let raft = Raft::new(id, config.clone(), net, log, machine.clone()).await.expect("raft");
-        let serving = tokio::spawn(network::serve_tls(listener, raft.clone(), Arc::from(SECRET), Default::default(), Some(server.clone())));
-        nodes.insert(id, Node { raft, machine, server: serving });
-    }
-    nodes[&1].raft.initialize(members.clone()).await.expect("initialized");
+    let (members, nodes) = three_nodes(dir.path(), Some((server, trust.clone()))).await;
     let leader = common::leader(nodes.values().map(|n| &n.raft)).await;
     let last = nodes[&leader].raft.client_write(common::batch(0)).await.expect("committed").log_id.index;
     for node in nodes.values() {

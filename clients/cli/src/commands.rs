@@ -1005,12 +1005,7 @@ async fn instruments(s: &mut Session, calendar: bool, json: bool) -> Result<(), 
 
 /// A role as the protocol writes it.
 fn role_name(role: Role) -> &'static str {
-    match role {
-        Role::Renter => "renter",
-        Role::Supplier => "supplier",
-        Role::Aggregator => "aggregator",
-        Role::Operator => "operator",
-    }
+    role.name()
 }
 
 #[cfg(test)]
