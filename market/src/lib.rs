@@ -19,6 +19,7 @@ pub mod challenges;
 pub mod delivery;
 pub mod disputes;
 pub mod entry;
+pub mod jobs;
 pub mod keys;
 pub mod reliability;
 pub mod rematch;

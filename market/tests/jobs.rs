@@ -1,0 +1,206 @@
+//! A job's life against the real engine (docs/jobs.md "A job's life"): it
+//! bids, runs, is failed by its host, bids again and runs elsewhere, and
+//! finishes; retries and budget run out; cancels; a refused bid.
+
+use gpux_engine::*;
+use gpux_market::jobs::{JobFailure, JobId, JobRefusal, JobState, JobTerms, Jobs, Outcome};
+
+const USD_2: u64 = 2_000_000;
+const T0: u64 = 1_796_223_600_000;
+
+struct World {
+    engine: Engine,
+    jobs: Jobs,
+    now_ms: u64,
+    renter: AccountId,
+    supplier: AccountId,
+    hosts: Vec<HostId>,
+    next_id: u64,
+}
+
+impl World {
+    fn new(hosts: usize) -> World {
+        let mut world = World {
+            engine: Engine::new(EngineConfig::demo()).expect("demo"),
+            jobs: Jobs::default(),
+            now_ms: T0,
+            renter: AccountId(0),
+            supplier: AccountId(1),
+            hosts: Vec::new(),
+            next_id: 1,
+        };
+        world.run(Command::OpenAccount { role: Role::Renter });
+        world.run(Command::OpenAccount { role: Role::Supplier });
+        world.run(Command::Deposit { account: AccountId(0), amount_minor: 1_000_000_000 });
+        for host in 0..hosts {
+            let mut id = None;
+            for gpu in 0..2 {
+                let events = world.run(Command::RegisterGpu {
+                    account: AccountId(1),
+                    host: format!("host-{host}"),
+                    gpu_uuid: format!("GPU-{host}-{gpu}"),
+                    spec: GpuSpec::h100_sxm(),
+                });
+                id = events.iter().find_map(|e| match e.kind {
+                    EventKind::GpuRegistered { host, .. } => Some(host),
+                    _ => None,
+                });
+            }
+            world.hosts.push(id.expect("registered"));
+        }
+        world
+    }
+
+    fn run(&mut self, command: Command) -> Vec<Event> {
+        self.now_ms += 1;
+        self.engine.apply(&Input { at_ms: self.now_ms, command }).to_vec()
+    }
+
+    /// Applies what the jobs asked for, and what the engine then did, until
+    /// nothing more is asked; every transition, in order.
+    fn follow(&mut self, mut outcome: Outcome) -> Vec<JobState> {
+        let mut seen = Vec::new();
+        loop {
+            seen.extend(outcome.transitions.drain(..).map(|(_, _, state)| state));
+            let mut commands: Vec<Command> = Vec::new();
+            commands.extend(outcome.bids.drain(..).map(|(order, options)| Command::PlaceOrderWith { order, options }));
+            commands.extend(outcome.end_leases.drain(..).map(|(account, lease)| Command::EndLease { account, lease }));
+            commands.extend(outcome.cancel_orders.drain(..).map(|(account, order)| Command::CancelOrder { account, order }));
+            if commands.is_empty() {
+                return seen;
+            }
+            let mut next = Outcome::default();
+            for command in commands {
+                let events = self.run(command);
+                let more = self.jobs.observe(&events);
+                next.bids.extend(more.bids);
+                next.end_leases.extend(more.end_leases);
+                next.cancel_orders.extend(more.cancel_orders);
+                next.transitions.extend(more.transitions);
+            }
+            outcome = next;
+        }
+    }
+
+    /// The supplier asks for host `index`'s two GPUs.
+    fn ask(&mut self, index: usize) -> Vec<JobState> {
+        let mut order = NewOrder::limit(self.supplier, self.next_id, InstrumentId(0), Side::Sell, USD_2, 2);
+        self.next_id += 1;
+        order.supply = Some(GpuSet { host: self.hosts[index], gpu_mask: 0b11 });
+        let events = self.run(Command::PlaceOrder(order));
+        let outcome = self.jobs.observe(&events);
+        self.follow(outcome)
+    }
+
+    fn terms(&self, retries: u32, budget_minor: u64) -> JobTerms {
+        JobTerms {
+            account: self.renter,
+            instrument: InstrumentId(0),
+            gpus: 2,
+            one_host: true,
+            limit_minor_per_gpu_hour: USD_2,
+            hours: 2,
+            budget_minor,
+            retries,
+            min_supplier_score_bps: 0,
+            verified_only: false,
+        }
+    }
+
+    fn lease_of(&self, job: JobId) -> LeaseId {
+        match self.jobs.state(job) {
+            Some(JobState::Running { leases, .. }) => leases[0],
+            other => panic!("not running: {other:?}"),
+        }
+    }
+
+    fn host_fails(&mut self, lease: LeaseId) -> Vec<JobState> {
+        let events = self.run(Command::FailLeaseDelivery { account: self.supplier, lease });
+        let outcome = self.jobs.observe(&events);
+        self.follow(outcome)
+    }
+}
+
+#[test]
+fn a_job_failed_by_its_host_bids_again_runs_elsewhere_and_finishes() {
+    let mut w = World::new(2);
+    let (job, outcome) = w.jobs.submit(w.terms(2, 100 * USD_2)).expect("accepted");
+    let states = w.follow(outcome);
+    assert!(matches!(states.as_slice(), [JobState::Bidding { attempt: 1, order: None }]), "{states:?}");
+    assert!(matches!(w.jobs.state(job), Some(JobState::Bidding { attempt: 1, order: Some(_) })), "the bid rests: no GPUs yet");
+    // A host offers: the bid fills all-or-none on one host.
+    let states = w.ask(0);
+    assert!(matches!(states.as_slice(), [JobState::Running { attempt: 1, .. }]), "{states:?}");
+    let first = w.lease_of(job);
+    // Its host fails it: the job bids again at once and waits for GPUs.
+    let states = w.host_fails(first);
+    assert!(matches!(states.as_slice(), [JobState::Bidding { attempt: 2, order: None }]), "{states:?}");
+    let states = w.ask(1);
+    assert!(matches!(states.as_slice(), [JobState::Running { attempt: 2, .. }]), "{states:?}");
+    let second = w.lease_of(job);
+    assert_ne!(first, second);
+    // The workload exits 0: the job succeeds and its lease is ended (billing stops).
+    let outcome = w.jobs.workload_exited(second, 0);
+    assert_eq!(outcome.end_leases, [(w.renter, second)]);
+    let states = w.follow(outcome);
+    assert_eq!(states, [JobState::Succeeded]);
+    assert!(w.engine.lease(second).is_none_or(|l| !l.active), "the finished job's lease ended");
+}
+
+#[test]
+fn retries_and_budget_bound_a_job_and_a_failing_workload_is_not_retried() {
+    // One retry: the second host failure ends the job.
+    let mut w = World::new(3);
+    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2)).expect("accepted");
+    w.follow(outcome);
+    w.ask(0);
+    let lease = w.lease_of(job);
+    w.host_fails(lease);
+    w.ask(1);
+    let lease = w.lease_of(job);
+    assert_eq!(w.host_fails(lease), [JobState::Failed(JobFailure::RetriesExhausted)]);
+
+    // A budget for one attempt (2 GPUs x 2 h x US$2 = US$8): no second.
+    let mut w = World::new(2);
+    let (job, outcome) = w.jobs.submit(w.terms(5, 8 * 1_000_000)).expect("accepted");
+    w.follow(outcome);
+    w.ask(0);
+    let lease = w.lease_of(job);
+    assert_eq!(w.host_fails(lease), [JobState::Failed(JobFailure::BudgetSpent)]);
+    assert_eq!(w.jobs.submit(w.terms(0, 7 * 1_000_000)).err(), Some(JobRefusal::BudgetTooSmall));
+
+    // The renter's code fails: not retried, its leases end.
+    let mut w = World::new(1);
+    let (job, outcome) = w.jobs.submit(w.terms(5, 100 * USD_2)).expect("accepted");
+    w.follow(outcome);
+    w.ask(0);
+    let lease = w.lease_of(job);
+    let states = {
+        let outcome = w.jobs.workload_exited(lease, 3);
+        w.follow(outcome)
+    };
+    assert_eq!(states, [JobState::Failed(JobFailure::WorkloadFailed(3))]);
+}
+
+#[test]
+fn a_job_cancels_while_bidding_or_running_and_a_refused_bid_fails_it() {
+    let mut w = World::new(1);
+    let (waiting, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2)).expect("accepted");
+    w.follow(outcome);
+    let outcome = w.jobs.cancel(waiting, w.renter);
+    assert_eq!(w.follow(outcome), [JobState::Cancelled], "its bid cancelled");
+    let (running, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2)).expect("accepted");
+    w.follow(outcome);
+    w.ask(0);
+    // Another account cannot cancel it.
+    assert_eq!(w.jobs.cancel(running, w.supplier), Outcome::default());
+    let outcome = w.jobs.cancel(running, w.renter);
+    assert_eq!(w.follow(outcome), [JobState::Cancelled], "its lease ended");
+
+    // A renter without the funds: the first bid is refused.
+    let mut w = World::new(1);
+    w.run(Command::Withdraw { account: w.renter, amount_minor: 1_000_000_000 });
+    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2)).expect("accepted");
+    assert_eq!(w.follow(outcome).last(), Some(&JobState::Failed(JobFailure::BidRefused(RejectCode::InsufficientFunds))));
+    assert!(w.jobs.state(job).is_some_and(JobState::is_over));
+}
