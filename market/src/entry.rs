@@ -167,6 +167,18 @@ pub enum JournalEntry {
         expires_at_ms: Option<u64>,
         label: String,
     },
+    /// A renter submitted a job (docs/jobs.md "A job's life"): the market
+    /// numbers it and calls for its first bid.
+    SubmitJob {
+        at_ms: u64,
+        terms: crate::jobs::JobTerms,
+    },
+    /// The renter cancelled a job: its bid or leases end.
+    CancelJob {
+        at_ms: u64,
+        account: AccountId,
+        job: crate::jobs::JobId,
+    },
 }
 
 impl JournalEntry {
@@ -203,7 +215,9 @@ impl JournalEntry {
             | JournalEntry::SupplierDisconnected { at_ms, .. }
             | JournalEntry::AddKey { at_ms, .. }
             | JournalEntry::RevokeKey { at_ms, .. }
-            | JournalEntry::AddKeyBy { at_ms, .. } => Some(*at_ms),
+            | JournalEntry::AddKeyBy { at_ms, .. }
+            | JournalEntry::SubmitJob { at_ms, .. }
+            | JournalEntry::CancelJob { at_ms, .. } => Some(*at_ms),
             JournalEntry::BindKey { .. }
             | JournalEntry::BidWorkload { .. }
             | JournalEntry::LeaseWorkload { .. }

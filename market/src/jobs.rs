@@ -7,7 +7,8 @@
 //! next (`Outcome`); the sequencer journals each next step as its own
 //! entry, as it does re-match's replacement bids.
 //!
-//! Not yet wired to the journal or the wire (issue "Jobs", next steps).
+//! Journaled (`JournalEntry::SubmitJob`, `CancelJob`) and applied by
+//! `MarketState`; not yet on the wire (issue "Jobs", next steps).
 
 use std::collections::BTreeMap;
 
@@ -62,7 +63,7 @@ pub enum JobFailure {
     /// Its leases ran their hours before the workload finished.
     OutOfTime,
     /// The workload exited with this code (the renter's code failed: not retried).
-    WorkloadFailed(i32),
+    WorkloadFailed(i64),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,6 +111,18 @@ pub struct Outcome {
     pub cancel_orders: Vec<(AccountId, OrderId)>,
     /// Every state a job entered, in order (for the renter's private feed).
     pub transitions: Vec<(JobId, AccountId, JobState)>,
+}
+
+impl Outcome {
+    /// The engine commands it calls for, in the order to apply them: ends
+    /// and cancels first (they free funds and GPUs), then bids.
+    pub fn commands(&self) -> Vec<gpux_engine::Command> {
+        use gpux_engine::Command;
+        let ends = self.end_leases.iter().map(|&(account, lease)| Command::EndLease { account, lease });
+        let cancels = self.cancel_orders.iter().map(|&(account, order)| Command::CancelOrder { account, order });
+        let bids = self.bids.iter().map(|(order, options)| Command::PlaceOrderWith { order: order.clone(), options: *options });
+        ends.chain(cancels).chain(bids).collect()
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -183,7 +196,7 @@ impl Jobs {
     /// The workload of one of a job's leases exited (the host's delivery
     /// status): 0 finishes the job, anything else fails it (not retried:
     /// the renter's code failed, not the host). Its leases are ended.
-    pub fn workload_exited(&mut self, lease: LeaseId, code: i32) -> Outcome {
+    pub fn workload_exited(&mut self, lease: LeaseId, code: i64) -> Outcome {
         let mut outcome = Outcome::default();
         let Some(&job) = self.leases.get(&lease) else { return outcome };
         let Some(entry) = self.jobs.get_mut(&job) else { return outcome };
@@ -194,6 +207,11 @@ impl Jobs {
         entry.state = state.clone();
         outcome.transitions.push((job, account, state));
         outcome
+    }
+
+    /// Whether `lease` is one of a job's.
+    pub fn runs_on(&self, lease: LeaseId) -> bool {
+        self.leases.contains_key(&lease)
     }
 
     /// Follows one engine entry's events.

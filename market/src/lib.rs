@@ -89,10 +89,13 @@ pub struct Applied {
     pub usage: Option<Result<UsageOutcome, UsageRejectCode>>,
     /// A delivery status that is the lease's first `running`.
     pub first_running: bool,
-    /// A command the market rules call for next (a host failure ends its
-    /// lease): the live sequencer journals and applies it as its own entry,
-    /// so a replay meets it in the journal and does not act on this.
-    pub follow_up: Option<Command>,
+    /// Commands the market rules call for next (a host failure ends its
+    /// lease; a job bids again): the live sequencer journals and applies
+    /// each as its own entry, in order, so a replay meets them in the
+    /// journal and does not act on this.
+    pub follow_ups: Vec<Command>,
+    /// A `SubmitJob` entry's job, or why it was refused.
+    pub job: Option<Result<jobs::JobId, jobs::JobRefusal>>,
     /// What left the hot state with this entry: the exchange keeps it in
     /// its archive, where queries still find it.
     pub archived: Archived,
@@ -176,6 +179,8 @@ pub struct MarketState {
     reliability: reliability::Reliability,
     /// Spot bids and leases covered by re-match.
     rematch: rematch::Rematch,
+    /// Jobs and their leases (docs/jobs.md "A job's life").
+    jobs: jobs::Jobs,
     /// Hardware challenges in flight.
     challenges: challenges::Challenges,
     /// Renters' liveness evidence against suppliers' reports, and renters'
@@ -209,6 +214,7 @@ impl MarketState {
             stats: RollingStats::default(),
             reliability: reliability::Reliability::default(),
             rematch: rematch::Rematch::default(),
+            jobs: jobs::Jobs::default(),
             challenges: challenges::Challenges::default(),
             disputes: disputes::Disputes::default(),
             preempted: BTreeMap::new(),
@@ -223,6 +229,11 @@ impl MarketState {
     /// may still replace its listing.
     pub fn is_pristine(&self) -> bool {
         self.clock_ms == 0 && self.engine.next_event_seq() == 1
+    }
+
+    /// Jobs and their states (docs/jobs.md "A job's life").
+    pub fn jobs(&self) -> &jobs::Jobs {
+        &self.jobs
     }
 
     /// Applies one journal entry. The only way the market changes.
@@ -292,10 +303,11 @@ impl MarketState {
                     });
                 }
                 let rematched = self.rematch.observe(&applied.events);
-                applied.follow_up = rematched.replacement.map(|(order, regions)| match regions.is_empty() {
+                applied.follow_ups.extend(rematched.replacement.map(|(order, regions)| match regions.is_empty() {
                     true => Command::PlaceOrder(order),
                     false => Command::PlaceOrderInRegions { order, options: OrderOptions::default(), regions },
-                });
+                }));
+                applied.follow_ups.extend(self.jobs.observe(&applied.events).commands());
                 for (failed, replacement, renter) in rematched.replaced {
                     // The replacement takes over the failed lease's workload.
                     let workload = self.deliveries.lease(failed).and_then(|d| d.workload.clone());
@@ -322,6 +334,14 @@ impl MarketState {
                     });
                 }
             }
+            JournalEntry::SubmitJob { at_ms: _, terms } => {
+                let submitted = self.jobs.submit(terms.clone());
+                if let Ok((_, outcome)) = &submitted {
+                    applied.follow_ups.extend(outcome.commands());
+                }
+                applied.job = Some(submitted.map(|(job, _)| job));
+            }
+            JournalEntry::CancelJob { at_ms: _, account, job } => applied.follow_ups.extend(self.jobs.cancel(*job, *account).commands()),
             JournalEntry::BindKey { public_key, account } => self.keys.bind(*public_key, *account),
             JournalEntry::SignatureRule { rule } => self.settlement.set_signature_rule(*rule),
             JournalEntry::AddKey { at_ms, by, account, public_key, scopes, expires_at_ms, label } => {
@@ -347,7 +367,7 @@ impl MarketState {
                         self.telemetry.record(&report.body);
                         if let Some(renter) = self.engine.lease(report.body.lease).map(|l| l.renter) {
                             let disputed = self.disputes.claimed(renter, &report.body, verified_ms);
-                            applied.follow_up = self.disputed(report.body.lease, disputed, *at_ms);
+                            applied.follow_ups.extend(self.disputed(report.body.lease, disputed, *at_ms));
                         }
                     }
                     Ok(UsageOutcome::Duplicate) => {}
@@ -404,17 +424,17 @@ impl MarketState {
             }
             JournalEntry::ChallengeAnswered { at_ms: _, account: _, challenge, verdict } => {
                 if let Some((gpu, answer)) = self.challenges.close(*challenge, Some(*verdict)) {
-                    applied.follow_up = Some(Command::RecordChallenge { gpu, answer });
+                    applied.follow_ups.push(Command::RecordChallenge { gpu, answer });
                 }
             }
             JournalEntry::ChallengeExpired { at_ms: _, challenge } => {
                 if let Some((gpu, answer)) = self.challenges.close(*challenge, None) {
-                    applied.follow_up = Some(Command::RecordChallenge { gpu, answer });
+                    applied.follow_ups.push(Command::RecordChallenge { gpu, answer });
                 }
             }
             JournalEntry::Liveness { at_ms, account, report } => {
                 let disputed = self.disputes.observe(*account, report);
-                applied.follow_up = self.disputed(report.body.lease, disputed, *at_ms);
+                applied.follow_ups.extend(self.disputed(report.body.lease, disputed, *at_ms));
             }
             JournalEntry::SupplierDisconnected { at_ms, account } => {
                 let leases = self.engine.active_leases_supplied(*account);
@@ -439,9 +459,13 @@ impl MarketState {
                         to: Audience::account(info.renter),
                         message: ServerMessage::Delivery { lease: *lease, state: state.clone(), at_ms: *at_ms },
                     });
+                    // A job's workload that exited ends the job (its host's word).
+                    if let (DeliveryState::Exited { code }, true) = (state, info.supplier == *account) {
+                        applied.follow_ups.extend(self.jobs.workload_exited(*lease, *code).commands());
+                    }
                     let host_failed = matches!(state, DeliveryState::Failed { fault: gpux_protocol::Fault::Host, .. });
                     if host_failed && info.active {
-                        applied.follow_up = Some(Command::FailLeaseDelivery { account: *account, lease: *lease });
+                        applied.follow_ups.push(Command::FailLeaseDelivery { account: *account, lease: *lease });
                     }
                 }
             }
@@ -740,6 +764,7 @@ impl MarketState {
                 &self.stats,
                 &self.reliability,
                 &self.rematch,
+                &self.jobs,
                 self.scores_day,
                 &self.challenges,
                 &self.disputes,

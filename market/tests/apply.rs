@@ -176,7 +176,7 @@ impl Session {
                 self.leases.push(lease);
             }
         }
-        if let Some(command) = applied.follow_up {
+        for command in applied.follow_ups {
             self.command(command);
         }
     }
@@ -398,7 +398,7 @@ proptest! {
 }
 
 /// A host's own failure calls for the lease to end `delivery_failed`: the
-/// market says so (`follow_up`) and does not do it itself, so a replay that
+/// market says so (`follow_ups`) and does not do it itself, so a replay that
 /// meets the journaled follow-up entry does not end the lease twice.
 #[test]
 fn a_host_failure_calls_for_its_follow_up_command_and_leaves_it_to_the_journal() {
@@ -410,7 +410,7 @@ fn a_host_failure_calls_for_its_follow_up_command_and_leaves_it_to_the_journal()
     let entry = JournalEntry::DeliveryStatus { at_ms: session.now_ms, account: session.supplier, lease, state };
     let mut bare = session.market.clone();
     let applied = bare.apply(&entry).expect("applies");
-    assert_eq!(applied.follow_up, Some(Command::FailLeaseDelivery { account: session.supplier, lease }));
+    assert_eq!(applied.follow_ups, [Command::FailLeaseDelivery { account: session.supplier, lease }]);
     assert!(bare.engine().lease(lease).expect("lease").active, "the market does not end the lease by itself");
     session.apply(entry);
     let info = session.market.engine().lease(lease).expect("lease");

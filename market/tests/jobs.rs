@@ -62,10 +62,7 @@ impl World {
         let mut seen = Vec::new();
         loop {
             seen.extend(outcome.transitions.drain(..).map(|(_, _, state)| state));
-            let mut commands: Vec<Command> = Vec::new();
-            commands.extend(outcome.bids.drain(..).map(|(order, options)| Command::PlaceOrderWith { order, options }));
-            commands.extend(outcome.end_leases.drain(..).map(|(account, lease)| Command::EndLease { account, lease }));
-            commands.extend(outcome.cancel_orders.drain(..).map(|(account, order)| Command::CancelOrder { account, order }));
+            let commands = outcome.commands();
             if commands.is_empty() {
                 return seen;
             }
@@ -203,4 +200,98 @@ fn a_job_cancels_while_bidding_or_running_and_a_refused_bid_fails_it() {
     let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2)).expect("accepted");
     assert_eq!(w.follow(outcome).last(), Some(&JobState::Failed(JobFailure::BidRefused(RejectCode::InsufficientFunds))));
     assert!(w.jobs.state(job).is_some_and(JobState::is_over));
+}
+
+/// Journaled: `SubmitJob` and the commands the market calls for, applied as
+/// the sequencer applies them, carry a job to success through a host's
+/// failure; the workload's exit comes as the host's delivery status; the
+/// same journal replayed gives the same state.
+#[test]
+fn a_journaled_job_runs_through_a_host_failure_and_replays_to_the_same_state() {
+    use gpux_market::{JournalEntry, MarketState};
+    use gpux_protocol::DeliveryState;
+
+    struct Journal {
+        market: MarketState,
+        entries: Vec<JournalEntry>,
+        now_ms: u64,
+    }
+    impl Journal {
+        /// Journals and applies an entry, then each follow-up, as the sequencer does.
+        fn record(&mut self, entry: JournalEntry) -> gpux_market::Applied {
+            let applied = self.market.apply(&entry).expect("applies");
+            self.entries.push(entry);
+            for command in applied.follow_ups.clone() {
+                self.engine(command);
+            }
+            applied
+        }
+        fn engine(&mut self, command: Command) -> Vec<Event> {
+            self.now_ms += 1;
+            self.record(JournalEntry::Engine(Input { at_ms: self.now_ms, command })).events
+        }
+    }
+    let mut j = Journal { market: MarketState::new(EngineConfig::demo()).expect("demo"), entries: Vec::new(), now_ms: T0 };
+    let (renter, supplier) = (AccountId(0), AccountId(1));
+    j.engine(Command::OpenAccount { role: Role::Renter });
+    j.engine(Command::OpenAccount { role: Role::Supplier });
+    j.engine(Command::Deposit { account: renter, amount_minor: 1_000_000_000 });
+    for host in 0..2 {
+        for gpu in 0..2 {
+            j.engine(Command::RegisterGpu {
+                account: supplier,
+                host: format!("host-{host}"),
+                gpu_uuid: format!("GPU-{host}-{gpu}"),
+                spec: GpuSpec::h100_sxm(),
+            });
+        }
+    }
+    let terms = JobTerms {
+        account: renter,
+        instrument: InstrumentId(0),
+        gpus: 2,
+        one_host: true,
+        limit_minor_per_gpu_hour: USD_2,
+        hours: 2,
+        budget_minor: 100 * USD_2,
+        retries: 2,
+        min_supplier_score_bps: 0,
+        verified_only: false,
+    };
+    j.now_ms += 1;
+    let submitted = j.record(JournalEntry::SubmitJob { at_ms: j.now_ms, terms });
+    let job = submitted.job.expect("a job entry").expect("accepted");
+    let ask = |j: &mut Journal, host: u32, id: u64| {
+        let mut order = NewOrder::limit(supplier, id, InstrumentId(0), Side::Sell, USD_2, 2);
+        order.supply = Some(GpuSet { host: HostId(host), gpu_mask: 0b11 });
+        j.engine(Command::PlaceOrder(order));
+    };
+    let running = |j: &Journal| match j.market.jobs().state(job) {
+        Some(JobState::Running { attempt, leases }) => (*attempt, leases[0]),
+        other => panic!("not running: {other:?}"),
+    };
+    ask(&mut j, 0, 1);
+    let (attempt, first) = running(&j);
+    assert_eq!(attempt, 1);
+    j.engine(Command::FailLeaseDelivery { account: supplier, lease: first });
+    assert!(matches!(j.market.jobs().state(job), Some(JobState::Bidding { attempt: 2, order: Some(_) })));
+    ask(&mut j, 1, 2);
+    let (attempt, second) = running(&j);
+    assert_eq!(attempt, 2);
+    // Another account's word about the workload counts for nothing.
+    j.now_ms += 1;
+    j.record(JournalEntry::DeliveryStatus { at_ms: j.now_ms, account: renter, lease: second, state: DeliveryState::Exited { code: 0 } });
+    assert!(matches!(j.market.jobs().state(job), Some(JobState::Running { .. })));
+    j.now_ms += 1;
+    j.record(JournalEntry::DeliveryStatus { at_ms: j.now_ms, account: supplier, lease: second, state: DeliveryState::Exited { code: 0 } });
+    assert_eq!(j.market.jobs().state(job), Some(&JobState::Succeeded));
+    assert!(j.market.engine().lease(second).is_some_and(|l| !l.active), "its lease ended with it");
+
+    // Replayed without acting on follow-ups (they are in the journal).
+    let mut replay = MarketState::new(EngineConfig::demo()).expect("demo");
+    for entry in &j.entries {
+        replay.apply(entry).expect("replays");
+    }
+    assert_eq!(replay.state_hash(), j.market.state_hash());
+    assert_eq!(replay.jobs().state(job), Some(&JobState::Succeeded));
 }

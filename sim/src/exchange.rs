@@ -111,7 +111,7 @@ impl SimExchange {
         events.extend_from_slice(&applied.events);
         let outcome = applied.usage.expect("a usage report has an outcome");
         // Time the renter's evidence disputes: withheld, as the sequencer journals it.
-        if let Some(command) = applied.follow_up {
+        for command in applied.follow_ups {
             let at_ms = self.market.clock_ms();
             self.apply(Input { at_ms, command }, events);
         }
@@ -131,7 +131,7 @@ impl SimExchange {
     pub fn liveness(&mut self, at_ms: u64, account: AccountId, report: gpux_protocol::LivenessReport, events: &mut Vec<Event>) {
         let applied = self.record(JournalEntry::Liveness { at_ms, account, report });
         events.extend_from_slice(&applied.events);
-        if let Some(command) = applied.follow_up {
+        for command in applied.follow_ups {
             let at_ms = self.market.clock_ms();
             self.apply(Input { at_ms, command }, events);
         }
@@ -143,7 +143,7 @@ impl SimExchange {
     pub fn challenge(&mut self, entry: JournalEntry, events: &mut Vec<Event>) {
         let applied = self.record(entry);
         events.extend_from_slice(&applied.events);
-        if let Some(command) = applied.follow_up {
+        for command in applied.follow_ups {
             let at_ms = self.market.clock_ms();
             self.apply(Input { at_ms, command }, events);
         }

@@ -303,7 +303,7 @@ impl Sequencer {
         let mut applied = applied;
         self.note_registrations(&applied.events);
         self.route(&mut applied);
-        if let Some(command) = applied.follow_up.clone() {
+        for command in applied.follow_ups.clone() {
             // Journaled like any command: replay meets it as its own entry.
             self.apply_command(None, 0, command);
         }
