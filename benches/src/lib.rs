@@ -16,6 +16,8 @@ pub const MID_MINOR: u64 = 2_000_000;
 pub const TICK_MINOR: u64 = 1_000;
 const SPOT: InstrumentId = InstrumentId(0);
 const GPUS_PER_HOST: u32 = 64;
+/// Hosts one supplier account registers (its share of the GPU table).
+const HOSTS_PER_SUPPLIER: u32 = limits::GPUS_PER_ACCOUNT_MAX / GPUS_PER_HOST;
 /// Commands sequenced within one millisecond of engine time.
 const COMMANDS_PER_MS: u64 = 1_000;
 
@@ -61,7 +63,9 @@ struct Generator {
     at_ms: u64,
     commands: u64,
     renters: Vec<AccountId>,
-    supplier: AccountId,
+    /// Suppliers: one per `HOSTS_PER_SUPPLIER` hosts (an account holds at
+    /// most `limits::GPUS_PER_ACCOUNT_MAX` GPUs).
+    suppliers: Vec<AccountId>,
     hosts: Vec<HostId>,
     /// Per host, the GPUs neither offered nor leased.
     free_gpus: Vec<u64>,
@@ -82,7 +86,7 @@ impl Generator {
             at_ms: START_MS,
             commands: 0,
             renters: Vec::new(),
-            supplier: AccountId(0),
+            suppliers: vec![AccountId(0)],
             hosts: Vec::new(),
             free_gpus: Vec::new(),
             asks: FxHashMap::default(),
@@ -100,9 +104,15 @@ impl Generator {
         }
         let spec = GpuSpec::h100_sxm();
         for host in 0..gpus.div_ceil(GPUS_PER_HOST) {
+            if host > 0 && host % HOSTS_PER_SUPPLIER == 0 {
+                let next = AccountId(generator.engine.account_count());
+                generator.apply(Command::OpenAccount { role: Role::Supplier });
+                generator.suppliers.push(next);
+            }
+            let supplier = generator.suppliers[(host / HOSTS_PER_SUPPLIER) as usize];
             for index in 0..GPUS_PER_HOST {
                 generator.apply(Command::RegisterGpu {
-                    account: generator.supplier,
+                    account: supplier,
                     host: format!("host-{host}"),
                     gpu_uuid: format!("GPU-{host}-{index}"),
                     spec: spec.clone(),
@@ -194,7 +204,8 @@ impl Generator {
             free &= !bit;
         }
         self.free_gpus[host_index] = free;
-        let mut order = self.order(self.supplier, Side::Sell, price, quantity);
+        let supplier = self.suppliers[host_index / HOSTS_PER_SUPPLIER as usize];
+        let mut order = self.order(supplier, Side::Sell, price, quantity);
         order.supply = Some(GpuSet { host: self.hosts[host_index], gpu_mask: mask });
         order.time_in_force = time_in_force;
         Some(order)
