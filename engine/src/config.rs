@@ -303,17 +303,36 @@ pub struct EngineConfig {
 pub enum ConfigError {
     ClassCount,
     AccountsMax,
+    /// `orders_per_account_max` over its share of the live-orders table
+    /// (`limits::ORDERS_PER_ACCOUNT_LISTED_MAX`).
+    OrdersPerAccount,
     HorizonOrProtection,
     FeeOrGrace,
-    PriceBand { class: String },
-    Calendar { class: String },
-    Sla { class: String },
-    DuplicateClass { class: String },
-    Challenge { class: String },
-    MemoryChallenge { class: String },
-    CreditTiers { class: String },
+    PriceBand {
+        class: String,
+    },
+    Calendar {
+        class: String,
+    },
+    Sla {
+        class: String,
+    },
+    DuplicateClass {
+        class: String,
+    },
+    Challenge {
+        class: String,
+    },
+    MemoryChallenge {
+        class: String,
+    },
+    CreditTiers {
+        class: String,
+    },
     Currency,
-    ModelPattern { class: String },
+    ModelPattern {
+        class: String,
+    },
     Regions,
 }
 
@@ -323,6 +342,12 @@ impl std::fmt::Display for ConfigError {
         match self {
             ConfigError::ClassCount => write!(f, "1..={} classes required", limits::CLASSES_MAX),
             ConfigError::AccountsMax => write!(f, "accounts_max must be at most {}", limits::ACCOUNTS_MAX),
+            ConfigError::OrdersPerAccount => write!(
+                f,
+                "orders_per_account_max must be 1..={} (an account's share of the {} live orders every account shares)",
+                limits::ORDERS_PER_ACCOUNT_LISTED_MAX,
+                limits::ORDERS_LIVE_MAX
+            ),
             ConfigError::HorizonOrProtection => f.write_str("prepaid horizon must be > 0 h and protection < 10000 bps"),
             ConfigError::FeeOrGrace => write!(f, "fee must be at most {} bps, billing grace at most one day", limits::FEE_BPS_MAX),
             ConfigError::PriceBand { class } => {
@@ -377,6 +402,10 @@ impl EngineConfig {
     /// another side is never challenged: `ChallengeSpec::side_valid`).
     pub fn validate_listing(&self) -> Result<(), ConfigError> {
         self.validate()?;
+        // New listings only: a journal's older listing stays valid as it was.
+        if self.orders_per_account_max == 0 || self.orders_per_account_max > limits::ORDERS_PER_ACCOUNT_LISTED_MAX {
+            return Err(ConfigError::OrdersPerAccount);
+        }
         match self.classes.iter().find(|class| class.challenge.is_some_and(|c| !c.side_valid())) {
             Some(class) => Err(ConfigError::Challenge { class: class.name.clone() }),
             None => Ok(()),

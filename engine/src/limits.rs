@@ -33,6 +33,11 @@ pub const CLOSED_CLIENT_ORDER_IDS_PER_ACCOUNT_MAX: usize = 1 << 17;
 const _: () = assert!(CLOSED_CLIENT_ORDER_IDS_PER_ACCOUNT_MAX * 8 <= CLOSED_CLIENT_ORDER_IDS_MAX, "no one account fills the table");
 /// Default bound on one account's open orders (configurable per engine).
 pub const ORDERS_PER_ACCOUNT_MAX_DEFAULT: u32 = 10_000;
+/// The most a listing may set `orders_per_account_max` to: 1/256 of the
+/// live orders every account shares, so filling the table takes 256
+/// accounts with funds or GPUs behind every order.
+pub const ORDERS_PER_ACCOUNT_LISTED_MAX: u32 = ORDERS_LIVE_MAX / 256;
+const _: () = assert!(ORDERS_PER_ACCOUNT_MAX_DEFAULT <= ORDERS_PER_ACCOUNT_LISTED_MAX);
 /// Longest spot/preemptible minimum duration a bid may ask for.
 pub const DURATION_HOURS_MAX: u32 = 24 * 90;
 /// Future reserved-window commitments (offered or sold) one GPU may carry.

@@ -187,6 +187,7 @@ pub fn parse(text: &str, file: &str) -> Result<EngineConfig, ListingError> {
         let (line, field) = match &invalid {
             ConfigError::ClassCount => (exchange_line, "class".to_string()),
             ConfigError::AccountsMax => (exchange_line, "exchange.accounts_max".into()),
+            ConfigError::OrdersPerAccount => (exchange_line, "exchange.orders_per_account_max".into()),
             ConfigError::HorizonOrProtection => (exchange_line, "exchange.prepaid_horizon_hours/market_protection_bps".into()),
             ConfigError::FeeOrGrace => (exchange_line, "exchange.fee_bps/billing_grace_ms".into()),
             ConfigError::Currency => (exchange_line, "exchange.currency/decimals".into()),
@@ -237,6 +238,7 @@ mod tests {
             ("passes = 8", "passes = 13", 0, "its passes 1..=12"),
             ("n = 256, ", "n = 100, ", 0, "a power of two from 16 to 16384"),
             ("n = 256, ", "n = 32768, ", 0, "a power of two from 16 to 16384"),
+            ("orders_per_account_max = 10000", "orders_per_account_max = 16777216", 0, "an account's share of the 16777216 live orders"),
         ];
         for (from, to, line, needle) in cases {
             assert!(DEMO.contains(from), "{from}");
