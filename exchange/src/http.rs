@@ -72,6 +72,19 @@ pub async fn serve(
     router: axum::Router,
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
+    serve_within(listener, what, metrics, router, tls, HTTP_REQUEST_TIMEOUT).await
+}
+
+/// `serve`, with each connection's whole exchange over within
+/// `request_timeout` (the job store moves large bodies).
+pub async fn serve_within(
+    listener: TcpListener,
+    what: &'static str,
+    metrics: Arc<GatewayMetrics>,
+    router: axum::Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    request_timeout: Duration,
+) {
     let slots = Arc::new(tokio::sync::Semaphore::new(HTTP_CONNECTIONS_MAX));
     let per_ip = Arc::new(PerIp::default());
     let mut backoff = AcceptBackoff::new(what);
@@ -103,7 +116,7 @@ pub async fn serve(
                     }
                 }
             };
-            let _ = tokio::time::timeout(HTTP_REQUEST_TIMEOUT, exchange).await;
+            let _ = tokio::time::timeout(request_timeout, exchange).await;
         });
     }
 }

@@ -9,6 +9,7 @@ pub mod data_dir;
 pub mod http;
 pub mod identity;
 pub mod invoices;
+pub mod job_store;
 pub mod link_server;
 pub mod listing;
 pub mod metrics;
@@ -71,6 +72,22 @@ pub struct ExchangeConfig {
     /// Who may open an account with a first login, and how many accounts
     /// the exchange holds (docs/operations.md "Opening accounts").
     pub accounts: sequencer::AccountOpening,
+    /// The job store (docs/jobs.md "Code and data"), if the exchange runs one.
+    pub job_store: Option<JobStoreConfig>,
+    /// How long a job's lease may be silent before its delivery fails.
+    pub job_silence_ms: u64,
+}
+
+/// Where the job store keeps objects and serves them (`--job-store`,
+/// `--job-store-listen`, `--job-store-url`, `--job-store-quota-gib`).
+#[derive(Clone, Debug)]
+pub struct JobStoreConfig {
+    /// `local` (the data directory), `file:///DIR` or `s3://BUCKET`.
+    pub store: String,
+    pub listen: SocketAddr,
+    /// The URL clients and hosts reach it at (default: `http://` + the address it listens on).
+    pub url: Option<String>,
+    pub quota_bytes: u64,
 }
 
 /// The default fee on usage: 2.5%.
@@ -123,6 +140,15 @@ pub fn run_until(mut config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
     sequencer.set_feed_frames_max(config.limits.feed_frames_max);
     sequencer.set_challenge_interval_ms(config.challenge_interval_ms);
     sequencer.set_account_opening(config.accounts);
+    sequencer.set_job_silence_ms(config.job_silence_ms);
+    let job_store = match &config.job_store {
+        Some(store) => {
+            let (listener, server, issuer) = open_job_store(store, &config.data_dir, clock)?;
+            sequencer.set_job_store(issuer);
+            Some((listener, server))
+        }
+        None => None,
+    };
     say(&format!("exchange key {} (signs invoices)", invoices.public_key));
     sequencer.set_invoices(invoices);
     say(&format!(
@@ -135,6 +161,11 @@ pub fn run_until(mut config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
     let sequencer_thread = runtime.block_on(async move {
         if let Some(address) = config.metrics_listen {
             serve_metrics(address, metrics.clone()).await?;
+        }
+        if let Some((listener, server)) = job_store {
+            let listener = TcpListener::from_std(listener)?;
+            let router = server.router();
+            tokio::spawn(http::serve_within(listener, "job store", metrics.gateway.clone(), router, None, job_store::REQUEST_TIMEOUT));
         }
         let stop_asked = async {
             match stop_on {
@@ -155,6 +186,23 @@ pub fn run_until(mut config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
     let state_hash = ended.map_err(|_| anyhow::anyhow!("sequencer thread panicked"))??;
     say(&format!("stopped, state hash {state_hash:016x}"));
     Ok(state_hash)
+}
+
+/// Opens the job store's backend and binds its listener (before the
+/// runtime starts, so that the sequencer knows the URL to hand out).
+fn open_job_store(
+    config: &JobStoreConfig,
+    data_dir: &std::path::Path,
+    clock: link::Clock,
+) -> Result<(std::net::TcpListener, job_store::StoreServer, job_store::Issuer)> {
+    let store = job_store::open(&config.store, data_dir)?;
+    let secret = job_store::load_or_create_secret(&data_dir.join("job-store.key"))?;
+    let listener = std::net::TcpListener::bind(config.listen).with_context(|| format!("binding {}", config.listen))?;
+    listener.set_nonblocking(true)?;
+    let url = config.url.clone().unwrap_or(format!("http://{}", listener.local_addr()?));
+    say(&format!("job store on {url} ({})", config.store));
+    let server = job_store::StoreServer::new(store, secret, config.quota_bytes, clock);
+    Ok((listener, server, job_store::Issuer::new(url, secret)))
 }
 
 async fn serve_metrics(address: SocketAddr, metrics: std::sync::Arc<metrics::Metrics>) -> Result<()> {

@@ -154,6 +154,28 @@ struct Args {
     /// Accounts one address (IPv4, or IPv6 /64) may open per hour (open mode).
     #[arg(long, default_value_t = gpux_exchange::sequencer::ACCOUNTS_PER_ADDRESS_HOUR_DEFAULT)]
     accounts_per_address_hour: u32,
+    /// Where jobs' code bundles, checkpoints and outputs are kept
+    /// (docs/jobs.md "Code and data"): `local` (the data directory's
+    /// job-store/), `file:///DIR`, `s3://BUCKET` (endpoint and keys from
+    /// AWS_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION)
+    /// or `off`.
+    #[arg(long, default_value = "local", env = "GPUX_JOB_STORE")]
+    job_store: String,
+    /// Where the job store's HTTP API listens (port 0: one the OS picks;
+    /// clients learn the URL with each token).
+    #[arg(long, default_value = "127.0.0.1:0", env = "GPUX_JOB_STORE_LISTEN")]
+    job_store_listen: SocketAddr,
+    /// The URL clients and hosts reach the job store at (default: http:// and the listen address).
+    #[arg(long, env = "GPUX_JOB_STORE_URL")]
+    job_store_url: Option<String>,
+    /// Each account's share of the job store, in GiB.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    job_store_quota_gib: u64,
+    /// How long a job's lease may go without a word from its host (a
+    /// delivery status or a usage report) before its delivery fails and
+    /// the job resumes elsewhere, in ms.
+    #[arg(long, default_value_t = gpux_exchange::sequencer::JOB_SILENCE_MS_DEFAULT, value_parser = clap::value_parser!(u64).range(1_000..))]
+    job_silence_ms: u64,
     /// The operator's name and address, printed on every invoice (at most
     /// 256 bytes of printable ASCII).
     #[arg(long, default_value = "gpux exchange", value_parser = parse_issuer)]
@@ -318,6 +340,16 @@ fn run_main() -> Result<()> {
             accounts_max: args.accounts_max,
             per_address_hour: args.accounts_per_address_hour,
         },
+        job_store: match args.job_store.as_str() {
+            "off" => None,
+            store => Some(gpux_exchange::JobStoreConfig {
+                store: store.to_string(),
+                listen: args.job_store_listen,
+                url: args.job_store_url.clone(),
+                quota_bytes: args.job_store_quota_gib << 30,
+            }),
+        },
+        job_silence_ms: args.job_silence_ms,
     });
     stop_live_market(&live_child);
     result.map(|_| ())

@@ -176,6 +176,35 @@ async fn run(m: &mut Market, row: Row) -> String {
         .await
 }
 
+/// A job of one GPU for an hour at the lowest price, changed by `change`.
+fn submit_job(id: u64, instrument: InstrumentId, change: impl FnOnce(&mut JobSubmission)) -> ClientMessage {
+    let mut job = JobSubmission {
+        name: format!("job-{id}"),
+        instrument,
+        gpus: 1,
+        one_host: true,
+        // The demo books' lowest price, one tick.
+        limit_minor_per_gpu_hour: 10_000,
+        hours: 1,
+        budget_minor: 100_000,
+        retries: 1,
+        min_supplier_score_bps: 0,
+        verified_only: false,
+        run: JobRun {
+            image: "localhost/gpux-py:1".into(),
+            command: vec!["python3".into(), "train.py".into()],
+            bundle: None,
+            install: Vec::new(),
+            checkpoint_dir: "/checkpoints".into(),
+            outputs_dir: "/outputs".into(),
+            checkpoint_interval_s: 60,
+            shm_mib: 0,
+        },
+    };
+    change(&mut job);
+    ClientMessage::SubmitJob { id, job: Box::new(job) }
+}
+
 fn public(key: &ed25519_dalek::SigningKey) -> String {
     hex::encode(key.verifying_key().to_bytes())
 }
@@ -221,6 +250,11 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
         .enumerate()
         .map(|(n, (channel, instrument))| ClientMessage::Subscribe { id: 1_000 + n as u64, channel, instrument })
         .collect();
+    let window = instruments
+        .iter()
+        .find(|i| matches!(i.contract, ContractKind::Reserved { .. }))
+        .map(|i| i.instrument)
+        .expect("the demo listing has reserved windows");
     let mut forged_auth = Client::connect(&m.exchange.addr).await.auth_message(&key(8), Some(Role::Renter));
     if let ClientMessage::Auth { signature, .. } = &mut forged_auth {
         *signature = "00".repeat(64);
@@ -329,6 +363,23 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
             Send::Messages((0..=limits_keys()).map(|n| add_key(40 + n as u64, public(&key(100 + n as u8)), &[Scope::Read])).collect()),
         ),
         row("challenge_out_of_order", Who::Supplier, one(ClientMessage::ChallengeOpening { id: 30, challenge: 1, leaves: Vec::new() })),
+        row("job_invalid", Who::Renter, one(submit_job(120, InstrumentId(0), |s| s.gpus = 0))),
+        row("job_invalid", Who::Renter, one(submit_job(125, InstrumentId(0), |s| s.limit_minor_per_gpu_hour += 1))),
+        row("job_budget_too_small", Who::Renter, one(submit_job(121, InstrumentId(0), |s| s.hours = 20))),
+        row("job_instrument_invalid", Who::Renter, one(submit_job(122, window, |_| {}))),
+        row("unknown_job", Who::Renter, one(ClientMessage::JobStatus { id: 123, job: JobId(999_999) })),
+        row("job_store_unavailable", Who::Supplier, one(ClientMessage::JobStoreToken { id: 124, job: None, lease: Some(ended) })),
+        // Each job's bid rests at the book's lowest price (no ask that
+        // low): 64 jobs not yet over, the 65th refused.
+        row(
+            "too_many_jobs",
+            Who::Renter,
+            Send::Messages(
+                (0..=gpux_protocol::jobs::limits::JOBS_LIVE_PER_ACCOUNT_MAX as u64)
+                    .map(|n| submit_job(130 + n, InstrumentId(0), |_| {}))
+                    .collect(),
+            ),
+        ),
     ];
     let mut produced = BTreeMap::new();
     for row in table {

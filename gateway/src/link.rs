@@ -374,6 +374,12 @@ pub enum Request {
         id: u64,
         instrument: InstrumentId,
     },
+    /// Jobs (docs/protocol.md "Jobs").
+    Job {
+        connection: ConnectionId,
+        id: u64,
+        request: JobRequest,
+    },
     /// In process only: over a socket a gateway sends `wire::Up::Connect`
     /// and the link server makes the connection's `Outbound`. Last, and
     /// it must stay last: serde numbers variants by position when encoding
@@ -392,6 +398,16 @@ pub enum HistoryRequest {
     Trades { instrument: InstrumentId, before_seq: Option<u64> },
     Candles { instrument: InstrumentId, interval: gpux_protocol::CandleInterval, before_ms: Option<u64> },
     Fills { before: Option<gpux_protocol::FillCursor> },
+}
+
+/// Jobs (docs/protocol.md "Jobs").
+#[derive(Serialize, Deserialize)]
+pub enum JobRequest {
+    Submit { job: Box<gpux_protocol::JobSubmission> },
+    Status { job: gpux_protocol::JobId },
+    List { offset: u32 },
+    Cancel { job: gpux_protocol::JobId },
+    StoreToken { job: Option<gpux_protocol::JobId>, lease: Option<LeaseId> },
 }
 
 /// Sub-accounts and keys (docs/protocol.md "Sub-accounts", "Keys and scopes").
@@ -456,7 +472,8 @@ macro_rules! connection_of {
             | Request::Listing { connection, .. }
             | Request::LeaseTelemetry { connection, .. }
             | Request::History { connection, .. }
-            | Request::Book { connection, .. } => connection,
+            | Request::Book { connection, .. }
+            | Request::Job { connection, .. } => connection,
         }
     };
 }
@@ -491,7 +508,8 @@ impl Request {
             | Request::Listing { id, .. }
             | Request::LeaseTelemetry { id, .. }
             | Request::History { id, .. }
-            | Request::Book { id, .. } => Some(*id),
+            | Request::Book { id, .. }
+            | Request::Job { id, .. } => Some(*id),
             Request::Connect { .. } | Request::Disconnect { .. } | Request::Resync { .. } => None,
         }
     }
@@ -503,7 +521,9 @@ impl Request {
     pub fn scope(&self) -> Option<Scope> {
         match self {
             Request::Command { command, .. } => Some(command_scope(command)),
-            Request::Bid { .. } => Some(Scope::Trade),
+            Request::Bid { .. } | Request::Job { request: JobRequest::Submit { .. } | JobRequest::Cancel { .. }, .. } => Some(Scope::Trade),
+            Request::Job { request: JobRequest::StoreToken { lease: Some(_), .. }, .. } => Some(Scope::Deliver),
+            Request::Job { .. } => Some(Scope::Read),
             Request::OpenOrders { .. }
             | Request::Leases { .. }
             | Request::LeaseTelemetry { .. }

@@ -31,8 +31,8 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use crate::admission::{AcceptBackoff, Admission, AdmissionLimits, Ticket};
 use crate::link::{
-    AccessRequest, ChallengeRequest, Clock, ConnectionId, DeliveryRequest, HistoryRequest, LoginOutcome, Outbound, Outgoing, Request,
-    SharedFrame,
+    AccessRequest, ChallengeRequest, Clock, ConnectionId, DeliveryRequest, HistoryRequest, JobRequest, LoginOutcome, Outbound, Outgoing,
+    Request, SharedFrame,
 };
 use crate::metrics::GatewayMetrics;
 use crate::verifier::Verifier;
@@ -841,6 +841,13 @@ impl Connection {
             }
             ClientMessage::Fills { id, before } => Request::History { connection, id, request: HistoryRequest::Fills { before } },
             ClientMessage::Book { id, instrument } => Request::Book { connection, id, instrument },
+            ClientMessage::SubmitJob { id, job } => Request::Job { connection, id, request: JobRequest::Submit { job } },
+            ClientMessage::JobStatus { id, job } => Request::Job { connection, id, request: JobRequest::Status { job } },
+            ClientMessage::Jobs { id, offset } => Request::Job { connection, id, request: JobRequest::List { offset } },
+            ClientMessage::CancelJob { id, job } => Request::Job { connection, id, request: JobRequest::Cancel { job } },
+            ClientMessage::JobStoreToken { id, job, lease } => {
+                Request::Job { connection, id, request: JobRequest::StoreToken { job, lease } }
+            }
             ClientMessage::OfferLease { id, lease, price_minor_per_gpu_hour, client_order_id, time_in_force } => {
                 command(id, Command::OfferLease { account, lease, client_order_id, price_minor_per_gpu_hour, time_in_force })
             }

@@ -336,6 +336,7 @@ mod tests {
                 request: HistoryRequest::Trades { instrument: InstrumentId(1), before_seq: Some(9) },
             },
             Request::Book { connection: c, id: 27, instrument: InstrumentId(1) },
+            Request::Job { connection: c, id: 28, request: crate::link::JobRequest::Status { job: gpux_protocol::JobId(4) } },
         ];
         let mut ups = vec![Up::Connect { connection: c }];
         ups.extend(requests.into_iter().map(Up::Request));
@@ -375,13 +376,14 @@ mod tests {
             Request::LeaseTelemetry { .. } => 25,
             Request::History { .. } => 26,
             Request::Book { .. } => 27,
+            Request::Job { .. } => 28,
             Request::Connect { .. } => usize::MAX,
         }
     }
 
     #[test]
     fn the_samples_hold_every_request_that_crosses_the_link() {
-        let mut seen = [false; 28];
+        let mut seen = [false; 29];
         for up in every_up() {
             if let Up::Request(request) = up {
                 seen[variant(&request)] = true;

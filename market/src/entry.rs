@@ -179,6 +179,13 @@ pub enum JournalEntry {
         account: AccountId,
         job: crate::jobs::JobId,
     },
+    /// The live exchange found a job's lease silent (its supplier said
+    /// nothing of it for the exchange's `--job-silence-ms`): its delivery
+    /// fails, the host's fault, and the job resumes elsewhere.
+    JobLeaseSilent {
+        at_ms: u64,
+        lease: LeaseId,
+    },
 }
 
 impl JournalEntry {
@@ -217,7 +224,8 @@ impl JournalEntry {
             | JournalEntry::RevokeKey { at_ms, .. }
             | JournalEntry::AddKeyBy { at_ms, .. }
             | JournalEntry::SubmitJob { at_ms, .. }
-            | JournalEntry::CancelJob { at_ms, .. } => Some(*at_ms),
+            | JournalEntry::CancelJob { at_ms, .. }
+            | JournalEntry::JobLeaseSilent { at_ms, .. } => Some(*at_ms),
             JournalEntry::BindKey { .. }
             | JournalEntry::BidWorkload { .. }
             | JournalEntry::LeaseWorkload { .. }

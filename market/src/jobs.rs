@@ -7,15 +7,18 @@
 //! next (`Outcome`); the sequencer journals each next step as its own
 //! entry, as it does re-match's replacement bids.
 //!
-//! Journaled (`JournalEntry::SubmitJob`, `CancelJob`) and applied by
-//! `MarketState`; not yet on the wire (issue "Jobs", next steps).
+//! Journaled (`JournalEntry::SubmitJob`, `CancelJob`, `JobLeaseSilent`)
+//! and applied by `MarketState`; on the wire as `submit_job` and friends
+//! (docs/protocol.md "Jobs").
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use gpux_engine::{
     AccountId, Event, EventKind, InstrumentId, LeaseDuration, LeaseEndReason, LeaseId, NewOrder, OrderCloseReason, OrderId, OrderOptions,
-    RejectCode, SelfTradePrevention, Side, TimeInForce,
+    SelfTradePrevention, Side, TimeInForce,
 };
+pub use gpux_protocol::jobs::limits;
+pub use gpux_protocol::{JobAssignment, JobFailure, JobId, JobInfo, JobRun, JobState, JobSubmission};
 use serde::{Deserialize, Serialize};
 
 /// Client order ids from here up (below re-match's) are jobs' bids: this
@@ -24,14 +27,15 @@ pub const JOB_CLIENT_ORDER_ID_BASE: u64 = 1 << 62;
 /// Attempts a job's client order ids leave room for (its first and up to
 /// 1 023 retries).
 pub const ATTEMPTS_MAX: u32 = 1_024;
+/// Leases of one job `JobInfo` lists (its newest).
+pub const INFO_LEASES_MAX: usize = 64;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct JobId(pub u64);
-
-/// What the market holds of a job: who pays, what it buys, its limits.
+/// What the market holds of a job: who pays, what it buys, its limits,
+/// what it runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobTerms {
     pub account: AccountId,
+    pub name: String,
     /// The book the plan chose (spot or preemptible).
     pub instrument: InstrumentId,
     pub gpus: u32,
@@ -46,46 +50,38 @@ pub struct JobTerms {
     pub retries: u32,
     pub min_supplier_score_bps: u32,
     pub verified_only: bool,
+    pub run: JobRun,
 }
 
-/// Why a job ended without finishing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum JobFailure {
-    /// Its leases failed more often than it may retry.
-    RetriesExhausted,
-    /// What is left of its budget pays for no further attempt.
-    BudgetSpent,
-    /// The exchange refused its bid (funds, limits): the code says why.
-    BidRefused(RejectCode),
-    /// Its bid closed unfilled (the renter cancelled the order itself, say).
-    BidClosed(OrderCloseReason),
-    /// Its leases ran their hours before the workload finished.
-    OutOfTime,
-    /// The workload exited with this code (the renter's code failed: not retried).
-    WorkloadFailed(i64),
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum JobState {
-    /// Its bid for `attempt` is on the book (or about to be).
-    Bidding {
-        attempt: u32,
-        order: Option<OrderId>,
-    },
-    Running {
-        attempt: u32,
-        leases: Vec<LeaseId>,
-    },
-    Succeeded,
-    Failed(JobFailure),
-    Cancelled,
-}
-
-impl JobState {
-    pub fn is_over(&self) -> bool {
-        matches!(self, JobState::Succeeded | JobState::Failed(_) | JobState::Cancelled)
+impl JobTerms {
+    pub fn new(account: AccountId, submission: JobSubmission) -> JobTerms {
+        let JobSubmission {
+            name,
+            instrument,
+            gpus,
+            one_host,
+            limit_minor_per_gpu_hour,
+            hours,
+            budget_minor,
+            retries,
+            min_supplier_score_bps,
+            verified_only,
+            run,
+        } = submission;
+        JobTerms {
+            account,
+            name,
+            instrument,
+            gpus,
+            one_host,
+            limit_minor_per_gpu_hour,
+            hours,
+            budget_minor,
+            retries,
+            min_supplier_score_bps,
+            verified_only,
+            run,
+        }
     }
 }
 
@@ -98,6 +94,12 @@ struct Job {
     escrowed_minor: u64,
     /// Set by a cancel: what ends next ends it as cancelled.
     cancelling: bool,
+    /// Bids placed so far.
+    attempts: u32,
+    /// Every lease it ran on, oldest first.
+    leases: Vec<LeaseId>,
+    submitted_at_ms: u64,
+    updated_at_ms: u64,
 }
 
 /// What to do next, each journaled as its own entry.
@@ -111,6 +113,8 @@ pub struct Outcome {
     pub cancel_orders: Vec<(AccountId, OrderId)>,
     /// Every state a job entered, in order (for the renter's private feed).
     pub transitions: Vec<(JobId, AccountId, JobState)>,
+    /// Attempts handed to hosts: each lease's supplier and what to run.
+    pub assigned: Vec<(LeaseId, AccountId, JobAssignment)>,
 }
 
 impl Outcome {
@@ -123,15 +127,36 @@ impl Outcome {
         let bids = self.bids.iter().map(|(order, options)| Command::PlaceOrderWith { order: order.clone(), options: *options });
         ends.chain(cancels).chain(bids).collect()
     }
+
+    pub fn append(&mut self, mut other: Outcome) {
+        self.bids.append(&mut other.bids);
+        self.end_leases.append(&mut other.end_leases);
+        self.cancel_orders.append(&mut other.cancel_orders);
+        self.transitions.append(&mut other.transitions);
+        self.assigned.append(&mut other.assigned);
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Jobs {
     jobs: BTreeMap<JobId, Job>,
     next: u64,
-    /// Bids by order id, and leases by id: the job and attempt each serves.
+    /// Bids by order id, and leases by id: the job each serves.
     orders: BTreeMap<OrderId, JobId>,
     leases: BTreeMap<LeaseId, JobId>,
+    /// Each running lease's supplier and when the exchange last heard of
+    /// the lease from it (created, a delivery status, a usage report).
+    heard: BTreeMap<LeaseId, (AccountId, u64)>,
+    /// Each account's jobs (for `jobs`, newest first).
+    by_account: BTreeSet<(AccountId, JobId)>,
+    /// Jobs not yet over, per account.
+    live: BTreeMap<AccountId, usize>,
+    live_total: usize,
+    /// Finished jobs kept, per account oldest first, and the accounts by
+    /// how many they keep (the heaviest forgets first when all are full).
+    finished: BTreeMap<AccountId, VecDeque<JobId>>,
+    finished_by_count: BTreeSet<(usize, AccountId)>,
+    finished_total: usize,
 }
 
 /// Why a job is refused at submission.
@@ -143,6 +168,19 @@ pub enum JobRefusal {
     TooManyRetries,
     #[error("the budget does not pay for one attempt at the limit price")]
     BudgetTooSmall,
+    #[error("the account holds {} jobs not yet over, or the exchange {}", limits::JOBS_LIVE_PER_ACCOUNT_MAX, limits::JOBS_LIVE_MAX)]
+    TooManyJobs,
+}
+
+impl From<JobRefusal> for gpux_protocol::ErrorCode {
+    fn from(refusal: JobRefusal) -> Self {
+        use gpux_protocol::ErrorCode;
+        match refusal {
+            JobRefusal::Empty | JobRefusal::TooManyRetries => ErrorCode::JobInvalid,
+            JobRefusal::BudgetTooSmall => ErrorCode::JobBudgetTooSmall,
+            JobRefusal::TooManyJobs => ErrorCode::TooManyJobs,
+        }
+    }
 }
 
 impl Jobs {
@@ -154,49 +192,113 @@ impl Jobs {
         self.jobs.get(&job).map(|j| &j.terms)
     }
 
-    /// A new job: its first bid.
-    pub fn submit(&mut self, terms: JobTerms) -> Result<(JobId, Outcome), JobRefusal> {
+    /// The job as the wire shows it, if it is `account`'s (and still kept).
+    pub fn info(&self, job: JobId, account: AccountId) -> Option<JobInfo> {
+        let entry = self.jobs.get(&job).filter(|j| j.terms.account == account)?;
+        let shown = entry.leases.len().saturating_sub(INFO_LEASES_MAX);
+        Some(JobInfo {
+            job,
+            name: entry.terms.name.clone(),
+            instrument: entry.terms.instrument,
+            gpus: entry.terms.gpus,
+            state: entry.state.clone(),
+            attempts: entry.attempts,
+            retries: entry.terms.retries,
+            escrowed_minor: entry.escrowed_minor,
+            budget_minor: entry.terms.budget_minor,
+            leases: entry.leases[shown..].to_vec(),
+            submitted_at_ms: entry.submitted_at_ms,
+            updated_at_ms: entry.updated_at_ms,
+            run: entry.terms.run.clone(),
+        })
+    }
+
+    /// `account`'s jobs, newest first: `max` from `offset`, and whether more follow.
+    pub fn list(&self, account: AccountId, offset: usize, max: usize) -> (Vec<JobInfo>, bool) {
+        let mut ids = self.by_account.range((account, JobId(0))..=(account, JobId(u64::MAX))).rev().skip(offset);
+        let page: Vec<JobInfo> = ids.by_ref().take(max).filter_map(|&(_, job)| self.info(job, account)).collect();
+        (page, ids.next().is_some())
+    }
+
+    /// Every lease of the job so far, oldest first (its bill).
+    pub fn leases_of(&self, job: JobId) -> &[LeaseId] {
+        self.jobs.get(&job).map_or(&[], |j| &j.leases)
+    }
+
+    /// The job a lease runs, if any (while the lease runs).
+    pub fn job_of_lease(&self, lease: LeaseId) -> Option<JobId> {
+        self.leases.get(&lease).copied()
+    }
+
+    /// Whether a submission would be refused, without changing anything.
+    pub fn check_submit(&self, terms: &JobTerms) -> Result<(), JobRefusal> {
         if terms.gpus == 0 || terms.hours == 0 {
             return Err(JobRefusal::Empty);
         }
         if terms.retries >= ATTEMPTS_MAX {
             return Err(JobRefusal::TooManyRetries);
         }
-        if attempt_cost(&terms) > terms.budget_minor {
+        if attempt_cost(terms) > terms.budget_minor {
             return Err(JobRefusal::BudgetTooSmall);
         }
+        let live = self.live.get(&terms.account).copied().unwrap_or(0);
+        if live >= limits::JOBS_LIVE_PER_ACCOUNT_MAX || self.live_total >= limits::JOBS_LIVE_MAX {
+            return Err(JobRefusal::TooManyJobs);
+        }
+        Ok(())
+    }
+
+    /// A new job: its first bid.
+    pub fn submit(&mut self, terms: JobTerms, at_ms: u64) -> Result<(JobId, Outcome), JobRefusal> {
+        self.check_submit(&terms)?;
         let id = JobId(self.next);
         self.next += 1;
         let account = terms.account;
-        self.jobs.insert(id, Job { terms, state: JobState::Bidding { attempt: 1, order: None }, escrowed_minor: 0, cancelling: false });
+        let state = JobState::Bidding { attempt: 1, order: None };
+        let job = Job {
+            terms,
+            state: state.clone(),
+            escrowed_minor: 0,
+            cancelling: false,
+            attempts: 1,
+            leases: Vec::new(),
+            submitted_at_ms: at_ms,
+            updated_at_ms: at_ms,
+        };
+        self.jobs.insert(id, job);
+        self.by_account.insert((account, id));
+        *self.live.entry(account).or_default() += 1;
+        self.live_total += 1;
         let mut outcome = Outcome::default();
-        outcome.transitions.push((id, account, JobState::Bidding { attempt: 1, order: None }));
+        outcome.transitions.push((id, account, state));
         outcome.bids.push(self.bid(id, 1));
         Ok((id, outcome))
     }
 
     /// The renter cancels: its bid is cancelled or its leases ended; the job
     /// is cancelled once they are.
-    pub fn cancel(&mut self, job: JobId, account: AccountId) -> Outcome {
+    pub fn cancel(&mut self, job: JobId, account: AccountId, at_ms: u64) -> Outcome {
         let mut outcome = Outcome::default();
         let Some(entry) = self.jobs.get_mut(&job).filter(|j| j.terms.account == account && !j.state.is_over()) else { return outcome };
         entry.cancelling = true;
         match &entry.state {
             JobState::Bidding { order: Some(order), .. } => outcome.cancel_orders.push((account, *order)),
-            JobState::Bidding { order: None, .. } => {
-                entry.state = JobState::Cancelled;
-                outcome.transitions.push((job, account, JobState::Cancelled));
-            }
+            JobState::Bidding { order: None, .. } => self.enter(job, JobState::Cancelled, at_ms, &mut outcome),
             JobState::Running { leases, .. } => outcome.end_leases.extend(leases.iter().map(|l| (account, *l))),
             _ => {}
         }
         outcome
     }
 
+    /// Whether a cancel of `job` by `account` would do anything.
+    pub fn cancellable(&self, job: JobId, account: AccountId) -> Option<bool> {
+        self.jobs.get(&job).filter(|j| j.terms.account == account).map(|j| !j.state.is_over())
+    }
+
     /// The workload of one of a job's leases exited (the host's delivery
     /// status): 0 finishes the job, anything else fails it (not retried:
     /// the renter's code failed, not the host). Its leases are ended.
-    pub fn workload_exited(&mut self, lease: LeaseId, code: i64) -> Outcome {
+    pub fn workload_exited(&mut self, lease: LeaseId, code: i64, at_ms: u64) -> Outcome {
         let mut outcome = Outcome::default();
         let Some(&job) = self.leases.get(&lease) else { return outcome };
         let Some(entry) = self.jobs.get_mut(&job) else { return outcome };
@@ -204,8 +306,7 @@ impl Jobs {
         let account = entry.terms.account;
         outcome.end_leases.extend(leases.iter().map(|l| (account, *l)));
         let state = if code == 0 { JobState::Succeeded } else { JobState::Failed(JobFailure::WorkloadFailed(code)) };
-        entry.state = state.clone();
-        outcome.transitions.push((job, account, state));
+        self.enter(job, state, at_ms, &mut outcome);
         outcome
     }
 
@@ -214,11 +315,38 @@ impl Jobs {
         self.leases.contains_key(&lease)
     }
 
+    /// The exchange heard of a job's lease from its supplier (a delivery
+    /// status, a usage report): it is not silent.
+    pub fn heard(&mut self, lease: LeaseId, supplier: AccountId, at_ms: u64) {
+        if let Some(heard) = self.heard.get_mut(&lease).filter(|(s, _)| *s == supplier) {
+            heard.1 = heard.1.max(at_ms);
+        }
+    }
+
+    /// Stops following a lease's silence (it is no longer a running job lease).
+    pub fn forget_heard(&mut self, lease: LeaseId) {
+        self.heard.remove(&lease);
+    }
+
+    /// Job leases whose supplier has said nothing of them for `silence_ms`
+    /// at `now_ms` (a host that died or hangs): the exchange fails their
+    /// delivery so that the job resumes elsewhere (docs/market-rules.md "Jobs").
+    pub fn silent_leases(&self, now_ms: u64, silence_ms: u64) -> Vec<(LeaseId, AccountId)> {
+        self.heard
+            .iter()
+            .filter(|(_, (_, at))| now_ms.saturating_sub(*at) >= silence_ms)
+            .map(|(lease, (supplier, _))| (*lease, *supplier))
+            .collect()
+    }
+
     /// Follows one engine entry's events.
     pub fn observe(&mut self, events: &[Event]) -> Outcome {
         let mut outcome = Outcome::default();
         let mut buy_order = None;
+        let mut started: Vec<JobId> = Vec::new();
+        let mut suppliers: BTreeMap<LeaseId, AccountId> = BTreeMap::new();
         for event in events {
+            let at_ms = event.at_ms;
             match event.kind {
                 EventKind::OrderAccepted { order, account, client_order_id, .. } => {
                     let Some((job, attempt)) = self.job_of_bid(account, client_order_id) else { continue };
@@ -231,53 +359,74 @@ impl Jobs {
                 }
                 EventKind::Rejected { account: Some(account), client_order_id, code } => {
                     let Some((job, attempt)) = self.job_of_bid(account, client_order_id) else { continue };
-                    if let Some(entry) = self.jobs.get_mut(&job).filter(|j| j.state == JobState::Bidding { attempt, order: None }) {
-                        let state = JobState::Failed(JobFailure::BidRefused(code));
-                        entry.state = state.clone();
-                        outcome.transitions.push((job, account, state));
+                    if self.jobs.get(&job).is_some_and(|j| j.state == JobState::Bidding { attempt, order: None }) {
+                        self.enter(job, JobState::Failed(JobFailure::BidRefused(code)), at_ms, &mut outcome);
                     }
                 }
                 EventKind::Trade { buy_order: order, .. } => buy_order = Some(order),
-                EventKind::LeaseCreated { lease, renter, gpu_mask, price_minor_per_gpu_hour, .. } => {
+                EventKind::LeaseCreated { lease, supplier, gpu_mask, price_minor_per_gpu_hour, .. } => {
                     let Some(job) = buy_order.and_then(|order| self.orders.get(&order).copied()) else { continue };
                     let Some(entry) = self.jobs.get_mut(&job) else { continue };
                     let escrow =
                         price_minor_per_gpu_hour.saturating_mul(gpu_mask.count_ones() as u64).saturating_mul(entry.terms.hours as u64);
                     entry.escrowed_minor = entry.escrowed_minor.saturating_add(escrow);
+                    entry.leases.push(lease);
                     self.leases.insert(lease, job);
-                    let attempt = match &mut entry.state {
-                        JobState::Bidding { attempt, .. } => *attempt,
+                    self.heard.insert(lease, (supplier, at_ms));
+                    suppliers.insert(lease, supplier);
+                    let bidding = match &mut entry.state {
+                        JobState::Bidding { attempt, .. } => Some(*attempt),
+                        // Another host's part of the same all-or-none fill.
                         JobState::Running { leases, .. } => {
-                            // Another host's part of the same all-or-none fill.
                             leases.push(lease);
-                            continue;
+                            None
                         }
-                        _ => continue,
+                        _ => None,
                     };
-                    entry.state = JobState::Running { attempt, leases: vec![lease] };
-                    outcome.transitions.push((job, renter, entry.state.clone()));
+                    if let Some(attempt) = bidding {
+                        self.enter(job, JobState::Running { attempt, leases: vec![lease] }, at_ms, &mut outcome);
+                        started.push(job);
+                    }
                 }
-                EventKind::OrderClosed { order, account, reason, .. } => {
+                EventKind::OrderClosed { order, reason, .. } => {
                     let Some(job) = self.orders.remove(&order) else { continue };
-                    let Some(entry) = self.jobs.get_mut(&job) else { continue };
+                    let Some(entry) = self.jobs.get(&job) else { continue };
                     if reason == OrderCloseReason::Filled || !matches!(entry.state, JobState::Bidding { .. }) {
                         continue;
                     }
                     let state = if entry.cancelling { JobState::Cancelled } else { JobState::Failed(JobFailure::BidClosed(reason)) };
-                    entry.state = state.clone();
-                    outcome.transitions.push((job, account, state));
+                    self.enter(job, state, at_ms, &mut outcome);
                 }
                 EventKind::LeaseEnded { lease, reason } => {
+                    self.heard.remove(&lease);
                     let Some(job) = self.leases.remove(&lease) else { continue };
-                    self.lease_ended(job, lease, reason, &mut outcome);
+                    self.lease_ended(job, lease, reason, at_ms, &mut outcome);
                 }
                 _ => {}
+            }
+        }
+        // Each started attempt is handed to its hosts once all of its leases are known.
+        for job in started {
+            let Some(entry) = self.jobs.get(&job) else { continue };
+            let JobState::Running { attempt, leases } = &entry.state else { continue };
+            for (rank, lease) in leases.iter().enumerate() {
+                let Some(&supplier) = suppliers.get(lease) else { continue };
+                let assignment = JobAssignment {
+                    job,
+                    attempt: *attempt,
+                    renter: entry.terms.account,
+                    world_gpus: entry.terms.gpus,
+                    node_rank: rank as u32,
+                    nodes: leases.len() as u32,
+                    run: entry.terms.run.clone(),
+                };
+                outcome.assigned.push((*lease, supplier, assignment));
             }
         }
         outcome
     }
 
-    fn lease_ended(&mut self, job: JobId, lease: LeaseId, reason: LeaseEndReason, outcome: &mut Outcome) {
+    fn lease_ended(&mut self, job: JobId, lease: LeaseId, reason: LeaseEndReason, at_ms: u64, outcome: &mut Outcome) {
         let Some(entry) = self.jobs.get_mut(&job) else { return };
         let account = entry.terms.account;
         let JobState::Running { attempt, leases } = &mut entry.state else { return };
@@ -288,6 +437,7 @@ impl Jobs {
         outcome.end_leases.extend(others.iter().map(|l| (account, *l)));
         for other in &others {
             self.leases.remove(other);
+            self.heard.remove(other);
         }
         let failed_by_host = matches!(reason, LeaseEndReason::Preempted | LeaseEndReason::DeliveryFailed);
         let state = if entry.cancelling {
@@ -303,13 +453,66 @@ impl Jobs {
         } else if entry.escrowed_minor.saturating_add(attempt_cost(&entry.terms)) > entry.terms.budget_minor {
             JobState::Failed(JobFailure::BudgetSpent)
         } else {
+            entry.attempts = attempt + 1;
             JobState::Bidding { attempt: attempt + 1, order: None }
         };
-        entry.state = state.clone();
-        outcome.transitions.push((job, account, state.clone()));
+        self.enter(job, state.clone(), at_ms, outcome);
         if let JobState::Bidding { attempt, .. } = state {
             outcome.bids.push(self.bid(job, attempt));
         }
+    }
+
+    /// The job enters `state` at `at_ms`: told to its renter; a job that is
+    /// over leaves the live count and joins its account's finished jobs.
+    fn enter(&mut self, job: JobId, state: JobState, at_ms: u64, outcome: &mut Outcome) {
+        let Some(entry) = self.jobs.get_mut(&job) else { return };
+        let account = entry.terms.account;
+        let was_over = entry.state.is_over();
+        entry.state = state.clone();
+        entry.updated_at_ms = at_ms;
+        outcome.transitions.push((job, account, state.clone()));
+        if state.is_over() && !was_over {
+            if let Some(live) = self.live.get_mut(&account) {
+                *live -= 1;
+                if *live == 0 {
+                    self.live.remove(&account);
+                }
+            }
+            self.live_total -= 1;
+            self.finish(account, job);
+        }
+    }
+
+    /// Keeps a finished job within the account's share and the table's bound.
+    fn finish(&mut self, account: AccountId, job: JobId) {
+        let kept = self.finished.entry(account).or_default();
+        let before = kept.len();
+        kept.push_back(job);
+        self.finished_by_count.remove(&(before, account));
+        self.finished_by_count.insert((before + 1, account));
+        self.finished_total += 1;
+        if before + 1 > limits::JOBS_FINISHED_PER_ACCOUNT_MAX {
+            self.forget_oldest(account);
+        }
+        while self.finished_total > limits::JOBS_FINISHED_MAX {
+            let Some(&(_, heaviest)) = self.finished_by_count.last() else { break };
+            self.forget_oldest(heaviest);
+        }
+    }
+
+    fn forget_oldest(&mut self, account: AccountId) {
+        let Some(kept) = self.finished.get_mut(&account) else { return };
+        let before = kept.len();
+        let Some(job) = kept.pop_front() else { return };
+        self.finished_by_count.remove(&(before, account));
+        if before > 1 {
+            self.finished_by_count.insert((before - 1, account));
+        } else {
+            self.finished.remove(&account);
+        }
+        self.finished_total -= 1;
+        self.jobs.remove(&job);
+        self.by_account.remove(&(account, job));
     }
 
     fn job_of_bid(&self, account: AccountId, client_order_id: u64) -> Option<(JobId, u32)> {

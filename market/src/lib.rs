@@ -307,7 +307,8 @@ impl MarketState {
                     true => Command::PlaceOrder(order),
                     false => Command::PlaceOrderInRegions { order, options: OrderOptions::default(), regions },
                 }));
-                applied.follow_ups.extend(self.jobs.observe(&applied.events).commands());
+                let jobs = self.jobs.observe(&applied.events);
+                self.job_outcome(jobs, &mut applied, &mut owed);
                 for (failed, replacement, renter) in rematched.replaced {
                     // The replacement takes over the failed lease's workload.
                     let workload = self.deliveries.lease(failed).and_then(|d| d.workload.clone());
@@ -334,14 +335,25 @@ impl MarketState {
                     });
                 }
             }
-            JournalEntry::SubmitJob { at_ms: _, terms } => {
-                let submitted = self.jobs.submit(terms.clone());
-                if let Ok((_, outcome)) = &submitted {
-                    applied.follow_ups.extend(outcome.commands());
-                }
-                applied.job = Some(submitted.map(|(job, _)| job));
+            JournalEntry::SubmitJob { at_ms, terms } => {
+                applied.job = Some(match self.jobs.submit(terms.clone(), *at_ms) {
+                    Ok((job, outcome)) => {
+                        self.job_outcome(outcome, &mut applied, &mut owed);
+                        Ok(job)
+                    }
+                    Err(refusal) => Err(refusal),
+                });
             }
-            JournalEntry::CancelJob { at_ms: _, account, job } => applied.follow_ups.extend(self.jobs.cancel(*job, *account).commands()),
+            JournalEntry::CancelJob { at_ms, account, job } => {
+                let outcome = self.jobs.cancel(*job, *account, *at_ms);
+                self.job_outcome(outcome, &mut applied, &mut owed);
+            }
+            JournalEntry::JobLeaseSilent { at_ms: _, lease } => {
+                match self.engine.lease(*lease).filter(|l| l.active && self.jobs.runs_on(*lease)) {
+                    Some(info) => applied.follow_ups.push(Command::FailLeaseDelivery { account: info.supplier, lease: *lease }),
+                    None => self.jobs.forget_heard(*lease),
+                }
+            }
             JournalEntry::BindKey { public_key, account } => self.keys.bind(*public_key, *account),
             JournalEntry::SignatureRule { rule } => self.settlement.set_signature_rule(*rule),
             JournalEntry::AddKey { at_ms, by, account, public_key, scopes, expires_at_ms, label } => {
@@ -365,6 +377,7 @@ impl MarketState {
                     }
                     Ok(UsageOutcome::Accepted { verified_ms, .. }) => {
                         self.telemetry.record(&report.body);
+                        self.jobs.heard(report.body.lease, *account, *at_ms);
                         if let Some(renter) = self.engine.lease(report.body.lease).map(|l| l.renter) {
                             let disputed = self.disputes.claimed(renter, &report.body, verified_ms);
                             applied.follow_ups.extend(self.disputed(report.body.lease, disputed, *at_ms));
@@ -460,8 +473,12 @@ impl MarketState {
                         message: ServerMessage::Delivery { lease: *lease, state: state.clone(), at_ms: *at_ms },
                     });
                     // A job's workload that exited ends the job (its host's word).
+                    if info.supplier == *account {
+                        self.jobs.heard(*lease, *account, *at_ms);
+                    }
                     if let (DeliveryState::Exited { code }, true) = (state, info.supplier == *account) {
-                        applied.follow_ups.extend(self.jobs.workload_exited(*lease, *code).commands());
+                        let outcome = self.jobs.workload_exited(*lease, *code, *at_ms);
+                        self.job_outcome(outcome, &mut applied, &mut owed);
                     }
                     let host_failed = matches!(state, DeliveryState::Failed { fault: gpux_protocol::Fault::Host, .. });
                     if host_failed && info.active {
@@ -611,6 +628,31 @@ impl MarketState {
             self.refresh_scores(&[supplier], at_ms);
         }
         Some(Command::WithholdDisputed { lease, disputed_gpu_ms })
+    }
+
+    /// What the job rules called for: the commands as follow-ups, each
+    /// transition pushed to the job's renter, each attempt handed to its
+    /// hosts (and recorded as the lease's workload, so `lease_delivery`
+    /// shows its image).
+    fn job_outcome(&mut self, outcome: jobs::Outcome, applied: &mut Applied, owed: &mut Vec<Notice>) {
+        applied.follow_ups.extend(outcome.commands());
+        for (job, account, state) in &outcome.transitions {
+            if let Some(mut info) = self.jobs.info(*job, *account) {
+                info.state = state.clone();
+                owed.push(Notice { to: Audience::account(*account), message: ServerMessage::JobUpdate { job: Box::new(info) } });
+            }
+        }
+        for (lease, supplier, assignment) in outcome.assigned {
+            let workload = Box::new(gpux_protocol::Workload {
+                shm_mib: assignment.run.shm_mib,
+                ..gpux_protocol::Workload::image(assignment.run.image.clone())
+            });
+            self.deliveries.set_lease_workload(lease, supplier, workload);
+            owed.push(Notice {
+                to: Audience::account(supplier),
+                message: ServerMessage::JobAssigned { lease, assignment: Box::new(assignment) },
+            });
+        }
     }
 
     /// A host publishing its encryption key, signed by its identity key.

@@ -8,6 +8,19 @@ use gpux_market::jobs::{JobFailure, JobId, JobRefusal, JobState, JobTerms, Jobs,
 const USD_2: u64 = 2_000_000;
 const T0: u64 = 1_796_223_600_000;
 
+fn run() -> gpux_market::jobs::JobRun {
+    gpux_market::jobs::JobRun {
+        image: "python:3.11".into(),
+        command: vec!["python3".into(), "train.py".into()],
+        bundle: None,
+        install: Vec::new(),
+        checkpoint_dir: "/checkpoints".into(),
+        outputs_dir: "/outputs".into(),
+        checkpoint_interval_s: 60,
+        shm_mib: 0,
+    }
+}
+
 struct World {
     engine: Engine,
     jobs: Jobs,
@@ -101,6 +114,8 @@ impl World {
             retries,
             min_supplier_score_bps: 0,
             verified_only: false,
+            name: "train".into(),
+            run: run(),
         }
     }
 
@@ -121,7 +136,7 @@ impl World {
 #[test]
 fn a_job_failed_by_its_host_bids_again_runs_elsewhere_and_finishes() {
     let mut w = World::new(2);
-    let (job, outcome) = w.jobs.submit(w.terms(2, 100 * USD_2)).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(2, 100 * USD_2), T0).expect("accepted");
     let states = w.follow(outcome);
     assert!(matches!(states.as_slice(), [JobState::Bidding { attempt: 1, order: None }]), "{states:?}");
     assert!(matches!(w.jobs.state(job), Some(JobState::Bidding { attempt: 1, order: Some(_) })), "the bid rests: no GPUs yet");
@@ -137,7 +152,7 @@ fn a_job_failed_by_its_host_bids_again_runs_elsewhere_and_finishes() {
     let second = w.lease_of(job);
     assert_ne!(first, second);
     // The workload exits 0: the job succeeds and its lease is ended (billing stops).
-    let outcome = w.jobs.workload_exited(second, 0);
+    let outcome = w.jobs.workload_exited(second, 0, T0);
     assert_eq!(outcome.end_leases, [(w.renter, second)]);
     let states = w.follow(outcome);
     assert_eq!(states, [JobState::Succeeded]);
@@ -148,7 +163,7 @@ fn a_job_failed_by_its_host_bids_again_runs_elsewhere_and_finishes() {
 fn retries_and_budget_bound_a_job_and_a_failing_workload_is_not_retried() {
     // One retry: the second host failure ends the job.
     let mut w = World::new(3);
-    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2)).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), T0).expect("accepted");
     w.follow(outcome);
     w.ask(0);
     let lease = w.lease_of(job);
@@ -159,21 +174,21 @@ fn retries_and_budget_bound_a_job_and_a_failing_workload_is_not_retried() {
 
     // A budget for one attempt (2 GPUs x 2 h x US$2 = US$8): no second.
     let mut w = World::new(2);
-    let (job, outcome) = w.jobs.submit(w.terms(5, 8 * 1_000_000)).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(5, 8 * 1_000_000), T0).expect("accepted");
     w.follow(outcome);
     w.ask(0);
     let lease = w.lease_of(job);
     assert_eq!(w.host_fails(lease), [JobState::Failed(JobFailure::BudgetSpent)]);
-    assert_eq!(w.jobs.submit(w.terms(0, 7 * 1_000_000)).err(), Some(JobRefusal::BudgetTooSmall));
+    assert_eq!(w.jobs.submit(w.terms(0, 7 * 1_000_000), T0).err(), Some(JobRefusal::BudgetTooSmall));
 
     // The renter's code fails: not retried, its leases end.
     let mut w = World::new(1);
-    let (job, outcome) = w.jobs.submit(w.terms(5, 100 * USD_2)).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(5, 100 * USD_2), T0).expect("accepted");
     w.follow(outcome);
     w.ask(0);
     let lease = w.lease_of(job);
     let states = {
-        let outcome = w.jobs.workload_exited(lease, 3);
+        let outcome = w.jobs.workload_exited(lease, 3, T0);
         w.follow(outcome)
     };
     assert_eq!(states, [JobState::Failed(JobFailure::WorkloadFailed(3))]);
@@ -182,22 +197,22 @@ fn retries_and_budget_bound_a_job_and_a_failing_workload_is_not_retried() {
 #[test]
 fn a_job_cancels_while_bidding_or_running_and_a_refused_bid_fails_it() {
     let mut w = World::new(1);
-    let (waiting, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2)).expect("accepted");
+    let (waiting, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), T0).expect("accepted");
     w.follow(outcome);
-    let outcome = w.jobs.cancel(waiting, w.renter);
+    let outcome = w.jobs.cancel(waiting, w.renter, T0);
     assert_eq!(w.follow(outcome), [JobState::Cancelled], "its bid cancelled");
-    let (running, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2)).expect("accepted");
+    let (running, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), T0).expect("accepted");
     w.follow(outcome);
     w.ask(0);
     // Another account cannot cancel it.
-    assert_eq!(w.jobs.cancel(running, w.supplier), Outcome::default());
-    let outcome = w.jobs.cancel(running, w.renter);
+    assert_eq!(w.jobs.cancel(running, w.supplier, T0), Outcome::default());
+    let outcome = w.jobs.cancel(running, w.renter, T0);
     assert_eq!(w.follow(outcome), [JobState::Cancelled], "its lease ended");
 
     // A renter without the funds: the first bid is refused.
     let mut w = World::new(1);
     w.run(Command::Withdraw { account: w.renter, amount_minor: 1_000_000_000 });
-    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2)).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), T0).expect("accepted");
     assert_eq!(w.follow(outcome).last(), Some(&JobState::Failed(JobFailure::BidRefused(RejectCode::InsufficientFunds))));
     assert!(w.jobs.state(job).is_some_and(JobState::is_over));
 }
@@ -257,6 +272,8 @@ fn a_journaled_job_runs_through_a_host_failure_and_replays_to_the_same_state() {
         retries: 2,
         min_supplier_score_bps: 0,
         verified_only: false,
+        name: "train".into(),
+        run: run(),
     };
     j.now_ms += 1;
     let submitted = j.record(JournalEntry::SubmitJob { at_ms: j.now_ms, terms });
@@ -294,4 +311,38 @@ fn a_journaled_job_runs_through_a_host_failure_and_replays_to_the_same_state() {
     }
     assert_eq!(replay.state_hash(), j.market.state_hash());
     assert_eq!(replay.jobs().state(job), Some(&JobState::Succeeded));
+}
+
+#[test]
+fn each_account_holds_its_share_of_live_jobs_and_keeps_its_newest_finished_ones() {
+    use gpux_market::jobs::limits::{JOBS_FINISHED_PER_ACCOUNT_MAX, JOBS_LIVE_PER_ACCOUNT_MAX};
+    let mut w = World::new(0);
+    let mut live = Vec::new();
+    for _ in 0..JOBS_LIVE_PER_ACCOUNT_MAX {
+        live.push(w.jobs.submit(w.terms(1, 100 * USD_2), T0).expect("within the share").0);
+    }
+    assert_eq!(w.jobs.submit(w.terms(1, 100 * USD_2), T0).err(), Some(JobRefusal::TooManyJobs));
+    // Another account is not held back by this one's jobs.
+    let mut other = w.terms(1, 100 * USD_2);
+    other.account = w.supplier;
+    let (others, _) = w.jobs.submit(other, T0).expect("its own share");
+    // Ended jobs make room; past 256 finished, the oldest are forgotten.
+    let mut finished = 0;
+    while finished < JOBS_FINISHED_PER_ACCOUNT_MAX + 10 {
+        let job = match live.pop() {
+            Some(job) => job,
+            None => w.jobs.submit(w.terms(1, 100 * USD_2), T0).expect("room again").0,
+        };
+        // Its bid was never placed here: the cancel ends it at once.
+        assert_eq!(w.jobs.cancel(job, w.renter, T0).transitions.last().map(|t| t.2.clone()), Some(JobState::Cancelled));
+        finished += 1;
+    }
+    let (page, more) = w.jobs.list(w.renter, 0, 1_000);
+    assert_eq!(page.len(), JOBS_FINISHED_PER_ACCOUNT_MAX);
+    assert!(!more);
+    assert!(page.windows(2).all(|p| p[0].job > p[1].job), "newest first");
+    let first_finished = JobId(JOBS_LIVE_PER_ACCOUNT_MAX as u64 - 1);
+    assert!(w.jobs.info(first_finished, w.renter).is_none(), "the first job to finish was forgotten");
+    assert_eq!(w.jobs.info(others, w.supplier).map(|i| i.state), Some(JobState::Bidding { attempt: 1, order: None }));
+    assert!(w.jobs.info(others, w.renter).is_none(), "another account's job is not shown");
 }

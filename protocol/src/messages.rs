@@ -621,6 +621,39 @@ pub enum ClientMessage {
         challenge: u64,
         leaves: Vec<crate::memory::LeafOpening>,
     },
+    /// Submits a job (docs/jobs.md): answered by `job` with its id and
+    /// state; every later change of its state is pushed as `job_update`.
+    SubmitJob {
+        id: u64,
+        job: Box<crate::jobs::JobSubmission>,
+    },
+    /// One of the account's jobs (`job`).
+    JobStatus {
+        id: u64,
+        job: crate::jobs::JobId,
+    },
+    /// The account's jobs, newest first, a page from `offset` (`jobs`).
+    Jobs {
+        id: u64,
+        #[serde(default)]
+        offset: u32,
+    },
+    /// Cancels a job: its bid is cancelled or its leases ended (`job`).
+    CancelJob {
+        id: u64,
+        job: crate::jobs::JobId,
+    },
+    /// A bearer token for the job store (docs/jobs.md "Code and data"):
+    /// the renter's, for its bundles and its jobs' results (`job` absent or
+    /// its own job), or a host's, for the job of one of its leases
+    /// (`lease`). Answered by `job_store_token`.
+    JobStoreToken {
+        id: u64,
+        #[serde(default)]
+        job: Option<crate::jobs::JobId>,
+        #[serde(default)]
+        lease: Option<LeaseId>,
+    },
 }
 
 fn gtc() -> TimeInForce {
@@ -685,6 +718,11 @@ impl ClientMessage {
             | Fills { id, .. }
             | Book { id, .. }
             | MemoryOpening { id, .. }
+            | SubmitJob { id, .. }
+            | JobStatus { id, .. }
+            | Jobs { id, .. }
+            | CancelJob { id, .. }
+            | JobStoreToken { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -1056,6 +1094,36 @@ pub enum ServerMessage {
         passes: u32,
         expires_at_ms: u64,
     },
+    /// Answer to `submit_job`, `job_status` and `cancel_job`: the job now.
+    Job {
+        id: u64,
+        job: Box<crate::jobs::JobInfo>,
+    },
+    /// Answer to `jobs`: a page of the account's jobs, newest first;
+    /// `next_offset` when there are more.
+    Jobs {
+        id: u64,
+        jobs: Vec<crate::jobs::JobInfo>,
+        #[serde(default)]
+        next_offset: Option<u32>,
+    },
+    /// Pushed to a job's renter at every change of its state.
+    JobUpdate {
+        job: Box<crate::jobs::JobInfo>,
+    },
+    /// Pushed to a job lease's host: the attempt to run on it.
+    JobAssigned {
+        lease: LeaseId,
+        assignment: Box<crate::jobs::JobAssignment>,
+    },
+    /// Answer to `job_store_token`: a bearer token for the job store's
+    /// HTTP API at `url`, valid until `expires_at_ms`.
+    JobStoreToken {
+        id: u64,
+        url: String,
+        token: String,
+        expires_at_ms: u64,
+    },
 }
 
 impl ServerMessage {
@@ -1101,6 +1169,9 @@ impl ServerMessage {
             | Candles { id, .. }
             | Fills { id, .. }
             | Book { id, .. }
+            | Job { id, .. }
+            | Jobs { id, .. }
+            | JobStoreToken { id, .. }
             | Pong { id, .. } => Some(*id),
             Error { id, .. } => *id,
             Challenge { .. }
@@ -1113,6 +1184,8 @@ impl ServerMessage {
             | Workload { .. }
             | GpuChallenge { .. }
             | GpuMemoryChallenge { .. }
+            | JobUpdate { .. }
+            | JobAssigned { .. }
             | LogsWanted { .. } => None,
         }
     }
@@ -1244,6 +1317,19 @@ pub enum ErrorCode {
     /// or the answer to a request it could not forward): reconnect; orders
     /// sent with a client order id may be sent again safely.
     SequencerUnavailable,
+    /// A job submission breaks a bound; the message names the field.
+    JobInvalid,
+    /// No such job among this account's (or it was forgotten: finished
+    /// jobs are kept 256 per account).
+    UnknownJob,
+    /// The account holds 64 jobs not yet over, or the exchange its most.
+    TooManyJobs,
+    /// The job's budget does not pay for one attempt at its limit.
+    JobBudgetTooSmall,
+    /// A job bids on spot and preemptible books only.
+    JobInstrumentInvalid,
+    /// The exchange runs no job store (`--job-store`), or the lease runs no job.
+    JobStoreUnavailable,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -1329,6 +1415,12 @@ impl ErrorCode {
             InviteRequired => "this exchange opens accounts by invitation: ask its operator for one and log in with --invite",
             InviteInvalid => "the invitation does not verify: not signed by this exchange's operator for this key and role, or expired",
             SequencerUnavailable => "this gateway has no link to the exchange's sequencer just now; reconnect (resend orders with their client order ids)",
+            JobInvalid => "the job breaks a bound of its submission (docs/protocol.md \"Jobs\")",
+            UnknownJob => "no such job among this account's (finished jobs are kept 256 per account)",
+            TooManyJobs => "the account holds 64 jobs not yet over (or the exchange its most): wait for one to end or cancel one",
+            JobBudgetTooSmall => "the job's budget does not pay for one attempt: GPUs x hours x limit price",
+            JobInstrumentInvalid => "a job bids on a spot or preemptible book only",
+            JobStoreUnavailable => "the exchange runs no job store, or the lease runs no job of yours",
             LivenessInvalid => "the liveness observation is not signed by this account's key, or its interval is empty, over an hour, outside the lease, in the future or not after the previous one",
         }
     }

@@ -65,6 +65,13 @@ fn start_exchange_with(
         cluster: None,
         accounts,
         invoicing: Default::default(),
+        job_store: Some(gpux_exchange::JobStoreConfig {
+            store: "local".into(),
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            url: None,
+            quota_bytes: 1 << 30,
+        }),
+        job_silence_ms: gpux_exchange::sequencer::JOB_SILENCE_MS_DEFAULT,
     };
     let thread = std::thread::spawn(move || gpux_exchange::run_until(config, gpux_exchange::Stop::Channel(stopped)));
     let url = format!("ws://127.0.0.1:{port}");

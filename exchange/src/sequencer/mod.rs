@@ -19,6 +19,7 @@
 mod access;
 mod challenges;
 mod delivery;
+mod jobs;
 mod liveness;
 mod opening;
 mod queries;
@@ -44,6 +45,7 @@ use gpux_gateway::wire::Down;
 use gpux_journal::JournalStore;
 
 pub use challenges::CHALLENGE_INTERVAL_MS_DEFAULT;
+pub use jobs::JOB_SILENCE_MS_DEFAULT;
 pub use opening::{AccountOpening, OpeningMode, ACCOUNTS_PER_ADDRESS_HOUR_DEFAULT, OPENING_ADDRESSES_MAX};
 pub use recovery::{BillingPolicy, Recovery};
 
@@ -140,6 +142,10 @@ pub struct Sequencer {
     /// Set from outside to end `run` (a cluster node that stops leading);
     /// looked at between batches, at least once a second.
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// How long a job's lease may be silent before its delivery fails.
+    job_silence_ms: u64,
+    /// Signs job store tokens, where the exchange runs a job store.
+    job_store: Option<crate::job_store::Issuer>,
 }
 
 /// A remote gateway's link and its connections subscribed to one feed.
@@ -222,6 +228,7 @@ impl Sequencer {
             self.handle(request);
         }
         self.run_challenges();
+        self.fail_silent_job_leases();
         self.expire_logs_requests();
         self.expire_sessions();
         if let Some(fatal) = self.fatal.take() {
@@ -280,6 +287,7 @@ impl Sequencer {
             Request::LeaseTelemetry { connection, id, lease } => self.lease_telemetry(connection, id, lease),
             Request::History { connection, id, request } => self.history(connection, id, request),
             Request::Book { connection, id, instrument } => self.book(connection, id, instrument),
+            Request::Job { connection, id, request } => self.job(connection, id, request),
         }
     }
 

@@ -101,6 +101,8 @@ impl Sequencer {
             challenges: Default::default(),
             openings: Default::default(),
             stop: Arc::default(),
+            job_silence_ms: super::jobs::JOB_SILENCE_MS_DEFAULT,
+            job_store: None,
         };
         sequencer.set_challenge_interval_ms(super::CHALLENGE_INTERVAL_MS_DEFAULT);
         if let Some(listing) = listing {

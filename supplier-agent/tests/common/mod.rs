@@ -10,6 +10,10 @@ use gpux_engine::Role;
 use gpux_protocol::*;
 use gpux_supplier_agent::session::Connection;
 
+/// A job's lease whose host says nothing for this long fails (the
+/// exchange's `--job-silence-ms`, short for the tests).
+pub const JOB_SILENCE_MS: u64 = 4_000;
+
 pub struct Exchange {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -64,6 +68,13 @@ impl Exchange {
             cluster: None,
             accounts: Default::default(),
             invoicing: Default::default(),
+            job_store: Some(gpux_exchange::JobStoreConfig {
+                store: "local".into(),
+                listen: "127.0.0.1:0".parse().expect("addr"),
+                url: None,
+                quota_bytes: 1 << 30,
+            }),
+            job_silence_ms: JOB_SILENCE_MS,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || {

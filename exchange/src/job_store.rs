@@ -1,0 +1,454 @@
+//! The job store (docs/jobs.md "Code and data"): where a job's code bundle,
+//! checkpoints and outputs live, so that neither the sequencer nor the
+//! journal carries bulk data. Objects are kept through the `object_store`
+//! crate: local files under the data directory by default (nothing to
+//! install), or any S3-compatible store (`--job-store s3://bucket`, its
+//! endpoint and keys from the standard `AWS_*` environment variables).
+//!
+//! Clients and hosts reach it over a small HTTP API on its own listener
+//! (`--job-store-listen`), with a bearer token the sequencer signs
+//! (`job_store_token`): a renter's token opens its own prefix (it uploads
+//! bundles and reads its jobs' results); a host's token opens the bundle
+//! and the directory of the one job its lease runs, for an hour. Tokens are
+//! HMAC-SHA-256 under a secret kept in the data directory
+//! (`job-store.key`), so the HTTP side checks them without asking the
+//! sequencer. Each renter's prefix holds at most its quota of bytes and
+//! objects: one account cannot fill the store.
+//!
+//! Keys: `<renter>/bundles/<sha256>.tar.gz` (the server checks the hash of
+//! what is put), `<renter>/jobs/<job>/checkpoints/<path>`,
+//! `<renter>/jobs/<job>/outputs/<path>`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures_util::StreamExt;
+use gpux_engine::AccountId;
+use gpux_protocol::JobId;
+use hmac::{Hmac, Mac};
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, PutPayload};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Bytes one request may put (a bundle is at most 256 MiB; a checkpoint
+/// file as large as this needs splitting by the workload).
+pub const OBJECT_BYTES_MAX: u64 = 1 << 30;
+/// Objects listed at most (and kept at most per account).
+pub const OBJECTS_PER_ACCOUNT_MAX: usize = 10_000;
+/// The default share of the store per account (`--job-store-quota-gib`).
+pub const QUOTA_BYTES_DEFAULT: u64 = 20 << 30;
+/// Puts in flight at once (each buffers its body).
+pub const PUTS_IN_FLIGHT_MAX: usize = 4;
+/// The whole of one request must be over within this time.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+/// Bytes of a key.
+const KEY_BYTES_MAX: usize = 1024;
+
+/// What a token opens.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Grant {
+    /// The renter's own prefix: read all, put bundles.
+    Renter { account: AccountId, expires_at_ms: u64 },
+    /// A host running `job` of `renter`: read its bundle, read and write
+    /// (and delete) its checkpoints and outputs.
+    Host { renter: AccountId, job: JobId, bundle: Option<String>, expires_at_ms: u64 },
+}
+
+impl Grant {
+    fn expires_at_ms(&self) -> u64 {
+        match self {
+            Grant::Renter { expires_at_ms, .. } | Grant::Host { expires_at_ms, .. } => *expires_at_ms,
+        }
+    }
+
+    /// Whether the grant lets `operation` touch `key`.
+    fn allows(&self, operation: Operation, key: &Key) -> bool {
+        match (self, key) {
+            (Grant::Renter { account, .. }, Key::Bundle { owner, .. }) => owner == account,
+            (Grant::Renter { account, .. }, Key::Job { owner, .. }) => owner == account && operation == Operation::Read,
+            (Grant::Host { renter, bundle, .. }, Key::Bundle { owner, sha256 }) => {
+                owner == renter && operation == Operation::Read && bundle.as_deref() == Some(sha256.as_str())
+            }
+            (Grant::Host { renter, job, .. }, Key::Job { owner, job: of, .. }) => owner == renter && of == job,
+        }
+    }
+
+    /// The prefix a listing may cover.
+    fn may_list(&self, owner: AccountId, job: Option<JobId>) -> bool {
+        match self {
+            Grant::Renter { account, .. } => *account == owner,
+            Grant::Host { renter, job: own, .. } => *renter == owner && job == Some(*own),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Operation {
+    Read,
+    Write,
+}
+
+/// A key the store serves, parsed.
+#[derive(Debug, PartialEq, Eq)]
+enum Key {
+    Bundle { owner: AccountId, sha256: String },
+    Job { owner: AccountId, job: JobId, rest: String },
+}
+
+fn component_ok(c: &str) -> bool {
+    !c.is_empty() && c != "." && c != ".." && c.len() <= 255 && c.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-+=@,".contains(&b))
+}
+
+impl Key {
+    fn parse(key: &str) -> Option<Key> {
+        if key.len() > KEY_BYTES_MAX {
+            return None;
+        }
+        let parts: Vec<&str> = key.split('/').collect();
+        if !parts.iter().all(|c| component_ok(c)) {
+            return None;
+        }
+        let owner = AccountId(parts.first()?.parse().ok()?);
+        match parts.get(1..)? {
+            ["bundles", file] => {
+                let sha256 = file.strip_suffix(".tar.gz")?;
+                (sha256.len() == 64 && sha256.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+                    .then(|| Key::Bundle { owner, sha256: sha256.to_string() })
+            }
+            ["jobs", job, area, rest @ ..] if (*area == "checkpoints" || *area == "outputs") && !rest.is_empty() => {
+                Some(Key::Job { owner, job: JobId(job.parse().ok()?), rest: format!("{area}/{}", rest.join("/")) })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Signs tokens (the sequencer's side).
+#[derive(Clone)]
+pub struct Issuer {
+    /// The store's URL as clients reach it.
+    pub url: String,
+    secret: [u8; 32],
+}
+
+impl Issuer {
+    pub fn new(url: String, secret: [u8; 32]) -> Issuer {
+        Issuer { url, secret }
+    }
+
+    /// `hex(JSON of the grant).hex(HMAC-SHA-256 of it)`.
+    pub fn issue(&self, grant: &Grant) -> String {
+        let body = hex::encode(serde_json::to_vec(grant).expect("a grant encodes"));
+        let tag = hex::encode(mac(&self.secret, body.as_bytes()));
+        format!("{body}.{tag}")
+    }
+}
+
+fn mac(secret: &[u8; 32], body: &[u8]) -> [u8; 32] {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("any key length");
+    mac.update(body);
+    mac.finalize().into_bytes().into()
+}
+
+/// The grant a token carries, if it verifies and has not expired.
+pub fn verify(secret: &[u8; 32], token: &str, now_ms: u64) -> Option<Grant> {
+    let (body, tag) = token.split_once('.')?;
+    let tag = hex::decode(tag).ok()?;
+    let mut check = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("any key length");
+    check.update(body.as_bytes());
+    check.verify_slice(&tag).ok()?;
+    let grant: Grant = serde_json::from_slice(&hex::decode(body).ok()?).ok()?;
+    (grant.expires_at_ms() > now_ms).then_some(grant)
+}
+
+/// The secret tokens are signed with: 32 random bytes kept like the
+/// exchange's own key (created on first start, owner-only).
+pub fn load_or_create_secret(path: &Path) -> anyhow::Result<[u8; 32]> {
+    Ok(crate::identity::load_or_create(path)?.to_bytes())
+}
+
+/// Where objects live (`--job-store`).
+pub fn open(spec: &str, data_dir: &Path) -> anyhow::Result<Arc<dyn ObjectStore>> {
+    if spec == "local" {
+        let root = data_dir.join("job-store");
+        std::fs::create_dir_all(&root)?;
+        return Ok(Arc::new(object_store::local::LocalFileSystem::new_with_prefix(root)?));
+    }
+    if let Some(dir) = spec.strip_prefix("file://") {
+        std::fs::create_dir_all(dir)?;
+        return Ok(Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir)?));
+    }
+    if spec.starts_with("s3://") {
+        let store = object_store::aws::AmazonS3Builder::from_env().with_url(spec).with_allow_http(true).build()?;
+        return Ok(Arc::new(store));
+    }
+    anyhow::bail!("--job-store {spec}: expected local, file:///DIR, s3://BUCKET or off")
+}
+
+/// The HTTP side: checks tokens and shares, moves bytes.
+pub struct StoreServer {
+    store: Arc<dyn ObjectStore>,
+    secret: [u8; 32],
+    quota_bytes: u64,
+    puts: tokio::sync::Semaphore,
+    clock: gpux_gateway::link::Clock,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct Listed {
+    pub key: String,
+    pub bytes: u64,
+}
+
+type Shared = Arc<StoreServer>;
+
+impl StoreServer {
+    pub fn new(store: Arc<dyn ObjectStore>, secret: [u8; 32], quota_bytes: u64, clock: gpux_gateway::link::Clock) -> StoreServer {
+        StoreServer { store, secret, quota_bytes, puts: tokio::sync::Semaphore::new(PUTS_IN_FLIGHT_MAX), clock }
+    }
+
+    pub fn router(self) -> axum::Router {
+        axum::Router::new()
+            .route("/v1/objects/{*key}", get(get_object).put(put_object).delete(delete_object))
+            .route("/v1/list/{*prefix}", get(list))
+            .with_state(Arc::new(self))
+    }
+
+    fn grant(&self, headers: &HeaderMap) -> Result<Grant, Refusal> {
+        let token = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or(Refusal(StatusCode::UNAUTHORIZED, "token_missing", "send Authorization: Bearer <job_store_token>"))?;
+        verify(&self.secret, token, self.clock.now_ms()).ok_or(Refusal(
+            StatusCode::UNAUTHORIZED,
+            "token_invalid",
+            "the token does not verify or has expired: ask for a new one",
+        ))
+    }
+
+    async fn usage(&self, owner: AccountId) -> Result<(u64, usize), object_store::Error> {
+        let prefix = StorePath::from(owner.0.to_string());
+        let mut listing = self.store.list(Some(&prefix));
+        let (mut bytes, mut objects) = (0u64, 0usize);
+        while let Some(meta) = listing.next().await {
+            bytes += meta?.size;
+            objects += 1;
+        }
+        Ok((bytes, objects))
+    }
+}
+
+/// A refusal before any work: the status, a code and a message.
+struct Refusal(StatusCode, &'static str, &'static str);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        refuse(self.0, self.1, self.2)
+    }
+}
+
+/// An error answer: the status and `{"code":..,"message":..}`.
+fn refuse(status: StatusCode, code: &'static str, message: &str) -> Response {
+    json(status, &serde_json::json!({ "code": code, "message": message }))
+}
+
+fn json(status: StatusCode, body: &impl Serialize) -> Response {
+    let body = serde_json::to_vec(body).unwrap_or_default();
+    (status, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn store_failed(error: object_store::Error) -> Response {
+    match error {
+        object_store::Error::NotFound { .. } => refuse(StatusCode::NOT_FOUND, "not_found", "no such object"),
+        error => {
+            tracing::warn!(%error, "job store");
+            refuse(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "the job store's backend failed; try again")
+        }
+    }
+}
+
+fn authorised(server: &StoreServer, headers: &HeaderMap, key: &str, operation: Operation) -> Result<Key, Refusal> {
+    let grant = server.grant(headers)?;
+    let parsed = Key::parse(key).ok_or(Refusal(
+        StatusCode::BAD_REQUEST,
+        "key_invalid",
+        "keys are <account>/bundles/<sha256>.tar.gz or <account>/jobs/<job>/(checkpoints|outputs)/<path>",
+    ))?;
+    if !grant.allows(operation, &parsed) {
+        return Err(Refusal(StatusCode::FORBIDDEN, "forbidden", "the token does not open this key for this operation"));
+    }
+    Ok(parsed)
+}
+
+async fn get_object(State(server): State<Shared>, UrlPath(key): UrlPath<String>, headers: HeaderMap) -> Response {
+    if let Err(refused) = authorised(&server, &headers, &key, Operation::Read) {
+        return refused.into_response();
+    }
+    match server.store.get(&StorePath::from(key.as_str())).await {
+        Ok(found) => {
+            let size = found.meta.size;
+            let stream = found.into_stream();
+            Response::builder()
+                .header(axum::http::header::CONTENT_LENGTH, size)
+                .body(Body::from_stream(stream))
+                .unwrap_or_else(|_| refuse(StatusCode::INTERNAL_SERVER_ERROR, "internal", "building the answer"))
+        }
+        Err(error) => store_failed(error),
+    }
+}
+
+async fn put_object(State(server): State<Shared>, UrlPath(key): UrlPath<String>, headers: HeaderMap, body: Body) -> Response {
+    let parsed = match authorised(&server, &headers, &key, Operation::Write) {
+        Ok(parsed) => parsed,
+        Err(refused) => return refused.into_response(),
+    };
+    let Ok(_slot) = server.puts.try_acquire() else {
+        return refuse(StatusCode::SERVICE_UNAVAILABLE, "busy", "too many uploads at once; try again");
+    };
+    let bytes: Bytes = match axum::body::to_bytes(body, OBJECT_BYTES_MAX as usize).await {
+        Ok(bytes) => bytes,
+        Err(_) => return refuse(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "an object is at most 1 GiB"),
+    };
+    let owner = match &parsed {
+        Key::Bundle { owner, sha256 } => {
+            if hex::encode(Sha256::digest(&bytes)) != *sha256 {
+                return refuse(StatusCode::BAD_REQUEST, "hash_mismatch", "the bundle's SHA-256 is not the one its key names");
+            }
+            *owner
+        }
+        Key::Job { owner, .. } => *owner,
+    };
+    let path = StorePath::from(key.as_str());
+    let replaced = match server.store.head(&path).await {
+        Ok(meta) => meta.size,
+        Err(object_store::Error::NotFound { .. }) => 0,
+        Err(error) => return store_failed(error),
+    };
+    match server.usage(owner).await {
+        Ok((used, objects)) => {
+            if used - replaced.min(used) + bytes.len() as u64 > server.quota_bytes {
+                return refuse(
+                    StatusCode::INSUFFICIENT_STORAGE,
+                    "quota_exceeded",
+                    "the account's share of the job store is full: delete old results",
+                );
+            }
+            if replaced == 0 && objects >= OBJECTS_PER_ACCOUNT_MAX {
+                return refuse(StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded", "the account holds 10 000 objects in the job store");
+            }
+        }
+        Err(error) => return store_failed(error),
+    }
+    match server.store.put(&path, PutPayload::from_bytes(bytes)).await {
+        Ok(_) => StatusCode::CREATED.into_response(),
+        Err(error) => store_failed(error),
+    }
+}
+
+async fn delete_object(State(server): State<Shared>, UrlPath(key): UrlPath<String>, headers: HeaderMap) -> Response {
+    let parsed = match authorised(&server, &headers, &key, Operation::Write) {
+        Ok(parsed) => parsed,
+        Err(refused) => return refused.into_response(),
+    };
+    // Bundles are named by their content and may serve several jobs: a
+    // renter replaces them, nobody deletes one through the API.
+    if matches!(parsed, Key::Bundle { .. }) {
+        return refuse(StatusCode::FORBIDDEN, "forbidden", "bundles are not deleted through the API");
+    }
+    match server.store.delete(&StorePath::from(key.as_str())).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => StatusCode::NO_CONTENT.into_response(),
+        Err(error) => store_failed(error),
+    }
+}
+
+/// `GET /v1/list/<account>[/jobs/<job>[/<area>]]`: `[{"key":..,"bytes":..}]`.
+async fn list(State(server): State<Shared>, UrlPath(prefix): UrlPath<String>, headers: HeaderMap) -> Response {
+    let grant = match server.grant(&headers) {
+        Ok(grant) => grant,
+        Err(refused) => return refused.into_response(),
+    };
+    let parts: Vec<&str> = prefix.trim_end_matches('/').split('/').collect();
+    let owner = parts.first().and_then(|p| p.parse::<u64>().ok()).map(|id| AccountId(id as _));
+    let job = match parts.get(1..) {
+        Some(["jobs", job, ..]) => job.parse::<u64>().ok().map(JobId),
+        _ => None,
+    };
+    let shape_ok = parts.iter().all(|c| component_ok(c)) && parts.len() <= 4;
+    let Some(owner) = owner.filter(|_| shape_ok) else {
+        return refuse(StatusCode::BAD_REQUEST, "key_invalid", "list <account>, <account>/jobs/<job> or <account>/jobs/<job>/<area>");
+    };
+    if !grant.may_list(owner, job) {
+        return refuse(StatusCode::FORBIDDEN, "forbidden", "the token does not open this prefix");
+    }
+    let mut listing = server.store.list(Some(&StorePath::from(prefix.trim_end_matches('/'))));
+    let mut found = Vec::new();
+    while let Some(meta) = listing.next().await {
+        match meta {
+            Ok(meta) if found.len() < OBJECTS_PER_ACCOUNT_MAX => found.push(Listed { key: meta.location.to_string(), bytes: meta.size }),
+            Ok(_) => break,
+            Err(error) => return store_failed(error),
+        }
+    }
+    found.sort_by(|a, b| a.key.cmp(&b.key));
+    json(StatusCode::OK, &found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_parse_strictly() {
+        let sha = "ab".repeat(32);
+        assert_eq!(Key::parse(&format!("7/bundles/{sha}.tar.gz")), Some(Key::Bundle { owner: AccountId(7), sha256: sha.clone() }));
+        assert_eq!(
+            Key::parse("7/jobs/3/checkpoints/step-10.json"),
+            Some(Key::Job { owner: AccountId(7), job: JobId(3), rest: "checkpoints/step-10.json".into() })
+        );
+        for bad in [
+            "7/bundles/x.tar.gz",
+            "7/jobs/3/other/a",
+            "7/jobs/3/outputs/../a",
+            "7/jobs/3/outputs",
+            "x/jobs/3/outputs/a",
+            "/7/jobs/3/outputs/a",
+        ] {
+            assert_eq!(Key::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn grants_open_what_they_name_only() {
+        let issuer = Issuer::new("http://store".into(), [9; 32]);
+        let sha = "cd".repeat(32);
+        let host = Grant::Host { renter: AccountId(7), job: JobId(3), bundle: Some(sha.clone()), expires_at_ms: 2_000 };
+        let token = issuer.issue(&host);
+        assert_eq!(verify(&[9; 32], &token, 1_000), Some(host.clone()));
+        assert_eq!(verify(&[9; 32], &token, 2_000), None, "expired");
+        assert_eq!(verify(&[8; 32], &token, 1_000), None, "another secret");
+        let other = issuer.issue(&Grant::Host { renter: AccountId(7), job: JobId(4), bundle: None, expires_at_ms: 2_000 });
+        let forged = format!("{}.{}", other.split('.').next().expect("a body"), token.split('.').nth(1).expect("a tag"));
+        assert_eq!(verify(&[9; 32], &forged, 1_000), None, "a changed body");
+        let key = |k: &str| Key::parse(k).expect("valid");
+        assert!(host.allows(Operation::Read, &key(&format!("7/bundles/{sha}.tar.gz"))));
+        assert!(!host.allows(Operation::Write, &key(&format!("7/bundles/{sha}.tar.gz"))));
+        assert!(!host.allows(Operation::Read, &key(&format!("7/bundles/{}.tar.gz", "ee".repeat(32)))));
+        assert!(host.allows(Operation::Write, &key("7/jobs/3/outputs/model.bin")));
+        assert!(!host.allows(Operation::Read, &key("7/jobs/4/outputs/model.bin")), "another job");
+        assert!(!host.allows(Operation::Read, &key("8/jobs/3/outputs/model.bin")), "another renter");
+        let renter = Grant::Renter { account: AccountId(7), expires_at_ms: 2_000 };
+        assert!(renter.allows(Operation::Write, &key(&format!("7/bundles/{sha}.tar.gz"))));
+        assert!(renter.allows(Operation::Read, &key("7/jobs/4/outputs/model.bin")));
+        assert!(!renter.allows(Operation::Write, &key("7/jobs/4/outputs/model.bin")), "results are the host's to write");
+        assert!(!renter.allows(Operation::Read, &key("8/jobs/4/outputs/model.bin")));
+    }
+}

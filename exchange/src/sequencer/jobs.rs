@@ -1,0 +1,144 @@
+//! Jobs (docs/jobs.md, docs/protocol.md "Jobs"): submissions checked and
+//! journaled, a job's state and the account's jobs, cancels, tokens for
+//! the job store, and the silence rule that fails a job's lease whose host
+//! stopped speaking so that the job resumes elsewhere.
+
+use gpux_engine::{ContractKind, LeaseId};
+use gpux_gateway::link::{ConnectionId, JobRequest};
+use gpux_market::jobs::{limits, JobTerms};
+use gpux_market::JournalEntry;
+use gpux_protocol::{ErrorCode, JobId, JobSubmission, ServerMessage};
+
+use super::{error, Sequencer};
+use crate::job_store::{Grant, Issuer};
+
+/// How long a job's lease may go without a word from its host (a delivery
+/// status or a usage report; the agent reports every 10 s by default)
+/// before the exchange fails its delivery (`--job-silence-ms`).
+pub const JOB_SILENCE_MS_DEFAULT: u64 = 120_000;
+
+/// How long a job store token is valid.
+pub const JOB_STORE_TOKEN_MS: u64 = 3_600_000;
+
+impl Sequencer {
+    /// Sets how long a job's lease may be silent (`--job-silence-ms`).
+    pub fn set_job_silence_ms(&mut self, silence_ms: u64) {
+        self.job_silence_ms = silence_ms.max(1_000);
+    }
+
+    /// Hands out tokens for this job store (`--job-store`).
+    pub fn set_job_store(&mut self, issuer: Issuer) {
+        self.job_store = Some(issuer);
+    }
+
+    pub(super) fn job(&mut self, connection: ConnectionId, id: u64, request: JobRequest) {
+        let Some(account) = self.account(connection) else { return self.reply(connection, error(Some(id), ErrorCode::NotAuthenticated)) };
+        let answer = match request {
+            JobRequest::Submit { job } => match self.submit_job(account, id, *job) {
+                Some(answer) => answer,
+                None => return,
+            },
+            JobRequest::Status { job } => match self.market.jobs().info(job, account) {
+                Some(info) => ServerMessage::Job { id, job: Box::new(info) },
+                None => error(Some(id), ErrorCode::UnknownJob),
+            },
+            JobRequest::List { offset } => {
+                let (mut jobs, more) = self.market.jobs().list(account, offset as usize, limits::JOBS_PAGE_MAX);
+                let cut = gpux_protocol::fit_page(&mut jobs);
+                let next_offset = (more || cut).then_some(offset + jobs.len() as u32);
+                ServerMessage::Jobs { id, jobs, next_offset }
+            }
+            JobRequest::Cancel { job } => match self.market.jobs().cancellable(job, account) {
+                None => error(Some(id), ErrorCode::UnknownJob),
+                Some(live) => {
+                    if live {
+                        let at_ms = self.market.clock_ms();
+                        if self.journal(JournalEntry::CancelJob { at_ms, account, job }).is_none() {
+                            return;
+                        }
+                    }
+                    match self.market.jobs().info(job, account) {
+                        Some(info) => ServerMessage::Job { id, job: Box::new(info) },
+                        None => error(Some(id), ErrorCode::UnknownJob),
+                    }
+                }
+            },
+            JobRequest::StoreToken { job, lease } => self.job_store_token(account, id, job, lease),
+        };
+        self.reply(connection, answer);
+    }
+
+    /// Checks and journals a submission; `None` when the batch failed.
+    fn submit_job(&mut self, account: gpux_engine::AccountId, id: u64, submission: JobSubmission) -> Option<ServerMessage> {
+        if let Err(invalid) = submission.validate() {
+            let message = format!("{}: {invalid}", ErrorCode::JobInvalid.message());
+            return Some(ServerMessage::Error { id: Some(id), code: ErrorCode::JobInvalid, message });
+        }
+        let Some(instrument) = self.market.engine().instrument(submission.instrument) else {
+            return Some(error(Some(id), ErrorCode::UnknownInstrument));
+        };
+        if !matches!(instrument.contract, ContractKind::Spot | ContractKind::Preemptible) {
+            return Some(error(Some(id), ErrorCode::JobInstrumentInvalid));
+        }
+        let price = submission.limit_minor_per_gpu_hour;
+        if !price.is_multiple_of(instrument.tick_minor.max(1))
+            || !(instrument.price_min_minor_per_gpu_hour..=instrument.price_max_minor_per_gpu_hour).contains(&price)
+        {
+            let message = format!(
+                "limit_minor_per_gpu_hour: a multiple of the book's tick ({}) from {} to {}",
+                instrument.tick_minor, instrument.price_min_minor_per_gpu_hour, instrument.price_max_minor_per_gpu_hour
+            );
+            return Some(ServerMessage::Error { id: Some(id), code: ErrorCode::JobInvalid, message });
+        }
+        let terms = JobTerms::new(account, submission);
+        if let Err(refusal) = self.market.jobs().check_submit(&terms) {
+            return Some(error(Some(id), refusal.into()));
+        }
+        let at_ms = self.market.clock_ms();
+        let (_, applied) = self.journal(JournalEntry::SubmitJob { at_ms, terms })?;
+        Some(match applied.job {
+            Some(Ok(job)) => match self.market.jobs().info(job, account) {
+                Some(info) => ServerMessage::Job { id, job: Box::new(info) },
+                None => error(Some(id), ErrorCode::UnknownJob),
+            },
+            Some(Err(refusal)) => error(Some(id), refusal.into()),
+            None => error(Some(id), ErrorCode::JobInvalid),
+        })
+    }
+
+    /// A token for the job store: the renter's own prefix, or a host's
+    /// grant for the job of one of its running leases.
+    fn job_store_token(&mut self, account: gpux_engine::AccountId, id: u64, job: Option<JobId>, lease: Option<LeaseId>) -> ServerMessage {
+        let Some(issuer) = &self.job_store else { return error(Some(id), ErrorCode::JobStoreUnavailable) };
+        let expires_at_ms = self.clock.now_ms() + JOB_STORE_TOKEN_MS;
+        let grant = match (job, lease) {
+            (job, None) => {
+                if job.is_some_and(|job| self.market.jobs().info(job, account).is_none()) {
+                    return error(Some(id), ErrorCode::UnknownJob);
+                }
+                Grant::Renter { account, expires_at_ms }
+            }
+            (_, Some(lease)) => {
+                let engine = self.market.engine();
+                let running = engine.lease(lease).filter(|l| l.active && l.supplier == account);
+                let job = self.market.jobs().job_of_lease(lease);
+                let (Some(info), Some(job)) = (running, job) else { return error(Some(id), ErrorCode::JobStoreUnavailable) };
+                let Some(terms) = self.market.jobs().terms(job) else { return error(Some(id), ErrorCode::JobStoreUnavailable) };
+                let bundle = terms.run.bundle.as_ref().map(|b| b.sha256.clone());
+                Grant::Host { renter: info.renter, job, bundle, expires_at_ms }
+            }
+        };
+        ServerMessage::JobStoreToken { id, url: issuer.url.clone(), token: issuer.issue(&grant), expires_at_ms }
+    }
+
+    /// Fails the delivery of job leases whose host has said nothing of them
+    /// for the silence limit (each journaled, the market checks the rest).
+    pub(super) fn fail_silent_job_leases(&mut self) {
+        let now_ms = self.market.clock_ms();
+        for (lease, _supplier) in self.market.jobs().silent_leases(now_ms, self.job_silence_ms) {
+            if self.journal(JournalEntry::JobLeaseSilent { at_ms: now_ms, lease }).is_none() {
+                return;
+            }
+        }
+    }
+}

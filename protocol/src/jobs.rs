@@ -1,0 +1,358 @@
+//! Jobs on the wire (docs/jobs.md, docs/protocol.md "Jobs"): what a renter
+//! submits, what the exchange says about a job, and what a host is handed
+//! to run one attempt of it.
+//!
+//! A job's run (image, command, code bundle, directories) is public to the
+//! exchange, like its terms: the exchange journals it so that it can hand
+//! the job to a new host while the renter is offline. A job carries no
+//! secrets; its code and data travel through the job store (docs/jobs.md
+//! "Code and data"), never through the journal.
+
+use gpux_engine::{InstrumentId, LeaseId, OrderCloseReason, OrderId, RejectCode};
+use serde::{Deserialize, Serialize};
+
+/// Bounds of a job submission; a breach is `job_invalid` with the field named.
+pub mod limits {
+    /// Bytes of a job's name.
+    pub const NAME_BYTES_MAX: usize = 64;
+    /// Words of the command.
+    pub const COMMAND_WORDS_MAX: usize = 256;
+    /// Bytes of one word of the command, of a directory, of a package.
+    pub const WORD_BYTES_MAX: usize = 4096;
+    /// Bytes of the command and the packages together (a job fits a frame).
+    pub const RUN_BYTES_MAX: usize = 8 * 1024;
+    /// Packages installed at start (those the image lacks).
+    pub const INSTALL_MAX: usize = 128;
+    /// Retries after the first attempt.
+    pub const RETRIES_MAX: u32 = 100;
+    /// Hours each attempt's leases run at most (90 days).
+    pub const HOURS_MAX: u32 = 24 * 90;
+    /// GPUs one job buys (256 nodes of 64).
+    pub const GPUS_MAX: u32 = 256 * 64;
+    /// Checkpoint interval, seconds.
+    pub const CHECKPOINT_INTERVAL_S_MIN: u32 = 10;
+    pub const CHECKPOINT_INTERVAL_S_MAX: u32 = 24 * 3600;
+    /// Bytes of a code bundle (as `gpux_jobs::bundle` packs it at most).
+    pub const BUNDLE_BYTES_MAX: u64 = 256 << 20;
+    /// Jobs not yet over that one account may hold.
+    pub const JOBS_LIVE_PER_ACCOUNT_MAX: usize = 64;
+    /// Jobs not yet over, all accounts together.
+    pub const JOBS_LIVE_MAX: usize = 1 << 16;
+    /// Finished jobs one account's queries still find (its oldest go first).
+    pub const JOBS_FINISHED_PER_ACCOUNT_MAX: usize = 256;
+    /// Finished jobs kept, all accounts together; when full, the account
+    /// that keeps the most forgets its oldest.
+    pub const JOBS_FINISHED_MAX: usize = 1 << 17;
+    /// Jobs in one `jobs` page.
+    pub const JOBS_PAGE_MAX: usize = 100;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct JobId(pub u64);
+
+impl std::fmt::Display for JobId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A code bundle in the job store: the SHA-256 of its bytes (hex) and its size.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BundleRef {
+    pub sha256: String,
+    pub bytes: u64,
+}
+
+/// What each attempt of a job runs. The host unpacks the bundle into
+/// `/job` (read-only, the working directory), restores the newest
+/// checkpoint into `checkpoint_dir`, installs `install` with pip (cached on
+/// the host), runs `command`, and syncs `checkpoint_dir` and `outputs_dir`
+/// to the job store every `checkpoint_interval_s` and when it ends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRun {
+    pub image: String,
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub bundle: Option<BundleRef>,
+    #[serde(default)]
+    pub install: Vec<String>,
+    pub checkpoint_dir: String,
+    pub outputs_dir: String,
+    pub checkpoint_interval_s: u32,
+    #[serde(default)]
+    pub shm_mib: u32,
+}
+
+/// `submit_job`: a job's terms and run. The client plans it (the book, the
+/// limit, the image; `gpux job submit --dry-run` prints the plan).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSubmission {
+    pub name: String,
+    /// A spot or preemptible book.
+    pub instrument: InstrumentId,
+    pub gpus: u32,
+    /// All GPUs on one host (a single-node job).
+    pub one_host: bool,
+    pub limit_minor_per_gpu_hour: u64,
+    /// Hours each attempt's leases run at most.
+    pub hours: u32,
+    /// The most the job may hold in escrow over all its attempts.
+    pub budget_minor: u64,
+    pub retries: u32,
+    #[serde(default)]
+    pub min_supplier_score_bps: u32,
+    #[serde(default)]
+    pub verified_only: bool,
+    pub run: JobRun,
+}
+
+/// Why a submission breaks its bounds (`job_invalid`; the field it names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum JobInvalid {
+    #[error("name: 1 to 64 bytes of letters, digits, '-', '_' or '.'")]
+    Name,
+    #[error("gpus: 1 to {}", limits::GPUS_MAX)]
+    Gpus,
+    #[error("hours: 1 to {}", limits::HOURS_MAX)]
+    Hours,
+    #[error("retries: at most {}", limits::RETRIES_MAX)]
+    Retries,
+    #[error("limit_minor_per_gpu_hour and budget_minor: above 0")]
+    Price,
+    #[error("min_supplier_score_bps: at most 10000")]
+    Score,
+    #[error("run.image: [registry/]name[:tag][@digest]")]
+    Image,
+    #[error("run.command: 1 to 256 words, none empty, each at most 4096 bytes without control characters, with run.install at most 8 KiB")]
+    Command,
+    #[error("run.bundle: a 64-hex-digit SHA-256 and 1 byte to 256 MiB")]
+    Bundle,
+    #[error("run.install: at most 128 package requirements of letters, digits and -_.[]<>=!~,")]
+    Install,
+    #[error("run.checkpoint_dir and run.outputs_dir: distinct absolute paths below / of plain names, not /job")]
+    Directory,
+    #[error("run.checkpoint_interval_s: 10 to 86400")]
+    CheckpointInterval,
+    #[error("run.shm_mib: at most 262144")]
+    Shm,
+}
+
+impl JobSubmission {
+    /// Checks the bounds the exchange and the host both hold a job to.
+    pub fn validate(&self) -> Result<(), JobInvalid> {
+        let name_ok = |n: &str| {
+            !n.is_empty() && n.len() <= limits::NAME_BYTES_MAX && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        };
+        if !name_ok(&self.name) {
+            return Err(JobInvalid::Name);
+        }
+        if self.gpus == 0 || self.gpus > limits::GPUS_MAX {
+            return Err(JobInvalid::Gpus);
+        }
+        if self.hours == 0 || self.hours > limits::HOURS_MAX {
+            return Err(JobInvalid::Hours);
+        }
+        if self.retries > limits::RETRIES_MAX {
+            return Err(JobInvalid::Retries);
+        }
+        if self.limit_minor_per_gpu_hour == 0 || self.budget_minor == 0 {
+            return Err(JobInvalid::Price);
+        }
+        if self.min_supplier_score_bps > 10_000 {
+            return Err(JobInvalid::Score);
+        }
+        self.run.validate()
+    }
+}
+
+impl JobRun {
+    pub fn validate(&self) -> Result<(), JobInvalid> {
+        if crate::Workload::image(self.image.clone()).validate().is_err() {
+            return Err(JobInvalid::Image);
+        }
+        let word_ok = |w: &String| !w.is_empty() && w.len() <= limits::WORD_BYTES_MAX && !w.chars().any(char::is_control);
+        let run_bytes: usize = self.command.iter().chain(&self.install).map(String::len).sum();
+        if self.command.is_empty()
+            || self.command.len() > limits::COMMAND_WORDS_MAX
+            || !self.command.iter().all(word_ok)
+            || run_bytes > limits::RUN_BYTES_MAX
+        {
+            return Err(JobInvalid::Command);
+        }
+        if let Some(bundle) = &self.bundle {
+            let hex = bundle.sha256.len() == 64 && bundle.sha256.bytes().all(|b| b.is_ascii_hexdigit());
+            if !hex || bundle.bytes == 0 || bundle.bytes > limits::BUNDLE_BYTES_MAX {
+                return Err(JobInvalid::Bundle);
+            }
+        }
+        let package_ok = |p: &String| {
+            !p.is_empty()
+                && p.len() <= 256
+                && p.as_bytes()[0].is_ascii_alphanumeric()
+                && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.[]<>=!~,".contains(&b))
+        };
+        if self.install.len() > limits::INSTALL_MAX || !self.install.iter().all(package_ok) {
+            return Err(JobInvalid::Install);
+        }
+        if !container_dir_ok(&self.checkpoint_dir) || !container_dir_ok(&self.outputs_dir) || self.checkpoint_dir == self.outputs_dir {
+            return Err(JobInvalid::Directory);
+        }
+        if !(limits::CHECKPOINT_INTERVAL_S_MIN..=limits::CHECKPOINT_INTERVAL_S_MAX).contains(&self.checkpoint_interval_s) {
+            return Err(JobInvalid::CheckpointInterval);
+        }
+        if self.shm_mib > crate::delivery::limits::SHM_MIB_MAX {
+            return Err(JobInvalid::Shm);
+        }
+        Ok(())
+    }
+}
+
+/// An absolute directory in the container, of plain components, that is
+/// not the job's code directory (`/job`) nor above or below it.
+fn container_dir_ok(dir: &str) -> bool {
+    let Some(rest) = dir.strip_prefix('/') else { return false };
+    let components: Vec<&str> = rest.split('/').collect();
+    let plain = |c: &&str| !c.is_empty() && *c != "." && *c != ".." && c.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    dir.len() <= 256 && components.iter().all(plain) && components[0] != "job"
+}
+
+/// Why a job ended without finishing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobFailure {
+    /// Its leases failed more often than it may retry.
+    RetriesExhausted,
+    /// What is left of its budget pays for no further attempt.
+    BudgetSpent,
+    /// The exchange refused its bid (funds, limits): the code says why.
+    BidRefused(RejectCode),
+    /// Its bid closed unfilled (the renter cancelled the order itself, say).
+    BidClosed(OrderCloseReason),
+    /// Its leases ran their hours before the workload finished.
+    OutOfTime,
+    /// The workload exited with this code (the renter's code failed: not retried).
+    WorkloadFailed(i64),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Its bid for `attempt` is on the book (or about to be).
+    Bidding {
+        attempt: u32,
+        order: Option<OrderId>,
+    },
+    Running {
+        attempt: u32,
+        leases: Vec<LeaseId>,
+    },
+    Succeeded,
+    Failed(JobFailure),
+    Cancelled,
+}
+
+impl JobState {
+    pub fn is_over(&self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Failed(_) | JobState::Cancelled)
+    }
+}
+
+/// A job as `job_status`, `jobs` and the `job` push show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobInfo {
+    pub job: JobId,
+    pub name: String,
+    pub instrument: InstrumentId,
+    pub gpus: u32,
+    pub state: JobState,
+    /// Attempts started so far (bids placed).
+    pub attempts: u32,
+    pub retries: u32,
+    /// Escrow its leases took so far, against `budget_minor`.
+    pub escrowed_minor: u64,
+    pub budget_minor: u64,
+    /// Every lease it ran on, oldest first.
+    pub leases: Vec<LeaseId>,
+    pub submitted_at_ms: u64,
+    /// When it entered its state.
+    pub updated_at_ms: u64,
+    pub run: JobRun,
+}
+
+/// Pushed to a job lease's host (like `workload` for a lease): the attempt
+/// to run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobAssignment {
+    pub job: JobId,
+    pub attempt: u32,
+    /// The job's renter (its store prefix).
+    pub renter: gpux_engine::AccountId,
+    /// GPUs of the whole attempt and this host's rank among its hosts
+    /// (0-based, in lease order), for multi-node jobs.
+    pub world_gpus: u32,
+    pub node_rank: u32,
+    pub nodes: u32,
+    pub run: JobRun,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn submission() -> JobSubmission {
+        JobSubmission {
+            name: "train".into(),
+            instrument: InstrumentId(0),
+            gpus: 1,
+            one_host: true,
+            limit_minor_per_gpu_hour: 200,
+            hours: 1,
+            budget_minor: 1_000,
+            retries: 3,
+            min_supplier_score_bps: 0,
+            verified_only: false,
+            run: JobRun {
+                image: "python:3.11".into(),
+                command: vec!["python3".into(), "train.py".into()],
+                bundle: Some(BundleRef { sha256: "ab".repeat(32), bytes: 10 }),
+                install: vec!["numpy==1.26".into()],
+                checkpoint_dir: "/checkpoints".into(),
+                outputs_dir: "/outputs".into(),
+                checkpoint_interval_s: 60,
+                shm_mib: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn each_bound_is_its_own_error() {
+        assert_eq!(submission().validate(), Ok(()));
+        type Breach = fn(&mut JobSubmission);
+        let cases: Vec<(Breach, JobInvalid)> = vec![
+            (|s| s.name = "a b".into(), JobInvalid::Name),
+            (|s| s.gpus = 0, JobInvalid::Gpus),
+            (|s| s.hours = limits::HOURS_MAX + 1, JobInvalid::Hours),
+            (|s| s.retries = 101, JobInvalid::Retries),
+            (|s| s.budget_minor = 0, JobInvalid::Price),
+            (|s| s.min_supplier_score_bps = 10_001, JobInvalid::Score),
+            (|s| s.run.image = "; rm -rf /".into(), JobInvalid::Image),
+            (|s| s.run.command = vec![], JobInvalid::Command),
+            (|s| s.run.command = vec!["a\0b".into()], JobInvalid::Command),
+            (|s| s.run.command = vec!["x".repeat(4096); 3], JobInvalid::Command),
+            (|s| s.run.bundle.as_mut().expect("a bundle").sha256 = "zz".into(), JobInvalid::Bundle),
+            (|s| s.run.bundle.as_mut().expect("a bundle").bytes = limits::BUNDLE_BYTES_MAX + 1, JobInvalid::Bundle),
+            (|s| s.run.install = vec!["numpy; rm".into()], JobInvalid::Install),
+            (|s| s.run.checkpoint_dir = "relative".into(), JobInvalid::Directory),
+            (|s| s.run.checkpoint_dir = "/a/../etc".into(), JobInvalid::Directory),
+            (|s| s.run.outputs_dir = "/job/out".into(), JobInvalid::Directory),
+            (|s| s.run.outputs_dir = "/checkpoints".into(), JobInvalid::Directory),
+            (|s| s.run.checkpoint_interval_s = 9, JobInvalid::CheckpointInterval),
+            (|s| s.run.shm_mib = u32::MAX, JobInvalid::Shm),
+        ];
+        for (breach, expected) in cases {
+            let mut bad = submission();
+            breach(&mut bad);
+            assert_eq!(bad.validate(), Err(expected), "{bad:?}");
+        }
+    }
+}
