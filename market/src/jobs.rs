@@ -310,6 +310,19 @@ impl Jobs {
         outcome
     }
 
+    /// A host could not start one of the job's leases for the renter's
+    /// reason: the job fails (another host would fail the same way).
+    pub fn undeliverable(&mut self, lease: LeaseId, code: gpux_protocol::FailureCode, at_ms: u64) -> Outcome {
+        let mut outcome = Outcome::default();
+        let Some(&job) = self.leases.get(&lease) else { return outcome };
+        let Some(entry) = self.jobs.get(&job) else { return outcome };
+        let JobState::Running { leases, .. } = &entry.state else { return outcome };
+        let account = entry.terms.account;
+        outcome.end_leases.extend(leases.iter().map(|l| (account, *l)));
+        self.enter(job, JobState::Failed(JobFailure::Undeliverable(code)), at_ms, &mut outcome);
+        outcome
+    }
+
     /// Whether `lease` is one of a job's.
     pub fn runs_on(&self, lease: LeaseId) -> bool {
         self.leases.contains_key(&lease)

@@ -480,6 +480,12 @@ impl MarketState {
                         let outcome = self.jobs.workload_exited(*lease, *code, *at_ms);
                         self.job_outcome(outcome, &mut applied, &mut owed);
                     }
+                    if let (DeliveryState::Failed { code, fault: gpux_protocol::Fault::Renter, .. }, true) =
+                        (state, info.supplier == *account)
+                    {
+                        let outcome = self.jobs.undeliverable(*lease, *code, *at_ms);
+                        self.job_outcome(outcome, &mut applied, &mut owed);
+                    }
                     let host_failed = matches!(state, DeliveryState::Failed { fault: gpux_protocol::Fault::Host, .. });
                     if host_failed && info.active {
                         applied.follow_ups.push(Command::FailLeaseDelivery { account: *account, lease: *lease });

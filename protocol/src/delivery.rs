@@ -390,6 +390,9 @@ pub enum FailureCode {
     /// refused or timed out, as opposed to an engine that answered with an
     /// error about the renter's image or command.
     EngineUnavailable,
+    /// A job's code bundle is not in the job store, or does not unpack to
+    /// its hash (renter).
+    BundleUnavailable,
 }
 
 impl FailureCode {
@@ -400,7 +403,8 @@ impl FailureCode {
             | FailureCode::PullFailed
             | FailureCode::SecretsInvalid
             | FailureCode::SecretsMissing
-            | FailureCode::ExecFailed => Fault::Renter,
+            | FailureCode::ExecFailed
+            | FailureCode::BundleUnavailable => Fault::Renter,
         }
     }
 
@@ -418,6 +422,7 @@ impl FailureCode {
             FailureCode::HostError => "the host could not create or start the workload",
             FailureCode::GpuUnavailable => "a leased GPU became unavailable",
             FailureCode::EngineUnavailable => "the host's container engine did not answer",
+            FailureCode::BundleUnavailable => "the job's code bundle is not in the job store or does not match its hash",
         }
     }
 }

@@ -232,6 +232,9 @@ pub enum JobFailure {
     OutOfTime,
     /// The workload exited with this code (the renter's code failed: not retried).
     WorkloadFailed(i64),
+    /// A host could not start the job for the renter's reason (its image
+    /// does not pull, its bundle is missing): not retried.
+    Undeliverable(crate::delivery::FailureCode),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

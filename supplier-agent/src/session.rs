@@ -122,6 +122,8 @@ pub struct Agent {
     encryption_key: std::sync::Arc<gpux_protocol::delivery::EncryptionKey>,
     /// Orders to the delivery manager and its reports (set up by `run`).
     delivery: Option<DeliveryLink>,
+    /// Where jobs' files live on this host (`<state dir>/jobs/<lease>`).
+    jobs_dir: PathBuf,
     /// The newest delivery status per lease not yet sent (the link was down).
     statuses_unsent: BTreeMap<LeaseId, DeliveryState>,
     /// The delivery backend, kept for the health check after a host failure.
@@ -195,6 +197,7 @@ impl Agent {
         let secret = crate::keys::load_or_create(std::path::Path::new(&encryption_key_file))?.to_bytes();
         let encryption_key = std::sync::Arc::new(gpux_protocol::delivery::EncryptionKey::from_bytes(secret));
         let delivery_backend = delivery_backend(&config)?;
+        let jobs_dir = state_dir(&config).join("jobs");
         Ok(Agent {
             delivery_health: delivery_backend.clone(),
             releasing: BTreeMap::new(),
@@ -214,6 +217,7 @@ impl Agent {
             clock_offset_ms: 0,
             windows_sold: BTreeMap::new(),
             register_again_at: None,
+            jobs_dir,
         })
     }
 
@@ -508,6 +512,53 @@ impl Agent {
         // Lease times are the exchange's; the manager waits on this host's clock.
         let start_ms = state.start_ms.saturating_add_signed(-self.clock_offset_ms);
         let _ = orders.send(Order::Deliver { lease, gpus, workload, start_ms, end_ms: state.end_ms });
+    }
+
+    /// A job's attempt on one of this host's leases: a token for the job's
+    /// files from the exchange, then the manager fetches them and runs it.
+    async fn deliver_job(&mut self, link: &mut Link, lease: LeaseId, assignment: gpux_protocol::JobAssignment) -> Result<()> {
+        let (Some((orders, _)), Some(state)) = (&self.delivery, self.leases.get_mut(&lease)) else {
+            tracing::warn!(%lease, job = %assignment.job, "a job for a lease this host does not deliver");
+            return Ok(());
+        };
+        if state.billing == Billing::AsMeasured {
+            state.billing = Billing::DeliveryPending;
+        }
+        let gpus: Vec<LeasedGpu> = self
+            .gpus
+            .iter()
+            .filter(|g| state.gpu_mask & (1u64 << g.info.index_on_host) != 0)
+            .map(|g| LeasedGpu { uuid: g.info.uuid.clone(), index_on_host: g.info.index_on_host })
+            .collect();
+        let start_ms = state.start_ms.saturating_add_signed(-self.clock_offset_ms);
+        let end_ms = state.end_ms;
+        let orders = orders.clone();
+        let id = link.connection.new_id();
+        let (store_url, token) = match link.connection.request(ClientMessage::JobStoreToken { id, job: None, lease: Some(lease) }).await? {
+            ServerMessage::JobStoreToken { url, token, .. } => (url, token),
+            other => {
+                tracing::warn!(%lease, ?other, "no job store token: the job cannot be delivered");
+                let state = DeliveryState::Failed {
+                    code: FailureCode::HostError,
+                    fault: gpux_protocol::Fault::Host,
+                    reason: FailureCode::HostError.describe().to_string(),
+                };
+                self.statuses_unsent.insert(lease, state);
+                return Ok(());
+            }
+        };
+        tracing::info!(%lease, job = %assignment.job, attempt = assignment.attempt, "delivering a job");
+        let files = crate::delivery::jobs::JobFiles {
+            dir: self.jobs_dir.join(lease.0.to_string()),
+            pip_cache: self.jobs_dir.join("pip-cache"),
+            assignment,
+            store_url,
+            token,
+            resumed: false,
+            uploaded: Default::default(),
+        };
+        let _ = orders.send(Order::DeliverJob { lease, gpus, files: Box::new(files), start_ms, end_ms });
+        Ok(())
     }
 
     /// Registers every GPU the exchange does not know yet, then loads the
@@ -912,6 +963,10 @@ impl Agent {
                 self.deliver(lease, Some(workload));
                 return Ok(());
             }
+            ServerMessage::JobAssigned { lease, assignment } => {
+                self.deliver_job(link, lease, *assignment).await?;
+                return Ok(());
+            }
             ServerMessage::GpuChallenge { challenge, gpu, seed, n, .. } => {
                 self.answer_challenge(link, challenge, gpu, &seed, n).await?;
                 return Ok(());
@@ -1292,18 +1347,23 @@ async fn recv_report(delivery: &mut Option<DeliveryLink>) -> Option<Report> {
     }
 }
 
+/// Where per-lease scratch data lives (`delivery.state_dir`, default
+/// `<key_file's dir>/leases`). Absolute: the container engine reads a
+/// relative bind source as a volume's name.
+fn state_dir(config: &AgentConfig) -> PathBuf {
+    let dir = config
+        .delivery
+        .as_ref()
+        .and_then(|d| d.state_dir.clone())
+        .unwrap_or_else(|| config.key_file.parent().map_or_else(|| PathBuf::from("leases"), |d| d.join("leases")));
+    std::path::absolute(&dir).unwrap_or(dir)
+}
+
 /// The backend the owner's config names (`[delivery]`, or the older
 /// `delivery_hook` alone); `None` logs lease events only.
 fn delivery_backend(config: &AgentConfig) -> Result<Option<std::sync::Arc<dyn DeliveryBackend>>> {
     use crate::delivery::{docker::DockerBackend, hook::HookBackend, process::ProcessBackend};
-    // Absolute: the container engine reads a relative bind source as a volume's name.
-    let scratch = |delivery: &crate::config::DeliveryConfig| {
-        let dir = delivery
-            .state_dir
-            .clone()
-            .unwrap_or_else(|| config.key_file.parent().map_or_else(|| PathBuf::from("leases"), |d| d.join("leases")));
-        std::path::absolute(&dir).unwrap_or(dir)
-    };
+    let scratch = |_: &crate::config::DeliveryConfig| state_dir(config);
     Ok(match (&config.delivery, &config.delivery_hook) {
         (None, None) => None,
         (None, Some(hook)) => Some(std::sync::Arc::new(HookBackend::new(hook.clone()))),

@@ -196,6 +196,14 @@ impl DockerBackend {
         if let Some(path) = authorized_keys {
             binds.push(format!("{}:/root/.ssh/authorized_keys:ro", path.display()));
         }
+        if let Some(files) = &job.files {
+            // The agent's own directories for the job, never a path the renter names.
+            let run = &files.assignment.run;
+            binds.push(format!("{}:/job:ro", files.code().display()));
+            binds.push(format!("{}:{}", files.checkpoints().display(), run.checkpoint_dir));
+            binds.push(format!("{}:{}", files.outputs().display(), run.outputs_dir));
+            binds.push(format!("{}:/var/cache/gpux-pip", files.pip_cache.display()));
+        }
         if !binds.is_empty() {
             config.binds = Some(binds);
         }
@@ -271,6 +279,7 @@ impl DeliveryBackend for DockerBackend {
         let body = ContainerCreateBody {
             image: Some(workload.image.clone()),
             entrypoint: (!job.secrets.command.is_empty()).then(|| job.secrets.command.clone()),
+            working_dir: job.files.as_ref().map(|_| "/job".to_string()),
             cmd: (!job.secrets.args.is_empty()).then(|| job.secrets.args.clone()),
             env: Some(env),
             labels: Some(labels),
@@ -407,6 +416,7 @@ mod tests {
             workload: Some(serde_json::from_str(r#"{"image": "ubuntu:24.04"}"#).expect("a workload")),
             secrets: Default::default(),
             end_ms: None,
+            files: None,
         }
     }
 

@@ -15,6 +15,7 @@
 
 pub mod docker;
 pub mod hook;
+pub mod jobs;
 pub mod process;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -42,6 +43,8 @@ pub struct Job {
     pub workload: Option<Workload>,
     pub secrets: Secrets,
     pub end_ms: Option<u64>,
+    /// A job's attempt: its directories (mounted by the backend) and store.
+    pub files: Option<jobs::JobFiles>,
 }
 
 /// Why a start failed, and whose fault it is (`FailureCode::fault`).
@@ -157,6 +160,15 @@ pub enum Order {
         start_ms: u64,
         end_ms: Option<u64>,
     },
+    /// Run one attempt of a job (docs/agent.md "Jobs"): its files are
+    /// fetched first, synced while it runs and once it ends.
+    DeliverJob {
+        lease: LeaseId,
+        gpus: Vec<LeasedGpu>,
+        files: Box<jobs::JobFiles>,
+        start_ms: u64,
+        end_ms: Option<u64>,
+    },
     Preempt {
         lease: LeaseId,
         deadline_ms: u64,
@@ -249,10 +261,15 @@ struct Entry {
     secrets_deadline: Option<tokio::time::Instant>,
     /// Which start attempt is current (results of older ones are dropped).
     generation: u64,
+    /// A job's: when its files were last synced, and whether a sync is under way.
+    synced_at: tokio::time::Instant,
+    syncing: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
+    /// A job's files are being fetched.
+    Preparing,
     AwaitingSecrets,
     Starting,
     /// Started; `running` once it has stayed up until `ready_at`.
@@ -272,12 +289,52 @@ struct Removal {
     next_at: tokio::time::Instant,
 }
 
+impl Entry {
+    fn new(job: Job, phase: Phase) -> Entry {
+        Entry {
+            job,
+            restarts: 0,
+            phase,
+            endpoints: Vec::new(),
+            secrets_deadline: None,
+            generation: 0,
+            synced_at: tokio::time::Instant::now(),
+            syncing: false,
+        }
+    }
+}
+
 /// Results of the manager's own tasks, back on its loop.
 enum Done {
-    Started { lease: LeaseId, generation: u64, result: Result<Vec<Endpoint>, Failure> },
-    Removed { lease: LeaseId, result: Result<(), String> },
-    Polled { results: Vec<(LeaseId, u64, Poll, bool)>, settling_only: bool },
-    Reconciled { adopted: Vec<Found>, unadopted: Vec<LeaseId>, orphans: Vec<Found> },
+    Started {
+        lease: LeaseId,
+        generation: u64,
+        result: Result<Vec<Endpoint>, Failure>,
+    },
+    Removed {
+        lease: LeaseId,
+        result: Result<(), String>,
+    },
+    Polled {
+        results: Vec<(LeaseId, u64, Poll, bool)>,
+        settling_only: bool,
+    },
+    Reconciled {
+        adopted: Vec<Found>,
+        unadopted: Vec<LeaseId>,
+        orphans: Vec<Found>,
+    },
+    Prepared {
+        lease: LeaseId,
+        generation: u64,
+        result: Result<Box<jobs::JobFiles>, Failure>,
+    },
+    /// A job's files were synced; `exited`: its workload had exited with
+    /// this code, now told to the exchange.
+    Synced {
+        lease: LeaseId,
+        exited: Option<i64>,
+    },
 }
 
 /// Runs every lease's deliveries side by side: a pull, a start, a stop's
@@ -297,6 +354,9 @@ pub struct Manager {
     reports: mpsc::UnboundedSender<Report>,
     progress: Progress,
     done: mpsc::UnboundedSender<Done>,
+    /// Jobs' files of ended leases, synced once more and deleted when their
+    /// workload is confirmed gone.
+    ended_jobs: BTreeMap<LeaseId, Box<jobs::JobFiles>>,
 }
 
 impl Manager {
@@ -323,6 +383,7 @@ impl Manager {
             reports,
             progress,
             done,
+            ended_jobs: BTreeMap::new(),
         };
         tokio::spawn(manager.run(orders, progress_rx, done_rx));
         (orders_tx, reports_rx)
@@ -367,8 +428,7 @@ impl Manager {
                     return;
                 };
                 let waiting = job.workload.as_ref().is_some_and(|w| w.secrets_follow && w.sealed.is_none());
-                let mut entry =
-                    Entry { job, restarts: 0, phase: Phase::Starting, endpoints: Vec::new(), secrets_deadline: None, generation: 0 };
+                let mut entry = Entry::new(job, Phase::Starting);
                 if waiting {
                     entry.phase = Phase::AwaitingSecrets;
                     entry.secrets_deadline = Some(tokio::time::Instant::now() + Duration::from_millis(SECRETS_WAIT_MS));
@@ -381,6 +441,35 @@ impl Manager {
                 }
                 self.entries.insert(lease, entry);
             }
+            Order::DeliverJob { lease, gpus, files, start_ms, end_ms } => {
+                if let Some(old) = self.entries.remove(&lease) {
+                    self.remove(lease, false);
+                    if let Some(files) = old.job.files {
+                        self.ended_jobs.insert(lease, Box::new(files));
+                    }
+                }
+                let workload = Workload { shm_mib: files.assignment.run.shm_mib, ..Workload::image(files.assignment.run.image.clone()) };
+                if let Err(refused) = workload.validate() {
+                    self.status(lease, Failure::public(FailureCode::WorkloadRefused, refused.to_string()).state());
+                    return;
+                }
+                let job = Job { lease, gpus, workload: Some(workload), secrets: Secrets::default(), end_ms, files: None };
+                let mut entry = Entry::new(job, Phase::Preparing);
+                self.generation += 1;
+                entry.generation = self.generation;
+                let (generation, done) = (entry.generation, self.done.clone());
+                self.status(lease, DeliveryState::Starting);
+                self.entries.insert(lease, entry);
+                tokio::spawn(async move {
+                    let wait = start_ms.saturating_sub(now_ms());
+                    if wait > 0 {
+                        tokio::time::sleep(Duration::from_millis(wait)).await;
+                    }
+                    let mut files = files;
+                    let result = files.prepare().await.map(|()| files);
+                    let _ = done.send(Done::Prepared { lease, generation, result });
+                });
+            }
             Order::Preempt { lease, deadline_ms } => {
                 if let Some(entry) = self.entries.get(&lease) {
                     let (backend, job) = (self.backend.clone(), entry.job.clone());
@@ -388,7 +477,11 @@ impl Manager {
                 }
             }
             Order::End { lease } => {
-                let tell = self.entries.remove(&lease).is_some() || self.backend.runs_without_workload();
+                let ended = self.entries.remove(&lease);
+                let tell = ended.is_some() || self.backend.runs_without_workload();
+                if let Some(files) = ended.and_then(|e| e.job.files) {
+                    self.ended_jobs.insert(lease, Box::new(files));
+                }
                 self.remove(lease, tell);
             }
             Order::Logs { request, lease, tail_bytes } => {
@@ -438,6 +531,17 @@ impl Manager {
                             self.status(lease, DeliveryState::Stopped);
                         }
                         let _ = self.reports.send(Report::Released { lease });
+                        if let Some(files) = self.ended_jobs.remove(&lease) {
+                            // What the workload wrote while it was stopped
+                            // (its SIGTERM grace) reaches the store; then its
+                            // files leave the host.
+                            tokio::spawn(async move {
+                                if let Err(error) = files.sync().await {
+                                    tracing::warn!(%lease, %error, "the job's last sync failed");
+                                }
+                                let _ = std::fs::remove_dir_all(&files.dir);
+                            });
+                        }
                     }
                     Err(error) => {
                         removal.attempts += 1;
@@ -445,6 +549,35 @@ impl Manager {
                         removal.next_at = tokio::time::Instant::now() + wait;
                         tracing::warn!(%lease, %error, attempts = removal.attempts, retry_in_ms = wait.as_millis() as u64, "the workload's removal is not confirmed; its GPUs stay off sale");
                     }
+                }
+            }
+            Done::Prepared { lease, generation, result } => {
+                let in_container = self.backend.name() == "docker";
+                let Some(mut entry) = self.entries.remove(&lease).filter(|e| e.generation == generation) else { return };
+                match result {
+                    Ok(files) => {
+                        let mut env = files.env(in_container, entry.job.gpus.len());
+                        env.retain(|(name, _)| !name.is_empty());
+                        entry.job.secrets = Secrets { command: files.command(), env, ..Secrets::default() };
+                        entry.job.files = Some(*files);
+                        entry.synced_at = tokio::time::Instant::now();
+                        self.launch(&mut entry, 0, false);
+                    }
+                    Err(failure) => {
+                        entry.phase = Phase::Done;
+                        tracing::warn!(%lease, code = ?failure.code, detail = %failure.detail, "the job's files could not be prepared");
+                        self.status(lease, failure.state());
+                    }
+                }
+                self.entries.insert(lease, entry);
+            }
+            Done::Synced { lease, exited } => {
+                if let Some(entry) = self.entries.get_mut(&lease) {
+                    entry.syncing = false;
+                    entry.synced_at = tokio::time::Instant::now();
+                }
+                if let Some(code) = exited {
+                    self.status(lease, DeliveryState::Exited { code });
                 }
             }
             Done::Polled { results, settling_only } => {
@@ -464,15 +597,9 @@ impl Manager {
                         continue;
                     }
                     tracing::info!(%lease, "re-adopted a running workload");
-                    let job = Job { lease, gpus: Vec::new(), workload: None, secrets: Secrets::default(), end_ms: None };
-                    let entry = Entry {
-                        job,
-                        restarts: 0,
-                        phase: Phase::Running,
-                        endpoints: workload.endpoints,
-                        secrets_deadline: None,
-                        generation: 0,
-                    };
+                    let job = Job { lease, gpus: Vec::new(), workload: None, secrets: Secrets::default(), end_ms: None, files: None };
+                    let mut entry = Entry::new(job, Phase::Running);
+                    entry.endpoints = workload.endpoints;
                     let state = running(&entry);
                     self.entries.insert(lease, entry);
                     self.status(lease, state);
@@ -512,6 +639,19 @@ impl Manager {
         if !matches!(entry.phase, Phase::Running | Phase::Settling { .. }) {
             return;
         }
+        if let Some(files) = entry.job.files.clone() {
+            // A job's exit is told once what it wrote is in the store.
+            entry.phase = Phase::Done;
+            entry.syncing = true;
+            let done = self.done.clone();
+            tokio::spawn(async move {
+                if let Err(error) = files.sync().await {
+                    tracing::warn!(%lease, %error, "syncing the job's files at its exit failed");
+                }
+                let _ = done.send(Done::Synced { lease, exited: Some(code) });
+            });
+            return;
+        }
         let restart = match entry.job.workload.as_ref().map_or(RestartPolicy::Never, |w| w.restart) {
             RestartPolicy::Never => false,
             RestartPolicy::Always => true,
@@ -532,7 +672,7 @@ impl Manager {
     fn prepare(&mut self, lease: LeaseId, gpus: Vec<LeasedGpu>, workload: Option<Workload>, end_ms: Option<u64>) -> Option<Job> {
         let Some(workload) = workload else {
             if self.backend.runs_without_workload() {
-                return Some(Job { lease, gpus, workload: None, secrets: Secrets::default(), end_ms });
+                return Some(Job { lease, gpus, workload: None, secrets: Secrets::default(), end_ms, files: None });
             }
             return None;
         };
@@ -556,7 +696,7 @@ impl Manager {
             self.status(lease, Failure::new(FailureCode::WorkloadRefused, refused.to_string()).state());
             return None;
         }
-        Some(Job { lease, gpus, workload: Some(workload), secrets, end_ms })
+        Some(Job { lease, gpus, workload: Some(workload), secrets, end_ms, files: None })
     }
 
     /// Starts the entry's workload in a task of its own (after removing the
@@ -625,6 +765,22 @@ impl Manager {
         for lease in expired {
             self.entries.get_mut(&lease).expect("present").phase = Phase::Done;
             self.status(lease, Failure::public(FailureCode::SecretsMissing, "the sealed secrets never came").state());
+        }
+        // Running jobs' files, every checkpoint interval.
+        for (&lease, entry) in self.entries.iter_mut() {
+            let Some(files) = &entry.job.files else { continue };
+            let every = Duration::from_secs(files.assignment.run.checkpoint_interval_s as u64);
+            if entry.syncing || !matches!(entry.phase, Phase::Running | Phase::Settling { .. }) || entry.synced_at + every > now {
+                continue;
+            }
+            entry.syncing = true;
+            let (files, done) = (files.clone(), self.done.clone());
+            tokio::spawn(async move {
+                if let Err(error) = files.sync().await {
+                    tracing::warn!(%lease, %error, "syncing the job's files failed; tried again next interval");
+                }
+                let _ = done.send(Done::Synced { lease, exited: None });
+            });
         }
         self.poll_round(false);
     }

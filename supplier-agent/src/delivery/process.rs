@@ -72,9 +72,11 @@ impl DeliveryBackend for ProcessBackend {
         let uuids: Vec<&str> = job.gpus.iter().map(|g| g.uuid.as_str()).collect();
         let indices: Vec<String> = job.gpus.iter().map(|g| g.index_on_host.to_string()).collect();
         let mut command = tokio::process::Command::new(program);
+        command.args(words).current_dir(&dir);
+        if let Some(files) = &job.files {
+            command.current_dir(files.code());
+        }
         command
-            .args(words)
-            .current_dir(&dir)
             .env("CUDA_VISIBLE_DEVICES", uuids.join(","))
             .env("HIP_VISIBLE_DEVICES", indices.join(","))
             .env("GPUX_LEASE", job.lease.0.to_string())

@@ -1,0 +1,262 @@
+//! A job's files on its host (docs/agent.md "Jobs"): the code bundle
+//! fetched from the job store and unpacked (its hash checked) into
+//! `<jobs>/<lease>/code`, mounted read-only at `/job`; the job's newest
+//! checkpoint restored into `<jobs>/<lease>/checkpoints`; outputs written
+//! to `<jobs>/<lease>/outputs`. While the workload runs, both directories
+//! are synced to the job store every checkpoint interval, and once more
+//! when it exits or its lease ends: what a workload wrote is on the store
+//! before the exchange hears that it ended.
+//!
+//! Only the store's HTTP API is spoken here (a bearer token for this lease's
+//! job from the exchange); the store's own credentials stay with the exchange.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use gpux_protocol::{FailureCode, JobAssignment};
+
+use super::Failure;
+
+/// The bundle and restore downloads, and each sync, must be over within this.
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(600);
+/// Files of one job directory synced at most (the store keeps 10 000 per account).
+const FILES_MAX: usize = 5_000;
+
+/// Where a job's attempt runs on this host and how to reach its store.
+#[derive(Clone, Debug)]
+pub struct JobFiles {
+    pub assignment: JobAssignment,
+    /// `<jobs>/<lease>`: code/, checkpoints/, outputs/.
+    pub dir: PathBuf,
+    /// The host-wide pip cache, mounted into every job's container.
+    pub pip_cache: PathBuf,
+    pub store_url: String,
+    pub token: String,
+    /// Whether a checkpoint was restored (the attempt resumes).
+    pub resumed: bool,
+    /// What each file was (size, modification time) when last put or
+    /// restored: a file is put again only when that changed.
+    pub uploaded: Arc<Mutex<BTreeMap<String, (u64, SystemTime)>>>,
+}
+
+#[derive(serde::Deserialize)]
+struct Listed {
+    key: String,
+    bytes: u64,
+}
+
+impl JobFiles {
+    pub fn code(&self) -> PathBuf {
+        self.dir.join("code")
+    }
+
+    pub fn checkpoints(&self) -> PathBuf {
+        self.dir.join("checkpoints")
+    }
+
+    pub fn outputs(&self) -> PathBuf {
+        self.dir.join("outputs")
+    }
+
+    fn prefix(&self) -> String {
+        format!("{}/jobs/{}", self.assignment.renter.0, self.assignment.job.0)
+    }
+
+    /// The environment the workload gets (docs/agent.md "Jobs"): in a
+    /// container the directories are the job's own paths; for the process
+    /// backend, the host's.
+    pub fn env(&self, in_container: bool, gpus_here: usize) -> Vec<(String, String)> {
+        let a = &self.assignment;
+        let (checkpoints, outputs, code) = match in_container {
+            true => (a.run.checkpoint_dir.clone(), a.run.outputs_dir.clone(), "/job".to_string()),
+            false => (self.checkpoints().display().to_string(), self.outputs().display().to_string(), self.code().display().to_string()),
+        };
+        vec![
+            ("GPUX_JOB_ID".into(), a.job.0.to_string()),
+            ("GPUX_JOB_ATTEMPT".into(), a.attempt.to_string()),
+            ("GPUX_JOB_DIR".into(), code),
+            ("GPUX_CHECKPOINT_DIR".into(), checkpoints),
+            ("GPUX_OUTPUT_DIR".into(), outputs),
+            ("GPUX_CHECKPOINT_INTERVAL_S".into(), a.run.checkpoint_interval_s.to_string()),
+            ("GPUX_RESUMED".into(), u8::from(self.resumed).to_string()),
+            ("GPUX_WORLD_GPUS".into(), a.world_gpus.to_string()),
+            ("GPUX_NODES".into(), a.nodes.to_string()),
+            ("GPUX_NODE_RANK".into(), a.node_rank.to_string()),
+            ("GPUX_GPUS_ON_NODE".into(), gpus_here.to_string()),
+            ("PYTHONUNBUFFERED".into(), "1".into()),
+        ]
+    }
+
+    /// The command, with the packages the image lacks installed first
+    /// (pip, cached on the host) when the job names any.
+    pub fn command(&self) -> Vec<String> {
+        let run = &self.assignment.run;
+        if run.install.is_empty() {
+            return run.command.clone();
+        }
+        // Package requirements are checked to hold no quote (JobRun::validate).
+        let packages: Vec<String> = run.install.iter().map(|p| format!("'{p}'")).collect();
+        let script = format!(
+            "python3 -m pip install --quiet --disable-pip-version-check --cache-dir /var/cache/gpux-pip {} && exec \"$0\" \"$@\"",
+            packages.join(" ")
+        );
+        let mut command = vec!["sh".to_string(), "-c".to_string(), script];
+        command.extend(run.command.iter().cloned());
+        command
+    }
+
+    fn client() -> Result<reqwest::Client, Failure> {
+        reqwest::Client::builder()
+            .timeout(TRANSFER_TIMEOUT)
+            .build()
+            .map_err(|e| Failure::new(FailureCode::HostError, format!("HTTP client: {e}")))
+    }
+
+    /// Fetches and unpacks the bundle, restores the newest checkpoint.
+    /// A bundle that is not in the store or does not match its hash is the
+    /// renter's failure (`bundle_unavailable`); a store that does not
+    /// answer is this host's (`host_error`).
+    pub async fn prepare(&mut self) -> Result<(), Failure> {
+        for dir in [self.code(), self.checkpoints(), self.outputs(), self.pip_cache.clone()] {
+            std::fs::create_dir_all(&dir).map_err(|e| Failure::new(FailureCode::HostError, format!("{}: {e}", dir.display())))?;
+        }
+        let client = Self::client()?;
+        if let Some(bundle) = self.assignment.run.bundle.clone() {
+            let key = format!("{}/bundles/{}.tar.gz", self.assignment.renter.0, bundle.sha256);
+            let bytes = self.get(&client, &key).await.map_err(|(renters, detail)| match renters {
+                true => Failure::public(FailureCode::BundleUnavailable, "the job's code bundle is not in the job store"),
+                false => Failure::new(FailureCode::HostError, detail),
+            })?;
+            let mut sha = [0u8; 32];
+            hex::decode_to_slice(&bundle.sha256, &mut sha).map_err(|_| Failure::public(FailureCode::BundleUnavailable, "bundle hash"))?;
+            let (code, body) = (self.code(), bytes.to_vec());
+            tokio::task::spawn_blocking(move || gpux_jobs::bundle::unpack(&body, &sha, &code))
+                .await
+                .map_err(|e| Failure::new(FailureCode::HostError, format!("unpacking: {e}")))?
+                .map_err(|e| Failure::public(FailureCode::BundleUnavailable, format!("the job's code bundle: {e}")))?;
+        }
+        let listed = self.list(&client, "checkpoints").await.map_err(|detail| Failure::new(FailureCode::HostError, detail))?;
+        let prefix = format!("{}/checkpoints/", self.prefix());
+        for item in &listed {
+            let Some(relative) = item.key.strip_prefix(&prefix) else { continue };
+            let bytes = self.get(&client, &item.key).await.map_err(|(_, detail)| Failure::new(FailureCode::HostError, detail))?;
+            let path =
+                safe_join(&self.checkpoints(), relative).ok_or_else(|| Failure::new(FailureCode::HostError, "a stored checkpoint path"))?;
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| Failure::new(FailureCode::HostError, e.to_string()))?;
+            }
+            std::fs::write(&path, &bytes).map_err(|e| Failure::new(FailureCode::HostError, format!("{}: {e}", path.display())))?;
+            if let Ok(modified) = std::fs::metadata(&path).and_then(|m| m.modified()) {
+                self.remember(&format!("checkpoints/{relative}"), bytes.len() as u64, modified);
+            }
+        }
+        self.resumed = !listed.is_empty();
+        // The container runs as root by default, the process backend as the
+        // agent: both may write; nobody else on the host may read.
+        Ok(())
+    }
+
+    /// Mirrors checkpoints/ and outputs/ to the store: new and changed
+    /// files put, checkpoint files deleted here deleted there.
+    pub async fn sync(&self) -> Result<usize, String> {
+        let client = Self::client().map_err(|f| f.detail)?;
+        let mut put = 0;
+        for area in ["checkpoints", "outputs"] {
+            let local = list_files(&self.dir.join(area))?;
+            let remote: BTreeMap<String, u64> = self
+                .list(&client, area)
+                .await?
+                .into_iter()
+                .filter_map(|l| l.key.strip_prefix(&format!("{}/{area}/", self.prefix())).map(|r| (r.to_string(), l.bytes)))
+                .collect();
+            for (relative, (path, bytes, modified)) in &local {
+                let key = format!("{area}/{relative}");
+                let known = self.uploaded.lock().unwrap_or_else(|p| p.into_inner()).get(&key).copied();
+                if remote.get(relative) == Some(bytes) && known == Some((*bytes, *modified)) {
+                    continue;
+                }
+                let body = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let url = format!("{}/v1/objects/{}/{area}/{relative}", self.store_url, self.prefix());
+                let answer = client.put(&url).bearer_auth(&self.token).body(body).send().await.map_err(|e| e.to_string())?;
+                if !answer.status().is_success() {
+                    return Err(format!("putting {relative}: {}", answer.status()));
+                }
+                // What was read may have changed since: the time read before
+                // the body keeps such a file for the next sync.
+                self.remember(&key, *bytes, *modified);
+                put += 1;
+            }
+            if area == "checkpoints" {
+                for relative in remote.keys().filter(|r| !local.contains_key(*r)) {
+                    let url = format!("{}/v1/objects/{}/{area}/{relative}", self.store_url, self.prefix());
+                    let _ = client.delete(&url).bearer_auth(&self.token).send().await;
+                }
+            }
+        }
+        Ok(put)
+    }
+
+    fn remember(&self, key: &str, bytes: u64, modified: SystemTime) {
+        self.uploaded.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_string(), (bytes, modified));
+    }
+
+    /// `Err((the renter's fault, detail))`.
+    async fn get(&self, client: &reqwest::Client, key: &str) -> Result<bytes::Bytes, (bool, String)> {
+        let url = format!("{}/v1/objects/{key}", self.store_url);
+        let answer = client.get(&url).bearer_auth(&self.token).send().await.map_err(|e| (false, format!("{url}: {e}")))?;
+        match answer.status() {
+            status if status.is_success() => answer.bytes().await.map_err(|e| (false, format!("{url}: {e}"))),
+            reqwest::StatusCode::NOT_FOUND => Err((true, format!("{url}: not found"))),
+            status => Err((false, format!("{url}: {status}"))),
+        }
+    }
+
+    async fn list(&self, client: &reqwest::Client, area: &str) -> Result<Vec<Listed>, String> {
+        let url = format!("{}/v1/list/{}/{area}", self.store_url, self.prefix());
+        let answer = client.get(&url).bearer_auth(&self.token).send().await.map_err(|e| format!("{url}: {e}"))?;
+        if !answer.status().is_success() {
+            return Err(format!("{url}: {}", answer.status()));
+        }
+        let body = answer.bytes().await.map_err(|e| format!("{url}: {e}"))?;
+        serde_json::from_slice(&body).map_err(|e| format!("{url}: {e}"))
+    }
+}
+
+/// `relative` below `root`, refusing anything that would leave it.
+fn safe_join(root: &Path, relative: &str) -> Option<PathBuf> {
+    let ok = relative.split('/').all(|c| !c.is_empty() && c != "." && c != "..");
+    ok.then(|| root.join(relative))
+}
+
+/// Plain files below `root` by their path relative to it (`/`-separated),
+/// with their size and modification time.
+fn list_files(root: &Path) -> Result<BTreeMap<String, (PathBuf, u64, SystemTime)>, String> {
+    let mut found = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("{}: {e}", dir.display())),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| e.to_string())?;
+            let kind = entry.file_type().map_err(|e| e.to_string())?;
+            let path = entry.path();
+            if kind.is_dir() {
+                stack.push(path);
+            } else if kind.is_file() {
+                let meta = entry.metadata().map_err(|e| e.to_string())?;
+                let relative = path.strip_prefix(root).map_err(|e| e.to_string())?.to_string_lossy().replace('\\', "/");
+                let modified = meta.modified().map_err(|e| e.to_string())?;
+                found.insert(relative, (path, meta.len(), modified));
+                if found.len() > FILES_MAX {
+                    return Err(format!("more than {FILES_MAX} files in {}", root.display()));
+                }
+            }
+        }
+    }
+    Ok(found)
+}

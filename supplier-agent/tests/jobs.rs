@@ -1,0 +1,249 @@
+//! A job end to end on the real container engine (issue "Jobs"): a renter
+//! packs its code, puts the bundle in the exchange's job store and submits
+//! a job; it runs in a Python image on one fake host, checkpointing; that
+//! host's agent is killed (`kill -9`) and its container removed; the
+//! exchange hears nothing more of the lease, fails its delivery (the host's
+//! fault) and the job bids again, lands on a second host and resumes from
+//! the checkpoint the first host synced (its step counter does not restart
+//! at 0); it finishes, and its outputs download from the store.
+//!
+//! Needs `GPUX_DOCKER_SOCKET` and the `localhost/gpux-py:1` image
+//! (`scripts/containers start` makes both); skipped without them unless
+//! `GPUX_REQUIRE_CONTAINERS=1`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use ed25519_dalek::SigningKey;
+use gpux_engine::{InstrumentId, LeaseId};
+use gpux_protocol::*;
+use gpux_supplier_agent::session::Connection;
+
+const PY_IMAGE: &str = "localhost/gpux-py:1";
+const STEPS: u32 = 120;
+
+/// The renter's training script: a step every 0.25 s, its state written
+/// atomically to the checkpoint directory at each step, resumed from it;
+/// at the end the outputs say where it started.
+const TRAIN_PY: &str = r#"
+import json, os, sys, time
+ckpt = os.path.join(os.environ["GPUX_CHECKPOINT_DIR"], "state.json")
+out = os.environ["GPUX_OUTPUT_DIR"]
+step = 0
+if os.path.exists(ckpt):
+    with open(ckpt) as f:
+        step = json.load(f)["step"]
+started = step
+print(f"attempt {os.environ['GPUX_JOB_ATTEMPT']} from step {step} resumed={os.environ['GPUX_RESUMED']}", flush=True)
+while step < int(sys.argv[1]):
+    time.sleep(0.25)
+    step += 1
+    with open(ckpt + ".tmp", "w") as f:
+        json.dump({"step": step}, f)
+    os.replace(ckpt + ".tmp", ckpt)
+with open(os.path.join(out, "result.json"), "w") as f:
+    json.dump({"steps": step, "started_at": started, "attempt": int(os.environ["GPUX_JOB_ATTEMPT"])}, f)
+"#;
+
+fn socket() -> Option<String> {
+    let ready = std::env::var("GPUX_DOCKER_SOCKET").ok().filter(|s| std::path::Path::new(s).exists());
+    let image = ready.as_ref().is_some_and(|socket| {
+        let output = std::process::Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", socket])
+            .arg(format!("http://d/v1.41/images/{PY_IMAGE}/json"))
+            .output();
+        output.is_ok_and(|o| String::from_utf8_lossy(&o.stdout) == "200")
+    });
+    if ready.is_some() && image {
+        return ready;
+    }
+    assert!(
+        std::env::var("GPUX_REQUIRE_CONTAINERS").as_deref() != Ok("1"),
+        "GPUX_REQUIRE_CONTAINERS=1 but no engine with {PY_IMAGE}: run scripts/containers start"
+    );
+    eprintln!("SKIPPED: no container engine with {PY_IMAGE} (scripts/containers start makes it)");
+    None
+}
+
+/// A fake one-GPU host `name` on the docker backend, offering spot at `floor`.
+fn host(dir: &std::path::Path, url: &str, socket: &str, name: &str, floor: u64) -> (std::path::PathBuf, std::path::PathBuf) {
+    std::fs::create_dir_all(dir).expect("dir");
+    let host = dir.join("host.json");
+    write(
+        &host,
+        &format!(
+            r#"{{"gpus": [{{"uuid": "GPU-{name}", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}}]}}"#
+        ),
+    );
+    let config = dir.join("agent.toml");
+    write(
+        &config,
+        &format!(
+            "exchange = \"{url}\"\nhost = \"{name}\"\nkey_file = \"{}\"\nsample_interval_ms = 1000\nreport_interval_ms = 1000\n\n\
+             [[offer]]\ncontract = \"spot\"\nprice_floor_minor_per_gpu_hour = {floor}\n\n\
+             [delivery]\nbackend = \"docker\"\npublic_address = \"127.0.0.1\"\nstate_dir = \"{}\"\nstop_grace_ms = 1000\nready_after_ms = 500\n\n\
+             [delivery.docker]\nsocket = \"{socket}\"\ngpu_devices = \"fake\"\n",
+            dir.join("host.key").display(),
+            dir.join("leases").display(),
+        ),
+    );
+    (config, host)
+}
+
+async fn store_token(renter: &mut Connection) -> (String, String) {
+    let id = renter.new_id();
+    match renter.request(ClientMessage::JobStoreToken { id, job: None, lease: None }).await.expect("token") {
+        ServerMessage::JobStoreToken { url, token, .. } => (url, token),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The job's pushes until `done` holds (within `within`).
+async fn await_job(renter: &mut Connection, job: JobId, within: Duration, mut done: impl FnMut(&JobInfo) -> bool) -> JobInfo {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let message = tokio::time::timeout(left, renter.next()).await.unwrap_or_else(|_| panic!("job {job} in time")).expect("message");
+        if let ServerMessage::JobUpdate { job: info } = message {
+            if info.job == job {
+                eprintln!("job {job}: {:?}", info.state);
+                if done(&info) {
+                    return *info;
+                }
+            }
+        }
+    }
+}
+
+fn remove_container(socket: &str, host: &str, lease: LeaseId) {
+    let output = std::process::Command::new("curl")
+        .args(["-s", "-X", "DELETE", "--unix-socket", socket])
+        .arg(format!("http://d/v1.41/containers/gpux-{host}-lease-{}?force=true", lease.0))
+        .output()
+        .expect("curl runs");
+    assert!(output.status.success(), "{output:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_resumes_on_another_host_from_its_checkpoint_after_its_host_dies() {
+    let Some(socket) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(dir.path(), &operator);
+    let mut renter = funded_renter(&exchange, &operator, 3, 1_000_000_000).await;
+
+    // The code, packed and put in the job store under its hash.
+    let code = dir.path().join("code");
+    std::fs::create_dir_all(&code).expect("code dir");
+    write(&code.join("train.py"), TRAIN_PY);
+    let bundle = gpux_jobs::bundle::pack(&code).expect("packs");
+    let (url, token) = store_token(&mut renter).await;
+    let http = reqwest::Client::new();
+    let key = format!("{}/bundles/{}.tar.gz", renter.account.0, bundle.sha256_hex());
+    let put = http.put(format!("{url}/v1/objects/{key}")).bearer_auth(&token).body(bundle.bytes.clone()).send().await.expect("put");
+    assert_eq!(put.status(), 201, "the bundle is stored");
+    let wrong = http.put(format!("{url}/v1/objects/{key}")).bearer_auth(&token).body(b"not it".to_vec()).send().await.expect("put");
+    assert_eq!(wrong.status(), 400, "a body that is not the named bundle is refused");
+
+    // Host A is cheaper: the job lands there first.
+    let (config_a, host_a) = host(&dir.path().join("a"), &exchange.url, &socket, "job-a", 2_000_000);
+    let (config_b, host_b) = host(&dir.path().join("b"), &exchange.url, &socket, "job-b", 2_500_000);
+    let mut agent_a = spawn_agent(&config_a, &host_a);
+    let _agent_b = spawn_agent(&config_b, &host_b);
+    // Both hosts' asks on the book before the job bids.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let id = renter.new_id();
+        if let Ok(ServerMessage::BookOffers { offers, .. }) =
+            renter.request(ClientMessage::BookOffers { id, instrument: InstrumentId(0), offset: 0 }).await
+        {
+            if offers.len() >= 2 {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "both hosts offer");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let submission = JobSubmission {
+        name: "resume-test".into(),
+        instrument: InstrumentId(0),
+        gpus: 1,
+        one_host: true,
+        limit_minor_per_gpu_hour: 3_000_000,
+        hours: 1,
+        budget_minor: 10_000_000,
+        retries: 2,
+        min_supplier_score_bps: 0,
+        verified_only: false,
+        run: JobRun {
+            image: PY_IMAGE.into(),
+            command: vec!["python3".into(), "train.py".into(), STEPS.to_string()],
+            bundle: Some(BundleRef { sha256: bundle.sha256_hex(), bytes: bundle.bytes.len() as u64 }),
+            install: Vec::new(),
+            checkpoint_dir: "/checkpoints".into(),
+            outputs_dir: "/outputs".into(),
+            checkpoint_interval_s: 10,
+            shm_mib: 0,
+        },
+    };
+    let id = renter.new_id();
+    let job = match renter.request(ClientMessage::SubmitJob { id, job: Box::new(submission) }).await.expect("submitted") {
+        ServerMessage::Job { job, .. } => job.job,
+        other => panic!("{other:?}"),
+    };
+    let running = await_job(&mut renter, job, Duration::from_secs(30), |i| matches!(i.state, JobState::Running { .. })).await;
+    let JobState::Running { attempt: 1, leases } = running.state else { panic!("{:?}", running.state) };
+    let first = leases[0];
+
+    // A checkpoint reaches the store (the first sync, 10 s after start).
+    let checkpoint_key = format!("{}/jobs/{}/checkpoints/state.json", renter.account.0, job.0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let synced_step = loop {
+        let answer = http.get(format!("{url}/v1/objects/{checkpoint_key}")).bearer_auth(&token).send().await.expect("get");
+        if answer.status() == 200 {
+            let state: serde_json::Value = serde_json::from_slice(&answer.bytes().await.expect("body")).expect("json");
+            break state["step"].as_u64().expect("a step");
+        }
+        assert!(Instant::now() < deadline, "host A synced a checkpoint");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(synced_step > 0);
+
+    // Host A dies: its agent killed, its container gone.
+    agent_a.0.kill().expect("kill -9");
+    let _ = agent_a.0.wait();
+    remove_container(&socket, "job-a", first);
+
+    // The exchange fails the silent lease and the job bids again: host B.
+    let resumed = await_job(&mut renter, job, Duration::from_secs(60), |i| matches!(i.state, JobState::Running { attempt: 2, .. })).await;
+    let JobState::Running { leases, .. } = &resumed.state else { unreachable!() };
+    assert_ne!(leases[0], first, "a new lease");
+    let finished = await_job(&mut renter, job, Duration::from_secs(90), |i| i.state.is_over()).await;
+    assert_eq!(finished.state, JobState::Succeeded);
+    assert_eq!(finished.leases.len(), 2, "two leases: one per attempt");
+
+    // The results: the step counter went on from the synced checkpoint.
+    let id = renter.new_id();
+    let status = renter.request(ClientMessage::JobStatus { id, job }).await.expect("status");
+    assert!(matches!(status, ServerMessage::Job { ref job, .. } if job.state == JobState::Succeeded), "{status:?}");
+    let listed =
+        http.get(format!("{url}/v1/list/{}/jobs/{}/outputs", renter.account.0, job.0)).bearer_auth(&token).send().await.expect("list");
+    let listed: serde_json::Value = serde_json::from_slice(&listed.bytes().await.expect("body")).expect("json");
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+    let result_key = format!("{}/jobs/{}/outputs/result.json", renter.account.0, job.0);
+    let result = http.get(format!("{url}/v1/objects/{result_key}")).bearer_auth(&token).send().await.expect("get");
+    let result: serde_json::Value = serde_json::from_slice(&result.bytes().await.expect("body")).expect("json");
+    assert_eq!(result["steps"], STEPS);
+    assert_eq!(result["attempt"], 2);
+    let started_at = result["started_at"].as_u64().expect("started_at");
+    assert!(started_at >= synced_step, "resumed from step {started_at}, at least the synced {synced_step}: not from 0");
+
+    // Another renter's token opens none of it.
+    let mut stranger = funded_renter(&exchange, &operator, 9, 1_000).await;
+    let (_, other_token) = store_token(&mut stranger).await;
+    let denied = http.get(format!("{url}/v1/objects/{result_key}")).bearer_auth(&other_token).send().await.expect("get");
+    assert_eq!(denied.status(), 403);
+}
