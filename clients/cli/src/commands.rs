@@ -343,7 +343,9 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             let mut session = Session::anonymous(&cli.url).await?;
             return listing(&mut session, json).await;
         }
-        Command::Job { action: crate::JobAction::Plan { file, catalogue } } => {
+        Command::Job {
+            action: crate::JobAction::Plan { file, catalogue } | crate::JobAction::Submit { file, catalogue, dry_run: true },
+        } => {
             let mut session = Session::anonymous(&cli.url).await?;
             return crate::job::plan_job(&mut session, file, catalogue.clone(), json).await;
         }
@@ -415,6 +417,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Statement { after } => statement(s, after, json).await,
         Command::Run(args) => crate::run::run(s, args, json).await,
+        Command::Job { action } => crate::job::job_action(s, &action, json).await,
         Command::Lease { action } => crate::run::lease(s, action, &key, json).await,
         Command::Buy(args) => place(s, Side::Buy, args, json).await,
         Command::Sell(args) => place(s, Side::Sell, args, json).await,
@@ -580,7 +583,6 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         | Command::Trades { .. }
         | Command::Candles { .. }
         | Command::Invite { .. }
-        | Command::Job { .. }
         | Command::Listing => {
             unreachable!("handled before login")
         }

@@ -8,7 +8,7 @@ use gpux_engine::{ContractKind, InstrumentState};
 use gpux_jobs::catalogue::Catalogue;
 use gpux_jobs::spec::{CodeSource, FrameworkChoice};
 use gpux_jobs::{detect, plan, Framework, JobSpec};
-use gpux_protocol::{ClientMessage, ServerMessage};
+use gpux_protocol::{BundleRef, ClientMessage, JobFailure, JobId, JobInfo, JobRun, JobState, JobSubmission, ServerMessage};
 
 use crate::commands::Session;
 use crate::money::amount;
@@ -27,7 +27,25 @@ fn framework_of(choice: FrameworkChoice) -> Option<Framework> {
     }
 }
 
+/// What a plan chose, for `gpux job submit`.
+pub struct Planned {
+    pub spec: JobSpec,
+    pub bundle: Option<gpux_jobs::bundle::Bundle>,
+    pub instrument: gpux_engine::InstrumentId,
+    pub limit_minor_per_gpu_hour: u64,
+    pub hours: u32,
+    pub budget_minor: u64,
+    pub image: Option<String>,
+    pub install: Vec<String>,
+}
+
+/// `gpux job plan` (and `gpux job submit --dry-run`): prints the plan.
 pub async fn plan_job(s: &mut Session, file: &Path, catalogue: Option<PathBuf>, json: bool) -> Result<(), Failure> {
+    plan_and_print(s, file, catalogue, json).await.map(|_| ())
+}
+
+/// Plans the job file and prints the plan; what it chose.
+async fn plan_and_print(s: &mut Session, file: &Path, catalogue: Option<PathBuf>, json: bool) -> Result<Planned, Failure> {
     let text = std::fs::read_to_string(file).map_err(|e| Failure::Usage(format!("reading {}: {e}", file.display())))?;
     let spec = JobSpec::parse(&text).map_err(|e| Failure::Usage(format!("{}: {e}", file.display())))?;
     let base = file.parent().unwrap_or(Path::new("."));
@@ -135,7 +153,33 @@ pub async fn plan_job(s: &mut Session, file: &Path, catalogue: Option<PathBuf>, 
             "candidates": candidates,
         });
         out!("{plan}");
-        return if chosen.is_some() { Ok(()) } else { Err(Failure::Refused("no book meets the job now".into())) };
+    }
+    let Some(chosen) = chosen else {
+        return Err(Failure::Refused("no book meets the job now: see why above (raise the limits, or wait for asks)".into()));
+    };
+    let tick = instruments.iter().find(|i| i.instrument == chosen.instrument).map_or(1, |i| i.tick_minor.max(1));
+    let limit = spec.max_price_per_gpu_hour.map_or(chosen.worst_price, |p| plan::to_minor(p, &listing.currency));
+    let limit = (limit / tick * tick).max(tick);
+    let hours = planned.hours_priced.clamp(1, u32::MAX as u64) as u32;
+    let attempt = limit.saturating_mul(spec.gpus() as u64).saturating_mul(hours as u64);
+    let budget = spec.budget.map_or(attempt.saturating_mul(spec.retries as u64 + 1), |b| plan::to_minor(b, &listing.currency));
+    let install = image.as_ref().map(|i| i.install.clone()).unwrap_or_default();
+    let run_image = match &spec.code {
+        CodeSource::Image(reference) => Some(reference.clone()),
+        CodeSource::Dir(_) => image.as_ref().map(|i| i.image.reference.clone()),
+    };
+    if json {
+        let image = run_image;
+        return Ok(Planned {
+            spec,
+            bundle,
+            instrument: chosen.instrument,
+            limit_minor_per_gpu_hour: limit,
+            hours,
+            budget_minor: budget,
+            image,
+            install,
+        });
     }
     out!("job {}: {} GPU(s) ({} node(s) x {})", spec.name, spec.gpus(), spec.nodes, spec.gpus_per_node);
     if let Some(bundle) = &bundle {
@@ -172,11 +216,261 @@ pub async fn plan_job(s: &mut Session, file: &Path, catalogue: Option<PathBuf>, 
         let mark = if c.verdict == gpux_jobs::Verdict::Chosen { "*" } else { " " };
         out!("{mark} {:<26} {:>16}  {}", c.symbol, cost, c.verdict.describe(&amount));
     }
-    match chosen {
-        Some(c) => {
-            out!("plan: {} for {} expected (bids at up to {}/GPU-h)", c.symbol, amount(c.expected_cost), amount(c.worst_price));
+    out!("plan: {} for {} expected (bids at up to {}/GPU-h)", chosen.symbol, amount(chosen.expected_cost), amount(limit));
+    let image = run_image;
+    Ok(Planned {
+        spec,
+        bundle,
+        instrument: chosen.instrument,
+        limit_minor_per_gpu_hour: limit,
+        hours,
+        budget_minor: budget,
+        image,
+        install,
+    })
+}
+
+/// A job store token for the account's own prefix.
+async fn store_token(s: &mut Session) -> Result<(String, String), Failure> {
+    let id = s.connection.new_id();
+    match s.ask(ClientMessage::JobStoreToken { id, job: None, lease: None }, false).await? {
+        ServerMessage::JobStoreToken { url, token, .. } => Ok((url, token)),
+        other => Err(Failure::Unreachable(format!("expected job_store_token, got {other:?}"))),
+    }
+}
+
+fn http() -> Result<reqwest::Client, Failure> {
+    reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(600))
+        .build()
+        .map_err(|e| Failure::Unreachable(format!("HTTP client: {e}")))
+}
+
+/// `gpux job submit FILE`: the plan, the code bundle put in the job store,
+/// the job submitted on the chosen book.
+pub async fn submit_job(s: &mut Session, file: &Path, catalogue: Option<PathBuf>, json: bool) -> Result<(), Failure> {
+    let planned = plan_and_print(s, file, catalogue, json).await?;
+    let image = planned.image.clone().ok_or_else(|| {
+        Failure::Usage("no image to run: set code.image, or give --catalogue with a preset image for the job's framework".into())
+    })?;
+    let bundle = match &planned.bundle {
+        None => None,
+        Some(bundle) => {
+            let (url, token) = store_token(s).await?;
+            let key = format!("{}/bundles/{}.tar.gz", s.connection.account.0, bundle.sha256_hex());
+            let answer = http()?
+                .put(format!("{url}/v1/objects/{key}"))
+                .bearer_auth(&token)
+                .body(bundle.bytes.clone())
+                .send()
+                .await
+                .map_err(|e| Failure::Unreachable(format!("putting the code bundle in the job store at {url}: {e}")))?;
+            if !answer.status().is_success() {
+                let status = answer.status();
+                let body = answer.text().await.unwrap_or_default();
+                return Err(Failure::Refused(format!("the job store refused the code bundle ({status}): {body}")));
+            }
+            Some(BundleRef { sha256: bundle.sha256_hex(), bytes: bundle.bytes.len() as u64 })
+        }
+    };
+    let spec = &planned.spec;
+    let submission = JobSubmission {
+        name: spec.name.clone(),
+        instrument: planned.instrument,
+        gpus: spec.gpus(),
+        one_host: spec.nodes == 1,
+        limit_minor_per_gpu_hour: planned.limit_minor_per_gpu_hour,
+        hours: planned.hours,
+        budget_minor: planned.budget_minor,
+        retries: spec.retries,
+        min_supplier_score_bps: spec.min_score_bps,
+        verified_only: spec.verified_only,
+        run: JobRun {
+            image,
+            command: spec.command.clone(),
+            bundle,
+            install: planned.install.clone(),
+            checkpoint_dir: spec.checkpoint_dir.clone(),
+            outputs_dir: spec.outputs.clone(),
+            checkpoint_interval_s: (spec.checkpoint_interval_ms / 1_000).clamp(10, 86_400) as u32,
+            shm_mib: 0,
+        },
+    };
+    let id = s.connection.new_id();
+    let answer = s.ask(ClientMessage::SubmitJob { id, job: Box::new(submission) }, json).await?;
+    if let (false, ServerMessage::Job { job, .. }) = (json, answer) {
+        out!("job {} submitted: {}", job.job, describe(&job.state));
+        out!("follow it with `gpux job status {}`; its results with `gpux job results {}`", job.job, job.job);
+    }
+    Ok(())
+}
+
+/// A job's state in words.
+pub fn describe(state: &JobState) -> String {
+    match state {
+        JobState::Bidding { attempt, order: None } => format!("bidding (attempt {attempt})"),
+        JobState::Bidding { attempt, order: Some(order) } => format!("bidding (attempt {attempt}, order {})", order.0),
+        JobState::Running { attempt, leases } => {
+            let leases: Vec<String> = leases.iter().map(|l| l.0.to_string()).collect();
+            format!("running (attempt {attempt}, lease {})", leases.join(", "))
+        }
+        JobState::Succeeded => "succeeded".into(),
+        JobState::Cancelled => "cancelled".into(),
+        JobState::Failed(failure) => format!("failed: {}", failure_text(failure)),
+    }
+}
+
+fn failure_text(failure: &JobFailure) -> String {
+    match failure {
+        JobFailure::RetriesExhausted => "its hosts failed more often than it may retry".into(),
+        JobFailure::BudgetSpent => "its budget pays for no further attempt".into(),
+        JobFailure::BidRefused(code) => format!("its bid was refused: {}", code.message()),
+        JobFailure::BidClosed(reason) => format!("its bid closed unfilled ({reason:?})"),
+        JobFailure::OutOfTime => "its leases ran their hours before it finished".into(),
+        JobFailure::WorkloadFailed(code) => format!("the workload exited with {code}"),
+        JobFailure::Undeliverable(code) => format!("no host could start it: {}", code.describe()),
+    }
+}
+
+fn print_job(job: &JobInfo) {
+    out!("job {} {}: {}", job.job, job.name, describe(&job.state));
+    out!("  {} GPU(s) on instrument {}, attempt {} of at most {}", job.gpus, job.instrument.0, job.attempts, job.retries + 1);
+    out!("  escrowed {} of a budget of {}", amount(job.escrowed_minor), amount(job.budget_minor));
+    let leases: Vec<String> = job.leases.iter().map(|l| l.0.to_string()).collect();
+    out!("  leases: {}", if leases.is_empty() { "none yet".into() } else { leases.join(", ") });
+    out!("  runs {} in {}", job.run.command.join(" "), job.run.image);
+}
+
+pub async fn job_action(s: &mut Session, action: &crate::JobAction, json: bool) -> Result<(), Failure> {
+    use crate::JobAction as A;
+    match action {
+        A::Plan { .. } => unreachable!("planned without a login"),
+        A::Submit { file, catalogue, .. } => submit_job(s, file, catalogue.clone(), json).await,
+        A::Status { job } => {
+            let id = s.connection.new_id();
+            if let (false, ServerMessage::Job { job, .. }) = (json, s.ask(ClientMessage::JobStatus { id, job: JobId(*job) }, json).await?) {
+                print_job(&job);
+            }
             Ok(())
         }
-        None => Err(Failure::Refused("no book meets the job now: see why above (raise the limits, or wait for asks)".into())),
+        A::List => {
+            let mut offset = 0;
+            loop {
+                let id = s.connection.new_id();
+                let ServerMessage::Jobs { jobs, next_offset, .. } = s.ask(ClientMessage::Jobs { id, offset }, json).await? else {
+                    return Err(Failure::Unreachable("expected jobs".into()));
+                };
+                if !json {
+                    for job in &jobs {
+                        out!("{:>6}  {:<24} {}", job.job.0, job.name, describe(&job.state));
+                    }
+                }
+                match next_offset {
+                    Some(next) => offset = next,
+                    None => return Ok(()),
+                }
+            }
+        }
+        A::Cancel { job } => {
+            let id = s.connection.new_id();
+            if let (false, ServerMessage::Job { job, .. }) = (json, s.ask(ClientMessage::CancelJob { id, job: JobId(*job) }, json).await?) {
+                out!(
+                    "job {}: {}",
+                    job.job,
+                    if job.state.is_over() { describe(&job.state) } else { "cancelling (its bid or leases end)".into() }
+                );
+            }
+            Ok(())
+        }
+        A::Logs { job, bytes } => {
+            let id = s.connection.new_id();
+            let ServerMessage::Job { job, .. } = s.ask(ClientMessage::JobStatus { id, job: JobId(*job) }, false).await? else {
+                return Err(Failure::Unreachable("expected job".into()));
+            };
+            let Some(lease) = job.leases.last().copied() else {
+                return Err(Failure::Refused(format!("job {} has not run yet: {}", job.job, describe(&job.state))));
+            };
+            let id = s.connection.new_id();
+            let answer = s.ask(ClientMessage::LeaseLogs { id, lease, tail_bytes: *bytes }, json).await?;
+            if let (false, ServerMessage::LeaseLogs { data, truncated, .. }) = (json, answer) {
+                if truncated {
+                    out!("[... earlier output cut]");
+                }
+                print!("{data}");
+            }
+            Ok(())
+        }
+        A::Results { job, to, checkpoints } => results(s, JobId(*job), to.clone(), *checkpoints, json).await,
     }
+}
+
+#[derive(serde::Deserialize)]
+struct Listed {
+    key: String,
+    bytes: u64,
+}
+
+/// `gpux job results JOB`: the job's outputs (and its checkpoints with
+/// `--checkpoints`) downloaded from the job store into `to`.
+async fn results(s: &mut Session, job: JobId, to: Option<PathBuf>, checkpoints: bool, json: bool) -> Result<(), Failure> {
+    let id = s.connection.new_id();
+    let ServerMessage::Job { job: info, .. } = s.ask(ClientMessage::JobStatus { id, job }, false).await? else {
+        return Err(Failure::Unreachable("expected job".into()));
+    };
+    let to = to.unwrap_or_else(|| PathBuf::from(format!("{}-{}", info.name, job.0)));
+    let (url, token) = store_token(s).await?;
+    let client = http()?;
+    let account = s.connection.account.0;
+    let mut areas = vec!["outputs"];
+    if checkpoints {
+        areas.push("checkpoints");
+    }
+    let mut fetched = Vec::new();
+    for area in areas {
+        let prefix = format!("{account}/jobs/{}/{area}", job.0);
+        let answer = client
+            .get(format!("{url}/v1/list/{prefix}"))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .map_err(|e| Failure::Unreachable(format!("the job store at {url}: {e}")))?;
+        if !answer.status().is_success() {
+            return Err(Failure::Refused(format!("the job store refused the listing: {}", answer.status())));
+        }
+        let body = answer.bytes().await.map_err(|e| Failure::Unreachable(e.to_string()))?;
+        let listed: Vec<Listed> =
+            serde_json::from_slice(&body).map_err(|e| Failure::Unreachable(format!("the job store's listing: {e}")))?;
+        for item in listed {
+            let Some(relative) = item.key.strip_prefix(&format!("{}/jobs/{}/", account, job.0)) else { continue };
+            if relative.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+                continue;
+            }
+            let answer = client
+                .get(format!("{url}/v1/objects/{}", item.key))
+                .bearer_auth(&token)
+                .send()
+                .await
+                .map_err(|e| Failure::Unreachable(e.to_string()))?;
+            if !answer.status().is_success() {
+                return Err(Failure::Refused(format!("the job store refused {relative}: {}", answer.status())));
+            }
+            let bytes = answer.bytes().await.map_err(|e| Failure::Unreachable(e.to_string()))?;
+            let path = to.join(relative);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| Failure::Usage(format!("{}: {e}", parent.display())))?;
+            }
+            std::fs::write(&path, &bytes).map_err(|e| Failure::Usage(format!("{}: {e}", path.display())))?;
+            fetched.push((relative.to_string(), item.bytes));
+        }
+    }
+    if json {
+        let files: Vec<serde_json::Value> = fetched.iter().map(|(path, bytes)| serde_json::json!({"path": path, "bytes": bytes})).collect();
+        out!("{}", serde_json::json!({"job": job.0, "state": describe(&info.state), "dir": to.display().to_string(), "files": files}));
+    } else {
+        out!("job {} ({}): {} file(s) into {}", job.0, describe(&info.state), fetched.len(), to.display());
+        for (path, bytes) in &fetched {
+            out!("  {path} ({bytes} bytes)");
+        }
+    }
+    Ok(())
 }

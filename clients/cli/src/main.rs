@@ -513,6 +513,37 @@ pub enum JobAction {
         #[arg(long)]
         catalogue: Option<PathBuf>,
     },
+    /// Plans the job, puts its code in the exchange's job store and
+    /// submits it: it bids, runs, and resumes elsewhere when a host fails.
+    Submit {
+        file: PathBuf,
+        #[arg(long)]
+        catalogue: Option<PathBuf>,
+        /// Print the plan only (as `gpux job plan`): nothing is sent or bought.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// A job's state, attempts, leases and escrow.
+    Status { job: u64 },
+    /// Your jobs, newest first.
+    List,
+    /// Cancels a job: its bid is cancelled or its leases ended.
+    Cancel { job: u64 },
+    /// The last output of the job's current (or last) lease.
+    Logs {
+        job: u64,
+        #[arg(long, default_value_t = 16 * 1024)]
+        bytes: u32,
+    },
+    /// Downloads the job's outputs (and checkpoints with --checkpoints)
+    /// from the job store, into DIR (default <name>-<job>).
+    Results {
+        job: u64,
+        #[arg(long)]
+        to: Option<PathBuf>,
+        #[arg(long)]
+        checkpoints: bool,
+    },
 }
 
 #[derive(Subcommand)]

@@ -121,7 +121,7 @@ fn the_first_hour_guide_runs_as_written() {
 
 #[test]
 fn the_jobs_guide_runs_as_written() {
-    let (out, err) = run_guide("docs/jobs.md", "jobs-first-hour", 3);
+    let (out, err) = run_guide("docs/jobs.md", "jobs-first-hour", 4);
     for expected in [
         "code: 2 file(s)",
         "framework: pytorch (requirements.txt:1 torch==2.4.0)",
@@ -131,6 +131,11 @@ fn the_jobs_guide_runs_as_written() {
         "* H100-SXM-80G/SPOT",
         "only 0 GPU(s) offered now",
         "plan: H100-SXM-80G/SPOT for $12.00 expected",
+        "job 0 submitted: running (attempt 1, lease 0)",
+        "job 0 first-job: running (attempt 1, lease 0)",
+        "escrowed $12.00 of a budget of $15.00",
+        "     0  first-job                running (attempt 1, lease 0)",
+        "job 0 (cancelled): 0 file(s) into first-job-0",
     ] {
         assert!(out.contains(expected), "{expected:?} missing from what the guide printed:\n{out}\n--- stderr\n{err}");
     }
