@@ -42,7 +42,7 @@ use sha2::{Digest, Sha256};
 pub const OBJECT_BYTES_MAX: u64 = 1 << 30;
 /// Objects listed at most (and kept at most per account).
 pub const OBJECTS_PER_ACCOUNT_MAX: usize = 10_000;
-/// The default share of the store per account (`--job-store-quota-gib`).
+/// The default share of the store per account (`--job-store-quota-mib`).
 pub const QUOTA_BYTES_DEFAULT: u64 = 20 << 30;
 /// Puts in flight at once (each buffers its body).
 pub const PUTS_IN_FLIGHT_MAX: usize = 4;

@@ -79,7 +79,7 @@ pub struct ExchangeConfig {
 }
 
 /// Where the job store keeps objects and serves them (`--job-store`,
-/// `--job-store-listen`, `--job-store-url`, `--job-store-quota-gib`).
+/// `--job-store-listen`, `--job-store-url`, `--job-store-quota-mib`).
 #[derive(Clone, Debug)]
 pub struct JobStoreConfig {
     /// `local` (the data directory), `file:///DIR` or `s3://BUCKET`.

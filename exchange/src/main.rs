@@ -168,9 +168,9 @@ struct Args {
     /// The URL clients and hosts reach the job store at (default: http:// and the listen address).
     #[arg(long, env = "GPUX_JOB_STORE_URL")]
     job_store_url: Option<String>,
-    /// Each account's share of the job store, in GiB.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
-    job_store_quota_gib: u64,
+    /// Each account's share of the job store, in MiB (20 GiB by default).
+    #[arg(long, default_value_t = 20 * 1024, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    job_store_quota_mib: u64,
     /// How long a job's lease may go without a word from its host (a
     /// delivery status or a usage report) before its delivery fails and
     /// the job resumes elsewhere, in ms.
@@ -346,7 +346,7 @@ fn run_main() -> Result<()> {
                 store: store.to_string(),
                 listen: args.job_store_listen,
                 url: args.job_store_url.clone(),
-                quota_bytes: args.job_store_quota_gib << 30,
+                quota_bytes: args.job_store_quota_mib << 20,
             }),
         },
         job_silence_ms: args.job_silence_ms,

@@ -49,6 +49,13 @@ impl Exchange {
         Self::start_command(Command::new(env!("CARGO_BIN_EXE_gpux-exchange")), data_dir, operator, listen, extra, Stdio::inherit())
     }
 
+    /// Starts with these environment variables set (the job store's S3 settings).
+    pub fn start_with_env(data_dir: &Path, operator: Option<&SigningKey>, extra: &[&str], env: &[(&str, &str)]) -> Exchange {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_gpux-exchange"));
+        command.envs(env.iter().copied());
+        Self::start_command(command, data_dir, operator, "127.0.0.1:0", extra, Stdio::inherit())
+    }
+
     /// Starts under a descriptor limit (`ulimit -n`), its log (stderr, at
     /// the `GPUX_LOG` level given) written to `log`.
     pub fn start_limited(data_dir: &Path, nofile: u32, log: &Path, log_level: &str, extra: &[&str]) -> Exchange {
