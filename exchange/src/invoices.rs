@@ -54,6 +54,9 @@ pub struct Job {
     pub offset: u32,
     /// The account's leases still in the market's hot state, with symbols.
     pub hot_leases: LeaseRecords,
+    /// A job's bill: only the transfers of these leases (never cached: a
+    /// running job's bill grows).
+    pub only_leases: Option<std::collections::BTreeSet<gpux_engine::LeaseId>>,
 }
 
 /// The sequencer's handle on the worker.
@@ -88,7 +91,7 @@ fn work(inbox: Receiver<Job>, reader: Arc<dyn JournalRead>, key: SigningKey, set
     let public_key = hex::encode(key.verifying_key().to_bytes());
     let mut built: HashMap<(AccountId, String), (Arc<Invoice>, String)> = HashMap::new();
     for job in inbox {
-        let cached = built.get(&(job.account, job.period.clone())).cloned();
+        let cached = built.get(&(job.account, job.period.clone())).filter(|_| job.only_leases.is_none()).cloned();
         let made = match cached {
             Some(made) => Ok(made),
             None => build(&*reader, &key, &settings, &job).map(|(invoice, signature)| (Arc::new(invoice), signature)),
@@ -98,7 +101,9 @@ fn work(inbox: Receiver<Job>, reader: Arc<dyn JournalRead>, key: SigningKey, set
                 if built.len() >= CACHED_MAX {
                     built.clear();
                 }
-                built.insert((job.account, job.period.clone()), (invoice.clone(), signature.clone()));
+                if job.only_leases.is_none() {
+                    built.insert((job.account, job.period.clone()), (invoice.clone(), signature.clone()));
+                }
                 page(job.id, &invoice, job.offset, signature, public_key.clone())
             }
             Err(error) => {
@@ -117,7 +122,10 @@ fn work(inbox: Receiver<Job>, reader: Arc<dyn JournalRead>, key: SigningKey, set
 
 fn build(reader: &dyn JournalRead, key: &SigningKey, settings: &InvoiceSettings, job: &Job) -> anyhow::Result<(Invoice, String)> {
     let (start, end) = job.bounds;
-    let transfers = reader.account_transfers(job.account, start, end)?;
+    let mut transfers = reader.account_transfers(job.account, start, end)?;
+    if let Some(only) = &job.only_leases {
+        transfers.retain(|t| t.lease.is_some_and(|lease| only.contains(&lease)));
+    }
     let mut leases = LeaseRecords::new();
     for lease in transfers.iter().filter_map(|t| t.lease) {
         if leases.contains_key(&lease) {
@@ -198,6 +206,7 @@ mod tests {
             bounds: (0, 1),
             offset,
             hot_leases: LeaseRecords::new(),
+            only_leases: None,
         }
     }
 

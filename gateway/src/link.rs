@@ -408,6 +408,7 @@ pub enum JobRequest {
     List { offset: u32 },
     Cancel { job: gpux_protocol::JobId },
     StoreToken { job: Option<gpux_protocol::JobId>, lease: Option<LeaseId> },
+    Bill { job: gpux_protocol::JobId, offset: u32 },
 }
 
 /// Sub-accounts and keys (docs/protocol.md "Sub-accounts", "Keys and scopes").

@@ -848,6 +848,7 @@ impl Connection {
             ClientMessage::JobStoreToken { id, job, lease } => {
                 Request::Job { connection, id, request: JobRequest::StoreToken { job, lease } }
             }
+            ClientMessage::JobBill { id, job, offset } => Request::Job { connection, id, request: JobRequest::Bill { job, offset } },
             ClientMessage::OfferLease { id, lease, price_minor_per_gpu_hour, client_order_id, time_in_force } => {
                 command(id, Command::OfferLease { account, lease, client_order_id, price_minor_per_gpu_hour, time_in_force })
             }

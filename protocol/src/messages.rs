@@ -654,6 +654,15 @@ pub enum ClientMessage {
         #[serde(default)]
         lease: Option<LeaseId>,
     },
+    /// The job's bill so far: every transfer of its leases (usage, fees,
+    /// credits), as a signed invoice (`invoice`; period `job-<id>`), a page
+    /// of lines from `offset`.
+    JobBill {
+        id: u64,
+        job: crate::jobs::JobId,
+        #[serde(default)]
+        offset: u32,
+    },
 }
 
 fn gtc() -> TimeInForce {
@@ -723,6 +732,7 @@ impl ClientMessage {
             | Jobs { id, .. }
             | CancelJob { id, .. }
             | JobStoreToken { id, .. }
+            | JobBill { id, .. }
             | Ping { id } => *id,
         }
     }

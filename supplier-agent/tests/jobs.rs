@@ -241,6 +241,44 @@ async fn a_job_resumes_on_another_host_from_its_checkpoint_after_its_host_dies()
     let started_at = result["started_at"].as_u64().expect("started_at");
     assert!(started_at >= synced_step, "resumed from step {started_at}, at least the synced {synced_step}: not from 0");
 
+    // The job's bill: signed by the exchange, its leases only, and what it
+    // says is due is what the ledger moved out of the renter for them.
+    tokio::time::sleep(Duration::from_secs(2)).await; // the last usage reports settle
+    let id = renter.new_id();
+    let ServerMessage::Invoice { invoice, signature, exchange_key, next_offset, .. } =
+        renter.request(ClientMessage::JobBill { id, job, offset: 0 }).await.expect("bill")
+    else {
+        panic!("a bill")
+    };
+    assert!(invoice.verify(&signature, &exchange_key), "the bill is signed by the exchange");
+    assert_eq!(next_offset, None);
+    assert!(invoice.lines.iter().all(|l| l.lease.is_some_and(|lease| finished.leases.contains(&lease))), "{:?}", invoice.lines);
+    assert!(invoice.totals.amount_due_minor > 0, "the job's GPU time was billed");
+    let suffix = format!(":{}", renter.account.0);
+    let mine = |label: &str| label.ends_with(&suffix) && !label.starts_with("payable");
+    let mut paid: i64 = 0;
+    let mut after = None;
+    loop {
+        let id = renter.new_id();
+        let ServerMessage::Statement { lines, next_after, .. } =
+            renter.request(ClientMessage::Statement { id, after }).await.expect("statement")
+        else {
+            panic!("a statement")
+        };
+        for line in lines.iter().filter(|l| l.lease.is_some_and(|lease| finished.leases.contains(&lease))) {
+            match (mine(&line.from), mine(&line.to)) {
+                (true, false) => paid += line.amount_minor as i64,
+                (false, true) => paid -= line.amount_minor as i64,
+                _ => {}
+            }
+        }
+        match next_after {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(invoice.totals.amount_due_minor, paid, "the bill equals the ledger's transfers for the job's leases");
+
     // Another renter's token opens none of it.
     let mut stranger = funded_renter(&exchange, &operator, 9, 1_000).await;
     let (_, other_token) = store_token(&mut stranger).await;

@@ -21,6 +21,12 @@ fn signed(minor: i64) -> String {
     }
 }
 
+/// Which signed document: a month's invoice or a job's bill.
+pub enum Document {
+    Month { period: String, sub_account: Option<u32> },
+    Job(u64),
+}
+
 pub async fn invoice(
     s: &mut Session,
     period: String,
@@ -29,6 +35,12 @@ pub async fn invoice(
     pdf: Option<PathBuf>,
     json: bool,
 ) -> Result<(), Failure> {
+    document(s, Document::Month { period, sub_account }, html, pdf, json).await
+}
+
+/// Fetches every page of the document, checks the exchange's signature
+/// over the whole, prints it, and writes it as HTML or PDF when asked.
+pub async fn document(s: &mut Session, which: Document, html: Option<PathBuf>, pdf: Option<PathBuf>, json: bool) -> Result<(), Failure> {
     let id = s.connection.new_id();
     let ServerMessage::ExchangeKey { public_key, .. } = s.ask(ClientMessage::ExchangeKey { id }, json).await? else {
         return Err(Failure::Unreachable("expected exchange_key".into()));
@@ -37,7 +49,12 @@ pub async fn invoice(
     let mut offset = 0;
     let (mut whole, signature) = loop {
         let id = s.connection.new_id();
-        let request = ClientMessage::Invoice { id, period: period.clone(), account: sub_account.map(AccountId), offset };
+        let request = match &which {
+            Document::Month { period, sub_account } => {
+                ClientMessage::Invoice { id, period: period.clone(), account: sub_account.map(AccountId), offset }
+            }
+            Document::Job(job) => ClientMessage::JobBill { id, job: gpux_protocol::JobId(*job), offset },
+        };
         let ServerMessage::Invoice { invoice, next_offset, signature, exchange_key, .. } = s.ask(request, json).await? else {
             return Err(Failure::Unreachable("expected invoice".into()));
         };

@@ -400,6 +400,7 @@ pub async fn job_action(s: &mut Session, action: &crate::JobAction, json: bool) 
             }
             Ok(())
         }
+        A::Bill { job, html } => crate::invoice::document(s, crate::invoice::Document::Job(*job), html.clone(), None, json).await,
         A::Results { job, to, checkpoints } => results(s, JobId(*job), to.clone(), *checkpoints, json).await,
     }
 }

@@ -535,6 +535,14 @@ pub enum JobAction {
         #[arg(long, default_value_t = 16 * 1024)]
         bytes: u32,
     },
+    /// The job's bill so far: every lease of every attempt, usage, fees and
+    /// credits, signed by the exchange (checked here) like an invoice.
+    Bill {
+        job: u64,
+        /// Also write it as a printable HTML page.
+        #[arg(long)]
+        html: Option<PathBuf>,
+    },
     /// Downloads the job's outputs (and checkpoints with --checkpoints)
     /// from the job store, into DIR (default <name>-<job>).
     Results {

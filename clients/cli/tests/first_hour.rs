@@ -136,6 +136,7 @@ fn the_jobs_guide_runs_as_written() {
         "escrowed $12.00 of a budget of $15.00",
         "     0  first-job                running (attempt 1, lease 0)",
         "job 0 (cancelled): 0 file(s) into first-job-0",
+        "GPUX-1-job0",
     ] {
         assert!(out.contains(expected), "{expected:?} missing from what the guide printed:\n{out}\n--- stderr\n{err}");
     }

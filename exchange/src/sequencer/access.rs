@@ -204,7 +204,7 @@ impl Sequencer {
         let (Some(desk), Some(outbound)) = (&self.invoices, self.connections.get(&connection).map(|c| c.outbound.clone())) else {
             return self.reply(connection, error(Some(id), ErrorCode::InvoiceUnavailable));
         };
-        let job = crate::invoices::Job { outbound, id, account: target, parent, period, bounds, offset, hot_leases };
+        let job = crate::invoices::Job { outbound, id, account: target, parent, period, bounds, offset, hot_leases, only_leases: None };
         if !desk.submit(job) {
             self.reply(connection, error(Some(id), ErrorCode::InvoiceUnavailable));
         }

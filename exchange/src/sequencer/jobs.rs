@@ -64,6 +64,10 @@ impl Sequencer {
                 }
             },
             JobRequest::StoreToken { job, lease } => self.job_store_token(account, id, job, lease),
+            JobRequest::Bill { job, offset } => match self.job_bill(connection, account, id, job, offset) {
+                Some(refusal) => refusal,
+                None => return,
+            },
         };
         self.reply(connection, answer);
     }
@@ -129,6 +133,36 @@ impl Sequencer {
             }
         };
         ServerMessage::JobStoreToken { id, url: issuer.url.clone(), token: issuer.issue(&grant), expires_at_ms }
+    }
+
+    /// Hands the invoices' worker the job's bill: the transfers of its
+    /// leases since it was submitted, signed like an invoice. `Some`: the
+    /// refusal to send instead.
+    fn job_bill(
+        &mut self,
+        connection: ConnectionId,
+        account: gpux_engine::AccountId,
+        id: u64,
+        job: JobId,
+        offset: u32,
+    ) -> Option<ServerMessage> {
+        let Some(info) = self.market.jobs().info(job, account) else { return Some(error(Some(id), ErrorCode::UnknownJob)) };
+        let engine = self.market.engine();
+        let leases: std::collections::BTreeSet<LeaseId> = self.market.jobs().leases_of(job).iter().copied().collect();
+        let mut hot_leases = gpux_settlement::invoice::LeaseRecords::new();
+        for lease in &leases {
+            if let Some(lease_info) = engine.lease(*lease) {
+                hot_leases.insert(*lease, (lease_info.clone(), engine.lease_symbol(*lease).unwrap_or_default()));
+            }
+        }
+        let bounds = (info.submitted_at_ms, self.market.clock_ms() + 1);
+        let (Some(desk), Some(outbound)) = (&self.invoices, self.connections.get(&connection).map(|c| c.outbound.clone())) else {
+            return Some(error(Some(id), ErrorCode::InvoiceUnavailable));
+        };
+        let parent = engine.parent_of(account);
+        let period = format!("job-{}", job.0);
+        let bill = crate::invoices::Job { outbound, id, account, parent, period, bounds, offset, hot_leases, only_leases: Some(leases) };
+        (!desk.submit(bill)).then(|| error(Some(id), ErrorCode::InvoiceUnavailable))
     }
 
     /// Fails the delivery of job leases whose host has said nothing of them
