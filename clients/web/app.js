@@ -19,7 +19,7 @@ const state = {
   instruments: [], selected: null,
   book: { seq: 0, synced: false, bids: new Map(), asks: new Map() },
   trades: [], account: null, secret: null, refreshTimer: null,
-  leases: [], deliveries: new Map(), scores: new Map(), offersTimer: null,
+  leases: [], jobs: new Map(), deliveries: new Map(), scores: new Map(), offersTimer: null,
   // The exchange's currency, from its listing (docs/protocol.md "listing").
   currency: { code: "USD", decimals: 6 }, regions: [],
   // The price chart: its interval, its uPlot, and a pending redraw.
@@ -90,6 +90,9 @@ function connect() {
     else if (type === "delivery") {
       state.deliveries.set(body.lease, body.state);
       renderLeases();
+    } else if (type === "job_update") {
+      state.jobs.set(body.job.job, body.job);
+      renderJobs();
     }
   };
 }
@@ -393,6 +396,24 @@ function renderLeases() {
     .join("");
 }
 
+// A job's state in words: "running (attempt 2)", "failed: retries_exhausted".
+function describeJob(stateValue) {
+  if (typeof stateValue === "string") return stateValue;
+  const [name, detail] = Object.entries(stateValue)[0];
+  if (name === "failed") return "failed: " + (typeof detail === "string" ? detail : Object.entries(detail).map(([k, v]) => `${k} ${v}`).join(""));
+  return name;
+}
+
+function renderJobs() {
+  const jobs = [...state.jobs.values()].sort((a, b) => b.job - a.job);
+  $("jobs").tBodies[0].innerHTML = jobs
+    .map((j) => {
+      const live = !["succeeded", "cancelled"].includes(describeJob(j.state)) && !describeJob(j.state).startsWith("failed");
+      return `<tr data-job="${j.job}"><td>${j.job}</td><td>${esc(j.name)}</td><td class="job-state">${esc(describeJob(j.state))}</td><td>${j.attempts} of ${j.retries + 1}</td><td>${j.leases.join(", ")}</td><td>${money(j.escrowed_minor)} / ${money(j.budget_minor)}</td><td><button data-job-bill="${j.job}">bill</button>${live ? ` <button data-cancel-job="${j.job}">cancel</button>` : ""}</td></tr>`;
+    })
+    .join("");
+}
+
 function notice(text) {
   const item = document.createElement("li");
   item.textContent = text;
@@ -432,6 +453,9 @@ async function refreshAccount() {
     state.scores.set(supplier, stats.record.score_bps);
   }
   renderLeases();
+  const { body: jobs } = await request("jobs", { offset: 0 });
+  for (const job of jobs.jobs) state.jobs.set(job.job, job);
+  renderJobs();
   try {
     const { body: subs } = await request("sub_accounts", { offset: 0 });
     const limit = (value, show) => (value === null ? "none" : show(value));
@@ -574,6 +598,29 @@ $("orders").onclick = (event) => {
       act("replace_order", { order: Number(replace), price_minor_per_gpu_hour, quantity }, `order ${replace} replaced at ${money(price_minor_per_gpu_hour)} x ${quantity}`);
     } catch (error) {
       $("ticket-result").textContent = "refused: " + error.message;
+    }
+  }
+};
+
+$("jobs").onclick = async (event) => {
+  const cancel = event.target.dataset && event.target.dataset.cancelJob;
+  if (cancel) {
+    try {
+      const { body } = await request("cancel_job", { job: Number(cancel) });
+      state.jobs.set(body.job.job, body.job);
+      renderJobs();
+    } catch (error) {
+      $("job-bill").textContent = "refused: " + error.message;
+    }
+  }
+  const billed = event.target.dataset && event.target.dataset.jobBill;
+  if (billed) {
+    try {
+      const { body } = await request("job_bill", { job: Number(billed), offset: 0 });
+      const t = body.invoice.totals;
+      $("job-bill").textContent = `${body.invoice.number}: ${body.line_count} line(s), charges ${money(t.charges_minor)}, credits ${money(t.credits_minor)}, due ${money(t.amount_due_minor)} (signed by the exchange: gpux job bill ${billed} checks it)`;
+    } catch (error) {
+      $("job-bill").textContent = "refused: " + error.message;
     }
   }
 };

@@ -1,6 +1,6 @@
 """gpux: Python client for the gpux GPU-capacity exchange (docs/protocol.md)."""
 
-from .client import Book, Client, GpuxError, Key, invite, invoice_signed_bytes, verify_invoice
+from .client import Book, Client, GpuxError, Key, invite, invoice_signed_bytes, pack_bundle, verify_invoice
 from .delivery import Secrets, Workload, describe
 from .rest import Rest, rest_signed_bytes
 from .messages import (
@@ -17,6 +17,7 @@ from .messages import (
     Error,
     LeaseDelivery,
     OrderTicket,
+    JobUpdate,
     Private,
     Reject,
     Trade,
@@ -39,6 +40,7 @@ __all__ = [
     "GpuxError",
     "H100_PREEMPT",
     "H100_SPOT",
+    "JobUpdate",
     "Key",
     "LeaseDelivery",
     "OrderTicket",
@@ -51,6 +53,7 @@ __all__ = [
     "describe",
     "invite",
     "invoice_signed_bytes",
+    "pack_bundle",
     "verify_invoice",
     "dollars",
     "parse",

@@ -181,6 +181,44 @@ class Book:
         await asyncio.wait_for(loop(), timeout)
 
 
+async def _store_request(method: str, url: str, token: str, body: Optional[bytes] = None) -> bytes:
+    """One job store request (urllib, in a thread); its error body's code as GpuxError."""
+    import urllib.error
+    import urllib.request
+
+    def call() -> bytes:
+        request = urllib.request.Request(url, data=body, method=method, headers={"Authorization": f"Bearer {token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=600) as answer:
+                return answer.read()
+        except urllib.error.HTTPError as error:
+            try:
+                detail = json.loads(error.read())
+            except ValueError:
+                detail = {"code": f"http_{error.code}", "message": str(error)}
+            raise GpuxError(detail.get("code", f"http_{error.code}"), detail.get("message", "")) from None
+
+    return await asyncio.to_thread(call)
+
+
+def pack_bundle(directory: str | Path) -> bytes:
+    """A code directory as a gzip-compressed tar of its plain files (names
+    sorted, no times or owners), the shape the hosts unpack."""
+    import gzip
+    import io
+    import tarfile
+
+    root = Path(directory)
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            info = tarfile.TarInfo(path.relative_to(root).as_posix())
+            data = path.read_bytes()
+            info.size, info.mtime, info.mode = len(data), 0, 0o755 if os.access(path, os.X_OK) else 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue(), mtime=0)
+
+
 class Client:
     """One session with the exchange. Use `await Client.connect(...)`."""
 
@@ -196,6 +234,9 @@ class Client:
         # The last delivery status pushed for each lease the account rents.
         self.deliveries: dict[int, m.Delivery] = {}
         self._delivery_changed = asyncio.Event()
+        # The newest state of each of the account's jobs seen on this connection.
+        self.jobs_seen: dict[int, dict] = {}
+        self._job_changed = asyncio.Event()
         self._reader: Optional[asyncio.Task] = None
         self._key: Optional[Key] = None
         # Set once the connection closed: what every request then raises.
@@ -350,6 +391,9 @@ class Client:
                 elif isinstance(message, m.Delivery):
                     self.deliveries[message.lease] = message
                     self._delivery_changed.set()
+                elif isinstance(message, m.JobUpdate):
+                    self.jobs_seen[message.job["job"]] = message.job
+                    self._job_changed.set()
                 elif isinstance(message, (m.BookSnapshot, m.BookUpdate, m.Trade)):
                     book = self._books.get(message.instrument)
                     if book is not None and not book.apply(message):
@@ -523,6 +567,103 @@ class Client:
         if page["exchange_key"] != published or not verify_invoice(invoice, page["signature"], published):
             raise GpuxError("invoice_forged", f"invoice {invoice['number']} does not verify with the exchange's key {published}")
         return {"invoice": invoice, "signature": page["signature"], "exchange_key": published}
+
+    # Jobs (docs/jobs.md, docs/protocol.md "Jobs").
+
+    async def submit_job(self, job: dict) -> dict:
+        """Submits a job (the fields of `submit_job`: name, instrument, gpus,
+        one_host, limit_minor_per_gpu_hour, hours, budget_minor, retries,
+        run {image, command, bundle, ...}); returns the job as it stands.
+        Bad fields raise GpuxError `job_invalid` naming the field."""
+        return (await self.request("submit_job", job=job)).fields["job"]
+
+    async def job(self, job: int) -> dict:
+        """One of the account's jobs: state, attempts, leases, escrow."""
+        return (await self.request("job_status", job=job)).fields["job"]
+
+    async def jobs(self) -> list[dict]:
+        """Every job of the account the exchange keeps, newest first."""
+        found, offset = [], 0
+        while True:
+            page = (await self.request("jobs", offset=offset)).fields
+            found += page["jobs"]
+            if page.get("next_offset") is None:
+                return found
+            offset = page["next_offset"]
+
+    async def cancel_job(self, job: int) -> dict:
+        """Cancels a job: its bid is cancelled or its leases ended."""
+        return (await self.request("cancel_job", job=job)).fields["job"]
+
+    async def wait_job(self, job: int, until=("succeeded", "failed", "cancelled"), timeout: float = 120.0) -> dict:
+        """Waits until the job's state is one of `until` (its pushed
+        `job_update`s, or its state now); returns the job."""
+        def state_name(info: dict) -> str:
+            state = info["state"]
+            return state if isinstance(state, str) else next(iter(state))
+
+        async def loop():
+            known = await self.job(job)
+            self.jobs_seen.setdefault(job, known)
+            while True:
+                info = self.jobs_seen.get(job)
+                if info is not None and state_name(info) in until:
+                    return info
+                self._job_changed.clear()
+                await self._job_changed.wait()
+
+        return await asyncio.wait_for(loop(), timeout)
+
+    async def job_store_token(self) -> dict:
+        """A bearer token for the account's prefix of the job store:
+        `url`, `token`, `expires_at_ms` (docs/protocol.md "The job store")."""
+        return (await self.request("job_store_token")).fields
+
+    async def put_bundle(self, bundle: bytes) -> dict:
+        """Puts a code bundle (a gzip-compressed tar, `pack_bundle`) in the
+        job store under its SHA-256; returns the `bundle` field of a job's run."""
+        import hashlib
+
+        sha256 = hashlib.sha256(bundle).hexdigest()
+        token = await self.job_store_token()
+        key = f"{self.account}/bundles/{sha256}.tar.gz"
+        await _store_request("PUT", f"{token['url']}/v1/objects/{key}", token["token"], bundle)
+        return {"sha256": sha256, "bytes": len(bundle)}
+
+    async def job_results(self, job: int, to: str | Path, checkpoints: bool = False) -> list[str]:
+        """Downloads the job's outputs (and checkpoints) from the job store
+        into `to`; returns the paths written, relative to `to`."""
+        token = await self.job_store_token()
+        written = []
+        for area in ["outputs"] + (["checkpoints"] if checkpoints else []):
+            prefix = f"{self.account}/jobs/{job}/"
+            listed = json.loads(await _store_request("GET", f"{token['url']}/v1/list/{prefix}{area}", token["token"]))
+            for item in listed:
+                relative = item["key"][len(prefix):]
+                if any(part in ("", ".", "..") for part in relative.split("/")):
+                    continue
+                data = await _store_request("GET", f"{token['url']}/v1/objects/{item['key']}", token["token"])
+                path = Path(to) / relative
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+                written.append(relative)
+        return written
+
+    async def job_bill(self, job: int) -> dict:
+        """The job's bill so far (its leases' usage, fees and credits), every
+        page put together and its signature checked like an invoice's."""
+        published = await self.exchange_key()
+        lines, offset = [], 0
+        while True:
+            page = (await self.request("job_bill", job=job, offset=offset)).fields
+            lines += page["invoice"]["lines"]
+            if page.get("next_offset") is None:
+                break
+            offset = page["next_offset"]
+        bill = dict(page["invoice"], lines=lines)
+        if page["exchange_key"] != published or not verify_invoice(bill, page["signature"], published):
+            raise GpuxError("invoice_forged", f"bill {bill['number']} does not verify with the exchange's key {published}")
+        return {"invoice": bill, "signature": page["signature"], "exchange_key": published}
 
     async def offer_lease(self, lease: int, price: int, time_in_force: str = "gtc", client_order_id: Optional[int] = None) -> m.Ack:
         """Offers what is left of a fixed-duration spot lease, whole, on its

@@ -252,6 +252,14 @@ class LeaseDelivery:
 
 
 @dataclass
+class JobUpdate:
+    """Pushed at every change of one of the account's jobs (docs/protocol.md
+    "Jobs"): the job as `job_status` shows it, its `state` the one entered."""
+
+    job: dict
+
+
+@dataclass
 class Unknown:
     type: str
     fields: dict
@@ -273,6 +281,7 @@ _TYPES = {
     "trade": Trade,
     "delivery": Delivery,
     "lease_delivery": LeaseDelivery,
+    "job_update": JobUpdate,
 }
 
 

@@ -686,3 +686,46 @@ def test_history_over_the_websocket_and_the_rest_api_agree():
         finally:
             process.terminate()
             process.wait(timeout=10)
+
+
+def test_a_job_is_submitted_followed_cancelled_and_billed_from_python(exchange, tmp_path):
+    url, operator = exchange
+
+    async def scenario():
+        supplier = await gpux.Client.connect(url, gpux.Key.generate(), role="supplier")
+        spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
+        await supplier.register_gpu("py-job-host", "GPU-py-job-0", spec)
+        gpus = await supplier.my_gpus()
+        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": gpus[0]["host"], "gpu_mask": 1}))
+        renter = await funded_renter(url, operator)
+        code = tmp_path / "code"
+        code.mkdir()
+        (code / "train.py").write_text("print('step')\n")
+        bundle = await renter.put_bundle(gpux.pack_bundle(code))
+        job = {
+            "name": "py-job", "instrument": gpux.H100_SPOT, "gpus": 1, "one_host": True,
+            "limit_minor_per_gpu_hour": gpux.dollars("2"), "hours": 1, "budget_minor": gpux.dollars("10"), "retries": 1,
+            "run": {"image": "localhost/gpux-py:1", "command": ["python3", "train.py"], "bundle": bundle,
+                    "checkpoint_dir": "/checkpoints", "outputs_dir": "/outputs", "checkpoint_interval_s": 60},
+        }
+        with pytest.raises(gpux.GpuxError) as refused:
+            await renter.submit_job(dict(job, gpus=0))
+        assert refused.value.code == "job_invalid" and "gpus" in str(refused.value), refused.value
+        submitted = await renter.submit_job(job)
+        running = await renter.wait_job(submitted["job"], until=("running",))
+        lease = running["state"]["running"]["leases"][0]
+        assert [j["job"] for j in await renter.jobs()] == [submitted["job"]]
+        await renter.cancel_job(submitted["job"])
+        cancelled = await renter.wait_job(submitted["job"], until=("cancelled",))
+        assert cancelled["leases"] == [lease]
+        assert await renter.job_results(submitted["job"], tmp_path / "results") == [], "nothing ran: no outputs"
+        bill = await renter.job_bill(submitted["job"])
+        assert bill["invoice"]["number"] == f"GPUX-{renter.account}-job{submitted['job']}"
+        assert all(line["lease"] == lease for line in bill["invoice"]["lines"]), bill
+        with pytest.raises(gpux.GpuxError) as unknown:
+            await renter.job(999_999)
+        assert unknown.value.code == "unknown_job"
+        await renter.close()
+        await supplier.close()
+
+    run(scenario())

@@ -349,9 +349,26 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
                 assert await browser.evaluate("document.querySelector('#leases img')") is None, "and never parsed as markup"
                 assert await browser.evaluate("document.title") != "owned"
                 await browser.screenshot(ARTEFACTS / "console-delivery.png")
+                # A job on the $2.50 GPU: its row follows the pushes, its
+                # bill is a click away, and it is cancelled from its row.
+                job = await renter.submit_job({
+                    "name": "console-job", "instrument": gpux.H100_SPOT, "gpus": 1, "one_host": True,
+                    "limit_minor_per_gpu_hour": gpux.dollars("2.5"), "hours": 1, "budget_minor": gpux.dollars("10"), "retries": 1,
+                    "run": {"image": "localhost/gpux-py:1", "command": ["python3", "-c", "print(1)"],
+                            "checkpoint_dir": "/checkpoints", "outputs_dir": "/outputs", "checkpoint_interval_s": 60},
+                })
+                job_state = f"(document.querySelector('#jobs tr[data-job=\"{job['job']}\"] .job-state') || {{}}).textContent || ''"
+                await browser.wait_until(f"{job_state} === 'running'", what="the job's row, running")
+                await browser.evaluate(f"document.querySelector('[data-job-bill=\"{job['job']}\"]').click()")
+                await browser.wait_until(f"document.getElementById('job-bill').textContent.includes('GPUX-{renter.account}-job{job['job']}')", what="the job's bill")
+                await browser.evaluate(f"document.querySelector('[data-cancel-job=\"{job['job']}\"]').click()")
+                await browser.wait_until(f"{job_state} === 'cancelled'", what="the cancelled job")
+                await browser.screenshot(ARTEFACTS / "console-jobs.png")
+                # The job's lease took the $2.50 offer: the host offers the GPU again.
+                await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2.5"), 1, supply={"host": host, "gpu_mask": 2}))
                 # A second lease (the GPU offered at 2.50), ended from its row.
                 await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2.5"), 1))
-                second = next(l["lease"] for l in await renter.leases() if l["lease"] != lease)
+                second = next(l["lease"] for l in await renter.leases() if l["lease"] != lease and l["active"])
                 button = f"document.querySelector('[data-end-lease=\"{second}\"]')"
                 await browser.wait_until(f"{button} !== null", what="the second lease's end button")
                 await browser.evaluate(f"{button}.click()")
