@@ -380,6 +380,8 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
                     .collect(),
             ),
         ),
+        // Those jobs are bidding, not running.
+        row("job_not_running", Who::Renter, one(ClientMessage::ResizeJob { id: 126, job: JobId(0), gpus: 2 })),
     ];
     let mut produced = BTreeMap::new();
     for row in table {

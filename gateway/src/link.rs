@@ -409,6 +409,7 @@ pub enum JobRequest {
     Cancel { job: gpux_protocol::JobId },
     StoreToken { job: Option<gpux_protocol::JobId>, lease: Option<LeaseId> },
     Bill { job: gpux_protocol::JobId, offset: u32 },
+    Resize { job: gpux_protocol::JobId, gpus: u32 },
 }
 
 /// Sub-accounts and keys (docs/protocol.md "Sub-accounts", "Keys and scopes").
@@ -522,7 +523,10 @@ impl Request {
     pub fn scope(&self) -> Option<Scope> {
         match self {
             Request::Command { command, .. } => Some(command_scope(command)),
-            Request::Bid { .. } | Request::Job { request: JobRequest::Submit { .. } | JobRequest::Cancel { .. }, .. } => Some(Scope::Trade),
+            Request::Bid { .. }
+            | Request::Job { request: JobRequest::Submit { .. } | JobRequest::Cancel { .. } | JobRequest::Resize { .. }, .. } => {
+                Some(Scope::Trade)
+            }
             Request::Job { request: JobRequest::StoreToken { lease: Some(_), .. }, .. } => Some(Scope::Deliver),
             Request::Job { .. } => Some(Scope::Read),
             Request::OpenOrders { .. }

@@ -849,6 +849,7 @@ impl Connection {
                 Request::Job { connection, id, request: JobRequest::StoreToken { job, lease } }
             }
             ClientMessage::JobBill { id, job, offset } => Request::Job { connection, id, request: JobRequest::Bill { job, offset } },
+            ClientMessage::ResizeJob { id, job, gpus } => Request::Job { connection, id, request: JobRequest::Resize { job, gpus } },
             ClientMessage::OfferLease { id, lease, price_minor_per_gpu_hour, client_order_id, time_in_force } => {
                 command(id, Command::OfferLease { account, lease, client_order_id, price_minor_per_gpu_hour, time_in_force })
             }

@@ -186,6 +186,14 @@ pub enum JournalEntry {
         at_ms: u64,
         lease: LeaseId,
     },
+    /// The renter resizes a running job to `gpus` (it bids for the new
+    /// size; once filled it restarts there).
+    ResizeJob {
+        at_ms: u64,
+        account: AccountId,
+        job: crate::jobs::JobId,
+        gpus: u32,
+    },
 }
 
 impl JournalEntry {
@@ -225,7 +233,8 @@ impl JournalEntry {
             | JournalEntry::AddKeyBy { at_ms, .. }
             | JournalEntry::SubmitJob { at_ms, .. }
             | JournalEntry::CancelJob { at_ms, .. }
-            | JournalEntry::JobLeaseSilent { at_ms, .. } => Some(*at_ms),
+            | JournalEntry::JobLeaseSilent { at_ms, .. }
+            | JournalEntry::ResizeJob { at_ms, .. } => Some(*at_ms),
             JournalEntry::BindKey { .. }
             | JournalEntry::BidWorkload { .. }
             | JournalEntry::LeaseWorkload { .. }

@@ -100,6 +100,20 @@ struct Job {
     leases: Vec<LeaseId>,
     submitted_at_ms: u64,
     updated_at_ms: u64,
+    /// Resizes so far (their attempts do not count against `retries`).
+    resizes: u32,
+    /// A resize under way: the new size, its attempt, its bid once placed.
+    /// The job runs on as it is until that bid fills.
+    resizing: Option<Resize>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Resize {
+    gpus: u32,
+    attempt: u32,
+    order: Option<OrderId>,
+    /// Its leases as its fill creates them.
+    leases: Vec<LeaseId>,
 }
 
 /// What to do next, each journaled as its own entry.
@@ -170,6 +184,8 @@ pub enum JobRefusal {
     BudgetTooSmall,
     #[error("the account holds {} jobs not yet over, or the exchange {}", limits::JOBS_LIVE_PER_ACCOUNT_MAX, limits::JOBS_LIVE_MAX)]
     TooManyJobs,
+    #[error("only a running job is resized, one resize at a time, to another size")]
+    NotRunning,
 }
 
 impl From<JobRefusal> for gpux_protocol::ErrorCode {
@@ -179,6 +195,7 @@ impl From<JobRefusal> for gpux_protocol::ErrorCode {
             JobRefusal::Empty | JobRefusal::TooManyRetries => ErrorCode::JobInvalid,
             JobRefusal::BudgetTooSmall => ErrorCode::JobBudgetTooSmall,
             JobRefusal::TooManyJobs => ErrorCode::TooManyJobs,
+            JobRefusal::NotRunning => ErrorCode::JobNotRunning,
         }
     }
 }
@@ -264,6 +281,8 @@ impl Jobs {
             leases: Vec::new(),
             submitted_at_ms: at_ms,
             updated_at_ms: at_ms,
+            resizes: 0,
+            resizing: None,
         };
         self.jobs.insert(id, job);
         self.by_account.insert((account, id));
@@ -281,6 +300,9 @@ impl Jobs {
         let mut outcome = Outcome::default();
         let Some(entry) = self.jobs.get_mut(&job).filter(|j| j.terms.account == account && !j.state.is_over()) else { return outcome };
         entry.cancelling = true;
+        if let Some(order) = entry.resizing.as_ref().and_then(|r| r.order) {
+            outcome.cancel_orders.push((account, order));
+        }
         match &entry.state {
             JobState::Bidding { order: Some(order), .. } => outcome.cancel_orders.push((account, *order)),
             JobState::Bidding { order: None, .. } => self.enter(job, JobState::Cancelled, at_ms, &mut outcome),
@@ -288,6 +310,42 @@ impl Jobs {
             _ => {}
         }
         outcome
+    }
+
+    /// Whether `account` may resize `job` to `gpus` now.
+    pub fn check_resize(&self, job: JobId, account: AccountId, gpus: u32) -> Result<(), JobRefusal> {
+        let entry = self.jobs.get(&job).filter(|j| j.terms.account == account).ok_or(JobRefusal::NotRunning)?;
+        if gpus == 0 || gpus > limits::GPUS_MAX {
+            return Err(JobRefusal::Empty);
+        }
+        let attempt = match &entry.state {
+            JobState::Running { attempt, .. } if entry.resizing.is_none() && !entry.cancelling && gpus != entry.terms.gpus => *attempt,
+            _ => return Err(JobRefusal::NotRunning),
+        };
+        if attempt + 1 >= ATTEMPTS_MAX {
+            return Err(JobRefusal::TooManyRetries);
+        }
+        let resized = JobTerms { gpus, ..entry.terms.clone() };
+        if entry.escrowed_minor.saturating_add(attempt_cost(&resized)) > entry.terms.budget_minor {
+            return Err(JobRefusal::BudgetTooSmall);
+        }
+        Ok(())
+    }
+
+    /// A running job grows (or shrinks) to `gpus` (docs/jobs.md "Growing a
+    /// job"): it bids for the new size as its next attempt while it runs on;
+    /// once that bid fills, its old leases end and it restarts on the new
+    /// ones from its checkpoint. A bid that does not fill leaves it as it was.
+    pub fn resize(&mut self, job: JobId, account: AccountId, gpus: u32) -> Result<Outcome, JobRefusal> {
+        self.check_resize(job, account, gpus)?;
+        let entry = self.jobs.get_mut(&job).expect("checked");
+        let JobState::Running { attempt, .. } = entry.state else { unreachable!("checked") };
+        entry.resizing = Some(Resize { gpus, attempt: attempt + 1, order: None, leases: Vec::new() });
+        entry.attempts = attempt + 1;
+        entry.resizes += 1;
+        let mut outcome = Outcome::default();
+        outcome.bids.push(self.bid_sized(job, attempt + 1, gpus));
+        Ok(outcome)
     }
 
     /// Whether a cancel of `job` by `account` would do anything.
@@ -357,6 +415,7 @@ impl Jobs {
         let mut outcome = Outcome::default();
         let mut buy_order = None;
         let mut started: Vec<JobId> = Vec::new();
+        let mut resized: Vec<JobId> = Vec::new();
         let mut suppliers: BTreeMap<LeaseId, AccountId> = BTreeMap::new();
         for event in events {
             let at_ms = event.at_ms;
@@ -368,10 +427,21 @@ impl Jobs {
                             entry.state = JobState::Bidding { attempt, order: Some(order) };
                             self.orders.insert(order, job);
                         }
+                        if let Some(resize) = entry.resizing.as_mut().filter(|r| r.attempt == attempt && r.order.is_none()) {
+                            resize.order = Some(order);
+                            self.orders.insert(order, job);
+                        }
                     }
                 }
                 EventKind::Rejected { account: Some(account), client_order_id, code } => {
                     let Some((job, attempt)) = self.job_of_bid(account, client_order_id) else { continue };
+                    if let Some(entry) = self.jobs.get_mut(&job) {
+                        if entry.resizing.as_ref().is_some_and(|r| r.attempt == attempt && r.order.is_none()) {
+                            // The resize's bid was refused: the job runs on as it was.
+                            entry.resizing = None;
+                            continue;
+                        }
+                    }
                     if self.jobs.get(&job).is_some_and(|j| j.state == JobState::Bidding { attempt, order: None }) {
                         self.enter(job, JobState::Failed(JobFailure::BidRefused(code)), at_ms, &mut outcome);
                     }
@@ -380,6 +450,21 @@ impl Jobs {
                 EventKind::LeaseCreated { lease, supplier, gpu_mask, price_minor_per_gpu_hour, .. } => {
                     let Some(job) = buy_order.and_then(|order| self.orders.get(&order).copied()) else { continue };
                     let Some(entry) = self.jobs.get_mut(&job) else { continue };
+                    if let Some(resize) = entry.resizing.as_mut().filter(|r| r.order == buy_order) {
+                        // A lease of the resize's fill: the switch happens once the fill is whole.
+                        resize.leases.push(lease);
+                        let escrow =
+                            price_minor_per_gpu_hour.saturating_mul(gpu_mask.count_ones() as u64).saturating_mul(entry.terms.hours as u64);
+                        entry.escrowed_minor = entry.escrowed_minor.saturating_add(escrow);
+                        entry.leases.push(lease);
+                        self.leases.insert(lease, job);
+                        self.heard.insert(lease, (supplier, at_ms));
+                        suppliers.insert(lease, supplier);
+                        if !resized.contains(&job) {
+                            resized.push(job);
+                        }
+                        continue;
+                    }
                     let escrow =
                         price_minor_per_gpu_hour.saturating_mul(gpu_mask.count_ones() as u64).saturating_mul(entry.terms.hours as u64);
                     entry.escrowed_minor = entry.escrowed_minor.saturating_add(escrow);
@@ -403,6 +488,13 @@ impl Jobs {
                 }
                 EventKind::OrderClosed { order, reason, .. } => {
                     let Some(job) = self.orders.remove(&order) else { continue };
+                    if let Some(entry) = self.jobs.get_mut(&job).filter(|j| j.resizing.as_ref().is_some_and(|r| r.order == Some(order))) {
+                        if reason != OrderCloseReason::Filled {
+                            // Unfilled (cancelled, expired): the job runs on as it was.
+                            entry.resizing = None;
+                        }
+                        continue;
+                    }
                     let Some(entry) = self.jobs.get(&job) else { continue };
                     if reason == OrderCloseReason::Filled || !matches!(entry.state, JobState::Bidding { .. }) {
                         continue;
@@ -417,6 +509,23 @@ impl Jobs {
                 }
                 _ => {}
             }
+        }
+        // A resize whose bid filled: the old leases end, the job restarts on the new ones.
+        for &job in &resized {
+            let Some(entry) = self.jobs.get_mut(&job) else { continue };
+            let Some(resize) = entry.resizing.take() else { continue };
+            let account = entry.terms.account;
+            entry.terms.gpus = resize.gpus;
+            if let JobState::Running { leases, .. } = &entry.state {
+                for old in leases.clone() {
+                    self.leases.remove(&old);
+                    self.heard.remove(&old);
+                    outcome.end_leases.push((account, old));
+                }
+            }
+            let at_ms = events.last().map_or(0, |e| e.at_ms);
+            self.enter(job, JobState::Running { attempt: resize.attempt, leases: resize.leases }, at_ms, &mut outcome);
+            started.push(job);
         }
         // Each started attempt is handed to its hosts once all of its leases are known.
         for job in started {
@@ -452,6 +561,15 @@ impl Jobs {
             self.leases.remove(other);
             self.heard.remove(other);
         }
+        // A resize under way is dropped: its bid is cancelled, and the next
+        // attempt (if any) bids at the size asked for.
+        if let Some(resize) = entry.resizing.take() {
+            if let Some(order) = resize.order {
+                outcome.cancel_orders.push((account, order));
+                self.orders.remove(&order);
+            }
+            entry.terms.gpus = resize.gpus;
+        }
         let failed_by_host = matches!(reason, LeaseEndReason::Preempted | LeaseEndReason::DeliveryFailed);
         let state = if entry.cancelling {
             JobState::Cancelled
@@ -461,13 +579,15 @@ impl Jobs {
                 // Ended by the renter (or resold, or unfunded) outside the job.
                 _ => JobState::Cancelled,
             }
-        } else if attempt > entry.terms.retries {
+        } else if attempt.saturating_sub(entry.resizes) > entry.terms.retries {
             JobState::Failed(JobFailure::RetriesExhausted)
         } else if entry.escrowed_minor.saturating_add(attempt_cost(&entry.terms)) > entry.terms.budget_minor {
             JobState::Failed(JobFailure::BudgetSpent)
         } else {
-            entry.attempts = attempt + 1;
-            JobState::Bidding { attempt: attempt + 1, order: None }
+            // After an abandoned resize the attempt numbers it took are skipped.
+            let next = entry.attempts.max(attempt) + 1;
+            entry.attempts = next;
+            JobState::Bidding { attempt: next, order: None }
         };
         self.enter(job, state.clone(), at_ms, outcome);
         if let JobState::Bidding { attempt, .. } = state {
@@ -541,6 +661,10 @@ impl Jobs {
     /// The bid of a job's attempt: all of its GPUs or none, resting until it
     /// fills (a job waits for capacity), at its limit, for its hours.
     fn bid(&self, job: JobId, attempt: u32) -> (NewOrder, OrderOptions) {
+        self.bid_sized(job, attempt, self.jobs[&job].terms.gpus)
+    }
+
+    fn bid_sized(&self, job: JobId, attempt: u32, gpus: u32) -> (NewOrder, OrderOptions) {
         let terms = &self.jobs[&job].terms;
         let client_order_id = JOB_CLIENT_ORDER_ID_BASE + job.0 * ATTEMPTS_MAX as u64 + attempt as u64;
         let order = NewOrder {
@@ -548,7 +672,7 @@ impl Jobs {
             self_trade_prevention: SelfTradePrevention::CancelNewest,
             one_host: terms.one_host,
             duration: LeaseDuration::Hours(terms.hours),
-            ..NewOrder::limit(terms.account, client_order_id, terms.instrument, Side::Buy, terms.limit_minor_per_gpu_hour, terms.gpus)
+            ..NewOrder::limit(terms.account, client_order_id, terms.instrument, Side::Buy, terms.limit_minor_per_gpu_hour, gpus)
         };
         let options = OrderOptions {
             all_or_none: true,

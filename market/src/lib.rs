@@ -348,6 +348,11 @@ impl MarketState {
                 let outcome = self.jobs.cancel(*job, *account, *at_ms);
                 self.job_outcome(outcome, &mut applied, &mut owed);
             }
+            JournalEntry::ResizeJob { at_ms: _, account, job, gpus } => {
+                if let Ok(outcome) = self.jobs.resize(*job, *account, *gpus) {
+                    self.job_outcome(outcome, &mut applied, &mut owed);
+                }
+            }
             JournalEntry::JobLeaseSilent { at_ms: _, lease } => {
                 match self.engine.lease(*lease).filter(|l| l.active && self.jobs.runs_on(*lease)) {
                     Some(info) => applied.follow_ups.push(Command::FailLeaseDelivery { account: info.supplier, lease: *lease }),

@@ -346,3 +346,58 @@ fn each_account_holds_its_share_of_live_jobs_and_keeps_its_newest_finished_ones(
     assert_eq!(w.jobs.info(others, w.supplier).map(|i| i.state), Some(JobState::Bidding { attempt: 1, order: None }));
     assert!(w.jobs.info(others, w.renter).is_none(), "another account's job is not shown");
 }
+
+#[test]
+fn a_running_job_grows_once_the_bigger_bid_fills_and_restarts_on_the_new_leases() {
+    let mut w = World::new(3);
+    let terms = JobTerms { one_host: false, ..w.terms(1, 100 * USD_2) };
+    let (job, outcome) = w.jobs.submit(terms, T0).expect("accepted");
+    w.follow(outcome);
+    w.ask(0);
+    let first = w.lease_of(job);
+    // Not while it runs at that size already, and not for another account.
+    assert_eq!(w.jobs.resize(job, w.renter, 2).err(), Some(JobRefusal::NotRunning));
+    assert_eq!(w.jobs.resize(job, w.supplier, 4).err(), Some(JobRefusal::NotRunning));
+    let outcome = w.jobs.resize(job, w.renter, 4).expect("a running job grows");
+    assert_eq!(w.jobs.resize(job, w.renter, 6).err(), Some(JobRefusal::NotRunning), "one resize at a time");
+    assert_eq!(w.follow(outcome), Vec::<JobState>::new(), "it runs on while the bigger bid rests");
+    assert!(matches!(w.jobs.state(job), Some(JobState::Running { attempt: 1, .. })));
+    // Two more GPUs are not four: nothing changes.
+    assert_eq!(w.ask(1), Vec::<JobState>::new());
+    // Four free GPUs: the bid fills on two hosts, the old lease ends.
+    let mut order = NewOrder::limit(w.supplier, w.next_id, InstrumentId(0), Side::Sell, USD_2, 2);
+    w.next_id += 1;
+    order.supply = Some(GpuSet { host: w.hosts[2], gpu_mask: 0b11 });
+    let events = w.run(Command::PlaceOrder(order));
+    let outcome = w.jobs.observe(&events);
+    assert_eq!(outcome.end_leases, [(w.renter, first)], "the old size's lease ends");
+    let JobState::Running { attempt: 2, leases } = w.jobs.state(job).cloned().expect("a job") else { panic!("{:?}", w.jobs.state(job)) };
+    assert_eq!(leases.len(), 2);
+    let ranks: Vec<(u32, u32, u32)> = outcome.assigned.iter().map(|(_, _, a)| (a.node_rank, a.nodes, a.world_gpus)).collect();
+    assert_eq!(ranks, [(0, 2, 4), (1, 2, 4)], "each host told its rank and the new world size");
+    w.follow(outcome);
+    assert!(w.engine.lease(first).is_some_and(|l| !l.active));
+    assert_eq!(w.jobs.terms(job).map(|t| t.gpus), Some(4));
+    // A host failure after the resize still has its one retry: the resize took none.
+    let states = w.host_fails(leases[0]);
+    assert!(matches!(states.as_slice(), [JobState::Bidding { attempt: 3, .. }]), "{states:?}");
+}
+
+#[test]
+fn a_resize_whose_bid_does_not_fill_leaves_the_job_as_it_was() {
+    let mut w = World::new(2);
+    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), T0).expect("accepted");
+    w.follow(outcome);
+    w.ask(0);
+    let lease = w.lease_of(job);
+    // A budget that cannot pay the bigger size is refused up front.
+    assert_eq!(w.jobs.resize(job, w.renter, 1_000).err(), Some(JobRefusal::BudgetTooSmall));
+    let outcome = w.jobs.resize(job, w.renter, 4).expect("accepted");
+    w.follow(outcome);
+    // The job is cancelled while the resize bid rests: both end.
+    let outcome = w.jobs.cancel(job, w.renter, T0);
+    assert_eq!(outcome.cancel_orders.len(), 1, "the resize's bid is cancelled");
+    assert_eq!(outcome.end_leases, [(w.renter, lease)]);
+    assert_eq!(w.follow(outcome), [JobState::Cancelled]);
+    assert_eq!(w.engine.open_orders(w.renter).len(), 0, "no bid of the job is left");
+}

@@ -663,6 +663,14 @@ pub enum ClientMessage {
         #[serde(default)]
         offset: u32,
     },
+    /// Grows (or shrinks) a running job to `gpus` (docs/jobs.md "Growing a
+    /// job"): answered by `job`; the new size's bid rests while the job runs
+    /// on, and once it fills the job restarts there from its checkpoint.
+    ResizeJob {
+        id: u64,
+        job: crate::jobs::JobId,
+        gpus: u32,
+    },
 }
 
 fn gtc() -> TimeInForce {
@@ -733,6 +741,7 @@ impl ClientMessage {
             | CancelJob { id, .. }
             | JobStoreToken { id, .. }
             | JobBill { id, .. }
+            | ResizeJob { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -1340,6 +1349,9 @@ pub enum ErrorCode {
     JobInstrumentInvalid,
     /// The exchange runs no job store (`--job-store`), or the lease runs no job.
     JobStoreUnavailable,
+    /// `resize_job` for a job that is not running, is already resizing or
+    /// is being cancelled, or to the size it has.
+    JobNotRunning,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -1431,6 +1443,7 @@ impl ErrorCode {
             JobBudgetTooSmall => "the job's budget does not pay for one attempt: GPUs x hours x limit price",
             JobInstrumentInvalid => "a job bids on a spot or preemptible book only",
             JobStoreUnavailable => "the exchange runs no job store, or the lease runs no job of yours",
+            JobNotRunning => "only a running job is resized, one resize at a time, to another size",
             LivenessInvalid => "the liveness observation is not signed by this account's key, or its interval is empty, over an hour, outside the lease, in the future or not after the previous one",
         }
     }

@@ -400,6 +400,14 @@ pub async fn job_action(s: &mut Session, action: &crate::JobAction, json: bool) 
             }
             Ok(())
         }
+        A::Resize { job, gpus } => {
+            let id = s.connection.new_id();
+            let request = ClientMessage::ResizeJob { id, job: JobId(*job), gpus: *gpus };
+            if let (false, ServerMessage::Job { job, .. }) = (json, s.ask(request, json).await?) {
+                out!("job {}: bidding for {gpus} GPU(s) while it runs on; it restarts there once the bid fills", job.job);
+            }
+            Ok(())
+        }
         A::Bill { job, html } => crate::invoice::document(s, crate::invoice::Document::Job(*job), html.clone(), None, json).await,
         A::Results { job, to, checkpoints } => results(s, JobId(*job), to.clone(), *checkpoints, json).await,
     }

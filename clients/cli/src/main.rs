@@ -535,6 +535,13 @@ pub enum JobAction {
         #[arg(long, default_value_t = 16 * 1024)]
         bytes: u32,
     },
+    /// Grows (or shrinks) a running job: the new size is bought first, then
+    /// the job restarts there from its checkpoint (docs/jobs.md "Growing a job").
+    Resize {
+        job: u64,
+        #[arg(long)]
+        gpus: u32,
+    },
     /// The job's bill so far: every lease of every attempt, usage, fees and
     /// credits, signed by the exchange (checked here) like an invoice.
     Bill {

@@ -591,6 +591,11 @@ class Client:
                 return found
             offset = page["next_offset"]
 
+    async def resize_job(self, job: int, gpus: int) -> dict:
+        """Grows (or shrinks) a running job to `gpus`: the new size is bought
+        first, then the job restarts there from its checkpoint."""
+        return (await self.request("resize_job", job=job, gpus=gpus)).fields["job"]
+
     async def cancel_job(self, job: int) -> dict:
         """Cancels a job: its bid is cancelled or its leases ended."""
         return (await self.request("cancel_job", job=job)).fields["job"]

@@ -715,6 +715,11 @@ def test_a_job_is_submitted_followed_cancelled_and_billed_from_python(exchange, 
         running = await renter.wait_job(submitted["job"], until=("running",))
         lease = running["state"]["running"]["leases"][0]
         assert [j["job"] for j in await renter.jobs()] == [submitted["job"]]
+        with pytest.raises(gpux.GpuxError) as same:
+            await renter.resize_job(submitted["job"], 1)
+        assert same.value.code == "job_not_running"
+        growing = await renter.resize_job(submitted["job"], 2)
+        assert "running" in growing["state"] and growing["attempts"] == 2, "it runs on while the bigger bid rests"
         await renter.cancel_job(submitted["job"])
         cancelled = await renter.wait_job(submitted["job"], until=("cancelled",))
         assert cancelled["leases"] == [lease]

@@ -64,6 +64,23 @@ impl Sequencer {
                 }
             },
             JobRequest::StoreToken { job, lease } => self.job_store_token(account, id, job, lease),
+            JobRequest::Resize { job, gpus } => {
+                if let Err(refusal) = self.market.jobs().check_resize(job, account, gpus) {
+                    let code = match self.market.jobs().info(job, account) {
+                        None => ErrorCode::UnknownJob,
+                        Some(_) => refusal.into(),
+                    };
+                    return self.reply(connection, error(Some(id), code));
+                }
+                let at_ms = self.market.clock_ms();
+                if self.journal(JournalEntry::ResizeJob { at_ms, account, job, gpus }).is_none() {
+                    return;
+                }
+                match self.market.jobs().info(job, account) {
+                    Some(info) => ServerMessage::Job { id, job: Box::new(info) },
+                    None => error(Some(id), ErrorCode::UnknownJob),
+                }
+            }
             JobRequest::Bill { job, offset } => match self.job_bill(connection, account, id, job, offset) {
                 Some(refusal) => refusal,
                 None => return,
