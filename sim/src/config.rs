@@ -42,6 +42,13 @@ pub struct SimConfig {
     /// its costs) and this share of renters (basis points) bid only in
     /// their home region; the report shows prices by region.
     pub regional_renters_bps: u32,
+    /// Share of training renters' work (basis points) submitted as gpux
+    /// jobs (docs/jobs.md) instead of bought as leases: the exchange bids,
+    /// resumes the job from its last checkpoint on another host when one
+    /// goes silent, and the report compares completion, time lost and cost
+    /// with leases bought by hand. 0 draws nothing, so runs without it are
+    /// the same as before it existed.
+    pub managed_jobs_bps: u32,
 }
 
 impl SimConfig {
@@ -62,6 +69,7 @@ impl SimConfig {
             record_journal: false,
             order_types_bps: 0,
             regional_renters_bps: 0,
+            managed_jobs_bps: 0,
         }
     }
 
@@ -83,6 +91,7 @@ impl SimConfig {
             record_journal: false,
             order_types_bps: 0,
             regional_renters_bps: 0,
+            managed_jobs_bps: 0,
         }
     }
 

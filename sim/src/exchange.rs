@@ -93,9 +93,27 @@ impl SimExchange {
     }
 
     /// Sequences one command; its events are appended to `events`.
+    /// Then the commands the market rules call for (a job's next bid, its
+    /// leases ended), each as its own entry, as the sequencer journals them.
     pub fn apply(&mut self, input: Input, events: &mut Vec<Event>) {
         let applied = self.record(JournalEntry::Engine(input));
         events.extend_from_slice(&applied.events);
+        for command in applied.follow_ups {
+            let at_ms = self.market.clock_ms();
+            self.apply(Input { at_ms, command }, events);
+        }
+    }
+
+    /// Applies a market entry (a job's submission, a host's delivery
+    /// status, a silent job lease), then the commands it calls for.
+    pub fn entry(&mut self, entry: JournalEntry, events: &mut Vec<Event>) -> Applied {
+        let applied = self.record(entry);
+        events.extend_from_slice(&applied.events);
+        for command in applied.follow_ups.clone() {
+            let at_ms = self.market.clock_ms();
+            self.apply(Input { at_ms, command }, events);
+        }
+        applied
     }
 
     /// Settles one usage report received at `at_ms` from `account`.

@@ -41,6 +41,9 @@ struct Args {
     /// Regions: hosts declare one (owners' costs differ by region) and this share of renters, in basis points, bid only in their home region; 0: no regions.
     #[arg(long, default_value_t = 0)]
     regional_renters_bps: u32,
+    /// Share of training renters' work, in basis points, submitted as gpux jobs (resumed from checkpoints when a host fails); 0: none.
+    #[arg(long, default_value_t = 0)]
+    managed_jobs_bps: u32,
     /// Exchange restarts (snapshot + journal replay) during the run.
     #[arg(long, default_value_t = 2)]
     restarts: u32,
@@ -120,6 +123,7 @@ fn main() -> anyhow::Result<()> {
         restarts: args.restarts,
         order_types_bps: args.order_types_bps,
         regional_renters_bps: args.regional_renters_bps,
+        managed_jobs_bps: args.managed_jobs_bps,
         ..SimConfig::full()
     };
     let started = Instant::now();

@@ -34,6 +34,35 @@ pub struct JobStats {
     pub time_to_fill_ms: Vec<u64>,
 }
 
+/// Training work submitted as gpux jobs (`SimConfig::managed_jobs_bps`).
+#[derive(Clone, Debug, Default)]
+pub struct ManagedStats {
+    pub submitted: u64,
+    pub succeeded: u64,
+    /// Failed, by reason (`retries_exhausted`, ...), at the run's end.
+    pub failed: BTreeMap<String, u64>,
+    /// Still bidding or running when the run ended.
+    pub unfinished: u64,
+    /// Attempts that ended because their host went silent or failed.
+    pub failovers: u64,
+    /// GPU-ms of work redone after failures (since the last checkpoint),
+    /// and what the same failures would have cost by hand (every attempt's
+    /// whole work, with no checkpoint to resume from).
+    pub lost_work_gpu_ms: u64,
+    pub lost_work_by_hand_gpu_ms: u64,
+    /// Ms between an attempt's failure and the next attempt's start.
+    pub waiting_ms: Vec<u64>,
+    /// From submission to success, for the jobs that succeeded.
+    pub time_to_finish_ms: Vec<u64>,
+    /// Useful GPU-ms the succeeded jobs needed, and what their leases were
+    /// charged (usage, every attempt).
+    pub useful_gpu_ms: u64,
+    pub charged_minor: u64,
+    /// Training leases bought by hand: verified GPU-ms and usage charged.
+    pub by_hand_gpu_ms: u64,
+    pub by_hand_charged_minor: u64,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct CheatStats {
     pub attempts: u64,
@@ -134,6 +163,7 @@ pub struct Metrics {
     pub trades: Vec<[[TradeBucket; 3]; 4]>,
     pub jobs: BTreeMap<RenterKind, JobStats>,
     pub window_bids: JobStats,
+    pub managed: ManagedStats,
     pub cheats: BTreeMap<SupplierCheat, CheatStats>,
     /// Hardware challenges by supplier kind (`None`: no hardware cheat:
     /// honest, or cheating at usage reports only).

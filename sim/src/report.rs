@@ -275,6 +275,58 @@ fn job_row(md: &mut String, label: &str, stats: &JobStats) {
     );
 }
 
+/// Training work submitted as gpux jobs beside leases bought by hand.
+fn managed_section(md: &mut String, m: &Metrics) {
+    let j = &m.managed;
+    if j.submitted == 0 {
+        return;
+    }
+    let failed: u64 = j.failed.values().sum();
+    let reasons: Vec<String> = j.failed.iter().map(|(reason, count)| format!("{reason} {count}")).collect();
+    let mut waiting = j.waiting_ms.clone();
+    waiting.sort_unstable();
+    let mut finish = j.time_to_finish_ms.clone();
+    finish.sort_unstable();
+    let gpu_hours = |ms: u64| ms as f64 / MS_PER_HOUR as f64;
+    let per_hour = |minor: u64, ms: u64| if ms == 0 { 0.0 } else { minor as f64 / 1e6 / gpu_hours(ms) };
+    let _ = writeln!(
+        md,
+        "\n## Training as gpux jobs\n\nA share of training renters' work (`--managed-jobs-bps`) was submitted as jobs: the exchange bids, \
+         fails a lease whose host says nothing for three report intervals, and the job resumes on another host from its last \
+         checkpoint (every 30 min).\n"
+    );
+    let _ = writeln!(md, "| | |\n|---|---|");
+    let _ = writeln!(md, "| jobs submitted | {} |", j.submitted);
+    let _ = writeln!(md, "| succeeded | {} ({}) |", j.succeeded, percent(j.succeeded, j.submitted));
+    let _ = writeln!(md, "| failed | {failed}{} |", if reasons.is_empty() { String::new() } else { format!(" ({})", reasons.join(", ")) });
+    let _ = writeln!(md, "| still bidding or running at the end | {} |", j.unfinished);
+    let _ = writeln!(md, "| attempts ended by a host (resumed elsewhere) | {} |", j.failovers);
+    let _ = writeln!(
+        md,
+        "| work lost to failures | {:.1} GPU-h (since the last checkpoint); by hand, with nothing to resume from: {:.1} GPU-h |",
+        gpu_hours(j.lost_work_gpu_ms),
+        gpu_hours(j.lost_work_by_hand_gpu_ms)
+    );
+    let _ = writeln!(
+        md,
+        "| time from a failure to the next attempt's lease | p50 {} · p90 {} |",
+        quantile_duration(&waiting, 0.5),
+        quantile_duration(&waiting, 0.9)
+    );
+    let _ = writeln!(
+        md,
+        "| time from submission to success | p50 {} · p90 {} |",
+        quantile_duration(&finish, 0.5),
+        quantile_duration(&finish, 0.9)
+    );
+    let _ = writeln!(
+        md,
+        "| cost per GPU-hour of useful work (succeeded jobs, every attempt paid) | ${:.2}; training leases bought by hand: ${:.2} per verified GPU-hour (work lost to their failures not counted) |",
+        per_hour(j.charged_minor, j.useful_gpu_ms),
+        per_hour(j.by_hand_charged_minor, j.by_hand_gpu_ms)
+    );
+}
+
 fn fills_section(md: &mut String, m: &Metrics) {
     let _ = writeln!(md, "\n## Fill rates and time to fill\n\nEach job is one bid, good for its patience (10 min to 2 h; window bids until the trading stop).\n");
     let _ =
@@ -290,6 +342,7 @@ fn fills_section(md: &mut String, m: &Metrics) {
         let counts: Vec<String> = m.order_types.iter().map(|(label, count)| format!("{label} {count}")).collect();
         let _ = writeln!(md, "\nJob bids placed as other order types (`--order-types-bps`): {}.", counts.join(", "));
     }
+    managed_section(md, m);
     if !m.regions.is_empty() {
         let _ = writeln!(
             md,

@@ -178,3 +178,27 @@ fn a_market_with_regions_prices_them_apart_and_keeps_home_only_renters_at_home()
     let report = report::render(&sim).files;
     assert!(report[0].1.contains("## Prices by region"), "the report shows them");
 }
+
+/// Half the training work goes to the exchange as gpux jobs: they bid, the
+/// exchange fails leases whose hosts go silent (crashes, agents that stop
+/// reporting) and the jobs resume elsewhere from their checkpoints. Every
+/// invariant holds (restarts replay the jobs), jobs finish, and what the
+/// failures cost them is less than the same failures cost by hand.
+#[test]
+fn training_as_jobs_resumes_after_host_failures_and_loses_less_than_by_hand() {
+    let mut sim = Sim::new(SimConfig { suppliers: 100, renters: 500, managed_jobs_bps: 5_000, ..SimConfig::small(17) });
+    sim.run(|_| {});
+    for (name, ok, found) in report::invariants(&sim) {
+        assert!(ok, "{name}: {found}");
+    }
+    let m = &sim.metrics.managed;
+    assert!(m.submitted >= 20, "{m:?}");
+    assert!(m.succeeded > 0, "{m:?}");
+    assert!(m.failovers > 0, "the run's host faults ended some attempts: {m:?}");
+    assert!(m.lost_work_gpu_ms < m.lost_work_by_hand_gpu_ms, "checkpoints saved work: {m:?}");
+    assert!(m.charged_minor > 0 && m.by_hand_charged_minor > 0, "{m:?}");
+    assert_eq!(sim.metrics.faults.restarts, 2, "restarts replayed journals holding jobs");
+    let files = report::render(&sim).files;
+    let md = &files.iter().find(|(name, _)| name == "report.md").expect("report.md").1;
+    assert!(md.contains("## Training as gpux jobs"), "the report has its section");
+}

@@ -23,9 +23,13 @@ impl Sim {
                 EventKind::OrderClosed { order, .. } => self.on_order_closed(order),
                 EventKind::StopTriggered { .. } => *self.metrics.order_types.entry("stops triggered").or_default() += 1,
                 EventKind::LeaseCreated { lease, kind, renter, host: _, price_minor_per_gpu_hour, start_ms, end_ms, supplier, .. } => {
-                    self.on_lease_created(lease, kind, renter, supplier, price_minor_per_gpu_hour, start_ms, end_ms)
+                    self.on_lease_created(lease, kind, renter, supplier, price_minor_per_gpu_hour, start_ms, end_ms);
+                    self.managed_lease_created(lease, start_ms);
                 }
-                EventKind::LeaseEnded { lease, .. } => self.on_lease_ended(lease),
+                EventKind::LeaseEnded { lease, .. } => {
+                    self.on_lease_ended(lease);
+                    self.managed_lease_ended(lease);
+                }
                 EventKind::GpuChallenged { gpu, outcome, classes_mask, .. } => {
                     self.on_gpu_challenged(gpu, outcome, classes_mask);
                     // Its memory bandwidth right after its first compute answer.
@@ -237,6 +241,9 @@ impl Sim {
     }
 
     pub(super) fn on_billing_closed(&mut self, lease: LeaseId, verified_gpu_ms: u64, usage_charged_minor: u64) {
+        let Some(sim_lease) = self.leases.get_mut(&lease) else { return };
+        let renter = sim_lease.renter;
+        self.managed_billing_closed(lease, renter, verified_gpu_ms, usage_charged_minor);
         let Some(sim_lease) = self.leases.get_mut(&lease) else { return };
         sim_lease.billing_closed = true;
         // A last report still on its way will be refused: keep the lease for it.

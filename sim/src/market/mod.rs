@@ -29,9 +29,11 @@ use crate::config::{SimConfig, MS_PER_DAY, MS_PER_HOUR, START_MS};
 use crate::exchange::SimExchange;
 use crate::metrics::{CheatStats, Metrics};
 use crate::population::{self, Population, RenterKind, SupplierCheat, CLASSES};
+use gpux_market::JournalEntry;
 
 mod challenges;
 mod events;
+mod managed;
 mod renters;
 mod suppliers;
 mod usage;
@@ -73,6 +75,10 @@ enum Action {
     ChallengeAnswer(u64, GpuId),
     /// A challenge of a host that went down runs out.
     ChallengeExpire(u64),
+    /// A managed job's work ran to its end on this lease.
+    ManagedDone(gpux_market::jobs::JobId, LeaseId),
+    /// The exchange looks for silent job leases.
+    ManagedSilence,
 }
 
 struct Scheduled {
@@ -225,6 +231,9 @@ pub struct Sim {
     /// Posted-price counterfactual: GPUs free per class per hour, and the jobs.
     posted_capacity: Vec<[u32; 4]>,
     posted_jobs: Vec<PostedJob>,
+    /// Training work submitted as gpux jobs, and which job each of their leases serves.
+    managed: std::collections::BTreeMap<gpux_market::jobs::JobId, managed::Managed>,
+    managed_lease: FxHashMap<LeaseId, gpux_market::jobs::JobId>,
 }
 
 struct PostedJob {
@@ -292,6 +301,8 @@ impl Sim {
             reference_price: base,
             posted_capacity: vec![[0; 4]; hours],
             posted_jobs: Vec::new(),
+            managed: Default::default(),
+            managed_lease: FxHashMap::default(),
             report_wall: std::time::Duration::ZERO,
         };
         for listed in sim.exchange.engine().instruments() {
@@ -453,6 +464,9 @@ impl Sim {
             self.schedule(at.saturating_sub(2 * MS_PER_HOUR).max(START_MS), Action::Snapshot);
             self.schedule(at, Action::Restart);
         }
+        if self.config.managed_jobs_bps > 0 {
+            self.schedule(START_MS + managed::SILENCE_CHECK_MS, Action::ManagedSilence);
+        }
     }
 
     /// The time of a renter's next job after `after_ms`: a Poisson process
@@ -555,6 +569,8 @@ impl Sim {
             }
             Action::NetworkUp(index) => self.suppliers[index as usize].network_down_until = 0,
             Action::Sample => self.sample(),
+            Action::ManagedDone(job, lease) => self.managed_done(job, lease),
+            Action::ManagedSilence => self.managed_silence_check(),
             Action::Snapshot => self.exchange.snapshot(),
             Action::Restart => self.restart(),
             Action::RenterCheat(index) => self.renter_cheat(index),
@@ -601,6 +617,7 @@ impl Sim {
     /// End-of-run checks: no GPU leased twice at once, the ledger balanced and
     /// equal to the engine's balances, what underpayers still owe.
     fn finish(&mut self) {
+        self.managed_finish();
         // Leases still running count up to the end of the run.
         for lease in self.leases.values() {
             if lease.ended_ms.is_none() {

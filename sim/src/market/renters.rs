@@ -48,6 +48,14 @@ impl Sim {
             (None, LeaseDuration::UntilCancelled) => 1,
         };
         let hold = price * billable_hours * quantity as u64;
+        if kind == RenterKind::Training && window.is_none() && !underpays && self.managed_draw() {
+            let available = self.exchange.engine().balances(account).map_or(0, |b| b.available_minor);
+            if available < hold * 3 {
+                self.submit(Command::Deposit { account, amount_minor: hold * 6 });
+            }
+            self.submit_managed(account, instrument, quantity, hours, price);
+            return;
+        }
         let available = self.exchange.engine().balances(account).map_or(0, |b| b.available_minor);
         if !underpays && available < hold * 3 {
             self.submit(Command::Deposit { account, amount_minor: hold * 6 });
