@@ -15,8 +15,8 @@
 //! sequencer. Each renter's prefix holds at most its quota of bytes and
 //! objects: one account cannot fill the store.
 //!
-//! Keys: `<renter>/bundles/<sha256>.tar.gz` (the server checks the hash of
-//! what is put), `<renter>/jobs/<job>/checkpoints/<path>`,
+//! Keys: `<renter>/bundles/<sha256>.tar.gz` and `<renter>/inputs/<sha256>.tar.gz`
+//! (the server checks the hash of what is put), `<renter>/jobs/<job>/checkpoints/<path>`,
 //! `<renter>/jobs/<job>/outputs/<path>`.
 
 use std::path::Path;
@@ -57,9 +57,16 @@ const KEY_BYTES_MAX: usize = 1024;
 pub enum Grant {
     /// The renter's own prefix: read all, put bundles.
     Renter { account: AccountId, expires_at_ms: u64 },
-    /// A host running `job` of `renter`: read its bundle, read and write
-    /// (and delete) its checkpoints and outputs.
-    Host { renter: AccountId, job: JobId, bundle: Option<String>, expires_at_ms: u64 },
+    /// A host running `job` of `renter`: read its bundle and its inputs in
+    /// the store, read and write (and delete) its checkpoints and outputs.
+    Host {
+        renter: AccountId,
+        job: JobId,
+        bundle: Option<String>,
+        #[serde(default)]
+        inputs: Vec<String>,
+        expires_at_ms: u64,
+    },
 }
 
 impl Grant {
@@ -72,7 +79,10 @@ impl Grant {
     /// Whether the grant lets `operation` touch `key`.
     fn allows(&self, operation: Operation, key: &Key) -> bool {
         match (self, key) {
-            (Grant::Renter { account, .. }, Key::Bundle { owner, .. }) => owner == account,
+            (Grant::Renter { account, .. }, Key::Bundle { owner, .. } | Key::Input { owner, .. }) => owner == account,
+            (Grant::Host { renter, inputs, .. }, Key::Input { owner, sha256 }) => {
+                owner == renter && operation == Operation::Read && inputs.iter().any(|i| i == sha256)
+            }
             (Grant::Renter { account, .. }, Key::Job { owner, .. }) => owner == account && operation == Operation::Read,
             (Grant::Host { renter, bundle, .. }, Key::Bundle { owner, sha256 }) => {
                 owner == renter && operation == Operation::Read && bundle.as_deref() == Some(sha256.as_str())
@@ -99,8 +109,20 @@ enum Operation {
 /// A key the store serves, parsed.
 #[derive(Debug, PartialEq, Eq)]
 enum Key {
-    Bundle { owner: AccountId, sha256: String },
-    Job { owner: AccountId, job: JobId, rest: String },
+    Bundle {
+        owner: AccountId,
+        sha256: String,
+    },
+    /// A packed input, named by its hash like a bundle.
+    Input {
+        owner: AccountId,
+        sha256: String,
+    },
+    Job {
+        owner: AccountId,
+        job: JobId,
+        rest: String,
+    },
 }
 
 fn component_ok(c: &str) -> bool {
@@ -118,10 +140,11 @@ impl Key {
         }
         let owner = AccountId(parts.first()?.parse().ok()?);
         match parts.get(1..)? {
-            ["bundles", file] => {
+            [area @ ("bundles" | "inputs"), file] => {
                 let sha256 = file.strip_suffix(".tar.gz")?;
-                (sha256.len() == 64 && sha256.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
-                    .then(|| Key::Bundle { owner, sha256: sha256.to_string() })
+                let named = sha256.len() == 64 && sha256.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+                let sha256 = sha256.to_string();
+                named.then(|| if *area == "bundles" { Key::Bundle { owner, sha256 } } else { Key::Input { owner, sha256 } })
             }
             ["jobs", job, area, rest @ ..] if (*area == "checkpoints" || *area == "outputs") && !rest.is_empty() => {
                 Some(Key::Job { owner, job: JobId(job.parse().ok()?), rest: format!("{area}/{}", rest.join("/")) })
@@ -319,7 +342,7 @@ async fn put_object(State(server): State<Shared>, UrlPath(key): UrlPath<String>,
         Err(_) => return refuse(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "an object is at most 1 GiB"),
     };
     let owner = match &parsed {
-        Key::Bundle { owner, sha256 } => {
+        Key::Bundle { owner, sha256 } | Key::Input { owner, sha256 } => {
             if hex::encode(Sha256::digest(&bytes)) != *sha256 {
                 return refuse(StatusCode::BAD_REQUEST, "hash_mismatch", "the bundle's SHA-256 is not the one its key names");
             }
@@ -361,7 +384,7 @@ async fn delete_object(State(server): State<Shared>, UrlPath(key): UrlPath<Strin
     };
     // Bundles are named by their content and may serve several jobs: a
     // renter replaces them, nobody deletes one through the API.
-    if matches!(parsed, Key::Bundle { .. }) {
+    if matches!(parsed, Key::Bundle { .. } | Key::Input { .. }) {
         return refuse(StatusCode::FORBIDDEN, "forbidden", "bundles are not deleted through the API");
     }
     match server.store.delete(&StorePath::from(key.as_str())).await {
@@ -430,12 +453,19 @@ mod tests {
     fn grants_open_what_they_name_only() {
         let issuer = Issuer::new("http://store".into(), [9; 32]);
         let sha = "cd".repeat(32);
-        let host = Grant::Host { renter: AccountId(7), job: JobId(3), bundle: Some(sha.clone()), expires_at_ms: 2_000 };
+        let host = Grant::Host {
+            renter: AccountId(7),
+            job: JobId(3),
+            bundle: Some(sha.clone()),
+            inputs: vec!["ab".repeat(32)],
+            expires_at_ms: 2_000,
+        };
         let token = issuer.issue(&host);
         assert_eq!(verify(&[9; 32], &token, 1_000), Some(host.clone()));
         assert_eq!(verify(&[9; 32], &token, 2_000), None, "expired");
         assert_eq!(verify(&[8; 32], &token, 1_000), None, "another secret");
-        let other = issuer.issue(&Grant::Host { renter: AccountId(7), job: JobId(4), bundle: None, expires_at_ms: 2_000 });
+        let other =
+            issuer.issue(&Grant::Host { renter: AccountId(7), job: JobId(4), bundle: None, inputs: Vec::new(), expires_at_ms: 2_000 });
         let forged = format!("{}.{}", other.split('.').next().expect("a body"), token.split('.').nth(1).expect("a tag"));
         assert_eq!(verify(&[9; 32], &forged, 1_000), None, "a changed body");
         let key = |k: &str| Key::parse(k).expect("valid");
@@ -443,6 +473,8 @@ mod tests {
         assert!(!host.allows(Operation::Write, &key(&format!("7/bundles/{sha}.tar.gz"))));
         assert!(!host.allows(Operation::Read, &key(&format!("7/bundles/{}.tar.gz", "ee".repeat(32)))));
         assert!(host.allows(Operation::Write, &key("7/jobs/3/outputs/model.bin")));
+        assert!(host.allows(Operation::Read, &key(&format!("7/inputs/{}.tar.gz", "ab".repeat(32)))), "its job's input");
+        assert!(!host.allows(Operation::Read, &key(&format!("7/inputs/{}.tar.gz", "ef".repeat(32)))), "another input");
         assert!(!host.allows(Operation::Read, &key("7/jobs/4/outputs/model.bin")), "another job");
         assert!(!host.allows(Operation::Read, &key("8/jobs/3/outputs/model.bin")), "another renter");
         let renter = Grant::Renter { account: AccountId(7), expires_at_ms: 2_000 };

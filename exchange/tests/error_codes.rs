@@ -199,6 +199,7 @@ fn submit_job(id: u64, instrument: InstrumentId, change: impl FnOnce(&mut JobSub
             outputs_dir: "/outputs".into(),
             checkpoint_interval_s: 60,
             shm_mib: 0,
+            inputs: Vec::new(),
         },
     };
     change(&mut job);

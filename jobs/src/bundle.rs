@@ -14,6 +14,21 @@ use std::path::{Component, Path, PathBuf};
 pub const UNPACKED_BYTES_MAX: u64 = 256 << 20;
 /// Files a bundle holds at most.
 pub const FILES_MAX: usize = 50_000;
+
+/// How much a packed directory may hold: a code bundle's bounds, or an
+/// input's (data: larger, `INPUT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub unpacked_bytes: u64,
+    pub files: usize,
+}
+
+impl Limits {
+    pub const CODE: Limits = Limits { unpacked_bytes: UNPACKED_BYTES_MAX, files: FILES_MAX };
+    /// An input put in the job store: 1 GiB of files (the store takes an
+    /// object of 1 GiB at most; larger data comes from an https:// URL).
+    pub const INPUT: Limits = Limits { unpacked_bytes: 1 << 30, files: FILES_MAX };
+}
 /// What is never packed: version control, caches, virtual environments.
 pub const EXCLUDED_ALWAYS: [&str; 8] =
     [".git", "__pycache__", ".venv", "venv", ".ipynb_checkpoints", "node_modules", ".mypy_cache", ".pytest_cache"];
@@ -30,10 +45,10 @@ pub enum BundleError {
     Read { path: PathBuf, reason: String },
     #[error("{0} is a symbolic link: bundles hold files and directories only (copy what it points to, or list it in .gpuxignore)")]
     Link(PathBuf),
-    #[error("the code holds over {} MiB of files: pass data as inputs, or list large files in .gpuxignore", UNPACKED_BYTES_MAX >> 20)]
-    TooLarge,
-    #[error("the code holds over {FILES_MAX} files")]
-    TooManyFiles,
+    #[error("over {} MiB of files: pass data as inputs, or list large files in .gpuxignore", .0 >> 20)]
+    TooLarge(u64),
+    #[error("over {0} files")]
+    TooManyFiles(usize),
     #[error("the bundle is damaged or not a bundle: {0}")]
     Damaged(String),
     #[error("the bundle's entry {0:?} would land outside its directory")]
@@ -95,7 +110,7 @@ impl Ignore {
 
 /// The files of `dir` to pack, relative, sorted (directories first walked
 /// in name order, so the order never depends on the file system).
-fn files(dir: &Path, ignore: &Ignore) -> Result<Vec<(String, PathBuf, u64, bool)>, BundleError> {
+fn files(dir: &Path, ignore: &Ignore, limits: Limits) -> Result<Vec<(String, PathBuf, u64, bool)>, BundleError> {
     let mut found = Vec::new();
     let mut total = 0u64;
     let mut pending = vec![(String::new(), dir.to_path_buf())];
@@ -120,16 +135,16 @@ fn files(dir: &Path, ignore: &Ignore) -> Result<Vec<(String, PathBuf, u64, bool)
             }
             let metadata = entry.metadata().map_err(|e| BundleError::Read { path: full.clone(), reason: e.to_string() })?;
             total += metadata.len();
-            if total > UNPACKED_BYTES_MAX {
-                return Err(BundleError::TooLarge);
+            if total > limits.unpacked_bytes {
+                return Err(BundleError::TooLarge(limits.unpacked_bytes));
             }
             #[cfg(unix)]
             let executable = std::os::unix::fs::PermissionsExt::mode(&metadata.permissions()) & 0o111 != 0;
             #[cfg(not(unix))]
             let executable = false;
             found.push((relative, full, metadata.len(), executable));
-            if found.len() > FILES_MAX {
-                return Err(BundleError::TooManyFiles);
+            if found.len() > limits.files {
+                return Err(BundleError::TooManyFiles(limits.files));
             }
         }
     }
@@ -137,14 +152,19 @@ fn files(dir: &Path, ignore: &Ignore) -> Result<Vec<(String, PathBuf, u64, bool)
     Ok(found)
 }
 
-/// Packs `dir`.
+/// Packs `dir` as a code bundle.
 pub fn pack(dir: &Path) -> Result<Bundle, BundleError> {
+    pack_within(dir, Limits::CODE)
+}
+
+/// Packs `dir` within `limits`.
+pub fn pack_within(dir: &Path, limits: Limits) -> Result<Bundle, BundleError> {
     use sha2::Digest;
     if !dir.is_dir() {
         return Err(BundleError::NotADirectory(dir.to_path_buf()));
     }
     let ignore = Ignore::load(dir)?;
-    let files = files(dir, &ignore)?;
+    let files = files(dir, &ignore, limits)?;
     let encoder = flate2::GzBuilder::new().mtime(0).write(Vec::new(), flate2::Compression::default());
     let mut archive = tar::Builder::new(encoder);
     let mut unpacked_bytes = 0;
@@ -154,8 +174,8 @@ pub fn pack(dir: &Path) -> Result<Bundle, BundleError> {
             .and_then(|mut f| f.read_to_end(&mut content))
             .map_err(|e| BundleError::Read { path: full.clone(), reason: e.to_string() })?;
         unpacked_bytes += content.len() as u64;
-        if unpacked_bytes > UNPACKED_BYTES_MAX {
-            return Err(BundleError::TooLarge);
+        if unpacked_bytes > limits.unpacked_bytes {
+            return Err(BundleError::TooLarge(limits.unpacked_bytes));
         }
         let mut header = tar::Header::new_ustar();
         header.set_size(content.len() as u64);
@@ -178,6 +198,11 @@ pub fn pack(dir: &Path) -> Result<Bundle, BundleError> {
 /// named `sha256` and holds only regular files and directories inside
 /// `dest`, within the bounds a packed bundle keeps.
 pub fn unpack(bytes: &[u8], sha256: &[u8; 32], dest: &Path) -> Result<usize, BundleError> {
+    unpack_within(bytes, sha256, dest, Limits::CODE)
+}
+
+/// `unpack` within `limits`.
+pub fn unpack_within(bytes: &[u8], sha256: &[u8; 32], dest: &Path, limits: Limits) -> Result<usize, BundleError> {
     use sha2::Digest;
     let actual: [u8; 32] = sha2::Sha256::digest(bytes).into();
     if &actual != sha256 {
@@ -198,11 +223,11 @@ pub fn unpack(bytes: &[u8], sha256: &[u8; 32], dest: &Path) -> Result<usize, Bun
         }
         files += 1;
         total += entry.size();
-        if files > FILES_MAX {
-            return Err(BundleError::TooManyFiles);
+        if files > limits.files {
+            return Err(BundleError::TooManyFiles(limits.files));
         }
-        if total > UNPACKED_BYTES_MAX {
-            return Err(BundleError::TooLarge);
+        if total > limits.unpacked_bytes {
+            return Err(BundleError::TooLarge(limits.unpacked_bytes));
         }
         let target = dest.join(&path);
         if let Some(parent) = target.parent() {

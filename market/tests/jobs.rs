@@ -18,6 +18,7 @@ fn run() -> gpux_market::jobs::JobRun {
         outputs_dir: "/outputs".into(),
         checkpoint_interval_s: 60,
         shm_mib: 0,
+        inputs: Vec::new(),
     }
 }
 

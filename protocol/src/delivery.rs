@@ -393,6 +393,9 @@ pub enum FailureCode {
     /// A job's code bundle is not in the job store, or does not unpack to
     /// its hash (renter).
     BundleUnavailable,
+    /// A job's input could not be fetched: not in the job store, its URL
+    /// did not answer with it, or over its bounds (renter).
+    InputUnavailable,
 }
 
 impl FailureCode {
@@ -404,7 +407,8 @@ impl FailureCode {
             | FailureCode::SecretsInvalid
             | FailureCode::SecretsMissing
             | FailureCode::ExecFailed
-            | FailureCode::BundleUnavailable => Fault::Renter,
+            | FailureCode::BundleUnavailable
+            | FailureCode::InputUnavailable => Fault::Renter,
         }
     }
 
@@ -423,6 +427,7 @@ impl FailureCode {
             FailureCode::GpuUnavailable => "a leased GPU became unavailable",
             FailureCode::EngineUnavailable => "the host's container engine did not answer",
             FailureCode::BundleUnavailable => "the job's code bundle is not in the job store or does not match its hash",
+            FailureCode::InputUnavailable => "a job's input could not be fetched from the job store or its URL",
         }
     }
 }

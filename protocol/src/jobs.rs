@@ -34,6 +34,9 @@ pub mod limits {
     pub const CHECKPOINT_INTERVAL_S_MAX: u32 = 24 * 3600;
     /// Bytes of a code bundle (as `gpux_jobs::bundle` packs it at most).
     pub const BUNDLE_BYTES_MAX: u64 = 256 << 20;
+    /// Inputs of one job, and bytes of a packed input in the job store.
+    pub const INPUTS_MAX: usize = 32;
+    pub const INPUT_BYTES_MAX: u64 = 1 << 30;
     /// Jobs not yet over that one account may hold.
     pub const JOBS_LIVE_PER_ACCOUNT_MAX: usize = 64;
     /// Jobs not yet over, all accounts together.
@@ -63,6 +66,25 @@ pub struct BundleRef {
     pub bytes: u64,
 }
 
+/// Where an input comes from: the job store (a directory the renter packed
+/// and put at `<account>/inputs/<sha256>.tar.gz`), or a public https:// URL
+/// the host downloads.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputSource {
+    Store { sha256: String, bytes: u64 },
+    Https { url: String },
+}
+
+/// Data the job reads: fetched by the host before the workload starts and
+/// mounted read-only at `mount`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobInput {
+    pub name: String,
+    pub mount: String,
+    pub source: InputSource,
+}
+
 /// What each attempt of a job runs. The host unpacks the bundle into
 /// `/job` (read-only, the working directory), restores the newest
 /// checkpoint into `checkpoint_dir`, installs `install` with pip (cached on
@@ -81,6 +103,9 @@ pub struct JobRun {
     pub checkpoint_interval_s: u32,
     #[serde(default)]
     pub shm_mib: u32,
+    /// Data mounted read-only (at most 32).
+    #[serde(default)]
+    pub inputs: Vec<JobInput>,
 }
 
 /// `submit_job`: a job's terms and run. The client plans it (the book, the
@@ -135,6 +160,8 @@ pub enum JobInvalid {
     CheckpointInterval,
     #[error("run.shm_mib: at most 262144")]
     Shm,
+    #[error("run.inputs: at most 32, each a distinct name of letters, digits, '-', '_' or '.', a distinct mount that is an absolute path of plain names (not /job, the checkpoint or output directory), and a store object (64 hex digits, 1 byte to 1 GiB) or an https:// URL of at most 2048 printable bytes")]
+    Input,
 }
 
 impl JobSubmission {
@@ -202,6 +229,38 @@ impl JobRun {
         }
         if self.shm_mib > crate::delivery::limits::SHM_MIB_MAX {
             return Err(JobInvalid::Shm);
+        }
+        self.validate_inputs()
+    }
+
+    fn validate_inputs(&self) -> Result<(), JobInvalid> {
+        if self.inputs.len() > limits::INPUTS_MAX {
+            return Err(JobInvalid::Input);
+        }
+        let mut names = std::collections::BTreeSet::new();
+        let mut mounts = std::collections::BTreeSet::from([self.checkpoint_dir.as_str(), self.outputs_dir.as_str()]);
+        for input in &self.inputs {
+            let name_ok = !input.name.is_empty()
+                && input.name.len() <= 64
+                && input.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                && input.name != "."
+                && input.name != "..";
+            if !name_ok || !names.insert(input.name.as_str()) || !container_dir_ok(&input.mount) || !mounts.insert(input.mount.as_str()) {
+                return Err(JobInvalid::Input);
+            }
+            let source_ok = match &input.source {
+                InputSource::Store { sha256, bytes } => {
+                    sha256.len() == 64
+                        && sha256.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+                        && (1..=limits::INPUT_BYTES_MAX).contains(bytes)
+                }
+                InputSource::Https { url } => {
+                    url.starts_with("https://") && url.len() > 8 && url.len() <= 2048 && url.bytes().all(|b| b.is_ascii_graphic())
+                }
+            };
+            if !source_ok {
+                return Err(JobInvalid::Input);
+            }
         }
         Ok(())
     }
@@ -323,6 +382,11 @@ mod tests {
                 outputs_dir: "/outputs".into(),
                 checkpoint_interval_s: 60,
                 shm_mib: 0,
+                inputs: vec![JobInput {
+                    name: "data".into(),
+                    mount: "/data".into(),
+                    source: InputSource::Store { sha256: "cd".repeat(32), bytes: 100 },
+                }],
             },
         }
     }
@@ -351,6 +415,14 @@ mod tests {
             (|s| s.run.outputs_dir = "/checkpoints".into(), JobInvalid::Directory),
             (|s| s.run.checkpoint_interval_s = 9, JobInvalid::CheckpointInterval),
             (|s| s.run.shm_mib = u32::MAX, JobInvalid::Shm),
+            (|s| s.run.inputs[0].mount = "/outputs".into(), JobInvalid::Input),
+            (|s| s.run.inputs[0].name = "a/b".into(), JobInvalid::Input),
+            (|s| s.run.inputs[0].source = InputSource::Https { url: "http://plain.example".into() }, JobInvalid::Input),
+            (
+                |s| s.run.inputs[0].source = InputSource::Store { sha256: "cd".repeat(32), bytes: limits::INPUT_BYTES_MAX + 1 },
+                JobInvalid::Input,
+            ),
+            (|s| s.run.inputs.push(s.run.inputs[0].clone()), JobInvalid::Input),
         ];
         for (breach, expected) in cases {
             let mut bad = submission();

@@ -34,7 +34,7 @@ pub use codec::*;
 pub use delivery::{DeliveryState, Endpoint, FailureCode, Fault, RestartPolicy, Sealed, Secrets, Workload, WorkloadError};
 pub use history::{Candle, CandleInterval, Fill, FillCursor, Liquidity, TradePrint, TradeRecord};
 pub use invoice::{Invoice, InvoiceItem, InvoiceLine, InvoiceTax, InvoiceTotals};
-pub use jobs::{BundleRef, JobAssignment, JobFailure, JobId, JobInfo, JobRun, JobState, JobSubmission};
+pub use jobs::{BundleRef, InputSource, JobAssignment, JobFailure, JobId, JobInfo, JobInput, JobRun, JobState, JobSubmission};
 pub use liveness::{LivenessBody, LivenessReport};
 pub use messages::*;
 pub use record::{decode_record, decode_snapshot, encode_record, RecordError, RECORD_BYTES_MAX, SNAPSHOT_BYTES_MAX};

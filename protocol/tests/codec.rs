@@ -163,6 +163,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
                     outputs_dir: "/outputs".into(),
                     checkpoint_interval_s: 600,
                     shm_mib: 8_192,
+                    inputs: Vec::new(),
                 },
             }),
         },

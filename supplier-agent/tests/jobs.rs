@@ -36,6 +36,13 @@ if os.path.exists(ckpt):
     with open(ckpt) as f:
         step = json.load(f)["step"]
 started = step
+with open("/data/numbers.txt") as f:
+    data_sum = sum(int(x) for x in f.read().split())
+try:
+    open("/data/mine.txt", "w").write("x")
+    data_read_only = False
+except OSError:
+    data_read_only = True
 print(f"attempt {os.environ['GPUX_JOB_ATTEMPT']} from step {step} resumed={os.environ['GPUX_RESUMED']}", flush=True)
 while step < int(sys.argv[1]):
     time.sleep(0.25)
@@ -44,7 +51,8 @@ while step < int(sys.argv[1]):
         json.dump({"step": step}, f)
     os.replace(ckpt + ".tmp", ckpt)
 with open(os.path.join(out, "result.json"), "w") as f:
-    json.dump({"steps": step, "started_at": started, "attempt": int(os.environ["GPUX_JOB_ATTEMPT"])}, f)
+    json.dump({"steps": step, "started_at": started, "attempt": int(os.environ["GPUX_JOB_ATTEMPT"]),
+               "data_sum": data_sum, "data_read_only": data_read_only, "input_env": os.environ.get("GPUX_INPUT_DATA")}, f)
 "#;
 
 fn socket() -> Option<String> {
@@ -146,6 +154,14 @@ async fn a_job_resumes_on_another_host_from_its_checkpoint_after_its_host_dies()
     assert_eq!(put.status(), 201, "the bundle is stored");
     let wrong = http.put(format!("{url}/v1/objects/{key}")).bearer_auth(&token).body(b"not it".to_vec()).send().await.expect("put");
     assert_eq!(wrong.status(), 400, "a body that is not the named bundle is refused");
+    // Its data, an input packed and put beside it: mounted read-only at /data.
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data dir");
+    write(&data.join("numbers.txt"), "1 2 3 4 5\n");
+    let input = gpux_jobs::bundle::pack_within(&data, gpux_jobs::bundle::Limits::INPUT).expect("packs");
+    let input_key = format!("{}/inputs/{}.tar.gz", renter.account.0, input.sha256_hex());
+    let put = http.put(format!("{url}/v1/objects/{input_key}")).bearer_auth(&token).body(input.bytes.clone()).send().await.expect("put");
+    assert_eq!(put.status(), 201, "the input is stored");
 
     // Host A is cheaper: the job lands there first.
     let (config_a, host_a) = host(&dir.path().join("a"), &exchange.url, &socket, "job-a", 2_000_000);
@@ -187,6 +203,11 @@ async fn a_job_resumes_on_another_host_from_its_checkpoint_after_its_host_dies()
             outputs_dir: "/outputs".into(),
             checkpoint_interval_s: 10,
             shm_mib: 0,
+            inputs: vec![JobInput {
+                name: "data".into(),
+                mount: "/data".into(),
+                source: InputSource::Store { sha256: input.sha256_hex(), bytes: input.bytes.len() as u64 },
+            }],
         },
     };
     let id = renter.new_id();
@@ -240,6 +261,9 @@ async fn a_job_resumes_on_another_host_from_its_checkpoint_after_its_host_dies()
     assert_eq!(result["attempt"], 2);
     let started_at = result["started_at"].as_u64().expect("started_at");
     assert!(started_at >= synced_step, "resumed from step {started_at}, at least the synced {synced_step}: not from 0");
+    assert_eq!(result["data_sum"], 15, "the input was there on the second host too");
+    assert_eq!(result["data_read_only"], true, "inputs are mounted read-only");
+    assert_eq!(result["input_env"], "/data");
 
     // The job's bill: signed by the exchange, its leases only, and what it
     // says is due is what the ledger moved out of the renter for them.

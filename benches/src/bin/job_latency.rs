@@ -99,6 +99,7 @@ async fn run(jobs: usize, failovers: usize, pairs: usize, socket: &str) {
             outputs_dir: "/outputs".into(),
             checkpoint_interval_s: 10,
             shm_mib: 0,
+            inputs: Vec::new(),
         },
     };
 

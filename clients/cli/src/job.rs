@@ -8,7 +8,9 @@ use gpux_engine::{ContractKind, InstrumentState};
 use gpux_jobs::catalogue::Catalogue;
 use gpux_jobs::spec::{CodeSource, FrameworkChoice};
 use gpux_jobs::{detect, plan, Framework, JobSpec};
-use gpux_protocol::{BundleRef, ClientMessage, JobFailure, JobId, JobInfo, JobRun, JobState, JobSubmission, ServerMessage};
+use gpux_protocol::{
+    BundleRef, ClientMessage, InputSource, JobFailure, JobId, JobInfo, JobInput, JobRun, JobState, JobSubmission, ServerMessage,
+};
 
 use crate::commands::Session;
 use crate::money::amount;
@@ -246,6 +248,24 @@ fn http() -> Result<reqwest::Client, Failure> {
         .map_err(|e| Failure::Unreachable(format!("HTTP client: {e}")))
 }
 
+/// Puts `bytes` at `key` in the job store (the account's own prefix).
+async fn put_object(s: &mut Session, key: &str, bytes: Vec<u8>, what: &str) -> Result<(), Failure> {
+    let (url, token) = store_token(s).await?;
+    let answer = http()?
+        .put(format!("{url}/v1/objects/{key}"))
+        .bearer_auth(&token)
+        .body(bytes)
+        .send()
+        .await
+        .map_err(|e| Failure::Unreachable(format!("putting {what} in the job store at {url}: {e}")))?;
+    if !answer.status().is_success() {
+        let status = answer.status();
+        let body = answer.text().await.unwrap_or_default();
+        return Err(Failure::Refused(format!("the job store refused {what} ({status}): {body}")));
+    }
+    Ok(())
+}
+
 /// `gpux job submit FILE`: the plan, the code bundle put in the job store,
 /// the job submitted on the chosen book.
 pub async fn submit_job(s: &mut Session, file: &Path, catalogue: Option<PathBuf>, json: bool) -> Result<(), Failure> {
@@ -256,24 +276,33 @@ pub async fn submit_job(s: &mut Session, file: &Path, catalogue: Option<PathBuf>
     let bundle = match &planned.bundle {
         None => None,
         Some(bundle) => {
-            let (url, token) = store_token(s).await?;
             let key = format!("{}/bundles/{}.tar.gz", s.connection.account.0, bundle.sha256_hex());
-            let answer = http()?
-                .put(format!("{url}/v1/objects/{key}"))
-                .bearer_auth(&token)
-                .body(bundle.bytes.clone())
-                .send()
-                .await
-                .map_err(|e| Failure::Unreachable(format!("putting the code bundle in the job store at {url}: {e}")))?;
-            if !answer.status().is_success() {
-                let status = answer.status();
-                let body = answer.text().await.unwrap_or_default();
-                return Err(Failure::Refused(format!("the job store refused the code bundle ({status}): {body}")));
-            }
+            put_object(s, &key, bundle.bytes.clone(), "the code bundle").await?;
             Some(BundleRef { sha256: bundle.sha256_hex(), bytes: bundle.bytes.len() as u64 })
         }
     };
     let spec = &planned.spec;
+    // Inputs: a local directory (file://) is packed and put in the job
+    // store; an https:// URL is fetched by the host.
+    let base = file.parent().unwrap_or(Path::new("."));
+    let mut inputs = Vec::new();
+    for input in &spec.inputs {
+        let source = if let Some(path) = input.url.strip_prefix("file://") {
+            let packed = gpux_jobs::bundle::pack_within(&base.join(path), gpux_jobs::bundle::Limits::INPUT)
+                .map_err(|e| Failure::Usage(format!("input {}: {e}", input.name)))?;
+            let key = format!("{}/inputs/{}.tar.gz", s.connection.account.0, packed.sha256_hex());
+            put_object(s, &key, packed.bytes.clone(), &format!("input {}", input.name)).await?;
+            InputSource::Store { sha256: packed.sha256_hex(), bytes: packed.bytes.len() as u64 }
+        } else if input.url.starts_with("https://") {
+            InputSource::Https { url: input.url.clone() }
+        } else {
+            return Err(Failure::Usage(format!(
+                "input {}: {} is not fetched by hosts (they would need your store's keys): copy it here and name it file://DIR, or give a public https:// URL",
+                input.name, input.url
+            )));
+        };
+        inputs.push(JobInput { name: input.name.clone(), mount: input.mount.clone(), source });
+    }
     let submission = JobSubmission {
         name: spec.name.clone(),
         instrument: planned.instrument,
@@ -294,6 +323,7 @@ pub async fn submit_job(s: &mut Session, file: &Path, catalogue: Option<PathBuf>
             outputs_dir: spec.outputs.clone(),
             checkpoint_interval_s: (spec.checkpoint_interval_ms / 1_000).clamp(10, 86_400) as u32,
             shm_mib: 0,
+            inputs,
         },
     };
     let id = s.connection.new_id();
@@ -339,6 +369,13 @@ fn print_job(job: &JobInfo) {
     let leases: Vec<String> = job.leases.iter().map(|l| l.0.to_string()).collect();
     out!("  leases: {}", if leases.is_empty() { "none yet".into() } else { leases.join(", ") });
     out!("  runs {} in {}", job.run.command.join(" "), job.run.image);
+    for input in &job.run.inputs {
+        let from = match &input.source {
+            InputSource::Store { bytes, .. } => format!("the job store, {} KiB packed", bytes.div_ceil(1024)),
+            InputSource::Https { url } => url.clone(),
+        };
+        out!("  input {} at {} (read-only), from {from}", input.name, input.mount);
+    }
 }
 
 pub async fn job_action(s: &mut Session, action: &crate::JobAction, json: bool) -> Result<(), Failure> {

@@ -635,6 +635,16 @@ class Client:
         await _store_request("PUT", f"{token['url']}/v1/objects/{key}", token["token"], bundle)
         return {"sha256": sha256, "bytes": len(bundle)}
 
+    async def put_input(self, packed: bytes) -> dict:
+        """Puts a packed input directory (`pack_bundle`) in the job store;
+        returns the `source` of a job's input (`{"store": {...}}`)."""
+        import hashlib
+
+        sha256 = hashlib.sha256(packed).hexdigest()
+        token = await self.job_store_token()
+        await _store_request("PUT", f"{token['url']}/v1/objects/{self.account}/inputs/{sha256}.tar.gz", token["token"], packed)
+        return {"store": {"sha256": sha256, "bytes": len(packed)}}
+
     async def job_results(self, job: int, to: str | Path, checkpoints: bool = False) -> list[str]:
         """Downloads the job's outputs (and checkpoints) from the job store
         into `to`; returns the paths written, relative to `to`."""

@@ -146,7 +146,16 @@ impl Sequencer {
                 let (Some(info), Some(job)) = (running, job) else { return error(Some(id), ErrorCode::JobStoreUnavailable) };
                 let Some(terms) = self.market.jobs().terms(job) else { return error(Some(id), ErrorCode::JobStoreUnavailable) };
                 let bundle = terms.run.bundle.as_ref().map(|b| b.sha256.clone());
-                Grant::Host { renter: info.renter, job, bundle, expires_at_ms }
+                let inputs = terms
+                    .run
+                    .inputs
+                    .iter()
+                    .filter_map(|i| match &i.source {
+                        gpux_protocol::InputSource::Store { sha256, .. } => Some(sha256.clone()),
+                        gpux_protocol::InputSource::Https { .. } => None,
+                    })
+                    .collect();
+                Grant::Host { renter: info.renter, job, bundle, inputs, expires_at_ms }
             }
         };
         ServerMessage::JobStoreToken { id, url: issuer.url.clone(), token: issuer.issue(&grant), expires_at_ms }

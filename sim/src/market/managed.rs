@@ -63,6 +63,7 @@ impl Sim {
                 outputs_dir: "/outputs".into(),
                 checkpoint_interval_s: (CHECKPOINT_MS / 1_000) as u32,
                 shm_mib: 0,
+                inputs: Vec::new(),
             },
         };
         self.metrics.managed.submitted += 1;

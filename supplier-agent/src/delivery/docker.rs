@@ -203,6 +203,9 @@ impl DockerBackend {
             binds.push(format!("{}:{}", files.checkpoints().display(), run.checkpoint_dir));
             binds.push(format!("{}:{}", files.outputs().display(), run.outputs_dir));
             binds.push(format!("{}:/var/cache/gpux-pip", files.pip_cache.display()));
+            for input in &run.inputs {
+                binds.push(format!("{}:{}:ro", files.input(&input.name).display(), input.mount));
+            }
         }
         if !binds.is_empty() {
             config.binds = Some(binds);

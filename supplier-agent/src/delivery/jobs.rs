@@ -60,6 +60,11 @@ impl JobFiles {
         self.dir.join("outputs")
     }
 
+    /// Where input `name` is fetched to (mounted read-only at its mount).
+    pub fn input(&self, name: &str) -> PathBuf {
+        self.dir.join("inputs").join(name)
+    }
+
     fn prefix(&self) -> String {
         format!("{}/jobs/{}", self.assignment.renter.0, self.assignment.job.0)
     }
@@ -87,6 +92,13 @@ impl JobFiles {
             ("GPUX_GPUS_ON_NODE".into(), gpus_here.to_string()),
             ("PYTHONUNBUFFERED".into(), "1".into()),
         ]
+        .into_iter()
+        .chain(a.run.inputs.iter().map(|input| {
+            let name: String = input.name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
+            let path = if in_container { input.mount.clone() } else { self.input(&input.name).display().to_string() };
+            (format!("GPUX_INPUT_{name}"), path)
+        }))
+        .collect()
     }
 
     /// The command, with the packages the image lacks installed first
@@ -137,6 +149,7 @@ impl JobFiles {
                 .map_err(|e| Failure::new(FailureCode::HostError, format!("unpacking: {e}")))?
                 .map_err(|e| Failure::public(FailureCode::BundleUnavailable, format!("the job's code bundle: {e}")))?;
         }
+        self.fetch_inputs(&client).await?;
         let listed = self.list(&client, "checkpoints").await.map_err(|detail| Failure::new(FailureCode::HostError, detail))?;
         let prefix = format!("{}/checkpoints/", self.prefix());
         for item in &listed {
@@ -155,6 +168,58 @@ impl JobFiles {
         self.resumed = !listed.is_empty();
         // The container runs as root by default, the process backend as the
         // agent: both may write; nobody else on the host may read.
+        Ok(())
+    }
+
+    /// Each input into its directory: a packed directory from the job store
+    /// (hash checked, unpacked within its bounds), or an https:// URL's body
+    /// (at most 1 GiB) saved under the URL's last path segment. What the
+    /// renter named that cannot be had is the renter's failure.
+    async fn fetch_inputs(&self, client: &reqwest::Client) -> Result<(), Failure> {
+        use gpux_protocol::jobs::limits::INPUT_BYTES_MAX;
+        use gpux_protocol::InputSource;
+        let unavailable = |name: &str, why: &str| Failure::public(FailureCode::InputUnavailable, format!("input {name}: {why}"));
+        for input in &self.assignment.run.inputs {
+            let dir = self.input(&input.name);
+            std::fs::create_dir_all(&dir).map_err(|e| Failure::new(FailureCode::HostError, format!("{}: {e}", dir.display())))?;
+            match &input.source {
+                InputSource::Store { sha256, .. } => {
+                    let key = format!("{}/inputs/{sha256}.tar.gz", self.assignment.renter.0);
+                    let bytes = self.get(client, &key).await.map_err(|(renters, detail)| match renters {
+                        true => unavailable(&input.name, "not in the job store"),
+                        false => Failure::new(FailureCode::HostError, detail),
+                    })?;
+                    let mut sha = [0u8; 32];
+                    hex::decode_to_slice(sha256, &mut sha).map_err(|_| unavailable(&input.name, "its hash"))?;
+                    let (body, into) = (bytes.to_vec(), dir.clone());
+                    let limits = gpux_jobs::bundle::Limits::INPUT;
+                    tokio::task::spawn_blocking(move || gpux_jobs::bundle::unpack_within(&body, &sha, &into, limits))
+                        .await
+                        .map_err(|e| Failure::new(FailureCode::HostError, format!("unpacking: {e}")))?
+                        .map_err(|e| unavailable(&input.name, &e.to_string()))?;
+                }
+                InputSource::Https { url } => {
+                    let file = url.split(['?', '#']).next().unwrap_or("").rsplit('/').next().unwrap_or("");
+                    let file = if file.is_empty() || file == "." || file == ".." { "data" } else { file };
+                    let mut answer = client.get(url).send().await.map_err(|e| unavailable(&input.name, &format!("{url}: {e}")))?;
+                    if !answer.status().is_success() {
+                        return Err(unavailable(&input.name, &format!("{url} answered {}", answer.status())));
+                    }
+                    let path = dir.join(file);
+                    let mut out = std::fs::File::create(&path)
+                        .map_err(|e| Failure::new(FailureCode::HostError, format!("{}: {e}", path.display())))?;
+                    let mut written = 0u64;
+                    while let Some(chunk) = answer.chunk().await.map_err(|e| unavailable(&input.name, &format!("{url}: {e}")))? {
+                        written += chunk.len() as u64;
+                        if written > INPUT_BYTES_MAX {
+                            return Err(unavailable(&input.name, "over 1 GiB"));
+                        }
+                        std::io::Write::write_all(&mut out, &chunk)
+                            .map_err(|e| Failure::new(FailureCode::HostError, format!("{}: {e}", path.display())))?;
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
