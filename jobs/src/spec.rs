@@ -263,7 +263,34 @@ pub const CHECKPOINT_INTERVAL_MS_DEFAULT: u64 = 10 * 60_000;
 impl JobSpec {
     /// Parses and checks a job file.
     pub fn parse(text: &str) -> Result<JobSpec, SpecError> {
-        let file: File = toml::from_str(text).map_err(|e| SpecError::Toml(e.to_string()))?;
+        Self::parse_with(text, &[])
+    }
+
+    /// Parses a job file with some of its fields set by flags (`gpux job
+    /// submit --budget 20`): each `(key, value)` sets the dotted key
+    /// (`limits.budget`) before the whole is checked, so a flag is held to
+    /// the same rules as the file. `code.image` replaces `code.dir` and the
+    /// other way round.
+    pub fn parse_with(text: &str, overrides: &[(&str, toml::Value)]) -> Result<JobSpec, SpecError> {
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| SpecError::Toml(e.to_string()))?;
+        for (key, value) in overrides {
+            let (section, field) = key.split_once('.').map_or((None, *key), |(s, f)| (Some(s), f));
+            let target = match section {
+                None => &mut table,
+                Some(section) => {
+                    let entry = table.entry(section).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+                    let Some(inner) = entry.as_table_mut() else { return Err(SpecError::Toml(format!("{section} is not a table"))) };
+                    inner
+                }
+            };
+            match (section, field) {
+                (Some("code"), "image") => drop(target.remove("dir")),
+                (Some("code"), "dir") => drop(target.remove("image")),
+                _ => {}
+            }
+            target.insert(field.to_string(), value.clone());
+        }
+        let file: File = table.try_into().map_err(|e: toml::de::Error| SpecError::Toml(e.to_string()))?;
         file.check()
     }
 
@@ -441,6 +468,22 @@ pub fn parse_duration_ms(text: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flags_set_fields_and_are_checked_as_the_file_is() {
+        let text = "name = \"a\"\n[code]\ndir = \".\"\ncommand = [\"python\", \"t.py\"]\n[limits]\nbudget = \"10\"\n";
+        let flags = [
+            ("limits.budget", toml::Value::String("25".into())),
+            ("resources.gpus_per_node", toml::Value::Integer(4)),
+            ("code.image", toml::Value::String("registry.example.com/x@sha256:ab".into())),
+        ];
+        let spec = JobSpec::parse_with(text, &flags).expect("valid");
+        assert_eq!(spec.budget, Some(Decimal::from(25)));
+        assert_eq!(spec.gpus_per_node, 4);
+        assert!(matches!(spec.code, CodeSource::Image(_)), "the image replaced the directory");
+        let bad = [("limits.max_duration", toml::Value::String("forever".into()))];
+        assert_eq!(JobSpec::parse_with(text, &bad).err(), Some(SpecError::Duration));
+    }
 
     const FULL: &str = r#"
 name = "resnet-train"

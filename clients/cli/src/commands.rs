@@ -344,10 +344,10 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             return listing(&mut session, json).await;
         }
         Command::Job {
-            action: crate::JobAction::Plan { file, catalogue } | crate::JobAction::Submit { file, catalogue, dry_run: true },
+            action: crate::JobAction::Plan { file, catalogue, set } | crate::JobAction::Submit { file, catalogue, set, dry_run: true },
         } => {
             let mut session = Session::anonymous(&cli.url).await?;
-            return crate::job::plan_job(&mut session, file, catalogue.clone(), json).await;
+            return crate::job::plan_job(&mut session, file, catalogue.clone(), &set.overrides(), json).await;
         }
         Command::Asks { instrument, limit } => {
             let mut session = Session::anonymous(&cli.url).await?;

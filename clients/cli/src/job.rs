@@ -42,14 +42,26 @@ pub struct Planned {
 }
 
 /// `gpux job plan` (and `gpux job submit --dry-run`): prints the plan.
-pub async fn plan_job(s: &mut Session, file: &Path, catalogue: Option<PathBuf>, json: bool) -> Result<(), Failure> {
-    plan_and_print(s, file, catalogue, json).await.map(|_| ())
+pub async fn plan_job(
+    s: &mut Session,
+    file: &Path,
+    catalogue: Option<PathBuf>,
+    set: &[(&str, toml::Value)],
+    json: bool,
+) -> Result<(), Failure> {
+    plan_and_print(s, file, catalogue, set, json).await.map(|_| ())
 }
 
 /// Plans the job file and prints the plan; what it chose.
-async fn plan_and_print(s: &mut Session, file: &Path, catalogue: Option<PathBuf>, json: bool) -> Result<Planned, Failure> {
+async fn plan_and_print(
+    s: &mut Session,
+    file: &Path,
+    catalogue: Option<PathBuf>,
+    set: &[(&str, toml::Value)],
+    json: bool,
+) -> Result<Planned, Failure> {
     let text = std::fs::read_to_string(file).map_err(|e| Failure::Usage(format!("reading {}: {e}", file.display())))?;
-    let spec = JobSpec::parse(&text).map_err(|e| Failure::Usage(format!("{}: {e}", file.display())))?;
+    let spec = JobSpec::parse_with(&text, set).map_err(|e| Failure::Usage(format!("{}: {e}", file.display())))?;
     let base = file.parent().unwrap_or(Path::new("."));
     // The framework: said, or found in the code.
     let (framework, requirement, requirements, evidence) = match (&spec.code, spec.framework) {
@@ -268,8 +280,14 @@ async fn put_object(s: &mut Session, key: &str, bytes: Vec<u8>, what: &str) -> R
 
 /// `gpux job submit FILE`: the plan, the code bundle put in the job store,
 /// the job submitted on the chosen book.
-pub async fn submit_job(s: &mut Session, file: &Path, catalogue: Option<PathBuf>, json: bool) -> Result<(), Failure> {
-    let planned = plan_and_print(s, file, catalogue, json).await?;
+pub async fn submit_job(
+    s: &mut Session,
+    file: &Path,
+    catalogue: Option<PathBuf>,
+    set: &[(&str, toml::Value)],
+    json: bool,
+) -> Result<(), Failure> {
+    let planned = plan_and_print(s, file, catalogue, set, json).await?;
     let image = planned.image.clone().ok_or_else(|| {
         Failure::Usage("no image to run: set code.image, or give --catalogue with a preset image for the job's framework".into())
     })?;
@@ -382,7 +400,7 @@ pub async fn job_action(s: &mut Session, action: &crate::JobAction, json: bool) 
     use crate::JobAction as A;
     match action {
         A::Plan { .. } => unreachable!("planned without a login"),
-        A::Submit { file, catalogue, .. } => submit_job(s, file, catalogue.clone(), json).await,
+        A::Submit { file, catalogue, set, .. } => submit_job(s, file, catalogue.clone(), &set.overrides(), json).await,
         A::Status { job } => {
             let id = s.connection.new_id();
             if let (false, ServerMessage::Job { job, .. }) = (json, s.ask(ClientMessage::JobStatus { id, job: JobId(*job) }, json).await?) {

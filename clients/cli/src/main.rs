@@ -512,6 +512,8 @@ pub enum JobAction {
         /// The operator's preset images (TOML; default $GPUX_CATALOGUE).
         #[arg(long)]
         catalogue: Option<PathBuf>,
+        #[command(flatten)]
+        set: JobFlags,
     },
     /// Plans the job, puts its code in the exchange's job store and
     /// submits it: it bids, runs, and resumes elsewhere when a host fails.
@@ -519,6 +521,8 @@ pub enum JobAction {
         file: PathBuf,
         #[arg(long)]
         catalogue: Option<PathBuf>,
+        #[command(flatten)]
+        set: JobFlags,
         /// Print the plan only (as `gpux job plan`): nothing is sent or bought.
         #[arg(long)]
         dry_run: bool,
@@ -559,6 +563,86 @@ pub enum JobAction {
         #[arg(long)]
         checkpoints: bool,
     },
+}
+
+/// Flags that set a field of the job file (docs/jobs.md "The job file"),
+/// checked as the file is.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct JobFlags {
+    /// code.image: run this image instead of the code directory.
+    #[arg(long)]
+    pub image: Option<String>,
+    /// code.dir: the code directory.
+    #[arg(long)]
+    pub dir: Option<String>,
+    /// code.framework: auto, pytorch, tensorflow, paddlepaddle, jax or none.
+    #[arg(long)]
+    pub framework: Option<String>,
+    /// resources.gpus_per_node.
+    #[arg(long)]
+    pub gpus_per_node: Option<u32>,
+    /// resources.nodes.
+    #[arg(long)]
+    pub nodes: Option<u32>,
+    /// resources.gpu_memory_gib.
+    #[arg(long)]
+    pub gpu_memory_gib: Option<u32>,
+    /// resources.model_params (350M, 7B).
+    #[arg(long)]
+    pub model_params: Option<String>,
+    /// limits.max_price_per_gpu_hour (2.50).
+    #[arg(long)]
+    pub max_price: Option<String>,
+    /// limits.budget (100).
+    #[arg(long)]
+    pub budget: Option<String>,
+    /// limits.max_duration (90m, 6h, 2d).
+    #[arg(long)]
+    pub max_duration: Option<String>,
+    /// limits.region.
+    #[arg(long)]
+    pub region: Option<String>,
+    /// limits.min_score (0.95).
+    #[arg(long)]
+    pub min_score: Option<f64>,
+    /// limits.verified_only.
+    #[arg(long)]
+    pub verified_only: bool,
+    /// limits.contract: any, spot or preemptible.
+    #[arg(long)]
+    pub contract: Option<String>,
+    /// limits.retries.
+    #[arg(long)]
+    pub retries: Option<u32>,
+}
+
+impl JobFlags {
+    /// The fields the flags set, as dotted keys of the job file.
+    pub fn overrides(&self) -> Vec<(&'static str, toml::Value)> {
+        use toml::Value as V;
+        let text = |key, value: &Option<String>| value.clone().map(|v| (key, V::String(v)));
+        let number = |key, value: Option<u32>| value.map(|v| (key, V::Integer(v as i64)));
+        [
+            text("code.image", &self.image),
+            text("code.dir", &self.dir),
+            text("code.framework", &self.framework),
+            number("resources.gpus_per_node", self.gpus_per_node),
+            number("resources.nodes", self.nodes),
+            number("resources.gpu_memory_gib", self.gpu_memory_gib),
+            text("resources.model_params", &self.model_params),
+            text("limits.max_price_per_gpu_hour", &self.max_price),
+            text("limits.budget", &self.budget),
+            text("limits.max_duration", &self.max_duration),
+            text("limits.region", &self.region),
+            self.min_score.map(|v| ("limits.min_score", V::Float(v))),
+            self.verified_only.then_some(("limits.verified_only", V::Boolean(true))),
+            text("limits.contract", &self.contract),
+            number("limits.retries", self.retries),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
 }
 
 #[derive(Subcommand)]

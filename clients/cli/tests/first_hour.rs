@@ -134,6 +134,7 @@ fn the_jobs_guide_runs_as_written() {
         "job 0 submitted: running (attempt 1, lease 0)",
         "job 0 first-job: running (attempt 1, lease 0)",
         "escrowed $12.00 of a budget of $15.00",
+        "attempt 1 of at most 3",
         "input samples at /data (read-only), from the job store",
         "     0  first-job                running (attempt 1, lease 0)",
         "job 0 (cancelled): 0 file(s) into first-job-0",
