@@ -7,6 +7,8 @@
 //! `Engine::apply` over the stream, with event generation included and the
 //! generator's own bookkeeping excluded.
 
+pub mod process;
+
 use gpux_engine::*;
 use rustc_hash::FxHashMap;
 

@@ -503,12 +503,7 @@ impl Agent {
         if state.billing == Billing::AsMeasured {
             state.billing = Billing::DeliveryPending;
         }
-        let gpus = self
-            .gpus
-            .iter()
-            .filter(|g| state.gpu_mask & (1u64 << g.info.index_on_host) != 0)
-            .map(|g| LeasedGpu { uuid: g.info.uuid.clone(), index_on_host: g.info.index_on_host })
-            .collect();
+        let gpus = leased_gpus(&self.gpus, state.gpu_mask);
         // Lease times are the exchange's; the manager waits on this host's clock.
         let start_ms = state.start_ms.saturating_add_signed(-self.clock_offset_ms);
         let _ = orders.send(Order::Deliver { lease, gpus, workload, start_ms, end_ms: state.end_ms });
@@ -524,12 +519,7 @@ impl Agent {
         if state.billing == Billing::AsMeasured {
             state.billing = Billing::DeliveryPending;
         }
-        let gpus: Vec<LeasedGpu> = self
-            .gpus
-            .iter()
-            .filter(|g| state.gpu_mask & (1u64 << g.info.index_on_host) != 0)
-            .map(|g| LeasedGpu { uuid: g.info.uuid.clone(), index_on_host: g.info.index_on_host })
-            .collect();
+        let gpus = leased_gpus(&self.gpus, state.gpu_mask);
         let start_ms = state.start_ms.saturating_add_signed(-self.clock_offset_ms);
         let end_ms = state.end_ms;
         let orders = orders.clone();
@@ -1345,6 +1335,14 @@ async fn recv_report(delivery: &mut Option<DeliveryLink>) -> Option<Report> {
         Some((_, reports)) => reports.recv().await,
         None => std::future::pending().await,
     }
+}
+
+/// The host's GPUs in a lease's mask, as the delivery backends take them.
+fn leased_gpus(gpus: &[HostGpu], gpu_mask: u64) -> Vec<LeasedGpu> {
+    gpus.iter()
+        .filter(|g| gpu_mask & (1u64 << g.info.index_on_host) != 0)
+        .map(|g| LeasedGpu { uuid: g.info.uuid.clone(), index_on_host: g.info.index_on_host })
+        .collect()
 }
 
 /// Where per-lease scratch data lives (`delivery.state_dir`, default

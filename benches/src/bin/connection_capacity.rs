@@ -24,9 +24,9 @@
 //!
 //! Both processes need a descriptor limit above `connections` (`ulimit -n`).
 
-use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use gpux_benches::process::{cpu_ns, ExchangeProcess};
+use std::io::Read;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ed25519_dalek::SigningKey;
@@ -44,7 +44,7 @@ fn main() {
 
 async fn run(connections: usize, silent: usize) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let exchange = ExchangeProcess::start(&dir.path().join("exchange"), connections + silent + 64);
+    let exchange = start_exchange(&dir.path().join("exchange"), connections + silent + 64);
     let pid = exchange.child.id();
     println!("exchange pid {pid}, {} CPUs", std::thread::available_parallelism().map_or(0, |n| n.get()));
 
@@ -71,7 +71,7 @@ async fn run(connections: usize, silent: usize) {
 
     // 2. Logged-in sessions, one account each, on a fresh process (freed
     // memory is kept by the allocator and would hide the cost).
-    let exchange = ExchangeProcess::start(&dir.path().join("exchange-2"), connections + silent + 64);
+    let exchange = start_exchange(&dir.path().join("exchange-2"), connections + silent + 64);
     let pid = exchange.child.id();
     let before = rss_kib(pid);
     let started = Instant::now();
@@ -142,56 +142,14 @@ fn rss_kib(pid: u32) -> u64 {
         .expect("VmRSS")
 }
 
-/// CPU time of all a process's threads, nanoseconds.
-fn cpu_ns(pid: u32) -> u64 {
-    let mut total = 0;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the exchange's threads").flatten() {
-        if let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) {
-            total += text.split_whitespace().next().and_then(|t| t.parse::<u64>().ok()).unwrap_or(0);
+/// The exchange with room for `connections_max` connections, printing its
+/// "at most" lines (the descriptor budget it found).
+fn start_exchange(data_dir: &Path, connections_max: usize) -> ExchangeProcess {
+    let cap = connections_max.to_string();
+    let args = ["--connections-max", cap.as_str(), "--connections-per-ip-max", cap.as_str(), "--unauthenticated-max", cap.as_str()];
+    ExchangeProcess::start(data_dir, &args, |line| {
+        if line.contains("at most") {
+            println!("{line}");
         }
-    }
-    total
-}
-
-struct ExchangeProcess {
-    child: Child,
-    url: String,
-}
-
-impl ExchangeProcess {
-    fn start(data_dir: &Path, connections_max: usize) -> ExchangeProcess {
-        let binary = std::env::var_os("GPUX_EXCHANGE_BIN")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| std::env::current_exe().expect("own path").with_file_name("gpux-exchange"));
-        assert!(binary.exists(), "{} missing: cargo build --release -p gpux-exchange", binary.display());
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
-        let cap = connections_max.to_string();
-        let mut child = Command::new(&binary)
-            .args(["--data-dir", data_dir.to_str().expect("utf-8"), "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--metrics-listen", "off", "--console-listen", "off"])
-            .args(["--connections-max", &cap, "--connections-per-ip-max", &cap, "--unauthenticated-max", &cap])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("exchange starts");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        for line in lines.by_ref() {
-            let line = line.expect("exchange output");
-            if line.contains("at most") {
-                println!("{line}");
-            }
-            if line.contains("listening on") {
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        ExchangeProcess { child, url: format!("ws://127.0.0.1:{port}") }
-    }
-}
-
-impl Drop for ExchangeProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    })
 }

@@ -30,9 +30,10 @@
 //!    bids placed and cancelled, measured in the same run; the exchange's CPU
 //!    time (all its threads) divided by the count.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+
+use gpux_benches::process::{cpu_ns, ExchangeProcess};
 use std::time::{Duration, Instant};
 
 use ed25519_dalek::SigningKey;
@@ -58,7 +59,9 @@ fn main() {
 async fn run(jobs: usize, failovers: usize, pairs: usize, socket: &str) {
     let dir = tempfile::tempdir().expect("temp dir");
     let operator = SigningKey::from_bytes(&[1; 32]);
-    let exchange = ExchangeProcess::start(&dir.path().join("exchange"), &operator);
+    let operator_key = hex::encode(operator.verifying_key().to_bytes());
+    let args = ["--job-silence-ms", "5000", "--operator-key", operator_key.as_str()];
+    let exchange = ExchangeProcess::start(&dir.path().join("exchange"), &args, |_| {});
     let url = exchange.url.clone();
     let mut renter = Connection::open(&url, &SigningKey::from_bytes(&[3; 32]), Some(Role::Renter)).await.expect("renter");
     let mut admin = Connection::open(&url, &operator, Some(Role::Operator)).await.expect("operator");
@@ -304,54 +307,5 @@ impl Host {
             .spawn()
             .expect("agent starts");
         AgentProcess(child)
-    }
-}
-
-/// CPU time of every thread of a process, in ns (Linux schedstat).
-fn cpu_ns(pid: u32) -> u64 {
-    let mut total = 0;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the exchange's threads").flatten() {
-        if let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) {
-            total += text.split_whitespace().next().and_then(|t| t.parse::<u64>().ok()).unwrap_or(0);
-        }
-    }
-    total
-}
-
-struct ExchangeProcess {
-    child: Child,
-    url: String,
-}
-
-impl ExchangeProcess {
-    fn start(data_dir: &Path, operator: &SigningKey) -> ExchangeProcess {
-        let binary = std::env::var_os("GPUX_EXCHANGE_BIN")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| std::env::current_exe().expect("own path").with_file_name("gpux-exchange"));
-        assert!(binary.exists(), "{} missing: cargo build --release -p gpux-exchange", binary.display());
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
-        let mut child = Command::new(&binary)
-            .args(["--data-dir", data_dir.to_str().expect("utf-8"), "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--metrics-listen", "off", "--console-listen", "off", "--job-silence-ms", "5000"])
-            .args(["--operator-key", &hex::encode(operator.verifying_key().to_bytes())])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("exchange starts");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        for line in lines.by_ref() {
-            if line.expect("exchange output").contains("listening on") {
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        ExchangeProcess { child, url: format!("ws://127.0.0.1:{port}") }
-    }
-}
-
-impl Drop for ExchangeProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }

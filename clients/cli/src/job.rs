@@ -182,21 +182,23 @@ async fn plan_and_print(
         CodeSource::Image(reference) => Some(reference.clone()),
         CodeSource::Dir(_) => image.as_ref().map(|i| i.image.reference.clone()),
     };
+    let (symbol, expected_cost) = (chosen.symbol.clone(), chosen.expected_cost);
+    let planned_job = Planned {
+        spec,
+        bundle,
+        instrument: chosen.instrument,
+        limit_minor_per_gpu_hour: limit,
+        hours,
+        budget_minor: budget,
+        image: run_image,
+        install,
+    };
     if json {
-        let image = run_image;
-        return Ok(Planned {
-            spec,
-            bundle,
-            instrument: chosen.instrument,
-            limit_minor_per_gpu_hour: limit,
-            hours,
-            budget_minor: budget,
-            image,
-            install,
-        });
+        return Ok(planned_job);
     }
+    let spec = &planned_job.spec;
     out!("job {}: {} GPU(s) ({} node(s) x {})", spec.name, spec.gpus(), spec.nodes, spec.gpus_per_node);
-    if let Some(bundle) = &bundle {
+    if let Some(bundle) = &planned_job.bundle {
         out!(
             "code: {} file(s), {} KiB packed ({} KiB of files), sha256 {}",
             bundle.files,
@@ -230,18 +232,8 @@ async fn plan_and_print(
         let mark = if c.verdict == gpux_jobs::Verdict::Chosen { "*" } else { " " };
         out!("{mark} {:<26} {:>16}  {}", c.symbol, cost, c.verdict.describe(&amount));
     }
-    out!("plan: {} for {} expected (bids at up to {}/GPU-h)", chosen.symbol, amount(chosen.expected_cost), amount(limit));
-    let image = run_image;
-    Ok(Planned {
-        spec,
-        bundle,
-        instrument: chosen.instrument,
-        limit_minor_per_gpu_hour: limit,
-        hours,
-        budget_minor: budget,
-        image,
-        install,
-    })
+    out!("plan: {symbol} for {} expected (bids at up to {}/GPU-h)", amount(expected_cost), amount(limit));
+    Ok(planned_job)
 }
 
 /// A job store token for the account's own prefix.

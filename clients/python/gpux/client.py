@@ -555,18 +555,23 @@ class Client:
         `account`), every page put together and its signature checked
         against the exchange's published key (GpuxError `invoice_forged`
         if it does not verify). Returns `invoice`, `signature`, `exchange_key`."""
+        return await self._signed_document(lambda offset: self.request("invoice", period=period, account=account, offset=offset))
+
+    async def _signed_document(self, page_at) -> dict:
+        """Every page of an `invoice` answer (`page_at(offset)`) put together,
+        its signature checked against the exchange's published key."""
         published = await self.exchange_key()
         lines, offset = [], 0
         while True:
-            page = (await self.request("invoice", period=period, account=account, offset=offset)).fields
+            page = (await page_at(offset)).fields
             lines += page["invoice"]["lines"]
             if page.get("next_offset") is None:
                 break
             offset = page["next_offset"]
-        invoice = dict(page["invoice"], lines=lines)
-        if page["exchange_key"] != published or not verify_invoice(invoice, page["signature"], published):
-            raise GpuxError("invoice_forged", f"invoice {invoice['number']} does not verify with the exchange's key {published}")
-        return {"invoice": invoice, "signature": page["signature"], "exchange_key": published}
+        document = dict(page["invoice"], lines=lines)
+        if page["exchange_key"] != published or not verify_invoice(document, page["signature"], published):
+            raise GpuxError("invoice_forged", f"{document['number']} does not verify with the exchange's key {published}")
+        return {"invoice": document, "signature": page["signature"], "exchange_key": published}
 
     # Jobs (docs/jobs.md, docs/protocol.md "Jobs").
 
@@ -667,18 +672,7 @@ class Client:
     async def job_bill(self, job: int) -> dict:
         """The job's bill so far (its leases' usage, fees and credits), every
         page put together and its signature checked like an invoice's."""
-        published = await self.exchange_key()
-        lines, offset = [], 0
-        while True:
-            page = (await self.request("job_bill", job=job, offset=offset)).fields
-            lines += page["invoice"]["lines"]
-            if page.get("next_offset") is None:
-                break
-            offset = page["next_offset"]
-        bill = dict(page["invoice"], lines=lines)
-        if page["exchange_key"] != published or not verify_invoice(bill, page["signature"], published):
-            raise GpuxError("invoice_forged", f"bill {bill['number']} does not verify with the exchange's key {published}")
-        return {"invoice": bill, "signature": page["signature"], "exchange_key": published}
+        return await self._signed_document(lambda offset: self.request("job_bill", job=job, offset=offset))
 
     async def offer_lease(self, lease: int, price: int, time_in_force: str = "gtc", client_order_id: Optional[int] = None) -> m.Ack:
         """Offers what is left of a fixed-duration spot lease, whole, on its
