@@ -2,8 +2,9 @@
 //! checkpoints and outputs live, so that neither the sequencer nor the
 //! journal carries bulk data. Objects are kept through the `object_store`
 //! crate: local files under the data directory by default (nothing to
-//! install), or any S3-compatible store (`--job-store s3://bucket`, its
-//! endpoint and keys from the standard `AWS_*` environment variables).
+//! install), any S3-compatible store (`--job-store s3://bucket`, its
+//! endpoint and keys from the standard `AWS_*` environment variables),
+//! Google Cloud Storage (`gs://`) or Azure Blob Storage (`az://`).
 //!
 //! Clients and hosts reach it over a small HTTP API on its own listener
 //! (`--job-store-listen`), with a bearer token the sequencer signs
@@ -213,7 +214,15 @@ pub fn open(spec: &str, data_dir: &Path) -> anyhow::Result<Arc<dyn ObjectStore>>
         let store = object_store::aws::AmazonS3Builder::from_env().with_url(spec).with_allow_http(true).build()?;
         return Ok(Arc::new(store));
     }
-    anyhow::bail!("--job-store {spec}: expected local, file:///DIR, s3://BUCKET or off")
+    if spec.starts_with("gs://") {
+        // Credentials from GOOGLE_SERVICE_ACCOUNT (a key file) or the environment's.
+        return Ok(Arc::new(object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(spec).build()?));
+    }
+    if spec.starts_with("az://") || spec.starts_with("abfs://") {
+        // AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (or a SAS, or the environment's identity).
+        return Ok(Arc::new(object_store::azure::MicrosoftAzureBuilder::from_env().with_url(spec).build()?));
+    }
+    anyhow::bail!("--job-store {spec}: expected local, file:///DIR, s3://BUCKET, gs://BUCKET, az://CONTAINER or off")
 }
 
 /// The HTTP side: checks tokens and shares, moves bytes.
@@ -428,6 +437,14 @@ async fn list(State(server): State<Shared>, UrlPath(prefix): UrlPath<String>, he
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_store_the_exchange_cannot_speak_is_refused_at_start() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let refused = open("ftp://host/path", dir.path()).expect_err("refused").to_string();
+        assert!(refused.contains("expected local, file:///DIR, s3://BUCKET"), "{refused}");
+        assert!(open("local", dir.path()).is_ok() && dir.path().join("job-store").is_dir());
+    }
 
     #[test]
     fn keys_parse_strictly() {

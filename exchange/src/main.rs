@@ -157,8 +157,9 @@ struct Args {
     /// Where jobs' code bundles, checkpoints and outputs are kept
     /// (docs/jobs.md "Code and data"): `local` (the data directory's
     /// job-store/), `file:///DIR`, `s3://BUCKET` (endpoint and keys from
-    /// AWS_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION)
-    /// or `off`.
+    /// AWS_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION),
+    /// `gs://BUCKET` (GOOGLE_SERVICE_ACCOUNT), `az://CONTAINER`
+    /// (AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_ACCOUNT_KEY) or `off`.
     #[arg(long, default_value = "local", env = "GPUX_JOB_STORE")]
     job_store: String,
     /// Where the job store's HTTP API listens (port 0: one the OS picks;
