@@ -17,7 +17,8 @@ use crate::job_store::{Grant, Issuer};
 /// before the exchange fails its delivery (`--job-silence-ms`).
 pub const JOB_SILENCE_MS_DEFAULT: u64 = 120_000;
 
-/// How long a job store token is valid.
+/// How long a job store token is valid (a host's: its lease's end plus
+/// the billing grace, if later).
 pub const JOB_STORE_TOKEN_MS: u64 = 3_600_000;
 
 impl Sequencer {
@@ -155,6 +156,12 @@ impl Sequencer {
                         gpux_protocol::InputSource::Https { .. } => None,
                     })
                     .collect();
+                // A host's token lasts its lease (and the billing grace, for the
+                // last sync after the lease ends), an hour at least: a long job
+                // syncs its checkpoints to the end without asking again.
+                let lease_end = info.end_ms.map_or(0, |end| end.saturating_add(self.market.engine().config().billing_grace_ms));
+                // (Lease times are the exchange's clock, the one tokens are checked on.)
+                let expires_at_ms = expires_at_ms.max(lease_end);
                 Grant::Host { renter: info.renter, job, bundle, inputs, expires_at_ms }
             }
         };
