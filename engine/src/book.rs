@@ -56,6 +56,10 @@ pub(crate) struct Order {
     /// A bid that carries a workload: it trades only with suppliers that
     /// can deliver one (`Engine::set_delivering`).
     pub needs_delivery: bool,
+    /// A cluster bid's hosts (0: not a cluster bid) and the least fabric
+    /// bandwidth each must have declared, Gb/s.
+    pub nodes: u16,
+    pub min_fabric_gbps: u32,
 }
 
 impl Order {
@@ -83,6 +87,8 @@ impl Order {
             min_supplier_score_bps: 0,
             verified_only: false,
             needs_delivery: false,
+            nodes: 0,
+            min_fabric_gbps: 0,
             all_or_none: false,
             budget_left_minor: None,
             stop_price: None,

@@ -364,6 +364,63 @@ pub enum Command {
         options: OrderOptions,
         regions: Vec<String>,
     },
+    /// `RegisterGpuInRegion` for a host wired to a fabric that joins it to
+    /// other hosts of its supplier (docs/market-rules.md "Cluster bids"):
+    /// the host's first GPU that names a fabric fixes it; the host must
+    /// name a region. Appended.
+    RegisterGpuOnFabric {
+        account: AccountId,
+        host: String,
+        gpu_uuid: String,
+        spec: GpuSpec,
+        region: String,
+        zone: String,
+        /// Boxed: the rare command does not size every command.
+        fabric: Box<FabricClaim>,
+    },
+    /// A cluster bid: `nodes` hosts with `order.quantity / nodes` GPUs
+    /// each, all in one fabric group whose hosts declared at least
+    /// `min_fabric_gbps`, all or none, with `PlaceOrderInRegions`'s options
+    /// and regions (empty: any region) (docs/market-rules.md "Cluster
+    /// bids"). Appended.
+    PlaceClusterOrder {
+        order: NewOrder,
+        options: OrderOptions,
+        regions: Vec<String>,
+        nodes: u32,
+        min_fabric_gbps: u32,
+    },
+}
+
+/// What a host declares of the fabric it is wired to (docs/agent.md
+/// "Clusters"). A journaled record: fields are only ever appended in a new
+/// command variant.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FabricClaim {
+    /// The fabric's name among its supplier's fabrics in the host's zone
+    /// (an InfiniBand or RoCE partition, a cross-host NVLink domain), 1 to
+    /// 32 lower-case letters, digits and `-`.
+    pub group: String,
+    /// The host's bandwidth on it, Gb/s (1 to `limits::FABRIC_GBPS_MAX`).
+    pub gbps: u32,
+    /// The host's address on the fabric (an IPv4 or IPv6 address), given to
+    /// its cluster peers only.
+    pub address: String,
+    /// The first of the 64 ports its cluster members listen on (one per GPU
+    /// index on the host), 1 024 to 65 472.
+    pub port_base: u16,
+}
+
+impl FabricClaim {
+    /// Whether the claim is well formed (the group's name, the bandwidth,
+    /// the address, the ports).
+    pub fn is_valid(&self) -> bool {
+        crate::config::region_name_is_valid(&self.group)
+            && (1..=crate::limits::FABRIC_GBPS_MAX).contains(&self.gbps)
+            && self.address.parse::<std::net::IpAddr>().is_ok()
+            && self.port_base >= 1_024
+            && self.port_base as u32 + crate::limits::GPUS_PER_HOST_MAX <= 65_536
+    }
 }
 
 /// What an account lets itself spend and commit (docs/market-rules.md
@@ -387,7 +444,8 @@ impl Command {
             | Command::PlaceOrderFiltered { order, .. }
             | Command::PlaceOrderVerified { order, .. }
             | Command::PlaceOrderWith { order, .. }
-            | Command::PlaceOrderInRegions { order, .. } => Some(order),
+            | Command::PlaceOrderInRegions { order, .. }
+            | Command::PlaceClusterOrder { order, .. } => Some(order),
             _ => None,
         }
     }

@@ -525,6 +525,16 @@ pub enum RejectCode {
     /// never answered a hardware challenge correctly: register more once
     /// some have (retry later).
     GpusAwaitingChallenge,
+    /// A cluster bid of the wrong shape: an ask; fewer than 2 or more than
+    /// `limits::CLUSTER_NODES_MAX` nodes; a quantity that is not a multiple
+    /// of the nodes or more than a host's GPUs per node; with one host, a
+    /// minimum quantity, a budget or a stop; or on a resale book.
+    ClusterInvalid,
+    /// A fabric claim that is not well formed (its name, bandwidth, address
+    /// or ports), or one on a host without a region.
+    FabricInvalid,
+    /// The host declared another fabric (a host keeps its fabric).
+    FabricMismatch,
 }
 
 impl RejectCode {
@@ -601,6 +611,13 @@ impl RejectCode {
             UnknownRegion => "the exchange's listing names no such region (the instruments request lists them)",
             RegionMismatch => "the host is registered in another region; a host keeps its region (register a moved host under a new name)",
             RegionFilterInvalid => "a region filter goes on a bid and names at most the listing's regions",
+            ClusterInvalid => {
+                "a cluster bid is a bid for 2 to 64 nodes with the same whole number of GPUs on each, without one host, minimum quantity, budget or stop"
+            }
+            FabricInvalid => {
+                "a fabric names its group (1-32 lower-case letters, digits and -), 1 to 100000 Gb/s, an IP address and a port base from 1024 to 65472, on a host with a region"
+            }
+            FabricMismatch => "the host declared another fabric; a host keeps its fabric (register a re-wired host under a new name)",
         }
     }
 }

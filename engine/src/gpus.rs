@@ -24,6 +24,8 @@ pub(crate) struct Host {
     /// The zone (data centre, availability zone) the host declared, shown
     /// only; empty if none.
     pub zone: String,
+    /// The fabric that joins it to its supplier's other hosts, if declared.
+    pub fabric: Option<crate::engine::clusters::HostFabric>,
 }
 
 /// A host's GPU ids, stored inline (no pointer to chase on the hot path of

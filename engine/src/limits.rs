@@ -95,3 +95,9 @@ pub const REGION_NAME_BYTES_MAX: usize = 32;
 pub const WEEKLY_WINDOWS_AHEAD_MAX: u32 = 26;
 /// Monthly reserved windows a class may list ahead (half a year).
 pub const MONTHLY_WINDOWS_AHEAD_MAX: u32 = 6;
+
+/// Hosts in one cluster bid.
+pub const CLUSTER_NODES_MAX: u32 = 64;
+
+/// The most bandwidth a host may declare on its fabric, Gb/s.
+pub const FABRIC_GBPS_MAX: u32 = 100_000;

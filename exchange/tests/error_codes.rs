@@ -90,6 +90,7 @@ async fn lease_from(renter: &mut Client, supplier: &mut Client, gpu_uuid: &str, 
             spec: h100_spec(),
             region: None,
             zone: None,
+            fabric: None,
         })
         .await;
     assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");

@@ -54,6 +54,7 @@ fn register(id: u64, host: &str, gpu: u32) -> ClientMessage {
         spec: GpuSpec::h100_sxm(),
         region: None,
         zone: None,
+        fabric: None,
     }
 }
 

@@ -84,8 +84,15 @@ async fn last_months_invoices_verify_and_equal_the_ledger() {
         ServerMessage::Ack { .. }
     ));
     let id = supplier.id();
-    let register =
-        ClientMessage::RegisterGpu { id, host: "inv-host".into(), gpu_uuid: "GPU-inv".into(), spec: h100_spec(), region: None, zone: None };
+    let register = ClientMessage::RegisterGpu {
+        id,
+        host: "inv-host".into(),
+        gpu_uuid: "GPU-inv".into(),
+        spec: h100_spec(),
+        region: None,
+        zone: None,
+        fabric: None,
+    };
     assert!(matches!(supplier.request(register).await, ServerMessage::Ack { .. }));
     let mut ask = ticket(1, Side::Sell, 2_000_000, 1);
     ask.supply = Some(GpuSet { host: HostId(0), gpu_mask: 1 });

@@ -34,6 +34,7 @@ async fn a_resold_lease_goes_on_for_the_buyer_with_the_buyers_workload() {
             spec: h100_spec(),
             region: None,
             zone: None,
+            fabric: None,
         };
         assert!(matches!(supplier.request(register).await, ServerMessage::Ack { .. }));
     }

@@ -20,6 +20,7 @@ async fn register(supplier: &mut Client, host: &str, gpu: &str, region: Option<&
         spec: h100_spec(),
         region: region.map(str::to_string),
         zone: zone.map(str::to_string),
+        fabric: None,
     };
     supplier.request(message).await
 }

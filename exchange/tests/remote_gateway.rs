@@ -82,7 +82,15 @@ async fn a_gateway_in_its_own_process_serves_the_same_market() {
     let id = supplier.id();
     let spec = h100_spec();
     let registered = supplier
-        .request(ClientMessage::RegisterGpu { id, host: "node-1".into(), gpu_uuid: "GPU-1".into(), spec, region: None, zone: None })
+        .request(ClientMessage::RegisterGpu {
+            id,
+            host: "node-1".into(),
+            gpu_uuid: "GPU-1".into(),
+            spec,
+            region: None,
+            zone: None,
+            fabric: None,
+        })
         .await;
     assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
     let mut ask = ticket(1, Side::Sell, USD_2, 1);

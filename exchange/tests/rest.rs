@@ -96,6 +96,7 @@ async fn every_documented_path_answers_as_the_openapi_document_says() {
             spec: h100_spec(),
             region: None,
             zone: None,
+            fabric: None,
         })
         .await;
     assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");

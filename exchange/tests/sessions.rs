@@ -40,6 +40,7 @@ async fn market() -> Market {
             spec: h100_spec(),
             region: None,
             zone: None,
+            fabric: None,
         })
         .await;
     assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
@@ -583,6 +584,7 @@ async fn a_silent_connection_is_closed_and_its_orders_cancelled() {
             spec: h100_spec(),
             region: None,
             zone: None,
+            fabric: None,
         })
         .await;
     assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
@@ -638,6 +640,7 @@ async fn a_big_suppliers_gpus_come_in_pages_that_fit_a_frame() {
                 spec: h100_spec(),
                 region: None,
                 zone: None,
+                fabric: None,
             })
             .await;
         assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");

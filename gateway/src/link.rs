@@ -583,6 +583,7 @@ fn command_scope(command: &Command) -> Scope {
         | Command::PlaceOrderVerified { .. }
         | Command::PlaceOrderWith { .. }
         | Command::PlaceOrderInRegions { .. }
+        | Command::PlaceClusterOrder { .. }
         | Command::CancelOrder { .. }
         | Command::ReplaceOrder { .. }
         | Command::MassCancel { .. }
@@ -590,6 +591,7 @@ fn command_scope(command: &Command) -> Scope {
         Command::EndLease { .. }
         | Command::RegisterGpu { .. }
         | Command::RegisterGpuInRegion { .. }
+        | Command::RegisterGpuOnFabric { .. }
         | Command::SetGpuOnline { .. }
         | Command::FailLeaseDelivery { .. } => Scope::Deliver,
         Command::Withdraw { .. } | Command::Payout { .. } | Command::Deposit { .. } => Scope::Withdraw,

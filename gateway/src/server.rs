@@ -783,11 +783,24 @@ impl Connection {
                 command(id, Command::ReplaceOrder { account, order, price_minor_per_gpu_hour, quantity })
             }
             ClientMessage::MassCancel { id, instrument } => command(id, Command::MassCancel { account, instrument }),
-            ClientMessage::RegisterGpu { id, host, gpu_uuid, spec, region: None, zone: None } => {
+            ClientMessage::RegisterGpu { id, host, gpu_uuid, spec, region: None, zone: None, fabric: None } => {
                 command(id, Command::RegisterGpu { account, host, gpu_uuid, spec })
             }
+            // A fabric without a region: refused fabric_invalid.
+            ClientMessage::RegisterGpu { id, host, gpu_uuid, spec, region, zone, fabric: Some(fabric) } => command(
+                id,
+                Command::RegisterGpuOnFabric {
+                    account,
+                    host,
+                    gpu_uuid,
+                    spec,
+                    region: region.unwrap_or_default(),
+                    zone: zone.unwrap_or_default(),
+                    fabric: Box::new(fabric),
+                },
+            ),
             // A zone without a region names no region: refused unknown_region.
-            ClientMessage::RegisterGpu { id, host, gpu_uuid, spec, region, zone } => command(
+            ClientMessage::RegisterGpu { id, host, gpu_uuid, spec, region, zone, fabric: None } => command(
                 id,
                 Command::RegisterGpuInRegion {
                     account,

@@ -145,6 +145,14 @@ pub struct OrderTicket {
     /// docs/market-rules.md "Regions".
     #[serde(default)]
     pub regions: Vec<String>,
+    /// Bids: a cluster bid for this many hosts, `quantity / nodes` GPUs on
+    /// each, all in one fabric group, all or none (docs/market-rules.md
+    /// "Cluster bids"). 0: not a cluster bid.
+    #[serde(default)]
+    pub nodes: u32,
+    /// Cluster bids: the least bandwidth each host declared on its fabric, Gb/s.
+    #[serde(default)]
+    pub min_fabric_gbps: u32,
 }
 
 fn default_order_type() -> OrderType {
@@ -184,11 +192,18 @@ impl OrderTicket {
             budget_minor: 0,
             stop_price_minor_per_gpu_hour: 0,
             regions: Vec::new(),
+            nodes: 0,
+            min_fabric_gbps: 0,
         }
     }
 
     /// The engine command this ticket places for `account`.
     pub fn into_command(mut self, account: AccountId) -> gpux_engine::Command {
+        if self.nodes > 0 || self.min_fabric_gbps > 0 {
+            let options = self.options();
+            let (regions, nodes, min_fabric_gbps) = (std::mem::take(&mut self.regions), self.nodes, self.min_fabric_gbps);
+            return gpux_engine::Command::PlaceClusterOrder { order: self.into_order(account), options, regions, nodes, min_fabric_gbps };
+        }
         if !self.regions.is_empty() {
             let options = self.options();
             let regions = std::mem::take(&mut self.regions);
@@ -310,6 +325,10 @@ pub enum ClientMessage {
         region: Option<String>,
         #[serde(default)]
         zone: Option<String>,
+        /// The fabric joining the host to its supplier's other hosts
+        /// (docs/market-rules.md "Cluster bids"); the host must name a region.
+        #[serde(default)]
+        fabric: Option<gpux_engine::FabricClaim>,
     },
     SetGpuOnline {
         id: u64,

@@ -28,6 +28,8 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         budget_minor: 5_000_000,
         stop_price_minor_per_gpu_hour: 2_100_000,
         regions: vec!["cn-east".into(), "cn-west".into()],
+        nodes: 2,
+        min_fabric_gbps: 400,
     };
     vec![
         ClientMessage::Auth {
@@ -57,6 +59,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
             },
             region: Some("cn-west".into()),
             zone: Some("cn-west-1a".into()),
+            fabric: Some(FabricClaim { group: "ib-pod-3".into(), gbps: 400, address: "10.8.0.3".into(), port_base: 29_500 }),
         },
         ClientMessage::SetGpuOnline { id: 9, gpu: GpuId(2), online: false },
         ClientMessage::EndLease { id: 10, lease: LeaseId(3) },

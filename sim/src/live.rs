@@ -137,6 +137,7 @@ async fn supplier(options: LiveOptions, index: u32) -> Result<()> {
             spec: spec_of(class_index),
             region: region.clone(),
             zone: None,
+            fabric: None,
         };
         connection.request(message).await?;
     }

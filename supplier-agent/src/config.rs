@@ -102,6 +102,32 @@ impl Availability {
     }
 }
 
+/// The `[fabric]` table: what the host declares of its fabric.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FabricConfig {
+    /// The fabric's name among this supplier's fabrics in the zone, e.g. "ib-pod-3".
+    pub group: String,
+    /// The host's bandwidth on it, Gb/s (e.g. 400 for one NDR port).
+    pub gbps: u32,
+    /// The host's address on the fabric: where its cluster peers reach it.
+    pub address: String,
+    /// The first of 64 ports cluster containers listen on (one per GPU
+    /// index): the member whose lowest GPU is index `i` gets `port_base + i`.
+    #[serde(default = "default_port_base")]
+    pub port_base: u16,
+}
+
+fn default_port_base() -> u16 {
+    29_500
+}
+
+impl FabricConfig {
+    pub fn claim(&self) -> gpux_engine::FabricClaim {
+        gpux_engine::FabricClaim { group: self.group.clone(), gbps: self.gbps, address: self.address.clone(), port_base: self.port_base }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
@@ -117,6 +143,12 @@ pub struct AgentConfig {
     /// The host's zone (data centre, availability zone), shown to renters.
     #[serde(default)]
     pub zone: Option<String>,
+    /// The fabric (InfiniBand or RoCE partition, cross-host NVLink domain)
+    /// that joins this host to the supplier's other hosts in its zone:
+    /// cluster bids fill across hosts of one fabric (docs/agent.md
+    /// "Clusters"). Declared with the host's first GPU; needs `region`.
+    #[serde(default)]
+    pub fabric: Option<FabricConfig>,
     #[serde(default = "default_sample_interval_ms")]
     pub sample_interval_ms: u64,
     /// How often each leased GPU's usage is reported.
@@ -343,6 +375,16 @@ impl AgentConfig {
         }
         if config.zone.is_some() && config.region.is_none() {
             bail!("zone needs region (a zone is within a region)");
+        }
+        if let Some(fabric) = &config.fabric {
+            if config.region.is_none() {
+                bail!("fabric needs region (a fabric group is one supplier's hosts in one zone)");
+            }
+            if !fabric.claim().is_valid() {
+                bail!(
+                    "fabric: group must be 1..=32 lower-case letters, digits and -, gbps 1..=100000, address an IP address, port_base 1024..=65472 (got {fabric:?})"
+                );
+            }
         }
         if !(1_000..=86_400_000).contains(&config.gpu_lost_after_ms) {
             bail!("gpu_lost_after_ms must be between 1000 and 86400000");

@@ -569,6 +569,7 @@ impl Agent {
                 spec: gpu.spec.clone(),
                 region: self.config.region.clone(),
                 zone: self.config.zone.clone(),
+                fabric: self.config.fabric.as_ref().map(|f| f.claim()),
             };
             match connection.request(request).await? {
                 ServerMessage::Ack { .. } => tracing::info!(uuid = %gpu.uuid, model = %gpu.spec.model, "registered"),

@@ -121,6 +121,7 @@ fn register_gpu(url: &str, supplier: &SigningKey) {
             spec: GpuSpec::h100_sxm(),
             region: None,
             zone: None,
+            fabric: None,
         };
         assert!(matches!(connection.request(message).await.expect("answer"), ServerMessage::Ack { .. }));
     });

@@ -9,7 +9,7 @@
 //! settlement mirrors it in the double-entry ledger.
 
 use super::{Account, Checked, Engine, GpuVerification, MemoryVerification};
-use crate::command::{ChallengeAnswer, Role};
+use crate::command::{ChallengeAnswer, FabricClaim, Role};
 use crate::config::{ChallengeSpec, GpuSpec, MemoryChallengeSpec};
 use crate::event::{ChallengeOutcome, EventKind, HoldReason, ReduceReason, RejectCode};
 use crate::gpus::{CommitmentHolder, Gpu, GpuDetails, Host, HostGpus};
@@ -276,6 +276,7 @@ impl Engine {
         uuid: &str,
         spec: &GpuSpec,
         region: Option<(&String, &String)>,
+        fabric: Option<&FabricClaim>,
     ) -> Checked<()> {
         if !self.account(account)?.role.may_supply() {
             return Err(RejectCode::RoleNotPermitted);
@@ -283,6 +284,10 @@ impl Engine {
         let names = [Some(host_name), Some(uuid), Some(spec.model.as_str()), spec.mig_profile.as_deref()];
         if !names.into_iter().flatten().all(name_is_valid) {
             return Err(RejectCode::NameInvalid);
+        }
+        // A fabric is known by its supplier, zone and name: a host names its region first.
+        if fabric.is_some() && region.is_none_or(|(name, _)| name.is_empty()) {
+            return Err(RejectCode::FabricInvalid);
         }
         let (region, zone) = match region {
             None => (None, ""),
@@ -293,6 +298,9 @@ impl Engine {
                 (Some(self.config.region_index(name).ok_or(RejectCode::UnknownRegion)?), zone.as_str())
             }
         };
+        if fabric.is_some_and(|claim| !claim.is_valid()) {
+            return Err(RejectCode::FabricInvalid);
+        }
         if self.gpu_by_uuid.contains_key(uuid) {
             return Err(RejectCode::GpuAlreadyRegistered);
         }
@@ -329,6 +337,9 @@ impl Engine {
                 if region.is_some() && existing.region.is_some() && existing.region != region {
                     return Err(RejectCode::RegionMismatch);
                 }
+                if fabric.is_some_and(|claim| !self.fabric_fits(host, claim)) {
+                    return Err(RejectCode::FabricMismatch);
+                }
                 host
             }
             None => {
@@ -339,6 +350,7 @@ impl Engine {
                     gpus: HostGpus::new(),
                     region: None,
                     zone: String::new(),
+                    fabric: None,
                 });
                 self.host_by_name.insert(host_name.to_string(), host);
                 host
@@ -349,6 +361,9 @@ impl Engine {
         if record.region.is_none() && region.is_some() {
             record.region = region;
             record.zone = zone.to_string();
+        }
+        if let Some(claim) = fabric {
+            self.declare_fabric(host, claim);
         }
         let gpu = GpuId(self.gpus.len() as u32);
         let index_on_host = self.hosts[host.0 as usize].gpus.len() as u32;

@@ -88,7 +88,12 @@ impl Engine {
         for id in self.crossing_all_or_none(instrument, limits::ALL_OR_NONE_SWEEP_MAX) {
             let Some(order) = self.orders.get(id) else { continue };
             let quantity = order.quantity;
-            if self.fillable_quantity(id, quantity) >= quantity
+            if order.nodes > 0 {
+                match self.cluster_plan(id) {
+                    Some(plan) => self.fill_cluster(id, plan),
+                    None => left = true,
+                }
+            } else if self.fillable_quantity(id, quantity) >= quantity
                 && self.match_order(id)
                 && self.orders.get(id).is_some_and(|o| o.quantity == 0)
             {

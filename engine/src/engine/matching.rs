@@ -75,6 +75,11 @@ impl Engine {
             Side::Buy => (taker_id, taker, maker_id, maker),
             Side::Sell => (maker_id, maker, taker_id, taker),
         };
+        if buy.nodes > 0 {
+            // A cluster bid trades whole through its plan only
+            // (`cluster_plan`); an ask passes it over and it keeps its place.
+            return Step::Continue;
+        }
         let (capacity, usable_mask) = self.fill_capacity(&buy, &sell, sell_id);
         let mut quantity = capacity.min(buy.quantity).min(sell.quantity);
         if let Some(left) = buy.budget_left_minor {
@@ -133,7 +138,7 @@ impl Engine {
 
     /// How many GPUs `sell` (order `sell_id`) can deliver to `buy` now, and
     /// which (for a GPU-backed ask).
-    fn fill_capacity(&self, buy: &Order, sell: &Order, sell_id: OrderId) -> (u32, u64) {
+    pub(super) fn fill_capacity(&self, buy: &Order, sell: &Order, sell_id: OrderId) -> (u32, u64) {
         // A bid that asks for reliable sellers skips the others (they keep their place).
         if buy.min_supplier_score_bps > 0 && self.supplier_scores.get(&sell.account).is_none_or(|s| *s < buy.min_supplier_score_bps) {
             return (0, 0);
@@ -219,6 +224,8 @@ impl Engine {
                         }
                         take
                     }
+                    // A cluster bid fills through its plan only.
+                    Side::Sell if maker.nodes > 0 => 0,
                     Side::Sell => {
                         let mut seller = taker;
                         if let (Some(set), Some(mask)) = (seller.supply.as_mut(), remaining_supply) {
@@ -243,7 +250,7 @@ impl Engine {
     }
 
     /// One fill of `quantity` between a bid and an ask at `price`.
-    fn execute_fill(&mut self, buy_id: OrderId, sell_id: OrderId, quantity: u32, usable_mask: u64, price: u64, aggressor: Side) {
+    pub(super) fn execute_fill(&mut self, buy_id: OrderId, sell_id: OrderId, quantity: u32, usable_mask: u64, price: u64, aggressor: Side) {
         let buy = *self.orders.get(buy_id).expect("live bid");
         let sell = *self.orders.get(sell_id).expect("live ask");
         let instrument = buy.instrument;

@@ -11,6 +11,8 @@
 
 mod accounts;
 mod calendar;
+pub(crate) mod clusters;
+pub use clusters::{FabricId, FabricInfo, MemberAddress};
 mod follow_ons;
 mod lease_resale;
 mod leases;
@@ -461,6 +463,16 @@ pub struct Engine {
     /// (`expect_workload`; within the command only).
     #[serde(skip)]
     pub(crate) workload_expected: Option<(AccountId, u64)>,
+    /// Fabric groups, by id; and by `(owner, zone, name)`.
+    pub(crate) fabrics: Vec<clusters::FabricGroup>,
+    pub(crate) fabric_by_key: BTreeMap<(AccountId, String, String), FabricId>,
+    /// The most hosts any fabric group has: no cluster bid for more nodes
+    /// is planned.
+    pub(crate) fabric_hosts_max: u32,
+    /// The shape (`nodes`, minimum fabric Gb/s) of the cluster bid being
+    /// placed (within the command only).
+    #[serde(skip)]
+    pub(crate) pending_cluster: Option<(u16, u32)>,
 }
 
 /// A resale ask's lease, and what the reseller holds to pay a buyer the
@@ -535,6 +547,10 @@ impl Engine {
             spend: BTreeMap::new(),
             delivering: BTreeSet::new(),
             workload_expected: None,
+            fabrics: Vec::new(),
+            fabric_by_key: BTreeMap::new(),
+            fabric_hosts_max: 0,
+            pending_cluster: None,
             config,
         };
         for class in 0..engine.config.classes.len() as u16 {
@@ -598,9 +614,12 @@ impl Engine {
             Command::SetFee { fee_bps } => self.set_fee(*fee_bps),
             Command::SetBillingGrace { grace_ms } => self.set_billing_grace(*grace_ms),
             Command::ChangeListing { listing } => self.change_listing(listing),
-            Command::RegisterGpu { account, host, gpu_uuid, spec } => self.register_gpu(*account, host, gpu_uuid, spec, None),
+            Command::RegisterGpu { account, host, gpu_uuid, spec } => self.register_gpu(*account, host, gpu_uuid, spec, None, None),
             Command::RegisterGpuInRegion { account, host, gpu_uuid, spec, region, zone } => {
-                self.register_gpu(*account, host, gpu_uuid, spec, Some((region, zone)))
+                self.register_gpu(*account, host, gpu_uuid, spec, Some((region, zone)), None)
+            }
+            Command::RegisterGpuOnFabric { account, host, gpu_uuid, spec, region, zone, fabric } => {
+                self.register_gpu(*account, host, gpu_uuid, spec, Some((region, zone)), Some(&**fabric))
             }
             Command::SetGpuOnline { account, gpu, online } => self.set_gpu_online(*account, *gpu, *online),
             Command::PlaceOrder(order) => self.place_order(order, &OrderOptions::default()),
@@ -619,6 +638,9 @@ impl Engine {
             Command::PlaceOrderInRegions { order, options, regions } => {
                 let regions = self.region_mask(order, regions)?;
                 self.place_order_in(order, options, regions)
+            }
+            Command::PlaceClusterOrder { order, options, regions, nodes, min_fabric_gbps } => {
+                self.place_cluster_order(order, options, regions, *nodes, *min_fabric_gbps)
             }
             Command::OpenSubAccount { parent } => self.open_sub_account(*parent),
             Command::MoveFunds { parent, sub_account, amount_minor, to_sub_account } => {
@@ -1159,6 +1181,7 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::Payout { account, .. }
         | Command::RegisterGpu { account, .. }
         | Command::RegisterGpuInRegion { account, .. }
+        | Command::RegisterGpuOnFabric { account, .. }
         | Command::SetGpuOnline { account, .. }
         | Command::CancelOrder { account, .. }
         | Command::ReplaceOrder { account, .. }
@@ -1172,7 +1195,8 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::PlaceOrderFiltered { order, .. }
         | Command::PlaceOrderVerified { order, .. }
         | Command::PlaceOrderWith { order, .. }
-        | Command::PlaceOrderInRegions { order, .. } => Some(order.account),
+        | Command::PlaceOrderInRegions { order, .. }
+        | Command::PlaceClusterOrder { order, .. } => Some(order.account),
     }
 }
 
@@ -1226,6 +1250,9 @@ impl Engine {
         }
         for host in &self.hosts {
             h.bytes(format!("{}{:?}{:?}{}", host.name, host.owner, host.region, host.zone).as_bytes());
+            if let Some(fabric) = &host.fabric {
+                h.bytes(format!("{fabric:?}").as_bytes());
+            }
         }
         for (gpu, details) in self.gpus.iter().zip(&self.gpu_details) {
             h.bytes(

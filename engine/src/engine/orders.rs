@@ -69,6 +69,8 @@ impl Engine {
             stop_price,
             regions,
             needs_delivery: self.workload_expected == Some((new.account, new.client_order_id)),
+            nodes: self.pending_cluster.map_or(0, |(nodes, _)| nodes),
+            min_fabric_gbps: self.pending_cluster.map_or(0, |(_, gbps)| gbps),
             ..Order::vacant()
         };
         let id = self.orders.insert(order);
@@ -165,6 +167,10 @@ impl Engine {
         let all_or_none = self.orders.get(id).expect("live").all_or_none;
         let needed = if fok || all_or_none { new.quantity } else { new.min_quantity };
         let rests = new.order_type == OrderType::Limit && matches!(new.time_in_force, TimeInForce::Gtc | TimeInForce::Gtt { .. });
+        if self.orders.get(id).expect("live").nodes > 0 {
+            self.enter_cluster(id, rests);
+            return;
+        }
         if needed > 0 && self.fillable_quantity(id, needed) < needed {
             if all_or_none && rests {
                 // It waits on the book, untraded, until it can fill whole.
@@ -631,6 +637,10 @@ impl Engine {
         }
         self.check_price(self.instruments[order.instrument.0 as usize].class, price)?;
         check_quantity(quantity)?;
+        // A cluster bid keeps its shape: only its price is replaced.
+        if order.nodes > 0 && quantity != order.quantity {
+            return Err(RejectCode::ReplaceInvalid);
+        }
         let new_hold_per_gpu = match (order.side, order.supply) {
             (Side::Sell, Some(_)) if quantity > order.quantity => return Err(RejectCode::ReplaceInvalid),
             (Side::Sell, None) if quantity > order.quantity => {
@@ -696,7 +706,9 @@ impl Engine {
             self.lock_more_contracts(id, order.instrument, quantity - order.quantity);
         }
         self.emit(EventKind::OrderReplaced { order: id, account, price_minor_per_gpu_hour: price, quantity, priority_kept: false });
-        if order.all_or_none && self.fillable_quantity(id, quantity) < quantity {
+        if order.nodes > 0 {
+            self.enter_cluster(id, true);
+        } else if order.all_or_none && self.fillable_quantity(id, quantity) < quantity {
             self.rest_or_close(id, true);
         } else {
             self.match_and_settle(id, true);
