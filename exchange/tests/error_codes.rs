@@ -191,6 +191,8 @@ fn submit_job(id: u64, instrument: InstrumentId, change: impl FnOnce(&mut JobSub
         retries: 1,
         min_supplier_score_bps: 0,
         verified_only: false,
+        nodes: 0,
+        min_fabric_gbps: 0,
         run: JobRun {
             image: "localhost/gpux-py:1".into(),
             command: vec!["python3".into(), "train.py".into()],

@@ -277,6 +277,7 @@ mod tests {
             gpus_verified: verified,
             supplier_score_bps: score,
             region: region.map(str::to_string),
+            fabric: None,
         };
         let offers = [
             offer(1_000_000, 4, 1, Some(9_900), Some("eu")),

@@ -13,7 +13,7 @@ use serde::Deserialize;
 /// GPUs one node of a job may ask for (a host holds at most 64).
 pub const GPUS_PER_NODE_MAX: u32 = 64;
 /// Nodes one job may span.
-pub const NODES_MAX: u32 = 256;
+pub const NODES_MAX: u32 = 64;
 /// The longest a job may run, in hours (90 days, as a lease).
 pub const DURATION_HOURS_MAX: u64 = 24 * 90;
 /// Retries after a failure (each one a new lease and a resume).
@@ -36,6 +36,8 @@ pub enum SpecError {
     Command,
     #[error("resources.gpus_per_node: 1 to {GPUS_PER_NODE_MAX}")]
     GpusPerNode,
+    #[error("resources.min_fabric_gbps: 1 to 100000, with nodes above 1")]
+    FabricGbps,
     #[error("resources.nodes: 1 to {NODES_MAX}")]
     Nodes,
     #[error("resources: give `gpu_memory_gib` or `model_params`, not both")]
@@ -157,6 +159,7 @@ struct CodeFile {
 struct ResourcesFile {
     gpus_per_node: Option<u32>,
     nodes: Option<u32>,
+    min_fabric_gbps: Option<u32>,
     gpu_memory_gib: Option<u32>,
     model_params: Option<String>,
     #[serde(default)]
@@ -235,6 +238,9 @@ pub struct JobSpec {
     pub framework: FrameworkChoice,
     pub gpus_per_node: u32,
     pub nodes: u32,
+    /// Several nodes: the least bandwidth of the fabric that joins them,
+    /// Gb/s (0: any fabric).
+    pub min_fabric_gbps: u32,
     pub memory: MemoryNeed,
     pub mode: Mode,
     pub vendor: VendorChoice,
@@ -330,6 +336,10 @@ impl File {
         if !(1..=NODES_MAX).contains(&nodes) {
             return Err(SpecError::Nodes);
         }
+        let min_fabric_gbps = resources.min_fabric_gbps.unwrap_or(0);
+        if min_fabric_gbps > 100_000 || (min_fabric_gbps > 0 && nodes == 1) {
+            return Err(SpecError::FabricGbps);
+        }
         let memory = match (resources.gpu_memory_gib, resources.model_params) {
             (Some(_), Some(_)) => return Err(SpecError::MemoryTwice),
             (Some(gib), None) if (1..=4096).contains(&gib) => MemoryNeed::GpuMemoryGib(gib),
@@ -395,6 +405,7 @@ impl File {
             framework: self.code.framework,
             gpus_per_node,
             nodes,
+            min_fabric_gbps,
             memory,
             mode: resources.mode,
             vendor: resources.vendor,

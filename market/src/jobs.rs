@@ -51,6 +51,10 @@ pub struct JobTerms {
     pub min_supplier_score_bps: u32,
     pub verified_only: bool,
     pub run: JobRun,
+    /// A cluster job's GPUs per host (each attempt bids `gpus /
+    /// gpus_per_node` hosts in one fabric group); 0: not a cluster.
+    pub gpus_per_node: u32,
+    pub min_fabric_gbps: u32,
 }
 
 impl JobTerms {
@@ -67,8 +71,12 @@ impl JobTerms {
             min_supplier_score_bps,
             verified_only,
             run,
+            nodes,
+            min_fabric_gbps,
         } = submission;
         JobTerms {
+            gpus_per_node: if nodes >= 2 { gpus / nodes } else { 0 },
+            min_fabric_gbps,
             account,
             name,
             instrument,
@@ -120,7 +128,9 @@ struct Resize {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
     /// A bid to place for a job's next attempt.
-    pub bids: Vec<(NewOrder, OrderOptions)>,
+    /// Each an engine command that places a bid (`PlaceOrderWith`, or
+    /// `PlaceClusterOrder` for a cluster job).
+    pub bids: Vec<gpux_engine::Command>,
     /// Leases to end (by their renter) because the job no longer needs them.
     pub end_leases: Vec<(AccountId, LeaseId)>,
     /// Bids to cancel (a job cancelled while bidding).
@@ -138,8 +148,7 @@ impl Outcome {
         use gpux_engine::Command;
         let ends = self.end_leases.iter().map(|&(account, lease)| Command::EndLease { account, lease });
         let cancels = self.cancel_orders.iter().map(|&(account, order)| Command::CancelOrder { account, order });
-        let bids = self.bids.iter().map(|(order, options)| Command::PlaceOrderWith { order: order.clone(), options: *options });
-        ends.chain(cancels).chain(bids).collect()
+        ends.chain(cancels).chain(self.bids.iter().cloned()).collect()
     }
 
     pub fn append(&mut self, mut other: Outcome) {
@@ -316,6 +325,11 @@ impl Jobs {
     pub fn check_resize(&self, job: JobId, account: AccountId, gpus: u32) -> Result<(), JobRefusal> {
         let entry = self.jobs.get(&job).filter(|j| j.terms.account == account).ok_or(JobRefusal::NotRunning)?;
         if gpus == 0 || gpus > limits::GPUS_MAX {
+            return Err(JobRefusal::Empty);
+        }
+        // A cluster job grows or shrinks by whole hosts of its size.
+        let per_node = entry.terms.gpus_per_node;
+        if per_node > 0 && (!gpus.is_multiple_of(per_node) || gpus / per_node > gpux_engine::limits::CLUSTER_NODES_MAX) {
             return Err(JobRefusal::Empty);
         }
         let attempt = match &entry.state {
@@ -527,6 +541,17 @@ impl Jobs {
             self.enter(job, JobState::Running { attempt: resize.attempt, leases: resize.leases }, at_ms, &mut outcome);
             started.push(job);
         }
+        // A fill across several hosts creates its leases one event at a
+        // time: the renter is told the attempt with all of them.
+        for (job, _, state) in &mut outcome.transitions {
+            if let (JobState::Running { attempt, leases }, Some(JobState::Running { attempt: now, leases: all })) =
+                (&mut *state, self.jobs.get(job).map(|j| &j.state))
+            {
+                if attempt == now {
+                    leases.clone_from(all);
+                }
+            }
+        }
         // Each started attempt is handed to its hosts once all of its leases are known.
         for job in started {
             let Some(entry) = self.jobs.get(&job) else { continue };
@@ -541,6 +566,8 @@ impl Jobs {
                     node_rank: rank as u32,
                     nodes: leases.len() as u32,
                     run: entry.terms.run.clone(),
+                    // Filled by the market, which knows the hosts' fabrics.
+                    peers: Vec::new(),
                 };
                 outcome.assigned.push((*lease, supplier, assignment));
             }
@@ -660,17 +687,19 @@ impl Jobs {
 
     /// The bid of a job's attempt: all of its GPUs or none, resting until it
     /// fills (a job waits for capacity), at its limit, for its hours.
-    fn bid(&self, job: JobId, attempt: u32) -> (NewOrder, OrderOptions) {
+    fn bid(&self, job: JobId, attempt: u32) -> gpux_engine::Command {
         self.bid_sized(job, attempt, self.jobs[&job].terms.gpus)
     }
 
-    fn bid_sized(&self, job: JobId, attempt: u32, gpus: u32) -> (NewOrder, OrderOptions) {
+    /// A cluster job's bid is a cluster bid for `gpus / gpus_per_node`
+    /// hosts (one host when that is 1).
+    fn bid_sized(&self, job: JobId, attempt: u32, gpus: u32) -> gpux_engine::Command {
         let terms = &self.jobs[&job].terms;
         let client_order_id = JOB_CLIENT_ORDER_ID_BASE + job.0 * ATTEMPTS_MAX as u64 + attempt as u64;
         let order = NewOrder {
             time_in_force: TimeInForce::Gtc,
             self_trade_prevention: SelfTradePrevention::CancelNewest,
-            one_host: terms.one_host,
+            one_host: terms.one_host || (terms.gpus_per_node > 0 && gpus == terms.gpus_per_node),
             duration: LeaseDuration::Hours(terms.hours),
             ..NewOrder::limit(terms.account, client_order_id, terms.instrument, Side::Buy, terms.limit_minor_per_gpu_hour, gpus)
         };
@@ -680,7 +709,13 @@ impl Jobs {
             verified_only: terms.verified_only,
             ..OrderOptions::default()
         };
-        (order, options)
+        let nodes = gpus.checked_div(terms.gpus_per_node).unwrap_or(0);
+        if nodes >= 2 {
+            let options = OrderOptions { all_or_none: false, ..options };
+            let min_fabric_gbps = terms.min_fabric_gbps;
+            return gpux_engine::Command::PlaceClusterOrder { order, options, regions: Vec::new(), nodes, min_fabric_gbps };
+        }
+        gpux_engine::Command::PlaceOrderWith { order, options }
     }
 }
 

@@ -653,7 +653,23 @@ impl MarketState {
                 owed.push(Notice { to: Audience::account(*account), message: ServerMessage::JobUpdate { job: Box::new(info) } });
             }
         }
-        for (lease, supplier, assignment) in outcome.assigned {
+        // A cluster attempt's members by rank, where each listens (every
+        // lease of the attempt on a host with a fabric; else no peers).
+        let mut members: BTreeMap<(gpux_protocol::JobId, u32), Option<Vec<gpux_engine::MemberAddress>>> = BTreeMap::new();
+        for (lease, _, assignment) in &outcome.assigned {
+            let entry = members.entry((assignment.job, assignment.attempt)).or_insert_with(|| Some(Vec::new()));
+            let address = self.engine.member_address(*lease);
+            match (entry.as_mut(), address) {
+                (Some(list), Some(address)) if assignment.nodes > 1 => list.push(address),
+                _ => *entry = None,
+            }
+        }
+        for (lease, supplier, mut assignment) in outcome.assigned {
+            if let Some(Some(peers)) = members.get(&(assignment.job, assignment.attempt)) {
+                if peers.len() == assignment.nodes as usize {
+                    assignment.peers = peers.clone();
+                }
+            }
             let workload = Box::new(gpux_protocol::Workload {
                 shm_mib: assignment.run.shm_mib,
                 ..gpux_protocol::Workload::image(assignment.run.image.clone())

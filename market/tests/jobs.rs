@@ -115,6 +115,8 @@ impl World {
             retries,
             min_supplier_score_bps: 0,
             verified_only: false,
+            gpus_per_node: 0,
+            min_fabric_gbps: 0,
             name: "train".into(),
             run: run(),
         }
@@ -273,6 +275,8 @@ fn a_journaled_job_runs_through_a_host_failure_and_replays_to_the_same_state() {
         retries: 2,
         min_supplier_score_bps: 0,
         verified_only: false,
+        gpus_per_node: 0,
+        min_fabric_gbps: 0,
         name: "train".into(),
         run: run(),
     };
@@ -401,4 +405,115 @@ fn a_resize_whose_bid_does_not_fill_leaves_the_job_as_it_was() {
     assert_eq!(outcome.end_leases, [(w.renter, lease)]);
     assert_eq!(w.follow(outcome), [JobState::Cancelled]);
     assert_eq!(w.engine.open_orders(w.renter).len(), 0, "no bid of the job is left");
+}
+
+/// A job on two nodes bids a cluster (docs/jobs.md "Clusters"): its hosts
+/// are one fabric group, each host is told every member's address by rank;
+/// when one member's host fails, every member's lease ends and the job bids
+/// a whole cluster again, restarting all from its checkpoint.
+#[test]
+fn a_cluster_job_runs_on_one_fabric_tells_each_host_its_peers_and_restarts_whole_when_a_member_fails() {
+    use gpux_market::{JournalEntry, MarketState};
+    use gpux_protocol::ServerMessage;
+
+    struct Live {
+        market: MarketState,
+        now_ms: u64,
+        /// Every `job_assigned` pushed, in order.
+        assigned: Vec<(LeaseId, gpux_protocol::JobAssignment)>,
+    }
+    impl Live {
+        /// Applies an entry and its follow-ups, as the sequencer does.
+        fn record(&mut self, entry: JournalEntry) -> gpux_market::Applied {
+            let applied = self.market.apply(&entry).expect("applies");
+            for notice in &applied.notices {
+                if let ServerMessage::JobAssigned { lease, assignment } = &notice.message {
+                    self.assigned.push((*lease, (**assignment).clone()));
+                }
+            }
+            for command in applied.follow_ups.clone() {
+                self.engine(command);
+            }
+            applied
+        }
+        fn engine(&mut self, command: Command) -> Vec<Event> {
+            self.now_ms += 1;
+            self.record(JournalEntry::Engine(Input { at_ms: self.now_ms, command })).events
+        }
+        fn ask(&mut self, host: u32, id: u64, price: u64) {
+            let mut order = NewOrder::limit(AccountId(1), id, InstrumentId(0), Side::Sell, price, 2);
+            order.supply = Some(GpuSet { host: HostId(host), gpu_mask: 0b11 });
+            self.engine(Command::PlaceOrder(order));
+        }
+    }
+    let mut live = Live { market: MarketState::new(EngineConfig::demo()).expect("demo"), now_ms: T0, assigned: Vec::new() };
+    let (renter, supplier) = (AccountId(0), AccountId(1));
+    live.engine(Command::OpenAccount { role: Role::Renter });
+    live.engine(Command::OpenAccount { role: Role::Supplier });
+    live.engine(Command::Deposit { account: renter, amount_minor: 1_000_000_000 });
+    // Three hosts of two GPUs on one fabric, and one host without.
+    for host in 0..4u32 {
+        for gpu in 0..2 {
+            let (host_name, gpu_uuid, spec) = (format!("host-{host}"), format!("GPU-{host}-{gpu}"), GpuSpec::h100_sxm());
+            let fabric = FabricClaim { group: "ib0".into(), gbps: 400, address: format!("10.0.0.{host}"), port_base: 29_500 };
+            live.engine(match host {
+                0..3 => Command::RegisterGpuOnFabric {
+                    account: supplier,
+                    host: host_name,
+                    gpu_uuid,
+                    spec,
+                    region: "us-east".into(),
+                    zone: "z1".into(),
+                    fabric: Box::new(fabric),
+                },
+                _ => Command::RegisterGpu { account: supplier, host: host_name, gpu_uuid, spec },
+            });
+        }
+    }
+    let terms = JobTerms {
+        account: renter,
+        instrument: InstrumentId(0),
+        gpus: 4,
+        one_host: false,
+        limit_minor_per_gpu_hour: USD_2,
+        hours: 2,
+        budget_minor: 100 * USD_2,
+        retries: 2,
+        min_supplier_score_bps: 0,
+        verified_only: false,
+        gpus_per_node: 2,
+        min_fabric_gbps: 400,
+        name: "train".into(),
+        run: run(),
+    };
+    live.now_ms += 1;
+    let submitted = live.record(JournalEntry::SubmitJob { at_ms: live.now_ms, terms });
+    let job = submitted.job.expect("a job entry").expect("accepted");
+    // The cheapest ask is on the host without a fabric: passed over.
+    live.ask(3, 1, USD_2 / 2);
+    live.ask(0, 2, USD_2);
+    assert!(matches!(live.market.jobs().state(job), Some(JobState::Bidding { .. })), "one fabric host is not a cluster of two");
+    live.ask(1, 3, USD_2);
+    let Some(JobState::Running { attempt: 1, leases }) = live.market.jobs().state(job).cloned() else { panic!("not running") };
+    let engine = live.market.engine();
+    let host_of = |lease: &LeaseId| engine.gpu(engine.lease(*lease).expect("lease").gpus[0]).expect("gpu").host;
+    assert_eq!(leases.iter().map(host_of).collect::<Vec<_>>(), [HostId(0), HostId(1)]);
+    let peers =
+        vec![MemberAddress { address: "10.0.0.0".into(), port: 29_500 }, MemberAddress { address: "10.0.0.1".into(), port: 29_500 }];
+    let first: Vec<(LeaseId, u32, u32, Vec<MemberAddress>)> =
+        live.assigned.drain(..).map(|(lease, a)| (lease, a.node_rank, a.nodes, a.peers)).collect();
+    assert_eq!(first, [(leases[0], 0, 2, peers.clone()), (leases[1], 1, 2, peers)]);
+
+    // Host 0 fails its member: both leases end, the job bids a cluster again.
+    live.engine(Command::FailLeaseDelivery { account: supplier, lease: leases[0] });
+    assert!(matches!(live.market.jobs().state(job), Some(JobState::Bidding { attempt: 2, .. })));
+    assert!(leases.iter().all(|l| !live.market.engine().lease(*l).expect("lease").active), "the whole cluster stopped");
+    live.ask(2, 4, USD_2);
+    live.ask(1, 5, USD_2);
+    let Some(JobState::Running { attempt: 2, leases }) = live.market.jobs().state(job).cloned() else { panic!("not running again") };
+    assert_eq!(leases.len(), 2);
+    let again: Vec<(u32, Vec<String>)> =
+        live.assigned.drain(..).map(|(_, a)| (a.attempt, a.peers.iter().map(|p| p.address.clone()).collect())).collect();
+    let ranks = vec!["10.0.0.2".to_string(), "10.0.0.1".into()];
+    assert_eq!(again, [(2, ranks.clone()), (2, ranks)], "ranks in price-time order of the new members");
 }

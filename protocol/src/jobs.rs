@@ -129,6 +129,14 @@ pub struct JobSubmission {
     #[serde(default)]
     pub verified_only: bool,
     pub run: JobRun,
+    /// A multi-node job on one fabric: this many hosts (2 to 64) with
+    /// `gpus / nodes` GPUs each, bought with a cluster bid
+    /// (docs/market-rules.md "Cluster bids"); 0: not a cluster.
+    #[serde(default)]
+    pub nodes: u32,
+    /// With `nodes`: the least fabric bandwidth each host declared, Gb/s.
+    #[serde(default)]
+    pub min_fabric_gbps: u32,
 }
 
 /// Why a submission breaks its bounds (`job_invalid`; the field it names).
@@ -160,6 +168,10 @@ pub enum JobInvalid {
     CheckpointInterval,
     #[error("run.shm_mib: at most 262144")]
     Shm,
+    #[error(
+        "nodes: 0, or 2 to 64 hosts with the same number of GPUs each (gpus a multiple of nodes, at most 64 a node), not with one_host"
+    )]
+    Nodes,
     #[error("run.inputs: at most 32, each a distinct name of letters, digits, '-', '_' or '.', a distinct mount that is an absolute path of plain names (not /job, the checkpoint or output directory), and a store object (64 hex digits, 1 byte to 1 GiB) or an https:// URL of at most 2048 printable bytes")]
     Input,
 }
@@ -187,6 +199,11 @@ impl JobSubmission {
         }
         if self.min_supplier_score_bps > 10_000 {
             return Err(JobInvalid::Score);
+        }
+        let cluster_ok =
+            |nodes: u32| (2..=64).contains(&nodes) && !self.one_host && self.gpus.is_multiple_of(nodes) && self.gpus / nodes <= 64;
+        if (self.nodes != 0 && !cluster_ok(self.nodes)) || (self.nodes == 0 && self.min_fabric_gbps != 0) {
+            return Err(JobInvalid::Nodes);
         }
         self.run.validate()
     }
@@ -355,6 +372,11 @@ pub struct JobAssignment {
     pub node_rank: u32,
     pub nodes: u32,
     pub run: JobRun,
+    /// A cluster job's members by rank: where each listens (its host's
+    /// fabric address and its port, docs/agent.md "Clusters"). Empty when
+    /// the job is no cluster.
+    #[serde(default)]
+    pub peers: Vec<gpux_engine::MemberAddress>,
 }
 
 #[cfg(test)]
@@ -373,6 +395,8 @@ mod tests {
             retries: 3,
             min_supplier_score_bps: 0,
             verified_only: false,
+            nodes: 0,
+            min_fabric_gbps: 0,
             run: JobRun {
                 image: "python:3.11".into(),
                 command: vec!["python3".into(), "train.py".into()],

@@ -157,6 +157,8 @@ fn sample_client_messages() -> Vec<ClientMessage> {
                 retries: 3,
                 min_supplier_score_bps: 9_500,
                 verified_only: true,
+                nodes: 0,
+                min_fabric_gbps: 0,
                 run: JobRun {
                     image: "registry.example.com/pytorch@sha256:3ac7".into(),
                     command: vec!["python".into(), "train.py".into()],

@@ -188,6 +188,14 @@ struct Link {
 }
 
 impl Agent {
+    /// The next client order id of an ask on `host`: the supplier's hosts
+    /// may share its account (docs/agent.md "Clusters"), so each takes the
+    /// ids of its host's residue and no two agents send the same one.
+    fn client_order_id(&mut self, host: HostId) -> u64 {
+        self.next_client_order_id += CLIENT_ORDER_ID_STRIDE;
+        self.next_client_order_id + host.0 as u64 % CLIENT_ORDER_ID_STRIDE
+    }
+
     pub fn new(config: AgentConfig, key: SigningKey, backend: Box<dyn GpuBackend>) -> Result<Self> {
         let reports = ReportBook::open(&config.key_file)?;
         // The X25519 key renters seal their workloads' secrets to: a file of its
@@ -308,9 +316,10 @@ impl Agent {
             None => return Err(Fatal("no GPU of this host qualifies for any listed class".into()).into()),
         };
         let instruments = self.instruments(&mut connection).await?;
-        // Asks of an earlier connection are unknown to this one: withdraw them.
-        let id = connection.new_id();
-        connection.request(ClientMessage::MassCancel { id, instrument: None }).await?;
+        // Asks of an earlier connection are unknown to this one: withdraw
+        // them. Only this host's: a supplier's other hosts may run agents
+        // under the same key (a cluster's fabric group is one supplier's).
+        withdraw_host_asks(&mut connection, host).await?;
         let mut link = Link {
             connection,
             host,
@@ -513,7 +522,8 @@ impl Agent {
     /// files from the exchange, then the manager fetches them and runs it.
     async fn deliver_job(&mut self, link: &mut Link, lease: LeaseId, assignment: gpux_protocol::JobAssignment) -> Result<()> {
         let (Some((orders, _)), Some(state)) = (&self.delivery, self.leases.get_mut(&lease)) else {
-            tracing::warn!(%lease, job = %assignment.job, "a job for a lease this host does not deliver");
+            // The supplier's other hosts share its account and its pushes.
+            tracing::debug!(%lease, job = %assignment.job, "a job for a lease on another host");
             return Ok(());
         };
         if state.billing == Billing::AsMeasured {
@@ -730,8 +740,8 @@ impl Agent {
             return Ok(());
         }
         let price = offer.price_floor_minor_per_gpu_hour.div_ceil(tick_minor) * tick_minor;
-        self.next_client_order_id += 1;
-        let mut order = OrderTicket::limit(self.next_client_order_id, instrument, Side::Sell, price, mask.count_ones());
+        let client_order_id = self.client_order_id(link.host);
+        let mut order = OrderTicket::limit(client_order_id, instrument, Side::Sell, price, mask.count_ones());
         order.supply = Some(GpuSet { host: link.host, gpu_mask: mask });
         let id = link.connection.new_id();
         match link.connection.request(ClientMessage::NewOrder { id, order, workload: None }).await? {
@@ -794,8 +804,8 @@ impl Agent {
                     continue;
                 }
                 let price = offer.price_floor_minor_per_gpu_hour.div_ceil(tick_minor) * tick_minor;
-                self.next_client_order_id += 1;
-                let mut order = OrderTicket::limit(self.next_client_order_id, instrument, Side::Sell, price, mask.count_ones());
+                let client_order_id = self.client_order_id(link.host);
+                let mut order = OrderTicket::limit(client_order_id, instrument, Side::Sell, price, mask.count_ones());
                 order.supply = Some(GpuSet { host: link.host, gpu_mask: mask });
                 let id = link.connection.new_id();
                 match link.connection.request(ClientMessage::NewOrder { id, order, workload: None }).await? {
@@ -1128,7 +1138,8 @@ impl Agent {
     /// for a GPU not on this host or a malformed seed.
     fn challenged(&self, challenge: u64, gpu: gpux_engine::GpuId, seed: &str) -> Option<(String, [u8; 32])> {
         let Some(uuid) = self.gpus.iter().find(|g| g.info.gpu == gpu).map(|g| g.info.uuid.clone()) else {
-            tracing::warn!(challenge, ?gpu, "challenge for a GPU not on this host");
+            // The supplier's other hosts share its account and its pushes.
+            tracing::debug!(challenge, ?gpu, "challenge for a GPU on another host");
             return None;
         };
         let Some(seed) = hex::decode(seed).ok().and_then(|bytes| <[u8; 32]>::try_from(bytes).ok()) else {
@@ -1381,6 +1392,32 @@ fn delivery_backend(config: &AgentConfig) -> Result<Option<std::sync::Arc<dyn De
 }
 
 /// Every GPU the account registered, page after page.
+/// Cancels the account's open asks on `host`: every page of open orders
+/// first, then the cancels (which would shift the pages).
+async fn withdraw_host_asks(connection: &mut Connection, host: gpux_engine::HostId) -> Result<()> {
+    let mut mine = Vec::new();
+    let mut offset = 0;
+    loop {
+        let id = connection.new_id();
+        match connection.request(ClientMessage::OpenOrders { id, offset }).await? {
+            ServerMessage::Orders { orders, next_offset, .. } => {
+                mine.extend(orders.iter().filter(|o| o.supply.is_some_and(|set| set.host == host)).map(|o| o.order));
+                match next_offset {
+                    Some(next) => offset = next,
+                    None => break,
+                }
+            }
+            other => bail!("listing open orders: {other:?}"),
+        }
+    }
+    for order in mine {
+        let id = connection.new_id();
+        // An order that closed meanwhile answers unknown_order: gone either way.
+        connection.request(ClientMessage::CancelOrder { id, order }).await?;
+    }
+    Ok(())
+}
+
 async fn my_gpus(connection: &mut Connection) -> Result<Vec<GpuInfo>> {
     let mut all = Vec::new();
     let mut offset = 0;
@@ -1406,10 +1443,15 @@ fn jitter(bound: Duration) -> Duration {
     Duration::from_millis(random % (bound.as_millis() as u64 + 1))
 }
 
+/// Hosts of one account whose asks' client order ids never meet: each
+/// host's ids are its own residue modulo this.
+const CLIENT_ORDER_ID_STRIDE: u64 = 1 << 16;
+
 /// Client order ids start from the clock so that a restarted agent never
-/// reuses the id of an ask still open from its previous run.
+/// reuses the id of an ask still open from its previous run (it would need
+/// more asks than milliseconds passed between its starts).
 fn client_order_id_base() -> u64 {
-    now_ms() * 1_000
+    now_ms() * CLIENT_ORDER_ID_STRIDE
 }
 
 fn now_ms() -> u64 {
@@ -1453,6 +1495,7 @@ mod tests {
                 memory: None,
                 region: None,
                 zone: String::new(),
+                fabric: None,
             },
             healthy: true,
             delivery_failed: false,

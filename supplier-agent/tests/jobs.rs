@@ -194,6 +194,8 @@ async fn a_job_resumes_on_another_host_from_its_checkpoint_after_its_host_dies()
         retries: 2,
         min_supplier_score_bps: 0,
         verified_only: false,
+        nodes: 0,
+        min_fabric_gbps: 0,
         run: JobRun {
             image: PY_IMAGE.into(),
             command: vec!["python3".into(), "train.py".into(), STEPS.to_string()],

@@ -93,6 +93,8 @@ async fn run(jobs: usize, failovers: usize, pairs: usize, socket: &str) {
         retries: 100,
         min_supplier_score_bps: 0,
         verified_only: false,
+        nodes: 0,
+        min_fabric_gbps: 0,
         run: JobRun {
             image: PY_IMAGE.into(),
             command: vec!["python3".into(), "train.py".into()],

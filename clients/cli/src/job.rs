@@ -318,6 +318,8 @@ pub async fn submit_job(
         instrument: planned.instrument,
         gpus: spec.gpus(),
         one_host: spec.nodes == 1,
+        nodes: if spec.nodes > 1 { spec.nodes } else { 0 },
+        min_fabric_gbps: spec.min_fabric_gbps,
         limit_minor_per_gpu_hour: planned.limit_minor_per_gpu_hour,
         hours: planned.hours,
         budget_minor: planned.budget_minor,

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::book::{Book, OrderSlab};
 use crate::chunked::ChunkedVec;
-use crate::command::{Command, Input, OrderOptions, Role, Side};
+use crate::command::{Command, GpuSet, Input, OrderOptions, Role, Side};
 use crate::config::{ConfigError, EngineConfig};
 use crate::event::{Event, EventKind, LeaseEndReason, LeaseKind, RejectCode};
 use crate::gpus::{Gpu, GpuDetails, Host};
@@ -133,6 +133,13 @@ pub struct OrderInfo {
     /// A bid's required regions (empty: any region).
     #[serde(default)]
     pub regions: Vec<String>,
+    /// An ask's GPUs (`None` for bids and resold contracts): a supplier's
+    /// agent withdraws its own host's asks only.
+    #[serde(default)]
+    pub supply: Option<GpuSet>,
+    /// A cluster bid's hosts (0: not a cluster bid).
+    #[serde(default)]
+    pub nodes: u32,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -188,6 +195,10 @@ pub struct OfferInfo {
     /// The region of its host (`None`: undeclared, or a resold contract).
     #[serde(default)]
     pub region: Option<String>,
+    /// Its host's fabric (`None`: none declared, or a resold contract):
+    /// what a cluster bid looks for (docs/market-rules.md "Cluster bids").
+    #[serde(default)]
+    pub fabric: Option<FabricInfo>,
 }
 
 /// A public description of a lease.
@@ -239,6 +250,9 @@ pub struct GpuInfo {
     pub region: Option<String>,
     #[serde(default)]
     pub zone: String,
+    /// Its host's fabric, if declared (docs/market-rules.md "Cluster bids").
+    #[serde(default)]
+    pub fabric: Option<FabricInfo>,
 }
 
 /// See [`Engine::challenge_target`].
@@ -844,6 +858,7 @@ impl Engine {
                     gpus_verified: gpus.unwrap_or(0),
                     supplier_score_bps: self.supplier_score(order.account),
                     region: order.supply.and_then(|set| self.host_region(set.host)).map(str::to_string),
+                    fabric: order.supply.and_then(|set| self.host_fabric(set.host)),
                 }
             })
             .collect();
@@ -870,6 +885,8 @@ impl Engine {
             quantity: order.quantity,
             resting: order.resting,
             regions: self.region_names(order.regions),
+            supply: order.supply,
+            nodes: order.nodes as u32,
         })
     }
 
@@ -1094,6 +1111,7 @@ impl Engine {
             memory: self.gpu_details[id.0 as usize].memory,
             region: self.host_region(gpu.host).map(str::to_string),
             zone: self.hosts[gpu.host.0 as usize].zone.clone(),
+            fabric: self.host_fabric(gpu.host),
         })
     }
 

@@ -54,6 +54,8 @@ impl Sim {
             retries: 3,
             min_supplier_score_bps: 0,
             verified_only: false,
+            gpus_per_node: 0,
+            min_fabric_gbps: 0,
             run: JobRun {
                 image: "sim/train:1".into(),
                 command: vec!["train".into()],

@@ -206,6 +206,14 @@ impl DockerBackend {
             for input in &run.inputs {
                 binds.push(format!("{}:{}:ro", files.input(&input.name).display(), input.mount));
             }
+            // A cluster member shares the host's network: its peers reach it
+            // on the fabric's address at its port, and NCCL, Gloo and MPI
+            // open their own connections between members (docs/agent.md
+            // "Clusters").
+            if files.cluster() {
+                binds.push(format!("{}:{}:ro", files.hostfile().display(), super::jobs::HOSTFILE_IN_CONTAINER));
+                config.network_mode = Some("host".into());
+            }
         }
         if !binds.is_empty() {
             config.binds = Some(binds);

@@ -24,6 +24,17 @@ const TRANSFER_TIMEOUT: Duration = Duration::from_secs(600);
 /// Files of one job directory synced at most (the store keeps 10 000 per account).
 const FILES_MAX: usize = 5_000;
 
+/// Where a cluster job's hostfile is in its container.
+pub const HOSTFILE_IN_CONTAINER: &str = "/etc/gpux/hostfile";
+
+/// `address:port`, an IPv6 address in brackets.
+fn socket_address(address: &str, port: u16) -> String {
+    match address.contains(':') {
+        true => format!("[{address}]:{port}"),
+        false => format!("{address}:{port}"),
+    }
+}
+
 /// Where a job's attempt runs on this host and how to reach its store.
 #[derive(Clone, Debug)]
 pub struct JobFiles {
@@ -65,6 +76,20 @@ impl JobFiles {
         self.dir.join("inputs").join(name)
     }
 
+    /// A cluster job's hostfile (`<jobs>/<lease>/hostfile`: one line per
+    /// member by rank, `ADDRESS slots=GPUS`, as MPI and DeepSpeed read it),
+    /// mounted read-only at [`HOSTFILE_IN_CONTAINER`].
+    pub fn hostfile(&self) -> PathBuf {
+        self.dir.join("hostfile")
+    }
+
+    /// Whether this attempt is a cluster: several nodes, each told where
+    /// every member listens (docs/agent.md "Clusters").
+    pub fn cluster(&self) -> bool {
+        let a = &self.assignment;
+        a.nodes > 1 && a.peers.len() == a.nodes as usize
+    }
+
     fn prefix(&self) -> String {
         format!("{}/jobs/{}", self.assignment.renter.0, self.assignment.job.0)
     }
@@ -93,12 +118,55 @@ impl JobFiles {
             ("PYTHONUNBUFFERED".into(), "1".into()),
         ]
         .into_iter()
+        .chain(self.cluster_env(in_container, gpus_here))
         .chain(a.run.inputs.iter().map(|input| {
             let name: String = input.name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
             let path = if in_container { input.mount.clone() } else { self.input(&input.name).display().to_string() };
             (format!("GPUX_INPUT_{name}"), path)
         }))
         .collect()
+    }
+
+    /// What distributed frameworks read to join a cluster (PyTorch's
+    /// `env://`, torchrun, DeepSpeed, Horovod through the hostfile): rank 0's
+    /// address and port, the world's size, this node's rank and first global
+    /// rank (one process per GPU), and every member's `address:port`. Empty
+    /// for a job that is no cluster.
+    fn cluster_env(&self, in_container: bool, gpus_here: usize) -> Vec<(String, String)> {
+        if !self.cluster() {
+            return Vec::new();
+        }
+        let a = &self.assignment;
+        let master = &a.peers[0];
+        let own = &a.peers[a.node_rank as usize];
+        let peers: Vec<String> = a.peers.iter().map(|p| socket_address(&p.address, p.port)).collect();
+        let hostfile = if in_container { HOSTFILE_IN_CONTAINER.to_string() } else { self.hostfile().display().to_string() };
+        let gpus_here = gpus_here.max(1) as u32;
+        vec![
+            ("MASTER_ADDR".into(), master.address.clone()),
+            ("MASTER_PORT".into(), master.port.to_string()),
+            ("WORLD_SIZE".into(), a.world_gpus.to_string()),
+            ("RANK".into(), (a.node_rank * gpus_here).to_string()),
+            ("LOCAL_RANK".into(), "0".into()),
+            ("NODE_RANK".into(), a.node_rank.to_string()),
+            ("NNODES".into(), a.nodes.to_string()),
+            ("NPROC_PER_NODE".into(), gpus_here.to_string()),
+            ("GPUX_PEERS".into(), peers.join(",")),
+            ("GPUX_CLUSTER_ADDR".into(), own.address.clone()),
+            ("GPUX_CLUSTER_PORT".into(), own.port.to_string()),
+            ("GPUX_HOSTFILE".into(), hostfile),
+        ]
+    }
+
+    /// Writes the cluster's hostfile (a job that is no cluster has none).
+    fn write_hostfile(&self) -> Result<(), Failure> {
+        if !self.cluster() {
+            return Ok(());
+        }
+        let a = &self.assignment;
+        let slots = (a.world_gpus / a.nodes).max(1);
+        let text: String = a.peers.iter().map(|p| format!("{} slots={slots}\n", p.address)).collect();
+        std::fs::write(self.hostfile(), text).map_err(|e| Failure::new(FailureCode::HostError, format!("writing the hostfile: {e}")))
     }
 
     /// The command, with the packages the image lacks installed first
@@ -134,6 +202,7 @@ impl JobFiles {
         for dir in [self.code(), self.checkpoints(), self.outputs(), self.pip_cache.clone()] {
             std::fs::create_dir_all(&dir).map_err(|e| Failure::new(FailureCode::HostError, format!("{}: {e}", dir.display())))?;
         }
+        self.write_hostfile()?;
         let client = Self::client()?;
         if let Some(bundle) = self.assignment.run.bundle.clone() {
             let key = format!("{}/bundles/{}.tar.gz", self.assignment.renter.0, bundle.sha256);
@@ -253,7 +322,9 @@ impl JobFiles {
                 self.remember(&key, *bytes, *modified);
                 put += 1;
             }
-            if area == "checkpoints" {
+            // A cluster's members share the job's checkpoint area: none
+            // removes what another wrote.
+            if area == "checkpoints" && !self.cluster() {
                 for relative in remote.keys().filter(|r| !local.contains_key(*r)) {
                     let url = format!("{}/v1/objects/{}/{area}/{relative}", self.store_url, self.prefix());
                     let _ = client.delete(&url).bearer_auth(&self.token).send().await;
