@@ -757,6 +757,8 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
     order.one_host = args.one_host;
     args.filters.apply(&mut order)?;
     order.all_or_none = args.all_or_none;
+    order.nodes = args.nodes.unwrap_or(0);
+    order.min_fabric_gbps = args.min_fabric_gbps.unwrap_or(0);
     if let Some(budget) = &args.budget {
         order.budget_minor = parse_amount(budget).map_err(|e| Failure::Usage(format!("--budget: {e}")))?;
     }

@@ -122,6 +122,12 @@ pub struct OrderArgs {
     /// A stop order: off the book until a trade prints at this price (money per GPU-hour) or beyond (bids: at or above; asks: at or below), then it enters as this order (docs/market-rules.md "Stop orders").
     #[arg(long)]
     pub stop: Option<String>,
+    /// Bids: a cluster bid for this many hosts (2 to 64), QUANTITY / NODES GPUs on each, all on one supplier's fabric in one zone, all or none (docs/market-rules.md "Cluster bids").
+    #[arg(long)]
+    pub nodes: Option<u32>,
+    /// Cluster bids: the least bandwidth each host declared on its fabric, Gb/s (default: any).
+    #[arg(long, requires = "nodes")]
+    pub min_fabric_gbps: Option<u32>,
 }
 
 /// What a bid asks of its sellers and of a host that fails it (`buy` and `run`).

@@ -578,8 +578,10 @@ class Client:
     async def submit_job(self, job: dict) -> dict:
         """Submits a job (the fields of `submit_job`: name, instrument, gpus,
         one_host, limit_minor_per_gpu_hour, hours, budget_minor, retries,
-        run {image, command, bundle, ...}); returns the job as it stands.
-        Bad fields raise GpuxError `job_invalid` naming the field."""
+        run {image, command, bundle, ...}; and for a job on several hosts of
+        one fabric, nodes and min_fabric_gbps: docs/jobs.md "Clusters");
+        returns the job as it stands. Bad fields raise GpuxError
+        `job_invalid` naming the field."""
         return (await self.request("submit_job", job=job)).fields["job"]
 
     async def job(self, job: int) -> dict:
@@ -709,12 +711,21 @@ class Client:
         return await self.request("end_lease", lease=lease)
 
     async def register_gpu(
-        self, host: str, gpu_uuid: str, spec: dict, region: Optional[str] = None, zone: Optional[str] = None
+        self,
+        host: str,
+        gpu_uuid: str,
+        spec: dict,
+        region: Optional[str] = None,
+        zone: Optional[str] = None,
+        fabric: Optional[dict] = None,
     ) -> m.Ack:
         """Lists a GPU of a host (the supplier agent does this from NVML).
         `region` (one of the listing's) and `zone` are declared by the host's
-        first GPU that names a region, and kept (docs/market-rules.md "Regions")."""
-        return await self.request("register_gpu", host=host, gpu_uuid=gpu_uuid, spec=spec, region=region, zone=zone)
+        first GPU that names a region, and kept (docs/market-rules.md "Regions").
+        `fabric` ({group, gbps, address, port_base}) declares the fabric that
+        joins the host to the supplier's others in its zone, for cluster bids
+        (docs/market-rules.md "Cluster bids")."""
+        return await self.request("register_gpu", host=host, gpu_uuid=gpu_uuid, spec=spec, region=region, zone=zone, fabric=fabric)
 
     async def listing(self) -> dict:
         """The listing the exchange runs (public): currency, regions, fees,

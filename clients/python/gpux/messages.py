@@ -82,6 +82,8 @@ class OrderTicket:
     budget_minor: int = 0  # bids: spend at most this; quantity is then the most GPUs wanted
     stop_price_minor_per_gpu_hour: int = 0  # a stop: off the book until a trade reaches this
     regions: list = field(default_factory=list)  # bids: only GPUs of hosts in these regions ([]: any)
+    nodes: int = 0  # bids: a cluster bid for this many hosts on one fabric (0: not a cluster)
+    min_fabric_gbps: int = 0  # cluster bids: the fabric's least bandwidth per host, Gb/s
 
     _next_id = [0]
 
@@ -103,6 +105,13 @@ class OrderTicket:
         """A bid for `quantity` GPUs from any hosts in one fill, or none; it
         rests untraded until the book can fill it whole (docs/market-rules.md "All-or-none")."""
         return cls.limit(instrument, "buy", price, quantity, all_or_none=True, **kwargs)
+
+    @classmethod
+    def cluster_bid(cls, instrument: int, price: int, nodes: int, gpus_per_node: int, min_fabric_gbps: int = 0, **kwargs: Any) -> "OrderTicket":
+        """A bid for `nodes` hosts with `gpus_per_node` GPUs each, all on one
+        supplier's fabric in one zone, all or none (docs/market-rules.md
+        "Cluster bids")."""
+        return cls.limit(instrument, "buy", price, nodes * gpus_per_node, nodes=nodes, min_fabric_gbps=min_fabric_gbps, **kwargs)
 
     @classmethod
     def limit(cls, instrument: int, side: str, price: int, quantity: int, **kwargs: Any) -> "OrderTicket":
@@ -132,6 +141,8 @@ class OrderTicket:
             "budget_minor": self.budget_minor,
             "stop_price_minor_per_gpu_hour": self.stop_price_minor_per_gpu_hour,
             "regions": list(self.regions),
+            "nodes": self.nodes,
+            "min_fabric_gbps": self.min_fabric_gbps,
         }
 
 

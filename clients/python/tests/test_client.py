@@ -338,6 +338,39 @@ def test_a_regional_bid_buys_only_in_its_region_and_amounts_follow_the_listings_
     run(scenario())
 
 
+def test_a_cluster_bid_fills_hosts_of_one_fabric_only_and_a_wrong_shape_is_refused(exchange):
+    url, operator = exchange
+
+    async def scenario():
+        supplier = await gpux.Client.connect(url, gpux.Key.generate(), role="supplier")
+        spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
+        for index, fabric in enumerate(["py-ib", "py-ib", None]):
+            claim = {"group": fabric, "gbps": 400, "address": f"10.9.0.{index}", "port_base": 29500} if fabric else None
+            await supplier.register_gpu(f"py-node-{index}", f"GPU-py-node-{index}", spec, region="us-east", zone="z9", fabric=claim)
+        with pytest.raises(gpux.GpuxError) as rewired:
+            claim = {"group": "py-ib2", "gbps": 400, "address": "10.9.0.0", "port_base": 29500}
+            await supplier.register_gpu("py-node-0", "GPU-py-node-0b", spec, region="us-east", zone="z9", fabric=claim)
+        assert rewired.value.code == "fabric_mismatch"
+        gpus = await supplier.my_gpus()
+        assert [g["fabric"] and (g["fabric"]["name"], g["fabric"]["hosts"]) for g in gpus] == [("py-ib", 2), ("py-ib", 2), None]
+        # The host without a fabric asks least; the cluster passes it over.
+        for gpu, price in zip(gpus, (2_000_000, 2_100_000, 1_000_000)):
+            supply = {"host": gpu["host"], "gpu_mask": 1 << gpu["index_on_host"]}
+            await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", price, 1, supply=supply))
+        renter = await funded_renter(url, operator)
+        with pytest.raises(gpux.GpuxError) as shape:
+            await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", 3_000_000, 3, nodes=2))
+        assert shape.value.code == "cluster_invalid", "3 GPUs on 2 nodes"
+        await renter.place(gpux.OrderTicket.cluster_bid(gpux.H100_SPOT, 3_000_000, nodes=2, gpus_per_node=1, min_fabric_gbps=400))
+        leases = await renter.leases()
+        assert sorted(lease["gpus"][0] for lease in leases) == [gpus[0]["gpu"], gpus[1]["gpu"]]
+        assert sorted(lease["price_minor_per_gpu_hour"] for lease in leases) == [2_000_000, 2_100_000]
+        await renter.close()
+        await supplier.close()
+
+    run(scenario())
+
+
 def test_an_aggregator_keeps_customers_apart_in_sub_accounts_with_scoped_keys(exchange):
     url, operator = exchange
 
