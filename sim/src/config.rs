@@ -49,6 +49,12 @@ pub struct SimConfig {
     /// with leases bought by hand. 0 draws nothing, so runs without it are
     /// the same as before it existed.
     pub managed_jobs_bps: u32,
+    /// Clusters (docs/market-rules.md "Cluster bids"): data-centre owners
+    /// run some of their 8-GPU hosts as fabric groups under one account,
+    /// and this share of training renters' jobs (basis points) buy 2 to 4
+    /// whole hosts of one fabric with a cluster bid; the report shows their
+    /// fill rate, time to fill and price premium. 0 draws nothing.
+    pub cluster_bids_bps: u32,
 }
 
 impl SimConfig {
@@ -70,6 +76,7 @@ impl SimConfig {
             order_types_bps: 0,
             regional_renters_bps: 0,
             managed_jobs_bps: 0,
+            cluster_bids_bps: 0,
         }
     }
 
@@ -92,6 +99,7 @@ impl SimConfig {
             order_types_bps: 0,
             regional_renters_bps: 0,
             managed_jobs_bps: 0,
+            cluster_bids_bps: 0,
         }
     }
 

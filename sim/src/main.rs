@@ -44,6 +44,9 @@ struct Args {
     /// Share of training renters' work, in basis points, submitted as gpux jobs (resumed from checkpoints when a host fails); 0: none.
     #[arg(long, default_value_t = 0)]
     managed_jobs_bps: u32,
+    /// Share of training renters' jobs, in basis points, bought as cluster bids (2 to 4 whole 8-GPU hosts on one fabric); data-centre owners then run fabric groups; 0: none.
+    #[arg(long, default_value_t = 0)]
+    cluster_bids_bps: u32,
     /// Exchange restarts (snapshot + journal replay) during the run.
     #[arg(long, default_value_t = 2)]
     restarts: u32,
@@ -124,6 +127,7 @@ fn main() -> anyhow::Result<()> {
         order_types_bps: args.order_types_bps,
         regional_renters_bps: args.regional_renters_bps,
         managed_jobs_bps: args.managed_jobs_bps,
+        cluster_bids_bps: args.cluster_bids_bps,
         ..SimConfig::full()
     };
     let started = Instant::now();

@@ -163,6 +163,21 @@ pub struct Metrics {
     pub trades: Vec<[[TradeBucket; 3]; 4]>,
     pub jobs: BTreeMap<RenterKind, JobStats>,
     pub window_bids: JobStats,
+    /// Training bought as cluster bids (`--cluster-bids-bps`), and what
+    /// their fills cost against each class's last spot price at the time.
+    pub cluster_bids: JobStats,
+    /// Cluster bids placed while a fabric group of their class had the
+    /// hosts free, and how many of those never filled.
+    pub cluster_with_supply: u64,
+    pub cluster_with_supply_unfilled: u64,
+    /// Cluster fills whose leases were not whole 8-GPU hosts of one fabric
+    /// group (the engine's rule says none).
+    pub cluster_fills_outside_one_group: u64,
+    pub cluster_paid_minor: u128,
+    pub cluster_at_spot_minor: u128,
+    /// Fabric groups and their hosts, at the start.
+    pub fabric_groups: u64,
+    pub fabric_hosts: u64,
     pub managed: ManagedStats,
     pub cheats: BTreeMap<SupplierCheat, CheatStats>,
     /// Hardware challenges by supplier kind (`None`: no hardware cheat:
@@ -209,6 +224,15 @@ pub struct RegionStats {
 }
 
 impl Metrics {
+    /// The row a renter's job counts in.
+    pub fn job_stats(&mut self, kind: RenterKind, window: bool, cluster: bool) -> &mut JobStats {
+        match (window, cluster) {
+            (true, _) => &mut self.window_bids,
+            (false, true) => &mut self.cluster_bids,
+            (false, false) => self.jobs.entry(kind).or_default(),
+        }
+    }
+
     pub fn new(hours: usize, days: usize) -> Self {
         Metrics {
             hours: vec![Default::default(); hours],

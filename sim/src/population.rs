@@ -192,6 +192,10 @@ pub struct Supplier {
     pub key_seed: [u8; 32],
     /// The host's region (`REGIONS` index); `None` when the run has none.
     pub region: Option<u8>,
+    /// The data-centre operator whose fabric group the host is in (the
+    /// index of the group's first host, whose account and key every host of
+    /// the group shares); `None`: no fabric.
+    pub fabric_group: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -285,6 +289,7 @@ pub fn draw(config: &SimConfig, rng: &mut impl RngCore) -> Population {
             faults,
             key_seed,
             region: None,
+            fabric_group: None,
         });
     }
     let mut renters = Vec::with_capacity(config.renters as usize);
@@ -313,7 +318,44 @@ pub fn draw(config: &SimConfig, rng: &mut impl RngCore) -> Population {
         .collect();
     let mut population = Population { suppliers, renters, aggregators };
     draw_regions(config, &mut population);
+    draw_fabrics(config, &mut population);
     population
+}
+
+/// Fabric groups come from a stream of their own (a run without cluster
+/// bids draws what it drew before): honest data-centre owners' 8-GPU hosts
+/// of one class, in runs of 4 to 12, seven runs in ten wired as one fabric
+/// group under one account. Its hosts sell no reserved windows (their
+/// owner sells them as clusters).
+fn draw_fabrics(config: &SimConfig, population: &mut Population) {
+    use rand::SeedableRng;
+    if config.cluster_bids_bps == 0 {
+        return;
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(config.seed ^ 0x6661_6272_6963_7321);
+    for (class_index, class) in CLASSES.iter().enumerate() {
+        let eligible: Vec<usize> = (0..population.suppliers.len())
+            .filter(|&i| {
+                let s = &population.suppliers[i];
+                s.class_index == class_index && class.data_centre && s.gpu_count == 8 && s.cheat.is_none()
+            })
+            .collect();
+        let mut at = 0;
+        while at < eligible.len() {
+            let size = rng.random_range(4..=12usize).min(eligible.len() - at);
+            if size >= 2 && rng.random_range(0..10) < 7 {
+                let first = eligible[at];
+                let region = population.suppliers[first].region;
+                for &index in &eligible[at..at + size] {
+                    let supplier = &mut population.suppliers[index];
+                    supplier.fabric_group = Some(first as u32);
+                    supplier.sells_windows = false;
+                    supplier.region = region;
+                }
+            }
+            at += size;
+        }
+    }
 }
 
 /// Regions come from a stream of their own, so a run without them draws

@@ -335,6 +335,29 @@ fn fills_section(md: &mut String, m: &Metrics) {
         job_row(md, kind.label(), stats);
     }
     job_row(md, "training in reserved daily windows", &m.window_bids);
+    if m.cluster_bids.placed > 0 {
+        job_row(md, "training clusters (2-4 whole 8-GPU hosts on one fabric)", &m.cluster_bids);
+    }
+    if m.cluster_bids.placed > 0 || m.fabric_groups > 0 {
+        let premium = if m.cluster_at_spot_minor == 0 {
+            "-".to_string()
+        } else {
+            format!("{:+.1}%", (m.cluster_paid_minor as f64 / m.cluster_at_spot_minor as f64 - 1.0) * 100.0)
+        };
+        let _ = writeln!(
+            md,
+            "
+Clusters (`--cluster-bids-bps`, docs/market-rules.md \"Cluster bids\"): {} fabric groups of one owner's 8-GPU hosts ({} hosts) \
+             sell to cluster bids, all or none, each host at its own ask. What cluster fills paid against the class's last spot price when \
+             they filled: {premium}. Of the cluster bids placed while a fabric group of their class had that many hosts up with every GPU \
+             free, {} never filled ({} of {}).",
+            m.fabric_groups,
+            m.fabric_hosts,
+            percent(m.cluster_with_supply_unfilled, m.cluster_with_supply),
+            m.cluster_with_supply_unfilled,
+            m.cluster_with_supply
+        );
+    }
     if !m.orders_rejected.is_empty() {
         let _ = writeln!(md, "\nOrders the engine refused (all participants), by code: {}.", code_counts(&m.orders_rejected));
     }

@@ -202,3 +202,27 @@ fn training_as_jobs_resumes_after_host_failures_and_loses_less_than_by_hand() {
     let md = &files.iter().find(|(name, _)| name == "report.md").expect("report.md").1;
     assert!(md.contains("## Training as gpux jobs"), "the report has its section");
 }
+
+/// Clusters (docs/market-rules.md "Cluster bids"): data-centre owners run
+/// fabric groups under one account, a share of training buys 2 to 4 whole
+/// hosts of one group; every invariant holds (restarts replay cluster bids),
+/// clusters fill, each fill is whole hosts of one group, and the report
+/// shows their fill rate and premium.
+#[test]
+fn cluster_bids_fill_whole_hosts_of_one_fabric_group_and_keep_every_invariant() {
+    let mut sim = Sim::new(SimConfig { suppliers: 300, renters: 1_500, cluster_bids_bps: 3_000, ..SimConfig::small(19) });
+    sim.run(|_| {});
+    for (name, ok, found) in report::invariants(&sim) {
+        assert!(ok, "{name}: {found}");
+    }
+    let m = &sim.metrics;
+    assert!(m.fabric_groups > 0 && m.fabric_hosts >= 4 * m.fabric_groups, "{} groups, {} hosts", m.fabric_groups, m.fabric_hosts);
+    assert!(m.cluster_bids.placed >= 10, "{:?}", m.cluster_bids);
+    assert!(m.cluster_bids.fully_filled > 0, "{:?}", m.cluster_bids);
+    assert_eq!(m.cluster_fills_outside_one_group, 0, "every fill is whole hosts of one fabric group");
+    assert!(m.cluster_paid_minor > 0);
+    assert_eq!(m.faults.restarts, 2, "restarts replayed journals holding cluster bids and fabric claims");
+    let files = report::render(&sim).files;
+    let md = &files.iter().find(|(name, _)| name == "report.md").expect("report.md").1;
+    assert!(md.contains("training clusters") && md.contains("fabric groups"), "the report shows clusters");
+}

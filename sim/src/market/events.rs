@@ -22,8 +22,15 @@ impl Sim {
                 }
                 EventKind::OrderClosed { order, .. } => self.on_order_closed(order),
                 EventKind::StopTriggered { .. } => *self.metrics.order_types.entry("stops triggered").or_default() += 1,
-                EventKind::LeaseCreated { lease, kind, renter, host: _, price_minor_per_gpu_hour, start_ms, end_ms, supplier, .. } => {
-                    self.on_lease_created(lease, kind, renter, supplier, price_minor_per_gpu_hour, start_ms, end_ms);
+                EventKind::LeaseCreated { lease, kind, renter, host, price_minor_per_gpu_hour, start_ms, end_ms, .. } => {
+                    // A cluster bid's member: which fabric group its host is in.
+                    if let Some(&job) = self.last_trade_buy_order.and_then(|order| self.job_of_order.get(&order)) {
+                        if self.jobs[job as usize].cluster {
+                            let group = self.supplier_of_host.get(&host).and_then(|&s| self.population.suppliers[s as usize].fabric_group);
+                            self.jobs[job as usize].groups.push(group);
+                        }
+                    }
+                    self.on_lease_created(lease, kind, renter, host, price_minor_per_gpu_hour, start_ms, end_ms);
                     self.managed_lease_created(lease, start_ms);
                 }
                 EventKind::LeaseEnded { lease, .. } => {
@@ -106,6 +113,11 @@ impl Sim {
     pub(super) fn on_trade(&mut self, instrument: InstrumentId, price: u64, quantity: u32, buy_order: OrderId) {
         self.last_trade_buy_order = Some(buy_order);
         if let Some(&(class_index, kind)) = self.instrument_kind.get(&instrument) {
+            let cluster = self.job_of_order.get(&buy_order).is_some_and(|&job| self.jobs[job as usize].cluster);
+            if cluster {
+                self.metrics.cluster_paid_minor += price as u128 * quantity as u128;
+                self.metrics.cluster_at_spot_minor += self.reference_price[class_index][kind] as u128 * quantity as u128;
+            }
             self.reference_price[class_index][kind] = price;
             let hour = ((self.now_ms - START_MS) / MS_PER_HOUR) as usize;
             if let Some(bucket) = self.metrics.trades.get_mut(hour) {
@@ -123,15 +135,26 @@ impl Sim {
     pub(super) fn on_order_closed(&mut self, order: OrderId) {
         let Some(job_index) = self.job_of_order.remove(&order) else { return };
         let job = &self.jobs[job_index as usize];
-        let stats = if job.window { &mut self.metrics.window_bids } else { self.metrics.jobs.entry(job.kind).or_default() };
-        stats.gpus_filled += job.filled as u64;
-        if job.filled >= job.wanted {
+        let (kind, window, cluster) = (job.kind, job.window, job.cluster);
+        let (filled, wanted, first_fill_ms, placed_at_ms) = (job.filled, job.wanted, job.first_fill_ms, job.placed_at_ms);
+        if cluster && filled > 0 {
+            let first = job.groups.first().copied().flatten();
+            let one_group = first.is_some() && job.groups.iter().all(|g| *g == first) && job.groups.len() as u32 * 8 == filled;
+            self.metrics.cluster_fills_outside_one_group += u64::from(!one_group);
+        }
+        if cluster && job.supply_existed {
+            self.metrics.cluster_with_supply += 1;
+            self.metrics.cluster_with_supply_unfilled += u64::from(filled == 0);
+        }
+        let stats = self.metrics.job_stats(kind, window, cluster);
+        stats.gpus_filled += filled as u64;
+        if filled >= wanted {
             stats.fully_filled += 1;
-        } else if job.filled == 0 {
+        } else if filled == 0 {
             stats.unfilled += 1;
         }
-        if let Some(first) = job.first_fill_ms {
-            stats.time_to_fill_ms.push(first - job.placed_at_ms);
+        if let Some(first) = first_fill_ms {
+            stats.time_to_fill_ms.push(first - placed_at_ms);
         }
     }
 
@@ -159,12 +182,12 @@ impl Sim {
         lease: LeaseId,
         kind: LeaseKind,
         renter: AccountId,
-        supplier: AccountId,
+        host: HostId,
         price: u64,
         start_ms: u64,
         end_ms: Option<u64>,
     ) {
-        let supplier_index = *self.supplier_of_account.get(&supplier).expect("leases are sold by simulated suppliers");
+        let supplier_index = *self.supplier_of_host.get(&host).expect("leases are sold by simulated hosts");
         let info = self.exchange.engine().lease(lease).expect("a created lease exists");
         let gpus: Vec<(GpuId, String)> =
             info.gpus.iter().map(|&gpu| (gpu, self.exchange.engine().gpu(gpu).expect("a leased GPU exists").uuid)).collect();
@@ -236,8 +259,12 @@ impl Sim {
                 self.gpu_intervals[gpu.0 as usize].push((sim_lease.start_ms, ended));
             }
         }
-        let delay = self.population.suppliers[sim_lease.supplier as usize].faults.report_delay_ms;
+        let supplier = sim_lease.supplier;
+        let delay = self.population.suppliers[supplier as usize].faults.report_delay_ms;
         self.schedule(ended + delay, Action::Report { lease, last: true });
+        if self.population.suppliers[supplier as usize].fabric_group.is_some() {
+            self.schedule(self.now_ms + 1_000, Action::Reoffer(supplier));
+        }
     }
 
     pub(super) fn on_billing_closed(&mut self, lease: LeaseId, verified_gpu_ms: u64, usage_charged_minor: u64) {

@@ -50,6 +50,10 @@ const SESSION_LOSS_DETECTED_MS: u64 = 30_000;
 #[derive(Clone, Copy, Debug)]
 enum Action {
     SupplierWake(u32),
+    /// A fabric group's host offers its GPUs again right after a lease on
+    /// it ends, as the agent does (other hosts wait for their next wake: a
+    /// simplification older reports were made with).
+    Reoffer(u32),
     JobArrival(u32),
     AggregatorWake(u32),
     Report {
@@ -118,6 +122,9 @@ struct SupplierState {
     /// A hardware challenge was answered, and one found a GPU wrong or slow.
     challenge_answered: bool,
     challenge_caught: bool,
+    /// A fabric group's host shares its account with the group's others:
+    /// it withdraws its own asks (these), never the account's.
+    asks: Vec<OrderId>,
 }
 
 struct RenterState {
@@ -137,6 +144,12 @@ struct Job {
     renter: u32,
     kind: RenterKind,
     window: bool,
+    /// Bought with a cluster bid; and whether, when it arrived, a fabric
+    /// group of its class had that many hosts up with every GPU free.
+    cluster: bool,
+    supply_existed: bool,
+    /// The fabric group of each host a cluster bid's leases run on.
+    groups: Vec<Option<u32>>,
     wanted: u32,
     filled: u32,
     placed_at_ms: u64,
@@ -204,6 +217,8 @@ pub struct Sim {
     renters: Vec<RenterState>,
     aggregators: Vec<AggregatorState>,
     supplier_of_account: FxHashMap<AccountId, u32>,
+    /// Every host's supplier (a fabric group's hosts share an account).
+    supplier_of_host: FxHashMap<HostId, u32>,
     renter_of_account: FxHashMap<AccountId, u32>,
     underpayers: Vec<AccountId>,
     jobs: Vec<Job>,
@@ -284,6 +299,7 @@ impl Sim {
             renters: Vec::new(),
             aggregators: Vec::new(),
             supplier_of_account: FxHashMap::default(),
+            supplier_of_host: FxHashMap::default(),
             renter_of_account: FxHashMap::default(),
             underpayers: Vec::new(),
             jobs: Vec::new(),
@@ -309,6 +325,9 @@ impl Sim {
             sim.learn_instrument(listed.instrument);
         }
         sim.open_suppliers();
+        let grouped: Vec<u32> = sim.population.suppliers.iter().filter_map(|s| s.fabric_group).collect();
+        sim.metrics.fabric_hosts = grouped.len() as u64;
+        sim.metrics.fabric_groups = grouped.iter().collect::<std::collections::BTreeSet<_>>().len() as u64;
         sim.schedule_first_challenges();
         sim.open_renters();
         sim.open_aggregators();
@@ -343,10 +362,20 @@ impl Sim {
     fn open_suppliers(&mut self) {
         let end_ms = self.config.end_ms();
         for index in 0..self.population.suppliers.len() {
-            let account = self.open_account(Role::Supplier);
+            // A fabric group's hosts run under its first host's account and key.
+            let (account, key) = match self.population.suppliers[index].fabric_group {
+                Some(first) if first as usize != index => {
+                    let owner = &self.suppliers[first as usize];
+                    (owner.account, owner.key.clone())
+                }
+                _ => {
+                    let account = self.open_account(Role::Supplier);
+                    let key = SigningKey::from_bytes(&self.population.suppliers[index].key_seed);
+                    self.exchange.register_key(account, key.verifying_key().to_bytes());
+                    (account, key)
+                }
+            };
             let model = &self.population.suppliers[index];
-            let key = SigningKey::from_bytes(&model.key_seed);
-            self.exchange.register_key(account, key.verifying_key().to_bytes());
             let (class_index, gpu_count) = (model.class_index, model.gpu_count);
             let mut state = SupplierState {
                 account,
@@ -360,6 +389,7 @@ impl Sim {
                 next_client_order_id: 1,
                 challenge_answered: false,
                 challenge_caught: false,
+                asks: Vec::new(),
             };
             for gpu_index in 0..gpu_count {
                 let uuid = format!("GPU-{index:06}-{gpu_index}");
@@ -404,7 +434,10 @@ impl Sim {
                     self.posted_capacity[hour][class_index] += gpu_count;
                 }
             }
-            self.supplier_of_account.insert(account, index as u32);
+            self.supplier_of_account.entry(account).or_insert(index as u32);
+            if let Some(host) = state.host {
+                self.supplier_of_host.insert(host, index as u32);
+            }
             self.suppliers.push(state);
             let first_wake = START_MS + self.rng.random_range(0..self.config.supplier_wake_ms);
             self.schedule(first_wake, Action::SupplierWake(index as u32));
@@ -535,6 +568,7 @@ impl Sim {
     fn act(&mut self, action: Action) {
         match action {
             Action::SupplierWake(index) => self.supplier_wake(index),
+            Action::Reoffer(index) => self.supplier_offer(index),
             Action::JobArrival(index) => self.job_arrival(index),
             Action::AggregatorWake(index) => self.aggregator_wake(index),
             Action::Report { lease, last } => self.report(lease, last),
@@ -554,7 +588,13 @@ impl Sim {
             Action::SessionLost(index) => {
                 // The agent logged in with cancel_on_disconnect: the exchange
                 // cancels the host's asks once its session is gone.
-                if self.suppliers[index as usize].is_down {
+                // A fabric group's hosts share a session-holding account: the
+                // exchange cancels only when its last session is gone.
+                let group = self.population.suppliers[index as usize].fabric_group;
+                let last = group.is_none_or(|group| {
+                    (0..self.suppliers.len()).all(|i| self.population.suppliers[i].fabric_group != Some(group) || self.suppliers[i].is_down)
+                });
+                if self.suppliers[index as usize].is_down && last {
                     let account = self.suppliers[index as usize].account;
                     self.submit(Command::MassCancel { account, instrument: None });
                     self.exchange.supplier_disconnected(self.now_ms, account);

@@ -24,6 +24,15 @@ impl Sim {
         } else {
             None
         };
+        // A share of training buys whole 8-GPU hosts on one fabric.
+        let cluster_nodes = (kind == RenterKind::Training
+            && window.is_none()
+            && !underpays
+            && CLASSES[class_index].data_centre
+            && self.config.cluster_bids_bps > 0
+            && self.rng.random_range(0..10_000) < self.config.cluster_bids_bps)
+            .then(|| [2u32, 2, 3, 4][self.rng.random_range(0..4)]);
+        let quantity = cluster_nodes.map_or(quantity, |nodes| nodes * 8);
         let (instrument, contract) = match window {
             Some(w) => (w.instrument, 2),
             None => (InstrumentId(class_index as u32 * 2 + contract as u32), contract),
@@ -37,7 +46,13 @@ impl Sim {
         let worth = list * (9_000 + eagerness_bps as u64) / 10_000;
         // A renter whose data must stay at home pays what GPUs cost there.
         let home_cost = renter_region.map_or(100, |r| population::REGIONS[r as usize].cost_percent);
-        let price = tick_round(chasing.min(worth) * home_cost / 100);
+        // A cluster's buyer bids what the work is worth to it: whole hosts on
+        // one fabric are scarce, and a cluster bid that trails the going
+        // price waits for every member's owner to come down at once.
+        let price = match cluster_nodes {
+            Some(_) => tick_round(chasing.max(worth) * home_cost / 100),
+            None => tick_round(chasing.min(worth) * home_cost / 100),
+        };
         let duration = match (run_ms, underpays) {
             (Some(_), _) | (_, true) => LeaseDuration::UntilCancelled,
             (None, false) => LeaseDuration::Hours(hours),
@@ -48,7 +63,7 @@ impl Sim {
             (None, LeaseDuration::UntilCancelled) => 1,
         };
         let hold = price * billable_hours * quantity as u64;
-        if kind == RenterKind::Training && window.is_none() && !underpays && self.managed_draw() {
+        if kind == RenterKind::Training && window.is_none() && !underpays && cluster_nodes.is_none() && self.managed_draw() {
             let available = self.exchange.engine().balances(account).map_or(0, |b| b.available_minor);
             if available < hold * 3 {
                 self.submit(Command::Deposit { account, amount_minor: hold * 6 });
@@ -68,23 +83,36 @@ impl Sim {
             renter: index,
             kind,
             window: window.is_some(),
+            cluster: cluster_nodes.is_some(),
+            supply_existed: cluster_nodes.is_some_and(|nodes| self.fabric_has_free_hosts(class_index, nodes, price)),
+            groups: Vec::new(),
             wanted: quantity,
             filled: 0,
             placed_at_ms: self.now_ms,
             first_fill_ms: None,
             run_ms: if underpays { Some(3 * MS_PER_DAY) } else { run_ms },
         });
-        let stats = if window.is_some() { &mut self.metrics.window_bids } else { self.metrics.jobs.entry(kind).or_default() };
+        let stats = self.metrics.job_stats(kind, window.is_some(), cluster_nodes.is_some());
         stats.placed += 1;
         stats.gpus_wanted += quantity as u64;
-        let patience = match window {
-            Some(w) => w.start_ms - 16 * 60_000 - self.now_ms,
-            None => self.rng.random_range(10 * 60_000..PATIENCE_MS_MAX),
+        let patience = match (window, cluster_nodes) {
+            (Some(w), _) => w.start_ms - 16 * 60_000 - self.now_ms,
+            // A cluster is planned ahead: its buyer waits hours, not minutes.
+            (None, Some(_)) => self.rng.random_range(MS_PER_HOUR..6 * MS_PER_HOUR),
+            (None, None) => self.rng.random_range(10 * 60_000..PATIENCE_MS_MAX),
         };
         let mut order = NewOrder::limit(account, job + 1, instrument, Side::Buy, price, quantity);
         order.time_in_force = TimeInForce::Gtt { expire_at_ms: self.now_ms + patience };
-        order.one_host = kind == RenterKind::Training && window.is_none();
+        order.one_host = kind == RenterKind::Training && window.is_none() && cluster_nodes.is_none();
         order.duration = duration;
+        if let Some(nodes) = cluster_nodes {
+            let regions = renter_region.map(|r| vec![population::REGIONS[r as usize].name.to_string()]).unwrap_or_default();
+            let options = OrderOptions::default();
+            if !self.place_command(Command::PlaceClusterOrder { order, options, regions, nodes, min_fabric_gbps: 0 }) {
+                self.metrics.cluster_bids.unfilled += 1;
+            }
+            return;
+        }
         if underpays {
             self.metrics.renter_cheats.entry("open-ended lease left unfunded").or_default().attempts += 1;
         }
@@ -104,12 +132,31 @@ impl Sim {
             }
         };
         if !placed {
-            let stats = if window.is_some() { &mut self.metrics.window_bids } else { self.metrics.jobs.entry(kind).or_default() };
+            let stats = self.metrics.job_stats(kind, window.is_some(), false);
             stats.unfilled += 1;
             if underpays {
                 self.metrics.renter_cheats.entry("open-ended lease left unfunded").or_default().caught += 1;
             }
         }
+    }
+
+    /// Whether a fabric group of `class_index` has `nodes` hosts up, online,
+    /// with every GPU free of leases now, whose owners sell at `price` (their
+    /// floor is no higher): the supply a cluster bid at `price` needs.
+    fn fabric_has_free_hosts(&self, class_index: usize, nodes: u32, price: u64) -> bool {
+        let mut free: std::collections::BTreeMap<u32, u32> = std::collections::BTreeMap::new();
+        for (index, model) in self.population.suppliers.iter().enumerate() {
+            let Some(group) = model.fabric_group.filter(|_| model.class_index == class_index && model.floor_minor <= price) else {
+                continue;
+            };
+            let state = &self.suppliers[index];
+            let idle =
+                !state.is_down && state.gpus.iter().all(|gpu| self.gpu_lease_count[gpu.0 as usize] == 0 && self.gpu_online[gpu.0 as usize]);
+            if idle {
+                *free.entry(group).or_default() += 1;
+            }
+        }
+        free.values().any(|&hosts| hosts >= nodes)
     }
 
     /// Which order type beyond a plain bid this job's bid uses, if any

@@ -7,6 +7,12 @@ impl Sim {
     pub(super) fn supplier_wake(&mut self, index: u32) {
         let jitter = self.rng.random_range(0..60_000);
         self.schedule(self.now_ms + self.config.supplier_wake_ms + jitter, Action::SupplierWake(index));
+        self.supplier_offer(index);
+    }
+
+    /// Withdraws the host's asks and offers its free GPUs again at the
+    /// going price (and its windows; and the double-selling cheat).
+    pub(super) fn supplier_offer(&mut self, index: u32) {
         let i = index as usize;
         let Some(host) = self.suppliers[i].host else { return };
         if self.suppliers[i].is_down {
@@ -18,8 +24,18 @@ impl Sim {
         let owner_busy = model_owner_busy(self.population.suppliers[i].owner_day_start_hour, hour);
         let spot = InstrumentId(class_index as u32 * 2);
         let preempt = InstrumentId(class_index as u32 * 2 + 1);
-        self.submit(Command::MassCancel { account, instrument: Some(spot) });
-        self.submit(Command::MassCancel { account, instrument: Some(preempt) });
+        let grouped = self.population.suppliers[i].fabric_group.is_some();
+        if grouped {
+            // Its group's other hosts share the account: only its own asks go.
+            for order in std::mem::take(&mut self.suppliers[i].asks) {
+                if self.exchange.engine().order(order).is_some() {
+                    self.submit(Command::CancelOrder { account, order });
+                }
+            }
+        } else {
+            self.submit(Command::MassCancel { account, instrument: Some(spot) });
+            self.submit(Command::MassCancel { account, instrument: Some(preempt) });
+        }
         let mut free_mask = 0u64;
         for bit in 0..self.suppliers[i].gpus.len() {
             let gpu = self.suppliers[i].gpus[bit];
@@ -45,7 +61,16 @@ impl Sim {
                 let id = self.next_supplier_order_id(i);
                 let mut order = NewOrder::limit(account, id, instrument, Side::Sell, price, quantity);
                 order.supply = Some(GpuSet { host, gpu_mask: free_mask });
-                self.place(order);
+                if grouped {
+                    let events = self.submit(Command::PlaceOrder(order));
+                    self.count_rejection(&events);
+                    self.suppliers[i].asks.extend(events.iter().filter_map(|e| match e.kind {
+                        EventKind::OrderAccepted { order, .. } => Some(order),
+                        _ => None,
+                    }));
+                } else {
+                    self.place(order);
+                }
             }
         }
         if self.population.suppliers[i].sells_windows {
@@ -56,10 +81,24 @@ impl Sim {
         }
     }
 
+    /// The next client order id of supplier `supplier`'s asks: a fabric
+    /// group's hosts share an account, so each counts in its own range.
     pub(super) fn next_supplier_order_id(&mut self, supplier: usize) -> u64 {
         let id = self.suppliers[supplier].next_client_order_id;
         self.suppliers[supplier].next_client_order_id += 1;
-        id
+        match self.population.suppliers[supplier].fabric_group {
+            Some(_) => ((supplier as u64 + 1) << 32) + id,
+            None => id,
+        }
+    }
+
+    /// Counts a refused order by its code.
+    fn count_rejection(&mut self, events: &[Event]) {
+        for event in events {
+            if let EventKind::Rejected { code, .. } = event.kind {
+                *self.metrics.orders_rejected.entry(format!("{code:?}")).or_default() += 1;
+            }
+        }
     }
 
     /// Places an order, counting a refusal by its code.
@@ -67,6 +106,17 @@ impl Sim {
     pub(super) fn register_gpu(&self, index: usize, account: AccountId, gpu_uuid: String, spec: gpux_engine::GpuSpec) -> Command {
         let supplier = &self.population.suppliers[index];
         let host = supplier.host_name.clone();
+        if let Some(first) = supplier.fabric_group {
+            // Every fabric host names a region (the engine's rule): its own, or the first listed.
+            let region = population::REGIONS[supplier.region.unwrap_or(0) as usize].name.to_string();
+            let fabric = gpux_engine::FabricClaim {
+                group: format!("fabric-{first}"),
+                gbps: 400,
+                address: format!("10.{}.{}.{}", (index >> 16) & 0xff, (index >> 8) & 0xff, index & 0xff),
+                port_base: 29_500,
+            };
+            return Command::RegisterGpuOnFabric { account, host, gpu_uuid, spec, region, zone: "dc".into(), fabric: Box::new(fabric) };
+        }
         match supplier.region {
             None => Command::RegisterGpu { account, host, gpu_uuid, spec },
             Some(region) => {
