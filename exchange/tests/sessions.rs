@@ -560,6 +560,55 @@ async fn cancel_on_disconnect_cancels_the_accounts_orders_when_its_last_session_
     tokio::time::timeout(std::time::Duration::from_secs(5), update).await.expect("the ask left the book when the last session ended");
 }
 
+/// A supplier's hosts may run agents under one account (docs/agent.md
+/// "Clusters"): when one host's session ends, the asks that session placed
+/// leave the book and the other host's stay, since another session of the
+/// account is still open.
+#[tokio::test]
+async fn a_session_that_ends_takes_its_own_asks_while_the_accounts_other_sessions_go_on() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start_with(dir.path(), Some(&key(1)), &[]);
+    let mut hosts = Vec::new();
+    for (index, price) in [(0u32, USD_2), (1, USD_2 + 10_000)] {
+        let mut agent = Client::connect(&exchange.addr).await;
+        let ClientMessage::Auth { id, public_key, signature, role, .. } = agent.auth_message(&key(2), Some(Role::Supplier)) else {
+            unreachable!()
+        };
+        agent.send(&ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect: true, invite: None }).await;
+        assert!(matches!(agent.recv_reply().await, ServerMessage::Authenticated { .. }));
+        let id = agent.id();
+        let registered = agent
+            .request(ClientMessage::RegisterGpu {
+                id,
+                host: format!("node-{index}"),
+                gpu_uuid: format!("GPU-{index}"),
+                spec: h100_spec(),
+                region: None,
+                zone: None,
+                fabric: None,
+            })
+            .await;
+        assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
+        let mut ask = ticket(10 + index as u64, Side::Sell, price, 1);
+        ask.supply = Some(GpuSet { host: HostId(index), gpu_mask: 1 });
+        assert!(matches!(agent.place(ask).await, ServerMessage::Ack { order: Some(_), .. }));
+        hosts.push(agent);
+    }
+    let mut watcher = Client::connect(&exchange.addr).await;
+    let id = watcher.id();
+    watcher.request_subscribe(id, Channel::Book, InstrumentId(0)).await;
+    drop(hosts.remove(0));
+    let gone = watcher.recv_until(|message| match message {
+        ServerMessage::BookUpdate { side: Side::Sell, price_minor_per_gpu_hour, quantity: 0, .. } => Some(*price_minor_per_gpu_hour),
+        _ => None,
+    });
+    let price = tokio::time::timeout(std::time::Duration::from_secs(5), gone).await.expect("the ended session's ask left the book");
+    assert_eq!(price, USD_2, "the first host's ask");
+    let orders = hosts[0].open_orders().await;
+    assert_eq!(orders.len(), 1, "the other host's ask rests: {orders:?}");
+    assert_eq!(orders[0].supply, Some(GpuSet { host: HostId(1), gpu_mask: 1 }));
+}
+
 /// A peer that goes silent (a host that lost power leaves a half-open
 /// socket) answers none of the gateway's pings: after the idle timeout its
 /// connection is closed `idle_timeout`, its session ends, and with

@@ -92,8 +92,13 @@ struct Connection {
     outbound: Outbound,
     account: Option<AccountId>,
     subscriptions: BTreeSet<(Channel, InstrumentId)>,
-    /// Cancel the account's orders when its last session ends.
+    /// Cancel the orders this session placed when it ends, and the
+    /// account's others too when it was the account's last session.
     cancel_on_disconnect: bool,
+    /// With `cancel_on_disconnect`: the orders this session placed (some
+    /// may have closed since; pruned to the live ones when it holds twice
+    /// the account's order limit).
+    orders: BTreeSet<gpux_engine::OrderId>,
     /// The key it logged in with, and when that key expires.
     key: Option<[u8; 32]>,
     key_expires_at_ms: Option<u64>,
@@ -335,6 +340,9 @@ impl Sequencer {
                     EventKind::OrderAccepted { order, .. } => Some(order),
                     _ => None,
                 });
+                if let Some(order) = order {
+                    self.remember_session_order(connection, order);
+                }
                 ServerMessage::Ack { id, journal_seq, order }
             }
         };

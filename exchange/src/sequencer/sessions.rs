@@ -24,12 +24,24 @@ pub(super) struct Login {
 }
 
 impl Sequencer {
+    /// Notes an order a `cancel_on_disconnect` session placed.
+    pub(super) fn remember_session_order(&mut self, connection: ConnectionId, order: gpux_engine::OrderId) {
+        let Some(state) = self.connections.get_mut(&connection).filter(|c| c.cancel_on_disconnect) else { return };
+        state.orders.insert(order);
+        let bound = 2 * self.market.engine().config().orders_per_account_max as usize;
+        if state.orders.len() > bound {
+            let engine = self.market.engine();
+            state.orders.retain(|order| engine.order(*order).is_some());
+        }
+    }
+
     pub(super) fn connect(&mut self, connection: ConnectionId, outbound: Outbound) {
         let state = Connection {
             outbound,
             account: None,
             subscriptions: BTreeSet::new(),
             cancel_on_disconnect: false,
+            orders: BTreeSet::new(),
             key: None,
             key_expires_at_ms: None,
             presence: false,
@@ -226,6 +238,14 @@ impl Sequencer {
         if state.cancel_on_disconnect && last {
             // Journaled like any command, so replay cancels the same orders.
             self.apply_command(None, 0, Command::MassCancel { account, instrument: None });
+        } else if state.cancel_on_disconnect {
+            // The account's other sessions go on (a supplier's other hosts,
+            // docs/agent.md "Clusters"): only what this one placed goes.
+            for order in state.orders {
+                if self.market.engine().order(order).is_some_and(|o| o.account == account) {
+                    self.apply_command(None, 0, Command::CancelOrder { account, order });
+                }
+            }
         }
         // A supplier gone while it supplies leases: a fact of its record.
         if last && !exchange_stopping && !self.market.engine().active_leases_supplied(account).is_empty() {

@@ -588,16 +588,23 @@ impl Sim {
             Action::SessionLost(index) => {
                 // The agent logged in with cancel_on_disconnect: the exchange
                 // cancels the host's asks once its session is gone.
-                // A fabric group's hosts share a session-holding account: the
-                // exchange cancels only when its last session is gone.
+                // A fabric group's hosts share an account: while another of
+                // its sessions is open the exchange cancels only what this
+                // one placed, the whole account's once its last is gone.
                 let group = self.population.suppliers[index as usize].fabric_group;
                 let last = group.is_none_or(|group| {
                     (0..self.suppliers.len()).all(|i| self.population.suppliers[i].fabric_group != Some(group) || self.suppliers[i].is_down)
                 });
+                let account = self.suppliers[index as usize].account;
                 if self.suppliers[index as usize].is_down && last {
-                    let account = self.suppliers[index as usize].account;
                     self.submit(Command::MassCancel { account, instrument: None });
                     self.exchange.supplier_disconnected(self.now_ms, account);
+                } else if self.suppliers[index as usize].is_down {
+                    for order in std::mem::take(&mut self.suppliers[index as usize].asks) {
+                        if self.exchange.engine().order(order).is_some() {
+                            self.submit(Command::CancelOrder { account, order });
+                        }
+                    }
                 }
             }
             Action::HostUp(index) => {
