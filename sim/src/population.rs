@@ -324,9 +324,12 @@ pub fn draw(config: &SimConfig, rng: &mut impl RngCore) -> Population {
 
 /// Fabric groups come from a stream of their own (a run without cluster
 /// bids draws what it drew before): honest data-centre owners' 8-GPU hosts
-/// of one class, in runs of 4 to 12, seven runs in ten wired as one fabric
+/// of one class, in runs of 4 to 8, seven runs in ten wired as one fabric
 /// group under one account. Its hosts sell no reserved windows (their
-/// owner sells them as clusters).
+/// owner sells them as clusters). At most 8 hosts: an account registers at
+/// most 64 GPUs that have not yet passed a hardware challenge
+/// (`gpus_awaiting_challenge`), and the simulator registers every GPU at
+/// the start (the agent registers the rest as challenges pass).
 fn draw_fabrics(config: &SimConfig, population: &mut Population) {
     use rand::SeedableRng;
     if config.cluster_bids_bps == 0 {
@@ -342,7 +345,7 @@ fn draw_fabrics(config: &SimConfig, population: &mut Population) {
             .collect();
         let mut at = 0;
         while at < eligible.len() {
-            let size = rng.random_range(4..=12usize).min(eligible.len() - at);
+            let size = rng.random_range(4..=8usize).min(eligible.len() - at);
             if size >= 2 && rng.random_range(0..10) < 7 {
                 let first = eligible[at];
                 let region = population.suppliers[first].region;

@@ -438,6 +438,10 @@ impl Sim {
             if let Some(host) = state.host {
                 self.supplier_of_host.insert(host, index as u32);
             }
+            debug_assert!(
+                self.population.suppliers[index].fabric_group.is_none() || state.gpus.len() as u32 == gpu_count,
+                "a fabric group's host registered all its GPUs"
+            );
             self.suppliers.push(state);
             let first_wake = START_MS + self.rng.random_range(0..self.config.supplier_wake_ms);
             self.schedule(first_wake, Action::SupplierWake(index as u32));
