@@ -20,9 +20,6 @@ use common::*;
 use ed25519_dalek::SigningKey;
 use gpux_engine::{InstrumentId, LeaseEndReason};
 use gpux_protocol::*;
-use gpux_supplier_agent::session::Connection;
-
-const PY_IMAGE: &str = "localhost/gpux-py:1";
 
 /// Each rank listens on its own port, connects to every other member and
 /// sends its rank, takes theirs, and writes what it saw and what it was
@@ -68,26 +65,6 @@ with open(os.path.join(os.environ["GPUX_OUTPUT_DIR"], f"rank-{rank}.json"), "w")
 print(f"rank {rank} heard from {sorted(seen)}", flush=True)
 time.sleep(int(sys.argv[1]))
 "#;
-
-fn socket() -> Option<String> {
-    let ready = std::env::var("GPUX_DOCKER_SOCKET").ok().filter(|s| std::path::Path::new(s).exists());
-    let image = ready.as_ref().is_some_and(|socket| {
-        let output = std::process::Command::new("curl")
-            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", socket])
-            .arg(format!("http://d/v1.41/images/{PY_IMAGE}/json"))
-            .output();
-        output.is_ok_and(|o| String::from_utf8_lossy(&o.stdout) == "200")
-    });
-    if ready.is_some() && image {
-        return ready;
-    }
-    assert!(
-        std::env::var("GPUX_REQUIRE_CONTAINERS").as_deref() != Ok("1"),
-        "GPUX_REQUIRE_CONTAINERS=1 but no engine with {PY_IMAGE}: run scripts/containers start"
-    );
-    eprintln!("SKIPPED: no container engine with {PY_IMAGE} (scripts/containers start makes it)");
-    None
-}
 
 /// A fake one-GPU host `name` of the supplier whose key is `key` on the
 /// docker backend and on fabric `ib0` (its members listen from
@@ -152,31 +129,6 @@ fn remove_containers(socket: &str, hosts: &[&str]) {
                 .args(["-s", "-X", "DELETE", "--unix-socket", socket])
                 .arg(format!("http://d/v1.41/containers/{name}?force=true"))
                 .output();
-        }
-    }
-}
-
-async fn store_token(renter: &mut Connection) -> (String, String) {
-    let id = renter.new_id();
-    match renter.request(ClientMessage::JobStoreToken { id, job: None, lease: None }).await.expect("token") {
-        ServerMessage::JobStoreToken { url, token, .. } => (url, token),
-        other => panic!("{other:?}"),
-    }
-}
-
-/// The job's pushes until `done` holds (within `within`).
-async fn await_job(renter: &mut Connection, job: JobId, within: Duration, mut done: impl FnMut(&JobInfo) -> bool) -> JobInfo {
-    let deadline = Instant::now() + within;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let message = tokio::time::timeout(left, renter.next()).await.unwrap_or_else(|_| panic!("job {job} in time")).expect("message");
-        if let ServerMessage::JobUpdate { job: info } = message {
-            if info.job == job {
-                eprintln!("job {job}: {:?}", info.state);
-                if done(&info) {
-                    return *info;
-                }
-            }
         }
     }
 }

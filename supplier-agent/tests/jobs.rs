@@ -19,9 +19,7 @@ use common::*;
 use ed25519_dalek::SigningKey;
 use gpux_engine::{InstrumentId, LeaseId};
 use gpux_protocol::*;
-use gpux_supplier_agent::session::Connection;
 
-const PY_IMAGE: &str = "localhost/gpux-py:1";
 const STEPS: u32 = 120;
 
 /// The renter's training script: a step every 0.25 s, its state written
@@ -55,26 +53,6 @@ with open(os.path.join(out, "result.json"), "w") as f:
                "data_sum": data_sum, "data_read_only": data_read_only, "input_env": os.environ.get("GPUX_INPUT_DATA")}, f)
 "#;
 
-fn socket() -> Option<String> {
-    let ready = std::env::var("GPUX_DOCKER_SOCKET").ok().filter(|s| std::path::Path::new(s).exists());
-    let image = ready.as_ref().is_some_and(|socket| {
-        let output = std::process::Command::new("curl")
-            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", socket])
-            .arg(format!("http://d/v1.41/images/{PY_IMAGE}/json"))
-            .output();
-        output.is_ok_and(|o| String::from_utf8_lossy(&o.stdout) == "200")
-    });
-    if ready.is_some() && image {
-        return ready;
-    }
-    assert!(
-        std::env::var("GPUX_REQUIRE_CONTAINERS").as_deref() != Ok("1"),
-        "GPUX_REQUIRE_CONTAINERS=1 but no engine with {PY_IMAGE}: run scripts/containers start"
-    );
-    eprintln!("SKIPPED: no container engine with {PY_IMAGE} (scripts/containers start makes it)");
-    None
-}
-
 /// A fake one-GPU host `name` on the docker backend, offering spot at `floor`.
 fn host(dir: &std::path::Path, url: &str, socket: &str, name: &str, floor: u64) -> (std::path::PathBuf, std::path::PathBuf) {
     std::fs::create_dir_all(dir).expect("dir");
@@ -98,31 +76,6 @@ fn host(dir: &std::path::Path, url: &str, socket: &str, name: &str, floor: u64) 
         ),
     );
     (config, host)
-}
-
-async fn store_token(renter: &mut Connection) -> (String, String) {
-    let id = renter.new_id();
-    match renter.request(ClientMessage::JobStoreToken { id, job: None, lease: None }).await.expect("token") {
-        ServerMessage::JobStoreToken { url, token, .. } => (url, token),
-        other => panic!("{other:?}"),
-    }
-}
-
-/// The job's pushes until `done` holds (within `within`).
-async fn await_job(renter: &mut Connection, job: JobId, within: Duration, mut done: impl FnMut(&JobInfo) -> bool) -> JobInfo {
-    let deadline = Instant::now() + within;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let message = tokio::time::timeout(left, renter.next()).await.unwrap_or_else(|_| panic!("job {job} in time")).expect("message");
-        if let ServerMessage::JobUpdate { job: info } = message {
-            if info.job == job {
-                eprintln!("job {job}: {:?}", info.state);
-                if done(&info) {
-                    return *info;
-                }
-            }
-        }
-    }
 }
 
 fn remove_container(socket: &str, host: &str, lease: LeaseId) {

@@ -152,3 +152,55 @@ impl Drop for Agent {
 pub fn write(path: &std::path::Path, text: &str) {
     std::fs::write(path, text).expect("write file");
 }
+
+/// The Python image the job tests run (`scripts/containers` builds it).
+pub const PY_IMAGE: &str = "localhost/gpux-py:1";
+
+/// The container engine's socket when it serves the job tests' Python
+/// image (`scripts/containers start` makes both); `None` (the test skips)
+/// without them, unless `GPUX_REQUIRE_CONTAINERS=1`.
+pub fn socket() -> Option<String> {
+    let ready = std::env::var("GPUX_DOCKER_SOCKET").ok().filter(|s| std::path::Path::new(s).exists());
+    let image = ready.as_ref().is_some_and(|socket| {
+        let output = std::process::Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", socket])
+            .arg(format!("http://d/v1.41/images/{PY_IMAGE}/json"))
+            .output();
+        output.is_ok_and(|o| String::from_utf8_lossy(&o.stdout) == "200")
+    });
+    if ready.is_some() && image {
+        return ready;
+    }
+    assert!(
+        std::env::var("GPUX_REQUIRE_CONTAINERS").as_deref() != Ok("1"),
+        "GPUX_REQUIRE_CONTAINERS=1 but no engine with {PY_IMAGE}: run scripts/containers start"
+    );
+    eprintln!("SKIPPED: no container engine with {PY_IMAGE} (scripts/containers start makes it)");
+    None
+}
+
+/// A job store token for the renter's own files.
+pub async fn store_token(renter: &mut Connection) -> (String, String) {
+    let id = renter.new_id();
+    match renter.request(ClientMessage::JobStoreToken { id, job: None, lease: None }).await.expect("token") {
+        ServerMessage::JobStoreToken { url, token, .. } => (url, token),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The job's pushes until `done` holds (within `within`).
+pub async fn await_job(renter: &mut Connection, job: JobId, within: Duration, mut done: impl FnMut(&JobInfo) -> bool) -> JobInfo {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let message = tokio::time::timeout(left, renter.next()).await.unwrap_or_else(|_| panic!("job {job} in time")).expect("message");
+        if let ServerMessage::JobUpdate { job: info } = message {
+            if info.job == job {
+                eprintln!("job {job}: {:?}", info.state);
+                if done(&info) {
+                    return *info;
+                }
+            }
+        }
+    }
+}
