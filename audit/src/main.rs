@@ -26,7 +26,7 @@ use gpux_market::{JournalEntry, MarketState};
 const LINE_BYTES_MAX: usize = 64 * 1024;
 
 #[derive(Parser)]
-#[command(name = "gpux-audit", about = "Replay gpux engine commands (JSON lines) and print the events (JSON lines)")]
+#[command(name = "gpux-audit", version, about = "Replay gpux engine commands (JSON lines) and print the events (JSON lines)")]
 struct Args {
     /// Command stream to replay; standard input when absent.
     input: Option<PathBuf>,
@@ -135,3 +135,11 @@ fn replay(reader: impl BufRead, market: &mut MarketState, out: &mut impl Write) 
     }
     Ok(replayed)
 }
+
+#[cfg(test)]
+#[path = "../../support/clap_help.rs"]
+mod clap_help;
+
+/// What `clap_help`'s test walks.
+#[cfg(test)]
+type CliRoot = Args;

@@ -233,6 +233,17 @@ $("interval").onchange = () => {
   refreshCandles().catch(() => {});
 };
 
+// A host's fabric in the offers table: its group and host count, the Gb/s
+// claimed and what its last interconnect probe measured
+// (docs/market-rules.md "Interconnect probe").
+function fabric(f) {
+  if (!f) return "none";
+  const group = `${esc(f.name)} (${f.hosts} hosts), ${f.gbps} Gb/s`;
+  if (!f.probe) return `${group}, not probed`;
+  const measured = (f.probe.mbps / 1000).toFixed(1);
+  return f.probe.borne_out ? `${group}, probed ${measured}` : `${group}, probe only ${measured}: not borne out`;
+}
+
 // The book's asks one by one with their sellers' scores (public
 // `book_offers`, docs/protocol.md), the best 15; asked again at most once a
 // second while the book moves.
@@ -245,7 +256,7 @@ async function refreshOffers() {
     .slice(0, 15)
     .map((o) => {
       const verified = o.host === null ? "resold window" : `${o.gpus_verified} of ${o.quantity}`;
-      return `<tr><td>${money(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td>${o.supplier}</td><td>${score(o.supplier_score_bps)}</td><td>${verified}</td><td>${esc(o.region ?? "none")}</td></tr>`;
+      return `<tr><td>${money(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td>${o.supplier}</td><td>${score(o.supplier_score_bps)}</td><td>${verified}</td><td>${esc(o.region ?? "none")}</td><td>${fabric(o.fabric)}</td></tr>`;
     })
     .join("");
 }
@@ -536,6 +547,15 @@ $("supplier-lookup").onsubmit = (event) => {
 // At most the currency's decimals; throws on anything else.
 function parseAmount(text) {
   const { code, decimals } = state.currency;
+  if (text.includes(",")) {
+    // One rule for every client (docs/first-hour.md "Amounts"): a comma is
+    // refused whatever it was meant as, with each reading shown.
+    const body = text.trim().replace(/^\$/, "").replace(new RegExp(`\\s*${code}$`), "");
+    const whole = body.replaceAll(",", "");
+    const single = body.split(",").length === 2 && !body.includes(".");
+    const readings = single ? `${body.replace(",", ".")} or ${whole}` : whole;
+    throw new Error(`"${text}": "." is the only decimal separator and amounts take no thousands separators: write ${readings}`);
+  }
   const fraction = decimals > 0 ? `(?:\\.(\\d{1,${decimals}}))?` : "()";
   const match = new RegExp(`^${code === "USD" ? "\\$?" : ""}(\\d+)${fraction}(?:\\s*${code})?$`).exec(text.trim());
   if (!match) throw new Error(`"${text}" is not an amount in ${code} with at most ${decimals} decimals`);

@@ -390,6 +390,39 @@ pub enum Command {
         nodes: u32,
         min_fabric_gbps: u32,
     },
+    /// The market checked a cluster member's signed interconnect probe (a
+    /// ring all-reduce between the members' agents at delivery): the bus
+    /// bandwidth it measured, Mb/s (0: it did not complete), over `ranks`
+    /// hosts, recorded on the lease's host; a claim the probe does not bear
+    /// out counts for matching at what was measured (docs/market-rules.md
+    /// "Interconnect probe"). Only the market issues it, never a client.
+    /// Appended.
+    RecordFabricProbe {
+        lease: LeaseId,
+        ranks: u32,
+        mbps: u64,
+    },
+    /// The listing's cluster contract terms, per class (docs/market-rules.md
+    /// "Cluster bids"): every cluster bid placed in a class after it asks at
+    /// least the class's fabric bandwidth of each host. Replaces the rules
+    /// before it; classes not named have none. Refused
+    /// `listing_incompatible` for a class not listed, a class named twice,
+    /// or a bandwidth outside 1 to `limits::FABRIC_GBPS_MAX`. Only the
+    /// exchange issues it, at start, never a client. Appended.
+    SetClusterRules {
+        rules: Vec<ClusterRule>,
+    },
+}
+
+/// What a class's cluster contract requires of its hosts beyond one fabric
+/// group in one zone (the listing's `cluster_min_fabric_gbps`). A journaled
+/// record: fields are only ever appended in a new command variant.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ClusterRule {
+    /// The class's name.
+    pub class: String,
+    /// The least fabric bandwidth of every member host, Gb/s.
+    pub min_fabric_gbps: u32,
 }
 
 /// What a host declares of the fabric it is wired to (docs/agent.md

@@ -426,6 +426,21 @@ pub enum EventKind {
         classes_mask: u64,
         verified: bool,
     },
+    /// A cluster member's interconnect probe was recorded on its host
+    /// (docs/market-rules.md "Interconnect probe"): the bus bandwidth a ring
+    /// all-reduce among `ranks` hosts measured, Mb/s (0: it did not
+    /// complete), and whether it bears out the host's claim (told to its
+    /// owner; one that does not is counted in its record like a failed
+    /// challenge).
+    FabricProbed {
+        lease: LeaseId,
+        host: HostId,
+        owner: AccountId,
+        claimed_gbps: u32,
+        ranks: u32,
+        mbps: u64,
+        borne_out: bool,
+    },
 }
 
 /// Why a command changed nothing. The codes are stable; docs/protocol.md and

@@ -28,9 +28,9 @@ pub mod time;
 pub use command::*;
 pub use config::*;
 pub use engine::{
-    Balances, ChallengeTarget, ContractInfo, ContractKind, ContractOutcome, Engine, FabricId, FabricInfo, GpuInfo, GpuVerification,
-    InstrumentInfo, InstrumentState, LeaseInfo, ListingChangeError, MemberAddress, MemoryVerification, OfferInfo, OrderInfo, SpendStatus,
-    SubAccountInfo,
+    probe_bears_out, Balances, ChallengeTarget, ContractInfo, ContractKind, ContractOutcome, Engine, FabricId, FabricInfo, FabricProbe,
+    GpuInfo, GpuVerification, InstrumentInfo, InstrumentState, LeaseInfo, ListingChangeError, MemberAddress, MemoryVerification, OfferInfo,
+    OrderInfo, SpendStatus, SubAccountInfo,
 };
 pub use event::*;
 pub use ids::*;

@@ -101,3 +101,8 @@ pub const CLUSTER_NODES_MAX: u32 = 64;
 
 /// The most bandwidth a host may declare on its fabric, Gb/s.
 pub const FABRIC_GBPS_MAX: u32 = 100_000;
+/// An interconnect probe bears a fabric claim out when it measures at
+/// least this share of the claimed bandwidth: the agents' probe is TCP over
+/// the fabric's IP addresses, a lower bound of what RDMA collectives reach
+/// (docs/market-rules.md "Interconnect probe").
+pub const FABRIC_PROBE_MIN_PERCENT: u64 = 25;

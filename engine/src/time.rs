@@ -58,6 +58,16 @@ pub fn format_utc(at_ms: u64) -> String {
     format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", in_day / 3_600, in_day / 60 % 60, in_day % 60)
 }
 
+/// ISO 8601 in UTC to the millisecond, `2026-12-05T10:00:00.123Z`, as
+/// spreadsheets and other tools read it.
+pub fn format_iso8601(at_ms: u64) -> String {
+    let days = (at_ms / MS_PER_DAY) as i64;
+    let in_day = at_ms % MS_PER_DAY;
+    let (year, month, day) = civil_from_days(days);
+    let seconds = in_day / 1_000;
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z", seconds / 3_600, seconds / 60 % 60, seconds % 60, in_day % 1_000)
+}
+
 /// The UTC calendar month `YYYY-MM` as `[start, end)` in ms; `None` if it
 /// is not such a month (or before 1970).
 pub fn month_bounds_ms(month: &str) -> Option<(u64, u64)> {
@@ -108,6 +118,12 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn iso8601_is_utc_to_the_millisecond() {
+        assert_eq!(format_iso8601(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(format_iso8601(1_796_223_600_123), "2026-12-02T15:00:00.123Z");
+    }
     use super::*;
 
     #[test]

@@ -229,6 +229,79 @@ fn a_members_address_is_its_hosts_fabric_address_and_the_port_of_its_lowest_gpu(
     assert!(addresses.iter().all(|a| a.address == "10.0.0.1"));
 }
 
+#[test]
+fn a_probe_that_does_not_bear_out_a_claim_counts_the_host_at_what_it_measured_until_one_does() {
+    let mut m = Market::new();
+    let supplier = m.supplier();
+    let a = host(&mut m, supplier, "a", 2, "z1", Some(("ib0", 400)));
+    let b = host(&mut m, supplier, "b", 2, "z1", Some(("ib0", 400)));
+    m.ask(supplier, a, 0b11, H100_SPOT, 1_000_000);
+    m.ask(supplier, b, 0b11, H100_SPOT, 1_000_000);
+    let renter = m.renter(1_000_000_000_000);
+    let first = leases(&cluster_bid(&mut m, renter, 2_000_000, 2, 1, 400));
+    assert_eq!(first.len(), 2, "the claims stand before any probe");
+
+    // Host a's ring measured 40 Gb/s: under a quarter of its 400.
+    let events = m.apply(Command::RecordFabricProbe { lease: first[0].0, ranks: 2, mbps: 40_000 });
+    let probed = events.iter().find_map(|e| match e.kind {
+        EventKind::FabricProbed { host, owner, claimed_gbps, mbps, borne_out, .. } => Some((host, owner, claimed_gbps, mbps, borne_out)),
+        _ => None,
+    });
+    assert_eq!(probed, Some((a, supplier, 400, 40_000, false)));
+    // Host b's bore its claim out (150 Gb/s is at least 25% of 400).
+    m.apply(Command::RecordFabricProbe { lease: first[1].0, ranks: 2, mbps: 150_000 });
+    let fabric = |m: &Market, host| m.engine.host_fabric(host).expect("a fabric").probe.expect("probed");
+    assert!(!fabric(&m, a).borne_out && fabric(&m, b).borne_out);
+    assert_eq!(fabric(&m, a).mbps, 40_000, "published with the host's fabric");
+    let refused = m.apply(Command::RecordFabricProbe { lease: first[0].0, ranks: 2, mbps: 400_000 });
+    assert_eq!(rejection(&refused), Some(RejectCode::FabricInvalid), "one probe per lease");
+
+    // Host a now counts at 40 Gb/s: a 400 Gb/s cluster bid passes it over,
+    // one for 40 Gb/s fills it.
+    let events = cluster_bid(&mut m, renter, 2_000_000, 2, 1, 400);
+    assert!(leases(&events).is_empty(), "host a no longer counts at 400 Gb/s");
+    let events = cluster_bid(&mut m, renter, 2_000_000, 2, 1, 40);
+    assert_eq!(members(&events).len(), 2, "both hosts fill a bid for what a measured");
+    let on_a = events.iter().find_map(|e| match e.kind {
+        EventKind::LeaseCreated { lease, host, .. } if host == a => Some(lease),
+        _ => None,
+    });
+    // A later probe that bears the claim out restores it.
+    m.apply(Command::RecordFabricProbe { lease: on_a.expect("a lease on a"), ranks: 2, mbps: 380_000 });
+    assert!(fabric(&m, a).borne_out);
+}
+
+#[test]
+fn the_listings_cluster_rule_raises_every_later_cluster_bids_bandwidth_in_its_class() {
+    let mut m = Market::new();
+    let supplier = m.supplier();
+    let slow = [host(&mut m, supplier, "s1", 1, "z1", Some(("eth0", 100))), host(&mut m, supplier, "s2", 1, "z1", Some(("eth0", 100)))];
+    let fast = [host(&mut m, supplier, "f1", 1, "z1", Some(("ib0", 400))), host(&mut m, supplier, "f2", 1, "z1", Some(("ib0", 400)))];
+    for host in slow {
+        m.ask(supplier, host, 0b1, H100_SPOT, 1_000_000);
+    }
+    for host in fast {
+        m.ask(supplier, host, 0b1, H100_SPOT, 1_500_000);
+    }
+    let rule = |class: &str, gbps| ClusterRule { class: class.into(), min_fabric_gbps: gbps };
+    for bad in [vec![rule("NOPE", 200)], vec![rule("H100-SXM-80G", 0)], vec![rule("H100-SXM-80G", 200), rule("H100-SXM-80G", 300)]] {
+        assert_eq!(rejection(&m.apply(Command::SetClusterRules { rules: bad })), Some(RejectCode::ListingIncompatible));
+    }
+    m.apply(Command::SetClusterRules { rules: vec![rule("H100-SXM-80G", 200)] });
+    assert_eq!(m.engine.cluster_rules(), [rule("H100-SXM-80G", 200)]);
+    // A bid asking for no bandwidth of its own gets the class's 200 Gb/s:
+    // the cheaper 100 Gb/s group is passed over.
+    let renter = m.renter(1_000_000_000_000);
+    let events = cluster_bid(&mut m, renter, 2_000_000, 2, 1, 0);
+    let hosts: Vec<HostId> = members(&events).iter().map(|m| m.0).collect();
+    assert_eq!(hosts, fast);
+    // Without the rule, the next one takes the cheaper group.
+    m.apply(Command::SetClusterRules { rules: Vec::new() });
+    let events = cluster_bid(&mut m, renter, 2_000_000, 2, 1, 0);
+    let hosts: Vec<HostId> = members(&events).iter().map(|m| m.0).collect();
+    assert_eq!(hosts, slow);
+}
+
 // ---- property test against a reference model ----
 
 #[derive(Clone, Debug)]

@@ -107,6 +107,7 @@ pub fn run_node(mut config: ExchangeConfig, cluster: ClusterConfig, stop_on: Sto
     crate::data_dir::prepare(&config.data_dir)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let metrics = Arc::new(crate::metrics::Metrics::default());
+    metrics.watch_data_dir(&config.data_dir);
     let mut surface = Surface::new(&config, metrics.clone())?;
     surface.on_listening = config.on_listening.take();
     let ended = runtime.block_on(async {
@@ -139,12 +140,18 @@ pub fn run_node(mut config: ExchangeConfig, cluster: ClusterConfig, stop_on: Sto
         }
         tokio::spawn(report_raft(raft.clone(), metrics.clone()));
         let (stop_tx, stop_rx) = watch::channel(false);
+        // Installed now, before anything serves (see `crate::Signals`).
+        let signals = match &stop_on {
+            Stop::Signals => Some(crate::Signals::install()?),
+            Stop::Channel(_) => None,
+        };
         tokio::spawn(async move {
-            match stop_on {
-                Stop::Signals => crate::wait_for_signal().await,
-                Stop::Channel(receiver) => {
+            match (stop_on, signals) {
+                (Stop::Channel(receiver), _) => {
                     let _ = receiver.await;
                 }
+                (Stop::Signals, Some(signals)) => signals.wait().await,
+                (Stop::Signals, None) => std::future::pending().await,
             }
             let _ = stop_tx.send(true);
         });
@@ -168,7 +175,7 @@ pub fn run_node(mut config: ExchangeConfig, cluster: ClusterConfig, stop_on: Sto
                 crate::invoices::InvoiceDesk::start(reader.clone(), exchange_key.clone(), config.invoicing.clone())?;
             let recovering = {
                 let (listing, operator_keys, metrics, billing) =
-                    (config.engine.clone(), config.operator_keys.clone(), metrics.clone(), config.billing);
+                    (config.listing.clone(), config.operator_keys.clone(), metrics.clone(), config.billing);
                 let (clock, machine) = (surface.clock, machine.clone());
                 tokio::task::spawn_blocking(move || {
                     sequencer::Sequencer::recover(
@@ -318,7 +325,7 @@ struct MachineSnapshots {
 }
 
 impl SnapshotStorage for MachineSnapshots {
-    fn write(&self, _snapshot: &Snapshot) -> Result<()> {
+    fn put(&self, _journal_seq: u64, _bytes: &[u8]) -> Result<()> {
         anyhow::bail!("a cluster node's sequencer takes no snapshot (its state machine does)")
     }
 

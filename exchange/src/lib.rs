@@ -22,7 +22,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use gpux_engine::EngineConfig;
 pub use gpux_gateway as gateway;
 use gpux_gateway::{admission, link};
 use tokio::net::TcpListener;
@@ -38,7 +37,8 @@ pub struct ExchangeConfig {
     pub data_dir: PathBuf,
     pub listen: SocketAddr,
     pub operator_keys: BTreeSet<[u8; 32]>,
-    pub engine: EngineConfig,
+    /// The operator's listing (`--listing`, or the demo's).
+    pub listing: listing::Listing,
     pub limits: gateway::GatewayLimits,
     /// Where `GET /metrics` is served (Prometheus text format), if anywhere.
     pub metrics_listen: Option<SocketAddr>,
@@ -127,9 +127,10 @@ pub fn run_until(mut config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
     // (what every exchange listed before the listing file).
     let market = gpux_market::MarketState::new(gpux_engine::EngineConfig::demo()).context("demo listing")?;
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
+    metrics.watch_data_dir(&config.data_dir);
     let (mut sequencer, recovery) = sequencer::Sequencer::recover(
         market,
-        Some(config.engine.clone()),
+        Some(config.listing.clone()),
         Box::new(journal),
         snapshots,
         config.operator_keys.clone(),
@@ -167,12 +168,21 @@ pub fn run_until(mut config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
             let router = server.router();
             tokio::spawn(http::serve_within(listener, "job store", metrics.gateway.clone(), router, None, job_store::REQUEST_TIMEOUT));
         }
+        // The handlers are installed before anything serves: a SIGTERM
+        // sent once the first answer came stops the exchange cleanly (a
+        // handler installed when the stop future is first polled raced the
+        // listeners, and a SIGTERM in between killed the process).
+        let signals = match &stop_on {
+            Stop::Signals => Some(Signals::install()?),
+            Stop::Channel(_) => None,
+        };
         let stop_asked = async {
-            match stop_on {
-                Stop::Signals => wait_for_signal().await,
-                Stop::Channel(receiver) => {
+            match (stop_on, signals) {
+                (Stop::Channel(receiver), _) => {
                     let _ = receiver.await;
                 }
+                (Stop::Signals, Some(signals)) => signals.wait().await,
+                (Stop::Signals, None) => std::future::pending().await,
             }
         };
         let (_, sequencer_thread) = surface.serve(sequencer, stop_asked).await?;
@@ -374,12 +384,23 @@ impl Surface {
     }
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut terminate = signal(SignalKind::terminate()).expect("SIGTERM handler installs");
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+/// SIGTERM and SIGINT, handled from when they are installed.
+pub(crate) struct Signals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    pub(crate) fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals { terminate: signal(SignalKind::terminate())?, interrupt: signal(SignalKind::interrupt())? })
+    }
+
+    pub(crate) async fn wait(mut self) {
+        tokio::select! {
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
+        }
     }
 }
 

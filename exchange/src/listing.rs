@@ -9,7 +9,8 @@
 use std::path::Path;
 
 use gpux_engine::{
-    CalendarSpec, ChallengeSpec, ClassSpec, ConfigError, Currency, EngineConfig, GpuRequirement, MemoryChallengeSpec, SlaCreditTier, Vendor,
+    CalendarSpec, ChallengeSpec, ClassSpec, ClusterRule, ConfigError, Currency, EngineConfig, GpuRequirement, MemoryChallengeSpec,
+    SlaCreditTier, Vendor,
 };
 use serde::Deserialize;
 use toml::Spanned;
@@ -67,6 +68,17 @@ struct ClassFields {
     sla_credit_tiers: Option<Vec<SlaCreditTier>>,
     challenge: Option<ChallengeSpec>,
     memory_challenge: Option<MemoryChallengeSpec>,
+    /// Cluster bids in the class ask at least this of every member host's
+    /// fabric, Gb/s (docs/market-rules.md "Cluster bids").
+    cluster_min_fabric_gbps: Option<u32>,
+}
+
+/// A listing file read: the engine's listing and the cluster contract
+/// terms of its classes (journaled apart: `SetClusterRules`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Listing {
+    pub config: EngineConfig,
+    pub cluster_rules: Vec<ClusterRule>,
 }
 
 #[derive(Deserialize)]
@@ -94,7 +106,7 @@ fn line_of(text: &str, offset: usize) -> usize {
 }
 
 /// Reads and checks a listing file.
-pub fn load(path: &Path) -> Result<EngineConfig, ListingError> {
+pub fn load(path: &Path) -> Result<Listing, ListingError> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|error| ListingError {
         file: file.clone(),
@@ -106,7 +118,7 @@ pub fn load(path: &Path) -> Result<EngineConfig, ListingError> {
 }
 
 /// Parses and checks a listing's text; `file` names it in errors.
-pub fn parse(text: &str, file: &str) -> Result<EngineConfig, ListingError> {
+pub fn parse(text: &str, file: &str) -> Result<Listing, ListingError> {
     let error = |line: usize, field: &str, message: String| ListingError { file: file.into(), line, field: field.into(), message };
     let parsed: File = toml::from_str(text).map_err(|e| {
         let line = e.span().map_or(1, |span| line_of(text, span.start));
@@ -124,6 +136,7 @@ pub fn parse(text: &str, file: &str) -> Result<EngineConfig, ListingError> {
     let exchange = parsed.exchange.into_inner();
     let mut classes = Vec::new();
     let mut class_lines = Vec::new();
+    let mut cluster_rules = Vec::new();
     for entry in parsed.classes {
         class_lines.push(line_of(text, entry.span().start));
         let entry = entry.into_inner();
@@ -137,6 +150,13 @@ pub fn parse(text: &str, file: &str) -> Result<EngineConfig, ListingError> {
             .sla_availability_bps
             .or(defaults.sla_availability_bps)
             .ok_or_else(|| error(line, &field("sla_availability_bps"), "missing, and [defaults] does not give it".into()))?;
+        if let Some(gbps) = own.cluster_min_fabric_gbps.or(defaults.cluster_min_fabric_gbps) {
+            if !(1..=gpux_engine::limits::FABRIC_GBPS_MAX).contains(&gbps) {
+                let message = format!("must be 1 to {} Gb/s", gpux_engine::limits::FABRIC_GBPS_MAX);
+                return Err(error(line, &field("cluster_min_fabric_gbps"), message));
+            }
+            cluster_rules.push(ClusterRule { class: entry.name.clone(), min_fabric_gbps: gbps });
+        }
         classes.push(ClassSpec {
             name: entry.name.clone(),
             requirement: GpuRequirement {
@@ -207,7 +227,7 @@ pub fn parse(text: &str, file: &str) -> Result<EngineConfig, ListingError> {
         let message = invalid.to_string();
         error(line, &field, message.trim_start_matches("invalid engine config: ").to_string())
     })?;
-    Ok(config)
+    Ok(Listing { config, cluster_rules })
 }
 
 #[cfg(test)]
@@ -216,7 +236,7 @@ mod tests {
 
     #[test]
     fn the_demo_listing_file_is_the_demo_config() {
-        assert_eq!(parse(DEMO, "demo.toml"), Ok(EngineConfig::demo()));
+        assert_eq!(parse(DEMO, "demo.toml"), Ok(Listing { config: EngineConfig::demo(), cluster_rules: Vec::new() }));
     }
 
     /// Every kind of mistake names the file, the line and the field.
@@ -239,6 +259,7 @@ mod tests {
             ("n = 256, ", "n = 100, ", 0, "a power of two from 16 to 16384"),
             ("n = 256, ", "n = 32768, ", 0, "a power of two from 16 to 16384"),
             ("orders_per_account_max = 10000", "orders_per_account_max = 16777216", 0, "an account's share of the 16777216 live orders"),
+            ("fabric_required = true\n", "fabric_required = true\ncluster_min_fabric_gbps = 0\n", 36, "must be 1 to 100000 Gb/s"),
         ];
         for (from, to, line, needle) in cases {
             assert!(DEMO.contains(from), "{from}");
@@ -259,12 +280,26 @@ mod tests {
     }
 
     #[test]
+    fn a_class_names_its_cluster_terms_or_takes_the_defaults() {
+        let text = DEMO.replacen("[defaults]\n", "[defaults]\ncluster_min_fabric_gbps = 100\n", 1).replacen(
+            "fabric_required = true\n",
+            "fabric_required = true\ncluster_min_fabric_gbps = 400\n",
+            1,
+        );
+        let listing = parse(&text, "listing.toml").expect("valid");
+        assert_eq!(listing.config, EngineConfig::demo(), "the engine's listing is unchanged");
+        let rules: Vec<(String, u32)> = listing.cluster_rules.into_iter().map(|r| (r.class, r.min_fabric_gbps)).collect();
+        assert_eq!(rules[0], ("H100-SXM-80G".to_string(), 400));
+        assert!(rules[1..].iter().all(|(_, gbps)| *gbps == 100) && rules.len() == EngineConfig::demo().classes.len());
+    }
+
+    #[test]
     fn a_class_may_override_the_defaults_and_opt_out_of_the_challenge() {
         let text = format!(
             "{DEMO}\n[[class]]\nname = \"910B-64G\"\nvendor = \"huawei\"\nmodels = [\"Ascend 910B*\"]\nmemory_mib_min = 60000\n\
              sla_availability_bps = 9990\nno_challenge = true\ntick_minor = 10000\nprice_min_minor_per_gpu_hour = 10000\n"
         );
-        let config = parse(&text, "listing.toml").expect("valid");
+        let config = parse(&text, "listing.toml").expect("valid").config;
         let class = config.classes.last().expect("a class");
         assert_eq!((class.tick_minor, class.sla_availability_bps, class.challenge, class.memory_challenge), (10_000, 9_990, None, None));
         assert_eq!(class.sla_credit_tiers, config.classes[0].sla_credit_tiers, "[defaults]' tiers");

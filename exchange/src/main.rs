@@ -11,7 +11,7 @@ use gpux_exchange::gateway::admission;
 use gpux_exchange::{run, ExchangeConfig};
 
 #[derive(Parser)]
-#[command(name = "gpux-exchange", about = "The gpux exchange: journal, matching engine and WebSocket gateway in one process")]
+#[command(name = "gpux-exchange", version, about = "The gpux exchange: journal, matching engine and WebSocket gateway in one process")]
 struct Args {
     #[command(subcommand)]
     command: Option<Tool>,
@@ -259,9 +259,9 @@ fn run_main() -> Result<()> {
         Some(path) => gpux_exchange::listing::load(path)?,
         None => gpux_exchange::listing::parse(gpux_exchange::listing::DEMO, "listing/demo.toml (built in)")?,
     };
-    listing.fee_bps = args.fee_bps.unwrap_or(listing.fee_bps);
-    listing.billing_grace_ms = args.billing_grace_ms.unwrap_or(listing.billing_grace_ms);
-    let currency = listing.currency.clone();
+    listing.config.fee_bps = args.fee_bps.unwrap_or(listing.config.fee_bps);
+    listing.config.billing_grace_ms = args.billing_grace_ms.unwrap_or(listing.config.billing_grace_ms);
+    let currency = listing.config.currency.clone();
     let mut operator_keys = BTreeSet::new();
     for key in &args.operator_keys {
         let bytes: [u8; 32] = hex::decode(key)
@@ -316,8 +316,8 @@ fn run_main() -> Result<()> {
         data_dir: args.data_dir,
         listen: args.listen,
         operator_keys,
-        billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: listing.fee_bps, grace_ms: listing.billing_grace_ms },
-        engine: listing,
+        billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: listing.config.fee_bps, grace_ms: listing.config.billing_grace_ms },
+        listing,
         limits,
         metrics_listen,
         console_listen,
@@ -451,6 +451,7 @@ enum Tool {
     /// Print an account's ledger transfers as CSV (stop the exchange first:
     /// the journal file admits one process).
     Statement {
+        /// The account whose statement is printed.
         #[arg(long)]
         account: u32,
     },
@@ -493,6 +494,7 @@ enum ClusterTool {
     Leave {
         #[command(flatten)]
         access: NodeAccess,
+        /// The id of the node that leaves (its --node-id).
         #[arg(long)]
         node_id: u64,
     },
@@ -555,7 +557,7 @@ fn statement(data_dir: &std::path::Path, account: u32) -> Result<()> {
     let journal = gpux_journal::JournalReader::open(&data_dir.join("journal.redb"))?;
     let currency = journal.genesis_listing()?.currency;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    writeln!(out, "transfer,at_ms,from,to,amount_minor,lease,amount,currency")?;
+    writeln!(out, "transfer,at_ms,from,to,amount_minor,lease,amount,currency,at")?;
     let mut after = None;
     loop {
         let page = journal.statement(gpux_engine::AccountId(account), after, 1_000)?;
@@ -565,8 +567,14 @@ fn statement(data_dir: &std::path::Path, account: u32) -> Result<()> {
             let amount = currency.format(line.amount_minor as i128);
             writeln!(
                 out,
-                "{},{},{},{},{},{lease},{amount},{}",
-                line.transfer, line.at_ms, line.from, line.to, line.amount_minor, currency.code
+                "{},{},{},{},{},{lease},{amount},{},{}",
+                line.transfer,
+                line.at_ms,
+                line.from,
+                line.to,
+                line.amount_minor,
+                currency.code,
+                gpux_engine::time::format_iso8601(line.at_ms)
             )?;
         }
         match page.last() {
@@ -576,3 +584,11 @@ fn statement(data_dir: &std::path::Path, account: u32) -> Result<()> {
     }
     Ok(out.flush()?)
 }
+
+#[cfg(test)]
+#[path = "../../support/clap_help.rs"]
+mod clap_help;
+
+/// What `clap_help`'s test walks.
+#[cfg(test)]
+type CliRoot = Args;

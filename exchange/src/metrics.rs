@@ -56,6 +56,14 @@ pub struct Metrics {
     raft_applied_index: IntGauge,
     raft_lag: IntGaugeVec,
     pub cluster_serving: IntGauge,
+    /// Snapshots written, failed, and skipped to keep the journal's room.
+    pub snapshots: crate::snapshots::SnapshotCounters,
+    /// Free bytes on the data directory's file system, and the journal's and
+    /// snapshots' file sizes, read at each scrape (`watch_data_dir`).
+    data_dir_free_bytes: IntGauge,
+    journal_bytes: IntGauge,
+    snapshots_bytes: IntGauge,
+    data_dir: std::sync::Mutex<Option<std::path::PathBuf>>,
 }
 
 impl Default for Metrics {
@@ -120,6 +128,23 @@ impl Metrics {
                 "From a lease's start to its workload's first running status.",
                 &RUNNING_BUCKETS_SECONDS,
             ),
+            snapshots: crate::snapshots::SnapshotCounters {
+                written: counter(&r, "gpux_snapshots_written_total", "State snapshots written."),
+                failed: counter(
+                    &r,
+                    "gpux_snapshots_failed_total",
+                    "State snapshots whose write failed (the store is reopened for the next).",
+                ),
+                skipped_low_space: counter(
+                    &r,
+                    "gpux_snapshots_skipped_low_space_total",
+                    "State snapshots skipped because the data directory would keep less than its reserve free.",
+                ),
+            },
+            data_dir_free_bytes: gauge(&r, "gpux_data_dir_free_bytes", "Free bytes on the data directory's file system, at the scrape."),
+            journal_bytes: gauge(&r, "gpux_journal_bytes", "Size of the journal file (journal.redb), at the scrape."),
+            snapshots_bytes: gauge(&r, "gpux_snapshots_bytes", "Size of the snapshot file (snapshots.redb), at the scrape."),
+            data_dir: std::sync::Mutex::new(None),
             book_quantity: {
                 let metric =
                     IntGaugeVec::new(Opts::new("gpux_book_quantity", "GPUs resting per instrument and side."), &["instrument", "side"])
@@ -188,6 +213,12 @@ impl Metrics {
             &self.raft_applied_index,
             &self.raft_lag,
             &self.cluster_serving,
+            &self.snapshots.written,
+            &self.snapshots.failed,
+            &self.snapshots.skipped_low_space,
+            &self.data_dir_free_bytes,
+            &self.journal_bytes,
+            &self.snapshots_bytes,
         ];
         collectors.extend(self.gateway.collectors());
         collectors.iter().flat_map(|c| c.desc()).map(|d| (d.fq_name.clone(), d.variable_labels.clone())).collect()
@@ -239,7 +270,23 @@ impl Metrics {
         }
     }
 
+    /// Reads free space and file sizes of `data_dir` at each scrape.
+    pub fn watch_data_dir(&self, data_dir: &std::path::Path) {
+        *self.data_dir.lock().unwrap_or_else(|p| p.into_inner()) = Some(data_dir.to_path_buf());
+    }
+
+    fn read_data_dir(&self) {
+        let Some(dir) = self.data_dir.lock().unwrap_or_else(|p| p.into_inner()).clone() else { return };
+        if let Ok(free) = crate::snapshots::free_bytes(&dir) {
+            self.data_dir_free_bytes.set(free.min(i64::MAX as u64) as i64);
+        }
+        let size = |name: &str| std::fs::metadata(dir.join(name)).map_or(0, |m| m.len().min(i64::MAX as u64) as i64);
+        self.journal_bytes.set(size("journal.redb"));
+        self.snapshots_bytes.set(size("snapshots.redb"));
+    }
+
     pub fn render(&self) -> String {
+        self.read_data_dir();
         prometheus::TextEncoder::new().encode_to_string(&self.registry.gather()).expect("the text format encodes every metric")
     }
 }

@@ -354,6 +354,11 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
             let body = LivenessBody { lease: ended, start_ms: 1, end_ms: 2, reachable: false };
             one(ClientMessage::Liveness { id: 33, report: LivenessReport::sign(body, &key(2)) })
         }),
+        row("fabric_probe_invalid", Who::Supplier, {
+            // Its own lease, signed by its key, but no cluster job's member.
+            let body = FabricProbeBody { lease: ended, job: JobId(1), attempt: 1, ranks: 2, rank: 0, bytes: 1 << 20, elapsed_us: 1_000 };
+            one(ClientMessage::FabricProbe { id: 40, report: Box::new(FabricProbeReport::sign(body, &key(2))) })
+        }),
         row("key_invalid", Who::Renter, one(add_key(34, "zz".into(), &[Scope::Read]))),
         row("key_in_use", Who::Renter, one(add_key(35, public(&key(3)), &[Scope::Read]))),
         row("key_invalid", Who::Renter, one(add_key(36, public(&key(80)), &[]))),

@@ -58,6 +58,16 @@ async fn symbols(addr: &str) -> Vec<String> {
     }
 }
 
+/// The classes' cluster terms the exchange at `addr` lists.
+async fn cluster_rules(addr: &str) -> Vec<gpux_engine::ClusterRule> {
+    let mut client = Client::connect(addr).await;
+    let id = client.id();
+    match client.request(ClientMessage::Listing { id }).await {
+        ServerMessage::Listing { cluster_rules, .. } => cluster_rules,
+        other => panic!("expected listing, got {other:?}"),
+    }
+}
+
 /// Runs the exchange expecting it to refuse to start; returns its stderr.
 fn refused(data_dir: &Path, listing: &Path) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_gpux-exchange"))
@@ -87,21 +97,28 @@ async fn a_listing_file_starts_the_journal_its_changes_are_journaled_and_replay_
     // The same file again: nothing to change, the journal replays to the same state.
     let mut exchange = Exchange::start_with(&data, None, &["--listing", a_arg]);
     assert_eq!(exchange.recovered_hash, hash_a, "{}", exchange.recovered_line);
-    assert!(!symbols(&exchange.addr).await.is_empty(), "serving before it is stopped");
+    assert_eq!(cluster_rules(&exchange.addr).await, Vec::new(), "listing a names no cluster terms");
     exchange.terminate();
 
-    // A class appended and the fee raised: one ChangeListing, journaled.
-    let b_text = format!("{}{MLU_CLASS}", listing_a()).replacen("fee_bps = 250", "fee_bps = 300", 1);
+    // A class appended, the fee raised and the H100 class's cluster bids
+    // held to 200 Gb/s hosts: a ChangeListing and a SetClusterRules, journaled.
+    let b_text = format!("{}{MLU_CLASS}", listing_a()).replacen("fee_bps = 250", "fee_bps = 300", 1).replacen(
+        "fabric_required = true\n",
+        "fabric_required = true\ncluster_min_fabric_gbps = 200\n",
+        1,
+    );
     let b = write(dir.path(), "b.toml", &b_text);
     let b_arg = b.to_str().expect("utf-8 path");
     let mut exchange = Exchange::start_with(&data, None, &["--listing", b_arg]);
     let listed = symbols(&exchange.addr).await;
     assert!(listed.iter().any(|s| s == "MLU370-48G/SPOT"), "{listed:?}");
+    let rule = gpux_engine::ClusterRule { class: "H100-SXM-80G".into(), min_fabric_gbps: 200 };
+    assert_eq!(cluster_rules(&exchange.addr).await, std::slice::from_ref(&rule));
     let hash_b = exchange.terminate();
     assert_ne!(hash_a, hash_b);
     let mut exchange = Exchange::start_with(&data, None, &["--listing", b_arg]);
     assert_eq!(exchange.recovered_hash, hash_b, "the change replays: {}", exchange.recovered_line);
-    assert!(!symbols(&exchange.addr).await.is_empty(), "serving before it is stopped");
+    assert_eq!(cluster_rules(&exchange.addr).await, [rule], "the terms replay");
     exchange.terminate();
 
     // What the journal's listing cannot take stops the exchange before it serves.
@@ -173,6 +190,6 @@ async fn a_cny_exchange_counts_in_fen_and_its_statement_says_cny() {
         .expect("statement runs");
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let csv = String::from_utf8(output.stdout).expect("utf-8");
-    assert!(csv.starts_with("transfer,at_ms,from,to,amount_minor,lease,amount,currency\n"), "{csv}");
+    assert!(csv.starts_with("transfer,at_ms,from,to,amount_minor,lease,amount,currency,at\n"), "{csv}");
     assert!(csv.contains(",150505,,1505.05,CNY"), "{csv}");
 }

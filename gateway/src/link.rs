@@ -604,13 +604,37 @@ fn command_scope(command: &Command) -> Scope {
 /// The delivery requests (docs/protocol.md "Lease delivery").
 #[derive(Serialize, Deserialize)]
 pub enum DeliveryRequest {
-    SetWorkload { lease: LeaseId, workload: Box<gpux_protocol::Workload> },
-    SetEncryptionKey { key: [u8; 32], signature: String },
-    HostKey { lease: LeaseId },
-    Status { lease: LeaseId, state: DeliveryState },
-    Query { lease: LeaseId },
-    Logs { lease: LeaseId, tail_bytes: u32 },
-    LogsReply { request: u64, data: String, truncated: bool },
+    SetWorkload {
+        lease: LeaseId,
+        workload: Box<gpux_protocol::Workload>,
+    },
+    SetEncryptionKey {
+        key: [u8; 32],
+        signature: String,
+    },
+    HostKey {
+        lease: LeaseId,
+    },
+    Status {
+        lease: LeaseId,
+        state: DeliveryState,
+    },
+    Query {
+        lease: LeaseId,
+    },
+    Logs {
+        lease: LeaseId,
+        tail_bytes: u32,
+    },
+    LogsReply {
+        request: u64,
+        data: String,
+        truncated: bool,
+    },
+    /// A cluster member's signed interconnect probe.
+    FabricProbe {
+        report: Box<gpux_protocol::FabricProbeReport>,
+    },
 }
 
 /// The exchange's clock: the wall clock plus an offset (`--clock-offset-ms`),

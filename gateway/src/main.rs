@@ -14,7 +14,7 @@ use gpux_gateway::remote::{bridge, RemoteConfig};
 use gpux_gateway::{admission, GatewayLimits};
 
 #[derive(Parser)]
-#[command(name = "gpux-gateway", about = "A gpux WebSocket gateway in its own process, linked to an exchange's sequencer")]
+#[command(name = "gpux-gateway", version, about = "A gpux WebSocket gateway in its own process, linked to an exchange's sequencer")]
 struct Args {
     /// The exchange's link address (its --link-listen), host:port;
     /// repeatable: the gateway links to the first that answers, and fails
@@ -125,3 +125,11 @@ async fn wait_for_signal() {
         _ = tokio::signal::ctrl_c() => {}
     }
 }
+
+#[cfg(test)]
+#[path = "../../support/clap_help.rs"]
+mod clap_help;
+
+/// What `clap_help`'s test walks.
+#[cfg(test)]
+type CliRoot = Args;

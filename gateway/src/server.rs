@@ -767,6 +767,7 @@ impl Connection {
             ClientMessage::LeaseDelivery { id, lease } => delivery(id, DeliveryRequest::Query { lease }),
             ClientMessage::LeaseLogs { id, lease, tail_bytes } => delivery(id, DeliveryRequest::Logs { lease, tail_bytes }),
             ClientMessage::Logs { id, request, data, truncated } => delivery(id, DeliveryRequest::LogsReply { request, data, truncated }),
+            ClientMessage::FabricProbe { id, report } => delivery(id, DeliveryRequest::FabricProbe { report }),
             ClientMessage::ChallengeCommit { id, challenge, commitment } => match hash32(&commitment) {
                 Some(commitment) => Request::Challenge { connection, id, request: ChallengeRequest::Commit { challenge, commitment } },
                 None => return vec![error(Some(id), ErrorCode::ChallengeAnswerInvalid, None)],

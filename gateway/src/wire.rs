@@ -309,6 +309,24 @@ mod tests {
                     memory: true,
                 },
             },
+            Request::Delivery {
+                connection: c,
+                id: 29,
+                request: DeliveryRequest::FabricProbe {
+                    report: Box::new(gpux_protocol::FabricProbeReport {
+                        body: gpux_protocol::FabricProbeBody {
+                            lease: LeaseId(3),
+                            job: gpux_protocol::JobId(2),
+                            attempt: 1,
+                            ranks: 2,
+                            rank: 1,
+                            bytes: 1 << 20,
+                            elapsed_us: 100,
+                        },
+                        signature: "cd".repeat(64),
+                    }),
+                },
+            },
             Request::Liveness {
                 connection: c,
                 id: 28,

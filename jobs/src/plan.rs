@@ -54,25 +54,69 @@ pub type Asks = Vec<(u64, u32)>;
 /// only verified GPUs count for `verified_only`, and a region excludes
 /// hosts elsewhere or in none (the exchange applies the same filters to
 /// the job's bids).
-pub fn usable_asks(spec: &JobSpec, offers: &[gpux_engine::OfferInfo]) -> Asks {
+///
+/// A job on several nodes buys a cluster (docs/market-rules.md "Cluster
+/// bids"), so its asks are the members the exchange would fill it with
+/// now, `gpus_per_node` GPUs of each: the offers walked in the book's
+/// price-time order, one per host whose fabric counts at least the job's
+/// `min_fabric_gbps` and the class's `class_min_gbps`, grouped by fabric
+/// group (supplier, zone, name); the first group to reach `nodes` members.
+/// None while no group can.
+pub fn usable_asks(spec: &JobSpec, offers: &[gpux_engine::OfferInfo], class_min_gbps: u32) -> Asks {
+    if spec.nodes > 1 {
+        return cluster_asks(spec, offers, spec.min_fabric_gbps.max(class_min_gbps));
+    }
     let mut asks: Asks = Vec::new();
-    for offer in offers {
-        if spec.min_score_bps > 0 && offer.supplier_score_bps.is_none_or(|score| score < spec.min_score_bps) {
-            continue;
-        }
-        if spec.region.as_ref().is_some_and(|region| offer.region.as_ref() != Some(region)) {
-            continue;
-        }
+    for offer in offers.iter().filter(|offer| passes_filters(spec, offer)) {
         let quantity = if spec.verified_only { offer.gpus_verified.min(offer.quantity) } else { offer.quantity };
-        if quantity == 0 {
-            continue;
-        }
         match asks.last_mut() {
             Some((price, total)) if *price == offer.price_minor_per_gpu_hour => *total += quantity,
             _ => asks.push((offer.price_minor_per_gpu_hour, quantity)),
         }
     }
     asks
+}
+
+/// The job's seller, region and verification filters (the exchange applies
+/// the same to its bids): an unrated seller fails a minimum score, a region
+/// excludes hosts elsewhere or in none, and an offer with no GPU the job
+/// may buy is none.
+fn passes_filters(spec: &JobSpec, offer: &gpux_engine::OfferInfo) -> bool {
+    if spec.min_score_bps > 0 && offer.supplier_score_bps.is_none_or(|score| score < spec.min_score_bps) {
+        return false;
+    }
+    if spec.region.as_ref().is_some_and(|region| offer.region.as_ref() != Some(region)) {
+        return false;
+    }
+    let quantity = if spec.verified_only { offer.gpus_verified.min(offer.quantity) } else { offer.quantity };
+    quantity > 0
+}
+
+/// The members of the cluster the exchange would fill now (see
+/// [`usable_asks`]), each as `(its price, gpus_per_node)`.
+fn cluster_asks(spec: &JobSpec, offers: &[gpux_engine::OfferInfo], min_gbps: u32) -> Asks {
+    let nodes = spec.nodes as usize;
+    let mut groups: BTreeMap<(gpux_engine::AccountId, String, String), Vec<(gpux_engine::HostId, u64)>> = BTreeMap::new();
+    for offer in offers.iter().filter(|offer| passes_filters(spec, offer)) {
+        let (Some(host), Some(fabric)) = (offer.host, &offer.fabric) else { continue };
+        let quantity = if spec.verified_only { offer.gpus_verified.min(offer.quantity) } else { offer.quantity };
+        let counts = match &fabric.probe {
+            Some(probe) if !probe.borne_out => (probe.mbps / 1_000).min(fabric.gbps as u64) as u32,
+            _ => fabric.gbps,
+        };
+        if counts < min_gbps || fabric.hosts < spec.nodes || quantity < spec.gpus_per_node {
+            continue;
+        }
+        let group = groups.entry((offer.supplier, fabric.zone.clone(), fabric.name.clone())).or_default();
+        if group.iter().any(|(member, _)| *member == host) {
+            continue;
+        }
+        group.push((host, offer.price_minor_per_gpu_hour));
+        if group.len() == nodes {
+            return group.iter().map(|&(_, price)| (price, spec.gpus_per_node)).collect();
+        }
+    }
+    Vec::new()
 }
 
 /// What the plan knows of the market now.
@@ -98,6 +142,11 @@ pub enum Verdict {
     NotEnoughOffered {
         offered: u32,
     },
+    /// A cluster job: no fabric group offers `nodes` hosts with the GPUs
+    /// and bandwidth it needs now.
+    NoCluster {
+        nodes: u32,
+    },
     OverMaxPrice {
         price: u64,
     },
@@ -117,6 +166,7 @@ impl Verdict {
             Verdict::TooLittleMemory { class_mib } => format!("{} GiB per GPU is less than the job needs", class_mib / 1024),
             Verdict::ContractExcluded => "the job's contract preference excludes it".into(),
             Verdict::NotEnoughOffered { offered } => format!("only {offered} GPU(s) offered now"),
+            Verdict::NoCluster { nodes } => format!("no fabric group offers {nodes} hosts with the GPUs and bandwidth needed now"),
             Verdict::OverMaxPrice { price } => format!("the GPUs cost up to {} per GPU-hour, over the job's maximum", money(*price)),
             Verdict::OverBudget { cost } => format!("expected {} for the job, over its budget", money(*cost)),
         }
@@ -155,7 +205,8 @@ impl Plan {
 
 /// Converts an amount in major units to minor units of `currency` (rounded down).
 pub fn to_minor(amount: Decimal, currency: &gpux_engine::Currency) -> u64 {
-    let minor = amount * Decimal::from(10u64.pow(currency.decimals as u32));
+    // Too large for a Decimal is too large for u64 minor units too.
+    let Some(minor) = amount.checked_mul(Decimal::from(10u64.pow(currency.decimals as u32))) else { return u64::MAX };
     u64::try_from(minor.trunc()).unwrap_or(u64::MAX)
 }
 
@@ -191,6 +242,8 @@ pub fn plan(spec: &JobSpec, market: &Market<'_>, vendors: Option<&BTreeSet<Vendo
             Verdict::TooLittleMemory { class_mib: class.requirement.memory_mib_min }
         } else if matches!((spec.contract, preemptible), (ContractChoice::Spot, true) | (ContractChoice::Preemptible, false)) {
             Verdict::ContractExcluded
+        } else if offered < gpus && spec.nodes > 1 {
+            Verdict::NoCluster { nodes: spec.nodes }
         } else if offered < gpus {
             Verdict::NotEnoughOffered { offered }
         } else if max_price.is_some_and(|max| worst_price > max) {
@@ -284,10 +337,58 @@ mod tests {
             offer(1_000_000, 2, 2, None, Some("eu")),
             offer(1_100_000, 8, 8, Some(9_000), Some("us")),
         ];
-        assert_eq!(usable_asks(&spec("", ""), &offers), [(1_000_000, 6), (1_100_000, 8)]);
-        assert_eq!(usable_asks(&spec("", "min_score = 0.95"), &offers), [(1_000_000, 4)]);
-        assert_eq!(usable_asks(&spec("", "verified_only = true"), &offers), [(1_000_000, 3), (1_100_000, 8)]);
-        assert_eq!(usable_asks(&spec("", "region = \"us\""), &offers), [(1_100_000, 8)]);
+        assert_eq!(usable_asks(&spec("", ""), &offers, 0), [(1_000_000, 6), (1_100_000, 8)]);
+        assert_eq!(usable_asks(&spec("", "min_score = 0.95"), &offers, 0), [(1_000_000, 4)]);
+        assert_eq!(usable_asks(&spec("", "verified_only = true"), &offers, 0), [(1_000_000, 3), (1_100_000, 8)]);
+        assert_eq!(usable_asks(&spec("", "region = \"us\""), &offers, 0), [(1_100_000, 8)]);
+    }
+
+    /// A cluster job prices the members the exchange would fill it with:
+    /// one ask per host of one fabric group, bandwidth counted as measured.
+    #[test]
+    fn a_cluster_job_prices_the_first_fabric_group_to_complete_in_price_order() {
+        let offer = |price, host: u32, supplier: u32, fabric: Option<(&str, u32, Option<u64>)>| gpux_engine::OfferInfo {
+            price_minor_per_gpu_hour: price,
+            quantity: 8,
+            supplier: gpux_engine::AccountId(supplier),
+            host: Some(gpux_engine::HostId(host)),
+            gpus_verified: 8,
+            supplier_score_bps: Some(9_900),
+            region: Some("us-east".into()),
+            fabric: fabric.map(|(name, gbps, measured)| gpux_engine::FabricInfo {
+                name: name.into(),
+                zone: "z1".into(),
+                gbps,
+                hosts: 4,
+                probe: measured.map(|mbps| gpux_engine::FabricProbe {
+                    at_ms: 1,
+                    lease: gpux_engine::LeaseId(1),
+                    ranks: 2,
+                    mbps,
+                    borne_out: gpux_engine::probe_bears_out(gbps, mbps),
+                }),
+            }),
+        };
+        let offers = [
+            offer(900_000, 0, 1, None),                               // no fabric
+            offer(1_000_000, 1, 1, Some(("ib0", 400, Some(40_000)))), // claim not borne out: counts 40
+            offer(1_100_000, 2, 2, Some(("ib1", 400, None))),
+            offer(1_200_000, 3, 1, Some(("ib0", 400, None))),
+            offer(1_300_000, 4, 2, Some(("ib1", 400, Some(390_000)))),
+            offer(1_400_000, 5, 1, Some(("ib0", 400, None))),
+        ];
+        let cluster = |limits: &str| spec("gpus_per_node = 8\nnodes = 2\nmin_fabric_gbps = 100", limits);
+        // Host 1 counts at 40 Gb/s: group ib1 (hosts 2 and 4) completes first.
+        assert_eq!(usable_asks(&cluster(""), &offers, 0), [(1_100_000, 8), (1_300_000, 8)]);
+        // A class rule of 50 Gb/s changes nothing; without the bid's own
+        // minimum and the rule, host 1 counts and ib0 (1, 3) completes first.
+        let no_minimum = spec("gpus_per_node = 8\nnodes = 2", "");
+        assert_eq!(usable_asks(&no_minimum, &offers, 0), [(1_000_000, 8), (1_200_000, 8)]);
+        assert_eq!(usable_asks(&no_minimum, &offers, 50), [(1_100_000, 8), (1_300_000, 8)], "the class's 50 Gb/s passes host 1 over");
+        // Three nodes: ib0 has hosts 1 (too slow for 100), 3 and 5 only.
+        let three = spec("gpus_per_node = 8\nnodes = 3\nmin_fabric_gbps = 100", "");
+        assert_eq!(usable_asks(&three, &offers, 0), []);
+        assert_eq!(usable_asks(&spec("gpus_per_node = 8\nnodes = 3", ""), &offers, 0).len(), 3);
     }
 
     /// The demo listing's books, scripted: the class choice against them.

@@ -7,6 +7,7 @@
 //! commits are atomic, so a crash mid-commit (a torn write) leaves the
 //! journal at the previous commit and the restart replays that.
 
+pub mod faults;
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -67,6 +68,17 @@ impl Journal {
     /// Opens (or creates) the journal.
     pub fn open(path: &Path) -> Result<Journal> {
         let db = Database::create(path).with_context(|| format!("opening journal {}", path.display()))?;
+        Self::from_db(db)
+    }
+
+    /// Opens the journal on a storage backend of the caller's (tests inject
+    /// faults with [`faults::FaultyBackend`]).
+    pub fn open_with_backend(backend: impl redb::StorageBackend) -> Result<Journal> {
+        let db = redb::Builder::new().create_with_backend(backend).context("opening the journal on its backend")?;
+        Self::from_db(db)
+    }
+
+    fn from_db(db: Database) -> Result<Journal> {
         let setup = db.begin_write()?;
         setup.open_table(JOURNAL)?;
         setup.open_table(TRANSFERS)?;
@@ -804,6 +816,45 @@ mod tests {
         }
         let journal = Journal::open(&path).expect("reopen");
         assert_eq!(journal.entries_after(0).expect("read"), (1..=10).map(tick).collect::<Vec<_>>());
+    }
+
+    /// Each storage fault at redb's seam (docs/operations.md "Disk space"):
+    /// the failing append is refused (never acknowledged), what was
+    /// committed before is read back whole after a restart on a healthy
+    /// disk, the failed batch is there whole or not at all, and the journal
+    /// takes appends again.
+    #[test]
+    fn a_failing_disk_refuses_the_append_and_loses_nothing_committed() {
+        use faults::{Fault, Faults, FaultyBackend};
+        let tick = |at_ms| JournalEntry::Engine(Input { at_ms, command: Command::Tick });
+        for fault in [Fault::NoSpace, Fault::WriteError, Fault::SyncError, Fault::TornWrite] {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let path = dir.path().join("journal.redb");
+            let committed: Vec<JournalEntry> = (1..=50).map(tick).collect();
+            let failed: Vec<JournalEntry> = (51..=60).map(tick).collect();
+            {
+                let faults = Faults::default();
+                let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).expect("file");
+                let mut journal = Journal::open_with_backend(FaultyBackend::new(file, faults.clone()).expect("backend")).expect("open");
+                for entry in &committed {
+                    journal.append(std::slice::from_ref(entry)).expect("a healthy disk takes it");
+                }
+                faults.set(fault);
+                assert!(journal.append(&failed).is_err(), "{fault:?}: the append fails, so nothing of it is acknowledged");
+                assert!(journal.append(&failed).is_err(), "{fault:?}: and so does the next, until the journal is opened again");
+            }
+            let mut journal = Journal::open(&path).unwrap_or_else(|e| panic!("{fault:?}: reopens on a healthy disk: {e:#}"));
+            let read = journal.entries_after(0).expect("read");
+            assert_eq!(read[..50], committed[..], "{fault:?}: every committed entry, in order");
+            assert!(
+                read.len() == 50 || read[50..] == failed[..],
+                "{fault:?}: the failed batch whole or not at all ({} entries)",
+                read.len()
+            );
+            let next = journal.next_seq();
+            journal.append(&[tick(99)]).expect("appends again");
+            assert_eq!(journal.entries_after(next - 1).expect("read"), [tick(99)]);
+        }
     }
 
     #[test]

@@ -194,6 +194,14 @@ pub enum JournalEntry {
         job: crate::jobs::JobId,
         gpus: u32,
     },
+    /// A cluster member's interconnect probe, as its supplier signed it
+    /// (checked before journaling): the market records its bus bandwidth
+    /// on the lease's host (docs/market-rules.md "Interconnect probe").
+    FabricProbe {
+        at_ms: u64,
+        account: AccountId,
+        report: Box<gpux_protocol::FabricProbeReport>,
+    },
 }
 
 impl JournalEntry {
@@ -234,7 +242,8 @@ impl JournalEntry {
             | JournalEntry::SubmitJob { at_ms, .. }
             | JournalEntry::CancelJob { at_ms, .. }
             | JournalEntry::JobLeaseSilent { at_ms, .. }
-            | JournalEntry::ResizeJob { at_ms, .. } => Some(*at_ms),
+            | JournalEntry::ResizeJob { at_ms, .. }
+            | JournalEntry::FabricProbe { at_ms, .. } => Some(*at_ms),
             JournalEntry::BindKey { .. }
             | JournalEntry::BidWorkload { .. }
             | JournalEntry::LeaseWorkload { .. }

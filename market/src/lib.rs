@@ -450,6 +450,10 @@ impl MarketState {
                     applied.follow_ups.push(Command::RecordChallenge { gpu, answer });
                 }
             }
+            JournalEntry::FabricProbe { at_ms: _, account: _, report } => {
+                let body = &report.body;
+                applied.follow_ups.push(Command::RecordFabricProbe { lease: body.lease, ranks: body.ranks, mbps: body.bus_mbps() });
+            }
             JournalEntry::Liveness { at_ms, account, report } => {
                 let disputed = self.disputes.observe(*account, report);
                 applied.follow_ups.extend(self.disputed(report.body.lease, disputed, *at_ms));
@@ -621,6 +625,29 @@ impl MarketState {
             }
         }
         touched
+    }
+
+    /// A cluster member's interconnect probe (docs/market-rules.md
+    /// "Interconnect probe"): the lease's supplier's, signed by the key it
+    /// logged in with, for the lease's running cluster attempt at the rank
+    /// it holds there, on a host that declared a fabric, its figures in
+    /// range, and the lease's first.
+    pub fn check_fabric_probe(&self, account: AccountId, report: &gpux_protocol::FabricProbeReport) -> Result<(), ErrorCode> {
+        let body = &report.body;
+        let lease = self.engine.lease(body.lease).filter(|l| l.supplier == account && !l.billing_closed);
+        let fabric = lease.and_then(|l| self.engine.lease_fabric(l.lease));
+        let member = match self.jobs.state(body.job) {
+            Some(gpux_protocol::JobState::Running { attempt, leases }) => {
+                *attempt == body.attempt && leases.len() as u32 == body.ranks && leases.get(body.rank as usize) == Some(&body.lease)
+            }
+            _ => false,
+        };
+        let first = fabric.as_ref().is_some_and(|f| f.probe.as_ref().is_none_or(|p| p.lease != body.lease));
+        let signed = self.account_key(account).is_some_and(|key| report.verify(&key));
+        if !(member && first && body.is_valid() && signed && self.jobs.job_of_lease(body.lease) == Some(body.job)) {
+            return Err(ErrorCode::FabricProbeInvalid);
+        }
+        Ok(())
     }
 
     /// A renter's liveness observation of its lease.

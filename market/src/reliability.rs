@@ -189,6 +189,14 @@ impl Reliability {
                         self.hosts.entry(host).or_default().today(event.at_ms).challenges[slot] += 1;
                     }
                 }
+                // A fabric claim the probe does not bear out counts like a
+                // wrong challenge answer (docs/market-rules.md "Interconnect probe").
+                EventKind::FabricProbed { host, owner, borne_out, .. } => {
+                    let slot = if borne_out { 0 } else { 2 };
+                    touched.push(owner);
+                    self.suppliers.entry(owner).or_default().today(event.at_ms).challenges[slot] += 1;
+                    self.hosts.entry(host).or_default().today(event.at_ms).challenges[slot] += 1;
+                }
                 EventKind::DeliveryFailed { supplier, gpu, .. } => {
                     touched.push(supplier);
                     let record = self.suppliers.entry(supplier).or_default();

@@ -48,6 +48,7 @@ pub fn accounts_of(engine: &Engine, event: &Event) -> [Option<AccountId>; 2] {
         LeasedGpuStatusChanged { renter, .. } => [Some(renter), None],
         GpuChallenged { owner, .. } | GpuMemoryChallenged { owner, .. } => [Some(owner), None],
         UsageDisputed { renter, supplier, .. } => [Some(renter), Some(supplier)],
+        FabricProbed { lease, owner, .. } => [Some(owner), engine.lease(lease).map(|l| l.renter)],
         GpuStatusChanged { gpu, .. } => [engine.gpu(gpu).map(|g| g.owner), None],
         InstrumentListed { .. } | TradingStopped { .. } | InstrumentExpired { .. } | BookLevel { .. } => [None, None],
     };

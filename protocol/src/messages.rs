@@ -690,6 +690,12 @@ pub enum ClientMessage {
         job: crate::jobs::JobId,
         gpus: u32,
     },
+    /// A cluster member's interconnect probe, signed by the supplier's key
+    /// (supplier of the lease; docs/protocol.md "Interconnect probe").
+    FabricProbe {
+        id: u64,
+        report: Box<crate::fabric::FabricProbeReport>,
+    },
 }
 
 fn gtc() -> TimeInForce {
@@ -761,6 +767,7 @@ impl ClientMessage {
             | JobStoreToken { id, .. }
             | JobBill { id, .. }
             | ResizeJob { id, .. }
+            | FabricProbe { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -1078,6 +1085,10 @@ pub enum ServerMessage {
     Listing {
         id: u64,
         listing: Box<gpux_engine::EngineConfig>,
+        /// The classes' cluster contract terms (docs/market-rules.md
+        /// "Cluster bids"): a class not named has none.
+        #[serde(default)]
+        cluster_rules: Vec<gpux_engine::ClusterRule>,
     },
     /// Answer to `lease_telemetry`: each of the lease's GPUs with its
     /// latest samples, oldest first (at most `TELEMETRY_SAMPLES_MAX` each;
@@ -1371,6 +1382,12 @@ pub enum ErrorCode {
     /// `resize_job` for a job that is not running, is already resizing or
     /// is being cancelled, or to the size it has.
     JobNotRunning,
+    /// An interconnect probe that is not the supplier's to send or not
+    /// well formed: not signed by the session's key, for a lease this
+    /// account does not supply or whose host declared no fabric, for a job
+    /// that is not the lease's cluster attempt, its figures out of range,
+    /// or the lease's second probe.
+    FabricProbeInvalid,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -1464,6 +1481,7 @@ impl ErrorCode {
             JobStoreUnavailable => "the exchange runs no job store, or the lease runs no job of yours",
             JobNotRunning => "only a running job is resized, one resize at a time, to another size",
             LivenessInvalid => "the liveness observation is not signed by this account's key, or its interval is empty, over an hour, outside the lease, in the future or not after the previous one",
+            FabricProbeInvalid => "the interconnect probe is not signed by this account's key, not for a cluster lease this account supplies on a fabric host, out of range, or the lease's second",
         }
     }
 }

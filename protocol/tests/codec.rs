@@ -105,6 +105,21 @@ fn sample_client_messages() -> Vec<ClientMessage> {
             challenge: 5,
             leaves: vec![gpux_protocol::memory::LeafOpening { leaf: 3, words: vec![7, 4_000_000_000], path: vec!["ef".repeat(32)] }],
         },
+        ClientMessage::FabricProbe {
+            id: 46,
+            report: Box::new(gpux_protocol::FabricProbeReport::sign(
+                gpux_protocol::FabricProbeBody {
+                    lease: LeaseId(7),
+                    job: gpux_protocol::JobId(3),
+                    attempt: 1,
+                    ranks: 4,
+                    rank: 1,
+                    bytes: 64 << 20,
+                    elapsed_us: 20_000,
+                },
+                &ed25519_dalek::SigningKey::from_bytes(&[3; 32]),
+            )),
+        },
         ClientMessage::Liveness {
             id: 31,
             report: gpux_protocol::LivenessReport::sign(
@@ -271,6 +286,24 @@ fn server_messages_round_trip_through_both_encodings() {
             next_before: None,
         },
         ServerMessage::Book { id: 48, instrument: InstrumentId(1), seq: 77, bids: vec![(2_000_000, 3)], asks: vec![(2_100_000, 1)] },
+        ServerMessage::BookOffers {
+            id: 49,
+            instrument: InstrumentId(0),
+            offers: [None, Some(FabricProbe { at_ms: 5, lease: LeaseId(3), ranks: 4, mbps: 40_265, borne_out: true })]
+                .into_iter()
+                .map(|probe| OfferInfo {
+                    price_minor_per_gpu_hour: 1_900_000,
+                    quantity: 8,
+                    supplier: AccountId(1),
+                    host: Some(HostId(0)),
+                    gpus_verified: 8,
+                    supplier_score_bps: None,
+                    region: Some("us-east".into()),
+                    fabric: Some(FabricInfo { name: "ib-pod-3".into(), zone: "z1".into(), gbps: 400, hosts: 4, probe }),
+                })
+                .collect(),
+            next_offset: None,
+        },
     ];
     for message in messages {
         assert_eq!(decode_server_text(&encode_server_text(&message)), Ok(message.clone()));

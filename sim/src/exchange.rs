@@ -25,6 +25,10 @@ pub struct SimExchange {
     pub events_applied: u64,
     pub transfers_posted: u64,
     pub reports_settled: u64,
+    /// Journal entries applied, and their bytes as the journal encodes them
+    /// (the growth docs/operations.md plans the data directory by).
+    pub journal_entries: u64,
+    pub journal_entry_bytes: u64,
 }
 
 /// What a restart found: the state hash before and after replay.
@@ -54,6 +58,8 @@ impl SimExchange {
             events_applied: 0,
             transfers_posted: 0,
             reports_settled: 0,
+            journal_entries: 0,
+            journal_entry_bytes: 0,
         };
         // As the exchange does at its first start: reports are checked by ZIP-215.
         exchange.record(JournalEntry::SignatureRule { rule: gpux_settlement::SignatureRule::Zip215 });
@@ -172,6 +178,8 @@ impl SimExchange {
         let applied = self.market.apply(&entry).expect("the ledger accepts every engine event");
         self.events_applied += applied.events.len() as u64;
         self.transfers_posted += applied.transfers.len() as u64;
+        self.journal_entries += 1;
+        self.journal_entry_bytes += gpux_protocol::encode_record(&entry).len() as u64;
         debug_assert_eq!(self.market.ledger().sum(), 0);
         if let Some(journal) = &mut self.journal {
             journal.push(entry.clone());

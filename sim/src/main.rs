@@ -11,16 +11,25 @@ use gpux_sim::{config::MS_PER_HOUR, report, Sim, SimConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
-#[command(name = "gpux-sim", about = "Deterministic gpux market simulator: the real engine and settlement, simulated participants")]
+#[command(
+    name = "gpux-sim",
+    version,
+    about = "Deterministic gpux market simulator: the real engine and settlement, simulated participants"
+)]
 struct Args {
+    /// The random seed: the same seed and flags give the same run, event for event.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Suppliers in the population (each with one to many hosts).
     #[arg(long, default_value_t = 10_000)]
     suppliers: u32,
+    /// Renters in the population.
     #[arg(long, default_value_t = 50_000)]
     renters: u32,
+    /// Aggregators (buy reserved windows, resell them).
     #[arg(long, default_value_t = 50)]
     aggregators: u32,
+    /// Simulated days.
     #[arg(long, default_value_t = 7)]
     days: u32,
     /// Minutes between an agent's usage reports for each leased GPU.
@@ -73,8 +82,10 @@ enum Mode {
         /// exchange must accept, `--operator-key`) and of its traders' keys.
         #[arg(long)]
         secret_file: PathBuf,
+        /// Simulated suppliers keeping asks up.
         #[arg(long, default_value_t = 8)]
         suppliers: u32,
+        /// Simulated renters bidding.
         #[arg(long, default_value_t = 16)]
         renters: u32,
     },
@@ -174,3 +185,11 @@ fn main() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "../../support/clap_help.rs"]
+mod clap_help;
+
+/// What `clap_help`'s test walks.
+#[cfg(test)]
+type CliRoot = Args;

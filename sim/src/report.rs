@@ -174,6 +174,18 @@ pub fn render(sim: &Sim) -> ReportFiles {
         m.sim_actions,
         sim.exchange.transfers_posted
     );
+    let days = c.days.max(1) as u64;
+    let _ = writeln!(
+        md,
+        "Journal growth: {} entries, {:.1} MiB as the journal encodes them ({:.1} MiB a day, {} bytes an entry on average); \
+         the journal file adds redb's pages and the indexes of {} ledger transfers, trades and fills, and a cluster's Raft log \
+         holds the same entries again (docs/operations.md \"Disk space\").\n",
+        sim.exchange.journal_entries,
+        sim.exchange.journal_entry_bytes as f64 / (1 << 20) as f64,
+        sim.exchange.journal_entry_bytes as f64 / (1 << 20) as f64 / days as f64,
+        sim.exchange.journal_entry_bytes / sim.exchange.journal_entries.max(1),
+        sim.exchange.transfers_posted,
+    );
     let _ = writeln!(md, "## Invariants\n\n| Invariant | Result | Found |\n|---|---|---|");
     for (name, ok, found) in &invariants {
         let _ = writeln!(md, "| {name} | {} | {found} |", check(*ok));

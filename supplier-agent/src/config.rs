@@ -114,12 +114,36 @@ pub struct FabricConfig {
     pub address: String,
     /// The first of 64 ports cluster containers listen on (one per GPU
     /// index): the member whose lowest GPU is index `i` gets `port_base + i`.
+    /// The interconnect probe listens on `port_base + 64` to `port_base +
+    /// 127` (docs/agent.md "Interconnect probe").
     #[serde(default = "default_port_base")]
     pub port_base: u16,
+    /// MiB each member reduces in the interconnect probe at a cluster's
+    /// delivery (1 to 16 384; 0: no probe).
+    #[serde(default = "default_probe_mib")]
+    pub probe_mib: u32,
+    /// `"nftables"`: the agent admits new connections to the fabric address
+    /// only from this host and its clusters' members (docs/agent.md
+    /// "Firewall"); `"none"` (the default): the operator's own rules.
+    #[serde(default)]
+    pub firewall: FirewallKind,
+}
+
+/// Who keeps the fabric's firewall.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FirewallKind {
+    #[default]
+    None,
+    Nftables,
 }
 
 fn default_port_base() -> u16 {
     29_500
+}
+
+fn default_probe_mib() -> u32 {
+    64
 }
 
 impl FabricConfig {
@@ -380,9 +404,10 @@ impl AgentConfig {
             if config.region.is_none() {
                 bail!("fabric needs region (a fabric group is one supplier's hosts in one zone)");
             }
-            if !fabric.claim().is_valid() {
+            let probe_ports_fit = fabric.port_base as u32 + 2 * crate::probe::PROBE_PORT_OFFSET as u32 <= 65_536;
+            if !fabric.claim().is_valid() || !probe_ports_fit || fabric.probe_mib > 16_384 {
                 bail!(
-                    "fabric: group must be 1..=32 lower-case letters, digits and -, gbps 1..=100000, address an IP address, port_base 1024..=65472 (got {fabric:?})"
+                    "fabric: group must be 1..=32 lower-case letters, digits and -, gbps 1..=100000, address an IP address, port_base 1024..=65408, probe_mib 0..=16384 (got {fabric:?})"
                 );
             }
         }

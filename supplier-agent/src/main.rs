@@ -16,7 +16,11 @@ use gpux_supplier_agent::vendor::iluvatar::IluvatarBackend;
 use gpux_supplier_agent::vendor::BackendChoice;
 
 #[derive(Parser)]
-#[command(name = "gpux-agent", about = "The gpux supplier agent: registers this host's GPUs, keeps offers on the books, delivers leases")]
+#[command(
+    name = "gpux-agent",
+    version,
+    about = "The gpux supplier agent: registers this host's GPUs, keeps offers on the books, delivers leases"
+)]
 struct Args {
     /// Agent configuration (TOML); see docs/agent.md.
     #[arg(long)]
@@ -57,3 +61,11 @@ fn main() -> Result<()> {
         Agent::new(config, key, backend)?.run(stop).await
     })
 }
+
+#[cfg(test)]
+#[path = "../../support/clap_help.rs"]
+mod clap_help;
+
+/// What `clap_help`'s test walks.
+#[cfg(test)]
+type CliRoot = Args;

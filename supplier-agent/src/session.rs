@@ -141,12 +141,23 @@ pub struct Agent {
     /// the account's unproven GPUs are at their limit): registration is
     /// tried again at this time (this host's clock).
     register_again_at: Option<tokio::time::Instant>,
+    /// Interconnect probes that completed (or failed) on their own tasks,
+    /// to sign and send (docs/agent.md "Interconnect probe").
+    probes: (tokio::sync::mpsc::UnboundedSender<FabricProbeBody>, tokio::sync::mpsc::UnboundedReceiver<FabricProbeBody>),
+    /// Probes not yet acknowledged (the link was down).
+    probes_unsent: Vec<FabricProbeBody>,
+    /// The fabric's firewall, when this agent keeps it (`[fabric] firewall`).
+    firewall: Option<crate::firewall::Firewall>,
 }
 
 /// How long a GPU refused `gpus_awaiting_challenge` waits before the agent
 /// registers it again (the account's earlier GPUs prove themselves at
 /// their first hardware challenge, issued right after registration).
 const REGISTER_AGAIN_AFTER: Duration = Duration::from_secs(60);
+
+/// An interconnect probe's members must all be reached, and the ring run,
+/// within this of its attempt's delivery.
+const PROBE_DEADLINE: Duration = Duration::from_secs(120);
 
 /// After a delivery the host failed: its GPUs stay off sale (offline at the
 /// exchange) until the failed lease ended and a health check passed, with a
@@ -206,7 +217,16 @@ impl Agent {
         let encryption_key = std::sync::Arc::new(gpux_protocol::delivery::EncryptionKey::from_bytes(secret));
         let delivery_backend = delivery_backend(&config)?;
         let jobs_dir = state_dir(&config).join("jobs");
+        let firewall = match &config.fabric {
+            Some(fabric) if fabric.firewall == crate::config::FirewallKind::Nftables => {
+                let address = fabric.address.parse().context("fabric.address")?;
+                std::fs::create_dir_all(state_dir(&config)).context("the agent's state directory")?;
+                Some(crate::firewall::Firewall::new(&config.host, address, state_dir(&config).join("firewall.json"))?)
+            }
+            _ => None,
+        };
         Ok(Agent {
+            firewall,
             delivery_health: delivery_backend.clone(),
             releasing: BTreeMap::new(),
             health: HostHealth::default(),
@@ -226,6 +246,8 @@ impl Agent {
             windows_sold: BTreeMap::new(),
             register_again_at: None,
             jobs_dir,
+            probes: tokio::sync::mpsc::unbounded_channel(),
+            probes_unsent: Vec::new(),
         })
     }
 
@@ -233,6 +255,12 @@ impl Agent {
     pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) -> Result<()> {
         tokio::pin!(stop);
         self.measuring_since_ms = Some(now_ms());
+        if let Some(firewall) = &self.firewall {
+            // Closed to all but this host and the clusters it served when it
+            // stopped, before anything is offered.
+            firewall.apply().context("the fabric's firewall (docs/agent.md \"Firewall\")")?;
+            tracing::info!(table = firewall.table(), "fabric firewall installed");
+        }
         if let Some(backend) = self.delivery_backend.take() {
             tracing::info!(backend = backend.name(), "delivering leases");
             let tuning = self.config.delivery.as_ref().map_or_else(Tuning::default, |d| Tuning {
@@ -348,6 +376,7 @@ impl Agent {
         self.offer_windows(&mut link).await?;
         self.send_reports(&mut link).await?;
         self.send_statuses(&mut link).await?;
+        self.send_probes(&mut link).await?;
         Ok(link)
     }
 
@@ -373,6 +402,10 @@ impl Agent {
                     self.reoffer_all(link).await?;
                 }
                 Some(report) = recv_report(&mut self.delivery) => self.on_delivery_report(link, report).await?,
+                Some(probe) = self.probes.1.recv() => {
+                    self.probes_unsent.push(probe);
+                    self.send_probes(link).await?;
+                }
                 _ = sampling.tick() => self.sample(link).await?,
                 _ = reporting.tick() => {
                     self.record_reports()?;
@@ -425,6 +458,12 @@ impl Agent {
             match next_offset {
                 Some(next) => offset = next,
                 None => break,
+            }
+        }
+        if let Some(firewall) = &mut self.firewall {
+            let ended: Vec<LeaseId> = firewall.leases().into_iter().filter(|lease| !active.contains(lease)).collect();
+            if let Err(error) = firewall.forget(&ended) {
+                tracing::error!(%error, "the fabric firewall could not be updated");
             }
         }
         if let Some((orders, _)) = &self.delivery {
@@ -491,6 +530,64 @@ impl Agent {
         Ok(())
     }
 
+    /// Signs and sends the interconnect probes that wait; each is
+    /// acknowledged durable (or refused, and dropped: a probe for an attempt
+    /// that already ended).
+    async fn send_probes(&mut self, link: &mut Link) -> Result<()> {
+        while let Some(body) = self.probes_unsent.first().cloned() {
+            let id = link.connection.new_id();
+            let (lease, mbps) = (body.lease, body.bus_mbps());
+            let report = Box::new(gpux_protocol::FabricProbeReport::sign(body, &self.key));
+            match link.connection.request(ClientMessage::FabricProbe { id, report }).await? {
+                ServerMessage::Ack { .. } => tracing::info!(%lease, mbps, "interconnect probe sent"),
+                ServerMessage::Error { code, message, .. } => tracing::warn!(%lease, ?code, %message, "interconnect probe refused"),
+                other => bail!("sending an interconnect probe: {other:?}"),
+            }
+            self.probes_unsent.remove(0);
+        }
+        Ok(())
+    }
+
+    /// Starts a cluster attempt's interconnect probe on its own task when
+    /// this host declared a fabric and the attempt names every member: a
+    /// ring all-reduce among the members' agents while the workload is
+    /// delivered (docs/agent.md "Interconnect probe"); what it measured,
+    /// or that it did not complete, comes back to be signed and sent.
+    fn start_probe(&self, lease: LeaseId, assignment: &gpux_protocol::JobAssignment) {
+        let Some(fabric) = self.config.fabric.as_ref().filter(|f| f.probe_mib > 0) else { return };
+        if assignment.nodes < 2 || assignment.peers.len() != assignment.nodes as usize {
+            return;
+        }
+        let ring = crate::probe::Ring {
+            job: assignment.job.0,
+            attempt: assignment.attempt,
+            rank: assignment.node_rank,
+            members: assignment.peers.clone(),
+            bytes: fabric.probe_mib as u64 * (1 << 20),
+            deadline: PROBE_DEADLINE,
+        };
+        let results = self.probes.0.clone();
+        tokio::spawn(async move {
+            let outcome = crate::probe::run(&ring).await;
+            let elapsed_us = match &outcome {
+                Ok(elapsed) => (elapsed.as_micros() as u64).max(1),
+                Err(error) => {
+                    tracing::warn!(%lease, %error, "the interconnect probe did not complete");
+                    0
+                }
+            };
+            let _ = results.send(FabricProbeBody {
+                lease,
+                job: gpux_protocol::JobId(ring.job),
+                attempt: ring.attempt,
+                ranks: ring.members.len() as u32,
+                rank: ring.rank,
+                bytes: ring.bytes,
+                elapsed_us,
+            });
+        });
+    }
+
     /// Sends the delivery statuses that wait; each is acknowledged durable.
     async fn send_statuses(&mut self, link: &mut Link) -> Result<()> {
         while let Some((&lease, state)) = self.statuses_unsent.iter().next() {
@@ -548,6 +645,14 @@ impl Agent {
             }
         };
         tracing::info!(%lease, job = %assignment.job, attempt = assignment.attempt, "delivering a job");
+        if let Some(firewall) = self.firewall.as_mut().filter(|_| assignment.nodes > 1) {
+            let members = assignment.peers.iter().filter_map(|p| p.address.parse().ok()).collect();
+            match firewall.admit(lease, members) {
+                Ok(()) => tracing::info!(%lease, admitted = firewall.admitted().len(), "fabric firewall admits the cluster's members"),
+                Err(error) => tracing::error!(%lease, %error, "the fabric firewall could not admit the cluster's members"),
+            }
+        }
+        self.start_probe(lease, &assignment);
         let files = crate::delivery::jobs::JobFiles {
             dir: self.jobs_dir.join(lease.0.to_string()),
             pip_cache: self.jobs_dir.join("pip-cache"),
@@ -1017,6 +1122,11 @@ impl Agent {
             }
             EventKind::LeaseEnded { lease, .. } => match self.leases.get_mut(&lease) {
                 Some(state) => {
+                    if let Some(firewall) = &mut self.firewall {
+                        if let Err(error) = firewall.forget(&[lease]) {
+                            tracing::error!(%lease, %error, "the fabric firewall could not be updated");
+                        }
+                    }
                     // Report up to the actual end, then forget the lease.
                     state.end_ms = Some(at_ms);
                     state.ended = true;
@@ -1050,6 +1160,13 @@ impl Agent {
                     link.asks.remove(contract);
                 }
                 !closed.is_empty()
+            }
+            EventKind::FabricProbed { lease, claimed_gbps, mbps, borne_out, .. } if self.leases.contains_key(&lease) => {
+                match borne_out {
+                    true => tracing::info!(%lease, claimed_gbps, mbps, "interconnect probe recorded: bears the fabric claim out"),
+                    false => tracing::warn!(%lease, claimed_gbps, mbps, "interconnect probe recorded: does NOT bear the fabric claim out"),
+                }
+                false
             }
             EventKind::GpuChallenged { gpu, outcome, mflops: rate, verified, .. }
             | EventKind::GpuMemoryChallenged { gpu, outcome, mbps: rate, verified, .. } => {

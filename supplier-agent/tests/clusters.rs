@@ -67,16 +67,15 @@ time.sleep(int(sys.argv[1]))
 "#;
 
 /// A fake one-GPU host `name` of the supplier whose key is `key` on the
-/// docker backend and on fabric `ib0` (its members listen from
-/// `port_base`), offering spot at `floor`.
+/// docker backend and on fabric `ib0` at `gbps` (its members listen from
+/// `port_base`, an 8 MiB interconnect probe), offering spot at `floor`.
 fn fabric_host(
     dir: &std::path::Path,
     key: &std::path::Path,
     url: &str,
     socket: &str,
     name: &str,
-    floor: u64,
-    port_base: u16,
+    (floor, port_base, gbps): (u64, u16, u32),
 ) -> (std::path::PathBuf, std::path::PathBuf) {
     std::fs::create_dir_all(dir).expect("dir");
     let host = dir.join("host.json");
@@ -92,7 +91,7 @@ fn fabric_host(
         &format!(
             "exchange = \"{url}\"\nhost = \"{name}\"\nkey_file = \"{}\"\nsample_interval_ms = 1000\nreport_interval_ms = 1000\n\
              region = \"us-east\"\nzone = \"z1\"\n\n\
-             [fabric]\ngroup = \"ib0\"\ngbps = 400\naddress = \"127.0.0.1\"\nport_base = {port_base}\n\n\
+             [fabric]\ngroup = \"ib0\"\ngbps = {gbps}\naddress = \"127.0.0.1\"\nport_base = {port_base}\nprobe_mib = 8\n\n\
              [[offer]]\ncontract = \"spot\"\nprice_floor_minor_per_gpu_hour = {floor}\n\n\
              [delivery]\nbackend = \"docker\"\npublic_address = \"127.0.0.1\"\nstate_dir = \"{}\"\nstop_grace_ms = 1000\nready_after_ms = 500\n\n\
              [delivery.docker]\nsocket = \"{socket}\"\ngpu_devices = \"fake\"\n",
@@ -167,7 +166,9 @@ async fn a_cluster_job_gets_its_ranks_reaches_every_peer_and_bids_whole_again_wh
         std::fs::copy(&supplier_key, &key).expect("copy the key");
         std::fs::copy(&supplier_x25519, dir.path().join(name).join("host.key.x25519")).expect("copy the encryption key");
         let (floor, port_base) = (2_000_000 + 100_000 * index as u64, 41_000 + 100 * index as u16);
-        let (config, host) = fabric_host(&dir.path().join(name), &key, &exchange.url, &socket, name, floor, port_base);
+        // Loopback bears out 1 Gb/s, never 100 Tb/s (ib-c's false claim).
+        let gbps = if *name == "ib-c" { 100_000 } else { 1 };
+        let (config, host) = fabric_host(&dir.path().join(name), &key, &exchange.url, &socket, name, (floor, port_base, gbps));
         agents.push(spawn_agent(&config, &host));
     }
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -178,7 +179,7 @@ async fn a_cluster_job_gets_its_ranks_reaches_every_peer_and_bids_whole_again_wh
         {
             if offers.len() >= 3 {
                 assert!(
-                    offers.iter().all(|o| o.fabric.as_ref().is_some_and(|f| f.name == "ib0" && f.gbps == 400 && f.hosts == 3)),
+                    offers.iter().all(|o| o.fabric.as_ref().is_some_and(|f| f.name == "ib0" && f.hosts == 3 && f.probe.is_none())),
                     "{offers:?}"
                 );
                 break;
@@ -200,7 +201,7 @@ async fn a_cluster_job_gets_its_ranks_reaches_every_peer_and_bids_whole_again_wh
         min_supplier_score_bps: 0,
         verified_only: false,
         nodes: 3,
-        min_fabric_gbps: 400,
+        min_fabric_gbps: 1,
         run: JobRun {
             image: PY_IMAGE.into(),
             command: vec!["python3".into(), "allgather.py".into(), "600".into()],
@@ -221,6 +222,27 @@ async fn a_cluster_job_gets_its_ranks_reaches_every_peer_and_bids_whole_again_wh
     let running = await_job(&mut renter, job, Duration::from_secs(30), |i| matches!(i.state, JobState::Running { .. })).await;
     let JobState::Running { attempt: 1, leases } = running.state else { panic!("{:?}", running.state) };
     assert_eq!(leases.len(), 3, "one lease per member");
+
+    // The members' agents probed the fabric: a ring all-reduce over
+    // loopback, each member's figure signed and recorded on its host, told
+    // to the renter. It bears out 1 Gb/s; ib-c's 100 Tb/s claim it does not.
+    let mut probed = std::collections::BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while probed.len() < 3 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let message = tokio::time::timeout(left, renter.next()).await.expect("every member's probe in time").expect("message");
+        if let ServerMessage::Private { event, .. } = message {
+            if let gpux_engine::EventKind::FabricProbed { lease, claimed_gbps, ranks, mbps, borne_out, .. } = event.kind {
+                probed.insert(lease, (claimed_gbps, ranks, mbps, borne_out));
+            }
+        }
+    }
+    for (rank, lease) in leases.iter().enumerate() {
+        let (claimed, ranks, mbps, borne_out) = probed[lease];
+        assert_eq!(ranks, 3);
+        assert!(mbps >= 250, "rank {rank}: loopback carries more than 250 Mb/s: {probed:?}");
+        assert_eq!((claimed, borne_out), if rank == 2 { (100_000, false) } else { (1, true) }, "rank {rank}: {probed:?}");
+    }
 
     // Every rank's report reaches the store (the outputs sync every 10 s).
     let mut reports = Vec::new();

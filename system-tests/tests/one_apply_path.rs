@@ -87,7 +87,7 @@ fn a_live_exchanges_journal_gives_its_state_in_the_audit_and_a_recovery() {
         data_dir: dir.path().to_path_buf(),
         listen: format!("127.0.0.1:{port}").parse().expect("address"),
         operator_keys: [operator.verifying_key().to_bytes()].into_iter().collect(),
-        engine: EngineConfig::demo(),
+        listing: gpux_exchange::listing::Listing { config: EngineConfig::demo(), cluster_rules: Vec::new() },
         limits: gpux_exchange::gateway::GatewayLimits::default(),
         metrics_listen: None,
         console_listen: None,

@@ -64,9 +64,14 @@ impl Book {
         );
         let bids: Vec<_> = self.bids.iter().rev().take(depth).collect();
         let asks: Vec<_> = self.asks.iter().take(depth).collect();
+        // Every price of the view with as many decimals as the finest needs.
+        let prices: Vec<u64> =
+            bids.iter().chain(&asks).map(|(p, _)| **p).chain(self.trades.iter().map(|(_, price, _, _)| *price)).collect();
+        let decimals = prices.iter().map(|p| decimals_of(&amount(*p))).max().unwrap_or(2);
+        let price = |minor: u64| with_decimals(&amount(minor), decimals);
         for row in 0..depth.max(1) {
-            let bid = bids.get(row).map_or((String::new(), String::new()), |(p, q)| (q.to_string(), amount(**p)));
-            let ask = asks.get(row).map_or((String::new(), String::new()), |(p, q)| (amount(**p), q.to_string()));
+            let bid = bids.get(row).map_or((String::new(), String::new()), |(p, q)| (q.to_string(), price(**p)));
+            let ask = asks.get(row).map_or((String::new(), String::new()), |(p, q)| (price(**p), q.to_string()));
             if bid.0.is_empty() && ask.0.is_empty() && row > 0 {
                 break;
             }
@@ -75,9 +80,47 @@ impl Book {
         out.push_str("\nlast trades\n");
         for (at_ms, price, quantity, aggressor) in &self.trades {
             let taker = if *aggressor == gpux_engine::Side::Buy { "buyer" } else { "seller" };
-            out.push_str(&format!("  {}  {quantity:>4} GPU(s) at {}  ({taker} took)\n", crate::clock::when(*at_ms), amount(*price)));
+            out.push_str(&format!(
+                "  {}  {quantity:>4} GPU(s) at {}  ({taker} took)\n",
+                crate::clock::when(*at_ms),
+                self::price(*price, decimals)
+            ));
         }
         out
+    }
+}
+
+/// Decimals after the point in an amount as `amount` writes it.
+fn decimals_of(text: &str) -> usize {
+    text.split_once('.').map_or(0, |(_, fraction)| fraction.chars().take_while(char::is_ascii_digit).count())
+}
+
+/// The amount written with `decimals` decimals (zeros added; `amount`
+/// never writes more than an amount has).
+fn with_decimals(text: &str, decimals: usize) -> String {
+    let have = decimals_of(text);
+    match text.split_once('.') {
+        Some((whole, fraction)) if have < decimals => {
+            let (digits, rest) = fraction.split_at(have);
+            format!("{whole}.{digits}{}{rest}", "0".repeat(decimals - have))
+        }
+        _ => text.to_string(),
+    }
+}
+
+fn price(minor: u64, decimals: usize) -> String {
+    with_decimals(&amount(minor), decimals)
+}
+
+/// The instrument's last trades before the feed starts (newest first), so
+/// the view shows them at once (`--once` too).
+async fn recent_trades(connection: &mut Connection, instrument: InstrumentId) -> VecDeque<(u64, u64, u32, Side)> {
+    let id = connection.new_id();
+    match connection.request(ClientMessage::Trades { id, instrument, before_seq: None }).await {
+        Ok(ServerMessage::Trades { trades, .. }) => {
+            trades.iter().take(TRADES_SHOWN).map(|t| (t.at_ms, t.price_minor_per_gpu_hour, t.quantity, t.aggressor)).collect()
+        }
+        _ => VecDeque::new(),
     }
 }
 
@@ -109,10 +152,11 @@ pub async fn watch(
         }
         _ => instrument.0.to_string(),
     };
+    let trades = recent_trades(connection, instrument).await;
     subscribe(connection, instrument).await?;
-    let mut book = Book::default();
+    let mut book = Book { trades, ..Book::default() };
     let deadline = seconds.map(|s| now_ms() + s * 1_000);
-    let mut last_drawn = 0;
+    let (mut last_drawn, mut drawn) = (0, String::new());
     loop {
         let message = match connection.next_within(Duration::from_millis(200)).await {
             Ok(message) => message,
@@ -140,12 +184,17 @@ pub async fn watch(
         }
         if !json && !once && book.synced && now_ms() - last_drawn >= 250 {
             last_drawn = now_ms();
-            // On a terminal: clear the screen and draw from the top. Into a
-            // pipe or a file: one plain snapshot after another, no escapes.
-            if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
-                out!("\x1b[2J\x1b[H{}", book.render(&symbol, depth));
-            } else {
-                out!("{}", book.render(&symbol, depth));
+            // Only when the view changed. On a terminal: clear the screen and
+            // draw from the top. Into a pipe or a file: one plain snapshot
+            // after another, no escapes.
+            let view = book.render(&symbol, depth);
+            if view != drawn {
+                if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                    out!("\x1b[2J\x1b[H{view}");
+                } else {
+                    out!("{view}");
+                }
+                drawn = view;
             }
         }
         if deadline.is_some_and(|d| now_ms() >= d) {
@@ -160,6 +209,21 @@ mod tests {
 
     fn update(seq: u64, price: u64, quantity: u64) -> ServerMessage {
         ServerMessage::BookUpdate { instrument: InstrumentId(0), seq, side: Side::Buy, price_minor_per_gpu_hour: price, quantity }
+    }
+
+    #[test]
+    fn a_column_of_prices_shares_its_decimals() {
+        assert_eq!(with_decimals("$2.00", 3), "$2.000");
+        assert_eq!(with_decimals("$2.125", 3), "$2.125");
+        assert_eq!(with_decimals("2.5 CNY", 2), "2.50 CNY");
+        let book = Book {
+            synced: true,
+            bids: [(2_000_000, 1)].into_iter().collect(),
+            asks: [(2_125_000, 2)].into_iter().collect(),
+            ..Book::default()
+        };
+        let view = book.render("H100-SXM-80G/SPOT", 5);
+        assert!(view.contains("$2.000") && view.contains("$2.125"), "{view}");
     }
 
     #[test]

@@ -65,7 +65,13 @@ async fn asks(s: &mut Session, instrument: gpux_engine::InstrumentId, limit: usi
                 Some(host) => format!("host {host} in {region}, {} of {} GPU(s) verified", offer.gpus_verified, offer.quantity),
                 None => "reserved contracts offered again".into(),
             };
-            out!("{}/GPU-h x {}  supplier {} ({score}; {supply})", amount(offer.price_minor_per_gpu_hour), offer.quantity, offer.supplier);
+            let fabric = offer.fabric.as_ref().map_or(String::new(), fabric_text);
+            out!(
+                "{}/GPU-h x {}  supplier {} ({score}; {supply}{fabric})",
+                amount(offer.price_minor_per_gpu_hour),
+                offer.quantity,
+                offer.supplier
+            );
         }
         if shown == 0 && !json {
             out!("no asks");
@@ -75,6 +81,18 @@ async fn asks(s: &mut Session, instrument: gpux_engine::InstrumentId, limit: usi
             _ => return Ok(()),
         }
     }
+}
+
+/// A host's fabric as `gpux asks` shows it: the group, its claim and what
+/// its last interconnect probe measured (docs/market-rules.md
+/// "Interconnect probe").
+fn fabric_text(fabric: &gpux_engine::FabricInfo) -> String {
+    let probe = match &fabric.probe {
+        None => "not probed yet".to_string(),
+        Some(p) if p.borne_out => format!("probed {}.{} Gb/s over {} hosts", p.mbps / 1_000, p.mbps % 1_000 / 100, p.ranks),
+        Some(p) => format!("probe measured only {}.{} Gb/s: claim NOT borne out", p.mbps / 1_000, p.mbps % 1_000 / 100),
+    };
+    format!("; fabric {} in {} ({} hosts), {} Gb/s claimed, {probe}", fabric.name, fabric.zone, fabric.hosts, fabric.gbps)
 }
 
 /// `gpux trades`: an instrument's past trades, newest first, a page at a time.
@@ -186,7 +204,7 @@ async fn listing(s: &mut Session, json: bool) -> Result<(), Failure> {
     if json {
         return Ok(());
     }
-    let ServerMessage::Listing { listing, .. } = answer else {
+    let ServerMessage::Listing { listing, cluster_rules, .. } = answer else {
         return Err(Failure::Unreachable(format!("expected listing, got {answer:?}")));
     };
     let currency = &listing.currency;
@@ -216,6 +234,9 @@ async fn listing(s: &mut Session, json: bool) -> Result<(), Failure> {
             amount(class.tick_minor),
             format!("{}-{}", amount(class.price_min_minor_per_gpu_hour), amount(class.price_max_minor_per_gpu_hour)),
         );
+    }
+    for rule in &cluster_rules {
+        out!("cluster bids in {} need every host's fabric at {} Gb/s or more", rule.class, rule.min_fabric_gbps);
     }
     Ok(())
 }
@@ -420,7 +441,12 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Job { action } => crate::job::job_action(s, &action, json).await,
         Command::Lease { action } => crate::run::lease(s, action, &key, json).await,
         Command::Buy(args) => place(s, Side::Buy, args, json).await,
-        Command::Sell(args) => place(s, Side::Sell, args, json).await,
+        Command::Sell(args) => {
+            if let Some(flag) = args.bid_only_flag() {
+                return Err(Failure::Usage(format!("{flag} is for bids (`gpux buy`), not for selling")));
+            }
+            place(s, Side::Sell, args, json).await
+        }
         Command::Offer { instrument, price, host, gpus } => {
             let instrument = s.resolve(&instrument).await?;
             let price = parse_amount(&price).map_err(Failure::Usage)?;
@@ -532,12 +558,14 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Withdraw { amount } => {
             let amount_minor = parse_amount(&amount).map_err(Failure::Usage)?;
             let id = s.connection.new_id();
-            acknowledged(s.ask(ClientMessage::Withdraw { id, account: None, amount_minor }, json).await?, "withdrawn")
+            let answer = s.ask(ClientMessage::Withdraw { id, account: None, amount_minor }, json).await;
+            acknowledged(answer.map_err(|f| money_out_refused(f, "available funds"))?, "withdrawn")
         }
         Command::Payout { amount } => {
             let amount_minor = parse_amount(&amount).map_err(Failure::Usage)?;
             let id = s.connection.new_id();
-            acknowledged(s.ask(ClientMessage::Payout { id, account: None, amount_minor }, json).await?, "paid out")
+            let answer = s.ask(ClientMessage::Payout { id, account: None, amount_minor }, json).await;
+            acknowledged(answer.map_err(|f| money_out_refused(f, "payable earnings"))?, "paid out")
         }
         Command::SubAccount { action } => crate::access::sub_account(s, action, json).await,
         Command::Completions { .. } => Ok(()),
@@ -615,10 +643,29 @@ fn unreachable_exchange(url: &str, error: gpux_client::ClientError) -> Failure {
             "{text}\n(a new key needs an account: `gpux login --role renter` (or supplier, aggregator) opens one)"
         ));
     }
+    if url.split(',').any(|u| u.trim().starts_with("http://") || u.trim().starts_with("https://")) {
+        return Failure::Usage(format!(
+            "{url}: the exchange's clients speak WebSocket: write ws://HOST:PORT (wss:// with TLS), not http://; the REST API on the console port is another listener (docs/protocol.md)"
+        ));
+    }
     Failure::Unreachable(format!(
-        "cannot reach the exchange at {url}: {text}\n(is it running? `cargo run --release -p gpux-exchange`, or pass --url)"
+        "cannot reach the exchange at {url}: {text}\n(is it running? start it with `gpux-exchange` (docs/first-hour.md), or point --url (or GPUX_URL) at a running one)"
     ))
 }
+
+/// A refused withdrawal or payout, with what may leave the account.
+fn money_out_refused(failure: Failure, what: &str) -> Failure {
+    match failure {
+        Failure::Refused(text) if text.starts_with("insufficient_funds") => Failure::Refused(format!(
+            "insufficient_funds: more than the account's {what} (`gpux balance` shows them; funds held by open bids and leases cannot leave)"
+        )),
+        other => other,
+    }
+}
+
+/// How long a command waits for its connection and login: the client's
+/// failover window (a cluster electing a leader) and then some.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(gpux_client::FAILOVER_WINDOW.as_secs() + 5);
 
 fn role_of(role: RoleArg) -> Role {
     match role {
@@ -638,12 +685,14 @@ pub fn spinner(message: &str) -> ProgressBar {
 impl Session {
     async fn login(url: &str, key: &ed25519_dalek::SigningKey, role: Option<Role>, invite: Option<String>) -> Result<Session, Failure> {
         let bar = spinner(&format!("connecting to {url}"));
-        let opened = tokio::time::timeout(Duration::from_secs(10), Connection::open_invited(url, key, role, false, invite)).await;
+        let opened = tokio::time::timeout(OPEN_TIMEOUT, Connection::open_invited(url, key, role, false, invite)).await;
         bar.finish_and_clear();
         let connection = match opened {
             Ok(Ok(connection)) => connection,
             Ok(Err(error)) => return Err(unreachable_exchange(url, error)),
-            Err(_) => return Err(Failure::Unreachable(format!("the exchange at {url} did not answer within 10 s"))),
+            Err(_) => {
+                return Err(Failure::Unreachable(format!("the exchange at {url} did not answer within {} s", OPEN_TIMEOUT.as_secs())))
+            }
         };
         let mut session = Session { connection, role, instruments: None };
         session.adopt_currency().await;
@@ -662,7 +711,7 @@ impl Session {
     /// Market data needs no login: connect without a key.
     async fn anonymous(url: &str) -> Result<Session, Failure> {
         let bar = spinner(&format!("connecting to {url}"));
-        let opened = tokio::time::timeout(Duration::from_secs(10), Connection::open_anonymous(url)).await;
+        let opened = tokio::time::timeout(OPEN_TIMEOUT, Connection::open_anonymous(url)).await;
         bar.finish_and_clear();
         match opened {
             Ok(Ok(connection)) => {
@@ -671,7 +720,7 @@ impl Session {
                 Ok(session)
             }
             Ok(Err(error)) => Err(unreachable_exchange(url, error)),
-            Err(_) => Err(Failure::Unreachable(format!("the exchange at {url} did not answer within 10 s"))),
+            Err(_) => Err(Failure::Unreachable(format!("the exchange at {url} did not answer within {} s", OPEN_TIMEOUT.as_secs()))),
         }
     }
 
@@ -769,20 +818,25 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
     let (price, time_in_force, stop) = (order.price_minor_per_gpu_hour, order.time_in_force, order.stop_price_minor_per_gpu_hour);
     let id = s.connection.new_id();
     let answer = s.ask(ClientMessage::NewOrder { id, order, workload: None }, json).await?;
-    if json {
-        return Ok(());
-    }
     let placed = match &answer {
         ServerMessage::Ack { order, .. } => *order,
         _ => None,
     };
-    acknowledged(answer, "accepted")?;
-    let symbols = s.symbols().await?;
-    // What happened at once: fills and leases arrive as private events.
+    if !json {
+        acknowledged(answer, "accepted")?;
+    }
+    let symbols = if json { Default::default() } else { s.symbols().await? };
+    // What happened at once: fills and leases arrive as private events
+    // (with --json, each as the line the exchange sent).
     let (mut filled, mut closed, mut armed) = (0u32, None, false);
     while let Ok(Some(message)) = s.connection.next_within(Duration::from_millis(300)).await {
+        if json {
+            out!("{}", gpux_protocol::encode_server_text(&message));
+        }
         if let ServerMessage::Private { event, .. } = message {
-            describe_event(&event.kind, &symbols);
+            if !json {
+                describe_event(&event.kind, &symbols);
+            }
             match event.kind {
                 EventKind::Trade { quantity, buy_order, sell_order, .. } if Some(buy_order) == placed || Some(sell_order) == placed => {
                     filled += quantity
@@ -794,14 +848,41 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
             }
         }
     }
+    if json {
+        // One last line that scripts read: how the order stands.
+        let state = match (armed && closed.is_none(), closed, filled) {
+            (true, _, _) => "armed",
+            (false, None, 0) => "resting",
+            (false, None, _) => "partly_filled_resting",
+            (false, Some(OrderCloseReason::Filled), _) => "filled",
+            (false, Some(_), 0) => "closed_unfilled",
+            (false, Some(_), _) => "partly_filled_closed",
+        };
+        let outcome = serde_json::json!({"outcome": {
+            "order": placed.map(|o| o.0),
+            "state": state,
+            "filled_gpus": filled,
+            "closed": closed.map(|reason| snake(&reason)),
+        }});
+        out!("{outcome}");
+    }
     if armed && closed.is_none() {
-        out!("armed: off the book until a trade prints at {}/GPU-h or {}", amount(stop), if side == Side::Buy { "above" } else { "below" });
+        if !json {
+            out!(
+                "armed: off the book until a trade prints at {}/GPU-h or {}",
+                amount(stop),
+                if side == Side::Buy { "above" } else { "below" }
+            );
+        }
         return Ok(());
     }
-    // An order that ends without trading all it could is not a silent success.
+    // An order that ends without trading all it could is not a silent
+    // success, with --json or without (the exit status says it).
     match (closed, filled) {
         (None, _) => {
-            out!("resting: the rest waits in the book ({})", snake(&time_in_force));
+            if !json {
+                out!("resting: the rest waits in the book ({})", snake(&time_in_force));
+            }
             Ok(())
         }
         (Some(OrderCloseReason::Filled), _) => Ok(()),
@@ -813,7 +894,9 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
             if args.filters.regions.is_empty() { String::new() } else { format!(" in {}", args.filters.regions.join(", ")) }
         ))),
         (Some(reason), filled) => {
-            out!("partly filled: {filled} GPU(s); the rest closed ({})", snake(&reason));
+            if !json {
+                out!("partly filled: {filled} GPU(s); the rest closed ({})", snake(&reason));
+            }
             Ok(())
         }
     }

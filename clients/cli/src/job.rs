@@ -103,7 +103,7 @@ async fn plan_and_print(
 
     // The market now.
     let id = s.connection.new_id();
-    let ServerMessage::Listing { listing, .. } = s.ask(ClientMessage::Listing { id }, false).await? else {
+    let ServerMessage::Listing { listing, cluster_rules, .. } = s.ask(ClientMessage::Listing { id }, false).await? else {
         return Err(Failure::Unreachable("expected the listing".into()));
     };
     let id = s.connection.new_id();
@@ -129,7 +129,8 @@ async fn plan_and_print(
                 None => break,
             }
         }
-        asks.insert(instrument.instrument, plan::usable_asks(&spec, &offers));
+        let class_min_gbps = cluster_rules.iter().find(|r| r.class == instrument.class).map_or(0, |r| r.min_fabric_gbps);
+        asks.insert(instrument.instrument, plan::usable_asks(&spec, &offers, class_min_gbps));
     }
     let market = plan::Market { listing: &listing, instruments: &instruments, asks: &asks };
     let planned = plan(&spec, &market, vendors.as_ref());

@@ -52,7 +52,7 @@ pub struct Cli {
     /// comma-separated (the one that leads accepts).
     #[arg(long, global = true, env = "GPUX_URL", default_value = "ws://127.0.0.1:7300")]
     pub url: String,
-    /// Your ed25519 key file (64 hex digits; `gpux keys create` makes one).
+    /// Your ed25519 key file (64 hex digits; `gpux keys create` makes one); default ~/.gpux/key.
     #[arg(long, global = true, env = "GPUX_KEY")]
     pub key: Option<PathBuf>,
     /// Print the exchange's answers as JSON, one per line.
@@ -95,6 +95,7 @@ pub struct OrderArgs {
     #[arg(long)]
     pub until_cancelled: bool,
     #[arg(long, value_enum, default_value_t = TifArg::Gtc)]
+    /// Time in force: gtc rests until cancelled, ioc trades what it can at once and cancels the rest, fok trades all at once or nothing.
     pub tif: TifArg,
     /// Expire a resting order after this many seconds (good-till-time).
     #[arg(long, conflicts_with = "tif")]
@@ -128,6 +129,26 @@ pub struct OrderArgs {
     /// Cluster bids: the least bandwidth each host declared on its fabric, Gb/s (default: any).
     #[arg(long, requires = "nodes")]
     pub min_fabric_gbps: Option<u32>,
+}
+
+impl OrderArgs {
+    /// The first option given that only a bid takes, as typed.
+    pub fn bid_only_flag(&self) -> Option<&'static str> {
+        let f = &self.filters;
+        [
+            (self.one_host, "--one-host"),
+            (f.rematch, "--rematch"),
+            (f.min_score.is_some(), "--min-score"),
+            (f.verified_only, "--verified-only"),
+            (!f.regions.is_empty(), "--region"),
+            (self.all_or_none, "--all-or-none"),
+            (self.budget.is_some(), "--budget"),
+            (self.nodes.is_some(), "--nodes"),
+            (self.min_fabric_gbps.is_some(), "--min-fabric-gbps"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    }
 }
 
 /// What a bid asks of its sellers and of a host that fails it (`buy` and `run`).
@@ -169,6 +190,7 @@ pub enum Command {
     },
     /// Log in; with --role, open an account for a new key.
     Login {
+        /// Open an account with this role for a key that has none (renters buy, suppliers list GPUs, aggregators do both).
         #[arg(long, value_enum)]
         role: Option<RoleArg>,
         /// An operator's invitation for this key and role (`gpux invite`),
@@ -182,6 +204,7 @@ pub enum Command {
     Invite {
         /// The new user's public key (64 hex digits: `gpux keys show`).
         public_key: String,
+        /// The role the invited key's account opens with.
         #[arg(long, value_enum)]
         role: RoleArg,
         /// The invitation expires this many seconds from now (default a week).
@@ -200,15 +223,23 @@ pub enum Command {
     },
     /// Instruments and their state; --calendar lists reserved windows only.
     Instruments {
+        /// Reserved-window instruments only (the calendar of future windows).
         #[arg(long)]
         calendar: bool,
     },
     /// A supplier's reliability score and record over the last 30 days, and its hosts' (public).
-    Supplier { supplier: u32 },
+    Supplier {
+        /// The supplier's account number.
+        supplier: u32,
+    },
     /// An account's signed liveness observations and the disputes they raised (public).
-    Renter { renter: u32 },
+    Renter {
+        /// The renter's account number.
+        renter: u32,
+    },
     /// Every ask in an instrument's book, best first, with its seller's score and verified GPUs (public).
     Asks {
+        /// Instrument symbol (e.g. H100-SXM-80G/SPOT) or id (`gpux instruments`).
         instrument: String,
         /// Asks to show at most.
         #[arg(long, default_value_t = 50)]
@@ -217,9 +248,22 @@ pub enum Command {
     /// Bid for GPU time.
     Buy(OrderArgs),
     /// Offer contracts you hold in a reserved window (GPU owners: see `offer`).
+    // The bids' options are not shown here (and refused if given).
+    #[command(
+        mut_arg("one_host", |a| a.hide(true)),
+        mut_arg("rematch", |a| a.hide(true)),
+        mut_arg("min_score", |a| a.hide(true)),
+        mut_arg("verified_only", |a| a.hide(true)),
+        mut_arg("regions", |a| a.hide(true)),
+        mut_arg("all_or_none", |a| a.hide(true)),
+        mut_arg("budget", |a| a.hide(true)),
+        mut_arg("nodes", |a| a.hide(true)),
+        mut_arg("min_fabric_gbps", |a| a.hide(true))
+    )]
     Sell(OrderArgs),
     /// Offer your registered GPUs (by index on the host) on an instrument.
     Offer {
+        /// Instrument symbol (e.g. H100-SXM-80G/SPOT) or id (`gpux instruments`).
         instrument: String,
         /// Price in the exchange's currency per GPU-hour.
         #[arg(long)]
@@ -232,17 +276,24 @@ pub enum Command {
         gpus: Vec<u32>,
     },
     /// Cancel one order.
-    Cancel { order: u64 },
+    Cancel {
+        /// The order's id (`gpux orders`).
+        order: u64,
+    },
     /// Change an order's price and quantity.
     Replace {
+        /// The order's id (`gpux orders`).
         order: u64,
+        /// The new limit price per GPU-hour, in the exchange's currency (e.g. 2.15).
         #[arg(long)]
         price: String,
+        /// The new quantity: GPUs (or contracts) still wanted.
         #[arg(long)]
         quantity: u32,
     },
     /// Cancel all your orders (or those in one instrument).
     CancelAll {
+        /// Only the orders in this instrument (symbol or id).
         #[arg(long)]
         instrument: Option<String>,
     },
@@ -251,7 +302,10 @@ pub enum Command {
     /// Your leases, newest first.
     Leases,
     /// End one of your leases now.
-    EndLease { lease: u64 },
+    EndLease {
+        /// The lease's id (`gpux leases`).
+        lease: u64,
+    },
     /// Follow your fills, leases and preemption notices as they happen;
     /// with --past, list your past fills instead, newest first.
     Fills {
@@ -267,6 +321,7 @@ pub enum Command {
     },
     /// An instrument's past trades, newest first (public).
     Trades {
+        /// Instrument symbol (e.g. H100-SXM-80G/SPOT) or id (`gpux instruments`).
         instrument: String,
         /// Trades to show at most.
         #[arg(long, default_value_t = 50)]
@@ -274,6 +329,7 @@ pub enum Command {
     },
     /// An instrument's price candles, oldest first (public).
     Candles {
+        /// Instrument symbol (e.g. H100-SXM-80G/SPOT) or id (`gpux instruments`).
         instrument: String,
         /// Candle interval: 1m, 1h or 1d.
         #[arg(long, default_value = "1h", value_parser = ["1m", "1h", "1d"])]
@@ -284,6 +340,7 @@ pub enum Command {
     },
     /// Watch an instrument's book and trades live.
     Book {
+        /// Instrument symbol (e.g. H100-SXM-80G/SPOT) or id (`gpux instruments`).
         instrument: String,
         /// Price levels per side.
         #[arg(long, default_value_t = 10)]
@@ -302,11 +359,22 @@ pub enum Command {
     /// Your open sell orders (suppliers' offers).
     Offers,
     /// Credit an account (operators).
-    Deposit { account: u32, amount: String },
+    Deposit {
+        /// The account credited.
+        account: u32,
+        /// The amount in the exchange's currency (e.g. 100 or 99.50; `.` the only decimal separator).
+        amount: String,
+    },
     /// Withdraw available funds.
-    Withdraw { amount: String },
+    Withdraw {
+        /// The amount in the exchange's currency (e.g. 25.50), from your available funds.
+        amount: String,
+    },
     /// Pay out supplier earnings.
-    Payout { amount: String },
+    Payout {
+        /// The amount in the exchange's currency (e.g. 25.50), from your payable earnings.
+        amount: String,
+    },
     /// Rent GPUs and run an image on them: bid at most --max-price, wait until it runs, print how to connect.
     Run(RunArgs),
     /// A lease's delivery: status and endpoints, logs, stop.
@@ -336,6 +404,7 @@ pub enum Command {
     },
     /// Print a completion script for your shell: `gpux completions bash > /etc/bash_completion.d/gpux`.
     Completions {
+        /// The shell to write completions for.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
@@ -344,6 +413,7 @@ pub enum Command {
         /// The UTC month, YYYY-MM.
         #[arg(long)]
         period: String,
+        /// A sub-account's invoice instead of yours (its parent asks).
         #[arg(long)]
         sub_account: Option<u32>,
         /// Also write it as a printable HTML page.
@@ -367,11 +437,22 @@ pub enum SubAccountAction {
     /// Your sub-accounts with their balances, open orders and limits.
     List,
     /// Move money from your available funds to a sub-account.
-    Fund { sub_account: u32, amount: String },
+    Fund {
+        /// The sub-account's number (`gpux sub-account list`).
+        sub_account: u32,
+        /// The amount moved from your available funds, in the exchange's currency.
+        amount: String,
+    },
     /// Move money from a sub-account back to you.
-    Defund { sub_account: u32, amount: String },
+    Defund {
+        /// The sub-account's number (`gpux sub-account list`).
+        sub_account: u32,
+        /// The amount moved back to you, in the exchange's currency.
+        amount: String,
+    },
     /// Set a sub-account's limits (each one left out is no limit; all are replaced).
     Limits {
+        /// The sub-account's number (`gpux sub-account list`).
         sub_account: u32,
         /// Open orders at once.
         #[arg(long)]
@@ -417,6 +498,7 @@ pub struct RunArgs {
     /// /dev/shm size in MiB.
     #[arg(long, default_value_t = 0)]
     pub shm_mib: u32,
+    /// When the host restarts the container: never, on a failure (a non-zero exit), or always.
     #[arg(long, value_enum, default_value_t = RestartArg::Never)]
     pub restart: RestartArg,
     /// Treat the first word after -- as the entrypoint (otherwise all words are the image's arguments).
@@ -454,22 +536,31 @@ pub enum RestartArg {
 #[derive(Subcommand, Debug)]
 pub enum LeaseAction {
     /// The lease's workload, delivery status and endpoints.
-    Status { lease: u64 },
+    Status {
+        /// The lease's id (`gpux leases`).
+        lease: u64,
+    },
     /// End the lease now (the host stops and removes the workload).
-    Stop { lease: u64 },
+    Stop {
+        /// The lease's id (`gpux leases`).
+        lease: u64,
+    },
     /// Sell what is left of a fixed-duration spot lease on its class's resale
     /// book, whole (docs/market-rules.md "Lease resale"); buyers bid on CLASS/RESALE.
     Resell {
+        /// The lease's id (`gpux leases`).
         lease: u64,
         /// Dollars per GPU-hour.
         #[arg(long)]
         price: String,
+        /// Time in force of the resale ask: gtc rests until cancelled, ioc and fok trade at once or not at all.
         #[arg(long, value_enum, default_value_t = TifArg::Gtc)]
         tif: TifArg,
     },
     /// How the lease's GPUs are doing: each GPU's latest usage reports
     /// (time, available share, utilisation, most memory used).
     Telemetry {
+        /// The lease's id (`gpux leases`).
         lease: u64,
         /// Samples per GPU to show, newest last.
         #[arg(long, default_value_t = 10)]
@@ -477,7 +568,9 @@ pub enum LeaseAction {
     },
     /// The last output of the lease's workload.
     Logs {
+        /// The lease's id (`gpux leases`).
         lease: u64,
+        /// The last this many bytes of the workload's output.
         #[arg(long, default_value_t = 16 * 1024)]
         bytes: u32,
     },
@@ -485,6 +578,7 @@ pub enum LeaseAction {
     /// for the exchange: time the host reports available while you signed it
     /// unreachable is disputed (docs/market-rules.md "Disputes").
     Watch {
+        /// The lease's id (`gpux leases`).
         lease: u64,
         /// Seconds between two probes (a TCP connect to the endpoint).
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
@@ -524,7 +618,9 @@ pub enum JobAction {
     /// Plans the job, puts its code in the exchange's job store and
     /// submits it: it bids, runs, and resumes elsewhere when a host fails.
     Submit {
+        /// The job file (TOML; docs/jobs.md "The job file").
         file: PathBuf,
+        /// The operator's preset images (TOML; default $GPUX_CATALOGUE).
         #[arg(long)]
         catalogue: Option<PathBuf>,
         #[command(flatten)]
@@ -534,27 +630,38 @@ pub enum JobAction {
         dry_run: bool,
     },
     /// A job's state, attempts, leases and escrow.
-    Status { job: u64 },
+    Status {
+        /// The job's id (`gpux job list`).
+        job: u64,
+    },
     /// Your jobs, newest first.
     List,
     /// Cancels a job: its bid is cancelled or its leases ended.
-    Cancel { job: u64 },
+    Cancel {
+        /// The job's id (`gpux job list`).
+        job: u64,
+    },
     /// The last output of the job's current (or last) lease.
     Logs {
+        /// The job's id (`gpux job list`).
         job: u64,
+        /// The last this many bytes of the output.
         #[arg(long, default_value_t = 16 * 1024)]
         bytes: u32,
     },
     /// Grows (or shrinks) a running job: the new size is bought first, then
     /// the job restarts there from its checkpoint (docs/jobs.md "Growing a job").
     Resize {
+        /// The job's id (`gpux job list`).
         job: u64,
+        /// The job's new size in GPUs.
         #[arg(long)]
         gpus: u32,
     },
     /// The job's bill so far: every lease of every attempt, usage, fees and
     /// credits, signed by the exchange (checked here) like an invoice.
     Bill {
+        /// The job's id (`gpux job list`).
         job: u64,
         /// Also write it as a printable HTML page.
         #[arg(long)]
@@ -563,9 +670,12 @@ pub enum JobAction {
     /// Downloads the job's outputs (and checkpoints with --checkpoints)
     /// from the job store, into DIR (default <name>-<job>).
     Results {
+        /// The job's id (`gpux job list`).
         job: u64,
+        /// The directory to write into (default <name>-<job>).
         #[arg(long)]
         to: Option<PathBuf>,
+        /// Also download the job's checkpoints.
         #[arg(long)]
         checkpoints: bool,
     },
@@ -670,13 +780,18 @@ pub enum KeysAction {
         /// The key stops working this many seconds from now.
         #[arg(long)]
         expires_in_s: Option<u64>,
+        /// A label to know the key by in `gpux keys list`.
         #[arg(long, default_value = "")]
         label: String,
     },
     /// Revoke a key granted before: its open sessions close at once.
-    Revoke { public_key: String },
+    Revoke {
+        /// The key's public key (64 hex digits: `gpux keys list`).
+        public_key: String,
+    },
     /// Your account's keys (or a sub-account's) with their scopes.
     List {
+        /// A sub-account's keys instead of yours.
         #[arg(long)]
         sub_account: Option<u32>,
     },
@@ -720,3 +835,11 @@ fn main() {
     };
     std::process::exit(code);
 }
+
+#[cfg(test)]
+#[path = "../../../support/clap_help.rs"]
+mod clap_help;
+
+/// What `clap_help`'s test walks.
+#[cfg(test)]
+type CliRoot = Cli;

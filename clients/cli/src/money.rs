@@ -37,18 +37,33 @@ pub fn amount(minor: u64) -> String {
     format_in(&currency(), minor)
 }
 
+/// One rule for every client (docs/first-hour.md "Amounts"): digits with at
+/// most one `.` before the decimals, a `$` before it on a dollar exchange or
+/// the currency's code after it; no thousands separators. A comma is
+/// refused whatever it was meant as, with both readings shown (`0,50` was
+/// once read as 50).
 fn parse_in(currency: &Currency, text: &str) -> Result<u64, String> {
-    let mut cleaned = text.trim().replace(',', "");
-    if currency.code == "USD" {
-        cleaned = cleaned.trim_start_matches('$').to_string();
-    }
-    let cleaned = cleaned.trim_end_matches(currency.code.as_str()).trim();
     let code = &currency.code;
-    let major = Decimal::from_str(cleaned).map_err(|_| format!("`{text}` is not an amount in {code} (e.g. 2.50)"))?;
-    if major.is_sign_negative() {
-        return Err(format!("`{text}`: amounts are positive"));
+    let mut body = text.trim();
+    if code == "USD" {
+        body = body.strip_prefix('$').unwrap_or(body);
     }
-    let minor = major * Decimal::from(10u64.pow(currency.decimals as u32));
+    let body = body.strip_suffix(code.as_str()).unwrap_or(body).trim_end();
+    if body.contains(',') {
+        let whole = body.replace(',', "");
+        let readings = match body.matches(',').count() == 1 && !body.contains('.') {
+            true => format!("`{}` or `{whole}`", body.replace(',', ".")),
+            false => format!("`{whole}`"),
+        };
+        return Err(format!("`{text}`: `.` is the only decimal separator and amounts take no thousands separators: write {readings}"));
+    }
+    let (whole, fraction) = body.split_once('.').unwrap_or((body, "0"));
+    let digits = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+    if !digits(whole) || !digits(fraction) {
+        return Err(format!("`{text}` is not an amount in {code} (digits with at most one `.`, e.g. 2.50)"));
+    }
+    let major = Decimal::from_str(body).map_err(|_| format!("`{text}` is too large"))?;
+    let minor = major.checked_mul(Decimal::from(10u64.pow(currency.decimals as u32))).ok_or_else(|| format!("`{text}` is too large"))?;
     if minor.fract() != Decimal::ZERO {
         let decimals = currency.decimals;
         return Err(format!("`{text}`: at most {decimals} decimals (the exchange counts {code} to 10^-{decimals})"));
@@ -81,11 +96,28 @@ mod tests {
     fn dollars_parse_exactly_to_micro_dollars_and_print_back() {
         let usd = Currency::usd_micro();
         assert_eq!(parse_in(&usd, "2.5"), Ok(2_500_000));
-        assert_eq!(parse_in(&usd, "$1,200.000001"), Ok(1_200_000_001));
+        assert_eq!(parse_in(&usd, "$1200.000001"), Ok(1_200_000_001));
+        assert_eq!(parse_in(&usd, " 2.50 USD "), Ok(2_500_000));
         assert_eq!(parse_in(&usd, "0"), Ok(0));
         assert!(parse_in(&usd, "0.0000001").is_err(), "seven decimals would need rounding");
-        assert!(parse_in(&usd, "-1").is_err());
-        assert!(parse_in(&usd, "two").is_err());
+        for bad in ["-1", "two", "+1", "1e3", ".5", "5.", "1.2.3", "1 000", "1_000", "0x10", "$", ""] {
+            assert!(parse_in(&usd, bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse_in(&usd, "99999999999999999999999"), Err("`99999999999999999999999` is too large".into()));
+    }
+
+    /// A comma was once read as a thousands separator (`0,50` a $50 bid):
+    /// now it is refused, with what each reading would have been.
+    #[test]
+    fn a_comma_is_refused_with_both_readings() {
+        let usd = Currency::usd_micro();
+        let refused = parse_in(&usd, "0,50").expect_err("a decimal comma");
+        assert!(refused.contains("write `0.50` or `050`"), "{refused}");
+        let refused = parse_in(&usd, "$1,200.5").expect_err("a thousands separator");
+        assert!(refused.ends_with("write `1200.5`"), "{refused}");
+        let refused = parse_in(&usd, "1,000,000").expect_err("two of them");
+        assert!(refused.ends_with("write `1000000`"), "{refused}");
+        assert!(parse_in(&Currency { code: "CNY".into(), decimals: 2 }, "1,5 CNY").is_err());
         assert_eq!(format_in(&usd, 2_500_000), "$2.50");
         assert_eq!(format_in(&usd, 1_200_000_001), "$1200.000001");
         assert_eq!(format_in(&usd, 417), "$0.000417");
@@ -97,7 +129,7 @@ mod tests {
         let cny = Currency { code: "CNY".into(), decimals: 2 };
         assert_eq!(parse_in(&cny, "15.05"), Ok(1_505));
         assert_eq!(parse_in(&cny, "15.05 CNY"), Ok(1_505));
-        assert_eq!(parse_in(&cny, "1,000"), Ok(100_000));
+        assert_eq!(parse_in(&cny, "1000"), Ok(100_000));
         assert!(parse_in(&cny, "0.001").is_err(), "a fen is the smallest unit");
         assert!(parse_in(&cny, "$1").is_err(), "a dollar sign on a yuan exchange is a mistake");
         assert_eq!(format_in(&cny, 1_505), "15.05 CNY");

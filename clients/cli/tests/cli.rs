@@ -51,7 +51,7 @@ fn start_exchange_with(
         data_dir: data_dir.to_path_buf(),
         listen: format!("127.0.0.1:{port}").parse().expect("address"),
         operator_keys: [operator_public_key].into_iter().collect(),
-        engine: EngineConfig::demo(),
+        listing: gpux_exchange::listing::Listing { config: EngineConfig::demo(), cluster_rules: Vec::new() },
         limits: gpux_exchange::gateway::GatewayLimits::default(),
         metrics_listen: None,
         console_listen: None,
@@ -179,6 +179,12 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
     let unfilled = gpux(url, &key("renter"), &["buy", "H100-SXM-80G/SPOT", "1", "--price", "1", "--tif", "ioc", "--stp", "cancel-both"]);
     assert_eq!(unfilled.status.code(), Some(1), "{unfilled:?}");
     assert!(String::from_utf8_lossy(&unfilled.stderr).contains("nothing filled (killed): no ask at $1.00/GPU-h or better"), "{unfilled:?}");
+    // --json: the exchange's lines, then the outcome; a killed IOC exits 1 as without --json.
+    let killed = gpux(url, &key("renter"), &["--json", "buy", "H100-SXM-80G/SPOT", "1", "--price", "1", "--tif", "ioc"]);
+    let stdout = String::from_utf8_lossy(&killed.stdout).into_owned();
+    assert!(stdout.lines().last().is_some_and(|l| l.contains(r#""state":"closed_unfilled""#)), "{stdout}");
+    assert!(stdout.contains(r#""order_closed""#), "the close event as the exchange sent it: {stdout}");
+    assert_eq!(killed.status.code(), Some(1), "nothing filled: {stdout}");
     let bought = ok(gpux(url, &key("renter"), &["buy", "H100-SXM-80G/SPOT", "1", "--price", "2.50", "--hours", "2"]));
     assert!(bought.contains("accepted") && bought.contains("filled 1 GPU(s) of H100-SXM-80G/SPOT") && bought.contains("lease"), "{bought}");
     assert!(bought.contains("lease 0 (spot): 1 GPU(s) from 20") && bought.contains(" UTC to 20"), "times for people: {bought}");
@@ -200,6 +206,9 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
     assert!(json_trades.trim().starts_with("{\"trades\":"), "{json_trades}");
     let piped = ok(gpux(url, &key("renter"), &["book", "H100-SXM-80G/SPOT", "--seconds", "1"]));
     assert!(piped.contains("bid GPUs") && !piped.contains('\x1b'), "snapshots without terminal escapes into a pipe: {piped:?}");
+    assert_eq!(piped.matches("bid GPUs").count(), 1, "a pipe gets the view when it changes, not every 250 ms: {piped}");
+    let once = ok(gpux(url, &key("renter"), &["book", "H100-SXM-80G/SPOT", "--once"]));
+    assert!(once.contains("1 GPU(s) at $2.00  (buyer took)"), "--once shows the last trades: {once}");
     let leases = ok(gpux(url, &key("renter"), &["leases"]));
     let lease_id = leases.lines().nth(1).and_then(|l| l.split_whitespace().next()).expect("a lease line").to_string();
     assert!(leases.contains("spot") && leases.contains("$2.00"), "{leases}");
@@ -378,7 +387,12 @@ fn failures_exit_with_their_code_and_say_what_to_do() {
     ok(gpux("ws://127.0.0.1:1", &renter, &["keys", "create"]));
     let unreachable = gpux("ws://127.0.0.1:1", &renter, &["balance"]);
     assert_eq!(unreachable.status.code(), Some(3));
-    assert!(String::from_utf8_lossy(&unreachable.stderr).contains("is it running?"));
+    let stderr = String::from_utf8_lossy(&unreachable.stderr).into_owned();
+    assert!(stderr.contains("is it running?") && stderr.contains("gpux-exchange") && !stderr.contains("cargo"), "{stderr}");
+    // An http:// address is a usage mistake, said as one.
+    let http = gpux("http://127.0.0.1:1", &renter, &["balance"]);
+    assert_eq!(http.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&http.stderr).contains("write ws://HOST:PORT"), "{}", String::from_utf8_lossy(&http.stderr));
 
     let exchange = start_exchange(&dir.path().join("data"), [0; 32]);
     let url = exchange.url.as_str();
@@ -395,12 +409,30 @@ fn failures_exit_with_their_code_and_say_what_to_do() {
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("gpux instruments"));
     let too_precise = gpux(url, &renter, &["buy", "0", "1", "--price", "1.0000001"]);
     assert_eq!(too_precise.status.code(), Some(2));
+    // A decimal comma was once read as a thousands separator ($50): refused,
+    // with both readings, and nothing sent.
+    let comma = gpux(url, &renter, &["buy", "0", "1", "--price", "0,50"]);
+    assert_eq!(comma.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&comma.stderr).contains("write `0.50` or `050`"), "{}", String::from_utf8_lossy(&comma.stderr));
+    let orders = ok(gpux(url, &renter, &["orders"]));
+    assert!(!orders.contains("0.50") && !orders.contains("50.00"), "nothing was placed: {orders}");
     let off_tick = gpux(url, &renter, &["buy", "0", "1", "--price", "2.0005"]);
     assert_eq!(off_tick.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&off_tick.stderr).contains("price_off_tick"), "codes as the protocol writes them");
     let unfunded = gpux(url, &renter, &["buy", "0", "1", "--price", "2"]);
     assert_eq!(unfunded.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&unfunded.stderr).contains("insufficient_funds"));
+    // A withdrawal over the available funds says what may leave, not "lower the order".
+    let overdrawn = gpux(url, &renter, &["withdraw", "5"]);
+    assert_eq!(overdrawn.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&overdrawn.stderr).into_owned();
+    assert!(stderr.contains("more than the account's available funds") && stderr.contains("gpux balance"), "{stderr}");
+    // sell --help shows no bid-only option, and sell refuses one.
+    let sell_help = ok(gpux(url, &renter, &["sell", "--help"]));
+    assert!(!sell_help.contains("--budget") && !sell_help.contains("--all-or-none") && sell_help.contains("--stop"), "{sell_help}");
+    let bid_only = gpux(url, &renter, &["sell", "0", "1", "--price", "2", "--budget", "5"]);
+    assert_eq!(bid_only.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bid_only.stderr).contains("--budget is for bids"), "{bid_only:?}");
     let usage = gpux(url, &renter, &["buy"]);
     assert_eq!(usage.status.code(), Some(2), "clap usage errors exit 2");
 }

@@ -23,6 +23,9 @@ from . import delivery as d
 from . import messages as m
 
 AUTH_DOMAIN = b"gpux-auth-v1:"
+# Given several addresses (a cluster's nodes), how long a connection is
+# tried again while none accepts (an election); docs/operations.md.
+FAILOVER_WINDOW_S = 10.0
 LIVENESS_DOMAIN = b"gpux-liveness-v1:"
 
 
@@ -283,14 +286,22 @@ class Client:
         urls = [u.strip() for u in url.split(",") if u.strip()]
         if not urls:
             raise GpuxError("connect", "no exchange address given")
+        # With several, a pass where none accepts (an election: the old
+        # leader stopped serving, the new one not yet) is tried again for up
+        # to FAILOVER_WINDOW_S; one address fails at once.
+        deadline = asyncio.get_running_loop().time() + FAILOVER_WINDOW_S
         socket = None
-        for index, each in enumerate(urls):
-            try:
-                socket = await ws_connect(each, max_size=1 << 20)
-                break
-            except OSError:
-                if index == len(urls) - 1:
-                    raise
+        while socket is None:
+            for index, each in enumerate(urls):
+                try:
+                    socket = await ws_connect(each, max_size=1 << 20)
+                    break
+                except OSError:
+                    last = index == len(urls) - 1
+                    if last and (len(urls) == 1 or asyncio.get_running_loop().time() >= deadline):
+                        raise
+            if socket is None:
+                await asyncio.sleep(0.25)
         challenge = m.parse(json.loads(await socket.recv()))
         if not isinstance(challenge, m.Challenge):
             raise GpuxError("protocol", f"expected a challenge, got {challenge!r}")

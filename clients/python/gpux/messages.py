@@ -21,11 +21,45 @@ H100_SPOT, H100_PREEMPT = 0, 1
 A100_SPOT, A100_PREEMPT = 2, 3
 
 
+class AmountError(ValueError):
+    """Text that is not an amount under the one rule every gpux client
+    follows (docs/first-hour.md "Amounts"): digits with at most one `.`
+    before the decimals, no thousands separators, no more decimals than the
+    currency's minor unit. A comma is refused whatever it was meant as;
+    the message shows each reading."""
+
+
+def _major(text: str | int | Decimal, code: str) -> Decimal:
+    """An amount in major units, checked: `$` before it on a dollar
+    exchange, the currency's code after it."""
+    if isinstance(text, bool) or isinstance(text, float):
+        raise AmountError(f"{text!r}: a float is not exact; pass the amount as a string, e.g. \"2.50\"")
+    if isinstance(text, (int, Decimal)):
+        value = Decimal(text)
+        if not value.is_finite() or value < 0:
+            raise AmountError(f"{text!r}: amounts are finite and not negative")
+        return value
+    body = text.strip()
+    if code == "USD" and body.startswith("$"):
+        body = body[1:]
+    if body.endswith(code):
+        body = body[: -len(code)].rstrip()
+    if "," in body:
+        whole = body.replace(",", "")
+        readings = f"`{body.replace(',', '.')}` or `{whole}`" if body.count(",") == 1 and "." not in body else f"`{whole}`"
+        raise AmountError(f"{text!r}: `.` is the only decimal separator and amounts take no thousands separators: write {readings}")
+    whole, _, fraction = body.partition(".")
+    if not (whole.isascii() and whole.isdigit()) or ("." in body and not (fraction.isascii() and fraction.isdigit())):
+        raise AmountError(f"{text!r} is not an amount in {code} (digits with at most one `.`, e.g. 2.50)")
+    return Decimal(body)
+
+
 def dollars(text: str | int | Decimal) -> int:
-    """Dollars to minor units, exactly; more than six decimals is an error."""
-    minor = Decimal(str(text)) * MINOR_PER_DOLLAR
-    if minor != minor.to_integral_value() or minor < 0:
-        raise ValueError(f"{text!r}: a non-negative amount with at most six decimals")
+    """Dollars to minor units, exactly; more than six decimals is an error
+    (`AmountError`)."""
+    minor = _major(text, "USD") * MINOR_PER_DOLLAR
+    if minor != minor.to_integral_value():
+        raise AmountError(f"{text!r}: at most six decimals (the exchange counts USD to 10^-6)")
     return int(minor)
 
 
@@ -40,9 +74,9 @@ class Currency:
     def to_minor(self, text: str | int | Decimal) -> int:
         """An amount in major units ("15.05") to minor units, exactly; more
         decimals than the minor unit has is an error, never rounded."""
-        minor = Decimal(str(text)) * (10 ** self.decimals)
-        if minor != minor.to_integral_value() or minor < 0:
-            raise ValueError(f"{text!r}: a non-negative amount in {self.code} with at most {self.decimals} decimals")
+        minor = _major(text, self.code) * (10 ** self.decimals)
+        if minor != minor.to_integral_value():
+            raise AmountError(f"{text!r}: at most {self.decimals} decimals (the exchange counts {self.code} to 10^-{self.decimals})")
         return int(minor)
 
     def format(self, minor: int) -> str:

@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[3]
 DOC = (ROOT / "docs" / "protocol.md").read_text()
 
 # The supplier agent's own traffic (usage reports, hardware challenges,
-# delivery status, its encryption key, log relays): the Rust agent sends it.
-AGENT_ONLY = {"usage_report", "challenge_commit", "challenge_opening", "memory_opening", "delivery_status", "set_encryption_key", "logs"}
+# delivery status, its encryption key, log relays, interconnect probes): the
+# Rust agent sends it.
+AGENT_ONLY = {"usage_report", "challenge_commit", "challenge_opening", "memory_opening", "delivery_status", "set_encryption_key", "logs", "fabric_probe"}
 
 
 def examples(kind: str) -> list[dict]:

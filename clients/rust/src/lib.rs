@@ -93,11 +93,7 @@ impl Connection {
         cancel_on_disconnect: bool,
         invite: Option<String>,
     ) -> Result<Connection> {
-        let mut socket = connect(url).await?;
-        let (nonce, clock_offset_ms) = match read(&mut socket).await? {
-            ServerMessage::Challenge { nonce, server_time_ms } => (nonce, server_time_ms as i64 - now_ms() as i64),
-            other => return Err(ClientError::Unexpected(format!("expected a challenge, got {other:?}"))),
-        };
+        let (mut socket, nonce, clock_offset_ms) = connect_challenged(url).await?;
         if clock_offset_ms.abs() > CLOCK_SKEW_WARN_MS {
             tracing::warn!(clock_offset_ms, "this host's clock differs from the exchange's; reports use the exchange's time");
         }
@@ -146,11 +142,7 @@ impl Connection {
     /// Connects without logging in: public market data only (instruments,
     /// stats, book and trade subscriptions). `account` is meaningless here.
     pub async fn open_anonymous(url: &str) -> Result<Connection> {
-        let mut socket = connect(url).await?;
-        let clock_offset_ms = match read(&mut socket).await? {
-            ServerMessage::Challenge { server_time_ms, .. } => server_time_ms as i64 - now_ms() as i64,
-            other => return Err(ClientError::Unexpected(format!("expected a challenge, got {other:?}"))),
-        };
+        let (socket, _, clock_offset_ms) = connect_challenged(url).await?;
         Ok(Connection {
             socket,
             backlog: std::collections::VecDeque::new(),
@@ -188,10 +180,47 @@ impl Connection {
     }
 }
 
+/// With several addresses (a cluster's nodes), how long a client tries
+/// again while none accepts: during an election the old leader has stopped
+/// serving and the new one not yet (docs/operations.md "What clients see on
+/// a failure"). One address fails at once.
+pub const FAILOVER_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+/// The wait between two passes over the addresses in that window.
+const FAILOVER_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
+
+type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// Connects (see [`connect`]) and reads the exchange's login challenge:
+/// the socket, the nonce and the exchange's clock minus this one's. Given
+/// several addresses, a pass where none accepts, or where the one that did
+/// closed before its challenge (a leader stepping down), is tried again
+/// for up to [`FAILOVER_WINDOW`].
+async fn connect_challenged(url: &str) -> Result<(Socket, String, i64)> {
+    let several = url.split(',').filter(|u| !u.trim().is_empty()).count() > 1;
+    let started = std::time::Instant::now();
+    loop {
+        let attempt = async {
+            let mut socket = connect(url).await?;
+            match read(&mut socket).await? {
+                ServerMessage::Challenge { nonce, server_time_ms } => Ok((socket, nonce, server_time_ms as i64 - now_ms() as i64)),
+                other => Err(ClientError::Unexpected(format!("expected a challenge, got {other:?}"))),
+            }
+        };
+        match attempt.await {
+            Err(ClientError::Connect { .. } | ClientError::Closed { .. } | ClientError::Socket(_))
+                if several && started.elapsed() < FAILOVER_WINDOW =>
+            {
+                tokio::time::sleep(FAILOVER_RETRY).await;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 /// Connects to `url`, or, given several comma-separated addresses (the
 /// nodes of a cluster: only the leader accepts), to the first that does;
 /// the error names the last one tried.
-async fn connect(url: &str) -> Result<WebSocketStream<MaybeTlsStream<TcpStream>>> {
+async fn connect(url: &str) -> Result<Socket> {
     let mut failed = None;
     for url in url.split(',').map(str::trim).filter(|url| !url.is_empty()) {
         match tokio_tungstenite::connect_async(url).await {
@@ -225,4 +254,43 @@ pub fn now_ms() -> u64 {
 /// An error code as the protocol writes it (`key_revoked`).
 fn wire_code(code: &ErrorCode) -> String {
     serde_json::to_value(code).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| format!("{code:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in for the node that wins an election: it starts listening
+    /// only after `delay`, then sends a login challenge.
+    fn late_node(port: u16, delay: std::time::Duration) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.expect("the port is still free");
+            let (stream, _) = listener.accept().await.expect("accepts");
+            let mut socket = tokio_tungstenite::accept_async(stream).await.expect("upgrades");
+            let challenge = ServerMessage::Challenge { nonce: "ab".repeat(32), server_time_ms: now_ms() };
+            socket.send(Message::Text(gpux_protocol::encode_server_text(&challenge).into())).await.expect("sends");
+            let _ = socket.next().await;
+        })
+    }
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+    }
+
+    #[tokio::test]
+    async fn with_several_addresses_a_client_waits_out_an_election_and_with_one_fails_at_once() {
+        let (old_leader, new_leader) = (free_port(), free_port());
+        let node = late_node(new_leader, std::time::Duration::from_millis(1_500));
+        let started = std::time::Instant::now();
+        let url = format!("ws://127.0.0.1:{old_leader},ws://127.0.0.1:{new_leader}");
+        Connection::open_anonymous(&url).await.expect("the new leader answers within the window");
+        assert!(started.elapsed() >= std::time::Duration::from_millis(1_400), "it waited for the election");
+        node.abort();
+
+        let started = std::time::Instant::now();
+        let alone = Connection::open_anonymous(&format!("ws://127.0.0.1:{}", free_port())).await;
+        assert!(matches!(alone, Err(ClientError::Connect { .. })), "one address fails");
+        assert!(started.elapsed() < std::time::Duration::from_secs(1), "at once");
+    }
 }

@@ -266,6 +266,12 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
         # A second GPU on offer, with its seller's score in the offers table.
         await supplier.request("register_gpu", host="console-host", gpu_uuid="GPU-console-1", spec=spec)
         await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2.5"), 1, supply={"host": host, "gpu_mask": 2}))
+        # A host on a fabric, its GPU offered well above the others: the
+        # offers table shows its fabric group, claim and probe.
+        fabric = {"group": "ib0", "gbps": 400, "address": "10.8.0.2", "port_base": 29500}
+        await supplier.request("register_gpu", host="console-ib", gpu_uuid="GPU-console-ib", spec=spec, region="us-east", zone="z1", fabric=fabric)
+        ib_host = next(g["host"] for g in (await supplier.request("my_gpus")).fields["gpus"] if g["uuid"] == "GPU-console-ib")
+        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("9"), 1, supply={"host": ib_host, "gpu_mask": 1}))
         running = {"running": {"endpoints": [{"container_port": 8888, "host": "127.0.0.1", "port": 40123}], "ssh": None, "restarts": 0}}
         await supplier.request("delivery_status", lease=lease, state=running)
 
@@ -297,6 +303,7 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
                     f"{offers}.includes('$2.50') && {offers}.includes('unrated') && {offers}.includes('{supplier.account}')",
                     what="the offer with its seller and score",
                 )
+                await browser.wait_until(f"{offers}.includes('ib0 (1 hosts), 400 Gb/s, not probed')", what="the fabric host's offer")
                 await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
                 await browser.evaluate("document.querySelector('#login button').click()")
                 cell = "(document.querySelector('#leases td.delivery') || {}).textContent || ''"

@@ -15,10 +15,10 @@
 
 use std::collections::BTreeMap;
 
-use super::Engine;
+use super::{Checked, Engine};
 use crate::book::{crosses, NIL};
-use crate::command::{FabricClaim, NewOrder, OrderOptions, Side};
-use crate::event::{OrderCloseReason, RejectCode};
+use crate::command::{ClusterRule, FabricClaim, NewOrder, OrderOptions, Side};
+use crate::event::{EventKind, OrderCloseReason, RejectCode};
 use crate::gpus::lowest_bits;
 use crate::ids::{AccountId, HostId, LeaseId, OrderId};
 use crate::limits;
@@ -44,6 +44,41 @@ pub(crate) struct HostFabric {
     pub gbps: u32,
     pub address: String,
     pub port_base: u16,
+    /// Its last interconnect probe, if a cluster it served ran one.
+    pub probe: Option<FabricProbe>,
+}
+
+/// A host's last interconnect probe (docs/market-rules.md "Interconnect
+/// probe"): the bus bandwidth a ring all-reduce among a cluster's members
+/// measured, as its agent signed it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FabricProbe {
+    pub at_ms: u64,
+    /// The cluster lease it was measured for (one probe per lease).
+    pub lease: LeaseId,
+    /// Hosts in the ring.
+    pub ranks: u32,
+    /// Bus bandwidth, Mb/s (0: the probe did not complete).
+    pub mbps: u64,
+    /// Whether it bears the host's claim out: at least
+    /// [`limits::FABRIC_PROBE_MIN_PERCENT`] of the claimed Gb/s.
+    pub borne_out: bool,
+}
+
+impl HostFabric {
+    /// The bandwidth matching counts: the claim, or what the last probe
+    /// measured when it did not bear the claim out.
+    pub fn effective_gbps(&self) -> u32 {
+        match &self.probe {
+            Some(probe) if !probe.borne_out => (probe.mbps / 1_000).min(self.gbps as u64) as u32,
+            _ => self.gbps,
+        }
+    }
+}
+
+/// Whether `mbps` measured bears out a claim of `gbps`.
+pub fn probe_bears_out(gbps: u32, mbps: u64) -> bool {
+    mbps.saturating_mul(100) >= gbps as u64 * 1_000 * limits::FABRIC_PROBE_MIN_PERCENT
 }
 
 /// Where a cluster member's peers reach it: its host's fabric address and
@@ -64,6 +99,9 @@ pub struct FabricInfo {
     pub gbps: u32,
     /// Hosts of its supplier in the group.
     pub hosts: u32,
+    /// The host's last interconnect probe, if any (always encoded, null
+    /// before the first: binary frames have no optional fields).
+    pub probe: Option<FabricProbe>,
 }
 
 /// The checks of a cluster bid that need no state (docs/market-rules.md
@@ -116,7 +154,7 @@ impl Engine {
         *hosts += 1;
         self.fabric_hosts_max = self.fabric_hosts_max.max(*hosts);
         self.hosts[host.0 as usize].fabric =
-            Some(HostFabric { group, gbps: claim.gbps, address: claim.address.clone(), port_base: claim.port_base });
+            Some(HostFabric { group, gbps: claim.gbps, address: claim.address.clone(), port_base: claim.port_base, probe: None });
     }
 
     /// Places a cluster bid: checked, then entered as an all-or-none bid
@@ -134,6 +172,9 @@ impl Engine {
             return Err(RejectCode::ClusterInvalid);
         }
         let regions = if regions.is_empty() { 0 } else { self.region_mask(new, regions)? };
+        // The class's rule raises the bid's own minimum (it is stored with the bid).
+        let class = self.instruments.get(new.instrument.0 as usize).map_or(usize::MAX, |i| i.class as usize);
+        let min_fabric_gbps = min_fabric_gbps.max(self.cluster_min_gbps.get(class).copied().unwrap_or(0));
         self.pending_cluster = Some((nodes as u16, min_fabric_gbps));
         let options = OrderOptions { all_or_none: true, ..*options };
         let placed = self.place_order_in(new, &options, regions);
@@ -169,7 +210,7 @@ impl Engine {
                 }
                 let Some(set) = maker.supply else { continue };
                 let Some(fabric) = &self.hosts[set.host.0 as usize].fabric else { continue };
-                if fabric.gbps < bid.min_fabric_gbps || (self.fabrics[fabric.group.0 as usize].hosts as usize) < nodes {
+                if fabric.effective_gbps() < bid.min_fabric_gbps || (self.fabrics[fabric.group.0 as usize].hosts as usize) < nodes {
                     continue;
                 }
                 let group = members.entry(fabric.group).or_default();
@@ -225,11 +266,67 @@ impl Engine {
         Some(MemberAddress { address: fabric.address.clone(), port: fabric.port_base.saturating_add(lowest) })
     }
 
+    /// Replaces the listing's cluster rules (see `Command::SetClusterRules`).
+    pub(super) fn set_cluster_rules(&mut self, rules: &[ClusterRule]) -> Checked<()> {
+        let mut by_class = vec![0u32; self.config.classes.len()];
+        for rule in rules {
+            let class = self.config.classes.iter().position(|c| c.name == rule.class).ok_or(RejectCode::ListingIncompatible)?;
+            if by_class[class] != 0 || !(1..=limits::FABRIC_GBPS_MAX).contains(&rule.min_fabric_gbps) {
+                return Err(RejectCode::ListingIncompatible);
+            }
+            by_class[class] = rule.min_fabric_gbps;
+        }
+        self.cluster_min_gbps = by_class;
+        Ok(())
+    }
+
+    /// The listing's cluster rules in force, in class order.
+    pub fn cluster_rules(&self) -> Vec<ClusterRule> {
+        self.cluster_min_gbps
+            .iter()
+            .enumerate()
+            .filter(|(_, gbps)| **gbps > 0)
+            .map(|(class, gbps)| ClusterRule { class: self.config.classes[class].name.clone(), min_fabric_gbps: *gbps })
+            .collect()
+    }
+
+    /// The fabric of a lease's host, as the public sees it.
+    pub fn lease_fabric(&self, lease: LeaseId) -> Option<FabricInfo> {
+        self.host_fabric(self.leases.get(lease.0 as usize)?.host)
+    }
+
     /// A host's fabric as the public sees it.
     pub fn host_fabric(&self, host: HostId) -> Option<FabricInfo> {
         let fabric = self.hosts.get(host.0 as usize)?.fabric.as_ref()?;
         let group = &self.fabrics[fabric.group.0 as usize];
-        Some(FabricInfo { name: group.name.clone(), zone: group.zone.clone(), gbps: fabric.gbps, hosts: group.hosts })
+        Some(FabricInfo {
+            name: group.name.clone(),
+            zone: group.zone.clone(),
+            gbps: fabric.gbps,
+            hosts: group.hosts,
+            probe: fabric.probe.clone(),
+        })
+    }
+
+    /// Records a cluster member's interconnect probe on its lease's host
+    /// (checked by the market: the lease's supplier signed it, once per
+    /// lease). A probe that does not bear the claim out is told to the
+    /// owner like a challenge that was too slow, and the host counts in
+    /// cluster bids at what was measured until a later probe bears it out.
+    pub(super) fn record_fabric_probe(&mut self, lease: LeaseId, ranks: u32, mbps: u64) -> Checked<()> {
+        let record = self.leases.get(lease.0 as usize).ok_or(RejectCode::UnknownLease)?;
+        let host = record.host;
+        let at_ms = self.now_ms;
+        let owner = self.hosts[host.0 as usize].owner;
+        let Some(fabric) = self.hosts[host.0 as usize].fabric.as_mut() else { return Err(RejectCode::FabricInvalid) };
+        if fabric.probe.as_ref().is_some_and(|p| p.lease == lease) {
+            return Err(RejectCode::FabricInvalid);
+        }
+        let borne_out = probe_bears_out(fabric.gbps, mbps);
+        let claimed_gbps = fabric.gbps;
+        fabric.probe = Some(FabricProbe { at_ms, lease, ranks, mbps, borne_out });
+        self.emit(EventKind::FabricProbed { lease, host, owner, claimed_gbps, ranks, mbps, borne_out });
+        Ok(())
     }
 
     /// A cluster bid's shape: `(nodes, min_fabric_gbps)`, `None` for other orders.

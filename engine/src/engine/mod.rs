@@ -12,7 +12,7 @@
 mod accounts;
 mod calendar;
 pub(crate) mod clusters;
-pub use clusters::{FabricId, FabricInfo, MemberAddress};
+pub use clusters::{probe_bears_out, FabricId, FabricInfo, FabricProbe, MemberAddress};
 mod follow_ons;
 mod lease_resale;
 mod leases;
@@ -483,6 +483,9 @@ pub struct Engine {
     /// The most hosts any fabric group has: no cluster bid for more nodes
     /// is planned.
     pub(crate) fabric_hosts_max: u32,
+    /// The listing's least fabric bandwidth per class for cluster bids
+    /// (0: no rule), by class index.
+    pub(crate) cluster_min_gbps: Vec<u32>,
     /// The shape (`nodes`, minimum fabric Gb/s) of the cluster bid being
     /// placed (within the command only).
     #[serde(skip)]
@@ -564,6 +567,7 @@ impl Engine {
             fabrics: Vec::new(),
             fabric_by_key: BTreeMap::new(),
             fabric_hosts_max: 0,
+            cluster_min_gbps: Vec::new(),
             pending_cluster: None,
             config,
         };
@@ -656,6 +660,8 @@ impl Engine {
             Command::PlaceClusterOrder { order, options, regions, nodes, min_fabric_gbps } => {
                 self.place_cluster_order(order, options, regions, *nodes, *min_fabric_gbps)
             }
+            Command::RecordFabricProbe { lease, ranks, mbps } => self.record_fabric_probe(*lease, *ranks, *mbps),
+            Command::SetClusterRules { rules } => self.set_cluster_rules(rules),
             Command::OpenSubAccount { parent } => self.open_sub_account(*parent),
             Command::MoveFunds { parent, sub_account, amount_minor, to_sub_account } => {
                 self.move_funds(*parent, *sub_account, *amount_minor, *to_sub_account)
@@ -1193,6 +1199,8 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::ChangeListing { .. }
         | Command::RecordChallenge { .. }
         | Command::WithholdDisputed { .. }
+        | Command::RecordFabricProbe { .. }
+        | Command::SetClusterRules { .. }
         | Command::Tick => None,
         Command::Deposit { account, .. }
         | Command::Withdraw { account, .. }
@@ -1271,6 +1279,9 @@ impl Engine {
             if let Some(fabric) = &host.fabric {
                 h.bytes(format!("{fabric:?}").as_bytes());
             }
+        }
+        for gbps in &self.cluster_min_gbps {
+            h.u64(*gbps as u64);
         }
         for (gpu, details) in self.gpus.iter().zip(&self.gpu_details) {
             h.bytes(

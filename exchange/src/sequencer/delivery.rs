@@ -62,6 +62,13 @@ impl Sequencer {
                 Some(reply) => reply,
                 None => return,
             },
+            DeliveryRequest::FabricProbe { report } => match self.market.check_fabric_probe(account, &report) {
+                Err(code) => error(Some(id), code),
+                Ok(()) => match self.journal(JournalEntry::FabricProbe { at_ms: self.market.clock_ms(), account, report }) {
+                    Some((journal_seq, _)) => ServerMessage::Ack { id, journal_seq, order: None },
+                    None => return,
+                },
+            },
             DeliveryRequest::LogsReply { request, data, truncated } => {
                 self.logs_reply(account, request, data, truncated);
                 ServerMessage::Received { id }

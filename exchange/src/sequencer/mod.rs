@@ -71,8 +71,11 @@ const _: () = assert!(LOGS_PENDING_PER_ACCOUNT_MAX < LOGS_PENDING_PER_SUPPLIER_M
 pub enum SequencerError {
     /// Acknowledged means durable: without the journal nothing may be
     /// acknowledged, and the in-memory state is ahead of the disk.
-    #[error("journal append failed: {0:#}")]
-    Journal(anyhow::Error),
+    /// `committed`: the last entry on disk; `state_hash`: the state as of
+    /// it (what a restart recovers), from the snapshot replica, when it had
+    /// kept up.
+    #[error("the journal could not be written after entry {committed}{}: {source:#}", state_hash.map_or(String::new(), |h| format!(" (state hash {h:016x}, what a restart recovers)")))]
+    Journal { committed: u64, state_hash: Option<u64>, source: anyhow::Error },
     #[error(transparent)]
     Market(#[from] MarketError),
 }
@@ -241,8 +244,16 @@ impl Sequencer {
         }
         if !self.entries.is_empty() || !self.archived.is_empty() {
             let started = std::time::Instant::now();
-            let first_seq =
-                self.journal.append_with_transfers(&self.entries, &self.transfers, &self.archived).map_err(SequencerError::Journal)?;
+            let first_seq = match self.journal.append_with_transfers(&self.entries, &self.transfers, &self.archived) {
+                Ok(first_seq) => first_seq,
+                Err(source) => {
+                    // The replica holds the committed state: its hash says
+                    // what a restart will recover.
+                    let committed = self.journal.next_seq() - 1;
+                    let state_hash = self.snapshots.finish().filter(|(seq, _)| *seq == committed).map(|(_, hash)| hash);
+                    return Err(SequencerError::Journal { committed, state_hash, source });
+                }
+            };
             self.metrics.observe_commit(started.elapsed());
             self.metrics.journal_entries.inc_by(self.entries.len() as u64);
             // The snapshot replica applies the batch on its own thread.

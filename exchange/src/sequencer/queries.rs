@@ -43,7 +43,8 @@ impl Sequencer {
     /// The listing the engine runs now (public).
     pub(super) fn listing(&mut self, connection: ConnectionId, id: u64) {
         let listing = Box::new(self.market.engine().config().clone());
-        self.reply(connection, ServerMessage::Listing { id, listing });
+        let cluster_rules = self.market.engine().cluster_rules();
+        self.reply(connection, ServerMessage::Listing { id, listing, cluster_rules });
     }
 
     pub(super) fn open_orders(&mut self, connection: ConnectionId, id: u64, offset: u32) {

@@ -5,12 +5,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use gpux_engine::{Command, EngineConfig};
+use gpux_engine::Command;
 use gpux_market::{JournalEntry, MarketState};
 
 use super::Sequencer;
 use crate::metrics::Metrics;
-use crate::snapshots::{SnapshotStorage, SnapshotWriter, SNAPSHOT_EVERY_ENTRIES};
+use crate::snapshots::{SnapshotGuard, SnapshotStorage, SnapshotWriter, SNAPSHOT_RESERVE_BYTES};
 use gpux_gateway::link::{Clock, FEED_FRAMES_MAX};
 use gpux_journal::JournalStore;
 
@@ -40,7 +40,7 @@ impl Sequencer {
     #[allow(clippy::too_many_arguments)]
     pub fn recover(
         market: MarketState,
-        listing: Option<EngineConfig>,
+        listing: Option<crate::listing::Listing>,
         journal: Box<dyn JournalStore>,
         snapshots: impl SnapshotStorage,
         operator_keys: BTreeSet<[u8; 32]>,
@@ -72,7 +72,9 @@ impl Sequencer {
         }
         // The snapshot replica starts from the recovered state (one copy, at start).
         let snapshot_writer = if snapshots.takes_snapshots() {
-            SnapshotWriter::spawn(snapshots, market.clone(), journal.next_seq() - 1, snapshot_seq, SNAPSHOT_EVERY_ENTRIES)?
+            let guard =
+                SnapshotGuard { every: snapshots.every(), reserve_bytes: SNAPSHOT_RESERVE_BYTES, counters: metrics.snapshots.clone() };
+            SnapshotWriter::spawn(snapshots, market.clone(), journal.next_seq() - 1, snapshot_seq, guard)?
         } else {
             SnapshotWriter::disabled()
         };
@@ -138,8 +140,10 @@ impl Sequencer {
     /// "The listing"): a new journal starts with it (its genesis entry); a
     /// journal whose listing differs gets a `ChangeListing`, committed
     /// with the first batch like the fee flags, or, when the change is one
-    /// the listing cannot take, the exchange does not start.
-    fn adopt_listing(&mut self, listing: EngineConfig, new_journal: bool) -> anyhow::Result<()> {
+    /// the listing cannot take, the exchange does not start. The classes'
+    /// cluster terms follow as a `SetClusterRules` when they changed.
+    fn adopt_listing(&mut self, listing: crate::listing::Listing, new_journal: bool) -> anyhow::Result<()> {
+        let crate::listing::Listing { config: listing, cluster_rules } = listing;
         if new_journal {
             self.journal(JournalEntry::Genesis { listing: Box::new(listing) });
         } else if self.market.engine().config() != &listing {
@@ -148,6 +152,12 @@ impl Sequencer {
             })?;
             self.market.advance_clock(self.clock.now_ms());
             self.apply_command(None, 0, Command::ChangeListing { listing: Box::new(listing) });
+        }
+        // The classes' cluster terms, journaled when they change (a new
+        // journal's, when it names any).
+        if self.fatal.is_none() && self.market.engine().cluster_rules() != cluster_rules {
+            self.market.advance_clock(self.clock.now_ms());
+            self.apply_command(None, 0, Command::SetClusterRules { rules: cluster_rules });
         }
         if let Some(fatal) = self.fatal.take() {
             return Err(fatal.into());

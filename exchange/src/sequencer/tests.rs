@@ -129,9 +129,94 @@ fn nothing_of_a_batch_is_released_when_its_commit_fails() {
     journal.fail_appends(true);
     let login = client.login(1, [1; 32], Some(Role::Renter));
     let result = sequencer.process(vec![login]);
-    assert!(matches!(result, Err(SequencerError::Journal(_))), "the sequencer stops on a failed commit");
+    let Err(SequencerError::Journal { committed, state_hash, .. }) = result else { panic!("the sequencer stops on a failed commit") };
+    assert_eq!(committed, before as u64, "the last entry on disk");
+    let recovered = recover(&journal, &MemorySnapshots::default()).1.state_hash;
+    assert_eq!(state_hash, Some(recovered), "the hash it names is what a restart recovers");
     assert!(client.received().is_empty(), "no answer went out for what is not on disk");
     assert_eq!(journal.entries().len(), before, "nothing was appended");
+}
+
+/// On redb files whose storage fails at redb's seam: the journal goes on
+/// committing while every snapshot fails, and when the journal itself
+/// fails the sequencer stops naming the last entry on disk and the state
+/// hash a restart on a healthy disk then recovers.
+#[test]
+fn on_failing_disks_the_journal_outlives_the_snapshots_and_stops_with_what_a_restart_recovers() {
+    use gpux_journal::faults::{Fault, Faults, FaultyBackend};
+    use gpux_journal::Journal;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (journal_path, snapshots_path) = (dir.path().join("journal.redb"), dir.path().join("snapshots.redb"));
+    let open =
+        |path: &std::path::Path| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).expect("file");
+    let (journal_faults, snapshot_faults) = (Faults::default(), Faults::default());
+    let journal =
+        Journal::open_with_backend(FaultyBackend::new(open(&journal_path), journal_faults.clone()).expect("backend")).expect("open");
+    let (file, switch) = (snapshots_path.clone(), snapshot_faults.clone());
+    let snapshots = crate::snapshots::SnapshotStore::open_with(&snapshots_path, move || {
+        let handle = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&file)?;
+        Ok(redb::Builder::new().create_with_backend(FaultyBackend::new(handle, switch.clone())?)?)
+    })
+    .expect("open")
+    .with_every(5);
+    let config = EngineConfig::demo();
+    let billing = BillingPolicy { fee_bps: config.fee_bps, grace_ms: config.billing_grace_ms };
+    let operators: BTreeSet<[u8; 32]> = [OPERATOR].into_iter().collect();
+    let metrics = Arc::new(Metrics::default());
+    let (mut sequencer, _) = Sequencer::recover(
+        MarketState::new(config.clone()).expect("demo"),
+        None,
+        Box::new(journal),
+        snapshots,
+        operators.clone(),
+        metrics.clone(),
+        billing,
+        Clock { offset_ms: 0 },
+    )
+    .expect("recovers");
+
+    // Every snapshot write fails: the journal commits every batch.
+    snapshot_faults.set(Fault::WriteError);
+    let mut clients = Vec::new();
+    for i in 0..30u8 {
+        let (client, connect) = Client::connect(10 + i as ConnectionId);
+        let login = client.login(1, [i + 20; 32], Some(Role::Renter));
+        sequencer.process(vec![connect, login]).expect("the journal commits while the snapshots fail");
+        clients.push(client);
+    }
+    // The writer thread tries on its own time: wait for its first failure.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while metrics.snapshots.failed.get() == 0 {
+        assert!(std::time::Instant::now() < deadline, "a snapshot was tried and failed");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(metrics.snapshots.written.get(), 0);
+
+    // The journal's disk fills: the sequencer stops and says what a restart recovers.
+    journal_faults.set(Fault::NoSpace);
+    let (mut late, connect) = Client::connect(99);
+    let login = late.login(1, [99; 32], Some(Role::Renter));
+    let Err(SequencerError::Journal { committed, state_hash, .. }) = sequencer.process(vec![connect, login]) else {
+        panic!("the sequencer stops on the failed commit")
+    };
+    assert!(late.received().is_empty(), "nothing of the failed batch was acknowledged");
+    drop(sequencer);
+
+    // A restart on a healthy disk recovers exactly that.
+    let journal = Journal::open(&journal_path).expect("reopen");
+    assert_eq!(journal.next_seq() - 1, committed, "the last entry on disk is the one named");
+    let (_, recovery) = Sequencer::recover(
+        MarketState::new(config).expect("demo"),
+        None,
+        Box::new(journal),
+        crate::snapshots::SnapshotStore::open(&snapshots_path).expect("reopen"),
+        operators,
+        Arc::new(Metrics::default()),
+        billing,
+        Clock { offset_ms: 0 },
+    )
+    .expect("recovers");
+    assert_eq!(Some(recovery.state_hash), state_hash, "the state hash named is the one recovered");
 }
 
 /// One durable commit per batch, however many requests it holds; each gets

@@ -54,7 +54,7 @@ impl Exchange {
             data_dir: dir.to_path_buf(),
             listen,
             operator_keys: [operator.verifying_key().to_bytes()].into_iter().collect(),
-            engine: gpux_engine::EngineConfig::demo(),
+            listing: gpux_exchange::listing::Listing { config: gpux_engine::EngineConfig::demo(), cluster_rules: Vec::new() },
             limits: Default::default(),
             metrics_listen: None,
             console_listen: None,
