@@ -14,34 +14,64 @@ use gpux_market::{JournalEntry, MarketState};
 /// too, secrets sealed); with `commands_only`, writes the engine commands
 /// instead and applies nothing. Returns the entries read.
 pub fn replay_journal(path: &Path, market: &mut MarketState, out: &mut impl Write, commands_only: bool) -> Result<u64> {
-    let journal = gpux_journal::JournalReader::open(path)?;
-    let mut replayed = 0;
-    for (offset, entry) in journal.entries_after(0)?.into_iter().enumerate() {
-        replayed += 1;
-        if commands_only {
-            if let JournalEntry::Engine(input) = &entry {
-                writeln!(out, "{}", serde_json::to_string(input)?)?;
+    replay_journals(&[path], market, out, commands_only)
+}
+
+/// Entries read from a journal file at a time.
+const REPLAY_CHUNK: usize = 65_536;
+
+/// [`replay_journal`] over several files read as one journal: the
+/// archives `gpux-exchange journal archive` wrote, oldest first, then the
+/// journal itself. Each must start where the one before it ended (the
+/// first at entry 1).
+pub fn replay_journals(paths: &[&Path], market: &mut MarketState, out: &mut impl Write, commands_only: bool) -> Result<u64> {
+    let mut next = 1;
+    for path in paths {
+        let journal = gpux_journal::JournalReader::open(path)?;
+        let first = journal.first_seq()?;
+        anyhow::ensure!(
+            first == next,
+            "{} starts at entry {first}, not {next}: name the archives that hold the entries before it first, oldest first",
+            path.display()
+        );
+        loop {
+            let entries = journal.entries_range(next - 1, REPLAY_CHUNK).with_context(|| format!("reading {}", path.display()))?;
+            if entries.is_empty() {
+                break;
             }
-            continue;
+            for entry in entries {
+                replay_entry(next, entry, market, out, commands_only)?;
+                next += 1;
+            }
         }
-        let applied = market.apply(&entry).with_context(|| format!("journal entry {}", offset + 1))?;
-        // Delivery records move no money (a host's failure ends its lease
-        // through its own engine entry); they are written as they are,
-        // secrets sealed, so the audit trail shows every delivery step.
-        if matches!(
-            entry,
-            JournalEntry::BidWorkload { .. }
-                | JournalEntry::LeaseWorkload { .. }
-                | JournalEntry::EncryptionKey { .. }
-                | JournalEntry::DeliveryStatus { .. }
-        ) {
-            writeln!(out, "{}", serde_json::to_string(&entry)?)?;
-        }
-        // Usage reports charge leases through settlement, exactly as the exchange did.
-        write_events(out, &applied.events)?;
-        write_archived(out, &applied.archived)?;
     }
-    Ok(replayed)
+    Ok(next - 1)
+}
+
+fn replay_entry(seq: u64, entry: JournalEntry, market: &mut MarketState, out: &mut impl Write, commands_only: bool) -> Result<()> {
+    if commands_only {
+        if let JournalEntry::Engine(input) = &entry {
+            writeln!(out, "{}", serde_json::to_string(input)?)?;
+        }
+        return Ok(());
+    }
+    let applied = market.apply(&entry).with_context(|| format!("journal entry {seq}"))?;
+    // Delivery records move no money (a host's failure ends its lease
+    // through its own engine entry); they are written as they are,
+    // secrets sealed, so the audit trail shows every delivery step.
+    if matches!(
+        entry,
+        JournalEntry::BidWorkload { .. }
+            | JournalEntry::LeaseWorkload { .. }
+            | JournalEntry::EncryptionKey { .. }
+            | JournalEntry::DeliveryStatus { .. }
+    ) {
+        writeln!(out, "{}", serde_json::to_string(&entry)?)?;
+    }
+    // Usage reports charge leases through settlement, exactly as the exchange did.
+    write_events(out, &applied.events)?;
+    write_archived(out, &applied.archived)?;
+    Ok(())
 }
 
 /// Writes events as JSON lines, with the message of each rejection added.

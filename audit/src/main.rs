@@ -40,9 +40,11 @@ struct Args {
     #[arg(long, conflicts_with_all = ["input", "demo"])]
     print_demo_commands: bool,
     /// Replay the engine inputs of an exchange journal (`journal.redb` in the
-    /// exchange's data directory; stop the exchange first, redb allows one process).
+    /// exchange's data directory; stop the exchange first, redb allows one
+    /// process). Repeat it to name the archives `gpux-exchange journal
+    /// archive` wrote, oldest first, then the journal.
     #[arg(long, conflicts_with_all = ["input", "demo", "print_demo_commands"])]
-    journal: Option<PathBuf>,
+    journal: Vec<PathBuf>,
     /// With --journal: print the journal's commands as JSON lines instead of replaying.
     #[arg(long, requires = "journal")]
     commands_only: bool,
@@ -85,8 +87,9 @@ fn run(args: Args) -> Result<()> {
     // The one apply path the exchange and the simulator use.
     let mut market = MarketState::new(config).context("engine config")?;
     let mut replayed = 0u64;
-    if let Some(path) = &args.journal {
-        replayed = gpux_audit::replay_journal(path, &mut market, &mut out, args.commands_only)?;
+    if !args.journal.is_empty() {
+        let paths: Vec<&std::path::Path> = args.journal.iter().map(PathBuf::as_path).collect();
+        replayed = gpux_audit::replay_journals(&paths, &mut market, &mut out, args.commands_only)?;
         if args.commands_only {
             return Ok(out.flush()?);
         }

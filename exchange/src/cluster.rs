@@ -83,6 +83,9 @@ fn raft_config() -> Result<Arc<openraft::Config>> {
         election_timeout_min: 500,
         election_timeout_max: 1_000,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY_LOG_ENTRIES),
+        max_in_snapshot_log_to_keep: RAFT_LOG_KEPT_BEHIND_SNAPSHOT,
+        // Purged in runs of a snapshot's worth (one redb commit each).
+        purge_batch_size: SNAPSHOT_EVERY_LOG_ENTRIES,
         ..Default::default()
     };
     Ok(Arc::new(journal_config(config).validate()?))
@@ -91,6 +94,13 @@ fn raft_config() -> Result<Arc<openraft::Config>> {
 /// A node's state machine takes a snapshot every this many log entries
 /// (a restart applies at most this many again).
 pub const SNAPSHOT_EVERY_LOG_ENTRIES: u64 = 2_000;
+
+/// The Raft log entries a node keeps behind its last snapshot (older ones
+/// are purged): a peer that falls further behind than this is sent the
+/// snapshot and copies the journal entries it covers from a peer's
+/// journal. The log then holds at most about this plus
+/// [`SNAPSHOT_EVERY_LOG_ENTRIES`] twice (docs/operations.md "Disk space").
+pub const RAFT_LOG_KEPT_BEHIND_SNAPSHOT: u64 = 10_000;
 
 /// A node's journal commits durably once in this many batches (and
 /// before each state-machine snapshot).
@@ -119,22 +129,24 @@ pub fn run_node(mut config: ExchangeConfig, cluster: ClusterConfig, stop_on: Sto
         let reader: Arc<dyn gpux_journal::JournalRead> = Arc::new(journal.reader());
         let sink: JournalSink = Arc::new(Mutex::new(Box::new(journal) as Box<dyn JournalStore>));
         let log = LogStore::open(&config.data_dir.join("raft-log.redb")).context("opening raft-log.redb")?;
-        let machine = MarketMachine::open(&config.data_dir.join("raft-machine.redb"), gpux_engine::EngineConfig::demo())
-            .context("opening raft-machine.redb")?
-            .with_journal(sink.clone());
         crate::data_dir::seal_files(&config.data_dir)?;
         let id = cluster.node_id;
         let mut net = network::TcpNetwork::new(&cluster.secret, id);
         if let Some(tls) = &cluster.tls {
             net = net.with_tls(tls.trust.clone());
         }
+        let machine = MarketMachine::open(&config.data_dir.join("raft-machine.redb"), gpux_engine::EngineConfig::demo())
+            .context("opening raft-machine.redb")?
+            .with_journal(sink.clone())
+            .with_peers(net.clone());
         let raft = Raft::new(id, raft_config()?, net, log, machine.clone()).await?;
         let raft_listener =
             TcpListener::bind(cluster.raft_listen).await.with_context(|| format!("binding {} (--raft-listen)", cluster.raft_listen))?;
         say(&format!("node {id}: raft on {}", raft_listener.local_addr()?));
         let handover = gpux_replica::admin::Handover::default();
         let identity = cluster.tls.as_ref().map(|tls| tls.identity.clone());
-        tokio::spawn(network::serve_tls(raft_listener, raft.clone(), Arc::from(cluster.secret.as_slice()), handover.clone(), identity));
+        let services = network::Services { handover: handover.clone(), journal: Some(reader.clone()) };
+        tokio::spawn(network::serve_tls(raft_listener, raft.clone(), Arc::from(cluster.secret.as_slice()), services, identity));
         if let Some(address) = config.metrics_listen {
             crate::serve_metrics(address, metrics.clone()).await?;
         }

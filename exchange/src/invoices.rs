@@ -194,6 +194,9 @@ mod tests {
         fn archived_lease_info(&self, _: LeaseId) -> anyhow::Result<Option<(LeaseInfo, String)>> {
             anyhow::bail!("disk gone")
         }
+        fn entries_range(&self, _: u64, _: usize) -> anyhow::Result<Vec<gpux_market::JournalEntry>> {
+            anyhow::bail!("disk gone")
+        }
     }
 
     fn job(outbound: Outbound, offset: u32) -> Job {

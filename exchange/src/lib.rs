@@ -3,6 +3,7 @@
 //! WebSocket gateway (`gateway`). `run` is the whole process; the binary
 //! only parses its flags.
 
+pub mod archive;
 pub mod cluster;
 pub mod console;
 pub mod data_dir;

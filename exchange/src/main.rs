@@ -232,6 +232,7 @@ fn run_main() -> Result<()> {
     match args.command {
         Some(Tool::Statement { account }) => return statement(&args.data_dir, account),
         Some(Tool::Cluster { command }) => return cluster_tool(command),
+        Some(Tool::Journal { command }) => return journal_tool(&args.data_dir, command),
         None => {}
     }
     let cluster = match (args.node_id, args.raft_listen, &args.cluster_secret_file) {
@@ -448,6 +449,12 @@ enum Tool {
         #[command(subcommand)]
         command: ClusterTool,
     },
+    /// Move the journal's oldest entries to an archive file, or back
+    /// (docs/operations.md "Archiving the journal"; stop the exchange first).
+    Journal {
+        #[command(subcommand)]
+        command: JournalTool,
+    },
     /// Print an account's ledger transfers as CSV (stop the exchange first:
     /// the journal file admits one process).
     Statement {
@@ -455,6 +462,43 @@ enum Tool {
         #[arg(long)]
         account: u32,
     },
+}
+
+#[derive(clap::Subcommand)]
+enum JournalTool {
+    /// Move the entries a restart does not replay (those the newest
+    /// snapshot includes) from journal.redb to an archive file, then
+    /// compact journal.redb. Repeat into the same file later to extend it.
+    Archive {
+        /// The archive file (a journal file of entries only; created if absent).
+        #[arg(long)]
+        to: PathBuf,
+        /// Archive the entries before this one only (default: every entry the
+        /// newest snapshot includes).
+        #[arg(long)]
+        before: Option<u64>,
+    },
+    /// Put an archive's entries back in front of the journal (the newest
+    /// archive first): what a restart needs when no snapshot serves.
+    Restore {
+        /// The archive file written by `journal archive`.
+        #[arg(long)]
+        from: PathBuf,
+    },
+}
+
+fn journal_tool(data_dir: &std::path::Path, command: JournalTool) -> Result<()> {
+    match command {
+        JournalTool::Archive { to, before } => {
+            let outcome = gpux_exchange::archive::archive(data_dir, before, &to)?;
+            println!("archived {} entries into {}; journal.redb starts at entry {}", outcome.copied, to.display(), outcome.first_kept);
+        }
+        JournalTool::Restore { from } => {
+            let restored = gpux_exchange::archive::restore(data_dir, &from)?;
+            println!("restored {restored} entries from {}", from.display());
+        }
+    }
+    Ok(())
 }
 
 #[derive(clap::Args)]

@@ -63,6 +63,7 @@ pub struct Metrics {
     data_dir_free_bytes: IntGauge,
     journal_bytes: IntGauge,
     snapshots_bytes: IntGauge,
+    raft_log_bytes: IntGauge,
     data_dir: std::sync::Mutex<Option<std::path::PathBuf>>,
 }
 
@@ -144,6 +145,11 @@ impl Metrics {
             data_dir_free_bytes: gauge(&r, "gpux_data_dir_free_bytes", "Free bytes on the data directory's file system, at the scrape."),
             journal_bytes: gauge(&r, "gpux_journal_bytes", "Size of the journal file (journal.redb), at the scrape."),
             snapshots_bytes: gauge(&r, "gpux_snapshots_bytes", "Size of the snapshot file (snapshots.redb), at the scrape."),
+            raft_log_bytes: gauge(
+                &r,
+                "gpux_raft_log_bytes",
+                "Size of a cluster node's Raft log file (raft-log.redb; 0 on a single node), at the scrape.",
+            ),
             data_dir: std::sync::Mutex::new(None),
             book_quantity: {
                 let metric =
@@ -219,6 +225,7 @@ impl Metrics {
             &self.data_dir_free_bytes,
             &self.journal_bytes,
             &self.snapshots_bytes,
+            &self.raft_log_bytes,
         ];
         collectors.extend(self.gateway.collectors());
         collectors.iter().flat_map(|c| c.desc()).map(|d| (d.fq_name.clone(), d.variable_labels.clone())).collect()
@@ -283,6 +290,7 @@ impl Metrics {
         let size = |name: &str| std::fs::metadata(dir.join(name)).map_or(0, |m| m.len().min(i64::MAX as u64) as i64);
         self.journal_bytes.set(size("journal.redb"));
         self.snapshots_bytes.set(size("snapshots.redb"));
+        self.raft_log_bytes.set(size("raft-log.redb"));
     }
 
     pub fn render(&self) -> String {

@@ -7,8 +7,11 @@
 //! commits are atomic, so a crash mid-commit (a torn write) leaves the
 //! journal at the previous commit and the restart replays that.
 
+pub mod archive;
 pub mod faults;
 use std::path::Path;
+
+pub use archive::{ArchiveError, ArchiveOutcome};
 
 use anyhow::{Context, Result};
 use gpux_engine::{AccountId, ContractId, ContractInfo, InstrumentId, InstrumentInfo, LeaseId, LeaseInfo};
@@ -81,6 +84,7 @@ impl Journal {
     fn from_db(db: Database) -> Result<Journal> {
         let setup = db.begin_write()?;
         setup.open_table(JOURNAL)?;
+        setup.open_table(archive::JOURNAL_META)?;
         setup.open_table(TRANSFERS)?;
         {
             let archive = setup.open_table(ARCHIVED_LEASES)?;
@@ -121,7 +125,8 @@ impl Journal {
             let read = db.begin_read()?;
             let table = read.open_table(JOURNAL)?;
             let last = table.last()?.map(|(seq, _)| seq.value());
-            last.map_or(1, |seq| seq + 1)
+            // Every entry archived: the journal goes on after them.
+            last.map_or(archive::first_seq(&read)?, |seq| seq + 1)
         };
         Ok(Journal { db: std::sync::Arc::new(db), next_seq, durable_every: 1, since_durable: 0 })
     }
@@ -269,6 +274,10 @@ pub trait JournalRead: Send + Sync {
     /// An archived lease as it ended, and the symbol it traded on (empty
     /// if unknown).
     fn archived_lease_info(&self, lease: LeaseId) -> Result<Option<(LeaseInfo, String)>>;
+    /// Up to `limit` entries after `seq`, in order (fewer where the journal
+    /// ends): what a cluster node that took a snapshot copies from a peer's
+    /// journal (`gpux_replica`'s journal fill).
+    fn entries_range(&self, seq: u64, limit: usize) -> Result<Vec<JournalEntry>>;
 }
 
 /// [`Journal::reader`]: the journal's database, shared.
@@ -287,6 +296,9 @@ impl JournalRead for SharedReader {
         let info = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("archived lease {}: {}", lease.0, e.message))?;
         let symbol = read.open_table(ARCHIVED_LEASE_SYMBOLS)?.get(lease.0)?.map(|s| s.value().to_string()).unwrap_or_default();
         Ok(Some((info, symbol)))
+    }
+    fn entries_range(&self, seq: u64, limit: usize) -> Result<Vec<JournalEntry>> {
+        entries_range(&self.db.begin_read()?, seq, limit)
     }
 }
 
@@ -644,6 +656,9 @@ impl JournalRead for MemoryJournal {
     fn archived_lease_info(&self, lease: LeaseId) -> Result<Option<(LeaseInfo, String)>> {
         Ok(self.inner().archived.get(&lease.0).map(|l| (l.info.clone(), l.symbol.clone())))
     }
+    fn entries_range(&self, seq: u64, limit: usize) -> Result<Vec<JournalEntry>> {
+        Ok(self.inner().entries.iter().skip(seq as usize).take(limit).cloned().collect())
+    }
 }
 
 /// A journal opened read-only, by tools that must never change it
@@ -673,10 +688,13 @@ impl JournalReader {
     pub fn genesis_listing(&self) -> Result<gpux_engine::EngineConfig> {
         let read = self.db.begin_read()?;
         let table = read.open_table(JOURNAL)?;
-        let first = match table.get(1)? {
-            Some(bytes) => {
-                Some(decode_record::<JournalEntry>(bytes.value()).map_err(|e| anyhow::anyhow!("journal entry 1: {}", e.message))?)
-            }
+        let bytes = match table.get(1)? {
+            Some(bytes) => Some(bytes.value().to_vec()),
+            // Archived: the journal kept it.
+            None => archive::kept_genesis(&read)?,
+        };
+        let first = match bytes {
+            Some(bytes) => Some(decode_record::<JournalEntry>(&bytes).map_err(|e| anyhow::anyhow!("journal entry 1: {}", e.message))?),
             None => None,
         };
         Ok(match first {
@@ -687,9 +705,19 @@ impl JournalReader {
 }
 
 fn entries_after(read: &redb::ReadTransaction, seq: u64) -> Result<Vec<JournalEntry>> {
+    entries_range(read, seq, usize::MAX)
+}
+
+fn entries_range(read: &redb::ReadTransaction, seq: u64, limit: usize) -> Result<Vec<JournalEntry>> {
+    let first = archive::first_seq(read)?;
+    anyhow::ensure!(
+        seq + 1 >= first,
+        "entries {}..{first} are not in this journal: they were archived (put them back with `gpux-exchange journal restore`)",
+        seq + 1
+    );
     let table = read.open_table(JOURNAL)?;
     let mut entries = Vec::new();
-    for (expected, row) in (seq + 1..).zip(table.range(seq + 1..)?) {
+    for (expected, row) in (seq + 1..).zip(table.range(seq + 1..)?.take(limit)) {
         let (key, bytes) = row?;
         anyhow::ensure!(key.value() == expected, "journal gap: expected entry {expected}, found {}", key.value());
         let entry: JournalEntry =

@@ -36,6 +36,8 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::admin::{AdminReply, AdminRequest, Handover};
 use crate::{NodeId, Raft, TypeConfig};
+use gpux_journal::JournalRead;
+use gpux_market::JournalEntry;
 use gpux_protocol::peer_auth::{self, HandshakePool, Role, Throttle, NONCE_BYTES};
 use tokio_rustls::rustls::{ClientConfig, ServerConfig};
 
@@ -147,6 +149,12 @@ pub(crate) enum Call {
     Vote(VoteRequest<NodeId>),
     InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
     Admin(AdminRequest),
+    /// Up to `limit` entries of the node's journal after `seq` (a peer
+    /// that took a snapshot fills its journal from them).
+    JournalEntries {
+        seq: u64,
+        limit: u32,
+    },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -155,6 +163,7 @@ pub(crate) enum Reply {
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
     InstallSnapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
     Admin(AdminReply),
+    JournalEntries(Result<Vec<JournalEntry>, String>),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -165,6 +174,8 @@ pub enum FrameError {
     TooLarge(usize),
     #[error("a raft frame does not decode: {0}")]
     Decode(String),
+    #[error("the peer could not answer: {0}")]
+    Refused(String),
 }
 
 pub(crate) async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(writer: &mut W, value: &T) -> Result<(), FrameError> {
@@ -190,14 +201,28 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin, T: serde::de::DeserializeOw
     crate::decode(&body).map_err(|e| FrameError::Decode(e.to_string()))
 }
 
+/// What a node serves its peers besides Raft: the operator's handover,
+/// and its journal, which a peer that took a snapshot copies the entries
+/// it missed from ([`TcpNetwork::journal_entries`]).
+#[derive(Clone, Default)]
+pub struct Services {
+    pub handover: Handover,
+    pub journal: Option<Arc<dyn JournalRead>>,
+}
+
+/// The most entries one journal call carries, and about the most bytes
+/// (fewer entries are sent when they would encode larger).
+pub const JOURNAL_CALL_ENTRIES_MAX: u32 = 4_096;
+pub const JOURNAL_CALL_BYTES_MAX: usize = 16 << 20;
+
 /// Serves this node's Raft to its peers (and operators' calls) until the
 /// listener fails.
-pub async fn serve(listener: TcpListener, raft: Raft, secret: Arc<[u8]>, handover: Handover) {
-    serve_tls(listener, raft, secret, handover, None).await
+pub async fn serve(listener: TcpListener, raft: Raft, secret: Arc<[u8]>, services: Services) {
+    serve_tls(listener, raft, secret, services, None).await
 }
 
 /// [`serve`], TLS first on every connection when `tls` is given.
-pub async fn serve_tls(listener: TcpListener, raft: Raft, secret: Arc<[u8]>, handover: Handover, tls: Option<Arc<ServerConfig>>) {
+pub async fn serve_tls(listener: TcpListener, raft: Raft, secret: Arc<[u8]>, services: Services, tls: Option<Arc<ServerConfig>>) {
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let key = cluster_token(&secret);
     let handshaking: Arc<HandshakePool<tokio::sync::oneshot::Sender<()>>> = Arc::new(HandshakePool::new(RAFT_HANDSHAKES_MAX));
@@ -214,8 +239,8 @@ pub async fn serve_tls(listener: TcpListener, raft: Raft, secret: Arc<[u8]>, han
         if let Some(oldest) = handshaking.enter(connection, cancel) {
             let _ = oldest.send(());
         }
-        let (raft, secret, handover, handshaking, refusals, tls) =
-            (raft.clone(), secret.clone(), handover.clone(), handshaking.clone(), refusals.clone(), tls.clone());
+        let (raft, secret, services, handshaking, refusals, tls) =
+            (raft.clone(), secret.clone(), services.clone(), handshaking.clone(), refusals.clone(), tls.clone());
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
             let handshake = async {
@@ -241,14 +266,14 @@ pub async fn serve_tls(listener: TcpListener, raft: Raft, secret: Arc<[u8]>, han
                     return;
                 }
             };
-            if let Err(error) = serve_peer(stream, raft, secret, handover).await {
+            if let Err(error) = serve_peer(stream, raft, secret, services).await {
                 tracing::debug!(%peer, %error, "raft peer connection ended");
             }
         });
     }
 }
 
-async fn serve_peer(mut stream: RaftStream, raft: Raft, secret: Arc<[u8]>, handover: Handover) -> Result<(), FrameError> {
+async fn serve_peer(mut stream: RaftStream, raft: Raft, secret: Arc<[u8]>, services: Services) -> Result<(), FrameError> {
     loop {
         let call: Call = match read_frame(&mut stream).await {
             Ok(call) => call,
@@ -259,7 +284,8 @@ async fn serve_peer(mut stream: RaftStream, raft: Raft, secret: Arc<[u8]>, hando
             Call::AppendEntries(request) => Reply::AppendEntries(raft.append_entries(request).await),
             Call::Vote(request) => Reply::Vote(raft.vote(request).await),
             Call::InstallSnapshot(request) => Reply::InstallSnapshot(raft.install_snapshot(request).await),
-            Call::Admin(request) => Reply::Admin(crate::admin::handle(&raft, &secret, &handover, request).await),
+            Call::Admin(request) => Reply::Admin(crate::admin::handle(&raft, &secret, &services.handover, request).await),
+            Call::JournalEntries { seq, limit } => Reply::JournalEntries(journal_entries(services.journal.clone(), seq, limit).await),
         };
         // This node's Raft stopped: say so, then close, so the peer
         // connects afresh (to whatever serves the address next).
@@ -274,6 +300,24 @@ async fn serve_peer(mut stream: RaftStream, raft: Raft, secret: Arc<[u8]>, hando
             return Ok(());
         }
     }
+}
+
+/// Up to `limit` entries of `journal` after `seq`, fewer where they would
+/// encode to more than [`JOURNAL_CALL_BYTES_MAX`] (at least one).
+async fn journal_entries(journal: Option<Arc<dyn JournalRead>>, seq: u64, limit: u32) -> Result<Vec<JournalEntry>, String> {
+    let journal = journal.ok_or("this node keeps no journal")?;
+    let read = tokio::task::spawn_blocking(move || {
+        let mut limit = limit.clamp(1, JOURNAL_CALL_ENTRIES_MAX) as usize;
+        loop {
+            let entries = journal.entries_range(seq, limit).map_err(|e| format!("{e:#}"))?;
+            let bytes = crate::encode(&entries).map_err(|e| e.to_string())?.len();
+            if bytes <= JOURNAL_CALL_BYTES_MAX || limit == 1 {
+                return Ok(entries);
+            }
+            limit /= 2;
+        }
+    });
+    read.await.map_err(|e| e.to_string())?
 }
 
 /// Makes connections to peers (lazily: nothing connects until a call).
@@ -294,7 +338,33 @@ impl TcpNetwork {
     pub fn with_tls(self, tls: Arc<ClientConfig>) -> TcpNetwork {
         TcpNetwork { tls: Some(tls), ..self }
     }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// Up to `limit` entries of the journal of the node at `addr` after
+    /// `seq` (fewer where it ends, or where they would not fit one call),
+    /// within [`JOURNAL_CALL_TIMEOUT`].
+    pub async fn journal_entries(&self, addr: &str, seq: u64, limit: u32) -> Result<Vec<JournalEntry>, FrameError> {
+        let call = async {
+            let mut stream = connect(addr, self.tls.as_ref(), &self.key, self.id).await?;
+            write_frame(&mut stream, &Call::JournalEntries { seq, limit }).await?;
+            match read_frame::<_, Reply>(&mut stream).await? {
+                Reply::JournalEntries(entries) => entries.map_err(FrameError::Refused),
+                _ => Err(FrameError::Decode("a journal call answered with another reply".into())),
+            }
+        };
+        match tokio::time::timeout(JOURNAL_CALL_TIMEOUT, call).await {
+            Ok(answered) => answered,
+            Err(_) => Err(FrameError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "no journal entries within 30 s"))),
+        }
+    }
 }
+
+/// How long one journal call may take.
+pub const JOURNAL_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One peer's connection, made on first use and again after it breaks.
 pub struct TcpPeer {

@@ -20,6 +20,7 @@ use openraft::{AnyError, BasicNode, Entry, EntryPayload, ErrorSubject, ErrorVerb
 use redb::{Database, Durability, ReadableDatabase, TableDefinition};
 use serde::{Deserialize, Serialize};
 
+use crate::network::TcpNetwork;
 use crate::{decode, encode, BatchOutcome, LogId, NodeId, StorageError, TypeConfig};
 
 const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_snapshot");
@@ -59,6 +60,9 @@ pub struct MarketMachine {
     applied: Arc<Mutex<Applied>>,
     db: Arc<Database>,
     journal: Option<JournalSink>,
+    /// How a node that keeps a journal reaches its peers' journals (a
+    /// snapshot it takes is filled from them).
+    peers: Option<TcpNetwork>,
 }
 
 impl MarketMachine {
@@ -90,21 +94,30 @@ impl MarketMachine {
                 journal_next: 1,
             },
         };
-        Ok(MarketMachine { applied: Arc::new(Mutex::new(applied)), db: Arc::new(db), journal: None })
+        Ok(MarketMachine { applied: Arc::new(Mutex::new(applied)), db: Arc::new(db), journal: None, peers: None })
     }
 
     /// Also writes every applied batch into `journal` (entries, transfers,
     /// archive), exactly once: a batch re-applied after a restart, which
     /// the journal already holds, is not written again. The journal must
-    /// start where the machine does (empty for a new node), and Raft must
-    /// then never purge the log nor send this node a snapshot instead of
-    /// entries (it would leave a hole in the journal): see [`journal_config`].
+    /// start where the machine does (empty for a new node). A snapshot sent
+    /// by the leader (the log it needed was purged: a new or long-absent
+    /// node) is filled first: the entries it covers are copied from a
+    /// peer's journal through `peers` (see [`MarketMachine::with_peers`]).
     /// The journal may commit lazily (`Journal::durable_every`): a snapshot
     /// syncs it before it is stored, so a restart from the snapshot finds
     /// every entry it will not apply again, and writes again from the log
-    /// the batches a crash took from the journal.
+    /// the batches a crash took from the journal; Raft purges only log
+    /// entries a snapshot covers.
     pub fn with_journal(mut self, journal: JournalSink) -> MarketMachine {
         self.journal = Some(journal);
+        self
+    }
+
+    /// Copies the journal entries a snapshot it installs covers from the
+    /// peers' journals (the cluster's network, as this node).
+    pub fn with_peers(mut self, peers: TcpNetwork) -> MarketMachine {
+        self.peers = Some(peers);
         self
     }
 
@@ -169,7 +182,7 @@ impl RaftSnapshotBuilder<TypeConfig> for MarketMachine {
         let meta = SnapshotMeta { last_log_id, last_membership, snapshot_id };
         let stored = Stored { meta: meta.clone(), data, journal_next };
         self.store(&stored)?;
-        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(stored.data)) })
+        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(sent(stored.journal_next, &stored.data))) })
     }
 }
 
@@ -245,32 +258,156 @@ impl RaftStateMachine<TypeConfig> for MarketMachine {
         meta: &SnapshotMeta<NodeId, BasicNode>,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
-        // A node that keeps a journal takes entries, never a snapshot (its
-        // journal would miss what the snapshot covers): `journal_config`
-        // keeps Raft from sending one; should one come, it is refused.
-        if self.journal.is_some() {
-            return Err(io(ErrorVerb::Write, "a snapshot for a node that keeps a journal (it takes entries only)"));
-        }
-        let data = snapshot.into_inner();
+        let (journal_next, data) = received(snapshot.into_inner()).map_err(|e| io(ErrorVerb::Read, e))?;
         let market: MarketState = decode(&data).map_err(|e| io(ErrorVerb::Read, e))?;
+        // A node that keeps a journal copies the entries the snapshot
+        // covers and it lacks from a peer's journal first.
+        if self.journal.is_some() {
+            let (local, local_next) = self.market_and_journal_next();
+            if local_next < journal_next {
+                let peers: Vec<String> = meta
+                    .last_membership
+                    .membership()
+                    .nodes()
+                    .filter(|(id, _)| Some(**id) != self.peers.as_ref().map(TcpNetwork::id))
+                    .map(|(_, node)| node.addr.clone())
+                    .collect();
+                self.fill_journal(local, local_next, journal_next, &peers, market.state_hash()).await?;
+            }
+        }
         let mut applied = self.applied.lock().expect("the machine's lock");
-        self.store(&Stored { meta: meta.clone(), data, journal_next: applied.journal_next })?;
+        self.store(&Stored { meta: meta.clone(), data, journal_next })?;
         applied.market = market;
         applied.last_applied = meta.last_log_id;
         applied.membership = meta.last_membership.clone();
+        applied.journal_next = journal_next;
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        Ok(self.stored()?.map(|stored| Snapshot { meta: stored.meta, snapshot: Box::new(Cursor::new(stored.data)) }))
+        Ok(self
+            .stored()?
+            .map(|stored| Snapshot { meta: stored.meta, snapshot: Box::new(Cursor::new(sent(stored.journal_next, &stored.data))) }))
     }
 }
 
-/// A Raft config for nodes that keep a journal: the log is never purged,
-/// and a lagging node is always sent entries, never a snapshot (every
-/// node's journal holds every entry); snapshots still speed up restarts.
+/// Applies `entries` (from `next` on) to `market` and writes those the
+/// journal does not hold yet, with the transfers and archive they caused;
+/// returns the sequence after them.
+fn write_filled(
+    journal: &JournalSink,
+    market: &mut MarketState,
+    next: u64,
+    entries: &[gpux_market::JournalEntry],
+) -> Result<u64, StorageError> {
+    let mut journal = journal.lock().expect("the journal's lock");
+    let written = journal.next_seq();
+    if written < next {
+        return Err(io(ErrorVerb::Write, format!("the journal is at {written}, the machine at {next}")));
+    }
+    let (mut transfers, mut archived) = (Vec::new(), gpux_market::Archived::default());
+    for (seq, entry) in (next..).zip(entries) {
+        if let Ok(mut done) = market.apply(entry) {
+            if seq >= written {
+                transfers.append(&mut done.transfers);
+                archived.append(&mut done.archived);
+            }
+        }
+    }
+    let end = next + entries.len() as u64;
+    if written < end {
+        let fresh = &entries[(written - next) as usize..];
+        journal.append_with_transfers(fresh, &transfers, &archived).map_err(|e| io(ErrorVerb::Write, e))?;
+    }
+    Ok(end)
+}
+
+/// A snapshot as sent to a peer: the journal sequence after it (8 bytes,
+/// little-endian), then the market's bytes.
+fn sent(journal_next: u64, market: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(8 + market.len());
+    bytes.extend_from_slice(&journal_next.to_le_bytes());
+    bytes.extend_from_slice(market);
+    bytes
+}
+
+fn received(mut bytes: Vec<u8>) -> Result<(u64, Vec<u8>), String> {
+    if bytes.len() < 8 {
+        return Err(format!("a snapshot of {} bytes (it starts with 8 of journal sequence)", bytes.len()));
+    }
+    let market = bytes.split_off(8);
+    let journal_next = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+    Ok((journal_next, market))
+}
+
+/// How long a node that took a snapshot tries its peers for the journal
+/// entries it lacks before it gives up (its Raft then stops: the
+/// operator's log says why).
+pub const JOURNAL_FILL_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
+
+impl MarketMachine {
+    /// Copies journal entries `next..target` from the first of `peers`
+    /// that has them, applying each to `market` (the node's own state at
+    /// `next`) so the transfers and archive written with them are this
+    /// node's own, as if it had applied them from the log; the market must
+    /// then hash to `expected` (the snapshot's). Entries the journal
+    /// already holds (written before a crash) are applied, not written
+    /// again. Ends with the journal durable.
+    async fn fill_journal(
+        &self,
+        mut market: MarketState,
+        mut next: u64,
+        target: u64,
+        peers: &[String],
+        expected: u64,
+    ) -> Result<(), StorageError> {
+        let (Some(journal), Some(network)) = (self.journal.clone(), self.peers.clone()) else {
+            return Err(io(ErrorVerb::Write, "a snapshot for a node that keeps a journal and has no peers to copy it from"));
+        };
+        let deadline = tokio::time::Instant::now() + JOURNAL_FILL_PATIENCE;
+        let mut peer = 0;
+        let mut failures = 0;
+        tracing::info!(from = next, to = target, "copying the journal entries a snapshot covers from a peer");
+        while next < target {
+            let wanted = (target - next).min(u64::from(crate::network::JOURNAL_CALL_ENTRIES_MAX)) as u32;
+            let addr = peers.get(peer % peers.len().max(1)).cloned().unwrap_or_default();
+            let entries = match network.journal_entries(&addr, next - 1, wanted).await {
+                Ok(entries) if !entries.is_empty() => entries,
+                answered => {
+                    // This peer cannot give them (down, or its journal is
+                    // not that far yet): the next one, a pause after each round.
+                    tracing::warn!(peer = %addr, from = next, outcome = ?answered.map(|e| e.len()), "no journal entries from this peer");
+                    peer += 1;
+                    failures += 1;
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(io(
+                            ErrorVerb::Read,
+                            format!("no peer gave journal entries {next}..{target} within {JOURNAL_FILL_PATIENCE:?}"),
+                        ));
+                    }
+                    if failures % peers.len().max(1) == 0 {
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    }
+                    continue;
+                }
+            };
+            let entries = &entries[..entries.len().min((target - next) as usize)];
+            next = write_filled(&journal, &mut market, next, entries)?;
+        }
+        journal.lock().expect("the journal's lock").sync().map_err(|e| io(ErrorVerb::Write, e))?;
+        if market.state_hash() != expected {
+            return Err(io(ErrorVerb::Read, "the journal copied from a peer does not lead to the snapshot's market"));
+        }
+        tracing::info!(to = target, "the journal holds every entry the snapshot covers");
+        Ok(())
+    }
+}
+
+/// A Raft config for nodes that keep a journal: an operator's `Join`
+/// returns once the learner is added, however far behind it is (it
+/// catches up as a voter: from entries, or from a snapshot and its peers'
+/// journals where the log it needs was purged).
 pub fn journal_config(mut config: openraft::Config) -> openraft::Config {
-    config.max_in_snapshot_log_to_keep = 1 << 48;
     config.replication_lag_threshold = 1 << 48;
     config
 }

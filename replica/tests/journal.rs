@@ -42,7 +42,26 @@ fn config() -> Arc<Config> {
     Arc::new(journal_config(config).validate().expect("valid"))
 }
 
+/// A snapshot every 10 log entries, and every log entry a snapshot covers
+/// purged but the last 2 (the exchange's policy, scaled down).
+fn purging_config() -> Arc<Config> {
+    let config = Config {
+        heartbeat_interval: 50,
+        election_timeout_min: 300,
+        election_timeout_max: 600,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(10),
+        max_in_snapshot_log_to_keep: 2,
+        purge_batch_size: 5,
+        ..Default::default()
+    };
+    Arc::new(journal_config(config).validate().expect("valid"))
+}
+
 async fn start(dir: &std::path::Path, id: NodeId, listener: tokio::net::TcpListener) -> Node {
+    start_with(dir, id, listener, config()).await
+}
+
+async fn start_with(dir: &std::path::Path, id: NodeId, listener: tokio::net::TcpListener, config: Arc<Config>) -> Node {
     let mut tries = 0;
     let (log, machine, journal) = loop {
         let opened = (
@@ -59,10 +78,12 @@ async fn start(dir: &std::path::Path, id: NodeId, listener: tokio::net::TcpListe
             }
         }
     };
+    let reader: Arc<dyn gpux_journal::JournalRead> = Arc::new(journal.reader());
     let journal: JournalSink = Arc::new(Mutex::new(Box::new(journal) as Box<dyn JournalStore>));
-    let machine = machine.with_journal(journal.clone());
-    let raft = Raft::new(id, config(), TcpNetwork::new(SECRET, id), log, machine.clone()).await.expect("raft");
-    let server = tokio::spawn(network::serve(listener, raft.clone(), Arc::from(SECRET), Default::default()));
+    let machine = machine.with_journal(journal.clone()).with_peers(TcpNetwork::new(SECRET, id));
+    let raft = Raft::new(id, config, TcpNetwork::new(SECRET, id), log, machine.clone()).await.expect("raft");
+    let services = network::Services { journal: Some(reader), ..Default::default() };
+    let server = tokio::spawn(network::serve(listener, raft.clone(), Arc::from(SECRET), services));
     Node { raft, machine, journal, server }
 }
 
@@ -178,6 +199,84 @@ async fn the_leaders_sequencer_journal_appends_through_raft() {
         }
         assert_eq!(journal_of(node).1, written, "every node's journal, nothing of the follower's refused append");
     }
+    for node in nodes.into_values() {
+        node.server.abort();
+        node.raft.shutdown().await.expect("shuts down");
+    }
+}
+
+/// The leader purges the log its snapshot covers while a follower is down:
+/// the follower, back, is sent the snapshot, copies the journal entries it
+/// covers from a peer's journal (applying them itself, so its transfers are
+/// its own), and ends with the same journal, statements and market as the
+/// others; then takes new batches from the log as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_behind_a_purged_log_takes_a_snapshot_and_copies_the_journal_from_a_peer() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (members, listeners) = common::listeners(3).await;
+    let mut nodes = BTreeMap::new();
+    for (id, listener) in listeners {
+        nodes.insert(id, start_with(dir.path(), id, listener, purging_config()).await);
+    }
+    nodes[&1].raft.initialize(members.clone()).await.expect("initialized");
+    let leader = common::leader(nodes.values().map(|n| &n.raft)).await;
+    let mut written = Vec::new();
+    for account in 0..3 {
+        let batch = common::batch(account);
+        written.extend(batch.entries.clone());
+        nodes[&leader].raft.client_write(batch).await.expect("committed");
+    }
+
+    // A follower stops; the others go on, snapshot and purge their logs.
+    let follower = *nodes.keys().find(|id| **id != leader).expect("a follower");
+    let node = nodes.remove(&follower).expect("running");
+    node.server.abort();
+    node.raft.shutdown().await.expect("shuts down");
+    drop(node);
+    let mut last = 0;
+    for account in 3..40 {
+        let batch = common::batch(account);
+        written.extend(batch.entries.clone());
+        last = nodes[&leader].raft.client_write(batch).await.expect("committed").log_id.index;
+    }
+    // Both running nodes snapshot and purge by the policy: the log keeps
+    // at most the last snapshot's 10 entries, 2 behind it and a purge batch.
+    for node in nodes.values() {
+        let wait = node.raft.wait(Some(Duration::from_secs(10)));
+        let purged = wait.metrics(|m| m.purged.is_some_and(|p| p.index >= last - 10 - 2 - 5), "the log purged").await.expect("purged");
+        let kept = purged.last_log_index.expect("a log") - purged.purged.expect("purged").index;
+        assert!(kept <= 10 + 2 + 5, "{kept} log entries kept");
+    }
+
+    // Back: the log it needs is gone, so it takes the snapshot.
+    let listener = loop {
+        match tokio::net::TcpListener::bind(&members[&follower].addr).await {
+            Ok(listener) => break listener,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    nodes.insert(follower, start_with(dir.path(), follower, listener, purging_config()).await);
+    let back = &nodes[&follower];
+    back.raft.wait(Some(Duration::from_secs(20))).applied_index_at_least(Some(last), "applied").await.expect("caught up");
+    let snapshot = back.raft.metrics().borrow().snapshot;
+    // It left at index 4, before any snapshot, and the log after it is gone.
+    assert!(snapshot.is_some(), "it took a peer's snapshot");
+    let (next, entries, statement) = journal_of(back);
+    assert_eq!(entries, written, "the journal holds every entry, none twice, in order");
+    assert_eq!(next, written.len() as u64 + 1);
+    assert_eq!(statement, 1, "account 3's deposit, with the transfer this node derived");
+    assert_eq!(back.machine.journal_next(), next);
+
+    // The log goes on from there.
+    let batch = common::batch(40);
+    written.extend(batch.entries.clone());
+    last = nodes[&leader].raft.client_write(batch).await.expect("committed").log_id.index;
+    for node in nodes.values() {
+        node.raft.wait(Some(Duration::from_secs(10))).applied_index_at_least(Some(last), "applied").await.expect("applied");
+        assert_eq!(journal_of(node).1, written, "every node's journal");
+    }
+    let hashes: Vec<u64> = nodes.values().map(|n| n.machine.read(|m| m.state_hash())).collect();
+    assert!(hashes.windows(2).all(|pair| pair[0] == pair[1]), "{hashes:?}");
     for node in nodes.into_values() {
         node.server.abort();
         node.raft.shutdown().await.expect("shuts down");

@@ -74,6 +74,80 @@ fn a_simulated_days_journal_gives_the_simulators_state_in_the_exchange_and_the_a
     assert_eq!(recovered_hash(dir.path()), expected, "the exchange's recovery reaches the simulator's state");
 }
 
+/// The journal's oldest entries archived (docs/operations.md "Archiving the
+/// journal"): the exchange restarts from its snapshot and the rest, the audit
+/// replays the archive and the journal as one, and without a snapshot the
+/// archive, restored, gives the whole journal back.
+#[test]
+fn an_archived_journal_recovers_from_its_snapshot_audits_whole_and_restores() {
+    use gpux_exchange::archive::{self, ArchiveRefused};
+    let mut sim = Sim::new(SimConfig { suppliers: 20, renters: 60, days: 1, record_journal: true, ..SimConfig::small(7) });
+    sim.run(|_| {});
+    let entries = sim.exchange.journal();
+    let expected = sim.exchange.market().state_hash();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (journal_path, archive_path) = (dir.path().join("journal.redb"), dir.path().join("archive-2026.redb"));
+    {
+        let mut journal = Journal::open(&journal_path).expect("journal");
+        for batch in entries.chunks(4_096) {
+            journal.append(batch).expect("append");
+        }
+    }
+    assert!(matches!(
+        archive::archive(dir.path(), None, &archive_path).map_err(|e| e.downcast::<ArchiveRefused>()),
+        Err(Ok(ArchiveRefused::NoSnapshot))
+    ));
+    // A snapshot two thirds in, as the exchange writes them.
+    let snapshot_seq = entries.len() as u64 * 2 / 3;
+    let mut market = MarketState::new(EngineConfig::demo()).expect("demo config");
+    for entry in &entries[..snapshot_seq as usize] {
+        market.apply(entry).expect("applies");
+    }
+    let snapshots = SnapshotStore::open(&dir.path().join("snapshots.redb")).expect("snapshots");
+    snapshots.write(&gpux_exchange::snapshots::Snapshot { journal_seq: snapshot_seq, market }).expect("a snapshot");
+    drop(snapshots);
+
+    match archive::archive(dir.path(), Some(snapshot_seq + 2), &archive_path).map_err(|e| e.downcast::<ArchiveRefused>()) {
+        Err(Ok(ArchiveRefused::AfterTheSnapshot { snapshot, .. })) => assert_eq!(snapshot, snapshot_seq),
+        other => panic!("past the snapshot: {other:?}"),
+    }
+    let outcome = archive::archive(dir.path(), None, &archive_path).expect("archived");
+    assert_eq!((outcome.copied, outcome.first_kept), (snapshot_seq, snapshot_seq + 1));
+
+    assert_eq!(recovered_hash(dir.path()), expected, "the exchange restarts from the snapshot and the rest");
+    let mut market = MarketState::new(EngineConfig::demo()).expect("demo config");
+    let replayed = gpux_audit::replay_journals(&[&archive_path, &journal_path], &mut market, &mut std::io::sink(), false).expect("replays");
+    assert_eq!((replayed, market.state_hash()), (entries.len() as u64, expected), "the audit of the archive and the rest");
+    let mut market = MarketState::new(EngineConfig::demo()).expect("demo config");
+    let alone = gpux_audit::replay_journals(&[&journal_path], &mut market, &mut std::io::sink(), false);
+    assert!(format!("{:#}", alone.expect_err("not from entry 1")).contains("name the archives"));
+    let reader = gpux_journal::JournalReader::open(&journal_path).expect("reader");
+    assert_eq!(reader.genesis_listing().expect("the listing, kept").currency, EngineConfig::demo().currency);
+    drop(reader);
+
+    // No snapshot serves (one an older version wrote): the recovery says
+    // what is missing; restored, the journal is whole again.
+    std::fs::remove_file(dir.path().join("snapshots.redb")).expect("drop the snapshots");
+    let journal = Journal::open(&journal_path).expect("journal");
+    let snapshots = SnapshotStore::open(&dir.path().join("snapshots.redb")).expect("snapshots");
+    let market = MarketState::new(EngineConfig::demo()).expect("demo config");
+    let refused = Sequencer::recover(
+        market,
+        None,
+        Box::new(journal),
+        snapshots,
+        BTreeSet::new(),
+        Arc::new(Metrics::default()),
+        demo_billing(),
+        Clock::default(),
+    );
+    let Err(refused) = refused else { panic!("recovered without the archived entries") };
+    assert!(format!("{refused:#}").contains("gpux-exchange journal restore"), "{refused:#}");
+    assert_eq!(archive::restore(dir.path(), &archive_path).expect("restored"), snapshot_seq);
+    assert_eq!(audit_hash(&journal_path), expected, "the journal is whole again");
+    assert_eq!(recovered_hash(dir.path()), expected);
+}
+
 /// A live exchange traded on by the live simulated market (real sockets):
 /// the state hash it prints when it stops is the one the audit and a
 /// recovery reach from its journal.
