@@ -446,11 +446,11 @@ async function refreshAccount() {
     spendLine = "";
   }
   $("balance").textContent = `available ${money(b.available_minor)} · held ${money(b.held_minor)} · payable ${money(b.payable_minor)} · owed ${money(b.debt_minor)}` + spendLine;
-  const { body: orders } = await request("open_orders", { offset: 0 });
+  const { body: orders } = await request("open_orders", {});
   $("orders").tBodies[0].innerHTML = orders.orders
     .map((o) => `<tr><td>${o.order}</td><td>${o.instrument}</td><td>${o.side}</td><td>${money(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td>${o.resting ? "on the book" : "armed stop"}</td><td><button data-cancel-order="${o.order}">cancel</button>${o.resting ? ` <button data-replace-order="${o.order}" title="to the ticket's price and quantity">replace</button>` : ""}</td></tr>`)
     .join("");
-  const { body: leases } = await request("leases", { offset: 0 });
+  const { body: leases } = await request("leases", {});
   state.leases = leases.leases;
   // The last status of each active lease not yet seen on the feed (pushes
   // keep them current afterwards).

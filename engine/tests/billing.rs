@@ -304,7 +304,7 @@ fn an_archived_lease_leaves_the_engine_and_nothing_else_changes() {
     assert_eq!(twin.archive_leases(m.now_ms), archived);
     assert_eq!(m.engine.lease(done), None);
     assert_eq!(m.engine.leases_held(), 1);
-    assert_eq!(m.engine.leases_of(renter, 0, 10).0.iter().map(|l| l.lease).collect::<Vec<_>>(), vec![running]);
+    assert_eq!(m.engine.leases_of(renter, None, 10).0.iter().map(|l| l.lease).collect::<Vec<_>>(), vec![running]);
     assert_eq!(rejection(&m.apply(Command::EndLease { account: renter, lease: done })), Some(RejectCode::UnknownLease));
     let settle = Command::SettleUsage { lease: done, amount_minor: 1, verified_gpu_ms: 1 };
     assert_eq!(rejection(&m.apply(settle)), Some(RejectCode::UnknownLease));

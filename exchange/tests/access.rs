@@ -198,7 +198,7 @@ async fn each_scope_grants_its_requests_and_refuses_the_rest() {
     type Request = fn(u64) -> ClientMessage;
     let requests: [(Scope, Request); 10] = [
         (Scope::Read, |id| ClientMessage::Balance { id }),
-        (Scope::Read, |id| ClientMessage::OpenOrders { id, offset: 0 }),
+        (Scope::Read, |id| ClientMessage::OpenOrders { id, after: None }),
         (Scope::Read, |id| ClientMessage::Keys { id, account: None }),
         (Scope::Trade, |id| ClientMessage::NewOrder { id, order: bid(id, 1), workload: None }),
         (Scope::Trade, |id| ClientMessage::MassCancel { id, instrument: None }),

@@ -141,15 +141,15 @@ async fn balance(client: &mut Client, leases: &mut Feed) -> (u64, u64, u64, u64)
 /// Every lease of the client's account (the `leases` request, all pages).
 async fn my_leases(client: &mut Client, feed: &mut Feed) -> Vec<LeaseInfo> {
     let mut all = Vec::new();
-    let mut offset = 0;
+    let mut after = None;
     loop {
         let id = client.id();
-        let ServerMessage::Leases { leases, next_offset, .. } = request(client, feed, ClientMessage::Leases { id, offset }).await else {
+        let ServerMessage::Leases { leases, next_after, .. } = request(client, feed, ClientMessage::Leases { id, after }).await else {
             panic!("leases")
         };
         all.extend(leases);
-        match next_offset {
-            Some(next) => offset = next,
+        match next_after {
+            Some(next) => after = Some(next),
             None => return all,
         }
     }

@@ -132,7 +132,7 @@ async fn a_gateway_in_its_own_process_serves_the_same_market() {
         .await;
     assert_eq!(emptied, seq + 2, "no update lost or repeated across the link");
     let id = renter.id();
-    let ServerMessage::Leases { leases, .. } = renter.request(ClientMessage::Leases { id, offset: 0 }).await else { panic!("leases") };
+    let ServerMessage::Leases { leases, .. } = renter.request(ClientMessage::Leases { id, after: None }).await else { panic!("leases") };
     assert_eq!(leases.len(), 1);
 
     // A gateway that does not hold the exchange's secret gets no link: its
@@ -156,7 +156,7 @@ async fn a_gateway_in_its_own_process_serves_the_same_market() {
     let (mut renter, again) = login_when_linked(&gateway.addr, &key(3), Role::Renter).await;
     assert_eq!(again, renter_account);
     let id = renter.id();
-    let ServerMessage::Leases { leases, .. } = renter.request(ClientMessage::Leases { id, offset: 0 }).await else { panic!("leases") };
+    let ServerMessage::Leases { leases, .. } = renter.request(ClientMessage::Leases { id, after: None }).await else { panic!("leases") };
     assert_eq!(leases.len(), 1, "the same market through the same gateway after the exchange's restart");
     drop(exchange);
 }

@@ -242,12 +242,12 @@ pub enum Request {
     OpenOrders {
         connection: ConnectionId,
         id: u64,
-        offset: u32,
+        after: Option<u64>,
     },
     Leases {
         connection: ConnectionId,
         id: u64,
-        offset: u32,
+        after: Option<u64>,
     },
     Stats {
         connection: ConnectionId,

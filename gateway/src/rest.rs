@@ -382,14 +382,14 @@ fn route(segments: &[&str], query: &Query) -> Result<Routed, Failure> {
                 private(|connection, id| Request::Balance { connection, id })
             }
             "orders" => {
-                query.only(&["offset"])?;
-                let offset = query.number("offset")?.unwrap_or(0);
-                private(move |connection, id| Request::OpenOrders { connection, id, offset })
+                query.only(&["after"])?;
+                let after = query.number("after")?;
+                private(move |connection, id| Request::OpenOrders { connection, id, after })
             }
             "leases" => {
-                query.only(&["offset"])?;
-                let offset = query.number("offset")?.unwrap_or(0);
-                private(move |connection, id| Request::Leases { connection, id, offset })
+                query.only(&["after"])?;
+                let after = query.number("after")?;
+                private(move |connection, id| Request::Leases { connection, id, after })
             }
             "gpus" => {
                 query.only(&["offset"])?;

@@ -243,9 +243,10 @@ pub trait JournalStore: Send {
     /// Up to `limit` transfers involving `account` before transfer id
     /// `before` (the newest without it), newest first.
     fn recent_statement(&self, account: AccountId, before: Option<u64>, limit: usize) -> Result<Vec<Transfer>>;
-    /// Archived leases `account` rented or supplied, newest first, skipping
-    /// `offset`: up to `limit`, and whether more follow.
-    fn archived_leases_of(&self, account: AccountId, offset: usize, limit: usize) -> Result<(Vec<LeaseInfo>, bool)>;
+    /// Archived leases `account` rented or supplied, newest first (by lease
+    /// id), those before lease `before` only when it is given: up to
+    /// `limit`, and whether more follow.
+    fn archived_leases_of(&self, account: AccountId, before: Option<LeaseId>, limit: usize) -> Result<(Vec<LeaseInfo>, bool)>;
     /// An archived lease with its delivery record, if it had one.
     fn archived_lease(&self, lease: LeaseId) -> Result<Option<ArchivedLease>>;
     /// A contract of an expired window, as it ended.
@@ -352,12 +353,17 @@ impl JournalStore for Journal {
     fn recent_statement(&self, account: AccountId, before: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
         recent_statement(&self.db.begin_read()?, account, before, limit)
     }
-    fn archived_leases_of(&self, account: AccountId, offset: usize, limit: usize) -> Result<(Vec<LeaseInfo>, bool)> {
+    fn archived_leases_of(&self, account: AccountId, before: Option<LeaseId>, limit: usize) -> Result<(Vec<LeaseInfo>, bool)> {
         let read = self.db.begin_read()?;
         let by_account = read.open_table(ARCHIVED_LEASES_BY_ACCOUNT)?;
         let archive = read.open_table(ARCHIVED_LEASES)?;
         let mut ids = Vec::new();
-        for row in by_account.range((account.0, 0)..=(account.0, u64::MAX))?.rev().skip(offset).take(limit + 1) {
+        let end = before.map_or(u64::MAX, |lease| lease.0);
+        let rows = match before {
+            Some(_) => by_account.range((account.0, 0)..(account.0, end))?,
+            None => by_account.range((account.0, 0)..=(account.0, end))?,
+        };
+        for row in rows.rev().take(limit + 1) {
             ids.push(row?.0.value().1);
         }
         let more = ids.len() > limit;
@@ -596,11 +602,18 @@ impl JournalStore for MemoryJournal {
     fn shared_reader(&self) -> std::sync::Arc<dyn JournalRead> {
         std::sync::Arc::new(self.clone())
     }
-    fn archived_leases_of(&self, account: AccountId, offset: usize, limit: usize) -> Result<(Vec<LeaseInfo>, bool)> {
+    fn archived_leases_of(&self, account: AccountId, before: Option<LeaseId>, limit: usize) -> Result<(Vec<LeaseInfo>, bool)> {
         let inner = self.inner();
-        let matching =
-            inner.archived.values().rev().map(|l| &l.info).filter(|l| l.renter == account || l.supplier == account).cloned().collect();
-        Ok(page_of(matching, offset, limit))
+        let end = before.map_or(u64::MAX, |lease| lease.0);
+        let matching = inner
+            .archived
+            .range(..end)
+            .rev()
+            .map(|(_, l)| &l.info)
+            .filter(|l| l.renter == account || l.supplier == account)
+            .cloned()
+            .collect();
+        Ok(page_of(matching, 0, limit))
     }
     fn archived_lease(&self, lease: LeaseId) -> Result<Option<ArchivedLease>> {
         Ok(self.inner().archived.get(&lease.0).cloned())
@@ -964,13 +977,15 @@ mod tests {
     /// redb journal and from the memory one.
     fn check_archive(store: &dyn JournalStore) {
         let ids = |leases: Vec<LeaseInfo>| leases.iter().map(|l| l.lease.0).collect::<Vec<_>>();
-        let (page, more) = store.archived_leases_of(AccountId(1), 0, 2).expect("reads");
+        let (page, more) = store.archived_leases_of(AccountId(1), None, 2).expect("reads");
         assert_eq!((ids(page), more), (vec![6, 4], true));
-        let (page, more) = store.archived_leases_of(AccountId(1), 2, 2).expect("reads");
+        let (page, more) = store.archived_leases_of(AccountId(1), Some(LeaseId(4)), 2).expect("reads");
         assert_eq!((ids(page), more), (vec![2, 0], false));
-        let (page, more) = store.archived_leases_of(AccountId(2), 0, 100).expect("reads");
+        let (page, more) = store.archived_leases_of(AccountId(1), Some(LeaseId(5)), 1).expect("reads");
+        assert_eq!((ids(page), more), (vec![4], true), "after a lease that is not the account's");
+        let (page, more) = store.archived_leases_of(AccountId(2), None, 100).expect("reads");
         assert_eq!((ids(page), more), ((0..7).rev().collect::<Vec<_>>(), false), "the supplier sees both renters' leases");
-        assert_eq!(store.archived_leases_of(AccountId(9), 0, 10).expect("reads"), (Vec::new(), false));
+        assert_eq!(store.archived_leases_of(AccountId(9), None, 10).expect("reads"), (Vec::new(), false));
         let found = store.archived_lease(LeaseId(4)).expect("reads").expect("archived");
         assert_eq!(
             (found.info.renter, found.delivery.and_then(|d| d.state)),

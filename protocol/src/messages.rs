@@ -411,19 +411,23 @@ pub enum ClientMessage {
         #[serde(default)]
         offset: u32,
     },
-    /// The authenticated account's open orders, a page at a time: the
-    /// first page from offset 0, the next from the `next_offset` returned.
+    /// The authenticated account's open orders by order id, a page at a
+    /// time: the first page without `after`, each next
+    /// one after the `next_after` returned (the last order of the page),
+    /// so an order that closes between two pages moves no other order
+    /// past the reader.
     OpenOrders {
         id: u64,
         #[serde(default)]
-        offset: u32,
+        after: Option<u64>,
     },
     /// The leases the authenticated account rents or supplies, newest
-    /// first, a page at a time (as `open_orders`).
+    /// first (by lease id, the market's and the archived ones alike), a
+    /// page at a time: each next one after the `next_after` returned.
     Leases {
         id: u64,
         #[serde(default)]
-        offset: u32,
+        after: Option<u64>,
     },
     /// Sets (or replaces) the workload of a lease the account rents; the
     /// host stops the previous one and starts this.
@@ -931,16 +935,19 @@ pub enum ServerMessage {
         code: crate::usage::UsageRejectCode,
         message: String,
     },
-    /// At most `ORDERS_PAGE_MAX` orders; `next_offset` is set when more follow.
+    /// At most `ORDERS_PAGE_MAX` orders; `next_after` (the last order's
+    /// id) is set when more may follow.
     Orders {
         id: u64,
         orders: Vec<OrderInfo>,
-        next_offset: Option<u32>,
+        next_after: Option<u64>,
     },
+    /// At most `ORDERS_PAGE_MAX` leases; `next_after` (the last lease's
+    /// id) is set when more may follow.
     Leases {
         id: u64,
         leases: Vec<gpux_engine::LeaseInfo>,
-        next_offset: Option<u32>,
+        next_after: Option<u64>,
     },
     /// A lease's host encryption key and the host's identity key with its
     /// signature over it: check it with the identity key before sealing.

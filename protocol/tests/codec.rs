@@ -67,7 +67,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::Withdraw { id: 12, account: None, amount_minor: 5 },
         ClientMessage::Payout { id: 13, account: Some(AccountId(4)), amount_minor: 5 },
         ClientMessage::Instruments { id: 13 },
-        ClientMessage::OpenOrders { id: 14, offset: 0 },
+        ClientMessage::OpenOrders { id: 14, after: None },
         ClientMessage::Stats { id: 15, instrument: InstrumentId(0) },
         ClientMessage::MyGpus { id: 16, offset: 0 },
         ClientMessage::Balance { id: 17 },
@@ -76,7 +76,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::RenterStats { id: 32, renter: AccountId(1) },
         ClientMessage::BookOffers { id: 33, instrument: InstrumentId(0), offset: 0 },
         ClientMessage::Ping { id: 19 },
-        ClientMessage::Leases { id: 20, offset: 100 },
+        ClientMessage::Leases { id: 20, after: Some(100) },
         serde_json::from_str(r#"{"usage_report":{"id":21,"report":{"body":{"lease":17,"gpu_uuid":"GPU-1","seq":1,"start_ms":1796223720000,"end_ms":1796223730000,"available_ms":10000,"utilisation_percent":87,"memory_used_mib_max":61234,"unhealthy_samples":0,"prev_hash":"0000000000000000000000000000000000000000000000000000000000000000"},"signature":"00"}}}"#)
             .expect("a usage report"),
         ClientMessage::SetWorkload {
@@ -476,7 +476,7 @@ fn a_page_of_big_items_is_cut_to_fit_a_frame() {
     let mut leases = vec![big; ORDERS_PAGE_MAX];
     assert!(fit_page(&mut leases), "200 leases of 64 GPUs do not fit one frame");
     assert!(!leases.is_empty() && leases.len() < ORDERS_PAGE_MAX);
-    let page = ServerMessage::Leases { id: u64::MAX, leases, next_offset: Some(u32::MAX) };
+    let page = ServerMessage::Leases { id: u64::MAX, leases, next_after: Some(u64::MAX) };
     assert!(encode_server_text(&page).len() <= FRAME_BYTES_MAX, "{} bytes", encode_server_text(&page).len());
     assert!(encode_server_binary(&page).len() <= FRAME_BYTES_MAX);
 

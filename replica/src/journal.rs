@@ -99,8 +99,8 @@ impl JournalStore for ReplicatedJournal {
         self.local().recent_statement(account, before, limit)
     }
 
-    fn archived_leases_of(&self, account: AccountId, offset: usize, limit: usize) -> Result<(Vec<LeaseInfo>, bool)> {
-        self.local().archived_leases_of(account, offset, limit)
+    fn archived_leases_of(&self, account: AccountId, before: Option<LeaseId>, limit: usize) -> Result<(Vec<LeaseInfo>, bool)> {
+        self.local().archived_leases_of(account, before, limit)
     }
 
     fn archived_lease(&self, lease: LeaseId) -> Result<Option<ArchivedLease>> {

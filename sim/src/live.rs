@@ -273,15 +273,15 @@ async fn reprice(
 
 /// The account's active leases, every page.
 async fn active_leases(connection: &mut Connection) -> Result<Vec<gpux_engine::LeaseInfo>> {
-    let (mut active, mut offset) = (Vec::new(), 0);
+    let (mut active, mut after) = (Vec::new(), None);
     loop {
         let id = connection.new_id();
-        let ServerMessage::Leases { leases, next_offset, .. } = connection.request(ClientMessage::Leases { id, offset }).await? else {
+        let ServerMessage::Leases { leases, next_after, .. } = connection.request(ClientMessage::Leases { id, after }).await? else {
             anyhow::bail!("expected the account's leases");
         };
         active.extend(leases.into_iter().filter(|l| l.active));
-        match next_offset {
-            Some(next) => offset = next,
+        match next_after {
+            Some(next) => after = Some(next),
             None => return Ok(active),
         }
     }

@@ -428,11 +428,11 @@ impl Agent {
     /// manager, which re-adopts their running workloads and removes those of
     /// leases that ended meanwhile.
     async fn resume_leases(&mut self, link: &mut Link) -> Result<()> {
-        let mut offset = 0;
+        let mut after = None;
         let mut active = BTreeSet::new();
         loop {
             let id = link.connection.new_id();
-            let ServerMessage::Leases { leases, next_offset, .. } = link.connection.request(ClientMessage::Leases { id, offset }).await?
+            let ServerMessage::Leases { leases, next_after, .. } = link.connection.request(ClientMessage::Leases { id, after }).await?
             else {
                 bail!("listing leases: unexpected answer");
             };
@@ -455,8 +455,8 @@ impl Agent {
                     billing: Billing::AsMeasured,
                 });
             }
-            match next_offset {
-                Some(next) => offset = next,
+            match next_after {
+                Some(next) => after = Some(next),
                 None => break,
             }
         }
@@ -1510,17 +1510,17 @@ fn delivery_backend(config: &AgentConfig) -> Result<Option<std::sync::Arc<dyn De
 
 /// Every GPU the account registered, page after page.
 /// Cancels the account's open asks on `host`: every page of open orders
-/// first, then the cancels (which would shift the pages).
+/// first, then the cancels.
 async fn withdraw_host_asks(connection: &mut Connection, host: gpux_engine::HostId) -> Result<()> {
     let mut mine = Vec::new();
-    let mut offset = 0;
+    let mut after = None;
     loop {
         let id = connection.new_id();
-        match connection.request(ClientMessage::OpenOrders { id, offset }).await? {
-            ServerMessage::Orders { orders, next_offset, .. } => {
+        match connection.request(ClientMessage::OpenOrders { id, after }).await? {
+            ServerMessage::Orders { orders, next_after, .. } => {
                 mine.extend(orders.iter().filter(|o| o.supply.is_some_and(|set| set.host == host)).map(|o| o.order));
-                match next_offset {
-                    Some(next) => offset = next,
+                match next_after {
+                    Some(next) => after = Some(next),
                     None => break,
                 }
             }

@@ -310,7 +310,7 @@ async fn the_time_a_killed_agent_was_down_is_not_billed() {
     let deadline = Instant::now() + Duration::from_secs(15);
     let verified = loop {
         let id = renter.new_id();
-        let ServerMessage::Leases { leases, .. } = renter.request(ClientMessage::Leases { id, offset: 0 }).await.expect("leases") else {
+        let ServerMessage::Leases { leases, .. } = renter.request(ClientMessage::Leases { id, after: None }).await.expect("leases") else {
             panic!("leases")
         };
         let verified = leases.iter().find(|l| l.lease == lease).expect("the lease").verified_gpu_ms;

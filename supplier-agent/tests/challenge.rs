@@ -143,7 +143,7 @@ async fn challenges_verify_the_honest_gpu_and_catch_a_wrong_and_a_slow_one() {
     let placed = renter.request(ClientMessage::NewOrder { id, order, workload: None }).await.expect("bid");
     assert!(matches!(placed, ServerMessage::Ack { .. }), "{placed:?}");
     let id = renter.new_id();
-    let ServerMessage::Leases { leases, .. } = renter.request(ClientMessage::Leases { id, offset: 0 }).await.expect("leases") else {
+    let ServerMessage::Leases { leases, .. } = renter.request(ClientMessage::Leases { id, after: None }).await.expect("leases") else {
         panic!("leases");
     };
     assert_eq!(leases.iter().map(|l| l.supplier).collect::<Vec<_>>(), [honest.0], "{leases:?}");

@@ -1005,7 +1005,7 @@ async fn one_stopping_lease_does_not_freeze_the_host() {
 
 async fn lease_info(renter: &mut Connection, lease: LeaseId) -> gpux_engine::LeaseInfo {
     let id = renter.new_id();
-    let ServerMessage::Leases { leases, .. } = renter.request(ClientMessage::Leases { id, offset: 0 }).await.expect("leases") else {
+    let ServerMessage::Leases { leases, .. } = renter.request(ClientMessage::Leases { id, after: None }).await.expect("leases") else {
         panic!("leases")
     };
     leases.into_iter().find(|l| l.lease == lease).expect("the lease")

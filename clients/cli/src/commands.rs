@@ -994,10 +994,10 @@ async fn orders(s: &mut Session, only: Option<Side>, json: bool) -> Result<(), F
     if !json {
         out!("{:>12} {:>14} {:<30} {:<5} {:>12} {:>5}  regions", "order", "client id", "instrument", "side", "price/GPU-h", "qty");
     }
-    let mut offset = 0;
+    let mut after = None;
     loop {
         let id = s.connection.new_id();
-        let ServerMessage::Orders { orders, next_offset, .. } = s.ask(ClientMessage::OpenOrders { id, offset }, json).await? else {
+        let ServerMessage::Orders { orders, next_after, .. } = s.ask(ClientMessage::OpenOrders { id, after }, json).await? else {
             return Ok(());
         };
         if !json {
@@ -1014,8 +1014,8 @@ async fn orders(s: &mut Session, only: Option<Side>, json: bool) -> Result<(), F
                 );
             }
         }
-        match next_offset {
-            Some(next) => offset = next,
+        match next_after {
+            Some(next) => after = Some(next),
             None => return Ok(()),
         }
     }
@@ -1036,10 +1036,10 @@ async fn leases(s: &mut Session, json: bool) -> Result<(), Failure> {
             "from"
         );
     }
-    let mut offset = 0;
+    let mut after = None;
     loop {
         let id = s.connection.new_id();
-        let ServerMessage::Leases { leases, next_offset, .. } = s.ask(ClientMessage::Leases { id, offset }, json).await? else {
+        let ServerMessage::Leases { leases, next_after, .. } = s.ask(ClientMessage::Leases { id, after }, json).await? else {
             return Ok(());
         };
         if !json {
@@ -1064,8 +1064,8 @@ async fn leases(s: &mut Session, json: bool) -> Result<(), Failure> {
                 );
             }
         }
-        match next_offset {
-            Some(next) => offset = next,
+        match next_after {
+            Some(next) => after = Some(next),
             None => return Ok(()),
         }
     }

@@ -185,7 +185,7 @@ async fn after_failure(s: &mut Session, lease: LeaseId, state: &DeliveryState) -
         }
     }
     let id = s.connection.new_id();
-    let active = match s.connection.request(ClientMessage::Leases { id, offset: 0 }).await {
+    let active = match s.connection.request(ClientMessage::Leases { id, after: None }).await {
         Ok(ServerMessage::Leases { leases, .. }) => leases.iter().find(|l| l.lease == lease).map(|l| l.active),
         _ => None,
     };

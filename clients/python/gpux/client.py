@@ -838,22 +838,24 @@ class Client:
         return await self.request("liveness", report={"body": body, "signature": signature.hex()})
 
     async def open_orders(self) -> list[dict]:
-        orders, offset = [], 0
-        while True:
-            page = (await self.request("open_orders", offset=offset)).fields
-            orders += page["orders"]
-            if page.get("next_offset") is None:
-                return orders
-            offset = page["next_offset"]
+        """Every open order, by order id, following the pages' cursor (an
+        order that closes meanwhile moves no other past the reader)."""
+        return await self._every_page(lambda after: self.request("open_orders", after=after), "orders")
 
     async def leases(self) -> list[dict]:
-        leases, offset = [], 0
+        """Every lease the account rents or supplies, newest first."""
+        return await self._every_page(lambda after: self.request("leases", after=after), "leases")
+
+    @staticmethod
+    async def _every_page(ask, items: str) -> list[dict]:
+        rows: list[dict] = []
+        after = None
         while True:
-            page = (await self.request("leases", offset=offset)).fields
-            leases += page["leases"]
-            if page.get("next_offset") is None:
-                return leases
-            offset = page["next_offset"]
+            page = (await ask(after)).fields
+            rows += page[items]
+            if page.get("next_after") is None:
+                return rows
+            after = page["next_after"]
 
     # --- lease delivery ------------------------------------------------------
 

@@ -900,6 +900,16 @@ impl Engine {
         self.orders.iter_live().filter(|(_, o)| o.account == account).filter_map(|(id, _)| self.order(id)).collect()
     }
 
+    /// Up to `page` of an account's open orders by order id, those after
+    /// order `after` only when it is given, and whether more follow.
+    pub fn open_orders_after(&self, account: AccountId, after: Option<OrderId>, page: usize) -> (Vec<OrderInfo>, bool) {
+        let mut ids: Vec<OrderId> =
+            self.orders.iter_live().filter(|(id, o)| o.account == account && after.is_none_or(|a| *id > a)).map(|(id, _)| id).collect();
+        ids.sort_unstable();
+        let more = ids.len() > page;
+        (ids.into_iter().take(page).filter_map(|id| self.order(id)).collect(), more)
+    }
+
     pub fn open_order_count(&self) -> u32 {
         self.orders.live_count()
     }
@@ -940,27 +950,26 @@ impl Engine {
         })
     }
 
-    /// A page of the leases an account rents or supplies, newest first:
-    /// `(leases, offset of the next page)`. A scan of every lease (a query
-    /// for tools and clients, off the matching path).
-    pub fn leases_of(&self, account: AccountId, offset: usize, page: usize) -> (Vec<LeaseInfo>, Option<usize>) {
-        let ids: Vec<usize> =
-            self.leases.iter_indexed().filter(|(_, l)| l.renter == account || l.supplier == account).map(|(i, _)| i).collect();
-        let mut matching = ids.into_iter().rev().skip(offset);
+    /// A page of the leases an account rents or supplies, newest first (by
+    /// lease id), those before lease `before` only when it is given, and
+    /// whether more follow. A scan of every lease (a query for tools and
+    /// clients, off the matching path).
+    pub fn leases_of(&self, account: AccountId, before: Option<LeaseId>, page: usize) -> (Vec<LeaseInfo>, bool) {
+        let end = before.map_or(usize::MAX, |lease| lease.0 as usize);
+        let ids: Vec<usize> = self
+            .leases
+            .iter_indexed()
+            .filter(|(i, l)| *i < end && (l.renter == account || l.supplier == account))
+            .map(|(i, _)| i)
+            .collect();
+        let mut matching = ids.into_iter().rev();
         let leases: Vec<LeaseInfo> = matching.by_ref().take(page).filter_map(|i| self.lease(LeaseId(i as u64))).collect();
-        let more = matching.next().is_some();
-        let next = more.then_some(offset + leases.len());
-        (leases, next)
+        (leases, matching.next().is_some())
     }
 
     /// The active leases an account supplies.
     pub fn active_leases_supplied(&self, account: AccountId) -> Vec<LeaseId> {
         self.leases.iter_indexed().filter(|(_, l)| l.supplier == account && l.active).map(|(i, _)| LeaseId(i as u64)).collect()
-    }
-
-    /// How many leases (not archived) an account rents or supplies.
-    pub fn leases_of_count(&self, account: AccountId) -> usize {
-        self.leases.iter().filter(|l| l.renter == account || l.supplier == account).count()
     }
 
     pub fn lease_count(&self) -> u64 {

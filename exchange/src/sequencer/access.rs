@@ -188,16 +188,16 @@ impl Sequencer {
             return self.reply(connection, error(Some(id), ErrorCode::PeriodInvalid));
         };
         let mut hot_leases = gpux_settlement::invoice::LeaseRecords::new();
-        let mut offset_leases = 0;
+        let mut before = None;
         loop {
-            let (page, next) = engine.leases_of(target, offset_leases, 1_000);
+            let (page, more) = engine.leases_of(target, before, 1_000);
+            before = page.last().map(|info| info.lease);
             for info in page {
                 let symbol = engine.lease_symbol(info.lease).unwrap_or_default();
                 hot_leases.insert(info.lease, (info, symbol));
             }
-            match next {
-                Some(next) => offset_leases = next,
-                None => break,
+            if !more {
+                break;
             }
         }
         let parent = engine.parent_of(target);

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use gpux_engine::{AccountId, Command, EventKind, Input, InstrumentId};
+use gpux_engine::{AccountId, Command, EventKind, Input, InstrumentId, LeaseId, OrderId};
 use gpux_market::{Applied, Audience, JournalEntry, MarketError, MarketState};
 use gpux_protocol::{Channel, ErrorCode, ServerMessage};
 use tokio::sync::broadcast;
@@ -281,8 +281,8 @@ impl Sequencer {
             Request::Resync { connection, channel, instrument } => self.resync(connection, channel, instrument),
             Request::Unsubscribe { connection, id, channel, instrument } => self.unsubscribe(connection, id, channel, instrument),
             Request::Instruments { connection, id } => self.instruments(connection, id),
-            Request::OpenOrders { connection, id, offset } => self.open_orders(connection, id, offset),
-            Request::Leases { connection, id, offset } => self.leases(connection, id, offset),
+            Request::OpenOrders { connection, id, after } => self.open_orders(connection, id, after.map(OrderId)),
+            Request::Leases { connection, id, after } => self.leases(connection, id, after.map(LeaseId)),
             Request::Stats { connection, id, instrument } => self.stats(connection, id, instrument),
             Request::SupplierStats { connection, id, supplier } => self.supplier_stats(connection, id, supplier),
             Request::RenterStats { connection, id, renter } => self.renter_stats(connection, id, renter),

@@ -2,7 +2,7 @@
 //! balance and statement, an instrument's 24-hour stats. None changes the
 //! market; pages fit a frame (`gpux_protocol::fit_page`).
 
-use gpux_engine::{AccountId, InstrumentId, LeaseId};
+use gpux_engine::{AccountId, InstrumentId, LeaseId, OrderId};
 use gpux_protocol::{ErrorCode, HostReliability, ServerMessage, ORDERS_PAGE_MAX};
 
 use super::{error, Sequencer};
@@ -47,47 +47,39 @@ impl Sequencer {
         self.reply(connection, ServerMessage::Listing { id, listing, cluster_rules });
     }
 
-    pub(super) fn open_orders(&mut self, connection: ConnectionId, id: u64, offset: u32) {
-        let all = self.account(connection).map(|a| self.market.engine().open_orders(a)).unwrap_or_default();
-        let start = (offset as usize).min(all.len());
-        let end = (start + ORDERS_PAGE_MAX).min(all.len());
-        let mut orders = all[start..end].to_vec();
+    /// The account's open orders by order id, after the cursor: an order
+    /// that closes between two pages moves no other.
+    pub(super) fn open_orders(&mut self, connection: ConnectionId, id: u64, after: Option<OrderId>) {
+        let (mut orders, more) =
+            self.account(connection).map(|a| self.market.engine().open_orders_after(a, after, ORDERS_PAGE_MAX)).unwrap_or_default();
         // A page also fits a frame: fewer items when they are big.
-        gpux_protocol::fit_page(&mut orders);
-        let end = start + orders.len();
-        let next_offset = (end < all.len()).then_some(end as u32);
-        self.reply(connection, ServerMessage::Orders { id, orders, next_offset });
+        let cut = gpux_protocol::fit_page(&mut orders);
+        let next_after = (more || cut).then(|| orders.last().map(|o| o.order.0)).flatten();
+        self.reply(connection, ServerMessage::Orders { id, orders, next_after });
     }
 
-    /// The account's leases: those the market holds (newest first), then
-    /// the archived ones (newest first) from the journal's archive.
-    pub(super) fn leases(&mut self, connection: ConnectionId, id: u64, offset: u32) {
+    /// The account's leases newest first (by lease id), before the cursor:
+    /// those the market holds and the archived ones (from the journal's
+    /// archive) merged, so a lease archived between two pages is listed
+    /// once, in its place.
+    pub(super) fn leases(&mut self, connection: ConnectionId, id: u64, before: Option<LeaseId>) {
         let Some(account) = self.account(connection) else {
-            return self.reply(connection, ServerMessage::Leases { id, leases: Vec::new(), next_offset: None });
+            return self.reply(connection, ServerMessage::Leases { id, leases: Vec::new(), next_after: None });
         };
-        let engine = self.market.engine();
-        let offset = offset as usize;
-        let hot_total = engine.leases_of_count(account);
-        let (mut leases, mut more) = match offset < hot_total {
-            true => {
-                let (page, next) = engine.leases_of(account, offset, ORDERS_PAGE_MAX);
-                (page, next.is_some())
+        let (mut leases, mut more) = self.market.engine().leases_of(account, before, ORDERS_PAGE_MAX);
+        match self.journal.archived_leases_of(account, before, ORDERS_PAGE_MAX) {
+            Ok((archived, archive_more)) => {
+                leases.extend(archived);
+                more |= archive_more;
             }
-            false => (Vec::new(), false),
-        };
-        if !more && leases.len() < ORDERS_PAGE_MAX {
-            let archive_offset = offset.saturating_sub(hot_total);
-            match self.journal.archived_leases_of(account, archive_offset, ORDERS_PAGE_MAX - leases.len()) {
-                Ok((archived, archive_more)) => {
-                    leases.extend(archived);
-                    more = archive_more;
-                }
-                Err(error) => tracing::error!(%error, "reading archived leases"),
-            }
+            Err(error) => tracing::error!(%error, "reading archived leases"),
         }
+        leases.sort_unstable_by_key(|lease| std::cmp::Reverse(lease.lease));
+        more |= leases.len() > ORDERS_PAGE_MAX;
+        leases.truncate(ORDERS_PAGE_MAX);
         let cut = gpux_protocol::fit_page(&mut leases);
-        let next_offset = (more || cut).then_some((offset + leases.len()) as u32);
-        self.reply(connection, ServerMessage::Leases { id, leases, next_offset });
+        let next_after = (more || cut).then(|| leases.last().map(|l| l.lease.0)).flatten();
+        self.reply(connection, ServerMessage::Leases { id, leases, next_after });
     }
 
     pub(super) fn stats(&mut self, connection: ConnectionId, id: u64, instrument: InstrumentId) {

@@ -312,7 +312,7 @@ fn an_archived_lease_is_still_listed_from_the_journals_archive() {
             command(3, 2, Command::PlaceOrder(bid)),
         ])
         .expect("commits");
-    let lease = sequencer.market.engine().leases_of(renter_account, 0, 10).0.first().map(|l| l.lease).expect("the bid filled");
+    let lease = sequencer.market.engine().leases_of(renter_account, None, 10).0.first().map(|l| l.lease).expect("the bid filled");
     let exited = DeliveryState::Exited { code: 3 };
     let status = DeliveryRequest::Status { lease, state: exited.clone() };
     sequencer.process(vec![Request::Delivery { connection: 2, id: 4, request: status }]).expect("commits");
@@ -332,13 +332,13 @@ fn an_archived_lease_is_still_listed_from_the_journals_archive() {
         .expect("commits");
     assert_eq!(archiving.market.engine().lease(lease), None, "gone from the hot state");
     renter.received();
-    archiving.process(vec![Request::Leases { connection: 9, id: 3, offset: 0 }]).expect("answers");
+    archiving.process(vec![Request::Leases { connection: 9, id: 3, after: None }]).expect("answers");
     let listed = renter.received().into_iter().find_map(|m| match m {
-        ServerMessage::Leases { leases, next_offset, .. } => Some((leases, next_offset)),
+        ServerMessage::Leases { leases, next_after, .. } => Some((leases, next_after)),
         _ => None,
     });
-    let (leases, next_offset) = listed.expect("a leases answer");
-    assert_eq!((leases.iter().map(|l| l.lease).collect::<Vec<_>>(), next_offset), (vec![lease], None));
+    let (leases, next_after) = listed.expect("a leases answer");
+    assert_eq!((leases.iter().map(|l| l.lease).collect::<Vec<_>>(), next_after), (vec![lease], None));
     assert!(leases[0].billing_closed && !leases[0].active);
 
     // Its delivery record went to the archive with it: the last status still answers.
@@ -460,7 +460,7 @@ fn a_lease_whose_host_fails_it_is_replaced_on_another_host_with_its_workload() {
             rematch: true,
         }])
         .expect("commits");
-    let leases = |sequencer: &Sequencer| sequencer.market.engine().leases_of(renter_account, 0, 10).0;
+    let leases = |sequencer: &Sequencer| sequencer.market.engine().leases_of(renter_account, None, 10).0;
     let first = leases(&sequencer)[0].clone();
     assert_eq!(first.price_minor_per_gpu_hour, 2_000_000, "filled at the ask's price");
     let host_of = |sequencer: &Sequencer, lease: &gpux_engine::LeaseInfo| sequencer.market.engine().gpu(lease.gpus[0]).map(|g| g.host);
@@ -662,7 +662,7 @@ fn one_renters_unanswered_log_requests_hold_only_its_share() {
             command(20, 2, Command::PlaceOrder(bid(other_account, 1))),
         ])
         .expect("commits");
-    let lease_of = |sequencer: &Sequencer, account| sequencer.market.engine().leases_of(account, 0, 10).0[0].lease;
+    let lease_of = |sequencer: &Sequencer, account| sequencer.market.engine().leases_of(account, None, 10).0[0].lease;
     let (mine, theirs) = (lease_of(&sequencer, renter_account), lease_of(&sequencer, other_account));
     let logs = |connection, lease| Request::Delivery { connection, id: 9, request: DeliveryRequest::Logs { lease, tail_bytes: 100 } };
     // The renter's own connection and four more, all its account.
@@ -691,4 +691,75 @@ fn one_renters_unanswered_log_requests_hold_only_its_share() {
     assert!(!refused(&mut other), "another renter of the same silent host is still served");
     let asked = supplier.received().iter().filter(|m| matches!(m, ServerMessage::LogsWanted { .. })).count();
     assert_eq!(asked, 5, "the host was asked four times for one renter and once for the other");
+}
+
+/// `open_orders` pages by a cursor: orders that close between two pages
+/// (some already listed, some not yet) move no other order past the
+/// reader, so every order open throughout is listed exactly once. (Paged
+/// by offset, cancelling listed orders shifted unlisted ones past it.)
+#[test]
+fn open_orders_page_by_a_cursor_while_orders_close() {
+    use gpux_engine::{InstrumentId, NewOrder, OrderId, Side};
+    let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
+    let (mut sequencer, _) = recover(&journal, &snapshots);
+    let (_operator, _supplier, mut renter) = operator_supplier_and_renter(&mut sequencer);
+    let renter_account = renter.account();
+    let command = |connection, id, command| Request::Command { connection, id, command };
+    sequencer.process(vec![command(1, 2, Command::Deposit { account: renter_account, amount_minor: 1_000_000_000_000 })]).expect("commits");
+    // In batches the renter's queue holds (its answers are drained between).
+    for batch in 0..9u64 {
+        let bids = (batch * 50..(batch + 1) * 50).map(|n| {
+            let bid = NewOrder::limit(renter_account, 1_000 + n, InstrumentId(0), Side::Buy, 1_000_000 + n * 1_000, 1);
+            command(3, 10 + n, Command::PlaceOrder(bid))
+        });
+        sequencer.process(bids.collect()).expect("commits");
+        renter.received();
+    }
+    let page = |sequencer: &mut Sequencer, renter: &mut Client, after: Option<u64>| {
+        renter.received();
+        sequencer.process(vec![Request::OpenOrders { connection: 3, id: 999, after }]).expect("answers");
+        renter
+            .received()
+            .into_iter()
+            .find_map(|m| match m {
+                ServerMessage::Orders { orders, next_after, .. } => Some((orders.iter().map(|o| o.order).collect::<Vec<_>>(), next_after)),
+                _ => None,
+            })
+            .expect("an orders page")
+    };
+    let every = sequencer.market.engine().open_orders(renter_account).into_iter().map(|o| o.order).collect::<Vec<_>>();
+    assert_eq!(every.len(), 450);
+
+    let mut listed: Vec<OrderId> = Vec::new();
+    let mut closed = std::collections::BTreeSet::new();
+    let (mut after, mut pages) = (None, 0);
+    loop {
+        let (orders, next) = page(&mut sequencer, &mut renter, after);
+        listed.extend(&orders);
+        pages += 1;
+        // Between pages, every third order closes: listed ones and ones to come.
+        let cancels: Vec<Request> = every
+            .iter()
+            .enumerate()
+            .filter(|(i, order)| i % 3 == pages % 3 && !closed.contains(*order))
+            .take(60)
+            .map(|(i, order)| command(3, 5_000 + i as u64, Command::CancelOrder { account: renter_account, order: *order }))
+            .collect();
+        for cancel in &cancels {
+            if let Request::Command { command: Command::CancelOrder { order, .. }, .. } = cancel {
+                closed.insert(*order);
+            }
+        }
+        sequencer.process(cancels).expect("commits");
+        match next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert!(pages >= 3, "{pages} pages");
+    let unique: std::collections::BTreeSet<OrderId> = listed.iter().copied().collect();
+    assert_eq!(unique.len(), listed.len(), "no order listed twice");
+    let open_throughout: Vec<OrderId> = every.iter().filter(|o| !closed.contains(*o)).copied().collect();
+    let missing: Vec<&OrderId> = open_throughout.iter().filter(|o| !unique.contains(*o)).collect();
+    assert!(missing.is_empty(), "{} orders open throughout were never listed: {missing:?}", missing.len());
 }

@@ -397,19 +397,19 @@ impl Client {
     /// Every open order of the account, following pages.
     pub async fn open_orders(&mut self) -> Vec<OrderInfo> {
         let mut all = Vec::new();
-        let mut offset = 0;
+        let mut after = None;
         loop {
             let id = self.id();
-            self.send(&ClientMessage::OpenOrders { id, offset }).await;
+            self.send(&ClientMessage::OpenOrders { id, after }).await;
             let (orders, next) = self
                 .recv_until(|m| match m {
-                    ServerMessage::Orders { id: i, orders, next_offset } if *i == id => Some((orders.clone(), *next_offset)),
+                    ServerMessage::Orders { id: i, orders, next_after } if *i == id => Some((orders.clone(), *next_after)),
                     _ => None,
                 })
                 .await;
             all.extend(orders);
             match next {
-                Some(next) => offset = next,
+                Some(next) => after = Some(next),
                 None => return all,
             }
         }
