@@ -490,7 +490,7 @@ async function showStatement(before) {
   state.statementBefore = statement.next_before;
   $("statement-older").hidden = statement.next_before === null;
   $("statement").tBodies[0].innerHTML = statement.lines
-    .map((s) => `<tr><td>${s.transfer}</td><td>${utcHour(s.at_ms)}</td><td>${s.from}</td><td>${s.to}</td><td>${money(s.amount_minor)}</td><td>${s.lease ?? ""}</td></tr>`)
+    .map((s) => `<tr><td>${s.transfer}</td><td>${utcHour(s.at_ms)}</td><td>${s.from}</td><td>${s.to}</td><td>${money(s.amount_minor)}</td><td>${s.lease ?? ""}</td><td>${esc(s.description)}</td></tr>`)
     .join("");
 }
 

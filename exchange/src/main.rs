@@ -601,7 +601,12 @@ fn statement(data_dir: &std::path::Path, account: u32) -> Result<()> {
     let journal = gpux_journal::JournalReader::open(&data_dir.join("journal.redb"))?;
     let currency = journal.genesis_listing()?.currency;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    writeln!(out, "transfer,at_ms,from,to,amount_minor,lease,amount,currency,at")?;
+    let first = journal.statement(gpux_engine::AccountId(account), None, 1)?;
+    anyhow::ensure!(
+        !first.is_empty(),
+        "no transfer involves account {account} in this journal: an account that was never opened, or one nothing moved for yet"
+    );
+    writeln!(out, "transfer,at_ms,from,to,amount_minor,lease,amount,currency,at,kind,description")?;
     let mut after = None;
     loop {
         let page = journal.statement(gpux_engine::AccountId(account), after, 1_000)?;
@@ -611,14 +616,16 @@ fn statement(data_dir: &std::path::Path, account: u32) -> Result<()> {
             let amount = currency.format(line.amount_minor as i128);
             writeln!(
                 out,
-                "{},{},{},{},{},{lease},{amount},{},{}",
+                "{},{},{},{},{},{lease},{amount},{},{},{},\"{}\"",
                 line.transfer,
                 line.at_ms,
                 line.from,
                 line.to,
                 line.amount_minor,
                 currency.code,
-                gpux_engine::time::format_iso8601(line.at_ms)
+                gpux_engine::time::format_iso8601(line.at_ms),
+                line.kind,
+                line.description.replace('"', "\"\""),
             )?;
         }
         match page.last() {

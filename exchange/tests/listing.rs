@@ -190,6 +190,18 @@ async fn a_cny_exchange_counts_in_fen_and_its_statement_says_cny() {
         .expect("statement runs");
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let csv = String::from_utf8(output.stdout).expect("utf-8");
-    assert!(csv.starts_with("transfer,at_ms,from,to,amount_minor,lease,amount,currency,at\n"), "{csv}");
-    assert!(csv.contains(",150505,,1505.05,CNY"), "{csv}");
+    assert!(csv.starts_with("transfer,at_ms,from,to,amount_minor,lease,amount,currency,at,kind,description\n"), "{csv}");
+    assert!(csv.contains(",150505,,1505.05,CNY,"), "{csv}");
+    assert!(csv.contains(",deposit,\"deposit\"\n"), "each line says what it was: {csv}");
+
+    // An account nothing moved for is an error, not an empty file.
+    let output = Command::new(env!("CARGO_BIN_EXE_gpux-exchange"))
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["statement", "--account", "4000"])
+        .output()
+        .expect("statement runs");
+    assert_eq!(output.status.code(), Some(1));
+    assert!(output.stdout.is_empty(), "no header for nothing");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("no transfer involves account 4000"), "{output:?}");
 }

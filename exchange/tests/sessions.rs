@@ -515,7 +515,8 @@ async fn statements_show_every_transfer_and_the_fee() {
     assert!(csv.starts_with("transfer,at_ms,from,to,amount_minor,lease"), "{csv}");
     assert_eq!(csv.lines().count() - 1, renter_lines.len(), "the CSV lists the same transfers");
     assert!(csv.contains(&format!(",held:{renter},payable:1,1000,{lease}")), "{csv}");
-    assert!(csv.lines().skip(1).all(|line| line.ends_with('Z') && line.contains("T")), "each line's time also in ISO 8601: {csv}");
+    assert!(csv.lines().skip(1).all(|line| line.contains("Z,") && line.contains("T")), "each line's time also in ISO 8601: {csv}");
+    assert!(csv.contains(&format!(",usage_charge,\"verified usage of lease {lease}\"")), "each line says what it was: {csv}");
 }
 
 /// An agent's asks must not outlive the agent: a session that logs in with

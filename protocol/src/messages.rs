@@ -1503,6 +1503,11 @@ pub struct StatementLine {
     pub to: String,
     pub amount_minor: u64,
     pub lease: Option<LeaseId>,
+    /// What the transfer was (`deposit`, `usage_charge`, `fee`, ...;
+    /// docs/protocol.md "Statements").
+    pub kind: String,
+    /// What moved and why, in words.
+    pub description: String,
 }
 
 /// Orders in one `orders` page, so that a page stays far below the frame limit.

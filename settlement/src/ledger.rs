@@ -142,6 +142,28 @@ impl TransferKind {
         .copied()
         .unwrap_or(Unclassified)
     }
+
+    /// Its name on the wire and in files (snake case, as serde writes it).
+    pub fn name(self) -> &'static str {
+        use TransferKind::*;
+        match self {
+            Unclassified => "unclassified",
+            Deposit => "deposit",
+            Withdrawal => "withdrawal",
+            Hold => "hold",
+            Release => "release",
+            UsageCharge => "usage_charge",
+            UsageUnpaid => "usage_unpaid",
+            Fee => "fee",
+            DebtRepaid => "debt_repaid",
+            Payout => "payout",
+            SlaCredit => "sla_credit",
+            DeliveryCredit => "delivery_credit",
+            DisputeWithheld => "dispute_withheld",
+            ContractSettlement => "contract_settlement",
+            FundsMoved => "funds_moved",
+        }
+    }
 }
 
 /// A ledger posting that would break an invariant; the ledger stops there
@@ -180,6 +202,40 @@ impl Transfer {
             to: self.to.label(),
             amount_minor: self.amount_minor,
             lease: self.lease,
+            kind: self.kind.name().to_string(),
+            description: self.description(),
+        }
+    }
+
+    /// What moved and why, in words (a statement's description column).
+    pub fn description(&self) -> String {
+        use TransferKind::*;
+        let lease = self.lease.map_or_else(|| "a lease".to_string(), |lease| format!("lease {}", lease.0));
+        match self.kind {
+            Unclassified => "transfer (recorded before transfers had kinds)".into(),
+            Deposit => "deposit".into(),
+            Withdrawal => "withdrawal".into(),
+            Hold => match self.lease {
+                Some(lease) => format!("escrow held for lease {}", lease.0),
+                None => "held for an open bid or a reserved window".into(),
+            },
+            Release => match self.lease {
+                Some(lease) => format!("unused escrow of lease {} released", lease.0),
+                None => "held funds released (the order or window closed)".into(),
+            },
+            UsageCharge => match self.lease {
+                Some(lease) => format!("verified usage of lease {}", lease.0),
+                None => "reserved window charge".into(),
+            },
+            UsageUnpaid => format!("usage of {lease} that nothing covered (owed as debt)"),
+            Fee => format!("exchange fee on the usage of {lease}"),
+            DebtRepaid => "debt repaid".into(),
+            Payout => "supplier payout".into(),
+            SlaCredit => format!("SLA credit on {lease} (availability under its level)"),
+            DeliveryCredit => "credit for a reserved window not delivered".into(),
+            DisputeWithheld => format!("supplier's share of disputed time on {lease}, withheld"),
+            ContractSettlement => "reserved contract resold: the price difference".into(),
+            FundsMoved => "moved between an account and its sub-account".into(),
         }
     }
 }

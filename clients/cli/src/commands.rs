@@ -962,7 +962,7 @@ async fn fills(s: &mut Session, seconds: Option<u64>, json: bool) -> Result<(), 
 
 async fn statement(s: &mut Session, mut after: Option<u64>, json: bool) -> Result<(), Failure> {
     if !json {
-        out!("{:>10} {:<23} {:<16} {:<16} {:>16} lease", "transfer", "time", "from", "to", "amount");
+        out!("{:>10} {:<23} {:<16} {:<16} {:>16} {:>6}  description", "transfer", "time", "from", "to", "amount", "lease");
     }
     loop {
         let id = s.connection.new_id();
@@ -973,12 +973,13 @@ async fn statement(s: &mut Session, mut after: Option<u64>, json: bool) -> Resul
             for line in &lines {
                 let lease = line.lease.map_or(String::new(), |l| l.0.to_string());
                 out!(
-                    "{:>10} {:<23} {:<16} {:<16} {:>16} {lease}",
+                    "{:>10} {:<23} {:<16} {:<16} {:>16} {lease:>6}  {}",
                     line.transfer,
                     crate::clock::when(line.at_ms),
                     line.from,
                     line.to,
-                    amount(line.amount_minor)
+                    amount(line.amount_minor),
+                    line.description
                 );
             }
         }

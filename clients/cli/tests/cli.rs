@@ -225,7 +225,10 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
     assert!(ok(gpux(url, &key("renter"), &["asks", "H100-SXM-80G/RESALE"])).contains("$3.00/GPU-h x 1"), "the offer on the resale book");
     assert!(ok(gpux(url, &key("renter"), &["end-lease", &lease_id])).contains("lease ended"));
     let statement = ok(gpux(url, &key("renter"), &["statement"]));
-    assert!(statement.contains("external") && statement.contains(&format!("available:{renter_account}")), "{statement}");
+    assert!(
+        statement.contains("external") && statement.contains("  deposit") && statement.contains(&format!("available:{renter_account}")),
+        "{statement}"
+    );
     // Times in the machine's zone (a POSIX TZ: no tz database needed), its offset named; --utc for UTC.
     let in_zone = |zone: &str, extra: &[&str]| {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpux"))
