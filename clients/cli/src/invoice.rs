@@ -178,7 +178,7 @@ td, th {{ border-bottom: 1px solid #ccc; padding: 3px 6px; text-align: left; }}
 {rows}</tbody></table>
 <table>
 <tr><td>Charges</td><td class=n>{charges}</td></tr>
-<tr><td>Credits</td><td class=n>-{credits}</td></tr>
+<tr><td>Credits</td><td class=n>{credits}</td></tr>
 <tr><th>Amount due</th><th class=n>{due}</th></tr>
 {tax}
 <tr><td>Deposits / withdrawals / payouts in the period</td><td class=n>{deposits} / {withdrawals} / {payouts}</td></tr>
@@ -193,7 +193,8 @@ td, th {{ border-bottom: 1px solid #ccc; padding: 3px 6px; text-align: left; }}
         period = escape(&invoice.period),
         currency = escape(&invoice.currency),
         charges = amount(t.charges_minor),
-        credits = amount(t.credits_minor),
+        // A credit reduces what is due: shown negative, and never `-0.00`.
+        credits = signed(0i64.saturating_sub_unsigned(t.credits_minor)),
         due = signed(t.amount_due_minor),
         deposits = amount(t.deposits_minor),
         withdrawals = amount(t.withdrawals_minor),
@@ -232,4 +233,47 @@ fn print_pdf(page: &Path, pdf: &Path) -> Result<(), Failure> {
         return Err(Failure::Usage(format!("{} did not print {} to {}", browser.display(), page.display(), pdf.display())));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpux_protocol::invoice::InvoiceTotals;
+
+    fn invoice(credits_minor: u64) -> Invoice {
+        Invoice {
+            number: "GPUX-3-202611".into(),
+            issuer: "gpux exchange".into(),
+            account: gpux_engine::AccountId(3),
+            parent: None,
+            period: "2026-11".into(),
+            period_start_ms: 1_793_491_200_000,
+            period_end_ms: 1_796_083_200_000,
+            currency: "USD".into(),
+            minor_per_unit: 1_000_000,
+            lines: Vec::new(),
+            totals: InvoiceTotals {
+                charges_minor: 4_000_000,
+                credits_minor,
+                amount_due_minor: 4_000_000 - credits_minor as i64,
+                deposits_minor: 0,
+                withdrawals_minor: 0,
+                payouts_minor: 0,
+                moved_in_minor: 0,
+                moved_out_minor: 0,
+            },
+            tax: None,
+        }
+    }
+
+    /// A credit is shown negative, and no credit never as `-$0.00`.
+    #[test]
+    fn credits_print_negative_and_never_as_negative_zero() {
+        let none = render_html(&invoice(0), "sig", "key");
+        assert!(none.contains("<tr><td>Credits</td><td class=n>0.00</td></tr>") || none.contains("<td class=n>$0.00</td></tr>"), "{none}");
+        assert!(!none.contains("-0.00") && !none.contains("-$0.00"), "{none}");
+        let some = render_html(&invoice(400_000), "sig", "key");
+        assert!(some.contains("<tr><td>Credits</td><td class=n>-"), "{some}");
+        assert!(some.contains("0.40</td></tr>"), "{some}");
+    }
 }
