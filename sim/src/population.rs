@@ -167,7 +167,8 @@ impl SupplierCheat {
 /// Faults that strike an honest host.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HostFaults {
-    /// The agent's clock runs this far ahead (negative: behind).
+    /// The host's clock runs this far ahead (negative: behind); its agent
+    /// converts to the exchange's time (market/usage.rs).
     pub clock_skew_ms: i64,
     /// Reports reach the exchange this long after they are due.
     pub report_delay_ms: u64,

@@ -625,8 +625,9 @@ fn faults_section(md: &mut String, m: &Metrics) {
         md,
         "Host crashes {}, network losses {}, leases whose agent stopped reporting {}, leases started on a host that was down \
          (before its session was seen to be gone, 30 s, when cancel-on-disconnect withdraws its asks) {}. Honest reports refused, by code: {} \
-         (`billing_closed`: sent after the billing grace, the late reports above; `from_future`: from hosts whose clock runs ahead, \
-         sent again once the exchange's clock has passed their end). Exchange restarts {} (snapshot + journal replay, {} entries).",
+         (`billing_closed`: sent after the billing grace, the late reports above; `from_future`, a report ending more than 5 s past the \
+         exchange's clock, is expected from no honest host: 3% of hosts run clocks 6 to 20 s ahead, and their agents stamp reports \
+         in the exchange's time). Exchange restarts {} (snapshot + journal replay, {} entries).",
         f.crashes,
         f.network_losses,
         f.agents_stopped_reporting,

@@ -51,7 +51,9 @@ fn a_small_market_with_cheaters_and_faults_keeps_every_invariant() {
     }
     assert_eq!(m.faults.restarts, 2, "both restarts replayed the journal");
     assert!(m.faults.crashes > 0 && m.faults.network_losses > 0 && m.faults.agents_stopped_reporting > 0);
-    assert!(m.faults.honest_reports_refused.contains_key("FromFuture"), "skewed clocks were refused");
+    // 3% of hosts run clocks 6-20 s ahead: their agents stamp in the
+    // exchange's time, so none of their reports is from the future.
+    assert!(!m.faults.honest_reports_refused.contains_key("FromFuture"), "{:?}", m.faults.honest_reports_refused);
     assert!(m.faults.unbilled_late_gpu_ms > 0, "late reports cost their supplier");
     // Scores separate suppliers that deliver from those that do not: every
     // rated honest supplier whose agent worked scores above every rated one
@@ -183,10 +185,12 @@ fn a_market_with_regions_prices_them_apart_and_keeps_home_only_renters_at_home()
 /// exchange fails leases whose hosts go silent (crashes, agents that stop
 /// reporting) and the jobs resume elsewhere from their checkpoints. Every
 /// invariant holds (restarts replay the jobs), jobs finish, and what the
-/// failures cost them is less than the same failures cost by hand.
+/// failures cost them is less than the same failures cost by hand. A fifth
+/// of the hosts fail each day here, so some fail under a job.
 #[test]
 fn training_as_jobs_resumes_after_host_failures_and_loses_less_than_by_hand() {
-    let mut sim = Sim::new(SimConfig { suppliers: 100, renters: 500, managed_jobs_bps: 5_000, ..SimConfig::small(17) });
+    let mut sim =
+        Sim::new(SimConfig { suppliers: 100, renters: 500, managed_jobs_bps: 5_000, fault_per_mille: 200, ..SimConfig::small(17) });
     sim.run(|_| {});
     for (name, ok, found) in report::invariants(&sim) {
         assert!(ok, "{name}: {found}");

@@ -113,8 +113,10 @@ pub struct Agent {
     gpus: Vec<HostGpu>,
     leases: BTreeMap<LeaseId, LeaseState>,
     next_client_order_id: u64,
-    /// The exchange's clock minus ours, from the last login.
+    /// The exchange's clock minus ours, from the last login or clock sync.
     clock_offset_ms: i64,
+    /// When the offset was last measured.
+    clock_synced_at: Option<tokio::time::Instant>,
     /// GPUs (as a host mask) sold as contracts, per reserved window.
     windows_sold: BTreeMap<InstrumentId, u64>,
     /// The delivery backend, until `run` hands it to the manager's task.
@@ -243,6 +245,7 @@ impl Agent {
             leases: BTreeMap::new(),
             next_client_order_id: client_order_id_base(),
             clock_offset_ms: 0,
+            clock_synced_at: None,
             windows_sold: BTreeMap::new(),
             register_again_at: None,
             jobs_dir,
@@ -316,6 +319,7 @@ impl Agent {
             })?;
         tracing::info!(account = %connection.account, public_key = %hex::encode(self.key.verifying_key().to_bytes()), "logged in");
         self.clock_offset_ms = connection.clock_offset_ms;
+        self.clock_synced_at = Some(tokio::time::Instant::now());
         self.register(&mut connection).await?;
         // Published only by a host that runs renters' workloads: bids that
         // carry one trade only with suppliers that published it.
@@ -411,6 +415,9 @@ impl Agent {
                     self.record_reports()?;
                     self.send_reports(link).await?;
                     self.offer_windows(link).await?;
+                    if self.clock_synced_at.is_none_or(|at| at.elapsed() >= CLOCK_SYNC_EVERY) {
+                        self.sync_clock(&mut link.connection).await?;
+                    }
                     if self.register_again_at.is_some_and(|at| at <= tokio::time::Instant::now()) {
                         let before = self.gpus.len();
                         self.register(&mut link.connection).await?;
@@ -421,6 +428,24 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// Measures the exchange's clock again (a `ping`; its `pong` carries
+    /// the exchange's time), so a host clock that drifts during a long
+    /// session still stamps reports in the exchange's time.
+    async fn sync_clock(&mut self, connection: &mut Connection) -> Result<()> {
+        let sent_ms = now_ms();
+        let id = connection.new_id();
+        let ServerMessage::Pong { server_time_ms, .. } = connection.request(ClientMessage::Ping { id }).await? else {
+            bail!("a ping answered with something else than a pong");
+        };
+        let offset = clock_offset(sent_ms, now_ms(), server_time_ms);
+        if (offset - self.clock_offset_ms).abs() > CLOCK_DRIFT_NOTED_MS {
+            tracing::info!(was_ms = self.clock_offset_ms, now_ms = offset, "this host's clock drifted from the exchange's");
+        }
+        self.clock_offset_ms = offset;
+        self.clock_synced_at = Some(tokio::time::Instant::now());
+        Ok(())
     }
 
     /// The leases this host serves, as the exchange knows them: followed
@@ -1564,6 +1589,20 @@ fn jitter(bound: Duration) -> Duration {
 /// host's ids are its own residue modulo this.
 const CLIENT_ORDER_ID_STRIDE: u64 = 1 << 16;
 
+/// How often the agent measures the exchange's clock again during a session
+/// (a login measures it too).
+pub const CLOCK_SYNC_EVERY: Duration = Duration::from_secs(600);
+/// A change of the offset larger than this is logged.
+const CLOCK_DRIFT_NOTED_MS: i64 = 250;
+
+/// The exchange's clock minus ours, from a ping sent at `sent_ms` and its
+/// pong read at `read_ms` (our clock) carrying `server_ms`: the exchange
+/// stamped it about half the round trip after it was sent.
+pub fn clock_offset(sent_ms: u64, read_ms: u64, server_ms: u64) -> i64 {
+    let midpoint = sent_ms + read_ms.saturating_sub(sent_ms) / 2;
+    server_ms as i64 - midpoint as i64
+}
+
 /// Client order ids start from the clock so that a restarted agent never
 /// reuses the id of an ask still open from its previous run (it would need
 /// more asks than milliseconds passed between its starts).
@@ -1578,6 +1617,16 @@ fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A host 20 s ahead of the exchange, 40 ms round trip: the exchange's
+    /// stamp is taken as of the trip's middle.
+    #[test]
+    fn the_clock_offset_is_read_at_the_round_trips_middle() {
+        let sent = 1_800_000_020_000;
+        assert_eq!(clock_offset(sent, sent + 40, 1_800_000_000_020), -20_000);
+        assert_eq!(clock_offset(sent, sent, sent + 7), 7);
+        assert_eq!(clock_offset(sent, sent - 5, sent), 0, "a clock stepped back mid-trip counts no trip");
+    }
 
     /// A lease that ended is reported to its end even when this host's
     /// clock (with the offset it measured) is behind the exchange's, and

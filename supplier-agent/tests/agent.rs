@@ -329,6 +329,47 @@ async fn the_time_a_killed_agent_was_down_is_not_billed() {
     assert!(verified + 3_000 >= measured, "billed {verified} ms: what was measured is paid ({measured} ms)");
 }
 
+/// A host whose clock runs 20 s ahead of the exchange's (docs/agent.md
+/// "Clock"): its agent stamps reports in the exchange's time, measured at
+/// login, so none is refused `from_future` and the renter pays for the
+/// time delivered, to the report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_clock_runs_20_s_ahead_is_paid_for_what_it_delivered() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let mut exchange = Exchange::start_skewed(&dir.path().join("exchange"), &operator, -20_000);
+    let (_config, _host, _agent, mut renter) = one_gpu_on_sale(dir.path(), &exchange, &operator).await;
+    let (lease, start_ms) = buy_the_gpu(&mut renter).await;
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+    let id = renter.new_id();
+    let ended = renter.request(ClientMessage::EndLease { id, lease }).await.expect("end lease");
+    assert!(matches!(ended, ServerMessage::Ack { .. }), "{ended:?}");
+    let ended_ms = loop {
+        if let ServerMessage::Private { event, .. } = renter.next().await.expect("message") {
+            if matches!(event.kind, gpux_engine::EventKind::LeaseEnded { .. }) {
+                break event.at_ms;
+            }
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let verified = loop {
+        let id = renter.new_id();
+        let ServerMessage::Leases { leases, .. } = renter.request(ClientMessage::Leases { id, after: None }).await.expect("leases") else {
+            panic!("leases")
+        };
+        let verified = leases.iter().find(|l| l.lease == lease).expect("the lease").verified_gpu_ms;
+        if verified + 1_000 >= ended_ms - start_ms {
+            break verified;
+        }
+        assert!(Instant::now() < deadline, "verified {verified} ms of the {} ms leased", ended_ms - start_ms);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(verified <= ended_ms - start_ms, "never more than the lease: {verified} ms");
+    exchange.stop();
+    let refused = journaled_rejections(&dir.path().join("exchange"));
+    assert!(!refused.iter().any(|line| line.contains("from_future")), "{refused:?}");
+}
+
 /// A host whose agent runs no workloads (the delivery hook only) publishes
 /// no encryption key: a bid that carries a workload never leases its GPU
 /// (the renter would pay for GPUs its workload cannot reach), a bid without

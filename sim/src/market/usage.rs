@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// What is left of a host clock's offset once the agent converts its
+/// stamps to the exchange's time: this fraction of it.
+const CLOCK_SYNC_RESIDUAL_DIVISOR: i64 = 200;
+
 impl Sim {
     /// The agent of the lease's host reports every GPU of the lease, from the
     /// end of its last accepted report to now (or to the lease's end).
@@ -29,8 +33,12 @@ impl Sim {
             return;
         }
         let faults = self.population.suppliers[supplier_index].faults;
-        let agent_now =
-            (self.now_ms - faults.report_delay_ms.min(self.now_ms - lease.start_ms)).saturating_add_signed(faults.clock_skew_ms);
+        // The agent stamps reports in the exchange's time (docs/agent.md
+        // "Clock"): its host clock's offset is measured at each login and
+        // every 10 minutes, so what is left is the drift since the last
+        // measure, modelled as 1/200 of the offset (at most 100 ms here).
+        let agent_now = (self.now_ms - faults.report_delay_ms.min(self.now_ms - lease.start_ms))
+            .saturating_add_signed(faults.clock_skew_ms / CLOCK_SYNC_RESIDUAL_DIVISOR);
         let known_end = lease.ended_ms.or(lease.end_ms);
         let report_end =
             if last { lease.ended_ms.expect("the last report follows the end") } else { known_end.map_or(agent_now, |e| e.min(agent_now)) };

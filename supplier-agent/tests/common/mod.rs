@@ -22,6 +22,7 @@ pub struct Exchange {
     operator: SigningKey,
     listen: std::net::SocketAddr,
     challenge_interval_ms: u64,
+    clock_offset_ms: i64,
 }
 
 impl Exchange {
@@ -32,7 +33,15 @@ impl Exchange {
     /// An exchange that challenges idle GPUs every `interval_ms` on average.
     pub fn start_with_challenges(dir: &std::path::Path, operator: &SigningKey, interval_ms: u64) -> Exchange {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
-        Self::start_on(dir, operator, format!("127.0.0.1:{port}").parse().expect("addr"), interval_ms)
+        Self::start_on(dir, operator, format!("127.0.0.1:{port}").parse().expect("addr"), interval_ms, 0)
+    }
+
+    /// An exchange whose clock runs `clock_offset_ms` from this host's
+    /// (negative: behind it, as if the host's clock ran ahead).
+    pub fn start_skewed(dir: &std::path::Path, operator: &SigningKey, clock_offset_ms: i64) -> Exchange {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+        let listen = format!("127.0.0.1:{port}").parse().expect("addr");
+        Self::start_on(dir, operator, listen, gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT, clock_offset_ms)
     }
 
     /// Stops the exchange (a clean stop, as an operator's restart would).
@@ -46,10 +55,16 @@ impl Exchange {
     }
 
     pub fn start_again(&mut self) {
-        *self = Self::start_on(&self.dir.clone(), &self.operator.clone(), self.listen, self.challenge_interval_ms);
+        *self = Self::start_on(&self.dir.clone(), &self.operator.clone(), self.listen, self.challenge_interval_ms, self.clock_offset_ms);
     }
 
-    fn start_on(dir: &std::path::Path, operator: &SigningKey, listen: std::net::SocketAddr, challenge_interval_ms: u64) -> Exchange {
+    fn start_on(
+        dir: &std::path::Path,
+        operator: &SigningKey,
+        listen: std::net::SocketAddr,
+        challenge_interval_ms: u64,
+        clock_offset_ms: i64,
+    ) -> Exchange {
         let config = gpux_exchange::ExchangeConfig {
             data_dir: dir.to_path_buf(),
             listen,
@@ -62,7 +77,7 @@ impl Exchange {
             tls: None,
             link_tls: None,
             billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: 250, grace_ms: gpux_exchange::BILLING_GRACE_MS_DEFAULT },
-            clock_offset_ms: 0,
+            clock_offset_ms,
             challenge_interval_ms,
             on_listening: None,
             cluster: None,
@@ -93,6 +108,7 @@ impl Exchange {
             operator: operator.clone(),
             listen,
             challenge_interval_ms,
+            clock_offset_ms,
         }
     }
 }
