@@ -61,10 +61,10 @@ pub const CLUSTER_SECRET_BYTES_MIN: usize = 16;
 
 /// Reads a cluster secret file: at least 16 bytes (e.g. 64 hex digits from
 /// `head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'`), surrounding
-/// whitespace ignored.
+/// whitespace ignored, readable by its owner only
+/// (`gpux_protocol::secret_file`).
 pub fn read_secret(path: &std::path::Path) -> Result<Vec<u8>> {
-    let text = std::fs::read(path).with_context(|| format!("reading the cluster secret {}", path.display()))?;
-    let secret = text.trim_ascii().to_vec();
+    let secret = gpux_protocol::secret_file::read(path).map_err(|e| anyhow::anyhow!("the cluster secret: {e}"))?;
     anyhow::ensure!(
         secret.len() >= CLUSTER_SECRET_BYTES_MIN,
         "{}: a cluster secret needs at least {CLUSTER_SECRET_BYTES_MIN} bytes (it has {})",

@@ -52,28 +52,18 @@ const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
 /// The exchange's link secret: `link.secret` in the data directory, 32
 /// random bytes made on first use (readable by the exchange's user only).
 pub fn load_or_create_secret(data_dir: &Path) -> anyhow::Result<Vec<u8>> {
+    use gpux_protocol::secret_file::{self, SecretFileError};
     let path = data_dir.join("link.secret");
-    if let Ok(secret) = std::fs::read(&path) {
-        let secret = secret.trim_ascii().to_vec();
-        anyhow::ensure!(!secret.is_empty(), "{} is empty", path.display());
-        return Ok(secret);
+    // The secret is the file's text (64 hex digits when made here).
+    match secret_file::read(&path) {
+        Ok(secret) => Ok(secret),
+        Err(SecretFileError::Missing(_)) => {
+            let hex = hex::encode(secret_file::random_key());
+            secret_file::create(&path, hex.as_bytes()).map_err(|e| anyhow::anyhow!("the link secret: {e}"))?;
+            Ok(hex.into_bytes())
+        }
+        Err(error) => Err(anyhow::anyhow!("the link secret: {error}")),
     }
-    let mut secret = [0u8; 32];
-    getrandom::fill(&mut secret).map_err(|e| anyhow::anyhow!("randomness: {e}"))?;
-    let hex = hex::encode(secret);
-    {
-        use std::io::Write;
-        #[cfg(unix)]
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create_new(true);
-        #[cfg(unix)]
-        options.mode(0o600);
-        let mut file = options.open(&path).map_err(|e| anyhow::anyhow!("creating {}: {e}", path.display()))?;
-        file.write_all(hex.as_bytes())?;
-        file.sync_all()?;
-    }
-    Ok(hex.into_bytes())
 }
 
 /// Accepts gateways' links until shutdown.

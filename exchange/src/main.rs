@@ -415,30 +415,9 @@ fn stop_live_market(child: &LiveChild) {
 /// back the same traders, with the GPUs and accounts the journal has for
 /// them (fresh keys would find their fixed GPU UUIDs owned by strangers).
 fn live_market_secret(data_dir: &std::path::Path) -> Result<[u8; 32]> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let path = data_dir.join("live-market.key");
-    match std::fs::read_to_string(&path) {
-        Ok(text) => hex::decode(text.trim())
-            .ok()
-            .and_then(|bytes| bytes.try_into().ok())
-            .with_context(|| format!("{}: expected 64 hex digits; delete it to start a new live market", path.display())),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            let mut secret = [0u8; 32];
-            getrandom::fill(&mut secret).map_err(|e| anyhow::anyhow!("no randomness for the live market's key: {e}"))?;
-            std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)
-                .with_context(|| format!("creating {}", path.display()))?;
-            file.write_all(hex::encode(secret).as_bytes())?;
-            file.sync_all()?;
-            Ok(secret)
-        }
-        Err(error) => Err(error).with_context(|| format!("reading {}", path.display())),
-    }
+    gpux_protocol::secret_file::load_or_create_key(&path)
+        .map_err(|e| anyhow::anyhow!("the live market's key (delete it to start a new live market): {e}"))
 }
 
 #[derive(clap::Subcommand)]

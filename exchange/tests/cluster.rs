@@ -153,16 +153,16 @@ impl Cluster {
     fn start(count: u64, advertise: impl Fn(&Node) -> String) -> Cluster {
         let root = tempfile::tempdir().expect("temp dir");
         let secret = root.path().join("cluster.secret");
-        std::fs::write(&secret, SECRET).expect("secret file");
+        write_secret(&secret, SECRET);
         let operator = key(1);
         // One link secret on every node (docs/operations.md), so a gateway
         // links to whichever leads.
-        std::fs::write(root.path().join("link.secret"), LINK_SECRET).expect("link secret");
+        write_secret(&root.path().join("link.secret"), LINK_SECRET);
         let mut nodes = BTreeMap::new();
         for id in 1..=count {
             let mut node = Node::new(root.path(), id);
             std::fs::create_dir_all(&node.dir).expect("data dir");
-            std::fs::write(node.dir.join("link.secret"), LINK_SECRET).expect("link secret");
+            write_secret(&node.dir.join("link.secret"), LINK_SECRET);
             node.start(&secret, &operator);
             nodes.insert(id, node);
         }
@@ -659,7 +659,7 @@ async fn nodes_join_leave_and_hand_over_the_leadership() {
     fourth.terminate();
 
     // Refused: a wrong secret, a bad member, a second init.
-    std::fs::write(cluster.root.path().join("other.secret"), b"another cluster's secret!").expect("write");
+    write_secret(&cluster.root.path().join("other.secret"), b"another cluster's secret!");
     let mut wrong = Command::new(env!("CARGO_BIN_EXE_gpux-exchange"));
     wrong.args(["cluster", "status", "--peer", &cluster.nodes[&next].raft, "--cluster-secret-file"]);
     let wrong = wrong.arg(cluster.root.path().join("other.secret")).output().expect("runs");
@@ -763,12 +763,17 @@ async fn a_gateway_follows_the_leader() {
 fn bad_cluster_flags_are_refused_with_a_reason() {
     let dir = tempfile::tempdir().expect("temp dir");
     let short = dir.path().join("short.secret");
-    std::fs::write(&short, "too short").expect("write");
+    write_secret(&short, "too short");
     let good = dir.path().join("good.secret");
-    std::fs::write(&good, SECRET).expect("write");
+    write_secret(&good, SECRET);
+    let exposed = dir.path().join("exposed.secret");
+    std::fs::write(&exposed, SECRET).expect("write");
+    std::fs::set_permissions(&exposed, std::os::unix::fs::PermissionsExt::from_mode(0o644)).expect("chmod");
     let data = dir.path().join("data");
     let (short, good, data) = (short.to_str().expect("utf-8"), good.to_str().expect("utf-8"), data.to_str().expect("utf-8"));
-    let cases: [(&[&str], &str); 6] = [
+    let exposed = exposed.to_str().expect("utf-8");
+    let cases: [(&[&str], &str); 7] = [
+        (&["--node-id", "1", "--raft-listen", "127.0.0.1:0", "--cluster-secret-file", exposed], "chmod 600"),
         (&["--node-id", "1"], "--raft-listen"),
         (&["--node-id", "0", "--raft-listen", "127.0.0.1:0", "--cluster-secret-file", good], "0 is not in 1.."),
         (&["--node-id", "1", "--raft-listen", "127.0.0.1:0", "--cluster-secret-file", short], "at least 16 bytes"),

@@ -138,7 +138,7 @@ async fn a_gateway_in_its_own_process_serves_the_same_market() {
     // A gateway that does not hold the exchange's secret gets no link: its
     // clients are closed sequencer_unavailable.
     let wrong = dir.path().join("wrong.secret");
-    std::fs::write(&wrong, "not the secret").expect("write");
+    write_secret(&wrong, "not the secret");
     let impostor = Gateway::start(&[&exchange.link_addr], &wrong);
     assert_eq!(close_reason_of_a_new_connection(&impostor.addr).await, "sequencer_unavailable");
     let metrics = scrape(&exchange.metrics_addr).await;

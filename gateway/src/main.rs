@@ -68,9 +68,8 @@ fn say(line: &str) {
 }
 
 fn run(args: Args) -> Result<()> {
-    let secret = std::fs::read(&args.link_secret_file).with_context(|| format!("reading {}", args.link_secret_file.display()))?;
-    let secret = secret.trim_ascii();
-    anyhow::ensure!(!secret.is_empty(), "{} is empty", args.link_secret_file.display());
+    let secret = gpux_protocol::secret_file::read(&args.link_secret_file).map_err(|e| anyhow::anyhow!("--link-secret-file: {e}"))?;
+    let secret = secret.as_slice();
     let tls = match args.tls_cert.zip(args.tls_key) {
         Some((certificate, key)) => Some(gpux_gateway::tls_acceptor(&certificate, &key)?),
         None if !args.listen.ip().is_loopback() => {

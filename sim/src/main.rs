@@ -94,24 +94,12 @@ enum Mode {
 /// The live market: its keys come from the secret, so a restart on the same
 /// secret brings back the same traders.
 fn live(url: String, secret_file: &std::path::Path, suppliers: u32, renters: u32) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(secret_file).with_context(|| format!("reading {}", secret_file.display()))?;
-    let secret: [u8; 32] = hex_decode(text.trim()).with_context(|| format!("{}: expected 64 hex digits", secret_file.display()))?;
+    let secret = gpux_protocol::secret_file::read_key(secret_file).map_err(|e| anyhow::anyhow!("the live market's secret: {e}"))?;
     let operator_key = ed25519_dalek::SigningKey::from_bytes(&secret);
     let seed = u64::from_le_bytes(secret[..8].try_into().expect("8 bytes"));
     let options = gpux_sim::live::LiveOptions { url, operator_key, suppliers, renters, seed };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("a runtime for the live market")?;
     runtime.block_on(gpux_sim::live::run(options)).context("live simulated market stopped")
-}
-
-fn hex_decode(text: &str) -> Option<[u8; 32]> {
-    if text.len() != 64 || !text.is_ascii() {
-        return None;
-    }
-    let mut bytes = [0u8; 32];
-    for (index, byte) in bytes.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&text[2 * index..2 * index + 2], 16).ok()?;
-    }
-    Some(bytes)
 }
 
 fn main() -> anyhow::Result<()> {

@@ -3,53 +3,22 @@
 //! lets anyone sign usage reports for this host), as is a file that is not a
 //! key. The secret is never logged or printed; only the public key is.
 
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use ed25519_dalek::SigningKey;
 
-/// Loads the key at `path`, creating it (0600) if the file does not exist.
+/// Loads the key at `path`, creating it (0600) if there is none
+/// (`gpux_protocol::secret_file`: refused when others may read it).
 pub fn load_or_create(path: &Path) -> Result<SigningKey> {
-    match std::fs::metadata(path) {
-        Ok(metadata) => {
-            let mode = metadata.permissions().mode() & 0o777;
-            if mode & 0o077 != 0 {
-                bail!("host key {} has mode {mode:o}; it must be readable by its owner only: chmod 600 {}", path.display(), path.display());
-            }
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading host key {}", path.display()))?;
-            let bytes: [u8; 32] = hex::decode(text.trim())
-                .ok()
-                .and_then(|bytes| bytes.try_into().ok())
-                .with_context(|| format!("host key {} is not 64 hex digits (an ed25519 secret key)", path.display()))?;
-            Ok(SigningKey::from_bytes(&bytes))
-        }
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => create(path),
-        Err(error) => Err(error).with_context(|| format!("reading host key {}", path.display())),
-    }
-}
-
-fn create(path: &Path) -> Result<SigningKey> {
-    let mut secret = [0u8; 32];
-    getrandom::fill(&mut secret).map_err(|e| anyhow::anyhow!("the OS random source failed: {e}"))?;
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    }
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("creating host key {}", path.display()))?;
-    writeln!(file, "{}", hex::encode(secret))?;
-    file.sync_all()?;
+    let secret = gpux_protocol::secret_file::load_or_create_key(path).map_err(|e| anyhow::anyhow!("the host key: {e}"))?;
     Ok(SigningKey::from_bytes(&secret))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn a_key_is_created_once_with_owner_only_permissions_and_read_back() {

@@ -1,7 +1,6 @@
 //! The user's key file: an ed25519 secret key as 64 hex digits, created with
 //! owner-only permissions, at `--key`, `$GPUX_KEY` or `~/.gpux/key`.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use ed25519_dalek::SigningKey;
@@ -16,32 +15,18 @@ pub fn default_path(explicit: Option<&Path>) -> PathBuf {
 }
 
 pub fn load(path: &Path) -> Result<SigningKey, Failure> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|_| Failure::Usage(format!("no key at {}: create one with `gpux keys create` (or pass --key)", path.display())))?;
-    let bytes: [u8; 32] = hex::decode(text.trim())
-        .ok()
-        .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| Failure::Usage(format!("{} is not a key (64 hex digits expected)", path.display())))?;
-    Ok(SigningKey::from_bytes(&bytes))
+    use gpux_protocol::secret_file::{self, SecretFileError};
+    match secret_file::read_key(path) {
+        Ok(bytes) => Ok(SigningKey::from_bytes(&bytes)),
+        Err(SecretFileError::Missing(_)) => {
+            Err(Failure::Usage(format!("no key at {}: create one with `gpux keys create` (or pass --key)", path.display())))
+        }
+        Err(error) => Err(Failure::Usage(format!("the key: {error}"))),
+    }
 }
 
 pub fn create(path: &Path) -> Result<SigningKey, Failure> {
-    if path.exists() {
-        return Err(Failure::Usage(format!("{} exists: keep it, or move it away to make a new key", path.display())));
-    }
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|e| Failure::Usage(format!("creating {}: {e}", parent.display())))?;
-    }
-    let mut secret = [0u8; 32];
-    getrandom::fill(&mut secret).map_err(|e| Failure::Usage(format!("no randomness for a key: {e}")))?;
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
-    }
-    let mut file = options.open(path).map_err(|e| Failure::Usage(format!("creating {}: {e}", path.display())))?;
-    writeln!(file, "{}", hex::encode(secret)).map_err(|e| Failure::Usage(format!("writing {}: {e}", path.display())))?;
+    let secret = gpux_protocol::secret_file::random_key();
+    gpux_protocol::secret_file::create_key(path, &secret).map_err(|e| Failure::Usage(format!("the key: {e}")))?;
     Ok(SigningKey::from_bytes(&secret))
 }

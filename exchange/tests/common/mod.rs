@@ -509,3 +509,11 @@ impl Drop for Gateway {
         let _ = self.child.wait();
     }
 }
+
+/// Writes a secret file as an operator would: readable by its owner only
+/// (the exchange refuses one that others may read).
+pub fn write_secret(path: &std::path::Path, contents: impl AsRef<[u8]>) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, contents).expect("a secret file");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod 600");
+}
