@@ -82,6 +82,29 @@ pub(crate) fn kept_genesis(read: &redb::ReadTransaction) -> Result<Option<Vec<u8
     }
 }
 
+/// Copies the journal entries `seqs` that `read` holds into `into`'s
+/// journal table, in durable commits of [`ARCHIVE_RUN`]; a gap is an error.
+fn copy_entries(read: &redb::ReadTransaction, into: &redb::Database, seqs: std::ops::Range<u64>) -> Result<()> {
+    let table = read.open_table(JOURNAL)?;
+    let mut next = seqs.start;
+    while next < seqs.end {
+        let end = (next + ARCHIVE_RUN).min(seqs.end);
+        let mut write = into.begin_write()?;
+        write.set_durability(Durability::Immediate)?;
+        {
+            let mut copy = write.open_table(JOURNAL)?;
+            for (expected, row) in (next..).zip(table.range(next..end)?) {
+                let (seq, bytes) = row?;
+                anyhow::ensure!(seq.value() == expected, "journal gap: expected entry {expected}, found {}", seq.value());
+                copy.insert(expected, bytes.value())?;
+            }
+        }
+        write.commit()?;
+        next = end;
+    }
+    Ok(())
+}
+
 impl Journal {
     /// The first entry this journal holds (entries before it were moved to
     /// an archive); 1 for a journal never archived.
@@ -106,31 +129,16 @@ impl Journal {
             if archive.next_seq == archive.first_seq()? && archive.next_seq != first {
                 archive.mark_first(first)?;
             }
-            let (archive_first, mut next) = (archive.first_seq()?, archive.next_seq);
+            let (archive_first, next) = (archive.first_seq()?, archive.next_seq);
             if next < first || archive_first > first {
                 return Err(ArchiveError::NotContiguous { archive_end: next - 1, first });
             }
             // A move cut short already copied some: go on from there.
-            while next < before {
-                let end = (next + ARCHIVE_RUN).min(before);
+            if next < before {
                 let read = self.db.begin_read().map_err(anyhow::Error::from)?;
-                let table = read.open_table(JOURNAL).map_err(anyhow::Error::from)?;
-                let mut write = archive.db.begin_write().map_err(anyhow::Error::from)?;
-                write.set_durability(Durability::Immediate).map_err(anyhow::Error::from)?;
-                {
-                    let mut into = write.open_table(JOURNAL).map_err(anyhow::Error::from)?;
-                    for (expected, row) in (next..).zip(table.range(next..end).map_err(anyhow::Error::from)?) {
-                        let (seq, bytes) = row.map_err(anyhow::Error::from)?;
-                        if seq.value() != expected {
-                            return Err(anyhow::anyhow!("journal gap: expected entry {expected}, found {}", seq.value()).into());
-                        }
-                        into.insert(expected, bytes.value()).map_err(anyhow::Error::from)?;
-                    }
-                }
-                write.commit().map_err(anyhow::Error::from)?;
-                copied += end - next;
-                next = end;
-                archive.next_seq = end;
+                copy_entries(&read, &archive.db, next..before)?;
+                copied = before - next;
+                archive.next_seq = before;
             }
             self.mark_archived(first, before)?;
         }
@@ -198,25 +206,7 @@ impl Journal {
             return Err(ArchiveError::NotContiguous { archive_end: archive_next - 1, first });
         }
         let read = archive.db.begin_read().map_err(anyhow::Error::from)?;
-        let table = read.open_table(JOURNAL).map_err(anyhow::Error::from)?;
-        let mut next = archive_first;
-        while next < archive_next {
-            let end = (next + ARCHIVE_RUN).min(archive_next);
-            let mut write = self.db.begin_write().map_err(anyhow::Error::from)?;
-            write.set_durability(Durability::Immediate).map_err(anyhow::Error::from)?;
-            {
-                let mut into = write.open_table(JOURNAL).map_err(anyhow::Error::from)?;
-                for (expected, row) in (next..).zip(table.range(next..end).map_err(anyhow::Error::from)?) {
-                    let (seq, bytes) = row.map_err(anyhow::Error::from)?;
-                    if seq.value() != expected {
-                        return Err(anyhow::anyhow!("archive gap: expected entry {expected}, found {}", seq.value()).into());
-                    }
-                    into.insert(expected, bytes.value()).map_err(anyhow::Error::from)?;
-                }
-            }
-            write.commit().map_err(anyhow::Error::from)?;
-            next = end;
-        }
+        copy_entries(&read, &self.db, archive_first..archive_next)?;
         // Only now is the restored run readable.
         let mut write = self.db.begin_write().map_err(anyhow::Error::from)?;
         write.set_durability(Durability::Immediate).map_err(anyhow::Error::from)?;

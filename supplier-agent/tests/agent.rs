@@ -76,6 +76,20 @@ async fn buy_the_gpu(renter: &mut Connection) -> (gpux_engine::LeaseId, u64) {
     }
 }
 
+/// The renter ends its lease: the time the exchange ended it.
+async fn end_the_lease(renter: &mut Connection, lease: gpux_engine::LeaseId) -> u64 {
+    let id = renter.new_id();
+    let ended = renter.request(ClientMessage::EndLease { id, lease }).await.expect("end lease");
+    assert!(matches!(ended, ServerMessage::Ack { .. }), "{ended:?}");
+    loop {
+        if let ServerMessage::Private { event, .. } = renter.next().await.expect("message") {
+            if matches!(event.kind, gpux_engine::EventKind::LeaseEnded { .. }) {
+                return event.at_ms;
+            }
+        }
+    }
+}
+
 /// Reads book messages until the asks' total equals `quantity` (10 s).
 async fn await_ask_quantity(renter: &mut Connection, asks: &mut std::collections::BTreeMap<u64, u64>, quantity: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -240,16 +254,7 @@ async fn usage_is_reported_through_a_30_second_outage_and_billed_exactly() {
     let mut renter = Connection::open(&exchange.url, &renter_key, Some(Role::Renter)).await.expect("renter again");
     // Give the agent time to reconnect and deliver what it buffered.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let id = renter.new_id();
-    let ended = renter.request(ClientMessage::EndLease { id, lease }).await.expect("end lease");
-    assert!(matches!(ended, ServerMessage::Ack { .. }), "{ended:?}");
-    let ended_at_ms = loop {
-        if let ServerMessage::Private { event, .. } = renter.next().await.expect("message") {
-            if matches!(event.kind, gpux_engine::EventKind::LeaseEnded { .. }) {
-                break event.at_ms;
-            }
-        }
-    };
+    let ended_at_ms = end_the_lease(&mut renter, lease).await;
     let expected = (2_100_000u128 * (ended_at_ms - start_ms) as u128 / 3_600_000) as u64;
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -295,16 +300,7 @@ async fn the_time_a_killed_agent_was_down_is_not_billed() {
     let restarted_ms = now_ms();
     let _agent = spawn_agent(&config, &host);
     tokio::time::sleep(Duration::from_millis(3_000)).await;
-    let id = renter.new_id();
-    let ended = renter.request(ClientMessage::EndLease { id, lease }).await.expect("end lease");
-    assert!(matches!(ended, ServerMessage::Ack { .. }), "{ended:?}");
-    let ended_ms = loop {
-        if let ServerMessage::Private { event, .. } = renter.next().await.expect("message") {
-            if matches!(event.kind, gpux_engine::EventKind::LeaseEnded { .. }) {
-                break event.at_ms;
-            }
-        }
-    };
+    let ended_ms = end_the_lease(&mut renter, lease).await;
     // Billed time settles once the agent sent its last report; read it until it stops moving.
     let (mut last, mut still_since) = (u64::MAX, Instant::now());
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -341,16 +337,7 @@ async fn a_host_whose_clock_runs_20_s_ahead_is_paid_for_what_it_delivered() {
     let (_config, _host, _agent, mut renter) = one_gpu_on_sale(dir.path(), &exchange, &operator).await;
     let (lease, start_ms) = buy_the_gpu(&mut renter).await;
     tokio::time::sleep(Duration::from_millis(4_000)).await;
-    let id = renter.new_id();
-    let ended = renter.request(ClientMessage::EndLease { id, lease }).await.expect("end lease");
-    assert!(matches!(ended, ServerMessage::Ack { .. }), "{ended:?}");
-    let ended_ms = loop {
-        if let ServerMessage::Private { event, .. } = renter.next().await.expect("message") {
-            if matches!(event.kind, gpux_engine::EventKind::LeaseEnded { .. }) {
-                break event.at_ms;
-            }
-        }
-    };
+    let ended_ms = end_the_lease(&mut renter, lease).await;
     let deadline = Instant::now() + Duration::from_secs(15);
     let verified = loop {
         let id = renter.new_id();
