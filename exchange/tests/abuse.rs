@@ -135,7 +135,7 @@ async fn a_wss_socket_silent_after_the_tls_handshake_is_reaped() {
     let identity = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("certificate");
     let (certificate, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
     std::fs::write(&certificate, identity.cert.pem()).expect("write cert");
-    std::fs::write(&key_file, identity.signing_key.serialize_pem()).expect("write key");
+    write_secret(&key_file, identity.signing_key.serialize_pem());
     let exchange = Exchange::start_with(
         &dir.path().join("data"),
         None,

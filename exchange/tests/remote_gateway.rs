@@ -198,7 +198,7 @@ async fn a_link_over_tls_serves_and_a_plain_gateway_is_refused() {
     let identity = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()]).expect("certificate");
     let (cert, key_file) = (dir.path().join("link.pem"), dir.path().join("link.key"));
     std::fs::write(&cert, identity.cert.pem()).expect("write cert");
-    std::fs::write(&key_file, identity.signing_key.serialize_pem()).expect("write key");
+    write_secret(&key_file, identity.signing_key.serialize_pem());
     let data = dir.path().join("data");
     let exchange = Exchange::start_with(
         &data,

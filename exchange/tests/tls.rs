@@ -32,7 +32,7 @@ async fn a_tls_listener_serves_wss_and_refuses_plain_websockets() {
     let certificate_path = dir.path().join("cert.pem");
     let key_path = dir.path().join("key.pem");
     std::fs::write(&certificate_path, identity.cert.pem()).expect("write cert");
-    std::fs::write(&key_path, identity.signing_key.serialize_pem()).expect("write key");
+    write_secret(&key_path, identity.signing_key.serialize_pem());
     let exchange = Exchange::start_with(
         &dir.path().join("data"),
         None,

@@ -23,6 +23,9 @@ pub enum TlsError {
     Trust { path: PathBuf, reason: String },
     #[error("{0:?} is not a host name or IP address to check a certificate against")]
     ServerName(String),
+    /// The private key's file (others may read it, or it is missing).
+    #[error("the TLS key: {0}")]
+    Key(#[from] crate::secret_file::SecretFileError),
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -39,10 +42,12 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     Ok(certificates)
 }
 
-/// A listener's identity: its certificate chain and private key.
+/// A listener's identity: its certificate chain and private key (a secret
+/// file: refused when others may read it, `crate::secret_file`).
 pub fn server_config(cert_path: &Path, key_path: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let certificates = certificates(cert_path)?;
-    let key = PrivateKeyDer::from_pem_file(key_path).map_err(|e| TlsError::Read { path: key_path.to_path_buf(), reason: e.to_string() })?;
+    let pem = crate::secret_file::read(key_path)?;
+    let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| TlsError::Read { path: key_path.to_path_buf(), reason: e.to_string() })?;
     let config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Identity(e.to_string()))?

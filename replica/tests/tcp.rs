@@ -179,6 +179,12 @@ async fn three_replicas_commit_over_tls_and_a_plain_caller_is_refused() {
     let (cert, key) = (dir.path().join("raft.pem"), dir.path().join("raft.key"));
     std::fs::write(&cert, identity.cert.pem()).expect("write cert");
     std::fs::write(&key, identity.signing_key.serialize_pem()).expect("write key");
+    // A TLS key is a secret file: refused while others may read it.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let exposed = gpux_protocol::tls::server_config(&cert, &key).map(|_| ()).expect_err("a world-readable key");
+    assert!(exposed.to_string().contains("chmod 600"), "{exposed}");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let server = gpux_protocol::tls::server_config(&cert, &key).expect("identity");
     let trust = gpux_protocol::tls::client_config(&cert).expect("trust");
     let (members, nodes) = three_nodes(dir.path(), Some((server, trust.clone()))).await;
