@@ -454,7 +454,13 @@ async fn watch(
         let now = exchange_now().min(ended_at_ms.unwrap_or(u64::MAX));
         let done = deadline.is_some_and(|deadline| now >= deadline) || ended_at_ms.is_some();
         if now <= start_ms {
-            return Ok(());
+            // Nothing to observe yet (the first probe took under a
+            // millisecond), or the lease ended before the watch began.
+            if done {
+                return Ok(());
+            }
+            tokio::time::sleep(probe_every).await;
+            continue;
         }
         if now >= start_ms + sign_every_ms || done {
             let body = LivenessBody { lease, start_ms, end_ms: now, reachable };
