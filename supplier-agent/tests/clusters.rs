@@ -66,6 +66,20 @@ print(f"rank {rank} heard from {sorted(seen)}", flush=True)
 time.sleep(int(sys.argv[1]))
 "#;
 
+/// A member port the system just handed out as free, with its probe port
+/// (`PROBE_PORT_OFFSET` above) free too: fixed ports collide with other
+/// tests' ephemeral ones (a probe that cannot listen never reports).
+fn free_member_port() -> u16 {
+    use gpux_supplier_agent::probe::PROBE_PORT_OFFSET;
+    loop {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        let member = probe.local_addr().expect("address").port().saturating_sub(PROBE_PORT_OFFSET);
+        if member > 1_024 && std::net::TcpListener::bind(("127.0.0.1", member)).is_ok() {
+            return member;
+        }
+    }
+}
+
 /// A fake one-GPU host `name` of the supplier whose key is `key` on the
 /// docker backend and on fabric `ib0` at `gbps` (its members listen from
 /// `port_base`, an 8 MiB interconnect probe), offering spot at `floor`.
@@ -160,12 +174,13 @@ async fn a_cluster_job_gets_its_ranks_reaches_every_peer_and_bids_whole_again_wh
     let supplier_x25519 = dir.path().join("supplier.key.x25519");
     gpux_supplier_agent::keys::load_or_create(&supplier_x25519).expect("the supplier's encryption key");
     let mut agents = Vec::new();
+    let ports: Vec<u16> = HOSTS.iter().map(|_| free_member_port()).collect();
     for (index, name) in HOSTS.iter().enumerate() {
         std::fs::create_dir_all(dir.path().join(name)).expect("host dir");
         let key = dir.path().join(name).join("host.key");
         std::fs::copy(&supplier_key, &key).expect("copy the key");
         std::fs::copy(&supplier_x25519, dir.path().join(name).join("host.key.x25519")).expect("copy the encryption key");
-        let (floor, port_base) = (2_000_000 + 100_000 * index as u64, 41_000 + 100 * index as u16);
+        let (floor, port_base) = (2_000_000 + 100_000 * index as u64, ports[index]);
         // Loopback bears out 1 Gb/s, never 100 Tb/s (ib-c's false claim).
         let gbps = if *name == "ib-c" { 100_000 } else { 1 };
         let (config, host) = fabric_host(&dir.path().join(name), &key, &exchange.url, &socket, name, (floor, port_base, gbps));
@@ -264,14 +279,15 @@ async fn a_cluster_job_gets_its_ranks_reaches_every_peer_and_bids_whole_again_wh
         assert_eq!(report["heard_from"], serde_json::json!(others), "rank {rank} heard from every peer: {report}");
         let env = &report["env"];
         assert_eq!(env["MASTER_ADDR"], "127.0.0.1");
-        assert_eq!(env["MASTER_PORT"], "41000", "rank 0 is the cheapest host, ib-a");
+        assert_eq!(env["MASTER_PORT"], ports[0].to_string(), "rank 0 is the cheapest host, ib-a");
         assert_eq!(env["WORLD_SIZE"], "3");
         assert_eq!(env["NNODES"], "3");
         assert_eq!(env["NODE_RANK"], rank.to_string());
         assert_eq!(env["RANK"], rank.to_string(), "one GPU a node: the global rank is the node's");
         assert_eq!(env["LOCAL_RANK"], "0");
-        assert_eq!(env["GPUX_PEERS"], "127.0.0.1:41000,127.0.0.1:41100,127.0.0.1:41200");
-        assert_eq!(env["GPUX_CLUSTER_PORT"], (41_000 + 100 * rank).to_string());
+        let peers: Vec<String> = ports.iter().map(|port| format!("127.0.0.1:{port}")).collect();
+        assert_eq!(env["GPUX_PEERS"], peers.join(","));
+        assert_eq!(env["GPUX_CLUSTER_PORT"], ports[rank].to_string());
         assert_eq!(report["hostfile"], "127.0.0.1 slots=1\n127.0.0.1 slots=1\n127.0.0.1 slots=1\n");
     }
 
