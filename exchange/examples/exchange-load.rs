@@ -267,6 +267,8 @@ fn cluster(binary: &std::path::Path, dir: &std::path::Path, operator: &SigningKe
     std::fs::create_dir_all(dir).expect("data dir");
     let secret = dir.join("cluster.secret");
     std::fs::write(&secret, "exchange-load cluster secret").expect("secret");
+    // Secret files are refused while others may read them.
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod 600");
     let mut children = Vec::new();
     for id in 1..=nodes {
         let mut command = exchange(binary, &dir.join(format!("node{id}")), operator);
