@@ -412,6 +412,16 @@ pub enum Command {
     SetClusterRules {
         rules: Vec<ClusterRule>,
     },
+    /// How long after its billing grace a lease whose reports did not all
+    /// arrive still bills them (docs/market-rules.md "Late reports"): its
+    /// bill is provisional until then. 0 (the state of journals older than
+    /// this command): every bill is final at the grace. Refused
+    /// `late_report_window_invalid` above `limits::LATE_REPORT_WINDOW_MS_MAX`.
+    /// Applies to bills closing from now on. Only the exchange issues it, at
+    /// start, never a client. Appended.
+    SetLateReportWindow {
+        window_ms: u64,
+    },
 }
 
 /// What a class's cluster contract requires of its hosts beyond one fabric

@@ -441,6 +441,26 @@ pub enum EventKind {
         mbps: u64,
         borne_out: bool,
     },
+    /// A lease's bill became provisional at its billing grace: reports of
+    /// `unreported_gpu_ms` of its time had not arrived. They are billed
+    /// until `final_at_ms` (then the bill is final: `LeaseBillingClosed`);
+    /// `kept_minor` of its escrow stays held for them, `released_minor`
+    /// went back to the renter (docs/market-rules.md "Late reports").
+    LeaseBillProvisional {
+        lease: LeaseId,
+        renter: AccountId,
+        leased_gpu_ms: u64,
+        verified_gpu_ms: u64,
+        unreported_gpu_ms: u64,
+        usage_charged_minor: u64,
+        released_minor: u64,
+        kept_minor: u64,
+        final_at_ms: u64,
+    },
+    /// The late-report window changed (see `Command::SetLateReportWindow`).
+    LateReportWindowChanged {
+        window_ms: u64,
+    },
 }
 
 /// Why a command changed nothing. The codes are stable; docs/protocol.md and
@@ -550,6 +570,8 @@ pub enum RejectCode {
     FabricInvalid,
     /// The host declared another fabric (a host keeps its fabric).
     FabricMismatch,
+    /// A late-report window above the maximum (a week).
+    LateReportWindowInvalid,
 }
 
 impl RejectCode {
@@ -633,6 +655,7 @@ impl RejectCode {
                 "a fabric names its group (1-32 lower-case letters, digits and -), 1 to 100000 Gb/s, an IP address and a port base from 1024 to 65472, on a host with a region"
             }
             FabricMismatch => "the host declared another fabric; a host keeps its fabric (register a re-wired host under a new name)",
+            LateReportWindowInvalid => "the late-report window is above the maximum of one week",
         }
     }
 }

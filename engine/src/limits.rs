@@ -54,6 +54,18 @@ pub const DEPOSIT_MINOR_MAX: u64 = 1 << 52;
 pub const FEE_BPS_MAX: u32 = 2_000;
 /// The longest billing grace after a lease's end (one day).
 pub const BILLING_GRACE_MS_MAX: u64 = 24 * 3_600_000;
+/// The longest late-report window after a lease's billing grace (a week):
+/// how long a provisional bill waits for reports before it is final.
+pub const LATE_REPORT_WINDOW_MS_MAX: u64 = 7 * 24 * 3_600_000;
+/// The exchange's and the simulator's late-report window unless told
+/// otherwise (a day).
+pub const LATE_REPORT_WINDOW_MS_DEFAULT: u64 = 24 * 3_600_000;
+/// Unreported time per GPU a lease may end with and still be billed final at
+/// its grace (an agent reports an ended lease up to its end, so this only
+/// absorbs rounding): beyond it the bill is provisional, and final once the
+/// late reports leave no more than this (docs/market-rules.md "Late
+/// reports").
+pub const UNREPORTED_ALLOWANCE_MS_PER_GPU: u64 = 1_000;
 
 /// The matrix sides a class's hardware challenge may ask for: a power of
 /// two from 16 (the product fills one 256-word Merkle leaf) to 16 384 (a

@@ -318,3 +318,129 @@ fn an_archived_lease_leaves_the_engine_and_nothing_else_changes() {
     let restored: Engine = serde_json::from_str(&serde_json::to_string(&m.engine).expect("encodes")).expect("decodes");
     assert_eq!(restored.state_hash(), m.engine.state_hash(), "a snapshot keeps the archive's holes");
 }
+
+/// Settles usage as the market does for an accepted report: its covered
+/// time noted first, then the charge.
+fn report(m: &mut Market, lease: LeaseId, covered_gpu_ms: u64, verified_gpu_ms: u64) -> Vec<Event> {
+    m.engine.note_reported(lease, covered_gpu_ms);
+    settle(m, lease, verified_gpu_ms)
+}
+
+fn provisional(events: &[Event]) -> Option<(u64, u64, u64, u64)> {
+    find(events, |k| match k {
+        EventKind::LeaseBillProvisional { unreported_gpu_ms, released_minor, kept_minor, final_at_ms, .. } => {
+            Some((*unreported_gpu_ms, *released_minor, *kept_minor, *final_at_ms))
+        }
+        _ => None,
+    })
+}
+
+fn billing_closed(events: &[Event]) -> Option<(u64, u32)> {
+    find(events, |k| match k {
+        EventKind::LeaseBillingClosed { usage_charged_minor, availability_bps, .. } => Some((*usage_charged_minor, *availability_bps)),
+        _ => None,
+    })
+}
+
+const WINDOW: u64 = 24 * HOUR;
+
+#[test]
+fn reports_missing_at_the_grace_make_the_bill_provisional_and_late_ones_are_billed_until_it_is_final() {
+    let (mut m, supplier, host, renter) = market(10_000_000_000);
+    m.apply(Command::SetLateReportWindow { window_ms: WINDOW });
+    let lease = spot_lease(&mut m, supplier, host, renter, LeaseDuration::Hours(2));
+    // Its first hour reported; the second's reports wait on a host that is down.
+    report(&mut m, lease, HOUR, HOUR);
+    m.advance(2 * HOUR);
+    let events = m.advance(GRACE);
+    let ended_at = 2 * HOUR;
+    assert_eq!(billing_closed(&events), None, "not final: an hour of reports is missing");
+    let at_grace = m.engine.now_ms();
+    // Escrow was two hours (US$4); one hour charged; the missing hour's
+    // worth (US$2) stays held, nothing else was left to release.
+    assert_eq!(provisional(&events), Some((HOUR, 0, USD_2, at_grace + WINDOW)));
+    assert_eq!(balances(&m, renter).held_minor, USD_2);
+    assert!(at_grace >= ended_at);
+
+    // The late report, 6 hours on, is billed from what was kept; the bill
+    // is then complete, so it is final at once with full availability.
+    m.advance(6 * HOUR);
+    let events = report(&mut m, lease, HOUR, HOUR);
+    assert!(rejection(&events).is_none(), "a late report within the window is billed: {events:?}");
+    assert_eq!(billing_closed(&events), Some((2 * USD_2, 10_000)));
+    assert_eq!(
+        balances(&m, renter),
+        Balances { available_minor: 10_000_000_000 - 2 * USD_2, held_minor: 0, payable_minor: 0, debt_minor: 0 }
+    );
+    let fee = 2 * USD_2 * FEE_BPS / 10_000;
+    assert_eq!(balances(&m, supplier).payable_minor, 2 * USD_2 - fee, "the supplier is paid for both hours");
+    assert_eq!(rejection(&settle(&mut m, lease, 1_000)), Some(RejectCode::LeaseBillingClosed));
+}
+
+#[test]
+fn a_provisional_bill_is_final_at_the_end_of_the_window_and_releases_what_it_kept() {
+    let (mut m, supplier, host, renter) = market(10_000_000_000);
+    m.apply(Command::SetLateReportWindow { window_ms: WINDOW });
+    let lease = spot_lease(&mut m, supplier, host, renter, LeaseDuration::Hours(3));
+    report(&mut m, lease, HOUR, HOUR);
+    m.advance(3 * HOUR + GRACE);
+    // Two hours missing: US$4 of the US$4 left in escrow kept; none released.
+    assert_eq!(balances(&m, renter).held_minor, 2 * USD_2);
+    // Half an hour of it comes in late; the rest never does.
+    m.advance(HOUR);
+    let events = report(&mut m, lease, HOUR / 2, HOUR / 2);
+    assert_eq!(billing_closed(&events), None, "still missing an hour and a half");
+    let events = m.advance(WINDOW);
+    let (charged, availability) = billing_closed(&events).expect("final at the window's end");
+    assert_eq!(charged, USD_2 + USD_2 / 2);
+    assert_eq!(availability, 5_000, "the SLA is settled on what was verified by the final bill");
+    assert_eq!(balances(&m, renter).held_minor, 0, "what was kept and not charged went back");
+    assert_eq!(
+        rejection(&report(&mut m, lease, HOUR, HOUR)),
+        Some(RejectCode::LeaseBillingClosed),
+        "after the window, reports are refused"
+    );
+}
+
+#[test]
+fn a_lease_whose_reports_all_arrived_is_final_at_the_grace_and_without_a_window_every_bill_is() {
+    for window_ms in [WINDOW, 0] {
+        let (mut m, supplier, host, renter) = market(10_000_000_000);
+        m.apply(Command::SetLateReportWindow { window_ms });
+        let lease = spot_lease(&mut m, supplier, host, renter, LeaseDuration::Hours(1));
+        // Reports stop 0.8 s short of the end: within the allowance.
+        let covered = HOUR - 800;
+        report(&mut m, lease, if window_ms > 0 { covered } else { HOUR / 2 }, covered);
+        let events = m.advance(HOUR + GRACE);
+        assert_eq!(provisional(&events), None, "window {window_ms}");
+        assert!(billing_closed(&events).is_some(), "window {window_ms}: final at the grace");
+        assert_eq!(balances(&m, renter).held_minor, 0);
+    }
+}
+
+#[test]
+fn an_open_ended_lease_keeps_what_its_missing_time_is_worth_and_releases_the_rest_of_its_escrow() {
+    let (mut m, supplier, host, renter) = market(10_000_000_000);
+    m.apply(Command::SetLateReportWindow { window_ms: WINDOW });
+    let lease = spot_lease(&mut m, supplier, host, renter, LeaseDuration::UntilCancelled);
+    m.advance(3 * HOUR);
+    m.apply(Command::EndLease { account: renter, lease });
+    let escrow = balances(&m, renter).held_minor;
+    let events = m.advance(GRACE);
+    let (unreported, released, kept, _) = provisional(&events).expect("provisional: nothing reported");
+    assert_eq!((unreported, kept, released), (3 * HOUR, 3 * USD_2, escrow - 3 * USD_2));
+    let available = balances(&m, renter).available_minor;
+    let events = report(&mut m, lease, 3 * HOUR, 3 * HOUR - 60_000);
+    let charged = USD_2 * (3 * HOUR - 60_000) / HOUR;
+    assert_eq!(billing_closed(&events).map(|c| c.0), Some(charged));
+    assert_eq!(balances(&m, renter).available_minor, available + 3 * USD_2 - charged, "what was kept and not charged went back");
+    assert_eq!(balances(&m, renter).held_minor, 0);
+}
+
+#[test]
+fn a_late_report_window_above_a_week_is_refused() {
+    let (mut m, ..) = market(0);
+    let events = m.apply(Command::SetLateReportWindow { window_ms: limits::LATE_REPORT_WINDOW_MS_MAX + 1 });
+    assert_eq!(rejection(&events), Some(RejectCode::LateReportWindowInvalid));
+    assert!(rejection(&m.apply(Command::SetLateReportWindow { window_ms: limits::LATE_REPORT_WINDOW_MS_MAX })).is_none());
+}

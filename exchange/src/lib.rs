@@ -95,6 +95,9 @@ pub struct JobStoreConfig {
 pub const FEE_BPS_DEFAULT: u32 = 250;
 /// The default billing grace: reports are billed until 10 minutes after a lease ends.
 pub const BILLING_GRACE_MS_DEFAULT: u64 = 10 * 60_000;
+/// The default late-report window: a lease whose reports were missing at its
+/// grace bills them for a day more (docs/market-rules.md "Late reports").
+pub const LATE_REPORT_WINDOW_MS_DEFAULT: u64 = gpux_engine::limits::LATE_REPORT_WINDOW_MS_DEFAULT;
 
 /// What ends a running exchange.
 pub enum Stop {

@@ -55,6 +55,12 @@ struct Args {
     /// settled). Overrides the listing's `billing_grace_ms`.
     #[arg(long)]
     billing_grace_ms: Option<u64>,
+    /// How long after its billing grace a lease whose usage reports had not
+    /// all arrived still bills them, in milliseconds (its bill is
+    /// provisional until then; docs/market-rules.md "Late reports"); 0:
+    /// every bill is final at the grace. At most a week.
+    #[arg(long, default_value_t = gpux_exchange::LATE_REPORT_WINDOW_MS_DEFAULT)]
+    late_report_window_ms: u64,
     /// Runs the exchange's clock this many milliseconds ahead of the wall
     /// clock (demos and tests that must reach a reserved window's start).
     /// The journal refuses time going backwards: only ever raise it.
@@ -256,6 +262,9 @@ fn run_main() -> Result<()> {
     if args.billing_grace_ms.is_some_and(|grace| grace > gpux_engine::limits::BILLING_GRACE_MS_MAX) {
         anyhow::bail!("--billing-grace-ms must be at most {} (one day)", gpux_engine::limits::BILLING_GRACE_MS_MAX);
     }
+    if args.late_report_window_ms > gpux_engine::limits::LATE_REPORT_WINDOW_MS_MAX {
+        anyhow::bail!("--late-report-window-ms must be at most {} (one week)", gpux_engine::limits::LATE_REPORT_WINDOW_MS_MAX);
+    }
     let mut listing = match &args.listing {
         Some(path) => gpux_exchange::listing::load(path)?,
         None => gpux_exchange::listing::parse(gpux_exchange::listing::DEMO, "listing/demo.toml (built in)")?,
@@ -317,7 +326,11 @@ fn run_main() -> Result<()> {
         data_dir: args.data_dir,
         listen: args.listen,
         operator_keys,
-        billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: listing.config.fee_bps, grace_ms: listing.config.billing_grace_ms },
+        billing: gpux_exchange::sequencer::BillingPolicy {
+            fee_bps: listing.config.fee_bps,
+            grace_ms: listing.config.billing_grace_ms,
+            late_window_ms: args.late_report_window_ms,
+        },
         listing,
         limits,
         metrics_listen,

@@ -30,7 +30,8 @@ pub fn accounts_of(engine: &Engine, event: &Event) -> [Option<AccountId>; 2] {
         FeeCharged { supplier, .. } => [Some(supplier), None],
         SlaCredited { renter, supplier, .. } => [Some(renter), Some(supplier)],
         LeaseBillingClosed { lease, .. } => engine.lease(lease).map_or([None, None], |l| [Some(l.renter), Some(l.supplier)]),
-        FeeChanged { .. } | BillingGraceChanged { .. } | ListingChanged { .. } => [None, None],
+        LeaseBillProvisional { lease, renter, .. } => [Some(renter), engine.lease(lease).map(|l| l.supplier)],
+        FeeChanged { .. } | BillingGraceChanged { .. } | LateReportWindowChanged { .. } | ListingChanged { .. } => [None, None],
         FundsCharged { account, to: None, reason: gpux_engine::HoldReason::Lease(lease), .. } => {
             [Some(account), engine.lease(lease).map(|l| l.supplier)]
         }

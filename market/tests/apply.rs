@@ -27,6 +27,7 @@ use proptest::prelude::*;
 /// 2026-12-02T15:01:00Z.
 const T0: u64 = 1_796_223_660_000;
 const SPOT: InstrumentId = InstrumentId(0);
+const LATE_WINDOW_MS: u64 = 2 * 3_600_000;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -108,6 +109,8 @@ struct Session {
     feed_seq: BTreeMap<(bool, InstrumentId), u64>,
     /// Outcomes of the usage reports, in order.
     outcomes: Vec<Result<gpux_settlement::UsageOutcome, gpux_protocol::UsageRejectCode>>,
+    /// Every ledger transfer posted, in order.
+    transfers: Vec<gpux_settlement::ledger::Transfer>,
 }
 
 impl Session {
@@ -128,7 +131,11 @@ impl Session {
             next_transfer: 0,
             feed_seq: BTreeMap::new(),
             outcomes: Vec::new(),
+            transfers: Vec::new(),
         };
+        // Bills with reports missing at the grace are provisional for two
+        // hours (the exchange's default is a day): runs reach both ends.
+        session.command(Command::SetLateReportWindow { window_ms: LATE_WINDOW_MS });
         session.command(Command::OpenAccount { role: Role::Supplier });
         session.apply(JournalEntry::BindKey { public_key: session.key.verifying_key().to_bytes(), account: AccountId(0) });
         session.command(Command::OpenAccount { role: Role::Renter });
@@ -154,6 +161,7 @@ impl Session {
             assert!(transfer.id >= self.next_transfer, "transfer ids only grow");
             self.next_transfer = transfer.id + 1;
         }
+        self.transfers.extend(&applied.transfers);
         for notice in &applied.notices {
             match (&notice.message, notice.to) {
                 (ServerMessage::BookUpdate { instrument, seq, .. }, Audience::Feed(..)) => self.next_feed_seq(false, *instrument, *seq),
@@ -703,17 +711,91 @@ fn a_lease_leaves_the_hot_state_an_hour_after_its_bill_is_final() {
     session.run(&Op::Ask { mask: 1, ticks: 0 });
     session.run(&Op::Bid { quantity: 1, ticks: 0, hours: 1 });
     let lease = session.lease(0).expect("a lease");
-    // The lease ends after an hour; its bill is final 10 minutes later.
+    // The lease ends after an hour; no report came, so its bill is
+    // provisional 10 minutes later and final at the end of the late-report
+    // window; it stays in the hot state until an hour after that.
     session.run(&Op::Advance { ms: 70 * 60_000 + 1 });
+    let info = session.market.engine().lease(lease).expect("still held");
+    assert!(!info.billing_closed, "provisional: its reports are missing");
+    session.run(&Op::Advance { ms: LATE_WINDOW_MS });
     let info = session.market.engine().lease(lease).expect("still held");
     assert!(info.billing_closed);
     let tick = |at_ms| JournalEntry::Engine(Input { at_ms, command: Command::Tick });
-    let closed_at = T0 + 70 * 60_000;
+    let closed_at = T0 + 70 * 60_000 + LATE_WINDOW_MS;
     let early = session.market.apply(&tick(closed_at + gpux_market::LEASE_RETENTION_MS - 1)).expect("applies");
     assert!(early.archived.leases.is_empty());
     let due = session.market.apply(&tick(closed_at + gpux_market::LEASE_RETENTION_MS)).expect("applies");
     assert_eq!(due.archived.leases.iter().map(|l| &l.info).collect::<Vec<_>>(), vec![&info]);
     assert_eq!(session.market.engine().lease(lease), None);
+}
+
+/// A lease whose reports are missing at its grace is billed provisionally
+/// (what the missing time could cost kept, the rest of its escrow
+/// released), a late report within the window is billed, and the bill is
+/// final when the last arrives; the renter's statement says which line was
+/// which (docs/market-rules.md "Late reports").
+#[test]
+fn a_provisional_bill_takes_late_reports_until_it_is_final_and_the_statement_says_so() {
+    use gpux_settlement::ledger::TransferKind;
+    let mut session = Session::new();
+    session.run(&Op::Ask { mask: 1, ticks: 0 });
+    // Open-ended: its escrow runs a prepaid horizon ahead of the use.
+    session.run(&Op::Bid { quantity: 1, ticks: 0, hours: 0 });
+    let lease = session.lease(0).expect("a lease");
+    let report = |session: &mut Session, minutes| session.run(&Op::Report { pick: 0, gpu: 0, minutes, tamper: 2 });
+    session.run(&Op::Advance { ms: 30 * 60_000 });
+    report(&mut session, 30);
+    // The renter ends it at two hours; 90 minutes of reports are missing at the grace.
+    session.run(&Op::Advance { ms: 90 * 60_000 });
+    session.run(&Op::EndLease { pick: 0 });
+    let escrow = session.market.engine().lease(lease).expect("held").escrow_minor;
+    session.run(&Op::Advance { ms: 10 * 60_000 });
+    let info = session.market.engine().lease(lease).expect("held");
+    assert!(!info.active && !info.billing_closed, "provisional");
+    let kinds = |session: &Session| session.transfers.iter().filter(|t| t.lease == Some(lease)).map(|t| t.kind).collect::<Vec<_>>();
+    assert!(kinds(&session).contains(&TransferKind::UsageCharge));
+    // The missing 90 minutes' worth is kept, the rest of the escrow released.
+    let missing_worth = info.price_minor_per_gpu_hour * 3 / 2;
+    assert_eq!(info.escrow_minor, missing_worth);
+    let released: Vec<_> = session.transfers.iter().filter(|t| t.kind == TransferKind::ProvisionalRelease).collect();
+    assert_eq!(released.iter().map(|t| t.amount_minor).collect::<Vec<_>>(), vec![escrow - missing_worth]);
+    assert!(released[0].description().contains("provisional bill"), "{}", released[0].description());
+
+    // The late reports arrive an hour on: billed, and the last makes the bill final.
+    session.run(&Op::Advance { ms: 60 * 60_000 });
+    report(&mut session, 60);
+    assert!(!session.market.engine().lease(lease).expect("held").billing_closed, "30 minutes still missing");
+    report(&mut session, 30);
+    let info = session.market.engine().lease(lease).expect("held");
+    assert!(info.billing_closed, "final once every report arrived");
+    assert_eq!(info.verified_gpu_ms, 2 * 3_600_000);
+    assert_eq!(info.usage_charged_minor, 2 * info.price_minor_per_gpu_hour);
+    assert_eq!(info.escrow_minor, 0);
+    let late: Vec<_> = session.transfers.iter().filter(|t| t.kind == TransferKind::LateUsageCharge).collect();
+    assert_eq!(late.iter().map(|t| t.amount_minor).sum::<u64>(), info.price_minor_per_gpu_hour * 3 / 2);
+    assert!(late[0].description().contains("reported after its billing grace"), "{}", late[0].description());
+    assert!(session.outcomes.iter().all(|o| o.is_ok()), "{:?}", session.outcomes);
+    let renter = session.renter;
+    assert_eq!(session.market.engine().balances(renter).expect("renter").held_minor, 0);
+}
+
+/// A provisional bill no late report completes is final at the end of the
+/// window: what it kept goes back to the renter as the final bill's release.
+#[test]
+fn a_provisional_bill_without_late_reports_releases_what_it_kept_when_final() {
+    use gpux_settlement::ledger::TransferKind;
+    let mut session = Session::new();
+    session.run(&Op::Ask { mask: 1, ticks: 0 });
+    session.run(&Op::Bid { quantity: 1, ticks: 0, hours: 1 });
+    let lease = session.lease(0).expect("a lease");
+    session.run(&Op::Advance { ms: 70 * 60_000 + 1 });
+    let kept = session.market.engine().lease(lease).expect("held").escrow_minor;
+    assert_eq!(kept, 1_500_000, "an hour unreported: the whole escrow kept");
+    session.run(&Op::Advance { ms: LATE_WINDOW_MS });
+    assert!(session.market.engine().lease(lease).expect("held").billing_closed);
+    let last = session.transfers.iter().rfind(|t| t.lease == Some(lease)).expect("transfers");
+    assert_eq!((last.kind, last.amount_minor), (TransferKind::FinalRelease, kept));
+    assert!(last.description().contains("final bill"));
 }
 
 /// The `instruments` reply lists what is not expired: after days of hourly
@@ -873,7 +955,7 @@ fn late_preemptions_and_disconnects_during_leases_count_in_the_record() {
         preempted.push(lease);
     }
     // A spot bid takes all three GPUs: each preemptible lease gets its notice.
-    let bid = NewOrder { duration: LeaseDuration::Hours(2), ..NewOrder::limit(session.renter, 900, SPOT, Side::Buy, 2_000_000, 3) };
+    let bid = NewOrder { duration: LeaseDuration::Hours(4), ..NewOrder::limit(session.renter, 900, SPOT, Side::Buy, 2_000_000, 3) };
     session.command(Command::PlaceOrder(bid));
     session.run(&Op::Advance { ms: 30_000 });
     for lease in &preempted {
@@ -890,8 +972,11 @@ fn late_preemptions_and_disconnects_during_leases_count_in_the_record() {
     session.now_ms += 2 * 60_000;
     stopped(&mut session, preempted[1]);
     assert_eq!(late(&session), 1, "stopped over a minute after the end: late");
-    // The third is never reported stopped: late once its bill closes.
+    // The third is never reported stopped: late once its bill is final (no
+    // report came: provisional at the grace, final at the window's end).
     session.run(&Op::Advance { ms: 10 * 60_000 });
+    assert_eq!(late(&session), 1, "not yet: its bill is provisional");
+    session.run(&Op::Advance { ms: LATE_WINDOW_MS });
     assert!(session.market.engine().lease(preempted[2]).expect("held").billing_closed);
     assert_eq!(late(&session), 2);
     let record = session.market.reliability().supplier(session.supplier, session.now_ms);

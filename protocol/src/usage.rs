@@ -299,7 +299,9 @@ impl UsageRejectCode {
             FromFuture => "the interval ends in the future by the exchange's clock",
             Malformed => "empty interval, or more available time than the interval",
             ChainFull => "this lease and GPU reached the report limit",
-            BillingClosed => "the lease's billing closed (its end plus the billing grace passed); report sooner",
+            BillingClosed => {
+                "the lease's bill is final (its grace passed with every report in, or its late-report window passed); report sooner"
+            }
         }
     }
 }

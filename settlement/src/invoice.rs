@@ -68,8 +68,8 @@ pub fn build_invoice(header: InvoiceHeader, transfers: &[Transfer], leases: &Lea
                 }
                 continue;
             }
-            TransferKind::UsageCharge | TransferKind::UsageUnpaid if from_mine => InvoiceItem::Usage,
-            TransferKind::UsageCharge | TransferKind::UsageUnpaid => InvoiceItem::Earnings,
+            TransferKind::UsageCharge | TransferKind::LateUsageCharge | TransferKind::UsageUnpaid if from_mine => InvoiceItem::Usage,
+            TransferKind::UsageCharge | TransferKind::LateUsageCharge | TransferKind::UsageUnpaid => InvoiceItem::Earnings,
             TransferKind::Fee => InvoiceItem::Fee,
             TransferKind::SlaCredit => InvoiceItem::SlaCredit,
             TransferKind::DeliveryCredit => InvoiceItem::DeliveryCredit,
@@ -77,7 +77,12 @@ pub fn build_invoice(header: InvoiceHeader, transfers: &[Transfer], leases: &Lea
             TransferKind::ContractSettlement => InvoiceItem::ContractResale,
             // Hold, release and debt repaid stay within the account (skipped
             // above); an older journal's transfers have no kind.
-            TransferKind::Hold | TransferKind::Release | TransferKind::DebtRepaid | TransferKind::Unclassified => InvoiceItem::Unclassified,
+            TransferKind::Hold
+            | TransferKind::Release
+            | TransferKind::ProvisionalRelease
+            | TransferKind::FinalRelease
+            | TransferKind::DebtRepaid
+            | TransferKind::Unclassified => InvoiceItem::Unclassified,
         };
         *amounts.entry((t.lease, item)).or_default() += signed;
     }

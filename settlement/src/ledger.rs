@@ -116,6 +116,15 @@ pub enum TransferKind {
     ContractSettlement = 13,
     /// Funds moved between a parent and its sub-account.
     FundsMoved = 14,
+    /// A lease's escrow released at its provisional bill (reports were
+    /// missing at the grace; what they could cost stays held).
+    ProvisionalRelease = 15,
+    /// A usage charge of a report that arrived after the grace, while the
+    /// lease's bill was provisional.
+    LateUsageCharge = 16,
+    /// What a provisional bill kept for late reports, released when it
+    /// became final.
+    FinalRelease = 17,
 }
 
 impl TransferKind {
@@ -137,6 +146,9 @@ impl TransferKind {
             DisputeWithheld,
             ContractSettlement,
             FundsMoved,
+            ProvisionalRelease,
+            LateUsageCharge,
+            FinalRelease,
         ]
         .get(value as usize)
         .copied()
@@ -162,6 +174,9 @@ impl TransferKind {
             DisputeWithheld => "dispute_withheld",
             ContractSettlement => "contract_settlement",
             FundsMoved => "funds_moved",
+            ProvisionalRelease => "provisional_release",
+            LateUsageCharge => "late_usage_charge",
+            FinalRelease => "final_release",
         }
     }
 }
@@ -187,6 +202,9 @@ pub struct Ledger {
     suppliers: BTreeMap<LeaseId, AccountId>,
     last_transfer_id: Option<u64>,
     transfers: u64,
+    /// Leases whose bill is provisional: their usage charges are late ones
+    /// and their escrow's release is the final bill's.
+    provisional: std::collections::BTreeSet<LeaseId>,
 }
 
 impl Transfer {
@@ -236,6 +254,11 @@ impl Transfer {
             DisputeWithheld => format!("supplier's share of disputed time on {lease}, withheld"),
             ContractSettlement => "reserved contract resold: the price difference".into(),
             FundsMoved => "moved between an account and its sub-account".into(),
+            ProvisionalRelease => {
+                format!("escrow of {lease} released at its provisional bill (what its missing reports could cost stays held)")
+            }
+            LateUsageCharge => format!("verified usage of {lease} reported after its billing grace (provisional bill)"),
+            FinalRelease => format!("escrow kept for late reports of {lease} released at its final bill"),
         }
     }
 }
@@ -311,6 +334,15 @@ impl Ledger {
                     }
                 }
             }
+            EventKind::LeaseBillProvisional { lease, renter, released_minor, .. } => {
+                self.provisional.insert(lease);
+                if released_minor > 0 {
+                    legs.push((Held(renter), Available(renter), released_minor, Some(lease)));
+                }
+            }
+            EventKind::LeaseBillingClosed { lease, .. } => {
+                self.provisional.remove(&lease);
+            }
             EventKind::DeliveryCredited { holder, supplier, amount_minor, from_payable, from_available, from_debt, .. } => {
                 for (source, amount) in
                     [(Payable(supplier), from_payable), (Available(supplier), from_available), (Debt(supplier), from_debt)]
@@ -323,7 +355,7 @@ impl Ledger {
             }
             _ => {}
         }
-        let kind = transfer_kind(&event.kind);
+        let kind = self.transfer_kind(&event.kind);
         let mut posted = Vec::with_capacity(legs.len());
         for (leg, (from, to, amount_minor, lease)) in legs.into_iter().enumerate() {
             let transfer = Transfer { id: event.seq * 4 + leg as u64, at_ms: event.at_ms, from, to, amount_minor, lease, kind };
@@ -331,6 +363,21 @@ impl Ledger {
             posted.push(transfer);
         }
         Ok(posted)
+    }
+
+    /// The kind of every transfer an event posts: a usage charge or an
+    /// escrow release of a lease whose bill is provisional is the late
+    /// report's or the final bill's.
+    fn transfer_kind(&self, event: &EventKind) -> TransferKind {
+        match *event {
+            EventKind::FundsCharged { to: None, reason: HoldReason::Lease(lease), .. } if self.provisional.contains(&lease) => {
+                TransferKind::LateUsageCharge
+            }
+            EventKind::FundsReleased { reason: HoldReason::Lease(lease), .. } if self.provisional.contains(&lease) => {
+                TransferKind::FinalRelease
+            }
+            _ => transfer_kind(event),
+        }
     }
 
     /// Forgets which supplier a lease pays, once nothing can be charged to
@@ -378,6 +425,7 @@ fn transfer_kind(event: &EventKind) -> TransferKind {
         EventKind::SlaCredited { .. } => TransferKind::SlaCredit,
         EventKind::DeliveryCredited { .. } => TransferKind::DeliveryCredit,
         EventKind::UsageDisputed { .. } => TransferKind::DisputeWithheld,
+        EventKind::LeaseBillProvisional { .. } => TransferKind::ProvisionalRelease,
         _ => TransferKind::Unclassified,
     }
 }

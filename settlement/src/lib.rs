@@ -344,6 +344,12 @@ pub fn settle_report(
     });
     let outcome = settlement.report(account, reporter_key, terms.as_ref(), report, at_ms);
     let mut events = Vec::new();
+    if let (Ok(UsageOutcome::Accepted { .. }), Some(terms)) = (&outcome, &terms) {
+        // The time the report covers, available or not, within the lease:
+        // whether the lease's bill waits for late reports at its grace.
+        let end_ms = terms.end_ms.map_or(report.body.end_ms, |end| report.body.end_ms.min(end));
+        engine.note_reported(report.body.lease, end_ms.saturating_sub(report.body.start_ms.max(terms.start_ms)));
+    }
     if let Ok(UsageOutcome::Accepted { charge_minor, verified_ms }) = outcome {
         // The engine records the verified time (for the SLA) and takes the
         // charge from escrow, then available funds, the rest as debt.

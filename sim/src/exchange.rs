@@ -8,7 +8,7 @@
 //! A broken invariant (the ledger refused a posting) stops the run: money
 //! must balance.
 
-use gpux_engine::{AccountId, Engine, EngineConfig, Event, Input};
+use gpux_engine::{AccountId, Command, Engine, EngineConfig, Event, Input};
 use gpux_market::{Applied, JournalEntry, MarketState};
 use gpux_protocol::UsageReport;
 use gpux_settlement::ledger::Ledger;
@@ -63,6 +63,10 @@ impl SimExchange {
         };
         // As the exchange does at its first start: reports are checked by ZIP-215.
         exchange.record(JournalEntry::SignatureRule { rule: gpux_settlement::SignatureRule::Zip215 });
+        // And as its default flags say: late reports are billed for a day
+        // after the grace (docs/market-rules.md "Late reports").
+        let window_ms = gpux_engine::limits::LATE_REPORT_WINDOW_MS_DEFAULT;
+        exchange.record(JournalEntry::Engine(Input { at_ms: 0, command: Command::SetLateReportWindow { window_ms } }));
         exchange
     }
 

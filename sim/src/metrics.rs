@@ -103,6 +103,14 @@ pub struct FaultStats {
     /// Leases with time never billed, by cause.
     pub unbilled_late_leases: u64,
     pub unbilled_stopped_leases: u64,
+    /// Bills made provisional at the grace (reports missing), the GPU time
+    /// missing then, what late reports billed before the bills were final,
+    /// and how many became final before their window ended (their last
+    /// report arrived).
+    pub provisional_bills: u64,
+    pub provisional_unreported_gpu_ms: u64,
+    pub late_billed_gpu_ms: u64,
+    pub provisional_final_early: u64,
     pub restarts: u64,
     pub restart_entries_replayed: u64,
     pub restart_mismatches: u64,

@@ -438,9 +438,13 @@ fn billing_section(md: &mut String, m: &Metrics) {
         "Delivered but never billed: {:.1} GPU-h, {:.1}% of the delivered time. All of it comes from the injected faults, and it is \
          the supplier's loss, not the renter's (the exchange bills only what verified reports show):\n\n\
          | Cause | Leases | GPU-h | Share of delivered |\n|---|---|---|---|\n\
-         | reports sent after the billing grace (10 min after the lease ended) by agents that delayed them or whose host was down, refused `billing_closed` | {} | {:.1} | {:.1}% |\n\
-         | agents that stopped reporting mid-lease | {} | {:.1} | {:.1}% |\n\
-         | anything else (an honest, on-time lease billed less than it delivered) | {} | {:.1} | {:.1}% |\n",
+         | reports sent after the late-report window (a day after the billing grace) by agents that delayed them or whose host was down, refused `billing_closed` | {} | {:.1} | {:.1}% |\n\
+         | agents that stopped reporting mid-lease (time no agent measured: not provable, so not billed; the supplier's loss, as a host that is down) | {} | {:.1} | {:.1}% |\n\
+         | anything else (an honest, on-time lease billed less than it delivered) | {} | {:.1} | {:.1}% |\n\n\
+         Provisional bills (docs/market-rules.md \"Late reports\"): {} leases had reports of {:.1} GPU-h missing at their billing grace; \
+         late reports billed {:.1} GPU-h of it before the bills were final ({} final as their last report arrived, the rest at the end \
+         of the day's window). Unpaid for causes an honest supplier recovers from (late reports, anything else): {:.2}% of the \
+         delivered time.\n",
         hours(unbilled),
         share(unbilled),
         f.unbilled_late_leases,
@@ -452,6 +456,11 @@ fn billing_section(md: &mut String, m: &Metrics) {
         b.clean_mismatches,
         hours(unbilled.saturating_sub(f.unbilled_late_gpu_ms + f.unbilled_stopped_gpu_ms)),
         share(unbilled.saturating_sub(f.unbilled_late_gpu_ms + f.unbilled_stopped_gpu_ms)),
+        f.provisional_bills,
+        hours(f.provisional_unreported_gpu_ms),
+        hours(f.late_billed_gpu_ms),
+        f.provisional_final_early,
+        share(unbilled.saturating_sub(f.unbilled_stopped_gpu_ms)),
     );
 }
 

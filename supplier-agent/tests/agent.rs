@@ -325,6 +325,82 @@ async fn the_time_a_killed_agent_was_down_is_not_billed() {
     assert!(verified + 3_000 >= measured, "billed {verified} ms: what was measured is paid ({measured} ms)");
 }
 
+/// The agent is killed with reports it could not send (the exchange was
+/// down) still on disk; the lease ends, and its billing grace passes, while
+/// the agent is gone: the bill is provisional (both sides told what is
+/// kept for the missing time), the restarted agent sends the reports, they
+/// are billed as late usage, and the bill is final as soon as they cover
+/// the lease (docs/market-rules.md "Late reports").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_an_agent_kept_on_disk_through_a_kill_are_billed_after_the_grace() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let renter_key = SigningKey::from_bytes(&[3; 32]);
+    // A 2 s grace; late reports are taken for 10 minutes after it.
+    let mut exchange = Exchange::start_with_billing(&dir.path().join("exchange"), &operator, 2_000, 600_000);
+    let (config, host, mut agent, mut renter) = one_gpu_on_sale(dir.path(), &exchange, &operator).await;
+    let (lease, start_ms) = buy_the_gpu(&mut renter).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    // The exchange goes away for 8 s: the agent measures and keeps its
+    // reports on disk; then it is killed before it can send them.
+    exchange.stop();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let _ = agent.0.kill();
+    let _ = agent.0.wait();
+    let killed_ms = now_ms();
+    exchange.start_again();
+    let mut renter = Connection::open(&exchange.url, &renter_key, Some(Role::Renter)).await.expect("renter again");
+    let ended_ms = end_the_lease(&mut renter, lease).await;
+    // The grace passes with about 9 s of the lease unreported.
+    let provisional = loop {
+        if let ServerMessage::Private { event, .. } = renter.next().await.expect("message") {
+            if let gpux_engine::EventKind::LeaseBillProvisional { lease: l, unreported_gpu_ms, kept_minor, released_minor, .. } = event.kind
+            {
+                assert_eq!(l, lease);
+                break (unreported_gpu_ms, kept_minor, released_minor);
+            }
+        }
+    };
+    let (unreported_ms, kept, _) = provisional;
+    assert!(unreported_ms > 5_000 && unreported_ms <= ended_ms - start_ms, "{provisional:?}");
+    assert_eq!(kept, (2_100_000u128 * unreported_ms as u128).div_ceil(3_600_000) as u64, "what the missing time could cost is kept");
+    let lease_info = |leases: Vec<gpux_engine::LeaseInfo>| leases.into_iter().find(|l| l.lease == lease).expect("the lease");
+    let id = renter.new_id();
+    let ServerMessage::Leases { leases, .. } = renter.request(ClientMessage::Leases { id, after: None }).await.expect("leases") else {
+        panic!("leases")
+    };
+    let before = lease_info(leases);
+    assert!(!before.billing_closed && before.escrow_minor == kept, "{before:?}");
+
+    // Back, the agent sends what it kept: billed, and the bill is final.
+    let _agent = spawn_agent(&config, &host);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let after = loop {
+        let id = renter.new_id();
+        let ServerMessage::Leases { leases, .. } = renter.request(ClientMessage::Leases { id, after: None }).await.expect("leases") else {
+            panic!("leases")
+        };
+        let info = lease_info(leases);
+        if info.billing_closed {
+            break info;
+        }
+        assert!(Instant::now() < deadline, "the late reports make the bill final: {info:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // Everything measured is paid: up to the kill (the rest of the lease
+    // was measured by nobody, within the allowance).
+    let measured = killed_ms - start_ms;
+    assert!(after.verified_gpu_ms + 3_000 >= measured && after.verified_gpu_ms <= ended_ms - start_ms, "{after:?}, measured {measured}");
+    assert_eq!(after.escrow_minor, 0);
+    let id = renter.new_id();
+    let ServerMessage::Statement { lines, .. } = renter.request(ClientMessage::Statement { id, after: None }).await.expect("statement")
+    else {
+        panic!("statement")
+    };
+    let late: u64 = lines.iter().filter(|l| l.lease == Some(lease) && l.kind == "late_usage_charge").map(|l| l.amount_minor).sum();
+    assert!(late > 0 && late + before.usage_charged_minor == after.usage_charged_minor, "late usage {late}: {lines:?}");
+}
+
 /// A host whose clock runs 20 s ahead of the exchange's (docs/agent.md
 /// "Clock"): its agent stamps reports in the exchange's time, measured at
 /// login, so none is refused `from_future` and the renter pays for the

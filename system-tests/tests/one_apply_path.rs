@@ -19,7 +19,11 @@ use gpux_sim::{Sim, SimConfig};
 
 fn demo_billing() -> BillingPolicy {
     let config = EngineConfig::demo();
-    BillingPolicy { fee_bps: config.fee_bps, grace_ms: config.billing_grace_ms }
+    BillingPolicy {
+        fee_bps: config.fee_bps,
+        grace_ms: config.billing_grace_ms,
+        late_window_ms: gpux_exchange::LATE_REPORT_WINDOW_MS_DEFAULT,
+    }
 }
 
 /// The audit's replay of a journal file, and its state hash.
@@ -219,8 +223,9 @@ fn sub_accounts_keys_and_a_resold_lease_replay_alike_in_the_audit_and_a_recovery
     };
     let at = |at_ms: u64, command: Command| JournalEntry::Engine(Input { at_ms, command });
     let (renter, supplier, sub) = (AccountId(0), AccountId(1), AccountId(2));
-    // As an exchange's journal starts (else its recovery adds this entry).
+    // As an exchange's journal starts (else its recovery adds these entries).
     apply(JournalEntry::SignatureRule { rule: gpux_settlement::SignatureRule::Zip215 });
+    apply(at(T0, Command::SetLateReportWindow { window_ms: gpux_exchange::LATE_REPORT_WINDOW_MS_DEFAULT }));
     apply(at(T0, Command::OpenAccount { role: Role::Aggregator }));
     apply(JournalEntry::BindKey { public_key: [1; 32], account: renter });
     apply(at(T0, Command::OpenAccount { role: Role::Supplier }));

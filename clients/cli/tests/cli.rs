@@ -58,7 +58,11 @@ fn start_exchange_with(
         link_listen: None,
         tls: None,
         link_tls: None,
-        billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: 250, grace_ms: 600_000 },
+        billing: gpux_exchange::sequencer::BillingPolicy {
+            fee_bps: 250,
+            grace_ms: 600_000,
+            late_window_ms: gpux_exchange::LATE_REPORT_WINDOW_MS_DEFAULT,
+        },
         clock_offset_ms,
         challenge_interval_ms: gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT,
         on_listening: None,

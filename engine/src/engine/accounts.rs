@@ -99,6 +99,30 @@ impl Engine {
         Ok(())
     }
 
+    pub(super) fn set_late_report_window(&mut self, window_ms: u64) -> Checked<()> {
+        if window_ms > limits::LATE_REPORT_WINDOW_MS_MAX {
+            return Err(RejectCode::LateReportWindowInvalid);
+        }
+        self.late_window_ms = window_ms;
+        self.emit(EventKind::LateReportWindowChanged { window_ms });
+        Ok(())
+    }
+
+    /// The late-report window in force (0: none).
+    pub fn late_report_window_ms(&self) -> u64 {
+        self.late_window_ms
+    }
+
+    /// Counts GPU time an accepted usage report covers (available or not)
+    /// towards its lease's reported time: what decides whether its bill is
+    /// final at the grace or waits for late reports. The market calls it for
+    /// each report settlement accepts, in the one apply path.
+    pub fn note_reported(&mut self, lease_id: LeaseId, gpu_ms: u64) {
+        if let Some(lease) = self.leases.get_mut(lease_id.0 as usize) {
+            lease.billing.reported_gpu_ms = lease.billing.reported_gpu_ms.saturating_add(gpu_ms);
+        }
+    }
+
     pub(super) fn withdraw(&mut self, account: AccountId, amount_minor: u64) -> Checked<()> {
         let available = self.account(account)?.available_minor;
         self.check_funds_may_leave(account)?;
@@ -161,6 +185,10 @@ impl Engine {
         lease.billing.verified_gpu_ms += verified_gpu_ms;
         lease.billing.usage_charged_minor += amount_minor;
         self.charge_lease(lease_id, amount_minor);
+        // A provisional bill whose reports have all arrived is final now.
+        if self.leases[lease_id.0 as usize].billing.final_at_ms.is_some() && !self.reports_missing(lease_id) {
+            self.close_billing(lease_id);
+        }
         Ok(())
     }
 

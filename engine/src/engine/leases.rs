@@ -19,6 +19,7 @@ use crate::command::LeaseDuration;
 use crate::event::{EventKind, HoldReason, LeaseEndReason, LeaseKind, ReduceReason, RejectCode};
 use crate::gpus::{mask_bits, Commitment, CommitmentHolder};
 use crate::ids::{AccountId, ContractId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
+use crate::limits;
 use crate::time::MS_PER_HOUR;
 
 impl Engine {
@@ -123,16 +124,39 @@ impl Engine {
         self.schedule(self.now_ms + self.top_up_every_ms(), TimerKind::EscrowTopUp(lease_id));
     }
 
+    /// The GPU time an ended lease held, and how much of it no accepted
+    /// report covers.
+    fn leased_and_unreported_gpu_ms(&self, lease_id: LeaseId) -> (u64, u64) {
+        let lease = &self.leases[lease_id.0 as usize];
+        let gpus = lease.gpu_mask.count_ones() as u64;
+        let ended_at_ms = lease.ended_at_ms.expect("billing closes after the lease ended");
+        let leased_gpu_ms = ended_at_ms.saturating_sub(lease.start_ms) * gpus;
+        (leased_gpu_ms, leased_gpu_ms.saturating_sub(lease.billing.reported_gpu_ms))
+    }
+
+    /// Whether an ended lease's reports leave more of its time uncovered
+    /// than the allowance (`limits::UNREPORTED_ALLOWANCE_MS_PER_GPU`).
+    pub(super) fn reports_missing(&self, lease_id: LeaseId) -> bool {
+        let gpus = self.leases[lease_id.0 as usize].gpu_mask.count_ones() as u64;
+        self.leased_and_unreported_gpu_ms(lease_id).1 > gpus * limits::UNREPORTED_ALLOWANCE_MS_PER_GPU
+    }
+
     /// Billing closes the grace period after the lease ended: leftover
-    /// escrow goes back to the renter and the SLA is settled.
+    /// escrow goes back to the renter and the SLA is settled. When reports
+    /// are missing then and a late-report window is set, the bill is first
+    /// provisional (docs/market-rules.md "Late reports"): what the missing
+    /// time could cost stays held, the rest of the escrow is released, and
+    /// the bill is final when the last report arrives or the window ends.
     pub(super) fn close_billing(&mut self, lease_id: LeaseId) {
         let lease = &self.leases[lease_id.0 as usize];
         if lease.billing.billing_closed {
             return;
         }
-        let gpus = lease.gpu_mask.count_ones() as u64;
-        let ended_at_ms = lease.ended_at_ms.expect("billing closes after the lease ended");
-        let leased_gpu_ms = ended_at_ms.saturating_sub(lease.start_ms) * gpus;
+        if lease.billing.final_at_ms.is_none() && self.late_window_ms > 0 && self.reports_missing(lease_id) {
+            self.bill_provisionally(lease_id);
+            return;
+        }
+        let (leased_gpu_ms, _) = self.leased_and_unreported_gpu_ms(lease_id);
         let availability_bps = if leased_gpu_ms == 0 {
             10_000
         } else {
@@ -151,6 +175,40 @@ impl Engine {
             self.pay_sla_credit(lease_id, credit_minor);
         }
         self.emit(EventKind::LeaseBillingClosed { lease: lease_id, leased_gpu_ms, verified_gpu_ms, usage_charged_minor, availability_bps });
+    }
+
+    /// Makes an ended lease's bill provisional: the escrow the unreported
+    /// time could cost at the lease's price (rounded up) stays held for the
+    /// late reports, the rest goes back to the renter now, and the bill is
+    /// final at the end of the late-report window at the latest.
+    fn bill_provisionally(&mut self, lease_id: LeaseId) {
+        let (leased_gpu_ms, unreported_gpu_ms) = self.leased_and_unreported_gpu_ms(lease_id);
+        let final_at_ms = self.now_ms + self.late_window_ms;
+        let lease = &mut self.leases[lease_id.0 as usize];
+        let worth = (lease.price as u128 * unreported_gpu_ms as u128).div_ceil(MS_PER_HOUR as u128);
+        let kept_minor = lease.escrow_minor.min(u64::try_from(worth).unwrap_or(u64::MAX));
+        let released_minor = lease.escrow_minor - kept_minor;
+        lease.escrow_minor = kept_minor;
+        lease.billing.final_at_ms = Some(final_at_ms);
+        let (renter, verified_gpu_ms, usage_charged_minor) =
+            (lease.renter, lease.billing.verified_gpu_ms, lease.billing.usage_charged_minor);
+        let funds = &mut self.accounts[renter.0 as usize];
+        assert!(funds.held_minor >= released_minor, "escrow is part of held funds");
+        funds.held_minor -= released_minor;
+        funds.available_minor += released_minor;
+        // The event carries the release (the ledger posts it as this bill's).
+        self.emit(EventKind::LeaseBillProvisional {
+            lease: lease_id,
+            renter,
+            leased_gpu_ms,
+            verified_gpu_ms,
+            unreported_gpu_ms,
+            usage_charged_minor,
+            released_minor,
+            kept_minor,
+            final_at_ms,
+        });
+        self.schedule(final_at_ms, TimerKind::BillingClose(lease_id));
     }
 
     /// Marks the GPUs as running the lease. An exclusive lease takes them out

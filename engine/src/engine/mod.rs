@@ -177,6 +177,12 @@ pub(crate) struct LeaseBilling {
     /// charge was withheld from the supplier so far.
     pub disputed_gpu_ms: u64,
     pub withheld_minor: u64,
+    /// GPU time the accepted usage reports cover (available or not), set by
+    /// the market as it accepts each (`Engine::note_reported`).
+    pub reported_gpu_ms: u64,
+    /// The bill is provisional until then (reports were missing at the
+    /// grace); `None`: not provisional.
+    pub final_at_ms: Option<u64>,
 }
 
 /// A resting ask as the public `book_offers` request shows it.
@@ -486,6 +492,9 @@ pub struct Engine {
     /// The listing's least fabric bandwidth per class for cluster bids
     /// (0: no rule), by class index.
     pub(crate) cluster_min_gbps: Vec<u32>,
+    /// How long a provisional bill waits for late reports (0: bills are
+    /// final at the grace); see `Command::SetLateReportWindow`.
+    pub(crate) late_window_ms: u64,
     /// The shape (`nodes`, minimum fabric Gb/s) of the cluster bid being
     /// placed (within the command only).
     #[serde(skip)]
@@ -568,6 +577,7 @@ impl Engine {
             fabric_by_key: BTreeMap::new(),
             fabric_hosts_max: 0,
             cluster_min_gbps: Vec::new(),
+            late_window_ms: 0,
             pending_cluster: None,
             config,
         };
@@ -631,6 +641,7 @@ impl Engine {
             Command::Payout { account, amount_minor } => self.payout(*account, *amount_minor),
             Command::SetFee { fee_bps } => self.set_fee(*fee_bps),
             Command::SetBillingGrace { grace_ms } => self.set_billing_grace(*grace_ms),
+            Command::SetLateReportWindow { window_ms } => self.set_late_report_window(*window_ms),
             Command::ChangeListing { listing } => self.change_listing(listing),
             Command::RegisterGpu { account, host, gpu_uuid, spec } => self.register_gpu(*account, host, gpu_uuid, spec, None, None),
             Command::RegisterGpuInRegion { account, host, gpu_uuid, spec, region, zone } => {
@@ -1205,6 +1216,7 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::SettleUsage { .. }
         | Command::SetFee { .. }
         | Command::SetBillingGrace { .. }
+        | Command::SetLateReportWindow { .. }
         | Command::ChangeListing { .. }
         | Command::RecordChallenge { .. }
         | Command::WithholdDisputed { .. }
@@ -1292,6 +1304,7 @@ impl Engine {
         for gbps in &self.cluster_min_gbps {
             h.u64(*gbps as u64);
         }
+        h.u64(self.late_window_ms);
         for (gpu, details) in self.gpus.iter().zip(&self.gpu_details) {
             h.bytes(
                 format!(

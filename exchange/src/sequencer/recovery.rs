@@ -20,6 +20,8 @@ use gpux_journal::JournalStore;
 pub struct BillingPolicy {
     pub fee_bps: u32,
     pub grace_ms: u64,
+    /// How long after the grace a provisional bill still takes late reports.
+    pub late_window_ms: u64,
 }
 
 /// What a recovered exchange looks like, for the operator's log and tests.
@@ -110,7 +112,7 @@ impl Sequencer {
         if let Some(listing) = listing {
             sequencer.adopt_listing(listing, snapshot_seq == 0 && count == 0)?;
         }
-        // The fee and the billing grace are engine state, changed only by
+        // The fee, the billing grace and the late-report window are engine state, changed only by
         // journaled commands, so a replay from any point reaches the same
         // charges whatever the flags say then. These commands are committed
         // with the first batch.
@@ -121,6 +123,9 @@ impl Sequencer {
         }
         if config.billing_grace_ms != billing.grace_ms {
             sequencer.apply_command(None, 0, Command::SetBillingGrace { grace_ms: billing.grace_ms });
+        }
+        if sequencer.market.engine().late_report_window_ms() != billing.late_window_ms {
+            sequencer.apply_command(None, 0, Command::SetLateReportWindow { window_ms: billing.late_window_ms });
         }
         // Usage reports are checked by ZIP-215 from here on (the gateway
         // verifies them off this thread); a journal that began under the

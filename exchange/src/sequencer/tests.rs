@@ -33,7 +33,8 @@ fn recover_with(
     config: EngineConfig,
     offset_ms: i64,
 ) -> (Sequencer, super::Recovery) {
-    let billing = BillingPolicy { fee_bps: config.fee_bps, grace_ms: config.billing_grace_ms };
+    let billing =
+        BillingPolicy { fee_bps: config.fee_bps, grace_ms: config.billing_grace_ms, late_window_ms: crate::LATE_REPORT_WINDOW_MS_DEFAULT };
     let market = MarketState::new(config).expect("demo config");
     let operators: BTreeSet<[u8; 32]> = [OPERATOR].into_iter().collect();
     Sequencer::recover(
@@ -160,7 +161,8 @@ fn on_failing_disks_the_journal_outlives_the_snapshots_and_stops_with_what_a_res
     .expect("open")
     .with_every(5);
     let config = EngineConfig::demo();
-    let billing = BillingPolicy { fee_bps: config.fee_bps, grace_ms: config.billing_grace_ms };
+    let billing =
+        BillingPolicy { fee_bps: config.fee_bps, grace_ms: config.billing_grace_ms, late_window_ms: crate::LATE_REPORT_WINDOW_MS_DEFAULT };
     let operators: BTreeSet<[u8; 32]> = [OPERATOR].into_iter().collect();
     let metrics = Arc::new(Metrics::default());
     let (mut sequencer, _) = Sequencer::recover(
@@ -318,14 +320,16 @@ fn an_archived_lease_is_still_listed_from_the_journals_archive() {
     sequencer.process(vec![Request::Delivery { connection: 2, id: 4, request: status }]).expect("commits");
     drop(sequencer);
 
-    // Two hours on: the lease ended and its bill is final, but it is recent.
-    let (mut later, _) = recover_at(&journal, &snapshots, 2 * HOUR_MS);
+    // No report came, so its bill was provisional at the grace and is final
+    // at the end of the late-report window (a day): 26 hours on it is
+    // final, but recent.
+    let (mut later, _) = recover_at(&journal, &snapshots, 26 * HOUR_MS);
     later.process(vec![command(0, 0, Command::Tick)]).expect("commits");
     assert!(later.market.engine().lease(lease).is_some_and(|l| l.billing_closed));
     drop(later);
 
-    // Three hours on, the next entry archives it.
-    let (mut archiving, _) = recover_at(&journal, &snapshots, 3 * HOUR_MS);
+    // An hour after that, the next entry archives it.
+    let (mut archiving, _) = recover_at(&journal, &snapshots, 27 * HOUR_MS);
     let (mut renter, connect) = Client::connect(9);
     archiving
         .process(vec![connect, renter.login(1, [3; 32], None), Request::Command { connection: 9, id: 2, command: Command::Tick }])
@@ -389,8 +393,10 @@ fn supplier_stats_are_public_and_count_a_closed_lease() {
         ])
         .expect("commits");
     drop(sequencer);
-    // Two hours on, the lease ended and its bill is final.
-    let (mut later, _) = recover_at(&journal, &snapshots, 2 * 3_600_000);
+    // 26 hours on, the lease ended and its bill is final (no report came:
+    // provisional at the grace, final at the end of the day's late-report
+    // window).
+    let (mut later, _) = recover_at(&journal, &snapshots, 26 * 3_600_000);
     let (mut stranger, connect) = Client::connect(9);
     later.process(vec![connect, Request::Command { connection: 0, id: 0, command: Command::Tick }]).expect("commits");
     let ask_stats = |supplier| Request::SupplierStats { connection: 9, id: 7, supplier };

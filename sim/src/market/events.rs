@@ -53,6 +53,13 @@ impl Sim {
                         *count += 1;
                     }
                 }
+                EventKind::LeaseBillProvisional { lease, verified_gpu_ms, unreported_gpu_ms, .. } => {
+                    if let Some(sim_lease) = self.leases.get_mut(&lease) {
+                        sim_lease.provisional_verified_ms = Some(verified_gpu_ms);
+                    }
+                    self.metrics.faults.provisional_bills += 1;
+                    self.metrics.faults.provisional_unreported_gpu_ms += unreported_gpu_ms;
+                }
                 EventKind::LeaseBillingClosed { lease, verified_gpu_ms, usage_charged_minor, .. } => {
                     self.on_billing_closed(lease, verified_gpu_ms, usage_charged_minor)
                 }
@@ -226,6 +233,7 @@ impl Sim {
                 chains,
                 stopped_ms: stops.then_some(start_ms + MS_PER_HOUR / 2),
                 late: false,
+                provisional_verified_ms: None,
                 last_report_sent: false,
                 billing_closed: false,
                 renter,
@@ -273,6 +281,12 @@ impl Sim {
         self.managed_billing_closed(lease, renter, verified_gpu_ms, usage_charged_minor);
         let Some(sim_lease) = self.leases.get_mut(&lease) else { return };
         sim_lease.billing_closed = true;
+        if let Some(at_provisional) = sim_lease.provisional_verified_ms {
+            let engine = self.exchange.engine();
+            let window_end_ms = sim_lease.ended_ms.unwrap_or(0) + engine.config().billing_grace_ms + engine.late_report_window_ms();
+            self.metrics.faults.late_billed_gpu_ms += verified_gpu_ms.saturating_sub(at_provisional);
+            self.metrics.faults.provisional_final_early += u64::from(self.now_ms < window_end_ms);
+        }
         // A last report still on its way will be refused: keep the lease for it.
         let late = !sim_lease.last_report_sent && sim_lease.stopped_ms.is_none();
         sim_lease.late |= late;

@@ -177,6 +177,9 @@ struct SimLease {
     stopped_ms: Option<u64>,
     /// A report arrived after billing closed.
     late: bool,
+    /// Verified GPU-ms when its bill became provisional (reports missing at
+    /// the grace), if it did.
+    provisional_verified_ms: Option<u64>,
     /// The agent sent its last report (after the lease ended).
     last_report_sent: bool,
     /// Billing closed; the lease is kept only for a last report still on its way.

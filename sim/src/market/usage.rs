@@ -47,17 +47,23 @@ impl Sim {
         let gpu_count = lease.gpus.len();
         self.sign_liveness(lease_id, report_end.min(self.now_ms));
         for gpu_index in 0..gpu_count {
+            // A report that completes a provisional bill makes it final
+            // (docs/market-rules.md "Late reports"), and the simulator may
+            // forget the lease then: the rest would be refused anyway.
+            if !self.leases.contains_key(&lease_id) {
+                return;
+            }
             self.report_gpu(lease_id, gpu_index, report_end, account);
         }
         if last {
-            let lease = self.leases.get_mut(&lease_id).expect("still open");
+            let Some(lease) = self.leases.get_mut(&lease_id) else { return };
             lease.last_report_sent = true;
             if lease.billing_closed {
                 self.leases.remove(&lease_id);
                 return;
             }
         }
-        let lease = self.leases.get(&lease_id).expect("still open");
+        let Some(lease) = self.leases.get(&lease_id) else { return };
         if self.population.suppliers[supplier_index].cheat.is_some() && !lease.gpus.is_empty() && self.rng.random_range(0..3) == 0 {
             self.cheat(lease_id);
         }
@@ -102,7 +108,9 @@ impl Sim {
         self.observe(&events);
         match outcome {
             Ok(UsageOutcome::Accepted { .. }) => {
-                let lease = self.leases.get_mut(&lease_id).expect("reported leases exist");
+                // The report may have made a provisional bill final, and the
+                // simulator forgotten the lease with it.
+                let Some(lease) = self.leases.get_mut(&lease_id) else { return };
                 if lease.watcher.is_some() && lease.dead_from_ms.is_some_and(|dead| end_ms > dead) {
                     lease.faked_watched = true;
                 }

@@ -23,7 +23,12 @@ pub struct Exchange {
     listen: std::net::SocketAddr,
     challenge_interval_ms: u64,
     clock_offset_ms: i64,
+    /// The billing grace and the late-report window.
+    billing: (u64, u64),
 }
+
+/// The exchange's default billing grace and late-report window.
+const BILLING_DEFAULT: (u64, u64) = (gpux_exchange::BILLING_GRACE_MS_DEFAULT, gpux_exchange::LATE_REPORT_WINDOW_MS_DEFAULT);
 
 impl Exchange {
     pub fn start(dir: &std::path::Path, operator: &SigningKey) -> Exchange {
@@ -33,7 +38,16 @@ impl Exchange {
     /// An exchange that challenges idle GPUs every `interval_ms` on average.
     pub fn start_with_challenges(dir: &std::path::Path, operator: &SigningKey, interval_ms: u64) -> Exchange {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
-        Self::start_on(dir, operator, format!("127.0.0.1:{port}").parse().expect("addr"), interval_ms, 0)
+        Self::start_on(dir, operator, format!("127.0.0.1:{port}").parse().expect("addr"), interval_ms, 0, BILLING_DEFAULT)
+    }
+
+    /// An exchange whose billing grace and late-report window are these
+    /// (docs/market-rules.md "Late reports").
+    pub fn start_with_billing(dir: &std::path::Path, operator: &SigningKey, grace_ms: u64, late_window_ms: u64) -> Exchange {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+        let listen = format!("127.0.0.1:{port}").parse().expect("addr");
+        let interval_ms = gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT;
+        Self::start_on(dir, operator, listen, interval_ms, 0, (grace_ms, late_window_ms))
     }
 
     /// An exchange whose clock runs `clock_offset_ms` from this host's
@@ -41,7 +55,7 @@ impl Exchange {
     pub fn start_skewed(dir: &std::path::Path, operator: &SigningKey, clock_offset_ms: i64) -> Exchange {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
         let listen = format!("127.0.0.1:{port}").parse().expect("addr");
-        Self::start_on(dir, operator, listen, gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT, clock_offset_ms)
+        Self::start_on(dir, operator, listen, gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT, clock_offset_ms, BILLING_DEFAULT)
     }
 
     /// Stops the exchange (a clean stop, as an operator's restart would).
@@ -55,7 +69,14 @@ impl Exchange {
     }
 
     pub fn start_again(&mut self) {
-        *self = Self::start_on(&self.dir.clone(), &self.operator.clone(), self.listen, self.challenge_interval_ms, self.clock_offset_ms);
+        *self = Self::start_on(
+            &self.dir.clone(),
+            &self.operator.clone(),
+            self.listen,
+            self.challenge_interval_ms,
+            self.clock_offset_ms,
+            self.billing,
+        );
     }
 
     fn start_on(
@@ -64,6 +85,7 @@ impl Exchange {
         listen: std::net::SocketAddr,
         challenge_interval_ms: u64,
         clock_offset_ms: i64,
+        billing: (u64, u64),
     ) -> Exchange {
         let config = gpux_exchange::ExchangeConfig {
             data_dir: dir.to_path_buf(),
@@ -76,7 +98,7 @@ impl Exchange {
             link_listen: None,
             tls: None,
             link_tls: None,
-            billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: 250, grace_ms: gpux_exchange::BILLING_GRACE_MS_DEFAULT },
+            billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: 250, grace_ms: billing.0, late_window_ms: billing.1 },
             clock_offset_ms,
             challenge_interval_ms,
             on_listening: None,
@@ -109,6 +131,7 @@ impl Exchange {
             listen,
             challenge_interval_ms,
             clock_offset_ms,
+            billing,
         }
     }
 }
