@@ -608,7 +608,7 @@ fn scores_section(md: &mut String, m: &Metrics) {
         "\n## Reliability scores\n\nEach supplier's public score at the end of the run (docs/market-rules.md \"Reliability score\": \
          verified over leased time, failed deliveries, forged and replayed reports; unrated under 10 GPU-hours), grouped by what \
          the simulator knows each supplier was. Cheats the exchange refuses outright move no money; the score is what renters see \
-         of them.\n\n| Supplier kind | Suppliers | Rated | Lowest | Median | Highest |\n|---|---|---|---|---|---|"
+         of them.\n\n| Supplier kind | Suppliers | Rated | At 0% | Lowest | 10th percentile | Median | Highest |\n|---|---|---|---|---|---|---|---|"
     );
     let percent = |bps: u32| format!("{}.{:02}%", bps / 100, bps % 100);
     for (kind, scores) in &m.scores {
@@ -617,10 +617,12 @@ fn scores_section(md: &mut String, m: &Metrics) {
         let cell = |value: Option<&u32>| value.map_or("-".to_string(), |bps| percent(*bps));
         let _ = writeln!(
             md,
-            "| {kind} | {} | {} | {} | {} | {} |",
+            "| {kind} | {} | {} | {} | {} | {} | {} | {} |",
             scores.len(),
             rated.len(),
+            rated.iter().filter(|bps| **bps == 0).count(),
             cell(rated.first()),
+            cell(rated.get(rated.len() / 10)),
             cell(rated.get(rated.len() / 2)),
             cell(rated.last())
         );
