@@ -469,6 +469,8 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
     produced.insert("invoice_unavailable".into(), Who::Renter);
     // (exchange/src/sequencer/tests.rs, history_the_journal_cannot_give_is_history_unavailable).
     produced.insert("history_unavailable".into(), Who::Renter);
+    // (exchange/src/sequencer/tests.rs, reads_the_journal_cannot_give_are_journal_unavailable_never_an_empty_answer).
+    produced.insert("journal_unavailable".into(), Who::Renter);
     // An exchange that opens accounts by invitation, and a full account
     // table (exchange/tests/account_opening.rs,
     // without_an_invitation_no_key_opens_an_account_and_a_full_table_says_too_many_accounts).

@@ -89,7 +89,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         Forbidden | ScopeDenied => StatusCode::FORBIDDEN,
         UnknownInstrument | UnknownLease | UnknownSupplier | UnknownAccount | UnknownMessage => StatusCode::NOT_FOUND,
         RateLimited => StatusCode::TOO_MANY_REQUESTS,
-        ShuttingDown | HistoryUnavailable | InvoiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ShuttingDown | HistoryUnavailable | InvoiceUnavailable | JournalUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::BAD_REQUEST,
     }
 }

@@ -539,7 +539,8 @@ struct MemoryInner {
     trades: std::collections::BTreeMap<(u32, u64), TradeRecord>,
     commits: u64,
     failing: bool,
-    /// History reads fail, as an unreadable index would.
+    /// Reads of what the journal keeps (statements, the archive, history)
+    /// fail, as an unreadable file would.
     failing_reads: bool,
 }
 
@@ -553,9 +554,17 @@ impl MemoryJournal {
         self.inner().failing = failing;
     }
 
-    /// Every history read from now on fails (`false`: they succeed again).
-    pub fn fail_history_reads(&self, failing: bool) {
+    /// Every read of statements, the archive and history from now on fails
+    /// (`false`: they succeed again).
+    pub fn fail_reads(&self, failing: bool) {
         self.inner().failing_reads = failing;
+    }
+
+    /// The inner state, after checking that reads are not told to fail.
+    fn readable(&self) -> Result<std::sync::MutexGuard<'_, MemoryInner>> {
+        let inner = self.inner();
+        anyhow::ensure!(!inner.failing_reads, "the memory journal was told to fail reads");
+        Ok(inner)
     }
 
     /// Successful appends so far (one per batch with entries).
@@ -590,12 +599,12 @@ impl JournalStore for MemoryJournal {
         Ok(first)
     }
     fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
-        let inner = self.inner();
+        let inner = self.readable()?;
         let start = after.map_or(0, |after| after + 1);
         Ok(inner.transfers.range(start..).map(|(_, t)| *t).filter(|t| t.involves(account)).take(limit).collect())
     }
     fn recent_statement(&self, account: AccountId, before: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
-        let inner = self.inner();
+        let inner = self.readable()?;
         let end = before.unwrap_or(u64::MAX);
         Ok(inner.transfers.range(..end).rev().map(|(_, t)| *t).filter(|t| t.involves(account)).take(limit).collect())
     }
@@ -603,7 +612,7 @@ impl JournalStore for MemoryJournal {
         std::sync::Arc::new(self.clone())
     }
     fn archived_leases_of(&self, account: AccountId, before: Option<LeaseId>, limit: usize) -> Result<(Vec<LeaseInfo>, bool)> {
-        let inner = self.inner();
+        let inner = self.readable()?;
         let end = before.map_or(u64::MAX, |lease| lease.0);
         let matching = inner
             .archived
@@ -616,23 +625,21 @@ impl JournalStore for MemoryJournal {
         Ok(page_of(matching, 0, limit))
     }
     fn archived_lease(&self, lease: LeaseId) -> Result<Option<ArchivedLease>> {
-        Ok(self.inner().archived.get(&lease.0).cloned())
+        Ok(self.readable()?.archived.get(&lease.0).cloned())
     }
     fn archived_contract(&self, contract: ContractId) -> Result<Option<ContractInfo>> {
-        Ok(self.inner().contracts.get(&contract.0).cloned())
+        Ok(self.readable()?.contracts.get(&contract.0).cloned())
     }
     fn archived_instrument(&self, instrument: InstrumentId) -> Result<Option<InstrumentInfo>> {
-        Ok(self.inner().instruments.get(&instrument.0).cloned())
+        Ok(self.readable()?.instruments.get(&instrument.0).cloned())
     }
     fn trades(&self, instrument: InstrumentId, before_seq: Option<u64>, limit: usize) -> Result<Vec<TradeRecord>> {
-        let inner = self.inner();
-        anyhow::ensure!(!inner.failing_reads, "the memory journal was told to fail reads");
+        let inner = self.readable()?;
         let range = (instrument.0, 0)..(instrument.0, before_seq.unwrap_or(u64::MAX));
         Ok(inner.trades.range(range).rev().take(limit).map(|(_, t)| t.clone()).collect())
     }
     fn candles(&self, instrument: InstrumentId, interval: CandleInterval, before_ms: u64, limit: usize) -> Result<(Vec<Candle>, bool)> {
-        let inner = self.inner();
-        anyhow::ensure!(!inner.failing_reads, "the memory journal was told to fail reads");
+        let inner = self.readable()?;
         let mut buckets: std::collections::BTreeMap<u64, CandleRecord> = std::collections::BTreeMap::new();
         for trade in inner.trades.range((instrument.0, 0)..=(instrument.0, u64::MAX)).map(|(_, t)| t) {
             let start_ms = interval.start(trade.at_ms);
@@ -645,8 +652,7 @@ impl JournalStore for MemoryJournal {
         Ok((buckets.into_values().skip(skip).map(|r| r.candle).collect(), more))
     }
     fn fills(&self, account: AccountId, before: Option<FillCursor>, limit: usize) -> Result<Vec<Fill>> {
-        let inner = self.inner();
-        anyhow::ensure!(!inner.failing_reads, "the memory journal was told to fail reads");
+        let inner = self.readable()?;
         let mut all: Vec<Fill> = Vec::new();
         for trade in inner.trades.values() {
             if trade.buyer == account {

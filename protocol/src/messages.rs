@@ -1395,6 +1395,10 @@ pub enum ErrorCode {
     /// that is not the lease's cluster attempt, its figures out of range,
     /// or the lease's second probe.
     FabricProbeInvalid,
+    /// What the journal keeps (a statement, an archived lease) could not be
+    /// read just now (the operator's logs say why): the answer would have
+    /// been incomplete, so none is given; try again.
+    JournalUnavailable,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -1489,6 +1493,7 @@ impl ErrorCode {
             JobNotRunning => "only a running job is resized, one resize at a time, to another size",
             LivenessInvalid => "the liveness observation is not signed by this account's key, or its interval is empty, over an hour, outside the lease, in the future or not after the previous one",
             FabricProbeInvalid => "the interconnect probe is not signed by this account's key, not for a cluster lease this account supplies on a fabric host, out of range, or the lease's second",
+            JournalUnavailable => "the exchange's journal could not be read just now; try again",
         }
     }
 }

@@ -135,13 +135,7 @@ impl Sequencer {
                     archived.as_ref()
                 }
                 Ok(_) => return error(Some(id), ErrorCode::UnknownLease),
-                // The journal file could not be read (as for `leases`, the
-                // answer is what the hot state knows; a journal that cannot
-                // be read will fail its next commit, which stops the exchange).
-                Err(reason) => {
-                    tracing::error!(%reason, "reading an archived lease");
-                    return error(Some(id), ErrorCode::UnknownLease);
-                }
+                Err(reason) => return super::queries::journal_unavailable(id, reason),
             },
         };
         let (state, at_ms) = match delivery.and_then(|d| d.state.clone()) {

@@ -31,10 +31,7 @@ impl Sequencer {
                     ServerMessage::LeaseTelemetry { id, lease, gpus: Vec::new() }
                 }
                 Ok(_) => error(Some(id), ErrorCode::UnknownLease),
-                Err(reason) => {
-                    tracing::error!(%reason, "reading an archived lease");
-                    error(Some(id), ErrorCode::UnknownLease)
-                }
+                Err(reason) => journal_unavailable(id, reason),
             },
         };
         self.reply(connection, answer);
@@ -72,7 +69,8 @@ impl Sequencer {
                 leases.extend(archived);
                 more |= archive_more;
             }
-            Err(error) => tracing::error!(%error, "reading archived leases"),
+            // Without the archived leases the page would skip them: no page.
+            Err(reason) => return self.reply(connection, journal_unavailable(id, reason)),
         }
         leases.sort_unstable_by_key(|lease| std::cmp::Reverse(lease.lease));
         more |= leases.len() > ORDERS_PAGE_MAX;
@@ -172,10 +170,7 @@ impl Sequencer {
                 let next_after = (cut || transfers.len() == page).then(|| lines.last().map(|l| l.transfer)).flatten();
                 ServerMessage::Statement { id, lines, next_after }
             }
-            Some(Err(error)) => {
-                tracing::error!(%error, "reading a statement");
-                ServerMessage::Statement { id, lines: Vec::new(), next_after: None }
-            }
+            Some(Err(reason)) => journal_unavailable(id, reason),
             None => ServerMessage::Statement { id, lines: Vec::new(), next_after: None },
         };
         self.reply(connection, reply);
@@ -191,10 +186,7 @@ impl Sequencer {
                 let next_before = (cut || transfers.len() == page).then(|| lines.last().map(|l| l.transfer)).flatten();
                 ServerMessage::RecentStatement { id, lines, next_before }
             }
-            Some(Err(error)) => {
-                tracing::error!(%error, "reading a statement");
-                ServerMessage::RecentStatement { id, lines: Vec::new(), next_before: None }
-            }
+            Some(Err(reason)) => journal_unavailable(id, reason),
             None => ServerMessage::RecentStatement { id, lines: Vec::new(), next_before: None },
         };
         self.reply(connection, reply);
@@ -204,7 +196,9 @@ impl Sequencer {
     /// (committed data: what this batch prints is there after its commit).
     pub(super) fn history(&mut self, connection: ConnectionId, id: u64, request: HistoryRequest) {
         let known = |instrument| {
-            self.market.engine().instrument(instrument).is_some() || self.journal.archived_instrument(instrument).is_ok_and(|i| i.is_some())
+            // (An archive that cannot be read lets the history read below
+            // answer: `history_unavailable`, not `unknown_instrument`.)
+            self.market.engine().instrument(instrument).is_some() || !matches!(self.journal.archived_instrument(instrument), Ok(None))
         };
         let reply = match request {
             HistoryRequest::Trades { instrument, .. } | HistoryRequest::Candles { instrument, .. } if !known(instrument) => {
@@ -257,6 +251,13 @@ impl Sequencer {
             },
         );
     }
+}
+
+/// A read of what the journal keeps failed: the client is told to try
+/// again, never given an empty or partial answer as if it were whole.
+pub(super) fn journal_unavailable(id: u64, reason: anyhow::Error) -> ServerMessage {
+    tracing::error!(%reason, "reading the journal");
+    error(Some(id), ErrorCode::JournalUnavailable)
 }
 
 fn history_unavailable(id: u64, reason: anyhow::Error) -> ServerMessage {

@@ -588,7 +588,7 @@ fn history_the_journal_cannot_give_is_history_unavailable() {
     assert!(matches!(answers[0], ServerMessage::Trades { id: 5, .. }), "{answers:?}");
     assert!(matches!(answers[1], ServerMessage::Candles { id: 6, .. }), "{answers:?}");
     assert!(matches!(answers[2], ServerMessage::Fills { id: 7, .. }), "{answers:?}");
-    journal.fail_history_reads(true);
+    journal.fail_reads(true);
     sequencer.process(requests(3)).expect("the market goes on");
     let codes: Vec<_> = renter
         .received()
@@ -599,6 +599,46 @@ fn history_the_journal_cannot_give_is_history_unavailable() {
         })
         .collect();
     assert_eq!(codes, [5, 6, 7].map(|id| (Some(id), ErrorCode::HistoryUnavailable)));
+}
+
+/// What the journal keeps beyond history (statements, archived leases)
+/// answers `journal_unavailable` when it cannot be read: never an empty
+/// statement, a page of leases without the archived ones, or `unknown_lease`
+/// for a lease that may be in the archive. The market goes on, and the
+/// same requests are answered once the journal reads again.
+#[test]
+fn reads_the_journal_cannot_give_are_journal_unavailable_never_an_empty_answer() {
+    let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
+    let (mut sequencer, _) = recover(&journal, &snapshots);
+    let (_operator, _supplier, mut renter) = operator_supplier_and_renter(&mut sequencer);
+    renter.received();
+    let archived = gpux_engine::LeaseId(999);
+    let requests = |connection| {
+        vec![
+            Request::Statement { connection, id: 5, after: None },
+            Request::RecentStatement { connection, id: 6, before: None },
+            Request::Leases { connection, id: 7, after: None },
+            Request::LeaseTelemetry { connection, id: 8, lease: archived },
+        ]
+    };
+    journal.fail_reads(true);
+    sequencer.process(requests(3)).expect("the market goes on");
+    let codes: Vec<_> = renter
+        .received()
+        .into_iter()
+        .map(|m| match m {
+            ServerMessage::Error { id, code, .. } => (id, code),
+            other => panic!("an error, not {other:?}"),
+        })
+        .collect();
+    assert_eq!(codes, [5, 6, 7, 8].map(|id| (Some(id), ErrorCode::JournalUnavailable)));
+    journal.fail_reads(false);
+    sequencer.process(requests(3)).expect("commits");
+    let answers = renter.received();
+    assert!(matches!(answers[0], ServerMessage::Statement { id: 5, .. }), "{answers:?}");
+    assert!(matches!(answers[1], ServerMessage::RecentStatement { id: 6, .. }), "{answers:?}");
+    assert!(matches!(answers[2], ServerMessage::Leases { id: 7, .. }), "{answers:?}");
+    assert!(matches!(answers[3], ServerMessage::Error { id: Some(8), code: ErrorCode::UnknownLease, .. }), "{answers:?}");
 }
 
 /// A class whose challenge side comes from a journal's older listing (any
