@@ -45,6 +45,9 @@ pub struct ExchangeConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Where the web console is served over HTTP, if anywhere.
     pub console_listen: Option<SocketAddr>,
+    /// Origins whose browser pages may call the REST API (CORS; `*`: any;
+    /// none: same origin only). Checked with `gpux_gateway::rest::cors_origin`.
+    pub rest_cors_origins: Vec<axum::http::HeaderValue>,
     /// Where remote gateways (`gpux-gateway`) open their links, if anywhere
     /// (`link_server`; they prove the data directory's `link.secret`).
     pub link_listen: Option<SocketAddr>,
@@ -244,6 +247,7 @@ pub(crate) struct Surface {
     data_dir: PathBuf,
     listen: SocketAddr,
     console_listen: Option<SocketAddr>,
+    rest_cors_origins: Vec<axum::http::HeaderValue>,
     link_listen: Option<SocketAddr>,
     limits: gateway::GatewayLimits,
     tls: Option<tokio_rustls::TlsAcceptor>,
@@ -277,6 +281,7 @@ impl Surface {
             data_dir: config.data_dir.clone(),
             listen: config.listen,
             console_listen: config.console_listen,
+            rest_cors_origins: config.rest_cors_origins.clone(),
             link_listen: config.link_listen,
             limits,
             tls,
@@ -318,7 +323,7 @@ impl Surface {
                 let http = if self.tls.is_some() { "https" } else { "http" };
                 say(&format!("web console on {http}://{address}/"));
                 say(&format!("REST API on {http}://{address}/api/v1/ (docs/rest.md)"));
-                let rest = gpux_gateway::rest::router(requests.clone(), self.clock);
+                let rest = gpux_gateway::rest::router(requests.clone(), self.clock, &self.rest_cors_origins);
                 tasks.push(tokio::spawn(console::serve(
                     console_listener,
                     gateway_url.clone(),

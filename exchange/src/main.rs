@@ -74,6 +74,11 @@ struct Args {
     /// Where to serve the web console (http://ADDRESS/); `off` for nowhere.
     #[arg(long, default_value = "127.0.0.1:7380", env = "GPUX_CONSOLE_LISTEN")]
     console_listen: String,
+    /// An origin (scheme://host[:port]) whose web pages may call the REST
+    /// API from a browser (CORS); repeat for several, `*` for any. None by
+    /// default: only the console's own pages (docs/rest.md "CORS").
+    #[arg(long = "rest-cors-origin", value_name = "ORIGIN", value_parser = gpux_gateway::rest::cors_origin)]
+    rest_cors_origins: Vec<axum::http::HeaderValue>,
     /// Where gateways in their own processes (`gpux-gateway`) open their
     /// links to this exchange (host:port; none by default). A link speaks
     /// for any account: it must present the data directory's `link.secret`
@@ -335,6 +340,7 @@ fn run_main() -> Result<()> {
         limits,
         metrics_listen,
         console_listen,
+        rest_cors_origins: args.rest_cors_origins,
         link_listen: args.link_listen,
         link_tls: args.link_tls_cert.clone().zip(args.link_tls_key.clone()),
         tls,

@@ -181,6 +181,11 @@ async fn every_documented_path_answers_as_the_openapi_document_says() {
     let stale = signed_headers(&renter_key, "/api/v1/account/balance", now_ms() - 120_000);
     let (status, body) = api.get_with("/api/v1/account/balance", "/api/v1/account/balance", &stale).await;
     assert_eq!((status, code(&serde_json::from_str(&body).expect("JSON"))), (401, "auth_failed"), "a stale timestamp");
+    assert!(body.contains("more than 30 s from the exchange's clock"), "{body}");
+    let in_seconds = signed_headers(&renter_key, "/api/v1/account/balance", now_ms() / 1_000);
+    let (status, body) = api.get_with("/api/v1/account/balance", "/api/v1/account/balance", &in_seconds).await;
+    assert_eq!(status, 401);
+    assert!(body.contains("must be milliseconds since the Unix epoch, not seconds"), "a timestamp in seconds says so: {body}");
     let forged = signed_headers(&renter_key, "/api/v1/account/orders", now_ms());
     let (status, body) = api.get_with("/api/v1/account/balance", "/api/v1/account/balance", &forged).await;
     assert_eq!((status, code(&serde_json::from_str(&body).expect("JSON"))), (401, "auth_failed"), "signed for another path");
@@ -232,4 +237,60 @@ async fn every_documented_path_answers_as_the_openapi_document_says() {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let (_, after) = api.json("/api/v1/suppliers/{supplier}/stats", &path, None).await;
     assert_eq!(after["record"]["disconnects_during_leases"].as_u64(), Some(1), "{after}");
+}
+
+/// One raw HTTP/1.1 exchange: the whole response, head and body.
+async fn http_raw(addr: &str, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("HTTP port");
+    stream.write_all(request.as_bytes()).await.expect("request");
+    let mut response = String::new();
+    tokio::time::timeout(std::time::Duration::from_secs(10), stream.read_to_string(&mut response))
+        .await
+        .expect("in time")
+        .expect("response");
+    response
+}
+
+/// CORS (docs/rest.md "CORS") is the operator's option: without it no
+/// answer names another origin; with `--rest-cors-origin` a page on that
+/// origin passes the preflight of a signed GET and reads the answers, a
+/// page on any other does not; an origin that is not one stops the
+/// exchange before it starts (exit 2, the flag named).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_is_the_operators_option_for_the_origins_it_names() {
+    let get = |origin: &str| format!("GET /api/v1/instruments HTTP/1.1\r\nHost: x\r\nOrigin: {origin}\r\nConnection: close\r\n\r\n");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let closed = Exchange::start_with(dir.path(), Some(&key(1)), &["--console-listen", "127.0.0.1:0"]);
+    let response = http_raw(&closed.console_addr, &get("https://dash.example")).await.to_ascii_lowercase();
+    assert!(response.starts_with("http/1.1 200") && !response.contains("access-control-allow-origin"), "{response}");
+    drop(closed);
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let flags = ["--console-listen", "127.0.0.1:0", "--rest-cors-origin", "https://dash.example"];
+    let open = Exchange::start_with(dir.path(), Some(&key(1)), &flags);
+    let preflight = "OPTIONS /api/v1/account/balance HTTP/1.1\r\nHost: x\r\nOrigin: https://dash.example\r\n\
+                     Access-Control-Request-Method: GET\r\n\
+                     Access-Control-Request-Headers: x-gpux-key, x-gpux-timestamp, x-gpux-signature\r\nConnection: close\r\n\r\n";
+    let response = http_raw(&open.console_addr, preflight).await.to_ascii_lowercase();
+    assert!(response.starts_with("http/1.1 200"), "{response}");
+    assert!(response.contains("access-control-allow-origin: https://dash.example"), "{response}");
+    assert!(response.contains("access-control-allow-headers:") && response.contains("x-gpux-signature"), "{response}");
+    assert!(response.contains("access-control-allow-methods: get"), "{response}");
+    let response = http_raw(&open.console_addr, &get("https://dash.example")).await.to_ascii_lowercase();
+    assert!(response.starts_with("http/1.1 200") && response.contains("access-control-allow-origin: https://dash.example"), "{response}");
+    let response = http_raw(&open.console_addr, &get("https://elsewhere.example")).await.to_ascii_lowercase();
+    assert!(!response.contains("access-control-allow-origin"), "another origin is not named: {response}");
+    drop(open);
+
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpux-exchange"))
+        .args(["--data-dir"])
+        .arg(dir.path().join("never"))
+        .args(["--rest-cors-origin", "dash.example/app"])
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--rest-cors-origin") && stderr.contains("is not an origin"), "{stderr}");
+    assert!(!dir.path().join("never").exists(), "nothing was written");
 }

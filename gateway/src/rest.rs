@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use crossbeam_channel::{Sender, TrySendError};
 use ed25519_dalek::{Signature, VerifyingKey};
@@ -39,16 +39,45 @@ pub fn signed_bytes(method: &str, path_and_query: &str, timestamp_ms: u64) -> Ve
     format!("{REST_DOMAIN}\n{method}\n{path_and_query}\n{timestamp_ms}").into_bytes()
 }
 
-/// The REST routes, to be served on the exchange's HTTP listener.
-pub fn router(core: Sender<Request>, clock: Clock) -> axum::Router {
+/// The REST routes, to be served on the exchange's HTTP listener. With
+/// `cors_origins` (each `scheme://host[:port]`, or `*` for any), browsers
+/// on those origins may call it: preflights are answered, and answers carry
+/// `Access-Control-Allow-Origin` (docs/rest.md "CORS").
+pub fn router(core: Sender<Request>, clock: Clock, cors_origins: &[HeaderValue]) -> axum::Router {
     let state = Rest { core, clock };
-    axum::Router::new().route(
+    let router = axum::Router::new().route(
         "/api/v1/{*path}",
         axum::routing::any(move |method: Method, uri: Uri, headers: HeaderMap| {
             let state = state.clone();
             async move { state.answer(method, uri, headers).await }
         }),
+    );
+    if cors_origins.is_empty() {
+        return router;
+    }
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    let origins = if cors_origins.iter().any(|o| o == "*") { AllowOrigin::any() } else { AllowOrigin::list(cors_origins.to_vec()) };
+    let signature_headers = ["x-gpux-key", "x-gpux-timestamp", "x-gpux-signature"].map(header::HeaderName::from_static);
+    router.layer(
+        CorsLayer::new()
+            .allow_origin(origins)
+            .allow_methods([Method::GET])
+            .allow_headers(signature_headers)
+            .max_age(Duration::from_secs(600)),
     )
+}
+
+/// Checks an operator's CORS origin (`--rest-cors-origin`): `*`, or a
+/// `scheme://host[:port]` without path.
+pub fn cors_origin(text: &str) -> Result<HeaderValue, String> {
+    let valid = text == "*"
+        || text.parse::<Uri>().is_ok_and(|uri| {
+            uri.scheme().is_some() && uri.host().is_some() && uri.path_and_query().is_none_or(|p| p.as_str().is_empty() || p == "/")
+        }) && !text.ends_with('/');
+    match HeaderValue::from_str(text) {
+        Ok(value) if valid => Ok(value),
+        _ => Err(format!("{text:?} is not an origin: give scheme://host[:port] (no path), or * for any")),
+    }
 }
 
 #[derive(Clone)]
@@ -144,8 +173,17 @@ impl Rest {
         };
         let refused = |why: &str| Failure::new(ErrorCode::AuthFailed, why.to_string());
         let timestamp_ms: u64 = timestamp.parse().map_err(|_| refused("X-Gpux-Timestamp must be ms since the Unix epoch"))?;
-        if timestamp_ms.abs_diff(self.clock.now_ms()) > SIGNATURE_SKEW_MS {
-            return Err(refused("X-Gpux-Timestamp is more than 30 s from the exchange's clock"));
+        let now_ms = self.clock.now_ms();
+        if timestamp_ms.abs_diff(now_ms) > SIGNATURE_SKEW_MS {
+            // Seconds since the epoch are about a thousandth of the clock in ms.
+            if timestamp_ms.abs_diff(now_ms / 1_000) <= SIGNATURE_SKEW_MS / 1_000 {
+                return Err(refused(&format!(
+                    "X-Gpux-Timestamp must be milliseconds since the Unix epoch, not seconds ({timestamp_ms} is seconds; the exchange's clock reads {now_ms} ms)"
+                )));
+            }
+            return Err(refused(&format!(
+                "X-Gpux-Timestamp {timestamp_ms} is more than 30 s from the exchange's clock ({now_ms} ms since the Unix epoch); sync this host's clock"
+            )));
         }
         let public_key: [u8; 32] =
             hex::decode(key).ok().and_then(|b| b.try_into().ok()).ok_or_else(|| refused("X-Gpux-Key must be 64 hex digits"))?;

@@ -169,6 +169,7 @@ fn a_live_exchanges_journal_gives_its_state_in_the_audit_and_a_recovery() {
         limits: gpux_exchange::gateway::GatewayLimits::default(),
         metrics_listen: None,
         console_listen: None,
+        rest_cors_origins: Vec::new(),
         link_listen: None,
         tls: None,
         link_tls: None,

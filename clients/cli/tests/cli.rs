@@ -55,6 +55,7 @@ fn start_exchange_with(
         limits: gpux_exchange::gateway::GatewayLimits::default(),
         metrics_listen: None,
         console_listen: None,
+        rest_cors_origins: Vec::new(),
         link_listen: None,
         tls: None,
         link_tls: None,

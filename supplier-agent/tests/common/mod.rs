@@ -95,6 +95,7 @@ impl Exchange {
             limits: Default::default(),
             metrics_listen: None,
             console_listen: None,
+            rest_cors_origins: Vec::new(),
             link_listen: None,
             tls: None,
             link_tls: None,
