@@ -197,6 +197,17 @@ async fn every_documented_path_answers_as_the_openapi_document_says() {
     assert_eq!((status, code(&body)), (400, "wrong_type"), "an unknown parameter");
     let (status, body) = api.json("/api/v1/instruments/{instrument}/trades", "/api/v1/instruments/4000/trades", None).await;
     assert_eq!((status, code(&body)), (404, "unknown_instrument"));
+    // By symbol, its '/' written %2F: the same answer as by id.
+    let (status, by_id) = api.json("/api/v1/instruments/{instrument}/trades", "/api/v1/instruments/0/trades", None).await;
+    assert_eq!(status, 200);
+    let (status, by_symbol) =
+        api.json("/api/v1/instruments/{instrument}/trades", "/api/v1/instruments/H100-SXM-80G%2FSPOT/trades", None).await;
+    assert_eq!((status, &by_symbol), (200, &by_id));
+    let (status, body) = api.json("/api/v1/instruments/{instrument}/stats", "/api/v1/instruments/H100-SXM-80G%2FNOPE/stats", None).await;
+    assert_eq!((status, code(&body)), (404, "unknown_instrument"));
+    assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("H100-SXM-80G/NOPE")), "{body}");
+    let (status, body) = api.json("/api/v1/instruments/{instrument}/stats", "/api/v1/instruments/H100%2/stats", None).await;
+    assert_eq!((status, code(&body)), (400, "wrong_type"), "a broken escape");
     let (status, body) = api.json("/api/v1/suppliers/{supplier}/stats", "/api/v1/suppliers/4000/stats", None).await;
     assert_eq!((status, code(&body)), (404, "unknown_supplier"));
     let (status, body) = http_get(&exchange.console_addr, "/api/v1/launch", &[]).await;

@@ -141,7 +141,15 @@ impl Rest {
 
     async fn answer_get(&self, uri: &Uri, headers: &HeaderMap) -> Result<String, Failure> {
         let query = Query::parse(uri.query().unwrap_or(""))?;
-        let segments: Vec<&str> = uri.path().trim_start_matches("/api/v1/").split('/').collect();
+        let mut segments: Vec<&str> = uri.path().trim_start_matches("/api/v1/").split('/').collect();
+        // An instrument named by its symbol is asked by its id.
+        let resolved;
+        if let ["instruments", instrument, _] = segments[..] {
+            if instrument.parse::<u32>().is_err() {
+                resolved = self.instrument_by_symbol(instrument).await?.to_string();
+                segments[1] = &resolved;
+            }
+        }
         let request = route(&segments, &query)?;
         let signed = self.signer(uri, headers)?;
         let (make, public) = match request {
@@ -156,6 +164,26 @@ impl Rest {
         }
         let message = self.ask(signed, make).await?;
         body_of(message)
+    }
+
+    /// The id of the listed instrument whose symbol is `segment` (its `/`
+    /// percent-encoded, `H100-SXM-80G%2FSPOT`): one `instruments` request.
+    async fn instrument_by_symbol(&self, segment: &str) -> Result<u32, Failure> {
+        let symbol = percent_decoded(segment).ok_or_else(|| {
+            Failure::new(ErrorCode::WrongType, "the instrument is an id or a symbol with its '/' written %2F (H100-SXM-80G%2FSPOT)")
+        })?;
+        let listed = self.ask(None, Box::new(|connection, id| Request::Instruments { connection, id })).await?;
+        let ServerMessage::Instruments { instruments, .. } = listed else {
+            return Err(Failure::coded(ErrorCode::ShuttingDown));
+        };
+        instruments.iter().find(|i| i.symbol == symbol).map(|i| i.instrument.0).ok_or_else(|| {
+            Failure::new(
+                ErrorCode::UnknownInstrument,
+                format!(
+                    "no listed instrument has the symbol {symbol:?} (GET /api/v1/instruments lists them; an expired window is asked by id)"
+                ),
+            )
+        })
     }
 
     /// The key of a signed request, checked; `None` for an unsigned one.
@@ -290,6 +318,24 @@ fn body_of(message: ServerMessage) -> Result<String, Failure> {
         object.remove("id");
     }
     Ok(fields.to_string())
+}
+
+/// A path segment with its `%XX` escapes decoded (`None`: a broken escape
+/// or bytes that are not UTF-8).
+fn percent_decoded(segment: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(segment.len());
+    let mut rest = segment.as_bytes();
+    while let Some((&first, tail)) = rest.split_first() {
+        if first == b'%' {
+            let hex = tail.get(..2)?;
+            bytes.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+            rest = &tail[2..];
+        } else {
+            bytes.push(first);
+            rest = tail;
+        }
+    }
+    String::from_utf8(bytes).ok()
 }
 
 /// A query string's parameters (`a=1&b=2`), each name at most once.
@@ -452,5 +498,30 @@ fn route(segments: &[&str], query: &Query) -> Result<Routed, Failure> {
             _ => Err(not_found()),
         },
         _ => Err(not_found()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_segments_decode_their_escapes_and_refuse_broken_ones() {
+        assert_eq!(percent_decoded("H100-SXM-80G%2FSPOT").as_deref(), Some("H100-SXM-80G/SPOT"));
+        assert_eq!(percent_decoded("H100-SXM-80G%2fR%2F2026-12-07T10%2F1h").as_deref(), Some("H100-SXM-80G/R/2026-12-07T10/1h"));
+        assert_eq!(percent_decoded("plain").as_deref(), Some("plain"));
+        for broken in ["%", "%2", "%zz", "%FF"] {
+            assert_eq!(percent_decoded(broken), None, "{broken}");
+        }
+    }
+
+    #[test]
+    fn cors_origins_are_scheme_and_host_or_a_star() {
+        for good in ["https://dash.example", "http://127.0.0.1:8080", "*"] {
+            assert!(cors_origin(good).is_ok(), "{good}");
+        }
+        for bad in ["dash.example", "https://dash.example/", "https://dash.example/app", "", "https://"] {
+            assert!(cors_origin(bad).is_err(), "{bad}");
+        }
     }
 }
