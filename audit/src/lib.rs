@@ -17,6 +17,29 @@ pub fn replay_journal(path: &Path, market: &mut MarketState, out: &mut impl Writ
     replay_journals(&[path], market, out, commands_only)
 }
 
+/// An engine configuration (`gpux-audit --config`, JSON `EngineConfig`),
+/// from this build or an older one: fields added since are filled as the
+/// engine behaved before them (`currency`: US$ in millionths, as every
+/// journal before currencies; a class's `sla_credit_tiers`: the schedule
+/// then fixed in the engine, `default_credit_tiers` of its SLA level).
+/// Fields the engine added with `#[serde(default)]` need nothing here.
+pub fn parse_config(text: &str) -> Result<gpux_engine::EngineConfig> {
+    let mut value: serde_json::Value = serde_json::from_str(text).context("not JSON")?;
+    let object = value.as_object_mut().context("an engine configuration is a JSON object")?;
+    if !object.contains_key("currency") {
+        object.insert("currency".into(), serde_json::to_value(gpux_engine::config::Currency::usd_micro())?);
+    }
+    for class in object.get_mut("classes").and_then(|c| c.as_array_mut()).into_iter().flatten() {
+        let Some(class) = class.as_object_mut() else { continue };
+        if !class.contains_key("sla_credit_tiers") {
+            let sla = class.get("sla_availability_bps").and_then(|v| v.as_u64()).context("a class without sla_availability_bps")?;
+            let tiers = gpux_engine::config::default_credit_tiers(u32::try_from(sla).context("sla_availability_bps")?);
+            class.insert("sla_credit_tiers".into(), serde_json::to_value(tiers)?);
+        }
+    }
+    Ok(serde_json::from_value(value)?)
+}
+
 /// Entries read from a journal file at a time.
 const REPLAY_CHUNK: usize = 65_536;
 

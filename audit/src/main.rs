@@ -30,7 +30,8 @@ const LINE_BYTES_MAX: usize = 64 * 1024;
 struct Args {
     /// Command stream to replay; standard input when absent.
     input: Option<PathBuf>,
-    /// Engine configuration (JSON `EngineConfig`); the demo listing when absent.
+    /// Engine configuration (JSON `EngineConfig`, also as older builds wrote
+    /// it); the demo listing when absent.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Replay the built-in demo session instead of reading input.
@@ -72,7 +73,7 @@ fn run(args: Args) -> Result<()> {
     let config = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
-            serde_json::from_str(&text).with_context(|| format!("parsing config {}", path.display()))?
+            gpux_audit::parse_config(&text).with_context(|| format!("parsing config {}", path.display()))?
         }
         None => EngineConfig::demo(),
     };
