@@ -13,6 +13,7 @@ pub mod invoices;
 pub mod job_store;
 pub mod link_server;
 pub mod listing;
+pub mod logging;
 pub mod metrics;
 pub mod sequencer;
 pub mod snapshots;

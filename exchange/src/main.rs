@@ -233,12 +233,20 @@ fn main() {
 }
 
 fn run_main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("GPUX_LOG").unwrap_or_else(|_| "warn,openraft=error".into()))
-        .with_writer(std::io::stderr)
-        // Colour for a terminal only: never escape codes in a log file.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        use tracing_subscriber::Layer;
+        let levels = tracing_subscriber::EnvFilter::try_from_env("GPUX_LOG").unwrap_or_else(|_| "warn,openraft=error".into());
+        let lines = tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            // Colour for a terminal only: never escape codes in a log file.
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_filter(levels)
+            // A library's line repeated in a loop (openraft while a peer is down) once per 10 s.
+            .with_filter(gpux_exchange::logging::Repeats::libraries());
+        tracing_subscriber::registry().with(lines).init();
+    }
     let args = Args::parse();
     match args.command {
         Some(Tool::Statement { account }) => return statement(&args.data_dir, account),

@@ -65,6 +65,8 @@ pub struct Metrics {
     snapshots_bytes: IntGauge,
     raft_log_bytes: IntGauge,
     data_dir: std::sync::Mutex<Option<std::path::PathBuf>>,
+    /// Library log lines held back as repeats (`logging::Repeats`), read at each scrape.
+    log_lines_suppressed: IntCounter,
 }
 
 impl Default for Metrics {
@@ -151,6 +153,11 @@ impl Metrics {
                 "Size of a cluster node's Raft log file (raft-log.redb; 0 on a single node), at the scrape.",
             ),
             data_dir: std::sync::Mutex::new(None),
+            log_lines_suppressed: counter(
+                &r,
+                "gpux_log_lines_suppressed_total",
+                "Log lines of libraries (openraft) held back as repeats of one written in the last 10 s.",
+            ),
             book_quantity: {
                 let metric =
                     IntGaugeVec::new(Opts::new("gpux_book_quantity", "GPUs resting per instrument and side."), &["instrument", "side"])
@@ -226,6 +233,7 @@ impl Metrics {
             &self.journal_bytes,
             &self.snapshots_bytes,
             &self.raft_log_bytes,
+            &self.log_lines_suppressed,
         ];
         collectors.extend(self.gateway.collectors());
         collectors.iter().flat_map(|c| c.desc()).map(|d| (d.fq_name.clone(), d.variable_labels.clone())).collect()
@@ -295,6 +303,8 @@ impl Metrics {
 
     pub fn render(&self) -> String {
         self.read_data_dir();
+        let suppressed = crate::logging::suppressed();
+        self.log_lines_suppressed.inc_by(suppressed.saturating_sub(self.log_lines_suppressed.get()));
         prometheus::TextEncoder::new().encode_to_string(&self.registry.gather()).expect("the text format encodes every metric")
     }
 }

@@ -759,6 +759,26 @@ async fn a_gateway_follows_the_leader() {
 
 /// Cluster flags that cannot work are refused before anything starts, each
 /// with its reason.
+/// While a peer is down, openraft on the leader logs each failed attempt
+/// to reach it; the leader's log gets one line of each call site every
+/// 10 s and counts the rest (docs/operations.md "Logs").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_down_costs_the_leaders_log_a_line_per_call_site_every_10_s() {
+    let mut cluster = Cluster::start(3, |node| node.raft.clone());
+    let leader = cluster.serving_leader().await;
+    let follower = *cluster.nodes.keys().find(|id| **id != leader).expect("a follower");
+    let log = cluster.nodes[&leader].dir.with_extension("log");
+    let openraft_lines = || std::fs::read_to_string(&log).unwrap_or_default().lines().filter(|l| l.contains("openraft")).count();
+    let before = openraft_lines();
+    cluster.nodes.get_mut(&follower).expect("the follower").kill();
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let written = openraft_lines() - before;
+    let suppressed = metric(&scrape(&cluster.nodes[&leader].metrics).await, "gpux_log_lines_suppressed_total");
+    eprintln!("peer {follower} down 12 s: {written} openraft lines written on leader {leader}, {suppressed} held back");
+    assert!(suppressed > 0.0, "openraft repeated itself and was held back");
+    assert!(written <= 12, "{written} lines in 12 s:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+}
+
 #[test]
 fn bad_cluster_flags_are_refused_with_a_reason() {
     let dir = tempfile::tempdir().expect("temp dir");
