@@ -4,7 +4,7 @@
 use gpux_engine::{AccountId, AccountLimits};
 use gpux_protocol::{ClientMessage, Scope, Scopes, ServerMessage};
 
-use crate::commands::{acknowledged, Session};
+use crate::commands::{written, Session};
 use crate::money::{amount, parse_amount};
 use crate::{snake, Failure, KeysAction, ScopeArg, SubAccountAction};
 
@@ -29,10 +29,7 @@ pub async fn sub_account(s: &mut Session, action: SubAccountAction, json: bool) 
             let limits = AccountLimits { max_open_orders, max_order_minor: parse(max_order)?, max_held_minor: parse(max_held)? };
             let id = s.connection.new_id();
             let answer = s.ask(ClientMessage::SetSubAccountLimits { id, sub_account: AccountId(sub_account), limits }, json).await?;
-            if json {
-                return Ok(());
-            }
-            acknowledged(answer, &format!("limits of sub-account {sub_account} set"))
+            written(s, answer, &format!("limits of sub-account {sub_account} set"), "sub_account_limits", json).await
         }
         SubAccountAction::List => {
             let mut offset = 0;
@@ -78,15 +75,12 @@ async fn move_funds(s: &mut Session, sub_account: u32, text: &str, to_sub_accoun
     let id = s.connection.new_id();
     let message = ClientMessage::MoveFunds { id, sub_account: AccountId(sub_account), amount_minor, to_sub_account };
     let answer = s.ask(message, json).await?;
-    if json {
-        return Ok(());
-    }
     let what = if to_sub_account {
         format!("moved {} to sub-account {sub_account}", amount(amount_minor))
     } else {
         format!("moved {} back from sub-account {sub_account}", amount(amount_minor))
     };
-    acknowledged(answer, &what)
+    written(s, answer, &what, if to_sub_account { "fund" } else { "defund" }, json).await
 }
 
 fn scope(arg: ScopeArg) -> Scope {

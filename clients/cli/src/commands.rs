@@ -455,17 +455,20 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             let mut order = OrderTicket::limit(now_ms(), instrument, Side::Sell, price, gpu_mask.count_ones());
             order.supply = Some(GpuSet { host: gpux_engine::HostId(host), gpu_mask });
             let id = s.connection.new_id();
-            acknowledged(s.ask(ClientMessage::NewOrder { id, order, workload: None }, json).await?, "offer placed")
+            let answer = s.ask(ClientMessage::NewOrder { id, order, workload: None }, json).await?;
+            written(s, answer, "offer placed", "offer", json).await
         }
         Command::Cancel { order } => {
             let id = s.connection.new_id();
-            acknowledged(s.ask(ClientMessage::CancelOrder { id, order: OrderId(order) }, json).await?, "cancelled")
+            let answer = s.ask(ClientMessage::CancelOrder { id, order: OrderId(order) }, json).await?;
+            written(s, answer, "cancelled", "cancel", json).await
         }
         Command::Replace { order, price, quantity } => {
             let price_minor_per_gpu_hour = parse_amount(&price).map_err(Failure::Usage)?;
             let id = s.connection.new_id();
             let message = ClientMessage::ReplaceOrder { id, order: OrderId(order), price_minor_per_gpu_hour, quantity };
-            acknowledged(s.ask(message, json).await?, "replaced")
+            let answer = s.ask(message, json).await?;
+            written(s, answer, "replaced", "replace", json).await
         }
         Command::CancelAll { instrument } => {
             let instrument = match instrument {
@@ -473,14 +476,16 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 None => None,
             };
             let id = s.connection.new_id();
-            acknowledged(s.ask(ClientMessage::MassCancel { id, instrument }, json).await?, "all cancelled")
+            let answer = s.ask(ClientMessage::MassCancel { id, instrument }, json).await?;
+            written(s, answer, "all cancelled", "cancel_all", json).await
         }
         Command::Orders => orders(s, None, json).await,
         Command::Offers => orders(s, Some(Side::Sell), json).await,
         Command::Leases => leases(s, json).await,
         Command::EndLease { lease } => {
             let id = s.connection.new_id();
-            acknowledged(s.ask(ClientMessage::EndLease { id, lease: LeaseId(lease) }, json).await?, "lease ended")
+            let answer = s.ask(ClientMessage::EndLease { id, lease: LeaseId(lease) }, json).await?;
+            written(s, answer, "lease ended", "end_lease", json).await
         }
         Command::Fills { past: true, limit, .. } => past_fills(s, limit, json).await,
         Command::Fills { seconds, .. } => fills(s, seconds, json).await,
@@ -553,19 +558,22 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Deposit { account, amount } => {
             let amount_minor = parse_amount(&amount).map_err(Failure::Usage)?;
             let id = s.connection.new_id();
-            acknowledged(s.ask(ClientMessage::Deposit { id, account: AccountId(account), amount_minor }, json).await?, "deposited")
+            let answer = s.ask(ClientMessage::Deposit { id, account: AccountId(account), amount_minor }, json).await?;
+            written(s, answer, "deposited", "deposit", json).await
         }
         Command::Withdraw { amount } => {
             let amount_minor = parse_amount(&amount).map_err(Failure::Usage)?;
             let id = s.connection.new_id();
             let answer = s.ask(ClientMessage::Withdraw { id, account: None, amount_minor }, json).await;
-            acknowledged(answer.map_err(|f| money_out_refused(f, "available funds"))?, "withdrawn")
+            let answer = answer.map_err(|f| money_out_refused(f, "available funds"))?;
+            written(s, answer, "withdrawn", "withdraw", json).await
         }
         Command::Payout { amount } => {
             let amount_minor = parse_amount(&amount).map_err(Failure::Usage)?;
             let id = s.connection.new_id();
             let answer = s.ask(ClientMessage::Payout { id, account: None, amount_minor }, json).await;
-            acknowledged(answer.map_err(|f| money_out_refused(f, "payable earnings"))?, "paid out")
+            let answer = answer.map_err(|f| money_out_refused(f, "payable earnings"))?;
+            written(s, answer, "paid out", "payout", json).await
         }
         Command::SubAccount { action } => crate::access::sub_account(s, action, json).await,
         Command::Completions { .. } => Ok(()),
@@ -767,6 +775,30 @@ impl Session {
             .map(|i| i.instrument)
             .ok_or_else(|| Failure::Usage(format!("no instrument `{name}`: `gpux instruments` lists them (e.g. H100-SXM-80G/SPOT)")))
     }
+}
+
+/// A write's whole outcome (README.md, the `--json` paragraph). Without `--json`, the
+/// acknowledgement in words. With it, the ack as the exchange sent it
+/// (`ask` printed it), then every private event that follows within
+/// 300 ms, each as the exchange sent it, then one line scripts read last:
+/// `{"outcome":{"done":DONE,"journal_seq":N,"order":ID|null,"events":[KIND,..]}}`.
+pub(crate) async fn written(s: &mut Session, answer: ServerMessage, what: &str, done: &str, json: bool) -> Result<(), Failure> {
+    if !json {
+        return acknowledged(answer, what);
+    }
+    let (journal_seq, order) = match &answer {
+        ServerMessage::Ack { journal_seq, order, .. } => (Some(*journal_seq), order.map(|o| o.0)),
+        _ => (None, None),
+    };
+    let mut events = Vec::new();
+    while let Ok(Some(message)) = s.connection.next_within(Duration::from_millis(300)).await {
+        out!("{}", gpux_protocol::encode_server_text(&message));
+        if let ServerMessage::Private { event, .. } = message {
+            events.push(snake(&event.kind));
+        }
+    }
+    out!("{}", serde_json::json!({"outcome": {"done": done, "journal_seq": journal_seq, "order": order, "events": events}}));
+    Ok(())
 }
 
 pub(crate) fn acknowledged(answer: ServerMessage, what: &str) -> Result<(), Failure> {

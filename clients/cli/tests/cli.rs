@@ -190,6 +190,16 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
     assert!(stdout.lines().last().is_some_and(|l| l.contains(r#""state":"closed_unfilled""#)), "{stdout}");
     assert!(stdout.contains(r#""order_closed""#), "the close event as the exchange sent it: {stdout}");
     assert_eq!(killed.status.code(), Some(1), "nothing filled: {stdout}");
+    // Every write's --json ends with its outcome: a resting bid, then its cancel.
+    let resting = ok(gpux(url, &key("renter"), &["--json", "buy", "H100-SXM-80G/SPOT", "1", "--price", "1"]));
+    let outcome: serde_json::Value = serde_json::from_str(resting.lines().last().expect("lines")).expect("JSON");
+    assert_eq!(outcome["outcome"]["state"], "resting", "{resting}");
+    let order = outcome["outcome"]["order"].as_u64().expect("the order id").to_string();
+    let cancelled = ok(gpux(url, &key("renter"), &["--json", "cancel", &order]));
+    let last: serde_json::Value = serde_json::from_str(cancelled.lines().last().expect("lines")).expect("JSON");
+    assert_eq!(last["outcome"]["done"], "cancel", "{cancelled}");
+    assert!(last["outcome"]["events"].as_array().is_some_and(|e| e.iter().any(|k| k == "order_closed")), "{cancelled}");
+    assert!(cancelled.lines().next().is_some_and(|l| l.starts_with(r#"{"ack""#)), "the ack first, as sent: {cancelled}");
     let bought = ok(gpux(url, &key("renter"), &["buy", "H100-SXM-80G/SPOT", "1", "--price", "2.50", "--hours", "2"]));
     assert!(bought.contains("accepted") && bought.contains("filled 1 GPU(s) of H100-SXM-80G/SPOT") && bought.contains("lease"), "{bought}");
     assert!(bought.contains("lease 0 (spot): 1 GPU(s) from 20") && bought.contains(" UTC to 20"), "times for people: {bought}");
