@@ -4,7 +4,6 @@
 //! the statement), and every kind of failure exits with its documented code
 //! and a message saying what to do.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -26,10 +25,6 @@ impl Exchange {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
-}
-
 fn start_exchange(data_dir: &Path, operator_public_key: [u8; 32]) -> Exchange {
     start_exchange_at(data_dir, operator_public_key, 0)
 }
@@ -45,11 +40,13 @@ fn start_exchange_with(
     clock_offset_ms: i64,
     accounts: gpux_exchange::sequencer::AccountOpening,
 ) -> Exchange {
-    let port = free_port();
+    // A port the system hands out as the exchange binds (one picked here
+    // and bound later may be taken by another test in between).
+    let (listening, url) = std::sync::mpsc::channel::<String>();
     let (stop, stopped) = tokio::sync::oneshot::channel();
     let config = gpux_exchange::ExchangeConfig {
         data_dir: data_dir.to_path_buf(),
-        listen: format!("127.0.0.1:{port}").parse().expect("address"),
+        listen: "127.0.0.1:0".parse().expect("address"),
         operator_keys: [operator_public_key].into_iter().collect(),
         listing: gpux_exchange::listing::Listing { config: EngineConfig::demo(), cluster_rules: Vec::new() },
         limits: gpux_exchange::gateway::GatewayLimits::default(),
@@ -66,7 +63,9 @@ fn start_exchange_with(
         },
         clock_offset_ms,
         challenge_interval_ms: gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT,
-        on_listening: None,
+        on_listening: Some(Box::new(move |url: &str| {
+            let _ = listening.send(url.to_string());
+        })),
         cluster: None,
         accounts,
         invoicing: Default::default(),
@@ -79,16 +78,14 @@ fn start_exchange_with(
         job_silence_ms: gpux_exchange::sequencer::JOB_SILENCE_MS_DEFAULT,
     };
     let thread = std::thread::spawn(move || gpux_exchange::run_until(config, gpux_exchange::Stop::Channel(stopped)));
-    let url = format!("ws://127.0.0.1:{port}");
     // Up to 30 s: a loaded 2-core machine (CI) can be slow to start it.
     for _ in 0..600 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        if let Ok(url) = url.recv_timeout(std::time::Duration::from_millis(50)) {
             return Exchange { url, _stop: stop, thread };
         }
         if thread.is_finished() {
             panic!("the exchange stopped before it served: {:?}", thread.join());
         }
-        std::thread::sleep(std::time::Duration::from_millis(50));
     }
     panic!("the exchange did not start within 30 s");
 }
