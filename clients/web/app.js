@@ -101,6 +101,7 @@ async function loadInstruments() {
   const { body: listed } = await request("listing");
   state.currency = listed.listing.currency;
   state.regions = listed.listing.regions;
+  state.classes = listed.listing.classes;
   $("t-regions").replaceChildren(...state.regions.map((name) => new Option(name, name)));
   for (const unit of document.querySelectorAll(".currency")) unit.textContent = state.currency.code;
   $("t-price").placeholder = `${state.currency.code}/GPU-h`;
@@ -259,6 +260,22 @@ async function refreshOffers() {
       return `<tr><td>${money(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td>${o.supplier}</td><td>${score(o.supplier_score_bps)}</td><td>${verified}</td><td>${esc(o.region ?? "none")}</td><td>${fabric(o.fabric)}</td></tr>`;
     })
     .join("");
+  const listed = (state.instruments ?? []).find((i) => i.instrument === instrument);
+  const spec = (state.classes ?? []).find((c) => c.name === listed?.class);
+  $("offers-verified").textContent = spec ? verifiedMeaning(spec) : "";
+}
+
+// What "verified" means in a class (docs/market-rules.md "Verified
+// hardware"), as `gpux asks` says it.
+function verifiedMeaning(spec) {
+  const compute = spec.challenge;
+  if (!compute) return `class ${spec.name} takes no hardware challenge: none of its GPUs is verified`;
+  let text = `verified = the GPU's last challenges in ${spec.name} passed: a ${compute.n} x ${compute.n} matrix product at >= ${compute.min_mflops} MFLOP/s`;
+  const memory = spec.memory_challenge;
+  if (memory) text += ` and ${memory.passes} passes over 2^${memory.words_log2} words of memory at >= ${memory.min_mbps} MB/s`;
+  text += "; asked again at random idle times, every 6 h on average";
+  if (compute.min_mflops < 1000000) text += " (rates a CPU reaches: this proves the host computes honestly, not which accelerator it is)";
+  return text;
 }
 
 function offersChanged() {

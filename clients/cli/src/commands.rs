@@ -78,9 +78,48 @@ async fn asks(s: &mut Session, instrument: gpux_engine::InstrumentId, limit: usi
         }
         match next_offset {
             Some(next) if shown < limit => offset = next,
-            _ => return Ok(()),
+            _ => break,
         }
     }
+    if !json && shown > 0 {
+        // What the "verified" above means in this class, from the listing.
+        let class = s.instrument_list().await?.iter().find(|i| i.instrument == instrument).map(|i| i.class.clone());
+        let id = s.connection.new_id();
+        if let (Some(class), ServerMessage::Listing { listing, .. }) = (class, s.ask(ClientMessage::Listing { id }, false).await?) {
+            if let Some(spec) = listing.classes.iter().find(|c| c.name == class) {
+                out!("{}", verified_meaning(spec));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What "verified" means in a class (docs/market-rules.md "Verified
+/// hardware"): which challenges its GPUs passed, at what rates, and when
+/// they are asked again; and, when the rates are ones a CPU reaches, that
+/// they prove an honest answer, not a model.
+pub(crate) fn verified_meaning(class: &gpux_engine::ClassSpec) -> String {
+    let Some(compute) = class.challenge else {
+        return format!("class {} takes no hardware challenge: none of its GPUs is verified", class.name);
+    };
+    let mut text = format!(
+        "verified = the GPU's last challenges in {} passed: a {n} x {n} matrix product at >= {} MFLOP/s",
+        class.name,
+        compute.min_mflops,
+        n = compute.n
+    );
+    if let Some(memory) = class.memory_challenge {
+        text.push_str(&format!(
+            " and {} passes over 2^{} words of memory at >= {} MB/s",
+            memory.passes, memory.words_log2, memory.min_mbps
+        ));
+    }
+    text.push_str("; asked again at random idle times, every 6 h on average");
+    // 1 TFLOP/s: below every data-centre accelerator, within a CPU's reach.
+    if compute.min_mflops < 1_000_000 {
+        text.push_str(" (rates a CPU reaches: this proves the host computes honestly, not which accelerator it is)");
+    }
+    text
 }
 
 /// A host's fabric as `gpux asks` shows it: the group, its claim and what

@@ -167,6 +167,11 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
     let asks = ok(gpux(url, &key("renter"), &["asks", "H100-SXM-80G/SPOT"]));
     assert!(asks.contains("$2.00/GPU-h x 1") && asks.contains("unrated") && asks.contains("host 0"), "{asks}");
     assert!(asks.contains("in no region"), "{asks}");
+    assert!(
+        asks.contains("verified = the GPU's last challenges in H100-SXM-80G passed: a 256 x 256 matrix product at >= 10 MFLOP/s")
+            && asks.contains("not which accelerator it is"),
+        "what verified means, with the demo listing's honest caveat: {asks}"
+    );
     let listing = ok(gpux(url, &key("renter"), &["listing"]));
     assert!(listing.contains("currency USD (6 decimals") && listing.contains("cn-east") && listing.contains("H100-SXM-80G"), "{listing}");
     // The only ask is on a host in no region: a bid for two regions passes it by.

@@ -304,6 +304,12 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
                     what="the offer with its seller and score",
                 )
                 await browser.wait_until(f"{offers}.includes('ib0 (1 hosts), 400 Gb/s, not probed')", what="the fabric host's offer")
+                # What "verified" means under the offers, with the demo sizes' caveat.
+                meaning = "document.getElementById('offers-verified').innerText"
+                await browser.wait_until(
+                    f"{meaning}.includes('256 x 256 matrix product at >= 10 MFLOP/s') && {meaning}.includes('not which accelerator')",
+                    what="what verified means",
+                )
                 await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
                 await browser.evaluate("document.querySelector('#login button').click()")
                 cell = "(document.querySelector('#leases td.delivery') || {}).textContent || ''"
