@@ -1,6 +1,8 @@
 //! Every bound the engine enforces, in one place. Hitting one is a typed
 //! rejection, never unbounded growth.
 
+use crate::time::MS_PER_DAY;
+
 /// Accounts the engine will open.
 pub const ACCOUNTS_MAX: u32 = 1 << 22;
 /// GPUs in one order (bids) or on one host (asks are a bit mask over a host).
@@ -21,7 +23,7 @@ const _: () = assert!(GPUS_UNPROVEN_PER_ACCOUNT_MAX <= GPUS_PER_ACCOUNT_MAX && G
 pub const ORDERS_LIVE_MAX: u32 = 1 << 24;
 /// How long a closed order's client id stays taken (docs/market-rules.md
 /// "Client order ids"): a day of the exchange's clock.
-pub const CLOSED_CLIENT_ORDER_ID_MS: u64 = 24 * 3_600_000;
+pub const CLOSED_CLIENT_ORDER_ID_MS: u64 = MS_PER_DAY;
 /// Closed orders' client ids remembered at most, exchange-wide. When it is
 /// full, the account that remembers the most forgets its oldest: an account
 /// loses ids inside the window only once every account with ids remembers
@@ -53,13 +55,13 @@ pub const DEPOSIT_MINOR_MAX: u64 = 1 << 52;
 /// The highest usage fee the exchange may charge (20%).
 pub const FEE_BPS_MAX: u32 = 2_000;
 /// The longest billing grace after a lease's end (one day).
-pub const BILLING_GRACE_MS_MAX: u64 = 24 * 3_600_000;
+pub const BILLING_GRACE_MS_MAX: u64 = MS_PER_DAY;
 /// The longest late-report window after a lease's billing grace (a week):
 /// how long a provisional bill waits for reports before it is final.
-pub const LATE_REPORT_WINDOW_MS_MAX: u64 = 7 * 24 * 3_600_000;
+pub const LATE_REPORT_WINDOW_MS_MAX: u64 = 7 * MS_PER_DAY;
 /// The exchange's and the simulator's late-report window unless told
 /// otherwise (a day).
-pub const LATE_REPORT_WINDOW_MS_DEFAULT: u64 = 24 * 3_600_000;
+pub const LATE_REPORT_WINDOW_MS_DEFAULT: u64 = MS_PER_DAY;
 /// Unreported time per GPU a lease may end with and still be billed final at
 /// its grace (an agent reports an ended lease up to its end, so this only
 /// absorbs rounding): beyond it the bill is provisional, and final once the
@@ -100,6 +102,14 @@ pub const SUB_ACCOUNTS_PER_ACCOUNT_MAX: usize = 1_000;
 
 /// Regions a listing may name (a bid's region set is a 32-bit mask).
 pub const REGIONS_MAX: usize = 32;
+
+// Each mask has a bit for every item its bound allows: a host's GPUs
+// (`GpuSet::gpu_mask`, a `u64`), a GPU's classes (`classes_mask`, a `u64`),
+// a bid's regions (`Order::regions`, a `u32`). Raising a bound past its
+// mask's width fails to compile instead of aliasing bits.
+const _: () = assert!(GPUS_PER_HOST_MAX <= u64::BITS);
+const _: () = assert!(CLASSES_MAX <= u64::BITS as usize);
+const _: () = assert!(REGIONS_MAX <= u32::BITS as usize);
 /// Bytes of a region or zone name.
 pub const REGION_NAME_BYTES_MAX: usize = 32;
 

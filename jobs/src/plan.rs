@@ -214,7 +214,7 @@ pub fn to_minor(amount: Decimal, currency: &gpux_engine::Currency) -> u64 {
 /// framework (`None`: any vendor, a job that brings its own image).
 pub fn plan(spec: &JobSpec, market: &Market<'_>, vendors: Option<&BTreeSet<Vendor>>) -> Plan {
     let need_mib = memory_mib_per_gpu(spec);
-    let hours = spec.max_duration_ms.map_or(HOURS_PRICED_DEFAULT, |ms| ms.div_ceil(3_600_000));
+    let hours = spec.max_duration_ms.map_or(HOURS_PRICED_DEFAULT, |ms| ms.div_ceil(gpux_engine::time::MS_PER_HOUR));
     let currency = &market.listing.currency;
     let max_price = spec.max_price_per_gpu_hour.map(|p| to_minor(p, currency));
     let budget = spec.budget.map(|b| to_minor(b, currency));

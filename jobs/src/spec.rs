@@ -354,7 +354,7 @@ impl File {
             None => None,
             Some(text) => {
                 let ms = parse_duration_ms(&text).ok_or(SpecError::Duration)?;
-                if ms == 0 || ms > DURATION_HOURS_MAX * 3_600_000 {
+                if ms == 0 || ms > DURATION_HOURS_MAX * gpux_engine::time::MS_PER_HOUR {
                     return Err(SpecError::Duration);
                 }
                 Some(ms)
@@ -468,8 +468,8 @@ pub fn parse_duration_ms(text: &str) -> Option<u64> {
     let unit_ms = match text.chars().last()? {
         's' => 1_000u64,
         'm' => 60_000,
-        'h' => 3_600_000,
-        'd' => 86_400_000,
+        'h' => gpux_engine::time::MS_PER_HOUR,
+        'd' => gpux_engine::time::MS_PER_DAY,
         _ => return None,
     };
     let number: u64 = text[..text.len() - 1].trim().parse().ok()?;

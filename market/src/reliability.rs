@@ -45,8 +45,7 @@ pub const DISCONNECT_PENALTY_BPS: u32 = 10;
 /// waits for it).
 pub const LATE_PREEMPTION_PENALTY_BPS: u32 = 100;
 
-const MS_PER_HOUR: u64 = 3_600_000;
-pub(crate) const MS_PER_DAY: u64 = 24 * MS_PER_HOUR;
+pub(crate) use gpux_engine::time::{MS_PER_DAY, MS_PER_HOUR};
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct Day {
     day: u64,

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 /// (this plus the failed lease's id).
 pub const REPLACEMENT_CLIENT_ORDER_ID_BASE: u64 = 1 << 63;
 
-const MS_PER_HOUR: u64 = 3_600_000;
+use gpux_engine::time::MS_PER_HOUR;
 
 /// A lease that is replaced if its host fails it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, VecDeque};
 use gpux_engine::InstrumentId;
 use serde::{Deserialize, Serialize};
 
-pub const WINDOW_MS: u64 = 24 * 3_600_000;
+pub const WINDOW_MS: u64 = gpux_engine::time::MS_PER_DAY;
 pub const TRADES_PER_INSTRUMENT_MAX: usize = 1_000_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

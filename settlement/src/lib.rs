@@ -30,7 +30,7 @@ pub const CLOCK_SKEW_MS_MAX: u64 = 5_000;
 pub const REPORTS_PER_CHAIN_MAX: usize = 1 << 20;
 /// Decompressed host keys kept; the cache starts over when full.
 pub const KEY_CACHE_MAX: usize = 1 << 16;
-const MS_PER_HOUR: u128 = 3_600_000;
+const MS_PER_HOUR: u128 = gpux_engine::time::MS_PER_HOUR as u128;
 /// Hashes a chain keeps of its newest accepted reports, to tell a resent
 /// report (`Duplicate`) from a different one with the same `seq`
 /// (`Replayed`). An agent resends only the reports not yet acknowledged,

@@ -3,8 +3,7 @@
 
 /// 2026-12-07T00:00:00Z, a Monday: simulated time starts here.
 pub const START_MS: u64 = 1_796_601_600_000;
-pub const MS_PER_HOUR: u64 = 3_600_000;
-pub const MS_PER_DAY: u64 = 24 * MS_PER_HOUR;
+pub use gpux_engine::time::{MS_PER_DAY, MS_PER_HOUR};
 
 #[derive(Clone, Debug)]
 pub struct SimConfig {

@@ -249,7 +249,7 @@ impl Engine {
         let fee_bps = self.config.fee_bps as u128;
         let billing = &mut self.leases[lease_id.0 as usize].billing;
         billing.disputed_gpu_ms += disputed_gpu_ms;
-        let gross = price as u128 * billing.disputed_gpu_ms as u128 / 3_600_000;
+        let gross = price as u128 * billing.disputed_gpu_ms as u128 / crate::time::MS_PER_HOUR as u128;
         let due = (gross - gross * fee_bps / 10_000) as u64;
         let amount_minor = due.saturating_sub(billing.withheld_minor);
         billing.withheld_minor += amount_minor;

@@ -13,7 +13,7 @@ use super::{error, Sequencer};
 use gpux_gateway::link::{ChallengeRequest, ConnectionId};
 
 /// The mean time between two challenges of an idle GPU (default).
-pub const CHALLENGE_INTERVAL_MS_DEFAULT: u64 = 6 * 3_600_000;
+pub const CHALLENGE_INTERVAL_MS_DEFAULT: u64 = 6 * gpux_engine::time::MS_PER_HOUR;
 
 /// When each GPU is next due for a challenge.
 #[derive(Default)]

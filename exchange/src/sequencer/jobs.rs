@@ -19,7 +19,7 @@ pub const JOB_SILENCE_MS_DEFAULT: u64 = 120_000;
 
 /// How long a job store token is valid (a host's: its lease's end plus
 /// the billing grace, if later).
-pub const JOB_STORE_TOKEN_MS: u64 = 3_600_000;
+pub const JOB_STORE_TOKEN_MS: u64 = gpux_engine::time::MS_PER_HOUR;
 
 impl Sequencer {
     /// Sets how long a job's lease may be silent (`--job-silence-ms`).

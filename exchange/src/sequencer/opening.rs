@@ -17,7 +17,7 @@ pub const ACCOUNTS_PER_ADDRESS_HOUR_DEFAULT: u32 = 20;
 /// Addresses whose openings are counted at once; a newcomer past it is
 /// refused `rate_limited` until an hour-old count is dropped.
 pub const OPENING_ADDRESSES_MAX: usize = 65_536;
-const HOUR_MS: u64 = 3_600_000;
+use gpux_engine::time::MS_PER_HOUR as HOUR_MS;
 
 /// Who may open an account with a first login.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
