@@ -60,6 +60,11 @@ pub(crate) struct Order {
     /// bandwidth each must have declared, Gb/s.
     pub nodes: u16,
     pub min_fabric_gbps: u32,
+    /// When it joined its price level's queue (`BookSide::push_back`):
+    /// within a level orders stand in ascending `priority`, so `(price,
+    /// priority)` marks a place in the side's price-time order that stays
+    /// meaningful when the orders around it leave (`book_offers` pages).
+    pub priority: u64,
 }
 
 impl Order {
@@ -93,6 +98,7 @@ impl Order {
             budget_left_minor: None,
             stop_price: None,
             regions: 0,
+            priority: 0,
         }
     }
 }
@@ -183,6 +189,8 @@ pub(crate) struct BookSide {
     /// `(key, level)`, sorted by descending key; the best price is last.
     ladder: Vec<(u64, u32)>,
     side_is_bid: bool,
+    /// The last `Order::priority` given on this side.
+    last_priority: u64,
 }
 
 impl BookSide {
@@ -250,6 +258,37 @@ impl BookSide {
         slots
     }
 
+    /// The slots of resting orders after the place `(price, priority)` in
+    /// price-time order (all of them without one), best first: `take` at
+    /// most. A place whose order has left still marks where it stood.
+    pub fn slots_after(&self, slab: &OrderSlab, after: Option<(u64, u64)>, take: usize) -> Vec<u32> {
+        let mut slots = Vec::with_capacity(take.min(256));
+        // The ladder is worst first: the levels below `start` are the
+        // place's own and the worse ones.
+        let start = match after {
+            Some((price, _)) => match self.position(price) {
+                Ok(position) => position + 1,
+                Err(position) => position,
+            },
+            None => self.ladder.len(),
+        };
+        for &(_, level) in self.ladder[..start].iter().rev() {
+            let mut slot = self.levels[level as usize].head;
+            while slot != NIL {
+                let order = slab.at(slot);
+                let passed = after.is_some_and(|(price, priority)| order.price == price && order.priority <= priority);
+                if !passed {
+                    if slots.len() == take {
+                        return slots;
+                    }
+                    slots.push(slot);
+                }
+                slot = order.next;
+            }
+        }
+        slots
+    }
+
     /// Appends the order at `slot` to the tail of its price level; returns
     /// the level's new total quantity.
     pub fn push_back(&mut self, slab: &mut OrderSlab, slot: u32) -> u64 {
@@ -285,11 +324,13 @@ impl BookSide {
         }
         level.quantity += quantity;
         let total = level.quantity;
+        self.last_priority += 1;
         let order = slab.at_mut(slot);
         order.prev = old_tail;
         order.next = NIL;
         order.level = level_index;
         order.resting = true;
+        order.priority = self.last_priority;
         total
     }
 

@@ -29,8 +29,8 @@ pub use command::*;
 pub use config::*;
 pub use engine::{
     probe_bears_out, Balances, ChallengeTarget, ContractInfo, ContractKind, ContractOutcome, Engine, FabricId, FabricInfo, FabricProbe,
-    GpuInfo, GpuVerification, InstrumentInfo, InstrumentState, LeaseInfo, ListingChangeError, MemberAddress, MemoryVerification, OfferInfo,
-    OrderInfo, SpendStatus, SubAccountInfo,
+    GpuInfo, GpuVerification, InstrumentInfo, InstrumentState, LeaseInfo, ListingChangeError, MemberAddress, MemoryVerification,
+    OfferCursor, OfferInfo, OrderInfo, SpendStatus, SubAccountInfo,
 };
 pub use event::*;
 pub use ids::*;

@@ -64,7 +64,7 @@ async fn a_region_restricted_bid_trades_only_with_hosts_in_its_regions_over_the_
         assert!(matches!(supplier.place(ask).await, ServerMessage::Ack { order: Some(_), .. }));
     }
     let ServerMessage::BookOffers { offers, .. } =
-        stranger.request(ClientMessage::BookOffers { id: 2, instrument: InstrumentId(0), offset: 0 }).await
+        stranger.request(ClientMessage::BookOffers { id: 2, instrument: InstrumentId(0), offset: 0, after: None }).await
     else {
         panic!("offers")
     };

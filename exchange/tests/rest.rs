@@ -131,6 +131,11 @@ async fn every_documented_path_answers_as_the_openapi_document_says() {
     assert_eq!((status, &book["bids"]), (200, &serde_json::json!([[1_000_000, 2]])));
     let (status, offers) = api.json("/api/v1/instruments/{instrument}/offers", "/api/v1/instruments/0/offers?offset=0", None).await;
     assert_eq!((status, offers["offers"].as_array().map(Vec::len)), (200, Some(0)), "the only ask was taken");
+    let path = "/api/v1/instruments/0/offers?after_price=2000000&after_priority=1";
+    let (status, offers) = api.json("/api/v1/instruments/{instrument}/offers", path, None).await;
+    assert_eq!((status, &offers["next_after"]), (200, &Value::Null), "by cursor: {offers}");
+    let (status, body) = api.json("/api/v1/instruments/{instrument}/offers", "/api/v1/instruments/0/offers?after_price=1", None).await;
+    assert_eq!((status, code(&body)), (400, "wrong_type"), "half a cursor");
     let (status, trades) = api.json("/api/v1/instruments/{instrument}/trades", "/api/v1/instruments/0/trades", None).await;
     assert_eq!(status, 200);
     assert_eq!(trades["trades"][0]["price_minor_per_gpu_hour"].as_u64(), Some(2_000_000));

@@ -269,6 +269,7 @@ pub enum Request {
         id: u64,
         instrument: InstrumentId,
         offset: u32,
+        after: Option<gpux_engine::OfferCursor>,
     },
     Usage {
         connection: ConnectionId,

@@ -421,9 +421,21 @@ fn route(segments: &[&str], query: &Query) -> Result<Routed, Failure> {
                     public(move |connection, id| Request::Book { connection, id, instrument })
                 }
                 "offers" => {
-                    query.only(&["offset"])?;
+                    query.only(&["offset", "after_price", "after_priority"])?;
                     let offset = query.number("offset")?.unwrap_or(0);
-                    public(move |connection, id| Request::BookOffers { connection, id, instrument, offset })
+                    let after = match (query.number("after_price")?, query.number("after_priority")?) {
+                        (Some(price_minor_per_gpu_hour), Some(priority)) => {
+                            Some(gpux_engine::OfferCursor { price_minor_per_gpu_hour, priority })
+                        }
+                        (None, None) => None,
+                        _ => {
+                            return Err(Failure::new(
+                                ErrorCode::WrongType,
+                                "after_price and after_priority go together (next_after's two fields)",
+                            ))
+                        }
+                    };
+                    public(move |connection, id| Request::BookOffers { connection, id, instrument, offset, after })
                 }
                 "trades" => {
                     query.only(&["before_seq"])?;

@@ -701,8 +701,8 @@ impl Connection {
                 self.forward(id, Request::SupplierStats { connection: self.id, id, supplier })
             }
             (_, ClientMessage::RenterStats { id, renter }) => self.forward(id, Request::RenterStats { connection: self.id, id, renter }),
-            (_, ClientMessage::BookOffers { id, instrument, offset }) => {
-                self.forward(id, Request::BookOffers { connection: self.id, id, instrument, offset })
+            (_, ClientMessage::BookOffers { id, instrument, offset, after }) => {
+                self.forward(id, Request::BookOffers { connection: self.id, id, instrument, offset, after })
             }
             (_, _) => vec![error(Some(id), ErrorCode::NotAuthenticated, None)],
         }
@@ -727,7 +727,9 @@ impl Connection {
             ClientMessage::Stats { id, instrument } => Request::Stats { connection, id, instrument },
             ClientMessage::SupplierStats { id, supplier } => Request::SupplierStats { connection, id, supplier },
             ClientMessage::RenterStats { id, renter } => Request::RenterStats { connection, id, renter },
-            ClientMessage::BookOffers { id, instrument, offset } => Request::BookOffers { connection, id, instrument, offset },
+            ClientMessage::BookOffers { id, instrument, offset, after } => {
+                Request::BookOffers { connection, id, instrument, offset, after }
+            }
             ClientMessage::MyGpus { id, offset } => Request::MyGpus { connection, id, offset },
             ClientMessage::UsageReport { id, report } => {
                 // Verified in the gateway (the verifier pool, else here) under

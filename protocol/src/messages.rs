@@ -392,12 +392,16 @@ pub enum ClientMessage {
         renter: AccountId,
     },
     /// The asks resting in an instrument's book, one by one in price-time
-    /// order, each with its seller's score (public), a page at a time.
+    /// order, each with its seller's score (public), a page at a time:
+    /// after the place `after` (the answer's `next_after`), or, for older
+    /// clients, after the first `offset` (ignored when `after` is given).
     BookOffers {
         id: u64,
         instrument: InstrumentId,
         #[serde(default)]
         offset: u32,
+        #[serde(default)]
+        after: Option<gpux_engine::OfferCursor>,
     },
     /// A supplier's signed usage report of one GPU of one of its leases.
     UsageReport {
@@ -902,12 +906,16 @@ pub enum ServerMessage {
         renter: AccountId,
         record: RenterRecord,
     },
-    /// A page of an instrument's asks, best first.
+    /// A page of an instrument's asks, best first; ask again with `after`
+    /// set to `next_after` while it is set (`next_offset`: the same for a
+    /// request that paged by offset).
     BookOffers {
         id: u64,
         instrument: InstrumentId,
         offers: Vec<gpux_engine::OfferInfo>,
         next_offset: Option<u32>,
+        #[serde(default)]
+        next_after: Option<gpux_engine::OfferCursor>,
     },
     /// Available and held (open bids, lease and contract escrow) funds.
     Balance {

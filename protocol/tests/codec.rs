@@ -74,7 +74,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::Statement { id: 18, after: Some(4) },
         ClientMessage::SupplierStats { id: 19, supplier: AccountId(1) },
         ClientMessage::RenterStats { id: 32, renter: AccountId(1) },
-        ClientMessage::BookOffers { id: 33, instrument: InstrumentId(0), offset: 0 },
+        ClientMessage::BookOffers { id: 33, instrument: InstrumentId(0), offset: 0, after: Some(OfferCursor { price_minor_per_gpu_hour: 1_900_000, priority: 17 }) },
         ClientMessage::Ping { id: 19 },
         ClientMessage::Leases { id: 20, after: Some(100) },
         serde_json::from_str(r#"{"usage_report":{"id":21,"report":{"body":{"lease":17,"gpu_uuid":"GPU-1","seq":1,"start_ms":1796223720000,"end_ms":1796223730000,"available_ms":10000,"utilisation_percent":87,"memory_used_mib_max":61234,"unhealthy_samples":0,"prev_hash":"0000000000000000000000000000000000000000000000000000000000000000"},"signature":"00"}}}"#)
@@ -303,6 +303,7 @@ fn server_messages_round_trip_through_both_encodings() {
                 })
                 .collect(),
             next_offset: None,
+            next_after: Some(OfferCursor { price_minor_per_gpu_hour: 1_900_000, priority: 17 }),
         },
     ];
     for message in messages {

@@ -743,7 +743,7 @@ async fn the_agent_declares_its_hosts_region_and_a_regional_bid_buys_there() {
     await_ask_quantity(&mut renter, &mut asks, 2).await;
     let id = renter.new_id();
     let Ok(ServerMessage::BookOffers { offers, .. }) =
-        renter.request(ClientMessage::BookOffers { id, instrument: InstrumentId(0), offset: 0 }).await
+        renter.request(ClientMessage::BookOffers { id, instrument: InstrumentId(0), offset: 0, after: None }).await
     else {
         panic!("offers")
     };

@@ -190,7 +190,7 @@ async fn a_cluster_job_gets_its_ranks_reaches_every_peer_and_bids_whole_again_wh
     loop {
         let id = renter.new_id();
         if let Ok(ServerMessage::BookOffers { offers, .. }) =
-            renter.request(ClientMessage::BookOffers { id, instrument: InstrumentId(0), offset: 0 }).await
+            renter.request(ClientMessage::BookOffers { id, instrument: InstrumentId(0), offset: 0, after: None }).await
         {
             if offers.len() >= 3 {
                 assert!(

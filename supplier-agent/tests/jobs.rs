@@ -126,7 +126,7 @@ async fn a_job_resumes_on_another_host_from_its_checkpoint_after_its_host_dies()
     loop {
         let id = renter.new_id();
         if let Ok(ServerMessage::BookOffers { offers, .. }) =
-            renter.request(ClientMessage::BookOffers { id, instrument: InstrumentId(0), offset: 0 }).await
+            renter.request(ClientMessage::BookOffers { id, instrument: InstrumentId(0), offset: 0, after: None }).await
         {
             if offers.len() >= 2 {
                 break;

@@ -251,7 +251,7 @@ async fn offers_at_least(renter: &mut Connection, count: usize) {
     loop {
         let id = renter.new_id();
         if let Ok(ServerMessage::BookOffers { offers, .. }) =
-            renter.request(ClientMessage::BookOffers { id, instrument: InstrumentId(0), offset: 0 }).await
+            renter.request(ClientMessage::BookOffers { id, instrument: InstrumentId(0), offset: 0, after: None }).await
         {
             if offers.len() >= count {
                 return;

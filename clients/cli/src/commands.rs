@@ -41,11 +41,11 @@ pub(crate) fn parse_percent_bps(text: &str) -> Result<u32, String> {
 /// its seller and the seller's score, pages followed up to `limit`.
 async fn asks(s: &mut Session, instrument: gpux_engine::InstrumentId, limit: usize, json: bool) -> Result<(), Failure> {
     let mut shown = 0;
-    let mut offset = 0;
+    let mut after = None;
     loop {
         let id = s.connection.new_id();
-        let answer = s.ask(ClientMessage::BookOffers { id, instrument, offset }, json).await?;
-        let ServerMessage::BookOffers { offers, next_offset, .. } = answer else {
+        let answer = s.ask(ClientMessage::BookOffers { id, instrument, offset: 0, after }, json).await?;
+        let ServerMessage::BookOffers { offers, next_after, .. } = answer else {
             return Err(Failure::Unreachable(format!("expected book_offers, got {answer:?}")));
         };
         for offer in &offers {
@@ -76,8 +76,8 @@ async fn asks(s: &mut Session, instrument: gpux_engine::InstrumentId, limit: usi
         if shown == 0 && !json {
             out!("no asks");
         }
-        match next_offset {
-            Some(next) if shown < limit => offset = next,
+        match next_after {
+            Some(next) if shown < limit => after = Some(next),
             _ => break,
         }
     }

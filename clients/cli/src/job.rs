@@ -116,16 +116,16 @@ async fn plan_and_print(
             continue;
         }
         let mut offers = Vec::new();
-        let mut offset = 0;
+        let mut after = None;
         for _ in 0..OFFER_PAGES_MAX {
             let id = s.connection.new_id();
-            let answer = s.ask(ClientMessage::BookOffers { id, instrument: instrument.instrument, offset }, false).await?;
-            let ServerMessage::BookOffers { offers: page, next_offset, .. } = answer else {
+            let answer = s.ask(ClientMessage::BookOffers { id, instrument: instrument.instrument, offset: 0, after }, false).await?;
+            let ServerMessage::BookOffers { offers: page, next_after, .. } = answer else {
                 return Err(Failure::Unreachable("expected book_offers".into()));
             };
             offers.extend(page);
-            match next_offset {
-                Some(next) => offset = next,
+            match next_after {
+                Some(next) => after = Some(next),
                 None => break,
             }
         }

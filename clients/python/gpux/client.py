@@ -778,14 +778,15 @@ class Client:
     async def book_offers(self, instrument: int) -> list[dict]:
         """Every ask in the instrument's book, best first, each with its
         seller, the seller's score and how many of its GPUs are verified
-        (public)."""
-        offers, offset = [], 0
+        (public). Pages follow the book's cursor (`next_after`), so asks
+        that leave while it reads move no other past a page's edge."""
+        offers, after = [], None
         while True:
-            page = (await self.request("book_offers", instrument=instrument, offset=offset)).fields
+            page = (await self.request("book_offers", instrument=instrument, after=after)).fields
             offers += page["offers"]
-            if page.get("next_offset") is None:
+            if page.get("next_after") is None:
                 return offers
-            offset = page["next_offset"]
+            after = page["next_after"]
 
     async def book_once(self, instrument: int) -> dict:
         """An instrument's book now, once, without following it (public;

@@ -207,6 +207,15 @@ pub struct OfferInfo {
     pub fabric: Option<FabricInfo>,
 }
 
+/// A place in a book side's price-time order: an ask's price and when it
+/// joined that price's queue (`book_offers`' cursor). It stays a place when
+/// the ask at it has left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OfferCursor {
+    pub price_minor_per_gpu_hour: u64,
+    pub priority: u64,
+}
+
 /// A public description of a lease.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseInfo {
@@ -858,9 +867,36 @@ impl Engine {
         let mut slots = book.side(Side::Sell).slots(&self.orders, offset, limit + 1);
         let more = slots.len() > limit;
         slots.truncate(limit);
-        let offers = slots
-            .into_iter()
-            .map(|slot| {
+        (self.offer_infos(&slots), more.then_some(offset + limit))
+    }
+
+    /// Resting asks of an instrument in price-time order after the place
+    /// `after` (from the start without one), each with its own place: a
+    /// page of at most `limit`, and whether more follow. Asks that leave
+    /// between two pages move no other ask past a place, and an ask that
+    /// joins behind it is listed once (docs/protocol.md "Offers").
+    pub fn offers_after(
+        &self,
+        instrument: InstrumentId,
+        after: Option<OfferCursor>,
+        limit: usize,
+    ) -> (Vec<(OfferCursor, OfferInfo)>, bool) {
+        let Some(book) = self.books.get(instrument.0 as usize) else { return (Vec::new(), false) };
+        let place = after.map(|cursor| (cursor.price_minor_per_gpu_hour, cursor.priority));
+        let mut slots = book.side(Side::Sell).slots_after(&self.orders, place, limit + 1);
+        let more = slots.len() > limit;
+        slots.truncate(limit);
+        let places = slots.iter().map(|slot| {
+            let order = self.orders.at(*slot);
+            OfferCursor { price_minor_per_gpu_hour: order.price, priority: order.priority }
+        });
+        (places.zip(self.offer_infos(&slots)).collect(), more)
+    }
+
+    fn offer_infos(&self, slots: &[u32]) -> Vec<OfferInfo> {
+        slots
+            .iter()
+            .map(|&slot| {
                 let order = self.orders.at(slot);
                 let gpus = order.supply.map(|set| {
                     let host = &self.hosts[set.host.0 as usize];
@@ -878,8 +914,7 @@ impl Engine {
                     fabric: order.supply.and_then(|set| self.host_fabric(set.host)),
                 }
             })
-            .collect();
-        (offers, more.then_some(offset + limit))
+            .collect()
     }
 
     /// The best `levels` price levels of one side, best first.

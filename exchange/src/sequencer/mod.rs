@@ -286,7 +286,9 @@ impl Sequencer {
             Request::Stats { connection, id, instrument } => self.stats(connection, id, instrument),
             Request::SupplierStats { connection, id, supplier } => self.supplier_stats(connection, id, supplier),
             Request::RenterStats { connection, id, renter } => self.renter_stats(connection, id, renter),
-            Request::BookOffers { connection, id, instrument, offset } => self.book_offers(connection, id, instrument, offset),
+            Request::BookOffers { connection, id, instrument, offset, after } => {
+                self.book_offers(connection, id, instrument, offset, after)
+            }
             Request::MyGpus { connection, id, offset } => self.my_gpus(connection, id, offset),
             Request::Usage { connection, id, report, checked_by } => self.usage(connection, id, *report, checked_by),
             Request::Statement { connection, id, after } => self.statement(connection, id, after),

@@ -131,15 +131,35 @@ impl Sequencer {
     }
 
     /// An instrument's asks one by one, best first, with their sellers'
-    /// scores (public).
-    pub(super) fn book_offers(&mut self, connection: ConnectionId, id: u64, instrument: InstrumentId, offset: u32) {
-        if self.market.engine().instrument(instrument).is_none() {
+    /// scores (public): after a place in the book's price-time order
+    /// (`after`), or after the first `offset` for clients that page so.
+    pub(super) fn book_offers(
+        &mut self,
+        connection: ConnectionId,
+        id: u64,
+        instrument: InstrumentId,
+        offset: u32,
+        after: Option<gpux_engine::OfferCursor>,
+    ) {
+        let engine = self.market.engine();
+        if engine.instrument(instrument).is_none() {
             return self.reply(connection, error(Some(id), ErrorCode::UnknownInstrument));
         }
-        let (mut offers, next) = self.market.engine().offers(instrument, offset as usize, ORDERS_PAGE_MAX);
+        let (page, more) = match after {
+            Some(_) => engine.offers_after(instrument, after, ORDERS_PAGE_MAX),
+            // By offset: the same page, each offer with its place.
+            None => {
+                let (mut page, more) = engine.offers_after(instrument, None, offset as usize + ORDERS_PAGE_MAX);
+                page.drain(..(offset as usize).min(page.len()));
+                (page, more)
+            }
+        };
+        let (places, mut offers): (Vec<_>, Vec<_>) = page.into_iter().unzip();
         let cut = gpux_protocol::fit_page(&mut offers);
-        let next_offset = if cut { Some(offset + offers.len() as u32) } else { next.map(|n| n as u32) };
-        self.reply(connection, ServerMessage::BookOffers { id, instrument, offers, next_offset });
+        let more = more || cut;
+        let next_after = places.get(offers.len().wrapping_sub(1)).copied().filter(|_| more);
+        let next_offset = (after.is_none() && more).then(|| offset + offers.len() as u32);
+        self.reply(connection, ServerMessage::BookOffers { id, instrument, offers, next_offset, next_after });
     }
 
     pub(super) fn renter_stats(&mut self, connection: ConnectionId, id: u64, renter: AccountId) {
