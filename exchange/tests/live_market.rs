@@ -16,6 +16,28 @@ async fn the_live_simulated_market_trades_over_the_real_gateway() {
     let dir = tempfile::tempdir().expect("temp dir");
     let exchange = Exchange::start_with(dir.path(), None, &["--sim", "--sim-suppliers", "8", "--sim-renters", "24"]);
     await_trading(&exchange.addr).await;
+    // The simulated hosts answer their hardware challenges (on this CPU, at
+    // the demo listing's CPU-sized terms): their offers show verified GPUs.
+    let mut watcher = Client::connect(&exchange.addr).await;
+    // (An anonymous connection stays open while it follows a feed.)
+    let id = watcher.id();
+    watcher.request_subscribe(id, Channel::Trades, InstrumentId(0)).await;
+    let started = Instant::now();
+    loop {
+        let mut verified = 0;
+        for instrument in 0..8 {
+            let id = watcher.id();
+            let message = gpux_protocol::ClientMessage::BookOffers { id, instrument: InstrumentId(instrument), offset: 0, after: None };
+            if let ServerMessage::BookOffers { offers, .. } = watcher.request(message).await {
+                verified += offers.iter().map(|o| o.gpus_verified).sum::<u32>();
+            }
+        }
+        if verified > 0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "no offer of the live market shows a verified GPU");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// The README runs `--sim` twice on one data directory: the second run's

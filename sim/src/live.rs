@@ -148,7 +148,7 @@ async fn supplier(options: LiveOptions, index: u32) -> Result<()> {
         other => anyhow::bail!("expected the supplier's GPUs, got {other:?}"),
     };
     let host = gpus.first().map(|g| g.host).context("the GPUs registered")?;
-    let mut host_state = HostState { index, leased_mask: 0, leases: Vec::new() };
+    let mut host_state = HostState { index, leased_mask: 0, leases: Vec::new(), challenges: Vec::new() };
     // Leases of an earlier run on this data directory (same seed, same keys).
     let me = connection.account;
     for info in active_leases(&mut connection).await?.into_iter().filter(|l| l.supplier == me) {
@@ -177,6 +177,9 @@ async fn supplier(options: LiveOptions, index: u32) -> Result<()> {
             report_usage(&mut connection, &key, &mut host_state.leases).await?;
             host_state.leases.retain(|l| !l.ended);
         }
+        while let Some(challenge) = host_state.challenges.pop() {
+            answer_challenge(&mut connection, challenge).await?;
+        }
         let Some(message) = connection.next_within(Duration::from_millis(250)).await? else { continue };
         if host_state.handle(&message, connection.account) {
             report_usage(&mut connection, &key, &mut host_state.leases).await?;
@@ -185,16 +188,68 @@ async fn supplier(options: LiveOptions, index: u32) -> Result<()> {
     }
 }
 
+/// A hardware challenge of one of a live host's GPUs, to answer.
+enum Challenge {
+    Compute { challenge: u64, seed: String, n: u32 },
+    Memory { challenge: u64, seed: String, words_log2: u32, passes: u32 },
+}
+
+/// Answers a hardware challenge honestly, as the agent's CPU backend does
+/// (docs/market-rules.md "Verified hardware"): the live market's GPUs are
+/// simulated on this machine's CPU, so they pass the demo listing's
+/// CPU-sized challenges, which say so where "verified" is shown. Commits
+/// the root, then opens the leaves the exchange names.
+async fn answer_challenge(connection: &mut Connection, challenge: Challenge) -> Result<()> {
+    let memory = matches!(challenge, Challenge::Memory { .. });
+    let (id, seed) = match &challenge {
+        Challenge::Compute { challenge: id, seed, .. } | Challenge::Memory { challenge: id, seed, .. } => (*id, seed.clone()),
+    };
+    let Some(seed) = hex::decode(&seed).ok().and_then(|bytes| <[u8; 32]>::try_from(bytes).ok()) else { return Ok(()) };
+    let proof = tokio::task::spawn_blocking(move || match challenge {
+        Challenge::Compute { n, .. } => gpux_protocol::challenge::cpu_proof(&seed, n),
+        Challenge::Memory { words_log2, passes, .. } => {
+            gpux_protocol::memory::CpuProof::new(gpux_protocol::memory::Params::new(&seed, words_log2, passes).compute())
+        }
+    })
+    .await?;
+    let request = connection.new_id();
+    let commit = ClientMessage::ChallengeCommit { id: request, challenge: id, commitment: hex::encode(proof.root()) };
+    let ServerMessage::ChallengeRows { rows, .. } = connection.request(commit).await? else { return Ok(()) };
+    let request = connection.new_id();
+    let leaves = proof.open(&rows);
+    let opening = if memory {
+        ClientMessage::MemoryOpening { id: request, challenge: id, leaves }
+    } else {
+        ClientMessage::ChallengeOpening { id: request, challenge: id, leaves }
+    };
+    connection.request(opening).await?;
+    Ok(())
+}
+
 /// What a live host knows about its leases, from its private feed.
 struct HostState {
     index: u32,
     leased_mask: u64,
     leases: Vec<LiveLease>,
+    /// Hardware challenges received and not yet answered.
+    challenges: Vec<Challenge>,
 }
 
 impl HostState {
     /// Takes one pushed message; `true` when a lease ended (time to report).
     fn handle(&mut self, message: &ServerMessage, account: AccountId) -> bool {
+        match message {
+            ServerMessage::GpuChallenge { challenge, seed, n, .. } => {
+                self.challenges.push(Challenge::Compute { challenge: *challenge, seed: seed.clone(), n: *n });
+                return false;
+            }
+            ServerMessage::GpuMemoryChallenge { challenge, seed, words_log2, passes, .. } => {
+                let (words_log2, passes) = (*words_log2, *passes);
+                self.challenges.push(Challenge::Memory { challenge: *challenge, seed: seed.clone(), words_log2, passes });
+                return false;
+            }
+            _ => {}
+        }
         let ServerMessage::Private { event, .. } = message else { return false };
         match event.kind {
             EventKind::LeaseCreated { lease, gpu_mask, start_ms, supplier, .. } if supplier == account => {
