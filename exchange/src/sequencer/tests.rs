@@ -590,15 +590,19 @@ fn history_the_journal_cannot_give_is_history_unavailable() {
     assert!(matches!(answers[2], ServerMessage::Fills { id: 7, .. }), "{answers:?}");
     journal.fail_reads(true);
     sequencer.process(requests(3)).expect("the market goes on");
-    let codes: Vec<_> = renter
-        .received()
+    let codes = error_codes(renter.received());
+    assert_eq!(codes, [5, 6, 7].map(|id| (Some(id), ErrorCode::HistoryUnavailable)));
+}
+
+/// Each answer's id and error code (panics on an answer that is not an error).
+fn error_codes(answers: Vec<ServerMessage>) -> Vec<(Option<u64>, ErrorCode)> {
+    answers
         .into_iter()
         .map(|m| match m {
             ServerMessage::Error { id, code, .. } => (id, code),
             other => panic!("an error, not {other:?}"),
         })
-        .collect();
-    assert_eq!(codes, [5, 6, 7].map(|id| (Some(id), ErrorCode::HistoryUnavailable)));
+        .collect()
 }
 
 /// What the journal keeps beyond history (statements, archived leases)
@@ -623,14 +627,7 @@ fn reads_the_journal_cannot_give_are_journal_unavailable_never_an_empty_answer()
     };
     journal.fail_reads(true);
     sequencer.process(requests(3)).expect("the market goes on");
-    let codes: Vec<_> = renter
-        .received()
-        .into_iter()
-        .map(|m| match m {
-            ServerMessage::Error { id, code, .. } => (id, code),
-            other => panic!("an error, not {other:?}"),
-        })
-        .collect();
+    let codes = error_codes(renter.received());
     assert_eq!(codes, [5, 6, 7, 8].map(|id| (Some(id), ErrorCode::JournalUnavailable)));
     journal.fail_reads(false);
     sequencer.process(requests(3)).expect("commits");
