@@ -152,6 +152,9 @@ async fn every_documented_path_answers_as_the_openapi_document_says() {
     // The account's paths, signed.
     let (status, balance) = api.json("/api/v1/account/balance", "/api/v1/account/balance", Some(&renter_key)).await;
     assert_eq!((status, balance["held_minor"].as_u64().map(|h| h > 0)), (200, Some(true)));
+    // docs/rest.md's curl and OpenSSL recipe, run as written there, signs the same request.
+    let by_shell = shell_recipe(&exchange.console_addr, &renter_key, "/api/v1/account/balance");
+    assert_eq!(serde_json::from_str::<Value>(&by_shell).unwrap_or_else(|e| panic!("{e}: {by_shell}")), balance);
     let (status, orders) = api.json("/api/v1/account/orders", "/api/v1/account/orders", Some(&renter_key)).await;
     assert_eq!((status, orders["orders"].as_array().map(Vec::len)), (200, Some(1)), "the resting bid");
     let (status, leases) = api.json("/api/v1/account/leases", "/api/v1/account/leases", Some(&renter_key)).await;
@@ -309,4 +312,25 @@ async fn cors_is_the_operators_option_for_the_origins_it_names() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--rest-cors-origin") && stderr.contains("is not an origin"), "{stderr}");
     assert!(!dir.path().join("never").exists(), "nothing was written");
+}
+
+/// Runs docs/rest.md's signing script (the bash block after "Without
+/// Python") with `key`'s secret in a key file, against `addr`: its output.
+fn shell_recipe(addr: &str, key: &SigningKey, path: &str) -> String {
+    let docs = include_str!("../../docs/rest.md");
+    let after = docs.split("**Without Python**").nth(1).expect("the recipe in docs/rest.md");
+    let script = after.split("```bash\n").nth(1).and_then(|s| s.split("```").next()).expect("its bash block");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (script_path, key_path) = (dir.path().join("gpux-rest-get.sh"), dir.path().join("renter.key"));
+    std::fs::write(&script_path, script).expect("script");
+    write_secret(&key_path, hex::encode(key.to_bytes()));
+    let output = std::process::Command::new("bash")
+        .arg(&script_path)
+        .arg(&key_path)
+        .arg(format!("http://{addr}"))
+        .arg(path)
+        .output()
+        .expect("bash runs (the recipe needs bash, curl and OpenSSL 3)");
+    assert!(output.status.success(), "the recipe failed: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout).expect("UTF-8")
 }
