@@ -557,20 +557,12 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
                 for gpu in all {
                     // The last hardware challenge: its outcome and the rate it showed.
                     let challenge = match gpu.challenge {
-                        Some(c) => format!(
-                            "{} {} MFLOP/s",
-                            serde_json::to_value(c.outcome).map_or(String::new(), |v| v.as_str().unwrap_or("").to_string()),
-                            c.mflops
-                        ),
+                        Some(c) => format!("{} {} MFLOP/s", snake(&c.outcome), c.mflops),
                         None => "none yet".to_string(),
                     };
                     // The last memory-bandwidth challenge, likewise.
                     let memory = match gpu.memory {
-                        Some(m) => format!(
-                            "{} {} MB/s",
-                            serde_json::to_value(m.outcome).map_or(String::new(), |v| v.as_str().unwrap_or("").to_string()),
-                            m.mbps
-                        ),
+                        Some(m) => format!("{} {} MB/s", snake(&m.outcome), m.mbps),
                         None => "none yet".to_string(),
                     };
                     let region = match (&gpu.region, gpu.zone.as_str()) {
