@@ -471,6 +471,9 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
     produced.insert("history_unavailable".into(), Who::Renter);
     // (exchange/src/sequencer/tests.rs, reads_the_journal_cannot_give_are_journal_unavailable_never_an_empty_answer).
     produced.insert("journal_unavailable".into(), Who::Renter);
+    // REST writes only (exchange/tests/rest.rs, writes_are_signed_idempotent_and_answer_their_whole_outcome).
+    produced.insert("idempotency_key_reused".into(), Who::Renter);
+    produced.insert("request_in_progress".into(), Who::Renter);
     // An exchange that opens accounts by invitation, and a full account
     // table (exchange/tests/account_opening.rs,
     // without_an_invitation_no_key_opens_an_account_and_a_full_table_says_too_many_accounts).

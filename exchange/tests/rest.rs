@@ -22,32 +22,37 @@ const SPEC: &str = include_str!("../../docs/openapi.json");
 struct Api {
     addr: String,
     spec: Value,
-    asked: BTreeSet<String>,
+    /// The operations asked: (method, path template).
+    asked: BTreeSet<(String, String)>,
 }
 
 impl Api {
-    /// `GET path` with these headers, validated against the document: the
-    /// path's template, its status among the documented ones, the body
-    /// against that status's schema. Returns status and body.
-    async fn get_with(&mut self, template: &str, path: &str, headers: &[(&str, String)]) -> (u16, String) {
-        let (status, body) = http_get(&self.addr, path, headers).await;
-        let operation = &self.spec["paths"][template]["get"];
-        assert!(operation.is_object(), "{template} is in docs/openapi.json");
+    /// `method path` with these headers and body, validated against the
+    /// document: the path's template and method, its status among the
+    /// documented ones, the body against that status's schema. Returns
+    /// status, head and body.
+    async fn call(&mut self, method: &str, template: &str, path: &str, headers: &[(&str, String)], body: &str) -> (u16, String, String) {
+        let (status, head, body) = http_request(&self.addr, method, path, headers, body).await;
+        let operation = &self.spec["paths"][template][method.to_ascii_lowercase()];
+        assert!(operation.is_object(), "{method} {template} is in docs/openapi.json");
         let response = &operation["responses"][status.to_string()];
-        assert!(response.is_object(), "{path}: status {status} is documented for {template} ({body})");
+        assert!(response.is_object(), "{method} {path}: status {status} is documented for {template} ({body})");
         let schema = &response["content"]["application/json"]["schema"];
         let value: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: JSON body: {e}: {body}"));
         let mut root = self.spec.clone();
         root.as_object_mut().expect("an object").extend(schema.as_object().expect("a schema").clone());
         let validator = jsonschema::validator_for(&root).expect("the document's schemas compile");
         let errors: Vec<String> = validator.iter_errors(&value).map(|e| format!("{} at {}", e, e.instance_path())).collect();
-        assert!(errors.is_empty(), "{path} ({status}) does not match docs/openapi.json: {errors:?}\n{body}");
-        self.asked.insert(template.to_string());
+        assert!(errors.is_empty(), "{method} {path} ({status}) does not match docs/openapi.json: {errors:?}\n{body}");
+        self.asked.insert((method.to_string(), template.to_string()));
+        (status, head, body)
+    }
+
+    async fn get_with(&mut self, template: &str, path: &str, headers: &[(&str, String)]) -> (u16, String) {
+        let (status, _, body) = self.call("GET", template, path, headers, "").await;
         (status, body)
     }
-}
 
-impl Api {
     /// `GET path` (signed with `key` when given), validated; the body parsed.
     async fn json(&mut self, template: &str, path: &str, key: Option<&SigningKey>) -> (u16, Value) {
         let headers = match key {
@@ -57,6 +62,51 @@ impl Api {
         let (status, body) = self.get_with(template, path, &headers).await;
         (status, serde_json::from_str(&body).expect("JSON"))
     }
+
+    /// A write signed by `key` under `idempotency_key`, validated: status,
+    /// whether the answer was replayed, the body parsed.
+    async fn write(
+        &mut self,
+        key: &SigningKey,
+        idempotency_key: &str,
+        (method, template, path): (&str, &str, &str),
+        body: &str,
+    ) -> (u16, bool, Value) {
+        let headers = signed_write_headers(key, method, path, idempotency_key, body, now_ms());
+        let (status, head, body) = self.call(method, template, path, &headers, body).await;
+        (status, head.to_ascii_lowercase().contains("idempotent-replayed: true"), serde_json::from_str(&body).expect("JSON"))
+    }
+
+    /// The operations docs/openapi.json documents with `GET` (`reads`) or
+    /// with any other method.
+    fn documented(&self, reads: bool) -> BTreeSet<(String, String)> {
+        let mut operations = BTreeSet::new();
+        for (template, methods) in self.spec["paths"].as_object().expect("paths") {
+            for method in methods.as_object().expect("methods").keys() {
+                if (method == "get") == reads {
+                    operations.insert((method.to_ascii_uppercase(), template.clone()));
+                }
+            }
+        }
+        operations
+    }
+}
+
+/// One HTTP/1.1 request: status, head and body of the answer.
+async fn http_request(addr: &str, method: &str, path: &str, headers: &[(&str, String)], body: &str) -> (u16, String, String) {
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if !body.is_empty() || method != "GET" {
+        request.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    let response = http_raw(addr, &request).await;
+    let status = response.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or_else(|| panic!("a status line: {response}"));
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    (status, head.to_string(), body.to_string())
 }
 
 fn now_ms() -> u64 {
@@ -69,6 +119,23 @@ fn signed_headers(key: &SigningKey, path: &str, timestamp_ms: u64) -> Vec<(&'sta
         ("X-Gpux-Key", hex::encode(key.verifying_key().to_bytes())),
         ("X-Gpux-Timestamp", timestamp_ms.to_string()),
         ("X-Gpux-Signature", hex::encode(signature.to_bytes())),
+    ]
+}
+
+fn signed_write_headers(
+    key: &SigningKey,
+    method: &str,
+    path: &str,
+    idempotency_key: &str,
+    body: &str,
+    timestamp_ms: u64,
+) -> Vec<(&'static str, String)> {
+    let bytes = gpux_gateway::rest::signed_write_bytes(method, path, timestamp_ms, idempotency_key, body.as_bytes());
+    vec![
+        ("X-Gpux-Key", hex::encode(key.verifying_key().to_bytes())),
+        ("X-Gpux-Timestamp", timestamp_ms.to_string()),
+        ("X-Gpux-Signature", hex::encode(key.sign(&bytes).to_bytes())),
+        ("Idempotency-Key", idempotency_key.to_string()),
     ]
 }
 
@@ -153,7 +220,7 @@ async fn every_documented_path_answers_as_the_openapi_document_says() {
     let (status, balance) = api.json("/api/v1/account/balance", "/api/v1/account/balance", Some(&renter_key)).await;
     assert_eq!((status, balance["held_minor"].as_u64().map(|h| h > 0)), (200, Some(true)));
     // docs/rest.md's curl and OpenSSL recipe, run as written there, signs the same request.
-    let by_shell = shell_recipe(&exchange.console_addr, &renter_key, "/api/v1/account/balance");
+    let by_shell = shell_recipe(&exchange.console_addr, &renter_key, &["/api/v1/account/balance"]);
     assert_eq!(serde_json::from_str::<Value>(&by_shell).unwrap_or_else(|e| panic!("{e}: {by_shell}")), balance);
     let (status, orders) = api.json("/api/v1/account/orders", "/api/v1/account/orders", Some(&renter_key)).await;
     assert_eq!((status, orders["orders"].as_array().map(Vec::len)), (200, Some(1)), "the resting bid");
@@ -238,9 +305,8 @@ async fn every_documented_path_answers_as_the_openapi_document_says() {
     let (status, body) = api.json("/api/v1/account/fills", "/api/v1/account/fills", Some(&trader)).await;
     assert_eq!((status, code(&body)), (403, "scope_denied"));
 
-    // Every documented path was asked.
-    let documented: BTreeSet<String> = api.spec["paths"].as_object().expect("paths").keys().cloned().collect();
-    assert_eq!(api.asked, documented, "the test asks every path docs/openapi.json documents");
+    // Every documented read was asked.
+    assert_eq!(api.asked, api.documented(true), "the test asks every read docs/openapi.json documents");
 
     // REST sessions are not presence: the supplier's agent leaves (one
     // disconnect during a lease), and its REST reads add none.
@@ -256,6 +322,159 @@ async fn every_documented_path_answers_as_the_openapi_document_says() {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let (_, after) = api.json("/api/v1/suppliers/{supplier}/stats", &path, None).await;
     assert_eq!(after["record"]["disconnects_during_leases"].as_u64(), Some(1), "{after}");
+}
+
+/// REST writes (docs/rest.md "Writes") against the binary: every write
+/// docs/openapi.json names, each answer validated against it; an order's
+/// whole outcome (its fill and lease) in its answer; a retry under the same
+/// Idempotency-Key answered again and applied once; the key reused for
+/// another write refused; writes unsigned, without a key, with a body that
+/// is not JSON, too large, or signed over another body refused with their
+/// codes; an engine refusal as `rejected` with its journal entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_are_signed_idempotent_and_answer_their_whole_outcome() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start_with(dir.path(), Some(&key(1)), &["--console-listen", "127.0.0.1:0"]);
+    let (_operator, _) = Client::login(&exchange.addr, &key(1), Role::Operator).await;
+    let (mut supplier, _) = Client::login(&exchange.addr, &key(2), Role::Supplier).await;
+    let (_renter, renter_account) = Client::login(&exchange.addr, &key(3), Role::Renter).await;
+    let id = supplier.id();
+    let registered = supplier
+        .request(ClientMessage::RegisterGpu {
+            id,
+            host: "rest-host".into(),
+            gpu_uuid: "GPU-rest-0".into(),
+            spec: h100_spec(),
+            region: None,
+            zone: None,
+            fabric: None,
+        })
+        .await;
+    assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
+    let mut ask = ticket(1, Side::Sell, 2_000_000, 1);
+    ask.supply = Some(GpuSet { host: HostId(0), gpu_mask: 1 });
+    assert!(matches!(supplier.place(ask).await, ServerMessage::Ack { .. }));
+
+    let spec: Value = serde_json::from_str(SPEC).expect("docs/openapi.json is JSON");
+    let mut api = Api { addr: exchange.console_addr.clone(), spec, asked: BTreeSet::new() };
+    let (operator_key, renter_key) = (key(1), key(3));
+
+    // Funds: the operator credits the renter; a renter's key cannot.
+    let deposit_path = ("POST", "/api/v1/account/deposit", "/api/v1/account/deposit");
+    let deposit = format!(r#"{{"account":{},"amount_minor":100000000}}"#, renter_account.0);
+    let (status, _, body) = api.write(&operator_key, "deposit-1", deposit_path, &deposit).await;
+    assert_eq!((status, body["order"].clone()), (200, Value::Null), "{body}");
+    let (status, _, body) = api.write(&renter_key, "deposit-2", deposit_path, &deposit).await;
+    assert_eq!((status, code(&body)), (403, "forbidden"));
+
+    // An IOC bid by symbol takes the ask: its answer is the whole outcome.
+    let orders = ("POST", "/api/v1/orders", "/api/v1/orders");
+    let bid = r#"{"order":{"client_order_id":7,"instrument":"H100-SXM-80G/SPOT","side":"buy","price_minor_per_gpu_hour":2500000,"quantity":1,"time_in_force":"ioc"}}"#;
+    let (status, replayed, first) = api.write(&renter_key, "bid-1", orders, bid).await;
+    assert_eq!((status, replayed), (200, false), "{first}");
+    let events = first["events"].as_array().expect("events").clone();
+    let kinds: Vec<String> = events.iter().filter_map(|e| e["kind"].as_object()?.keys().next().cloned()).collect();
+    assert!(kinds.iter().any(|k| k == "order_accepted") && kinds.iter().any(|k| k == "lease_created"), "{kinds:?}");
+    let lease = events.iter().find_map(|e| e["kind"]["lease_created"]["lease"].as_u64()).expect("the lease in the answer");
+    assert!(events.iter().all(|e| e["kind"].as_object().and_then(|k| k.values().next()).is_some()), "{first}");
+    // The same write again (a client that lost the answer): the same answer, applied once.
+    let (status, replayed, again) = api.write(&renter_key, "bid-1", orders, bid).await;
+    assert_eq!((status, replayed, &again), (200, true, &first));
+    let (_, leases) = api.json("/api/v1/account/leases", "/api/v1/account/leases", Some(&renter_key)).await;
+    assert_eq!(leases["leases"].as_array().map(Vec::len), Some(1), "the retry placed nothing: {leases}");
+    // The key used for another write: refused, nothing applied.
+    let other = bid.replace("\"quantity\":1", "\"quantity\":2");
+    let (status, _, body) = api.write(&renter_key, "bid-1", orders, &other).await;
+    assert_eq!((status, code(&body)), (422, "idempotency_key_reused"), "{body}");
+
+    // A resting bid: replaced, then cancelled; then a mass cancel.
+    let resting = r#"{"order":{"client_order_id":8,"instrument":0,"side":"buy","price_minor_per_gpu_hour":1000000,"quantity":2}}"#;
+    let (status, _, placed) = api.write(&renter_key, "bid-2", orders, resting).await;
+    assert_eq!(status, 200, "{placed}");
+    let order = placed["order"].as_u64().expect("an order id");
+    let path = format!("/api/v1/orders/{order}");
+    let replace = r#"{"price_minor_per_gpu_hour":1100000,"quantity":2}"#;
+    let (status, _, body) = api.write(&renter_key, "replace-1", ("PATCH", "/api/v1/orders/{order}", &path), replace).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, open) = api.json("/api/v1/account/orders", "/api/v1/account/orders", Some(&renter_key)).await;
+    assert_eq!(open["orders"][0]["price_minor_per_gpu_hour"].as_u64(), Some(1_100_000), "{open}");
+    let (status, _, body) = api.write(&renter_key, "cancel-1", ("DELETE", "/api/v1/orders/{order}", &path), "").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) = api.write(&renter_key, "cancel-2", ("DELETE", "/api/v1/orders/{order}", &path), "").await;
+    assert_eq!(status, 422, "a cancelled order is not cancelled twice: {body}");
+    assert!(body["rejected"]["journal_seq"].as_u64().is_some(), "{body}");
+    let (status, _, body) = api.write(&renter_key, "cancel-all", ("DELETE", "/api/v1/orders", "/api/v1/orders?instrument=0"), "").await;
+    assert_eq!(status, 200, "{body}");
+    // An engine refusal: more than the account can pay.
+    let too_big = r#"{"order":{"client_order_id":9,"instrument":0,"side":"buy","price_minor_per_gpu_hour":900000000,"quantity":64}}"#;
+    let (status, _, body) = api.write(&renter_key, "bid-3", orders, too_big).await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body["rejected"]["code"].as_str().is_some(), "{body}");
+
+    // The lease: a workload, then its end; then funds out.
+    let lease_path = format!("/api/v1/leases/{lease}/workload");
+    let workload = r#"{"image":"docker.io/library/busybox:1.36"}"#;
+    let (status, _, body) = api.write(&renter_key, "workload-1", ("PUT", "/api/v1/leases/{lease}/workload", &lease_path), workload).await;
+    assert_eq!(status, 200, "{body}");
+    let end_path = format!("/api/v1/leases/{lease}/end");
+    let (status, _, body) = api.write(&renter_key, "end-1", ("POST", "/api/v1/leases/{lease}/end", &end_path), "").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) = api.write(&renter_key, "end-2", ("POST", "/api/v1/leases/{lease}/end", "/api/v1/leases/999/end"), "").await;
+    assert!(status == 422 || status == 404, "an unknown lease: {status} {body}");
+    let withdraw = ("POST", "/api/v1/account/withdraw", "/api/v1/account/withdraw");
+    let (status, _, body) = api.write(&renter_key, "withdraw-1", withdraw, r#"{"amount_minor":1000}"#).await;
+    assert_eq!(status, 200, "{body}");
+    let payout = ("POST", "/api/v1/account/payout", "/api/v1/account/payout");
+    let (status, _, body) = api.write(&key(2), "payout-1", payout, r#"{"amount_minor":1}"#).await;
+    assert!(status == 200 || status == 422, "{status} {body}");
+
+    // docs/rest.md's curl and OpenSSL recipe writes too: a bid placed, then cancelled.
+    let resting_again = resting.replace("\"client_order_id\":8", "\"client_order_id\":11");
+    let placed = shell_recipe(&exchange.console_addr, &renter_key, &["/api/v1/orders", "POST", &resting_again]);
+    let placed: Value = serde_json::from_str(&placed).unwrap_or_else(|e| panic!("{e}: {placed}"));
+    let order = placed["order"].as_u64().unwrap_or_else(|| panic!("an order: {placed}"));
+    let cancelled = shell_recipe(&exchange.console_addr, &renter_key, &[&format!("/api/v1/orders/{order}"), "DELETE"]);
+    let cancelled: Value = serde_json::from_str(&cancelled).unwrap_or_else(|e| panic!("{e}: {cancelled}"));
+    let kinds: Vec<String> =
+        cancelled["events"].as_array().into_iter().flatten().filter_map(|e| e["kind"].as_object()?.keys().next().cloned()).collect();
+    assert_eq!(kinds, ["funds_released", "order_closed"], "{cancelled}");
+    assert_eq!(cancelled["events"][1]["kind"]["order_closed"]["reason"].as_str(), Some("cancelled"));
+
+    // Refusals before anything is applied.
+    let (status, _, body) = api.call("POST", "/api/v1/orders", "/api/v1/orders", &[], resting).await;
+    assert_eq!((status, code(&serde_json::from_str(&body).expect("JSON"))), (400, "wrong_type"), "no Idempotency-Key: {body}");
+    assert!(body.contains("Idempotency-Key"), "{body}");
+    let unsigned = [("Idempotency-Key", "k-unsigned".to_string())];
+    let (status, _, body) = api.call("POST", "/api/v1/orders", "/api/v1/orders", &unsigned, resting).await;
+    assert_eq!((status, code(&serde_json::from_str(&body).expect("JSON"))), (401, "not_authenticated"), "{body}");
+    let mut swapped = signed_write_headers(&renter_key, "POST", "/api/v1/orders", "k-swap", resting, now_ms());
+    swapped.retain(|(name, _)| *name != "Idempotency-Key");
+    swapped.push(("Idempotency-Key", "k-swapped".into()));
+    let (status, _, body) = api.call("POST", "/api/v1/orders", "/api/v1/orders", &swapped, resting).await;
+    assert_eq!((status, code(&serde_json::from_str(&body).expect("JSON"))), (401, "auth_failed"), "the key is signed: {body}");
+    let signed_other = signed_write_headers(&renter_key, "POST", "/api/v1/orders", "k-body", resting, now_ms());
+    let (status, _, body) = api.call("POST", "/api/v1/orders", "/api/v1/orders", &signed_other, too_big).await;
+    assert_eq!((status, code(&serde_json::from_str(&body).expect("JSON"))), (401, "auth_failed"), "the body is signed: {body}");
+    let (status, _, body) = api.write(&renter_key, "k-json", orders, "{\"order\":").await;
+    assert_eq!((status, code(&body)), (400, "malformed_json"));
+    let (status, _, body) = api.write(&renter_key, "k-type", orders, r#"{"order":{"side":"buy"}}"#).await;
+    assert_eq!((status, code(&body)), (400, "wrong_type"));
+    assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("missing field")), "{body}");
+    let huge = format!(r#"{{"order":{{"client_order_id":10,"pad":"{}"}}}}"#, "x".repeat(gpux_gateway::rest::WRITE_BODY_BYTES_MAX));
+    let (status, _, body) = api.write(&renter_key, "k-huge", orders, &huge).await;
+    assert_eq!((status, code(&body)), (413, "frame_too_large"));
+    let (status, _, body) = api.write(&renter_key, "k-path", ("DELETE", "/api/v1/orders/{order}", "/api/v1/orders/x"), "").await;
+    assert_eq!((status, code(&body)), (400, "wrong_type"));
+    let (status, body) = http_get(&exchange.console_addr, "/api/v1/orders", &[]).await;
+    assert_eq!(
+        (status, code(&serde_json::from_str(&body).expect("JSON"))),
+        (404, "unknown_message"),
+        "orders are listed at /account/orders"
+    );
+
+    // Every documented write was asked.
+    let writes: BTreeSet<_> = api.asked.iter().filter(|(method, _)| method != "GET").cloned().collect();
+    assert_eq!(writes, api.documented(false), "the test asks every write docs/openapi.json documents");
 }
 
 /// One raw HTTP/1.1 exchange: the whole response, head and body.
@@ -296,6 +515,15 @@ async fn cors_is_the_operators_option_for_the_origins_it_names() {
     assert!(response.contains("access-control-allow-origin: https://dash.example"), "{response}");
     assert!(response.contains("access-control-allow-headers:") && response.contains("x-gpux-signature"), "{response}");
     assert!(response.contains("access-control-allow-methods: get"), "{response}");
+    // A write's preflight: its method and the Idempotency-Key header.
+    let preflight = "OPTIONS /api/v1/orders HTTP/1.1\r\nHost: x\r\nOrigin: https://dash.example\r\n\
+                     Access-Control-Request-Method: POST\r\n\
+                     Access-Control-Request-Headers: x-gpux-signature, idempotency-key, content-type\r\nConnection: close\r\n\r\n";
+    let response = http_raw(&open.console_addr, preflight).await.to_ascii_lowercase();
+    assert!(response.starts_with("http/1.1 200") && response.contains("access-control-allow-origin: https://dash.example"), "{response}");
+    let allowed = response.lines().find(|l| l.starts_with("access-control-allow-methods:")).unwrap_or_default();
+    assert!(["post", "put", "patch", "delete"].iter().all(|m| allowed.contains(m)), "{response}");
+    assert!(response.contains("idempotency-key"), "{response}");
     let response = http_raw(&open.console_addr, &get("https://dash.example")).await.to_ascii_lowercase();
     assert!(response.starts_with("http/1.1 200") && response.contains("access-control-allow-origin: https://dash.example"), "{response}");
     let response = http_raw(&open.console_addr, &get("https://elsewhere.example")).await.to_ascii_lowercase();
@@ -315,20 +543,21 @@ async fn cors_is_the_operators_option_for_the_origins_it_names() {
 }
 
 /// Runs docs/rest.md's signing script (the bash block after "Without
-/// Python") with `key`'s secret in a key file, against `addr`: its output.
-fn shell_recipe(addr: &str, key: &SigningKey, path: &str) -> String {
+/// Python") with `key`'s secret in a key file, against `addr`, with `args`
+/// (a path, then for a write its method and body): its output.
+fn shell_recipe(addr: &str, key: &SigningKey, args: &[&str]) -> String {
     let docs = include_str!("../../docs/rest.md");
     let after = docs.split("**Without Python**").nth(1).expect("the recipe in docs/rest.md");
     let script = after.split("```bash\n").nth(1).and_then(|s| s.split("```").next()).expect("its bash block");
     let dir = tempfile::tempdir().expect("temp dir");
-    let (script_path, key_path) = (dir.path().join("gpux-rest-get.sh"), dir.path().join("renter.key"));
+    let (script_path, key_path) = (dir.path().join("gpux-rest.sh"), dir.path().join("renter.key"));
     std::fs::write(&script_path, script).expect("script");
     write_secret(&key_path, hex::encode(key.to_bytes()));
     let output = std::process::Command::new("bash")
         .arg(&script_path)
         .arg(&key_path)
         .arg(format!("http://{addr}"))
-        .arg(path)
+        .args(args)
         .output()
         .expect("bash runs (the recipe needs bash, curl and OpenSSL 3)");
     assert!(output.status.success(), "the recipe failed: {}", String::from_utf8_lossy(&output.stderr));

@@ -1,7 +1,7 @@
-//! The REST read API (docs/rest.md, docs/openapi.json): `GET /api/v1/...`
-//! over the exchange's HTTP listener, answered by the same sequencer
-//! requests as the WebSocket ones, so every rule (scopes, pages, codes) is
-//! the protocol's. Each HTTP request is one short session: the handler
+//! The REST API (docs/rest.md, docs/openapi.json): reads (`GET
+//! /api/v1/...`) and writes (orders, leases, funds) over the exchange's
+//! HTTP listener, answered by the same sequencer requests as the WebSocket
+//! ones, so every rule (scopes, pages, codes) is the protocol's. Each HTTP request is one short session: the handler
 //! connects to the sequencer, logs in when the request is signed, sends one
 //! request, takes its answer and disconnects. Such a session is not the
 //! account's presence (`presence: false`): it gets no pushed events and its
@@ -11,19 +11,27 @@
 //! `X-Gpux-Timestamp` (ms since the Unix epoch, within
 //! [`SIGNATURE_SKEW_MS`] of the exchange's clock) and `X-Gpux-Signature`
 //! (hex) over [`REST_DOMAIN`], the method, the path with its query and the
-//! timestamp, one per line.
+//! timestamp, one per line; a write adds its `Idempotency-Key` and its
+//! body's SHA-256 ([`signed_write_bytes`]). A write's answer is kept under
+//! its idempotency key ([`crate::idempotency`]), so a retry is answered
+//! again instead of applied again.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use crossbeam_channel::{Sender, TrySendError};
 use ed25519_dalek::{Signature, VerifyingKey};
-use gpux_engine::{AccountId, InstrumentId};
-use gpux_protocol::{CandleInterval, ErrorCode, FillCursor, ServerMessage};
+use gpux_engine::{AccountId, InstrumentId, Role};
+use gpux_protocol::{CandleInterval, ClientMessage, ErrorCode, FillCursor, ServerMessage};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, Notify};
 
+use crate::idempotency::{self, Begin, Idempotency, Stored};
 use crate::link::{Clock, ConnectionId, HistoryRequest, LoginOutcome, Outbound, Outgoing, Request};
+use crate::server::{request_of, Caller};
 
 /// What a signed request's signature starts with.
 pub const REST_DOMAIN: &str = "gpux-rest-v1";
@@ -34,9 +42,25 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(4);
 /// The OpenAPI document this module implements (served at `/api/v1/openapi.json`).
 pub const OPENAPI_JSON: &str = include_str!("../../docs/openapi.json");
 
-/// The bytes a REST request's signature covers.
+/// How long a write's session may take in all before its outcome is
+/// forgotten (the client was told to retry after [`ANSWER_TIMEOUT`]).
+const OUTCOME_TIMEOUT: Duration = Duration::from_secs(60);
+/// The largest body of a write: a WebSocket frame's.
+pub const WRITE_BODY_BYTES_MAX: usize = gpux_protocol::FRAME_BYTES_MAX;
+/// The methods of writes.
+const WRITE_METHODS: [Method; 4] = [Method::POST, Method::PUT, Method::PATCH, Method::DELETE];
+
+/// The bytes a REST read's signature covers.
 pub fn signed_bytes(method: &str, path_and_query: &str, timestamp_ms: u64) -> Vec<u8> {
     format!("{REST_DOMAIN}\n{method}\n{path_and_query}\n{timestamp_ms}").into_bytes()
+}
+
+/// The bytes a REST write's signature covers: a read's, then its
+/// idempotency key and its body's SHA-256 in hex (of no bytes when it has
+/// no body), one per line.
+pub fn signed_write_bytes(method: &str, path_and_query: &str, timestamp_ms: u64, idempotency_key: &str, body: &[u8]) -> Vec<u8> {
+    let digest = hex::encode(Sha256::digest(body));
+    format!("{REST_DOMAIN}\n{method}\n{path_and_query}\n{timestamp_ms}\n{idempotency_key}\n{digest}").into_bytes()
 }
 
 /// The REST routes, to be served on the exchange's HTTP listener. With
@@ -44,12 +68,12 @@ pub fn signed_bytes(method: &str, path_and_query: &str, timestamp_ms: u64) -> Ve
 /// on those origins may call it: preflights are answered, and answers carry
 /// `Access-Control-Allow-Origin` (docs/rest.md "CORS").
 pub fn router(core: Sender<Request>, clock: Clock, cors_origins: &[HeaderValue]) -> axum::Router {
-    let state = Rest { core, clock };
+    let state = Rest { core, clock, idempotency: Arc::default(), started: Instant::now() };
     let router = axum::Router::new().route(
         "/api/v1/{*path}",
-        axum::routing::any(move |method: Method, uri: Uri, headers: HeaderMap| {
+        axum::routing::any(move |method: Method, uri: Uri, headers: HeaderMap, body: axum::body::Body| {
             let state = state.clone();
-            async move { state.answer(method, uri, headers).await }
+            async move { state.answer(method, uri, headers, body).await }
         }),
     );
     if cors_origins.is_empty() {
@@ -57,12 +81,16 @@ pub fn router(core: Sender<Request>, clock: Clock, cors_origins: &[HeaderValue])
     }
     use tower_http::cors::{AllowOrigin, CorsLayer};
     let origins = if cors_origins.iter().any(|o| o == "*") { AllowOrigin::any() } else { AllowOrigin::list(cors_origins.to_vec()) };
-    let signature_headers = ["x-gpux-key", "x-gpux-timestamp", "x-gpux-signature"].map(header::HeaderName::from_static);
+    let request_headers =
+        ["x-gpux-key", "x-gpux-timestamp", "x-gpux-signature", "idempotency-key", "content-type"].map(header::HeaderName::from_static);
+    let mut methods = vec![Method::GET];
+    methods.extend(WRITE_METHODS);
     router.layer(
         CorsLayer::new()
             .allow_origin(origins)
-            .allow_methods([Method::GET])
-            .allow_headers(signature_headers)
+            .allow_methods(methods)
+            .allow_headers(request_headers)
+            .expose_headers([header::HeaderName::from_static("idempotent-replayed")])
             .max_age(Duration::from_secs(600)),
     )
 }
@@ -84,6 +112,10 @@ pub fn cors_origin(text: &str) -> Result<HeaderValue, String> {
 struct Rest {
     core: Sender<Request>,
     clock: Clock,
+    /// Writes' answers by signing key and idempotency key.
+    idempotency: Arc<Mutex<Idempotency>>,
+    /// The idempotency table's monotonic clock.
+    started: Instant,
 }
 
 /// A REST error: its HTTP status and the protocol's code.
@@ -100,6 +132,11 @@ impl Failure {
 
     fn coded(code: ErrorCode) -> Failure {
         Failure::new(code, code.message())
+    }
+
+    fn stored(&self) -> Stored {
+        let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });
+        Stored { status: self.status.as_u16(), body: body.to_string() }
     }
 }
 
@@ -118,18 +155,27 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         Forbidden | ScopeDenied => StatusCode::FORBIDDEN,
         UnknownInstrument | UnknownLease | UnknownSupplier | UnknownAccount | UnknownMessage => StatusCode::NOT_FOUND,
         RateLimited => StatusCode::TOO_MANY_REQUESTS,
+        IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+        RequestInProgress => StatusCode::CONFLICT,
+        FrameTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         ShuttingDown | HistoryUnavailable | InvoiceUnavailable | JournalUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::BAD_REQUEST,
     }
 }
 
 impl Rest {
-    async fn answer(&self, method: Method, uri: Uri, headers: HeaderMap) -> Response {
+    async fn answer(&self, method: Method, uri: Uri, headers: HeaderMap, body: axum::body::Body) -> Response {
+        if WRITE_METHODS.contains(&method) {
+            return match self.answer_write(&method, &uri, &headers, body).await {
+                Ok(response) => response,
+                Err(failure) => failure.into_response(),
+            };
+        }
         if method != Method::GET {
             return Failure {
                 status: StatusCode::METHOD_NOT_ALLOWED,
                 code: ErrorCode::UnknownMessage,
-                message: "the REST API is read-only: GET".into(),
+                message: "the REST API reads with GET and writes with POST, PUT, PATCH or DELETE".into(),
             }
             .into_response();
         }
@@ -146,12 +192,12 @@ impl Rest {
         let resolved;
         if let ["instruments", instrument, _] = segments[..] {
             if instrument.parse::<u32>().is_err() {
-                resolved = self.instrument_by_symbol(instrument).await?.to_string();
+                resolved = self.instrument_by_segment(instrument).await?.to_string();
                 segments[1] = &resolved;
             }
         }
         let request = route(&segments, &query)?;
-        let signed = self.signer(uri, headers)?;
+        let signed = self.signer("GET", uri, headers, None)?;
         let (make, public) = match request {
             Routed::OpenApi => return Ok(OPENAPI_JSON.to_string()),
             Routed::Request { make, public } => (make, public),
@@ -162,17 +208,139 @@ impl Rest {
                 "this path needs a signed request (X-Gpux-Key, X-Gpux-Timestamp, X-Gpux-Signature)",
             ));
         }
-        let message = self.ask(signed, make).await?;
+        let message = self.ask(signed, Box::new(move |connection, id, _| Ok(make(connection, id)))).await?.answer;
         body_of(message)
+    }
+
+    /// A write: its body read, its route and signature checked, then
+    /// applied once under its idempotency key (or its kept answer sent).
+    async fn answer_write(&self, method: &Method, uri: &Uri, headers: &HeaderMap, body: axum::body::Body) -> Result<Response, Failure> {
+        let body = axum::body::to_bytes(body, WRITE_BODY_BYTES_MAX)
+            .await
+            .map_err(|_| Failure::new(ErrorCode::FrameTooLarge, format!("a write's body is at most {WRITE_BODY_BYTES_MAX} bytes")))?;
+        let key = headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .filter(|key| idempotency::valid_key(key))
+            .ok_or_else(|| {
+                Failure::new(
+                    ErrorCode::WrongType,
+                    "a write carries an Idempotency-Key header: 1 to 64 of A-Z a-z 0-9 - _ . : (new for each write, the same on its retries)",
+                )
+            })?
+            .to_string();
+        let fields = match &body[..] {
+            [] => Map::new(),
+            bytes => match serde_json::from_slice::<Value>(bytes) {
+                Ok(Value::Object(fields)) => fields,
+                Ok(_) => return Err(Failure::new(ErrorCode::WrongType, "a write's body is a JSON object")),
+                Err(error) => return Err(Failure::new(ErrorCode::MalformedJson, format!("the body is not JSON: {error}"))),
+            },
+        };
+        let query = Query::parse(uri.query().unwrap_or(""))?;
+        let segments: Vec<&str> = uri.path().trim_start_matches("/api/v1/").split('/').collect();
+        let mut message = write_route(method, &segments, &query, fields)?;
+        let signer = self.signer(method.as_str(), uri, headers, Some((&key, &body)))?.ok_or_else(|| {
+            Failure::new(
+                ErrorCode::NotAuthenticated,
+                "a write needs a signed request (X-Gpux-Key, X-Gpux-Timestamp, X-Gpux-Signature) and an Idempotency-Key",
+            )
+        })?;
+        // An order's instrument by its symbol, as in paths.
+        if let Some(Value::String(symbol)) = message.get("new_order").and_then(|m| m.get("order")).and_then(|o| o.get("instrument")) {
+            let instrument = self.instrument_by_symbol(symbol).await?;
+            message["new_order"]["order"]["instrument"] = Value::from(instrument);
+        }
+        let message: ClientMessage =
+            serde_json::from_value(message).map_err(|error| Failure::new(ErrorCode::WrongType, format!("the body: {error}")))?;
+        let path_and_query = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+        let mut hasher = Sha256::new();
+        hasher.update(format!("{method}\n{path_and_query}\n").as_bytes());
+        hasher.update(&body);
+        let fingerprint: [u8; 32] = hasher.finalize().into();
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        let begun = self.idempotency.lock().unwrap_or_else(|e| e.into_inner()).begin(signer, &key, fingerprint, now_ms);
+        match begun {
+            Begin::New => {}
+            Begin::Replay(stored) => return Ok(written(stored, true)),
+            Begin::InProgress => return Err(Failure::coded(ErrorCode::RequestInProgress)),
+            Begin::Reused => return Err(Failure::coded(ErrorCode::IdempotencyKeyReused)),
+            Begin::Full => {
+                return Err(Failure::new(
+                    ErrorCode::RateLimited,
+                    format!(
+                        "the exchange keeps the answers of {} writes for an hour and holds that many now; retry later",
+                        idempotency::ENTRIES_MAX
+                    ),
+                ))
+            }
+        }
+        // Its own task: the answer is kept under the key even when this
+        // client goes away or stops waiting.
+        let rest = self.clone();
+        let session = tokio::spawn(async move {
+            let (stored, keep) = match rest.write(signer, message).await {
+                Ok(stored) => (stored, true),
+                // Refused before the sequencer applied anything, or not
+                // known within a minute: a retry is applied.
+                Err(failure) => (failure.stored(), false),
+            };
+            rest.idempotency.lock().unwrap_or_else(|e| e.into_inner()).finish(signer, &key, keep.then(|| stored.clone()));
+            stored
+        });
+        match tokio::time::timeout(ANSWER_TIMEOUT, session).await {
+            Ok(Ok(stored)) => Ok(written(stored, false)),
+            Ok(Err(_)) => Err(Failure::coded(ErrorCode::ShuttingDown)),
+            Err(_) => Err(Failure::new(
+                ErrorCode::RequestInProgress,
+                "the exchange did not answer within 4 s and the write may still be applied: retry with the same Idempotency-Key to read its outcome",
+            )),
+        }
+    }
+
+    /// One write's session: its answer as the client gets it, or a failure
+    /// that applied nothing (the key is then forgotten).
+    async fn write(&self, signer: [u8; 32], message: ClientMessage) -> Result<Stored, Failure> {
+        let make = move |connection, id, caller: Option<(AccountId, Role)>| {
+            let (account, role) = caller.expect("a write's session is signed");
+            let caller = Caller { connection, account, role, login_key: Some(signer) };
+            debug_assert_eq!(message.id(), id, "write_route numbers a write 1, as ask does");
+            request_of(&caller, message, None)
+                .map_err(|refused| Failure::new(refused.code, refused.message.unwrap_or_else(|| refused.code.message().to_string())))
+        };
+        let Answered { answer, events } = self.ask_within(OUTCOME_TIMEOUT, Some(signer), Box::new(make)).await?;
+        let events: Vec<Value> = events.iter().filter_map(|event| serde_json::to_value(event).ok()).collect();
+        match answer {
+            ServerMessage::Ack { journal_seq, order, .. } => {
+                let body = serde_json::json!({ "journal_seq": journal_seq, "order": order, "events": events });
+                Ok(Stored { status: 200, body: body.to_string() })
+            }
+            ServerMessage::Reject { journal_seq, code, message, .. } => {
+                let body = serde_json::json!({ "rejected": { "code": code, "message": message, "journal_seq": journal_seq } });
+                Ok(Stored { status: StatusCode::UNPROCESSABLE_ENTITY.as_u16(), body: body.to_string() })
+            }
+            ServerMessage::Error { code: ErrorCode::RateLimited | ErrorCode::ShuttingDown | ErrorCode::JournalUnavailable, .. } => {
+                Err(body_of(answer).expect_err("an error"))
+            }
+            answer => match body_of(answer) {
+                Ok(body) => Ok(Stored { status: 200, body }),
+                Err(failure) => Ok(failure.stored()),
+            },
+        }
     }
 
     /// The id of the listed instrument whose symbol is `segment` (its `/`
     /// percent-encoded, `H100-SXM-80G%2FSPOT`): one `instruments` request.
-    async fn instrument_by_symbol(&self, segment: &str) -> Result<u32, Failure> {
+    async fn instrument_by_segment(&self, segment: &str) -> Result<u32, Failure> {
         let symbol = percent_decoded(segment).ok_or_else(|| {
             Failure::new(ErrorCode::WrongType, "the instrument is an id or a symbol with its '/' written %2F (H100-SXM-80G%2FSPOT)")
         })?;
-        let listed = self.ask(None, Box::new(|connection, id| Request::Instruments { connection, id })).await?;
+        self.instrument_by_symbol(&symbol).await
+    }
+
+    /// The id of the listed instrument whose symbol is `symbol`.
+    async fn instrument_by_symbol(&self, symbol: &str) -> Result<u32, Failure> {
+        let listed = self.ask(None, Box::new(|connection, id, _| Ok(Request::Instruments { connection, id }))).await?.answer;
         let ServerMessage::Instruments { instruments, .. } = listed else {
             return Err(Failure::coded(ErrorCode::ShuttingDown));
         };
@@ -187,7 +355,7 @@ impl Rest {
     }
 
     /// The key of a signed request, checked; `None` for an unsigned one.
-    fn signer(&self, uri: &Uri, headers: &HeaderMap) -> Result<Option<[u8; 32]>, Failure> {
+    fn signer(&self, method: &str, uri: &Uri, headers: &HeaderMap, write: Option<(&str, &[u8])>) -> Result<Option<[u8; 32]>, Failure> {
         let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
         let (Some(key), Some(timestamp), Some(signature)) = (header("x-gpux-key"), header("x-gpux-timestamp"), header("x-gpux-signature"))
         else {
@@ -221,24 +389,37 @@ impl Rest {
             .ok_or_else(|| refused("X-Gpux-Signature must be 128 hex digits"))?;
         let path_and_query = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
         let verifying = VerifyingKey::from_bytes(&public_key).map_err(|_| refused("X-Gpux-Key is not an ed25519 key"))?;
+        let (signed, covers) = match write {
+            None => (signed_bytes(method, path_and_query, timestamp_ms), "the method, the path and the timestamp"),
+            Some((key, body)) => (
+                signed_write_bytes(method, path_and_query, timestamp_ms, key, body),
+                "the method, the path, the timestamp, the Idempotency-Key and the body's SHA-256",
+            ),
+        };
         verifying
-            .verify_strict(&signed_bytes("GET", path_and_query, timestamp_ms), &Signature::from_bytes(&signature))
-            .map_err(|_| refused("the signature does not verify over gpux-rest-v1, the method, the path and the timestamp"))?;
+            .verify_strict(&signed, &Signature::from_bytes(&signature))
+            .map_err(|_| refused(&format!("the signature does not verify over gpux-rest-v1, {covers}")))?;
         Ok(Some(public_key))
     }
 
-    /// One short session: connect, log in if signed, ask, disconnect.
-    async fn ask(
-        &self,
-        signed: Option<[u8; 32]>,
-        make: Box<dyn FnOnce(ConnectionId, u64) -> Request + Send>,
-    ) -> Result<ServerMessage, Failure> {
+    /// One short session: connect, log in if signed, ask, disconnect. The
+    /// request is made knowing the session's account and role (a signed
+    /// one's); the answer comes with the private events its command caused
+    /// (the sequencer sends them to a REST session before the answer).
+    async fn ask(&self, signed: Option<[u8; 32]>, make: MakeRequest) -> Result<Answered, Failure> {
+        self.ask_within(ANSWER_TIMEOUT, signed, make).await
+    }
+
+    async fn ask_within(&self, timeout: Duration, signed: Option<[u8; 32]>, make: MakeRequest) -> Result<Answered, Failure> {
         let connection = crate::server::next_connection_id();
-        let (frames, mut answers) = mpsc::channel::<Outgoing>(16);
+        // A command's events all come at once, before its answer: room for
+        // as many as a WebSocket session has.
+        let (frames, mut answers) = mpsc::channel::<Outgoing>(crate::server::OUTBOUND_FRAMES_MAX);
         let outbound = Outbound::local(frames, std::sync::Arc::new(Notify::new()));
         self.send(Request::Connect { connection, outbound })?;
         let _session = Session { core: self.core.clone(), connection };
         let exchange = async {
+            let mut caller = None;
             if let Some(public_key) = signed {
                 self.send(Request::Authenticate {
                     connection,
@@ -252,7 +433,10 @@ impl Rest {
                 })?;
                 loop {
                     match answers.recv().await {
-                        Some(Outgoing::Login(LoginOutcome::Accepted { .. })) => break,
+                        Some(Outgoing::Login(LoginOutcome::Accepted { account, role })) => {
+                            caller = Some((account, role));
+                            break;
+                        }
                         Some(Outgoing::Login(LoginOutcome::Refused)) => {
                             return Err(Failure::new(ErrorCode::AuthFailed, "no account for this key, or the key was revoked or expired"));
                         }
@@ -266,16 +450,24 @@ impl Rest {
                     }
                 }
             }
-            self.send(make(connection, 1))?;
+            self.send(make(connection, 1, caller)?)?;
+            let mut events = Vec::new();
             loop {
                 match answers.recv().await {
-                    Some(Outgoing::Frame(frame)) if frame.message().answer_to() == Some(1) => return Ok(frame.message().clone()),
+                    Some(Outgoing::Frame(frame)) if frame.message().answer_to() == Some(1) => {
+                        return Ok(Answered { answer: frame.message().clone(), events })
+                    }
+                    Some(Outgoing::Frame(frame)) => {
+                        if let ServerMessage::Private { event, .. } = frame.message() {
+                            events.push(*event);
+                        }
+                    }
                     Some(_) => {}
                     None => return Err(Failure::coded(ErrorCode::ShuttingDown)),
                 }
             }
         };
-        tokio::time::timeout(ANSWER_TIMEOUT, exchange)
+        tokio::time::timeout(timeout, exchange)
             .await
             .unwrap_or_else(|_| Err(Failure::new(ErrorCode::RateLimited, "the exchange did not answer in time; retry")))
     }
@@ -301,6 +493,32 @@ impl Drop for Session {
         // connection whose outbound is closed when it next writes to it.
         let _ = self.core.try_send(Request::Disconnect { connection: self.connection, exchange_stopping: false });
     }
+}
+
+/// Makes a session's request from its connection, the request id and the
+/// signed session's account and role.
+type MakeRequest = Box<dyn FnOnce(ConnectionId, u64, Option<(AccountId, Role)>) -> Result<Request, Failure> + Send>;
+
+/// A request's answer and the private events its command caused.
+struct Answered {
+    answer: ServerMessage,
+    events: Vec<gpux_engine::Event>,
+}
+
+/// A write's answer as sent (again, when `replayed`).
+fn written(stored: Stored, replayed: bool) -> Response {
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    let replayed = if replayed { "true" } else { "false" };
+    (
+        status,
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::CACHE_CONTROL, "no-store"),
+            (header::HeaderName::from_static("idempotent-replayed"), replayed),
+        ],
+        stored.body,
+    )
+        .into_response()
 }
 
 /// The body of an answer: its fields without the request id; an error is
@@ -513,9 +731,143 @@ fn route(segments: &[&str], query: &Query) -> Result<Routed, Failure> {
     }
 }
 
+/// The WebSocket message a write asks for (docs/rest.md "Writes"), as
+/// JSON numbered 1: its body's fields with the path's ids put in.
+fn write_route(method: &Method, segments: &[&str], query: &Query, mut fields: Map<String, Value>) -> Result<Value, Failure> {
+    let not_found =
+        || Failure::new(ErrorCode::UnknownMessage, format!("no {method} path like this in the REST API (see /api/v1/openapi.json)"));
+    let number = |text: &str, what: &str| id_of::<u64>(text, what).map(Value::from);
+    let mut from_path = Vec::new();
+    let kind = match (method.as_str(), segments) {
+        ("POST", ["orders"]) => "new_order",
+        ("DELETE", ["orders"]) => {
+            query.only(&["instrument"])?;
+            from_path.push(("instrument", query.number::<u32>("instrument")?.map_or(Value::Null, Value::from)));
+            "mass_cancel"
+        }
+        ("DELETE", ["orders", order]) => {
+            from_path.push(("order", number(order, "the order id")?));
+            "cancel_order"
+        }
+        ("PATCH", ["orders", order]) => {
+            from_path.push(("order", number(order, "the order id")?));
+            "replace_order"
+        }
+        ("POST", ["leases", lease, "end"]) => {
+            from_path.push(("lease", number(lease, "the lease id")?));
+            "end_lease"
+        }
+        ("PUT", ["leases", lease, "workload"]) => {
+            // The body is the workload itself.
+            let workload = Value::Object(std::mem::take(&mut fields));
+            from_path.push(("lease", number(lease, "the lease id")?));
+            from_path.push(("workload", workload));
+            "set_workload"
+        }
+        ("POST", ["account", "deposit"]) => "deposit",
+        ("POST", ["account", "withdraw"]) => "withdraw",
+        ("POST", ["account", "payout"]) => "payout",
+        _ => return Err(not_found()),
+    };
+    if !matches!(segments, ["orders"]) || method != Method::DELETE {
+        query.only(&[])?;
+    }
+    if fields.contains_key("id") {
+        return Err(Failure::new(ErrorCode::WrongType, "a REST body carries no request id"));
+    }
+    for (name, value) in from_path {
+        if fields.insert(name.to_string(), value).is_some() {
+            return Err(Failure::new(ErrorCode::WrongType, format!("{name} is given by the path, not the body")));
+        }
+    }
+    fields.insert("id".into(), Value::from(1u64));
+    Ok(serde_json::json!({ kind: fields }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ed25519_dalek::{Signer, SigningKey};
+
+    /// A POST of `body` to `/api/v1/orders` signed by `key` under
+    /// `idempotency_key`: status, head and body of the answer.
+    async fn post(addr: std::net::SocketAddr, key: &SigningKey, idempotency_key: &str, body: &str) -> (u16, String, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let now_ms = Clock { offset_ms: 0 }.now_ms();
+        let signature = key.sign(&signed_write_bytes("POST", "/api/v1/orders", now_ms, idempotency_key, body.as_bytes()));
+        let request = format!(
+            "POST /api/v1/orders HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\nX-Gpux-Key: {}\r\n\
+             X-Gpux-Timestamp: {now_ms}\r\nX-Gpux-Signature: {}\r\nIdempotency-Key: {idempotency_key}\r\n\r\n{body}",
+            body.len(),
+            hex::encode(key.verifying_key().to_bytes()),
+            hex::encode(signature.to_bytes()),
+        );
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("the listener");
+        stream.write_all(request.as_bytes()).await.expect("request");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.expect("response");
+        let status = response.split(' ').nth(1).and_then(|code| code.parse().ok()).expect("a status");
+        let (head, body) = response.split_once("\r\n\r\n").expect("head and body");
+        (status, head.to_ascii_lowercase(), body.to_string())
+    }
+
+    /// A sequencer that answers late: the write is told `request_in_progress`
+    /// after 4 s (it may still be applied), a retry meanwhile too, and once
+    /// the answer comes the retry under the same key reads it, without the
+    /// sequencer seeing the write twice.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_answered_late_is_in_progress_and_its_retry_reads_the_answer() {
+        let (core, requests) = crossbeam_channel::bounded::<Request>(64);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let addr = listener.local_addr().expect("its address");
+        let app = router(core, Clock { offset_ms: 0 }, &[]);
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let body = r#"{"order":{"client_order_id":1,"instrument":0,"side":"buy","price_minor_per_gpu_hour":100,"quantity":1}}"#;
+
+        let first = tokio::spawn({
+            let key = key.clone();
+            async move { post(addr, &key, "late-1", body).await }
+        });
+        // The sequencer takes the session and the write, and answers nothing yet.
+        let mut taken = Vec::new();
+        while taken.len() < 3 {
+            match requests.recv_timeout(Duration::from_secs(5)).expect("the write's requests") {
+                request @ (Request::Connect { .. } | Request::Authenticate { .. } | Request::Command { .. }) => taken.push(request),
+                other => panic!("unexpected {:?}", other.id()),
+            }
+            if let Some(Request::Authenticate { .. }) = taken.last() {
+                let Some(Request::Connect { outbound, .. }) = taken.first() else { panic!("connect first") };
+                let accepted = Outgoing::Login(LoginOutcome::Accepted { account: AccountId(5), role: Role::Renter });
+                outbound.frames.try_send(accepted).expect("queued");
+            }
+        }
+        let (status, _, retry) = post(addr, &key, "late-1", body).await;
+        assert_eq!((status, retry.contains("request_in_progress")), (409, true), "{retry}");
+        let (status, _, answer) = first.await.expect("the first write");
+        assert_eq!(status, 409, "no answer within 4 s: {answer}");
+        assert!(answer.contains("request_in_progress") && answer.contains("retry with the same Idempotency-Key"), "{answer}");
+        // The answer comes at last; the retry reads it.
+        let Some(Request::Connect { outbound, .. }) = taken.first() else { panic!("connect first") };
+        let Some(Request::Command { id, .. }) = taken.last() else { panic!("the order last") };
+        let ack = ServerMessage::Ack { id: *id, journal_seq: 41, order: Some(gpux_engine::OrderId(9)) };
+        outbound.frames.try_send(Outgoing::Frame(crate::link::SharedFrame::new(ack))).expect("queued");
+        let mut kept = None;
+        for _ in 0..50 {
+            let (status, head, answer) = post(addr, &key, "late-1", body).await;
+            if status == 200 {
+                kept = Some((head, answer));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (head, answer) = kept.expect("the kept answer");
+        assert!(head.contains("idempotent-replayed: true"), "{head}");
+        assert_eq!(answer, r#"{"events":[],"journal_seq":41,"order":9}"#);
+        // The sequencer saw the write once: only the first session's disconnect follows.
+        let rest: Vec<Request> = requests.try_iter().collect();
+        assert!(rest.iter().all(|r| matches!(r, Request::Disconnect { .. })), "{:?}", rest.iter().map(Request::id).collect::<Vec<_>>());
+    }
 
     #[test]
     fn path_segments_decode_their_escapes_and_refuse_broken_ones() {

@@ -709,171 +709,11 @@ impl Connection {
     }
 
     fn authenticated(&mut self, account: AccountId, role: Role, message: ClientMessage, verified: Option<bool>) -> Vec<ServerMessage> {
-        let connection = self.id;
-        let command = |id, command| Request::Command { connection, id, command };
-        let delivery = |id, request| Request::Delivery { connection, id, request };
-        let access = |id, request| Request::Access { connection, id, request };
-        // Only an operator acts on another account's funds.
-        let on_behalf_of = |named: Option<AccountId>| match named {
-            Some(named) if named != account && role != Role::Operator => None,
-            named => Some(named.unwrap_or(account)),
-        };
-        let request = match message {
-            ClientMessage::Subscribe { id, channel, instrument } => Request::Subscribe { connection, id, channel, instrument },
-            ClientMessage::Unsubscribe { id, channel, instrument } => Request::Unsubscribe { connection, id, channel, instrument },
-            ClientMessage::Instruments { id } => Request::Instruments { connection, id },
-            ClientMessage::OpenOrders { id, after } => Request::OpenOrders { connection, id, after },
-            ClientMessage::Leases { id, after } => Request::Leases { connection, id, after },
-            ClientMessage::Stats { id, instrument } => Request::Stats { connection, id, instrument },
-            ClientMessage::SupplierStats { id, supplier } => Request::SupplierStats { connection, id, supplier },
-            ClientMessage::RenterStats { id, renter } => Request::RenterStats { connection, id, renter },
-            ClientMessage::BookOffers { id, instrument, offset, after } => {
-                Request::BookOffers { connection, id, instrument, offset, after }
-            }
-            ClientMessage::MyGpus { id, offset } => Request::MyGpus { connection, id, offset },
-            ClientMessage::UsageReport { id, report } => {
-                // Verified in the gateway (the verifier pool, else here) under
-                // ZIP-215, the rule under which this check and the journal
-                // replay's agree; the sequencer then skips it when the key is
-                // the account's.
-                let checked_by = self.login_key.filter(|key| verified.unwrap_or_else(|| report.verify_zip215(key)));
-                Request::Usage { connection, id, report: Box::new(report), checked_by }
-            }
-            ClientMessage::Balance { id } => Request::Balance { connection, id },
-            ClientMessage::Statement { id, after } => Request::Statement { connection, id, after },
-            ClientMessage::RecentStatement { id, before } => Request::RecentStatement { connection, id, before },
-            ClientMessage::SetSpendLimits { id, limits } => command(id, Command::SetSpendLimits { account, limits }),
-            ClientMessage::Spend { id } => access(id, AccessRequest::Spend),
-            ClientMessage::NewOrder { id, order, workload: None } if !order.rematch => command(id, order.into_command(account)),
-            ClientMessage::NewOrder { id, order, workload } => {
-                if let Some(Err(refused)) = workload.as_ref().map(|w| w.validate()) {
-                    return vec![error(Some(id), refused.into(), Some(refused.to_string()))];
-                }
-                let rematch = order.rematch;
-                Request::Bid { connection, id, command: order.into_command(account), workload, rematch }
-            }
-            ClientMessage::SetWorkload { id, lease, workload } => {
-                if let Err(refused) = workload.validate() {
-                    return vec![error(Some(id), refused.into(), Some(refused.to_string()))];
-                }
-                delivery(id, DeliveryRequest::SetWorkload { lease, workload })
-            }
-            ClientMessage::SetEncryptionKey { id, encryption_key, signature } => {
-                match hex::decode(&encryption_key).ok().and_then(|bytes| <[u8; 32]>::try_from(bytes).ok()) {
-                    Some(key) if signature.len() == 128 => delivery(id, DeliveryRequest::SetEncryptionKey { key, signature }),
-                    _ => return vec![error(Some(id), ErrorCode::EncryptionKeyInvalid, None)],
-                }
-            }
-            ClientMessage::HostKey { id, lease } => delivery(id, DeliveryRequest::HostKey { lease }),
-            ClientMessage::DeliveryStatus { id, lease, state } => delivery(id, DeliveryRequest::Status { lease, state }),
-            ClientMessage::LeaseDelivery { id, lease } => delivery(id, DeliveryRequest::Query { lease }),
-            ClientMessage::LeaseLogs { id, lease, tail_bytes } => delivery(id, DeliveryRequest::Logs { lease, tail_bytes }),
-            ClientMessage::Logs { id, request, data, truncated } => delivery(id, DeliveryRequest::LogsReply { request, data, truncated }),
-            ClientMessage::FabricProbe { id, report } => delivery(id, DeliveryRequest::FabricProbe { report }),
-            ClientMessage::ChallengeCommit { id, challenge, commitment } => match hash32(&commitment) {
-                Some(commitment) => Request::Challenge { connection, id, request: ChallengeRequest::Commit { challenge, commitment } },
-                None => return vec![error(Some(id), ErrorCode::ChallengeAnswerInvalid, None)],
-            },
-            ClientMessage::ChallengeOpening { id, challenge, leaves } => {
-                Request::Challenge { connection, id, request: ChallengeRequest::Opening { challenge, leaves, memory: false } }
-            }
-            ClientMessage::MemoryOpening { id, challenge, leaves } => {
-                Request::Challenge { connection, id, request: ChallengeRequest::Opening { challenge, leaves, memory: true } }
-            }
-            ClientMessage::Liveness { id, report } => Request::Liveness { connection, id, report: Box::new(report) },
-            ClientMessage::CancelOrder { id, order } => command(id, Command::CancelOrder { account, order }),
-            ClientMessage::ReplaceOrder { id, order, price_minor_per_gpu_hour, quantity } => {
-                command(id, Command::ReplaceOrder { account, order, price_minor_per_gpu_hour, quantity })
-            }
-            ClientMessage::MassCancel { id, instrument } => command(id, Command::MassCancel { account, instrument }),
-            ClientMessage::RegisterGpu { id, host, gpu_uuid, spec, region: None, zone: None, fabric: None } => {
-                command(id, Command::RegisterGpu { account, host, gpu_uuid, spec })
-            }
-            // A fabric without a region: refused fabric_invalid.
-            ClientMessage::RegisterGpu { id, host, gpu_uuid, spec, region, zone, fabric: Some(fabric) } => command(
-                id,
-                Command::RegisterGpuOnFabric {
-                    account,
-                    host,
-                    gpu_uuid,
-                    spec,
-                    region: region.unwrap_or_default(),
-                    zone: zone.unwrap_or_default(),
-                    fabric: Box::new(fabric),
-                },
-            ),
-            // A zone without a region names no region: refused unknown_region.
-            ClientMessage::RegisterGpu { id, host, gpu_uuid, spec, region, zone, fabric: None } => command(
-                id,
-                Command::RegisterGpuInRegion {
-                    account,
-                    host,
-                    gpu_uuid,
-                    spec,
-                    region: region.unwrap_or_default(),
-                    zone: zone.unwrap_or_default(),
-                },
-            ),
-            ClientMessage::SetGpuOnline { id, gpu, online } => command(id, Command::SetGpuOnline { account, gpu, online }),
-            ClientMessage::EndLease { id, lease } => command(id, Command::EndLease { account, lease }),
-            ClientMessage::Withdraw { id, account: named, amount_minor } => match on_behalf_of(named) {
-                Some(account) => command(id, Command::Withdraw { account, amount_minor }),
-                None => return vec![error(Some(id), ErrorCode::Forbidden, None)],
-            },
-            ClientMessage::Payout { id, account: named, amount_minor } => match on_behalf_of(named) {
-                Some(account) => command(id, Command::Payout { account, amount_minor }),
-                None => return vec![error(Some(id), ErrorCode::Forbidden, None)],
-            },
-            ClientMessage::Deposit { id, account: to, amount_minor } => {
-                if role != Role::Operator {
-                    return vec![error(Some(id), ErrorCode::Forbidden, None)];
-                }
-                command(id, Command::Deposit { account: to, amount_minor })
-            }
-            ClientMessage::OpenSubAccount { id } => access(id, AccessRequest::OpenSubAccount),
-            ClientMessage::MoveFunds { id, sub_account, amount_minor, to_sub_account } => {
-                access(id, AccessRequest::MoveFunds { sub_account, amount_minor, to_sub_account })
-            }
-            ClientMessage::SetSubAccountLimits { id, sub_account, limits } => access(id, AccessRequest::SetLimits { sub_account, limits }),
-            ClientMessage::SubAccounts { id, offset } => access(id, AccessRequest::SubAccounts { offset }),
-            ClientMessage::AddKey { id, account, public_key, scopes, expires_at_ms, label } => match ed25519_key(&public_key) {
-                Some(public_key) => access(id, AccessRequest::AddKey { account, public_key, scopes, expires_at_ms, label }),
-                None => return vec![error(Some(id), ErrorCode::KeyInvalid, None)],
-            },
-            ClientMessage::RevokeKey { id, public_key } => match hash32(&public_key) {
-                Some(public_key) => access(id, AccessRequest::RevokeKey { public_key }),
-                None => return vec![error(Some(id), ErrorCode::KeyInvalid, None)],
-            },
-            ClientMessage::Keys { id, account } => access(id, AccessRequest::Keys { account }),
-            ClientMessage::Invoice { id, period, account, offset } => access(id, AccessRequest::Invoice { period, account, offset }),
-            ClientMessage::ExchangeKey { id } => Request::ExchangeKey { connection, id },
-            ClientMessage::Listing { id } => Request::Listing { connection, id },
-            ClientMessage::LeaseTelemetry { id, lease } => Request::LeaseTelemetry { connection, id, lease },
-            ClientMessage::Trades { id, instrument, before_seq } => {
-                Request::History { connection, id, request: HistoryRequest::Trades { instrument, before_seq } }
-            }
-            ClientMessage::Candles { id, instrument, interval, before_ms } => {
-                Request::History { connection, id, request: HistoryRequest::Candles { instrument, interval, before_ms } }
-            }
-            ClientMessage::Fills { id, before } => Request::History { connection, id, request: HistoryRequest::Fills { before } },
-            ClientMessage::Book { id, instrument } => Request::Book { connection, id, instrument },
-            ClientMessage::SubmitJob { id, job } => Request::Job { connection, id, request: JobRequest::Submit { job } },
-            ClientMessage::JobStatus { id, job } => Request::Job { connection, id, request: JobRequest::Status { job } },
-            ClientMessage::Jobs { id, offset } => Request::Job { connection, id, request: JobRequest::List { offset } },
-            ClientMessage::CancelJob { id, job } => Request::Job { connection, id, request: JobRequest::Cancel { job } },
-            ClientMessage::JobStoreToken { id, job, lease } => {
-                Request::Job { connection, id, request: JobRequest::StoreToken { job, lease } }
-            }
-            ClientMessage::JobBill { id, job, offset } => Request::Job { connection, id, request: JobRequest::Bill { job, offset } },
-            ClientMessage::ResizeJob { id, job, gpus } => Request::Job { connection, id, request: JobRequest::Resize { job, gpus } },
-            ClientMessage::OfferLease { id, lease, price_minor_per_gpu_hour, client_order_id, time_in_force } => {
-                command(id, Command::OfferLease { account, lease, client_order_id, price_minor_per_gpu_hour, time_in_force })
-            }
-            ClientMessage::Auth { id, .. } | ClientMessage::Ping { id } => {
-                return vec![error(Some(id), ErrorCode::AlreadyAuthenticated, None)]
-            }
-        };
-        self.forward(request.id().unwrap_or(0), request)
+        let caller = Caller { connection: self.id, account, role, login_key: self.login_key };
+        match request_of(&caller, message, verified) {
+            Ok(request) => self.forward(request.id().unwrap_or(0), request),
+            Err(Refused { id, code, message }) => vec![error(Some(id), code, message)],
+        }
     }
 
     fn forward(&mut self, id: u64, request: Request) -> Vec<ServerMessage> {
@@ -889,6 +729,189 @@ impl Connection {
             Err(TrySendError::Disconnected(_)) => vec![error(Some(id), ErrorCode::ShuttingDown, None)],
         }
     }
+}
+
+/// Who sends an authenticated request: the session's connection, account,
+/// role and login key.
+pub(crate) struct Caller {
+    pub connection: ConnectionId,
+    pub account: AccountId,
+    pub role: Role,
+    pub login_key: Option<[u8; 32]>,
+}
+
+/// A request the gateway refuses before the sequencer sees it.
+pub(crate) struct Refused {
+    pub id: u64,
+    pub code: ErrorCode,
+    pub message: Option<String>,
+}
+
+/// The sequencer request a logged-in client's message asks for, or the
+/// gateway's refusal of it: the one list for WebSocket sessions and REST
+/// writes (gateway/src/rest.rs).
+pub(crate) fn request_of(caller: &Caller, message: ClientMessage, verified: Option<bool>) -> Result<Request, Refused> {
+    let Caller { connection, account, role, login_key } = *caller;
+    let command = |id, command| Request::Command { connection, id, command };
+    let delivery = |id, request| Request::Delivery { connection, id, request };
+    let access = |id, request| Request::Access { connection, id, request };
+    // Only an operator acts on another account's funds.
+    let on_behalf_of = |named: Option<AccountId>| match named {
+        Some(named) if named != account && role != Role::Operator => None,
+        named => Some(named.unwrap_or(account)),
+    };
+    let request = match message {
+        ClientMessage::Subscribe { id, channel, instrument } => Request::Subscribe { connection, id, channel, instrument },
+        ClientMessage::Unsubscribe { id, channel, instrument } => Request::Unsubscribe { connection, id, channel, instrument },
+        ClientMessage::Instruments { id } => Request::Instruments { connection, id },
+        ClientMessage::OpenOrders { id, after } => Request::OpenOrders { connection, id, after },
+        ClientMessage::Leases { id, after } => Request::Leases { connection, id, after },
+        ClientMessage::Stats { id, instrument } => Request::Stats { connection, id, instrument },
+        ClientMessage::SupplierStats { id, supplier } => Request::SupplierStats { connection, id, supplier },
+        ClientMessage::RenterStats { id, renter } => Request::RenterStats { connection, id, renter },
+        ClientMessage::BookOffers { id, instrument, offset, after } => Request::BookOffers { connection, id, instrument, offset, after },
+        ClientMessage::MyGpus { id, offset } => Request::MyGpus { connection, id, offset },
+        ClientMessage::UsageReport { id, report } => {
+            // Verified in the gateway (the verifier pool, else here) under
+            // ZIP-215, the rule under which this check and the journal
+            // replay's agree; the sequencer then skips it when the key is
+            // the account's.
+            let checked_by = login_key.filter(|key| verified.unwrap_or_else(|| report.verify_zip215(key)));
+            Request::Usage { connection, id, report: Box::new(report), checked_by }
+        }
+        ClientMessage::Balance { id } => Request::Balance { connection, id },
+        ClientMessage::Statement { id, after } => Request::Statement { connection, id, after },
+        ClientMessage::RecentStatement { id, before } => Request::RecentStatement { connection, id, before },
+        ClientMessage::SetSpendLimits { id, limits } => command(id, Command::SetSpendLimits { account, limits }),
+        ClientMessage::Spend { id } => access(id, AccessRequest::Spend),
+        ClientMessage::NewOrder { id, order, workload: None } if !order.rematch => command(id, order.into_command(account)),
+        ClientMessage::NewOrder { id, order, workload } => {
+            if let Some(Err(refused)) = workload.as_ref().map(|w| w.validate()) {
+                return Err(Refused { id, code: refused.into(), message: Some(refused.to_string()) });
+            }
+            let rematch = order.rematch;
+            Request::Bid { connection, id, command: order.into_command(account), workload, rematch }
+        }
+        ClientMessage::SetWorkload { id, lease, workload } => {
+            if let Err(refused) = workload.validate() {
+                return Err(Refused { id, code: refused.into(), message: Some(refused.to_string()) });
+            }
+            delivery(id, DeliveryRequest::SetWorkload { lease, workload })
+        }
+        ClientMessage::SetEncryptionKey { id, encryption_key, signature } => {
+            match hex::decode(&encryption_key).ok().and_then(|bytes| <[u8; 32]>::try_from(bytes).ok()) {
+                Some(key) if signature.len() == 128 => delivery(id, DeliveryRequest::SetEncryptionKey { key, signature }),
+                _ => return Err(Refused { id, code: ErrorCode::EncryptionKeyInvalid, message: None }),
+            }
+        }
+        ClientMessage::HostKey { id, lease } => delivery(id, DeliveryRequest::HostKey { lease }),
+        ClientMessage::DeliveryStatus { id, lease, state } => delivery(id, DeliveryRequest::Status { lease, state }),
+        ClientMessage::LeaseDelivery { id, lease } => delivery(id, DeliveryRequest::Query { lease }),
+        ClientMessage::LeaseLogs { id, lease, tail_bytes } => delivery(id, DeliveryRequest::Logs { lease, tail_bytes }),
+        ClientMessage::Logs { id, request, data, truncated } => delivery(id, DeliveryRequest::LogsReply { request, data, truncated }),
+        ClientMessage::FabricProbe { id, report } => delivery(id, DeliveryRequest::FabricProbe { report }),
+        ClientMessage::ChallengeCommit { id, challenge, commitment } => match hash32(&commitment) {
+            Some(commitment) => Request::Challenge { connection, id, request: ChallengeRequest::Commit { challenge, commitment } },
+            None => return Err(Refused { id, code: ErrorCode::ChallengeAnswerInvalid, message: None }),
+        },
+        ClientMessage::ChallengeOpening { id, challenge, leaves } => {
+            Request::Challenge { connection, id, request: ChallengeRequest::Opening { challenge, leaves, memory: false } }
+        }
+        ClientMessage::MemoryOpening { id, challenge, leaves } => {
+            Request::Challenge { connection, id, request: ChallengeRequest::Opening { challenge, leaves, memory: true } }
+        }
+        ClientMessage::Liveness { id, report } => Request::Liveness { connection, id, report: Box::new(report) },
+        ClientMessage::CancelOrder { id, order } => command(id, Command::CancelOrder { account, order }),
+        ClientMessage::ReplaceOrder { id, order, price_minor_per_gpu_hour, quantity } => {
+            command(id, Command::ReplaceOrder { account, order, price_minor_per_gpu_hour, quantity })
+        }
+        ClientMessage::MassCancel { id, instrument } => command(id, Command::MassCancel { account, instrument }),
+        ClientMessage::RegisterGpu { id, host, gpu_uuid, spec, region: None, zone: None, fabric: None } => {
+            command(id, Command::RegisterGpu { account, host, gpu_uuid, spec })
+        }
+        // A fabric without a region: refused fabric_invalid.
+        ClientMessage::RegisterGpu { id, host, gpu_uuid, spec, region, zone, fabric: Some(fabric) } => command(
+            id,
+            Command::RegisterGpuOnFabric {
+                account,
+                host,
+                gpu_uuid,
+                spec,
+                region: region.unwrap_or_default(),
+                zone: zone.unwrap_or_default(),
+                fabric: Box::new(fabric),
+            },
+        ),
+        // A zone without a region names no region: refused unknown_region.
+        ClientMessage::RegisterGpu { id, host, gpu_uuid, spec, region, zone, fabric: None } => command(
+            id,
+            Command::RegisterGpuInRegion {
+                account,
+                host,
+                gpu_uuid,
+                spec,
+                region: region.unwrap_or_default(),
+                zone: zone.unwrap_or_default(),
+            },
+        ),
+        ClientMessage::SetGpuOnline { id, gpu, online } => command(id, Command::SetGpuOnline { account, gpu, online }),
+        ClientMessage::EndLease { id, lease } => command(id, Command::EndLease { account, lease }),
+        ClientMessage::Withdraw { id, account: named, amount_minor } => match on_behalf_of(named) {
+            Some(account) => command(id, Command::Withdraw { account, amount_minor }),
+            None => return Err(Refused { id, code: ErrorCode::Forbidden, message: None }),
+        },
+        ClientMessage::Payout { id, account: named, amount_minor } => match on_behalf_of(named) {
+            Some(account) => command(id, Command::Payout { account, amount_minor }),
+            None => return Err(Refused { id, code: ErrorCode::Forbidden, message: None }),
+        },
+        ClientMessage::Deposit { id, account: to, amount_minor } => {
+            if role != Role::Operator {
+                return Err(Refused { id, code: ErrorCode::Forbidden, message: None });
+            }
+            command(id, Command::Deposit { account: to, amount_minor })
+        }
+        ClientMessage::OpenSubAccount { id } => access(id, AccessRequest::OpenSubAccount),
+        ClientMessage::MoveFunds { id, sub_account, amount_minor, to_sub_account } => {
+            access(id, AccessRequest::MoveFunds { sub_account, amount_minor, to_sub_account })
+        }
+        ClientMessage::SetSubAccountLimits { id, sub_account, limits } => access(id, AccessRequest::SetLimits { sub_account, limits }),
+        ClientMessage::SubAccounts { id, offset } => access(id, AccessRequest::SubAccounts { offset }),
+        ClientMessage::AddKey { id, account, public_key, scopes, expires_at_ms, label } => match ed25519_key(&public_key) {
+            Some(public_key) => access(id, AccessRequest::AddKey { account, public_key, scopes, expires_at_ms, label }),
+            None => return Err(Refused { id, code: ErrorCode::KeyInvalid, message: None }),
+        },
+        ClientMessage::RevokeKey { id, public_key } => match hash32(&public_key) {
+            Some(public_key) => access(id, AccessRequest::RevokeKey { public_key }),
+            None => return Err(Refused { id, code: ErrorCode::KeyInvalid, message: None }),
+        },
+        ClientMessage::Keys { id, account } => access(id, AccessRequest::Keys { account }),
+        ClientMessage::Invoice { id, period, account, offset } => access(id, AccessRequest::Invoice { period, account, offset }),
+        ClientMessage::ExchangeKey { id } => Request::ExchangeKey { connection, id },
+        ClientMessage::Listing { id } => Request::Listing { connection, id },
+        ClientMessage::LeaseTelemetry { id, lease } => Request::LeaseTelemetry { connection, id, lease },
+        ClientMessage::Trades { id, instrument, before_seq } => {
+            Request::History { connection, id, request: HistoryRequest::Trades { instrument, before_seq } }
+        }
+        ClientMessage::Candles { id, instrument, interval, before_ms } => {
+            Request::History { connection, id, request: HistoryRequest::Candles { instrument, interval, before_ms } }
+        }
+        ClientMessage::Fills { id, before } => Request::History { connection, id, request: HistoryRequest::Fills { before } },
+        ClientMessage::Book { id, instrument } => Request::Book { connection, id, instrument },
+        ClientMessage::SubmitJob { id, job } => Request::Job { connection, id, request: JobRequest::Submit { job } },
+        ClientMessage::JobStatus { id, job } => Request::Job { connection, id, request: JobRequest::Status { job } },
+        ClientMessage::Jobs { id, offset } => Request::Job { connection, id, request: JobRequest::List { offset } },
+        ClientMessage::CancelJob { id, job } => Request::Job { connection, id, request: JobRequest::Cancel { job } },
+        ClientMessage::JobStoreToken { id, job, lease } => Request::Job { connection, id, request: JobRequest::StoreToken { job, lease } },
+        ClientMessage::JobBill { id, job, offset } => Request::Job { connection, id, request: JobRequest::Bill { job, offset } },
+        ClientMessage::ResizeJob { id, job, gpus } => Request::Job { connection, id, request: JobRequest::Resize { job, gpus } },
+        ClientMessage::OfferLease { id, lease, price_minor_per_gpu_hour, client_order_id, time_in_force } => {
+            command(id, Command::OfferLease { account, lease, client_order_id, price_minor_per_gpu_hour, time_in_force })
+        }
+        ClientMessage::Auth { id, .. } | ClientMessage::Ping { id } => {
+            return Err(Refused { id, code: ErrorCode::AlreadyAuthenticated, message: None })
+        }
+    };
+    Ok(request)
 }
 
 /// Checks an auth signature over the challenge; returns the key on success.

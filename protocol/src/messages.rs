@@ -1407,6 +1407,13 @@ pub enum ErrorCode {
     /// read just now (the operator's logs say why): the answer would have
     /// been incomplete, so none is given; try again.
     JournalUnavailable,
+    /// A REST write's `Idempotency-Key` was used, within the hour, for
+    /// another write of this key (another method, path or body): nothing
+    /// was applied; use a fresh key for a new write.
+    IdempotencyKeyReused,
+    /// A REST write with this `Idempotency-Key` is still being answered;
+    /// retry it shortly with the same key to read its outcome.
+    RequestInProgress,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -1502,6 +1509,8 @@ impl ErrorCode {
             LivenessInvalid => "the liveness observation is not signed by this account's key, or its interval is empty, over an hour, outside the lease, in the future or not after the previous one",
             FabricProbeInvalid => "the interconnect probe is not signed by this account's key, not for a cluster lease this account supplies on a fabric host, out of range, or the lease's second",
             JournalUnavailable => "the exchange's journal could not be read just now; try again",
+            IdempotencyKeyReused => "this Idempotency-Key was used for another write (method, path or body); use a fresh key for a new write",
+            RequestInProgress => "a write with this Idempotency-Key is still being answered; retry with the same key shortly",
         }
     }
 }

@@ -2,7 +2,7 @@
 
 from .client import Book, Client, GpuxError, Key, invite, invoice_signed_bytes, pack_bundle, verify_invoice
 from .delivery import Secrets, Workload, describe
-from .rest import Rest, rest_signed_bytes
+from .rest import Rest, rest_signed_bytes, rest_signed_write_bytes
 from .messages import (
     A100_PREEMPT,
     A100_SPOT,
@@ -60,4 +60,5 @@ __all__ = [
     "dollars",
     "parse",
     "rest_signed_bytes",
+    "rest_signed_write_bytes",
 ]

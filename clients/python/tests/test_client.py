@@ -712,6 +712,24 @@ def test_history_over_the_websocket_and_the_rest_api_agree():
                 with pytest.raises(gpux.GpuxError) as unknown:
                     public.get("/api/v1/instruments/999/trades")
                 assert (unknown.value.code, unknown.value.status) == ("unknown_instrument", 404)
+
+                # Writes: a bid placed by symbol, sent again under its key
+                # (answered again, applied once), cancelled, refused.
+                bid = {"order": {"client_order_id": 901, "instrument": "H100-SXM-80G/SPOT", "side": "buy",
+                                 "price_minor_per_gpu_hour": 1_000_000, "quantity": 1}}
+                placed = signed.write("POST", "/api/v1/orders", bid, idempotency_key="py-bid-1")
+                assert signed.write("POST", "/api/v1/orders", bid, idempotency_key="py-bid-1") == placed
+                assert next(iter(placed["events"][0]["kind"])) == "order_accepted"
+                assert [o["order"] for o in signed.get("/api/v1/account/orders")["orders"]] == [placed["order"]]
+                cancelled = signed.write("DELETE", f"/api/v1/orders/{placed['order']}")
+                assert "order_closed" in [next(iter(e["kind"])) for e in cancelled["events"]]
+                with pytest.raises(gpux.GpuxError) as reused:
+                    signed.write("POST", "/api/v1/orders", {"order": {**bid["order"], "quantity": 2}}, idempotency_key="py-bid-1")
+                assert (reused.value.code, reused.value.status) == ("idempotency_key_reused", 422)
+                with pytest.raises(gpux.GpuxError) as rejected:
+                    signed.write("DELETE", f"/api/v1/orders/{placed['order']}")
+                assert rejected.value.status == 422 and rejected.value.journal_seq > placed["journal_seq"]
+                assert signed.get("/api/v1/account/orders")["orders"] == []
                 await renter.close()
                 await supplier.close()
 

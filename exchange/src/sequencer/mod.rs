@@ -344,8 +344,10 @@ impl Sequencer {
             self.metrics.orders.inc();
         }
         let input = Input { at_ms: self.market.clock_ms(), command };
+        let from = self.pending.len();
         let Some((journal_seq, applied)) = self.journal(JournalEntry::Engine(input)) else { return };
         let Some(connection) = connection else { return };
+        self.echo_own_events(connection, from);
         let reply = match applied.events.last().map(|e| e.kind) {
             Some(EventKind::Rejected { code, .. }) => ServerMessage::Reject { id, journal_seq, code, message: code.message().to_string() },
             _ => {
@@ -360,6 +362,23 @@ impl Sequencer {
             }
         };
         self.reply(connection, reply);
+    }
+
+    /// A REST request's session is not the account's presence, so the
+    /// account's events do not reach it; those its own command caused (the
+    /// frames for its account queued since `from`) do, before its answer
+    /// (docs/rest.md "Writes").
+    fn echo_own_events(&mut self, connection: ConnectionId, from: usize) {
+        let Some(state) = self.connections.get(&connection) else { return };
+        let Some(account) = state.account.filter(|_| !state.presence) else { return };
+        let own: Vec<std::sync::Arc<SharedFrame>> = self.pending[from..]
+            .iter()
+            .filter_map(|(target, item)| match (target, item) {
+                (Target::Account(to), Pending::Frame(frame)) if *to == account => Some(frame.clone()),
+                _ => None,
+            })
+            .collect();
+        self.pending.extend(own.into_iter().map(|frame| (Target::Connection(connection), Pending::Frame(frame))));
     }
 
     /// A usage report from a supplier's connection: journaled whatever its
