@@ -1,9 +1,13 @@
-// gpux web console: instruments, live books (ladder and depth chart, and
-// each offer with its seller's reliability score), any supplier's
-// reliability score and any renter's dispute record,
+// gpux web console, a trading screen (a grid from a phone to 1920 px, its
+// layout checked in headless Chromium at three sizes): instruments, live
+// books (ladder, depth chart with price and quantity axes, and each offer
+// with its seller's reliability score), the book's figures beside the
+// ticket, any supplier's reliability score and any renter's dispute record,
 // trades (history on load, then live) with a price chart of candles (uPlot,
-// vendored), the reserved-window calendar and, once logged
-// in with a key, an order ticket (every order type), the account's orders
+// vendored; ISO times in UTC), the reserved-window calendar with each
+// window's prices and, once logged in with a key, an order ticket (every
+// order type, labelled fields checked as typed, and each order's true
+// outcome from the events before its acknowledgement), the account's orders
 // (each with a cancel button), leases (an end button on active ones; each lease's delivery
 // status and endpoints, and its supplier's reliability score), notices,
 // statement, sub-accounts (open, fund, take back, their balances and
@@ -19,6 +23,8 @@ const state = {
   instruments: [], selected: null,
   book: { seq: 0, synced: false, bids: new Map(), asks: new Map() },
   trades: [], account: null, secret: null, refreshTimer: null,
+  // The account's latest private events, for an order's outcome.
+  events: [],
   leases: [], jobs: new Map(), deliveries: new Map(), scores: new Map(), offersTimer: null,
   // The exchange's currency, from its listing (docs/protocol.md "listing").
   currency: { code: "USD", decimals: 6 }, regions: [],
@@ -45,6 +51,8 @@ const fromHex = (text) => Uint8Array.from(text.match(/../g).map((h) => parseInt(
 // Escapes text for innerHTML: hosts write failure reasons, so never trust them.
 const esc = (text) => String(text).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 const utcHour = (ms) => new Date(ms).toISOString().slice(0, 16).replace("T", " ");
+// An instrument's symbol by id ("H100-SXM-80G/SPOT"), its id when unknown.
+const symbolOf = (instrument) => state.instruments.find((i) => i.instrument === instrument)?.symbol ?? String(instrument);
 
 function request(type, fields = {}) {
   const id = ++state.nextId;
@@ -53,6 +61,17 @@ function request(type, fields = {}) {
     state.pending.set(id, { resolve, reject });
   });
 }
+
+// The charts follow their panels' width (the grid changes with the window).
+let resizeTimer = null;
+window.addEventListener("resize", () => {
+  clearTimeout(resizeTimer);
+  resizeTimer = setTimeout(() => {
+    renderBook();
+    if (state.chart) state.chart.setSize({ width: chartWidth($("prices")), height: 200 });
+  }, 100);
+});
+const chartWidth = (holder) => Math.max(200, Math.floor(holder.clientWidth || 420));
 
 function connect() {
   state.ws = new WebSocket(window.GPUX_WS);
@@ -144,19 +163,45 @@ async function refreshQuotes() {
 }
 
 // The calendar of one class at a time (every window it lists, none cut
-// off); a row opens that window's book.
+// off): each window's times, length, state, best bid and ask and last
+// price (asked once per showing); a row opens that window's book.
 function renderCalendar() {
   const windows = state.instruments.filter((i) => i.contract.reserved && i.state !== "expired");
   const classes = [...new Set(windows.map((i) => i.class))];
   const picker = $("calendar-class");
   const chosen = classes.includes(picker.value) ? picker.value : classes[0];
   picker.innerHTML = classes.map((c) => `<option${c === chosen ? " selected" : ""}>${esc(c)}</option>`).join("");
-  const rows = windows
-    .filter((i) => i.class === chosen)
-    .map((i) => `<tr data-instrument="${i.instrument}"><td>${esc(i.class)}</td><td>${utcHour(i.contract.reserved.window_start_ms)} to ${utcHour(i.contract.reserved.window_end_ms)}</td><td>${i.state}</td><td>${esc(i.symbol)}</td></tr>`);
+  const shown = windows.filter((i) => i.class === chosen);
+  const span = (r) => {
+    const start = utcHour(r.window_start_ms);
+    const end = utcHour(r.window_end_ms);
+    if (start.slice(0, 10) === end.slice(0, 10)) return `${start} to ${end.slice(11)}`;
+    // Whole days: the dates alone.
+    if (start.endsWith("00:00") && end.endsWith("00:00")) return `${start.slice(0, 10)} to ${end.slice(0, 10)}`;
+    return `${start} to ${end}`;
+  };
+  const rows = shown.map((i) => {
+    const r = i.contract.reserved;
+    const hours = Math.round((r.window_end_ms - r.window_start_ms) / 3.6e6);
+    return `<tr data-instrument="${i.instrument}"><td class="text">${span(r)}</td><td>${hours}</td><td class="text">${i.state}</td><td class="bid">…</td><td class="ask">…</td><td class="last">…</td><td class="text symbol">${esc(i.symbol)}</td></tr>`;
+  });
   $("calendar").tBodies[0].innerHTML = rows.join("");
+  calendarPrices(chosen, shown).catch(() => {});
 }
 
+// Each shown window's best bid and ask (`book`) and last price (`stats`).
+async function calendarPrices(chosen, shown) {
+  for (const info of shown) {
+    if ($("calendar-class").value !== chosen) return;
+    const row = $("calendar").querySelector(`tr[data-instrument="${info.instrument}"]`);
+    if (!row) return;
+    const { body: b } = await request("book", { instrument: info.instrument });
+    const { body: s } = await request("stats", { instrument: info.instrument });
+    row.querySelector(".bid").textContent = b.bids.length ? money(b.bids[0][0]) : "none";
+    row.querySelector(".ask").textContent = b.asks.length ? money(b.asks[0][0]) : "none";
+    row.querySelector(".last").textContent = s.last === null ? "none" : money(s.last);
+  }
+}
 $("calendar-class").onchange = () => renderCalendar();
 $("calendar").onclick = (event) => {
   const row = event.target.closest("tr[data-instrument]");
@@ -187,6 +232,36 @@ async function select(instrument) {
   renderTrades();
   refreshCandles();
   refreshOffers();
+  refreshStats();
+}
+
+// The shown book's figures beside the ticket: last price, 24-hour change,
+// volume, best bid and ask and the spread (public `stats`, and the book).
+async function refreshStats() {
+  const instrument = state.selected;
+  const { body: s } = await request("stats", { instrument });
+  if (instrument !== state.selected) return;
+  const bid = Math.max(...state.book.bids.keys(), -1);
+  const ask = Math.min(...state.book.asks.keys(), Infinity);
+  const change = s.open === null || s.open === 0 || s.last === null ? "none" : `${s.last >= s.open ? "+" : ""}${(((s.last - s.open) / s.open) * 100).toFixed(1)}%`;
+  const rows = [
+    ["last", s.last === null ? "none in 24 h" : money(s.last)],
+    ["24 h change", change],
+    ["24 h volume", `${s.volume} GPU(s)`],
+    ["best bid", bid < 0 ? "none" : money(bid)],
+    ["best ask", ask === Infinity ? "none" : money(ask)],
+    ["spread", bid < 0 || ask === Infinity ? "none" : money(ask - bid)],
+  ];
+  $("stats-symbol").textContent = symbolOf(instrument);
+  $("stats").innerHTML = rows.map(([name, value]) => `<dt>${name}</dt><dd>${esc(value)}</dd>`).join("");
+}
+
+function statsChanged() {
+  if (state.statsTimer) return;
+  state.statsTimer = setTimeout(() => {
+    state.statsTimer = null;
+    refreshStats().catch(() => {});
+  }, 1000);
 }
 
 // The price chart: the selected interval's candles (`candles`), drawn by
@@ -197,17 +272,44 @@ async function refreshCandles() {
   const { body } = await request("candles", { instrument, interval: state.interval, before_ms: null });
   if (instrument !== state.selected) return;
   const candles = body.candles;
-  const data = [candles.map((c) => c.start_ms / 1000), candles.map((c) => c.close), candles.map((c) => c.high), candles.map((c) => c.low)];
+  // Three empty candles' room either side, so one candle is drawn in the
+  // middle of a time axis rather than alone at its edge.
+  const step = { "1m": 60, "1h": 3600, "1d": 86400 }[state.interval];
+  const at = candles.map((c) => c.start_ms / 1000);
+  const padded = (values) => [null, ...values, null];
+  const data = [
+    at.length ? [at[0] - 3 * step, ...at, at[at.length - 1] + 3 * step] : [],
+    padded(candles.map((c) => c.close)),
+    padded(candles.map((c) => c.high)),
+    padded(candles.map((c) => c.low)),
+  ];
   const holder = $("prices");
   holder.dataset.candles = String(candles.length);
   if (state.chart) state.chart.destroy();
+  state.chart = null;
+  if (candles.length === 0) {
+    holder.innerHTML = `<p class="empty">no trades yet on this book: no candles to draw</p>`;
+    return;
+  }
+  holder.replaceChildren();
   const price = (u, ticks) => ticks.map((minor) => money(Math.round(minor)));
+  // ISO dates and 24-hour times in UTC, never US-style: a day's candles by
+  // date, shorter ones by date and time, one-minute ones by time.
+  const steps = [1, 2, 5, 10, 15, 30, 60, 120, 360, 720, 1440, 2880, 10080, 43200].map((n) => n * 60).filter((s) => s >= step);
+  const times = (u, ticks) =>
+    ticks.map((ts) => {
+      const iso = new Date(ts * 1000).toISOString();
+      if (state.interval === "1d") return iso.slice(0, 10);
+      if (state.interval === "1h") return `${iso.slice(5, 10)} ${iso.slice(11, 16)}`;
+      return iso.slice(11, 16);
+    });
   state.chart = new uPlot(
     {
-      width: 420, height: 180, tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"),
+      width: chartWidth(holder), height: 200, tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"),
       legend: { show: false }, cursor: { show: true },
+      // A few candles' room either side, and ticks on whole candles.
       scales: { x: { time: true } },
-      axes: [{ stroke: "#444", grid: { stroke: "#eee" } }, { stroke: "#444", grid: { stroke: "#eee" }, size: 80, values: price }],
+      axes: [{ stroke: "#444", grid: { stroke: "#eee" }, values: times, space: 70, incrs: steps }, { stroke: "#444", grid: { stroke: "#eee" }, size: 80, values: price }],
       series: [
         {},
         { label: "close", stroke: "#14213d", width: 2, points: { show: candles.length < 3 } },
@@ -310,6 +412,7 @@ function onBook(type, body) {
     if (body.side === "sell") offersChanged();
   }
   renderBook();
+  statsChanged();
 }
 
 function renderBook() {
@@ -325,18 +428,55 @@ function renderBook() {
   drawDepth(bids, asks);
 }
 
+// The depth chart: cumulative GPUs bid (green) and offered (red) from the
+// best prices outwards, with a price axis (the currency per GPU-hour) and a
+// quantity axis (GPUs), sized to its panel.
 function drawDepth(bids, asks) {
   const canvas = $("depth");
+  const width = chartWidth($("depth-holder"));
+  if (canvas.width !== width) canvas.width = width;
   const g = canvas.getContext("2d");
   g.clearRect(0, 0, canvas.width, canvas.height);
+  const left = 46, right = 12, top = 12, bottom = 34;
+  const plotW = canvas.width - left - right, plotH = canvas.height - top - bottom;
+  g.font = "11px system-ui, sans-serif";
+  g.fillStyle = "#444";
+  g.strokeStyle = "#999";
+  g.lineWidth = 1;
+  g.beginPath();
+  g.moveTo(left, top);
+  g.lineTo(left, top + plotH);
+  g.lineTo(left + plotW, top + plotH);
+  g.stroke();
+  g.textAlign = "center";
+  g.fillText(`${state.currency.code}/GPU-h`, left + plotW / 2, canvas.height - 2);
+  g.save();
+  g.translate(11, top + plotH / 2);
+  g.rotate(-Math.PI / 2);
+  g.fillText("GPUs", 0, 0);
+  g.restore();
   const prices = [...bids, ...asks].map(([p]) => p);
-  if (prices.length === 0) return;
-  const low = Math.min(...prices), high = Math.max(...prices);
+  if (prices.length === 0) {
+    g.fillText("no orders on this book", left + plotW / 2, top + plotH / 2);
+    return;
+  }
+  let low = Math.min(...prices), high = Math.max(...prices);
+  if (low === high) {
+    low = Math.max(0, low - Math.max(1, Math.round(low / 10)));
+    high = high + Math.max(1, Math.round(high / 10));
+  }
   const cumulative = (levels) => levels.reduce((acc, [p, q]) => (acc.push([p, (acc.length ? acc[acc.length - 1][1] : 0) + q]), acc), []);
   const bidSteps = cumulative(bids), askSteps = cumulative(asks);
-  const top = Math.max(1, ...bidSteps.map((s) => s[1]), ...askSteps.map((s) => s[1]));
-  const x = (p) => 10 + ((p - low) / Math.max(1, high - low)) * (canvas.width - 20);
-  const y = (q) => canvas.height - 10 - (q / top) * (canvas.height - 20);
+  const most = Math.max(1, ...bidSteps.map((s) => s[1]), ...askSteps.map((s) => s[1]));
+  const x = (p) => left + ((p - low) / (high - low)) * plotW;
+  const y = (q) => top + plotH - (q / most) * plotH;
+  // Price ticks: three, at the ends and the middle; quantity ticks: 0, half, all.
+  g.textAlign = "center";
+  for (const p of [low, (low + high) / 2, high]) {
+    g.fillText(money(Math.round(p)), Math.min(Math.max(x(p), left + 24), left + plotW - 24), top + plotH + 14);
+  }
+  g.textAlign = "right";
+  for (const q of [0, Math.round(most / 2), most]) g.fillText(String(q), left - 4, y(q) + 4);
   for (const [steps, color] of [[bidSteps, "#0a7d32"], [askSteps, "#b42318"]]) {
     g.beginPath();
     g.strokeStyle = color;
@@ -358,18 +498,28 @@ function onTrade(body) {
   state.trades.length = Math.min(state.trades.length, 100);
   renderTrades();
   candlesChanged();
+  statsChanged();
 }
 
 function renderTrades() {
+  if (state.trades.length === 0) {
+    $("trades").tBodies[0].innerHTML = `<tr><td colspan="4" class="empty">no trades yet</td></tr>`;
+    return;
+  }
   $("trades").tBodies[0].innerHTML = state.trades
     .slice(0, 12)
-    .map((t) => `<tr><td>${new Date(t.at_ms).toISOString().slice(11, 19)}</td><td>${t.quantity}</td><td>${money(t.price_minor_per_gpu_hour)}</td><td>${t.aggressor}</td></tr>`)
+    .map((t) => `<tr><td>${new Date(t.at_ms).toISOString().slice(11, 19)}</td><td>${t.quantity}</td><td class="${t.aggressor}">${money(t.price_minor_per_gpu_hour)}</td><td class="${t.aggressor}">${t.aggressor}</td></tr>`)
     .join("");
 }
 
 // --- the account --------------------------------------------------------
 
 async function login(secretHex) {
+  const secret = secretHex.trim();
+  if (!/^[0-9a-fA-F]{64}$/.test(secret)) {
+    throw new Error(`a key is 64 hex digits (the 32-byte secret in ~/.gpux/key); this has ${secret.length} character(s)${/^[0-9a-fA-F]*$/.test(secret) ? "" : ", not all hex digits"}`);
+  }
+  if (state.nonce === null) throw new Error("not connected to the exchange yet; try again in a moment");
   const pkcs8 = new Uint8Array([...fromHex("302e020100300506032b657004220420"), ...fromHex(secretHex.trim())]);
   const key = await crypto.subtle.importKey("pkcs8", pkcs8, { name: "Ed25519" }, true, ["sign"]);
   const jwk = await crypto.subtle.exportKey("jwk", key);
@@ -382,11 +532,20 @@ async function login(secretHex) {
   $("account").textContent = `account ${body.account} (${body.role})`;
   $("login").hidden = true;
   $("logout").hidden = false;
-  $("mine").hidden = false;
+  showAccount(true);
   refreshAccount();
 }
 
+// Logged in: the ticket and the account's tables; logged out: what to do.
+function showAccount(shown) {
+  $("mine").hidden = !shown;
+  $("ticket-card").hidden = !shown;
+  $("login-card").hidden = shown;
+}
+
 function onPrivate(event, reason) {
+  state.events.push(event);
+  if (state.events.length > 500) state.events.splice(0, state.events.length - 500);
   const [kind, fields] = typeof event.kind === "string" ? [event.kind, {}] : Object.entries(event.kind)[0];
   if (kind === "rejected") notice(`Refused (${fields.code}): ${reason ?? ""}`);
   if (kind === "preemption_notice") notice(`Lease ${fields.lease} is preempted: it ends at ${utcHour(fields.ends_at_ms)}`);
@@ -420,7 +579,10 @@ function describeScore(supplier) {
 
 function renderLeases() {
   $("leases").tBodies[0].innerHTML = state.leases
-    .map((l) => `<tr><td>${l.lease}</td><td>${l.kind}</td><td>${money(l.price_minor_per_gpu_hour)}</td><td>${l.active}</td><td>${Math.floor(l.verified_gpu_ms / 1000)}</td><td>${money(l.usage_charged_minor)}</td><td class="supplier">${describeScore(l.supplier)}</td><td class="delivery">${esc(describeDelivery(state.deliveries.get(l.lease)))}</td><td><button data-telemetry="${l.lease}">telemetry</button>${l.active ? ` <button data-end-lease="${l.lease}">end</button>` : ""}</td></tr>`)
+    .map((l) => {
+      const ends = l.active ? (l.end_ms === null ? "open-ended" : utcHour(l.end_ms)) : `ended ${utcHour(l.ended_at_ms ?? l.end_ms)}`;
+      return `<tr><td>${l.lease}</td><td class="text">${l.kind}</td><td>${l.gpus.length}</td><td>${money(l.price_minor_per_gpu_hour)}</td><td class="text">${l.active ? "active" : "ended"}</td><td class="text">${ends}</td><td>${Math.floor(l.verified_gpu_ms / 1000)}</td><td>${money(l.usage_charged_minor)}</td><td class="supplier text">${describeScore(l.supplier)}</td><td class="delivery wrap">${esc(describeDelivery(state.deliveries.get(l.lease)))}</td><td class="text"><button data-telemetry="${l.lease}">telemetry</button>${l.active ? ` <button data-end-lease="${l.lease}">end</button>` : ""}</td></tr>`;
+    })
     .join("");
 }
 
@@ -437,7 +599,7 @@ function renderJobs() {
   $("jobs").tBodies[0].innerHTML = jobs
     .map((j) => {
       const live = !["succeeded", "cancelled"].includes(describeJob(j.state)) && !describeJob(j.state).startsWith("failed");
-      return `<tr data-job="${j.job}"><td>${j.job}</td><td>${esc(j.name)}</td><td class="job-state">${esc(describeJob(j.state))}</td><td>${j.attempts} of ${j.retries + 1}</td><td>${j.leases.join(", ")}</td><td>${money(j.escrowed_minor)} / ${money(j.budget_minor)}</td><td><button data-job-bill="${j.job}">bill</button>${live ? ` <button data-cancel-job="${j.job}">cancel</button>` : ""}</td></tr>`;
+      return `<tr data-job="${j.job}"><td>${j.job}</td><td class="text">${esc(j.name)}</td><td class="job-state text">${esc(describeJob(j.state))}</td><td>${j.attempts} of ${j.retries + 1}</td><td>${j.leases.join(", ")}</td><td>${money(j.escrowed_minor)} / ${money(j.budget_minor)}</td><td><button data-job-bill="${j.job}">bill</button>${live ? ` <button data-cancel-job="${j.job}">cancel</button>` : ""}</td></tr>`;
     })
     .join("");
 }
@@ -465,7 +627,7 @@ async function refreshAccount() {
   $("balance").textContent = `available ${money(b.available_minor)} · held ${money(b.held_minor)} · payable ${money(b.payable_minor)} · owed ${money(b.debt_minor)}` + spendLine;
   const { body: orders } = await request("open_orders", {});
   $("orders").tBodies[0].innerHTML = orders.orders
-    .map((o) => `<tr><td>${o.order}</td><td>${o.instrument}</td><td>${o.side}</td><td>${money(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td>${o.resting ? "on the book" : "armed stop"}</td><td><button data-cancel-order="${o.order}">cancel</button>${o.resting ? ` <button data-replace-order="${o.order}" title="to the ticket's price and quantity">replace</button>` : ""}</td></tr>`)
+    .map((o) => `<tr><td>${o.order}</td><td class="text">${esc(symbolOf(o.instrument))}</td><td class="${o.side}">${o.side}</td><td>${money(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td class="text">${o.resting ? "on the book" : "armed stop"}</td><td class="text"><button data-cancel-order="${o.order}">cancel</button>${o.resting ? ` <button data-replace-order="${o.order}" title="to the ticket's price and quantity">replace</button>` : ""}</td></tr>`)
     .join("");
   const { body: leases } = await request("leases", {});
   state.leases = leases.leases;
@@ -491,7 +653,7 @@ async function refreshAccount() {
       .map((sub) => {
         const l = sub.limits;
         const limits = `orders ${limit(l.max_open_orders, String)} · one bid ${limit(l.max_order_minor, money)} · held ${limit(l.max_held_minor, money)}`;
-        return `<tr><td>${sub.account}</td><td>${money(sub.balances.available_minor)}</td><td>${money(sub.balances.held_minor)}</td><td>${money(sub.balances.debt_minor)}</td><td>${sub.open_orders}</td><td>${limits}</td></tr>`;
+        return `<tr><td>${sub.account}</td><td>${money(sub.balances.available_minor)}</td><td>${money(sub.balances.held_minor)}</td><td>${money(sub.balances.debt_minor)}</td><td>${sub.open_orders}</td><td class="text">${limits}</td></tr>`;
       })
       .join("");
   } catch (error) {
@@ -507,7 +669,7 @@ async function showStatement(before) {
   state.statementBefore = statement.next_before;
   $("statement-older").hidden = statement.next_before === null;
   $("statement").tBodies[0].innerHTML = statement.lines
-    .map((s) => `<tr><td>${s.transfer}</td><td>${utcHour(s.at_ms)}</td><td>${s.from}</td><td>${s.to}</td><td>${money(s.amount_minor)}</td><td>${s.lease ?? ""}</td><td>${esc(s.description)}</td></tr>`)
+    .map((s) => `<tr><td>${s.transfer}</td><td>${utcHour(s.at_ms)}</td><td class="text">${s.from}</td><td class="text">${s.to}</td><td>${money(s.amount_minor)}</td><td>${s.lease ?? ""}</td><td class="wrap">${esc(s.description)}</td></tr>`)
     .join("");
 }
 
@@ -581,30 +743,130 @@ function parseAmount(text) {
   return Number(minor);
 }
 
+// The ticket's fields as an order, and each field's error in words (shown
+// under the field as it is typed, and refused on Place).
+function ticketOrder() {
+  const errors = {};
+  const market = $("t-type").value === "market";
+  const amount = (id, required) => {
+    const text = $(id).value.trim();
+    if (!text) {
+      if (required) errors[id] = "a limit order needs a price";
+      return 0;
+    }
+    try {
+      return parseAmount(text);
+    } catch (error) {
+      errors[id] = error.message;
+      return 0;
+    }
+  };
+  const whole = (id, what) => {
+    const value = Number($(id).value);
+    if (!Number.isInteger(value) || value < 1) errors[id] = `${what} is a whole number, 1 or more`;
+    return value;
+  };
+  const order = {
+    client_order_id: Date.now(),
+    instrument: state.selected,
+    side: $("t-side").value,
+    order_type: $("t-type").value,
+    price_minor_per_gpu_hour: market ? 0 : amount("t-price", true),
+    quantity: whole("t-quantity", "GPUs"),
+    time_in_force: market && $("t-tif").value === "gtc" ? "ioc" : $("t-tif").value,
+    duration: { hours: whole("t-hours", "lease hours") },
+    all_or_none: $("t-aon").checked,
+    budget_minor: amount("t-budget", false),
+    stop_price_minor_per_gpu_hour: amount("t-stop", false),
+    regions: Array.from($("t-regions").selectedOptions, (option) => option.value),
+  };
+  return { order, errors };
+}
+
+// Inline validation: each field's error under it, and what the order can
+// cost at most (price x GPUs x hours, or its budget).
+function validateTicket() {
+  const { order, errors } = ticketOrder();
+  for (const id of ["t-price", "t-quantity", "t-hours", "t-budget", "t-stop"]) {
+    $(id).classList.toggle("invalid", id in errors);
+    const slot = $(`${id}-error`);
+    if (slot) slot.textContent = errors[id] ?? "";
+  }
+  let estimate = "";
+  if (Object.keys(errors).length === 0 && order.side === "buy") {
+    if (order.budget_minor) estimate = `spends at most ${money(order.budget_minor)} (its budget)`;
+    else if (order.price_minor_per_gpu_hour) {
+      const most = order.price_minor_per_gpu_hour * order.quantity * order.duration.hours;
+      estimate = Number.isSafeInteger(most) ? `holds at most ${money(most)}: ${order.quantity} GPU(s) x ${order.duration.hours} h at ${money(order.price_minor_per_gpu_hour)}` : "";
+    }
+  }
+  $("t-estimate").textContent = estimate;
+  return { order, errors };
+}
+
+for (const id of ["t-price", "t-quantity", "t-hours", "t-budget", "t-stop", "t-type", "t-side"]) $(id).addEventListener("input", validateTicket);
+
+// Why an order closed, in words (docs/protocol.md "order_closed").
+const CLOSE_REASONS = {
+  killed: "not filled at once: the rest of an IOC, or an FOK that could not fill whole",
+  no_liquidity: "nothing on the other side to trade with",
+  min_quantity_not_met: "its minimum quantity was not available at once",
+  self_trade_prevented: "it would have traded with your own order",
+  cancelled: "cancelled",
+  mass_cancelled: "cancelled with all your orders",
+  expired: "expired",
+  trading_stopped: "the window stopped trading",
+  supply_gone: "its GPUs went offline or were leased in another book",
+};
+
+// What became of an order, from the private events that came before its
+// acknowledgement (the exchange sends a command's events first): filled,
+// partly filled and resting, resting, killed with the reason, or armed.
+function outcomeOf(order, placed) {
+  const kinds = state.events.map((e) => Object.entries(e.kind)[0]);
+  const start = kinds.findIndex(([kind, f]) => kind === "order_accepted" && f.order === order);
+  const after = start < 0 ? [] : kinds.slice(start);
+  const closedAt = after.findIndex(([kind, f]) => kind === "order_closed" && f.order === order);
+  const own = closedAt < 0 ? after : after.slice(0, closedAt + 1);
+  const trades = own.filter(([kind, f]) => kind === "trade" && (f.buy_order === order || f.sell_order === order)).map(([, f]) => f);
+  const leases = own.filter(([kind]) => kind === "lease_created").map(([, f]) => f.lease);
+  const filled = trades.reduce((sum, t) => sum + t.quantity, 0);
+  const prices = [...new Set(trades.map((t) => t.price_minor_per_gpu_hour))].sort((a, b) => a - b);
+  const at = prices.length === 1 ? `at ${money(prices[0])}` : `at ${money(prices[0])} to ${money(prices[prices.length - 1])}`;
+  const leased = leases.length ? ` (lease ${leases.join(", ")})` : "";
+  const fills = filled ? `${filled} GPU(s) ${at}${leased}` : "";
+  if (closedAt >= 0) {
+    const reason = after[closedAt][1].reason;
+    if (reason === "filled") return { text: `filled: ${fills}`, done: true };
+    const why = CLOSE_REASONS[reason] ?? reason.replaceAll("_", " ");
+    return { text: filled ? `partly filled: ${fills}; the rest killed (${why})` : `killed (${why}): nothing filled`, done: filled > 0 };
+  }
+  const armed = kinds.some(([kind, f]) => kind === "stop_armed" && f.order === order);
+  if (armed || (start < 0 && placed.stop_price_minor_per_gpu_hour)) return { text: "armed", done: true };
+  const resting = `${placed.quantity - filled} GPU(s) rest on the book at ${money(placed.price_minor_per_gpu_hour)}`;
+  return { text: filled ? `partly filled: ${fills}; ${resting}` : `rests on the book: ${resting.replace(" rest on the book", "")}`, done: true };
+}
+
 // The order ticket: every order type of docs/market-rules.md, on the
 // instrument shown; the exchange's answer (or its code) shows below it.
 async function placeFromTicket() {
   const out = $("ticket-result");
+  out.className = "";
+  const { order, errors } = validateTicket();
+  const first = Object.values(errors)[0];
+  if (first !== undefined) {
+    out.className = "refused";
+    out.textContent = "refused: " + first;
+    return;
+  }
   try {
-    const market = $("t-type").value === "market";
-    const order = {
-      client_order_id: Date.now(),
-      instrument: state.selected,
-      side: $("t-side").value,
-      order_type: $("t-type").value,
-      price_minor_per_gpu_hour: market ? 0 : parseAmount($("t-price").value),
-      quantity: Number($("t-quantity").value),
-      time_in_force: market && $("t-tif").value === "gtc" ? "ioc" : $("t-tif").value,
-      duration: { hours: Number($("t-hours").value) },
-      all_or_none: $("t-aon").checked,
-      budget_minor: $("t-budget").value.trim() ? parseAmount($("t-budget").value) : 0,
-      stop_price_minor_per_gpu_hour: $("t-stop").value.trim() ? parseAmount($("t-stop").value) : 0,
-      regions: Array.from($("t-regions").selectedOptions, (option) => option.value),
-    };
     const { body } = await request("new_order", { order });
-    out.textContent = `accepted: order ${body.order} (journal entry ${body.journal_seq})` + (order.stop_price_minor_per_gpu_hour ? ", armed" : "");
+    const outcome = outcomeOf(body.order, order);
+    out.className = outcome.done ? "done" : "refused";
+    out.textContent = `accepted: order ${body.order}` + (outcome.text === "armed" ? ", armed" : `: ${outcome.text}`);
     refreshAccount();
   } catch (error) {
+    out.className = "refused";
     out.textContent = "refused: " + error.message;
   }
 }
@@ -796,7 +1058,7 @@ $("logout").onclick = () => {
   state.secret = null;
   state.account = null;
   $("account").textContent = "";
-  $("mine").hidden = true;
+  showAccount(false);
   $("login").hidden = false;
   $("logout").hidden = true;
   $("secret").value = "";

@@ -161,7 +161,11 @@ def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_c
                 assert calendar_rows == await browser.evaluate(f"{listed}.filter(i => i.class === 'H100-SXM-80G').length"), calendar_rows
                 assert await browser.evaluate(f"{listed}.length") > 60, "more windows than the old cut showed"
                 await browser.evaluate("document.getElementById('calendar-class').value = 'A100-80G'; document.getElementById('calendar-class').onchange()")
-                assert await browser.evaluate("[...document.querySelectorAll('#calendar tbody tr td:first-child')].every(td => td.textContent === 'A100-80G')")
+                assert await browser.evaluate("[...document.querySelectorAll('#calendar tbody tr td.symbol')].every(td => td.textContent.startsWith('A100-80G/R/'))")
+                # Each window with its prices (asked once it is shown) and readable times.
+                await browser.wait_until("[...document.querySelectorAll('#calendar tbody tr td.last')].every(td => td.textContent === 'none')", what="the windows' prices")
+                first_window = await browser.evaluate("document.querySelector('#calendar tbody tr td').textContent")
+                assert len(first_window) == len("2026-12-06 08:00 to 09:00") and " to " in first_window, first_window
                 window_symbol = await browser.evaluate("document.querySelector('#calendar tbody tr td:last-child').textContent")
                 await browser.evaluate("document.querySelector('#calendar tbody tr').click()")
                 await browser.wait_until(f"document.getElementById('symbol').textContent === '{window_symbol}'", what="the window's book")
@@ -457,6 +461,176 @@ def test_the_console_opens_and_funds_a_sub_account_and_shows_a_verified_invoice(
                 await asyncio.sleep(1.5)
                 assert await browser.evaluate("state.account === null && document.getElementById('account').textContent === ''")
                 await aggregator.close()
+            finally:
+                await browser.close()
+
+    asyncio.run(scenario())
+
+
+# The layout rules of a trading screen, checked in the page: the page never
+# scrolls sideways, no two boxes of visible text overlap (each clipped to the
+# panels that scroll it), every visible control has a label (a <label>, its
+# own text for a button, or aria-label; a placeholder is not one).
+LAYOUT_PROBLEMS = r"""(() => {
+  const problems = [];
+  const width = document.documentElement.clientWidth;
+  if (document.documentElement.scrollWidth > width + 1) problems.push(`the page scrolls sideways: ${document.documentElement.scrollWidth} px for ${width}`);
+  const clipOf = (el) => {
+    let r = { left: -1e9, top: -1e9, right: 1e9, bottom: 1e9 };
+    for (let a = el.parentElement; a; a = a.parentElement) {
+      const style = getComputedStyle(a);
+      if (/(auto|scroll|hidden)/.test(style.overflowX + style.overflowY)) {
+        const b = a.getBoundingClientRect();
+        r = { left: Math.max(r.left, b.left), top: Math.max(r.top, b.top), right: Math.min(r.right, b.right), bottom: Math.min(r.bottom, b.bottom) };
+      }
+    }
+    return r;
+  };
+  const boxes = [];
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const el = node.parentElement;
+    if (!node.textContent.trim() || el.closest("script, style, option")) continue;
+    const clip = clipOf(el);
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    for (const r of range.getClientRects()) {
+      const b = { left: Math.max(r.left, clip.left), top: Math.max(r.top, clip.top), right: Math.min(r.right, clip.right), bottom: Math.min(r.bottom, clip.bottom) };
+      if (b.right - b.left >= 1 && b.bottom - b.top >= 1) boxes.push({ ...b, text: node.textContent.trim().slice(0, 40) });
+    }
+  }
+  for (let i = 0; i < boxes.length; i++) {
+    for (let j = i + 1; j < boxes.length; j++) {
+      const a = boxes[i], b = boxes[j];
+      const w = Math.min(a.right, b.right) - Math.max(a.left, b.left), h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+      if (w > 2 && h > 2) problems.push(`text over text: "${a.text}" and "${b.text}"`);
+    }
+  }
+  for (const c of document.querySelectorAll("input, select, button, textarea")) {
+    if (c.type === "hidden" || c.getClientRects().length === 0) continue;
+    const named = c.getAttribute("aria-label") || [...(c.labels || [])].some((l) => l.textContent.trim()) || (c.tagName === "BUTTON" && c.textContent.trim());
+    if (!named) problems.push(`an unlabelled control: ${c.id || c.outerHTML.slice(0, 80)}`);
+    const r = c.getBoundingClientRect();
+    if (r.right > width + 1 && clipOf(c).right > width) problems.push(`a control past the screen's edge: ${c.id || c.textContent}`);
+  }
+  return problems.slice(0, 25);
+})()"""
+
+SIZES = [(1280, 800), (1920, 1080), (390, 844)]
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None and not os.environ.get("GPUX_REQUIRE_BROWSER"), reason="Chromium is not installed (.ci/run installs it)"
+)
+def test_the_console_is_a_trading_screen_at_three_sizes(exchange_with_console):
+    """At 1280x800, 1920x1080 and a phone's 390x844, logged out and logged
+    in with orders, leases and trades on the page: the grid uses the width
+    (book, charts and ticket side by side on a desktop, one column on the
+    phone), nothing scrolls the page sideways, no text overlaps other text,
+    every control is labelled; the ticket validates as it is typed and tells
+    each order's true outcome. A full-page screenshot of each is kept in
+    target/artefacts."""
+    url, console, operator = exchange_with_console
+
+    async def scenario():
+        supplier_key = gpux.Key.generate()
+        supplier = await gpux.Client.connect(url, supplier_key, role="supplier")
+        spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
+        for n in range(3):
+            await supplier.request("register_gpu", host="screen-host", gpu_uuid=f"GPU-screen-{n}", spec=spec)
+        host = (await supplier.request("my_gpus")).fields["gpus"][0]["host"]
+        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1}))
+        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2.25"), 1, supply={"host": host, "gpu_mask": 2}))
+        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("3.125"), 1, supply={"host": host, "gpu_mask": 4}))
+        key = gpux.Key.generate()
+        renter = await gpux.Client.connect(url, key, role="renter")
+        async with await gpux.Client.connect(url, operator, role="operator") as op:
+            await op.deposit(renter.account, gpux.dollars("500"))
+        await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("1.5"), 4))
+
+        with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:  # Chromium's helpers may still write as it exits
+            browser = Browser(profile)
+            await browser.open()
+            try:
+                await browser.call("Page.navigate", url=console)
+                await browser.wait_until("document.querySelectorAll('#instruments li').length >= 10", what="the instrument list")
+                await browser.wait_until("document.getElementById('ladder').innerText.includes('$3.125')", what="the book")
+
+                async def check(width: int, height: int, name: str):
+                    await browser.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=width < 600)
+                    await asyncio.sleep(0.6)  # the charts redraw 100 ms after a resize
+                    problems = await browser.evaluate(LAYOUT_PROBLEMS)
+                    panels = await browser.evaluate(
+                        "Object.fromEntries(['book-panel', 'charts-panel', 'trade-panel', 'instruments-panel'].map(id => {"
+                        " const r = document.getElementById(id).getBoundingClientRect(); return [id, [r.left, r.top, r.width]]; }))"
+                    )
+                    shot = ARTEFACTS / f"console-{name}-{width}x{height}.png"
+                    data = (await browser.call("Page.captureScreenshot", format="png", captureBeyondViewport=True))["data"]
+                    shot.parent.mkdir(parents=True, exist_ok=True)
+                    shot.write_bytes(base64.b64decode(data))
+                    assert problems == [], f"{name} at {width}x{height}: {problems} (screenshot {shot})"
+                    book, charts, trade = panels["book-panel"], panels["charts-panel"], panels["trade-panel"]
+                    if width >= 1200:
+                        # One row: instruments, book, charts, ticket, the last at the right edge.
+                        assert book[1] == charts[1] == trade[1], panels
+                        assert trade[0] + trade[2] > width - 35, f"the ticket column reaches the right edge: {panels}"
+                        assert charts[2] > 300, panels
+                    if width < 600:
+                        # One column, each panel the screen's width, the ticket first.
+                        assert all(p[2] > width - 30 for p in panels.values()), panels
+                        assert trade[1] < book[1], panels
+
+                for width, height in SIZES:
+                    await check(width, height, "logged-out")
+                    assert await browser.evaluate("document.getElementById('login-card').getClientRects().length > 0"), "logged out, the ticket's column says how to log in"
+
+                # Log in: the account's orders, by symbol.
+                await browser.call("Emulation.setDeviceMetricsOverride", width=1280, height=800, deviceScaleFactor=1, mobile=False)
+                await browser.evaluate("document.getElementById('secret').value = 'abc'")
+                await browser.evaluate("document.querySelector('#login button').click()")
+                await browser.wait_until("document.getElementById('account').textContent.includes('64 hex digits')", what="a short key's reason")
+                assert "has 3 character(s)" in await browser.evaluate("document.getElementById('account').textContent")
+                await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
+                await browser.evaluate("document.querySelector('#login button').click()")
+                await browser.wait_until(f"document.getElementById('account').textContent.includes('account {renter.account}')", what="login")
+                await browser.wait_until("document.getElementById('orders').innerText.includes('H100-SXM-80G/SPOT')", what="the open order by its symbol")
+
+                # Inline validation as typed, and the cost shown.
+                await browser.evaluate("{ const p = document.getElementById('t-price'); p.value = '2,10'; p.dispatchEvent(new Event('input')) }")
+                error = await browser.evaluate("document.getElementById('t-price-error').textContent")
+                assert '"." is the only decimal separator' in error and "2.10 or 210" in error, error
+                assert await browser.evaluate("document.getElementById('t-price').classList.contains('invalid')")
+                await browser.evaluate("{ const p = document.getElementById('t-price'); p.value = '2.10'; p.dispatchEvent(new Event('input')) }")
+                assert await browser.evaluate("document.getElementById('t-price-error').textContent") == ""
+                assert await browser.evaluate("document.getElementById('t-estimate').textContent") == "holds at most $2.10: 1 GPU(s) x 1 h at $2.10"
+
+                async def place(fields: dict) -> str:
+                    await browser.evaluate("document.getElementById('ticket-result').textContent = ''")
+                    for field, value in fields.items():
+                        await browser.evaluate(f"document.getElementById('{field}').value = {json.dumps(value)}")
+                    await browser.evaluate("document.querySelector('#ticket button').click()")
+                    await browser.wait_until("document.getElementById('ticket-result').textContent !== ''", what="the ticket's answer")
+                    return await browser.evaluate("document.getElementById('ticket-result').textContent")
+
+                # The true outcome of each order.
+                filled = await place({"t-price": "2.10", "t-quantity": "1", "t-tif": "ioc"})
+                assert filled.startswith("accepted: order") and ": filled: 1 GPU(s) at $2.00 (lease " in filled, filled
+                partly = await place({"t-price": "2.5", "t-quantity": "3", "t-tif": "ioc"})
+                assert ": partly filled: 1 GPU(s) at $2.25 (lease " in partly and "the rest killed (not filled at once" in partly, partly
+                killed = await place({"t-price": "1", "t-quantity": "1", "t-tif": "fok"})
+                assert killed.endswith(": killed (not filled at once: the rest of an IOC, or an FOK that could not fill whole): nothing filled"), killed
+                rested = await place({"t-price": "1.75", "t-quantity": "2", "t-tif": "gtc"})
+                assert rested.endswith(": rests on the book: 2 GPU(s) at $1.75"), rested
+                await browser.wait_until("document.getElementById('leases').innerText.includes('active')", what="the leases")
+                await browser.wait_until("document.getElementById('statement').innerText.includes('$')", what="the statement")
+                await browser.wait_until("document.querySelectorAll('#prices .u-axis').length === 2", what="the price chart of the trades")
+                gpus = await browser.evaluate("[...document.querySelectorAll('#leases tbody tr')].map(r => r.cells[2].textContent)")
+                assert gpus == ["1", "1"], gpus
+
+                for width, height in SIZES:
+                    await check(width, height, "logged-in")
+                await renter.close()
+                await supplier.close()
             finally:
                 await browser.close()
 
