@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
-use gpux_gateway::link::{ConnectionId, Frames, LinkSender, Outbound, Request, LINK_QUEUE_FRAMES_MAX};
+use gpux_gateway::link::{Body, ConnectionId, Frames, LinkSender, Outbound, Request, LINK_QUEUE_FRAMES_MAX};
 use gpux_gateway::wire::{self, Peer, Up, WireError};
 use gpux_protocol::peer_auth::{HandshakePool, Throttle};
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
@@ -222,7 +222,7 @@ async fn serve_link(
     // connection as the exchange's own gateway does when a client leaves.
     let (connections, result) = connections;
     for connection in connections {
-        let _ = core.send(Request::Disconnect { connection, exchange_stopping: *shutdown.borrow() });
+        let _ = core.send(Request { connection, id: 0, body: Body::Disconnect { exchange_stopping: *shutdown.borrow() } });
     }
     metrics.links_open.dec();
     result
@@ -258,7 +258,7 @@ async fn read_link(
                 }
                 // The sequencer's frames for it go down this link.
                 let outbound = Outbound { frames: Frames::Link { link: sender.clone(), connection }, too_slow: Arc::new(Notify::new()) };
-                Request::Connect { connection: base | connection, outbound }
+                Request { connection: base | connection, id: 0, body: Body::Connect { outbound } }
             }
             Up::Request(mut request) => {
                 let connection = request.connection_mut();
@@ -266,7 +266,7 @@ async fn read_link(
                     break Err(WireError::Protocol(format!("a request of connection {connection}, never announced")));
                 }
                 *connection |= base;
-                if let Request::Disconnect { connection, .. } = &request {
+                if let Request { connection, body: Body::Disconnect { .. }, .. } = &request {
                     connections.remove(connection);
                 }
                 request

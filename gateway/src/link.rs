@@ -198,12 +198,21 @@ impl LinkSender {
 /// book snapshot, then the feed from there (`Request::Resync`).
 pub const FEED_FRAMES_MAX: usize = 16_384;
 
+/// A request from a connection to the sequencer: who sent it, the id its
+/// answer carries (0 for the gateway's own requests, which get none:
+/// `Connect`, `Disconnect`, `Resync`), and what it asks.
 #[derive(Serialize, Deserialize)]
-pub enum Request {
+pub struct Request {
+    pub connection: ConnectionId,
+    pub id: u64,
+    pub body: Body,
+}
+
+/// What a request asks (docs/protocol.md names each client message's).
+#[derive(Serialize, Deserialize)]
+pub enum Body {
     /// The gateway verified the signature; bind or look up the key.
     Authenticate {
-        connection: ConnectionId,
-        id: u64,
         public_key: [u8; 32],
         role: Option<Role>,
         cancel_on_disconnect: bool,
@@ -219,88 +228,55 @@ pub enum Request {
         address: Option<std::net::IpAddr>,
     },
     Command {
-        connection: ConnectionId,
-        id: u64,
         command: Command,
     },
     Subscribe {
-        connection: ConnectionId,
-        id: u64,
         channel: Channel,
         instrument: InstrumentId,
     },
     Unsubscribe {
-        connection: ConnectionId,
-        id: u64,
         channel: Channel,
         instrument: InstrumentId,
     },
-    Instruments {
-        connection: ConnectionId,
-        id: u64,
-    },
+    Instruments {},
     OpenOrders {
-        connection: ConnectionId,
-        id: u64,
         after: Option<u64>,
     },
     Leases {
-        connection: ConnectionId,
-        id: u64,
         after: Option<u64>,
     },
     Stats {
-        connection: ConnectionId,
-        id: u64,
         instrument: InstrumentId,
     },
     SupplierStats {
-        connection: ConnectionId,
-        id: u64,
         supplier: AccountId,
     },
     RenterStats {
-        connection: ConnectionId,
-        id: u64,
         renter: AccountId,
     },
     BookOffers {
-        connection: ConnectionId,
-        id: u64,
         instrument: InstrumentId,
         offset: u32,
         after: Option<gpux_engine::OfferCursor>,
     },
     Usage {
-        connection: ConnectionId,
-        id: u64,
         report: Box<gpux_protocol::UsageReport>,
         /// The key the gateway verified the report's signature against
         /// under ZIP-215, if it verified (the session's login key).
         checked_by: Option<[u8; 32]>,
     },
-    Balance {
-        connection: ConnectionId,
-        id: u64,
-    },
+    Balance {},
     Statement {
-        connection: ConnectionId,
-        id: u64,
         after: Option<u64>,
     },
     /// The statement newest first, before a transfer id.
     RecentStatement {
-        connection: ConnectionId,
-        id: u64,
         before: Option<u64>,
     },
     MyGpus {
-        connection: ConnectionId,
-        id: u64,
         offset: u32,
     },
     Disconnect {
-        connection: ConnectionId,
         /// The exchange closed it because it is stopping (not the client's
         /// doing: no fact of a supplier's record).
         exchange_stopping: bool,
@@ -309,14 +285,11 @@ pub enum Request {
     /// feeds and dropped it: send a fresh book snapshot (the conflated book)
     /// and restart the feed from now.
     Resync {
-        connection: ConnectionId,
         channel: Channel,
         instrument: InstrumentId,
     },
     /// A bid with a workload for the leases it fills (validated by the gateway).
     Bid {
-        connection: ConnectionId,
-        id: u64,
         command: Command,
         workload: Option<Box<gpux_protocol::Workload>>,
         /// Replace a lease this bid fills if its host fails it.
@@ -324,61 +297,39 @@ pub enum Request {
     },
     /// Lease delivery: workloads, host keys, statuses, logs.
     Delivery {
-        connection: ConnectionId,
-        id: u64,
         request: DeliveryRequest,
     },
     /// A host's answer to a hardware challenge (hex already decoded).
     Challenge {
-        connection: ConnectionId,
-        id: u64,
         request: ChallengeRequest,
     },
     /// A renter's signed liveness observation of its lease.
     Liveness {
-        connection: ConnectionId,
-        id: u64,
         report: Box<gpux_protocol::LivenessReport>,
     },
     /// Sub-accounts and API keys (hex already decoded), and invoices.
     Access {
-        connection: ConnectionId,
-        id: u64,
         request: AccessRequest,
     },
     /// The exchange's public key (public).
-    ExchangeKey {
-        connection: ConnectionId,
-        id: u64,
-    },
+    ExchangeKey {},
     /// The listing the engine runs (public).
-    Listing {
-        connection: ConnectionId,
-        id: u64,
-    },
+    Listing {},
     /// A lease's recent telemetry (its renter or supplier).
     LeaseTelemetry {
-        connection: ConnectionId,
-        id: u64,
         lease: LeaseId,
     },
     /// Market history from the journal's index: trades and candles
     /// (public), the account's fills.
     History {
-        connection: ConnectionId,
-        id: u64,
         request: HistoryRequest,
     },
     /// An instrument's book now, once (public).
     Book {
-        connection: ConnectionId,
-        id: u64,
         instrument: InstrumentId,
     },
     /// Jobs (docs/protocol.md "Jobs").
     Job {
-        connection: ConnectionId,
-        id: u64,
         request: JobRequest,
     },
     /// In process only: over a socket a gateway sends `wire::Up::Connect`
@@ -388,7 +339,6 @@ pub enum Request {
     /// them (`wire::tests` catch it).
     #[serde(skip)]
     Connect {
-        connection: ConnectionId,
         outbound: Outbound,
     },
 }
@@ -442,137 +392,124 @@ pub enum ChallengeRequest {
     },
 }
 
-/// The `connection` field of any request, by reference (shared or mutable
-/// as the request is).
-macro_rules! connection_of {
-    ($request:expr) => {
-        match $request {
-            Request::Connect { connection, .. }
-            | Request::Authenticate { connection, .. }
-            | Request::Command { connection, .. }
-            | Request::Subscribe { connection, .. }
-            | Request::Unsubscribe { connection, .. }
-            | Request::Instruments { connection, .. }
-            | Request::OpenOrders { connection, .. }
-            | Request::Leases { connection, .. }
-            | Request::Stats { connection, .. }
-            | Request::SupplierStats { connection, .. }
-            | Request::RenterStats { connection, .. }
-            | Request::BookOffers { connection, .. }
-            | Request::Usage { connection, .. }
-            | Request::Balance { connection, .. }
-            | Request::Statement { connection, .. }
-            | Request::RecentStatement { connection, .. }
-            | Request::MyGpus { connection, .. }
-            | Request::Disconnect { connection, .. }
-            | Request::Resync { connection, .. }
-            | Request::Bid { connection, .. }
-            | Request::Delivery { connection, .. }
-            | Request::Challenge { connection, .. }
-            | Request::Liveness { connection, .. }
-            | Request::Access { connection, .. }
-            | Request::ExchangeKey { connection, .. }
-            | Request::Listing { connection, .. }
-            | Request::LeaseTelemetry { connection, .. }
-            | Request::History { connection, .. }
-            | Request::Book { connection, .. }
-            | Request::Job { connection, .. } => connection,
-        }
-    };
-}
-
 impl Request {
+    pub fn new(connection: ConnectionId, id: u64, body: Body) -> Request {
+        Request { connection, id, body }
+    }
+
     /// The id of the client request this carries (answered by a message
     /// with the same id); `None` for the gateway's own notices.
     pub fn id(&self) -> Option<u64> {
-        match self {
-            Request::Command { id, .. }
-            | Request::Subscribe { id, .. }
-            | Request::Unsubscribe { id, .. }
-            | Request::Instruments { id, .. }
-            | Request::OpenOrders { id, .. }
-            | Request::Leases { id, .. }
-            | Request::Stats { id, .. }
-            | Request::SupplierStats { id, .. }
-            | Request::RenterStats { id, .. }
-            | Request::BookOffers { id, .. }
-            | Request::MyGpus { id, .. }
-            | Request::Usage { id, .. }
-            | Request::Balance { id, .. }
-            | Request::Statement { id, .. }
-            | Request::RecentStatement { id, .. }
-            | Request::Authenticate { id, .. }
-            | Request::Bid { id, .. }
-            | Request::Delivery { id, .. }
-            | Request::Challenge { id, .. }
-            | Request::Liveness { id, .. }
-            | Request::Access { id, .. }
-            | Request::ExchangeKey { id, .. }
-            | Request::Listing { id, .. }
-            | Request::LeaseTelemetry { id, .. }
-            | Request::History { id, .. }
-            | Request::Book { id, .. }
-            | Request::Job { id, .. } => Some(*id),
-            Request::Connect { .. } | Request::Disconnect { .. } | Request::Resync { .. } => None,
-        }
-    }
-}
-
-impl Request {
-    /// The scope a key needs to send this request (docs/protocol.md "Keys
-    /// and scopes"); `None` for public requests and the gateway's own.
-    pub fn scope(&self) -> Option<Scope> {
-        match self {
-            Request::Command { command, .. } => Some(command_scope(command)),
-            Request::Bid { .. }
-            | Request::Job { request: JobRequest::Submit { .. } | JobRequest::Cancel { .. } | JobRequest::Resize { .. }, .. } => {
-                Some(Scope::Trade)
-            }
-            Request::Job { request: JobRequest::StoreToken { lease: Some(_), .. }, .. } => Some(Scope::Deliver),
-            Request::Job { .. } => Some(Scope::Read),
-            Request::OpenOrders { .. }
-            | Request::Leases { .. }
-            | Request::LeaseTelemetry { .. }
-            | Request::History { request: HistoryRequest::Fills { .. }, .. }
-            | Request::Balance { .. }
-            | Request::Statement { .. }
-            | Request::RecentStatement { .. }
-            | Request::MyGpus { .. }
-            | Request::Delivery { request: DeliveryRequest::Query { .. }, .. }
-            | Request::Access {
-                request:
-                    AccessRequest::SubAccounts { .. } | AccessRequest::Keys { .. } | AccessRequest::Invoice { .. } | AccessRequest::Spend,
-                ..
-            } => Some(Scope::Read),
-            Request::Usage { .. } | Request::Delivery { .. } | Request::Challenge { .. } | Request::Liveness { .. } => Some(Scope::Deliver),
-            Request::Access { .. } => Some(Scope::Manage),
-            Request::Connect { .. }
-            | Request::Authenticate { .. }
-            | Request::Subscribe { .. }
-            | Request::Unsubscribe { .. }
-            | Request::Instruments { .. }
-            | Request::Stats { .. }
-            | Request::SupplierStats { .. }
-            | Request::RenterStats { .. }
-            | Request::BookOffers { .. }
-            | Request::ExchangeKey { .. }
-            | Request::Listing { .. }
-            | Request::History { .. }
-            | Request::Book { .. }
-            | Request::Disconnect { .. }
-            | Request::Resync { .. } => None,
-        }
+        (!self.body.is_notice()).then_some(self.id)
     }
 
     /// The connection this request came from, to rewrite (the link server
     /// maps a remote gateway's connection ids into its own range).
     pub fn connection_mut(&mut self) -> &mut ConnectionId {
-        connection_of!(self)
+        &mut self.connection
     }
 
     /// The connection this request came from.
     pub fn connection(&self) -> ConnectionId {
-        *connection_of!(self)
+        self.connection
+    }
+
+    /// The scope a key needs to send this request ([`Body::scope`]).
+    pub fn scope(&self) -> Option<Scope> {
+        self.body.scope()
+    }
+}
+
+impl Body {
+    /// The scope a key needs to send this request (docs/protocol.md "Keys
+    /// and scopes"); `None` for public requests and the gateway's own.
+    pub fn scope(&self) -> Option<Scope> {
+        match self {
+            Body::Command { command, .. } => Some(command_scope(command)),
+            Body::Bid { .. }
+            | Body::Job { request: JobRequest::Submit { .. } | JobRequest::Cancel { .. } | JobRequest::Resize { .. }, .. } => {
+                Some(Scope::Trade)
+            }
+            Body::Job { request: JobRequest::StoreToken { lease: Some(_), .. }, .. } => Some(Scope::Deliver),
+            Body::Job { .. } => Some(Scope::Read),
+            Body::OpenOrders { .. }
+            | Body::Leases { .. }
+            | Body::LeaseTelemetry { .. }
+            | Body::History { request: HistoryRequest::Fills { .. }, .. }
+            | Body::Balance { .. }
+            | Body::Statement { .. }
+            | Body::RecentStatement { .. }
+            | Body::MyGpus { .. }
+            | Body::Delivery { request: DeliveryRequest::Query { .. }, .. }
+            | Body::Access {
+                request:
+                    AccessRequest::SubAccounts { .. } | AccessRequest::Keys { .. } | AccessRequest::Invoice { .. } | AccessRequest::Spend,
+                ..
+            } => Some(Scope::Read),
+            Body::Usage { .. } | Body::Delivery { .. } | Body::Challenge { .. } | Body::Liveness { .. } => Some(Scope::Deliver),
+            Body::Access { .. } => Some(Scope::Manage),
+            Body::Connect { .. }
+            | Body::Authenticate { .. }
+            | Body::Subscribe { .. }
+            | Body::Unsubscribe { .. }
+            | Body::Instruments { .. }
+            | Body::Stats { .. }
+            | Body::SupplierStats { .. }
+            | Body::RenterStats { .. }
+            | Body::BookOffers { .. }
+            | Body::ExchangeKey { .. }
+            | Body::Listing { .. }
+            | Body::History { .. }
+            | Body::Book { .. }
+            | Body::Disconnect { .. }
+            | Body::Resync { .. } => None,
+        }
+    }
+
+    /// Whether a connection that has not logged in may send this: market
+    /// data and public records, as on any exchange. The one list: the
+    /// WebSocket gateway, the REST API and the sequencer's scope check ask
+    /// here, and a new request does not compile until it is placed.
+    pub fn is_public(&self) -> bool {
+        match self {
+            Body::Subscribe { .. }
+            | Body::Unsubscribe { .. }
+            | Body::Instruments {}
+            | Body::Stats { .. }
+            | Body::SupplierStats { .. }
+            | Body::RenterStats { .. }
+            | Body::BookOffers { .. }
+            | Body::ExchangeKey {}
+            | Body::Listing {}
+            | Body::Book { .. }
+            | Body::History { request: HistoryRequest::Trades { .. } | HistoryRequest::Candles { .. } } => true,
+            Body::History { request: HistoryRequest::Fills { .. } }
+            | Body::Authenticate { .. }
+            | Body::Command { .. }
+            | Body::OpenOrders { .. }
+            | Body::Leases { .. }
+            | Body::Usage { .. }
+            | Body::Balance {}
+            | Body::Statement { .. }
+            | Body::RecentStatement { .. }
+            | Body::MyGpus { .. }
+            | Body::Bid { .. }
+            | Body::Delivery { .. }
+            | Body::Challenge { .. }
+            | Body::Liveness { .. }
+            | Body::Access { .. }
+            | Body::LeaseTelemetry { .. }
+            | Body::Job { .. }
+            | Body::Disconnect { .. }
+            | Body::Resync { .. }
+            | Body::Connect { .. } => false,
+        }
+    }
+
+    /// The gateway's own notices about a connection, which carry no client
+    /// request id and get no answer.
+    pub fn is_notice(&self) -> bool {
+        matches!(self, Body::Connect { .. } | Body::Disconnect { .. } | Body::Resync { .. })
     }
 }
 

@@ -31,7 +31,7 @@ use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::{broadcast, mpsc, watch};
 
-use crate::link::{ConnectionId, Outbound, Outgoing, Request, SharedFrame, FEED_FRAMES_MAX};
+use crate::link::{Body, ConnectionId, Outbound, Outgoing, Request, SharedFrame, FEED_FRAMES_MAX};
 use crate::wire::{self, Down, Peer, Up, WireError};
 
 /// Requests waiting for the link (between the gateway's connections and
@@ -116,7 +116,7 @@ impl Bridge {
     /// (its `Disconnect` follows and is dropped); others were closed with
     /// their link and are dropped.
     fn refuse(&mut self, request: Request) {
-        if let Request::Connect { outbound, .. } = request {
+        if let Request { body: Body::Connect { outbound, .. }, .. } = request {
             let _ = outbound.frames.try_send(Outgoing::Close(ErrorCode::SequencerUnavailable));
         }
     }
@@ -263,7 +263,7 @@ async fn run_link(
             request = inbox.recv() => {
                 let Some(request) = request else { break Ok(Ended::Stopped) };
                 let up = match request {
-                    Request::Connect { connection, outbound } => {
+                    Request { connection, body: Body::Connect { outbound }, .. } => {
                         bridge.connections.insert(connection, outbound);
                         Up::Connect { connection }
                     }
@@ -271,7 +271,7 @@ async fn run_link(
                     // not this link's: what it still sends is dropped.
                     request if !bridge.connections.contains_key(&request.connection()) => continue,
                     request => {
-                        if let Request::Disconnect { connection, .. } = &request {
+                        if let Request { connection, body: Body::Disconnect { .. }, .. } = &request {
                             bridge.connections.remove(connection);
                         }
                         Up::Request(request)

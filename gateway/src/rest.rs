@@ -30,7 +30,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, Notify};
 
 use crate::idempotency::{self, Begin, Idempotency, Stored};
-use crate::link::{Clock, ConnectionId, HistoryRequest, LoginOutcome, Outbound, Outgoing, Request};
+use crate::link::{Body, Clock, ConnectionId, HistoryRequest, LoginOutcome, Outbound, Outgoing, Request};
 use crate::server::{request_of, Caller};
 
 /// What a signed request's signature starts with.
@@ -198,17 +198,17 @@ impl Rest {
         }
         let request = route(&segments, &query)?;
         let signed = self.signer("GET", uri, headers, None)?;
-        let (make, public) = match request {
+        let body = match request {
             Routed::OpenApi => return Ok(OPENAPI_JSON.to_string()),
-            Routed::Request { make, public } => (make, public),
+            Routed::Ask(body) => body,
         };
-        if !public && signed.is_none() {
+        if !body.is_public() && signed.is_none() {
             return Err(Failure::new(
                 ErrorCode::NotAuthenticated,
                 "this path needs a signed request (X-Gpux-Key, X-Gpux-Timestamp, X-Gpux-Signature)",
             ));
         }
-        let message = self.ask(signed, Box::new(move |connection, id, _| Ok(make(connection, id)))).await?.answer;
+        let message = self.ask(signed, Box::new(move |connection, id, _| Ok(Request::new(connection, id, body)))).await?.answer;
         body_of(message)
     }
 
@@ -340,7 +340,7 @@ impl Rest {
 
     /// The id of the listed instrument whose symbol is `symbol`.
     async fn instrument_by_symbol(&self, symbol: &str) -> Result<u32, Failure> {
-        let listed = self.ask(None, Box::new(|connection, id, _| Ok(Request::Instruments { connection, id }))).await?.answer;
+        let listed = self.ask(None, Box::new(|connection, id, _| Ok(Request { connection, id, body: Body::Instruments {} }))).await?.answer;
         let ServerMessage::Instruments { instruments, .. } = listed else {
             return Err(Failure::coded(ErrorCode::ShuttingDown));
         };
@@ -416,20 +416,22 @@ impl Rest {
         // as many as a WebSocket session has.
         let (frames, mut answers) = mpsc::channel::<Outgoing>(crate::server::OUTBOUND_FRAMES_MAX);
         let outbound = Outbound::local(frames, std::sync::Arc::new(Notify::new()));
-        self.send(Request::Connect { connection, outbound })?;
+        self.send(Request { connection, id: 0, body: Body::Connect { outbound } })?;
         let _session = Session { core: self.core.clone(), connection };
         let exchange = async {
             let mut caller = None;
             if let Some(public_key) = signed {
-                self.send(Request::Authenticate {
+                self.send(Request {
                     connection,
                     id: 0,
-                    public_key,
-                    role: None,
-                    cancel_on_disconnect: false,
-                    presence: false,
-                    invite: None,
-                    address: None,
+                    body: Body::Authenticate {
+                        public_key,
+                        role: None,
+                        cancel_on_disconnect: false,
+                        presence: false,
+                        invite: None,
+                        address: None,
+                    },
                 })?;
                 loop {
                     match answers.recv().await {
@@ -491,7 +493,7 @@ impl Drop for Session {
     fn drop(&mut self) {
         // A full queue drops nothing important: the sequencer forgets a
         // connection whose outbound is closed when it next writes to it.
-        let _ = self.core.try_send(Request::Disconnect { connection: self.connection, exchange_stopping: false });
+        let _ = self.core.try_send(Request { connection: self.connection, id: 0, body: Body::Disconnect { exchange_stopping: false } });
     }
 }
 
@@ -596,15 +598,13 @@ impl Query {
 
 enum Routed {
     OpenApi,
-    Request { make: Box<dyn FnOnce(ConnectionId, u64) -> Request + Send>, public: bool },
+    /// What to ask the sequencer; it needs a signature unless
+    /// [`Body::is_public`].
+    Ask(Body),
 }
 
-fn public(make: impl FnOnce(ConnectionId, u64) -> Request + Send + 'static) -> Result<Routed, Failure> {
-    Ok(Routed::Request { make: Box::new(make), public: true })
-}
-
-fn private(make: impl FnOnce(ConnectionId, u64) -> Request + Send + 'static) -> Result<Routed, Failure> {
-    Ok(Routed::Request { make: Box::new(make), public: false })
+fn ask(body: Body) -> Result<Routed, Failure> {
+    Ok(Routed::Ask(body))
 }
 
 fn id_of<T: std::str::FromStr>(text: &str, what: &str) -> Result<T, Failure> {
@@ -621,22 +621,22 @@ fn route(segments: &[&str], query: &Query) -> Result<Routed, Failure> {
         }
         ["listing"] => {
             query.only(&[])?;
-            public(|connection, id| Request::Listing { connection, id })
+            ask(Body::Listing {})
         }
         ["instruments"] => {
             query.only(&[])?;
-            public(|connection, id| Request::Instruments { connection, id })
+            ask(Body::Instruments {})
         }
         ["instruments", instrument, what] => {
             let instrument = InstrumentId(id_of(instrument, "the instrument id")?);
             match *what {
                 "stats" => {
                     query.only(&[])?;
-                    public(move |connection, id| Request::Stats { connection, id, instrument })
+                    ask(Body::Stats { instrument })
                 }
                 "book" => {
                     query.only(&[])?;
-                    public(move |connection, id| Request::Book { connection, id, instrument })
+                    ask(Body::Book { instrument })
                 }
                 "offers" => {
                     query.only(&["offset", "after_price", "after_priority"])?;
@@ -653,16 +653,12 @@ fn route(segments: &[&str], query: &Query) -> Result<Routed, Failure> {
                             ))
                         }
                     };
-                    public(move |connection, id| Request::BookOffers { connection, id, instrument, offset, after })
+                    ask(Body::BookOffers { instrument, offset, after })
                 }
                 "trades" => {
                     query.only(&["before_seq"])?;
                     let before_seq = query.number("before_seq")?;
-                    public(move |connection, id| Request::History {
-                        connection,
-                        id,
-                        request: HistoryRequest::Trades { instrument, before_seq },
-                    })
+                    ask(Body::History { request: HistoryRequest::Trades { instrument, before_seq } })
                 }
                 "candles" => {
                     query.only(&["interval", "before_ms"])?;
@@ -671,11 +667,7 @@ fn route(segments: &[&str], query: &Query) -> Result<Routed, Failure> {
                         .and_then(CandleInterval::from_name)
                         .ok_or_else(|| Failure::new(ErrorCode::WrongType, "interval must be 1m, 1h or 1d"))?;
                     let before_ms = query.number("before_ms")?;
-                    public(move |connection, id| Request::History {
-                        connection,
-                        id,
-                        request: HistoryRequest::Candles { instrument, interval, before_ms },
-                    })
+                    ask(Body::History { request: HistoryRequest::Candles { instrument, interval, before_ms } })
                 }
                 _ => Err(not_found()),
             }
@@ -683,37 +675,37 @@ fn route(segments: &[&str], query: &Query) -> Result<Routed, Failure> {
         ["suppliers", supplier, "stats"] => {
             query.only(&[])?;
             let supplier = AccountId(id_of(supplier, "the supplier id")?);
-            public(move |connection, id| Request::SupplierStats { connection, id, supplier })
+            ask(Body::SupplierStats { supplier })
         }
         ["renters", renter, "stats"] => {
             query.only(&[])?;
             let renter = AccountId(id_of(renter, "the renter id")?);
-            public(move |connection, id| Request::RenterStats { connection, id, renter })
+            ask(Body::RenterStats { renter })
         }
         ["account", what] => match *what {
             "balance" => {
                 query.only(&[])?;
-                private(|connection, id| Request::Balance { connection, id })
+                ask(Body::Balance {})
             }
             "orders" => {
                 query.only(&["after"])?;
                 let after = query.number("after")?;
-                private(move |connection, id| Request::OpenOrders { connection, id, after })
+                ask(Body::OpenOrders { after })
             }
             "leases" => {
                 query.only(&["after"])?;
                 let after = query.number("after")?;
-                private(move |connection, id| Request::Leases { connection, id, after })
+                ask(Body::Leases { after })
             }
             "gpus" => {
                 query.only(&["offset"])?;
                 let offset = query.number("offset")?.unwrap_or(0);
-                private(move |connection, id| Request::MyGpus { connection, id, offset })
+                ask(Body::MyGpus { offset })
             }
             "statement" => {
                 query.only(&["before"])?;
                 let before = query.number("before")?;
-                private(move |connection, id| Request::RecentStatement { connection, id, before })
+                ask(Body::RecentStatement { before })
             }
             "fills" => {
                 query.only(&["before_at_ms", "before_instrument", "before_seq"])?;
@@ -723,7 +715,7 @@ fn route(segments: &[&str], query: &Query) -> Result<Routed, Failure> {
                     (Some(at_ms), Some(instrument), Some(seq)) => Some(FillCursor { at_ms, instrument: InstrumentId(instrument), seq }),
                     _ => return Err(Failure::new(ErrorCode::WrongType, "before_at_ms, before_instrument and before_seq go together")),
                 };
-                private(move |connection, id| Request::History { connection, id, request: HistoryRequest::Fills { before } })
+                ask(Body::History { request: HistoryRequest::Fills { before } })
             }
             _ => Err(not_found()),
         },
@@ -833,11 +825,13 @@ mod tests {
         let mut taken = Vec::new();
         while taken.len() < 3 {
             match requests.recv_timeout(Duration::from_secs(5)).expect("the write's requests") {
-                request @ (Request::Connect { .. } | Request::Authenticate { .. } | Request::Command { .. }) => taken.push(request),
+                request @ (Request { body: Body::Connect { .. }, .. }
+                | Request { body: Body::Authenticate { .. }, .. }
+                | Request { body: Body::Command { .. }, .. }) => taken.push(request),
                 other => panic!("unexpected {:?}", other.id()),
             }
-            if let Some(Request::Authenticate { .. }) = taken.last() {
-                let Some(Request::Connect { outbound, .. }) = taken.first() else { panic!("connect first") };
+            if let Some(Request { body: Body::Authenticate { .. }, .. }) = taken.last() {
+                let Some(Request { body: Body::Connect { outbound, .. }, .. }) = taken.first() else { panic!("connect first") };
                 let accepted = Outgoing::Login(LoginOutcome::Accepted { account: AccountId(5), role: Role::Renter });
                 outbound.frames.try_send(accepted).expect("queued");
             }
@@ -848,8 +842,8 @@ mod tests {
         assert_eq!(status, 409, "no answer within 4 s: {answer}");
         assert!(answer.contains("request_in_progress") && answer.contains("retry with the same Idempotency-Key"), "{answer}");
         // The answer comes at last; the retry reads it.
-        let Some(Request::Connect { outbound, .. }) = taken.first() else { panic!("connect first") };
-        let Some(Request::Command { id, .. }) = taken.last() else { panic!("the order last") };
+        let Some(Request { body: Body::Connect { outbound, .. }, .. }) = taken.first() else { panic!("connect first") };
+        let Some(Request { id, body: Body::Command { .. }, .. }) = taken.last() else { panic!("the order last") };
         let ack = ServerMessage::Ack { id: *id, journal_seq: 41, order: Some(gpux_engine::OrderId(9)) };
         outbound.frames.try_send(Outgoing::Frame(crate::link::SharedFrame::new(ack))).expect("queued");
         let mut kept = None;
@@ -866,7 +860,11 @@ mod tests {
         assert_eq!(answer, r#"{"events":[],"journal_seq":41,"order":9}"#);
         // The sequencer saw the write once: only the first session's disconnect follows.
         let rest: Vec<Request> = requests.try_iter().collect();
-        assert!(rest.iter().all(|r| matches!(r, Request::Disconnect { .. })), "{:?}", rest.iter().map(Request::id).collect::<Vec<_>>());
+        assert!(
+            rest.iter().all(|r| matches!(r, Request { body: Body::Disconnect { .. }, .. })),
+            "{:?}",
+            rest.iter().map(Request::id).collect::<Vec<_>>()
+        );
     }
 
     #[test]

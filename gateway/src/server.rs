@@ -31,8 +31,8 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use crate::admission::{AcceptBackoff, Admission, AdmissionLimits, Ticket};
 use crate::link::{
-    AccessRequest, ChallengeRequest, Clock, ConnectionId, DeliveryRequest, HistoryRequest, JobRequest, LoginOutcome, Outbound, Outgoing,
-    Request, SharedFrame,
+    AccessRequest, Body, ChallengeRequest, Clock, ConnectionId, DeliveryRequest, HistoryRequest, JobRequest, LoginOutcome, Outbound,
+    Outgoing, Request, SharedFrame,
 };
 use crate::metrics::GatewayMetrics;
 use crate::verifier::Verifier;
@@ -308,7 +308,11 @@ async fn serve_connection<S>(
         clock,
         login_key: None,
     };
-    if connection.core.send(Request::Connect { connection: connection.id, outbound: Outbound::local(frames, too_slow.clone()) }).is_err() {
+    if connection
+        .core
+        .send(Request { connection: connection.id, id: 0, body: Body::Connect { outbound: Outbound::local(frames, too_slow.clone()) } })
+        .is_err()
+    {
         return;
     }
     let challenge = connection.new_challenge();
@@ -403,7 +407,7 @@ async fn serve_connection<S>(
                         Err(BroadcastStreamRecvError::Lagged(_)) => {
                             feeds.remove(&key);
                             let (channel, instrument) = key;
-                            let resync = Request::Resync { connection: connection.id, channel, instrument };
+                            let resync = Request { connection: connection.id, id: 0, body: Body::Resync { channel, instrument } };
                             if !resyncs.spend(Instant::now()) || connection.core.try_send(resync).is_err() {
                                 slow = Some(SlowCause::Resyncs);
                             }
@@ -459,7 +463,7 @@ async fn serve_connection<S>(
         }
     }
     let exchange_stopping = close == Some(ErrorCode::ShuttingDown);
-    let _ = connection.core.send(Request::Disconnect { connection: connection.id, exchange_stopping });
+    let _ = connection.core.send(Request { connection: connection.id, id: 0, body: Body::Disconnect { exchange_stopping } });
 }
 
 /// The WebSocket read buffer of one connection, allocated when it opens.
@@ -654,15 +658,17 @@ impl Connection {
                         self.login_key = Some(public_key);
                         self.forward(
                             id,
-                            Request::Authenticate {
+                            Request {
                                 connection: self.id,
                                 id,
-                                public_key,
-                                role,
-                                cancel_on_disconnect,
-                                presence: true,
-                                invite,
-                                address: Some(self.ticket.ip()),
+                                body: Body::Authenticate {
+                                    public_key,
+                                    role,
+                                    cancel_on_disconnect,
+                                    presence: true,
+                                    invite,
+                                    address: Some(self.ticket.ip()),
+                                },
                             },
                         )
                     }
@@ -677,34 +683,15 @@ impl Connection {
                 self.authenticated(account, role, message, verified)
             }
             // Public market data needs no login, as on any exchange.
-            (_, ClientMessage::Subscribe { id, channel, instrument }) => {
-                self.subscribed = true;
-                self.forward(id, Request::Subscribe { connection: self.id, id, channel, instrument })
-            }
-            (_, ClientMessage::Unsubscribe { id, channel, instrument }) => {
-                self.forward(id, Request::Unsubscribe { connection: self.id, id, channel, instrument })
-            }
-            (_, ClientMessage::Instruments { id }) => self.forward(id, Request::Instruments { connection: self.id, id }),
-            (_, ClientMessage::ExchangeKey { id }) => self.forward(id, Request::ExchangeKey { connection: self.id, id }),
-            (_, ClientMessage::Listing { id }) => self.forward(id, Request::Listing { connection: self.id, id }),
-            (_, ClientMessage::Trades { id, instrument, before_seq }) => {
-                let request = HistoryRequest::Trades { instrument, before_seq };
-                self.forward(id, Request::History { connection: self.id, id, request })
-            }
-            (_, ClientMessage::Candles { id, instrument, interval, before_ms }) => {
-                let request = HistoryRequest::Candles { instrument, interval, before_ms };
-                self.forward(id, Request::History { connection: self.id, id, request })
-            }
-            (_, ClientMessage::Book { id, instrument }) => self.forward(id, Request::Book { connection: self.id, id, instrument }),
-            (_, ClientMessage::Stats { id, instrument }) => self.forward(id, Request::Stats { connection: self.id, id, instrument }),
-            (_, ClientMessage::SupplierStats { id, supplier }) => {
-                self.forward(id, Request::SupplierStats { connection: self.id, id, supplier })
-            }
-            (_, ClientMessage::RenterStats { id, renter }) => self.forward(id, Request::RenterStats { connection: self.id, id, renter }),
-            (_, ClientMessage::BookOffers { id, instrument, offset, after }) => {
-                self.forward(id, Request::BookOffers { connection: self.id, id, instrument, offset, after })
-            }
-            (_, _) => vec![error(Some(id), ErrorCode::NotAuthenticated, None)],
+            (_, message) => match public_request_of(self.id, message) {
+                Some(request) => {
+                    if let Body::Subscribe { .. } = request.body {
+                        self.subscribed = true;
+                    }
+                    self.forward(id, request)
+                }
+                None => vec![error(Some(id), ErrorCode::NotAuthenticated, None)],
+            },
         }
     }
 
@@ -740,6 +727,16 @@ pub(crate) struct Caller {
     pub login_key: Option<[u8; 32]>,
 }
 
+/// The request of a message from a connection that has not logged in, if
+/// it is one such a connection may send ([`Body::is_public`]). Built by
+/// [`request_of`] for a caller with no account of its own: the account it
+/// names is a placeholder that only requests needing a login would carry,
+/// and those are dropped here.
+fn public_request_of(connection: ConnectionId, message: ClientMessage) -> Option<Request> {
+    let stranger = Caller { connection, account: AccountId(u32::MAX), role: Role::Renter, login_key: None };
+    request_of(&stranger, message, None).ok().filter(|request| request.body.is_public())
+}
+
 /// A request the gateway refuses before the sequencer sees it.
 pub(crate) struct Refused {
     pub id: u64,
@@ -752,87 +749,87 @@ pub(crate) struct Refused {
 /// writes (gateway/src/rest.rs).
 pub(crate) fn request_of(caller: &Caller, message: ClientMessage, verified: Option<bool>) -> Result<Request, Refused> {
     let Caller { connection, account, role, login_key } = *caller;
-    let command = |id, command| Request::Command { connection, id, command };
-    let delivery = |id, request| Request::Delivery { connection, id, request };
-    let access = |id, request| Request::Access { connection, id, request };
+    let id = message.id();
+    let command = |command| Body::Command { command };
+    let delivery = |request| Body::Delivery { request };
+    let access = |request| Body::Access { request };
     // Only an operator acts on another account's funds.
     let on_behalf_of = |named: Option<AccountId>| match named {
         Some(named) if named != account && role != Role::Operator => None,
         named => Some(named.unwrap_or(account)),
     };
-    let request = match message {
-        ClientMessage::Subscribe { id, channel, instrument } => Request::Subscribe { connection, id, channel, instrument },
-        ClientMessage::Unsubscribe { id, channel, instrument } => Request::Unsubscribe { connection, id, channel, instrument },
-        ClientMessage::Instruments { id } => Request::Instruments { connection, id },
-        ClientMessage::OpenOrders { id, after } => Request::OpenOrders { connection, id, after },
-        ClientMessage::Leases { id, after } => Request::Leases { connection, id, after },
-        ClientMessage::Stats { id, instrument } => Request::Stats { connection, id, instrument },
-        ClientMessage::SupplierStats { id, supplier } => Request::SupplierStats { connection, id, supplier },
-        ClientMessage::RenterStats { id, renter } => Request::RenterStats { connection, id, renter },
-        ClientMessage::BookOffers { id, instrument, offset, after } => Request::BookOffers { connection, id, instrument, offset, after },
-        ClientMessage::MyGpus { id, offset } => Request::MyGpus { connection, id, offset },
-        ClientMessage::UsageReport { id, report } => {
+    let body = match message {
+        ClientMessage::Subscribe { channel, instrument, .. } => Body::Subscribe { channel, instrument },
+        ClientMessage::Unsubscribe { channel, instrument, .. } => Body::Unsubscribe { channel, instrument },
+        ClientMessage::Instruments { .. } => Body::Instruments {},
+        ClientMessage::OpenOrders { after, .. } => Body::OpenOrders { after },
+        ClientMessage::Leases { after, .. } => Body::Leases { after },
+        ClientMessage::Stats { instrument, .. } => Body::Stats { instrument },
+        ClientMessage::SupplierStats { supplier, .. } => Body::SupplierStats { supplier },
+        ClientMessage::RenterStats { renter, .. } => Body::RenterStats { renter },
+        ClientMessage::BookOffers { instrument, offset, after, .. } => Body::BookOffers { instrument, offset, after },
+        ClientMessage::MyGpus { offset, .. } => Body::MyGpus { offset },
+        ClientMessage::UsageReport { report, .. } => {
             // Verified in the gateway (the verifier pool, else here) under
             // ZIP-215, the rule under which this check and the journal
             // replay's agree; the sequencer then skips it when the key is
             // the account's.
             let checked_by = login_key.filter(|key| verified.unwrap_or_else(|| report.verify_zip215(key)));
-            Request::Usage { connection, id, report: Box::new(report), checked_by }
+            Body::Usage { report: Box::new(report), checked_by }
         }
-        ClientMessage::Balance { id } => Request::Balance { connection, id },
-        ClientMessage::Statement { id, after } => Request::Statement { connection, id, after },
-        ClientMessage::RecentStatement { id, before } => Request::RecentStatement { connection, id, before },
-        ClientMessage::SetSpendLimits { id, limits } => command(id, Command::SetSpendLimits { account, limits }),
-        ClientMessage::Spend { id } => access(id, AccessRequest::Spend),
-        ClientMessage::NewOrder { id, order, workload: None } if !order.rematch => command(id, order.into_command(account)),
-        ClientMessage::NewOrder { id, order, workload } => {
+        ClientMessage::Balance { .. } => Body::Balance {},
+        ClientMessage::Statement { after, .. } => Body::Statement { after },
+        ClientMessage::RecentStatement { before, .. } => Body::RecentStatement { before },
+        ClientMessage::SetSpendLimits { limits, .. } => command(Command::SetSpendLimits { account, limits }),
+        ClientMessage::Spend { .. } => access(AccessRequest::Spend),
+        ClientMessage::NewOrder { order, workload: None, .. } if !order.rematch => command(order.into_command(account)),
+        ClientMessage::NewOrder { order, workload, .. } => {
             if let Some(Err(refused)) = workload.as_ref().map(|w| w.validate()) {
                 return Err(Refused { id, code: refused.into(), message: Some(refused.to_string()) });
             }
             let rematch = order.rematch;
-            Request::Bid { connection, id, command: order.into_command(account), workload, rematch }
+            Body::Bid { command: order.into_command(account), workload, rematch }
         }
-        ClientMessage::SetWorkload { id, lease, workload } => {
+        ClientMessage::SetWorkload { lease, workload, .. } => {
             if let Err(refused) = workload.validate() {
                 return Err(Refused { id, code: refused.into(), message: Some(refused.to_string()) });
             }
-            delivery(id, DeliveryRequest::SetWorkload { lease, workload })
+            delivery(DeliveryRequest::SetWorkload { lease, workload })
         }
-        ClientMessage::SetEncryptionKey { id, encryption_key, signature } => {
+        ClientMessage::SetEncryptionKey { encryption_key, signature, .. } => {
             match hex::decode(&encryption_key).ok().and_then(|bytes| <[u8; 32]>::try_from(bytes).ok()) {
-                Some(key) if signature.len() == 128 => delivery(id, DeliveryRequest::SetEncryptionKey { key, signature }),
+                Some(key) if signature.len() == 128 => delivery(DeliveryRequest::SetEncryptionKey { key, signature }),
                 _ => return Err(Refused { id, code: ErrorCode::EncryptionKeyInvalid, message: None }),
             }
         }
-        ClientMessage::HostKey { id, lease } => delivery(id, DeliveryRequest::HostKey { lease }),
-        ClientMessage::DeliveryStatus { id, lease, state } => delivery(id, DeliveryRequest::Status { lease, state }),
-        ClientMessage::LeaseDelivery { id, lease } => delivery(id, DeliveryRequest::Query { lease }),
-        ClientMessage::LeaseLogs { id, lease, tail_bytes } => delivery(id, DeliveryRequest::Logs { lease, tail_bytes }),
-        ClientMessage::Logs { id, request, data, truncated } => delivery(id, DeliveryRequest::LogsReply { request, data, truncated }),
-        ClientMessage::FabricProbe { id, report } => delivery(id, DeliveryRequest::FabricProbe { report }),
-        ClientMessage::ChallengeCommit { id, challenge, commitment } => match hash32(&commitment) {
-            Some(commitment) => Request::Challenge { connection, id, request: ChallengeRequest::Commit { challenge, commitment } },
+        ClientMessage::HostKey { lease, .. } => delivery(DeliveryRequest::HostKey { lease }),
+        ClientMessage::DeliveryStatus { lease, state, .. } => delivery(DeliveryRequest::Status { lease, state }),
+        ClientMessage::LeaseDelivery { lease, .. } => delivery(DeliveryRequest::Query { lease }),
+        ClientMessage::LeaseLogs { lease, tail_bytes, .. } => delivery(DeliveryRequest::Logs { lease, tail_bytes }),
+        ClientMessage::Logs { request, data, truncated, .. } => delivery(DeliveryRequest::LogsReply { request, data, truncated }),
+        ClientMessage::FabricProbe { report, .. } => delivery(DeliveryRequest::FabricProbe { report }),
+        ClientMessage::ChallengeCommit { challenge, commitment, .. } => match hash32(&commitment) {
+            Some(commitment) => Body::Challenge { request: ChallengeRequest::Commit { challenge, commitment } },
             None => return Err(Refused { id, code: ErrorCode::ChallengeAnswerInvalid, message: None }),
         },
-        ClientMessage::ChallengeOpening { id, challenge, leaves } => {
-            Request::Challenge { connection, id, request: ChallengeRequest::Opening { challenge, leaves, memory: false } }
+        ClientMessage::ChallengeOpening { challenge, leaves, .. } => {
+            Body::Challenge { request: ChallengeRequest::Opening { challenge, leaves, memory: false } }
         }
-        ClientMessage::MemoryOpening { id, challenge, leaves } => {
-            Request::Challenge { connection, id, request: ChallengeRequest::Opening { challenge, leaves, memory: true } }
+        ClientMessage::MemoryOpening { challenge, leaves, .. } => {
+            Body::Challenge { request: ChallengeRequest::Opening { challenge, leaves, memory: true } }
         }
-        ClientMessage::Liveness { id, report } => Request::Liveness { connection, id, report: Box::new(report) },
-        ClientMessage::CancelOrder { id, order } => command(id, Command::CancelOrder { account, order }),
-        ClientMessage::ReplaceOrder { id, order, price_minor_per_gpu_hour, quantity } => {
-            command(id, Command::ReplaceOrder { account, order, price_minor_per_gpu_hour, quantity })
+        ClientMessage::Liveness { report, .. } => Body::Liveness { report: Box::new(report) },
+        ClientMessage::CancelOrder { order, .. } => command(Command::CancelOrder { account, order }),
+        ClientMessage::ReplaceOrder { order, price_minor_per_gpu_hour, quantity, .. } => {
+            command(Command::ReplaceOrder { account, order, price_minor_per_gpu_hour, quantity })
         }
-        ClientMessage::MassCancel { id, instrument } => command(id, Command::MassCancel { account, instrument }),
-        ClientMessage::RegisterGpu { id, host, gpu_uuid, spec, region: None, zone: None, fabric: None } => {
-            command(id, Command::RegisterGpu { account, host, gpu_uuid, spec })
+        ClientMessage::MassCancel { instrument, .. } => command(Command::MassCancel { account, instrument }),
+        ClientMessage::RegisterGpu { host, gpu_uuid, spec, region: None, zone: None, fabric: None, .. } => {
+            command(Command::RegisterGpu { account, host, gpu_uuid, spec })
         }
         // A fabric without a region: refused fabric_invalid.
-        ClientMessage::RegisterGpu { id, host, gpu_uuid, spec, region, zone, fabric: Some(fabric) } => command(
-            id,
-            Command::RegisterGpuOnFabric {
+        ClientMessage::RegisterGpu { host, gpu_uuid, spec, region, zone, fabric: Some(fabric), .. } => {
+            command(Command::RegisterGpuOnFabric {
                 account,
                 host,
                 gpu_uuid,
@@ -840,78 +837,75 @@ pub(crate) fn request_of(caller: &Caller, message: ClientMessage, verified: Opti
                 region: region.unwrap_or_default(),
                 zone: zone.unwrap_or_default(),
                 fabric: Box::new(fabric),
-            },
-        ),
+            })
+        }
         // A zone without a region names no region: refused unknown_region.
-        ClientMessage::RegisterGpu { id, host, gpu_uuid, spec, region, zone, fabric: None } => command(
-            id,
-            Command::RegisterGpuInRegion {
-                account,
-                host,
-                gpu_uuid,
-                spec,
-                region: region.unwrap_or_default(),
-                zone: zone.unwrap_or_default(),
-            },
-        ),
-        ClientMessage::SetGpuOnline { id, gpu, online } => command(id, Command::SetGpuOnline { account, gpu, online }),
-        ClientMessage::EndLease { id, lease } => command(id, Command::EndLease { account, lease }),
-        ClientMessage::Withdraw { id, account: named, amount_minor } => match on_behalf_of(named) {
-            Some(account) => command(id, Command::Withdraw { account, amount_minor }),
+        ClientMessage::RegisterGpu { host, gpu_uuid, spec, region, zone, fabric: None, .. } => command(Command::RegisterGpuInRegion {
+            account,
+            host,
+            gpu_uuid,
+            spec,
+            region: region.unwrap_or_default(),
+            zone: zone.unwrap_or_default(),
+        }),
+        ClientMessage::SetGpuOnline { gpu, online, .. } => command(Command::SetGpuOnline { account, gpu, online }),
+        ClientMessage::EndLease { lease, .. } => command(Command::EndLease { account, lease }),
+        ClientMessage::Withdraw { account: named, amount_minor, .. } => match on_behalf_of(named) {
+            Some(account) => command(Command::Withdraw { account, amount_minor }),
             None => return Err(Refused { id, code: ErrorCode::Forbidden, message: None }),
         },
-        ClientMessage::Payout { id, account: named, amount_minor } => match on_behalf_of(named) {
-            Some(account) => command(id, Command::Payout { account, amount_minor }),
+        ClientMessage::Payout { account: named, amount_minor, .. } => match on_behalf_of(named) {
+            Some(account) => command(Command::Payout { account, amount_minor }),
             None => return Err(Refused { id, code: ErrorCode::Forbidden, message: None }),
         },
-        ClientMessage::Deposit { id, account: to, amount_minor } => {
+        ClientMessage::Deposit { account: to, amount_minor, .. } => {
             if role != Role::Operator {
                 return Err(Refused { id, code: ErrorCode::Forbidden, message: None });
             }
-            command(id, Command::Deposit { account: to, amount_minor })
+            command(Command::Deposit { account: to, amount_minor })
         }
-        ClientMessage::OpenSubAccount { id } => access(id, AccessRequest::OpenSubAccount),
-        ClientMessage::MoveFunds { id, sub_account, amount_minor, to_sub_account } => {
-            access(id, AccessRequest::MoveFunds { sub_account, amount_minor, to_sub_account })
+        ClientMessage::OpenSubAccount { .. } => access(AccessRequest::OpenSubAccount),
+        ClientMessage::MoveFunds { sub_account, amount_minor, to_sub_account, .. } => {
+            access(AccessRequest::MoveFunds { sub_account, amount_minor, to_sub_account })
         }
-        ClientMessage::SetSubAccountLimits { id, sub_account, limits } => access(id, AccessRequest::SetLimits { sub_account, limits }),
-        ClientMessage::SubAccounts { id, offset } => access(id, AccessRequest::SubAccounts { offset }),
-        ClientMessage::AddKey { id, account, public_key, scopes, expires_at_ms, label } => match ed25519_key(&public_key) {
-            Some(public_key) => access(id, AccessRequest::AddKey { account, public_key, scopes, expires_at_ms, label }),
+        ClientMessage::SetSubAccountLimits { sub_account, limits, .. } => access(AccessRequest::SetLimits { sub_account, limits }),
+        ClientMessage::SubAccounts { offset, .. } => access(AccessRequest::SubAccounts { offset }),
+        ClientMessage::AddKey { account, public_key, scopes, expires_at_ms, label, .. } => match ed25519_key(&public_key) {
+            Some(public_key) => access(AccessRequest::AddKey { account, public_key, scopes, expires_at_ms, label }),
             None => return Err(Refused { id, code: ErrorCode::KeyInvalid, message: None }),
         },
-        ClientMessage::RevokeKey { id, public_key } => match hash32(&public_key) {
-            Some(public_key) => access(id, AccessRequest::RevokeKey { public_key }),
+        ClientMessage::RevokeKey { public_key, .. } => match hash32(&public_key) {
+            Some(public_key) => access(AccessRequest::RevokeKey { public_key }),
             None => return Err(Refused { id, code: ErrorCode::KeyInvalid, message: None }),
         },
-        ClientMessage::Keys { id, account } => access(id, AccessRequest::Keys { account }),
-        ClientMessage::Invoice { id, period, account, offset } => access(id, AccessRequest::Invoice { period, account, offset }),
-        ClientMessage::ExchangeKey { id } => Request::ExchangeKey { connection, id },
-        ClientMessage::Listing { id } => Request::Listing { connection, id },
-        ClientMessage::LeaseTelemetry { id, lease } => Request::LeaseTelemetry { connection, id, lease },
-        ClientMessage::Trades { id, instrument, before_seq } => {
-            Request::History { connection, id, request: HistoryRequest::Trades { instrument, before_seq } }
+        ClientMessage::Keys { account, .. } => access(AccessRequest::Keys { account }),
+        ClientMessage::Invoice { period, account, offset, .. } => access(AccessRequest::Invoice { period, account, offset }),
+        ClientMessage::ExchangeKey { .. } => Body::ExchangeKey {},
+        ClientMessage::Listing { .. } => Body::Listing {},
+        ClientMessage::LeaseTelemetry { lease, .. } => Body::LeaseTelemetry { lease },
+        ClientMessage::Trades { instrument, before_seq, .. } => {
+            Body::History { request: HistoryRequest::Trades { instrument, before_seq } }
         }
-        ClientMessage::Candles { id, instrument, interval, before_ms } => {
-            Request::History { connection, id, request: HistoryRequest::Candles { instrument, interval, before_ms } }
+        ClientMessage::Candles { instrument, interval, before_ms, .. } => {
+            Body::History { request: HistoryRequest::Candles { instrument, interval, before_ms } }
         }
-        ClientMessage::Fills { id, before } => Request::History { connection, id, request: HistoryRequest::Fills { before } },
-        ClientMessage::Book { id, instrument } => Request::Book { connection, id, instrument },
-        ClientMessage::SubmitJob { id, job } => Request::Job { connection, id, request: JobRequest::Submit { job } },
-        ClientMessage::JobStatus { id, job } => Request::Job { connection, id, request: JobRequest::Status { job } },
-        ClientMessage::Jobs { id, offset } => Request::Job { connection, id, request: JobRequest::List { offset } },
-        ClientMessage::CancelJob { id, job } => Request::Job { connection, id, request: JobRequest::Cancel { job } },
-        ClientMessage::JobStoreToken { id, job, lease } => Request::Job { connection, id, request: JobRequest::StoreToken { job, lease } },
-        ClientMessage::JobBill { id, job, offset } => Request::Job { connection, id, request: JobRequest::Bill { job, offset } },
-        ClientMessage::ResizeJob { id, job, gpus } => Request::Job { connection, id, request: JobRequest::Resize { job, gpus } },
-        ClientMessage::OfferLease { id, lease, price_minor_per_gpu_hour, client_order_id, time_in_force } => {
-            command(id, Command::OfferLease { account, lease, client_order_id, price_minor_per_gpu_hour, time_in_force })
+        ClientMessage::Fills { before, .. } => Body::History { request: HistoryRequest::Fills { before } },
+        ClientMessage::Book { instrument, .. } => Body::Book { instrument },
+        ClientMessage::SubmitJob { job, .. } => Body::Job { request: JobRequest::Submit { job } },
+        ClientMessage::JobStatus { job, .. } => Body::Job { request: JobRequest::Status { job } },
+        ClientMessage::Jobs { offset, .. } => Body::Job { request: JobRequest::List { offset } },
+        ClientMessage::CancelJob { job, .. } => Body::Job { request: JobRequest::Cancel { job } },
+        ClientMessage::JobStoreToken { job, lease, .. } => Body::Job { request: JobRequest::StoreToken { job, lease } },
+        ClientMessage::JobBill { job, offset, .. } => Body::Job { request: JobRequest::Bill { job, offset } },
+        ClientMessage::ResizeJob { job, gpus, .. } => Body::Job { request: JobRequest::Resize { job, gpus } },
+        ClientMessage::OfferLease { lease, price_minor_per_gpu_hour, client_order_id, time_in_force, .. } => {
+            command(Command::OfferLease { account, lease, client_order_id, price_minor_per_gpu_hour, time_in_force })
         }
-        ClientMessage::Auth { id, .. } | ClientMessage::Ping { id } => {
+        ClientMessage::Auth { .. } | ClientMessage::Ping { .. } => {
             return Err(Refused { id, code: ErrorCode::AlreadyAuthenticated, message: None })
         }
     };
-    Ok(request)
+    Ok(Request::new(connection, id, body))
 }
 
 /// Checks an auth signature over the challenge; returns the key on success.
@@ -1101,18 +1095,18 @@ mod tests {
         fn public(request: &Request) -> bool {
             matches!(
                 request,
-                Request::Authenticate { .. }
-                    | Request::Subscribe { .. }
-                    | Request::Unsubscribe { .. }
-                    | Request::Instruments { .. }
-                    | Request::Stats { .. }
-                    | Request::SupplierStats { .. }
-                    | Request::RenterStats { .. }
-                    | Request::BookOffers { .. }
-                    | Request::ExchangeKey { .. }
-                    | Request::Listing { .. }
-                    | Request::History { request: HistoryRequest::Trades { .. } | HistoryRequest::Candles { .. }, .. }
-                    | Request::Book { .. }
+                Request { body: Body::Authenticate { .. }, .. }
+                    | Request { body: Body::Subscribe { .. }, .. }
+                    | Request { body: Body::Unsubscribe { .. }, .. }
+                    | Request { body: Body::Instruments { .. }, .. }
+                    | Request { body: Body::Stats { .. }, .. }
+                    | Request { body: Body::SupplierStats { .. }, .. }
+                    | Request { body: Body::RenterStats { .. }, .. }
+                    | Request { body: Body::BookOffers { .. }, .. }
+                    | Request { body: Body::ExchangeKey { .. }, .. }
+                    | Request { body: Body::Listing { .. }, .. }
+                    | Request { body: Body::History { request: HistoryRequest::Trades { .. } | HistoryRequest::Candles { .. }, .. }, .. }
+                    | Request { body: Body::Book { .. }, .. }
             )
         }
 
@@ -1128,11 +1122,11 @@ mod tests {
             let (mut connection, inbox) = connection();
             let (auth, _) = decode(&Frame::SignedAuth, &samples, &connection.session);
             assert!(connection.on_frame(auth).is_empty());
-            assert!(matches!(inbox.try_recv(), Ok(Request::Authenticate { id: 99, .. })));
+            assert!(matches!(inbox.try_recv(), Ok(Request { id: 99, body: Body::Authenticate { .. }, .. })));
             connection.login(LoginOutcome::Accepted { account: AccountId(9), role: Role::Renter });
             connection.observe(&ServerMessage::Authenticated { id: 99, account: AccountId(9), role: Role::Renter });
             assert!(connection.on_frame(Ok(ClientMessage::Balance { id: 6 })).is_empty());
-            assert!(matches!(inbox.try_recv(), Ok(Request::Balance { id: 6, .. })));
+            assert!(matches!(inbox.try_recv(), Ok(Request { id: 6, body: Body::Balance { .. }, .. })));
         }
 
         proptest! {
@@ -1170,9 +1164,9 @@ mod tests {
                     if n % answer_every == 0 {
                         for request in unanswered.drain(..) {
                             let id = request_id(&request);
-                            let login = matches!(request, Request::Authenticate { .. });
+                            let login = matches!(request, Request { body: Body::Authenticate { .. }, .. });
                             let answer = match request {
-                                Request::Authenticate { id, .. } if accept_login => {
+                                Request { id, body: Body::Authenticate { .. }, .. } if accept_login => {
                                     connection.login(LoginOutcome::Accepted { account: AccountId(9), role: Role::Renter });
                                     ServerMessage::Authenticated { id, account: AccountId(9), role: Role::Renter }
                                 }

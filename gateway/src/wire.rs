@@ -31,7 +31,7 @@ use gpux_engine::InstrumentId;
 use gpux_protocol::{Channel, ErrorCode, ServerMessage};
 
 /// This build's link version; both ends must speak the same.
-pub const LINK_VERSION: u16 = 2;
+pub const LINK_VERSION: u16 = 3;
 /// What a link stream starts with.
 pub const LINK_MAGIC: [u8; 8] = *b"gpuxlink";
 /// The largest link frame: one request or server message (client frames are
@@ -227,7 +227,7 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, peer: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::link::{AccessRequest, ChallengeRequest, DeliveryRequest, HistoryRequest};
+    use crate::link::{AccessRequest, Body, ChallengeRequest, DeliveryRequest, HistoryRequest};
     use gpux_engine::{AccountId, Command, LeaseId, Role};
 
     /// One of each request the gateway forwards (every `Request` variant
@@ -251,116 +251,136 @@ mod tests {
             signature: "ab".repeat(64),
         };
         let requests = vec![
-            Request::Authenticate {
+            Request {
                 connection: c,
                 id: 1,
-                public_key: [5; 32],
-                role: Some(Role::Renter),
-                cancel_on_disconnect: true,
-                presence: true,
-                invite: Some("gpux-invite-v1.renter.1.00.00".into()),
-                address: Some(std::net::IpAddr::from([10, 0, 0, 7])),
+                body: Body::Authenticate {
+                    public_key: [5; 32],
+                    role: Some(Role::Renter),
+                    cancel_on_disconnect: true,
+                    presence: true,
+                    invite: Some("gpux-invite-v1.renter.1.00.00".into()),
+                    address: Some(std::net::IpAddr::from([10, 0, 0, 7])),
+                },
             },
-            Request::Command { connection: c, id: 2, command: Command::MassCancel { account: AccountId(4), instrument: None } },
-            Request::Subscribe { connection: c, id: 3, channel: Channel::Book, instrument: InstrumentId(1) },
-            Request::Unsubscribe { connection: c, id: 4, channel: Channel::Trades, instrument: InstrumentId(1) },
-            Request::Instruments { connection: c, id: 5 },
-            Request::OpenOrders { connection: c, id: 6, after: Some(10) },
-            Request::Leases { connection: c, id: 7, after: None },
-            Request::Stats { connection: c, id: 8, instrument: InstrumentId(2) },
-            Request::SupplierStats { connection: c, id: 9, supplier: AccountId(9) },
-            Request::RenterStats { connection: c, id: 10, renter: AccountId(9) },
-            Request::BookOffers {
+            Request {
+                connection: c,
+                id: 2,
+                body: Body::Command { command: Command::MassCancel { account: AccountId(4), instrument: None } },
+            },
+            Request { connection: c, id: 3, body: Body::Subscribe { channel: Channel::Book, instrument: InstrumentId(1) } },
+            Request { connection: c, id: 4, body: Body::Unsubscribe { channel: Channel::Trades, instrument: InstrumentId(1) } },
+            Request { connection: c, id: 5, body: Body::Instruments {} },
+            Request { connection: c, id: 6, body: Body::OpenOrders { after: Some(10) } },
+            Request { connection: c, id: 7, body: Body::Leases { after: None } },
+            Request { connection: c, id: 8, body: Body::Stats { instrument: InstrumentId(2) } },
+            Request { connection: c, id: 9, body: Body::SupplierStats { supplier: AccountId(9) } },
+            Request { connection: c, id: 10, body: Body::RenterStats { renter: AccountId(9) } },
+            Request {
                 connection: c,
                 id: 11,
-                instrument: InstrumentId(2),
-                offset: 5,
-                after: Some(gpux_engine::OfferCursor { price_minor_per_gpu_hour: 7, priority: 8 }),
+                body: Body::BookOffers {
+                    instrument: InstrumentId(2),
+                    offset: 5,
+                    after: Some(gpux_engine::OfferCursor { price_minor_per_gpu_hour: 7, priority: 8 }),
+                },
             },
-            Request::Usage { connection: c, id: 12, report: Box::new(report), checked_by: Some([6; 32]) },
-            Request::Balance { connection: c, id: 13 },
-            Request::Statement { connection: c, id: 14, after: Some(3) },
-            Request::RecentStatement { connection: c, id: 15, before: None },
-            Request::MyGpus { connection: c, id: 16, offset: 0 },
-            Request::Disconnect { connection: c, exchange_stopping: false },
-            Request::Resync { connection: c, channel: Channel::Book, instrument: InstrumentId(1) },
-            Request::Bid {
+            Request { connection: c, id: 12, body: Body::Usage { report: Box::new(report), checked_by: Some([6; 32]) } },
+            Request { connection: c, id: 13, body: Body::Balance {} },
+            Request { connection: c, id: 14, body: Body::Statement { after: Some(3) } },
+            Request { connection: c, id: 15, body: Body::RecentStatement { before: None } },
+            Request { connection: c, id: 16, body: Body::MyGpus { offset: 0 } },
+            Request { connection: c, id: 0, body: Body::Disconnect { exchange_stopping: false } },
+            Request { connection: c, id: 0, body: Body::Resync { channel: Channel::Book, instrument: InstrumentId(1) } },
+            Request {
                 connection: c,
                 id: 17,
-                command: Command::MassCancel { account: AccountId(4), instrument: None },
-                workload: None,
-                rematch: true,
+                body: Body::Bid { command: Command::MassCancel { account: AccountId(4), instrument: None }, workload: None, rematch: true },
             },
-            Request::Delivery { connection: c, id: 18, request: DeliveryRequest::HostKey { lease: LeaseId(3) } },
-            Request::Delivery {
+            Request { connection: c, id: 18, body: Body::Delivery { request: DeliveryRequest::HostKey { lease: LeaseId(3) } } },
+            Request {
                 connection: c,
                 id: 19,
-                request: DeliveryRequest::LogsReply { request: 4, data: "log".into(), truncated: false },
+                body: Body::Delivery { request: DeliveryRequest::LogsReply { request: 4, data: "log".into(), truncated: false } },
             },
-            Request::Challenge {
+            Request {
                 connection: c,
                 id: 20,
-                request: ChallengeRequest::Opening {
-                    challenge: 1,
-                    leaves: vec![gpux_protocol::memory::LeafOpening { leaf: 0, words: vec![u32::MAX, 2], path: Vec::new() }],
-                    memory: false,
+                body: Body::Challenge {
+                    request: ChallengeRequest::Opening {
+                        challenge: 1,
+                        leaves: vec![gpux_protocol::memory::LeafOpening { leaf: 0, words: vec![u32::MAX, 2], path: Vec::new() }],
+                        memory: false,
+                    },
                 },
             },
-            Request::Challenge {
+            Request {
                 connection: c,
                 id: 31,
-                request: ChallengeRequest::Opening {
-                    challenge: 2,
-                    leaves: vec![gpux_protocol::memory::LeafOpening { leaf: 3, words: vec![1, 2], path: vec!["ab".repeat(32)] }],
-                    memory: true,
+                body: Body::Challenge {
+                    request: ChallengeRequest::Opening {
+                        challenge: 2,
+                        leaves: vec![gpux_protocol::memory::LeafOpening { leaf: 3, words: vec![1, 2], path: vec!["ab".repeat(32)] }],
+                        memory: true,
+                    },
                 },
             },
-            Request::Delivery {
+            Request {
                 connection: c,
                 id: 29,
-                request: DeliveryRequest::FabricProbe {
-                    report: Box::new(gpux_protocol::FabricProbeReport {
-                        body: gpux_protocol::FabricProbeBody {
-                            lease: LeaseId(3),
-                            job: gpux_protocol::JobId(2),
-                            attempt: 1,
-                            ranks: 2,
-                            rank: 1,
-                            bytes: 1 << 20,
-                            elapsed_us: 100,
-                        },
+                body: Body::Delivery {
+                    request: DeliveryRequest::FabricProbe {
+                        report: Box::new(gpux_protocol::FabricProbeReport {
+                            body: gpux_protocol::FabricProbeBody {
+                                lease: LeaseId(3),
+                                job: gpux_protocol::JobId(2),
+                                attempt: 1,
+                                ranks: 2,
+                                rank: 1,
+                                bytes: 1 << 20,
+                                elapsed_us: 100,
+                            },
+                            signature: "cd".repeat(64),
+                        }),
+                    },
+                },
+            },
+            Request {
+                connection: c,
+                id: 28,
+                body: Body::Liveness {
+                    report: Box::new(gpux_protocol::LivenessReport {
+                        body: gpux_protocol::LivenessBody { lease: LeaseId(3), start_ms: 1, end_ms: 2, reachable: true },
                         signature: "cd".repeat(64),
                     }),
                 },
             },
-            Request::Liveness {
-                connection: c,
-                id: 28,
-                report: Box::new(gpux_protocol::LivenessReport {
-                    body: gpux_protocol::LivenessBody { lease: LeaseId(3), start_ms: 1, end_ms: 2, reachable: true },
-                    signature: "cd".repeat(64),
-                }),
-            },
-            Request::Access {
+            Request {
                 connection: c,
                 id: 21,
-                request: AccessRequest::Invoice { period: "2026-11".into(), account: None, offset: 0 },
+                body: Body::Access { request: AccessRequest::Invoice { period: "2026-11".into(), account: None, offset: 0 } },
             },
-            Request::Access {
+            Request {
                 connection: c,
                 id: 22,
-                request: AccessRequest::MoveFunds { sub_account: AccountId(5), amount_minor: 100, to_sub_account: true },
+                body: Body::Access {
+                    request: AccessRequest::MoveFunds { sub_account: AccountId(5), amount_minor: 100, to_sub_account: true },
+                },
             },
-            Request::ExchangeKey { connection: c, id: 23 },
-            Request::Listing { connection: c, id: 24 },
-            Request::LeaseTelemetry { connection: c, id: 25, lease: LeaseId(3) },
-            Request::History {
+            Request { connection: c, id: 23, body: Body::ExchangeKey {} },
+            Request { connection: c, id: 24, body: Body::Listing {} },
+            Request { connection: c, id: 25, body: Body::LeaseTelemetry { lease: LeaseId(3) } },
+            Request {
                 connection: c,
                 id: 26,
-                request: HistoryRequest::Trades { instrument: InstrumentId(1), before_seq: Some(9) },
+                body: Body::History { request: HistoryRequest::Trades { instrument: InstrumentId(1), before_seq: Some(9) } },
             },
-            Request::Book { connection: c, id: 27, instrument: InstrumentId(1) },
-            Request::Job { connection: c, id: 28, request: crate::link::JobRequest::Status { job: gpux_protocol::JobId(4) } },
+            Request { connection: c, id: 27, body: Body::Book { instrument: InstrumentId(1) } },
+            Request {
+                connection: c,
+                id: 28,
+                body: Body::Job { request: crate::link::JobRequest::Status { job: gpux_protocol::JobId(4) } },
+            },
         ];
         let mut ups = vec![Up::Connect { connection: c }];
         ups.extend(requests.into_iter().map(Up::Request));
@@ -371,37 +391,37 @@ mod tests {
     /// `Request` variant does not compile until it is added here and to
     /// `every_up`.
     fn variant(request: &Request) -> usize {
-        match request {
-            Request::Authenticate { .. } => 0,
-            Request::Command { .. } => 1,
-            Request::Subscribe { .. } => 2,
-            Request::Unsubscribe { .. } => 3,
-            Request::Instruments { .. } => 4,
-            Request::OpenOrders { .. } => 5,
-            Request::Leases { .. } => 6,
-            Request::Stats { .. } => 7,
-            Request::SupplierStats { .. } => 8,
-            Request::RenterStats { .. } => 9,
-            Request::BookOffers { .. } => 10,
-            Request::Usage { .. } => 11,
-            Request::Balance { .. } => 12,
-            Request::Statement { .. } => 13,
-            Request::RecentStatement { .. } => 14,
-            Request::MyGpus { .. } => 15,
-            Request::Disconnect { .. } => 16,
-            Request::Resync { .. } => 17,
-            Request::Bid { .. } => 18,
-            Request::Delivery { .. } => 19,
-            Request::Challenge { .. } => 20,
-            Request::Liveness { .. } => 21,
-            Request::Access { .. } => 22,
-            Request::ExchangeKey { .. } => 23,
-            Request::Listing { .. } => 24,
-            Request::LeaseTelemetry { .. } => 25,
-            Request::History { .. } => 26,
-            Request::Book { .. } => 27,
-            Request::Job { .. } => 28,
-            Request::Connect { .. } => usize::MAX,
+        match &request.body {
+            Body::Authenticate { .. } => 0,
+            Body::Command { .. } => 1,
+            Body::Subscribe { .. } => 2,
+            Body::Unsubscribe { .. } => 3,
+            Body::Instruments { .. } => 4,
+            Body::OpenOrders { .. } => 5,
+            Body::Leases { .. } => 6,
+            Body::Stats { .. } => 7,
+            Body::SupplierStats { .. } => 8,
+            Body::RenterStats { .. } => 9,
+            Body::BookOffers { .. } => 10,
+            Body::Usage { .. } => 11,
+            Body::Balance { .. } => 12,
+            Body::Statement { .. } => 13,
+            Body::RecentStatement { .. } => 14,
+            Body::MyGpus { .. } => 15,
+            Body::Disconnect { .. } => 16,
+            Body::Resync { .. } => 17,
+            Body::Bid { .. } => 18,
+            Body::Delivery { .. } => 19,
+            Body::Challenge { .. } => 20,
+            Body::Liveness { .. } => 21,
+            Body::Access { .. } => 22,
+            Body::ExchangeKey { .. } => 23,
+            Body::Listing { .. } => 24,
+            Body::LeaseTelemetry { .. } => 25,
+            Body::History { .. } => 26,
+            Body::Book { .. } => 27,
+            Body::Job { .. } => 28,
+            Body::Connect { .. } => usize::MAX,
         }
     }
 
@@ -414,6 +434,20 @@ mod tests {
             }
         }
         assert_eq!(seen.iter().position(|seen| !seen), None, "a request variant has no sample");
+    }
+
+    /// Public means no scope: every request a stranger may send needs
+    /// none, and every other one but the login and the gateway's own
+    /// notices needs one.
+    #[test]
+    fn public_requests_and_scopes_agree() {
+        for up in every_up() {
+            let Up::Request(request) = up else { continue };
+            let body = &request.body;
+            let own = matches!(body, Body::Authenticate { .. }) || body.is_notice();
+            assert_eq!(body.scope().is_none(), body.is_public() || own, "variant {}", variant(&request));
+            assert_eq!(request.id(), (!body.is_notice()).then_some(request.id));
+        }
     }
 
     fn every_down() -> Vec<Down> {
@@ -470,7 +504,7 @@ mod tests {
     fn the_in_process_connect_never_goes_on_the_wire() {
         let (frames, _) = tokio::sync::mpsc::channel(1);
         let outbound = crate::link::Outbound::local(frames, Default::default());
-        let connect = Up::Request(Request::Connect { connection: 1, outbound });
+        let connect = Up::Request(Request { connection: 1, id: 0, body: Body::Connect { outbound } });
         assert!(matches!(encode_frame(&connect), Err(WireError::Decode(_))));
     }
 

@@ -12,13 +12,20 @@ use gpux_protocol::{ErrorCode, ServerMessage, ORDERS_PAGE_MAX};
 use super::{error, Pending, Sequencer, Target};
 
 impl Sequencer {
-    /// Whether the connection's key may send `request` now: a key revoked
-    /// or expired since login closes its session; a key without the
-    /// request's scope is refused (`scope_denied`).
+    /// Whether the connection's key may send `request` now: a connection
+    /// that has not logged in sends public requests only
+    /// (`not_authenticated`); a key revoked or expired since login closes
+    /// its session; a key without the request's scope is refused
+    /// (`scope_denied`).
     pub(super) fn permitted(&mut self, request: &Request) -> bool {
         let Some(scope) = request.scope() else { return true };
         let connection = request.connection();
-        let Some(key) = self.connections.get(&connection).and_then(|c| c.key) else { return true };
+        let Some(key) = self.connections.get(&connection).and_then(|c| c.key) else {
+            // Only a public request comes before a login (`Body::is_public`;
+            // the gateways hold to it, and this holds a link to it).
+            self.reply(connection, error(request.id(), ErrorCode::NotAuthenticated));
+            return false;
+        };
         match self.market.keys().access(&key, self.market.clock_ms()) {
             Ok(Some(access)) if access.scopes.contains(scope) => true,
             Ok(Some(_)) => {

@@ -40,7 +40,7 @@ use tokio::sync::broadcast;
 
 use crate::metrics::Metrics;
 use crate::snapshots::SnapshotWriter;
-use gpux_gateway::link::{Clock, ConnectionId, LinkSender, Outbound, Outgoing, QueueError, Request, SharedFrame};
+use gpux_gateway::link::{Body, Clock, ConnectionId, LinkSender, Outbound, Outgoing, QueueError, Request, SharedFrame};
 use gpux_gateway::wire::Down;
 use gpux_journal::JournalStore;
 
@@ -270,42 +270,41 @@ impl Sequencer {
         if !self.permitted(&request) {
             return;
         }
-        match request {
-            Request::Connect { connection, outbound } => self.connect(connection, outbound),
-            Request::Authenticate { connection, id, public_key, role, cancel_on_disconnect, presence, invite, address } => {
+        let Request { connection, id, body } = request;
+        match body {
+            Body::Connect { outbound } => self.connect(connection, outbound),
+            Body::Authenticate { public_key, role, cancel_on_disconnect, presence, invite, address } => {
                 let login = sessions::Login { public_key, role, cancel_on_disconnect, presence, invite, address };
                 self.authenticate(connection, id, login)
             }
-            Request::Command { connection, id, command } => self.apply_command(Some(connection), id, command),
-            Request::Subscribe { connection, id, channel, instrument } => self.subscribe(connection, id, channel, instrument),
-            Request::Resync { connection, channel, instrument } => self.resync(connection, channel, instrument),
-            Request::Unsubscribe { connection, id, channel, instrument } => self.unsubscribe(connection, id, channel, instrument),
-            Request::Instruments { connection, id } => self.instruments(connection, id),
-            Request::OpenOrders { connection, id, after } => self.open_orders(connection, id, after.map(OrderId)),
-            Request::Leases { connection, id, after } => self.leases(connection, id, after.map(LeaseId)),
-            Request::Stats { connection, id, instrument } => self.stats(connection, id, instrument),
-            Request::SupplierStats { connection, id, supplier } => self.supplier_stats(connection, id, supplier),
-            Request::RenterStats { connection, id, renter } => self.renter_stats(connection, id, renter),
-            Request::BookOffers { connection, id, instrument, offset, after } => {
-                self.book_offers(connection, id, instrument, offset, after)
-            }
-            Request::MyGpus { connection, id, offset } => self.my_gpus(connection, id, offset),
-            Request::Usage { connection, id, report, checked_by } => self.usage(connection, id, *report, checked_by),
-            Request::Statement { connection, id, after } => self.statement(connection, id, after),
-            Request::RecentStatement { connection, id, before } => self.recent_statement(connection, id, before),
-            Request::Balance { connection, id } => self.balance(connection, id),
-            Request::Disconnect { connection, exchange_stopping } => self.disconnect(connection, exchange_stopping),
-            Request::Bid { connection, id, command, workload, rematch } => self.bid(connection, id, command, workload, rematch),
-            Request::Delivery { connection, id, request } => self.delivery(connection, id, request),
-            Request::Challenge { connection, id, request } => self.challenge(connection, id, request),
-            Request::Liveness { connection, id, report } => self.liveness(connection, id, *report),
-            Request::Access { connection, id, request } => self.access(connection, id, request),
-            Request::ExchangeKey { connection, id } => self.exchange_key(connection, id),
-            Request::Listing { connection, id } => self.listing(connection, id),
-            Request::LeaseTelemetry { connection, id, lease } => self.lease_telemetry(connection, id, lease),
-            Request::History { connection, id, request } => self.history(connection, id, request),
-            Request::Book { connection, id, instrument } => self.book(connection, id, instrument),
-            Request::Job { connection, id, request } => self.job(connection, id, request),
+            Body::Command { command } => self.apply_command(Some(connection), id, command),
+            Body::Subscribe { channel, instrument } => self.subscribe(connection, id, channel, instrument),
+            Body::Resync { channel, instrument } => self.resync(connection, channel, instrument),
+            Body::Unsubscribe { channel, instrument } => self.unsubscribe(connection, id, channel, instrument),
+            Body::Instruments {} => self.instruments(connection, id),
+            Body::OpenOrders { after } => self.open_orders(connection, id, after.map(OrderId)),
+            Body::Leases { after } => self.leases(connection, id, after.map(LeaseId)),
+            Body::Stats { instrument } => self.stats(connection, id, instrument),
+            Body::SupplierStats { supplier } => self.supplier_stats(connection, id, supplier),
+            Body::RenterStats { renter } => self.renter_stats(connection, id, renter),
+            Body::BookOffers { instrument, offset, after } => self.book_offers(connection, id, instrument, offset, after),
+            Body::MyGpus { offset } => self.my_gpus(connection, id, offset),
+            Body::Usage { report, checked_by } => self.usage(connection, id, *report, checked_by),
+            Body::Statement { after } => self.statement(connection, id, after),
+            Body::RecentStatement { before } => self.recent_statement(connection, id, before),
+            Body::Balance {} => self.balance(connection, id),
+            Body::Disconnect { exchange_stopping } => self.disconnect(connection, exchange_stopping),
+            Body::Bid { command, workload, rematch } => self.bid(connection, id, command, workload, rematch),
+            Body::Delivery { request } => self.delivery(connection, id, request),
+            Body::Challenge { request } => self.challenge(connection, id, request),
+            Body::Liveness { report } => self.liveness(connection, id, *report),
+            Body::Access { request } => self.access(connection, id, request),
+            Body::ExchangeKey {} => self.exchange_key(connection, id),
+            Body::Listing {} => self.listing(connection, id),
+            Body::LeaseTelemetry { lease } => self.lease_telemetry(connection, id, lease),
+            Body::History { request } => self.history(connection, id, request),
+            Body::Book { instrument } => self.book(connection, id, instrument),
+            Body::Job { request } => self.job(connection, id, request),
         }
     }
 

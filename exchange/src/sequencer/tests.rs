@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use gpux_engine::{AccountId, Command, EngineConfig, Role};
-use gpux_gateway::link::{Clock, ConnectionId, DeliveryRequest, HistoryRequest, Outbound, Outgoing, Request};
+use gpux_gateway::link::{Body, Clock, ConnectionId, DeliveryRequest, HistoryRequest, Outbound, Outgoing, Request};
 use gpux_journal::{JournalEntry, MemoryJournal};
 use gpux_market::MarketState;
 use gpux_protocol::{DeliveryState, ErrorCode, ServerMessage};
@@ -80,19 +80,14 @@ impl Client {
     fn connect(connection: ConnectionId) -> (Client, Request) {
         let (frames, receiver) = mpsc::channel(1024);
         let outbound = Outbound::local(frames, Arc::new(Notify::new()));
-        (Client { connection, frames: receiver }, Request::Connect { connection, outbound })
+        (Client { connection, frames: receiver }, Request { connection, id: 0, body: Body::Connect { outbound } })
     }
 
     fn login(&self, id: u64, key: [u8; 32], role: Option<Role>) -> Request {
-        Request::Authenticate {
+        Request {
             connection: self.connection,
             id,
-            public_key: key,
-            role,
-            cancel_on_disconnect: false,
-            presence: true,
-            invite: None,
-            address: None,
+            body: Body::Authenticate { public_key: key, role, cancel_on_disconnect: false, presence: true, invite: None, address: None },
         }
     }
 
@@ -260,9 +255,9 @@ fn a_restart_reaches_the_same_state_from_the_snapshot_and_the_journal() {
     let account = renter.account();
     operator.received();
     let deposit = Command::Deposit { account, amount_minor: 5_000_000 };
-    sequencer.process(vec![Request::Command { connection: 1, id: 2, command: deposit }]).expect("commits");
+    sequencer.process(vec![Request { connection: 1, id: 2, body: Body::Command { command: deposit } }]).expect("commits");
     assert!(matches!(operator.received().last(), Some(ServerMessage::Ack { id: 2, .. })));
-    sequencer.process(vec![Request::Balance { connection: 2, id: 3 }]).expect("answers");
+    sequencer.process(vec![Request { connection: 2, id: 3, body: Body::Balance {} }]).expect("answers");
     let balance = renter.received().into_iter().find(|m| matches!(m, ServerMessage::Balance { .. })).expect("a balance");
     assert!(matches!(balance, ServerMessage::Balance { available_minor: 5_000_000, .. }), "{balance:?}");
 
@@ -276,7 +271,9 @@ fn a_restart_reaches_the_same_state_from_the_snapshot_and_the_journal() {
     let (mut restarted, recovery) = recover(&journal, &snapshots);
     assert_eq!((recovery.snapshot_seq, recovery.entries, recovery.state_hash), (entries, 0, stopped_at));
     let (mut again, connect) = Client::connect(5);
-    restarted.process(vec![connect, again.login(1, [2; 32], None), Request::Balance { connection: 5, id: 3 }]).expect("answers");
+    restarted
+        .process(vec![connect, again.login(1, [2; 32], None), Request { connection: 5, id: 3, body: Body::Balance {} }])
+        .expect("answers");
     let messages = again.received();
     assert!(matches!(messages[0], ServerMessage::Authenticated { account: a, .. } if a == account), "the key finds its account");
     assert_eq!(messages[1], balance, "the same answer after the restart");
@@ -297,7 +294,7 @@ fn an_archived_lease_is_still_listed_from_the_journals_archive() {
     let (mut sequencer, _) = recover(&journal, &snapshots);
     let (_operator, mut supplier, mut renter) = operator_supplier_and_renter(&mut sequencer);
     let (supplier_account, renter_account) = (supplier.account(), renter.account());
-    let command = |connection, id, command| Request::Command { connection, id, command };
+    let command = |connection, id, command| Request { connection, id, body: Body::Command { command } };
     let spot = InstrumentId(0);
     let ask = NewOrder {
         supply: Some(GpuSet { host: HostId(0), gpu_mask: 1 }),
@@ -317,7 +314,7 @@ fn an_archived_lease_is_still_listed_from_the_journals_archive() {
     let lease = sequencer.market.engine().leases_of(renter_account, None, 10).0.first().map(|l| l.lease).expect("the bid filled");
     let exited = DeliveryState::Exited { code: 3 };
     let status = DeliveryRequest::Status { lease, state: exited.clone() };
-    sequencer.process(vec![Request::Delivery { connection: 2, id: 4, request: status }]).expect("commits");
+    sequencer.process(vec![Request { connection: 2, id: 4, body: Body::Delivery { request: status } }]).expect("commits");
     drop(sequencer);
 
     // No report came, so its bill was provisional at the grace and is final
@@ -332,11 +329,15 @@ fn an_archived_lease_is_still_listed_from_the_journals_archive() {
     let (mut archiving, _) = recover_at(&journal, &snapshots, 27 * HOUR_MS);
     let (mut renter, connect) = Client::connect(9);
     archiving
-        .process(vec![connect, renter.login(1, [3; 32], None), Request::Command { connection: 9, id: 2, command: Command::Tick }])
+        .process(vec![
+            connect,
+            renter.login(1, [3; 32], None),
+            Request { connection: 9, id: 2, body: Body::Command { command: Command::Tick } },
+        ])
         .expect("commits");
     assert_eq!(archiving.market.engine().lease(lease), None, "gone from the hot state");
     renter.received();
-    archiving.process(vec![Request::Leases { connection: 9, id: 3, after: None }]).expect("answers");
+    archiving.process(vec![Request { connection: 9, id: 3, body: Body::Leases { after: None } }]).expect("answers");
     let listed = renter.received().into_iter().find_map(|m| match m {
         ServerMessage::Leases { leases, next_after, .. } => Some((leases, next_after)),
         _ => None,
@@ -346,7 +347,7 @@ fn an_archived_lease_is_still_listed_from_the_journals_archive() {
     assert!(leases[0].billing_closed && !leases[0].active);
 
     // Its delivery record went to the archive with it: the last status still answers.
-    let query = |id| Request::Delivery { connection: 9, id, request: DeliveryRequest::Query { lease } };
+    let query = |id| Request { connection: 9, id, body: Body::Delivery { request: DeliveryRequest::Query { lease } } };
     archiving.process(vec![query(4)]).expect("answers");
     let answer = renter.received().into_iter().find_map(|m| match m {
         ServerMessage::LeaseDelivery { state, .. } => Some(state),
@@ -358,7 +359,9 @@ fn an_archived_lease_is_still_listed_from_the_journals_archive() {
     let (mut stranger, connect) = Client::connect(10);
     archiving.process(vec![connect, stranger.login(1, [7; 32], Some(Role::Renter))]).expect("commits");
     stranger.received();
-    archiving.process(vec![Request::Delivery { connection: 10, id: 5, request: DeliveryRequest::Query { lease } }]).expect("answers");
+    archiving
+        .process(vec![Request { connection: 10, id: 5, body: Body::Delivery { request: DeliveryRequest::Query { lease } } }])
+        .expect("answers");
     assert!(
         stranger.received().iter().any(|m| matches!(m, ServerMessage::Error { code: ErrorCode::UnknownLease, .. })),
         "a stranger is told unknown_lease"
@@ -375,7 +378,7 @@ fn supplier_stats_are_public_and_count_a_closed_lease() {
     let (mut sequencer, _) = recover(&journal, &snapshots);
     let (_operator, mut supplier, mut renter) = operator_supplier_and_renter(&mut sequencer);
     let (supplier_account, renter_account) = (supplier.account(), renter.account());
-    let command = |connection, id, command| Request::Command { connection, id, command };
+    let command = |connection, id, command| Request { connection, id, body: Body::Command { command } };
     let ask = NewOrder {
         supply: Some(GpuSet { host: HostId(0), gpu_mask: 1 }),
         ..NewOrder::limit(supplier_account, 1, InstrumentId(0), Side::Sell, 2_000_000, 1)
@@ -398,8 +401,8 @@ fn supplier_stats_are_public_and_count_a_closed_lease() {
     // window).
     let (mut later, _) = recover_at(&journal, &snapshots, 26 * 3_600_000);
     let (mut stranger, connect) = Client::connect(9);
-    later.process(vec![connect, Request::Command { connection: 0, id: 0, command: Command::Tick }]).expect("commits");
-    let ask_stats = |supplier| Request::SupplierStats { connection: 9, id: 7, supplier };
+    later.process(vec![connect, Request { connection: 0, id: 0, body: Body::Command { command: Command::Tick } }]).expect("commits");
+    let ask_stats = |supplier| Request { connection: 9, id: 7, body: Body::SupplierStats { supplier } };
     later.process(vec![ask_stats(supplier_account), ask_stats(renter_account)]).expect("answers");
     let answers = stranger.received();
     let stats = answers.iter().find_map(|m| match m {
@@ -431,7 +434,7 @@ fn a_lease_whose_host_fails_it_is_replaced_on_another_host_with_its_workload() {
     let (mut sequencer, _) = recover(&journal, &snapshots);
     let (_operator, mut supplier, mut renter) = operator_supplier_and_renter(&mut sequencer);
     let (supplier_account, renter_account) = (supplier.account(), renter.account());
-    let command = |connection, id, command| Request::Command { connection, id, command };
+    let command = |connection, id, command| Request { connection, id, body: Body::Command { command } };
     let register = |host: &str, uuid: &str| Command::RegisterGpu {
         account: supplier_account,
         host: host.into(),
@@ -458,12 +461,10 @@ fn a_lease_whose_host_fails_it_is_replaced_on_another_host_with_its_workload() {
     // it; the request's signature check is the gateway test's).
     sequencer.journal(JournalEntry::EncryptionKey { account: supplier_account, key: [7; 32], signature: String::new() }).expect("applies");
     sequencer
-        .process(vec![Request::Bid {
+        .process(vec![Request {
             connection: 3,
             id: 2,
-            command: Command::PlaceOrder(bid),
-            workload: Some(workload.clone()),
-            rematch: true,
+            body: Body::Bid { command: Command::PlaceOrder(bid), workload: Some(workload.clone()), rematch: true },
         }])
         .expect("commits");
     let leases = |sequencer: &Sequencer| sequencer.market.engine().leases_of(renter_account, None, 10).0;
@@ -475,7 +476,11 @@ fn a_lease_whose_host_fails_it_is_replaced_on_another_host_with_its_workload() {
     supplier.received();
 
     let failed = DeliveryState::Failed { code: FailureCode::HostError, fault: Fault::Host, reason: "the container engine is down".into() };
-    let status = |id, lease| Request::Delivery { connection: 2, id, request: DeliveryRequest::Status { lease, state: failed.clone() } };
+    let status = |id, lease| Request {
+        connection: 2,
+        id,
+        body: Body::Delivery { request: DeliveryRequest::Status { lease, state: failed.clone() } },
+    };
     sequencer.process(vec![status(6, first.lease)]).expect("commits");
     let now = leases(&sequencer);
     let replacement = now.iter().find(|l| l.lease != first.lease).expect("a replacement lease").clone();
@@ -519,7 +524,7 @@ fn a_supplier_gone_during_its_leases_is_journaled_but_not_when_the_exchange_stop
     let (mut sequencer, _) = recover(&journal, &snapshots);
     let (_operator, mut supplier, mut renter) = operator_supplier_and_renter(&mut sequencer);
     let (supplier_account, renter_account) = (supplier.account(), renter.account());
-    let command = |connection, id, command| Request::Command { connection, id, command };
+    let command = |connection, id, command| Request { connection, id, body: Body::Command { command } };
     let disconnects = |journal: &MemoryJournal| {
         journal
             .entries()
@@ -531,7 +536,7 @@ fn a_supplier_gone_during_its_leases_is_journaled_but_not_when_the_exchange_stop
         Command::RegisterGpu { account: supplier_account, host: "rack-1".into(), gpu_uuid: "GPU-0".into(), spec: GpuSpec::h100_sxm() };
     sequencer.process(vec![command(2, 2, register)]).expect("commits");
     // Gone without a lease: nothing to record.
-    sequencer.process(vec![Request::Disconnect { connection: 2, exchange_stopping: false }]).expect("commits");
+    sequencer.process(vec![Request { connection: 2, id: 0, body: Body::Disconnect { exchange_stopping: false } }]).expect("commits");
     assert_eq!(disconnects(&journal), 0);
 
     let (back, connect) = Client::connect(4);
@@ -551,11 +556,11 @@ fn a_supplier_gone_during_its_leases_is_journaled_but_not_when_the_exchange_stop
         .expect("commits");
     assert_eq!(sequencer.market.engine().active_leases_supplied(supplier_account).len(), 1);
     // Closed by a stopping exchange: not the supplier's fact.
-    sequencer.process(vec![Request::Disconnect { connection: 4, exchange_stopping: true }]).expect("commits");
+    sequencer.process(vec![Request { connection: 4, id: 0, body: Body::Disconnect { exchange_stopping: true } }]).expect("commits");
     assert_eq!(disconnects(&journal), 0);
     let (again, connect) = Client::connect(5);
     sequencer.process(vec![connect, again.login(1, [2; 32], None)]).expect("commits");
-    sequencer.process(vec![Request::Disconnect { connection: 5, exchange_stopping: false }]).expect("commits");
+    sequencer.process(vec![Request { connection: 5, id: 0, body: Body::Disconnect { exchange_stopping: false } }]).expect("commits");
     assert_eq!(disconnects(&journal), 1, "gone during its lease");
     let record = sequencer.market.reliability().supplier(supplier_account, sequencer.market.clock_ms());
     assert_eq!(record.disconnects_during_leases, 1);
@@ -574,13 +579,15 @@ fn history_the_journal_cannot_give_is_history_unavailable() {
     let spot = gpux_engine::InstrumentId(0);
     let requests = |connection| {
         vec![
-            Request::History { connection, id: 5, request: HistoryRequest::Trades { instrument: spot, before_seq: None } },
-            Request::History {
+            Request { connection, id: 5, body: Body::History { request: HistoryRequest::Trades { instrument: spot, before_seq: None } } },
+            Request {
                 connection,
                 id: 6,
-                request: HistoryRequest::Candles { instrument: spot, interval: gpux_protocol::CandleInterval::Day, before_ms: None },
+                body: Body::History {
+                    request: HistoryRequest::Candles { instrument: spot, interval: gpux_protocol::CandleInterval::Day, before_ms: None },
+                },
             },
-            Request::History { connection, id: 7, request: HistoryRequest::Fills { before: None } },
+            Request { connection, id: 7, body: Body::History { request: HistoryRequest::Fills { before: None } } },
         ]
     };
     sequencer.process(requests(3)).expect("commits");
@@ -619,10 +626,10 @@ fn reads_the_journal_cannot_give_are_journal_unavailable_never_an_empty_answer()
     let archived = gpux_engine::LeaseId(999);
     let requests = |connection| {
         vec![
-            Request::Statement { connection, id: 5, after: None },
-            Request::RecentStatement { connection, id: 6, before: None },
-            Request::Leases { connection, id: 7, after: None },
-            Request::LeaseTelemetry { connection, id: 8, lease: archived },
+            Request { connection, id: 5, body: Body::Statement { after: None } },
+            Request { connection, id: 6, body: Body::RecentStatement { before: None } },
+            Request { connection, id: 7, body: Body::Leases { after: None } },
+            Request { connection, id: 8, body: Body::LeaseTelemetry { lease: archived } },
         ]
     };
     journal.fail_reads(true);
@@ -658,7 +665,7 @@ fn a_challenge_side_of_an_older_listing_applies_and_is_not_challenged() {
         let (_operator, mut supplier, _renter) = operator_supplier_and_renter(&mut sequencer);
         let account = supplier.account();
         let register = Command::RegisterGpu { account, host: "a".into(), gpu_uuid: "GPU-a".into(), spec: GpuSpec::h100_sxm() };
-        sequencer.process(vec![Request::Command { connection: 2, id: 2, command: register }]).expect("commits");
+        sequencer.process(vec![Request { connection: 2, id: 2, body: Body::Command { command: register } }]).expect("commits");
         sequencer.process(Vec::new()).expect("commits");
         let issued = journal.entries().iter().any(|entry| matches!(entry, JournalEntry::ChallengeIssued { .. }));
         assert_eq!(issued, challenged, "n = {n}");
@@ -679,7 +686,7 @@ fn one_renters_unanswered_log_requests_hold_only_its_share() {
     sequencer.process(vec![connect_other, other.login(1, [4; 32], Some(Role::Renter))]).expect("commits");
     let mut other = other;
     let other_account = other.account();
-    let command = |connection, id, command| Request::Command { connection, id, command };
+    let command = |connection, id, command| Request { connection, id, body: Body::Command { command } };
     let ask = NewOrder {
         supply: Some(GpuSet { host: HostId(0), gpu_mask: 0b11 }),
         ..NewOrder::limit(supplier_account, 1, InstrumentId(0), Side::Sell, 2_000_000, 2)
@@ -707,7 +714,11 @@ fn one_renters_unanswered_log_requests_hold_only_its_share() {
         .expect("commits");
     let lease_of = |sequencer: &Sequencer, account| sequencer.market.engine().leases_of(account, None, 10).0[0].lease;
     let (mine, theirs) = (lease_of(&sequencer, renter_account), lease_of(&sequencer, other_account));
-    let logs = |connection, lease| Request::Delivery { connection, id: 9, request: DeliveryRequest::Logs { lease, tail_bytes: 100 } };
+    let logs = |connection, lease| Request {
+        connection,
+        id: 9,
+        body: Body::Delivery { request: DeliveryRequest::Logs { lease, tail_bytes: 100 } },
+    };
     // The renter's own connection and four more, all its account.
     let mut connections = vec![(3, None)];
     for connection in 30..34 {
@@ -747,7 +758,7 @@ fn open_orders_page_by_a_cursor_while_orders_close() {
     let (mut sequencer, _) = recover(&journal, &snapshots);
     let (_operator, _supplier, mut renter) = operator_supplier_and_renter(&mut sequencer);
     let renter_account = renter.account();
-    let command = |connection, id, command| Request::Command { connection, id, command };
+    let command = |connection, id, command| Request { connection, id, body: Body::Command { command } };
     sequencer.process(vec![command(1, 2, Command::Deposit { account: renter_account, amount_minor: 1_000_000_000_000 })]).expect("commits");
     // In batches the renter's queue holds (its answers are drained between).
     for batch in 0..9u64 {
@@ -760,7 +771,7 @@ fn open_orders_page_by_a_cursor_while_orders_close() {
     }
     let page = |sequencer: &mut Sequencer, renter: &mut Client, after: Option<u64>| {
         renter.received();
-        sequencer.process(vec![Request::OpenOrders { connection: 3, id: 999, after }]).expect("answers");
+        sequencer.process(vec![Request { connection: 3, id: 999, body: Body::OpenOrders { after } }]).expect("answers");
         renter
             .received()
             .into_iter()
@@ -789,7 +800,7 @@ fn open_orders_page_by_a_cursor_while_orders_close() {
             .map(|(i, order)| command(3, 5_000 + i as u64, Command::CancelOrder { account: renter_account, order: *order }))
             .collect();
         for cancel in &cancels {
-            if let Request::Command { command: Command::CancelOrder { order, .. }, .. } = cancel {
+            if let Request { body: Body::Command { command: Command::CancelOrder { order, .. }, .. }, .. } = cancel {
                 closed.insert(*order);
             }
         }
@@ -805,4 +816,29 @@ fn open_orders_page_by_a_cursor_while_orders_close() {
     let open_throughout: Vec<OrderId> = every.iter().filter(|o| !closed.contains(*o)).copied().collect();
     let missing: Vec<&OrderId> = open_throughout.iter().filter(|o| !unique.contains(*o)).collect();
     assert!(missing.is_empty(), "{} orders open throughout were never listed: {missing:?}", missing.len());
+}
+
+/// A request that needs a login, from a connection that has none (a link
+/// that broke the gateway's rule, `Body::is_public`): refused
+/// `not_authenticated`, never answered with silence or applied; a public
+/// one is answered.
+#[test]
+fn a_request_needing_a_login_from_a_connection_without_one_is_refused() {
+    let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
+    let (mut sequencer, _) = recover(&journal, &snapshots);
+    sequencer.process(Vec::new()).expect("commits");
+    let (mut stranger, connect) = Client::connect(40);
+    let entries = journal.entries().len();
+    let withdraw = Command::Withdraw { account: AccountId(0), amount_minor: 1 };
+    let batch = vec![
+        connect,
+        Request::new(40, 1, Body::Balance {}),
+        Request::new(40, 2, Body::Command { command: withdraw }),
+        Request::new(40, 3, Body::Instruments {}),
+    ];
+    sequencer.process(batch).expect("commits");
+    let answers = stranger.received();
+    assert_eq!(error_codes(answers[..2].to_vec()), [(Some(1), ErrorCode::NotAuthenticated), (Some(2), ErrorCode::NotAuthenticated)]);
+    assert!(matches!(answers[2], ServerMessage::Instruments { id: 3, .. }), "{:?}", answers[2]);
+    assert_eq!(journal.entries().len(), entries, "nothing journaled");
 }
