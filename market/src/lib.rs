@@ -251,98 +251,13 @@ impl MarketState {
                 }
                 *self = MarketState::new((**listing).clone()).map_err(MarketError::GenesisInvalid)?;
             }
-            JournalEntry::Engine(input) => {
-                // A new UTC day moves every score's window: the engine matches
-                // this entry's bids with today's scores.
-                let day = input.at_ms / reliability::MS_PER_DAY;
-                if day > self.scores_day {
-                    self.scores_day = day;
-                    let suppliers: Vec<AccountId> = self.reliability.suppliers().collect();
-                    self.refresh_scores(&suppliers, input.at_ms);
-                }
-                if let Command::PlaceOrderInRegions { order, regions, .. } = &input.command {
-                    self.rematch.bid_regions(order.account, order.client_order_id, regions);
-                }
-                // A bid that carries a workload (its own, or the failed
-                // lease's that a replacement takes over) trades only with
-                // suppliers that can deliver it.
-                if let Some(order) = input.command.new_order() {
-                    let replaces = order.client_order_id.checked_sub(rematch::REPLACEMENT_CLIENT_ORDER_ID_BASE).map(LeaseId);
-                    if self.deliveries.bid_has_workload(order.account, order.client_order_id)
-                        || replaces.is_some_and(|failed| self.deliveries.lease(failed).is_some_and(|d| d.workload.is_some()))
-                    {
-                        self.engine.expect_workload(order.account, order.client_order_id);
-                    }
-                }
-                applied.events.extend_from_slice(self.engine.apply(input));
-                // Before archiving: the facts name leases still held.
-                let mut touched = self.reliability.observe(&self.engine, &applied.events);
-                touched.extend(self.watch_preemptions(&applied.events));
-                self.refresh_scores(&touched, input.at_ms);
-                let archive_by_ms = input.at_ms.saturating_sub(LEASE_RETENTION_MS);
-                for (info, symbol) in self.engine.archive_leases_with_symbols(archive_by_ms) {
-                    self.ledger.forget_lease(info.lease);
-                    let delivery = self.deliveries.forget_lease(info.lease);
-                    self.rematch.forget_lease(info.lease);
-                    self.telemetry.forget_lease(info.lease);
-                    applied.archived.leases.push(ArchivedLease { info, delivery, symbol });
-                }
-                // An expired window's contracts leave too (nothing queries them;
-                // the journal holds their history), and a day later the window.
-                applied.archived.contracts = self.engine.archive_windows(archive_by_ms);
-                applied.archived.instruments = self.engine.retire_windows(input.at_ms.saturating_sub(WINDOW_RETENTION_MS));
-                for window in &applied.archived.instruments {
-                    self.book_seq.remove(&window.instrument);
-                    self.trade_seq.remove(&window.instrument);
-                    self.stats.forget(window.instrument);
-                }
-                for assigned in self.deliveries.observe(&applied.events) {
-                    owed.push(Notice {
-                        to: Audience::account(assigned.supplier),
-                        message: ServerMessage::Workload { lease: assigned.lease, workload: assigned.workload },
-                    });
-                }
-                let rematched = self.rematch.observe(&applied.events);
-                applied.follow_ups.extend(rematched.replacement.map(|(order, regions)| match regions.is_empty() {
-                    true => Command::PlaceOrder(order),
-                    false => Command::PlaceOrderInRegions { order, options: OrderOptions::default(), regions },
-                }));
-                let jobs = self.jobs.observe(&applied.events);
-                self.job_outcome(jobs, &mut applied, &mut owed);
-                for (failed, replacement, renter) in rematched.replaced {
-                    // The replacement takes over the failed lease's workload.
-                    let workload = self.deliveries.lease(failed).and_then(|d| d.workload.clone());
-                    let supplier = replacement.and_then(|lease| self.engine.lease(lease)).map(|l| l.supplier);
-                    if let (Some(lease), Some(supplier), Some(mut workload)) = (replacement, supplier, workload) {
-                        // Secrets sealed to the failed host's key do not open
-                        // on another: the new host waits for the renter to
-                        // seal them to its key (told by `lease_replaced`).
-                        let new_key = self.deliveries.encryption_key(supplier).map(|k| hex::encode(k.key));
-                        if workload
-                            .sealed
-                            .as_ref()
-                            .is_some_and(|sealed| !new_key.as_ref().is_some_and(|key| sealed.recipient.eq_ignore_ascii_case(key)))
-                        {
-                            workload.sealed = None;
-                            workload.secrets_follow = true;
-                        }
-                        self.deliveries.set_lease_workload(lease, supplier, workload.clone());
-                        owed.push(Notice { to: Audience::account(supplier), message: ServerMessage::Workload { lease, workload } });
-                    }
-                    owed.push(Notice {
-                        to: Audience::account(renter),
-                        message: ServerMessage::LeaseReplaced { lease: failed, replacement },
-                    });
-                }
-            }
+            JournalEntry::Engine(input) => self.apply_engine(input, &mut applied, &mut owed),
             JournalEntry::SubmitJob { at_ms, terms } => {
-                applied.job = Some(match self.jobs.submit(terms.clone(), *at_ms) {
-                    Ok((job, outcome)) => {
-                        self.job_outcome(outcome, &mut applied, &mut owed);
-                        Ok(job)
-                    }
-                    Err(refusal) => Err(refusal),
+                let submitted = self.jobs.submit(terms.clone(), *at_ms).map(|(job, outcome)| {
+                    self.job_outcome(outcome, &mut applied, &mut owed);
+                    job
                 });
+                applied.job = Some(submitted);
             }
             JournalEntry::CancelJob { at_ms, account, job } => {
                 let outcome = self.jobs.cancel(*job, *account, *at_ms);
@@ -373,69 +288,20 @@ impl MarketState {
                 }
             }
             JournalEntry::UsageReport { at_ms, account, report } | JournalEntry::UsageReportV2 { at_ms, account, report } => {
-                let key = self.account_key(*account).unwrap_or([0; 32]);
-                let (outcome, events) = settle_report(&mut self.engine, &mut self.settlement, &key, *at_ms, *account, report);
-                match outcome {
-                    Err(code) => {
-                        self.reliability.refused(&self.engine, *account, report.body.lease, code, *at_ms);
-                        self.refresh_scores(&[*account], *at_ms);
-                    }
-                    Ok(UsageOutcome::Accepted { verified_ms, .. }) => {
-                        self.telemetry.record(&report.body);
-                        self.jobs.heard(report.body.lease, *account, *at_ms);
-                        if let Some(renter) = self.engine.lease(report.body.lease).map(|l| l.renter) {
-                            let disputed = self.disputes.claimed(renter, &report.body, verified_ms);
-                            applied.follow_ups.extend(self.disputed(report.body.lease, disputed, *at_ms));
-                        }
-                    }
-                    Ok(UsageOutcome::Duplicate) => {}
-                }
-                applied.events = events;
-                applied.usage = Some(outcome);
+                self.apply_usage(*at_ms, *account, report, &mut applied)
             }
             JournalEntry::BidWorkload { account, client_order_id, workload } => {
                 self.deliveries.bid_workload(*account, *client_order_id, workload.clone())
             }
             JournalEntry::BidRematch { account, client_order_id } => self.rematch.bid_rematch(*account, *client_order_id),
-            JournalEntry::LeaseWorkload { account: _, lease, workload } => {
-                if let Some(supplier) = self.engine.lease(*lease).map(|l| l.supplier) {
-                    self.deliveries.set_lease_workload(*lease, supplier, workload.clone());
-                    owed.push(Notice {
-                        to: Audience::account(supplier),
-                        message: ServerMessage::Workload { lease: *lease, workload: workload.clone() },
-                    });
-                }
-            }
+            JournalEntry::LeaseWorkload { account: _, lease, workload } => self.set_lease_workload(*lease, workload, &mut owed),
             JournalEntry::EncryptionKey { account, key, signature } => {
                 self.deliveries.set_encryption_key(*account, HostEncryptionKey { key: *key, signature: signature.clone() });
                 self.engine.set_delivering(*account);
             }
-            JournalEntry::ChallengeIssued { at_ms, gpu, seed, n } => {
-                if let Some(owner) = self.engine.gpu(*gpu).map(|g| g.owner) {
-                    let challenge = self.challenges.issue(*gpu, owner, *seed, *n, *at_ms);
-                    let expires_at_ms = self.challenges.get(challenge).map_or(*at_ms, |p| p.expires_at_ms());
-                    owed.push(Notice {
-                        to: Audience::account(owner),
-                        message: ServerMessage::GpuChallenge { challenge, gpu: *gpu, seed: hex::encode(seed), n: *n, expires_at_ms },
-                    });
-                }
-            }
+            JournalEntry::ChallengeIssued { at_ms, gpu, seed, n } => self.issue_challenge(*at_ms, *gpu, seed, *n, &mut owed),
             JournalEntry::MemoryChallengeIssued { at_ms, gpu, seed, words_log2, passes } => {
-                if let Some(owner) = self.engine.gpu(*gpu).map(|g| g.owner) {
-                    let challenge = self.challenges.issue_memory(*gpu, owner, *seed, (*words_log2, *passes), *at_ms);
-                    let expires_at_ms = self.challenges.get(challenge).map_or(*at_ms, |p| p.expires_at_ms());
-                    owed.push(Notice {
-                        to: Audience::account(owner),
-                        message: ServerMessage::GpuMemoryChallenge {
-                            challenge,
-                            gpu: *gpu,
-                            seed: hex::encode(seed),
-                            words_log2: *words_log2,
-                            passes: *passes,
-                            expires_at_ms,
-                        },
-                    });
-                }
+                self.issue_memory_challenge(*at_ms, *gpu, seed, (*words_log2, *passes), &mut owed)
             }
             JournalEntry::ChallengeCommitted { at_ms, account: _, challenge, commitment, open_seed } => {
                 self.challenges.commit(*challenge, *commitment, *open_seed, *at_ms)
@@ -464,47 +330,212 @@ impl MarketState {
                 self.refresh_scores(&[*account], *at_ms);
             }
             JournalEntry::DeliveryStatus { at_ms, account, lease, state } => {
-                let stopped = matches!(state, DeliveryState::Stopped | DeliveryState::Exited { .. } | DeliveryState::Failed { .. });
-                if let Some(ended_ms) = self.preempted.get(lease).copied().filter(|_| stopped) {
-                    self.preempted.remove(lease);
-                    if *at_ms > ended_ms + PREEMPTION_STOP_MS {
-                        self.reliability.late_preemption(&self.engine, *lease, *at_ms);
-                        self.refresh_scores(&[*account], *at_ms);
-                    }
-                }
-                applied.first_running = self.deliveries.record_status(*lease, *account, state.clone(), *at_ms);
-                if applied.first_running && self.engine.lease(*lease).is_some_and(|l| l.supplier == *account) {
-                    self.reliability.delivered(&self.engine, *lease);
-                }
-                if let Some(info) = self.engine.lease(*lease) {
-                    owed.push(Notice {
-                        to: Audience::account(info.renter),
-                        message: ServerMessage::Delivery { lease: *lease, state: state.clone(), at_ms: *at_ms },
-                    });
-                    // A job's workload that exited ends the job (its host's word).
-                    if info.supplier == *account {
-                        self.jobs.heard(*lease, *account, *at_ms);
-                    }
-                    if let (DeliveryState::Exited { code }, true) = (state, info.supplier == *account) {
-                        let outcome = self.jobs.workload_exited(*lease, *code, *at_ms);
-                        self.job_outcome(outcome, &mut applied, &mut owed);
-                    }
-                    if let (DeliveryState::Failed { code, fault: gpux_protocol::Fault::Renter, .. }, true) =
-                        (state, info.supplier == *account)
-                    {
-                        let outcome = self.jobs.undeliverable(*lease, *code, *at_ms);
-                        self.job_outcome(outcome, &mut applied, &mut owed);
-                    }
-                    let host_failed = matches!(state, DeliveryState::Failed { fault: gpux_protocol::Fault::Host, .. });
-                    if host_failed && info.active {
-                        applied.follow_ups.push(Command::FailLeaseDelivery { account: *account, lease: *lease });
-                    }
-                }
+                self.apply_delivery_status(*at_ms, *account, *lease, state, &mut applied, &mut owed)
             }
         }
         self.post(&mut applied)?;
         applied.notices.extend(owed);
         Ok(applied)
+    }
+
+    /// A compute challenge issued to a GPU's owner.
+    fn issue_challenge(&mut self, at_ms: u64, gpu: gpux_engine::GpuId, seed: &[u8; 32], n: u32, owed: &mut Vec<Notice>) {
+        let Some(owner) = self.engine.gpu(gpu).map(|g| g.owner) else { return };
+        let challenge = self.challenges.issue(gpu, owner, *seed, n, at_ms);
+        let expires_at_ms = self.challenges.get(challenge).map_or(at_ms, |p| p.expires_at_ms());
+        owed.push(Notice {
+            to: Audience::account(owner),
+            message: ServerMessage::GpuChallenge { challenge, gpu, seed: hex::encode(seed), n, expires_at_ms },
+        });
+    }
+
+    /// A memory challenge (`(words_log2, passes)`) issued to a GPU's owner.
+    fn issue_memory_challenge(&mut self, at_ms: u64, gpu: gpux_engine::GpuId, seed: &[u8; 32], size: (u32, u32), owed: &mut Vec<Notice>) {
+        let Some(owner) = self.engine.gpu(gpu).map(|g| g.owner) else { return };
+        let challenge = self.challenges.issue_memory(gpu, owner, *seed, size, at_ms);
+        let expires_at_ms = self.challenges.get(challenge).map_or(at_ms, |p| p.expires_at_ms());
+        let (words_log2, passes) = size;
+        owed.push(Notice {
+            to: Audience::account(owner),
+            message: ServerMessage::GpuMemoryChallenge { challenge, gpu, seed: hex::encode(seed), words_log2, passes, expires_at_ms },
+        });
+    }
+
+    /// A renter's workload for its lease, sent to the lease's host.
+    fn set_lease_workload(&mut self, lease: LeaseId, workload: &gpux_protocol::Workload, owed: &mut Vec<Notice>) {
+        let Some(supplier) = self.engine.lease(lease).map(|l| l.supplier) else { return };
+        let workload = Box::new(workload.clone());
+        self.deliveries.set_lease_workload(lease, supplier, workload.clone());
+        owed.push(Notice { to: Audience::account(supplier), message: ServerMessage::Workload { lease, workload } });
+    }
+
+    /// An engine command: the scores' day, the bid's region and workload
+    /// terms, the engine's events and what follows from them (records,
+    /// archiving, workloads to hosts, replacements, jobs).
+    fn apply_engine(&mut self, input: &gpux_engine::Input, applied: &mut Applied, owed: &mut Vec<Notice>) {
+        // A new UTC day moves every score's window: the engine matches
+        // this entry's bids with today's scores.
+        let day = input.at_ms / reliability::MS_PER_DAY;
+        if day > self.scores_day {
+            self.scores_day = day;
+            let suppliers: Vec<AccountId> = self.reliability.suppliers().collect();
+            self.refresh_scores(&suppliers, input.at_ms);
+        }
+        if let Command::PlaceOrderInRegions { order, regions, .. } = &input.command {
+            self.rematch.bid_regions(order.account, order.client_order_id, regions);
+        }
+        // A bid that carries a workload (its own, or the failed
+        // lease's that a replacement takes over) trades only with
+        // suppliers that can deliver it.
+        if let Some(order) = input.command.new_order() {
+            let replaces = order.client_order_id.checked_sub(rematch::REPLACEMENT_CLIENT_ORDER_ID_BASE).map(LeaseId);
+            if self.deliveries.bid_has_workload(order.account, order.client_order_id)
+                || replaces.is_some_and(|failed| self.deliveries.lease(failed).is_some_and(|d| d.workload.is_some()))
+            {
+                self.engine.expect_workload(order.account, order.client_order_id);
+            }
+        }
+        applied.events.extend_from_slice(self.engine.apply(input));
+        // Before archiving: the facts name leases still held.
+        let mut touched = self.reliability.observe(&self.engine, &applied.events);
+        touched.extend(self.watch_preemptions(&applied.events));
+        self.refresh_scores(&touched, input.at_ms);
+        self.archive(input.at_ms, applied);
+        for assigned in self.deliveries.observe(&applied.events) {
+            owed.push(Notice {
+                to: Audience::account(assigned.supplier),
+                message: ServerMessage::Workload { lease: assigned.lease, workload: assigned.workload },
+            });
+        }
+        let rematched = self.rematch.observe(&applied.events);
+        applied.follow_ups.extend(rematched.replacement.map(|(order, regions)| match regions.is_empty() {
+            true => Command::PlaceOrder(order),
+            false => Command::PlaceOrderInRegions { order, options: OrderOptions::default(), regions },
+        }));
+        let jobs = self.jobs.observe(&applied.events);
+        self.job_outcome(jobs, applied, owed);
+        self.hand_over_workloads(rematched.replaced, owed);
+    }
+
+    /// Leases and windows past their retention leave the live state: the
+    /// leases into `applied.archived` for the journal's archive.
+    fn archive(&mut self, at_ms: u64, applied: &mut Applied) {
+        let archive_by_ms = at_ms.saturating_sub(LEASE_RETENTION_MS);
+        for (info, symbol) in self.engine.archive_leases_with_symbols(archive_by_ms) {
+            self.ledger.forget_lease(info.lease);
+            let delivery = self.deliveries.forget_lease(info.lease);
+            self.rematch.forget_lease(info.lease);
+            self.telemetry.forget_lease(info.lease);
+            applied.archived.leases.push(ArchivedLease { info, delivery, symbol });
+        }
+        // An expired window's contracts leave too (nothing queries them;
+        // the journal holds their history), and a day later the window.
+        applied.archived.contracts = self.engine.archive_windows(archive_by_ms);
+        applied.archived.instruments = self.engine.retire_windows(at_ms.saturating_sub(WINDOW_RETENTION_MS));
+        for window in &applied.archived.instruments {
+            self.book_seq.remove(&window.instrument);
+            self.trade_seq.remove(&window.instrument);
+            self.stats.forget(window.instrument);
+        }
+    }
+
+    /// Each replacement of a failed lease takes over its workload (secrets
+    /// sealed to the failed host's key wait for the renter), and the renter
+    /// is told.
+    fn hand_over_workloads(&mut self, replaced: Vec<(LeaseId, Option<LeaseId>, AccountId)>, owed: &mut Vec<Notice>) {
+        for (failed, replacement, renter) in replaced {
+            // The replacement takes over the failed lease's workload.
+            let workload = self.deliveries.lease(failed).and_then(|d| d.workload.clone());
+            let supplier = replacement.and_then(|lease| self.engine.lease(lease)).map(|l| l.supplier);
+            if let (Some(lease), Some(supplier), Some(mut workload)) = (replacement, supplier, workload) {
+                // Secrets sealed to the failed host's key do not open
+                // on another: the new host waits for the renter to
+                // seal them to its key (told by `lease_replaced`).
+                let new_key = self.deliveries.encryption_key(supplier).map(|k| hex::encode(k.key));
+                if workload
+                    .sealed
+                    .as_ref()
+                    .is_some_and(|sealed| !new_key.as_ref().is_some_and(|key| sealed.recipient.eq_ignore_ascii_case(key)))
+                {
+                    workload.sealed = None;
+                    workload.secrets_follow = true;
+                }
+                self.deliveries.set_lease_workload(lease, supplier, workload.clone());
+                owed.push(Notice { to: Audience::account(supplier), message: ServerMessage::Workload { lease, workload } });
+            }
+            owed.push(Notice { to: Audience::account(renter), message: ServerMessage::LeaseReplaced { lease: failed, replacement } });
+        }
+    }
+
+    /// A usage report: settled, recorded, and checked against the renter's
+    /// liveness evidence.
+    fn apply_usage(&mut self, at_ms: u64, account: AccountId, report: &gpux_protocol::UsageReport, applied: &mut Applied) {
+        let key = self.account_key(account).unwrap_or([0; 32]);
+        let (outcome, events) = settle_report(&mut self.engine, &mut self.settlement, &key, at_ms, account, report);
+        match outcome {
+            Err(code) => {
+                self.reliability.refused(&self.engine, account, report.body.lease, code, at_ms);
+                self.refresh_scores(&[account], at_ms);
+            }
+            Ok(UsageOutcome::Accepted { verified_ms, .. }) => {
+                self.telemetry.record(&report.body);
+                self.jobs.heard(report.body.lease, account, at_ms);
+                if let Some(renter) = self.engine.lease(report.body.lease).map(|l| l.renter) {
+                    let disputed = self.disputes.claimed(renter, &report.body, verified_ms);
+                    applied.follow_ups.extend(self.disputed(report.body.lease, disputed, at_ms));
+                }
+            }
+            Ok(UsageOutcome::Duplicate) => {}
+        }
+        applied.events = events;
+        applied.usage = Some(outcome);
+    }
+
+    /// A host's delivery status: a late preemption, the first running,
+    /// the renter told, a job's end, and a host's failure ending the lease.
+    fn apply_delivery_status(
+        &mut self,
+        at_ms: u64,
+        account: AccountId,
+        lease: LeaseId,
+        state: &DeliveryState,
+        applied: &mut Applied,
+        owed: &mut Vec<Notice>,
+    ) {
+        let stopped = matches!(state, DeliveryState::Stopped | DeliveryState::Exited { .. } | DeliveryState::Failed { .. });
+        if let Some(ended_ms) = self.preempted.get(&lease).copied().filter(|_| stopped) {
+            self.preempted.remove(&lease);
+            if at_ms > ended_ms + PREEMPTION_STOP_MS {
+                self.reliability.late_preemption(&self.engine, lease, at_ms);
+                self.refresh_scores(&[account], at_ms);
+            }
+        }
+        applied.first_running = self.deliveries.record_status(lease, account, state.clone(), at_ms);
+        if applied.first_running && self.engine.lease(lease).is_some_and(|l| l.supplier == account) {
+            self.reliability.delivered(&self.engine, lease);
+        }
+        if let Some(info) = self.engine.lease(lease) {
+            owed.push(Notice {
+                to: Audience::account(info.renter),
+                message: ServerMessage::Delivery { lease, state: state.clone(), at_ms },
+            });
+            // A job's workload that exited ends the job (its host's word).
+            if info.supplier == account {
+                self.jobs.heard(lease, account, at_ms);
+            }
+            if let (DeliveryState::Exited { code }, true) = (state, info.supplier == account) {
+                let outcome = self.jobs.workload_exited(lease, *code, at_ms);
+                self.job_outcome(outcome, applied, owed);
+            }
+            if let (DeliveryState::Failed { code, fault: gpux_protocol::Fault::Renter, .. }, true) = (state, info.supplier == account) {
+                let outcome = self.jobs.undeliverable(lease, *code, at_ms);
+                self.job_outcome(outcome, applied, owed);
+            }
+            let host_failed = matches!(state, DeliveryState::Failed { fault: gpux_protocol::Fault::Host, .. });
+            if host_failed && info.active {
+                applied.follow_ups.push(Command::FailLeaseDelivery { account, lease });
+            }
+        }
     }
 
     /// Books the events in the ledger, forgets leases whose billing closed,
