@@ -32,6 +32,8 @@ pub(crate) const ARCHIVED_BEFORE: &str = "archived_before";
 /// Entry 1 (the genesis listing) as the journal encoded it, kept when it
 /// is archived (the listing's currency names every amount).
 pub(crate) const GENESIS: &str = "genesis";
+/// The journal's format ([`crate::FORMAT_VERSION`], u64 little-endian).
+pub(crate) const FORMAT: &str = "format_version";
 
 /// Entries copied or deleted in one commit.
 const ARCHIVE_RUN: u64 = 50_000;

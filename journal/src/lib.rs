@@ -13,6 +13,25 @@ use std::path::Path;
 
 pub use archive::{ArchiveError, ArchiveOutcome};
 
+/// The journal's storage format: how its entries, transfers and indexes
+/// are encoded. Recorded in the file (`journal_meta`, `format_version`) as
+/// a build opens it; a file with none was written before 2026-12-06, in
+/// format 1. A build refuses a journal of a newer format than its own
+/// ([`FormatError::Newer`]) instead of misreading or appending to it; a
+/// change of encoding bumps this and decodes older formats by an upcast
+/// (test `system-tests/tests/old_journals.rs` replays a file an older
+/// build wrote).
+pub const FORMAT_VERSION: u64 = 1;
+
+/// A journal file this build cannot use as it is.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error(
+        "the journal was written in format {found} by a newer gpux (this build reads formats up to {supported}): run the newer build, or restore a backup taken before the upgrade"
+    )]
+    Newer { found: u64, supported: u64 },
+}
+
 use anyhow::{Context, Result};
 use gpux_engine::{AccountId, ContractId, ContractInfo, InstrumentId, InstrumentInfo, LeaseId, LeaseInfo};
 pub use gpux_market::JournalEntry;
@@ -84,7 +103,17 @@ impl Journal {
     fn from_db(db: Database) -> Result<Journal> {
         let setup = db.begin_write()?;
         setup.open_table(JOURNAL)?;
-        setup.open_table(archive::JOURNAL_META)?;
+        {
+            let mut meta = setup.open_table(archive::JOURNAL_META)?;
+            match archive::read_u64(&meta, archive::FORMAT)? {
+                Some(found) if found > FORMAT_VERSION => return Err(FormatError::Newer { found, supported: FORMAT_VERSION }.into()),
+                Some(_) => {}
+                // New, or written before the version was recorded (format 1).
+                None => {
+                    meta.insert(archive::FORMAT, FORMAT_VERSION.to_le_bytes().as_slice())?;
+                }
+            }
+        }
         setup.open_table(TRANSFERS)?;
         {
             let archive = setup.open_table(ARCHIVED_LEASES)?;
@@ -690,7 +719,22 @@ pub struct JournalReader {
 impl JournalReader {
     pub fn open(path: &Path) -> Result<JournalReader> {
         let db = redb::ReadOnlyDatabase::open(path).with_context(|| format!("opening journal {} read-only", path.display()))?;
-        Ok(JournalReader { db })
+        let reader = JournalReader { db };
+        if let Some(found) = reader.format_version()?.filter(|found| *found > FORMAT_VERSION) {
+            return Err(FormatError::Newer { found, supported: FORMAT_VERSION }.into());
+        }
+        Ok(reader)
+    }
+
+    /// The format the file records ([`FORMAT_VERSION`]); `None` for one no
+    /// build since 2026-12-06 has opened for writing (format 1).
+    pub fn format_version(&self) -> Result<Option<u64>> {
+        let read = self.db.begin_read()?;
+        match read.open_table(archive::JOURNAL_META) {
+            Ok(meta) => archive::read_u64(&meta, archive::FORMAT),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
     }
 
     pub fn entries_after(&self, seq: u64) -> Result<Vec<JournalEntry>> {
@@ -842,6 +886,29 @@ fn statement_by_scan(
 mod tests {
     use super::*;
     use gpux_engine::{Command, Input, Role};
+
+    /// A new journal records this build's format; one that records a newer
+    /// format is refused, for writing and for reading, with a typed error.
+    #[test]
+    fn a_journal_records_its_format_and_a_newer_one_is_refused() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("journal.redb");
+        drop(Journal::open(&path).expect("open"));
+        assert_eq!(JournalReader::open(&path).expect("reads").format_version().expect("meta"), Some(FORMAT_VERSION));
+        {
+            let db = Database::open(&path).expect("opens");
+            let write = db.begin_write().expect("write");
+            write.open_table(archive::JOURNAL_META).expect("meta").insert(archive::FORMAT, 7u64.to_le_bytes().as_slice()).expect("insert");
+            write.commit().expect("commit");
+        }
+        let refusals = [Journal::open(&path).err().expect("refused"), JournalReader::open(&path).err().expect("refused")];
+        for refusal in refusals {
+            assert!(
+                matches!(refusal.downcast_ref::<FormatError>(), Some(FormatError::Newer { found: 7, supported: FORMAT_VERSION })),
+                "{refusal:#}"
+            );
+        }
+    }
 
     /// A lazily durable journal reads back every commit at once, and what
     /// `sync` made durable survives reopening.

@@ -171,6 +171,11 @@ enum Pending {
 }
 
 impl Sequencer {
+    /// The market as the journal so far made it.
+    pub fn market(&self) -> &MarketState {
+        &self.market
+    }
+
     pub fn state_hash(&self) -> u64 {
         self.market.state_hash()
     }
