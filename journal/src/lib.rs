@@ -544,33 +544,32 @@ fn index_archived_lease(by_account: &mut redb::Table<'_, (u32, u64), ()>, lease:
     Ok(())
 }
 
-/// `items[offset..offset + limit]`, and whether anything follows.
-fn page_of<T>(items: Vec<T>, offset: usize, limit: usize) -> (Vec<T>, bool) {
-    let more = items.len() > offset + limit;
-    (items.into_iter().skip(offset).take(limit).collect(), more)
-}
-
-/// A journal in memory, for tests of the sequencer without IO. Clones share
-/// the same entries (a test "restarts" a sequencer on a clone), and appends
-/// can be made to fail, as a full disk would.
-#[derive(Clone, Default)]
+/// A journal in memory, for tests of the sequencer without IO: the real
+/// [`Journal`] (the same tables, queries and paging) on redb's in-memory
+/// backend, with switches a test turns. Clones share the same journal (a
+/// test "restarts" a sequencer on a clone); appends can be made to fail, as
+/// a full disk would, and reads of what the journal keeps, as an unreadable
+/// file would.
+#[derive(Clone)]
 pub struct MemoryJournal {
     inner: std::sync::Arc<std::sync::Mutex<MemoryInner>>,
 }
 
-#[derive(Default)]
 struct MemoryInner {
-    entries: Vec<JournalEntry>,
-    transfers: std::collections::BTreeMap<u64, Transfer>,
-    archived: std::collections::BTreeMap<u64, ArchivedLease>,
-    contracts: std::collections::BTreeMap<u64, ContractInfo>,
-    instruments: std::collections::BTreeMap<u32, InstrumentInfo>,
-    trades: std::collections::BTreeMap<(u32, u64), TradeRecord>,
+    journal: Journal,
     commits: u64,
     failing: bool,
     /// Reads of what the journal keeps (statements, the archive, history)
     /// fail, as an unreadable file would.
     failing_reads: bool,
+}
+
+impl Default for MemoryJournal {
+    fn default() -> Self {
+        let journal = Journal::open_with_backend(redb::backends::InMemoryBackend::new()).expect("an in-memory journal opens");
+        let inner = MemoryInner { journal, commits: 0, failing: false, failing_reads: false };
+        MemoryJournal { inner: std::sync::Arc::new(std::sync::Mutex::new(inner)) }
+    }
 }
 
 impl MemoryJournal {
@@ -589,7 +588,7 @@ impl MemoryJournal {
         self.inner().failing_reads = failing;
     }
 
-    /// The inner state, after checking that reads are not told to fail.
+    /// The journal, after checking that reads are not told to fail.
     fn readable(&self) -> Result<std::sync::MutexGuard<'_, MemoryInner>> {
         let inner = self.inner();
         anyhow::ensure!(!inner.failing_reads, "the memory journal was told to fail reads");
@@ -603,109 +602,65 @@ impl MemoryJournal {
 
     /// Every entry appended so far.
     pub fn entries(&self) -> Vec<JournalEntry> {
-        self.inner().entries.clone()
+        self.inner().journal.entries_after(0).expect("the in-memory journal reads")
     }
 }
 
 impl JournalStore for MemoryJournal {
     fn next_seq(&self) -> u64 {
-        self.inner().entries.len() as u64 + 1
+        self.inner().journal.next_seq()
     }
     fn entries_after(&self, seq: u64) -> Result<Vec<JournalEntry>> {
-        Ok(self.inner().entries.iter().skip(seq as usize).cloned().collect())
+        self.inner().journal.entries_after(seq)
     }
     fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Result<u64> {
         let mut inner = self.inner();
         anyhow::ensure!(!inner.failing, "the memory journal was told to fail");
-        let first = inner.entries.len() as u64 + 1;
-        inner.entries.extend_from_slice(entries);
-        inner.transfers.extend(transfers.iter().map(|t| (t.id, *t)));
-        inner.archived.extend(archived.leases.iter().map(|l| (l.info.lease.0, l.clone())));
-        inner.contracts.extend(archived.contracts.iter().map(|c| (c.contract.0, c.clone())));
-        inner.instruments.extend(archived.instruments.iter().map(|i| (i.instrument.0, i.clone())));
-        inner.trades.extend(archived.trades.iter().map(|t| ((t.instrument.0, t.seq), t.clone())));
+        let first = inner.journal.append_with_transfers(entries, transfers, archived)?;
         inner.commits += 1;
         Ok(first)
     }
     fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
-        let inner = self.readable()?;
-        let start = after.map_or(0, |after| after + 1);
-        Ok(inner.transfers.range(start..).map(|(_, t)| *t).filter(|t| t.involves(account)).take(limit).collect())
+        JournalStore::statement(&self.readable()?.journal, account, after, limit)
     }
     fn recent_statement(&self, account: AccountId, before: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
-        let inner = self.readable()?;
-        let end = before.unwrap_or(u64::MAX);
-        Ok(inner.transfers.range(..end).rev().map(|(_, t)| *t).filter(|t| t.involves(account)).take(limit).collect())
+        self.readable()?.journal.recent_statement(account, before, limit)
     }
     fn shared_reader(&self) -> std::sync::Arc<dyn JournalRead> {
         std::sync::Arc::new(self.clone())
     }
     fn archived_leases_of(&self, account: AccountId, before: Option<LeaseId>, limit: usize) -> Result<(Vec<LeaseInfo>, bool)> {
-        let inner = self.readable()?;
-        let end = before.map_or(u64::MAX, |lease| lease.0);
-        let matching = inner
-            .archived
-            .range(..end)
-            .rev()
-            .map(|(_, l)| &l.info)
-            .filter(|l| l.renter == account || l.supplier == account)
-            .cloned()
-            .collect();
-        Ok(page_of(matching, 0, limit))
+        self.readable()?.journal.archived_leases_of(account, before, limit)
     }
     fn archived_lease(&self, lease: LeaseId) -> Result<Option<ArchivedLease>> {
-        Ok(self.readable()?.archived.get(&lease.0).cloned())
+        self.readable()?.journal.archived_lease(lease)
     }
     fn archived_contract(&self, contract: ContractId) -> Result<Option<ContractInfo>> {
-        Ok(self.readable()?.contracts.get(&contract.0).cloned())
+        self.readable()?.journal.archived_contract(contract)
     }
     fn archived_instrument(&self, instrument: InstrumentId) -> Result<Option<InstrumentInfo>> {
-        Ok(self.readable()?.instruments.get(&instrument.0).cloned())
+        self.readable()?.journal.archived_instrument(instrument)
     }
     fn trades(&self, instrument: InstrumentId, before_seq: Option<u64>, limit: usize) -> Result<Vec<TradeRecord>> {
-        let inner = self.readable()?;
-        let range = (instrument.0, 0)..(instrument.0, before_seq.unwrap_or(u64::MAX));
-        Ok(inner.trades.range(range).rev().take(limit).map(|(_, t)| t.clone()).collect())
+        self.readable()?.journal.trades(instrument, before_seq, limit)
     }
     fn candles(&self, instrument: InstrumentId, interval: CandleInterval, before_ms: u64, limit: usize) -> Result<(Vec<Candle>, bool)> {
-        let inner = self.readable()?;
-        let mut buckets: std::collections::BTreeMap<u64, CandleRecord> = std::collections::BTreeMap::new();
-        for trade in inner.trades.range((instrument.0, 0)..=(instrument.0, u64::MAX)).map(|(_, t)| t) {
-            let start_ms = interval.start(trade.at_ms);
-            if start_ms < before_ms {
-                buckets.entry(start_ms).and_modify(|c| c.add(trade)).or_insert_with(|| CandleRecord::first(start_ms, trade));
-            }
-        }
-        let more = buckets.len() > limit;
-        let skip = buckets.len().saturating_sub(limit);
-        Ok((buckets.into_values().skip(skip).map(|r| r.candle).collect(), more))
+        self.readable()?.journal.candles(instrument, interval, before_ms, limit)
     }
     fn fills(&self, account: AccountId, before: Option<FillCursor>, limit: usize) -> Result<Vec<Fill>> {
-        let inner = self.readable()?;
-        let mut all: Vec<Fill> = Vec::new();
-        for trade in inner.trades.values() {
-            if trade.buyer == account {
-                all.push(trade.fill(gpux_engine::Side::Buy));
-            }
-            if trade.seller == account {
-                all.push(trade.fill(gpux_engine::Side::Sell));
-            }
-        }
-        all.sort_by_key(|f| std::cmp::Reverse(f.cursor()));
-        Ok(all.into_iter().filter(|f| before.is_none_or(|b| f.cursor() < b)).take(limit).collect())
+        self.readable()?.journal.fills(account, before, limit)
     }
 }
 
 impl JournalRead for MemoryJournal {
     fn account_transfers(&self, account: AccountId, from_ms: u64, to_ms: u64) -> Result<Vec<Transfer>> {
-        let inner = self.inner();
-        Ok(inner.transfers.values().filter(|t| t.involves(account) && t.at_ms >= from_ms && t.at_ms < to_ms).copied().collect())
+        self.inner().journal.shared_reader().account_transfers(account, from_ms, to_ms)
     }
     fn archived_lease_info(&self, lease: LeaseId) -> Result<Option<(LeaseInfo, String)>> {
-        Ok(self.inner().archived.get(&lease.0).map(|l| (l.info.clone(), l.symbol.clone())))
+        self.inner().journal.shared_reader().archived_lease_info(lease)
     }
     fn entries_range(&self, seq: u64, limit: usize) -> Result<Vec<JournalEntry>> {
-        Ok(self.inner().entries.iter().skip(seq as usize).take(limit).cloned().collect())
+        self.inner().journal.shared_reader().entries_range(seq, limit)
     }
 }
 
