@@ -306,6 +306,47 @@ impl Engine {
         region: Option<(&String, &String)>,
         fabric: Option<&FabricClaim>,
     ) -> Checked<()> {
+        let (region, zone) = self.check_registration(account, host_name, uuid, spec, region, fabric)?;
+        let classes_mask = self
+            .config
+            .classes
+            .iter()
+            .enumerate()
+            .filter(|(_, class)| class.requirement.is_met_by(spec))
+            .fold(0u64, |mask, (index, _)| mask | (1u64 << index));
+        if classes_mask == 0 {
+            return Err(RejectCode::GpuNotQualified);
+        }
+        let unproven = self.challenges_any(classes_mask);
+        if unproven && self.account(account)?.gpus_unproven >= limits::GPUS_UNPROVEN_PER_ACCOUNT_MAX {
+            return Err(RejectCode::GpusAwaitingChallenge);
+        }
+        let host = self.host_for(account, host_name, region, fabric)?;
+        // An undeclared host takes the first region one of its GPUs names.
+        let record = &mut self.hosts[host.0 as usize];
+        if record.region.is_none() && region.is_some() {
+            record.region = region;
+            record.zone = zone.to_string();
+        }
+        if let Some(claim) = fabric {
+            self.declare_fabric(host, claim);
+        }
+        self.add_gpu(account, host, uuid, spec, classes_mask, unproven);
+        Ok(())
+    }
+
+    /// The checks of a GPU's registration that need nothing of its host:
+    /// the role, the names, the region and fabric claims, the tables'
+    /// room. Returns the region's index and the zone.
+    fn check_registration<'a>(
+        &self,
+        account: AccountId,
+        host_name: &str,
+        uuid: &str,
+        spec: &GpuSpec,
+        region: Option<(&String, &'a String)>,
+        fabric: Option<&FabricClaim>,
+    ) -> Checked<(Option<u8>, &'a str)> {
         if !self.account(account)?.role.may_supply() {
             return Err(RejectCode::RoleNotPermitted);
         }
@@ -335,64 +376,46 @@ impl Engine {
         if self.gpus.len() as u32 >= limits::GPUS_MAX {
             return Err(RejectCode::HostFull);
         }
-        let funds = self.account(account)?;
-        if funds.gpus >= limits::GPUS_PER_ACCOUNT_MAX {
+        if self.account(account)?.gpus >= limits::GPUS_PER_ACCOUNT_MAX {
             return Err(RejectCode::TooManyGpus);
         }
-        let classes_mask = self
-            .config
-            .classes
-            .iter()
-            .enumerate()
-            .filter(|(_, class)| class.requirement.is_met_by(spec))
-            .fold(0u64, |mask, (index, _)| mask | (1u64 << index));
-        if classes_mask == 0 {
-            return Err(RejectCode::GpuNotQualified);
-        }
-        let unproven = self.challenges_any(classes_mask);
-        if unproven && funds.gpus_unproven >= limits::GPUS_UNPROVEN_PER_ACCOUNT_MAX {
-            return Err(RejectCode::GpusAwaitingChallenge);
-        }
-        let host = match self.host_by_name.get(host_name) {
-            Some(&host) => {
-                let existing = &self.hosts[host.0 as usize];
-                if existing.owner != account {
-                    return Err(RejectCode::NotYourHost);
-                }
-                if existing.gpus.len() as u32 >= limits::GPUS_PER_HOST_MAX {
-                    return Err(RejectCode::HostFull);
-                }
-                if region.is_some() && existing.region.is_some() && existing.region != region {
-                    return Err(RejectCode::RegionMismatch);
-                }
-                if fabric.is_some_and(|claim| !self.fabric_fits(host, claim)) {
-                    return Err(RejectCode::FabricMismatch);
-                }
-                host
+        Ok((region, zone))
+    }
+
+    /// The host a GPU registers on: the account's host of that name (its
+    /// room, region and fabric checked), or a new one.
+    fn host_for(&mut self, account: AccountId, host_name: &str, region: Option<u8>, fabric: Option<&FabricClaim>) -> Checked<HostId> {
+        if let Some(&host) = self.host_by_name.get(host_name) {
+            let existing = &self.hosts[host.0 as usize];
+            if existing.owner != account {
+                return Err(RejectCode::NotYourHost);
             }
-            None => {
-                let host = HostId(self.hosts.len() as u32);
-                self.hosts.push(Host {
-                    name: host_name.to_string(),
-                    owner: account,
-                    gpus: HostGpus::new(),
-                    region: None,
-                    zone: String::new(),
-                    fabric: None,
-                });
-                self.host_by_name.insert(host_name.to_string(), host);
-                host
+            if existing.gpus.len() as u32 >= limits::GPUS_PER_HOST_MAX {
+                return Err(RejectCode::HostFull);
             }
-        };
-        // An undeclared host takes the first region one of its GPUs names.
-        let record = &mut self.hosts[host.0 as usize];
-        if record.region.is_none() && region.is_some() {
-            record.region = region;
-            record.zone = zone.to_string();
+            if region.is_some() && existing.region.is_some() && existing.region != region {
+                return Err(RejectCode::RegionMismatch);
+            }
+            if fabric.is_some_and(|claim| !self.fabric_fits(host, claim)) {
+                return Err(RejectCode::FabricMismatch);
+            }
+            return Ok(host);
         }
-        if let Some(claim) = fabric {
-            self.declare_fabric(host, claim);
-        }
+        let host = HostId(self.hosts.len() as u32);
+        self.hosts.push(Host {
+            name: host_name.to_string(),
+            owner: account,
+            gpus: HostGpus::new(),
+            region: None,
+            zone: String::new(),
+            fabric: None,
+        });
+        self.host_by_name.insert(host_name.to_string(), host);
+        Ok(host)
+    }
+
+    /// A GPU's records, its owner's counts, and `gpu_registered`.
+    fn add_gpu(&mut self, account: AccountId, host: HostId, uuid: &str, spec: &GpuSpec, classes_mask: u64, unproven: bool) {
         let gpu = GpuId(self.gpus.len() as u32);
         let index_on_host = self.hosts[host.0 as usize].gpus.len() as u32;
         self.hosts[host.0 as usize].gpus.push(gpu);
@@ -423,7 +446,6 @@ impl Engine {
         funds.gpus += 1;
         funds.gpus_unproven += u32::from(unproven);
         self.emit(EventKind::GpuRegistered { account, host, gpu, index_on_host, classes_mask });
-        Ok(())
     }
 
     pub(super) fn set_gpu_online(&mut self, account: AccountId, gpu_id: GpuId, online: bool) -> Checked<()> {

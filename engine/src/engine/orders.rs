@@ -195,6 +195,26 @@ impl Engine {
         }
         let reserved = matches!(instrument.kind, ContractKind::Reserved { .. });
         let resale = instrument.kind == ContractKind::LeaseResale;
+        self.check_side(new, role, reserved, resale)?;
+        self.check_terms(new, options, instrument.class, reserved)?;
+        self.check_room_and_supply(new, triggered, resale)?;
+        let (price, no_liquidity) = match new.order_type {
+            OrderType::Limit => (new.price_minor_per_gpu_hour, false),
+            OrderType::Market => match self.protected_price(new.instrument, new.side) {
+                Some(price) => (price, false),
+                None => (0, true),
+            },
+        };
+        let opposite_best = self.books[new.instrument.0 as usize].side(new.side.opposite()).best_price();
+        if new.post_only && opposite_best.is_some_and(|best| crosses(new.side, price, best)) {
+            return Err(RejectCode::PostOnlyWouldCross);
+        }
+        let (hold_per_gpu_minor, budget_minor) = self.hold_for(new, options, price, triggered)?;
+        Ok(Admission { price, hold_per_gpu_minor, no_liquidity, budget_minor })
+    }
+
+    /// Who may place the order's side on this book, and with what supply.
+    fn check_side(&self, new: &NewOrder, role: crate::Role, reserved: bool, resale: bool) -> Checked<()> {
         match (new.side, new.supply) {
             (Side::Buy, Some(_)) => return Err(RejectCode::SupplyNotAllowed),
             (Side::Buy, None) if !role.may_buy() => return Err(RejectCode::RoleNotPermitted),
@@ -209,12 +229,18 @@ impl Engine {
         if resale && new.side == Side::Buy && new.duration == LeaseDuration::UntilCancelled {
             return Err(RejectCode::DurationInvalid);
         }
+        Ok(())
+    }
+
+    /// The order's own terms: quantity, price, duration, budget, expiry,
+    /// post-only.
+    fn check_terms(&self, new: &NewOrder, options: &OrderOptions, class: u16, reserved: bool) -> Checked<()> {
         check_quantity(new.quantity)?;
         if new.min_quantity > new.quantity {
             return Err(RejectCode::MinQuantityInvalid);
         }
         if new.order_type == OrderType::Limit {
-            self.check_price(instrument.class, new.price_minor_per_gpu_hour)?;
+            self.check_price(class, new.price_minor_per_gpu_hour)?;
         }
         if new.side == Side::Buy && !reserved {
             check_duration(new.duration)?;
@@ -231,6 +257,12 @@ impl Engine {
         if new.post_only && (new.order_type != OrderType::Limit || !may_rest) {
             return Err(RejectCode::PostOnlyNotLimit);
         }
+        Ok(())
+    }
+
+    /// The client order id free, an open-order slot, and what an ask
+    /// offers: its GPUs, or contracts the account holds.
+    fn check_room_and_supply(&self, new: &NewOrder, triggered: bool, resale: bool) -> Checked<()> {
         if !triggered && self.client_order_id_taken(new.account, new.client_order_id) {
             return Err(RejectCode::DuplicateClientOrderId);
         }
@@ -241,48 +273,39 @@ impl Engine {
             return Err(RejectCode::TooManyOpenOrders);
         }
         match new.supply {
-            Some(set) => self.check_supply(new.account, new.instrument, set, new.quantity)?,
+            Some(set) => self.check_supply(new.account, new.instrument, set, new.quantity),
             None if new.side == Side::Sell && !resale && self.unoffered_contracts(new.account, new.instrument) < new.quantity => {
-                return Err(RejectCode::InsufficientContracts);
+                Err(RejectCode::InsufficientContracts)
             }
-            None => {}
+            None => Ok(()),
         }
-        let (price, no_liquidity) = match new.order_type {
-            OrderType::Limit => (new.price_minor_per_gpu_hour, false),
-            OrderType::Market => match self.protected_price(new.instrument, new.side) {
-                Some(price) => (price, false),
-                None => (0, true),
-            },
-        };
-        let opposite_best = self.books[new.instrument.0 as usize].side(new.side.opposite()).best_price();
-        if new.post_only && opposite_best.is_some_and(|best| crosses(new.side, price, best)) {
-            return Err(RejectCode::PostOnlyWouldCross);
-        }
-        let mut hold_per_gpu_minor = 0;
-        let mut budget_minor = None;
-        if new.side == Side::Buy {
-            let per_gpu = self.hold_per_gpu(new.instrument, price, new.duration)?;
-            let total = per_gpu.checked_mul(new.quantity as u64).ok_or(RejectCode::InsufficientFunds)?;
-            let total = if options.budget_minor > 0 {
-                // A market order's budget is checked at its protected price.
-                if per_gpu > options.budget_minor {
-                    return Err(RejectCode::BudgetTooSmall);
-                }
-                budget_minor = Some(total.min(options.budget_minor));
-                total.min(options.budget_minor)
-            } else {
-                hold_per_gpu_minor = per_gpu;
-                total
-            };
-            if total > self.account(new.account)?.available_minor {
-                return Err(RejectCode::InsufficientFunds);
-            }
-            self.check_sub_account_limits(new.account, total, !triggered)?;
-            self.check_spend_limits(new.account, total)?;
-        } else {
+    }
+
+    /// What a bid holds at `price` (per GPU, or its budget) within the
+    /// account's funds and limits; `(0, None)` for an ask. Returns the hold
+    /// per GPU and the budget held.
+    fn hold_for(&self, new: &NewOrder, options: &OrderOptions, price: u64, triggered: bool) -> Checked<(u64, Option<u64>)> {
+        if new.side != Side::Buy {
             self.check_sub_account_limits(new.account, 0, !triggered)?;
+            return Ok((0, None));
         }
-        Ok(Admission { price, hold_per_gpu_minor, no_liquidity, budget_minor })
+        let per_gpu = self.hold_per_gpu(new.instrument, price, new.duration)?;
+        let total = per_gpu.checked_mul(new.quantity as u64).ok_or(RejectCode::InsufficientFunds)?;
+        let (hold_per_gpu_minor, budget_minor, total) = if options.budget_minor > 0 {
+            // A market order's budget is checked at its protected price.
+            if per_gpu > options.budget_minor {
+                return Err(RejectCode::BudgetTooSmall);
+            }
+            (0, Some(total.min(options.budget_minor)), total.min(options.budget_minor))
+        } else {
+            (per_gpu, None, total)
+        };
+        if total > self.account(new.account)?.available_minor {
+            return Err(RejectCode::InsufficientFunds);
+        }
+        self.check_sub_account_limits(new.account, total, !triggered)?;
+        self.check_spend_limits(new.account, total)?;
+        Ok((hold_per_gpu_minor, budget_minor))
     }
 
     /// A stop's own checks: its price, that it has not triggered already, the bound.
@@ -630,6 +653,25 @@ impl Engine {
 
     pub(super) fn replace_order(&mut self, account: AccountId, id: OrderId, price: u64, quantity: u32) -> Checked<()> {
         let order = self.owned_order(account, id)?;
+        let new_hold_per_gpu = self.check_replace(account, id, &order, price, quantity)?;
+        if price == order.price && quantity <= order.quantity {
+            if quantity < order.quantity {
+                self.reduce_quantity_for_replace(id, order, quantity);
+            }
+            self.emit(EventKind::OrderReplaced { order: id, account, price_minor_per_gpu_hour: price, quantity, priority_kept: true });
+            if order.all_or_none && quantity < order.quantity {
+                // Smaller, it may fill whole now.
+                self.all_or_none_due_in(order.instrument);
+            }
+            return Ok(());
+        }
+        self.requeue_replaced(account, id, order, price, quantity, new_hold_per_gpu);
+        Ok(())
+    }
+
+    /// A replace's checks (reads only): what may be replaced, the new
+    /// price and quantity, what they hold. Returns the new hold per GPU.
+    fn check_replace(&self, account: AccountId, id: OrderId, order: &Order, price: u64, quantity: u32) -> Checked<u64> {
         // A stop, and a resale ask (its lease's price difference is held for
         // the price it was offered at): cancel and place again instead.
         if order.stop_price.is_some() || self.lease_offers.contains_key(&id) {
@@ -664,18 +706,12 @@ impl Engine {
         if order.post_only && opposite_best.is_some_and(|best| crosses(order.side, price, best)) {
             return Err(RejectCode::PostOnlyWouldCross);
         }
-        if price == order.price && quantity <= order.quantity {
-            if quantity < order.quantity {
-                self.reduce_quantity_for_replace(id, order, quantity);
-            }
-            self.emit(EventKind::OrderReplaced { order: id, account, price_minor_per_gpu_hour: price, quantity, priority_kept: true });
-            if order.all_or_none && quantity < order.quantity {
-                // Smaller, it may fill whole now.
-                self.all_or_none_due_in(order.instrument);
-            }
-            return Ok(());
-        }
-        // Losing priority: off the book, re-priced, then treated as newly arrived.
+        Ok(new_hold_per_gpu)
+    }
+
+    /// A replace that loses priority: off the book, re-priced and held
+    /// anew, then treated as newly arrived.
+    fn requeue_replaced(&mut self, account: AccountId, id: OrderId, order: Order, price: u64, quantity: u32, new_hold_per_gpu: u64) {
         if order.resting {
             let book = &mut self.books[order.instrument.0 as usize];
             let level_quantity = book.side_mut(order.side).unlink(&mut self.orders, id.slot());
@@ -713,7 +749,6 @@ impl Engine {
         } else {
             self.match_and_settle(id, true);
         }
-        Ok(())
     }
 
     fn reduce_quantity_for_replace(&mut self, id: OrderId, order: Order, quantity: u32) {
