@@ -438,61 +438,66 @@ impl EngineConfig {
             return Err(ConfigError::Regions);
         }
         for class in &self.classes {
-            let prices_ok = class.tick_minor > 0
-                && class.price_min_minor_per_gpu_hour >= class.tick_minor
-                && class.price_min_minor_per_gpu_hour % class.tick_minor == 0
-                && class.price_max_minor_per_gpu_hour % class.tick_minor == 0
-                && class.price_max_minor_per_gpu_hour >= class.price_min_minor_per_gpu_hour
-                && class.price_max_minor_per_gpu_hour <= 1 << 40;
-            if !prices_ok {
-                return Err(ConfigError::PriceBand { class: class.name.clone() });
-            }
-            if let Some(calendar) = &class.calendar {
-                if calendar.trading_stop_before_start_ms < class.preemption_notice_ms
-                    || calendar.hourly_windows_ahead > 24 * 14
-                    || calendar.daily_windows_ahead > 60
-                    || calendar.weekly_windows_ahead > limits::WEEKLY_WINDOWS_AHEAD_MAX
-                    || calendar.monthly_windows_ahead > limits::MONTHLY_WINDOWS_AHEAD_MAX
-                {
-                    return Err(ConfigError::Calendar { class: class.name.clone() });
-                }
-            }
-            if class.sla_availability_bps > 10_000 {
-                return Err(ConfigError::Sla { class: class.name.clone() });
-            }
-            // Journals replay listings of every version: sides from before the
-            // Merkle commitment (1 to 256, any) stay valid here;
-            // `validate_listing` holds new listings to powers of two.
-            if class.challenge.is_some_and(|c| c.n == 0 || c.n > limits::CHALLENGE_N_MAX || c.min_mflops == 0) {
-                return Err(ConfigError::Challenge { class: class.name.clone() });
-            }
-            if class.memory_challenge.is_some_and(|c| {
-                !(limits::MEMORY_WORDS_LOG2_MIN..=limits::MEMORY_WORDS_LOG2_MAX).contains(&c.words_log2)
-                    || !(1..=limits::MEMORY_PASSES_MAX).contains(&c.passes)
-                    || c.min_mbps == 0
-            }) {
-                return Err(ConfigError::MemoryChallenge { class: class.name.clone() });
-            }
-            let tiers = &class.sla_credit_tiers;
-            let tiers_ok = tiers.len() <= limits::SLA_TIERS_MAX
-                && tiers.first().is_none_or(|t| t.availability_below_bps <= class.sla_availability_bps)
-                && tiers.iter().all(|t| t.credit_bps <= 10_000)
-                && tiers
-                    .windows(2)
-                    .all(|w| w[1].availability_below_bps < w[0].availability_below_bps && w[1].credit_bps >= w[0].credit_bps);
-            if !tiers_ok {
-                return Err(ConfigError::CreditTiers { class: class.name.clone() });
-            }
-            let models = &class.requirement.models;
-            if models.is_empty()
-                || models.len() > 16
-                || models.iter().any(|m| m.is_empty() || m.len() > 128 || m.chars().all(|c| c == '*') || m.chars().any(char::is_control))
+            self.validate_class(class)?;
+        }
+        Ok(())
+    }
+
+    /// One class's terms: price band, calendar, SLA and credit tiers,
+    /// challenges, model patterns, a name of its own.
+    fn validate_class(&self, class: &ClassSpec) -> Result<(), ConfigError> {
+        let prices_ok = class.tick_minor > 0
+            && class.price_min_minor_per_gpu_hour >= class.tick_minor
+            && class.price_min_minor_per_gpu_hour.is_multiple_of(class.tick_minor)
+            && class.price_max_minor_per_gpu_hour.is_multiple_of(class.tick_minor)
+            && class.price_max_minor_per_gpu_hour >= class.price_min_minor_per_gpu_hour
+            && class.price_max_minor_per_gpu_hour <= 1 << 40;
+        if !prices_ok {
+            return Err(ConfigError::PriceBand { class: class.name.clone() });
+        }
+        if let Some(calendar) = &class.calendar {
+            if calendar.trading_stop_before_start_ms < class.preemption_notice_ms
+                || calendar.hourly_windows_ahead > 24 * 14
+                || calendar.daily_windows_ahead > 60
+                || calendar.weekly_windows_ahead > limits::WEEKLY_WINDOWS_AHEAD_MAX
+                || calendar.monthly_windows_ahead > limits::MONTHLY_WINDOWS_AHEAD_MAX
             {
-                return Err(ConfigError::ModelPattern { class: class.name.clone() });
+                return Err(ConfigError::Calendar { class: class.name.clone() });
             }
-            if self.classes.iter().filter(|other| other.name == class.name).count() > 1 {
-                return Err(ConfigError::DuplicateClass { class: class.name.clone() });
-            }
+        }
+        if class.sla_availability_bps > 10_000 {
+            return Err(ConfigError::Sla { class: class.name.clone() });
+        }
+        // Journals replay listings of every version: sides from before the
+        // Merkle commitment (1 to 256, any) stay valid here;
+        // `validate_listing` holds new listings to powers of two.
+        if class.challenge.is_some_and(|c| c.n == 0 || c.n > limits::CHALLENGE_N_MAX || c.min_mflops == 0) {
+            return Err(ConfigError::Challenge { class: class.name.clone() });
+        }
+        if class.memory_challenge.is_some_and(|c| {
+            !(limits::MEMORY_WORDS_LOG2_MIN..=limits::MEMORY_WORDS_LOG2_MAX).contains(&c.words_log2)
+                || !(1..=limits::MEMORY_PASSES_MAX).contains(&c.passes)
+                || c.min_mbps == 0
+        }) {
+            return Err(ConfigError::MemoryChallenge { class: class.name.clone() });
+        }
+        let tiers = &class.sla_credit_tiers;
+        let tiers_ok = tiers.len() <= limits::SLA_TIERS_MAX
+            && tiers.first().is_none_or(|t| t.availability_below_bps <= class.sla_availability_bps)
+            && tiers.iter().all(|t| t.credit_bps <= 10_000)
+            && tiers.windows(2).all(|w| w[1].availability_below_bps < w[0].availability_below_bps && w[1].credit_bps >= w[0].credit_bps);
+        if !tiers_ok {
+            return Err(ConfigError::CreditTiers { class: class.name.clone() });
+        }
+        let models = &class.requirement.models;
+        if models.is_empty()
+            || models.len() > 16
+            || models.iter().any(|m| m.is_empty() || m.len() > 128 || m.chars().all(|c| c == '*') || m.chars().any(char::is_control))
+        {
+            return Err(ConfigError::ModelPattern { class: class.name.clone() });
+        }
+        if self.classes.iter().filter(|other| other.name == class.name).count() > 1 {
+            return Err(ConfigError::DuplicateClass { class: class.name.clone() });
         }
         Ok(())
     }

@@ -1295,6 +1295,13 @@ impl Engine {
     /// `Rejected` event but changes no state, and equal event streams are
     /// checked by comparing the events themselves.
     fn hash_into(&self, h: &mut StateHasher) {
+        self.hash_accounts_and_orders(h);
+        self.hash_books_and_instruments(h);
+        self.hash_hosts_and_gpus(h);
+        self.hash_leases_and_the_rest(h);
+    }
+
+    fn hash_accounts_and_orders(&self, h: &mut StateHasher) {
         h.u64(self.now_ms);
         h.bytes(format!("{:?}", self.config).as_bytes());
         for account in &self.accounts {
@@ -1311,6 +1318,9 @@ impl Engine {
         for (id, order) in self.orders.iter_live() {
             h.bytes(format!("{id:?}{order:?}").as_bytes());
         }
+    }
+
+    fn hash_books_and_instruments(&self, h: &mut StateHasher) {
         for (index, book) in self.books.iter_indexed() {
             h.u64(index as u64);
             for side in [Side::Buy, Side::Sell] {
@@ -1330,6 +1340,11 @@ impl Engine {
                 .as_bytes(),
             );
         }
+    }
+
+    /// Hosts and GPUs, and the terms that bind them: cluster minimums, the
+    /// late-report window.
+    fn hash_hosts_and_gpus(&self, h: &mut StateHasher) {
         for host in &self.hosts {
             h.bytes(format!("{}{:?}{:?}{}", host.name, host.owner, host.region, host.zone).as_bytes());
             if let Some(fabric) = &host.fabric {
@@ -1361,6 +1376,9 @@ impl Engine {
                 .as_bytes(),
             );
         }
+    }
+
+    fn hash_leases_and_the_rest(&self, h: &mut StateHasher) {
         for (index, lease) in self.leases.iter_indexed() {
             h.bytes(format!("{index}{lease:?}").as_bytes());
         }
