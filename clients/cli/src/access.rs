@@ -4,8 +4,8 @@
 use gpux_engine::{AccountId, AccountLimits};
 use gpux_protocol::{ClientMessage, Scope, Scopes, ServerMessage};
 
-use crate::commands::{written, Session};
 use crate::money::{amount, parse_amount};
+use crate::session::{written, Session};
 use crate::{snake, Failure, KeysAction, ScopeArg, SubAccountAction};
 
 fn limit(limit: Option<u64>, show: impl Fn(u64) -> String) -> String {

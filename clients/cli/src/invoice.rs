@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use gpux_engine::AccountId;
 use gpux_protocol::{ClientMessage, Invoice, ServerMessage};
 
-use crate::commands::Session;
 use crate::money::amount;
+use crate::session::Session;
 use crate::{snake, Failure};
 
 /// Signed money for people: `-$1.50`.

@@ -12,8 +12,8 @@ use gpux_protocol::{
     BundleRef, ClientMessage, InputSource, JobFailure, JobId, JobInfo, JobInput, JobRun, JobState, JobSubmission, ServerMessage,
 };
 
-use crate::commands::Session;
 use crate::money::amount;
+use crate::session::Session;
 use crate::Failure;
 
 /// Pages of `book_offers` read per book at most (the plan needs the best asks).

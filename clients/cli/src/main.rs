@@ -40,6 +40,7 @@ mod job;
 mod keys;
 mod money;
 mod run;
+mod session;
 
 use std::path::PathBuf;
 

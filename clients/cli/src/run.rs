@@ -16,8 +16,8 @@ use gpux_engine::{EventKind, LeaseDuration, LeaseId, OrderType, Side, TimeInForc
 use gpux_protocol::delivery::encryption_key_certified;
 use gpux_protocol::{ClientMessage, DeliveryState, OrderTicket, RestartPolicy, Secrets, ServerMessage, Workload};
 
-use crate::commands::Session;
 use crate::money::parse_amount;
+use crate::session::Session;
 use crate::{Failure, LeaseAction, RestartArg, RunArgs};
 
 pub async fn run(s: &mut Session, args: RunArgs, json: bool) -> Result<(), Failure> {
@@ -205,7 +205,7 @@ fn decode_key(text: &str) -> Result<[u8; 32], Failure> {
 
 /// Follows delivery statuses until every lease runs (or one fails).
 async fn follow(s: &mut Session, leases: &[LeaseId], wait: Duration, json: bool) -> Result<(), Failure> {
-    let bar = (!json).then(|| crate::commands::spinner("waiting for the host to start the workload"));
+    let bar = (!json).then(|| crate::session::spinner("waiting for the host to start the workload"));
     let deadline = Instant::now() + wait;
     let mut running = std::collections::BTreeMap::new();
     while running.len() < leases.len() {
