@@ -39,18 +39,23 @@ async fn the_data_directory_and_its_files_are_owner_only() {
     assert_eq!(mode(&data.join("journal.redb")), 0o600);
 }
 
+/// The exchange run on the data directory `data` until it stops.
+fn exchange_on(data: &std::path::Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_gpux-exchange"))
+        .arg("--data-dir")
+        .arg(data)
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off", "--console-listen", "off"])
+        .output()
+        .expect("runs")
+}
+
 #[test]
 fn a_data_directory_others_may_write_is_refused() {
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("data");
     std::fs::create_dir(&data).expect("dir");
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-    let output = Command::new(env!("CARGO_BIN_EXE_gpux-exchange"))
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off", "--console-listen", "off"])
-        .output()
-        .expect("runs");
+    let output = exchange_on(&data);
     assert_eq!(output.status.code(), Some(1), "refused: {output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("may be written by others (mode 777)") && stderr.contains("chmod go-w"), "{stderr}");
@@ -79,12 +84,7 @@ fn a_journal_of_a_newer_format_is_refused_before_anything_is_read() {
         write.commit().expect("commit");
     }
     std::fs::set_permissions(&journal, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let output = Command::new(env!("CARGO_BIN_EXE_gpux-exchange"))
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off", "--console-listen", "off"])
-        .output()
-        .expect("runs");
+    let output = exchange_on(&data);
     assert_eq!(output.status.code(), Some(1), "refused: {output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     let expected = format!("written in format {newer} by a newer gpux (this build reads formats up to {})", gpux_journal::FORMAT_VERSION);

@@ -154,19 +154,7 @@ async fn every_documented_path_answers_as_the_openapi_document_says() {
     let id = operator.id();
     let deposit = operator.request(ClientMessage::Deposit { id, account: renter_account, amount_minor: 100_000_000 }).await;
     assert!(matches!(deposit, ServerMessage::Ack { .. }), "{deposit:?}");
-    let id = supplier.id();
-    let registered = supplier
-        .request(ClientMessage::RegisterGpu {
-            id,
-            host: "rest-host".into(),
-            gpu_uuid: "GPU-rest-0".into(),
-            spec: h100_spec(),
-            region: None,
-            zone: None,
-            fabric: None,
-        })
-        .await;
-    assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
+    supplier.register_h100("rest-host", "GPU-rest-0").await;
     let spot = InstrumentId(0);
     let mut ask = ticket(1, Side::Sell, 2_000_000, 1);
     ask.instrument = spot;
@@ -338,19 +326,7 @@ async fn writes_are_signed_idempotent_and_answer_their_whole_outcome() {
     let (_operator, _) = Client::login(&exchange.addr, &key(1), Role::Operator).await;
     let (mut supplier, _) = Client::login(&exchange.addr, &key(2), Role::Supplier).await;
     let (_renter, renter_account) = Client::login(&exchange.addr, &key(3), Role::Renter).await;
-    let id = supplier.id();
-    let registered = supplier
-        .request(ClientMessage::RegisterGpu {
-            id,
-            host: "rest-host".into(),
-            gpu_uuid: "GPU-rest-0".into(),
-            spec: h100_spec(),
-            region: None,
-            zone: None,
-            fabric: None,
-        })
-        .await;
-    assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
+    supplier.register_h100("rest-host", "GPU-rest-0").await;
     let mut ask = ticket(1, Side::Sell, 2_000_000, 1);
     ask.supply = Some(GpuSet { host: HostId(0), gpu_mask: 1 });
     assert!(matches!(supplier.place(ask).await, ServerMessage::Ack { .. }));

@@ -31,19 +31,7 @@ async fn market() -> Market {
     let id = operator.id();
     let deposit = operator.request(ClientMessage::Deposit { id, account: renter_account, amount_minor: 1_000_000_000 }).await;
     assert!(matches!(deposit, ServerMessage::Ack { .. }), "{deposit:?}");
-    let id = supplier.id();
-    let registered = supplier
-        .request(ClientMessage::RegisterGpu {
-            id,
-            host: "node-1".into(),
-            gpu_uuid: "GPU-1".into(),
-            spec: h100_spec(),
-            region: None,
-            zone: None,
-            fabric: None,
-        })
-        .await;
-    assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
+    supplier.register_h100("node-1", "GPU-1").await;
     let mut ask = ticket(1, Side::Sell, USD_2, 1);
     ask.supply = Some(GpuSet { host: HostId(0), gpu_mask: 1 });
     assert!(matches!(supplier.place(ask).await, ServerMessage::Ack { order: Some(_), .. }));
@@ -626,19 +614,7 @@ async fn a_silent_connection_is_closed_and_its_orders_cancelled() {
     };
     supplier.send(&ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect: true, invite: None }).await;
     assert!(matches!(supplier.recv_reply().await, ServerMessage::Authenticated { .. }));
-    let id = supplier.id();
-    let registered = supplier
-        .request(ClientMessage::RegisterGpu {
-            id,
-            host: "node-1".into(),
-            gpu_uuid: "GPU-1".into(),
-            spec: h100_spec(),
-            region: None,
-            zone: None,
-            fabric: None,
-        })
-        .await;
-    assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
+    supplier.register_h100("node-1", "GPU-1").await;
     let mut ask = ticket(1, Side::Sell, USD_2, 1);
     ask.supply = Some(GpuSet { host: HostId(0), gpu_mask: 1 });
     assert!(matches!(supplier.place(ask).await, ServerMessage::Ack { order: Some(_), .. }));

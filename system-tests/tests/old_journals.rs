@@ -18,15 +18,11 @@
 //! upgrades). Such a change needs its own journal entry or a format version
 //! with an upcast, never a silent difference.
 
-use std::collections::BTreeSet;
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use gpux_engine::{AccountId, EngineConfig};
-use gpux_exchange::gateway::link::Clock;
-use gpux_exchange::metrics::Metrics;
-use gpux_exchange::sequencer::{BillingPolicy, Sequencer};
-use gpux_exchange::snapshots::SnapshotStore;
 use gpux_journal::{Journal, JournalReader, FORMAT_VERSION};
 use gpux_market::MarketState;
 use gpux_sim::{Sim, SimConfig};
@@ -50,15 +46,6 @@ fn facts(market: &MarketState, entries: usize) -> Value {
         })
         .collect();
     json!({ "entries": entries, "accounts": engine.account_count(), "balances": balances })
-}
-
-fn billing() -> BillingPolicy {
-    let config = EngineConfig::demo();
-    BillingPolicy {
-        fee_bps: config.fee_bps,
-        grace_ms: config.billing_grace_ms,
-        late_window_ms: gpux_exchange::LATE_REPORT_WINDOW_MS_DEFAULT,
-    }
 }
 
 #[test]
@@ -106,19 +93,7 @@ fn a_journal_an_older_build_wrote_replays_to_the_balances_it_recorded() {
 
     // The exchange's recovery: the same balances, and the file is marked.
     let journal = Journal::open(&path).expect("opens");
-    let snapshots = SnapshotStore::open(&dir.path().join("snapshots.redb")).expect("snapshots");
-    let market = MarketState::new(EngineConfig::demo()).expect("demo config");
-    let (sequencer, _) = Sequencer::recover(
-        market,
-        None,
-        Box::new(journal),
-        snapshots,
-        BTreeSet::new(),
-        Arc::new(Metrics::default()),
-        billing(),
-        Clock::default(),
-    )
-    .expect("the exchange recovers");
+    let sequencer = common::recover(journal, dir.path()).expect("the exchange recovers");
     assert_eq!(facts(sequencer.market(), entries.len()), expected, "the recovery reaches the recorded balances");
     drop(sequencer);
     assert_eq!(JournalReader::open(&path).expect("opens").format_version().expect("reads"), Some(FORMAT_VERSION));

@@ -4,27 +4,15 @@
 //! guard that they keep sharing it: a second copy of the apply logic that
 //! drifted would show up here as a different hash.
 
-use std::collections::BTreeSet;
+mod common;
+
 use std::path::Path;
-use std::sync::Arc;
 
 use gpux_engine::EngineConfig;
-use gpux_exchange::gateway::link::Clock;
-use gpux_exchange::metrics::Metrics;
-use gpux_exchange::sequencer::{BillingPolicy, Sequencer};
 use gpux_exchange::snapshots::SnapshotStore;
 use gpux_journal::{Journal, JournalEntry};
 use gpux_market::MarketState;
 use gpux_sim::{Sim, SimConfig};
-
-fn demo_billing() -> BillingPolicy {
-    let config = EngineConfig::demo();
-    BillingPolicy {
-        fee_bps: config.fee_bps,
-        grace_ms: config.billing_grace_ms,
-        late_window_ms: gpux_exchange::LATE_REPORT_WINDOW_MS_DEFAULT,
-    }
-}
 
 /// The audit's replay of a journal file, and its state hash.
 fn audit_hash(journal: &Path) -> u64 {
@@ -36,13 +24,7 @@ fn audit_hash(journal: &Path) -> u64 {
 /// The exchange's recovery from a data directory (no snapshot: the whole journal).
 fn recovered_hash(data_dir: &Path) -> u64 {
     let journal = Journal::open(&data_dir.join("journal.redb")).expect("journal");
-    let snapshots = SnapshotStore::open(&data_dir.join("snapshots.redb")).expect("snapshots");
-    let market = MarketState::new(EngineConfig::demo()).expect("demo config");
-    let metrics = Arc::new(Metrics::default());
-    let (_sequencer, recovery) =
-        Sequencer::recover(market, None, Box::new(journal), snapshots, BTreeSet::new(), metrics, demo_billing(), Clock::default())
-            .expect("the exchange recovers");
-    recovery.state_hash
+    common::recover(journal, data_dir).expect("the exchange recovers").state_hash()
 }
 
 /// A simulated day (trades, leases, signed usage reports, cheats, restarts)
@@ -133,20 +115,9 @@ fn an_archived_journal_recovers_from_its_snapshot_audits_whole_and_restores() {
     // what is missing; restored, the journal is whole again.
     std::fs::remove_file(dir.path().join("snapshots.redb")).expect("drop the snapshots");
     let journal = Journal::open(&journal_path).expect("journal");
-    let snapshots = SnapshotStore::open(&dir.path().join("snapshots.redb")).expect("snapshots");
-    let market = MarketState::new(EngineConfig::demo()).expect("demo config");
-    let refused = Sequencer::recover(
-        market,
-        None,
-        Box::new(journal),
-        snapshots,
-        BTreeSet::new(),
-        Arc::new(Metrics::default()),
-        demo_billing(),
-        Clock::default(),
-    );
+    let refused = common::recover(journal, dir.path());
     let Err(refused) = refused else { panic!("recovered without the archived entries") };
-    assert!(format!("{refused:#}").contains("gpux-exchange journal restore"), "{refused:#}");
+    assert!(refused.contains("gpux-exchange journal restore"), "{refused}");
     assert_eq!(archive::restore(dir.path(), &archive_path).expect("restored"), snapshot_seq);
     assert_eq!(audit_hash(&journal_path), expected, "the journal is whole again");
     assert_eq!(recovered_hash(dir.path()), expected);
@@ -173,7 +144,7 @@ fn a_live_exchanges_journal_gives_its_state_in_the_audit_and_a_recovery() {
         link_listen: None,
         tls: None,
         link_tls: None,
-        billing: demo_billing(),
+        billing: common::demo_billing(),
         clock_offset_ms: 0,
         challenge_interval_ms: gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT,
         on_listening: None,

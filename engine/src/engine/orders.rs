@@ -103,21 +103,7 @@ impl Engine {
             OrderType::Limit => new.price_minor_per_gpu_hour,
             OrderType::Market => stop_price,
         };
-        let per_gpu = self.hold_per_gpu(new.instrument, price, new.duration)?;
-        let total = per_gpu.checked_mul(new.quantity as u64).ok_or(RejectCode::InsufficientFunds)?;
-        let (hold_per_gpu_minor, budget_minor, total) = if options.budget_minor > 0 {
-            if per_gpu > options.budget_minor {
-                return Err(RejectCode::BudgetTooSmall);
-            }
-            (0, Some(total.min(options.budget_minor)), total.min(options.budget_minor))
-        } else {
-            (per_gpu, None, total)
-        };
-        if total > self.account(new.account)?.available_minor {
-            return Err(RejectCode::InsufficientFunds);
-        }
-        self.check_sub_account_limits(new.account, total, true)?;
-        self.check_spend_limits(new.account, total)?;
+        let (hold_per_gpu_minor, budget_minor) = self.hold_for(new, options, price, false)?;
         Ok(Admission { hold_per_gpu_minor, budget_minor, ..admission })
     }
 

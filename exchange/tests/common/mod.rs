@@ -415,6 +415,23 @@ impl Client {
         }
     }
 
+    /// Registers an H100 (`h100_spec`) as GPU `gpu_uuid` of host `host`,
+    /// with no region or fabric; the registration is acknowledged.
+    pub async fn register_h100(&mut self, host: &str, gpu_uuid: &str) {
+        let id = self.id();
+        let message = ClientMessage::RegisterGpu {
+            id,
+            host: host.into(),
+            gpu_uuid: gpu_uuid.into(),
+            spec: h100_spec(),
+            region: None,
+            zone: None,
+            fabric: None,
+        };
+        let registered = self.request(message).await;
+        assert!(matches!(registered, ServerMessage::Ack { .. }), "{registered:?}");
+    }
+
     pub async fn place(&mut self, order: OrderTicket) -> ServerMessage {
         let id = self.id();
         self.request(ClientMessage::NewOrder { id, order, workload: None }).await
