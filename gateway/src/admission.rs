@@ -38,9 +38,7 @@ pub struct AdmissionLimits {
     pub login_timeout: Duration,
 }
 
-pub const CONNECTIONS_MAX_DEFAULT: usize = 16_384;
-pub const PER_IP_MAX_DEFAULT: usize = 256;
-pub const UNAUTHENTICATED_MAX_DEFAULT: usize = 4_096;
+pub use crate::limits::{CONNECTIONS_MAX_DEFAULT, DESCRIPTORS_RESERVED, PER_IP_MAX_DEFAULT, UNAUTHENTICATED_MAX_DEFAULT};
 pub const HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 pub const LOGIN_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
@@ -55,11 +53,6 @@ impl Default for AdmissionLimits {
         }
     }
 }
-
-/// Descriptors kept for everything that is not a client connection: the
-/// journal and snapshot files, the metrics and console listeners and their
-/// connections, the runtime's own.
-pub const DESCRIPTORS_RESERVED: usize = 128;
 
 /// How many client connections the process's descriptor limit allows
 /// (soft `RLIMIT_NOFILE` less [`DESCRIPTORS_RESERVED`]); `None` if unknown.

@@ -14,16 +14,10 @@ use std::collections::{HashMap, VecDeque};
 
 /// How long an answer is kept for a retry: an hour.
 pub const WINDOW_MS: u64 = 60 * 60 * 1_000;
-/// Answers one signing key keeps; its oldest are dropped for newer ones.
-pub const PER_SIGNER_MAX: usize = 1_024;
-/// Answers kept for all signing keys together.
-pub const ENTRIES_MAX: usize = 65_536;
-/// Bytes of answers kept for all signing keys together.
-pub const BYTES_MAX: usize = 64 << 20;
-/// An idempotency key's longest form, in characters.
-pub const KEY_CHARS_MAX: usize = 64;
-
-const _: () = assert!(ENTRIES_MAX / PER_SIGNER_MAX >= 64, "one signer holds at most 1/64 of the table");
+pub use crate::limits::{
+    IDEMPOTENCY_BYTES_MAX as BYTES_MAX, IDEMPOTENCY_ENTRIES_MAX as ENTRIES_MAX, IDEMPOTENCY_KEY_CHARS_MAX as KEY_CHARS_MAX,
+    IDEMPOTENCY_PER_SIGNER_MAX as PER_SIGNER_MAX,
+};
 
 /// A write's answer as it was sent: HTTP status and body.
 #[derive(Clone, Debug, PartialEq, Eq)]

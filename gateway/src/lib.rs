@@ -15,6 +15,7 @@
 
 pub mod admission;
 pub mod idempotency;
+pub mod limits;
 pub mod link;
 pub mod metrics;
 pub mod remote;

@@ -157,9 +157,7 @@ impl Frames {
     }
 }
 
-/// Frames a gateway's link queues in the sequencer's process before the
-/// link counts as too slow and is closed (its gateway reconnects).
-pub const LINK_QUEUE_FRAMES_MAX: usize = 1 << 16;
+pub use crate::limits::{FEED_FRAMES_MAX, LINK_QUEUE_FRAMES_MAX};
 
 /// The sequencer's side of one remote gateway's link: every frame for the
 /// gateway's connections and every update of the feeds it subscribed to go
@@ -192,11 +190,6 @@ impl LinkSender {
         })
     }
 }
-
-/// Frames one market-data feed buffers (default, `--feed-frames-max`); a
-/// subscriber further behind loses its place and is resynchronised: a fresh
-/// book snapshot, then the feed from there (`Request::Resync`).
-pub const FEED_FRAMES_MAX: usize = 16_384;
 
 /// A request from a connection to the sequencer: who sent it, the id its
 /// answer carries (0 for the gateway's own requests, which get none:

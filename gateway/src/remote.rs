@@ -34,9 +34,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 use crate::link::{Body, ConnectionId, Outbound, Outgoing, Request, SharedFrame, FEED_FRAMES_MAX};
 use crate::wire::{self, Down, Peer, Up, WireError};
 
-/// Requests waiting for the link (between the gateway's connections and
-/// the link's writer).
-const BRIDGE_QUEUE_MAX: usize = 1 << 14;
+use crate::limits::BRIDGE_QUEUE_MAX;
 
 /// Where the bridge links to and who it says it is.
 #[derive(Clone, Debug)]

@@ -45,8 +45,7 @@ pub const OPENAPI_JSON: &str = include_str!("../../docs/openapi.json");
 /// How long a write's session may take in all before its outcome is
 /// forgotten (the client was told to retry after [`ANSWER_TIMEOUT`]).
 const OUTCOME_TIMEOUT: Duration = Duration::from_secs(60);
-/// The largest body of a write: a WebSocket frame's.
-pub const WRITE_BODY_BYTES_MAX: usize = gpux_protocol::FRAME_BYTES_MAX;
+pub use crate::limits::WRITE_BODY_BYTES_MAX;
 /// The methods of writes.
 const WRITE_METHODS: [Method; 4] = [Method::POST, Method::PUT, Method::PATCH, Method::DELETE];
 

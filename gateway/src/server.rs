@@ -37,13 +37,10 @@ use crate::link::{
 use crate::metrics::GatewayMetrics;
 use crate::verifier::Verifier;
 
-/// Frames queued for one connection before it counts as a slow consumer
-/// (default). It must hold the largest burst one sequencer batch can send a
-/// connection that reads promptly: at most `REQUESTS_IN_FLIGHT_MAX` answers
-/// with the private events and market data around them.
-pub const OUTBOUND_FRAMES_MAX: usize = 65_536;
-/// Requests one connection may have waiting for an answer from the sequencer.
-pub const REQUESTS_IN_FLIGHT_MAX: u32 = 1024;
+use crate::limits::READ_BUFFER_BYTES;
+pub use crate::limits::{
+    MESSAGES_PER_SECOND_MAX, MESSAGE_BURST_MAX, OUTBOUND_FRAMES_MAX, OUTBOX_BYTES_MAX, REQUESTS_IN_FLIGHT_MAX, RESYNCS_MAX,
+};
 
 /// Limits of a gateway: per connection, and on connections at once.
 #[derive(Clone, Copy, Debug)]
@@ -78,16 +75,10 @@ impl Default for GatewayLimits {
 
 /// The default idle timeout; the gateway pings every third of it.
 pub const IDLE_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(90);
-/// Sustained messages per second one connection may send.
-pub const MESSAGES_PER_SECOND_MAX: f64 = 5_000.0;
-/// Burst above the sustained rate.
-pub const MESSAGE_BURST_MAX: f64 = 10_000.0;
 
 /// How long a write may block before the peer counts as a slow consumer (default).
 pub const WRITE_STALL_DEFAULT: std::time::Duration = std::time::Duration::from_secs(10);
-/// Resynchronisations one connection may need within `RESYNC_WINDOW`; one
-/// more and it is closed `slow_consumer`: it cannot keep up even conflated.
-pub const RESYNCS_MAX: usize = 3;
+/// The window of `RESYNCS_MAX`.
 pub const RESYNC_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How long a closing connection waits for its close frame to be written.
@@ -465,13 +456,6 @@ async fn serve_connection<S>(
     let exchange_stopping = close == Some(ErrorCode::ShuttingDown);
     let _ = connection.core.send(Request { connection: connection.id, id: 0, body: Body::Disconnect { exchange_stopping } });
 }
-
-/// The WebSocket read buffer of one connection, allocated when it opens.
-const READ_BUFFER_BYTES: usize = 8 * 1024;
-
-/// Bytes waiting in one connection's outbox before it takes nothing new
-/// (a batch may go over by what it holds).
-pub const OUTBOX_BYTES_MAX: usize = 1 << 20;
 
 /// What waits to be written to one connection, in order.
 #[derive(Default)]

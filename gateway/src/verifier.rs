@@ -20,8 +20,7 @@ use crossbeam_channel::{Receiver, Sender};
 use gpux_protocol::{verify_batch_zip215, UsageReport};
 use tokio::sync::oneshot;
 
-/// Reports verified together at most.
-pub const BATCH_MAX: usize = 64;
+pub use crate::limits::BATCH_MAX;
 
 struct Job {
     report: UsageReport,

@@ -34,9 +34,7 @@ use gpux_protocol::{Channel, ErrorCode, ServerMessage};
 pub const LINK_VERSION: u16 = 3;
 /// What a link stream starts with.
 pub const LINK_MAGIC: [u8; 8] = *b"gpuxlink";
-/// The largest link frame: one request or server message (client frames are
-/// at most `FRAME_BYTES_MAX`), with room for the framing around it.
-pub const LINK_FRAME_BYTES_MAX: usize = 2 * gpux_protocol::FRAME_BYTES_MAX + 4096;
+pub use crate::limits::LINK_FRAME_BYTES_MAX;
 /// The domain of the link handshake's proofs.
 const LINK_DOMAIN: &[u8] = b"gpux-link-v2";
 
