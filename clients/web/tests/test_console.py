@@ -10,6 +10,7 @@ renter's key to show its order; a screenshot is saved as a test artefact.
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -76,6 +77,21 @@ def usage_v2_signed_bytes(body: dict) -> bytes:
     fields += [varint(body[name]) for name in ("seq", "start_ms", "end_ms", "available_ms", "utilisation_percent", "memory_used_mib_max", "unhealthy_samples")]
     fields += [text(body["prev_hash"]), b"\x01", option(body["readings"]["temperature_c_max"]), option(body["readings"]["power_w_mean"])]
     return b"gpux-usage-v2:" + b"".join(fields)
+
+
+@contextlib.asynccontextmanager
+async def console_page(console: str):
+    """Headless Chromium on the console, its instrument list loaded; the
+    browser closed afterwards whatever happened."""
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:  # Chromium's helpers may still write as it exits
+        browser = Browser(profile)
+        await browser.open()
+        try:
+            await browser.call("Page.navigate", url=console)
+            await browser.wait_until("document.querySelectorAll('#instruments li').length >= 10", what="the instrument list")
+            yield browser
+        finally:
+            await browser.close()
 
 
 class Browser:
@@ -145,95 +161,88 @@ def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_c
     url, console, operator = exchange_with_console
 
     async def scenario():
-        with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:  # Chromium's helpers may still write as it exits
-            browser = Browser(profile)
-            await browser.open()
-            try:
-                await browser.call("Page.navigate", url=console)
-                await browser.wait_until("document.querySelectorAll('#instruments li').length >= 10", what="the instrument list")
-                await browser.wait_until("document.getElementById('symbol').textContent === 'H100-SXM-80G/SPOT'", what="the first book")
-                calendar_rows = await browser.evaluate("document.querySelectorAll('#calendar tbody tr').length")
-                assert calendar_rows > 0, "the reserved-window calendar lists windows"
-                # One class at a time, every window of it (the list had cut all classes' windows at 60 rows), and a row opens its book.
-                classes = await browser.evaluate("[...document.querySelectorAll('#calendar-class option')].map(o => o.value)")
-                assert "H100-SXM-80G" in classes and len(classes) >= 2, classes
-                listed = "state.instruments.filter(i => i.contract.reserved && i.state !== 'expired')"
-                assert calendar_rows == await browser.evaluate(f"{listed}.filter(i => i.class === 'H100-SXM-80G').length"), calendar_rows
-                assert await browser.evaluate(f"{listed}.length") > 60, "more windows than the old cut showed"
-                await browser.evaluate("document.getElementById('calendar-class').value = 'A100-80G'; document.getElementById('calendar-class').onchange()")
-                assert await browser.evaluate("[...document.querySelectorAll('#calendar tbody tr td.symbol')].every(td => td.textContent.startsWith('A100-80G/R/'))")
-                # Each window with its prices (asked once it is shown) and readable times.
-                await browser.wait_until("[...document.querySelectorAll('#calendar tbody tr td.last')].every(td => td.textContent === 'none')", what="the windows' prices")
-                first_window = await browser.evaluate("document.querySelector('#calendar tbody tr td').textContent")
-                assert len(first_window) == len("2026-12-06 08:00 to 09:00") and " to " in first_window, first_window
-                window_symbol = await browser.evaluate("document.querySelector('#calendar tbody tr td:last-child').textContent")
-                await browser.evaluate("document.querySelector('#calendar tbody tr').click()")
-                await browser.wait_until(f"document.getElementById('symbol').textContent === '{window_symbol}'", what="the window's book")
-                await browser.evaluate(f"select({gpux.H100_SPOT})")
-                await browser.wait_until("document.getElementById('symbol').textContent === 'H100-SXM-80G/SPOT'", what="back to the spot book")
+        async with console_page(console) as browser:
+            await browser.wait_until("document.getElementById('symbol').textContent === 'H100-SXM-80G/SPOT'", what="the first book")
+            calendar_rows = await browser.evaluate("document.querySelectorAll('#calendar tbody tr').length")
+            assert calendar_rows > 0, "the reserved-window calendar lists windows"
+            # One class at a time, every window of it (the list had cut all classes' windows at 60 rows), and a row opens its book.
+            classes = await browser.evaluate("[...document.querySelectorAll('#calendar-class option')].map(o => o.value)")
+            assert "H100-SXM-80G" in classes and len(classes) >= 2, classes
+            listed = "state.instruments.filter(i => i.contract.reserved && i.state !== 'expired')"
+            assert calendar_rows == await browser.evaluate(f"{listed}.filter(i => i.class === 'H100-SXM-80G').length"), calendar_rows
+            assert await browser.evaluate(f"{listed}.length") > 60, "more windows than the old cut showed"
+            await browser.evaluate("document.getElementById('calendar-class').value = 'A100-80G'; document.getElementById('calendar-class').onchange()")
+            assert await browser.evaluate("[...document.querySelectorAll('#calendar tbody tr td.symbol')].every(td => td.textContent.startsWith('A100-80G/R/'))")
+            # Each window with its prices (asked once it is shown) and readable times.
+            await browser.wait_until("[...document.querySelectorAll('#calendar tbody tr td.last')].every(td => td.textContent === 'none')", what="the windows' prices")
+            first_window = await browser.evaluate("document.querySelector('#calendar tbody tr td').textContent")
+            assert len(first_window) == len("2026-12-06 08:00 to 09:00") and " to " in first_window, first_window
+            window_symbol = await browser.evaluate("document.querySelector('#calendar tbody tr td:last-child').textContent")
+            await browser.evaluate("document.querySelector('#calendar tbody tr').click()")
+            await browser.wait_until(f"document.getElementById('symbol').textContent === '{window_symbol}'", what="the window's book")
+            await browser.evaluate(f"select({gpux.H100_SPOT})")
+            await browser.wait_until("document.getElementById('symbol').textContent === 'H100-SXM-80G/SPOT'", what="back to the spot book")
 
-                # An order placed through the Python client appears in the page's live ladder.
-                key = gpux.Key.generate()
-                renter = await gpux.Client.connect(url, key, role="renter")
-                async with await gpux.Client.connect(url, operator, role="operator") as op:
-                    await op.deposit(renter.account, gpux.dollars("100"))
-                ack = await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("1.234"), 3))
-                await browser.wait_until("document.getElementById('ladder').innerText.includes('$1.234')", what="the bid in the ladder")
-                ladder = await browser.evaluate("document.getElementById('ladder').innerText")
-                assert "3" in ladder
+            # An order placed through the Python client appears in the page's live ladder.
+            key = gpux.Key.generate()
+            renter = await gpux.Client.connect(url, key, role="renter")
+            async with await gpux.Client.connect(url, operator, role="operator") as op:
+                await op.deposit(renter.account, gpux.dollars("100"))
+            ack = await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("1.234"), 3))
+            await browser.wait_until("document.getElementById('ladder').innerText.includes('$1.234')", what="the bid in the ladder")
+            ladder = await browser.evaluate("document.getElementById('ladder').innerText")
+            assert "3" in ladder
 
-                # Logging in with the renter's key shows its account and its order.
-                await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
-                await browser.evaluate("document.querySelector('#login button').click()")
-                await browser.wait_until(f"document.getElementById('account').textContent.includes('account {renter.account}')", what="login")
-                await browser.wait_until(f"document.getElementById('orders').innerText.includes('{ack.order}')", what="the account's order")
-                await browser.wait_until("document.getElementById('balance').textContent.includes('held $3.702')", what="the balance")
+            # Logging in with the renter's key shows its account and its order.
+            await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
+            await browser.evaluate("document.querySelector('#login button').click()")
+            await browser.wait_until(f"document.getElementById('account').textContent.includes('account {renter.account}')", what="login")
+            await browser.wait_until(f"document.getElementById('orders').innerText.includes('{ack.order}')", what="the account's order")
+            await browser.wait_until("document.getElementById('balance').textContent.includes('held $3.702')", what="the balance")
 
-                # The order ticket: a stop-limit bid arms off the book; a budget too small is refused with its code.
-                async def ticket(fields: dict) -> str:
-                    await browser.evaluate("document.getElementById('ticket-result').textContent = ''")
-                    for field, value in fields.items():
-                        await browser.evaluate(f"document.getElementById('{field}').value = {json.dumps(value)}")
-                    await browser.evaluate("document.querySelector('#ticket button').click()")
-                    await browser.wait_until("document.getElementById('ticket-result').textContent !== ''", what="the ticket's answer")
-                    return await browser.evaluate("document.getElementById('ticket-result').textContent")
+            # The order ticket: a stop-limit bid arms off the book; a budget too small is refused with its code.
+            async def ticket(fields: dict) -> str:
+                await browser.evaluate("document.getElementById('ticket-result').textContent = ''")
+                for field, value in fields.items():
+                    await browser.evaluate(f"document.getElementById('{field}').value = {json.dumps(value)}")
+                await browser.evaluate("document.querySelector('#ticket button').click()")
+                await browser.wait_until("document.getElementById('ticket-result').textContent !== ''", what="the ticket's answer")
+                return await browser.evaluate("document.getElementById('ticket-result').textContent")
 
-                armed = await ticket({"t-price": "2.5", "t-quantity": "1", "t-stop": "2.4", "t-budget": ""})
-                assert armed.startswith("accepted: order") and armed.endswith("armed"), armed
-                await browser.wait_until("document.getElementById('orders').innerText.includes('armed stop')", what="the armed stop")
-                refused = await ticket({"t-price": "2.5", "t-quantity": "3", "t-stop": "", "t-budget": "1"})
-                assert "budget_too_small" in refused, refused
-                bad = await ticket({"t-price": "2.5000001", "t-budget": ""})
-                assert "in USD with at most 6 decimals" in bad, bad
-                # A bid for one region: the ticket lists the exchange's regions (from its listing).
-                regions = await browser.evaluate("[...document.querySelectorAll('#t-regions option')].map(o => o.value)")
-                assert regions == (await renter.listing())["regions"] and "cn-east" in regions, regions
-                await browser.evaluate("[...document.getElementById('t-regions').options].forEach(o => o.selected = o.value === 'cn-east')")
-                regional = await ticket({"t-price": "0.5", "t-quantity": "1", "t-stop": "", "t-budget": ""})
-                assert regional.startswith("accepted: order"), regional
-                assert [o["regions"] for o in await renter.open_orders() if o["price_minor_per_gpu_hour"] == 500_000] == [["cn-east"]]
-                await browser.evaluate("[...document.getElementById('t-regions').options].forEach(o => o.selected = false)")
-                # Replace from the open orders table: the first bid to the ticket's $1.2 x 2.
-                await browser.evaluate("document.getElementById('t-price').value = '1.2'; document.getElementById('t-quantity').value = '2'")
-                await browser.evaluate(f"document.querySelector('[data-replace-order=\"{ack.order}\"]').click()")
-                await browser.wait_until(f"document.getElementById('ticket-result').textContent.startsWith('order {ack.order} replaced at $1.20 x 2')", what="the replace")
-                await browser.wait_until("document.getElementById('ladder').innerText.includes('$1.20')", what="the replaced bid in the ladder")
-                replaced = [o for o in await renter.open_orders() if o["order"] == ack.order]
-                assert replaced and (replaced[0]["price_minor_per_gpu_hour"], replaced[0]["quantity"]) == (1_200_000, 2), replaced
-                # Cancel from the open orders table: the first bid goes.
-                await browser.evaluate(f"document.querySelector('[data-cancel-order=\"{ack.order}\"]').click()")
-                await browser.wait_until(f"document.getElementById('ticket-result').textContent.startsWith('order {ack.order} cancelled')", what="the cancel")
-                await browser.wait_until(f"document.querySelector('[data-cancel-order=\"{ack.order}\"]') === null", what="the order gone")
-                assert ack.order not in [o["order"] for o in await renter.open_orders()], "cancelled on the exchange"
-                # The connection drops: the page reconnects and logs in again with the key it holds.
-                await browser.evaluate("document.getElementById('account').textContent = ''; state.ws.close()")
-                await browser.wait_until(f"document.getElementById('account').textContent.includes('account {renter.account}')", what="the re-login")
-                await browser.wait_until("document.getElementById('orders').innerText.includes('armed stop')", what="the orders after re-login")
-                await browser.screenshot(ARTEFACTS / "console.png")
-                assert (ARTEFACTS / "console.png").stat().st_size > 10_000
-                await renter.close()
-            finally:
-                await browser.close()
+            armed = await ticket({"t-price": "2.5", "t-quantity": "1", "t-stop": "2.4", "t-budget": ""})
+            assert armed.startswith("accepted: order") and armed.endswith("armed"), armed
+            await browser.wait_until("document.getElementById('orders').innerText.includes('armed stop')", what="the armed stop")
+            refused = await ticket({"t-price": "2.5", "t-quantity": "3", "t-stop": "", "t-budget": "1"})
+            assert "budget_too_small" in refused, refused
+            bad = await ticket({"t-price": "2.5000001", "t-budget": ""})
+            assert "in USD with at most 6 decimals" in bad, bad
+            # A bid for one region: the ticket lists the exchange's regions (from its listing).
+            regions = await browser.evaluate("[...document.querySelectorAll('#t-regions option')].map(o => o.value)")
+            assert regions == (await renter.listing())["regions"] and "cn-east" in regions, regions
+            await browser.evaluate("[...document.getElementById('t-regions').options].forEach(o => o.selected = o.value === 'cn-east')")
+            regional = await ticket({"t-price": "0.5", "t-quantity": "1", "t-stop": "", "t-budget": ""})
+            assert regional.startswith("accepted: order"), regional
+            assert [o["regions"] for o in await renter.open_orders() if o["price_minor_per_gpu_hour"] == 500_000] == [["cn-east"]]
+            await browser.evaluate("[...document.getElementById('t-regions').options].forEach(o => o.selected = false)")
+            # Replace from the open orders table: the first bid to the ticket's $1.2 x 2.
+            await browser.evaluate("document.getElementById('t-price').value = '1.2'; document.getElementById('t-quantity').value = '2'")
+            await browser.evaluate(f"document.querySelector('[data-replace-order=\"{ack.order}\"]').click()")
+            await browser.wait_until(f"document.getElementById('ticket-result').textContent.startsWith('order {ack.order} replaced at $1.20 x 2')", what="the replace")
+            await browser.wait_until("document.getElementById('ladder').innerText.includes('$1.20')", what="the replaced bid in the ladder")
+            replaced = [o for o in await renter.open_orders() if o["order"] == ack.order]
+            assert replaced and (replaced[0]["price_minor_per_gpu_hour"], replaced[0]["quantity"]) == (1_200_000, 2), replaced
+            # Cancel from the open orders table: the first bid goes.
+            await browser.evaluate(f"document.querySelector('[data-cancel-order=\"{ack.order}\"]').click()")
+            await browser.wait_until(f"document.getElementById('ticket-result').textContent.startsWith('order {ack.order} cancelled')", what="the cancel")
+            await browser.wait_until(f"document.querySelector('[data-cancel-order=\"{ack.order}\"]') === null", what="the order gone")
+            assert ack.order not in [o["order"] for o in await renter.open_orders()], "cancelled on the exchange"
+            # The connection drops: the page reconnects and logs in again with the key it holds.
+            await browser.evaluate("document.getElementById('account').textContent = ''; state.ws.close()")
+            await browser.wait_until(f"document.getElementById('account').textContent.includes('account {renter.account}')", what="the re-login")
+            await browser.wait_until("document.getElementById('orders').innerText.includes('armed stop')", what="the orders after re-login")
+            await browser.screenshot(ARTEFACTS / "console.png")
+            assert (ARTEFACTS / "console.png").stat().st_size > 10_000
+            await renter.close()
 
     asyncio.run(scenario())
 
@@ -279,122 +288,115 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
         running = {"running": {"endpoints": [{"container_port": 8888, "host": "127.0.0.1", "port": 40123}], "ssh": None, "restarts": 0}}
         await supplier.request("delivery_status", lease=lease, state=running)
 
-        with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:  # Chromium's helpers may still write as it exits
-            browser = Browser(profile)
-            await browser.open()
-            try:
-                await browser.call("Page.navigate", url=console)
-                await browser.wait_until("document.querySelectorAll('#instruments li').length >= 10", what="the instrument list")
-                # The lease's trade shows as the spot book's last price and volume in the list.
-                spot = f"document.querySelector('#instruments li[data-instrument=\"{gpux.H100_SPOT}\"] .quote').textContent"
-                await browser.wait_until(f"{spot}.startsWith('last $2.00') && {spot}.includes('1 GPUs')", what="the spot book's quote")
-                preempt = f"document.querySelector('#instruments li[data-instrument=\"{gpux.H100_PREEMPT}\"] .quote').textContent"
-                await browser.wait_until(f"{preempt} === 'no trades in 24 h'", what="an untraded book's quote")
-                # Best bid and ask in the list (the $2.50 offer rests; no bids).
-                bbo = f"document.querySelector('#instruments li[data-instrument=\"{gpux.H100_SPOT}\"] .bbo').textContent"
-                await browser.wait_until(f"{bbo} === 'bid none · ask $2.50'", what="the spot book's best bid and ask")
-                # The trade made before the page opened is in its history, and
-                # in the price chart's candles (a uPlot chart with both axes).
-                await browser.evaluate(f"document.querySelector('#instruments li[data-instrument=\"{gpux.H100_SPOT}\"]').click()")
-                trades = "document.getElementById('trades').innerText"
-                await browser.wait_until(f"{trades}.includes('$2.00') && {trades}.includes('buy')", what="trade history on load")
-                await browser.wait_until("document.getElementById('prices').dataset.candles === '1'", what="the price chart's candle")
-                assert await browser.evaluate("document.querySelectorAll('#prices .u-axis').length") == 2, "a time axis and a price axis"
-                await browser.evaluate("document.getElementById('interval').value = '1d'; document.getElementById('interval').onchange()")
-                await browser.wait_until("document.getElementById('prices').dataset.candles === '1'", what="the daily candle")
-                offers = "document.getElementById('offers').innerText"
-                await browser.wait_until(
-                    f"{offers}.includes('$2.50') && {offers}.includes('unrated') && {offers}.includes('{supplier.account}')",
-                    what="the offer with its seller and score",
-                )
-                await browser.wait_until(f"{offers}.includes('ib0 (1 hosts), 400 Gb/s, not probed')", what="the fabric host's offer")
-                # What "verified" means under the offers, with the demo sizes' caveat.
-                meaning = "document.getElementById('offers-verified').innerText"
-                await browser.wait_until(
-                    f"{meaning}.includes('256 x 256 matrix product at >= 10 MFLOP/s') && {meaning}.includes('not which accelerator')",
-                    what="what verified means",
-                )
-                await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
-                await browser.evaluate("document.querySelector('#login button').click()")
-                cell = "(document.querySelector('#leases td.delivery') || {}).textContent || ''"
-                await browser.wait_until(f"{cell}.includes('running 127.0.0.1:40123→8888')", what="the running lease's endpoint (queried at login)")
-                supplier_cell = "(document.querySelector('#leases td.supplier') || {}).textContent || ''"
-                await browser.wait_until(f"{supplier_cell}.includes('unrated')", what="the lease's supplier and its score")
-                # Any supplier's score, looked up by account (a host name shown as text).
-                await browser.evaluate(f"document.getElementById('supplier-id').value = '{supplier.account}'")
-                await browser.evaluate("document.querySelector('#supplier-lookup button').click()")
-                stats = "document.getElementById('supplier-stats').textContent"
-                await browser.wait_until(f"{stats}.includes('console-host: unrated')", what="the supplier lookup")
-                assert "0 disputes by renters" in await browser.evaluate(stats)
-                await browser.evaluate(f"document.getElementById('supplier-id').value = '{renter.account}'")
-                await browser.evaluate("document.querySelector('#supplier-lookup button').click()")
-                await browser.wait_until(f"{stats}.includes('unknown_supplier')", what="a renter is no supplier")
-                # Its record as a renter instead: after one signed observation.
-                lease_info = (await renter.leases())[0]
-                end = max(renter.exchange_now_ms(), lease_info["start_ms"] + 1)
-                await asyncio.sleep(max(0, end - renter.exchange_now_ms()) / 1000)
-                await renter.liveness(lease, lease_info["start_ms"], end, True)
-                await browser.evaluate(f"document.getElementById('renter-id').value = '{renter.account}'")
-                await browser.evaluate("document.querySelector('#renter-lookup button').click()")
-                renter_stats = "document.getElementById('renter-stats').textContent"
-                await browser.wait_until(f"{renter_stats}.includes('1 signed observations')", what="the renter lookup")
-                await browser.evaluate("document.getElementById('renter-id').value = '999999'")
-                await browser.evaluate("document.querySelector('#renter-lookup button').click()")
-                await browser.wait_until(f"{renter_stats}.includes('unknown_account')", what="no such account")
+        async with console_page(console) as browser:
+            # The lease's trade shows as the spot book's last price and volume in the list.
+            spot = f"document.querySelector('#instruments li[data-instrument=\"{gpux.H100_SPOT}\"] .quote').textContent"
+            await browser.wait_until(f"{spot}.startsWith('last $2.00') && {spot}.includes('1 GPUs')", what="the spot book's quote")
+            preempt = f"document.querySelector('#instruments li[data-instrument=\"{gpux.H100_PREEMPT}\"] .quote').textContent"
+            await browser.wait_until(f"{preempt} === 'no trades in 24 h'", what="an untraded book's quote")
+            # Best bid and ask in the list (the $2.50 offer rests; no bids).
+            bbo = f"document.querySelector('#instruments li[data-instrument=\"{gpux.H100_SPOT}\"] .bbo').textContent"
+            await browser.wait_until(f"{bbo} === 'bid none · ask $2.50'", what="the spot book's best bid and ask")
+            # The trade made before the page opened is in its history, and
+            # in the price chart's candles (a uPlot chart with both axes).
+            await browser.evaluate(f"document.querySelector('#instruments li[data-instrument=\"{gpux.H100_SPOT}\"]').click()")
+            trades = "document.getElementById('trades').innerText"
+            await browser.wait_until(f"{trades}.includes('$2.00') && {trades}.includes('buy')", what="trade history on load")
+            await browser.wait_until("document.getElementById('prices').dataset.candles === '1'", what="the price chart's candle")
+            assert await browser.evaluate("document.querySelectorAll('#prices .u-axis').length") == 2, "a time axis and a price axis"
+            await browser.evaluate("document.getElementById('interval').value = '1d'; document.getElementById('interval').onchange()")
+            await browser.wait_until("document.getElementById('prices').dataset.candles === '1'", what="the daily candle")
+            offers = "document.getElementById('offers').innerText"
+            await browser.wait_until(
+                f"{offers}.includes('$2.50') && {offers}.includes('unrated') && {offers}.includes('{supplier.account}')",
+                what="the offer with its seller and score",
+            )
+            await browser.wait_until(f"{offers}.includes('ib0 (1 hosts), 400 Gb/s, not probed')", what="the fabric host's offer")
+            # What "verified" means under the offers, with the demo sizes' caveat.
+            meaning = "document.getElementById('offers-verified').innerText"
+            await browser.wait_until(
+                f"{meaning}.includes('256 x 256 matrix product at >= 10 MFLOP/s') && {meaning}.includes('not which accelerator')",
+                what="what verified means",
+            )
+            await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
+            await browser.evaluate("document.querySelector('#login button').click()")
+            cell = "(document.querySelector('#leases td.delivery') || {}).textContent || ''"
+            await browser.wait_until(f"{cell}.includes('running 127.0.0.1:40123→8888')", what="the running lease's endpoint (queried at login)")
+            supplier_cell = "(document.querySelector('#leases td.supplier') || {}).textContent || ''"
+            await browser.wait_until(f"{supplier_cell}.includes('unrated')", what="the lease's supplier and its score")
+            # Any supplier's score, looked up by account (a host name shown as text).
+            await browser.evaluate(f"document.getElementById('supplier-id').value = '{supplier.account}'")
+            await browser.evaluate("document.querySelector('#supplier-lookup button').click()")
+            stats = "document.getElementById('supplier-stats').textContent"
+            await browser.wait_until(f"{stats}.includes('console-host: unrated')", what="the supplier lookup")
+            assert "0 disputes by renters" in await browser.evaluate(stats)
+            await browser.evaluate(f"document.getElementById('supplier-id').value = '{renter.account}'")
+            await browser.evaluate("document.querySelector('#supplier-lookup button').click()")
+            await browser.wait_until(f"{stats}.includes('unknown_supplier')", what="a renter is no supplier")
+            # Its record as a renter instead: after one signed observation.
+            lease_info = (await renter.leases())[0]
+            end = max(renter.exchange_now_ms(), lease_info["start_ms"] + 1)
+            await asyncio.sleep(max(0, end - renter.exchange_now_ms()) / 1000)
+            await renter.liveness(lease, lease_info["start_ms"], end, True)
+            await browser.evaluate(f"document.getElementById('renter-id').value = '{renter.account}'")
+            await browser.evaluate("document.querySelector('#renter-lookup button').click()")
+            renter_stats = "document.getElementById('renter-stats').textContent"
+            await browser.wait_until(f"{renter_stats}.includes('1 signed observations')", what="the renter lookup")
+            await browser.evaluate("document.getElementById('renter-id').value = '999999'")
+            await browser.evaluate("document.querySelector('#renter-lookup button').click()")
+            await browser.wait_until(f"{renter_stats}.includes('unknown_account')", what="no such account")
 
-                # The host signs a usage report with readings (version 2, signed
-                # from docs/protocol.md's layout alone); the lease's telemetry
-                # button charts utilisation, temperature and power.
-                body = {"lease": lease, "gpu_uuid": "GPU-console-0", "seq": 1, "start_ms": lease_info["start_ms"], "end_ms": end,
-                        "available_ms": end - lease_info["start_ms"], "utilisation_percent": 73, "memory_used_mib_max": 40000,
-                        "unhealthy_samples": 0, "prev_hash": "0" * 64, "readings": {"temperature_c_max": 71, "power_w_mean": 612}}
-                signature = supplier_key.sign(usage_v2_signed_bytes(body)).hex()
-                accepted = await supplier.request("usage_report", report={"body": body, "signature": signature})
-                assert accepted.type == "usage_accepted", accepted
-                await browser.evaluate(f"document.querySelector('[data-telemetry=\"{lease}\"]').click()")
-                chart = "document.querySelector('#telemetry-charts .telemetry-gpu')"
-                await browser.wait_until(f"{chart} !== null && {chart}.dataset.samples === '1'", what="the lease's telemetry chart")
-                assert await browser.evaluate(f"{chart}.querySelectorAll('.u-axis').length") == 3, "time, percent and watts"
-                telemetry = await renter.lease_telemetry(lease)
-                assert (telemetry[0]["samples"][0]["temperature_c_max"], telemetry[0]["samples"][0]["power_w_mean"]) == (71, 612)
+            # The host signs a usage report with readings (version 2, signed
+            # from docs/protocol.md's layout alone); the lease's telemetry
+            # button charts utilisation, temperature and power.
+            body = {"lease": lease, "gpu_uuid": "GPU-console-0", "seq": 1, "start_ms": lease_info["start_ms"], "end_ms": end,
+                    "available_ms": end - lease_info["start_ms"], "utilisation_percent": 73, "memory_used_mib_max": 40000,
+                    "unhealthy_samples": 0, "prev_hash": "0" * 64, "readings": {"temperature_c_max": 71, "power_w_mean": 612}}
+            signature = supplier_key.sign(usage_v2_signed_bytes(body)).hex()
+            accepted = await supplier.request("usage_report", report={"body": body, "signature": signature})
+            assert accepted.type == "usage_accepted", accepted
+            await browser.evaluate(f"document.querySelector('[data-telemetry=\"{lease}\"]').click()")
+            chart = "document.querySelector('#telemetry-charts .telemetry-gpu')"
+            await browser.wait_until(f"{chart} !== null && {chart}.dataset.samples === '1'", what="the lease's telemetry chart")
+            assert await browser.evaluate(f"{chart}.querySelectorAll('.u-axis').length") == 3, "time, percent and watts"
+            telemetry = await renter.lease_telemetry(lease)
+            assert (telemetry[0]["samples"][0]["temperature_c_max"], telemetry[0]["samples"][0]["power_w_mean"]) == (71, 612)
 
-                hostile = "<img src=x onerror=\"document.title='owned'\">"
-                failed = {"failed": {"code": "host_error", "fault": "host", "reason": hostile}}
-                await supplier.request("delivery_status", lease=lease, state=failed)
-                await browser.wait_until(f"{cell}.includes('failed host_error')", what="the pushed failure")
-                assert hostile in await browser.evaluate(cell), "the host's reason is shown as text"
-                assert await browser.evaluate("document.querySelector('#leases img')") is None, "and never parsed as markup"
-                assert await browser.evaluate("document.title") != "owned"
-                await browser.screenshot(ARTEFACTS / "console-delivery.png")
-                # A job on the $2.50 GPU: its row follows the pushes, its
-                # bill is a click away, and it is cancelled from its row.
-                job = await renter.submit_job({
-                    "name": "console-job", "instrument": gpux.H100_SPOT, "gpus": 1, "one_host": True,
-                    "limit_minor_per_gpu_hour": gpux.dollars("2.5"), "hours": 1, "budget_minor": gpux.dollars("10"), "retries": 1,
-                    "run": {"image": "localhost/gpux-py:1", "command": ["python3", "-c", "print(1)"],
-                            "checkpoint_dir": "/checkpoints", "outputs_dir": "/outputs", "checkpoint_interval_s": 60},
-                })
-                job_state = f"(document.querySelector('#jobs tr[data-job=\"{job['job']}\"] .job-state') || {{}}).textContent || ''"
-                await browser.wait_until(f"{job_state} === 'running'", what="the job's row, running")
-                await browser.evaluate(f"document.querySelector('[data-job-bill=\"{job['job']}\"]').click()")
-                await browser.wait_until(f"document.getElementById('job-bill').textContent.includes('GPUX-{renter.account}-job{job['job']}')", what="the job's bill")
-                await browser.evaluate(f"document.querySelector('[data-cancel-job=\"{job['job']}\"]').click()")
-                await browser.wait_until(f"{job_state} === 'cancelled'", what="the cancelled job")
-                await browser.screenshot(ARTEFACTS / "console-jobs.png")
-                # The job's lease took the $2.50 offer: the host offers the GPU again.
-                await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2.5"), 1, supply={"host": host, "gpu_mask": 2}))
-                # A second lease (the GPU offered at 2.50), ended from its row.
-                await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2.5"), 1))
-                second = next(l["lease"] for l in await renter.leases() if l["lease"] != lease and l["active"])
-                button = f"document.querySelector('[data-end-lease=\"{second}\"]')"
-                await browser.wait_until(f"{button} !== null", what="the second lease's end button")
-                await browser.evaluate(f"{button}.click()")
-                await browser.wait_until("document.getElementById('ticket-result').textContent !== ''", what="the lease end")
-                ended = await browser.evaluate("document.getElementById('ticket-result').textContent")
-                assert ended.startswith(f"lease {second} ended"), ended
-                assert not next(l for l in await renter.leases() if l["lease"] == second)["active"], "ended on the exchange"
-            finally:
-                await browser.close()
+            hostile = "<img src=x onerror=\"document.title='owned'\">"
+            failed = {"failed": {"code": "host_error", "fault": "host", "reason": hostile}}
+            await supplier.request("delivery_status", lease=lease, state=failed)
+            await browser.wait_until(f"{cell}.includes('failed host_error')", what="the pushed failure")
+            assert hostile in await browser.evaluate(cell), "the host's reason is shown as text"
+            assert await browser.evaluate("document.querySelector('#leases img')") is None, "and never parsed as markup"
+            assert await browser.evaluate("document.title") != "owned"
+            await browser.screenshot(ARTEFACTS / "console-delivery.png")
+            # A job on the $2.50 GPU: its row follows the pushes, its
+            # bill is a click away, and it is cancelled from its row.
+            job = await renter.submit_job({
+                "name": "console-job", "instrument": gpux.H100_SPOT, "gpus": 1, "one_host": True,
+                "limit_minor_per_gpu_hour": gpux.dollars("2.5"), "hours": 1, "budget_minor": gpux.dollars("10"), "retries": 1,
+                "run": {"image": "localhost/gpux-py:1", "command": ["python3", "-c", "print(1)"],
+                        "checkpoint_dir": "/checkpoints", "outputs_dir": "/outputs", "checkpoint_interval_s": 60},
+            })
+            job_state = f"(document.querySelector('#jobs tr[data-job=\"{job['job']}\"] .job-state') || {{}}).textContent || ''"
+            await browser.wait_until(f"{job_state} === 'running'", what="the job's row, running")
+            await browser.evaluate(f"document.querySelector('[data-job-bill=\"{job['job']}\"]').click()")
+            await browser.wait_until(f"document.getElementById('job-bill').textContent.includes('GPUX-{renter.account}-job{job['job']}')", what="the job's bill")
+            await browser.evaluate(f"document.querySelector('[data-cancel-job=\"{job['job']}\"]').click()")
+            await browser.wait_until(f"{job_state} === 'cancelled'", what="the cancelled job")
+            await browser.screenshot(ARTEFACTS / "console-jobs.png")
+            # The job's lease took the $2.50 offer: the host offers the GPU again.
+            await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2.5"), 1, supply={"host": host, "gpu_mask": 2}))
+            # A second lease (the GPU offered at 2.50), ended from its row.
+            await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2.5"), 1))
+            second = next(l["lease"] for l in await renter.leases() if l["lease"] != lease and l["active"])
+            button = f"document.querySelector('[data-end-lease=\"{second}\"]')"
+            await browser.wait_until(f"{button} !== null", what="the second lease's end button")
+            await browser.evaluate(f"{button}.click()")
+            await browser.wait_until("document.getElementById('ticket-result').textContent !== ''", what="the lease end")
+            ended = await browser.evaluate("document.getElementById('ticket-result').textContent")
+            assert ended.startswith(f"lease {second} ended"), ended
+            assert not next(l for l in await renter.leases() if l["lease"] == second)["active"], "ended on the exchange"
         await renter.close()
         await supplier.close()
 
@@ -413,56 +415,49 @@ def test_the_console_opens_and_funds_a_sub_account_and_shows_a_verified_invoice(
         async with await gpux.Client.connect(url, operator, role="operator") as op:
             await op.deposit(aggregator.account, gpux.dollars("100"))
         await aggregator.set_spend_limits(daily_minor=gpux.dollars("50"))
-        with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
-            browser = Browser(profile)
-            await browser.open()
-            try:
-                await browser.call("Page.navigate", url=console)
-                await browser.wait_until("document.querySelectorAll('#instruments li').length >= 10", what="the instrument list")
-                await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
-                await browser.evaluate("document.querySelector('#login button').click()")
-                await browser.wait_until(f"document.getElementById('account').textContent.includes('account {aggregator.account}')", what="login")
+        async with console_page(console) as browser:
+            await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
+            await browser.evaluate("document.querySelector('#login button').click()")
+            await browser.wait_until(f"document.getElementById('account').textContent.includes('account {aggregator.account}')", what="login")
 
-                await browser.wait_until("document.getElementById('balance').textContent.includes('spend: today $0.00 (daily $50.00)')", what="the spend limits")
-                await browser.evaluate("document.querySelector('#sub-open button').click()")
-                await browser.wait_until("document.getElementById('sub-result').textContent.startsWith('opened sub-account')", what="the sub-account")
-                sub = int((await browser.evaluate("document.getElementById('sub-result').textContent")).split()[2])
-                await browser.evaluate("document.getElementById('sub-amount').value = '25'")
-                await browser.evaluate("document.querySelector('#sub-move button').click()")
-                await browser.wait_until(f"document.getElementById('sub-result').textContent.startsWith('moved $25.00 to sub-account {sub}')", what="the move")
-                await browser.wait_until(f"document.getElementById('subs').innerText.includes('$25.00')", what="the sub-account's balance")
-                # The statement shows the newest transfer first: the move just made.
-                await browser.wait_until("document.querySelector('#statement tbody tr') !== null", what="the statement")
-                first_row = await browser.evaluate("document.querySelector('#statement tbody tr').innerText")
-                assert f"available:{sub}" in first_row and "$25.00" in first_row, first_row
-                subs = await aggregator.sub_accounts()
-                assert [(s["account"], s["balances"]["available_minor"]) for s in subs] == [(sub, gpux.dollars("25"))], "moved on the exchange"
+            await browser.wait_until("document.getElementById('balance').textContent.includes('spend: today $0.00 (daily $50.00)')", what="the spend limits")
+            await browser.evaluate("document.querySelector('#sub-open button').click()")
+            await browser.wait_until("document.getElementById('sub-result').textContent.startsWith('opened sub-account')", what="the sub-account")
+            sub = int((await browser.evaluate("document.getElementById('sub-result').textContent")).split()[2])
+            await browser.evaluate("document.getElementById('sub-amount').value = '25'")
+            await browser.evaluate("document.querySelector('#sub-move button').click()")
+            await browser.wait_until(f"document.getElementById('sub-result').textContent.startsWith('moved $25.00 to sub-account {sub}')", what="the move")
+            await browser.wait_until(f"document.getElementById('subs').innerText.includes('$25.00')", what="the sub-account's balance")
+            # The statement shows the newest transfer first: the move just made.
+            await browser.wait_until("document.querySelector('#statement tbody tr') !== null", what="the statement")
+            first_row = await browser.evaluate("document.querySelector('#statement tbody tr').innerText")
+            assert f"available:{sub}" in first_row and "$25.00" in first_row, first_row
+            subs = await aggregator.sub_accounts()
+            assert [(s["account"], s["balances"]["available_minor"]) for s in subs] == [(sub, gpux.dollars("25"))], "moved on the exchange"
 
-                # Last month's invoice (closed; nothing happened in it), checked in the page with WebCrypto.
-                now = time.gmtime()
-                last = f"{now.tm_year - (now.tm_mon == 1)}-{12 if now.tm_mon == 1 else now.tm_mon - 1:02d}"
-                await browser.evaluate(f"document.getElementById('invoice-period').value = '{last}'")
-                await browser.evaluate("document.querySelector('#invoice-form button').click()")
-                await browser.wait_until("document.getElementById('invoice').innerText.includes('signature')", what="the invoice")
-                shown = await browser.evaluate("document.getElementById('invoice').innerText")
-                assert f"Invoice GPUX-{aggregator.account}-{last.replace('-', '')}" in shown, shown
-                assert "signature verified" in shown and "NOT" not in shown, shown
-                this = time.strftime("%Y-%m", now)
-                await browser.evaluate(f"document.getElementById('invoice-period').value = '{this}'")
-                await browser.evaluate("document.querySelector('#invoice-form button').click()")
-                await browser.wait_until("document.getElementById('invoice').innerText.includes('period_invalid')", what="the open month refused")
-                # Amounts to the last minor unit: $0.000417 is not $0.000.
-                assert await browser.evaluate("money(417)") == "$0.000417"
-                assert await browser.evaluate("[money(0), money(1234000), money(25000000), money(100)].join(' ')") == "$0.00 $1.234 $25.00 $0.0001"
-                # Logging out forgets the key: after the reconnect the page is not logged in.
-                await browser.evaluate("document.getElementById('logout').click()")
-                await browser.wait_until("document.getElementById('mine').hidden && !document.getElementById('login').hidden", what="logged out")
-                await browser.wait_until("state.ws.readyState === 1 && state.nonce !== null", what="the reconnect")
-                await asyncio.sleep(1.5)
-                assert await browser.evaluate("state.account === null && document.getElementById('account').textContent === ''")
-                await aggregator.close()
-            finally:
-                await browser.close()
+            # Last month's invoice (closed; nothing happened in it), checked in the page with WebCrypto.
+            now = time.gmtime()
+            last = f"{now.tm_year - (now.tm_mon == 1)}-{12 if now.tm_mon == 1 else now.tm_mon - 1:02d}"
+            await browser.evaluate(f"document.getElementById('invoice-period').value = '{last}'")
+            await browser.evaluate("document.querySelector('#invoice-form button').click()")
+            await browser.wait_until("document.getElementById('invoice').innerText.includes('signature')", what="the invoice")
+            shown = await browser.evaluate("document.getElementById('invoice').innerText")
+            assert f"Invoice GPUX-{aggregator.account}-{last.replace('-', '')}" in shown, shown
+            assert "signature verified" in shown and "NOT" not in shown, shown
+            this = time.strftime("%Y-%m", now)
+            await browser.evaluate(f"document.getElementById('invoice-period').value = '{this}'")
+            await browser.evaluate("document.querySelector('#invoice-form button').click()")
+            await browser.wait_until("document.getElementById('invoice').innerText.includes('period_invalid')", what="the open month refused")
+            # Amounts to the last minor unit: $0.000417 is not $0.000.
+            assert await browser.evaluate("money(417)") == "$0.000417"
+            assert await browser.evaluate("[money(0), money(1234000), money(25000000), money(100)].join(' ')") == "$0.00 $1.234 $25.00 $0.0001"
+            # Logging out forgets the key: after the reconnect the page is not logged in.
+            await browser.evaluate("document.getElementById('logout').click()")
+            await browser.wait_until("document.getElementById('mine').hidden && !document.getElementById('login').hidden", what="logged out")
+            await browser.wait_until("state.ws.readyState === 1 && state.nonce !== null", what="the reconnect")
+            await asyncio.sleep(1.5)
+            assert await browser.evaluate("state.account === null && document.getElementById('account').textContent === ''")
+            await aggregator.close()
 
     asyncio.run(scenario())
 
@@ -548,90 +543,83 @@ def test_the_console_is_a_trading_screen_at_three_sizes(exchange_with_console):
             await op.deposit(renter.account, gpux.dollars("500"))
         await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("1.5"), 4))
 
-        with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:  # Chromium's helpers may still write as it exits
-            browser = Browser(profile)
-            await browser.open()
-            try:
-                await browser.call("Page.navigate", url=console)
-                await browser.wait_until("document.querySelectorAll('#instruments li').length >= 10", what="the instrument list")
-                await browser.wait_until("document.getElementById('ladder').innerText.includes('$3.125')", what="the book")
+        async with console_page(console) as browser:
+            await browser.wait_until("document.getElementById('ladder').innerText.includes('$3.125')", what="the book")
 
-                async def check(width: int, height: int, name: str):
-                    await browser.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=width < 600)
-                    await asyncio.sleep(0.6)  # the charts redraw 100 ms after a resize
-                    problems = await browser.evaluate(LAYOUT_PROBLEMS)
-                    panels = await browser.evaluate(
-                        "Object.fromEntries(['book-panel', 'charts-panel', 'trade-panel', 'instruments-panel'].map(id => {"
-                        " const r = document.getElementById(id).getBoundingClientRect(); return [id, [r.left, r.top, r.width]]; }))"
-                    )
-                    shot = ARTEFACTS / f"console-{name}-{width}x{height}.png"
-                    data = (await browser.call("Page.captureScreenshot", format="png", captureBeyondViewport=True))["data"]
-                    shot.parent.mkdir(parents=True, exist_ok=True)
-                    shot.write_bytes(base64.b64decode(data))
-                    assert problems == [], f"{name} at {width}x{height}: {problems} (screenshot {shot})"
-                    book, charts, trade = panels["book-panel"], panels["charts-panel"], panels["trade-panel"]
-                    if width >= 1200:
-                        # One row: instruments, book, charts, ticket, the last at the right edge.
-                        assert book[1] == charts[1] == trade[1], panels
-                        assert trade[0] + trade[2] > width - 35, f"the ticket column reaches the right edge: {panels}"
-                        assert charts[2] > 300, panels
-                    if width < 600:
-                        # One column, each panel the screen's width, the ticket first.
-                        assert all(p[2] > width - 30 for p in panels.values()), panels
-                        assert trade[1] < book[1], panels
+            async def check(width: int, height: int, name: str):
+                await browser.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=width < 600)
+                await asyncio.sleep(0.6)  # the charts redraw 100 ms after a resize
+                problems = await browser.evaluate(LAYOUT_PROBLEMS)
+                panels = await browser.evaluate(
+                    "Object.fromEntries(['book-panel', 'charts-panel', 'trade-panel', 'instruments-panel'].map(id => {"
+                    " const r = document.getElementById(id).getBoundingClientRect(); return [id, [r.left, r.top, r.width]]; }))"
+                )
+                shot = ARTEFACTS / f"console-{name}-{width}x{height}.png"
+                data = (await browser.call("Page.captureScreenshot", format="png", captureBeyondViewport=True))["data"]
+                shot.parent.mkdir(parents=True, exist_ok=True)
+                shot.write_bytes(base64.b64decode(data))
+                assert problems == [], f"{name} at {width}x{height}: {problems} (screenshot {shot})"
+                book, charts, trade = panels["book-panel"], panels["charts-panel"], panels["trade-panel"]
+                if width >= 1200:
+                    # One row: instruments, book, charts, ticket, the last at the right edge.
+                    assert book[1] == charts[1] == trade[1], panels
+                    assert trade[0] + trade[2] > width - 35, f"the ticket column reaches the right edge: {panels}"
+                    assert charts[2] > 300, panels
+                if width < 600:
+                    # One column, each panel the screen's width, the ticket first.
+                    assert all(p[2] > width - 30 for p in panels.values()), panels
+                    assert trade[1] < book[1], panels
 
-                for width, height in SIZES:
-                    await check(width, height, "logged-out")
-                    assert await browser.evaluate("document.getElementById('login-card').getClientRects().length > 0"), "logged out, the ticket's column says how to log in"
+            for width, height in SIZES:
+                await check(width, height, "logged-out")
+                assert await browser.evaluate("document.getElementById('login-card').getClientRects().length > 0"), "logged out, the ticket's column says how to log in"
 
-                # Log in: the account's orders, by symbol.
-                await browser.call("Emulation.setDeviceMetricsOverride", width=1280, height=800, deviceScaleFactor=1, mobile=False)
-                await browser.evaluate("document.getElementById('secret').value = 'abc'")
-                await browser.evaluate("document.querySelector('#login button').click()")
-                await browser.wait_until("document.getElementById('account').textContent.includes('64 hex digits')", what="a short key's reason")
-                assert "has 3 character(s)" in await browser.evaluate("document.getElementById('account').textContent")
-                await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
-                await browser.evaluate("document.querySelector('#login button').click()")
-                await browser.wait_until(f"document.getElementById('account').textContent.includes('account {renter.account}')", what="login")
-                await browser.wait_until("document.getElementById('orders').innerText.includes('H100-SXM-80G/SPOT')", what="the open order by its symbol")
+            # Log in: the account's orders, by symbol.
+            await browser.call("Emulation.setDeviceMetricsOverride", width=1280, height=800, deviceScaleFactor=1, mobile=False)
+            await browser.evaluate("document.getElementById('secret').value = 'abc'")
+            await browser.evaluate("document.querySelector('#login button').click()")
+            await browser.wait_until("document.getElementById('account').textContent.includes('64 hex digits')", what="a short key's reason")
+            assert "has 3 character(s)" in await browser.evaluate("document.getElementById('account').textContent")
+            await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
+            await browser.evaluate("document.querySelector('#login button').click()")
+            await browser.wait_until(f"document.getElementById('account').textContent.includes('account {renter.account}')", what="login")
+            await browser.wait_until("document.getElementById('orders').innerText.includes('H100-SXM-80G/SPOT')", what="the open order by its symbol")
 
-                # Inline validation as typed, and the cost shown.
-                await browser.evaluate("{ const p = document.getElementById('t-price'); p.value = '2,10'; p.dispatchEvent(new Event('input')) }")
-                error = await browser.evaluate("document.getElementById('t-price-error').textContent")
-                assert '"." is the only decimal separator' in error and "2.10 or 210" in error, error
-                assert await browser.evaluate("document.getElementById('t-price').classList.contains('invalid')")
-                await browser.evaluate("{ const p = document.getElementById('t-price'); p.value = '2.10'; p.dispatchEvent(new Event('input')) }")
-                assert await browser.evaluate("document.getElementById('t-price-error').textContent") == ""
-                assert await browser.evaluate("document.getElementById('t-estimate').textContent") == "holds at most $2.10: 1 GPU(s) x 1 h at $2.10"
+            # Inline validation as typed, and the cost shown.
+            await browser.evaluate("{ const p = document.getElementById('t-price'); p.value = '2,10'; p.dispatchEvent(new Event('input')) }")
+            error = await browser.evaluate("document.getElementById('t-price-error').textContent")
+            assert '"." is the only decimal separator' in error and "2.10 or 210" in error, error
+            assert await browser.evaluate("document.getElementById('t-price').classList.contains('invalid')")
+            await browser.evaluate("{ const p = document.getElementById('t-price'); p.value = '2.10'; p.dispatchEvent(new Event('input')) }")
+            assert await browser.evaluate("document.getElementById('t-price-error').textContent") == ""
+            assert await browser.evaluate("document.getElementById('t-estimate').textContent") == "holds at most $2.10: 1 GPU(s) x 1 h at $2.10"
 
-                async def place(fields: dict) -> str:
-                    await browser.evaluate("document.getElementById('ticket-result').textContent = ''")
-                    for field, value in fields.items():
-                        await browser.evaluate(f"document.getElementById('{field}').value = {json.dumps(value)}")
-                    await browser.evaluate("document.querySelector('#ticket button').click()")
-                    await browser.wait_until("document.getElementById('ticket-result').textContent !== ''", what="the ticket's answer")
-                    return await browser.evaluate("document.getElementById('ticket-result').textContent")
+            async def place(fields: dict) -> str:
+                await browser.evaluate("document.getElementById('ticket-result').textContent = ''")
+                for field, value in fields.items():
+                    await browser.evaluate(f"document.getElementById('{field}').value = {json.dumps(value)}")
+                await browser.evaluate("document.querySelector('#ticket button').click()")
+                await browser.wait_until("document.getElementById('ticket-result').textContent !== ''", what="the ticket's answer")
+                return await browser.evaluate("document.getElementById('ticket-result').textContent")
 
-                # The true outcome of each order.
-                filled = await place({"t-price": "2.10", "t-quantity": "1", "t-tif": "ioc"})
-                assert filled.startswith("accepted: order") and ": filled: 1 GPU(s) at $2.00 (lease " in filled, filled
-                partly = await place({"t-price": "2.5", "t-quantity": "3", "t-tif": "ioc"})
-                assert ": partly filled: 1 GPU(s) at $2.25 (lease " in partly and "the rest killed (not filled at once" in partly, partly
-                killed = await place({"t-price": "1", "t-quantity": "1", "t-tif": "fok"})
-                assert killed.endswith(": killed (not filled at once: the rest of an IOC, or an FOK that could not fill whole): nothing filled"), killed
-                rested = await place({"t-price": "1.75", "t-quantity": "2", "t-tif": "gtc"})
-                assert rested.endswith(": rests on the book: 2 GPU(s) at $1.75"), rested
-                await browser.wait_until("document.getElementById('leases').innerText.includes('active')", what="the leases")
-                await browser.wait_until("document.getElementById('statement').innerText.includes('$')", what="the statement")
-                await browser.wait_until("document.querySelectorAll('#prices .u-axis').length === 2", what="the price chart of the trades")
-                gpus = await browser.evaluate("[...document.querySelectorAll('#leases tbody tr')].map(r => r.cells[2].textContent)")
-                assert gpus == ["1", "1"], gpus
+            # The true outcome of each order.
+            filled = await place({"t-price": "2.10", "t-quantity": "1", "t-tif": "ioc"})
+            assert filled.startswith("accepted: order") and ": filled: 1 GPU(s) at $2.00 (lease " in filled, filled
+            partly = await place({"t-price": "2.5", "t-quantity": "3", "t-tif": "ioc"})
+            assert ": partly filled: 1 GPU(s) at $2.25 (lease " in partly and "the rest killed (not filled at once" in partly, partly
+            killed = await place({"t-price": "1", "t-quantity": "1", "t-tif": "fok"})
+            assert killed.endswith(": killed (not filled at once: the rest of an IOC, or an FOK that could not fill whole): nothing filled"), killed
+            rested = await place({"t-price": "1.75", "t-quantity": "2", "t-tif": "gtc"})
+            assert rested.endswith(": rests on the book: 2 GPU(s) at $1.75"), rested
+            await browser.wait_until("document.getElementById('leases').innerText.includes('active')", what="the leases")
+            await browser.wait_until("document.getElementById('statement').innerText.includes('$')", what="the statement")
+            await browser.wait_until("document.querySelectorAll('#prices .u-axis').length === 2", what="the price chart of the trades")
+            gpus = await browser.evaluate("[...document.querySelectorAll('#leases tbody tr')].map(r => r.cells[2].textContent)")
+            assert gpus == ["1", "1"], gpus
 
-                for width, height in SIZES:
-                    await check(width, height, "logged-in")
-                await renter.close()
-                await supplier.close()
-            finally:
-                await browser.close()
+            for width, height in SIZES:
+                await check(width, height, "logged-in")
+            await renter.close()
+            await supplier.close()
 
     asyncio.run(scenario())
