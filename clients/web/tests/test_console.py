@@ -94,6 +94,17 @@ async def console_page(console: str):
             await browser.close()
 
 
+async def place_from_ticket(browser, fields: dict) -> str:
+    """Fills the order ticket's fields (by id), presses Place, and returns
+    what the console says of the order."""
+    await browser.evaluate("document.getElementById('ticket-result').textContent = ''")
+    for field, value in fields.items():
+        await browser.evaluate(f"document.getElementById('{field}').value = {json.dumps(value)}")
+    await browser.evaluate("document.querySelector('#ticket button').click()")
+    await browser.wait_until("document.getElementById('ticket-result').textContent !== ''", what="the ticket's answer")
+    return await browser.evaluate("document.getElementById('ticket-result').textContent")
+
+
 class Browser:
     """Headless Chromium driven over the DevTools protocol."""
 
@@ -201,13 +212,7 @@ def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_c
             await browser.wait_until("document.getElementById('balance').textContent.includes('held $3.702')", what="the balance")
 
             # The order ticket: a stop-limit bid arms off the book; a budget too small is refused with its code.
-            async def ticket(fields: dict) -> str:
-                await browser.evaluate("document.getElementById('ticket-result').textContent = ''")
-                for field, value in fields.items():
-                    await browser.evaluate(f"document.getElementById('{field}').value = {json.dumps(value)}")
-                await browser.evaluate("document.querySelector('#ticket button').click()")
-                await browser.wait_until("document.getElementById('ticket-result').textContent !== ''", what="the ticket's answer")
-                return await browser.evaluate("document.getElementById('ticket-result').textContent")
+            ticket = lambda fields: place_from_ticket(browser, fields)  # noqa: E731
 
             armed = await ticket({"t-price": "2.5", "t-quantity": "1", "t-stop": "2.4", "t-budget": ""})
             assert armed.startswith("accepted: order") and armed.endswith("armed"), armed
@@ -594,13 +599,7 @@ def test_the_console_is_a_trading_screen_at_three_sizes(exchange_with_console):
             assert await browser.evaluate("document.getElementById('t-price-error').textContent") == ""
             assert await browser.evaluate("document.getElementById('t-estimate').textContent") == "holds at most $2.10: 1 GPU(s) x 1 h at $2.10"
 
-            async def place(fields: dict) -> str:
-                await browser.evaluate("document.getElementById('ticket-result').textContent = ''")
-                for field, value in fields.items():
-                    await browser.evaluate(f"document.getElementById('{field}').value = {json.dumps(value)}")
-                await browser.evaluate("document.querySelector('#ticket button').click()")
-                await browser.wait_until("document.getElementById('ticket-result').textContent !== ''", what="the ticket's answer")
-                return await browser.evaluate("document.getElementById('ticket-result').textContent")
+            place = lambda fields: place_from_ticket(browser, fields)  # noqa: E731
 
             # The true outcome of each order.
             filled = await place({"t-price": "2.10", "t-quantity": "1", "t-tif": "ioc"})
