@@ -687,7 +687,7 @@ async function lookUpSupplier(supplier) {
       const score = r.score_bps === null ? "unrated" : (r.score_bps / 100).toFixed(2) + "%";
       const hours = (ms) => (ms / 3.6e6).toFixed(1);
       const challenges = `hardware challenges ${r.challenges_passed} passed, ${r.challenges_too_slow} too slow, ${r.challenges_failed} wrong, ${r.challenges_unanswered} unanswered`;
-      const conduct = `${r.disputes} disputes by renters (${hours(r.disputed_gpu_ms)} GPU-h), ${r.disconnects_during_leases} disconnects during leases, ${r.preemptions_late} preemptions honoured late`;
+      const conduct = `${r.disputes} disputes proven by renters' GPU probes (${hours(r.disputed_gpu_ms)} GPU-h), ${r.disconnects_during_leases} disconnects during leases, ${r.preemptions_late} preemptions honoured late`;
       return `${score}: ${hours(r.verified_gpu_ms)} of ${hours(r.leased_gpu_ms)} GPU-h verified, ${r.leases_closed} leases, ${r.failed_deliveries} failed deliveries (${r.failed_deliveries_in_row ?? 0} in a row now), ${challenges}, ${conduct}`;
     };
     const hosts = body.hosts.map((h) => `<li>${esc(h.host_name)}: ${line(h.record)}</li>`).join("");

@@ -422,6 +422,24 @@ pub enum Command {
     SetLateReportWindow {
         window_ms: u64,
     },
+    /// The market matched the renter's evidence against the supplier's
+    /// reports of the same time (docs/market-rules.md "Disputes"):
+    /// `disputed_gpu_ms` more of the lease's GPU time is disputed and the
+    /// supplier's share of its charge is **held** (not taken) until the
+    /// lease's bill is final; `proven_gpu_ms` more of the disputed time is
+    /// proven by the renter's GPU probe (the probe signed those GPUs
+    /// absent). At the final bill the proven time's whole charge goes back
+    /// to the renter (the held share and the fee on it) and the rest of
+    /// the hold is paid to the supplier. Refused `amount_invalid` when both
+    /// are 0 or the lease's proven time would exceed its disputed time,
+    /// `lease_billing_closed` after the final bill. Only the market issues
+    /// it, never a client; journals before it withheld disputed time into
+    /// the fees account (`WithholdDisputed`). Appended.
+    HoldDisputed {
+        lease: LeaseId,
+        disputed_gpu_ms: u64,
+        proven_gpu_ms: u64,
+    },
 }
 
 /// What a class's cluster contract requires of its hosts beyond one fabric

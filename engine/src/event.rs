@@ -461,6 +461,39 @@ pub enum EventKind {
     LateReportWindowChanged {
         window_ms: u64,
     },
+    /// More of a lease's GPU time is disputed (`Command::HoldDisputed`):
+    /// `amount_minor` of the supplier's share of its charge is held (from
+    /// its payable, then available funds, the rest as its debt) until the
+    /// lease's bill is final, when `DisputeDecided` pays it out.
+    /// `proven_gpu_ms` more of the lease's disputed time is proven by the
+    /// renter's GPU probe.
+    UsageDisputeHeld {
+        lease: LeaseId,
+        renter: AccountId,
+        supplier: AccountId,
+        disputed_gpu_ms: u64,
+        proven_gpu_ms: u64,
+        amount_minor: u64,
+        from_payable: u64,
+        from_available: u64,
+        from_debt: u64,
+    },
+    /// A lease's disputes decided at its final bill (docs/market-rules.md
+    /// "Disputes"): of `disputed_gpu_ms`, `proven_gpu_ms` was proven by the
+    /// renter's probe, so its charge goes back to the renter:
+    /// `refunded_minor` from the hold and `fee_refunded_minor` from the
+    /// exchange's fees; the rest of the hold, `paid_minor`, goes to the
+    /// supplier's payable.
+    DisputeDecided {
+        lease: LeaseId,
+        renter: AccountId,
+        supplier: AccountId,
+        disputed_gpu_ms: u64,
+        proven_gpu_ms: u64,
+        refunded_minor: u64,
+        fee_refunded_minor: u64,
+        paid_minor: u64,
+    },
 }
 
 /// Why a command changed nothing. The codes are stable; docs/protocol.md and

@@ -354,6 +354,12 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
             let body = LivenessBody { lease: ended, start_ms: 1, end_ms: 2, reachable: false };
             one(ClientMessage::Liveness { id: 33, report: LivenessReport::sign(body, &key(2)) })
         }),
+        row("gpu_probe_invalid", Who::Renter, {
+            // The renter's own lease, but from before it began.
+            let gpus = vec![ProbeGpu { uuid: "GPU-a".into(), present_samples: 0, utilisation_percent_mean: 0, memory_used_mib_max: 0 }];
+            let body = GpuProbeBody { lease: orphan, start_ms: 1, end_ms: 2, samples: 1, gpus };
+            one(ClientMessage::GpuProbe { id: 41, report: Box::new(GpuProbeReport::sign(body, &key(7))) })
+        }),
         row("fabric_probe_invalid", Who::Supplier, {
             // Its own lease, signed by its key, but no cluster job's member.
             let body = FabricProbeBody { lease: ended, job: JobId(1), attempt: 1, ranks: 2, rank: 0, bytes: 1 << 20, elapsed_us: 1_000 };

@@ -325,6 +325,10 @@ pub enum Body {
     Job {
         request: JobRequest,
     },
+    /// A renter's GPU probe observation of its lease (signed by the probe).
+    GpuProbe {
+        report: Box<gpux_protocol::GpuProbeReport>,
+    },
     /// In process only: over a socket a gateway sends `wire::Up::Connect`
     /// and the link server makes the connection's `Outbound`. Last, and
     /// it must stay last: serde numbers variants by position when encoding
@@ -439,7 +443,9 @@ impl Body {
                     AccessRequest::SubAccounts { .. } | AccessRequest::Keys { .. } | AccessRequest::Invoice { .. } | AccessRequest::Spend,
                 ..
             } => Some(Scope::Read),
-            Body::Usage { .. } | Body::Delivery { .. } | Body::Challenge { .. } | Body::Liveness { .. } => Some(Scope::Deliver),
+            Body::Usage { .. } | Body::Delivery { .. } | Body::Challenge { .. } | Body::Liveness { .. } | Body::GpuProbe { .. } => {
+                Some(Scope::Deliver)
+            }
             Body::Access { .. } => Some(Scope::Manage),
             Body::Connect { .. }
             | Body::Authenticate { .. }
@@ -490,6 +496,7 @@ impl Body {
             | Body::Delivery { .. }
             | Body::Challenge { .. }
             | Body::Liveness { .. }
+            | Body::GpuProbe { .. }
             | Body::Access { .. }
             | Body::LeaseTelemetry { .. }
             | Body::Job { .. }

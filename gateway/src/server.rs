@@ -803,6 +803,7 @@ pub(crate) fn request_of(caller: &Caller, message: ClientMessage, verified: Opti
             Body::Challenge { request: ChallengeRequest::Opening { challenge, leaves, memory: true } }
         }
         ClientMessage::Liveness { report, .. } => Body::Liveness { report: Box::new(report) },
+        ClientMessage::GpuProbe { report, .. } => Body::GpuProbe { report },
         ClientMessage::CancelOrder { order, .. } => command(Command::CancelOrder { account, order }),
         ClientMessage::ReplaceOrder { order, price_minor_per_gpu_hour, quantity, .. } => {
             command(Command::ReplaceOrder { account, order, price_minor_per_gpu_hour, quantity })

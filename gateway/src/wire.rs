@@ -31,7 +31,7 @@ use gpux_engine::InstrumentId;
 use gpux_protocol::{Channel, ErrorCode, ServerMessage};
 
 /// This build's link version; both ends must speak the same.
-pub const LINK_VERSION: u16 = 3;
+pub const LINK_VERSION: u16 = 4;
 /// What a link stream starts with.
 pub const LINK_MAGIC: [u8; 8] = *b"gpuxlink";
 pub use crate::limits::LINK_FRAME_BYTES_MAX;
@@ -355,6 +355,28 @@ mod tests {
             },
             Request {
                 connection: c,
+                id: 29,
+                body: Body::GpuProbe {
+                    report: Box::new(gpux_protocol::GpuProbeReport {
+                        body: gpux_protocol::GpuProbeBody {
+                            lease: LeaseId(3),
+                            start_ms: 1,
+                            end_ms: 2,
+                            samples: 1,
+                            gpus: vec![gpux_protocol::ProbeGpu {
+                                uuid: "GPU-a".into(),
+                                present_samples: 0,
+                                utilisation_percent_mean: 0,
+                                memory_used_mib_max: 0,
+                            }],
+                        },
+                        probe_key: "ab".repeat(32),
+                        signature: "cd".repeat(64),
+                    }),
+                },
+            },
+            Request {
+                connection: c,
                 id: 21,
                 body: Body::Access { request: AccessRequest::Invoice { period: "2026-11".into(), account: None, offset: 0 } },
             },
@@ -419,13 +441,14 @@ mod tests {
             Body::History { .. } => 26,
             Body::Book { .. } => 27,
             Body::Job { .. } => 28,
+            Body::GpuProbe { .. } => 29,
             Body::Connect { .. } => usize::MAX,
         }
     }
 
     #[test]
     fn the_samples_hold_every_request_that_crosses_the_link() {
-        let mut seen = [false; 29];
+        let mut seen = [false; 30];
         for up in every_up() {
             if let Up::Request(request) = up {
                 seen[variant(&request)] = true;

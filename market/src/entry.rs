@@ -202,6 +202,15 @@ pub enum JournalEntry {
         account: AccountId,
         report: Box<gpux_protocol::FabricProbeReport>,
     },
+    /// A renter's GPU probe observation of its lease, received at `at_ms`
+    /// (checked before journaling: the renter's own lease, signed by the
+    /// lease's probe key, in time order; docs/market-rules.md "Disputes").
+    /// Appended.
+    GpuProbe {
+        at_ms: u64,
+        account: AccountId,
+        report: Box<gpux_protocol::GpuProbeReport>,
+    },
 }
 
 impl JournalEntry {
@@ -243,7 +252,8 @@ impl JournalEntry {
             | JournalEntry::CancelJob { at_ms, .. }
             | JournalEntry::JobLeaseSilent { at_ms, .. }
             | JournalEntry::ResizeJob { at_ms, .. }
-            | JournalEntry::FabricProbe { at_ms, .. } => Some(*at_ms),
+            | JournalEntry::FabricProbe { at_ms, .. }
+            | JournalEntry::GpuProbe { at_ms, .. } => Some(*at_ms),
             JournalEntry::BindKey { .. }
             | JournalEntry::BidWorkload { .. }
             | JournalEntry::LeaseWorkload { .. }

@@ -321,8 +321,12 @@ impl MarketState {
                 applied.follow_ups.push(Command::RecordFabricProbe { lease: body.lease, ranks: body.ranks, mbps: body.bus_mbps() });
             }
             JournalEntry::Liveness { at_ms, account, report } => {
-                let disputed = self.disputes.observe(*account, report);
-                applied.follow_ups.extend(self.disputed(report.body.lease, disputed, *at_ms));
+                let found = self.disputes.observe(*account, report);
+                applied.follow_ups.extend(self.disputed(report.body.lease, found, *at_ms));
+            }
+            JournalEntry::GpuProbe { at_ms, account, report } => {
+                let found = self.disputes.probed(*account, report);
+                applied.follow_ups.extend(self.disputed(report.body.lease, found, *at_ms));
             }
             JournalEntry::SupplierDisconnected { at_ms, account } => {
                 let leases = self.engine.active_leases_supplied(*account);
@@ -481,8 +485,8 @@ impl MarketState {
                 self.telemetry.record(&report.body);
                 self.jobs.heard(report.body.lease, account, at_ms);
                 if let Some(renter) = self.engine.lease(report.body.lease).map(|l| l.renter) {
-                    let disputed = self.disputes.claimed(renter, &report.body, verified_ms);
-                    applied.follow_ups.extend(self.disputed(report.body.lease, disputed, at_ms));
+                    let found = self.disputes.claimed(renter, &report.body, verified_ms);
+                    applied.follow_ups.extend(self.disputed(report.body.lease, found, at_ms));
                 }
             }
             Ok(UsageOutcome::Duplicate) => {}
@@ -687,16 +691,25 @@ impl MarketState {
         self.disputes.check(account, lease.as_ref(), report, self.account_key(account), now_ms)
     }
 
-    /// Disputed GPU time of a lease: counted in its supplier's and host's
-    /// records; returns the command that withholds its charge.
-    fn disputed(&mut self, lease: LeaseId, disputed_gpu_ms: u64, at_ms: u64) -> Option<Command> {
-        if disputed_gpu_ms == 0 {
+    /// A renter's GPU probe observation of its lease.
+    pub fn check_gpu_probe(&self, account: AccountId, report: &gpux_protocol::GpuProbeReport, now_ms: u64) -> Result<(), ErrorCode> {
+        let lease = self.engine.lease(report.body.lease);
+        self.disputes.check_probe(account, lease.as_ref(), report, now_ms)
+    }
+
+    /// Disputed GPU time of a lease: its proven part counted in its
+    /// supplier's and host's records (a port that does not answer alone
+    /// proves nothing); returns the command that holds its charge.
+    fn disputed(&mut self, lease: LeaseId, found: disputes::Found, at_ms: u64) -> Option<Command> {
+        if found == disputes::Found::default() {
             return None;
         }
-        if let Some(supplier) = self.reliability.disputed(&self.engine, lease, disputed_gpu_ms, at_ms) {
-            self.refresh_scores(&[supplier], at_ms);
+        if found.proven_gpu_ms > 0 {
+            if let Some(supplier) = self.reliability.disputed(&self.engine, lease, found.proven_gpu_ms, at_ms) {
+                self.refresh_scores(&[supplier], at_ms);
+            }
         }
-        Some(Command::WithholdDisputed { lease, disputed_gpu_ms })
+        Some(Command::HoldDisputed { lease, disputed_gpu_ms: found.disputed_gpu_ms, proven_gpu_ms: found.proven_gpu_ms })
     }
 
     /// What the job rules called for: the commands as follow-ups, each

@@ -48,7 +48,9 @@ pub fn accounts_of(engine: &Engine, event: &Event) -> [Option<AccountId>; 2] {
         DeliveryFailed { holder, supplier, .. } | DeliveryCredited { holder, supplier, .. } => [Some(holder), Some(supplier)],
         LeasedGpuStatusChanged { renter, .. } => [Some(renter), None],
         GpuChallenged { owner, .. } | GpuMemoryChallenged { owner, .. } => [Some(owner), None],
-        UsageDisputed { renter, supplier, .. } => [Some(renter), Some(supplier)],
+        UsageDisputed { renter, supplier, .. } | UsageDisputeHeld { renter, supplier, .. } | DisputeDecided { renter, supplier, .. } => {
+            [Some(renter), Some(supplier)]
+        }
         FabricProbed { lease, owner, .. } => [Some(owner), engine.lease(lease).map(|l| l.renter)],
         GpuStatusChanged { gpu, .. } => [engine.gpu(gpu).map(|g| g.owner), None],
         InstrumentListed { .. } | TradingStopped { .. } | InstrumentExpired { .. } | BookLevel { .. } => [None, None],

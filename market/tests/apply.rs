@@ -22,6 +22,7 @@ use ed25519_dalek::SigningKey;
 use gpux_engine::*;
 use gpux_market::{Audience, JournalEntry, MarketState};
 use gpux_protocol::{DeliveryState, FailureCode, Fault, LivenessBody, LivenessReport, ServerMessage, UsageBody, UsageReport};
+use gpux_settlement::ledger::LedgerAccount;
 use proptest::prelude::*;
 
 /// 2026-12-02T15:01:00Z.
@@ -73,6 +74,13 @@ enum Op {
     },
     /// The supplier's last session closes.
     Disconnect,
+    /// The renter's GPU probe over the next `minutes`: GPUs of `absent`'s
+    /// mask seen absent (bit 2: signed by another key).
+    GpuProbe {
+        pick: usize,
+        minutes: u64,
+        absent: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -86,6 +94,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..2u32, 0..4u8, 0..5_000u64).prop_map(|(gpu, answer, delay_ms)| Op::Challenge { gpu, answer, delay_ms }),
         2 => (any::<usize>(), 1..30u64, 0..3u8).prop_map(|(pick, minutes, kind)| Op::Liveness { pick, minutes, kind }),
         1 => Just(Op::Disconnect),
+        2 => (any::<usize>(), 1..30u64, 0..8u8).prop_map(|(pick, minutes, absent)| Op::GpuProbe { pick, minutes, absent }),
     ]
 }
 
@@ -102,6 +111,8 @@ struct Session {
     leases: Vec<LeaseId>,
     /// The end of the renter's last observation of each lease.
     observed: BTreeMap<LeaseId, u64>,
+    /// The end of the renter's last probe observation of each lease.
+    probed: BTreeMap<LeaseId, u64>,
     /// (lease, gpu uuid) -> (next seq, previous hash, last end)
     chains: BTreeMap<(LeaseId, String), (u32, String, u64)>,
     next_order: u64,
@@ -111,6 +122,8 @@ struct Session {
     outcomes: Vec<Result<gpux_settlement::UsageOutcome, gpux_protocol::UsageRejectCode>>,
     /// Every ledger transfer posted, in order.
     transfers: Vec<gpux_settlement::ledger::Transfer>,
+    /// Each `DisputeDecided`: (disputed, proven, refunded, fee refunded, paid).
+    decided: Vec<(u64, u64, u64, u64, u64)>,
 }
 
 impl Session {
@@ -126,12 +139,14 @@ impl Session {
             renter_key: SigningKey::from_bytes(&[4; 32]),
             leases: Vec::new(),
             observed: BTreeMap::new(),
+            probed: BTreeMap::new(),
             chains: BTreeMap::new(),
             next_order: 1,
             next_transfer: 0,
             feed_seq: BTreeMap::new(),
             outcomes: Vec::new(),
             transfers: Vec::new(),
+            decided: Vec::new(),
         };
         // Bills with reports missing at the grace are provisional for two
         // hours (the exchange's default is a day): runs reach both ends.
@@ -180,8 +195,12 @@ impl Session {
             }
         }
         for event in &applied.events {
-            if let EventKind::LeaseCreated { lease, .. } = event.kind {
-                self.leases.push(lease);
+            match event.kind {
+                EventKind::LeaseCreated { lease, .. } => self.leases.push(lease),
+                EventKind::DisputeDecided { disputed_gpu_ms, proven_gpu_ms, refunded_minor, fee_refunded_minor, paid_minor, .. } => {
+                    self.decided.push((disputed_gpu_ms, proven_gpu_ms, refunded_minor, fee_refunded_minor, paid_minor))
+                }
+                _ => {}
             }
         }
         for command in applied.follow_ups {
@@ -282,6 +301,38 @@ impl Session {
                 self.challenge(GpuId(gpu), answer, delay_ms, 16);
             }
             Op::Disconnect => self.apply(JournalEntry::SupplierDisconnected { at_ms: self.now_ms, account: self.supplier }),
+            Op::GpuProbe { pick, minutes, absent } => {
+                let Some(lease) = self.lease(pick) else { return };
+                let Some(info) = self.market.engine().lease(lease) else { return };
+                if absent & 4 != 0 && !self.probed.contains_key(&lease) {
+                    return; // the lease's first observation pins its probe's key
+                }
+                let start_ms = self.probed.get(&lease).copied().unwrap_or(info.start_ms);
+                let end_ms = (start_ms + minutes * 60_000).min(self.now_ms).min(info.ended_at_ms.unwrap_or(u64::MAX));
+                let gpus = info
+                    .gpus
+                    .iter()
+                    .enumerate()
+                    .map(|(i, gpu)| gpux_protocol::ProbeGpu {
+                        uuid: self.market.engine().gpu(*gpu).expect("a leased GPU exists").uuid,
+                        present_samples: if absent & (1 << i) != 0 { 0 } else { 3 },
+                        utilisation_percent_mean: 40,
+                        memory_used_mib_max: 100,
+                    })
+                    .collect();
+                let body = gpux_protocol::GpuProbeBody { lease, start_ms, end_ms, samples: 3, gpus };
+                let key = SigningKey::from_bytes(if absent & 4 != 0 { &[8; 32] } else { &[23; 32] });
+                let report = gpux_protocol::GpuProbeReport::sign(body, &key);
+                // The sequencer's check before journaling.
+                let checked = self.market.check_gpu_probe(self.renter, &report, self.now_ms);
+                if absent & 4 != 0 {
+                    assert!(checked.is_err(), "another key than the lease's probe's");
+                }
+                if checked.is_ok() {
+                    self.probed.insert(lease, end_ms);
+                    self.apply(JournalEntry::GpuProbe { at_ms: self.now_ms, account: self.renter, report: Box::new(report) });
+                }
+            }
             Op::Liveness { pick, minutes, kind } => {
                 let Some(lease) = self.lease(pick) else { return };
                 let Some(info) = self.market.engine().lease(lease) else { return };
@@ -845,18 +896,19 @@ fn the_listed_instruments_keep_the_calendars_size_and_fit_a_frame() {
 
 /// Two-sided evidence (docs/market-rules.md "Disputes"): the renter signs
 /// "unreachable" for time the supplier reported available. Whichever
-/// arrives second, the overlap is disputed: the supplier gives up its share
-/// of that time's charge to the exchange (the renter, who still pays, gets
-/// nothing back, so lying gains it nothing), the follow-up `WithholdDisputed`
-/// is journaled, and both parties' records count it. A reachable
-/// observation disputes nothing. Observations out of order, too long, in the
-/// future, about another's lease or signed by another key are refused.
+/// arrives second, the overlap is disputed: the supplier's share of that
+/// time's charge is held (the follow-up `HoldDisputed` is journaled), the
+/// renter's record counts it, and at the final bill, with no probe to prove
+/// it, the hold is paid to the supplier (a port that does not answer alone
+/// proves nothing; the supplier's score is untouched). A reachable
+/// observation disputes nothing. Observations out of order, too long, in
+/// the future, about another's lease or signed by another key are refused.
 #[test]
-fn unreachable_evidence_against_reported_time_is_disputed_and_withheld() {
+fn unreachable_evidence_is_held_and_paid_to_the_host_at_the_final_bill_when_nothing_proves_it() {
     use gpux_protocol::ErrorCode;
     let mut session = Session::new();
     session.run(&Op::Ask { mask: 1, ticks: 0 });
-    session.run(&Op::Bid { quantity: 1, ticks: 0, hours: 3 });
+    session.run(&Op::Bid { quantity: 1, ticks: 0, hours: 1 });
     let lease = session.lease(0).expect("a lease");
     let minute = 60_000;
     let payable = |s: &Session| s.market.engine().balances(s.supplier).expect("supplier").payable_minor;
@@ -872,10 +924,6 @@ fn unreachable_evidence_against_reported_time_is_disputed_and_withheld() {
         }
         checked
     };
-    let withheld = |s: &Session| match s.journal.last() {
-        Some(JournalEntry::Engine(Input { command: Command::WithholdDisputed { disputed_gpu_ms, .. }, .. })) => Some(*disputed_gpu_ms),
-        _ => None,
-    };
 
     // The report first: 20 minutes at 1.5 (units per GPU-hour) charge 0.5,
     // 0.4875 to the supplier after the 2.5% fee.
@@ -883,29 +931,30 @@ fn unreachable_evidence_against_reported_time_is_disputed_and_withheld() {
     session.run(&Op::Report { pick: 0, gpu: 0, minutes: 20, tamper: 2 });
     let (payable_before, renter_before) = (payable(&session), renter_funds(&session));
     assert_eq!(observe(&mut session, 10 * minute, 20 * minute, false), Ok(()));
-    assert_eq!(withheld(&session), Some(10 * minute), "the follow-up is journaled");
-    assert_eq!(payable_before - payable(&session), 243_750, "half the reported time's share withheld");
-    assert_eq!(renter_funds(&session), renter_before, "the renter is not refunded");
+    assert_eq!(held(&session), Some((10 * minute, 0)), "the follow-up is journaled; nothing proven");
+    assert_eq!(payable_before - payable(&session), 243_750, "half the reported time's share held");
+    assert_eq!(renter_funds(&session), renter_before, "the renter is not refunded yet");
+    assert_eq!(session.market.ledger().balance(LedgerAccount::DisputesHeld), 243_750);
 
     // The observation first, then the report of the same time.
     session.run(&Op::Advance { ms: 10 * minute });
     assert_eq!(observe(&mut session, 20 * minute, 30 * minute, false), Ok(()));
-    assert_eq!(withheld(&session), None, "nothing reported yet for that time");
+    assert_eq!(held(&session), None, "nothing reported yet for that time");
     let payable_before = payable(&session);
     session.run(&Op::Report { pick: 0, gpu: 0, minutes: 10, tamper: 2 });
-    assert_eq!(withheld(&session), Some(10 * minute));
+    assert_eq!(held(&session), Some((10 * minute, 0)));
     let charged_share = 243_750;
-    assert_eq!(payable(&session), payable_before + charged_share - charged_share, "credited, then withheld");
+    assert_eq!(payable(&session), payable_before + charged_share - charged_share, "credited, then held");
 
     // Reachable time disputes nothing.
     session.run(&Op::Advance { ms: 10 * minute });
     assert_eq!(observe(&mut session, 30 * minute, 40 * minute, true), Ok(()));
     session.run(&Op::Report { pick: 0, gpu: 0, minutes: 10, tamper: 2 });
-    assert_eq!(withheld(&session), None);
+    assert_eq!(held(&session), None);
 
     let now = session.now_ms;
     let supplier = session.market.reliability().supplier(session.supplier, now);
-    assert_eq!((supplier.disputes, supplier.disputed_gpu_ms), (2, 20 * minute));
+    assert_eq!((supplier.disputes, supplier.disputed_gpu_ms), (0, 0), "weak evidence alone costs no score");
     let renter = session.market.disputes().renter(session.renter);
     assert_eq!((renter.observations, renter.unreachable_ms, renter.disputes, renter.disputed_gpu_ms), (3, 20 * minute, 2, 20 * minute));
 
@@ -923,6 +972,132 @@ fn unreachable_evidence_against_reported_time_is_disputed_and_withheld() {
     let unknown = LivenessReport::sign(LivenessBody { lease: LeaseId(99), ..body }, &session.renter_key);
     assert_eq!(session.market.check_liveness(session.renter, &unknown, now), Err(ErrorCode::UnknownLease));
     assert_eq!(session.journal.len(), journal_len, "nothing journaled for them");
+
+    // The rest of the hour reported, the lease ends, the bill is final:
+    // the whole hold goes to the supplier, nothing to the renter.
+    session.run(&Op::Advance { ms: 20 * minute });
+    session.run(&Op::Report { pick: 0, gpu: 0, minutes: 20, tamper: 2 });
+    let (payable_before, renter_before) = (payable(&session), renter_funds(&session));
+    session.run(&Op::Advance { ms: 11 * minute });
+    assert_eq!(decided(&session), Some((20 * minute, 0, 0, 0, 2 * 243_750)));
+    assert_eq!(payable(&session), payable_before + 2 * 243_750, "the hold paid to the supplier");
+    let released_escrow = renter_funds(&session) - renter_before;
+    assert_eq!(session.market.engine().balances(session.renter).expect("renter").held_minor, 0);
+    assert!(released_escrow < 100_000, "only the escrow's rounding went back: {released_escrow}");
+    assert_eq!(session.market.ledger().balance(LedgerAccount::DisputesHeld), 0);
+}
+
+/// The last `HoldDisputed` follow-up, if the last entry is one: (disputed, proven).
+fn held(s: &Session) -> Option<(u64, u64)> {
+    match s.journal.last() {
+        Some(JournalEntry::Engine(Input { command: Command::HoldDisputed { disputed_gpu_ms, proven_gpu_ms, .. }, .. })) => {
+            Some((*disputed_gpu_ms, *proven_gpu_ms))
+        }
+        _ => None,
+    }
+}
+
+/// The `DisputeDecided` the session's transfers record last: (disputed,
+/// proven, refunded, fee refunded, paid), from the engine's event log.
+fn decided(s: &Session) -> Option<(u64, u64, u64, u64, u64)> {
+    s.decided.last().copied()
+}
+
+/// The renter's GPU probe (docs/market-rules.md "Disputes"): a GPU it saw
+/// absent for time the supplier reported available is proven disputed,
+/// whichever arrives first, per GPU; the supplier's score counts it, and at
+/// the final bill that time's whole charge (the held share and the fee)
+/// goes back to the renter, the rest of the hold to the supplier. The first
+/// observation pins the lease's probe key; another key, an observation out
+/// of order, for another's lease, out of range or in the future is refused.
+#[test]
+fn probe_absence_is_proven_and_its_whole_charge_refunded_to_the_renter_at_the_final_bill() {
+    use gpux_protocol::{ErrorCode, GpuProbeBody, GpuProbeReport, ProbeGpu};
+    let mut session = Session::new();
+    session.run(&Op::Ask { mask: 3, ticks: 0 });
+    session.run(&Op::Bid { quantity: 2, ticks: 0, hours: 1 });
+    let lease = session.lease(0).expect("a lease");
+    let minute = 60_000;
+    let probe_key = SigningKey::from_bytes(&[21; 32]);
+    let probe = |s: &mut Session, from: u64, to: u64, absent: &[&str], key: &SigningKey| {
+        let gpus = ["GPU-0", "GPU-1"]
+            .iter()
+            .map(|uuid| ProbeGpu {
+                uuid: uuid.to_string(),
+                present_samples: if absent.contains(uuid) { 0 } else { 6 },
+                utilisation_percent_mean: 50,
+                memory_used_mib_max: 1_000,
+            })
+            .collect();
+        let report = GpuProbeReport::sign(GpuProbeBody { lease, start_ms: T0 + from, end_ms: T0 + to, samples: 6, gpus }, key);
+        let checked = s.market.check_gpu_probe(s.renter, &report, s.now_ms);
+        if checked.is_ok() {
+            s.apply(JournalEntry::GpuProbe { at_ms: s.now_ms, account: s.renter, report: Box::new(report) });
+        }
+        checked
+    };
+    let renter_available = |s: &Session| s.market.engine().balances(s.renter).expect("renter").available_minor;
+    let fees = |s: &Session| s.market.ledger().balance(LedgerAccount::Fees);
+
+    // Both GPUs reported for 20 minutes; the probe saw GPU-1 absent for the
+    // last 10 of them: proven, held.
+    session.run(&Op::Advance { ms: 20 * minute });
+    session.run(&Op::Report { pick: 0, gpu: 0, minutes: 20, tamper: 2 });
+    session.run(&Op::Report { pick: 0, gpu: 1, minutes: 20, tamper: 2 });
+    assert_eq!(probe(&mut session, 0, 10 * minute, &[], &probe_key), Ok(()));
+    assert_eq!(held(&session), None, "both present: nothing disputed");
+    assert_eq!(probe(&mut session, 10 * minute, 20 * minute, &["GPU-1"], &probe_key), Ok(()));
+    assert_eq!(held(&session), Some((10 * minute, 10 * minute)), "GPU-1's 10 minutes, proven");
+    // The probe first, then the report of the same time.
+    session.run(&Op::Advance { ms: 10 * minute });
+    assert_eq!(probe(&mut session, 20 * minute, 30 * minute, &["GPU-1"], &probe_key), Ok(()));
+    assert_eq!(held(&session), None, "nothing reported yet");
+    session.run(&Op::Report { pick: 0, gpu: 1, minutes: 10, tamper: 2 });
+    assert_eq!(held(&session), Some((10 * minute, 10 * minute)));
+    session.run(&Op::Report { pick: 0, gpu: 0, minutes: 10, tamper: 2 });
+    assert_eq!(held(&session), None, "GPU-0 was present");
+
+    let supplier = session.market.reliability().supplier(session.supplier, session.now_ms);
+    assert_eq!((supplier.disputes, supplier.disputed_gpu_ms), (2, 20 * minute), "proven time costs the score");
+
+    // Refused, and nothing journaled.
+    let journal_len = session.journal.len();
+    let other = SigningKey::from_bytes(&[22; 32]);
+    assert_eq!(probe(&mut session, 30 * minute, 31 * minute, &[], &other), Err(ErrorCode::GpuProbeInvalid), "not the lease's probe");
+    assert_eq!(probe(&mut session, 25 * minute, 31 * minute, &[], &probe_key), Err(ErrorCode::GpuProbeInvalid), "overlaps");
+    assert_eq!(probe(&mut session, 30 * minute, 40 * minute, &[], &probe_key), Err(ErrorCode::GpuProbeInvalid), "in the future");
+    assert_eq!(probe(&mut session, 30 * minute, 30 * minute, &[], &probe_key), Err(ErrorCode::GpuProbeInvalid), "empty");
+    let body = GpuProbeBody {
+        lease,
+        start_ms: T0 + 30 * minute,
+        end_ms: T0 + 30 * minute + 1,
+        samples: 1,
+        gpus: vec![ProbeGpu { uuid: "GPU-0".into(), present_samples: 1, utilisation_percent_mean: 0, memory_used_mib_max: 0 }],
+    };
+    let signed = GpuProbeReport::sign(body.clone(), &probe_key);
+    assert_eq!(
+        session.market.check_gpu_probe(session.supplier, &signed, session.now_ms),
+        Err(ErrorCode::GpuProbeInvalid),
+        "not the renter"
+    );
+    let mut altered = signed.clone();
+    altered.body.gpus[0].present_samples = 0;
+    assert_eq!(session.market.check_gpu_probe(session.renter, &altered, session.now_ms), Err(ErrorCode::GpuProbeInvalid), "altered");
+    assert_eq!(session.journal.len(), journal_len, "nothing journaled for them");
+
+    // The rest reported, the lease ends, the bill is final: 20 minutes of
+    // GPU-1 proven: 0.5 back to the renter (0.4875 held, 0.0125 fee), the
+    // hold's rest (none) to the supplier.
+    session.run(&Op::Advance { ms: 30 * minute });
+    session.run(&Op::Report { pick: 0, gpu: 0, minutes: 30, tamper: 2 });
+    session.run(&Op::Report { pick: 0, gpu: 1, minutes: 30, tamper: 2 });
+    let (available_before, fees_before) = (renter_available(&session), fees(&session));
+    session.run(&Op::Advance { ms: 11 * minute });
+    assert_eq!(decided(&session), Some((20 * minute, 20 * minute, 487_500, 12_500, 0)));
+    let escrow_released = renter_available(&session) - available_before - 500_000;
+    assert!(escrow_released < 100_000, "the refund, and the escrow's rounding: {escrow_released}");
+    assert_eq!(fees(&session), fees_before - 12_500, "the fee on undelivered time is not the exchange's");
+    assert_eq!(session.market.ledger().balance(LedgerAccount::DisputesHeld), 0);
 }
 
 /// Preemptions honoured late count in the supplier's record: a preempted

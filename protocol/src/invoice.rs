@@ -77,6 +77,15 @@ pub enum InvoiceItem {
     ContractResale,
     /// Transfers of an older journal whose kind was not recorded.
     Unclassified,
+    /// The supplier's share of disputed time, held until the lease's final
+    /// bill (docs/market-rules.md "Disputes"). Appended.
+    DisputeHeld,
+    /// The charge of disputed time the renter's probe proved, refunded to
+    /// the renter (negative).
+    DisputeRefund,
+    /// Held disputed time the final bill found for the supplier, paid to it
+    /// (negative).
+    DisputeReleased,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -704,6 +704,13 @@ pub enum ClientMessage {
         id: u64,
         report: Box<crate::fabric::FabricProbeReport>,
     },
+    /// What the renter's GPU probe saw of its lease's GPUs over one
+    /// interval, signed by the probe's key (docs/protocol.md "GPU probe");
+    /// the renter's session sends it. Acknowledged when journaled.
+    GpuProbe {
+        id: u64,
+        report: Box<crate::gpu_probe::GpuProbeReport>,
+    },
 }
 
 fn gtc() -> TimeInForce {
@@ -776,6 +783,7 @@ impl ClientMessage {
             | JobBill { id, .. }
             | ResizeJob { id, .. }
             | FabricProbe { id, .. }
+            | GpuProbe { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -1414,6 +1422,13 @@ pub enum ErrorCode {
     /// A REST write with this `Idempotency-Key` is still being answered;
     /// retry it shortly with the same key to read its outcome.
     RequestInProgress,
+    /// A GPU probe observation that is not for a lease this account rents
+    /// and still bills, not signed by its `probe_key`, signed by another
+    /// key than the lease's first observation, its figures out of range
+    /// (interval empty or over an hour, no GPU or over 64, a GPU named
+    /// twice, more present samples than samples), outside the lease, in
+    /// the future or not after the previous one.
+    GpuProbeInvalid,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -1508,6 +1523,7 @@ impl ErrorCode {
             JobNotRunning => "only a running job is resized, one resize at a time, to another size",
             LivenessInvalid => "the liveness observation is not signed by this account's key, or its interval is empty, over an hour, outside the lease, in the future or not after the previous one",
             FabricProbeInvalid => "the interconnect probe is not signed by this account's key, not for a cluster lease this account supplies on a fabric host, out of range, or the lease's second",
+            GpuProbeInvalid => "the GPU probe observation is not for a lease this account rents and still bills, not signed by its probe key or by the lease's first probe key, out of range, outside the lease, in the future or not after the previous one",
             JournalUnavailable => "the exchange's journal could not be read just now; try again",
             IdempotencyKeyReused => "this Idempotency-Key was used for another write (method, path or body); use a fresh key for a new write",
             RequestInProgress => "a write with this Idempotency-Key is still being answered; retry with the same key shortly",

@@ -120,6 +120,24 @@ fn sample_client_messages() -> Vec<ClientMessage> {
                 &ed25519_dalek::SigningKey::from_bytes(&[3; 32]),
             )),
         },
+        ClientMessage::GpuProbe {
+            id: 47,
+            report: Box::new(gpux_protocol::GpuProbeReport::sign(
+                gpux_protocol::GpuProbeBody {
+                    lease: LeaseId(7),
+                    start_ms: 1_000,
+                    end_ms: 61_000,
+                    samples: 6,
+                    gpus: vec![gpux_protocol::ProbeGpu {
+                        uuid: "GPU-8f3c".into(),
+                        present_samples: 0,
+                        utilisation_percent_mean: 0,
+                        memory_used_mib_max: 0,
+                    }],
+                },
+                &ed25519_dalek::SigningKey::from_bytes(&[5; 32]),
+            )),
+        },
         ClientMessage::Liveness {
             id: 31,
             report: gpux_protocol::LivenessReport::sign(

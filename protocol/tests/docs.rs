@@ -105,3 +105,31 @@ fn the_liveness_signing_example_is_what_the_code_signs() {
     assert_eq!(report.signature, resigned.signature, "the JSON example carries the real signature");
     assert!(report.verify(&key.verifying_key().to_bytes()));
 }
+
+/// The GPU probe signing example: the documented body, signed with the
+/// documented key, is exactly the documented bytes and signature.
+#[test]
+fn the_gpu_probe_signing_example_is_what_the_code_signs() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md")).expect("docs/protocol.md exists");
+    let block = doc.split("```text gpu-probe-signing\n").nth(1).expect("the worked example").split("```").next().expect("closed");
+    let field = |name: &str| -> String {
+        let line = block.lines().find(|line| line.starts_with(name)).unwrap_or_else(|| panic!("{name} in the example"));
+        line[name.len()..].split_whitespace().collect()
+    };
+    let secret: [u8; 32] = hex::decode(field("secret key:")).expect("hex").try_into().expect("32 bytes");
+    let key = ed25519_dalek::SigningKey::from_bytes(&secret);
+    let report = examples("client")
+        .into_iter()
+        .find_map(|example| match decode_client_text(&example) {
+            Ok(ClientMessage::GpuProbe { report, .. }) => Some(report),
+            _ => None,
+        })
+        .expect("a gpu_probe example");
+    let mut signed = gpux_protocol::gpu_probe::GPU_PROBE_DOMAIN.to_vec();
+    signed.extend_from_slice(&encode_record(&report.body));
+    assert_eq!(hex::encode(&signed), field("signed bytes:"), "the byte layout");
+    let resigned = gpux_protocol::GpuProbeReport::sign(report.body.clone(), &key);
+    assert_eq!(resigned.signature, field("signature:"));
+    assert_eq!(*report, resigned, "the JSON example carries the real key and signature");
+    assert!(report.verify());
+}

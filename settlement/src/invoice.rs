@@ -74,6 +74,11 @@ pub fn build_invoice(header: InvoiceHeader, transfers: &[Transfer], leases: &Lea
             TransferKind::SlaCredit => InvoiceItem::SlaCredit,
             TransferKind::DeliveryCredit => InvoiceItem::DeliveryCredit,
             TransferKind::DisputeWithheld => InvoiceItem::DisputeWithheld,
+            TransferKind::DisputeHeld => InvoiceItem::DisputeHeld,
+            TransferKind::DisputeDecided if t.from == LedgerAccount::DisputesHeld && matches!(t.to, LedgerAccount::Payable(_)) => {
+                InvoiceItem::DisputeReleased
+            }
+            TransferKind::DisputeDecided => InvoiceItem::DisputeRefund,
             TransferKind::ContractSettlement => InvoiceItem::ContractResale,
             // Hold, release and debt repaid stay within the account (skipped
             // above); an older journal's transfers have no kind.

@@ -36,6 +36,9 @@ pub enum LedgerAccount {
     /// The world outside the exchange: deposits come from it, withdrawals go
     /// to it (a debit balance).
     External,
+    /// Suppliers' shares of disputed time, held until each lease's final
+    /// bill decides them (docs/market-rules.md "Disputes"). Appended.
+    DisputesHeld,
 }
 
 impl LedgerAccount {
@@ -49,6 +52,7 @@ impl LedgerAccount {
             LedgerAccount::Fees => "fees".into(),
             LedgerAccount::SlaPool => "sla_pool".into(),
             LedgerAccount::External => "external".into(),
+            LedgerAccount::DisputesHeld => "disputes_held".into(),
         }
     }
 
@@ -56,7 +60,7 @@ impl LedgerAccount {
     pub fn owner(self) -> Option<AccountId> {
         match self {
             LedgerAccount::Available(a) | LedgerAccount::Held(a) | LedgerAccount::Payable(a) | LedgerAccount::Debt(a) => Some(a),
-            LedgerAccount::Fees | LedgerAccount::SlaPool | LedgerAccount::External => None,
+            LedgerAccount::Fees | LedgerAccount::SlaPool | LedgerAccount::External | LedgerAccount::DisputesHeld => None,
         }
     }
 
@@ -125,6 +129,11 @@ pub enum TransferKind {
     /// What a provisional bill kept for late reports, released when it
     /// became final.
     FinalRelease = 17,
+    /// A supplier's share of disputed time, held until the final bill.
+    DisputeHeld = 18,
+    /// A lease's held disputes decided at its final bill: the proven time's
+    /// charge back to the renter, the rest of the hold to the supplier.
+    DisputeDecided = 19,
 }
 
 impl TransferKind {
@@ -149,6 +158,8 @@ impl TransferKind {
             ProvisionalRelease,
             LateUsageCharge,
             FinalRelease,
+            DisputeHeld,
+            DisputeDecided,
         ]
         .get(value as usize)
         .copied()
@@ -177,6 +188,8 @@ impl TransferKind {
             ProvisionalRelease => "provisional_release",
             LateUsageCharge => "late_usage_charge",
             FinalRelease => "final_release",
+            DisputeHeld => "dispute_held",
+            DisputeDecided => "dispute_decided",
         }
     }
 }
@@ -259,6 +272,12 @@ impl Transfer {
             }
             LateUsageCharge => format!("verified usage of {lease} reported after its billing grace (provisional bill)"),
             FinalRelease => format!("escrow kept for late reports of {lease} released at its final bill"),
+            DisputeHeld => format!("supplier's share of disputed time on {lease}, held until its final bill"),
+            DisputeDecided => match (self.from, self.to) {
+                (LedgerAccount::Fees, _) => format!("fee on time of {lease} the renter's probe proved undelivered, refunded"),
+                (_, LedgerAccount::Payable(_)) => format!("disputed time on {lease} not proven at its final bill, paid to the supplier"),
+                _ => format!("charge for time of {lease} the renter's probe proved undelivered, refunded"),
+            },
         }
     }
 }
@@ -331,6 +350,26 @@ impl Ledger {
                 {
                     if amount > 0 {
                         legs.push((source, Fees, amount, Some(lease)));
+                    }
+                }
+            }
+            EventKind::UsageDisputeHeld { lease, supplier, from_payable, from_available, from_debt, .. } => {
+                for (source, amount) in
+                    [(Payable(supplier), from_payable), (Available(supplier), from_available), (Debt(supplier), from_debt)]
+                {
+                    if amount > 0 {
+                        legs.push((source, DisputesHeld, amount, Some(lease)));
+                    }
+                }
+            }
+            EventKind::DisputeDecided { lease, renter, supplier, refunded_minor, fee_refunded_minor, paid_minor, .. } => {
+                for (source, to, amount) in [
+                    (DisputesHeld, Available(renter), refunded_minor),
+                    (Fees, Available(renter), fee_refunded_minor),
+                    (DisputesHeld, Payable(supplier), paid_minor),
+                ] {
+                    if amount > 0 {
+                        legs.push((source, to, amount, Some(lease)));
                     }
                 }
             }
@@ -426,6 +465,8 @@ fn transfer_kind(event: &EventKind) -> TransferKind {
         EventKind::DeliveryCredited { .. } => TransferKind::DeliveryCredit,
         EventKind::UsageDisputed { .. } => TransferKind::DisputeWithheld,
         EventKind::LeaseBillProvisional { .. } => TransferKind::ProvisionalRelease,
+        EventKind::UsageDisputeHeld { .. } => TransferKind::DisputeHeld,
+        EventKind::DisputeDecided { .. } => TransferKind::DisputeDecided,
         _ => TransferKind::Unclassified,
     }
 }

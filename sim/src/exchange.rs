@@ -157,7 +157,17 @@ impl SimExchange {
     /// A renter's liveness observation received at `at_ms` (checked as the
     /// sequencer checks it), then the follow-up it calls for.
     pub fn liveness(&mut self, at_ms: u64, account: AccountId, report: gpux_protocol::LivenessReport, events: &mut Vec<Event>) {
-        let applied = self.record(JournalEntry::Liveness { at_ms, account, report });
+        self.evidence(JournalEntry::Liveness { at_ms, account, report }, events);
+    }
+
+    /// A renter's GPU probe observation received at `at_ms` (checked as the
+    /// sequencer checks it), then the follow-up it calls for.
+    pub fn gpu_probe(&mut self, at_ms: u64, account: AccountId, report: gpux_protocol::GpuProbeReport, events: &mut Vec<Event>) {
+        self.evidence(JournalEntry::GpuProbe { at_ms, account, report: Box::new(report) }, events);
+    }
+
+    fn evidence(&mut self, entry: JournalEntry, events: &mut Vec<Event>) {
+        let applied = self.record(entry);
         events.extend_from_slice(&applied.events);
         for command in applied.follow_ups {
             let at_ms = self.market.clock_ms();

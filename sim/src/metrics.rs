@@ -154,8 +154,14 @@ pub struct DisputeStats {
     /// GPU time billed that was not delivered (verified beyond the truth).
     pub billed_undelivered_gpu_ms: u64,
     pub disputed_gpu_ms: u64,
-    /// The supplier's share withheld for disputed time.
-    pub withheld_minor: u64,
+    /// Of it, what the renters' GPU probes proved.
+    pub proven_gpu_ms: u64,
+    /// The supplier's share held for disputed time.
+    pub held_minor: u64,
+    /// At the final bills: what went back to renters (held share and fee)
+    /// and what the holds paid to the hosts.
+    pub refunded_minor: u64,
+    pub paid_to_host_minor: u64,
     /// From the workload's death to the lease's first dispute.
     pub time_to_dispute_ms: Vec<u64>,
     pub observations: u64,

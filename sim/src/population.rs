@@ -159,7 +159,7 @@ impl SupplierCheat {
             SupplierCheat::ForeignLease => "another supplier's lease",
             SupplierCheat::WrongProduct => "wrong hardware challenge answers",
             SupplierCheat::SlowGpu => "a slower GPU than the model it claims",
-            SupplierCheat::FakeAvailability => "a dead workload reported available",
+            SupplierCheat::FakeAvailability => "leased GPUs taken away, reported available",
         }
     }
 }

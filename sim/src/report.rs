@@ -559,13 +559,15 @@ fn disputes_section(md: &mut String, m: &Metrics, report_interval_ms: u64) {
     let _ = writeln!(
         md,
         "\n## Disputes\n\nEvery other renter watches its leases and signs what it sees, an hour at most per observation \
-         (docs/market-rules.md \"Disputes\"): unreachable where the host was down or the workload dead throughout. \
-         Fake-availability hosts let the renter's workload die 10 minutes to 2 hours into each lease and go on reporting every \
-         GPU available. Disputed time is what a report claims beyond the time outside the renter's unreachable time; the \
-         host's share of it is withheld (the renter still pays). Time to dispute: from the workload's death to the lease's \
-         first dispute (the simulator's agents report every {:.1} h, so it is about that).\n\n\
-         | Supplier kind | Leases | Watched | Signed observations | Leases disputed | Billed, not delivered | Disputed | Withheld from the host | Time to dispute (median, max) |\n\
-         |---|---|---|---|---|---|---|---|---|",
+         (docs/market-rules.md \"Disputes\"): its liveness watcher unreachable where the host was down or the workload dead \
+         throughout, its GPU probe (inside the container) each GPU present or absent while the host was up. Fake-availability \
+         hosts take the workload's GPUs away 10 minutes to 2 hours into each lease and go on reporting every GPU available. \
+         Disputed time is what a report claims beyond the time outside the renter's evidence; the host's share of it is held \
+         until the lease's final bill, then what the probe proved goes back to the renter (with the fee on it) and the rest to \
+         the host. Time to dispute: from the GPUs' loss to the lease's first dispute (the simulator's agents report every \
+         {:.1} h, so it is about that).\n\n\
+         | Supplier kind | Leases | Watched | Signed observations | Leases disputed | Billed, not delivered | Disputed | Proven | Held from the host | Refunded to renters | Paid to the host | Time to dispute (median, max) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|",
         report_interval_ms as f64 / 3_600_000.0
     );
     for (kind, stats) in &m.disputes {
@@ -587,18 +589,22 @@ fn disputes_section(md: &mut String, m: &Metrics, report_interval_ms: u64) {
         let billed = if kind.is_some() { hours(stats.billed_undelivered_gpu_ms) } else { "-".into() };
         let _ = writeln!(
             md,
-            "| {label} | {} | {} | {} | {disputed} | {billed} | {} | {} | {time} |",
+            "| {label} | {} | {} | {} | {disputed} | {billed} | {} | {} | {} | {} | {} | {time} |",
             stats.leases,
             stats.leases_watched,
             stats.observations,
             hours(stats.disputed_gpu_ms),
-            dollars(stats.withheld_minor as u128),
+            hours(stats.proven_gpu_ms),
+            dollars(stats.held_minor as u128),
+            dollars(stats.refunded_minor as u128),
+            dollars(stats.paid_to_host_minor as u128),
         );
     }
     let _ = writeln!(
         md,
         "\nWhat it does not catch: a lease whose renter does not watch is billed in full (its share of billed-not-delivered \
-         time above), and the renter is not refunded for disputed time (so lying gains neither side money)."
+         time above); time only the liveness watcher disputes is paid to the host at the final bill (a port that does not \
+         answer proves nothing alone)."
     );
 }
 

@@ -40,7 +40,10 @@ fn a_small_market_with_cheaters_and_faults_keeps_every_invariant() {
     let faked =
         m.disputes.get(&Some(SupplierCheat::FakeAvailability)).unwrap_or_else(|| panic!("a fake-availability supplier: {:?}", m.disputes));
     assert!(faked.leases_watched_faked > 0 && faked.leases_watched_faked_disputed == faked.leases_watched_faked, "{faked:?}");
-    assert!(faked.disputed_gpu_ms > 0 && faked.withheld_minor > 0 && faked.disputed_gpu_ms <= faked.billed_undelivered_gpu_ms, "{faked:?}");
+    assert!(faked.disputed_gpu_ms > 0 && faked.held_minor > 0 && faked.disputed_gpu_ms <= faked.billed_undelivered_gpu_ms, "{faked:?}");
+    // The probes proved the time and the renters got its charge back.
+    assert!(faked.proven_gpu_ms > 0 && faked.proven_gpu_ms <= faked.disputed_gpu_ms && faked.refunded_minor > 0, "{faked:?}");
+    assert_eq!(faked.paid_to_host_minor, 0, "every disputed millisecond was proven, none paid to the host: {faked:?}");
     let truthful = &m.disputes[&None];
     assert!(truthful.observations > 0 && truthful.leases_disputed == 0 && truthful.disputed_gpu_ms == 0, "{truthful:?}");
     let honest = &m.challenges[&None];

@@ -317,7 +317,7 @@ async fn supplier_stats(s: &mut Session, supplier: AccountId, json: bool) -> Res
         };
         let refused: Vec<String> = record.refused_reports.iter().map(|(code, n)| format!("{n} {}", snake(code))).collect();
         format!(
-            "score {score}: {:.1} of {:.1} GPU-hours verified in {} leases, {} failed deliveries ({} in a row now), refused reports: {}; hardware challenges: {} passed, {} too slow, {} wrong, {} unanswered; {} disputes by renters ({:.2} GPU-hours); {} disconnects during leases, {} preemptions honoured late",
+            "score {score}: {:.1} of {:.1} GPU-hours verified in {} leases, {} failed deliveries ({} in a row now), refused reports: {}; hardware challenges: {} passed, {} too slow, {} wrong, {} unanswered; {} disputes proven by renters' GPU probes ({:.2} GPU-hours); {} disconnects during leases, {} preemptions honoured late",
             record.verified_gpu_ms as f64 / 3_600_000.0,
             record.leased_gpu_ms as f64 / 3_600_000.0,
             record.leases_closed,

@@ -576,8 +576,11 @@ pub enum LeaseAction {
         bytes: u32,
     },
     /// Probe the lease's endpoint and sign what you see (reachable or not)
-    /// for the exchange: time the host reports available while you signed it
-    /// unreachable is disputed (docs/market-rules.md "Disputes").
+    /// for the exchange, and send what your GPU probe (`gpux-probe`, run in
+    /// the container) printed to the lease's output: time the host reports
+    /// available while you signed it unreachable is disputed and held; time
+    /// your probe saw a GPU absent is proven and refunded at the final bill
+    /// (docs/market-rules.md "Disputes").
     Watch {
         /// The lease's id (`gpux leases`).
         lease: u64,

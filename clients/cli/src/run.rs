@@ -389,10 +389,12 @@ pub async fn lease(s: &mut Session, action: LeaseAction, key: &ed25519_dalek::Si
     }
 }
 
-/// `gpux lease watch`: probes the lease's first endpoint every
-/// `probe_every` and signs, every `sign_every_ms`, whether any probe of
-/// that interval reached it (unreachable: none did; docs/protocol.md
-/// "Liveness observations").
+/// `gpux lease watch`: probes the lease's first endpoint (if it publishes
+/// one) every `probe_every` and signs, every `sign_every_ms`, whether any
+/// probe of that interval reached it (unreachable: none did;
+/// docs/protocol.md "Liveness observations"); and sends, as often, the
+/// observations the renter's GPU probe printed to the lease's output
+/// (docs/protocol.md "GPU probe").
 async fn watch(
     s: &mut Session,
     lease: LeaseId,
@@ -407,30 +409,27 @@ async fn watch(
     let answer = s.ask(ClientMessage::LeaseDelivery { id, lease }, false).await?;
     let endpoint = match answer {
         ServerMessage::LeaseDelivery { state: Some(DeliveryState::Running { endpoints, .. }), .. } => endpoints.into_iter().next(),
-        _ => None,
+        _ => return Err(Failure::Usage(format!("lease {lease} is not running: nothing to watch (`gpux lease status {lease}`)"))),
     };
-    let Some(endpoint) = endpoint else {
-        return Err(Failure::Usage(format!(
-            "lease {lease} has no endpoint to probe yet: it must be running with a published port (`gpux lease status {lease}`)"
-        )));
-    };
-    let address = format!("{}:{}", endpoint.host, endpoint.port);
+    let address = endpoint.map(|endpoint| format!("{}:{}", endpoint.host, endpoint.port));
     let offset = s.connection.clock_offset_ms;
     let exchange_now = move || gpux_client::now_ms().saturating_add_signed(offset);
     let deadline = seconds.map(|seconds| exchange_now() + seconds * 1_000);
     if !json {
-        out!(
-            "watching lease {lease} at {address}: a probe every {} s, a signed observation every {} s",
-            probe_every.as_secs(),
-            sign_every_ms / 1_000
-        );
+        let what = address.as_ref().map_or("no published port: GPU probe lines only".to_string(), |a| {
+            format!("{a}: a probe every {} s, a signed observation every {} s", probe_every.as_secs(), sign_every_ms / 1_000)
+        });
+        out!("watching lease {lease} at {what}");
     }
     let mut start_ms = exchange_now();
     let mut reachable = false;
     let mut ended_at_ms = None;
+    let mut probe = ProbeLines::default();
     loop {
-        let probe = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(&address)).await;
-        reachable |= matches!(probe, Ok(Ok(_)));
+        if let Some(address) = &address {
+            let connected = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(address)).await;
+            reachable |= matches!(connected, Ok(Ok(_)));
+        }
         // Private events that came meanwhile (a dispute, the lease's end).
         while let Some(message) = s.connection.next_within(Duration::ZERO).await.map_err(|e| Failure::Unreachable(format!("{e:#}")))? {
             if let ServerMessage::Private { event, .. } = &message {
@@ -439,13 +438,9 @@ async fn watch(
                         ended_at_ms = Some(event.at_ms);
                     }
                 }
-                if let gpux_engine::EventKind::UsageDisputed { lease: disputed, disputed_gpu_ms, amount_minor, .. } = event.kind {
-                    if disputed == lease && !json {
-                        out!(
-                            "disputed {} s of reported time; {} withheld from the host",
-                            disputed_gpu_ms / 1_000,
-                            crate::money::amount(amount_minor)
-                        );
+                if !json {
+                    if let Some(line) = dispute_line(lease, &event.kind) {
+                        out!("{line}");
                     }
                 }
             }
@@ -463,30 +458,35 @@ async fn watch(
             continue;
         }
         if now >= start_ms + sign_every_ms || done {
-            let body = LivenessBody { lease, start_ms, end_ms: now, reachable };
-            let id = s.connection.new_id();
-            let message = ClientMessage::Liveness { id, report: LivenessReport::sign(body.clone(), key) };
-            let answer = s.connection.request(message).await.map_err(|e| Failure::Unreachable(format!("{e:#}")))?;
-            if json {
-                out!("{}", gpux_protocol::encode_server_text(&answer));
-            }
-            match answer {
-                ServerMessage::Ack { .. } => {
-                    if !json {
-                        out!("{} s {}", (body.end_ms - body.start_ms) / 1_000, if reachable { "reachable" } else { "UNREACHABLE" });
-                    }
+            if address.is_some() {
+                let body = LivenessBody { lease, start_ms, end_ms: now, reachable };
+                let id = s.connection.new_id();
+                let message = ClientMessage::Liveness { id, report: LivenessReport::sign(body.clone(), key) };
+                let answer = s.connection.request(message).await.map_err(|e| Failure::Unreachable(format!("{e:#}")))?;
+                if json {
+                    out!("{}", gpux_protocol::encode_server_text(&answer));
                 }
-                // The lease's bill is final: nothing more to watch.
-                ServerMessage::Error { code: gpux_protocol::ErrorCode::LeaseNotActive, .. } => {
-                    if !json {
-                        out!("lease {lease} is over: its bill is final");
+                match answer {
+                    ServerMessage::Ack { .. } => {
+                        if !json {
+                            out!("{} s {}", (body.end_ms - body.start_ms) / 1_000, if reachable { "reachable" } else { "UNREACHABLE" });
+                        }
                     }
-                    return Ok(());
+                    // The lease's bill is final: nothing more to watch.
+                    ServerMessage::Error { code: gpux_protocol::ErrorCode::LeaseNotActive, .. } => {
+                        if !json {
+                            out!("lease {lease} is over: its bill is final");
+                        }
+                        return Ok(());
+                    }
+                    ServerMessage::Error { code, message, .. } => {
+                        return Err(Failure::Refused(format!("{}: {message}", crate::snake(&code))))
+                    }
+                    other => return Err(Failure::Unreachable(format!("expected an ack, got {other:?}"))),
                 }
-                ServerMessage::Error { code, message, .. } => return Err(Failure::Refused(format!("{}: {message}", crate::snake(&code)))),
-                other => return Err(Failure::Unreachable(format!("expected an ack, got {other:?}"))),
             }
-            start_ms = body.end_ms;
+            probe.forward(s, lease, json).await?;
+            start_ms = now;
             reachable = false;
         }
         if done {
@@ -495,3 +495,81 @@ async fn watch(
         tokio::time::sleep(probe_every).await;
     }
 }
+
+/// What a dispute event of `lease` tells the renter, in words.
+fn dispute_line(lease: LeaseId, kind: &gpux_engine::EventKind) -> Option<String> {
+    use gpux_engine::EventKind::*;
+    match *kind {
+        UsageDisputed { lease: disputed, disputed_gpu_ms, amount_minor, .. } if disputed == lease => Some(format!(
+            "disputed {} s of reported time; {} withheld from the host",
+            disputed_gpu_ms / 1_000,
+            crate::money::amount(amount_minor)
+        )),
+        UsageDisputeHeld { lease: disputed, disputed_gpu_ms, proven_gpu_ms, amount_minor, .. } if disputed == lease => Some(format!(
+            "disputed {} s of reported time ({} s proven by your GPU probe); {} of the host's pay held until the final bill",
+            disputed_gpu_ms / 1_000,
+            proven_gpu_ms / 1_000,
+            crate::money::amount(amount_minor)
+        )),
+        DisputeDecided { lease: decided, proven_gpu_ms, refunded_minor, fee_refunded_minor, paid_minor, .. } if decided == lease => {
+            Some(format!(
+                "disputes decided at the final bill: {} s proven, {} refunded to you, {} paid to the host",
+                proven_gpu_ms / 1_000,
+                crate::money::amount(refunded_minor + fee_refunded_minor),
+                crate::money::amount(paid_minor)
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// The GPU probe's observations in the lease's output (docs/agent.md "The
+/// renter's GPU probe"), sent once each, in order.
+#[derive(Default)]
+struct ProbeLines {
+    /// The end of the last observation sent.
+    sent_to_ms: u64,
+}
+
+/// How much of the lease's output to read for the probe's lines (one line
+/// is under 10 KiB even for 64 GPUs).
+const PROBE_OUTPUT_BYTES: u32 = 256 * 1024;
+
+impl ProbeLines {
+    async fn forward(&mut self, s: &mut Session, lease: LeaseId, json: bool) -> Result<(), Failure> {
+        let id = s.connection.new_id();
+        let answer = s.connection.request(ClientMessage::LeaseLogs { id, lease, tail_bytes: PROBE_OUTPUT_BYTES }).await;
+        // No output to read (the host did not answer in time): the lines stay for the next round.
+        let Ok(ServerMessage::LeaseLogs { data, .. }) = answer else { return Ok(()) };
+        let reports: Vec<gpux_protocol::GpuProbeReport> = data
+            .lines()
+            .filter_map(|line| line.strip_prefix(PROBE_LINE_PREFIX))
+            .filter_map(|json| serde_json::from_str(json).ok())
+            .filter(|report: &gpux_protocol::GpuProbeReport| report.body.lease == lease && report.body.start_ms >= self.sent_to_ms)
+            .collect();
+        for report in reports {
+            let (end_ms, absent) = (report.body.end_ms, report.body.absent().map(str::to_string).collect::<Vec<_>>());
+            let id = s.connection.new_id();
+            let answer = s
+                .connection
+                .request(ClientMessage::GpuProbe { id, report: Box::new(report) })
+                .await
+                .map_err(|e| Failure::Unreachable(format!("{e:#}")))?;
+            self.sent_to_ms = end_ms;
+            if json {
+                out!("{}", gpux_protocol::encode_server_text(&answer));
+                continue;
+            }
+            match answer {
+                ServerMessage::Ack { .. } if absent.is_empty() => out!("GPU probe: every GPU present"),
+                ServerMessage::Ack { .. } => out!("GPU probe: ABSENT {}", absent.join(", ")),
+                ServerMessage::Error { code, message, .. } => out!("GPU probe observation refused ({}): {message}", crate::snake(&code)),
+                other => return Err(Failure::Unreachable(format!("expected an ack, got {other:?}"))),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The prefix of each line `gpux-probe` prints.
+const PROBE_LINE_PREFIX: &str = "gpux-gpu-probe-v1 ";

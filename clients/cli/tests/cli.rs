@@ -40,6 +40,21 @@ fn start_exchange_with(
     clock_offset_ms: i64,
     accounts: gpux_exchange::sequencer::AccountOpening,
 ) -> Exchange {
+    let billing = gpux_exchange::sequencer::BillingPolicy {
+        fee_bps: 250,
+        grace_ms: 600_000,
+        late_window_ms: gpux_exchange::LATE_REPORT_WINDOW_MS_DEFAULT,
+    };
+    start_exchange_billing(data_dir, operator_public_key, clock_offset_ms, accounts, billing)
+}
+
+fn start_exchange_billing(
+    data_dir: &Path,
+    operator_public_key: [u8; 32],
+    clock_offset_ms: i64,
+    accounts: gpux_exchange::sequencer::AccountOpening,
+    billing: gpux_exchange::sequencer::BillingPolicy,
+) -> Exchange {
     // A port the system hands out as the exchange binds (one picked here
     // and bound later may be taken by another test in between).
     let (listening, url) = std::sync::mpsc::channel::<String>();
@@ -56,11 +71,7 @@ fn start_exchange_with(
         link_listen: None,
         tls: None,
         link_tls: None,
-        billing: gpux_exchange::sequencer::BillingPolicy {
-            fee_bps: 250,
-            grace_ms: 600_000,
-            late_window_ms: gpux_exchange::LATE_REPORT_WINDOW_MS_DEFAULT,
-        },
+        billing,
         clock_offset_ms,
         challenge_interval_ms: gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT,
         on_listening: Some(Box::new(move |url: &str| {
@@ -630,6 +641,143 @@ fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
     assert!(refused.contains("exited with code 1"), "{refused}");
     assert!(refused.contains("boom-output"), "the last output is shown: {refused}");
     assert!(refused.contains("still active and BILLED"), "{refused}");
+}
+
+/// The container engine's socket, or `None` (the test is skipped) where
+/// scripts/test did not start one.
+fn container_socket() -> Option<String> {
+    match std::env::var("GPUX_DOCKER_SOCKET") {
+        Ok(socket) if Path::new(&socket).exists() => Some(socket),
+        _ => {
+            assert!(std::env::var("GPUX_REQUIRE_CONTAINERS").as_deref() != Ok("1"), "no container engine: run scripts/containers start");
+            eprintln!("SKIPPED: no container engine (set GPUX_DOCKER_SOCKET; scripts/test does)");
+            None
+        }
+    }
+}
+
+/// Two-sided metering end to end (docs/market-rules.md "Disputes"): a host
+/// whose agent reports its GPU available but whose containers get no GPU
+/// (`gpu_devices = "none"`) runs a renter's workload that starts the
+/// renter's GPU probe (`gpux-probe`, built into an image on the Python
+/// image); `gpux lease watch` sends the probe's signed lines from the
+/// lease's output; the exchange proves the reported time disputed and holds
+/// the host's share; at the final bill the renter gets that time's whole
+/// charge back (the held share and the fee), and both sides were told.
+#[test]
+fn a_renters_gpu_probe_proves_a_gpu_its_host_never_delivered_and_the_final_bill_refunds_it() {
+    let Some(socket) = container_socket() else { return };
+    // The renter's image: the Python image with the probe in it.
+    let context = tempfile::tempdir().expect("temp dir");
+    std::fs::copy(env!("CARGO_BIN_EXE_gpux-probe"), context.path().join("gpux-probe")).expect("the probe binary");
+    std::fs::write(context.path().join("Containerfile"), "FROM localhost/gpux-py:1\nCOPY gpux-probe /usr/local/bin/gpux-probe\n")
+        .expect("containerfile");
+    let tar = context.path().join("context.tar");
+    let packed = std::process::Command::new("tar")
+        .args(["-C", &context.path().display().to_string(), "-cf", &tar.display().to_string(), "Containerfile", "gpux-probe"])
+        .status()
+        .expect("tar runs");
+    assert!(packed.success());
+    let built = std::process::Command::new("curl")
+        .args(["-sf", "--unix-socket", &socket, "-X", "POST", "-H", "Content-Type: application/x-tar", "--data-binary"])
+        .arg(format!("@{}", tar.display()))
+        .arg("http://d/v1.41/build?t=localhost/gpux-probe:test&dockerfile=Containerfile")
+        .output()
+        .expect("curl runs");
+    assert!(String::from_utf8_lossy(&built.stdout).contains("Successfully tagged"), "{}", String::from_utf8_lossy(&built.stdout));
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = |name: &str| -> PathBuf { dir.path().join(format!("{name}.key")) };
+    let offline = "ws://127.0.0.1:1";
+    for name in ["operator", "renter"] {
+        ok(gpux(offline, &key(name), &["keys", "create"]));
+    }
+    let operator_public: [u8; 32] = key_of(&key("operator")).verifying_key().to_bytes();
+    // Bills final 2 s after each lease ends (no late-report window).
+    let billing = gpux_exchange::sequencer::BillingPolicy { fee_bps: 250, grace_ms: 2_000, late_window_ms: 0 };
+    let exchange = start_exchange_billing(&dir.path().join("data"), operator_public, 0, Default::default(), billing);
+    let url = exchange.url.clone();
+    let login = ok(gpux(&url, &key("renter"), &["login", "--role", "renter"]));
+    let renter_account = login.split_whitespace().nth(4).expect("an account id").to_string();
+    ok(gpux(&url, &key("operator"), &["deposit", &renter_account, "100"]));
+
+    let host = dir.path().join("host.json");
+    std::fs::write(&host, r#"{"gpus": [{"uuid": "GPU-probe-0", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#)
+        .expect("host file");
+    let config = format!(
+        "exchange = \"{url}\"\nhost = \"probe-host\"\nkey_file = \"{}\"\nsample_interval_ms = 1000\nreport_interval_ms = 1000\n\n\
+         [[offer]]\ncontract = \"spot\"\nprice_floor_minor_per_gpu_hour = 2100000\n\n\
+         [delivery]\nbackend = \"docker\"\nstop_grace_ms = 1000\n\n[delivery.docker]\nsocket = \"{socket}\"\ngpu_devices = \"none\"\n",
+        dir.path().join("host.key").display()
+    );
+    let config = gpux_supplier_agent::config::AgentConfig::parse(&config).expect("agent config");
+    let backend = gpux_supplier_agent::fake::FakeBackend::from_file(&host).expect("fake host");
+    let host_key = gpux_supplier_agent::keys::load_or_create(&config.key_file).expect("host key");
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+        runtime.block_on(async move {
+            let agent = gpux_supplier_agent::session::Agent::new(config, host_key, Box::new(backend)).expect("agent");
+            let _ = agent.run(std::future::pending()).await;
+        });
+    });
+
+    // The probe's key: the renter's own, sealed to the host with the rest
+    // of the workload's environment.
+    let probe_key = format!("GPUX_PROBE_KEY={}", "5e".repeat(32));
+    let args = [
+        "run",
+        "--image",
+        "localhost/gpux-probe:test",
+        "--max-price",
+        "2.5",
+        "-e",
+        &probe_key,
+        "--entrypoint",
+        "--wait-s",
+        "60",
+        "--",
+        "/usr/local/bin/gpux-probe",
+        "--interval-s",
+        "2",
+        "--samples",
+        "4",
+    ];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let printed = loop {
+        let output = gpux(&url, &key("renter"), &args);
+        if output.status.success() {
+            break String::from_utf8_lossy(&output.stdout).to_string();
+        }
+        assert_eq!(output.status.code(), Some(1), "only 'nothing on sale yet' may fail: {}", String::from_utf8_lossy(&output.stderr));
+        assert!(std::time::Instant::now() < deadline, "gpux run never got a GPU: {}", String::from_utf8_lossy(&output.stderr));
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    let lease: String =
+        printed.split("lease ").nth(1).and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()).expect("a lease").to_string();
+
+    // The watch sends the probe's lines as they appear: the GPU absent,
+    // the reported time it covers disputed and proven.
+    let watched = ok(gpux(&url, &key("renter"), &["lease", "watch", &lease, "--probe-every", "1", "--sign-every", "2", "--seconds", "9"]));
+    assert!(watched.contains("no published port: GPU probe lines only"), "{watched}");
+    assert!(watched.contains("GPU probe: ABSENT GPU-probe-0") && !watched.contains("refused"), "{watched}");
+    assert!(watched.contains("proven by your GPU probe") && watched.contains("held until the final bill"), "{watched}");
+    let record = ok(gpux(&url, &key("renter"), &["renter", &renter_account]));
+    assert!(!record.contains(" 0 disputes"), "the renter's record counts the disputes: {record}");
+
+    // The lease ends; 2 s later the bill is final and the disputes decided:
+    // the proven time's charge back to the renter, on its statement.
+    ok(gpux(&url, &key("renter"), &["lease", "stop", &lease]));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let statement = loop {
+        let statement = ok(gpux(&url, &key("renter"), &["statement"]));
+        if statement.contains("proved undelivered") {
+            break statement;
+        }
+        assert!(std::time::Instant::now() < deadline, "no refund on the renter's statement: {statement}");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    assert!(statement.contains("dispute_decided") || statement.contains("refunded"), "{statement}");
+    assert!(statement.contains("fee on time of lease"), "the fee on undelivered time is refunded too: {statement}");
 }
 
 #[test]

@@ -1,6 +1,6 @@
 """gpux: Python client for the gpux GPU-capacity exchange (docs/protocol.md)."""
 
-from .client import Book, Client, GpuxError, Key, invite, invoice_signed_bytes, pack_bundle, verify_invoice
+from .client import Book, Client, GpuxError, Key, gpu_probe_reports, invite, invoice_signed_bytes, pack_bundle, verify_invoice
 from .delivery import Secrets, Workload, describe
 from .rest import Rest, rest_signed_bytes, rest_signed_write_bytes
 from .messages import (
@@ -53,6 +53,7 @@ __all__ = [
     "Trade",
     "Workload",
     "describe",
+    "gpu_probe_reports",
     "invite",
     "invoice_signed_bytes",
     "pack_bundle",

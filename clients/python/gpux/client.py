@@ -45,6 +45,23 @@ def liveness_signed_bytes(lease: int, start_ms: int, end_ms: int, reachable: boo
     return LIVENESS_DOMAIN + _varint(lease) + _varint(start_ms) + _varint(end_ms) + bytes([1 if reachable else 0])
 
 
+GPU_PROBE_LINE = "gpux-gpu-probe-v1 "
+
+
+def gpu_probe_reports(output: str) -> list[dict]:
+    """The GPU probe's observations in a lease's output (`lease_logs`): the
+    lines `gpux-probe` prints, `gpux-gpu-probe-v1 ` then the report as JSON,
+    oldest first; other lines are the workload's own."""
+    reports = []
+    for line in output.splitlines():
+        if line.startswith(GPU_PROBE_LINE):
+            try:
+                reports.append(json.loads(line[len(GPU_PROBE_LINE):]))
+            except json.JSONDecodeError:
+                continue
+    return reports
+
+
 INVOICE_DOMAIN = b"gpux-invoice-v1:"
 
 
@@ -837,6 +854,13 @@ class Client:
         signature = self._key.sign(liveness_signed_bytes(lease, start_ms, end_ms, reachable))
         body = {"lease": lease, "start_ms": start_ms, "end_ms": end_ms, "reachable": reachable}
         return await self.request("liveness", report={"body": body, "signature": signature.hex()})
+
+    async def gpu_probe(self, report: dict) -> m.Ack:
+        """Sends one observation of this renter's GPU probe as the probe
+        printed it (signed by the probe's own key, docs/protocol.md "GPU
+        probe"): time the probe saw a GPU absent that its host reported
+        available is disputed and proven (docs/market-rules.md "Disputes")."""
+        return await self.request("gpu_probe", report=report)
 
     async def open_orders(self) -> list[dict]:
         """Every open order, by order id, following the pages' cursor (an

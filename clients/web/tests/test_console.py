@@ -334,7 +334,7 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
             await browser.evaluate("document.querySelector('#supplier-lookup button').click()")
             stats = "document.getElementById('supplier-stats').textContent"
             await browser.wait_until(f"{stats}.includes('console-host: unrated')", what="the supplier lookup")
-            assert "0 disputes by renters" in await browser.evaluate(stats)
+            assert "0 disputes proven by renters" in await browser.evaluate(stats)
             await browser.evaluate(f"document.getElementById('supplier-id').value = '{renter.account}'")
             await browser.evaluate("document.querySelector('#supplier-lookup button').click()")
             await browser.wait_until(f"{stats}.includes('unknown_supplier')", what="a renter is no supplier")

@@ -267,6 +267,82 @@ impl Engine {
         Ok(())
     }
 
+    /// Holds the supplier's share of more disputed GPU time (docs/market-rules.md
+    /// "Disputes"): the lease's disputed time so far is worth
+    /// `price x disputed / 1 h` (rounded down, as usage is) less the fee;
+    /// each command holds the difference from what is held. `proven_gpu_ms`
+    /// more of it is proven; money moves only at the final bill.
+    pub(super) fn hold_disputed(&mut self, lease_id: LeaseId, disputed_gpu_ms: u64, proven_gpu_ms: u64) -> Checked<()> {
+        let lease = self.leases.get(lease_id.0 as usize).ok_or(RejectCode::UnknownLease)?;
+        if lease.billing.billing_closed {
+            return Err(RejectCode::LeaseBillingClosed);
+        }
+        let hold = self.dispute_holds.get(&lease_id).copied().unwrap_or_default();
+        let disputed_total = hold.disputed_gpu_ms.checked_add(disputed_gpu_ms).ok_or(RejectCode::AmountInvalid)?;
+        let proven_total = hold.proven_gpu_ms.checked_add(proven_gpu_ms).ok_or(RejectCode::AmountInvalid)?;
+        if disputed_gpu_ms == 0 && proven_gpu_ms == 0 || proven_total > disputed_total {
+            return Err(RejectCode::AmountInvalid);
+        }
+        let (renter, supplier) = (lease.renter, lease.supplier);
+        let due = self.supplier_share(lease.price, disputed_total);
+        let amount_minor = due.saturating_sub(hold.held_minor);
+        let (from_payable, from_available, from_debt) = self.take_from_supplier(supplier, amount_minor);
+        self.dispute_holds.insert(
+            lease_id,
+            super::DisputeHold { disputed_gpu_ms: disputed_total, proven_gpu_ms: proven_total, held_minor: hold.held_minor + amount_minor },
+        );
+        self.emit(EventKind::UsageDisputeHeld {
+            lease: lease_id,
+            renter,
+            supplier,
+            disputed_gpu_ms,
+            proven_gpu_ms,
+            amount_minor,
+            from_payable,
+            from_available,
+            from_debt,
+        });
+        Ok(())
+    }
+
+    /// `price x gpu_ms / 1 h` rounded down, and that less the fee on it.
+    fn gross_and_share(&self, price: u64, gpu_ms: u64) -> (u64, u64) {
+        let gross = price as u128 * gpu_ms as u128 / crate::time::MS_PER_HOUR as u128;
+        let fee = gross * self.config.fee_bps as u128 / 10_000;
+        (u64::try_from(gross).unwrap_or(u64::MAX), u64::try_from(gross - fee).unwrap_or(u64::MAX))
+    }
+
+    fn supplier_share(&self, price: u64, gpu_ms: u64) -> u64 {
+        self.gross_and_share(price, gpu_ms).1
+    }
+
+    /// Decides a lease's held disputes at its final bill: the proven time's
+    /// whole charge back to the renter (its share from the hold, its fee
+    /// from the fees, at most the fee the lease paid), the rest of the hold
+    /// to the supplier's payable.
+    pub(crate) fn decide_disputes(&mut self, lease_id: LeaseId) {
+        let Some(hold) = self.dispute_holds.remove(&lease_id) else { return };
+        let lease = &self.leases[lease_id.0 as usize];
+        let (renter, supplier) = (lease.renter, lease.supplier);
+        let (gross, share) = self.gross_and_share(lease.price, hold.proven_gpu_ms);
+        let refunded_minor = share.min(hold.held_minor);
+        let fee_refunded_minor = (gross - share).min(lease.billing.fee_charged_minor);
+        let paid_minor = hold.held_minor - refunded_minor;
+        self.leases[lease_id.0 as usize].billing.fee_charged_minor -= fee_refunded_minor;
+        self.accounts[renter.0 as usize].available_minor += refunded_minor + fee_refunded_minor;
+        self.accounts[supplier.0 as usize].payable_minor += paid_minor;
+        self.emit(EventKind::DisputeDecided {
+            lease: lease_id,
+            renter,
+            supplier,
+            disputed_gpu_ms: hold.disputed_gpu_ms,
+            proven_gpu_ms: hold.proven_gpu_ms,
+            refunded_minor,
+            fee_refunded_minor,
+            paid_minor,
+        });
+    }
+
     /// The supplier pays the renter an SLA credit: from its payable, then
     /// its available funds; what neither covers becomes its debt.
     pub(crate) fn pay_sla_credit(&mut self, lease_id: LeaseId, amount_minor: u64) {

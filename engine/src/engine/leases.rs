@@ -170,6 +170,7 @@ impl Engine {
         let (verified_gpu_ms, usage_charged_minor) = (lease.billing.verified_gpu_ms, lease.billing.usage_charged_minor);
         self.leases[lease_id.0 as usize].billing.billing_closed = true;
         self.billing_closed.push_back((self.now_ms, lease_id));
+        self.decide_disputes(lease_id);
         self.release_lease_escrow(lease_id);
         if credit_minor > 0 {
             self.pay_sla_credit(lease_id, credit_minor);

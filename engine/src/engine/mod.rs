@@ -504,10 +504,23 @@ pub struct Engine {
     /// How long a provisional bill waits for late reports (0: bills are
     /// final at the grace); see `Command::SetLateReportWindow`.
     pub(crate) late_window_ms: u64,
+    /// Disputed time held until the lease's bill is final
+    /// (`Command::HoldDisputed`); a lease leaves it when it is decided.
+    pub(crate) dispute_holds: BTreeMap<LeaseId, DisputeHold>,
     /// The shape (`nodes`, minimum fabric Gb/s) of the cluster bid being
     /// placed (within the command only).
     #[serde(skip)]
     pub(crate) pending_cluster: Option<(u16, u32)>,
+}
+
+/// A lease's disputed time awaiting its final bill.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct DisputeHold {
+    pub disputed_gpu_ms: u64,
+    /// Of it, what the renter's GPU probe proved.
+    pub proven_gpu_ms: u64,
+    /// The supplier's share of the disputed time's charge, held.
+    pub held_minor: u64,
 }
 
 /// A resale ask's lease, and what the reseller holds to pay a buyer the
@@ -587,6 +600,7 @@ impl Engine {
             fabric_hosts_max: 0,
             cluster_min_gbps: Vec::new(),
             late_window_ms: 0,
+            dispute_holds: BTreeMap::new(),
             pending_cluster: None,
             config,
         };
@@ -693,6 +707,7 @@ impl Engine {
             Command::SetSpendLimits { account, limits } => self.set_spend_limits(*account, *limits),
             Command::RecordChallenge { gpu, answer } => self.record_challenge(*gpu, *answer),
             Command::WithholdDisputed { lease, disputed_gpu_ms } => self.withhold_disputed(*lease, *disputed_gpu_ms),
+            Command::HoldDisputed { lease, disputed_gpu_ms, proven_gpu_ms } => self.hold_disputed(*lease, *disputed_gpu_ms, *proven_gpu_ms),
             Command::CancelOrder { account, order } => self.cancel_order(*account, *order),
             Command::ReplaceOrder { account, order, price_minor_per_gpu_hour, quantity } => {
                 self.replace_order(*account, *order, *price_minor_per_gpu_hour, *quantity)
@@ -1255,6 +1270,7 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::ChangeListing { .. }
         | Command::RecordChallenge { .. }
         | Command::WithholdDisputed { .. }
+        | Command::HoldDisputed { .. }
         | Command::RecordFabricProbe { .. }
         | Command::SetClusterRules { .. }
         | Command::Tick => None,
@@ -1355,6 +1371,10 @@ impl Engine {
             h.u64(*gbps as u64);
         }
         h.u64(self.late_window_ms);
+        // Hashed when there are any, so states from before holds hash as they did.
+        if !self.dispute_holds.is_empty() {
+            h.bytes(format!("{:?}", self.dispute_holds).as_bytes());
+        }
         for (gpu, details) in self.gpus.iter().zip(&self.gpu_details) {
             h.bytes(
                 format!(

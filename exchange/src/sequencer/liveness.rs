@@ -1,6 +1,6 @@
-//! Renters' liveness observations (docs/market-rules.md "Disputes"): checked
-//! against the renter's lease and key before journaling; the market matches
-//! them against the supplier's usage reports.
+//! Renters' liveness and GPU probe observations (docs/market-rules.md
+//! "Disputes"): checked against the renter's lease and key before
+//! journaling; the market matches them against the supplier's usage reports.
 
 use gpux_gateway::link::ConnectionId;
 use gpux_market::JournalEntry;
@@ -17,6 +17,22 @@ impl Sequencer {
         let reply = match self.market.check_liveness(account, &report, now) {
             Err(code) => error(Some(id), code),
             Ok(()) => match self.journal(JournalEntry::Liveness { at_ms: now, account, report }) {
+                Some((journal_seq, _)) => ServerMessage::Ack { id, journal_seq, order: None },
+                None => return,
+            },
+        };
+        self.reply(connection, reply);
+    }
+
+    /// A renter's GPU probe observation: checked, journaled, acknowledged
+    /// (what it disputes and proves reaches both parties as
+    /// `usage_dispute_held`).
+    pub(super) fn gpu_probe(&mut self, connection: ConnectionId, id: u64, report: Box<gpux_protocol::GpuProbeReport>) {
+        let Some(account) = self.account(connection) else { return };
+        let now = self.market.clock_ms();
+        let reply = match self.market.check_gpu_probe(account, &report, now) {
+            Err(code) => error(Some(id), code),
+            Ok(()) => match self.journal(JournalEntry::GpuProbe { at_ms: now, account, report }) {
                 Some((journal_seq, _)) => ServerMessage::Ack { id, journal_seq, order: None },
                 None => return,
             },

@@ -303,6 +303,7 @@ impl Sequencer {
             Body::Delivery { request } => self.delivery(connection, id, request),
             Body::Challenge { request } => self.challenge(connection, id, request),
             Body::Liveness { report } => self.liveness(connection, id, *report),
+            Body::GpuProbe { report } => self.gpu_probe(connection, id, report),
             Body::Access { request } => self.access(connection, id, request),
             Body::ExchangeKey {} => self.exchange_key(connection, id),
             Body::Listing {} => self.listing(connection, id),

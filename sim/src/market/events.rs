@@ -74,12 +74,21 @@ impl Sim {
                     }
                 }
                 EventKind::FeeCharged { amount_minor, .. } => self.metrics.billing.fees_minor += amount_minor,
-                EventKind::UsageDisputed { lease, disputed_gpu_ms, amount_minor, .. } => {
+                EventKind::DisputeDecided { lease, refunded_minor, fee_refunded_minor, paid_minor, .. } => {
+                    if let Some(sim_lease) = self.leases.get(&lease) {
+                        let cheat = self.population.suppliers[sim_lease.supplier as usize].cheat;
+                        let stats = self.metrics.disputes.entry(cheat.filter(|c| *c == SupplierCheat::FakeAvailability)).or_default();
+                        stats.refunded_minor += refunded_minor + fee_refunded_minor;
+                        stats.paid_to_host_minor += paid_minor;
+                    }
+                }
+                EventKind::UsageDisputeHeld { lease, disputed_gpu_ms, proven_gpu_ms, amount_minor, .. } => {
                     if let Some(sim_lease) = self.leases.get_mut(&lease) {
                         let cheat = self.population.suppliers[sim_lease.supplier as usize].cheat;
                         let stats = self.metrics.disputes.entry(cheat.filter(|c| *c == SupplierCheat::FakeAvailability)).or_default();
                         stats.disputed_gpu_ms += disputed_gpu_ms;
-                        stats.withheld_minor += amount_minor;
+                        stats.proven_gpu_ms += proven_gpu_ms;
+                        stats.held_minor += amount_minor;
                         if !sim_lease.disputed {
                             sim_lease.disputed = true;
                             stats.leases_disputed += 1;

@@ -160,14 +160,59 @@ impl Sim {
             }
             let mut events = Vec::new();
             self.exchange.liveness(self.now_ms, renter, report, &mut events);
+            let probed = self.sign_gpu_probe(lease_id, renter, from, to, dead, &key, &mut events);
             self.observe(&events);
             let stats = self.metrics.disputes.entry(dead_from.map(|_| SupplierCheat::FakeAvailability)).or_default();
-            stats.observations += 1;
+            stats.observations += 1 + u64::from(probed);
             from = to;
             if let Some(lease) = self.leases.get_mut(&lease_id) {
                 lease.observed_to_ms = to;
             }
         }
+    }
+
+    /// The watching renter's GPU probe, in the lease's container, signs
+    /// what it saw over `[from, to)` (the truth): every GPU absent after a
+    /// fake-availability host took the workload's GPUs away, present in the
+    /// samples while the host was up otherwise; nothing while the host was
+    /// down throughout (the probe runs on it). Returns whether it signed.
+    #[allow(clippy::too_many_arguments)]
+    fn sign_gpu_probe(
+        &mut self,
+        lease_id: LeaseId,
+        renter: AccountId,
+        from: u64,
+        to: u64,
+        dead: bool,
+        watcher: &SigningKey,
+        events: &mut Vec<gpux_engine::Event>,
+    ) -> bool {
+        const SAMPLES: u64 = 6;
+        let Some(lease) = self.leases.get(&lease_id) else { return false };
+        let delivered = delivered_ms(&self.suppliers[lease.supplier as usize].down, from, to);
+        if delivered == 0 && !dead {
+            return false;
+        }
+        let present = if dead { 0 } else { (SAMPLES * delivered).div_ceil(to - from).max(1) } as u32;
+        let gpus = lease
+            .gpus
+            .iter()
+            .map(|(_, uuid)| gpux_protocol::ProbeGpu {
+                uuid: uuid.clone(),
+                present_samples: present,
+                utilisation_percent_mean: if dead { 0 } else { 90 },
+                memory_used_mib_max: if dead { 0 } else { 40_000 },
+            })
+            .collect();
+        let body = gpux_protocol::GpuProbeBody { lease: lease_id, start_ms: from, end_ms: to, samples: SAMPLES as u32, gpus };
+        // The probe's own key, made by the renter for its leases.
+        let probe_key = SigningKey::from_bytes(&watcher.to_bytes().map(|b| b ^ 0xa5));
+        let report = gpux_protocol::GpuProbeReport::sign(body, &probe_key);
+        if self.exchange.market().check_gpu_probe(renter, &report, self.now_ms).is_err() {
+            return false;
+        }
+        self.exchange.gpu_probe(self.now_ms, renter, report, events);
+        true
     }
 
     /// One dishonest report of the supplier's kind about one of its leases.

@@ -282,6 +282,11 @@ impl DeliveryBackend for DockerBackend {
         let uuids: Vec<&str> = job.gpus.iter().map(|g| g.uuid.as_str()).collect();
         env.push(format!("GPUX_LEASE={}", job.lease.0));
         env.push(format!("GPUX_GPUS={}", uuids.join(",")));
+        if self.config.gpu_devices == GpuDevices::Fake {
+            // Where the renter's GPU probe finds each fake GPU (`gpux-probe`).
+            let devices: Vec<String> = job.gpus.iter().map(|g| format!("{}=/dev/gpux-fake{}", g.uuid, g.index_on_host)).collect();
+            env.push(format!("GPUX_FAKE_DEVICES={}", devices.join(",")));
+        }
         let labels = HashMap::from([
             (LEASE_LABEL.to_string(), job.lease.0.to_string()),
             (HOST_LABEL.to_string(), self.host.clone()),
