@@ -51,6 +51,12 @@ impl Sequencer {
     }
 
     /// Sessions whose key expired by now are closed (`key_expired`).
+    /// Whether a session's key expires by now (closing it changes who
+    /// receives what: the batch in flight is released first).
+    pub(super) fn sessions_due(&self) -> bool {
+        self.sessions_expiring.first().is_some_and(|(at_ms, _)| *at_ms <= self.clock.now_ms())
+    }
+
     pub(super) fn expire_sessions(&mut self) {
         let now = self.market.clock_ms();
         while let Some(&(at_ms, connection)) = self.sessions_expiring.first() {

@@ -129,7 +129,7 @@ impl Sequencer {
         let delivery = match self.market.engine().lease(lease) {
             Some(info) if parties(info.renter, info.supplier) => self.market.deliveries().lease(lease),
             Some(_) => return error(Some(id), ErrorCode::UnknownLease),
-            None => match self.journal.archived_lease(lease) {
+            None => match self.store().archived_lease(lease) {
                 Ok(Some(found)) if parties(found.info.renter, found.info.supplier) => {
                     archived = found.delivery;
                     archived.as_ref()

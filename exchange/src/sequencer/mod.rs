@@ -11,6 +11,17 @@
 //! disk. A journal or ledger error stops the sequencer with that error (the
 //! process exits and the next start replays the journal).
 //!
+//! **Pipelined commit.** The commit runs on a journal thread: while batch k
+//! is written and fsynced there, the sequencer applies batch k+1; it waits
+//! for k's commit before it hands k+1 over, and releases k's output only
+//! then. So at most one batch is on its way to disk while the next is
+//! applied, and nothing of a batch leaves before its own commit. A batch
+//! without journal entries (queries) releases behind the batch in flight,
+//! never ahead of it. Requests that read the journal or change who receives
+//! what (logins, subscriptions, disconnects, every query but the hot path's
+//! orders, bids and usage reports; see [`pipelined`]) first wait for the
+//! batch in flight, so they see every commit before them.
+//!
 //! Files: `mod.rs` batching, commit and release; `recovery.rs` the restart
 //! from snapshot plus journal and the snapshots taken; `sessions.rs` logins,
 //! subscriptions and disconnects; `delivery.rs` lease delivery requests;
@@ -29,7 +40,7 @@ mod sessions;
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -111,7 +122,16 @@ struct Connection {
 
 pub struct Sequencer {
     market: MarketState,
-    journal: Box<dyn JournalStore>,
+    /// The journal, shared with the journal thread that commits batches.
+    journal: Arc<Mutex<Box<dyn JournalStore>>>,
+    /// Hands batches to the journal thread (started at the first commit).
+    committer: Option<Committer>,
+    /// The batch on its way to disk, with what it releases once there.
+    in_flight: Option<InFlight>,
+    /// The sequence number the current batch's first entry gets.
+    next_seq: u64,
+    /// The last entry known to be on disk.
+    committed_seq: u64,
     clock: Clock,
     operator_keys: BTreeSet<[u8; 32]>,
     /// Inputs of the current batch, journaled before anything below is sent.
@@ -154,6 +174,72 @@ pub struct Sequencer {
     job_silence_ms: u64,
     /// Signs job store tokens, where the exchange runs a job store.
     job_store: Option<crate::job_store::Issuer>,
+}
+
+/// A batch for the journal thread: its entries, transfers and archive,
+/// and where to say how its commit went.
+struct CommitJob {
+    entries: Vec<JournalEntry>,
+    transfers: Vec<gpux_settlement::ledger::Transfer>,
+    archived: gpux_market::Archived,
+    done: crossbeam_channel::Sender<Committed>,
+}
+
+/// The journal thread and the way to it.
+struct Committer {
+    jobs: crossbeam_channel::Sender<CommitJob>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Drop for Sequencer {
+    /// Ends the journal thread and waits for it, so the journal is closed
+    /// (its file left clean) when the sequencer is gone.
+    fn drop(&mut self) {
+        if let Some(Committer { jobs, thread }) = self.committer.take() {
+            drop(jobs);
+            let _ = thread.join();
+        }
+    }
+}
+
+/// How a batch's commit went: its first entry's sequence number, or why
+/// not; its entries (for the snapshot replica) and how long it took.
+struct Committed {
+    first_seq: anyhow::Result<u64>,
+    entries: Vec<JournalEntry>,
+    elapsed: Duration,
+}
+
+/// The batch handed to the journal thread and not yet known durable.
+struct InFlight {
+    /// What it produced, and what batches without entries produced since
+    /// (they must not overtake it), released in that order once it is on disk.
+    pending: Vec<(Target, Pending)>,
+    done: crossbeam_channel::Receiver<Committed>,
+}
+
+/// Whether a request may be handled while the batch before it is still
+/// on its way to disk: the hot path (orders, bids, usage reports), which
+/// reads no journal and changes no connection's audience. Everything else
+/// waits for the batch in flight first.
+fn pipelined(body: &Body) -> bool {
+    matches!(body, Body::Command { .. } | Body::Bid { .. } | Body::Usage { .. })
+}
+
+/// The journal thread: commits each batch it is handed, in order, and says
+/// how it went. Ends when the sequencer goes.
+fn commit_batches(journal: Arc<Mutex<Box<dyn JournalStore>>>, jobs: crossbeam_channel::Receiver<CommitJob>) {
+    for job in jobs {
+        let started = std::time::Instant::now();
+        let first_seq = lock(&journal).append_with_transfers(&job.entries, &job.transfers, &job.archived);
+        let _ = job.done.send(Committed { first_seq, entries: job.entries, elapsed: started.elapsed() });
+    }
+}
+
+/// The journal, locked (a panic while it was held does not make it unusable:
+/// the journal's own transactions keep it whole).
+fn lock(journal: &Mutex<Box<dyn JournalStore>>) -> MutexGuard<'_, Box<dyn JournalStore>> {
+    journal.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A remote gateway's link and its connections subscribed to one feed.
@@ -201,21 +287,21 @@ impl Sequencer {
     /// the state hash. A journal or ledger error ends it early.
     pub fn run(mut self, requests: Receiver<Request>) -> Result<u64, SequencerError> {
         while !self.stop.load(std::sync::atomic::Ordering::SeqCst) {
-            let wait = self.time_until_due();
             let mut batch = Vec::new();
-            match requests.recv_timeout(wait) {
-                Ok(request) => batch.push(request),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break,
-            }
-            while batch.len() < BATCH_MAX {
-                match requests.try_recv() {
+            take_queued(&requests, &mut batch);
+            // With a batch in flight, `step` waits for it and for requests
+            // together; without one, nothing waits but the next request.
+            if batch.is_empty() && self.in_flight.is_none() {
+                match requests.recv_timeout(self.time_until_due()) {
                     Ok(request) => batch.push(request),
-                    Err(_) => break,
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => break,
                 }
+                take_queued(&requests, &mut batch);
             }
-            self.process(batch)?;
+            self.step(batch, Some(&requests))?;
         }
+        self.settle()?;
         // A clean stop leaves a snapshot of everything, durable before it returns.
         self.snapshots.finish();
         Ok(self.market.state_hash())
@@ -231,14 +317,33 @@ impl Sequencer {
         Duration::from_millis(due.saturating_sub(self.clock.now_ms()).clamp(1, 1_000))
     }
 
-    /// One batch: handle, commit, release.
+    /// One batch: handle, commit, release, all before it returns.
+    #[cfg(test)]
     fn process(&mut self, batch: Vec<Request>) -> Result<(), SequencerError> {
+        self.step(batch, None)?;
+        self.settle()
+    }
+
+    /// One batch: handle it, then hand it to the journal thread once the
+    /// batch before it is on disk (and released); it may still be on its
+    /// way to disk when this returns (`settle` waits for it). With
+    /// `requests`, what arrives while the batch before is being committed
+    /// joins this batch (up to `BATCH_MAX`): batches stay as large as when
+    /// each waited for the last, and their apply overlaps its commit.
+    fn step(&mut self, batch: Vec<Request>, requests: Option<&Receiver<Request>>) -> Result<(), SequencerError> {
+        if batch.iter().any(|request| !pipelined(&request.body)) || self.sessions_due() {
+            self.settle()?;
+        }
         self.market.advance_clock(self.clock.now_ms());
         if self.market.engine().next_due_ms() <= self.market.clock_ms() {
             self.apply_command(None, 0, Command::Tick);
         }
+        let mut handled = batch.len();
         for request in batch {
             self.handle(request);
+        }
+        if let Some(requests) = requests {
+            self.gather(requests, &mut handled)?;
         }
         self.run_challenges();
         self.fail_silent_job_leases();
@@ -248,27 +353,101 @@ impl Sequencer {
             return Err(fatal);
         }
         if !self.entries.is_empty() || !self.archived.is_empty() {
-            let started = std::time::Instant::now();
-            let first_seq = match self.journal.append_with_transfers(&self.entries, &self.transfers, &self.archived) {
-                Ok(first_seq) => first_seq,
-                Err(source) => {
-                    // The replica holds the committed state: its hash says
-                    // what a restart will recover.
-                    let committed = self.journal.next_seq() - 1;
-                    let state_hash = self.snapshots.finish().filter(|(seq, _)| *seq == committed).map(|(_, hash)| hash);
-                    return Err(SequencerError::Journal { committed, state_hash, source });
-                }
-            };
-            self.metrics.observe_commit(started.elapsed());
-            self.metrics.journal_entries.inc_by(self.entries.len() as u64);
-            // The snapshot replica applies the batch on its own thread.
-            self.snapshots.committed(first_seq, std::mem::take(&mut self.entries));
-            self.transfers.clear();
-            self.archived.clear();
+            self.settle()?;
+            self.submit();
+        } else if let Some(in_flight) = &mut self.in_flight {
+            in_flight.pending.append(&mut self.pending);
+        } else {
+            let pending = std::mem::take(&mut self.pending);
+            self.release(pending);
         }
-        self.release();
         self.refresh_depth();
         Ok(())
+    }
+
+    /// Handles requests as they arrive until the batch in flight is on disk
+    /// (then releases it) or the batch holds `BATCH_MAX`. A request that
+    /// may not pass the batch in flight waits for it first.
+    fn gather(&mut self, requests: &Receiver<Request>, handled: &mut usize) -> Result<(), SequencerError> {
+        while *handled < BATCH_MAX && self.fatal.is_none() {
+            let Some(done) = self.in_flight.as_ref().map(|in_flight| in_flight.done.clone()) else { return Ok(()) };
+            crossbeam_channel::select! {
+                recv(done) -> committed => return self.finish_commit(committed.ok()),
+                recv(requests) -> request => {
+                    // A gateway gone ends the gathering; `run` sees it next.
+                    let Ok(request) = request else { return Ok(()) };
+                    if !pipelined(&request.body) {
+                        self.settle()?;
+                    }
+                    *handled += 1;
+                    self.handle(request);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands the batch to the journal thread (starting it the first time).
+    fn submit(&mut self) {
+        let (done, done_rx) = crossbeam_channel::bounded(1);
+        let entries = std::mem::take(&mut self.entries);
+        self.next_seq += entries.len() as u64;
+        let job = CommitJob { entries, transfers: std::mem::take(&mut self.transfers), archived: std::mem::take(&mut self.archived), done };
+        let committer = self.committer.get_or_insert_with(|| {
+            let (jobs, jobs_rx) = crossbeam_channel::bounded(1);
+            let journal = self.journal.clone();
+            let thread = std::thread::Builder::new()
+                .name("gpux-journal".into())
+                .spawn(move || commit_batches(journal, jobs_rx))
+                .expect("the journal thread starts");
+            Committer { jobs, thread }
+        });
+        // A journal thread that is gone answers nothing: `settle` says so.
+        let _ = committer.jobs.send(job);
+        self.in_flight = Some(InFlight { pending: std::mem::take(&mut self.pending), done: done_rx });
+    }
+
+    /// Waits for the batch in flight to be on disk, then releases what it
+    /// produced and feeds it to the snapshot replica. A failed commit stops
+    /// the sequencer: nothing of that batch, or of any after it, was sent.
+    fn settle(&mut self) -> Result<(), SequencerError> {
+        let Some(in_flight) = &self.in_flight else { return Ok(()) };
+        let committed = in_flight.done.recv().ok();
+        self.finish_commit(committed)
+    }
+
+    /// The batch in flight's commit came back (`None`: the journal thread
+    /// is gone): releases it, or stops the sequencer.
+    fn finish_commit(&mut self, committed: Option<Committed>) -> Result<(), SequencerError> {
+        let Some(in_flight) = self.in_flight.take() else { return Ok(()) };
+        let committed = committed.unwrap_or_else(|| Committed {
+            first_seq: Err(anyhow::anyhow!("the journal thread stopped")),
+            entries: Vec::new(),
+            elapsed: Duration::ZERO,
+        });
+        let first_seq = match committed.first_seq {
+            Ok(first_seq) => first_seq,
+            Err(source) => {
+                // The replica holds the committed state: its hash says
+                // what a restart will recover.
+                let committed = self.committed_seq;
+                let state_hash = self.snapshots.finish().filter(|(seq, _)| *seq == committed).map(|(_, hash)| hash);
+                return Err(SequencerError::Journal { committed, state_hash, source });
+            }
+        };
+        self.metrics.observe_commit(committed.elapsed);
+        self.metrics.journal_entries.inc_by(committed.entries.len() as u64);
+        self.committed_seq = first_seq + committed.entries.len() as u64 - 1;
+        // The snapshot replica applies the batch on its own thread.
+        self.snapshots.committed(first_seq, committed.entries);
+        self.release(in_flight.pending);
+        Ok(())
+    }
+
+    /// The journal, for the queries that read it (after `settle`: they see
+    /// every commit before them).
+    fn store(&self) -> MutexGuard<'_, Box<dyn JournalStore>> {
+        lock(&self.journal)
     }
 
     fn handle(&mut self, request: Request) {
@@ -330,7 +509,7 @@ impl Sequencer {
             }
         };
         self.entries.push(entry);
-        let journal_seq = self.journal.next_seq() + self.entries.len() as u64 - 1;
+        let journal_seq = self.next_seq + self.entries.len() as u64 - 1;
         let mut applied = applied;
         self.note_registrations(&applied.events);
         self.route(&mut applied);
@@ -459,10 +638,9 @@ impl Sequencer {
         }
     }
 
-    /// Sends everything the batch produced, now that it is durable. A
+    /// Sends everything a batch produced, now that it is durable. A
     /// connection whose queue is full is told to close as a slow consumer.
-    fn release(&mut self) {
-        let pending = std::mem::take(&mut self.pending);
+    fn release(&mut self, pending: Vec<(Target, Pending)>) {
         for (target, item) in pending {
             match (target, item) {
                 (Target::Connection(connection), Pending::Frame(frame)) => self.send(connection, Outgoing::Frame(frame)),
@@ -499,6 +677,16 @@ impl Sequencer {
         if let Err(QueueError::Full) = state.outbound.frames.try_send(outgoing) {
             state.outbound.too_slow.notify_one();
             self.disconnect(connection, false);
+        }
+    }
+}
+
+/// Moves what is queued into `batch`, up to `BATCH_MAX` in all.
+fn take_queued(requests: &Receiver<Request>, batch: &mut Vec<Request>) {
+    while batch.len() < BATCH_MAX {
+        match requests.try_recv() {
+            Ok(request) => batch.push(request),
+            Err(_) => break,
         }
     }
 }

@@ -26,7 +26,7 @@ impl Sequencer {
                 ServerMessage::LeaseTelemetry { id, lease, gpus: self.market.lease_telemetry(lease) }
             }
             Some(_) => error(Some(id), ErrorCode::UnknownLease),
-            None => match self.journal.archived_lease(lease) {
+            None => match self.store().archived_lease(lease) {
                 Ok(Some(found)) if party(found.info.renter, found.info.supplier) => {
                     ServerMessage::LeaseTelemetry { id, lease, gpus: Vec::new() }
                 }
@@ -64,7 +64,8 @@ impl Sequencer {
             return self.reply(connection, ServerMessage::Leases { id, leases: Vec::new(), next_after: None });
         };
         let (mut leases, mut more) = self.market.engine().leases_of(account, before, ORDERS_PAGE_MAX);
-        match self.journal.archived_leases_of(account, before, ORDERS_PAGE_MAX) {
+        let archived = self.store().archived_leases_of(account, before, ORDERS_PAGE_MAX);
+        match archived {
             Ok((archived, archive_more)) => {
                 leases.extend(archived);
                 more |= archive_more;
@@ -183,7 +184,7 @@ impl Sequencer {
     /// Statement lines come from the journal's transfer table (durable).
     pub(super) fn statement(&mut self, connection: ConnectionId, id: u64, after: Option<u64>) {
         let page = ORDERS_PAGE_MAX;
-        let reply = match self.account(connection).map(|a| self.journal.statement(a, after, page)) {
+        let reply = match self.account(connection).map(|a| self.store().statement(a, after, page)) {
             Some(Ok(transfers)) => {
                 let mut lines: Vec<gpux_protocol::StatementLine> = transfers.iter().map(|t| t.line()).collect();
                 let cut = gpux_protocol::fit_page(&mut lines);
@@ -199,7 +200,7 @@ impl Sequencer {
     /// The statement newest first: a range of the account's index read backwards.
     pub(super) fn recent_statement(&mut self, connection: ConnectionId, id: u64, before: Option<u64>) {
         let page = ORDERS_PAGE_MAX;
-        let reply = match self.account(connection).map(|a| self.journal.recent_statement(a, before, page)) {
+        let reply = match self.account(connection).map(|a| self.store().recent_statement(a, before, page)) {
             Some(Ok(transfers)) => {
                 let mut lines: Vec<gpux_protocol::StatementLine> = transfers.iter().map(|t| t.line()).collect();
                 let cut = gpux_protocol::fit_page(&mut lines);
@@ -218,13 +219,13 @@ impl Sequencer {
         let known = |instrument| {
             // (An archive that cannot be read lets the history read below
             // answer: `history_unavailable`, not `unknown_instrument`.)
-            self.market.engine().instrument(instrument).is_some() || !matches!(self.journal.archived_instrument(instrument), Ok(None))
+            self.market.engine().instrument(instrument).is_some() || !matches!(self.store().archived_instrument(instrument), Ok(None))
         };
         let reply = match request {
             HistoryRequest::Trades { instrument, .. } | HistoryRequest::Candles { instrument, .. } if !known(instrument) => {
                 error(Some(id), ErrorCode::UnknownInstrument)
             }
-            HistoryRequest::Trades { instrument, before_seq } => match self.journal.trades(instrument, before_seq, TRADES_PAGE_MAX) {
+            HistoryRequest::Trades { instrument, before_seq } => match self.store().trades(instrument, before_seq, TRADES_PAGE_MAX) {
                 Ok(found) => {
                     let mut trades: Vec<_> = found.iter().map(|t| t.print()).collect();
                     let cut = gpux_protocol::fit_page(&mut trades);
@@ -235,7 +236,7 @@ impl Sequencer {
             },
             HistoryRequest::Candles { instrument, interval, before_ms } => {
                 let before_ms = before_ms.unwrap_or(u64::MAX);
-                match self.journal.candles(instrument, interval, before_ms, CANDLES_PAGE_MAX) {
+                match self.store().candles(instrument, interval, before_ms, CANDLES_PAGE_MAX) {
                     Ok((candles, more)) => {
                         let next_before_ms = more.then(|| candles.first().map(|c| c.start_ms)).flatten();
                         ServerMessage::Candles { id, instrument, interval, candles, next_before_ms }
@@ -245,7 +246,7 @@ impl Sequencer {
             }
             HistoryRequest::Fills { before } => match self.account(connection) {
                 None => error(Some(id), ErrorCode::NotAuthenticated),
-                Some(account) => match self.journal.fills(account, before, TRADES_PAGE_MAX) {
+                Some(account) => match self.store().fills(account, before, TRADES_PAGE_MAX) {
                     Ok(mut fills) => {
                         let cut = gpux_protocol::fit_page(&mut fills);
                         let next_before = (cut || fills.len() == TRADES_PAGE_MAX).then(|| fills.last().map(|f| f.cursor())).flatten();

@@ -80,9 +80,14 @@ impl Sequencer {
         } else {
             SnapshotWriter::disabled()
         };
+        let next_seq = journal.next_seq();
         let mut sequencer = Sequencer {
             market,
-            journal,
+            journal: Arc::new(std::sync::Mutex::new(journal)),
+            committer: None,
+            in_flight: None,
+            next_seq,
+            committed_seq: next_seq - 1,
             clock,
             operator_keys,
             entries: Vec::new(),
