@@ -188,14 +188,14 @@ mod tests {
     struct Broken;
 
     impl JournalRead for Broken {
-        fn account_transfers(&self, _: AccountId, _: u64, _: u64) -> anyhow::Result<Vec<Transfer>> {
-            anyhow::bail!("disk gone")
+        fn account_transfers(&self, _: AccountId, _: u64, _: u64) -> gpux_journal::Result<Vec<Transfer>> {
+            Err(gpux_journal::JournalError::Injected { op: gpux_journal::Op::AccountTransfers })
         }
-        fn archived_lease_info(&self, _: LeaseId) -> anyhow::Result<Option<(LeaseInfo, String)>> {
-            anyhow::bail!("disk gone")
+        fn archived_lease_info(&self, _: LeaseId) -> gpux_journal::Result<Option<(LeaseInfo, String)>> {
+            Err(gpux_journal::JournalError::Injected { op: gpux_journal::Op::ArchivedLease })
         }
-        fn entries_range(&self, _: u64, _: usize) -> anyhow::Result<Vec<gpux_market::JournalEntry>> {
-            anyhow::bail!("disk gone")
+        fn entries_range(&self, _: u64, _: usize) -> gpux_journal::Result<Vec<gpux_market::JournalEntry>> {
+            Err(gpux_journal::JournalError::Injected { op: gpux_journal::Op::Entries })
         }
     }
 

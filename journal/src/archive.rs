@@ -19,10 +19,9 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
 use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
-use crate::{Journal, JournalReader, JOURNAL};
+use crate::{Journal, JournalError, JournalReader, Op, Result, JOURNAL};
 
 /// Facts about the journal itself, by name.
 pub(crate) const JOURNAL_META: TableDefinition<&str, &[u8]> = TableDefinition::new("journal_meta");
@@ -55,13 +54,19 @@ pub enum ArchiveError {
     PastTheEnd { before: u64, next: u64 },
     #[error("the archive ends at entry {archive_end} but the journal's first entry is {first}: archive into a new file")]
     NotContiguous { archive_end: u64, first: u64 },
+    #[error("the journal is shared (a reader is open): compacting needs it to itself")]
+    Shared,
     #[error(transparent)]
-    Storage(#[from] anyhow::Error),
+    Journal(#[from] JournalError),
 }
 
 pub(crate) fn read_u64(meta: &impl ReadableTable<&'static str, &'static [u8]>, key: &str) -> Result<Option<u64>> {
     let Some(bytes) = meta.get(key)? else { return Ok(None) };
-    let bytes: [u8; 8] = bytes.value().try_into().map_err(|_| anyhow::anyhow!("journal_meta {key}: not 8 bytes"))?;
+    let bytes: [u8; 8] = bytes.value().try_into().map_err(|_| JournalError::Corrupt {
+        op: Op::Unnamed,
+        what: format!("journal_meta {key}"),
+        message: "not 8 bytes".into(),
+    })?;
     Ok(Some(u64::from_le_bytes(bytes)))
 }
 
@@ -97,7 +102,9 @@ fn copy_entries(read: &redb::ReadTransaction, into: &redb::Database, seqs: std::
             let mut copy = write.open_table(JOURNAL)?;
             for (expected, row) in (next..).zip(table.range(next..end)?) {
                 let (seq, bytes) = row?;
-                anyhow::ensure!(seq.value() == expected, "journal gap: expected entry {expected}, found {}", seq.value());
+                if seq.value() != expected {
+                    return Err(JournalError::Gap { op: Op::Archive, expected, found: seq.value() });
+                }
                 copy.insert(expected, bytes.value())?;
             }
         }
@@ -126,7 +133,7 @@ impl Journal {
         }
         let mut copied = 0;
         if before > first {
-            let mut archive = Journal::open(archive).with_context(|| format!("opening the archive {}", archive.display()))?;
+            let mut archive = Journal::open(archive)?;
             // An empty archive starts where the journal does.
             if archive.next_seq == archive.first_seq()? && archive.next_seq != first {
                 archive.mark_first(first)?;
@@ -137,7 +144,7 @@ impl Journal {
             }
             // A move cut short already copied some: go on from there.
             if next < before {
-                let read = self.db.begin_read().map_err(anyhow::Error::from)?;
+                let read = self.db.begin_read().map_err(JournalError::from)?;
                 copy_entries(&read, &archive.db, next..before)?;
                 copied = before - next;
                 archive.next_seq = before;
@@ -150,10 +157,7 @@ impl Journal {
 
     /// An empty journal file that is to hold entries from `first` on.
     fn mark_first(&mut self, first: u64) -> Result<()> {
-        let mut write = self.db.begin_write()?;
-        write.set_durability(Durability::Immediate)?;
-        write.open_table(JOURNAL_META)?.insert(ARCHIVED_BEFORE, first.to_le_bytes().as_slice())?;
-        write.commit()?;
+        self.mark_first_kept(first)?;
         self.next_seq = first;
         Ok(())
     }
@@ -207,25 +211,27 @@ impl Journal {
         if archive_next != first {
             return Err(ArchiveError::NotContiguous { archive_end: archive_next - 1, first });
         }
-        let read = archive.db.begin_read().map_err(anyhow::Error::from)?;
+        let read = archive.db.begin_read().map_err(JournalError::from)?;
         copy_entries(&read, &self.db, archive_first..archive_next)?;
         // Only now is the restored run readable.
-        let mut write = self.db.begin_write().map_err(anyhow::Error::from)?;
-        write.set_durability(Durability::Immediate).map_err(anyhow::Error::from)?;
-        write
-            .open_table(JOURNAL_META)
-            .map_err(anyhow::Error::from)?
-            .insert(ARCHIVED_BEFORE, archive_first.to_le_bytes().as_slice())
-            .map_err(anyhow::Error::from)?;
-        write.commit().map_err(anyhow::Error::from)?;
+        self.mark_first_kept(archive_first)?;
         Ok(archive_next - archive_first)
+    }
+
+    /// Records, durably, that the journal's first entry is now `first`.
+    fn mark_first_kept(&mut self, first: u64) -> Result<()> {
+        let mut write = self.db.begin_write()?;
+        write.set_durability(Durability::Immediate)?;
+        write.open_table(JOURNAL_META)?.insert(ARCHIVED_BEFORE, first.to_le_bytes().as_slice())?;
+        write.commit()?;
+        Ok(())
     }
 
     /// Gives back the space archived entries left (redb keeps a file's
     /// pages otherwise, and reuses them). Needs the journal to itself.
-    pub fn compact(&mut self) -> Result<bool> {
-        let db = std::sync::Arc::get_mut(&mut self.db).context("the journal is shared (a reader is open)")?;
-        Ok(db.compact()?)
+    pub fn compact(&mut self) -> Result<bool, ArchiveError> {
+        let db = std::sync::Arc::get_mut(&mut self.db).ok_or(ArchiveError::Shared)?;
+        db.compact().map_err(|e| JournalError::Storage { op: Op::Archive, source: Box::new(e.into()) }.into())
     }
 }
 
@@ -287,7 +293,7 @@ mod tests {
         assert_eq!(journal.first_seq().expect("first"), 6);
         assert_eq!(journal.entries_after(5).expect("the rest"), entries[5..]);
         let refused = journal.entries_after(0).expect_err("archived entries are not read as a gap");
-        assert!(format!("{refused:#}").contains("entries 1..6 are not in this journal: they were archived"), "{refused:#}");
+        assert!(matches!(refused, JournalError::Archived { from: 1, to: 6, .. }), "{refused:#}");
         assert_eq!(journal.next_seq(), 11);
         drop(journal);
         assert_eq!(archived(&archive), (1, entries[..5].to_vec()));

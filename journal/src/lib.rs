@@ -8,8 +8,12 @@
 //! journal at the previous commit and the restart replays that.
 
 pub mod archive;
+mod error;
 pub mod faults;
 use std::path::Path;
+
+use error::{corrupt, missing};
+pub use error::{During, JournalError, Op, Result};
 
 pub use archive::{ArchiveError, ArchiveOutcome};
 
@@ -32,7 +36,6 @@ pub enum FormatError {
     Newer { found: u64, supported: u64 },
 }
 
-use anyhow::{Context, Result};
 use gpux_engine::{AccountId, ContractId, ContractInfo, InstrumentId, InstrumentInfo, LeaseId, LeaseInfo};
 pub use gpux_market::JournalEntry;
 use gpux_market::{Archived, ArchivedLease, LeaseDelivery};
@@ -89,14 +92,16 @@ pub struct Journal {
 impl Journal {
     /// Opens (or creates) the journal.
     pub fn open(path: &Path) -> Result<Journal> {
-        let db = Database::create(path).with_context(|| format!("opening journal {}", path.display()))?;
+        let db = Database::create(path).map_err(|e| JournalError::Open { path: path.to_path_buf(), source: Box::new(e.into()) })?;
         Self::from_db(db)
     }
 
     /// Opens the journal on a storage backend of the caller's (tests inject
     /// faults with [`faults::FaultyBackend`]).
     pub fn open_with_backend(backend: impl redb::StorageBackend) -> Result<Journal> {
-        let db = redb::Builder::new().create_with_backend(backend).context("opening the journal on its backend")?;
+        let db = redb::Builder::new()
+            .create_with_backend(backend)
+            .map_err(|e| JournalError::Open { path: "(its backend)".into(), source: Box::new(e.into()) })?;
         Self::from_db(db)
     }
 
@@ -123,7 +128,7 @@ impl Journal {
                 for row in archive.iter()? {
                     let (key, bytes) = row?;
                     let lease: LeaseInfo =
-                        decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("archived lease {}: {}", key.value(), e.message))?;
+                        decode_record(bytes.value()).map_err(|e| corrupt(format!("archived lease {}", key.value()), e))?;
                     index_archived_lease(&mut by_account, &lease)?;
                 }
             }
@@ -143,8 +148,7 @@ impl Journal {
             if by_account.is_empty()? && !transfers.is_empty()? {
                 for row in transfers.iter()? {
                     let (key, bytes) = row?;
-                    let transfer: Transfer =
-                        decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("transfer {}: {}", key.value(), e.message))?;
+                    let transfer: Transfer = decode_record(bytes.value()).map_err(|e| corrupt(format!("transfer {}", key.value()), e))?;
                     index_transfer(&mut by_account, &transfer)?;
                 }
             }
@@ -318,17 +322,20 @@ pub struct SharedReader {
 
 impl JournalRead for SharedReader {
     fn account_transfers(&self, account: AccountId, from_ms: u64, to_ms: u64) -> Result<Vec<Transfer>> {
-        account_transfers(&self.db.begin_read()?, account, from_ms, to_ms)
+        (|| account_transfers(&self.db.begin_read()?, account, from_ms, to_ms))().during(Op::AccountTransfers)
     }
     fn archived_lease_info(&self, lease: LeaseId) -> Result<Option<(LeaseInfo, String)>> {
-        let read = self.db.begin_read()?;
-        let Some(bytes) = read.open_table(ARCHIVED_LEASES)?.get(lease.0)? else { return Ok(None) };
-        let info = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("archived lease {}: {}", lease.0, e.message))?;
-        let symbol = read.open_table(ARCHIVED_LEASE_SYMBOLS)?.get(lease.0)?.map(|s| s.value().to_string()).unwrap_or_default();
-        Ok(Some((info, symbol)))
+        (|| {
+            let read = self.db.begin_read()?;
+            let Some(bytes) = read.open_table(ARCHIVED_LEASES)?.get(lease.0)? else { return Ok(None) };
+            let info = decode_record(bytes.value()).map_err(|e| corrupt(format!("archived lease {}", lease.0), e))?;
+            let symbol = read.open_table(ARCHIVED_LEASE_SYMBOLS)?.get(lease.0)?.map(|s| s.value().to_string()).unwrap_or_default();
+            Ok(Some((info, symbol)))
+        })()
+        .during(Op::ArchivedLease)
     }
     fn entries_range(&self, seq: u64, limit: usize) -> Result<Vec<JournalEntry>> {
-        entries_range(&self.db.begin_read()?, seq, limit)
+        (|| entries_range(&self.db.begin_read()?, seq, limit))().during(Op::Entries)
     }
 }
 
@@ -349,8 +356,8 @@ fn account_transfers(read: &redb::ReadTransaction, account: AccountId, from_ms: 
     for row in index.range((account.0, from_ms, 0)..(account.0, to_ms, 0))? {
         let (key, kind) = row?;
         let (_, _, id) = key.value();
-        let bytes = table.get(id)?.with_context(|| format!("transfer {id} is indexed but not stored"))?;
-        let mut transfer: Transfer = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("transfer {id}: {}", e.message))?;
+        let bytes = table.get(id)?.ok_or_else(|| missing(format!("transfer {id}")))?;
+        let mut transfer: Transfer = decode_record(bytes.value()).map_err(|e| corrupt(format!("transfer {id}"), e))?;
         transfer.kind = TransferKind::from_u8(kind.value());
         transfers.push(transfer);
     }
@@ -362,84 +369,98 @@ impl JournalStore for Journal {
         Journal::next_seq(self)
     }
     fn entries_after(&self, seq: u64) -> Result<Vec<JournalEntry>> {
-        Journal::entries_after(self, seq)
+        Journal::entries_after(self, seq).during(Op::Entries)
     }
     fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Result<u64> {
-        Journal::append_with_transfers(self, entries, transfers, archived)
+        Journal::append_with_transfers(self, entries, transfers, archived).during(Op::Append)
     }
     fn sync(&mut self) -> Result<()> {
-        if self.since_durable > 0 {
-            let mut transaction = self.db.begin_write()?;
-            transaction.set_durability(Durability::Immediate)?;
-            transaction.commit()?;
-            self.since_durable = 0;
-        }
-        Ok(())
+        (|| {
+            if self.since_durable > 0 {
+                let mut transaction = self.db.begin_write()?;
+                transaction.set_durability(Durability::Immediate)?;
+                transaction.commit()?;
+                self.since_durable = 0;
+            }
+            Ok(())
+        })()
+        .during(Op::Sync)
     }
     fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
-        Journal::statement(self, account, after, limit)
+        Journal::statement(self, account, after, limit).during(Op::Statement)
     }
     fn recent_statement(&self, account: AccountId, before: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
-        recent_statement(&self.db.begin_read()?, account, before, limit)
+        (|| recent_statement(&self.db.begin_read()?, account, before, limit))().during(Op::RecentStatement)
     }
     fn archived_leases_of(&self, account: AccountId, before: Option<LeaseId>, limit: usize) -> Result<(Vec<LeaseInfo>, bool)> {
-        let read = self.db.begin_read()?;
-        let by_account = read.open_table(ARCHIVED_LEASES_BY_ACCOUNT)?;
-        let archive = read.open_table(ARCHIVED_LEASES)?;
-        let mut ids = Vec::new();
-        let end = before.map_or(u64::MAX, |lease| lease.0);
-        let rows = match before {
-            Some(_) => by_account.range((account.0, 0)..(account.0, end))?,
-            None => by_account.range((account.0, 0)..=(account.0, end))?,
-        };
-        for row in rows.rev().take(limit + 1) {
-            ids.push(row?.0.value().1);
-        }
-        let more = ids.len() > limit;
-        let mut leases = Vec::with_capacity(limit);
-        for id in ids.into_iter().take(limit) {
-            let bytes = archive.get(id)?.with_context(|| format!("archived lease {id} is indexed but not stored"))?;
-            leases.push(decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("archived lease {id}: {}", e.message))?);
-        }
-        Ok((leases, more))
+        (|| {
+            let read = self.db.begin_read()?;
+            let by_account = read.open_table(ARCHIVED_LEASES_BY_ACCOUNT)?;
+            let archive = read.open_table(ARCHIVED_LEASES)?;
+            let mut ids = Vec::new();
+            let end = before.map_or(u64::MAX, |lease| lease.0);
+            let rows = match before {
+                Some(_) => by_account.range((account.0, 0)..(account.0, end))?,
+                None => by_account.range((account.0, 0)..=(account.0, end))?,
+            };
+            for row in rows.rev().take(limit + 1) {
+                ids.push(row?.0.value().1);
+            }
+            let more = ids.len() > limit;
+            let mut leases = Vec::with_capacity(limit);
+            for id in ids.into_iter().take(limit) {
+                let bytes = archive.get(id)?.ok_or_else(|| missing(format!("archived lease {id}")))?;
+                leases.push(decode_record(bytes.value()).map_err(|e| corrupt(format!("archived lease {id}"), e))?);
+            }
+            Ok((leases, more))
+        })()
+        .during(Op::ArchivedLeases)
     }
     fn archived_lease(&self, lease: LeaseId) -> Result<Option<ArchivedLease>> {
-        let read = self.db.begin_read()?;
-        let Some(bytes) = read.open_table(ARCHIVED_LEASES)?.get(lease.0)? else { return Ok(None) };
-        let info: LeaseInfo = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("archived lease {}: {}", lease.0, e.message))?;
-        let delivery = match read.open_table(ARCHIVED_DELIVERIES)?.get(lease.0)? {
-            Some(bytes) => Some(
-                decode_record::<LeaseDelivery>(bytes.value())
-                    .map_err(|e| anyhow::anyhow!("archived delivery {}: {}", lease.0, e.message))?,
-            ),
-            None => None,
-        };
-        let symbol = read.open_table(ARCHIVED_LEASE_SYMBOLS)?.get(lease.0)?.map(|s| s.value().to_string()).unwrap_or_default();
-        Ok(Some(ArchivedLease { info, delivery, symbol }))
+        (|| {
+            let read = self.db.begin_read()?;
+            let Some(bytes) = read.open_table(ARCHIVED_LEASES)?.get(lease.0)? else { return Ok(None) };
+            let info: LeaseInfo = decode_record(bytes.value()).map_err(|e| corrupt(format!("archived lease {}", lease.0), e))?;
+            let delivery = match read.open_table(ARCHIVED_DELIVERIES)?.get(lease.0)? {
+                Some(bytes) => {
+                    Some(decode_record::<LeaseDelivery>(bytes.value()).map_err(|e| corrupt(format!("archived delivery {}", lease.0), e))?)
+                }
+                None => None,
+            };
+            let symbol = read.open_table(ARCHIVED_LEASE_SYMBOLS)?.get(lease.0)?.map(|s| s.value().to_string()).unwrap_or_default();
+            Ok(Some(ArchivedLease { info, delivery, symbol }))
+        })()
+        .during(Op::ArchivedLease)
     }
     fn archived_contract(&self, contract: ContractId) -> Result<Option<ContractInfo>> {
-        let read = self.db.begin_read()?;
-        let Some(bytes) = read.open_table(ARCHIVED_CONTRACTS)?.get(contract.0)? else { return Ok(None) };
-        let info = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("archived contract {}: {}", contract.0, e.message))?;
-        Ok(Some(info))
+        (|| {
+            let read = self.db.begin_read()?;
+            let Some(bytes) = read.open_table(ARCHIVED_CONTRACTS)?.get(contract.0)? else { return Ok(None) };
+            let info = decode_record(bytes.value()).map_err(|e| corrupt(format!("archived contract {}", contract.0), e))?;
+            Ok(Some(info))
+        })()
+        .during(Op::ArchivedContract)
     }
     fn archived_instrument(&self, instrument: InstrumentId) -> Result<Option<InstrumentInfo>> {
-        let read = self.db.begin_read()?;
-        let Some(bytes) = read.open_table(ARCHIVED_INSTRUMENTS)?.get(instrument.0)? else { return Ok(None) };
-        let info = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("archived instrument {}: {}", instrument.0, e.message))?;
-        Ok(Some(info))
+        (|| {
+            let read = self.db.begin_read()?;
+            let Some(bytes) = read.open_table(ARCHIVED_INSTRUMENTS)?.get(instrument.0)? else { return Ok(None) };
+            let info = decode_record(bytes.value()).map_err(|e| corrupt(format!("archived instrument {}", instrument.0), e))?;
+            Ok(Some(info))
+        })()
+        .during(Op::ArchivedInstrument)
     }
     fn shared_reader(&self) -> std::sync::Arc<dyn JournalRead> {
         std::sync::Arc::new(self.reader())
     }
     fn trades(&self, instrument: InstrumentId, before_seq: Option<u64>, limit: usize) -> Result<Vec<TradeRecord>> {
-        trades(&self.db.begin_read()?, instrument, before_seq, limit)
+        (|| trades(&self.db.begin_read()?, instrument, before_seq, limit))().during(Op::Trades)
     }
     fn candles(&self, instrument: InstrumentId, interval: CandleInterval, before_ms: u64, limit: usize) -> Result<(Vec<Candle>, bool)> {
-        candles(&self.db.begin_read()?, instrument, interval, before_ms, limit)
+        (|| candles(&self.db.begin_read()?, instrument, interval, before_ms, limit))().during(Op::Candles)
     }
     fn fills(&self, account: AccountId, before: Option<FillCursor>, limit: usize) -> Result<Vec<Fill>> {
-        fills(&self.db.begin_read()?, account, before, limit)
+        (|| fills(&self.db.begin_read()?, account, before, limit))().during(Op::Fills)
     }
 }
 
@@ -459,9 +480,7 @@ fn index_trades(transaction: &redb::WriteTransaction, trades: &[TradeRecord]) ->
             let start_ms = interval.start(trade.at_ms);
             let key = (trade.instrument.0, interval.ms(), start_ms);
             let existing = match candles.get(key)? {
-                Some(bytes) => {
-                    Some(decode_record::<CandleRecord>(bytes.value()).map_err(|e| anyhow::anyhow!("candle {key:?}: {}", e.message))?)
-                }
+                Some(bytes) => Some(decode_record::<CandleRecord>(bytes.value()).map_err(|e| corrupt(format!("candle {key:?}"), e))?),
                 None => None,
             };
             let record = match existing {
@@ -486,7 +505,7 @@ fn side_of(code: u8) -> gpux_engine::Side {
 }
 
 fn decode_trade(bytes: &[u8], key: (u32, u64)) -> Result<TradeRecord> {
-    decode_record(bytes).map_err(|e| anyhow::anyhow!("trade {key:?}: {}", e.message))
+    decode_record(bytes).map_err(|e| corrupt(format!("trade {key:?}"), e))
 }
 
 fn trades(read: &redb::ReadTransaction, instrument: InstrumentId, before_seq: Option<u64>, limit: usize) -> Result<Vec<TradeRecord>> {
@@ -512,7 +531,7 @@ fn candles(
     let mut found = Vec::new();
     for row in table.range(range)?.rev().take(limit + 1) {
         let (key, bytes) = row?;
-        let record: CandleRecord = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("candle {:?}: {}", key.value(), e.message))?;
+        let record: CandleRecord = decode_record(bytes.value()).map_err(|e| corrupt(format!("candle {:?}", key.value()), e))?;
         found.push(record.candle);
     }
     let more = found.len() > limit;
@@ -532,7 +551,7 @@ fn fills(read: &redb::ReadTransaction, account: AccountId, before: Option<FillCu
     for row in index.range((account.0, 0, 0, 0)..end)?.rev().take(limit) {
         let (key, side) = row?;
         let (_, _, instrument, seq) = key.value();
-        let bytes = table.get((instrument, seq))?.with_context(|| format!("fill of trade {instrument}/{seq} is indexed but not stored"))?;
+        let bytes = table.get((instrument, seq))?.ok_or_else(|| missing(format!("the trade {instrument}/{seq} of a fill")))?;
         found.push(decode_trade(bytes.value(), (instrument, seq))?.fill(side_of(side.value())));
     }
     Ok(found)
@@ -591,7 +610,9 @@ impl MemoryJournal {
     /// The journal, after checking that reads are not told to fail.
     fn readable(&self) -> Result<std::sync::MutexGuard<'_, MemoryInner>> {
         let inner = self.inner();
-        anyhow::ensure!(!inner.failing_reads, "the memory journal was told to fail reads");
+        if inner.failing_reads {
+            return Err(JournalError::Injected { op: Op::Unnamed });
+        }
         Ok(inner)
     }
 
@@ -611,56 +632,61 @@ impl JournalStore for MemoryJournal {
         self.inner().journal.next_seq()
     }
     fn entries_after(&self, seq: u64) -> Result<Vec<JournalEntry>> {
-        self.inner().journal.entries_after(seq)
+        self.inner().journal.entries_after(seq).during(Op::Entries)
     }
     fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Result<u64> {
-        let mut inner = self.inner();
-        anyhow::ensure!(!inner.failing, "the memory journal was told to fail");
-        let first = inner.journal.append_with_transfers(entries, transfers, archived)?;
-        inner.commits += 1;
-        Ok(first)
+        (|| {
+            let mut inner = self.inner();
+            if inner.failing {
+                return Err(JournalError::Injected { op: Op::Append });
+            }
+            let first = inner.journal.append_with_transfers(entries, transfers, archived)?;
+            inner.commits += 1;
+            Ok(first)
+        })()
+        .during(Op::Append)
     }
     fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
-        JournalStore::statement(&self.readable()?.journal, account, after, limit)
+        (|| JournalStore::statement(&self.readable()?.journal, account, after, limit))().during(Op::Statement)
     }
     fn recent_statement(&self, account: AccountId, before: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
-        self.readable()?.journal.recent_statement(account, before, limit)
+        (|| self.readable()?.journal.recent_statement(account, before, limit))().during(Op::RecentStatement)
     }
     fn shared_reader(&self) -> std::sync::Arc<dyn JournalRead> {
         std::sync::Arc::new(self.clone())
     }
     fn archived_leases_of(&self, account: AccountId, before: Option<LeaseId>, limit: usize) -> Result<(Vec<LeaseInfo>, bool)> {
-        self.readable()?.journal.archived_leases_of(account, before, limit)
+        (|| self.readable()?.journal.archived_leases_of(account, before, limit))().during(Op::ArchivedLeases)
     }
     fn archived_lease(&self, lease: LeaseId) -> Result<Option<ArchivedLease>> {
-        self.readable()?.journal.archived_lease(lease)
+        (|| self.readable()?.journal.archived_lease(lease))().during(Op::ArchivedLease)
     }
     fn archived_contract(&self, contract: ContractId) -> Result<Option<ContractInfo>> {
-        self.readable()?.journal.archived_contract(contract)
+        (|| self.readable()?.journal.archived_contract(contract))().during(Op::ArchivedContract)
     }
     fn archived_instrument(&self, instrument: InstrumentId) -> Result<Option<InstrumentInfo>> {
-        self.readable()?.journal.archived_instrument(instrument)
+        (|| self.readable()?.journal.archived_instrument(instrument))().during(Op::ArchivedInstrument)
     }
     fn trades(&self, instrument: InstrumentId, before_seq: Option<u64>, limit: usize) -> Result<Vec<TradeRecord>> {
-        self.readable()?.journal.trades(instrument, before_seq, limit)
+        (|| self.readable()?.journal.trades(instrument, before_seq, limit))().during(Op::Trades)
     }
     fn candles(&self, instrument: InstrumentId, interval: CandleInterval, before_ms: u64, limit: usize) -> Result<(Vec<Candle>, bool)> {
-        self.readable()?.journal.candles(instrument, interval, before_ms, limit)
+        (|| self.readable()?.journal.candles(instrument, interval, before_ms, limit))().during(Op::Candles)
     }
     fn fills(&self, account: AccountId, before: Option<FillCursor>, limit: usize) -> Result<Vec<Fill>> {
-        self.readable()?.journal.fills(account, before, limit)
+        (|| self.readable()?.journal.fills(account, before, limit))().during(Op::Fills)
     }
 }
 
 impl JournalRead for MemoryJournal {
     fn account_transfers(&self, account: AccountId, from_ms: u64, to_ms: u64) -> Result<Vec<Transfer>> {
-        self.inner().journal.shared_reader().account_transfers(account, from_ms, to_ms)
+        self.inner().journal.shared_reader().account_transfers(account, from_ms, to_ms).during(Op::AccountTransfers)
     }
     fn archived_lease_info(&self, lease: LeaseId) -> Result<Option<(LeaseInfo, String)>> {
-        self.inner().journal.shared_reader().archived_lease_info(lease)
+        self.inner().journal.shared_reader().archived_lease_info(lease).during(Op::ArchivedLease)
     }
     fn entries_range(&self, seq: u64, limit: usize) -> Result<Vec<JournalEntry>> {
-        self.inner().journal.shared_reader().entries_range(seq, limit)
+        self.inner().journal.shared_reader().entries_range(seq, limit).during(Op::Entries)
     }
 }
 
@@ -673,7 +699,8 @@ pub struct JournalReader {
 
 impl JournalReader {
     pub fn open(path: &Path) -> Result<JournalReader> {
-        let db = redb::ReadOnlyDatabase::open(path).with_context(|| format!("opening journal {} read-only", path.display()))?;
+        let db =
+            redb::ReadOnlyDatabase::open(path).map_err(|e| JournalError::Open { path: path.to_path_buf(), source: Box::new(e.into()) })?;
         let reader = JournalReader { db };
         if let Some(found) = reader.format_version()?.filter(|found| *found > FORMAT_VERSION) {
             return Err(FormatError::Newer { found, supported: FORMAT_VERSION }.into());
@@ -684,41 +711,47 @@ impl JournalReader {
     /// The format the file records ([`FORMAT_VERSION`]); `None` for one no
     /// build since 2026-12-06 has opened for writing (format 1).
     pub fn format_version(&self) -> Result<Option<u64>> {
-        let read = self.db.begin_read()?;
-        match read.open_table(archive::JOURNAL_META) {
-            Ok(meta) => archive::read_u64(&meta, archive::FORMAT),
-            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
-            Err(error) => Err(error.into()),
-        }
+        (|| {
+            let read = self.db.begin_read()?;
+            match read.open_table(archive::JOURNAL_META) {
+                Ok(meta) => archive::read_u64(&meta, archive::FORMAT),
+                Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+                Err(error) => Err(error.into()),
+            }
+        })()
+        .during(Op::FormatVersion)
     }
 
     pub fn entries_after(&self, seq: u64) -> Result<Vec<JournalEntry>> {
-        entries_after(&self.db.begin_read()?, seq)
+        (|| entries_after(&self.db.begin_read()?, seq))().during(Op::Entries)
     }
 
     pub fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
-        statement(&self.db.begin_read()?, account, after, limit)
+        (|| statement(&self.db.begin_read()?, account, after, limit))().during(Op::Statement)
     }
 
     /// The listing the journal started with: its `Genesis` entry, or the
     /// demo listing for a journal written before listing files. (Later
     /// `ChangeListing`s never change the currency.)
     pub fn genesis_listing(&self) -> Result<gpux_engine::EngineConfig> {
-        let read = self.db.begin_read()?;
-        let table = read.open_table(JOURNAL)?;
-        let bytes = match table.get(1)? {
-            Some(bytes) => Some(bytes.value().to_vec()),
-            // Archived: the journal kept it.
-            None => archive::kept_genesis(&read)?,
-        };
-        let first = match bytes {
-            Some(bytes) => Some(decode_record::<JournalEntry>(&bytes).map_err(|e| anyhow::anyhow!("journal entry 1: {}", e.message))?),
-            None => None,
-        };
-        Ok(match first {
-            Some(JournalEntry::Genesis { listing }) => *listing,
-            _ => gpux_engine::EngineConfig::demo(),
-        })
+        (|| {
+            let read = self.db.begin_read()?;
+            let table = read.open_table(JOURNAL)?;
+            let bytes = match table.get(1)? {
+                Some(bytes) => Some(bytes.value().to_vec()),
+                // Archived: the journal kept it.
+                None => archive::kept_genesis(&read)?,
+            };
+            let first = match bytes {
+                Some(bytes) => Some(decode_record::<JournalEntry>(&bytes).map_err(|e| corrupt("journal entry 1".into(), e))?),
+                None => None,
+            };
+            Ok(match first {
+                Some(JournalEntry::Genesis { listing }) => *listing,
+                _ => gpux_engine::EngineConfig::demo(),
+            })
+        })()
+        .during(Op::Entries)
     }
 }
 
@@ -728,18 +761,17 @@ fn entries_after(read: &redb::ReadTransaction, seq: u64) -> Result<Vec<JournalEn
 
 fn entries_range(read: &redb::ReadTransaction, seq: u64, limit: usize) -> Result<Vec<JournalEntry>> {
     let first = archive::first_seq(read)?;
-    anyhow::ensure!(
-        seq + 1 >= first,
-        "entries {}..{first} are not in this journal: they were archived (put them back with `gpux-exchange journal restore`)",
-        seq + 1
-    );
+    if seq + 1 < first {
+        return Err(JournalError::Archived { op: Op::Unnamed, from: seq + 1, to: first });
+    }
     let table = read.open_table(JOURNAL)?;
     let mut entries = Vec::new();
     for (expected, row) in (seq + 1..).zip(table.range(seq + 1..)?.take(limit)) {
         let (key, bytes) = row?;
-        anyhow::ensure!(key.value() == expected, "journal gap: expected entry {expected}, found {}", key.value());
-        let entry: JournalEntry =
-            decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("journal entry {}: {}", key.value(), e.message))?;
+        if key.value() != expected {
+            return Err(JournalError::Gap { op: Op::Unnamed, expected, found: key.value() });
+        }
+        let entry: JournalEntry = decode_record(bytes.value()).map_err(|e| corrupt(format!("journal entry {}", key.value()), e))?;
         entries.push(entry);
     }
     Ok(entries)
@@ -760,16 +792,15 @@ fn statement(read: &redb::ReadTransaction, account: AccountId, after: Option<u64
         None => (account.0, 0, 0),
         Some(after) => match table.get(after)? {
             Some(bytes) => {
-                let at_ms = decode_record::<Transfer>(bytes.value()).map_err(|e| anyhow::anyhow!("transfer {after}: {}", e.message))?.at_ms;
+                let at_ms = decode_record::<Transfer>(bytes.value()).map_err(|e| corrupt(format!("transfer {after}"), e))?.at_ms;
                 (account.0, at_ms, after.saturating_add(1))
             }
             // Not a transfer id: the first transfer after it, by id.
             None => match table.range(after..)?.next() {
                 Some(row) => {
                     let (key, bytes) = row?;
-                    let at_ms = decode_record::<Transfer>(bytes.value())
-                        .map_err(|e| anyhow::anyhow!("transfer {}: {}", key.value(), e.message))?
-                        .at_ms;
+                    let at_ms =
+                        decode_record::<Transfer>(bytes.value()).map_err(|e| corrupt(format!("transfer {}", key.value()), e))?.at_ms;
                     (account.0, at_ms, key.value())
                 }
                 None => return Ok(Vec::new()),
@@ -780,8 +811,8 @@ fn statement(read: &redb::ReadTransaction, account: AccountId, after: Option<u64
     for row in index.range(start..=(account.0, u64::MAX, u64::MAX))?.take(limit) {
         let (key, kind) = row?;
         let (_, _, id) = key.value();
-        let bytes = table.get(id)?.with_context(|| format!("transfer {id} is indexed but not stored"))?;
-        let mut transfer: Transfer = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("transfer {id}: {}", e.message))?;
+        let bytes = table.get(id)?.ok_or_else(|| missing(format!("transfer {id}")))?;
+        let mut transfer: Transfer = decode_record(bytes.value()).map_err(|e| corrupt(format!("transfer {id}"), e))?;
         transfer.kind = TransferKind::from_u8(kind.value());
         lines.push(transfer);
     }
@@ -797,8 +828,7 @@ fn recent_statement(read: &redb::ReadTransaction, account: AccountId, before: Op
         Some(before) => match table.range(before..)?.next() {
             Some(row) => {
                 let (key, bytes) = row?;
-                let at_ms =
-                    decode_record::<Transfer>(bytes.value()).map_err(|e| anyhow::anyhow!("transfer {}: {}", key.value(), e.message))?.at_ms;
+                let at_ms = decode_record::<Transfer>(bytes.value()).map_err(|e| corrupt(format!("transfer {}", key.value()), e))?.at_ms;
                 (account.0, at_ms, before)
             }
             None => (account.0, u64::MAX, u64::MAX),
@@ -808,8 +838,8 @@ fn recent_statement(read: &redb::ReadTransaction, account: AccountId, before: Op
     for row in index.range((account.0, 0, 0)..end)?.rev().take(limit) {
         let (key, kind) = row?;
         let (_, _, id) = key.value();
-        let bytes = table.get(id)?.with_context(|| format!("transfer {id} is indexed but not stored"))?;
-        let mut transfer: Transfer = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("transfer {id}: {}", e.message))?;
+        let bytes = table.get(id)?.ok_or_else(|| missing(format!("transfer {id}")))?;
+        let mut transfer: Transfer = decode_record(bytes.value()).map_err(|e| corrupt(format!("transfer {id}"), e))?;
         transfer.kind = TransferKind::from_u8(kind.value());
         lines.push(transfer);
     }
@@ -826,7 +856,7 @@ fn statement_by_scan(
     let start = after.map_or(0, |after| after + 1);
     for row in table.range(start..)? {
         let (key, bytes) = row?;
-        let transfer: Transfer = decode_record(bytes.value()).map_err(|e| anyhow::anyhow!("transfer {}: {}", key.value(), e.message))?;
+        let transfer: Transfer = decode_record(bytes.value()).map_err(|e| corrupt(format!("transfer {}", key.value()), e))?;
         if transfer.involves(account) {
             lines.push(transfer);
             if lines.len() >= limit {
@@ -858,11 +888,29 @@ mod tests {
         }
         let refusals = [Journal::open(&path).err().expect("refused"), JournalReader::open(&path).err().expect("refused")];
         for refusal in refusals {
-            assert!(
-                matches!(refusal.downcast_ref::<FormatError>(), Some(FormatError::Newer { found: 7, supported: FORMAT_VERSION })),
-                "{refusal:#}"
-            );
+            assert!(matches!(refusal, JournalError::Format(FormatError::Newer { found: 7, supported: FORMAT_VERSION })), "{refusal:#}");
         }
+    }
+
+    /// Errors name their operation and cause: a read told to fail, an
+    /// append told to fail, a file that is not a journal.
+    #[test]
+    fn errors_name_the_operation_and_the_cause() {
+        let journal = MemoryJournal::default();
+        journal.fail_reads(true);
+        let statement = JournalStore::statement(&journal, AccountId(1), None, 10).expect_err("told to fail");
+        assert!(matches!(statement, JournalError::Injected { op: Op::Statement }), "{statement:?}");
+        let trades = journal.trades(InstrumentId(0), None, 10).expect_err("told to fail");
+        assert_eq!(trades.op(), Op::Trades);
+        let mut appending = MemoryJournal::default();
+        appending.fail_appends(true);
+        let append = appending.append_with_transfers(&[], &[], &Archived::default()).expect_err("told to fail");
+        assert_eq!(append.op(), Op::Append);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("not-a-journal");
+        std::fs::write(&path, b"this is not a redb file, by far not long enough to be one").expect("write");
+        let opened = Journal::open(&path).err().expect("refused");
+        assert!(matches!(&opened, JournalError::Open { path: named, .. } if *named == path), "{opened:?}");
     }
 
     /// A lazily durable journal reads back every commit at once, and what
@@ -909,7 +957,12 @@ mod tests {
                     journal.append(std::slice::from_ref(entry)).expect("a healthy disk takes it");
                 }
                 faults.set(fault);
-                assert!(journal.append(&failed).is_err(), "{fault:?}: the append fails, so nothing of it is acknowledged");
+                // Through the trait the sequencer uses: a storage error of the append.
+                let refused = JournalStore::append_with_transfers(&mut journal, &failed, &[], &Archived::default()).expect_err("refused");
+                assert!(
+                    matches!(refused, JournalError::Storage { op: Op::Append, .. }),
+                    "{fault:?}: the append fails, so nothing of it is acknowledged: {refused:?}"
+                );
                 assert!(journal.append(&failed).is_err(), "{fault:?}: and so does the next, until the journal is opened again");
             }
             let mut journal = Journal::open(&path).unwrap_or_else(|e| panic!("{fault:?}: reopens on a healthy disk: {e:#}"));

@@ -15,9 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, Result};
 use gpux_engine::{AccountId, ContractId, ContractInfo, InstrumentId, InstrumentInfo, LeaseId, LeaseInfo};
-use gpux_journal::{JournalRead, JournalStore};
+use gpux_journal::{JournalError, JournalRead, JournalStore, Op, Result};
 use gpux_market::{Archived, ArchivedLease, JournalEntry};
 use gpux_protocol::history::{Candle, CandleInterval, Fill, FillCursor, TradeRecord};
 use gpux_settlement::ledger::Transfer;
@@ -58,6 +57,11 @@ impl ReplicatedJournal {
     }
 }
 
+/// An append the cluster did not commit.
+fn replication(message: String) -> JournalError {
+    JournalError::Replication { op: Op::Append, message }
+}
+
 impl JournalStore for ReplicatedJournal {
     fn next_seq(&self) -> u64 {
         self.local().next_seq()
@@ -72,20 +76,23 @@ impl JournalStore for ReplicatedJournal {
     /// same ones from the entries (checked here by their count).
     fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Result<u64> {
         if self.fence.load(Ordering::SeqCst) {
-            return Err(anyhow!("this node stopped sequencing (it is not the serving leader any more)"));
+            return Err(replication("this node stopped sequencing (it is not the serving leader any more)".into()));
         }
         let first = self.next_seq();
         let batch = Batch { entries: entries.to_vec() };
         let raft = self.raft.clone();
         let written = self.runtime.block_on(async move { tokio::time::timeout(COMMIT_TIMEOUT, raft.client_write(batch)).await });
-        let written = written.map_err(|_| anyhow!("the batch was not committed through Raft within {COMMIT_TIMEOUT:?}"))?;
-        let response = written.map_err(|error| anyhow!("the batch was not committed through Raft: {error}"))?;
+        let written = written.map_err(|_| replication(format!("the batch was not committed through Raft within {COMMIT_TIMEOUT:?}")))?;
+        let response = written.map_err(|error| replication(format!("the batch was not committed through Raft: {error}")))?;
         if let Some((position, why)) = response.data.refused.first() {
-            return Err(anyhow!("the market refused entry {position} of a committed batch: {why}"));
+            return Err(replication(format!("the market refused entry {position} of a committed batch: {why}")));
         }
         let next = self.next_seq();
         if next != first + entries.len() as u64 {
-            return Err(anyhow!("the batch committed, but the local journal went from {first} to {next}, not {} entries", entries.len()));
+            return Err(replication(format!(
+                "the batch committed, but the local journal went from {first} to {next}, not {} entries",
+                entries.len()
+            )));
         }
         let _ = (transfers, archived);
         Ok(first)

@@ -86,7 +86,7 @@ pub enum SequencerError {
     /// it (what a restart recovers), from the snapshot replica, when it had
     /// kept up.
     #[error("the journal could not be written after entry {committed}{}: {source:#}", state_hash.map_or(String::new(), |h| format!(" (state hash {h:016x}, what a restart recovers)")))]
-    Journal { committed: u64, state_hash: Option<u64>, source: anyhow::Error },
+    Journal { committed: u64, state_hash: Option<u64>, source: gpux_journal::JournalError },
     #[error(transparent)]
     Market(#[from] MarketError),
 }
@@ -205,7 +205,7 @@ impl Drop for Sequencer {
 /// How a batch's commit went: its first entry's sequence number, or why
 /// not; its entries (for the snapshot replica) and how long it took.
 struct Committed {
-    first_seq: anyhow::Result<u64>,
+    first_seq: gpux_journal::Result<u64>,
     entries: Vec<JournalEntry>,
     elapsed: Duration,
 }
@@ -421,7 +421,7 @@ impl Sequencer {
     fn finish_commit(&mut self, committed: Option<Committed>) -> Result<(), SequencerError> {
         let Some(in_flight) = self.in_flight.take() else { return Ok(()) };
         let committed = committed.unwrap_or_else(|| Committed {
-            first_seq: Err(anyhow::anyhow!("the journal thread stopped")),
+            first_seq: Err(gpux_journal::JournalError::Stopped),
             entries: Vec::new(),
             elapsed: Duration::ZERO,
         });

@@ -276,12 +276,12 @@ impl Sequencer {
 
 /// A read of what the journal keeps failed: the client is told to try
 /// again, never given an empty or partial answer as if it were whole.
-pub(super) fn journal_unavailable(id: u64, reason: anyhow::Error) -> ServerMessage {
+pub(super) fn journal_unavailable(id: u64, reason: gpux_journal::JournalError) -> ServerMessage {
     tracing::error!(%reason, "reading the journal");
     error(Some(id), ErrorCode::JournalUnavailable)
 }
 
-fn history_unavailable(id: u64, reason: anyhow::Error) -> ServerMessage {
+fn history_unavailable(id: u64, reason: gpux_journal::JournalError) -> ServerMessage {
     tracing::error!(%reason, "reading market history");
     error(Some(id), ErrorCode::HistoryUnavailable)
 }
