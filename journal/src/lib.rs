@@ -256,9 +256,8 @@ impl Journal {
     }
 }
 
-/// What the sequencer needs of a journal: the redb file ([`Journal`]) in
-/// the exchange, memory ([`MemoryJournal`]) in tests of the sequencer.
-pub trait JournalStore: Send {
+/// Writing the journal: what the sequencer's commit and its recovery need.
+pub trait JournalAppend: Send {
     /// The sequence number the next entry will get.
     fn next_seq(&self) -> u64;
     /// Every entry after `seq`, in order.
@@ -271,6 +270,11 @@ pub trait JournalStore: Send {
     fn sync(&mut self) -> Result<()> {
         Ok(())
     }
+}
+
+/// Reading what the journal keeps: the queries the sequencer answers from
+/// it (statements, the archive, history).
+pub trait JournalQuery {
     /// Up to `limit` transfers involving `account` after transfer id `after`.
     fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>>;
     /// Up to `limit` transfers involving `account` before transfer id
@@ -298,6 +302,14 @@ pub trait JournalStore: Send {
     /// without it), newest first.
     fn fills(&self, account: AccountId, before: Option<FillCursor>, limit: usize) -> Result<Vec<Fill>>;
 }
+
+/// What the sequencer holds: a journal it appends to and answers queries
+/// from; the redb file ([`Journal`]) in the exchange, memory
+/// ([`MemoryJournal`]) in tests of the sequencer, the replicated journal
+/// on a cluster's leader. Every type that is both is one.
+pub trait JournalStore: JournalAppend + JournalQuery {}
+
+impl<T: JournalAppend + JournalQuery> JournalStore for T {}
 
 /// Reads of committed data that may run off the sequencer's thread (the
 /// invoices' worker): an account's transfers over a period, archived leases.
@@ -364,7 +376,7 @@ fn account_transfers(read: &redb::ReadTransaction, account: AccountId, from_ms: 
     Ok(transfers)
 }
 
-impl JournalStore for Journal {
+impl JournalAppend for Journal {
     fn next_seq(&self) -> u64 {
         Journal::next_seq(self)
     }
@@ -386,6 +398,9 @@ impl JournalStore for Journal {
         })()
         .during(Op::Sync)
     }
+}
+
+impl JournalQuery for Journal {
     fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
         Journal::statement(self, account, after, limit).during(Op::Statement)
     }
@@ -627,7 +642,7 @@ impl MemoryJournal {
     }
 }
 
-impl JournalStore for MemoryJournal {
+impl JournalAppend for MemoryJournal {
     fn next_seq(&self) -> u64 {
         self.inner().journal.next_seq()
     }
@@ -646,8 +661,11 @@ impl JournalStore for MemoryJournal {
         })()
         .during(Op::Append)
     }
+}
+
+impl JournalQuery for MemoryJournal {
     fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
-        (|| JournalStore::statement(&self.readable()?.journal, account, after, limit))().during(Op::Statement)
+        (|| JournalQuery::statement(&self.readable()?.journal, account, after, limit))().during(Op::Statement)
     }
     fn recent_statement(&self, account: AccountId, before: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
         (|| self.readable()?.journal.recent_statement(account, before, limit))().during(Op::RecentStatement)
@@ -898,7 +916,7 @@ mod tests {
     fn errors_name_the_operation_and_the_cause() {
         let journal = MemoryJournal::default();
         journal.fail_reads(true);
-        let statement = JournalStore::statement(&journal, AccountId(1), None, 10).expect_err("told to fail");
+        let statement = JournalQuery::statement(&journal, AccountId(1), None, 10).expect_err("told to fail");
         assert!(matches!(statement, JournalError::Injected { op: Op::Statement }), "{statement:?}");
         let trades = journal.trades(InstrumentId(0), None, 10).expect_err("told to fail");
         assert_eq!(trades.op(), Op::Trades);
@@ -928,7 +946,7 @@ mod tests {
             }
             assert_eq!(journal.since_durable, 10, "none of the ten was durable");
             assert_eq!(journal.entries_after(0).expect("read").len(), 10, "readable before any is durable");
-            JournalStore::sync(&mut journal).expect("sync");
+            JournalAppend::sync(&mut journal).expect("sync");
             assert_eq!(journal.since_durable, 0);
         }
         let journal = Journal::open(&path).expect("reopen");
@@ -958,7 +976,7 @@ mod tests {
                 }
                 faults.set(fault);
                 // Through the trait the sequencer uses: a storage error of the append.
-                let refused = JournalStore::append_with_transfers(&mut journal, &failed, &[], &Archived::default()).expect_err("refused");
+                let refused = JournalAppend::append_with_transfers(&mut journal, &failed, &[], &Archived::default()).expect_err("refused");
                 assert!(
                     matches!(refused, JournalError::Storage { op: Op::Append, .. }),
                     "{fault:?}: the append fails, so nothing of it is acknowledged: {refused:?}"

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpux_engine::{AccountId, ContractId, ContractInfo, InstrumentId, InstrumentInfo, LeaseId, LeaseInfo};
-use gpux_journal::{JournalError, JournalRead, JournalStore, Op, Result};
+use gpux_journal::{JournalAppend, JournalError, JournalQuery, JournalRead, JournalStore, Op, Result};
 use gpux_market::{Archived, ArchivedLease, JournalEntry};
 use gpux_protocol::history::{Candle, CandleInterval, Fill, FillCursor, TradeRecord};
 use gpux_settlement::ledger::Transfer;
@@ -62,7 +62,7 @@ fn replication(message: String) -> JournalError {
     JournalError::Replication { op: Op::Append, message }
 }
 
-impl JournalStore for ReplicatedJournal {
+impl JournalAppend for ReplicatedJournal {
     fn next_seq(&self) -> u64 {
         self.local().next_seq()
     }
@@ -97,7 +97,9 @@ impl JournalStore for ReplicatedJournal {
         let _ = (transfers, archived);
         Ok(first)
     }
+}
 
+impl JournalQuery for ReplicatedJournal {
     fn statement(&self, account: AccountId, after: Option<u64>, limit: usize) -> Result<Vec<Transfer>> {
         self.local().statement(account, after, limit)
     }

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpux_engine::{AccountId, EngineConfig};
-use gpux_journal::{Journal, JournalStore};
+use gpux_journal::{Journal, JournalAppend, JournalStore};
 use gpux_market::JournalEntry;
 use gpux_replica::log_store::LogStore;
 use gpux_replica::network::{self, TcpNetwork};
