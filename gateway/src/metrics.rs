@@ -117,7 +117,10 @@ impl GatewayMetrics {
     }
 }
 
-/// A wire enum value as its label (`spot`, `delivery_failed`, `insufficient_funds`).
+/// An engine enum value as its label (`spot`, `duration_elapsed`,
+/// `insufficient_funds`), as serde writes it: the engine takes no strum
+/// (its dependencies stay serde, rustc-hash and thiserror); the
+/// protocol's codes name themselves (`ErrorCode::name`).
 pub fn label<T: serde::Serialize>(value: &T) -> String {
     match serde_json::to_value(value) {
         Ok(serde_json::Value::String(text)) => text,

@@ -515,7 +515,7 @@ impl Outbox {
 
 /// The snake_case name of a code, as a close reason.
 fn serde_plain_code(code: ErrorCode) -> String {
-    crate::metrics::label(&code)
+    code.name().to_string()
 }
 
 impl Connection {
@@ -536,7 +536,7 @@ impl Connection {
     /// Counts the error frames a connection is sent, by code.
     fn count(&self, message: &ServerMessage) {
         if let ServerMessage::Error { code, .. } = message {
-            self.metrics.errors.with_label_values(&[&crate::metrics::label(code)]).inc();
+            self.metrics.errors.with_label_values(&[code.name()]).inc();
         }
     }
 

@@ -1264,7 +1264,9 @@ impl ServerMessage {
 }
 
 /// Gateway-level error codes (engine refusals use `RejectCode`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::VariantNames)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::VariantNames, strum::IntoStaticStr, strum::VariantArray,
+)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
@@ -1455,6 +1457,12 @@ impl From<crate::delivery::WorkloadError> for ErrorCode {
 }
 
 impl ErrorCode {
+    /// The code as the protocol writes it (`key_revoked`): strum's name,
+    /// the same as serde's (test `names_are_the_wire_names`).
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+
     pub fn message(self) -> &'static str {
         use ErrorCode::*;
         match self {

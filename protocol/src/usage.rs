@@ -255,8 +255,9 @@ pub fn verify_batch_zip215(reports: &[(&UsageReport, [u8; 32])]) -> bool {
 }
 
 /// Why a report was refused. Codes are stable (docs/protocol.md).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, strum::IntoStaticStr, strum::VariantArray)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum UsageRejectCode {
     UnknownLease,
@@ -285,6 +286,11 @@ pub enum UsageRejectCode {
 }
 
 impl UsageRejectCode {
+    /// The code as the protocol writes it (`billing_closed`).
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+
     pub fn message(self) -> &'static str {
         use UsageRejectCode::*;
         match self {
@@ -508,5 +514,23 @@ mod tests {
         let mut wrong_key = batch.clone();
         wrong_key[0].1 = keys[1].verifying_key().to_bytes();
         assert!(!verify_batch(&wrong_key), "one report checked against the wrong key fails the batch");
+    }
+}
+
+#[cfg(test)]
+mod names {
+    use super::UsageRejectCode;
+    use crate::ErrorCode;
+
+    /// strum's names are serde's, for every variant of each code.
+    #[test]
+    fn names_are_the_wire_names() {
+        let wire = |value: serde_json::Value| value.as_str().expect("a string").to_string();
+        for code in <ErrorCode as strum::VariantArray>::VARIANTS {
+            assert_eq!(code.name(), wire(serde_json::to_value(code).expect("JSON")), "{code:?}");
+        }
+        for code in <UsageRejectCode as strum::VariantArray>::VARIANTS {
+            assert_eq!(code.name(), wire(serde_json::to_value(code).expect("JSON")), "{code:?}");
+        }
     }
 }

@@ -252,8 +252,8 @@ pub fn now_ms() -> u64 {
 }
 
 /// An error code as the protocol writes it (`key_revoked`).
-fn wire_code(code: &ErrorCode) -> String {
-    serde_json::to_value(code).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| format!("{code:?}"))
+fn wire_code(code: &ErrorCode) -> &'static str {
+    code.name()
 }
 
 #[cfg(test)]

@@ -584,7 +584,7 @@ impl Sequencer {
                 ServerMessage::UsageAccepted { id, journal_seq, duplicate: true, charged_minor: 0 }
             }
             Err(code) => {
-                self.metrics.usage_refused.with_label_values(&[&crate::metrics::label(&code)]).inc();
+                self.metrics.usage_refused.with_label_values(&[code.name()]).inc();
                 ServerMessage::UsageRejected { id, journal_seq, code, message: code.message().to_string() }
             }
         };
