@@ -56,8 +56,7 @@ pub struct RaftTls {
     pub trust: Arc<tokio_rustls::rustls::ClientConfig>,
 }
 
-/// The smallest cluster secret accepted, in bytes.
-pub const CLUSTER_SECRET_BYTES_MIN: usize = 16;
+pub use crate::limits::CLUSTER_SECRET_BYTES_MIN;
 
 /// Reads a cluster secret file: at least 16 bytes (e.g. 64 hex digits from
 /// `head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'`), surrounding

@@ -19,14 +19,10 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
-/// The whole exchange on one HTTP connection must be over within this time.
-pub const HTTP_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// The request head must have arrived within this time.
-pub const HTTP_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
-/// HTTP connections at once on each of the metrics and console listeners.
-pub const HTTP_CONNECTIONS_MAX: usize = 64;
-/// HTTP connections at once from one IP address on each listener.
-pub const HTTP_CONNECTIONS_PER_IP_MAX: usize = 16;
+pub use crate::limits::HTTP_CONNECTIONS_MAX;
+pub use crate::limits::HTTP_CONNECTIONS_PER_IP_MAX;
+pub use crate::limits::HTTP_HEAD_TIMEOUT;
+pub use crate::limits::HTTP_REQUEST_TIMEOUT;
 
 /// Connections open per address; a [`PerIpSlot`] gives its place back.
 #[derive(Default)]
@@ -60,8 +56,7 @@ impl Drop for PerIpSlot {
         }
     }
 }
-/// The largest request head read.
-const HTTP_HEAD_BYTES_MAX: usize = 8 * 1024;
+use crate::limits::HTTP_HEAD_BYTES_MAX;
 
 /// Serves `router` on `listener` until the process ends, over TLS when
 /// `tls` is given.

@@ -20,10 +20,8 @@ use gpux_protocol::invoice::INVOICE_LINES_PAGE_MAX;
 use gpux_protocol::{ErrorCode, Invoice, ServerMessage};
 use gpux_settlement::invoice::{build_invoice, reconcile, InvoiceHeader, LeaseRecords};
 
-/// Invoice jobs waiting at most; more are refused `invoice_unavailable`.
-pub const INVOICE_QUEUE_MAX: usize = 64;
-/// Built invoices kept for the pages that follow the first.
-const CACHED_MAX: usize = 32;
+use crate::limits::CACHED_MAX;
+pub use crate::limits::INVOICE_QUEUE_MAX;
 
 /// What the operator's configuration puts on every invoice.
 #[derive(Clone, Debug)]

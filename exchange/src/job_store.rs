@@ -38,19 +38,13 @@ use object_store::{ObjectStore, PutPayload};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-/// Bytes one request may put (a bundle is at most 256 MiB; a checkpoint
-/// file as large as this needs splitting by the workload).
-pub const OBJECT_BYTES_MAX: u64 = 1 << 30;
-/// Objects listed at most (and kept at most per account).
-pub const OBJECTS_PER_ACCOUNT_MAX: usize = 10_000;
-/// The default share of the store per account (`--job-store-quota-mib`).
-pub const QUOTA_BYTES_DEFAULT: u64 = 20 << 30;
-/// Puts in flight at once (each buffers its body).
-pub const PUTS_IN_FLIGHT_MAX: usize = 4;
+pub use crate::limits::OBJECTS_PER_ACCOUNT_MAX;
+pub use crate::limits::OBJECT_BYTES_MAX;
+pub use crate::limits::PUTS_IN_FLIGHT_MAX;
+pub use crate::limits::QUOTA_BYTES_DEFAULT;
 /// The whole of one request must be over within this time.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
-/// Bytes of a key.
-const KEY_BYTES_MAX: usize = 1024;
+use crate::limits::KEY_BYTES_MAX;
 
 /// What a token opens.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

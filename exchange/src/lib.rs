@@ -11,6 +11,7 @@ pub mod http;
 pub mod identity;
 pub mod invoices;
 pub mod job_store;
+pub mod limits;
 pub mod link_server;
 pub mod listing;
 pub mod logging;
@@ -29,8 +30,7 @@ use gpux_gateway::{admission, link};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-/// Requests queued for the sequencer before clients are told to slow down.
-pub const SEQUENCER_QUEUE_MAX: usize = 1 << 16;
+pub use crate::limits::SEQUENCER_QUEUE_MAX;
 
 /// What to do once the gateway listens, given its URL.
 pub type OnListening = Box<dyn FnOnce(&str) + Send>;

@@ -34,15 +34,8 @@ use tokio::sync::{watch, Notify};
 /// Where a link's connection ids start: the exchange's own gateway numbers
 /// its connections below this.
 pub const LINK_CONNECTION_BASE: ConnectionId = 1 << 40;
-/// Links open at once (each is a gateway process; a handful is normal).
-pub const LINKS_MAX: usize = 64;
-/// Connections still in their handshake (not yet shown to hold the
-/// secret): a pool of their own, apart from the links, so silent
-/// connections never keep a real gateway from linking. When it is full the
-/// oldest handshake is dropped for the newcomer: a gateway's handshake takes
-/// a round trip, so a flood would have to arrive faster than that to crowd
-/// it out.
-pub const LINK_HANDSHAKES_MAX: usize = 16;
+pub use crate::limits::LINKS_MAX;
+pub use crate::limits::LINK_HANDSHAKES_MAX;
 /// How long a peer has to finish the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// At most one warning per this long for refused or failed handshakes (the

@@ -30,11 +30,8 @@ use serde::{Deserialize, Serialize};
 const SNAPSHOTS: TableDefinition<u64, &[u8]> = TableDefinition::new("snapshots");
 /// Journal entries between two periodic snapshots.
 pub const SNAPSHOT_EVERY_ENTRIES: u64 = 100_000;
-/// What a snapshot must leave free on the data directory's file system
-/// after twice its size (docs/operations.md "Disk space").
-pub const SNAPSHOT_RESERVE_BYTES: u64 = 256 << 20;
-/// Snapshots kept (older ones are deleted when a new one is written).
-pub const SNAPSHOTS_KEPT: usize = 2;
+pub use crate::limits::SNAPSHOTS_KEPT;
+pub use crate::limits::SNAPSHOT_RESERVE_BYTES;
 
 /// The market as of a journal entry.
 #[derive(Clone, Serialize, Deserialize)]

@@ -60,21 +60,12 @@ pub use jobs::JOB_SILENCE_MS_DEFAULT;
 pub use opening::{AccountOpening, OpeningMode, ACCOUNTS_PER_ADDRESS_HOUR_DEFAULT, OPENING_ADDRESSES_MAX};
 pub use recovery::{BillingPolicy, Recovery};
 
-/// Requests handled in one batch at most (one journal commit).
-pub const BATCH_MAX: usize = 4096;
-/// Subscriptions one connection may hold.
-pub const SUBSCRIPTIONS_PER_CONNECTION_MAX: usize = 64;
-/// How long a renter's `lease_logs` waits for the host.
-pub const LOGS_WAIT_MS: u64 = 10_000;
-/// `lease_logs` requests waiting at once, exchange-wide (one per connection).
-pub const LOGS_PENDING_MAX: usize = 1024;
-/// Of those, one renter account's (over all its connections): a renter
-/// whose host stays silent holds at most this many places for 10 s each.
-pub const LOGS_PENDING_PER_ACCOUNT_MAX: usize = 4;
-/// Of those, waiting on one supplier's hosts: a silent host (or a renter
-/// and host of one owner) cannot hold every other renter's place.
-pub const LOGS_PENDING_PER_SUPPLIER_MAX: usize = 64;
-const _: () = assert!(LOGS_PENDING_PER_ACCOUNT_MAX < LOGS_PENDING_PER_SUPPLIER_MAX && LOGS_PENDING_PER_SUPPLIER_MAX < LOGS_PENDING_MAX);
+pub use crate::limits::BATCH_MAX;
+pub use crate::limits::LOGS_PENDING_MAX;
+pub use crate::limits::LOGS_PENDING_PER_ACCOUNT_MAX;
+pub use crate::limits::LOGS_PENDING_PER_SUPPLIER_MAX;
+pub use crate::limits::LOGS_WAIT_MS;
+pub use crate::limits::SUBSCRIPTIONS_PER_CONNECTION_MAX;
 
 /// Why the sequencer stopped serving. Either way the journal holds every
 /// acknowledged entry and the next start replays it.

@@ -12,11 +12,8 @@ use gpux_engine::Role;
 use gpux_protocol::invite::Invite;
 use gpux_protocol::ErrorCode;
 
-/// Accounts one address may open per hour by default (open mode).
-pub const ACCOUNTS_PER_ADDRESS_HOUR_DEFAULT: u32 = 20;
-/// Addresses whose openings are counted at once; a newcomer past it is
-/// refused `rate_limited` until an hour-old count is dropped.
-pub const OPENING_ADDRESSES_MAX: usize = 65_536;
+pub use crate::limits::ACCOUNTS_PER_ADDRESS_HOUR_DEFAULT;
+pub use crate::limits::OPENING_ADDRESSES_MAX;
 use gpux_engine::time::MS_PER_HOUR as HOUR_MS;
 
 /// Who may open an account with a first login.
