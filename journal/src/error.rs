@@ -70,8 +70,7 @@ impl JournalError {
     /// The operation it happened in.
     pub fn op(&self) -> Op {
         match self {
-            JournalError::Open { .. } => Op::Open,
-            JournalError::Format(_) => Op::Open,
+            JournalError::Open { .. } | JournalError::Format(_) => Op::Open,
             JournalError::Stopped => Op::Append,
             JournalError::Storage { op, .. }
             | JournalError::Corrupt { op, .. }
@@ -85,21 +84,23 @@ impl JournalError {
 
     /// Names the operation, if it is not named yet.
     pub fn during(mut self, named: Op) -> JournalError {
-        match &mut self {
-            JournalError::Storage { op, .. }
-            | JournalError::Corrupt { op, .. }
-            | JournalError::Missing { op, .. }
-            | JournalError::Gap { op, .. }
-            | JournalError::Archived { op, .. }
-            | JournalError::Injected { op }
-            | JournalError::Replication { op, .. } => {
-                if *op == Op::Unnamed {
-                    *op = named;
-                }
-            }
-            JournalError::Open { .. } | JournalError::Format(_) | JournalError::Stopped => {}
+        if self.op() == Op::Unnamed {
+            self.set_op(named);
         }
         self
+    }
+
+    fn set_op(&mut self, named: Op) {
+        if let JournalError::Storage { op, .. }
+        | JournalError::Corrupt { op, .. }
+        | JournalError::Missing { op, .. }
+        | JournalError::Gap { op, .. }
+        | JournalError::Archived { op, .. }
+        | JournalError::Injected { op }
+        | JournalError::Replication { op, .. } = self
+        {
+            *op = named;
+        }
     }
 }
 

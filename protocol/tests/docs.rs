@@ -46,29 +46,52 @@ fn assert_subset(stated: &serde_json::Value, full: &serde_json::Value, example: 
     }
 }
 
+/// A worked signing example of docs/protocol.md (a ```text NAME block):
+/// its fields by label, and its key.
+struct WorkedExample {
+    block: String,
+}
+
+impl WorkedExample {
+    fn named(name: &str) -> WorkedExample {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md")).expect("docs/protocol.md exists");
+        let marker = format!("```text {name}\n");
+        let block = doc.split(&marker).nth(1).expect("the worked example").split("```").next().expect("closed").to_string();
+        WorkedExample { block }
+    }
+
+    /// The field's value, spaces dropped.
+    fn field(&self, name: &str) -> String {
+        let line = self.block.lines().find(|line| line.starts_with(name)).unwrap_or_else(|| panic!("{name} in the example"));
+        line[name.len()..].split_whitespace().collect()
+    }
+
+    fn key(&self) -> ed25519_dalek::SigningKey {
+        let secret: [u8; 32] = hex::decode(self.field("secret key:")).expect("hex").try_into().expect("32 bytes");
+        ed25519_dalek::SigningKey::from_bytes(&secret)
+    }
+}
+
+/// The first client example that `pick` takes.
+fn client_example<T>(pick: impl Fn(ClientMessage) -> Option<T>) -> T {
+    examples("client").into_iter().find_map(|example| decode_client_text(&example).ok().and_then(&pick)).expect("an example")
+}
+
 /// The worked usage-report example: signing the documented report's body
 /// with the documented key gives exactly the documented bytes, signature
 /// and hash, so a client written from the docs alone signs what the
 /// exchange verifies.
 #[test]
 fn the_usage_signing_example_is_what_the_code_signs() {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md")).expect("docs/protocol.md exists");
-    let block = doc.split("```text usage-signing\n").nth(1).expect("the worked example").split("```").next().expect("closed");
-    let field = |name: &str| -> String {
-        let line = block.lines().find(|line| line.starts_with(name)).unwrap_or_else(|| panic!("{name} in the example"));
-        line[name.len()..].split_whitespace().collect()
-    };
-    let secret: [u8; 32] = hex::decode(field("secret key:")).expect("hex").try_into().expect("32 bytes");
-    let key = ed25519_dalek::SigningKey::from_bytes(&secret);
+    let example = WorkedExample::named("usage-signing");
+    let field = |name: &str| example.field(name);
+    let key = example.key();
     assert_eq!(hex::encode(key.verifying_key().to_bytes()), field("public key:"));
 
-    let report = examples("client")
-        .into_iter()
-        .find_map(|example| match decode_client_text(&example) {
-            Ok(ClientMessage::UsageReport { report, .. }) => Some(report),
-            _ => None,
-        })
-        .expect("a usage_report example");
+    let report = client_example(|message| match message {
+        ClientMessage::UsageReport { report, .. } => Some(report),
+        _ => None,
+    });
     assert!(report.body.readings.is_none(), "the worked example is version 1");
     assert_eq!(hex::encode(report.body.signed_bytes()), field("signed bytes:"), "the byte layout");
     let resigned = UsageReport::sign(report.body.clone(), &key);
@@ -82,21 +105,13 @@ fn the_usage_signing_example_is_what_the_code_signs() {
 /// documented key, is exactly the documented bytes and signature.
 #[test]
 fn the_liveness_signing_example_is_what_the_code_signs() {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md")).expect("docs/protocol.md exists");
-    let block = doc.split("```text liveness-signing\n").nth(1).expect("the worked example").split("```").next().expect("closed");
-    let field = |name: &str| -> String {
-        let line = block.lines().find(|line| line.starts_with(name)).unwrap_or_else(|| panic!("{name} in the example"));
-        line[name.len()..].split_whitespace().collect()
-    };
-    let secret: [u8; 32] = hex::decode(field("secret key:")).expect("hex").try_into().expect("32 bytes");
-    let key = ed25519_dalek::SigningKey::from_bytes(&secret);
-    let report = examples("client")
-        .into_iter()
-        .find_map(|example| match decode_client_text(&example) {
-            Ok(ClientMessage::Liveness { report, .. }) => Some(report),
-            _ => None,
-        })
-        .expect("a liveness example");
+    let example = WorkedExample::named("liveness-signing");
+    let field = |name: &str| example.field(name);
+    let key = example.key();
+    let report = client_example(|message| match message {
+        ClientMessage::Liveness { report, .. } => Some(report),
+        _ => None,
+    });
     let mut signed = gpux_protocol::liveness::LIVENESS_DOMAIN.to_vec();
     signed.extend_from_slice(&encode_record(&report.body));
     assert_eq!(hex::encode(&signed), field("signed bytes:"), "the byte layout");
@@ -110,21 +125,13 @@ fn the_liveness_signing_example_is_what_the_code_signs() {
 /// documented key, is exactly the documented bytes and signature.
 #[test]
 fn the_gpu_probe_signing_example_is_what_the_code_signs() {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md")).expect("docs/protocol.md exists");
-    let block = doc.split("```text gpu-probe-signing\n").nth(1).expect("the worked example").split("```").next().expect("closed");
-    let field = |name: &str| -> String {
-        let line = block.lines().find(|line| line.starts_with(name)).unwrap_or_else(|| panic!("{name} in the example"));
-        line[name.len()..].split_whitespace().collect()
-    };
-    let secret: [u8; 32] = hex::decode(field("secret key:")).expect("hex").try_into().expect("32 bytes");
-    let key = ed25519_dalek::SigningKey::from_bytes(&secret);
-    let report = examples("client")
-        .into_iter()
-        .find_map(|example| match decode_client_text(&example) {
-            Ok(ClientMessage::GpuProbe { report, .. }) => Some(report),
-            _ => None,
-        })
-        .expect("a gpu_probe example");
+    let example = WorkedExample::named("gpu-probe-signing");
+    let field = |name: &str| example.field(name);
+    let key = example.key();
+    let report = client_example(|message| match message {
+        ClientMessage::GpuProbe { report, .. } => Some(report),
+        _ => None,
+    });
     let mut signed = gpux_protocol::gpu_probe::GPU_PROBE_DOMAIN.to_vec();
     signed.extend_from_slice(&encode_record(&report.body));
     assert_eq!(hex::encode(&signed), field("signed bytes:"), "the byte layout");

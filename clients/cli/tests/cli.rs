@@ -476,14 +476,7 @@ fn failures_exit_with_their_code_and_say_what_to_do() {
 /// that scripts/test starts (GPUX_DOCKER_SOCKET).
 #[test]
 fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
-    let socket = match std::env::var("GPUX_DOCKER_SOCKET") {
-        Ok(socket) if Path::new(&socket).exists() => socket,
-        _ => {
-            assert!(std::env::var("GPUX_REQUIRE_CONTAINERS").as_deref() != Ok("1"), "no container engine: run scripts/containers start");
-            eprintln!("SKIPPED: no container engine (set GPUX_DOCKER_SOCKET; scripts/test does)");
-            return;
-        }
-    };
+    let Some(socket) = container_socket() else { return };
     let dir = tempfile::tempdir().expect("temp dir");
     let key = |name: &str| -> PathBuf { dir.path().join(format!("{name}.key")) };
     let offline = "ws://127.0.0.1:1";
@@ -498,25 +491,7 @@ fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
     ok(gpux(&url, &key("operator"), &["deposit", &renter_account, "100"]));
 
     // The owner's agent, in-process.
-    let host = dir.path().join("host.json");
-    std::fs::write(&host, r#"{"gpus": [{"uuid": "GPU-run-0", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#)
-        .expect("host file");
-    let config = format!(
-        "exchange = \"{url}\"\nhost = \"run-host\"\nkey_file = \"{}\"\nsample_interval_ms = 1000\nreport_interval_ms = 1000\n\n\
-         [[offer]]\ncontract = \"spot\"\nprice_floor_minor_per_gpu_hour = 2100000\n\n\
-         [delivery]\nbackend = \"docker\"\nstop_grace_ms = 1000\n\n[delivery.docker]\nsocket = \"{socket}\"\ngpu_devices = \"none\"\n",
-        dir.path().join("host.key").display()
-    );
-    let config = gpux_supplier_agent::config::AgentConfig::parse(&config).expect("agent config");
-    let backend = gpux_supplier_agent::fake::FakeBackend::from_file(&host).expect("fake host");
-    let host_key = gpux_supplier_agent::keys::load_or_create(&config.key_file).expect("host key");
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
-        runtime.block_on(async move {
-            let agent = gpux_supplier_agent::session::Agent::new(config, host_key, Box::new(backend)).expect("agent");
-            let _ = agent.run(std::future::pending()).await;
-        });
-    });
+    start_docker_agent(&url, dir.path(), &socket, "run-host", "GPU-run-0");
 
     let ssh_key = dir.path().join("id.pub");
     std::fs::write(&ssh_key, "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIclitestkeynotreal renter@cli\n").expect("ssh key");
@@ -547,18 +522,7 @@ fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
         "/www",
     ];
     // The agent's ask reaches the book within a few seconds.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let printed = loop {
-        let output = gpux(&url, &key("renter"), &args);
-        if output.status.success() {
-            break String::from_utf8_lossy(&output.stdout).to_string();
-        }
-        assert_eq!(output.status.code(), Some(1), "only 'nothing on sale yet' may fail: {}", String::from_utf8_lossy(&output.stderr));
-        assert!(std::time::Instant::now() < deadline, "gpux run never got a GPU: {}", String::from_utf8_lossy(&output.stderr));
-        std::thread::sleep(std::time::Duration::from_millis(500));
-    };
-    let lease: String =
-        printed.split("lease ").nth(1).and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()).expect("a lease").to_string();
+    let (printed, lease) = run_until_leased(&url, &key("renter"), &args);
     let endpoint = printed.lines().find_map(|l| l.trim().strip_prefix("port 8080 -> ")).expect("the endpoint printed").to_string();
     let (address, port) = endpoint.rsplit_once(':').expect("host:port");
     // `running` means the container started; the server in it may take a
@@ -643,6 +607,51 @@ fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
     assert!(refused.contains("still active and BILLED"), "{refused}");
 }
 
+/// `gpux run ARGS` until the agent's ask is on the book (20 s at most):
+/// what it printed, and the lease it got.
+fn run_until_leased(url: &str, key: &Path, args: &[&str]) -> (String, String) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let printed = loop {
+        let output = gpux(url, key, args);
+        if output.status.success() {
+            break String::from_utf8_lossy(&output.stdout).to_string();
+        }
+        assert_eq!(output.status.code(), Some(1), "only 'nothing on sale yet' may fail: {}", String::from_utf8_lossy(&output.stderr));
+        assert!(std::time::Instant::now() < deadline, "gpux run never got a GPU: {}", String::from_utf8_lossy(&output.stderr));
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    let lease: String =
+        printed.split("lease ").nth(1).and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()).expect("a lease").to_string();
+    (printed, lease)
+}
+
+/// A supplier agent in-process: one fake H100 (`gpu`) on host `host`,
+/// offered spot, delivering through the container engine at `socket` with
+/// no GPU device passed into its containers.
+fn start_docker_agent(url: &str, dir: &Path, socket: &str, host: &str, gpu: &str) {
+    let host_file = dir.join(format!("{host}.json"));
+    let gpus = format!(
+        r#"{{"gpus": [{{"uuid": "{gpu}", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}}]}}"#
+    );
+    std::fs::write(&host_file, gpus).expect("host file");
+    let config = format!(
+        "exchange = \"{url}\"\nhost = \"{host}\"\nkey_file = \"{}\"\nsample_interval_ms = 1000\nreport_interval_ms = 1000\n\n\
+         [[offer]]\ncontract = \"spot\"\nprice_floor_minor_per_gpu_hour = 2100000\n\n\
+         [delivery]\nbackend = \"docker\"\nstop_grace_ms = 1000\n\n[delivery.docker]\nsocket = \"{socket}\"\ngpu_devices = \"none\"\n",
+        dir.join(format!("{host}.key")).display()
+    );
+    let config = gpux_supplier_agent::config::AgentConfig::parse(&config).expect("agent config");
+    let backend = gpux_supplier_agent::fake::FakeBackend::from_file(&host_file).expect("fake host");
+    let host_key = gpux_supplier_agent::keys::load_or_create(&config.key_file).expect("host key");
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+        runtime.block_on(async move {
+            let agent = gpux_supplier_agent::session::Agent::new(config, host_key, Box::new(backend)).expect("agent");
+            let _ = agent.run(std::future::pending()).await;
+        });
+    });
+}
+
 /// The container engine's socket, or `None` (the test is skipped) where
 /// scripts/test did not start one.
 fn container_socket() -> Option<String> {
@@ -701,25 +710,9 @@ fn a_renters_gpu_probe_proves_a_gpu_its_host_never_delivered_and_the_final_bill_
     let renter_account = login.split_whitespace().nth(4).expect("an account id").to_string();
     ok(gpux(&url, &key("operator"), &["deposit", &renter_account, "100"]));
 
-    let host = dir.path().join("host.json");
-    std::fs::write(&host, r#"{"gpus": [{"uuid": "GPU-probe-0", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#)
-        .expect("host file");
-    let config = format!(
-        "exchange = \"{url}\"\nhost = \"probe-host\"\nkey_file = \"{}\"\nsample_interval_ms = 1000\nreport_interval_ms = 1000\n\n\
-         [[offer]]\ncontract = \"spot\"\nprice_floor_minor_per_gpu_hour = 2100000\n\n\
-         [delivery]\nbackend = \"docker\"\nstop_grace_ms = 1000\n\n[delivery.docker]\nsocket = \"{socket}\"\ngpu_devices = \"none\"\n",
-        dir.path().join("host.key").display()
-    );
-    let config = gpux_supplier_agent::config::AgentConfig::parse(&config).expect("agent config");
-    let backend = gpux_supplier_agent::fake::FakeBackend::from_file(&host).expect("fake host");
-    let host_key = gpux_supplier_agent::keys::load_or_create(&config.key_file).expect("host key");
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
-        runtime.block_on(async move {
-            let agent = gpux_supplier_agent::session::Agent::new(config, host_key, Box::new(backend)).expect("agent");
-            let _ = agent.run(std::future::pending()).await;
-        });
-    });
+    // A host whose containers get no GPU (`gpu_devices = "none"`) while its
+    // fake backend reports its GPU available.
+    start_docker_agent(&url, dir.path(), &socket, "probe-host", "GPU-probe-0");
 
     // The probe's key: the renter's own, sealed to the host with the rest
     // of the workload's environment.
@@ -742,18 +735,7 @@ fn a_renters_gpu_probe_proves_a_gpu_its_host_never_delivered_and_the_final_bill_
         "--samples",
         "4",
     ];
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let printed = loop {
-        let output = gpux(&url, &key("renter"), &args);
-        if output.status.success() {
-            break String::from_utf8_lossy(&output.stdout).to_string();
-        }
-        assert_eq!(output.status.code(), Some(1), "only 'nothing on sale yet' may fail: {}", String::from_utf8_lossy(&output.stderr));
-        assert!(std::time::Instant::now() < deadline, "gpux run never got a GPU: {}", String::from_utf8_lossy(&output.stderr));
-        std::thread::sleep(std::time::Duration::from_millis(500));
-    };
-    let lease: String =
-        printed.split("lease ").nth(1).and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()).expect("a lease").to_string();
+    let (_, lease) = run_until_leased(&url, &key("renter"), &args);
 
     // The watch sends the probe's lines as they appear: the GPU absent,
     // the reported time it covers disputed and proven.

@@ -113,26 +113,34 @@ impl Client {
     }
 }
 
+/// A sequencer with one renter logged in on connection 1, and its
+/// journaled request `id`: a cancel of an order it does not have (refused,
+/// journaled all the same).
+fn one_renter() -> (MemoryJournal, Sequencer, Client, impl Fn(u64) -> Request) {
+    let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
+    let (mut sequencer, _) = recover(&journal, &snapshots);
+    let (mut client, connect) = Client::connect(1);
+    sequencer.process(vec![connect, client.login(1, [1; 32], Some(Role::Renter))]).expect("commits");
+    let account = client.account();
+    let cancel = move |id: u64| Request {
+        connection: 1,
+        id,
+        body: Body::Command { command: Command::CancelOrder { account, order: gpux_engine::OrderId(id) } },
+    };
+    (journal, sequencer, client, cancel)
+}
+
 /// Pipelined commit: a batch's answers wait for its own commit, which
 /// runs while the next batch is applied; a query releases behind the batch
 /// in flight, never ahead of it; the answers reach the connection in the
 /// order of its requests.
 #[test]
 fn a_batch_in_flight_is_released_only_after_its_commit_and_in_order() {
-    let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
-    let (mut sequencer, _) = recover(&journal, &snapshots);
-    let (mut client, connect) = Client::connect(1);
-    sequencer.process(vec![connect, client.login(1, [1; 32], Some(Role::Renter))]).expect("commits");
-    let account = client.account();
-    let cancel = |id: u64, order: u64| Request {
-        connection: 1,
-        id,
-        body: Body::Command { command: Command::CancelOrder { account, order: gpux_engine::OrderId(order) } },
-    };
+    let (journal, mut sequencer, mut client, cancel) = one_renter();
     let entries = journal.entries().len();
-    sequencer.step(vec![cancel(2, 77)], None).expect("applied, handed to the journal thread");
+    sequencer.step(vec![cancel(2)], None).expect("applied, handed to the journal thread");
     assert!(client.received().is_empty(), "no answer before its commit");
-    sequencer.step(vec![cancel(3, 78)], None).expect("the first committed, the second handed over");
+    sequencer.step(vec![cancel(3)], None).expect("the first committed, the second handed over");
     // The answers (private events of the account come too).
     let ids = |messages: Vec<ServerMessage>| messages.iter().filter_map(|m| m.answer_to()).collect::<Vec<_>>();
     assert_eq!(ids(client.received()), [2], "the first batch's answer, once it is on disk; not the second's");
@@ -141,7 +149,7 @@ fn a_batch_in_flight_is_released_only_after_its_commit_and_in_order() {
     sequencer.step(vec![Request { connection: 1, id: 4, body: Body::Balance {} }], None).expect("answers");
     assert_eq!(ids(client.received()), [3, 4]);
     // A batch without entries behind one in flight: released with it, after it.
-    sequencer.step(vec![cancel(5, 79)], None).expect("handed over");
+    sequencer.step(vec![cancel(5)], None).expect("handed over");
     sequencer.step(Vec::new(), None).expect("nothing to journal");
     assert!(client.received().is_empty());
     sequencer.settle().expect("commits");
@@ -153,18 +161,9 @@ fn a_batch_in_flight_is_released_only_after_its_commit_and_in_order() {
 /// step: nothing of it, nor of the batch applied meanwhile, was sent.
 #[test]
 fn a_failed_commit_in_flight_releases_neither_it_nor_the_batch_after_it() {
-    let (journal, snapshots) = (MemoryJournal::default(), MemorySnapshots::default());
-    let (mut sequencer, _) = recover(&journal, &snapshots);
-    let (mut client, connect) = Client::connect(1);
-    sequencer.process(vec![connect, client.login(1, [1; 32], Some(Role::Renter))]).expect("commits");
-    let account = client.account();
+    let (journal, mut sequencer, mut client, cancel) = one_renter();
     let before = journal.entries().len();
     journal.fail_appends(true);
-    let cancel = |id: u64| Request {
-        connection: 1,
-        id,
-        body: Body::Command { command: Command::CancelOrder { account, order: gpux_engine::OrderId(id) } },
-    };
     sequencer.step(vec![cancel(2)], None).expect("handed to the journal thread, whose commit fails");
     let Err(SequencerError::Journal { committed, .. }) = sequencer.step(vec![cancel(3)], None) else {
         panic!("the sequencer stops when it learns the commit failed")
