@@ -103,8 +103,10 @@ function connect() {
       else waiting.resolve({ type, body });
       return;
     }
-    if (type === "book_snapshot" || type === "book_update") onBook(type, body);
-    else if (type === "trade") onTrade(body);
+    if (type === "market_data") {
+      // Market-data version 2 (asked at login): several feed messages, in order.
+      for (const inner of body.messages) onFeed(...Object.entries(inner)[0]);
+    } else if (onFeed(type, body)) return;
     else if (type === "private") onPrivate(body.event, body.reason);
     else if (type === "delivery") {
       state.deliveries.set(body.lease, body.state);
@@ -388,6 +390,15 @@ function offersChanged() {
   }, 1000);
 }
 
+// A market-data message (alone, or one of a `market_data` frame's); false
+// for any other.
+function onFeed(type, body) {
+  if (type === "book_snapshot" || type === "book_update" || type === "book_conflated") onBook(type, body);
+  else if (type === "trade") onTrade(body);
+  else return false;
+  return true;
+}
+
 function onBook(type, body) {
   if (body.instrument !== state.selected) return;
   const book = state.book;
@@ -397,8 +408,11 @@ function onBook(type, body) {
     book.asks = new Map(body.asks);
     book.synced = true;
   } else if (book.synced) {
+    // An update carries seq; a conflated book (version 2) stands for the
+    // updates from_seq to seq.
+    const first = type === "book_conflated" ? body.from_seq : body.seq;
     if (body.seq <= book.seq) return; // older than the snapshot: already in it
-    if (body.seq !== book.seq + 1) {
+    if (first !== book.seq + 1) {
       // A lost update: start again from a fresh snapshot.
       book.synced = false;
       request("unsubscribe", { channel: "book", instrument: body.instrument })
@@ -406,10 +420,16 @@ function onBook(type, body) {
       return;
     }
     book.seq = body.seq;
-    const levels = body.side === "buy" ? book.bids : book.asks;
-    if (body.quantity === 0) levels.delete(body.price_minor_per_gpu_hour);
-    else levels.set(body.price_minor_per_gpu_hour, body.quantity);
-    if (body.side === "sell") offersChanged();
+    const changes =
+      type === "book_conflated"
+        ? [...body.bids.map(([price, quantity]) => ["buy", price, quantity]), ...body.asks.map(([price, quantity]) => ["sell", price, quantity])]
+        : [[body.side, body.price_minor_per_gpu_hour, body.quantity]];
+    for (const [side, price, quantity] of changes) {
+      const levels = side === "buy" ? book.bids : book.asks;
+      if (quantity === 0) levels.delete(price);
+      else levels.set(price, quantity);
+    }
+    if (changes.some(([side]) => side === "sell")) offersChanged();
   }
   renderBook();
   statsChanged();
@@ -526,7 +546,7 @@ async function login(secretHex) {
   const publicKey = Uint8Array.from(atob(jwk.x.replace(/-/g, "+").replace(/_/g, "/")), (c) => c.charCodeAt(0));
   const payload = new Uint8Array([...new TextEncoder().encode("gpux-auth-v1:"), ...fromHex(state.nonce)]);
   const signature = new Uint8Array(await crypto.subtle.sign({ name: "Ed25519" }, key, payload));
-  const { body } = await request("auth", { public_key: hex(publicKey), signature: hex(signature), role: null });
+  const { body } = await request("auth", { public_key: hex(publicKey), signature: hex(signature), role: null, market_data_version: 2 });
   state.secret = secretHex;
   state.account = body.account;
   $("account").textContent = `account ${body.account} (${body.role})`;

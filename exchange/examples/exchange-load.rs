@@ -13,6 +13,8 @@
 //! (spread evenly); adding `--capacity` opens logged-in connections to them
 //! until they refuse, each gateway under `ulimit -n` of `--gateway-nofile`
 //! (default 256), and prints how many they held at once.
+//! `--subscribers S` adds S logged-in readers of the book the load moves;
+//! `--market-data-version 2` has them read version 2 (batches, conflation).
 //!
 //! Run (from the workspace root):
 //! `cargo build --release -p gpux-exchange --bins --examples &&
@@ -43,6 +45,8 @@ struct Args {
     gateways: usize,
     capacity: bool,
     gateway_nofile: u64,
+    /// The subscribers' market-data version (docs/protocol.md "Market data").
+    market_data_version: u8,
 }
 
 fn args() -> Args {
@@ -56,6 +60,7 @@ fn args() -> Args {
         gateways: 0,
         capacity: false,
         gateway_nofile: 256,
+        market_data_version: 1,
     };
     let raw: Vec<String> = std::env::args().skip(1).collect();
     let mut index = 0;
@@ -69,6 +74,7 @@ fn args() -> Args {
             "--nodes" => args.nodes = value(),
             "--gateways" => args.gateways = value() as usize,
             "--gateway-nofile" => args.gateway_nofile = value(),
+            "--market-data-version" => args.market_data_version = value() as u8,
             "--capacity" => {
                 args.capacity = true;
                 index -= 1;
@@ -117,6 +123,9 @@ fn main() {
 fn exchange(binary: &std::path::Path, data_dir: &std::path::Path, operator: &SigningKey) -> Command {
     let mut command = Command::new(binary);
     command.arg("--data-dir").arg(data_dir).args(["--listen", "127.0.0.1:0", "--metrics-listen", "off", "--console-listen", "off"]);
+    // Every client of this probe comes from loopback: more than one
+    // address's default share (256).
+    command.args(["--connections-per-ip-max", "4096"]);
     command.arg("--operator-key").arg(hex::encode(operator.verifying_key().to_bytes())).stdout(Stdio::piped());
     command
 }
@@ -244,6 +253,7 @@ async fn try_login(addr: &str, key: &SigningKey) -> Option<Socket> {
         role: Some(Role::Renter),
         cancel_on_disconnect: false,
         invite: None,
+        market_data_version: None,
     };
     socket.send(Message::Binary(encode_client_binary(&auth).into())).await.ok()?;
     loop {
@@ -307,6 +317,10 @@ async fn recv(socket: &mut Socket) -> ServerMessage {
 }
 
 async fn login(addr: &str, key: &SigningKey, role: Role) -> (Socket, AccountId) {
+    login_reading(addr, key, role, None).await
+}
+
+async fn login_reading(addr: &str, key: &SigningKey, role: Role, market_data_version: Option<u8>) -> (Socket, AccountId) {
     let (mut socket, _) = tokio_tungstenite::connect_async(format!("ws://{addr}")).await.expect("connect");
     let ServerMessage::Challenge { nonce, .. } = recv(&mut socket).await else { panic!("challenge") };
     let nonce: [u8; 32] = hex::decode(nonce).expect("hex").try_into().expect("32 bytes");
@@ -317,6 +331,7 @@ async fn login(addr: &str, key: &SigningKey, role: Role) -> (Socket, AccountId) 
         role: Some(role),
         cancel_on_disconnect: false,
         invite: None,
+        market_data_version,
     };
     socket.send(Message::Binary(encode_client_binary(&auth).into())).await.expect("send");
     loop {
@@ -346,7 +361,8 @@ async fn drive(addrs: &[String], operator: &SigningKey, args: &Args) {
     for index in 0..args.subscribers {
         let mut seed = [0u8; 32];
         seed[..8].copy_from_slice(&(index as u64 + 1_000_000).to_le_bytes());
-        let (mut socket, _) = login(&addrs[index % addrs.len()], &SigningKey::from_bytes(&seed), Role::Renter).await;
+        let version = Some(args.market_data_version).filter(|version| *version != 1);
+        let (mut socket, _) = login_reading(&addrs[index % addrs.len()], &SigningKey::from_bytes(&seed), Role::Renter, version).await;
         let subscribe = ClientMessage::Subscribe { id: 3, channel: Channel::Book, instrument: InstrumentId(0) };
         socket.send(Message::Binary(encode_client_binary(&subscribe).into())).await.expect("send");
         watchers.push(socket);
@@ -362,17 +378,24 @@ async fn drive(addrs: &[String], operator: &SigningKey, args: &Args) {
         acked += task.await.expect("load task");
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let mut delivered = 0u64;
+    let mut seen = Seen::default();
     for task in watcher_tasks {
-        delivered += task.await.expect("watcher");
+        let each = task.await.expect("watcher");
+        seen.updates += each.updates;
+        seen.conflated += each.conflated;
+        seen.frames += each.frames;
     }
     if args.subscribers > 0 {
+        let delivered = seen.updates + seen.conflated;
         println!(
-            "{} book subscribers received {} updates ({:.0}/s in all, {:.0}/s each)",
+            "{} book subscribers (market data v{}) received {} updates ({:.0}/s in all, {:.0}/s each; {} of them conflated) in {} frames",
             args.subscribers,
+            args.market_data_version,
             delivered,
             delivered as f64 / elapsed,
-            delivered as f64 / elapsed / args.subscribers as f64
+            delivered as f64 / elapsed / args.subscribers as f64,
+            seen.conflated,
+            seen.frames,
         );
     }
     let histogram = latencies.lock().expect("histogram");
@@ -390,17 +413,37 @@ async fn drive(addrs: &[String], operator: &SigningKey, args: &Args) {
     );
 }
 
-/// Reads a book subscription until the deadline; returns the updates seen.
-async fn count_updates(mut socket: Socket, deadline: Instant) -> u64 {
-    let mut updates = 0;
+/// What one subscriber read.
+#[derive(Default)]
+struct Seen {
+    /// Book updates, one by one.
+    updates: u64,
+    /// Book updates stood for by `book_conflated` (market data v2).
+    conflated: u64,
+    /// WebSocket frames.
+    frames: u64,
+}
+
+/// Reads a book subscription until the deadline, decoding every frame.
+async fn count_updates(mut socket: Socket, deadline: Instant) -> Seen {
+    let mut seen = Seen::default();
+    fn count(seen: &mut Seen, message: &ServerMessage) {
+        match message {
+            ServerMessage::BookUpdate { .. } => seen.updates += 1,
+            ServerMessage::BookConflated { from_seq, seq, .. } => seen.conflated += seq + 1 - from_seq,
+            ServerMessage::MarketData { messages } => messages.iter().for_each(|inner| count(seen, inner)),
+            _ => {}
+        }
+    }
     while let Ok(Some(Ok(frame))) = tokio::time::timeout_at(deadline.into(), socket.next()).await {
         if let Message::Binary(bytes) = frame {
-            if let Ok(ServerMessage::BookUpdate { .. }) = decode_server_binary(&bytes) {
-                updates += 1;
+            seen.frames += 1;
+            if let Ok(message) = decode_server_binary(&bytes) {
+                count(&mut seen, &message);
             }
         }
     }
-    updates
+    seen
 }
 
 /// Keeps `in_flight` requests outstanding until the deadline; returns acks.

@@ -519,7 +519,17 @@ async fn cancel_on_disconnect_cancels_the_accounts_orders_when_its_last_session_
         async move {
             let mut client = Client::connect(&addr).await;
             let ClientMessage::Auth { id, public_key, signature, role, .. } = client.auth_message(&key(2), None) else { unreachable!() };
-            client.send(&ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect: flag, invite: None }).await;
+            client
+                .send(&ClientMessage::Auth {
+                    id,
+                    public_key,
+                    signature,
+                    role,
+                    cancel_on_disconnect: flag,
+                    invite: None,
+                    market_data_version: None,
+                })
+                .await;
             assert!(matches!(client.recv_reply().await, ServerMessage::Authenticated { .. }));
             client
         }
@@ -564,7 +574,17 @@ async fn a_session_that_ends_takes_its_own_asks_while_the_accounts_other_session
         let ClientMessage::Auth { id, public_key, signature, role, .. } = agent.auth_message(&key(2), Some(Role::Supplier)) else {
             unreachable!()
         };
-        agent.send(&ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect: true, invite: None }).await;
+        agent
+            .send(&ClientMessage::Auth {
+                id,
+                public_key,
+                signature,
+                role,
+                cancel_on_disconnect: true,
+                invite: None,
+                market_data_version: None,
+            })
+            .await;
         assert!(matches!(agent.recv_reply().await, ServerMessage::Authenticated { .. }));
         let id = agent.id();
         let registered = agent
@@ -612,7 +632,9 @@ async fn a_silent_connection_is_closed_and_its_orders_cancelled() {
     let ClientMessage::Auth { id, public_key, signature, role, .. } = supplier.auth_message(&key(2), Some(Role::Supplier)) else {
         unreachable!()
     };
-    supplier.send(&ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect: true, invite: None }).await;
+    supplier
+        .send(&ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect: true, invite: None, market_data_version: None })
+        .await;
     assert!(matches!(supplier.recv_reply().await, ServerMessage::Authenticated { .. }));
     supplier.register_h100("node-1", "GPU-1").await;
     let mut ask = ticket(1, Side::Sell, USD_2, 1);

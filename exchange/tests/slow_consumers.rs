@@ -29,6 +29,12 @@ async fn funded_traders(exchange: &Exchange, seeds: std::ops::Range<u8>) -> Vec<
 /// Each trader rests `orders` bids at prices no one else uses: one book
 /// update each. Returns once every order is acknowledged.
 async fn move_book(traders: &mut [Client], first_client_order_id: u64, orders: u64) {
+    move_book_over(traders, first_client_order_id, orders, 100_000).await
+}
+
+/// `move_book` over `levels` prices: each is updated `orders / levels`
+/// times per trader.
+async fn move_book_over(traders: &mut [Client], first_client_order_id: u64, orders: u64, levels: u64) {
     const CHUNK: u64 = 500;
     for (index, trader) in traders.iter_mut().enumerate() {
         let base = first_client_order_id + index as u64 * 100_000;
@@ -36,7 +42,7 @@ async fn move_book(traders: &mut [Client], first_client_order_id: u64, orders: u
             let end = (chunk + CHUNK).min(orders);
             for client_order_id in base + chunk..base + end {
                 let id = trader.id();
-                let order = ticket(client_order_id, Side::Buy, 1_000_000 + (client_order_id % 100_000) * 1_000, 1);
+                let order = ticket(client_order_id, Side::Buy, 1_000_000 + (client_order_id % levels) * 1_000, 1);
                 trader.send_nowait(&ClientMessage::NewOrder { id, order, workload: None }).await;
             }
             trader.flush().await;
@@ -58,6 +64,9 @@ struct BookCopy {
     seq: u64,
     bids: BTreeMap<u64, u64>,
     snapshots: u32,
+    /// Market-data version 2: `market_data` frames and `book_conflated`.
+    batches: u32,
+    conflated: u32,
 }
 
 impl BookCopy {
@@ -68,6 +77,23 @@ impl BookCopy {
                 self.seq = *seq;
                 self.bids = bids.iter().copied().collect();
                 self.snapshots += 1;
+            }
+            ServerMessage::MarketData { messages } => {
+                self.batches += 1;
+                messages.iter().for_each(|message| self.apply(message));
+            }
+            ServerMessage::BookConflated { from_seq, seq, bids, asks, .. } => {
+                assert_eq!(*from_seq, self.seq + 1, "a conflated book must continue where the copy is");
+                assert!(asks.is_empty(), "only bids moved");
+                self.seq = *seq;
+                self.conflated += 1;
+                for (price, quantity) in bids {
+                    if *quantity == 0 {
+                        self.bids.remove(price);
+                    } else {
+                        self.bids.insert(*price, *quantity);
+                    }
+                }
             }
             ServerMessage::BookUpdate { seq, side: Side::Buy, price_minor_per_gpu_hour, quantity, .. } if *seq > self.seq => {
                 assert_eq!(*seq, self.seq + 1, "a gap in the book feed after seq {}", self.seq);
@@ -135,6 +161,73 @@ async fn a_reader_that_pauses_gets_a_fresh_snapshot_in_place_of_what_it_missed()
     let body = scrape(&exchange.metrics_addr).await;
     assert!(metric(&body, "gpux_feed_resyncs_total ") >= 1.0, "{body}");
     assert_eq!(metric(&body, "gpux_slow_consumers_total{cause=\"write_stalled\"}"), 0.0);
+}
+
+/// Market-data version 2: the same pause, and the reader's missed updates
+/// come as one `book_conflated` per catch-up (each level's total now)
+/// instead of a snapshot: no gap, every level kept (not only the best
+/// 1 000), updates in `market_data` batches, the book the exchange's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_2_reader_that_pauses_gets_what_it_missed_conflated_per_level() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start_with(dir.path(), Some(&key(1)), &["--write-stall-ms", "60000"]);
+    let mut traders = funded_traders(&exchange, 20..26).await;
+    let mut reader = Client::connect_with_receive_buffer(&exchange.addr, Some(4096)).await;
+    let mut auth = reader.auth_message(&key(40), Some(Role::Renter));
+    if let ClientMessage::Auth { market_data_version, .. } = &mut auth {
+        *market_data_version = Some(2);
+    }
+    reader.send(&auth).await;
+    reader.recv_until(|message| matches!(message, ServerMessage::Authenticated { .. }).then_some(())).await;
+    let id = reader.id();
+    reader.send(&ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await;
+    let mut copy = BookCopy::default();
+    while copy.snapshots == 0 {
+        let message = reader.recv().await;
+        copy.apply(&message);
+    }
+    // 54 000 updates over 1 500 prices while the reader does not read: far
+    // more than its socket and outbox hold, fewer levels than it may conflate.
+    move_book_over(&mut traders, 0, 9_000, 1_500).await;
+    let (final_seq, final_bids) = current_book(&exchange.addr).await;
+    while copy.seq < final_seq {
+        let message = reader.recv().await;
+        copy.apply(&message);
+    }
+    assert_eq!(copy.snapshots, 1, "caught up without a snapshot");
+    assert!(copy.conflated >= 1 && copy.batches >= 1, "{} conflated, {} batches", copy.conflated, copy.batches);
+    assert_eq!(copy.seq, final_seq);
+    assert_eq!(copy.bids.len(), 1_500, "every level, deeper than a snapshot's 1 000");
+    let best: BTreeMap<u64, u64> = copy.bids.iter().rev().take(BOOK_SNAPSHOT_LEVELS_MAX).map(|(p, q)| (*p, *q)).collect();
+    assert_eq!(best, final_bids, "the reader's book is the exchange's");
+    move_book(&mut traders[..1], 10_000, 1).await;
+    let next = reader.recv_until(|message| matches!(message, ServerMessage::MarketData { .. }).then(|| message.clone())).await;
+    copy.apply(&next);
+    assert_eq!(copy.seq, final_seq + 1);
+    let body = scrape(&exchange.metrics_addr).await;
+    assert!(metric(&body, "gpux_book_conflations_total ") >= 1.0, "{body}");
+    assert_eq!(metric(&body, "gpux_feed_resyncs_total "), 0.0, "{body}");
+}
+
+/// A login asking for a market-data version the exchange does not speak
+/// is refused `wrong_type` and may log in again on the same challenge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_market_data_version_is_refused_wrong_type() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start_with(dir.path(), Some(&key(1)), &[]);
+    let mut client = Client::connect(&exchange.addr).await;
+    let mut auth = client.auth_message(&key(40), Some(Role::Renter));
+    if let ClientMessage::Auth { market_data_version, .. } = &mut auth {
+        *market_data_version = Some(3);
+    }
+    client.send(&auth).await;
+    match client.recv_reply().await {
+        ServerMessage::Error { code: ErrorCode::WrongType, message, .. } => assert!(message.contains("market_data_version 3"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    let auth = client.auth_message(&key(40), Some(Role::Renter));
+    client.send(&auth).await;
+    assert!(matches!(client.recv_reply().await, ServerMessage::Authenticated { .. }));
 }
 
 /// Moves the book in the background, round after round (1 000 bids per

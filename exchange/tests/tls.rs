@@ -69,6 +69,7 @@ async fn a_tls_listener_serves_wss_and_refuses_plain_websockets() {
         role: Some(Role::Renter),
         cancel_on_disconnect: false,
         invite: None,
+        market_data_version: None,
     };
     socket.send(Message::Text(encode_client_text(&auth).into())).await.expect("send");
     loop {

@@ -14,6 +14,7 @@
 //! nothing of the journal, the engine's state or the ledger.
 
 pub mod admission;
+pub mod conflation;
 pub mod idempotency;
 pub mod limits;
 pub mod link;

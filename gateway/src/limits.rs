@@ -42,6 +42,18 @@ pub const OUTBOX_BYTES_MAX: usize = 1 << 20;
 /// subscriber further behind loses its place and is resynchronised: a fresh
 /// book snapshot, then the feed from there (`Body::Resync`).
 pub const FEED_FRAMES_MAX: usize = 16_384;
+/// Book levels one market-data version 2 connection holds conflated while
+/// its peer reads (conflation.rs), over all its books: one further behind
+/// is resynchronised with a snapshot, as in version 1. A `book_conflated`
+/// of them all is about 50 KiB of JSON, a frame a client reads.
+pub const CONFLATED_LEVELS_MAX: usize = 2_048;
+/// Messages in one `market_data` frame at most: an update is about 110
+/// bytes of JSON, so a frame stays under the 64 KiB a client reads.
+pub const BATCH_MESSAGES_MAX: usize = 256;
+/// Bytes in a version 2 connection's outbox up to which it still reads its
+/// feeds while the peer is behind: its book updates conflate (no bytes),
+/// its trades queue.
+pub const OUTBOX_CONFLATING_BYTES_MAX: usize = 2 * OUTBOX_BYTES_MAX;
 /// Frames a gateway's link queues in the sequencer's process before the
 /// link counts as too slow and is closed (its gateway reconnects).
 pub const LINK_QUEUE_FRAMES_MAX: usize = 1 << 16;
@@ -79,3 +91,5 @@ const _: () = assert!(LINK_FRAME_BYTES_MAX > 2 * FRAME_BYTES_MAX, "a client fram
 const _: () = assert!(WRITE_BODY_BYTES_MAX <= FRAME_BYTES_MAX, "a REST write's body is no larger than the frame it becomes");
 const _: () = assert!(IDEMPOTENCY_ENTRIES_MAX / IDEMPOTENCY_PER_SIGNER_MAX >= 64, "one signer holds at most 1/64 of the table");
 const _: () = assert!(BATCH_MAX >= 1 && READ_BUFFER_BYTES <= FRAME_BYTES_MAX);
+const _: () = assert!(BATCH_MESSAGES_MAX * 256 <= FRAME_BYTES_MAX, "a batch of updates fits the frame a client reads");
+const _: () = assert!(OUTBOX_CONFLATING_BYTES_MAX > OUTBOX_BYTES_MAX);

@@ -24,6 +24,9 @@ pub struct GatewayMetrics {
     pub auth_failures: IntCounterVec,
     /// Batches of usage-report signatures the verifier pool checked.
     pub usage_verify_batches: IntCounter,
+    /// Book feeds a version-2 connection fell behind on and caught up with
+    /// by one `book_conflated` (the sequencer counts snapshot resyncs).
+    pub book_conflations: IntCounter,
 }
 
 impl Default for GatewayMetrics {
@@ -65,6 +68,7 @@ impl GatewayMetrics {
             &self.slow_consumers,
             &self.auth_failures,
             &self.usage_verify_batches,
+            &self.book_conflations,
         ]
     }
 
@@ -89,6 +93,11 @@ impl GatewayMetrics {
                 r,
                 "gpux_usage_verify_batches_total",
                 "Batches of usage-report signatures the gateway's verifier pool checked (a report alone is a batch of one).",
+            ),
+            book_conflations: counter(
+                r,
+                "gpux_book_conflations_total",
+                "Book feeds a market-data version 2 connection fell behind on and caught up with by one book_conflated (its missed updates conflated per level).",
             ),
         };
         // Labelled series that exist from the start, so a scrape shows them at 0.

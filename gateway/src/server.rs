@@ -37,10 +37,11 @@ use crate::link::{
 use crate::metrics::GatewayMetrics;
 use crate::verifier::Verifier;
 
-use crate::limits::READ_BUFFER_BYTES;
+use crate::conflation::{Batch, Conflation};
 pub use crate::limits::{
     MESSAGES_PER_SECOND_MAX, MESSAGE_BURST_MAX, OUTBOUND_FRAMES_MAX, OUTBOX_BYTES_MAX, REQUESTS_IN_FLIGHT_MAX, RESYNCS_MAX,
 };
+use crate::limits::{OUTBOX_CONFLATING_BYTES_MAX, READ_BUFFER_BYTES};
 
 /// Limits of a gateway: per connection, and on connections at once.
 #[derive(Clone, Copy, Debug)]
@@ -240,6 +241,11 @@ struct Connection {
     /// usage reports are verified against it on this connection's task,
     /// off the sequencer's thread.
     login_key: Option<[u8; 32]>,
+    /// The market-data version asked at login, and the one in force (from
+    /// the login's acceptance; 1 before): 2 batches feed messages and
+    /// conflates a book this connection fell behind on.
+    market_data_asked: u8,
+    market_data_version: u8,
 }
 
 /// What every connection of a gateway shares.
@@ -298,6 +304,8 @@ async fn serve_connection<S>(
         awaiting: 0,
         clock,
         login_key: None,
+        market_data_asked: 1,
+        market_data_version: 1,
     };
     if connection
         .core
@@ -313,6 +321,8 @@ async fn serve_connection<S>(
     // Why a `slow_consumer` close happened, for the metric.
     let mut slow: Option<SlowCause> = None;
     let mut resyncs = ResyncBudget::default();
+    // Market-data version 2: the books this connection fell behind on.
+    let mut conflation = Conflation::default();
     let stall = limits.write_stall;
     // WebSocket pings find dead and half-open connections (a host that lost
     // power never closes its socket); client libraries answer them on their own.
@@ -326,7 +336,19 @@ async fn serve_connection<S>(
     // sequencer's queue, market data in its feed) until the peer reads; a
     // peer that takes nothing for the stall limit is a slow consumer.
     while close.is_none() && slow.is_none() {
+        if outbox.has_room() && !conflation.is_empty() {
+            // The peer read enough: what it missed goes out, then the feeds.
+            let mut batch = Batch::default();
+            for message in conflation.drain() {
+                metrics.book_conflations.inc();
+                batch.push_own(message);
+            }
+            outbox.push(batch.take(connection.binary));
+        }
         let (room, busy, stalled_at) = (outbox.has_room(), outbox.busy(), outbox.stalled_at(stall));
+        // A version 2 connection reads its feeds while its peer is behind
+        // (books conflate, trades queue), up to a second outbox's worth.
+        let reading_feeds = room || (connection.market_data_version >= 2 && outbox.bytes < OUTBOX_CONFLATING_BYTES_MAX);
         tokio::select! {
             result = outbox.drive(&mut sink), if busy => if result.is_err() { break },
             // The peer may have taken something since the deadline was set.
@@ -369,9 +391,15 @@ async fn serve_connection<S>(
                     match item {
                         Outgoing::Frame(frame) => connection.queue(&mut outbox, &frame),
                         Outgoing::FeedStart { channel, instrument, feed } => {
+                            if channel == Channel::Book {
+                                conflation.forget(instrument);
+                            }
                             feeds.insert((channel, instrument), BroadcastStream::new(feed));
                         }
                         Outgoing::FeedEnd { channel, instrument } => {
+                            if channel == Channel::Book {
+                                conflation.forget(instrument);
+                            }
                             feeds.remove(&(channel, instrument));
                         }
                         Outgoing::Login(outcome) => {
@@ -387,24 +415,53 @@ async fn serve_connection<S>(
                     next = if outbox.has_room() { outgoing.try_recv().ok() } else { None };
                 }
             }
-            Some((key, first)) = feeds.next(), if room && !feeds.is_empty() => {
+            Some((key, first)) = feeds.next(), if reading_feeds && !feeds.is_empty() => {
                 let mut next = Some((key, first));
+                let mut batch = Batch::default();
+                let batched = connection.market_data_version >= 2;
                 while let Some((key, item)) = next {
-                    match item {
-                        Ok(frame) => connection.queue(&mut outbox, &frame),
-                        // The feed moved on past frames this connection never
-                        // read: drop it at once (nothing after the gap is
-                        // queued) and ask for a fresh snapshot and feed.
-                        Err(BroadcastStreamRecvError::Lagged(_)) => {
-                            feeds.remove(&key);
-                            let (channel, instrument) = key;
-                            let resync = Request { connection: connection.id, id: 0, body: Body::Resync { channel, instrument } };
-                            if !resyncs.spend(Instant::now()) || connection.core.try_send(resync).is_err() {
-                                slow = Some(SlowCause::Resyncs);
+                    let behind = match item {
+                        Ok(frame) if batched => {
+                            let full = match *frame.message() {
+                                ServerMessage::BookUpdate { instrument, seq, side, price_minor_per_gpu_hour, quantity }
+                                    if !outbox.has_room() || conflation.holds(instrument) =>
+                                {
+                                    conflation.absorb(instrument, seq, side, price_minor_per_gpu_hour, quantity).is_err()
+                                }
+                                _ => {
+                                    batch.push_shared(frame);
+                                    false
+                                }
+                            };
+                            if batch.is_full() {
+                                outbox.push(batch.take(connection.binary));
                             }
+                            full
+                        }
+                        Ok(frame) => {
+                            connection.queue(&mut outbox, &frame);
+                            false
+                        }
+                        // The feed moved on past frames this connection never
+                        // read.
+                        Err(BroadcastStreamRecvError::Lagged(_)) => true,
+                    };
+                    if behind {
+                        // Drop the feed at once (nothing after the gap is
+                        // queued) and ask for a fresh snapshot and feed.
+                        feeds.remove(&key);
+                        let (channel, instrument) = key;
+                        conflation.forget(instrument);
+                        let resync = Request { connection: connection.id, id: 0, body: Body::Resync { channel, instrument } };
+                        if !resyncs.spend(Instant::now()) || connection.core.try_send(resync).is_err() {
+                            slow = Some(SlowCause::Resyncs);
                         }
                     }
-                    next = if slow.is_none() && outbox.has_room() { feeds.next().now_or_never().flatten() } else { None };
+                    let reading = outbox.has_room() || (batched && outbox.bytes < OUTBOX_CONFLATING_BYTES_MAX);
+                    next = if slow.is_none() && reading { feeds.next().now_or_never().flatten() } else { None };
+                }
+                if !batch.is_empty() {
+                    outbox.push(batch.take(connection.binary));
                 }
             }
             _ = too_slow.notified() => slow = Some(SlowCause::QueueFull),
@@ -497,19 +554,31 @@ impl Outbox {
         K: futures_util::Sink<Message, Error = WsError> + Unpin,
     {
         std::future::poll_fn(|cx| {
-            while !self.queue.is_empty() {
-                std::task::ready!(sink.poll_ready_unpin(cx))?;
-                let message = self.queue.pop_front().expect("not empty");
-                self.bytes -= message.len();
+            // One clock read per wake-up that moved something, not per frame.
+            let queued = self.queue.len();
+            let poll = self.poll_drive(sink, cx);
+            if self.queue.len() < queued {
                 self.progressed_at = Some(tokio::time::Instant::now());
-                self.unflushed = true;
-                sink.start_send_unpin(message)?;
             }
-            std::task::ready!(sink.poll_flush_unpin(cx))?;
-            self.unflushed = false;
-            std::task::Poll::Ready(Ok(()))
+            poll
         })
         .await
+    }
+
+    fn poll_drive<K>(&mut self, sink: &mut K, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), WsError>>
+    where
+        K: futures_util::Sink<Message, Error = WsError> + Unpin,
+    {
+        while !self.queue.is_empty() {
+            std::task::ready!(sink.poll_ready_unpin(cx))?;
+            let message = self.queue.pop_front().expect("not empty");
+            self.bytes -= message.len();
+            self.unflushed = true;
+            sink.start_send_unpin(message)?;
+        }
+        std::task::ready!(sink.poll_flush_unpin(cx))?;
+        self.unflushed = false;
+        std::task::Poll::Ready(Ok(()))
     }
 }
 
@@ -566,6 +635,7 @@ impl Connection {
         match (outcome, &self.session) {
             (LoginOutcome::Accepted { account, role }, _) => {
                 self.session = Session::Authenticated { account, role };
+                self.market_data_version = self.market_data_asked;
                 self.ticket.logged_in();
                 None
             }
@@ -634,8 +704,15 @@ impl Connection {
                 self.metrics.auth_failures.with_label_values(&["in_progress"]).inc();
                 vec![error(Some(id), ErrorCode::AuthFailed, None)]
             }
-            (Session::Challenged { nonce }, ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect, invite }) => {
+            (_, ClientMessage::Auth { id, market_data_version: Some(version), .. }) if !(1..=2).contains(&version) => {
+                vec![error(Some(id), ErrorCode::WrongType, Some(format!("market_data_version {version}: this exchange speaks 1 and 2")))]
+            }
+            (
+                Session::Challenged { nonce },
+                ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect, invite, market_data_version },
+            ) => {
                 let nonce = *nonce;
+                self.market_data_asked = market_data_version.unwrap_or(1);
                 match verify(&nonce, &public_key, &signature) {
                     Some(public_key) => {
                         self.session = Session::Authenticating;
@@ -976,6 +1053,8 @@ mod tests {
                 awaiting: 0,
                 clock: Clock::default(),
                 login_key: None,
+                market_data_asked: 1,
+                market_data_version: 1,
             };
             (connection, inbox)
         }
@@ -991,6 +1070,7 @@ mod tests {
                     role: Some(Role::Renter),
                     cancel_on_disconnect: false,
                     invite: None,
+                    market_data_version: None,
                 },
                 ClientMessage::Subscribe { id: 3, channel: Channel::Book, instrument: InstrumentId(0) },
                 ClientMessage::Unsubscribe { id: 4, channel: Channel::Trades, instrument: InstrumentId(1) },
@@ -1051,6 +1131,7 @@ mod tests {
                         role: Some(Role::Renter),
                         cancel_on_disconnect: false,
                         invite: None,
+                        market_data_version: None,
                     };
                     (Ok(auth.clone()), Some(auth))
                 }

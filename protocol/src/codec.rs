@@ -132,3 +132,35 @@ pub fn encode_server_text(message: &ServerMessage) -> String {
 pub fn encode_server_binary(message: &ServerMessage) -> Vec<u8> {
     encode_binary(message)
 }
+
+/// One `market_data` frame (JSON) of messages each already encoded as JSON
+/// (`encode_server_text`), without decoding them again: what the gateway
+/// sends a version-2 subscriber, whose updates are encoded once for all.
+/// The same text as `encode_server_text` of `ServerMessage::MarketData`.
+pub fn market_data_text<'a>(encoded: impl IntoIterator<Item = &'a str>) -> String {
+    let mut text = String::from(r#"{"market_data":{"messages":["#);
+    for (index, message) in encoded.into_iter().enumerate() {
+        if index > 0 {
+            text.push(',');
+        }
+        text.push_str(message);
+    }
+    text.push_str("]}}");
+    text
+}
+
+/// The bincode twin of `market_data_text`: the same bytes as
+/// `encode_server_binary` of `ServerMessage::MarketData` of the messages.
+pub fn market_data_binary(encoded: &[&[u8]]) -> Vec<u8> {
+    // The variant's index, then the vector's length, then its elements.
+    let empty = encode_server_binary(&ServerMessage::MarketData { messages: Vec::new() });
+    let (variant, _zero_length) = empty.split_at(empty.len() - 1);
+    let length = encode_binary(&(encoded.len() as u64));
+    let mut bytes = Vec::with_capacity(variant.len() + length.len() + encoded.iter().map(|e| e.len()).sum::<usize>());
+    bytes.extend_from_slice(variant);
+    bytes.extend_from_slice(&length);
+    for message in encoded {
+        bytes.extend_from_slice(message);
+    }
+    bytes
+}

@@ -278,6 +278,13 @@ pub enum ClientMessage {
         /// invitation only; ignored for a key that has an account.
         #[serde(default)]
         invite: Option<String>,
+        /// The market-data format this session reads (docs/protocol.md
+        /// "Market data"): absent or 1, one frame per update; 2, several
+        /// updates in one `market_data` frame and a subscriber behind its
+        /// book conflated per level (`book_conflated`) instead of sent a
+        /// snapshot. Any other value is refused `wrong_type`.
+        #[serde(default)]
+        market_data_version: Option<u8>,
     },
     Subscribe {
         id: u64,
@@ -1196,6 +1203,22 @@ pub enum ServerMessage {
         token: String,
         expires_at_ms: u64,
     },
+    /// Market-data version 2: several feed messages (`book_update`,
+    /// `trade`, `book_conflated`) in one frame, in the order they happened.
+    MarketData {
+        messages: Vec<ServerMessage>,
+    },
+    /// Market-data version 2, to a subscriber that fell behind its book
+    /// feed: the net effect of the updates `from_seq..=seq`, each level's
+    /// total now (`[price, quantity]`, quantity 0: the level is gone). A
+    /// book at `from_seq - 1` applies every level and is then at `seq`.
+    BookConflated {
+        instrument: InstrumentId,
+        from_seq: u64,
+        seq: u64,
+        bids: Vec<(u64, u64)>,
+        asks: Vec<(u64, u64)>,
+    },
 }
 
 impl ServerMessage {
@@ -1258,7 +1281,9 @@ impl ServerMessage {
             | GpuMemoryChallenge { .. }
             | JobUpdate { .. }
             | JobAssigned { .. }
-            | LogsWanted { .. } => None,
+            | LogsWanted { .. }
+            | MarketData { .. }
+            | BookConflated { .. } => None,
         }
     }
 }

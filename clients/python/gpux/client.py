@@ -162,19 +162,27 @@ class Book:
             self.asks = {price: qty for price, qty in message.asks}
             self.synced = True
             self._synced_event.set()
-        elif isinstance(message, m.BookUpdate) and self.synced:
+        elif isinstance(message, (m.BookUpdate, m.BookConflated)) and self.synced:
+            # A conflated book (market-data version 2) stands for the updates
+            # from_seq to seq: each level's total after them.
+            first = message.from_seq if isinstance(message, m.BookConflated) else message.seq
             if message.seq <= self.seq:
                 return True  # older than the snapshot: already in it
-            if message.seq != self.seq + 1:
+            if first != self.seq + 1:
                 self.synced = False
                 self._synced_event.clear()
                 return False
             self.seq = message.seq
-            levels = self.bids if message.side == "buy" else self.asks
-            if message.quantity == 0:
-                levels.pop(message.price_minor_per_gpu_hour, None)
+            if isinstance(message, m.BookConflated):
+                changes = [("buy", p, q) for p, q in message.bids] + [("sell", p, q) for p, q in message.asks]
             else:
-                levels[message.price_minor_per_gpu_hour] = message.quantity
+                changes = [(message.side, message.price_minor_per_gpu_hour, message.quantity)]
+            for side, price, quantity in changes:
+                levels = self.bids if side == "buy" else self.asks
+                if quantity == 0:
+                    levels.pop(price, None)
+                else:
+                    levels[price] = quantity
         elif isinstance(message, m.Trade):
             self.trades.append(message)
             del self.trades[:-100]
@@ -326,7 +334,9 @@ class Client:
         account, actual_role = None, None
         if key is not None:
             signature = key.sign(AUTH_DOMAIN + bytes.fromhex(challenge.nonce))
-            auth = {"auth": {"id": 1, "public_key": key.public_hex(), "signature": signature.hex(), "role": role}}
+            # Market-data version 2: feed messages batched, a book this
+            # client falls behind on conflated instead of resent whole.
+            auth = {"auth": {"id": 1, "public_key": key.public_hex(), "signature": signature.hex(), "role": role, "market_data_version": 2}}
             if invite is not None:
                 auth["auth"]["invite"] = invite
             await socket.send(json.dumps(auth))
@@ -407,27 +417,31 @@ class Client:
             self._reader.cancel()
         await self._socket.close()
 
+    async def _dispatch(self, message: Any) -> None:
+        request = m.answer_id(message)
+        if request is not None and request in self._pending:
+            future = self._pending.pop(request)
+            if not future.done():
+                future.set_result(message)
+        elif isinstance(message, m.Delivery):
+            self.deliveries[message.lease] = message
+            self._delivery_changed.set()
+        elif isinstance(message, m.JobUpdate):
+            self.jobs_seen[message.job["job"]] = message.job
+            self._job_changed.set()
+        elif isinstance(message, (m.BookSnapshot, m.BookUpdate, m.BookConflated, m.Trade)):
+            book = self._books.get(message.instrument)
+            if book is not None and not book.apply(message):
+                asyncio.create_task(self.resync(book))
+        else:
+            await self.events.put(message)
+
     async def _read(self) -> None:
         try:
             async for frame in self._socket:
                 message = m.parse(json.loads(frame))
-                request = m.answer_id(message)
-                if request is not None and request in self._pending:
-                    future = self._pending.pop(request)
-                    if not future.done():
-                        future.set_result(message)
-                elif isinstance(message, m.Delivery):
-                    self.deliveries[message.lease] = message
-                    self._delivery_changed.set()
-                elif isinstance(message, m.JobUpdate):
-                    self.jobs_seen[message.job["job"]] = message.job
-                    self._job_changed.set()
-                elif isinstance(message, (m.BookSnapshot, m.BookUpdate, m.Trade)):
-                    book = self._books.get(message.instrument)
-                    if book is not None and not book.apply(message):
-                        asyncio.create_task(self.resync(book))
-                else:
-                    await self.events.put(message)
+                for each in message.messages if isinstance(message, m.MarketData) else (message,):
+                    await self._dispatch(each)
         except asyncio.CancelledError:
             raise
         except Exception:  # the connection broke

@@ -255,6 +255,26 @@ class BookUpdate:
 
 
 @dataclass
+class BookConflated:
+    """Market-data version 2: the net effect of a book's updates from_seq
+    to seq, each level's total now (quantity 0: gone)."""
+
+    instrument: int
+    from_seq: int
+    seq: int
+    bids: list
+    asks: list
+
+
+@dataclass
+class MarketData:
+    """Market-data version 2: several feed messages in one frame, parsed,
+    in the order they happened."""
+
+    messages: list
+
+
+@dataclass
 class Trade:
     instrument: int
     seq: int
@@ -323,6 +343,7 @@ _TYPES = {
     "balance": Balance,
     "book_snapshot": BookSnapshot,
     "book_update": BookUpdate,
+    "book_conflated": BookConflated,
     "trade": Trade,
     "delivery": Delivery,
     "lease_delivery": LeaseDelivery,
@@ -343,6 +364,8 @@ def parse(message: dict) -> Any:
         else:
             (name, fields), = inner.items()
         return Private(seq=event["seq"], at_ms=event["at_ms"], kind=name, fields=fields, reason=body.get("reason"))
+    if kind == "market_data":
+        return MarketData(messages=[parse(inner) for inner in body["messages"]])
     cls = _TYPES.get(kind)
     if cls is None:
         return Unknown(kind, body)

@@ -661,6 +661,34 @@ def test_a_book_ignores_updates_older_than_its_snapshot_and_reports_a_gap():
     assert not book.synced
 
 
+def test_a_market_data_batch_parses_in_order_and_a_conflated_book_applies_only_where_it_continues():
+    from gpux import messages as m
+    from gpux.client import Book
+
+    batch = m.parse(
+        {
+            "market_data": {
+                "messages": [
+                    {"book_update": {"instrument": 0, "seq": 11, "side": "buy", "price_minor_per_gpu_hour": 100, "quantity": 3}},
+                    {"book_conflated": {"instrument": 0, "from_seq": 12, "seq": 40, "bids": [[100, 0], [90, 4]], "asks": [[120, 1]]}},
+                ]
+            }
+        }
+    )
+    assert isinstance(batch, m.MarketData)
+    assert [type(each) for each in batch.messages] == [m.BookUpdate, m.BookConflated]
+    book = Book(0)
+    book.apply(m.BookSnapshot(instrument=0, seq=10, bids=[[100, 2]], asks=[]))
+    assert all(book.apply(each) for each in batch.messages)
+    assert (book.seq, book.bids, book.asks) == (40, {90: 4}, {120: 1})
+    # Already applied: nothing changes.
+    assert book.apply(m.BookConflated(instrument=0, from_seq=30, seq=40, bids=[[90, 9]], asks=[]))
+    assert book.bids == {90: 4}
+    # Not where the book is: a gap.
+    assert not book.apply(m.BookConflated(instrument=0, from_seq=42, seq=50, bids=[], asks=[]))
+    assert not book.synced
+
+
 def test_history_over_the_websocket_and_the_rest_api_agree():
     """Trades, candles, fills and the book after one trade, from the
     WebSocket and from the REST API (signed for the account's paths)."""

@@ -108,6 +108,7 @@ impl Connection {
             role,
             cancel_on_disconnect,
             invite,
+            market_data_version: None,
         };
         socket.send(Message::Text(encode_client_text(&auth).into())).await?;
         let mut backlog = std::collections::VecDeque::new();

@@ -102,7 +102,7 @@ def test_the_tickets_order_has_only_order_ticket_fields():
 def test_every_server_message_the_console_handles_is_one_the_exchange_sends():
     server = variants("ServerMessage")
     handled = set(re.findall(r'type === "([a-z_]+)"', APP))
-    assert {"book_snapshot", "book_update", "trade", "private", "delivery", "job_update"} <= handled, handled
+    assert {"book_snapshot", "book_update", "trade", "private", "delivery", "job_update", "market_data", "book_conflated"} <= handled, handled
     for name in handled:
         assert name in server, f"the console handles {name!r}, which is no ServerMessage"
         assert f'{{"{name}":' in DOC or f'`{name}`' in DOC, f"{name} is not in docs/protocol.md"

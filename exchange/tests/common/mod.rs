@@ -208,6 +208,7 @@ impl Client {
             role,
             cancel_on_disconnect: false,
             invite: None,
+            market_data_version: None,
         }
     }
 
