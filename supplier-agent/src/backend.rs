@@ -3,6 +3,7 @@
 //! `vendor`) and the scripted fake all produce these, so nothing else in
 //! the agent knows which vendor it runs on.
 
+pub use crate::limits::{CPU_CHALLENGE_N_MAX, CPU_MEMORY_WORDS_LOG2_MAX, TEMPERATURE_MAX_C};
 use gpux_engine::GpuSpec;
 
 /// One GPU (or MIG slice) as the host describes it once.
@@ -101,10 +102,6 @@ impl MerkleProof for gpux_protocol::memory::CpuProof {
     }
 }
 
-/// The largest compute challenge the CPU answers: `n = 1024` (2.1 GFLOP,
-/// seconds of one core). A larger one is a GPU's to answer.
-pub const CPU_CHALLENGE_N_MAX: u32 = 1024;
-
 /// The compute challenge computed on the host's CPU.
 pub fn cpu_challenge_proof(seed: &[u8; 32], n: u32) -> Result<Box<dyn MerkleProof>, BackendError> {
     if n > CPU_CHALLENGE_N_MAX {
@@ -115,10 +112,6 @@ pub fn cpu_challenge_proof(seed: &[u8; 32], n: u32) -> Result<Box<dyn MerkleProo
     }
     Ok(Box::new(gpux_protocol::challenge::cpu_proof(seed, n)))
 }
-
-/// The largest memory challenge the CPU answers: 2^26 words (256 MiB, twice
-/// that while the passes run). A larger one is a GPU's to answer.
-pub const CPU_MEMORY_WORDS_LOG2_MAX: u32 = 26;
 
 /// The memory challenge computed on the host's CPU.
 pub fn cpu_memory_proof(seed: &[u8; 32], words_log2: u32, passes: u32) -> Result<Box<dyn MerkleProof>, BackendError> {
@@ -133,6 +126,3 @@ pub fn cpu_memory_proof(seed: &[u8; 32], words_log2: u32, passes: u32) -> Result
     let words = gpux_protocol::memory::Params::new(seed, words_log2, passes).compute();
     Ok(Box::new(gpux_protocol::memory::CpuProof::new(words)))
 }
-
-/// A GPU hotter than this is reported unhealthy.
-pub const TEMPERATURE_MAX_C: u32 = 90;

@@ -18,6 +18,7 @@ pub mod delivery;
 pub mod fake;
 pub mod firewall;
 pub mod keys;
+pub mod limits;
 pub mod nvml;
 pub mod probe;
 pub mod reports;

@@ -15,13 +15,10 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+pub use crate::limits::PROBE_PORT_OFFSET;
 use gpux_engine::MemberAddress;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-/// A member's probe listens this far above the port its cluster peers
-/// reach it on (member ports are `port_base` to `port_base + 63`).
-pub const PROBE_PORT_OFFSET: u16 = 64;
 
 const HELLO_MAGIC: &[u8; 16] = b"gpux-probe-v1\0\0\0";
 

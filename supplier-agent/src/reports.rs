@@ -12,14 +12,12 @@ use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+pub use crate::limits::PENDING_REPORTS_MAX;
 use anyhow::{Context, Result};
 use ed25519_dalek::SigningKey;
 use gpux_engine::LeaseId;
 use gpux_protocol::{genesis_hash, Readings, UsageBody, UsageReport};
 use serde::{Deserialize, Serialize};
-
-/// Unacknowledged reports kept at most (about a day of 10 s reports for 8 GPUs).
-pub const PENDING_REPORTS_MAX: usize = 100_000;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Chain {

@@ -28,6 +28,11 @@ pub use gpux_client::Connection;
 use crate::backend::GpuBackend;
 use crate::config::{AgentConfig, BackendKind, OfferedContract};
 use crate::delivery::{DeliveryBackend, LeasedGpu, Manager, Order, Report, Tuning};
+pub use crate::limits::CLOCK_SYNC_EVERY;
+use crate::limits::{
+    BACKOFF_MAX, BACKOFF_MIN, CLIENT_ORDER_ID_STRIDE, CLOCK_DRIFT_NOTED_MS, HEALTH_BACKOFF_MAX, PROBE_DEADLINE, RECONCILE_WAIT,
+    REGISTER_AGAIN_AFTER,
+};
 use crate::reports::{Interval, ReportBook};
 
 /// What the agent knows about one of its GPUs.
@@ -94,17 +99,6 @@ impl std::fmt::Display for Fatal {
 
 impl std::error::Error for Fatal {}
 
-/// How long a login waits for the delivery manager's listing of the host's
-/// workloads before going on without offers (they follow the listing).
-const RECONCILE_WAIT: Duration = Duration::from_secs(10);
-
-/// The longest wait between health checks after a host failure.
-const HEALTH_BACKOFF_MAX: Duration = Duration::from_secs(3600);
-
-/// Reconnect back-off bounds.
-const BACKOFF_MIN: Duration = Duration::from_millis(500);
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
-
 pub struct Agent {
     config: AgentConfig,
     key: SigningKey,
@@ -151,15 +145,6 @@ pub struct Agent {
     /// The fabric's firewall, when this agent keeps it (`[fabric] firewall`).
     firewall: Option<crate::firewall::Firewall>,
 }
-
-/// How long a GPU refused `gpus_awaiting_challenge` waits before the agent
-/// registers it again (the account's earlier GPUs prove themselves at
-/// their first hardware challenge, issued right after registration).
-const REGISTER_AGAIN_AFTER: Duration = Duration::from_secs(60);
-
-/// An interconnect probe's members must all be reached, and the ring run,
-/// within this of its attempt's delivery.
-const PROBE_DEADLINE: Duration = Duration::from_secs(120);
 
 /// After a delivery the host failed: its GPUs stay off sale (offline at the
 /// exchange) until the failed lease ended and a health check passed, with a
@@ -1584,16 +1569,6 @@ fn jitter(bound: Duration) -> Duration {
     let random = getrandom::fill(&mut bytes).map_or(0, |()| u64::from_le_bytes(bytes));
     Duration::from_millis(random % (bound.as_millis() as u64 + 1))
 }
-
-/// Hosts of one account whose asks' client order ids never meet: each
-/// host's ids are its own residue modulo this.
-const CLIENT_ORDER_ID_STRIDE: u64 = 1 << 16;
-
-/// How often the agent measures the exchange's clock again during a session
-/// (a login measures it too).
-pub const CLOCK_SYNC_EVERY: Duration = Duration::from_secs(600);
-/// A change of the offset larger than this is logged.
-const CLOCK_DRIFT_NOTED_MS: i64 = 250;
 
 /// The exchange's clock minus ours, from a ping sent at `sent_ms` and its
 /// pong read at `read_ms` (our clock) carrying `server_ms`: the exchange

@@ -13,16 +13,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use gpux_protocol::{FailureCode, JobAssignment};
 
 use super::Failure;
-
-/// The bundle and restore downloads, and each sync, must be over within this.
-const TRANSFER_TIMEOUT: Duration = Duration::from_secs(600);
-/// Files of one job directory synced at most (the store keeps 10 000 per account).
-const FILES_MAX: usize = 5_000;
+use crate::limits::{FILES_MAX, TRANSFER_TIMEOUT};
 
 /// Where a cluster job's hostfile is in its container.
 pub const HOSTFILE_IN_CONTAINER: &str = "/etc/gpux/hostfile";

@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::limits::{FIND_ATTEMPTS, POLL_EVERY, REMOVE_RETRY_MAX, REMOVE_RETRY_MIN, SETTLE_POLL_EVERY};
 use gpux_engine::LeaseId;
 use gpux_protocol::delivery::{EncryptionKey, SECRETS_WAIT_MS};
 use gpux_protocol::{DeliveryState, Endpoint, FailureCode, RestartPolicy, Secrets, Workload};
@@ -237,20 +238,6 @@ impl Default for Tuning {
         Tuning { stop_grace: Duration::from_secs(10), ready_after: Duration::from_secs(2), concurrency: 8 }
     }
 }
-
-/// How often running workloads are checked for exits.
-const POLL_EVERY: Duration = Duration::from_secs(1);
-
-/// How often a started workload not yet `running` is checked (and probed).
-const SETTLE_POLL_EVERY: Duration = Duration::from_millis(100);
-
-/// Attempts at looking up a lease's workload before re-adoption gives up
-/// (waiting 1 s, 2 s, ... between them: under a minute in all).
-const FIND_ATTEMPTS: u32 = 10;
-
-/// Retries of a removal the engine did not confirm: from 1 s, doubling, to 30 s apart.
-const REMOVE_RETRY_MIN: Duration = Duration::from_secs(1);
-const REMOVE_RETRY_MAX: Duration = Duration::from_secs(30);
 
 struct Entry {
     job: Job,

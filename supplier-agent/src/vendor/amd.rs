@@ -13,10 +13,7 @@ use serde_json::Value;
 
 use super::{leading_number, unreadable, SystemTool, Tool};
 use crate::backend::{BackendError, GpuBackend, GpuInventory, GpuSample, TEMPERATURE_MAX_C};
-
-/// The hotspot (junction) sensor runs well above the edge sensor; AMD's
-/// Instinct parts throttle near 100 C there.
-pub const HOTSPOT_MAX_C: u32 = 105;
+pub use crate::limits::HOTSPOT_MAX_C;
 
 /// One card of `rocm-smi --json`: its fields by name.
 type Card = serde_json::Map<String, Value>;
