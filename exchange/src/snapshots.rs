@@ -33,6 +33,13 @@ pub const SNAPSHOT_EVERY_ENTRIES: u64 = 100_000;
 pub use crate::limits::SNAPSHOTS_KEPT;
 pub use crate::limits::SNAPSHOT_RESERVE_BYTES;
 
+/// The layout of a stored snapshot's record: the bincode encoding of
+/// [`Snapshot`], so of every type in `MarketState`. Raise it with any change
+/// to those types' encoding: a snapshot of another format is skipped (the
+/// journal rebuilds the same state), never decoded as this one. 1 was the
+/// unversioned layout before 2026-12-06, which carried no format field.
+pub const SNAPSHOT_FORMAT: u32 = 2;
+
 /// The market as of a journal entry.
 #[derive(Clone, Serialize, Deserialize)]
 pub struct Snapshot {
@@ -98,8 +105,8 @@ impl SnapshotStore {
     }
 
     /// Stores a snapshot durably and prunes the oldest beyond `SNAPSHOTS_KEPT`.
-    /// Stored as `checksum (8 bytes LE) | state hash (8 bytes LE) | record`;
-    /// the checksum covers the state hash and the record.
+    /// Stored as `checksum (8 bytes LE) | format (4 bytes LE) | state hash
+    /// (8 bytes LE) | record`; the checksum covers the rest.
     pub fn write(&self, snapshot: &Snapshot) -> Result<()> {
         self.put_raw(snapshot.journal_seq, &stored_bytes(snapshot))
     }
@@ -434,7 +441,8 @@ pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
 /// A snapshot as stored: `checksum | state hash | record` (see
 /// [`SnapshotStore::write`]).
 pub fn stored_bytes(snapshot: &Snapshot) -> Vec<u8> {
-    let mut body = snapshot.market.state_hash().to_le_bytes().to_vec();
+    let mut body = SNAPSHOT_FORMAT.to_le_bytes().to_vec();
+    body.extend_from_slice(&snapshot.market.state_hash().to_le_bytes());
     body.extend_from_slice(&encode_record(snapshot));
     let mut value = checksum(&body).to_le_bytes().to_vec();
     value.extend_from_slice(&body);
@@ -446,6 +454,14 @@ fn verify(value: &[u8]) -> std::result::Result<Snapshot, String> {
     let stored = u64::from_le_bytes(stored.try_into().map_err(|_| "checksum width")?);
     if checksum(body) != stored {
         return Err("checksum mismatch".into());
+    }
+    let (format, body) = body.split_at_checked(4).ok_or("shorter than its format")?;
+    let format = u32::from_le_bytes(format.try_into().map_err(|_| "format width")?);
+    if format != SNAPSHOT_FORMAT {
+        // Another build's layout of the market (the unversioned snapshots
+        // before 2026-12-06 read as an arbitrary number here): replaying the
+        // journal rebuilds the same state.
+        return Err(format!("written in snapshot format {format}; this build reads format {SNAPSHOT_FORMAT} only"));
     }
     let (state_hash, payload) = body.split_at_checked(8).ok_or("shorter than its state hash")?;
     let state_hash = u64::from_le_bytes(state_hash.try_into().map_err(|_| "state hash width")?);
@@ -595,6 +611,35 @@ mod tests {
         corrupt[last] ^= 0xff;
         store.put_raw(30, &corrupt).expect("plant corruption");
         assert_eq!(store.latest_valid().expect("read").map(|s| s.journal_seq), Some(20), "falls back to the older one");
+    }
+
+    /// A snapshot written by a build of another format, the unversioned
+    /// layout before formats (`checksum | state hash | record`) among
+    /// them, is skipped, never decoded as this build's.
+    #[test]
+    fn a_snapshot_of_another_format_is_skipped() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SnapshotStore::open(&dir.path().join("snapshots.redb")).expect("open");
+        store.write(&snapshot_at(10, 1)).expect("write");
+        let newer = snapshot_at(20, 2);
+        let unversioned = {
+            let mut body = newer.market.state_hash().to_le_bytes().to_vec();
+            body.extend_from_slice(&encode_record(&newer));
+            let mut value = checksum(&body).to_le_bytes().to_vec();
+            value.extend_from_slice(&body);
+            value
+        };
+        store.put_raw(20, &unversioned).expect("an older build's snapshot");
+        let reason = verify(&unversioned).err().expect("refused");
+        assert!(reason.contains(&format!("reads format {SNAPSHOT_FORMAT} only")), "{reason}");
+        assert_eq!(store.latest_valid().expect("read").map(|s| s.journal_seq), Some(10), "the older build's is skipped");
+        let mut next_format = stored_bytes(&snapshot_at(30, 3));
+        next_format[8..12].copy_from_slice(&(SNAPSHOT_FORMAT + 1).to_le_bytes());
+        let sum = checksum(&next_format[8..]).to_le_bytes();
+        next_format[..8].copy_from_slice(&sum);
+        store.put_raw(30, &next_format).expect("a newer build's snapshot");
+        assert_eq!(SNAPSHOTS_KEPT, 2, "the third write pruned the one at 10");
+        assert!(store.latest_valid().expect("read").is_none(), "a newer build's is skipped too");
     }
 
     /// A restored engine is the same state machine: same hash, and the same
