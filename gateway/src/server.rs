@@ -451,7 +451,9 @@ async fn serve_connection<S>(
                         // queued) and ask for a fresh snapshot and feed.
                         feeds.remove(&key);
                         let (channel, instrument) = key;
-                        conflation.forget(instrument);
+                        if channel == Channel::Book {
+                            conflation.forget(instrument);
+                        }
                         let resync = Request { connection: connection.id, id: 0, body: Body::Resync { channel, instrument } };
                         if !resyncs.spend(Instant::now()) || connection.core.try_send(resync).is_err() {
                             slow = Some(SlowCause::Resyncs);
