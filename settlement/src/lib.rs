@@ -139,6 +139,9 @@ pub struct Settlement {
     /// and no outcome depends on it).
     #[serde(skip)]
     keys: BTreeMap<[u8; 32], Option<ed25519_dalek::VerifyingKey>>,
+    /// The same for ZIP-215 verification.
+    #[serde(skip)]
+    zip215_keys: BTreeMap<[u8; 32], Option<gpux_protocol::Zip215Key>>,
     /// A report already verified under ZIP-215 off the sequencer's thread,
     /// as (key, report hash), for the next `report` call only: it skips the
     /// verification whose outcome it already knows (the same under ZIP-215
@@ -166,7 +169,8 @@ impl Settlement {
             && match self.rule {
                 SignatureRule::Legacy => self.verifying_key(reporter_key).is_some_and(|key| report.verify_with(&key)),
                 SignatureRule::Zip215 => {
-                    checked.is_some_and(|(key, hash)| key == *reporter_key && hash == report.hash()) || report.verify_zip215(reporter_key)
+                    checked.is_some_and(|(key, hash)| key == *reporter_key && hash == report.hash())
+                        || self.zip215_key(reporter_key).is_some_and(|key| report.verify_zip215_key(&key))
                 }
             };
         match self.check(reporter, signature_valid, terms, report, now_ms) {
@@ -208,6 +212,19 @@ impl Settlement {
         }
         let decompressed = ed25519_dalek::VerifyingKey::from_bytes(key).ok();
         self.keys.insert(*key, decompressed);
+        decompressed
+    }
+
+    /// The reporter's key, decompressed for ZIP-215 (`None`: not a valid key).
+    fn zip215_key(&mut self, key: &[u8; 32]) -> Option<gpux_protocol::Zip215Key> {
+        if let Some(cached) = self.zip215_keys.get(key) {
+            return *cached;
+        }
+        if self.zip215_keys.len() >= KEY_CACHE_MAX {
+            self.zip215_keys.clear();
+        }
+        let decompressed = gpux_protocol::Zip215Key::decompress(key);
+        self.zip215_keys.insert(*key, decompressed);
         decompressed
     }
 

@@ -97,6 +97,12 @@ impl SimExchange {
         self.market.settlement()
     }
 
+    /// The next usage report is `report` from `account`, verified under
+    /// ZIP-215 against `key` already (as the gateway marks it).
+    pub fn mark_report_checked(&mut self, account: AccountId, key: [u8; 32], report: &UsageReport) {
+        self.market.mark_report_checked(account, key, report);
+    }
+
     /// Binds an account to its public key, as the exchange does at first login.
     pub fn register_key(&mut self, account: AccountId, public_key: [u8; 32]) {
         self.record(JournalEntry::BindKey { public_key, account });

@@ -46,14 +46,28 @@ impl Sim {
         // The renter (if it watches) signs what it saw up to the report's end.
         let gpu_count = lease.gpus.len();
         self.sign_liveness(lease_id, report_end.min(self.now_ms));
-        for gpu_index in 0..gpu_count {
+        // The agent signs its GPUs' reports; the exchange verifies what
+        // arrives together in one ZIP-215 batch, as the gateway's verifier
+        // pool does (a batch that fails leaves each to settlement's own
+        // check), then settles them one by one.
+        let started = std::time::Instant::now();
+        let signed: Vec<(usize, UsageReport)> =
+            (0..gpu_count).filter_map(|gpu_index| Some((gpu_index, self.sign_gpu_report(lease_id, gpu_index, report_end)?))).collect();
+        let key = self.suppliers[supplier_index].key.verifying_key().to_bytes();
+        let batch: Vec<(&UsageReport, [u8; 32])> = signed.iter().map(|(_, report)| (report, key)).collect();
+        let verified = batch.len() > 1 && gpux_protocol::verify_batch_zip215(&batch);
+        self.report_wall += started.elapsed();
+        for (gpu_index, report) in signed {
             // A report that completes a provisional bill makes it final
             // (docs/market-rules.md "Late reports"), and the simulator may
             // forget the lease then: the rest would be refused anyway.
             if !self.leases.contains_key(&lease_id) {
                 return;
             }
-            self.report_gpu(lease_id, gpu_index, report_end, account);
+            if verified {
+                self.exchange.mark_report_checked(account, key, &report);
+            }
+            self.settle_gpu_report(lease_id, gpu_index, report_end, account, report);
         }
         if last {
             let Some(lease) = self.leases.get_mut(&lease_id) else { return };
@@ -74,12 +88,14 @@ impl Sim {
         }
     }
 
-    pub(super) fn report_gpu(&mut self, lease_id: LeaseId, gpu_index: usize, end_ms: u64, account: AccountId) {
+    /// The host's signed report of one GPU of the lease up to `end_ms`;
+    /// `None` when there is nothing new to report.
+    fn sign_gpu_report(&self, lease_id: LeaseId, gpu_index: usize, end_ms: u64) -> Option<UsageReport> {
         let lease = self.leases.get(&lease_id).expect("reported leases exist");
         let chain = &lease.chains[gpu_index];
         let start_ms = chain.last_end_ms;
         if end_ms <= start_ms {
-            return;
+            return None;
         }
         let supplier = &self.suppliers[lease.supplier as usize];
         // A fake-availability host claims the whole interval, up or not,
@@ -100,8 +116,13 @@ impl Sim {
             // journal holds both versions and replays must verify both.
             readings: (chain.accepted % 2 == 1).then_some(gpux_protocol::Readings { temperature_c_max: Some(66), power_w_mean: Some(560) }),
         };
+        Some(UsageReport::sign(body, &supplier.key))
+    }
+
+    /// Settles one signed report of the lease's GPU `gpu_index`, covering
+    /// up to `end_ms`, and follows its outcome.
+    fn settle_gpu_report(&mut self, lease_id: LeaseId, gpu_index: usize, end_ms: u64, account: AccountId, report: UsageReport) {
         let started = std::time::Instant::now();
-        let report = UsageReport::sign(body, &supplier.key);
         let mut events = Vec::new();
         let outcome = self.exchange.report(self.now_ms, account, &report, &mut events);
         self.report_wall += started.elapsed();
