@@ -122,6 +122,34 @@ async fn current_book(addr: &str) -> (u64, BTreeMap<u64, u64>) {
         .await
 }
 
+/// Subscribes `reader` to instrument 0's book and reads to its snapshot.
+async fn subscribed_copy(reader: &mut Client) -> BookCopy {
+    let id = reader.id();
+    reader.send(&ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await;
+    let mut copy = BookCopy::default();
+    while copy.snapshots == 0 {
+        let message = reader.recv().await;
+        copy.apply(&message);
+    }
+    copy
+}
+
+/// Reads until the copy is at the exchange's book as a fresh subscriber
+/// sees it now, checks that their best levels agree (a snapshot carries
+/// the best 1 000; the copy may also hold deeper ones that changed since)
+/// and returns the book's `seq`.
+async fn catch_up(reader: &mut Client, copy: &mut BookCopy, addr: &str) -> u64 {
+    let (final_seq, final_bids) = current_book(addr).await;
+    while copy.seq < final_seq {
+        let message = reader.recv().await;
+        copy.apply(&message);
+    }
+    assert_eq!(copy.seq, final_seq);
+    let best: BTreeMap<u64, u64> = copy.bids.iter().rev().take(BOOK_SNAPSHOT_LEVELS_MAX).map(|(p, q)| (*p, *q)).collect();
+    assert_eq!(best, final_bids, "the reader's book is the exchange's");
+    final_seq
+}
+
 /// A reader that pauses while the book moves thousands of times, more than
 /// the feed keeps, reads on to one fresh snapshot in place of what it
 /// missed, never sees a gap, and ends with the exchange's book.
@@ -131,28 +159,13 @@ async fn a_reader_that_pauses_gets_a_fresh_snapshot_in_place_of_what_it_missed()
     let exchange = Exchange::start_with(dir.path(), Some(&key(1)), &["--feed-frames-max", "2048", "--write-stall-ms", "60000"]);
     let mut traders = funded_traders(&exchange, 20..26).await;
     let mut reader = Client::connect_with_receive_buffer(&exchange.addr, Some(4096)).await;
-    let id = reader.id();
-    reader.send(&ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await;
-    let mut copy = BookCopy::default();
-    while copy.snapshots == 0 {
-        let message = reader.recv().await;
-        copy.apply(&message);
-    }
+    let mut copy = subscribed_copy(&mut reader).await;
     // The reader stops reading while the book moves 54 000 times: more than
     // its socket buffers and the feed's 2 048 frames hold (the feed must hold a
     // sequencer batch: a chunk of 500 orders moves the book 500 times at once).
     move_book(&mut traders, 0, 9_000).await;
-    let (final_seq, final_bids) = current_book(&exchange.addr).await;
-    while copy.seq < final_seq {
-        let message = reader.recv().await;
-        copy.apply(&message);
-    }
+    let final_seq = catch_up(&mut reader, &mut copy, &exchange.addr).await;
     assert!(copy.snapshots >= 2, "the reader fell behind and was sent a fresh snapshot");
-    assert_eq!(copy.seq, final_seq);
-    // A snapshot carries the best 1 000 levels; the copy also has deeper
-    // ones that changed since. The best levels agree.
-    let best: BTreeMap<u64, u64> = copy.bids.iter().rev().take(BOOK_SNAPSHOT_LEVELS_MAX).map(|(p, q)| (*p, *q)).collect();
-    assert_eq!(best, final_bids, "the reader's book is the exchange's");
     // Still subscribed and served: the next update arrives.
     move_book(&mut traders[..1], 10_000, 1).await;
     let next = reader.recv_until(|message| matches!(message, ServerMessage::BookUpdate { .. }).then(|| message.clone())).await;
@@ -179,27 +192,14 @@ async fn a_version_2_reader_that_pauses_gets_what_it_missed_conflated_per_level(
     }
     reader.send(&auth).await;
     reader.recv_until(|message| matches!(message, ServerMessage::Authenticated { .. }).then_some(())).await;
-    let id = reader.id();
-    reader.send(&ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await;
-    let mut copy = BookCopy::default();
-    while copy.snapshots == 0 {
-        let message = reader.recv().await;
-        copy.apply(&message);
-    }
+    let mut copy = subscribed_copy(&mut reader).await;
     // 54 000 updates over 1 500 prices while the reader does not read: far
     // more than its socket and outbox hold, fewer levels than it may conflate.
     move_book_over(&mut traders, 0, 9_000, 1_500).await;
-    let (final_seq, final_bids) = current_book(&exchange.addr).await;
-    while copy.seq < final_seq {
-        let message = reader.recv().await;
-        copy.apply(&message);
-    }
+    let final_seq = catch_up(&mut reader, &mut copy, &exchange.addr).await;
     assert_eq!(copy.snapshots, 1, "caught up without a snapshot");
     assert!(copy.conflated >= 1 && copy.batches >= 1, "{} conflated, {} batches", copy.conflated, copy.batches);
-    assert_eq!(copy.seq, final_seq);
     assert_eq!(copy.bids.len(), 1_500, "every level, deeper than a snapshot's 1 000");
-    let best: BTreeMap<u64, u64> = copy.bids.iter().rev().take(BOOK_SNAPSHOT_LEVELS_MAX).map(|(p, q)| (*p, *q)).collect();
-    assert_eq!(best, final_bids, "the reader's book is the exchange's");
     move_book(&mut traders[..1], 10_000, 1).await;
     let next = reader.recv_until(|message| matches!(message, ServerMessage::MarketData { .. }).then(|| message.clone())).await;
     copy.apply(&next);
