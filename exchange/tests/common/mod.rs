@@ -455,6 +455,22 @@ pub fn metric(body: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("{name} in {body}"))
 }
 
+/// Scrapes the metrics until the series `name` (as for [`metric`]) is at
+/// least `value`, for what is counted after the event a test saw (10 s at
+/// most); returns the last body.
+pub async fn await_metric_at_least(addr: &str, name: &str, value: f64) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let body = scrape(addr).await;
+        let now = body.lines().find_map(|line| line.strip_prefix(name).and_then(|rest| rest.trim().parse::<f64>().ok()));
+        if now.is_some_and(|now| now >= value) {
+            return body;
+        }
+        assert!(std::time::Instant::now() < deadline, "{name} never reached {value}: {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// `GET /metrics` from the exchange's metrics port, the whole response.
 pub async fn scrape(addr: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
