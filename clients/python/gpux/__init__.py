@@ -1,13 +1,15 @@
-"""gpux: Python client for the gpux GPU-capacity exchange (docs/protocol.md)."""
+"""gpux: Python client for the gpux GPU-capacity exchange (docs/protocol.md).
 
+Answers are typed records (`gpux.answers`: `Lease`, `StatementLine`,
+`JobInfo`, ...). Instruments are found by symbol (`Client.instrument(
+"H100-SXM-80G/SPOT")`): an exchange's listing decides their ids."""
+
+from . import answers
+from .answers import Record
 from .client import Book, Client, GpuxError, Key, gpu_probe_reports, invite, invoice_signed_bytes, pack_bundle, verify_invoice
 from .delivery import Secrets, Workload, describe
 from .rest import Rest, rest_signed_bytes, rest_signed_write_bytes
 from .messages import (
-    A100_PREEMPT,
-    A100_SPOT,
-    H100_PREEMPT,
-    H100_SPOT,
     Ack,
     AmountError,
     Balance,
@@ -29,8 +31,8 @@ from .messages import (
 )
 
 __all__ = [
-    "A100_PREEMPT",
-    "A100_SPOT",
+    "Record",
+    "answers",
     "Ack",
     "AmountError",
     "Balance",
@@ -43,8 +45,6 @@ __all__ = [
     "Delivery",
     "Error",
     "GpuxError",
-    "H100_PREEMPT",
-    "H100_SPOT",
     "JobUpdate",
     "Key",
     "LeaseDelivery",

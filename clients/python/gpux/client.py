@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives import serialization
 from websockets.asyncio.client import connect as ws_connect
 
+from . import answers as a
 from . import delivery as d
 from . import messages as m
 
@@ -65,13 +66,15 @@ def gpu_probe_reports(output: str) -> list[dict]:
 INVOICE_DOMAIN = b"gpux-invoice-v1:"
 
 
-def invoice_signed_bytes(invoice: dict) -> bytes:
+def invoice_signed_bytes(invoice: dict | a.InvoiceDocument) -> bytes:
     """What the exchange signs for an invoice: the domain, then the whole
     invoice as canonical JSON (docs/protocol.md "Invoices")."""
+    if isinstance(invoice, a.Record):
+        invoice = invoice.to_wire()
     return INVOICE_DOMAIN + json.dumps(invoice, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def verify_invoice(invoice: dict, signature: str, public_key: str) -> bool:
+def verify_invoice(invoice: dict | a.InvoiceDocument, signature: str, public_key: str) -> bool:
     """Whether `signature` is the exchange key `public_key`'s over `invoice`
     (all of its lines): anyone can check an invoice with the published key."""
     try:
@@ -263,7 +266,7 @@ class Client:
         self.deliveries: dict[int, m.Delivery] = {}
         self._delivery_changed = asyncio.Event()
         # The newest state of each of the account's jobs seen on this connection.
-        self.jobs_seen: dict[int, dict] = {}
+        self.jobs_seen: dict[int, a.JobInfo] = {}
         self._job_changed = asyncio.Event()
         self._reader: Optional[asyncio.Task] = None
         self._key: Optional[Key] = None
@@ -427,7 +430,7 @@ class Client:
             self.deliveries[message.lease] = message
             self._delivery_changed.set()
         elif isinstance(message, m.JobUpdate):
-            self.jobs_seen[message.job["job"]] = message.job
+            self.jobs_seen[message.job.job] = message.job
             self._job_changed.set()
         elif isinstance(message, (m.BookSnapshot, m.BookUpdate, m.BookConflated, m.Trade)):
             book = self._books.get(message.instrument)
@@ -512,21 +515,23 @@ class Client:
         """Pays a supplier's earnings out (the operator names `account`)."""
         return await self.request("payout", account=account, amount_minor=amount_minor)
 
-    async def statement(self) -> list[dict]:
+    async def statement(self) -> list[a.StatementLine]:
         """Every ledger transfer of the account, oldest first (all pages)."""
-        lines, after = [], None
+        lines: list[a.StatementLine] = []
+        after = None
         while True:
-            page = (await self.request("statement", after=after)).fields
-            lines += page["lines"]
-            if page.get("next_after") is None:
+            page: a.Statement = await self.request("statement", after=after)
+            lines += page.lines
+            if page.next_after is None:
                 return lines
-            after = page["next_after"]
+            after = page.next_after
 
     # --- sub-accounts and keys (docs/protocol.md "Sub-accounts", "Keys and scopes")
 
     async def open_sub_account(self) -> int:
         """Opens a sub-account under this account; returns its account id."""
-        return (await self.request("open_sub_account")).fields["account"]
+        opened: a.SubAccountOpened = await self.request("open_sub_account")
+        return opened.account
 
     async def move_funds(self, sub_account: int, amount_minor: int, to_sub_account: bool = True) -> m.Ack:
         """Moves available funds to a sub-account (or back with `to_sub_account=False`)."""
@@ -543,15 +548,16 @@ class Client:
         limits = {"max_open_orders": max_open_orders, "max_order_minor": max_order_minor, "max_held_minor": max_held_minor}
         return await self.request("set_sub_account_limits", sub_account=sub_account, limits=limits)
 
-    async def sub_accounts(self) -> list[dict]:
+    async def sub_accounts(self) -> list[a.SubAccount]:
         """This account's sub-accounts with balances, open orders and limits (all pages)."""
-        subs, offset = [], 0
+        subs: list[a.SubAccount] = []
+        offset = 0
         while True:
-            page = (await self.request("sub_accounts", offset=offset)).fields
-            subs += page["sub_accounts"]
-            if page.get("next_offset") is None:
+            page: a.SubAccounts = await self.request("sub_accounts", offset=offset)
+            subs += page.sub_accounts
+            if page.next_offset is None:
                 return subs
-            offset = page["next_offset"]
+            offset = page.next_offset
 
     async def add_key(
         self,
@@ -560,118 +566,118 @@ class Client:
         account: Optional[int] = None,
         expires_at_ms: Optional[int] = None,
         label: str = "",
-    ) -> dict:
+    ) -> a.KeyAdded:
         """Lets another key act as this account (or sub-account `account`)
         with `scopes` (read, trade, deliver, withdraw, manage)."""
-        answer = await self.request(
+        return await self.request(
             "add_key", account=account, public_key=public_key, scopes=scopes, expires_at_ms=expires_at_ms, label=label
         )
-        return answer.fields
 
-    async def revoke_key(self, public_key: str) -> dict:
+    async def revoke_key(self, public_key: str) -> a.KeyRevoked:
         """Revokes a key; its open sessions are closed at once."""
-        return (await self.request("revoke_key", public_key=public_key)).fields
+        return await self.request("revoke_key", public_key=public_key)
 
-    async def keys(self, account: Optional[int] = None) -> list[dict]:
+    async def keys(self, account: Optional[int] = None) -> list[a.KeyInfo]:
         """The keys of this account (or of sub-account `account`), owner key first."""
-        return (await self.request("keys", account=account)).fields["keys"]
+        answer: a.Keys = await self.request("keys", account=account)
+        return answer.keys
 
-    async def lease_telemetry(self, lease: int) -> list[dict]:
+    async def lease_telemetry(self, lease: int) -> list[a.GpuTelemetry]:
         """Each GPU of a lease (you rent or supply) with its latest usage
-        reports' measurements, oldest first: `gpu_uuid` and `samples`
-        (`start_ms`, `end_ms`, `available_ms`, `utilisation_percent`,
-        `memory_used_mib_max`, `unhealthy_samples`, `temperature_c_max`,
-        `power_w_mean`; the last two None from reports without readings)."""
-        return (await self.request("lease_telemetry", lease=lease)).fields["gpus"]
+        reports' measurements, oldest first (`gpu_uuid`, `samples`)."""
+        answer: a.LeaseTelemetry = await self.request("lease_telemetry", lease=lease)
+        return answer.gpus
 
     async def ping(self) -> int:
         """The exchange's clock now (ms since the epoch), answered `pong`."""
-        return (await self.request("ping")).fields["server_time_ms"]
+        pong: a.Pong = await self.request("ping")
+        return pong.server_time_ms
 
     async def exchange_key(self) -> str:
         """The exchange's public key (hex), which signs invoices."""
-        return (await self.request("exchange_key")).fields["public_key"]
+        answer: a.ExchangeKey = await self.request("exchange_key")
+        return answer.public_key
 
-    async def invoice(self, period: str, account: Optional[int] = None) -> dict:
+    async def invoice(self, period: str, account: Optional[int] = None) -> a.SignedInvoice:
         """The signed invoice for a closed month `YYYY-MM` (of sub-account
         `account`), every page put together and its signature checked
         against the exchange's published key (GpuxError `invoice_forged`
-        if it does not verify). Returns `invoice`, `signature`, `exchange_key`."""
+        if it does not verify)."""
         return await self._signed_document(lambda offset: self.request("invoice", period=period, account=account, offset=offset))
 
-    async def _signed_document(self, page_at) -> dict:
+    async def _signed_document(self, page_at) -> a.SignedInvoice:
         """Every page of an `invoice` answer (`page_at(offset)`) put together,
         its signature checked against the exchange's published key."""
         published = await self.exchange_key()
-        lines, offset = [], 0
+        lines: list[a.InvoiceLine] = []
+        offset = 0
         while True:
-            page = (await page_at(offset)).fields
-            lines += page["invoice"]["lines"]
-            if page.get("next_offset") is None:
+            page: a.InvoicePage = await page_at(offset)
+            lines += page.invoice.lines
+            if page.next_offset is None:
                 break
-            offset = page["next_offset"]
-        document = dict(page["invoice"], lines=lines)
-        if page["exchange_key"] != published or not verify_invoice(document, page["signature"], published):
-            raise GpuxError("invoice_forged", f"{document['number']} does not verify with the exchange's key {published}")
-        return {"invoice": document, "signature": page["signature"], "exchange_key": published}
+            offset = page.next_offset
+        document = page.invoice
+        document.lines = lines
+        if page.exchange_key != published or not verify_invoice(document, page.signature, published):
+            raise GpuxError("invoice_forged", f"{document.number} does not verify with the exchange's key {published}")
+        return a.SignedInvoice(document, page.signature, published)
 
     # Jobs (docs/jobs.md, docs/protocol.md "Jobs").
 
-    async def submit_job(self, job: dict) -> dict:
+    async def submit_job(self, job: dict) -> a.JobInfo:
         """Submits a job (the fields of `submit_job`: name, instrument, gpus,
         one_host, limit_minor_per_gpu_hour, hours, budget_minor, retries,
         run {image, command, bundle, ...}; and for a job on several hosts of
         one fabric, nodes and min_fabric_gbps: docs/jobs.md "Clusters");
         returns the job as it stands. Bad fields raise GpuxError
         `job_invalid` naming the field."""
-        return (await self.request("submit_job", job=job)).fields["job"]
+        return (await self.request("submit_job", job=job)).job
 
-    async def job(self, job: int) -> dict:
+    async def job(self, job: int) -> a.JobInfo:
         """One of the account's jobs: state, attempts, leases, escrow."""
-        return (await self.request("job_status", job=job)).fields["job"]
+        return (await self.request("job_status", job=job)).job
 
-    async def jobs(self) -> list[dict]:
+    async def jobs(self) -> list[a.JobInfo]:
         """Every job of the account the exchange keeps, newest first."""
-        found, offset = [], 0
+        found: list[a.JobInfo] = []
+        offset = 0
         while True:
-            page = (await self.request("jobs", offset=offset)).fields
-            found += page["jobs"]
-            if page.get("next_offset") is None:
+            page: a.Jobs = await self.request("jobs", offset=offset)
+            found += page.jobs
+            if page.next_offset is None:
                 return found
-            offset = page["next_offset"]
+            offset = page.next_offset
 
-    async def resize_job(self, job: int, gpus: int) -> dict:
+    async def resize_job(self, job: int, gpus: int) -> a.JobInfo:
         """Grows (or shrinks) a running job to `gpus`: the new size is bought
         first, then the job restarts there from its checkpoint."""
-        return (await self.request("resize_job", job=job, gpus=gpus)).fields["job"]
+        return (await self.request("resize_job", job=job, gpus=gpus)).job
 
-    async def cancel_job(self, job: int) -> dict:
+    async def cancel_job(self, job: int) -> a.JobInfo:
         """Cancels a job: its bid is cancelled or its leases ended."""
-        return (await self.request("cancel_job", job=job)).fields["job"]
+        return (await self.request("cancel_job", job=job)).job
 
-    async def wait_job(self, job: int, until=("succeeded", "failed", "cancelled"), timeout: float = 120.0) -> dict:
+    async def wait_job(self, job: int, until=("succeeded", "failed", "cancelled"), timeout: float = 120.0) -> a.JobInfo:
         """Waits until the job's state is one of `until` (its pushed
         `job_update`s, or its state now); returns the job."""
-        def state_name(info: dict) -> str:
-            state = info["state"]
-            return state if isinstance(state, str) else next(iter(state))
 
         async def loop():
             known = await self.job(job)
             self.jobs_seen.setdefault(job, known)
             while True:
                 info = self.jobs_seen.get(job)
-                if info is not None and state_name(info) in until:
+                if info is not None and info.state_name in until:
                     return info
                 self._job_changed.clear()
                 await self._job_changed.wait()
 
         return await asyncio.wait_for(loop(), timeout)
 
-    async def job_store_token(self) -> dict:
-        """A bearer token for the account's prefix of the job store:
-        `url`, `token`, `expires_at_ms` (docs/protocol.md "The job store")."""
-        return (await self.request("job_store_token")).fields
+    async def job_store_token(self) -> a.JobStoreToken:
+        """A bearer token for the account's prefix of the job store
+        (docs/protocol.md "The job store")."""
+        return await self.request("job_store_token")
 
     async def put_bundle(self, bundle: bytes) -> dict:
         """Puts a code bundle (a gzip-compressed tar, `pack_bundle`) in the
@@ -681,7 +687,7 @@ class Client:
         sha256 = hashlib.sha256(bundle).hexdigest()
         token = await self.job_store_token()
         key = f"{self.account}/bundles/{sha256}.tar.gz"
-        await _store_request("PUT", f"{token['url']}/v1/objects/{key}", token["token"], bundle)
+        await _store_request("PUT", f"{token.url}/v1/objects/{key}", token.token, bundle)
         return {"sha256": sha256, "bytes": len(bundle)}
 
     async def put_input(self, packed: bytes) -> dict:
@@ -691,7 +697,7 @@ class Client:
 
         sha256 = hashlib.sha256(packed).hexdigest()
         token = await self.job_store_token()
-        await _store_request("PUT", f"{token['url']}/v1/objects/{self.account}/inputs/{sha256}.tar.gz", token["token"], packed)
+        await _store_request("PUT", f"{token.url}/v1/objects/{self.account}/inputs/{sha256}.tar.gz", token.token, packed)
         return {"store": {"sha256": sha256, "bytes": len(packed)}}
 
     async def job_results(self, job: int, to: str | Path, checkpoints: bool = False) -> list[str]:
@@ -701,19 +707,19 @@ class Client:
         written = []
         for area in ["outputs"] + (["checkpoints"] if checkpoints else []):
             prefix = f"{self.account}/jobs/{job}/"
-            listed = json.loads(await _store_request("GET", f"{token['url']}/v1/list/{prefix}{area}", token["token"]))
+            listed = json.loads(await _store_request("GET", f"{token.url}/v1/list/{prefix}{area}", token.token))
             for item in listed:
                 relative = item["key"][len(prefix):]
                 if any(part in ("", ".", "..") for part in relative.split("/")):
                     continue
-                data = await _store_request("GET", f"{token['url']}/v1/objects/{item['key']}", token["token"])
+                data = await _store_request("GET", f"{token.url}/v1/objects/{item['key']}", token.token)
                 path = Path(to) / relative
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
                 written.append(relative)
         return written
 
-    async def job_bill(self, job: int) -> dict:
+    async def job_bill(self, job: int) -> a.SignedInvoice:
         """The job's bill so far (its leases' usage, fees and credits), every
         page put together and its signature checked like an invoice's."""
         return await self._signed_document(lambda offset: self.request("job_bill", job=job, offset=offset))
@@ -730,12 +736,10 @@ class Client:
             time_in_force=time_in_force,
         )
 
-    async def recent_statement(self, before: Optional[int] = None) -> dict:
+    async def recent_statement(self, before: Optional[int] = None) -> a.RecentStatement:
         """One page of the account's transfers, newest first (before transfer
         id `before`): `lines`, and `next_before` for the next (older) page."""
-        fields = dict((await self.request("recent_statement", before=before)).fields)
-        fields.pop("id", None)
-        return fields
+        return await self.request("recent_statement", before=before)
 
     async def set_spend_limits(
         self, daily_minor: Optional[int] = None, total_minor: Optional[int] = None, max_held_minor: Optional[int] = None
@@ -745,9 +749,10 @@ class Client:
         limits = {"daily_minor": daily_minor, "total_minor": total_minor, "max_held_minor": max_held_minor}
         return await self.request("set_spend_limits", limits=limits)
 
-    async def spend(self) -> Optional[dict]:
+    async def spend(self) -> Optional[a.Spend]:
         """The account's spend limits and what they count (None without limits)."""
-        return (await self.request("spend")).fields["spend"]
+        answer: a.SpendAnswer = await self.request("spend")
+        return answer.spend
 
     async def end_lease(self, lease: int) -> m.Ack:
         return await self.request("end_lease", lease=lease)
@@ -769,91 +774,94 @@ class Client:
         (docs/market-rules.md "Cluster bids")."""
         return await self.request("register_gpu", host=host, gpu_uuid=gpu_uuid, spec=spec, region=region, zone=zone, fabric=fabric)
 
-    async def listing(self) -> dict:
+    async def listing(self) -> a.Listing:
         """The listing the exchange runs (public): currency, regions, fees,
         classes with their SLA, calendar and challenge."""
-        return (await self.request("listing")).fields["listing"]
+        answer: a.ListingAnswer = await self.request("listing")
+        return answer.listing
 
     async def currency(self) -> m.Currency:
         """The exchange's currency, to read and write amounts in."""
-        currency = (await self.listing())["currency"]
-        return m.Currency(currency["code"], currency["decimals"])
+        currency = (await self.listing()).currency
+        return m.Currency(currency.code, currency.decimals)
 
     async def set_gpu_online(self, gpu: int, online: bool) -> m.Ack:
         return await self.request("set_gpu_online", gpu=gpu, online=online)
 
-    async def my_gpus(self) -> list[dict]:
+    async def my_gpus(self) -> list[a.Gpu]:
         """The account's registered GPUs (all pages)."""
-        gpus, offset = [], 0
+        gpus: list[a.Gpu] = []
+        offset = 0
         while True:
-            page = (await self.request("my_gpus", offset=offset)).fields
-            gpus += page["gpus"]
-            if page.get("next_offset") is None:
+            page: a.Gpus = await self.request("my_gpus", offset=offset)
+            gpus += page.gpus
+            if page.next_offset is None:
                 return gpus
-            offset = page["next_offset"]
+            offset = page.next_offset
 
-    async def stats(self, instrument: int) -> dict:
+    async def stats(self, instrument: int) -> a.Stats:
         """An instrument's last 24 hours: open, high, low, last, volume, trades."""
-        fields = dict((await self.request("stats", instrument=instrument)).fields)
-        fields.pop("id", None)
-        return fields
+        return await self.request("stats", instrument=instrument)
 
-    async def instruments(self) -> list[dict]:
-        return (await self.request("instruments")).fields["instruments"]
+    async def instruments(self) -> list[a.Instrument]:
+        """Every instrument the exchange lists (public)."""
+        answer: a.Instruments = await self.request("instruments")
+        return answer.instruments
 
-    async def supplier_stats(self, supplier: int) -> dict:
+    async def instrument(self, symbol: str) -> a.Instrument:
+        """The instrument of `symbol` (`CLASS/CONTRACT`, e.g.
+        "H100-SXM-80G/SPOT"); GpuxError `unknown_instrument` if the
+        exchange lists none by that name."""
+        for each in await self.instruments():
+            if each.symbol == symbol:
+                return each
+        raise GpuxError("unknown_instrument", f"the exchange lists no instrument {symbol}")
+
+    async def supplier_stats(self, supplier: int) -> a.SupplierStats:
         """A supplier's reliability (public): `record` (score_bps, None while
         unrated, and its facts) over `window_days`, and each host's."""
-        return (await self.request("supplier_stats", supplier=supplier)).fields
+        return await self.request("supplier_stats", supplier=supplier)
 
-    async def book_offers(self, instrument: int) -> list[dict]:
+    async def book_offers(self, instrument: int) -> list[a.BookOffer]:
         """Every ask in the instrument's book, best first, each with its
         seller, the seller's score and how many of its GPUs are verified
         (public). Pages follow the book's cursor (`next_after`), so asks
         that leave while it reads move no other past a page's edge."""
-        offers, after = [], None
+        offers: list[a.BookOffer] = []
+        after = None
         while True:
-            page = (await self.request("book_offers", instrument=instrument, after=after)).fields
-            offers += page["offers"]
-            if page.get("next_after") is None:
+            page: a.BookOffers = await self.request("book_offers", instrument=instrument, after=after)
+            offers += page.offers
+            if page.next_after is None:
                 return offers
-            after = page["next_after"]
+            after = page.next_after
 
-    async def book_once(self, instrument: int) -> dict:
+    async def book_once(self, instrument: int) -> a.BookLevels:
         """An instrument's book now, once, without following it (public;
         `book()` follows it live): `seq`, `bids` and `asks` as
         `[price, quantity]` levels, best first."""
-        fields = dict((await self.request("book", instrument=instrument)).fields)
-        fields.pop("id", None)
-        return fields
+        return await self.request("book", instrument=instrument)
 
-    async def trades(self, instrument: int, before_seq: Optional[int] = None) -> dict:
-        """One page of an instrument's trades, newest first (public):
-        `trades` (`seq`, `at_ms`, `price_minor_per_gpu_hour`, `quantity`,
-        `aggressor`) and `next_before_seq` for the next (older) page."""
-        fields = dict((await self.request("trades", instrument=instrument, before_seq=before_seq)).fields)
-        fields.pop("id", None)
-        return fields
+    async def trades(self, instrument: int, before_seq: Optional[int] = None) -> a.Trades:
+        """One page of an instrument's trades, newest first (public), and
+        `next_before_seq` for the next (older) page."""
+        return await self.request("trades", instrument=instrument, before_seq=before_seq)
 
-    async def candles(self, instrument: int, interval: str = "1h", before_ms: Optional[int] = None) -> dict:
+    async def candles(self, instrument: int, interval: str = "1h", before_ms: Optional[int] = None) -> a.Candles:
         """Price candles of `interval` (`1m`, `1h` or `1d`), oldest first
-        (public): `candles` (`start_ms`, `open`, `high`, `low`, `close`,
-        `volume`, `trades`) and `next_before_ms` while older ones exist."""
-        fields = dict((await self.request("candles", instrument=instrument, interval=interval, before_ms=before_ms)).fields)
-        fields.pop("id", None)
-        return fields
+        (public), and `next_before_ms` while older ones exist."""
+        return await self.request("candles", instrument=instrument, interval=interval, before_ms=before_ms)
 
-    async def fills(self, before: Optional[dict] = None) -> dict:
+    async def fills(self, before: Optional[dict] = None) -> a.Fills:
         """One page of the account's fills, newest first: `fills` and
         `next_before` (pass it as `before` for the next, older page)."""
-        fields = dict((await self.request("fills", before=before)).fields)
-        fields.pop("id", None)
-        return fields
+        return await self.request("fills", before=before)
 
-    async def renter_stats(self, renter: int) -> dict:
+    async def renter_stats(self, renter: int) -> a.RenterRecord:
         """An account's record as a renter (public): liveness observations
         it signed, time signed unreachable, disputes raised."""
-        return (await self.request("renter_stats", renter=renter)).fields["record"]
+        answer: a.RenterStats = await self.request("renter_stats", renter=renter)
+        return answer.record
 
     def exchange_now_ms(self) -> int:
         """The exchange's clock, as measured at login."""
@@ -876,25 +884,25 @@ class Client:
         available is disputed and proven (docs/market-rules.md "Disputes")."""
         return await self.request("gpu_probe", report=report)
 
-    async def open_orders(self) -> list[dict]:
+    async def open_orders(self) -> list[a.Order]:
         """Every open order, by order id, following the pages' cursor (an
         order that closes meanwhile moves no other past the reader)."""
         return await self._every_page(lambda after: self.request("open_orders", after=after), "orders")
 
-    async def leases(self) -> list[dict]:
+    async def leases(self) -> list[a.Lease]:
         """Every lease the account rents or supplies, newest first."""
         return await self._every_page(lambda after: self.request("leases", after=after), "leases")
 
     @staticmethod
-    async def _every_page(ask, items: str) -> list[dict]:
-        rows: list[dict] = []
+    async def _every_page(ask, items: str) -> list:
+        rows: list = []
         after = None
         while True:
-            page = (await ask(after)).fields
-            rows += page[items]
-            if page.get("next_after") is None:
+            page = await ask(after)
+            rows += getattr(page, items)
+            if page.next_after is None:
                 return rows
-            after = page["next_after"]
+            after = page.next_after
 
     # --- lease delivery ------------------------------------------------------
 
@@ -903,7 +911,7 @@ class Client:
         signature (GpuxError `encryption_key_invalid` if it does not verify)."""
         answer = await self.request("host_key", lease=lease)
         try:
-            return d.verified_host_key(answer.fields)
+            return d.verified_host_key(answer.to_wire())
         except ValueError as error:
             raise GpuxError("encryption_key_invalid", str(error)) from error
 
@@ -921,7 +929,8 @@ class Client:
 
     async def lease_logs(self, lease: int, tail_bytes: int = 16384) -> str:
         """The last `tail_bytes` of the workload's output, from the host."""
-        return (await self.request("lease_logs", lease=lease, tail_bytes=tail_bytes)).fields["data"]
+        logs: a.LeaseLogs = await self.request("lease_logs", lease=lease, tail_bytes=tail_bytes)
+        return logs.data
 
     async def wait_delivery(self, lease: int, states=("running",), timeout: float = 120.0) -> m.Delivery:
         """Waits for a lease's delivery to reach one of `states`; raises

@@ -14,11 +14,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Optional
 
-MINOR_PER_DOLLAR = 1_000_000
+from .answers import ANSWERS, JobInfo, Record
 
-# The demo listing's spot and preemptible instruments (EngineConfig::demo).
-H100_SPOT, H100_PREEMPT = 0, 1
-A100_SPOT, A100_PREEMPT = 2, 3
+MINOR_PER_DOLLAR = 1_000_000
 
 
 class AmountError(ValueError):
@@ -317,11 +315,11 @@ class LeaseDelivery:
 
 
 @dataclass
-class JobUpdate:
+class JobUpdate(Record):
     """Pushed at every change of one of the account's jobs (docs/protocol.md
     "Jobs"): the job as `job_status` shows it, its `state` the one entered."""
 
-    job: dict
+    job: JobInfo
 
 
 @dataclass
@@ -366,9 +364,11 @@ def parse(message: dict) -> Any:
         return Private(seq=event["seq"], at_ms=event["at_ms"], kind=name, fields=fields, reason=body.get("reason"))
     if kind == "market_data":
         return MarketData(messages=[parse(inner) for inner in body["messages"]])
-    cls = _TYPES.get(kind)
+    cls = _TYPES.get(kind) or ANSWERS.get(kind)
     if cls is None:
         return Unknown(kind, body)
+    if issubclass(cls, Record):
+        return cls.from_wire(body)
     known = {k: v for k, v in body.items() if k in cls.__dataclass_fields__}
     return cls(**known)
 

@@ -20,7 +20,14 @@ import gpux
 
 ROOT = Path(__file__).resolve().parents[3]
 EXCHANGE = Path(os.environ.get("GPUX_EXCHANGE_BIN", ROOT / "target" / "debug" / "gpux-exchange"))
+# The demo listing's books these tests trade (EngineConfig::demo; a client
+# finds an exchange's own by symbol, `Client.instrument`).
+H100_SPOT = 0
 sys.path.insert(0, str(ROOT / "clients" / "python" / "examples"))
+
+
+def without_id(record: gpux.Record) -> dict:
+    return {name: value for name, value in record.to_wire().items() if name != "id"}
 
 
 def free_port() -> int:
@@ -90,8 +97,8 @@ async def supplier_with_gpus(url, count=1, role="supplier", key=None):
     spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
     for index in range(count):
         await supplier.request("register_gpu", host=f"py-host-{supplier.account}", gpu_uuid=f"GPU-py-{supplier.account}-{index}", spec=spec)
-    gpus = (await supplier.request("my_gpus")).fields["gpus"]
-    return supplier, gpus[0]["host"]
+    gpus = (await supplier.request("my_gpus")).gpus
+    return supplier, gpus[0].host
 
 
 def test_login_opens_an_account_and_refusals_carry_their_stable_code(exchange):
@@ -103,10 +110,10 @@ def test_login_opens_an_account_and_refusals_carry_their_stable_code(exchange):
             balance = await renter.balance()
             assert (balance.available_minor, balance.held_minor, balance.debt_minor) == (0, 0, 0)
             with pytest.raises(gpux.GpuxError) as off_tick:
-                await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", 2_000_500, 1))
+                await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", 2_000_500, 1))
             assert off_tick.value.code == "price_off_tick"
             with pytest.raises(gpux.GpuxError) as unfunded:
-                await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2"), 1))
+                await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("2"), 1))
             assert unfunded.value.code == "insufficient_funds"
             with pytest.raises(gpux.GpuxError) as unknown:
                 await renter.place(gpux.OrderTicket.limit(999, "buy", gpux.dollars("2"), 1))
@@ -119,7 +126,12 @@ def test_login_opens_an_account_and_refusals_carry_their_stable_code(exchange):
             assert malformed.value.code == "wrong_type" and time.monotonic() - started < 5
             assert (await renter.balance()).available_minor == 0, "the session is still sound"
         async with await gpux.Client.connect(url) as anonymous:
-            assert any(i["symbol"] == "H100-SXM-80G/SPOT" for i in await anonymous.instruments()), "market data is public"
+            assert any(i.symbol == "H100-SXM-80G/SPOT" for i in await anonymous.instruments()), "market data is public"
+            spot = await anonymous.instrument("H100-SXM-80G/SPOT")
+            assert (spot.instrument, spot.class_, spot.contract) == (H100_SPOT, "H100-SXM-80G", "spot"), spot
+            with pytest.raises(gpux.GpuxError) as unlisted:
+                await anonymous.instrument("H100-SXM-80G/FUTURE")
+            assert unlisted.value.code == "unknown_instrument"
             with pytest.raises(gpux.GpuxError) as private:
                 await anonymous.balance()
             assert private.value.code == "not_authenticated"
@@ -170,51 +182,51 @@ def test_an_order_that_fills_brings_its_trade_and_lease_on_the_private_feed(exch
 
     async def scenario():
         supplier, host = await supplier_with_gpus(url)
-        ask = gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1})
+        ask = gpux.OrderTicket.limit(H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1})
         await supplier.place(ask)
         renter = await funded_renter(url, operator)
         async with await gpux.Client.connect(url) as anonymous:
             stats = await anonymous.supplier_stats(supplier.account)
-            assert stats["window_days"] == 30 and stats["record"]["score_bps"] is None, "public, and unrated before any lease closed"
-            assert [h["host"] for h in stats["hosts"]] == [host]
-            offers = await anonymous.book_offers(gpux.H100_SPOT)
-            assert [(o["price_minor_per_gpu_hour"], o["supplier"], o["host"], o["supplier_score_bps"]) for o in offers] == [
+            assert stats.window_days == 30 and stats.record.score_bps is None, "public, and unrated before any lease closed"
+            assert [h.host for h in stats.hosts] == [host]
+            offers = await anonymous.book_offers(H100_SPOT)
+            assert [(o.price_minor_per_gpu_hour, o.supplier, o.host, o.supplier_score_bps) for o in offers] == [
                 (2_000_000, supplier.account, host, None)
             ], offers
             with pytest.raises(gpux.GpuxError) as unknown:
                 await anonymous.supplier_stats(renter.account)
             assert unknown.value.code == "unknown_supplier"
-        ack = await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2.5"), 1, duration={"hours": 2}))
+        ack = await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("2.5"), 1, duration={"hours": 2}))
         assert isinstance(ack, gpux.Ack) and ack.order is not None
         kinds = set()
         while not {"trade", "lease_created"} <= kinds:
             kinds.add((await renter.next_event()).kind)
         leases = await renter.leases()
-        assert len(leases) == 1 and leases[0]["price_minor_per_gpu_hour"] == 2_000_000 and leases[0]["active"]
+        assert len(leases) == 1 and leases[0].price_minor_per_gpu_hour == 2_000_000 and leases[0].active
         assert (await renter.balance()).held_minor == 4_000_000, "two hours at the trade price in escrow"
         # The rest of the lease could go on the resale book (docs/market-rules.md "Lease resale").
-        offer = await renter.offer_lease(leases[0]["lease"], gpux.dollars("3"))
+        offer = await renter.offer_lease(leases[0].lease, gpux.dollars("3"))
         assert offer.order is not None
         with pytest.raises(gpux.GpuxError) as twice:
-            await renter.offer_lease(leases[0]["lease"], gpux.dollars("3"))
+            await renter.offer_lease(leases[0].lease, gpux.dollars("3"))
         assert twice.value.code == "lease_already_offered"
         await renter.cancel(offer.order)
         # The renter signs what it saw of the lease (docs/market-rules.md "Disputes").
         lease = leases[0]
-        end = min(renter.exchange_now_ms(), lease["start_ms"] + 60_000)
-        end = max(end, lease["start_ms"] + 1)
+        end = min(renter.exchange_now_ms(), lease.start_ms + 60_000)
+        end = max(end, lease.start_ms + 1)
         await asyncio.sleep(max(0, end - renter.exchange_now_ms()) / 1000)
-        ack = await renter.liveness(lease["lease"], lease["start_ms"], end, True)
+        ack = await renter.liveness(lease.lease, lease.start_ms, end, True)
         assert isinstance(ack, gpux.Ack)
         with pytest.raises(gpux.GpuxError) as overlapping:
-            await renter.liveness(lease["lease"], lease["start_ms"], end, False)
+            await renter.liveness(lease.lease, lease.start_ms, end, False)
         assert overlapping.value.code == "liveness_invalid", "each observation starts after the previous one"
         with pytest.raises(gpux.GpuxError) as theirs:
-            await supplier.liveness(lease["lease"], end, end + 1, False)
+            await supplier.liveness(lease.lease, end, end + 1, False)
         assert theirs.value.code == "unknown_lease", "only the renter observes its lease"
         async with await gpux.Client.connect(url) as anonymous:
             record = await anonymous.renter_stats(renter.account)
-            assert record == {"observations": 1, "unreachable_ms": 0, "disputes": 0, "disputed_gpu_ms": 0}
+            assert record == gpux.answers.RenterRecord(observations=1, unreachable_ms=0, disputes=0, disputed_gpu_ms=0)
         await renter.close()
         await supplier.close()
 
@@ -228,15 +240,15 @@ def test_stop_budget_and_all_or_none_orders_work_from_python(exchange):
         supplier, host = await supplier_with_gpus(url)
         renter = await funded_renter(url, operator)
         # An all-or-none bid for 2 waits whole while one GPU is offered.
-        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1}))
-        gang = await renter.place(gpux.OrderTicket.all_or_none_bid(gpux.H100_SPOT, gpux.dollars("2.5"), 2))
+        await supplier.place(gpux.OrderTicket.limit(H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1}))
+        gang = await renter.place(gpux.OrderTicket.all_or_none_bid(H100_SPOT, gpux.dollars("2.5"), 2))
         assert gang.order is not None
         # A buy stop at 2.00 arms; a budget bid that buys the offered GPU prints 2.00 and triggers it.
-        stop = await renter.place(gpux.OrderTicket.stop_limit(gpux.H100_SPOT, "buy", gpux.dollars("2"), gpux.dollars("2.2"), 1))
+        stop = await renter.place(gpux.OrderTicket.stop_limit(H100_SPOT, "buy", gpux.dollars("2"), gpux.dollars("2.2"), 1))
         with pytest.raises(gpux.GpuxError) as small:
-            await renter.place(gpux.OrderTicket.with_budget(gpux.H100_SPOT, gpux.dollars("2"), gpux.dollars("1"), 3))
+            await renter.place(gpux.OrderTicket.with_budget(H100_SPOT, gpux.dollars("2"), gpux.dollars("1"), 3))
         assert small.value.code == "budget_too_small"
-        await renter.place(gpux.OrderTicket.with_budget(gpux.H100_SPOT, gpux.dollars("2"), gpux.dollars("3"), 3, time_in_force="ioc"))
+        await renter.place(gpux.OrderTicket.with_budget(H100_SPOT, gpux.dollars("2"), gpux.dollars("3"), 3, time_in_force="ioc"))
         seen = {}
         while "stop_triggered" not in seen:
             event = await renter.next_event()
@@ -257,31 +269,31 @@ def test_gpus_leases_money_and_the_statement_from_python(exchange):
         spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
         await supplier.register_gpu("py-host", "GPU-py-0", spec)
         gpus = await supplier.my_gpus()
-        assert [(g["uuid"], g["online"]) for g in gpus] == [("GPU-py-0", True)]
-        await supplier.set_gpu_online(gpus[0]["gpu"], False)
-        assert not (await supplier.my_gpus())[0]["online"]
-        await supplier.set_gpu_online(gpus[0]["gpu"], True)
-        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": gpus[0]["host"], "gpu_mask": 1}))
+        assert [(g.uuid, g.online) for g in gpus] == [("GPU-py-0", True)]
+        await supplier.set_gpu_online(gpus[0].gpu, False)
+        assert not (await supplier.my_gpus())[0].online
+        await supplier.set_gpu_online(gpus[0].gpu, True)
+        await supplier.place(gpux.OrderTicket.limit(H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": gpus[0].host, "gpu_mask": 1}))
         renter = await funded_renter(url, operator)
-        await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2"), 1))
-        lease = (await renter.leases())[0]["lease"]
+        await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("2"), 1))
+        lease = (await renter.leases())[0].lease
         await renter.end_lease(lease)
-        assert not (await renter.leases())[0]["active"]
-        stats = await renter.stats(gpux.H100_SPOT)
-        assert stats["last"] == 2_000_000 and stats["trades"] == 1, stats
+        assert not (await renter.leases())[0].active
+        stats = await renter.stats(H100_SPOT)
+        assert stats.last == 2_000_000 and stats.trades == 1, stats
         await renter.withdraw(gpux.dollars("1"))
         lines = await renter.statement()
-        assert any(l["to"] == "external" and l["amount_minor"] == 1_000_000 for l in lines), lines
+        assert any(l.to == "external" and l.amount_minor == 1_000_000 for l in lines), lines
         await renter.set_spend_limits(max_held_minor=gpux.dollars("1"))
         with pytest.raises(gpux.GpuxError) as capped:
-            await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("1.5"), 1))
+            await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("1.5"), 1))
         assert capped.value.code == "spend_limit"
-        assert (await renter.spend())["limits"]["max_held_minor"] == gpux.dollars("1")
+        assert (await renter.spend()).limits.max_held_minor == gpux.dollars("1")
         await renter.set_spend_limits()
         assert await renter.spend() is None
         newest = await renter.recent_statement()
-        assert newest["lines"][0] == lines[-1], "newest first: the withdrawal"
-        assert [l["transfer"] for l in newest["lines"]] == [l["transfer"] for l in reversed(lines)][: len(newest["lines"])]
+        assert newest.lines[0] == lines[-1], "newest first: the withdrawal"
+        assert [l.transfer for l in newest.lines] == [l.transfer for l in reversed(lines)][: len(newest.lines)]
         with pytest.raises(gpux.GpuxError) as nothing_earned:
             await supplier.payout(gpux.dollars("1"))
         assert nothing_earned.value.code == "insufficient_funds"
@@ -299,7 +311,7 @@ def test_a_regional_bid_buys_only_in_its_region_and_amounts_follow_the_listings_
             listing = await anonymous.listing()
             currency = await anonymous.currency()
             assert abs(await anonymous.ping() - time.time() * 1000) < 60_000, "the exchange's clock"
-        assert "cn-east" in listing["regions"] and currency == gpux.Currency("USD", 6)
+        assert "cn-east" in listing.regions and currency == gpux.Currency("USD", 6)
         assert currency.format(2_500_000) == "$2.50" and currency.to_minor("2.5") == 2_500_000
         cny = gpux.Currency("CNY", 2)
         assert (cny.format(150_505), cny.to_minor("1505.05")) == ("1505.05 CNY", 150_505)
@@ -314,23 +326,23 @@ def test_a_regional_bid_buys_only_in_its_region_and_amounts_follow_the_listings_
             await supplier.register_gpu("py-shanghai", "GPU-py-sh-2", spec, region="us-west")
         assert moved.value.code == "region_mismatch"
         gpus = await supplier.my_gpus()
-        assert [(g["region"], g["zone"]) for g in gpus] == [("us-east", ""), ("cn-east", "sh-2")]
+        assert [(g.region, g.zone) for g in gpus] == [("us-east", ""), ("cn-east", "sh-2")]
         for gpu, price in zip(gpus, ("1.5", "2.5")):
-            supply = {"host": gpu["host"], "gpu_mask": 1 << gpu["index_on_host"]}
-            await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", currency.to_minor(price), 1, supply=supply))
+            supply = {"host": gpu.host, "gpu_mask": 1 << gpu.index_on_host}
+            await supplier.place(gpux.OrderTicket.limit(H100_SPOT, "sell", currency.to_minor(price), 1, supply=supply))
         renter = await funded_renter(url, operator)
-        await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", currency.to_minor("3"), 1, regions=["cn-east"]))
+        await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", currency.to_minor("3"), 1, regions=["cn-east"]))
         lease = (await renter.leases())[0]
-        assert lease["price_minor_per_gpu_hour"] == 2_500_000, "the cn-east GPU, passing the cheaper us-east one by"
-        assert lease["gpus"] == [gpus[1]["gpu"]]
-        assert await renter.lease_telemetry(lease["lease"]) == [], "no usage report yet"
+        assert lease.price_minor_per_gpu_hour == 2_500_000, "the cn-east GPU, passing the cheaper us-east one by"
+        assert lease.gpus == [gpus[1].gpu]
+        assert await renter.lease_telemetry(lease.lease) == [], "no usage report yet"
         other = await funded_renter(url, operator)
         with pytest.raises(gpux.GpuxError) as foreign:
-            await other.lease_telemetry(lease["lease"])
+            await other.lease_telemetry(lease.lease)
         assert foreign.value.code == "unknown_lease", "only the lease's renter and supplier see it"
         await other.close()
         with pytest.raises(gpux.GpuxError) as unknown:
-            await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", currency.to_minor("3"), 1, regions=["atlantis"]))
+            await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", currency.to_minor("3"), 1, regions=["atlantis"]))
         assert unknown.value.code == "unknown_region"
         await renter.close()
         await supplier.close()
@@ -352,19 +364,19 @@ def test_a_cluster_bid_fills_hosts_of_one_fabric_only_and_a_wrong_shape_is_refus
             await supplier.register_gpu("py-node-0", "GPU-py-node-0b", spec, region="us-east", zone="z9", fabric=claim)
         assert rewired.value.code == "fabric_mismatch"
         gpus = await supplier.my_gpus()
-        assert [g["fabric"] and (g["fabric"]["name"], g["fabric"]["hosts"]) for g in gpus] == [("py-ib", 2), ("py-ib", 2), None]
+        assert [g.fabric and (g.fabric.name, g.fabric.hosts) for g in gpus] == [("py-ib", 2), ("py-ib", 2), None]
         # The host without a fabric asks least; the cluster passes it over.
         for gpu, price in zip(gpus, (2_000_000, 2_100_000, 1_000_000)):
-            supply = {"host": gpu["host"], "gpu_mask": 1 << gpu["index_on_host"]}
-            await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", price, 1, supply=supply))
+            supply = {"host": gpu.host, "gpu_mask": 1 << gpu.index_on_host}
+            await supplier.place(gpux.OrderTicket.limit(H100_SPOT, "sell", price, 1, supply=supply))
         renter = await funded_renter(url, operator)
         with pytest.raises(gpux.GpuxError) as shape:
-            await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", 3_000_000, 3, nodes=2))
+            await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", 3_000_000, 3, nodes=2))
         assert shape.value.code == "cluster_invalid", "3 GPUs on 2 nodes"
-        await renter.place(gpux.OrderTicket.cluster_bid(gpux.H100_SPOT, 3_000_000, nodes=2, gpus_per_node=1, min_fabric_gbps=400))
+        await renter.place(gpux.OrderTicket.cluster_bid(H100_SPOT, 3_000_000, nodes=2, gpus_per_node=1, min_fabric_gbps=400))
         leases = await renter.leases()
-        assert sorted(lease["gpus"][0] for lease in leases) == [gpus[0]["gpu"], gpus[1]["gpu"]]
-        assert sorted(lease["price_minor_per_gpu_hour"] for lease in leases) == [2_000_000, 2_100_000]
+        assert sorted(lease.gpus[0] for lease in leases) == [gpus[0].gpu, gpus[1].gpu]
+        assert sorted(lease.price_minor_per_gpu_hour for lease in leases) == [2_000_000, 2_100_000]
         await renter.close()
         await supplier.close()
 
@@ -382,14 +394,14 @@ def test_an_aggregator_keeps_customers_apart_in_sub_accounts_with_scoped_keys(ex
             await parent.move_funds(sub, gpux.dollars(amount))
             key = gpux.Key.generate()
             added = await parent.add_key(key.public_hex(), ["read", "trade"], account=sub, label=f"customer {sub}")
-            assert added["account"] == sub
+            assert added.account == sub
             customers.append((sub, await gpux.Client.connect(url, key)))
         (a, alice), (b, bob) = customers
         assert (alice.account, bob.account) == (a, b), "each key logs in to its sub-account"
         await parent.set_sub_account_limits(a, max_open_orders=1)
-        ack = await alice.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2"), 1))
+        ack = await alice.place(gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("2"), 1))
         with pytest.raises(gpux.GpuxError) as limited:
-            await alice.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2"), 1))
+            await alice.place(gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("2"), 1))
         assert limited.value.code == "sub_account_limit"
         assert await bob.open_orders() == [], "Bob sees nothing of Alice's"
         with pytest.raises(gpux.GpuxError) as theirs:
@@ -398,14 +410,14 @@ def test_an_aggregator_keeps_customers_apart_in_sub_accounts_with_scoped_keys(ex
         with pytest.raises(gpux.GpuxError) as scoped:
             await bob.withdraw(1)
         assert scoped.value.code == "scope_denied"
-        subs = {s["account"]: s for s in await parent.sub_accounts()}
-        assert subs[a]["balances"]["held_minor"] == 2_000_000 and subs[a]["open_orders"] == 1
-        assert subs[a]["limits"] == {"max_open_orders": 1, "max_order_minor": None, "max_held_minor": None}
-        assert subs[b]["balances"]["available_minor"] == 50_000_000
+        subs = {s.account: s for s in await parent.sub_accounts()}
+        assert subs[a].balances.held_minor == 2_000_000 and subs[a].open_orders == 1
+        assert subs[a].limits == gpux.answers.SubAccountLimits(max_open_orders=1, max_order_minor=None, max_held_minor=None)
+        assert subs[b].balances.available_minor == 50_000_000
         keys = await parent.keys(account=b)
-        assert [k["scopes"] for k in keys] == [["read", "trade"]] and not keys[0]["owner"]
+        assert [k.scopes for k in keys] == [["read", "trade"]] and not keys[0].owner
         pending = asyncio.create_task(bob.balance())
-        await parent.revoke_key(keys[0]["public_key"])
+        await parent.revoke_key(keys[0].public_key)
         with pytest.raises(gpux.GpuxError) as revoked:
             # The session is closed at once: what was in flight, and anything
             # sent after, fails with the close reason.
@@ -452,15 +464,16 @@ def test_last_months_invoice_verifies_with_the_exchange_key_and_a_changed_one_do
             async def next_one():
                 async with await gpux.Client.connect(url, key) as renter:
                     got = await renter.invoice(month)
-                    invoice = got["invoice"]
-                    assert invoice["number"] == f"GPUX-{account}-{month.replace('-', '')}"
-                    assert invoice["issuer"] == "Example GPU Exchange Ltd"
-                    assert invoice["totals"]["deposits_minor"] == gpux.dollars("100")
-                    assert invoice["totals"]["withdrawals_minor"] == gpux.dollars("10")
-                    assert invoice["totals"]["amount_due_minor"] == 0 and invoice["lines"] == []
-                    assert gpux.verify_invoice(invoice, got["signature"], got["exchange_key"]), "Python rebuilds the signed bytes"
-                    changed = dict(invoice, totals=dict(invoice["totals"], withdrawals_minor=1))
-                    assert not gpux.verify_invoice(changed, got["signature"], got["exchange_key"])
+                    invoice = got.invoice
+                    assert invoice.number == f"GPUX-{account}-{month.replace('-', '')}"
+                    assert invoice.issuer == "Example GPU Exchange Ltd"
+                    assert invoice.totals.deposits_minor == gpux.dollars("100")
+                    assert invoice.totals.withdrawals_minor == gpux.dollars("10")
+                    assert invoice.totals.amount_due_minor == 0 and invoice.lines == []
+                    assert gpux.verify_invoice(invoice, got.signature, got.exchange_key), "Python rebuilds the signed bytes"
+                    wire = invoice.to_wire()
+                    changed = dict(wire, totals=dict(wire["totals"], withdrawals_minor=1))
+                    assert not gpux.verify_invoice(changed, got.signature, got.exchange_key)
 
             run(next_one())
 
@@ -477,9 +490,9 @@ def test_a_client_with_reconnect_logs_in_again_and_resyncs_its_book_after_the_ex
             client = await gpux.Client.connect(url, key, role="renter", reconnect=True)
             async with await gpux.Client.connect(url, operator, role="operator") as op:
                 await op.deposit(client.account, gpux.dollars("100"))
-            book = await client.book(gpux.H100_SPOT)
+            book = await client.book(H100_SPOT)
             await book.wait_synced()
-            await client.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("1.5"), 2))
+            await client.place(gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("1.5"), 2))
             await book.wait_for(lambda b: b.best_bid() == gpux.dollars("1.5"))
             account = client.account
             first.__exit__(None, None, None)
@@ -511,18 +524,18 @@ def test_a_book_follows_orders_live_and_resyncs_after_a_sequence_gap(exchange):
     async def scenario():
         renter = await funded_renter(url, operator)
         watcher = await gpux.Client.connect(url)
-        book = await watcher.book(gpux.H100_SPOT)
+        book = await watcher.book(H100_SPOT)
         await book.wait_synced()
-        await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("1.9"), 2))
+        await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("1.9"), 2))
         await book.wait_for(lambda b: b.bids.get(1_900_000) == 2)
 
         # A lost update: the next one does not follow; the book refuses it.
-        assert not book.apply(gpux.BookUpdate(gpux.H100_SPOT, book.seq + 5, "buy", 1_800_000, 7))
+        assert not book.apply(gpux.BookUpdate(H100_SPOT, book.seq + 5, "buy", 1_800_000, 7))
         assert not book.synced
         await watcher.resync(book)
         await book.wait_synced()
         assert book.bids == {1_900_000: 2} and book.resyncs == 1, "a fresh snapshot, without the phantom level"
-        await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("1.8"), 1))
+        await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("1.8"), 1))
         await book.wait_for(lambda b: b.bids.get(1_800_000) == 1)
         await renter.close()
         await watcher.close()
@@ -539,15 +552,15 @@ def test_the_example_bot_quotes_both_sides(exchange):
         aggregator = await gpux.Client.connect(url, key, role="aggregator")
         spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
         await aggregator.request("register_gpu", host="bot-host", gpu_uuid="GPU-bot-0", spec=spec)
-        host = (await aggregator.request("my_gpus")).fields["gpus"][0]["host"]
+        host = (await aggregator.request("my_gpus")).gpus[0].host
         async with await gpux.Client.connect(url, operator, role="operator") as op:
             await op.deposit(aggregator.account, gpux.dollars("100"))
         await aggregator.close()
-        await market_maker.run(url, key, gpux.H100_SPOT, 1, 200, rounds=1, host=host, keep=True)
+        await market_maker.run(url, key, "H100-SXM-80G/SPOT", 1, 200, rounds=1, host=host, keep=True)
         async with await gpux.Client.connect(url, key) as client:
-            sides = sorted(order["side"] for order in await client.open_orders())
+            sides = sorted(order.side for order in await client.open_orders())
             assert sides == ["buy", "sell"], sides
-            book = await client.book(gpux.H100_SPOT)
+            book = await client.book(H100_SPOT)
             await book.wait_synced()
             assert book.best_bid() < book.best_ask(), "two-sided and not crossed"
 
@@ -575,11 +588,11 @@ def test_a_renter_follows_delivery_to_running_with_secrets_only_the_host_can_ope
         supplier, host = await supplier_with_gpus(url, key=identity)
         host_secret = PrivateKey.generate()
         await supplier.request("set_encryption_key", **delivery.certify(host_secret, identity.sign))
-        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1}))
+        await supplier.place(gpux.OrderTicket.limit(H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1}))
 
         renter = await funded_renter(url, operator)
         bid = gpux.Workload("localhost/gpux-test:busybox", ports=[8888], secrets_follow=True)
-        await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2.5"), 1), workload=bid)
+        await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("2.5"), 1), workload=bid)
         event = await renter.next_event()
         while event.kind != "lease_created":
             event = await renter.next_event()
@@ -628,7 +641,7 @@ def test_a_renter_follows_delivery_to_running_with_secrets_only_the_host_can_ope
             event = await renter.next_event()
         assert event.fields == {"lease": lease, "reason": "delivery_failed"}
         ended = (await renter.leases())[0]
-        assert not ended["active"] and ended["usage_charged_minor"] == 0
+        assert not ended.active and ended.usage_charged_minor == 0
         await renter.close()
         await supplier.close()
 
@@ -708,34 +721,35 @@ def test_history_over_the_websocket_and_the_rest_api_agree():
 
             async def scenario():
                 supplier, host = await supplier_with_gpus(url)
-                await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1}))
+                await supplier.place(gpux.OrderTicket.limit(H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1}))
                 key = gpux.Key.generate()
                 renter = await gpux.Client.connect(url, key, role="renter")
                 async with await gpux.Client.connect(url, operator, role="operator") as op:
                     await op.deposit(renter.account, gpux.dollars("100"))
-                await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2.5"), 1))
-                trades = await renter.trades(gpux.H100_SPOT)
-                assert [(t["price_minor_per_gpu_hour"], t["quantity"], t["aggressor"]) for t in trades["trades"]] == [(2_000_000, 1, "buy")]
-                assert trades["next_before_seq"] is None
-                candles = await renter.candles(gpux.H100_SPOT, "1m")
-                assert [(c["open"], c["close"], c["volume"], c["trades"]) for c in candles["candles"]] == [(2_000_000, 2_000_000, 1, 1)]
-                bought = (await renter.fills())["fills"]
-                sold = (await supplier.fills())["fills"]
-                assert [(f["side"], f["liquidity"]) for f in bought] == [("buy", "taker")]
-                assert [(f["side"], f["liquidity"]) for f in sold] == [("sell", "maker")]
-                book = await renter.book_once(gpux.H100_SPOT)
-                assert book["asks"] == [] and book["bids"] == [], "the ask was taken whole"
+                await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("2.5"), 1))
+                trades = await renter.trades(H100_SPOT)
+                assert [(t.price_minor_per_gpu_hour, t.quantity, t.aggressor) for t in trades.trades] == [(2_000_000, 1, "buy")]
+                assert trades.next_before_seq is None
+                candles = await renter.candles(H100_SPOT, "1m")
+                assert [(c.open, c.close, c.volume, c.trades) for c in candles.candles] == [(2_000_000, 2_000_000, 1, 1)]
+                bought = (await renter.fills()).fills
+                sold = (await supplier.fills()).fills
+                assert [(f.side, f.liquidity) for f in bought] == [("buy", "taker")]
+                assert [(f.side, f.liquidity) for f in sold] == [("sell", "maker")]
+                book = await renter.book_once(H100_SPOT)
+                assert book.asks == [] and book.bids == [], "the ask was taken whole"
 
                 public, signed = gpux.Rest(base), gpux.Rest(base, key)
-                assert public.get(f"/api/v1/instruments/{gpux.H100_SPOT}/trades") == trades
-                assert public.get(f"/api/v1/instruments/{gpux.H100_SPOT}/candles?interval=1m") == candles
-                assert signed.get("/api/v1/account/fills") == {"fills": bought, "next_before": None}
+                # REST answers the same objects, without the request id.
+                assert public.get(f"/api/v1/instruments/{H100_SPOT}/trades") == without_id(trades)
+                assert public.get(f"/api/v1/instruments/{H100_SPOT}/candles?interval=1m") == without_id(candles)
+                assert signed.get("/api/v1/account/fills") == {"fills": [f.to_wire() for f in bought], "next_before": None}
                 assert signed.get("/api/v1/account/balance")["held_minor"] == (await renter.balance()).held_minor
                 with pytest.raises(gpux.GpuxError) as unsigned:
                     public.get("/api/v1/account/fills")
                 assert (unsigned.value.code, unsigned.value.status) == ("not_authenticated", 401)
                 with pytest.raises(gpux.GpuxError) as interval:
-                    public.get(f"/api/v1/instruments/{gpux.H100_SPOT}/candles?interval=5m")
+                    public.get(f"/api/v1/instruments/{H100_SPOT}/candles?interval=5m")
                 assert (interval.value.code, interval.value.status) == ("wrong_type", 400)
                 with pytest.raises(gpux.GpuxError) as unknown:
                     public.get("/api/v1/instruments/999/trades")
@@ -775,14 +789,14 @@ def test_a_job_is_submitted_followed_cancelled_and_billed_from_python(exchange, 
         spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
         await supplier.register_gpu("py-job-host", "GPU-py-job-0", spec)
         gpus = await supplier.my_gpus()
-        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": gpus[0]["host"], "gpu_mask": 1}))
+        await supplier.place(gpux.OrderTicket.limit(H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": gpus[0].host, "gpu_mask": 1}))
         renter = await funded_renter(url, operator)
         code = tmp_path / "code"
         code.mkdir()
         (code / "train.py").write_text("print('step')\n")
         bundle = await renter.put_bundle(gpux.pack_bundle(code))
         job = {
-            "name": "py-job", "instrument": gpux.H100_SPOT, "gpus": 1, "one_host": True,
+            "name": "py-job", "instrument": H100_SPOT, "gpus": 1, "one_host": True,
             "limit_minor_per_gpu_hour": gpux.dollars("2"), "hours": 1, "budget_minor": gpux.dollars("10"), "retries": 1,
             "run": {"image": "localhost/gpux-py:1", "command": ["python3", "train.py"], "bundle": bundle,
                     "checkpoint_dir": "/checkpoints", "outputs_dir": "/outputs", "checkpoint_interval_s": 60},
@@ -791,21 +805,21 @@ def test_a_job_is_submitted_followed_cancelled_and_billed_from_python(exchange, 
             await renter.submit_job(dict(job, gpus=0))
         assert refused.value.code == "job_invalid" and "gpus" in str(refused.value), refused.value
         submitted = await renter.submit_job(job)
-        running = await renter.wait_job(submitted["job"], until=("running",))
-        lease = running["state"]["running"]["leases"][0]
-        assert [j["job"] for j in await renter.jobs()] == [submitted["job"]]
+        running = await renter.wait_job(submitted.job, until=("running",))
+        lease = running.state_fields["leases"][0]
+        assert [j.job for j in await renter.jobs()] == [submitted.job]
         with pytest.raises(gpux.GpuxError) as same:
-            await renter.resize_job(submitted["job"], 1)
+            await renter.resize_job(submitted.job, 1)
         assert same.value.code == "job_not_running"
-        growing = await renter.resize_job(submitted["job"], 2)
-        assert "running" in growing["state"] and growing["attempts"] == 2, "it runs on while the bigger bid rests"
-        await renter.cancel_job(submitted["job"])
-        cancelled = await renter.wait_job(submitted["job"], until=("cancelled",))
-        assert cancelled["leases"] == [lease]
-        assert await renter.job_results(submitted["job"], tmp_path / "results") == [], "nothing ran: no outputs"
-        bill = await renter.job_bill(submitted["job"])
-        assert bill["invoice"]["number"] == f"GPUX-{renter.account}-job{submitted['job']}"
-        assert all(line["lease"] == lease for line in bill["invoice"]["lines"]), bill
+        growing = await renter.resize_job(submitted.job, 2)
+        assert growing.state_name == "running" and growing.attempts == 2, "it runs on while the bigger bid rests"
+        await renter.cancel_job(submitted.job)
+        cancelled = await renter.wait_job(submitted.job, until=("cancelled",))
+        assert cancelled.leases == [lease]
+        assert await renter.job_results(submitted.job, tmp_path / "results") == [], "nothing ran: no outputs"
+        bill = await renter.job_bill(submitted.job)
+        assert bill.invoice.number == f"GPUX-{renter.account}-job{submitted.job}"
+        assert all(line.lease == lease for line in bill.invoice.lines), bill
         with pytest.raises(gpux.GpuxError) as unknown:
             await renter.job(999_999)
         assert unknown.value.code == "unknown_job"

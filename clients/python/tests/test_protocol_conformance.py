@@ -12,8 +12,10 @@ import json
 import re
 from pathlib import Path
 
+import dataclasses
+
 import gpux
-from gpux import messages
+from gpux import answers, messages
 
 ROOT = Path(__file__).resolve().parents[3]
 DOC = (ROOT / "docs" / "protocol.md").read_text()
@@ -50,7 +52,13 @@ def test_every_server_example_parses_with_its_documented_fields_kept():
         if kind == "private":
             assert isinstance(parsed, gpux.Private) and parsed.seq == body["event"]["seq"], example
             continue
-        if isinstance(parsed, messages.Unknown):
+        if isinstance(parsed, gpux.Record):
+            # A typed answer: every documented field is a field of its record
+            # (nothing left over in `extra`, at any depth), and the record
+            # gives back the object it was read from.
+            assert unmodelled(parsed) == [], f"{kind}: not modelled: {unmodelled(parsed)}"
+            assert parsed.to_wire() == body, kind
+        elif isinstance(parsed, messages.Unknown):
             # Not modelled: the whole body is kept for the caller.
             assert parsed.type == kind and parsed.fields == body, example
         else:
@@ -58,6 +66,32 @@ def test_every_server_example_parses_with_its_documented_fields_kept():
             assert set(body) <= kept, f"{kind}: {set(body) - kept} dropped"
         if "id" in body and kind != "error":
             assert messages.answer_id(parsed) == body["id"], example
+
+
+def unmodelled(record, path="") -> list[str]:
+    """The fields of `record` and of the records inside it kept in `extra`."""
+    found = [f"{path}{name}" for name in record.extra]
+    for each in dataclasses.fields(record):
+        value = getattr(record, each.name)
+        for index, inner in enumerate(value if isinstance(value, list) else [value]):
+            if isinstance(inner, gpux.Record):
+                found += unmodelled(inner, f"{path}{each.name}[{index}].")
+    return found
+
+
+def test_the_answers_the_client_reads_are_typed_records():
+    """Every answer a request of the client gets is a record, not a dict:
+    the answers in the document of every request the client sends."""
+    documented = {next(iter(example)) for example in examples("server")}
+    pushed_or_framed = {"private", "market_data", "challenge", "authenticated", "ack", "reject", "error"}
+    agent = {"usage_accepted", "usage_rejected", "gpu_challenge", "challenge_rows", "gpu_memory_challenge"}
+    untyped = {
+        kind for kind in documented - pushed_or_framed - agent
+        if not issubclass(messages._TYPES.get(kind) or answers.ANSWERS.get(kind, messages.Unknown), (gpux.Record,) + tuple(messages._TYPES.values()))
+    }
+    assert not untyped, f"answers the client reads as dicts: {sorted(untyped)}"
+    line = gpux.parse({"statement": {"id": 1, "lines": [{"transfer": 1, "at_ms": 2, "from": "external", "to": "available:2", "amount_minor": 3, "lease": None, "kind": "deposit", "description": "d", "new": 4}], "next_after": None}}).lines[0]
+    assert isinstance(line, answers.StatementLine) and line.from_ == "external" and line.extra == {"new": 4}, "a newer field is kept"
 
 
 def test_every_request_the_protocol_has_is_one_the_client_sends():

@@ -28,6 +28,9 @@ import gpux
 
 ROOT = Path(__file__).resolve().parents[3]
 EXCHANGE = Path(os.environ.get("GPUX_EXCHANGE_BIN", ROOT / "target" / "debug" / "gpux-exchange"))
+# The demo listing's books these tests trade (EngineConfig::demo; a client
+# finds an exchange's own by symbol, `Client.instrument`).
+H100_SPOT, H100_PREEMPT = 0, 1
 CHROMIUM = os.environ.get("GPUX_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 ARTEFACTS = Path(os.environ.get("GPUX_ARTEFACTS", ROOT / "target" / "artefacts"))
 
@@ -191,7 +194,7 @@ def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_c
             window_symbol = await browser.evaluate("document.querySelector('#calendar tbody tr td:last-child').textContent")
             await browser.evaluate("document.querySelector('#calendar tbody tr').click()")
             await browser.wait_until(f"document.getElementById('symbol').textContent === '{window_symbol}'", what="the window's book")
-            await browser.evaluate(f"select({gpux.H100_SPOT})")
+            await browser.evaluate(f"select({H100_SPOT})")
             await browser.wait_until("document.getElementById('symbol').textContent === 'H100-SXM-80G/SPOT'", what="back to the spot book")
 
             # An order placed through the Python client appears in the page's live ladder.
@@ -199,7 +202,7 @@ def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_c
             renter = await gpux.Client.connect(url, key, role="renter")
             async with await gpux.Client.connect(url, operator, role="operator") as op:
                 await op.deposit(renter.account, gpux.dollars("100"))
-            ack = await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("1.234"), 3))
+            ack = await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("1.234"), 3))
             await browser.wait_until("document.getElementById('ladder').innerText.includes('$1.234')", what="the bid in the ladder")
             ladder = await browser.evaluate("document.getElementById('ladder').innerText")
             assert "3" in ladder
@@ -223,24 +226,24 @@ def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_c
             assert "in USD with at most 6 decimals" in bad, bad
             # A bid for one region: the ticket lists the exchange's regions (from its listing).
             regions = await browser.evaluate("[...document.querySelectorAll('#t-regions option')].map(o => o.value)")
-            assert regions == (await renter.listing())["regions"] and "cn-east" in regions, regions
+            assert regions == (await renter.listing()).regions and "cn-east" in regions, regions
             await browser.evaluate("[...document.getElementById('t-regions').options].forEach(o => o.selected = o.value === 'cn-east')")
             regional = await ticket({"t-price": "0.5", "t-quantity": "1", "t-stop": "", "t-budget": ""})
             assert regional.startswith("accepted: order"), regional
-            assert [o["regions"] for o in await renter.open_orders() if o["price_minor_per_gpu_hour"] == 500_000] == [["cn-east"]]
+            assert [o.regions for o in await renter.open_orders() if o.price_minor_per_gpu_hour == 500_000] == [["cn-east"]]
             await browser.evaluate("[...document.getElementById('t-regions').options].forEach(o => o.selected = false)")
             # Replace from the open orders table: the first bid to the ticket's $1.2 x 2.
             await browser.evaluate("document.getElementById('t-price').value = '1.2'; document.getElementById('t-quantity').value = '2'")
             await browser.evaluate(f"document.querySelector('[data-replace-order=\"{ack.order}\"]').click()")
             await browser.wait_until(f"document.getElementById('ticket-result').textContent.startsWith('order {ack.order} replaced at $1.20 x 2')", what="the replace")
             await browser.wait_until("document.getElementById('ladder').innerText.includes('$1.20')", what="the replaced bid in the ladder")
-            replaced = [o for o in await renter.open_orders() if o["order"] == ack.order]
-            assert replaced and (replaced[0]["price_minor_per_gpu_hour"], replaced[0]["quantity"]) == (1_200_000, 2), replaced
+            replaced = [o for o in await renter.open_orders() if o.order == ack.order]
+            assert replaced and (replaced[0].price_minor_per_gpu_hour, replaced[0].quantity) == (1_200_000, 2), replaced
             # Cancel from the open orders table: the first bid goes.
             await browser.evaluate(f"document.querySelector('[data-cancel-order=\"{ack.order}\"]').click()")
             await browser.wait_until(f"document.getElementById('ticket-result').textContent.startsWith('order {ack.order} cancelled')", what="the cancel")
             await browser.wait_until(f"document.querySelector('[data-cancel-order=\"{ack.order}\"]') === null", what="the order gone")
-            assert ack.order not in [o["order"] for o in await renter.open_orders()], "cancelled on the exchange"
+            assert ack.order not in [o.order for o in await renter.open_orders()], "cancelled on the exchange"
             # The connection drops: the page reconnects and logs in again with the key it holds.
             await browser.evaluate("document.getElementById('account').textContent = ''; state.ws.close()")
             await browser.wait_until(f"document.getElementById('account').textContent.includes('account {renter.account}')", what="the re-login")
@@ -273,38 +276,38 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
         from gpux import delivery
 
         await supplier.request("set_encryption_key", **delivery.certify(PrivateKey.generate(), supplier_key.sign))
-        host = (await supplier.request("my_gpus")).fields["gpus"][0]["host"]
-        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1}))
+        host = (await supplier.request("my_gpus")).gpus[0].host
+        await supplier.place(gpux.OrderTicket.limit(H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1}))
         key = gpux.Key.generate()
         renter = await gpux.Client.connect(url, key, role="renter")
         async with await gpux.Client.connect(url, operator, role="operator") as op:
             await op.deposit(renter.account, gpux.dollars("100"))
-        await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2"), 1), workload=gpux.Workload("localhost/gpux-test:busybox", ports=[8888]))
-        lease = (await renter.leases())[0]["lease"]
+        await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("2"), 1), workload=gpux.Workload("localhost/gpux-test:busybox", ports=[8888]))
+        lease = (await renter.leases())[0].lease
         # A second GPU on offer, with its seller's score in the offers table.
         await supplier.request("register_gpu", host="console-host", gpu_uuid="GPU-console-1", spec=spec)
-        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2.5"), 1, supply={"host": host, "gpu_mask": 2}))
+        await supplier.place(gpux.OrderTicket.limit(H100_SPOT, "sell", gpux.dollars("2.5"), 1, supply={"host": host, "gpu_mask": 2}))
         # A host on a fabric, its GPU offered well above the others: the
         # offers table shows its fabric group, claim and probe.
         fabric = {"group": "ib0", "gbps": 400, "address": "10.8.0.2", "port_base": 29500}
         await supplier.request("register_gpu", host="console-ib", gpu_uuid="GPU-console-ib", spec=spec, region="us-east", zone="z1", fabric=fabric)
-        ib_host = next(g["host"] for g in (await supplier.request("my_gpus")).fields["gpus"] if g["uuid"] == "GPU-console-ib")
-        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("9"), 1, supply={"host": ib_host, "gpu_mask": 1}))
+        ib_host = next(g.host for g in (await supplier.request("my_gpus")).gpus if g.uuid == "GPU-console-ib")
+        await supplier.place(gpux.OrderTicket.limit(H100_SPOT, "sell", gpux.dollars("9"), 1, supply={"host": ib_host, "gpu_mask": 1}))
         running = {"running": {"endpoints": [{"container_port": 8888, "host": "127.0.0.1", "port": 40123}], "ssh": None, "restarts": 0}}
         await supplier.request("delivery_status", lease=lease, state=running)
 
         async with console_page(console) as browser:
             # The lease's trade shows as the spot book's last price and volume in the list.
-            spot = f"document.querySelector('#instruments li[data-instrument=\"{gpux.H100_SPOT}\"] .quote').textContent"
+            spot = f"document.querySelector('#instruments li[data-instrument=\"{H100_SPOT}\"] .quote').textContent"
             await browser.wait_until(f"{spot}.startsWith('last $2.00') && {spot}.includes('1 GPUs')", what="the spot book's quote")
-            preempt = f"document.querySelector('#instruments li[data-instrument=\"{gpux.H100_PREEMPT}\"] .quote').textContent"
+            preempt = f"document.querySelector('#instruments li[data-instrument=\"{H100_PREEMPT}\"] .quote').textContent"
             await browser.wait_until(f"{preempt} === 'no trades in 24 h'", what="an untraded book's quote")
             # Best bid and ask in the list (the $2.50 offer rests; no bids).
-            bbo = f"document.querySelector('#instruments li[data-instrument=\"{gpux.H100_SPOT}\"] .bbo').textContent"
+            bbo = f"document.querySelector('#instruments li[data-instrument=\"{H100_SPOT}\"] .bbo').textContent"
             await browser.wait_until(f"{bbo} === 'bid none · ask $2.50'", what="the spot book's best bid and ask")
             # The trade made before the page opened is in its history, and
             # in the price chart's candles (a uPlot chart with both axes).
-            await browser.evaluate(f"document.querySelector('#instruments li[data-instrument=\"{gpux.H100_SPOT}\"]').click()")
+            await browser.evaluate(f"document.querySelector('#instruments li[data-instrument=\"{H100_SPOT}\"]').click()")
             trades = "document.getElementById('trades').innerText"
             await browser.wait_until(f"{trades}.includes('$2.00') && {trades}.includes('buy')", what="trade history on load")
             await browser.wait_until("document.getElementById('prices').dataset.candles === '1'", what="the price chart's candle")
@@ -340,9 +343,9 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
             await browser.wait_until(f"{stats}.includes('unknown_supplier')", what="a renter is no supplier")
             # Its record as a renter instead: after one signed observation.
             lease_info = (await renter.leases())[0]
-            end = max(renter.exchange_now_ms(), lease_info["start_ms"] + 1)
+            end = max(renter.exchange_now_ms(), lease_info.start_ms + 1)
             await asyncio.sleep(max(0, end - renter.exchange_now_ms()) / 1000)
-            await renter.liveness(lease, lease_info["start_ms"], end, True)
+            await renter.liveness(lease, lease_info.start_ms, end, True)
             await browser.evaluate(f"document.getElementById('renter-id').value = '{renter.account}'")
             await browser.evaluate("document.querySelector('#renter-lookup button').click()")
             renter_stats = "document.getElementById('renter-stats').textContent"
@@ -354,8 +357,8 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
             # The host signs a usage report with readings (version 2, signed
             # from docs/protocol.md's layout alone); the lease's telemetry
             # button charts utilisation, temperature and power.
-            body = {"lease": lease, "gpu_uuid": "GPU-console-0", "seq": 1, "start_ms": lease_info["start_ms"], "end_ms": end,
-                    "available_ms": end - lease_info["start_ms"], "utilisation_percent": 73, "memory_used_mib_max": 40000,
+            body = {"lease": lease, "gpu_uuid": "GPU-console-0", "seq": 1, "start_ms": lease_info.start_ms, "end_ms": end,
+                    "available_ms": end - lease_info.start_ms, "utilisation_percent": 73, "memory_used_mib_max": 40000,
                     "unhealthy_samples": 0, "prev_hash": "0" * 64, "readings": {"temperature_c_max": 71, "power_w_mean": 612}}
             signature = supplier_key.sign(usage_v2_signed_bytes(body)).hex()
             accepted = await supplier.request("usage_report", report={"body": body, "signature": signature})
@@ -365,7 +368,7 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
             await browser.wait_until(f"{chart} !== null && {chart}.dataset.samples === '1'", what="the lease's telemetry chart")
             assert await browser.evaluate(f"{chart}.querySelectorAll('.u-axis').length") == 3, "time, percent and watts"
             telemetry = await renter.lease_telemetry(lease)
-            assert (telemetry[0]["samples"][0]["temperature_c_max"], telemetry[0]["samples"][0]["power_w_mean"]) == (71, 612)
+            assert (telemetry[0].samples[0].temperature_c_max, telemetry[0].samples[0].power_w_mean) == (71, 612)
 
             hostile = "<img src=x onerror=\"document.title='owned'\">"
             failed = {"failed": {"code": "host_error", "fault": "host", "reason": hostile}}
@@ -378,30 +381,30 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
             # A job on the $2.50 GPU: its row follows the pushes, its
             # bill is a click away, and it is cancelled from its row.
             job = await renter.submit_job({
-                "name": "console-job", "instrument": gpux.H100_SPOT, "gpus": 1, "one_host": True,
+                "name": "console-job", "instrument": H100_SPOT, "gpus": 1, "one_host": True,
                 "limit_minor_per_gpu_hour": gpux.dollars("2.5"), "hours": 1, "budget_minor": gpux.dollars("10"), "retries": 1,
                 "run": {"image": "localhost/gpux-py:1", "command": ["python3", "-c", "print(1)"],
                         "checkpoint_dir": "/checkpoints", "outputs_dir": "/outputs", "checkpoint_interval_s": 60},
             })
-            job_state = f"(document.querySelector('#jobs tr[data-job=\"{job['job']}\"] .job-state') || {{}}).textContent || ''"
+            job_state = f"(document.querySelector('#jobs tr[data-job=\"{job.job}\"] .job-state') || {{}}).textContent || ''"
             await browser.wait_until(f"{job_state} === 'running'", what="the job's row, running")
-            await browser.evaluate(f"document.querySelector('[data-job-bill=\"{job['job']}\"]').click()")
-            await browser.wait_until(f"document.getElementById('job-bill').textContent.includes('GPUX-{renter.account}-job{job['job']}')", what="the job's bill")
-            await browser.evaluate(f"document.querySelector('[data-cancel-job=\"{job['job']}\"]').click()")
+            await browser.evaluate(f"document.querySelector('[data-job-bill=\"{job.job}\"]').click()")
+            await browser.wait_until(f"document.getElementById('job-bill').textContent.includes('GPUX-{renter.account}-job{job.job}')", what="the job's bill")
+            await browser.evaluate(f"document.querySelector('[data-cancel-job=\"{job.job}\"]').click()")
             await browser.wait_until(f"{job_state} === 'cancelled'", what="the cancelled job")
             await browser.screenshot(ARTEFACTS / "console-jobs.png")
             # The job's lease took the $2.50 offer: the host offers the GPU again.
-            await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2.5"), 1, supply={"host": host, "gpu_mask": 2}))
+            await supplier.place(gpux.OrderTicket.limit(H100_SPOT, "sell", gpux.dollars("2.5"), 1, supply={"host": host, "gpu_mask": 2}))
             # A second lease (the GPU offered at 2.50), ended from its row.
-            await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("2.5"), 1))
-            second = next(l["lease"] for l in await renter.leases() if l["lease"] != lease and l["active"])
+            await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("2.5"), 1))
+            second = next(l.lease for l in await renter.leases() if l.lease != lease and l.active)
             button = f"document.querySelector('[data-end-lease=\"{second}\"]')"
             await browser.wait_until(f"{button} !== null", what="the second lease's end button")
             await browser.evaluate(f"{button}.click()")
             await browser.wait_until("document.getElementById('ticket-result').textContent !== ''", what="the lease end")
             ended = await browser.evaluate("document.getElementById('ticket-result').textContent")
             assert ended.startswith(f"lease {second} ended"), ended
-            assert not next(l for l in await renter.leases() if l["lease"] == second)["active"], "ended on the exchange"
+            assert not next(l for l in await renter.leases() if l.lease == second).active, "ended on the exchange"
         await renter.close()
         await supplier.close()
 
@@ -438,7 +441,7 @@ def test_the_console_opens_and_funds_a_sub_account_and_shows_a_verified_invoice(
             first_row = await browser.evaluate("document.querySelector('#statement tbody tr').innerText")
             assert f"available:{sub}" in first_row and "$25.00" in first_row, first_row
             subs = await aggregator.sub_accounts()
-            assert [(s["account"], s["balances"]["available_minor"]) for s in subs] == [(sub, gpux.dollars("25"))], "moved on the exchange"
+            assert [(s.account, s.balances.available_minor) for s in subs] == [(sub, gpux.dollars("25"))], "moved on the exchange"
 
             # Last month's invoice (closed; nothing happened in it), checked in the page with WebCrypto.
             now = time.gmtime()
@@ -538,15 +541,15 @@ def test_the_console_is_a_trading_screen_at_three_sizes(exchange_with_console):
         spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
         for n in range(3):
             await supplier.request("register_gpu", host="screen-host", gpu_uuid=f"GPU-screen-{n}", spec=spec)
-        host = (await supplier.request("my_gpus")).fields["gpus"][0]["host"]
-        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1}))
-        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("2.25"), 1, supply={"host": host, "gpu_mask": 2}))
-        await supplier.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "sell", gpux.dollars("3.125"), 1, supply={"host": host, "gpu_mask": 4}))
+        host = (await supplier.request("my_gpus")).gpus[0].host
+        await supplier.place(gpux.OrderTicket.limit(H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": 1}))
+        await supplier.place(gpux.OrderTicket.limit(H100_SPOT, "sell", gpux.dollars("2.25"), 1, supply={"host": host, "gpu_mask": 2}))
+        await supplier.place(gpux.OrderTicket.limit(H100_SPOT, "sell", gpux.dollars("3.125"), 1, supply={"host": host, "gpu_mask": 4}))
         key = gpux.Key.generate()
         renter = await gpux.Client.connect(url, key, role="renter")
         async with await gpux.Client.connect(url, operator, role="operator") as op:
             await op.deposit(renter.account, gpux.dollars("500"))
-        await renter.place(gpux.OrderTicket.limit(gpux.H100_SPOT, "buy", gpux.dollars("1.5"), 4))
+        await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("1.5"), 4))
 
         async with console_page(console) as browser:
             await browser.wait_until("document.getElementById('ladder').innerText.includes('$3.125')", what="the book")
