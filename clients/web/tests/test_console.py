@@ -90,9 +90,14 @@ async def console_page(console: str):
         browser = Browser(profile)
         await browser.open()
         try:
+            # Uncaught errors in the page's scripts (a module's missing
+            # import is a ReferenceError only when its code runs) fail the test.
+            await browser.call("Runtime.enable")
             await browser.call("Page.navigate", url=console)
             await browser.wait_until("document.querySelectorAll('#instruments li').length >= 10", what="the instrument list")
             yield browser
+            await browser.evaluate("0")
+            assert browser.exceptions == [], f"the console's scripts threw: {browser.exceptions}"
         finally:
             await browser.close()
 
@@ -119,6 +124,7 @@ class Browser:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         self.next_id = 0
+        self.exceptions: list[str] = []
 
     async def open(self):
         # A cold first start on a loaded 2-core machine has taken over 30 s.
@@ -143,6 +149,9 @@ class Browser:
         await self.socket.send(json.dumps({"id": call_id, "method": method, "params": params}))
         while True:
             message = json.loads(await self.socket.recv())
+            if message.get("method") == "Runtime.exceptionThrown":
+                details = message["params"]["exceptionDetails"]
+                self.exceptions.append(details.get("exception", {}).get("description") or details.get("text"))
             if message.get("id") == call_id:
                 assert "error" not in message, message
                 return message["result"]
@@ -182,7 +191,7 @@ def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_c
             # One class at a time, every window of it (the list had cut all classes' windows at 60 rows), and a row opens its book.
             classes = await browser.evaluate("[...document.querySelectorAll('#calendar-class option')].map(o => o.value)")
             assert "H100-SXM-80G" in classes and len(classes) >= 2, classes
-            listed = "state.instruments.filter(i => i.contract.reserved && i.state !== 'expired')"
+            listed = "gpuxConsole.state.instruments.filter(i => i.contract.reserved && i.state !== 'expired')"
             assert calendar_rows == await browser.evaluate(f"{listed}.filter(i => i.class === 'H100-SXM-80G').length"), calendar_rows
             assert await browser.evaluate(f"{listed}.length") > 60, "more windows than the old cut showed"
             await browser.evaluate("document.getElementById('calendar-class').value = 'A100-80G'; document.getElementById('calendar-class').onchange()")
@@ -194,7 +203,7 @@ def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_c
             window_symbol = await browser.evaluate("document.querySelector('#calendar tbody tr td:last-child').textContent")
             await browser.evaluate("document.querySelector('#calendar tbody tr').click()")
             await browser.wait_until(f"document.getElementById('symbol').textContent === '{window_symbol}'", what="the window's book")
-            await browser.evaluate(f"select({H100_SPOT})")
+            await browser.evaluate(f"gpuxConsole.select({H100_SPOT})")
             await browser.wait_until("document.getElementById('symbol').textContent === 'H100-SXM-80G/SPOT'", what="back to the spot book")
 
             # An order placed through the Python client appears in the page's live ladder.
@@ -245,7 +254,7 @@ def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_c
             await browser.wait_until(f"document.querySelector('[data-cancel-order=\"{ack.order}\"]') === null", what="the order gone")
             assert ack.order not in [o.order for o in await renter.open_orders()], "cancelled on the exchange"
             # The connection drops: the page reconnects and logs in again with the key it holds.
-            await browser.evaluate("document.getElementById('account').textContent = ''; state.ws.close()")
+            await browser.evaluate("document.getElementById('account').textContent = ''; gpuxConsole.state.ws.close()")
             await browser.wait_until(f"document.getElementById('account').textContent.includes('account {renter.account}')", what="the re-login")
             await browser.wait_until("document.getElementById('orders').innerText.includes('armed stop')", what="the orders after re-login")
             await browser.screenshot(ARTEFACTS / "console.png")
@@ -457,14 +466,14 @@ def test_the_console_opens_and_funds_a_sub_account_and_shows_a_verified_invoice(
             await browser.evaluate("document.querySelector('#invoice-form button').click()")
             await browser.wait_until("document.getElementById('invoice').innerText.includes('period_invalid')", what="the open month refused")
             # Amounts to the last minor unit: $0.000417 is not $0.000.
-            assert await browser.evaluate("money(417)") == "$0.000417"
-            assert await browser.evaluate("[money(0), money(1234000), money(25000000), money(100)].join(' ')") == "$0.00 $1.234 $25.00 $0.0001"
+            assert await browser.evaluate("gpuxConsole.money(417)") == "$0.000417"
+            assert await browser.evaluate("[0, 1234000, 25000000, 100].map(gpuxConsole.money).join(' ')") == "$0.00 $1.234 $25.00 $0.0001"
             # Logging out forgets the key: after the reconnect the page is not logged in.
             await browser.evaluate("document.getElementById('logout').click()")
             await browser.wait_until("document.getElementById('mine').hidden && !document.getElementById('login').hidden", what="logged out")
-            await browser.wait_until("state.ws.readyState === 1 && state.nonce !== null", what="the reconnect")
+            await browser.wait_until("gpuxConsole.state.ws.readyState === 1 && gpuxConsole.state.nonce !== null", what="the reconnect")
             await asyncio.sleep(1.5)
-            assert await browser.evaluate("state.account === null && document.getElementById('account').textContent === ''")
+            assert await browser.evaluate("gpuxConsole.state.account === null && document.getElementById('account').textContent === ''")
             await aggregator.close()
 
     asyncio.run(scenario())

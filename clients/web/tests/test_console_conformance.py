@@ -1,5 +1,5 @@
 """The web console against the protocol, without a browser or an exchange:
-every request app.js sends is a `ClientMessage` of protocol/src/messages.rs
+every request the console's modules (clients/web/*.js) send is a `ClientMessage` of protocol/src/messages.rs
 with only fields that message has (an order's fields those of
 `OrderTicket`), and every server message it handles is a `ServerMessage`
 and named in docs/protocol.md. A renamed message or field fails here
@@ -13,7 +13,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-APP = (ROOT / "clients" / "web" / "app.js").read_text()
+# The console's modules (app.js and what it imports), read as one text.
+MODULES = sorted((ROOT / "clients" / "web").glob("*.js"))
+APP = "\n".join(path.read_text() for path in MODULES)
 MESSAGES = (ROOT / "protocol" / "src" / "messages.rs").read_text()
 DOC = (ROOT / "docs" / "protocol.md").read_text()
 
@@ -114,3 +116,34 @@ def test_the_checks_catch_a_wrong_name_and_a_wrong_field():
     assert "book_offer" not in client and "book_offers" in client
     assert "offset" in client["book_offers"] and "page" not in client["book_offers"]
     assert object_keys('{ instrument, offset: 0, after: f(a, b) }') == {"instrument", "offset", "after"}
+
+
+def test_the_modules_import_what_they_use_and_nothing_else_is_global():
+    """Each module imports every name it takes from another (an ES module
+    sees no other's top level, so a missing import is a ReferenceError in a
+    user's browser on the first click that reaches it), every import is an
+    export of the module named, and only app.js sets a global."""
+    exported, imported, defined, code = {}, {}, {}, {}
+    for path in MODULES:
+        text = path.read_text()
+        code[path.name] = re.sub(r"//[^\n]*", "", text)
+        exported[path.name] = set(re.findall(r"^export (?:async )?(?:function|const|let) ([\w$]+)", text, re.M))
+        defined[path.name] = set(re.findall(r"^(?:export )?(?:async )?(?:function|const|let) ([\w$]+)", text, re.M))
+        imported[path.name] = {}
+        for names, module in re.findall(r'^import \{ (.*) \} from "\./([\w]+\.js)";$', text, re.M):
+            for name in names.split(", "):
+                imported[path.name][name] = module
+    assert "app.js" in exported and len(MODULES) >= 6, [path.name for path in MODULES]
+    for module, names in imported.items():
+        for name, source in names.items():
+            assert name in exported.get(source, set()), f"{module} imports {name} from {source}, which does not export it"
+    everywhere = {name: module for module, names in defined.items() for name in names}
+    for module, text in code.items():
+        for name, home in everywhere.items():
+            if home == module or name in defined[module]:
+                continue
+            used = re.search(r"(?<![\w$])(?<![\w\)\]]\.)" + re.escape(name) + r"(?![\w$])", text)
+            assert not used or name in imported[module], f"{module} uses {name} of {home} without importing it"
+    for module, text in code.items():
+        globals_set = re.findall(r"^window\.(\w+) =", text, re.M)
+        assert globals_set == (["gpuxConsole"] if module == "app.js" else []), (module, globals_set)
