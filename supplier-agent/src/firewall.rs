@@ -28,8 +28,8 @@ pub enum FirewallError {
     Spawn(std::io::Error),
     #[error("nft refused the table: {0}")]
     Refused(String),
-    #[error("the firewall's state file {0}: {1}")]
-    State(PathBuf, std::io::Error),
+    #[error("the firewall's state file: {0}")]
+    State(#[from] crate::saved::SavedError),
 }
 
 /// One host's fabric firewall.
@@ -46,11 +46,7 @@ impl Firewall {
     /// kept (none when there is none).
     pub fn new(host: &str, fabric: IpAddr, state: PathBuf) -> Result<Firewall, FirewallError> {
         let name: String = host.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' }).collect();
-        let members = match std::fs::read(&state) {
-            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_default(),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(error) => return Err(FirewallError::State(state, error)),
-        };
+        let members = crate::saved::read(&state)?.unwrap_or_default();
         Ok(Firewall { table: format!("gpux_{name}"), fabric, state, members })
     }
 
@@ -104,8 +100,7 @@ impl Firewall {
 
     /// Installs the table as it stands and saves the members.
     pub fn apply(&self) -> Result<(), FirewallError> {
-        let json = serde_json::to_vec(&self.members).expect("members serialise");
-        std::fs::write(&self.state, json).map_err(|e| FirewallError::State(self.state.clone(), e))?;
+        crate::saved::write(&self.state, &self.members)?;
         run_nft(&["-f", "-"], Some(&self.ruleset()))
     }
 
@@ -148,5 +143,23 @@ mod tests {
         assert!(ruleset.contains("elements = { 10.8.0.2, 10.8.0.3 }"), "{ruleset}");
         assert!(ruleset.contains("ip daddr 10.8.0.2 ct state new ip saddr != @members drop"), "{ruleset}");
         assert!(ruleset.starts_with("table inet gpux_dc1_node_02 {}\ndelete table inet gpux_dc1_node_02\n"), "replaced whole");
+    }
+
+    /// The members an older agent saved (before saved files recorded their
+    /// format) are put back; a newer agent's file is refused, not misread.
+    #[test]
+    fn an_older_agents_members_are_read_and_a_newer_file_refused() {
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/state-2026-12-06");
+        let fabric: IpAddr = "10.8.0.2".parse().expect("ip");
+        let firewall = Firewall::new("dc1-node-02", fabric, fixtures.join("firewall.json")).expect("an older agent's file");
+        assert_eq!(firewall.leases(), vec![LeaseId(4)]);
+        assert!(firewall.admitted().contains(&"10.8.0.4".parse::<IpAddr>().expect("ip")));
+        let dir = tempfile::tempdir().expect("dir");
+        let newer = dir.path().join("firewall.json");
+        std::fs::write(&newer, r#"{"format":99,"state":{}}"#).expect("write");
+        assert!(matches!(
+            Firewall::new("dc1-node-02", fabric, newer),
+            Err(FirewallError::State(crate::saved::SavedError::Newer { found: 99, .. }))
+        ));
     }
 }

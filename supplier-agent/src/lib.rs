@@ -22,5 +22,6 @@ pub mod limits;
 pub mod nvml;
 pub mod probe;
 pub mod reports;
+pub mod saved;
 pub mod session;
 pub mod vendor;

@@ -4,16 +4,16 @@
 //!
 //! Files (next to the host key): `<key>.chains.json` holds each chain's next
 //! position and hash; `<key>.reports.jsonl` holds the unacknowledged reports
-//! in order. Both are rewritten whole through a temporary file, fsync and
-//! rename, so a crash leaves either the old or the new version. Resending a
-//! report the exchange already accepted is harmless (it answers duplicate).
+//! in order. Both record their format and are rewritten whole through a
+//! temporary file, fsync and rename (`crate::saved`), so a crash leaves
+//! either the old or the new version. Resending a report the exchange
+//! already accepted is harmless (it answers duplicate).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub use crate::limits::PENDING_REPORTS_MAX;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use ed25519_dalek::SigningKey;
 use gpux_engine::LeaseId;
 use gpux_protocol::{genesis_hash, Readings, UsageBody, UsageReport};
@@ -44,21 +44,8 @@ impl ReportBook {
     pub fn open(key_file: &Path) -> Result<Self> {
         let chains_path = key_file.with_extension("chains.json");
         let pending_path = key_file.with_extension("reports.jsonl");
-        let chains: Vec<Chain> = match std::fs::read_to_string(&chains_path) {
-            Ok(text) => serde_json::from_str(&text).with_context(|| format!("{} is corrupt", chains_path.display()))?,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(error) => return Err(error).with_context(|| format!("reading {}", chains_path.display())),
-        };
-        let pending = match std::fs::read_to_string(&pending_path) {
-            Ok(text) => text
-                .lines()
-                .filter(|line| !line.trim().is_empty())
-                .map(serde_json::from_str)
-                .collect::<Result<VecDeque<UsageReport>, _>>()
-                .with_context(|| format!("{} is corrupt", pending_path.display()))?,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => VecDeque::new(),
-            Err(error) => return Err(error).with_context(|| format!("reading {}", pending_path.display())),
-        };
+        let chains: Vec<Chain> = crate::saved::read(&chains_path)?.unwrap_or_default();
+        let pending: VecDeque<UsageReport> = crate::saved::read_lines(&pending_path)?.into();
         let chains = chains.into_iter().map(|chain| ((chain.lease, chain.gpu_uuid.clone()), chain)).collect();
         Ok(ReportBook { chains_path, pending_path, chains, pending })
     }
@@ -126,23 +113,10 @@ impl ReportBook {
 
     fn persist(&self) -> Result<()> {
         let chains: Vec<&Chain> = self.chains.values().collect();
-        write_atomically(&self.chains_path, serde_json::to_string(&chains)?.as_bytes())?;
-        let mut lines = Vec::new();
-        for report in &self.pending {
-            lines.extend_from_slice(serde_json::to_string(report)?.as_bytes());
-            lines.push(b'\n');
-        }
-        write_atomically(&self.pending_path, &lines)
+        crate::saved::write(&self.chains_path, &chains)?;
+        crate::saved::write_lines(&self.pending_path, &self.pending)?;
+        Ok(())
     }
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let temporary = path.with_extension("tmp");
-    let mut file = std::fs::File::create(&temporary).with_context(|| format!("writing {}", temporary.display()))?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    std::fs::rename(&temporary, path).with_context(|| format!("replacing {}", path.display()))?;
-    Ok(())
 }
 
 #[cfg(test)]
@@ -174,5 +148,34 @@ mod tests {
         let third = book.front().expect("third").clone();
         assert_eq!(third.body.seq, 3);
         assert_eq!(third.body.prev_hash, second.hash(), "the chain continues across the restart");
+    }
+
+    /// What the agent of 2026-12-06, before saved files recorded their
+    /// format, left on disk (tests/fixtures/state-2026-12-06: lease 17's
+    /// chains on two GPUs, two reports unacknowledged) is read by this one,
+    /// and the chains continue.
+    #[test]
+    fn an_older_agents_reports_and_chains_are_read_and_continued() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/state-2026-12-06");
+        let dir = tempfile::tempdir().expect("temp dir");
+        for name in ["host.chains.json", "host.reports.jsonl"] {
+            std::fs::copy(fixtures.join(name), dir.path().join(name)).expect("copy");
+        }
+        let key_file = dir.path().join("host.key");
+        let key = SigningKey::from_bytes(&[4; 32]);
+        let mut book = ReportBook::open(&key_file).expect("an older agent's files");
+        assert_eq!(book.pending(), 2);
+        let front = book.front().expect("front").clone();
+        assert_eq!((front.body.lease, front.body.gpu_uuid.as_str(), front.body.seq), (LeaseId(17), "GPU-a", 2));
+        assert!(front.verify_with(&key.verifying_key()), "the report as signed");
+        assert_eq!(book.next_start_ms(LeaseId(17), "GPU-a", 0), 1_796_223_840_000);
+        book.acknowledge_front().expect("ack");
+        let gpu_b = book.front().expect("GPU-b's report").clone();
+        book.record(LeaseId(17), "GPU-b", interval(1_796_223_780_000, 1_796_223_840_000), &key).expect("record");
+        book.acknowledge_front().expect("ack");
+        let next = book.front().expect("the next").clone();
+        assert_eq!((next.body.seq, next.body.prev_hash.clone()), (2, gpu_b.hash()), "GPU-b's chain goes on");
+        let written = std::fs::read_to_string(dir.path().join("host.reports.jsonl")).expect("text");
+        assert!(written.starts_with("{\"format\":2}\n"), "rewritten in this agent's format: {written}");
     }
 }
