@@ -264,6 +264,9 @@ fn verifier_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |cores| cores.get())
 }
 
+/// A connection's market-data feeds, by channel and instrument.
+type Feeds = StreamMap<(Channel, InstrumentId), BroadcastStream<Arc<SharedFrame>>>;
+
 async fn serve_connection<S>(
     stream: S,
     shared: Shared,
@@ -274,49 +277,14 @@ async fn serve_connection<S>(
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let Shared { core, limits, metrics, clock, verifier } = shared;
-    // The read buffer is allocated whole for every connection: 8 KiB rather
-    // than the default 128 KiB keeps an idle connection small (docs/PERFORMANCE.md).
-    let config = WebSocketConfig::default()
-        .max_message_size(Some(FRAME_BYTES_MAX))
-        .max_frame_size(Some(FRAME_BYTES_MAX))
-        .read_buffer_size(READ_BUFFER_BYTES);
-    let socket = match tokio::time::timeout_at(handshake_deadline, tokio_tungstenite::accept_async_with_config(stream, Some(config))).await
-    {
-        Ok(Ok(socket)) => socket,
-        Ok(Err(_)) => return,
-        Err(_) => return metrics.reaped(Stage::Handshake),
-    };
+    let Some(socket) = accept_websocket(stream, handshake_deadline, &metrics).await else { return };
     let login_deadline = tokio::time::Instant::now() + limits.admission.login_timeout;
     let (mut sink, mut incoming) = socket.split();
     let (frames, mut outgoing) = mpsc::channel::<Outgoing>(limits.outbound_frames_max);
-    let mut feeds: StreamMap<(Channel, InstrumentId), BroadcastStream<Arc<SharedFrame>>> = StreamMap::new();
+    let mut feeds = Feeds::new();
     let too_slow = Arc::new(Notify::new());
-    let mut connection = Connection {
-        id: next_connection_id(),
-        core,
-        metrics: metrics.clone(),
-        ticket,
-        subscribed: false,
-        session: Session::Authenticating,
-        binary: false,
-        tokens: MESSAGE_BURST_MAX,
-        refilled_at: Instant::now(),
-        awaiting: 0,
-        clock,
-        login_key: None,
-        market_data_asked: 1,
-        market_data_version: 1,
-    };
-    if connection
-        .core
-        .send(Request { connection: connection.id, id: 0, body: Body::Connect { outbound: Outbound::local(frames, too_slow.clone()) } })
-        .is_err()
-    {
-        return;
-    }
-    let challenge = connection.new_challenge();
-    let mut outbox = Outbox::default();
-    outbox.push(connection.encode(&challenge));
+    let mut connection = Connection::new(core, metrics.clone(), ticket, clock);
+    let Some(mut outbox) = connection.open(Outbound::local(frames, too_slow.clone())) else { return };
     let mut close: Option<ErrorCode> = None;
     // Why a `slow_consumer` close happened, for the metric.
     let mut slow: Option<SlowCause> = None;
@@ -338,17 +306,12 @@ async fn serve_connection<S>(
     while close.is_none() && slow.is_none() {
         if outbox.has_room() && !conflation.is_empty() {
             // The peer read enough: what it missed goes out, then the feeds.
-            let mut batch = Batch::default();
-            for message in conflation.drain() {
-                metrics.book_conflations.inc();
-                batch.push_own(message);
-            }
-            outbox.push(batch.take(connection.binary));
+            flush_conflation(&mut conflation, &mut outbox, &metrics, connection.binary);
         }
         let (room, busy, stalled_at) = (outbox.has_room(), outbox.busy(), outbox.stalled_at(stall));
         // A version 2 connection reads its feeds while its peer is behind
         // (books conflate, trades queue), up to a second outbox's worth.
-        let reading_feeds = room || (connection.market_data_version >= 2 && outbox.bytes < OUTBOX_CONFLATING_BYTES_MAX);
+        let reading_feeds = connection.reads_feeds(&outbox);
         tokio::select! {
             result = outbox.drive(&mut sink), if busy => if result.is_err() { break },
             // The peer may have taken something since the deadline was set.
@@ -369,102 +332,17 @@ async fn serve_connection<S>(
             }
             frame = incoming.next(), if room => {
                 last_heard = Instant::now();
-                let decoded = match frame {
-                    Some(Ok(Message::Text(text))) => { connection.binary = false; decode_client_text(&text) }
-                    Some(Ok(Message::Binary(bytes))) => { connection.binary = true; decode_client_binary(&bytes) }
-                    Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => continue,
-                    Some(Ok(Message::Close(_))) | None => break,
-                    Some(Err(WsError::Capacity(_))) => { close = Some(ErrorCode::FrameTooLarge); continue }
-                    Some(Err(_)) => break,
-                };
-                let replies = connection.on_frame_verified(decoded, &verifier).await;
-                for reply in &replies {
-                    connection.count(reply);
-                    outbox.push(connection.encode(reply));
+                match connection.take_frame(frame, &verifier, &mut outbox).await {
+                    Ok(()) => {}
+                    Err(Some(code)) => close = Some(code),
+                    Err(None) => break,
                 }
             }
             Some(first) = outgoing.recv(), if room => {
-                // Take what is ready; feed starts and ends apply in order, so
-                // a book snapshot is queued before any update of its feed.
-                let mut next = Some(first);
-                while let Some(item) = next {
-                    match item {
-                        Outgoing::Frame(frame) => connection.queue(&mut outbox, &frame),
-                        Outgoing::FeedStart { channel, instrument, feed } => {
-                            if channel == Channel::Book {
-                                conflation.forget(instrument);
-                            }
-                            feeds.insert((channel, instrument), BroadcastStream::new(feed));
-                        }
-                        Outgoing::FeedEnd { channel, instrument } => {
-                            if channel == Channel::Book {
-                                conflation.forget(instrument);
-                            }
-                            feeds.remove(&(channel, instrument));
-                        }
-                        Outgoing::Login(outcome) => {
-                            if let Some(challenge) = connection.login(outcome) {
-                                outbox.push(connection.encode(&challenge));
-                            }
-                        }
-                        Outgoing::Close(code) => {
-                            close = Some(code);
-                            break;
-                        }
-                    }
-                    next = if outbox.has_room() { outgoing.try_recv().ok() } else { None };
-                }
+                close = connection.take_outgoing(first, &mut outgoing, &mut outbox, &mut conflation, &mut feeds);
             }
-            Some((key, first)) = feeds.next(), if reading_feeds && !feeds.is_empty() => {
-                let mut next = Some((key, first));
-                let mut batch = Batch::default();
-                let batched = connection.market_data_version >= 2;
-                while let Some((key, item)) = next {
-                    let behind = match item {
-                        Ok(frame) if batched => {
-                            let full = match *frame.message() {
-                                ServerMessage::BookUpdate { instrument, seq, side, price_minor_per_gpu_hour, quantity }
-                                    if !outbox.has_room() || conflation.holds(instrument) =>
-                                {
-                                    conflation.absorb(instrument, seq, side, price_minor_per_gpu_hour, quantity).is_err()
-                                }
-                                _ => {
-                                    batch.push_shared(frame);
-                                    false
-                                }
-                            };
-                            if batch.is_full() {
-                                outbox.push(batch.take(connection.binary));
-                            }
-                            full
-                        }
-                        Ok(frame) => {
-                            connection.queue(&mut outbox, &frame);
-                            false
-                        }
-                        // The feed moved on past frames this connection never
-                        // read.
-                        Err(BroadcastStreamRecvError::Lagged(_)) => true,
-                    };
-                    if behind {
-                        // Drop the feed at once (nothing after the gap is
-                        // queued) and ask for a fresh snapshot and feed.
-                        feeds.remove(&key);
-                        let (channel, instrument) = key;
-                        if channel == Channel::Book {
-                            conflation.forget(instrument);
-                        }
-                        let resync = Request { connection: connection.id, id: 0, body: Body::Resync { channel, instrument } };
-                        if !resyncs.spend(Instant::now()) || connection.core.try_send(resync).is_err() {
-                            slow = Some(SlowCause::Resyncs);
-                        }
-                    }
-                    let reading = outbox.has_room() || (batched && outbox.bytes < OUTBOX_CONFLATING_BYTES_MAX);
-                    next = if slow.is_none() && reading { feeds.next().now_or_never().flatten() } else { None };
-                }
-                if !batch.is_empty() {
-                    outbox.push(batch.take(connection.binary));
-                }
+            Some(first) = feeds.next(), if reading_feeds && !feeds.is_empty() => {
+                slow = connection.take_feeds(first, &mut feeds, &mut outbox, &mut conflation, &mut resyncs);
             }
             _ = too_slow.notified() => slow = Some(SlowCause::QueueFull),
             _ = shutdown.changed() => close = Some(ErrorCode::ShuttingDown),
@@ -476,44 +354,91 @@ async fn serve_connection<S>(
         close = Some(ErrorCode::SlowConsumer);
     }
     if let Some(code) = close {
-        let reason = serde_plain_code(code);
-        outbox.push(Message::Close(Some(CloseFrame { code: CloseCode::Policy, reason: reason.into() })));
-        // The close frame queues behind whatever the peer has not read yet;
-        // a peer that never reads is cut off after CLOSE_WAIT. Then the
-        // closing handshake: the peer answers with its own close once it
-        // has read ours, and only then does the socket close, so the peer
-        // reads everything before it (a socket closed with unread input, or
-        // one the kernel gives up on, is reset and the peer loses its tail).
-        let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
-        // One that never logged in is not waited for: silent sockets are
-        // what an attacker holds (it had no ping to answer: the login
-        // deadline comes before the first one at the defaults).
-        let answers = code != ErrorCode::LoginTimeout;
-        if let (Ok(Ok(())), true) = (tokio::time::timeout_at(deadline, outbox.drive(&mut sink)).await, answers) {
-            if code == ErrorCode::FrameTooLarge {
-                // The WebSocket cannot read past the oversize frame: discard
-                // the raw bytes until the peer closes, so it reads the reason.
-                if let Ok(mut socket) = incoming.reunite(sink) {
-                    let mut discard = vec![0u8; 16 * 1024];
-                    while let Ok(Ok(read)) =
-                        tokio::time::timeout_at(deadline, tokio::io::AsyncReadExt::read(socket.get_mut(), &mut discard)).await
-                    {
-                        if read == 0 {
-                            break;
-                        }
-                    }
-                }
-            } else {
-                while let Ok(Some(Ok(message))) = tokio::time::timeout_at(deadline, incoming.next()).await {
-                    if message.is_close() {
-                        break;
-                    }
+        close_with(code, outbox, sink, incoming).await;
+    }
+    connection.disconnected(close == Some(ErrorCode::ShuttingDown));
+}
+
+/// The WebSocket handshake, by its deadline (a connection that misses it is
+/// counted as reaped).
+async fn accept_websocket<S>(
+    stream: S,
+    handshake_deadline: tokio::time::Instant,
+    metrics: &GatewayMetrics,
+) -> Option<tokio_tungstenite::WebSocketStream<S>>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    // The read buffer is allocated whole for every connection: 8 KiB rather
+    // than the default 128 KiB keeps an idle connection small (docs/PERFORMANCE.md).
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(FRAME_BYTES_MAX))
+        .max_frame_size(Some(FRAME_BYTES_MAX))
+        .read_buffer_size(READ_BUFFER_BYTES);
+    match tokio::time::timeout_at(handshake_deadline, tokio_tungstenite::accept_async_with_config(stream, Some(config))).await {
+        Ok(Ok(socket)) => Some(socket),
+        Ok(Err(_)) => None,
+        Err(_) => {
+            metrics.reaped(Stage::Handshake);
+            None
+        }
+    }
+}
+
+/// Market-data version 2: the books the connection fell behind on, each
+/// changed level's total now, in one frame.
+fn flush_conflation(conflation: &mut Conflation, outbox: &mut Outbox, metrics: &GatewayMetrics, binary: bool) {
+    let mut batch = Batch::default();
+    for message in conflation.drain() {
+        metrics.book_conflations.inc();
+        batch.push_own(message);
+    }
+    outbox.push(batch.take(binary));
+}
+
+/// Sends the close frame with its reason and waits, up to `CLOSE_WAIT`, for
+/// the peer to read it and answer.
+async fn close_with<S>(
+    code: ErrorCode,
+    mut outbox: Outbox,
+    mut sink: futures_util::stream::SplitSink<tokio_tungstenite::WebSocketStream<S>, Message>,
+    mut incoming: futures_util::stream::SplitStream<tokio_tungstenite::WebSocketStream<S>>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let reason = serde_plain_code(code);
+    outbox.push(Message::Close(Some(CloseFrame { code: CloseCode::Policy, reason: reason.into() })));
+    // The close frame queues behind whatever the peer has not read yet;
+    // a peer that never reads is cut off after CLOSE_WAIT. Then the
+    // closing handshake: the peer answers with its own close once it
+    // has read ours, and only then does the socket close, so the peer
+    // reads everything before it (a socket closed with unread input, or
+    // one the kernel gives up on, is reset and the peer loses its tail).
+    let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
+    // One that never logged in is not waited for: silent sockets are
+    // what an attacker holds (it had no ping to answer: the login
+    // deadline comes before the first one at the defaults).
+    let answers = code != ErrorCode::LoginTimeout;
+    let (Ok(Ok(())), true) = (tokio::time::timeout_at(deadline, outbox.drive(&mut sink)).await, answers) else { return };
+    if code == ErrorCode::FrameTooLarge {
+        // The WebSocket cannot read past the oversize frame: discard
+        // the raw bytes until the peer closes, so it reads the reason.
+        if let Ok(mut socket) = incoming.reunite(sink) {
+            let mut discard = vec![0u8; 16 * 1024];
+            while let Ok(Ok(read)) = tokio::time::timeout_at(deadline, tokio::io::AsyncReadExt::read(socket.get_mut(), &mut discard)).await
+            {
+                if read == 0 {
+                    break;
                 }
             }
         }
+    } else {
+        while let Ok(Some(Ok(message))) = tokio::time::timeout_at(deadline, incoming.next()).await {
+            if message.is_close() {
+                break;
+            }
+        }
     }
-    let exchange_stopping = close == Some(ErrorCode::ShuttingDown);
-    let _ = connection.core.send(Request { connection: connection.id, id: 0, body: Body::Disconnect { exchange_stopping } });
 }
 
 /// What waits to be written to one connection, in order.
@@ -590,6 +515,183 @@ fn serde_plain_code(code: ErrorCode) -> String {
 }
 
 impl Connection {
+    fn new(core: Sender<Request>, metrics: Arc<GatewayMetrics>, ticket: Ticket, clock: Clock) -> Connection {
+        Connection {
+            id: next_connection_id(),
+            core,
+            metrics,
+            ticket,
+            subscribed: false,
+            session: Session::Authenticating,
+            binary: false,
+            tokens: MESSAGE_BURST_MAX,
+            refilled_at: Instant::now(),
+            awaiting: 0,
+            clock,
+            login_key: None,
+            market_data_asked: 1,
+            market_data_version: 1,
+        }
+    }
+
+    /// Tells the sequencer of the connection (it answers through
+    /// `outbound`) and puts the login challenge in a new outbox; `None` if
+    /// the sequencer is gone.
+    fn open(&mut self, outbound: Outbound) -> Option<Outbox> {
+        self.core.send(Request { connection: self.id, id: 0, body: Body::Connect { outbound } }).ok()?;
+        let challenge = self.new_challenge();
+        let mut outbox = Outbox::default();
+        outbox.push(self.encode(&challenge));
+        Some(outbox)
+    }
+
+    /// Tells the sequencer the connection ended (it cancels what the session
+    /// asked to have cancelled on disconnect; a supplier's disconnect during
+    /// its leases is counted in its record unless the exchange is stopping).
+    fn disconnected(&self, exchange_stopping: bool) {
+        let _ = self.core.send(Request { connection: self.id, id: 0, body: Body::Disconnect { exchange_stopping } });
+    }
+
+    /// A frame from the peer, answered into the outbox. `Err(None)`: the
+    /// peer closed or the socket broke; `Err(Some(code))`: close with `code`.
+    async fn take_frame(
+        &mut self,
+        frame: Option<Result<Message, WsError>>,
+        verifier: &Verifier,
+        outbox: &mut Outbox,
+    ) -> Result<(), Option<ErrorCode>> {
+        let decoded = match frame {
+            Some(Ok(Message::Text(text))) => {
+                self.binary = false;
+                decode_client_text(&text)
+            }
+            Some(Ok(Message::Binary(bytes))) => {
+                self.binary = true;
+                decode_client_binary(&bytes)
+            }
+            Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => return Ok(()),
+            Some(Ok(Message::Close(_))) | None => return Err(None),
+            Some(Err(WsError::Capacity(_))) => return Err(Some(ErrorCode::FrameTooLarge)),
+            Some(Err(_)) => return Err(None),
+        };
+        let replies = self.on_frame_verified(decoded, verifier).await;
+        for reply in &replies {
+            self.count(reply);
+            outbox.push(self.encode(reply));
+        }
+        Ok(())
+    }
+
+    /// Whether the connection takes market data now: while its outbox has
+    /// room, and for version 2 while it is under a second outbox's worth
+    /// (books conflate, trades queue).
+    fn reads_feeds(&self, outbox: &Outbox) -> bool {
+        outbox.has_room() || (self.market_data_version >= 2 && outbox.bytes < OUTBOX_CONFLATING_BYTES_MAX)
+    }
+
+    /// What the sequencer sent, `first` and whatever else is ready while the
+    /// outbox has room; feed starts and ends apply in order, so a book
+    /// snapshot is queued before any update of its feed. The close code, if
+    /// one came.
+    fn take_outgoing(
+        &mut self,
+        first: Outgoing,
+        outgoing: &mut mpsc::Receiver<Outgoing>,
+        outbox: &mut Outbox,
+        conflation: &mut Conflation,
+        feeds: &mut Feeds,
+    ) -> Option<ErrorCode> {
+        let mut next = Some(first);
+        while let Some(item) = next {
+            match item {
+                Outgoing::Frame(frame) => self.queue(outbox, &frame),
+                Outgoing::FeedStart { channel, instrument, feed } => {
+                    if channel == Channel::Book {
+                        conflation.forget(instrument);
+                    }
+                    feeds.insert((channel, instrument), BroadcastStream::new(feed));
+                }
+                Outgoing::FeedEnd { channel, instrument } => {
+                    if channel == Channel::Book {
+                        conflation.forget(instrument);
+                    }
+                    feeds.remove(&(channel, instrument));
+                }
+                Outgoing::Login(outcome) => {
+                    if let Some(challenge) = self.login(outcome) {
+                        outbox.push(self.encode(&challenge));
+                    }
+                }
+                Outgoing::Close(code) => return Some(code),
+            }
+            next = if outbox.has_room() { outgoing.try_recv().ok() } else { None };
+        }
+        None
+    }
+
+    /// Market data: `first` and whatever else the feeds have ready while the
+    /// connection reads them. Version 2 batches it and conflates the book
+    /// updates of a peer that is behind; a feed that lapped the connection
+    /// is dropped and resynced. Why the connection is a slow consumer, if it is.
+    fn take_feeds(
+        &mut self,
+        first: ((Channel, InstrumentId), Result<Arc<SharedFrame>, BroadcastStreamRecvError>),
+        feeds: &mut Feeds,
+        outbox: &mut Outbox,
+        conflation: &mut Conflation,
+        resyncs: &mut ResyncBudget,
+    ) -> Option<SlowCause> {
+        let mut next = Some(first);
+        let mut batch = Batch::default();
+        let batched = self.market_data_version >= 2;
+        let mut slow = None;
+        while let Some((key, item)) = next {
+            let behind = match item {
+                Ok(frame) if batched => {
+                    let full = match *frame.message() {
+                        ServerMessage::BookUpdate { instrument, seq, side, price_minor_per_gpu_hour, quantity }
+                            if !outbox.has_room() || conflation.holds(instrument) =>
+                        {
+                            conflation.absorb(instrument, seq, side, price_minor_per_gpu_hour, quantity).is_err()
+                        }
+                        _ => {
+                            batch.push_shared(frame);
+                            false
+                        }
+                    };
+                    if batch.is_full() {
+                        outbox.push(batch.take(self.binary));
+                    }
+                    full
+                }
+                Ok(frame) => {
+                    self.queue(outbox, &frame);
+                    false
+                }
+                // The feed moved on past frames this connection never read.
+                Err(BroadcastStreamRecvError::Lagged(_)) => true,
+            };
+            if behind {
+                // Drop the feed at once (nothing after the gap is queued)
+                // and ask for a fresh snapshot and feed.
+                feeds.remove(&key);
+                let (channel, instrument) = key;
+                if channel == Channel::Book {
+                    conflation.forget(instrument);
+                }
+                let resync = Request { connection: self.id, id: 0, body: Body::Resync { channel, instrument } };
+                if !resyncs.spend(Instant::now()) || self.core.try_send(resync).is_err() {
+                    slow = Some(SlowCause::Resyncs);
+                }
+            }
+            next = if slow.is_none() && self.reads_feeds(outbox) { feeds.next().now_or_never().flatten() } else { None };
+        }
+        if !batch.is_empty() {
+            outbox.push(batch.take(self.binary));
+        }
+        slow
+    }
+
     fn new_challenge(&mut self) -> ServerMessage {
         let mut nonce = [0u8; 32];
         getrandom::fill(&mut nonce).expect("the OS random source is available");
