@@ -233,20 +233,7 @@ fn main() {
 }
 
 fn run_main() -> Result<()> {
-    {
-        use tracing_subscriber::layer::SubscriberExt;
-        use tracing_subscriber::util::SubscriberInitExt;
-        use tracing_subscriber::Layer;
-        let levels = tracing_subscriber::EnvFilter::try_from_env("GPUX_LOG").unwrap_or_else(|_| "warn,openraft=error".into());
-        let lines = tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
-            // Colour for a terminal only: never escape codes in a log file.
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .with_filter(levels)
-            // A library's line repeated in a loop (openraft while a peer is down) once per 10 s.
-            .with_filter(gpux_exchange::logging::Repeats::libraries());
-        tracing_subscriber::registry().with(lines).init();
-    }
+    init_logging();
     let args = Args::parse();
     match args.command {
         Some(Tool::Statement { account }) => return statement(&args.data_dir, account),
@@ -254,91 +241,20 @@ fn run_main() -> Result<()> {
         Some(Tool::Journal { command }) => return journal_tool(&args.data_dir, command),
         None => {}
     }
-    let cluster = match (args.node_id, args.raft_listen, &args.cluster_secret_file) {
-        (Some(node_id), Some(raft_listen), Some(secret)) => {
-            anyhow::ensure!(!args.sim, "--sim runs on a single exchange: leave it out with --node-id");
-            let secret = gpux_exchange::cluster::read_secret(secret)?;
-            let tls = match (&args.raft_tls_cert, &args.raft_tls_key, &args.raft_tls_ca) {
-                (Some(cert), Some(key), Some(ca)) => Some(gpux_exchange::cluster::RaftTls {
-                    identity: gpux_protocol::tls::server_config(cert, key).context("--raft-tls-cert/--raft-tls-key")?,
-                    trust: gpux_protocol::tls::client_config(ca).context("--raft-tls-ca")?,
-                }),
-                _ => None,
-            };
-            Some(gpux_exchange::cluster::ClusterConfig { node_id, raft_listen, secret, tls })
-        }
-        _ => None,
-    };
-    if args.fee_bps.is_some_and(|fee| fee > gpux_engine::limits::FEE_BPS_MAX) {
-        anyhow::bail!("--fee-bps must be at most {}", gpux_engine::limits::FEE_BPS_MAX);
-    }
-    if args.billing_grace_ms.is_some_and(|grace| grace > gpux_engine::limits::BILLING_GRACE_MS_MAX) {
-        anyhow::bail!("--billing-grace-ms must be at most {} (one day)", gpux_engine::limits::BILLING_GRACE_MS_MAX);
-    }
-    if args.late_report_window_ms > gpux_engine::limits::LATE_REPORT_WINDOW_MS_MAX {
-        anyhow::bail!("--late-report-window-ms must be at most {} (one week)", gpux_engine::limits::LATE_REPORT_WINDOW_MS_MAX);
-    }
-    let mut listing = match &args.listing {
-        Some(path) => gpux_exchange::listing::load(path)?,
-        None => gpux_exchange::listing::parse(gpux_exchange::listing::DEMO, "listing/demo.toml (built in)")?,
-    };
-    listing.config.fee_bps = args.fee_bps.unwrap_or(listing.config.fee_bps);
-    listing.config.billing_grace_ms = args.billing_grace_ms.unwrap_or(listing.config.billing_grace_ms);
+    let cluster = cluster_config(&args)?;
+    let listing = listing(&args)?;
     let currency = listing.config.currency.clone();
-    let mut operator_keys = BTreeSet::new();
-    for key in &args.operator_keys {
-        let bytes: [u8; 32] = hex::decode(key)
-            .ok()
-            .and_then(|b| b.try_into().ok())
-            .with_context(|| format!("--operator-key {key}: expected 64 hex digits (an ed25519 public key)"))?;
-        operator_keys.insert(bytes);
-    }
+    let mut operator_keys = operator_keys(&args)?;
     let live_child = LiveChild::default();
     let on_listening = if args.sim { Some(live_market(&args, &mut operator_keys, live_child.clone())?) } else { None };
-    let tls = args.tls_cert.zip(args.tls_key);
+    let tls = args.tls_cert.clone().zip(args.tls_key.clone());
     if tls.is_none() && !args.listen.ip().is_loopback() {
         anyhow::bail!("plain ws:// is for loopback development only: give --tls-cert and --tls-key to listen on {}", args.listen);
     }
-    if args.outbound_frames_max == 0 || args.feed_frames_max == 0 {
-        anyhow::bail!("--outbound-frames-max and --feed-frames-max must be at least 1");
-    }
-    if args.write_stall_ms < 100 {
-        anyhow::bail!("--write-stall-ms must be at least 100");
-    }
-    if args.idle_timeout_ms < 300 {
-        anyhow::bail!("--idle-timeout-ms must be at least 300");
-    }
-    if args.connections_max == 0 || args.connections_per_ip_max == 0 || args.unauthenticated_max == 0 {
-        anyhow::bail!("--connections-max, --connections-per-ip-max and --unauthenticated-max must be at least 1");
-    }
-    if args.handshake_timeout_ms < 100 || args.login_timeout_ms < 100 {
-        anyhow::bail!("--handshake-timeout-ms and --login-timeout-ms must be at least 100");
-    }
-    let limits = gpux_exchange::gateway::GatewayLimits {
-        outbound_frames_max: args.outbound_frames_max,
-        feed_frames_max: args.feed_frames_max,
-        write_stall: std::time::Duration::from_millis(args.write_stall_ms),
-        idle_timeout: std::time::Duration::from_millis(args.idle_timeout_ms),
-        admission: admission::AdmissionLimits {
-            connections_max: args.connections_max,
-            per_ip_max: args.connections_per_ip_max,
-            unauthenticated_max: args.unauthenticated_max,
-            handshake_timeout: std::time::Duration::from_millis(args.handshake_timeout_ms),
-            login_timeout: std::time::Duration::from_millis(args.login_timeout_ms),
-        },
-    };
-    let metrics_listen = match args.metrics_listen.as_str() {
-        "off" => None,
-        address => Some(address.parse::<SocketAddr>().with_context(|| format!("--metrics-listen {address}: expected host:port or off"))?),
-    };
-    let console_listen = match args.console_listen.as_str() {
-        "off" => None,
-        address => Some(address.parse::<SocketAddr>().with_context(|| format!("--console-listen {address}: expected host:port or off"))?),
-    };
+    let limits = gateway_limits(&args)?;
+    let metrics_listen = address_or_off("--metrics-listen", &args.metrics_listen)?;
+    let console_listen = address_or_off("--console-listen", &args.console_listen)?;
     let result = run(ExchangeConfig {
-        data_dir: args.data_dir,
-        listen: args.listen,
-        operator_keys,
         billing: gpux_exchange::sequencer::BillingPolicy {
             fee_bps: listing.config.fee_bps,
             grace_ms: listing.config.billing_grace_ms,
@@ -348,12 +264,8 @@ fn run_main() -> Result<()> {
         limits,
         metrics_listen,
         console_listen,
-        rest_cors_origins: args.rest_cors_origins,
-        link_listen: args.link_listen,
         link_tls: args.link_tls_cert.clone().zip(args.link_tls_key.clone()),
         tls,
-        clock_offset_ms: args.clock_offset_ms,
-        challenge_interval_ms: args.challenge_interval_ms,
         on_listening,
         invoicing: gpux_exchange::invoices::InvoiceSettings {
             issuer: args.invoice_issuer.clone(),
@@ -378,10 +290,125 @@ fn run_main() -> Result<()> {
                 quota_bytes: args.job_store_quota_mib << 20,
             }),
         },
+        operator_keys,
+        rest_cors_origins: args.rest_cors_origins,
+        link_listen: args.link_listen,
+        clock_offset_ms: args.clock_offset_ms,
+        challenge_interval_ms: args.challenge_interval_ms,
         job_silence_ms: args.job_silence_ms,
+        data_dir: args.data_dir,
+        listen: args.listen,
     });
     stop_live_market(&live_child);
     result.map(|_| ())
+}
+
+/// Log lines to stderr at `GPUX_LOG`'s levels (warnings by default).
+fn init_logging() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let levels = tracing_subscriber::EnvFilter::try_from_env("GPUX_LOG").unwrap_or_else(|_| "warn,openraft=error".into());
+    let lines = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        // Colour for a terminal only: never escape codes in a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_filter(levels)
+        // A library's line repeated in a loop (openraft while a peer is down) once per 10 s.
+        .with_filter(gpux_exchange::logging::Repeats::libraries());
+    tracing_subscriber::registry().with(lines).init();
+}
+
+/// The node's place in a cluster, when `--node-id`, `--raft-listen` and
+/// `--cluster-secret-file` are all given.
+fn cluster_config(args: &Args) -> Result<Option<gpux_exchange::cluster::ClusterConfig>> {
+    let (Some(node_id), Some(raft_listen), Some(secret)) = (args.node_id, args.raft_listen, &args.cluster_secret_file) else {
+        return Ok(None);
+    };
+    anyhow::ensure!(!args.sim, "--sim runs on a single exchange: leave it out with --node-id");
+    let secret = gpux_exchange::cluster::read_secret(secret)?;
+    let tls = match (&args.raft_tls_cert, &args.raft_tls_key, &args.raft_tls_ca) {
+        (Some(cert), Some(key), Some(ca)) => Some(gpux_exchange::cluster::RaftTls {
+            identity: gpux_protocol::tls::server_config(cert, key).context("--raft-tls-cert/--raft-tls-key")?,
+            trust: gpux_protocol::tls::client_config(ca).context("--raft-tls-ca")?,
+        }),
+        _ => None,
+    };
+    Ok(Some(gpux_exchange::cluster::ClusterConfig { node_id, raft_listen, secret, tls }))
+}
+
+/// The listing (`--listing`, or the demo's), with the fee and the billing
+/// grace the flags set, each checked against its bound.
+fn listing(args: &Args) -> Result<gpux_exchange::listing::Listing> {
+    if args.fee_bps.is_some_and(|fee| fee > gpux_engine::limits::FEE_BPS_MAX) {
+        anyhow::bail!("--fee-bps must be at most {}", gpux_engine::limits::FEE_BPS_MAX);
+    }
+    if args.billing_grace_ms.is_some_and(|grace| grace > gpux_engine::limits::BILLING_GRACE_MS_MAX) {
+        anyhow::bail!("--billing-grace-ms must be at most {} (one day)", gpux_engine::limits::BILLING_GRACE_MS_MAX);
+    }
+    if args.late_report_window_ms > gpux_engine::limits::LATE_REPORT_WINDOW_MS_MAX {
+        anyhow::bail!("--late-report-window-ms must be at most {} (one week)", gpux_engine::limits::LATE_REPORT_WINDOW_MS_MAX);
+    }
+    let mut listing = match &args.listing {
+        Some(path) => gpux_exchange::listing::load(path)?,
+        None => gpux_exchange::listing::parse(gpux_exchange::listing::DEMO, "listing/demo.toml (built in)")?,
+    };
+    listing.config.fee_bps = args.fee_bps.unwrap_or(listing.config.fee_bps);
+    listing.config.billing_grace_ms = args.billing_grace_ms.unwrap_or(listing.config.billing_grace_ms);
+    Ok(listing)
+}
+
+/// `--operator-key`s as public keys.
+fn operator_keys(args: &Args) -> Result<BTreeSet<[u8; 32]>> {
+    let mut operator_keys = BTreeSet::new();
+    for key in &args.operator_keys {
+        let bytes: [u8; 32] = hex::decode(key)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .with_context(|| format!("--operator-key {key}: expected 64 hex digits (an ed25519 public key)"))?;
+        operator_keys.insert(bytes);
+    }
+    Ok(operator_keys)
+}
+
+/// The gateway's limits from their flags, each checked against its floor.
+fn gateway_limits(args: &Args) -> Result<gpux_exchange::gateway::GatewayLimits> {
+    if args.outbound_frames_max == 0 || args.feed_frames_max == 0 {
+        anyhow::bail!("--outbound-frames-max and --feed-frames-max must be at least 1");
+    }
+    if args.write_stall_ms < 100 {
+        anyhow::bail!("--write-stall-ms must be at least 100");
+    }
+    if args.idle_timeout_ms < 300 {
+        anyhow::bail!("--idle-timeout-ms must be at least 300");
+    }
+    if args.connections_max == 0 || args.connections_per_ip_max == 0 || args.unauthenticated_max == 0 {
+        anyhow::bail!("--connections-max, --connections-per-ip-max and --unauthenticated-max must be at least 1");
+    }
+    if args.handshake_timeout_ms < 100 || args.login_timeout_ms < 100 {
+        anyhow::bail!("--handshake-timeout-ms and --login-timeout-ms must be at least 100");
+    }
+    Ok(gpux_exchange::gateway::GatewayLimits {
+        outbound_frames_max: args.outbound_frames_max,
+        feed_frames_max: args.feed_frames_max,
+        write_stall: std::time::Duration::from_millis(args.write_stall_ms),
+        idle_timeout: std::time::Duration::from_millis(args.idle_timeout_ms),
+        admission: admission::AdmissionLimits {
+            connections_max: args.connections_max,
+            per_ip_max: args.connections_per_ip_max,
+            unauthenticated_max: args.unauthenticated_max,
+            handshake_timeout: std::time::Duration::from_millis(args.handshake_timeout_ms),
+            login_timeout: std::time::Duration::from_millis(args.login_timeout_ms),
+        },
+    })
+}
+
+/// A `host:port` flag that may be `off`.
+fn address_or_off(flag: &str, value: &str) -> Result<Option<SocketAddr>> {
+    match value {
+        "off" => Ok(None),
+        address => Ok(Some(address.parse::<SocketAddr>().with_context(|| format!("{flag} {address}: expected host:port or off"))?)),
+    }
 }
 
 /// The live simulated market (`gpux-sim live`, a separate process: the
