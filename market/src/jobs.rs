@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use gpux_engine::{
     AccountId, Event, EventKind, InstrumentId, LeaseDuration, LeaseEndReason, LeaseId, NewOrder, OrderCloseReason, OrderId, OrderOptions,
-    SelfTradePrevention, Side, TimeInForce,
+    RejectCode, SelfTradePrevention, Side, TimeInForce,
 };
 pub use gpux_protocol::jobs::limits;
 pub use gpux_protocol::{JobAssignment, JobFailure, JobId, JobInfo, JobRun, JobState, JobSubmission};
@@ -122,6 +122,16 @@ struct Resize {
     order: Option<OrderId>,
     /// Its leases as its fill creates them.
     leases: Vec<LeaseId>,
+}
+
+/// What `Jobs::observe` gathers over one entry's events before it settles them.
+#[derive(Default)]
+struct Observed {
+    /// The bid of the last trade: the leases after it are its fill's.
+    buy_order: Option<OrderId>,
+    started: Vec<JobId>,
+    resized: Vec<JobId>,
+    suppliers: BTreeMap<LeaseId, AccountId>,
 }
 
 /// What to do next, each journaled as its own entry.
@@ -427,95 +437,20 @@ impl Jobs {
     /// Follows one engine entry's events.
     pub fn observe(&mut self, events: &[Event]) -> Outcome {
         let mut outcome = Outcome::default();
-        let mut buy_order = None;
-        let mut started: Vec<JobId> = Vec::new();
-        let mut resized: Vec<JobId> = Vec::new();
-        let mut suppliers: BTreeMap<LeaseId, AccountId> = BTreeMap::new();
+        let mut seen = Observed::default();
         for event in events {
             let at_ms = event.at_ms;
             match event.kind {
-                EventKind::OrderAccepted { order, account, client_order_id, .. } => {
-                    let Some((job, attempt)) = self.job_of_bid(account, client_order_id) else { continue };
-                    if let Some(entry) = self.jobs.get_mut(&job) {
-                        if entry.state == (JobState::Bidding { attempt, order: None }) {
-                            entry.state = JobState::Bidding { attempt, order: Some(order) };
-                            self.orders.insert(order, job);
-                        }
-                        if let Some(resize) = entry.resizing.as_mut().filter(|r| r.attempt == attempt && r.order.is_none()) {
-                            resize.order = Some(order);
-                            self.orders.insert(order, job);
-                        }
-                    }
-                }
+                EventKind::OrderAccepted { order, account, client_order_id, .. } => self.bid_accepted(account, client_order_id, order),
                 EventKind::Rejected { account: Some(account), client_order_id, code } => {
-                    let Some((job, attempt)) = self.job_of_bid(account, client_order_id) else { continue };
-                    if let Some(entry) = self.jobs.get_mut(&job) {
-                        if entry.resizing.as_ref().is_some_and(|r| r.attempt == attempt && r.order.is_none()) {
-                            // The resize's bid was refused: the job runs on as it was.
-                            entry.resizing = None;
-                            continue;
-                        }
-                    }
-                    if self.jobs.get(&job).is_some_and(|j| j.state == JobState::Bidding { attempt, order: None }) {
-                        self.enter(job, JobState::Failed(JobFailure::BidRefused(code)), at_ms, &mut outcome);
-                    }
+                    self.bid_refused(account, client_order_id, code, at_ms, &mut outcome)
                 }
-                EventKind::Trade { buy_order: order, .. } => buy_order = Some(order),
+                EventKind::Trade { buy_order: order, .. } => seen.buy_order = Some(order),
                 EventKind::LeaseCreated { lease, supplier, gpu_mask, price_minor_per_gpu_hour, .. } => {
-                    let Some(job) = buy_order.and_then(|order| self.orders.get(&order).copied()) else { continue };
-                    let Some(entry) = self.jobs.get_mut(&job) else { continue };
-                    if let Some(resize) = entry.resizing.as_mut().filter(|r| r.order == buy_order) {
-                        // A lease of the resize's fill: the switch happens once the fill is whole.
-                        resize.leases.push(lease);
-                        let escrow =
-                            price_minor_per_gpu_hour.saturating_mul(gpu_mask.count_ones() as u64).saturating_mul(entry.terms.hours as u64);
-                        entry.escrowed_minor = entry.escrowed_minor.saturating_add(escrow);
-                        entry.leases.push(lease);
-                        self.leases.insert(lease, job);
-                        self.heard.insert(lease, (supplier, at_ms));
-                        suppliers.insert(lease, supplier);
-                        if !resized.contains(&job) {
-                            resized.push(job);
-                        }
-                        continue;
-                    }
-                    let escrow =
-                        price_minor_per_gpu_hour.saturating_mul(gpu_mask.count_ones() as u64).saturating_mul(entry.terms.hours as u64);
-                    entry.escrowed_minor = entry.escrowed_minor.saturating_add(escrow);
-                    entry.leases.push(lease);
-                    self.leases.insert(lease, job);
-                    self.heard.insert(lease, (supplier, at_ms));
-                    suppliers.insert(lease, supplier);
-                    let bidding = match &mut entry.state {
-                        JobState::Bidding { attempt, .. } => Some(*attempt),
-                        // Another host's part of the same all-or-none fill.
-                        JobState::Running { leases, .. } => {
-                            leases.push(lease);
-                            None
-                        }
-                        _ => None,
-                    };
-                    if let Some(attempt) = bidding {
-                        self.enter(job, JobState::Running { attempt, leases: vec![lease] }, at_ms, &mut outcome);
-                        started.push(job);
-                    }
+                    let gpus = gpu_mask.count_ones() as u64;
+                    self.lease_created(lease, supplier, gpus, price_minor_per_gpu_hour, at_ms, &mut seen, &mut outcome);
                 }
-                EventKind::OrderClosed { order, reason, .. } => {
-                    let Some(job) = self.orders.remove(&order) else { continue };
-                    if let Some(entry) = self.jobs.get_mut(&job).filter(|j| j.resizing.as_ref().is_some_and(|r| r.order == Some(order))) {
-                        if reason != OrderCloseReason::Filled {
-                            // Unfilled (cancelled, expired): the job runs on as it was.
-                            entry.resizing = None;
-                        }
-                        continue;
-                    }
-                    let Some(entry) = self.jobs.get(&job) else { continue };
-                    if reason == OrderCloseReason::Filled || !matches!(entry.state, JobState::Bidding { .. }) {
-                        continue;
-                    }
-                    let state = if entry.cancelling { JobState::Cancelled } else { JobState::Failed(JobFailure::BidClosed(reason)) };
-                    self.enter(job, state, at_ms, &mut outcome);
-                }
+                EventKind::OrderClosed { order, reason, .. } => self.bid_closed(order, reason, at_ms, &mut outcome),
                 EventKind::LeaseEnded { lease, reason } => {
                     self.heard.remove(&lease);
                     let Some(job) = self.leases.remove(&lease) else { continue };
@@ -524,25 +459,128 @@ impl Jobs {
                 _ => {}
             }
         }
-        // A resize whose bid filled: the old leases end, the job restarts on the new ones.
-        for &job in &resized {
-            let Some(entry) = self.jobs.get_mut(&job) else { continue };
-            let Some(resize) = entry.resizing.take() else { continue };
-            let account = entry.terms.account;
-            entry.terms.gpus = resize.gpus;
-            if let JobState::Running { leases, .. } = &entry.state {
-                for old in leases.clone() {
-                    self.leases.remove(&old);
-                    self.heard.remove(&old);
-                    outcome.end_leases.push((account, old));
-                }
-            }
-            let at_ms = events.last().map_or(0, |e| e.at_ms);
-            self.enter(job, JobState::Running { attempt: resize.attempt, leases: resize.leases }, at_ms, &mut outcome);
-            started.push(job);
+        let at_ms = events.last().map_or(0, |e| e.at_ms);
+        for job in std::mem::take(&mut seen.resized) {
+            self.switch_to_resized(job, at_ms, &mut seen, &mut outcome);
         }
-        // A fill across several hosts creates its leases one event at a
-        // time: the renter is told the attempt with all of them.
+        self.complete_transitions(&mut outcome);
+        self.assign_started(&seen, &mut outcome);
+        outcome
+    }
+
+    /// A job's bid (or its resize's) was accepted: it is known by its order id from now.
+    fn bid_accepted(&mut self, account: AccountId, client_order_id: u64, order: OrderId) {
+        let Some((job, attempt)) = self.job_of_bid(account, client_order_id) else { return };
+        let Some(entry) = self.jobs.get_mut(&job) else { return };
+        if entry.state == (JobState::Bidding { attempt, order: None }) {
+            entry.state = JobState::Bidding { attempt, order: Some(order) };
+            self.orders.insert(order, job);
+        }
+        if let Some(resize) = entry.resizing.as_mut().filter(|r| r.attempt == attempt && r.order.is_none()) {
+            resize.order = Some(order);
+            self.orders.insert(order, job);
+        }
+    }
+
+    /// A job's bid was refused: the job fails (a resize's: the job runs on as it was).
+    fn bid_refused(&mut self, account: AccountId, client_order_id: u64, code: RejectCode, at_ms: u64, outcome: &mut Outcome) {
+        let Some((job, attempt)) = self.job_of_bid(account, client_order_id) else { return };
+        if let Some(entry) = self.jobs.get_mut(&job) {
+            if entry.resizing.as_ref().is_some_and(|r| r.attempt == attempt && r.order.is_none()) {
+                entry.resizing = None;
+                return;
+            }
+        }
+        if self.jobs.get(&job).is_some_and(|j| j.state == JobState::Bidding { attempt, order: None }) {
+            self.enter(job, JobState::Failed(JobFailure::BidRefused(code)), at_ms, outcome);
+        }
+    }
+
+    /// A lease of a job's fill (the trade before it names the bid): held
+    /// in the job's escrow and followed; the job's attempt runs from the
+    /// first, and a resize's switch waits for its fill to be whole.
+    #[allow(clippy::too_many_arguments)]
+    fn lease_created(
+        &mut self,
+        lease: LeaseId,
+        supplier: AccountId,
+        gpus: u64,
+        price_minor_per_gpu_hour: u64,
+        at_ms: u64,
+        seen: &mut Observed,
+        outcome: &mut Outcome,
+    ) {
+        let buy_order = seen.buy_order;
+        let Some(job) = buy_order.and_then(|order| self.orders.get(&order).copied()) else { return };
+        let Some(entry) = self.jobs.get_mut(&job) else { return };
+        let escrow = price_minor_per_gpu_hour.saturating_mul(gpus).saturating_mul(entry.terms.hours as u64);
+        entry.escrowed_minor = entry.escrowed_minor.saturating_add(escrow);
+        entry.leases.push(lease);
+        self.leases.insert(lease, job);
+        self.heard.insert(lease, (supplier, at_ms));
+        seen.suppliers.insert(lease, supplier);
+        if entry.resizing.as_ref().is_some_and(|r| r.order == buy_order) {
+            if let Some(resize) = entry.resizing.as_mut() {
+                resize.leases.push(lease);
+            }
+            if !seen.resized.contains(&job) {
+                seen.resized.push(job);
+            }
+            return;
+        }
+        let bidding = match &mut entry.state {
+            JobState::Bidding { attempt, .. } => Some(*attempt),
+            // Another host's part of the same all-or-none fill.
+            JobState::Running { leases, .. } => {
+                leases.push(lease);
+                None
+            }
+            _ => None,
+        };
+        if let Some(attempt) = bidding {
+            self.enter(job, JobState::Running { attempt, leases: vec![lease] }, at_ms, outcome);
+            seen.started.push(job);
+        }
+    }
+
+    /// A job's bid closed: unfilled, the job fails (or is cancelled, if its
+    /// renter asked); a resize's bid unfilled leaves the job as it was.
+    fn bid_closed(&mut self, order: OrderId, reason: OrderCloseReason, at_ms: u64, outcome: &mut Outcome) {
+        let Some(job) = self.orders.remove(&order) else { return };
+        if let Some(entry) = self.jobs.get_mut(&job).filter(|j| j.resizing.as_ref().is_some_and(|r| r.order == Some(order))) {
+            if reason != OrderCloseReason::Filled {
+                entry.resizing = None;
+            }
+            return;
+        }
+        let Some(entry) = self.jobs.get(&job) else { return };
+        if reason == OrderCloseReason::Filled || !matches!(entry.state, JobState::Bidding { .. }) {
+            return;
+        }
+        let state = if entry.cancelling { JobState::Cancelled } else { JobState::Failed(JobFailure::BidClosed(reason)) };
+        self.enter(job, state, at_ms, outcome);
+    }
+
+    /// A resize whose bid filled: the old leases end, the job restarts on the new ones.
+    fn switch_to_resized(&mut self, job: JobId, at_ms: u64, seen: &mut Observed, outcome: &mut Outcome) {
+        let Some(entry) = self.jobs.get_mut(&job) else { return };
+        let Some(resize) = entry.resizing.take() else { return };
+        let account = entry.terms.account;
+        entry.terms.gpus = resize.gpus;
+        if let JobState::Running { leases, .. } = &entry.state {
+            for old in leases.clone() {
+                self.leases.remove(&old);
+                self.heard.remove(&old);
+                outcome.end_leases.push((account, old));
+            }
+        }
+        self.enter(job, JobState::Running { attempt: resize.attempt, leases: resize.leases }, at_ms, outcome);
+        seen.started.push(job);
+    }
+
+    /// A fill across several hosts creates its leases one event at a time:
+    /// the renter is told the attempt with all of them.
+    fn complete_transitions(&self, outcome: &mut Outcome) {
         for (job, _, state) in &mut outcome.transitions {
             if let (JobState::Running { attempt, leases }, Some(JobState::Running { attempt: now, leases: all })) =
                 (&mut *state, self.jobs.get(job).map(|j| &j.state))
@@ -552,14 +590,17 @@ impl Jobs {
                 }
             }
         }
-        // Each started attempt is handed to its hosts once all of its leases are known.
-        for job in started {
-            let Some(entry) = self.jobs.get(&job) else { continue };
+    }
+
+    /// Each started attempt is handed to its hosts once all of its leases are known.
+    fn assign_started(&self, seen: &Observed, outcome: &mut Outcome) {
+        for job in &seen.started {
+            let Some(entry) = self.jobs.get(job) else { continue };
             let JobState::Running { attempt, leases } = &entry.state else { continue };
             for (rank, lease) in leases.iter().enumerate() {
-                let Some(&supplier) = suppliers.get(lease) else { continue };
+                let Some(&supplier) = seen.suppliers.get(lease) else { continue };
                 let assignment = JobAssignment {
-                    job,
+                    job: *job,
                     attempt: *attempt,
                     renter: entry.terms.account,
                     world_gpus: entry.terms.gpus,
@@ -572,7 +613,6 @@ impl Jobs {
                 outcome.assigned.push((*lease, supplier, assignment));
             }
         }
-        outcome
     }
 
     fn lease_ended(&mut self, job: JobId, lease: LeaseId, reason: LeaseEndReason, at_ms: u64, outcome: &mut Outcome) {
