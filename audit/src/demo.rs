@@ -34,16 +34,19 @@ impl Session {
     fn ask(&mut self, supplier: u32, host: u32, gpu_mask: u64, instrument: u32, price: u64) {
         let mut order = self.order(supplier, instrument, Side::Sell, price, gpu_mask.count_ones());
         order.supply = Some(GpuSet { host: HostId(host), gpu_mask });
-        self.push(Command::PlaceOrder(order));
+        self.push(Command::place(order));
     }
 
     fn register(&mut self, supplier: u32, host: &str, gpus: u32, spec: GpuSpec) {
         for index in 0..gpus {
-            self.push(Command::RegisterGpu {
+            self.push(Command::Register {
                 account: AccountId(supplier),
                 host: host.into(),
                 gpu_uuid: format!("GPU-{host}-{index}"),
                 spec: spec.clone(),
+                region: None,
+                zone: String::new(),
+                fabric: None,
             });
         }
     }
@@ -81,33 +84,33 @@ pub fn inputs() -> Vec<Input> {
     s.at_ms += MINUTE;
     let mut batch = s.order(3, 1, Side::Buy, 900_000, 2);
     batch.duration = LeaseDuration::UntilCancelled;
-    s.push(Command::PlaceOrder(batch));
+    s.push(Command::place(batch));
     // A gang job needs 4 GPUs on one host: the cheapest such host runs the
     // preemptible batch lease, which gets 30 s notice.
     let mut gang = s.order(2, 0, Side::Buy, 2_200_000, 4);
     gang.one_host = true;
-    s.push(Command::PlaceOrder(gang));
+    s.push(Command::place(gang));
     let mut amd = s.order(3, 6, Side::Buy, 3_300_000, 1);
     amd.time_in_force = TimeInForce::Ioc;
-    s.push(Command::PlaceOrder(amd));
+    s.push(Command::place(amd));
 
     s.at_ms += MINUTE;
     let urgent = s.order(2, 0, Side::Buy, 2_100_000, 1);
-    s.push(Command::PlaceOrder(urgent));
+    s.push(Command::place(urgent));
 
     // The aggregator buys the 16:00 window and resells it at a profit.
     s.ask(0, 0, 0x30, 10, 1_800_000);
     let window_bid = s.order(4, 10, Side::Buy, 1_800_000, 2);
-    s.push(Command::PlaceOrder(window_bid));
+    s.push(Command::place(window_bid));
     let resale = s.order(4, 10, Side::Sell, 2_400_000, 2);
-    s.push(Command::PlaceOrder(resale));
+    s.push(Command::place(resale));
     let window_buyer = s.order(3, 10, Side::Buy, 2_400_000, 1);
-    s.push(Command::PlaceOrder(window_buyer));
+    s.push(Command::place(window_buyer));
 
     // Mistakes get coded rejections.
     let mut off_tick = s.order(3, 0, Side::Buy, 2_000_500, 1);
     off_tick.time_in_force = TimeInForce::Ioc;
-    s.push(Command::PlaceOrder(off_tick));
+    s.push(Command::place(off_tick));
     s.push(Command::CancelOrder { account: AccountId(3), order: OrderId(9_999) });
 
     // Run through the window's delivery (16:00) and expiry (17:00).
@@ -138,16 +141,28 @@ pub fn inputs() -> Vec<Input> {
     // A budget of $7.50 for two-hour leases at up to $1.40: two GPUs at 1.20
     // (4.80), one at 1.30 (2.60); the 0.10 left buys none: budget_spent.
     let spend = s.order(2, 2, Side::Buy, 1_400_000, 10);
-    s.push(Command::PlaceOrderWith { order: spend, options: OrderOptions { budget_minor: 7_500_000, ..OrderOptions::default() } });
+    s.push(Command::Place {
+        order: spend,
+        options: OrderOptions { budget_minor: 7_500_000, ..OrderOptions::default() },
+        regions: Vec::new(),
+        cluster: None,
+    });
     // A buy stop at 1.50 arms off the book (the last trade is 1.30).
     let stop = s.order(3, 2, Side::Buy, 1_600_000, 1);
-    s.push(Command::PlaceOrderWith {
+    s.push(Command::Place {
         order: stop,
         options: OrderOptions { stop_price_minor_per_gpu_hour: 1_500_000, ..OrderOptions::default() },
+        regions: Vec::new(),
+        cluster: None,
     });
     // An all-or-none bid for 3 rests untraded: one GPU is offered.
     let gang = s.order(3, 2, Side::Buy, 1_600_000, 3);
-    s.push(Command::PlaceOrderWith { order: gang, options: OrderOptions { all_or_none: true, ..OrderOptions::default() } });
+    s.push(Command::Place {
+        order: gang,
+        options: OrderOptions { all_or_none: true, ..OrderOptions::default() },
+        regions: Vec::new(),
+        cluster: None,
+    });
     // Two more GPUs at 1.50 make it whole: it fills at 1.30 and 1.50, and
     // the trade at 1.50 triggers the stop, which rests at 1.60 until the
     // next ask fills it.

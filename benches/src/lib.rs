@@ -113,11 +113,14 @@ impl Generator {
             }
             let supplier = generator.suppliers[(host / HOSTS_PER_SUPPLIER) as usize];
             for index in 0..GPUS_PER_HOST {
-                generator.apply(Command::RegisterGpu {
+                generator.apply(Command::Register {
                     account: supplier,
                     host: format!("host-{host}"),
                     gpu_uuid: format!("GPU-{host}-{index}"),
                     spec: spec.clone(),
+                    region: None,
+                    zone: String::new(),
+                    fabric: None,
                 });
             }
             // Proven, as a real host's GPUs are after their first challenge:
@@ -216,7 +219,7 @@ impl Generator {
     fn place(&mut self, order: NewOrder) {
         let supply = order.supply;
         let before = self.next_client_order_id;
-        self.apply(Command::PlaceOrder(order));
+        self.apply(Command::place(order));
         if let Some(set) = supply {
             // The accepted ask is the newest open order (if it still rests).
             if let Some(&id) = self.open.last() {
@@ -411,8 +414,8 @@ mod tests {
         let mut max_open = 0;
         for input in &workload.measured {
             match &input.command {
-                Command::PlaceOrder(order) if order.time_in_force == TimeInForce::Ioc => crossing += 1,
-                Command::PlaceOrder(_) => places += 1,
+                Command::Place { order, .. } if order.time_in_force == TimeInForce::Ioc => crossing += 1,
+                Command::Place { .. } => places += 1,
                 Command::CancelOrder { .. } => cancels += 1,
                 _ => {}
             }

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::GpuSpec;
+use crate::event::RejectCode;
 use crate::ids::{AccountId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
 
 /// One journaled command and the time (ms since the Unix epoch) it was
@@ -200,9 +201,10 @@ pub enum Command {
     SetBillingGrace {
         grace_ms: u64,
     },
-    /// A supplier lists one GPU (or MIG slice) of a host. The first GPU of an
-    /// unknown host name registers the host.
-    RegisterGpu {
+    /// Deprecated (decoded from older journals, upcast to `Register`):
+    /// a GPU of a host without a region.
+    #[serde(rename = "register_gpu")]
+    DeprecatedRegisterGpu {
         account: AccountId,
         host: String,
         gpu_uuid: String,
@@ -214,7 +216,9 @@ pub enum Command {
         gpu: GpuId,
         online: bool,
     },
-    PlaceOrder(NewOrder),
+    /// Deprecated (upcast to `Place`): a plain order.
+    #[serde(rename = "place_order")]
+    DeprecatedPlaceOrder(NewOrder),
     CancelOrder {
         account: AccountId,
         order: OrderId,
@@ -255,12 +259,11 @@ pub enum Command {
     },
     /// Only advances time (expiries, lease ends, window delivery).
     Tick,
-    /// A bid that trades only with sellers whose reliability score (kept
-    /// by the market, [`Engine::set_supplier_score`](crate::Engine::set_supplier_score))
-    /// is at least `min_supplier_score_bps`; unrated sellers do not
-    /// qualify. Sellers that do not are skipped and keep their place
-    /// (docs/market-rules.md "Bids that filter on reliability").
-    PlaceOrderFiltered {
+    /// Deprecated (upcast to `Place`): a bid that trades only with
+    /// sellers rated at least `min_supplier_score_bps`; 0 is refused
+    /// `score_filter_invalid`.
+    #[serde(rename = "place_order_filtered")]
+    DeprecatedPlaceOrderFiltered {
         order: NewOrder,
         min_supplier_score_bps: u32,
     },
@@ -273,12 +276,10 @@ pub enum Command {
         gpu: GpuId,
         answer: ChallengeAnswer,
     },
-    /// A bid that trades only with verified GPUs (and, when
-    /// `min_supplier_score_bps` is above 0, only with sellers rated at least
-    /// that): unverified GPUs are skipped as if not offered, and resold
-    /// contracts do not qualify (docs/market-rules.md "Bids that filter on
-    /// reliability").
-    PlaceOrderVerified {
+    /// Deprecated (upcast to `Place`): a bid that trades only with
+    /// verified GPUs (and sellers rated at least `min_supplier_score_bps`).
+    #[serde(rename = "place_order_verified")]
+    DeprecatedPlaceOrderVerified {
         order: NewOrder,
         min_supplier_score_bps: u32,
     },
@@ -292,11 +293,9 @@ pub enum Command {
         lease: LeaseId,
         disputed_gpu_ms: u64,
     },
-    /// An order with any of the order types beyond a plain one: all-or-none,
-    /// a budget, a stop trigger, and the reliability filters of
-    /// `PlaceOrderFiltered`/`PlaceOrderVerified` (docs/market-rules.md
-    /// "Order types"). Appended last: journals encode variant indices.
-    PlaceOrderWith {
+    /// Deprecated (upcast to `Place`): an order with options.
+    #[serde(rename = "place_order_with")]
+    DeprecatedPlaceOrderWith {
         order: NewOrder,
         options: OrderOptions,
     },
@@ -344,11 +343,9 @@ pub enum Command {
     ChangeListing {
         listing: Box<crate::config::EngineConfig>,
     },
-    /// `RegisterGpu` for a host in a region (one of the listing's) and an
-    /// optional zone (shown only). A host's region is set by the first GPU
-    /// that names one and never changes (docs/market-rules.md "Regions").
-    /// Appended: journals encode variant indices.
-    RegisterGpuInRegion {
+    /// Deprecated (upcast to `Register`): a GPU of a host in a region.
+    #[serde(rename = "register_gpu_in_region")]
+    DeprecatedRegisterGpuInRegion {
         account: AccountId,
         host: String,
         gpu_uuid: String,
@@ -356,19 +353,17 @@ pub enum Command {
         region: String,
         zone: String,
     },
-    /// A bid with `PlaceOrderWith`'s options that trades only with GPUs of
-    /// hosts in one of `regions` (names from the listing; hosts that
-    /// declared none and resold contracts do not qualify). Appended.
-    PlaceOrderInRegions {
+    /// Deprecated (upcast to `Place`): a bid in some regions; no
+    /// region is refused `region_filter_invalid`.
+    #[serde(rename = "place_order_in_regions")]
+    DeprecatedPlaceOrderInRegions {
         order: NewOrder,
         options: OrderOptions,
         regions: Vec<String>,
     },
-    /// `RegisterGpuInRegion` for a host wired to a fabric that joins it to
-    /// other hosts of its supplier (docs/market-rules.md "Cluster bids"):
-    /// the host's first GPU that names a fabric fixes it; the host must
-    /// name a region. Appended.
-    RegisterGpuOnFabric {
+    /// Deprecated (upcast to `Register`): a GPU of a host on a fabric.
+    #[serde(rename = "register_gpu_on_fabric")]
+    DeprecatedRegisterGpuOnFabric {
         account: AccountId,
         host: String,
         gpu_uuid: String,
@@ -378,12 +373,9 @@ pub enum Command {
         /// Boxed: the rare command does not size every command.
         fabric: Box<FabricClaim>,
     },
-    /// A cluster bid: `nodes` hosts with `order.quantity / nodes` GPUs
-    /// each, all in one fabric group whose hosts declared at least
-    /// `min_fabric_gbps`, all or none, with `PlaceOrderInRegions`'s options
-    /// and regions (empty: any region) (docs/market-rules.md "Cluster
-    /// bids"). Appended.
-    PlaceClusterOrder {
+    /// Deprecated (upcast to `Place` with cluster terms): a cluster bid.
+    #[serde(rename = "place_cluster_order")]
+    DeprecatedPlaceClusterOrder {
         order: NewOrder,
         options: OrderOptions,
         regions: Vec<String>,
@@ -440,6 +432,54 @@ pub enum Command {
         disputed_gpu_ms: u64,
         proven_gpu_ms: u64,
     },
+    /// Places an order of any type: the one current way (the
+    /// `DeprecatedPlace*` variants before it are upcast to it; their JSON
+    /// names, `place_order`, `place_order_with`, ..., still read).
+    /// `options`: all-or-none, a budget, a stop trigger, the reliability
+    /// filters (docs/market-rules.md "Order types"); `regions` (names from
+    /// the listing; empty: any) restricts a bid to GPUs of hosts in them
+    /// (hosts that declared none and resold contracts do not qualify; an
+    /// ask naming regions is refused `region_filter_invalid`); `cluster`
+    /// makes it a cluster bid: `nodes` hosts with `order.quantity / nodes`
+    /// GPUs each, all in one fabric group whose hosts declared at least
+    /// `min_fabric_gbps`, all or none (docs/market-rules.md "Cluster bids").
+    /// Appended.
+    Place {
+        order: NewOrder,
+        options: OrderOptions,
+        regions: Vec<String>,
+        cluster: Option<ClusterTerms>,
+    },
+    /// A supplier lists one GPU (or MIG slice) of a host: the one current
+    /// way (the `DeprecatedRegisterGpu*` variants before it are upcast to
+    /// it; their JSON names, `register_gpu`, ..., still read). The first GPU of an unknown host name registers the host. A
+    /// host's `region` (one of the listing's; `zone` within it, shown only)
+    /// is set by its first GPU that names one and never changes
+    /// (docs/market-rules.md "Regions"); a zone without a region is refused
+    /// `unknown_region`. A `fabric` joins the host to its supplier's other
+    /// hosts (docs/market-rules.md "Cluster bids"): fixed by the host's
+    /// first GPU that names one; the host must name a region
+    /// (`fabric_invalid`). Appended.
+    Register {
+        account: AccountId,
+        host: String,
+        gpu_uuid: String,
+        spec: GpuSpec,
+        region: Option<String>,
+        zone: String,
+        /// Boxed: the rare claim does not size every command.
+        fabric: Option<Box<FabricClaim>>,
+    },
+}
+
+/// What makes a bid a cluster bid (`Command::Place`'s `cluster`). A
+/// journaled record: fields are only ever appended in a new command variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ClusterTerms {
+    /// Hosts, 2 to `limits::CLUSTER_NODES_MAX`.
+    pub nodes: u32,
+    /// The least fabric bandwidth of each host, Gb/s (0: the class's rule alone).
+    pub min_fabric_gbps: u32,
 }
 
 /// What a class's cluster contract requires of its hosts beyond one fabric
@@ -498,16 +538,96 @@ pub struct SpendLimits {
 }
 
 impl Command {
+    /// A plain order (no options, any region).
+    pub fn place(order: NewOrder) -> Command {
+        Command::place_with(order, OrderOptions::default())
+    }
+
+    /// An order with options, in any region.
+    pub fn place_with(order: NewOrder, options: OrderOptions) -> Command {
+        Command::Place { order, options, regions: Vec::new(), cluster: None }
+    }
+
     /// The new order this command places, if it places one.
     pub fn new_order(&self) -> Option<&NewOrder> {
         match self {
-            Command::PlaceOrder(order)
-            | Command::PlaceOrderFiltered { order, .. }
-            | Command::PlaceOrderVerified { order, .. }
-            | Command::PlaceOrderWith { order, .. }
-            | Command::PlaceOrderInRegions { order, .. }
-            | Command::PlaceClusterOrder { order, .. } => Some(order),
+            Command::Place { order, .. }
+            | Command::DeprecatedPlaceOrder(order)
+            | Command::DeprecatedPlaceOrderFiltered { order, .. }
+            | Command::DeprecatedPlaceOrderVerified { order, .. }
+            | Command::DeprecatedPlaceOrderWith { order, .. }
+            | Command::DeprecatedPlaceOrderInRegions { order, .. }
+            | Command::DeprecatedPlaceClusterOrder { order, .. } => Some(order),
             _ => None,
+        }
+    }
+
+    /// Whether this is a deprecated variant, kept so that older journals
+    /// decode (`upcast` gives its current form).
+    pub fn is_deprecated(&self) -> bool {
+        matches!(
+            self,
+            Command::DeprecatedPlaceOrder(_)
+                | Command::DeprecatedPlaceOrderFiltered { .. }
+                | Command::DeprecatedPlaceOrderVerified { .. }
+                | Command::DeprecatedPlaceOrderWith { .. }
+                | Command::DeprecatedPlaceOrderInRegions { .. }
+                | Command::DeprecatedPlaceClusterOrder { .. }
+                | Command::DeprecatedRegisterGpu { .. }
+                | Command::DeprecatedRegisterGpuInRegion { .. }
+                | Command::DeprecatedRegisterGpuOnFabric { .. }
+        )
+    }
+
+    /// The current form of a deprecated command (TigerBeetle's habit: old
+    /// operations decoded, then upcast), with the same effect: what the
+    /// old variant refused before anything else is refused with the same
+    /// code (a score filter of 0, a regions filter naming none). A current
+    /// command is returned as it is.
+    pub fn upcast(&self) -> Result<Command, RejectCode> {
+        let place = |order: &NewOrder, options: OrderOptions, regions: &[String], cluster: Option<ClusterTerms>| {
+            Ok(Command::Place { order: order.clone(), options, regions: regions.to_vec(), cluster })
+        };
+        let register = |account: &AccountId, host: &String, gpu_uuid: &String, spec: &GpuSpec, region: Option<&String>, zone: &str| {
+            Command::Register {
+                account: *account,
+                host: host.clone(),
+                gpu_uuid: gpu_uuid.clone(),
+                spec: spec.clone(),
+                region: region.cloned(),
+                zone: zone.to_string(),
+                fabric: None,
+            }
+        };
+        match self {
+            Command::DeprecatedPlaceOrder(order) => place(order, OrderOptions::default(), &[], None),
+            Command::DeprecatedPlaceOrderFiltered { min_supplier_score_bps: 0, .. } => Err(RejectCode::ScoreFilterInvalid),
+            Command::DeprecatedPlaceOrderFiltered { order, min_supplier_score_bps } => {
+                place(order, OrderOptions { min_supplier_score_bps: *min_supplier_score_bps, ..OrderOptions::default() }, &[], None)
+            }
+            Command::DeprecatedPlaceOrderVerified { order, min_supplier_score_bps } => {
+                let options =
+                    OrderOptions { min_supplier_score_bps: *min_supplier_score_bps, verified_only: true, ..OrderOptions::default() };
+                place(order, options, &[], None)
+            }
+            Command::DeprecatedPlaceOrderWith { order, options } => place(order, *options, &[], None),
+            Command::DeprecatedPlaceOrderInRegions { regions, .. } if regions.is_empty() => Err(RejectCode::RegionFilterInvalid),
+            Command::DeprecatedPlaceOrderInRegions { order, options, regions } => place(order, *options, regions, None),
+            Command::DeprecatedPlaceClusterOrder { order, options, regions, nodes, min_fabric_gbps } => {
+                place(order, *options, regions, Some(ClusterTerms { nodes: *nodes, min_fabric_gbps: *min_fabric_gbps }))
+            }
+            Command::DeprecatedRegisterGpu { account, host, gpu_uuid, spec } => Ok(register(account, host, gpu_uuid, spec, None, "")),
+            Command::DeprecatedRegisterGpuInRegion { account, host, gpu_uuid, spec, region, zone } => {
+                Ok(register(account, host, gpu_uuid, spec, Some(region), zone))
+            }
+            Command::DeprecatedRegisterGpuOnFabric { account, host, gpu_uuid, spec, region, zone, fabric } => {
+                let mut current = register(account, host, gpu_uuid, spec, Some(region), zone);
+                if let Command::Register { fabric: claim, .. } = &mut current {
+                    *claim = Some(fabric.clone());
+                }
+                Ok(current)
+            }
+            current => Ok(current.clone()),
         }
     }
 }

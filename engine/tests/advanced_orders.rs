@@ -31,7 +31,7 @@ fn fixture() -> Fixture {
 
 impl Fixture {
     fn with(&mut self, order: NewOrder, options: OrderOptions) -> Vec<Event> {
-        self.m.apply(Command::PlaceOrderWith { order, options })
+        self.m.apply(Command::Place { order, options, regions: Vec::new(), cluster: None })
     }
 
     fn aon_bid(&mut self, price: u64, quantity: u32) -> (OrderId, Vec<Event>) {

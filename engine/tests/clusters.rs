@@ -22,14 +22,14 @@ fn host(m: &mut Market, supplier: AccountId, name: &str, gpus: u32, zone: &str, 
     let Some((group, gbps)) = fabric else { return m.h100_host_in(supplier, name, gpus, Some(("us-east", zone))) };
     let mut host = None;
     for index in 0..gpus {
-        let events = m.apply(Command::RegisterGpuOnFabric {
+        let events = m.apply(Command::Register {
             account: supplier,
             host: name.into(),
             gpu_uuid: format!("GPU-{name}-{index}"),
             spec: h100_spec(),
-            region: "us-east".into(),
+            region: Some("us-east".into()),
             zone: zone.into(),
-            fabric: Box::new(claim(group, gbps, 40_000)),
+            fabric: Some(Box::new(claim(group, gbps, 40_000))),
         });
         host = events.iter().find_map(|e| match e.kind {
             EventKind::GpuRegistered { host, .. } => Some(host),
@@ -42,7 +42,12 @@ fn host(m: &mut Market, supplier: AccountId, name: &str, gpus: u32, zone: &str, 
 
 fn cluster_bid(m: &mut Market, renter: AccountId, price: u64, nodes: u32, per_node: u32, min_gbps: u32) -> Vec<Event> {
     let order = m.order(renter, H100_SPOT, Side::Buy, price, nodes * per_node);
-    m.apply(Command::PlaceClusterOrder { order, options: OrderOptions::default(), regions: Vec::new(), nodes, min_fabric_gbps: min_gbps })
+    m.apply(Command::Place {
+        order,
+        options: OrderOptions::default(),
+        regions: Vec::new(),
+        cluster: Some(ClusterTerms { nodes, min_fabric_gbps: min_gbps }),
+    })
 }
 
 /// `(host, GPUs, price)` of every lease the events created.
@@ -171,28 +176,37 @@ fn malformed_cluster_bids_and_fabric_claims_are_refused_with_their_codes() {
         assert_eq!(rejection(&cluster_bid(&mut m, renter, 2_000_000, nodes, per_node, 0)), Some(RejectCode::ClusterInvalid), "{what}");
     }
     let odd = m.order(renter, H100_SPOT, Side::Buy, 2_000_000, 5);
-    let events =
-        m.apply(Command::PlaceClusterOrder { order: odd, options: OrderOptions::default(), regions: vec![], nodes: 2, min_fabric_gbps: 0 });
+    let events = m.apply(Command::Place {
+        order: odd,
+        options: OrderOptions::default(),
+        regions: vec![],
+        cluster: Some(ClusterTerms { nodes: 2, min_fabric_gbps: 0 }),
+    });
     assert_eq!(rejection(&events), Some(RejectCode::ClusterInvalid), "5 GPUs on 2 nodes");
     let mut ask = m.order(supplier, H100_SPOT, Side::Sell, 2_000_000, 2);
     ask.one_host = false;
-    let events =
-        m.apply(Command::PlaceClusterOrder { order: ask, options: OrderOptions::default(), regions: vec![], nodes: 2, min_fabric_gbps: 0 });
+    let events = m.apply(Command::Place {
+        order: ask,
+        options: OrderOptions::default(),
+        regions: vec![],
+        cluster: Some(ClusterTerms { nodes: 2, min_fabric_gbps: 0 }),
+    });
     assert_eq!(rejection(&events), Some(RejectCode::ClusterInvalid), "an ask");
     let order = m.order(renter, H100_SPOT, Side::Buy, 2_000_000, 4);
     let budget = OrderOptions { budget_minor: 10_000_000, ..OrderOptions::default() };
-    let events = m.apply(Command::PlaceClusterOrder { order, options: budget, regions: vec![], nodes: 2, min_fabric_gbps: 0 });
+    let events =
+        m.apply(Command::Place { order, options: budget, regions: vec![], cluster: Some(ClusterTerms { nodes: 2, min_fabric_gbps: 0 }) });
     assert_eq!(rejection(&events), Some(RejectCode::ClusterInvalid), "a budget");
 
     let register = |m: &mut Market, uuid: &str, host: &str, fabric: FabricClaim| {
-        rejection(&m.apply(Command::RegisterGpuOnFabric {
+        rejection(&m.apply(Command::Register {
             account: supplier,
             host: host.into(),
             gpu_uuid: uuid.into(),
             spec: h100_spec(),
-            region: "us-east".into(),
+            region: Some("us-east".into()),
             zone: "z1".into(),
-            fabric: Box::new(fabric),
+            fabric: Some(Box::new(fabric)),
         }))
     };
     for (what, bad) in [

@@ -86,11 +86,14 @@ impl Journal {
             journal.record(Command::OpenAccount { role: Role::Supplier });
             let account = AccountId(4 + index);
             for gpu in 0..4 {
-                journal.record(Command::RegisterGpu {
+                journal.record(Command::Register {
                     account,
                     host: format!("host-{index}"),
                     gpu_uuid: format!("GPU-{index}-{gpu}"),
                     spec: h100_spec(),
+                    region: None,
+                    zone: String::new(),
+                    fabric: None,
                 });
             }
             journal.suppliers.push((account, HostId(index)));
@@ -145,16 +148,16 @@ impl Journal {
                     TimeInForce::Gtt { expire_at_ms: self.market.now_ms + 1_800_000 },
                 ][tif as usize];
                 order.one_host = gang;
-                Command::PlaceOrder(order)
+                Command::place(order)
             }
             Op::Ask { supplier, market, ticks, mask } => {
                 let (account, host) = self.suppliers[supplier];
                 let mut order = self.market.order(account, self.markets[market], Side::Sell, price(ticks), mask.count_ones());
                 order.supply = Some(GpuSet { host, gpu_mask: mask });
-                Command::PlaceOrder(order)
+                Command::place(order)
             }
             Op::Resale { holder, market, ticks, quantity } => {
-                Command::PlaceOrder(self.market.order(self.buyers[holder], self.markets[market], Side::Sell, price(ticks), quantity))
+                Command::place(self.market.order(self.buyers[holder], self.markets[market], Side::Sell, price(ticks), quantity))
             }
             Op::Cancel { pick } if !self.orders.is_empty() => {
                 let order = self.orders[pick % self.orders.len()];

@@ -421,11 +421,14 @@ fn a_preemptible_lease_is_preempted_with_notice_before_a_sold_window() {
 fn a_mig_slice_is_offered_in_its_fractional_class_only() {
     let mut m = Market::new();
     let supplier = m.supplier();
-    let events = m.apply(Command::RegisterGpu {
+    let events = m.apply(Command::Register {
         account: supplier,
         host: "mig-host".into(),
         gpu_uuid: "MIG-1".into(),
         spec: GpuSpec { memory_mib: 9_856, mig_profile: Some("1g.10gb".into()), ..h100_spec() },
+        region: None,
+        zone: String::new(),
+        fabric: None,
     });
     let EventKind::GpuRegistered { host, classes_mask, .. } = events.last().expect("event").kind else { panic!("not registered") };
     assert_eq!(classes_mask, 1 << 4);

@@ -311,7 +311,12 @@ fn a_bid_with_a_minimum_score_skips_sellers_below_it() {
 
     let filtered = |m: &mut Market, price, quantity| {
         let order = m.order(renter, H100_SPOT, Side::Buy, price, quantity);
-        m.apply(Command::PlaceOrderFiltered { order, min_supplier_score_bps: 9_900 })
+        m.apply(Command::Place {
+            order,
+            options: OrderOptions { min_supplier_score_bps: 9_900, ..OrderOptions::default() },
+            regions: Vec::new(),
+            cluster: None,
+        })
     };
     let events = filtered(&mut m, USD_2, 1);
     assert_eq!(trades(&events), [(USD_2, 1)], "only the reliable seller's dearer ask");
@@ -337,17 +342,32 @@ fn a_bid_with_a_minimum_score_skips_sellers_below_it() {
     let mut fok = m.order(renter, H100_SPOT, Side::Buy, USD_2, 2);
     fok.time_in_force = TimeInForce::Fok;
     m.engine.set_supplier_score(low, Some(9_000));
-    let events = m.apply(Command::PlaceOrderFiltered { order: fok, min_supplier_score_bps: 9_900 });
+    let events = m.apply(Command::Place {
+        order: fok,
+        options: OrderOptions { min_supplier_score_bps: 9_900, ..OrderOptions::default() },
+        regions: Vec::new(),
+        cluster: None,
+    });
     assert!(trades(&events).is_empty());
     assert_eq!(closed(&events, accepted(&events).expect("accepted")), Some(OrderCloseReason::Killed));
 
     // On an ask, or outside 1..=10 000: refused.
     let mut ask = m.order(reliable, H100_SPOT, Side::Sell, USD_2, 1);
     ask.supply = Some(GpuSet { host: reliable_host, gpu_mask: 0b10 });
-    let refused = m.apply(Command::PlaceOrderFiltered { order: ask, min_supplier_score_bps: 9_000 });
+    let refused = m.apply(Command::Place {
+        order: ask,
+        options: OrderOptions { min_supplier_score_bps: 9_000, ..OrderOptions::default() },
+        regions: Vec::new(),
+        cluster: None,
+    });
     assert_eq!(rejection(&refused), Some(RejectCode::ScoreFilterInvalid));
     let bid = m.order(renter, H100_SPOT, Side::Buy, USD_2, 1);
-    let refused = m.apply(Command::PlaceOrderFiltered { order: bid, min_supplier_score_bps: 10_001 });
+    let refused = m.apply(Command::Place {
+        order: bid,
+        options: OrderOptions { min_supplier_score_bps: 10_001, ..OrderOptions::default() },
+        regions: Vec::new(),
+        cluster: None,
+    });
     assert_eq!(rejection(&refused), Some(RejectCode::ScoreFilterInvalid));
 }
 
@@ -454,7 +474,12 @@ fn challenges_verify_disqualify_or_reject_a_gpu_and_verified_only_bids_follow() 
     let unverified_ask = m.ask(supplier, host, 0b010, H100_SPOT, 1_900_000);
     m.ask(supplier, host, 0b001, H100_SPOT, USD_2);
     let bid = m.order(renter, H100_SPOT, Side::Buy, USD_2, 1);
-    let events = m.apply(Command::PlaceOrderVerified { order: bid, min_supplier_score_bps: 0 });
+    let events = m.apply(Command::Place {
+        order: bid,
+        options: OrderOptions { min_supplier_score_bps: 0, verified_only: true, ..OrderOptions::default() },
+        regions: Vec::new(),
+        cluster: None,
+    });
     assert_eq!(trades(&events), [(USD_2, 1)]);
     assert!(m.engine.order(unverified_ask).is_some(), "the unverified ask keeps its place");
 
@@ -485,10 +510,20 @@ fn challenges_verify_disqualify_or_reject_a_gpu_and_verified_only_bids_follow() 
     // A verified-only bid is refused on an ask, or with a score above 10 000.
     let mut ask = m.order(supplier, H100_SPOT, Side::Sell, USD_2, 1);
     ask.supply = Some(GpuSet { host, gpu_mask: 0b1000 });
-    let refused = m.apply(Command::PlaceOrderVerified { order: ask, min_supplier_score_bps: 0 });
+    let refused = m.apply(Command::Place {
+        order: ask,
+        options: OrderOptions { min_supplier_score_bps: 0, verified_only: true, ..OrderOptions::default() },
+        regions: Vec::new(),
+        cluster: None,
+    });
     assert_eq!(rejection(&refused), Some(RejectCode::ScoreFilterInvalid));
     let bid = m.order(renter, H100_SPOT, Side::Buy, USD_2, 1);
-    let refused = m.apply(Command::PlaceOrderVerified { order: bid, min_supplier_score_bps: 10_001 });
+    let refused = m.apply(Command::Place {
+        order: bid,
+        options: OrderOptions { min_supplier_score_bps: 10_001, verified_only: true, ..OrderOptions::default() },
+        regions: Vec::new(),
+        cluster: None,
+    });
     assert_eq!(rejection(&refused), Some(RejectCode::ScoreFilterInvalid));
     let unknown = m.apply(Command::RecordChallenge { gpu: GpuId(999), answer: fast });
     assert_eq!(rejection(&unknown), Some(RejectCode::UnknownGpu));
@@ -567,7 +602,15 @@ fn a_supplier_registers_past_one_hosts_worth_only_as_its_gpus_pass_their_challen
     let unproven = limits::GPUS_UNPROVEN_PER_ACCOUNT_MAX;
     m.h100_host(faker, "fake-0", unproven);
     let register = |m: &mut Market, account, host: &str, uuid: &str| {
-        m.apply(Command::RegisterGpu { account, host: host.into(), gpu_uuid: uuid.into(), spec: h100_spec() })
+        m.apply(Command::Register {
+            account,
+            host: host.into(),
+            gpu_uuid: uuid.into(),
+            spec: h100_spec(),
+            region: None,
+            zone: String::new(),
+            fabric: None,
+        })
     };
     assert_eq!(rejection(&register(&mut m, faker, "fake-1", "GPU-fake-1-0")), Some(RejectCode::GpusAwaitingChallenge));
     // A wrong answer proves nothing: the GPU still holds its place.
@@ -607,7 +650,15 @@ fn a_supplier_holds_at_most_its_share_of_the_gpu_table() {
             gpu += 1;
         }
     }
-    let events = m.apply(Command::RegisterGpu { account: supplier, host: "last".into(), gpu_uuid: "GPU-last".into(), spec: h100_spec() });
+    let events = m.apply(Command::Register {
+        account: supplier,
+        host: "last".into(),
+        gpu_uuid: "GPU-last".into(),
+        spec: h100_spec(),
+        region: None,
+        zone: String::new(),
+        fabric: None,
+    });
     assert_eq!(rejection(&events), Some(RejectCode::TooManyGpus));
     let other = m.supplier();
     m.h100_host(other, "other", 1);

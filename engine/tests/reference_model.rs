@@ -423,14 +423,22 @@ impl Harness {
             stop_price_minor_per_gpu_hour: stop.map_or(0, |ticks| BASE + ticks * TICK),
         };
         let events = match (min_score, side == Side::Buy && verified) {
-            _ if aon || budget > 0 || stop.is_some() => self.market.apply(Command::PlaceOrderWith { order: order.clone(), options }),
+            _ if aon || budget > 0 || stop.is_some() => {
+                self.market.apply(Command::Place { order: order.clone(), options, regions: Vec::new(), cluster: None })
+            }
             (0, false) => self.market.place(order.clone()),
-            (min_supplier_score_bps, false) => {
-                self.market.apply(Command::PlaceOrderFiltered { order: order.clone(), min_supplier_score_bps })
-            }
-            (min_supplier_score_bps, true) => {
-                self.market.apply(Command::PlaceOrderVerified { order: order.clone(), min_supplier_score_bps })
-            }
+            (min_supplier_score_bps, false) => self.market.apply(Command::Place {
+                order: order.clone(),
+                options: OrderOptions { min_supplier_score_bps, ..OrderOptions::default() },
+                regions: Vec::new(),
+                cluster: None,
+            }),
+            (min_supplier_score_bps, true) => self.market.apply(Command::Place {
+                order: order.clone(),
+                options: OrderOptions { min_supplier_score_bps, verified_only: true, ..OrderOptions::default() },
+                regions: Vec::new(),
+                cluster: None,
+            }),
         };
         self.placed.push(accepted(&events));
         self.stp_by_key.push(stp);

@@ -16,7 +16,7 @@ fn regional_host(m: &mut Market, supplier: AccountId, name: &str, gpus: u32, reg
 fn regional_bid(m: &mut Market, renter: AccountId, price: u64, quantity: u32, regions: &[&str]) -> Vec<Event> {
     let order = m.order(renter, H100_SPOT, Side::Buy, price, quantity);
     let regions = regions.iter().map(|r| r.to_string()).collect();
-    m.apply(Command::PlaceOrderInRegions { order, options: OrderOptions::default(), regions })
+    m.apply(Command::Place { order, options: OrderOptions::default(), regions, cluster: None })
 }
 
 /// The seller account of each lease the events created, in order.
@@ -117,16 +117,25 @@ fn a_host_declares_its_region_once_with_its_first_gpu_and_keeps_it() {
     let info = m.engine.gpu(gpu).expect("registered");
     assert_eq!((info.region.as_deref(), info.zone.as_str()), (Some("eu-central"), "fra-1"));
     // A GPU that names no region joins the host's; another region is refused.
-    let events = m.apply(Command::RegisterGpu { account: supplier, host: "rack-7".into(), gpu_uuid: "GPU-x".into(), spec: h100_spec() });
+    let events = m.apply(Command::Register {
+        account: supplier,
+        host: "rack-7".into(),
+        gpu_uuid: "GPU-x".into(),
+        spec: h100_spec(),
+        region: None,
+        zone: String::new(),
+        fabric: None,
+    });
     assert_eq!(rejection(&events), None);
     let before = m.engine.state_hash();
-    let events = m.apply(Command::RegisterGpuInRegion {
+    let events = m.apply(Command::Register {
         account: supplier,
         host: "rack-7".into(),
         gpu_uuid: "GPU-y".into(),
         spec: h100_spec(),
-        region: "us-west".into(),
+        region: Some("us-west".into()),
         zone: String::new(),
+        fabric: None,
     });
     assert_eq!(rejection(&events), Some(RejectCode::RegionMismatch));
     assert_eq!(m.engine.state_hash(), before, "a refusal changes nothing");
@@ -139,28 +148,47 @@ fn a_host_declares_its_region_once_with_its_first_gpu_and_keeps_it() {
 fn region_mistakes_are_refused_with_their_codes_and_change_nothing() {
     let Fixture { mut m, renter, us_east, .. } = fixture();
     let supplier = m.supplier();
-    let register = |region: &str, zone: &str| Command::RegisterGpuInRegion {
+    let register = |region: &str, zone: &str| Command::Register {
         account: supplier,
         host: "new-host".into(),
         gpu_uuid: "GPU-new".into(),
         spec: h100_spec(),
-        region: region.into(),
+        region: Some(region.into()),
         zone: zone.into(),
+        fabric: None,
     };
     let mut ask = m.order(supplier, H100_SPOT, Side::Sell, USD_2, 1);
     ask.supply = Some(GpuSet { host: us_east, gpu_mask: 0b1 });
     let bid = m.order(renter, H100_SPOT, Side::Buy, USD_2, 1);
-    let in_regions = |order: &NewOrder, regions: &[&str]| Command::PlaceOrderInRegions {
+    let in_regions = |order: &NewOrder, regions: &[&str]| Command::Place {
         order: order.clone(),
         options: OrderOptions::default(),
         regions: regions.iter().map(|r| r.to_string()).collect(),
+        cluster: None,
     };
     let cases = [
         ("a region the listing does not name", register("mars-north", ""), RejectCode::UnknownRegion),
         ("no region at all", register("", "zone-a"), RejectCode::UnknownRegion),
         ("a zone with a capital letter", register("us-east", "Zone-A"), RejectCode::NameInvalid),
         ("a bid for an unknown region", in_regions(&bid, &["us-east", "atlantis"]), RejectCode::UnknownRegion),
-        ("a bid for no region", in_regions(&bid, &[]), RejectCode::RegionFilterInvalid),
+        (
+            "a zone without a region",
+            Command::Register {
+                account: supplier,
+                host: "new-host".into(),
+                gpu_uuid: "GPU-new".into(),
+                spec: h100_spec(),
+                region: None,
+                zone: "zone-a".into(),
+                fabric: None,
+            },
+            RejectCode::UnknownRegion,
+        ),
+        (
+            "an older journal's bid for no region (a current one means any)",
+            Command::DeprecatedPlaceOrderInRegions { order: bid.clone(), options: OrderOptions::default(), regions: Vec::new() },
+            RejectCode::RegionFilterInvalid,
+        ),
         (
             "a bid naming more regions than listed",
             in_regions(&bid, &["us-east", "us-west", "eu-central", "cn-east", "cn-west", "us-east"]),

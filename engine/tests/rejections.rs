@@ -64,7 +64,7 @@ impl Fixture {
 type Case = (&'static str, RejectCode, fn(&mut Fixture) -> Command);
 
 fn place(order: NewOrder) -> Command {
-    Command::PlaceOrder(order)
+    Command::place(order)
 }
 
 const CASES: &[Case] = &[
@@ -206,23 +206,32 @@ const CASES: &[Case] = &[
         let gpu = f.market.engine.host_gpu(f.host, 0).expect("gpu");
         Command::SetGpuOnline { account: f.other_supplier, gpu, online: false }
     }),
-    ("a GPU UUID registered twice", RejectCode::GpuAlreadyRegistered, |f| Command::RegisterGpu {
+    ("a GPU UUID registered twice", RejectCode::GpuAlreadyRegistered, |f| Command::Register {
         account: f.supplier,
         host: "host-a".into(),
         gpu_uuid: "GPU-host-a-0".into(),
         spec: h100_spec(),
+        region: None,
+        zone: String::new(),
+        fabric: None,
     }),
-    ("a GPU that meets no class", RejectCode::GpuNotQualified, |f| Command::RegisterGpu {
+    ("a GPU that meets no class", RejectCode::GpuNotQualified, |f| Command::Register {
         account: f.supplier,
         host: "host-a".into(),
         gpu_uuid: "GPU-new".into(),
         spec: GpuSpec { model: "Voodoo 2".into(), ..h100_spec() },
+        region: None,
+        zone: String::new(),
+        fabric: None,
     }),
-    ("registering a GPU on another supplier's host", RejectCode::NotYourHost, |f| Command::RegisterGpu {
+    ("registering a GPU on another supplier's host", RejectCode::NotYourHost, |f| Command::Register {
         account: f.other_supplier,
         host: "host-a".into(),
         gpu_uuid: "GPU-new".into(),
         spec: h100_spec(),
+        region: None,
+        zone: String::new(),
+        fabric: None,
     }),
     ("a 65th GPU on one host", RejectCode::HostFull, |f| {
         let supplier = f.market.supplier();
@@ -231,24 +240,46 @@ const CASES: &[Case] = &[
             let gpu = GpuId(f.market.engine.gpu_count() - 1 - gpu);
             f.market.apply(Command::RecordChallenge { gpu, answer: ChallengeAnswer::Correct { n: 256, elapsed_ms: 10 } });
         }
-        Command::RegisterGpu { account: supplier, host: "big-host".into(), gpu_uuid: "GPU-65".into(), spec: h100_spec() }
+        Command::Register {
+            account: supplier,
+            host: "big-host".into(),
+            gpu_uuid: "GPU-65".into(),
+            spec: h100_spec(),
+            region: None,
+            zone: String::new(),
+            fabric: None,
+        }
     }),
     ("a 65th unproven GPU of one supplier", RejectCode::GpusAwaitingChallenge, |f| {
         let supplier = f.market.supplier();
         f.market.h100_host(supplier, "new-host", 64);
-        Command::RegisterGpu { account: supplier, host: "next-host".into(), gpu_uuid: "GPU-next".into(), spec: h100_spec() }
+        Command::Register {
+            account: supplier,
+            host: "next-host".into(),
+            gpu_uuid: "GPU-next".into(),
+            spec: h100_spec(),
+            region: None,
+            zone: String::new(),
+            fabric: None,
+        }
     }),
-    ("an empty host name", RejectCode::NameInvalid, |f| Command::RegisterGpu {
+    ("an empty host name", RejectCode::NameInvalid, |f| Command::Register {
         account: f.supplier,
         host: String::new(),
         gpu_uuid: "GPU-new".into(),
         spec: h100_spec(),
+        region: None,
+        zone: String::new(),
+        fabric: None,
     }),
-    ("a UUID with control characters", RejectCode::NameInvalid, |f| Command::RegisterGpu {
+    ("a UUID with control characters", RejectCode::NameInvalid, |f| Command::Register {
         account: f.supplier,
         host: "host-a".into(),
         gpu_uuid: "GPU\n1".into(),
         spec: h100_spec(),
+        region: None,
+        zone: String::new(),
+        fabric: None,
     }),
     ("ending a lease that does not exist", RejectCode::UnknownLease, |f| Command::EndLease { account: f.renter, lease: LeaseId(999) }),
     ("ending another renter's lease", RejectCode::NotYourLease, |f| Command::EndLease { account: f.other_renter, lease: f.lease }),

@@ -659,9 +659,17 @@ mod tests {
             Command::OpenAccount { role: Role::Supplier },
             Command::OpenAccount { role: Role::Renter },
             Command::Deposit { account: AccountId(1), amount_minor: 100_000_000 },
-            Command::RegisterGpu { account: AccountId(0), host: "h".into(), gpu_uuid: "GPU-1".into(), spec },
-            Command::PlaceOrder(order(0, Side::Sell, Some(GpuSet { host: HostId(0), gpu_mask: 1 }))),
-            Command::PlaceOrder(order(1, Side::Buy, None)),
+            Command::Register {
+                account: AccountId(0),
+                host: "h".into(),
+                gpu_uuid: "GPU-1".into(),
+                spec,
+                region: None,
+                zone: String::new(),
+                fabric: None,
+            },
+            Command::place(order(0, Side::Sell, Some(GpuSet { host: HostId(0), gpu_mask: 1 }))),
+            Command::place(order(1, Side::Buy, None)),
         ] {
             engine.apply(&Input { at_ms: at(0), command });
         }

@@ -516,20 +516,22 @@ impl Body {
 /// The scope of an engine command a client sends.
 fn command_scope(command: &Command) -> Scope {
     match command {
-        Command::PlaceOrder(_)
-        | Command::PlaceOrderFiltered { .. }
-        | Command::PlaceOrderVerified { .. }
-        | Command::PlaceOrderWith { .. }
-        | Command::PlaceOrderInRegions { .. }
-        | Command::PlaceClusterOrder { .. }
+        Command::Place { .. }
+        | Command::DeprecatedPlaceOrder(_)
+        | Command::DeprecatedPlaceOrderFiltered { .. }
+        | Command::DeprecatedPlaceOrderVerified { .. }
+        | Command::DeprecatedPlaceOrderWith { .. }
+        | Command::DeprecatedPlaceOrderInRegions { .. }
+        | Command::DeprecatedPlaceClusterOrder { .. }
         | Command::CancelOrder { .. }
         | Command::ReplaceOrder { .. }
         | Command::MassCancel { .. }
         | Command::OfferLease { .. } => Scope::Trade,
         Command::EndLease { .. }
-        | Command::RegisterGpu { .. }
-        | Command::RegisterGpuInRegion { .. }
-        | Command::RegisterGpuOnFabric { .. }
+        | Command::Register { .. }
+        | Command::DeprecatedRegisterGpu { .. }
+        | Command::DeprecatedRegisterGpuInRegion { .. }
+        | Command::DeprecatedRegisterGpuOnFabric { .. }
         | Command::SetGpuOnline { .. }
         | Command::FailLeaseDelivery { .. } => Scope::Deliver,
         Command::Withdraw { .. } | Command::Payout { .. } | Command::Deposit { .. } => Scope::Withdraw,

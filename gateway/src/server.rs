@@ -990,29 +990,16 @@ pub(crate) fn request_of(caller: &Caller, message: ClientMessage, verified: Opti
             command(Command::ReplaceOrder { account, order, price_minor_per_gpu_hour, quantity })
         }
         ClientMessage::MassCancel { instrument, .. } => command(Command::MassCancel { account, instrument }),
-        ClientMessage::RegisterGpu { host, gpu_uuid, spec, region: None, zone: None, fabric: None, .. } => {
-            command(Command::RegisterGpu { account, host, gpu_uuid, spec })
-        }
-        // A fabric without a region: refused fabric_invalid.
-        ClientMessage::RegisterGpu { host, gpu_uuid, spec, region, zone, fabric: Some(fabric), .. } => {
-            command(Command::RegisterGpuOnFabric {
-                account,
-                host,
-                gpu_uuid,
-                spec,
-                region: region.unwrap_or_default(),
-                zone: zone.unwrap_or_default(),
-                fabric: Box::new(fabric),
-            })
-        }
-        // A zone without a region names no region: refused unknown_region.
-        ClientMessage::RegisterGpu { host, gpu_uuid, spec, region, zone, fabric: None, .. } => command(Command::RegisterGpuInRegion {
+        // A zone without a region names no region (unknown_region); a
+        // fabric without a region is refused fabric_invalid.
+        ClientMessage::RegisterGpu { host, gpu_uuid, spec, region, zone, fabric, .. } => command(Command::Register {
             account,
             host,
             gpu_uuid,
             spec,
-            region: region.unwrap_or_default(),
+            region,
             zone: zone.unwrap_or_default(),
+            fabric: fabric.map(Box::new),
         }),
         ClientMessage::SetGpuOnline { gpu, online, .. } => command(Command::SetGpuOnline { account, gpu, online }),
         ClientMessage::EndLease { lease, .. } => command(Command::EndLease { account, lease }),

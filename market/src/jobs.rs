@@ -138,8 +138,8 @@ struct Observed {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
     /// A bid to place for a job's next attempt.
-    /// Each an engine command that places a bid (`PlaceOrderWith`, or
-    /// `PlaceClusterOrder` for a cluster job).
+    /// Each an engine command that places a bid (`Command::Place`, with
+    /// cluster terms for a cluster job).
     pub bids: Vec<gpux_engine::Command>,
     /// Leases to end (by their renter) because the job no longer needs them.
     pub end_leases: Vec<(AccountId, LeaseId)>,
@@ -753,9 +753,14 @@ impl Jobs {
         if nodes >= 2 {
             let options = OrderOptions { all_or_none: false, ..options };
             let min_fabric_gbps = terms.min_fabric_gbps;
-            return gpux_engine::Command::PlaceClusterOrder { order, options, regions: Vec::new(), nodes, min_fabric_gbps };
+            return gpux_engine::Command::Place {
+                order,
+                options,
+                regions: Vec::new(),
+                cluster: Some(gpux_engine::ClusterTerms { nodes, min_fabric_gbps }),
+            };
         }
-        gpux_engine::Command::PlaceOrderWith { order, options }
+        gpux_engine::Command::Place { order, options, regions: Vec::new(), cluster: None }
     }
 }
 

@@ -385,8 +385,13 @@ impl MarketState {
             let suppliers: Vec<AccountId> = self.reliability.suppliers().collect();
             self.refresh_scores(&suppliers, input.at_ms);
         }
-        if let Command::PlaceOrderInRegions { order, regions, .. } = &input.command {
-            self.rematch.bid_regions(order.account, order.client_order_id, regions);
+        // A bid in some regions (not a cluster bid's): a replacement keeps them.
+        if let Command::Place { order, regions, cluster: None, .. } | Command::DeprecatedPlaceOrderInRegions { order, regions, .. } =
+            &input.command
+        {
+            if !regions.is_empty() || matches!(input.command, Command::DeprecatedPlaceOrderInRegions { .. }) {
+                self.rematch.bid_regions(order.account, order.client_order_id, regions);
+            }
         }
         // A bid that carries a workload (its own, or the failed
         // lease's that a replacement takes over) trades only with
@@ -412,9 +417,11 @@ impl MarketState {
             });
         }
         let rematched = self.rematch.observe(&applied.events);
-        applied.follow_ups.extend(rematched.replacement.map(|(order, regions)| match regions.is_empty() {
-            true => Command::PlaceOrder(order),
-            false => Command::PlaceOrderInRegions { order, options: OrderOptions::default(), regions },
+        applied.follow_ups.extend(rematched.replacement.map(|(order, regions)| Command::Place {
+            order,
+            options: OrderOptions::default(),
+            regions,
+            cluster: None,
         }));
         let jobs = self.jobs.observe(&applied.events);
         self.job_outcome(jobs, applied, owed);

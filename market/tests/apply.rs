@@ -158,7 +158,15 @@ impl Session {
         session.command(Command::Deposit { account: AccountId(1), amount_minor: 500_000_000 });
         for index in 0..2 {
             let spec = GpuSpec::h100_sxm();
-            session.command(Command::RegisterGpu { account: AccountId(0), host: "h".into(), gpu_uuid: format!("GPU-{index}"), spec });
+            session.command(Command::Register {
+                account: AccountId(0),
+                host: "h".into(),
+                gpu_uuid: format!("GPU-{index}"),
+                spec,
+                region: None,
+                zone: String::new(),
+                fabric: None,
+            });
         }
         session
     }
@@ -229,7 +237,7 @@ impl Session {
                 let price = 1_500_000 + ticks * 100_000;
                 let order = NewOrder { duration, ..NewOrder::limit(self.renter, self.next_order, SPOT, Side::Buy, price, quantity) };
                 self.next_order += 1;
-                self.command(Command::PlaceOrder(order));
+                self.command(Command::place(order));
             }
             Op::Ask { mask, ticks } => {
                 let price = 1_500_000 + ticks * 100_000;
@@ -237,7 +245,7 @@ impl Session {
                 let quantity = mask.count_ones();
                 let order = NewOrder { supply, ..NewOrder::limit(self.supplier, self.next_order, SPOT, Side::Sell, price, quantity) };
                 self.next_order += 1;
-                self.command(Command::PlaceOrder(order));
+                self.command(Command::place(order));
             }
             Op::Report { pick, gpu, minutes, tamper } => {
                 let Some(lease) = self.lease(pick) else { return };
@@ -497,7 +505,7 @@ fn a_workload_bid_skips_hosts_that_cannot_deliver_and_its_replacement_pays_up_to
         }
         let order = NewOrder { time_in_force: TimeInForce::Ioc, ..NewOrder::limit(renter, client_order_id, SPOT, Side::Buy, price, 1) };
         let before = session.leases.len();
-        session.command(Command::PlaceOrder(order));
+        session.command(Command::place(order));
         session.leases[before..].first().copied()
     };
     session.run(&Op::Ask { mask: 0b01, ticks: 0 });
@@ -1108,7 +1116,15 @@ fn probe_absence_is_proven_and_its_whole_charge_refunded_to_the_renter_at_the_fi
 fn late_preemptions_and_disconnects_during_leases_count_in_the_record() {
     const PREEMPT: InstrumentId = InstrumentId(1);
     let mut session = Session::new();
-    session.command(Command::RegisterGpu { account: AccountId(0), host: "h".into(), gpu_uuid: "GPU-2".into(), spec: GpuSpec::h100_sxm() });
+    session.command(Command::Register {
+        account: AccountId(0),
+        host: "h".into(),
+        gpu_uuid: "GPU-2".into(),
+        spec: GpuSpec::h100_sxm(),
+        region: None,
+        zone: String::new(),
+        fabric: None,
+    });
     let running = DeliveryState::Running { endpoints: Vec::new(), ssh: None, restarts: 0 };
     let mut preempted = Vec::new();
     for gpu in 0..3u32 {
@@ -1117,21 +1133,21 @@ fn late_preemptions_and_disconnects_during_leases_count_in_the_record() {
         let next = session.next_order;
         session.next_order += 3;
         let preemptible_ask = NewOrder { supply, ..NewOrder::limit(session.supplier, next, PREEMPT, Side::Sell, 800_000, 1) };
-        session.command(Command::PlaceOrder(preemptible_ask));
+        session.command(Command::place(preemptible_ask));
         let bid = NewOrder {
             duration: LeaseDuration::UntilCancelled,
             ..NewOrder::limit(session.renter, next + 1, PREEMPT, Side::Buy, 800_000, 1)
         };
-        session.command(Command::PlaceOrder(bid));
+        session.command(Command::place(bid));
         let lease = *session.leases.last().expect("the preemptible lease");
         session.apply(JournalEntry::DeliveryStatus { at_ms: session.now_ms, account: session.supplier, lease, state: running.clone() });
         let spot_ask = NewOrder { supply, ..NewOrder::limit(session.supplier, next + 2, SPOT, Side::Sell, 2_000_000, 1) };
-        session.command(Command::PlaceOrder(spot_ask));
+        session.command(Command::place(spot_ask));
         preempted.push(lease);
     }
     // A spot bid takes all three GPUs: each preemptible lease gets its notice.
     let bid = NewOrder { duration: LeaseDuration::Hours(4), ..NewOrder::limit(session.renter, 900, SPOT, Side::Buy, 2_000_000, 3) };
-    session.command(Command::PlaceOrder(bid));
+    session.command(Command::place(bid));
     session.run(&Op::Advance { ms: 30_000 });
     for lease in &preempted {
         assert!(!session.market.engine().lease(*lease).expect("held").active, "preempted");

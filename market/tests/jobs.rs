@@ -49,11 +49,14 @@ impl World {
         for host in 0..hosts {
             let mut id = None;
             for gpu in 0..2 {
-                let events = world.run(Command::RegisterGpu {
+                let events = world.run(Command::Register {
                     account: AccountId(1),
                     host: format!("host-{host}"),
                     gpu_uuid: format!("GPU-{host}-{gpu}"),
                     spec: GpuSpec::h100_sxm(),
+                    region: None,
+                    zone: String::new(),
+                    fabric: None,
                 });
                 id = events.iter().find_map(|e| match e.kind {
                     EventKind::GpuRegistered { host, .. } => Some(host),
@@ -98,7 +101,7 @@ impl World {
         let mut order = NewOrder::limit(self.supplier, self.next_id, InstrumentId(0), Side::Sell, USD_2, 2);
         self.next_id += 1;
         order.supply = Some(GpuSet { host: self.hosts[index], gpu_mask: 0b11 });
-        let events = self.run(Command::PlaceOrder(order));
+        let events = self.run(Command::place(order));
         let outcome = self.jobs.observe(&events);
         self.follow(outcome)
     }
@@ -256,11 +259,14 @@ fn a_journaled_job_runs_through_a_host_failure_and_replays_to_the_same_state() {
     j.engine(Command::Deposit { account: renter, amount_minor: 1_000_000_000 });
     for host in 0..2 {
         for gpu in 0..2 {
-            j.engine(Command::RegisterGpu {
+            j.engine(Command::Register {
                 account: supplier,
                 host: format!("host-{host}"),
                 gpu_uuid: format!("GPU-{host}-{gpu}"),
                 spec: GpuSpec::h100_sxm(),
+                region: None,
+                zone: String::new(),
+                fabric: None,
             });
         }
     }
@@ -286,7 +292,7 @@ fn a_journaled_job_runs_through_a_host_failure_and_replays_to_the_same_state() {
     let ask = |j: &mut Journal, host: u32, id: u64| {
         let mut order = NewOrder::limit(supplier, id, InstrumentId(0), Side::Sell, USD_2, 2);
         order.supply = Some(GpuSet { host: HostId(host), gpu_mask: 0b11 });
-        j.engine(Command::PlaceOrder(order));
+        j.engine(Command::place(order));
     };
     let running = |j: &Journal| match j.market.jobs().state(job) {
         Some(JobState::Running { attempt, leases }) => (*attempt, leases[0]),
@@ -373,7 +379,7 @@ fn a_running_job_grows_once_the_bigger_bid_fills_and_restarts_on_the_new_leases(
     let mut order = NewOrder::limit(w.supplier, w.next_id, InstrumentId(0), Side::Sell, USD_2, 2);
     w.next_id += 1;
     order.supply = Some(GpuSet { host: w.hosts[2], gpu_mask: 0b11 });
-    let events = w.run(Command::PlaceOrder(order));
+    let events = w.run(Command::place(order));
     let outcome = w.jobs.observe(&events);
     assert_eq!(outcome.end_leases, [(w.renter, first)], "the old size's lease ends");
     let JobState::Running { attempt: 2, leases } = w.jobs.state(job).cloned().expect("a job") else { panic!("{:?}", w.jobs.state(job)) };
@@ -443,7 +449,7 @@ fn a_cluster_job_runs_on_one_fabric_tells_each_host_its_peers_and_restarts_whole
         fn ask(&mut self, host: u32, id: u64, price: u64) {
             let mut order = NewOrder::limit(AccountId(1), id, InstrumentId(0), Side::Sell, price, 2);
             order.supply = Some(GpuSet { host: HostId(host), gpu_mask: 0b11 });
-            self.engine(Command::PlaceOrder(order));
+            self.engine(Command::place(order));
         }
     }
     let mut live = Live { market: MarketState::new(EngineConfig::demo()).expect("demo"), now_ms: T0, assigned: Vec::new() };
@@ -457,16 +463,24 @@ fn a_cluster_job_runs_on_one_fabric_tells_each_host_its_peers_and_restarts_whole
             let (host_name, gpu_uuid, spec) = (format!("host-{host}"), format!("GPU-{host}-{gpu}"), GpuSpec::h100_sxm());
             let fabric = FabricClaim { group: "ib0".into(), gbps: 400, address: format!("10.0.0.{host}"), port_base: 29_500 };
             live.engine(match host {
-                0..3 => Command::RegisterGpuOnFabric {
+                0..3 => Command::Register {
                     account: supplier,
                     host: host_name,
                     gpu_uuid,
                     spec,
-                    region: "us-east".into(),
+                    region: Some("us-east".into()),
                     zone: "z1".into(),
-                    fabric: Box::new(fabric),
+                    fabric: Some(Box::new(fabric)),
                 },
-                _ => Command::RegisterGpu { account: supplier, host: host_name, gpu_uuid, spec },
+                _ => Command::Register {
+                    account: supplier,
+                    host: host_name,
+                    gpu_uuid,
+                    spec,
+                    region: None,
+                    zone: String::new(),
+                    fabric: None,
+                },
             });
         }
     }

@@ -197,31 +197,15 @@ impl OrderTicket {
         }
     }
 
-    /// The engine command this ticket places for `account`.
+    /// The engine command this ticket places for `account`: the one
+    /// current `PlaceOrder` (a cluster bid when it names nodes or a fabric
+    /// bandwidth).
     pub fn into_command(mut self, account: AccountId) -> gpux_engine::Command {
-        if self.nodes > 0 || self.min_fabric_gbps > 0 {
-            let options = self.options();
-            let (regions, nodes, min_fabric_gbps) = (std::mem::take(&mut self.regions), self.nodes, self.min_fabric_gbps);
-            return gpux_engine::Command::PlaceClusterOrder { order: self.into_order(account), options, regions, nodes, min_fabric_gbps };
-        }
-        if !self.regions.is_empty() {
-            let options = self.options();
-            let regions = std::mem::take(&mut self.regions);
-            return gpux_engine::Command::PlaceOrderInRegions { order: self.into_order(account), options, regions };
-        }
-        if self.all_or_none || self.budget_minor > 0 || self.stop_price_minor_per_gpu_hour > 0 {
-            let options = self.options();
-            return gpux_engine::Command::PlaceOrderWith { order: self.into_order(account), options };
-        }
-        match (self.min_supplier_score_bps, self.verified_only) {
-            (0, false) => gpux_engine::Command::PlaceOrder(self.into_order(account)),
-            (min_supplier_score_bps, false) => {
-                gpux_engine::Command::PlaceOrderFiltered { order: self.into_order(account), min_supplier_score_bps }
-            }
-            (min_supplier_score_bps, true) => {
-                gpux_engine::Command::PlaceOrderVerified { order: self.into_order(account), min_supplier_score_bps }
-            }
-        }
+        let options = self.options();
+        let regions = std::mem::take(&mut self.regions);
+        let cluster = (self.nodes > 0 || self.min_fabric_gbps > 0)
+            .then_some(gpux_engine::ClusterTerms { nodes: self.nodes, min_fabric_gbps: self.min_fabric_gbps });
+        gpux_engine::Command::Place { order: self.into_order(account), options, regions, cluster }
     }
 
     /// The ticket's options as the engine records them.

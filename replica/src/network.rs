@@ -59,7 +59,10 @@ pub fn cluster_token(secret: &[u8]) -> [u8; 32] {
 /// its node id (the last 8 bytes: [`hello_node`]).
 pub const HELLO_BYTES: usize = 8 + 2 + NONCE_BYTES + 8;
 const RAFT_MAGIC: [u8; 8] = *b"gpuxraft";
-const RAFT_VERSION: u16 = 2;
+/// This build's Raft protocol version; both ends must speak the same (raised
+/// when what Raft carries, the engine's commands, gains a form an older
+/// build cannot decode).
+pub const RAFT_VERSION: u16 = 3;
 const RAFT_DOMAIN: &[u8] = b"gpux-raft-v2";
 /// Connections in their handshake at once.
 pub const RAFT_HANDSHAKES_MAX: usize = 16;

@@ -126,7 +126,7 @@ async fn a_replayed_or_wrong_handshake_opens_nothing_and_silent_connections_keep
     let key = network::cluster_token(SECRET);
     let mut hello = [0u8; network::HELLO_BYTES];
     hello[..8].copy_from_slice(b"gpuxraft");
-    hello[8..10].copy_from_slice(&2u16.to_le_bytes());
+    hello[8..10].copy_from_slice(&network::RAFT_VERSION.to_le_bytes());
     hello[10..42].copy_from_slice(&[5; 32]);
     hello[network::HELLO_BYTES - 8..].copy_from_slice(&9u64.to_le_bytes());
     let handshake = |proof: Option<[u8; 32]>| {

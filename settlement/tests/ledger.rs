@@ -164,11 +164,14 @@ impl World {
         }
         for supplier in 0..2u32 {
             for gpu in 0..3 {
-                world.apply(Command::RegisterGpu {
+                world.apply(Command::Register {
                     account: AccountId(3 + supplier),
                     host: format!("host-{supplier}"),
                     gpu_uuid: format!("GPU-{supplier}-{gpu}"),
                     spec: GpuSpec::h100_sxm(),
+                    region: None,
+                    zone: String::new(),
+                    fabric: None,
                 });
             }
         }
@@ -278,7 +281,7 @@ impl World {
                 let mut order =
                     NewOrder::limit(AccountId(renter), self.next_client_order_id, self.markets[market], Side::Buy, price(ticks), quantity);
                 order.duration = if hours == 0 { LeaseDuration::UntilCancelled } else { LeaseDuration::Hours(hours) };
-                Command::PlaceOrder(order)
+                Command::place(order)
             }
             Op::Ask { supplier, market, ticks, mask } => {
                 self.next_client_order_id += 1;
@@ -291,7 +294,7 @@ impl World {
                     mask.count_ones(),
                 );
                 order.supply = Some(GpuSet { host: HostId(supplier), gpu_mask: mask });
-                Command::PlaceOrder(order)
+                Command::place(order)
             }
             Op::EndLease(pick) if self.engine.lease_count() > 0 => {
                 let lease = LeaseId(pick % self.engine.lease_count());
@@ -328,7 +331,7 @@ impl World {
                     quantity,
                 );
                 order.duration = LeaseDuration::Hours(hours);
-                Command::PlaceOrder(order)
+                Command::place(order)
             }
             Op::Move { to_sub_account, amount } => {
                 Command::MoveFunds { parent: AccountId(0), sub_account: AccountId(2), amount_minor: amount, to_sub_account }

@@ -228,17 +228,24 @@ fn sub_accounts_keys_and_a_resold_lease_replay_alike_in_the_audit_and_a_recovery
     });
     apply(JournalEntry::RevokeKey { at_ms: T0, by: renter, public_key: [3; 32] });
     for index in 0..2 {
-        let register =
-            Command::RegisterGpu { account: supplier, host: "h".into(), gpu_uuid: format!("GPU-{index}"), spec: GpuSpec::h100_sxm() };
+        let register = Command::Register {
+            account: supplier,
+            host: "h".into(),
+            gpu_uuid: format!("GPU-{index}"),
+            spec: GpuSpec::h100_sxm(),
+            region: None,
+            zone: String::new(),
+            fabric: None,
+        };
         apply(at(T0, register));
     }
     let spot = InstrumentId(0);
     let mut ask = NewOrder::limit(supplier, 1, spot, Side::Sell, 2_000_000, 2);
     ask.supply = Some(GpuSet { host: HostId(0), gpu_mask: 0b11 });
-    apply(at(T0, Command::PlaceOrder(ask)));
+    apply(at(T0, Command::place(ask)));
     let mut bid = NewOrder::limit(sub, 2, spot, Side::Buy, 2_000_000, 2);
     bid.duration = LeaseDuration::Hours(4);
-    let events = apply(at(T0, Command::PlaceOrder(bid)));
+    let events = apply(at(T0, Command::place(bid)));
     let lease = events.iter().find_map(|e| match e.kind {
         EventKind::LeaseCreated { lease, .. } => Some(lease),
         _ => None,
@@ -258,7 +265,7 @@ fn sub_accounts_keys_and_a_resold_lease_replay_alike_in_the_audit_and_a_recovery
     });
     let mut take = NewOrder::limit(renter, 4, book.expect("the resale book"), Side::Buy, 2_500_000, 2);
     take.duration = LeaseDuration::Hours(3);
-    let events = apply(at(T0 + HOUR, Command::PlaceOrder(take)));
+    let events = apply(at(T0 + HOUR, Command::place(take)));
     assert!(events.iter().any(|e| matches!(e.kind, EventKind::LeaseEnded { reason: LeaseEndReason::Resold, .. })), "resold");
     apply(at(T0 + 2 * HOUR, Command::Tick));
     let expected = market.state_hash();

@@ -66,8 +66,8 @@ fn main() {
             .collect();
         for input in &workload.measured {
             let kind = match &input.command {
-                gpux_engine::Command::PlaceOrder(order) if order.time_in_force == gpux_engine::TimeInForce::Ioc => 2,
-                gpux_engine::Command::PlaceOrder(_) => 0,
+                gpux_engine::Command::Place { order, .. } if order.time_in_force == gpux_engine::TimeInForce::Ioc => 2,
+                gpux_engine::Command::Place { .. } => 0,
                 _ => 1,
             };
             let started = Instant::now();

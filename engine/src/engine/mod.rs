@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::book::{Book, OrderSlab};
 use crate::chunked::ChunkedVec;
-use crate::command::{Command, GpuSet, Input, OrderOptions, Role, Side};
+use crate::command::{Command, GpuSet, Input, Role, Side};
 use crate::config::{ConfigError, EngineConfig};
 use crate::event::{Event, EventKind, LeaseEndReason, LeaseKind, RejectCode};
 use crate::gpus::{Gpu, GpuDetails, Host};
@@ -666,33 +666,37 @@ impl Engine {
             Command::SetBillingGrace { grace_ms } => self.set_billing_grace(*grace_ms),
             Command::SetLateReportWindow { window_ms } => self.set_late_report_window(*window_ms),
             Command::ChangeListing { listing } => self.change_listing(listing),
-            Command::RegisterGpu { account, host, gpu_uuid, spec } => self.register_gpu(*account, host, gpu_uuid, spec, None, None),
-            Command::RegisterGpuInRegion { account, host, gpu_uuid, spec, region, zone } => {
-                self.register_gpu(*account, host, gpu_uuid, spec, Some((region, zone)), None)
-            }
-            Command::RegisterGpuOnFabric { account, host, gpu_uuid, spec, region, zone, fabric } => {
-                self.register_gpu(*account, host, gpu_uuid, spec, Some((region, zone)), Some(&**fabric))
+            Command::Register { account, host, gpu_uuid, spec, region, zone, fabric } => {
+                // A zone without a region names no region (unknown_region,
+                // or name_invalid for a malformed zone).
+                let none = String::new();
+                let region = match (region, zone.is_empty()) {
+                    (Some(region), _) => Some((region, zone)),
+                    (None, true) => None,
+                    (None, false) => Some((&none, zone)),
+                };
+                self.register_gpu(*account, host, gpu_uuid, spec, region, fabric.as_deref())
             }
             Command::SetGpuOnline { account, gpu, online } => self.set_gpu_online(*account, *gpu, *online),
-            Command::PlaceOrder(order) => self.place_order(order, &OrderOptions::default()),
-            Command::PlaceOrderFiltered { order, min_supplier_score_bps } => {
-                if *min_supplier_score_bps == 0 {
-                    Err(RejectCode::ScoreFilterInvalid)
-                } else {
-                    self.place_order(order, &OrderOptions { min_supplier_score_bps: *min_supplier_score_bps, ..OrderOptions::default() })
-                }
+            Command::Place { order, options, regions, cluster: Some(cluster) } => {
+                self.place_cluster_order(order, options, regions, cluster.nodes, cluster.min_fabric_gbps)
             }
-            Command::PlaceOrderVerified { order, min_supplier_score_bps } => self.place_order(
-                order,
-                &OrderOptions { min_supplier_score_bps: *min_supplier_score_bps, verified_only: true, ..OrderOptions::default() },
-            ),
-            Command::PlaceOrderWith { order, options } => self.place_order(order, options),
-            Command::PlaceOrderInRegions { order, options, regions } => {
-                let regions = self.region_mask(order, regions)?;
+            Command::Place { order, options, regions, cluster: None } => {
+                let regions = if regions.is_empty() { 0 } else { self.region_mask(order, regions)? };
                 self.place_order_in(order, options, regions)
             }
-            Command::PlaceClusterOrder { order, options, regions, nodes, min_fabric_gbps } => {
-                self.place_cluster_order(order, options, regions, *nodes, *min_fabric_gbps)
+            // Older journals' forms, applied as their current one.
+            Command::DeprecatedPlaceOrder(_)
+            | Command::DeprecatedPlaceOrderFiltered { .. }
+            | Command::DeprecatedPlaceOrderVerified { .. }
+            | Command::DeprecatedPlaceOrderWith { .. }
+            | Command::DeprecatedPlaceOrderInRegions { .. }
+            | Command::DeprecatedPlaceClusterOrder { .. }
+            | Command::DeprecatedRegisterGpu { .. }
+            | Command::DeprecatedRegisterGpuInRegion { .. }
+            | Command::DeprecatedRegisterGpuOnFabric { .. } => {
+                let current = command.upcast()?;
+                self.execute(&current)
             }
             Command::RecordFabricProbe { lease, ranks, mbps } => self.record_fabric_probe(*lease, *ranks, *mbps),
             Command::SetClusterRules { rules } => self.set_cluster_rules(rules),
@@ -1277,9 +1281,10 @@ fn command_account(command: &Command) -> Option<AccountId> {
         Command::Deposit { account, .. }
         | Command::Withdraw { account, .. }
         | Command::Payout { account, .. }
-        | Command::RegisterGpu { account, .. }
-        | Command::RegisterGpuInRegion { account, .. }
-        | Command::RegisterGpuOnFabric { account, .. }
+        | Command::Register { account, .. }
+        | Command::DeprecatedRegisterGpu { account, .. }
+        | Command::DeprecatedRegisterGpuInRegion { account, .. }
+        | Command::DeprecatedRegisterGpuOnFabric { account, .. }
         | Command::SetGpuOnline { account, .. }
         | Command::CancelOrder { account, .. }
         | Command::ReplaceOrder { account, .. }
@@ -1289,12 +1294,13 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::OfferLease { account, .. }
         | Command::SetSpendLimits { account, .. } => Some(*account),
         Command::OpenSubAccount { parent } | Command::MoveFunds { parent, .. } | Command::SetAccountLimits { parent, .. } => Some(*parent),
-        Command::PlaceOrder(order)
-        | Command::PlaceOrderFiltered { order, .. }
-        | Command::PlaceOrderVerified { order, .. }
-        | Command::PlaceOrderWith { order, .. }
-        | Command::PlaceOrderInRegions { order, .. }
-        | Command::PlaceClusterOrder { order, .. } => Some(order.account),
+        Command::Place { order, .. }
+        | Command::DeprecatedPlaceOrder(order)
+        | Command::DeprecatedPlaceOrderFiltered { order, .. }
+        | Command::DeprecatedPlaceOrderVerified { order, .. }
+        | Command::DeprecatedPlaceOrderWith { order, .. }
+        | Command::DeprecatedPlaceOrderInRegions { order, .. }
+        | Command::DeprecatedPlaceClusterOrder { order, .. } => Some(order.account),
     }
 }
 

@@ -92,10 +92,16 @@ impl Market {
         for index in 0..gpus {
             let (account, host_name, gpu_uuid, spec) = (supplier, name.to_string(), format!("GPU-{name}-{index}"), h100_spec());
             let events = self.apply(match region {
-                None => Command::RegisterGpu { account, host: host_name, gpu_uuid, spec },
-                Some((region, zone)) => {
-                    Command::RegisterGpuInRegion { account, host: host_name, gpu_uuid, spec, region: region.into(), zone: zone.into() }
-                }
+                None => Command::Register { account, host: host_name, gpu_uuid, spec, region: None, zone: String::new(), fabric: None },
+                Some((region, zone)) => Command::Register {
+                    account,
+                    host: host_name,
+                    gpu_uuid,
+                    spec,
+                    region: Some(region.into()),
+                    zone: zone.into(),
+                    fabric: None,
+                },
             });
             host = events.iter().find_map(|e| match e.kind {
                 EventKind::GpuRegistered { host, .. } => Some(host),
@@ -113,7 +119,7 @@ impl Market {
     }
 
     pub fn place(&mut self, order: NewOrder) -> Vec<Event> {
-        self.apply(Command::PlaceOrder(order))
+        self.apply(Command::place(order))
     }
 
     /// A GTC ask of the GPUs in `gpu_mask` of `host`.

@@ -361,14 +361,21 @@ fn an_archived_lease_is_still_listed_from_the_journals_archive() {
         ..NewOrder::limit(supplier_account, 1, spot, Side::Sell, 2_000_000, 1)
     };
     let bid = NewOrder { duration: LeaseDuration::Hours(1), ..NewOrder::limit(renter_account, 1, spot, Side::Buy, 2_000_000, 1) };
-    let register =
-        Command::RegisterGpu { account: supplier_account, host: "h".into(), gpu_uuid: "GPU-0".into(), spec: GpuSpec::h100_sxm() };
+    let register = Command::Register {
+        account: supplier_account,
+        host: "h".into(),
+        gpu_uuid: "GPU-0".into(),
+        spec: GpuSpec::h100_sxm(),
+        region: None,
+        zone: String::new(),
+        fabric: None,
+    };
     sequencer
         .process(vec![
             command(1, 2, Command::Deposit { account: renter_account, amount_minor: 100_000_000 }),
             command(2, 2, register),
-            command(2, 3, Command::PlaceOrder(ask)),
-            command(3, 2, Command::PlaceOrder(bid)),
+            command(2, 3, Command::place(ask)),
+            command(3, 2, Command::place(bid)),
         ])
         .expect("commits");
     let lease = sequencer.market.engine().leases_of(renter_account, None, 10).0.first().map(|l| l.lease).expect("the bid filled");
@@ -445,14 +452,21 @@ fn supplier_stats_are_public_and_count_a_closed_lease() {
     };
     let bid =
         NewOrder { duration: LeaseDuration::Hours(1), ..NewOrder::limit(renter_account, 1, InstrumentId(0), Side::Buy, 2_000_000, 1) };
-    let register =
-        Command::RegisterGpu { account: supplier_account, host: "rack-1".into(), gpu_uuid: "GPU-0".into(), spec: GpuSpec::h100_sxm() };
+    let register = Command::Register {
+        account: supplier_account,
+        host: "rack-1".into(),
+        gpu_uuid: "GPU-0".into(),
+        spec: GpuSpec::h100_sxm(),
+        region: None,
+        zone: String::new(),
+        fabric: None,
+    };
     sequencer
         .process(vec![
             command(1, 2, Command::Deposit { account: renter_account, amount_minor: 100_000_000 }),
             command(2, 2, register),
-            command(2, 3, Command::PlaceOrder(ask)),
-            command(3, 2, Command::PlaceOrder(bid)),
+            command(2, 3, Command::place(ask)),
+            command(3, 2, Command::place(bid)),
         ])
         .expect("commits");
     drop(sequencer);
@@ -495,11 +509,14 @@ fn a_lease_whose_host_fails_it_is_replaced_on_another_host_with_its_workload() {
     let (_operator, mut supplier, mut renter) = operator_supplier_and_renter(&mut sequencer);
     let (supplier_account, renter_account) = (supplier.account(), renter.account());
     let command = |connection, id, command| Request { connection, id, body: Body::Command { command } };
-    let register = |host: &str, uuid: &str| Command::RegisterGpu {
+    let register = |host: &str, uuid: &str| Command::Register {
         account: supplier_account,
         host: host.into(),
         gpu_uuid: uuid.into(),
         spec: GpuSpec::h100_sxm(),
+        region: None,
+        zone: String::new(),
+        fabric: None,
     };
     let ask = |client_order_id, host| NewOrder {
         supply: Some(GpuSet { host: HostId(host), gpu_mask: 1 }),
@@ -510,8 +527,8 @@ fn a_lease_whose_host_fails_it_is_replaced_on_another_host_with_its_workload() {
             command(1, 2, Command::Deposit { account: renter_account, amount_minor: 100_000_000 }),
             command(2, 2, register("a", "GPU-a")),
             command(2, 3, register("b", "GPU-b")),
-            command(2, 4, Command::PlaceOrder(ask(1, 0))),
-            command(2, 5, Command::PlaceOrder(ask(2, 1))),
+            command(2, 4, Command::place(ask(1, 0))),
+            command(2, 5, Command::place(ask(2, 1))),
         ])
         .expect("commits");
     let bid =
@@ -524,7 +541,7 @@ fn a_lease_whose_host_fails_it_is_replaced_on_another_host_with_its_workload() {
         .process(vec![Request {
             connection: 3,
             id: 2,
-            body: Body::Bid { command: Command::PlaceOrder(bid), workload: Some(workload.clone()), rematch: true },
+            body: Body::Bid { command: Command::place(bid), workload: Some(workload.clone()), rematch: true },
         }])
         .expect("commits");
     let leases = |sequencer: &Sequencer| sequencer.market.engine().leases_of(renter_account, None, 10).0;
@@ -592,8 +609,15 @@ fn a_supplier_gone_during_its_leases_is_journaled_but_not_when_the_exchange_stop
             .filter(|e| matches!(e, JournalEntry::SupplierDisconnected { account, .. } if *account == supplier_account))
             .count()
     };
-    let register =
-        Command::RegisterGpu { account: supplier_account, host: "rack-1".into(), gpu_uuid: "GPU-0".into(), spec: GpuSpec::h100_sxm() };
+    let register = Command::Register {
+        account: supplier_account,
+        host: "rack-1".into(),
+        gpu_uuid: "GPU-0".into(),
+        spec: GpuSpec::h100_sxm(),
+        region: None,
+        zone: String::new(),
+        fabric: None,
+    };
     sequencer.process(vec![command(2, 2, register)]).expect("commits");
     // Gone without a lease: nothing to record.
     sequencer.process(vec![Request { connection: 2, id: 0, body: Body::Disconnect { exchange_stopping: false } }]).expect("commits");
@@ -610,8 +634,8 @@ fn a_supplier_gone_during_its_leases_is_journaled_but_not_when_the_exchange_stop
     sequencer
         .process(vec![
             command(1, 2, Command::Deposit { account: renter_account, amount_minor: 100_000_000 }),
-            command(4, 2, Command::PlaceOrder(ask)),
-            command(3, 2, Command::PlaceOrder(bid)),
+            command(4, 2, Command::place(ask)),
+            command(3, 2, Command::place(bid)),
         ])
         .expect("commits");
     assert_eq!(sequencer.market.engine().active_leases_supplied(supplier_account).len(), 1);
@@ -724,7 +748,15 @@ fn a_challenge_side_of_an_older_listing_applies_and_is_not_challenged() {
         let (mut sequencer, _) = recover_with(&journal, &snapshots, config, 0);
         let (_operator, mut supplier, _renter) = operator_supplier_and_renter(&mut sequencer);
         let account = supplier.account();
-        let register = Command::RegisterGpu { account, host: "a".into(), gpu_uuid: "GPU-a".into(), spec: GpuSpec::h100_sxm() };
+        let register = Command::Register {
+            account,
+            host: "a".into(),
+            gpu_uuid: "GPU-a".into(),
+            spec: GpuSpec::h100_sxm(),
+            region: None,
+            zone: String::new(),
+            fabric: None,
+        };
         sequencer.process(vec![Request { connection: 2, id: 2, body: Body::Command { command: register } }]).expect("commits");
         sequencer.process(Vec::new()).expect("commits");
         let issued = journal.entries().iter().any(|entry| matches!(entry, JournalEntry::ChallengeIssued { .. }));
@@ -755,11 +787,14 @@ fn one_renters_unanswered_log_requests_hold_only_its_share() {
         duration: LeaseDuration::Hours(1),
         ..NewOrder::limit(account, client_order_id, InstrumentId(0), Side::Buy, 2_000_000, 1)
     };
-    let register = |uuid: &str| Command::RegisterGpu {
+    let register = |uuid: &str| Command::Register {
         account: supplier_account,
         host: "silent".into(),
         gpu_uuid: uuid.into(),
         spec: GpuSpec::h100_sxm(),
+        region: None,
+        zone: String::new(),
+        fabric: None,
     };
     sequencer
         .process(vec![
@@ -767,9 +802,9 @@ fn one_renters_unanswered_log_requests_hold_only_its_share() {
             command(1, 3, Command::Deposit { account: other_account, amount_minor: 100_000_000 }),
             command(2, 2, register("GPU-s0")),
             command(2, 3, register("GPU-s1")),
-            command(2, 4, Command::PlaceOrder(ask)),
-            command(3, 2, Command::PlaceOrder(bid(renter_account, 1))),
-            command(20, 2, Command::PlaceOrder(bid(other_account, 1))),
+            command(2, 4, Command::place(ask)),
+            command(3, 2, Command::place(bid(renter_account, 1))),
+            command(20, 2, Command::place(bid(other_account, 1))),
         ])
         .expect("commits");
     let lease_of = |sequencer: &Sequencer, account| sequencer.market.engine().leases_of(account, None, 10).0[0].lease;
@@ -824,7 +859,7 @@ fn open_orders_page_by_a_cursor_while_orders_close() {
     for batch in 0..9u64 {
         let bids = (batch * 50..(batch + 1) * 50).map(|n| {
             let bid = NewOrder::limit(renter_account, 1_000 + n, InstrumentId(0), Side::Buy, 1_000_000 + n * 1_000, 1);
-            command(3, 10 + n, Command::PlaceOrder(bid))
+            command(3, 10 + n, Command::place(bid))
         });
         sequencer.process(bids.collect()).expect("commits");
         renter.received();

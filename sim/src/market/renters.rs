@@ -108,7 +108,12 @@ impl Sim {
         if let Some(nodes) = cluster_nodes {
             let regions = renter_region.map(|r| vec![population::REGIONS[r as usize].name.to_string()]).unwrap_or_default();
             let options = OrderOptions::default();
-            if !self.place_command(Command::PlaceClusterOrder { order, options, regions, nodes, min_fabric_gbps: 0 }) {
+            if !self.place_command(Command::Place {
+                order,
+                options,
+                regions,
+                cluster: Some(gpux_engine::ClusterTerms { nodes, min_fabric_gbps: 0 }),
+            }) {
                 self.metrics.cluster_bids.unfilled += 1;
             }
             return;
@@ -128,7 +133,7 @@ impl Sim {
                     options
                 });
                 let regions = vec![population::REGIONS[region as usize].name.to_string()];
-                self.place_command(Command::PlaceOrderInRegions { order, options, regions })
+                self.place_command(Command::Place { order, options, regions, cluster: None })
             }
         };
         if !placed {
@@ -235,7 +240,7 @@ impl Sim {
         self.record_renter_cheat("withdrawal of held funds", &events);
         let class_index = self.population.renters[index as usize].class_index;
         let order = NewOrder::limit(account, u64::MAX - index as u64, InstrumentId(class_index as u32 * 2), Side::Buy, 90_000_000, 64);
-        let events = self.submit(Command::PlaceOrder(order));
+        let events = self.submit(Command::place(order));
         self.record_renter_cheat("bid beyond its funds", &events);
     }
 

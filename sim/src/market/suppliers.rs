@@ -62,7 +62,7 @@ impl Sim {
                 let mut order = NewOrder::limit(account, id, instrument, Side::Sell, price, quantity);
                 order.supply = Some(GpuSet { host, gpu_mask: free_mask });
                 if grouped {
-                    let events = self.submit(Command::PlaceOrder(order));
+                    let events = self.submit(Command::place(order));
                     self.count_rejection(&events);
                     self.suppliers[i].asks.extend(events.iter().filter_map(|e| match e.kind {
                         EventKind::OrderAccepted { order, .. } => Some(order),
@@ -115,19 +115,27 @@ impl Sim {
                 address: format!("10.{}.{}.{}", (index >> 16) & 0xff, (index >> 8) & 0xff, index & 0xff),
                 port_base: 29_500,
             };
-            return Command::RegisterGpuOnFabric { account, host, gpu_uuid, spec, region, zone: "dc".into(), fabric: Box::new(fabric) };
+            return Command::Register {
+                account,
+                host,
+                gpu_uuid,
+                spec,
+                region: Some(region),
+                zone: "dc".into(),
+                fabric: Some(Box::new(fabric)),
+            };
         }
         match supplier.region {
-            None => Command::RegisterGpu { account, host, gpu_uuid, spec },
+            None => Command::Register { account, host, gpu_uuid, spec, region: None, zone: String::new(), fabric: None },
             Some(region) => {
                 let region = population::REGIONS[region as usize].name.to_string();
-                Command::RegisterGpuInRegion { account, host, gpu_uuid, spec, region, zone: String::new() }
+                Command::Register { account, host, gpu_uuid, spec, region: Some(region), zone: String::new(), fabric: None }
             }
         }
     }
 
     pub(super) fn place(&mut self, order: NewOrder) -> bool {
-        let events = self.submit(Command::PlaceOrder(order));
+        let events = self.submit(Command::place(order));
         for event in &events {
             if let EventKind::Rejected { code, .. } = event.kind {
                 *self.metrics.orders_rejected.entry(format!("{code:?}")).or_default() += 1;
@@ -139,7 +147,7 @@ impl Sim {
 
     /// Places an order with options beyond a plain one (`place` otherwise).
     pub(super) fn place_with(&mut self, order: NewOrder, options: OrderOptions) -> bool {
-        self.place_command(Command::PlaceOrderWith { order, options })
+        self.place_command(Command::Place { order, options, regions: Vec::new(), cluster: None })
     }
 
     /// Places an order command and counts its rejection, if any.
@@ -201,7 +209,7 @@ impl Sim {
         let id = self.next_supplier_order_id(i);
         let mut order = NewOrder::limit(account, id, window.instrument, Side::Sell, 1_000_000, leased_mask.count_ones());
         order.supply = Some(GpuSet { host, gpu_mask: leased_mask });
-        let events = self.submit(Command::PlaceOrder(order));
+        let events = self.submit(Command::place(order));
         // Offering a GPU whose lease ends before the window is legitimate;
         // only an open-ended lease makes this a double sale.
         let open_ended = self.suppliers[i].gpus.iter().any(|gpu| {
