@@ -20,7 +20,7 @@ impl Sequencer {
     pub(super) fn permitted(&mut self, request: &Request) -> bool {
         let Some(scope) = request.scope() else { return true };
         let connection = request.connection();
-        let Some(key) = self.connections.get(&connection).and_then(|c| c.key) else {
+        let Some(key) = self.sessions.get(connection).and_then(|c| c.key) else {
             // Only a public request comes before a login (`Body::is_public`;
             // the gateways hold to it, and this holds a link to it).
             self.reply(connection, error(request.id(), ErrorCode::NotAuthenticated));
@@ -50,21 +50,17 @@ impl Sequencer {
         self.pending.push((Target::Connection(connection), Pending::Control(Outgoing::Close(code))));
     }
 
-    /// Sessions whose key expired by now are closed (`key_expired`).
     /// Whether a session's key expires by now (closing it changes who
     /// receives what: the batch in flight is released first).
     pub(super) fn sessions_due(&self) -> bool {
-        self.sessions_expiring.first().is_some_and(|(at_ms, _)| *at_ms <= self.clock.now_ms())
+        self.sessions.expiry_due(self.clock.now_ms())
     }
 
+    /// Sessions whose key expired by now are closed (`key_expired`).
     pub(super) fn expire_sessions(&mut self) {
         let now = self.market.clock_ms();
-        while let Some(&(at_ms, connection)) = self.sessions_expiring.first() {
-            if at_ms > now {
-                break;
-            }
-            self.sessions_expiring.pop_first();
-            if self.connections.contains_key(&connection) {
+        while let Some(connection) = self.sessions.take_expired(now) {
+            if self.sessions.contains(connection) {
                 self.close_session(connection, None, ErrorCode::KeyExpired);
             }
         }
@@ -127,7 +123,7 @@ impl Sequencer {
                     return self.reply(connection, error(Some(id), code));
                 }
                 // The adding key is journaled: the new key is revoked with it.
-                let entry = match self.connections.get(&connection).and_then(|c| c.key) {
+                let entry = match self.sessions.get(connection).and_then(|c| c.key) {
                     Some(by_key) => {
                         JournalEntry::AddKeyBy { at_ms, by: account, by_key, account: target, public_key, scopes, expires_at_ms, label }
                     }
@@ -154,13 +150,7 @@ impl Sequencer {
                 self.reply(connection, ServerMessage::KeyRevoked { id, journal_seq, public_key: hex::encode(public_key) });
                 // Every open session of those keys ends now (after this
                 // batch's commit, like everything else the batch sends).
-                let sessions: Vec<ConnectionId> = self
-                    .connections
-                    .iter()
-                    .filter(|(_, c)| c.key.is_some_and(|key| revoked.contains(&key)))
-                    .map(|(&connection, _)| connection)
-                    .collect();
-                for session in sessions {
+                for session in self.sessions.logged_in_with(|key| revoked.contains(key)) {
                     self.close_session(session, None, ErrorCode::KeyRevoked);
                 }
             }
@@ -214,7 +204,7 @@ impl Sequencer {
             }
         }
         let parent = engine.parent_of(target);
-        let (Some(desk), Some(outbound)) = (&self.invoices, self.connections.get(&connection).map(|c| c.outbound.clone())) else {
+        let (Some(desk), Some(outbound)) = (&self.invoices, self.sessions.get(connection).map(|c| c.outbound.clone())) else {
             return self.reply(connection, error(Some(id), ErrorCode::InvoiceUnavailable));
         };
         let job = crate::invoices::Job { outbound, id, account: target, parent, period, bounds, offset, hot_leases, only_leases: None };
@@ -233,13 +223,13 @@ impl Sequencer {
 
     /// When the key a connection logged in with expires (`None`: never).
     fn session_expiry(&self, connection: ConnectionId) -> Option<u64> {
-        let key = self.connections.get(&connection).and_then(|c| c.key);
+        let key = self.sessions.get(connection).and_then(|c| c.key);
         key.and_then(|key| self.market.keys().access(&key, self.market.clock_ms()).ok().flatten()).and_then(|access| access.expires_at_ms)
     }
 
     /// The scopes of the key a connection logged in with.
     fn session_scopes(&self, connection: ConnectionId) -> gpux_protocol::Scopes {
-        let key = self.connections.get(&connection).and_then(|c| c.key);
+        let key = self.sessions.get(connection).and_then(|c| c.key);
         key.and_then(|key| self.market.keys().access(&key, self.market.clock_ms()).ok().flatten())
             .map_or(gpux_protocol::Scopes::NONE, |access| access.scopes)
     }

@@ -99,7 +99,7 @@ impl Sequencer {
                 }
                 _ => continue,
             };
-            let connected = self.connections_of.get(&target.owner).is_some_and(|c| !c.is_empty());
+            let connected = self.sessions.is_present(target.owner);
             if !target.idle || !connected || self.market.challenges().in_flight(gpu) {
                 continue;
             }

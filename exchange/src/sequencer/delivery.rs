@@ -152,7 +152,7 @@ impl Sequencer {
         let Some(info) = self.market.engine().lease(lease).filter(|l| l.renter == account) else {
             return Some(error(Some(id), ErrorCode::UnknownLease));
         };
-        let host_connected = self.connections_of.get(&info.supplier).is_some_and(|c| !c.is_empty());
+        let host_connected = self.sessions.is_present(info.supplier);
         if !host_connected {
             return Some(error(Some(id), ErrorCode::HostUnreachable));
         }

@@ -189,7 +189,7 @@ impl Sequencer {
             }
         }
         let bounds = (info.submitted_at_ms, self.market.clock_ms() + 1);
-        let (Some(desk), Some(outbound)) = (&self.invoices, self.connections.get(&connection).map(|c| c.outbound.clone())) else {
+        let (Some(desk), Some(outbound)) = (&self.invoices, self.sessions.get(connection).map(|c| c.outbound.clone())) else {
             return Some(error(Some(id), ErrorCode::InvoiceUnavailable));
         };
         let parent = engine.parent_of(account);

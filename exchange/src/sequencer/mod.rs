@@ -30,16 +30,18 @@
 mod access;
 mod challenges;
 mod delivery;
+mod fanout;
 mod jobs;
 mod liveness;
 mod opening;
 mod queries;
 mod recovery;
+mod session_table;
 mod sessions;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -47,12 +49,10 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use gpux_engine::{AccountId, Command, EventKind, Input, InstrumentId, LeaseId, OrderId};
 use gpux_market::{Applied, Audience, JournalEntry, MarketError, MarketState};
 use gpux_protocol::{Channel, ErrorCode, ServerMessage};
-use tokio::sync::broadcast;
 
 use crate::metrics::Metrics;
 use crate::snapshots::SnapshotWriter;
-use gpux_gateway::link::{Body, Clock, ConnectionId, LinkSender, Outbound, Outgoing, QueueError, Request, SharedFrame};
-use gpux_gateway::wire::Down;
+use gpux_gateway::link::{Body, Clock, ConnectionId, Outgoing, QueueError, Request, SharedFrame};
 use gpux_journal::JournalStore;
 
 pub use challenges::CHALLENGE_INTERVAL_MS_DEFAULT;
@@ -93,24 +93,6 @@ struct LogsWait {
     deadline_ms: u64,
 }
 
-struct Connection {
-    outbound: Outbound,
-    account: Option<AccountId>,
-    subscriptions: BTreeSet<(Channel, InstrumentId)>,
-    /// Cancel the orders this session placed when it ends, and the
-    /// account's others too when it was the account's last session.
-    cancel_on_disconnect: bool,
-    /// With `cancel_on_disconnect`: the orders this session placed (some
-    /// may have closed since; pruned to the live ones when it holds twice
-    /// the account's order limit).
-    orders: BTreeSet<gpux_engine::OrderId>,
-    /// The key it logged in with, and when that key expires.
-    key: Option<[u8; 32]>,
-    key_expires_at_ms: Option<u64>,
-    /// A WebSocket session (the account's presence), not one REST request's.
-    presence: bool,
-}
-
 pub struct Sequencer {
     market: MarketState,
     /// The journal, shared with the journal thread that commits batches.
@@ -135,15 +117,10 @@ pub struct Sequencer {
     pending: Vec<(Target, Pending)>,
     /// The first broken invariant of this batch: nothing of it is released.
     fatal: Option<SequencerError>,
-    connections: BTreeMap<ConnectionId, Connection>,
-    connections_of: HashMap<AccountId, BTreeSet<ConnectionId>>,
-    /// Market-data feeds with at least one subscription so far.
-    feeds: HashMap<(Channel, InstrumentId), broadcast::Sender<Arc<SharedFrame>>>,
-    /// Remote gateways' links subscribed to each feed, with the connections
-    /// that subscribed through each: every update goes once down each link.
-    link_feeds: HashMap<(Channel, InstrumentId), BTreeMap<u64, LinkSubscribers>>,
-    /// Frames each feed buffers for its slowest subscriber.
-    feed_frames_max: usize,
+    /// Open connections, the accounts' present sessions, key expiries.
+    sessions: session_table::Sessions,
+    /// Market data's feeds, local and down remote gateways' links.
+    fanout: fanout::FanOut,
     metrics: Arc<Metrics>,
     depth_refreshed_ms: u64,
     /// The snapshot replica, fed every committed batch.
@@ -152,8 +129,6 @@ pub struct Sequencer {
     next_logs_request: u64,
     /// When each GPU is next challenged.
     challenges: challenges::Schedule,
-    /// Sessions whose key expires, by when.
-    sessions_expiring: BTreeSet<(u64, ConnectionId)>,
     /// The invoices' worker (none in the sequencer's own tests).
     invoices: Option<crate::invoices::InvoiceDesk>,
     /// Who may open an account, and the counts per address.
@@ -233,9 +208,6 @@ fn lock(journal: &Mutex<Box<dyn JournalStore>>) -> MutexGuard<'_, Box<dyn Journa
     journal.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// A remote gateway's link and its connections subscribed to one feed.
-type LinkSubscribers = (LinkSender, BTreeSet<ConnectionId>);
-
 enum Target {
     Connection(ConnectionId),
     Account(AccountId),
@@ -270,7 +242,7 @@ impl Sequencer {
 
     /// Sets how many frames each market-data feed buffers (`--feed-frames-max`).
     pub fn set_feed_frames_max(&mut self, frames: usize) {
-        self.feed_frames_max = frames.max(1);
+        self.fanout.set_frames_max(frames);
     }
 
     /// Serves requests until every sender is gone (the gateway shut down),
@@ -544,7 +516,7 @@ impl Sequencer {
     /// frames for its account queued since `from`) do, before its answer
     /// (docs/rest.md "Writes").
     fn echo_own_events(&mut self, connection: ConnectionId, from: usize) {
-        let Some(state) = self.connections.get(&connection) else { return };
+        let Some(state) = self.sessions.get(connection) else { return };
         let Some(account) = state.account.filter(|_| !state.presence) else { return };
         let own: Vec<std::sync::Arc<SharedFrame>> = self.pending[from..]
             .iter()
@@ -604,7 +576,7 @@ impl Sequencer {
 
     /// The account a connection logged in as.
     fn account(&self, connection: ConnectionId) -> Option<AccountId> {
-        self.connections.get(&connection).and_then(|c| c.account)
+        self.sessions.get(connection).and_then(|c| c.account)
     }
 
     fn reply(&mut self, connection: ConnectionId, message: ServerMessage) {
@@ -637,32 +609,18 @@ impl Sequencer {
                 (Target::Connection(connection), Pending::Frame(frame)) => self.send(connection, Outgoing::Frame(frame)),
                 (Target::Connection(connection), Pending::Control(control)) => self.send(connection, control),
                 (Target::Account(account), Pending::Frame(frame)) => {
-                    let connections: Vec<ConnectionId> =
-                        self.connections_of.get(&account).map(|set| set.iter().copied().collect()).unwrap_or_default();
-                    for connection in connections {
+                    for connection in self.sessions.of(account) {
                         self.send(connection, Outgoing::Frame(frame.clone()));
                     }
                 }
-                (Target::Feed(channel, instrument), Pending::Frame(frame)) => {
-                    if let Some(links) = self.link_feeds.get(&(channel, instrument)) {
-                        for (link, _) in links.values() {
-                            // A full link is closed by its server (the
-                            // gateway reconnects); nothing to do here.
-                            let _ = link.try_send(Down::Feed { channel, instrument, message: frame.message().clone() });
-                        }
-                    }
-                    if let Some(feed) = self.feeds.get(&(channel, instrument)) {
-                        // No receiver left is fine: nobody is subscribed now.
-                        let _ = feed.send(frame);
-                    }
-                }
+                (Target::Feed(channel, instrument), Pending::Frame(frame)) => self.fanout.publish((channel, instrument), frame),
                 (_, Pending::Control(_)) => unreachable!("controls go to one connection"),
             }
         }
     }
 
     fn send(&mut self, connection: ConnectionId, outgoing: Outgoing) {
-        let Some(state) = self.connections.get(&connection) else { return };
+        let Some(state) = self.sessions.get(connection) else { return };
         // Private frames are never dropped: a connection that cannot take
         // one more is closed instead (the gateway counts it).
         if let Err(QueueError::Full) = state.outbound.frames.try_send(outgoing) {

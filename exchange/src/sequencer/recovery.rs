@@ -2,7 +2,7 @@
 //! replayed through the same `MarketState::apply` the live sequencer uses;
 //! and the snapshots the sequencer takes while it runs.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use gpux_engine::Command;
@@ -95,17 +95,13 @@ impl Sequencer {
             archived,
             pending: Vec::new(),
             fatal: None,
-            connections: BTreeMap::new(),
-            connections_of: HashMap::new(),
-            feeds: HashMap::new(),
-            link_feeds: HashMap::new(),
-            feed_frames_max: FEED_FRAMES_MAX,
+            sessions: super::session_table::Sessions::default(),
+            fanout: super::fanout::FanOut::new(FEED_FRAMES_MAX),
             metrics,
             depth_refreshed_ms: 0,
             snapshots: snapshot_writer,
             logs_pending: BTreeMap::new(),
             next_logs_request: 1,
-            sessions_expiring: BTreeSet::new(),
             invoices: None,
             challenges: Default::default(),
             openings: Default::default(),

@@ -2,15 +2,13 @@
 //! logged in as (opening one on a first login), market-data subscriptions,
 //! and what a disconnect cancels.
 
-use std::collections::BTreeSet;
-
 use gpux_engine::{AccountId, Command, EventKind, Input, InstrumentId, Role};
 use gpux_market::keys::KeyRefusal;
 use gpux_market::JournalEntry;
 use gpux_protocol::{Channel, ErrorCode, ServerMessage};
-use tokio::sync::broadcast;
 
-use super::{error, opening, Connection, Pending, Sequencer, Target, SUBSCRIPTIONS_PER_CONNECTION_MAX};
+use super::session_table::Bound;
+use super::{error, opening, Pending, Sequencer, Target, SUBSCRIPTIONS_PER_CONNECTION_MAX};
 use gpux_gateway::link::{ConnectionId, LoginOutcome, Outbound, Outgoing};
 
 /// A login the gateway verified (`Request::Authenticate`).
@@ -26,7 +24,7 @@ pub(super) struct Login {
 impl Sequencer {
     /// Notes an order a `cancel_on_disconnect` session placed.
     pub(super) fn remember_session_order(&mut self, connection: ConnectionId, order: gpux_engine::OrderId) {
-        let Some(state) = self.connections.get_mut(&connection).filter(|c| c.cancel_on_disconnect) else { return };
+        let Some(state) = self.sessions.get_mut(connection).filter(|c| c.cancel_on_disconnect) else { return };
         state.orders.insert(order);
         let bound = 2 * self.market.engine().config().orders_per_account_max as usize;
         if state.orders.len() > bound {
@@ -36,17 +34,7 @@ impl Sequencer {
     }
 
     pub(super) fn connect(&mut self, connection: ConnectionId, outbound: Outbound) {
-        let state = Connection {
-            outbound,
-            account: None,
-            subscriptions: BTreeSet::new(),
-            cancel_on_disconnect: false,
-            orders: BTreeSet::new(),
-            key: None,
-            key_expires_at_ms: None,
-            presence: false,
-        };
-        self.connections.insert(connection, state);
+        self.sessions.open(connection, outbound);
     }
 
     /// The gateway verified the signature over the challenge: bind the key
@@ -90,19 +78,8 @@ impl Sequencer {
             (None, None) => return refuse(self, "no_account", ErrorCode::AuthFailed),
         };
         let role = self.market.engine().role(account).expect("bound accounts exist");
-        if let Some(state) = self.connections.get_mut(&connection) {
-            state.account = Some(account);
-            state.cancel_on_disconnect = cancel_on_disconnect && presence;
-            state.key = Some(public_key);
-            state.key_expires_at_ms = key_expires_at_ms;
-            state.presence = presence;
-            if presence {
-                self.connections_of.entry(account).or_default().insert(connection);
-            }
-            if let Some(at_ms) = key_expires_at_ms {
-                self.sessions_expiring.insert((at_ms, connection));
-            }
-        }
+        let bound = Bound { account, key: public_key, key_expires_at_ms, cancel_on_disconnect, presence };
+        self.sessions.log_in(connection, bound);
         let accepted = Outgoing::Login(LoginOutcome::Accepted { account, role });
         self.pending.push((Target::Connection(connection), Pending::Control(accepted)));
         self.reply(connection, ServerMessage::Authenticated { id, account, role });
@@ -124,7 +101,7 @@ impl Sequencer {
             self.reply(connection, error(Some(id), ErrorCode::UnknownInstrument));
             return;
         }
-        let Some(state) = self.connections.get_mut(&connection) else { return };
+        let Some(state) = self.sessions.get_mut(connection) else { return };
         if state.subscriptions.len() >= SUBSCRIPTIONS_PER_CONNECTION_MAX && !state.subscriptions.contains(&(channel, instrument)) {
             self.reply(connection, error(Some(id), ErrorCode::TooManySubscriptions));
             return;
@@ -140,7 +117,7 @@ impl Sequencer {
     }
 
     pub(super) fn unsubscribe(&mut self, connection: ConnectionId, id: u64, channel: Channel, instrument: InstrumentId) {
-        let removed = self.connections.get_mut(&connection).is_some_and(|c| c.subscriptions.remove(&(channel, instrument)));
+        let removed = self.sessions.get_mut(connection).is_some_and(|c| c.subscriptions.remove(&(channel, instrument)));
         if removed {
             self.leave_link_feed(connection, channel, instrument);
             self.reply(connection, ServerMessage::Unsubscribed { id, channel, instrument });
@@ -177,12 +154,8 @@ impl Sequencer {
         // A remote gateway's connection: its link carries the feed (once
         // for all of the gateway's subscribers), from this point of the
         // sequencer's order on.
-        if let Some(link) = self.connections.get(&connection).and_then(|c| c.outbound.frames.link()).cloned() {
-            let links = self.link_feeds.entry((channel, instrument)).or_default();
-            links.entry(link.id).or_insert_with(|| (link, BTreeSet::new())).1.insert(connection);
-        }
-        let capacity = self.feed_frames_max;
-        let feed = self.feeds.entry((channel, instrument)).or_insert_with(|| broadcast::channel(capacity).0).subscribe();
+        let link = self.sessions.get(connection).and_then(|c| c.outbound.frames.link());
+        let feed = self.fanout.join((channel, instrument), connection, link);
         self.pending.push((Target::Connection(connection), Pending::Control(Outgoing::FeedStart { channel, instrument, feed })));
     }
 
@@ -190,7 +163,7 @@ impl Sequencer {
     /// into one fresh snapshot (levels by price, the current seq), then the
     /// feed resumes from there; trades resume with a gap in `seq`.
     pub(super) fn resync(&mut self, connection: ConnectionId, channel: Channel, instrument: InstrumentId) {
-        let subscribed = self.connections.get(&connection).is_some_and(|state| state.subscriptions.contains(&(channel, instrument)));
+        let subscribed = self.sessions.get(connection).is_some_and(|state| state.subscriptions.contains(&(channel, instrument)));
         if !subscribed {
             return;
         }
@@ -204,37 +177,18 @@ impl Sequencer {
     /// A remote gateway's connection left a feed: the link stops carrying
     /// it once none of the gateway's connections is subscribed.
     fn leave_link_feed(&mut self, connection: ConnectionId, channel: Channel, instrument: InstrumentId) {
-        let Some(link) = self.connections.get(&connection).and_then(|c| c.outbound.frames.link()).map(|l| l.id) else { return };
-        let Some(links) = self.link_feeds.get_mut(&(channel, instrument)) else { return };
-        if let Some((_, subscribers)) = links.get_mut(&link) {
-            subscribers.remove(&connection);
-            if subscribers.is_empty() {
-                links.remove(&link);
-            }
-        }
-        if links.is_empty() {
-            self.link_feeds.remove(&(channel, instrument));
-        }
+        let Some(link) = self.sessions.get(connection).and_then(|c| c.outbound.frames.link()).map(|l| l.id) else { return };
+        self.fanout.leave_link((channel, instrument), connection, link);
     }
 
     pub(super) fn disconnect(&mut self, connection: ConnectionId, exchange_stopping: bool) {
         let feeds: Vec<(Channel, InstrumentId)> =
-            self.connections.get(&connection).map(|c| c.subscriptions.iter().copied().collect()).unwrap_or_default();
+            self.sessions.get(connection).map(|c| c.subscriptions.iter().copied().collect()).unwrap_or_default();
         for (channel, instrument) in feeds {
             self.leave_link_feed(connection, channel, instrument);
         }
-        let Some(state) = self.connections.remove(&connection) else { return };
-        if let Some(at_ms) = state.key_expires_at_ms {
-            self.sessions_expiring.remove(&(at_ms, connection));
-        }
+        let Some((state, last)) = self.sessions.close(connection) else { return };
         let Some(account) = state.account.filter(|_| state.presence) else { return };
-        let last = match self.connections_of.get_mut(&account) {
-            Some(set) => {
-                set.remove(&connection);
-                set.is_empty()
-            }
-            None => true,
-        };
         if state.cancel_on_disconnect && last {
             // Journaled like any command, so replay cancels the same orders.
             self.apply_command(None, 0, Command::MassCancel { account, instrument: None });
