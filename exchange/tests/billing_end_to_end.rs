@@ -139,7 +139,7 @@ async fn balance(client: &mut Client, leases: &mut Feed) -> (u64, u64, u64, u64)
 }
 
 /// Every lease of the client's account (the `leases` request, all pages).
-async fn my_leases(client: &mut Client, feed: &mut Feed) -> Vec<LeaseInfo> {
+async fn my_leases(client: &mut Client, feed: &mut Feed) -> Vec<gpux_protocol::views::Lease> {
     let mut all = Vec::new();
     let mut after = None;
     loop {

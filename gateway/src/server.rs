@@ -932,7 +932,9 @@ pub(crate) fn request_of(caller: &Caller, message: ClientMessage, verified: Opti
         ClientMessage::Stats { instrument, .. } => Body::Stats { instrument },
         ClientMessage::SupplierStats { supplier, .. } => Body::SupplierStats { supplier },
         ClientMessage::RenterStats { renter, .. } => Body::RenterStats { renter },
-        ClientMessage::BookOffers { instrument, offset, after, .. } => Body::BookOffers { instrument, offset, after },
+        ClientMessage::BookOffers { instrument, offset, after, .. } => {
+            Body::BookOffers { instrument, offset, after: after.map(Into::into) }
+        }
         ClientMessage::MyGpus { offset, .. } => Body::MyGpus { offset },
         ClientMessage::UsageReport { report, .. } => {
             // Verified in the gateway (the verifier pool, else here) under

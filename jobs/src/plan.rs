@@ -5,7 +5,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpux_engine::{ContractKind, EngineConfig, InstrumentId, InstrumentInfo, InstrumentState, Vendor};
+use gpux_engine::{ContractKind, EngineConfig, InstrumentId, InstrumentState, Vendor};
+use gpux_protocol::views::{Instrument, Offer};
 use rust_decimal::Decimal;
 
 use crate::spec::{ContractChoice, JobSpec, MemoryNeed, Mode};
@@ -62,7 +63,7 @@ pub type Asks = Vec<(u64, u32)>;
 /// `min_fabric_gbps` and the class's `class_min_gbps`, grouped by fabric
 /// group (supplier, zone, name); the first group to reach `nodes` members.
 /// None while no group can.
-pub fn usable_asks(spec: &JobSpec, offers: &[gpux_engine::OfferInfo], class_min_gbps: u32) -> Asks {
+pub fn usable_asks(spec: &JobSpec, offers: &[Offer], class_min_gbps: u32) -> Asks {
     if spec.nodes > 1 {
         return cluster_asks(spec, offers, spec.min_fabric_gbps.max(class_min_gbps));
     }
@@ -81,7 +82,7 @@ pub fn usable_asks(spec: &JobSpec, offers: &[gpux_engine::OfferInfo], class_min_
 /// the same to its bids): an unrated seller fails a minimum score, a region
 /// excludes hosts elsewhere or in none, and an offer with no GPU the job
 /// may buy is none.
-fn passes_filters(spec: &JobSpec, offer: &gpux_engine::OfferInfo) -> bool {
+fn passes_filters(spec: &JobSpec, offer: &Offer) -> bool {
     if spec.min_score_bps > 0 && offer.supplier_score_bps.is_none_or(|score| score < spec.min_score_bps) {
         return false;
     }
@@ -94,7 +95,7 @@ fn passes_filters(spec: &JobSpec, offer: &gpux_engine::OfferInfo) -> bool {
 
 /// The members of the cluster the exchange would fill now (see
 /// [`usable_asks`]), each as `(its price, gpus_per_node)`.
-fn cluster_asks(spec: &JobSpec, offers: &[gpux_engine::OfferInfo], min_gbps: u32) -> Asks {
+fn cluster_asks(spec: &JobSpec, offers: &[Offer], min_gbps: u32) -> Asks {
     let nodes = spec.nodes as usize;
     let mut groups: BTreeMap<(gpux_engine::AccountId, String, String), Vec<(gpux_engine::HostId, u64)>> = BTreeMap::new();
     for offer in offers.iter().filter(|offer| passes_filters(spec, offer)) {
@@ -122,7 +123,7 @@ fn cluster_asks(spec: &JobSpec, offers: &[gpux_engine::OfferInfo], min_gbps: u32
 /// What the plan knows of the market now.
 pub struct Market<'a> {
     pub listing: &'a EngineConfig,
-    pub instruments: &'a [InstrumentInfo],
+    pub instruments: &'a [Instrument],
     pub asks: &'a BTreeMap<InstrumentId, Asks>,
 }
 
@@ -322,7 +323,7 @@ mod tests {
 
     #[test]
     fn offers_the_job_may_not_buy_are_left_out() {
-        let offer = |price, quantity, verified, score: Option<u32>, region: Option<&str>| gpux_engine::OfferInfo {
+        let offer = |price, quantity, verified, score: Option<u32>, region: Option<&str>| Offer {
             price_minor_per_gpu_hour: price,
             quantity,
             supplier: gpux_engine::AccountId(1),
@@ -347,7 +348,7 @@ mod tests {
     /// one ask per host of one fabric group, bandwidth counted as measured.
     #[test]
     fn a_cluster_job_prices_the_first_fabric_group_to_complete_in_price_order() {
-        let offer = |price, host: u32, supplier: u32, fabric: Option<(&str, u32, Option<u64>)>| gpux_engine::OfferInfo {
+        let offer = |price, host: u32, supplier: u32, fabric: Option<(&str, u32, Option<u64>)>| Offer {
             price_minor_per_gpu_hour: price,
             quantity: 8,
             supplier: gpux_engine::AccountId(supplier),
@@ -355,12 +356,12 @@ mod tests {
             gpus_verified: 8,
             supplier_score_bps: Some(9_900),
             region: Some("us-east".into()),
-            fabric: fabric.map(|(name, gbps, measured)| gpux_engine::FabricInfo {
+            fabric: fabric.map(|(name, gbps, measured)| gpux_protocol::views::Fabric {
                 name: name.into(),
                 zone: "z1".into(),
                 gbps,
                 hosts: 4,
-                probe: measured.map(|mbps| gpux_engine::FabricProbe {
+                probe: measured.map(|mbps| gpux_protocol::views::FabricProbe {
                     at_ms: 1,
                     lease: gpux_engine::LeaseId(1),
                     ranks: 2,
@@ -395,7 +396,8 @@ mod tests {
     #[test]
     fn the_cheapest_book_that_meets_memory_gpus_and_limits_wins_and_each_loser_says_why() {
         let listing = EngineConfig::demo();
-        let instruments: Vec<InstrumentInfo> = gpux_engine::Engine::new(listing.clone()).expect("demo").instruments();
+        let instruments: Vec<Instrument> =
+            gpux_protocol::views::of(&gpux_engine::Engine::new(listing.clone()).expect("demo").instruments());
         let find = |symbol: &str| instruments.iter().find(|i| i.symbol == symbol).unwrap_or_else(|| panic!("{symbol} listed")).instrument;
         let (h100, h100_pre, a100) = (find("H100-SXM-80G/SPOT"), find("H100-SXM-80G/PREEMPT"), find("A100-80G/SPOT"));
         let mut asks = BTreeMap::new();

@@ -880,7 +880,7 @@ fn the_listed_instruments_keep_the_calendars_size_and_fit_a_frame() {
     let listed = market.engine().listed_instruments();
     assert!(listed.len() <= at_start + 8, "{} listed after 4 days, {at_start} at the start", listed.len());
     assert!(listed.iter().all(|i| i.state != InstrumentState::Expired));
-    let reply = gpux_protocol::encode_server_text(&ServerMessage::Instruments { id: 1, instruments: listed.clone() });
+    let reply = gpux_protocol::encode_server_text(&ServerMessage::Instruments { id: 1, instruments: gpux_protocol::views::of(&listed) });
     assert!(reply.len() < gpux_protocol::FRAME_BYTES_MAX, "{} bytes", reply.len());
 
     // Expired a day or less ago: still known; older: retired, once each.

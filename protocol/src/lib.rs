@@ -31,6 +31,7 @@ pub mod secret_file;
 mod signed;
 pub mod tls;
 pub mod usage;
+pub mod views;
 
 pub use access::{KeyInfo, Scope, Scopes};
 pub use codec::*;

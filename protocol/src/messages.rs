@@ -3,8 +3,8 @@
 //! to a request (ack, reject, error, snapshot, list) carries the same id.
 
 use gpux_engine::{
-    AccountId, AccountLimits, Event, GpuId, GpuInfo, GpuSet, GpuSpec, HostId, InstrumentId, InstrumentInfo, LeaseDuration, LeaseId,
-    OrderId, OrderInfo, OrderType, RejectCode, Role, SelfTradePrevention, Side, SpendLimits, SpendStatus, SubAccountInfo, TimeInForce,
+    AccountId, AccountLimits, Event, GpuId, GpuSet, GpuSpec, HostId, InstrumentId, LeaseDuration, LeaseId, OrderId, OrderType, RejectCode,
+    Role, SelfTradePrevention, Side, SpendLimits, TimeInForce,
 };
 
 use crate::access::{KeyInfo, Scopes};
@@ -392,7 +392,7 @@ pub enum ClientMessage {
         #[serde(default)]
         offset: u32,
         #[serde(default)]
-        after: Option<gpux_engine::OfferCursor>,
+        after: Option<crate::views::OfferCursor>,
     },
     /// A supplier's signed usage report of one GPU of one of its leases.
     UsageReport {
@@ -859,7 +859,7 @@ pub enum ServerMessage {
     },
     Instruments {
         id: u64,
-        instruments: Vec<InstrumentInfo>,
+        instruments: Vec<crate::views::Instrument>,
     },
     /// Trades of the last 24 hours: first, highest, lowest and last price
     /// (absent without trades), GPUs traded and number of trades.
@@ -878,7 +878,7 @@ pub enum ServerMessage {
     /// from `next_offset` while it is set.
     Gpus {
         id: u64,
-        gpus: Vec<GpuInfo>,
+        gpus: Vec<crate::views::Gpu>,
         #[serde(default)]
         next_offset: Option<u32>,
     },
@@ -911,10 +911,10 @@ pub enum ServerMessage {
     BookOffers {
         id: u64,
         instrument: InstrumentId,
-        offers: Vec<gpux_engine::OfferInfo>,
+        offers: Vec<crate::views::Offer>,
         next_offset: Option<u32>,
         #[serde(default)]
-        next_after: Option<gpux_engine::OfferCursor>,
+        next_after: Option<crate::views::OfferCursor>,
     },
     /// Available and held (open bids, lease and contract escrow) funds.
     Balance {
@@ -946,14 +946,14 @@ pub enum ServerMessage {
     /// id) is set when more may follow.
     Orders {
         id: u64,
-        orders: Vec<OrderInfo>,
+        orders: Vec<crate::views::Order>,
         next_after: Option<u64>,
     },
     /// At most `ORDERS_PAGE_MAX` leases; `next_after` (the last lease's
     /// id) is set when more may follow.
     Leases {
         id: u64,
-        leases: Vec<gpux_engine::LeaseInfo>,
+        leases: Vec<crate::views::Lease>,
         next_after: Option<u64>,
     },
     /// A lease's host encryption key and the host's identity key with its
@@ -1042,7 +1042,7 @@ pub enum ServerMessage {
     /// `next_offset` while it is set.
     SubAccounts {
         id: u64,
-        sub_accounts: Vec<SubAccountInfo>,
+        sub_accounts: Vec<crate::views::SubAccount>,
         #[serde(default)]
         next_offset: Option<u32>,
     },
@@ -1084,7 +1084,7 @@ pub enum ServerMessage {
     /// Answer to `spend`: null when the account set no limits.
     Spend {
         id: u64,
-        spend: Option<SpendStatus>,
+        spend: Option<crate::views::Spend>,
     },
     /// Answer to `recent_statement`: at most `ORDERS_PAGE_MAX` lines, newest
     /// first; ask again with `before` = `next_before` while it is set.

@@ -75,7 +75,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::Statement { id: 18, after: Some(4) },
         ClientMessage::SupplierStats { id: 19, supplier: AccountId(1) },
         ClientMessage::RenterStats { id: 32, renter: AccountId(1) },
-        ClientMessage::BookOffers { id: 33, instrument: InstrumentId(0), offset: 0, after: Some(OfferCursor { price_minor_per_gpu_hour: 1_900_000, priority: 17 }) },
+        ClientMessage::BookOffers { id: 33, instrument: InstrumentId(0), offset: 0, after: Some(views::OfferCursor { price_minor_per_gpu_hour: 1_900_000, priority: 17 }) },
         ClientMessage::Ping { id: 19 },
         ClientMessage::Leases { id: 20, after: Some(100) },
         serde_json::from_str(r#"{"usage_report":{"id":21,"report":{"body":{"lease":17,"gpu_uuid":"GPU-1","seq":1,"start_ms":1796223720000,"end_ms":1796223730000,"available_ms":10000,"utilisation_percent":87,"memory_used_mib_max":61234,"unhealthy_samples":0,"prev_hash":"0000000000000000000000000000000000000000000000000000000000000000"},"signature":"00"}}}"#)
@@ -278,7 +278,7 @@ fn server_messages_round_trip_through_both_encodings() {
             ],
         },
         ServerMessage::Private { event, reason: Some("insufficient funds".into()) },
-        ServerMessage::Instruments { id: 1, instruments: Engine::new(EngineConfig::demo()).expect("valid").instruments() },
+        ServerMessage::Instruments { id: 1, instruments: views::of(&Engine::new(EngineConfig::demo()).expect("valid").instruments()) },
         ServerMessage::GpuChallenge { challenge: 4, gpu: GpuId(2), seed: "ef".repeat(32), n: 256, expires_at_ms: 1_796_223_720_000 },
         ServerMessage::GpuMemoryChallenge {
             challenge: 5,
@@ -334,9 +334,9 @@ fn server_messages_round_trip_through_both_encodings() {
         ServerMessage::BookOffers {
             id: 49,
             instrument: InstrumentId(0),
-            offers: [None, Some(FabricProbe { at_ms: 5, lease: LeaseId(3), ranks: 4, mbps: 40_265, borne_out: true })]
+            offers: [None, Some(views::FabricProbe { at_ms: 5, lease: LeaseId(3), ranks: 4, mbps: 40_265, borne_out: true })]
                 .into_iter()
-                .map(|probe| OfferInfo {
+                .map(|probe| views::Offer {
                     price_minor_per_gpu_hour: 1_900_000,
                     quantity: 8,
                     supplier: AccountId(1),
@@ -344,11 +344,11 @@ fn server_messages_round_trip_through_both_encodings() {
                     gpus_verified: 8,
                     supplier_score_bps: None,
                     region: Some("us-east".into()),
-                    fabric: Some(FabricInfo { name: "ib-pod-3".into(), zone: "z1".into(), gbps: 400, hosts: 4, probe }),
+                    fabric: Some(views::Fabric { name: "ib-pod-3".into(), zone: "z1".into(), gbps: 400, hosts: 4, probe }),
                 })
                 .collect(),
             next_offset: None,
-            next_after: Some(OfferCursor { price_minor_per_gpu_hour: 1_900_000, priority: 17 }),
+            next_after: Some(views::OfferCursor { price_minor_per_gpu_hour: 1_900_000, priority: 17 }),
         },
     ];
     for message in messages {
@@ -504,8 +504,8 @@ fn the_deepest_book_snapshot_fits_a_frame_in_both_encodings() {
 /// where the next page starts; a page of small items is left whole.
 #[test]
 fn a_page_of_big_items_is_cut_to_fit_a_frame() {
-    use gpux_engine::{AccountId, GpuId, LeaseId, LeaseInfo, LeaseKind};
-    let big = LeaseInfo {
+    use gpux_engine::{AccountId, GpuId, LeaseId, LeaseKind};
+    let big = views::Lease {
         lease: LeaseId(u64::MAX),
         kind: LeaseKind::Preemptible,
         renter: AccountId(u32::MAX),

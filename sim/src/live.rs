@@ -327,7 +327,7 @@ async fn reprice(
 }
 
 /// The account's active leases, every page.
-async fn active_leases(connection: &mut Connection) -> Result<Vec<gpux_engine::LeaseInfo>> {
+async fn active_leases(connection: &mut Connection) -> Result<Vec<gpux_protocol::views::Lease>> {
     let (mut active, mut after) = (Vec::new(), None);
     loop {
         let id = connection.new_id();

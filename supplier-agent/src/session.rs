@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use ed25519_dalek::SigningKey;
-use gpux_engine::{Event, EventKind, GpuInfo, GpuSet, HostId, InstrumentId, LeaseId, LeaseKind, OrderId, RejectCode, Role, Side};
+use gpux_engine::{Event, EventKind, GpuSet, HostId, InstrumentId, LeaseId, LeaseKind, OrderId, RejectCode, Role, Side};
 use gpux_protocol::*;
 
 pub use gpux_client::Connection;
@@ -37,7 +37,7 @@ use crate::reports::{Interval, ReportBook};
 
 /// What the agent knows about one of its GPUs.
 struct HostGpu {
-    info: GpuInfo,
+    info: gpux_protocol::views::Gpu,
     healthy: bool,
     /// The delivery hook failed for this GPU's lease: it counts as unavailable
     /// (reported so, hence not billed) until that lease ends.
@@ -726,7 +726,7 @@ impl Agent {
             }
         }
         let on_host: BTreeSet<&str> = inventory.iter().map(|g| g.uuid.as_str()).collect();
-        let registered: Vec<GpuInfo> = my_gpus(connection)
+        let registered: Vec<gpux_protocol::views::Gpu> = my_gpus(connection)
             .await?
             .into_iter()
             .filter(|info| info.host_name == self.config.host && on_host.contains(info.uuid.as_str()))
@@ -1545,7 +1545,7 @@ async fn withdraw_host_asks(connection: &mut Connection, host: gpux_engine::Host
     Ok(())
 }
 
-async fn my_gpus(connection: &mut Connection) -> Result<Vec<GpuInfo>> {
+async fn my_gpus(connection: &mut Connection) -> Result<Vec<gpux_protocol::views::Gpu>> {
     let mut all = Vec::new();
     let mut offset = 0;
     loop {
@@ -1621,7 +1621,7 @@ mod tests {
         let backend = Box::new(crate::fake::FakeBackend::new(host).expect("backend"));
         let mut agent = Agent::new(config, SigningKey::from_bytes(&[4; 32]), backend).expect("agent");
         agent.gpus.push(HostGpu {
-            info: GpuInfo {
+            info: gpux_protocol::views::Gpu {
                 gpu: gpux_engine::GpuId(0),
                 uuid: "GPU-a".into(),
                 host: gpux_engine::HostId(0),

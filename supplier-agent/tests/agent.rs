@@ -364,7 +364,7 @@ async fn reports_an_agent_kept_on_disk_through_a_kill_are_billed_after_the_grace
     let (unreported_ms, kept, _) = provisional;
     assert!(unreported_ms > 5_000 && unreported_ms <= ended_ms - start_ms, "{provisional:?}");
     assert_eq!(kept, (2_100_000u128 * unreported_ms as u128).div_ceil(3_600_000) as u64, "what the missing time could cost is kept");
-    let lease_info = |leases: Vec<gpux_engine::LeaseInfo>| leases.into_iter().find(|l| l.lease == lease).expect("the lease");
+    let lease_info = |leases: Vec<gpux_protocol::views::Lease>| leases.into_iter().find(|l| l.lease == lease).expect("the lease");
     let id = renter.new_id();
     let ServerMessage::Leases { leases, .. } = renter.request(ClientMessage::Leases { id, after: None }).await.expect("leases") else {
         panic!("leases")

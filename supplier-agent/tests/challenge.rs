@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use ed25519_dalek::SigningKey;
-use gpux_engine::{AccountId, ChallengeOutcome, GpuInfo, InstrumentId, Side, TimeInForce};
+use gpux_engine::{AccountId, ChallengeOutcome, InstrumentId, Side, TimeInForce};
 use gpux_protocol::*;
 use gpux_supplier_agent::session::Connection;
 
@@ -45,7 +45,7 @@ fn agent(dir: &std::path::Path, url: &str, name: &str, extra: &str) -> (Agent, S
 
 /// The supplier's GPU as the exchange shows it to its owner, once the
 /// agent logged in and registered it.
-async fn gpu_of(exchange: &Exchange, key: &SigningKey) -> Option<(AccountId, GpuInfo)> {
+async fn gpu_of(exchange: &Exchange, key: &SigningKey) -> Option<(AccountId, gpux_protocol::views::Gpu)> {
     let mut owner = Connection::open(&exchange.url, key, None).await.ok()?;
     let id = owner.new_id();
     let ServerMessage::Gpus { gpus, .. } = owner.request(ClientMessage::MyGpus { id, offset: 0 }).await.expect("gpus") else {
@@ -102,7 +102,7 @@ async fn challenges_verify_the_honest_gpu_and_catch_a_wrong_and_a_slow_one() {
         assert!(Instant::now() < deadline, "every GPU answered its challenges: {results:?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    let outcome = |gpu: &GpuInfo| gpu.challenge.map(|c| c.outcome);
+    let outcome = |gpu: &gpux_protocol::views::Gpu| gpu.challenge.map(|c| c.outcome);
     assert_eq!(outcome(&honest.1), Some(ChallengeOutcome::Passed), "{honest:?}");
     assert!(honest.1.verified && honest.1.classes == ["H100-SXM-80G"], "{honest:?}");
     assert!(honest.1.challenge.expect("challenged").mflops >= 10, "{honest:?}");

@@ -276,7 +276,7 @@ async fn a_restarted_agent_readopts_and_a_preempted_workload_gets_sigterm() {
     let _agent = spawn_agent(&config, &host);
     await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Running { .. })).await;
     assert_eq!(container_started_at(&socket, "delivery-2", lease), started_at, "adopted, not started again");
-    let verified = |info: &gpux_engine::LeaseInfo| info.verified_gpu_ms;
+    let verified = |info: &gpux_protocol::views::Lease| info.verified_gpu_ms;
     let before = lease_info(&mut renter, lease).await;
     tokio::time::sleep(Duration::from_millis(3_000)).await;
     assert!(verified(&lease_info(&mut renter, lease).await) > verified(&before), "billing goes on after the restart");
@@ -1003,7 +1003,7 @@ async fn one_stopping_lease_does_not_freeze_the_host() {
     assert!(asked.elapsed() >= Duration::from_secs(6), "the grace was given: {:?}", asked.elapsed());
 }
 
-async fn lease_info(renter: &mut Connection, lease: LeaseId) -> gpux_engine::LeaseInfo {
+async fn lease_info(renter: &mut Connection, lease: LeaseId) -> gpux_protocol::views::Lease {
     let id = renter.new_id();
     let ServerMessage::Leases { leases, .. } = renter.request(ClientMessage::Leases { id, after: None }).await.expect("leases") else {
         panic!("leases")

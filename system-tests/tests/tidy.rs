@@ -14,8 +14,8 @@ const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 /// crate depends only on crates of lower layers.
 const LAYERS: &[&[&str]] = &[
     &["gpux-engine"],
-    &["gpux-protocol", "gpux-jobs"],
-    &["gpux-settlement", "gpux-client", "gpux-gateway"],
+    &["gpux-protocol"],
+    &["gpux-settlement", "gpux-client", "gpux-gateway", "gpux-jobs"],
     &["gpux-market", "gpux-supplier-agent", "gpux-cli"],
     &["gpux-journal", "gpux-sim"],
     &["gpux-replica", "gpux-audit"],

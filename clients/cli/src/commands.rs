@@ -125,7 +125,7 @@ pub(crate) fn verified_meaning(class: &gpux_engine::ClassSpec) -> String {
 /// A host's fabric as `gpux asks` shows it: the group, its claim and what
 /// its last interconnect probe measured (docs/market-rules.md
 /// "Interconnect probe").
-fn fabric_text(fabric: &gpux_engine::FabricInfo) -> String {
+fn fabric_text(fabric: &gpux_protocol::views::Fabric) -> String {
     let probe = match &fabric.probe {
         None => "not probed yet".to_string(),
         Some(p) if p.borne_out => format!("probed {}.{} Gb/s over {} hosts", p.mbps / 1_000, p.mbps % 1_000 / 100, p.ranks),

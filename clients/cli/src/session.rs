@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use gpux_client::Connection;
-use gpux_engine::{InstrumentId, InstrumentInfo, Role};
+use gpux_engine::{InstrumentId, Role};
+use gpux_protocol::views::Instrument;
 use gpux_protocol::{ClientMessage, ServerMessage};
 use indicatif::ProgressBar;
 
@@ -16,7 +17,7 @@ use crate::{Failure, RoleArg};
 pub struct Session {
     pub connection: Connection,
     pub(crate) role: Option<Role>,
-    instruments: Option<Vec<InstrumentInfo>>,
+    instruments: Option<Vec<Instrument>>,
 }
 
 fn unreachable_exchange(url: &str, error: gpux_client::ClientError) -> Failure {
@@ -127,7 +128,7 @@ impl Session {
         }
     }
 
-    pub(crate) async fn instrument_list(&mut self) -> Result<&[InstrumentInfo], Failure> {
+    pub(crate) async fn instrument_list(&mut self) -> Result<&[Instrument], Failure> {
         if self.instruments.is_none() {
             let id = self.connection.new_id();
             let list = match self.ask(ClientMessage::Instruments { id }, false).await? {

@@ -7,6 +7,7 @@ use gpux_engine::{Command, EventKind, Input};
 use gpux_gateway::link::{AccessRequest, ConnectionId, Outgoing, Request};
 use gpux_market::keys::KeyRefusal;
 use gpux_market::JournalEntry;
+use gpux_protocol::views;
 use gpux_protocol::{ErrorCode, ServerMessage, ORDERS_PAGE_MAX};
 
 use super::{error, Pending, Sequencer, Target};
@@ -97,7 +98,7 @@ impl Sequencer {
                 gpux_protocol::fit_page(&mut sub_accounts);
                 let end = offset as usize + sub_accounts.len();
                 let next_offset = (end < engine.sub_account_count(account)).then_some(end as u32);
-                self.reply(connection, ServerMessage::SubAccounts { id, sub_accounts, next_offset });
+                self.reply(connection, ServerMessage::SubAccounts { id, sub_accounts: views::of(&sub_accounts), next_offset });
             }
             AccessRequest::AddKey { account: named, public_key, scopes, expires_at_ms, label } => {
                 let target = named.unwrap_or(account);
@@ -157,7 +158,7 @@ impl Sequencer {
             AccessRequest::Invoice { period, account: named, offset } => self.invoice(connection, id, account, named, period, offset),
             AccessRequest::Spend => {
                 let spend = self.market.engine().spend_status(account);
-                self.reply(connection, ServerMessage::Spend { id, spend });
+                self.reply(connection, ServerMessage::Spend { id, spend: spend.as_ref().map(views::Spend::from) });
             }
             AccessRequest::Keys { account: named } => {
                 let target = named.unwrap_or(account);

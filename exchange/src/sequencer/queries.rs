@@ -3,6 +3,7 @@
 //! market; pages fit a frame (`gpux_protocol::fit_page`).
 
 use gpux_engine::{AccountId, InstrumentId, LeaseId, OrderId};
+use gpux_protocol::views;
 use gpux_protocol::{ErrorCode, HostReliability, ServerMessage, ORDERS_PAGE_MAX};
 
 use super::{error, Sequencer};
@@ -13,7 +14,7 @@ impl Sequencer {
     pub(super) fn instruments(&mut self, connection: ConnectionId, id: u64) {
         // Expired windows are history: the list stays the calendar's size.
         let instruments = self.market.engine().listed_instruments();
-        self.reply(connection, ServerMessage::Instruments { id, instruments });
+        self.reply(connection, ServerMessage::Instruments { id, instruments: views::of(&instruments) });
     }
 
     /// A lease's recent telemetry, for its renter or supplier; a lease that
@@ -52,7 +53,7 @@ impl Sequencer {
         // A page also fits a frame: fewer items when they are big.
         let cut = gpux_protocol::fit_page(&mut orders);
         let next_after = (more || cut).then(|| orders.last().map(|o| o.order.0)).flatten();
-        self.reply(connection, ServerMessage::Orders { id, orders, next_after });
+        self.reply(connection, ServerMessage::Orders { id, orders: views::of(&orders), next_after });
     }
 
     /// The account's leases newest first (by lease id), before the cursor:
@@ -78,7 +79,7 @@ impl Sequencer {
         leases.truncate(ORDERS_PAGE_MAX);
         let cut = gpux_protocol::fit_page(&mut leases);
         let next_after = (more || cut).then(|| leases.last().map(|l| l.lease.0)).flatten();
-        self.reply(connection, ServerMessage::Leases { id, leases, next_after });
+        self.reply(connection, ServerMessage::Leases { id, leases: views::of(&leases), next_after });
     }
 
     pub(super) fn stats(&mut self, connection: ConnectionId, id: u64, instrument: InstrumentId) {
@@ -160,7 +161,10 @@ impl Sequencer {
         let more = more || cut;
         let next_after = places.get(offers.len().wrapping_sub(1)).copied().filter(|_| more);
         let next_offset = (after.is_none() && more).then(|| offset + offers.len() as u32);
-        self.reply(connection, ServerMessage::BookOffers { id, instrument, offers, next_offset, next_after });
+        self.reply(
+            connection,
+            ServerMessage::BookOffers { id, instrument, offers: views::of(&offers), next_offset, next_after: next_after.map(Into::into) },
+        );
     }
 
     pub(super) fn renter_stats(&mut self, connection: ConnectionId, id: u64, renter: AccountId) {
@@ -178,7 +182,7 @@ impl Sequencer {
         gpux_protocol::fit_page(&mut gpus);
         let end = start + gpus.len();
         let next_offset = (end < all.len()).then_some(end as u32);
-        self.reply(connection, ServerMessage::Gpus { id, gpus, next_offset });
+        self.reply(connection, ServerMessage::Gpus { id, gpus: views::of(&gpus), next_offset });
     }
 
     /// Statement lines come from the journal's transfer table (durable).

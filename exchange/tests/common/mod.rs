@@ -396,7 +396,7 @@ impl Client {
     }
 
     /// Every open order of the account, following pages.
-    pub async fn open_orders(&mut self) -> Vec<OrderInfo> {
+    pub async fn open_orders(&mut self) -> Vec<gpux_protocol::views::Order> {
         let mut all = Vec::new();
         let mut after = None;
         loop {
