@@ -548,6 +548,19 @@ impl Command {
         Command::Place { order, options, regions: Vec::new(), cluster: None }
     }
 
+    /// A GPU of a host that declares no region, zone or fabric.
+    pub fn register(account: AccountId, host: &str, gpu_uuid: &str, spec: GpuSpec) -> Command {
+        Command::Register {
+            account,
+            host: host.to_string(),
+            gpu_uuid: gpu_uuid.to_string(),
+            spec,
+            region: None,
+            zone: String::new(),
+            fabric: None,
+        }
+    }
+
     /// The new order this command places, if it places one.
     pub fn new_order(&self) -> Option<&NewOrder> {
         match self {

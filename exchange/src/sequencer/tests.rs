@@ -452,15 +452,7 @@ fn supplier_stats_are_public_and_count_a_closed_lease() {
     };
     let bid =
         NewOrder { duration: LeaseDuration::Hours(1), ..NewOrder::limit(renter_account, 1, InstrumentId(0), Side::Buy, 2_000_000, 1) };
-    let register = Command::Register {
-        account: supplier_account,
-        host: "rack-1".into(),
-        gpu_uuid: "GPU-0".into(),
-        spec: GpuSpec::h100_sxm(),
-        region: None,
-        zone: String::new(),
-        fabric: None,
-    };
+    let register = Command::register(supplier_account, "rack-1", "GPU-0", GpuSpec::h100_sxm());
     sequencer
         .process(vec![
             command(1, 2, Command::Deposit { account: renter_account, amount_minor: 100_000_000 }),
@@ -609,15 +601,7 @@ fn a_supplier_gone_during_its_leases_is_journaled_but_not_when_the_exchange_stop
             .filter(|e| matches!(e, JournalEntry::SupplierDisconnected { account, .. } if *account == supplier_account))
             .count()
     };
-    let register = Command::Register {
-        account: supplier_account,
-        host: "rack-1".into(),
-        gpu_uuid: "GPU-0".into(),
-        spec: GpuSpec::h100_sxm(),
-        region: None,
-        zone: String::new(),
-        fabric: None,
-    };
+    let register = Command::register(supplier_account, "rack-1", "GPU-0", GpuSpec::h100_sxm());
     sequencer.process(vec![command(2, 2, register)]).expect("commits");
     // Gone without a lease: nothing to record.
     sequencer.process(vec![Request { connection: 2, id: 0, body: Body::Disconnect { exchange_stopping: false } }]).expect("commits");
