@@ -120,74 +120,18 @@ pub fn load(path: &Path) -> Result<Listing, ListingError> {
 /// Parses and checks a listing's text; `file` names it in errors.
 pub fn parse(text: &str, file: &str) -> Result<Listing, ListingError> {
     let error = |line: usize, field: &str, message: String| ListingError { file: file.into(), line, field: field.into(), message };
-    let parsed: File = toml::from_str(text).map_err(|e| {
-        let line = e.span().map_or(1, |span| line_of(text, span.start));
-        let message = e.message().trim().to_string();
-        // The key on the line at fault (a missing field: the section's header).
-        let on_line = text.lines().nth(line - 1).unwrap_or("").trim();
-        let field = match on_line.split_once('=') {
-            Some((key, _)) => key.trim().to_string(),
-            None if !on_line.is_empty() => on_line.to_string(),
-            None => "toml".to_string(),
-        };
-        error(line, &field, message)
-    })?;
+    let parsed: File = toml::from_str(text).map_err(|e| syntax_error(text, file, &e))?;
     let exchange_line = line_of(text, parsed.exchange.span().start);
     let exchange = parsed.exchange.into_inner();
     let mut classes = Vec::new();
     let mut class_lines = Vec::new();
     let mut cluster_rules = Vec::new();
     for entry in parsed.classes {
-        class_lines.push(line_of(text, entry.span().start));
-        let entry = entry.into_inner();
-        let line = *class_lines.last().unwrap_or(&1);
-        let field = |name: &str| format!("class {}.{name}", entry.name);
-        let pick = |own: &Option<u64>, default: &Option<u64>, name: &str| {
-            own.or(*default).ok_or_else(|| error(line, &field(name), "missing, and [defaults] does not give it".into()))
-        };
-        let (own, defaults) = (&entry.fields, &parsed.defaults);
-        let sla_availability_bps = own
-            .sla_availability_bps
-            .or(defaults.sla_availability_bps)
-            .ok_or_else(|| error(line, &field("sla_availability_bps"), "missing, and [defaults] does not give it".into()))?;
-        if let Some(gbps) = own.cluster_min_fabric_gbps.or(defaults.cluster_min_fabric_gbps) {
-            if !(1..=gpux_engine::limits::FABRIC_GBPS_MAX).contains(&gbps) {
-                let message = format!("must be 1 to {} Gb/s", gpux_engine::limits::FABRIC_GBPS_MAX);
-                return Err(error(line, &field("cluster_min_fabric_gbps"), message));
-            }
-            cluster_rules.push(ClusterRule { class: entry.name.clone(), min_fabric_gbps: gbps });
-        }
-        classes.push(ClassSpec {
-            name: entry.name.clone(),
-            requirement: GpuRequirement {
-                vendor: entry.vendor,
-                models: entry.models.clone(),
-                memory_mib_min: entry.memory_mib_min,
-                fabric_required: entry.fabric_required,
-                mig_profile: entry.mig_profile.clone(),
-            },
-            tick_minor: pick(&own.tick_minor, &defaults.tick_minor, "tick_minor")?,
-            price_min_minor_per_gpu_hour: pick(
-                &own.price_min_minor_per_gpu_hour,
-                &defaults.price_min_minor_per_gpu_hour,
-                "price_min_minor_per_gpu_hour",
-            )?,
-            price_max_minor_per_gpu_hour: pick(
-                &own.price_max_minor_per_gpu_hour,
-                &defaults.price_max_minor_per_gpu_hour,
-                "price_max_minor_per_gpu_hour",
-            )?,
-            preemption_notice_ms: pick(&own.preemption_notice_ms, &defaults.preemption_notice_ms, "preemption_notice_ms")?,
-            calendar: entry.calendar.clone(),
-            sla_availability_bps,
-            sla_credit_tiers: own
-                .sla_credit_tiers
-                .clone()
-                .or_else(|| defaults.sla_credit_tiers.clone())
-                .unwrap_or_else(|| gpux_engine::default_credit_tiers(sla_availability_bps)),
-            challenge: if entry.no_challenge { None } else { own.challenge.or(defaults.challenge) },
-            memory_challenge: if entry.no_challenge { None } else { own.memory_challenge.or(defaults.memory_challenge) },
-        });
+        let line = line_of(text, entry.span().start);
+        class_lines.push(line);
+        let (class, rule) = class_spec(&entry.into_inner(), &parsed.defaults, |field, message| error(line, field, message))?;
+        classes.push(class);
+        cluster_rules.extend(rule);
     }
     let config = EngineConfig {
         classes,
@@ -201,33 +145,109 @@ pub fn parse(text: &str, file: &str) -> Result<Listing, ListingError> {
         regions: exchange.regions,
     };
     config.validate_listing().map_err(|invalid| {
-        let class_at = |name: &str| {
-            config.classes.iter().position(|c| c.name == name).and_then(|i| class_lines.get(i).copied()).unwrap_or(exchange_line)
-        };
-        let (line, field) = match &invalid {
-            ConfigError::ClassCount => (exchange_line, "class".to_string()),
-            ConfigError::AccountsMax => (exchange_line, "exchange.accounts_max".into()),
-            ConfigError::OrdersPerAccount => (exchange_line, "exchange.orders_per_account_max".into()),
-            ConfigError::HorizonOrProtection => (exchange_line, "exchange.prepaid_horizon_hours/market_protection_bps".into()),
-            ConfigError::FeeOrGrace => (exchange_line, "exchange.fee_bps/billing_grace_ms".into()),
-            ConfigError::Currency => (exchange_line, "exchange.currency/decimals".into()),
-            ConfigError::Regions => (exchange_line, "exchange.regions".into()),
-            ConfigError::PriceBand { class } => (class_at(class), format!("class {class}.tick_minor/price_*")),
-            ConfigError::Calendar { class } => (class_at(class), format!("class {class}.calendar")),
-            ConfigError::Sla { class } => (class_at(class), format!("class {class}.sla_availability_bps")),
-            ConfigError::DuplicateClass { class } => {
-                let second = config.classes.iter().enumerate().filter(|(_, c)| &c.name == class).nth(1).map(|(i, _)| i);
-                (second.and_then(|i| class_lines.get(i).copied()).unwrap_or(exchange_line), format!("class {class}.name"))
-            }
-            ConfigError::Challenge { class } => (class_at(class), format!("class {class}.challenge")),
-            ConfigError::MemoryChallenge { class } => (class_at(class), format!("class {class}.memory_challenge")),
-            ConfigError::CreditTiers { class } => (class_at(class), format!("class {class}.sla_credit_tiers")),
-            ConfigError::ModelPattern { class } => (class_at(class), format!("class {class}.models")),
-        };
+        let (line, field) = where_invalid(&config, &class_lines, exchange_line, &invalid);
         let message = invalid.to_string();
         error(line, &field, message.trim_start_matches("invalid engine config: ").to_string())
     })?;
     Ok(Listing { config, cluster_rules })
+}
+
+/// A file that is not the listing's TOML: the line at fault and the key on
+/// it (a missing field: the section's header).
+fn syntax_error(text: &str, file: &str, e: &toml::de::Error) -> ListingError {
+    let line = e.span().map_or(1, |span| line_of(text, span.start));
+    let message = e.message().trim().to_string();
+    let on_line = text.lines().nth(line - 1).unwrap_or("").trim();
+    let field = match on_line.split_once('=') {
+        Some((key, _)) => key.trim().to_string(),
+        None if !on_line.is_empty() => on_line.to_string(),
+        None => "toml".to_string(),
+    };
+    ListingError { file: file.into(), line, field, message }
+}
+
+/// One `[[class]]` with `[defaults]` filling what it leaves out, and its
+/// cluster rule if it has one; `error(field, message)` places a mistake.
+fn class_spec(
+    entry: &ClassEntry,
+    defaults: &ClassFields,
+    error: impl Fn(&str, String) -> ListingError,
+) -> Result<(ClassSpec, Option<ClusterRule>), ListingError> {
+    let field = |name: &str| format!("class {}.{name}", entry.name);
+    let pick = |own: &Option<u64>, default: &Option<u64>, name: &str| {
+        own.or(*default).ok_or_else(|| error(&field(name), "missing, and [defaults] does not give it".into()))
+    };
+    let own = &entry.fields;
+    let sla_availability_bps = own
+        .sla_availability_bps
+        .or(defaults.sla_availability_bps)
+        .ok_or_else(|| error(&field("sla_availability_bps"), "missing, and [defaults] does not give it".into()))?;
+    let rule = match own.cluster_min_fabric_gbps.or(defaults.cluster_min_fabric_gbps) {
+        Some(gbps) if !(1..=gpux_engine::limits::FABRIC_GBPS_MAX).contains(&gbps) => {
+            let message = format!("must be 1 to {} Gb/s", gpux_engine::limits::FABRIC_GBPS_MAX);
+            return Err(error(&field("cluster_min_fabric_gbps"), message));
+        }
+        Some(gbps) => Some(ClusterRule { class: entry.name.clone(), min_fabric_gbps: gbps }),
+        None => None,
+    };
+    let class = ClassSpec {
+        name: entry.name.clone(),
+        requirement: GpuRequirement {
+            vendor: entry.vendor,
+            models: entry.models.clone(),
+            memory_mib_min: entry.memory_mib_min,
+            fabric_required: entry.fabric_required,
+            mig_profile: entry.mig_profile.clone(),
+        },
+        tick_minor: pick(&own.tick_minor, &defaults.tick_minor, "tick_minor")?,
+        price_min_minor_per_gpu_hour: pick(
+            &own.price_min_minor_per_gpu_hour,
+            &defaults.price_min_minor_per_gpu_hour,
+            "price_min_minor_per_gpu_hour",
+        )?,
+        price_max_minor_per_gpu_hour: pick(
+            &own.price_max_minor_per_gpu_hour,
+            &defaults.price_max_minor_per_gpu_hour,
+            "price_max_minor_per_gpu_hour",
+        )?,
+        preemption_notice_ms: pick(&own.preemption_notice_ms, &defaults.preemption_notice_ms, "preemption_notice_ms")?,
+        calendar: entry.calendar.clone(),
+        sla_availability_bps,
+        sla_credit_tiers: own
+            .sla_credit_tiers
+            .clone()
+            .or_else(|| defaults.sla_credit_tiers.clone())
+            .unwrap_or_else(|| gpux_engine::default_credit_tiers(sla_availability_bps)),
+        challenge: if entry.no_challenge { None } else { own.challenge.or(defaults.challenge) },
+        memory_challenge: if entry.no_challenge { None } else { own.memory_challenge.or(defaults.memory_challenge) },
+    };
+    Ok((class, rule))
+}
+
+/// The line and field of the listing that the engine's check found wrong.
+fn where_invalid(config: &EngineConfig, class_lines: &[usize], exchange_line: usize, invalid: &ConfigError) -> (usize, String) {
+    let class_at =
+        |name: &str| config.classes.iter().position(|c| c.name == name).and_then(|i| class_lines.get(i).copied()).unwrap_or(exchange_line);
+    match invalid {
+        ConfigError::ClassCount => (exchange_line, "class".to_string()),
+        ConfigError::AccountsMax => (exchange_line, "exchange.accounts_max".into()),
+        ConfigError::OrdersPerAccount => (exchange_line, "exchange.orders_per_account_max".into()),
+        ConfigError::HorizonOrProtection => (exchange_line, "exchange.prepaid_horizon_hours/market_protection_bps".into()),
+        ConfigError::FeeOrGrace => (exchange_line, "exchange.fee_bps/billing_grace_ms".into()),
+        ConfigError::Currency => (exchange_line, "exchange.currency/decimals".into()),
+        ConfigError::Regions => (exchange_line, "exchange.regions".into()),
+        ConfigError::PriceBand { class } => (class_at(class), format!("class {class}.tick_minor/price_*")),
+        ConfigError::Calendar { class } => (class_at(class), format!("class {class}.calendar")),
+        ConfigError::Sla { class } => (class_at(class), format!("class {class}.sla_availability_bps")),
+        ConfigError::DuplicateClass { class } => {
+            let second = config.classes.iter().enumerate().filter(|(_, c)| &c.name == class).nth(1).map(|(i, _)| i);
+            (second.and_then(|i| class_lines.get(i).copied()).unwrap_or(exchange_line), format!("class {class}.name"))
+        }
+        ConfigError::Challenge { class } => (class_at(class), format!("class {class}.challenge")),
+        ConfigError::MemoryChallenge { class } => (class_at(class), format!("class {class}.memory_challenge")),
+        ConfigError::CreditTiers { class } => (class_at(class), format!("class {class}.sla_credit_tiers")),
+        ConfigError::ModelPattern { class } => (class_at(class), format!("class {class}.models")),
+    }
 }
 
 #[cfg(test)]
