@@ -44,72 +44,12 @@ pub fn build_invoice(header: InvoiceHeader, transfers: &[Transfer], leases: &Lea
             // Between two of the account's own balances (or not its own).
             continue;
         }
+        let Some(item) = item_of(t, from_mine, to_mine, &mut totals) else { continue };
         let amount = t.amount_minor as i64;
         // Positive: the account pays; negative: it receives.
-        let signed = if from_mine { amount } else { -amount };
-        let item = match t.kind {
-            TransferKind::Deposit => {
-                totals.deposits_minor += t.amount_minor;
-                continue;
-            }
-            TransferKind::Withdrawal => {
-                totals.withdrawals_minor += t.amount_minor;
-                continue;
-            }
-            TransferKind::Payout => {
-                totals.payouts_minor += t.amount_minor;
-                continue;
-            }
-            TransferKind::FundsMoved => {
-                if to_mine {
-                    totals.moved_in_minor += t.amount_minor;
-                } else {
-                    totals.moved_out_minor += t.amount_minor;
-                }
-                continue;
-            }
-            TransferKind::UsageCharge | TransferKind::LateUsageCharge | TransferKind::UsageUnpaid if from_mine => InvoiceItem::Usage,
-            TransferKind::UsageCharge | TransferKind::LateUsageCharge | TransferKind::UsageUnpaid => InvoiceItem::Earnings,
-            TransferKind::Fee => InvoiceItem::Fee,
-            TransferKind::SlaCredit => InvoiceItem::SlaCredit,
-            TransferKind::DeliveryCredit => InvoiceItem::DeliveryCredit,
-            TransferKind::DisputeWithheld => InvoiceItem::DisputeWithheld,
-            TransferKind::DisputeHeld => InvoiceItem::DisputeHeld,
-            TransferKind::DisputeDecided if t.from == LedgerAccount::DisputesHeld && matches!(t.to, LedgerAccount::Payable(_)) => {
-                InvoiceItem::DisputeReleased
-            }
-            TransferKind::DisputeDecided => InvoiceItem::DisputeRefund,
-            TransferKind::ContractSettlement => InvoiceItem::ContractResale,
-            // Hold, release and debt repaid stay within the account (skipped
-            // above); an older journal's transfers have no kind.
-            TransferKind::Hold
-            | TransferKind::Release
-            | TransferKind::ProvisionalRelease
-            | TransferKind::FinalRelease
-            | TransferKind::DebtRepaid
-            | TransferKind::Unclassified => InvoiceItem::Unclassified,
-        };
-        *amounts.entry((t.lease, item)).or_default() += signed;
+        *amounts.entry((t.lease, item)).or_default() += if from_mine { amount } else { -amount };
     }
-    // Lease lines in lease order, then account-wide ones (`None` sorts
-    // first in a B-tree, so they are moved last).
-    let (account_wide, by_lease): (Vec<_>, Vec<_>) = amounts.into_iter().partition(|((lease, _), _)| lease.is_none());
-    let lines: Vec<InvoiceLine> = by_lease
-        .into_iter()
-        .chain(account_wide)
-        .filter(|(_, amount)| *amount != 0)
-        .map(|((lease, item), amount_minor)| {
-            let record = lease.and_then(|lease| leases.get(&lease));
-            InvoiceLine {
-                lease,
-                instrument: record.map(|(_, symbol)| symbol.clone()).unwrap_or_default(),
-                item,
-                price_minor_per_gpu_hour: record.map(|(info, _)| info.price_minor_per_gpu_hour),
-                verified_gpu_ms: record.map(|(info, _)| info.verified_gpu_ms),
-                amount_minor,
-            }
-        })
-        .collect();
+    let lines = lines_of(amounts, leases);
     for line in &lines {
         if line.amount_minor > 0 {
             totals.charges_minor += line.amount_minor as u64;
@@ -138,6 +78,76 @@ pub fn build_invoice(header: InvoiceHeader, transfers: &[Transfer], leases: &Lea
         totals,
         tax,
     }
+}
+
+/// The invoice item a transfer between the account and another is, or
+/// `None` for money in or out, which counts in the totals instead.
+fn item_of(t: &Transfer, from_mine: bool, to_mine: bool, totals: &mut InvoiceTotals) -> Option<InvoiceItem> {
+    let item = match t.kind {
+        TransferKind::Deposit => {
+            totals.deposits_minor += t.amount_minor;
+            return None;
+        }
+        TransferKind::Withdrawal => {
+            totals.withdrawals_minor += t.amount_minor;
+            return None;
+        }
+        TransferKind::Payout => {
+            totals.payouts_minor += t.amount_minor;
+            return None;
+        }
+        TransferKind::FundsMoved => {
+            if to_mine {
+                totals.moved_in_minor += t.amount_minor;
+            } else {
+                totals.moved_out_minor += t.amount_minor;
+            }
+            return None;
+        }
+        TransferKind::UsageCharge | TransferKind::LateUsageCharge | TransferKind::UsageUnpaid if from_mine => InvoiceItem::Usage,
+        TransferKind::UsageCharge | TransferKind::LateUsageCharge | TransferKind::UsageUnpaid => InvoiceItem::Earnings,
+        TransferKind::Fee => InvoiceItem::Fee,
+        TransferKind::SlaCredit => InvoiceItem::SlaCredit,
+        TransferKind::DeliveryCredit => InvoiceItem::DeliveryCredit,
+        TransferKind::DisputeWithheld => InvoiceItem::DisputeWithheld,
+        TransferKind::DisputeHeld => InvoiceItem::DisputeHeld,
+        TransferKind::DisputeDecided if t.from == LedgerAccount::DisputesHeld && matches!(t.to, LedgerAccount::Payable(_)) => {
+            InvoiceItem::DisputeReleased
+        }
+        TransferKind::DisputeDecided => InvoiceItem::DisputeRefund,
+        TransferKind::ContractSettlement => InvoiceItem::ContractResale,
+        // Hold, release and debt repaid stay within the account (skipped
+        // by the caller); an older journal's transfers have no kind.
+        TransferKind::Hold
+        | TransferKind::Release
+        | TransferKind::ProvisionalRelease
+        | TransferKind::FinalRelease
+        | TransferKind::DebtRepaid
+        | TransferKind::Unclassified => InvoiceItem::Unclassified,
+    };
+    Some(item)
+}
+
+/// The invoice's lines: lease lines in lease order, then account-wide ones
+/// (`None` sorts first in a B-tree, so they are moved last), none of 0.
+fn lines_of(amounts: BTreeMap<(Option<LeaseId>, InvoiceItem), i64>, leases: &LeaseRecords) -> Vec<InvoiceLine> {
+    let (account_wide, by_lease): (Vec<_>, Vec<_>) = amounts.into_iter().partition(|((lease, _), _)| lease.is_none());
+    by_lease
+        .into_iter()
+        .chain(account_wide)
+        .filter(|(_, amount)| *amount != 0)
+        .map(|((lease, item), amount_minor)| {
+            let record = lease.and_then(|lease| leases.get(&lease));
+            InvoiceLine {
+                lease,
+                instrument: record.map(|(_, symbol)| symbol.clone()).unwrap_or_default(),
+                item,
+                price_minor_per_gpu_hour: record.map(|(info, _)| info.price_minor_per_gpu_hour),
+                verified_gpu_ms: record.map(|(info, _)| info.verified_gpu_ms),
+                amount_minor,
+            }
+        })
+        .collect()
 }
 
 /// The identity every invoice keeps with the ledger: what the account's
