@@ -313,44 +313,100 @@ impl File {
         if !name_ok {
             return Err(SpecError::Name);
         }
-        let code = match (self.code.dir, self.code.image) {
+        let framework = self.code.framework;
+        let (code, command) = self.code.check()?;
+        let (mode, vendor) = (self.resources.mode, self.resources.vendor);
+        let (gpus_per_node, nodes, min_fabric_gbps, memory) = self.resources.check()?;
+        let (verified_only, contract) = (self.limits.verified_only, self.limits.contract);
+        let limits = self.limits.check()?;
+        let (inputs, outputs, checkpoint_dir, checkpoint_interval_ms) = self.data.check()?;
+        Ok(JobSpec {
+            name: self.name,
+            code,
+            command,
+            framework,
+            gpus_per_node,
+            nodes,
+            min_fabric_gbps,
+            memory,
+            mode,
+            vendor,
+            max_price_per_gpu_hour: limits.max_price_per_gpu_hour,
+            budget: limits.budget,
+            max_duration_ms: limits.max_duration_ms,
+            region: limits.region,
+            min_score_bps: limits.min_score_bps,
+            verified_only,
+            contract,
+            retries: limits.retries,
+            inputs,
+            outputs,
+            checkpoint_dir,
+            checkpoint_interval_ms,
+        })
+    }
+}
+
+impl CodeFile {
+    /// Where the code comes from, and the command that runs it.
+    fn check(self) -> Result<(CodeSource, Vec<String>), SpecError> {
+        let code = match (self.dir, self.image) {
             (Some(dir), None) => CodeSource::Dir(dir),
             (None, Some(image)) if !image.trim().is_empty() => CodeSource::Image(text(image, "code.image")?),
             _ => return Err(SpecError::CodeSource),
         };
-        let command = self.code.command;
+        let command = self.command;
         if command.is_empty() || command.len() > COMMAND_ARGS_MAX || command[0].trim().is_empty() {
             return Err(SpecError::Command);
         }
-        for argument in &command {
-            if argument.len() > TEXT_BYTES_MAX {
-                return Err(SpecError::TooLong("code.command"));
-            }
+        if command.iter().any(|argument| argument.len() > TEXT_BYTES_MAX) {
+            return Err(SpecError::TooLong("code.command"));
         }
-        let resources = self.resources;
-        let gpus_per_node = resources.gpus_per_node.unwrap_or(1);
+        Ok((code, command))
+    }
+}
+
+impl ResourcesFile {
+    /// GPUs per node, nodes, the fabric's least bandwidth and the memory need.
+    fn check(self) -> Result<(u32, u32, u32, MemoryNeed), SpecError> {
+        let gpus_per_node = self.gpus_per_node.unwrap_or(1);
         if !(1..=GPUS_PER_NODE_MAX).contains(&gpus_per_node) {
             return Err(SpecError::GpusPerNode);
         }
-        let nodes = resources.nodes.unwrap_or(1);
+        let nodes = self.nodes.unwrap_or(1);
         if !(1..=NODES_MAX).contains(&nodes) {
             return Err(SpecError::Nodes);
         }
-        let min_fabric_gbps = resources.min_fabric_gbps.unwrap_or(0);
+        let min_fabric_gbps = self.min_fabric_gbps.unwrap_or(0);
         if min_fabric_gbps > 100_000 || (min_fabric_gbps > 0 && nodes == 1) {
             return Err(SpecError::FabricGbps);
         }
-        let memory = match (resources.gpu_memory_gib, resources.model_params) {
+        let memory = match (self.gpu_memory_gib, self.model_params) {
             (Some(_), Some(_)) => return Err(SpecError::MemoryTwice),
             (Some(gib), None) if (1..=4096).contains(&gib) => MemoryNeed::GpuMemoryGib(gib),
             (Some(_), None) => return Err(SpecError::GpuMemory),
             (None, Some(params)) => MemoryNeed::ModelParams(parse_count(&params).ok_or(SpecError::ModelParams)?),
             (None, None) => MemoryNeed::Unstated,
         };
-        let limits = self.limits;
-        let max_price_per_gpu_hour = limits.max_price_per_gpu_hour.map(|a| amount(&a, "max_price_per_gpu_hour")).transpose()?;
-        let budget = limits.budget.map(|a| amount(&a, "budget")).transpose()?;
-        let max_duration_ms = match limits.max_duration {
+        Ok((gpus_per_node, nodes, min_fabric_gbps, memory))
+    }
+}
+
+/// `[limits]` checked.
+struct Limits {
+    max_price_per_gpu_hour: Option<Decimal>,
+    budget: Option<Decimal>,
+    max_duration_ms: Option<u64>,
+    region: Option<String>,
+    min_score_bps: u32,
+    retries: u32,
+}
+
+impl LimitsFile {
+    fn check(self) -> Result<Limits, SpecError> {
+        let max_price_per_gpu_hour = self.max_price_per_gpu_hour.map(|a| amount(&a, "max_price_per_gpu_hour")).transpose()?;
+        let budget = self.budget.map(|a| amount(&a, "budget")).transpose()?;
+        let max_duration_ms = match self.max_duration {
             None => None,
             Some(text) => {
                 let ms = parse_duration_ms(&text).ok_or(SpecError::Duration)?;
@@ -360,23 +416,29 @@ impl File {
                 Some(ms)
             }
         };
-        let min_score_bps = match limits.min_score {
+        let min_score_bps = match self.min_score {
             None => 0,
             Some(share) if (0.0..=1.0).contains(&share) => (share * 10_000.0).round() as u32,
             Some(_) => return Err(SpecError::MinScore),
         };
-        let retries = limits.retries.unwrap_or(RETRIES_DEFAULT);
+        let retries = self.retries.unwrap_or(RETRIES_DEFAULT);
         if retries > RETRIES_MAX {
             return Err(SpecError::Retries);
         }
-        let region = limits.region.map(|r| text(r, "limits.region")).transpose()?;
-        let data = self.data;
-        if data.inputs.len() > INPUTS_MAX {
+        let region = self.region.map(|r| text(r, "limits.region")).transpose()?;
+        Ok(Limits { max_price_per_gpu_hour, budget, max_duration_ms, region, min_score_bps, retries })
+    }
+}
+
+impl DataFile {
+    /// The inputs, the outputs and checkpoint directories, the checkpoint interval.
+    fn check(self) -> Result<(Vec<Input>, String, String, u64), SpecError> {
+        if self.inputs.len() > INPUTS_MAX {
             return Err(SpecError::Input);
         }
         let schemes = ["s3://", "gs://", "az://", "file://", "https://"];
         let mut inputs = Vec::new();
-        for input in data.inputs {
+        for input in self.inputs {
             let ok = !input.name.is_empty()
                 && schemes.iter().any(|scheme| input.url.starts_with(scheme))
                 && container_path(&input.mount)
@@ -386,42 +448,19 @@ impl File {
             }
             inputs.push(Input { name: input.name, url: input.url, mount: input.mount });
         }
-        let outputs = data.outputs.unwrap_or_else(|| "/outputs".into());
+        let outputs = self.outputs.unwrap_or_else(|| "/outputs".into());
         if !container_path(&outputs) {
             return Err(SpecError::ContainerPath("outputs"));
         }
-        let checkpoint_dir = data.checkpoint_dir.unwrap_or_else(|| "/checkpoints".into());
+        let checkpoint_dir = self.checkpoint_dir.unwrap_or_else(|| "/checkpoints".into());
         if !container_path(&checkpoint_dir) {
             return Err(SpecError::ContainerPath("checkpoint_dir"));
         }
-        let checkpoint_interval_ms = match data.checkpoint_interval {
+        let checkpoint_interval_ms = match self.checkpoint_interval {
             None => CHECKPOINT_INTERVAL_MS_DEFAULT,
             Some(text) => parse_duration_ms(&text).filter(|ms| *ms >= 10_000).ok_or(SpecError::CheckpointInterval)?,
         };
-        Ok(JobSpec {
-            name: self.name,
-            code,
-            command,
-            framework: self.code.framework,
-            gpus_per_node,
-            nodes,
-            min_fabric_gbps,
-            memory,
-            mode: resources.mode,
-            vendor: resources.vendor,
-            max_price_per_gpu_hour,
-            budget,
-            max_duration_ms,
-            region,
-            min_score_bps,
-            verified_only: limits.verified_only,
-            contract: limits.contract,
-            retries,
-            inputs,
-            outputs,
-            checkpoint_dir,
-            checkpoint_interval_ms,
-        })
+        Ok((inputs, outputs, checkpoint_dir, checkpoint_interval_ms))
     }
 }
 
