@@ -70,21 +70,7 @@ impl Sequencer {
     pub(super) fn access(&mut self, connection: ConnectionId, id: u64, request: AccessRequest) {
         let Some(account) = self.account(connection) else { return };
         match request {
-            AccessRequest::OpenSubAccount => {
-                let input = Input { at_ms: self.market.clock_ms(), command: Command::OpenSubAccount { parent: account } };
-                self.metrics.commands.inc();
-                let Some((journal_seq, applied)) = self.journal(JournalEntry::Engine(input)) else { return };
-                let reply = applied.events.iter().rev().find_map(|event| match event.kind {
-                    EventKind::SubAccountOpened { account, .. } => Some(ServerMessage::SubAccountOpened { id, journal_seq, account }),
-                    EventKind::Rejected { code, .. } => {
-                        Some(ServerMessage::Reject { id, journal_seq, code, message: code.message().to_string() })
-                    }
-                    _ => None,
-                });
-                if let Some(reply) = reply {
-                    self.reply(connection, reply);
-                }
-            }
+            AccessRequest::OpenSubAccount => self.open_sub_account(connection, id, account),
             AccessRequest::MoveFunds { sub_account, amount_minor, to_sub_account } => {
                 let command = Command::MoveFunds { parent: account, sub_account, amount_minor, to_sub_account };
                 self.apply_command(Some(connection), id, command);
@@ -92,14 +78,7 @@ impl Sequencer {
             AccessRequest::SetLimits { sub_account, limits } => {
                 self.apply_command(Some(connection), id, Command::SetAccountLimits { parent: account, sub_account, limits });
             }
-            AccessRequest::SubAccounts { offset } => {
-                let engine = self.market.engine();
-                let mut sub_accounts = engine.sub_accounts_of(account, offset as usize, ORDERS_PAGE_MAX);
-                gpux_protocol::fit_page(&mut sub_accounts);
-                let end = offset as usize + sub_accounts.len();
-                let next_offset = (end < engine.sub_account_count(account)).then_some(end as u32);
-                self.reply(connection, ServerMessage::SubAccounts { id, sub_accounts: views::of(&sub_accounts), next_offset });
-            }
+            AccessRequest::SubAccounts { offset } => self.sub_accounts(connection, id, account, offset),
             AccessRequest::AddKey { account: named, public_key, scopes, expires_at_ms, label } => {
                 let target = named.unwrap_or(account);
                 // A key grants only what the key adding it holds, and never
@@ -134,27 +113,7 @@ impl Sequencer {
                 let reply = ServerMessage::KeyAdded { id, journal_seq, public_key: hex::encode(public_key), account: target };
                 self.reply(connection, reply);
             }
-            AccessRequest::RevokeKey { public_key } => {
-                if let Err(code) = self.market.keys().check_revoke(self.market.engine(), account, &public_key) {
-                    return self.reply(connection, error(Some(id), code));
-                }
-                // A key revokes only keys whose scopes are within its own.
-                let target_scopes = self.market.keys().access(&public_key, self.market.clock_ms()).ok().flatten().map(|a| a.scopes);
-                if target_scopes.is_some_and(|scopes| !self.session_scopes(connection).covers(scopes)) {
-                    self.metrics.scope_refusals.inc();
-                    return self.reply(connection, error(Some(id), ErrorCode::ScopeDenied));
-                }
-                // What it added goes with it, and theirs in turn.
-                let revoked = self.market.keys().lineage(&public_key);
-                let at_ms = self.market.clock_ms();
-                let Some((journal_seq, _)) = self.journal(JournalEntry::RevokeKey { at_ms, by: account, public_key }) else { return };
-                self.reply(connection, ServerMessage::KeyRevoked { id, journal_seq, public_key: hex::encode(public_key) });
-                // Every open session of those keys ends now (after this
-                // batch's commit, like everything else the batch sends).
-                for session in self.sessions.logged_in_with(|key| revoked.contains(key)) {
-                    self.close_session(session, None, ErrorCode::KeyRevoked);
-                }
-            }
+            AccessRequest::RevokeKey { public_key } => self.revoke_key(connection, id, account, public_key),
             AccessRequest::Invoice { period, account: named, offset } => self.invoice(connection, id, account, named, period, offset),
             AccessRequest::Spend => {
                 let spend = self.market.engine().spend_status(account);
@@ -168,6 +127,51 @@ impl Sequencer {
                 let keys = self.market.keys().keys_of(target);
                 self.reply(connection, ServerMessage::Keys { id, account: target, keys });
             }
+        }
+    }
+
+    fn open_sub_account(&mut self, connection: ConnectionId, id: u64, account: gpux_engine::AccountId) {
+        let input = Input { at_ms: self.market.clock_ms(), command: Command::OpenSubAccount { parent: account } };
+        self.metrics.commands.inc();
+        let Some((journal_seq, applied)) = self.journal(JournalEntry::Engine(input)) else { return };
+        let reply = applied.events.iter().rev().find_map(|event| match event.kind {
+            EventKind::SubAccountOpened { account, .. } => Some(ServerMessage::SubAccountOpened { id, journal_seq, account }),
+            EventKind::Rejected { code, .. } => Some(ServerMessage::Reject { id, journal_seq, code, message: code.message().to_string() }),
+            _ => None,
+        });
+        if let Some(reply) = reply {
+            self.reply(connection, reply);
+        }
+    }
+
+    fn sub_accounts(&mut self, connection: ConnectionId, id: u64, account: gpux_engine::AccountId, offset: u32) {
+        let engine = self.market.engine();
+        let mut sub_accounts = engine.sub_accounts_of(account, offset as usize, ORDERS_PAGE_MAX);
+        gpux_protocol::fit_page(&mut sub_accounts);
+        let end = offset as usize + sub_accounts.len();
+        let next_offset = (end < engine.sub_account_count(account)).then_some(end as u32);
+        self.reply(connection, ServerMessage::SubAccounts { id, sub_accounts: views::of(&sub_accounts), next_offset });
+    }
+
+    /// Revokes a key and what it added, and theirs in turn; every open
+    /// session of those keys ends.
+    fn revoke_key(&mut self, connection: ConnectionId, id: u64, account: gpux_engine::AccountId, public_key: [u8; 32]) {
+        if let Err(code) = self.market.keys().check_revoke(self.market.engine(), account, &public_key) {
+            return self.reply(connection, error(Some(id), code));
+        }
+        // A key revokes only keys whose scopes are within its own.
+        let target_scopes = self.market.keys().access(&public_key, self.market.clock_ms()).ok().flatten().map(|a| a.scopes);
+        if target_scopes.is_some_and(|scopes| !self.session_scopes(connection).covers(scopes)) {
+            self.metrics.scope_refusals.inc();
+            return self.reply(connection, error(Some(id), ErrorCode::ScopeDenied));
+        }
+        let revoked = self.market.keys().lineage(&public_key);
+        let at_ms = self.market.clock_ms();
+        let Some((journal_seq, _)) = self.journal(JournalEntry::RevokeKey { at_ms, by: account, public_key }) else { return };
+        self.reply(connection, ServerMessage::KeyRevoked { id, journal_seq, public_key: hex::encode(public_key) });
+        // Ends after this batch's commit, like everything else the batch sends.
+        for session in self.sessions.logged_in_with(|key| revoked.contains(key)) {
+            self.close_session(session, None, ErrorCode::KeyRevoked);
         }
     }
 
