@@ -1105,6 +1105,18 @@ impl Agent {
             }
             _ => return Ok(()),
         };
+        let reoffer = self.on_event(link, event).await?;
+        // Offered again once the events that came with this one are read:
+        // a fill's `lease_created` comes before its ask's `order_closed`,
+        // and cancelling the ask in between would be refused
+        // (`unknown_order`, journaled).
+        link.reoffer_due |= reoffer;
+        Ok(())
+    }
+
+    /// One of the account's events; whether the host's asks are to be
+    /// offered again.
+    async fn on_event(&mut self, link: &mut Link, event: Event) -> Result<bool> {
         let Event { kind, at_ms, .. } = event;
         let reoffer = match kind {
             EventKind::LeaseCreated { lease, kind, host, gpu_mask, start_ms, end_ms, .. } if host == link.host => {
@@ -1130,38 +1142,7 @@ impl Agent {
                 }
                 false
             }
-            EventKind::LeaseEnded { lease, .. } => match self.leases.get_mut(&lease) {
-                Some(state) => {
-                    if let Some(firewall) = &mut self.firewall {
-                        if let Err(error) = firewall.forget(&[lease]) {
-                            tracing::error!(%lease, %error, "the fabric firewall could not be updated");
-                        }
-                    }
-                    // Report up to the actual end, then forget the lease.
-                    state.end_ms = Some(at_ms);
-                    state.ended = true;
-                    let mask = state.gpu_mask;
-                    self.log_lease_event("end", lease, mask, Some(at_ms));
-                    if let Some((orders, _)) = &self.delivery {
-                        // Its GPUs are offered again once the workload is confirmed gone.
-                        self.releasing.insert(lease, mask);
-                        let _ = orders.send(Order::End { lease });
-                    }
-                    if self.health.failed_leases.remove(&lease).is_some() {
-                        // GPUs the host failed on come back only through the health check.
-                        let first = self.health_backoff() * 2u32.saturating_pow(self.health.failures_in_row.saturating_sub(1).min(12));
-                        self.health.wait = first.min(HEALTH_BACKOFF_MAX);
-                        self.health.check_at = Some(tokio::time::Instant::now() + self.health.wait);
-                        tracing::warn!(%lease, failures_in_row = self.health.failures_in_row, check_in_ms = self.health.wait.as_millis() as u64, "the host failed this lease's delivery: its GPUs stay off sale until a health check passes");
-                    }
-                    self.record_reports()?;
-                    self.send_reports(link).await?;
-                    self.reports.close_lease(lease)?;
-                    self.leases.remove(&lease);
-                    true
-                }
-                None => false,
-            },
+            EventKind::LeaseEnded { lease, .. } => self.lease_ended(link, lease, at_ms).await?,
             EventKind::OrderClosed { order, .. } => {
                 link.window_asks.retain(|_, ask| *ask != order);
                 let closed: Vec<(String, OfferedContract)> =
@@ -1178,22 +1159,11 @@ impl Agent {
                 }
                 false
             }
-            EventKind::GpuChallenged { gpu, outcome, mflops: rate, verified, .. }
-            | EventKind::GpuMemoryChallenged { gpu, outcome, mbps: rate, verified, .. } => {
-                let kind = if matches!(event.kind, EventKind::GpuChallenged { .. }) { "compute" } else { "memory" };
-                let uuid = self.gpus.iter().find(|g| g.info.gpu == gpu).map(|g| g.info.uuid.clone()).unwrap_or_default();
-                let classes_before: Vec<Vec<String>> = self.gpus.iter().map(|g| g.info.classes.clone()).collect();
-                // The classes it keeps: as the exchange has them now.
-                for info in my_gpus(&mut link.connection).await? {
-                    if let Some(known) = self.gpus.iter_mut().find(|g| g.info.uuid == info.uuid) {
-                        known.info = info;
-                    }
-                }
-                match outcome {
-                    gpux_engine::ChallengeOutcome::Passed => tracing::info!(%uuid, kind, rate, verified, "hardware challenge passed"),
-                    other => tracing::warn!(%uuid, kind, outcome = ?other, rate, "hardware challenge not passed"),
-                }
-                classes_before != self.gpus.iter().map(|g| g.info.classes.clone()).collect::<Vec<_>>()
+            EventKind::GpuChallenged { gpu, outcome, mflops: rate, verified, .. } => {
+                self.challenge_decided(link, gpu, "compute", outcome, rate, verified).await?
+            }
+            EventKind::GpuMemoryChallenged { gpu, outcome, mbps: rate, verified, .. } => {
+                self.challenge_decided(link, gpu, "memory", outcome, rate, verified).await?
             }
             EventKind::ContractCreated { instrument, supplier, gpu, .. } if supplier == link.connection.account => {
                 if let Some(sold) = self.gpus.iter().find(|g| g.info.gpu == gpu) {
@@ -1203,12 +1173,67 @@ impl Agent {
             }
             _ => false,
         };
-        // Offered again once the events that came with this one are read:
-        // a fill's `lease_created` comes before its ask's `order_closed`,
-        // and cancelling the ask in between would be refused
-        // (`unknown_order`, journaled).
-        link.reoffer_due |= reoffer;
-        Ok(())
+        Ok(reoffer)
+    }
+
+    /// A lease of this host ended at `at_ms`: its workload is stopped, its
+    /// reports sent up to the end and its chains forgotten; whether the
+    /// host's asks are to be offered again.
+    async fn lease_ended(&mut self, link: &mut Link, lease: LeaseId, at_ms: u64) -> Result<bool> {
+        let Some(state) = self.leases.get_mut(&lease) else { return Ok(false) };
+        if let Some(firewall) = &mut self.firewall {
+            if let Err(error) = firewall.forget(&[lease]) {
+                tracing::error!(%lease, %error, "the fabric firewall could not be updated");
+            }
+        }
+        // Report up to the actual end, then forget the lease.
+        state.end_ms = Some(at_ms);
+        state.ended = true;
+        let mask = state.gpu_mask;
+        self.log_lease_event("end", lease, mask, Some(at_ms));
+        if let Some((orders, _)) = &self.delivery {
+            // Its GPUs are offered again once the workload is confirmed gone.
+            self.releasing.insert(lease, mask);
+            let _ = orders.send(Order::End { lease });
+        }
+        if self.health.failed_leases.remove(&lease).is_some() {
+            // GPUs the host failed on come back only through the health check.
+            let first = self.health_backoff() * 2u32.saturating_pow(self.health.failures_in_row.saturating_sub(1).min(12));
+            self.health.wait = first.min(HEALTH_BACKOFF_MAX);
+            self.health.check_at = Some(tokio::time::Instant::now() + self.health.wait);
+            tracing::warn!(%lease, failures_in_row = self.health.failures_in_row, check_in_ms = self.health.wait.as_millis() as u64, "the host failed this lease's delivery: its GPUs stay off sale until a health check passes");
+        }
+        self.record_reports()?;
+        self.send_reports(link).await?;
+        self.reports.close_lease(lease)?;
+        self.leases.remove(&lease);
+        Ok(true)
+    }
+
+    /// A hardware challenge of one of the host's GPUs was decided: the GPUs'
+    /// classes as the exchange has them now; whether they changed (the asks
+    /// are then offered again).
+    async fn challenge_decided(
+        &mut self,
+        link: &mut Link,
+        gpu: gpux_engine::GpuId,
+        kind: &str,
+        outcome: gpux_engine::ChallengeOutcome,
+        rate: u64,
+        verified: bool,
+    ) -> Result<bool> {
+        let uuid = self.gpus.iter().find(|g| g.info.gpu == gpu).map(|g| g.info.uuid.clone()).unwrap_or_default();
+        let classes_before: Vec<Vec<String>> = self.gpus.iter().map(|g| g.info.classes.clone()).collect();
+        for info in my_gpus(&mut link.connection).await? {
+            if let Some(known) = self.gpus.iter_mut().find(|g| g.info.uuid == info.uuid) {
+                known.info = info;
+            }
+        }
+        match outcome {
+            gpux_engine::ChallengeOutcome::Passed => tracing::info!(%uuid, kind, rate, verified, "hardware challenge passed"),
+            other => tracing::warn!(%uuid, kind, outcome = ?other, rate, "hardware challenge not passed"),
+        }
+        Ok(classes_before != self.gpus.iter().map(|g| g.info.classes.clone()).collect::<Vec<_>>())
     }
 
     /// Answers a hardware challenge (docs/agent.md "Hardware challenges"):
