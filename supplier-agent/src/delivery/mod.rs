@@ -484,80 +484,9 @@ impl Manager {
 
     fn on_done(&mut self, done: Done) {
         match done {
-            Done::Started { lease, generation, result } => {
-                let Some(entry) = self.entries.get_mut(&lease).filter(|e| e.generation == generation) else {
-                    return; // replaced or ended meanwhile
-                };
-                match result {
-                    Ok(endpoints) => {
-                        entry.endpoints = endpoints;
-                        if self.tuning.ready_after.is_zero() && entry.job.secrets.readiness.is_none() {
-                            entry.phase = Phase::Running;
-                            let state = running(entry);
-                            self.status(lease, state);
-                        } else {
-                            // `running` once it stayed up: a command that
-                            // exits at once is reported exited, never running.
-                            entry.phase = Phase::Settling { ready_at: tokio::time::Instant::now() + self.tuning.ready_after };
-                        }
-                    }
-                    Err(failure) => {
-                        entry.phase = Phase::Done;
-                        tracing::warn!(%lease, code = ?failure.code, detail = %failure.detail, "delivery failed");
-                        self.status(lease, failure.state());
-                    }
-                }
-            }
-            Done::Removed { lease, result } => {
-                let Some(removal) = self.removals.get_mut(&lease) else { return };
-                removal.in_flight = false;
-                match result {
-                    Ok(()) => {
-                        let removal = self.removals.remove(&lease).expect("present");
-                        if removal.tell {
-                            self.status(lease, DeliveryState::Stopped);
-                        }
-                        let _ = self.reports.send(Report::Released { lease });
-                        if let Some(files) = self.ended_jobs.remove(&lease) {
-                            // What the workload wrote while it was stopped
-                            // (its SIGTERM grace) reaches the store; then its
-                            // files leave the host.
-                            tokio::spawn(async move {
-                                if let Err(error) = files.sync().await {
-                                    tracing::warn!(%lease, %error, "the job's last sync failed");
-                                }
-                                let _ = std::fs::remove_dir_all(&files.dir);
-                            });
-                        }
-                    }
-                    Err(error) => {
-                        removal.attempts += 1;
-                        let wait = (REMOVE_RETRY_MIN * 2u32.saturating_pow(removal.attempts - 1)).min(REMOVE_RETRY_MAX);
-                        removal.next_at = tokio::time::Instant::now() + wait;
-                        tracing::warn!(%lease, %error, attempts = removal.attempts, retry_in_ms = wait.as_millis() as u64, "the workload's removal is not confirmed; its GPUs stay off sale");
-                    }
-                }
-            }
-            Done::Prepared { lease, generation, result } => {
-                let in_container = self.backend.name() == "docker";
-                let Some(mut entry) = self.entries.remove(&lease).filter(|e| e.generation == generation) else { return };
-                match result {
-                    Ok(files) => {
-                        let mut env = files.env(in_container, entry.job.gpus.len());
-                        env.retain(|(name, _)| !name.is_empty());
-                        entry.job.secrets = Secrets { command: files.command(), env, ..Secrets::default() };
-                        entry.job.files = Some(*files);
-                        entry.synced_at = tokio::time::Instant::now();
-                        self.launch(&mut entry, 0, false);
-                    }
-                    Err(failure) => {
-                        entry.phase = Phase::Done;
-                        tracing::warn!(%lease, code = ?failure.code, detail = %failure.detail, "the job's files could not be prepared");
-                        self.status(lease, failure.state());
-                    }
-                }
-                self.entries.insert(lease, entry);
-            }
+            Done::Started { lease, generation, result } => self.started(lease, generation, result),
+            Done::Removed { lease, result } => self.removed(lease, result),
+            Done::Prepared { lease, generation, result } => self.prepared(lease, generation, result),
             Done::Synced { lease, exited } => {
                 if let Some(entry) = self.entries.get_mut(&lease) {
                     entry.syncing = false;
@@ -577,31 +506,112 @@ impl Manager {
                     self.on_poll(lease, generation, poll, ready);
                 }
             }
-            Done::Reconciled { adopted, unadopted, orphans } => {
-                for workload in adopted {
-                    let lease = workload.lease;
-                    if self.entries.contains_key(&lease) {
-                        continue;
-                    }
-                    tracing::info!(%lease, "re-adopted a running workload");
-                    let job = Job { lease, gpus: Vec::new(), workload: None, secrets: Secrets::default(), end_ms: None, files: None };
-                    let mut entry = Entry::new(job, Phase::Running);
-                    entry.endpoints = workload.endpoints;
-                    let state = running(&entry);
-                    self.entries.insert(lease, entry);
+            Done::Reconciled { adopted, unadopted, orphans } => self.reconciled(adopted, unadopted, orphans),
+        }
+    }
+
+    /// A workload's start finished: running (or settling first), or failed.
+    fn started(&mut self, lease: LeaseId, generation: u64, result: Result<Vec<Endpoint>, Failure>) {
+        let Some(entry) = self.entries.get_mut(&lease).filter(|e| e.generation == generation) else {
+            return; // replaced or ended meanwhile
+        };
+        match result {
+            Ok(endpoints) => {
+                entry.endpoints = endpoints;
+                if self.tuning.ready_after.is_zero() && entry.job.secrets.readiness.is_none() {
+                    entry.phase = Phase::Running;
+                    let state = running(entry);
                     self.status(lease, state);
+                } else {
+                    // `running` once it stayed up: a command that
+                    // exits at once is reported exited, never running.
+                    entry.phase = Phase::Settling { ready_at: tokio::time::Instant::now() + self.tuning.ready_after };
                 }
-                for workload in orphans {
-                    if self.entries.contains_key(&workload.lease) || self.removals.contains_key(&workload.lease) {
-                        continue;
-                    }
-                    tracing::info!(lease = %workload.lease, "removing the workload of a lease that ended while the agent was away");
-                    let _ = self.reports.send(Report::Removing { lease: workload.lease, gpus: workload.gpus });
-                    self.remove(workload.lease, false);
-                }
-                let _ = self.reports.send(Report::Unadopted { leases: unadopted });
+            }
+            Err(failure) => {
+                entry.phase = Phase::Done;
+                tracing::warn!(%lease, code = ?failure.code, detail = %failure.detail, "delivery failed");
+                self.status(lease, failure.state());
             }
         }
+    }
+
+    /// A workload's removal finished: confirmed (its GPUs are released, a
+    /// job's last files synced), or retried later with back-off.
+    fn removed(&mut self, lease: LeaseId, result: Result<(), String>) {
+        let Some(removal) = self.removals.get_mut(&lease) else { return };
+        removal.in_flight = false;
+        if let Err(error) = result {
+            removal.attempts += 1;
+            let wait = (REMOVE_RETRY_MIN * 2u32.saturating_pow(removal.attempts - 1)).min(REMOVE_RETRY_MAX);
+            removal.next_at = tokio::time::Instant::now() + wait;
+            tracing::warn!(%lease, %error, attempts = removal.attempts, retry_in_ms = wait.as_millis() as u64, "the workload's removal is not confirmed; its GPUs stay off sale");
+            return;
+        }
+        let Some(removal) = self.removals.remove(&lease) else { return };
+        if removal.tell {
+            self.status(lease, DeliveryState::Stopped);
+        }
+        let _ = self.reports.send(Report::Released { lease });
+        if let Some(files) = self.ended_jobs.remove(&lease) {
+            // What the workload wrote while it was stopped (its SIGTERM
+            // grace) reaches the store; then its files leave the host.
+            tokio::spawn(async move {
+                if let Err(error) = files.sync().await {
+                    tracing::warn!(%lease, %error, "the job's last sync failed");
+                }
+                let _ = std::fs::remove_dir_all(&files.dir);
+            });
+        }
+    }
+
+    /// A job's files were prepared: its workload starts with them, or fails.
+    fn prepared(&mut self, lease: LeaseId, generation: u64, result: Result<Box<jobs::JobFiles>, Failure>) {
+        let in_container = self.backend.name() == "docker";
+        let Some(mut entry) = self.entries.remove(&lease).filter(|e| e.generation == generation) else { return };
+        match result {
+            Ok(files) => {
+                let mut env = files.env(in_container, entry.job.gpus.len());
+                env.retain(|(name, _)| !name.is_empty());
+                entry.job.secrets = Secrets { command: files.command(), env, ..Secrets::default() };
+                entry.job.files = Some(*files);
+                entry.synced_at = tokio::time::Instant::now();
+                self.launch(&mut entry, 0, false);
+            }
+            Err(failure) => {
+                entry.phase = Phase::Done;
+                tracing::warn!(%lease, code = ?failure.code, detail = %failure.detail, "the job's files could not be prepared");
+                self.status(lease, failure.state());
+            }
+        }
+        self.entries.insert(lease, entry);
+    }
+
+    /// The container engine's listing at start: workloads of active leases re-adopted,
+    /// those of ended leases removed.
+    fn reconciled(&mut self, adopted: Vec<Found>, unadopted: Vec<LeaseId>, orphans: Vec<Found>) {
+        for workload in adopted {
+            let lease = workload.lease;
+            if self.entries.contains_key(&lease) {
+                continue;
+            }
+            tracing::info!(%lease, "re-adopted a running workload");
+            let job = Job { lease, gpus: Vec::new(), workload: None, secrets: Secrets::default(), end_ms: None, files: None };
+            let mut entry = Entry::new(job, Phase::Running);
+            entry.endpoints = workload.endpoints;
+            let state = running(&entry);
+            self.entries.insert(lease, entry);
+            self.status(lease, state);
+        }
+        for workload in orphans {
+            if self.entries.contains_key(&workload.lease) || self.removals.contains_key(&workload.lease) {
+                continue;
+            }
+            tracing::info!(lease = %workload.lease, "removing the workload of a lease that ended while the agent was away");
+            let _ = self.reports.send(Report::Removing { lease: workload.lease, gpus: workload.gpus });
+            self.remove(workload.lease, false);
+        }
+        let _ = self.reports.send(Report::Unadopted { leases: unadopted });
     }
 
     /// `ready`: the renter's readiness probe answered (or there is none).
