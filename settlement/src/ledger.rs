@@ -302,9 +302,24 @@ impl Ledger {
 
     /// Posts the transfers an engine event implies; returns them.
     pub fn apply(&mut self, event: &Event) -> Result<Vec<Transfer>, LedgerError> {
+        let legs = self.legs_of(&event.kind)?;
+        let kind = self.transfer_kind(&event.kind);
+        let mut posted = Vec::with_capacity(legs.len());
+        for (leg, (from, to, amount_minor, lease)) in legs.into_iter().enumerate() {
+            let transfer = Transfer { id: event.seq * 4 + leg as u64, at_ms: event.at_ms, from, to, amount_minor, lease, kind };
+            self.post(transfer)?;
+            posted.push(transfer);
+        }
+        Ok(posted)
+    }
+
+    /// The legs an event moves money along, in the order they are posted
+    /// (a transfer's id is its event's and its place here); the leases'
+    /// suppliers and provisional bills it notes on the way.
+    fn legs_of(&mut self, kind: &EventKind) -> Result<Vec<Leg>, LedgerError> {
         use LedgerAccount::*;
         let mut legs: Vec<Leg> = Vec::new();
-        match event.kind {
+        match *kind {
             EventKind::LeaseCreated { lease, supplier, .. } => {
                 self.suppliers.insert(lease, supplier);
             }
@@ -335,32 +350,14 @@ impl Ledger {
             }
             EventKind::PayoutSent { account, amount_minor } => legs.push((Payable(account), External, amount_minor, None)),
             EventKind::SlaCredited { lease, renter, supplier, amount_minor, from_payable, from_available, from_debt } => {
-                for (source, amount) in
-                    [(Payable(supplier), from_payable), (Available(supplier), from_available), (Debt(supplier), from_debt)]
-                {
-                    if amount > 0 {
-                        legs.push((source, SlaPool, amount, Some(lease)));
-                    }
-                }
+                from_supplier(&mut legs, supplier, [from_payable, from_available, from_debt], SlaPool, Some(lease));
                 legs.push((SlaPool, Available(renter), amount_minor, Some(lease)));
             }
             EventKind::UsageDisputed { lease, supplier, from_payable, from_available, from_debt, .. } => {
-                for (source, amount) in
-                    [(Payable(supplier), from_payable), (Available(supplier), from_available), (Debt(supplier), from_debt)]
-                {
-                    if amount > 0 {
-                        legs.push((source, Fees, amount, Some(lease)));
-                    }
-                }
+                from_supplier(&mut legs, supplier, [from_payable, from_available, from_debt], Fees, Some(lease));
             }
             EventKind::UsageDisputeHeld { lease, supplier, from_payable, from_available, from_debt, .. } => {
-                for (source, amount) in
-                    [(Payable(supplier), from_payable), (Available(supplier), from_available), (Debt(supplier), from_debt)]
-                {
-                    if amount > 0 {
-                        legs.push((source, DisputesHeld, amount, Some(lease)));
-                    }
-                }
+                from_supplier(&mut legs, supplier, [from_payable, from_available, from_debt], DisputesHeld, Some(lease));
             }
             EventKind::DisputeDecided { lease, renter, supplier, refunded_minor, fee_refunded_minor, paid_minor, .. } => {
                 for (source, to, amount) in [
@@ -383,25 +380,12 @@ impl Ledger {
                 self.provisional.remove(&lease);
             }
             EventKind::DeliveryCredited { holder, supplier, amount_minor, from_payable, from_available, from_debt, .. } => {
-                for (source, amount) in
-                    [(Payable(supplier), from_payable), (Available(supplier), from_available), (Debt(supplier), from_debt)]
-                {
-                    if amount > 0 {
-                        legs.push((source, SlaPool, amount, None));
-                    }
-                }
+                from_supplier(&mut legs, supplier, [from_payable, from_available, from_debt], SlaPool, None);
                 legs.push((SlaPool, Available(holder), amount_minor, None));
             }
             _ => {}
         }
-        let kind = self.transfer_kind(&event.kind);
-        let mut posted = Vec::with_capacity(legs.len());
-        for (leg, (from, to, amount_minor, lease)) in legs.into_iter().enumerate() {
-            let transfer = Transfer { id: event.seq * 4 + leg as u64, at_ms: event.at_ms, from, to, amount_minor, lease, kind };
-            self.post(transfer)?;
-            posted.push(transfer);
-        }
-        Ok(posted)
+        Ok(legs)
     }
 
     /// The kind of every transfer an event posts: a usage charge or an
@@ -468,6 +452,17 @@ fn transfer_kind(event: &EventKind) -> TransferKind {
         EventKind::UsageDisputeHeld { .. } => TransferKind::DisputeHeld,
         EventKind::DisputeDecided { .. } => TransferKind::DisputeDecided,
         _ => TransferKind::Unclassified,
+    }
+}
+
+/// What a supplier gives up, taken from its payable, available and debt
+/// balances in that order (the parts above 0), to `to`.
+fn from_supplier(legs: &mut Vec<Leg>, supplier: gpux_engine::AccountId, parts: [u64; 3], to: LedgerAccount, lease: Option<LeaseId>) {
+    let sources = [LedgerAccount::Payable(supplier), LedgerAccount::Available(supplier), LedgerAccount::Debt(supplier)];
+    for (source, amount) in sources.into_iter().zip(parts) {
+        if amount > 0 {
+            legs.push((source, to, amount, lease));
+        }
     }
 }
 
