@@ -56,22 +56,7 @@ impl Sequencer {
             "the newest snapshot is ahead of the journal: the journal file does not belong to these snapshots"
         );
         let snapshot_seq = snapshot.as_ref().map_or(0, |s| s.journal_seq);
-        let mut market = snapshot.map_or(market, |snapshot| snapshot.market);
-        let entries = journal.entries_after(snapshot_seq)?;
-        let count = entries.len() as u64;
-        // What the replay archives is in the journal's archive already
-        // (written in its entry's commit), unless the journal predates the
-        // archive: it is written again with the first commit (same key,
-        // same value).
-        let mut archived = gpux_market::Archived::default();
-        for (offset, entry) in entries.iter().enumerate() {
-            // What an entry sent went out when it was first applied; replay
-            // only rebuilds the state.
-            let mut applied = market
-                .apply(entry)
-                .map_err(|error| anyhow::anyhow!("replaying journal entry {}: {error}", snapshot_seq + 1 + offset as u64))?;
-            archived.append(&mut applied.archived);
-        }
+        let (market, archived, count) = replay(snapshot.map_or(market, |snapshot| snapshot.market), journal.as_ref(), snapshot_seq)?;
         // The snapshot replica starts from the recovered state (one copy, at start).
         let snapshot_writer = if snapshots.takes_snapshots() {
             let guard =
@@ -113,33 +98,37 @@ impl Sequencer {
         if let Some(listing) = listing {
             sequencer.adopt_listing(listing, snapshot_seq == 0 && count == 0)?;
         }
-        // The fee, the billing grace and the late-report window are engine state, changed only by
-        // journaled commands, so a replay from any point reaches the same
-        // charges whatever the flags say then. These commands are committed
-        // with the first batch.
         sequencer.market.advance_clock(clock.now_ms());
-        let config = sequencer.market.engine().config().clone();
-        if config.fee_bps != billing.fee_bps {
-            sequencer.apply_command(None, 0, Command::SetFee { fee_bps: billing.fee_bps });
-        }
-        if config.billing_grace_ms != billing.grace_ms {
-            sequencer.apply_command(None, 0, Command::SetBillingGrace { grace_ms: billing.grace_ms });
-        }
-        if sequencer.market.engine().late_report_window_ms() != billing.late_window_ms {
-            sequencer.apply_command(None, 0, Command::SetLateReportWindow { window_ms: billing.late_window_ms });
-        }
-        // Usage reports are checked by ZIP-215 from here on (the gateway
-        // verifies them off this thread); a journal that began under the
-        // legacy rule keeps it for the reports before this entry.
-        if sequencer.market.signature_rule() != gpux_settlement::SignatureRule::Zip215 {
-            sequencer.journal(JournalEntry::SignatureRule { rule: gpux_settlement::SignatureRule::Zip215 });
-        }
+        sequencer.journal_policy(billing);
         sequencer.pending.clear();
         if let Some(fatal) = sequencer.fatal.take() {
             return Err(fatal.into());
         }
         let state_hash = sequencer.market.state_hash();
         Ok((sequencer, Recovery { snapshot_seq, entries: count, state_hash }))
+    }
+
+    /// The fee, the billing grace and the late-report window are engine
+    /// state, changed only by journaled commands, so a replay from any point
+    /// reaches the same charges whatever the flags say then: those the
+    /// flags change are journaled here, committed with the first batch.
+    fn journal_policy(&mut self, billing: BillingPolicy) {
+        let config = self.market.engine().config().clone();
+        if config.fee_bps != billing.fee_bps {
+            self.apply_command(None, 0, Command::SetFee { fee_bps: billing.fee_bps });
+        }
+        if config.billing_grace_ms != billing.grace_ms {
+            self.apply_command(None, 0, Command::SetBillingGrace { grace_ms: billing.grace_ms });
+        }
+        if self.market.engine().late_report_window_ms() != billing.late_window_ms {
+            self.apply_command(None, 0, Command::SetLateReportWindow { window_ms: billing.late_window_ms });
+        }
+        // Usage reports are checked by ZIP-215 from here on (the gateway
+        // verifies them off this thread); a journal that began under the
+        // legacy rule keeps it for the reports before this entry.
+        if self.market.signature_rule() != gpux_settlement::SignatureRule::Zip215 {
+            self.journal(JournalEntry::SignatureRule { rule: gpux_settlement::SignatureRule::Zip215 });
+        }
     }
 
     /// Makes the operator's listing the market's (docs/market-rules.md
@@ -170,4 +159,27 @@ impl Sequencer {
         }
         Ok(())
     }
+}
+
+/// The journal's entries after `snapshot_seq` applied to `market`: the
+/// market, what the replay archived and how many entries it applied. What
+/// the replay archives is in the journal's archive already (written in its
+/// entry's commit), unless the journal predates the archive: it is written
+/// again with the first commit (same key, same value).
+fn replay(
+    mut market: MarketState,
+    journal: &dyn JournalStore,
+    snapshot_seq: u64,
+) -> anyhow::Result<(MarketState, gpux_market::Archived, u64)> {
+    let entries = journal.entries_after(snapshot_seq)?;
+    let mut archived = gpux_market::Archived::default();
+    for (offset, entry) in entries.iter().enumerate() {
+        // What an entry sent went out when it was first applied; replay
+        // only rebuilds the state.
+        let mut applied = market
+            .apply(entry)
+            .map_err(|error| anyhow::anyhow!("replaying journal entry {}: {error}", snapshot_seq + 1 + offset as u64))?;
+        archived.append(&mut applied.archived);
+    }
+    Ok((market, archived, entries.len() as u64))
 }
