@@ -612,7 +612,6 @@ fn id_of<T: std::str::FromStr>(text: &str, what: &str) -> Result<T, Failure> {
 
 /// The sequencer request for a path (without `/api/v1/`).
 fn route(segments: &[&str], query: &Query) -> Result<Routed, Failure> {
-    let not_found = || Failure::new(ErrorCode::UnknownMessage, "no such path in the REST API (see /api/v1/openapi.json)");
     match segments {
         ["openapi.json"] => {
             query.only(&[])?;
@@ -626,51 +625,7 @@ fn route(segments: &[&str], query: &Query) -> Result<Routed, Failure> {
             query.only(&[])?;
             ask(Body::Instruments {})
         }
-        ["instruments", instrument, what] => {
-            let instrument = InstrumentId(id_of(instrument, "the instrument id")?);
-            match *what {
-                "stats" => {
-                    query.only(&[])?;
-                    ask(Body::Stats { instrument })
-                }
-                "book" => {
-                    query.only(&[])?;
-                    ask(Body::Book { instrument })
-                }
-                "offers" => {
-                    query.only(&["offset", "after_price", "after_priority"])?;
-                    let offset = query.number("offset")?.unwrap_or(0);
-                    let after = match (query.number("after_price")?, query.number("after_priority")?) {
-                        (Some(price_minor_per_gpu_hour), Some(priority)) => {
-                            Some(gpux_engine::OfferCursor { price_minor_per_gpu_hour, priority })
-                        }
-                        (None, None) => None,
-                        _ => {
-                            return Err(Failure::new(
-                                ErrorCode::WrongType,
-                                "after_price and after_priority go together (next_after's two fields)",
-                            ))
-                        }
-                    };
-                    ask(Body::BookOffers { instrument, offset, after })
-                }
-                "trades" => {
-                    query.only(&["before_seq"])?;
-                    let before_seq = query.number("before_seq")?;
-                    ask(Body::History { request: HistoryRequest::Trades { instrument, before_seq } })
-                }
-                "candles" => {
-                    query.only(&["interval", "before_ms"])?;
-                    let interval = query
-                        .get("interval")
-                        .and_then(CandleInterval::from_name)
-                        .ok_or_else(|| Failure::new(ErrorCode::WrongType, "interval must be 1m, 1h or 1d"))?;
-                    let before_ms = query.number("before_ms")?;
-                    ask(Body::History { request: HistoryRequest::Candles { instrument, interval, before_ms } })
-                }
-                _ => Err(not_found()),
-            }
-        }
+        ["instruments", instrument, what] => instrument_route(InstrumentId(id_of(instrument, "the instrument id")?), what, query),
         ["suppliers", supplier, "stats"] => {
             query.only(&[])?;
             let supplier = AccountId(id_of(supplier, "the supplier id")?);
@@ -681,43 +636,93 @@ fn route(segments: &[&str], query: &Query) -> Result<Routed, Failure> {
             let renter = AccountId(id_of(renter, "the renter id")?);
             ask(Body::RenterStats { renter })
         }
-        ["account", what] => match *what {
-            "balance" => {
-                query.only(&[])?;
-                ask(Body::Balance {})
-            }
-            "orders" => {
-                query.only(&["after"])?;
-                let after = query.number("after")?;
-                ask(Body::OpenOrders { after })
-            }
-            "leases" => {
-                query.only(&["after"])?;
-                let after = query.number("after")?;
-                ask(Body::Leases { after })
-            }
-            "gpus" => {
-                query.only(&["offset"])?;
-                let offset = query.number("offset")?.unwrap_or(0);
-                ask(Body::MyGpus { offset })
-            }
-            "statement" => {
-                query.only(&["before"])?;
-                let before = query.number("before")?;
-                ask(Body::RecentStatement { before })
-            }
-            "fills" => {
-                query.only(&["before_at_ms", "before_instrument", "before_seq"])?;
-                let cursor = (query.number("before_at_ms")?, query.number("before_instrument")?, query.number("before_seq")?);
-                let before = match cursor {
-                    (None, None, None) => None,
-                    (Some(at_ms), Some(instrument), Some(seq)) => Some(FillCursor { at_ms, instrument: InstrumentId(instrument), seq }),
-                    _ => return Err(Failure::new(ErrorCode::WrongType, "before_at_ms, before_instrument and before_seq go together")),
-                };
-                ask(Body::History { request: HistoryRequest::Fills { before } })
-            }
-            _ => Err(not_found()),
-        },
+        ["account", what] => account_route(what, query),
+        _ => Err(not_found()),
+    }
+}
+
+fn not_found() -> Failure {
+    Failure::new(ErrorCode::UnknownMessage, "no such path in the REST API (see /api/v1/openapi.json)")
+}
+
+/// `instruments/{id}/...`: an instrument's market data.
+fn instrument_route(instrument: InstrumentId, what: &str, query: &Query) -> Result<Routed, Failure> {
+    match what {
+        "stats" => {
+            query.only(&[])?;
+            ask(Body::Stats { instrument })
+        }
+        "book" => {
+            query.only(&[])?;
+            ask(Body::Book { instrument })
+        }
+        "offers" => {
+            query.only(&["offset", "after_price", "after_priority"])?;
+            let offset = query.number("offset")?.unwrap_or(0);
+            let after = match (query.number("after_price")?, query.number("after_priority")?) {
+                (Some(price_minor_per_gpu_hour), Some(priority)) => Some(gpux_engine::OfferCursor { price_minor_per_gpu_hour, priority }),
+                (None, None) => None,
+                _ => {
+                    return Err(Failure::new(ErrorCode::WrongType, "after_price and after_priority go together (next_after's two fields)"))
+                }
+            };
+            ask(Body::BookOffers { instrument, offset, after })
+        }
+        "trades" => {
+            query.only(&["before_seq"])?;
+            let before_seq = query.number("before_seq")?;
+            ask(Body::History { request: HistoryRequest::Trades { instrument, before_seq } })
+        }
+        "candles" => {
+            query.only(&["interval", "before_ms"])?;
+            let interval = query
+                .get("interval")
+                .and_then(CandleInterval::from_name)
+                .ok_or_else(|| Failure::new(ErrorCode::WrongType, "interval must be 1m, 1h or 1d"))?;
+            let before_ms = query.number("before_ms")?;
+            ask(Body::History { request: HistoryRequest::Candles { instrument, interval, before_ms } })
+        }
+        _ => Err(not_found()),
+    }
+}
+
+/// `account/...`: the signing key's account.
+fn account_route(what: &str, query: &Query) -> Result<Routed, Failure> {
+    match what {
+        "balance" => {
+            query.only(&[])?;
+            ask(Body::Balance {})
+        }
+        "orders" => {
+            query.only(&["after"])?;
+            let after = query.number("after")?;
+            ask(Body::OpenOrders { after })
+        }
+        "leases" => {
+            query.only(&["after"])?;
+            let after = query.number("after")?;
+            ask(Body::Leases { after })
+        }
+        "gpus" => {
+            query.only(&["offset"])?;
+            let offset = query.number("offset")?.unwrap_or(0);
+            ask(Body::MyGpus { offset })
+        }
+        "statement" => {
+            query.only(&["before"])?;
+            let before = query.number("before")?;
+            ask(Body::RecentStatement { before })
+        }
+        "fills" => {
+            query.only(&["before_at_ms", "before_instrument", "before_seq"])?;
+            let cursor = (query.number("before_at_ms")?, query.number("before_instrument")?, query.number("before_seq")?);
+            let before = match cursor {
+                (None, None, None) => None,
+                (Some(at_ms), Some(instrument), Some(seq)) => Some(FillCursor { at_ms, instrument: InstrumentId(instrument), seq }),
+                _ => return Err(Failure::new(ErrorCode::WrongType, "before_at_ms, before_instrument and before_seq go together")),
+            };
+            ask(Body::History { request: HistoryRequest::Fills { before } })
+        }
         _ => Err(not_found()),
     }
 }
