@@ -344,14 +344,15 @@ async fn supplier_stats(s: &mut Session, supplier: AccountId, json: bool) -> Res
     Ok(())
 }
 
-pub async fn run(cli: Cli) -> Result<(), Failure> {
-    let key_path = keys::default_path(cli.key.as_deref());
+/// The commands that need no login (key files, completions, invites, what
+/// anyone may read): `Ok(true)` once one ran, `Ok(false)` for the rest.
+async fn without_login(cli: &Cli, key_path: &std::path::Path) -> Result<bool, Failure> {
     let json = cli.json;
     match &cli.command {
         Command::Keys { action: KeysAction::Create } => {
-            let key = keys::create(&key_path)?;
+            let key = keys::create(key_path)?;
             out!("created {} (public key {})", key_path.display(), hex::encode(key.verifying_key().to_bytes()));
-            return Ok(());
+            return Ok(true);
         }
         Command::Completions { shell } => {
             use clap::CommandFactory;
@@ -360,72 +361,70 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
             clap_complete::generate(*shell, &mut command, "gpux", &mut script);
             // As every output: a closed pipe ends the program quietly.
             out!("{}", String::from_utf8_lossy(&script).trim_end());
-            return Ok(());
+            return Ok(true);
         }
         Command::Invite { public_key, role, expires_in_s } => {
-            let key = keys::load(&key_path)?;
-            let mut user = [0u8; 32];
-            hex::decode_to_slice(public_key.trim(), &mut user)
-                .map_err(|_| Failure::Usage(format!("{public_key}: a public key is 64 hex digits (`gpux keys show` prints it)")))?;
-            let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-            let expires_at_ms = now_ms.saturating_add(expires_in_s.saturating_mul(1_000));
-            let invite = gpux_protocol::invite::Invite::sign(&key, &user, role_of(*role), expires_at_ms);
-            if json {
-                out!("{{\"invite\":\"{}\",\"expires_at_ms\":{expires_at_ms}}}", invite.encode());
-            } else {
-                out!("{}", invite.encode());
-            }
-            return Ok(());
+            invite(key_path, public_key, *role, *expires_in_s, json)?;
+            return Ok(true);
         }
         Command::Keys { action: KeysAction::Show } => {
-            let key = keys::load(&key_path)?;
+            let key = keys::load(key_path)?;
             out!("{}", hex::encode(key.verifying_key().to_bytes()));
-            return Ok(());
+            return Ok(true);
         }
         Command::Book { instrument, depth, once, seconds } => {
             let mut session = Session::anonymous(&cli.url).await?;
             let instrument = session.resolve(instrument).await?;
-            return crate::book::watch(&mut session.connection, instrument, *depth, *once, *seconds, json).await;
+            return crate::book::watch(&mut session.connection, instrument, *depth, *once, *seconds, json).await.map(|()| true);
         }
         Command::Instruments { calendar } => {
             let mut session = Session::anonymous(&cli.url).await?;
-            return instruments(&mut session, *calendar, json).await;
+            return instruments(&mut session, *calendar, json).await.map(|()| true);
         }
         Command::Supplier { supplier } => {
             let mut session = Session::anonymous(&cli.url).await?;
-            return supplier_stats(&mut session, AccountId(*supplier), json).await;
+            return supplier_stats(&mut session, AccountId(*supplier), json).await.map(|()| true);
         }
         Command::Renter { renter } => {
             let mut session = Session::anonymous(&cli.url).await?;
-            return renter_stats(&mut session, AccountId(*renter), json).await;
+            return renter_stats(&mut session, AccountId(*renter), json).await.map(|()| true);
         }
         Command::Listing => {
             let mut session = Session::anonymous(&cli.url).await?;
-            return listing(&mut session, json).await;
+            return listing(&mut session, json).await.map(|()| true);
         }
         Command::Job {
             action: crate::JobAction::Plan { file, catalogue, set } | crate::JobAction::Submit { file, catalogue, set, dry_run: true },
         } => {
             let mut session = Session::anonymous(&cli.url).await?;
-            return crate::job::plan_job(&mut session, file, catalogue.clone(), &set.overrides(), json).await;
+            return crate::job::plan_job(&mut session, file, catalogue.clone(), &set.overrides(), json).await.map(|()| true);
         }
         Command::Asks { instrument, limit } => {
             let mut session = Session::anonymous(&cli.url).await?;
             let instrument = session.resolve(instrument).await?;
-            return asks(&mut session, instrument, *limit, json).await;
+            return asks(&mut session, instrument, *limit, json).await.map(|()| true);
         }
         Command::Trades { instrument, limit } => {
             let mut session = Session::anonymous(&cli.url).await?;
             let instrument = session.resolve(instrument).await?;
-            return trades(&mut session, instrument, *limit, json).await;
+            return trades(&mut session, instrument, *limit, json).await.map(|()| true);
         }
         Command::Candles { instrument, interval, limit } => {
             let mut session = Session::anonymous(&cli.url).await?;
             let instrument = session.resolve(instrument).await?;
             let interval = gpux_protocol::CandleInterval::from_name(interval).expect("clap checked the interval");
-            return candles(&mut session, instrument, interval, *limit, json).await;
+            return candles(&mut session, instrument, interval, *limit, json).await.map(|()| true);
         }
         _ => {}
+    }
+    Ok(false)
+}
+
+pub async fn run(cli: Cli) -> Result<(), Failure> {
+    let key_path = keys::default_path(cli.key.as_deref());
+    let json = cli.json;
+    if without_login(&cli, &key_path).await? {
+        return Ok(());
     }
     let (role, invite) = match &cli.command {
         Command::Login { role, invite } => (role.map(role_of), invite.clone()),
@@ -435,211 +434,51 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     let mut session = Session::login(&cli.url, &key, role, invite).await?;
     let s = &mut session;
     match cli.command {
-        Command::Login { .. } => {
-            let account = s.connection.account;
-            let actual = s.connection.role.ok_or_else(|| Failure::Unreachable("the exchange sent no role at login".into()))?;
-            // --role opens an account for a new key; a key that has one keeps its role.
-            if let Some(asked) = s.role.filter(|asked| *asked != actual) {
-                return Err(Failure::Refused(format!(
-                    "this key already has account {account} as {}, not {}: --role only opens an account for a new key (make one with `gpux --key PATH keys create`, then `gpux --key PATH login --role ...`)",
-                    role_name(actual),
-                    role_name(asked)
-                )));
-            }
-            if json {
-                out!("{{\"account\":{},\"role\":\"{}\"}}", account.0, role_name(actual));
-            } else {
-                out!("logged in as account {account} ({})", role_name(actual));
-            }
-            Ok(())
-        }
+        Command::Login { .. } => logged_in(s, json),
         Command::Account => {
-            if json {
-                out!("{{\"account\":{}}}", s.connection.account.0);
-            } else {
-                out!("{}", s.connection.account.0);
-            }
+            let account = s.connection.account.0;
+            out!("{}", if json { format!("{{\"account\":{account}}}") } else { account.to_string() });
             Ok(())
         }
-        Command::Balance => {
-            let id = s.connection.new_id();
-            let answer = s.ask(ClientMessage::Balance { id }, json).await?;
-            if json {
-                return Ok(());
-            }
-            if let ServerMessage::Balance { available_minor, held_minor, payable_minor, debt_minor, .. } = answer {
-                out!("available {}", amount(available_minor));
-                out!("held      {}  (open bids and lease escrow)", amount(held_minor));
-                out!("payable   {}  (earnings not yet paid out)", amount(payable_minor));
-                out!("owed      {}", amount(debt_minor));
-            }
-            Ok(())
-        }
+        Command::Balance => balance(s, json).await,
         Command::Statement { after } => statement(s, after, json).await,
         Command::Run(args) => crate::run::run(s, args, json).await,
         Command::Job { action } => crate::job::job_action(s, &action, json).await,
         Command::Lease { action } => crate::run::lease(s, action, &key, json).await,
         Command::Buy(args) => place(s, Side::Buy, args, json).await,
-        Command::Sell(args) => {
-            if let Some(flag) = args.bid_only_flag() {
-                return Err(Failure::Usage(format!("{flag} is for bids (`gpux buy`), not for selling")));
-            }
-            place(s, Side::Sell, args, json).await
-        }
-        Command::Offer { instrument, price, host, gpus } => {
-            let instrument = s.resolve(&instrument).await?;
-            let price = parse_amount(&price).map_err(Failure::Usage)?;
-            let gpu_mask = gpus.iter().try_fold(0u64, |mask, &i| (i < 64).then_some(mask | (1 << i)));
-            let gpu_mask = gpu_mask.ok_or_else(|| Failure::Usage("GPU indexes are below 64".into()))?;
-            let mut order = OrderTicket::limit(now_ms(), instrument, Side::Sell, price, gpu_mask.count_ones());
-            order.supply = Some(GpuSet { host: gpux_engine::HostId(host), gpu_mask });
-            let id = s.connection.new_id();
-            let answer = s.ask(ClientMessage::NewOrder { id, order, workload: None }, json).await?;
-            written(s, answer, "offer placed", "offer", json).await
-        }
+        Command::Sell(args) => place(s, Side::Sell, args, json).await,
+        Command::Offer { instrument, price, host, gpus } => offer(s, &instrument, &price, host, &gpus, json).await,
         Command::Cancel { order } => {
-            let id = s.connection.new_id();
-            let answer = s.ask(ClientMessage::CancelOrder { id, order: OrderId(order) }, json).await?;
-            written(s, answer, "cancelled", "cancel", json).await
+            let order = OrderId(order);
+            write(s, |id| ClientMessage::CancelOrder { id, order }, ("cancelled", "cancel"), json).await
         }
         Command::Replace { order, price, quantity } => {
             let price_minor_per_gpu_hour = parse_amount(&price).map_err(Failure::Usage)?;
-            let id = s.connection.new_id();
-            let message = ClientMessage::ReplaceOrder { id, order: OrderId(order), price_minor_per_gpu_hour, quantity };
-            let answer = s.ask(message, json).await?;
-            written(s, answer, "replaced", "replace", json).await
+            let message = |id| ClientMessage::ReplaceOrder { id, order: OrderId(order), price_minor_per_gpu_hour, quantity };
+            write(s, message, ("replaced", "replace"), json).await
         }
         Command::CancelAll { instrument } => {
             let instrument = match instrument {
                 Some(symbol) => Some(s.resolve(&symbol).await?),
                 None => None,
             };
-            let id = s.connection.new_id();
-            let answer = s.ask(ClientMessage::MassCancel { id, instrument }, json).await?;
-            written(s, answer, "all cancelled", "cancel_all", json).await
+            write(s, |id| ClientMessage::MassCancel { id, instrument }, ("all cancelled", "cancel_all"), json).await
         }
         Command::Orders => orders(s, None, json).await,
         Command::Offers => orders(s, Some(Side::Sell), json).await,
         Command::Leases => leases(s, json).await,
         Command::EndLease { lease } => {
-            let id = s.connection.new_id();
-            let answer = s.ask(ClientMessage::EndLease { id, lease: LeaseId(lease) }, json).await?;
-            written(s, answer, "lease ended", "end_lease", json).await
+            write(s, |id| ClientMessage::EndLease { id, lease: LeaseId(lease) }, ("lease ended", "end_lease"), json).await
         }
         Command::Fills { past: true, limit, .. } => past_fills(s, limit, json).await,
         Command::Fills { seconds, .. } => fills(s, seconds, json).await,
-        Command::Gpus => {
-            let mut all = Vec::new();
-            let mut offset = 0;
-            loop {
-                let id = s.connection.new_id();
-                let ServerMessage::Gpus { gpus, next_offset, .. } = s.ask(ClientMessage::MyGpus { id, offset }, json).await? else {
-                    break;
-                };
-                all.extend(gpus);
-                match next_offset {
-                    Some(next) => offset = next,
-                    None => break,
-                }
-            }
-            if !json {
-                out!(
-                    "{:>6} {:>6} {:>5}  {:<28} {:<8} {:<24} {:<22} {:<20} classes",
-                    "gpu",
-                    "host",
-                    "index",
-                    "model",
-                    "online",
-                    "challenge",
-                    "memory challenge",
-                    "region/zone"
-                );
-                for gpu in all {
-                    // The last hardware challenge: its outcome and the rate it showed.
-                    let challenge = match gpu.challenge {
-                        Some(c) => format!("{} {} MFLOP/s", snake(&c.outcome), c.mflops),
-                        None => "none yet".to_string(),
-                    };
-                    // The last memory-bandwidth challenge, likewise.
-                    let memory = match gpu.memory {
-                        Some(m) => format!("{} {} MB/s", snake(&m.outcome), m.mbps),
-                        None => "none yet".to_string(),
-                    };
-                    let region = match (&gpu.region, gpu.zone.as_str()) {
-                        (Some(region), "") => region.clone(),
-                        (Some(region), zone) => format!("{region}/{zone}"),
-                        (None, _) => "-".to_string(),
-                    };
-                    out!(
-                        "{:>6} {:>6} {:>5}  {:<28} {:<8} {:<24} {:<22} {:<20} {}",
-                        gpu.gpu.0,
-                        gpu.host.0,
-                        gpu.index_on_host,
-                        gpu.spec.model,
-                        gpu.online,
-                        challenge,
-                        memory,
-                        region,
-                        gpu.classes.join(",")
-                    );
-                }
-            }
-            Ok(())
-        }
-        Command::Deposit { account, amount } => {
-            let amount_minor = parse_amount(&amount).map_err(Failure::Usage)?;
-            let id = s.connection.new_id();
-            let answer = s.ask(ClientMessage::Deposit { id, account: AccountId(account), amount_minor }, json).await?;
-            written(s, answer, "deposited", "deposit", json).await
-        }
-        Command::Withdraw { amount } => {
-            let amount_minor = parse_amount(&amount).map_err(Failure::Usage)?;
-            let id = s.connection.new_id();
-            let answer = s.ask(ClientMessage::Withdraw { id, account: None, amount_minor }, json).await;
-            let answer = answer.map_err(|f| money_out_refused(f, "available funds"))?;
-            written(s, answer, "withdrawn", "withdraw", json).await
-        }
-        Command::Payout { amount } => {
-            let amount_minor = parse_amount(&amount).map_err(Failure::Usage)?;
-            let id = s.connection.new_id();
-            let answer = s.ask(ClientMessage::Payout { id, account: None, amount_minor }, json).await;
-            let answer = answer.map_err(|f| money_out_refused(f, "payable earnings"))?;
-            written(s, answer, "paid out", "payout", json).await
-        }
+        Command::Gpus => gpus(s, json).await,
+        Command::Deposit { account, amount } => move_money(s, Move::Deposit(AccountId(account)), &amount, json).await,
+        Command::Withdraw { amount } => move_money(s, Move::Withdraw, &amount, json).await,
+        Command::Payout { amount } => move_money(s, Move::Payout, &amount, json).await,
         Command::SubAccount { action } => crate::access::sub_account(s, action, json).await,
         Command::Completions { .. } => Ok(()),
-        Command::Spend { daily, total, max_held, clear } => {
-            let parse = |text: Option<String>| text.map(|t| parse_amount(&t)).transpose().map_err(Failure::Usage);
-            let limits =
-                gpux_engine::SpendLimits { daily_minor: parse(daily)?, total_minor: parse(total)?, max_held_minor: parse(max_held)? };
-            if clear || limits != gpux_engine::SpendLimits::default() {
-                let id = s.connection.new_id();
-                let answer = s.ask(ClientMessage::SetSpendLimits { id, limits }, json).await?;
-                if !json {
-                    acknowledged(answer, if clear { "spend limits removed" } else { "spend limits set" })?;
-                }
-            }
-            let id = s.connection.new_id();
-            let answer = s.ask(ClientMessage::Spend { id }, json).await?;
-            if let (false, ServerMessage::Spend { spend, .. }) = (json, answer) {
-                match spend {
-                    None => out!("no spend limits"),
-                    Some(status) => {
-                        let limit = |l: Option<u64>| l.map_or_else(|| "none".to_string(), amount);
-                        out!(
-                            "spent today {}, in all {}, held {}; limits: daily {}, total {}, held {}",
-                            amount(status.spent_today_minor),
-                            amount(status.spent_total_minor),
-                            amount(status.held_minor),
-                            limit(status.limits.daily_minor),
-                            limit(status.limits.total_minor),
-                            limit(status.limits.max_held_minor)
-                        );
-                    }
-                }
-            }
-            Ok(())
-        }
+        Command::Spend { daily, total, max_held, clear } => spend(s, daily, total, max_held, clear, json).await,
         Command::Invoice { period, sub_account, html, pdf } => crate::invoice::invoice(s, period, sub_account, html, pdf, json).await,
         Command::Keys { action } => crate::access::keys(s, action, json).await,
         Command::Book { .. }
@@ -656,6 +495,208 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     }
 }
 
+/// `gpux invite`: an invitation for a public key, signed with this key.
+fn invite(key_path: &std::path::Path, public_key: &str, role: crate::RoleArg, expires_in_s: u64, json: bool) -> Result<(), Failure> {
+    let key = keys::load(key_path)?;
+    let mut user = [0u8; 32];
+    hex::decode_to_slice(public_key.trim(), &mut user)
+        .map_err(|_| Failure::Usage(format!("{public_key}: a public key is 64 hex digits (`gpux keys show` prints it)")))?;
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let expires_at_ms = now_ms.saturating_add(expires_in_s.saturating_mul(1_000));
+    let invite = gpux_protocol::invite::Invite::sign(&key, &user, role_of(role), expires_at_ms);
+    if json {
+        out!("{{\"invite\":\"{}\",\"expires_at_ms\":{expires_at_ms}}}", invite.encode());
+    } else {
+        out!("{}", invite.encode());
+    }
+    Ok(())
+}
+
+/// Sends one write request and prints its outcome: `done` for people, or
+/// the answer and its events under `label` with `--json`.
+async fn write(
+    s: &mut Session,
+    message: impl FnOnce(u64) -> ClientMessage,
+    (done, label): (&str, &str),
+    json: bool,
+) -> Result<(), Failure> {
+    let id = s.connection.new_id();
+    let answer = s.ask(message(id), json).await?;
+    written(s, answer, done, label, json).await
+}
+
+/// `gpux offer`: a supplier's ask for the named GPUs of one host.
+async fn offer(s: &mut Session, instrument: &str, price: &str, host: u32, gpus: &[u32], json: bool) -> Result<(), Failure> {
+    let instrument = s.resolve(instrument).await?;
+    let price = parse_amount(price).map_err(Failure::Usage)?;
+    let gpu_mask = gpus.iter().try_fold(0u64, |mask, &i| (i < 64).then_some(mask | (1 << i)));
+    let gpu_mask = gpu_mask.ok_or_else(|| Failure::Usage("GPU indexes are below 64".into()))?;
+    let mut order = OrderTicket::limit(now_ms(), instrument, Side::Sell, price, gpu_mask.count_ones());
+    order.supply = Some(GpuSet { host: gpux_engine::HostId(host), gpu_mask });
+    write(s, |id| ClientMessage::NewOrder { id, order, workload: None }, ("offer placed", "offer"), json).await
+}
+
+/// `gpux login`: the account and role the key logged in as.
+fn logged_in(s: &Session, json: bool) -> Result<(), Failure> {
+    let account = s.connection.account;
+    let actual = s.connection.role.ok_or_else(|| Failure::Unreachable("the exchange sent no role at login".into()))?;
+    // --role opens an account for a new key; a key that has one keeps its role.
+    if let Some(asked) = s.role.filter(|asked| *asked != actual) {
+        return Err(Failure::Refused(format!(
+            "this key already has account {account} as {}, not {}: --role only opens an account for a new key (make one with `gpux --key PATH keys create`, then `gpux --key PATH login --role ...`)",
+            role_name(actual),
+            role_name(asked)
+        )));
+    }
+    if json {
+        out!("{{\"account\":{},\"role\":\"{}\"}}", account.0, role_name(actual));
+    } else {
+        out!("logged in as account {account} ({})", role_name(actual));
+    }
+    Ok(())
+}
+
+/// `gpux balance`: available, held, payable and owed.
+async fn balance(s: &mut Session, json: bool) -> Result<(), Failure> {
+    let id = s.connection.new_id();
+    let answer = s.ask(ClientMessage::Balance { id }, json).await?;
+    if json {
+        return Ok(());
+    }
+    if let ServerMessage::Balance { available_minor, held_minor, payable_minor, debt_minor, .. } = answer {
+        out!("available {}", amount(available_minor));
+        out!("held      {}  (open bids and lease escrow)", amount(held_minor));
+        out!("payable   {}  (earnings not yet paid out)", amount(payable_minor));
+        out!("owed      {}", amount(debt_minor));
+    }
+    Ok(())
+}
+
+/// `gpux gpus`: every GPU of the account, page by page, with its last
+/// challenges.
+async fn gpus(s: &mut Session, json: bool) -> Result<(), Failure> {
+    let mut all = Vec::new();
+    let mut offset = 0;
+    loop {
+        let id = s.connection.new_id();
+        let ServerMessage::Gpus { gpus, next_offset, .. } = s.ask(ClientMessage::MyGpus { id, offset }, json).await? else {
+            break;
+        };
+        all.extend(gpus);
+        match next_offset {
+            Some(next) => offset = next,
+            None => break,
+        }
+    }
+    if !json {
+        out!(
+            "{:>6} {:>6} {:>5}  {:<28} {:<8} {:<24} {:<22} {:<20} classes",
+            "gpu",
+            "host",
+            "index",
+            "model",
+            "online",
+            "challenge",
+            "memory challenge",
+            "region/zone"
+        );
+        for gpu in all {
+            // The last hardware challenge: its outcome and the rate it showed.
+            let challenge = match gpu.challenge {
+                Some(c) => format!("{} {} MFLOP/s", snake(&c.outcome), c.mflops),
+                None => "none yet".to_string(),
+            };
+            // The last memory-bandwidth challenge, likewise.
+            let memory = match gpu.memory {
+                Some(m) => format!("{} {} MB/s", snake(&m.outcome), m.mbps),
+                None => "none yet".to_string(),
+            };
+            let region = match (&gpu.region, gpu.zone.as_str()) {
+                (Some(region), "") => region.clone(),
+                (Some(region), zone) => format!("{region}/{zone}"),
+                (None, _) => "-".to_string(),
+            };
+            out!(
+                "{:>6} {:>6} {:>5}  {:<28} {:<8} {:<24} {:<22} {:<20} {}",
+                gpu.gpu.0,
+                gpu.host.0,
+                gpu.index_on_host,
+                gpu.spec.model,
+                gpu.online,
+                challenge,
+                memory,
+                region,
+                gpu.classes.join(",")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `gpux spend`: sets or clears the spend limits when asked, then shows
+/// them with what was spent.
+async fn spend(
+    s: &mut Session,
+    daily: Option<String>,
+    total: Option<String>,
+    max_held: Option<String>,
+    clear: bool,
+    json: bool,
+) -> Result<(), Failure> {
+    let parse = |text: Option<String>| text.map(|t| parse_amount(&t)).transpose().map_err(Failure::Usage);
+    let limits = gpux_engine::SpendLimits { daily_minor: parse(daily)?, total_minor: parse(total)?, max_held_minor: parse(max_held)? };
+    if clear || limits != gpux_engine::SpendLimits::default() {
+        let id = s.connection.new_id();
+        let answer = s.ask(ClientMessage::SetSpendLimits { id, limits }, json).await?;
+        if !json {
+            acknowledged(answer, if clear { "spend limits removed" } else { "spend limits set" })?;
+        }
+    }
+    let id = s.connection.new_id();
+    let answer = s.ask(ClientMessage::Spend { id }, json).await?;
+    if let (false, ServerMessage::Spend { spend, .. }) = (json, answer) {
+        match spend {
+            None => out!("no spend limits"),
+            Some(status) => {
+                let limit = |l: Option<u64>| l.map_or_else(|| "none".to_string(), amount);
+                out!(
+                    "spent today {}, in all {}, held {}; limits: daily {}, total {}, held {}",
+                    amount(status.spent_today_minor),
+                    amount(status.spent_total_minor),
+                    amount(status.held_minor),
+                    limit(status.limits.daily_minor),
+                    limit(status.limits.total_minor),
+                    limit(status.limits.max_held_minor)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Money in or out of an account.
+enum Move {
+    Deposit(AccountId),
+    Withdraw,
+    Payout,
+}
+
+/// `gpux deposit`, `withdraw` and `payout`.
+async fn move_money(s: &mut Session, kind: Move, amount: &str, json: bool) -> Result<(), Failure> {
+    let amount_minor = parse_amount(amount).map_err(Failure::Usage)?;
+    match kind {
+        Move::Deposit(account) => write(s, |id| ClientMessage::Deposit { id, account, amount_minor }, ("deposited", "deposit"), json).await,
+        Move::Withdraw => {
+            let message = |id| ClientMessage::Withdraw { id, account: None, amount_minor };
+            write(s, message, ("withdrawn", "withdraw"), json).await.map_err(|f| money_out_refused(f, "available funds"))
+        }
+        Move::Payout => {
+            let message = |id| ClientMessage::Payout { id, account: None, amount_minor };
+            write(s, message, ("paid out", "payout"), json).await.map_err(|f| money_out_refused(f, "payable earnings"))
+        }
+    }
+}
+
 /// A refused withdrawal or payout, with what may leave the account.
 fn money_out_refused(failure: Failure, what: &str) -> Failure {
     match failure {
@@ -667,41 +708,10 @@ fn money_out_refused(failure: Failure, what: &str) -> Failure {
 }
 
 async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Result<(), Failure> {
-    let instrument = s.resolve(&args.instrument).await?;
-    let (order_type, price) = match &args.price {
-        Some(price) => (OrderType::Limit, parse_amount(price).map_err(Failure::Usage)?),
-        None => (OrderType::Market, 0),
-    };
-    let mut order = OrderTicket::limit(args.client_id.unwrap_or_else(now_ms), instrument, side, price, args.quantity);
-    order.order_type = order_type;
-    order.time_in_force = match (args.expire_after_s, args.tif) {
-        (Some(seconds), _) => {
-            TimeInForce::Gtt { expire_at_ms: now_ms().saturating_add_signed(s.connection.clock_offset_ms) + seconds * 1_000 }
-        }
-        (None, TifArg::Gtc) if order_type == OrderType::Market => TimeInForce::Ioc,
-        (None, TifArg::Gtc) => TimeInForce::Gtc,
-        (None, TifArg::Ioc) => TimeInForce::Ioc,
-        (None, TifArg::Fok) => TimeInForce::Fok,
-    };
-    order.post_only = args.post_only;
-    order.self_trade_prevention = match args.stp {
-        crate::StpArg::CancelNewest => gpux_engine::SelfTradePrevention::CancelNewest,
-        crate::StpArg::CancelOldest => gpux_engine::SelfTradePrevention::CancelOldest,
-        crate::StpArg::Decrement => gpux_engine::SelfTradePrevention::Decrement,
-        crate::StpArg::CancelBoth => gpux_engine::SelfTradePrevention::CancelBoth,
-    };
-    order.one_host = args.one_host;
-    args.filters.apply(&mut order)?;
-    order.all_or_none = args.all_or_none;
-    order.nodes = args.nodes.unwrap_or(0);
-    order.min_fabric_gbps = args.min_fabric_gbps.unwrap_or(0);
-    if let Some(budget) = &args.budget {
-        order.budget_minor = parse_amount(budget).map_err(|e| Failure::Usage(format!("--budget: {e}")))?;
+    if let (Side::Sell, Some(flag)) = (side, args.bid_only_flag()) {
+        return Err(Failure::Usage(format!("{flag} is for bids (`gpux buy`), not for selling")));
     }
-    if let Some(stop) = &args.stop {
-        order.stop_price_minor_per_gpu_hour = parse_amount(stop).map_err(|e| Failure::Usage(format!("--stop: {e}")))?;
-    }
-    order.duration = if args.until_cancelled { LeaseDuration::UntilCancelled } else { LeaseDuration::Hours(args.hours) };
+    let order = ticket(s, side, &args).await?;
     let (price, time_in_force, stop) = (order.price_minor_per_gpu_hour, order.time_in_force, order.stop_price_minor_per_gpu_hour);
     let id = s.connection.new_id();
     let answer = s.ask(ClientMessage::NewOrder { id, order, workload: None }, json).await?;
@@ -712,29 +722,7 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
     if !json {
         acknowledged(answer, "accepted")?;
     }
-    let symbols = if json { Default::default() } else { s.symbols().await? };
-    // What happened at once: fills and leases arrive as private events
-    // (with --json, each as the line the exchange sent).
-    let (mut filled, mut closed, mut armed) = (0u32, None, false);
-    while let Ok(Some(message)) = s.connection.next_within(Duration::from_millis(300)).await {
-        if json {
-            out!("{}", gpux_protocol::encode_server_text(&message));
-        }
-        if let ServerMessage::Private { event, .. } = message {
-            if !json {
-                describe_event(&event.kind, &symbols);
-            }
-            match event.kind {
-                EventKind::Trade { quantity, buy_order, sell_order, .. } if Some(buy_order) == placed || Some(sell_order) == placed => {
-                    filled += quantity
-                }
-                EventKind::OrderClosed { order, reason, .. } if Some(order) == placed => closed = Some(reason),
-                EventKind::StopArmed { order, .. } if Some(order) == placed => armed = true,
-                EventKind::StopTriggered { order, .. } if Some(order) == placed => armed = false,
-                _ => {}
-            }
-        }
-    }
+    let Placed { filled, closed, armed } = placed_outcome(s, placed, json).await?;
     if json {
         // One last line that scripts read: how the order stands.
         let state = match (armed && closed.is_none(), closed, filled) {
@@ -787,6 +775,82 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
             Ok(())
         }
     }
+}
+
+/// The order ticket `gpux buy` and `gpux sell` send.
+async fn ticket(s: &mut Session, side: Side, args: &OrderArgs) -> Result<OrderTicket, Failure> {
+    let instrument = s.resolve(&args.instrument).await?;
+    let (order_type, price) = match &args.price {
+        Some(price) => (OrderType::Limit, parse_amount(price).map_err(Failure::Usage)?),
+        None => (OrderType::Market, 0),
+    };
+    let mut order = OrderTicket::limit(args.client_id.unwrap_or_else(now_ms), instrument, side, price, args.quantity);
+    order.order_type = order_type;
+    order.time_in_force = match (args.expire_after_s, args.tif) {
+        (Some(seconds), _) => {
+            TimeInForce::Gtt { expire_at_ms: now_ms().saturating_add_signed(s.connection.clock_offset_ms) + seconds * 1_000 }
+        }
+        (None, TifArg::Gtc) if order_type == OrderType::Market => TimeInForce::Ioc,
+        (None, TifArg::Gtc) => TimeInForce::Gtc,
+        (None, TifArg::Ioc) => TimeInForce::Ioc,
+        (None, TifArg::Fok) => TimeInForce::Fok,
+    };
+    order.post_only = args.post_only;
+    order.self_trade_prevention = match args.stp {
+        crate::StpArg::CancelNewest => gpux_engine::SelfTradePrevention::CancelNewest,
+        crate::StpArg::CancelOldest => gpux_engine::SelfTradePrevention::CancelOldest,
+        crate::StpArg::Decrement => gpux_engine::SelfTradePrevention::Decrement,
+        crate::StpArg::CancelBoth => gpux_engine::SelfTradePrevention::CancelBoth,
+    };
+    order.one_host = args.one_host;
+    args.filters.apply(&mut order)?;
+    order.all_or_none = args.all_or_none;
+    order.nodes = args.nodes.unwrap_or(0);
+    order.min_fabric_gbps = args.min_fabric_gbps.unwrap_or(0);
+    if let Some(budget) = &args.budget {
+        order.budget_minor = parse_amount(budget).map_err(|e| Failure::Usage(format!("--budget: {e}")))?;
+    }
+    if let Some(stop) = &args.stop {
+        order.stop_price_minor_per_gpu_hour = parse_amount(stop).map_err(|e| Failure::Usage(format!("--stop: {e}")))?;
+    }
+    order.duration = if args.until_cancelled { LeaseDuration::UntilCancelled } else { LeaseDuration::Hours(args.hours) };
+    Ok(order)
+}
+
+/// What became of a placed order at once.
+struct Placed {
+    /// GPUs traded.
+    filled: u32,
+    closed: Option<OrderCloseReason>,
+    /// A stop order waiting for its trigger.
+    armed: bool,
+}
+
+/// Reads what happened at once: fills and leases arrive as private events
+/// (with --json, each printed as the line the exchange sent).
+async fn placed_outcome(s: &mut Session, placed: Option<OrderId>, json: bool) -> Result<Placed, Failure> {
+    let symbols = if json { Default::default() } else { s.symbols().await? };
+    let (mut filled, mut closed, mut armed) = (0u32, None, false);
+    while let Ok(Some(message)) = s.connection.next_within(Duration::from_millis(300)).await {
+        if json {
+            out!("{}", gpux_protocol::encode_server_text(&message));
+        }
+        if let ServerMessage::Private { event, .. } = message {
+            if !json {
+                describe_event(&event.kind, &symbols);
+            }
+            match event.kind {
+                EventKind::Trade { quantity, buy_order, sell_order, .. } if Some(buy_order) == placed || Some(sell_order) == placed => {
+                    filled += quantity
+                }
+                EventKind::OrderClosed { order, reason, .. } if Some(order) == placed => closed = Some(reason),
+                EventKind::StopArmed { order, .. } if Some(order) == placed => armed = true,
+                EventKind::StopTriggered { order, .. } if Some(order) == placed => armed = false,
+                _ => {}
+            }
+        }
+    }
+    Ok(Placed { filled, closed, armed })
 }
 
 fn describe_event(kind: &EventKind, symbols: &std::collections::HashMap<InstrumentId, String>) {

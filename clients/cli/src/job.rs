@@ -4,10 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use gpux_engine::{ContractKind, InstrumentState};
+use gpux_engine::{ContractKind, InstrumentId, InstrumentState};
 use gpux_jobs::catalogue::Catalogue;
 use gpux_jobs::spec::{CodeSource, FrameworkChoice};
-use gpux_jobs::{detect, plan, Framework, JobSpec};
+use gpux_jobs::{detect, plan, Framework, JobSpec, Requirement};
 use gpux_protocol::{
     BundleRef, ClientMessage, InputSource, JobFailure, JobId, JobInfo, JobInput, JobRun, JobState, JobSubmission, ServerMessage,
 };
@@ -63,39 +63,14 @@ async fn plan_and_print(
     let text = std::fs::read_to_string(file).map_err(|e| Failure::Usage(format!("reading {}: {e}", file.display())))?;
     let spec = JobSpec::parse_with(&text, set).map_err(|e| Failure::Usage(format!("{}: {e}", file.display())))?;
     let base = file.parent().unwrap_or(Path::new("."));
-    // The framework: said, or found in the code.
-    let (framework, requirement, requirements, evidence) = match (&spec.code, spec.framework) {
-        (_, FrameworkChoice::None) | (CodeSource::Image(_), FrameworkChoice::Auto) => {
-            (None, None, Vec::new(), "none (a ready image or plain code)".to_string())
-        }
-        (CodeSource::Dir(dir), FrameworkChoice::Auto) => {
-            let found = detect(&base.join(dir)).map_err(|e| Failure::Usage(e.to_string()))?;
-            (found.framework, found.framework_requirement, found.requirements, found.evidence)
-        }
-        (code, choice) => {
-            let found = match code {
-                CodeSource::Dir(dir) => detect(&base.join(dir)).ok(),
-                CodeSource::Image(_) => None,
-            };
-            let requirements = found.as_ref().map(|f| f.requirements.clone()).unwrap_or_default();
-            let requirement = found.and_then(|f| f.framework_requirement);
-            (framework_of(choice), requirement, requirements, "said in the job file".to_string())
-        }
-    };
+    let (framework, requirement, requirements, evidence) = framework_of_job(&spec, base)?;
     // The code bundle, packed as it would be sent (its hash is what the
     // exchange will hold).
     let bundle = match &spec.code {
         CodeSource::Dir(dir) => Some(gpux_jobs::bundle::pack(&base.join(dir)).map_err(|e| Failure::Usage(e.to_string()))?),
         CodeSource::Image(_) => None,
     };
-    let catalogue_path = catalogue.or_else(|| std::env::var_os("GPUX_CATALOGUE").map(PathBuf::from));
-    let catalogue = match &catalogue_path {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| Failure::Usage(format!("reading {}: {e}", path.display())))?;
-            Some(Catalogue::parse(&text).map_err(|e| Failure::Usage(format!("{}: {e}", path.display())))?)
-        }
-        None => None,
-    };
+    let (catalogue_path, catalogue) = load_catalogue(catalogue)?;
     let vendors = match (framework, &catalogue) {
         (Some(framework), Some(catalogue)) => Some(catalogue.vendors_for(framework, spec.vendor)),
         _ => None,
@@ -110,28 +85,7 @@ async fn plan_and_print(
     let ServerMessage::Instruments { instruments, .. } = s.ask(ClientMessage::Instruments { id }, false).await? else {
         return Err(Failure::Unreachable("expected the instruments".into()));
     };
-    let mut asks = std::collections::BTreeMap::new();
-    for instrument in instruments.iter().filter(|i| i.state == InstrumentState::Trading) {
-        if !matches!(instrument.contract, ContractKind::Spot | ContractKind::Preemptible) {
-            continue;
-        }
-        let mut offers = Vec::new();
-        let mut after = None;
-        for _ in 0..OFFER_PAGES_MAX {
-            let id = s.connection.new_id();
-            let answer = s.ask(ClientMessage::BookOffers { id, instrument: instrument.instrument, offset: 0, after }, false).await?;
-            let ServerMessage::BookOffers { offers: page, next_after, .. } = answer else {
-                return Err(Failure::Unreachable("expected book_offers".into()));
-            };
-            offers.extend(page);
-            match next_after {
-                Some(next) => after = Some(next),
-                None => break,
-            }
-        }
-        let class_min_gbps = cluster_rules.iter().find(|r| r.class == instrument.class).map_or(0, |r| r.min_fabric_gbps);
-        asks.insert(instrument.instrument, plan::usable_asks(&spec, &offers, class_min_gbps));
-    }
+    let asks = usable_asks(s, &spec, &instruments, &cluster_rules).await?;
     let market = plan::Market { listing: &listing, instruments: &instruments, asks: &asks };
     let planned = plan(&spec, &market, vendors.as_ref());
     let chosen = planned.chosen();
@@ -139,35 +93,9 @@ async fn plan_and_print(
         (Some(framework), Some(catalogue), Some(chosen)) => catalogue.choose(framework, requirement.as_ref(), chosen.vendor, &requirements),
         _ => None,
     };
-    let currency = &listing.currency;
     if json {
-        let candidates: Vec<serde_json::Value> = planned
-            .candidates
-            .iter()
-            .map(|c| {
-                serde_json::json!({
-                    "instrument": c.instrument.0, "symbol": c.symbol, "class": c.class, "preemptible": c.preemptible,
-                    "worst_price_minor_per_gpu_hour": c.worst_price, "expected_cost_minor": c.expected_cost,
-                    "verdict": c.verdict.describe(&amount), "chosen": c.verdict == gpux_jobs::Verdict::Chosen,
-                })
-            })
-            .collect();
-        let plan = serde_json::json!({
-            "job": spec.name,
-            "framework": framework.map(Framework::name),
-            "framework_evidence": evidence,
-            "image": image.as_ref().map(|i| i.image.reference.clone()),
-            "image_reason": image.as_ref().map(|i| i.reason.clone()),
-            "install": image.as_ref().map(|i| i.install.clone()).unwrap_or_default(),
-            "bundle_sha256": bundle.as_ref().map(|b| b.sha256_hex()),
-            "bundle_bytes": bundle.as_ref().map(|b| b.bytes.len()),
-            "memory_mib_per_gpu": planned.memory_mib_per_gpu,
-            "gpus": spec.gpus(),
-            "hours_priced": planned.hours_priced,
-            "currency": currency.code,
-            "candidates": candidates,
-        });
-        out!("{plan}");
+        let chosen_image = image.as_ref();
+        out!("{}", plan_json(&spec, &planned, (framework, &evidence), chosen_image, bundle.as_ref(), &listing.currency));
     }
     let Some(chosen) = chosen else {
         return Err(Failure::Refused("no book meets the job now: see why above (raise the limits, or wait for asks)".into()));
@@ -197,6 +125,131 @@ async fn plan_and_print(
     if json {
         return Ok(planned_job);
     }
+    print_plan(&planned_job, &planned, (framework, &evidence), image.as_ref(), catalogue_path.as_deref());
+    out!("plan: {symbol} for {} expected (bids at up to {}/GPU-h)", amount(expected_cost), amount(limit));
+    Ok(planned_job)
+}
+
+/// The job's framework, the version its requirements ask, its other
+/// requirements, and how it was found.
+type FrameworkFound = (Option<Framework>, Option<Requirement>, Vec<Requirement>, String);
+
+/// The job's framework: said in the job file, or found in its code; with
+/// the version its requirements ask, its other requirements and how it
+/// was found.
+fn framework_of_job(spec: &JobSpec, base: &Path) -> Result<FrameworkFound, Failure> {
+    Ok(match (&spec.code, spec.framework) {
+        (_, FrameworkChoice::None) | (CodeSource::Image(_), FrameworkChoice::Auto) => {
+            (None, None, Vec::new(), "none (a ready image or plain code)".to_string())
+        }
+        (CodeSource::Dir(dir), FrameworkChoice::Auto) => {
+            let found = detect(&base.join(dir)).map_err(|e| Failure::Usage(e.to_string()))?;
+            (found.framework, found.framework_requirement, found.requirements, found.evidence)
+        }
+        (code, choice) => {
+            let found = match code {
+                CodeSource::Dir(dir) => detect(&base.join(dir)).ok(),
+                CodeSource::Image(_) => None,
+            };
+            let requirements = found.as_ref().map(|f| f.requirements.clone()).unwrap_or_default();
+            let requirement = found.and_then(|f| f.framework_requirement);
+            (framework_of(choice), requirement, requirements, "said in the job file".to_string())
+        }
+    })
+}
+
+/// The operator's image catalogue, from `--catalogue` or `GPUX_CATALOGUE`.
+fn load_catalogue(catalogue: Option<PathBuf>) -> Result<(Option<PathBuf>, Option<Catalogue>), Failure> {
+    let path = catalogue.or_else(|| std::env::var_os("GPUX_CATALOGUE").map(PathBuf::from));
+    let catalogue = match &path {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| Failure::Usage(format!("reading {}: {e}", path.display())))?;
+            Some(Catalogue::parse(&text).map_err(|e| Failure::Usage(format!("{}: {e}", path.display())))?)
+        }
+        None => None,
+    };
+    Ok((path, catalogue))
+}
+
+/// Each trading spot or preemptible book's asks the job could use, read
+/// page by page.
+async fn usable_asks(
+    s: &mut Session,
+    spec: &JobSpec,
+    instruments: &[gpux_protocol::views::Instrument],
+    cluster_rules: &[gpux_engine::ClusterRule],
+) -> Result<std::collections::BTreeMap<InstrumentId, plan::Asks>, Failure> {
+    let mut asks = std::collections::BTreeMap::new();
+    for instrument in instruments.iter().filter(|i| i.state == InstrumentState::Trading) {
+        if !matches!(instrument.contract, ContractKind::Spot | ContractKind::Preemptible) {
+            continue;
+        }
+        let mut offers = Vec::new();
+        let mut after = None;
+        for _ in 0..OFFER_PAGES_MAX {
+            let id = s.connection.new_id();
+            let answer = s.ask(ClientMessage::BookOffers { id, instrument: instrument.instrument, offset: 0, after }, false).await?;
+            let ServerMessage::BookOffers { offers: page, next_after, .. } = answer else {
+                return Err(Failure::Unreachable("expected book_offers".into()));
+            };
+            offers.extend(page);
+            match next_after {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        let class_min_gbps = cluster_rules.iter().find(|r| r.class == instrument.class).map_or(0, |r| r.min_fabric_gbps);
+        asks.insert(instrument.instrument, plan::usable_asks(spec, &offers, class_min_gbps));
+    }
+    Ok(asks)
+}
+
+/// The plan as one JSON object (`--json`).
+fn plan_json(
+    spec: &JobSpec,
+    planned: &gpux_jobs::Plan,
+    (framework, evidence): (Option<Framework>, &str),
+    image: Option<&gpux_jobs::ImageChoice>,
+    bundle: Option<&gpux_jobs::bundle::Bundle>,
+    currency: &gpux_engine::Currency,
+) -> serde_json::Value {
+    let candidates: Vec<serde_json::Value> = planned
+        .candidates
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "instrument": c.instrument.0, "symbol": c.symbol, "class": c.class, "preemptible": c.preemptible,
+                "worst_price_minor_per_gpu_hour": c.worst_price, "expected_cost_minor": c.expected_cost,
+                "verdict": c.verdict.describe(&amount), "chosen": c.verdict == gpux_jobs::Verdict::Chosen,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "job": spec.name,
+        "framework": framework.map(Framework::name),
+        "framework_evidence": evidence,
+        "image": image.map(|i| i.image.reference.clone()),
+        "image_reason": image.map(|i| i.reason.clone()),
+        "install": image.map(|i| i.install.clone()).unwrap_or_default(),
+        "bundle_sha256": bundle.map(|b| b.sha256_hex()),
+        "bundle_bytes": bundle.map(|b| b.bytes.len()),
+        "memory_mib_per_gpu": planned.memory_mib_per_gpu,
+        "gpus": spec.gpus(),
+        "hours_priced": planned.hours_priced,
+        "currency": currency.code,
+        "candidates": candidates,
+    })
+}
+
+/// The plan for people: the job, its code, framework and image, and each
+/// book's verdict.
+fn print_plan(
+    planned_job: &Planned,
+    planned: &gpux_jobs::Plan,
+    (framework, evidence): (Option<Framework>, &str),
+    image: Option<&gpux_jobs::ImageChoice>,
+    catalogue_path: Option<&Path>,
+) {
     let spec = &planned_job.spec;
     out!("job {}: {} GPU(s) ({} node(s) x {})", spec.name, spec.gpus(), spec.nodes, spec.gpus_per_node);
     if let Some(bundle) = &planned_job.bundle {
@@ -209,7 +262,7 @@ async fn plan_and_print(
         );
     }
     out!("framework: {} ({evidence})", framework.map_or("none", Framework::name));
-    match (&spec.code, &image, framework, &catalogue_path) {
+    match (&spec.code, image, framework, catalogue_path) {
         (CodeSource::Image(reference), _, _, _) => out!("image: {reference} (the job's own)"),
         (_, Some(choice), _, _) => {
             out!("image: {} {} on {} ({})", choice.image.framework.name(), choice.image.version, choice.image.stack, choice.reason);
@@ -233,8 +286,6 @@ async fn plan_and_print(
         let mark = if c.verdict == gpux_jobs::Verdict::Chosen { "*" } else { " " };
         out!("{mark} {:<26} {:>16}  {}", c.symbol, cost, c.verdict.describe(&amount));
     }
-    out!("plan: {symbol} for {} expected (bids at up to {}/GPU-h)", amount(expected_cost), amount(limit));
-    Ok(planned_job)
 }
 
 /// A job store token for the account's own prefix.

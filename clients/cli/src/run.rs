@@ -12,9 +12,11 @@
 use std::time::{Duration, Instant};
 
 use gpux_client::now_ms;
-use gpux_engine::{EventKind, LeaseDuration, LeaseId, OrderType, Side, TimeInForce};
+use gpux_engine::{EventKind, LeaseDuration, LeaseId, OrderId, OrderType, Side, TimeInForce};
 use gpux_protocol::delivery::encryption_key_certified;
-use gpux_protocol::{ClientMessage, DeliveryState, OrderTicket, RestartPolicy, Secrets, ServerMessage, Workload};
+use gpux_protocol::{
+    ClientMessage, DeliveryState, LivenessBody, LivenessReport, OrderTicket, RestartPolicy, Secrets, ServerMessage, Workload,
+};
 
 use crate::money::parse_amount;
 use crate::session::Session;
@@ -23,6 +25,52 @@ use crate::{Failure, LeaseAction, RestartArg, RunArgs};
 pub async fn run(s: &mut Session, args: RunArgs, json: bool) -> Result<(), Failure> {
     let instrument = s.resolve(&args.instrument).await?;
     let price = parse_amount(&args.max_price).map_err(Failure::Usage)?;
+    let secrets = secrets_of(&args)?;
+    let has_secrets = secrets != Secrets::default();
+    let workload = workload_of(&args, has_secrets)?;
+
+    let mut order = OrderTicket::limit(now_ms(), instrument, Side::Buy, price, args.gpus);
+    order.order_type = OrderType::Limit;
+    order.time_in_force = TimeInForce::Ioc;
+    order.duration = if args.until_cancelled { LeaseDuration::UntilCancelled } else { LeaseDuration::Hours(args.hours) };
+    order.one_host = args.gpus > 1;
+    args.filters.apply(&mut order)?;
+    let id = s.connection.new_id();
+    let answer = s.ask(ClientMessage::NewOrder { id, order, workload: Some(Box::new(workload.clone())) }, json).await?;
+    let Some(order_id) = (match answer {
+        ServerMessage::Ack { order, .. } => order,
+        _ => None,
+    }) else {
+        return Err(Failure::Refused("the bid was not accepted".into()));
+    };
+
+    let leases = leases_of(s, order_id).await;
+    if leases.is_empty() {
+        return Err(Failure::Refused(format!(
+            "no {} GPU(s) on sale at or below {}/GPU-h now from hosts that run workloads (with the filters given); \
+             `gpux book {}` shows the asks, and `gpux asks` which hosts they are (a host without a docker or process \
+             backend takes no workload)",
+            args.gpus, args.max_price, args.instrument
+        )));
+    }
+    if !json {
+        out!("leased: {}", leases.iter().map(|l| format!("lease {}", l.0)).collect::<Vec<_>>().join(", "));
+    }
+    if has_secrets {
+        for &lease in &leases {
+            if let Err(failure) = send_secrets(s, lease, &workload, &secrets, json).await {
+                // Delivery cannot begin: the leases this run started are ended, not left billed.
+                let ended = end_leases(s, &leases).await;
+                return Err(Failure::Refused(format!("{}; {ended}", failure_text(&failure))));
+            }
+        }
+    }
+    follow(s, &leases, Duration::from_secs(args.wait_s), json).await
+}
+
+/// The secrets `gpux run` seals to the host: command, arguments,
+/// environment, SSH keys, readiness and registry credentials.
+fn secrets_of(args: &RunArgs) -> Result<Secrets, Failure> {
     let mut env = Vec::new();
     for pair in &args.env {
         let (name, value) = pair.split_once('=').ok_or_else(|| Failure::Usage(format!("--env takes NAME=VALUE, not {pair:?}")))?;
@@ -54,7 +102,11 @@ pub async fn run(s: &mut Session, args: RunArgs, json: bool) -> Result<(), Failu
     };
     let secrets = Secrets { command, args: arguments, env, ssh_keys, readiness, registry_auth };
     secrets.validate().map_err(|e| Failure::Usage(e.to_string()))?;
-    let has_secrets = secrets != Secrets::default();
+    Ok(secrets)
+}
+
+/// The workload `gpux run` asks for, in clear on the bid.
+fn workload_of(args: &RunArgs, has_secrets: bool) -> Result<Workload, Failure> {
     let workload = Workload {
         ports: args.port.clone(),
         shm_mib: args.shm_mib,
@@ -67,23 +119,11 @@ pub async fn run(s: &mut Session, args: RunArgs, json: bool) -> Result<(), Failu
         ..Workload::image(args.image.clone())
     };
     workload.validate().map_err(|e| Failure::Usage(e.to_string()))?;
+    Ok(workload)
+}
 
-    let mut order = OrderTicket::limit(now_ms(), instrument, Side::Buy, price, args.gpus);
-    order.order_type = OrderType::Limit;
-    order.time_in_force = TimeInForce::Ioc;
-    order.duration = if args.until_cancelled { LeaseDuration::UntilCancelled } else { LeaseDuration::Hours(args.hours) };
-    order.one_host = args.gpus > 1;
-    args.filters.apply(&mut order)?;
-    let id = s.connection.new_id();
-    let answer = s.ask(ClientMessage::NewOrder { id, order, workload: Some(Box::new(workload.clone())) }, json).await?;
-    let Some(order_id) = (match answer {
-        ServerMessage::Ack { order, .. } => order,
-        _ => None,
-    }) else {
-        return Err(Failure::Refused("the bid was not accepted".into()));
-    };
-
-    // The leases this bid filled come as private events right after the ack.
+/// The leases a bid filled: they come as private events right after the ack.
+async fn leases_of(s: &mut Session, order_id: OrderId) -> Vec<LeaseId> {
     let mut leases: Vec<LeaseId> = Vec::new();
     let mut ours = false;
     while let Ok(Some(message)) = s.connection.next_within(Duration::from_millis(500)).await {
@@ -95,27 +135,87 @@ pub async fn run(s: &mut Session, args: RunArgs, json: bool) -> Result<(), Failu
             }
         }
     }
-    if leases.is_empty() {
-        return Err(Failure::Refused(format!(
-            "no {} GPU(s) on sale at or below {}/GPU-h now from hosts that run workloads (with the filters given); \
-             `gpux book {}` shows the asks, and `gpux asks` which hosts they are (a host without a docker or process \
-             backend takes no workload)",
-            args.gpus, args.max_price, args.instrument
-        )));
-    }
-    if !json {
-        out!("leased: {}", leases.iter().map(|l| format!("lease {}", l.0)).collect::<Vec<_>>().join(", "));
-    }
-    if has_secrets {
-        for &lease in &leases {
-            if let Err(failure) = send_secrets(s, lease, &workload, &secrets, json).await {
-                // Delivery cannot begin: the leases this run started are ended, not left billed.
-                let ended = end_leases(s, &leases).await;
-                return Err(Failure::Refused(format!("{}; {ended}", failure_text(&failure))));
+    leases
+}
+
+/// `gpux lease status`: the lease's workload and its delivery.
+async fn status(s: &mut Session, lease: LeaseId, json: bool) -> Result<(), Failure> {
+    let id = s.connection.new_id();
+    let answer = s.ask(ClientMessage::LeaseDelivery { id, lease }, json).await?;
+    if let (false, ServerMessage::LeaseDelivery { workload, state, .. }) = (json, answer) {
+        match workload {
+            Some(workload) => out!("image {}", workload.image),
+            None => out!("no workload set"),
+        }
+        match state {
+            Some(state) => {
+                out!("{}", describe(&state));
+                print_endpoints(&state);
             }
+            None => out!("no delivery status yet"),
         }
     }
-    follow(s, &leases, Duration::from_secs(args.wait_s), json).await
+    Ok(())
+}
+
+/// `gpux lease resell`: offers the rest of a lease on its class's resale book.
+async fn resell(s: &mut Session, lease: u64, price: &str, tif: crate::TifArg, json: bool) -> Result<(), Failure> {
+    let price_minor_per_gpu_hour = crate::money::parse_amount(price).map_err(Failure::Usage)?;
+    let time_in_force = match tif {
+        crate::TifArg::Gtc => gpux_engine::TimeInForce::Gtc,
+        crate::TifArg::Ioc => gpux_engine::TimeInForce::Ioc,
+        crate::TifArg::Fok => gpux_engine::TimeInForce::Fok,
+    };
+    let id = s.connection.new_id();
+    let client_order_id = gpux_client::now_ms();
+    let message = ClientMessage::OfferLease { id, lease: LeaseId(lease), price_minor_per_gpu_hour, client_order_id, time_in_force };
+    let answer = s.ask(message, json).await?;
+    if let (false, ServerMessage::Ack { order: Some(order), .. }) = (json, answer) {
+        out!(
+            "lease {lease} offered at {}/GPU-h: order {} on its class's resale book (good till 15 minutes before the lease ends)",
+            crate::money::amount(price_minor_per_gpu_hour),
+            order.0
+        );
+    }
+    Ok(())
+}
+
+/// `gpux lease telemetry`: each GPU's latest samples.
+async fn telemetry(s: &mut Session, lease: u64, last: usize, json: bool) -> Result<(), Failure> {
+    let id = s.connection.new_id();
+    let answer = s.ask(ClientMessage::LeaseTelemetry { id, lease: LeaseId(lease) }, json).await?;
+    let (false, ServerMessage::LeaseTelemetry { gpus, .. }) = (json, answer) else { return Ok(()) };
+    if gpus.is_empty() {
+        out!("lease {lease}: no usage report yet (or the lease has left the exchange's recent history)");
+    }
+    for gpu in gpus {
+        out!("{}", gpu.gpu_uuid);
+        out!(
+            "  {:<31} {:>9} {:>11} {:>12} {:>9} {:>6} {:>7}",
+            "interval",
+            "available",
+            "utilisation",
+            "memory MiB",
+            "unhealthy",
+            "max °C",
+            "power W"
+        );
+        for sample in gpu.samples.iter().skip(gpu.samples.len().saturating_sub(last)) {
+            let length = sample.end_ms.saturating_sub(sample.start_ms).max(1);
+            let reading = |value: Option<u32>| value.map_or("-".to_string(), |v| v.to_string());
+            out!(
+                "  {:<31} {:>8}% {:>10}% {:>12} {:>9} {:>6} {:>7}",
+                format!("{} +{}s", crate::clock::when(sample.start_ms), length / 1_000),
+                sample.available_ms * 100 / length,
+                sample.utilisation_percent,
+                sample.memory_used_mib_max,
+                sample.unhealthy_samples,
+                reading(sample.temperature_c_max),
+                reading(sample.power_w_mean)
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Seals the secrets to the lease's host, once its key is shown to be the host's own.
@@ -293,44 +393,8 @@ pub async fn lease(s: &mut Session, action: LeaseAction, key: &ed25519_dalek::Si
         LeaseAction::Watch { lease, probe_every, sign_every, seconds } => {
             watch(s, LeaseId(lease), key, Duration::from_secs(probe_every), sign_every * 1_000, seconds, json).await
         }
-        LeaseAction::Status { lease } => {
-            let id = s.connection.new_id();
-            let answer = s.ask(ClientMessage::LeaseDelivery { id, lease: LeaseId(lease) }, json).await?;
-            if let (false, ServerMessage::LeaseDelivery { workload, state, .. }) = (json, answer) {
-                match workload {
-                    Some(workload) => out!("image {}", workload.image),
-                    None => out!("no workload set"),
-                }
-                match state {
-                    Some(state) => {
-                        out!("{}", describe(&state));
-                        print_endpoints(&state);
-                    }
-                    None => out!("no delivery status yet"),
-                }
-            }
-            Ok(())
-        }
-        LeaseAction::Resell { lease, price, tif } => {
-            let price_minor_per_gpu_hour = crate::money::parse_amount(&price).map_err(Failure::Usage)?;
-            let time_in_force = match tif {
-                crate::TifArg::Gtc => gpux_engine::TimeInForce::Gtc,
-                crate::TifArg::Ioc => gpux_engine::TimeInForce::Ioc,
-                crate::TifArg::Fok => gpux_engine::TimeInForce::Fok,
-            };
-            let id = s.connection.new_id();
-            let client_order_id = gpux_client::now_ms();
-            let message = ClientMessage::OfferLease { id, lease: LeaseId(lease), price_minor_per_gpu_hour, client_order_id, time_in_force };
-            let answer = s.ask(message, json).await?;
-            if let (false, ServerMessage::Ack { order: Some(order), .. }) = (json, answer) {
-                out!(
-                    "lease {lease} offered at {}/GPU-h: order {} on its class's resale book (good till 15 minutes before the lease ends)",
-                    crate::money::amount(price_minor_per_gpu_hour),
-                    order.0
-                );
-            }
-            Ok(())
-        }
+        LeaseAction::Status { lease } => status(s, LeaseId(lease), json).await,
+        LeaseAction::Resell { lease, price, tif } => resell(s, lease, &price, tif, json).await,
         LeaseAction::Stop { lease } => {
             let id = s.connection.new_id();
             let answer = s.ask(ClientMessage::EndLease { id, lease: LeaseId(lease) }, json).await?;
@@ -339,42 +403,7 @@ pub async fn lease(s: &mut Session, action: LeaseAction, key: &ed25519_dalek::Si
             }
             Ok(())
         }
-        LeaseAction::Telemetry { lease, last } => {
-            let id = s.connection.new_id();
-            let answer = s.ask(ClientMessage::LeaseTelemetry { id, lease: LeaseId(lease) }, json).await?;
-            let (false, ServerMessage::LeaseTelemetry { gpus, .. }) = (json, answer) else { return Ok(()) };
-            if gpus.is_empty() {
-                out!("lease {lease}: no usage report yet (or the lease has left the exchange's recent history)");
-            }
-            for gpu in gpus {
-                out!("{}", gpu.gpu_uuid);
-                out!(
-                    "  {:<31} {:>9} {:>11} {:>12} {:>9} {:>6} {:>7}",
-                    "interval",
-                    "available",
-                    "utilisation",
-                    "memory MiB",
-                    "unhealthy",
-                    "max °C",
-                    "power W"
-                );
-                for sample in gpu.samples.iter().skip(gpu.samples.len().saturating_sub(last)) {
-                    let length = sample.end_ms.saturating_sub(sample.start_ms).max(1);
-                    let reading = |value: Option<u32>| value.map_or("-".to_string(), |v| v.to_string());
-                    out!(
-                        "  {:<31} {:>8}% {:>10}% {:>12} {:>9} {:>6} {:>7}",
-                        format!("{} +{}s", crate::clock::when(sample.start_ms), length / 1_000),
-                        sample.available_ms * 100 / length,
-                        sample.utilisation_percent,
-                        sample.memory_used_mib_max,
-                        sample.unhealthy_samples,
-                        reading(sample.temperature_c_max),
-                        reading(sample.power_w_mean)
-                    );
-                }
-            }
-            Ok(())
-        }
+        LeaseAction::Telemetry { lease, last } => telemetry(s, lease, last, json).await,
         LeaseAction::Logs { lease, bytes } => {
             let id = s.connection.new_id();
             let answer = s.ask(ClientMessage::LeaseLogs { id, lease: LeaseId(lease), tail_bytes: bytes }, json).await?;
@@ -386,6 +415,55 @@ pub async fn lease(s: &mut Session, action: LeaseAction, key: &ed25519_dalek::Si
             }
             Ok(())
         }
+    }
+}
+
+/// Reads the private events that came meanwhile: prints the lease's
+/// disputes; the time it ended, if it did.
+async fn lease_events(s: &mut Session, lease: LeaseId, json: bool) -> Result<Option<u64>, Failure> {
+    let mut ended_at_ms = None;
+    while let Some(message) = s.connection.next_within(Duration::ZERO).await.map_err(|e| Failure::Unreachable(format!("{e:#}")))? {
+        if let ServerMessage::Private { event, .. } = &message {
+            if let gpux_engine::EventKind::LeaseEnded { lease: ended, .. } = event.kind {
+                if ended == lease {
+                    ended_at_ms = Some(event.at_ms);
+                }
+            }
+            if !json {
+                if let Some(line) = dispute_line(lease, &event.kind) {
+                    out!("{line}");
+                }
+            }
+        }
+    }
+    Ok(ended_at_ms)
+}
+
+/// Signs and sends one liveness observation: `false` once the lease is
+/// over (its bill final).
+async fn send_liveness(s: &mut Session, body: LivenessBody, key: &ed25519_dalek::SigningKey, json: bool) -> Result<bool, Failure> {
+    let id = s.connection.new_id();
+    let message = ClientMessage::Liveness { id, report: LivenessReport::sign(body.clone(), key) };
+    let answer = s.connection.request(message).await.map_err(|e| Failure::Unreachable(format!("{e:#}")))?;
+    if json {
+        out!("{}", gpux_protocol::encode_server_text(&answer));
+    }
+    match answer {
+        ServerMessage::Ack { .. } => {
+            if !json {
+                let reachable = if body.reachable { "reachable" } else { "UNREACHABLE" };
+                out!("{} s {reachable}", (body.end_ms - body.start_ms) / 1_000);
+            }
+            Ok(true)
+        }
+        ServerMessage::Error { code: gpux_protocol::ErrorCode::LeaseNotActive, .. } => {
+            if !json {
+                out!("lease {} is over: its bill is final", body.lease);
+            }
+            Ok(false)
+        }
+        ServerMessage::Error { code, message, .. } => Err(Failure::Refused(format!("{}: {message}", crate::snake(&code)))),
+        other => Err(Failure::Unreachable(format!("expected an ack, got {other:?}"))),
     }
 }
 
@@ -404,7 +482,6 @@ async fn watch(
     seconds: Option<u64>,
     json: bool,
 ) -> Result<(), Failure> {
-    use gpux_protocol::{LivenessBody, LivenessReport};
     let id = s.connection.new_id();
     let answer = s.ask(ClientMessage::LeaseDelivery { id, lease }, false).await?;
     let endpoint = match answer {
@@ -430,21 +507,7 @@ async fn watch(
             let connected = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(address)).await;
             reachable |= matches!(connected, Ok(Ok(_)));
         }
-        // Private events that came meanwhile (a dispute, the lease's end).
-        while let Some(message) = s.connection.next_within(Duration::ZERO).await.map_err(|e| Failure::Unreachable(format!("{e:#}")))? {
-            if let ServerMessage::Private { event, .. } = &message {
-                if let gpux_engine::EventKind::LeaseEnded { lease: ended, .. } = event.kind {
-                    if ended == lease {
-                        ended_at_ms = Some(event.at_ms);
-                    }
-                }
-                if !json {
-                    if let Some(line) = dispute_line(lease, &event.kind) {
-                        out!("{line}");
-                    }
-                }
-            }
-        }
+        ended_at_ms = ended_at_ms.or(lease_events(s, lease, json).await?);
         // Observations end with the lease.
         let now = exchange_now().min(ended_at_ms.unwrap_or(u64::MAX));
         let done = deadline.is_some_and(|deadline| now >= deadline) || ended_at_ms.is_some();
@@ -458,32 +521,10 @@ async fn watch(
             continue;
         }
         if now >= start_ms + sign_every_ms || done {
-            if address.is_some() {
-                let body = LivenessBody { lease, start_ms, end_ms: now, reachable };
-                let id = s.connection.new_id();
-                let message = ClientMessage::Liveness { id, report: LivenessReport::sign(body.clone(), key) };
-                let answer = s.connection.request(message).await.map_err(|e| Failure::Unreachable(format!("{e:#}")))?;
-                if json {
-                    out!("{}", gpux_protocol::encode_server_text(&answer));
-                }
-                match answer {
-                    ServerMessage::Ack { .. } => {
-                        if !json {
-                            out!("{} s {}", (body.end_ms - body.start_ms) / 1_000, if reachable { "reachable" } else { "UNREACHABLE" });
-                        }
-                    }
-                    // The lease's bill is final: nothing more to watch.
-                    ServerMessage::Error { code: gpux_protocol::ErrorCode::LeaseNotActive, .. } => {
-                        if !json {
-                            out!("lease {lease} is over: its bill is final");
-                        }
-                        return Ok(());
-                    }
-                    ServerMessage::Error { code, message, .. } => {
-                        return Err(Failure::Refused(format!("{}: {message}", crate::snake(&code))))
-                    }
-                    other => return Err(Failure::Unreachable(format!("expected an ack, got {other:?}"))),
-                }
+            let body = LivenessBody { lease, start_ms, end_ms: now, reachable };
+            if address.is_some() && !send_liveness(s, body, key, json).await? {
+                // The lease's bill is final: nothing more to watch.
+                return Ok(());
             }
             probe.forward(s, lease, json).await?;
             start_ms = now;
