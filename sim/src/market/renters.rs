@@ -3,6 +3,16 @@
 
 use super::*;
 
+/// What a job asks for (`Sim::job_shape`).
+struct JobShape {
+    quantity: u32,
+    hours: u32,
+    run_ms: Option<u64>,
+    contract: usize,
+    window: Option<WindowInfo>,
+    cluster_nodes: Option<u32>,
+}
+
 impl Sim {
     pub(super) fn job_arrival(&mut self, index: u32) {
         let next = self.next_arrival(index, self.now_ms);
@@ -11,48 +21,12 @@ impl Sim {
         let (kind, class_index, eagerness_bps, underpays) = (renter.kind, renter.class_index, renter.eagerness_bps, renter.underpays);
         let renter_region = renter.region;
         let account = self.renters[index as usize].account;
-        let (quantity, hours, run_ms, contract) = match kind {
-            RenterKind::Training => {
-                let quantity = [1, 2, 4, 8, 8][self.rng.random_range(0..5)];
-                (quantity, self.rng.random_range(2..16u32), None, 0)
-            }
-            RenterKind::Inference => (self.rng.random_range(1..3u32), 0, Some(self.rng.random_range(6 * MS_PER_HOUR..3 * MS_PER_DAY)), 0),
-            RenterKind::Batch => (self.rng.random_range(1..5u32), self.rng.random_range(1..5u32), None, 1),
-        };
-        let window = if kind == RenterKind::Training && hours >= 12 && class_index != 2 && self.rng.random_range(0..4) == 0 {
-            self.next_window(class_index)
-        } else {
-            None
-        };
-        // A share of training buys whole 8-GPU hosts on one fabric.
-        let cluster_nodes = (kind == RenterKind::Training
-            && window.is_none()
-            && !underpays
-            && CLASSES[class_index].data_centre
-            && self.config.cluster_bids_bps > 0
-            && self.rng.random_range(0..10_000) < self.config.cluster_bids_bps)
-            .then(|| [2u32, 2, 3, 4][self.rng.random_range(0..4)]);
-        let quantity = cluster_nodes.map_or(quantity, |nodes| nodes * 8);
+        let JobShape { quantity, hours, run_ms, contract, window, cluster_nodes } = self.job_shape(kind, class_index, underpays);
         let (instrument, contract) = match window {
             Some(w) => (w.instrument, 2),
             None => (InstrumentId(class_index as u32 * 2 + contract as u32), contract),
         };
-        // A renter follows the going price up to what the job is worth to it:
-        // the class's list price (less for preemptible time) scaled by its
-        // eagerness. Without that cap, resting bids lifted by each other's
-        // trades would walk prices up without end.
-        let chasing = self.reference_price[class_index][contract] * (10_000 + eagerness_bps as u64) / 10_000;
-        let list = CLASSES[class_index].list_price_minor * if contract == 1 { PREEMPT_DISCOUNT_PERCENT } else { 100 } / 100;
-        let worth = list * (9_000 + eagerness_bps as u64) / 10_000;
-        // A renter whose data must stay at home pays what GPUs cost there.
-        let home_cost = renter_region.map_or(100, |r| population::REGIONS[r as usize].cost_percent);
-        // A cluster's buyer bids what the work is worth to it: whole hosts on
-        // one fabric are scarce, and a cluster bid that trails the going
-        // price waits for every member's owner to come down at once.
-        let price = match cluster_nodes {
-            Some(_) => tick_round(chasing.max(worth) * home_cost / 100),
-            None => tick_round(chasing.min(worth) * home_cost / 100),
-        };
+        let price = self.job_price(class_index, contract, eagerness_bps, renter_region, cluster_nodes.is_some());
         let duration = match (run_ms, underpays) {
             (Some(_), _) | (_, true) => LeaseDuration::UntilCancelled,
             (None, false) => LeaseDuration::Hours(hours),
@@ -105,6 +79,68 @@ impl Sim {
         order.time_in_force = TimeInForce::Gtt { expire_at_ms: self.now_ms + patience };
         order.one_host = kind == RenterKind::Training && window.is_none() && cluster_nodes.is_none();
         order.duration = duration;
+        self.place_job(order, (kind, window.is_some(), underpays), hold, renter_region, cluster_nodes);
+    }
+
+    /// A job's size and kind of contract, drawn for its renter's kind: GPUs,
+    /// hours, how long an open-ended one runs, the contract (0 spot, 1
+    /// preemptible, 2 a reserved window) and the cluster's nodes if it is one.
+    fn job_shape(&mut self, kind: RenterKind, class_index: usize, underpays: bool) -> JobShape {
+        let (quantity, hours, run_ms, contract) = match kind {
+            RenterKind::Training => {
+                let quantity = [1, 2, 4, 8, 8][self.rng.random_range(0..5)];
+                (quantity, self.rng.random_range(2..16u32), None, 0)
+            }
+            RenterKind::Inference => (self.rng.random_range(1..3u32), 0, Some(self.rng.random_range(6 * MS_PER_HOUR..3 * MS_PER_DAY)), 0),
+            RenterKind::Batch => (self.rng.random_range(1..5u32), self.rng.random_range(1..5u32), None, 1),
+        };
+        let window = if kind == RenterKind::Training && hours >= 12 && class_index != 2 && self.rng.random_range(0..4) == 0 {
+            self.next_window(class_index)
+        } else {
+            None
+        };
+        // A share of training buys whole 8-GPU hosts on one fabric.
+        let cluster_nodes = (kind == RenterKind::Training
+            && window.is_none()
+            && !underpays
+            && CLASSES[class_index].data_centre
+            && self.config.cluster_bids_bps > 0
+            && self.rng.random_range(0..10_000) < self.config.cluster_bids_bps)
+            .then(|| [2u32, 2, 3, 4][self.rng.random_range(0..4)]);
+        let quantity = cluster_nodes.map_or(quantity, |nodes| nodes * 8);
+        JobShape { quantity, hours, run_ms, contract, window, cluster_nodes }
+    }
+
+    /// The limit price of a job's bid.
+    fn job_price(&self, class_index: usize, contract: usize, eagerness_bps: u32, renter_region: Option<u8>, cluster: bool) -> u64 {
+        // A renter follows the going price up to what the job is worth to it:
+        // the class's list price (less for preemptible time) scaled by its
+        // eagerness. Without that cap, resting bids lifted by each other's
+        // trades would walk prices up without end.
+        let chasing = self.reference_price[class_index][contract] * (10_000 + eagerness_bps as u64) / 10_000;
+        let list = CLASSES[class_index].list_price_minor * if contract == 1 { PREEMPT_DISCOUNT_PERCENT } else { 100 } / 100;
+        let worth = list * (9_000 + eagerness_bps as u64) / 10_000;
+        // A renter whose data must stay at home pays what GPUs cost there.
+        let home_cost = renter_region.map_or(100, |r| population::REGIONS[r as usize].cost_percent);
+        // A cluster's buyer bids what the work is worth to it: whole hosts on
+        // one fabric are scarce, and a cluster bid that trails the going
+        // price waits for every member's owner to come down at once.
+        match cluster {
+            true => tick_round(chasing.max(worth) * home_cost / 100),
+            false => tick_round(chasing.min(worth) * home_cost / 100),
+        }
+    }
+
+    /// Places a job's bid: a cluster bid, or an order with the renter's
+    /// order type and home region; counts a bid left unfilled.
+    fn place_job(
+        &mut self,
+        order: NewOrder,
+        (kind, window, underpays): (RenterKind, bool, bool),
+        hold: u64,
+        renter_region: Option<u8>,
+        cluster_nodes: Option<u32>,
+    ) {
         if let Some(nodes) = cluster_nodes {
             let regions = renter_region.map(|r| vec![population::REGIONS[r as usize].name.to_string()]).unwrap_or_default();
             let options = OrderOptions::default();
@@ -137,7 +173,7 @@ impl Sim {
             }
         };
         if !placed {
-            let stats = self.metrics.job_stats(kind, window.is_some(), false);
+            let stats = self.metrics.job_stats(kind, window, false);
             stats.unfilled += 1;
             if underpays {
                 self.metrics.renter_cheats.entry("open-ended lease left unfunded").or_default().caught += 1;
