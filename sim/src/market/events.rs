@@ -9,14 +9,7 @@ impl Sim {
         for event in events {
             match event.kind {
                 EventKind::InstrumentListed { instrument } => self.learn_instrument(instrument),
-                EventKind::OrderAccepted { order, client_order_id, account, .. }
-                    if client_order_id > 0 && !self.supplier_of_account.contains_key(&account) =>
-                {
-                    let job = self.jobs.get(client_order_id as usize - 1);
-                    if job.is_some_and(|job| self.renters.get(job.renter as usize).is_some_and(|r| r.account == account)) {
-                        self.job_of_order.insert(order, client_order_id as u32 - 1);
-                    }
-                }
+                EventKind::OrderAccepted { order, client_order_id, account, .. } => self.on_order_accepted(order, client_order_id, account),
                 EventKind::Trade { instrument, price_minor_per_gpu_hour, quantity, buy_order, .. } => {
                     self.on_trade(instrument, price_minor_per_gpu_hour, quantity, buy_order)
                 }
@@ -47,18 +40,9 @@ impl Sim {
                     }
                 }
                 EventKind::GpuMemoryChallenged { gpu, outcome, classes_mask, .. } => self.on_gpu_challenged(gpu, outcome, classes_mask),
-                EventKind::PreemptionNotice { .. } => {
-                    let day = ((self.now_ms - START_MS) / MS_PER_DAY) as usize;
-                    if let Some(count) = self.metrics.preemptions_by_day.get_mut(day) {
-                        *count += 1;
-                    }
-                }
+                EventKind::PreemptionNotice { .. } => self.count_preemption(),
                 EventKind::LeaseBillProvisional { lease, verified_gpu_ms, unreported_gpu_ms, .. } => {
-                    if let Some(sim_lease) = self.leases.get_mut(&lease) {
-                        sim_lease.provisional_verified_ms = Some(verified_gpu_ms);
-                    }
-                    self.metrics.faults.provisional_bills += 1;
-                    self.metrics.faults.provisional_unreported_gpu_ms += unreported_gpu_ms;
+                    self.on_bill_provisional(lease, verified_gpu_ms, unreported_gpu_ms)
                 }
                 EventKind::LeaseBillingClosed { lease, verified_gpu_ms, usage_charged_minor, .. } => {
                     self.on_billing_closed(lease, verified_gpu_ms, usage_charged_minor)
@@ -75,28 +59,10 @@ impl Sim {
                 }
                 EventKind::FeeCharged { amount_minor, .. } => self.metrics.billing.fees_minor += amount_minor,
                 EventKind::DisputeDecided { lease, refunded_minor, fee_refunded_minor, paid_minor, .. } => {
-                    if let Some(sim_lease) = self.leases.get(&lease) {
-                        let cheat = self.population.suppliers[sim_lease.supplier as usize].cheat;
-                        let stats = self.metrics.disputes.entry(cheat.filter(|c| *c == SupplierCheat::FakeAvailability)).or_default();
-                        stats.refunded_minor += refunded_minor + fee_refunded_minor;
-                        stats.paid_to_host_minor += paid_minor;
-                    }
+                    self.on_dispute_decided(lease, refunded_minor + fee_refunded_minor, paid_minor)
                 }
                 EventKind::UsageDisputeHeld { lease, disputed_gpu_ms, proven_gpu_ms, amount_minor, .. } => {
-                    if let Some(sim_lease) = self.leases.get_mut(&lease) {
-                        let cheat = self.population.suppliers[sim_lease.supplier as usize].cheat;
-                        let stats = self.metrics.disputes.entry(cheat.filter(|c| *c == SupplierCheat::FakeAvailability)).or_default();
-                        stats.disputed_gpu_ms += disputed_gpu_ms;
-                        stats.proven_gpu_ms += proven_gpu_ms;
-                        stats.held_minor += amount_minor;
-                        if !sim_lease.disputed {
-                            sim_lease.disputed = true;
-                            stats.leases_disputed += 1;
-                            if let Some(dead) = sim_lease.dead_from_ms {
-                                stats.time_to_dispute_ms.push(self.now_ms.saturating_sub(dead));
-                            }
-                        }
-                    }
+                    self.on_dispute_held(lease, disputed_gpu_ms, proven_gpu_ms, amount_minor)
                 }
                 EventKind::SlaCredited { amount_minor, .. } | EventKind::DeliveryCredited { amount_minor, .. } => {
                     self.metrics.billing.sla_credits += 1;
@@ -104,6 +70,62 @@ impl Sim {
                 }
                 EventKind::GpuStatusChanged { gpu, online } => self.gpu_online[gpu.0 as usize] = online,
                 _ => {}
+            }
+        }
+    }
+
+    /// A renter's job's bid (its client order id is the job's number).
+    fn on_order_accepted(&mut self, order: OrderId, client_order_id: u64, account: AccountId) {
+        if client_order_id == 0 || self.supplier_of_account.contains_key(&account) {
+            return;
+        }
+        let job = self.jobs.get(client_order_id as usize - 1);
+        if job.is_some_and(|job| self.renters.get(job.renter as usize).is_some_and(|r| r.account == account)) {
+            self.job_of_order.insert(order, client_order_id as u32 - 1);
+        }
+    }
+
+    /// A preemption notice, counted by day.
+    fn count_preemption(&mut self) {
+        let day = ((self.now_ms - START_MS) / MS_PER_DAY) as usize;
+        if let Some(count) = self.metrics.preemptions_by_day.get_mut(day) {
+            *count += 1;
+        }
+    }
+
+    /// A lease's provisional bill at its billing grace.
+    fn on_bill_provisional(&mut self, lease: LeaseId, verified_gpu_ms: u64, unreported_gpu_ms: u64) {
+        if let Some(sim_lease) = self.leases.get_mut(&lease) {
+            sim_lease.provisional_verified_ms = Some(verified_gpu_ms);
+        }
+        self.metrics.faults.provisional_bills += 1;
+        self.metrics.faults.provisional_unreported_gpu_ms += unreported_gpu_ms;
+    }
+
+    /// A held dispute decided: money back to the renter or on to the host.
+    fn on_dispute_decided(&mut self, lease: LeaseId, refunded_minor: u64, paid_minor: u64) {
+        if let Some(sim_lease) = self.leases.get(&lease) {
+            let cheat = self.population.suppliers[sim_lease.supplier as usize].cheat;
+            let stats = self.metrics.disputes.entry(cheat.filter(|c| *c == SupplierCheat::FakeAvailability)).or_default();
+            stats.refunded_minor += refunded_minor;
+            stats.paid_to_host_minor += paid_minor;
+        }
+    }
+
+    /// Disputed usage held, by whether its host fakes availability.
+    fn on_dispute_held(&mut self, lease: LeaseId, disputed_gpu_ms: u64, proven_gpu_ms: u64, amount_minor: u64) {
+        if let Some(sim_lease) = self.leases.get_mut(&lease) {
+            let cheat = self.population.suppliers[sim_lease.supplier as usize].cheat;
+            let stats = self.metrics.disputes.entry(cheat.filter(|c| *c == SupplierCheat::FakeAvailability)).or_default();
+            stats.disputed_gpu_ms += disputed_gpu_ms;
+            stats.proven_gpu_ms += proven_gpu_ms;
+            stats.held_minor += amount_minor;
+            if !sim_lease.disputed {
+                sim_lease.disputed = true;
+                stats.leases_disputed += 1;
+                if let Some(dead) = sim_lease.dead_from_ms {
+                    stats.time_to_dispute_ms.push(self.now_ms.saturating_sub(dead));
+                }
             }
         }
     }

@@ -13,16 +13,8 @@ impl Sim {
     pub(super) fn report(&mut self, lease_id: LeaseId, last: bool) {
         let Some(lease) = self.leases.get(&lease_id) else { return };
         let supplier_index = lease.supplier as usize;
-        let supplier = &self.suppliers[supplier_index];
         // A dead agent or a host without network sends when it is back.
-        let back = if supplier.is_down {
-            supplier.down.iter().find(|(from, until)| *from <= self.now_ms && self.now_ms < *until).map(|(_, until)| *until)
-        } else if supplier.network_down_until > 0 {
-            Some(self.now_ms + 5 * 60_000)
-        } else {
-            None
-        };
-        if let Some(back) = back {
+        if let Some(back) = self.agent_back_ms(supplier_index) {
             self.schedule(back.max(self.now_ms + 1), Action::Report { lease: lease_id, last });
             return;
         }
@@ -42,32 +34,10 @@ impl Sim {
         let known_end = lease.ended_ms.or(lease.end_ms);
         let report_end =
             if last { lease.ended_ms.expect("the last report follows the end") } else { known_end.map_or(agent_now, |e| e.min(agent_now)) };
-        let account = supplier.account;
         // The renter (if it watches) signs what it saw up to the report's end.
-        let gpu_count = lease.gpus.len();
         self.sign_liveness(lease_id, report_end.min(self.now_ms));
-        // The agent signs its GPUs' reports; the exchange verifies what
-        // arrives together in one ZIP-215 batch, as the gateway's verifier
-        // pool does (a batch that fails leaves each to settlement's own
-        // check), then settles them one by one.
-        let started = std::time::Instant::now();
-        let signed: Vec<(usize, UsageReport)> =
-            (0..gpu_count).filter_map(|gpu_index| Some((gpu_index, self.sign_gpu_report(lease_id, gpu_index, report_end)?))).collect();
-        let key = self.suppliers[supplier_index].key.verifying_key().to_bytes();
-        let batch: Vec<(&UsageReport, [u8; 32])> = signed.iter().map(|(_, report)| (report, key)).collect();
-        let verified = batch.len() > 1 && gpux_protocol::verify_batch_zip215(&batch);
-        self.report_wall += started.elapsed();
-        for (gpu_index, report) in signed {
-            // A report that completes a provisional bill makes it final
-            // (docs/market-rules.md "Late reports"), and the simulator may
-            // forget the lease then: the rest would be refused anyway.
-            if !self.leases.contains_key(&lease_id) {
-                return;
-            }
-            if verified {
-                self.exchange.mark_report_checked(account, key, &report);
-            }
-            self.settle_gpu_report(lease_id, gpu_index, report_end, account, report);
+        if !self.send_reports(lease_id, supplier_index, report_end) {
+            return;
         }
         if last {
             let Some(lease) = self.leases.get_mut(&lease_id) else { return };
@@ -86,6 +56,50 @@ impl Sim {
         if !last && lease.ended_ms.is_none() && lease.end_ms.is_none_or(|end| next < end + faults.report_delay_ms) {
             self.schedule(next, Action::Report { lease: lease_id, last: false });
         }
+    }
+
+    /// When a host that cannot send now (its agent dead, its network down)
+    /// sends again; `None` when it can send now.
+    fn agent_back_ms(&self, supplier_index: usize) -> Option<u64> {
+        let supplier = &self.suppliers[supplier_index];
+        if supplier.is_down {
+            supplier.down.iter().find(|(from, until)| *from <= self.now_ms && self.now_ms < *until).map(|(_, until)| *until)
+        } else if supplier.network_down_until > 0 {
+            Some(self.now_ms + 5 * 60_000)
+        } else {
+            None
+        }
+    }
+
+    /// Signs and settles a report of each of the lease's GPUs up to
+    /// `report_end`; `false` once the simulator has forgotten the lease.
+    fn send_reports(&mut self, lease_id: LeaseId, supplier_index: usize, report_end: u64) -> bool {
+        let gpu_count = self.leases[&lease_id].gpus.len();
+        let account = self.suppliers[supplier_index].account;
+        // The agent signs its GPUs' reports; the exchange verifies what
+        // arrives together in one ZIP-215 batch, as the gateway's verifier
+        // pool does (a batch that fails leaves each to settlement's own
+        // check), then settles them one by one.
+        let started = std::time::Instant::now();
+        let signed: Vec<(usize, UsageReport)> =
+            (0..gpu_count).filter_map(|gpu_index| Some((gpu_index, self.sign_gpu_report(lease_id, gpu_index, report_end)?))).collect();
+        let key = self.suppliers[supplier_index].key.verifying_key().to_bytes();
+        let batch: Vec<(&UsageReport, [u8; 32])> = signed.iter().map(|(_, report)| (report, key)).collect();
+        let verified = batch.len() > 1 && gpux_protocol::verify_batch_zip215(&batch);
+        self.report_wall += started.elapsed();
+        for (gpu_index, report) in signed {
+            // A report that completes a provisional bill makes it final
+            // (docs/market-rules.md "Late reports"), and the simulator may
+            // forget the lease then: the rest would be refused anyway.
+            if !self.leases.contains_key(&lease_id) {
+                return false;
+            }
+            if verified {
+                self.exchange.mark_report_checked(account, key, &report);
+            }
+            self.settle_gpu_report(lease_id, gpu_index, report_end, account, report);
+        }
+        true
     }
 
     /// The host's signed report of one GPU of the lease up to `end_ms`;
@@ -238,81 +252,7 @@ impl Sim {
 
     /// One dishonest report of the supplier's kind about one of its leases.
     pub(super) fn cheat(&mut self, lease_id: LeaseId) {
-        let lease = self.leases.get(&lease_id).expect("cheated leases exist");
-        let supplier_index = lease.supplier as usize;
-        let Some(kind) = self.population.suppliers[supplier_index].cheat else { return };
-        let chain = lease.chains[0].clone();
-        let now = self.now_ms;
-        let mut body = UsageBody {
-            lease: lease_id,
-            gpu_uuid: lease.gpus[0].1.clone(),
-            seq: chain.accepted + 1,
-            start_ms: chain.last_end_ms,
-            end_ms: now.max(chain.last_end_ms + 60_000),
-            available_ms: 0,
-            utilisation_percent: 100,
-            memory_used_mib_max: 80_000,
-            unhealthy_samples: 0,
-            prev_hash: chain.prev_hash.clone(),
-            readings: None,
-        };
-        body.available_ms = body.end_ms - body.start_ms;
-        let mut key = self.suppliers[supplier_index].key.clone();
-        let mut reports = Vec::new();
-        match kind {
-            SupplierCheat::InflateAvailable => body.available_ms = (body.end_ms - body.start_ms) * 3 / 2 + 1,
-            SupplierCheat::ClaimFuture => {
-                body.end_ms = now + 6 * MS_PER_HOUR;
-                body.available_ms = body.end_ms - body.start_ms;
-            }
-            SupplierCheat::Replay => {
-                let Some(old) = chain.last_report.clone() else { return };
-                let mut altered = old.body.clone();
-                altered.end_ms += 60 * 60_000;
-                altered.available_ms = altered.end_ms - altered.start_ms;
-                reports.push(UsageReport::sign(altered, &key));
-                reports.push(old);
-            }
-            SupplierCheat::Forge => {
-                let mut seed = [0u8; 32];
-                self.rng.fill(&mut seed);
-                key = SigningKey::from_bytes(&seed);
-            }
-            SupplierCheat::PhantomGpu => body.gpu_uuid = format!("GPU-phantom-{supplier_index}"),
-            SupplierCheat::DoubleCount => {
-                if chain.accepted == 0 {
-                    return;
-                }
-                body.start_ms = chain.last_end_ms - 30 * 60_000;
-                body.available_ms = body.end_ms - body.start_ms;
-            }
-            SupplierCheat::BeforeLease => {
-                body.start_ms = lease.start_ms.saturating_sub(2 * MS_PER_HOUR);
-                body.end_ms = lease.start_ms.saturating_sub(MS_PER_HOUR);
-                body.available_ms = MS_PER_HOUR;
-                body.seq = 1;
-                body.prev_hash = genesis_hash();
-                if chain.accepted > 0 {
-                    body.seq = chain.accepted + 1;
-                    body.prev_hash = chain.prev_hash.clone();
-                }
-            }
-            SupplierCheat::ForeignLease => {
-                // Someone else's lease, claimed with the cheater's own key.
-                let Some((&other, other_lease)) = self.leases.iter().find(|(_, l)| l.supplier as usize != supplier_index) else { return };
-                body.lease = other;
-                body.gpu_uuid = other_lease.gpus[0].1.clone();
-                body.seq = 1;
-                body.prev_hash = genesis_hash();
-                body.start_ms = other_lease.start_ms;
-                body.end_ms = now.max(other_lease.start_ms + 1);
-                body.available_ms = body.end_ms - body.start_ms;
-            }
-            SupplierCheat::DoubleSell | SupplierCheat::WrongProduct | SupplierCheat::SlowGpu | SupplierCheat::FakeAvailability => return,
-        }
-        if reports.is_empty() {
-            reports.push(UsageReport::sign(body, &key));
-        }
+        let Some((kind, supplier_index, reports)) = self.cheat_reports(lease_id) else { return };
         let account = self.suppliers[supplier_index].account;
         for report in reports {
             let payable_before = self.payable(account);
@@ -337,7 +277,97 @@ impl Sim {
         }
     }
 
+    /// The dishonest reports a cheating supplier sends for the lease now;
+    /// `None` when its cheat sends none.
+    fn cheat_reports(&mut self, lease_id: LeaseId) -> Option<(SupplierCheat, usize, Vec<UsageReport>)> {
+        let lease = self.leases.get(&lease_id).expect("cheated leases exist");
+        let supplier_index = lease.supplier as usize;
+        let kind = self.population.suppliers[supplier_index].cheat?;
+        let chain = lease.chains[0].clone();
+        let now = self.now_ms;
+        let mut body = next_body(lease_id, lease, &chain, now);
+        let mut key = self.suppliers[supplier_index].key.clone();
+        let mut reports = Vec::new();
+        match kind {
+            SupplierCheat::InflateAvailable => body.available_ms = (body.end_ms - body.start_ms) * 3 / 2 + 1,
+            SupplierCheat::ClaimFuture => {
+                body.end_ms = now + 6 * MS_PER_HOUR;
+                body.available_ms = body.end_ms - body.start_ms;
+            }
+            SupplierCheat::Replay => {
+                let old = chain.last_report.clone()?;
+                let mut altered = old.body.clone();
+                altered.end_ms += 60 * 60_000;
+                altered.available_ms = altered.end_ms - altered.start_ms;
+                reports.push(UsageReport::sign(altered, &key));
+                reports.push(old);
+            }
+            SupplierCheat::Forge => {
+                let mut seed = [0u8; 32];
+                self.rng.fill(&mut seed);
+                key = SigningKey::from_bytes(&seed);
+            }
+            SupplierCheat::PhantomGpu => body.gpu_uuid = format!("GPU-phantom-{supplier_index}"),
+            SupplierCheat::DoubleCount => {
+                if chain.accepted == 0 {
+                    return None;
+                }
+                body.start_ms = chain.last_end_ms - 30 * 60_000;
+                body.available_ms = body.end_ms - body.start_ms;
+            }
+            SupplierCheat::BeforeLease => {
+                body.start_ms = lease.start_ms.saturating_sub(2 * MS_PER_HOUR);
+                body.end_ms = lease.start_ms.saturating_sub(MS_PER_HOUR);
+                body.available_ms = MS_PER_HOUR;
+                body.seq = 1;
+                body.prev_hash = genesis_hash();
+                if chain.accepted > 0 {
+                    body.seq = chain.accepted + 1;
+                    body.prev_hash = chain.prev_hash.clone();
+                }
+            }
+            SupplierCheat::ForeignLease => {
+                // Someone else's lease, claimed with the cheater's own key.
+                let (&other, other_lease) = self.leases.iter().find(|(_, l)| l.supplier as usize != supplier_index)?;
+                body.lease = other;
+                body.gpu_uuid = other_lease.gpus[0].1.clone();
+                body.seq = 1;
+                body.prev_hash = genesis_hash();
+                body.start_ms = other_lease.start_ms;
+                body.end_ms = now.max(other_lease.start_ms + 1);
+                body.available_ms = body.end_ms - body.start_ms;
+            }
+            SupplierCheat::DoubleSell | SupplierCheat::WrongProduct | SupplierCheat::SlowGpu | SupplierCheat::FakeAvailability => {
+                return None
+            }
+        }
+        if reports.is_empty() {
+            reports.push(UsageReport::sign(body, &key));
+        }
+        Some((kind, supplier_index, reports))
+    }
+
     pub(super) fn payable(&self, account: AccountId) -> u64 {
         self.exchange.engine().balances(account).map_or(0, |b| b.payable_minor + b.available_minor)
     }
+}
+
+/// The lease's first GPU's next report in its chain up to `now` (at least a
+/// minute long), claiming the whole span available: what a cheat alters.
+fn next_body(lease_id: LeaseId, lease: &SimLease, chain: &Chain, now: u64) -> UsageBody {
+    let mut body = UsageBody {
+        lease: lease_id,
+        gpu_uuid: lease.gpus[0].1.clone(),
+        seq: chain.accepted + 1,
+        start_ms: chain.last_end_ms,
+        end_ms: now.max(chain.last_end_ms + 60_000),
+        available_ms: 0,
+        utilisation_percent: 100,
+        memory_used_mib_max: 80_000,
+        unhealthy_samples: 0,
+        prev_hash: chain.prev_hash.clone(),
+        readings: None,
+    };
+    body.available_ms = body.end_ms - body.start_ms;
+    body
 }
