@@ -363,7 +363,6 @@ impl Sim {
     }
 
     fn open_suppliers(&mut self) {
-        let end_ms = self.config.end_ms();
         for index in 0..self.population.suppliers.len() {
             // A fabric group's hosts run under its first host's account and key.
             let (account, key) = match self.population.suppliers[index].fabric_group {
@@ -394,42 +393,8 @@ impl Sim {
                 challenge_caught: false,
                 asks: Vec::new(),
             };
-            for gpu_index in 0..gpu_count {
-                let uuid = format!("GPU-{index:06}-{gpu_index}");
-                let spec = population::spec_of(class_index);
-                let events = self.submit(self.register_gpu(index, account, uuid, spec));
-                for event in events {
-                    if let EventKind::GpuRegistered { host, gpu, .. } = event.kind {
-                        state.host = Some(host);
-                        state.gpus.push(gpu);
-                        self.gpu_supplier.push(index as u32);
-                        self.gpu_class.push(class_index);
-                        self.gpu_lease_count.push(0);
-                        self.gpu_online.push(true);
-                        self.gpu_disqualified.push(false);
-                        self.gpu_intervals.push(Vec::new());
-                        debug_assert_eq!(self.gpu_supplier.len(), gpu.0 as usize + 1);
-                    }
-                }
-            }
-            // Faults are drawn ahead so the truth about every interval is known.
-            for day in 0..self.config.days as u64 {
-                let day_start = START_MS + day * MS_PER_DAY;
-                if self.rng.random_range(0..1_000) < self.config.fault_per_mille {
-                    let at = day_start + self.rng.random_range(0..MS_PER_DAY) / 60_000 * 60_000;
-                    let until = (at + self.rng.random_range(10..240) * 60_000).min(end_ms);
-                    state.down.push((at, until));
-                    self.schedule(at, Action::HostDown(index as u32));
-                    self.schedule(until, Action::HostUp(index as u32));
-                }
-                if self.rng.random_range(0..1_000) < self.config.fault_per_mille {
-                    let at = day_start + self.rng.random_range(0..MS_PER_DAY);
-                    let until = at + self.rng.random_range(5..120) * 60_000;
-                    self.schedule(at, Action::NetworkDown(index as u32));
-                    self.schedule(until, Action::NetworkUp(index as u32));
-                }
-            }
-            state.down.sort_unstable();
+            self.register_gpus(index, &mut state);
+            self.draw_faults(index, &mut state);
             let posted_hours = self.posted_capacity.len();
             for hour in 0..posted_hours {
                 let owner_busy = model_owner_busy(self.population.suppliers[index].owner_day_start_hour, hour as u64);
@@ -449,6 +414,53 @@ impl Sim {
             let first_wake = START_MS + self.rng.random_range(0..self.config.supplier_wake_ms);
             self.schedule(first_wake, Action::SupplierWake(index as u32));
         }
+    }
+
+    /// Registers the supplier's GPUs on its host.
+    fn register_gpus(&mut self, index: usize, state: &mut SupplierState) {
+        let (class_index, gpu_count, account) =
+            (self.population.suppliers[index].class_index, self.population.suppliers[index].gpu_count, state.account);
+        for gpu_index in 0..gpu_count {
+            let uuid = format!("GPU-{index:06}-{gpu_index}");
+            let spec = population::spec_of(class_index);
+            let events = self.submit(self.register_gpu(index, account, uuid, spec));
+            for event in events {
+                if let EventKind::GpuRegistered { host, gpu, .. } = event.kind {
+                    state.host = Some(host);
+                    state.gpus.push(gpu);
+                    self.gpu_supplier.push(index as u32);
+                    self.gpu_class.push(class_index);
+                    self.gpu_lease_count.push(0);
+                    self.gpu_online.push(true);
+                    self.gpu_disqualified.push(false);
+                    self.gpu_intervals.push(Vec::new());
+                    debug_assert_eq!(self.gpu_supplier.len(), gpu.0 as usize + 1);
+                }
+            }
+        }
+    }
+
+    /// Draws the host's crashes and network losses ahead, so the truth about
+    /// every interval is known.
+    fn draw_faults(&mut self, index: usize, state: &mut SupplierState) {
+        let end_ms = self.config.end_ms();
+        for day in 0..self.config.days as u64 {
+            let day_start = START_MS + day * MS_PER_DAY;
+            if self.rng.random_range(0..1_000) < self.config.fault_per_mille {
+                let at = day_start + self.rng.random_range(0..MS_PER_DAY) / 60_000 * 60_000;
+                let until = (at + self.rng.random_range(10..240) * 60_000).min(end_ms);
+                state.down.push((at, until));
+                self.schedule(at, Action::HostDown(index as u32));
+                self.schedule(until, Action::HostUp(index as u32));
+            }
+            if self.rng.random_range(0..1_000) < self.config.fault_per_mille {
+                let at = day_start + self.rng.random_range(0..MS_PER_DAY);
+                let until = at + self.rng.random_range(5..120) * 60_000;
+                self.schedule(at, Action::NetworkDown(index as u32));
+                self.schedule(until, Action::NetworkUp(index as u32));
+            }
+        }
+        state.down.sort_unstable();
     }
 
     fn open_renters(&mut self) {
