@@ -133,6 +133,60 @@ pub fn run_node(mut config: ExchangeConfig, cluster: ClusterConfig, stop_on: Sto
     let mut surface = Surface::new(&config, metrics.clone())?;
     surface.on_listening = config.on_listening.take();
     let ended = runtime.block_on(async {
+        let node = Node::start(&config, &cluster, metrics.clone()).await?;
+        let stop_rx = stop_channel(stop_on)?;
+        let exchange_key = crate::identity::load_or_create(&config.data_dir.join("exchange.key"))?;
+        let stopping = || {
+            let mut stop_rx = stop_rx.clone();
+            async move {
+                let _ = stop_rx.wait_for(|stop| *stop).await;
+            }
+        };
+        loop {
+            let term = tokio::select! {
+                _ = stopping() => break,
+                term = lead(&node.raft, &node.handover) => term,
+            };
+            let ended = node.serve_term(term, &config, &mut surface, &metrics, &exchange_key, stopping()).await?;
+            if ended == Ended::Asked && *stop_rx.borrow() {
+                break;
+            }
+        }
+        say("stopping");
+        let _ = node.raft.shutdown().await;
+        anyhow::Ok(node.machine.read(|market| market.state_hash()))
+    });
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    let state_hash = ended?;
+    say(&format!("stopped, state hash {state_hash:016x}"));
+    Ok(state_hash)
+}
+
+/// A stop flag raised by `stop_on` (its signal handlers installed now).
+fn stop_channel(stop_on: Stop) -> Result<watch::Receiver<bool>> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop = crate::stop_asked(stop_on)?;
+    tokio::spawn(async move {
+        stop.await;
+        let _ = stop_tx.send(true);
+    });
+    Ok(stop_rx)
+}
+
+/// A node's Raft and the files around it: what outlives each term it leads.
+struct Node {
+    id: NodeId,
+    raft: Raft,
+    machine: MarketMachine,
+    /// The journal the state machine writes, and its reader.
+    sink: JournalSink,
+    reader: Arc<dyn gpux_journal::JournalRead>,
+    handover: gpux_replica::admin::Handover,
+}
+
+impl Node {
+    /// Opens the node's files and starts its Raft, serving its peers.
+    async fn start(config: &ExchangeConfig, cluster: &ClusterConfig, metrics: Arc<crate::metrics::Metrics>) -> Result<Node> {
         let mut journal = gpux_journal::Journal::open(&config.data_dir.join("journal.redb"))?;
         // A copy of the Raft log (durable on a majority before anything is
         // acknowledged): one fsync in JOURNAL_DURABLE_EVERY commits, and the
@@ -162,101 +216,77 @@ pub fn run_node(mut config: ExchangeConfig, cluster: ClusterConfig, stop_on: Sto
         if let Some(address) = config.metrics_listen {
             crate::serve_metrics(address, metrics.clone()).await?;
         }
-        tokio::spawn(report_raft(raft.clone(), metrics.clone()));
-        let (stop_tx, stop_rx) = watch::channel(false);
-        // Installed now, before anything serves (see `crate::Signals`).
-        let signals = match &stop_on {
-            Stop::Signals => Some(crate::Signals::install()?),
-            Stop::Channel(_) => None,
+        tokio::spawn(report_raft(raft.clone(), metrics));
+        Ok(Node { id, raft, machine, sink, reader, handover })
+    }
+
+    /// Serves one term this node leads: recovers a sequencer from what it
+    /// applied (its market and its journal hold every committed entry now)
+    /// and serves until it is deposed or asked to stop; then fences it.
+    async fn serve_term(
+        &self,
+        term: u64,
+        config: &ExchangeConfig,
+        surface: &mut Surface,
+        metrics: &Arc<crate::metrics::Metrics>,
+        exchange_key: &ed25519_dalek::SigningKey,
+        stopping: impl std::future::Future<Output = ()>,
+    ) -> Result<Ended> {
+        let (id, raft) = (self.id, &self.raft);
+        let journal = ReplicatedJournal::new(raft.clone(), tokio::runtime::Handle::current(), self.sink.clone());
+        let fence = journal.fence();
+        let (invoices, invoice_worker) =
+            crate::invoices::InvoiceDesk::start(self.reader.clone(), exchange_key.clone(), config.invoicing.clone())?;
+        let recovering = {
+            let (listing, operator_keys, metrics, billing) =
+                (config.listing.clone(), config.operator_keys.clone(), metrics.clone(), config.billing);
+            let (clock, machine) = (surface.clock, self.machine.clone());
+            tokio::task::spawn_blocking(move || {
+                sequencer::Sequencer::recover(
+                    gpux_market::MarketState::new(gpux_engine::EngineConfig::demo())?,
+                    Some(listing),
+                    Box::new(journal),
+                    MachineSnapshots { machine },
+                    operator_keys,
+                    metrics,
+                    billing,
+                    clock,
+                )
+            })
         };
-        tokio::spawn(async move {
-            match (stop_on, signals) {
-                (Stop::Channel(receiver), _) => {
-                    let _ = receiver.await;
-                }
-                (Stop::Signals, Some(signals)) => signals.wait().await,
-                (Stop::Signals, None) => std::future::pending().await,
-            }
-            let _ = stop_tx.send(true);
-        });
-        let exchange_key = crate::identity::load_or_create(&config.data_dir.join("exchange.key"))?;
-        let stopping = || {
-            let mut stop_rx = stop_rx.clone();
-            async move {
-                let _ = stop_rx.wait_for(|stop| *stop).await;
+        let (mut sequencer, recovery) = recovering.await??;
+        sequencer.set_feed_frames_max(config.limits.feed_frames_max);
+        sequencer.set_challenge_interval_ms(config.challenge_interval_ms);
+        sequencer.set_account_opening(config.accounts);
+        sequencer.set_invoices(invoices);
+        let stop_sequencer = sequencer.stop_flag();
+        say(&format!(
+            "node {id} leads in term {term}: recovered at journal entry {} plus {} journal entries, state hash {:016x}",
+            recovery.snapshot_seq, recovery.entries, recovery.state_hash
+        ));
+        metrics.cluster_serving.set(1);
+        let until = async {
+            tokio::select! {
+                _ = stopping => {}
+                why = deposed(raft, term, &self.handover) => say(&format!("node {id} stops serving: {why}")),
             }
         };
-        loop {
-            let term = tokio::select! {
-                _ = stopping() => break,
-                term = lead(&raft, &handover) => term,
-            };
-            // Recover a sequencer from what this node applied (its market
-            // and its journal hold every committed entry now).
-            let journal = ReplicatedJournal::new(raft.clone(), tokio::runtime::Handle::current(), sink.clone());
-            let fence = journal.fence();
-            let (invoices, invoice_worker) =
-                crate::invoices::InvoiceDesk::start(reader.clone(), exchange_key.clone(), config.invoicing.clone())?;
-            let recovering = {
-                let (listing, operator_keys, metrics, billing) =
-                    (config.listing.clone(), config.operator_keys.clone(), metrics.clone(), config.billing);
-                let (clock, machine) = (surface.clock, machine.clone());
-                tokio::task::spawn_blocking(move || {
-                    sequencer::Sequencer::recover(
-                        gpux_market::MarketState::new(gpux_engine::EngineConfig::demo())?,
-                        Some(listing),
-                        Box::new(journal),
-                        MachineSnapshots { machine },
-                        operator_keys,
-                        metrics,
-                        billing,
-                        clock,
-                    )
-                })
-            };
-            let (mut sequencer, recovery) = recovering.await??;
-            sequencer.set_feed_frames_max(config.limits.feed_frames_max);
-            sequencer.set_challenge_interval_ms(config.challenge_interval_ms);
-            sequencer.set_account_opening(config.accounts);
-            sequencer.set_invoices(invoices);
-            let stop_sequencer = sequencer.stop_flag();
-            say(&format!(
-                "node {id} leads in term {term}: recovered at journal entry {} plus {} journal entries, state hash {:016x}",
-                recovery.snapshot_seq, recovery.entries, recovery.state_hash
-            ));
-            metrics.cluster_serving.set(1);
-            let until = async {
-                tokio::select! {
-                    _ = stopping() => {}
-                    why = deposed(&raft, term, &handover) => say(&format!("node {id} stops serving: {why}")),
-                }
-            };
-            let served = surface.serve(sequencer, until).await;
-            metrics.cluster_serving.set(0);
-            // Whatever happened, nothing this sequencer does reaches the
-            // log any more, and it ends within a second.
-            fence.store(true, Ordering::SeqCst);
-            stop_sequencer.store(true, Ordering::SeqCst);
-            let (ended, thread) = served?;
-            let result = tokio::task::spawn_blocking(move || thread.join()).await?;
-            let _ = tokio::task::spawn_blocking(move || invoice_worker.join()).await?;
-            match result {
-                Ok(Ok(_)) => {}
-                Ok(Err(error)) => say(&format!("node {id}: the sequencer stopped: {error}")),
-                Err(_) => anyhow::bail!("sequencer thread panicked"),
-            }
-            if ended == Ended::Asked && *stop_rx.borrow() {
-                break;
-            }
+        let served = surface.serve(sequencer, until).await;
+        metrics.cluster_serving.set(0);
+        // Whatever happened, nothing this sequencer does reaches the
+        // log any more, and it ends within a second.
+        fence.store(true, Ordering::SeqCst);
+        stop_sequencer.store(true, Ordering::SeqCst);
+        let (ended, thread) = served?;
+        let result = tokio::task::spawn_blocking(move || thread.join()).await?;
+        let _ = tokio::task::spawn_blocking(move || invoice_worker.join()).await?;
+        match result {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => say(&format!("node {id}: the sequencer stopped: {error}")),
+            Err(_) => anyhow::bail!("sequencer thread panicked"),
         }
-        say("stopping");
-        let _ = raft.shutdown().await;
-        anyhow::Ok(machine.read(|market| market.state_hash()))
-    });
-    runtime.shutdown_timeout(Duration::from_secs(2));
-    let state_hash = ended?;
-    say(&format!("stopped, state hash {state_hash:016x}"));
-    Ok(state_hash)
+        Ok(ended)
+    }
 }
 
 /// Waits until this node leads with a majority behind it and has applied

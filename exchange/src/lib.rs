@@ -123,8 +123,45 @@ pub fn run_until(mut config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
     if let Some(cluster) = config.cluster.clone() {
         return cluster::run_node(config, cluster, stop_on);
     }
-    let clock = link::Clock { offset_ms: config.clock_offset_ms };
     data_dir::prepare(&config.data_dir)?;
+    let metrics = std::sync::Arc::new(metrics::Metrics::default());
+    metrics.watch_data_dir(&config.data_dir);
+    let (sequencer, invoice_worker, job_store) = recover_single(&config, metrics.clone())?;
+    let mut surface = Surface::new(&config, metrics.clone())?;
+    surface.on_listening = config.on_listening.take();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let sequencer_thread = runtime.block_on(async move {
+        if let Some(address) = config.metrics_listen {
+            serve_metrics(address, metrics.clone()).await?;
+        }
+        if let Some((listener, server)) = job_store {
+            let listener = TcpListener::from_std(listener)?;
+            let router = server.router();
+            tokio::spawn(http::serve_within(listener, "job store", metrics.gateway.clone(), router, None, job_store::REQUEST_TIMEOUT));
+        }
+        let (_, sequencer_thread) = surface.serve(sequencer, stop_asked(stop_on)?).await?;
+        anyhow::Ok(sequencer_thread)
+    })?;
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    let ended = sequencer_thread.join();
+    // The sequencer dropped the desk (whatever it ended with): the worker
+    // ends and lets go of the journal.
+    invoice_worker.join().map_err(|_| anyhow::anyhow!("invoice thread panicked"))?;
+    let state_hash = ended.map_err(|_| anyhow::anyhow!("sequencer thread panicked"))??;
+    say(&format!("stopped, state hash {state_hash:016x}"));
+    Ok(state_hash)
+}
+
+/// The job store's bound listener and its server, served once the runtime runs.
+type JobStoreServing = (std::net::TcpListener, job_store::StoreServer);
+
+/// A single node's sequencer, recovered from its snapshot and journal, with
+/// its invoice worker and its job store's listener and server.
+fn recover_single(
+    config: &ExchangeConfig,
+    metrics: std::sync::Arc<metrics::Metrics>,
+) -> Result<(sequencer::Sequencer, std::thread::JoinHandle<()>, Option<JobStoreServing>)> {
+    let clock = link::Clock { offset_ms: config.clock_offset_ms };
     let journal = gpux_journal::Journal::open(&config.data_dir.join("journal.redb"))?;
     let exchange_key = identity::load_or_create(&config.data_dir.join("exchange.key"))?;
     let (invoices, invoice_worker) =
@@ -134,8 +171,6 @@ pub fn run_until(mut config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
     // A journal without a genesis listing starts with the demo listing
     // (what every exchange listed before the listing file).
     let market = gpux_market::MarketState::new(gpux_engine::EngineConfig::demo()).context("demo listing")?;
-    let metrics = std::sync::Arc::new(metrics::Metrics::default());
-    metrics.watch_data_dir(&config.data_dir);
     let (mut sequencer, recovery) = sequencer::Sequencer::recover(
         market,
         Some(config.listing.clone()),
@@ -164,46 +199,28 @@ pub fn run_until(mut config: ExchangeConfig, stop_on: Stop) -> Result<u64> {
         "recovered from snapshot at journal entry {} plus {} journal entries, state hash {:016x}",
         recovery.snapshot_seq, recovery.entries, recovery.state_hash
     ));
-    let mut surface = Surface::new(&config, metrics.clone())?;
-    surface.on_listening = config.on_listening.take();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let sequencer_thread = runtime.block_on(async move {
-        if let Some(address) = config.metrics_listen {
-            serve_metrics(address, metrics.clone()).await?;
-        }
-        if let Some((listener, server)) = job_store {
-            let listener = TcpListener::from_std(listener)?;
-            let router = server.router();
-            tokio::spawn(http::serve_within(listener, "job store", metrics.gateway.clone(), router, None, job_store::REQUEST_TIMEOUT));
-        }
-        // The handlers are installed before anything serves: a SIGTERM
-        // sent once the first answer came stops the exchange cleanly (a
-        // handler installed when the stop future is first polled raced the
-        // listeners, and a SIGTERM in between killed the process).
-        let signals = match &stop_on {
-            Stop::Signals => Some(Signals::install()?),
-            Stop::Channel(_) => None,
-        };
-        let stop_asked = async {
-            match (stop_on, signals) {
-                (Stop::Channel(receiver), _) => {
-                    let _ = receiver.await;
-                }
-                (Stop::Signals, Some(signals)) => signals.wait().await,
-                (Stop::Signals, None) => std::future::pending().await,
+    Ok((sequencer, invoice_worker, job_store))
+}
+
+/// What ends serving: `stop_on`'s channel, or SIGTERM/SIGINT. The handlers
+/// are installed now, before anything serves: a SIGTERM sent once the first
+/// answer came stops the exchange cleanly (a handler installed when the
+/// stop future is first polled raced the listeners, and a SIGTERM in
+/// between killed the process).
+fn stop_asked(stop_on: Stop) -> Result<impl std::future::Future<Output = ()>> {
+    let signals = match &stop_on {
+        Stop::Signals => Some(Signals::install()?),
+        Stop::Channel(_) => None,
+    };
+    Ok(async move {
+        match (stop_on, signals) {
+            (Stop::Channel(receiver), _) => {
+                let _ = receiver.await;
             }
-        };
-        let (_, sequencer_thread) = surface.serve(sequencer, stop_asked).await?;
-        anyhow::Ok(sequencer_thread)
-    })?;
-    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
-    let ended = sequencer_thread.join();
-    // The sequencer dropped the desk (whatever it ended with): the worker
-    // ends and lets go of the journal.
-    invoice_worker.join().map_err(|_| anyhow::anyhow!("invoice thread panicked"))?;
-    let state_hash = ended.map_err(|_| anyhow::anyhow!("sequencer thread panicked"))??;
-    say(&format!("stopped, state hash {state_hash:016x}"));
-    Ok(state_hash)
+            (Stop::Signals, Some(signals)) => signals.wait().await,
+            (Stop::Signals, None) => std::future::pending().await,
+        }
+    })
 }
 
 /// Opens the job store's backend and binds its listener (before the
@@ -317,40 +334,8 @@ impl Surface {
         let served = async {
             let listener = TcpListener::bind(self.listen).await.with_context(|| format!("binding {}", self.listen))?;
             let gateway_url = format!("{scheme}://{}", listener.local_addr()?);
-            if let Some(address) = self.console_listen {
-                let console_listener = TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
-                let address = console_listener.local_addr()?;
-                // With the gateway's TLS identity the console and REST are HTTPS only.
-                let http = if self.tls.is_some() { "https" } else { "http" };
-                say(&format!("web console on {http}://{address}/"));
-                say(&format!("REST API on {http}://{address}/api/v1/ (docs/rest.md)"));
-                let rest = gpux_gateway::rest::router(requests.clone(), self.clock, &self.rest_cors_origins);
-                tasks.push(tokio::spawn(console::serve(
-                    console_listener,
-                    gateway_url.clone(),
-                    self.metrics.clone(),
-                    rest,
-                    self.tls.clone(),
-                )));
-            }
-            if let Some(address) = self.link_listen {
-                let secret = link_server::load_or_create_secret(&self.data_dir)?;
-                let link_listener = TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
-                say(&format!(
-                    "links for gateways on {}{} (gpux-gateway --sequencer ADDRESS --link-secret-file {})",
-                    link_listener.local_addr()?,
-                    if self.link_tls.is_some() { " over TLS" } else { "" },
-                    self.data_dir.join("link.secret").display()
-                ));
-                tasks.push(tokio::spawn(link_server::serve_links(
-                    link_listener,
-                    requests.clone(),
-                    secret,
-                    self.link_tls.clone(),
-                    self.metrics.clone(),
-                    stopped.clone(),
-                )));
-            }
+            tasks.extend(self.start_console(&requests, &gateway_url).await?);
+            tasks.extend(self.start_links(&requests, &stopped).await?);
             say(&format!("listening on {gateway_url}"));
             if let Some(on_listening) = self.on_listening.take() {
                 on_listening(&gateway_url);
@@ -391,6 +376,44 @@ impl Surface {
             task.abort();
         }
         Ok((ended, sequencer_thread))
+    }
+
+    /// The web console and the REST API on `console_listen`, when set.
+    async fn start_console(
+        &self,
+        requests: &crossbeam_channel::Sender<gpux_gateway::link::Request>,
+        gateway_url: &str,
+    ) -> Result<Option<tokio::task::JoinHandle<()>>> {
+        let Some(address) = self.console_listen else { return Ok(None) };
+        let console_listener = TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
+        let address = console_listener.local_addr()?;
+        // With the gateway's TLS identity the console and REST are HTTPS only.
+        let http = if self.tls.is_some() { "https" } else { "http" };
+        say(&format!("web console on {http}://{address}/"));
+        say(&format!("REST API on {http}://{address}/api/v1/ (docs/rest.md)"));
+        let rest = gpux_gateway::rest::router(requests.clone(), self.clock, &self.rest_cors_origins);
+        let console = console::serve(console_listener, gateway_url.to_string(), self.metrics.clone(), rest, self.tls.clone());
+        Ok(Some(tokio::spawn(console)))
+    }
+
+    /// Links for remote gateways on `link_listen`, when set.
+    async fn start_links(
+        &self,
+        requests: &crossbeam_channel::Sender<gpux_gateway::link::Request>,
+        stopped: &watch::Receiver<bool>,
+    ) -> Result<Option<tokio::task::JoinHandle<()>>> {
+        let Some(address) = self.link_listen else { return Ok(None) };
+        let secret = link_server::load_or_create_secret(&self.data_dir)?;
+        let link_listener = TcpListener::bind(address).await.with_context(|| format!("binding {address}"))?;
+        say(&format!(
+            "links for gateways on {}{} (gpux-gateway --sequencer ADDRESS --link-secret-file {})",
+            link_listener.local_addr()?,
+            if self.link_tls.is_some() { " over TLS" } else { "" },
+            self.data_dir.join("link.secret").display()
+        ));
+        let links =
+            link_server::serve_links(link_listener, requests.clone(), secret, self.link_tls.clone(), self.metrics.clone(), stopped.clone());
+        Ok(Some(tokio::spawn(links)))
     }
 }
 
