@@ -353,35 +353,9 @@ impl AgentConfig {
 
     pub fn parse(text: &str) -> Result<Self> {
         let mut config: AgentConfig = toml::from_str(text)?;
+        let legacy_hook = config.delivery_hook.is_some();
         if let Some(delivery) = &mut config.delivery {
-            delivery.docker.public_address = delivery.public_address.clone();
-            if delivery.public_address.is_empty()
-                || delivery.public_address.len() > 253
-                || delivery.public_address.contains(char::is_whitespace)
-            {
-                bail!("delivery.public_address must be a host name or IP address");
-            }
-            if delivery.backend == BackendKind::Hook && delivery.hook.is_none() && config.delivery_hook.is_none() {
-                bail!("delivery.backend = \"hook\" needs delivery.hook (the owner's program)");
-            }
-            if delivery.stop_grace_ms > 600_000 {
-                bail!("delivery.stop_grace_ms must be at most 600000");
-            }
-            if delivery.ready_after_ms > 600_000 {
-                bail!("delivery.ready_after_ms must be at most 600000");
-            }
-            if !(1_000..=3_600_000).contains(&delivery.health_backoff_ms) {
-                bail!("delivery.health_backoff_ms must be between 1000 and 3600000");
-            }
-            if !(1..=256).contains(&delivery.concurrency) {
-                bail!("delivery.concurrency must be between 1 and 256");
-            }
-            if delivery.docker.cpus_per_gpu.is_some_and(|c| !(c > 0.0 && c <= 1024.0)) {
-                bail!("delivery.docker.cpus_per_gpu must be above 0 and at most 1024");
-            }
-            if delivery.docker.memory_mib_per_gpu == Some(0) {
-                bail!("delivery.docker.memory_mib_per_gpu must be positive");
-            }
+            delivery.check(legacy_hook)?;
         }
         // One address, or a cluster's nodes comma-separated (the agent
         // connects to the one that accepts: the leader).
@@ -392,25 +366,7 @@ impl AgentConfig {
         if config.host.is_empty() || config.host.len() > 128 || !config.host.bytes().all(|b| (0x21..0x7f).contains(&b)) {
             bail!("host must be 1..=128 printable ASCII characters without spaces");
         }
-        for (field, name) in [("region", &config.region), ("zone", &config.zone)] {
-            if name.as_deref().is_some_and(|name| !gpux_engine::region_name_is_valid(name)) {
-                bail!("{field} must be 1..=32 lower-case letters, digits and - (e.g. \"cn-east\"), not {name:?}");
-            }
-        }
-        if config.zone.is_some() && config.region.is_none() {
-            bail!("zone needs region (a zone is within a region)");
-        }
-        if let Some(fabric) = &config.fabric {
-            if config.region.is_none() {
-                bail!("fabric needs region (a fabric group is one supplier's hosts in one zone)");
-            }
-            let probe_ports_fit = fabric.port_base as u32 + 2 * crate::probe::PROBE_PORT_OFFSET as u32 <= 65_536;
-            if !fabric.claim().is_valid() || !probe_ports_fit || fabric.probe_mib > 16_384 {
-                bail!(
-                    "fabric: group must be 1..=32 lower-case letters, digits and -, gbps 1..=100000, address an IP address, port_base 1024..=65408, probe_mib 0..=16384 (got {fabric:?})"
-                );
-            }
-        }
+        config.check_location()?;
         if !(1_000..=86_400_000).contains(&config.gpu_lost_after_ms) {
             bail!("gpu_lost_after_ms must be between 1000 and 86400000");
         }
@@ -439,6 +395,64 @@ impl AgentConfig {
             }
         }
         Ok(config)
+    }
+
+    /// Region, zone and fabric: named validly, and each within the one before.
+    fn check_location(&self) -> Result<()> {
+        for (field, name) in [("region", &self.region), ("zone", &self.zone)] {
+            if name.as_deref().is_some_and(|name| !gpux_engine::region_name_is_valid(name)) {
+                bail!("{field} must be 1..=32 lower-case letters, digits and - (e.g. \"cn-east\"), not {name:?}");
+            }
+        }
+        if self.zone.is_some() && self.region.is_none() {
+            bail!("zone needs region (a zone is within a region)");
+        }
+        if let Some(fabric) = &self.fabric {
+            if self.region.is_none() {
+                bail!("fabric needs region (a fabric group is one supplier's hosts in one zone)");
+            }
+            let probe_ports_fit = fabric.port_base as u32 + 2 * crate::probe::PROBE_PORT_OFFSET as u32 <= 65_536;
+            if !fabric.claim().is_valid() || !probe_ports_fit || fabric.probe_mib > 16_384 {
+                bail!(
+                    "fabric: group must be 1..=32 lower-case letters, digits and -, gbps 1..=100000, address an IP address, port_base 1024..=65408, probe_mib 0..=16384 (got {fabric:?})"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+impl DeliveryConfig {
+    /// The delivery settings' bounds; copies the public address to the
+    /// container engine's settings. `legacy_hook`: the top-level
+    /// `delivery_hook` is set.
+    fn check(&mut self, legacy_hook: bool) -> Result<()> {
+        self.docker.public_address = self.public_address.clone();
+        if self.public_address.is_empty() || self.public_address.len() > 253 || self.public_address.contains(char::is_whitespace) {
+            bail!("delivery.public_address must be a host name or IP address");
+        }
+        if self.backend == BackendKind::Hook && self.hook.is_none() && !legacy_hook {
+            bail!("delivery.backend = \"hook\" needs delivery.hook (the owner's program)");
+        }
+        if self.stop_grace_ms > 600_000 {
+            bail!("delivery.stop_grace_ms must be at most 600000");
+        }
+        if self.ready_after_ms > 600_000 {
+            bail!("delivery.ready_after_ms must be at most 600000");
+        }
+        if !(1_000..=3_600_000).contains(&self.health_backoff_ms) {
+            bail!("delivery.health_backoff_ms must be between 1000 and 3600000");
+        }
+        if !(1..=256).contains(&self.concurrency) {
+            bail!("delivery.concurrency must be between 1 and 256");
+        }
+        if self.docker.cpus_per_gpu.is_some_and(|c| !(c > 0.0 && c <= 1024.0)) {
+            bail!("delivery.docker.cpus_per_gpu must be above 0 and at most 1024");
+        }
+        if self.docker.memory_mib_per_gpu == Some(0) {
+            bail!("delivery.docker.memory_mib_per_gpu must be positive");
+        }
+        Ok(())
     }
 }
 

@@ -148,6 +148,16 @@ impl DockerBackend {
         if workload.shm_mib > 0 {
             config.shm_size = Some(workload.shm_mib as i64 * 1024 * 1024);
         }
+        self.pass_gpus(job, &mut config);
+        let binds = self.binds(job, authorized_keys, &mut config);
+        if !binds.is_empty() {
+            config.binds = Some(binds);
+        }
+        config
+    }
+
+    /// Passes the job's GPUs into the container, by the host's kind of devices.
+    fn pass_gpus(&self, job: &Job, config: &mut HostConfig) {
         match self.config.gpu_devices {
             GpuDevices::Nvidia => {
                 config.device_requests = Some(vec![DeviceRequest {
@@ -188,6 +198,12 @@ impl DockerBackend {
             }
             GpuDevices::None => {}
         }
+    }
+
+    /// What the container mounts: the vendor's runtime, the renter's SSH
+    /// keys, and a job's code, inputs, checkpoints and outputs. A cluster
+    /// member shares the host's network.
+    fn binds(&self, job: &Job, authorized_keys: Option<&PathBuf>, config: &mut HostConfig) -> Vec<String> {
         let mut binds = Vec::new();
         if self.config.gpu_devices == GpuDevices::Ascend {
             // The Ascend user-space runtime in the image talks to the host's driver.
@@ -215,10 +231,7 @@ impl DockerBackend {
                 config.network_mode = Some("host".into());
             }
         }
-        if !binds.is_empty() {
-            config.binds = Some(binds);
-        }
-        config
+        binds
     }
 
     async fn endpoints(&self, name: &str) -> Vec<Endpoint> {
