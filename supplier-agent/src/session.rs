@@ -294,6 +294,22 @@ impl Agent {
         }
     }
 
+    /// Publishes the key renters seal secrets to. Only a host that runs
+    /// renters' workloads does: bids that carry one trade only with
+    /// suppliers that published it.
+    async fn publish_encryption_key(&self, connection: &mut Connection) -> Result<()> {
+        let id = connection.new_id();
+        let publish = ClientMessage::SetEncryptionKey {
+            id,
+            encryption_key: hex::encode(self.encryption_key.public()),
+            signature: self.encryption_key.certify(&self.key),
+        };
+        match connection.request(publish).await? {
+            ServerMessage::Ack { .. } => Ok(()),
+            other => Err(Fatal(format!("publishing the encryption key: {other:?}")).into()),
+        }
+    }
+
     /// Logs in, registers, withdraws stale asks, offers, sends queued reports.
     async fn connect(&mut self) -> Result<Link> {
         let mut connection =
@@ -306,19 +322,8 @@ impl Agent {
         self.clock_offset_ms = connection.clock_offset_ms;
         self.clock_synced_at = Some(tokio::time::Instant::now());
         self.register(&mut connection).await?;
-        // Published only by a host that runs renters' workloads: bids that
-        // carry one trade only with suppliers that published it.
         if self.delivers_workloads() {
-            let id = connection.new_id();
-            let publish = ClientMessage::SetEncryptionKey {
-                id,
-                encryption_key: hex::encode(self.encryption_key.public()),
-                signature: self.encryption_key.certify(&self.key),
-            };
-            match connection.request(publish).await? {
-                ServerMessage::Ack { .. } => {}
-                other => return Err(Fatal(format!("publishing the encryption key: {other:?}")).into()),
-            }
+            self.publish_encryption_key(&mut connection).await?;
         }
         self.resume_health_backoff(&mut connection).await?;
         // Health changes seen while away reach the exchange now.
@@ -696,34 +701,8 @@ impl Agent {
                 zone: self.config.zone.clone(),
                 fabric: self.config.fabric.as_ref().map(|f| f.claim()),
             };
-            match connection.request(request).await? {
-                ServerMessage::Ack { .. } => tracing::info!(uuid = %gpu.uuid, model = %gpu.spec.model, "registered"),
-                ServerMessage::Reject { code: RejectCode::GpuNotQualified, .. } => {
-                    tracing::warn!(uuid = %gpu.uuid, model = %gpu.spec.model, "meets no listed class; not offered")
-                }
-                ServerMessage::Reject { code: RejectCode::GpusAwaitingChallenge, .. } => {
-                    tracing::warn!(
-                        uuid = %gpu.uuid,
-                        "not registered yet: this account's GPUs that have not passed a hardware challenge are at their limit; trying again in a minute"
-                    );
-                    self.register_again_at = Some(tokio::time::Instant::now() + REGISTER_AGAIN_AFTER);
-                }
-                ServerMessage::Reject { code: RejectCode::TooManyGpus, .. } => {
-                    tracing::warn!(uuid = %gpu.uuid, "not registered: this account holds its share of the exchange's GPUs; not offered")
-                }
-                ServerMessage::Reject { code: RejectCode::UnknownRegion, .. } => {
-                    let region = self.config.region.as_deref().unwrap_or_default();
-                    return Err(Fatal(format!("region {region:?} is not one the exchange lists (gpux listing shows its regions)")).into());
-                }
-                ServerMessage::Reject { code: RejectCode::RegionMismatch, .. } => {
-                    let host = &self.config.host;
-                    return Err(Fatal(format!(
-                        "host {host:?} is registered in another region; a host keeps its region (set region back, or register the moved machine under a new host name)"
-                    ))
-                    .into());
-                }
-                other => return Err(Fatal(format!("registering {}: {other:?}", gpu.uuid)).into()),
-            }
+            let answer = connection.request(request).await?;
+            self.registered(gpu, answer)?;
         }
         let on_host: BTreeSet<&str> = inventory.iter().map(|g| g.uuid.as_str()).collect();
         let registered: Vec<gpux_protocol::views::Gpu> = my_gpus(connection)
@@ -731,7 +710,59 @@ impl Agent {
             .into_iter()
             .filter(|info| info.host_name == self.config.host && on_host.contains(info.uuid.as_str()))
             .collect();
-        if let (Some(wanted), Some(info)) = (&self.config.region, registered.first()) {
+        self.check_region(registered.first())?;
+        for info in registered {
+            match self.gpus.iter_mut().find(|g| g.info.uuid == info.uuid) {
+                Some(gpu) => gpu.info = info,
+                None => self.gpus.push(HostGpu {
+                    healthy: info.online,
+                    delivery_failed: false,
+                    info,
+                    window: Window::default(),
+                    unhealthy_since: None,
+                }),
+            }
+        }
+        Ok(())
+    }
+
+    /// What the exchange answered to registering `gpu`: a GPU it refuses is
+    /// logged and left unoffered; a region it refuses stops the agent.
+    fn registered(&mut self, gpu: &crate::backend::GpuInventory, answer: ServerMessage) -> Result<()> {
+        match answer {
+            ServerMessage::Ack { .. } => tracing::info!(uuid = %gpu.uuid, model = %gpu.spec.model, "registered"),
+            ServerMessage::Reject { code: RejectCode::GpuNotQualified, .. } => {
+                tracing::warn!(uuid = %gpu.uuid, model = %gpu.spec.model, "meets no listed class; not offered")
+            }
+            ServerMessage::Reject { code: RejectCode::GpusAwaitingChallenge, .. } => {
+                tracing::warn!(
+                    uuid = %gpu.uuid,
+                    "not registered yet: this account's GPUs that have not passed a hardware challenge are at their limit; trying again in a minute"
+                );
+                self.register_again_at = Some(tokio::time::Instant::now() + REGISTER_AGAIN_AFTER);
+            }
+            ServerMessage::Reject { code: RejectCode::TooManyGpus, .. } => {
+                tracing::warn!(uuid = %gpu.uuid, "not registered: this account holds its share of the exchange's GPUs; not offered")
+            }
+            ServerMessage::Reject { code: RejectCode::UnknownRegion, .. } => {
+                let region = self.config.region.as_deref().unwrap_or_default();
+                return Err(Fatal(format!("region {region:?} is not one the exchange lists (gpux listing shows its regions)")).into());
+            }
+            ServerMessage::Reject { code: RejectCode::RegionMismatch, .. } => {
+                let host = &self.config.host;
+                return Err(Fatal(format!(
+                    "host {host:?} is registered in another region; a host keeps its region (set region back, or register the moved machine under a new host name)"
+                ))
+                .into());
+            }
+            other => return Err(Fatal(format!("registering {}: {other:?}", gpu.uuid)).into()),
+        }
+        Ok(())
+    }
+
+    /// A host keeps the region its GPUs were registered in.
+    fn check_region(&self, first: Option<&gpux_protocol::views::Gpu>) -> Result<()> {
+        if let (Some(wanted), Some(info)) = (&self.config.region, first) {
             match &info.region {
                 Some(region) if region != wanted => {
                     let host = &self.config.host;
@@ -745,18 +776,6 @@ impl Agent {
                     region = %wanted,
                     "this host registered its GPUs before it declared a region and stays in none (bids that require a region pass it by); register it under a new host name to declare one"
                 ),
-            }
-        }
-        for info in registered {
-            match self.gpus.iter_mut().find(|g| g.info.uuid == info.uuid) {
-                Some(gpu) => gpu.info = info,
-                None => self.gpus.push(HostGpu {
-                    healthy: info.online,
-                    delivery_failed: false,
-                    info,
-                    window: Window::default(),
-                    unhealthy_since: None,
-                }),
             }
         }
         Ok(())

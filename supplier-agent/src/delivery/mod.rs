@@ -405,58 +405,8 @@ impl Manager {
 
     fn on_order(&mut self, order: Order) {
         match order {
-            Order::Deliver { lease, gpus, workload, start_ms, end_ms } => {
-                // A new workload replaces the running one (removed first, in its task).
-                let replacing = self.entries.remove(&lease).is_some();
-                let Some(job) = self.prepare(lease, gpus, workload.map(|w| *w), end_ms) else {
-                    if replacing {
-                        self.remove(lease, false);
-                    }
-                    return;
-                };
-                let waiting = job.workload.as_ref().is_some_and(|w| w.secrets_follow && w.sealed.is_none());
-                let mut entry = Entry::new(job, Phase::Starting);
-                if waiting {
-                    entry.phase = Phase::AwaitingSecrets;
-                    entry.secrets_deadline = Some(tokio::time::Instant::now() + Duration::from_millis(SECRETS_WAIT_MS));
-                    self.status(lease, DeliveryState::AwaitingSecrets);
-                    if replacing {
-                        self.remove(lease, false);
-                    }
-                } else {
-                    self.launch(&mut entry, start_ms, replacing);
-                }
-                self.entries.insert(lease, entry);
-            }
-            Order::DeliverJob { lease, gpus, files, start_ms, end_ms } => {
-                if let Some(old) = self.entries.remove(&lease) {
-                    self.remove(lease, false);
-                    if let Some(files) = old.job.files {
-                        self.ended_jobs.insert(lease, Box::new(files));
-                    }
-                }
-                let workload = Workload { shm_mib: files.assignment.run.shm_mib, ..Workload::image(files.assignment.run.image.clone()) };
-                if let Err(refused) = workload.validate() {
-                    self.status(lease, Failure::public(FailureCode::WorkloadRefused, refused.to_string()).state());
-                    return;
-                }
-                let job = Job { lease, gpus, workload: Some(workload), secrets: Secrets::default(), end_ms, files: None };
-                let mut entry = Entry::new(job, Phase::Preparing);
-                self.generation += 1;
-                entry.generation = self.generation;
-                let (generation, done) = (entry.generation, self.done.clone());
-                self.status(lease, DeliveryState::Starting);
-                self.entries.insert(lease, entry);
-                tokio::spawn(async move {
-                    let wait = start_ms.saturating_sub(now_ms());
-                    if wait > 0 {
-                        tokio::time::sleep(Duration::from_millis(wait)).await;
-                    }
-                    let mut files = files;
-                    let result = files.prepare().await.map(|()| files);
-                    let _ = done.send(Done::Prepared { lease, generation, result });
-                });
-            }
+            Order::Deliver { lease, gpus, workload, start_ms, end_ms } => self.deliver(lease, gpus, workload.map(|w| *w), start_ms, end_ms),
+            Order::DeliverJob { lease, gpus, files, start_ms, end_ms } => self.deliver_job(lease, gpus, files, start_ms, end_ms),
             Order::Preempt { lease, deadline_ms } => {
                 if let Some(entry) = self.entries.get(&lease) {
                     let (backend, job) = (self.backend.clone(), entry.job.clone());
@@ -480,6 +430,63 @@ impl Manager {
             }
             Order::Reconcile { active } => self.reconcile(active),
         }
+    }
+
+    /// A lease's workload to run: a new one replaces the running one
+    /// (removed first, in its task); one whose secrets follow waits for them.
+    fn deliver(&mut self, lease: LeaseId, gpus: Vec<LeasedGpu>, workload: Option<Workload>, start_ms: u64, end_ms: Option<u64>) {
+        let replacing = self.entries.remove(&lease).is_some();
+        let Some(job) = self.prepare(lease, gpus, workload, end_ms) else {
+            if replacing {
+                self.remove(lease, false);
+            }
+            return;
+        };
+        let waiting = job.workload.as_ref().is_some_and(|w| w.secrets_follow && w.sealed.is_none());
+        let mut entry = Entry::new(job, Phase::Starting);
+        if waiting {
+            entry.phase = Phase::AwaitingSecrets;
+            entry.secrets_deadline = Some(tokio::time::Instant::now() + Duration::from_millis(SECRETS_WAIT_MS));
+            self.status(lease, DeliveryState::AwaitingSecrets);
+            if replacing {
+                self.remove(lease, false);
+            }
+        } else {
+            self.launch(&mut entry, start_ms, replacing);
+        }
+        self.entries.insert(lease, entry);
+    }
+
+    /// A job's run on the lease: its files are prepared (code, inputs,
+    /// checkpoint) from `start_ms`, then its container starts.
+    fn deliver_job(&mut self, lease: LeaseId, gpus: Vec<LeasedGpu>, files: Box<jobs::JobFiles>, start_ms: u64, end_ms: Option<u64>) {
+        if let Some(old) = self.entries.remove(&lease) {
+            self.remove(lease, false);
+            if let Some(files) = old.job.files {
+                self.ended_jobs.insert(lease, Box::new(files));
+            }
+        }
+        let workload = Workload { shm_mib: files.assignment.run.shm_mib, ..Workload::image(files.assignment.run.image.clone()) };
+        if let Err(refused) = workload.validate() {
+            self.status(lease, Failure::public(FailureCode::WorkloadRefused, refused.to_string()).state());
+            return;
+        }
+        let job = Job { lease, gpus, workload: Some(workload), secrets: Secrets::default(), end_ms, files: None };
+        let mut entry = Entry::new(job, Phase::Preparing);
+        self.generation += 1;
+        entry.generation = self.generation;
+        let (generation, done) = (entry.generation, self.done.clone());
+        self.status(lease, DeliveryState::Starting);
+        self.entries.insert(lease, entry);
+        tokio::spawn(async move {
+            let wait = start_ms.saturating_sub(now_ms());
+            if wait > 0 {
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+            }
+            let mut files = files;
+            let result = files.prepare().await.map(|()| files);
+            let _ = done.send(Done::Prepared { lease, generation, result });
+        });
     }
 
     fn on_done(&mut self, done: Done) {
