@@ -217,25 +217,8 @@ impl Rest {
         let body = axum::body::to_bytes(body, WRITE_BODY_BYTES_MAX)
             .await
             .map_err(|_| Failure::new(ErrorCode::FrameTooLarge, format!("a write's body is at most {WRITE_BODY_BYTES_MAX} bytes")))?;
-        let key = headers
-            .get("idempotency-key")
-            .and_then(|v| v.to_str().ok())
-            .filter(|key| idempotency::valid_key(key))
-            .ok_or_else(|| {
-                Failure::new(
-                    ErrorCode::WrongType,
-                    "a write carries an Idempotency-Key header: 1 to 64 of A-Z a-z 0-9 - _ . : (new for each write, the same on its retries)",
-                )
-            })?
-            .to_string();
-        let fields = match &body[..] {
-            [] => Map::new(),
-            bytes => match serde_json::from_slice::<Value>(bytes) {
-                Ok(Value::Object(fields)) => fields,
-                Ok(_) => return Err(Failure::new(ErrorCode::WrongType, "a write's body is a JSON object")),
-                Err(error) => return Err(Failure::new(ErrorCode::MalformedJson, format!("the body is not JSON: {error}"))),
-            },
-        };
+        let key = idempotency_key(headers)?;
+        let fields = body_fields(&body)?;
         let query = Query::parse(uri.query().unwrap_or(""))?;
         let segments: Vec<&str> = uri.path().trim_start_matches("/api/v1/").split('/').collect();
         let mut message = write_route(method, &segments, &query, fields)?;
@@ -252,11 +235,7 @@ impl Rest {
         }
         let message: ClientMessage =
             serde_json::from_value(message).map_err(|error| Failure::new(ErrorCode::WrongType, format!("the body: {error}")))?;
-        let path_and_query = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
-        let mut hasher = Sha256::new();
-        hasher.update(format!("{method}\n{path_and_query}\n").as_bytes());
-        hasher.update(&body);
-        let fingerprint: [u8; 32] = hasher.finalize().into();
+        let fingerprint = fingerprint(method, uri, &body);
         let now_ms = self.started.elapsed().as_millis() as u64;
         let begun = self.idempotency.lock().unwrap_or_else(|e| e.into_inner()).begin(signer, &key, fingerprint, now_ms);
         match begun {
@@ -479,6 +458,40 @@ impl Rest {
             TrySendError::Disconnected(_) => Failure::coded(ErrorCode::ShuttingDown),
         })
     }
+}
+
+/// A write's Idempotency-Key header, checked.
+fn idempotency_key(headers: &HeaderMap) -> Result<String, Failure> {
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).filter(|key| idempotency::valid_key(key));
+    let key = key.ok_or_else(|| {
+        Failure::new(
+            ErrorCode::WrongType,
+            "a write carries an Idempotency-Key header: 1 to 64 of A-Z a-z 0-9 - _ . : (new for each write, the same on its retries)",
+        )
+    })?;
+    Ok(key.to_string())
+}
+
+/// A write's body: a JSON object, or nothing.
+fn body_fields(body: &[u8]) -> Result<Map<String, Value>, Failure> {
+    match body {
+        [] => Ok(Map::new()),
+        bytes => match serde_json::from_slice::<Value>(bytes) {
+            Ok(Value::Object(fields)) => Ok(fields),
+            Ok(_) => Err(Failure::new(ErrorCode::WrongType, "a write's body is a JSON object")),
+            Err(error) => Err(Failure::new(ErrorCode::MalformedJson, format!("the body is not JSON: {error}"))),
+        },
+    }
+}
+
+/// What a retry under the same Idempotency-Key must repeat: the method, the
+/// path and query, and the body.
+fn fingerprint(method: &Method, uri: &Uri, body: &[u8]) -> [u8; 32] {
+    let path_and_query = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+    let mut hasher = Sha256::new();
+    hasher.update(format!("{method}\n{path_and_query}\n").as_bytes());
+    hasher.update(body);
+    hasher.finalize().into()
 }
 
 /// Ends the session however the request ended (answered, timed out, or
