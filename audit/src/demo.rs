@@ -39,21 +39,22 @@ impl Session {
 
     fn register(&mut self, supplier: u32, host: &str, gpus: u32, spec: GpuSpec) {
         for index in 0..gpus {
-            self.push(Command::Register {
-                account: AccountId(supplier),
-                host: host.into(),
-                gpu_uuid: format!("GPU-{host}-{index}"),
-                spec: spec.clone(),
-                region: None,
-                zone: String::new(),
-                fabric: None,
-            });
+            self.push(Command::register(AccountId(supplier), host, &format!("GPU-{host}-{index}"), spec.clone()));
         }
     }
 }
 
 pub fn inputs() -> Vec<Input> {
     let mut s = Session { at_ms: START_MS + MINUTE, inputs: Vec::new(), next_client_order_id: 0 };
+    opening(&mut s);
+    first_trades(&mut s);
+    a_window_resold(&mut s);
+    order_types(&mut s);
+    s.inputs
+}
+
+/// Five accounts, three hosts, and the suppliers' first asks.
+fn opening(s: &mut Session) {
     // Accounts 0, 1: suppliers; 2, 3: renters; 4: aggregator.
     for role in [Role::Supplier, Role::Supplier, Role::Renter, Role::Renter, Role::Aggregator] {
         s.push(Command::OpenAccount { role });
@@ -80,7 +81,11 @@ pub fn inputs() -> Vec<Input> {
     s.ask(1, 1, 0x0f, 1, 900_000);
     s.ask(1, 1, 0x0f, 0, 2_050_000);
     s.ask(1, 2, 0b11, 6, 3_200_000);
+}
 
+/// Bids that trade: preemptible batch work, a gang job that preempts it,
+/// an immediate-or-cancel bid, an urgent one.
+fn first_trades(s: &mut Session) {
     s.at_ms += MINUTE;
     let mut batch = s.order(3, 1, Side::Buy, 900_000, 2);
     batch.duration = LeaseDuration::UntilCancelled;
@@ -97,7 +102,11 @@ pub fn inputs() -> Vec<Input> {
     s.at_ms += MINUTE;
     let urgent = s.order(2, 0, Side::Buy, 2_100_000, 1);
     s.push(Command::place(urgent));
+}
 
+/// A reserved window bought and resold, coded mistakes, and the window's
+/// delivery, expiry and archiving.
+fn a_window_resold(s: &mut Session) {
     // The aggregator buys the 16:00 window and resells it at a profit.
     s.ask(0, 0, 0x30, 10, 1_800_000);
     let window_bid = s.order(4, 10, Side::Buy, 1_800_000, 2);
@@ -124,7 +133,9 @@ pub fn inputs() -> Vec<Input> {
     s.push(Command::Tick);
     s.at_ms += 24 * 60 * MINUTE;
     s.push(Command::Tick);
+}
 
+fn order_types(s: &mut Session) {
     // Order types beyond plain ones (docs/market-rules.md), on the A100 spot
     // book (instrument 2), listed by a third supplier (account 5, host 3).
     s.push(Command::OpenAccount { role: Role::Supplier });
@@ -141,32 +152,16 @@ pub fn inputs() -> Vec<Input> {
     // A budget of $7.50 for two-hour leases at up to $1.40: two GPUs at 1.20
     // (4.80), one at 1.30 (2.60); the 0.10 left buys none: budget_spent.
     let spend = s.order(2, 2, Side::Buy, 1_400_000, 10);
-    s.push(Command::Place {
-        order: spend,
-        options: OrderOptions { budget_minor: 7_500_000, ..OrderOptions::default() },
-        regions: Vec::new(),
-        cluster: None,
-    });
+    s.push(Command::place_with(spend, OrderOptions { budget_minor: 7_500_000, ..OrderOptions::default() }));
     // A buy stop at 1.50 arms off the book (the last trade is 1.30).
     let stop = s.order(3, 2, Side::Buy, 1_600_000, 1);
-    s.push(Command::Place {
-        order: stop,
-        options: OrderOptions { stop_price_minor_per_gpu_hour: 1_500_000, ..OrderOptions::default() },
-        regions: Vec::new(),
-        cluster: None,
-    });
+    s.push(Command::place_with(stop, OrderOptions { stop_price_minor_per_gpu_hour: 1_500_000, ..OrderOptions::default() }));
     // An all-or-none bid for 3 rests untraded: one GPU is offered.
     let gang = s.order(3, 2, Side::Buy, 1_600_000, 3);
-    s.push(Command::Place {
-        order: gang,
-        options: OrderOptions { all_or_none: true, ..OrderOptions::default() },
-        regions: Vec::new(),
-        cluster: None,
-    });
+    s.push(Command::place_with(gang, OrderOptions { all_or_none: true, ..OrderOptions::default() }));
     // Two more GPUs at 1.50 make it whole: it fills at 1.30 and 1.50, and
     // the trade at 1.50 triggers the stop, which rests at 1.60 until the
     // next ask fills it.
     s.ask(5, 3, 0x30, 2, 1_500_000);
     s.ask(5, 3, 0x40, 2, 1_550_000);
-    s.inputs
 }
