@@ -113,15 +113,7 @@ impl Generator {
             }
             let supplier = generator.suppliers[(host / HOSTS_PER_SUPPLIER) as usize];
             for index in 0..GPUS_PER_HOST {
-                generator.apply(Command::Register {
-                    account: supplier,
-                    host: format!("host-{host}"),
-                    gpu_uuid: format!("GPU-{host}-{index}"),
-                    spec: spec.clone(),
-                    region: None,
-                    zone: String::new(),
-                    fabric: None,
-                });
+                generator.apply(Command::register(supplier, &format!("host-{host}"), &format!("GPU-{host}-{index}"), spec.clone()));
             }
             // Proven, as a real host's GPUs are after their first challenge:
             // a supplier holds only one host's worth of unproven GPUs.

@@ -86,15 +86,7 @@ impl Journal {
             journal.record(Command::OpenAccount { role: Role::Supplier });
             let account = AccountId(4 + index);
             for gpu in 0..4 {
-                journal.record(Command::Register {
-                    account,
-                    host: format!("host-{index}"),
-                    gpu_uuid: format!("GPU-{index}-{gpu}"),
-                    spec: h100_spec(),
-                    region: None,
-                    zone: String::new(),
-                    fabric: None,
-                });
+                journal.record(Command::register(account, &format!("host-{index}"), &format!("GPU-{index}-{gpu}"), h100_spec()));
             }
             journal.suppliers.push((account, HostId(index)));
         }

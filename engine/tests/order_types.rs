@@ -601,17 +601,7 @@ fn a_supplier_registers_past_one_hosts_worth_only_as_its_gpus_pass_their_challen
     let faker = m.supplier();
     let unproven = limits::GPUS_UNPROVEN_PER_ACCOUNT_MAX;
     m.h100_host(faker, "fake-0", unproven);
-    let register = |m: &mut Market, account, host: &str, uuid: &str| {
-        m.apply(Command::Register {
-            account,
-            host: host.into(),
-            gpu_uuid: uuid.into(),
-            spec: h100_spec(),
-            region: None,
-            zone: String::new(),
-            fabric: None,
-        })
-    };
+    let register = |m: &mut Market, account, host: &str, uuid: &str| m.apply(Command::register(account, host, uuid, h100_spec()));
     assert_eq!(rejection(&register(&mut m, faker, "fake-1", "GPU-fake-1-0")), Some(RejectCode::GpusAwaitingChallenge));
     // A wrong answer proves nothing: the GPU still holds its place.
     m.apply(Command::RecordChallenge { gpu: GpuId(0), answer: ChallengeAnswer::Wrong });
@@ -650,15 +640,7 @@ fn a_supplier_holds_at_most_its_share_of_the_gpu_table() {
             gpu += 1;
         }
     }
-    let events = m.apply(Command::Register {
-        account: supplier,
-        host: "last".into(),
-        gpu_uuid: "GPU-last".into(),
-        spec: h100_spec(),
-        region: None,
-        zone: String::new(),
-        fabric: None,
-    });
+    let events = m.apply(Command::register(supplier, "last", "GPU-last", h100_spec()));
     assert_eq!(rejection(&events), Some(RejectCode::TooManyGpus));
     let other = m.supplier();
     m.h100_host(other, "other", 1);

@@ -117,15 +117,7 @@ fn a_host_declares_its_region_once_with_its_first_gpu_and_keeps_it() {
     let info = m.engine.gpu(gpu).expect("registered");
     assert_eq!((info.region.as_deref(), info.zone.as_str()), (Some("eu-central"), "fra-1"));
     // A GPU that names no region joins the host's; another region is refused.
-    let events = m.apply(Command::Register {
-        account: supplier,
-        host: "rack-7".into(),
-        gpu_uuid: "GPU-x".into(),
-        spec: h100_spec(),
-        region: None,
-        zone: String::new(),
-        fabric: None,
-    });
+    let events = m.apply(Command::register(supplier, "rack-7", "GPU-x", h100_spec()));
     assert_eq!(rejection(&events), None);
     let before = m.engine.state_hash();
     let events = m.apply(Command::Register {

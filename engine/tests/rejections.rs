@@ -206,14 +206,8 @@ const CASES: &[Case] = &[
         let gpu = f.market.engine.host_gpu(f.host, 0).expect("gpu");
         Command::SetGpuOnline { account: f.other_supplier, gpu, online: false }
     }),
-    ("a GPU UUID registered twice", RejectCode::GpuAlreadyRegistered, |f| Command::Register {
-        account: f.supplier,
-        host: "host-a".into(),
-        gpu_uuid: "GPU-host-a-0".into(),
-        spec: h100_spec(),
-        region: None,
-        zone: String::new(),
-        fabric: None,
+    ("a GPU UUID registered twice", RejectCode::GpuAlreadyRegistered, |f| {
+        Command::register(f.supplier, "host-a", "GPU-host-a-0", h100_spec())
     }),
     ("a GPU that meets no class", RejectCode::GpuNotQualified, |f| Command::Register {
         account: f.supplier,
@@ -224,14 +218,8 @@ const CASES: &[Case] = &[
         zone: String::new(),
         fabric: None,
     }),
-    ("registering a GPU on another supplier's host", RejectCode::NotYourHost, |f| Command::Register {
-        account: f.other_supplier,
-        host: "host-a".into(),
-        gpu_uuid: "GPU-new".into(),
-        spec: h100_spec(),
-        region: None,
-        zone: String::new(),
-        fabric: None,
+    ("registering a GPU on another supplier's host", RejectCode::NotYourHost, |f| {
+        Command::register(f.other_supplier, "host-a", "GPU-new", h100_spec())
     }),
     ("a 65th GPU on one host", RejectCode::HostFull, |f| {
         let supplier = f.market.supplier();
@@ -240,47 +228,15 @@ const CASES: &[Case] = &[
             let gpu = GpuId(f.market.engine.gpu_count() - 1 - gpu);
             f.market.apply(Command::RecordChallenge { gpu, answer: ChallengeAnswer::Correct { n: 256, elapsed_ms: 10 } });
         }
-        Command::Register {
-            account: supplier,
-            host: "big-host".into(),
-            gpu_uuid: "GPU-65".into(),
-            spec: h100_spec(),
-            region: None,
-            zone: String::new(),
-            fabric: None,
-        }
+        Command::register(supplier, "big-host", "GPU-65", h100_spec())
     }),
     ("a 65th unproven GPU of one supplier", RejectCode::GpusAwaitingChallenge, |f| {
         let supplier = f.market.supplier();
         f.market.h100_host(supplier, "new-host", 64);
-        Command::Register {
-            account: supplier,
-            host: "next-host".into(),
-            gpu_uuid: "GPU-next".into(),
-            spec: h100_spec(),
-            region: None,
-            zone: String::new(),
-            fabric: None,
-        }
+        Command::register(supplier, "next-host", "GPU-next", h100_spec())
     }),
-    ("an empty host name", RejectCode::NameInvalid, |f| Command::Register {
-        account: f.supplier,
-        host: String::new(),
-        gpu_uuid: "GPU-new".into(),
-        spec: h100_spec(),
-        region: None,
-        zone: String::new(),
-        fabric: None,
-    }),
-    ("a UUID with control characters", RejectCode::NameInvalid, |f| Command::Register {
-        account: f.supplier,
-        host: "host-a".into(),
-        gpu_uuid: "GPU\n1".into(),
-        spec: h100_spec(),
-        region: None,
-        zone: String::new(),
-        fabric: None,
-    }),
+    ("an empty host name", RejectCode::NameInvalid, |f| Command::register(f.supplier, "", "GPU-new", h100_spec())),
+    ("a UUID with control characters", RejectCode::NameInvalid, |f| Command::register(f.supplier, "host-a", "GPU\n1", h100_spec())),
     ("ending a lease that does not exist", RejectCode::UnknownLease, |f| Command::EndLease { account: f.renter, lease: LeaseId(999) }),
     ("ending another renter's lease", RejectCode::NotYourLease, |f| Command::EndLease { account: f.other_renter, lease: f.lease }),
     ("ending a lease twice", RejectCode::LeaseNotActive, |f| {

@@ -659,15 +659,7 @@ mod tests {
             Command::OpenAccount { role: Role::Supplier },
             Command::OpenAccount { role: Role::Renter },
             Command::Deposit { account: AccountId(1), amount_minor: 100_000_000 },
-            Command::Register {
-                account: AccountId(0),
-                host: "h".into(),
-                gpu_uuid: "GPU-1".into(),
-                spec,
-                region: None,
-                zone: String::new(),
-                fabric: None,
-            },
+            Command::register(AccountId(0), "h", "GPU-1", spec),
             Command::place(order(0, Side::Sell, Some(GpuSet { host: HostId(0), gpu_mask: 1 }))),
             Command::place(order(1, Side::Buy, None)),
         ] {

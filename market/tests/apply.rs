@@ -158,15 +158,7 @@ impl Session {
         session.command(Command::Deposit { account: AccountId(1), amount_minor: 500_000_000 });
         for index in 0..2 {
             let spec = GpuSpec::h100_sxm();
-            session.command(Command::Register {
-                account: AccountId(0),
-                host: "h".into(),
-                gpu_uuid: format!("GPU-{index}"),
-                spec,
-                region: None,
-                zone: String::new(),
-                fabric: None,
-            });
+            session.command(Command::register(AccountId(0), "h", &format!("GPU-{index}"), spec));
         }
         session
     }
@@ -1116,15 +1108,7 @@ fn probe_absence_is_proven_and_its_whole_charge_refunded_to_the_renter_at_the_fi
 fn late_preemptions_and_disconnects_during_leases_count_in_the_record() {
     const PREEMPT: InstrumentId = InstrumentId(1);
     let mut session = Session::new();
-    session.command(Command::Register {
-        account: AccountId(0),
-        host: "h".into(),
-        gpu_uuid: "GPU-2".into(),
-        spec: GpuSpec::h100_sxm(),
-        region: None,
-        zone: String::new(),
-        fabric: None,
-    });
+    session.command(Command::register(AccountId(0), "h", "GPU-2", GpuSpec::h100_sxm()));
     let running = DeliveryState::Running { endpoints: Vec::new(), ssh: None, restarts: 0 };
     let mut preempted = Vec::new();
     for gpu in 0..3u32 {

@@ -49,15 +49,8 @@ impl World {
         for host in 0..hosts {
             let mut id = None;
             for gpu in 0..2 {
-                let events = world.run(Command::Register {
-                    account: AccountId(1),
-                    host: format!("host-{host}"),
-                    gpu_uuid: format!("GPU-{host}-{gpu}"),
-                    spec: GpuSpec::h100_sxm(),
-                    region: None,
-                    zone: String::new(),
-                    fabric: None,
-                });
+                let events =
+                    world.run(Command::register(AccountId(1), &format!("host-{host}"), &format!("GPU-{host}-{gpu}"), GpuSpec::h100_sxm()));
                 id = events.iter().find_map(|e| match e.kind {
                     EventKind::GpuRegistered { host, .. } => Some(host),
                     _ => None,
@@ -259,15 +252,7 @@ fn a_journaled_job_runs_through_a_host_failure_and_replays_to_the_same_state() {
     j.engine(Command::Deposit { account: renter, amount_minor: 1_000_000_000 });
     for host in 0..2 {
         for gpu in 0..2 {
-            j.engine(Command::Register {
-                account: supplier,
-                host: format!("host-{host}"),
-                gpu_uuid: format!("GPU-{host}-{gpu}"),
-                spec: GpuSpec::h100_sxm(),
-                region: None,
-                zone: String::new(),
-                fabric: None,
-            });
+            j.engine(Command::register(supplier, &format!("host-{host}"), &format!("GPU-{host}-{gpu}"), GpuSpec::h100_sxm()));
         }
     }
     let terms = JobTerms {
@@ -472,15 +457,7 @@ fn a_cluster_job_runs_on_one_fabric_tells_each_host_its_peers_and_restarts_whole
                     zone: "z1".into(),
                     fabric: Some(Box::new(fabric)),
                 },
-                _ => Command::Register {
-                    account: supplier,
-                    host: host_name,
-                    gpu_uuid,
-                    spec,
-                    region: None,
-                    zone: String::new(),
-                    fabric: None,
-                },
+                _ => Command::register(supplier, &host_name, &gpu_uuid, spec),
             });
         }
     }

@@ -164,15 +164,12 @@ impl World {
         }
         for supplier in 0..2u32 {
             for gpu in 0..3 {
-                world.apply(Command::Register {
-                    account: AccountId(3 + supplier),
-                    host: format!("host-{supplier}"),
-                    gpu_uuid: format!("GPU-{supplier}-{gpu}"),
-                    spec: GpuSpec::h100_sxm(),
-                    region: None,
-                    zone: String::new(),
-                    fabric: None,
-                });
+                world.apply(Command::register(
+                    AccountId(3 + supplier),
+                    &format!("host-{supplier}"),
+                    &format!("GPU-{supplier}-{gpu}"),
+                    GpuSpec::h100_sxm(),
+                ));
             }
         }
         let window = world.engine.instruments().into_iter().find(|i| i.symbol.starts_with("H100-SXM-80G/R/")).expect("a window").instrument;

@@ -228,15 +228,7 @@ fn sub_accounts_keys_and_a_resold_lease_replay_alike_in_the_audit_and_a_recovery
     });
     apply(JournalEntry::RevokeKey { at_ms: T0, by: renter, public_key: [3; 32] });
     for index in 0..2 {
-        let register = Command::Register {
-            account: supplier,
-            host: "h".into(),
-            gpu_uuid: format!("GPU-{index}"),
-            spec: GpuSpec::h100_sxm(),
-            region: None,
-            zone: String::new(),
-            fabric: None,
-        };
+        let register = Command::register(supplier, "h", &format!("GPU-{index}"), GpuSpec::h100_sxm());
         apply(at(T0, register));
     }
     let spot = InstrumentId(0);

@@ -92,7 +92,7 @@ impl Market {
         for index in 0..gpus {
             let (account, host_name, gpu_uuid, spec) = (supplier, name.to_string(), format!("GPU-{name}-{index}"), h100_spec());
             let events = self.apply(match region {
-                None => Command::Register { account, host: host_name, gpu_uuid, spec, region: None, zone: String::new(), fabric: None },
+                None => Command::register(account, &host_name, &gpu_uuid, spec),
                 Some((region, zone)) => Command::Register {
                     account,
                     host: host_name,

@@ -361,15 +361,7 @@ fn an_archived_lease_is_still_listed_from_the_journals_archive() {
         ..NewOrder::limit(supplier_account, 1, spot, Side::Sell, 2_000_000, 1)
     };
     let bid = NewOrder { duration: LeaseDuration::Hours(1), ..NewOrder::limit(renter_account, 1, spot, Side::Buy, 2_000_000, 1) };
-    let register = Command::Register {
-        account: supplier_account,
-        host: "h".into(),
-        gpu_uuid: "GPU-0".into(),
-        spec: GpuSpec::h100_sxm(),
-        region: None,
-        zone: String::new(),
-        fabric: None,
-    };
+    let register = Command::register(supplier_account, "h", "GPU-0", GpuSpec::h100_sxm());
     sequencer
         .process(vec![
             command(1, 2, Command::Deposit { account: renter_account, amount_minor: 100_000_000 }),
@@ -501,15 +493,7 @@ fn a_lease_whose_host_fails_it_is_replaced_on_another_host_with_its_workload() {
     let (_operator, mut supplier, mut renter) = operator_supplier_and_renter(&mut sequencer);
     let (supplier_account, renter_account) = (supplier.account(), renter.account());
     let command = |connection, id, command| Request { connection, id, body: Body::Command { command } };
-    let register = |host: &str, uuid: &str| Command::Register {
-        account: supplier_account,
-        host: host.into(),
-        gpu_uuid: uuid.into(),
-        spec: GpuSpec::h100_sxm(),
-        region: None,
-        zone: String::new(),
-        fabric: None,
-    };
+    let register = |host: &str, uuid: &str| Command::register(supplier_account, host, uuid, GpuSpec::h100_sxm());
     let ask = |client_order_id, host| NewOrder {
         supply: Some(GpuSet { host: HostId(host), gpu_mask: 1 }),
         ..NewOrder::limit(supplier_account, client_order_id, InstrumentId(0), Side::Sell, 2_000_000, 1)
@@ -732,15 +716,7 @@ fn a_challenge_side_of_an_older_listing_applies_and_is_not_challenged() {
         let (mut sequencer, _) = recover_with(&journal, &snapshots, config, 0);
         let (_operator, mut supplier, _renter) = operator_supplier_and_renter(&mut sequencer);
         let account = supplier.account();
-        let register = Command::Register {
-            account,
-            host: "a".into(),
-            gpu_uuid: "GPU-a".into(),
-            spec: GpuSpec::h100_sxm(),
-            region: None,
-            zone: String::new(),
-            fabric: None,
-        };
+        let register = Command::register(account, "a", "GPU-a", GpuSpec::h100_sxm());
         sequencer.process(vec![Request { connection: 2, id: 2, body: Body::Command { command: register } }]).expect("commits");
         sequencer.process(Vec::new()).expect("commits");
         let issued = journal.entries().iter().any(|entry| matches!(entry, JournalEntry::ChallengeIssued { .. }));
@@ -771,15 +747,7 @@ fn one_renters_unanswered_log_requests_hold_only_its_share() {
         duration: LeaseDuration::Hours(1),
         ..NewOrder::limit(account, client_order_id, InstrumentId(0), Side::Buy, 2_000_000, 1)
     };
-    let register = |uuid: &str| Command::Register {
-        account: supplier_account,
-        host: "silent".into(),
-        gpu_uuid: uuid.into(),
-        spec: GpuSpec::h100_sxm(),
-        region: None,
-        zone: String::new(),
-        fabric: None,
-    };
+    let register = |uuid: &str| Command::register(supplier_account, "silent", uuid, GpuSpec::h100_sxm());
     sequencer
         .process(vec![
             command(1, 2, Command::Deposit { account: renter_account, amount_minor: 100_000_000 }),

@@ -126,7 +126,7 @@ impl Sim {
             };
         }
         match supplier.region {
-            None => Command::Register { account, host, gpu_uuid, spec, region: None, zone: String::new(), fabric: None },
+            None => Command::register(account, &host, &gpu_uuid, spec),
             Some(region) => {
                 let region = population::REGIONS[region as usize].name.to_string();
                 Command::Register { account, host, gpu_uuid, spec, region: Some(region), zone: String::new(), fabric: None }
