@@ -5,8 +5,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpux_engine::{ContractKind, EngineConfig, InstrumentId, InstrumentState, Vendor};
-use gpux_protocol::views::{Instrument, Offer};
+use gpux_engine::{ContractKind, InstrumentId, InstrumentState, Vendor};
+use gpux_protocol::views::{Instrument, Listing, Offer};
 use rust_decimal::Decimal;
 
 use crate::spec::{ContractChoice, JobSpec, MemoryNeed, Mode};
@@ -122,7 +122,7 @@ fn cluster_asks(spec: &JobSpec, offers: &[Offer], min_gbps: u32) -> Asks {
 
 /// What the plan knows of the market now.
 pub struct Market<'a> {
-    pub listing: &'a EngineConfig,
+    pub listing: &'a Listing,
     pub instruments: &'a [Instrument],
     pub asks: &'a BTreeMap<InstrumentId, Asks>,
 }
@@ -395,9 +395,9 @@ mod tests {
     /// The demo listing's books, scripted: the class choice against them.
     #[test]
     fn the_cheapest_book_that_meets_memory_gpus_and_limits_wins_and_each_loser_says_why() {
-        let listing = EngineConfig::demo();
-        let instruments: Vec<Instrument> =
-            gpux_protocol::views::of(&gpux_engine::Engine::new(listing.clone()).expect("demo").instruments());
+        let config = gpux_engine::EngineConfig::demo();
+        let listing = Listing::from(&config);
+        let instruments: Vec<Instrument> = gpux_protocol::views::of(&gpux_engine::Engine::new(config).expect("demo").instruments());
         let find = |symbol: &str| instruments.iter().find(|i| i.symbol == symbol).unwrap_or_else(|| panic!("{symbol} listed")).instrument;
         let (h100, h100_pre, a100) = (find("H100-SXM-80G/SPOT"), find("H100-SXM-80G/PREEMPT"), find("A100-80G/SPOT"));
         let mut asks = BTreeMap::new();

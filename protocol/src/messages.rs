@@ -1098,7 +1098,7 @@ pub enum ServerMessage {
     /// minor units (10^`decimals` per major unit).
     Listing {
         id: u64,
-        listing: Box<gpux_engine::EngineConfig>,
+        listing: Box<crate::views::Listing>,
         /// The classes' cluster contract terms (docs/market-rules.md
         /// "Cluster bids"): a class not named has none.
         #[serde(default)]

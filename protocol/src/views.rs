@@ -1,6 +1,6 @@
 //! What the wire shows of the engine's records: the rows of `instruments`,
 //! `open_orders`, `leases`, `book_offers`, `my_gpus`, `sub_accounts` and
-//! `spend`. They are the protocol's own types, copied from the engine's
+//! `spend`, and the `listing`. They are the protocol's own types, copied from the engine's
 //! (`From<&gpux_engine::...>`), so that a change inside the engine (a field
 //! renamed, added or moved) is not a change of the wire unless this file
 //! makes it one. Field names, order and defaults are the wire's: JSON
@@ -10,12 +10,15 @@
 //! when it was the engine's type.
 //!
 //! The engine's small vocabulary (ids, `Side`, `ContractKind`, `GpuSpec`,
-//! `GpuSet`, `AccountLimits`, `SpendLimits`, ...) is shared as it is: the
-//! commands clients send are made of it.
+//! `GpuRequirement`, `GpuSet`, `Currency`, `SlaCreditTier`,
+//! `AccountLimits`, `SpendLimits`, ...) is shared as it is: the commands
+//! clients send are made of it. So are the private events (`Event`): the
+//! engine's output as it journals it, held to docs/protocol.md's examples
+//! by protocol/tests/docs.rs.
 
 use gpux_engine::{
-    AccountId, AccountLimits, ChallengeOutcome, ContractKind, GpuId, GpuSet, GpuSpec, HostId, InstrumentId, InstrumentState, LeaseId,
-    LeaseKind, OrderId, Side, SpendLimits,
+    AccountId, AccountLimits, ChallengeOutcome, ContractKind, Currency, GpuId, GpuRequirement, GpuSet, GpuSpec, HostId, InstrumentId,
+    InstrumentState, LeaseId, LeaseKind, OrderId, Side, SlaCreditTier, SpendLimits,
 };
 use serde::{Deserialize, Serialize};
 
@@ -348,6 +351,129 @@ impl From<&gpux_engine::SpendStatus> for Spend {
             spent_today_minor: status.spent_today_minor,
             spent_total_minor: status.spent_total_minor,
             held_minor: status.held_minor,
+        }
+    }
+}
+
+/// The listing as the engine runs it now (`listing`): its classes and the
+/// market's rules. Amounts are in `currency`'s minor units.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listing {
+    pub classes: Vec<Class>,
+    /// Funds a spot or preemptible bid without a fixed duration must hold:
+    /// its limit price for this many hours per GPU.
+    pub prepaid_horizon_hours: u32,
+    /// A market order trades no further than this many basis points through
+    /// the best opposite price at the moment it arrives.
+    pub market_protection_bps: u32,
+    pub orders_per_account_max: u32,
+    pub accounts_max: u32,
+    /// The exchange's fee on usage charges, in basis points.
+    pub fee_bps: u32,
+    /// How long after a lease ends its usage reports are still billed.
+    pub billing_grace_ms: u64,
+    pub currency: Currency,
+    /// The regions hosts may declare and bids may require, in id order.
+    #[serde(default)]
+    pub regions: Vec<String>,
+}
+
+/// A class of GPUs the listing trades (docs/market-rules.md "Classes").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Class {
+    /// The class symbol, e.g. `H100-SXM-80G`.
+    pub name: String,
+    pub requirement: GpuRequirement,
+    pub tick_minor: u64,
+    pub price_min_minor_per_gpu_hour: u64,
+    pub price_max_minor_per_gpu_hour: u64,
+    /// Notice a preemptible lease gets before it is ended.
+    pub preemption_notice_ms: u64,
+    /// Reserved windows of this class, if it lists any.
+    pub calendar: Option<Calendar>,
+    /// The availability a spot or reserved lease of this class is promised,
+    /// basis points.
+    pub sla_availability_bps: u32,
+    /// The hardware challenge a GPU of this class must pass to be verified
+    /// in it; `None`: not challenged, never verified.
+    #[serde(default)]
+    pub challenge: Option<Challenge>,
+    /// The SLA credit schedule, deepest last.
+    pub sla_credit_tiers: Vec<SlaCreditTier>,
+    /// The memory-bandwidth challenge; `None`: not measured.
+    #[serde(default)]
+    pub memory_challenge: Option<MemoryChallenge>,
+}
+
+/// How a class's reserved windows are listed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Calendar {
+    pub hourly_windows_ahead: u32,
+    pub daily_windows_ahead: u32,
+    pub trading_stop_before_start_ms: u64,
+    #[serde(default)]
+    pub weekly_windows_ahead: u32,
+    #[serde(default)]
+    pub monthly_windows_ahead: u32,
+}
+
+/// A class's hardware challenge: two seeded `n x n` matrices multiplied at
+/// `min_mflops` at least (the round trip included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Challenge {
+    pub n: u32,
+    pub min_mflops: u64,
+}
+
+/// A class's memory-bandwidth challenge: `passes` passes over `2^words_log2`
+/// 32-bit words at `min_mbps` at least.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryChallenge {
+    pub words_log2: u32,
+    pub passes: u32,
+    pub min_mbps: u64,
+}
+
+impl From<&gpux_engine::EngineConfig> for Listing {
+    fn from(config: &gpux_engine::EngineConfig) -> Self {
+        Listing {
+            classes: config.classes.iter().map(Class::from).collect(),
+            prepaid_horizon_hours: config.prepaid_horizon_hours,
+            market_protection_bps: config.market_protection_bps,
+            orders_per_account_max: config.orders_per_account_max,
+            accounts_max: config.accounts_max,
+            fee_bps: config.fee_bps,
+            billing_grace_ms: config.billing_grace_ms,
+            currency: config.currency.clone(),
+            regions: config.regions.clone(),
+        }
+    }
+}
+
+impl From<&gpux_engine::ClassSpec> for Class {
+    fn from(class: &gpux_engine::ClassSpec) -> Self {
+        Class {
+            name: class.name.clone(),
+            requirement: class.requirement.clone(),
+            tick_minor: class.tick_minor,
+            price_min_minor_per_gpu_hour: class.price_min_minor_per_gpu_hour,
+            price_max_minor_per_gpu_hour: class.price_max_minor_per_gpu_hour,
+            preemption_notice_ms: class.preemption_notice_ms,
+            calendar: class.calendar.as_ref().map(|c| Calendar {
+                hourly_windows_ahead: c.hourly_windows_ahead,
+                daily_windows_ahead: c.daily_windows_ahead,
+                trading_stop_before_start_ms: c.trading_stop_before_start_ms,
+                weekly_windows_ahead: c.weekly_windows_ahead,
+                monthly_windows_ahead: c.monthly_windows_ahead,
+            }),
+            sla_availability_bps: class.sla_availability_bps,
+            challenge: class.challenge.map(|c| Challenge { n: c.n, min_mflops: c.min_mflops }),
+            sla_credit_tiers: class.sla_credit_tiers.clone(),
+            memory_challenge: class.memory_challenge.map(|m| MemoryChallenge {
+                words_log2: m.words_log2,
+                passes: m.passes,
+                min_mbps: m.min_mbps,
+            }),
         }
     }
 }

@@ -132,3 +132,27 @@ fn the_optional_parts_a_view_has_encode_alike_when_set() {
     }
     same_encoding(&gpu, &views::Gpu::from(&gpu));
 }
+
+#[test]
+fn the_listing_encodes_as_the_engines_configuration_did() {
+    // The demo listing, and one with every optional part a class has set
+    // (a calendar with weekly and monthly windows, both challenges,
+    // regions) and every optional part unset.
+    let demo = EngineConfig::demo();
+    assert!(demo.classes.iter().any(|c| c.calendar.is_some() && c.challenge.is_some() && c.memory_challenge.is_some()));
+    same_encoding(&demo, &views::Listing::from(&demo));
+    let mut full = demo.clone();
+    full.regions = vec!["us-east".into(), "cn-east".into()];
+    if let Some(calendar) = full.classes[0].calendar.as_mut() {
+        calendar.weekly_windows_ahead = 2;
+        calendar.monthly_windows_ahead = 1;
+    }
+    full.classes[1].calendar = None;
+    full.classes[1].challenge = None;
+    full.classes[1].memory_challenge = None;
+    same_encoding(&full, &views::Listing::from(&full));
+    // And a client reads the listing back as the exchange sent it.
+    let json = serde_json::to_string(&views::Listing::from(&full)).expect("json");
+    let back: views::Listing = serde_json::from_str(&json).expect("reads");
+    assert_eq!(back, views::Listing::from(&full));
+}

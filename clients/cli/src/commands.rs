@@ -98,7 +98,7 @@ async fn asks(s: &mut Session, instrument: gpux_engine::InstrumentId, limit: usi
 /// hardware"): which challenges its GPUs passed, at what rates, and when
 /// they are asked again; and, when the rates are ones a CPU reaches, that
 /// they prove an honest answer, not a model.
-pub(crate) fn verified_meaning(class: &gpux_engine::ClassSpec) -> String {
+pub(crate) fn verified_meaning(class: &gpux_protocol::views::Class) -> String {
     let Some(compute) = class.challenge else {
         return format!("class {} takes no hardware challenge: none of its GPUs is verified", class.name);
     };

@@ -40,7 +40,7 @@ impl Sequencer {
 
     /// The listing the engine runs now (public).
     pub(super) fn listing(&mut self, connection: ConnectionId, id: u64) {
-        let listing = Box::new(self.market.engine().config().clone());
+        let listing = Box::new(self.market.engine().config().into());
         let cluster_rules = self.market.engine().cluster_rules();
         self.reply(connection, ServerMessage::Listing { id, listing, cluster_rules });
     }
