@@ -576,20 +576,10 @@ impl Command {
     }
 
     /// Whether this is a deprecated variant, kept so that older journals
-    /// decode (`upcast` gives its current form).
+    /// decode: one that `upcast` changes (or refuses). Not for hot paths:
+    /// it upcasts a copy.
     pub fn is_deprecated(&self) -> bool {
-        matches!(
-            self,
-            Command::DeprecatedPlaceOrder(_)
-                | Command::DeprecatedPlaceOrderFiltered { .. }
-                | Command::DeprecatedPlaceOrderVerified { .. }
-                | Command::DeprecatedPlaceOrderWith { .. }
-                | Command::DeprecatedPlaceOrderInRegions { .. }
-                | Command::DeprecatedPlaceClusterOrder { .. }
-                | Command::DeprecatedRegisterGpu { .. }
-                | Command::DeprecatedRegisterGpuInRegion { .. }
-                | Command::DeprecatedRegisterGpuOnFabric { .. }
-        )
+        !matches!(self.upcast(), Ok(current) if current == *self)
     }
 
     /// The current form of a deprecated command (TigerBeetle's habit: old
