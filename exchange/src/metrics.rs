@@ -87,6 +87,24 @@ fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     metric
 }
 
+fn gauges(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let metric = IntGaugeVec::new(Opts::new(name, help), labels).expect("a valid metric");
+    registry.register(Box::new(metric.clone())).expect("registered once");
+    metric
+}
+
+fn snapshot_counters(r: &Registry) -> crate::snapshots::SnapshotCounters {
+    crate::snapshots::SnapshotCounters {
+        written: counter(r, "gpux_snapshots_written_total", "State snapshots written."),
+        failed: counter(r, "gpux_snapshots_failed_total", "State snapshots whose write failed (the store is reopened for the next)."),
+        skipped_low_space: counter(
+            r,
+            "gpux_snapshots_skipped_low_space_total",
+            "State snapshots skipped because the data directory would keep less than its reserve free.",
+        ),
+    }
+}
+
 fn counters(registry: &Registry, name: &str, help: &str, label: &str) -> IntCounterVec {
     let metric = IntCounterVec::new(Opts::new(name, help), &[label]).expect("a valid metric");
     registry.register(Box::new(metric.clone())).expect("registered once");
@@ -131,19 +149,7 @@ impl Metrics {
                 "From a lease's start to its workload's first running status.",
                 &RUNNING_BUCKETS_SECONDS,
             ),
-            snapshots: crate::snapshots::SnapshotCounters {
-                written: counter(&r, "gpux_snapshots_written_total", "State snapshots written."),
-                failed: counter(
-                    &r,
-                    "gpux_snapshots_failed_total",
-                    "State snapshots whose write failed (the store is reopened for the next).",
-                ),
-                skipped_low_space: counter(
-                    &r,
-                    "gpux_snapshots_skipped_low_space_total",
-                    "State snapshots skipped because the data directory would keep less than its reserve free.",
-                ),
-            },
+            snapshots: snapshot_counters(&r),
             data_dir_free_bytes: gauge(&r, "gpux_data_dir_free_bytes", "Free bytes on the data directory's file system, at the scrape."),
             journal_bytes: gauge(&r, "gpux_journal_bytes", "Size of the journal file (journal.redb), at the scrape."),
             snapshots_bytes: gauge(&r, "gpux_snapshots_bytes", "Size of the snapshot file (snapshots.redb), at the scrape."),
@@ -158,33 +164,15 @@ impl Metrics {
                 "gpux_log_lines_suppressed_total",
                 "Log lines of libraries (openraft) held back as repeats of one written in the last 10 s.",
             ),
-            book_quantity: {
-                let metric =
-                    IntGaugeVec::new(Opts::new("gpux_book_quantity", "GPUs resting per instrument and side."), &["instrument", "side"])
-                        .expect("a valid metric");
-                r.register(Box::new(metric.clone())).expect("registered once");
-                metric
-            },
-            links_open: {
-                let metric = IntGauge::new("gpux_links", "Remote gateways' links open now (--link-listen).").expect("a valid metric");
-                r.register(Box::new(metric.clone())).expect("registered once");
-                metric
-            },
+            book_quantity: gauges(&r, "gpux_book_quantity", "GPUs resting per instrument and side.", &["instrument", "side"]),
+            links_open: gauge(&r, "gpux_links", "Remote gateways' links open now (--link-listen)."),
             links_ended: counters(&r, "gpux_links_ended_total", "Remote gateways' links that ended, by cause.", "cause"),
             raft_term: gauge(&r, "gpux_raft_term", "A cluster node's current Raft term."),
             raft_leader: gauge(&r, "gpux_raft_leader", "The node id of the leader this node knows (0: none)."),
             raft_is_leader: gauge(&r, "gpux_raft_is_leader", "1 while this node is the Raft leader."),
             raft_last_log_index: gauge(&r, "gpux_raft_last_log_index", "The last Raft log index this node holds."),
             raft_applied_index: gauge(&r, "gpux_raft_applied_index", "The last Raft log index this node applied."),
-            raft_lag: {
-                let metric = IntGaugeVec::new(
-                    Opts::new("gpux_raft_replication_lag", "On the leader: log entries each node is behind it."),
-                    &["node"],
-                )
-                .expect("a valid metric");
-                r.register(Box::new(metric.clone())).expect("registered once");
-                metric
-            },
+            raft_lag: gauges(&r, "gpux_raft_replication_lag", "On the leader: log entries each node is behind it.", &["node"]),
             cluster_serving: gauge(&r, "gpux_cluster_serving", "1 while this node's sequencer serves (it leads with a majority)."),
             registry: r,
         };
