@@ -355,12 +355,7 @@ async fn without_login(cli: &Cli, key_path: &std::path::Path) -> Result<bool, Fa
             return Ok(true);
         }
         Command::Completions { shell } => {
-            use clap::CommandFactory;
-            let mut command = Cli::command();
-            let mut script = Vec::new();
-            clap_complete::generate(*shell, &mut command, "gpux", &mut script);
-            // As every output: a closed pipe ends the program quietly.
-            out!("{}", String::from_utf8_lossy(&script).trim_end());
+            completions(*shell);
             return Ok(true);
         }
         Command::Invite { public_key, role, expires_in_s } => {
@@ -435,11 +430,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     let s = &mut session;
     match cli.command {
         Command::Login { .. } => logged_in(s, json),
-        Command::Account => {
-            let account = s.connection.account.0;
-            out!("{}", if json { format!("{{\"account\":{account}}}") } else { account.to_string() });
-            Ok(())
-        }
+        Command::Account => account_id(s, json),
         Command::Balance => balance(s, json).await,
         Command::Statement { after } => statement(s, after, json).await,
         Command::Run(args) => crate::run::run(s, args, json).await,
@@ -534,6 +525,23 @@ async fn offer(s: &mut Session, instrument: &str, price: &str, host: u32, gpus: 
     let mut order = OrderTicket::limit(now_ms(), instrument, Side::Sell, price, gpu_mask.count_ones());
     order.supply = Some(GpuSet { host: gpux_engine::HostId(host), gpu_mask });
     write(s, |id| ClientMessage::NewOrder { id, order, workload: None }, ("offer placed", "offer"), json).await
+}
+
+/// `gpux account`: the account's number.
+fn account_id(s: &Session, json: bool) -> Result<(), Failure> {
+    let account = s.connection.account.0;
+    out!("{}", if json { format!("{{\"account\":{account}}}") } else { account.to_string() });
+    Ok(())
+}
+
+/// `gpux completions`: the shell's completion script. As every output, a
+/// closed pipe ends the program quietly.
+fn completions(shell: clap_complete::Shell) {
+    use clap::CommandFactory;
+    let mut command = Cli::command();
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut command, "gpux", &mut script);
+    out!("{}", String::from_utf8_lossy(&script).trim_end());
 }
 
 /// `gpux login`: the account and role the key logged in as.

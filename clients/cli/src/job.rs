@@ -66,10 +66,7 @@ async fn plan_and_print(
     let (framework, requirement, requirements, evidence) = framework_of_job(&spec, base)?;
     // The code bundle, packed as it would be sent (its hash is what the
     // exchange will hold).
-    let bundle = match &spec.code {
-        CodeSource::Dir(dir) => Some(gpux_jobs::bundle::pack(&base.join(dir)).map_err(|e| Failure::Usage(e.to_string()))?),
-        CodeSource::Image(_) => None,
-    };
+    let bundle = pack_code(&spec, base)?;
     let (catalogue_path, catalogue) = load_catalogue(catalogue)?;
     let vendors = match (framework, &catalogue) {
         (Some(framework), Some(catalogue)) => Some(catalogue.vendors_for(framework, spec.vendor)),
@@ -100,12 +97,7 @@ async fn plan_and_print(
     let Some(chosen) = chosen else {
         return Err(Failure::Refused("no book meets the job now: see why above (raise the limits, or wait for asks)".into()));
     };
-    let tick = instruments.iter().find(|i| i.instrument == chosen.instrument).map_or(1, |i| i.tick_minor.max(1));
-    let limit = spec.max_price_per_gpu_hour.map_or(chosen.worst_price, |p| plan::to_minor(p, &listing.currency));
-    let limit = (limit / tick * tick).max(tick);
-    let hours = planned.hours_priced.clamp(1, u32::MAX as u64) as u32;
-    let attempt = limit.saturating_mul(spec.gpus() as u64).saturating_mul(hours as u64);
-    let budget = spec.budget.map_or(attempt.saturating_mul(spec.retries as u64 + 1), |b| plan::to_minor(b, &listing.currency));
+    let (limit, hours, budget) = bid_terms(&spec, chosen, &instruments, planned.hours_priced, &listing.currency);
     let install = image.as_ref().map(|i| i.install.clone()).unwrap_or_default();
     let run_image = match &spec.code {
         CodeSource::Image(reference) => Some(reference.clone()),
@@ -128,6 +120,24 @@ async fn plan_and_print(
     print_plan(&planned_job, &planned, (framework, &evidence), image.as_ref(), catalogue_path.as_deref());
     out!("plan: {symbol} for {} expected (bids at up to {}/GPU-h)", amount(expected_cost), amount(limit));
     Ok(planned_job)
+}
+
+/// The job's bid: its limit price on the chosen book's tick, the hours it
+/// buys, and its budget (every attempt's worth unless the job file says).
+fn bid_terms(
+    spec: &JobSpec,
+    chosen: &gpux_jobs::Candidate,
+    instruments: &[gpux_protocol::views::Instrument],
+    hours_priced: u64,
+    currency: &gpux_engine::Currency,
+) -> (u64, u32, u64) {
+    let tick = instruments.iter().find(|i| i.instrument == chosen.instrument).map_or(1, |i| i.tick_minor.max(1));
+    let limit = spec.max_price_per_gpu_hour.map_or(chosen.worst_price, |p| plan::to_minor(p, currency));
+    let limit = (limit / tick * tick).max(tick);
+    let hours = hours_priced.clamp(1, u32::MAX as u64) as u32;
+    let attempt = limit.saturating_mul(spec.gpus() as u64).saturating_mul(hours as u64);
+    let budget = spec.budget.map_or(attempt.saturating_mul(spec.retries as u64 + 1), |b| plan::to_minor(b, currency));
+    (limit, hours, budget)
 }
 
 /// The job's framework, the version its requirements ask, its other
@@ -156,6 +166,14 @@ fn framework_of_job(spec: &JobSpec, base: &Path) -> Result<FrameworkFound, Failu
             (framework_of(choice), requirement, requirements, "said in the job file".to_string())
         }
     })
+}
+
+/// The job's code directory packed (`None` for a ready image).
+fn pack_code(spec: &JobSpec, base: &Path) -> Result<Option<gpux_jobs::bundle::Bundle>, Failure> {
+    match &spec.code {
+        CodeSource::Dir(dir) => Ok(Some(gpux_jobs::bundle::pack(&base.join(dir)).map_err(|e| Failure::Usage(e.to_string()))?)),
+        CodeSource::Image(_) => Ok(None),
+    }
 }
 
 /// The operator's image catalogue, from `--catalogue` or `GPUX_CATALOGUE`.
@@ -344,27 +362,7 @@ pub async fn submit_job(
         }
     };
     let spec = &planned.spec;
-    // Inputs: a local directory (file://) is packed and put in the job
-    // store; an https:// URL is fetched by the host.
-    let base = file.parent().unwrap_or(Path::new("."));
-    let mut inputs = Vec::new();
-    for input in &spec.inputs {
-        let source = if let Some(path) = input.url.strip_prefix("file://") {
-            let packed = gpux_jobs::bundle::pack_within(&base.join(path), gpux_jobs::bundle::Limits::INPUT)
-                .map_err(|e| Failure::Usage(format!("input {}: {e}", input.name)))?;
-            let key = format!("{}/inputs/{}.tar.gz", s.connection.account.0, packed.sha256_hex());
-            put_object(s, &key, packed.bytes.clone(), &format!("input {}", input.name)).await?;
-            InputSource::Store { sha256: packed.sha256_hex(), bytes: packed.bytes.len() as u64 }
-        } else if input.url.starts_with("https://") {
-            InputSource::Https { url: input.url.clone() }
-        } else {
-            return Err(Failure::Usage(format!(
-                "input {}: {} is not fetched by hosts (they would need your store's keys): copy it here and name it file://DIR, or give a public https:// URL",
-                input.name, input.url
-            )));
-        };
-        inputs.push(JobInput { name: input.name.clone(), mount: input.mount.clone(), source });
-    }
+    let inputs = job_inputs(s, spec, file.parent().unwrap_or(Path::new("."))).await?;
     let submission = JobSubmission {
         name: spec.name.clone(),
         instrument: planned.instrument,
@@ -397,6 +395,30 @@ pub async fn submit_job(
         out!("follow it with `gpux job status {}`; its results with `gpux job results {}`", job.job, job.job);
     }
     Ok(())
+}
+
+/// The job's inputs: a local directory (file://) is packed and put in the
+/// job store; an https:// URL is fetched by the host.
+async fn job_inputs(s: &mut Session, spec: &JobSpec, base: &Path) -> Result<Vec<JobInput>, Failure> {
+    let mut inputs = Vec::new();
+    for input in &spec.inputs {
+        let source = if let Some(path) = input.url.strip_prefix("file://") {
+            let packed = gpux_jobs::bundle::pack_within(&base.join(path), gpux_jobs::bundle::Limits::INPUT)
+                .map_err(|e| Failure::Usage(format!("input {}: {e}", input.name)))?;
+            let key = format!("{}/inputs/{}.tar.gz", s.connection.account.0, packed.sha256_hex());
+            put_object(s, &key, packed.bytes.clone(), &format!("input {}", input.name)).await?;
+            InputSource::Store { sha256: packed.sha256_hex(), bytes: packed.bytes.len() as u64 }
+        } else if input.url.starts_with("https://") {
+            InputSource::Https { url: input.url.clone() }
+        } else {
+            return Err(Failure::Usage(format!(
+                "input {}: {} is not fetched by hosts (they would need your store's keys): copy it here and name it file://DIR, or give a public https:// URL",
+                input.name, input.url
+            )));
+        };
+        inputs.push(JobInput { name: input.name.clone(), mount: input.mount.clone(), source });
+    }
+    Ok(inputs)
 }
 
 /// A job's state in words.
@@ -454,24 +476,7 @@ pub async fn job_action(s: &mut Session, action: &crate::JobAction, json: bool) 
             }
             Ok(())
         }
-        A::List => {
-            let mut offset = 0;
-            loop {
-                let id = s.connection.new_id();
-                let ServerMessage::Jobs { jobs, next_offset, .. } = s.ask(ClientMessage::Jobs { id, offset }, json).await? else {
-                    return Err(Failure::Unreachable("expected jobs".into()));
-                };
-                if !json {
-                    for job in &jobs {
-                        out!("{:>6}  {:<24} {}", job.job.0, job.name, describe(&job.state));
-                    }
-                }
-                match next_offset {
-                    Some(next) => offset = next,
-                    None => return Ok(()),
-                }
-            }
-        }
+        A::List => list_jobs(s, json).await,
         A::Cancel { job } => {
             let id = s.connection.new_id();
             if let (false, ServerMessage::Job { job, .. }) = (json, s.ask(ClientMessage::CancelJob { id, job: JobId(*job) }, json).await?) {
@@ -483,24 +488,7 @@ pub async fn job_action(s: &mut Session, action: &crate::JobAction, json: bool) 
             }
             Ok(())
         }
-        A::Logs { job, bytes } => {
-            let id = s.connection.new_id();
-            let ServerMessage::Job { job, .. } = s.ask(ClientMessage::JobStatus { id, job: JobId(*job) }, false).await? else {
-                return Err(Failure::Unreachable("expected job".into()));
-            };
-            let Some(lease) = job.leases.last().copied() else {
-                return Err(Failure::Refused(format!("job {} has not run yet: {}", job.job, describe(&job.state))));
-            };
-            let id = s.connection.new_id();
-            let answer = s.ask(ClientMessage::LeaseLogs { id, lease, tail_bytes: *bytes }, json).await?;
-            if let (false, ServerMessage::LeaseLogs { data, truncated, .. }) = (json, answer) {
-                if truncated {
-                    out!("[... earlier output cut]");
-                }
-                print!("{data}");
-            }
-            Ok(())
-        }
+        A::Logs { job, bytes } => job_logs(s, JobId(*job), *bytes, json).await,
         A::Resize { job, gpus } => {
             let id = s.connection.new_id();
             let request = ClientMessage::ResizeJob { id, job: JobId(*job), gpus: *gpus };
@@ -512,6 +500,46 @@ pub async fn job_action(s: &mut Session, action: &crate::JobAction, json: bool) 
         A::Bill { job, html } => crate::invoice::document(s, crate::invoice::Document::Job(*job), html.clone(), None, json).await,
         A::Results { job, to, checkpoints } => results(s, JobId(*job), to.clone(), *checkpoints, json).await,
     }
+}
+
+/// `gpux job list`: the account's jobs, page by page.
+async fn list_jobs(s: &mut Session, json: bool) -> Result<(), Failure> {
+    let mut offset = 0;
+    loop {
+        let id = s.connection.new_id();
+        let ServerMessage::Jobs { jobs, next_offset, .. } = s.ask(ClientMessage::Jobs { id, offset }, json).await? else {
+            return Err(Failure::Unreachable("expected jobs".into()));
+        };
+        if !json {
+            for job in &jobs {
+                out!("{:>6}  {:<24} {}", job.job.0, job.name, describe(&job.state));
+            }
+        }
+        match next_offset {
+            Some(next) => offset = next,
+            None => return Ok(()),
+        }
+    }
+}
+
+/// `gpux job logs`: the output of the job's latest lease.
+async fn job_logs(s: &mut Session, job: JobId, bytes: u32, json: bool) -> Result<(), Failure> {
+    let id = s.connection.new_id();
+    let ServerMessage::Job { job, .. } = s.ask(ClientMessage::JobStatus { id, job }, false).await? else {
+        return Err(Failure::Unreachable("expected job".into()));
+    };
+    let Some(lease) = job.leases.last().copied() else {
+        return Err(Failure::Refused(format!("job {} has not run yet: {}", job.job, describe(&job.state))));
+    };
+    let id = s.connection.new_id();
+    let answer = s.ask(ClientMessage::LeaseLogs { id, lease, tail_bytes: bytes }, json).await?;
+    if let (false, ServerMessage::LeaseLogs { data, truncated, .. }) = (json, answer) {
+        if truncated {
+            out!("[... earlier output cut]");
+        }
+        print!("{data}");
+    }
+    Ok(())
 }
 
 #[derive(serde::Deserialize)]
