@@ -149,22 +149,7 @@ async fn supplier(options: LiveOptions, index: u32) -> Result<()> {
     };
     let host = gpus.first().map(|g| g.host).context("the GPUs registered")?;
     let mut host_state = HostState { index, leased_mask: 0, leases: Vec::new(), challenges: Vec::new() };
-    // Leases of an earlier run on this data directory (same seed, same keys).
-    let me = connection.account;
-    for info in active_leases(&mut connection).await?.into_iter().filter(|l| l.supplier == me) {
-        let bits: Vec<u32> = info.gpus.iter().filter_map(|id| gpus.iter().find(|g| g.gpu == *id)).map(|g| g.index_on_host).collect();
-        host_state.leased_mask |= bits.iter().fold(0u64, |mask, bit| mask | 1 << bit);
-        let n = bits.len();
-        host_state.leases.push(LiveLease {
-            lease: info.lease,
-            gpus: bits.into_iter().map(|bit| (bit, format!("LIVE-{index:03}-{bit}"))).collect(),
-            last_end_ms: vec![info.start_ms; n],
-            seq: vec![0; n],
-            prev_hash: vec![genesis_hash(); n],
-            ended: false,
-            reported: false,
-        });
-    }
+    resume_leases(&mut connection, &mut host_state, &gpus).await?;
     let mut next_reprice = 0;
     let mut next_report = now_ms() + REPORT_EVERY_MS;
     loop {
@@ -186,6 +171,27 @@ async fn supplier(options: LiveOptions, index: u32) -> Result<()> {
             host_state.leases.retain(|l| !l.ended);
         }
     }
+}
+
+/// Takes up the leases of an earlier run on this data directory (same
+/// seed, same keys).
+async fn resume_leases(connection: &mut Connection, host_state: &mut HostState, gpus: &[gpux_protocol::views::Gpu]) -> Result<()> {
+    let me = connection.account;
+    for info in active_leases(connection).await?.into_iter().filter(|l| l.supplier == me) {
+        let bits: Vec<u32> = info.gpus.iter().filter_map(|id| gpus.iter().find(|g| g.gpu == *id)).map(|g| g.index_on_host).collect();
+        host_state.leased_mask |= bits.iter().fold(0u64, |mask, bit| mask | 1 << bit);
+        let n = bits.len();
+        host_state.leases.push(LiveLease {
+            lease: info.lease,
+            gpus: bits.into_iter().map(|bit| (bit, format!("LIVE-{:03}-{bit}", host_state.index))).collect(),
+            last_end_ms: vec![info.start_ms; n],
+            seq: vec![0; n],
+            prev_hash: vec![genesis_hash(); n],
+            ended: false,
+            reported: false,
+        });
+    }
+    Ok(())
 }
 
 /// A hardware challenge of one of a live host's GPUs, to answer.

@@ -102,17 +102,9 @@ fn live(url: String, secret_file: &std::path::Path, suppliers: u32, renters: u32
     runtime.block_on(gpux_sim::live::run(options)).context("live simulated market stopped")
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    if let Some(Mode::Live { url, secret_file, suppliers, renters }) = args.mode {
-        // One line, no backtrace: the usual end is the exchange stopping.
-        if let Err(error) = live(url, &secret_file, suppliers, renters) {
-            eprintln!("gpux-sim: {error:#}");
-            std::process::exit(1);
-        }
-        return Ok(());
-    }
-    let config = SimConfig {
+/// The simulation the flags ask for.
+fn config_of(args: &Args) -> SimConfig {
+    SimConfig {
         seed: args.seed,
         suppliers: args.suppliers,
         renters: args.renters,
@@ -128,7 +120,20 @@ fn main() -> anyhow::Result<()> {
         managed_jobs_bps: args.managed_jobs_bps,
         cluster_bids_bps: args.cluster_bids_bps,
         ..SimConfig::full()
-    };
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if let Some(Mode::Live { url, secret_file, suppliers, renters }) = args.mode {
+        // One line, no backtrace: the usual end is the exchange stopping.
+        if let Err(error) = live(url, &secret_file, suppliers, renters) {
+            eprintln!("gpux-sim: {error:#}");
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
+    let config = config_of(&args);
     let started = Instant::now();
     let bar = if args.quiet { ProgressBar::hidden() } else { ProgressBar::new(args.days as u64 * 24) };
     bar.set_style(

@@ -277,13 +277,18 @@ impl Sim {
         );
         let delay = self.population.suppliers[supplier_index as usize].faults.report_delay_ms;
         self.schedule(start_ms + self.config.report_interval_ms + delay, Action::Report { lease, last: false });
-        // A spot or preemptible lease answers the job whose bid just traded.
         if kind != LeaseKind::Reserved {
-            if let Some(job) = self.last_trade_buy_order.and_then(|order| self.job_of_order.get(&order)).copied() {
-                let job = &self.jobs[job as usize];
-                if let (Some(run_ms), true) = (job.run_ms, self.renters[job.renter as usize].account == renter) {
-                    self.schedule(start_ms + run_ms, Action::EndLease(lease));
-                }
+            self.schedule_job_end(lease, renter, start_ms);
+        }
+    }
+
+    /// A spot or preemptible lease answers the job whose bid just traded:
+    /// an open-ended job's renter ends it when the work is done.
+    fn schedule_job_end(&mut self, lease: LeaseId, renter: AccountId, start_ms: u64) {
+        if let Some(job) = self.last_trade_buy_order.and_then(|order| self.job_of_order.get(&order)).copied() {
+            let job = &self.jobs[job as usize];
+            if let (Some(run_ms), true) = (job.run_ms, self.renters[job.renter as usize].account == renter) {
+                self.schedule(start_ms + run_ms, Action::EndLease(lease));
             }
         }
     }
