@@ -80,18 +80,7 @@ impl Rematch {
         for event in events {
             match event.kind {
                 EventKind::OrderAccepted { order, account, client_order_id, price_minor_per_gpu_hour, .. } => {
-                    if self.pending_bid == Some((account, client_order_id)) {
-                        self.pending_bid = None;
-                        self.bids.insert(order, (std::mem::take(&mut self.pending_regions), price_minor_per_gpu_hour));
-                    }
-                    if client_order_id >= REPLACEMENT_CLIENT_ORDER_ID_BASE {
-                        let failed = LeaseId(client_order_id - REPLACEMENT_CLIENT_ORDER_ID_BASE);
-                        if let Some(covered) = self.leases.get(&failed).filter(|c| c.renter == account) {
-                            let kept = (covered.regions.clone(), covered.limit);
-                            self.replacing.insert(order, failed);
-                            self.bids.insert(order, kept);
-                        }
-                    }
+                    self.accepted(order, account, client_order_id, price_minor_per_gpu_hour)
                 }
                 EventKind::Trade { buy_order: order, .. } => buy_order = Some(order),
                 EventKind::LeaseCreated {
@@ -144,6 +133,23 @@ impl Rematch {
         self.pending_bid = None;
         self.pending_regions.clear();
         outcome
+    }
+
+    /// A bid accepted: a covered bid (the one just placed) or a replacement
+    /// bid for a failed lease (its client order id names the lease).
+    fn accepted(&mut self, order: OrderId, account: AccountId, client_order_id: u64, price_minor_per_gpu_hour: u64) {
+        if self.pending_bid == Some((account, client_order_id)) {
+            self.pending_bid = None;
+            self.bids.insert(order, (std::mem::take(&mut self.pending_regions), price_minor_per_gpu_hour));
+        }
+        if client_order_id >= REPLACEMENT_CLIENT_ORDER_ID_BASE {
+            let failed = LeaseId(client_order_id - REPLACEMENT_CLIENT_ORDER_ID_BASE);
+            if let Some(covered) = self.leases.get(&failed).filter(|c| c.renter == account) {
+                let kept = (covered.regions.clone(), covered.limit);
+                self.replacing.insert(order, failed);
+                self.bids.insert(order, kept);
+            }
+        }
     }
 
     /// A lease left the hot state: nothing can fail it any more.

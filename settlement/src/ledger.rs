@@ -360,15 +360,14 @@ impl Ledger {
                 from_supplier(&mut legs, supplier, [from_payable, from_available, from_debt], DisputesHeld, Some(lease));
             }
             EventKind::DisputeDecided { lease, renter, supplier, refunded_minor, fee_refunded_minor, paid_minor, .. } => {
-                for (source, to, amount) in [
+                let moves = [
                     (DisputesHeld, Available(renter), refunded_minor),
                     (Fees, Available(renter), fee_refunded_minor),
                     (DisputesHeld, Payable(supplier), paid_minor),
-                ] {
-                    if amount > 0 {
-                        legs.push((source, to, amount, Some(lease)));
-                    }
-                }
+                ];
+                legs.extend(
+                    moves.into_iter().filter(|&(_, _, amount)| amount > 0).map(|(from, to, amount)| (from, to, amount, Some(lease))),
+                );
             }
             EventKind::LeaseBillProvisional { lease, renter, released_minor, .. } => {
                 self.provisional.insert(lease);
