@@ -245,20 +245,9 @@ impl MarketState {
         // Messages the entry itself owes, sent after those of its events.
         let mut owed = Vec::new();
         match entry {
-            JournalEntry::Genesis { listing } => {
-                if !self.is_pristine() {
-                    return Err(MarketError::GenesisNotFirst);
-                }
-                *self = MarketState::new((**listing).clone()).map_err(MarketError::GenesisInvalid)?;
-            }
+            JournalEntry::Genesis { listing } => self.genesis(listing)?,
             JournalEntry::Engine(input) => self.apply_engine(input, &mut applied, &mut owed),
-            JournalEntry::SubmitJob { at_ms, terms } => {
-                let submitted = self.jobs.submit(terms.clone(), *at_ms).map(|(job, outcome)| {
-                    self.job_outcome(outcome, &mut applied, &mut owed);
-                    job
-                });
-                applied.job = Some(submitted);
-            }
+            JournalEntry::SubmitJob { at_ms, terms } => self.submit_job(*at_ms, terms, &mut applied, &mut owed),
             JournalEntry::CancelJob { at_ms, account, job } => {
                 let outcome = self.jobs.cancel(*job, *account, *at_ms);
                 self.job_outcome(outcome, &mut applied, &mut owed);
@@ -268,12 +257,7 @@ impl MarketState {
                     self.job_outcome(outcome, &mut applied, &mut owed);
                 }
             }
-            JournalEntry::JobLeaseSilent { at_ms: _, lease } => {
-                match self.engine.lease(*lease).filter(|l| l.active && self.jobs.runs_on(*lease)) {
-                    Some(info) => applied.follow_ups.push(Command::FailLeaseDelivery { account: info.supplier, lease: *lease }),
-                    None => self.jobs.forget_heard(*lease),
-                }
-            }
+            JournalEntry::JobLeaseSilent { at_ms: _, lease } => self.job_lease_silent(*lease, &mut applied),
             JournalEntry::BindKey { public_key, account } => self.keys.bind(*public_key, *account),
             JournalEntry::SignatureRule { rule } => self.settlement.set_signature_rule(*rule),
             JournalEntry::AddKey { at_ms, by, account, public_key, scopes, expires_at_ms, label } => {
@@ -282,11 +266,7 @@ impl MarketState {
             JournalEntry::AddKeyBy { at_ms, by, by_key, account, public_key, scopes, expires_at_ms, label } => {
                 self.add_key(*at_ms, *by, Some(*by_key), *account, public_key, scopes, *expires_at_ms, label)
             }
-            JournalEntry::RevokeKey { at_ms: _, by, public_key } => {
-                if self.keys.check_revoke(&self.engine, *by, public_key).is_ok() {
-                    self.keys.revoke(*public_key);
-                }
-            }
+            JournalEntry::RevokeKey { at_ms: _, by, public_key } => self.revoke_key(*by, public_key),
             JournalEntry::UsageReport { at_ms, account, report } | JournalEntry::UsageReportV2 { at_ms, account, report } => {
                 self.apply_usage(*at_ms, *account, report, &mut applied)
             }
@@ -295,10 +275,7 @@ impl MarketState {
             }
             JournalEntry::BidRematch { account, client_order_id } => self.rematch.bid_rematch(*account, *client_order_id),
             JournalEntry::LeaseWorkload { account: _, lease, workload } => self.set_lease_workload(*lease, workload, &mut owed),
-            JournalEntry::EncryptionKey { account, key, signature } => {
-                self.deliveries.set_encryption_key(*account, HostEncryptionKey { key: *key, signature: signature.clone() });
-                self.engine.set_delivering(*account);
-            }
+            JournalEntry::EncryptionKey { account, key, signature } => self.set_encryption_key(*account, key, signature),
             JournalEntry::ChallengeIssued { at_ms, gpu, seed, n } => self.issue_challenge(*at_ms, *gpu, seed, *n, &mut owed),
             JournalEntry::MemoryChallengeIssued { at_ms, gpu, seed, words_log2, passes } => {
                 self.issue_memory_challenge(*at_ms, *gpu, seed, (*words_log2, *passes), &mut owed)
@@ -307,32 +284,19 @@ impl MarketState {
                 self.challenges.commit(*challenge, *commitment, *open_seed, *at_ms)
             }
             JournalEntry::ChallengeAnswered { at_ms: _, account: _, challenge, verdict } => {
-                if let Some((gpu, answer)) = self.challenges.close(*challenge, Some(*verdict)) {
-                    applied.follow_ups.push(Command::RecordChallenge { gpu, answer });
-                }
+                self.close_challenge(*challenge, Some(*verdict), &mut applied)
             }
-            JournalEntry::ChallengeExpired { at_ms: _, challenge } => {
-                if let Some((gpu, answer)) = self.challenges.close(*challenge, None) {
-                    applied.follow_ups.push(Command::RecordChallenge { gpu, answer });
-                }
-            }
-            JournalEntry::FabricProbe { at_ms: _, account: _, report } => {
-                let body = &report.body;
-                applied.follow_ups.push(Command::RecordFabricProbe { lease: body.lease, ranks: body.ranks, mbps: body.bus_mbps() });
-            }
+            JournalEntry::ChallengeExpired { at_ms: _, challenge } => self.close_challenge(*challenge, None, &mut applied),
+            JournalEntry::FabricProbe { at_ms: _, account: _, report } => applied.follow_ups.push(fabric_probed(&report.body)),
             JournalEntry::Liveness { at_ms, account, report } => {
                 let found = self.disputes.observe(*account, report);
-                applied.follow_ups.extend(self.disputed(report.body.lease, found, *at_ms));
+                applied.follow_ups.extend(self.disputed(report.body.lease, found, *at_ms))
             }
             JournalEntry::GpuProbe { at_ms, account, report } => {
                 let found = self.disputes.probed(*account, report);
-                applied.follow_ups.extend(self.disputed(report.body.lease, found, *at_ms));
+                applied.follow_ups.extend(self.disputed(report.body.lease, found, *at_ms))
             }
-            JournalEntry::SupplierDisconnected { at_ms, account } => {
-                let leases = self.engine.active_leases_supplied(*account);
-                self.reliability.disconnected(&self.engine, *account, &leases, *at_ms);
-                self.refresh_scores(&[*account], *at_ms);
-            }
+            JournalEntry::SupplierDisconnected { at_ms, account } => self.supplier_disconnected(*at_ms, *account),
             JournalEntry::DeliveryStatus { at_ms, account, lease, state } => {
                 self.apply_delivery_status(*at_ms, *account, *lease, state, &mut applied, &mut owed)
             }
@@ -340,6 +304,66 @@ impl MarketState {
         self.post(&mut applied)?;
         applied.notices.extend(owed);
         Ok(applied)
+    }
+
+    /// The genesis listing: only as the market's first entry.
+    fn genesis(&mut self, listing: &gpux_engine::EngineConfig) -> Result<(), MarketError> {
+        if !self.is_pristine() {
+            return Err(MarketError::GenesisNotFirst);
+        }
+        *self = MarketState::new(listing.clone()).map_err(MarketError::GenesisInvalid)?;
+        Ok(())
+    }
+
+    /// A job submitted: its id (or why it was refused) in `applied.job`.
+    fn submit_job(&mut self, at_ms: u64, terms: &jobs::JobTerms, applied: &mut Applied, owed: &mut Vec<Notice>) {
+        let submitted = self.jobs.submit(terms.clone(), at_ms).map(|(job, outcome)| {
+            self.job_outcome(outcome, applied, owed);
+            job
+        });
+        applied.job = Some(submitted);
+    }
+
+    /// A job's lease whose host went silent fails its delivery (the job
+    /// resumes elsewhere); one no longer active is forgotten.
+    fn job_lease_silent(&mut self, lease: LeaseId, applied: &mut Applied) {
+        match self.engine.lease(lease).filter(|l| l.active && self.jobs.runs_on(lease)) {
+            Some(info) => applied.follow_ups.push(Command::FailLeaseDelivery { account: info.supplier, lease }),
+            None => self.jobs.forget_heard(lease),
+        }
+    }
+
+    fn revoke_key(&mut self, by: AccountId, public_key: &[u8; 32]) {
+        if self.keys.check_revoke(&self.engine, by, public_key).is_ok() {
+            self.keys.revoke(*public_key);
+        }
+    }
+
+    /// A host's published encryption key: it delivers workloads from now.
+    fn set_encryption_key(&mut self, account: AccountId, key: &[u8; 32], signature: &str) {
+        self.deliveries.set_encryption_key(account, HostEncryptionKey { key: *key, signature: signature.to_string() });
+        self.engine.set_delivering(account);
+    }
+
+    /// A challenge answered (its verdict) or expired (`None`): the engine
+    /// records the GPU's result.
+    fn close_challenge(
+        &mut self,
+        challenge: u64,
+        verdict: Option<Result<(), gpux_protocol::challenge::ChallengeError>>,
+        applied: &mut Applied,
+    ) {
+        if let Some((gpu, answer)) = self.challenges.close(challenge, verdict) {
+            applied.follow_ups.push(Command::RecordChallenge { gpu, answer });
+        }
+    }
+
+    /// A supplier's agent disconnected during its leases: counted in its
+    /// reliability record.
+    fn supplier_disconnected(&mut self, at_ms: u64, account: AccountId) {
+        let leases = self.engine.active_leases_supplied(account);
+        self.reliability.disconnected(&self.engine, account, &leases, at_ms);
+        self.refresh_scores(&[account], at_ms);
     }
 
     /// A compute challenge issued to a GPU's owner.
@@ -942,4 +966,9 @@ pub struct HotState {
     /// Reliability records: one bucket per supplier and host per active day,
     /// for the score window's 30 days, so it grows for 30 days, then stays.
     pub reliability: u64,
+}
+
+/// What a cluster's signed interconnect probe records on its lease's hosts.
+fn fabric_probed(body: &gpux_protocol::fabric::FabricProbeBody) -> Command {
+    Command::RecordFabricProbe { lease: body.lease, ranks: body.ranks, mbps: body.bus_mbps() }
 }
