@@ -30,6 +30,9 @@ export function connect() {
     const [type, body] = Object.entries(message)[0];
     if (type === "challenge") {
       state.nonce = body.nonce;
+      // Market-data version 2 before any login too: feed messages batched,
+      // a book the page fell behind on conflated (docs/protocol.md).
+      request("market_data_version", { version: 2 }).catch(() => {});
       loadInstruments();
       // After a reconnect, log in again with the key already in the page.
       if (state.secret !== null) {
@@ -45,7 +48,7 @@ export function connect() {
       return;
     }
     if (type === "market_data") {
-      // Market-data version 2 (asked at login): several feed messages, in order.
+      // Market-data version 2: several feed messages, in order.
       for (const inner of body.messages) onFeed(...Object.entries(inner)[0]);
     } else if (onFeed(type, body)) return;
     else if (type === "private") onPrivate(body.event, body.reason);

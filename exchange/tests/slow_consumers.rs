@@ -230,6 +230,36 @@ async fn an_unknown_market_data_version_is_refused_wrong_type() {
     assert!(matches!(client.recv_reply().await, ServerMessage::Authenticated { .. }));
 }
 
+/// A session without a key reads version 2 once it asks with
+/// `market_data_version` (answered by the connection); an unknown version,
+/// or a lower one than it reads, is refused `wrong_type`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_without_a_key_reads_version_2_once_it_asks() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start_with(dir.path(), Some(&key(1)), &[]);
+    let mut traders = funded_traders(&exchange, 20..22).await;
+    let mut reader = Client::connect(&exchange.addr).await;
+    let refused = |answer: ServerMessage, version: u8| match answer {
+        ServerMessage::Error { code: ErrorCode::WrongType, message, .. } => {
+            assert!(message.contains(&format!("market_data_version {version}")), "{message}")
+        }
+        other => panic!("{other:?}"),
+    };
+    reader.send(&ClientMessage::MarketDataVersion { id: 1, version: 3 }).await;
+    refused(reader.recv_reply().await, 3);
+    reader.send(&ClientMessage::MarketDataVersion { id: 2, version: 2 }).await;
+    assert_eq!(reader.recv_reply().await, ServerMessage::MarketDataVersion { id: 2, version: 2 });
+    reader.send(&ClientMessage::MarketDataVersion { id: 3, version: 1 }).await;
+    refused(reader.recv_reply().await, 1);
+    let mut copy = subscribed_copy(&mut reader).await;
+    move_book(&mut traders, 0, 20).await;
+    let batch = reader.recv_until(|message| matches!(message, ServerMessage::MarketData { .. }).then(|| message.clone())).await;
+    let ServerMessage::MarketData { messages } = &batch else { unreachable!() };
+    assert!(!messages.is_empty() && messages.iter().all(|m| matches!(m, ServerMessage::BookUpdate { .. })), "{batch:?}");
+    copy.apply(&batch);
+    assert!(copy.batches >= 1);
+}
+
 /// Moves the book in the background, round after round (1 000 bids per
 /// trader, then each cancels them all), until told to stop; hands the
 /// traders back.

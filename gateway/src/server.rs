@@ -241,10 +241,12 @@ struct Connection {
     /// usage reports are verified against it on this connection's task,
     /// off the sequencer's thread.
     login_key: Option<[u8; 32]>,
-    /// The market-data version asked at login, and the one in force (from
-    /// the login's acceptance; 1 before): 2 batches feed messages and
-    /// conflates a book this connection fell behind on.
-    market_data_asked: u8,
+    /// The market-data version asked at login (in force from the login's
+    /// acceptance; a login without it keeps the version in force), and the
+    /// one in force (1 until a login or `market_data_version` raises it):
+    /// 2 batches feed messages and conflates a book this connection fell
+    /// behind on.
+    market_data_asked: Option<u8>,
     market_data_version: u8,
 }
 
@@ -529,7 +531,7 @@ impl Connection {
             awaiting: 0,
             clock,
             login_key: None,
-            market_data_asked: 1,
+            market_data_asked: None,
             market_data_version: 1,
         }
     }
@@ -739,7 +741,8 @@ impl Connection {
         match (outcome, &self.session) {
             (LoginOutcome::Accepted { account, role }, _) => {
                 self.session = Session::Authenticated { account, role };
-                self.market_data_version = self.market_data_asked;
+                // Raised, never lowered (see `set_market_data_version`).
+                self.market_data_version = self.market_data_asked.unwrap_or(1).max(self.market_data_version);
                 self.ticket.logged_in();
                 None
             }
@@ -747,6 +750,25 @@ impl Connection {
             (LoginOutcome::Refused, Session::Authenticating) => Some(self.new_challenge()),
             (LoginOutcome::Refused, _) => None,
         }
+    }
+
+    /// `market_data_version`: the feeds in `version` from the next frame
+    /// on. Raised, never lowered: a version-2 connection may hold a
+    /// conflated book that only version 2 can send.
+    fn set_market_data_version(&mut self, id: u64, version: u8) -> ServerMessage {
+        if !(1..=2).contains(&version) {
+            return error(Some(id), ErrorCode::WrongType, Some(format!("market_data_version {version}: this exchange speaks 1 and 2")));
+        }
+        if version < self.market_data_version {
+            let now = self.market_data_version;
+            return error(
+                Some(id),
+                ErrorCode::WrongType,
+                Some(format!("market_data_version {version}: this connection reads {now}, and a version is never lowered")),
+            );
+        }
+        self.market_data_version = version;
+        ServerMessage::MarketDataVersion { id, version }
     }
 
     fn rate_limited(&mut self) -> bool {
@@ -803,6 +825,7 @@ impl Connection {
         let id = message.id();
         match (&self.session, message) {
             (_, ClientMessage::Ping { id }) => vec![ServerMessage::Pong { id, server_time_ms: self.clock.now_ms() }],
+            (_, ClientMessage::MarketDataVersion { id, version }) => vec![self.set_market_data_version(id, version)],
             (Session::Authenticated { .. }, ClientMessage::Auth { .. }) => vec![error(Some(id), ErrorCode::AlreadyAuthenticated, None)],
             (Session::Authenticating, ClientMessage::Auth { .. }) => {
                 self.metrics.auth_failures.with_label_values(&["in_progress"]).inc();
@@ -816,7 +839,7 @@ impl Connection {
                 ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect, invite, market_data_version },
             ) => {
                 let nonce = *nonce;
-                self.market_data_asked = market_data_version.unwrap_or(1);
+                self.market_data_asked = market_data_version;
                 match verify(&nonce, &public_key, &signature) {
                     Some(public_key) => {
                         self.session = Session::Authenticating;
@@ -1059,6 +1082,10 @@ pub(crate) fn request_of(caller: &Caller, message: ClientMessage, verified: Opti
         ClientMessage::Auth { .. } | ClientMessage::Ping { .. } => {
             return Err(Refused { id, code: ErrorCode::AlreadyAuthenticated, message: None })
         }
+        // Answered by the connection before it maps a request (`handle`).
+        ClientMessage::MarketDataVersion { .. } => {
+            return Err(Refused { id, code: ErrorCode::UnknownMessage, message: Some("market_data_version is a connection's own".into()) })
+        }
     };
     Ok(Request::new(connection, id, body))
 }
@@ -1146,7 +1173,7 @@ mod tests {
                 awaiting: 0,
                 clock: Clock::default(),
                 login_key: None,
-                market_data_asked: 1,
+                market_data_asked: None,
                 market_data_version: 1,
             };
             (connection, inbox)

@@ -702,6 +702,14 @@ pub enum ClientMessage {
         id: u64,
         report: Box<crate::gpu_probe::GpuProbeReport>,
     },
+    /// The market-data version the connection's feeds are written in from
+    /// now on (docs/protocol.md "Market data"), before a login or after:
+    /// how a session without a key reads version 2. Answered by the
+    /// connection itself; a version is raised, never lowered.
+    MarketDataVersion {
+        id: u64,
+        version: u8,
+    },
 }
 
 fn gtc() -> TimeInForce {
@@ -775,6 +783,7 @@ impl ClientMessage {
             | ResizeJob { id, .. }
             | FabricProbe { id, .. }
             | GpuProbe { id, .. }
+            | MarketDataVersion { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -1203,6 +1212,12 @@ pub enum ServerMessage {
         bids: Vec<(u64, u64)>,
         asks: Vec<(u64, u64)>,
     },
+    /// Answer to `market_data_version`: the version the connection's feeds
+    /// are written in from now on.
+    MarketDataVersion {
+        id: u64,
+        version: u8,
+    },
 }
 
 impl ServerMessage {
@@ -1251,6 +1266,7 @@ impl ServerMessage {
             | Job { id, .. }
             | Jobs { id, .. }
             | JobStoreToken { id, .. }
+            | MarketDataVersion { id, .. }
             | Pong { id, .. } => Some(*id),
             Error { id, .. } => *id,
             Challenge { .. }

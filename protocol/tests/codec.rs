@@ -146,6 +146,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
                 &ed25519_dalek::SigningKey::from_bytes(&[9; 32]),
             ),
         },
+        ClientMessage::MarketDataVersion { id: 48, version: 2 },
         ClientMessage::OpenSubAccount { id: 32 },
         ClientMessage::MoveFunds { id: 33, sub_account: AccountId(12), amount_minor: 5_000_000, to_sub_account: true },
         ClientMessage::SetSubAccountLimits {
@@ -278,6 +279,7 @@ fn server_messages_round_trip_through_both_encodings() {
             ],
         },
         ServerMessage::Private { event, reason: Some("insufficient funds".into()) },
+        ServerMessage::MarketDataVersion { id: 48, version: 2 },
         ServerMessage::Instruments { id: 1, instruments: views::of(&Engine::new(EngineConfig::demo()).expect("valid").instruments()) },
         ServerMessage::GpuChallenge { challenge: 4, gpu: GpuId(2), seed: "ef".repeat(32), n: 256, expires_at_ms: 1_796_223_720_000 },
         ServerMessage::GpuMemoryChallenge {

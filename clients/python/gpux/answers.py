@@ -576,6 +576,12 @@ class Pong(Record):
 
 
 @dataclass
+class MarketDataVersion(Record):
+    id: int
+    version: int
+
+
+@dataclass
 class SubAccountOpened(Record):
     id: int
     journal_seq: int
@@ -820,6 +826,7 @@ ANSWERS = {
     "recent_statement": RecentStatement,
     "spend": SpendAnswer,
     "pong": Pong,
+    "market_data_version": MarketDataVersion,
     "sub_account_opened": SubAccountOpened,
     "sub_accounts": SubAccounts,
     "key_added": KeyAdded,

@@ -335,6 +335,13 @@ class Client:
             raise GpuxError("protocol", f"expected a challenge, got {challenge!r}")
         offset = challenge.server_time_ms - m._now_ms()
         account, actual_role = None, None
+        if key is None:
+            # Market-data version 2 without a login too (see below).
+            await socket.send(json.dumps({"market_data_version": {"id": 1, "version": 2}}))
+            answer = m.parse(json.loads(await socket.recv()))
+            if isinstance(answer, m.Error):
+                await socket.close()
+                raise GpuxError(answer.code, answer.message)
         if key is not None:
             signature = key.sign(AUTH_DOMAIN + bytes.fromhex(challenge.nonce))
             # Market-data version 2: feed messages batched, a book this

@@ -26,6 +26,9 @@ def test_several_addresses_wait_out_an_election_and_one_fails_at_once():
 
         async def challenge(ws):
             await ws.send(json.dumps({"challenge": {"nonce": "ab" * 32, "server_time_ms": int(time.time() * 1000)}}))
+            # A session without a key asks for market-data version 2 first.
+            request = json.loads(await ws.recv())
+            await ws.send(json.dumps({"market_data_version": request["market_data_version"]}))
             await ws.wait_closed()
 
         async def late_node():
