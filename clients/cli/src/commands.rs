@@ -692,27 +692,22 @@ enum Move {
 /// `gpux deposit`, `withdraw` and `payout`.
 async fn move_money(s: &mut Session, kind: Move, amount: &str, json: bool) -> Result<(), Failure> {
     let amount_minor = parse_amount(amount).map_err(Failure::Usage)?;
-    match kind {
-        Move::Deposit(account) => write(s, |id| ClientMessage::Deposit { id, account, amount_minor }, ("deposited", "deposit"), json).await,
-        Move::Withdraw => {
-            let message = |id| ClientMessage::Withdraw { id, account: None, amount_minor };
-            write(s, message, ("withdrawn", "withdraw"), json).await.map_err(|f| money_out_refused(f, "available funds"))
-        }
-        Move::Payout => {
-            let message = |id| ClientMessage::Payout { id, account: None, amount_minor };
-            write(s, message, ("paid out", "payout"), json).await.map_err(|f| money_out_refused(f, "payable earnings"))
-        }
-    }
-}
-
-/// A refused withdrawal or payout, with what may leave the account.
-fn money_out_refused(failure: Failure, what: &str) -> Failure {
-    match failure {
-        Failure::Refused(text) if text.starts_with("insufficient_funds") => Failure::Refused(format!(
+    let id = s.connection.new_id();
+    let (message, done, what) = match kind {
+        Move::Deposit(account) => (ClientMessage::Deposit { id, account, amount_minor }, ("deposited", "deposit"), None),
+        Move::Withdraw => (ClientMessage::Withdraw { id, account: None, amount_minor }, ("withdrawn", "withdraw"), Some("available funds")),
+        Move::Payout => (ClientMessage::Payout { id, account: None, amount_minor }, ("paid out", "payout"), Some("payable earnings")),
+    };
+    let answer = s.connection.request(message).await.map_err(|e| Failure::Unreachable(format!("{e:#}")))?;
+    // More than may leave the account: say what may.
+    if let (ServerMessage::Reject { code: gpux_engine::RejectCode::InsufficientFunds, .. }, Some(what)) = (&answer, what) {
+        let _ = crate::session::answered(answer, json);
+        return Err(Failure::Refused(format!(
             "insufficient_funds: more than the account's {what} (`gpux balance` shows them; funds held by open bids and leases cannot leave)"
-        )),
-        other => other,
+        )));
     }
+    let answer = crate::session::answered(answer, json)?;
+    written(s, answer, done.0, done.1, json).await
 }
 
 async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Result<(), Failure> {

@@ -118,14 +118,7 @@ impl Session {
     /// Sends a request and returns its answer; a gateway error is a refusal.
     pub async fn ask(&mut self, message: ClientMessage, json: bool) -> Result<ServerMessage, Failure> {
         let answer = self.connection.request(message).await.map_err(|e| Failure::Unreachable(format!("{e:#}")))?;
-        if json {
-            out!("{}", gpux_protocol::encode_server_text(&answer));
-        }
-        match answer {
-            ServerMessage::Error { code, message, .. } => Err(Failure::Refused(format!("{}: {message}", snake(&code)))),
-            ServerMessage::Reject { code, message, .. } => Err(Failure::Refused(format!("{}: {message}", snake(&code)))),
-            answer => Ok(answer),
-        }
+        answered(answer, json)
     }
 
     pub(crate) async fn instrument_list(&mut self) -> Result<&[Instrument], Failure> {
@@ -157,6 +150,19 @@ impl Session {
             .find(|i| i.symbol.eq_ignore_ascii_case(name))
             .map(|i| i.instrument)
             .ok_or_else(|| Failure::Usage(format!("no instrument `{name}`: `gpux instruments` lists them (e.g. H100-SXM-80G/SPOT)")))
+    }
+}
+
+/// An answer as `Session::ask` gives it: printed as sent with `--json`; a
+/// gateway error or an engine rejection is a refusal.
+pub(crate) fn answered(answer: ServerMessage, json: bool) -> Result<ServerMessage, Failure> {
+    if json {
+        out!("{}", gpux_protocol::encode_server_text(&answer));
+    }
+    match answer {
+        ServerMessage::Error { code, message, .. } => Err(Failure::Refused(format!("{}: {message}", snake(&code)))),
+        ServerMessage::Reject { code, message, .. } => Err(Failure::Refused(format!("{}: {message}", snake(&code)))),
+        answer => Ok(answer),
     }
 }
 
