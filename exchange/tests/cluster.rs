@@ -205,6 +205,24 @@ impl Cluster {
         }
     }
 
+    /// The client address of the node serving as leader.
+    async fn addr_of_leader(&self) -> String {
+        self.nodes[&self.serving_leader().await].listen.clone()
+    }
+
+    /// Logs in on the serving leader, again on whichever node leads next
+    /// if that one stops serving first (60 s at most).
+    async fn login_leader(&self, key: &ed25519_dalek::SigningKey, role: Role) -> (Client, AccountId) {
+        let started = Instant::now();
+        loop {
+            if let Some(found) = Client::try_login(&self.addr_of_leader().await, key, role).await {
+                return found;
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "no login on a leader within 60 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Waits until every node has applied its leader's last log index.
     async fn caught_up(&self) {
         let started = Instant::now();
@@ -347,15 +365,25 @@ struct Load {
 
 impl Load {
     async fn start(cluster: &Cluster) -> Load {
-        // Fund the renters (they open accounts by logging in).
-        let leader = cluster.serving_leader().await;
-        let addr = cluster.nodes[&leader].listen.clone();
-        let (mut operator, _) = Client::login(&addr, &cluster.operator, Role::Operator).await;
+        // Fund the renters (they open accounts by logging in). The leader
+        // may still change as the cluster settles (CI once saw the first
+        // leader close its sessions `shutting_down`): each deposit is tried
+        // until one is acknowledged. One whose answer was lost may count
+        // twice; the balance is far above what the load spends either way.
         for seed in 0..RENTERS {
-            let (_, account) = Client::login(&addr, &key(10 + seed), Role::Renter).await;
-            let id = operator.id();
-            let reply = operator.request(ClientMessage::Deposit { id, account, amount_minor: 1 << 48 }).await;
-            assert!(matches!(reply, ServerMessage::Ack { .. }), "{reply:?}");
+            let started = Instant::now();
+            loop {
+                assert!(started.elapsed() < Duration::from_secs(60), "renter {seed} not funded within 60 s");
+                let (mut operator, _) = cluster.login_leader(&cluster.operator, Role::Operator).await;
+                let Some((_, account)) = Client::try_login(&cluster.addr_of_leader().await, &key(10 + seed), Role::Renter).await else {
+                    continue;
+                };
+                let id = operator.id();
+                let reply = operator.try_request(ClientMessage::Deposit { id, account, amount_minor: 1 << 48 }).await;
+                if matches!(reply, Some(ServerMessage::Ack { .. })) {
+                    break;
+                }
+            }
         }
         let (stop, stopped) = watch::channel(false);
         let ledgers: Vec<Arc<Mutex<Ledger>>> = (0..RENTERS).map(|_| Arc::default()).collect();
@@ -439,11 +467,9 @@ impl Load {
         for task in std::mem::take(&mut self.tasks) {
             task.await.expect("a renter panicked");
         }
-        let leader = cluster.serving_leader().await;
-        let addr = cluster.nodes[&leader].listen.clone();
         let mut duplicates_resolved = 0;
         for seed in 0..RENTERS {
-            let (mut client, _) = Client::login(&addr, &key(10 + seed), Role::Renter).await;
+            let (mut client, _) = cluster.login_leader(&key(10 + seed), Role::Renter).await;
             let open: Vec<u64> = client.open_orders().await.iter().map(|order| order.client_order_id).collect();
             let ledger = self.ledgers[seed as usize].lock().expect("ledger");
             let unique: BTreeSet<u64> = open.iter().copied().collect();

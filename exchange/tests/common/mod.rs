@@ -377,6 +377,22 @@ impl Client {
         }
     }
 
+    /// Like `request`, but `None` when the connection is gone or no answer
+    /// comes within 5 s (for tests where the serving node may change).
+    pub async fn try_request(&mut self, message: ClientMessage) -> Option<ServerMessage> {
+        let id = message.id();
+        let frame = Message::Text(encode_client_text(&message).into());
+        self.socket.send(frame).await.ok()?;
+        loop {
+            let frame = tokio::time::timeout(Duration::from_secs(5), self.socket.next()).await.ok()??.ok()?;
+            let Message::Text(text) = frame else { continue };
+            let message = decode_server_text(&text).ok()?;
+            if message.answer_to() == Some(id) {
+                return Some(message);
+            }
+        }
+    }
+
     /// Like `place`, but `None` when the connection is gone (for crash tests,
     /// where the exchange dies mid-request).
     pub async fn try_place(&mut self, order: OrderTicket) -> Option<ServerMessage> {
