@@ -11,6 +11,7 @@
 
 mod accounts;
 mod calendar;
+mod client_ids;
 pub(crate) mod clusters;
 pub use clusters::{probe_bears_out, FabricId, FabricInfo, FabricProbe, MemberAddress};
 mod follow_ons;
@@ -34,8 +35,8 @@ use crate::config::{ConfigError, EngineConfig};
 use crate::event::{Event, EventKind, LeaseEndReason, LeaseKind, RejectCode};
 use crate::gpus::{Gpu, GpuDetails, Host};
 use crate::ids::{AccountId, ContractId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
-use crate::limits;
 use crate::state_hash::StateHasher;
+use client_ids::ClientIds;
 pub use spend::SpendStatus;
 pub use sub_accounts::SubAccountInfo;
 
@@ -415,15 +416,11 @@ pub struct Engine {
     pub(crate) instruments: ChunkedVec<Instrument, INSTRUMENT_CHUNK>,
     pub(crate) books: ChunkedVec<Book, INSTRUMENT_CHUNK>,
     pub(crate) orders: OrderSlab,
-    /// Open orders by account and client id. Ordered by account, so a mass
-    /// cancel visits only the account's own orders (a scan of every live
-    /// order made it cost as much as the whole book).
-    pub(crate) client_order_ids: BTreeMap<(AccountId, u64), OrderId>,
-    /// Client ids of orders that closed lately (traded out, cancelled,
-    /// expired), with when they closed: still taken for
+    /// Client ids per account: of open orders, and of orders that closed
+    /// lately (traded out, cancelled, expired), still taken for
     /// `limits::CLOSED_CLIENT_ORDER_ID_MS`, so an order resent after a lost
     /// connection is placed at most once, whatever became of the first.
-    pub(crate) closed_client_order_ids: ClosedClientOrderIds,
+    pub(crate) client_ids: ClientIds,
     pub(crate) hosts: Vec<Host>,
     pub(crate) host_by_name: BTreeMap<String, HostId>,
     pub(crate) gpus: Vec<Gpu>,
@@ -562,8 +559,7 @@ impl Engine {
             instruments: ChunkedVec::default(),
             books: ChunkedVec::default(),
             orders: OrderSlab::default(),
-            client_order_ids: BTreeMap::new(),
-            closed_client_order_ids: ClosedClientOrderIds::default(),
+            client_ids: ClientIds::new(client_ids::Bounds::ENGINE),
             hosts: Vec::new(),
             host_by_name: BTreeMap::new(),
             gpus: Vec::new(),
@@ -1424,170 +1420,12 @@ impl Engine {
         h.bytes(format!("{:?}{:?}", self.sub_accounts, self.sub_accounts_of).as_bytes());
         h.bytes(format!("{:?}{:?}{:?}", self.resale_books, self.lease_offers, self.offered_leases).as_bytes());
         h.bytes(format!("{:?}", self.spend).as_bytes());
-        let mut client_ids: Vec<_> = self.client_order_ids.iter().collect();
-        client_ids.sort();
-        h.bytes(format!("{client_ids:?}").as_bytes());
-        h.u64(self.closed_client_order_ids.len as u64);
-        for (account, closed) in &self.closed_client_order_ids.by_account {
-            h.u64(u64::from(account.0));
-            h.u64(closed.len() as u64);
-            for (at_ms, client_order_id) in closed {
-                h.u64(*at_ms);
-                h.u64(*client_order_id);
-            }
-        }
+        self.client_ids.hash_into(h);
     }
 
     /// Whether the account's client order id is taken: by an open order,
     /// or by one that closed within `limits::CLOSED_CLIENT_ORDER_ID_MS`.
     pub(crate) fn client_order_id_taken(&self, account: AccountId, client_order_id: u64) -> bool {
-        self.client_order_ids.contains_key(&(account, client_order_id))
-            || self
-                .closed_client_order_ids
-                .closed_at(account, client_order_id)
-                .is_some_and(|closed_at| closed_at + limits::CLOSED_CLIENT_ORDER_ID_MS > self.now_ms)
-    }
-
-    /// Remembers a closed order's client id.
-    pub(crate) fn remember_closed_client_order_id(&mut self, account: AccountId, client_order_id: u64) {
-        self.closed_client_order_ids.remember(self.now_ms, account, client_order_id);
-    }
-}
-
-/// The client ids of orders closed lately, per account and oldest first,
-/// with an index by account and id (a hash map: looked up on every order and
-/// written on every close, it is never iterated, so its order cannot reach
-/// the state). Each account keeps at most
-/// `limits::CLOSED_CLIENT_ORDER_IDS_PER_ACCOUNT_MAX`; when the whole table
-/// holds `limits::CLOSED_CLIENT_ORDER_IDS_MAX`, the account that remembers
-/// the most forgets its oldest, so nobody's closes shorten the memory of an
-/// account that closes fewer. Encoded as the lists alone; the rest is
-/// rebuilt from them.
-#[derive(Clone, Default)]
-pub(crate) struct ClosedClientOrderIds {
-    /// `(closed at ms, client id)` per account, oldest first.
-    pub(crate) by_account: BTreeMap<AccountId, VecDeque<(u64, u64)>>,
-    /// `(ids remembered, account)`: the heaviest account last.
-    by_size: BTreeSet<(usize, AccountId)>,
-    index: rustc_hash::FxHashMap<(AccountId, u64), u64>,
-    /// Ids remembered in all.
-    pub(crate) len: usize,
-}
-
-impl ClosedClientOrderIds {
-    /// When the account's order with this client id last closed, if remembered.
-    pub(crate) fn closed_at(&self, account: AccountId, client_order_id: u64) -> Option<u64> {
-        self.index.get(&(account, client_order_id)).copied()
-    }
-
-    /// How many of the account's closed ids are remembered.
-    pub(crate) fn remembered(&self, account: AccountId) -> usize {
-        self.by_account.get(&account).map_or(0, VecDeque::len)
-    }
-
-    /// Remembers a close at `now_ms`, forgetting the account's closes older
-    /// than the window, its oldest beyond its own bound, and, when the table
-    /// is full, the oldest of the account that remembers the most.
-    fn remember(&mut self, now_ms: u64, account: AccountId, client_order_id: u64) {
-        while let Some(&(at_ms, _)) = self.by_account.get(&account).and_then(VecDeque::front) {
-            let expired = at_ms + limits::CLOSED_CLIENT_ORDER_ID_MS <= now_ms;
-            if !expired && self.remembered(account) < limits::CLOSED_CLIENT_ORDER_IDS_PER_ACCOUNT_MAX {
-                break;
-            }
-            self.forget_oldest(account);
-        }
-        if self.len >= limits::CLOSED_CLIENT_ORDER_IDS_MAX {
-            let &(_, heaviest) = self.by_size.last().expect("a full table has an account");
-            self.forget_oldest(heaviest);
-        }
-        let size = self.remembered(account);
-        self.by_size.remove(&(size, account));
-        self.by_size.insert((size + 1, account));
-        self.by_account.entry(account).or_default().push_back((now_ms, client_order_id));
-        self.index.insert((account, client_order_id), now_ms);
-        self.len += 1;
-    }
-
-    fn forget_oldest(&mut self, account: AccountId) {
-        let closed = self.by_account.get_mut(&account).expect("an account with remembered ids");
-        let (at_ms, old_id) = closed.pop_front().expect("an account with remembered ids");
-        let size = closed.len();
-        if size == 0 {
-            self.by_account.remove(&account);
-        }
-        self.by_size.remove(&(size + 1, account));
-        if size > 0 {
-            self.by_size.insert((size, account));
-        }
-        // A later close of the same id (after its window) stays.
-        if self.index.get(&(account, old_id)) == Some(&at_ms) {
-            self.index.remove(&(account, old_id));
-        }
-        self.len -= 1;
-    }
-}
-
-impl Serialize for ClosedClientOrderIds {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.by_account.serialize(serializer)
-    }
-}
-
-impl<'de> Deserialize<'de> for ClosedClientOrderIds {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let by_account = BTreeMap::<AccountId, VecDeque<(u64, u64)>>::deserialize(deserializer)?;
-        // In order: a later close of an id is the one remembered.
-        let index =
-            by_account.iter().flat_map(|(&account, closed)| closed.iter().map(move |&(at_ms, id)| ((account, id), at_ms))).collect();
-        let by_size = by_account.iter().map(|(&account, closed)| (closed.len(), account)).collect();
-        let len = by_account.values().map(VecDeque::len).sum();
-        Ok(ClosedClientOrderIds { by_account, by_size, index, len })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Issue 41: the table was one first-in-first-out list for all accounts,
-    /// so one account's cheap closes pushed out a victim's ids and the
-    /// victim's resend placed its order twice.
-    #[test]
-    fn closes_of_other_accounts_never_shorten_an_accounts_memory_of_its_client_ids() {
-        let mut table = ClosedClientOrderIds::default();
-        let victim = AccountId(1);
-        for id in 0..10 {
-            table.remember(0, victim, id);
-        }
-        // One account past its own bound forgets only its own oldest.
-        let heavy = AccountId(2);
-        let per_account = limits::CLOSED_CLIENT_ORDER_IDS_PER_ACCOUNT_MAX as u64;
-        for id in 0..per_account + 5 {
-            table.remember(1, heavy, id);
-        }
-        assert_eq!(table.remembered(heavy), limits::CLOSED_CLIENT_ORDER_IDS_PER_ACCOUNT_MAX);
-        assert_eq!(table.closed_at(heavy, 4), None);
-        assert_eq!(table.closed_at(heavy, 5), Some(1));
-        // Many accounts fill the whole table and go on closing: the fullest
-        // forget first, the victim keeps every id.
-        let attackers = limits::CLOSED_CLIENT_ORDER_IDS_MAX / limits::CLOSED_CLIENT_ORDER_IDS_PER_ACCOUNT_MAX + 2;
-        for attacker in 3..3 + attackers as u32 {
-            for id in 0..per_account {
-                table.remember(2, AccountId(attacker), id);
-            }
-        }
-        assert_eq!(table.len, limits::CLOSED_CLIENT_ORDER_IDS_MAX);
-        assert_eq!(table.index.len(), table.len);
-        for id in 0..10 {
-            assert_eq!(table.closed_at(victim, id), Some(0), "the victim's id {id} is remembered");
-        }
-        // The window still frees ids, the account's own first.
-        table.remember(limits::CLOSED_CLIENT_ORDER_ID_MS, victim, 10);
-        assert_eq!((table.closed_at(victim, 0), table.closed_at(victim, 10)), (None, Some(limits::CLOSED_CLIENT_ORDER_ID_MS)));
-        // Encoded as the per-account lists; decoded, the index and sizes are rebuilt.
-        let bytes = serde_json::to_vec(&table).expect("encode");
-        let decoded: ClosedClientOrderIds = serde_json::from_slice(&bytes).expect("decode");
-        assert_eq!((decoded.len, decoded.index.len(), decoded.by_size.len()), (table.len, table.index.len(), table.by_size.len()));
-        assert_eq!(decoded.by_size.last(), table.by_size.last());
+        self.client_ids.taken(self.now_ms, account, client_order_id)
     }
 }

@@ -74,7 +74,7 @@ impl Engine {
             ..Order::vacant()
         };
         let id = self.orders.insert(order);
-        self.client_order_ids.insert((new.account, new.client_order_id), id);
+        self.client_ids.open(new.account, new.client_order_id, id);
         self.accounts[new.account.0 as usize].open_orders += 1;
         self.emit(EventKind::OrderAccepted {
             order: id,
@@ -537,8 +537,7 @@ impl Engine {
             self.disarm_stop(id, order.instrument, order.side, stop_price);
         }
         self.unback(id, &order);
-        self.client_order_ids.remove(&(order.account, order.client_order_id));
-        self.remember_closed_client_order_id(order.account, order.client_order_id);
+        self.client_ids.close(self.now_ms, order.account, order.client_order_id);
         self.accounts[order.account.0 as usize].open_orders -= 1;
         self.orders.remove(id);
         self.emit(EventKind::OrderClosed { order: id, account: order.account, reason, quantity_left: order.quantity });
@@ -619,9 +618,8 @@ impl Engine {
         }
         // In slot order, as a scan of the order slab visits them.
         let mut ids: Vec<OrderId> = self
-            .client_order_ids
-            .range((account, 0)..=(account, u64::MAX))
-            .map(|(_, &id)| id)
+            .client_ids
+            .open_orders(account)
             .filter(|&id| instrument.is_none_or(|i| self.orders.get(id).is_some_and(|o| o.instrument == i)))
             .collect();
         ids.sort_unstable_by_key(|id| id.slot());
