@@ -24,6 +24,7 @@ pub mod ids;
 pub mod limits;
 pub mod state_hash;
 pub mod time;
+mod timer_heap;
 
 pub use command::*;
 pub use config::*;

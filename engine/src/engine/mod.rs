@@ -36,6 +36,7 @@ use crate::event::{Event, EventKind, LeaseEndReason, LeaseKind, RejectCode};
 use crate::gpus::{Gpu, GpuDetails, Host};
 use crate::ids::{AccountId, ContractId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
 use crate::state_hash::StateHasher;
+use crate::timer_heap::TimerHeap;
 use client_ids::ClientIds;
 pub use spend::SpendStatus;
 pub use sub_accounts::SubAccountInfo;
@@ -440,9 +441,9 @@ pub struct Engine {
     /// Sellers' reliability scores (rated ones only), set by the market;
     /// bids with a minimum score match only sellers at or above it.
     pub(crate) supplier_scores: BTreeMap<AccountId, u32>,
-    /// Pending timers in firing order. A B-tree rather than a binary heap:
-    /// it grows a node at a time, where a heap doubles and copies itself.
-    pub(crate) timers: BTreeSet<Timer>,
+    /// Pending timers, the next to fire first (`timer_heap.rs`: a heap in
+    /// chunks that never move).
+    pub(crate) timers: TimerHeap<Timer>,
     pub(crate) timer_seq: u64,
     pub(crate) calendar: Vec<CalendarCursor>,
     /// The earliest time at which `list_calendar` has something to list.
@@ -571,7 +572,7 @@ impl Engine {
             expired_windows: VecDeque::new(),
             retiring_windows: VecDeque::new(),
             supplier_scores: BTreeMap::new(),
-            timers: BTreeSet::new(),
+            timers: TimerHeap::default(),
             timer_seq: 0,
             calendar: vec![CalendarCursor::default(); config.classes.len()],
             calendar_due_ms: 0,
@@ -732,7 +733,7 @@ impl Engine {
     /// Fires every timer due at or before `at_ms`, each at its own time, then
     /// lists the reserved windows that `at_ms` brings into the calendar.
     fn advance_to(&mut self, at_ms: u64) {
-        while let Some(timer) = self.timers.first().copied() {
+        while let Some(timer) = self.timers.first() {
             if timer.at_ms > at_ms {
                 break;
             }
@@ -757,7 +758,7 @@ impl Engine {
             TimerKind::WindowStart(_) => 2,
         };
         self.timer_seq += 1;
-        self.timers.insert(Timer { at_ms, rank, seq: self.timer_seq, kind });
+        self.timers.push(Timer { at_ms, rank, seq: self.timer_seq, kind });
     }
 
     fn fire(&mut self, kind: TimerKind) {
