@@ -170,7 +170,7 @@ impl Disputes {
         account: AccountId,
         lease: Option<&LeaseInfo>,
         report: &LivenessReport,
-        key: Option<[u8; 32]>,
+        signed: impl FnOnce() -> bool,
         now_ms: u64,
     ) -> Result<(), ErrorCode> {
         let info = lease.filter(|l| l.renter == account && l.lease == report.body.lease).ok_or(ErrorCode::UnknownLease)?;
@@ -186,7 +186,7 @@ impl Disputes {
             && body.end_ms <= lease_end
             && body.end_ms <= now_ms + LIVENESS_FUTURE_MS
             && after_previous
-            && key.is_some_and(|key| report.verify(&key));
+            && signed();
         if !valid {
             return Err(ErrorCode::LivenessInvalid);
         }
@@ -199,6 +199,7 @@ impl Disputes {
         account: AccountId,
         lease: Option<&LeaseInfo>,
         report: &GpuProbeReport,
+        signed: impl FnOnce() -> bool,
         now_ms: u64,
     ) -> Result<(), ErrorCode> {
         let info = lease.filter(|l| l.renter == account && l.lease == report.body.lease);
@@ -214,7 +215,7 @@ impl Disputes {
             && body.end_ms <= now_ms + LIVENESS_FUTURE_MS
             && after_previous
             && same_probe
-            && report.verify();
+            && signed();
         if !valid {
             return Err(ErrorCode::GpuProbeInvalid);
         }

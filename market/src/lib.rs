@@ -161,6 +161,17 @@ pub const LEASE_RETENTION_MS: u64 = 60 * 60_000;
 /// [`LEASE_RETENTION_MS`], and it waits for its last lease to leave.
 pub const WINDOW_RETENTION_MS: u64 = 24 * 60 * 60_000;
 
+/// Where a signed observation's signature stands when the market checks it
+/// before it is journaled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signature {
+    /// The check verifies it (one at a time, the sequencer's way).
+    Unchecked,
+    /// The caller verified it against this key (the simulator, in ZIP-215
+    /// batches); the check holds the key to the signer's.
+    VerifiedWith([u8; 32]),
+}
+
 /// The whole state a journal rebuilds. `clock_ms` is the newest exchange time
 /// seen; it is kept for restarts but is not part of [`state_hash`](Self::state_hash)
 /// (the live exchange also advances it between entries).
@@ -718,14 +729,51 @@ impl MarketState {
 
     /// A renter's liveness observation of its lease.
     pub fn check_liveness(&self, account: AccountId, report: &gpux_protocol::LivenessReport, now_ms: u64) -> Result<(), ErrorCode> {
+        self.check_liveness_signed(account, report, now_ms, Signature::Unchecked)
+    }
+
+    /// [`MarketState::check_liveness`], its signature's check as `signature`
+    /// says: with `VerifiedWith(key)`, the caller verified it (in a ZIP-215
+    /// batch: [`gpux_protocol::verify_signed_batch_zip215`]) against `key`,
+    /// which must be the key the account logged in with.
+    pub fn check_liveness_signed(
+        &self,
+        account: AccountId,
+        report: &gpux_protocol::LivenessReport,
+        now_ms: u64,
+        signature: Signature,
+    ) -> Result<(), ErrorCode> {
         let lease = self.engine.lease(report.body.lease);
-        self.disputes.check(account, lease.as_ref(), report, self.account_key(account), now_ms)
+        let key = self.account_key(account);
+        // Last, as the cheaper checks fail first.
+        let signed = || match signature {
+            Signature::Unchecked => key.is_some_and(|key| report.verify(&key)),
+            Signature::VerifiedWith(verified) => key == Some(verified),
+        };
+        self.disputes.check(account, lease.as_ref(), report, signed, now_ms)
     }
 
     /// A renter's GPU probe observation of its lease.
     pub fn check_gpu_probe(&self, account: AccountId, report: &gpux_protocol::GpuProbeReport, now_ms: u64) -> Result<(), ErrorCode> {
+        self.check_gpu_probe_signed(account, report, now_ms, Signature::Unchecked)
+    }
+
+    /// [`MarketState::check_gpu_probe`], its signature's check as
+    /// `signature` says: with `VerifiedWith(key)`, the caller verified it
+    /// against `key`, which must be the probe key the report names.
+    pub fn check_gpu_probe_signed(
+        &self,
+        account: AccountId,
+        report: &gpux_protocol::GpuProbeReport,
+        now_ms: u64,
+        signature: Signature,
+    ) -> Result<(), ErrorCode> {
         let lease = self.engine.lease(report.body.lease);
-        self.disputes.check_probe(account, lease.as_ref(), report, now_ms)
+        let signed = || match signature {
+            Signature::Unchecked => report.verify(),
+            Signature::VerifiedWith(verified) => report.key() == Some(verified),
+        };
+        self.disputes.check_probe(account, lease.as_ref(), report, signed, now_ms)
     }
 
     /// Disputed GPU time of a lease: its proven part counted in its

@@ -971,6 +971,16 @@ fn unreachable_evidence_is_held_and_paid_to_the_host_at_the_final_bill_when_noth
     assert_eq!(session.market.check_liveness(session.supplier, &theirs, now), Err(ErrorCode::UnknownLease), "not the renter's lease");
     let unknown = LivenessReport::sign(LivenessBody { lease: LeaseId(99), ..body }, &session.renter_key);
     assert_eq!(session.market.check_liveness(session.renter, &unknown, now), Err(ErrorCode::UnknownLease));
+    // Verified by the caller (a ZIP-215 batch): the key it was verified
+    // against must be the renter's; the other rules hold all the same.
+    let renter_key = session.renter_key.verifying_key().to_bytes();
+    let verified = |key| gpux_market::Signature::VerifiedWith(key);
+    let good = LivenessReport::sign(body.clone(), &session.renter_key);
+    let other_key = SigningKey::from_bytes(&[8; 32]).verifying_key().to_bytes();
+    assert_eq!(session.market.check_liveness_signed(session.renter, &forged, now, verified(other_key)), Err(ErrorCode::LivenessInvalid));
+    assert_eq!(session.market.check_liveness_signed(session.renter, &good, now, verified(renter_key)), Ok(()));
+    let early = LivenessReport::sign(LivenessBody { start_ms: T0 + 35 * minute, ..body.clone() }, &session.renter_key);
+    assert_eq!(session.market.check_liveness_signed(session.renter, &early, now, verified(renter_key)), Err(ErrorCode::LivenessInvalid));
     assert_eq!(session.journal.len(), journal_len, "nothing journaled for them");
 
     // The rest of the hour reported, the lease ends, the bill is final:
@@ -1083,6 +1093,11 @@ fn probe_absence_is_proven_and_its_whole_charge_refunded_to_the_renter_at_the_fi
     let mut altered = signed.clone();
     altered.body.gpus[0].present_samples = 0;
     assert_eq!(session.market.check_gpu_probe(session.renter, &altered, session.now_ms), Err(ErrorCode::GpuProbeInvalid), "altered");
+    // Verified by the caller against a key: the report's own probe key only.
+    let other_key = gpux_market::Signature::VerifiedWith(other.verifying_key().to_bytes());
+    let probe_verified = gpux_market::Signature::VerifiedWith(probe_key.verifying_key().to_bytes());
+    assert_eq!(session.market.check_gpu_probe_signed(session.renter, &signed, session.now_ms, other_key), Err(ErrorCode::GpuProbeInvalid));
+    assert_eq!(session.market.check_gpu_probe_signed(session.renter, &signed, session.now_ms, probe_verified), Ok(()));
     assert_eq!(session.journal.len(), journal_len, "nothing journaled for them");
 
     // The rest reported, the lease ends, the bill is final: 20 minutes of

@@ -11,7 +11,7 @@ use ed25519_dalek::{SigningKey, VerifyingKey};
 use gpux_engine::LeaseId;
 use serde::{Deserialize, Serialize};
 
-use crate::signed::{sign_hex, verify_hex};
+use crate::signed::{sign_hex, verify_hex, SignedItem};
 
 pub const GPU_PROBE_DOMAIN: &[u8] = b"gpux-gpu-probe-v1:";
 
@@ -100,6 +100,13 @@ impl GpuProbeReport {
         self.key()
             .and_then(|key| VerifyingKey::from_bytes(&key).ok())
             .is_some_and(|key| verify_hex(GPU_PROBE_DOMAIN, &self.body, &self.signature, &key))
+    }
+
+    /// The observation's signature as one of a batch
+    /// ([`crate::verify_signed_batch_zip215`]), against the probe's key;
+    /// `None` when `probe_key` is no key.
+    pub fn signed_item(&self) -> Option<SignedItem<'_>> {
+        Some(SignedItem::new(GPU_PROBE_DOMAIN, &self.body, &self.signature, self.key()?))
     }
 }
 

@@ -44,4 +44,5 @@ pub use jobs::{BundleRef, InputSource, JobAssignment, JobFailure, JobId, JobInfo
 pub use liveness::{LivenessBody, LivenessReport};
 pub use messages::*;
 pub use record::{decode_record, decode_snapshot, encode_record, RecordError, RECORD_BYTES_MAX, SNAPSHOT_BYTES_MAX};
+pub use signed::{verify_signed_batch_zip215, SignedItem};
 pub use usage::*;

@@ -9,7 +9,7 @@ use ed25519_dalek::{SigningKey, VerifyingKey};
 use gpux_engine::LeaseId;
 use serde::{Deserialize, Serialize};
 
-use crate::signed::{sign_hex, verify_hex};
+use crate::signed::{sign_hex, verify_hex, SignedItem};
 
 pub const LIVENESS_DOMAIN: &[u8] = b"gpux-liveness-v1:";
 
@@ -44,6 +44,12 @@ impl LivenessReport {
     /// Whether the signature is the holder of `public_key`'s.
     pub fn verify(&self, public_key: &[u8; 32]) -> bool {
         VerifyingKey::from_bytes(public_key).is_ok_and(|key| verify_hex(LIVENESS_DOMAIN, &self.body, &self.signature, &key))
+    }
+
+    /// The observation's signature as one of a batch
+    /// ([`crate::verify_signed_batch_zip215`]), against `public_key`.
+    pub fn signed_item(&self, public_key: [u8; 32]) -> SignedItem<'_> {
+        SignedItem::new(LIVENESS_DOMAIN, &self.body, &self.signature, public_key)
     }
 }
 

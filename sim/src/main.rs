@@ -150,13 +150,15 @@ fn main() -> anyhow::Result<()> {
     let events = sim.exchange.events_applied + sim.metrics.sim_actions;
     eprintln!(
         "simulated {} days in {elapsed:.1} s: {} engine events + {} simulator actions = {:.0} events/s; \
-         {:.1} s of it signing and settling {} usage reports",
+         {:.1} s of it signing and settling {} usage reports, {:.1} s the renters' {} signed observations",
         args.days,
         sim.exchange.events_applied,
         sim.metrics.sim_actions,
         events as f64 / elapsed,
         sim.report_wall.as_secs_f64(),
-        sim.exchange.reports_settled
+        sim.exchange.reports_settled,
+        sim.evidence_wall.as_secs_f64(),
+        sim.observations
     );
     // What a snapshot would cost a sequencer that copied its state (the
     // exchange's snapshot replica avoids it; docs/PERFORMANCE.md).

@@ -12,6 +12,7 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::Arc;
 
 use ed25519_dalek::SigningKey;
 use gpux_engine::{
@@ -131,7 +132,26 @@ struct RenterState {
     account: AccountId,
     /// Renters that run a liveness watcher sign observations of their
     /// leases with this key (every other renter).
-    watcher: Option<SigningKey>,
+    watcher: Option<Arc<Watcher>>,
+}
+
+/// A watching renter's keys: the one its account logged in with (liveness
+/// observations) and its GPU probe's, each with its public half computed
+/// once (a `SigningKey` made from bytes computes it, a scalar
+/// multiplication each time).
+pub(super) struct Watcher {
+    key: SigningKey,
+    public: [u8; 32],
+    probe: SigningKey,
+    probe_public: [u8; 32],
+}
+
+impl Watcher {
+    fn new(key: SigningKey) -> Watcher {
+        // The probe's own key, made by the renter for its leases.
+        let probe = SigningKey::from_bytes(&key.to_bytes().map(|b| b ^ 0xa5));
+        Watcher { public: key.verifying_key().to_bytes(), probe_public: probe.verifying_key().to_bytes(), key, probe }
+    }
 }
 
 struct AggregatorState {
@@ -187,7 +207,7 @@ struct SimLease {
     /// The renter's account and, if it watches its leases, its key; the end
     /// of its last liveness observation.
     renter: AccountId,
-    watcher: Option<SigningKey>,
+    watcher: Option<Arc<Watcher>>,
     observed_to_ms: u64,
     /// A fake-availability host's workload died here (the host goes on
     /// reporting the GPUs available).
@@ -246,6 +266,11 @@ pub struct Sim {
     /// events/s breakdown on stderr; never in the report, which must not
     /// depend on the machine).
     pub report_wall: std::time::Duration,
+    /// Likewise, signing, verifying and applying the renters' liveness and
+    /// GPU probe observations.
+    pub evidence_wall: std::time::Duration,
+    /// The renters' signed observations applied.
+    pub observations: u64,
     /// Posted-price counterfactual: GPUs free per class per hour, and the jobs.
     posted_capacity: Vec<[u32; 4]>,
     posted_jobs: Vec<PostedJob>,
@@ -323,6 +348,8 @@ impl Sim {
             managed: Default::default(),
             managed_lease: FxHashMap::default(),
             report_wall: std::time::Duration::ZERO,
+            evidence_wall: std::time::Duration::ZERO,
+            observations: 0,
         };
         for listed in sim.exchange.engine().instruments() {
             sim.learn_instrument(listed.instrument);
@@ -482,9 +509,9 @@ impl Sim {
             let watcher = (index % 2 == 0).then(|| {
                 let mut seed = [0x5a; 32];
                 seed[..4].copy_from_slice(&(index as u32).to_le_bytes());
-                let key = SigningKey::from_bytes(&seed);
-                self.exchange.register_key(account, key.verifying_key().to_bytes());
-                key
+                let watcher = Watcher::new(SigningKey::from_bytes(&seed));
+                self.exchange.register_key(account, watcher.public);
+                Arc::new(watcher)
             });
             self.renter_of_account.insert(account, index as u32);
             self.renters.push(RenterState { account, watcher });

@@ -1,6 +1,9 @@
 //! Usage reports: each lease's agent signs its GPUs' verified time and
 //! the real settlement judges it; cheating suppliers add dishonest reports.
 
+use gpux_market::Signature;
+use gpux_protocol::GpuProbeReport;
+
 use super::*;
 
 /// What is left of a host clock's offset once the agent converts its
@@ -174,11 +177,63 @@ impl Sim {
     /// its last one to `to_ms`, an hour at most each, cut where the
     /// workload died: unreachable where the host was down or the workload
     /// dead throughout, reachable otherwise (the truth, as an honest
-    /// renter's probes see it).
+    /// renter's probes see it), each with its GPU probe's observation of
+    /// the same interval. The exchange verifies all their signatures in one
+    /// ZIP-215 batch (a batch that fails leaves each to the market's own
+    /// check), then checks and applies them in order, as the sequencer
+    /// would each.
     pub(super) fn sign_liveness(&mut self, lease_id: LeaseId, to_ms: u64) {
         let Some(lease) = self.leases.get(&lease_id) else { return };
-        let Some(key) = lease.watcher.clone() else { return };
-        let (renter, dead_from, supplier) = (lease.renter, lease.dead_from_ms, lease.supplier as usize);
+        let Some(watcher) = lease.watcher.clone() else { return };
+        let started = std::time::Instant::now();
+        let renter = lease.renter;
+        let signed = self.sign_observations(lease_id, to_ms, &watcher);
+        let items = signed.iter().flat_map(|observation| {
+            let liveness = observation.liveness.signed_item(watcher.public);
+            std::iter::once(Some(liveness)).chain(observation.probe.as_ref().map(GpuProbeReport::signed_item))
+        });
+        let items: Option<Vec<_>> = items.collect();
+        let verified = items.is_some_and(|items: Vec<_>| gpux_protocol::verify_signed_batch_zip215(&items));
+        let (liveness_signature, probe_signature) = if verified {
+            (Signature::VerifiedWith(watcher.public), Signature::VerifiedWith(watcher.probe_public))
+        } else {
+            (Signature::Unchecked, Signature::Unchecked)
+        };
+        let dead_from = lease.dead_from_ms;
+        for Observation { liveness, probe, to } in signed {
+            // The sequencer's check before journaling.
+            if self.exchange.market().check_liveness_signed(renter, &liveness, self.now_ms, liveness_signature).is_err() {
+                break;
+            }
+            let mut events = Vec::new();
+            self.exchange.liveness(self.now_ms, renter, liveness, &mut events);
+            // The probe runs on the host, in the lease's container: nothing
+            // once the simulator forgot the lease.
+            let probe = probe.filter(|_| self.leases.contains_key(&lease_id));
+            let probed = probe.is_some_and(|probe| {
+                let checked = self.exchange.market().check_gpu_probe_signed(renter, &probe, self.now_ms, probe_signature);
+                checked.is_ok() && {
+                    self.exchange.gpu_probe(self.now_ms, renter, probe, &mut events);
+                    true
+                }
+            });
+            self.observe(&events);
+            let stats = self.metrics.disputes.entry(dead_from.map(|_| SupplierCheat::FakeAvailability)).or_default();
+            stats.observations += 1 + u64::from(probed);
+            self.observations += 1 + u64::from(probed);
+            if let Some(lease) = self.leases.get_mut(&lease_id) {
+                lease.observed_to_ms = to;
+            }
+        }
+        self.evidence_wall += started.elapsed();
+    }
+
+    /// The watching renter's signed observations of the lease from its last
+    /// one to `to_ms`, with its probe's where the probe ran.
+    fn sign_observations(&self, lease_id: LeaseId, to_ms: u64, watcher: &Watcher) -> Vec<Observation> {
+        let lease = &self.leases[&lease_id];
+        let (dead_from, supplier) = (lease.dead_from_ms, lease.supplier as usize);
+        let mut signed = Vec::new();
         let mut from = lease.observed_to_ms;
         while from < to_ms {
             let mut to = (from + MS_PER_HOUR).min(to_ms);
@@ -188,45 +243,32 @@ impl Sim {
             let dead = dead_from.is_some_and(|dead| dead <= from);
             let reachable = !dead && delivered_ms(&self.suppliers[supplier].down, from, to) > 0;
             let body = gpux_protocol::LivenessBody { lease: lease_id, start_ms: from, end_ms: to, reachable };
-            let report = gpux_protocol::LivenessReport::sign(body, &key);
-            // The sequencer's check before journaling.
-            if self.exchange.market().check_liveness(renter, &report, self.now_ms).is_err() {
-                return;
-            }
-            let mut events = Vec::new();
-            self.exchange.liveness(self.now_ms, renter, report, &mut events);
-            let probed = self.sign_gpu_probe(lease_id, renter, from, to, dead, &key, &mut events);
-            self.observe(&events);
-            let stats = self.metrics.disputes.entry(dead_from.map(|_| SupplierCheat::FakeAvailability)).or_default();
-            stats.observations += 1 + u64::from(probed);
+            let liveness = gpux_protocol::LivenessReport::sign(body, &watcher.key);
+            let probe = self.sign_gpu_probe(lease, lease_id, from, to, dead, &watcher.probe);
+            signed.push(Observation { liveness, probe, to });
             from = to;
-            if let Some(lease) = self.leases.get_mut(&lease_id) {
-                lease.observed_to_ms = to;
-            }
         }
+        signed
     }
 
     /// The watching renter's GPU probe, in the lease's container, signs
     /// what it saw over `[from, to)` (the truth): every GPU absent after a
     /// fake-availability host took the workload's GPUs away, present in the
     /// samples while the host was up otherwise; nothing while the host was
-    /// down throughout (the probe runs on it). Returns whether it signed.
-    #[allow(clippy::too_many_arguments)]
+    /// down throughout (the probe runs on it).
     fn sign_gpu_probe(
-        &mut self,
+        &self,
+        lease: &SimLease,
         lease_id: LeaseId,
-        renter: AccountId,
         from: u64,
         to: u64,
         dead: bool,
-        watcher: &SigningKey,
-        events: &mut Vec<gpux_engine::Event>,
-    ) -> bool {
+        probe_key: &SigningKey,
+    ) -> Option<GpuProbeReport> {
         const SAMPLES: u64 = 6;
-        let Some(lease) = self.leases.get(&lease_id) else { return false };
         let delivered = delivered_ms(&self.suppliers[lease.supplier as usize].down, from, to);
         if delivered == 0 && !dead {
-            return false;
+            return None;
         }
         let present = if dead { 0 } else { (SAMPLES * delivered).div_ceil(to - from).max(1) } as u32;
         let gpus = lease
@@ -240,14 +282,7 @@ impl Sim {
             })
             .collect();
         let body = gpux_protocol::GpuProbeBody { lease: lease_id, start_ms: from, end_ms: to, samples: SAMPLES as u32, gpus };
-        // The probe's own key, made by the renter for its leases.
-        let probe_key = SigningKey::from_bytes(&watcher.to_bytes().map(|b| b ^ 0xa5));
-        let report = gpux_protocol::GpuProbeReport::sign(body, &probe_key);
-        if self.exchange.market().check_gpu_probe(renter, &report, self.now_ms).is_err() {
-            return false;
-        }
-        self.exchange.gpu_probe(self.now_ms, renter, report, events);
-        true
+        Some(GpuProbeReport::sign(body, probe_key))
     }
 
     /// One dishonest report of the supplier's kind about one of its leases.
@@ -370,4 +405,13 @@ fn next_body(lease_id: LeaseId, lease: &SimLease, chain: &Chain, now: u64) -> Us
     };
     body.available_ms = body.end_ms - body.start_ms;
     body
+}
+
+/// One interval's signed evidence: the renter's liveness observation and
+/// its probe's, if the probe ran.
+struct Observation {
+    liveness: gpux_protocol::LivenessReport,
+    probe: Option<GpuProbeReport>,
+    /// The interval's end.
+    to: u64,
 }
