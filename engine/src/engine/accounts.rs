@@ -504,19 +504,7 @@ impl Engine {
             measured_mbps: None,
             proven: !unproven,
         });
-        self.gpus.push(Gpu {
-            host,
-            index_on_host,
-            owner: account,
-            classes_mask,
-            online: true,
-            verified: false,
-            spot_ask: None,
-            preemptible_ask: None,
-            exclusive_lease: None,
-            preemptible_lease: None,
-            commitments: Vec::new(),
-        });
+        self.gpus.push(Gpu::new(host, index_on_host, account, classes_mask));
         self.gpu_by_uuid.insert(uuid.to_string(), gpu);
         let funds = &mut self.accounts[account.0 as usize];
         funds.gpus += 1;
@@ -538,7 +526,7 @@ impl Engine {
         // Renters of the GPU's active leases are told too (the lease goes on;
         // its availability shows in what the reports verify).
         let gpu = &self.gpus[gpu_id.0 as usize];
-        for lease in [gpu.exclusive_lease, gpu.preemptible_lease].into_iter().flatten() {
+        for lease in [gpu.exclusive_lease.get(), gpu.preemptible_lease.get()].into_iter().flatten() {
             let renter = self.leases[lease.0 as usize].renter;
             self.emit(EventKind::LeasedGpuStatusChanged { lease, renter, gpu: gpu_id, online });
         }
@@ -648,7 +636,7 @@ impl Engine {
     pub(crate) fn withdraw_gpu_from_asks(&mut self, gpu_id: GpuId, reason: ReduceReason, with_windows: bool) {
         let gpu = &self.gpus[gpu_id.0 as usize];
         let bit = 1u64 << gpu.index_on_host;
-        let (spot_ask, preemptible_ask) = (gpu.spot_ask, gpu.preemptible_ask);
+        let (spot_ask, preemptible_ask) = (gpu.spot_ask.get(), gpu.preemptible_ask.get());
         for order in spot_ask.into_iter().chain(preemptible_ask) {
             self.remove_gpus_from_ask(order, bit, reason);
         }
@@ -658,7 +646,7 @@ impl Engine {
         // Each removal drops the commitment it finds, so this ends within
         // COMMITMENTS_PER_GPU_MAX rounds.
         loop {
-            let offered = self.gpus[gpu_id.0 as usize].commitments.iter().find_map(|c| match c.holder {
+            let offered = self.gpus[gpu_id.0 as usize].commitments().iter().find_map(|c| match c.holder {
                 CommitmentHolder::Offered(order) => Some(order),
                 CommitmentHolder::Sold(_) => None,
             });

@@ -31,7 +31,7 @@ impl Engine {
         if kind == LeaseKind::Spot {
             for bit in mask_bits(taken) {
                 let gpu_id = self.hosts[host.0 as usize].gpus[bit as usize];
-                if let Some(displaced) = self.gpus[gpu_id.0 as usize].preemptible_lease {
+                if let Some(displaced) = self.gpus[gpu_id.0 as usize].preemptible_lease.get() {
                     start_ms = self.now_ms + notice_ms;
                     self.give_preemption_notice(displaced, start_ms);
                 }
@@ -222,11 +222,11 @@ impl Engine {
             match kind {
                 LeaseKind::Preemptible => {
                     assert!(gpu.preemptible_lease.is_none() && gpu.exclusive_lease.is_none(), "GPU double-booked");
-                    gpu.preemptible_lease = Some(lease_id);
+                    gpu.preemptible_lease.set(Some(lease_id));
                 }
                 LeaseKind::Spot | LeaseKind::Reserved => {
                     assert!(gpu.exclusive_lease.is_none(), "GPU double-booked");
-                    gpu.exclusive_lease = Some(lease_id);
+                    gpu.exclusive_lease.set(Some(lease_id));
                     self.withdraw_gpu_from_asks(gpu_id, ReduceReason::GpuLeasedElsewhere, false);
                     // Window asks the lease overlaps lose the GPU (an offered
                     // window never holds it back from a lease).
@@ -295,10 +295,10 @@ impl Engine {
             let gpu_id = self.hosts[lease.host.0 as usize].gpus[bit as usize];
             let gpu = &mut self.gpus[gpu_id.0 as usize];
             if gpu.exclusive_lease == Some(lease_id) {
-                gpu.exclusive_lease = None;
+                gpu.exclusive_lease.set(None);
             }
             if gpu.preemptible_lease == Some(lease_id) {
-                gpu.preemptible_lease = None;
+                gpu.preemptible_lease.set(None);
             }
         }
         self.emit(EventKind::LeaseEnded { lease: lease_id, reason });
@@ -386,13 +386,13 @@ impl Engine {
             self.instruments[instrument.0 as usize].contracts.push(contract_id);
             let gpu = &mut self.gpus[gpu_id.0 as usize];
             assert!(!gpu.committed_during(window_start_ms, Some(window_end_ms)), "GPU sold twice for one window");
-            gpu.commitments.push(Commitment {
+            gpu.commit(Commitment {
                 start_ms: window_start_ms,
                 end_ms: window_end_ms,
                 instrument,
                 holder: CommitmentHolder::Sold(contract_id),
             });
-            let displaced = gpu.preemptible_lease;
+            let displaced = gpu.preemptible_lease.get();
             self.hold(bid.account, escrow_minor, HoldReason::Contract(contract_id));
             self.emit(EventKind::ContractCreated {
                 contract: contract_id,

@@ -1165,7 +1165,7 @@ impl Engine {
 
     /// Active leases holding `gpu`: `(exclusive, preemptible)`.
     pub fn gpu_leases(&self, gpu: GpuId) -> Option<(Option<LeaseId>, Option<LeaseId>)> {
-        self.gpus.get(gpu.0 as usize).map(|g| (g.exclusive_lease, g.preemptible_lease))
+        self.gpus.get(gpu.0 as usize).map(|g| (g.exclusive_lease.get(), g.preemptible_lease.get()))
     }
 
     pub fn gpu(&self, id: GpuId) -> Option<GpuInfo> {
@@ -1394,7 +1394,7 @@ impl Engine {
                     gpu.preemptible_ask,
                     gpu.exclusive_lease,
                     gpu.preemptible_lease,
-                    gpu.commitments
+                    gpu.commitments()
                 )
                 .as_bytes(),
             );

@@ -369,7 +369,7 @@ impl Engine {
             let gpu = &self.gpus[host.gpus[bit as usize].0 as usize];
             gpu.online
                 && gpu.qualifies_for(instrument.class)
-                && gpu.exclusive_lease.is_none_or(|lease| {
+                && gpu.exclusive_lease.get().is_none_or(|lease| {
                     // Only a window can be sold under a running lease, and only after it ends.
                     let lease = &self.leases[lease.0 as usize];
                     matches!(instrument.kind, ContractKind::Reserved { window_start_ms, .. }
@@ -379,7 +379,7 @@ impl Engine {
                     ContractKind::Spot => gpu.spot_ask.is_none(),
                     ContractKind::Preemptible => gpu.preemptible_ask.is_none() && gpu.preemptible_lease.is_none(),
                     ContractKind::Reserved { window_start_ms, window_end_ms } => {
-                        gpu.commitments.len() < limits::COMMITMENTS_PER_GPU_MAX
+                        gpu.commitments().len() < limits::COMMITMENTS_PER_GPU_MAX
                             && !gpu.committed_during(window_start_ms, Some(window_end_ms))
                     }
                     // Refused earlier: a resale book's asks name no GPUs.
@@ -420,9 +420,9 @@ impl Engine {
             let gpu_id = self.hosts[set.host.0 as usize].gpus[bit as usize];
             let gpu = &mut self.gpus[gpu_id.0 as usize];
             match kind {
-                ContractKind::Spot => gpu.spot_ask = Some(id),
-                ContractKind::Preemptible => gpu.preemptible_ask = Some(id),
-                ContractKind::Reserved { window_start_ms, window_end_ms } => gpu.commitments.push(Commitment {
+                ContractKind::Spot => gpu.spot_ask.set(Some(id)),
+                ContractKind::Preemptible => gpu.preemptible_ask.set(Some(id)),
+                ContractKind::Reserved { window_start_ms, window_end_ms } => gpu.commit(Commitment {
                     start_ms: window_start_ms,
                     end_ms: window_end_ms,
                     instrument,
@@ -440,8 +440,8 @@ impl Engine {
             let gpu_id = self.hosts[set.host.0 as usize].gpus[bit as usize];
             let gpu = &mut self.gpus[gpu_id.0 as usize];
             match kind {
-                ContractKind::Spot if gpu.spot_ask == Some(id) => gpu.spot_ask = None,
-                ContractKind::Preemptible if gpu.preemptible_ask == Some(id) => gpu.preemptible_ask = None,
+                ContractKind::Spot if gpu.spot_ask == Some(id) => gpu.spot_ask.set(None),
+                ContractKind::Preemptible if gpu.preemptible_ask == Some(id) => gpu.preemptible_ask.set(None),
                 ContractKind::Reserved { .. } => gpu.remove_commitment(instrument, CommitmentHolder::Offered(id)),
                 _ => {}
             }
