@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpux_engine::{AccountId, ContractId, ContractInfo, InstrumentId, InstrumentInfo, LeaseId, LeaseInfo};
-use gpux_journal::{JournalAppend, JournalError, JournalQuery, JournalRead, JournalStore, Op, Result};
+use gpux_journal::{JournalAppend, JournalError, JournalQuery, JournalRead, JournalStore, Op, Proposed, Result};
 use gpux_market::{Archived, ArchivedLease, JournalEntry};
 use gpux_protocol::history::{Candle, CandleInterval, Fill, FillCursor, TradeRecord};
 use gpux_settlement::ledger::Transfer;
@@ -28,6 +28,14 @@ use crate::{Batch, Raft};
 /// its majority never commits, and its sequencer must stop, not hang.
 pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Batches a leader's sequencer may have proposed and not yet seen
+/// committed (docs/PERFORMANCE.md "Replicated market"): Raft replicates and
+/// commits them in order while the sequencer applies the next, so a batch's
+/// round trip to a majority's disks no longer bounds order entry alone. A
+/// batch's answers still leave only after its own commit; a failed commit
+/// stops the sequencer with every batch after it unanswered.
+pub const PIPELINE_DEPTH: usize = 4;
+
 /// The leader's journal: appends through Raft, reads from the local
 /// journal the state machine writes.
 pub struct ReplicatedJournal {
@@ -35,13 +43,16 @@ pub struct ReplicatedJournal {
     runtime: tokio::runtime::Handle,
     local: JournalSink,
     fence: Arc<AtomicBool>,
+    /// The sequence number the next proposed batch will start at: the local
+    /// journal's next, plus the batches proposed and not yet applied.
+    proposed_next: Option<u64>,
 }
 
 impl ReplicatedJournal {
     /// `local` is the sink the node's state machine writes; appends block
     /// on `runtime` (call them from a thread outside it: the sequencer's).
     pub fn new(raft: Raft, runtime: tokio::runtime::Handle, local: JournalSink) -> ReplicatedJournal {
-        ReplicatedJournal { raft, runtime, local, fence: Arc::default() }
+        ReplicatedJournal { raft, runtime, local, fence: Arc::default(), proposed_next: None }
     }
 
     /// Once set, every append fails before it proposes anything: the node
@@ -75,28 +86,60 @@ impl JournalAppend for ReplicatedJournal {
     /// transfers and archive are not sent: every node's machine derives the
     /// same ones from the entries (checked here by their count).
     fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Result<u64> {
+        self.propose(entries, transfers, archived)()
+    }
+
+    fn pipeline_depth(&self) -> usize {
+        PIPELINE_DEPTH
+    }
+
+    /// Hands the batch to Raft (which appends it to the log after the
+    /// batches proposed before it) and returns what waits for its commit
+    /// and this node's apply, and checks that the batch starts in the local
+    /// journal where the proposer counted it would.
+    fn propose(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Proposed {
+        let _ = (transfers, archived);
         if self.fence.load(Ordering::SeqCst) {
-            return Err(replication("this node stopped sequencing (it is not the serving leader any more)".into()));
+            return failed("this node stopped sequencing (it is not the serving leader any more)".into());
         }
-        let first = self.next_seq();
+        let first = *self.proposed_next.get_or_insert_with(|| self.local.lock().expect("the journal's lock").next_seq());
+        let count = entries.len() as u64;
         let batch = Batch { entries: entries.to_vec() };
         let raft = self.raft.clone();
-        let written = self.runtime.block_on(async move { tokio::time::timeout(COMMIT_TIMEOUT, raft.client_write(batch)).await });
-        let written = written.map_err(|_| replication(format!("the batch was not committed through Raft within {COMMIT_TIMEOUT:?}")))?;
-        let response = written.map_err(|error| replication(format!("the batch was not committed through Raft: {error}")))?;
-        if let Some((position, why)) = response.data.refused.first() {
-            return Err(replication(format!("the market refused entry {position} of a committed batch: {why}")));
-        }
-        let next = self.next_seq();
-        if next != first + entries.len() as u64 {
-            return Err(replication(format!(
-                "the batch committed, but the local journal went from {first} to {next}, not {} entries",
-                entries.len()
-            )));
-        }
-        let _ = (transfers, archived);
-        Ok(first)
+        // Sent to Raft before this returns: batches reach the log in the
+        // order they are proposed.
+        let sent = self.runtime.block_on(async move { raft.client_write_ff(batch).await });
+        let responder = match sent {
+            Ok(responder) => responder,
+            Err(fatal) => return failed(format!("Raft stopped: {fatal}")),
+        };
+        self.proposed_next = Some(first + count);
+        let runtime = self.runtime.clone();
+        Box::new(move || {
+            let written = runtime.block_on(async move { tokio::time::timeout(COMMIT_TIMEOUT, responder).await });
+            let written =
+                written.map_err(|_| replication(format!("the batch was not committed through Raft within {COMMIT_TIMEOUT:?}")))?;
+            let written =
+                written.map_err(|_| replication("Raft dropped the batch before answering (it stopped, or lost the leadership)".into()))?;
+            let response = written.map_err(|error| replication(format!("the batch was not committed through Raft: {error}")))?;
+            if let Some((position, why)) = response.data.refused.first() {
+                return Err(replication(format!("the market refused entry {position} of a committed batch: {why}")));
+            }
+            if response.data.first_seq != first {
+                return Err(replication(format!(
+                    "the batch committed at journal entry {}, not at {first} where it was proposed",
+                    response.data.first_seq
+                )));
+            }
+            Ok(first)
+        })
     }
+}
+
+/// A proposal that failed before it reached Raft.
+fn failed(message: String) -> Proposed {
+    let error = replication(message);
+    Box::new(move || Err(error))
 }
 
 impl JournalQuery for ReplicatedJournal {

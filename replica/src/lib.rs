@@ -55,6 +55,9 @@ pub struct BatchOutcome {
     /// Entries it refused, by position in the batch, with why (the
     /// sequencer checks entries before proposing, so none is expected).
     pub refused: Vec<(u32, String)>,
+    /// The journal sequence number the batch's first entry got on the
+    /// node that applied it (its proposer checks it is the one it expected).
+    pub first_seq: u64,
 }
 
 openraft::declare_raft_types!(

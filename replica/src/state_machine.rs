@@ -207,6 +207,7 @@ impl RaftStateMachine<TypeConfig> for MarketMachine {
             match entry.payload {
                 EntryPayload::Blank => {}
                 EntryPayload::Normal(batch) => {
+                    outcome.first_seq = applied.journal_next;
                     let mut transfers = Vec::new();
                     let mut archived = gpux_market::Archived::default();
                     for (position, journal_entry) in batch.entries.iter().enumerate() {

@@ -15,9 +15,12 @@
 //! is written and fsynced there, the sequencer applies batch k+1; it waits
 //! for k's commit before it hands k+1 over, and releases k's output only
 //! then. So at most one batch is on its way to disk while the next is
-//! applied, and nothing of a batch leaves before its own commit. A batch
-//! without journal entries (queries) releases behind the batch in flight,
-//! never ahead of it. Requests that read the journal or change who receives
+//! applied, and nothing of a batch leaves before its own commit. A journal
+//! that takes several batches at once (`JournalAppend::pipeline_depth`:
+//! Raft's, `gpux_replica::PIPELINE_DEPTH`) gets batch k+1 while k is still
+//! on its way, up to that many, each released in order after its own
+//! commit. A batch without journal entries (queries) releases behind the
+//! batches in flight, never ahead of them. Requests that read the journal or change who receives
 //! what (logins, subscriptions, disconnects, every query but the hot path's
 //! orders, bids and usage reports; see [`pipelined`]) first wait for the
 //! batch in flight, so they see every commit before them.
@@ -99,8 +102,13 @@ pub struct Sequencer {
     journal: Arc<Mutex<Box<dyn JournalStore>>>,
     /// Hands batches to the journal thread (started at the first commit).
     committer: Option<Committer>,
-    /// The batch on its way to disk, with what it releases once there.
-    in_flight: Option<InFlight>,
+    /// The batches on their way to disk, oldest first, with what each
+    /// releases once there: at most the journal's pipeline depth (1 for the
+    /// local journal, `gpux_replica::PIPELINE_DEPTH` through Raft).
+    in_flight: std::collections::VecDeque<InFlight>,
+    /// How many batches the journal takes at once
+    /// (`JournalAppend::pipeline_depth`).
+    pipeline_depth: usize,
     /// The sequence number the current batch's first entry gets.
     next_seq: u64,
     /// The last entry known to be on disk.
@@ -193,13 +201,39 @@ fn pipelined(body: &Body) -> bool {
 }
 
 /// The journal thread: commits each batch it is handed, in order, and says
-/// how it went. Ends when the sequencer goes.
-fn commit_batches(journal: Arc<Mutex<Box<dyn JournalStore>>>, jobs: crossbeam_channel::Receiver<CommitJob>) {
+/// how it went. Ends when the sequencer goes. A journal that takes several
+/// batches at once (`pipeline_depth` over 1: Raft) gets each proposed here
+/// and waited for on a second thread, in order, so the next is proposed
+/// while the ones before are on their way.
+fn commit_batches(journal: Arc<Mutex<Box<dyn JournalStore>>>, jobs: crossbeam_channel::Receiver<CommitJob>, depth: usize) {
+    let propose = |job: &CommitJob| lock(&journal).propose(&job.entries, &job.transfers, &job.archived);
+    if depth <= 1 {
+        for job in jobs {
+            let started = std::time::Instant::now();
+            let first_seq = propose(&job)();
+            let _ = job.done.send(Committed { first_seq, entries: job.entries, elapsed: started.elapsed() });
+        }
+        return;
+    }
+    let (waits, waiting) = crossbeam_channel::bounded::<(gpux_journal::Proposed, CommitJob, std::time::Instant)>(depth);
+    let waiter = std::thread::Builder::new()
+        .name("gpux-journal-wait".into())
+        .spawn(move || {
+            for (proposed, job, started) in waiting {
+                let first_seq = proposed();
+                let _ = job.done.send(Committed { first_seq, entries: job.entries, elapsed: started.elapsed() });
+            }
+        })
+        .expect("the journal's waiting thread starts");
     for job in jobs {
         let started = std::time::Instant::now();
-        let first_seq = lock(&journal).append_with_transfers(&job.entries, &job.transfers, &job.archived);
-        let _ = job.done.send(Committed { first_seq, entries: job.entries, elapsed: started.elapsed() });
+        let proposed = propose(&job);
+        if waits.send((proposed, job, started)).is_err() {
+            break;
+        }
     }
+    drop(waits);
+    let _ = waiter.join();
 }
 
 /// The journal, locked (a panic while it was held does not make it unusable:
@@ -254,7 +288,7 @@ impl Sequencer {
             take_queued(&requests, &mut batch);
             // With a batch in flight, `step` waits for it and for requests
             // together; without one, nothing waits but the next request.
-            if batch.is_empty() && self.in_flight.is_none() {
+            if batch.is_empty() && self.in_flight.is_empty() {
                 match requests.recv_timeout(self.time_until_due()) {
                     Ok(request) => batch.push(request),
                     Err(RecvTimeoutError::Timeout) => {}
@@ -316,9 +350,11 @@ impl Sequencer {
             return Err(fatal);
         }
         if !self.entries.is_empty() || !self.archived.is_empty() {
-            self.settle()?;
+            while self.in_flight.len() >= self.pipeline_depth {
+                self.settle_oldest()?;
+            }
             self.submit();
-        } else if let Some(in_flight) = &mut self.in_flight {
+        } else if let Some(in_flight) = self.in_flight.back_mut() {
             in_flight.pending.append(&mut self.pending);
         } else {
             let pending = std::mem::take(&mut self.pending);
@@ -328,12 +364,17 @@ impl Sequencer {
         Ok(())
     }
 
-    /// Handles requests as they arrive until the batch in flight is on disk
-    /// (then releases it) or the batch holds `BATCH_MAX`. A request that
-    /// may not pass the batch in flight waits for it first.
+    /// With batches in flight, handles requests as they arrive until the
+    /// oldest is on disk (then releases it), the batch holds `BATCH_MAX`,
+    /// or the batch has entries and the journal takes one more batch. A
+    /// request that may not pass the batches in flight waits for them first.
     fn gather(&mut self, requests: &Receiver<Request>, handled: &mut usize) -> Result<(), SequencerError> {
         while *handled < BATCH_MAX && self.fatal.is_none() {
-            let Some(done) = self.in_flight.as_ref().map(|in_flight| in_flight.done.clone()) else { return Ok(()) };
+            let room = self.in_flight.len() < self.pipeline_depth;
+            if room && (!self.entries.is_empty() || !self.archived.is_empty()) {
+                return Ok(());
+            }
+            let Some(done) = self.in_flight.front().map(|in_flight| in_flight.done.clone()) else { return Ok(()) };
             crossbeam_channel::select! {
                 recv(done) -> committed => return self.finish_commit(committed.ok()),
                 recv(requests) -> request => {
@@ -356,33 +397,43 @@ impl Sequencer {
         let entries = std::mem::take(&mut self.entries);
         self.next_seq += entries.len() as u64;
         let job = CommitJob { entries, transfers: std::mem::take(&mut self.transfers), archived: std::mem::take(&mut self.archived), done };
+        let depth = self.pipeline_depth;
         let committer = self.committer.get_or_insert_with(|| {
-            let (jobs, jobs_rx) = crossbeam_channel::bounded(1);
+            let (jobs, jobs_rx) = crossbeam_channel::bounded(depth);
             let journal = self.journal.clone();
             let thread = std::thread::Builder::new()
                 .name("gpux-journal".into())
-                .spawn(move || commit_batches(journal, jobs_rx))
+                .spawn(move || commit_batches(journal, jobs_rx, depth))
                 .expect("the journal thread starts");
             Committer { jobs, thread }
         });
         // A journal thread that is gone answers nothing: `settle` says so.
         let _ = committer.jobs.send(job);
-        self.in_flight = Some(InFlight { pending: std::mem::take(&mut self.pending), done: done_rx });
+        self.in_flight.push_back(InFlight { pending: std::mem::take(&mut self.pending), done: done_rx });
     }
 
-    /// Waits for the batch in flight to be on disk, then releases what it
-    /// produced and feeds it to the snapshot replica. A failed commit stops
-    /// the sequencer: nothing of that batch, or of any after it, was sent.
+    /// Waits for every batch in flight to be on disk, releasing what each
+    /// produced in order and feeding it to the snapshot replica. A failed
+    /// commit stops the sequencer: nothing of that batch, or of any after
+    /// it, was sent.
     fn settle(&mut self) -> Result<(), SequencerError> {
-        let Some(in_flight) = &self.in_flight else { return Ok(()) };
+        while !self.in_flight.is_empty() {
+            self.settle_oldest()?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the oldest batch in flight, then releases it.
+    fn settle_oldest(&mut self) -> Result<(), SequencerError> {
+        let Some(in_flight) = self.in_flight.front() else { return Ok(()) };
         let committed = in_flight.done.recv().ok();
         self.finish_commit(committed)
     }
 
-    /// The batch in flight's commit came back (`None`: the journal thread
-    /// is gone): releases it, or stops the sequencer.
+    /// The oldest batch in flight's commit came back (`None`: the journal
+    /// thread is gone): releases it, or stops the sequencer.
     fn finish_commit(&mut self, committed: Option<Committed>) -> Result<(), SequencerError> {
-        let Some(in_flight) = self.in_flight.take() else { return Ok(()) };
+        let Some(in_flight) = self.in_flight.pop_front() else { return Ok(()) };
         let committed = committed.unwrap_or_else(|| Committed {
             first_seq: Err(gpux_journal::JournalError::Stopped),
             entries: Vec::new(),

@@ -66,11 +66,13 @@ impl Sequencer {
             SnapshotWriter::disabled()
         };
         let next_seq = journal.next_seq();
+        let pipeline_depth = journal.pipeline_depth().max(1);
         let mut sequencer = Sequencer {
             market,
             journal: Arc::new(std::sync::Mutex::new(journal)),
             committer: None,
-            in_flight: None,
+            in_flight: std::collections::VecDeque::new(),
+            pipeline_depth,
             next_seq,
             committed_seq: next_seq - 1,
             clock,
