@@ -16,8 +16,8 @@
 //! for k's commit before it hands k+1 over, and releases k's output only
 //! then. So at most one batch is on its way to disk while the next is
 //! applied, and nothing of a batch leaves before its own commit. A journal
-//! that takes several batches at once (`JournalAppend::pipeline_depth`:
-//! Raft's, `gpux_replica::PIPELINE_DEPTH`) gets batch k+1 while k is still
+//! that takes several batches at once (`JournalAppend::pipeline_depth` over
+//! 1; Raft's is `gpux_replica::PIPELINE_DEPTH`) gets batch k+1 while k is still
 //! on its way, up to that many, each released in order after its own
 //! commit. A batch without journal entries (queries) releases behind the
 //! batches in flight, never ahead of them. Requests that read the journal or change who receives
