@@ -34,9 +34,13 @@ pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// next; a batch's answers still leave only after its own commit, and a
 /// failed commit stops the sequencer with every batch after it unanswered.
 /// 1 for now: on the 2-core test machine 4 in flight gained no throughput
-/// (the shared disk and the leader's second apply bound the cluster there)
-/// and the failover benchmark's p99 went from 1.1 s to 2.6-2.7 s; to be
-/// raised where it is measured to help (nodes on machines of their own).
+/// and the failover benchmark's p99 went from 1.1 s to 2.6-2.7 s. The
+/// cause is openraft 0.9.25's core: it awaits each append's flush
+/// (`RaftCore::append_to_log`, "a temp wrapper to make non-blocking
+/// `append_to_log` a blocking") before it replicates the entries, so the
+/// leader's fsync and a follower's stay in series and batches in flight
+/// queue in the core (docs/PERFORMANCE.md "Replicated market"). To be
+/// raised with a Raft whose leader writes its log while it replicates.
 pub const PIPELINE_DEPTH: usize = 1;
 
 /// The leader's journal: appends through Raft, reads from the local
