@@ -141,7 +141,7 @@ impl Key {
                 let sha256 = sha256.to_string();
                 named.then(|| if *area == "bundles" { Key::Bundle { owner, sha256 } } else { Key::Input { owner, sha256 } })
             }
-            ["jobs", job, area, rest @ ..] if (*area == "checkpoints" || *area == "outputs") && !rest.is_empty() => {
+            ["jobs", job, area @ ("checkpoints" | "outputs" | "logs"), rest @ ..] if !rest.is_empty() => {
                 Some(Key::Job { owner, job: JobId(job.parse().ok()?), rest: format!("{area}/{}", rest.join("/")) })
             }
             _ => None,
@@ -307,7 +307,7 @@ fn authorised(server: &StoreServer, headers: &HeaderMap, key: &str, operation: O
     let parsed = Key::parse(key).ok_or(Refusal(
         StatusCode::BAD_REQUEST,
         "key_invalid",
-        "keys are <account>/bundles/<sha256>.tar.gz or <account>/jobs/<job>/(checkpoints|outputs)/<path>",
+        "keys are <account>/bundles/<sha256>.tar.gz or <account>/jobs/<job>/(checkpoints|outputs|logs)/<path>",
     ))?;
     if !grant.allows(operation, &parsed) {
         return Err(Refusal(StatusCode::FORBIDDEN, "forbidden", "the token does not open this key for this operation"));

@@ -31,8 +31,12 @@ pub enum CatalogueError {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Image {
-    pub framework: Framework,
-    /// The framework's version in it (`2.4`, `2.4.1`).
+    /// `None` (`framework = "none"` in the file): a framework-free image
+    /// (plain Python, a CUDA base) for code that needs no framework.
+    #[serde(deserialize_with = "framework_or_none")]
+    pub framework: Option<Framework>,
+    /// The framework's version in it (`2.4`, `2.4.1`); for a
+    /// framework-free image, its base's (Python's `3.12`).
     pub version: String,
     /// The vendor stack it is built on (`cuda-12.4`, `rocm-6.1`, `cann-8.0`).
     pub stack: String,
@@ -61,6 +65,17 @@ pub struct ImageChoice {
     pub install: Vec<String>,
 }
 
+fn framework_or_none<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Framework>, D::Error> {
+    let name = String::deserialize(deserializer)?;
+    if name == "none" {
+        return Ok(None);
+    }
+    let framework = Framework::ALL.into_iter().find(|f| f.name() == name);
+    framework
+        .map(Some)
+        .ok_or_else(|| serde::de::Error::custom(format!("unknown framework {name:?}: pytorch, tensorflow, paddlepaddle, jax or none")))
+}
+
 fn version_parts(version: &str) -> Option<Vec<u32>> {
     let parts: Option<Vec<u32>> = version.split('.').map(|p| p.parse().ok()).collect();
     parts.filter(|p| !p.is_empty())
@@ -86,7 +101,24 @@ impl Catalogue {
 
     /// The vendors with an image for `framework` the job may use.
     pub fn vendors_for(&self, framework: Framework, choice: VendorChoice) -> BTreeSet<gpux_engine::Vendor> {
-        self.images.iter().filter(|i| i.framework == framework && choice.allows(i.vendor)).map(|i| i.vendor).collect()
+        self.images.iter().filter(|i| i.framework == Some(framework) && choice.allows(i.vendor)).map(|i| i.vendor).collect()
+    }
+
+    /// The vendors with a framework-free image the job may use.
+    pub fn plain_vendors(&self, choice: VendorChoice) -> BTreeSet<gpux_engine::Vendor> {
+        self.images.iter().filter(|i| i.framework.is_none() && choice.allows(i.vendor)).map(|i| i.vendor).collect()
+    }
+
+    /// The newest framework-free image on `vendor`, for code that names no
+    /// framework; every declared distribution it does not provide is
+    /// installed at start.
+    pub fn choose_plain(&self, vendor: gpux_engine::Vendor, declared: &[Requirement]) -> Option<ImageChoice> {
+        let image = self.images.iter().filter(|i| i.framework.is_none() && i.vendor == vendor).max_by_key(|i| version_parts(&i.version))?;
+        let provided: BTreeSet<String> = image.provides.iter().map(|p| normalise(p)).collect();
+        let install =
+            declared.iter().filter(|r| !provided.contains(&normalise(&r.name))).map(|r| format!("{}{}", r.name, r.version)).collect();
+        let reason = format!("the newest framework-free image for {}", format!("{vendor:?}").to_lowercase());
+        Some(ImageChoice { image: image.clone(), reason, install })
     }
 
     /// The image for `framework` on `vendor` that meets `requirement`: the
@@ -98,7 +130,7 @@ impl Catalogue {
         vendor: gpux_engine::Vendor,
         declared: &[Requirement],
     ) -> Option<ImageChoice> {
-        let mut candidates: Vec<&Image> = self.images.iter().filter(|i| i.framework == framework && i.vendor == vendor).collect();
+        let mut candidates: Vec<&Image> = self.images.iter().filter(|i| i.framework == Some(framework) && i.vendor == vendor).collect();
         // Newest first.
         candidates.sort_by_key(|image| std::cmp::Reverse(version_parts(&image.version)));
         let wanted = requirement.and_then(|r| r.version_number().and_then(version_parts).map(|v| (r, v)));
@@ -162,6 +194,21 @@ version = "2.4"
 stack = "rocm-6.1"
 vendor = "amd"
 reference = "registry.example/pytorch-rocm@sha256:{DIGEST}"
+
+[[image]]
+framework = "none"
+version = "3.11"
+stack = "cuda-12.4"
+vendor = "nvidia"
+reference = "registry.example/python-cuda@sha256:{DIGEST}"
+
+[[image]]
+framework = "none"
+version = "3.12"
+stack = "cuda-12.4"
+vendor = "nvidia"
+reference = "registry.example/python-cuda@sha256:{DIGEST}"
+provides = ["numpy"]
 "#
         );
         Catalogue::parse(&text).expect("parses")
@@ -186,6 +233,19 @@ reference = "registry.example/pytorch-rocm@sha256:{DIGEST}"
         let vendors = c.vendors_for(Framework::Pytorch, VendorChoice::Any);
         assert_eq!(vendors.len(), 2);
         assert_eq!(c.vendors_for(Framework::Pytorch, VendorChoice::Amd).len(), 1);
+    }
+
+    #[test]
+    fn code_without_a_framework_gets_the_newest_framework_free_image() {
+        let c = catalogue();
+        let declared = vec![requirement("numpy", ""), requirement("requests", ">=2")];
+        let plain = c.choose_plain(gpux_engine::Vendor::Nvidia, &declared).expect("an image");
+        assert_eq!((plain.image.version.as_str(), plain.install.clone()), ("3.12", vec!["requests>=2".to_string()]));
+        assert_eq!(c.choose_plain(gpux_engine::Vendor::Amd, &declared), None);
+        assert_eq!(c.plain_vendors(VendorChoice::Any).into_iter().collect::<Vec<_>>(), [gpux_engine::Vendor::Nvidia]);
+        assert_eq!(c.vendors_for(Framework::Pytorch, VendorChoice::Any).len(), 2, "framework-free images serve no framework");
+        let wrong = "[[image]]\nframework = \"torchx\"\nversion = \"1\"\nstack = \"cuda-12\"\nvendor = \"nvidia\"\nreference = \"x\"\n";
+        assert!(matches!(Catalogue::parse(wrong), Err(CatalogueError::Toml(reason)) if reason.contains("unknown framework")));
     }
 
     #[test]

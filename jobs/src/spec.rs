@@ -30,7 +30,7 @@ pub enum SpecError {
     Toml(String),
     #[error("name: 1 to 64 characters of letters, digits, '-', '_' or '.'")]
     Name,
-    #[error("code: give either `dir` (your code, packed and sent) or `image` (a ready image), not both and not neither")]
+    #[error("code: give `dir` (your code, packed and sent), `image` (a ready image), or both (your code run in that image)")]
     CodeSource,
     #[error("code.command: the command to run, a non-empty list of at most {COMMAND_ARGS_MAX} arguments")]
     Command,
@@ -209,6 +209,27 @@ pub enum CodeSource {
     Dir(PathBuf),
     /// A ready image (a reference the hosts can pull).
     Image(String),
+    /// The directory's code run in an image the renter names (instead of
+    /// a preset image: any framework, or none).
+    DirOnImage(PathBuf, String),
+}
+
+impl CodeSource {
+    /// The code directory to pack, if any.
+    pub fn dir(&self) -> Option<&std::path::Path> {
+        match self {
+            CodeSource::Dir(dir) | CodeSource::DirOnImage(dir, _) => Some(dir),
+            CodeSource::Image(_) => None,
+        }
+    }
+
+    /// The image the renter named, if any.
+    pub fn image(&self) -> Option<&str> {
+        match self {
+            CodeSource::Image(image) | CodeSource::DirOnImage(_, image) => Some(image),
+            CodeSource::Dir(_) => None,
+        }
+    }
 }
 
 /// How much GPU memory the job needs per GPU: given, or from the model's size.
@@ -351,9 +372,11 @@ impl CodeFile {
     /// Where the code comes from, and the command that runs it.
     fn check(self) -> Result<(CodeSource, Vec<String>), SpecError> {
         let code = match (self.dir, self.image) {
+            (Some(_), Some(image)) | (None, Some(image)) if image.trim().is_empty() => return Err(SpecError::CodeSource),
             (Some(dir), None) => CodeSource::Dir(dir),
-            (None, Some(image)) if !image.trim().is_empty() => CodeSource::Image(text(image, "code.image")?),
-            _ => return Err(SpecError::CodeSource),
+            (None, Some(image)) => CodeSource::Image(text(image, "code.image")?),
+            (Some(dir), Some(image)) => CodeSource::DirOnImage(dir, text(image, "code.image")?),
+            (None, None) => return Err(SpecError::CodeSource),
         };
         let command = self.command;
         if command.is_empty() || command.len() > COMMAND_ARGS_MAX || command[0].trim().is_empty() {
@@ -577,11 +600,19 @@ checkpoint_interval = "5m"
     }
 
     #[test]
+    fn a_code_directory_may_run_in_an_image_the_renter_names() {
+        let spec = JobSpec::parse(&FULL.replace("dir = \".\"", "dir = \".\"\nimage = \"python:3.12-slim\"")).expect("valid");
+        assert_eq!(spec.code, CodeSource::DirOnImage(".".into(), "python:3.12-slim".into()));
+        assert_eq!((spec.code.dir(), spec.code.image()), (Some(std::path::Path::new(".")), Some("python:3.12-slim")));
+    }
+
+    #[test]
     fn each_mistake_names_its_field() {
         let with = |from: &str, to: &str| JobSpec::parse(&FULL.replace(from, to));
         let cases: &[(&str, &str, SpecError)] = &[
             ("name = \"resnet-train\"", "name = \"bad name\"", SpecError::Name),
-            ("dir = \".\"", "dir = \".\"\nimage = \"x\"", SpecError::CodeSource),
+            ("dir = \".\"", "dir = \".\"\nimage = \" \"", SpecError::CodeSource),
+            ("dir = \".\"", "", SpecError::CodeSource),
             ("command = [\"python\", \"train.py\", \"--epochs\", \"10\"]", "command = []", SpecError::Command),
             ("gpus_per_node = 2", "gpus_per_node = 65", SpecError::GpusPerNode),
             ("gpus_per_node = 2", "gpus_per_node = 2\nnodes = 0", SpecError::Nodes),

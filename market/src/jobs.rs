@@ -190,6 +190,13 @@ pub struct Jobs {
     finished: BTreeMap<AccountId, VecDeque<JobId>>,
     finished_by_count: BTreeSet<(usize, AccountId)>,
     finished_total: usize,
+    /// Running job leases under a preemption notice: their workload was
+    /// told to stop, so an exit of any lease of the attempt is the move to
+    /// the next attempt, never the job's result (docs/jobs.md "Preemption").
+    noticed: BTreeSet<LeaseId>,
+    /// Members of running cluster attempts whose workload exited 0 (after
+    /// its final sync): the job succeeds once every member's has.
+    exited_ok: BTreeSet<LeaseId>,
 }
 
 /// Why a job is refused at submission.
@@ -379,17 +386,51 @@ impl Jobs {
 
     /// The workload of one of a job's leases exited (the host's delivery
     /// status): 0 finishes the job, anything else fails it (not retried:
-    /// the renter's code failed, not the host). Its leases are ended.
+    /// the renter's code failed, not the host). Its leases are ended. Under
+    /// a preemption notice on any lease of the attempt the exit, whatever
+    /// its code, is the workload obeying the notice (or a rank losing its
+    /// preempted peer): the attempt ends as preempted and the job moves on.
     pub fn workload_exited(&mut self, lease: LeaseId, code: i64, at_ms: u64) -> Outcome {
         let mut outcome = Outcome::default();
         let Some(&job) = self.leases.get(&lease) else { return outcome };
         let Some(entry) = self.jobs.get_mut(&job) else { return outcome };
         let JobState::Running { leases, .. } = &entry.state else { return outcome };
         let account = entry.terms.account;
+        if leases.iter().any(|l| self.noticed.contains(l)) {
+            // The exited lease is ended now (billing stops); the others
+            // are ended as an attempt's first ended lease ends them.
+            self.forget_lease(lease);
+            outcome.end_leases.push((account, lease));
+            self.lease_ended(job, lease, LeaseEndReason::Preempted, at_ms, &mut outcome);
+            return outcome;
+        }
+        if code == 0 && leases.len() > 1 {
+            // A cluster: each member's last outputs are in the store when
+            // its exit is told; the job is done when every member's is.
+            self.exited_ok.insert(lease);
+            if !leases.iter().all(|l| self.exited_ok.contains(l)) {
+                return outcome;
+            }
+        }
         outcome.end_leases.extend(leases.iter().map(|l| (account, *l)));
         let state = if code == 0 { JobState::Succeeded } else { JobState::Failed(JobFailure::WorkloadFailed(code)) };
         self.enter(job, state, at_ms, &mut outcome);
         outcome
+    }
+
+    /// Whether a preemption notice reached one of `lease`'s job's running
+    /// attempt's leases (its workload is moving, not finishing).
+    pub fn moving(&self, lease: LeaseId) -> bool {
+        let Some(job) = self.leases.get(&lease).and_then(|job| self.jobs.get(job)) else { return false };
+        matches!(&job.state, JobState::Running { leases, .. } if leases.iter().any(|l| self.noticed.contains(l)))
+    }
+
+    /// Stops following a lease of a job (ended, or left behind by its attempt).
+    fn forget_lease(&mut self, lease: LeaseId) {
+        self.leases.remove(&lease);
+        self.heard.remove(&lease);
+        self.noticed.remove(&lease);
+        self.exited_ok.remove(&lease);
     }
 
     /// A host could not start one of the job's leases for the renter's
@@ -451,9 +492,15 @@ impl Jobs {
                     self.lease_created(lease, supplier, gpus, price_minor_per_gpu_hour, at_ms, &mut seen, &mut outcome);
                 }
                 EventKind::OrderClosed { order, reason, .. } => self.bid_closed(order, reason, at_ms, &mut outcome),
+                EventKind::PreemptionNotice { lease, .. } if self.leases.contains_key(&lease) => {
+                    self.noticed.insert(lease);
+                }
                 EventKind::LeaseEnded { lease, reason } => {
-                    self.heard.remove(&lease);
-                    let Some(job) = self.leases.remove(&lease) else { continue };
+                    let Some(&job) = self.leases.get(&lease) else {
+                        self.heard.remove(&lease);
+                        continue;
+                    };
+                    self.forget_lease(lease);
                     self.lease_ended(job, lease, reason, at_ms, &mut outcome);
                 }
                 _ => {}
@@ -569,8 +616,7 @@ impl Jobs {
         entry.terms.gpus = resize.gpus;
         if let JobState::Running { leases, .. } = &entry.state {
             for old in leases.clone() {
-                self.leases.remove(&old);
-                self.heard.remove(&old);
+                self.forget_lease(old);
                 outcome.end_leases.push((account, old));
             }
         }
@@ -625,8 +671,11 @@ impl Jobs {
         // The attempt is over with its first lease: the others are ended too.
         outcome.end_leases.extend(others.iter().map(|l| (account, *l)));
         for other in &others {
+            // `forget_lease`, field by field: `entry` is still borrowed.
             self.leases.remove(other);
             self.heard.remove(other);
+            self.noticed.remove(other);
+            self.exited_ok.remove(other);
         }
         // A resize under way is dropped: its bid is cancelled, and the next
         // attempt (if any) bids at the size asked for.
@@ -713,6 +762,12 @@ impl Jobs {
         self.finished_total -= 1;
         self.jobs.remove(&job);
         self.by_account.remove(&(account, job));
+    }
+
+    /// Whether `account`'s order `client_order_id` is one of its jobs' bids
+    /// (it trades only with suppliers whose hosts deliver workloads).
+    pub fn is_job_bid(&self, account: AccountId, client_order_id: u64) -> bool {
+        self.job_of_bid(account, client_order_id).is_some()
     }
 
     fn job_of_bid(&self, account: AccountId, client_order_id: u64) -> Option<(JobId, u32)> {

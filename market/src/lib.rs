@@ -428,12 +428,13 @@ impl MarketState {
                 self.rematch.bid_regions(order.account, order.client_order_id, regions);
             }
         }
-        // A bid that carries a workload (its own, or the failed
-        // lease's that a replacement takes over) trades only with
+        // A bid that carries a workload (its own, the failed lease's that
+        // a replacement takes over, or a job's attempt) trades only with
         // suppliers that can deliver it.
         if let Some(order) = input.command.new_order() {
             let replaces = order.client_order_id.checked_sub(rematch::REPLACEMENT_CLIENT_ORDER_ID_BASE).map(LeaseId);
             if self.deliveries.bid_has_workload(order.account, order.client_order_id)
+                || self.jobs.is_job_bid(order.account, order.client_order_id)
                 || replaces.is_some_and(|failed| self.deliveries.lease(failed).is_some_and(|d| d.workload.is_some()))
             {
                 self.engine.expect_workload(order.account, order.client_order_id);

@@ -22,6 +22,14 @@ fn run() -> gpux_market::jobs::JobRun {
     }
 }
 
+/// The supplier's hosts take workloads: it published the key workloads'
+/// secrets are sealed to (a job's bids trade only with such suppliers).
+fn delivers(supplier: AccountId) -> gpux_market::JournalEntry {
+    let identity = ed25519_dalek::SigningKey::from_bytes(&[supplier.0 as u8 + 40; 32]);
+    let key = gpux_protocol::delivery::EncryptionKey::from_bytes([supplier.0 as u8 + 50; 32]);
+    gpux_market::JournalEntry::EncryptionKey { account: supplier, key: key.public(), signature: key.certify(&identity) }
+}
+
 struct World {
     engine: Engine,
     jobs: Jobs,
@@ -249,6 +257,7 @@ fn a_journaled_job_runs_through_a_host_failure_and_replays_to_the_same_state() {
     let (renter, supplier) = (AccountId(0), AccountId(1));
     j.engine(Command::OpenAccount { role: Role::Renter });
     j.engine(Command::OpenAccount { role: Role::Supplier });
+    j.record(delivers(supplier));
     j.engine(Command::Deposit { account: renter, amount_minor: 1_000_000_000 });
     for host in 0..2 {
         for gpu in 0..2 {
@@ -441,6 +450,7 @@ fn a_cluster_job_runs_on_one_fabric_tells_each_host_its_peers_and_restarts_whole
     let (renter, supplier) = (AccountId(0), AccountId(1));
     live.engine(Command::OpenAccount { role: Role::Renter });
     live.engine(Command::OpenAccount { role: Role::Supplier });
+    live.record(delivers(supplier));
     live.engine(Command::Deposit { account: renter, amount_minor: 1_000_000_000 });
     // Three hosts of two GPUs on one fabric, and one host without.
     for host in 0..4u32 {
@@ -507,4 +517,229 @@ fn a_cluster_job_runs_on_one_fabric_tells_each_host_its_peers_and_restarts_whole
         live.assigned.drain(..).map(|(_, a)| (a.attempt, a.peers.iter().map(|p| p.address.clone()).collect())).collect();
     let ranks = vec!["10.0.0.2".to_string(), "10.0.0.1".into()];
     assert_eq!(again, [(2, ranks.clone()), (2, ranks)], "ranks in price-time order of the new members");
+
+    // Rank 0 exits 0 first: the job waits for rank 1's last sync (told by
+    // its own exit) before it succeeds; nothing ends before.
+    let exit = |live: &mut Live, lease: LeaseId, code: i64| {
+        live.now_ms += 1;
+        let state = gpux_protocol::DeliveryState::Exited { code };
+        live.record(JournalEntry::DeliveryStatus { at_ms: live.now_ms, account: supplier, lease, state });
+    };
+    exit(&mut live, leases[0], 0);
+    assert!(matches!(live.market.jobs().state(job), Some(JobState::Running { attempt: 2, .. })), "rank 1 has not finished");
+    assert!(leases.iter().all(|l| live.market.engine().lease(*l).expect("lease").active));
+    exit(&mut live, leases[1], 0);
+    assert_eq!(live.market.jobs().state(job), Some(&JobState::Succeeded), "every member finished");
+    assert!(leases.iter().all(|l| !live.market.engine().lease(*l).expect("lease").active), "billing stops");
+}
+
+/// A market applied as the sequencer applies it: each entry and its
+/// follow-ups, the engine's clock a millisecond further each time.
+struct Sequenced {
+    market: gpux_market::MarketState,
+    now_ms: u64,
+    next_id: u64,
+}
+
+impl Sequenced {
+    fn record(&mut self, entry: gpux_market::JournalEntry) -> gpux_market::Applied {
+        let applied = self.market.apply(&entry).expect("applies");
+        for command in applied.follow_ups.clone() {
+            self.engine(command);
+        }
+        applied
+    }
+
+    fn engine(&mut self, command: Command) -> gpux_market::Applied {
+        self.now_ms += 1;
+        self.record(gpux_market::JournalEntry::Engine(Input { at_ms: self.now_ms, command }))
+    }
+
+    fn ask(&mut self, host: u32, instrument: u32, price: u64) {
+        let mut order = NewOrder::limit(AccountId(1), self.next_id, InstrumentId(instrument), Side::Sell, price, 2);
+        self.next_id += 1;
+        order.supply = Some(GpuSet { host: HostId(host), gpu_mask: 0b11 });
+        self.engine(Command::place(order));
+    }
+}
+
+/// A member of a cluster job gets a preemption notice: the other rank's
+/// failing exit once its peer is gone moves the job to a whole new cluster
+/// instead of failing it.
+#[test]
+fn a_cluster_job_with_a_preempted_member_moves_whole() {
+    use gpux_market::{JournalEntry, MarketState};
+    let mut live = Sequenced { market: MarketState::new(EngineConfig::demo()).expect("demo"), now_ms: T0, next_id: 1 };
+    let (renter, supplier, spot) = (AccountId(0), AccountId(1), AccountId(2));
+    live.engine(Command::OpenAccount { role: Role::Renter });
+    live.engine(Command::OpenAccount { role: Role::Supplier });
+    live.engine(Command::OpenAccount { role: Role::Renter });
+    live.record(delivers(supplier));
+    live.engine(Command::Deposit { account: renter, amount_minor: 1_000_000_000 });
+    live.engine(Command::Deposit { account: spot, amount_minor: 1_000_000_000 });
+    for host in 0..4u32 {
+        for gpu in 0..2 {
+            let fabric = FabricClaim { group: "ib0".into(), gbps: 400, address: format!("10.0.0.{host}"), port_base: 29_500 };
+            live.engine(Command::Register {
+                account: supplier,
+                host: format!("host-{host}"),
+                gpu_uuid: format!("GPU-{host}-{gpu}"),
+                spec: GpuSpec::h100_sxm(),
+                region: Some("us-east".into()),
+                zone: "z1".into(),
+                fabric: Some(Box::new(fabric)),
+            });
+        }
+    }
+    let terms = JobTerms {
+        account: renter,
+        instrument: InstrumentId(1),
+        gpus: 4,
+        one_host: false,
+        limit_minor_per_gpu_hour: USD_2,
+        hours: 2,
+        budget_minor: 100 * USD_2,
+        retries: 2,
+        min_supplier_score_bps: 0,
+        verified_only: false,
+        gpus_per_node: 2,
+        min_fabric_gbps: 400,
+        name: "train".into(),
+        run: run(),
+    };
+    live.now_ms += 1;
+    let applied = live.record(JournalEntry::SubmitJob { at_ms: live.now_ms, terms });
+    let job = applied.job.expect("a job entry").expect("accepted");
+    live.ask(0, 1, 800_000);
+    live.ask(1, 1, 800_000);
+    let Some(JobState::Running { attempt: 1, leases }) = live.market.jobs().state(job).cloned() else { panic!("not running") };
+    // Host 1 also sells spot: a spot buyer takes it, preempting rank 1.
+    live.ask(1, 0, USD_2);
+    let applied = live.engine(Command::place(NewOrder::limit(spot, 1, InstrumentId(0), Side::Buy, USD_2, 2)));
+    assert!(applied.events.iter().any(|e| e.kind == EventKind::PreemptionNotice { lease: leases[1], ends_at_ms: live.now_ms + 30_000 }));
+    assert!(live.market.jobs().moving(leases[0]), "the whole attempt is moving");
+    // Rank 0 loses its peer and exits 1: not the job's failure.
+    live.now_ms += 1;
+    let state = gpux_protocol::DeliveryState::Exited { code: 1 };
+    live.record(JournalEntry::DeliveryStatus { at_ms: live.now_ms, account: supplier, lease: leases[0], state });
+    assert!(matches!(live.market.jobs().state(job), Some(JobState::Bidding { attempt: 2, .. })), "{:?}", live.market.jobs().state(job));
+    assert!(leases.iter().all(|l| !live.market.engine().lease(*l).expect("lease").active), "both members' leases ended");
+    // A new cluster on hosts 2 and 3.
+    live.ask(2, 1, 800_000);
+    live.ask(3, 1, 800_000);
+    assert!(matches!(live.market.jobs().state(job), Some(JobState::Running { attempt: 2, .. })));
+}
+
+impl World {
+    /// The supplier asks for host `index`'s two GPUs on `instrument`.
+    fn ask_on(&mut self, index: usize, instrument: InstrumentId, price: u64) -> Vec<JobState> {
+        let mut order = NewOrder::limit(self.supplier, self.next_id, instrument, Side::Sell, price, 2);
+        self.next_id += 1;
+        order.supply = Some(GpuSet { host: self.hosts[index], gpu_mask: 0b11 });
+        let events = self.run(Command::place(order));
+        let outcome = self.jobs.observe(&events);
+        self.follow(outcome)
+    }
+
+    /// A spot renter buys host `index`'s two GPUs at `price`: a preemptible
+    /// lease on them gets its notice.
+    fn spot_buyer_preempts(&mut self, price: u64) -> Vec<JobState> {
+        let buyer = AccountId(2);
+        let order = NewOrder::limit(buyer, self.next_id, InstrumentId(0), Side::Buy, price, 2);
+        self.next_id += 1;
+        let events = self.run(Command::place(order));
+        assert!(events.iter().any(|e| matches!(e.kind, EventKind::PreemptionNotice { .. })), "{events:?}");
+        let outcome = self.jobs.observe(&events);
+        self.follow(outcome)
+    }
+
+    fn exits(&mut self, lease: LeaseId, code: i64) -> Vec<JobState> {
+        let outcome = self.jobs.workload_exited(lease, code, self.now_ms);
+        self.follow(outcome)
+    }
+}
+
+/// A preemptible job's lease gets a notice: whatever its workload does then
+/// (checkpoints and exits 0, dies of the SIGTERM, or ignores it until the
+/// deadline), the job bids its next attempt and resumes elsewhere; it is
+/// never succeeded or failed by a preempted lease (docs/jobs.md "Preemption").
+#[test]
+fn a_preempted_job_moves_to_its_next_attempt_whatever_its_workload_does_on_the_notice() {
+    const H100_PREEMPT: InstrumentId = InstrumentId(1);
+    for exit in [Some(0), Some(-1), Some(143), None] {
+        let mut w = World::new(2);
+        w.run(Command::OpenAccount { role: Role::Renter });
+        w.run(Command::Deposit { account: AccountId(2), amount_minor: 1_000_000_000 });
+        let terms = JobTerms { instrument: H100_PREEMPT, limit_minor_per_gpu_hour: 1_000_000, ..w.terms(2, 100 * USD_2) };
+        let (job, outcome) = w.jobs.submit(terms, T0).expect("accepted");
+        w.follow(outcome);
+        // Host 0 offers preemptible time cheaply and spot time beside it.
+        assert!(matches!(w.ask_on(0, H100_PREEMPT, 800_000).as_slice(), [JobState::Running { attempt: 1, .. }]));
+        w.ask_on(0, InstrumentId(0), USD_2);
+        let first = w.lease_of(job);
+        assert!(!w.jobs.moving(first));
+        assert_eq!(w.spot_buyer_preempts(USD_2), [], "the notice alone changes nothing yet");
+        assert!(w.jobs.moving(first), "the job is moving");
+        let states = match exit {
+            Some(code) => {
+                let states = w.exits(first, code);
+                assert!(w.engine.lease(first).is_none_or(|l| !l.active), "the exited lease ended at once (billing stops)");
+                states
+            }
+            None => {
+                // The workload ignores the notice: the lease ends at its deadline.
+                w.now_ms += 30_000;
+                let events = w.run(Command::Tick);
+                assert!(events.iter().any(|e| e.kind == EventKind::LeaseEnded { lease: first, reason: LeaseEndReason::Preempted }));
+                let outcome = w.jobs.observe(&events);
+                w.follow(outcome)
+            }
+        };
+        assert_eq!(states, [JobState::Bidding { attempt: 2, order: None }], "exit {exit:?}: the job moves");
+        assert!(matches!(w.jobs.state(job), Some(JobState::Bidding { attempt: 2, order: Some(_) })));
+        // The next attempt lands on host 1 and this time finishes.
+        assert!(matches!(w.ask_on(1, H100_PREEMPT, 800_000).as_slice(), [JobState::Running { attempt: 2, .. }]));
+        let second = w.lease_of(job);
+        assert_ne!(first, second);
+        assert!(!w.jobs.moving(second));
+        assert_eq!(w.exits(second, 0), [JobState::Succeeded]);
+        // A late exit of the preempted lease changes nothing.
+        assert_eq!(w.exits(first, 0), []);
+    }
+}
+
+/// A job's bid trades only with suppliers whose hosts take workloads (as
+/// `gpux run`'s bids do): the cheaper ask of a supplier that published no
+/// encryption key is skipped and keeps its place; the job waits, then
+/// lands on the first supplier that delivers.
+#[test]
+fn a_jobs_bid_skips_suppliers_that_cannot_deliver() {
+    use gpux_market::{JournalEntry, MarketState};
+    let mut live = Sequenced { market: MarketState::new(EngineConfig::demo()).expect("demo"), now_ms: T0, next_id: 1 };
+    let (renter, silent, delivering) = (AccountId(0), AccountId(1), AccountId(2));
+    live.engine(Command::OpenAccount { role: Role::Renter });
+    live.engine(Command::OpenAccount { role: Role::Supplier });
+    live.engine(Command::OpenAccount { role: Role::Supplier });
+    live.engine(Command::Deposit { account: renter, amount_minor: 1_000_000_000 });
+    for (supplier, host) in [(silent, "sim-host"), (delivering, "real-host")] {
+        for gpu in 0..2 {
+            live.engine(Command::register(supplier, host, &format!("GPU-{host}-{gpu}"), GpuSpec::h100_sxm()));
+        }
+    }
+    // The supplier that cannot deliver asks less.
+    let mut cheap = NewOrder::limit(silent, 1, InstrumentId(0), Side::Sell, USD_2 / 2, 2);
+    cheap.supply = Some(GpuSet { host: HostId(0), gpu_mask: 0b11 });
+    live.engine(Command::place(cheap));
+    let terms = World::new(0).terms(1, 100 * USD_2);
+    live.now_ms += 1;
+    let job = live.record(JournalEntry::SubmitJob { at_ms: live.now_ms, terms }).job.expect("a job entry").expect("accepted");
+    assert!(matches!(live.market.jobs().state(job), Some(JobState::Bidding { order: Some(_), .. })), "it rests: no host can run it");
+    assert_eq!(live.market.engine().depth(InstrumentId(0), Side::Sell), [(USD_2 / 2, 2)], "the skipped ask keeps its place");
+    // The other supplier delivers and asks more: the job lands there.
+    live.record(delivers(delivering));
+    let mut ask = NewOrder::limit(delivering, 1, InstrumentId(0), Side::Sell, USD_2, 2);
+    ask.supply = Some(GpuSet { host: HostId(1), gpu_mask: 0b11 });
+    live.engine(Command::place(ask));
+    let Some(JobState::Running { leases, .. }) = live.market.jobs().state(job).cloned() else { panic!("not running") };
+    assert_eq!(live.market.engine().lease(leases[0]).expect("lease").supplier, delivering);
 }

@@ -108,6 +108,17 @@ impl SimExchange {
         self.record(JournalEntry::BindKey { public_key, account });
     }
 
+    /// The supplier's hosts take workloads (the simulated hosts run jobs):
+    /// it publishes the encryption key workloads' secrets are sealed to,
+    /// so jobs' bids may trade with its asks (docs/market-rules.md "Delivery").
+    pub fn publish_encryption_key(&mut self, account: AccountId, identity: &ed25519_dalek::SigningKey) {
+        // A secret of its own, derived from the simulated identity's seed.
+        let mut secret = identity.to_bytes();
+        secret.iter_mut().for_each(|b| *b ^= 0x5a);
+        let key = gpux_protocol::delivery::EncryptionKey::from_bytes(secret);
+        self.record(JournalEntry::EncryptionKey { account, key: key.public(), signature: key.certify(identity) });
+    }
+
     /// Sequences one command; its events are appended to `events`.
     /// Then the commands the market rules call for (a job's next bid, its
     /// leases ended), each as its own entry, as the sequencer journals them.

@@ -92,3 +92,10 @@ const _: () = assert!(
     PROBE_PORT_OFFSET as u32 >= gpux_engine::limits::CLUSTER_NODES_MAX,
     "a probe's port never meets a member's: members use port_base to port_base + 63"
 );
+
+/// The tail of an ended workload's output the agent keeps (and, for a
+/// job, puts in the job store beside its outputs): `gpux lease logs` and
+/// `gpux job logs` work after the end (docs/agent.md "Logs").
+pub const KEPT_LOG_BYTES: u32 = 64 * 1024;
+/// Ended leases whose tail the agent keeps in memory (the oldest forgotten first).
+pub const KEPT_LOGS_MAX: usize = 256;

@@ -1111,14 +1111,10 @@ impl Agent {
                 return Ok(());
             }
             ServerMessage::LogsWanted { request, lease, tail_bytes } => {
-                match &self.delivery {
-                    Some((orders, _)) => {
-                        let _ = orders.send(Order::Logs { request, lease, tail_bytes });
-                    }
-                    None => {
-                        let id = link.connection.new_id();
-                        link.connection.request(ClientMessage::Logs { id, request, data: String::new(), truncated: false }).await?;
-                    }
+                // Only the agent that runs (or ran) the lease answers: the
+                // exchange may ask every agent of the account.
+                if let Some((orders, _)) = &self.delivery {
+                    let _ = orders.send(Order::Logs { request, lease, tail_bytes });
                 }
                 return Ok(());
             }

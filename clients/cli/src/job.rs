@@ -68,8 +68,11 @@ async fn plan_and_print(
     // exchange will hold).
     let bundle = pack_code(&spec, base)?;
     let (catalogue_path, catalogue) = load_catalogue(catalogue)?;
-    let vendors = match (framework, &catalogue) {
-        (Some(framework), Some(catalogue)) => Some(catalogue.vendors_for(framework, spec.vendor)),
+    // Only vendors the catalogue has an image for (the framework's, or a
+    // framework-free one), unless the job names its own image.
+    let vendors = match (spec.code.image(), framework, &catalogue) {
+        (None, Some(framework), Some(catalogue)) => Some(catalogue.vendors_for(framework, spec.vendor)),
+        (None, None, Some(catalogue)) if spec.code.dir().is_some() => Some(catalogue.plain_vendors(spec.vendor)),
         _ => None,
     };
 
@@ -86,8 +89,11 @@ async fn plan_and_print(
     let market = plan::Market { listing: &listing, instruments: &instruments, asks: &asks };
     let planned = plan(&spec, &market, vendors.as_ref());
     let chosen = planned.chosen();
-    let image = match (framework, &catalogue, chosen) {
-        (Some(framework), Some(catalogue), Some(chosen)) => catalogue.choose(framework, requirement.as_ref(), chosen.vendor, &requirements),
+    let image = match (spec.code.image(), framework, &catalogue, chosen) {
+        (None, Some(framework), Some(catalogue), Some(chosen)) => {
+            catalogue.choose(framework, requirement.as_ref(), chosen.vendor, &requirements)
+        }
+        (None, None, Some(catalogue), Some(chosen)) => catalogue.choose_plain(chosen.vendor, &requirements),
         _ => None,
     };
     if json {
@@ -98,11 +104,9 @@ async fn plan_and_print(
         return Err(Failure::Refused("no book meets the job now: see why above (raise the limits, or wait for asks)".into()));
     };
     let (limit, hours, budget) = bid_terms(&spec, chosen, &instruments, planned.hours_priced, &listing.currency);
+    // The job's own image runs as it is; a preset one gets what it lacks.
     let install = image.as_ref().map(|i| i.install.clone()).unwrap_or_default();
-    let run_image = match &spec.code {
-        CodeSource::Image(reference) => Some(reference.clone()),
-        CodeSource::Dir(_) => image.as_ref().map(|i| i.image.reference.clone()),
-    };
+    let run_image = spec.code.image().map(str::to_string).or_else(|| image.as_ref().map(|i| i.image.reference.clone()));
     let (symbol, expected_cost) = (chosen.symbol.clone(), chosen.expected_cost);
     let planned_job = Planned {
         spec,
@@ -148,19 +152,21 @@ type FrameworkFound = (Option<Framework>, Option<Requirement>, Vec<Requirement>,
 /// the version its requirements ask, its other requirements and how it
 /// was found.
 fn framework_of_job(spec: &JobSpec, base: &Path) -> Result<FrameworkFound, Failure> {
+    let found = || spec.code.dir().and_then(|dir| detect(&base.join(dir)).ok());
     Ok(match (&spec.code, spec.framework) {
-        (_, FrameworkChoice::None) | (CodeSource::Image(_), FrameworkChoice::Auto) => {
-            (None, None, Vec::new(), "none (a ready image or plain code)".to_string())
+        (CodeSource::Image(_), FrameworkChoice::Auto | FrameworkChoice::None) => {
+            (None, None, Vec::new(), "none (a ready image)".to_string())
         }
-        (CodeSource::Dir(dir), FrameworkChoice::Auto) => {
+        (_, FrameworkChoice::None) => {
+            let requirements = found().map(|f| f.requirements).unwrap_or_default();
+            (None, None, requirements, "none (said in the job file: plain code)".to_string())
+        }
+        (CodeSource::Dir(dir) | CodeSource::DirOnImage(dir, _), FrameworkChoice::Auto) => {
             let found = detect(&base.join(dir)).map_err(|e| Failure::Usage(e.to_string()))?;
             (found.framework, found.framework_requirement, found.requirements, found.evidence)
         }
-        (code, choice) => {
-            let found = match code {
-                CodeSource::Dir(dir) => detect(&base.join(dir)).ok(),
-                CodeSource::Image(_) => None,
-            };
+        (_, choice) => {
+            let found = found();
             let requirements = found.as_ref().map(|f| f.requirements.clone()).unwrap_or_default();
             let requirement = found.and_then(|f| f.framework_requirement);
             (framework_of(choice), requirement, requirements, "said in the job file".to_string())
@@ -170,9 +176,9 @@ fn framework_of_job(spec: &JobSpec, base: &Path) -> Result<FrameworkFound, Failu
 
 /// The job's code directory packed (`None` for a ready image).
 fn pack_code(spec: &JobSpec, base: &Path) -> Result<Option<gpux_jobs::bundle::Bundle>, Failure> {
-    match &spec.code {
-        CodeSource::Dir(dir) => Ok(Some(gpux_jobs::bundle::pack(&base.join(dir)).map_err(|e| Failure::Usage(e.to_string()))?)),
-        CodeSource::Image(_) => Ok(None),
+    match spec.code.dir() {
+        Some(dir) => Ok(Some(gpux_jobs::bundle::pack(&base.join(dir)).map_err(|e| Failure::Usage(e.to_string()))?)),
+        None => Ok(None),
     }
 }
 
@@ -246,8 +252,11 @@ fn plan_json(
         "job": spec.name,
         "framework": framework.map(Framework::name),
         "framework_evidence": evidence,
-        "image": image.map(|i| i.image.reference.clone()),
-        "image_reason": image.map(|i| i.reason.clone()),
+        "image": spec.code.image().map(str::to_string).or_else(|| image.map(|i| i.image.reference.clone())),
+        "image_reason": match spec.code.image() {
+            Some(_) => Some("the job's own (code.image)".to_string()),
+            None => image.map(|i| i.reason.clone()),
+        },
         "install": image.map(|i| i.install.clone()).unwrap_or_default(),
         "bundle_sha256": bundle.map(|b| b.sha256_hex()),
         "bundle_bytes": bundle.map(|b| b.bytes.len()),
@@ -281,19 +290,23 @@ fn print_plan(
     }
     out!("framework: {} ({evidence})", framework.map_or("none", Framework::name));
     match (&spec.code, image, framework, catalogue_path) {
-        (CodeSource::Image(reference), _, _, _) => out!("image: {reference} (the job's own)"),
+        (CodeSource::Image(reference), ..) => out!("image: {reference} (the job's own)"),
+        (CodeSource::DirOnImage(_, reference), ..) => out!("image: {reference} (the job's own: the code directory runs in it)"),
         (_, Some(choice), _, _) => {
-            out!("image: {} {} on {} ({})", choice.image.framework.name(), choice.image.version, choice.image.stack, choice.reason);
+            let name = choice.image.framework.map_or("framework-free", Framework::name);
+            out!("image: {name} {} on {} ({})", choice.image.version, choice.image.stack, choice.reason);
             out!("       {}", choice.image.reference);
             if !choice.install.is_empty() {
                 out!("installed at start: {}", choice.install.join(" "));
             }
         }
-        (_, None, Some(_), None) => {
-            out!("image: none chosen (give --catalogue FILE, or GPUX_CATALOGUE, with the operator's preset images)")
+        (_, None, _, None) => {
+            out!("image: none chosen (set code.image, or give --catalogue FILE, or GPUX_CATALOGUE, with the operator's preset images)")
         }
         (_, None, Some(_), Some(path)) => out!("image: none in {} for this framework and version on the chosen vendor", path.display()),
-        (_, None, None, _) => out!("image: none (no framework: set code.image)"),
+        (_, None, None, Some(path)) => {
+            out!("image: no framework-free image in {} on the chosen vendor (set code.image)", path.display())
+        }
     }
     if planned.memory_mib_per_gpu > 0 {
         out!("memory: {} GiB per GPU at least", planned.memory_mib_per_gpu.div_ceil(1024));
@@ -351,7 +364,9 @@ pub async fn submit_job(
 ) -> Result<(), Failure> {
     let planned = plan_and_print(s, file, catalogue, set, json).await?;
     let image = planned.image.clone().ok_or_else(|| {
-        Failure::Usage("no image to run: set code.image, or give --catalogue with a preset image for the job's framework".into())
+        Failure::Usage(
+            "no image to run: set code.image (your code runs in it), or give --catalogue with a preset image for the job's framework or a framework-free one".into(),
+        )
     })?;
     let bundle = match &planned.bundle {
         None => None,
@@ -488,7 +503,7 @@ pub async fn job_action(s: &mut Session, action: &crate::JobAction, json: bool) 
             }
             Ok(())
         }
-        A::Logs { job, bytes } => job_logs(s, JobId(*job), *bytes, json).await,
+        A::Logs { job, bytes, follow, attempt } => job_logs(s, JobId(*job), *bytes, (*follow, *attempt), json).await,
         A::Resize { job, gpus } => {
             let id = s.connection.new_id();
             let request = ClientMessage::ResizeJob { id, job: JobId(*job), gpus: *gpus };
@@ -522,20 +537,131 @@ async fn list_jobs(s: &mut Session, json: bool) -> Result<(), Failure> {
     }
 }
 
-/// `gpux job logs`: the output of the job's latest lease.
-async fn job_logs(s: &mut Session, job: JobId, bytes: u32, json: bool) -> Result<(), Failure> {
+/// `gpux job logs`: a running job's output from its host (followed with
+/// `follow` until the job ends), or, once it ended (or its host does not
+/// answer), the tails its hosts kept in the job store.
+async fn job_logs(s: &mut Session, job: JobId, bytes: u32, (follow, attempt): (bool, Option<u32>), json: bool) -> Result<(), Failure> {
+    let mut info = job_info(s, job).await?;
+    if attempt.is_some() || info.state.is_over() {
+        return kept_logs(s, &info, attempt, json).await;
+    }
+    let mut shown = String::new();
+    loop {
+        let live = match &info.state {
+            JobState::Running { leases, .. } => leases.last().copied(),
+            _ => None,
+        };
+        if let Some(lease) = live {
+            let id = s.connection.new_id();
+            let answer = s.connection.request(ClientMessage::LeaseLogs { id, lease, tail_bytes: bytes }).await;
+            match answer.map_err(|e| Failure::Unreachable(format!("{e:#}")))? {
+                ServerMessage::LeaseLogs { data, truncated, .. } if !follow => {
+                    if json {
+                        out!("{}", serde_json::json!({"job": job.0, "lease": lease.0, "data": data, "truncated": truncated}));
+                    } else {
+                        if truncated {
+                            out!("[... earlier output cut]");
+                        }
+                        print!("{data}");
+                    }
+                    return Ok(());
+                }
+                ServerMessage::LeaseLogs { data, .. } => {
+                    print!("{}", unseen(&shown, &data));
+                    shown = data;
+                }
+                // Its host is gone: what it kept is in the store.
+                _ if !follow => return kept_logs(s, &info, None, json).await,
+                _ => {}
+            }
+        } else if !follow {
+            return Err(Failure::Refused(format!("job {} is not running: {}", job, describe(&info.state))));
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        info = job_info(s, job).await?;
+        if info.state.is_over() {
+            out!("[job {}: {}]", job, describe(&info.state));
+            return Ok(());
+        }
+    }
+}
+
+async fn job_info(s: &mut Session, job: JobId) -> Result<JobInfo, Failure> {
     let id = s.connection.new_id();
-    let ServerMessage::Job { job, .. } = s.ask(ClientMessage::JobStatus { id, job }, false).await? else {
-        return Err(Failure::Unreachable("expected job".into()));
+    match s.ask(ClientMessage::JobStatus { id, job }, false).await? {
+        ServerMessage::Job { job, .. } => Ok(*job),
+        _ => Err(Failure::Unreachable("expected job".into())),
+    }
+}
+
+/// What `now` holds beyond what was printed (`before`): the output after
+/// the longest end of `before` that `now` starts with (a tail window moves).
+fn unseen<'a>(before: &str, now: &'a str) -> &'a str {
+    if before.is_empty() {
+        return now;
+    }
+    for (start, _) in before.char_indices() {
+        if now.starts_with(&before[start..]) {
+            return &now[before.len() - start..];
+        }
+    }
+    now
+}
+
+/// The tails the job's hosts kept in the job store
+/// (`logs/attempt-<A>-rank-<R>.log`): `attempt`'s, or the newest attempt's.
+async fn kept_logs(s: &mut Session, info: &JobInfo, attempt: Option<u32>, json: bool) -> Result<(), Failure> {
+    let (url, token) = store_token(s).await?;
+    let client = http()?;
+    let prefix = format!("{}/jobs/{}/logs", s.connection.account.0, info.job.0);
+    let answer = client
+        .get(format!("{url}/v1/list/{prefix}"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .map_err(|e| Failure::Unreachable(format!("the job store at {url}: {e}")))?;
+    if !answer.status().is_success() {
+        return Err(Failure::Refused(format!("the job store refused the listing: {}", answer.status())));
+    }
+    let body = answer.bytes().await.map_err(|e| Failure::Unreachable(e.to_string()))?;
+    let listed: Vec<Listed> = serde_json::from_slice(&body).map_err(|e| Failure::Unreachable(format!("the job store's listing: {e}")))?;
+    let parse = |key: &str| -> Option<(u32, u32)> {
+        let name = key.rsplit('/').next()?.strip_prefix("attempt-")?.strip_suffix(".log")?;
+        let (a, r) = name.split_once("-rank-")?;
+        Some((a.parse().ok()?, r.parse().ok()?))
     };
-    let Some(lease) = job.leases.last().copied() else {
-        return Err(Failure::Refused(format!("job {} has not run yet: {}", job.job, describe(&job.state))));
+    let mut kept: Vec<(u32, u32, String)> = listed.iter().filter_map(|l| parse(&l.key).map(|(a, r)| (a, r, l.key.clone()))).collect();
+    kept.sort();
+    let Some(wanted) = attempt.or_else(|| kept.last().map(|k| k.0)) else {
+        return Err(Failure::Refused(format!(
+            "job {} kept no output ({}): its hosts put none in the job store",
+            info.job,
+            describe(&info.state)
+        )));
     };
-    let id = s.connection.new_id();
-    let answer = s.ask(ClientMessage::LeaseLogs { id, lease, tail_bytes: bytes }, json).await?;
-    if let (false, ServerMessage::LeaseLogs { data, truncated, .. }) = (json, answer) {
-        if truncated {
-            out!("[... earlier output cut]");
+    let ranks: Vec<&(u32, u32, String)> = kept.iter().filter(|k| k.0 == wanted).collect();
+    if ranks.is_empty() {
+        return Err(Failure::Refused(format!("job {} kept no output of attempt {wanted}", info.job)));
+    }
+    let mut shown = Vec::new();
+    for (_, rank, key) in ranks.iter().copied() {
+        let answer = client.get(format!("{url}/v1/objects/{key}")).bearer_auth(&token).send().await;
+        let answer = answer.map_err(|e| Failure::Unreachable(e.to_string()))?;
+        if !answer.status().is_success() {
+            return Err(Failure::Refused(format!("the job store refused {key}: {}", answer.status())));
+        }
+        let text = String::from_utf8_lossy(&answer.bytes().await.map_err(|e| Failure::Unreachable(e.to_string()))?).into_owned();
+        shown.push((*rank, text));
+    }
+    if json {
+        let logs: Vec<serde_json::Value> = shown.iter().map(|(rank, data)| serde_json::json!({"rank": rank, "data": data})).collect();
+        out!("{}", serde_json::json!({"job": info.job.0, "state": describe(&info.state), "attempt": wanted, "logs": logs}));
+        return Ok(());
+    }
+    out!("[job {} ({}): attempt {wanted}'s output, kept by its host]", info.job, describe(&info.state));
+    for (rank, data) in &shown {
+        if shown.len() > 1 {
+            out!("== rank {rank} ==");
         }
         print!("{data}");
     }
@@ -611,4 +737,16 @@ async fn results(s: &mut Session, job: JobId, to: Option<PathBuf>, checkpoints: 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn unseen_output_is_what_follows_the_printed_tail() {
+        assert_eq!(super::unseen("", "a\nb\n"), "a\nb\n");
+        assert_eq!(super::unseen("a\nb\n", "a\nb\nc\n"), "c\n");
+        assert_eq!(super::unseen("a\nb\n", "b\nc\n"), "c\n", "the window moved on");
+        assert_eq!(super::unseen("x\n", "y\n"), "y\n", "nothing in common: all of it");
+        assert_eq!(super::unseen("a\n", "a\n"), "", "nothing new");
+    }
 }

@@ -645,13 +645,21 @@ pub enum JobAction {
         /// The job's id (`gpux job list`).
         job: u64,
     },
-    /// The last output of the job's current (or last) lease.
+    /// The job's output: live from its running host (`--follow` streams
+    /// it until the job ends), or, once the job ended, the tail each of its
+    /// attempts' hosts kept in the job store (every rank's).
     Logs {
         /// The job's id (`gpux job list`).
         job: u64,
         /// The last this many bytes of the output.
         #[arg(long, default_value_t = 16 * 1024)]
         bytes: u32,
+        /// Print new output as it comes until the job ends.
+        #[arg(long)]
+        follow: bool,
+        /// An earlier attempt's kept output (default: the newest kept).
+        #[arg(long)]
+        attempt: Option<u32>,
     },
     /// Grows (or shrinks) a running job: the new size is bought first, then
     /// the job restarts there from its checkpoint (docs/jobs.md "Growing a job").

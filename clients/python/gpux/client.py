@@ -726,6 +726,35 @@ class Client:
                 written.append(relative)
         return written
 
+    async def job_logs(self, job: int, attempt: Optional[int] = None, tail_bytes: int = 16384) -> dict[int, str]:
+        """The job's output by rank: live from the running attempt's host,
+        or, once the job ended (or for `attempt`), the tails its hosts kept
+        in the job store (`logs/attempt-<A>-rank-<R>.log`, the newest
+        attempt's unless `attempt` is given)."""
+        info = await self.job(job)
+        running = info.state.get("running") if isinstance(info.state, dict) else None
+        if attempt is None and running is not None:
+            leases = running["leases"]
+            return {rank: await self.lease_logs(lease, tail_bytes) for rank, lease in enumerate(leases)}
+        token = await self.job_store_token()
+        prefix = f"{self.account}/jobs/{job}/logs"
+        listed = json.loads(await _store_request("GET", f"{token.url}/v1/list/{prefix}", token.token))
+        kept: dict[int, dict[int, str]] = {}
+        for item in listed:
+            name = item["key"].rsplit("/", 1)[-1]
+            if not (name.startswith("attempt-") and name.endswith(".log") and "-rank-" in name):
+                continue
+            number, rank = name[len("attempt-") : -len(".log")].split("-rank-", 1)
+            if number.isdigit() and rank.isdigit():
+                kept.setdefault(int(number), {})[int(rank)] = item["key"]
+        wanted = attempt if attempt is not None else max(kept, default=None)
+        if wanted is None or wanted not in kept:
+            return {}
+        return {
+            rank: (await _store_request("GET", f"{token.url}/v1/objects/{key}", token.token)).decode("utf-8", "replace")
+            for rank, key in sorted(kept[wanted].items())
+        }
+
     async def job_bill(self, job: int) -> a.SignedInvoice:
         """The job's bill so far (its leases' usage, fees and credits), every
         page put together and its signature checked like an invoice's."""

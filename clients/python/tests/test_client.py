@@ -817,6 +817,7 @@ def test_a_job_is_submitted_followed_cancelled_and_billed_from_python(exchange, 
         cancelled = await renter.wait_job(submitted.job, until=("cancelled",))
         assert cancelled.leases == [lease]
         assert await renter.job_results(submitted.job, tmp_path / "results") == [], "nothing ran: no outputs"
+        assert await renter.job_logs(submitted.job) == {}, "no host ran it: no output kept"
         bill = await renter.job_bill(submitted.job)
         assert bill.invoice.number == f"GPUX-{renter.account}-job{submitted.job}"
         assert all(line.lease == lease for line in bill.invoice.lines), bill

@@ -53,7 +53,7 @@ impl Sequencer {
                 },
             },
             DeliveryRequest::HostKey { lease } => self.host_key(account, id, lease),
-            DeliveryRequest::Status { lease, state } => match self.delivery_status(account, id, lease, state) {
+            DeliveryRequest::Status { lease, state } => match self.delivery_status(connection, account, id, lease, state) {
                 Some(reply) => reply,
                 None => return,
             },
@@ -90,10 +90,18 @@ impl Sequencer {
     /// A host's delivery status: journaled, relayed to the renter, counted;
     /// a failure on the host's side ends the lease `delivery_failed` (the
     /// market's follow-up command). None: the batch failed.
-    fn delivery_status(&mut self, account: AccountId, id: u64, lease: LeaseId, state: DeliveryState) -> Option<ServerMessage> {
+    fn delivery_status(
+        &mut self,
+        connection: ConnectionId,
+        account: AccountId,
+        id: u64,
+        lease: LeaseId,
+        state: DeliveryState,
+    ) -> Option<ServerMessage> {
         if let Err(code) = self.market.check_delivery_status(account, lease, &state) {
             return Some(error(Some(id), code));
         }
+        self.sessions.delivered(connection, lease);
         self.metrics.observe_delivery_status(&state);
         let at_ms = self.market.clock_ms();
         let (journal_seq, applied) = self.journal(JournalEntry::DeliveryStatus { at_ms, account, lease, state })?;
@@ -174,7 +182,14 @@ impl Sequencer {
         self.logs_pending.insert(request, LogsWait { connection, account, supplier: info.supplier, id, lease, deadline_ms });
         let tail_bytes = tail_bytes.min(LOG_TAIL_BYTES_MAX);
         let wanted = SharedFrame::new(ServerMessage::LogsWanted { request, lease, tail_bytes });
-        self.pending.push((Target::Account(info.supplier), Pending::Frame(wanted)));
+        // The agent that runs the lease (the one that reported it); before
+        // any report, every agent of the account, of which only the lease's
+        // own answers.
+        let target = match self.sessions.runner_of(info.supplier, lease) {
+            Some(runner) => Target::Connection(runner),
+            None => Target::Account(info.supplier),
+        };
+        self.pending.push((target, Pending::Frame(wanted)));
         None
     }
 

@@ -28,7 +28,14 @@ pub(super) struct Connection {
     pub key_expires_at_ms: Option<u64>,
     /// A WebSocket session (the account's presence), not one REST request's.
     pub presence: bool,
+    /// Leases this session (a supplier's agent) reported delivery status
+    /// for: the agent that runs them, asked for their logs (the newest
+    /// `DELIVERED_KEPT_MAX`).
+    pub delivered: BTreeSet<gpux_engine::LeaseId>,
 }
+
+/// Leases a session remembers having delivered (the oldest forgotten first).
+const DELIVERED_KEPT_MAX: usize = 4_096;
 
 /// What a connection logged in as (`Sessions::log_in`).
 pub(super) struct Bound {
@@ -72,6 +79,7 @@ impl Sessions {
             key: None,
             key_expires_at_ms: None,
             presence: false,
+            delivered: BTreeSet::new(),
         };
         self.connections.insert(connection, state);
     }
@@ -112,6 +120,22 @@ impl Sessions {
                 None => true,
             };
         Some((state, last))
+    }
+
+    /// `connection` reported a delivery status for `lease`: its agent runs it.
+    pub(super) fn delivered(&mut self, connection: ConnectionId, lease: gpux_engine::LeaseId) {
+        let Some(state) = self.connections.get_mut(&connection) else { return };
+        state.delivered.insert(lease);
+        while state.delivered.len() > DELIVERED_KEPT_MAX {
+            state.delivered.pop_first();
+        }
+    }
+
+    /// The present session of `account` that runs `lease` (the newest that
+    /// reported it), if any.
+    pub(super) fn runner_of(&self, account: AccountId, lease: gpux_engine::LeaseId) -> Option<ConnectionId> {
+        let present = self.present.get(&account)?;
+        present.iter().rev().copied().find(|c| self.connections.get(c).is_some_and(|s| s.delivered.contains(&lease)))
     }
 
     /// The account's present sessions.

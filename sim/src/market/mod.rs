@@ -401,6 +401,7 @@ impl Sim {
                     let account = self.open_account(Role::Supplier);
                     let key = SigningKey::from_bytes(&self.population.suppliers[index].key_seed);
                     self.exchange.register_key(account, key.verifying_key().to_bytes());
+                    self.exchange.publish_encryption_key(account, &key);
                     (account, key)
                 }
             };

@@ -219,6 +219,7 @@ impl DockerBackend {
             binds.push(format!("{}:{}", files.checkpoints().display(), run.checkpoint_dir));
             binds.push(format!("{}:{}", files.outputs().display(), run.outputs_dir));
             binds.push(format!("{}:/var/cache/gpux-pip", files.pip_cache.display()));
+            binds.push(format!("{}:{}:ro", files.notices().display(), super::jobs::NOTICE_DIR_IN_CONTAINER));
             for input in &run.inputs {
                 binds.push(format!("{}:{}:ro", files.input(&input.name).display(), input.mount));
             }

@@ -22,6 +22,10 @@ use crate::limits::{FILES_MAX, TRANSFER_TIMEOUT};
 
 /// Where a cluster job's hostfile is in its container.
 pub const HOSTFILE_IN_CONTAINER: &str = "/etc/gpux/hostfile";
+/// Where the job's notices are in its container (read-only): `preempt`
+/// appears there, holding the deadline in Unix milliseconds, when a
+/// preemption notice reaches the host (for frameworks that swallow SIGTERM).
+pub const NOTICE_DIR_IN_CONTAINER: &str = "/run/gpux";
 
 /// `address:port`, an IPv6 address in brackets.
 fn socket_address(address: &str, port: u16) -> String {
@@ -43,9 +47,23 @@ pub struct JobFiles {
     pub token: String,
     /// Whether a checkpoint was restored (the attempt resumes).
     pub resumed: bool,
-    /// What each file was (size, modification time) when last put or
-    /// restored: a file is put again only when that changed.
-    pub uploaded: Arc<Mutex<BTreeMap<String, (u64, SystemTime)>>>,
+    /// What each file was (size, modification time, SHA-256 of its
+    /// content) when last put or restored: a file is put again only when
+    /// its content changed since (docs/jobs.md "Code and data").
+    pub uploaded: Arc<Mutex<BTreeMap<String, Seen>>>,
+}
+
+/// A file as it was when last put or restored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seen {
+    pub bytes: u64,
+    pub modified: SystemTime,
+    pub sha256: [u8; 32],
+}
+
+fn sha256(body: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(body).into()
 }
 
 #[derive(serde::Deserialize)]
@@ -65,6 +83,20 @@ impl JobFiles {
 
     pub fn outputs(&self) -> PathBuf {
         self.dir.join("outputs")
+    }
+
+    /// The agent's notices to the workload (`preempt`), mounted read-only
+    /// at [`NOTICE_DIR_IN_CONTAINER`].
+    pub fn notices(&self) -> PathBuf {
+        self.dir.join("notice")
+    }
+
+    /// A preemption notice: `preempt` written (atomically) with the
+    /// deadline in Unix milliseconds, beside the SIGTERM.
+    pub fn notify_preemption(&self, deadline_ms: u64) -> std::io::Result<()> {
+        let temporary = self.notices().join(".preempt.tmp");
+        std::fs::write(&temporary, format!("{deadline_ms}\n"))?;
+        std::fs::rename(temporary, self.notices().join("preempt"))
     }
 
     /// Where input `name` is fetched to (mounted read-only at its mount).
@@ -99,6 +131,10 @@ impl JobFiles {
             true => (a.run.checkpoint_dir.clone(), a.run.outputs_dir.clone(), "/job".to_string()),
             false => (self.checkpoints().display().to_string(), self.outputs().display().to_string(), self.code().display().to_string()),
         };
+        let notice = match in_container {
+            true => format!("{NOTICE_DIR_IN_CONTAINER}/preempt"),
+            false => self.notices().join("preempt").display().to_string(),
+        };
         vec![
             ("GPUX_JOB_ID".into(), a.job.0.to_string()),
             ("GPUX_JOB_ATTEMPT".into(), a.attempt.to_string()),
@@ -111,6 +147,7 @@ impl JobFiles {
             ("GPUX_NODES".into(), a.nodes.to_string()),
             ("GPUX_NODE_RANK".into(), a.node_rank.to_string()),
             ("GPUX_GPUS_ON_NODE".into(), gpus_here.to_string()),
+            ("GPUX_PREEMPT_FILE".into(), notice),
             ("PYTHONUNBUFFERED".into(), "1".into()),
         ]
         .into_iter()
@@ -195,7 +232,7 @@ impl JobFiles {
     /// renter's failure (`bundle_unavailable`); a store that does not
     /// answer is this host's (`host_error`).
     pub async fn prepare(&mut self) -> Result<(), Failure> {
-        for dir in [self.code(), self.checkpoints(), self.outputs(), self.pip_cache.clone()] {
+        for dir in [self.code(), self.checkpoints(), self.outputs(), self.notices(), self.pip_cache.clone()] {
             std::fs::create_dir_all(&dir).map_err(|e| Failure::new(FailureCode::HostError, format!("{}: {e}", dir.display())))?;
         }
         self.write_hostfile()?;
@@ -227,7 +264,8 @@ impl JobFiles {
             }
             std::fs::write(&path, &bytes).map_err(|e| Failure::new(FailureCode::HostError, format!("{}: {e}", path.display())))?;
             if let Ok(modified) = std::fs::metadata(&path).and_then(|m| m.modified()) {
-                self.remember(&format!("checkpoints/{relative}"), bytes.len() as u64, modified);
+                let seen = Seen { bytes: bytes.len() as u64, modified, sha256: sha256(&bytes) };
+                self.remember(&format!("checkpoints/{relative}"), seen);
             }
         }
         self.resumed = !listed.is_empty();
@@ -288,8 +326,14 @@ impl JobFiles {
         Ok(())
     }
 
-    /// Mirrors checkpoints/ and outputs/ to the store: new and changed
-    /// files put, checkpoint files deleted here deleted there.
+    /// Mirrors checkpoints/ and outputs/ to the store: files whose content
+    /// changed since they were restored or last put are put (a changed
+    /// size or time makes the content hashed; the same content is not put
+    /// again); checkpoint files deleted here are deleted there. A cluster's
+    /// members share the job's areas: a member puts only what it changed,
+    /// so a restored copy of another rank's file never overwrites that
+    /// rank's newer one, and none deletes what another wrote. A single
+    /// host also puts what the store lacks or holds at another size.
     pub async fn sync(&self) -> Result<usize, String> {
         let client = Self::client().map_err(|f| f.detail)?;
         let mut put = 0;
@@ -304,10 +348,18 @@ impl JobFiles {
             for (relative, (path, bytes, modified)) in &local {
                 let key = format!("{area}/{relative}");
                 let known = self.uploaded.lock().unwrap_or_else(|p| p.into_inner()).get(&key).copied();
-                if remote.get(relative) == Some(bytes) && known == Some((*bytes, *modified)) {
+                let store_differs = !self.cluster() && remote.get(relative) != Some(bytes);
+                let untouched = known.is_some_and(|k| k.bytes == *bytes && k.modified == *modified);
+                if untouched && !store_differs {
                     continue;
                 }
                 let body = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let seen = Seen { bytes: *bytes, modified: *modified, sha256: sha256(&body) };
+                if known.is_some_and(|k| k.sha256 == seen.sha256) && !store_differs {
+                    // Touched, not changed: the store holds this content.
+                    self.remember(&key, seen);
+                    continue;
+                }
                 let url = format!("{}/v1/objects/{}/{area}/{relative}", self.store_url, self.prefix());
                 let answer = client.put(&url).bearer_auth(&self.token).body(body).send().await.map_err(|e| e.to_string())?;
                 if !answer.status().is_success() {
@@ -315,11 +367,9 @@ impl JobFiles {
                 }
                 // What was read may have changed since: the time read before
                 // the body keeps such a file for the next sync.
-                self.remember(&key, *bytes, *modified);
+                self.remember(&key, seen);
                 put += 1;
             }
-            // A cluster's members share the job's checkpoint area: none
-            // removes what another wrote.
             if area == "checkpoints" && !self.cluster() {
                 for relative in remote.keys().filter(|r| !local.contains_key(*r)) {
                     let url = format!("{}/v1/objects/{}/{area}/{relative}", self.store_url, self.prefix());
@@ -330,8 +380,22 @@ impl JobFiles {
         Ok(put)
     }
 
-    fn remember(&self, key: &str, bytes: u64, modified: SystemTime) {
-        self.uploaded.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_string(), (bytes, modified));
+    /// The attempt's last output (a bounded tail) at
+    /// `logs/attempt-<A>-rank-<R>.log`: what the renter reads with `gpux
+    /// job logs` once the job ended, and why a failed job failed.
+    pub async fn put_log(&self, tail: &str) -> Result<(), String> {
+        let client = Self::client().map_err(|f| f.detail)?;
+        let a = &self.assignment;
+        let url = format!("{}/v1/objects/{}/logs/attempt-{}-rank-{}.log", self.store_url, self.prefix(), a.attempt, a.node_rank);
+        let answer = client.put(&url).bearer_auth(&self.token).body(tail.to_string()).send().await.map_err(|e| e.to_string())?;
+        match answer.status().is_success() {
+            true => Ok(()),
+            false => Err(format!("putting the output: {}", answer.status())),
+        }
+    }
+
+    fn remember(&self, key: &str, seen: Seen) {
+        self.uploaded.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_string(), seen);
     }
 
     /// `Err((the renter's fault, detail))`.

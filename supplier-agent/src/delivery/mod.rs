@@ -301,6 +301,8 @@ enum Done {
     Removed {
         lease: LeaseId,
         result: Result<(), String>,
+        /// The workload's last output, read before the first removal attempt.
+        tail: Option<(String, bool)>,
     },
     Polled {
         results: Vec<(LeaseId, u64, Poll, bool)>,
@@ -344,6 +346,9 @@ pub struct Manager {
     /// Jobs' files of ended leases, synced once more and deleted when their
     /// workload is confirmed gone.
     ended_jobs: BTreeMap<LeaseId, Box<jobs::JobFiles>>,
+    /// The last output of ended leases' workloads, oldest first, at most
+    /// `KEPT_LOGS_MAX`: logs asked for after the end come from here.
+    kept_logs: std::collections::VecDeque<(LeaseId, String, bool)>,
 }
 
 impl Manager {
@@ -371,6 +376,7 @@ impl Manager {
             progress,
             done,
             ended_jobs: BTreeMap::new(),
+            kept_logs: std::collections::VecDeque::new(),
         };
         tokio::spawn(manager.run(orders, progress_rx, done_rx));
         (orders_tx, reports_rx)
@@ -409,6 +415,11 @@ impl Manager {
             Order::DeliverJob { lease, gpus, files, start_ms, end_ms } => self.deliver_job(lease, gpus, files, start_ms, end_ms),
             Order::Preempt { lease, deadline_ms } => {
                 if let Some(entry) = self.entries.get(&lease) {
+                    if let Some(files) = &entry.job.files {
+                        if let Err(error) = files.notify_preemption(deadline_ms) {
+                            tracing::warn!(%lease, %error, "could not write the job's preemption notice");
+                        }
+                    }
                     let (backend, job) = (self.backend.clone(), entry.job.clone());
                     tokio::spawn(async move { backend.terminate(&job, deadline_ms).await });
                 }
@@ -421,14 +432,39 @@ impl Manager {
                 }
                 self.remove(lease, tell);
             }
-            Order::Logs { request, lease, tail_bytes } => {
-                let (backend, reports, known) = (self.backend.clone(), self.reports.clone(), self.entries.contains_key(&lease));
-                tokio::spawn(async move {
-                    let (data, truncated) = if known { backend.logs(lease, tail_bytes).await } else { (String::new(), false) };
-                    let _ = reports.send(Report::Logs { request, data, truncated });
-                });
-            }
+            Order::Logs { request, lease, tail_bytes } => self.logs(request, lease, tail_bytes),
             Order::Reconcile { active } => self.reconcile(active),
+        }
+    }
+
+    /// A renter's request for a lease's output: the running workload's
+    /// tail, or the one kept from its end. A lease this host never ran (or
+    /// forgot) is not answered: another agent of the account runs it, and
+    /// the exchange answers `host_unreachable` if none does.
+    fn logs(&mut self, request: u64, lease: LeaseId, tail_bytes: u32) {
+        let reports = self.reports.clone();
+        if self.entries.contains_key(&lease) {
+            let backend = self.backend.clone();
+            tokio::spawn(async move {
+                let (data, truncated) = backend.logs(lease, tail_bytes).await;
+                let _ = reports.send(Report::Logs { request, data, truncated });
+            });
+        } else if let Some((_, data, truncated)) = self.kept_logs.iter().find(|(l, ..)| *l == lease) {
+            let keep = (tail_bytes as usize).min(data.len());
+            let mut start = data.len() - keep;
+            while !data.is_char_boundary(start) {
+                start += 1;
+            }
+            let _ = reports.send(Report::Logs { request, data: data[start..].to_string(), truncated: *truncated || start > 0 });
+        }
+    }
+
+    /// Keeps an ended workload's last output (the oldest forgotten past `KEPT_LOGS_MAX`).
+    fn keep_log(&mut self, lease: LeaseId, data: String, truncated: bool) {
+        self.kept_logs.retain(|(l, ..)| *l != lease);
+        self.kept_logs.push_back((lease, data, truncated));
+        while self.kept_logs.len() > crate::limits::KEPT_LOGS_MAX {
+            self.kept_logs.pop_front();
         }
     }
 
@@ -492,7 +528,12 @@ impl Manager {
     fn on_done(&mut self, done: Done) {
         match done {
             Done::Started { lease, generation, result } => self.started(lease, generation, result),
-            Done::Removed { lease, result } => self.removed(lease, result),
+            Done::Removed { lease, result, tail } => {
+                if let Some((data, truncated)) = tail {
+                    self.keep_log(lease, data, truncated);
+                }
+                self.removed(lease, result)
+            }
             Done::Prepared { lease, generation, result } => self.prepared(lease, generation, result),
             Done::Synced { lease, exited } => {
                 if let Some(entry) = self.entries.get_mut(&lease) {
@@ -562,8 +603,15 @@ impl Manager {
         let _ = self.reports.send(Report::Released { lease });
         if let Some(files) = self.ended_jobs.remove(&lease) {
             // What the workload wrote while it was stopped (its SIGTERM
-            // grace) reaches the store; then its files leave the host.
+            // grace) reaches the store, and its last output; then its files
+            // leave the host.
+            let tail = self.kept_logs.iter().find(|(l, ..)| *l == lease).map(|(_, data, _)| data.clone());
             tokio::spawn(async move {
+                if let Some(tail) = tail {
+                    if let Err(error) = files.put_log(&tail).await {
+                        tracing::warn!(%lease, %error, "putting the job's output in the store failed");
+                    }
+                }
                 if let Err(error) = files.sync().await {
                     tracing::warn!(%lease, %error, "the job's last sync failed");
                 }
@@ -647,8 +695,12 @@ impl Manager {
             // A job's exit is told once what it wrote is in the store.
             entry.phase = Phase::Done;
             entry.syncing = true;
-            let done = self.done.clone();
+            let (done, backend) = (self.done.clone(), self.backend.clone());
             tokio::spawn(async move {
+                let (tail, _) = backend.logs(lease, crate::limits::KEPT_LOG_BYTES).await;
+                if let Err(error) = files.put_log(&tail).await {
+                    tracing::warn!(%lease, %error, "putting the job's output in the store failed");
+                }
                 if let Err(error) = files.sync().await {
                     tracing::warn!(%lease, %error, "syncing the job's files at its exit failed");
                 }
@@ -744,11 +796,17 @@ impl Manager {
         }
         removal.in_flight = true;
         // The first attempt gives the workload its grace; retries force it.
-        let grace = if removal.attempts == 0 { self.tuning.stop_grace } else { Duration::ZERO };
+        let first = removal.attempts == 0;
+        let grace = if first { self.tuning.stop_grace } else { Duration::ZERO };
         let (backend, done) = (self.backend.clone(), self.done.clone());
         tokio::spawn(async move {
+            // What it printed goes with the container: read it first.
+            let tail = match first {
+                true => Some(backend.logs(lease, crate::limits::KEPT_LOG_BYTES).await),
+                false => None,
+            };
             let result = backend.remove(lease, grace).await;
-            let _ = done.send(Done::Removed { lease, result });
+            let _ = done.send(Done::Removed { lease, result, tail });
         });
     }
 

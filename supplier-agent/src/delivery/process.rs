@@ -80,6 +80,7 @@ impl DeliveryBackend for ProcessBackend {
             .env("CUDA_VISIBLE_DEVICES", uuids.join(","))
             .env("HIP_VISIBLE_DEVICES", indices.join(","))
             .env("GPUX_LEASE", job.lease.0.to_string())
+            .env("GPUX_GPUS", uuids.join(","))
             .envs(job.secrets.env.iter().map(|(n, v)| (n, v)))
             .stdin(std::process::Stdio::null())
             .stdout(output)
