@@ -197,6 +197,9 @@ pub struct Jobs {
     /// Members of running cluster attempts whose workload exited 0 (after
     /// its final sync): the job succeeds once every member's has.
     exited_ok: BTreeSet<LeaseId>,
+    /// Leases of running attempts whose host reported the workload
+    /// `running`: the attempt shows `starting` until every one has.
+    started: BTreeSet<LeaseId>,
 }
 
 /// Why a job is refused at submission.
@@ -244,7 +247,7 @@ impl Jobs {
             name: entry.terms.name.clone(),
             instrument: entry.terms.instrument,
             gpus: entry.terms.gpus,
-            state: entry.state.clone(),
+            state: self.shown(&entry.state),
             attempts: entry.attempts,
             retries: entry.terms.retries,
             escrowed_minor: entry.escrowed_minor,
@@ -431,6 +434,33 @@ impl Jobs {
         self.heard.remove(&lease);
         self.noticed.remove(&lease);
         self.exited_ok.remove(&lease);
+        self.started.remove(&lease);
+    }
+
+    /// `state` as the renter sees it: a running attempt whose workloads do
+    /// not all run yet is `starting`.
+    pub fn shown(&self, state: &JobState) -> JobState {
+        match state {
+            JobState::Running { attempt, leases } if !leases.iter().all(|l| self.started.contains(l)) => {
+                JobState::Starting { attempt: *attempt, leases: leases.clone() }
+            }
+            other => other.clone(),
+        }
+    }
+
+    /// The host of one of a job's leases reported its workload `running`:
+    /// once every lease of the attempt has, the job is `running` (told).
+    pub fn workload_running(&mut self, lease: LeaseId, at_ms: u64) -> Outcome {
+        let mut outcome = Outcome::default();
+        let Some(&job) = self.leases.get(&lease) else { return outcome };
+        let Some(entry) = self.jobs.get_mut(&job) else { return outcome };
+        let JobState::Running { leases, .. } = &entry.state else { return outcome };
+        if !self.started.insert(lease) || !leases.iter().all(|l| self.started.contains(l)) {
+            return outcome;
+        }
+        entry.updated_at_ms = at_ms;
+        outcome.transitions.push((job, entry.terms.account, entry.state.clone()));
+        outcome
     }
 
     /// A host could not start one of the job's leases for the renter's
@@ -676,6 +706,7 @@ impl Jobs {
             self.heard.remove(other);
             self.noticed.remove(other);
             self.exited_ok.remove(other);
+            self.started.remove(other);
         }
         // A resize under way is dropped: its bid is cancelled, and the next
         // attempt (if any) bids at the size asked for.

@@ -570,6 +570,10 @@ impl MarketState {
             if info.supplier == account {
                 self.jobs.heard(lease, account, at_ms);
             }
+            if let (DeliveryState::Running { .. }, true) = (state, info.supplier == account) {
+                let outcome = self.jobs.workload_running(lease, at_ms);
+                self.job_outcome(outcome, applied, owed);
+            }
             if let (DeliveryState::Exited { code }, true) = (state, info.supplier == account) {
                 let outcome = self.jobs.workload_exited(lease, *code, at_ms);
                 self.job_outcome(outcome, applied, owed);
@@ -800,7 +804,7 @@ impl MarketState {
         applied.follow_ups.extend(outcome.commands());
         for (job, account, state) in &outcome.transitions {
             if let Some(mut info) = self.jobs.info(*job, *account) {
-                info.state = state.clone();
+                info.state = self.jobs.shown(state);
                 owed.push(Notice { to: Audience::account(*account), message: ServerMessage::JobUpdate { job: Box::new(info) } });
             }
         }

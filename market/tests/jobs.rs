@@ -743,3 +743,51 @@ fn a_jobs_bid_skips_suppliers_that_cannot_deliver() {
     let Some(JobState::Running { leases, .. }) = live.market.jobs().state(job).cloned() else { panic!("not running") };
     assert_eq!(live.market.engine().lease(leases[0]).expect("lease").supplier, delivering);
 }
+
+/// A job whose bid filled is `starting` (shown so, to its renter too) until
+/// its host reports the workload `running`; then `running`, pushed.
+#[test]
+fn a_job_is_starting_until_its_workload_runs() {
+    use gpux_market::{JournalEntry, MarketState};
+    use gpux_protocol::{DeliveryState, ServerMessage};
+    let mut live = Sequenced { market: MarketState::new(EngineConfig::demo()).expect("demo"), now_ms: T0, next_id: 1 };
+    let (renter, supplier) = (AccountId(0), AccountId(1));
+    live.engine(Command::OpenAccount { role: Role::Renter });
+    live.engine(Command::OpenAccount { role: Role::Supplier });
+    live.record(delivers(supplier));
+    live.engine(Command::Deposit { account: renter, amount_minor: 1_000_000_000 });
+    for gpu in 0..2 {
+        live.engine(Command::register(supplier, "host-0", &format!("GPU-0-{gpu}"), GpuSpec::h100_sxm()));
+    }
+    let terms = World::new(0).terms(1, 100 * USD_2);
+    live.now_ms += 1;
+    let job = live.record(JournalEntry::SubmitJob { at_ms: live.now_ms, terms }).job.expect("a job entry").expect("accepted");
+    live.ask(0, 0, USD_2);
+    let info = live.market.jobs().info(job, renter).expect("the renter's job");
+    let JobState::Starting { attempt: 1, leases } = info.state else { panic!("{:?}", info.state) };
+    assert!(matches!(live.market.jobs().state(job), Some(JobState::Running { .. })), "held as running");
+    // A status short of running changes nothing; `running` does, pushed.
+    let pushed = |applied: &gpux_market::Applied| -> Vec<JobState> {
+        applied
+            .notices
+            .iter()
+            .filter_map(|n| match &n.message {
+                ServerMessage::JobUpdate { job } => Some(job.state.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    live.now_ms += 1;
+    let applied = live.record(JournalEntry::DeliveryStatus {
+        at_ms: live.now_ms,
+        account: supplier,
+        lease: leases[0],
+        state: DeliveryState::Starting,
+    });
+    assert_eq!(pushed(&applied), []);
+    live.now_ms += 1;
+    let state = DeliveryState::Running { endpoints: Vec::new(), ssh: None, restarts: 0 };
+    let applied = live.record(JournalEntry::DeliveryStatus { at_ms: live.now_ms, account: supplier, lease: leases[0], state });
+    assert_eq!(pushed(&applied), [JobState::Running { attempt: 1, leases: leases.clone() }]);
+    assert_eq!(live.market.jobs().info(job, renter).expect("job").state, JobState::Running { attempt: 1, leases });
+}

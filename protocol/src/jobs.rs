@@ -328,6 +328,14 @@ pub enum JobState {
     Succeeded,
     Failed(JobFailure),
     Cancelled,
+    /// Its attempt's leases exist, but not every host reported its
+    /// workload `running` yet (the bundle is fetched, the container starts);
+    /// `running` once every one has. Shown, never held: the market holds
+    /// such an attempt as `Running` (docs/jobs.md "A job's life").
+    Starting {
+        attempt: u32,
+        leases: Vec<LeaseId>,
+    },
 }
 
 impl JobState {

@@ -170,8 +170,15 @@ async fn a_job_resumes_on_another_host_from_its_checkpoint_after_its_host_dies()
         ServerMessage::Job { job, .. } => job.job,
         other => panic!("{other:?}"),
     };
-    let running = await_job(&mut renter, job, Duration::from_secs(30), |i| matches!(i.state, JobState::Running { .. })).await;
+    // `starting` once the bid fills, `running` once the container runs.
+    let mut seen = Vec::new();
+    let running = await_job(&mut renter, job, Duration::from_secs(30), |i| {
+        seen.push(i.state.clone());
+        matches!(i.state, JobState::Running { .. })
+    })
+    .await;
     let JobState::Running { attempt: 1, leases } = running.state else { panic!("{:?}", running.state) };
+    assert!(seen.iter().any(|s| *s == JobState::Starting { attempt: 1, leases: leases.clone() }), "starting before running: {seen:?}");
     let first = leases[0];
 
     // A checkpoint reaches the store (the first sync, 10 s after start).

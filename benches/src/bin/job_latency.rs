@@ -208,14 +208,17 @@ async fn submit(renter: &mut Connection, submission: &JobSubmission) -> JobId {
     }
 }
 
-/// The lease of the job's `attempt` once it runs (from its pushes or its state).
+/// The lease of the job's `attempt` once it has one (from its pushes).
 async fn running_lease(renter: &mut Connection, job: JobId, attempt: u32) -> LeaseId {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let message = tokio::time::timeout(left, renter.next()).await.expect("the job runs in time").expect("renter");
         if let ServerMessage::JobUpdate { job: info } = message {
-            if let (true, JobState::Running { attempt: a, leases }) = (info.job == job, &info.state) {
+            // `starting` names the attempt's leases before their workloads run.
+            if let (true, JobState::Starting { attempt: a, leases } | JobState::Running { attempt: a, leases }) =
+                (info.job == job, &info.state)
+            {
                 if *a == attempt {
                     return leases[0];
                 }

@@ -445,6 +445,10 @@ pub fn describe(state: &JobState) -> String {
             let leases: Vec<String> = leases.iter().map(|l| l.0.to_string()).collect();
             format!("running (attempt {attempt}, lease {})", leases.join(", "))
         }
+        JobState::Starting { attempt, leases } => {
+            let leases: Vec<String> = leases.iter().map(|l| l.0.to_string()).collect();
+            format!("starting (attempt {attempt}, lease {}: its hosts are starting it)", leases.join(", "))
+        }
         JobState::Succeeded => "succeeded".into(),
         JobState::Cancelled => "cancelled".into(),
         JobState::Failed(failure) => format!("failed: {}", failure_text(failure)),
@@ -548,7 +552,7 @@ async fn job_logs(s: &mut Session, job: JobId, bytes: u32, (follow, attempt): (b
     let mut shown = String::new();
     loop {
         let live = match &info.state {
-            JobState::Running { leases, .. } => leases.last().copied(),
+            JobState::Running { leases, .. } | JobState::Starting { leases, .. } => leases.last().copied(),
             _ => None,
         };
         if let Some(lease) = live {

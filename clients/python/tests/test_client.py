@@ -785,7 +785,14 @@ def test_a_job_is_submitted_followed_cancelled_and_billed_from_python(exchange, 
     url, operator = exchange
 
     async def scenario():
-        supplier = await gpux.Client.connect(url, gpux.Key.generate(), role="supplier")
+        from nacl.public import PrivateKey
+
+        from gpux import delivery
+
+        identity = gpux.Key.generate()
+        supplier = await gpux.Client.connect(url, identity, role="supplier")
+        # A job's bid trades only with suppliers whose hosts take workloads.
+        await supplier.request("set_encryption_key", **delivery.certify(PrivateKey.generate(), identity.sign))
         spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
         await supplier.register_gpu("py-job-host", "GPU-py-job-0", spec)
         gpus = await supplier.my_gpus()
@@ -805,8 +812,13 @@ def test_a_job_is_submitted_followed_cancelled_and_billed_from_python(exchange, 
             await renter.submit_job(dict(job, gpus=0))
         assert refused.value.code == "job_invalid" and "gpus" in str(refused.value), refused.value
         submitted = await renter.submit_job(job)
+        # Its bid filled: `starting` until its host reports the workload running.
+        starting = await renter.wait_job(submitted.job, until=("starting",))
+        lease = starting.state_fields["leases"][0]
+        running_state = {"running": {"endpoints": [], "ssh": None, "restarts": 0}}
+        await supplier.request("delivery_status", lease=lease, state=running_state)
         running = await renter.wait_job(submitted.job, until=("running",))
-        lease = running.state_fields["leases"][0]
+        assert running.state_fields["leases"] == [lease]
         assert [j.job for j in await renter.jobs()] == [submitted.job]
         with pytest.raises(gpux.GpuxError) as same:
             await renter.resize_job(submitted.job, 1)

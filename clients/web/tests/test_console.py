@@ -400,6 +400,10 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
                         "checkpoint_dir": "/checkpoints", "outputs_dir": "/outputs", "checkpoint_interval_s": 60},
             })
             job_state = f"(document.querySelector('#jobs tr[data-job=\"{job.job}\"] .job-state') || {{}}).textContent || ''"
+            await browser.wait_until(f"{job_state} === 'starting'", what="the job's row, starting")
+            job_lease = (await renter.wait_job(job.job, until=("starting",))).state_fields["leases"][0]
+            running_state = {"running": {"endpoints": [], "ssh": None, "restarts": 0}}
+            await supplier.request("delivery_status", lease=job_lease, state=running_state)
             await browser.wait_until(f"{job_state} === 'running'", what="the job's row, running")
             await browser.evaluate(f"document.querySelector('[data-job-bill=\"{job.job}\"]').click()")
             await browser.wait_until(f"document.getElementById('job-bill').textContent.includes('GPUX-{renter.account}-job{job.job}')", what="the job's bill")

@@ -203,10 +203,12 @@ impl JobFiles {
     }
 
     /// The command, with the packages the image lacks installed first
-    /// (pip, cached on the host) when the job names any.
-    pub fn command(&self) -> Vec<String> {
+    /// (pip, cached on the host) when the job names any. Not in a process
+    /// on the host itself (`in_container` false): the host's Python is the
+    /// owner's, and nothing is installed into it.
+    pub fn command(&self, in_container: bool) -> Vec<String> {
         let run = &self.assignment.run;
-        if run.install.is_empty() {
+        if run.install.is_empty() || !in_container {
             return run.command.clone();
         }
         // Package requirements are checked to hold no quote (JobRun::validate).

@@ -628,7 +628,7 @@ impl Manager {
             Ok(files) => {
                 let mut env = files.env(in_container, entry.job.gpus.len());
                 env.retain(|(name, _)| !name.is_empty());
-                entry.job.secrets = Secrets { command: files.command(), env, ..Secrets::default() };
+                entry.job.secrets = Secrets { command: files.command(in_container), env, ..Secrets::default() };
                 entry.job.files = Some(*files);
                 entry.synced_at = tokio::time::Instant::now();
                 self.launch(&mut entry, 0, false);
