@@ -211,6 +211,14 @@ pub enum JournalEntry {
         account: AccountId,
         report: Box<gpux_protocol::GpuProbeReport>,
     },
+    /// Jobs follow the rules of `version` from this entry on
+    /// (`gpux_market::jobs::JOB_RULES`, docs/market-rules.md "Jobs"); the
+    /// exchange journals it once when it first runs a build with newer
+    /// rules, so a journal written before replays under the rules it ran
+    /// under. Appended.
+    JobRules {
+        version: u32,
+    },
 }
 
 impl JournalEntry {
@@ -260,6 +268,7 @@ impl JournalEntry {
             | JournalEntry::EncryptionKey { .. }
             | JournalEntry::BidRematch { .. }
             | JournalEntry::SignatureRule { .. }
+            | JournalEntry::JobRules { .. }
             | JournalEntry::Genesis { .. } => None,
         }
     }

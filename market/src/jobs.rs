@@ -29,6 +29,12 @@ pub const JOB_CLIENT_ORDER_ID_BASE: u64 = 1 << 62;
 pub const ATTEMPTS_MAX: u32 = 1_024;
 /// Leases of one job `JobInfo` lists (its newest).
 pub const INFO_LEASES_MAX: usize = 64;
+/// The rules jobs follow, journaled (`JournalEntry::JobRules`) when an
+/// exchange first runs them; a journal without the entry replays under 0.
+/// 1 (2026-12-07): a job's bids trade only with suppliers that deliver; a
+/// preemption notice makes any exit of the attempt its move; a cluster job
+/// succeeds once every member exited 0.
+pub const JOB_RULES: u32 = 1;
 
 /// What the market holds of a job: who pays, what it buys, its limits,
 /// what it runs.
@@ -124,6 +130,41 @@ struct Resize {
     leases: Vec<LeaseId>,
 }
 
+/// What the exchange heard of a running job lease from its supplier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Heard {
+    supplier: AccountId,
+    created_ms: u64,
+    /// The last delivery status or usage report.
+    last_ms: u64,
+    /// Whether any delivery status came (the host started on it).
+    status_seen: bool,
+}
+
+/// When a job lease's host counts as gone (docs/market-rules.md "Jobs"):
+/// nothing heard of the lease for `silence_ms`; no delivery status at all
+/// `start_ms` after it was created; or nothing heard for `disconnected_ms`
+/// while no connected session of the supplier runs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Silence {
+    pub silence_ms: u64,
+    pub start_ms: u64,
+    pub disconnected_ms: u64,
+}
+
+impl Silence {
+    /// The exchange's rules for `--job-silence-ms`: a host that never
+    /// started on its lease, or whose agent is gone, is given at most
+    /// `JOB_START_SILENCE_MS` / `JOB_GONE_SILENCE_MS`.
+    pub fn with_silence(silence_ms: u64) -> Silence {
+        Silence {
+            silence_ms,
+            start_ms: silence_ms.min(limits::JOB_START_SILENCE_MS),
+            disconnected_ms: silence_ms.min(limits::JOB_GONE_SILENCE_MS),
+        }
+    }
+}
+
 /// What `Jobs::observe` gathers over one entry's events before it settles them.
 #[derive(Default)]
 struct Observed {
@@ -179,7 +220,7 @@ pub struct Jobs {
     leases: BTreeMap<LeaseId, JobId>,
     /// Each running lease's supplier and when the exchange last heard of
     /// the lease from it (created, a delivery status, a usage report).
-    heard: BTreeMap<LeaseId, (AccountId, u64)>,
+    heard: BTreeMap<LeaseId, Heard>,
     /// Each account's jobs (for `jobs`, newest first).
     by_account: BTreeSet<(AccountId, JobId)>,
     /// Jobs not yet over, per account.
@@ -200,6 +241,8 @@ pub struct Jobs {
     /// Leases of running attempts whose host reported the workload
     /// `running`: the attempt shows `starting` until every one has.
     started: BTreeSet<LeaseId>,
+    /// The rules in force (`JOB_RULES` once journaled; 0 before).
+    rules: u32,
 }
 
 /// Why a job is refused at submission.
@@ -230,6 +273,16 @@ impl From<JobRefusal> for gpux_protocol::ErrorCode {
 }
 
 impl Jobs {
+    /// The rules in force (`JOB_RULES` once an exchange journaled them).
+    pub fn rules(&self) -> u32 {
+        self.rules
+    }
+
+    /// Adopts the rules of `version` (never older ones).
+    pub fn adopt_rules(&mut self, version: u32) {
+        self.rules = self.rules.max(version);
+    }
+
     pub fn state(&self, job: JobId) -> Option<&JobState> {
         self.jobs.get(&job).map(|j| &j.state)
     }
@@ -399,7 +452,7 @@ impl Jobs {
         let Some(entry) = self.jobs.get_mut(&job) else { return outcome };
         let JobState::Running { leases, .. } = &entry.state else { return outcome };
         let account = entry.terms.account;
-        if leases.iter().any(|l| self.noticed.contains(l)) {
+        if self.rules >= 1 && leases.iter().any(|l| self.noticed.contains(l)) {
             // The exited lease is ended now (billing stops); the others
             // are ended as an attempt's first ended lease ends them.
             self.forget_lease(lease);
@@ -407,7 +460,7 @@ impl Jobs {
             self.lease_ended(job, lease, LeaseEndReason::Preempted, at_ms, &mut outcome);
             return outcome;
         }
-        if code == 0 && leases.len() > 1 {
+        if code == 0 && leases.len() > 1 && self.rules >= 1 {
             // A cluster: each member's last outputs are in the store when
             // its exit is told; the job is done when every member's is.
             self.exited_ok.insert(lease);
@@ -425,7 +478,7 @@ impl Jobs {
     /// attempt's leases (its workload is moving, not finishing).
     pub fn moving(&self, lease: LeaseId) -> bool {
         let Some(job) = self.leases.get(&lease).and_then(|job| self.jobs.get(job)) else { return false };
-        matches!(&job.state, JobState::Running { leases, .. } if leases.iter().any(|l| self.noticed.contains(l)))
+        self.rules >= 1 && matches!(&job.state, JobState::Running { leases, .. } if leases.iter().any(|l| self.noticed.contains(l)))
     }
 
     /// Stops following a lease of a job (ended, or left behind by its attempt).
@@ -481,11 +534,20 @@ impl Jobs {
         self.leases.contains_key(&lease)
     }
 
-    /// The exchange heard of a job's lease from its supplier (a delivery
-    /// status, a usage report): it is not silent.
+    /// The exchange heard of a job's lease from its supplier (a usage
+    /// report): it is not silent.
     pub fn heard(&mut self, lease: LeaseId, supplier: AccountId, at_ms: u64) {
-        if let Some(heard) = self.heard.get_mut(&lease).filter(|(s, _)| *s == supplier) {
-            heard.1 = heard.1.max(at_ms);
+        if let Some(heard) = self.heard.get_mut(&lease).filter(|h| h.supplier == supplier) {
+            heard.last_ms = heard.last_ms.max(at_ms);
+        }
+    }
+
+    /// A delivery status of a job's lease from its supplier: its host
+    /// started on it, and it is not silent.
+    pub fn status_heard(&mut self, lease: LeaseId, supplier: AccountId, at_ms: u64) {
+        if let Some(heard) = self.heard.get_mut(&lease).filter(|h| h.supplier == supplier) {
+            heard.last_ms = heard.last_ms.max(at_ms);
+            heard.status_seen = true;
         }
     }
 
@@ -494,14 +556,20 @@ impl Jobs {
         self.heard.remove(&lease);
     }
 
-    /// Job leases whose supplier has said nothing of them for `silence_ms`
-    /// at `now_ms` (a host that died or hangs): the exchange fails their
-    /// delivery so that the job resumes elsewhere (docs/market-rules.md "Jobs").
-    pub fn silent_leases(&self, now_ms: u64, silence_ms: u64) -> Vec<(LeaseId, AccountId)> {
+    /// Job leases whose host counts as gone at `now_ms` by `rules`
+    /// (`connected(lease, supplier)`: whether a connected session of the
+    /// supplier runs the lease): the exchange fails their delivery so that
+    /// the job resumes elsewhere (docs/market-rules.md "Jobs").
+    pub fn silent_leases(&self, now_ms: u64, rules: Silence, connected: impl Fn(LeaseId, AccountId) -> bool) -> Vec<(LeaseId, AccountId)> {
         self.heard
             .iter()
-            .filter(|(_, (_, at))| now_ms.saturating_sub(*at) >= silence_ms)
-            .map(|(lease, (supplier, _))| (*lease, *supplier))
+            .filter(|(lease, h)| {
+                let quiet = now_ms.saturating_sub(h.last_ms);
+                quiet >= rules.silence_ms
+                    || (!h.status_seen && now_ms.saturating_sub(h.created_ms) >= rules.start_ms)
+                    || (quiet >= rules.disconnected_ms && !connected(**lease, h.supplier))
+            })
+            .map(|(lease, h)| (*lease, h.supplier))
             .collect()
     }
 
@@ -594,7 +662,7 @@ impl Jobs {
         entry.escrowed_minor = entry.escrowed_minor.saturating_add(escrow);
         entry.leases.push(lease);
         self.leases.insert(lease, job);
-        self.heard.insert(lease, (supplier, at_ms));
+        self.heard.insert(lease, Heard { supplier, created_ms: at_ms, last_ms: at_ms, status_seen: false });
         seen.suppliers.insert(lease, supplier);
         if entry.resizing.as_ref().is_some_and(|r| r.order == buy_order) {
             if let Some(resize) = entry.resizing.as_mut() {

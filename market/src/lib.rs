@@ -271,6 +271,7 @@ impl MarketState {
             JournalEntry::JobLeaseSilent { at_ms: _, lease } => self.job_lease_silent(*lease, &mut applied),
             JournalEntry::BindKey { public_key, account } => self.keys.bind(*public_key, *account),
             JournalEntry::SignatureRule { rule } => self.settlement.set_signature_rule(*rule),
+            JournalEntry::JobRules { version } => self.jobs.adopt_rules(*version),
             JournalEntry::AddKey { at_ms, by, account, public_key, scopes, expires_at_ms, label } => {
                 self.add_key(*at_ms, *by, None, *account, public_key, scopes, *expires_at_ms, label)
             }
@@ -434,7 +435,7 @@ impl MarketState {
         if let Some(order) = input.command.new_order() {
             let replaces = order.client_order_id.checked_sub(rematch::REPLACEMENT_CLIENT_ORDER_ID_BASE).map(LeaseId);
             if self.deliveries.bid_has_workload(order.account, order.client_order_id)
-                || self.jobs.is_job_bid(order.account, order.client_order_id)
+                || (self.jobs.rules() >= 1 && self.jobs.is_job_bid(order.account, order.client_order_id))
                 || replaces.is_some_and(|failed| self.deliveries.lease(failed).is_some_and(|d| d.workload.is_some()))
             {
                 self.engine.expect_workload(order.account, order.client_order_id);
@@ -568,7 +569,7 @@ impl MarketState {
             });
             // A job's workload that exited ends the job (its host's word).
             if info.supplier == account {
-                self.jobs.heard(lease, account, at_ms);
+                self.jobs.status_heard(lease, account, at_ms);
             }
             if let (DeliveryState::Running { .. }, true) = (state, info.supplier == account) {
                 let outcome = self.jobs.workload_running(lease, at_ms);

@@ -51,6 +51,7 @@ impl World {
             hosts: Vec::new(),
             next_id: 1,
         };
+        world.jobs.adopt_rules(gpux_market::jobs::JOB_RULES);
         world.run(Command::OpenAccount { role: Role::Renter });
         world.run(Command::OpenAccount { role: Role::Supplier });
         world.run(Command::Deposit { account: AccountId(0), amount_minor: 1_000_000_000 });
@@ -254,6 +255,7 @@ fn a_journaled_job_runs_through_a_host_failure_and_replays_to_the_same_state() {
         }
     }
     let mut j = Journal { market: MarketState::new(EngineConfig::demo()).expect("demo"), entries: Vec::new(), now_ms: T0 };
+    j.record(JournalEntry::JobRules { version: gpux_market::jobs::JOB_RULES });
     let (renter, supplier) = (AccountId(0), AccountId(1));
     j.engine(Command::OpenAccount { role: Role::Renter });
     j.engine(Command::OpenAccount { role: Role::Supplier });
@@ -447,6 +449,7 @@ fn a_cluster_job_runs_on_one_fabric_tells_each_host_its_peers_and_restarts_whole
         }
     }
     let mut live = Live { market: MarketState::new(EngineConfig::demo()).expect("demo"), now_ms: T0, assigned: Vec::new() };
+    live.record(JournalEntry::JobRules { version: gpux_market::jobs::JOB_RULES });
     let (renter, supplier) = (AccountId(0), AccountId(1));
     live.engine(Command::OpenAccount { role: Role::Renter });
     live.engine(Command::OpenAccount { role: Role::Supplier });
@@ -542,6 +545,14 @@ struct Sequenced {
 }
 
 impl Sequenced {
+    /// A market under the current job rules (journaled first, as an
+    /// exchange of this build does).
+    fn new() -> Sequenced {
+        let mut live = Sequenced { market: gpux_market::MarketState::new(EngineConfig::demo()).expect("demo"), now_ms: T0, next_id: 1 };
+        live.record(gpux_market::JournalEntry::JobRules { version: gpux_market::jobs::JOB_RULES });
+        live
+    }
+
     fn record(&mut self, entry: gpux_market::JournalEntry) -> gpux_market::Applied {
         let applied = self.market.apply(&entry).expect("applies");
         for command in applied.follow_ups.clone() {
@@ -568,8 +579,8 @@ impl Sequenced {
 /// instead of failing it.
 #[test]
 fn a_cluster_job_with_a_preempted_member_moves_whole() {
-    use gpux_market::{JournalEntry, MarketState};
-    let mut live = Sequenced { market: MarketState::new(EngineConfig::demo()).expect("demo"), now_ms: T0, next_id: 1 };
+    use gpux_market::JournalEntry;
+    let mut live = Sequenced::new();
     let (renter, supplier, spot) = (AccountId(0), AccountId(1), AccountId(2));
     live.engine(Command::OpenAccount { role: Role::Renter });
     live.engine(Command::OpenAccount { role: Role::Supplier });
@@ -714,8 +725,8 @@ fn a_preempted_job_moves_to_its_next_attempt_whatever_its_workload_does_on_the_n
 /// lands on the first supplier that delivers.
 #[test]
 fn a_jobs_bid_skips_suppliers_that_cannot_deliver() {
-    use gpux_market::{JournalEntry, MarketState};
-    let mut live = Sequenced { market: MarketState::new(EngineConfig::demo()).expect("demo"), now_ms: T0, next_id: 1 };
+    use gpux_market::JournalEntry;
+    let mut live = Sequenced::new();
     let (renter, silent, delivering) = (AccountId(0), AccountId(1), AccountId(2));
     live.engine(Command::OpenAccount { role: Role::Renter });
     live.engine(Command::OpenAccount { role: Role::Supplier });
@@ -748,9 +759,9 @@ fn a_jobs_bid_skips_suppliers_that_cannot_deliver() {
 /// its host reports the workload `running`; then `running`, pushed.
 #[test]
 fn a_job_is_starting_until_its_workload_runs() {
-    use gpux_market::{JournalEntry, MarketState};
+    use gpux_market::JournalEntry;
     use gpux_protocol::{DeliveryState, ServerMessage};
-    let mut live = Sequenced { market: MarketState::new(EngineConfig::demo()).expect("demo"), now_ms: T0, next_id: 1 };
+    let mut live = Sequenced::new();
     let (renter, supplier) = (AccountId(0), AccountId(1));
     live.engine(Command::OpenAccount { role: Role::Renter });
     live.engine(Command::OpenAccount { role: Role::Supplier });
@@ -790,4 +801,75 @@ fn a_job_is_starting_until_its_workload_runs() {
     let applied = live.record(JournalEntry::DeliveryStatus { at_ms: live.now_ms, account: supplier, lease: leases[0], state });
     assert_eq!(pushed(&applied), [JobState::Running { attempt: 1, leases: leases.clone() }]);
     assert_eq!(live.market.jobs().info(job, renter).expect("job").state, JobState::Running { attempt: 1, leases });
+}
+
+/// When a job lease's host counts as gone (docs/market-rules.md "Jobs"):
+/// never started on it within the start limit; silent while no connected
+/// agent runs it within the shorter limit; silent for `--job-silence-ms`
+/// whatever its connection.
+#[test]
+fn a_job_lease_is_silent_when_its_host_never_starts_is_gone_or_says_nothing() {
+    use gpux_market::jobs::Silence;
+    let rules = Silence::with_silence(120_000);
+    assert_eq!((rules.start_ms, rules.disconnected_ms), (30_000, 30_000));
+    assert_eq!(Silence::with_silence(4_000), Silence { silence_ms: 4_000, start_ms: 4_000, disconnected_ms: 4_000 });
+    let mut w = World::new(1);
+    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), T0).expect("accepted");
+    w.follow(outcome);
+    w.ask(0);
+    let lease = w.lease_of(job);
+    let created = w.now_ms;
+    let silent = |w: &World, at: u64, connected: bool| !w.jobs.silent_leases(at, rules, |_, _| connected).is_empty();
+    // Usage reports alone do not say the host started on it.
+    w.jobs.heard(lease, w.supplier, created + 10_000);
+    assert!(!silent(&w, created + 29_999, true));
+    assert!(silent(&w, created + 30_000, true), "no delivery status 30 s after it was created");
+    // A status: started. Then only the gone and silence rules apply.
+    w.jobs.status_heard(lease, w.supplier, created + 1_000);
+    let last = created + 10_000;
+    assert!(!silent(&w, last + 30_000, true), "its agent is connected: 120 s");
+    assert!(silent(&w, last + 30_000, false), "no connected agent runs it: 30 s");
+    assert!(!silent(&w, last + 29_999, false));
+    assert!(silent(&w, last + 120_000, true), "silent for --job-silence-ms");
+    // Another supplier's word is not its host's.
+    w.jobs.heard(lease, AccountId(9), last + 119_000);
+    assert!(silent(&w, last + 120_000, true));
+}
+
+/// A journal written before the job rules of 2026-12-07 replays under the
+/// rules it ran under: without its `JobRules` entry a preempted job's exit
+/// 0 still ends it as succeeded, and a job's bid trades with a supplier
+/// that does not deliver (docs/market-rules.md "Jobs"); from the entry on,
+/// the new rules hold.
+#[test]
+fn a_journal_without_the_job_rules_entry_replays_under_the_old_rules() {
+    use gpux_market::{JournalEntry, MarketState};
+    let mut old = Sequenced { market: MarketState::new(EngineConfig::demo()).expect("demo"), now_ms: T0, next_id: 1 };
+    assert_eq!(old.market.jobs().rules(), 0);
+    let (renter, supplier) = (AccountId(0), AccountId(1));
+    old.engine(Command::OpenAccount { role: Role::Renter });
+    old.engine(Command::OpenAccount { role: Role::Supplier });
+    old.engine(Command::Deposit { account: renter, amount_minor: 1_000_000_000 });
+    for gpu in 0..2 {
+        old.engine(Command::register(supplier, "host-0", &format!("GPU-0-{gpu}"), GpuSpec::h100_sxm()));
+    }
+    let terms = World::new(0).terms(1, 100 * USD_2);
+    old.now_ms += 1;
+    let job = old.record(JournalEntry::SubmitJob { at_ms: old.now_ms, terms }).job.expect("a job entry").expect("accepted");
+    old.ask(0, 0, USD_2);
+    assert!(matches!(old.market.jobs().state(job), Some(JobState::Running { .. })), "it filled on a supplier that published no key");
+    old.record(JournalEntry::JobRules { version: gpux_market::jobs::JOB_RULES });
+    assert_eq!(old.market.jobs().rules(), gpux_market::jobs::JOB_RULES);
+    old.record(JournalEntry::JobRules { version: 0 });
+    assert_eq!(old.market.jobs().rules(), gpux_market::jobs::JOB_RULES, "rules are never lowered");
+    let terms = World::new(0).terms(1, 100 * USD_2);
+    old.now_ms += 1;
+    let second = old.record(JournalEntry::SubmitJob { at_ms: old.now_ms, terms }).job.expect("a job entry").expect("accepted");
+    let mut ask = NewOrder::limit(supplier, 99, InstrumentId(0), Side::Sell, USD_2, 2);
+    ask.supply = Some(GpuSet { host: HostId(0), gpu_mask: 0b11 });
+    old.engine(Command::place(ask));
+    assert!(
+        matches!(old.market.jobs().state(second), Some(JobState::Bidding { .. })),
+        "under the new rules it waits for a host that delivers"
+    );
 }

@@ -48,6 +48,14 @@ pub mod limits {
     pub const JOBS_FINISHED_MAX: usize = 1 << 17;
     /// Jobs in one `jobs` page.
     pub const JOBS_PAGE_MAX: usize = 100;
+    /// A job lease with no delivery status this long after it was created
+    /// fails as its host's (an agent says `starting` as soon as it is
+    /// handed the job; within `--job-silence-ms` when that is shorter).
+    pub const JOB_START_SILENCE_MS: u64 = 30_000;
+    /// A job lease heard of by nothing this long, while no connected
+    /// session of its supplier runs it (its agent is gone), fails as its
+    /// host's (within `--job-silence-ms` when that is shorter).
+    pub const JOB_GONE_SILENCE_MS: u64 = 30_000;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -234,8 +234,14 @@ async fn a_cluster_job_gets_its_ranks_reaches_every_peer_and_bids_whole_again_wh
         ServerMessage::Job { job, .. } => job.job,
         other => panic!("{other:?}"),
     };
-    let running = await_job(&mut renter, job, Duration::from_secs(30), |i| matches!(i.state, JobState::Running { .. })).await;
-    let JobState::Running { attempt: 1, leases } = running.state else { panic!("{:?}", running.state) };
+    // Its leases are known once it is `starting`: the members probe the
+    // fabric while their containers start.
+    let starting =
+        await_job(&mut renter, job, Duration::from_secs(30), |i| matches!(i.state, JobState::Starting { .. } | JobState::Running { .. }))
+            .await;
+    let (JobState::Starting { attempt: 1, leases } | JobState::Running { attempt: 1, leases }) = starting.state else {
+        panic!("{:?}", starting.state)
+    };
     assert_eq!(leases.len(), 3, "one lease per member");
 
     // The members' agents probed the fabric: a ring all-reduce over

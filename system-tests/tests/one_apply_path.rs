@@ -197,6 +197,7 @@ fn sub_accounts_keys_and_a_resold_lease_replay_alike_in_the_audit_and_a_recovery
     let (renter, supplier, sub) = (AccountId(0), AccountId(1), AccountId(2));
     // As an exchange's journal starts (else its recovery adds these entries).
     apply(JournalEntry::SignatureRule { rule: gpux_settlement::SignatureRule::Zip215 });
+    apply(JournalEntry::JobRules { version: gpux_market::jobs::JOB_RULES });
     apply(at(T0, Command::SetLateReportWindow { window_ms: gpux_exchange::LATE_REPORT_WINDOW_MS_DEFAULT }));
     apply(at(T0, Command::OpenAccount { role: Role::Aggregator }));
     apply(JournalEntry::BindKey { public_key: [1; 32], account: renter });

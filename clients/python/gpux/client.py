@@ -233,21 +233,12 @@ async def _store_request(method: str, url: str, token: str, body: Optional[bytes
 
 
 def pack_bundle(directory: str | Path) -> bytes:
-    """A code directory as a gzip-compressed tar of its plain files (names
-    sorted, no times or owners), the shape the hosts unpack."""
-    import gzip
-    import io
-    import tarfile
+    """A code directory packed as the CLI packs it (`gpux.bundle.pack`: the
+    same ignore rules, symbolic links refused, the same bytes and so the
+    same SHA-256 name); raises `gpux.bundle.BundleError` as the CLI refuses."""
+    from . import bundle
 
-    root = Path(directory)
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-            info = tarfile.TarInfo(path.relative_to(root).as_posix())
-            data = path.read_bytes()
-            info.size, info.mtime, info.mode = len(data), 0, 0o755 if os.access(path, os.X_OK) else 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return gzip.compress(raw.getvalue(), mtime=0)
+    return bundle.pack(directory)
 
 
 class Client:
@@ -698,7 +689,7 @@ class Client:
         return {"sha256": sha256, "bytes": len(bundle)}
 
     async def put_input(self, packed: bytes) -> dict:
-        """Puts a packed input directory (`pack_bundle`) in the job store;
+        """Puts a packed input directory (`gpux.bundle.pack_input`) in the job store;
         returns the `source` of a job's input (`{"store": {...}}`)."""
         import hashlib
 

@@ -198,11 +198,16 @@ impl Sequencer {
         (!desk.submit(bill)).then(|| error(Some(id), ErrorCode::InvoiceUnavailable))
     }
 
-    /// Fails the delivery of job leases whose host has said nothing of them
-    /// for the silence limit (each journaled, the market checks the rest).
+    /// Fails the delivery of job leases whose host counts as gone
+    /// (`gpux_market::jobs::Silence`: silent for `--job-silence-ms`, never
+    /// started, or silent while no connected agent runs the lease), each
+    /// journaled; the market checks the rest.
     pub(super) fn fail_silent_job_leases(&mut self) {
         let now_ms = self.market.clock_ms();
-        for (lease, _supplier) in self.market.jobs().silent_leases(now_ms, self.job_silence_ms) {
+        let rules = gpux_market::jobs::Silence::with_silence(self.job_silence_ms);
+        let sessions = &self.sessions;
+        let silent = self.market.jobs().silent_leases(now_ms, rules, |lease, supplier| sessions.runner_of(supplier, lease).is_some());
+        for (lease, _supplier) in silent {
             if self.journal(JournalEntry::JobLeaseSilent { at_ms: now_ms, lease }).is_none() {
                 return;
             }

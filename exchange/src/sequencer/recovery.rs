@@ -131,6 +131,11 @@ impl Sequencer {
         if self.market.signature_rule() != gpux_settlement::SignatureRule::Zip215 {
             self.journal(JournalEntry::SignatureRule { rule: gpux_settlement::SignatureRule::Zip215 });
         }
+        // Jobs follow this build's rules from here on (the entries before
+        // replay under the rules they ran under).
+        if self.market.jobs().rules() < gpux_market::jobs::JOB_RULES {
+            self.journal(JournalEntry::JobRules { version: gpux_market::jobs::JOB_RULES });
+        }
     }
 
     /// Makes the operator's listing the market's (docs/market-rules.md

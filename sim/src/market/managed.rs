@@ -100,6 +100,14 @@ impl Sim {
         let done_at = start_ms + managed.work_ms.saturating_sub(managed.done_ms);
         self.managed_lease.insert(lease, job);
         self.schedule(done_at, Action::ManagedDone(job, lease));
+        // Its host starts the workload at once, as an agent reports it
+        // (the job is `running` from then on, not `starting`).
+        if let Some(supplier) = self.exchange.engine().lease(lease).map(|l| l.supplier) {
+            let state = gpux_protocol::DeliveryState::Running { endpoints: Vec::new(), ssh: None, restarts: 0 };
+            let mut events = Vec::new();
+            self.exchange.entry(JournalEntry::DeliveryStatus { at_ms: self.now_ms, account: supplier, lease, state }, &mut events);
+            debug_assert!(events.is_empty(), "a running status moves no money: {events:?}");
+        }
     }
 
     /// A lease ended: if a managed job ran on it and now bids again, its
@@ -144,7 +152,10 @@ impl Sim {
     /// The exchange fails job leases whose host said nothing for the silence limit.
     pub(super) fn managed_silence_check(&mut self) {
         self.schedule(self.now_ms + SILENCE_CHECK_MS, Action::ManagedSilence);
-        let silent = self.exchange.market().jobs().silent_leases(self.now_ms, self.silence_ms());
+        // Simulated agents do not connect: only the silence rule applies
+        // (every job lease's host reports `running` when it is created).
+        let rules = gpux_market::jobs::Silence::with_silence(self.silence_ms());
+        let silent = self.exchange.market().jobs().silent_leases(self.now_ms, rules, |_, _| true);
         for (lease, _) in silent {
             let mut events = Vec::new();
             self.exchange.entry(JournalEntry::JobLeaseSilent { at_ms: self.now_ms, lease }, &mut events);
