@@ -99,3 +99,5 @@ const _: () = assert!(
 pub const KEPT_LOG_BYTES: u32 = 64 * 1024;
 /// Ended leases whose tail the agent keeps in memory (the oldest forgotten first).
 pub const KEPT_LOGS_MAX: usize = 256;
+/// How long the agent reads a workload's output for one logs request.
+pub const LOGS_READ_MAX: Duration = Duration::from_secs(10);

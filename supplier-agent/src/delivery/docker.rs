@@ -380,14 +380,28 @@ impl DeliveryBackend for DockerBackend {
         Ok(())
     }
 
+    /// The last `tail_bytes` of the output, read from the start and kept in
+    /// a window of at most twice that (podman's `tail` lines, counted from
+    /// the file's end, came back short under load: the first lines of a
+    /// running container's output went missing), for at most
+    /// `LOGS_READ_MAX` (then what was read, marked truncated).
     async fn logs(&self, lease: LeaseId, tail_bytes: u32) -> (String, bool) {
-        let options = LogsOptions { stdout: true, stderr: true, tail: "2000".into(), ..Default::default() };
+        let options = LogsOptions { stdout: true, stderr: true, tail: "all".into(), ..Default::default() };
         let mut stream = self.docker.logs(&self.name_of(lease), Some(options));
-        let mut bytes = Vec::new();
-        while let Some(Ok(chunk)) = stream.next().await {
-            bytes.extend_from_slice(&chunk.into_bytes());
-        }
-        tail(&bytes, tail_bytes as usize)
+        let limit = tail_bytes as usize;
+        let (mut bytes, mut dropped) = (Vec::new(), false);
+        let read = async {
+            while let Some(Ok(chunk)) = stream.next().await {
+                bytes.extend_from_slice(&chunk.into_bytes());
+                if bytes.len() > 2 * limit.max(1) {
+                    bytes.drain(..bytes.len() - limit);
+                    dropped = true;
+                }
+            }
+        };
+        let whole = tokio::time::timeout(crate::limits::LOGS_READ_MAX, read).await.is_ok();
+        let (text, cut) = tail(&bytes, limit);
+        (text, cut || dropped || !whole)
     }
 
     async fn found(&self, lease: LeaseId) -> Result<Option<Found>, String> {
