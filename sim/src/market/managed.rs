@@ -152,10 +152,20 @@ impl Sim {
     /// The exchange fails job leases whose host said nothing for the silence limit.
     pub(super) fn managed_silence_check(&mut self) {
         self.schedule(self.now_ms + SILENCE_CHECK_MS, Action::ManagedSilence);
-        // Simulated agents do not connect: only the silence rule applies
-        // (every job lease's host reports `running` when it is created).
+        // A host whose agent is down (crashed, or its network lost) has no
+        // connected session: its job leases fail once nothing was heard of
+        // them for the gone limit, as the exchange fails them; a connected
+        // one gets the silence limit (every job lease's host reports
+        // `running` when it is created, so the start rule holds).
         let rules = gpux_market::jobs::Silence::with_silence(self.silence_ms());
-        let silent = self.exchange.market().jobs().silent_leases(self.now_ms, rules, |_, _| true);
+        let (leases, suppliers) = (&self.leases, &self.suppliers);
+        let connected = |lease: LeaseId, _| {
+            leases.get(&lease).is_none_or(|l| {
+                let host = &suppliers[l.supplier as usize];
+                !host.is_down && host.network_down_until == 0
+            })
+        };
+        let silent = self.exchange.market().jobs().silent_leases(self.now_ms, rules, connected);
         for (lease, _) in silent {
             let mut events = Vec::new();
             self.exchange.entry(JournalEntry::JobLeaseSilent { at_ms: self.now_ms, lease }, &mut events);
