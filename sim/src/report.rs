@@ -316,7 +316,7 @@ fn managed_section(md: &mut String, m: &Metrics) {
     let _ = writeln!(
         md,
         "\n## Training as gpux jobs\n\nA share of training renters' work (`--managed-jobs-bps`) was submitted as jobs: the exchange bids, \
-         fails a lease whose host says nothing for three report intervals, and the job resumes on another host from its last \
+         fails a lease whose agent is gone (30 s after the last word, checked every 10 min here) or whose host says nothing for three report intervals, and the job resumes on another host from its last \
          checkpoint (every 30 min).\n"
     );
     let _ = writeln!(md, "| | |\n|---|---|");
