@@ -205,6 +205,18 @@ impl Plan {
 }
 
 /// Converts an amount in major units to minor units of `currency` (rounded down).
+/// `amount` in minor units of `currency`, refused when it has more
+/// decimals than the currency counts (never rounded: docs/first-hour.md
+/// "Amounts").
+pub fn to_minor_exact(amount: Decimal, currency: &gpux_engine::Currency) -> Result<u64, String> {
+    let minor = amount.checked_mul(Decimal::from(10u64.pow(currency.decimals as u32))).ok_or_else(|| format!("`{amount}` is too large"))?;
+    if minor.fract() != Decimal::ZERO {
+        let (decimals, code) = (currency.decimals, &currency.code);
+        return Err(format!("`{amount}`: at most {decimals} decimals (the exchange counts {code} to 10^-{decimals})"));
+    }
+    u64::try_from(minor.trunc()).map_err(|_| format!("`{amount}` is too large"))
+}
+
 pub fn to_minor(amount: Decimal, currency: &gpux_engine::Currency) -> u64 {
     // Too large for a Decimal is too large for u64 minor units too.
     let Some(minor) = amount.checked_mul(Decimal::from(10u64.pow(currency.decimals as u32))) else { return u64::MAX };

@@ -48,6 +48,10 @@ pub enum SpecError {
     GpuMemory,
     #[error("limits.{0}: a positive amount such as 2.50")]
     Amount(&'static str),
+    /// A comma in an amount, refused whatever it was meant as
+    /// (docs/first-hour.md "Amounts"): both readings named.
+    #[error("limits.{field}: `{text}`: `.` is the only decimal separator and amounts take no thousands separators: write {readings}")]
+    AmountComma { field: &'static str, text: String, readings: String },
     #[error("limits.max_duration: a duration such as 90m, 6h or 2d, at most {DURATION_HOURS_MAX} h")]
     Duration,
     #[error("data.checkpoint_interval: a duration such as 10m, at least 10 s")]
@@ -494,8 +498,27 @@ fn text(value: String, field: &'static str) -> Result<String, SpecError> {
     Ok(value)
 }
 
+/// An amount read as every gpux client reads one (docs/first-hour.md
+/// "Amounts"): digits with at most one `.`, a `$` before it allowed; a
+/// comma refused with both readings. Its decimals are checked against the
+/// exchange's currency where that is known (`gpux job plan`).
 fn amount(text: &str, field: &'static str) -> Result<Decimal, SpecError> {
-    let value = Decimal::from_str(text.trim().trim_start_matches('$')).map_err(|_| SpecError::Amount(field))?;
+    let body = text.trim();
+    let body = body.strip_prefix('$').unwrap_or(body);
+    if body.contains(',') {
+        let whole = body.replace(',', "");
+        let readings = match body.matches(',').count() == 1 && !body.contains('.') {
+            true => format!("`{}` or `{whole}`", body.replace(',', ".")),
+            false => format!("`{whole}`"),
+        };
+        return Err(SpecError::AmountComma { field, text: text.to_string(), readings });
+    }
+    let (whole, fraction) = body.split_once('.').unwrap_or((body, "0"));
+    let digits = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+    if !digits(whole) || !digits(fraction) {
+        return Err(SpecError::Amount(field));
+    }
+    let value = Decimal::from_str(body).map_err(|_| SpecError::Amount(field))?;
     if value <= Decimal::ZERO {
         return Err(SpecError::Amount(field));
     }
@@ -620,6 +643,18 @@ checkpoint_interval = "5m"
             ("model_params = \"350M\"", "model_params = \"lots\"", SpecError::ModelParams),
             ("\"2.50\"", "\"-1\"", SpecError::Amount("max_price_per_gpu_hour")),
             ("budget = \"100\"", "budget = \"ten\"", SpecError::Amount("budget")),
+            ("budget = \"100\"", "budget = \"1e3\"", SpecError::Amount("budget")),
+            ("budget = \"100\"", "budget = \"-5\"", SpecError::Amount("budget")),
+            (
+                "budget = \"100\"",
+                "budget = \"0,50\"",
+                SpecError::AmountComma { field: "budget", text: "0,50".into(), readings: "`0.50` or `050`".into() },
+            ),
+            (
+                "budget = \"100\"",
+                "budget = \"1,000.50\"",
+                SpecError::AmountComma { field: "budget", text: "1,000.50".into(), readings: "`1000.50`".into() },
+            ),
             ("max_duration = \"6h\"", "max_duration = \"forever\"", SpecError::Duration),
             ("max_duration = \"6h\"", "max_duration = \"91d\"", SpecError::Duration),
             ("min_score = 0.9", "min_score = 1.5", SpecError::MinScore),

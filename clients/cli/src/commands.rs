@@ -392,7 +392,7 @@ async fn without_login(cli: &Cli, key_path: &std::path::Path) -> Result<bool, Fa
             action: crate::JobAction::Plan { file, catalogue, set } | crate::JobAction::Submit { file, catalogue, set, dry_run: true },
         } => {
             let mut session = Session::anonymous(&cli.url).await?;
-            return crate::job::plan_job(&mut session, file, catalogue.clone(), &set.overrides(), json).await.map(|()| true);
+            return crate::job::plan_job(&mut session, file, catalogue.clone(), &set.overrides()?, json).await.map(|()| true);
         }
         Command::Asks { instrument, limit } => {
             let mut session = Session::anonymous(&cli.url).await?;

@@ -85,6 +85,12 @@ async fn plan_and_print(
     let ServerMessage::Instruments { instruments, .. } = s.ask(ClientMessage::Instruments { id }, false).await? else {
         return Err(Failure::Unreachable("expected the instruments".into()));
     };
+    // The job file's amounts, held to the currency's decimals (never rounded).
+    for (field, value) in [("limits.max_price_per_gpu_hour", spec.max_price_per_gpu_hour), ("limits.budget", spec.budget)] {
+        if let Some(value) = value {
+            plan::to_minor_exact(value, &listing.currency).map_err(|e| Failure::Usage(format!("{}: {field}: {e}", file.display())))?;
+        }
+    }
     let asks = usable_asks(s, &spec, &instruments, &cluster_rules).await?;
     let market = plan::Market { listing: &listing, instruments: &instruments, asks: &asks };
     let planned = plan(&spec, &market, vendors.as_ref());
@@ -487,7 +493,7 @@ pub async fn job_action(s: &mut Session, action: &crate::JobAction, json: bool) 
     use crate::JobAction as A;
     match action {
         A::Plan { .. } => unreachable!("planned without a login"),
-        A::Submit { file, catalogue, set, .. } => submit_job(s, file, catalogue.clone(), &set.overrides(), json).await,
+        A::Submit { file, catalogue, set, .. } => submit_job(s, file, catalogue.clone(), &set.overrides()?, json).await,
         A::Status { job } => {
             let id = s.connection.new_id();
             if let (false, ServerMessage::Job { job, .. }) = (json, s.ask(ClientMessage::JobStatus { id, job: JobId(*job) }, json).await?) {

@@ -730,9 +730,10 @@ pub struct JobFlags {
     /// limits.region.
     #[arg(long)]
     pub region: Option<String>,
-    /// limits.min_score (0.95).
+    /// limits.min_score, as a percent as `buy` and `run` take it: 99.5
+    /// (the job file's 0.995).
     #[arg(long)]
-    pub min_score: Option<f64>,
+    pub min_score: Option<String>,
     /// limits.verified_only.
     #[arg(long)]
     pub verified_only: bool,
@@ -745,12 +746,14 @@ pub struct JobFlags {
 }
 
 impl JobFlags {
-    /// The fields the flags set, as dotted keys of the job file.
-    pub fn overrides(&self) -> Vec<(&'static str, toml::Value)> {
+    /// The fields the flags set, as dotted keys of the job file; a
+    /// `--min-score` that is no percent is refused.
+    pub fn overrides(&self) -> Result<Vec<(&'static str, toml::Value)>, Failure> {
         use toml::Value as V;
         let text = |key, value: &Option<String>| value.clone().map(|v| (key, V::String(v)));
         let number = |key, value: Option<u32>| value.map(|v| (key, V::Integer(v as i64)));
-        [
+        let min_score = self.min_score.as_deref().map(commands::parse_percent_bps).transpose().map_err(Failure::Usage)?;
+        Ok([
             text("code.image", &self.image),
             text("code.dir", &self.dir),
             text("code.framework", &self.framework),
@@ -762,14 +765,14 @@ impl JobFlags {
             text("limits.budget", &self.budget),
             text("limits.max_duration", &self.max_duration),
             text("limits.region", &self.region),
-            self.min_score.map(|v| ("limits.min_score", V::Float(v))),
+            min_score.map(|bps| ("limits.min_score", V::Float(bps as f64 / 10_000.0))),
             self.verified_only.then_some(("limits.verified_only", V::Boolean(true))),
             text("limits.contract", &self.contract),
             number("limits.retries", self.retries),
         ]
         .into_iter()
         .flatten()
-        .collect()
+        .collect())
     }
 }
 
@@ -855,3 +858,22 @@ mod clap_help;
 /// What `clap_help`'s test walks.
 #[cfg(test)]
 type CliRoot = Cli;
+
+#[cfg(test)]
+mod job_flag_tests {
+    use super::JobFlags;
+
+    /// `--min-score` is a percent in `gpux job` as in `buy` and `run`: 99.5
+    /// sets the job file's 0.995; what is no percent is refused.
+    #[test]
+    fn a_jobs_min_score_is_the_percent_buy_and_run_take() {
+        let flags = JobFlags { min_score: Some("99.5".into()), ..JobFlags::default() };
+        let Ok(set) = flags.overrides() else { panic!("a percent") };
+        let min_score = set.iter().find(|(key, _)| *key == "limits.min_score").map(|(_, v)| v.as_float());
+        assert_eq!(min_score, Some(Some(0.995)));
+        for bad in ["0.995x", "101", "-1"] {
+            let flags = JobFlags { min_score: Some(bad.into()), ..JobFlags::default() };
+            assert!(flags.overrides().is_err(), "{bad}");
+        }
+    }
+}
