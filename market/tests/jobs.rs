@@ -474,22 +474,7 @@ fn a_cluster_job_runs_on_one_fabric_tells_each_host_its_peers_and_restarts_whole
             });
         }
     }
-    let terms = JobTerms {
-        account: renter,
-        instrument: InstrumentId(0),
-        gpus: 4,
-        one_host: false,
-        limit_minor_per_gpu_hour: USD_2,
-        hours: 2,
-        budget_minor: 100 * USD_2,
-        retries: 2,
-        min_supplier_score_bps: 0,
-        verified_only: false,
-        gpus_per_node: 2,
-        min_fabric_gbps: 400,
-        name: "train".into(),
-        run: run(),
-    };
+    let terms = cluster_terms(renter, InstrumentId(0));
     live.now_ms += 1;
     let submitted = live.record(JournalEntry::SubmitJob { at_ms: live.now_ms, terms });
     let job = submitted.job.expect("a job entry").expect("accepted");
@@ -602,22 +587,7 @@ fn a_cluster_job_with_a_preempted_member_moves_whole() {
             });
         }
     }
-    let terms = JobTerms {
-        account: renter,
-        instrument: InstrumentId(1),
-        gpus: 4,
-        one_host: false,
-        limit_minor_per_gpu_hour: USD_2,
-        hours: 2,
-        budget_minor: 100 * USD_2,
-        retries: 2,
-        min_supplier_score_bps: 0,
-        verified_only: false,
-        gpus_per_node: 2,
-        min_fabric_gbps: 400,
-        name: "train".into(),
-        run: run(),
-    };
+    let terms = cluster_terms(renter, InstrumentId(1));
     live.now_ms += 1;
     let applied = live.record(JournalEntry::SubmitJob { at_ms: live.now_ms, terms });
     let job = applied.job.expect("a job entry").expect("accepted");
@@ -639,6 +609,26 @@ fn a_cluster_job_with_a_preempted_member_moves_whole() {
     live.ask(2, 1, 800_000);
     live.ask(3, 1, 800_000);
     assert!(matches!(live.market.jobs().state(job), Some(JobState::Running { attempt: 2, .. })));
+}
+
+/// A job of two nodes of two GPUs on `instrument`, on a fabric of 400 Gb/s.
+fn cluster_terms(renter: AccountId, instrument: InstrumentId) -> JobTerms {
+    JobTerms {
+        account: renter,
+        instrument,
+        gpus: 4,
+        one_host: false,
+        limit_minor_per_gpu_hour: USD_2,
+        hours: 2,
+        budget_minor: 100 * USD_2,
+        retries: 2,
+        min_supplier_score_bps: 0,
+        verified_only: false,
+        gpus_per_node: 2,
+        min_fabric_gbps: 400,
+        name: "train".into(),
+        run: run(),
+    }
 }
 
 impl World {

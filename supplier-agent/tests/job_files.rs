@@ -5,12 +5,14 @@
 //! size and content sync, restore and sync again; the store holds each
 //! rank's newest shard after every attempt.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gpux_engine::{AccountId, MemberAddress};
 use gpux_exchange::job_store::{Grant, Issuer, StoreServer};
-use gpux_protocol::{JobAssignment, JobId, JobRun};
+use gpux_protocol::{JobAssignment, JobId};
 use gpux_supplier_agent::delivery::jobs::JobFiles;
 
 const SECRET: [u8; 32] = [7; 32];
@@ -33,17 +35,7 @@ fn member(url: &str, dir: &std::path::Path, attempt: u32, rank: u32, nodes: u32)
     let token =
         Issuer::new(url.into(), SECRET).issue(&Grant::Host { renter: RENTER, job: JOB, bundle: None, inputs: Vec::new(), expires_at_ms });
     let peers = (0..nodes).map(|r| MemberAddress { address: format!("10.0.0.{r}"), port: 29_500 }).collect();
-    let run = JobRun {
-        image: "python:3".into(),
-        command: vec!["python3".into()],
-        bundle: None,
-        install: Vec::new(),
-        checkpoint_dir: "/checkpoints".into(),
-        outputs_dir: "/outputs".into(),
-        checkpoint_interval_s: 10,
-        shm_mib: 0,
-        inputs: Vec::new(),
-    };
+    let run = common::job_run(&["python3"], None);
     let assignment = JobAssignment { job: JOB, attempt, renter: RENTER, world_gpus: nodes, node_rank: rank, nodes, run, peers };
     JobFiles {
         assignment,

@@ -152,17 +152,10 @@ async fn preempted_job_resumes(on_sigterm: &str, seed: u8) {
         verified_only: false,
         nodes: 0,
         min_fabric_gbps: 0,
-        run: JobRun {
-            image: PY_IMAGE.into(),
-            command: vec!["python3".into(), "train.py".into(), STEPS.to_string(), on_sigterm.into()],
-            bundle: Some(BundleRef { sha256: bundle.sha256_hex(), bytes: bundle.bytes.len() as u64 }),
-            install: Vec::new(),
-            checkpoint_dir: "/checkpoints".into(),
-            outputs_dir: "/outputs".into(),
-            checkpoint_interval_s: 10,
-            shm_mib: 0,
-            inputs: Vec::new(),
-        },
+        run: job_run(
+            &["python3", "train.py", &STEPS.to_string(), on_sigterm],
+            Some(BundleRef { sha256: bundle.sha256_hex(), bytes: bundle.bytes.len() as u64 }),
+        ),
     };
     let id = renter.new_id();
     let job = match renter.request(ClientMessage::SubmitJob { id, job: Box::new(submission) }).await.expect("submitted") {

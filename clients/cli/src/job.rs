@@ -624,17 +624,7 @@ async fn kept_logs(s: &mut Session, info: &JobInfo, attempt: Option<u32>, json: 
     let (url, token) = store_token(s).await?;
     let client = http()?;
     let prefix = format!("{}/jobs/{}/logs", s.connection.account.0, info.job.0);
-    let answer = client
-        .get(format!("{url}/v1/list/{prefix}"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .map_err(|e| Failure::Unreachable(format!("the job store at {url}: {e}")))?;
-    if !answer.status().is_success() {
-        return Err(Failure::Refused(format!("the job store refused the listing: {}", answer.status())));
-    }
-    let body = answer.bytes().await.map_err(|e| Failure::Unreachable(e.to_string()))?;
-    let listed: Vec<Listed> = serde_json::from_slice(&body).map_err(|e| Failure::Unreachable(format!("the job store's listing: {e}")))?;
+    let listed = store_list(&client, &url, &token, &prefix).await?;
     let parse = |key: &str| -> Option<(u32, u32)> {
         let name = key.rsplit('/').next()?.strip_prefix("attempt-")?.strip_suffix(".log")?;
         let (a, r) = name.split_once("-rank-")?;
@@ -684,6 +674,21 @@ struct Listed {
     bytes: u64,
 }
 
+/// The job store's objects under `prefix` (its listing).
+async fn store_list(client: &reqwest::Client, url: &str, token: &str, prefix: &str) -> Result<Vec<Listed>, Failure> {
+    let answer = client
+        .get(format!("{url}/v1/list/{prefix}"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .map_err(|e| Failure::Unreachable(format!("the job store at {url}: {e}")))?;
+    if !answer.status().is_success() {
+        return Err(Failure::Refused(format!("the job store refused the listing: {}", answer.status())));
+    }
+    let body = answer.bytes().await.map_err(|e| Failure::Unreachable(e.to_string()))?;
+    serde_json::from_slice(&body).map_err(|e| Failure::Unreachable(format!("the job store's listing: {e}")))
+}
+
 /// `gpux job results JOB`: the job's outputs (and its checkpoints with
 /// `--checkpoints`) downloaded from the job store into `to`.
 async fn results(s: &mut Session, job: JobId, to: Option<PathBuf>, checkpoints: bool, json: bool) -> Result<(), Failure> {
@@ -702,18 +707,7 @@ async fn results(s: &mut Session, job: JobId, to: Option<PathBuf>, checkpoints: 
     let mut fetched = Vec::new();
     for area in areas {
         let prefix = format!("{account}/jobs/{}/{area}", job.0);
-        let answer = client
-            .get(format!("{url}/v1/list/{prefix}"))
-            .bearer_auth(&token)
-            .send()
-            .await
-            .map_err(|e| Failure::Unreachable(format!("the job store at {url}: {e}")))?;
-        if !answer.status().is_success() {
-            return Err(Failure::Refused(format!("the job store refused the listing: {}", answer.status())));
-        }
-        let body = answer.bytes().await.map_err(|e| Failure::Unreachable(e.to_string()))?;
-        let listed: Vec<Listed> =
-            serde_json::from_slice(&body).map_err(|e| Failure::Unreachable(format!("the job store's listing: {e}")))?;
+        let listed = store_list(&client, &url, &token, &prefix).await?;
         for item in listed {
             let Some(relative) = item.key.strip_prefix(&format!("{}/jobs/{}/", account, job.0)) else { continue };
             if relative.split('/').any(|c| c.is_empty() || c == "." || c == "..") {

@@ -244,3 +244,19 @@ pub async fn await_job(renter: &mut Connection, job: JobId, within: Duration, mu
         }
     }
 }
+
+/// A job's run in the Python image: `command` on the bundle (if any), its
+/// checkpoints in `/checkpoints` synced every 10 s, outputs in `/outputs`.
+pub fn job_run(command: &[&str], bundle: Option<BundleRef>) -> JobRun {
+    JobRun {
+        image: PY_IMAGE.into(),
+        command: command.iter().map(|w| w.to_string()).collect(),
+        bundle,
+        install: Vec::new(),
+        checkpoint_dir: "/checkpoints".into(),
+        outputs_dir: "/outputs".into(),
+        checkpoint_interval_s: 10,
+        shm_mib: 0,
+        inputs: Vec::new(),
+    }
+}
