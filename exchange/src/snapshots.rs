@@ -38,8 +38,9 @@ pub use crate::limits::SNAPSHOT_RESERVE_BYTES;
 /// to those types' encoding: a snapshot of another format is skipped (the
 /// journal rebuilds the same state), never decoded as this one. 1 was the
 /// unversioned layout before 2026-12-06, which carried no format field; 3
-/// added the jobs' preemption notices and cluster members' exits (2026-12-07).
-pub const SNAPSHOT_FORMAT: u32 = 3;
+/// added the jobs' preemption notices and cluster members' exits, 4 their
+/// recovery (restarts, books, held exits, preemptions ahead) (2026-12-07).
+pub const SNAPSHOT_FORMAT: u32 = 4;
 
 /// The market as of a journal entry.
 #[derive(Clone, Serialize, Deserialize)]

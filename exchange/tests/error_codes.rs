@@ -193,6 +193,9 @@ fn submit_job(id: u64, instrument: InstrumentId, change: impl FnOnce(&mut JobSub
         verified_only: false,
         nodes: 0,
         min_fabric_gbps: 0,
+        restarts_on_error: 0,
+        alternatives: Vec::new(),
+        regions: Vec::new(),
         run: JobRun {
             image: "localhost/gpux-py:1".into(),
             command: vec!["python3".into(), "train.py".into()],

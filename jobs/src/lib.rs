@@ -25,5 +25,5 @@ pub mod spec;
 
 pub use catalogue::{Catalogue, CatalogueError, Image, ImageChoice};
 pub use detect::{detect, DetectError, Detection, Framework, Requirement};
-pub use plan::{memory_mib_per_gpu, plan, Candidate, Market, Plan, Verdict};
+pub use plan::{alternatives, memory_mib_per_gpu, plan, Candidate, Market, Plan, Verdict};
 pub use spec::{JobSpec, SpecError};

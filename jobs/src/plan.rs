@@ -24,8 +24,8 @@ pub const TRAINING_OVERHEAD_PERCENT: u64 = 125;
 pub const INFERENCE_OVERHEAD_PERCENT: u64 = 120;
 /// The extra a preemptible lease is expected to cost in work done again
 /// after a preemption (resumed from the last checkpoint), in basis points
-/// of its price: 15%.
-pub const PREEMPTIBLE_REWORK_BPS: u64 = 1_500;
+/// of its price: 15% (the exchange weighs a job's books the same way).
+pub use gpux_protocol::jobs::limits::PREEMPTIBLE_REWORK_BPS;
 /// Hours a job without `max_duration` is priced for.
 pub const HOURS_PRICED_DEFAULT: u64 = 1;
 
@@ -86,7 +86,7 @@ fn passes_filters(spec: &JobSpec, offer: &Offer) -> bool {
     if spec.min_score_bps > 0 && offer.supplier_score_bps.is_none_or(|score| score < spec.min_score_bps) {
         return false;
     }
-    if spec.region.as_ref().is_some_and(|region| offer.region.as_ref() != Some(region)) {
+    if !spec.regions.is_empty() && !offer.region.as_ref().is_some_and(|region| spec.regions.contains(region)) {
         return false;
     }
     let quantity = if spec.verified_only { offer.gpus_verified.min(offer.quantity) } else { offer.quantity };
@@ -136,6 +136,8 @@ pub enum Verdict {
     VendorWithoutImage,
     /// The job names another vendor (`resources.vendor`).
     VendorExcluded,
+    /// The job names other classes (`resources.classes`).
+    ClassExcluded,
     TooLittleMemory {
         class_mib: u32,
     },
@@ -164,6 +166,7 @@ impl Verdict {
             Verdict::Costlier => "costs more than the chosen one".into(),
             Verdict::VendorWithoutImage => "no preset image for the framework on this vendor".into(),
             Verdict::VendorExcluded => "the job asks for another vendor".into(),
+            Verdict::ClassExcluded => "the job names other classes".into(),
             Verdict::TooLittleMemory { class_mib } => format!("{} GiB per GPU is less than the job needs", class_mib / 1024),
             Verdict::ContractExcluded => "the job's contract preference excludes it".into(),
             Verdict::NotEnoughOffered { offered } => format!("only {offered} GPU(s) offered now"),
@@ -249,6 +252,8 @@ pub fn plan(spec: &JobSpec, market: &Market<'_>, vendors: Option<&BTreeSet<Vendo
         let offered: u32 = asks.iter().map(|(_, quantity)| quantity).sum();
         let verdict = if !spec.vendor.allows(class.requirement.vendor) {
             Verdict::VendorExcluded
+        } else if !spec.classes.is_empty() && !spec.classes.contains(&class.name) {
+            Verdict::ClassExcluded
         } else if vendors.is_some_and(|v| !v.contains(&class.requirement.vendor)) {
             Verdict::VendorWithoutImage
         } else if (class.requirement.memory_mib_min as u64) < need_mib {
@@ -289,6 +294,45 @@ pub fn plan(spec: &JobSpec, market: &Market<'_>, vendors: Option<&BTreeSet<Vendo
         candidates[index].verdict = Verdict::Chosen;
     }
     Plan { memory_mib_per_gpu: need_mib, hours_priced: hours, candidates }
+}
+
+/// The other books a job's new attempts may bid on (docs/jobs.md
+/// "Failover"), each at its limit, cheapest expected first: every book
+/// that meets the job as the chosen one does (its vendor, so the same
+/// image runs; memory, contract, classes) whatever it offers now, at the
+/// job's `max_price_per_gpu_hour` or, without one, at the worst price its
+/// GPUs fill at now (a book offering too few has no price to bid and is
+/// left out), on the book's tick within its band. None with `failover =
+/// false`.
+pub fn alternatives(plan: &Plan, spec: &JobSpec, market: &Market<'_>) -> Vec<(InstrumentId, u64)> {
+    let Some(chosen) = plan.chosen() else { return Vec::new() };
+    if !spec.failover {
+        return Vec::new();
+    }
+    let max_price = spec.max_price_per_gpu_hour.map(|p| to_minor(p, &market.listing.currency));
+    let mut books: Vec<(u64, InstrumentId, u64)> = Vec::new();
+    for candidate in &plan.candidates {
+        let meets = matches!(
+            candidate.verdict,
+            Verdict::Costlier
+                | Verdict::NotEnoughOffered { .. }
+                | Verdict::NoCluster { .. }
+                | Verdict::OverMaxPrice { .. }
+                | Verdict::OverBudget { .. }
+        );
+        if !meets || candidate.instrument == chosen.instrument || candidate.vendor != chosen.vendor {
+            continue;
+        }
+        let Some(instrument) = market.instruments.iter().find(|i| i.instrument == candidate.instrument) else { continue };
+        let Some(limit) = max_price.or((candidate.worst_price > 0).then_some(candidate.worst_price)) else { continue };
+        let tick = instrument.tick_minor.max(1);
+        let limit = (limit / tick * tick).clamp(instrument.price_min_minor_per_gpu_hour, instrument.price_max_minor_per_gpu_hour);
+        let rank = if candidate.expected_cost > 0 { candidate.expected_cost } else { u64::MAX };
+        books.push((rank, candidate.instrument, limit));
+    }
+    books.sort();
+    books.truncate(gpux_protocol::jobs::limits::ALTERNATIVES_MAX);
+    books.into_iter().map(|(_, instrument, limit)| (instrument, limit)).collect()
 }
 
 /// The worst price and the cost per hour of `gpus` GPUs taken from the

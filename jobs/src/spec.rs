@@ -18,6 +18,11 @@ pub const NODES_MAX: u32 = 64;
 pub const DURATION_HOURS_MAX: u64 = 24 * 90;
 /// Retries after a failure (each one a new lease and a resume).
 pub const RETRIES_MAX: u32 = 100;
+/// Restarts after the program's own errors (a non-zero exit).
+pub const RESTARTS_ON_ERROR_MAX: u32 = gpux_protocol::jobs::limits::RESTARTS_ON_ERROR_MAX;
+/// Regions a job accepts, and classes it names.
+pub const REGIONS_MAX: usize = gpux_protocol::jobs::limits::REGIONS_MAX;
+pub const CLASSES_MAX: usize = 16;
 /// Arguments of the command, inputs, and bytes of any one text field.
 pub const COMMAND_ARGS_MAX: usize = 256;
 pub const INPUTS_MAX: usize = 32;
@@ -62,6 +67,12 @@ pub enum SpecError {
     Input,
     #[error("limits.retries: at most {RETRIES_MAX}")]
     Retries,
+    #[error("limits.restarts_on_error: at most {RESTARTS_ON_ERROR_MAX}")]
+    Restarts,
+    #[error("limits.region: a region's name, or a list of 1 to {REGIONS_MAX} distinct names")]
+    Regions,
+    #[error("resources.classes: a list of 1 to {CLASSES_MAX} distinct class names")]
+    Classes,
     #[error("limits.min_score: a share from 0 to 1, such as 0.95")]
     MinScore,
     #[error("{0}: at most {TEXT_BYTES_MAX} bytes")]
@@ -170,6 +181,7 @@ struct ResourcesFile {
     mode: Mode,
     #[serde(default)]
     vendor: VendorChoice,
+    classes: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug, Deserialize, Default)]
@@ -178,13 +190,23 @@ struct LimitsFile {
     max_price_per_gpu_hour: Option<String>,
     budget: Option<String>,
     max_duration: Option<String>,
-    region: Option<String>,
+    region: Option<OneOrMany>,
     min_score: Option<f64>,
     #[serde(default)]
     verified_only: bool,
     #[serde(default)]
     contract: ContractChoice,
     retries: Option<u32>,
+    restarts_on_error: Option<u32>,
+    failover: Option<bool>,
+}
+
+/// A field that takes one name or a list of them.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
 }
 
 #[derive(Clone, Debug, Deserialize, Default)]
@@ -274,7 +296,15 @@ pub struct JobSpec {
     pub max_price_per_gpu_hour: Option<Decimal>,
     pub budget: Option<Decimal>,
     pub max_duration_ms: Option<u64>,
-    pub region: Option<String>,
+    /// The regions whose hosts the job accepts (empty: any).
+    pub regions: Vec<String>,
+    /// The classes the job accepts (empty: any that meets it).
+    pub classes: Vec<String>,
+    /// Restarts after the workload's own errors.
+    pub restarts_on_error: u32,
+    /// Whether new attempts may bid on the other books that meet the job
+    /// (docs/jobs.md "Failover"); default on.
+    pub failover: bool,
     /// Basis points (0.95 = 9 500).
     pub min_score_bps: u32,
     pub verified_only: bool,
@@ -341,6 +371,16 @@ impl File {
         let framework = self.code.framework;
         let (code, command) = self.code.check()?;
         let (mode, vendor) = (self.resources.mode, self.resources.vendor);
+        let classes = self.resources.classes.clone().unwrap_or_default();
+        let distinct: std::collections::BTreeSet<&String> = classes.iter().collect();
+        if self.resources.classes.is_some()
+            && (classes.is_empty()
+                || classes.len() > CLASSES_MAX
+                || distinct.len() != classes.len()
+                || classes.iter().any(|c| c.is_empty() || c.len() > 64))
+        {
+            return Err(SpecError::Classes);
+        }
         let (gpus_per_node, nodes, min_fabric_gbps, memory) = self.resources.check()?;
         let (verified_only, contract) = (self.limits.verified_only, self.limits.contract);
         let limits = self.limits.check()?;
@@ -359,7 +399,10 @@ impl File {
             max_price_per_gpu_hour: limits.max_price_per_gpu_hour,
             budget: limits.budget,
             max_duration_ms: limits.max_duration_ms,
-            region: limits.region,
+            regions: limits.regions,
+            classes,
+            restarts_on_error: limits.restarts_on_error,
+            failover: limits.failover,
             min_score_bps: limits.min_score_bps,
             verified_only,
             contract,
@@ -424,9 +467,11 @@ struct Limits {
     max_price_per_gpu_hour: Option<Decimal>,
     budget: Option<Decimal>,
     max_duration_ms: Option<u64>,
-    region: Option<String>,
+    regions: Vec<String>,
     min_score_bps: u32,
     retries: u32,
+    restarts_on_error: u32,
+    failover: bool,
 }
 
 impl LimitsFile {
@@ -452,8 +497,25 @@ impl LimitsFile {
         if retries > RETRIES_MAX {
             return Err(SpecError::Retries);
         }
-        let region = self.region.map(|r| text(r, "limits.region")).transpose()?;
-        Ok(Limits { max_price_per_gpu_hour, budget, max_duration_ms, region, min_score_bps, retries })
+        let restarts_on_error = self.restarts_on_error.unwrap_or(0);
+        if restarts_on_error > RESTARTS_ON_ERROR_MAX {
+            return Err(SpecError::Restarts);
+        }
+        let named = self.region.is_some();
+        let regions = match self.region {
+            None => Vec::new(),
+            Some(OneOrMany::One(region)) => vec![region],
+            Some(OneOrMany::Many(regions)) => regions,
+        };
+        let distinct: std::collections::BTreeSet<&String> = regions.iter().collect();
+        if regions.len() > REGIONS_MAX || distinct.len() != regions.len() || regions.iter().any(|r| r.is_empty() || r.len() > 64) {
+            return Err(SpecError::Regions);
+        }
+        if named && regions.is_empty() {
+            return Err(SpecError::Regions);
+        }
+        let failover = self.failover.unwrap_or(true);
+        Ok(Limits { max_price_per_gpu_hour, budget, max_duration_ms, regions, min_score_bps, retries, restarts_on_error, failover })
     }
 }
 

@@ -219,6 +219,23 @@ pub enum JournalEntry {
     JobRules {
         version: u32,
     },
+    /// `SubmitJob` with what the job does beyond its retries: restarts
+    /// after its workload's errors, other books, regions
+    /// (`gpux_market::jobs::JobRecovery`). What the exchange journals
+    /// since 2026-12-07. Appended.
+    SubmitJobV2 {
+        at_ms: u64,
+        terms: crate::jobs::JobTerms,
+        recovery: crate::jobs::JobRecovery,
+    },
+    /// A cluster job's held member exit waited `CLUSTER_EXIT_HOLD_MS` with
+    /// no host fault among its peers: it counts as the workload's error
+    /// (docs/jobs.md "Clusters"). Journaled by the live exchange when due.
+    /// Appended.
+    JobExitHoldEnded {
+        at_ms: u64,
+        job: crate::jobs::JobId,
+    },
 }
 
 impl JournalEntry {
@@ -257,6 +274,8 @@ impl JournalEntry {
             | JournalEntry::RevokeKey { at_ms, .. }
             | JournalEntry::AddKeyBy { at_ms, .. }
             | JournalEntry::SubmitJob { at_ms, .. }
+            | JournalEntry::SubmitJobV2 { at_ms, .. }
+            | JournalEntry::JobExitHoldEnded { at_ms, .. }
             | JournalEntry::CancelJob { at_ms, .. }
             | JournalEntry::JobLeaseSilent { at_ms, .. }
             | JournalEntry::ResizeJob { at_ms, .. }

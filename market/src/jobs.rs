@@ -18,7 +18,10 @@ use gpux_engine::{
     RejectCode, SelfTradePrevention, Side, TimeInForce,
 };
 pub use gpux_protocol::jobs::limits;
-pub use gpux_protocol::{JobAssignment, JobFailure, JobId, JobInfo, JobRun, JobState, JobSubmission};
+pub use gpux_protocol::{
+    AttemptCause, AttemptMove, BookChoice, JobAlternative, JobAssignment, JobFailure, JobId, JobInfo, JobRun, JobState, JobSubmission,
+    PreemptionAhead,
+};
 use serde::{Deserialize, Serialize};
 
 /// Client order ids from here up (below re-match's) are jobs' bids: this
@@ -34,7 +37,10 @@ pub const INFO_LEASES_MAX: usize = 64;
 /// 1 (2026-12-07): a job's bids trade only with suppliers that deliver; a
 /// preemption notice makes any exit of the attempt its move; a cluster job
 /// succeeds once every member exited 0.
-pub const JOB_RULES: u32 = 1;
+/// 2 (2026-12-07): a workload's error restarts the job within its
+/// `restarts_on_error`; a cluster member's non-zero exit waits
+/// `CLUSTER_EXIT_HOLD_MS` for a peer's host fault before it fails the job.
+pub const JOB_RULES: u32 = 2;
 
 /// What the market holds of a job: who pays, what it buys, its limits,
 /// what it runs.
@@ -63,8 +69,20 @@ pub struct JobTerms {
     pub min_fabric_gbps: u32,
 }
 
+/// What a job does beyond `retries` (journaled with `SubmitJobV2`; a job
+/// journaled with `SubmitJob` has none of it): restarts after its
+/// workload's errors, other books its new attempts may bid on, the regions
+/// it accepts (docs/jobs.md "Retries" and "Failover").
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRecovery {
+    pub restarts_on_error: u32,
+    pub alternatives: Vec<JobAlternative>,
+    pub regions: Vec<String>,
+}
+
 impl JobTerms {
-    pub fn new(account: AccountId, submission: JobSubmission) -> JobTerms {
+    /// The terms the market holds of `account`'s submission, and its recovery.
+    pub fn new(account: AccountId, submission: JobSubmission) -> (JobTerms, JobRecovery) {
         let JobSubmission {
             name,
             instrument,
@@ -79,8 +97,12 @@ impl JobTerms {
             run,
             nodes,
             min_fabric_gbps,
+            restarts_on_error,
+            alternatives,
+            regions,
         } = submission;
-        JobTerms {
+        let recovery = JobRecovery { restarts_on_error, alternatives, regions };
+        let terms = JobTerms {
             gpus_per_node: if nodes >= 2 { gpus / nodes } else { 0 },
             min_fabric_gbps,
             account,
@@ -95,7 +117,8 @@ impl JobTerms {
             min_supplier_score_bps,
             verified_only,
             run,
-        }
+        };
+        (terms, recovery)
     }
 }
 
@@ -119,6 +142,22 @@ struct Job {
     /// A resize under way: the new size, its attempt, its bid once placed.
     /// The job runs on as it is until that bid fills.
     resizing: Option<Resize>,
+    recovery: JobRecovery,
+    /// Restarts after its workload's errors so far.
+    restarts: u32,
+    /// The book its attempts bid on now, at its limit there.
+    book: JobAlternative,
+    last_move: Option<AttemptMove>,
+    /// A cluster member exited non-zero at `since_ms`: the job waits
+    /// `CLUSTER_EXIT_HOLD_MS` for a peer's host fault before the exit
+    /// counts as the workload's error.
+    failing: Option<Failing>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Failing {
+    code: i64,
+    since_ms: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -190,6 +229,10 @@ pub struct Outcome {
     pub transitions: Vec<(JobId, AccountId, JobState)>,
     /// Attempts handed to hosts: each lease's supplier and what to run.
     pub assigned: Vec<(LeaseId, AccountId, JobAssignment)>,
+    /// New attempts after the first (not a resize's), and why: the market
+    /// chooses each one's book (`Jobs::books`, `Jobs::rebook`) before its
+    /// bid in `bids` is placed.
+    pub moves: Vec<(JobId, u32, AttemptCause)>,
 }
 
 impl Outcome {
@@ -208,6 +251,7 @@ impl Outcome {
         self.cancel_orders.append(&mut other.cancel_orders);
         self.transitions.append(&mut other.transitions);
         self.assigned.append(&mut other.assigned);
+        self.moves.append(&mut other.moves);
     }
 }
 
@@ -243,6 +287,10 @@ pub struct Jobs {
     started: BTreeSet<LeaseId>,
     /// The rules in force (`JOB_RULES` once journaled; 0 before).
     rules: u32,
+    /// Jobs holding a cluster member's non-zero exit, since when.
+    holds: BTreeMap<JobId, u64>,
+    /// Running job leases with a preemption known to be coming.
+    ahead: BTreeMap<LeaseId, PreemptionAhead>,
 }
 
 /// Why a job is refused at submission.
@@ -298,7 +346,7 @@ impl Jobs {
         Some(JobInfo {
             job,
             name: entry.terms.name.clone(),
-            instrument: entry.terms.instrument,
+            instrument: entry.book.instrument,
             gpus: entry.terms.gpus,
             state: self.shown(&entry.state),
             attempts: entry.attempts,
@@ -309,6 +357,15 @@ impl Jobs {
             submitted_at_ms: entry.submitted_at_ms,
             updated_at_ms: entry.updated_at_ms,
             run: entry.terms.run.clone(),
+            restarts_on_error: entry.recovery.restarts_on_error,
+            restarts: entry.restarts,
+            alternatives: entry.recovery.alternatives.clone(),
+            regions: entry.recovery.regions.clone(),
+            last_move: entry.last_move,
+            preemption_ahead: match &entry.state {
+                JobState::Running { leases, .. } => leases.iter().filter_map(|l| self.ahead.get(l)).min_by_key(|a| a.notice_at_ms).copied(),
+                _ => None,
+            },
         })
     }
 
@@ -337,7 +394,7 @@ impl Jobs {
         if terms.retries >= ATTEMPTS_MAX {
             return Err(JobRefusal::TooManyRetries);
         }
-        if attempt_cost(terms) > terms.budget_minor {
+        if attempt_cost(terms.limit_minor_per_gpu_hour, terms) > terms.budget_minor {
             return Err(JobRefusal::BudgetTooSmall);
         }
         let live = self.live.get(&terms.account).copied().unwrap_or(0);
@@ -348,13 +405,19 @@ impl Jobs {
     }
 
     /// A new job: its first bid.
-    pub fn submit(&mut self, terms: JobTerms, at_ms: u64) -> Result<(JobId, Outcome), JobRefusal> {
+    pub fn submit(&mut self, terms: JobTerms, recovery: JobRecovery, at_ms: u64) -> Result<(JobId, Outcome), JobRefusal> {
         self.check_submit(&terms)?;
         let id = JobId(self.next);
         self.next += 1;
         let account = terms.account;
         let state = JobState::Bidding { attempt: 1, order: None };
+        let book = JobAlternative { instrument: terms.instrument, limit_minor_per_gpu_hour: terms.limit_minor_per_gpu_hour };
         let job = Job {
+            recovery,
+            restarts: 0,
+            book,
+            last_move: None,
+            failing: None,
             terms,
             state: state.clone(),
             escrowed_minor: 0,
@@ -413,7 +476,7 @@ impl Jobs {
             return Err(JobRefusal::TooManyRetries);
         }
         let resized = JobTerms { gpus, ..entry.terms.clone() };
-        if entry.escrowed_minor.saturating_add(attempt_cost(&resized)) > entry.terms.budget_minor {
+        if entry.escrowed_minor.saturating_add(attempt_cost(entry.book.limit_minor_per_gpu_hour, &resized)) > entry.terms.budget_minor {
             return Err(JobRefusal::BudgetTooSmall);
         }
         Ok(())
@@ -441,11 +504,15 @@ impl Jobs {
     }
 
     /// The workload of one of a job's leases exited (the host's delivery
-    /// status): 0 finishes the job, anything else fails it (not retried:
-    /// the renter's code failed, not the host). Its leases are ended. Under
-    /// a preemption notice on any lease of the attempt the exit, whatever
+    /// status): 0 finishes the job, anything else is the workload's error:
+    /// the job restarts within its `restarts_on_error`, else fails (another
+    /// host would fail the same way). Its leases are ended. Under a
+    /// preemption notice on any lease of the attempt the exit, whatever
     /// its code, is the workload obeying the notice (or a rank losing its
     /// preempted peer): the attempt ends as preempted and the job moves on.
+    /// A cluster member's error waits `CLUSTER_EXIT_HOLD_MS` for a peer's
+    /// host fault (its lease ends at once): a rank that failed because its
+    /// peer's host died moves with the job.
     pub fn workload_exited(&mut self, lease: LeaseId, code: i64, at_ms: u64) -> Outcome {
         let mut outcome = Outcome::default();
         let Some(&job) = self.leases.get(&lease) else { return outcome };
@@ -458,6 +525,29 @@ impl Jobs {
             self.forget_lease(lease);
             outcome.end_leases.push((account, lease));
             self.lease_ended(job, lease, LeaseEndReason::Preempted, at_ms, &mut outcome);
+            return outcome;
+        }
+        if self.rules >= 2 && (entry.failing.is_some() || (code != 0 && leases.len() > 1)) {
+            entry.failing.get_or_insert(Failing { code, since_ms: at_ms });
+            let since_ms = entry.failing.map_or(at_ms, |f| f.since_ms);
+            let left = match &mut entry.state {
+                JobState::Running { leases, .. } => {
+                    leases.retain(|l| *l != lease);
+                    leases.len()
+                }
+                _ => 0,
+            };
+            self.holds.insert(job, since_ms);
+            self.forget_lease(lease);
+            outcome.end_leases.push((account, lease));
+            if left == 0 {
+                self.error_exit(job, at_ms, &mut outcome);
+            }
+            return outcome;
+        }
+        if code != 0 && self.rules >= 2 {
+            self.jobs.get_mut(&job).expect("found above").failing = Some(Failing { code, since_ms: at_ms });
+            self.error_exit(job, at_ms, &mut outcome);
             return outcome;
         }
         if code == 0 && leases.len() > 1 && self.rules >= 1 {
@@ -474,6 +564,118 @@ impl Jobs {
         outcome
     }
 
+    /// A failing job's exit counts as its workload's error: its leases end,
+    /// and it restarts (within `restarts_on_error` and its budget) or fails.
+    fn error_exit(&mut self, job: JobId, at_ms: u64, outcome: &mut Outcome) {
+        let Some(entry) = self.jobs.get_mut(&job) else { return };
+        let Some(Failing { code, .. }) = entry.failing.take() else { return };
+        let account = entry.terms.account;
+        let (attempt, leases) = match &mut entry.state {
+            JobState::Running { attempt, leases } => (*attempt, std::mem::take(leases)),
+            _ => return,
+        };
+        let restart = !entry.cancelling
+            && entry.restarts < entry.recovery.restarts_on_error
+            && entry.attempts.max(attempt) + 1 < ATTEMPTS_MAX
+            && entry.escrowed_minor.saturating_add(attempt_cost(entry.book.limit_minor_per_gpu_hour, &entry.terms))
+                <= entry.terms.budget_minor;
+        let state = if entry.cancelling {
+            JobState::Cancelled
+        } else if restart {
+            entry.restarts += 1;
+            let next = entry.attempts.max(attempt) + 1;
+            entry.attempts = next;
+            JobState::Bidding { attempt: next, order: None }
+        } else {
+            JobState::Failed(JobFailure::WorkloadFailed(code))
+        };
+        for lease in leases {
+            self.forget_lease(lease);
+            outcome.end_leases.push((account, lease));
+        }
+        self.enter(job, state.clone(), at_ms, outcome);
+        if let JobState::Bidding { attempt, .. } = state {
+            outcome.moves.push((job, attempt, AttemptCause::ExitedWithError(code)));
+            outcome.bids.push(self.bid(job, attempt));
+        }
+    }
+
+    /// Jobs whose held cluster exit is due at `now_ms` (the exchange
+    /// journals `JobExitHoldEnded` for each).
+    pub fn held_exits_due(&self, now_ms: u64) -> Vec<JobId> {
+        self.holds.iter().filter(|(_, since)| now_ms >= since.saturating_add(limits::CLUSTER_EXIT_HOLD_MS)).map(|(job, _)| *job).collect()
+    }
+
+    /// A held cluster exit's wait is over with no host fault: the exit is
+    /// the workload's error.
+    pub fn exit_hold_ended(&mut self, job: JobId, at_ms: u64) -> Outcome {
+        let mut outcome = Outcome::default();
+        let due =
+            self.jobs.get(&job).and_then(|j| j.failing).is_some_and(|f| at_ms >= f.since_ms.saturating_add(limits::CLUSTER_EXIT_HOLD_MS));
+        if due {
+            self.error_exit(job, at_ms, &mut outcome);
+        }
+        outcome
+    }
+
+    /// The regions `job` accepts (empty: any).
+    pub fn regions(&self, job: JobId) -> &[String] {
+        self.jobs.get(&job).map_or(&[], |j| &j.recovery.regions)
+    }
+
+    /// The books `job`'s next attempt may bid on, each at its limit: the
+    /// one it bids on now first, then its first book and its alternatives
+    /// in the order the renter gave them.
+    pub fn books(&self, job: JobId) -> Vec<JobAlternative> {
+        let Some(entry) = self.jobs.get(&job) else { return Vec::new() };
+        let first = JobAlternative { instrument: entry.terms.instrument, limit_minor_per_gpu_hour: entry.terms.limit_minor_per_gpu_hour };
+        let mut books = vec![entry.book.clone()];
+        for book in std::iter::once(&first).chain(&entry.recovery.alternatives) {
+            if !books.iter().any(|b| b.instrument == book.instrument) {
+                books.push(book.clone());
+            }
+        }
+        books
+    }
+
+    /// The market chose `book` for `job`'s new attempt `attempt` (one of
+    /// `books`): the attempt bids there; the bid that replaces the one in
+    /// the outcome, if the job still bids for that attempt.
+    pub fn rebook(
+        &mut self,
+        job: JobId,
+        attempt: u32,
+        cause: AttemptCause,
+        book: JobAlternative,
+        choice: BookChoice,
+        at_ms: u64,
+    ) -> Option<gpux_engine::Command> {
+        let entry = self.jobs.get_mut(&job)?;
+        if !matches!(entry.state, JobState::Bidding { attempt: a, order: None } if a == attempt) {
+            return None;
+        }
+        entry.last_move = Some(AttemptMove { attempt, cause, instrument: book.instrument, choice, at_ms });
+        entry.book = book;
+        Some(self.bid(job, attempt))
+    }
+
+    /// The client order id of `job`'s bid for `attempt`.
+    pub fn bid_client_order_id(job: JobId, attempt: u32) -> u64 {
+        JOB_CLIENT_ORDER_ID_BASE + job.0 * ATTEMPTS_MAX as u64 + attempt as u64
+    }
+
+    /// A preemption known to be coming to a job's running lease (or none
+    /// any more): whether it changed what the job's feed shows.
+    pub fn set_preemption_ahead(&mut self, lease: LeaseId, ahead: Option<PreemptionAhead>) -> bool {
+        if !self.leases.contains_key(&lease) {
+            return false;
+        }
+        match ahead {
+            Some(ahead) => self.ahead.insert(lease, ahead) != Some(ahead),
+            None => self.ahead.remove(&lease).is_some(),
+        }
+    }
+
     /// Whether a preemption notice reached one of `lease`'s job's running
     /// attempt's leases (its workload is moving, not finishing).
     pub fn moving(&self, lease: LeaseId) -> bool {
@@ -488,6 +690,7 @@ impl Jobs {
         self.noticed.remove(&lease);
         self.exited_ok.remove(&lease);
         self.started.remove(&lease);
+        self.ahead.remove(&lease);
     }
 
     /// `state` as the renter sees it: a running attempt whose workloads do
@@ -592,6 +795,7 @@ impl Jobs {
                 EventKind::OrderClosed { order, reason, .. } => self.bid_closed(order, reason, at_ms, &mut outcome),
                 EventKind::PreemptionNotice { lease, .. } if self.leases.contains_key(&lease) => {
                     self.noticed.insert(lease);
+                    self.ahead.remove(&lease);
                 }
                 EventKind::LeaseEnded { lease, reason } => {
                     let Some(&job) = self.leases.get(&lease) else {
@@ -775,6 +979,7 @@ impl Jobs {
             self.noticed.remove(other);
             self.exited_ok.remove(other);
             self.started.remove(other);
+            self.ahead.remove(other);
         }
         // A resize under way is dropped: its bid is cancelled, and the next
         // attempt (if any) bids at the size asked for.
@@ -796,7 +1001,9 @@ impl Jobs {
             }
         } else if attempt.saturating_sub(entry.resizes) > entry.terms.retries {
             JobState::Failed(JobFailure::RetriesExhausted)
-        } else if entry.escrowed_minor.saturating_add(attempt_cost(&entry.terms)) > entry.terms.budget_minor {
+        } else if entry.escrowed_minor.saturating_add(attempt_cost(entry.book.limit_minor_per_gpu_hour, &entry.terms))
+            > entry.terms.budget_minor
+        {
             JobState::Failed(JobFailure::BudgetSpent)
         } else {
             // After an abandoned resize the attempt numbers it took are skipped.
@@ -806,6 +1013,8 @@ impl Jobs {
         };
         self.enter(job, state.clone(), at_ms, outcome);
         if let JobState::Bidding { attempt, .. } = state {
+            let cause = if reason == LeaseEndReason::Preempted { AttemptCause::Preempted } else { AttemptCause::HostFailed };
+            outcome.moves.push((job, attempt, cause));
             outcome.bids.push(self.bid(job, attempt));
         }
     }
@@ -816,6 +1025,11 @@ impl Jobs {
         let Some(entry) = self.jobs.get_mut(&job) else { return };
         let account = entry.terms.account;
         let was_over = entry.state.is_over();
+        if !matches!(state, JobState::Running { .. }) {
+            // A held exit is settled by whatever moved the job on.
+            entry.failing = None;
+            self.holds.remove(&job);
+        }
         entry.state = state.clone();
         entry.updated_at_ms = at_ms;
         outcome.transitions.push((job, account, state.clone()));
@@ -888,14 +1102,16 @@ impl Jobs {
     /// A cluster job's bid is a cluster bid for `gpus / gpus_per_node`
     /// hosts (one host when that is 1).
     fn bid_sized(&self, job: JobId, attempt: u32, gpus: u32) -> gpux_engine::Command {
-        let terms = &self.jobs[&job].terms;
+        let entry = &self.jobs[&job];
+        let (terms, book) = (&entry.terms, &entry.book);
+        let regions = entry.recovery.regions.clone();
         let client_order_id = JOB_CLIENT_ORDER_ID_BASE + job.0 * ATTEMPTS_MAX as u64 + attempt as u64;
         let order = NewOrder {
             time_in_force: TimeInForce::Gtc,
             self_trade_prevention: SelfTradePrevention::CancelNewest,
             one_host: terms.one_host || (terms.gpus_per_node > 0 && gpus == terms.gpus_per_node),
             duration: LeaseDuration::Hours(terms.hours),
-            ..NewOrder::limit(terms.account, client_order_id, terms.instrument, Side::Buy, terms.limit_minor_per_gpu_hour, gpus)
+            ..NewOrder::limit(terms.account, client_order_id, book.instrument, Side::Buy, book.limit_minor_per_gpu_hour, gpus)
         };
         let options = OrderOptions {
             all_or_none: true,
@@ -910,15 +1126,15 @@ impl Jobs {
             return gpux_engine::Command::Place {
                 order,
                 options,
-                regions: Vec::new(),
+                regions,
                 cluster: Some(gpux_engine::ClusterTerms { nodes, min_fabric_gbps }),
             };
         }
-        gpux_engine::Command::Place { order, options, regions: Vec::new(), cluster: None }
+        gpux_engine::Command::Place { order, options, regions, cluster: None }
     }
 }
 
-/// The most one attempt can escrow: every GPU at the limit for its hours.
-fn attempt_cost(terms: &JobTerms) -> u64 {
-    terms.limit_minor_per_gpu_hour.saturating_mul(terms.gpus as u64).saturating_mul(terms.hours as u64)
+/// The most one attempt can escrow: every GPU at `limit` for its hours.
+fn attempt_cost(limit_minor_per_gpu_hour: u64, terms: &JobTerms) -> u64 {
+    limit_minor_per_gpu_hour.saturating_mul(terms.gpus as u64).saturating_mul(terms.hours as u64)
 }

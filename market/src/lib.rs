@@ -153,6 +153,10 @@ pub struct ArchivedLease {
 /// stopped before the preemption counts as honoured late.
 pub const PREEMPTION_STOP_MS: u64 = 60_000;
 
+/// Resting asks of a book a job's new attempt reads to price it there
+/// (`MarketState::choose_job_book`), best first.
+pub const JOB_QUOTE_OFFERS_MAX: usize = 512;
+
 /// How long a lease stays in the hot state after its billing closed.
 pub const LEASE_RETENTION_MS: u64 = 60 * 60_000;
 
@@ -258,7 +262,12 @@ impl MarketState {
         match entry {
             JournalEntry::Genesis { listing } => self.genesis(listing)?,
             JournalEntry::Engine(input) => self.apply_engine(input, &mut applied, &mut owed),
-            JournalEntry::SubmitJob { at_ms, terms } => self.submit_job(*at_ms, terms, &mut applied, &mut owed),
+            JournalEntry::SubmitJob { at_ms, terms } => self.submit_job(*at_ms, terms, &Default::default(), &mut applied, &mut owed),
+            JournalEntry::SubmitJobV2 { at_ms, terms, recovery } => self.submit_job(*at_ms, terms, recovery, &mut applied, &mut owed),
+            JournalEntry::JobExitHoldEnded { at_ms, job } => {
+                let outcome = self.jobs.exit_hold_ended(*job, *at_ms);
+                self.job_outcome(outcome, &mut applied, &mut owed);
+            }
             JournalEntry::CancelJob { at_ms, account, job } => {
                 let outcome = self.jobs.cancel(*job, *account, *at_ms);
                 self.job_outcome(outcome, &mut applied, &mut owed);
@@ -328,8 +337,15 @@ impl MarketState {
     }
 
     /// A job submitted: its id (or why it was refused) in `applied.job`.
-    fn submit_job(&mut self, at_ms: u64, terms: &jobs::JobTerms, applied: &mut Applied, owed: &mut Vec<Notice>) {
-        let submitted = self.jobs.submit(terms.clone(), at_ms).map(|(job, outcome)| {
+    fn submit_job(
+        &mut self,
+        at_ms: u64,
+        terms: &jobs::JobTerms,
+        recovery: &jobs::JobRecovery,
+        applied: &mut Applied,
+        owed: &mut Vec<Notice>,
+    ) {
+        let submitted = self.jobs.submit(terms.clone(), recovery.clone(), at_ms).map(|(job, outcome)| {
             self.job_outcome(outcome, applied, owed);
             job
         });
@@ -462,6 +478,7 @@ impl MarketState {
         }));
         let jobs = self.jobs.observe(&applied.events);
         self.job_outcome(jobs, applied, owed);
+        self.watch_job_preemptions_ahead(applied, owed);
         self.hand_over_workloads(rematched.replaced, owed);
     }
 
@@ -801,7 +818,15 @@ impl MarketState {
     /// transition pushed to the job's renter, each attempt handed to its
     /// hosts (and recorded as the lease's workload, so `lease_delivery`
     /// shows its image).
-    fn job_outcome(&mut self, outcome: jobs::Outcome, applied: &mut Applied, owed: &mut Vec<Notice>) {
+    fn job_outcome(&mut self, mut outcome: jobs::Outcome, applied: &mut Applied, owed: &mut Vec<Notice>) {
+        for (job, attempt, cause) in std::mem::take(&mut outcome.moves) {
+            let (book, choice) = self.choose_job_book(job);
+            if let Some(bid) = self.jobs.rebook(job, attempt, cause, book, choice, self.clock_ms) {
+                let client_order_id = jobs::Jobs::bid_client_order_id(job, attempt);
+                outcome.bids.retain(|b| b.new_order().is_none_or(|o| o.client_order_id != client_order_id));
+                outcome.bids.push(bid);
+            }
+        }
         applied.follow_ups.extend(outcome.commands());
         for (job, account, state) in &outcome.transitions {
             if let Some(mut info) = self.jobs.info(*job, *account) {
@@ -836,6 +861,103 @@ impl MarketState {
                 message: ServerMessage::JobAssigned { lease, assignment: Box::new(assignment) },
             });
         }
+    }
+
+    /// A reserved window sold on a GPU that a job's preemptible lease
+    /// runs on (or a job's preemptible lease created on a GPU with one
+    /// ahead): the preemption it schedules goes to the job's feed before
+    /// its notice (docs/jobs.md "Preemption").
+    fn watch_job_preemptions_ahead(&mut self, applied: &Applied, owed: &mut Vec<Notice>) {
+        let mut leases = Vec::new();
+        for event in &applied.events {
+            match event.kind {
+                EventKind::ContractCreated { gpu, .. } => leases.extend(self.engine.preemptible_lease_on(gpu)),
+                EventKind::LeaseCreated { lease, kind: gpux_engine::LeaseKind::Preemptible, .. } => leases.push(lease),
+                _ => {}
+            }
+        }
+        for lease in leases {
+            let Some(job) = self.jobs.job_of_lease(lease) else { continue };
+            let ahead = self.engine.preemption_ahead(lease).map(|(notice_at_ms, ends_at_ms)| jobs::PreemptionAhead {
+                lease,
+                notice_at_ms,
+                ends_at_ms,
+            });
+            let Some(account) = self.jobs.terms(job).map(|t| t.account) else { continue };
+            if self.jobs.set_preemption_ahead(lease, ahead) {
+                if let Some(info) = self.jobs.info(job, account) {
+                    owed.push(Notice { to: Audience::account(account), message: ServerMessage::JobUpdate { job: Box::new(info) } });
+                }
+            }
+        }
+    }
+
+    /// The book a job's new attempt bids on (docs/jobs.md "Failover"): of
+    /// its books, the one whose resting asks would fill its GPUs at the
+    /// lowest expected cost now (a preemptible book's rework added), the
+    /// one it bid on before among equals; with none offering, that one.
+    fn choose_job_book(&self, job: jobs::JobId) -> (jobs::JobAlternative, jobs::BookChoice) {
+        let books = self.jobs.books(job);
+        let Some(current) = books.first().cloned() else {
+            return (jobs::JobAlternative { instrument: InstrumentId(0), limit_minor_per_gpu_hour: 0 }, jobs::BookChoice::NoneOffered);
+        };
+        let quotes: Vec<(jobs::JobAlternative, u64)> =
+            books.into_iter().filter_map(|book| self.job_book_quote(job, &book).map(|cost| (book, cost))).collect();
+        let offering = quotes.len() as u32;
+        match quotes.into_iter().enumerate().min_by_key(|(index, (_, cost))| (*cost, *index)) {
+            Some((_, (book, expected_minor))) => (book, jobs::BookChoice::Cheapest { expected_minor, offering }),
+            None => (current, jobs::BookChoice::NoneOffered),
+        }
+    }
+
+    /// What `job`'s attempt would cost for its hours on `book` from the
+    /// asks resting there now that its bid could take: within the book's
+    /// limit, from suppliers that deliver, past its score, verification
+    /// and region filters, on one host when it wants one, on `nodes` hosts
+    /// of `gpus_per_node` for a cluster (fabric groups are not weighed:
+    /// the bid itself finds one). `None` when they do not add up to the job.
+    fn job_book_quote(&self, job: jobs::JobId, book: &jobs::JobAlternative) -> Option<u64> {
+        let (terms, regions) = (self.jobs.terms(job)?, self.jobs.regions(job));
+        let instrument = self.engine.instrument(book.instrument)?;
+        if instrument.state != gpux_engine::InstrumentState::Trading {
+            return None;
+        }
+        let (offers, _) = self.engine.offers(book.instrument, 0, JOB_QUOTE_OFFERS_MAX);
+        let per_host = if terms.gpus_per_node > 0 && terms.gpus_per_node < terms.gpus {
+            Some(terms.gpus_per_node)
+        } else if terms.one_host || terms.gpus_per_node > 0 {
+            Some(terms.gpus)
+        } else {
+            None
+        };
+        let (mut left, mut cost_per_hour) = (terms.gpus, 0u64);
+        let mut hosts = std::collections::BTreeSet::new();
+        for offer in offers {
+            if offer.price_minor_per_gpu_hour > book.limit_minor_per_gpu_hour {
+                break;
+            }
+            let score_ok = terms.min_supplier_score_bps == 0 || offer.supplier_score_bps.is_some_and(|s| s >= terms.min_supplier_score_bps);
+            let region_ok = regions.is_empty() || offer.region.as_ref().is_some_and(|r| regions.contains(r));
+            let quantity = if terms.verified_only { offer.gpus_verified.min(offer.quantity) } else { offer.quantity };
+            if !score_ok || !region_ok || !self.engine.delivers(offer.supplier) || quantity == 0 {
+                continue;
+            }
+            let take = match per_host {
+                Some(need) if quantity < need || !offer.host.is_some_and(|h| hosts.insert(h)) => continue,
+                Some(need) => need,
+                None => quantity.min(left),
+            };
+            cost_per_hour = cost_per_hour.saturating_add(offer.price_minor_per_gpu_hour.saturating_mul(take as u64));
+            left -= take.min(left);
+            if left == 0 {
+                let mut cost = cost_per_hour.saturating_mul(terms.hours as u64);
+                if instrument.contract == gpux_engine::ContractKind::Preemptible {
+                    cost = cost.saturating_add(cost.saturating_mul(jobs::limits::PREEMPTIBLE_REWORK_BPS) / 10_000);
+                }
+                return Some(cost);
+            }
+        }
+        None
     }
 
     /// A host publishing its encryption key, signed by its identity key.

@@ -144,7 +144,7 @@ impl World {
 #[test]
 fn a_job_failed_by_its_host_bids_again_runs_elsewhere_and_finishes() {
     let mut w = World::new(2);
-    let (job, outcome) = w.jobs.submit(w.terms(2, 100 * USD_2), T0).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(2, 100 * USD_2), Default::default(), T0).expect("accepted");
     let states = w.follow(outcome);
     assert!(matches!(states.as_slice(), [JobState::Bidding { attempt: 1, order: None }]), "{states:?}");
     assert!(matches!(w.jobs.state(job), Some(JobState::Bidding { attempt: 1, order: Some(_) })), "the bid rests: no GPUs yet");
@@ -171,7 +171,7 @@ fn a_job_failed_by_its_host_bids_again_runs_elsewhere_and_finishes() {
 fn retries_and_budget_bound_a_job_and_a_failing_workload_is_not_retried() {
     // One retry: the second host failure ends the job.
     let mut w = World::new(3);
-    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), T0).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), T0).expect("accepted");
     w.follow(outcome);
     w.ask(0);
     let lease = w.lease_of(job);
@@ -182,16 +182,16 @@ fn retries_and_budget_bound_a_job_and_a_failing_workload_is_not_retried() {
 
     // A budget for one attempt (2 GPUs x 2 h x US$2 = US$8): no second.
     let mut w = World::new(2);
-    let (job, outcome) = w.jobs.submit(w.terms(5, 8 * 1_000_000), T0).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(5, 8 * 1_000_000), Default::default(), T0).expect("accepted");
     w.follow(outcome);
     w.ask(0);
     let lease = w.lease_of(job);
     assert_eq!(w.host_fails(lease), [JobState::Failed(JobFailure::BudgetSpent)]);
-    assert_eq!(w.jobs.submit(w.terms(0, 7 * 1_000_000), T0).err(), Some(JobRefusal::BudgetTooSmall));
+    assert_eq!(w.jobs.submit(w.terms(0, 7 * 1_000_000), Default::default(), T0).err(), Some(JobRefusal::BudgetTooSmall));
 
     // The renter's code fails: not retried, its leases end.
     let mut w = World::new(1);
-    let (job, outcome) = w.jobs.submit(w.terms(5, 100 * USD_2), T0).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(5, 100 * USD_2), Default::default(), T0).expect("accepted");
     w.follow(outcome);
     w.ask(0);
     let lease = w.lease_of(job);
@@ -205,11 +205,11 @@ fn retries_and_budget_bound_a_job_and_a_failing_workload_is_not_retried() {
 #[test]
 fn a_job_cancels_while_bidding_or_running_and_a_refused_bid_fails_it() {
     let mut w = World::new(1);
-    let (waiting, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), T0).expect("accepted");
+    let (waiting, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), T0).expect("accepted");
     w.follow(outcome);
     let outcome = w.jobs.cancel(waiting, w.renter, T0);
     assert_eq!(w.follow(outcome), [JobState::Cancelled], "its bid cancelled");
-    let (running, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), T0).expect("accepted");
+    let (running, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), T0).expect("accepted");
     w.follow(outcome);
     w.ask(0);
     // Another account cannot cancel it.
@@ -220,7 +220,7 @@ fn a_job_cancels_while_bidding_or_running_and_a_refused_bid_fails_it() {
     // A renter without the funds: the first bid is refused.
     let mut w = World::new(1);
     w.run(Command::Withdraw { account: w.renter, amount_minor: 1_000_000_000 });
-    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), T0).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), T0).expect("accepted");
     assert_eq!(w.follow(outcome).last(), Some(&JobState::Failed(JobFailure::BidRefused(RejectCode::InsufficientFunds))));
     assert!(w.jobs.state(job).is_some_and(JobState::is_over));
 }
@@ -326,19 +326,19 @@ fn each_account_holds_its_share_of_live_jobs_and_keeps_its_newest_finished_ones(
     let mut w = World::new(0);
     let mut live = Vec::new();
     for _ in 0..JOBS_LIVE_PER_ACCOUNT_MAX {
-        live.push(w.jobs.submit(w.terms(1, 100 * USD_2), T0).expect("within the share").0);
+        live.push(w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), T0).expect("within the share").0);
     }
-    assert_eq!(w.jobs.submit(w.terms(1, 100 * USD_2), T0).err(), Some(JobRefusal::TooManyJobs));
+    assert_eq!(w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), T0).err(), Some(JobRefusal::TooManyJobs));
     // Another account is not held back by this one's jobs.
     let mut other = w.terms(1, 100 * USD_2);
     other.account = w.supplier;
-    let (others, _) = w.jobs.submit(other, T0).expect("its own share");
+    let (others, _) = w.jobs.submit(other, Default::default(), T0).expect("its own share");
     // Ended jobs make room; past 256 finished, the oldest are forgotten.
     let mut finished = 0;
     while finished < JOBS_FINISHED_PER_ACCOUNT_MAX + 10 {
         let job = match live.pop() {
             Some(job) => job,
-            None => w.jobs.submit(w.terms(1, 100 * USD_2), T0).expect("room again").0,
+            None => w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), T0).expect("room again").0,
         };
         // Its bid was never placed here: the cancel ends it at once.
         assert_eq!(w.jobs.cancel(job, w.renter, T0).transitions.last().map(|t| t.2.clone()), Some(JobState::Cancelled));
@@ -358,7 +358,7 @@ fn each_account_holds_its_share_of_live_jobs_and_keeps_its_newest_finished_ones(
 fn a_running_job_grows_once_the_bigger_bid_fills_and_restarts_on_the_new_leases() {
     let mut w = World::new(3);
     let terms = JobTerms { one_host: false, ..w.terms(1, 100 * USD_2) };
-    let (job, outcome) = w.jobs.submit(terms, T0).expect("accepted");
+    let (job, outcome) = w.jobs.submit(terms, Default::default(), T0).expect("accepted");
     w.follow(outcome);
     w.ask(0);
     let first = w.lease_of(job);
@@ -393,7 +393,7 @@ fn a_running_job_grows_once_the_bigger_bid_fills_and_restarts_on_the_new_leases(
 #[test]
 fn a_resize_whose_bid_does_not_fill_leaves_the_job_as_it_was() {
     let mut w = World::new(2);
-    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), T0).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), T0).expect("accepted");
     w.follow(outcome);
     w.ask(0);
     let lease = w.lease_of(job);
@@ -672,7 +672,7 @@ fn a_preempted_job_moves_to_its_next_attempt_whatever_its_workload_does_on_the_n
         w.run(Command::OpenAccount { role: Role::Renter });
         w.run(Command::Deposit { account: AccountId(2), amount_minor: 1_000_000_000 });
         let terms = JobTerms { instrument: H100_PREEMPT, limit_minor_per_gpu_hour: 1_000_000, ..w.terms(2, 100 * USD_2) };
-        let (job, outcome) = w.jobs.submit(terms, T0).expect("accepted");
+        let (job, outcome) = w.jobs.submit(terms, Default::default(), T0).expect("accepted");
         w.follow(outcome);
         // Host 0 offers preemptible time cheaply and spot time beside it.
         assert!(matches!(w.ask_on(0, H100_PREEMPT, 800_000).as_slice(), [JobState::Running { attempt: 1, .. }]));
@@ -804,7 +804,7 @@ fn a_job_lease_is_silent_when_its_host_never_starts_is_gone_or_says_nothing() {
     assert_eq!((rules.start_ms, rules.disconnected_ms), (30_000, 30_000));
     assert_eq!(Silence::with_silence(4_000), Silence { silence_ms: 4_000, start_ms: 4_000, disconnected_ms: 4_000 });
     let mut w = World::new(1);
-    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), T0).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), T0).expect("accepted");
     w.follow(outcome);
     w.ask(0);
     let lease = w.lease_of(job);
@@ -862,4 +862,230 @@ fn a_journal_without_the_job_rules_entry_replays_under_the_old_rules() {
         matches!(old.market.jobs().state(second), Some(JobState::Bidding { .. })),
         "under the new rules it waits for a host that delivers"
     );
+}
+
+/// A market under the current rules with a renter (0, funded), a supplier
+/// (1) whose hosts deliver, `h100` hosts of two H100s (host ids from 0)
+/// then `a100` hosts of two A100s, and a second renter (2, funded).
+fn recovery_market(h100: u32, a100: u32) -> Sequenced {
+    let mut live = Sequenced::new();
+    live.engine(Command::OpenAccount { role: Role::Renter });
+    live.engine(Command::OpenAccount { role: Role::Supplier });
+    live.engine(Command::OpenAccount { role: Role::Renter });
+    live.record(delivers(AccountId(1)));
+    live.engine(Command::Deposit { account: AccountId(0), amount_minor: 1_000_000_000 });
+    live.engine(Command::Deposit { account: AccountId(2), amount_minor: 1_000_000_000 });
+    let a100_spec = GpuSpec { model: "NVIDIA A100-SXM4-80GB".into(), memory_mib: 81_920, ..GpuSpec::h100_sxm() };
+    for host in 0..h100 + a100 {
+        let spec = if host < h100 { GpuSpec::h100_sxm() } else { a100_spec.clone() };
+        for gpu in 0..2 {
+            live.engine(Command::register(AccountId(1), &format!("host-{host}"), &format!("GPU-{host}-{gpu}"), spec.clone()));
+        }
+    }
+    live
+}
+
+impl Sequenced {
+    fn submit(&mut self, terms: JobTerms, recovery: gpux_market::jobs::JobRecovery) -> JobId {
+        self.now_ms += 1;
+        let entry = gpux_market::JournalEntry::SubmitJobV2 { at_ms: self.now_ms, terms, recovery };
+        self.record(entry).job.expect("a job entry").expect("accepted")
+    }
+
+    fn running(&self, job: JobId) -> (u32, Vec<LeaseId>) {
+        match self.market.jobs().state(job) {
+            Some(JobState::Running { attempt, leases }) => (*attempt, leases.clone()),
+            other => panic!("not running: {other:?}"),
+        }
+    }
+
+    /// The host of `lease` reports its workload exited with `code`.
+    fn exits(&mut self, lease: LeaseId, code: i64) {
+        self.now_ms += 1;
+        let state = gpux_protocol::DeliveryState::Exited { code };
+        self.record(gpux_market::JournalEntry::DeliveryStatus { at_ms: self.now_ms, account: AccountId(1), lease, state });
+    }
+
+    /// The exchange finds `lease`'s host gone (its delivery fails).
+    fn host_gone(&mut self, lease: LeaseId) {
+        self.now_ms += 1;
+        self.record(gpux_market::JournalEntry::JobLeaseSilent { at_ms: self.now_ms, lease });
+    }
+
+    fn info(&self, job: JobId) -> gpux_protocol::JobInfo {
+        self.market.jobs().info(job, AccountId(0)).expect("the renter's job")
+    }
+}
+
+/// `restarts_on_error` (docs/jobs.md "Retries"): a workload that exits 3
+/// is restarted twice, each time as a new attempt, then the job fails with
+/// its code; the restarts are not taken from `retries`, and every lease
+/// ends at its exit.
+#[test]
+fn a_workload_error_restarts_the_job_within_restarts_on_error_then_fails_it() {
+    use gpux_market::jobs::{AttemptCause, JobRecovery};
+    let mut live = recovery_market(1, 0);
+    let terms = World::new(0).terms(1, 100 * USD_2);
+    let job = live.submit(terms, JobRecovery { restarts_on_error: 2, ..JobRecovery::default() });
+    for attempt in 1..=3 {
+        live.ask(0, 0, USD_2);
+        let (running, leases) = live.running(job);
+        assert_eq!(running, attempt);
+        live.exits(leases[0], 3);
+        assert!(!live.market.engine().lease(leases[0]).expect("lease").active, "billing stops at the exit");
+        let info = live.info(job);
+        if attempt < 3 {
+            assert!(matches!(info.state, JobState::Bidding { attempt: a, .. } if a == attempt + 1), "{:?}", info.state);
+            let moved = info.last_move.expect("a move");
+            assert_eq!((moved.attempt, moved.cause), (attempt + 1, AttemptCause::ExitedWithError(3)));
+        } else {
+            assert_eq!(info.state, JobState::Failed(JobFailure::WorkloadFailed(3)));
+        }
+        assert_eq!(info.restarts, attempt.min(2));
+    }
+    // Without restarts the first error fails the job.
+    let job = live.submit(World::new(0).terms(3, 100 * USD_2), JobRecovery::default());
+    live.ask(0, 0, USD_2);
+    let (_, leases) = live.running(job);
+    live.exits(leases[0], 3);
+    assert_eq!(live.info(job).state, JobState::Failed(JobFailure::WorkloadFailed(3)));
+}
+
+/// Failover (docs/jobs.md "Failover"): each new attempt bids the book of
+/// the job's that would fill it at the lowest expected cost now (a
+/// preemptible book's rework weighed in), and says why; with none offering
+/// it stays on its book and waits.
+#[test]
+fn a_new_attempt_bids_the_cheapest_of_the_jobs_books_that_offers_it() {
+    use gpux_market::jobs::{AttemptCause, BookChoice, JobAlternative, JobRecovery};
+    const A100_SPOT: InstrumentId = InstrumentId(2);
+    const H100_PREEMPT: InstrumentId = InstrumentId(1);
+    // H100 hosts 0 to 2, A100 host 3.
+    let mut live = recovery_market(3, 1);
+    let alternatives = vec![
+        JobAlternative { instrument: A100_SPOT, limit_minor_per_gpu_hour: 1_500_000 },
+        JobAlternative { instrument: H100_PREEMPT, limit_minor_per_gpu_hour: 1_500_000 },
+    ];
+    let job = live.submit(World::new(0).terms(5, 100 * USD_2), JobRecovery { alternatives, ..JobRecovery::default() });
+    live.ask(0, 0, USD_2);
+    let (_, leases) = live.running(job);
+    // Host 0 dies with nothing else offered: the job bids its book again.
+    live.host_gone(leases[0]);
+    let info = live.info(job);
+    assert!(matches!(info.state, JobState::Bidding { attempt: 2, .. }), "{:?}", info.state);
+    let moved = info.last_move.expect("a move");
+    assert_eq!((moved.cause, moved.instrument, moved.choice), (AttemptCause::HostFailed, InstrumentId(0), BookChoice::NoneOffered));
+    live.ask(1, 0, USD_2);
+    let (attempt, leases) = live.running(job);
+    assert_eq!(attempt, 2);
+    // An A100 at 1.40 (2 GPUs x 2 h = 5.60) and a preemptible H100 at 1.25
+    // (5.00, plus 15% rework = 5.75); the H100 spot book is empty. Host 1
+    // dies: the A100 book wins.
+    live.ask(3, 2, 1_400_000);
+    live.ask(2, 1, 1_250_000);
+    live.host_gone(leases[0]);
+    let (attempt, leases) = live.running(job);
+    assert_eq!(attempt, 3);
+    let lease = live.market.engine().lease(leases[0]).expect("lease");
+    assert_eq!((lease.kind, lease.gpus[0], lease.price_minor_per_gpu_hour), (LeaseKind::Spot, GpuId(6), 1_400_000), "on the A100 host");
+    let info = live.info(job);
+    assert_eq!(info.instrument, A100_SPOT, "the job shows the book it bids on now");
+    let moved = info.last_move.expect("a move");
+    assert_eq!(
+        (moved.attempt, moved.instrument, moved.choice),
+        (3, A100_SPOT, BookChoice::Cheapest { expected_minor: 5_600_000, offering: 2 })
+    );
+    // The A100 host dies: the preemptible H100 (the only book offering) wins.
+    live.host_gone(leases[0]);
+    let (attempt, leases) = live.running(job);
+    assert_eq!(attempt, 4);
+    let lease = live.market.engine().lease(leases[0]).expect("lease");
+    assert_eq!((lease.kind, lease.gpus[0]), (LeaseKind::Preemptible, GpuId(4)), "on H100 host 2, preemptible");
+    assert_eq!(live.info(job).last_move.map(|m| m.choice), Some(BookChoice::Cheapest { expected_minor: 5_750_000, offering: 1 }));
+}
+
+/// Two H100 hosts of one fabric group for `cluster_terms`' jobs.
+fn fabric_hosts(live: &mut Sequenced, hosts: u32) {
+    for host in 0..hosts {
+        for gpu in 0..2 {
+            let fabric = FabricClaim { group: "ib0".into(), gbps: 400, address: format!("10.0.0.{host}"), port_base: 29_500 };
+            live.engine(Command::Register {
+                account: AccountId(1),
+                host: format!("host-{host}"),
+                gpu_uuid: format!("GPU-{host}-{gpu}"),
+                spec: GpuSpec::h100_sxm(),
+                region: Some("us-east".into()),
+                zone: "z1".into(),
+                fabric: Some(Box::new(fabric)),
+            });
+        }
+    }
+}
+
+/// A cluster rank that fails because its peer's host died (an NCCL
+/// timeout) is not the job's failure: its exit waits
+/// `CLUSTER_EXIT_HOLD_MS` for a host fault among its peers, which moves the
+/// job; with none, the exit fails the job once the wait is over.
+#[test]
+fn a_cluster_ranks_error_waits_for_a_peers_host_fault_before_it_fails_the_job() {
+    use gpux_market::jobs::{limits::CLUSTER_EXIT_HOLD_MS, AttemptCause, JobRecovery};
+    use gpux_market::JournalEntry;
+    for peer_dies in [true, false] {
+        let mut live = recovery_market(0, 0);
+        fabric_hosts(&mut live, 4);
+        let job = live.submit(cluster_terms(AccountId(0), InstrumentId(0)), JobRecovery::default());
+        live.ask(0, 0, USD_2);
+        live.ask(1, 0, USD_2);
+        let (_, leases) = live.running(job);
+        let exited_at = live.now_ms + 1;
+        live.exits(leases[0], 1);
+        assert!(matches!(live.info(job).state, JobState::Running { .. } | JobState::Starting { .. }), "held, not failed");
+        assert!(!live.market.engine().lease(leases[0]).expect("lease").active, "the exited rank's lease ends at once");
+        assert!(live.market.jobs().held_exits_due(exited_at + CLUSTER_EXIT_HOLD_MS - 1).is_empty());
+        assert_eq!(live.market.jobs().held_exits_due(exited_at + CLUSTER_EXIT_HOLD_MS), [job]);
+        if peer_dies {
+            live.host_gone(leases[1]);
+            let info = live.info(job);
+            assert!(matches!(info.state, JobState::Bidding { attempt: 2, .. }), "{:?}", info.state);
+            assert_eq!(info.last_move.map(|m| m.cause), Some(AttemptCause::HostFailed));
+            assert!(live.market.jobs().held_exits_due(u64::MAX).is_empty(), "the hold is settled");
+        } else {
+            live.now_ms = exited_at + CLUSTER_EXIT_HOLD_MS;
+            live.record(JournalEntry::JobExitHoldEnded { at_ms: live.now_ms, job });
+            assert_eq!(live.info(job).state, JobState::Failed(JobFailure::WorkloadFailed(1)));
+            assert!(!live.market.engine().lease(leases[1]).expect("lease").active, "the other rank's lease ends");
+        }
+    }
+}
+
+/// A reserved window sold on a GPU of a job's preemptible lease schedules
+/// its preemption: the job's feed says when, before the notice comes.
+#[test]
+fn a_window_sold_under_a_jobs_preemptible_lease_is_told_before_its_notice() {
+    use gpux_market::jobs::JobRecovery;
+    const H100_PREEMPT: InstrumentId = InstrumentId(1);
+    let mut live = recovery_market(1, 0);
+    let terms = JobTerms { instrument: H100_PREEMPT, ..World::new(0).terms(3, 100 * USD_2) };
+    let job = live.submit(terms, JobRecovery::default());
+    live.ask(0, 1, 800_000);
+    let (_, leases) = live.running(job);
+    assert_eq!(live.info(job).preemption_ahead, None);
+    let window = live.market.engine().instrument_by_symbol("H100-SXM-80G/R/2026-12-02T17/1H").expect("a listed window");
+    let mut ask = NewOrder::limit(AccountId(1), 500, window, Side::Sell, USD_2, 1);
+    ask.supply = Some(GpuSet { host: HostId(0), gpu_mask: 0b1 });
+    live.engine(Command::place(ask));
+    let applied = live.engine(Command::place(NewOrder::limit(AccountId(2), 1, window, Side::Buy, USD_2, 1)));
+    let window_start = T0 + 2 * 3_600_000;
+    let ahead = gpux_protocol::PreemptionAhead { lease: leases[0], notice_at_ms: window_start - 30_000, ends_at_ms: window_start };
+    assert_eq!(live.info(job).preemption_ahead, Some(ahead));
+    let told = applied
+        .notices
+        .iter()
+        .any(|n| matches!(&n.message, gpux_protocol::ServerMessage::JobUpdate { job: info } if info.preemption_ahead == Some(ahead)));
+    assert!(told, "the renter's feed hears of it: {:?}", applied.notices);
+    // The notice comes when it said: the job moves, and nothing is ahead.
+    live.now_ms = window_start - 30_000;
+    live.engine(Command::Tick);
+    assert!(live.market.jobs().moving(leases[0]));
+    assert_eq!(live.info(job).preemption_ahead, None);
 }

@@ -56,6 +56,21 @@ pub mod limits {
     /// session of its supplier runs it (its agent is gone), fails as its
     /// host's (within `--job-silence-ms` when that is shorter).
     pub const JOB_GONE_SILENCE_MS: u64 = 30_000;
+    /// Restarts after the program's own errors (a non-zero exit).
+    pub const RESTARTS_ON_ERROR_MAX: u32 = 20;
+    /// Other books a job's attempts may bid on, and regions it accepts.
+    pub const ALTERNATIVES_MAX: usize = 8;
+    pub const REGIONS_MAX: usize = 8;
+    /// A cluster member's non-zero exit waits this long for a peer's host
+    /// fault (the gone rule's 30 s and a margin): a rank that fails
+    /// because its peer's host died moves with the job instead of failing
+    /// it (docs/jobs.md "Clusters").
+    pub const CLUSTER_EXIT_HOLD_MS: u64 = 45_000;
+    /// The extra a preemptible lease is expected to cost in work done
+    /// again after a preemption, in basis points of its price (15%): how
+    /// the plan and each new attempt's choice of book weigh preemptible
+    /// books against spot ones.
+    pub const PREEMPTIBLE_REWORK_BPS: u64 = 1_500;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -145,6 +160,75 @@ pub struct JobSubmission {
     /// With `nodes`: the least fabric bandwidth each host declared, Gb/s.
     #[serde(default)]
     pub min_fabric_gbps: u32,
+    /// New attempts after the workload's own errors (a non-zero exit not
+    /// caused by a preemption or a host fault), counted apart from
+    /// `retries` (docs/jobs.md "Retries").
+    #[serde(default)]
+    pub restarts_on_error: u32,
+    /// Other books (classes, spot or preemptible) each new attempt may bid
+    /// on, each at its own limit: an attempt after the first bids the one
+    /// of these and `instrument` with the lowest expected cost now
+    /// (docs/jobs.md "Failover").
+    #[serde(default)]
+    pub alternatives: Vec<JobAlternative>,
+    /// Regions whose hosts the job accepts (empty: any).
+    #[serde(default)]
+    pub regions: Vec<String>,
+}
+
+/// Another book a job may bid on, at its own limit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobAlternative {
+    pub instrument: InstrumentId,
+    pub limit_minor_per_gpu_hour: u64,
+}
+
+/// Why an attempt after the first was started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptCause {
+    /// A host failed a lease of the previous attempt (its agent gone,
+    /// silent, or its delivery failed).
+    HostFailed,
+    /// A lease of the previous attempt was preempted.
+    Preempted,
+    /// The workload exited with this code (a restart on error).
+    ExitedWithError(i64),
+}
+
+/// How a new attempt chose its book among the job's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BookChoice {
+    /// The lowest expected cost (`expected_minor` for the attempt's hours,
+    /// a preemptible book's rework included) of `offering` books that
+    /// offered the job's GPUs within their limits.
+    Cheapest { expected_minor: u64, offering: u32 },
+    /// No book offered the job's GPUs within its limit now: it bids the
+    /// same book as before and waits for asks.
+    NoneOffered,
+}
+
+/// The job's latest move to a new attempt, for its feed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptMove {
+    pub attempt: u32,
+    pub cause: AttemptCause,
+    pub instrument: InstrumentId,
+    pub choice: BookChoice,
+    pub at_ms: u64,
+}
+
+/// A preemption the market already knows is coming to a lease of the
+/// job's running attempt: a reserved window sold on its GPUs
+/// (docs/market-rules.md "Preemptible"). The notice comes at
+/// `notice_at_ms`, the lease ends at `ends_at_ms`. A spot buyer's
+/// preemption gives no earlier sign than its notice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreemptionAhead {
+    pub lease: LeaseId,
+    pub notice_at_ms: u64,
+    pub ends_at_ms: u64,
 }
 
 /// Why a submission breaks its bounds (`job_invalid`; the field it names).
@@ -180,6 +264,12 @@ pub enum JobInvalid {
         "nodes: 0, or 2 to 64 hosts with the same number of GPUs each (gpus a multiple of nodes, at most 64 a node), not with one_host"
     )]
     Nodes,
+    #[error("restarts_on_error: at most {}", limits::RESTARTS_ON_ERROR_MAX)]
+    Restarts,
+    #[error("alternatives: at most {}, each another book than instrument and the others, with a limit above 0", limits::ALTERNATIVES_MAX)]
+    Alternatives,
+    #[error("regions: at most {}, distinct, each 1 to 64 bytes", limits::REGIONS_MAX)]
+    Regions,
     #[error("run.inputs: at most 32, each a distinct name of letters, digits, '-', '_' or '.', a distinct mount that is an absolute path of plain names (not /job, the checkpoint or output directory), and a store object (64 hex digits, 1 byte to 1 GiB) or an https:// URL of at most 2048 printable bytes")]
     Input,
 }
@@ -212,6 +302,21 @@ impl JobSubmission {
             |nodes: u32| (2..=64).contains(&nodes) && !self.one_host && self.gpus.is_multiple_of(nodes) && self.gpus / nodes <= 64;
         if (self.nodes != 0 && !cluster_ok(self.nodes)) || (self.nodes == 0 && self.min_fabric_gbps != 0) {
             return Err(JobInvalid::Nodes);
+        }
+        if self.restarts_on_error > limits::RESTARTS_ON_ERROR_MAX {
+            return Err(JobInvalid::Restarts);
+        }
+        let mut books = std::collections::BTreeSet::from([self.instrument]);
+        if self.alternatives.len() > limits::ALTERNATIVES_MAX
+            || !self.alternatives.iter().all(|a| a.limit_minor_per_gpu_hour > 0 && books.insert(a.instrument))
+        {
+            return Err(JobInvalid::Alternatives);
+        }
+        let mut regions = std::collections::BTreeSet::new();
+        if self.regions.len() > limits::REGIONS_MAX
+            || !self.regions.iter().all(|r| !r.is_empty() && r.len() <= 64 && regions.insert(r.as_str()))
+        {
+            return Err(JobInvalid::Regions);
         }
         self.run.validate()
     }
@@ -372,6 +477,21 @@ pub struct JobInfo {
     /// When it entered its state.
     pub updated_at_ms: u64,
     pub run: JobRun,
+    /// Restarts after its workload's errors: allowed, and used so far.
+    #[serde(default)]
+    pub restarts_on_error: u32,
+    #[serde(default)]
+    pub restarts: u32,
+    #[serde(default)]
+    pub alternatives: Vec<JobAlternative>,
+    #[serde(default)]
+    pub regions: Vec<String>,
+    /// Its latest move to a new attempt: why, and the book it chose.
+    #[serde(default)]
+    pub last_move: Option<AttemptMove>,
+    /// A preemption known to be coming to its running attempt.
+    #[serde(default)]
+    pub preemption_ahead: Option<PreemptionAhead>,
 }
 
 /// Pushed to a job lease's host (like `workload` for a lease): the attempt
@@ -413,6 +533,9 @@ mod tests {
             verified_only: false,
             nodes: 0,
             min_fabric_gbps: 0,
+            restarts_on_error: 2,
+            alternatives: vec![JobAlternative { instrument: InstrumentId(2), limit_minor_per_gpu_hour: 300 }],
+            regions: vec!["eu-west".into()],
             run: JobRun {
                 image: "python:3.11".into(),
                 command: vec!["python3".into(), "train.py".into()],
@@ -463,6 +586,12 @@ mod tests {
                 JobInvalid::Input,
             ),
             (|s| s.run.inputs.push(s.run.inputs[0].clone()), JobInvalid::Input),
+            (|s| s.restarts_on_error = limits::RESTARTS_ON_ERROR_MAX + 1, JobInvalid::Restarts),
+            (|s| s.alternatives[0].instrument = s.instrument, JobInvalid::Alternatives),
+            (|s| s.alternatives[0].limit_minor_per_gpu_hour = 0, JobInvalid::Alternatives),
+            (|s| s.alternatives.push(s.alternatives[0].clone()), JobInvalid::Alternatives),
+            (|s| s.regions.push("eu-west".into()), JobInvalid::Regions),
+            (|s| s.regions = vec![String::new()], JobInvalid::Regions),
         ];
         for (breach, expected) in cases {
             let mut bad = submission();

@@ -40,7 +40,10 @@ pub use fabric::{FabricProbeBody, FabricProbeReport};
 pub use gpu_probe::{GpuProbeBody, GpuProbeReport, ProbeGpu};
 pub use history::{Candle, CandleInterval, Fill, FillCursor, Liquidity, TradePrint, TradeRecord};
 pub use invoice::{Invoice, InvoiceItem, InvoiceLine, InvoiceTax, InvoiceTotals};
-pub use jobs::{BundleRef, InputSource, JobAssignment, JobFailure, JobId, JobInfo, JobInput, JobRun, JobState, JobSubmission};
+pub use jobs::{
+    AttemptCause, AttemptMove, BookChoice, BundleRef, InputSource, JobAlternative, JobAssignment, JobFailure, JobId, JobInfo, JobInput,
+    JobRun, JobState, JobSubmission, PreemptionAhead,
+};
 pub use liveness::{LivenessBody, LivenessReport};
 pub use messages::*;
 pub use record::{decode_record, decode_snapshot, encode_record, RecordError, RECORD_BYTES_MAX, SNAPSHOT_BYTES_MAX};

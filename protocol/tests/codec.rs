@@ -194,6 +194,9 @@ fn sample_client_messages() -> Vec<ClientMessage> {
                 verified_only: true,
                 nodes: 0,
                 min_fabric_gbps: 0,
+                restarts_on_error: 2,
+                alternatives: vec![gpux_protocol::JobAlternative { instrument: InstrumentId(3), limit_minor_per_gpu_hour: 1_500_000 }],
+                regions: vec!["eu-central".into()],
                 run: JobRun {
                     image: "registry.example.com/pytorch@sha256:3ac7".into(),
                     command: vec!["python".into(), "train.py".into()],

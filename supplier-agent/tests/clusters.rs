@@ -217,6 +217,9 @@ async fn a_cluster_job_gets_its_ranks_reaches_every_peer_and_bids_whole_again_wh
         verified_only: false,
         nodes: 3,
         min_fabric_gbps: 1,
+        restarts_on_error: 0,
+        alternatives: Vec::new(),
+        regions: Vec::new(),
         run: JobRun {
             image: PY_IMAGE.into(),
             command: vec!["python3".into(), "allgather.py".into(), "600".into()],

@@ -149,6 +149,9 @@ async fn a_job_resumes_on_another_host_from_its_checkpoint_after_its_host_dies()
         verified_only: false,
         nodes: 0,
         min_fabric_gbps: 0,
+        restarts_on_error: 0,
+        alternatives: Vec::new(),
+        regions: Vec::new(),
         run: JobRun {
             image: PY_IMAGE.into(),
             command: vec!["python3".into(), "train.py".into(), STEPS.to_string()],

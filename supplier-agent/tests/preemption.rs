@@ -152,6 +152,9 @@ async fn preempted_job_resumes(on_sigterm: &str, seed: u8) {
         verified_only: false,
         nodes: 0,
         min_fabric_gbps: 0,
+        restarts_on_error: 0,
+        alternatives: Vec::new(),
+        regions: Vec::new(),
         run: job_run(
             &["python3", "train.py", &STEPS.to_string(), on_sigterm],
             Some(BundleRef { sha256: bundle.sha256_hex(), bytes: bundle.bytes.len() as u64 }),

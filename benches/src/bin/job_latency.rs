@@ -95,6 +95,9 @@ async fn run(jobs: usize, failovers: usize, pairs: usize, socket: &str) {
         verified_only: false,
         nodes: 0,
         min_fabric_gbps: 0,
+        restarts_on_error: 0,
+        alternatives: Vec::new(),
+        regions: Vec::new(),
         run: JobRun {
             image: PY_IMAGE.into(),
             command: vec!["python3".into(), "train.py".into()],

@@ -39,6 +39,8 @@ pub struct Planned {
     pub budget_minor: u64,
     pub image: Option<String>,
     pub install: Vec<String>,
+    /// Other books its new attempts may bid on, each at its limit.
+    pub alternatives: Vec<(gpux_engine::InstrumentId, u64)>,
 }
 
 /// `gpux job plan` (and `gpux job submit --dry-run`): prints the plan.
@@ -110,6 +112,7 @@ async fn plan_and_print(
         return Err(Failure::Refused("no book meets the job now: see why above (raise the limits, or wait for asks)".into()));
     };
     let (limit, hours, budget) = bid_terms(&spec, chosen, &instruments, planned.hours_priced, &listing.currency);
+    let alternatives = gpux_jobs::alternatives(&planned, &spec, &market);
     // The job's own image runs as it is; a preset one gets what it lacks.
     let install = image.as_ref().map(|i| i.install.clone()).unwrap_or_default();
     let run_image = spec.code.image().map(str::to_string).or_else(|| image.as_ref().map(|i| i.image.reference.clone()));
@@ -123,12 +126,20 @@ async fn plan_and_print(
         budget_minor: budget,
         image: run_image,
         install,
+        alternatives,
     };
     if json {
         return Ok(planned_job);
     }
     print_plan(&planned_job, &planned, (framework, &evidence), image.as_ref(), catalogue_path.as_deref());
     out!("plan: {symbol} for {} expected (bids at up to {}/GPU-h)", amount(expected_cost), amount(limit));
+    if !planned_job.alternatives.is_empty() {
+        let symbol_of =
+            |id: gpux_engine::InstrumentId| instruments.iter().find(|i| i.instrument == id).map_or(id.0.to_string(), |i| i.symbol.clone());
+        let books: Vec<String> =
+            planned_job.alternatives.iter().map(|&(id, limit)| format!("{} (up to {})", symbol_of(id), amount(limit))).collect();
+        out!("failover: a new attempt bids the cheapest of this book and {}", books.join(", "));
+    }
     Ok(planned_job)
 }
 
@@ -397,6 +408,13 @@ pub async fn submit_job(
         retries: spec.retries,
         min_supplier_score_bps: spec.min_score_bps,
         verified_only: spec.verified_only,
+        restarts_on_error: spec.restarts_on_error,
+        alternatives: planned
+            .alternatives
+            .iter()
+            .map(|&(instrument, limit_minor_per_gpu_hour)| gpux_protocol::JobAlternative { instrument, limit_minor_per_gpu_hour })
+            .collect(),
+        regions: spec.regions.clone(),
         run: JobRun {
             image,
             command: spec.command.clone(),

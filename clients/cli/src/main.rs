@@ -743,6 +743,9 @@ pub struct JobFlags {
     /// limits.retries.
     #[arg(long)]
     pub retries: Option<u32>,
+    /// limits.restarts_on_error: new attempts after the program's own errors.
+    #[arg(long)]
+    pub restarts_on_error: Option<u32>,
 }
 
 impl JobFlags {
@@ -769,6 +772,7 @@ impl JobFlags {
             self.verified_only.then_some(("limits.verified_only", V::Boolean(true))),
             text("limits.contract", &self.contract),
             number("limits.retries", self.retries),
+            number("limits.restarts_on_error", self.restarts_on_error),
         ]
         .into_iter()
         .flatten()

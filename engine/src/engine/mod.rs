@@ -625,6 +625,34 @@ impl Engine {
         self.delivering.insert(account);
     }
 
+    /// Whether the supplier's hosts take renters' workloads (`set_delivering`).
+    pub fn delivers(&self, account: AccountId) -> bool {
+        self.delivering.contains(&account)
+    }
+
+    /// A preemption already scheduled for an active preemptible lease
+    /// whose notice has not come yet: a reserved window sold on one of its
+    /// GPUs. `(notice_at_ms, ends_at_ms)`: when the notice comes (the
+    /// class's notice before the window) and the window's start.
+    pub fn preemption_ahead(&self, id: LeaseId) -> Option<(u64, u64)> {
+        let lease = self.leases.get(id.0 as usize)?;
+        if !lease.active || lease.kind != crate::LeaseKind::Preemptible || lease.preempt_at_ms.is_some() {
+            return None;
+        }
+        let window_start_ms = crate::gpus::mask_bits(lease.gpu_mask)
+            .filter_map(|bit| {
+                let gpu = self.hosts[lease.host.0 as usize].gpus[bit as usize];
+                self.gpus[gpu.0 as usize].next_sold_start(self.now_ms)
+            })
+            .min()?;
+        Some((window_start_ms.saturating_sub(self.notice_ms(lease.instrument)).max(self.now_ms), window_start_ms))
+    }
+
+    /// The preemptible lease running on a GPU, if any.
+    pub fn preemptible_lease_on(&self, gpu: GpuId) -> Option<LeaseId> {
+        self.gpus.get(gpu.0 as usize).and_then(|g| g.preemptible_lease.get())
+    }
+
     /// The next command places `account`'s order `client_order_id` with a
     /// workload attached: that bid trades only with suppliers that deliver
     /// (docs/market-rules.md "Delivery"). Holds for the next `apply` only.

@@ -112,12 +112,22 @@ impl Sequencer {
             );
             return Some(ServerMessage::Error { id: Some(id), code: ErrorCode::JobInvalid, message });
         }
-        let terms = JobTerms::new(account, submission);
+        for alternative in &submission.alternatives {
+            if let Some(message) = self.alternative_refusal(alternative) {
+                return Some(ServerMessage::Error { id: Some(id), code: ErrorCode::JobInvalid, message });
+            }
+        }
+        let known = self.market.engine().config().regions.clone();
+        if let Some(unknown) = submission.regions.iter().find(|r| !known.contains(r)) {
+            let message = format!("{}: regions: `{unknown}` is not a region of this exchange", ErrorCode::JobInvalid.message());
+            return Some(ServerMessage::Error { id: Some(id), code: ErrorCode::JobInvalid, message });
+        }
+        let (terms, recovery) = JobTerms::new(account, submission);
         if let Err(refusal) = self.market.jobs().check_submit(&terms) {
             return Some(error(Some(id), refusal.into()));
         }
         let at_ms = self.market.clock_ms();
-        let (_, applied) = self.journal(JournalEntry::SubmitJob { at_ms, terms })?;
+        let (_, applied) = self.journal(JournalEntry::SubmitJobV2 { at_ms, terms, recovery })?;
         Some(match applied.job {
             Some(Ok(job)) => match self.market.jobs().info(job, account) {
                 Some(info) => ServerMessage::Job { id, job: Box::new(info) },
@@ -126,6 +136,32 @@ impl Sequencer {
             Some(Err(refusal)) => error(Some(id), refusal.into()),
             None => error(Some(id), ErrorCode::JobInvalid),
         })
+    }
+
+    /// Why another book of a job is refused (`job_invalid`), if it is:
+    /// a spot or preemptible book of this exchange, its limit on the book's
+    /// tick within its price band.
+    fn alternative_refusal(&self, alternative: &gpux_protocol::JobAlternative) -> Option<String> {
+        let prefix = ErrorCode::JobInvalid.message();
+        let Some(instrument) = self.market.engine().instrument(alternative.instrument) else {
+            return Some(format!("{prefix}: alternatives: instrument {} is not listed", alternative.instrument.0));
+        };
+        if !matches!(instrument.contract, ContractKind::Spot | ContractKind::Preemptible) {
+            return Some(format!("{prefix}: alternatives: instrument {} is not a spot or preemptible book", alternative.instrument.0));
+        }
+        let price = alternative.limit_minor_per_gpu_hour;
+        if !price.is_multiple_of(instrument.tick_minor.max(1))
+            || !(instrument.price_min_minor_per_gpu_hour..=instrument.price_max_minor_per_gpu_hour).contains(&price)
+        {
+            return Some(format!(
+                "{prefix}: alternatives: instrument {}'s limit a multiple of its tick ({}) from {} to {}",
+                alternative.instrument.0,
+                instrument.tick_minor,
+                instrument.price_min_minor_per_gpu_hour,
+                instrument.price_max_minor_per_gpu_hour
+            ));
+        }
+        None
     }
 
     /// A token for the job store: the renter's own prefix, or a host's
@@ -209,6 +245,17 @@ impl Sequencer {
         let silent = self.market.jobs().silent_leases(now_ms, rules, |lease, supplier| sessions.runner_of(supplier, lease).is_some());
         for (lease, _supplier) in silent {
             if self.journal(JournalEntry::JobLeaseSilent { at_ms: now_ms, lease }).is_none() {
+                return;
+            }
+        }
+    }
+
+    /// Settles cluster jobs whose held member exit waited its time with
+    /// no host fault among the peers (`CLUSTER_EXIT_HOLD_MS`), each journaled.
+    pub(super) fn end_due_exit_holds(&mut self) {
+        let now_ms = self.market.clock_ms();
+        for job in self.market.jobs().held_exits_due(now_ms) {
+            if self.journal(JournalEntry::JobExitHoldEnded { at_ms: now_ms, job }).is_none() {
                 return;
             }
         }

@@ -344,6 +344,7 @@ impl Sequencer {
         }
         self.run_challenges();
         self.fail_silent_job_leases();
+        self.end_due_exit_holds();
         self.expire_logs_requests();
         self.expire_sessions();
         if let Some(fatal) = self.fatal.take() {
