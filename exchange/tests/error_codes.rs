@@ -383,6 +383,23 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
         row("challenge_out_of_order", Who::Supplier, one(ClientMessage::ChallengeOpening { id: 30, challenge: 1, leaves: Vec::new() })),
         row("job_invalid", Who::Renter, one(submit_job(120, InstrumentId(0), |s| s.gpus = 0))),
         row("job_invalid", Who::Renter, one(submit_job(125, InstrumentId(0), |s| s.limit_minor_per_gpu_hour += 1))),
+        // Another book that is no spot or preemptible one, one off its tick, a region the exchange lacks.
+        row(
+            "job_invalid",
+            Who::Renter,
+            one(submit_job(126, InstrumentId(0), |s| {
+                s.alternatives = vec![gpux_protocol::JobAlternative { instrument: InstrumentId(9_999), limit_minor_per_gpu_hour: 10_000 }]
+            })),
+        ),
+        row(
+            "job_invalid",
+            Who::Renter,
+            one(submit_job(127, InstrumentId(0), |s| {
+                s.alternatives = vec![gpux_protocol::JobAlternative { instrument: InstrumentId(2), limit_minor_per_gpu_hour: 10_001 }]
+            })),
+        ),
+        row("job_invalid", Who::Renter, one(submit_job(128, InstrumentId(0), |s| s.regions = vec!["mars-1".into()]))),
+        row("job_invalid", Who::Renter, one(submit_job(129, InstrumentId(0), |s| s.restarts_on_error = 21))),
         row("job_budget_too_small", Who::Renter, one(submit_job(121, InstrumentId(0), |s| s.hours = 20))),
         row("job_instrument_invalid", Who::Renter, one(submit_job(122, window, |_| {}))),
         row("unknown_job", Who::Renter, one(ClientMessage::JobStatus { id: 123, job: JobId(999_999) })),

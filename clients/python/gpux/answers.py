@@ -770,6 +770,16 @@ class JobInfo(Record):
     submitted_at_ms: int
     updated_at_ms: int
     run: JobRun
+    # Restarts after the workload's errors: allowed, used (docs/jobs.md "Retries").
+    restarts_on_error: int = 0
+    restarts: int = 0
+    # Other books new attempts may bid on: [{instrument, limit_minor_per_gpu_hour}] ("Failover").
+    alternatives: list = field(default_factory=list)
+    regions: list = field(default_factory=list)
+    # The latest move to a new attempt: {attempt, cause, instrument, choice, at_ms}.
+    last_move: Any = None
+    # A preemption known to be coming: {lease, notice_at_ms, ends_at_ms} ("Preemption").
+    preemption_ahead: Any = None
 
     @property
     def state_name(self) -> str:

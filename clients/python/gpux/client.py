@@ -627,7 +627,9 @@ class Client:
         """Submits a job (the fields of `submit_job`: name, instrument, gpus,
         one_host, limit_minor_per_gpu_hour, hours, budget_minor, retries,
         run {image, command, bundle, ...}; and for a job on several hosts of
-        one fabric, nodes and min_fabric_gbps: docs/jobs.md "Clusters");
+        one fabric, nodes and min_fabric_gbps: docs/jobs.md "Clusters";
+        restarts_on_error, alternatives [{instrument,
+        limit_minor_per_gpu_hour}] and regions: "Retries" and "Failover");
         returns the job as it stands. Bad fields raise GpuxError
         `job_invalid` naming the field."""
         return (await self.request("submit_job", job=job)).job
