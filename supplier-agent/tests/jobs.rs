@@ -53,29 +53,9 @@ with open(os.path.join(out, "result.json"), "w") as f:
                "data_sum": data_sum, "data_read_only": data_read_only, "input_env": os.environ.get("GPUX_INPUT_DATA")}, f)
 "#;
 
-/// A fake one-GPU host `name` on the docker backend, offering spot at `floor`.
+/// A fake one-GPU H100 host `name` on the docker backend, offering spot at `floor`.
 fn host(dir: &std::path::Path, url: &str, socket: &str, name: &str, floor: u64) -> (std::path::PathBuf, std::path::PathBuf) {
-    std::fs::create_dir_all(dir).expect("dir");
-    let host = dir.join("host.json");
-    write(
-        &host,
-        &format!(
-            r#"{{"gpus": [{{"uuid": "GPU-{name}", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}}]}}"#
-        ),
-    );
-    let config = dir.join("agent.toml");
-    write(
-        &config,
-        &format!(
-            "exchange = \"{url}\"\nhost = \"{name}\"\nkey_file = \"{}\"\nsample_interval_ms = 1000\nreport_interval_ms = 1000\n\n\
-             [[offer]]\ncontract = \"spot\"\nprice_floor_minor_per_gpu_hour = {floor}\n\n\
-             [delivery]\nbackend = \"docker\"\npublic_address = \"127.0.0.1\"\nstate_dir = \"{}\"\nstop_grace_ms = 1000\nready_after_ms = 500\n\n\
-             [delivery.docker]\nsocket = \"{socket}\"\ngpu_devices = \"fake\"\n",
-            dir.join("host.key").display(),
-            dir.join("leases").display(),
-        ),
-    );
-    (config, host)
+    job_host(dir, url, socket, name, H100_GPU, &[("spot", floor)])
 }
 
 fn remove_container(socket: &str, host: &str, lease: LeaseId) {

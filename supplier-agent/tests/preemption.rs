@@ -61,37 +61,14 @@ with open(os.path.join(os.environ["GPUX_OUTPUT_DIR"], "result.json"), "w") as f:
     json.dump({"steps": step, "started_at": started, "attempt": int(os.environ["GPUX_JOB_ATTEMPT"])}, f)
 "#;
 
-/// A fake one-GPU host `name` on the docker backend, offering preemptible
-/// time at `preemptible_floor` and, with `spot_floor`, spot time beside it.
+/// A fake one-GPU H100 host `name` on the docker backend, offering
+/// preemptible time at `preemptible_floor` and, with `spot_floor`, spot
+/// time beside it.
 fn host(dir: &std::path::Path, url: &str, socket: &str, name: &str, preemptible_floor: u64, spot_floor: Option<u64>) -> Agent {
-    std::fs::create_dir_all(dir).expect("dir");
-    let host = dir.join("host.json");
-    write(
-        &host,
-        &format!(
-            r#"{{"gpus": [{{"uuid": "GPU-{name}", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}}]}}"#
-        ),
-    );
-    let spot =
-        spot_floor.map_or(String::new(), |floor| format!("[[offer]]\ncontract = \"spot\"\nprice_floor_minor_per_gpu_hour = {floor}\n\n"));
-    let config = dir.join("agent.toml");
-    write(
-        &config,
-        &format!(
-            "exchange = \"{url}\"\nhost = \"{name}\"\nkey_file = \"{}\"\nsample_interval_ms = 1000\nreport_interval_ms = 1000\n\n\
-             [[offer]]\ncontract = \"preemptible\"\nprice_floor_minor_per_gpu_hour = {preemptible_floor}\n\n{spot}\
-             [delivery]\nbackend = \"docker\"\npublic_address = \"127.0.0.1\"\nstate_dir = \"{}\"\nstop_grace_ms = 1000\nready_after_ms = 500\n\n\
-             [delivery.docker]\nsocket = \"{socket}\"\ngpu_devices = \"fake\"\n",
-            dir.join("host.key").display(),
-            dir.join("leases").display(),
-        ),
-    );
+    let mut offers = vec![("preemptible", preemptible_floor)];
+    offers.extend(spot_floor.map(|floor| ("spot", floor)));
+    let (config, host) = job_host(dir, url, socket, name, H100_GPU, &offers);
     spawn_agent(&config, &host)
-}
-
-async fn store_get(http: &reqwest::Client, url: &str, token: &str, key: &str) -> Option<Vec<u8>> {
-    let answer = http.get(format!("{url}/v1/objects/{key}")).bearer_auth(token).send().await.expect("get");
-    (answer.status() == 200).then_some(answer.bytes().await.expect("body").to_vec())
 }
 
 async fn lease_logs(renter: &mut Connection, lease: gpux_engine::LeaseId) -> Option<String> {
@@ -173,7 +150,7 @@ async fn preempted_job_resumes(on_sigterm: &str, seed: u8) {
     let checkpoint_key = format!("{}/jobs/{}/checkpoints/state.json", renter.account.0, job.0);
     let deadline = Instant::now() + Duration::from_secs(60);
     let synced_step = loop {
-        if let Some(body) = store_get(&http, &url, &token, &checkpoint_key).await {
+        if let Some(body) = store_get(&url, &token, &checkpoint_key).await {
             let state: serde_json::Value = serde_json::from_slice(&body).expect("json");
             break state["step"].as_u64().expect("a step");
         }
@@ -220,7 +197,7 @@ async fn preempted_job_resumes(on_sigterm: &str, seed: u8) {
 
     let result_key = format!("{}/jobs/{}/outputs/result.json", renter.account.0, job.0);
     let result: serde_json::Value =
-        serde_json::from_slice(&store_get(&http, &url, &token, &result_key).await.expect("the result")).expect("json");
+        serde_json::from_slice(&store_get(&url, &token, &result_key).await.expect("the result")).expect("json");
     assert_eq!((result["steps"].as_u64(), result["attempt"].as_u64()), (Some(STEPS as u64), Some(2)), "{result}");
     let started_at = result["started_at"].as_u64().expect("started_at");
     assert!(started_at >= synced_step, "{on_sigterm}: resumed from step {started_at}, at least the synced {synced_step}");
@@ -235,7 +212,7 @@ async fn preempted_job_resumes(on_sigterm: &str, seed: u8) {
         _ => assert!(logs.contains("notice file there: True"), "{on_sigterm}: {logs:?}"),
     }
     let kept = format!("{}/jobs/{}/logs/attempt-1-rank-0.log", renter.account.0, job.0);
-    let kept = String::from_utf8(store_get(&http, &url, &token, &kept).await.expect("attempt 1's tail in the store")).expect("utf-8");
+    let kept = String::from_utf8(store_get(&url, &token, &kept).await.expect("attempt 1's tail in the store")).expect("utf-8");
     assert!(kept.contains("attempt 1 from step 0"), "{kept:?}");
 }
 

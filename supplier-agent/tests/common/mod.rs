@@ -260,3 +260,83 @@ pub fn job_run(command: &[&str], bundle: Option<BundleRef>) -> JobRun {
         inputs: Vec::new(),
     }
 }
+
+/// A GPU model a fake job host declares.
+pub const H100_GPU: &str = r#""vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link""#;
+pub const A100_GPU: &str = r#""vendor": "nvidia", "model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "interconnect": "nv_link""#;
+
+/// A fake one-GPU host `name` (`gpu`: its model's fields) on the docker
+/// backend, offering each `(contract, floor)` of `offers`: its agent's
+/// config and scripted host files, to start with `spawn_agent`.
+pub fn job_host(
+    dir: &std::path::Path,
+    url: &str,
+    socket: &str,
+    name: &str,
+    gpu: &str,
+    offers: &[(&str, u64)],
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    std::fs::create_dir_all(dir).expect("dir");
+    let host = dir.join("host.json");
+    write(&host, &format!(r#"{{"gpus": [{{"uuid": "GPU-{name}", {gpu}}}]}}"#));
+    let offers: String = offers
+        .iter()
+        .map(|(contract, floor)| format!("[[offer]]\ncontract = \"{contract}\"\nprice_floor_minor_per_gpu_hour = {floor}\n\n"))
+        .collect();
+    let config = dir.join("agent.toml");
+    write(
+        &config,
+        &format!(
+            "exchange = \"{url}\"\nhost = \"{name}\"\nkey_file = \"{}\"\nsample_interval_ms = 1000\nreport_interval_ms = 1000\n\n{offers}\
+             [delivery]\nbackend = \"docker\"\npublic_address = \"127.0.0.1\"\nstate_dir = \"{}\"\nstop_grace_ms = 1000\nready_after_ms = 500\n\n\
+             [delivery.docker]\nsocket = \"{socket}\"\ngpu_devices = \"fake\"\n",
+            dir.join("host.key").display(),
+            dir.join("leases").display(),
+        ),
+    );
+    (config, host)
+}
+
+/// `files` packed as a code bundle and put in the renter's job store: its
+/// reference, and the store's URL and token.
+pub async fn put_code(renter: &mut Connection, dir: &std::path::Path, files: &[(&str, &str)]) -> (BundleRef, String, String) {
+    std::fs::create_dir_all(dir).expect("code dir");
+    for (name, text) in files {
+        write(&dir.join(name), text);
+    }
+    let bundle = gpux_jobs::bundle::pack(dir).expect("packs");
+    let (url, token) = store_token(renter).await;
+    let key = format!("{}/bundles/{}.tar.gz", renter.account.0, bundle.sha256_hex());
+    let put = reqwest::Client::new()
+        .put(format!("{url}/v1/objects/{key}"))
+        .bearer_auth(&token)
+        .body(bundle.bytes.clone())
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(put.status(), 201, "the bundle is stored");
+    (BundleRef { sha256: bundle.sha256_hex(), bytes: bundle.bytes.len() as u64 }, url, token)
+}
+
+/// An object of the job store, if it is there.
+pub async fn store_get(url: &str, token: &str, key: &str) -> Option<Vec<u8>> {
+    let answer = reqwest::Client::new().get(format!("{url}/v1/objects/{key}")).bearer_auth(token).send().await.expect("get");
+    (answer.status() == 200).then_some(answer.bytes().await.expect("body").to_vec())
+}
+
+/// Waits until `instrument`'s book shows at least `asks` asks.
+pub async fn await_asks(renter: &mut Connection, instrument: gpux_engine::InstrumentId, asks: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let id = renter.new_id();
+        if let Ok(ServerMessage::BookOffers { offers, .. }) =
+            renter.request(ClientMessage::BookOffers { id, instrument, offset: 0, after: None }).await
+        {
+            if offers.len() >= asks {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "{asks} ask(s) on instrument {}", instrument.0);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
