@@ -43,8 +43,15 @@ pub struct ManagedStats {
     pub failed: BTreeMap<String, u64>,
     /// Still bidding or running when the run ended.
     pub unfinished: u64,
+    /// Jobs that bid a preemptible book.
+    pub preemptible: u64,
     /// Attempts that ended because their host went silent or failed.
     pub failovers: u64,
+    /// Attempts that ended by a preemption (the workload checkpointed at
+    /// the notice and exited), and the ms from each notice to the next
+    /// attempt's lease.
+    pub preemptions: u64,
+    pub notice_to_resume_ms: Vec<u64>,
     /// GPU-ms of work redone after failures (since the last checkpoint),
     /// and what the same failures would have cost by hand (every attempt's
     /// whole work, with no checkpoint to resume from).

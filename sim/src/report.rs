@@ -317,14 +317,18 @@ fn managed_section(md: &mut String, m: &Metrics) {
         md,
         "\n## Training as gpux jobs\n\nA share of training renters' work (`--managed-jobs-bps`) was submitted as jobs: the exchange bids, \
          fails a lease whose agent is gone (30 s after the last word, checked every 10 min here) or whose host says nothing for three report intervals, and the job resumes on another host from its last \
-         checkpoint (every 30 min).\n"
+         checkpoint (every 30 min). Half of the jobs bid the preemptible book: at a notice the workload checkpoints and exits within 5 s and the job bids its next attempt.\n"
     );
     let _ = writeln!(md, "| | |\n|---|---|");
     let _ = writeln!(md, "| jobs submitted | {} |", j.submitted);
     let _ = writeln!(md, "| succeeded | {} ({}) |", j.succeeded, percent(j.succeeded, j.submitted));
     let _ = writeln!(md, "| failed | {failed}{} |", if reasons.is_empty() { String::new() } else { format!(" ({})", reasons.join(", ")) });
     let _ = writeln!(md, "| still bidding or running at the end | {} |", j.unfinished);
+    let mut resumed = j.notice_to_resume_ms.clone();
+    resumed.sort_unstable();
+    let _ = writeln!(md, "| preemptible (bid a preemptible book) | {} |", j.preemptible);
     let _ = writeln!(md, "| attempts ended by a host (resumed elsewhere) | {} |", j.failovers);
+    let _ = writeln!(md, "| attempts ended by a preemption (checkpointed at the notice, resumed elsewhere) | {} |", j.preemptions);
     let _ = writeln!(
         md,
         "| work lost to failures | {:.1} GPU-h (since the last checkpoint); by hand, with nothing to resume from: {:.1} GPU-h |",
@@ -336,6 +340,12 @@ fn managed_section(md: &mut String, m: &Metrics) {
         "| time from a failure to the next attempt's lease | p50 {} · p90 {} |",
         quantile_duration(&waiting, 0.5),
         quantile_duration(&waiting, 0.9)
+    );
+    let _ = writeln!(
+        md,
+        "| time from a preemption notice to the next attempt's lease | p50 {} · p90 {} |",
+        quantile_duration(&resumed, 0.5),
+        quantile_duration(&resumed, 0.9)
     );
     let _ = writeln!(
         md,

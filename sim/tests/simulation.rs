@@ -208,6 +208,10 @@ fn training_as_jobs_resumes_after_host_failures_and_loses_less_than_by_hand() {
     assert!(m.submitted >= 20, "{m:?}");
     assert!(m.succeeded > 0, "{m:?}");
     assert!(m.failovers > 0, "the run's host faults ended some attempts: {m:?}");
+    assert!(m.preemptible > 0, "half the jobs bid preemptible books: {m:?}");
+    assert!(m.preemptions > 0, "spot buyers preempted some of them: {m:?}");
+    let resumed = m.notice_to_resume_ms.len() as u64;
+    assert!(resumed > 0 && resumed <= m.preemptions, "preempted jobs resumed, each counted once: {m:?}");
     assert!(m.lost_work_gpu_ms < m.lost_work_by_hand_gpu_ms, "checkpoints saved work: {m:?}");
     assert!(m.charged_minor > 0 && m.by_hand_charged_minor > 0, "{m:?}");
     assert_eq!(sim.metrics.faults.restarts, 2, "restarts replayed journals holding jobs");

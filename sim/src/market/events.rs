@@ -40,7 +40,10 @@ impl Sim {
                     }
                 }
                 EventKind::GpuMemoryChallenged { gpu, outcome, classes_mask, .. } => self.on_gpu_challenged(gpu, outcome, classes_mask),
-                EventKind::PreemptionNotice { .. } => self.count_preemption(),
+                EventKind::PreemptionNotice { lease, .. } => {
+                    self.count_preemption();
+                    self.managed_noticed(lease);
+                }
                 EventKind::LeaseBillProvisional { lease, verified_gpu_ms, unreported_gpu_ms, .. } => {
                     self.on_bill_provisional(lease, verified_gpu_ms, unreported_gpu_ms)
                 }

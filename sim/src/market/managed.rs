@@ -3,8 +3,12 @@
 //! work is so many GPU-hours, checkpointed every half hour), and when a host
 //! goes silent (a crash, an agent that stopped reporting) the exchange fails
 //! the lease after three report intervals and the job resumes on another
-//! host from its last checkpoint. The report sets completion, the work lost
-//! and the cost beside leases bought by hand.
+//! host from its last checkpoint. Half of them are preemptible (the plan
+//! picks a preemptible book whenever it is cheaper): at a preemption notice
+//! the workload checkpoints and exits, as docs/jobs.md asks, and the job
+//! moves to its next attempt. The report sets completion, attempts ended by
+//! hosts and by preemption, the work lost, the time to resume and the cost
+//! beside leases bought by hand.
 
 use gpux_market::jobs::{JobFailure, JobId, JobRun, JobState, JobTerms};
 
@@ -12,6 +16,9 @@ use super::*;
 
 /// How often a job's workload checkpoints: what a failure loses at most.
 pub(super) const CHECKPOINT_MS: u64 = 30 * 60_000;
+/// How long a preempted workload takes to checkpoint and exit after the
+/// notice's SIGTERM.
+pub(super) const CHECKPOINT_AT_NOTICE_MS: u64 = 5_000;
 /// How often the exchange looks for silent job leases (as its sequencer
 /// does every batch; the simulator's clock jumps).
 pub(super) const SILENCE_CHECK_MS: u64 = 10 * 60_000;
@@ -25,6 +32,10 @@ pub(super) struct Managed {
     /// The lease it runs on now, and since when.
     running: Option<(LeaseId, u64)>,
     failed_at_ms: Option<u64>,
+    /// The preemption notice its running lease got, if any.
+    noticed_at_ms: Option<u64>,
+    /// Its last attempt ended by a preemption (since this notice).
+    preempted_at_ms: Option<u64>,
     /// Usage charged on its leases so far.
     charged_minor: u64,
 }
@@ -39,6 +50,11 @@ impl Sim {
     /// The silence limit the simulated exchange runs with: three report intervals.
     fn silence_ms(&self) -> u64 {
         3 * self.config.report_interval_ms
+    }
+
+    /// Whether this managed job bids a preemptible book (half of them).
+    pub(super) fn managed_preemptible_draw(&mut self) -> bool {
+        self.rng.random_range(0..2) == 1
     }
 
     pub(super) fn submit_managed(&mut self, account: AccountId, instrument: InstrumentId, gpus: u32, hours: u32, price: u64) {
@@ -69,6 +85,9 @@ impl Sim {
             },
         };
         self.metrics.managed.submitted += 1;
+        if instrument.0 % 2 == 1 {
+            self.metrics.managed.preemptible += 1;
+        }
         let mut events = Vec::new();
         let applied = self.exchange.entry(JournalEntry::SubmitJob { at_ms: self.now_ms, terms }, &mut events);
         if let Some(Ok(job)) = applied.job {
@@ -80,6 +99,8 @@ impl Sim {
                 submitted_ms: self.now_ms,
                 running: None,
                 failed_at_ms: None,
+                noticed_at_ms: None,
+                preempted_at_ms: None,
                 charged_minor: 0,
             };
             self.managed.insert(job, managed);
@@ -95,6 +116,9 @@ impl Sim {
         let Some(managed) = self.managed.get_mut(&job).filter(|m| m.running.is_none()) else { return };
         if let Some(failed) = managed.failed_at_ms.take() {
             self.metrics.managed.waiting_ms.push(now_ms.saturating_sub(failed));
+        }
+        if let Some(noticed) = managed.preempted_at_ms.take() {
+            self.metrics.managed.notice_to_resume_ms.push(now_ms.saturating_sub(noticed));
         }
         managed.running = Some((lease, start_ms));
         let done_at = start_ms + managed.work_ms.saturating_sub(managed.done_ms);
@@ -120,10 +144,23 @@ impl Sim {
         let Some((running, start_ms)) = managed.running.filter(|(running, _)| *running == lease) else { return };
         let _ = running;
         managed.running = None;
+        let noticed = managed.noticed_at_ms.take();
         if !matches!(state, Some(JobState::Bidding { .. })) {
             return;
         }
         let elapsed = now_ms.saturating_sub(start_ms);
+        if let Some(noticed) = noticed {
+            // The workload checkpointed at the notice and exited: the work
+            // up to then is kept, the few seconds after it redone.
+            let kept = noticed.saturating_sub(start_ms);
+            managed.done_ms = (managed.done_ms + kept).min(managed.work_ms);
+            managed.preempted_at_ms = Some(noticed);
+            let stats = &mut self.metrics.managed;
+            stats.preemptions += 1;
+            stats.lost_work_gpu_ms += (elapsed - kept.min(elapsed)) * managed.gpus as u64;
+            stats.lost_work_by_hand_gpu_ms += elapsed * managed.gpus as u64;
+            return;
+        }
         let checkpointed = elapsed / CHECKPOINT_MS * CHECKPOINT_MS;
         managed.done_ms = (managed.done_ms + checkpointed).min(managed.work_ms);
         managed.failed_at_ms = Some(now_ms);
@@ -143,6 +180,27 @@ impl Sim {
         if let Some(managed) = self.managed.get(&job) {
             self.metrics.managed.time_to_finish_ms.push(self.now_ms - managed.submitted_ms);
         }
+        let state = gpux_protocol::DeliveryState::Exited { code: 0 };
+        let mut events = Vec::new();
+        self.exchange.entry(JournalEntry::DeliveryStatus { at_ms: self.now_ms, account: supplier, lease, state }, &mut events);
+        self.observe(&events);
+    }
+
+    /// A preemption notice on a lease: a managed job's workload checkpoints
+    /// and exits shortly after (its host tells the exit).
+    pub(super) fn managed_noticed(&mut self, lease: LeaseId) {
+        let Some(&job) = self.managed_lease.get(&lease) else { return };
+        let now_ms = self.now_ms;
+        let Some(managed) = self.managed.get_mut(&job).filter(|m| m.running.is_some_and(|(l, _)| l == lease)) else { return };
+        managed.noticed_at_ms = Some(now_ms);
+        self.schedule(now_ms + CHECKPOINT_AT_NOTICE_MS, Action::ManagedExit(job, lease));
+    }
+
+    /// A noticed workload exits 0 after its checkpoint: the job moves.
+    pub(super) fn managed_exit(&mut self, job: JobId, lease: LeaseId) {
+        let running = self.managed.get(&job).and_then(|m| m.running).is_some_and(|(l, _)| l == lease);
+        let Some(info) = self.exchange.engine().lease(lease).filter(|l| l.active && running) else { return };
+        let supplier = info.supplier;
         let state = gpux_protocol::DeliveryState::Exited { code: 0 };
         let mut events = Vec::new();
         self.exchange.entry(JournalEntry::DeliveryStatus { at_ms: self.now_ms, account: supplier, lease, state }, &mut events);

@@ -84,6 +84,8 @@ enum Action {
     ManagedDone(gpux_market::jobs::JobId, LeaseId),
     /// The exchange looks for silent job leases.
     ManagedSilence,
+    /// A managed job's workload exits after checkpointing at a preemption notice.
+    ManagedExit(gpux_market::jobs::JobId, LeaseId),
 }
 
 struct Scheduled {
@@ -665,6 +667,7 @@ impl Sim {
             Action::Sample => self.sample(),
             Action::ManagedDone(job, lease) => self.managed_done(job, lease),
             Action::ManagedSilence => self.managed_silence_check(),
+            Action::ManagedExit(job, lease) => self.managed_exit(job, lease),
             Action::Snapshot => self.exchange.snapshot(),
             Action::Restart => self.restart(),
             Action::RenterCheat(index) => self.renter_cheat(index),

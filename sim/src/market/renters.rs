@@ -42,6 +42,11 @@ impl Sim {
             if available < hold * 3 {
                 self.submit(Command::Deposit { account, amount_minor: hold * 6 });
             }
+            // Half of the jobs bid the class's preemptible book, at its price.
+            let (instrument, price) = match self.managed_preemptible_draw() {
+                true => (InstrumentId(class_index as u32 * 2 + 1), self.job_price(class_index, 1, eagerness_bps, renter_region, false)),
+                false => (instrument, price),
+            };
             self.submit_managed(account, instrument, quantity, hours, price);
             return;
         }
