@@ -95,9 +95,45 @@ export function renderJobs() {
   $("jobs").tBodies[0].innerHTML = jobs
     .map((j) => {
       const live = !["succeeded", "cancelled"].includes(describeJob(j.state)) && !describeJob(j.state).startsWith("failed");
-      return `<tr data-job="${j.job}"><td>${j.job}</td><td class="text">${esc(j.name)}</td><td class="job-state text">${esc(describeJob(j.state))}</td><td>${j.attempts} of ${j.retries + 1}</td><td>${j.leases.join(", ")}</td><td>${money(j.escrowed_minor)} / ${money(j.budget_minor)}</td><td><button data-job-bill="${j.job}">bill</button>${live ? ` <button data-cancel-job="${j.job}">cancel</button>` : ""}</td></tr>`;
+      return `<tr data-job="${j.job}"><td>${j.job}</td><td class="text">${esc(j.name)}</td><td class="job-state text">${esc(describeJob(j.state))}</td><td>${j.attempts} of ${j.retries + 1}</td><td>${j.leases.join(", ")}</td><td>${money(j.escrowed_minor)} / ${money(j.budget_minor)}</td><td><button data-job-bill="${j.job}">bill</button>${live ? ` <button data-job-logs="${j.job}">logs</button> <button data-cancel-job="${j.job}">cancel</button>` : ""}</td></tr>`;
     })
     .join("");
+}
+
+// The running attempt's leases of a job (starting or running), by rank.
+function attemptLeases(job) {
+  if (!job || typeof job.state !== "object") return null;
+  const [name, detail] = Object.entries(job.state)[0];
+  return name === "running" || name === "starting" ? detail.leases : null;
+}
+
+// Follows one job's output while it runs (docs/jobs.md "Logs"): every
+// 2 s each member's tail, from the host that runs it; once the job is over
+// its kept tails are in the job store (`gpux job logs`).
+async function followJobLogs(jobId) {
+  state.logsJob = jobId;
+  while (state.logsJob === jobId) {
+    const job = state.jobs.get(jobId);
+    const leases = attemptLeases(job);
+    if (leases === null) {
+      const over = job ? describeJob(job.state) : "unknown";
+      $("job-logs").textContent += `\n-- job ${jobId} is ${over}: \`gpux job logs ${jobId}\` reads the tails its hosts kept in the job store`;
+      state.logsJob = null;
+      return;
+    }
+    const parts = [];
+    for (const [rank, lease] of leases.entries()) {
+      try {
+        const { body } = await request("lease_logs", { lease, tail_bytes: 16384 });
+        parts.push(`== rank ${rank} (lease ${lease})${body.truncated ? " (tail)" : ""}\n${body.data}`);
+      } catch (error) {
+        parts.push(`== rank ${rank} (lease ${lease}): ${error.message}`);
+      }
+    }
+    if (state.logsJob !== jobId) return;
+    $("job-logs").textContent = `job ${jobId}, attempt ${Object.values(job.state)[0].attempt}\n` + parts.join("\n");
+    await new Promise((resolve) => setTimeout(resolve, 2000));
+  }
 }
 
 function notice(text) {
@@ -245,6 +281,8 @@ $("jobs").onclick = async (event) => {
       $("job-bill").textContent = "refused: " + error.message;
     }
   }
+  const logs = event.target.dataset && event.target.dataset.jobLogs;
+  if (logs) followJobLogs(Number(logs));
   const billed = event.target.dataset && event.target.dataset.jobBill;
   if (billed) {
     try {

@@ -565,28 +565,9 @@ impl Sequenced {
 #[test]
 fn a_cluster_job_with_a_preempted_member_moves_whole() {
     use gpux_market::JournalEntry;
-    let mut live = Sequenced::new();
+    let mut live = recovery_market(0, 0);
     let (renter, supplier, spot) = (AccountId(0), AccountId(1), AccountId(2));
-    live.engine(Command::OpenAccount { role: Role::Renter });
-    live.engine(Command::OpenAccount { role: Role::Supplier });
-    live.engine(Command::OpenAccount { role: Role::Renter });
-    live.record(delivers(supplier));
-    live.engine(Command::Deposit { account: renter, amount_minor: 1_000_000_000 });
-    live.engine(Command::Deposit { account: spot, amount_minor: 1_000_000_000 });
-    for host in 0..4u32 {
-        for gpu in 0..2 {
-            let fabric = FabricClaim { group: "ib0".into(), gbps: 400, address: format!("10.0.0.{host}"), port_base: 29_500 };
-            live.engine(Command::Register {
-                account: supplier,
-                host: format!("host-{host}"),
-                gpu_uuid: format!("GPU-{host}-{gpu}"),
-                spec: GpuSpec::h100_sxm(),
-                region: Some("us-east".into()),
-                zone: "z1".into(),
-                fabric: Some(Box::new(fabric)),
-            });
-        }
-    }
+    fabric_hosts(&mut live, 4);
     let terms = cluster_terms(renter, InstrumentId(1));
     live.now_ms += 1;
     let applied = live.record(JournalEntry::SubmitJob { at_ms: live.now_ms, terms });

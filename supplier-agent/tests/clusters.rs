@@ -82,15 +82,20 @@ fn free_member_port() -> u16 {
 
 /// A fake one-GPU host `name` of the supplier whose key is `key` on the
 /// docker backend and on fabric `ib0` at `gbps` (its members listen from
-/// `port_base`, an 8 MiB interconnect probe), offering spot at `floor`.
+/// `port_base`, an 8 MiB interconnect probe), offering each `(contract,
+/// floor)` of `offers`.
 fn fabric_host(
     dir: &std::path::Path,
     key: &std::path::Path,
     url: &str,
     socket: &str,
     name: &str,
-    (floor, port_base, gbps): (u64, u16, u32),
+    (offers, port_base, gbps): (&[(&str, u64)], u16, u32),
 ) -> (std::path::PathBuf, std::path::PathBuf) {
+    let offers: String = offers
+        .iter()
+        .map(|(contract, floor)| format!("[[offer]]\ncontract = \"{contract}\"\nprice_floor_minor_per_gpu_hour = {floor}\n\n"))
+        .collect();
     std::fs::create_dir_all(dir).expect("dir");
     let host = dir.join("host.json");
     write(
@@ -105,8 +110,7 @@ fn fabric_host(
         &format!(
             "exchange = \"{url}\"\nhost = \"{name}\"\nkey_file = \"{}\"\nsample_interval_ms = 1000\nreport_interval_ms = 1000\n\
              region = \"us-east\"\nzone = \"z1\"\n\n\
-             [fabric]\ngroup = \"ib0\"\ngbps = {gbps}\naddress = \"127.0.0.1\"\nport_base = {port_base}\nprobe_mib = 8\n\n\
-             [[offer]]\ncontract = \"spot\"\nprice_floor_minor_per_gpu_hour = {floor}\n\n\
+             [fabric]\ngroup = \"ib0\"\ngbps = {gbps}\naddress = \"127.0.0.1\"\nport_base = {port_base}\nprobe_mib = 8\n\n{offers}\
              [delivery]\nbackend = \"docker\"\npublic_address = \"127.0.0.1\"\nstate_dir = \"{}\"\nstop_grace_ms = 1000\nready_after_ms = 500\n\n\
              [delivery.docker]\nsocket = \"{socket}\"\ngpu_devices = \"fake\"\n",
             key.display(),
@@ -169,21 +173,16 @@ async fn a_cluster_job_gets_its_ranks_reaches_every_peer_and_bids_whole_again_wh
     // Three hosts of one supplier on one fabric, each its own ports (they
     // share one machine here). Each host holds a copy of the supplier's key
     // and encryption key (docs/agent.md "Clusters").
-    let supplier_key = dir.path().join("supplier.key");
-    gpux_supplier_agent::keys::load_or_create(&supplier_key).expect("the supplier's key");
-    let supplier_x25519 = dir.path().join("supplier.key.x25519");
-    gpux_supplier_agent::keys::load_or_create(&supplier_x25519).expect("the supplier's encryption key");
+    let keys = supplier_keys(dir.path(), &HOSTS);
     let mut agents = Vec::new();
     let ports: Vec<u16> = HOSTS.iter().map(|_| free_member_port()).collect();
     for (index, name) in HOSTS.iter().enumerate() {
-        std::fs::create_dir_all(dir.path().join(name)).expect("host dir");
-        let key = dir.path().join(name).join("host.key");
-        std::fs::copy(&supplier_key, &key).expect("copy the key");
-        std::fs::copy(&supplier_x25519, dir.path().join(name).join("host.key.x25519")).expect("copy the encryption key");
+        let key = &keys[index];
         let (floor, port_base) = (2_000_000 + 100_000 * index as u64, ports[index]);
         // Loopback bears out 1 Gb/s, never 100 Tb/s (ib-c's false claim).
         let gbps = if *name == "ib-c" { 100_000 } else { 1 };
-        let (config, host) = fabric_host(&dir.path().join(name), &key, &exchange.url, &socket, name, (floor, port_base, gbps));
+        let offers = [("spot", floor)];
+        let (config, host) = fabric_host(&dir.path().join(name), key, &exchange.url, &socket, name, (&offers, port_base, gbps));
         agents.push(spawn_agent(&config, &host));
     }
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -283,6 +282,16 @@ async fn a_cluster_job_gets_its_ranks_reaches_every_peer_and_bids_whole_again_wh
         };
         reports.push(report);
     }
+    // Three agents under one supplier account: each member's logs come from
+    // the agent that runs it, every time (the live half of `gpux job logs`).
+    for round in 0..20 {
+        for (rank, lease) in leases.iter().enumerate() {
+            let id = renter.new_id();
+            let answer = renter.request(ClientMessage::LeaseLogs { id, lease: *lease, tail_bytes: 16_384 }).await.expect("logs");
+            let ServerMessage::LeaseLogs { data, .. } = answer else { panic!("round {round}, rank {rank}: {answer:?}") };
+            assert!(data.contains(&format!("rank {rank} heard from")), "round {round}: rank {rank}'s own agent answered: {data:?}");
+        }
+    }
     for (rank, report) in reports.iter().enumerate() {
         let others: Vec<u64> = (0..3).filter(|r| *r != rank as u64).collect();
         assert_eq!(report["heard_from"], serde_json::json!(others), "rank {rank} heard from every peer: {report}");
@@ -332,6 +341,70 @@ async fn a_cluster_job_gets_its_ranks_reaches_every_peer_and_bids_whole_again_wh
         assert!(Instant::now() < deadline, "the surviving hosts removed their members' containers");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    drop(agents);
+    remove_containers(&socket, &HOSTS);
+}
+
+/// A two-node job on the preemptible book; a spot buyer takes one member's
+/// GPU: the member's workload gets the notice and SIGTERM, and the whole
+/// cluster moves (never failed by the preempted member, nor by its peer
+/// losing it), to a new cluster of the free hosts, where it finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_job_with_a_preempted_member_moves_whole_and_finishes() {
+    let Some(socket) = socket() else { return };
+    const HOSTS: [&str; 3] = ["pr-a", "pr-b", "pr-c"];
+    remove_containers(&socket, &HOSTS);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(dir.path(), &operator);
+    let mut renter = funded_renter(&exchange, &operator, 3, 1_000_000_000).await;
+    let mut urgent = funded_renter(&exchange, &operator, 4, 1_000_000_000).await;
+    let (bundle, _, _) = put_code(&mut renter, &dir.path().join("code"), &[("allgather.py", ALLGATHER_PY)]).await;
+
+    // Three preemptible hosts of one supplier on one fabric; pr-a, the
+    // cheapest, also sells spot.
+    let keys = supplier_keys(dir.path(), &HOSTS);
+    let mut agents = Vec::new();
+    for (index, name) in HOSTS.iter().enumerate() {
+        let key = &keys[index];
+        let mut offers = vec![("preemptible", 1_000_000 + 100_000 * index as u64)];
+        if index == 0 {
+            offers.push(("spot", 2_000_000));
+        }
+        let (config, host) = fabric_host(&dir.path().join(name), key, &exchange.url, &socket, name, (&offers, free_member_port(), 1));
+        agents.push(spawn_agent(&config, &host));
+    }
+    await_asks(&mut renter, InstrumentId(1), 3).await;
+    await_asks(&mut renter, InstrumentId(0), 1).await;
+
+    let run = job_run(&["python3", "allgather.py", "25"], Some(bundle));
+    let submission = JobSubmission {
+        gpus: 2,
+        one_host: false,
+        nodes: 2,
+        min_fabric_gbps: 1,
+        ..job_submission("preempted-cluster", InstrumentId(1), run)
+    };
+    let job = submit_job(&mut renter, submission).await;
+    let running = await_job(&mut renter, job, Duration::from_secs(60), |i| matches!(i.state, JobState::Running { .. })).await;
+    let JobState::Running { attempt: 1, leases } = running.state else { panic!("{:?}", running.state) };
+    assert_eq!(leases.len(), 2);
+
+    // A spot buyer takes pr-a's GPU: rank 0's lease gets its notice.
+    preempt_with_spot_bid(&mut renter, &mut urgent, leases[0]).await;
+
+    // The whole cluster moves: attempt 2 on pr-b and pr-c, and finishes.
+    let mut states = Vec::new();
+    let finished = await_job(&mut renter, job, Duration::from_secs(150), |i| {
+        states.push(i.state.clone());
+        i.state.is_over()
+    })
+    .await;
+    assert_eq!(finished.state, JobState::Succeeded, "{states:?}");
+    assert_eq!(finished.attempts, 2, "one move: {states:?}");
+    assert_eq!(finished.last_move.map(|m| m.cause), Some(AttemptCause::Preempted));
+    let second: Vec<_> = finished.leases.iter().filter(|l| !leases.contains(l)).collect();
+    assert_eq!(second.len(), 2, "a whole new cluster: {:?}", finished.leases);
     drop(agents);
     remove_containers(&socket, &HOSTS);
 }

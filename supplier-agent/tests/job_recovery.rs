@@ -50,32 +50,7 @@ with open(os.path.join(os.environ["GPUX_OUTPUT_DIR"], "result.json"), "w") as f:
 "#;
 
 fn submission(name: &str, run: JobRun) -> JobSubmission {
-    JobSubmission {
-        name: name.into(),
-        instrument: H100_SPOT,
-        gpus: 1,
-        one_host: true,
-        limit_minor_per_gpu_hour: 3_000_000,
-        hours: 1,
-        budget_minor: 100_000_000,
-        retries: 2,
-        min_supplier_score_bps: 0,
-        verified_only: false,
-        nodes: 0,
-        min_fabric_gbps: 0,
-        restarts_on_error: 0,
-        alternatives: Vec::new(),
-        regions: Vec::new(),
-        run,
-    }
-}
-
-async fn submit(renter: &mut gpux_supplier_agent::session::Connection, job: JobSubmission) -> JobId {
-    let id = renter.new_id();
-    match renter.request(ClientMessage::SubmitJob { id, job: Box::new(job) }).await.expect("submitted") {
-        ServerMessage::Job { job, .. } => job.job,
-        other => panic!("{other:?}"),
-    }
+    job_submission(name, H100_SPOT, run)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,7 +65,7 @@ async fn a_job_failing_with_exit_3_is_restarted_twice_then_fails_and_its_logs_sa
     let _agent = spawn_agent(&config, &host);
     await_asks(&mut renter, H100_SPOT, 1).await;
 
-    let job = submit(
+    let job = submit_job(
         &mut renter,
         JobSubmission { restarts_on_error: 2, ..submission("fails", job_run(&["python3", "fail.py"], Some(bundle))) },
     )
@@ -141,7 +116,7 @@ async fn a_job_whose_class_has_no_supply_left_resumes_in_another_class_it_named(
     await_asks(&mut renter, A100_SPOT, 1).await;
 
     let alternatives = vec![JobAlternative { instrument: A100_SPOT, limit_minor_per_gpu_hour: 2_000_000 }];
-    let job = submit(
+    let job = submit_job(
         &mut renter,
         JobSubmission { alternatives, ..submission("failover", job_run(&["python3", "train.py", "120"], Some(bundle))) },
     )

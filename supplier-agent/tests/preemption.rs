@@ -18,17 +18,17 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use ed25519_dalek::SigningKey;
-use gpux_engine::{EventKind, InstrumentId, Side, TimeInForce};
+use gpux_engine::InstrumentId;
 use gpux_protocol::*;
 use gpux_supplier_agent::session::Connection;
 
 const STEPS: u32 = 200;
-const H100_SPOT: InstrumentId = InstrumentId(0);
 const H100_PREEMPTIBLE: InstrumentId = InstrumentId(1);
 
 /// A step every 0.25 s, checkpointed atomically at each; on SIGTERM it does
 /// what argv[2] says: `checkpoint` (save, exit 0), `fail` (exit 3), `ignore`
-/// (SIG_IGN: killed at the deadline). It prints when it sees the notice file.
+/// (SIG_IGN: killed at the deadline), `default` (no handler: the signal's
+/// default action ends it, through the container's init). It prints when it sees the notice file.
 const TRAIN_PY: &str = r#"
 import json, os, signal, sys, time
 ckpt = os.path.join(os.environ["GPUX_CHECKPOINT_DIR"], "state.json")
@@ -47,7 +47,8 @@ def on_term(signum, frame):
         save()
         sys.exit(0)
     sys.exit(3)
-signal.signal(signal.SIGTERM, signal.SIG_IGN if sys.argv[2] == "ignore" else on_term)
+if sys.argv[2] != "default":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if sys.argv[2] == "ignore" else on_term)
 print(f"attempt {os.environ['GPUX_JOB_ATTEMPT']} from step {step}", flush=True)
 noticed = False
 while step < int(sys.argv[1]):
@@ -159,19 +160,7 @@ async fn preempted_job_resumes(on_sigterm: &str, seed: u8) {
     };
 
     // A spot buyer takes host A's GPU: the job's lease gets its notice.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let preempted_at = loop {
-        let id = urgent.new_id();
-        let mut order = OrderTicket::limit(id, H100_SPOT, Side::Buy, 2_000_000, 1);
-        order.time_in_force = TimeInForce::Ioc;
-        urgent.request(ClientMessage::NewOrder { id, order, workload: None }).await.expect("spot bid");
-        if let Ok(Ok(ServerMessage::Private { event, .. })) = tokio::time::timeout(Duration::from_millis(700), renter.next()).await {
-            if matches!(event.kind, EventKind::PreemptionNotice { lease, .. } if lease == first) {
-                break Instant::now();
-            }
-        }
-        assert!(Instant::now() < deadline, "the job's preemptible lease was preempted");
-    };
+    let preempted_at = preempt_with_spot_bid(&mut renter, &mut urgent, first).await;
 
     // Whatever the workload does, the job moves: attempt 2 on host B,
     // never succeeded or failed on the way.
@@ -191,13 +180,15 @@ async fn preempted_job_resumes(on_sigterm: &str, seed: u8) {
     // docs/PERFORMANCE.md "Jobs": notice -> next attempt's lease -> its workload running.
     let leased_ms = leased_at.map_or(0, |at| at.duration_since(preempted_at).as_millis());
     eprintln!("PREEMPTION {on_sigterm}: notice -> attempt 2 leased {leased_ms} ms, running {} ms", preempted_at.elapsed().as_millis());
+    if on_sigterm != "ignore" {
+        assert!(leased_ms < 20_000, "{on_sigterm}: moved at the signal, long before the 30 s deadline: {leased_ms} ms");
+    }
     let finished = await_job(&mut renter, job, Duration::from_secs(120), |i| i.state.is_over()).await;
     assert_eq!(finished.state, JobState::Succeeded, "{on_sigterm}");
     assert_eq!((finished.attempts, finished.leases.len()), (2, 2), "{on_sigterm}: one lease per attempt");
 
     let result_key = format!("{}/jobs/{}/outputs/result.json", renter.account.0, job.0);
-    let result: serde_json::Value =
-        serde_json::from_slice(&store_get(&url, &token, &result_key).await.expect("the result")).expect("json");
+    let result: serde_json::Value = serde_json::from_slice(&store_get(&url, &token, &result_key).await.expect("the result")).expect("json");
     assert_eq!((result["steps"].as_u64(), result["attempt"].as_u64()), (Some(STEPS as u64), Some(2)), "{result}");
     let started_at = result["started_at"].as_u64().expect("started_at");
     assert!(started_at >= synced_step, "{on_sigterm}: resumed from step {started_at}, at least the synced {synced_step}");
@@ -209,6 +200,7 @@ async fn preempted_job_resumes(on_sigterm: &str, seed: u8) {
     // The notice file is written before the SIGTERM is sent.
     match on_sigterm {
         "ignore" => assert!(logs.contains("notice file seen: deadline "), "the workload saw the notice file: {logs:?}"),
+        "default" => {}
         _ => assert!(logs.contains("notice file there: True"), "{on_sigterm}: {logs:?}"),
     }
     let kept = format!("{}/jobs/{}/logs/attempt-1-rank-0.log", renter.account.0, job.0);
@@ -229,4 +221,12 @@ async fn a_preempted_job_whose_workload_fails_on_sigterm_resumes_elsewhere() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preempted_job_that_ignores_sigterm_resumes_elsewhere_after_the_deadline() {
     preempted_job_resumes("ignore", 7).await;
+}
+
+/// A script with no SIGTERM handler (what most training scripts are) ends
+/// at the notice's signal, not at the deadline: the job's container runs
+/// it under an init that passes the signal on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preempted_job_without_a_sigterm_handler_ends_at_the_signal_and_resumes_elsewhere() {
+    preempted_job_resumes("default", 9).await;
 }

@@ -9,7 +9,7 @@
 //! ```text
 //! export GPUX_DOCKER_SOCKET="$(scripts/containers start)"
 //! cargo build --release -p gpux-exchange -p gpux-supplier-agent
-//! cargo run --release -p gpux-benches --bin job-latency [jobs] [failovers] [pairs]
+//! cargo run --release -p gpux-benches --bin job-latency [jobs] [failovers] [pairs] [preemptions] [silence_ms]
 //! ```
 //!
 //! 1. **Submit to running**, `jobs` times (default 10), one after the
@@ -21,14 +21,22 @@
 //! 2. **Failure to resumed**, `failovers` times (default 5): a job runs on
 //!    the cheaper host A; A's agent is killed (`kill -9`); the clock runs
 //!    until the job's next attempt is `running` on host B. The exchange runs
-//!    with `--job-silence-ms 5000`, so 5 s of it is the silence the exchange
-//!    waits before it calls a host dead (120 s by default: add the
-//!    difference). A's agent is then started again before the next round.
+//!    with `--job-silence-ms silence_ms` (default 5000; `default` runs the
+//!    exchange's defaults: a dead agent's lease fails 30 s after the last
+//!    word), so that much of it is the silence the exchange waits before it
+//!    calls a host dead. A's agent is then started again before the next
+//!    round.
 //! 3. **Exchange load per job transition**: `pairs` (default 2 000) jobs
 //!    submitted and cancelled while their bids rest (each pair: two
 //!    transitions, a bid and its cancel), against the same count of plain
 //!    bids placed and cancelled, measured in the same run; the exchange's CPU
 //!    time (all its threads) divided by the count.
+//! 4. **Preemption notice to resumed**, `preemptions` times (default 10): a
+//!    job on the preemptible book runs on host A (the cheaper preemptible
+//!    seller, which also sells spot); another renter's spot bid takes A's
+//!    GPU; the clock runs from the notice reaching the job's renter to the
+//!    job's next attempt `running` on host B. The workload has no SIGTERM
+//!    handler (the default action ends it at the signal).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -51,22 +59,37 @@ fn main() {
     let jobs: usize = args.next().map_or(10, |a| a.parse().expect("jobs is a number"));
     let failovers: usize = args.next().map_or(5, |a| a.parse().expect("failovers is a number"));
     let pairs: usize = args.next().map_or(2_000, |a| a.parse().expect("pairs is a number"));
+    let preemptions: usize = args.next().map_or(10, |a| a.parse().expect("preemptions is a number"));
+    let silence_ms: Option<u64> = match args.next().as_deref() {
+        None => Some(5_000),
+        Some("default") => None,
+        Some(ms) => Some(ms.parse().expect("silence_ms is a number or `default`")),
+    };
     let socket = std::env::var("GPUX_DOCKER_SOCKET").expect("GPUX_DOCKER_SOCKET: run `scripts/containers start` first");
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    runtime.block_on(run(jobs, failovers, pairs, &socket));
+    runtime.block_on(run(jobs, failovers, pairs, preemptions, silence_ms, &socket));
 }
 
-async fn run(jobs: usize, failovers: usize, pairs: usize, socket: &str) {
+async fn run(jobs: usize, failovers: usize, pairs: usize, preemptions: usize, silence_ms: Option<u64>, socket: &str) {
     let dir = tempfile::tempdir().expect("temp dir");
     let operator = SigningKey::from_bytes(&[1; 32]);
     let operator_key = hex::encode(operator.verifying_key().to_bytes());
-    let args = ["--job-silence-ms", "5000", "--operator-key", operator_key.as_str()];
+    let silence = silence_ms.map(|ms| ms.to_string());
+    let mut args = vec!["--operator-key", operator_key.as_str()];
+    if let Some(silence) = &silence {
+        args.extend(["--job-silence-ms", silence.as_str()]);
+    }
     let exchange = ExchangeProcess::start(&dir.path().join("exchange"), &args, |_| {});
     let url = exchange.url.clone();
     let mut renter = Connection::open(&url, &SigningKey::from_bytes(&[3; 32]), Some(Role::Renter)).await.expect("renter");
     let mut admin = Connection::open(&url, &operator, Some(Role::Operator)).await.expect("operator");
     let id = admin.new_id();
     admin.request(ClientMessage::Deposit { id, account: renter.account, amount_minor: 1_000_000_000_000 }).await.expect("deposit");
+    // The spot buyer of the preemption rounds, funded now (an idle
+    // operator connection does not last the rounds before them).
+    let mut urgent = Connection::open(&url, &SigningKey::from_bytes(&[4; 32]), Some(Role::Renter)).await.expect("spot buyer");
+    let id = admin.new_id();
+    admin.request(ClientMessage::Deposit { id, account: urgent.account, amount_minor: 1_000_000_000_000 }).await.expect("deposit");
 
     // The code, in the job store once.
     let code = dir.path().join("code");
@@ -111,8 +134,9 @@ async fn run(jobs: usize, failovers: usize, pairs: usize, socket: &str) {
         },
     };
 
-    let host_a = Host::new(&dir.path().join("a"), &url, socket, "bench-a", 2_000_000);
-    let host_b = Host::new(&dir.path().join("b"), &url, socket, "bench-b", 2_500_000);
+    // Each host sells spot and preemptible time; A is the cheaper in both.
+    let host_a = Host::new(&dir.path().join("a"), &url, socket, "bench-a", 2_000_000, 1_000_000);
+    let host_b = Host::new(&dir.path().join("b"), &url, socket, "bench-b", 2_500_000, 1_500_000);
     let mut agent_a = host_a.spawn();
     offers_at_least(&mut renter, 1).await;
 
@@ -149,7 +173,25 @@ async fn run(jobs: usize, failovers: usize, pairs: usize, socket: &str) {
         agent_a = host_a.spawn();
         offers_at_least(&mut renter, 2).await;
     }
-    print_histogram("failure to resumed (5 s of it the silence limit)", failovers, &histogram);
+    let limit = silence_ms.map_or("the defaults: a gone agent 30 s".to_string(), |ms| format!("--job-silence-ms {ms}"));
+    print_histogram(&format!("failure to resumed ({limit} of it the silence limit)"), failovers, &histogram);
+
+    eprintln!("preemption notice to resumed: {preemptions} rounds...");
+    let preemptible = JobSubmission { instrument: InstrumentId(1), ..submission.clone() };
+    let mut histogram = Histogram::<u64>::new_with_bounds(1, 600_000, 3).expect("histogram");
+    for _ in 0..preemptions {
+        offers_on(&mut renter, InstrumentId(0), 2).await;
+        offers_on(&mut renter, InstrumentId(1), 2).await;
+        let job = submit(&mut renter, &preemptible).await;
+        let first = running_lease(&mut renter, job, 1).await;
+        await_delivery(&mut renter, first, |s| matches!(s, DeliveryState::Running { .. })).await;
+        let noticed_at = preempt(&mut renter, &mut urgent, first).await;
+        let resumed = running_lease(&mut renter, job, 2).await;
+        await_delivery(&mut renter, resumed, |s| matches!(s, DeliveryState::Running { .. })).await;
+        histogram.record(noticed_at.elapsed().as_millis().max(1) as u64).expect("in range");
+        cancel(&mut renter, job, resumed).await;
+    }
+    print_histogram("preemption notice to resumed (no SIGTERM handler)", preemptions, &histogram);
     drop(agent_a);
     drop(agent_b);
 
@@ -251,19 +293,57 @@ async fn cancel(renter: &mut Connection, job: JobId, lease: LeaseId) {
     await_delivery(renter, lease, |s| matches!(s, DeliveryState::Stopped)).await;
 }
 
+/// The spot buyer bids (IOC) for one GPU at 2.00 until the job's lease
+/// `lease` gets its notice: when the notice reached the job's renter. The
+/// buyer's lease is then ended, so host A sells again.
+async fn preempt(renter: &mut Connection, urgent: &mut Connection, lease: LeaseId) -> Instant {
+    use gpux_engine::EventKind;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let noticed_at = loop {
+        let id = urgent.new_id();
+        let mut order = OrderTicket::limit(id, InstrumentId(0), Side::Buy, 2_000_000, 1);
+        order.time_in_force = gpux_engine::TimeInForce::Ioc;
+        urgent.request(ClientMessage::NewOrder { id, order, workload: None }).await.expect("spot bid");
+        if let Ok(Ok(ServerMessage::Private { event, .. })) = tokio::time::timeout(Duration::from_millis(700), renter.next()).await {
+            if matches!(event.kind, EventKind::PreemptionNotice { lease: noticed, .. } if noticed == lease) {
+                break Instant::now();
+            }
+        }
+        assert!(Instant::now() < deadline, "the job's preemptible lease was preempted");
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let bought = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let message = tokio::time::timeout(left, urgent.next()).await.expect("the spot lease").expect("spot buyer");
+        if let ServerMessage::Private { event, .. } = message {
+            if let EventKind::LeaseCreated { lease, .. } = event.kind {
+                break lease;
+            }
+        }
+    };
+    let id = urgent.new_id();
+    urgent.request(ClientMessage::EndLease { id, lease: bought }).await.expect("end the spot lease");
+    noticed_at
+}
+
 /// Waits until the spot book offers at least `count` GPUs.
 async fn offers_at_least(renter: &mut Connection, count: usize) {
+    offers_on(renter, InstrumentId(0), count).await
+}
+
+/// Waits until `instrument`'s book offers at least `count` GPUs.
+async fn offers_on(renter: &mut Connection, instrument: InstrumentId, count: usize) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let id = renter.new_id();
         if let Ok(ServerMessage::BookOffers { offers, .. }) =
-            renter.request(ClientMessage::BookOffers { id, instrument: InstrumentId(0), offset: 0, after: None }).await
+            renter.request(ClientMessage::BookOffers { id, instrument, offset: 0, after: None }).await
         {
             if offers.len() >= count {
                 return;
             }
         }
-        assert!(Instant::now() < deadline, "the hosts' asks came back");
+        assert!(Instant::now() < deadline, "the hosts' asks came back on instrument {}", instrument.0);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -283,7 +363,7 @@ impl Drop for AgentProcess {
 }
 
 impl Host {
-    fn new(dir: &Path, url: &str, socket: &str, name: &str, floor: u64) -> Host {
+    fn new(dir: &Path, url: &str, socket: &str, name: &str, floor: u64, preemptible_floor: u64) -> Host {
         std::fs::create_dir_all(dir).expect("host dir");
         let fake = dir.join("host.json");
         let gpu = format!(
@@ -294,6 +374,7 @@ impl Host {
         let text = format!(
             "exchange = \"{url}\"\nhost = \"{name}\"\nkey_file = \"{}\"\nsample_interval_ms = 1000\nreport_interval_ms = 1000\n\n\
              [[offer]]\ncontract = \"spot\"\nprice_floor_minor_per_gpu_hour = {floor}\n\n\
+             [[offer]]\ncontract = \"preemptible\"\nprice_floor_minor_per_gpu_hour = {preemptible_floor}\n\n\
              [delivery]\nbackend = \"docker\"\npublic_address = \"127.0.0.1\"\nstate_dir = \"{}\"\nstop_grace_ms = 1000\nready_after_ms = 500\n\n\
              [delivery.docker]\nsocket = \"{socket}\"\ngpu_devices = \"fake\"\n",
             dir.join("host.key").display(),

@@ -493,7 +493,37 @@ fn failure_text(failure: &JobFailure) -> String {
 
 fn print_job(job: &JobInfo) {
     out!("job {} {}: {}", job.job, job.name, describe(&job.state));
-    out!("  {} GPU(s) on instrument {}, attempt {} of at most {}", job.gpus, job.instrument.0, job.attempts, job.retries + 1);
+    out!(
+        "  {} GPU(s) on instrument {}, attempt {} (retries {}, restarts on error {} of {})",
+        job.gpus,
+        job.instrument.0,
+        job.attempts,
+        job.retries,
+        job.restarts,
+        job.restarts_on_error
+    );
+    if let Some(moved) = &job.last_move {
+        let cause = match moved.cause {
+            gpux_protocol::AttemptCause::HostFailed => "its host failed".to_string(),
+            gpux_protocol::AttemptCause::Preempted => "it was preempted".to_string(),
+            gpux_protocol::AttemptCause::ExitedWithError(code) => format!("the workload exited with {code}"),
+        };
+        let choice = match moved.choice {
+            gpux_protocol::BookChoice::Cheapest { expected_minor, offering } => {
+                format!("the cheapest of {offering} book(s) offering it, {} expected", amount(expected_minor))
+            }
+            gpux_protocol::BookChoice::NoneOffered => "no book offered it: waits on its book".to_string(),
+        };
+        out!("  attempt {} because {cause}; bids instrument {}: {choice}", moved.attempt, moved.instrument.0);
+    }
+    if let Some(ahead) = &job.preemption_ahead {
+        out!(
+            "  preemption ahead: lease {} gets its notice at {} ms and ends at {} ms (a reserved window sold on its GPUs)",
+            ahead.lease.0,
+            ahead.notice_at_ms,
+            ahead.ends_at_ms
+        );
+    }
     out!("  escrowed {} of a budget of {}", amount(job.escrowed_minor), amount(job.budget_minor));
     let leases: Vec<String> = job.leases.iter().map(|l| l.0.to_string()).collect();
     out!("  leases: {}", if leases.is_empty() { "none yet".into() } else { leases.join(", ") });

@@ -134,7 +134,7 @@ fn the_jobs_guide_runs_as_written() {
         "job 0 submitted: starting (attempt 1, lease 0: its hosts are starting it)",
         "job 0 first-job: running (attempt 1, lease 0)",
         "escrowed $12.00 of a budget of $15.00",
-        "attempt 1 of at most 3",
+        "attempt 1 (retries 2, restarts on error 0 of 0)",
         "input samples at /data (read-only), from the job store",
         "     0  first-job                running (attempt 1, lease 0)",
         "training",

@@ -405,6 +405,18 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
             running_state = {"running": {"endpoints": [], "ssh": None, "restarts": 0}}
             await supplier.request("delivery_status", lease=job_lease, state=running_state)
             await browser.wait_until(f"{job_state} === 'running'", what="the job's row, running")
+            # Its output, followed from the host that runs it (the scripted
+            # supplier answers the exchange's `logs_wanted`).
+            async def answer_logs():
+                while True:
+                    pushed = await supplier.events.get()
+                    if getattr(pushed, "type", None) == "logs_wanted":
+                        wanted = pushed.fields
+                        await supplier.request("logs", request=wanted["request"], data=f"epoch 3 loss 0.41 on lease {wanted['lease']}\n", truncated=False)
+            answering = asyncio.create_task(answer_logs())
+            await browser.evaluate(f"document.querySelector('[data-job-logs=\"{job.job}\"]').click()")
+            await browser.wait_until(f"document.getElementById('job-logs').textContent.includes('epoch 3 loss 0.41 on lease {job_lease}')", what="the job's output")
+            answering.cancel()
             await browser.evaluate(f"document.querySelector('[data-job-bill=\"{job.job}\"]').click()")
             await browser.wait_until(f"document.getElementById('job-bill').textContent.includes('GPUX-{renter.account}-job{job.job}')", what="the job's bill")
             await browser.evaluate(f"document.querySelector('[data-cancel-job=\"{job.job}\"]').click()")

@@ -127,7 +127,19 @@ impl DockerBackend {
     fn host_config(&self, job: &Job, authorized_keys: Option<&PathBuf>) -> HostConfig {
         let workload = job.workload.as_ref().expect("docker jobs have a workload");
         let gpus = job.gpus.len().max(1) as f64;
-        let mut config = HostConfig { privileged: Some(false), security_opt: Some(vec!["no-new-privileges".into()]), ..Default::default() };
+        // A job's attempt runs under an init process (docker's tini,
+        // podman's catatonit) as PID 1: it forwards a preemption notice's
+        // SIGTERM to the job's command, whose default action then ends it
+        // (as PID 1 itself a script without a handler would ignore it until
+        // the deadline). A lease's own workload stays PID 1, so that a
+        // command that cannot be executed fails the start (`exec_failed`)
+        // instead of exiting 127 under the init.
+        let mut config = HostConfig {
+            privileged: Some(false),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            init: job.files.is_some().then_some(true),
+            ..Default::default()
+        };
         if !workload.ports.is_empty() {
             let bindings = workload
                 .ports

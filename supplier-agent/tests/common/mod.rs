@@ -340,3 +340,73 @@ pub async fn await_asks(renter: &mut Connection, instrument: gpux_engine::Instru
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A one-host job of one GPU on `instrument` for an hour at up to 3.00 a
+/// GPU-hour, two retries, running `run`.
+pub fn job_submission(name: &str, instrument: gpux_engine::InstrumentId, run: JobRun) -> JobSubmission {
+    JobSubmission {
+        name: name.into(),
+        instrument,
+        gpus: 1,
+        one_host: true,
+        limit_minor_per_gpu_hour: 3_000_000,
+        hours: 1,
+        budget_minor: 100_000_000,
+        retries: 2,
+        min_supplier_score_bps: 0,
+        verified_only: false,
+        nodes: 0,
+        min_fabric_gbps: 0,
+        restarts_on_error: 0,
+        alternatives: Vec::new(),
+        regions: Vec::new(),
+        run,
+    }
+}
+
+/// Submits `job` for `renter`: its id.
+pub async fn submit_job(renter: &mut Connection, job: JobSubmission) -> JobId {
+    let id = renter.new_id();
+    match renter.request(ClientMessage::SubmitJob { id, job: Box::new(job) }).await.expect("submitted") {
+        ServerMessage::Job { job, .. } => job.job,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// `buyer` bids (IOC) for one spot GPU at 2.00 until the renter's lease
+/// `lease` gets its preemption notice (within 20 s): when it did.
+pub async fn preempt_with_spot_bid(renter: &mut Connection, buyer: &mut Connection, lease: gpux_engine::LeaseId) -> Instant {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let id = buyer.new_id();
+        let mut order = OrderTicket::limit(id, gpux_engine::InstrumentId(0), gpux_engine::Side::Buy, 2_000_000, 1);
+        order.time_in_force = gpux_engine::TimeInForce::Ioc;
+        buyer.request(ClientMessage::NewOrder { id, order, workload: None }).await.expect("spot bid");
+        if let Ok(Ok(ServerMessage::Private { event, .. })) = tokio::time::timeout(Duration::from_millis(700), renter.next()).await {
+            if matches!(event.kind, gpux_engine::EventKind::PreemptionNotice { lease: noticed, .. } if noticed == lease) {
+                return Instant::now();
+            }
+        }
+        assert!(Instant::now() < deadline, "the preemptible lease {} was preempted", lease.0);
+    }
+}
+
+/// The supplier's identity and encryption keys in `dir`, copied into each
+/// of its hosts' directories `dir/<name>` (docs/agent.md "Clusters"): each
+/// host's key file.
+pub fn supplier_keys(dir: &std::path::Path, hosts: &[&str]) -> Vec<std::path::PathBuf> {
+    let supplier_key = dir.join("supplier.key");
+    gpux_supplier_agent::keys::load_or_create(&supplier_key).expect("the supplier's key");
+    let supplier_x25519 = dir.join("supplier.key.x25519");
+    gpux_supplier_agent::keys::load_or_create(&supplier_x25519).expect("the supplier's encryption key");
+    hosts
+        .iter()
+        .map(|name| {
+            std::fs::create_dir_all(dir.join(name)).expect("host dir");
+            let key = dir.join(name).join("host.key");
+            std::fs::copy(&supplier_key, &key).expect("copy the key");
+            std::fs::copy(&supplier_x25519, dir.join(name).join("host.key.x25519")).expect("copy the encryption key");
+            key
+        })
+        .collect()
+}
