@@ -60,6 +60,81 @@ async fn the_live_market_trades_again_after_a_restart_on_the_same_data() {
     assert!(!log.contains("WARN"), "the live market's own orders warn nobody:\n{log}");
 }
 
+/// A job submitted on the demo market: `--sim`'s simulated hosts deliver
+/// nothing (they publish no encryption key), so the job's bid never trades
+/// with their asks (docs/jobs.md "A job's life"), although the simulated
+/// renters' bids take those asks at the same prices.
+#[tokio::test]
+async fn a_job_on_the_live_simulated_market_never_lands_on_a_host_that_cannot_deliver() {
+    use gpux_engine::Role;
+    use gpux_protocol::{ClientMessage, JobRun, JobState, JobSubmission};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = key(1);
+    let exchange = Exchange::start_with(dir.path(), Some(&operator), &["--sim", "--sim-suppliers", "8", "--sim-renters", "24"]);
+    await_trading(&exchange.addr).await;
+    let (mut renter, account) = Client::login(&exchange.addr, &key(90), Role::Renter).await;
+    let (mut admin, _) = Client::login(&exchange.addr, &operator, Role::Operator).await;
+    let id = admin.id();
+    admin.request(ClientMessage::Deposit { id, account, amount_minor: 1_000_000_000_000 }).await;
+    let id = renter.id();
+    let ServerMessage::Instruments { instruments, .. } = renter.request(ClientMessage::Instruments { id }).await else {
+        panic!("instruments")
+    };
+    let h100 = instruments.iter().find(|i| i.instrument == InstrumentId(0)).expect("the H100 spot book");
+    // At the book's highest price: every ask is within the job's limit.
+    let limit = h100.price_max_minor_per_gpu_hour / h100.tick_minor.max(1) * h100.tick_minor.max(1);
+    let job = JobSubmission {
+        name: "on-the-demo-market".into(),
+        instrument: InstrumentId(0),
+        gpus: 1,
+        one_host: true,
+        limit_minor_per_gpu_hour: limit,
+        hours: 1,
+        budget_minor: limit * 4,
+        retries: 1,
+        min_supplier_score_bps: 0,
+        verified_only: false,
+        nodes: 0,
+        min_fabric_gbps: 0,
+        restarts_on_error: 0,
+        alternatives: Vec::new(),
+        regions: Vec::new(),
+        run: JobRun {
+            image: "localhost/gpux-py:1".into(),
+            command: vec!["python3".into(), "train.py".into()],
+            bundle: None,
+            install: Vec::new(),
+            checkpoint_dir: "/checkpoints".into(),
+            outputs_dir: "/outputs".into(),
+            checkpoint_interval_s: 60,
+            shm_mib: 0,
+            inputs: Vec::new(),
+        },
+    };
+    let id = renter.id();
+    let ServerMessage::Job { job, .. } = renter.request(ClientMessage::SubmitJob { id, job: Box::new(job) }).await else {
+        panic!("the job is taken")
+    };
+    let started = Instant::now();
+    let mut asks_seen = 0;
+    while started.elapsed() < Duration::from_secs(15) {
+        let id = renter.id();
+        if let ServerMessage::BookOffers { offers, .. } =
+            renter.request(ClientMessage::BookOffers { id, instrument: InstrumentId(0), offset: 0, after: None }).await
+        {
+            asks_seen += offers.len();
+        }
+        let id = renter.id();
+        let ServerMessage::Job { job: info, .. } = renter.request(ClientMessage::JobStatus { id, job: job.job }).await else {
+            panic!("the job's status")
+        };
+        assert!(matches!(info.state, JobState::Bidding { .. }), "the job went to a simulated host: {:?}", info.state);
+        assert!(info.leases.is_empty(), "{:?}", info.leases);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(asks_seen > 0, "the simulated hosts offered H100s within the job's limit all along");
+}
+
 async fn await_trading(addr: &str) {
     let mut watcher = Client::connect(addr).await;
     for instrument in 0..8 {
