@@ -179,35 +179,9 @@ async fn run(m: &mut Market, row: Row) -> String {
 
 /// A job of one GPU for an hour at the lowest price, changed by `change`.
 fn submit_job(id: u64, instrument: InstrumentId, change: impl FnOnce(&mut JobSubmission)) -> ClientMessage {
-    let mut job = JobSubmission {
-        name: format!("job-{id}"),
-        instrument,
-        gpus: 1,
-        one_host: true,
-        // The demo books' lowest price, one tick.
-        limit_minor_per_gpu_hour: 10_000,
-        hours: 1,
-        budget_minor: 100_000,
-        retries: 1,
-        min_supplier_score_bps: 0,
-        verified_only: false,
-        nodes: 0,
-        min_fabric_gbps: 0,
-        restarts_on_error: 0,
-        alternatives: Vec::new(),
-        regions: Vec::new(),
-        run: JobRun {
-            image: "localhost/gpux-py:1".into(),
-            command: vec!["python3".into(), "train.py".into()],
-            bundle: None,
-            install: Vec::new(),
-            checkpoint_dir: "/checkpoints".into(),
-            outputs_dir: "/outputs".into(),
-            checkpoint_interval_s: 60,
-            shm_mib: 0,
-            inputs: Vec::new(),
-        },
-    };
+    // The demo books' lowest price, one tick.
+    let run = JobRun::in_image("localhost/gpux-py:1", &["python3", "train.py"]);
+    let mut job = JobSubmission::one_host(&format!("job-{id}"), instrument, 1, 10_000, 1, 100_000, run);
     change(&mut job);
     ClientMessage::SubmitJob { id, job: Box::new(job) }
 }

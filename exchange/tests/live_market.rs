@@ -83,34 +83,8 @@ async fn a_job_on_the_live_simulated_market_never_lands_on_a_host_that_cannot_de
     let h100 = instruments.iter().find(|i| i.instrument == InstrumentId(0)).expect("the H100 spot book");
     // At the book's highest price: every ask is within the job's limit.
     let limit = h100.price_max_minor_per_gpu_hour / h100.tick_minor.max(1) * h100.tick_minor.max(1);
-    let job = JobSubmission {
-        name: "on-the-demo-market".into(),
-        instrument: InstrumentId(0),
-        gpus: 1,
-        one_host: true,
-        limit_minor_per_gpu_hour: limit,
-        hours: 1,
-        budget_minor: limit * 4,
-        retries: 1,
-        min_supplier_score_bps: 0,
-        verified_only: false,
-        nodes: 0,
-        min_fabric_gbps: 0,
-        restarts_on_error: 0,
-        alternatives: Vec::new(),
-        regions: Vec::new(),
-        run: JobRun {
-            image: "localhost/gpux-py:1".into(),
-            command: vec!["python3".into(), "train.py".into()],
-            bundle: None,
-            install: Vec::new(),
-            checkpoint_dir: "/checkpoints".into(),
-            outputs_dir: "/outputs".into(),
-            checkpoint_interval_s: 60,
-            shm_mib: 0,
-            inputs: Vec::new(),
-        },
-    };
+    let run = JobRun::in_image("localhost/gpux-py:1", &["python3", "train.py"]);
+    let job = JobSubmission::one_host("on-the-demo-market", InstrumentId(0), 1, limit, 1, limit * 4, run);
     let id = renter.id();
     let ServerMessage::Job { job, .. } = renter.request(ClientMessage::SubmitJob { id, job: Box::new(job) }).await else {
         panic!("the job is taken")

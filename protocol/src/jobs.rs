@@ -275,6 +275,39 @@ pub enum JobInvalid {
 }
 
 impl JobSubmission {
+    /// A job of `gpus` GPUs on one host of `instrument` at up to `limit`
+    /// per GPU-hour for `hours`, within `budget_minor`, running `run`: one
+    /// retry, no filters, no restarts, no other books; change the fields
+    /// for more.
+    pub fn one_host(
+        name: &str,
+        instrument: InstrumentId,
+        gpus: u32,
+        limit: u64,
+        hours: u32,
+        budget_minor: u64,
+        run: JobRun,
+    ) -> JobSubmission {
+        JobSubmission {
+            name: name.into(),
+            instrument,
+            gpus,
+            one_host: true,
+            limit_minor_per_gpu_hour: limit,
+            hours,
+            budget_minor,
+            retries: 1,
+            min_supplier_score_bps: 0,
+            verified_only: false,
+            run,
+            nodes: 0,
+            min_fabric_gbps: 0,
+            restarts_on_error: 0,
+            alternatives: Vec::new(),
+            regions: Vec::new(),
+        }
+    }
+
     /// Checks the bounds the exchange and the host both hold a job to.
     pub fn validate(&self) -> Result<(), JobInvalid> {
         let name_ok = |n: &str| {
@@ -323,6 +356,24 @@ impl JobSubmission {
 }
 
 impl JobRun {
+    /// `command` in `image`, no bundle, nothing installed, no inputs:
+    /// checkpoints in `/checkpoints` synced every minute, outputs in
+    /// `/outputs` (what `gpux job submit` uses when the file says nothing
+    /// of them); change the fields for more.
+    pub fn in_image(image: &str, command: &[&str]) -> JobRun {
+        JobRun {
+            image: image.into(),
+            command: command.iter().map(|word| word.to_string()).collect(),
+            bundle: None,
+            install: Vec::new(),
+            checkpoint_dir: "/checkpoints".into(),
+            outputs_dir: "/outputs".into(),
+            checkpoint_interval_s: 60,
+            shm_mib: 0,
+            inputs: Vec::new(),
+        }
+    }
+
     pub fn validate(&self) -> Result<(), JobInvalid> {
         if crate::Workload::image(self.image.clone()).validate().is_err() {
             return Err(JobInvalid::Image);

@@ -116,38 +116,16 @@ async fn a_job_resumes_on_another_host_from_its_checkpoint_after_its_host_dies()
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    let submission = JobSubmission {
-        name: "resume-test".into(),
-        instrument: InstrumentId(0),
-        gpus: 1,
-        one_host: true,
-        limit_minor_per_gpu_hour: 3_000_000,
-        hours: 1,
-        budget_minor: 10_000_000,
-        retries: 2,
-        min_supplier_score_bps: 0,
-        verified_only: false,
-        nodes: 0,
-        min_fabric_gbps: 0,
-        restarts_on_error: 0,
-        alternatives: Vec::new(),
-        regions: Vec::new(),
-        run: JobRun {
-            image: PY_IMAGE.into(),
-            command: vec!["python3".into(), "train.py".into(), STEPS.to_string()],
-            bundle: Some(BundleRef { sha256: bundle.sha256_hex(), bytes: bundle.bytes.len() as u64 }),
-            install: Vec::new(),
-            checkpoint_dir: "/checkpoints".into(),
-            outputs_dir: "/outputs".into(),
-            checkpoint_interval_s: 10,
-            shm_mib: 0,
-            inputs: vec![JobInput {
-                name: "data".into(),
-                mount: "/data".into(),
-                source: InputSource::Store { sha256: input.sha256_hex(), bytes: input.bytes.len() as u64 },
-            }],
-        },
+    let steps = STEPS.to_string();
+    let run = JobRun {
+        inputs: vec![JobInput {
+            name: "data".into(),
+            mount: "/data".into(),
+            source: InputSource::Store { sha256: input.sha256_hex(), bytes: input.bytes.len() as u64 },
+        }],
+        ..job_run(&["python3", "train.py", &steps], Some(BundleRef { sha256: bundle.sha256_hex(), bytes: bundle.bytes.len() as u64 }))
     };
+    let submission = JobSubmission { budget_minor: 10_000_000, ..job_submission("resume-test", InstrumentId(0), run) };
     let id = renter.new_id();
     let job = match renter.request(ClientMessage::SubmitJob { id, job: Box::new(submission) }).await.expect("submitted") {
         ServerMessage::Job { job, .. } => job.job,

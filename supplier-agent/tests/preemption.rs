@@ -117,26 +117,14 @@ async fn preempted_job_resumes(on_sigterm: &str, seed: u8) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
+    let run = job_run(
+        &["python3", "train.py", &STEPS.to_string(), on_sigterm],
+        Some(BundleRef { sha256: bundle.sha256_hex(), bytes: bundle.bytes.len() as u64 }),
+    );
     let submission = JobSubmission {
-        name: format!("preempted-{on_sigterm}"),
-        instrument: H100_PREEMPTIBLE,
-        gpus: 1,
-        one_host: true,
         limit_minor_per_gpu_hour: 2_000_000,
-        hours: 1,
         budget_minor: 10_000_000,
-        retries: 2,
-        min_supplier_score_bps: 0,
-        verified_only: false,
-        nodes: 0,
-        min_fabric_gbps: 0,
-        restarts_on_error: 0,
-        alternatives: Vec::new(),
-        regions: Vec::new(),
-        run: job_run(
-            &["python3", "train.py", &STEPS.to_string(), on_sigterm],
-            Some(BundleRef { sha256: bundle.sha256_hex(), bytes: bundle.bytes.len() as u64 }),
-        ),
+        ..job_submission(&format!("preempted-{on_sigterm}"), H100_PREEMPTIBLE, run)
     };
     let id = renter.new_id();
     let job = match renter.request(ClientMessage::SubmitJob { id, job: Box::new(submission) }).await.expect("submitted") {

@@ -105,34 +105,13 @@ async fn run(jobs: usize, failovers: usize, pairs: usize, preemptions: usize, si
     let key = format!("{}/bundles/{}.tar.gz", renter.account.0, bundle.sha256_hex());
     let put = reqwest::Client::new().put(format!("{store}/v1/objects/{key}")).bearer_auth(&token).body(bundle.bytes.clone()).send().await;
     assert_eq!(put.expect("put").status(), 201);
-    let submission = JobSubmission {
-        name: "bench".into(),
-        instrument: InstrumentId(0),
-        gpus: 1,
-        one_host: true,
-        limit_minor_per_gpu_hour: 3_000_000,
-        hours: 1,
-        budget_minor: 1_000_000_000,
-        retries: 100,
-        min_supplier_score_bps: 0,
-        verified_only: false,
-        nodes: 0,
-        min_fabric_gbps: 0,
-        restarts_on_error: 0,
-        alternatives: Vec::new(),
-        regions: Vec::new(),
-        run: JobRun {
-            image: PY_IMAGE.into(),
-            command: vec!["python3".into(), "train.py".into()],
-            bundle: Some(BundleRef { sha256: bundle.sha256_hex(), bytes: bundle.bytes.len() as u64 }),
-            install: Vec::new(),
-            checkpoint_dir: "/checkpoints".into(),
-            outputs_dir: "/outputs".into(),
-            checkpoint_interval_s: 10,
-            shm_mib: 0,
-            inputs: Vec::new(),
-        },
+    let run = JobRun {
+        bundle: Some(BundleRef { sha256: bundle.sha256_hex(), bytes: bundle.bytes.len() as u64 }),
+        checkpoint_interval_s: 10,
+        ..JobRun::in_image(PY_IMAGE, &["python3", "train.py"])
     };
+    let submission =
+        JobSubmission { retries: 100, ..JobSubmission::one_host("bench", InstrumentId(0), 1, 3_000_000, 1, 1_000_000_000, run) };
 
     // Each host sells spot and preemptible time; A is the cheaper in both.
     let host_a = Host::new(&dir.path().join("a"), &url, socket, "bench-a", 2_000_000, 1_000_000);

@@ -248,17 +248,7 @@ pub async fn await_job(renter: &mut Connection, job: JobId, within: Duration, mu
 /// A job's run in the Python image: `command` on the bundle (if any), its
 /// checkpoints in `/checkpoints` synced every 10 s, outputs in `/outputs`.
 pub fn job_run(command: &[&str], bundle: Option<BundleRef>) -> JobRun {
-    JobRun {
-        image: PY_IMAGE.into(),
-        command: command.iter().map(|w| w.to_string()).collect(),
-        bundle,
-        install: Vec::new(),
-        checkpoint_dir: "/checkpoints".into(),
-        outputs_dir: "/outputs".into(),
-        checkpoint_interval_s: 10,
-        shm_mib: 0,
-        inputs: Vec::new(),
-    }
+    JobRun { bundle, checkpoint_interval_s: 10, ..JobRun::in_image(PY_IMAGE, command) }
 }
 
 /// A GPU model a fake job host declares.
@@ -344,24 +334,7 @@ pub async fn await_asks(renter: &mut Connection, instrument: gpux_engine::Instru
 /// A one-host job of one GPU on `instrument` for an hour at up to 3.00 a
 /// GPU-hour, two retries, running `run`.
 pub fn job_submission(name: &str, instrument: gpux_engine::InstrumentId, run: JobRun) -> JobSubmission {
-    JobSubmission {
-        name: name.into(),
-        instrument,
-        gpus: 1,
-        one_host: true,
-        limit_minor_per_gpu_hour: 3_000_000,
-        hours: 1,
-        budget_minor: 100_000_000,
-        retries: 2,
-        min_supplier_score_bps: 0,
-        verified_only: false,
-        nodes: 0,
-        min_fabric_gbps: 0,
-        restarts_on_error: 0,
-        alternatives: Vec::new(),
-        regions: Vec::new(),
-        run,
-    }
+    JobSubmission { retries: 2, ..JobSubmission::one_host(name, instrument, 1, 3_000_000, 1, 100_000_000, run) }
 }
 
 /// Submits `job` for `renter`: its id.
