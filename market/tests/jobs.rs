@@ -9,17 +9,7 @@ const USD_2: u64 = 2_000_000;
 const T0: u64 = 1_796_223_600_000;
 
 fn run() -> gpux_market::jobs::JobRun {
-    gpux_market::jobs::JobRun {
-        image: "python:3.11".into(),
-        command: vec!["python3".into(), "train.py".into()],
-        bundle: None,
-        install: Vec::new(),
-        checkpoint_dir: "/checkpoints".into(),
-        outputs_dir: "/outputs".into(),
-        checkpoint_interval_s: 60,
-        shm_mib: 0,
-        inputs: Vec::new(),
-    }
+    gpux_market::jobs::JobRun::in_image("python:3.11", &["python3", "train.py"])
 }
 
 /// The supplier's hosts take workloads: it published the key workloads'
