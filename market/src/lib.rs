@@ -689,10 +689,12 @@ impl MarketState {
         Ok(())
     }
 
-    /// A host reporting a lease's delivery status.
+    /// A host reporting a lease's delivery status. Once the lease's bill
+    /// is final only `stopped` is taken (it moves no money: a container
+    /// removed late is still shown gone).
     pub fn check_delivery_status(&self, account: AccountId, lease: LeaseId, state: &DeliveryState) -> Result<(), ErrorCode> {
         let info = self.engine.lease(lease).filter(|l| l.supplier == account).ok_or(ErrorCode::UnknownLease)?;
-        if info.billing_closed {
+        if info.billing_closed && *state != DeliveryState::Stopped {
             return Err(ErrorCode::LeaseNotActive);
         }
         if !state.valid() {

@@ -1060,3 +1060,43 @@ fn a_window_sold_under_a_jobs_preemptible_lease_is_told_before_its_notice() {
     assert!(live.market.jobs().moving(leases[0]));
     assert_eq!(live.info(job).preemption_ahead, None);
 }
+
+/// A host that removes a lease's container only after the lease's bill is
+/// final may still say `stopped` (it moves no money), so the renter's view
+/// never shows a gone workload as running; any other status is then
+/// `lease_not_active`.
+#[test]
+fn a_host_may_say_stopped_after_the_bill_is_final_and_nothing_else() {
+    use gpux_protocol::{DeliveryState, ErrorCode};
+    let mut live = recovery_market(1, 0);
+    live.ask(0, 0, USD_2);
+    let bid = NewOrder { duration: LeaseDuration::Hours(1), ..NewOrder::limit(AccountId(0), 7, InstrumentId(0), Side::Buy, USD_2, 2) };
+    let applied = live.engine(Command::place(bid));
+    let lease = applied
+        .events
+        .iter()
+        .find_map(|e| match e.kind {
+            EventKind::LeaseCreated { lease, .. } => Some(lease),
+            _ => None,
+        })
+        .expect("a lease");
+    let running = DeliveryState::Running { endpoints: Vec::new(), ssh: None, restarts: 0 };
+    live.now_ms += 1;
+    live.record(gpux_market::JournalEntry::DeliveryStatus { at_ms: live.now_ms, account: AccountId(1), lease, state: running.clone() });
+    live.engine(Command::EndLease { account: AccountId(0), lease });
+    // The billing grace passes: the bill is final.
+    live.now_ms += 11 * 60_000;
+    live.engine(Command::Tick);
+    assert!(live.market.engine().lease(lease).expect("still in the hot state").billing_closed);
+    let market = &live.market;
+    assert_eq!(market.check_delivery_status(AccountId(1), lease, &running), Err(ErrorCode::LeaseNotActive));
+    assert_eq!(market.check_delivery_status(AccountId(1), lease, &DeliveryState::Stopped), Ok(()));
+    live.now_ms += 1;
+    let balances = live.market.engine().balances(AccountId(0));
+    let applied =
+        live.record(gpux_market::JournalEntry::DeliveryStatus { at_ms: live.now_ms, account: AccountId(1), lease, state: DeliveryState::Stopped });
+    assert!(applied.events.is_empty() && applied.follow_ups.is_empty(), "no money moves: {applied:?}");
+    assert_eq!(live.market.engine().balances(AccountId(0)), balances);
+    let shown = live.market.deliveries().lease(lease).and_then(|d| d.state.clone()).map(|(state, _)| state);
+    assert_eq!(shown, Some(DeliveryState::Stopped), "the renter sees it gone");
+}
