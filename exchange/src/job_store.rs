@@ -193,15 +193,25 @@ pub fn load_or_create_secret(path: &Path) -> anyhow::Result<[u8; 32]> {
     Ok(crate::identity::load_or_create(path)?.to_bytes())
 }
 
+/// A local store's root, created if need be and made owner-only (0700):
+/// renters' code, checkpoints and outputs below it are readable by no other
+/// user of the host, whatever modes the files get inside.
+fn private_root(root: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(root)?;
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))?;
+    Ok(())
+}
+
 /// Where objects live (`--job-store`).
 pub fn open(spec: &str, data_dir: &Path) -> anyhow::Result<Arc<dyn ObjectStore>> {
     if spec == "local" {
         let root = data_dir.join("job-store");
-        std::fs::create_dir_all(&root)?;
+        private_root(&root)?;
         return Ok(Arc::new(object_store::local::LocalFileSystem::new_with_prefix(root)?));
     }
     if let Some(dir) = spec.strip_prefix("file://") {
-        std::fs::create_dir_all(dir)?;
+        private_root(Path::new(dir))?;
         return Ok(Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir)?));
     }
     if spec.starts_with("s3://") {
@@ -438,6 +448,22 @@ mod tests {
         let refused = open("ftp://host/path", dir.path()).expect_err("refused").to_string();
         assert!(refused.contains("expected local, file:///DIR, s3://BUCKET"), "{refused}");
         assert!(open("local", dir.path()).is_ok() && dir.path().join("job-store").is_dir());
+    }
+
+    /// A local store's root is owner-only, even one that existed with
+    /// wider modes: nothing below it is readable by another user.
+    #[test]
+    fn a_local_stores_root_is_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        open("local", dir.path()).expect("opens");
+        let mode = |path: &Path| std::fs::metadata(path).expect("there").permissions().mode() & 0o777;
+        assert_eq!(mode(&dir.path().join("job-store")), 0o700);
+        let shared = dir.path().join("shared");
+        std::fs::create_dir_all(&shared).expect("dir");
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        open(&format!("file://{}", shared.display()), dir.path()).expect("opens");
+        assert_eq!(mode(&shared), 0o700);
     }
 
     #[test]
