@@ -347,6 +347,19 @@ async fn put_object(State(server): State<Shared>, UrlPath(key): UrlPath<String>,
         Ok(parsed) => parsed,
         Err(refused) => return refused.into_response(),
     };
+    // A declared length that can never fit is refused before any body is
+    // read or an upload slot taken.
+    let declared = headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|bytes| bytes > OBJECT_BYTES_MAX) {
+        return refuse(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "an object is at most 1 GiB");
+    }
+    if declared.is_some_and(|bytes| bytes > server.quota_bytes) {
+        return refuse(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "quota_exceeded",
+            "the object is larger than the account's share of the job store",
+        );
+    }
     let Ok(_slot) = server.puts.try_acquire() else {
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "busy", "too many uploads at once; try again");
     };

@@ -80,6 +80,27 @@ async fn the_local_job_store_keeps_each_accounts_share_and_checks_what_is_put() 
     // Keys outside the layout are refused, not stored.
     assert_eq!(put(&url, &token, &format!("{account}/../etc/passwd"), b"x".to_vec()).await.0, 400);
     assert_eq!(put(&url, &token, &format!("{account}/jobs/1/outputs/x"), b"x".to_vec()).await.0, 403, "results are the host's to write");
+    // A declared length that can never fit (over 1 GiB, or over the whole
+    // share) is refused at once, before any body: four such uploads left
+    // hanging hold no upload slot, and a fifth account's upload goes in.
+    let host_port = url.trim_start_matches("http://").to_string();
+    for declared in [2u64 << 30, 512 << 20, 512 << 20, 512 << 20] {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(&host_port).await.expect("connect");
+        let head = format!(
+            "PUT /v1/objects/{other_key} HTTP/1.1\r\nHost: {host_port}\r\nAuthorization: Bearer {token}\r\nContent-Length: {declared}\r\n\r\nabc"
+        );
+        stream.write_all(head.as_bytes()).await.expect("write");
+        let mut answer = vec![0u8; 512];
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut answer)).await.expect("answered at once").expect("read");
+        let answer = String::from_utf8_lossy(&answer[..read]).to_string();
+        let expected = if declared > 1 << 30 { "413" } else { "507" };
+        assert!(answer.starts_with(&format!("HTTP/1.1 {expected}")), "{declared}: {answer}");
+        std::mem::forget(stream); // left hanging
+    }
+    let (_, late_token, late_account) = renter_token(&exchange.addr, 5).await;
+    let (late_key, late) = bundle(late_account, 3, 1 << 10);
+    assert_eq!(put(&url, &late_token, &late_key, late).await.0, 201, "no upload slot is held by the refused ones");
     // The listing shows the account's own objects only.
     let listed = reqwest::Client::new().get(format!("{url}/v1/list/{account}")).bearer_auth(&token).send().await.expect("list");
     let listed: serde_json::Value = serde_json::from_slice(&listed.bytes().await.expect("body")).expect("json");

@@ -1093,8 +1093,12 @@ fn a_host_may_say_stopped_after_the_bill_is_final_and_nothing_else() {
     assert_eq!(market.check_delivery_status(AccountId(1), lease, &DeliveryState::Stopped), Ok(()));
     live.now_ms += 1;
     let balances = live.market.engine().balances(AccountId(0));
-    let applied =
-        live.record(gpux_market::JournalEntry::DeliveryStatus { at_ms: live.now_ms, account: AccountId(1), lease, state: DeliveryState::Stopped });
+    let applied = live.record(gpux_market::JournalEntry::DeliveryStatus {
+        at_ms: live.now_ms,
+        account: AccountId(1),
+        lease,
+        state: DeliveryState::Stopped,
+    });
     assert!(applied.events.is_empty() && applied.follow_ups.is_empty(), "no money moves: {applied:?}");
     assert_eq!(live.market.engine().balances(AccountId(0)), balances);
     let shown = live.market.deliveries().lease(lease).and_then(|d| d.state.clone()).map(|(state, _)| state);
