@@ -151,7 +151,7 @@ impl Metrics {
             ),
             snapshots: snapshot_counters(&r),
             data_dir_free_bytes: gauge(&r, "gpux_data_dir_free_bytes", "Free bytes on the data directory's file system, at the scrape."),
-            journal_bytes: gauge(&r, "gpux_journal_bytes", "Size of the journal file (journal.redb), at the scrape."),
+            journal_bytes: gauge(&r, "gpux_journal_bytes", "Disk space the journal file (journal.redb) takes (its allocated blocks), at the scrape."),
             snapshots_bytes: gauge(&r, "gpux_snapshots_bytes", "Size of the snapshot file (snapshots.redb), at the scrape."),
             raft_log_bytes: gauge(
                 &r,
@@ -283,7 +283,7 @@ impl Metrics {
         if let Ok(free) = crate::snapshots::free_bytes(&dir) {
             self.data_dir_free_bytes.set(free.min(i64::MAX as u64) as i64);
         }
-        let size = |name: &str| std::fs::metadata(dir.join(name)).map_or(0, |m| m.len().min(i64::MAX as u64) as i64);
+        let size = |name: &str| disk_bytes(&dir.join(name));
         self.journal_bytes.set(size("journal.redb"));
         self.snapshots_bytes.set(size("snapshots.redb"));
         self.raft_log_bytes.set(size("raft-log.redb"));
@@ -298,6 +298,33 @@ impl Metrics {
 }
 
 pub use gpux_gateway::metrics::label;
+
+/// The disk space a file takes (its allocated 512-byte blocks), not its
+/// length: a preallocated or sparse file's length says nothing of what
+/// the disk holds, and a free-space alert reads this figure. 0 when absent.
+fn disk_bytes(path: &std::path::Path) -> i64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map_or(0, |m| m.blocks().saturating_mul(512).min(i64::MAX as u64) as i64)
+}
+
+#[cfg(test)]
+mod disk_tests {
+    /// A file of a gibibyte's length with a few bytes written takes a few
+    /// blocks: the gauge follows the disk, not the length.
+    #[test]
+    fn a_files_disk_bytes_are_its_blocks_not_its_length() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("journal.redb");
+        let mut file = std::fs::File::create(&path).expect("create");
+        file.write_all(&[7; 4096]).expect("write");
+        file.set_len(1 << 30).expect("sparse length");
+        file.sync_all().expect("sync");
+        let used = super::disk_bytes(&path);
+        assert!((4096..1 << 20).contains(&used), "{used}");
+        assert_eq!(super::disk_bytes(&dir.path().join("absent")), 0);
+    }
+}
 
 /// Serves `GET /metrics` until the process ends.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
