@@ -151,7 +151,11 @@ impl Metrics {
             ),
             snapshots: snapshot_counters(&r),
             data_dir_free_bytes: gauge(&r, "gpux_data_dir_free_bytes", "Free bytes on the data directory's file system, at the scrape."),
-            journal_bytes: gauge(&r, "gpux_journal_bytes", "Disk space the journal file (journal.redb) takes (its allocated blocks), at the scrape."),
+            journal_bytes: gauge(
+                &r,
+                "gpux_journal_bytes",
+                "Disk space the journal file (journal.redb) takes (its allocated blocks), at the scrape.",
+            ),
             snapshots_bytes: gauge(&r, "gpux_snapshots_bytes", "Size of the snapshot file (snapshots.redb), at the scrape."),
             raft_log_bytes: gauge(
                 &r,

@@ -20,7 +20,8 @@ use gpux_engine::time::MS_PER_HOUR as HOUR_MS;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum OpeningMode {
     /// Any key, at `per_address_hour` accounts per hour from one address
-    /// (an IPv4 address, or an IPv6 /64; loopback is not counted).
+    /// (an IPv4 address, IPv4-mapped read as IPv4, or an IPv6 /64, and an
+    /// IPv6 /48 at `PREFIX48_SHARES` times that; loopback is not counted).
     #[default]
     Open,
     /// Only a key with an operator's invitation for it (`gpux invite`).
@@ -54,11 +55,22 @@ pub(super) struct Openings {
     by_address: BTreeMap<u128, (u64, u32)>,
 }
 
-fn address_key(address: IpAddr) -> u128 {
-    match address {
-        IpAddr::V4(v4) => u32::from(v4) as u128,
+/// A /48 of IPv6 (what one site is usually given: 65 536 /64s) opens at
+/// most this many times an address's share an hour, so one site cannot
+/// fill the table of addresses with its /64s.
+pub const PREFIX48_SHARES: u32 = 8;
+
+/// The counters a first login from `address` counts against: its address
+/// (an IPv4 address, IPv4-mapped IPv6 read as the IPv4 address it is; an
+/// IPv6 /64), and for IPv6 its /48 too.
+fn address_keys(address: IpAddr) -> (u128, Option<u128>) {
+    match address.to_canonical() {
+        IpAddr::V4(v4) => (u32::from(v4) as u128, None),
         // One /64 is what a single host or customer is usually given.
-        IpAddr::V6(v6) => (u128::from(v6) & !((1u128 << 64) - 1)) | 1 << 32,
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6);
+            ((bits & !((1u128 << 64) - 1)) | 1 << 32, Some((bits & !((1u128 << 80) - 1)) | 2 << 32))
+        }
     }
 }
 
@@ -103,23 +115,32 @@ impl Openings {
         }
         // The exchange's own host (its simulated market, load tests, a
         // gateway's own checks) is not counted.
-        let Some(address) = address.filter(|address| !address.is_loopback()) else { return Ok(()) };
+        let Some(address) = address.map(|address| address.to_canonical()).filter(|address| !address.is_loopback()) else {
+            return Ok(());
+        };
         let limited = Refused { code: ErrorCode::RateLimited, reason: "accounts_per_address" };
-        let key = address_key(address);
-        if !self.by_address.contains_key(&key) && self.by_address.len() >= OPENING_ADDRESSES_MAX {
+        let (key, site) = address_keys(address);
+        let share = self.policy.per_address_hour;
+        let counters = [Some((key, share)), site.map(|site| (site, share.saturating_mul(PREFIX48_SHARES)))];
+        let new = counters.iter().flatten().filter(|(key, _)| !self.by_address.contains_key(key)).count();
+        if new > 0 && self.by_address.len() + new > OPENING_ADDRESSES_MAX {
             self.by_address.retain(|_, &mut (since_ms, _)| since_ms + HOUR_MS > now_ms);
-            if self.by_address.len() >= OPENING_ADDRESSES_MAX {
+            if self.by_address.len() + new > OPENING_ADDRESSES_MAX {
                 return Err(limited);
             }
         }
-        let (since_ms, opened) = self.by_address.entry(key).or_insert((now_ms, 0));
-        if *since_ms + HOUR_MS <= now_ms {
-            (*since_ms, *opened) = (now_ms, 0);
-        }
-        if *opened >= self.policy.per_address_hour {
+        // Checked first, counted after: a refused login adds nothing to the table.
+        let opened_now = |entry: Option<&(u64, u32)>| entry.filter(|(since_ms, _)| since_ms + HOUR_MS > now_ms).map_or(0, |(_, n)| *n);
+        if counters.iter().flatten().any(|&(key, allowed)| opened_now(self.by_address.get(&key)) >= allowed) {
             return Err(limited);
         }
-        *opened += 1;
+        for &(key, _) in counters.iter().flatten() {
+            let (since_ms, opened) = self.by_address.entry(key).or_insert((now_ms, 0));
+            if *since_ms + HOUR_MS <= now_ms {
+                (*since_ms, *opened) = (now_ms, 0);
+            }
+            *opened += 1;
+        }
         Ok(())
     }
 }
@@ -220,6 +241,44 @@ mod tests {
             o.admit(FirstLogin { public_key: &[1; 32], role: Role::Renter, invite: None, address: newcomer }, 0, &[], HOUR_MS),
             Ok(())
         );
+    }
+
+    /// An IPv4 client on a `[::]` listener arrives as `::ffff:a.b.c.d`: it
+    /// counts as its IPv4 address, not in one /64 with every other IPv4
+    /// client; and one IPv6 /48 (65 536 /64s) opens at most
+    /// `PREFIX48_SHARES` addresses' shares an hour, so it cannot fill the
+    /// table of addresses, while another site goes on opening.
+    #[test]
+    fn mapped_ipv4_counts_as_ipv4_and_a_48_holds_a_bounded_share() {
+        let first = |address: IpAddr| FirstLogin { public_key: &[1; 32], role: Role::Renter, invite: None, address: Some(address) };
+        let mut o = openings(OpeningMode::Open, u32::MAX, 2);
+        let mapped = |last: u8| IpAddr::from(std::net::Ipv4Addr::new(203, 0, 113, last).to_ipv6_mapped());
+        for _ in 0..2 {
+            assert_eq!(o.admit(first(mapped(1)), 0, &[], 0), Ok(()));
+        }
+        assert_eq!(o.admit(first(mapped(1)), 0, &[], 0).map_err(|r| r.code), Err(ErrorCode::RateLimited));
+        assert_eq!(o.admit(first(mapped(2)), 0, &[], 0), Ok(()), "another IPv4 client has its own share");
+        assert_eq!(
+            o.admit(first(IpAddr::from([203, 0, 113, 1])), 0, &[], 0).map_err(|r| r.code),
+            Err(ErrorCode::RateLimited),
+            "the same address, however it arrives"
+        );
+        let mapped_loopback = IpAddr::from(std::net::Ipv4Addr::LOCALHOST.to_ipv6_mapped());
+        for _ in 0..5 {
+            assert_eq!(o.admit(first(mapped_loopback), 0, &[], 0), Ok(()), "loopback, mapped or not");
+        }
+        // One /48, a new /64 for every login: 2 x 8 = 16 accounts, then no more.
+        let in_site = |n: u16| IpAddr::from([0x2001, 0xdb8, 0x77, n, 0, 0, 0, 1]);
+        for n in 0..16 {
+            assert_eq!(o.admit(first(in_site(n)), 0, &[], 0), Ok(()));
+        }
+        assert_eq!(o.admit(first(in_site(16)), 0, &[], 0).map_err(|r| r.code), Err(ErrorCode::RateLimited));
+        for n in 17..1_000 {
+            assert_eq!(o.admit(first(in_site(n)), 0, &[], 1).map_err(|r| r.code), Err(ErrorCode::RateLimited));
+        }
+        assert!(o.by_address.len() <= 20, "the site holds 17 entries of the table, refusals none: {}", o.by_address.len());
+        assert_eq!(o.admit(first(IpAddr::from([0x2001, 0xdb8, 0x78, 0, 0, 0, 0, 1])), 0, &[], 0), Ok(()), "another site opens");
+        assert_eq!(o.admit(first(in_site(16)), 0, &[], HOUR_MS), Ok(()), "an hour later");
     }
 
     #[test]
