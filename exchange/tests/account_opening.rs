@@ -88,6 +88,24 @@ async fn without_an_invitation_no_key_opens_an_account_and_a_full_table_says_too
     }
 }
 
+/// Sub-accounts are rows of the accounts table too: `--accounts-max`
+/// bounds them with every other account (an aggregator cannot grow the
+/// table past the operator's bound through its sub-accounts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accounts_max_counts_sub_accounts() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start_with(dir.path(), Some(&key(1)), &["--accounts-max", "3"]);
+    let (_operator, _) = Client::login(&exchange.addr, &key(1), Role::Operator).await;
+    let (mut renter, _) = Client::login(&exchange.addr, &key(30), Role::Renter).await;
+    let opened = renter.request(ClientMessage::OpenSubAccount { id: 2 }).await;
+    assert!(matches!(opened, ServerMessage::SubAccountOpened { .. }), "the third account: {opened:?}");
+    match renter.request(ClientMessage::OpenSubAccount { id: 3 }).await {
+        ServerMessage::Error { code: ErrorCode::TooManyAccounts, .. } => {}
+        other => panic!("a fourth account past --accounts-max 3: {other:?}"),
+    }
+    assert_eq!(first_login(&exchange.addr, 31, Role::Renter, None).await, Some(ErrorCode::TooManyAccounts));
+}
+
 /// `GET /metrics` over a plain socket.
 async fn reqwest_metrics(addr: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

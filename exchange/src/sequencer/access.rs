@@ -131,6 +131,11 @@ impl Sequencer {
     }
 
     fn open_sub_account(&mut self, connection: ConnectionId, id: u64, account: gpux_engine::AccountId) {
+        // A sub-account is a row of the accounts table like any account:
+        // `--accounts-max` bounds them together.
+        if self.market.engine().account_count() >= self.openings.policy.accounts_max {
+            return self.reply(connection, error(Some(id), ErrorCode::TooManyAccounts));
+        }
         let input = Input { at_ms: self.market.clock_ms(), command: Command::OpenSubAccount { parent: account } };
         self.metrics.commands.inc();
         let Some((journal_seq, applied)) = self.journal(JournalEntry::Engine(input)) else { return };
