@@ -21,7 +21,7 @@ use gpux_protocol::{ErrorCode, Invoice, ServerMessage};
 use gpux_settlement::invoice::{build_invoice, reconcile, InvoiceHeader, LeaseRecords};
 
 use crate::limits::CACHED_MAX;
-pub use crate::limits::INVOICE_QUEUE_MAX;
+pub use crate::limits::{INVOICE_QUEUE_MAX, INVOICE_QUEUE_PER_PARTICIPANT_MAX};
 
 /// What the operator's configuration puts on every invoice.
 #[derive(Clone, Debug)]
@@ -57,9 +57,40 @@ pub struct Job {
     pub only_leases: Option<std::collections::BTreeSet<gpux_engine::LeaseId>>,
 }
 
+/// Invoice jobs queued or being built, per participant (an account, or
+/// the parent of a sub-account): each holds at most
+/// `INVOICE_QUEUE_PER_PARTICIPANT_MAX` of the queue.
+#[derive(Clone, Default)]
+struct Shares(Arc<std::sync::Mutex<HashMap<AccountId, usize>>>);
+
+impl Shares {
+    /// Takes one of `who`'s places; `false` when it holds all of its share.
+    fn take(&self, who: AccountId) -> bool {
+        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let count = held.entry(who).or_default();
+        if *count >= INVOICE_QUEUE_PER_PARTICIPANT_MAX {
+            return false;
+        }
+        *count += 1;
+        true
+    }
+
+    /// Gives one of `who`'s places back.
+    fn give(&self, who: AccountId) {
+        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = held.get_mut(&who) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&who);
+            }
+        }
+    }
+}
+
 /// The sequencer's handle on the worker.
 pub struct InvoiceDesk {
     jobs: Sender<Job>,
+    shares: Shares,
     pub public_key: String,
 }
 
@@ -75,20 +106,32 @@ impl InvoiceDesk {
     ) -> std::io::Result<(InvoiceDesk, std::thread::JoinHandle<()>)> {
         let (jobs, inbox) = crossbeam_channel::bounded(INVOICE_QUEUE_MAX);
         let public_key = hex::encode(key.verifying_key().to_bytes());
-        let worker = std::thread::Builder::new().name("invoices".into()).spawn(move || work(inbox, reader, key, settings))?;
-        Ok((InvoiceDesk { jobs, public_key }, worker))
+        let shares = Shares::default();
+        let held = shares.clone();
+        let worker = std::thread::Builder::new().name("invoices".into()).spawn(move || work(inbox, reader, key, settings, held))?;
+        Ok((InvoiceDesk { jobs, shares, public_key }, worker))
     }
 
-    /// Queues a job; `false` when the worker is saturated or gone.
+    /// Queues a job; `false` when the worker is saturated or gone, or the
+    /// job's participant holds its whole share of the queue.
     pub fn submit(&self, job: Job) -> bool {
-        !matches!(self.jobs.try_send(job), Err(TrySendError::Full(_) | TrySendError::Disconnected(_)))
+        let who = job.parent.unwrap_or(job.account);
+        if !self.shares.take(who) {
+            return false;
+        }
+        let queued = !matches!(self.jobs.try_send(job), Err(TrySendError::Full(_) | TrySendError::Disconnected(_)));
+        if !queued {
+            self.shares.give(who);
+        }
+        queued
     }
 }
 
-fn work(inbox: Receiver<Job>, reader: Arc<dyn JournalRead>, key: SigningKey, settings: InvoiceSettings) {
+fn work(inbox: Receiver<Job>, reader: Arc<dyn JournalRead>, key: SigningKey, settings: InvoiceSettings, shares: Shares) {
     let public_key = hex::encode(key.verifying_key().to_bytes());
     let mut built: HashMap<(AccountId, String), (Arc<Invoice>, String)> = HashMap::new();
     for job in inbox {
+        let _place = Place(&shares, job.parent.unwrap_or(job.account));
         let cached = built.get(&(job.account, job.period.clone())).filter(|_| job.only_leases.is_none()).cloned();
         let made = match cached {
             Some(made) => Ok(made),
@@ -115,6 +158,15 @@ fn work(inbox: Receiver<Job>, reader: Arc<dyn JournalRead>, key: SigningKey, set
         if job.outbound.frames.try_send(Outgoing::Frame(SharedFrame::new(message))).is_err() {
             job.outbound.too_slow.notify_one();
         }
+    }
+}
+
+/// A job's place in its participant's share, given back once it is answered.
+struct Place<'a>(&'a Shares, AccountId);
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.0.give(self.1);
     }
 }
 
@@ -181,6 +233,22 @@ mod tests {
     use super::*;
     use gpux_engine::{LeaseId, LeaseInfo};
     use gpux_settlement::ledger::Transfer;
+
+    /// One participant's burst holds its share of the invoice queue, never
+    /// the whole of it: another's request still finds a place, and each
+    /// answered job gives its place back.
+    #[test]
+    fn each_participant_holds_its_share_of_the_queue() {
+        let shares = Shares::default();
+        let (burst, victim) = (AccountId(7), AccountId(8));
+        for _ in 0..INVOICE_QUEUE_PER_PARTICIPANT_MAX {
+            assert!(shares.take(burst));
+        }
+        assert!(!shares.take(burst), "its share is full");
+        assert!(shares.take(victim), "another participant's request is queued");
+        drop(Place(&shares, burst));
+        assert!(shares.take(burst), "an answered job gives its place back");
+    }
 
     /// A journal whose reads fail, as a broken disk's would.
     struct Broken;

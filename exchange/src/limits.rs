@@ -73,6 +73,10 @@ pub const KEY_BYTES_MAX: usize = 1024;
 // The invoices' worker (invoices.rs).
 /// Invoice jobs waiting at most; more are refused `invoice_unavailable`.
 pub const INVOICE_QUEUE_MAX: usize = 64;
+/// Of those, one participant's (an account and its sub-accounts together):
+/// a burst from one never fills the queue for the others.
+pub const INVOICE_QUEUE_PER_PARTICIPANT_MAX: usize = 4;
+const _: () = assert!(INVOICE_QUEUE_PER_PARTICIPANT_MAX * 16 <= INVOICE_QUEUE_MAX, "sixteen participants fit at once");
 /// Built invoices kept for the pages that follow the first.
 pub const CACHED_MAX: usize = 32;
 
