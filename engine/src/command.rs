@@ -470,6 +470,19 @@ pub enum Command {
         /// Boxed: the rare claim does not size every command.
         fabric: Option<Box<FabricClaim>>,
     },
+    /// The share rules from this entry on (docs/market-rules.md "Shared
+    /// limits"): from version 1, an account and all its sub-accounts count
+    /// as one participant against the open orders, armed stops, GPUs and
+    /// unproven GPUs every account shares (each account also within its
+    /// own bounds), and a host name is its supplier's own (another
+    /// account's host of the same name is another host). Refused
+    /// `listing_incompatible` for a version this build does not know or
+    /// one below the rules in force. Only the exchange issues it, at start,
+    /// never a client; a journal written before replays under the rules it
+    /// ran under. Appended.
+    SetShareRules {
+        version: u32,
+    },
 }
 
 /// What makes a bid a cluster bid (`Command::Place`'s `cluster`). A

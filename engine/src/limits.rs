@@ -97,6 +97,24 @@ pub const STOPS_ARMED_MAX: usize = 1 << 20;
 pub const STOPS_ARMED_PER_ACCOUNT_MAX: u32 = 4_096;
 const _: () = assert!(STOPS_ARMED_PER_ACCOUNT_MAX as usize * 256 <= STOPS_ARMED_MAX, "filling the stops table takes 256 funded accounts");
 
+/// The share rules this build applies (`Command::SetShareRules`).
+pub const SHARE_RULES: u32 = 1;
+/// Open orders one participant (an account and its sub-accounts) may hold
+/// together, from share rules 1: 1/256 of the live orders every account
+/// shares. Each account of it is also within the listing's
+/// `orders_per_account_max`.
+pub const ORDERS_PER_PARTICIPANT_MAX: u32 = ORDERS_LIVE_MAX / 256;
+/// Armed stops one participant may hold together (from share rules 1):
+/// what one account may.
+pub const STOPS_ARMED_PER_PARTICIPANT_MAX: u32 = STOPS_ARMED_PER_ACCOUNT_MAX;
+/// GPUs one participant may register together (from share rules 1): what
+/// one account may, so filling the GPU table takes 64 participants.
+pub const GPUS_PER_PARTICIPANT_MAX: u32 = GPUS_PER_ACCOUNT_MAX;
+/// Unproven GPUs one participant may hold together (from share rules 1):
+/// one full host, what one account may.
+pub const GPUS_UNPROVEN_PER_PARTICIPANT_MAX: u32 = GPUS_UNPROVEN_PER_ACCOUNT_MAX;
+const _: () = assert!(ORDERS_PER_ACCOUNT_LISTED_MAX <= ORDERS_PER_PARTICIPANT_MAX);
+
 /// Sub-accounts one account may open.
 pub const SUB_ACCOUNTS_PER_ACCOUNT_MAX: usize = 1_000;
 

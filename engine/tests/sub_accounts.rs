@@ -174,3 +174,171 @@ fn sub_accounts_replay_to_the_same_state() {
     });
     assert_ne!(changed.state_hash(), m.engine.state_hash(), "limits are part of the state hash");
 }
+
+/// Issue 61: one aggregator filled the exchange-wide tables through its
+/// sub-accounts, each with a whole account's share. From share rules 1 an
+/// account and its sub-accounts hold one account's share together
+/// (docs/market-rules.md "Shared limits"), and another participant keeps
+/// its own.
+fn aggregator_with_subs(m: &mut Market, subs: usize) -> (AccountId, Vec<AccountId>) {
+    m.apply(Command::SetShareRules { version: limits::SHARE_RULES });
+    let parent = m.open(Role::Aggregator);
+    m.apply(Command::Deposit { account: parent, amount_minor: 1 << 50 });
+    let subs = (0..subs)
+        .map(|_| {
+            let sub = open_sub(m, parent).expect("opened");
+            move_funds(m, parent, sub, 1 << 45, true);
+            sub
+        })
+        .collect();
+    (parent, subs)
+}
+
+fn arm_stop(m: &mut Market, account: AccountId) -> Vec<Event> {
+    let mut order = m.order(account, H100_SPOT, Side::Buy, USD_2, 1);
+    order.time_in_force = TimeInForce::Gtc;
+    m.apply(Command::Place { order, options: OrderOptions { stop_price_minor_per_gpu_hour: USD_2, ..OrderOptions::default() }, regions: Vec::new(), cluster: None })
+}
+
+#[test]
+fn a_parent_and_its_sub_accounts_hold_one_accounts_share_of_armed_stops() {
+    let mut m = Market::new();
+    let (parent, subs) = aggregator_with_subs(&mut m, 2);
+    let share = limits::STOPS_ARMED_PER_PARTICIPANT_MAX;
+    for i in 0..share {
+        let events = arm_stop(&mut m, subs[(i % 2) as usize]);
+        assert!(accepted(&events).is_some(), "stop {i}: {:?}", rejection(&events));
+    }
+    assert_eq!(m.engine.participant_use(subs[1]).armed_stops, share);
+    for account in [subs[0], subs[1], parent] {
+        assert_eq!(rejection(&arm_stop(&mut m, account)), Some(RejectCode::TooManyStops), "{account:?}");
+    }
+    let other = m.renter(1 << 40);
+    assert!(accepted(&arm_stop(&mut m, other)).is_some(), "another participant arms its own");
+}
+
+#[test]
+fn a_parent_and_its_sub_accounts_hold_one_participants_share_of_open_orders() {
+    let mut m = Market::new();
+    let per_account = EngineConfig::demo().orders_per_account_max;
+    let share = limits::ORDERS_PER_PARTICIPANT_MAX;
+    let needed = share.div_ceil(per_account) as usize + 1;
+    let (_, subs) = aggregator_with_subs(&mut m, needed);
+    let mut placed = 0;
+    'fill: for &sub in &subs {
+        for _ in 0..per_account {
+            if placed == share {
+                break 'fill;
+            }
+            let events = m.bid(sub, H100_SPOT, 1_000_000, 1).1;
+            assert!(accepted(&events).is_some(), "order {placed}: {:?}", rejection(&events));
+            placed += 1;
+        }
+    }
+    let last = *subs.last().expect("subs");
+    assert!(m.engine.balances(last).is_some());
+    let order = m_order(&mut m, last);
+    let events = m.place(order);
+    assert_eq!(rejection(&events), Some(RejectCode::TooManyOpenOrders), "the participant's share is full");
+    let other = m.renter(1 << 40);
+    assert!(accepted(&m.bid(other, H100_SPOT, 1_000_000, 1).1).is_some(), "another participant bids");
+}
+
+fn m_order(m: &mut Market, account: AccountId) -> NewOrder {
+    let mut order = m.order(account, H100_SPOT, Side::Buy, 1_000_000, 1);
+    order.time_in_force = TimeInForce::Gtc;
+    order
+}
+
+#[test]
+fn a_parent_and_its_sub_accounts_hold_one_accounts_share_of_unproven_gpus() {
+    let mut m = Market::new();
+    let (parent, subs) = aggregator_with_subs(&mut m, 3);
+    let share = limits::GPUS_UNPROVEN_PER_PARTICIPANT_MAX;
+    m.h100_host(subs[0], "a", share / 2);
+    m.h100_host(subs[1], "b", share / 2);
+    let register = |m: &mut Market, account, host: &str| m.apply(Command::register(account, host, &format!("GPU-{host}-x"), h100_spec()));
+    assert_eq!(rejection(&register(&mut m, subs[2], "c")), Some(RejectCode::GpusAwaitingChallenge));
+    assert_eq!(rejection(&register(&mut m, parent, "p")), Some(RejectCode::GpusAwaitingChallenge));
+    let honest = m.supplier();
+    assert!(rejection(&register(&mut m, honest, "h")).is_none(), "another supplier registers");
+    // A correct answer frees a place for any account of the participant.
+    m.apply(Command::RecordChallenge { gpu: GpuId(0), answer: ChallengeAnswer::Correct { n: 256, elapsed_ms: 10 } });
+    assert!(rejection(&register(&mut m, subs[2], "c")).is_none());
+}
+
+#[test]
+fn a_parent_and_its_sub_accounts_hold_one_accounts_share_of_the_gpu_table() {
+    let mut m = Market::new();
+    let (_, subs) = aggregator_with_subs(&mut m, 2);
+    let per_host = limits::GPUS_PER_HOST_MAX;
+    let hosts = limits::GPUS_PER_PARTICIPANT_MAX / per_host;
+    let mut gpu = 0u32;
+    for host in 0..hosts {
+        m.h100_host(subs[(host % 2) as usize], &format!("h{host}"), per_host);
+        for _ in 0..per_host {
+            m.apply(Command::RecordChallenge { gpu: GpuId(gpu), answer: ChallengeAnswer::Correct { n: 256, elapsed_ms: 10 } });
+            gpu += 1;
+        }
+    }
+    let events = m.apply(Command::register(subs[0], "more", "GPU-more", h100_spec()));
+    assert_eq!(rejection(&events), Some(RejectCode::TooManyGpus));
+    let other = m.supplier();
+    assert!(rejection(&m.apply(Command::register(other, "more", "GPU-other", h100_spec()))).is_none(), "another supplier's host");
+}
+
+/// A host name is its supplier's own from share rules 1: another account's
+/// host of the same name no longer refuses it (`not_your_host` before).
+#[test]
+fn host_names_are_each_suppliers_own_from_share_rules_1_and_first_come_before() {
+    for (rules, refused) in [(0, Some(RejectCode::NotYourHost)), (limits::SHARE_RULES, None)] {
+        let mut m = Market::new();
+        m.apply(Command::SetShareRules { version: rules });
+        let (a, b) = (m.supplier(), m.supplier());
+        let first = m.h100_host(a, "rack-1", 1);
+        let events = m.apply(Command::register(b, "rack-1", "GPU-b-0", h100_spec()));
+        assert_eq!(rejection(&events), refused, "rules {rules}");
+        if refused.is_none() {
+            let second = events.iter().find_map(|e| match e.kind {
+                EventKind::GpuRegistered { host, .. } => Some(host),
+                _ => None,
+            });
+            assert!(second.is_some_and(|host| host != first), "another host");
+            // Each supplier's next GPU of that name joins its own host.
+            let again = m.apply(Command::register(a, "rack-1", "GPU-a-1", h100_spec()));
+            let joined = again.iter().find_map(|e| match e.kind {
+                EventKind::GpuRegistered { host, .. } => Some(host),
+                _ => None,
+            });
+            assert_eq!(joined, Some(first));
+        }
+    }
+}
+
+/// The rules a journal ran under replay unchanged: before share rules 1 a
+/// sub-account held a whole account's share of its own; the rules only
+/// move forward.
+#[test]
+fn share_rules_apply_from_their_entry_on_and_never_go_back() {
+    let mut m = Market::new();
+    let parent = m.open(Role::Aggregator);
+    m.apply(Command::Deposit { account: parent, amount_minor: 1 << 50 });
+    let subs: Vec<AccountId> = (0..2).map(|_| open_sub(&mut m, parent).expect("opened")).collect();
+    for &sub in &subs {
+        move_funds(&mut m, parent, sub, 1 << 45, true);
+    }
+    for _ in 0..limits::STOPS_ARMED_PER_ACCOUNT_MAX {
+        assert!(accepted(&arm_stop(&mut m, subs[0])).is_some());
+    }
+    assert!(accepted(&arm_stop(&mut m, subs[1])).is_some(), "rules 0: each sub-account its own share");
+    assert!(rejection(&m.apply(Command::SetShareRules { version: limits::SHARE_RULES })).is_none());
+    assert_eq!(rejection(&arm_stop(&mut m, subs[1])), Some(RejectCode::TooManyStops), "rules 1: one share");
+    assert_eq!(m.engine.share_rules(), limits::SHARE_RULES);
+    assert_eq!(rejection(&m.apply(Command::SetShareRules { version: 0 })), Some(RejectCode::ListingIncompatible));
+    assert_eq!(rejection(&m.apply(Command::SetShareRules { version: limits::SHARE_RULES + 1 })), Some(RejectCode::ListingIncompatible));
+    let mut replay = Engine::new(EngineConfig::demo()).expect("config");
+    for input in &m.inputs {
+        replay.apply(input);
+    }
+    assert_eq!(replay.state_hash(), m.engine.state_hash());
+}

@@ -20,10 +20,11 @@ pub const SUBSCRIPTIONS_PER_CONNECTION_MAX: usize = 64;
 pub const LOGS_WAIT_MS: u64 = 10_000;
 /// `lease_logs` requests waiting at once, exchange-wide (one per connection).
 pub const LOGS_PENDING_MAX: usize = 1024;
-/// Of those, one renter account's (over all its connections): a renter
-/// whose host stays silent holds at most this many places for 10 s each.
+/// Of those, one renter participant's (an account and its sub-accounts,
+/// over all their connections): a renter whose host stays silent holds at
+/// most this many places for 10 s each.
 pub const LOGS_PENDING_PER_ACCOUNT_MAX: usize = 4;
-/// Of those, waiting on one supplier's hosts: a silent host (or a renter
+/// Of those, waiting on one supplier participant's hosts: a silent host (or a renter
 /// and host of one owner) cannot hold every other renter's place.
 pub const LOGS_PENDING_PER_SUPPLIER_MAX: usize = 64;
 

@@ -40,7 +40,9 @@ pub const INFO_LEASES_MAX: usize = 64;
 /// 2 (2026-12-07): a workload's error restarts the job within its
 /// `restarts_on_error`; a cluster member's non-zero exit waits
 /// `CLUSTER_EXIT_HOLD_MS` for a peer's host fault before it fails the job.
-pub const JOB_RULES: u32 = 2;
+/// 3 (2026-12-07): an account and its sub-accounts hold at most
+/// `JOBS_LIVE_PER_PARTICIPANT_MAX` jobs not yet over together.
+pub const JOB_RULES: u32 = 3;
 
 /// What the market holds of a job: who pays, what it buys, its limits,
 /// what it runs.
@@ -152,6 +154,9 @@ struct Job {
     /// `CLUSTER_EXIT_HOLD_MS` for a peer's host fault before the exit
     /// counts as the workload's error.
     failing: Option<Failing>,
+    /// The participant that submitted it: its account's parent for a
+    /// sub-account, else its account (docs/market-rules.md "Shared limits").
+    participant: AccountId,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -269,6 +274,9 @@ pub struct Jobs {
     by_account: BTreeSet<(AccountId, JobId)>,
     /// Jobs not yet over, per account.
     live: BTreeMap<AccountId, usize>,
+    /// Jobs not yet over, per participant (an account and its
+    /// sub-accounts), counted under every rule, bounded from rules 3.
+    live_by_participant: BTreeMap<AccountId, usize>,
     live_total: usize,
     /// Finished jobs kept, per account oldest first, and the accounts by
     /// how many they keep (the heaviest forgets first when all are full).
@@ -302,7 +310,12 @@ pub enum JobRefusal {
     TooManyRetries,
     #[error("the budget does not pay for one attempt at the limit price")]
     BudgetTooSmall,
-    #[error("the account holds {} jobs not yet over, or the exchange {}", limits::JOBS_LIVE_PER_ACCOUNT_MAX, limits::JOBS_LIVE_MAX)]
+    #[error(
+        "the account holds {} jobs not yet over, its participant (it and its parent's sub-accounts) {}, or the exchange {}",
+        limits::JOBS_LIVE_PER_ACCOUNT_MAX,
+        limits::JOBS_LIVE_PER_PARTICIPANT_MAX,
+        limits::JOBS_LIVE_MAX
+    )]
     TooManyJobs,
     #[error("only a running job is resized, one resize at a time, to another size")]
     NotRunning,
@@ -387,7 +400,7 @@ impl Jobs {
     }
 
     /// Whether a submission would be refused, without changing anything.
-    pub fn check_submit(&self, terms: &JobTerms) -> Result<(), JobRefusal> {
+    pub fn check_submit(&self, terms: &JobTerms, participant: AccountId) -> Result<(), JobRefusal> {
         if terms.gpus == 0 || terms.hours == 0 {
             return Err(JobRefusal::Empty);
         }
@@ -401,12 +414,16 @@ impl Jobs {
         if live >= limits::JOBS_LIVE_PER_ACCOUNT_MAX || self.live_total >= limits::JOBS_LIVE_MAX {
             return Err(JobRefusal::TooManyJobs);
         }
+        let shared = self.live_by_participant.get(&participant).copied().unwrap_or(0);
+        if self.rules >= 3 && shared >= limits::JOBS_LIVE_PER_PARTICIPANT_MAX {
+            return Err(JobRefusal::TooManyJobs);
+        }
         Ok(())
     }
 
     /// A new job: its first bid.
-    pub fn submit(&mut self, terms: JobTerms, recovery: JobRecovery, at_ms: u64) -> Result<(JobId, Outcome), JobRefusal> {
-        self.check_submit(&terms)?;
+    pub fn submit(&mut self, terms: JobTerms, recovery: JobRecovery, participant: AccountId, at_ms: u64) -> Result<(JobId, Outcome), JobRefusal> {
+        self.check_submit(&terms, participant)?;
         let id = JobId(self.next);
         self.next += 1;
         let account = terms.account;
@@ -428,10 +445,12 @@ impl Jobs {
             updated_at_ms: at_ms,
             resizes: 0,
             resizing: None,
+            participant,
         };
         self.jobs.insert(id, job);
         self.by_account.insert((account, id));
         *self.live.entry(account).or_default() += 1;
+        *self.live_by_participant.entry(participant).or_default() += 1;
         self.live_total += 1;
         let mut outcome = Outcome::default();
         outcome.transitions.push((id, account, state));
@@ -1024,6 +1043,7 @@ impl Jobs {
     fn enter(&mut self, job: JobId, state: JobState, at_ms: u64, outcome: &mut Outcome) {
         let Some(entry) = self.jobs.get_mut(&job) else { return };
         let account = entry.terms.account;
+        let participant = entry.participant;
         let was_over = entry.state.is_over();
         if !matches!(state, JobState::Running { .. }) {
             // A held exit is settled by whatever moved the job on.
@@ -1038,6 +1058,12 @@ impl Jobs {
                 *live -= 1;
                 if *live == 0 {
                     self.live.remove(&account);
+                }
+            }
+            if let Some(live) = self.live_by_participant.get_mut(&participant) {
+                *live -= 1;
+                if *live == 0 {
+                    self.live_by_participant.remove(&participant);
                 }
             }
             self.live_total -= 1;

@@ -345,7 +345,8 @@ impl MarketState {
         applied: &mut Applied,
         owed: &mut Vec<Notice>,
     ) {
-        let submitted = self.jobs.submit(terms.clone(), recovery.clone(), at_ms).map(|(job, outcome)| {
+        let participant = self.engine.participant_of(terms.account);
+        let submitted = self.jobs.submit(terms.clone(), recovery.clone(), participant, at_ms).map(|(job, outcome)| {
             self.job_outcome(outcome, applied, owed);
             job
         });

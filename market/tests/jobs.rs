@@ -134,7 +134,7 @@ impl World {
 #[test]
 fn a_job_failed_by_its_host_bids_again_runs_elsewhere_and_finishes() {
     let mut w = World::new(2);
-    let (job, outcome) = w.jobs.submit(w.terms(2, 100 * USD_2), Default::default(), T0).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(2, 100 * USD_2), Default::default(), w.renter, T0).expect("accepted");
     let states = w.follow(outcome);
     assert!(matches!(states.as_slice(), [JobState::Bidding { attempt: 1, order: None }]), "{states:?}");
     assert!(matches!(w.jobs.state(job), Some(JobState::Bidding { attempt: 1, order: Some(_) })), "the bid rests: no GPUs yet");
@@ -161,7 +161,7 @@ fn a_job_failed_by_its_host_bids_again_runs_elsewhere_and_finishes() {
 fn retries_and_budget_bound_a_job_and_a_failing_workload_is_not_retried() {
     // One retry: the second host failure ends the job.
     let mut w = World::new(3);
-    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), T0).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), w.renter, T0).expect("accepted");
     w.follow(outcome);
     w.ask(0);
     let lease = w.lease_of(job);
@@ -172,16 +172,16 @@ fn retries_and_budget_bound_a_job_and_a_failing_workload_is_not_retried() {
 
     // A budget for one attempt (2 GPUs x 2 h x US$2 = US$8): no second.
     let mut w = World::new(2);
-    let (job, outcome) = w.jobs.submit(w.terms(5, 8 * 1_000_000), Default::default(), T0).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(5, 8 * 1_000_000), Default::default(), w.renter, T0).expect("accepted");
     w.follow(outcome);
     w.ask(0);
     let lease = w.lease_of(job);
     assert_eq!(w.host_fails(lease), [JobState::Failed(JobFailure::BudgetSpent)]);
-    assert_eq!(w.jobs.submit(w.terms(0, 7 * 1_000_000), Default::default(), T0).err(), Some(JobRefusal::BudgetTooSmall));
+    assert_eq!(w.jobs.submit(w.terms(0, 7 * 1_000_000), Default::default(), w.renter, T0).err(), Some(JobRefusal::BudgetTooSmall));
 
     // The renter's code fails: not retried, its leases end.
     let mut w = World::new(1);
-    let (job, outcome) = w.jobs.submit(w.terms(5, 100 * USD_2), Default::default(), T0).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(5, 100 * USD_2), Default::default(), w.renter, T0).expect("accepted");
     w.follow(outcome);
     w.ask(0);
     let lease = w.lease_of(job);
@@ -195,11 +195,11 @@ fn retries_and_budget_bound_a_job_and_a_failing_workload_is_not_retried() {
 #[test]
 fn a_job_cancels_while_bidding_or_running_and_a_refused_bid_fails_it() {
     let mut w = World::new(1);
-    let (waiting, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), T0).expect("accepted");
+    let (waiting, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), w.renter, T0).expect("accepted");
     w.follow(outcome);
     let outcome = w.jobs.cancel(waiting, w.renter, T0);
     assert_eq!(w.follow(outcome), [JobState::Cancelled], "its bid cancelled");
-    let (running, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), T0).expect("accepted");
+    let (running, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), w.renter, T0).expect("accepted");
     w.follow(outcome);
     w.ask(0);
     // Another account cannot cancel it.
@@ -210,7 +210,7 @@ fn a_job_cancels_while_bidding_or_running_and_a_refused_bid_fails_it() {
     // A renter without the funds: the first bid is refused.
     let mut w = World::new(1);
     w.run(Command::Withdraw { account: w.renter, amount_minor: 1_000_000_000 });
-    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), T0).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), w.renter, T0).expect("accepted");
     assert_eq!(w.follow(outcome).last(), Some(&JobState::Failed(JobFailure::BidRefused(RejectCode::InsufficientFunds))));
     assert!(w.jobs.state(job).is_some_and(JobState::is_over));
 }
@@ -316,19 +316,19 @@ fn each_account_holds_its_share_of_live_jobs_and_keeps_its_newest_finished_ones(
     let mut w = World::new(0);
     let mut live = Vec::new();
     for _ in 0..JOBS_LIVE_PER_ACCOUNT_MAX {
-        live.push(w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), T0).expect("within the share").0);
+        live.push(w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), w.renter, T0).expect("within the share").0);
     }
-    assert_eq!(w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), T0).err(), Some(JobRefusal::TooManyJobs));
+    assert_eq!(w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), w.renter, T0).err(), Some(JobRefusal::TooManyJobs));
     // Another account is not held back by this one's jobs.
     let mut other = w.terms(1, 100 * USD_2);
     other.account = w.supplier;
-    let (others, _) = w.jobs.submit(other, Default::default(), T0).expect("its own share");
+    let (others, _) = w.jobs.submit(other, Default::default(), w.supplier, T0).expect("its own share");
     // Ended jobs make room; past 256 finished, the oldest are forgotten.
     let mut finished = 0;
     while finished < JOBS_FINISHED_PER_ACCOUNT_MAX + 10 {
         let job = match live.pop() {
             Some(job) => job,
-            None => w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), T0).expect("room again").0,
+            None => w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), w.renter, T0).expect("room again").0,
         };
         // Its bid was never placed here: the cancel ends it at once.
         assert_eq!(w.jobs.cancel(job, w.renter, T0).transitions.last().map(|t| t.2.clone()), Some(JobState::Cancelled));
@@ -348,7 +348,7 @@ fn each_account_holds_its_share_of_live_jobs_and_keeps_its_newest_finished_ones(
 fn a_running_job_grows_once_the_bigger_bid_fills_and_restarts_on_the_new_leases() {
     let mut w = World::new(3);
     let terms = JobTerms { one_host: false, ..w.terms(1, 100 * USD_2) };
-    let (job, outcome) = w.jobs.submit(terms, Default::default(), T0).expect("accepted");
+    let (job, outcome) = w.jobs.submit(terms, Default::default(), w.renter, T0).expect("accepted");
     w.follow(outcome);
     w.ask(0);
     let first = w.lease_of(job);
@@ -383,7 +383,7 @@ fn a_running_job_grows_once_the_bigger_bid_fills_and_restarts_on_the_new_leases(
 #[test]
 fn a_resize_whose_bid_does_not_fill_leaves_the_job_as_it_was() {
     let mut w = World::new(2);
-    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), T0).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), w.renter, T0).expect("accepted");
     w.follow(outcome);
     w.ask(0);
     let lease = w.lease_of(job);
@@ -643,7 +643,7 @@ fn a_preempted_job_moves_to_its_next_attempt_whatever_its_workload_does_on_the_n
         w.run(Command::OpenAccount { role: Role::Renter });
         w.run(Command::Deposit { account: AccountId(2), amount_minor: 1_000_000_000 });
         let terms = JobTerms { instrument: H100_PREEMPT, limit_minor_per_gpu_hour: 1_000_000, ..w.terms(2, 100 * USD_2) };
-        let (job, outcome) = w.jobs.submit(terms, Default::default(), T0).expect("accepted");
+        let (job, outcome) = w.jobs.submit(terms, Default::default(), w.renter, T0).expect("accepted");
         w.follow(outcome);
         // Host 0 offers preemptible time cheaply and spot time beside it.
         assert!(matches!(w.ask_on(0, H100_PREEMPT, 800_000).as_slice(), [JobState::Running { attempt: 1, .. }]));
@@ -775,7 +775,7 @@ fn a_job_lease_is_silent_when_its_host_never_starts_is_gone_or_says_nothing() {
     assert_eq!((rules.start_ms, rules.disconnected_ms), (30_000, 30_000));
     assert_eq!(Silence::with_silence(4_000), Silence { silence_ms: 4_000, start_ms: 4_000, disconnected_ms: 4_000 });
     let mut w = World::new(1);
-    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), T0).expect("accepted");
+    let (job, outcome) = w.jobs.submit(w.terms(1, 100 * USD_2), Default::default(), w.renter, T0).expect("accepted");
     w.follow(outcome);
     w.ask(0);
     let lease = w.lease_of(job);
@@ -1103,4 +1103,34 @@ fn a_host_may_say_stopped_after_the_bill_is_final_and_nothing_else() {
     assert_eq!(live.market.engine().balances(AccountId(0)), balances);
     let shown = live.market.deliveries().lease(lease).and_then(|d| d.state.clone()).map(|(state, _)| state);
     assert_eq!(shown, Some(DeliveryState::Stopped), "the renter sees it gone");
+}
+
+/// Issue 61: two aggregators' sub-accounts filled the exchange's jobs table.
+/// From rules 3 an account and its sub-accounts hold
+/// `JOBS_LIVE_PER_PARTICIPANT_MAX` live jobs together (each account still
+/// at most `JOBS_LIVE_PER_ACCOUNT_MAX`); journals before replay as they ran.
+#[test]
+fn a_participants_sub_accounts_hold_its_share_of_live_jobs_together_from_rules_3() {
+    use gpux_protocol::jobs::limits::{JOBS_LIVE_PER_ACCOUNT_MAX, JOBS_LIVE_PER_PARTICIPANT_MAX};
+    for rules in [2, 3] {
+        let mut w = World::new(0);
+        w.jobs = Jobs::default();
+        w.jobs.adopt_rules(rules);
+        let parent = AccountId(1_000);
+        let subs = JOBS_LIVE_PER_PARTICIPANT_MAX / JOBS_LIVE_PER_ACCOUNT_MAX;
+        for sub in 0..subs {
+            let mut terms = w.terms(0, 100 * USD_2);
+            terms.account = AccountId(1_001 + sub as u32);
+            for _ in 0..JOBS_LIVE_PER_ACCOUNT_MAX {
+                w.jobs.submit(terms.clone(), Default::default(), parent, T0).expect("within the share");
+            }
+        }
+        let mut terms = w.terms(0, 100 * USD_2);
+        terms.account = AccountId(2_000);
+        let refused = w.jobs.submit(terms.clone(), Default::default(), parent, T0).err();
+        let expected = if rules >= 3 { Some(JobRefusal::TooManyJobs) } else { None };
+        assert_eq!(refused, expected, "rules {rules}: a sub-account past its parent's share");
+        let other = w.terms(0, 100 * USD_2);
+        assert!(w.jobs.submit(other, Default::default(), w.renter, T0).is_ok(), "another participant submits");
+    }
 }

@@ -39,6 +39,9 @@ pub mod limits {
     pub const INPUT_BYTES_MAX: u64 = 1 << 30;
     /// Jobs not yet over that one account may hold.
     pub const JOBS_LIVE_PER_ACCOUNT_MAX: usize = 64;
+    /// Jobs not yet over that one participant (an account and all its
+    /// sub-accounts) may hold together: 1/256 of the exchange's.
+    pub const JOBS_LIVE_PER_PARTICIPANT_MAX: usize = JOBS_LIVE_MAX / 256;
     /// Jobs not yet over, all accounts together.
     pub const JOBS_LIVE_MAX: usize = 1 << 16;
     /// Finished jobs one account's queries still find (its oldest go first).

@@ -1549,7 +1549,7 @@ impl ErrorCode {
             SequencerUnavailable => "this gateway has no link to the exchange's sequencer just now; reconnect (resend orders with their client order ids)",
             JobInvalid => "the job breaks a bound of its submission (docs/protocol.md \"Jobs\")",
             UnknownJob => "no such job among this account's (finished jobs are kept 256 per account)",
-            TooManyJobs => "the account holds 64 jobs not yet over (or the exchange its most): wait for one to end or cancel one",
+            TooManyJobs => "the account holds 64 jobs not yet over, it and its parent's other sub-accounts 256 (or the exchange its most): wait for one to end or cancel one",
             JobBudgetTooSmall => "the job's budget does not pay for one attempt: GPUs x hours x limit price",
             JobInstrumentInvalid => "a job bids on a spot or preemptible book only",
             JobStoreUnavailable => "the exchange runs no job store, or the lease runs no job of yours",

@@ -64,6 +64,8 @@ impl SimExchange {
         // As the exchange does at its first start: reports are checked by ZIP-215.
         exchange.record(JournalEntry::SignatureRule { rule: gpux_settlement::SignatureRule::Zip215 });
         exchange.record(JournalEntry::JobRules { version: gpux_market::jobs::JOB_RULES });
+        let version = gpux_engine::limits::SHARE_RULES;
+        exchange.record(JournalEntry::Engine(Input { at_ms: 0, command: Command::SetShareRules { version } }));
         // And as its default flags say: late reports are billed for a day
         // after the grace (docs/market-rules.md "Late reports").
         let window_ms = gpux_engine::limits::LATE_REPORT_WINDOW_MS_DEFAULT;

@@ -199,6 +199,7 @@ fn sub_accounts_keys_and_a_resold_lease_replay_alike_in_the_audit_and_a_recovery
     apply(JournalEntry::SignatureRule { rule: gpux_settlement::SignatureRule::Zip215 });
     apply(JournalEntry::JobRules { version: gpux_market::jobs::JOB_RULES });
     apply(at(T0, Command::SetLateReportWindow { window_ms: gpux_exchange::LATE_REPORT_WINDOW_MS_DEFAULT }));
+    apply(at(T0, Command::SetShareRules { version: gpux_engine::limits::SHARE_RULES }));
     apply(at(T0, Command::OpenAccount { role: Role::Aggregator }));
     apply(JournalEntry::BindKey { public_key: [1; 32], account: renter });
     apply(at(T0, Command::OpenAccount { role: Role::Supplier }));

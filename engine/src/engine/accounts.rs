@@ -394,7 +394,10 @@ impl Engine {
             return Err(RejectCode::GpuNotQualified);
         }
         let unproven = self.challenges_any(classes_mask);
-        if unproven && self.account(account)?.gpus_unproven >= limits::GPUS_UNPROVEN_PER_ACCOUNT_MAX {
+        if unproven
+            && (self.account(account)?.gpus_unproven >= limits::GPUS_UNPROVEN_PER_ACCOUNT_MAX
+                || self.shared_use(account).is_some_and(|used| used.gpus_unproven >= limits::GPUS_UNPROVEN_PER_PARTICIPANT_MAX))
+        {
             return Err(RejectCode::GpusAwaitingChallenge);
         }
         let host = self.host_for(account, host_name, region, fabric)?;
@@ -452,7 +455,9 @@ impl Engine {
         if self.gpus.len() as u32 >= limits::GPUS_MAX {
             return Err(RejectCode::HostFull);
         }
-        if self.account(account)?.gpus >= limits::GPUS_PER_ACCOUNT_MAX {
+        if self.account(account)?.gpus >= limits::GPUS_PER_ACCOUNT_MAX
+            || self.shared_use(account).is_some_and(|used| used.gpus >= limits::GPUS_PER_PARTICIPANT_MAX)
+        {
             return Err(RejectCode::TooManyGpus);
         }
         Ok((region, zone))
@@ -461,7 +466,12 @@ impl Engine {
     /// The host a GPU registers on: the account's host of that name (its
     /// room, region and fabric checked), or a new one.
     fn host_for(&mut self, account: AccountId, host_name: &str, region: Option<u8>, fabric: Option<&FabricClaim>) -> Checked<HostId> {
-        if let Some(&host) = self.host_by_name.get(host_name) {
+        let known = if self.share_rules >= 1 {
+            self.host_by_owner.get(&(account, host_name.to_string()))
+        } else {
+            self.host_by_name.get(host_name)
+        };
+        if let Some(&host) = known {
             let existing = &self.hosts[host.0 as usize];
             if existing.owner != account {
                 return Err(RejectCode::NotYourHost);
@@ -486,7 +496,10 @@ impl Engine {
             zone: String::new(),
             fabric: None,
         });
-        self.host_by_name.insert(host_name.to_string(), host);
+        // The first-come index of the rules before 1 keeps the first host
+        // of each name (what those rules found).
+        self.host_by_name.entry(host_name.to_string()).or_insert(host);
+        self.host_by_owner.insert((account, host_name.to_string()), host);
         Ok(host)
     }
 

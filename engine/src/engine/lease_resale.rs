@@ -62,7 +62,10 @@ impl Engine {
         if self.client_order_id_taken(account, client_order_id) {
             return Err(RejectCode::DuplicateClientOrderId);
         }
-        if funds.open_orders >= self.config.orders_per_account_max || self.orders.live_count() >= crate::limits::ORDERS_LIVE_MAX {
+        if funds.open_orders >= self.config.orders_per_account_max
+            || self.orders.live_count() >= crate::limits::ORDERS_LIVE_MAX
+            || self.shared_use(account).is_some_and(|used| used.open_orders >= crate::limits::ORDERS_PER_PARTICIPANT_MAX)
+        {
             return Err(RejectCode::TooManyOpenOrders);
         }
         self.check_sub_account_limits(account, 0, true)?;

@@ -39,7 +39,7 @@ use crate::state_hash::StateHasher;
 use crate::timer_heap::TimerHeap;
 use client_ids::ClientIds;
 pub use spend::SpendStatus;
-pub use sub_accounts::SubAccountInfo;
+pub use sub_accounts::{ParticipantUse, SubAccountInfo};
 
 #[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Account {
@@ -505,6 +505,13 @@ pub struct Engine {
     /// Disputed time held until the lease's bill is final
     /// (`Command::HoldDisputed`); a lease leaves it when it is decided.
     pub(crate) dispute_holds: BTreeMap<LeaseId, DisputeHold>,
+    /// The share rules in force (`Command::SetShareRules`; 0 in journals
+    /// older than it): from 1, an account and its sub-accounts count as one
+    /// participant against the tables every account shares, and host names
+    /// are each supplier's own.
+    pub(crate) share_rules: u32,
+    /// Hosts by owner and name (what `host_by_name` is from share rules 1).
+    pub(crate) host_by_owner: BTreeMap<(AccountId, String), HostId>,
     /// The shape (`nodes`, minimum fabric Gb/s) of the cluster bid being
     /// placed (within the command only).
     #[serde(skip)]
@@ -598,6 +605,8 @@ impl Engine {
             cluster_min_gbps: Vec::new(),
             late_window_ms: 0,
             dispute_holds: BTreeMap::new(),
+            share_rules: 0,
+            host_by_owner: BTreeMap::new(),
             pending_cluster: None,
             config,
         };
@@ -690,6 +699,7 @@ impl Engine {
             Command::SetFee { fee_bps } => self.set_fee(*fee_bps),
             Command::SetBillingGrace { grace_ms } => self.set_billing_grace(*grace_ms),
             Command::SetLateReportWindow { window_ms } => self.set_late_report_window(*window_ms),
+            Command::SetShareRules { version } => self.set_share_rules(*version),
             Command::ChangeListing { listing } => self.change_listing(listing),
             Command::Register { account, host, gpu_uuid, spec, region, zone, fabric } => {
                 // A zone without a region names no region (unknown_region,
@@ -1296,6 +1306,7 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::SetFee { .. }
         | Command::SetBillingGrace { .. }
         | Command::SetLateReportWindow { .. }
+        | Command::SetShareRules { .. }
         | Command::ChangeListing { .. }
         | Command::RecordChallenge { .. }
         | Command::WithholdDisputed { .. }
@@ -1402,6 +1413,7 @@ impl Engine {
             h.u64(*gbps as u64);
         }
         h.u64(self.late_window_ms);
+        h.u64(self.share_rules as u64);
         // Hashed when there are any, so states from before holds hash as they did.
         if !self.dispute_holds.is_empty() {
             h.bytes(format!("{:?}", self.dispute_holds).as_bytes());

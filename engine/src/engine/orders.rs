@@ -258,6 +258,9 @@ impl Engine {
         {
             return Err(RejectCode::TooManyOpenOrders);
         }
+        if !triggered && self.shared_use(new.account).is_some_and(|used| used.open_orders >= limits::ORDERS_PER_PARTICIPANT_MAX) {
+            return Err(RejectCode::TooManyOpenOrders);
+        }
         match new.supply {
             Some(set) => self.check_supply(new.account, new.instrument, set, new.quantity),
             None if new.side == Side::Sell && !resale && self.unoffered_contracts(new.account, new.instrument) < new.quantity => {
@@ -305,6 +308,7 @@ impl Engine {
         }
         if self.armed_stops.len() >= limits::STOPS_ARMED_MAX
             || self.account(new.account)?.armed_stops >= limits::STOPS_ARMED_PER_ACCOUNT_MAX
+            || self.shared_use(new.account).is_some_and(|used| used.armed_stops >= limits::STOPS_ARMED_PER_PARTICIPANT_MAX)
         {
             return Err(RejectCode::TooManyStops);
         }

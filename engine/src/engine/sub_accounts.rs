@@ -144,3 +144,67 @@ impl Engine {
         self.sub_accounts_of.get(&parent).map_or(0, Vec::len)
     }
 }
+
+/// What one participant (an account and all its sub-accounts) holds of the
+/// tables every account shares (docs/market-rules.md "Shared limits").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ParticipantUse {
+    pub open_orders: u32,
+    pub armed_stops: u32,
+    pub gpus: u32,
+    pub gpus_unproven: u32,
+}
+
+impl Engine {
+    pub(super) fn set_share_rules(&mut self, version: u32) -> Checked<()> {
+        if version > limits::SHARE_RULES || version < self.share_rules {
+            return Err(RejectCode::ListingIncompatible);
+        }
+        self.share_rules = version;
+        Ok(())
+    }
+
+    /// The share rules in force (0 before any `SetShareRules`).
+    pub fn share_rules(&self) -> u32 {
+        self.share_rules
+    }
+
+    /// The participant an account belongs to: its parent for a sub-account,
+    /// else itself.
+    pub fn participant_of(&self, account: AccountId) -> AccountId {
+        self.parent_of(account).unwrap_or(account)
+    }
+
+    /// The accounts of `account`'s participant: the parent first, then its
+    /// sub-accounts in the order opened.
+    pub fn participant_accounts(&self, account: AccountId) -> impl Iterator<Item = AccountId> + '_ {
+        let root = self.participant_of(account);
+        std::iter::once(root).chain(self.sub_accounts_of.get(&root).into_iter().flatten().copied())
+    }
+
+    /// What `account`'s participant holds, summed over its accounts.
+    pub fn participant_use(&self, account: AccountId) -> ParticipantUse {
+        self.participant_accounts(account).filter_map(|a| self.accounts.get(a.0 as usize)).fold(ParticipantUse::default(), |sum, a| {
+            ParticipantUse {
+                open_orders: sum.open_orders + a.open_orders,
+                armed_stops: sum.armed_stops + a.armed_stops,
+                gpus: sum.gpus + a.gpus,
+                gpus_unproven: sum.gpus_unproven + a.gpus_unproven,
+            }
+        })
+    }
+
+    /// Under share rules 1, `account`'s participant's use when it is more
+    /// than the account alone (it has sub-accounts or is one): `None`
+    /// otherwise, when the account's own bounds are the participant's.
+    pub(super) fn shared_use(&self, account: AccountId) -> Option<ParticipantUse> {
+        if self.share_rules < 1 {
+            return None;
+        }
+        let root = self.participant_of(account);
+        if root == account && !self.sub_accounts_of.contains_key(&root) {
+            return None;
+        }
+        Some(self.participant_use(account))
+    }
+}

@@ -165,10 +165,13 @@ impl Sequencer {
             return Some(error(Some(id), ErrorCode::HostUnreachable));
         }
         // The exchange-wide table, one per connection, and each renter's and
-        // each supplier's share of it (docs/market-rules.md "Shared limits").
+        // each supplier's share of it, an account and its sub-accounts as
+        // one participant (docs/market-rules.md "Shared limits").
+        let engine = self.market.engine();
+        let (renter, supplier) = (engine.participant_of(account), engine.participant_of(info.supplier));
         let waits = self.logs_pending.values();
         let (mine, on_supplier) =
-            waits.fold((0, 0), |(mine, on), w| (mine + usize::from(w.account == account), on + usize::from(w.supplier == info.supplier)));
+            waits.fold((0, 0), |(mine, on), w| (mine + usize::from(w.renter == renter), on + usize::from(w.supplier == supplier)));
         if self.logs_pending.len() >= LOGS_PENDING_MAX
             || mine >= LOGS_PENDING_PER_ACCOUNT_MAX
             || on_supplier >= LOGS_PENDING_PER_SUPPLIER_MAX
@@ -179,7 +182,7 @@ impl Sequencer {
         let request = self.next_logs_request;
         self.next_logs_request += 1;
         let deadline_ms = self.market.clock_ms() + LOGS_WAIT_MS;
-        self.logs_pending.insert(request, LogsWait { connection, account, supplier: info.supplier, id, lease, deadline_ms });
+        self.logs_pending.insert(request, LogsWait { connection, renter, supplier, id, lease, deadline_ms });
         let tail_bytes = tail_bytes.min(LOG_TAIL_BYTES_MAX);
         let wanted = SharedFrame::new(ServerMessage::LogsWanted { request, lease, tail_bytes });
         // The agent that runs the lease (the one that reported it); before

@@ -123,7 +123,8 @@ impl Sequencer {
             return Some(ServerMessage::Error { id: Some(id), code: ErrorCode::JobInvalid, message });
         }
         let (terms, recovery) = JobTerms::new(account, submission);
-        if let Err(refusal) = self.market.jobs().check_submit(&terms) {
+        let participant = self.market.engine().participant_of(account);
+        if let Err(refusal) = self.market.jobs().check_submit(&terms, participant) {
             return Some(error(Some(id), refusal.into()));
         }
         let at_ms = self.market.clock_ms();

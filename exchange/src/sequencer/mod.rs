@@ -88,8 +88,9 @@ pub enum SequencerError {
 /// A renter's `lease_logs` request waiting for its host's answer.
 struct LogsWait {
     connection: ConnectionId,
-    /// The renter that asked, and the supplier asked (their shares).
-    account: gpux_engine::AccountId,
+    /// The participants of the renter that asked and of the supplier
+    /// asked (their shares).
+    renter: gpux_engine::AccountId,
     supplier: gpux_engine::AccountId,
     id: u64,
     lease: gpux_engine::LeaseId,

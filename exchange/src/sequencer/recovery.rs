@@ -131,6 +131,11 @@ impl Sequencer {
         if self.market.signature_rule() != gpux_settlement::SignatureRule::Zip215 {
             self.journal(JournalEntry::SignatureRule { rule: gpux_settlement::SignatureRule::Zip215 });
         }
+        // Sub-accounts share their parent's room in the shared tables, and
+        // host names are each supplier's own, from here on.
+        if self.market.engine().share_rules() < gpux_engine::limits::SHARE_RULES {
+            self.apply_command(None, 0, Command::SetShareRules { version: gpux_engine::limits::SHARE_RULES });
+        }
         // Jobs follow this build's rules from here on (the entries before
         // replay under the rules they ran under).
         if self.market.jobs().rules() < gpux_market::jobs::JOB_RULES {
