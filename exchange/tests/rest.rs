@@ -539,3 +539,71 @@ fn shell_recipe(addr: &str, key: &SigningKey, args: &[&str]) -> String {
     assert!(output.status.success(), "the recipe failed: {}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8(output.stdout).expect("UTF-8")
 }
+
+/// Issue 61: two accounts with 33 keys each filled the 65,536 kept REST
+/// answers in about a minute and every account's writes got 429 for up to
+/// an hour. The answers are kept per participant: an aggregator writing
+/// through its own and its sub-account's keys keeps its latest
+/// `PER_PARTICIPANT_MAX` (its oldest forgotten first), and another
+/// account's writes are answered throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_participants_rest_writes_keep_only_its_share_of_answers_and_a_victim_is_answered() {
+    use gpux_gateway::idempotency::{PER_PARTICIPANT_MAX, PER_SIGNER_MAX};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start_with(dir.path(), Some(&key(1)), &["--console-listen", "127.0.0.1:0"]);
+    let (mut aggregator, _) = Client::login(&exchange.addr, &key(7), Role::Aggregator).await;
+    let (_victim, _) = Client::login(&exchange.addr, &key(8), Role::Renter).await;
+    let id = aggregator.id();
+    let ServerMessage::SubAccountOpened { account: sub, .. } = aggregator.request(ClientMessage::OpenSubAccount { id }).await else {
+        panic!("a sub-account")
+    };
+    // Keys of the parent and of its sub-account: one participant.
+    let signers: Vec<SigningKey> = (0..5).map(|n| key(40 + n)).collect();
+    for (n, signer) in signers.iter().enumerate().skip(1) {
+        let id = aggregator.id();
+        let account = (n % 2 == 0).then_some(sub);
+        let public_key = hex::encode(signer.verifying_key().to_bytes());
+        let scopes = Scopes::of(&[Scope::Read, Scope::Trade]);
+        let add = ClientMessage::AddKey { id, account, public_key, scopes, expires_at_ms: None, label: "rest".into() };
+        assert!(matches!(aggregator.request(add).await, ServerMessage::KeyAdded { .. }));
+    }
+    let signers: Vec<SigningKey> = std::iter::once(key(7)).chain(signers.into_iter().skip(1)).collect();
+    let addr = exchange.console_addr.clone();
+    // Cancels of an order that does not exist: refused by the engine, and
+    // their answers kept like any write's.
+    let cancel = |addr: String, signer: SigningKey, idempotency_key: String| async move {
+        let path = "/api/v1/orders/999999";
+        let headers = signed_write_headers(&signer, "DELETE", path, &idempotency_key, "", now_ms());
+        http_request(&addr, "DELETE", path, &headers, "").await
+    };
+    let per_signer = (PER_PARTICIPANT_MAX + 400) / signers.len();
+    assert!(per_signer <= PER_SIGNER_MAX);
+    let mut tasks = tokio::task::JoinSet::new();
+    for (n, signer) in signers.iter().enumerate() {
+        let (addr, signer) = (addr.clone(), signer.clone());
+        tasks.spawn(async move {
+            for i in 0..per_signer {
+                let (status, _, body) = cancel(addr.clone(), signer.clone(), format!("flood-{n}-{i}")).await;
+                assert_eq!(status, 422, "write {i} of key {n}: {body}");
+            }
+        });
+    }
+    // Meanwhile, and after, the victim's writes are answered.
+    let victim = key(8);
+    for i in 0..20 {
+        let (status, _, body) = cancel(addr.clone(), victim.clone(), format!("victim-{i}")).await;
+        assert_eq!(status, 422, "the victim's write {i}: {body}");
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("a flood task");
+    }
+    let (status, head, body) = cancel(addr.clone(), victim.clone(), "victim-0".into()).await;
+    assert_eq!(status, 422, "{body}");
+    assert!(head.to_ascii_lowercase().contains("idempotent-replayed: true"), "the victim's answer is kept: {head}");
+    // The aggregator's oldest answers went for its newest.
+    let (_, head, _) = cancel(addr.clone(), signers[0].clone(), "flood-0-0".into()).await;
+    assert!(!head.to_ascii_lowercase().contains("idempotent-replayed: true"), "its oldest was forgotten: {head}");
+    let last = format!("flood-0-{}", per_signer - 1);
+    let (_, head, _) = cancel(addr.clone(), signers[0].clone(), last).await;
+    assert!(head.to_ascii_lowercase().contains("idempotent-replayed: true"), "its newest is kept: {head}");
+}

@@ -73,6 +73,9 @@ pub const BATCH_MAX: usize = 64;
 pub const WRITE_BODY_BYTES_MAX: usize = FRAME_BYTES_MAX;
 /// Answers one signing key keeps for retries; its oldest are dropped for newer ones.
 pub const IDEMPOTENCY_PER_SIGNER_MAX: usize = 1_024;
+/// Answers one participant (an account and its sub-accounts, all their
+/// keys) keeps; its oldest are dropped for newer ones.
+pub const IDEMPOTENCY_PER_PARTICIPANT_MAX: usize = 4_096;
 /// Answers kept for all signing keys together.
 pub const IDEMPOTENCY_ENTRIES_MAX: usize = 65_536;
 /// Bytes of answers kept for all signing keys together.
@@ -90,6 +93,8 @@ const _: () = assert!(MESSAGE_BURST_MAX >= MESSAGES_PER_SECOND_MAX, "a burst hol
 const _: () = assert!(LINK_FRAME_BYTES_MAX > 2 * FRAME_BYTES_MAX, "a client frame, and a server message its size, fit one link frame");
 const _: () = assert!(WRITE_BODY_BYTES_MAX <= FRAME_BYTES_MAX, "a REST write's body is no larger than the frame it becomes");
 const _: () = assert!(IDEMPOTENCY_ENTRIES_MAX / IDEMPOTENCY_PER_SIGNER_MAX >= 64, "one signer holds at most 1/64 of the table");
+const _: () = assert!(IDEMPOTENCY_ENTRIES_MAX / IDEMPOTENCY_PER_PARTICIPANT_MAX >= 16, "one participant holds at most 1/16 of the table");
+const _: () = assert!(IDEMPOTENCY_PER_SIGNER_MAX <= IDEMPOTENCY_PER_PARTICIPANT_MAX);
 const _: () = assert!(BATCH_MAX >= 1 && READ_BUFFER_BYTES <= FRAME_BYTES_MAX);
 const _: () = assert!(BATCH_MESSAGES_MAX * 256 <= FRAME_BYTES_MAX, "a batch of updates fits the frame a client reads");
 const _: () = assert!(OUTBOX_CONFLATING_BYTES_MAX > OUTBOX_BYTES_MAX);

@@ -85,6 +85,10 @@ pub enum LoginOutcome {
     Accepted {
         account: AccountId,
         role: Role,
+        /// The account's participant: its parent for a sub-account, else
+        /// itself (the REST answers' share, docs/market-rules.md "Shared
+        /// limits").
+        participant: AccountId,
     },
     /// No account for the key (and no role to open one), or not an operator's key.
     Refused,

@@ -16,6 +16,7 @@
 //! its idempotency key ([`crate::idempotency`]), so a retry is answered
 //! again instead of applied again.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -67,7 +68,7 @@ pub fn signed_write_bytes(method: &str, path_and_query: &str, timestamp_ms: u64,
 /// on those origins may call it: preflights are answered, and answers carry
 /// `Access-Control-Allow-Origin` (docs/rest.md "CORS").
 pub fn router(core: Sender<Request>, clock: Clock, cors_origins: &[HeaderValue]) -> axum::Router {
-    let state = Rest { core, clock, idempotency: Arc::default(), started: Instant::now() };
+    let state = Rest { core, clock, idempotency: Arc::default(), participants: Arc::default(), started: Instant::now() };
     let router = axum::Router::new().route(
         "/api/v1/{*path}",
         axum::routing::any(move |method: Method, uri: Uri, headers: HeaderMap, body: axum::body::Body| {
@@ -113,6 +114,10 @@ struct Rest {
     clock: Clock,
     /// Writes' answers by signing key and idempotency key.
     idempotency: Arc<Mutex<Idempotency>>,
+    /// Signing keys' participants, learned at their first write (a key's
+    /// account and an account's parent never change); at most
+    /// `PARTICIPANTS_CACHED_MAX`, emptied when full.
+    participants: Arc<Mutex<HashMap<[u8; 32], AccountId>>>,
     /// The idempotency table's monotonic clock.
     started: Instant,
 }
@@ -236,8 +241,9 @@ impl Rest {
         let message: ClientMessage =
             serde_json::from_value(message).map_err(|error| Failure::new(ErrorCode::WrongType, format!("the body: {error}")))?;
         let fingerprint = fingerprint(method, uri, &body);
+        let participant = self.participant_of(signer).await?;
         let now_ms = self.started.elapsed().as_millis() as u64;
-        let begun = self.idempotency.lock().unwrap_or_else(|e| e.into_inner()).begin(signer, &key, fingerprint, now_ms);
+        let begun = self.idempotency.lock().unwrap_or_else(|e| e.into_inner()).begin(participant, signer, &key, fingerprint, now_ms);
         match begun {
             Begin::New => {}
             Begin::Replay(stored) => return Ok(written(stored, true)),
@@ -247,7 +253,9 @@ impl Rest {
                 return Err(Failure::new(
                     ErrorCode::RateLimited,
                     format!(
-                        "the exchange keeps the answers of {} writes for an hour and holds that many now; retry later",
+                        "the exchange keeps the answers of {} writes of an account and its sub-accounts for an hour ({} of one key, {} in all) and has no room for this one now: the answers kept are of writes still in flight, or yours are the most kept; retry later",
+                        idempotency::PER_PARTICIPANT_MAX,
+                        idempotency::PER_SIGNER_MAX,
                         idempotency::ENTRIES_MAX
                     ),
                 ))
@@ -276,6 +284,22 @@ impl Rest {
         }
     }
 
+    /// The participant of a signing key's account: cached, or learned by
+    /// a login that asks for the balance.
+    async fn participant_of(&self, signer: [u8; 32]) -> Result<AccountId, Failure> {
+        if let Some(&participant) = self.participants.lock().unwrap_or_else(|e| e.into_inner()).get(&signer) {
+            return Ok(participant);
+        }
+        let answered = self.ask(Some(signer), Box::new(|connection, id, _| Ok(Request { connection, id, body: Body::Balance {} }))).await?;
+        let participant = answered.participant.ok_or_else(|| Failure::coded(ErrorCode::NotAuthenticated))?;
+        let mut cached = self.participants.lock().unwrap_or_else(|e| e.into_inner());
+        if cached.len() >= PARTICIPANTS_CACHED_MAX {
+            cached.clear();
+        }
+        cached.insert(signer, participant);
+        Ok(participant)
+    }
+
     /// One write's session: its answer as the client gets it, or a failure
     /// that applied nothing (the key is then forgotten).
     async fn write(&self, signer: [u8; 32], message: ClientMessage) -> Result<Stored, Failure> {
@@ -286,7 +310,7 @@ impl Rest {
             request_of(&caller, message, None)
                 .map_err(|refused| Failure::new(refused.code, refused.message.unwrap_or_else(|| refused.code.message().to_string())))
         };
-        let Answered { answer, events } = self.ask_within(OUTCOME_TIMEOUT, Some(signer), Box::new(make)).await?;
+        let Answered { answer, events, .. } = self.ask_within(OUTCOME_TIMEOUT, Some(signer), Box::new(make)).await?;
         let events: Vec<Value> = events.iter().filter_map(|event| serde_json::to_value(event).ok()).collect();
         match answer {
             ServerMessage::Ack { journal_seq, order, .. } => {
@@ -398,6 +422,7 @@ impl Rest {
         let _session = Session { core: self.core.clone(), connection };
         let exchange = async {
             let mut caller = None;
+            let mut participant = None;
             if let Some(public_key) = signed {
                 self.send(Request {
                     connection,
@@ -413,8 +438,9 @@ impl Rest {
                 })?;
                 loop {
                     match answers.recv().await {
-                        Some(Outgoing::Login(LoginOutcome::Accepted { account, role })) => {
+                        Some(Outgoing::Login(LoginOutcome::Accepted { account, role, participant: of })) => {
                             caller = Some((account, role));
+                            participant = Some(of);
                             break;
                         }
                         Some(Outgoing::Login(LoginOutcome::Refused)) => {
@@ -435,7 +461,7 @@ impl Rest {
             loop {
                 match answers.recv().await {
                     Some(Outgoing::Frame(frame)) if frame.message().answer_to() == Some(1) => {
-                        return Ok(Answered { answer: frame.message().clone(), events })
+                        return Ok(Answered { answer: frame.message().clone(), events, participant })
                     }
                     Some(Outgoing::Frame(frame)) => {
                         if let ServerMessage::Private { event, .. } = frame.message() {
@@ -517,7 +543,12 @@ type MakeRequest = Box<dyn FnOnce(ConnectionId, u64, Option<(AccountId, Role)>) 
 struct Answered {
     answer: ServerMessage,
     events: Vec<gpux_engine::Event>,
+    /// The signed caller's participant.
+    participant: Option<AccountId>,
 }
+
+/// Signing keys whose participant the REST side remembers.
+const PARTICIPANTS_CACHED_MAX: usize = 65_536;
 
 /// A write's answer as sent (again, when `replayed`).
 fn written(stored: Stored, replayed: bool) -> Response {
@@ -838,10 +869,30 @@ mod tests {
             let key = key.clone();
             async move { post(addr, &key, "late-1", body).await }
         });
+        // A key's first write learns its participant: a login that asks for
+        // the balance (any answer will do).
+        let mut lookup = None;
+        loop {
+            match requests.recv_timeout(Duration::from_secs(5)).expect("the lookup's requests") {
+                Request { body: Body::Connect { outbound }, .. } => lookup = Some(outbound),
+                Request { body: Body::Authenticate { .. }, .. } => {
+                    let accepted = Outgoing::Login(LoginOutcome::Accepted { account: AccountId(5), role: Role::Renter, participant: AccountId(5) });
+                    lookup.as_ref().expect("connect first").frames.try_send(accepted).expect("queued");
+                }
+                Request { body: Body::Balance {}, .. } => {
+                    let answer = ServerMessage::Error { id: Some(1), code: ErrorCode::RateLimited, message: String::new() };
+                    let frame = Outgoing::Frame(crate::link::SharedFrame::new(answer));
+                    lookup.as_ref().expect("connect first").frames.try_send(frame).expect("queued");
+                    break;
+                }
+                other => panic!("unexpected {:?}", other.id()),
+            }
+        }
         // The sequencer takes the session and the write, and answers nothing yet.
         let mut taken = Vec::new();
         while taken.len() < 3 {
             match requests.recv_timeout(Duration::from_secs(5)).expect("the write's requests") {
+                Request { body: Body::Disconnect { .. }, .. } => continue,
                 request @ (Request { body: Body::Connect { .. }, .. }
                 | Request { body: Body::Authenticate { .. }, .. }
                 | Request { body: Body::Command { .. }, .. }) => taken.push(request),
@@ -849,7 +900,7 @@ mod tests {
             }
             if let Some(Request { body: Body::Authenticate { .. }, .. }) = taken.last() {
                 let Some(Request { body: Body::Connect { outbound, .. }, .. }) = taken.first() else { panic!("connect first") };
-                let accepted = Outgoing::Login(LoginOutcome::Accepted { account: AccountId(5), role: Role::Renter });
+                let accepted = Outgoing::Login(LoginOutcome::Accepted { account: AccountId(5), role: Role::Renter, participant: AccountId(5) });
                 outbound.frames.try_send(accepted).expect("queued");
             }
         }

@@ -739,7 +739,7 @@ impl Connection {
     /// challenge to send after a refusal.
     fn login(&mut self, outcome: LoginOutcome) -> Option<ServerMessage> {
         match (outcome, &self.session) {
-            (LoginOutcome::Accepted { account, role }, _) => {
+            (LoginOutcome::Accepted { account, role, .. }, _) => {
                 self.session = Session::Authenticated { account, role };
                 // Raised, never lowered (see `set_market_data_version`).
                 self.market_data_version = self.market_data_asked.unwrap_or(1).max(self.market_data_version);
@@ -1309,7 +1309,7 @@ mod tests {
             let (auth, _) = decode(&Frame::SignedAuth, &samples, &connection.session);
             assert!(connection.on_frame(auth).is_empty());
             assert!(matches!(inbox.try_recv(), Ok(Request { id: 99, body: Body::Authenticate { .. }, .. })));
-            connection.login(LoginOutcome::Accepted { account: AccountId(9), role: Role::Renter });
+            connection.login(LoginOutcome::Accepted { account: AccountId(9), role: Role::Renter, participant: AccountId(9) });
             connection.observe(&ServerMessage::Authenticated { id: 99, account: AccountId(9), role: Role::Renter });
             assert!(connection.on_frame(Ok(ClientMessage::Balance { id: 6 })).is_empty());
             assert!(matches!(inbox.try_recv(), Ok(Request { id: 6, body: Body::Balance { .. }, .. })));
@@ -1353,7 +1353,7 @@ mod tests {
                             let login = matches!(request, Request { body: Body::Authenticate { .. }, .. });
                             let answer = match request {
                                 Request { id, body: Body::Authenticate { .. }, .. } if accept_login => {
-                                    connection.login(LoginOutcome::Accepted { account: AccountId(9), role: Role::Renter });
+                                    connection.login(LoginOutcome::Accepted { account: AccountId(9), role: Role::Renter, participant: AccountId(9) });
                                     ServerMessage::Authenticated { id, account: AccountId(9), role: Role::Renter }
                                 }
                                 _ => ServerMessage::Error { id, code: ErrorCode::AuthFailed, message: String::new() },

@@ -31,7 +31,7 @@ use gpux_engine::InstrumentId;
 use gpux_protocol::{Channel, ErrorCode, ServerMessage};
 
 /// This build's link version; both ends must speak the same.
-pub const LINK_VERSION: u16 = 5;
+pub const LINK_VERSION: u16 = 6;
 /// What a link stream starts with.
 pub const LINK_MAGIC: [u8; 8] = *b"gpuxlink";
 pub use crate::limits::LINK_FRAME_BYTES_MAX;
@@ -475,7 +475,7 @@ mod tests {
         let c = 9;
         vec![
             Down::Frame { connection: c, message: ServerMessage::Pong { id: 1, server_time_ms: 5 } },
-            Down::Login { connection: c, outcome: LoginOutcome::Accepted { account: AccountId(3), role: Role::Supplier } },
+            Down::Login { connection: c, outcome: LoginOutcome::Accepted { account: AccountId(3), role: Role::Supplier, participant: AccountId(3) } },
             Down::Login { connection: c, outcome: LoginOutcome::Refused },
             Down::Close { connection: c, code: ErrorCode::KeyRevoked },
             Down::FeedStart { connection: c, channel: Channel::Book, instrument: InstrumentId(2) },

@@ -62,7 +62,7 @@ const RAFT_MAGIC: [u8; 8] = *b"gpuxraft";
 /// This build's Raft protocol version; both ends must speak the same (raised
 /// when what Raft carries, the engine's commands, gains a form an older
 /// build cannot decode).
-pub const RAFT_VERSION: u16 = 3;
+pub const RAFT_VERSION: u16 = 4;
 const RAFT_DOMAIN: &[u8] = b"gpux-raft-v2";
 /// Connections in their handshake at once.
 pub const RAFT_HANDSHAKES_MAX: usize = 16;

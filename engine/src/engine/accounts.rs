@@ -467,7 +467,7 @@ impl Engine {
     /// room, region and fabric checked), or a new one.
     fn host_for(&mut self, account: AccountId, host_name: &str, region: Option<u8>, fabric: Option<&FabricClaim>) -> Checked<HostId> {
         let known = if self.share_rules >= 1 {
-            self.host_by_owner.get(&(account, host_name.to_string()))
+            self.host_by_owner.get(&account).and_then(|hosts| hosts.get(host_name))
         } else {
             self.host_by_name.get(host_name)
         };
@@ -499,7 +499,7 @@ impl Engine {
         // The first-come index of the rules before 1 keeps the first host
         // of each name (what those rules found).
         self.host_by_name.entry(host_name.to_string()).or_insert(host);
-        self.host_by_owner.insert((account, host_name.to_string()), host);
+        self.host_by_owner.entry(account).or_default().insert(host_name.to_string(), host);
         Ok(host)
     }
 

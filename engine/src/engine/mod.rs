@@ -511,7 +511,7 @@ pub struct Engine {
     /// are each supplier's own.
     pub(crate) share_rules: u32,
     /// Hosts by owner and name (what `host_by_name` is from share rules 1).
-    pub(crate) host_by_owner: BTreeMap<(AccountId, String), HostId>,
+    pub(crate) host_by_owner: BTreeMap<AccountId, BTreeMap<String, HostId>>,
     /// The shape (`nodes`, minimum fabric Gb/s) of the cluster bid being
     /// placed (within the command only).
     #[serde(skip)]

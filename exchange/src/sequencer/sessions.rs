@@ -80,7 +80,8 @@ impl Sequencer {
         let role = self.market.engine().role(account).expect("bound accounts exist");
         let bound = Bound { account, key: public_key, key_expires_at_ms, cancel_on_disconnect, presence };
         self.sessions.log_in(connection, bound);
-        let accepted = Outgoing::Login(LoginOutcome::Accepted { account, role });
+        let participant = self.market.engine().participant_of(account);
+        let accepted = Outgoing::Login(LoginOutcome::Accepted { account, role, participant });
         self.pending.push((Target::Connection(connection), Pending::Control(accepted)));
         self.reply(connection, ServerMessage::Authenticated { id, account, role });
     }
