@@ -10,7 +10,13 @@
 //! (`--job-store-listen`), with a bearer token the sequencer signs
 //! (`job_store_token`): a renter's token opens its own prefix (it uploads
 //! bundles and reads its jobs' results); a host's token opens the bundle
-//! and the directory of the one job its lease runs, for an hour. Tokens are
+//! and the directory of the one job its lease runs, while that lease runs
+//! ([`RunningLeases`], kept by the sequencer: refused `lease_ended` the
+//! moment the lease ends; a re-match's new lease has a token of its own),
+//! except that for [`LOG_GRACE_MS`] after the end it may still put its own
+//! attempt's output tail (`logs/attempt-<A>-rank-<R>.log`), which its
+//! host can only take once the workload is stopped.
+//! Tokens are
 //! HMAC-SHA-256 under a secret kept in the data directory
 //! (`job-store.key`), so the HTTP side checks them without asking the
 //! sequencer. Each renter's prefix holds at most its quota of bytes and
@@ -30,7 +36,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use futures_util::StreamExt;
-use gpux_engine::AccountId;
+use gpux_engine::{AccountId, LeaseId};
 use gpux_protocol::JobId;
 use hmac::{Hmac, Mac};
 use object_store::path::Path as StorePath;
@@ -57,6 +63,10 @@ pub enum Grant {
     Host {
         renter: AccountId,
         job: JobId,
+        /// The lease the host runs the job on, for `attempt`: the grant
+        /// holds while it runs.
+        lease: LeaseId,
+        attempt: u32,
         bundle: Option<String>,
         #[serde(default)]
         inputs: Vec<String>,
@@ -149,17 +159,86 @@ impl Key {
     }
 }
 
+/// How long after its lease ended a host may still put its attempt's
+/// output tail (and nothing else).
+pub const LOG_GRACE_MS: u64 = 120_000;
+/// Ended leases remembered for the log grace (the oldest forgotten first).
+const ENDED_KEPT_MAX: usize = 1 << 16;
+
+/// Where a host grant's lease stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    Running,
+    /// Ended less than [`LOG_GRACE_MS`] ago.
+    JustEnded,
+    Ended,
+}
+
+/// The job leases running now, and those that ended within the log grace:
+/// what a host's grant needs besides its signature. The sequencer keeps it
+/// (from the market at start, then from every lease created and ended);
+/// the store's HTTP side reads it.
+#[derive(Default)]
+pub struct RunningLeases(std::sync::RwLock<Leases>);
+
+#[derive(Default)]
+pub struct Leases {
+    running: std::collections::HashSet<LeaseId>,
+    /// Ended leases by when they ended, oldest first.
+    ended: std::collections::VecDeque<(LeaseId, u64)>,
+    ended_at: std::collections::HashMap<LeaseId, u64>,
+}
+
+impl RunningLeases {
+    pub fn standing(&self, lease: LeaseId, now_ms: u64) -> Standing {
+        let leases = self.0.read().unwrap_or_else(|e| e.into_inner());
+        if leases.running.contains(&lease) {
+            return Standing::Running;
+        }
+        match leases.ended_at.get(&lease) {
+            Some(&at_ms) if now_ms < at_ms.saturating_add(LOG_GRACE_MS) => Standing::JustEnded,
+            _ => Standing::Ended,
+        }
+    }
+
+    /// Exactly these leases run from now on.
+    pub fn replace(&self, leases: impl IntoIterator<Item = LeaseId>) {
+        let mut this = self.0.write().unwrap_or_else(|e| e.into_inner());
+        this.running.clear();
+        this.running.extend(leases);
+    }
+
+    pub fn started(&self, lease: LeaseId) {
+        self.0.write().unwrap_or_else(|e| e.into_inner()).running.insert(lease);
+    }
+
+    pub fn ended(&self, lease: LeaseId, at_ms: u64) {
+        let mut this = self.0.write().unwrap_or_else(|e| e.into_inner());
+        if !this.running.remove(&lease) {
+            return;
+        }
+        while this.ended.len() >= ENDED_KEPT_MAX || this.ended.front().is_some_and(|&(_, t)| t.saturating_add(LOG_GRACE_MS) <= at_ms) {
+            let Some((old, _)) = this.ended.pop_front() else { break };
+            this.ended_at.remove(&old);
+        }
+        this.ended.push_back((lease, at_ms));
+        this.ended_at.insert(lease, at_ms);
+    }
+}
+
 /// Signs tokens (the sequencer's side).
 #[derive(Clone)]
 pub struct Issuer {
     /// The store's URL as clients reach it.
     pub url: String,
     secret: [u8; 32],
+    /// The job leases running, shared with the store's HTTP side.
+    pub running: Arc<RunningLeases>,
 }
 
 impl Issuer {
-    pub fn new(url: String, secret: [u8; 32]) -> Issuer {
-        Issuer { url, secret }
+    pub fn new(url: String, secret: [u8; 32], running: Arc<RunningLeases>) -> Issuer {
+        Issuer { url, secret, running }
     }
 
     /// `hex(JSON of the grant).hex(HMAC-SHA-256 of it)`.
@@ -233,6 +312,7 @@ pub fn open(spec: &str, data_dir: &Path) -> anyhow::Result<Arc<dyn ObjectStore>>
 pub struct StoreServer {
     store: Arc<dyn ObjectStore>,
     secret: [u8; 32],
+    running: Arc<RunningLeases>,
     quota_bytes: u64,
     puts: tokio::sync::Semaphore,
     clock: gpux_gateway::link::Clock,
@@ -247,8 +327,14 @@ pub struct Listed {
 type Shared = Arc<StoreServer>;
 
 impl StoreServer {
-    pub fn new(store: Arc<dyn ObjectStore>, secret: [u8; 32], quota_bytes: u64, clock: gpux_gateway::link::Clock) -> StoreServer {
-        StoreServer { store, secret, quota_bytes, puts: tokio::sync::Semaphore::new(PUTS_IN_FLIGHT_MAX), clock }
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        secret: [u8; 32],
+        running: Arc<RunningLeases>,
+        quota_bytes: u64,
+        clock: gpux_gateway::link::Clock,
+    ) -> StoreServer {
+        StoreServer { store, secret, running, quota_bytes, puts: tokio::sync::Semaphore::new(PUTS_IN_FLIGHT_MAX), clock }
     }
 
     pub fn router(self) -> axum::Router {
@@ -264,11 +350,27 @@ impl StoreServer {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .ok_or(Refusal(StatusCode::UNAUTHORIZED, "token_missing", "send Authorization: Bearer <job_store_token>"))?;
-        verify(&self.secret, token, self.clock.now_ms()).ok_or(Refusal(
+        let grant = verify(&self.secret, token, self.clock.now_ms()).ok_or(Refusal(
             StatusCode::UNAUTHORIZED,
             "token_invalid",
             "the token does not verify or has expired: ask for a new one",
-        ))
+        ))?;
+        Ok(grant)
+    }
+
+    /// A host grant's lease must run; one that ended within the log grace
+    /// may put its attempt's output tail (`log_tail`) and nothing else.
+    fn check_lease(&self, grant: &Grant, log_tail: bool) -> Result<(), Refusal> {
+        let Grant::Host { lease, .. } = grant else { return Ok(()) };
+        match self.running.standing(*lease, self.clock.now_ms()) {
+            Standing::Running => Ok(()),
+            Standing::JustEnded if log_tail => Ok(()),
+            Standing::JustEnded | Standing::Ended => Err(Refusal(
+                StatusCode::FORBIDDEN,
+                "lease_ended",
+                "the lease this host token was issued for has ended: a host reaches a job's files only while its lease runs",
+            )),
+        }
     }
 
     async fn usage(&self, owner: AccountId) -> Result<(u64, usize), object_store::Error> {
@@ -314,6 +416,17 @@ fn store_failed(error: object_store::Error) -> Response {
 
 fn authorised(server: &StoreServer, headers: &HeaderMap, key: &str, operation: Operation) -> Result<Key, Refusal> {
     let grant = server.grant(headers)?;
+    let log_tail = match &grant {
+        Grant::Host { attempt, .. } => {
+            let name = key.rsplit_once("/logs/").map(|(_, name)| name).unwrap_or_default();
+            operation == Operation::Write
+                && name.strip_prefix(&format!("attempt-{attempt}-rank-")).is_some_and(|rank| {
+                    rank.strip_suffix(".log").is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
+                })
+        }
+        Grant::Renter { .. } => false,
+    };
+    server.check_lease(&grant, log_tail)?;
     let parsed = Key::parse(key).ok_or(Refusal(
         StatusCode::BAD_REQUEST,
         "key_invalid",
@@ -435,6 +548,9 @@ async fn list(State(server): State<Shared>, UrlPath(prefix): UrlPath<String>, he
     let Some(owner) = owner.filter(|_| shape_ok) else {
         return refuse(StatusCode::BAD_REQUEST, "key_invalid", "list <account>, <account>/jobs/<job> or <account>/jobs/<job>/<area>");
     };
+    if let Err(refused) = server.check_lease(&grant, false) {
+        return refused.into_response();
+    }
     if !grant.may_list(owner, job) {
         return refuse(StatusCode::FORBIDDEN, "forbidden", "the token does not open this prefix");
     }
@@ -501,11 +617,13 @@ mod tests {
 
     #[test]
     fn grants_open_what_they_name_only() {
-        let issuer = Issuer::new("http://store".into(), [9; 32]);
+        let issuer = Issuer::new("http://store".into(), [9; 32], Arc::default());
         let sha = "cd".repeat(32);
         let host = Grant::Host {
             renter: AccountId(7),
             job: JobId(3),
+            lease: LeaseId(11),
+            attempt: 1,
             bundle: Some(sha.clone()),
             inputs: vec!["ab".repeat(32)],
             expires_at_ms: 2_000,
@@ -515,7 +633,7 @@ mod tests {
         assert_eq!(verify(&[9; 32], &token, 2_000), None, "expired");
         assert_eq!(verify(&[8; 32], &token, 1_000), None, "another secret");
         let other =
-            issuer.issue(&Grant::Host { renter: AccountId(7), job: JobId(4), bundle: None, inputs: Vec::new(), expires_at_ms: 2_000 });
+            issuer.issue(&Grant::Host { renter: AccountId(7), job: JobId(4), lease: LeaseId(11), attempt: 1, bundle: None, inputs: Vec::new(), expires_at_ms: 2_000 });
         let forged = format!("{}.{}", other.split('.').next().expect("a body"), token.split('.').nth(1).expect("a tag"));
         assert_eq!(verify(&[9; 32], &forged, 1_000), None, "a changed body");
         let key = |k: &str| Key::parse(k).expect("valid");

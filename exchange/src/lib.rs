@@ -236,8 +236,9 @@ fn open_job_store(
     listener.set_nonblocking(true)?;
     let url = config.url.clone().unwrap_or(format!("http://{}", listener.local_addr()?));
     say(&format!("job store on {url} ({})", config.store));
-    let server = job_store::StoreServer::new(store, secret, config.quota_bytes, clock);
-    Ok((listener, server, job_store::Issuer::new(url, secret)))
+    let running = std::sync::Arc::new(job_store::RunningLeases::default());
+    let server = job_store::StoreServer::new(store, secret, running.clone(), config.quota_bytes, clock);
+    Ok((listener, server, job_store::Issuer::new(url, secret, running)))
 }
 
 async fn serve_metrics(address: SocketAddr, metrics: std::sync::Arc<metrics::Metrics>) -> Result<()> {

@@ -199,3 +199,122 @@ async fn the_job_store_on_an_s3_server_survives_the_server_going_down_and_back()
     assert_eq!(put(&wrong_url, &wrong_token, &wrong_key, wrong_body).await.0, 503);
     assert!(!data.join("gpux-jobs").join(&wrong_key).exists());
 }
+
+/// The job's state as its renter sees it.
+async fn job_state(renter: &mut Client, job: JobId) -> JobState {
+    let id = renter.id();
+    match renter.request(ClientMessage::JobStatus { id, job }).await {
+        ServerMessage::Job { job, .. } => job.state,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Waits until the job runs on a lease other than `not`; that lease.
+async fn running_lease(renter: &mut Client, job: JobId, not: Option<gpux_engine::LeaseId>) -> gpux_engine::LeaseId {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let JobState::Running { leases, .. } | JobState::Starting { leases, .. } = job_state(renter, job).await {
+            if leases.first().is_some_and(|l| Some(*l) != not) {
+                return leases[0];
+            }
+        }
+        assert!(Instant::now() < deadline, "the job runs on a new lease");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn host_token(supplier: &mut Client, lease: gpux_engine::LeaseId) -> String {
+    let id = supplier.id();
+    match supplier.request(ClientMessage::JobStoreToken { id, job: None, lease: Some(lease) }).await {
+        ServerMessage::JobStoreToken { token, .. } => token,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Issue 61: a host kept its job-store token after its lease ended and
+/// could still overwrite checkpoints and write outputs: the renter
+/// downloaded a forged result. A host's token now opens the job only while
+/// its lease runs: refused `lease_ended` after the host failed and the job
+/// moved, and after the renter cancelled; the new host's token is its own.
+/// Within 2 minutes of the end the old host may still put its own
+/// attempt's output tail, and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hosts_token_ends_with_its_lease_and_a_rematch_gets_its_own() {
+    use ed25519_dalek::Signer;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start(dir.path(), Some(&key(1)));
+    let (mut operator, _) = Client::login(&exchange.addr, &key(1), Role::Operator).await;
+    let (mut renter, renter_account) = Client::login(&exchange.addr, &key(3), Role::Renter).await;
+    let (mut supplier, _) = Client::login(&exchange.addr, &key(2), Role::Supplier).await;
+    let id = operator.id();
+    let deposit = ClientMessage::Deposit { id, account: renter_account, amount_minor: 1_000_000_000 };
+    assert!(matches!(operator.request(deposit).await, ServerMessage::Ack { .. }));
+    // The supplier delivers (its hosts' encryption key), with two hosts asking.
+    let encryption_key = [5u8; 32];
+    let mut signed = gpux_protocol::delivery::ENCRYPTION_KEY_DOMAIN.to_vec();
+    signed.extend_from_slice(&encryption_key);
+    let signature = hex::encode(key(2).sign(&signed).to_bytes());
+    let id = supplier.id();
+    let published = supplier.request(ClientMessage::SetEncryptionKey { id, encryption_key: hex::encode(encryption_key), signature }).await;
+    assert!(matches!(published, ServerMessage::Ack { .. }), "{published:?}");
+    for (n, host) in ["host-a", "host-b"].iter().enumerate() {
+        supplier.register_h100(host, &format!("GPU-{host}")).await;
+        let mut ask = ticket(n as u64 + 1, gpux_engine::Side::Sell, 1_000_000, 1);
+        ask.supply = Some(gpux_engine::GpuSet { host: gpux_engine::HostId(n as u32), gpu_mask: 1 });
+        assert!(matches!(supplier.place(ask).await, ServerMessage::Ack { .. }));
+    }
+    let run = JobRun::in_image("localhost/gpux-py:1", &["python3", "train.py"]);
+    let mut submission = JobSubmission::one_host("forgery", gpux_engine::InstrumentId(0), 1, 2_000_000, 1, 100_000_000, run);
+    submission.retries = 2;
+    let id = renter.id();
+    let job = match renter.request(ClientMessage::SubmitJob { id, job: Box::new(submission) }).await {
+        ServerMessage::Job { job, .. } => job.job,
+        other => panic!("{other:?}"),
+    };
+    let (url, renter_token, _) = {
+        let id = renter.id();
+        match renter.request(ClientMessage::JobStoreToken { id, job: None, lease: None }).await {
+            ServerMessage::JobStoreToken { url, token, .. } => (url, token, ()),
+            other => panic!("{other:?}"),
+        }
+    };
+    let prefix = format!("{}/jobs/{}", renter_account.0, job.0);
+    let first = running_lease(&mut renter, job, None).await;
+    let first_token = host_token(&mut supplier, first).await;
+    assert_eq!(put(&url, &first_token, &format!("{prefix}/outputs/result.json"), b"{\"honest\":1}".to_vec()).await.0, 201);
+
+    // The first host fails: the job moves to the other host.
+    let id = supplier.id();
+    let failed = DeliveryState::Failed { code: FailureCode::HostError, fault: Fault::Host, reason: "gpu fell off the bus".into() };
+    let answer = supplier.request(ClientMessage::DeliveryStatus { id, lease: first, state: failed }).await;
+    assert!(!matches!(answer, ServerMessage::Error { .. }), "{answer:?}");
+    let second = running_lease(&mut renter, job, Some(first)).await;
+    let (status, body) = put(&url, &first_token, &format!("{prefix}/outputs/result.json"), b"{\"forged\":1}".to_vec()).await;
+    assert_eq!((status, body.contains("lease_ended")), (403, true), "the old host writes no output: {body}");
+    let (status, _) = put(&url, &first_token, &format!("{prefix}/checkpoints/state.json"), b"{}".to_vec()).await;
+    assert_eq!(status, 403, "nor a checkpoint");
+    assert_eq!(get(&url, &first_token, &format!("{prefix}/outputs/result.json")).await.0, 403, "nor reads");
+    let own_tail = format!("{prefix}/logs/attempt-1-rank-0.log");
+    assert_eq!(put(&url, &first_token, &own_tail, b"last words".to_vec()).await.0, 201, "its own attempt's tail, within the grace");
+    let other_tail = format!("{prefix}/logs/attempt-2-rank-0.log");
+    assert_eq!(put(&url, &first_token, &other_tail, b"forged".to_vec()).await.0, 403, "not another attempt's");
+    let (status, result) = get(&url, &renter_token, &format!("{prefix}/outputs/result.json")).await;
+    assert_eq!((status, result.as_slice()), (200, b"{\"honest\":1}".as_slice()), "the renter reads what a running host wrote");
+
+    // The new host's own token; then the renter cancels and it ends too.
+    let second_token = host_token(&mut supplier, second).await;
+    assert_eq!(put(&url, &second_token, &format!("{prefix}/outputs/result.json"), b"{\"second\":1}".to_vec()).await.0, 201);
+    let id = renter.id();
+    assert!(matches!(renter.request(ClientMessage::CancelJob { id, job }).await, ServerMessage::Job { .. }));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !job_state(&mut renter, job).await.is_over() {
+        assert!(Instant::now() < deadline, "cancelled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, body) = put(&url, &second_token, &format!("{prefix}/outputs/result.json"), b"{\"late\":1}".to_vec()).await;
+    assert_eq!((status, body.contains("lease_ended")), (403, true), "{body}");
+    // A host token for a lease that has ended is not issued at all.
+    let id = supplier.id();
+    let refused = supplier.request(ClientMessage::JobStoreToken { id, job: None, lease: Some(first) }).await;
+    assert!(matches!(refused, ServerMessage::Error { code: ErrorCode::JobStoreUnavailable, .. }), "{refused:?}");
+}

@@ -394,6 +394,11 @@ impl Jobs {
         self.jobs.get(&job).map_or(&[], |j| &j.leases)
     }
 
+    /// The leases jobs run on now.
+    pub fn running_leases(&self) -> impl Iterator<Item = LeaseId> + '_ {
+        self.leases.keys().copied()
+    }
+
     /// The job a lease runs, if any (while the lease runs).
     pub fn job_of_lease(&self, lease: LeaseId) -> Option<JobId> {
         self.leases.get(&lease).copied()

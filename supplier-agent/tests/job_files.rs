@@ -22,7 +22,10 @@ const JOB: JobId = JobId(9);
 /// The store's server on a temporary directory; its URL.
 async fn store(dir: &std::path::Path) -> String {
     let objects = gpux_exchange::job_store::open("local", dir).expect("store");
-    let server = StoreServer::new(objects, SECRET, 1 << 30, gpux_gateway::link::Clock::default());
+    // Every lease runs: the sequencer's side of a host token is not under test here.
+    let running = std::sync::Arc::new(gpux_exchange::job_store::RunningLeases::default());
+    running.replace((0..64).map(gpux_engine::LeaseId));
+    let server = StoreServer::new(objects, SECRET, running, 1 << 30, gpux_gateway::link::Clock::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     tokio::spawn(async move { axum::serve(listener, server.router()).await });
@@ -33,7 +36,15 @@ async fn store(dir: &std::path::Path) -> String {
 fn member(url: &str, dir: &std::path::Path, attempt: u32, rank: u32, nodes: u32) -> JobFiles {
     let expires_at_ms = gpux_gateway::link::Clock::default().now_ms() + 3_600_000;
     let token =
-        Issuer::new(url.into(), SECRET).issue(&Grant::Host { renter: RENTER, job: JOB, bundle: None, inputs: Vec::new(), expires_at_ms });
+        Issuer::new(url.into(), SECRET, Default::default()).issue(&Grant::Host {
+            renter: RENTER,
+            job: JOB,
+            lease: gpux_engine::LeaseId(attempt as u64),
+            attempt,
+            bundle: None,
+            inputs: Vec::new(),
+            expires_at_ms,
+        });
     let peers = (0..nodes).map(|r| MemberAddress { address: format!("10.0.0.{r}"), port: 29_500 }).collect();
     let run = common::job_run(&["python3"], None);
     let assignment = JobAssignment { job: JOB, attempt, renter: RENTER, world_gpus: nodes, node_rank: rank, nodes, run, peers };

@@ -3,7 +3,7 @@
 //! the job store, and the silence rule that fails a job's lease whose host
 //! stopped speaking so that the job resumes elsewhere.
 
-use gpux_engine::{ContractKind, LeaseId};
+use gpux_engine::{ContractKind, EventKind, LeaseId};
 use gpux_gateway::link::{ConnectionId, JobRequest};
 use gpux_market::jobs::{limits, JobTerms};
 use gpux_market::JournalEntry;
@@ -29,7 +29,21 @@ impl Sequencer {
 
     /// Hands out tokens for this job store (`--job-store`).
     pub fn set_job_store(&mut self, issuer: Issuer) {
+        issuer.running.replace(self.market.jobs().running_leases());
         self.job_store = Some(issuer);
+    }
+
+    /// Keeps the job store's running leases: a host's token holds while
+    /// its lease runs, not a moment longer.
+    pub(super) fn note_job_leases(&self, events: &[gpux_engine::Event]) {
+        let Some(store) = &self.job_store else { return };
+        for event in events {
+            match event.kind {
+                EventKind::LeaseCreated { lease, .. } if self.market.jobs().job_of_lease(lease).is_some() => store.running.started(lease),
+                EventKind::LeaseEnded { lease, .. } => store.running.ended(lease, self.market.clock_ms()),
+                _ => {}
+            }
+        }
     }
 
     pub(super) fn job(&mut self, connection: ConnectionId, id: u64, request: JobRequest) {
@@ -193,13 +207,18 @@ impl Sequencer {
                         gpux_protocol::InputSource::Https { .. } => None,
                     })
                     .collect();
-                // A host's token lasts its lease (and the billing grace, for the
-                // last sync after the lease ends), an hour at least: a long job
-                // syncs its checkpoints to the end without asking again.
-                let lease_end = info.end_ms.map_or(0, |end| end.saturating_add(self.market.engine().config().billing_grace_ms));
+                // A host's token lasts its lease, an hour at least: a long job
+                // syncs its checkpoints to the end without asking again. The
+                // store refuses it the moment the lease ends, whatever its
+                // expiry (`RunningLeases`).
+                let lease_end = info.end_ms.unwrap_or(0);
                 // (Lease times are the exchange's clock, the one tokens are checked on.)
                 let expires_at_ms = expires_at_ms.max(lease_end);
-                Grant::Host { renter: info.renter, job, bundle, inputs, expires_at_ms }
+                let attempt = match self.market.jobs().state(job) {
+                    Some(gpux_market::jobs::JobState::Running { attempt, .. } | gpux_market::jobs::JobState::Starting { attempt, .. }) => *attempt,
+                    _ => return error(Some(id), ErrorCode::JobStoreUnavailable),
+                };
+                Grant::Host { renter: info.renter, job, lease, attempt, bundle, inputs, expires_at_ms }
             }
         };
         ServerMessage::JobStoreToken { id, url: issuer.url.clone(), token: issuer.issue(&grant), expires_at_ms }

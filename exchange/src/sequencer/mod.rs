@@ -528,6 +528,7 @@ impl Sequencer {
         let journal_seq = self.next_seq + self.entries.len() as u64 - 1;
         let mut applied = applied;
         self.note_registrations(&applied.events);
+        self.note_job_leases(&applied.events);
         self.route(&mut applied);
         for command in applied.follow_ups.clone() {
             // Journaled like any command: replay meets it as its own entry.

@@ -602,18 +602,17 @@ impl Manager {
         }
         let _ = self.reports.send(Report::Released { lease });
         if let Some(files) = self.ended_jobs.remove(&lease) {
-            // What the workload wrote while it was stopped (its SIGTERM
-            // grace) reaches the store, and its last output; then its files
-            // leave the host.
+            // The lease ended before its workload exited (a cancel, a
+            // notice's deadline, its hours): the store takes nothing more
+            // of it but its last output, within the log grace
+            // (docs/jobs.md "Code and data"): what the workload wrote after
+            // its last sync stays on this host, and its files leave it.
             let tail = self.kept_logs.iter().find(|(l, ..)| *l == lease).map(|(_, data, _)| data.clone());
             tokio::spawn(async move {
                 if let Some(tail) = tail {
                     if let Err(error) = files.put_log(&tail).await {
                         tracing::warn!(%lease, %error, "putting the job's output in the store failed");
                     }
-                }
-                if let Err(error) = files.sync().await {
-                    tracing::warn!(%lease, %error, "the job's last sync failed");
                 }
                 let _ = std::fs::remove_dir_all(&files.dir);
             });
