@@ -197,7 +197,12 @@ fn aggregator_with_subs(m: &mut Market, subs: usize) -> (AccountId, Vec<AccountI
 fn arm_stop(m: &mut Market, account: AccountId) -> Vec<Event> {
     let mut order = m.order(account, H100_SPOT, Side::Buy, USD_2, 1);
     order.time_in_force = TimeInForce::Gtc;
-    m.apply(Command::Place { order, options: OrderOptions { stop_price_minor_per_gpu_hour: USD_2, ..OrderOptions::default() }, regions: Vec::new(), cluster: None })
+    m.apply(Command::Place {
+        order,
+        options: OrderOptions { stop_price_minor_per_gpu_hour: USD_2, ..OrderOptions::default() },
+        regions: Vec::new(),
+        cluster: None,
+    })
 }
 
 #[test]

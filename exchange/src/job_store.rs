@@ -30,7 +30,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -40,14 +40,16 @@ use gpux_engine::{AccountId, LeaseId};
 use gpux_protocol::JobId;
 use hmac::{Hmac, Mac};
 use object_store::path::Path as StorePath;
-use object_store::{ObjectStore, PutPayload};
+use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 pub use crate::limits::OBJECTS_PER_ACCOUNT_MAX;
 pub use crate::limits::OBJECT_BYTES_MAX;
 pub use crate::limits::PUTS_IN_FLIGHT_MAX;
+pub use crate::limits::PUTS_PER_UPLOADER_MAX;
 pub use crate::limits::QUOTA_BYTES_DEFAULT;
+use crate::limits::{PUT_CHUNK_BYTES, PUT_IDLE, PUT_RATE_GRACE, PUT_RATE_MIN_BYTES_PER_S};
 /// The whole of one request must be over within this time.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
 use crate::limits::KEY_BYTES_MAX;
@@ -56,8 +58,15 @@ use crate::limits::KEY_BYTES_MAX;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Grant {
-    /// The renter's own prefix: read all, put bundles.
-    Renter { account: AccountId, expires_at_ms: u64 },
+    /// The renter's own prefix: read all, put bundles. `participant`: its
+    /// account's parent for a sub-account (whose share of the upload
+    /// slots it takes; its own account when absent).
+    Renter {
+        account: AccountId,
+        #[serde(default)]
+        participant: Option<AccountId>,
+        expires_at_ms: u64,
+    },
     /// A host running `job` of `renter`: read its bundle and its inputs in
     /// the store, read and write (and delete) its checkpoints and outputs.
     Host {
@@ -78,6 +87,14 @@ impl Grant {
     fn expires_at_ms(&self) -> u64 {
         match self {
             Grant::Renter { expires_at_ms, .. } | Grant::Host { expires_at_ms, .. } => *expires_at_ms,
+        }
+    }
+
+    /// Whose share of the upload slots a put under this grant takes.
+    fn uploader(&self) -> Uploader {
+        match self {
+            Grant::Renter { account, participant, .. } => Uploader::Participant(participant.unwrap_or(*account)),
+            Grant::Host { lease, .. } => Uploader::Lease(*lease),
         }
     }
 
@@ -308,13 +325,57 @@ pub fn open(spec: &str, data_dir: &Path) -> anyhow::Result<Arc<dyn ObjectStore>>
     anyhow::bail!("--job-store {spec}: expected local, file:///DIR, s3://BUCKET, gs://BUCKET, az://CONTAINER or off")
 }
 
+/// Who an upload slot is counted against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Uploader {
+    Participant(AccountId),
+    Lease(LeaseId),
+}
+
+/// Uploads in flight: at most `PUTS_IN_FLIGHT_MAX`, `PUTS_PER_UPLOADER_MAX`
+/// of one uploader.
+#[derive(Default)]
+struct Uploads(std::sync::Mutex<std::collections::HashMap<Uploader, usize>>);
+
+/// An upload's slot; dropping it gives the slot back.
+struct UploadSlot<'a> {
+    uploads: &'a Uploads,
+    uploader: Uploader,
+}
+
+impl Uploads {
+    fn take(&self, uploader: Uploader) -> Result<UploadSlot<'_>, &'static str> {
+        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if open.get(&uploader).is_some_and(|&n| n >= PUTS_PER_UPLOADER_MAX) {
+            return Err("this account (with its sub-accounts), or this lease, has 2 uploads in flight: wait for one to end");
+        }
+        if open.values().sum::<usize>() >= PUTS_IN_FLIGHT_MAX {
+            return Err("the job store takes 16 uploads at once; try again");
+        }
+        *open.entry(uploader).or_default() += 1;
+        Ok(UploadSlot { uploads: self, uploader })
+    }
+}
+
+impl Drop for UploadSlot<'_> {
+    fn drop(&mut self) {
+        let mut open = self.uploads.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.uploader) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.uploader);
+            }
+        }
+    }
+}
+
 /// The HTTP side: checks tokens and shares, moves bytes.
 pub struct StoreServer {
     store: Arc<dyn ObjectStore>,
     secret: [u8; 32],
     running: Arc<RunningLeases>,
     quota_bytes: u64,
-    puts: tokio::sync::Semaphore,
+    uploads: Uploads,
     clock: gpux_gateway::link::Clock,
 }
 
@@ -334,7 +395,7 @@ impl StoreServer {
         quota_bytes: u64,
         clock: gpux_gateway::link::Clock,
     ) -> StoreServer {
-        StoreServer { store, secret, running, quota_bytes, puts: tokio::sync::Semaphore::new(PUTS_IN_FLIGHT_MAX), clock }
+        StoreServer { store, secret, running, quota_bytes, uploads: Uploads::default(), clock }
     }
 
     pub fn router(self) -> axum::Router {
@@ -420,9 +481,9 @@ fn authorised(server: &StoreServer, headers: &HeaderMap, key: &str, operation: O
         Grant::Host { attempt, .. } => {
             let name = key.rsplit_once("/logs/").map(|(_, name)| name).unwrap_or_default();
             operation == Operation::Write
-                && name.strip_prefix(&format!("attempt-{attempt}-rank-")).is_some_and(|rank| {
-                    rank.strip_suffix(".log").is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
-                })
+                && name
+                    .strip_prefix(&format!("attempt-{attempt}-rank-"))
+                    .is_some_and(|rank| rank.strip_suffix(".log").is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit())))
         }
         Grant::Renter { .. } => false,
     };
@@ -460,6 +521,10 @@ async fn put_object(State(server): State<Shared>, UrlPath(key): UrlPath<String>,
         Ok(parsed) => parsed,
         Err(refused) => return refused.into_response(),
     };
+    let uploader = match server.grant(&headers) {
+        Ok(grant) => grant.uploader(),
+        Err(refused) => return refused.into_response(),
+    };
     // A declared length that can never fit is refused before any body is
     // read or an upload slot taken.
     let declared = headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
@@ -473,21 +538,13 @@ async fn put_object(State(server): State<Shared>, UrlPath(key): UrlPath<String>,
             "the object is larger than the account's share of the job store",
         );
     }
-    let Ok(_slot) = server.puts.try_acquire() else {
-        return refuse(StatusCode::SERVICE_UNAVAILABLE, "busy", "too many uploads at once; try again");
+    let _slot = match server.uploads.take(uploader) {
+        Ok(slot) => slot,
+        Err(why) => return refuse(StatusCode::SERVICE_UNAVAILABLE, "busy", why),
     };
-    let bytes: Bytes = match axum::body::to_bytes(body, OBJECT_BYTES_MAX as usize).await {
-        Ok(bytes) => bytes,
-        Err(_) => return refuse(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "an object is at most 1 GiB"),
-    };
-    let owner = match &parsed {
-        Key::Bundle { owner, sha256 } | Key::Input { owner, sha256 } => {
-            if hex::encode(Sha256::digest(&bytes)) != *sha256 {
-                return refuse(StatusCode::BAD_REQUEST, "hash_mismatch", "the bundle's SHA-256 is not the one its key names");
-            }
-            *owner
-        }
-        Key::Job { owner, .. } => *owner,
+    let (owner, sha256) = match &parsed {
+        Key::Bundle { owner, sha256 } | Key::Input { owner, sha256 } => (*owner, Some(sha256.clone())),
+        Key::Job { owner, .. } => (*owner, None),
     };
     let path = StorePath::from(key.as_str());
     let replaced = match server.store.head(&path).await {
@@ -495,24 +552,100 @@ async fn put_object(State(server): State<Shared>, UrlPath(key): UrlPath<String>,
         Err(object_store::Error::NotFound { .. }) => 0,
         Err(error) => return store_failed(error),
     };
-    match server.usage(owner).await {
+    // The room the account has for this object, checked before its body.
+    let room = match server.usage(owner).await {
         Ok((used, objects)) => {
-            if used - replaced.min(used) + bytes.len() as u64 > server.quota_bytes {
-                return refuse(
-                    StatusCode::INSUFFICIENT_STORAGE,
-                    "quota_exceeded",
-                    "the account's share of the job store is full: delete old results",
-                );
-            }
             if replaced == 0 && objects >= OBJECTS_PER_ACCOUNT_MAX {
                 return refuse(StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded", "the account holds 10 000 objects in the job store");
             }
+            server.quota_bytes.saturating_sub(used - replaced.min(used))
         }
         Err(error) => return store_failed(error),
+    };
+    let full =
+        || refuse(StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded", "the account's share of the job store is full: delete old results");
+    if declared.is_some_and(|bytes| bytes > room) {
+        return full();
     }
-    match server.store.put(&path, PutPayload::from_bytes(bytes)).await {
-        Ok(_) => StatusCode::CREATED.into_response(),
-        Err(error) => store_failed(error),
+    let upload = match server.store.put_multipart(&path).await {
+        Ok(upload) => upload,
+        Err(error) => return store_failed(error),
+    };
+    match stream_body(body, upload, room.min(OBJECT_BYTES_MAX), declared, sha256.as_deref()).await {
+        Ok(()) => StatusCode::CREATED.into_response(),
+        Err(Streamed::Store(error)) => store_failed(error),
+        Err(Streamed::Full) => full(),
+        Err(Streamed::Refused(status, code, message)) => refuse(status, code, message),
+    }
+}
+
+/// Why a streamed put did not land (nothing of it is visible then).
+enum Streamed {
+    Store(object_store::Error),
+    /// Past the account's room.
+    Full,
+    Refused(StatusCode, &'static str, &'static str),
+}
+
+/// Moves a put's body to the backend part by part (at most
+/// `PUT_CHUNK_BYTES` buffered and two parts in flight), at most `limit`
+/// bytes, a declared length kept to, and a bundle's SHA-256 checked
+/// before the object is completed; a body that stalls for `PUT_IDLE`, or
+/// averages less than `PUT_RATE_MIN_BYTES_PER_S` after `PUT_RATE_GRACE`,
+/// is cut off. Any refusal aborts the upload: the key keeps what it held.
+async fn stream_body(
+    body: Body,
+    upload: Box<dyn object_store::MultipartUpload>,
+    limit: u64,
+    declared: Option<u64>,
+    sha256: Option<&str>,
+) -> Result<(), Streamed> {
+    let mut writer = object_store::WriteMultipart::new_with_chunk_size(upload, PUT_CHUNK_BYTES);
+    let outcome = async {
+        let mut stream = body.into_data_stream();
+        let mut hasher = Sha256::new();
+        let (mut received, started) = (0u64, tokio::time::Instant::now());
+        loop {
+            let chunk = match tokio::time::timeout(PUT_IDLE, stream.next()).await {
+                Err(_) => return Err(Streamed::Refused(StatusCode::REQUEST_TIMEOUT, "upload_stalled", "the body sent nothing for 10 s")),
+                Ok(None) => break,
+                Ok(Some(Err(_))) => return Err(Streamed::Refused(StatusCode::BAD_REQUEST, "upload_broken", "the body ended early")),
+                Ok(Some(Ok(chunk))) => chunk,
+            };
+            received += chunk.len() as u64;
+            if received > OBJECT_BYTES_MAX {
+                return Err(Streamed::Refused(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "an object is at most 1 GiB"));
+            }
+            if received > limit {
+                return Err(Streamed::Full);
+            }
+            let elapsed = started.elapsed();
+            if elapsed > PUT_RATE_GRACE && received < (elapsed - PUT_RATE_GRACE).as_secs() * PUT_RATE_MIN_BYTES_PER_S {
+                return Err(Streamed::Refused(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "upload_too_slow",
+                    "the body arrives at less than 256 KiB/s: upload from a faster link",
+                ));
+            }
+            hasher.update(&chunk);
+            writer.wait_for_capacity(2).await.map_err(Streamed::Store)?;
+            writer.write(&chunk);
+        }
+        if declared.is_some_and(|bytes| bytes != received) {
+            return Err(Streamed::Refused(StatusCode::BAD_REQUEST, "upload_broken", "the body is not as long as its Content-Length"));
+        }
+        if sha256.is_some_and(|sha| hex::encode(hasher.finalize()) != sha) {
+            return Err(Streamed::Refused(StatusCode::BAD_REQUEST, "hash_mismatch", "the bundle's SHA-256 is not the one its key names"));
+        }
+        Ok(())
+    }
+    .await;
+    match outcome {
+        Ok(()) => writer.finish().await.map(|_| ()).map_err(Streamed::Store),
+        Err(refused) => {
+            let _ = writer.abort().await;
+            Err(refused)
+        }
     }
 }
 
@@ -632,8 +765,15 @@ mod tests {
         assert_eq!(verify(&[9; 32], &token, 1_000), Some(host.clone()));
         assert_eq!(verify(&[9; 32], &token, 2_000), None, "expired");
         assert_eq!(verify(&[8; 32], &token, 1_000), None, "another secret");
-        let other =
-            issuer.issue(&Grant::Host { renter: AccountId(7), job: JobId(4), lease: LeaseId(11), attempt: 1, bundle: None, inputs: Vec::new(), expires_at_ms: 2_000 });
+        let other = issuer.issue(&Grant::Host {
+            renter: AccountId(7),
+            job: JobId(4),
+            lease: LeaseId(11),
+            attempt: 1,
+            bundle: None,
+            inputs: Vec::new(),
+            expires_at_ms: 2_000,
+        });
         let forged = format!("{}.{}", other.split('.').next().expect("a body"), token.split('.').nth(1).expect("a tag"));
         assert_eq!(verify(&[9; 32], &forged, 1_000), None, "a changed body");
         let key = |k: &str| Key::parse(k).expect("valid");
@@ -645,7 +785,7 @@ mod tests {
         assert!(!host.allows(Operation::Read, &key(&format!("7/inputs/{}.tar.gz", "ef".repeat(32)))), "another input");
         assert!(!host.allows(Operation::Read, &key("7/jobs/4/outputs/model.bin")), "another job");
         assert!(!host.allows(Operation::Read, &key("8/jobs/3/outputs/model.bin")), "another renter");
-        let renter = Grant::Renter { account: AccountId(7), expires_at_ms: 2_000 };
+        let renter = Grant::Renter { account: AccountId(7), participant: None, expires_at_ms: 2_000 };
         assert!(renter.allows(Operation::Write, &key(&format!("7/bundles/{sha}.tar.gz"))));
         assert!(renter.allows(Operation::Read, &key("7/jobs/4/outputs/model.bin")));
         assert!(!renter.allows(Operation::Write, &key("7/jobs/4/outputs/model.bin")), "results are the host's to write");

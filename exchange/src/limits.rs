@@ -66,8 +66,24 @@ pub const OBJECT_BYTES_MAX: u64 = 1 << 30;
 pub const OBJECTS_PER_ACCOUNT_MAX: usize = 10_000;
 /// The default share of the store per account (`--job-store-quota-mib`).
 pub const QUOTA_BYTES_DEFAULT: u64 = 20 << 30;
-/// Puts in flight at once (each buffers its body).
-pub const PUTS_IN_FLIGHT_MAX: usize = 4;
+/// Puts in flight at once on the store (each streams its body to the
+/// backend through at most `PUT_CHUNK_BYTES` x 3 of memory).
+pub const PUTS_IN_FLIGHT_MAX: usize = 16;
+/// Puts in flight at once by one uploader: a renter participant (an account
+/// and its sub-accounts), or one host's lease.
+pub const PUTS_PER_UPLOADER_MAX: usize = 2;
+const _: () = assert!(PUTS_PER_UPLOADER_MAX * 8 <= PUTS_IN_FLIGHT_MAX, "filling the uploads takes 8 uploaders");
+/// A put's body moves to the backend in parts of this size (S3's least
+/// part), at most two parts in flight.
+pub const PUT_CHUNK_BYTES: usize = 5 << 20;
+/// A put whose body sends nothing for this long is cut off
+/// (`408 upload_stalled`).
+pub const PUT_IDLE: Duration = Duration::from_secs(10);
+/// After `PUT_RATE_GRACE`, a put must have averaged at least this rate
+/// since (`408 upload_too_slow`), so a trickle cannot hold a slot for the
+/// request's 10 minutes.
+pub const PUT_RATE_MIN_BYTES_PER_S: u64 = 256 << 10;
+pub const PUT_RATE_GRACE: Duration = Duration::from_secs(30);
 /// Bytes of a key.
 pub const KEY_BYTES_MAX: usize = 1024;
 

@@ -233,6 +233,10 @@ fn main() {
 }
 
 fn run_main() -> Result<()> {
+    // Whatever the exchange creates (journal, snapshots, keys, the local
+    // job store's objects and folders, archives) is its owner's alone:
+    // files 0600, folders 0700.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     init_logging();
     let args = Args::parse();
     match args.command {

@@ -121,7 +121,8 @@ async fn sub_accounts(exchange: &Exchange, parent: &mut Client, count: u8, first
             panic!("a sub-account")
         };
         let id = parent.id();
-        let moved = parent.request(ClientMessage::MoveFunds { id, sub_account: account, amount_minor: 1 << 36, to_sub_account: true }).await;
+        let moved =
+            parent.request(ClientMessage::MoveFunds { id, sub_account: account, amount_minor: 1 << 36, to_sub_account: true }).await;
         assert!(matches!(moved, ServerMessage::Ack { .. }), "{moved:?}");
         let sub_key = key(first_key + n);
         let id = parent.id();

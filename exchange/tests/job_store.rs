@@ -318,3 +318,103 @@ async fn a_hosts_token_ends_with_its_lease_and_a_rematch_gets_its_own() {
     let refused = supplier.request(ClientMessage::JobStoreToken { id, job: None, lease: Some(first) }).await;
     assert!(matches!(refused, ServerMessage::Error { code: ErrorCode::JobStoreUnavailable, .. }), "{refused:?}");
 }
+
+/// Resident memory of a process, in KiB (`VmRSS`).
+fn resident_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let line = status.lines().find(|line| line.starts_with("VmRSS:")).expect("VmRSS");
+    line.split_whitespace().nth(1).expect("a number").parse().expect("KiB")
+}
+
+/// Starts a put that declares `declared` bytes and sends 1 KiB: the stream,
+/// left open.
+async fn stalled_put(url: &str, token: &str, key: &str, declared: u64) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let host_port = url.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(host_port).await.expect("connect");
+    let head = format!(
+        "PUT /v1/objects/{key} HTTP/1.1\r\nHost: {host_port}\r\nAuthorization: Bearer {token}\r\nContent-Length: {declared}\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.expect("head");
+    stream.write_all(&[7u8; 1024]).await.expect("1 KiB");
+    stream
+}
+
+/// Issue 61: 4 stalled uploads (512 MiB declared, 1 KiB sent) made every
+/// other account's upload `503 busy` for 10 minutes, 4 uploads of 256 MiB
+/// took the exchange from 30 MiB to 1.9 GiB, and objects were 0644 in
+/// 0755 folders. Uploads are now each uploader's (2 at once, 16 in all),
+/// a body that stalls is cut off after 10 s, bodies stream to the backend
+/// in bounded memory, and what the store keeps is owner-only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_uploads_hold_only_their_own_slots_and_bodies_stream_in_bounded_memory() {
+    use tokio::io::AsyncReadExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start(dir.path(), None);
+    let pid = exchange.child.id();
+    let (url, attacker, attacker_account) = renter_token(&exchange.addr, 3).await;
+    let (mut stalled, mut keys) = (Vec::new(), Vec::new());
+    for seed in 0..2u8 {
+        let (key, _) = bundle(attacker_account, seed, 16);
+        stalled.push(stalled_put(&url, &attacker, &key, 512 << 20).await);
+        keys.push(key);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (third, body) = bundle(attacker_account, 9, 1 << 10);
+    let (status, text) = put(&url, &attacker, &third, body).await;
+    assert_eq!((status, text.contains("2 uploads in flight")), (503, true), "the attacker's own share: {text}");
+    let (_, victim, victim_account) = renter_token(&exchange.addr, 4).await;
+    let (key, body) = bundle(victim_account, 1, 64 << 10);
+    assert_eq!(put(&url, &victim, &key, body).await.0, 201, "another account uploads meanwhile");
+    // The stalled bodies are cut off and answered; nothing of them is kept.
+    for mut stream in stalled {
+        let mut answer = vec![0u8; 512];
+        let read = tokio::time::timeout(Duration::from_secs(15), stream.read(&mut answer)).await.expect("cut off").expect("read");
+        let answer = String::from_utf8_lossy(&answer[..read]).to_string();
+        assert!(answer.starts_with("HTTP/1.1 408") && answer.contains("upload_stalled"), "{answer}");
+    }
+    for key in &keys {
+        assert_eq!(get(&url, &attacker, key).await.0, 404, "a cut upload leaves nothing");
+    }
+
+    // Four uploaders put 128 MiB each at once: the exchange's memory stays bounded.
+    let before_kib = resident_kib(pid);
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(before_kib));
+    let sampling = tokio::spawn({
+        let peak = peak.clone();
+        async move {
+            loop {
+                peak.fetch_max(resident_kib(pid), std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+    let mut uploads = tokio::task::JoinSet::new();
+    for seed in 10..14u8 {
+        let (_, token, account) = renter_token(&exchange.addr, seed).await;
+        let (key, body) = bundle(account, seed, 128 << 20);
+        let url = url.clone();
+        uploads.spawn(async move { (put(&url, &token, &key, body).await.0, key) });
+    }
+    let mut stored = Vec::new();
+    while let Some(done) = uploads.join_next().await {
+        let (status, key) = done.expect("an upload");
+        assert_eq!(status, 201, "{key}");
+        stored.push(key);
+    }
+    sampling.abort();
+    let grown_mib = peak.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(before_kib) / 1024;
+    eprintln!("JOB STORE: 4 x 128 MiB uploads at once grew the exchange by {grown_mib} MiB at most");
+    assert!(grown_mib < 96, "512 MiB in flight grew the exchange by {grown_mib} MiB");
+
+    // Owner-only: each object 0600, each folder 0700.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &Path| std::fs::metadata(path).expect("there").permissions().mode() & 0o777;
+    let object = dir.path().join("job-store").join(&stored[0]);
+    assert_eq!(mode(&object), 0o600, "{}", object.display());
+    let mut folder = object.parent().expect("a folder").to_path_buf();
+    while folder != dir.path() {
+        assert_eq!(mode(&folder), 0o700, "{}", folder.display());
+        folder = folder.parent().expect("a parent").to_path_buf();
+    }
+}

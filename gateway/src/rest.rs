@@ -876,7 +876,8 @@ mod tests {
             match requests.recv_timeout(Duration::from_secs(5)).expect("the lookup's requests") {
                 Request { body: Body::Connect { outbound }, .. } => lookup = Some(outbound),
                 Request { body: Body::Authenticate { .. }, .. } => {
-                    let accepted = Outgoing::Login(LoginOutcome::Accepted { account: AccountId(5), role: Role::Renter, participant: AccountId(5) });
+                    let accepted =
+                        Outgoing::Login(LoginOutcome::Accepted { account: AccountId(5), role: Role::Renter, participant: AccountId(5) });
                     lookup.as_ref().expect("connect first").frames.try_send(accepted).expect("queued");
                 }
                 Request { body: Body::Balance {}, .. } => {
@@ -900,7 +901,8 @@ mod tests {
             }
             if let Some(Request { body: Body::Authenticate { .. }, .. }) = taken.last() {
                 let Some(Request { body: Body::Connect { outbound, .. }, .. }) = taken.first() else { panic!("connect first") };
-                let accepted = Outgoing::Login(LoginOutcome::Accepted { account: AccountId(5), role: Role::Renter, participant: AccountId(5) });
+                let accepted =
+                    Outgoing::Login(LoginOutcome::Accepted { account: AccountId(5), role: Role::Renter, participant: AccountId(5) });
                 outbound.frames.try_send(accepted).expect("queued");
             }
         }

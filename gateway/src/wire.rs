@@ -475,7 +475,10 @@ mod tests {
         let c = 9;
         vec![
             Down::Frame { connection: c, message: ServerMessage::Pong { id: 1, server_time_ms: 5 } },
-            Down::Login { connection: c, outcome: LoginOutcome::Accepted { account: AccountId(3), role: Role::Supplier, participant: AccountId(3) } },
+            Down::Login {
+                connection: c,
+                outcome: LoginOutcome::Accepted { account: AccountId(3), role: Role::Supplier, participant: AccountId(3) },
+            },
             Down::Login { connection: c, outcome: LoginOutcome::Refused },
             Down::Close { connection: c, code: ErrorCode::KeyRevoked },
             Down::FeedStart { connection: c, channel: Channel::Book, instrument: InstrumentId(2) },

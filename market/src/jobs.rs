@@ -427,7 +427,13 @@ impl Jobs {
     }
 
     /// A new job: its first bid.
-    pub fn submit(&mut self, terms: JobTerms, recovery: JobRecovery, participant: AccountId, at_ms: u64) -> Result<(JobId, Outcome), JobRefusal> {
+    pub fn submit(
+        &mut self,
+        terms: JobTerms,
+        recovery: JobRecovery,
+        participant: AccountId,
+        at_ms: u64,
+    ) -> Result<(JobId, Outcome), JobRefusal> {
         self.check_submit(&terms, participant)?;
         let id = JobId(self.next);
         self.next += 1;

@@ -35,16 +35,15 @@ async fn store(dir: &std::path::Path) -> String {
 /// Member `rank` of `nodes` for attempt `attempt`, its files under `dir`.
 fn member(url: &str, dir: &std::path::Path, attempt: u32, rank: u32, nodes: u32) -> JobFiles {
     let expires_at_ms = gpux_gateway::link::Clock::default().now_ms() + 3_600_000;
-    let token =
-        Issuer::new(url.into(), SECRET, Default::default()).issue(&Grant::Host {
-            renter: RENTER,
-            job: JOB,
-            lease: gpux_engine::LeaseId(attempt as u64),
-            attempt,
-            bundle: None,
-            inputs: Vec::new(),
-            expires_at_ms,
-        });
+    let token = Issuer::new(url.into(), SECRET, Default::default()).issue(&Grant::Host {
+        renter: RENTER,
+        job: JOB,
+        lease: gpux_engine::LeaseId(attempt as u64),
+        attempt,
+        bundle: None,
+        inputs: Vec::new(),
+        expires_at_ms,
+    });
     let peers = (0..nodes).map(|r| MemberAddress { address: format!("10.0.0.{r}"), port: 29_500 }).collect();
     let run = common::job_run(&["python3"], None);
     let assignment = JobAssignment { job: JOB, attempt, renter: RENTER, world_gpus: nodes, node_rank: rank, nodes, run, peers };

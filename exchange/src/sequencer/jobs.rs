@@ -189,7 +189,7 @@ impl Sequencer {
                 if job.is_some_and(|job| self.market.jobs().info(job, account).is_none()) {
                     return error(Some(id), ErrorCode::UnknownJob);
                 }
-                Grant::Renter { account, expires_at_ms }
+                Grant::Renter { account, participant: Some(self.market.engine().participant_of(account)), expires_at_ms }
             }
             (_, Some(lease)) => {
                 let engine = self.market.engine();
@@ -215,7 +215,9 @@ impl Sequencer {
                 // (Lease times are the exchange's clock, the one tokens are checked on.)
                 let expires_at_ms = expires_at_ms.max(lease_end);
                 let attempt = match self.market.jobs().state(job) {
-                    Some(gpux_market::jobs::JobState::Running { attempt, .. } | gpux_market::jobs::JobState::Starting { attempt, .. }) => *attempt,
+                    Some(gpux_market::jobs::JobState::Running { attempt, .. } | gpux_market::jobs::JobState::Starting { attempt, .. }) => {
+                        *attempt
+                    }
                     _ => return error(Some(id), ErrorCode::JobStoreUnavailable),
                 };
                 Grant::Host { renter: info.renter, job, lease, attempt, bundle, inputs, expires_at_ms }
