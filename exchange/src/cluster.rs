@@ -258,6 +258,7 @@ impl Node {
         sequencer.set_feed_frames_max(config.limits.feed_frames_max);
         sequencer.set_challenge_interval_ms(config.challenge_interval_ms);
         sequencer.set_account_opening(config.accounts);
+        sequencer.set_disk(std::sync::Arc::new(crate::disk::Disk::new(&config.data_dir, config.disk_reserve_bytes)));
         sequencer.set_invoices(invoices);
         let stop_sequencer = sequencer.stop_flag();
         say(&format!(

@@ -299,6 +299,15 @@ fn private_root(root: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A local store's root folder (`local`: the data directory's
+/// `job-store`, `file:///DIR`), none for a remote one.
+pub fn local_root(spec: &str, data_dir: &Path) -> Option<std::path::PathBuf> {
+    match spec {
+        "local" => Some(data_dir.join("job-store")),
+        _ => spec.strip_prefix("file://").map(std::path::PathBuf::from),
+    }
+}
+
 /// Where objects live (`--job-store`).
 pub fn open(spec: &str, data_dir: &Path) -> anyhow::Result<Arc<dyn ObjectStore>> {
     if spec == "local" {
@@ -377,6 +386,9 @@ pub struct StoreServer {
     quota_bytes: u64,
     uploads: Uploads,
     clock: gpux_gateway::link::Clock,
+    /// The journal's file system, when the store is on it: puts keep out
+    /// of the journal's reserve.
+    disk: Option<Arc<crate::disk::Disk>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -395,7 +407,15 @@ impl StoreServer {
         quota_bytes: u64,
         clock: gpux_gateway::link::Clock,
     ) -> StoreServer {
-        StoreServer { store, secret, running, quota_bytes, uploads: Uploads::default(), clock }
+        StoreServer { store, secret, running, quota_bytes, uploads: Uploads::default(), clock, disk: None }
+    }
+
+    /// The store shares the journal's file system: a put that would leave
+    /// less than twice the journal's reserve free is refused `507
+    /// disk_low`, before its body and as it streams.
+    pub fn beside_journal(mut self, disk: Arc<crate::disk::Disk>) -> StoreServer {
+        self.disk = Some(disk);
+        self
     }
 
     pub fn router(self) -> axum::Router {
@@ -463,6 +483,14 @@ fn refuse(status: StatusCode, code: &'static str, message: &str) -> Response {
 fn json(status: StatusCode, body: &impl Serialize) -> Response {
     let body = serde_json::to_vec(body).unwrap_or_default();
     (status, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn disk_low() -> Response {
+    refuse(
+        StatusCode::INSUFFICIENT_STORAGE,
+        "disk_low",
+        "the exchange's disk keeps its last space for the journal: the store takes nothing more until the operator frees space",
+    )
 }
 
 fn store_failed(error: object_store::Error) -> Response {
@@ -567,14 +595,18 @@ async fn put_object(State(server): State<Shared>, UrlPath(key): UrlPath<String>,
     if declared.is_some_and(|bytes| bytes > room) {
         return full();
     }
+    if server.disk.as_ref().is_some_and(|disk| !disk.others_may_write(declared.unwrap_or(0))) {
+        return disk_low();
+    }
     let upload = match server.store.put_multipart(&path).await {
         Ok(upload) => upload,
         Err(error) => return store_failed(error),
     };
-    match stream_body(body, upload, room.min(OBJECT_BYTES_MAX), declared, sha256.as_deref()).await {
+    match stream_body(body, upload, room.min(OBJECT_BYTES_MAX), declared, sha256.as_deref(), server.disk.as_deref()).await {
         Ok(()) => StatusCode::CREATED.into_response(),
         Err(Streamed::Store(error)) => store_failed(error),
         Err(Streamed::Full) => full(),
+        Err(Streamed::DiskLow) => disk_low(),
         Err(Streamed::Refused(status, code, message)) => refuse(status, code, message),
     }
 }
@@ -584,6 +616,8 @@ enum Streamed {
     Store(object_store::Error),
     /// Past the account's room.
     Full,
+    /// Into twice the journal's reserve.
+    DiskLow,
     Refused(StatusCode, &'static str, &'static str),
 }
 
@@ -599,6 +633,7 @@ async fn stream_body(
     limit: u64,
     declared: Option<u64>,
     sha256: Option<&str>,
+    disk: Option<&crate::disk::Disk>,
 ) -> Result<(), Streamed> {
     let mut writer = object_store::WriteMultipart::new_with_chunk_size(upload, PUT_CHUNK_BYTES);
     let outcome = async {
@@ -626,6 +661,11 @@ async fn stream_body(
                     "upload_too_slow",
                     "the body arrives at less than 256 KiB/s: upload from a faster link",
                 ));
+            }
+            // The disk, read once per part (the parts written so far are on it).
+            let part = PUT_CHUNK_BYTES as u64;
+            if received / part != (received - chunk.len() as u64) / part && disk.is_some_and(|disk| !disk.others_may_write(part)) {
+                return Err(Streamed::DiskLow);
             }
             hasher.update(&chunk);
             writer.wait_for_capacity(2).await.map_err(Streamed::Store)?;

@@ -7,6 +7,7 @@ pub mod archive;
 pub mod cluster;
 pub mod console;
 pub mod data_dir;
+pub mod disk;
 pub mod http;
 pub mod identity;
 pub mod invoices;
@@ -81,6 +82,9 @@ pub struct ExchangeConfig {
     pub job_store: Option<JobStoreConfig>,
     /// How long a job's lease may be silent before its delivery fails.
     pub job_silence_ms: u64,
+    /// The journal's reserve on the data directory's file system
+    /// (`--disk-reserve-mib`; docs/operations.md "Disk space").
+    pub disk_reserve_bytes: u64,
 }
 
 /// Where the job store keeps objects and serves them (`--job-store`,
@@ -185,9 +189,11 @@ fn recover_single(
     sequencer.set_challenge_interval_ms(config.challenge_interval_ms);
     sequencer.set_account_opening(config.accounts);
     sequencer.set_job_silence_ms(config.job_silence_ms);
+    let disk = std::sync::Arc::new(disk::Disk::new(&config.data_dir, config.disk_reserve_bytes));
+    sequencer.set_disk(disk.clone());
     let job_store = match &config.job_store {
         Some(store) => {
-            let (listener, server, issuer) = open_job_store(store, &config.data_dir, clock)?;
+            let (listener, server, issuer) = open_job_store(store, &config.data_dir, clock, disk)?;
             sequencer.set_job_store(issuer);
             Some((listener, server))
         }
@@ -229,6 +235,7 @@ fn open_job_store(
     config: &JobStoreConfig,
     data_dir: &std::path::Path,
     clock: link::Clock,
+    disk: std::sync::Arc<disk::Disk>,
 ) -> Result<(std::net::TcpListener, job_store::StoreServer, job_store::Issuer)> {
     let store = job_store::open(&config.store, data_dir)?;
     let secret = job_store::load_or_create_secret(&data_dir.join("job-store.key"))?;
@@ -237,7 +244,11 @@ fn open_job_store(
     let url = config.url.clone().unwrap_or(format!("http://{}", listener.local_addr()?));
     say(&format!("job store on {url} ({})", config.store));
     let running = std::sync::Arc::new(job_store::RunningLeases::default());
-    let server = job_store::StoreServer::new(store, secret, running.clone(), config.quota_bytes, clock);
+    let mut server = job_store::StoreServer::new(store, secret, running.clone(), config.quota_bytes, clock);
+    // A store on the journal's file system keeps out of its reserve.
+    if job_store::local_root(&config.store, data_dir).is_some_and(|root| disk.holds(&root)) {
+        server = server.beside_journal(disk);
+    }
     Ok((listener, server, job_store::Issuer::new(url, secret, running)))
 }
 

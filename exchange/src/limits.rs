@@ -66,6 +66,10 @@ pub const OBJECT_BYTES_MAX: u64 = 1 << 30;
 pub const OBJECTS_PER_ACCOUNT_MAX: usize = 10_000;
 /// The default share of the store per account (`--job-store-quota-mib`).
 pub const QUOTA_BYTES_DEFAULT: u64 = 20 << 30;
+/// The journal's reserve on the data directory's file system unless
+/// `--disk-reserve-mib` says otherwise (disk.rs).
+pub const DISK_RESERVE_BYTES_DEFAULT: u64 = 256 << 20;
+
 /// Puts in flight at once on the store (each streams its body to the
 /// backend through at most `PUT_CHUNK_BYTES` x 3 of memory).
 pub const PUTS_IN_FLIGHT_MAX: usize = 16;

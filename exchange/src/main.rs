@@ -188,6 +188,12 @@ struct Args {
     /// the job resumes elsewhere, in ms.
     #[arg(long, default_value_t = gpux_exchange::sequencer::JOB_SILENCE_MS_DEFAULT, value_parser = clap::value_parser!(u64).range(1_000..))]
     job_silence_ms: u64,
+    /// The journal's reserve on the data directory's file system, in MiB:
+    /// below it the exchange takes no new work (`disk_low`), and nothing
+    /// else it writes there (job store, snapshots) may leave less than
+    /// twice it free (docs/operations.md "Disk space").
+    #[arg(long, default_value_t = gpux_exchange::disk::DISK_RESERVE_BYTES_DEFAULT >> 20, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    disk_reserve_mib: u64,
     /// The operator's name and address, printed on every invoice (at most
     /// 256 bytes of printable ASCII).
     #[arg(long, default_value = "gpux exchange", value_parser = parse_issuer)]
@@ -300,6 +306,7 @@ fn run_main() -> Result<()> {
         clock_offset_ms: args.clock_offset_ms,
         challenge_interval_ms: args.challenge_interval_ms,
         job_silence_ms: args.job_silence_ms,
+        disk_reserve_bytes: args.disk_reserve_mib << 20,
         data_dir: args.data_dir,
         listen: args.listen,
     });

@@ -36,6 +36,10 @@ pub struct Metrics {
     pub usage_refused: IntCounterVec,
     /// Requests refused because the session's key lacks their scope.
     pub scope_refusals: IntCounter,
+    /// 1 while the disk is down to the journal's reserve (new work refused).
+    pub disk_low: IntGauge,
+    /// New work refused `disk_low`.
+    pub disk_low_refusals: IntCounter,
     delivery_statuses: IntCounterVec,
     /// Hardware challenges issued, and their outcomes.
     pub challenges_issued: IntCounter,
@@ -134,6 +138,16 @@ impl Metrics {
             usage_accepted: counter(&r, "gpux_usage_reports_accepted_total", "Usage reports accepted (duplicates included)."),
             usage_refused: counters(&r, "gpux_usage_reports_refused_total", "Usage reports refused, by code.", "code"),
             scope_refusals: counter(&r, "gpux_scope_refusals_total", "Requests refused because the key lacks their scope."),
+            disk_low: gauge(
+                &r,
+                "gpux_disk_low",
+                "1 while the data directory's free space is below the journal's reserve: new work is refused disk_low.",
+            ),
+            disk_low_refusals: counter(
+                &r,
+                "gpux_disk_low_refusals_total",
+                "New work refused disk_low while the disk was down to the journal's reserve.",
+            ),
             delivery_statuses: counters(&r, "gpux_delivery_statuses_total", "Delivery statuses reported by hosts, by state.", "state"),
             challenges_issued: counter(&r, "gpux_challenges_issued_total", "Hardware challenges issued to GPUs."),
             challenge_outcomes: counters(&r, "gpux_challenge_outcomes_total", "Hardware challenge results, by outcome.", "outcome"),
@@ -203,6 +217,8 @@ impl Metrics {
             &self.usage_accepted,
             &self.usage_refused,
             &self.scope_refusals,
+            &self.disk_low,
+            &self.disk_low_refusals,
             &self.delivery_statuses,
             &self.challenges_issued,
             &self.challenge_outcomes,

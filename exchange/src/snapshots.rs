@@ -268,11 +268,27 @@ impl SnapshotStorage for MemorySnapshots {
 /// writes itself as the snapshot. The sequencer only hands over the batch it
 /// just committed (moved, not copied).
 pub struct SnapshotWriter {
-    batches: Option<crossbeam_channel::Sender<(u64, Vec<JournalEntry>)>>,
+    batches: Option<crossbeam_channel::Sender<Batch>>,
     /// Ends with the replica's last entry and state hash (`None`: it
-    /// stopped out of step).
-    thread: Option<std::thread::JoinHandle<Option<(u64, u64)>>>,
+    /// stopped out of step), and, after a failed commit, those with the
+    /// failed batch applied too.
+    thread: Option<std::thread::JoinHandle<Option<Finished>>>,
 }
+
+/// What the writer thread is handed.
+enum Batch {
+    /// Entries `first_seq..`, durable.
+    Committed(u64, Vec<JournalEntry>),
+    /// A batch whose commit failed: never in a snapshot, only its state
+    /// hash is wanted (a restart recovers it when the disk kept it anyway).
+    Failed(Vec<JournalEntry>),
+    /// What must stay free after a snapshot from now on.
+    Reserve(u64),
+}
+
+/// The replica's last committed entry and state hash, and the same with
+/// the failed batch, if one was handed over.
+type Finished = ((u64, u64), Option<(u64, u64)>);
 
 /// When a snapshot is taken and what guards the journal's room.
 pub struct SnapshotGuard {
@@ -378,12 +394,24 @@ impl SnapshotWriter {
         snapshot_seq: u64,
         guard: SnapshotGuard,
     ) -> Result<SnapshotWriter> {
-        let (batches, committed) = crossbeam_channel::unbounded::<(u64, Vec<JournalEntry>)>();
+        let (batches, committed) = crossbeam_channel::unbounded::<Batch>();
         let thread = std::thread::Builder::new().name("snapshots".into()).spawn(move || {
             let mut replica = Snapshot { journal_seq, market };
             let every = guard.every;
             let mut writing = Writing { store, guard, written: snapshot_seq, retry_at: None, backoff: Duration::ZERO };
-            for (first_seq, entries) in committed {
+            let mut failed = None;
+            for batch in committed {
+                let (first_seq, entries) = match batch {
+                    Batch::Committed(first_seq, entries) => (first_seq, entries),
+                    Batch::Failed(entries) => {
+                        failed = Some(entries);
+                        break;
+                    }
+                    Batch::Reserve(bytes) => {
+                        writing.guard.reserve_bytes = bytes;
+                        continue;
+                    }
+                };
                 if first_seq != replica.journal_seq + 1 {
                     tracing::error!(first_seq, replica = replica.journal_seq, "snapshot replica out of step; no more snapshots");
                     return None;
@@ -403,7 +431,14 @@ impl SnapshotWriter {
             if replica.journal_seq > writing.written {
                 writing.attempt(&replica, true);
             }
-            Some((replica.journal_seq, replica.market.state_hash()))
+            let last = (replica.journal_seq, replica.market.state_hash());
+            // A failed batch in memory only: what a restart recovers if the
+            // disk kept it after all (an fsync that failed after its write).
+            let with_failed = failed.and_then(|entries| {
+                entries.iter().try_for_each(|entry| replica.market.apply(entry).map(|_| ())).ok()?;
+                Some((replica.journal_seq + entries.len() as u64, replica.market.state_hash()))
+            });
+            Some((last, with_failed))
         })?;
         Ok(SnapshotWriter { batches: Some(batches), thread: Some(thread) })
     }
@@ -416,7 +451,7 @@ impl SnapshotWriter {
     /// Hands over a committed batch: entries `first_seq..`, in order.
     pub fn committed(&self, first_seq: u64, entries: Vec<JournalEntry>) {
         if let Some(batches) = &self.batches {
-            let _ = batches.send((first_seq, entries));
+            let _ = batches.send(Batch::Committed(first_seq, entries));
         }
     }
 
@@ -425,6 +460,22 @@ impl SnapshotWriter {
     /// entry and the state hash as of it, the first time, when it kept up.
     pub fn finish(&mut self) -> Option<(u64, u64)> {
         self.batches = None;
+        self.thread.take().and_then(|thread| thread.join().ok().flatten()).map(|(last, _)| last)
+    }
+
+    /// Keeps `bytes` free after every snapshot from now on.
+    pub fn set_reserve(&self, bytes: u64) {
+        if let Some(batches) = &self.batches {
+            let _ = batches.send(Batch::Reserve(bytes));
+        }
+    }
+
+    /// `finish` after the commit of `failed` failed: also the last entry
+    /// and state hash with that batch applied (in memory, never snapshot).
+    pub fn finish_failed(&mut self, failed: Vec<JournalEntry>) -> Option<Finished> {
+        if let Some(batches) = self.batches.take() {
+            let _ = batches.send(Batch::Failed(failed));
+        }
         self.thread.take().and_then(|thread| thread.join().ok().flatten())
     }
 }

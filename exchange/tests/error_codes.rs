@@ -480,6 +480,9 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
     for code in ["invite_required", "invite_invalid", "too_many_accounts"] {
         produced.insert(code.into(), Who::Stranger);
     }
+    // A disk down to the journal's reserve (exchange/tests/disk.rs,
+    // the_journal_keeps_its_reserve_new_work_stops_before_it_and_comes_back_by_itself).
+    produced.insert("disk_low".into(), Who::Renter);
     // Only a gateway in its own process closes with it
     // (exchange/tests/remote_gateway.rs, a_gateway_in_its_own_process_serves_the_same_market).
     produced.insert("sequencer_unavailable".into(), Who::Stranger);

@@ -1456,6 +1456,11 @@ pub enum ErrorCode {
     /// twice, more present samples than samples), outside the lease, in
     /// the future or not after the previous one.
     GpuProbeInvalid,
+    /// The exchange's disk is down to the journal's reserve: it takes no
+    /// new work (orders, registrations, jobs, accounts, deposits) until
+    /// space comes back; cancels, lease ends and reports still pass
+    /// (docs/operations.md "Disk space").
+    DiskLow,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -1560,6 +1565,7 @@ impl ErrorCode {
             JournalUnavailable => "the exchange's journal could not be read just now; try again",
             IdempotencyKeyReused => "this Idempotency-Key was used for another write (method, path or body); use a fresh key for a new write",
             RequestInProgress => "a write with this Idempotency-Key is still being answered; retry with the same key shortly",
+            DiskLow => "the exchange's disk is down to the journal's reserve: it takes no new work until the operator frees space (cancels, lease ends and reports still pass); try again later",
         }
     }
 }

@@ -153,6 +153,7 @@ fn a_live_exchanges_journal_gives_its_state_in_the_audit_and_a_recovery() {
         invoicing: Default::default(),
         job_store: None,
         job_silence_ms: gpux_exchange::sequencer::JOB_SILENCE_MS_DEFAULT,
+        disk_reserve_bytes: gpux_exchange::disk::DISK_RESERVE_BYTES_DEFAULT,
     };
     let exchange = std::thread::spawn(move || gpux_exchange::run_until(config, gpux_exchange::Stop::Channel(stopped)));
     let url = format!("ws://127.0.0.1:{port}");

@@ -87,6 +87,7 @@ fn start_exchange_billing(
             quota_bytes: 1 << 30,
         }),
         job_silence_ms: gpux_exchange::sequencer::JOB_SILENCE_MS_DEFAULT,
+        disk_reserve_bytes: gpux_exchange::disk::DISK_RESERVE_BYTES_DEFAULT,
     };
     let thread = std::thread::spawn(move || gpux_exchange::run_until(config, gpux_exchange::Stop::Channel(stopped)));
     // Up to 30 s: a loaded 2-core machine (CI) can be slow to start it.

@@ -79,8 +79,18 @@ pub enum SequencerError {
     /// `committed`: the last entry on disk; `state_hash`: the state as of
     /// it (what a restart recovers), from the snapshot replica, when it had
     /// kept up.
-    #[error("the journal could not be written after entry {committed}{}: {source:#}", state_hash.map_or(String::new(), |h| format!(" (state hash {h:016x}, what a restart recovers)")))]
-    Journal { committed: u64, state_hash: Option<u64>, source: gpux_journal::JournalError },
+    /// `unanswered`: the last entry and state hash with the failed batch
+    /// too, which a restart recovers instead when the disk kept that batch
+    /// after all (an `fsync` that failed after its write): no answer of it
+    /// was sent either way.
+    #[error("the journal could not be written after entry {committed}{}{}: {source:#}",
+        state_hash.map_or(String::new(), |h| format!(" (state hash {h:016x}, what a restart recovers")),
+        match (state_hash, unanswered) {
+            (None, _) => String::new(),
+            (Some(_), Some((seq, h))) => format!(", or entry {seq} with state hash {h:016x} if the disk kept the unanswered batch that failed)"),
+            (Some(_), None) => ")".to_string(),
+        })]
+    Journal { committed: u64, state_hash: Option<u64>, unanswered: Option<(u64, u64)>, source: gpux_journal::JournalError },
     #[error(transparent)]
     Market(#[from] MarketError),
 }
@@ -149,6 +159,43 @@ pub struct Sequencer {
     job_silence_ms: u64,
     /// Signs job store tokens, where the exchange runs a job store.
     job_store: Option<crate::job_store::Issuer>,
+    /// The data directory's free space against the journal's reserve
+    /// (none in the sequencer's own tests).
+    disk: Option<crate::disk::DiskState>,
+}
+
+/// Whether a request is new work, which the exchange stops taking while
+/// its disk is down to the journal's reserve (docs/operations.md "Disk
+/// space"): orders, registrations, deposits, jobs, sub-accounts and keys.
+/// Cancels, lease ends, delivery statuses, reports, reads and withdrawals
+/// still pass: they end work, or are what the reserve is for.
+fn new_work(body: &Body) -> bool {
+    use gpux_gateway::link::{AccessRequest, JobRequest};
+    match body {
+        Body::Command { command } => matches!(
+            command,
+            Command::Place { .. }
+                | Command::ReplaceOrder { .. }
+                | Command::Register { .. }
+                | Command::Deposit { .. }
+                | Command::OfferLease { .. }
+                | Command::DeprecatedPlaceOrder(_)
+                | Command::DeprecatedPlaceOrderFiltered { .. }
+                | Command::DeprecatedPlaceOrderVerified { .. }
+                | Command::DeprecatedPlaceOrderWith { .. }
+                | Command::DeprecatedPlaceOrderInRegions { .. }
+                | Command::DeprecatedPlaceClusterOrder { .. }
+                | Command::DeprecatedRegisterGpu { .. }
+                | Command::DeprecatedRegisterGpuInRegion { .. }
+                | Command::DeprecatedRegisterGpuOnFabric { .. }
+        ),
+        Body::Bid { .. } => true,
+        Body::Job { request } => matches!(request, JobRequest::Submit { .. } | JobRequest::Resize { .. }),
+        Body::Access { request } => {
+            matches!(request, AccessRequest::OpenSubAccount | AccessRequest::MoveFunds { .. } | AccessRequest::AddKey { .. })
+        }
+        _ => false,
+    }
 }
 
 /// A batch for the journal thread: its entries, transfers and archive,
@@ -333,6 +380,7 @@ impl Sequencer {
             self.settle()?;
         }
         self.market.advance_clock(self.clock.now_ms());
+        self.check_disk();
         if self.market.engine().next_due_ms() <= self.market.clock_ms() {
             self.apply_command(None, 0, Command::Tick);
         }
@@ -446,9 +494,11 @@ impl Sequencer {
             Err(source) => {
                 // The replica holds the committed state: its hash says
                 // what a restart will recover.
-                let committed = self.committed_seq;
-                let state_hash = self.snapshots.finish().filter(|(seq, _)| *seq == committed).map(|(_, hash)| hash);
-                return Err(SequencerError::Journal { committed, state_hash, source });
+                let committed_seq = self.committed_seq;
+                let finished = self.snapshots.finish_failed(committed.entries).filter(|((seq, _), _)| *seq == committed_seq);
+                let state_hash = finished.map(|((_, hash), _)| hash);
+                let unanswered = finished.and_then(|(_, with_failed)| with_failed).filter(|(seq, _)| *seq > committed_seq);
+                return Err(SequencerError::Journal { committed: committed_seq, state_hash, unanswered, source });
             }
         };
         self.metrics.observe_commit(committed.elapsed);
@@ -469,6 +519,10 @@ impl Sequencer {
     fn handle(&mut self, request: Request) {
         if !self.permitted(&request) {
             return;
+        }
+        if self.disk.as_ref().is_some_and(crate::disk::DiskState::low) && new_work(&request.body) {
+            self.metrics.disk_low_refusals.inc();
+            return self.reply(request.connection(), error(request.id(), ErrorCode::DiskLow));
         }
         let Request { connection, id, body } = request;
         match body {

@@ -95,6 +95,7 @@ impl Sequencer {
             stop: Arc::default(),
             job_silence_ms: super::jobs::JOB_SILENCE_MS_DEFAULT,
             job_store: None,
+            disk: None,
         };
         sequencer.set_challenge_interval_ms(super::CHALLENGE_INTERVAL_MS_DEFAULT);
         if let Some(listing) = listing {

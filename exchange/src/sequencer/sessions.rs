@@ -63,6 +63,9 @@ impl Sequencer {
                 None => return refuse(self, "too_many_accounts", ErrorCode::TooManyAccounts),
             },
             (None, Some(Role::Operator)) => return refuse(self, "operator_key_unknown", ErrorCode::AuthFailed),
+            (None, Some(_)) if self.disk.as_ref().is_some_and(crate::disk::DiskState::low) => {
+                return refuse(self, "disk_low", ErrorCode::DiskLow);
+            }
             (None, Some(role)) => {
                 let accounts = self.market.engine().account_count();
                 let operators: Vec<[u8; 32]> = self.operator_keys.iter().copied().collect();

@@ -317,6 +317,60 @@ fn on_failing_disks_the_journal_outlives_the_snapshots_and_stops_with_what_a_res
     assert_eq!(Some(recovery.state_hash), state_hash, "the state hash named is the one recovered");
 }
 
+/// Issue 61: after EIO on every `fdatasync` a restart recovered one entry
+/// more than the failure line named: redb wrote the batch, only its sync
+/// failed. The line names both states a restart may give (the batch is
+/// never answered either way), and the restart gives one of them.
+#[test]
+fn a_failed_fsync_names_both_states_a_restart_may_recover_and_it_recovers_one() {
+    use gpux_journal::faults::{Fault, Faults, FaultyBackend};
+    use gpux_journal::Journal;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (journal_path, snapshots_path) = (dir.path().join("journal.redb"), dir.path().join("snapshots.redb"));
+    let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&journal_path).expect("file");
+    let faults = Faults::default();
+    let journal = Journal::open_with_backend(FaultyBackend::new(file, faults.clone()).expect("backend")).expect("open");
+    let config = EngineConfig::demo();
+    let billing =
+        BillingPolicy { fee_bps: config.fee_bps, grace_ms: config.billing_grace_ms, late_window_ms: crate::LATE_REPORT_WINDOW_MS_DEFAULT };
+    let operators: BTreeSet<[u8; 32]> = [OPERATOR].into_iter().collect();
+    let recover = |journal: Box<dyn gpux_journal::JournalStore>| {
+        Sequencer::recover(
+            MarketState::new(config.clone()).expect("demo"),
+            None,
+            journal,
+            crate::snapshots::SnapshotStore::open(&snapshots_path).expect("snapshots"),
+            operators.clone(),
+            Arc::new(Metrics::default()),
+            billing,
+            Clock { offset_ms: 0 },
+        )
+        .expect("recovers")
+    };
+    let (mut sequencer, _) = recover(Box::new(journal));
+    let (mut client, connect) = Client::connect(1);
+    sequencer.process(vec![connect]).expect("commits");
+    faults.set(Fault::SyncError);
+    let login = client.login(1, [7; 32], Some(Role::Renter));
+    let error = sequencer.process(vec![login]).expect_err("the sync fails");
+    let line = error.to_string();
+    let SequencerError::Journal { committed, state_hash: Some(state_hash), unanswered: Some((unanswered_seq, unanswered_hash)), .. } =
+        error
+    else {
+        panic!("both states named: {line}")
+    };
+    assert!(unanswered_seq > committed, "{line}");
+    assert!(line.contains(&format!("{state_hash:016x}")) && line.contains(&format!("{unanswered_hash:016x}")), "{line}");
+    assert!(client.received().is_empty(), "nothing of the failed batch was answered");
+    drop(sequencer);
+    let (_, recovery) = recover(Box::new(Journal::open(&journal_path).expect("reopen")));
+    assert!(
+        [state_hash, unanswered_hash].contains(&recovery.state_hash),
+        "the restart recovers one of the states named: {:016x}; {line}",
+        recovery.state_hash
+    );
+}
+
 /// One durable commit per batch, however many requests it holds; each gets
 /// its answer after it.
 #[test]

@@ -113,6 +113,7 @@ impl Exchange {
                 quota_bytes: 1 << 30,
             }),
             job_silence_ms: JOB_SILENCE_MS,
+            disk_reserve_bytes: gpux_exchange::disk::DISK_RESERVE_BYTES_DEFAULT,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || {
