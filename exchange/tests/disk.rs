@@ -42,7 +42,7 @@ impl Drop for Mounted {
 
 fn free_mib(dir: &Path) -> u64 {
     let stats = nix::sys::statvfs::statvfs(dir).expect("statvfs");
-    stats.blocks_available() as u64 * stats.fragment_size() as u64 >> 20
+    (stats.blocks_available() as u64 * stats.fragment_size() as u64) >> 20
 }
 
 async fn bid(renter: &mut Client, client_order_id: u64) -> ServerMessage {
