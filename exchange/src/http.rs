@@ -26,14 +26,7 @@ pub use crate::limits::HTTP_CONNECTIONS_PER_IP_MAX;
 pub use crate::limits::HTTP_HEAD_TIMEOUT;
 pub use crate::limits::HTTP_REQUEST_TIMEOUT;
 
-/// An address as the shares count it: IPv4 (an IPv4-mapped IPv6 address
-/// read as IPv4), or an IPv6 /64 (what one host or customer is given).
-fn address_key(ip: std::net::IpAddr) -> u128 {
-    match ip.to_canonical() {
-        std::net::IpAddr::V4(v4) => u128::from(u32::from(v4)),
-        std::net::IpAddr::V6(v6) => (u128::from(v6) >> 64) << 64 | 1,
-    }
-}
+use gpux_protocol::peer_auth::address_key;
 
 /// The connections open on one listener, by address, each with what
 /// closes it: at most [`HTTP_CONNECTIONS_MAX`] in all and

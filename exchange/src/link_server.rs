@@ -93,7 +93,7 @@ pub async fn serve_links(
         let link = next_link;
         next_link += 1;
         let (cancel, cancelled) = tokio::sync::oneshot::channel();
-        if let Some(oldest) = handshaking.enter(link, cancel) {
+        if let Some(oldest) = handshaking.enter(link, gpux_protocol::peer_auth::address_key(peer.ip()), cancel) {
             let _ = oldest.send(());
         }
         let (core, open, shutdown, metrics, tls) = (core.clone(), open.clone(), shutdown.clone(), metrics.clone(), tls.clone());

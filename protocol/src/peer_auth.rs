@@ -64,14 +64,26 @@ pub fn same(expected: &[u8; 32], received: &[u8; 32]) -> bool {
     expected.iter().zip(received).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
-/// Connections still in their handshake, oldest first, bounded: a newcomer
-/// to a full pool takes the oldest one's place (its cancel handle `C` is
-/// handed back to be fired). An honest peer's handshake takes a round trip,
-/// so silent connections would have to arrive faster than that to crowd it
-/// out, and never hold a place for long.
+/// An address as shares count it: IPv4 (an IPv4-mapped IPv6 address read
+/// as IPv4), or an IPv6 /64 (what one host or customer is given).
+pub fn address_key(ip: std::net::IpAddr) -> u128 {
+    match ip.to_canonical() {
+        std::net::IpAddr::V4(v4) => u128::from(u32::from(v4)),
+        std::net::IpAddr::V6(v6) => (u128::from(v6) >> 64) << 64 | 1,
+    }
+}
+
+/// Connections still in their handshake, oldest first, bounded in all and
+/// per address (a quarter of the pool each): a newcomer from an address at
+/// its share takes the place of that address's oldest, and a newcomer to a
+/// full pool the place of the oldest connection of the address holding the
+/// most (its cancel handle `C` is handed back to be fired). One address's
+/// flood of silent connections only churns its own places: an honest peer
+/// from another address, however far away, keeps its place for its
+/// handshake's round trips.
 pub struct HandshakePool<C> {
     max: usize,
-    waiting: Mutex<VecDeque<(u64, C)>>,
+    waiting: Mutex<VecDeque<(u64, u128, C)>>,
 }
 
 impl<C> HandshakePool<C> {
@@ -79,18 +91,38 @@ impl<C> HandshakePool<C> {
         HandshakePool { max: max.max(1), waiting: Mutex::new(VecDeque::new()) }
     }
 
-    /// Enters connection `id`; returns the cancel handle of the oldest
-    /// connection it displaced, if the pool was full.
-    pub fn enter(&self, id: u64, cancel: C) -> Option<C> {
+    /// The places one address may hold.
+    pub fn per_address(&self) -> usize {
+        (self.max / 4).max(1)
+    }
+
+    /// Enters connection `id` from `address` ([`address_key`]); returns
+    /// the cancel handle of the connection it displaced, if any.
+    pub fn enter(&self, id: u64, address: u128, cancel: C) -> Option<C> {
         let mut waiting = self.waiting.lock().expect("handshake pool lock");
-        let evicted = if waiting.len() >= self.max { waiting.pop_front().map(|(_, cancel)| cancel) } else { None };
-        waiting.push_back((id, cancel));
+        let held = |address: u128| waiting.iter().filter(|(_, a, _)| *a == address).count();
+        let victim = if held(address) >= self.per_address() {
+            Some(address)
+        } else if waiting.len() >= self.max {
+            let mut counts: std::collections::HashMap<u128, usize> = std::collections::HashMap::new();
+            for (_, a, _) in waiting.iter() {
+                *counts.entry(*a).or_default() += 1;
+            }
+            counts.into_iter().max_by_key(|&(_, count)| count).map(|(heaviest, _)| heaviest)
+        } else {
+            None
+        };
+        let evicted = victim.and_then(|victim| {
+            let at = waiting.iter().position(|(_, a, _)| *a == victim)?;
+            waiting.remove(at).map(|(_, _, cancel)| cancel)
+        });
+        waiting.push_back((id, address, cancel));
         evicted
     }
 
     /// Connection `id` finished its handshake (or failed it).
     pub fn leave(&self, id: u64) {
-        self.waiting.lock().expect("handshake pool lock").retain(|(waiting, _)| *waiting != id);
+        self.waiting.lock().expect("handshake pool lock").retain(|(waiting, _, _)| *waiting != id);
     }
 
     pub fn len(&self) -> usize {
@@ -148,14 +180,29 @@ mod tests {
     }
 
     #[test]
-    fn a_full_pool_gives_the_newcomer_the_oldest_place() {
-        let pool = HandshakePool::new(2);
-        assert_eq!(pool.enter(1, "one"), None);
-        assert_eq!(pool.enter(2, "two"), None);
-        assert_eq!(pool.enter(3, "three"), Some("one"));
-        pool.leave(2);
-        assert_eq!(pool.enter(4, "four"), None);
-        assert_eq!(pool.len(), 2);
+    fn a_full_pool_gives_the_newcomer_the_oldest_place_of_the_address_holding_the_most() {
+        let pool = HandshakePool::new(8);
+        assert_eq!(pool.per_address(), 2);
+        // One address floods: it churns its own two places.
+        assert_eq!(pool.enter(1, 7, "flood-1"), None);
+        assert_eq!(pool.enter(2, 7, "flood-2"), None);
+        assert_eq!(pool.enter(3, 7, "flood-3"), Some("flood-1"));
+        // An honest peer keeps its place however long the flood goes on.
+        assert_eq!(pool.enter(4, 1, "honest"), None);
+        for n in 5..100 {
+            assert!(pool.enter(n, 7, "flood").is_some_and(|evicted| evicted.starts_with("flood")));
+        }
+        // Many addresses fill the pool: a newcomer takes a place of one holding the most.
+        for (n, address) in (100..).zip([20, 20, 21, 21, 22]) {
+            pool.enter(n, address, "other");
+        }
+        assert_eq!(pool.len(), 8);
+        assert!(pool.enter(200, 30, "newcomer").is_some_and(|evicted| evicted != "honest"));
+        pool.leave(4);
+        assert_eq!(pool.len(), 7);
+        let v4: std::net::IpAddr = "203.0.113.9".parse().expect("ip");
+        assert_eq!(address_key(v4), address_key("::ffff:203.0.113.9".parse().expect("ip")));
+        assert_eq!(address_key("2001:db8::1".parse().expect("ip")), address_key("2001:db8::2".parse().expect("ip")));
         let throttle = Throttle::new(Duration::from_secs(60));
         assert_eq!(throttle.should_log(), Some(0));
         assert_eq!((throttle.should_log(), throttle.should_log()), (None, None));

@@ -11,8 +11,9 @@
 //! peer that cannot prove the secret is dropped before anything else is
 //! read: an entry from outside the cluster must never reach the log, and a
 //! captured handshake never works again. At most [`RAFT_HANDSHAKES_MAX`]
-//! connections wait in their handshake at once (a newcomer displaces the
-//! oldest), each for at most 5 s. Frames are bounded
+//! connections wait in their handshake at once, a quarter of them from one
+//! address (a newcomer displaces its own address's oldest, or the oldest of
+//! the address holding the most: `HandshakePool`), each for at most 5 s. Frames are bounded
 //! ([`RAFT_FRAME_BYTES_MAX`]) before they are read. Besides Raft's own
 //! calls a connection carries the operator's ([`crate::admin`]).
 //!
@@ -239,7 +240,7 @@ pub async fn serve_tls(listener: TcpListener, raft: Raft, secret: Arc<[u8]>, ser
         next += 1;
         let connection = next;
         let (cancel, cancelled) = tokio::sync::oneshot::channel();
-        if let Some(oldest) = handshaking.enter(connection, cancel) {
+        if let Some(oldest) = handshaking.enter(connection, peer_auth::address_key(peer.ip()), cancel) {
             let _ = oldest.send(());
         }
         let (raft, secret, services, handshaking, refusals, tls) =

@@ -202,3 +202,90 @@ async fn three_replicas_commit_over_tls_and_a_plain_caller_is_refused() {
         node.raft.shutdown().await.expect("shuts down");
     }
 }
+
+/// A one-connection TCP relay on `127.0.0.1` that reaches `to` from
+/// `from` (a loopback address) and holds each chunk `delay` each way: a
+/// peer that far away. Returns its address.
+async fn distant_relay(to: String, from: &'static str, delay: Duration) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("relay");
+    let addr = listener.local_addr().expect("addr").to_string();
+    tokio::spawn(async move {
+        while let Ok((inbound, _)) = listener.accept().await {
+            let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+            socket.bind(format!("{from}:0").parse().expect("addr")).expect("bind");
+            let Ok(outbound) = socket.connect(to.parse().expect("addr")).await else { continue };
+            let (in_read, in_write) = inbound.into_split();
+            let (out_read, out_write) = outbound.into_split();
+            let pump = |mut read: tokio::net::tcp::OwnedReadHalf, mut write: tokio::net::tcp::OwnedWriteHalf| async move {
+                let mut buffer = vec![0u8; 64 << 10];
+                while let Ok(n) = read.read(&mut buffer).await {
+                    if n == 0 {
+                        break;
+                    }
+                    tokio::time::sleep(delay).await;
+                    if write.write_all(&buffer[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            };
+            tokio::spawn(pump(in_read, out_write));
+            tokio::spawn(pump(out_read, in_write));
+        }
+    });
+    addr
+}
+
+/// Issue 61: silent connections from one process made every `cluster
+/// status` from 25 ms away fail (each newcomer displaced the oldest
+/// handshake, the distant operator's among them). A flood from one address
+/// now churns only its own places: every call from another address 25 ms
+/// away is served while the flood goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_silent_connections_from_one_address_keeps_no_distant_operator_out() {
+    use gpux_replica::admin::{self, AdminReply, AdminRequest};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (members, listeners) = common::listeners(1).await;
+    let (id, listener) = listeners.into_iter().next().expect("one");
+    let log = LogStore::open(&dir.path().join("log.redb")).expect("log");
+    let machine = MarketMachine::open(&dir.path().join("machine.redb"), EngineConfig::demo()).expect("machine");
+    let config = Arc::new(Config::default().validate().expect("valid"));
+    let raft = Raft::new(id, config, TcpNetwork::new(SECRET, id), log, machine).await.expect("raft");
+    let server = tokio::spawn(network::serve(listener, raft.clone(), Arc::from(SECRET), Default::default()));
+    let addr = members[&id].addr.clone();
+
+    let flooding = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let flood = tokio::spawn({
+        let (addr, flooding) = (addr.clone(), flooding.clone());
+        async move {
+            let mut silent = std::collections::VecDeque::new();
+            let mut opened = 0u64;
+            while flooding.load(std::sync::atomic::Ordering::Relaxed) {
+                let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+                socket.bind("127.0.0.3:0".parse().expect("addr")).expect("bind");
+                if let Ok(stream) = socket.connect(addr.parse().expect("addr")).await {
+                    silent.push_back(stream);
+                    opened += 1;
+                }
+                if silent.len() > 512 {
+                    silent.pop_front();
+                }
+                tokio::task::yield_now().await;
+            }
+            opened
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut served = 0;
+    for _ in 0..10 {
+        let relay = distant_relay(addr.clone(), "127.0.0.2", Duration::from_millis(25)).await;
+        if matches!(admin::call(&relay, SECRET, AdminRequest::Status).await, Ok(AdminReply::Status(_))) {
+            served += 1;
+        }
+    }
+    flooding.store(false, std::sync::atomic::Ordering::Relaxed);
+    let opened = flood.await.expect("flood");
+    assert!(opened > 100, "the flood ran: {opened} connections");
+    assert_eq!(served, 10, "every distant call is served during a flood of {opened} silent connections");
+    server.abort();
+    raft.shutdown().await.expect("shuts down");
+}
