@@ -115,3 +115,91 @@ async fn reqwest_metrics(addr: &str) -> String {
     tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut body)).await.expect("answered").expect("read");
     body
 }
+
+/// Test addresses on `lo` (root only): a public-looking source for
+/// connections to the loopback listener; removed when dropped.
+struct TestAddresses(Vec<String>);
+
+impl TestAddresses {
+    fn add(addresses: &[&str]) -> Option<TestAddresses> {
+        let mut added = TestAddresses(Vec::new());
+        for address in addresses {
+            let prefix = if address.contains(':') { "/128" } else { "/32" };
+            let cidr = format!("{address}{prefix}");
+            let ok = std::process::Command::new("ip").args(["addr", "add", &cidr, "dev", "lo"]).status().is_ok_and(|s| s.success());
+            if !ok {
+                assert!(
+                    std::env::var_os("GPUX_REQUIRE_ADDRESSES").is_none(),
+                    "GPUX_REQUIRE_ADDRESSES=1 but {cidr} could not be added to lo"
+                );
+                eprintln!("SKIPPED: adding test addresses to lo needs root");
+                return None;
+            }
+            added.0.push(cidr);
+        }
+        Some(added)
+    }
+}
+
+impl Drop for TestAddresses {
+    fn drop(&mut self) {
+        for cidr in &self.0 {
+            let _ = std::process::Command::new("ip").args(["addr", "del", cidr, "dev", "lo"]).status();
+        }
+    }
+}
+
+/// A first login from `source`: the error code, or `None` when it opened.
+async fn first_login_from(addr: &str, source: &str, seed: u8) -> Option<ErrorCode> {
+    let mut client = Client::connect_from(addr, source.parse().expect("an address")).await;
+    let auth = client.auth_message(&key(seed), Some(Role::Renter));
+    client.send(&auth).await;
+    client
+        .recv_until(|m| match m {
+            ServerMessage::Authenticated { .. } => Some(None),
+            ServerMessage::Error { code, .. } => Some(Some(*code)),
+            _ => None,
+        })
+        .await
+}
+
+/// Issue 61, as a public deployment meets it: clients on addresses that
+/// are not loopback (test addresses on `lo`). One IPv4 address opens its
+/// share an hour and another is not held up; one IPv6 site opens its /48's
+/// share (eight addresses') however many /64s it uses, and another site
+/// opens its accounts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn public_addresses_open_their_share_and_one_site_cannot_lock_others_out() {
+    let sites: Vec<String> = (1..=9).map(|n| format!("2001:db8:77:{n}::1")).collect();
+    let mut addresses = vec!["10.77.0.1", "10.77.0.2", "2001:db8:78::1"];
+    addresses.extend(sites.iter().map(String::as_str));
+    let Some(_added) = TestAddresses::add(&addresses) else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start_with(dir.path(), None, &["--accounts-per-address-hour", "2"]);
+    let mut seed = 100u8;
+    let mut next = || {
+        seed += 1;
+        seed
+    };
+    for _ in 0..2 {
+        assert_eq!(first_login_from(&exchange.addr, "10.77.0.1", next()).await, None);
+    }
+    assert_eq!(first_login_from(&exchange.addr, "10.77.0.1", next()).await, Some(ErrorCode::RateLimited), "past its share");
+    assert_eq!(first_login_from(&exchange.addr, "10.77.0.2", next()).await, None, "another address is not held up");
+
+    // IPv6: each /64 its share, one /48 eight shares (16 here) in all.
+    let dir6 = tempfile::tempdir().expect("temp dir");
+    let exchange6 = Exchange::start_on(dir6.path(), None, "[::1]:0", &["--accounts-per-address-hour", "2"]);
+    let mut opened = 0;
+    for site in &sites[..8] {
+        for _ in 0..2 {
+            if first_login_from(&exchange6.addr, site, next()).await.is_none() {
+                opened += 1;
+            }
+        }
+        assert_eq!(first_login_from(&exchange6.addr, site, next()).await, Some(ErrorCode::RateLimited), "{site}: its /64's share");
+    }
+    assert_eq!(opened, 16, "eight /64s of one /48, two each");
+    assert_eq!(first_login_from(&exchange6.addr, &sites[8], next()).await, Some(ErrorCode::RateLimited), "a ninth /64: the /48's share");
+    assert_eq!(first_login_from(&exchange6.addr, "2001:db8:78::1", next()).await, None, "another site opens");
+}

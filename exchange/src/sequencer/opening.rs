@@ -53,6 +53,8 @@ pub(super) struct Openings {
     pub policy: AccountOpening,
     /// Address (IPv4, or an IPv6 /64 prefix) -> (hour it began, opened).
     by_address: BTreeMap<u128, (u64, u32)>,
+    /// The same, by when each one's hour began (oldest first).
+    by_age: std::collections::BTreeSet<(u64, u128)>,
 }
 
 /// A /48 of IPv6 (what one site is usually given: 65 536 /64s) opens at
@@ -123,11 +125,12 @@ impl Openings {
         let share = self.policy.per_address_hour;
         let counters = [Some((key, share)), site.map(|site| (site, share.saturating_mul(PREFIX48_SHARES)))];
         let new = counters.iter().flatten().filter(|(key, _)| !self.by_address.contains_key(key)).count();
-        if new > 0 && self.by_address.len() + new > OPENING_ADDRESSES_MAX {
-            self.by_address.retain(|_, &mut (since_ms, _)| since_ms + HOUR_MS > now_ms);
-            if self.by_address.len() + new > OPENING_ADDRESSES_MAX {
-                return Err(limited);
-            }
+        // A full table forgets the addresses counted longest ago first
+        // (their hour is the nearest to its end), so a new user is never
+        // locked out; one site's /64s are bounded by its /48 meanwhile.
+        while new > 0 && self.by_address.len() + new > OPENING_ADDRESSES_MAX {
+            let Some((_, oldest)) = self.by_age.pop_first() else { break };
+            self.by_address.remove(&oldest);
         }
         // Checked first, counted after: a refused login adds nothing to the table.
         let opened_now = |entry: Option<&(u64, u32)>| entry.filter(|(since_ms, _)| since_ms + HOUR_MS > now_ms).map_or(0, |(_, n)| *n);
@@ -137,8 +140,10 @@ impl Openings {
         for &(key, _) in counters.iter().flatten() {
             let (since_ms, opened) = self.by_address.entry(key).or_insert((now_ms, 0));
             if *since_ms + HOUR_MS <= now_ms {
+                self.by_age.remove(&(*since_ms, key));
                 (*since_ms, *opened) = (now_ms, 0);
             }
+            self.by_age.insert((*since_ms, key));
             *opened += 1;
         }
         Ok(())
@@ -212,35 +217,6 @@ mod tests {
                 "loopback"
             );
         }
-        // The table of addresses is bounded: past it, newcomers wait for an
-        // hour-old count to go.
-        let mut o = openings(OpeningMode::Open, u32::MAX, 1);
-        for n in 0..OPENING_ADDRESSES_MAX as u32 {
-            assert_eq!(
-                o.admit(
-                    FirstLogin {
-                        public_key: &[1; 32],
-                        role: Role::Renter,
-                        invite: None,
-                        address: Some(IpAddr::from((n + (11 << 24)).to_be_bytes()))
-                    },
-                    0,
-                    &[],
-                    0
-                ),
-                Ok(())
-            );
-        }
-        let newcomer = Some(IpAddr::from([12, 0, 0, 1]));
-        assert_eq!(
-            o.admit(FirstLogin { public_key: &[1; 32], role: Role::Renter, invite: None, address: newcomer }, 0, &[], 1)
-                .map_err(|r| r.code),
-            Err(ErrorCode::RateLimited)
-        );
-        assert_eq!(
-            o.admit(FirstLogin { public_key: &[1; 32], role: Role::Renter, invite: None, address: newcomer }, 0, &[], HOUR_MS),
-            Ok(())
-        );
     }
 
     /// An IPv4 client on a `[::]` listener arrives as `::ffff:a.b.c.d`: it
@@ -279,6 +255,26 @@ mod tests {
         assert!(o.by_address.len() <= 20, "the site holds 17 entries of the table, refusals none: {}", o.by_address.len());
         assert_eq!(o.admit(first(IpAddr::from([0x2001, 0xdb8, 0x78, 0, 0, 0, 0, 1])), 0, &[], 0), Ok(()), "another site opens");
         assert_eq!(o.admit(first(in_site(16)), 0, &[], HOUR_MS), Ok(()), "an hour later");
+    }
+
+    /// Issue 61: a full table of addresses locked every new user out for
+    /// the hour. It now forgets the addresses counted longest ago first:
+    /// a newcomer always opens its account, and the table stays bounded.
+    #[test]
+    fn a_full_table_of_addresses_forgets_the_oldest_and_locks_no_newcomer_out() {
+        let first = |address: IpAddr| FirstLogin { public_key: &[1; 32], role: Role::Renter, invite: None, address: Some(address) };
+        let mut o = openings(OpeningMode::Open, u32::MAX, 1);
+        let v4 = |n: u32| IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + n));
+        for n in 0..OPENING_ADDRESSES_MAX as u32 {
+            assert_eq!(o.admit(first(v4(n)), 0, &[], n as u64), Ok(()));
+        }
+        assert_eq!(o.by_address.len(), OPENING_ADDRESSES_MAX);
+        let newcomer = IpAddr::from([198, 51, 100, 7]);
+        assert_eq!(o.admit(first(newcomer), 0, &[], 70_000), Ok(()), "not locked out");
+        assert_eq!(o.by_address.len(), OPENING_ADDRESSES_MAX, "bounded");
+        assert_eq!(o.admit(first(v4(0)), 0, &[], 70_001), Ok(()), "the address counted longest ago was forgotten");
+        assert_eq!(o.admit(first(v4(5)), 0, &[], 70_002).map_err(|r| r.code), Err(ErrorCode::RateLimited), "a newer one is not");
+        assert_eq!(o.by_age.len(), o.by_address.len(), "the index follows the table");
     }
 
     #[test]

@@ -183,10 +183,23 @@ impl Client {
 
     /// Connects with a small kernel receive buffer, to play a slow reader.
     pub async fn connect_with_receive_buffer(addr: &str, receive_buffer: Option<u32>) -> Client {
+        Self::connect_via(addr, receive_buffer, None).await
+    }
+
+    /// Connects from `source`, an address of this host (a test address on
+    /// `lo`: the exchange sees it as the client's, not as loopback).
+    pub async fn connect_from(addr: &str, source: std::net::IpAddr) -> Client {
+        Self::connect_via(addr, None, Some(source)).await
+    }
+
+    async fn connect_via(addr: &str, receive_buffer: Option<u32>, source: Option<std::net::IpAddr>) -> Client {
         let socket_addr: std::net::SocketAddr = addr.parse().expect("socket address");
-        let tcp = tokio::net::TcpSocket::new_v4().expect("socket");
+        let tcp = if socket_addr.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() }.expect("socket");
         if let Some(bytes) = receive_buffer {
             tcp.set_recv_buffer_size(bytes).expect("set receive buffer");
+        }
+        if let Some(source) = source {
+            tcp.bind(std::net::SocketAddr::new(source, 0)).expect("bind the source address");
         }
         let stream = tcp.connect(socket_addr).await.expect("tcp connects");
         let (socket, _) =
