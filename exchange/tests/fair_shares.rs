@@ -111,10 +111,16 @@ async fn fake_gpus_and_armed_stops_stop_at_each_accounts_share_and_a_victim_is_s
     assert!(grown_kib < 64 * 1024, "the exchange grew {grown_kib} KiB during the attack");
 }
 
+/// The key of sub-account `n` (more than `key`'s 256).
+fn sub_key(n: u16) -> ed25519_dalek::SigningKey {
+    let mut seed = [0xa5u8; 32];
+    seed[..2].copy_from_slice(&n.to_le_bytes());
+    ed25519_dalek::SigningKey::from_bytes(&seed)
+}
+
 /// Opens `count` sub-accounts of the parent, funds each and adds a key for
-/// it: a client logged in as each.
-async fn sub_accounts(exchange: &Exchange, parent: &mut Client, count: u8, first_key: u8) -> Vec<Client> {
-    let mut subs = Vec::new();
+/// it (`sub_key`).
+async fn open_sub_accounts(parent: &mut Client, count: u16) {
     for n in 0..count {
         let id = parent.id();
         let ServerMessage::SubAccountOpened { account, .. } = parent.request(ClientMessage::OpenSubAccount { id }).await else {
@@ -122,74 +128,72 @@ async fn sub_accounts(exchange: &Exchange, parent: &mut Client, count: u8, first
         };
         let id = parent.id();
         let moved =
-            parent.request(ClientMessage::MoveFunds { id, sub_account: account, amount_minor: 1 << 36, to_sub_account: true }).await;
+            parent.request(ClientMessage::MoveFunds { id, sub_account: account, amount_minor: 1 << 34, to_sub_account: true }).await;
         assert!(matches!(moved, ServerMessage::Ack { .. }), "{moved:?}");
-        let sub_key = key(first_key + n);
         let id = parent.id();
-        let public_key = hex::encode(sub_key.verifying_key().to_bytes());
+        let public_key = hex::encode(sub_key(n).verifying_key().to_bytes());
         let scopes = Scopes::of(&[Scope::Read, Scope::Trade]);
         let add = ClientMessage::AddKey { id, account: Some(account), public_key, scopes, expires_at_ms: None, label: "sub".into() };
         assert!(matches!(parent.request(add).await, ServerMessage::KeyAdded { .. }));
-        let mut client = Client::connect(&exchange.addr).await;
-        let auth = client.auth_message(&sub_key, None);
-        client.send(&auth).await;
-        client.recv_until(|m| matches!(m, ServerMessage::Authenticated { .. }).then_some(())).await;
-        subs.push(client);
     }
-    subs
+}
+
+/// Logs in as sub-account `n`.
+async fn as_sub_account(exchange: &Exchange, n: u16) -> Client {
+    let mut client = Client::connect(&exchange.addr).await;
+    let auth = client.auth_message(&sub_key(n), None);
+    client.send(&auth).await;
+    client.recv_until(|m| matches!(m, ServerMessage::Authenticated { .. }).then_some(())).await;
+    client
 }
 
 /// Issue 61: one aggregator with US$1,049 filled the exchange's armed-stop
 /// table through 256 sub-accounts, and two filled the jobs table. An account
 /// and its sub-accounts now hold one participant's share together
-/// (docs/market-rules.md "Shared limits"), and a victim keeps working.
+/// (docs/market-rules.md "Shared limits"): 300 sub-accounts of one
+/// aggregator, each arming 16 stops and submitting a job, fill the
+/// aggregator's share and no more, and a victim keeps working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_aggregators_sub_accounts_share_its_stops_and_jobs_and_a_victim_is_served() {
+    use gpux_protocol::jobs::limits::JOBS_LIVE_PER_PARTICIPANT_MAX;
     let dir = tempfile::tempdir().expect("temp dir");
     let exchange = Exchange::start(dir.path(), Some(&key(1)));
     let (mut operator, _) = Client::login(&exchange.addr, &key(1), Role::Operator).await;
     let (mut aggregator, aggregator_account) = Client::login(&exchange.addr, &key(7), Role::Aggregator).await;
     let (mut victim, victim_account) = Client::login(&exchange.addr, &key(8), Role::Renter).await;
     for (id, account) in [(2, aggregator_account), (3, victim_account)] {
-        let deposit = ClientMessage::Deposit { id, account, amount_minor: 1 << 40 };
+        let deposit = ClientMessage::Deposit { id, account, amount_minor: 1 << 44 };
         assert!(matches!(operator.request(deposit).await, ServerMessage::Ack { .. }));
     }
-    let mut subs = sub_accounts(&exchange, &mut aggregator, 5, 20).await;
-
-    // Stops: the share across the sub-accounts, whichever arms them.
-    let share = limits::STOPS_ARMED_PER_PARTICIPANT_MAX as u64;
-    let per_sub = share / 4;
-    for (n, sub) in subs.iter_mut().take(4).enumerate() {
-        let base = n as u64 * 10_000;
-        let (acked, refused) = pipelined(sub, (0..per_sub).map(|i| stop_bid(100 + base + i, base + i)).collect()).await;
-        assert_eq!((acked as u64, refused.len()), (per_sub, 0), "sub-account {n}: {refused:?}");
-    }
-    let (acked, refused) = pipelined(&mut subs[4], (0..10).map(|i| stop_bid(100 + i, i)).collect()).await;
-    assert_eq!((acked, refused.get(&RejectCode::TooManyStops)), (0, Some(&10)), "the fifth sub-account: {refused:?}");
-    let (_, refused) = pipelined(&mut aggregator, vec![stop_bid(900, 900)]).await;
-    assert_eq!(refused.get(&RejectCode::TooManyStops), Some(&1), "the parent itself");
-    let (acked, refused) = pipelined(&mut victim, vec![stop_bid(2, 1)]).await;
-    assert_eq!((acked, refused.len()), (1, 0), "the victim arms its stop: {refused:?}");
-
-    // Jobs: 64 per account, 256 per participant.
-    use gpux_protocol::jobs::limits::{JOBS_LIVE_PER_ACCOUNT_MAX, JOBS_LIVE_PER_PARTICIPANT_MAX};
+    const SUBS: u16 = 300;
+    open_sub_accounts(&mut aggregator, SUBS).await;
     let job = |id: u64| {
         let run = JobRun::in_image("localhost/gpux-py:1", &["python3", "train.py"]);
         let job = JobSubmission::one_host(&format!("job-{id}"), InstrumentId(0), 1, 10_000, 1, 100_000, run);
         ClientMessage::SubmitJob { id, job: Box::new(job) }
     };
-    let mut submitted = 0;
-    for sub in subs.iter_mut() {
-        for _ in 0..JOBS_LIVE_PER_ACCOUNT_MAX {
-            let id = sub.id();
-            match sub.request(job(id)).await {
-                ServerMessage::Job { .. } => submitted += 1,
-                ServerMessage::Error { code: ErrorCode::TooManyJobs, .. } => {}
-                other => panic!("{other:?}"),
-            }
+    let (mut stops_armed, mut stops_refused, mut jobs_taken, mut jobs_refused) = (0u64, 0u64, 0usize, 0usize);
+    for n in 0..SUBS {
+        let mut sub = as_sub_account(&exchange, n).await;
+        let (acked, refused) = pipelined(&mut sub, (0..16).map(|i| stop_bid(100 + i, i)).collect()).await;
+        stops_armed += acked as u64;
+        stops_refused += refused.get(&RejectCode::TooManyStops).copied().unwrap_or(0) as u64;
+        assert_eq!(acked + refused.get(&RejectCode::TooManyStops).copied().unwrap_or(0), 16, "sub-account {n}: {refused:?}");
+        let id = sub.id();
+        match sub.request(job(id)).await {
+            ServerMessage::Job { .. } => jobs_taken += 1,
+            ServerMessage::Error { code: ErrorCode::TooManyJobs, .. } => jobs_refused += 1,
+            other => panic!("{other:?}"),
         }
     }
-    assert_eq!(submitted, JOBS_LIVE_PER_PARTICIPANT_MAX, "five sub-accounts, one participant's share");
+    let share = limits::STOPS_ARMED_PER_PARTICIPANT_MAX as u64;
+    assert_eq!((stops_armed, stops_refused), (share, u64::from(SUBS) * 16 - share), "the participant's share of stops, no more");
+    assert_eq!((jobs_taken, jobs_refused), (JOBS_LIVE_PER_PARTICIPANT_MAX, SUBS as usize - JOBS_LIVE_PER_PARTICIPANT_MAX));
+    let (_, refused) = pipelined(&mut aggregator, vec![stop_bid(900, 900)]).await;
+    assert_eq!(refused.get(&RejectCode::TooManyStops), Some(&1), "the parent itself");
+    // The victim, another participant, arms its stops and submits its job.
+    let (acked, refused) = pipelined(&mut victim, (0..16).map(|i| stop_bid(2 + i, 1 + i)).collect()).await;
+    assert_eq!((acked, refused.len()), (16, 0), "the victim arms its stops: {refused:?}");
     let id = victim.id();
     assert!(matches!(victim.request(job(id)).await, ServerMessage::Job { .. }), "the victim's job is taken");
 }

@@ -887,6 +887,51 @@ fn one_renters_unanswered_log_requests_hold_only_its_share() {
     assert!(!refused(&mut other), "another renter of the same silent host is still served");
     let asked = supplier.received().iter().filter(|m| matches!(m, ServerMessage::LogsWanted { .. })).count();
     assert_eq!(asked, 5, "the host was asked four times for one renter and once for the other");
+
+    // Issue 61: 272 sub-accounts filled the table. A sub-account of the
+    // renter is the same participant: its own lease's logs wait in the
+    // renter's share, already full.
+    use gpux_gateway::link::AccessRequest;
+    let access = |connection, id, request| Request { connection, id, body: Body::Access { request } };
+    sequencer.process(vec![access(3, 40, AccessRequest::OpenSubAccount)]).expect("commits");
+    let sub = renter
+        .received()
+        .iter()
+        .find_map(|m| match m {
+            ServerMessage::SubAccountOpened { account, .. } => Some(*account),
+            _ => None,
+        })
+        .expect("opened");
+    let scopes = gpux_protocol::Scopes::of(&[gpux_protocol::Scope::Read, gpux_protocol::Scope::Trade, gpux_protocol::Scope::Deliver]);
+    let ask = NewOrder {
+        supply: Some(GpuSet { host: HostId(0), gpu_mask: 0b100 }),
+        ..NewOrder::limit(supplier_account, 2, InstrumentId(0), Side::Sell, 2_000_000, 1)
+    };
+    sequencer
+        .process(vec![
+            access(3, 41, AccessRequest::MoveFunds { sub_account: sub, amount_minor: 50_000_000, to_sub_account: true }),
+            access(
+                3,
+                42,
+                AccessRequest::AddKey { account: Some(sub), public_key: [77; 32], scopes, expires_at_ms: None, label: String::new() },
+            ),
+            command(2, 5, register("GPU-s2")),
+            command(2, 6, Command::place(ask)),
+        ])
+        .expect("commits");
+    let answers = renter.received();
+    assert!(answers.iter().any(|m| matches!(m, ServerMessage::KeyAdded { .. })), "{answers:?}");
+    let (mut sub_client, connect_sub) = Client::connect(40);
+    sequencer.process(vec![connect_sub, sub_client.login(1, [77; 32], None)]).expect("commits");
+    sequencer.process(vec![command(40, 2, Command::place(bid(sub, 1)))]).expect("commits");
+    let sub_lease = lease_of(&sequencer, sub);
+    sub_client.received();
+    sequencer.process(vec![logs(40, sub_lease)]).expect("answers");
+    let got = sub_client.received();
+    assert!(
+        got.iter().any(|m| matches!(m, ServerMessage::Error { code: ErrorCode::RateLimited, .. })),
+        "a sub-account's wait counts in its parent's share: {got:?}"
+    );
 }
 
 /// `open_orders` pages by a cursor: orders that close between two pages
