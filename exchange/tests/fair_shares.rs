@@ -132,7 +132,7 @@ async fn open_sub_accounts(parent: &mut Client, count: u16) {
         assert!(matches!(moved, ServerMessage::Ack { .. }), "{moved:?}");
         let id = parent.id();
         let public_key = hex::encode(sub_key(n).verifying_key().to_bytes());
-        let scopes = Scopes::of(&[Scope::Read, Scope::Trade]);
+        let scopes = Scopes::of(&[Scope::Read, Scope::Trade, Scope::Deliver]);
         let add = ClientMessage::AddKey { id, account: Some(account), public_key, scopes, expires_at_ms: None, label: "sub".into() };
         assert!(matches!(parent.request(add).await, ServerMessage::KeyAdded { .. }));
     }
@@ -151,8 +151,9 @@ async fn as_sub_account(exchange: &Exchange, n: u16) -> Client {
 /// table through 256 sub-accounts, and two filled the jobs table. An account
 /// and its sub-accounts now hold one participant's share together
 /// (docs/market-rules.md "Shared limits"): 300 sub-accounts of one
-/// aggregator, each arming 16 stops and submitting a job, fill the
-/// aggregator's share and no more, and a victim keeps working.
+/// aggregator, each registering an unproven GPU, arming 16 stops and
+/// submitting a job, fill the aggregator's share and no more, and a victim
+/// keeps working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_aggregators_sub_accounts_share_its_stops_and_jobs_and_a_victim_is_served() {
     use gpux_protocol::jobs::limits::JOBS_LIVE_PER_PARTICIPANT_MAX;
@@ -173,8 +174,13 @@ async fn an_aggregators_sub_accounts_share_its_stops_and_jobs_and_a_victim_is_se
         ClientMessage::SubmitJob { id, job: Box::new(job) }
     };
     let (mut stops_armed, mut stops_refused, mut jobs_taken, mut jobs_refused) = (0u64, 0u64, 0usize, 0usize);
+    let (mut gpus_taken, mut gpus_refused) = (0usize, 0usize);
     for n in 0..SUBS {
         let mut sub = as_sub_account(&exchange, n).await;
+        // A GPU that never answers its challenge, on a host of its own.
+        let (acked, refused) = pipelined(&mut sub, vec![register(50, &format!("sub-{n}"), 0)]).await;
+        gpus_taken += acked;
+        gpus_refused += refused.get(&RejectCode::GpusAwaitingChallenge).copied().unwrap_or(0);
         let (acked, refused) = pipelined(&mut sub, (0..16).map(|i| stop_bid(100 + i, i)).collect()).await;
         stops_armed += acked as u64;
         stops_refused += refused.get(&RejectCode::TooManyStops).copied().unwrap_or(0) as u64;
@@ -189,6 +195,11 @@ async fn an_aggregators_sub_accounts_share_its_stops_and_jobs_and_a_victim_is_se
     let share = limits::STOPS_ARMED_PER_PARTICIPANT_MAX as u64;
     assert_eq!((stops_armed, stops_refused), (share, u64::from(SUBS) * 16 - share), "the participant's share of stops, no more");
     assert_eq!((jobs_taken, jobs_refused), (JOBS_LIVE_PER_PARTICIPANT_MAX, SUBS as usize - JOBS_LIVE_PER_PARTICIPANT_MAX));
+    let unproven = limits::GPUS_UNPROVEN_PER_PARTICIPANT_MAX as usize;
+    assert_eq!((gpus_taken, gpus_refused), (unproven, SUBS as usize - unproven), "one host's worth of unproven GPUs, no more");
+    let (mut supplier, _) = Client::login(&exchange.addr, &key(9), Role::Supplier).await;
+    let (acked, refused) = pipelined(&mut supplier, (0..8).map(|gpu| register(10 + gpu as u64, "honest", gpu)).collect()).await;
+    assert_eq!((acked, refused.len()), (8, 0), "another supplier registers: {refused:?}");
     let (_, refused) = pipelined(&mut aggregator, vec![stop_bid(900, 900)]).await;
     assert_eq!(refused.get(&RejectCode::TooManyStops), Some(&1), "the parent itself");
     // The victim, another participant, arms its stops and submits its job.

@@ -184,6 +184,22 @@ async fn every_documented_path_answers_as_the_openapi_document_says() {
     assert_eq!((status, stats["last"].as_u64(), stats["volume"].as_u64()), (200, Some(2_000_000), Some(1)));
     let (status, book) = api.json("/api/v1/instruments/{instrument}/book", "/api/v1/instruments/0/book", None).await;
     assert_eq!((status, &book["bids"]), (200, &serde_json::json!([[1_000_000, 2]])));
+    // Search across books: a second GPU of the host rests on the preemptible book.
+    supplier.register_h100("rest-host", "GPU-rest-1").await;
+    let mut preemptible = ticket(4, Side::Sell, 3_000_000, 1);
+    preemptible.instrument = InstrumentId(1);
+    preemptible.supply = Some(GpuSet { host: HostId(0), gpu_mask: 0b10 });
+    assert!(matches!(supplier.place(preemptible).await, ServerMessage::Ack { .. }));
+    let path = "/api/v1/offers?min_gpu_memory_gb=80&contracts=spot,preemptible&sort=price_per_gb&limit=10";
+    let (status, found) = api.json("/api/v1/offers", path, None).await;
+    assert_eq!((status, found["offers"].as_array().map(Vec::len)), (200, Some(1)), "{found}");
+    let offer = &found["offers"][0];
+    assert_eq!((offer["instrument"].as_u64(), offer["gpu_memory_mib"].as_u64()), (Some(1), Some(81_559)), "{offer}");
+    assert_eq!(offer["price_minor_per_gb_hour"].as_u64(), Some(3_000_000 * 1_000_000_000 / (81_559 * 1_048_576)));
+    let (status, none) = api.json("/api/v1/offers", "/api/v1/offers?min_gpu_memory_gb=86", None).await;
+    assert_eq!((status, none["offers"].as_array().map(Vec::len)), (200, Some(0)), "no 86 GB GPU: {none}");
+    let (status, refused) = api.json("/api/v1/offers", "/api/v1/offers?sort=cheapest", None).await;
+    assert_eq!((status, code(&refused)), (400, "wrong_type"), "{refused}");
     let (status, offers) = api.json("/api/v1/instruments/{instrument}/offers", "/api/v1/instruments/0/offers?offset=0", None).await;
     assert_eq!((status, offers["offers"].as_array().map(Vec::len)), (200, Some(0)), "the only ask was taken");
     let path = "/api/v1/instruments/0/offers?after_price=2000000&after_priority=1";

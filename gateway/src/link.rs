@@ -256,6 +256,9 @@ pub enum Body {
         offset: u32,
         after: Option<gpux_engine::OfferCursor>,
     },
+    SearchOffers {
+        search: Box<gpux_protocol::search::OfferSearch>,
+    },
     Usage {
         report: Box<gpux_protocol::UsageReport>,
         /// The key the gateway verified the report's signature against
@@ -460,6 +463,7 @@ impl Body {
             | Body::SupplierStats { .. }
             | Body::RenterStats { .. }
             | Body::BookOffers { .. }
+            | Body::SearchOffers { .. }
             | Body::ExchangeKey { .. }
             | Body::Listing { .. }
             | Body::History { .. }
@@ -482,6 +486,7 @@ impl Body {
             | Body::SupplierStats { .. }
             | Body::RenterStats { .. }
             | Body::BookOffers { .. }
+            | Body::SearchOffers { .. }
             | Body::ExchangeKey {}
             | Body::Listing {}
             | Body::Book { .. }

@@ -639,6 +639,67 @@ impl Query {
     }
 }
 
+/// `GET /offers`'s query as a search (docs/rest.md "Search"): each field
+/// of `search_offers` by name, lists comma-separated, the place after by
+/// its three fields.
+fn search_of(query: &Query) -> Result<gpux_protocol::search::OfferSearch, Failure> {
+    use gpux_protocol::search::{OfferSearch, SearchCursor};
+    query.only(&[
+        "min_gpu_memory_gb",
+        "min_gpus",
+        "vendor",
+        "max_price_minor_per_gpu_hour",
+        "regions",
+        "min_score_bps",
+        "verified_only",
+        "contracts",
+        "fabric_only",
+        "sort",
+        "after_key",
+        "after_instrument",
+        "after_priority",
+        "limit",
+    ])?;
+    fn named<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, Failure> {
+        serde_json::from_value(Value::String(text.to_string()))
+            .map_err(|error| Failure::new(ErrorCode::WrongType, format!("{what}: {error}")))
+    }
+    let list = |name: &str| -> Vec<String> {
+        query.get(name).map(|text| text.split(',').filter(|t| !t.is_empty()).filter_map(percent_decoded).collect()).unwrap_or_default()
+    };
+    let flag = |name: &str| -> Result<bool, Failure> {
+        match query.get(name) {
+            None | Some("false") => Ok(false),
+            Some("true" | "") => Ok(true),
+            Some(_) => Err(Failure::new(ErrorCode::WrongType, format!("{name} is true or false"))),
+        }
+    };
+    let after = match (query.number("after_key")?, query.number::<u32>("after_instrument")?, query.number("after_priority")?) {
+        (Some(key), Some(instrument), Some(priority)) => Some(SearchCursor { key, instrument: InstrumentId(instrument), priority }),
+        (None, None, None) => None,
+        _ => {
+            return Err(Failure::new(
+                ErrorCode::WrongType,
+                "after_key, after_instrument and after_priority go together (next_after's fields)",
+            ))
+        }
+    };
+    Ok(OfferSearch {
+        min_gpu_memory_gb: query.number("min_gpu_memory_gb")?.unwrap_or(0),
+        min_gpus: query.number("min_gpus")?.unwrap_or(0),
+        vendor: query.get("vendor").map(|v| named(v, "vendor")).transpose()?,
+        max_price_minor_per_gpu_hour: query.number("max_price_minor_per_gpu_hour")?,
+        regions: list("regions"),
+        min_score_bps: query.number("min_score_bps")?.unwrap_or(0),
+        verified_only: flag("verified_only")?,
+        contracts: list("contracts").iter().map(|c| named(c, "contracts")).collect::<Result<_, _>>()?,
+        fabric_only: flag("fabric_only")?,
+        sort: query.get("sort").map(|s| named(s, "sort")).transpose()?.unwrap_or_default(),
+        after,
+        limit: query.number("limit")?,
+    })
+}
+
 enum Routed {
     OpenApi,
     /// What to ask the sequencer; it needs a signature unless
@@ -669,6 +730,7 @@ fn route(segments: &[&str], query: &Query) -> Result<Routed, Failure> {
             query.only(&[])?;
             ask(Body::Instruments {})
         }
+        ["offers"] => ask(Body::SearchOffers { search: Box::new(search_of(query)?) }),
         ["instruments", instrument, what] => instrument_route(InstrumentId(id_of(instrument, "the instrument id")?), what, query),
         ["suppliers", supplier, "stats"] => {
             query.only(&[])?;

@@ -955,6 +955,7 @@ pub(crate) fn request_of(caller: &Caller, message: ClientMessage, verified: Opti
         ClientMessage::Stats { instrument, .. } => Body::Stats { instrument },
         ClientMessage::SupplierStats { supplier, .. } => Body::SupplierStats { supplier },
         ClientMessage::RenterStats { renter, .. } => Body::RenterStats { renter },
+        ClientMessage::SearchOffers { search, .. } => Body::SearchOffers { search },
         ClientMessage::BookOffers { instrument, offset, after, .. } => {
             Body::BookOffers { instrument, offset, after: after.map(Into::into) }
         }
@@ -1289,6 +1290,7 @@ mod tests {
                     | Request { body: Body::SupplierStats { .. }, .. }
                     | Request { body: Body::RenterStats { .. }, .. }
                     | Request { body: Body::BookOffers { .. }, .. }
+                    | Request { body: Body::SearchOffers { .. }, .. }
                     | Request { body: Body::ExchangeKey { .. }, .. }
                     | Request { body: Body::Listing { .. }, .. }
                     | Request { body: Body::History { request: HistoryRequest::Trades { .. } | HistoryRequest::Candles { .. }, .. }, .. }

@@ -284,6 +284,18 @@ mod tests {
                 },
             },
             Request { connection: c, id: 12, body: Body::Usage { report: Box::new(report), checked_by: Some([6; 32]) } },
+            Request {
+                connection: c,
+                id: 30,
+                body: Body::SearchOffers {
+                    search: Box::new(gpux_protocol::search::OfferSearch {
+                        min_gpu_memory_gb: 24,
+                        regions: vec!["eu-west".into()],
+                        sort: gpux_protocol::search::OfferSort::PricePerGb,
+                        ..Default::default()
+                    }),
+                },
+            },
             Request { connection: c, id: 13, body: Body::Balance {} },
             Request { connection: c, id: 14, body: Body::Statement { after: Some(3) } },
             Request { connection: c, id: 15, body: Body::RecentStatement { before: None } },
@@ -442,13 +454,14 @@ mod tests {
             Body::Book { .. } => 27,
             Body::Job { .. } => 28,
             Body::GpuProbe { .. } => 29,
+            Body::SearchOffers { .. } => 30,
             Body::Connect { .. } => usize::MAX,
         }
     }
 
     #[test]
     fn the_samples_hold_every_request_that_crosses_the_link() {
-        let mut seen = [false; 30];
+        let mut seen = [false; 31];
         for up in every_up() {
             if let Up::Request(request) = up {
                 seen[variant(&request)] = true;

@@ -27,6 +27,7 @@ pub mod memory;
 pub mod messages;
 pub mod peer_auth;
 pub mod record;
+pub mod search;
 pub mod secret_file;
 mod signed;
 pub mod tls;

@@ -382,6 +382,13 @@ pub enum ClientMessage {
         id: u64,
         renter: AccountId,
     },
+    /// Every book's asks at once, filtered and sorted (public;
+    /// docs/protocol.md "Search"), a page at a time: ask again with
+    /// `search.after` set to the answer's `next_after`.
+    SearchOffers {
+        id: u64,
+        search: Box<crate::search::OfferSearch>,
+    },
     /// The asks resting in an instrument's book, one by one in price-time
     /// order, each with its seller's score (public), a page at a time:
     /// after the place `after` (the answer's `next_after`), or, for older
@@ -744,6 +751,7 @@ impl ClientMessage {
             | SupplierStats { id, .. }
             | RenterStats { id, .. }
             | BookOffers { id, .. }
+            | SearchOffers { id, .. }
             | SetWorkload { id, .. }
             | SetEncryptionKey { id, .. }
             | HostKey { id, .. }
@@ -913,6 +921,13 @@ pub enum ServerMessage {
         id: u64,
         renter: AccountId,
         record: RenterRecord,
+    },
+    /// A page of what `search_offers` found, in its order; `next_after`
+    /// is set while more follow.
+    OffersFound {
+        id: u64,
+        offers: Vec<crate::search::FoundOffer>,
+        next_after: Option<crate::search::SearchCursor>,
     },
     /// A page of an instrument's asks, best first; ask again with `after`
     /// set to `next_after` while it is set (`next_offset`: the same for a
@@ -1237,6 +1252,7 @@ impl ServerMessage {
             | Statement { id, .. }
             | SupplierStats { id, .. }
             | RenterStats { id, .. }
+            | OffersFound { id, .. }
             | BookOffers { id, .. }
             | Balance { id, .. }
             | UsageAccepted { id, .. }

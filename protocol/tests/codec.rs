@@ -76,6 +76,19 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::SupplierStats { id: 19, supplier: AccountId(1) },
         ClientMessage::RenterStats { id: 32, renter: AccountId(1) },
         ClientMessage::BookOffers { id: 33, instrument: InstrumentId(0), offset: 0, after: Some(views::OfferCursor { price_minor_per_gpu_hour: 1_900_000, priority: 17 }) },
+        ClientMessage::SearchOffers {
+            id: 34,
+            search: Box::new(gpux_protocol::search::OfferSearch {
+                min_gpu_memory_gb: 24,
+                vendor: Some(gpux_engine::Vendor::Nvidia),
+                regions: vec!["eu-central".into()],
+                contracts: vec![gpux_protocol::search::ContractFilter::Spot],
+                sort: gpux_protocol::search::OfferSort::PricePerTflops,
+                after: Some(gpux_protocol::search::SearchCursor { key: 5, instrument: InstrumentId(1), priority: 9 }),
+                limit: Some(10),
+                ..Default::default()
+            }),
+        },
         ClientMessage::Ping { id: 19 },
         ClientMessage::Leases { id: 20, after: Some(100) },
         serde_json::from_str(r#"{"usage_report":{"id":21,"report":{"body":{"lease":17,"gpu_uuid":"GPU-1","seq":1,"start_ms":1796223720000,"end_ms":1796223730000,"available_ms":10000,"utilisation_percent":87,"memory_used_mib_max":61234,"unhealthy_samples":0,"prev_hash":"0000000000000000000000000000000000000000000000000000000000000000"},"signature":"00"}}}"#)
@@ -354,6 +367,31 @@ fn server_messages_round_trip_through_both_encodings() {
                 .collect(),
             next_offset: None,
             next_after: Some(views::OfferCursor { price_minor_per_gpu_hour: 1_900_000, priority: 17 }),
+        },
+        ServerMessage::OffersFound {
+            id: 50,
+            offers: vec![gpux_protocol::search::FoundOffer {
+                instrument: InstrumentId(0),
+                symbol: "H100-SXM-80G/SPOT".into(),
+                class: "H100-SXM-80G".into(),
+                contract: gpux_engine::ContractKind::Spot,
+                price_minor_per_gpu_hour: 1_900_000,
+                quantity: 8,
+                supplier: AccountId(1),
+                host: Some(HostId(0)),
+                vendor: gpux_engine::Vendor::Nvidia,
+                model: "NVIDIA H100 80GB HBM3".into(),
+                gpu_memory_mib: 81_559,
+                gpus_verified: 8,
+                supplier_score_bps: Some(9_900),
+                region: None,
+                fabric: None,
+                measured_gflops: Some(412_000),
+                price_minor_per_gb_hour: 23_855,
+                price_minor_per_tflops_hour: Some(4_611),
+                place: gpux_protocol::search::SearchCursor { key: 23_855, instrument: InstrumentId(0), priority: 3 },
+            }],
+            next_after: None,
         },
     ];
     for message in messages {

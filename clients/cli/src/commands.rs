@@ -134,6 +134,58 @@ fn fabric_text(fabric: &gpux_protocol::views::Fabric) -> String {
     format!("; fabric {} in {} ({} hosts), {} Gb/s claimed, {probe}", fabric.name, fabric.zone, fabric.hosts, fabric.gbps)
 }
 
+/// `gpux search`: what every book offers that fits, in the order asked,
+/// pages followed up to `limit`.
+async fn search_offers(s: &mut Session, mut search: gpux_protocol::search::OfferSearch, limit: usize, json: bool) -> Result<(), Failure> {
+    let mut shown = 0;
+    loop {
+        search.limit = Some((limit - shown).clamp(1, gpux_protocol::search::SEARCH_PAGE_MAX as usize) as u32);
+        let id = s.connection.new_id();
+        let answer = s.ask(ClientMessage::SearchOffers { id, search: Box::new(search.clone()) }, json).await?;
+        let ServerMessage::OffersFound { offers, next_after, .. } = answer else {
+            return Err(Failure::Unreachable(format!("expected offers_found, got {answer:?}")));
+        };
+        for offer in offers.iter().take(limit - shown) {
+            shown += 1;
+            if json {
+                continue;
+            }
+            let score = match offer.supplier_score_bps {
+                Some(bps) => format!("score {}.{:02}%", bps / 100, bps % 100),
+                None => "unrated".into(),
+            };
+            let region = offer.region.as_deref().unwrap_or("no region");
+            let measured = match (offer.measured_gflops, offer.price_minor_per_tflops_hour) {
+                (Some(gflops), Some(per)) => {
+                    format!(", {}.{} TFLOPS measured, {}/TFLOPS-h", gflops / 1_000, gflops % 1_000 / 100, amount(per))
+                }
+                _ => String::new(),
+            };
+            let fabric = offer.fabric.as_ref().map_or(String::new(), fabric_text);
+            out!(
+                "{}  {}/GPU-h x {}  {} {}.{} GB, {}/GB-h{measured}  supplier {} ({score}; {region}; {} of {} verified{fabric})",
+                offer.symbol,
+                amount(offer.price_minor_per_gpu_hour),
+                offer.quantity,
+                offer.model,
+                u64::from(offer.gpu_memory_mib) * 1_048_576 / 1_000_000_000,
+                u64::from(offer.gpu_memory_mib) * 1_048_576 / 100_000_000 % 10,
+                amount(offer.price_minor_per_gb_hour),
+                offer.supplier,
+                offer.gpus_verified,
+                offer.quantity
+            );
+        }
+        if shown == 0 && !json {
+            out!("no offers fit");
+        }
+        match next_after {
+            Some(next) if shown < limit => search.after = Some(next),
+            _ => return Ok(()),
+        }
+    }
+}
+
 /// `gpux trades`: an instrument's past trades, newest first, a page at a time.
 async fn trades(s: &mut Session, instrument: InstrumentId, limit: usize, json: bool) -> Result<(), Failure> {
     let (mut shown, mut before_seq) = (0, None);
@@ -394,6 +446,36 @@ async fn without_login(cli: &Cli, key_path: &std::path::Path) -> Result<bool, Fa
             let mut session = Session::anonymous(&cli.url).await?;
             return crate::job::plan_job(&mut session, file, catalogue.clone(), &set.overrides()?, json).await.map(|()| true);
         }
+        Command::Search { min_memory_gb, gpus, vendor, max_price, regions, min_score, verified, contracts, fabric, sort, limit } => {
+            let mut session = Session::anonymous(&cli.url).await?;
+            let named = |text: &str| serde_json::Value::String(text.to_string());
+            let mut search = gpux_protocol::search::OfferSearch {
+                min_gpu_memory_gb: *min_memory_gb,
+                min_gpus: *gpus,
+                vendor: vendor
+                    .as_deref()
+                    .map(|v| serde_json::from_value(named(v)))
+                    .transpose()
+                    .map_err(|e| Failure::Usage(e.to_string()))?,
+                max_price_minor_per_gpu_hour: max_price.as_deref().map(parse_amount).transpose().map_err(Failure::Usage)?,
+                regions: regions.clone(),
+                min_score_bps: min_score.as_deref().map(parse_percent_bps).transpose().map_err(Failure::Usage)?.unwrap_or(0),
+                verified_only: *verified,
+                contracts: contracts
+                    .iter()
+                    .map(|c| serde_json::from_value(named(c)))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| Failure::Usage(e.to_string()))?,
+                fabric_only: *fabric,
+                ..Default::default()
+            };
+            search.sort = match sort.as_str() {
+                "gb" => gpux_protocol::search::OfferSort::PricePerGb,
+                "tflops" => gpux_protocol::search::OfferSort::PricePerTflops,
+                _ => gpux_protocol::search::OfferSort::Price,
+            };
+            return search_offers(&mut session, search, *limit, json).await.map(|()| true);
+        }
         Command::Asks { instrument, limit } => {
             let mut session = Session::anonymous(&cli.url).await?;
             let instrument = session.resolve(instrument).await?;
@@ -477,6 +559,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         | Command::Supplier { .. }
         | Command::Renter { .. }
         | Command::Asks { .. }
+        | Command::Search { .. }
         | Command::Trades { .. }
         | Command::Candles { .. }
         | Command::Invite { .. }

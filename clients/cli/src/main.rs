@@ -246,6 +246,42 @@ pub enum Command {
         #[arg(long, default_value_t = 50)]
         limit: usize,
     },
+    /// Every book's cheapest asks at once, filtered and sorted (public): the GPU you want across classes, contracts and regions (docs/protocol.md "Search").
+    Search {
+        /// Each GPU has at least this much memory, GB (as GPU makers label it: an H100 "80GB" card qualifies for 80).
+        #[arg(long, default_value_t = 0)]
+        min_memory_gb: u32,
+        /// At least this many GPUs on one host.
+        #[arg(long, default_value_t = 0)]
+        gpus: u32,
+        /// Only this vendor's GPUs.
+        #[arg(long, value_parser = ["nvidia", "amd", "intel", "huawei", "cambricon", "iluvatar", "other"])]
+        vendor: Option<String>,
+        /// At most this price per GPU-hour (e.g. 1.50 or $1.50).
+        #[arg(long)]
+        max_price: Option<String>,
+        /// Hosts in this region (repeat for several; `gpux listing` names them).
+        #[arg(long = "region")]
+        regions: Vec<String>,
+        /// Sellers scored at least this percent (e.g. 99.5).
+        #[arg(long)]
+        min_score: Option<String>,
+        /// Every GPU of the ask verified by its last hardware challenge.
+        #[arg(long)]
+        verified: bool,
+        /// These contracts only (repeat for several).
+        #[arg(long = "contract", value_parser = ["spot", "preemptible", "reserved", "resale"])]
+        contracts: Vec<String>,
+        /// Hosts on a declared fabric only (for cluster training).
+        #[arg(long)]
+        fabric: bool,
+        /// Order by price per GPU-hour, per GB of GPU memory, or per TFLOPS its GPUs' challenges measured.
+        #[arg(long, default_value = "price", value_parser = ["price", "gb", "tflops"])]
+        sort: String,
+        /// Offers to show at most.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
     /// Bid for GPU time.
     Buy(OrderArgs),
     /// Offer contracts you hold in a reserved window (GPU owners: see `offer`).

@@ -184,6 +184,17 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
             && asks.contains("not which accelerator it is"),
         "what verified means, with the demo listing's honest caveat: {asks}"
     );
+    // Every book at once: the ask found by memory and price, sorted per GiB.
+    let found = ok(gpux(url, &key("renter"), &["search", "--min-memory-gb", "80", "--max-price", "2.50", "--sort", "gb"]));
+    assert!(
+        found.contains("H100-SXM-80G/SPOT  $2.00/GPU-h x 1  NVIDIA H100 80GB HBM3 85.5 GB, $0.023386/GB-h")
+            && found.contains("0 of 1 verified"),
+        "{found}"
+    );
+    assert!(ok(gpux(url, &key("renter"), &["search", "--max-price", "1.50"])).contains("no offers fit"));
+    assert!(ok(gpux(url, &key("renter"), &["search", "--contract", "preemptible"])).contains("no offers fit"));
+    let json = ok(gpux(url, &key("renter"), &["--json", "search", "--verified"]));
+    assert!(json.contains("\"offers_found\"") && json.contains("\"offers\":[]"), "unverified GPUs left out: {json}");
     let listing = ok(gpux(url, &key("renter"), &["listing"]));
     assert!(listing.contains("currency USD (6 decimals") && listing.contains("cn-east") && listing.contains("H100-SXM-80G"), "{listing}");
     // The only ask is on a host in no region: a bid for two regions passes it by.

@@ -182,6 +182,38 @@ class BookOffers(Record):
 
 
 @dataclass
+class FoundOffer(Record):
+    """One ask `search` found, with what it sells (docs/protocol.md "Search")."""
+
+    instrument: int
+    symbol: str
+    class_: str
+    contract: Any  # "spot", "preemptible", "lease_resale" or {"reserved": {...}}
+    price_minor_per_gpu_hour: int
+    quantity: int
+    supplier: int
+    host: Optional[int]
+    vendor: str
+    model: str
+    gpu_memory_mib: int
+    gpus_verified: int
+    supplier_score_bps: Optional[int]
+    region: Optional[str]
+    fabric: Optional[Fabric]
+    measured_gflops: Optional[int]  # TFLOPS x 1000 its GPUs' challenges measured (the least)
+    price_minor_per_gb_hour: int
+    price_minor_per_tflops_hour: Optional[int]
+    place: dict  # {key, instrument, priority}
+
+
+@dataclass
+class OffersFound(Record):
+    id: int
+    offers: list[FoundOffer]
+    next_after: Optional[dict]
+
+
+@dataclass
 class PastTrade(Record):
     """One trade of `trades`' history."""
 
@@ -819,6 +851,7 @@ ANSWERS = {
     "stats": Stats,
     "book": BookLevels,
     "book_offers": BookOffers,
+    "offers_found": OffersFound,
     "trades": Trades,
     "candles": Candles,
     "fills": Fills,

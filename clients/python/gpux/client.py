@@ -865,6 +865,47 @@ class Client:
                 return offers
             after = page.next_after
 
+    async def search(
+        self,
+        *,
+        min_gpu_memory_gb: int = 0,
+        min_gpus: int = 0,
+        vendor: Optional[str] = None,
+        max_price_minor_per_gpu_hour: Optional[int] = None,
+        regions: tuple[str, ...] | list[str] = (),
+        min_score_bps: int = 0,
+        verified_only: bool = False,
+        contracts: tuple[str, ...] | list[str] = (),
+        fabric_only: bool = False,
+        sort: str = "price",
+        limit: int = 100,
+    ) -> list[a.FoundOffer]:
+        """Every book's cheapest asks at once that fit, in `sort` order
+        (`price`, `price_per_gb` or `price_per_tflops`), at most `limit`
+        (public; docs/protocol.md "Search"). `contracts` names `spot`,
+        `preemptible`, `reserved`, `resale`."""
+        search: dict[str, Any] = {
+            "min_gpu_memory_gb": min_gpu_memory_gb,
+            "min_gpus": min_gpus,
+            "vendor": vendor,
+            "max_price_minor_per_gpu_hour": max_price_minor_per_gpu_hour,
+            "regions": list(regions),
+            "min_score_bps": min_score_bps,
+            "verified_only": verified_only,
+            "contracts": list(contracts),
+            "fabric_only": fabric_only,
+            "sort": sort,
+        }
+        found: list[a.FoundOffer] = []
+        while len(found) < limit:
+            search["limit"] = min(limit - len(found), 100)
+            page: a.OffersFound = await self.request("search_offers", search=search)
+            found += page.offers
+            if page.next_after is None:
+                break
+            search["after"] = page.next_after
+        return found[:limit]
+
     async def book_once(self, instrument: int) -> a.BookLevels:
         """An instrument's book now, once, without following it (public;
         `book()` follows it live): `seq`, `bids` and `asks` as

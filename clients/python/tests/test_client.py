@@ -193,6 +193,13 @@ def test_an_order_that_fills_brings_its_trade_and_lease_on_the_private_feed(exch
             assert [(o.price_minor_per_gpu_hour, o.supplier, o.host, o.supplier_score_bps) for o in offers] == [
                 (2_000_000, supplier.account, host, None)
             ], offers
+            # The same ask found by a search across every book.
+            found = await anonymous.search(min_gpu_memory_gb=80, contracts=["spot"], sort="price_per_gb")
+            assert [(f.symbol, f.price_minor_per_gpu_hour, f.supplier, f.gpu_memory_mib) for f in found] == [
+                ("H100-SXM-80G/SPOT", 2_000_000, supplier.account, 81_559)
+            ], found
+            assert found[0].price_minor_per_gb_hour == 2_000_000 * 1_000_000_000 // (81_559 * 1_048_576)
+            assert await anonymous.search(min_gpu_memory_gb=86) == []
             with pytest.raises(gpux.GpuxError) as unknown:
                 await anonymous.supplier_stats(renter.account)
             assert unknown.value.code == "unknown_supplier"

@@ -207,6 +207,15 @@ pub struct OfferInfo {
     /// what a cluster bid looks for (docs/market-rules.md "Cluster bids").
     #[serde(default)]
     pub fabric: Option<FabricInfo>,
+    /// The spec of its first GPU (`None` for a resold contract); for a
+    /// search (`search_offers`), not part of the record `book_offers` shows.
+    #[serde(skip)]
+    pub gpu: Option<crate::config::GpuSpec>,
+    /// The least compute rate a correct hardware challenge measured among
+    /// its GPUs (`None`: one of them has none, or a resold contract); for
+    /// a search, as `gpu`.
+    #[serde(skip)]
+    pub mflops: Option<u64>,
 }
 
 /// A place in a book side's price-time order: an ask's price and when it
@@ -957,6 +966,17 @@ impl Engine {
                     crate::gpus::mask_bits(set.gpu_mask).filter(|bit| self.gpus[host.gpus[*bit as usize].0 as usize].verified).count()
                         as u32
                 });
+                let ids: Vec<GpuId> = order
+                    .supply
+                    .map(|set| crate::gpus::mask_bits(set.gpu_mask).map(|bit| self.hosts[set.host.0 as usize].gpus[bit as usize]).collect())
+                    .unwrap_or_default();
+                let details = |gpu: &GpuId| &self.gpu_details[gpu.0 as usize];
+                let measured = |gpu: &GpuId| details(gpu).challenge.filter(|c| c.mflops > 0 && !c.rejected).map(|c| c.mflops);
+                let mflops = if ids.is_empty() {
+                    None
+                } else {
+                    ids.iter().map(measured).collect::<Option<Vec<u64>>>().and_then(|m| m.into_iter().min())
+                };
                 OfferInfo {
                     price_minor_per_gpu_hour: order.price,
                     quantity: order.quantity,
@@ -966,6 +986,8 @@ impl Engine {
                     supplier_score_bps: self.supplier_score(order.account),
                     region: order.supply.and_then(|set| self.host_region(set.host)).map(str::to_string),
                     fabric: order.supply.and_then(|set| self.host_fabric(set.host)),
+                    gpu: ids.first().map(|gpu| details(gpu).spec.clone()),
+                    mflops,
                 }
             })
             .collect()

@@ -542,6 +542,7 @@ impl Sequencer {
             Body::SupplierStats { supplier } => self.supplier_stats(connection, id, supplier),
             Body::RenterStats { renter } => self.renter_stats(connection, id, renter),
             Body::BookOffers { instrument, offset, after } => self.book_offers(connection, id, instrument, offset, after),
+            Body::SearchOffers { search } => self.search_offers(connection, id, *search),
             Body::MyGpus { offset } => self.my_gpus(connection, id, offset),
             Body::Usage { report, checked_by } => self.usage(connection, id, *report, checked_by),
             Body::Statement { after } => self.statement(connection, id, after),

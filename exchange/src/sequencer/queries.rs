@@ -167,6 +167,86 @@ impl Sequencer {
         );
     }
 
+    /// Every book's cheapest asks (`SEARCH_ASKS_PER_BOOK_MAX` of each),
+    /// filtered and sorted as asked, a page after `search.after`
+    /// (docs/protocol.md "Search").
+    pub(super) fn search_offers(&mut self, connection: ConnectionId, id: u64, search: gpux_protocol::search::OfferSearch) {
+        use gpux_protocol::search::{self as s, FoundOffer, SearchCursor};
+        let engine = self.market.engine();
+        let config = engine.config();
+        if let Some(unknown) = search.regions.iter().find(|r| !config.regions.contains(r)) {
+            let message = format!("regions: `{unknown}` is not a region of this exchange (the listing names {:?})", config.regions);
+            return self.reply(connection, ServerMessage::Error { id: Some(id), code: ErrorCode::WrongType, message });
+        }
+        let limit = search.limit.unwrap_or(s::SEARCH_PAGE_MAX).clamp(1, s::SEARCH_PAGE_MAX) as usize;
+        let mut found = Vec::new();
+        for info in engine.instruments() {
+            if info.state != gpux_engine::InstrumentState::Trading
+                || (!search.contracts.is_empty() && !search.contracts.iter().any(|c| c.matches(&info.contract)))
+            {
+                continue;
+            }
+            let Some(class) = config.classes.iter().find(|c| c.name == info.class) else { continue };
+            if search.vendor.is_some_and(|vendor| vendor != class.requirement.vendor) {
+                continue;
+            }
+            let (page, _) = engine.offers_after(info.instrument, None, s::SEARCH_ASKS_PER_BOOK_MAX);
+            for (place, offer) in page {
+                let price = offer.price_minor_per_gpu_hour;
+                let (vendor, model, memory_mib) = match &offer.gpu {
+                    Some(gpu) => (gpu.vendor, gpu.model.clone(), gpu.memory_mib),
+                    None => (
+                        class.requirement.vendor,
+                        class.requirement.models.first().cloned().unwrap_or_default(),
+                        class.requirement.memory_mib_min,
+                    ),
+                };
+                let wanted = search.max_price_minor_per_gpu_hour.is_none_or(|max| price <= max)
+                    && offer.quantity >= search.min_gpus
+                    && s::has_gb(memory_mib, search.min_gpu_memory_gb)
+                    && search.vendor.is_none_or(|v| v == vendor)
+                    && (search.regions.is_empty() || offer.region.as_ref().is_some_and(|r| search.regions.contains(r)))
+                    && (search.min_score_bps == 0 || offer.supplier_score_bps.is_some_and(|score| score >= search.min_score_bps))
+                    && (!search.verified_only || (offer.host.is_some() && offer.gpus_verified >= offer.quantity))
+                    && (!search.fabric_only || offer.fabric.is_some());
+                if !wanted {
+                    continue;
+                }
+                let mut found_offer = FoundOffer {
+                    instrument: info.instrument,
+                    symbol: info.symbol.clone(),
+                    class: info.class.clone(),
+                    contract: info.contract,
+                    price_minor_per_gpu_hour: price,
+                    quantity: offer.quantity,
+                    supplier: offer.supplier,
+                    host: offer.host,
+                    vendor,
+                    model,
+                    gpu_memory_mib: memory_mib,
+                    gpus_verified: offer.gpus_verified,
+                    supplier_score_bps: offer.supplier_score_bps,
+                    region: offer.region.clone(),
+                    fabric: offer.fabric.as_ref().map(Into::into),
+                    measured_gflops: offer.mflops.map(|mflops| mflops / 1_000),
+                    price_minor_per_gb_hour: s::price_per_gb(price, memory_mib),
+                    price_minor_per_tflops_hour: offer.mflops.map(|mflops| s::price_per_tflops(price, mflops)),
+                    place: SearchCursor { key: 0, instrument: info.instrument, priority: place.priority },
+                };
+                found_offer.place.key = found_offer.key(search.sort);
+                if search.after.is_none_or(|after| found_offer.place > after) {
+                    found.push(found_offer);
+                }
+            }
+        }
+        found.sort_by_key(|offer| offer.place);
+        let more = found.len() > limit;
+        found.truncate(limit);
+        let cut = gpux_protocol::fit_page(&mut found);
+        let next_after = found.last().map(|offer| offer.place).filter(|_| more || cut);
+        self.reply(connection, ServerMessage::OffersFound { id, offers: found, next_after });
+    }
+
     pub(super) fn renter_stats(&mut self, connection: ConnectionId, id: u64, renter: AccountId) {
         if self.market.engine().role(renter).is_none() {
             return self.reply(connection, error(Some(id), ErrorCode::UnknownAccount));
