@@ -197,6 +197,12 @@ pub struct AgentConfig {
     /// and otherwise lease events are only logged.
     #[serde(default)]
     pub delivery: Option<DeliveryConfig>,
+    /// An operator's invitation for this host's key (`gpux invite KEY
+    /// --role supplier`), which an exchange that opens accounts by
+    /// invitation (`--account-opening invite`) needs at the key's first
+    /// login; ignored once the key has its account.
+    #[serde(default)]
+    pub invite: Option<String>,
 }
 
 /// Which delivery backend runs the renters' workloads, and its settings.
@@ -367,6 +373,13 @@ impl AgentConfig {
             bail!("host must be 1..=128 printable ASCII characters without spaces");
         }
         config.check_location()?;
+        if let Some(invite) = &config.invite {
+            let parsed = gpux_protocol::invite::Invite::parse(invite)
+                .map_err(|error| anyhow::anyhow!("invite is not an invitation `gpux invite` printed ({error}): {invite:?}"))?;
+            if parsed.role != gpux_engine::Role::Supplier {
+                bail!("invite is for the {} role; a host's agent logs in as a supplier (`gpux invite KEY --role supplier`)", parsed.role.name());
+            }
+        }
         if !(1_000..=86_400_000).contains(&config.gpu_lost_after_ms) {
             bail!("gpu_lost_after_ms must be between 1000 and 86400000");
         }

@@ -313,8 +313,14 @@ impl Agent {
     /// Logs in, registers, withdraws stale asks, offers, sends queued reports.
     async fn connect(&mut self) -> Result<Link> {
         let mut connection =
-            Connection::open_with(&self.config.exchange, &self.key, Some(Role::Supplier), true).await.map_err(|error| match error {
+            Connection::open_invited(&self.config.exchange, &self.key, Some(Role::Supplier), true, self.config.invite.clone()).await.map_err(|error| match error {
                 // A refused key stays refused: retrying would only hammer the exchange.
+                gpux_client::ClientError::LoginRefused { code: ErrorCode::InviteRequired | ErrorCode::InviteInvalid, .. } => {
+                    let key = hex::encode(self.key.verifying_key().to_bytes());
+                    anyhow::Error::new(Fatal(format!(
+                        "{error}: this exchange opens accounts by invitation; ask its operator for one for this host's key (`gpux invite {key} --role supplier`) and put it in the agent's config as invite = \"...\""
+                    )))
+                }
                 gpux_client::ClientError::LoginRefused { .. } => anyhow::Error::new(Fatal(error.to_string())),
                 other => anyhow::Error::new(other),
             })?;

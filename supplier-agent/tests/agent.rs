@@ -4,7 +4,7 @@
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ed25519_dalek::SigningKey;
@@ -782,4 +782,70 @@ async fn the_agent_declares_its_hosts_region_and_a_regional_bid_buys_there() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("region \"mars-north\" is not one the exchange lists"), "{stderr}");
+}
+
+/// Issue 64: `gpux-agent` could not present an invitation, so a host could
+/// not join an exchange that opens accounts by invitation. Without one the
+/// agent stops at once and says how to get one; with `invite` in its
+/// config its key opens its account and its GPU goes on sale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_presents_its_invitation_where_accounts_open_by_invitation() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start_by_invitation(dir.path(), &operator);
+    let one_gpu = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
+    let (config, host, _) = agent_files_with(dir.path(), &exchange.url, one_gpu);
+    let host_key = SigningKey::from_bytes(&[0x42; 32]);
+    let key_path = dir.path().join("host.key");
+    let mut file = std::fs::File::create(&key_path).expect("key file");
+    writeln!(file, "{}", "42".repeat(32)).expect("write key");
+    std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+
+    let run = |config: &std::path::Path| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpux-agent"))
+            .arg("--config")
+            .arg(config)
+            .arg("--fake")
+            .arg(&host)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("runs");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while child.try_wait().expect("wait").is_none() {
+            assert!(Instant::now() < deadline, "the agent stops at a refused login");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr).expect("read");
+        (child.wait().expect("status"), stderr)
+    };
+    let (status, stderr) = run(&config);
+    assert!(!status.success(), "{stderr}");
+    let public = hex::encode(host_key.verifying_key().to_bytes());
+    assert!(stderr.contains("invite_required") && stderr.contains(&format!("gpux invite {public} --role supplier")), "{stderr}");
+
+    // A renter's invitation is refused when the config is read.
+    let expires = gpux_client::now_ms() + 3_600_000;
+    let for_renter = gpux_protocol::invite::Invite::sign(&operator, &host_key.verifying_key().to_bytes(), Role::Renter, expires).encode();
+    let text = std::fs::read_to_string(&config).expect("config");
+    let renter_config = dir.path().join("renter-invite.toml");
+    write(&renter_config, &format!("invite = \"{for_renter}\"\n{text}"));
+    let (status, stderr) = run(&renter_config);
+    assert!(!status.success() && stderr.contains("a host's agent logs in as a supplier"), "{stderr}");
+
+    // With the operator's invitation for the host's key, it opens its account and offers its GPU.
+    let invite = gpux_protocol::invite::Invite::sign(&operator, &host_key.verifying_key().to_bytes(), Role::Supplier, expires).encode();
+    write(&config, &format!("invite = \"{invite}\"\n{text}"));
+    let _agent = spawn_agent(&config, &host);
+    let mut watcher = Connection::open(&exchange.url, &operator, Some(Role::Operator)).await.expect("operator");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let id = watcher.new_id();
+        let offers = watcher.request(ClientMessage::BookOffers { id, instrument: InstrumentId(0), offset: 0, after: None }).await.expect("offers");
+        if matches!(&offers, ServerMessage::BookOffers { offers, .. } if offers.len() == 1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the invited host's GPU went on sale: {offers:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

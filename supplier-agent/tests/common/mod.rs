@@ -25,6 +25,8 @@ pub struct Exchange {
     clock_offset_ms: i64,
     /// The billing grace and the late-report window.
     billing: (u64, u64),
+    /// Who may open an account.
+    accounts: gpux_exchange::sequencer::AccountOpening,
 }
 
 /// The exchange's default billing grace and late-report window.
@@ -38,7 +40,7 @@ impl Exchange {
     /// An exchange that challenges idle GPUs every `interval_ms` on average.
     pub fn start_with_challenges(dir: &std::path::Path, operator: &SigningKey, interval_ms: u64) -> Exchange {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
-        Self::start_on(dir, operator, format!("127.0.0.1:{port}").parse().expect("addr"), interval_ms, 0, BILLING_DEFAULT)
+        Self::start_on(dir, operator, format!("127.0.0.1:{port}").parse().expect("addr"), interval_ms, 0, BILLING_DEFAULT, Default::default())
     }
 
     /// An exchange whose billing grace and late-report window are these
@@ -47,7 +49,7 @@ impl Exchange {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
         let listen = format!("127.0.0.1:{port}").parse().expect("addr");
         let interval_ms = gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT;
-        Self::start_on(dir, operator, listen, interval_ms, 0, (grace_ms, late_window_ms))
+        Self::start_on(dir, operator, listen, interval_ms, 0, (grace_ms, late_window_ms), Default::default())
     }
 
     /// An exchange whose clock runs `clock_offset_ms` from this host's
@@ -55,7 +57,16 @@ impl Exchange {
     pub fn start_skewed(dir: &std::path::Path, operator: &SigningKey, clock_offset_ms: i64) -> Exchange {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
         let listen = format!("127.0.0.1:{port}").parse().expect("addr");
-        Self::start_on(dir, operator, listen, gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT, clock_offset_ms, BILLING_DEFAULT)
+        Self::start_on(dir, operator, listen, gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT, clock_offset_ms, BILLING_DEFAULT, Default::default())
+    }
+
+    /// An exchange that opens accounts by invitation only
+    /// (`--account-opening invite`; docs/operations.md "Opening accounts").
+    pub fn start_by_invitation(dir: &std::path::Path, operator: &SigningKey) -> Exchange {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+        let listen = format!("127.0.0.1:{port}").parse().expect("addr");
+        let accounts = gpux_exchange::sequencer::AccountOpening { mode: gpux_exchange::sequencer::OpeningMode::Invite, ..Default::default() };
+        Self::start_on(dir, operator, listen, gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT, 0, BILLING_DEFAULT, accounts)
     }
 
     /// Stops the exchange (a clean stop, as an operator's restart would).
@@ -76,6 +87,7 @@ impl Exchange {
             self.challenge_interval_ms,
             self.clock_offset_ms,
             self.billing,
+            self.accounts,
         );
     }
 
@@ -86,6 +98,7 @@ impl Exchange {
         challenge_interval_ms: u64,
         clock_offset_ms: i64,
         billing: (u64, u64),
+        accounts: gpux_exchange::sequencer::AccountOpening,
     ) -> Exchange {
         let config = gpux_exchange::ExchangeConfig {
             data_dir: dir.to_path_buf(),
@@ -104,7 +117,7 @@ impl Exchange {
             challenge_interval_ms,
             on_listening: None,
             cluster: None,
-            accounts: Default::default(),
+            accounts,
             invoicing: Default::default(),
             job_store: Some(gpux_exchange::JobStoreConfig {
                 store: "local".into(),
@@ -134,6 +147,7 @@ impl Exchange {
             challenge_interval_ms,
             clock_offset_ms,
             billing,
+            accounts,
         }
     }
 }
