@@ -377,7 +377,10 @@ impl AgentConfig {
             let parsed = gpux_protocol::invite::Invite::parse(invite)
                 .map_err(|error| anyhow::anyhow!("invite is not an invitation `gpux invite` printed ({error}): {invite:?}"))?;
             if parsed.role != gpux_engine::Role::Supplier {
-                bail!("invite is for the {} role; a host's agent logs in as a supplier (`gpux invite KEY --role supplier`)", parsed.role.name());
+                bail!(
+                    "invite is for the {} role; a host's agent logs in as a supplier (`gpux invite KEY --role supplier`)",
+                    parsed.role.name()
+                );
             }
         }
         if !(1_000..=86_400_000).contains(&config.gpu_lost_after_ms) {

@@ -841,7 +841,8 @@ async fn an_agent_presents_its_invitation_where_accounts_open_by_invitation() {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let id = watcher.new_id();
-        let offers = watcher.request(ClientMessage::BookOffers { id, instrument: InstrumentId(0), offset: 0, after: None }).await.expect("offers");
+        let offers =
+            watcher.request(ClientMessage::BookOffers { id, instrument: InstrumentId(0), offset: 0, after: None }).await.expect("offers");
         if matches!(&offers, ServerMessage::BookOffers { offers, .. } if offers.len() == 1) {
             break;
         }

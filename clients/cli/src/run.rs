@@ -147,12 +147,25 @@ async fn status(s: &mut Session, lease: LeaseId, json: bool) -> Result<(), Failu
             Some(workload) => out!("image {}", workload.image),
             None => out!("no workload set"),
         }
-        match state {
-            Some(state) => {
+        // A lease ended (`lease stop`, its end, a preemption) whose host
+        // has not yet told the workload stopped: say so, not `running`.
+        let id = s.connection.new_id();
+        let ended_at_ms = match s.ask(ClientMessage::Leases { id, after: Some(lease.0 + 1) }, false).await? {
+            ServerMessage::Leases { leases, .. } => leases.into_iter().find(|l| l.lease == lease && !l.active).and_then(|l| l.ended_at_ms),
+            _ => None,
+        };
+        let stopping = ended_at_ms.filter(|_| !matches!(state, Some(DeliveryState::Stopped | DeliveryState::Failed { .. }) | None));
+        match (state, stopping) {
+            (Some(state), Some(ended_at_ms)) => out!(
+                "stopping: the lease ended at {}; the host is stopping and removing its workload (it last reported: {})",
+                gpux_engine::time::format_utc(ended_at_ms),
+                describe(&state)
+            ),
+            (Some(state), None) => {
                 out!("{}", describe(&state));
                 print_endpoints(&state);
             }
-            None => out!("no delivery status yet"),
+            (None, _) => out!("no delivery status yet"),
         }
     }
     Ok(())
@@ -502,10 +515,19 @@ async fn watch(
     let mut reachable = false;
     let mut ended_at_ms = None;
     let mut probe = ProbeLines::default();
+    // The last probe's outcome, printed at once and at each change, so the
+    // watch says something before its first signed observation.
+    let mut last_seen: Option<bool> = None;
     loop {
         if let Some(address) = &address {
             let connected = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(address)).await;
-            reachable |= matches!(connected, Ok(Ok(_)));
+            let answered = matches!(connected, Ok(Ok(_)));
+            reachable |= answered;
+            if !json && last_seen != Some(answered) {
+                let at = gpux_engine::time::format_utc(exchange_now());
+                out!("{at} {address} {}", if answered { "answers" } else { "does not answer" });
+                last_seen = Some(answered);
+            }
         }
         ended_at_ms = ended_at_ms.or(lease_events(s, lease, json).await?);
         // Observations end with the lease.

@@ -567,6 +567,8 @@ fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
     // and counted in its public record.
     let watched = ok(gpux(&url, &key("renter"), &["lease", "watch", &lease, "--probe-every", "1", "--sign-every", "1", "--seconds", "3"]));
     assert!(watched.contains(" reachable") && !watched.contains("UNREACHABLE"), "{watched}");
+    let first_lines: Vec<&str> = watched.lines().take(2).collect();
+    assert!(first_lines[1].ends_with(" answers") && first_lines[1].contains(" UTC "), "the first probe is told at once: {watched}");
     let record = ok(gpux(&url, &key("renter"), &["renter", &renter_account]));
     assert!(record.contains("observations") && !record.contains(" 0 signed"), "{record}");
     assert!(record.contains("0 disputes"), "nothing disputed while it was reachable: {record}");
@@ -577,6 +579,8 @@ fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
         if status.contains("stopped and removed") {
             break;
         }
+        // Until the host says it stopped: `stopping`, never `running` (issue 64).
+        assert!(status.contains("stopping: the lease ended at"), "an ended lease is not shown running: {status}");
         assert!(std::time::Instant::now() < deadline, "the workload was stopped: {status}");
         std::thread::sleep(std::time::Duration::from_millis(300));
     }

@@ -40,7 +40,15 @@ impl Exchange {
     /// An exchange that challenges idle GPUs every `interval_ms` on average.
     pub fn start_with_challenges(dir: &std::path::Path, operator: &SigningKey, interval_ms: u64) -> Exchange {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
-        Self::start_on(dir, operator, format!("127.0.0.1:{port}").parse().expect("addr"), interval_ms, 0, BILLING_DEFAULT, Default::default())
+        Self::start_on(
+            dir,
+            operator,
+            format!("127.0.0.1:{port}").parse().expect("addr"),
+            interval_ms,
+            0,
+            BILLING_DEFAULT,
+            Default::default(),
+        )
     }
 
     /// An exchange whose billing grace and late-report window are these
@@ -57,7 +65,15 @@ impl Exchange {
     pub fn start_skewed(dir: &std::path::Path, operator: &SigningKey, clock_offset_ms: i64) -> Exchange {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
         let listen = format!("127.0.0.1:{port}").parse().expect("addr");
-        Self::start_on(dir, operator, listen, gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT, clock_offset_ms, BILLING_DEFAULT, Default::default())
+        Self::start_on(
+            dir,
+            operator,
+            listen,
+            gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT,
+            clock_offset_ms,
+            BILLING_DEFAULT,
+            Default::default(),
+        )
     }
 
     /// An exchange that opens accounts by invitation only
@@ -65,7 +81,8 @@ impl Exchange {
     pub fn start_by_invitation(dir: &std::path::Path, operator: &SigningKey) -> Exchange {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
         let listen = format!("127.0.0.1:{port}").parse().expect("addr");
-        let accounts = gpux_exchange::sequencer::AccountOpening { mode: gpux_exchange::sequencer::OpeningMode::Invite, ..Default::default() };
+        let accounts =
+            gpux_exchange::sequencer::AccountOpening { mode: gpux_exchange::sequencer::OpeningMode::Invite, ..Default::default() };
         Self::start_on(dir, operator, listen, gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT, 0, BILLING_DEFAULT, accounts)
     }
 
