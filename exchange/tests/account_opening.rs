@@ -17,7 +17,11 @@ use gpux_protocol::*;
 /// Sends a first login for `key` with `role` and `invite`; the error code
 /// it gets, or `None` when it is authenticated.
 async fn first_login(addr: &str, seed: u8, role: Role, invite: Option<String>) -> Option<ErrorCode> {
-    let mut client = Client::connect(addr).await;
+    login_outcome(Client::connect(addr).await, seed, role, invite).await
+}
+
+/// Sends `client` a first login; the error code it gets, or `None`.
+async fn login_outcome(mut client: Client, seed: u8, role: Role, invite: Option<String>) -> Option<ErrorCode> {
     let mut auth = client.auth_message(&key(seed), Some(role));
     if let ClientMessage::Auth { invite: sent, .. } = &mut auth {
         *sent = invite;
@@ -151,16 +155,8 @@ impl Drop for TestAddresses {
 
 /// A first login from `source`: the error code, or `None` when it opened.
 async fn first_login_from(addr: &str, source: &str, seed: u8) -> Option<ErrorCode> {
-    let mut client = Client::connect_from(addr, source.parse().expect("an address")).await;
-    let auth = client.auth_message(&key(seed), Some(Role::Renter));
-    client.send(&auth).await;
-    client
-        .recv_until(|m| match m {
-            ServerMessage::Authenticated { .. } => Some(None),
-            ServerMessage::Error { code, .. } => Some(Some(*code)),
-            _ => None,
-        })
-        .await
+    let client = Client::connect_from(addr, source.parse().expect("an address")).await;
+    login_outcome(client, seed, Role::Renter, None).await
 }
 
 /// Issue 61, as a public deployment meets it: clients on addresses that

@@ -101,6 +101,18 @@ async fn three_replicas_over_tcp_commit_and_fail_over() {
     }
 }
 
+/// One node serving its Raft port: its Raft, the server task, its address.
+async fn one_node(dir: &std::path::Path) -> (Raft, tokio::task::JoinHandle<()>, String) {
+    let (members, listeners) = common::listeners(1).await;
+    let (id, listener) = listeners.into_iter().next().expect("one");
+    let log = LogStore::open(&dir.join("log.redb")).expect("log");
+    let machine = MarketMachine::open(&dir.join("machine.redb"), EngineConfig::demo()).expect("machine");
+    let config = Arc::new(Config::default().validate().expect("valid"));
+    let raft = Raft::new(id, config, TcpNetwork::new(SECRET, id), log, machine).await.expect("raft");
+    let server = tokio::spawn(network::serve(listener, raft.clone(), Arc::from(SECRET), Default::default()));
+    (raft, server, members[&id].addr.clone())
+}
+
 /// Issue 41: the Raft port's hello was a fixed hash of the secret, so one
 /// captured handshake worked for ever, and unauthenticated connections had
 /// no bound.
@@ -109,14 +121,7 @@ async fn a_replayed_or_wrong_handshake_opens_nothing_and_silent_connections_keep
     use gpux_protocol::peer_auth::{self, Role};
     use gpux_replica::admin::{self, AdminReply, AdminRequest};
     let dir = tempfile::tempdir().expect("temp dir");
-    let (members, listeners) = common::listeners(1).await;
-    let (id, listener) = listeners.into_iter().next().expect("one");
-    let log = LogStore::open(&dir.path().join("log.redb")).expect("log");
-    let machine = MarketMachine::open(&dir.path().join("machine.redb"), EngineConfig::demo()).expect("machine");
-    let config = Arc::new(Config::default().validate().expect("valid"));
-    let raft = Raft::new(id, config, TcpNetwork::new(SECRET, id), log, machine).await.expect("raft");
-    let server = tokio::spawn(network::serve(listener, raft.clone(), Arc::from(SECRET), Default::default()));
-    let addr = members[&id].addr.clone();
+    let (raft, server, addr) = one_node(dir.path()).await;
 
     // The operator's call proves the secret; a wrong secret gets nothing.
     assert!(matches!(admin::call(&addr, SECRET, AdminRequest::Status).await, Ok(AdminReply::Status(_))));
@@ -244,14 +249,7 @@ async fn distant_relay(to: String, from: &'static str, delay: Duration) -> Strin
 async fn a_flood_of_silent_connections_from_one_address_keeps_no_distant_operator_out() {
     use gpux_replica::admin::{self, AdminReply, AdminRequest};
     let dir = tempfile::tempdir().expect("temp dir");
-    let (members, listeners) = common::listeners(1).await;
-    let (id, listener) = listeners.into_iter().next().expect("one");
-    let log = LogStore::open(&dir.path().join("log.redb")).expect("log");
-    let machine = MarketMachine::open(&dir.path().join("machine.redb"), EngineConfig::demo()).expect("machine");
-    let config = Arc::new(Config::default().validate().expect("valid"));
-    let raft = Raft::new(id, config, TcpNetwork::new(SECRET, id), log, machine).await.expect("raft");
-    let server = tokio::spawn(network::serve(listener, raft.clone(), Arc::from(SECRET), Default::default()));
-    let addr = members[&id].addr.clone();
+    let (raft, server, addr) = one_node(dir.path()).await;
 
     let flooding = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let flood = tokio::spawn({

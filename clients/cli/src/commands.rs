@@ -56,10 +56,7 @@ async fn asks(s: &mut Session, instrument: gpux_engine::InstrumentId, limit: usi
             if json {
                 continue;
             }
-            let score = match offer.supplier_score_bps {
-                Some(bps) => format!("score {}.{:02}%", bps / 100, bps % 100),
-                None => "unrated".into(),
-            };
+            let score = score_text(offer.supplier_score_bps);
             let region = offer.region.as_deref().unwrap_or("no region");
             let supply = match offer.host {
                 Some(host) => format!("host {host} in {region}, {} of {} GPU(s) verified", offer.gpus_verified, offer.quantity),
@@ -122,6 +119,14 @@ pub(crate) fn verified_meaning(class: &gpux_protocol::views::Class) -> String {
     text
 }
 
+/// A seller's score as `gpux asks` and `gpux search` show it.
+fn score_text(score_bps: Option<u32>) -> String {
+    match score_bps {
+        Some(bps) => format!("score {}.{:02}%", bps / 100, bps % 100),
+        None => "unrated".into(),
+    }
+}
+
 /// A host's fabric as `gpux asks` shows it: the group, its claim and what
 /// its last interconnect probe measured (docs/market-rules.md
 /// "Interconnect probe").
@@ -150,10 +155,7 @@ async fn search_offers(s: &mut Session, mut search: gpux_protocol::search::Offer
             if json {
                 continue;
             }
-            let score = match offer.supplier_score_bps {
-                Some(bps) => format!("score {}.{:02}%", bps / 100, bps % 100),
-                None => "unrated".into(),
-            };
+            let score = score_text(offer.supplier_score_bps);
             let region = offer.region.as_deref().unwrap_or("no region");
             let measured = match (offer.measured_gflops, offer.price_minor_per_tflops_hour) {
                 (Some(gflops), Some(per)) => {

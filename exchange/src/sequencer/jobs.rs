@@ -27,34 +27,6 @@ impl Sequencer {
         self.job_silence_ms = silence_ms.max(1_000);
     }
 
-    /// Watches the data directory's free space against the journal's
-    /// reserve (`--disk-reserve-mib`).
-    pub fn set_disk(&mut self, disk: std::sync::Arc<crate::disk::Disk>) {
-        // Snapshots keep twice the reserve free, as the job store does.
-        self.snapshots.set_reserve(disk.reserve_bytes().saturating_mul(2).max(crate::snapshots::SNAPSHOT_RESERVE_BYTES));
-        self.disk = Some(crate::disk::DiskState::new(disk));
-    }
-
-    /// Takes no new work while the disk is down to the journal's reserve,
-    /// and takes it again by itself once space is back.
-    pub(super) fn check_disk(&mut self) {
-        let now_ms = self.clock.now_ms();
-        let Some(disk) = &mut self.disk else { return };
-        if disk.check(now_ms) {
-            let (free, reserve) = (disk.disk.free_bytes(), disk.disk.reserve_bytes());
-            if disk.low() {
-                tracing::error!(
-                    free_bytes = free,
-                    reserve_bytes = reserve,
-                    "disk down to the journal's reserve: refusing new work (disk_low) until space comes back"
-                );
-            } else {
-                tracing::warn!(free_bytes = free, reserve_bytes = reserve, "disk space back: taking new work again");
-            }
-            self.metrics.disk_low.set(i64::from(disk.low()));
-        }
-    }
-
     /// Hands out tokens for this job store (`--job-store`).
     pub fn set_job_store(&mut self, issuer: Issuer) {
         issuer.running.replace(self.market.jobs().running_leases());

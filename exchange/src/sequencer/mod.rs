@@ -592,6 +592,34 @@ impl Sequencer {
         Some((journal_seq, applied))
     }
 
+    /// Watches the data directory's free space against the journal's
+    /// reserve (`--disk-reserve-mib`).
+    pub fn set_disk(&mut self, disk: std::sync::Arc<crate::disk::Disk>) {
+        // Snapshots keep twice the reserve free, as the job store does.
+        self.snapshots.set_reserve(disk.reserve_bytes().saturating_mul(2).max(crate::snapshots::SNAPSHOT_RESERVE_BYTES));
+        self.disk = Some(crate::disk::DiskState::new(disk));
+    }
+
+    /// Takes no new work while the disk is down to the journal's reserve,
+    /// and takes it again by itself once space is back.
+    fn check_disk(&mut self) {
+        let now_ms = self.clock.now_ms();
+        let Some(disk) = &mut self.disk else { return };
+        if disk.check(now_ms) {
+            let (free, reserve) = (disk.disk.free_bytes(), disk.disk.reserve_bytes());
+            if disk.low() {
+                tracing::error!(
+                    free_bytes = free,
+                    reserve_bytes = reserve,
+                    "disk down to the journal's reserve: refusing new work (disk_low) until space comes back"
+                );
+            } else {
+                tracing::warn!(free_bytes = free, reserve_bytes = reserve, "disk space back: taking new work again");
+            }
+            self.metrics.disk_low.set(i64::from(disk.low()));
+        }
+    }
+
     /// Stamps a command with the exchange clock, journals and applies it,
     /// and answers the connection that sent it (if any).
     fn apply_command(&mut self, connection: Option<ConnectionId>, id: u64, command: Command) {
