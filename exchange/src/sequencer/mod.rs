@@ -172,23 +172,20 @@ pub struct Sequencer {
 fn new_work(body: &Body) -> bool {
     use gpux_gateway::link::{AccessRequest, JobRequest};
     match body {
-        Body::Command { command } => matches!(
-            command,
-            Command::Place { .. }
-                | Command::ReplaceOrder { .. }
-                | Command::Register { .. }
-                | Command::Deposit { .. }
-                | Command::OfferLease { .. }
-                | Command::DeprecatedPlaceOrder(_)
-                | Command::DeprecatedPlaceOrderFiltered { .. }
-                | Command::DeprecatedPlaceOrderVerified { .. }
-                | Command::DeprecatedPlaceOrderWith { .. }
-                | Command::DeprecatedPlaceOrderInRegions { .. }
-                | Command::DeprecatedPlaceClusterOrder { .. }
-                | Command::DeprecatedRegisterGpu { .. }
-                | Command::DeprecatedRegisterGpuInRegion { .. }
-                | Command::DeprecatedRegisterGpuOnFabric { .. }
-        ),
+        // Every form of placing an order, and the other commands that add.
+        Body::Command { command } => {
+            command.new_order().is_some()
+                || matches!(
+                    command,
+                    Command::ReplaceOrder { .. }
+                        | Command::Register { .. }
+                        | Command::DeprecatedRegisterGpu { .. }
+                        | Command::DeprecatedRegisterGpuInRegion { .. }
+                        | Command::DeprecatedRegisterGpuOnFabric { .. }
+                        | Command::Deposit { .. }
+                        | Command::OfferLease { .. }
+                )
+        }
         Body::Bid { .. } => true,
         Body::Job { request } => matches!(request, JobRequest::Submit { .. } | JobRequest::Resize { .. }),
         Body::Access { request } => {
