@@ -582,6 +582,17 @@ pub enum LeaseAction {
         /// The lease's id (`gpux leases`).
         lease: u64,
     },
+    /// SSH into the lease's workload (it publishes port 22 and was given your key: `gpux run -p 22 --ssh-key ~/.ssh/id_ed25519.pub`), or run a command there (`gpux lease ssh LEASE -- nvidia-smi`).
+    Ssh {
+        /// The lease's id (`gpux leases`).
+        lease: u64,
+        /// Print the ssh command instead of running it.
+        #[arg(long)]
+        print: bool,
+        /// A command to run there instead of a shell.
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
     /// Sell what is left of a fixed-duration spot lease on its class's resale
     /// book, whole (docs/market-rules.md "Lease resale"); buyers bid on CLASS/RESALE.
     Resell {

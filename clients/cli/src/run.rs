@@ -78,7 +78,12 @@ fn secrets_of(args: &RunArgs) -> Result<Secrets, Failure> {
     }
     let mut ssh_keys = Vec::new();
     for path in &args.ssh_key {
-        let text = std::fs::read_to_string(path).map_err(|e| Failure::Usage(format!("reading SSH key {}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Failure::Usage(format!(
+                "reading SSH key {}: {e}: make one with `ssh-keygen -t ed25519`, or leave --ssh-key out (the workload is then reached through its published ports and `gpux lease logs`, not SSH)",
+                path.display()
+            ))
+        })?;
         ssh_keys.extend(text.lines().filter(|l| !l.trim().is_empty()).map(|l| l.trim().to_string()));
     }
     let (command, arguments) = match args.command.split_first() {
@@ -169,6 +174,45 @@ async fn status(s: &mut Session, lease: LeaseId, json: bool) -> Result<(), Failu
         }
     }
     Ok(())
+}
+
+/// `gpux lease ssh`: the workload's SSH endpoint (published port 22 with
+/// the renter's keys) as an `ssh` command, run in place of this process
+/// (or printed).
+async fn ssh(s: &mut Session, lease: LeaseId, print: bool, command: &[String], json: bool) -> Result<(), Failure> {
+    let id = s.connection.new_id();
+    let answer = s.ask(ClientMessage::LeaseDelivery { id, lease }, false).await?;
+    let ServerMessage::LeaseDelivery { state, .. } = answer else {
+        return Err(Failure::Unreachable(format!("expected lease_delivery, got {answer:?}")));
+    };
+    let endpoint = match &state {
+        Some(DeliveryState::Running { endpoints, .. }) => endpoints.iter().find(|e| e.container_port == 22).cloned(),
+        Some(other) => {
+            return Err(Failure::Usage(format!("lease {lease} is not running ({}): `gpux lease status {lease}`", describe(other))));
+        }
+        None => return Err(Failure::Usage(format!("lease {lease} has no delivery status yet: `gpux lease status {lease}`"))),
+    };
+    let Some(endpoint) = endpoint else {
+        return Err(Failure::Usage(format!(
+            "lease {lease}'s workload publishes no port 22: run it with `-p 22 --ssh-key ~/.ssh/id_ed25519.pub` (an image with an SSH server) to reach it by SSH; `gpux lease logs {lease}` shows its output either way"
+        )));
+    };
+    let mut words = vec!["ssh".to_string(), "-p".into(), endpoint.port.to_string(), format!("root@{}", endpoint.host)];
+    if !command.is_empty() {
+        words.push("--".into());
+        words.extend(command.iter().cloned());
+    }
+    if print || json {
+        if json {
+            out!("{}", serde_json::json!({ "lease": lease.0, "host": endpoint.host, "port": endpoint.port, "command": words }));
+        } else {
+            out!("{}", words.join(" "));
+        }
+        return Ok(());
+    }
+    use std::os::unix::process::CommandExt;
+    let error = std::process::Command::new(&words[0]).args(&words[1..]).exec();
+    Err(Failure::Usage(format!("running ssh: {error} (is OpenSSH's client installed?); the command: {}", words.join(" "))))
 }
 
 /// `gpux lease resell`: offers the rest of a lease on its class's resale book.
@@ -407,6 +451,7 @@ pub async fn lease(s: &mut Session, action: LeaseAction, key: &ed25519_dalek::Si
             watch(s, LeaseId(lease), key, Duration::from_secs(probe_every), sign_every * 1_000, seconds, json).await
         }
         LeaseAction::Status { lease } => status(s, LeaseId(lease), json).await,
+        LeaseAction::Ssh { lease, print, command } => ssh(s, LeaseId(lease), print, &command, json).await,
         LeaseAction::Resell { lease, price, tif } => resell(s, lease, &price, tif, json).await,
         LeaseAction::Stop { lease } => {
             let id = s.connection.new_id();

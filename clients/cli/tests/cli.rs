@@ -478,6 +478,14 @@ fn failures_exit_with_their_code_and_say_what_to_do() {
     assert!(String::from_utf8_lossy(&bid_only.stderr).contains("--budget is for bids"), "{bid_only:?}");
     let usage = gpux(url, &renter, &["buy"]);
     assert_eq!(usage.status.code(), Some(2), "clap usage errors exit 2");
+    // A missing SSH key file says how to make one or go without (issue 64).
+    let no_key = gpux(url, &renter, &["run", "--image", "busybox", "--max-price", "2", "--ssh-key", "/nonexistent/id_ed25519.pub"]);
+    assert_eq!(no_key.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&no_key.stderr).into_owned();
+    assert!(stderr.contains("ssh-keygen -t ed25519") && stderr.contains("leave --ssh-key out"), "{stderr}");
+    // SSH to a lease that is not the account's, or has no status: said, exit 2.
+    let no_lease = gpux(url, &renter, &["lease", "ssh", "999", "--print"]);
+    assert_ne!(no_lease.status.code(), Some(0), "{no_lease:?}");
 }
 
 /// A renter runs `gpux run` with an image, an exposed port, an SSH key and a
@@ -516,6 +524,8 @@ fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
         "2.5",
         "-p",
         "8080",
+        "-p",
+        "22",
         "--ssh-key",
         &ssh_key,
         "-e",
@@ -558,6 +568,11 @@ fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
         }
     };
     assert!(page.contains("gpux delivery test page"), "{page}");
+    // SSH: the published port 22 as an ssh command (issue 64).
+    let ssh_endpoint = printed.lines().find_map(|l| l.trim().strip_prefix("port 22 -> ")).expect("port 22 printed").to_string();
+    let (ssh_host, ssh_port) = ssh_endpoint.rsplit_once(':').expect("host:port");
+    let printed_ssh = ok(gpux(&url, &key("renter"), &["lease", "ssh", &lease, "--print", "--", "nvidia-smi", "-L"]));
+    assert_eq!(printed_ssh.trim(), format!("ssh -p {ssh_port} root@{ssh_host} -- nvidia-smi -L"));
 
     let status = ok(gpux(&url, &key("renter"), &["lease", "status", &lease]));
     assert!(status.contains("running") && status.contains("port 8080"), "{status}");
