@@ -317,8 +317,9 @@ impl Rest {
                 let body = serde_json::json!({ "journal_seq": journal_seq, "order": order, "events": events });
                 Ok(Stored { status: 200, body: body.to_string() })
             }
-            ServerMessage::Reject { journal_seq, code, message, .. } => {
-                let body = serde_json::json!({ "rejected": { "code": code, "message": message, "journal_seq": journal_seq } });
+            ServerMessage::Reject { journal_seq, code, message, bound, .. } => {
+                let body =
+                    serde_json::json!({ "rejected": { "code": code, "message": message, "journal_seq": journal_seq, "bound": bound } });
                 Ok(Stored { status: StatusCode::UNPROCESSABLE_ENTITY.as_u16(), body: body.to_string() })
             }
             ServerMessage::Error { code: ErrorCode::RateLimited | ErrorCode::ShuttingDown | ErrorCode::JournalUnavailable, .. } => {

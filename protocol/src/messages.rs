@@ -826,6 +826,10 @@ pub enum ServerMessage {
         journal_seq: u64,
         code: RejectCode,
         message: String,
+        /// The bound it ran into, for the codes that have one (null for
+        /// the others).
+        #[serde(default)]
+        bound: Option<crate::views::Bound>,
     },
     /// The gateway refused a frame or request before it reached the engine.
     Error {

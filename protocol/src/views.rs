@@ -111,6 +111,23 @@ pub struct Fabric {
     pub probe: Option<FabricProbe>,
 }
 
+/// The bound a refusal ran into (`reject.bound`; docs/protocol.md
+/// "Requests and answers"): each field set where it applies.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bound {
+    /// The price tick of the order's class (`price_off_tick`).
+    pub tick_minor: Option<u64>,
+    /// The least and the most allowed: a class's price band
+    /// (`price_out_of_band`), GPUs in an order (`quantity_too_large`),
+    /// hours of a lease (`duration_invalid`), an amount (`amount_invalid`).
+    pub min: Option<u64>,
+    pub max: Option<u64>,
+    /// What the command needed and what the account has available
+    /// (`insufficient_funds`), minor units.
+    pub needed_minor: Option<u64>,
+    pub available_minor: Option<u64>,
+}
+
 /// One ask of a book with its seller's record (`book_offers`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Offer {

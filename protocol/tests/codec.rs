@@ -265,7 +265,13 @@ fn server_messages_round_trip_through_both_encodings() {
     };
     let messages = vec![
         ServerMessage::Challenge { nonce: "00".repeat(32), server_time_ms: 1 },
-        ServerMessage::Reject { id: 3, journal_seq: 8, code: RejectCode::PriceOffTick, message: "m".into() },
+        ServerMessage::Reject {
+            id: 3,
+            journal_seq: 8,
+            code: RejectCode::PriceOffTick,
+            message: "m".into(),
+            bound: Some(views::Bound { tick_minor: Some(1_000), ..Default::default() }),
+        },
         ServerMessage::Error { id: None, code: ErrorCode::MalformedJson, message: "m".into() },
         ServerMessage::BookSnapshot { instrument: InstrumentId(0), seq: 4, bids: vec![(1_000, 2)], asks: vec![] },
         ServerMessage::MarketData {

@@ -461,10 +461,13 @@ fn failures_exit_with_their_code_and_say_what_to_do() {
     assert!(!orders.contains("0.50") && !orders.contains("50.00"), "nothing was placed: {orders}");
     let off_tick = gpux(url, &renter, &["buy", "0", "1", "--price", "2.0005"]);
     assert_eq!(off_tick.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&off_tick.stderr).contains("price_off_tick"), "codes as the protocol writes them");
+    let stderr = String::from_utf8_lossy(&off_tick.stderr).into_owned();
+    assert!(stderr.contains("price_off_tick"), "codes as the protocol writes them");
+    assert!(stderr.contains("2000500 is not a multiple of the class's tick 1000: 2000000 or 2001000 are"), "the bound named: {stderr}");
     let unfunded = gpux(url, &renter, &["buy", "0", "1", "--price", "2"]);
     assert_eq!(unfunded.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&unfunded.stderr).contains("insufficient_funds"));
+    let stderr = String::from_utf8_lossy(&unfunded.stderr).into_owned();
+    assert!(stderr.contains("insufficient_funds") && stderr.contains("it needs 2000000 and the account has 0 available"), "{stderr}");
     // A withdrawal over the available funds says what may leave, not "lower the order".
     let overdrawn = gpux(url, &renter, &["withdraw", "5"]);
     assert_eq!(overdrawn.status.code(), Some(1));

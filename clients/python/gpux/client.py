@@ -85,12 +85,15 @@ def verify_invoice(invoice: dict | a.InvoiceDocument, signature: str, public_key
 
 
 class GpuxError(Exception):
-    """The exchange refused a request: `code` is the documented stable code."""
+    """The exchange refused a request: `code` is the documented stable code;
+    `bound`, for a refusal that ran into one, its figures (`tick_minor`,
+    `min`, `max`, `needed_minor`, `available_minor`)."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, bound: Optional[dict] = None):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.bound = bound
 
 
 class Key:
@@ -478,7 +481,9 @@ class Client:
             raise (self.closed or GpuxError("connection_closed", str(error))) from error
         finally:
             self._pending.pop(request_id, None)
-        if isinstance(answer, (m.Reject, m.Error)):
+        if isinstance(answer, m.Reject):
+            raise GpuxError(answer.code, answer.message, answer.bound)
+        if isinstance(answer, m.Error):
             raise GpuxError(answer.code, answer.message)
         return answer
 

@@ -215,6 +215,9 @@ class Reject:
     journal_seq: int
     code: str
     message: str
+    # The bound it ran into ({tick_minor, min, max, needed_minor,
+    # available_minor}), None for codes without one.
+    bound: Optional[dict] = None
 
 
 @dataclass

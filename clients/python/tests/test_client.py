@@ -112,9 +112,11 @@ def test_login_opens_an_account_and_refusals_carry_their_stable_code(exchange):
             with pytest.raises(gpux.GpuxError) as off_tick:
                 await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", 2_000_500, 1))
             assert off_tick.value.code == "price_off_tick"
+            assert off_tick.value.bound["tick_minor"] == 1_000, "the bound it ran into"
             with pytest.raises(gpux.GpuxError) as unfunded:
                 await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("2"), 1))
             assert unfunded.value.code == "insufficient_funds"
+            assert (unfunded.value.bound["needed_minor"], unfunded.value.bound["available_minor"]) == (2_000_000, 0)
             with pytest.raises(gpux.GpuxError) as unknown:
                 await renter.place(gpux.OrderTicket.limit(999, "buy", gpux.dollars("2"), 1))
             assert unknown.value.code == "unknown_instrument"

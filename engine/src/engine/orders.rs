@@ -331,6 +331,22 @@ impl Engine {
 
     /// Funds a bid holds per GPU: its price for the lease's hours (the window
     /// for reserved contracts, the prepaid horizon for open-ended leases).
+    /// What a bid would hold if placed now (its price x GPUs x billable
+    /// hours, a market bid at its protected price, capped by its budget):
+    /// the `needed` an `insufficient_funds` refusal names. `None` for an
+    /// ask, or a bid whose price or book gives none.
+    pub fn bid_hold(&self, new: &NewOrder, options: &OrderOptions) -> Option<u64> {
+        if new.side != Side::Buy {
+            return None;
+        }
+        let price = match new.order_type {
+            OrderType::Limit => new.price_minor_per_gpu_hour,
+            OrderType::Market => self.protected_price(new.instrument, new.side)?,
+        };
+        let total = self.hold_per_gpu(new.instrument, price, new.duration).ok()?.checked_mul(u64::from(new.quantity))?;
+        Some(if options.budget_minor > 0 { total.min(options.budget_minor) } else { total })
+    }
+
     pub(crate) fn hold_per_gpu(&self, instrument: InstrumentId, price: u64, duration: LeaseDuration) -> Checked<u64> {
         price.checked_mul(self.billable_hours(instrument, duration)).ok_or(RejectCode::InsufficientFunds)
     }

@@ -141,7 +141,7 @@ impl Sequencer {
         let Some((journal_seq, applied)) = self.journal(JournalEntry::Engine(input)) else { return };
         let reply = applied.events.iter().rev().find_map(|event| match event.kind {
             EventKind::SubAccountOpened { account, .. } => Some(ServerMessage::SubAccountOpened { id, journal_seq, account }),
-            EventKind::Rejected { code, .. } => Some(ServerMessage::Reject { id, journal_seq, code, message: code.message().to_string() }),
+            EventKind::Rejected { code, .. } => Some(self.reject(id, journal_seq, code)),
             _ => None,
         });
         if let Some(reply) = reply {

@@ -630,7 +630,7 @@ impl Sequencer {
         let Some(connection) = connection else { return };
         self.echo_own_events(connection, from);
         let reply = match applied.events.last().map(|e| e.kind) {
-            Some(EventKind::Rejected { code, .. }) => ServerMessage::Reject { id, journal_seq, code, message: code.message().to_string() },
+            Some(EventKind::Rejected { code, .. }) => self.reject(id, journal_seq, code),
             _ => {
                 let order = applied.events.iter().find_map(|e| match e.kind {
                     EventKind::OrderAccepted { order, .. } => Some(order),
@@ -643,6 +643,87 @@ impl Sequencer {
             }
         };
         self.reply(connection, reply);
+    }
+
+    /// The answer to a refused command: its code, what it means, and the
+    /// bound it ran into with its figures where it has one (the tick, the
+    /// band, the most allowed, needed against available).
+    pub(super) fn reject(&self, id: u64, journal_seq: u64, code: gpux_engine::RejectCode) -> ServerMessage {
+        let (message, bound) = match self.bound_of(journal_seq, code) {
+            Some((said, bound)) => (format!("{}: {said}", code.message()), Some(bound)),
+            None => (code.message().to_string(), None),
+        };
+        ServerMessage::Reject { id, journal_seq, code, message, bound }
+    }
+
+    /// The bound the command journaled at `journal_seq` ran into, in words
+    /// and figures (docs/protocol.md "Requests and answers").
+    fn bound_of(&self, journal_seq: u64, code: gpux_engine::RejectCode) -> Option<(String, gpux_protocol::views::Bound)> {
+        use gpux_engine::RejectCode as R;
+        use gpux_protocol::views::Bound;
+        let index = usize::try_from(journal_seq.checked_sub(self.next_seq)?).ok()?;
+        let JournalEntry::Engine(input) = self.entries.get(index)? else { return None };
+        let engine = self.market.engine();
+        let money = |minor: u64| minor.to_string();
+        // The price an order or a replacement names, and its instrument.
+        let priced = || match &input.command {
+            Command::ReplaceOrder { order, price_minor_per_gpu_hour, .. } => {
+                engine.order(*order).map(|o| (o.instrument, *price_minor_per_gpu_hour))
+            }
+            command => command.new_order().map(|o| (o.instrument, o.price_minor_per_gpu_hour)),
+        };
+        match code {
+            R::PriceOffTick => {
+                let (instrument, price) = priced()?;
+                let tick = engine.instrument(instrument)?.tick_minor.max(1);
+                let below = price / tick * tick;
+                let said = format!("{price} is not a multiple of the class's tick {tick}: {} or {} are", money(below), money(below + tick));
+                Some((said, Bound { tick_minor: Some(tick), ..Bound::default() }))
+            }
+            R::PriceOutOfBand => {
+                let (instrument, price) = priced()?;
+                let info = engine.instrument(instrument)?;
+                let (min, max) = (info.price_min_minor_per_gpu_hour, info.price_max_minor_per_gpu_hour);
+                let said = format!("{price} is outside the class's band {min} to {max} per GPU-hour");
+                Some((said, Bound { min: Some(min), max: Some(max), ..Bound::default() }))
+            }
+            R::QuantityTooLarge => {
+                let max = u64::from(gpux_engine::limits::QUANTITY_MAX);
+                Some((format!("an order is for at most {max} GPUs"), Bound { min: Some(1), max: Some(max), ..Bound::default() }))
+            }
+            R::DurationInvalid => {
+                let max = u64::from(gpux_engine::limits::DURATION_HOURS_MAX);
+                let said = format!("a fixed lease is 1 to {max} whole hours (or open-ended: until cancelled)");
+                Some((said, Bound { min: Some(1), max: Some(max), ..Bound::default() }))
+            }
+            R::AmountInvalid => match &input.command {
+                Command::Deposit { .. } | Command::MoveFunds { .. } | Command::Withdraw { .. } | Command::Payout { .. } => {
+                    let max = gpux_engine::limits::DEPOSIT_MINOR_MAX;
+                    let said = format!("an amount is 1 to {max} minor units");
+                    Some((said, Bound { min: Some(1), max: Some(max), ..Bound::default() }))
+                }
+                _ => None,
+            },
+            R::InsufficientFunds => {
+                let (account, needed) = match &input.command {
+                    Command::Withdraw { account, amount_minor } | Command::Payout { account, amount_minor } => {
+                        (*account, Some(*amount_minor))
+                    }
+                    Command::MoveFunds { parent, sub_account, amount_minor, to_sub_account } => {
+                        (if *to_sub_account { *parent } else { *sub_account }, Some(*amount_minor))
+                    }
+                    Command::Place { order, options, .. } => (order.account, engine.bid_hold(order, options)),
+                    command => (command.new_order()?.account, None),
+                };
+                let available = engine.balances(account)?.available_minor;
+                let said = match needed {
+                    Some(needed) => format!("it needs {} and the account has {} available", money(needed), money(available)),
+                    None => format!("the account has {} available", money(available)),
+                };
+                Some((said, Bound { needed_minor: needed, available_minor: Some(available), ..Bound::default() }))
+            }
+            _ => None,
+        }
     }
 
     /// A REST request's session is not the account's presence, so the
