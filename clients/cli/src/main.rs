@@ -640,6 +640,9 @@ pub enum LeaseAction {
         /// Stop after this many seconds (default: until the lease ends or Ctrl-C).
         #[arg(long)]
         seconds: Option<u64>,
+        /// The published container port to probe (default: the first published).
+        #[arg(long)]
+        port: Option<u16>,
     },
 }
 

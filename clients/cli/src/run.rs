@@ -447,8 +447,9 @@ pub fn describe(state: &DeliveryState) -> String {
 
 pub async fn lease(s: &mut Session, action: LeaseAction, key: &ed25519_dalek::SigningKey, json: bool) -> Result<(), Failure> {
     match action {
-        LeaseAction::Watch { lease, probe_every, sign_every, seconds } => {
-            watch(s, LeaseId(lease), key, Duration::from_secs(probe_every), sign_every * 1_000, seconds, json).await
+        LeaseAction::Watch { lease, probe_every, sign_every, seconds, port } => {
+            let every = (Duration::from_secs(probe_every), sign_every * 1_000);
+            watch(s, LeaseId(lease), key, every, seconds, port, json).await
         }
         LeaseAction::Status { lease } => status(s, LeaseId(lease), json).await,
         LeaseAction::Ssh { lease, print, command } => ssh(s, LeaseId(lease), print, &command, json).await,
@@ -535,16 +536,22 @@ async fn watch(
     s: &mut Session,
     lease: LeaseId,
     key: &ed25519_dalek::SigningKey,
-    probe_every: Duration,
-    sign_every_ms: u64,
+    (probe_every, sign_every_ms): (Duration, u64),
     seconds: Option<u64>,
+    port: Option<u16>,
     json: bool,
 ) -> Result<(), Failure> {
     let id = s.connection.new_id();
     let answer = s.ask(ClientMessage::LeaseDelivery { id, lease }, false).await?;
-    let endpoint = match answer {
-        ServerMessage::LeaseDelivery { state: Some(DeliveryState::Running { endpoints, .. }), .. } => endpoints.into_iter().next(),
+    let endpoints = match answer {
+        ServerMessage::LeaseDelivery { state: Some(DeliveryState::Running { endpoints, .. }), .. } => endpoints,
         _ => return Err(Failure::Usage(format!("lease {lease} is not running: nothing to watch (`gpux lease status {lease}`)"))),
+    };
+    let endpoint = match port {
+        None => endpoints.into_iter().next(),
+        Some(port) => Some(endpoints.into_iter().find(|e| e.container_port == port).ok_or_else(|| {
+            Failure::Usage(format!("lease {lease} publishes no port {port}: `gpux lease status {lease}` lists its ports"))
+        })?),
     };
     let address = endpoint.map(|endpoint| format!("{}:{}", endpoint.host, endpoint.port));
     let offset = s.connection.clock_offset_ms;

@@ -583,7 +583,11 @@ fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
     assert!(logs.contains("response:200"), "{logs}");
     // The renter signs what it sees of the endpoint: reachable, acknowledged,
     // and counted in its public record.
-    let watched = ok(gpux(&url, &key("renter"), &["lease", "watch", &lease, "--probe-every", "1", "--sign-every", "1", "--seconds", "3"]));
+    let watched = ok(gpux(
+        &url,
+        &key("renter"),
+        &["lease", "watch", &lease, "--probe-every", "1", "--sign-every", "1", "--seconds", "3", "--port", "8080"],
+    ));
     assert!(watched.contains(" reachable") && !watched.contains("UNREACHABLE"), "{watched}");
     let first_lines: Vec<&str> = watched.lines().take(2).collect();
     assert!(first_lines[1].ends_with(" answers") && first_lines[1].contains(" UTC "), "the first probe is told at once: {watched}");
