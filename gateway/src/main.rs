@@ -26,7 +26,7 @@ struct Args {
     link_secret_file: PathBuf,
     /// Address of this gateway's WebSocket listener. Plain ws:// only on
     /// loopback; any other address needs --tls-cert and --tls-key.
-    #[arg(long, default_value = "127.0.0.1:7301", env = "GPUX_LISTEN")]
+    #[arg(long, default_value = "127.0.0.1:7302", env = "GPUX_LISTEN")]
     listen: SocketAddr,
     /// This gateway's name in the exchange's logs.
     #[arg(long, default_value = "gateway")]
