@@ -1117,17 +1117,46 @@ async fn instruments(s: &mut Session, calendar: bool, json: bool) -> Result<(), 
     if json {
         return Ok(());
     }
-    out!("{:>5}  {:<44} {:<9} {:>9} window (UTC)", "id", "symbol", "state", "tick");
+    out!("{:>5}  {:<44} {:<9} {:>9} {:>12} {:>12} {:>12} window (UTC)", "id", "symbol", "state", "tick", "best bid", "best ask", "last");
     for info in instruments.iter().filter(|i| !calendar || matches!(i.contract, ContractKind::Reserved { .. })) {
+        let reserved = matches!(info.contract, ContractKind::Reserved { .. });
         let window = match info.contract {
             ContractKind::Reserved { window_start_ms, window_end_ms } => {
                 format!("{} to {}", gpux_engine::time::format_utc_hour(window_start_ms), gpux_engine::time::format_utc_hour(window_end_ms))
             }
             _ => String::new(),
         };
-        out!("{:>5}  {:<44} {:<9} {:>9} {window}", info.instrument.0, info.symbol, snake(&info.state), amount(info.tick_minor));
+        // Quotes for the books a renter trades every day, and for the
+        // windows when they are what is listed (`--calendar`).
+        let (bid, ask, last) = if calendar || !reserved { quote(s, info.instrument).await? } else { (None, None, None) };
+        let shown = |price: Option<u64>| price.map_or_else(|| "-".to_string(), amount);
+        out!(
+            "{:>5}  {:<44} {:<9} {:>9} {:>12} {:>12} {:>12} {window}",
+            info.instrument.0,
+            info.symbol,
+            snake(&info.state),
+            amount(info.tick_minor),
+            shown(bid),
+            shown(ask),
+            shown(last)
+        );
     }
     Ok(())
+}
+
+/// An instrument's best bid and ask now and its last trade price.
+async fn quote(s: &mut Session, instrument: InstrumentId) -> Result<(Option<u64>, Option<u64>, Option<u64>), Failure> {
+    let id = s.connection.new_id();
+    let (bid, ask) = match s.ask(ClientMessage::Book { id, instrument }, false).await? {
+        ServerMessage::Book { bids, asks, .. } => (bids.first().map(|level| level.0), asks.first().map(|level| level.0)),
+        _ => (None, None),
+    };
+    let id = s.connection.new_id();
+    let last = match s.ask(ClientMessage::Stats { id, instrument }, false).await? {
+        ServerMessage::Stats { last, .. } => last,
+        _ => None,
+    };
+    Ok((bid, ask, last))
 }
 
 /// A role as the protocol writes it.

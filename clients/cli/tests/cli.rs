@@ -192,6 +192,12 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
         "{found}"
     );
     assert!(ok(gpux(url, &key("renter"), &["search", "--max-price", "1.50"])).contains("no offers fit"));
+    // The instrument list quotes each everyday book: no bid, the ask at $2.00, no trade yet (issue 64).
+    let instruments = ok(gpux(url, &key("renter"), &["instruments"]));
+    let spot = instruments.lines().find(|l| l.contains("H100-SXM-80G/SPOT ")).expect("the spot book listed");
+    assert!(instruments.lines().next().is_some_and(|h| h.contains("best bid") && h.contains("best ask") && h.contains("last")));
+    let columns: Vec<&str> = spot.split_whitespace().collect();
+    assert_eq!(columns[4..7], ["-", "$2.00", "-"], "{spot}");
     assert!(ok(gpux(url, &key("renter"), &["search", "--contract", "preemptible"])).contains("no offers fit"));
     let json = ok(gpux(url, &key("renter"), &["--json", "search", "--verified"]));
     assert!(json.contains("\"offers_found\"") && json.contains("\"offers\":[]"), "unverified GPUs left out: {json}");
