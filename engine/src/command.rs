@@ -105,6 +105,21 @@ pub enum SelfTradePrevention {
 pub enum LeaseDuration {
     Hours(u32),
     UntilCancelled,
+    /// A fixed length to the minute (1 to `DURATION_HOURS_MAX` x 60), for
+    /// lengths that are not whole hours (appended: journals encode the
+    /// variant's index).
+    Minutes(u32),
+}
+
+impl LeaseDuration {
+    /// The fixed length in milliseconds; `None` for an open-ended lease.
+    pub fn length_ms(self) -> Option<u64> {
+        match self {
+            LeaseDuration::Hours(hours) => Some(u64::from(hours) * crate::time::MS_PER_HOUR),
+            LeaseDuration::Minutes(minutes) => Some(u64::from(minutes) * 60_000),
+            LeaseDuration::UntilCancelled => None,
+        }
+    }
 }
 
 /// The concrete GPUs behind an ask: a host and a bit mask over the GPUs of that

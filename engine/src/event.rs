@@ -626,7 +626,7 @@ impl RejectCode {
             QuantityZero => "quantity must be at least 1",
             QuantityTooLarge => "quantity exceeds the per-order maximum",
             MinQuantityInvalid => "min_quantity must not exceed quantity",
-            DurationInvalid => "duration must be 1 hour or more and within the maximum",
+            DurationInvalid => "duration must be 1 minute or more and within the maximum",
             ExpiryInPast => "good-till-time expiry must be in the future",
             DuplicateClientOrderId => {
                 "client_order_id is already used by an open order of this account, or by one that closed in the last 24 hours"

@@ -42,6 +42,37 @@ fn a_spot_lease_runs_for_its_hours_then_frees_the_gpu() {
 }
 
 #[test]
+fn a_lease_of_ninety_minutes_holds_an_hour_and_a_half_and_ends_on_the_minute() {
+    let (mut m, supplier, host, renter) = market();
+    m.ask(supplier, host, 0b1, H100_SPOT, USD_2);
+    let mut order = m.order(renter, H100_SPOT, Side::Buy, USD_2, 1);
+    order.duration = LeaseDuration::Minutes(90);
+    let events = m.place(order);
+    let (lease, _, _, start, end) = leases(&events)[0];
+    assert_eq!((start, end), (T0, Some(T0 + 90 * 60_000)));
+    assert_eq!(m.engine.funds(renter), Some((10_000_000_000 - USD_2 * 3 / 2, USD_2 * 3 / 2)), "escrow: 1.5 h at the price");
+
+    let events = m.advance(90 * 60_000);
+    assert_eq!(events_of(&events, lease).collect::<Vec<_>>(), [&EventKind::LeaseEnded { lease, reason: LeaseEndReason::DurationElapsed }]);
+}
+
+#[test]
+fn a_lease_length_in_minutes_is_one_minute_to_the_longest_lease() {
+    let (mut m, _supplier, _host, renter) = market();
+    for (minutes, accepted_) in
+        [(0, false), (1, true), (limits::DURATION_HOURS_MAX * 60, true), (limits::DURATION_HOURS_MAX * 60 + 1, false)]
+    {
+        let mut order = m.order(renter, H100_SPOT, Side::Buy, USD_2, 1);
+        order.duration = LeaseDuration::Minutes(minutes);
+        let events = m.place(order);
+        assert_eq!(rejection(&events).is_none(), accepted_, "{minutes} minutes");
+        if accepted_ {
+            m.apply(Command::MassCancel { account: renter, instrument: None });
+        }
+    }
+}
+
+#[test]
 fn a_renter_may_end_a_lease_early_and_settled_usage_is_kept() {
     let (mut m, supplier, host, renter) = market();
     m.ask(supplier, host, 0b1, H100_SPOT, USD_2);

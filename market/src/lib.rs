@@ -605,6 +605,13 @@ impl MarketState {
             if host_failed && info.active {
                 applied.follow_ups.push(Command::FailLeaseDelivery { account, lease });
             }
+            // A workload asked to end its lease when it exits: the renter's
+            // end, billed to the exit (docs/protocol.md "Lease delivery").
+            let ended = matches!(state, DeliveryState::Exited { .. } | DeliveryState::Failed { fault: gpux_protocol::Fault::Renter, .. });
+            let end_on_exit = self.deliveries.lease(lease).and_then(|d| d.workload.as_ref()).is_some_and(|w| w.end_lease_on_exit);
+            if ended && end_on_exit && info.active && info.supplier == account && self.jobs.job_of_lease(lease).is_none() {
+                applied.follow_ups.push(Command::EndLease { account: info.renter, lease });
+            }
         }
     }
 

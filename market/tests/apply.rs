@@ -520,6 +520,40 @@ fn a_workload_bid_skips_hosts_that_cannot_deliver_and_its_replacement_pays_up_to
     assert_eq!(taken, Some(workload), "the replacement took over the workload");
 }
 
+/// A workload that asked to end its lease on exit (`gpux run ... -- CMD`):
+/// its host's `exited` calls for the renter's own end, journaled as a
+/// follow-up; a lease whose workload did not ask stays billed.
+#[test]
+fn a_workload_that_ends_its_lease_on_exit_ends_it_as_the_renter_would() {
+    let mut session = Session::new();
+    let (renter, supplier) = (session.renter, session.supplier);
+    let key = gpux_protocol::delivery::EncryptionKey::from_bytes([5; 32]);
+    let signature = key.certify(&session.key);
+    session.apply(JournalEntry::EncryptionKey { account: supplier, key: key.public(), signature });
+    let mut leases = Vec::new();
+    for (mask, end_lease_on_exit) in [(0b01, true), (0b10, false)] {
+        session.run(&Op::Ask { mask, ticks: 0 });
+        let workload = Box::new(gpux_protocol::Workload { end_lease_on_exit, ..gpux_protocol::Workload::image("localhost/app:1") });
+        let client_order_id = session.next_order;
+        session.next_order += 1;
+        session.apply(JournalEntry::BidWorkload { account: renter, client_order_id, workload });
+        let order = NewOrder { time_in_force: TimeInForce::Ioc, ..NewOrder::limit(renter, client_order_id, SPOT, Side::Buy, 1_500_000, 1) };
+        let before = session.leases.len();
+        session.command(Command::place(order));
+        leases.push(*session.leases[before..].first().expect("a lease"));
+    }
+    for &lease in &leases {
+        let entry =
+            JournalEntry::DeliveryStatus { at_ms: session.now_ms, account: supplier, lease, state: DeliveryState::Exited { code: 0 } };
+        let applied = session.market.clone().apply(&entry).expect("applies");
+        let asked = lease == leases[0];
+        assert_eq!(applied.follow_ups == [Command::EndLease { account: renter, lease }], asked, "lease {lease:?}");
+        session.apply(entry);
+    }
+    assert!(!session.market.engine().lease(leases[0]).expect("lease").active, "ended on exit");
+    assert!(session.market.engine().lease(leases[1]).expect("lease").active, "kept: its workload did not ask");
+}
+
 /// Host-side delivery failures in a row show in the host's and supplier's
 /// public records (the back-off their agent keeps doubles with them), and
 /// end when a workload of theirs reaches `running`.

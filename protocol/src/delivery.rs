@@ -89,6 +89,12 @@ pub struct Workload {
     /// `set_workload` before it starts the workload.
     #[serde(default)]
     pub secrets_follow: bool,
+    /// The exchange ends the lease (as the renter would: billed to the
+    /// exit) when the host reports the workload exited, or failed to start
+    /// for the renter's reason. Only with `restart` never: a workload that
+    /// restarts has not ended when it exits.
+    #[serde(default)]
+    pub end_lease_on_exit: bool,
     /// Always refused.
     #[serde(default)]
     pub privileged: bool,
@@ -117,6 +123,7 @@ impl Workload {
             restart: RestartPolicy::Never,
             sealed: None,
             secrets_follow: false,
+            end_lease_on_exit: false,
             privileged: false,
             host_network: false,
             host_mounts: Vec::new(),
@@ -144,6 +151,9 @@ impl Workload {
         }
         if self.shm_mib > limits::SHM_MIB_MAX {
             return Err(WorkloadError::ShmTooLarge);
+        }
+        if self.end_lease_on_exit && self.restart != RestartPolicy::Never {
+            return Err(WorkloadError::EndOnExitRestarts);
         }
         if let RestartPolicy::OnFailure { max_restarts } = self.restart {
             if max_restarts > limits::RESTARTS_MAX {
@@ -205,6 +215,8 @@ pub enum WorkloadError {
     ReadinessInvalid,
     #[error("the registry credentials are empty, too long or hold control characters")]
     RegistryAuthInvalid,
+    #[error("end_lease_on_exit needs restart never: a workload that restarts has not ended when it exits")]
+    EndOnExitRestarts,
 }
 
 /// The secret part: sealed to the host, never seen by the exchange.
@@ -459,7 +471,8 @@ pub enum DeliveryState {
         ssh: Option<String>,
         restarts: u32,
     },
-    /// The main process exited; the lease runs on (the restart policy did not restart it).
+    /// The main process exited (the restart policy did not restart it); the
+    /// lease runs on unless the workload asked `end_lease_on_exit`.
     Exited {
         code: i64,
     },
@@ -572,6 +585,7 @@ mod tests {
             (Workload { host_network: true, ..ok.clone() }, WorkloadError::OptionRefused),
             (Workload { host_mounts: vec!["/:/host".into()], ..ok.clone() }, WorkloadError::OptionRefused),
             (Workload { cap_add: vec!["SYS_ADMIN".into()], ..ok.clone() }, WorkloadError::OptionRefused),
+            (Workload { end_lease_on_exit: true, restart: RestartPolicy::Always, ..ok.clone() }, WorkloadError::EndOnExitRestarts),
             (Workload::image(""), WorkloadError::ImageInvalid),
             (Workload::image("busybox; rm -rf /"), WorkloadError::ImageInvalid),
             (Workload::image("x".repeat(limits::IMAGE_BYTES_MAX + 1)), WorkloadError::ImageInvalid),

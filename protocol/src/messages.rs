@@ -1502,6 +1502,7 @@ impl From<crate::delivery::WorkloadError> for ErrorCode {
             | W::CommandTooLong
             | W::ReadinessInvalid
             | W::RegistryAuthInvalid => ErrorCode::WorkloadOptionRefused,
+            W::EndOnExitRestarts => ErrorCode::WorkloadOptionRefused,
         }
     }
 }

@@ -901,7 +901,11 @@ async fn ticket(s: &mut Session, side: Side, args: &OrderArgs) -> Result<OrderTi
     if let Some(stop) = &args.stop {
         order.stop_price_minor_per_gpu_hour = parse_amount(stop).map_err(|e| Failure::Usage(format!("--stop: {e}")))?;
     }
-    order.duration = if args.until_cancelled { LeaseDuration::UntilCancelled } else { LeaseDuration::Hours(args.hours) };
+    order.duration = if args.until_cancelled {
+        LeaseDuration::UntilCancelled
+    } else {
+        crate::money::parse_hours(&args.hours).map_err(Failure::Usage)?
+    };
     Ok(order)
 }
 

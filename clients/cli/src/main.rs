@@ -89,9 +89,9 @@ pub struct OrderArgs {
     /// Limit price in the exchange's currency per GPU-hour (e.g. 2.15); leave out for a market order.
     #[arg(long)]
     pub price: Option<String>,
-    /// Lease length in hours (spot and preemptible).
-    #[arg(long, default_value_t = 1, conflicts_with = "until_cancelled")]
-    pub hours: u32,
+    /// Lease length in hours, to the minute (1, 1.5, 0.25; spot and preemptible).
+    #[arg(long, default_value = "1", conflicts_with = "until_cancelled")]
+    pub hours: String,
     /// An open-ended lease, billed as used until you end it.
     #[arg(long)]
     pub until_cancelled: bool,
@@ -517,12 +517,18 @@ pub struct RunArgs {
     /// Instrument symbol or id.
     #[arg(long, default_value = "H100-SXM-80G/SPOT")]
     pub instrument: String,
-    /// Lease length in hours.
-    #[arg(long, default_value_t = 1, conflicts_with = "until_cancelled")]
-    pub hours: u32,
-    /// An open-ended lease, billed as used until you stop it.
+    /// A fixed lease length in hours, to the minute (1, 1.5, 0.25). Without it the lease is open-ended: billed as used until you stop it.
+    #[arg(long, conflicts_with = "until_cancelled")]
+    pub hours: Option<String>,
+    /// An open-ended lease, billed as used until you stop it (the default; kept for scripts that say it).
     #[arg(long)]
     pub until_cancelled: bool,
+    /// End the lease when the workload exits (the default when a command is given after --, with --restart never).
+    #[arg(long, conflicts_with = "keep_lease")]
+    pub end_on_exit: bool,
+    /// Keep the lease (and its bill) after the workload exits, to set another workload or look around.
+    #[arg(long)]
+    pub keep_lease: bool,
     /// Container port to publish (repeat for more).
     #[arg(short = 'p', long)]
     pub port: Vec<u16>,
@@ -886,22 +892,19 @@ fn main() {
     let cli = Cli::parse();
     clock::use_utc(cli.utc);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
+    let json = cli.json;
     let outcome = runtime.block_on(commands::run(cli));
-    let code = match outcome {
-        Ok(()) => 0,
-        Err(Failure::Refused(message)) => {
-            eprintln!("refused: {message}");
-            1
-        }
-        Err(Failure::Usage(message)) => {
-            eprintln!("error: {message}");
-            2
-        }
-        Err(Failure::Unreachable(message)) => {
-            eprintln!("error: {message}");
-            3
-        }
+    let Err(failure) = outcome else { std::process::exit(0) };
+    let (code, kind, said, message) = match failure {
+        Failure::Refused(message) => (1, "refused", "refused", message),
+        Failure::Usage(message) => (2, "usage", "error", message),
+        Failure::Unreachable(message) => (3, "unreachable", "error", message),
     };
+    eprintln!("{said}: {message}");
+    if json {
+        // Scripts read a failure as they read everything else: one JSON line on stdout.
+        out!("{}", serde_json::json!({ "failed": { "exit_code": code, "kind": kind, "message": message } }));
+    }
     std::process::exit(code);
 }
 

@@ -88,9 +88,37 @@ fn format_in(currency: &Currency, minor: u64) -> String {
     }
 }
 
+/// A lease length as typed: hours, whole or to the minute (`1`, `1.5`,
+/// `0.25`); more precision than a minute, zero or a negative length is
+/// refused. Whole hours go as `hours(n)`, others as `minutes(n)`
+/// (docs/market-rules.md "Leases").
+pub fn parse_hours(text: &str) -> Result<gpux_engine::LeaseDuration, String> {
+    use gpux_engine::LeaseDuration;
+    let refused = || format!("--hours takes a length in hours to the minute (1, 1.5, 0.25), not {text:?}");
+    let hours = Decimal::from_str(text.trim()).map_err(|_| refused())?;
+    let minutes = hours * Decimal::from(60);
+    if hours <= Decimal::ZERO || minutes.fract() != Decimal::ZERO {
+        return Err(refused());
+    }
+    let minutes = u32::try_from(minutes.mantissa() / 10i128.pow(minutes.scale())).map_err(|_| refused())?;
+    Ok(if minutes % 60 == 0 { LeaseDuration::Hours(minutes / 60) } else { LeaseDuration::Minutes(minutes) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hours_are_read_to_the_minute_and_whole_hours_stay_hours() {
+        use gpux_engine::LeaseDuration::{Hours, Minutes};
+        assert_eq!(parse_hours("1"), Ok(Hours(1)));
+        assert_eq!(parse_hours("2.0"), Ok(Hours(2)));
+        assert_eq!(parse_hours("1.5"), Ok(Minutes(90)));
+        assert_eq!(parse_hours("0.25"), Ok(Minutes(15)));
+        for refused in ["0", "-1", "1.33", "0.001", "abc", "", "99999999999"] {
+            assert!(parse_hours(refused).is_err(), "{refused:?}");
+        }
+    }
 
     #[test]
     fn dollars_parse_exactly_to_micro_dollars_and_print_back() {

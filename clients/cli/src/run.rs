@@ -18,7 +18,7 @@ use gpux_protocol::{
     ClientMessage, DeliveryState, LivenessBody, LivenessReport, OrderTicket, RestartPolicy, Secrets, ServerMessage, Workload,
 };
 
-use crate::money::parse_amount;
+use crate::money::{parse_amount, parse_hours};
 use crate::session::Session;
 use crate::{Failure, LeaseAction, RestartArg, RunArgs};
 
@@ -32,7 +32,10 @@ pub async fn run(s: &mut Session, args: RunArgs, json: bool) -> Result<(), Failu
     let mut order = OrderTicket::limit(now_ms(), instrument, Side::Buy, price, args.gpus);
     order.order_type = OrderType::Limit;
     order.time_in_force = TimeInForce::Ioc;
-    order.duration = if args.until_cancelled { LeaseDuration::UntilCancelled } else { LeaseDuration::Hours(args.hours) };
+    order.duration = match &args.hours {
+        Some(hours) => parse_hours(hours).map_err(Failure::Usage)?,
+        None => LeaseDuration::UntilCancelled,
+    };
     order.one_host = args.gpus > 1;
     args.filters.apply(&mut order)?;
     let id = s.connection.new_id();
@@ -65,7 +68,7 @@ pub async fn run(s: &mut Session, args: RunArgs, json: bool) -> Result<(), Failu
             }
         }
     }
-    follow(s, &leases, Duration::from_secs(args.wait_s), json).await
+    follow(s, &leases, Duration::from_secs(args.wait_s), end_on_exit(&args), json).await
 }
 
 /// The secrets `gpux run` seals to the host: command, arguments,
@@ -121,10 +124,17 @@ fn workload_of(args: &RunArgs, has_secrets: bool) -> Result<Workload, Failure> {
             RestartArg::Always => RestartPolicy::Always,
         },
         secrets_follow: has_secrets,
+        end_lease_on_exit: end_on_exit(args),
         ..Workload::image(args.image.clone())
     };
     workload.validate().map_err(|e| Failure::Usage(e.to_string()))?;
     Ok(workload)
+}
+
+/// Whether the lease ends when its workload exits: asked for, or by
+/// default for a command that runs once (given after --, never restarted).
+fn end_on_exit(args: &RunArgs) -> bool {
+    args.end_on_exit || (!args.keep_lease && !args.command.is_empty() && matches!(args.restart, RestartArg::Never))
 }
 
 /// The leases a bid filled: they come as private events right after the ack.
@@ -168,7 +178,7 @@ async fn status(s: &mut Session, lease: LeaseId, json: bool) -> Result<(), Failu
             ),
             (Some(state), None) => {
                 out!("{}", describe(&state));
-                print_endpoints(&state);
+                print_endpoints(lease, &state);
             }
             (None, _) => out!("no delivery status yet"),
         }
@@ -319,9 +329,10 @@ async fn end_leases(s: &mut Session, leases: &[LeaseId]) -> String {
     text
 }
 
-/// What a renter needs when its workload stopped short of running: the
-/// last lines it printed and whether its lease is still billed.
-async fn after_failure(s: &mut Session, lease: LeaseId, state: &DeliveryState) -> String {
+/// What a renter needs when its workload stopped short of running (or ran
+/// and exited): the last lines it printed and whether its lease is still
+/// billed.
+async fn after_failure(s: &mut Session, lease: LeaseId, state: &DeliveryState, end_on_exit: bool) -> String {
     let mut text = format!("lease {}: {}", lease.0, describe(state));
     if let DeliveryState::Failed { fault: gpux_protocol::Fault::Host, .. } = state {
         text.push_str(
@@ -350,6 +361,7 @@ async fn after_failure(s: &mut Session, lease: LeaseId, state: &DeliveryState) -
         Some(true) => {
             format!("\nlease {} is still active and BILLED: set another workload, or `gpux lease stop {}` to end it", lease.0, lease.0)
         }
+        Some(false) if end_on_exit => format!("\nlease {} ended with its workload (billed to the exit)", lease.0),
         Some(false) => format!("\nlease {} has ended", lease.0),
         None => format!("\n`gpux lease status {}` shows whether lease {} is still billed", lease.0, lease.0),
     });
@@ -360,8 +372,10 @@ fn decode_key(text: &str) -> Result<[u8; 32], Failure> {
     hex::decode(text).ok().and_then(|b| b.try_into().ok()).ok_or_else(|| Failure::Refused(format!("not a 32-byte key: {text}")))
 }
 
-/// Follows delivery statuses until every lease runs (or one fails).
-async fn follow(s: &mut Session, leases: &[LeaseId], wait: Duration, json: bool) -> Result<(), Failure> {
+/// Follows delivery statuses until every lease runs (or one fails). A
+/// workload that exits with code 0 before it is seen running (a short
+/// command) did what it was asked: its output is printed, not refused.
+async fn follow(s: &mut Session, leases: &[LeaseId], wait: Duration, end_on_exit: bool, json: bool) -> Result<(), Failure> {
     let bar = (!json).then(|| crate::session::spinner("waiting for the host to start the workload"));
     let deadline = Instant::now() + wait;
     let mut running = std::collections::BTreeMap::new();
@@ -391,12 +405,23 @@ async fn follow(s: &mut Session, leases: &[LeaseId], wait: Duration, json: bool)
             DeliveryState::Running { .. } => {
                 running.insert(*lease, state.clone());
             }
+            DeliveryState::Exited { code: 0 } => {
+                let (lease, state) = (*lease, state.clone());
+                let said = after_failure(s, lease, &state, end_on_exit).await;
+                if !json {
+                    match &bar {
+                        Some(bar) => bar.suspend(|| out!("{said}")),
+                        None => out!("{said}"),
+                    }
+                }
+                running.insert(lease, state);
+            }
             DeliveryState::Failed { .. } | DeliveryState::Exited { .. } | DeliveryState::Stopped => {
                 if let Some(bar) = &bar {
                     bar.finish_and_clear();
                 }
                 let (lease, state) = (*lease, state.clone());
-                return Err(Failure::Refused(after_failure(s, lease, &state).await));
+                return Err(Failure::Refused(after_failure(s, lease, &state, end_on_exit).await));
             }
             _ => {}
         }
@@ -405,22 +430,31 @@ async fn follow(s: &mut Session, leases: &[LeaseId], wait: Duration, json: bool)
         bar.finish_and_clear();
     }
     if !json {
-        for (lease, state) in &running {
+        for (lease, state) in running.iter().filter(|(_, state)| matches!(state, DeliveryState::Running { .. })) {
             out!("lease {}: {}", lease.0, describe(state));
-            print_endpoints(state);
+            print_endpoints(*lease, state);
         }
-        out!("logs: gpux lease logs <lease>; stop: gpux lease stop <lease>");
+        if running.values().any(|state| matches!(state, DeliveryState::Running { .. })) {
+            out!("logs: gpux lease logs <lease>; stop: gpux lease stop <lease>");
+            if end_on_exit {
+                out!("the lease ends when the workload exits (--keep-lease keeps it)");
+            }
+        }
     }
     Ok(())
 }
 
-fn print_endpoints(state: &DeliveryState) {
-    if let DeliveryState::Running { endpoints, ssh, .. } = state {
+/// A running workload's published ports and how to connect: the lease's
+/// `gpux lease ssh` command and the plain ssh one where port 22 is
+/// published, or why there is none.
+fn print_endpoints(lease: LeaseId, state: &DeliveryState) {
+    if let DeliveryState::Running { endpoints, .. } = state {
         for endpoint in endpoints {
             out!("  port {} -> {}:{}", endpoint.container_port, endpoint.host, endpoint.port);
         }
-        if let Some(ssh) = ssh {
-            out!("  connect: {ssh}");
+        match endpoints.iter().find(|e| e.container_port == 22) {
+            Some(ssh) => out!("  connect: gpux lease ssh {}   (ssh -p {} root@{})", lease.0, ssh.port, ssh.host),
+            None => out!("  connect: no SSH (port 22 not published; `gpux run -p 22 --ssh-key FILE` with an image that runs sshd)"),
         }
     }
 }

@@ -495,6 +495,26 @@ fn failures_exit_with_their_code_and_say_what_to_do() {
     // SSH to a lease that is not the account's, or has no status: said, exit 2.
     let no_lease = gpux(url, &renter, &["lease", "ssh", "999", "--print"]);
     assert_ne!(no_lease.status.code(), Some(0), "{no_lease:?}");
+    // A fixed length to the minute only (issue 64): said before anything is sent.
+    let odd_hours = gpux(url, &renter, &["buy", "0", "1", "--price", "2", "--hours", "1.33"]);
+    assert_eq!(odd_hours.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&odd_hours.stderr).contains("to the minute (1, 1.5, 0.25)"), "{odd_hours:?}");
+    // With --json every failure is also one JSON line on stdout, last (issue 64).
+    for (args, code, kind) in [
+        (&["--json", "run", "--image", "busybox", "--max-price", "2"][..], 1, "refused"),
+        (&["--json", "buy", "0", "1", "--price", "0,50"][..], 2, "usage"),
+    ] {
+        let output = gpux(url, &renter, args);
+        assert_eq!(output.status.code(), Some(code), "{output:?}");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        let last: serde_json::Value = serde_json::from_str(stdout.lines().last().expect("a line")).expect("JSON");
+        assert_eq!(last["failed"]["exit_code"], code, "{stdout}");
+        assert_eq!(last["failed"]["kind"], kind, "{stdout}");
+        assert!(!last["failed"]["message"].as_str().expect("a message").is_empty());
+    }
+    let unreachable = gpux("ws://127.0.0.1:1", &renter, &["--json", "balance"]);
+    assert_eq!(unreachable.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&unreachable.stdout).contains(r#""kind":"unreachable""#), "{unreachable:?}");
 }
 
 /// A renter runs `gpux run` with an image, an exposed port, an SSH key and a
@@ -585,6 +605,8 @@ fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
 
     let status = ok(gpux(&url, &key("renter"), &["lease", "status", &lease]));
     assert!(status.contains("running") && status.contains("port 8080"), "{status}");
+    let connect = format!("connect: gpux lease ssh {lease}   (ssh -p {ssh_port} root@{ssh_host})");
+    assert!(status.contains(&connect), "the connect string: {status}");
     let logs = ok(gpux(&url, &key("renter"), &["lease", "logs", &lease]));
     assert!(logs.contains("response:200"), "{logs}");
     // The renter signs what it sees of the endpoint: reachable, acknowledged,
@@ -617,38 +639,67 @@ fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
     assert_eq!(watch_stopped.status.code(), Some(2), "{}", String::from_utf8_lossy(&watch_stopped.stderr));
 
     // A command that fails at once: never `running`; `gpux run` exits 1 with
-    // the exit code, the last output and that the lease is still billed.
+    // the exit code and the last output. A command given after -- ends its
+    // lease when it exits (issue 64); --keep-lease keeps it, billed.
     // With `buy`'s re-match, which `run` now takes too.
-    let failing = [
+    let failing = |keep: bool| {
+        let mut args = vec!["run", "--image", "localhost/gpux-test:busybox", "--max-price", "2.5", "--rematch", "--entrypoint"];
+        if keep {
+            args.push("--keep-lease");
+        }
+        args.extend(["--wait-s", "60", "--", "/bin/sh", "-c", "echo boom-output; exit 1"]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let output = gpux(&url, &key("renter"), &args);
+            assert!(!output.status.success(), "a failing workload never makes `gpux run` succeed");
+            let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+            if !stderr.contains("on sale") {
+                assert_eq!(output.status.code(), Some(1), "{stderr}");
+                break stderr;
+            }
+            assert!(std::time::Instant::now() < deadline, "the GPU came back on sale: {stderr}");
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+    };
+    let refused = failing(false);
+    assert!(refused.contains("exited with code 1"), "{refused}");
+    assert!(refused.contains("boom-output"), "the last output is shown: {refused}");
+    assert!(refused.contains("ended with its workload (billed to the exit)"), "{refused}");
+    let kept = failing(true);
+    assert!(kept.contains("exited with code 1") && kept.contains("still active and BILLED"), "{kept}");
+    let kept_lease = kept.split("lease ").nth(1).and_then(|rest| rest.split(':').next()).expect("the kept lease");
+    ok(gpux(&url, &key("renter"), &["lease", "stop", kept_lease]));
+
+    // A short command that succeeds: `gpux run` prints its output and exits 0;
+    // its lease ended with it.
+    let short = [
         "run",
         "--image",
         "localhost/gpux-test:busybox",
         "--max-price",
         "2.5",
-        "--rematch",
+        "--hours",
+        "0.5",
         "--entrypoint",
         "--wait-s",
         "60",
         "--",
         "/bin/sh",
         "-c",
-        "echo boom-output; exit 1",
+        "echo short-done",
     ];
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let refused = loop {
-        let output = gpux(&url, &key("renter"), &failing);
-        assert!(!output.status.success(), "a failing workload never makes `gpux run` succeed");
-        let stderr = String::from_utf8_lossy(&output.stderr).to_string();
-        if !stderr.contains("on sale") {
-            assert_eq!(output.status.code(), Some(1), "{stderr}");
-            break stderr;
+    let (printed, short_lease) = run_until_leased(&url, &key("renter"), &short);
+    assert!(printed.contains("exited with code 0") || printed.contains("running"), "{printed}");
+    assert!(printed.contains("short-done") || printed.contains("running"), "a short command's output is printed: {printed}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let status = ok(gpux(&url, &key("renter"), &["lease", "status", &short_lease]));
+        if status.contains("the lease ended at") || status.contains("stopped and removed") {
+            break;
         }
-        assert!(std::time::Instant::now() < deadline, "the GPU came back on sale: {stderr}");
-        std::thread::sleep(std::time::Duration::from_millis(500));
-    };
-    assert!(refused.contains("exited with code 1"), "{refused}");
-    assert!(refused.contains("boom-output"), "the last output is shown: {refused}");
-    assert!(refused.contains("still active and BILLED"), "{refused}");
+        assert!(std::time::Instant::now() < deadline, "the short command's lease ended with it: {status}");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
 }
 
 /// `gpux run ARGS` until the agent's ask is on the book (20 s at most):

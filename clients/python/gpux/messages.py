@@ -105,7 +105,7 @@ class OrderTicket:
     one_host: bool = False
     min_quantity: int = 0
     self_trade_prevention: str = "cancel_newest"
-    duration: Any = field(default_factory=lambda: {"hours": 1})  # or "until_cancelled"
+    duration: Any = field(default_factory=lambda: {"hours": 1})  # or {"minutes": 90}, or "until_cancelled"
     supply: Optional[dict] = None  # {"host": id, "gpu_mask": bits} on a GPU owner's ask
     rematch: bool = False  # spot bids: replace a lease whose host fails it
     min_supplier_score_bps: int = 0  # bids: only sellers scoring at least this (1-10000; 0: any)

@@ -12,7 +12,7 @@
 
 use super::{Checked, ContractKind, Engine, Lease, LeaseBilling, LeaseEndReasonKey, LeaseOffer, TimerKind};
 use crate::book::Order;
-use crate::command::{LeaseDuration, NewOrder, OrderOptions, Side, TimeInForce};
+use crate::command::{NewOrder, OrderOptions, Side, TimeInForce};
 use crate::event::{EventKind, HoldReason, LeaseEndReason, LeaseKind, OrderCloseReason, RejectCode};
 use crate::ids::{AccountId, InstrumentId, LeaseId, OrderId};
 use crate::time::MS_PER_HOUR;
@@ -136,16 +136,11 @@ impl Engine {
         let Some(lease) = self.leases.get(offer.lease.0 as usize) else { return 0 };
         let gpus = lease.gpu_mask.count_ones();
         let left_ms = lease.end_ms.unwrap_or(0).saturating_sub(self.now_ms.max(lease.start_ms));
-        let LeaseDuration::Hours(hours) = buy.duration else { return 0 };
+        let Some(length_ms) = buy.duration.length_ms() else { return 0 };
         // A lease names its GPUs: a bid for verified ones checks them.
         let unverified = buy.verified_only && !self.lease_gpus_verified(lease);
         let elsewhere = !super::matching::host_in_regions(self.hosts[lease.host.0 as usize].region, buy.regions);
-        if unverified
-            || elsewhere
-            || buy.quantity < gpus
-            || (buy.one_host && buy.quantity != gpus)
-            || (hours as u64 * MS_PER_HOUR) < left_ms
-        {
+        if unverified || elsewhere || buy.quantity < gpus || (buy.one_host && buy.quantity != gpus) || length_ms < left_ms {
             return 0;
         }
         gpus

@@ -37,11 +37,8 @@ impl Engine {
                 }
             }
         }
-        let end_ms = match bid.duration {
-            LeaseDuration::Hours(hours) => Some(start_ms + hours as u64 * MS_PER_HOUR),
-            LeaseDuration::UntilCancelled => None,
-        };
-        let escrow_minor = price * self.billable_hours(bid.instrument, bid.duration) * taken.count_ones() as u64;
+        let end_ms = bid.duration.length_ms().map(|length| start_ms + length);
+        let escrow_minor = self.cost_per_gpu(bid.instrument, price, bid.duration) * taken.count_ones() as u64;
         self.instruments[bid.instrument.0 as usize].leases_held += 1;
         self.leases.push(Lease {
             kind,

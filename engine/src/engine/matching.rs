@@ -15,7 +15,6 @@ use crate::command::{LeaseDuration, SelfTradePrevention, Side};
 use crate::event::{EventKind, HoldReason, LeaseKind, OrderCloseReason, ReduceReason};
 use crate::gpus::{lowest_bits, mask_bits, Gpu};
 use crate::ids::OrderId;
-use crate::time::MS_PER_HOUR;
 
 enum Step {
     Continue,
@@ -83,7 +82,7 @@ impl Engine {
         let (capacity, usable_mask) = self.fill_capacity(&buy, &sell, sell_id);
         let mut quantity = capacity.min(buy.quantity).min(sell.quantity);
         if let Some(left) = buy.budget_left_minor {
-            let affordable = left / (maker.price * self.billable_hours(buy.instrument, buy.duration));
+            let affordable = left / self.cost_per_gpu(buy.instrument, maker.price, buy.duration);
             if affordable == 0 {
                 return Step::BudgetSpent;
             }
@@ -100,7 +99,7 @@ impl Engine {
                 self.close_order(maker_id, OrderCloseReason::Filled);
             }
             let budget_left = self.orders.get(buy_id).and_then(|b| b.budget_left_minor);
-            if budget_left.is_some_and(|left| left < maker.price * self.billable_hours(buy.instrument, buy.duration)) {
+            if budget_left.is_some_and(|left| left < self.cost_per_gpu(buy.instrument, maker.price, buy.duration)) {
                 // What is left pays for no GPU at this price, nor at any later one.
                 return Step::BudgetSpent;
             }
@@ -214,7 +213,7 @@ impl Engine {
                         }
                         let mut take = capacity.min(maker.quantity);
                         if let Some(left) = budget_left.as_mut() {
-                            let cost_per_gpu = maker.price * self.billable_hours(taker.instrument, taker.duration);
+                            let cost_per_gpu = self.cost_per_gpu(taker.instrument, maker.price, taker.duration);
                             let affordable = (*left / cost_per_gpu).min(u32::MAX as u64) as u32;
                             if affordable == 0 {
                                 return found;
@@ -268,7 +267,7 @@ impl Engine {
         self.shrink_quantity(buy_id, quantity, 0);
         if let Some(left) = buy.budget_left_minor {
             // A budget bid pays from its lump: what these GPUs cost moves to their lease or contracts.
-            let cost = price * self.billable_hours(instrument, buy.duration) * quantity as u64;
+            let cost = self.cost_per_gpu(instrument, price, buy.duration) * quantity as u64;
             self.orders.get_mut(buy_id).expect("live bid").budget_left_minor = Some(left - cost);
             self.release(buy.account, cost, HoldReason::Order(buy_id));
         }
@@ -310,10 +309,7 @@ pub(crate) fn spot_start_ms(gpu: &Gpu, now_ms: u64, notice_ms: u64, duration: Le
         return None;
     }
     let start_ms = if gpu.preemptible_lease.is_some() { now_ms + notice_ms } else { now_ms };
-    let end_ms = match duration {
-        LeaseDuration::Hours(hours) => Some(start_ms + hours as u64 * MS_PER_HOUR),
-        LeaseDuration::UntilCancelled => None,
-    };
+    let end_ms = duration.length_ms().map(|length| start_ms + length);
     (!gpu.sold_during(now_ms, end_ms)).then_some(start_ms)
 }
 

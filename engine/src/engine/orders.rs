@@ -348,14 +348,24 @@ impl Engine {
     }
 
     pub(crate) fn hold_per_gpu(&self, instrument: InstrumentId, price: u64, duration: LeaseDuration) -> Checked<u64> {
-        price.checked_mul(self.billable_hours(instrument, duration)).ok_or(RejectCode::InsufficientFunds)
+        let cost = (price as u128 * self.billable_ms(instrument, duration) as u128).div_ceil(MS_PER_HOUR as u128);
+        u64::try_from(cost).map_err(|_| RejectCode::InsufficientFunds)
     }
 
-    pub(crate) fn billable_hours(&self, instrument: InstrumentId, duration: LeaseDuration) -> u64 {
-        match (self.instruments[instrument.0 as usize].kind, duration) {
-            (ContractKind::Reserved { window_start_ms, window_end_ms }, _) => (window_end_ms - window_start_ms) / MS_PER_HOUR,
-            (_, LeaseDuration::Hours(hours)) => hours as u64,
-            (_, LeaseDuration::UntilCancelled) => self.config.prepaid_horizon_hours as u64,
+    /// What one GPU costs at `price` for the time a bid of `duration` pays
+    /// up front, rounded up to the minor unit (whole hours are exact).
+    /// Orders passed `hold_per_gpu`, so this cannot overflow for them.
+    pub(crate) fn cost_per_gpu(&self, instrument: InstrumentId, price: u64, duration: LeaseDuration) -> u64 {
+        (price as u128 * self.billable_ms(instrument, duration) as u128).div_ceil(MS_PER_HOUR as u128) as u64
+    }
+
+    /// The time a bid of `duration` pays for up front: a window's whole
+    /// hours, a fixed length, or an open-ended lease's prepaid horizon.
+    fn billable_ms(&self, instrument: InstrumentId, duration: LeaseDuration) -> u64 {
+        match (self.instruments[instrument.0 as usize].kind, duration.length_ms()) {
+            (ContractKind::Reserved { window_start_ms, window_end_ms }, _) => (window_end_ms - window_start_ms) / MS_PER_HOUR * MS_PER_HOUR,
+            (_, Some(length_ms)) => length_ms,
+            (_, None) => self.config.prepaid_horizon_hours as u64 * MS_PER_HOUR,
         }
     }
 
@@ -830,6 +840,7 @@ fn check_quantity(quantity: u32) -> Checked<()> {
 fn check_duration(duration: LeaseDuration) -> Checked<()> {
     match duration {
         LeaseDuration::Hours(hours) if hours == 0 || hours > limits::DURATION_HOURS_MAX => Err(RejectCode::DurationInvalid),
+        LeaseDuration::Minutes(minutes) if minutes == 0 || minutes > limits::DURATION_HOURS_MAX * 60 => Err(RejectCode::DurationInvalid),
         _ => Ok(()),
     }
 }

@@ -693,8 +693,8 @@ impl Sequencer {
             }
             R::DurationInvalid => {
                 let max = u64::from(gpux_engine::limits::DURATION_HOURS_MAX);
-                let said = format!("a fixed lease is 1 to {max} whole hours (or open-ended: until cancelled)");
-                Some((said, Bound { min: Some(1), max: Some(max), ..Bound::default() }))
+                let said = format!("a fixed lease is 1 minute to {max} hours, to the minute (or open-ended: until cancelled)");
+                Some((said, Bound { min: Some(1), max: Some(max * 60), ..Bound::default() }))
             }
             R::AmountInvalid => match &input.command {
                 Command::Deposit { .. } | Command::MoveFunds { .. } | Command::Withdraw { .. } | Command::Payout { .. } => {

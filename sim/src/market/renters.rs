@@ -34,6 +34,7 @@ impl Sim {
         let billable_hours = match (window, duration) {
             (Some(_), _) => 24,
             (None, LeaseDuration::Hours(h)) => h as u64,
+            (None, LeaseDuration::Minutes(m)) => (m as u64).div_ceil(60),
             (None, LeaseDuration::UntilCancelled) => 1,
         };
         let hold = price * billable_hours * quantity as u64;

@@ -349,7 +349,14 @@ pub struct Manager {
     /// The last output of ended leases' workloads, oldest first, at most
     /// `KEPT_LOGS_MAX`: logs asked for after the end come from here.
     kept_logs: std::collections::VecDeque<(LeaseId, String, bool)>,
+    /// Log requests for leases whose workload is being removed: answered
+    /// from the output kept at its removal (`LOG_WAITS_MAX` at most).
+    log_waits: std::collections::VecDeque<(u64, LeaseId, u32)>,
 }
+
+/// Log requests held while their workload is removed; the oldest is
+/// dropped past it (the exchange answers it `host_unreachable`).
+const LOG_WAITS_MAX: usize = 64;
 
 impl Manager {
     /// Starts the manager's task; returns where to send orders and where reports come out.
@@ -377,6 +384,7 @@ impl Manager {
             done,
             ended_jobs: BTreeMap::new(),
             kept_logs: std::collections::VecDeque::new(),
+            log_waits: std::collections::VecDeque::new(),
         };
         tokio::spawn(manager.run(orders, progress_rx, done_rx));
         (orders_tx, reports_rx)
@@ -443,7 +451,13 @@ impl Manager {
     /// the exchange answers `host_unreachable` if none does.
     fn logs(&mut self, request: u64, lease: LeaseId, tail_bytes: u32) {
         let reports = self.reports.clone();
-        if self.entries.contains_key(&lease) {
+        if self.removals.contains_key(&lease) && !self.entries.contains_key(&lease) {
+            // Being removed: its output is kept at the removal; answered then.
+            if self.log_waits.len() >= LOG_WAITS_MAX {
+                self.log_waits.pop_front();
+            }
+            self.log_waits.push_back((request, lease, tail_bytes));
+        } else if self.entries.contains_key(&lease) {
             let backend = self.backend.clone();
             tokio::spawn(async move {
                 let (data, truncated) = backend.logs(lease, tail_bytes).await;
@@ -532,7 +546,14 @@ impl Manager {
                 if let Some((data, truncated)) = tail {
                     self.keep_log(lease, data, truncated);
                 }
-                self.removed(lease, result)
+                self.removed(lease, result);
+                if !self.removals.contains_key(&lease) {
+                    let (now, later) = self.log_waits.drain(..).partition::<Vec<_>, _>(|(_, l, _)| *l == lease);
+                    self.log_waits = later.into();
+                    for (request, lease, tail_bytes) in now {
+                        self.logs(request, lease, tail_bytes);
+                    }
+                }
             }
             Done::Prepared { lease, generation, result } => self.prepared(lease, generation, result),
             Done::Synced { lease, exited } => {
