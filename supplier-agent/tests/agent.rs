@@ -850,3 +850,57 @@ async fn an_agent_presents_its_invitation_where_accounts_open_by_invitation() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A hook whose `start` fails takes its GPU off sale (the host's failure),
+/// and the GPU stays off sale while the hook's own check fails (issue 64:
+/// it once came back at every back-off whatever the hook said); once the
+/// check passes, it is on sale again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hook_that_fails_keeps_its_gpu_off_sale_until_its_own_check_passes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let one_gpu = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
+    let (config, host, hook_log) = agent_files_with(dir.path(), &exchange.url, one_gpu);
+    let healthy = dir.path().join("healthy");
+    let hook = dir.path().join("hook.sh");
+    write(
+        &hook,
+        &format!(
+            "#!/bin/sh\necho \"$@\" >> {log}\ncase \"$1\" in\n  start) exit 1 ;;\n  check) [ -f {healthy} ] && exit 0; echo 'scheduler unreachable' >&2; exit 1 ;;\nesac\nexit 0\n",
+            log = hook_log.display(),
+            healthy = healthy.display()
+        ),
+    );
+    let text = std::fs::read_to_string(&config).expect("config");
+    let text = text.replace(&format!("delivery_hook = \"{}\"\n", hook.display()), "");
+    write(&config, &format!("{text}\n[delivery]\nbackend = \"hook\"\nhook = \"{}\"\nhealth_backoff_ms = 1500\n", hook.display()));
+
+    let mut renter = funded_renter(&exchange, &operator, 3, 1_000_000_000).await;
+    let id = renter.new_id();
+    renter.request(ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await.expect("subscribe");
+    let _agent = spawn_agent(&config, &host);
+    await_ask_quantity(&mut renter, &mut std::collections::BTreeMap::new(), 1).await;
+    let (lease, _) = buy_the_gpu(&mut renter).await;
+    // The failed start ends the lease as the host's failure.
+    loop {
+        if let ServerMessage::Private { event, .. } = renter.next().await.expect("message") {
+            if let gpux_engine::EventKind::LeaseEnded { lease: ended, .. } = event.kind {
+                assert_eq!(ended, lease);
+                break;
+            }
+        }
+    }
+    // Checks at 1.5 s, then 3 s and 6 s later all fail: off sale throughout.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(book_asks(&mut renter).await, 0, "off sale while the hook's check fails");
+    let log = std::fs::read_to_string(&hook_log).expect("hook log");
+    assert!(log.lines().any(|l| l.starts_with("check ")), "the hook's own check ran: {log}");
+    // The owner fixes what the hook needs: the next check passes.
+    write(&healthy, "");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while book_asks(&mut renter).await == 0 {
+        assert!(Instant::now() < deadline, "on sale again once the check passed");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

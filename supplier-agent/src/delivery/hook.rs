@@ -3,6 +3,8 @@
 //! where event is `start`, `preempt` or `end`. A failed `start` is a failed
 //! delivery on the host's side. The hook manages whatever it started, so
 //! the agent sees it as running until the lease ends and has no logs of it.
+//! Its own health check is `hook check - - -`: the GPUs a failed `start`
+//! took off sale come back only once it exits 0.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -83,5 +85,25 @@ impl DeliveryBackend for HookBackend {
 
     async fn find(&self) -> Result<Vec<Found>, String> {
         Ok(Vec::new()) // a hook keeps no record of what it started
+    }
+
+    /// The owner's own check (`hook check - - -`): whatever the hook needs
+    /// to deliver (its scheduler, its storage) answers. What it printed on
+    /// stderr is the reason when it does not.
+    async fn health(&self) -> Result<(), String> {
+        let output = tokio::process::Command::new(&self.hook)
+            .args(["check", "-", "-", "-"])
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(|error| format!("the delivery hook {} could not run: {error}", self.hook.display()))?;
+        if output.status.success() {
+            return Ok(());
+        }
+        let said = String::from_utf8_lossy(&output.stderr);
+        let said = said.trim();
+        let tail = &said[said.floor_char_boundary(said.len().saturating_sub(256))..];
+        Err(format!("the delivery hook's check exited with {}: {tail}", output.status))
     }
 }
