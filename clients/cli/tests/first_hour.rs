@@ -46,7 +46,7 @@ fn run_guide(doc: &str, tag: &str, blocks_min: usize) -> (String, String) {
     }
     let dir = tempfile::tempdir().expect("temp dir");
     let script = format!("set -euo pipefail\n{}", blocks.join("\n"));
-    let (listen, metrics, console) = (free_port(), free_port(), free_port());
+    let (listen, metrics, console, web) = (free_port(), free_port(), free_port(), free_port());
     let mut child = Command::new("bash")
         .arg("-c")
         .arg(&script)
@@ -57,6 +57,7 @@ fn run_guide(doc: &str, tag: &str, blocks_min: usize) -> (String, String) {
         .env("GPUX_URL", format!("ws://127.0.0.1:{listen}"))
         .env("GPUX_METRICS_LISTEN", format!("127.0.0.1:{metrics}"))
         .env("GPUX_CONSOLE_LISTEN", format!("127.0.0.1:{console}"))
+        .env("GPUX_WEB_PORT", web.to_string())
         .env_remove("GPUX_KEY")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -79,6 +80,7 @@ fn run_guide(doc: &str, tag: &str, blocks_min: usize) -> (String, String) {
             break Some(status);
         }
         if Instant::now() > deadline {
+            let _ = child.kill();
             break None;
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -106,10 +108,16 @@ fn the_first_hour_guide_runs_as_written() {
         "lease ended",
         "filled 1 GPU(s) of H100-SXM-80G/R/",
         "resting: the rest waits in the book",
-        "gpux_leases_opened_total{kind=\"spot\"} 1",
+        "gpux_leases_opened_total{kind=\"spot\"} 2",
         "gpux-audit: replayed",
         "unrated (under 10 GPU-hours)",
         "{\"supplier_score\":{",
+        // Find and rent until stopped (issue 64).
+        "/GPU-h x 1  NVIDIA H100 80GB HBM3",
+        "leased: lease",
+        "Directory listing",
+        "connect: no SSH",
+        "publishes no port 22",
     ] {
         // gpux-audit's summary goes to stderr, the rest to stdout.
         assert!(
