@@ -15,14 +15,23 @@ export async function login(secretHex) {
   if (!/^[0-9a-fA-F]{64}$/.test(secret)) {
     throw new Error(`a key is 64 hex digits (the 32-byte secret in ~/.gpux/key); this has ${secret.length} character(s)${/^[0-9a-fA-F]*$/.test(secret) ? "" : ", not all hex digits"}`);
   }
-  if (state.nonce === null) throw new Error("not connected to the exchange yet; try again in a moment");
+  // Just after a log out (or a drop) the page reconnects: the login waits
+  // for the new connection's challenge rather than being lost.
+  await untilConnected();
   const pkcs8 = new Uint8Array([...fromHex("302e020100300506032b657004220420"), ...fromHex(secretHex.trim())]);
   const key = await crypto.subtle.importKey("pkcs8", pkcs8, { name: "Ed25519" }, true, ["sign"]);
   const jwk = await crypto.subtle.exportKey("jwk", key);
   const publicKey = Uint8Array.from(atob(jwk.x.replace(/-/g, "+").replace(/_/g, "/")), (c) => c.charCodeAt(0));
   const payload = new Uint8Array([...new TextEncoder().encode("gpux-auth-v1:"), ...fromHex(state.nonce)]);
   const signature = new Uint8Array(await crypto.subtle.sign({ name: "Ed25519" }, key, payload));
-  const { body } = await request("auth", { public_key: hex(publicKey), signature: hex(signature), role: null, market_data_version: 2 });
+  const role = $("role").value || null;
+  let body;
+  try {
+    ({ body } = await request("auth", { public_key: hex(publicKey), signature: hex(signature), role, market_data_version: 2 }));
+  } catch (error) {
+    throw new Error(whyRefused(error.message, role));
+  }
+  $("role").value = "";
   state.secret = secretHex;
   state.account = body.account;
   $("account").textContent = `account ${body.account} (${body.role})`;
@@ -30,6 +39,28 @@ export async function login(secretHex) {
   $("logout").hidden = false;
   showAccount(true);
   refreshAccount();
+}
+
+// A refused login in words: a key with no account yet is told to open one
+// (the role chosen under Account, as `gpux login --role` does).
+function whyRefused(message, role) {
+  const code = message.split(":")[0];
+  if (code === "auth_failed" && role === null) {
+    return `${message}: this key has no account on this exchange (or it was revoked or has expired); to open one, choose a role under Account (renter, supplier or aggregator) and log in again`;
+  }
+  if (code === "invite_required" || code === "invite_invalid") {
+    return `${message}: this exchange opens accounts by invitation: send its operator your public key (gpux keys show); \`gpux login --role ROLE --invite INVITATION\` then opens it`;
+  }
+  return message;
+}
+
+// Resolves once the page holds a live connection's challenge (10 s at most).
+async function untilConnected() {
+  const deadline = Date.now() + 10000;
+  while (state.nonce === null || state.ws.readyState !== WebSocket.OPEN) {
+    if (Date.now() > deadline) throw new Error("not connected to the exchange; is it running?");
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
 }
 
 // Logged in: the ticket and the account's tables; logged out: what to do.
@@ -77,7 +108,8 @@ export function renderLeases() {
   $("leases").tBodies[0].innerHTML = state.leases
     .map((l) => {
       const ends = l.active ? (l.end_ms === null ? "open-ended" : utcHour(l.end_ms)) : `ended ${utcHour(l.ended_at_ms ?? l.end_ms)}`;
-      return `<tr><td>${l.lease}</td><td class="text">${l.kind}</td><td>${l.gpus.length}</td><td>${money(l.price_minor_per_gpu_hour)}</td><td class="text">${l.active ? "active" : "ended"}</td><td class="text">${ends}</td><td>${Math.floor(l.verified_gpu_ms / 1000)}</td><td>${money(l.usage_charged_minor)}</td><td class="supplier text">${describeScore(l.supplier)}</td><td class="delivery wrap">${esc(describeDelivery(state.deliveries.get(l.lease)))}</td><td class="text"><button data-telemetry="${l.lease}">telemetry</button>${l.active ? ` <button data-end-lease="${l.lease}">end</button>` : ""}</td></tr>`;
+      const actions = `<button data-telemetry="${l.lease}">telemetry</button>${l.active ? ` <button data-end-lease="${l.lease}">end</button>` : ""}`;
+      return `<tr><td class="text">${actions}</td><td>${l.lease}</td><td class="text">${l.kind}</td><td>${l.gpus.length}</td><td>${money(l.price_minor_per_gpu_hour)}</td><td class="text">${l.active ? "active" : "ended"}</td><td class="text">${ends}</td><td>${Math.floor(l.verified_gpu_ms / 1000)}</td><td>${money(l.usage_charged_minor)}</td><td class="supplier text">${describeScore(l.supplier)}</td><td class="delivery wrap">${esc(describeDelivery(state.deliveries.get(l.lease)))}</td></tr>`;
     })
     .join("");
 }
@@ -95,7 +127,8 @@ export function renderJobs() {
   $("jobs").tBodies[0].innerHTML = jobs
     .map((j) => {
       const live = !["succeeded", "cancelled"].includes(describeJob(j.state)) && !describeJob(j.state).startsWith("failed");
-      return `<tr data-job="${j.job}"><td>${j.job}</td><td class="text">${esc(j.name)}</td><td class="job-state text">${esc(describeJob(j.state))}</td><td>${j.attempts} of ${j.retries + 1}</td><td>${j.leases.join(", ")}</td><td>${money(j.escrowed_minor)} / ${money(j.budget_minor)}</td><td><button data-job-bill="${j.job}">bill</button>${live ? ` <button data-job-logs="${j.job}">logs</button> <button data-cancel-job="${j.job}">cancel</button>` : ""}</td></tr>`;
+      const actions = `<button data-job-bill="${j.job}">bill</button>${live ? ` <button data-job-logs="${j.job}">logs</button> <button data-cancel-job="${j.job}">cancel</button>` : ""}`;
+      return `<tr data-job="${j.job}"><td class="text">${actions}</td><td>${j.job}</td><td class="text">${esc(j.name)}</td><td class="job-state text">${esc(describeJob(j.state))}</td><td>${j.attempts} of ${j.retries + 1}</td><td>${j.leases.join(", ")}</td><td>${money(j.escrowed_minor)} / ${money(j.budget_minor)}</td></tr>`;
     })
     .join("");
 }
@@ -159,7 +192,7 @@ export async function refreshAccount() {
   $("balance").textContent = `available ${money(b.available_minor)} · held ${money(b.held_minor)} · payable ${money(b.payable_minor)} · owed ${money(b.debt_minor)}` + spendLine;
   const { body: orders } = await request("open_orders", {});
   $("orders").tBodies[0].innerHTML = orders.orders
-    .map((o) => `<tr><td>${o.order}</td><td class="text">${esc(symbolOf(o.instrument))}</td><td class="${o.side}">${o.side}</td><td>${money(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td class="text">${o.resting ? "on the book" : "armed stop"}</td><td class="text"><button data-cancel-order="${o.order}">cancel</button>${o.resting ? ` <button data-replace-order="${o.order}" title="to the ticket's price and quantity">replace</button>` : ""}</td></tr>`)
+    .map((o) => `<tr><td class="text"><button data-cancel-order="${o.order}">cancel</button>${o.resting ? ` <button data-replace-order="${o.order}" title="to the ticket's price and quantity">replace</button>` : ""}</td><td>${o.order}</td><td class="text">${esc(symbolOf(o.instrument))}</td><td class="${o.side}">${o.side}</td><td>${money(o.price_minor_per_gpu_hour)}</td><td>${o.quantity}</td><td class="text">${o.resting ? "on the book" : "armed stop"}</td></tr>`)
     .join("");
   const { body: leases } = await request("leases", {});
   state.leases = leases.leases;
@@ -338,6 +371,8 @@ $("logout").onclick = () => {
   $("login").hidden = false;
   $("logout").hidden = true;
   $("secret").value = "";
+  // The old connection's challenge is spent: a login waits for the next one.
+  state.nonce = null;
   state.ws.close();
 };
 

@@ -21,18 +21,25 @@
 // util.js (money, hex, escaping), connection.js (requests and pushes),
 // market.js (books, trades, charts, calendar), account.js (the logged-in
 // account's tables), ticket.js (the order ticket), documents.js (telemetry,
-// invoices). ES modules served as they are: no bundler, no build step.
+// invoices), search.js (offers across every book). ES modules served as
+// they are: no bundler, no build step.
 
 import { connect } from "./connection.js";
 import { select } from "./market.js";
 import { state } from "./state.js";
-import { money } from "./util.js";
+import { alignHeaders, money } from "./util.js";
 import "./account.js";
 import "./ticket.js";
 import "./documents.js";
+import "./search.js";
 
 // A handle for scripts and the browser tests: choose a book, format money,
 // read the state.
 window.gpuxConsole = { select, money, state };
+
+// Headings follow their columns' alignment each time a table is drawn.
+for (const table of document.querySelectorAll("table")) {
+  if (table.tBodies[0]) new MutationObserver(() => alignHeaders(table)).observe(table.tBodies[0], { childList: true });
+}
 
 connect();

@@ -22,6 +22,7 @@ export async function loadInstruments() {
   state.regions = listed.listing.regions;
   state.classes = listed.listing.classes;
   $("t-regions").replaceChildren(...state.regions.map((name) => new Option(name, name)));
+  $("s-region").replaceChildren(new Option("any", ""), ...state.regions.map((name) => new Option(name, name)));
   for (const unit of document.querySelectorAll(".currency")) unit.textContent = state.currency.code;
   $("t-price").placeholder = `${state.currency.code}/GPU-h`;
   $("t-budget").placeholder = `budget ${state.currency.code}`;
@@ -44,14 +45,16 @@ export async function loadInstruments() {
 
 // Each standing book's best bid and ask (public `book`), last price,
 // 24-hour change and volume (public `stats`), under its name in the list;
-// refreshed every 15 s.
+// refreshed every 15 s. The shown book's own entry follows its live feed
+// (`listBestPrices`), so the list and the book never disagree.
 async function refreshQuotes() {
   clearTimeout(state.quotesTimer);
   for (const item of $("instruments").children) {
     try {
       const { body: b } = await request("book", { instrument: Number(item.dataset.instrument) });
       const best = (levels) => (levels.length ? money(levels[0][0]) : "none");
-      item.querySelector(".bbo").textContent = `bid ${best(b.bids)} · ask ${best(b.asks)}`;
+      // The shown book's entry is the live feed's (listBestPrices).
+      if (Number(item.dataset.instrument) !== state.selected) item.querySelector(".bbo").textContent = `bid ${best(b.bids)} · ask ${best(b.asks)}`;
       const { body: s } = await request("stats", { instrument: Number(item.dataset.instrument) });
       const change = s.open === null || s.open === 0 ? "" : ` ${s.last >= s.open ? "+" : ""}${(((s.last - s.open) / s.open) * 100).toFixed(1)}%`;
       item.querySelector(".quote").textContent = s.last === null ? "no trades in 24 h" : `last ${money(s.last)}${change} · ${s.volume} GPUs`;
@@ -59,12 +62,17 @@ async function refreshQuotes() {
       return; // disconnected: the reconnect reloads the list
     }
   }
+  // The calendar's windows too: their quotes move as the list's do.
+  const chosen = $("calendar-class").value;
+  const shown = state.instruments.filter((i) => i.contract.reserved && i.state !== "expired" && i.class === chosen);
+  await calendarPrices(chosen, shown).catch(() => {});
   state.quotesTimer = setTimeout(refreshQuotes, 15000);
 }
 
 // The calendar of one class at a time (every window it lists, none cut
 // off): each window's times, length, state, best bid and ask and last
-// price (asked once per showing); a row opens that window's book.
+// price (asked when shown, then with the list's quotes every 15 s); a row
+// opens that window's book.
 function renderCalendar() {
   const windows = state.instruments.filter((i) => i.contract.reserved && i.state !== "expired");
   const classes = [...new Set(windows.map((i) => i.class))];
@@ -344,6 +352,29 @@ function renderBook() {
   }
   $("ladder").tBodies[0].innerHTML = rows.join("");
   drawDepth(bids, asks);
+  listBestPrices(bids, asks);
+}
+
+// The shown book's best bid and ask in the instrument list, from the same
+// feed as the ladder.
+function listBestPrices(bids, asks) {
+  if (!state.book.synced) return;
+  const item = $("instruments").querySelector(`li[data-instrument="${state.selected}"] .bbo`);
+  const best = (levels) => (levels.length ? money(levels[0][0]) : "none");
+  if (item) item.textContent = `bid ${best(bids)} · ask ${best(asks)}`;
+}
+
+// The price axis of the depth chart: the best prices and the levels
+// within half the mid price either side; levels further off (a far bid
+// that would squash the rest into a line) are counted, not drawn.
+export function depthWindow(bids, asks) {
+  const bestBid = bids.length ? bids[0][0] : null;
+  const bestAsk = asks.length ? asks[0][0] : null;
+  const mid = bestBid !== null && bestAsk !== null ? (bestBid + bestAsk) / 2 : bestBid ?? bestAsk;
+  const near = (p) => p >= mid * 0.5 && p <= mid * 1.5;
+  const keptBids = bids.filter(([p], i) => i === 0 || near(p));
+  const keptAsks = asks.filter(([p], i) => i === 0 || near(p));
+  return { bids: keptBids, asks: keptAsks, beyond: bids.length - keptBids.length + asks.length - keptAsks.length };
 }
 
 // The depth chart: cumulative GPUs bid (green) and offered (red) from the
@@ -373,11 +404,16 @@ function drawDepth(bids, asks) {
   g.rotate(-Math.PI / 2);
   g.fillText("GPUs", 0, 0);
   g.restore();
-  const prices = [...bids, ...asks].map(([p]) => p);
-  if (prices.length === 0) {
+  if (bids.length + asks.length === 0) {
+    state.depthRange = null;
     g.fillText("no orders on this book", left + plotW / 2, top + plotH / 2);
     return;
   }
+  const shown = depthWindow(bids, asks);
+  const beyond = shown.beyond;
+  bids = shown.bids;
+  asks = shown.asks;
+  const prices = [...bids, ...asks].map(([p]) => p);
   let low = Math.min(...prices), high = Math.max(...prices);
   if (low === high) {
     low = Math.max(0, low - Math.max(1, Math.round(low / 10)));
@@ -386,6 +422,11 @@ function drawDepth(bids, asks) {
   const cumulative = (levels) => levels.reduce((acc, [p, q]) => (acc.push([p, (acc.length ? acc[acc.length - 1][1] : 0) + q]), acc), []);
   const bidSteps = cumulative(bids), askSteps = cumulative(asks);
   const most = Math.max(1, ...bidSteps.map((s) => s[1]), ...askSteps.map((s) => s[1]));
+  state.depthRange = { low, high, beyond };
+  if (beyond > 0) {
+    g.textAlign = "right";
+    g.fillText(`${beyond} level(s) off the axis`, left + plotW, top + 10);
+  }
   const x = (p) => left + ((p - low) / (high - low)) * plotW;
   const y = (q) => top + plotH - (q / most) * plotH;
   // Price ticks: three, at the ends and the middle; quantity ticks: 0, half, all.

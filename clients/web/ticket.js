@@ -29,6 +29,27 @@ function ticketOrder() {
     if (!Number.isInteger(value) || value < 1) errors[id] = `${what} is a whole number, 1 or more`;
     return value;
   };
+  // A lease's length: empty is open-ended (until ended, billed as used);
+  // else hours to the minute (1, 1.5, 0.25), as `gpux run --hours` reads them.
+  const duration = (() => {
+    const text = $("t-hours").value.trim();
+    if (text === "") return "until_cancelled";
+    const refused = "hours to the minute (1, 1.5, 0.25), more than 0; empty: until you end it";
+    if (!/^\d+(\.\d+)?$/.test(text)) {
+      errors["t-hours"] = refused;
+      return "until_cancelled";
+    }
+    const [whole, fraction = ""] = text.split(".");
+    // Minutes exactly, from the digits (no float): 1.5 h = 90, 1.33 h is not whole minutes.
+    const scaled = BigInt(whole + fraction) * 60n;
+    const scale = 10n ** BigInt(fraction.length);
+    if (scaled === 0n || scaled % scale !== 0n || scaled / scale > 129600n) {
+      errors["t-hours"] = refused;
+      return "until_cancelled";
+    }
+    const minutes = Number(scaled / scale);
+    return minutes % 60 === 0 ? { hours: minutes / 60 } : { minutes };
+  })();
   const order = {
     client_order_id: Date.now(),
     instrument: state.selected,
@@ -37,12 +58,15 @@ function ticketOrder() {
     price_minor_per_gpu_hour: market ? 0 : amount("t-price", true),
     quantity: whole("t-quantity", "GPUs"),
     time_in_force: market && $("t-tif").value === "gtc" ? "ioc" : $("t-tif").value,
-    duration: { hours: whole("t-hours", "lease hours") },
+    duration,
     all_or_none: $("t-aon").checked,
     budget_minor: amount("t-budget", false),
     stop_price_minor_per_gpu_hour: amount("t-stop", false),
     regions: Array.from($("t-regions").selectedOptions, (option) => option.value),
   };
+  if (order.budget_minor && duration === "until_cancelled" && order.side === "buy" && !errors["t-hours"]) {
+    errors["t-hours"] = 'a budget goes on a fixed length: give the hours (docs/market-rules.md "Budget orders")';
+  }
   return { order, errors };
 }
 
@@ -58,9 +82,14 @@ function validateTicket() {
   let estimate = "";
   if (Object.keys(errors).length === 0 && order.side === "buy") {
     if (order.budget_minor) estimate = `spends at most ${money(order.budget_minor)} (its budget)`;
-    else if (order.price_minor_per_gpu_hour) {
-      const most = order.price_minor_per_gpu_hour * order.quantity * order.duration.hours;
-      estimate = Number.isSafeInteger(most) ? `holds at most ${money(most)}: ${order.quantity} GPU(s) x ${order.duration.hours} h at ${money(order.price_minor_per_gpu_hour)}` : "";
+    else if (order.price_minor_per_gpu_hour && order.duration === "until_cancelled") {
+      const hour = order.price_minor_per_gpu_hour * order.quantity;
+      estimate = Number.isSafeInteger(hour) ? `holds ${money(hour)} (an hour of ${order.quantity} GPU(s) at ${money(order.price_minor_per_gpu_hour)}) until you end the lease; billed as used` : "";
+    } else if (order.price_minor_per_gpu_hour) {
+      const minutes = order.duration.minutes ?? order.duration.hours * 60;
+      // Rounded up to the minor unit, as the exchange holds it.
+      const most = Math.ceil((order.price_minor_per_gpu_hour * minutes) / 60) * order.quantity;
+      estimate = Number.isSafeInteger(most) ? `holds at most ${money(most)}: ${order.quantity} GPU(s) x ${minutes / 60} h at ${money(order.price_minor_per_gpu_hour)}` : "";
     }
   }
   $("t-estimate").textContent = estimate;

@@ -25,6 +25,17 @@ export const utcHour = (ms) => new Date(ms).toISOString().slice(0, 16).replace("
 // An instrument's symbol by id ("H100-SXM-80G/SPOT"), its id when unknown.
 export const symbolOf = (instrument) => state.instruments.find((i) => i.instrument === instrument)?.symbol ?? String(instrument);
 
+// Each header cell set as its column's cells are (numbers right, words
+// left), so a heading sits over its values whatever a table holds.
+export function alignHeaders(table) {
+  const head = table.tHead?.rows[0];
+  const row = [...(table.tBodies[0]?.rows ?? [])].find((r) => head && r.cells.length === head.cells.length);
+  if (!head || !row) return;
+  [...head.cells].forEach((th, i) => {
+    th.style.textAlign = getComputedStyle(row.cells[i]).textAlign;
+  });
+}
+
 export const chartWidth = (holder) => Math.max(200, Math.floor(holder.clientWidth || 420));
 
 // An amount as typed ("2.15", "$500" on a dollar exchange, "15.05 CNY") to

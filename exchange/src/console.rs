@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 const INDEX_HTML: &str = include_str!("../../clients/web/index.html");
 /// The console's ES modules (clients/web/*.js), served as they are: the
 /// page loads app.js, which imports the others.
-const MODULES: [(&str, &str); 8] = [
+const MODULES: [(&str, &str); 9] = [
     ("/app.js", include_str!("../../clients/web/app.js")),
     ("/state.js", include_str!("../../clients/web/state.js")),
     ("/util.js", include_str!("../../clients/web/util.js")),
@@ -18,6 +18,7 @@ const MODULES: [(&str, &str); 8] = [
     ("/account.js", include_str!("../../clients/web/account.js")),
     ("/ticket.js", include_str!("../../clients/web/ticket.js")),
     ("/documents.js", include_str!("../../clients/web/documents.js")),
+    ("/search.js", include_str!("../../clients/web/search.js")),
 ];
 const STYLE_CSS: &str = include_str!("../../clients/web/style.css");
 /// The price chart's library (clients/web/vendor/uplot/README.md).

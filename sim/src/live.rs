@@ -36,6 +36,33 @@ pub struct LiveOptions {
 const TICK_MINOR: u64 = 1_000;
 const REPORT_EVERY_MS: u64 = 10_000;
 const RENTER_DEPOSIT_MINOR: u64 = 10_000_000_000;
+/// How many of a class's next hourly reserved windows its hosts offer in
+/// (and renters bid in now and then), so every window shown near the
+/// present has quotes.
+const WINDOWS_OFFERED: usize = 3;
+
+/// The next `WINDOWS_OFFERED` hourly windows of class `class_index` that
+/// still trade, soonest first.
+async fn trading_windows(connection: &mut Connection, class_index: usize) -> Result<Vec<InstrumentId>> {
+    let id = connection.new_id();
+    let ServerMessage::Instruments { instruments, .. } = connection.request(ClientMessage::Instruments { id }).await? else {
+        anyhow::bail!("expected the instruments");
+    };
+    let mut windows: Vec<(u64, InstrumentId)> = instruments
+        .iter()
+        .filter(|i| i.class == CLASSES[class_index].name && i.state == gpux_engine::InstrumentState::Trading)
+        .filter_map(|i| match i.contract {
+            gpux_engine::ContractKind::Reserved { window_start_ms, window_end_ms }
+                if window_end_ms - window_start_ms == gpux_engine::time::MS_PER_HOUR =>
+            {
+                Some((window_start_ms, i.instrument))
+            }
+            _ => None,
+        })
+        .collect();
+    windows.sort_unstable();
+    Ok(windows.into_iter().take(WINDOWS_OFFERED).map(|(_, instrument)| instrument).collect())
+}
 
 fn key_for(seed: u64, role: u8, index: u32) -> SigningKey {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((role as u64) << 56) ^ index as u64);
@@ -320,13 +347,26 @@ async fn reprice(
             continue;
         }
         let price = price_near(rng, class_index, low, high);
-        // Two asks per reprice, at most one reprice per 2 s: unique ids.
-        let mut order = OrderTicket::limit(now_ms() * 2 + kind as u64, instrument, Side::Sell, price, free.count_ones());
+        // Asks of one reprice take ids apart mod 8 (spot, preemptible, windows).
+        let mut order = OrderTicket::limit(now_ms() * 8 + kind as u64, instrument, Side::Sell, price, free.count_ones());
         order.supply = Some(GpuSet { host, gpu_mask: free });
         let id = connection.new_id();
         let answer = connection.request(ClientMessage::NewOrder { id, order, workload: None }).await?;
         if matches!(answer, ServerMessage::Reject { .. } | ServerMessage::Error { .. }) {
             tracing::warn!(?answer, "live market: a supplier's ask was refused");
+        }
+    }
+    // The next hourly windows: every GPU the host has, a little under spot.
+    for (n, window) in trading_windows(connection, class_index).await?.into_iter().enumerate() {
+        let id = connection.new_id();
+        connection.request(ClientMessage::MassCancel { id, instrument: Some(window) }).await?;
+        let price = price_near(rng, class_index, 85, 105);
+        let mut order = OrderTicket::limit(now_ms() * 8 + 2 + n as u64, window, Side::Sell, price, gpus);
+        order.supply = Some(GpuSet { host, gpu_mask: all });
+        let id = connection.new_id();
+        let answer = connection.request(ClientMessage::NewOrder { id, order, workload: None }).await?;
+        if matches!(answer, ServerMessage::Reject { .. } | ServerMessage::Error { .. }) {
+            tracing::debug!(?answer, "live market: a window ask was refused (its GPUs sold in it already)");
         }
     }
     Ok(())
@@ -411,7 +451,14 @@ async fn renter(options: LiveOptions, index: u32, fund: mpsc::Sender<AccountId>)
             let class_index = rng.random_range(0..CLASSES.len());
             let kind = rng.random_range(0..2u32);
             let price = if kind == 0 { price_near(&mut rng, class_index, 75, 104) } else { price_near(&mut rng, class_index, 38, 58) };
-            let instrument = InstrumentId(class_index as u32 * 2 + kind);
+            let mut instrument = InstrumentId(class_index as u32 * 2 + kind);
+            // One bid in five is for one of the next hourly windows, below its asks.
+            if rng.random_range(0..5) == 0 {
+                let windows = trading_windows(&mut connection, class_index).await?;
+                if !windows.is_empty() {
+                    instrument = windows[rng.random_range(0..windows.len())];
+                }
+            }
             let mut order = OrderTicket::limit(now, instrument, Side::Buy, price, rng.random_range(1..3));
             order.time_in_force = TimeInForce::Gtt { expire_at_ms: now.saturating_add_signed(connection.clock_offset_ms) + 20_000 };
             order.duration = LeaseDuration::Hours(1);

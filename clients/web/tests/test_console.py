@@ -62,6 +62,26 @@ def exchange_with_console():
             process.wait(timeout=10)
 
 
+@pytest.fixture
+def sim_exchange_with_console():
+    """The README's `--sim` run: the live simulated market on the exchange."""
+    port, console_port = free_port(), free_port()
+    with tempfile.TemporaryDirectory() as data:
+        process = subprocess.Popen(
+            [str(EXCHANGE), "--data-dir", data, "--listen", f"127.0.0.1:{port}", "--metrics-listen", "off",
+             "--console-listen", f"127.0.0.1:{console_port}", "--sim", "--sim-suppliers", "8", "--sim-renters", "24"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        try:
+            for line in process.stdout:
+                if "listening on" in line:
+                    break
+            yield f"http://127.0.0.1:{console_port}/"
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+
+
 def varint(value: int) -> bytes:
     """bincode's variable-length unsigned integer (docs/protocol.md)."""
     if value < 251:
@@ -233,9 +253,11 @@ def test_the_console_shows_a_live_book_and_the_logged_in_account(exchange_with_c
             armed = await ticket({"t-price": "2.5", "t-quantity": "1", "t-stop": "2.4", "t-budget": ""})
             assert armed.startswith("accepted: order") and armed.endswith("armed"), armed
             await browser.wait_until("document.getElementById('orders').innerText.includes('armed stop')", what="the armed stop")
-            refused = await ticket({"t-price": "2.5", "t-quantity": "3", "t-stop": "", "t-budget": "1"})
+            open_ended = await ticket({"t-price": "2.5", "t-quantity": "3", "t-stop": "", "t-budget": "1"})
+            assert open_ended == "refused: a budget goes on a fixed length: give the hours (docs/market-rules.md \"Budget orders\")", open_ended
+            refused = await ticket({"t-price": "2.5", "t-quantity": "3", "t-stop": "", "t-budget": "1", "t-hours": "1"})
             assert "budget_too_small" in refused, refused
-            bad = await ticket({"t-price": "2.5000001", "t-budget": ""})
+            bad = await ticket({"t-price": "2.5000001", "t-budget": "", "t-hours": ""})
             assert "in USD with at most 6 decimals" in bad, bad
             # A bid for one region: the ticket lists the exchange's regions (from its listing).
             regions = await browser.evaluate("[...document.querySelectorAll('#t-regions option')].map(o => o.value)")
@@ -499,6 +521,59 @@ def test_the_console_opens_and_funds_a_sub_account_and_shows_a_verified_invoice(
     asyncio.run(scenario())
 
 
+@pytest.mark.skipif(
+    CHROMIUM is None and not os.environ.get("GPUX_REQUIRE_BROWSER"), reason="Chromium is not installed (.ci/run installs it)"
+)
+def test_the_console_opens_an_account_for_a_new_key_and_loses_no_quick_login(exchange_with_console):
+    """A key made by `gpux keys create` has no account: the console says so
+    and how to open one; with a role chosen it opens the account, as `gpux
+    login --role` does (issue 64). Logging out and in again within a second
+    logs in (issue 64: the second click was lost on the closing socket)."""
+    url, console, operator = exchange_with_console
+
+    async def scenario():
+        key = gpux.Key.generate()
+        async with console_page(console) as browser:
+            account = "document.getElementById('account').textContent"
+            await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
+            await browser.evaluate("document.querySelector('#login button').click()")
+            await browser.wait_until(f"{account}.includes('login failed')", what="the refused login")
+            said = await browser.evaluate(account)
+            assert "auth_failed" in said and "this key has no account" in said and "choose a role under Account" in said, said
+            await browser.evaluate("document.getElementById('role').value = 'renter'")
+            await browser.evaluate("document.querySelector('#login button').click()")
+            await browser.wait_until(f"/account [0-9]+ \\(renter\\)/.test({account})", what="the opened account")
+            opened = int((await browser.evaluate(account)).split()[1])
+            async with await gpux.Client.connect(url, key) as client:
+                assert client.account == opened, "the CLI's key logs in to the account the console opened"
+            # Out and in again at once.
+            await browser.evaluate("document.getElementById('logout').click()")
+            await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
+            await browser.evaluate("document.querySelector('#login button').click()")
+            await browser.wait_until(f"{account} === 'account {opened} (renter)'", what="the quick second login")
+            assert await browser.evaluate("!document.getElementById('mine').hidden")
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None and not os.environ.get("GPUX_REQUIRE_BROWSER"), reason="Chromium is not installed (.ci/run installs it)"
+)
+def test_the_console_quotes_reserved_windows_on_the_live_simulated_market(sim_exchange_with_console):
+    """On `--sim` the next hourly windows of each class have asks and bids
+    (issue 64: every window showed "none"), and the calendar shows them
+    without a reload."""
+
+    async def scenario():
+        async with console_page(sim_exchange_with_console) as browser:
+            quoted = ("[...document.querySelectorAll('#calendar tbody tr')].slice(0, 3)"
+                      ".some(r => r.querySelector('.bid').textContent.startsWith('$') || r.querySelector('.ask').textContent.startsWith('$'))")
+            await browser.wait_until(quoted, timeout=60.0, what="a quoted window on the calendar")
+            await browser.screenshot(ARTEFACTS / "console-sim-calendar.png")
+
+    asyncio.run(scenario())
+
+
 # The layout rules of a trading screen, checked in the page: the page never
 # scrolls sideways, no two boxes of visible text overlap (each clipped to the
 # panels that scroll it), every visible control has a label (a <label>, its
@@ -583,6 +658,23 @@ def test_the_console_is_a_trading_screen_at_three_sizes(exchange_with_console):
         async with console_page(console) as browser:
             await browser.wait_until("document.getElementById('ladder').innerText.includes('$3.125')", what="the book")
 
+            # Find a GPU across every book (issue 64): 24 GB or more, at most
+            # $2.50: the two cheaper asks, cheapest first; a row opens its book.
+            await browser.evaluate("document.getElementById('s-memory').value = '24'")
+            await browser.evaluate("document.getElementById('s-price').value = '2.50'")
+            await browser.evaluate("document.querySelector('#search button[type=submit]').click()")
+            await browser.wait_until("document.querySelectorAll('#found tbody tr[data-instrument]').length === 2", what="the search's offers")
+            found = await browser.evaluate("[...document.querySelectorAll('#found tbody tr')].map(r => r.cells[1].textContent + ' ' + r.cells[0].textContent)")
+            assert found == ["$2.00 H100-SXM-80G/SPOT", "$2.25 H100-SXM-80G/SPOT"], found
+            await browser.evaluate("document.getElementById('s-price').value = '2,50'")
+            await browser.evaluate("document.querySelector('#search button[type=submit]').click()")
+            await browser.wait_until("document.getElementById('search-result').textContent.startsWith('refused')", what="a price that is no amount")
+            await browser.evaluate("document.getElementById('s-price').value = ''")
+            await browser.evaluate(f"gpuxConsole.select({H100_PREEMPT})")
+            await browser.wait_until("document.getElementById('symbol').textContent === 'H100-SXM-80G/PREEMPT'", what="another book")
+            await browser.evaluate("document.querySelector('#found tbody tr').click()")
+            await browser.wait_until("document.getElementById('symbol').textContent === 'H100-SXM-80G/SPOT' && document.getElementById('ladder').innerText.includes('$3.125')", what="the found offer's book")
+
             async def check(width: int, height: int, name: str):
                 await browser.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=width < 600)
                 await asyncio.sleep(0.6)  # the charts redraw 100 ms after a resize
@@ -603,9 +695,28 @@ def test_the_console_is_a_trading_screen_at_three_sizes(exchange_with_console):
                     assert trade[0] + trade[2] > width - 35, f"the ticket column reaches the right edge: {panels}"
                     assert charts[2] > 300, panels
                 if width < 600:
-                    # One column, each panel the screen's width, the ticket first.
+                    # One column, each panel the screen's width: the
+                    # instruments, then the ticket, then the book (issue 64).
                     assert all(p[2] > width - 30 for p in panels.values()), panels
-                    assert trade[1] < book[1], panels
+                    assert panels["instruments-panel"][1] < trade[1] < book[1], panels
+                    assert trade[1] < 900, f"the ticket within the first screen and a bit: {panels}"
+                # Every action of the account's tables on the screen without
+                # scrolling sideways (issue 64: cancel, end and bill were off it).
+                unreachable = await browser.evaluate(
+                    "[...document.querySelectorAll('#orders button, #leases button, #jobs button')].filter(b => {"
+                    " const r = b.getBoundingClientRect(), box = b.closest('.scroll').getBoundingClientRect();"
+                    " return r.right > Math.min(box.right, document.documentElement.clientWidth) + 1; }).map(b => b.textContent)"
+                )
+                assert unreachable == [], f"{name} at {width}: actions past the edge: {unreachable}"
+                # Each heading aligned as its column's values are (issue 64: 100-300 px off).
+                misaligned = await browser.evaluate(
+                    "[...document.querySelectorAll('table')].flatMap(t => { const head = t.tHead && t.tHead.rows[0];"
+                    " const row = [...t.tBodies[0].rows].find(r => head && r.cells.length === head.cells.length);"
+                    " if (!row || t.getClientRects().length === 0) return [];"
+                    " return [...head.cells].filter((th, i) => getComputedStyle(th).textAlign !== getComputedStyle(row.cells[i]).textAlign)"
+                    ".map(th => t.id + ': ' + th.textContent); })"
+                )
+                assert misaligned == [], f"{name} at {width}: headings not aligned with their values: {misaligned}"
 
             for width, height in SIZES:
                 await check(width, height, "logged-out")
@@ -629,7 +740,20 @@ def test_the_console_is_a_trading_screen_at_three_sizes(exchange_with_console):
             assert await browser.evaluate("document.getElementById('t-price').classList.contains('invalid')")
             await browser.evaluate("{ const p = document.getElementById('t-price'); p.value = '2.10'; p.dispatchEvent(new Event('input')) }")
             assert await browser.evaluate("document.getElementById('t-price-error').textContent") == ""
-            assert await browser.evaluate("document.getElementById('t-estimate').textContent") == "holds at most $2.10: 1 GPU(s) x 1 h at $2.10"
+            estimate = "document.getElementById('t-estimate').textContent"
+            assert await browser.evaluate(estimate) == "holds $2.10 (an hour of 1 GPU(s) at $2.10) until you end the lease; billed as used"
+            # Hours as typed (issue 64): to the minute, checked before Place.
+            hours = "{ const h = document.getElementById('t-hours'); h.value = %s; h.dispatchEvent(new Event('input')) }"
+            await browser.evaluate(hours % "'1.5'")
+            assert await browser.evaluate(estimate) == "holds at most $3.15: 1 GPU(s) x 1.5 h at $2.10"
+            for typed in ["0", "-1", "1.33", "abc"]:
+                await browser.evaluate(hours % json.dumps(typed))
+                assert "hours to the minute" in await browser.evaluate("document.getElementById('t-hours-error').textContent"), typed
+                assert await browser.evaluate("document.getElementById('t-hours').classList.contains('invalid')"), typed
+            refused = await place_from_ticket(browser, {"t-price": "2.10"})
+            assert refused.startswith("refused: hours to the minute"), refused
+            await browser.evaluate(hours % "''")
+            assert await browser.evaluate("document.getElementById('t-hours-error').textContent") == ""
 
             place = lambda fields: place_from_ticket(browser, fields)  # noqa: E731
 
@@ -645,8 +769,18 @@ def test_the_console_is_a_trading_screen_at_three_sizes(exchange_with_console):
             await browser.wait_until("document.getElementById('leases').innerText.includes('active')", what="the leases")
             await browser.wait_until("document.getElementById('statement').innerText.includes('$')", what="the statement")
             await browser.wait_until("document.querySelectorAll('#prices .u-axis').length === 2", what="the price chart of the trades")
-            gpus = await browser.evaluate("[...document.querySelectorAll('#leases tbody tr')].map(r => r.cells[2].textContent)")
+            gpus = await browser.evaluate("[...document.querySelectorAll('#leases tbody tr')].map(r => r.cells[3].textContent)")
             assert gpus == ["1", "1"], gpus
+            # The instrument list follows the book's own feed (issue 64: it
+            # lagged 15 s behind the ladder): the $1.75 bid is the best at once.
+            entry = f"document.querySelector('#instruments li[data-instrument=\"{H100_SPOT}\"] .bbo').textContent"
+            await browser.wait_until(f"{entry}.startsWith('bid $1.75')", timeout=2.0, what="the list's best bid, live")
+            # One far-off bid does not squash the depth chart (issue 64):
+            # the axis keeps to the prices near the market and says how many are off it.
+            await renter.place(gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("0.25"), 1))
+            await browser.wait_until("document.getElementById('ladder').innerText.includes('$0.25')", what="the far bid")
+            depth = await browser.evaluate("gpuxConsole.state.depthRange")
+            assert depth["beyond"] == 1 and depth["low"] >= gpux.dollars("1.5"), depth
 
             for width, height in SIZES:
                 await check(width, height, "logged-in")
