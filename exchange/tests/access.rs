@@ -196,7 +196,7 @@ async fn each_scope_grants_its_requests_and_refuses_the_rest() {
         sessions.push((*scope, client));
     }
     type Request = fn(u64) -> ClientMessage;
-    let requests: [(Scope, Request); 10] = [
+    let requests: [(Scope, Request); 11] = [
         (Scope::Read, |id| ClientMessage::Balance { id }),
         (Scope::Read, |id| ClientMessage::OpenOrders { id, after: None }),
         (Scope::Read, |id| ClientMessage::Keys { id, account: None }),
@@ -204,6 +204,7 @@ async fn each_scope_grants_its_requests_and_refuses_the_rest() {
         (Scope::Trade, |id| ClientMessage::MassCancel { id, instrument: None }),
         (Scope::Deliver, |id| ClientMessage::EndLease { id, lease: LeaseId(999) }),
         (Scope::Deliver, |id| ClientMessage::LeaseLogs { id, lease: LeaseId(999), tail_bytes: 10 }),
+        (Scope::Deliver, |id| ClientMessage::LeaseExec { id, lease: LeaseId(999), command: vec!["true".into()], timeout_ms: 1_000 }),
         (Scope::Withdraw, |id| ClientMessage::Withdraw { id, account: None, amount_minor: 1 }),
         (Scope::Manage, |id| ClientMessage::OpenSubAccount { id }),
         (Scope::Manage, |id| ClientMessage::RevokeKey { id, public_key: "ab".repeat(32) }),

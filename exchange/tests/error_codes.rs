@@ -302,6 +302,7 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
         row("encryption_key_invalid", Who::Supplier, one(unsigned_key)),
         row("delivery_status_invalid", Who::Supplier, one(ClientMessage::DeliveryStatus { id: 23, lease: ended, state: failed_status })),
         row("host_unreachable", Who::Renter, one(ClientMessage::LeaseLogs { id: 24, lease: orphan, tail_bytes: 1024 })),
+        row("exec_invalid", Who::Renter, one(ClientMessage::LeaseExec { id: 24, lease: orphan, command: Vec::new(), timeout_ms: 1_000 })),
         row("unknown_supplier", Who::Stranger, one(ClientMessage::SupplierStats { id: 25, supplier: AccountId(999_999) })),
         row("rematch_not_on_spot_bid", Who::Renter, {
             let order = OrderTicket { rematch: true, ..OrderTicket::limit(26, InstrumentId(0), Side::Sell, USD_2, 1) };

@@ -580,6 +580,17 @@ pub enum DeliveryRequest {
         data: String,
         truncated: bool,
     },
+    /// A renter's command for its lease's workload (checked against the
+    /// limits by the gateway).
+    Exec {
+        lease: LeaseId,
+        command: Vec<String>,
+        timeout_ms: u32,
+    },
+    ExecReply {
+        request: u64,
+        outcome: gpux_protocol::delivery::ExecOutcome,
+    },
     /// A cluster member's signed interconnect probe.
     FabricProbe {
         report: Box<gpux_protocol::FabricProbeReport>,

@@ -998,6 +998,13 @@ pub(crate) fn request_of(caller: &Caller, message: ClientMessage, verified: Opti
         ClientMessage::LeaseDelivery { lease, .. } => delivery(DeliveryRequest::Query { lease }),
         ClientMessage::LeaseLogs { lease, tail_bytes, .. } => delivery(DeliveryRequest::Logs { lease, tail_bytes }),
         ClientMessage::Logs { request, data, truncated, .. } => delivery(DeliveryRequest::LogsReply { request, data, truncated }),
+        ClientMessage::LeaseExec { lease, command, timeout_ms, .. } => {
+            if !gpux_protocol::delivery::exec_valid(&command, timeout_ms) {
+                return Err(Refused { id, code: ErrorCode::ExecInvalid, message: None });
+            }
+            delivery(DeliveryRequest::Exec { lease, command, timeout_ms })
+        }
+        ClientMessage::ExecDone { request, outcome, .. } => delivery(DeliveryRequest::ExecReply { request, outcome: outcome.bounded() }),
         ClientMessage::FabricProbe { report, .. } => delivery(DeliveryRequest::FabricProbe { report }),
         ClientMessage::ChallengeCommit { challenge, commitment, .. } => match hash32(&commitment) {
             Some(commitment) => Body::Challenge { request: ChallengeRequest::Commit { challenge, commitment } },

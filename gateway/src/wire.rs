@@ -31,7 +31,7 @@ use gpux_engine::InstrumentId;
 use gpux_protocol::{Channel, ErrorCode, ServerMessage};
 
 /// This build's link version; both ends must speak the same.
-pub const LINK_VERSION: u16 = 6;
+pub const LINK_VERSION: u16 = 7;
 /// What a link stream starts with.
 pub const LINK_MAGIC: [u8; 8] = *b"gpuxlink";
 pub use crate::limits::LINK_FRAME_BYTES_MAX;

@@ -39,6 +39,77 @@ pub mod limits {
     pub const LOG_TAIL_BYTES_MAX: u32 = 32 * 1024;
     /// Bytes of a delivery status's reason text.
     pub const REASON_BYTES_MAX: usize = 512;
+    /// Words of a `lease_exec` command, and its bytes in all.
+    pub const EXEC_WORDS_MAX: usize = 64;
+    pub const EXEC_BYTES_MAX: usize = 4096;
+    /// How long a host waits for a `lease_exec` command, at most and by default.
+    pub const EXEC_TIMEOUT_MS_MAX: u32 = 60_000;
+    pub const EXEC_TIMEOUT_MS_DEFAULT: u32 = 30_000;
+    /// Bytes of a command's output a `lease_exec` answer carries (the last).
+    pub const EXEC_OUTPUT_BYTES_MAX: usize = 32 * 1024;
+}
+
+/// What a command run in a workload did (`lease_exec`), as its host tells
+/// it: its exit code, the last of its output (stdout and stderr as they
+/// came), whether it ran past its timeout (it is left running then, its
+/// output so far returned), or why the host ran nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecOutcome {
+    /// `None` when it did not finish in time or never ran.
+    #[serde(default)]
+    pub exit_code: Option<i64>,
+    #[serde(default)]
+    pub output: String,
+    /// Output was cut to its last `EXEC_OUTPUT_BYTES_MAX` bytes.
+    #[serde(default)]
+    pub truncated: bool,
+    #[serde(default)]
+    pub timed_out: bool,
+    /// Why nothing ran (the workload is not running, the backend runs no
+    /// commands, the engine refused), in the host's words.
+    #[serde(default)]
+    pub refused: Option<String>,
+}
+
+impl ExecOutcome {
+    /// Nothing ran, for `reason`.
+    pub fn refused(reason: impl Into<String>) -> Self {
+        ExecOutcome { refused: Some(reason.into()), ..ExecOutcome::default() }
+    }
+
+    /// Keeps the last `EXEC_OUTPUT_BYTES_MAX` bytes of `output` (on a
+    /// character boundary) and a host's reason within `REASON_BYTES_MAX`.
+    pub fn bounded(mut self) -> Self {
+        if self.output.len() > limits::EXEC_OUTPUT_BYTES_MAX {
+            let mut start = self.output.len() - limits::EXEC_OUTPUT_BYTES_MAX;
+            while !self.output.is_char_boundary(start) {
+                start += 1;
+            }
+            self.output = self.output.split_off(start);
+            self.truncated = true;
+        }
+        if let Some(reason) = &mut self.refused {
+            if reason.len() > limits::REASON_BYTES_MAX {
+                let mut end = limits::REASON_BYTES_MAX;
+                while !reason.is_char_boundary(end) {
+                    end -= 1;
+                }
+                reason.truncate(end);
+            }
+        }
+        self
+    }
+}
+
+/// Whether a `lease_exec` command is within the limits: 1 to
+/// `EXEC_WORDS_MAX` words, `EXEC_BYTES_MAX` bytes, no NUL, and a timeout of
+/// 1 to `EXEC_TIMEOUT_MS_MAX` ms.
+pub fn exec_valid(command: &[String], timeout_ms: u32) -> bool {
+    !command.is_empty()
+        && command.len() <= limits::EXEC_WORDS_MAX
+        && command.iter().map(String::len).sum::<usize>() <= limits::EXEC_BYTES_MAX
+        && !command.iter().any(|word| word.contains('\0'))
+        && (1..=limits::EXEC_TIMEOUT_MS_MAX).contains(&timeout_ms)
 }
 
 /// What the host does when the workload's main process exits.

@@ -164,6 +164,10 @@ fn default_time_in_force() -> TimeInForce {
 fn default_self_trade_prevention() -> SelfTradePrevention {
     SelfTradePrevention::CancelNewest
 }
+fn default_exec_timeout_ms() -> u32 {
+    crate::delivery::limits::EXEC_TIMEOUT_MS_DEFAULT
+}
+
 fn default_duration() -> LeaseDuration {
     LeaseDuration::Hours(1)
 }
@@ -475,6 +479,22 @@ pub enum ClientMessage {
         data: String,
         truncated: bool,
     },
+    /// Runs a command in the lease's running workload (renter), on its host,
+    /// without SSH: its exit code and output come back (`lease_exec`).
+    LeaseExec {
+        id: u64,
+        lease: LeaseId,
+        command: Vec<String>,
+        /// How long the host waits for it, 1 to `EXEC_TIMEOUT_MS_MAX`.
+        #[serde(default = "default_exec_timeout_ms")]
+        timeout_ms: u32,
+    },
+    /// A host's answer to `exec_wanted`.
+    ExecDone {
+        id: u64,
+        request: u64,
+        outcome: crate::delivery::ExecOutcome,
+    },
     Ping {
         id: u64,
     },
@@ -759,6 +779,8 @@ impl ClientMessage {
             | LeaseDelivery { id, .. }
             | LeaseLogs { id, .. }
             | Logs { id, .. }
+            | LeaseExec { id, .. }
+            | ExecDone { id, .. }
             | ChallengeCommit { id, .. }
             | ChallengeOpening { id, .. }
             | Liveness { id, .. }
@@ -1032,6 +1054,20 @@ pub enum ServerMessage {
         data: String,
         truncated: bool,
     },
+    /// Pushed to a lease's supplier: the renter asks for a command run in
+    /// the workload (answered with `exec_done`).
+    ExecWanted {
+        request: u64,
+        lease: LeaseId,
+        command: Vec<String>,
+        timeout_ms: u32,
+    },
+    /// Answer to `lease_exec`: what the command did, as its host tells it.
+    LeaseExec {
+        id: u64,
+        lease: LeaseId,
+        outcome: crate::delivery::ExecOutcome,
+    },
     /// The request was taken; nothing is journaled for it (a host's `logs`).
     Received {
         id: u64,
@@ -1266,6 +1302,7 @@ impl ServerMessage {
             | HostKey { id, .. }
             | LeaseDelivery { id, .. }
             | LeaseLogs { id, .. }
+            | LeaseExec { id, .. }
             | Received { id }
             | ChallengeRows { id, .. }
             | SubAccountOpened { id, .. }
@@ -1302,6 +1339,7 @@ impl ServerMessage {
             | JobUpdate { .. }
             | JobAssigned { .. }
             | LogsWanted { .. }
+            | ExecWanted { .. }
             | MarketData { .. }
             | BookConflated { .. } => None,
         }
@@ -1481,6 +1519,10 @@ pub enum ErrorCode {
     /// space comes back; cancels, lease ends and reports still pass
     /// (docs/operations.md "Disk space").
     DiskLow,
+    /// `lease_exec` with no command, more than `EXEC_WORDS_MAX` words or
+    /// `EXEC_BYTES_MAX` bytes, a NUL, or a timeout of 0 or over
+    /// `EXEC_TIMEOUT_MS_MAX`.
+    ExecInvalid,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -1587,6 +1629,7 @@ impl ErrorCode {
             IdempotencyKeyReused => "this Idempotency-Key was used for another write (method, path or body); use a fresh key for a new write",
             RequestInProgress => "a write with this Idempotency-Key is still being answered; retry with the same key shortly",
             DiskLow => "the exchange's disk is down to the journal's reserve: it takes no new work until the operator frees space (cancels, lease ends and reports still pass); try again later",
+            ExecInvalid => "a command to run is 1 to 64 words, at most 4096 bytes in all and without NUL, with a timeout of 1 ms to 60 s",
         }
     }
 }

@@ -107,6 +107,12 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         },
         ClientMessage::LeaseDelivery { id: 26, lease: LeaseId(7) },
         ClientMessage::LeaseLogs { id: 27, lease: LeaseId(7), tail_bytes: 4096 },
+        ClientMessage::LeaseExec { id: 28, lease: LeaseId(7), command: vec!["nvidia-smi".into(), "-L".into()], timeout_ms: 30_000 },
+        ClientMessage::ExecDone {
+            id: 29,
+            request: 3,
+            outcome: gpux_protocol::delivery::ExecOutcome { exit_code: Some(0), output: "GPU 0: H100\n".into(), ..Default::default() },
+        },
         ClientMessage::Logs { id: 28, request: 3, data: "hello\n".into(), truncated: true },
         ClientMessage::ChallengeCommit { id: 29, challenge: 4, commitment: "ab".repeat(32) },
         ClientMessage::ChallengeOpening {

@@ -524,6 +524,10 @@ impl Agent {
                 let id = link.connection.new_id();
                 link.connection.request(ClientMessage::Logs { id, request, data, truncated }).await?;
             }
+            Report::Exec { request, outcome } => {
+                let id = link.connection.new_id();
+                link.connection.request(ClientMessage::ExecDone { id, request, outcome }).await?;
+            }
             Report::Removing { lease, gpus } => {
                 let mask = self.gpus.iter().filter(|g| gpus.contains(&g.info.uuid)).fold(0u64, |m, g| m | 1u64 << g.info.index_on_host);
                 *self.releasing.entry(lease).or_default() |= mask;
@@ -1121,6 +1125,12 @@ impl Agent {
                 // exchange may ask every agent of the account.
                 if let Some((orders, _)) = &self.delivery {
                     let _ = orders.send(Order::Logs { request, lease, tail_bytes });
+                }
+                return Ok(());
+            }
+            ServerMessage::ExecWanted { request, lease, command, timeout_ms } => {
+                if let Some((orders, _)) = &self.delivery {
+                    let _ = orders.send(Order::Exec { request, lease, command, timeout_ms });
                 }
                 return Ok(());
             }

@@ -599,6 +599,17 @@ pub enum LeaseAction {
         #[arg(last = true)]
         command: Vec<String>,
     },
+    /// Run one command in the lease's running workload through its host, no SSH needed (`gpux lease exec LEASE -- nvidia-smi`); prints its output and exits with its code.
+    Exec {
+        /// The lease's id (`gpux leases`).
+        lease: u64,
+        /// Seconds the host waits for it (1 to 60); past them it answers with the output so far.
+        #[arg(long, default_value_t = 30)]
+        timeout_s: u32,
+        /// The command and its arguments (after --).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// Sell what is left of a fixed-duration spot lease on its class's resale
     /// book, whole (docs/market-rules.md "Lease resale"); buyers bid on CLASS/RESALE.
     Resell {
@@ -886,6 +897,9 @@ pub enum Failure {
     Refused(String),
     Usage(String),
     Unreachable(String),
+    /// A remote command's own exit code (`gpux lease exec`), passed on
+    /// with nothing more said.
+    Status(i32),
 }
 
 fn main() {
@@ -894,8 +908,14 @@ fn main() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
     let json = cli.json;
     let outcome = runtime.block_on(commands::run(cli));
+    // What was printed with print! reaches its reader before the exit.
+    let _ = std::io::Write::flush(&mut std::io::stdout());
     let Err(failure) = outcome else { std::process::exit(0) };
+    if let Failure::Status(code) = failure {
+        std::process::exit(code);
+    }
     let (code, kind, said, message) = match failure {
+        Failure::Status(_) => unreachable!("handled above"),
         Failure::Refused(message) => (1, "refused", "refused", message),
         Failure::Usage(message) => (2, "usage", "error", message),
         Failure::Unreachable(message) => (3, "unreachable", "error", message),

@@ -225,6 +225,42 @@ async fn ssh(s: &mut Session, lease: LeaseId, print: bool, command: &[String], j
     Err(Failure::Usage(format!("running ssh: {error} (is OpenSSH's client installed?); the command: {}", words.join(" "))))
 }
 
+/// `gpux lease exec`: a command run in the lease's workload by its host
+/// (docs/protocol.md "Lease delivery"); its output printed as it came, and
+/// its exit code this process's (1 when the host ran nothing, or it ran
+/// past its timeout).
+async fn exec(s: &mut Session, lease: LeaseId, timeout_s: u32, command: Vec<String>, json: bool) -> Result<(), Failure> {
+    if !(1..=60).contains(&timeout_s) {
+        return Err(Failure::Usage(format!("--timeout-s is 1 to 60, not {timeout_s}")));
+    }
+    let id = s.connection.new_id();
+    let timeout_ms = timeout_s * 1_000;
+    let answer = s.ask(ClientMessage::LeaseExec { id, lease, command, timeout_ms }, json).await?;
+    let ServerMessage::LeaseExec { outcome, .. } = answer else {
+        return Err(Failure::Unreachable(format!("expected lease_exec, got {answer:?}")));
+    };
+    if !json {
+        print!("{}", outcome.output);
+        if !outcome.output.is_empty() && !outcome.output.ends_with('\n') {
+            println!();
+        }
+    }
+    if let Some(reason) = outcome.refused {
+        return Err(Failure::Refused(format!("lease {lease}'s host ran nothing: {reason}")));
+    }
+    if outcome.timed_out {
+        return Err(Failure::Refused(format!("still running after {timeout_s} s (its output so far is above); --timeout-s waits longer")));
+    }
+    if outcome.truncated && !json {
+        eprintln!("(only the last {} bytes of its output are shown)", gpux_protocol::delivery::limits::EXEC_OUTPUT_BYTES_MAX);
+    }
+    match outcome.exit_code {
+        Some(0) | None => Ok(()),
+        // The command's own code, as ssh would give it.
+        Some(code) => Err(Failure::Status(i32::try_from(code).unwrap_or(1).clamp(1, 255))),
+    }
+}
+
 /// `gpux lease resell`: offers the rest of a lease on its class's resale book.
 async fn resell(s: &mut Session, lease: u64, price: &str, tif: crate::TifArg, json: bool) -> Result<(), Failure> {
     let price_minor_per_gpu_hour = crate::money::parse_amount(price).map_err(Failure::Usage)?;
@@ -308,6 +344,7 @@ async fn send_secrets(s: &mut Session, lease: LeaseId, workload: &Workload, secr
 fn failure_text(failure: &Failure) -> String {
     match failure {
         Failure::Usage(text) | Failure::Refused(text) | Failure::Unreachable(text) => text.clone(),
+        Failure::Status(code) => format!("exited with code {code}"),
     }
 }
 
@@ -487,6 +524,7 @@ pub async fn lease(s: &mut Session, action: LeaseAction, key: &ed25519_dalek::Si
         }
         LeaseAction::Status { lease } => status(s, LeaseId(lease), json).await,
         LeaseAction::Ssh { lease, print, command } => ssh(s, LeaseId(lease), print, &command, json).await,
+        LeaseAction::Exec { lease, timeout_s, command } => exec(s, LeaseId(lease), timeout_s, command, json).await,
         LeaseAction::Resell { lease, price, tif } => resell(s, lease, &price, tif, json).await,
         LeaseAction::Stop { lease } => {
             let id = s.connection.new_id();

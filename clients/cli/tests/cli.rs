@@ -609,6 +609,18 @@ fn gpux_run_brings_a_container_up_and_lease_stop_ends_it() {
     assert!(status.contains(&connect), "the connect string: {status}");
     let logs = ok(gpux(&url, &key("renter"), &["lease", "logs", &lease]));
     assert!(logs.contains("response:200"), "{logs}");
+    // A command in the workload through its host, no SSH (issue 64): its
+    // output, and its exit code passed on.
+    let listed = ok(gpux(&url, &key("renter"), &["lease", "exec", &lease, "--", "/bin/busybox", "ls", "/www"]));
+    assert!(listed.contains("index.html"), "{listed}");
+    let failed = gpux(&url, &key("renter"), &["lease", "exec", &lease, "--", "/bin/sh", "-c", "echo to-stderr >&2; exit 3"]);
+    assert_eq!(failed.status.code(), Some(3), "{failed:?}");
+    assert!(String::from_utf8_lossy(&failed.stdout).contains("to-stderr"), "{failed:?}");
+    let slow = gpux(&url, &key("renter"), &["lease", "exec", &lease, "--timeout-s", "1", "--", "/bin/sh", "-c", "echo started; sleep 5"]);
+    assert_eq!(slow.status.code(), Some(1), "{slow:?}");
+    assert!(String::from_utf8_lossy(&slow.stderr).contains("still running after 1 s"), "{slow:?}");
+    let missing = gpux(&url, &key("renter"), &["lease", "exec", &lease, "--", "/no/such/program"]);
+    assert_ne!(missing.status.code(), Some(0), "{missing:?}");
     // The renter signs what it sees of the endpoint: reachable, acknowledged,
     // and counted in its public record.
     let watched = ok(gpux(

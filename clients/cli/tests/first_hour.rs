@@ -116,6 +116,7 @@ fn the_first_hour_guide_runs_as_written() {
         "/GPU-h x 1  NVIDIA H100 80GB HBM3",
         "leased: lease",
         "Directory listing",
+        "leased GPUs: GPU-first-hour-0",
         "connect: no SSH",
         "publishes no port 22",
     ] {

@@ -520,6 +520,26 @@ class LeaseLogs(Record):
 
 
 @dataclass
+class ExecOutcome(Record):
+    """What a command run in a workload did (`lease_exec`): its exit code
+    (None past its timeout or when nothing ran), the last of its output,
+    and why the host ran nothing (`refused`)."""
+
+    exit_code: Optional[int]
+    output: str
+    truncated: bool
+    timed_out: bool
+    refused: Optional[str]
+
+
+@dataclass
+class LeaseExec(Record):
+    id: int
+    lease: int
+    outcome: ExecOutcome
+
+
+@dataclass
 class TelemetrySample(Record):
     """What one usage report measured of a GPU (the last two None without readings)."""
 
@@ -864,6 +884,7 @@ ANSWERS = {
     "lease_replaced": LeaseReplaced,
     "host_key": HostKey,
     "lease_logs": LeaseLogs,
+    "lease_exec": LeaseExec,
     "lease_telemetry": LeaseTelemetry,
     "statement": Statement,
     "recent_statement": RecentStatement,

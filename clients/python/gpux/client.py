@@ -1007,6 +1007,12 @@ class Client:
         logs: a.LeaseLogs = await self.request("lease_logs", lease=lease, tail_bytes=tail_bytes)
         return logs.data
 
+    async def lease_exec(self, lease: int, command: list[str], timeout_ms: int = 30_000) -> a.ExecOutcome:
+        """Runs `command` in the lease's running workload through its host
+        (no SSH): its exit code and output (docs/protocol.md "Exec")."""
+        answer: a.LeaseExec = await self.request("lease_exec", lease=lease, command=list(command), timeout_ms=timeout_ms)
+        return answer.outcome
+
     async def wait_delivery(self, lease: int, states=("running",), timeout: float = 120.0) -> m.Delivery:
         """Waits for a lease's delivery to reach one of `states`; raises
         GpuxError with the failure code if it fails first, and with code

@@ -631,6 +631,25 @@ def test_a_renter_follows_delivery_to_running_with_secrets_only_the_host_can_ope
         known = await renter.lease_delivery(lease)
         assert known.state == running and known.workload["ports"] == [8888] and "hf_python_secret" not in str(known.workload)
 
+        # A command in the workload (issue 64), answered by the host as
+        # docs/protocol.md "Exec" says; an empty one is refused with its code.
+        async def answer_exec():
+            while True:
+                pushed = await supplier.events.get()
+                if getattr(pushed, "type", None) == "exec_wanted":
+                    wanted = pushed.fields
+                    assert wanted["command"] == ["nvidia-smi", "-L"] and wanted["lease"] == lease, wanted
+                    outcome = {"exit_code": 0, "output": "GPU 0: H100\n", "truncated": False, "timed_out": False, "refused": None}
+                    await supplier.request("exec_done", request=wanted["request"], outcome=outcome)
+                    return
+        answering = asyncio.create_task(answer_exec())
+        outcome = await renter.lease_exec(lease, ["nvidia-smi", "-L"], timeout_ms=5000)
+        await asyncio.wait_for(answering, 10)
+        assert (outcome.exit_code, outcome.output, outcome.refused) == (0, "GPU 0: H100\n", None), outcome
+        with pytest.raises(gpux.GpuxError) as invalid:
+            await renter.lease_exec(lease, [], timeout_ms=5000)
+        assert invalid.value.code == "exec_invalid"
+
         # A workload that exits is never waited on as if it might run.
         await supplier.request("delivery_status", lease=lease, state={"exited": {"code": 3}})
         with pytest.raises(gpux.GpuxError) as exited:

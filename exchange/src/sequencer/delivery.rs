@@ -58,10 +58,12 @@ impl Sequencer {
                 None => return,
             },
             DeliveryRequest::Query { lease } => self.lease_delivery(account, id, lease),
-            DeliveryRequest::Logs { lease, tail_bytes } => match self.logs(connection, account, id, lease, tail_bytes) {
-                Some(reply) => reply,
-                None => return,
-            },
+            DeliveryRequest::Logs { lease, tail_bytes } => {
+                match self.host_request(connection, account, id, lease, HostAsk::Logs { tail_bytes }) {
+                    Some(reply) => reply,
+                    None => return,
+                }
+            }
             DeliveryRequest::FabricProbe { report } => match self.market.check_fabric_probe(account, &report) {
                 Err(code) => error(Some(id), code),
                 Ok(()) => match self.journal(JournalEntry::FabricProbe { at_ms: self.market.clock_ms(), account, report }) {
@@ -71,6 +73,16 @@ impl Sequencer {
             },
             DeliveryRequest::LogsReply { request, data, truncated } => {
                 self.logs_reply(account, request, data, truncated);
+                ServerMessage::Received { id }
+            }
+            DeliveryRequest::Exec { lease, command, timeout_ms } => {
+                match self.host_request(connection, account, id, lease, HostAsk::Exec { command, timeout_ms }) {
+                    Some(reply) => reply,
+                    None => return,
+                }
+            }
+            DeliveryRequest::ExecReply { request, outcome } => {
+                self.exec_reply(account, request, outcome);
                 ServerMessage::Received { id }
             }
         };
@@ -153,10 +165,18 @@ impl Sequencer {
         ServerMessage::LeaseDelivery { id, lease, workload: delivery.and_then(|d| d.workload.clone()), state, at_ms }
     }
 
-    /// A renter asks for its workload's logs: the host is asked, and the
-    /// answer (or `host_unreachable` after `LOGS_WAIT_MS`) comes later. None:
+    /// A renter asks its workload's host for its logs or to run a command:
+    /// the host is asked, and the answer (or `host_unreachable` after
+    /// `LOGS_WAIT_MS`, past a command's own timeout) comes later. None:
     /// nothing to answer now.
-    fn logs(&mut self, connection: ConnectionId, account: AccountId, id: u64, lease: LeaseId, tail_bytes: u32) -> Option<ServerMessage> {
+    fn host_request(
+        &mut self,
+        connection: ConnectionId,
+        account: AccountId,
+        id: u64,
+        lease: LeaseId,
+        ask: HostAsk,
+    ) -> Option<ServerMessage> {
         let Some(info) = self.market.engine().lease(lease).filter(|l| l.renter == account) else {
             return Some(error(Some(id), ErrorCode::UnknownLease));
         };
@@ -181,10 +201,18 @@ impl Sequencer {
         }
         let request = self.next_logs_request;
         self.next_logs_request += 1;
-        let deadline_ms = self.market.clock_ms() + LOGS_WAIT_MS;
-        self.logs_pending.insert(request, LogsWait { connection, renter, supplier, id, lease, deadline_ms });
-        let tail_bytes = tail_bytes.min(LOG_TAIL_BYTES_MAX);
-        let wanted = SharedFrame::new(ServerMessage::LogsWanted { request, lease, tail_bytes });
+        let (exec, wanted, wait_ms) = match ask {
+            HostAsk::Logs { tail_bytes } => {
+                let tail_bytes = tail_bytes.min(LOG_TAIL_BYTES_MAX);
+                (false, ServerMessage::LogsWanted { request, lease, tail_bytes }, LOGS_WAIT_MS)
+            }
+            HostAsk::Exec { command, timeout_ms } => {
+                (true, ServerMessage::ExecWanted { request, lease, command, timeout_ms }, LOGS_WAIT_MS + u64::from(timeout_ms))
+            }
+        };
+        let deadline_ms = self.market.clock_ms() + wait_ms;
+        self.logs_pending.insert(request, LogsWait { exec, connection, renter, supplier, id, lease, deadline_ms });
+        let wanted = SharedFrame::new(wanted);
         // The agent that runs the lease (the one that reported it); before
         // any report, every agent of the account, of which only the lease's
         // own answers.
@@ -204,6 +232,9 @@ impl Sequencer {
         if supplier_of(wait.lease) != Some(account) {
             return;
         }
+        if self.logs_pending.get(&request).is_some_and(|w| w.exec) {
+            return;
+        }
         let wait = self.logs_pending.remove(&request).expect("present");
         let limit = LOG_TAIL_BYTES_MAX as usize;
         let cut = data.len() > limit;
@@ -218,6 +249,17 @@ impl Sequencer {
         self.reply(wait.connection, answer);
     }
 
+    /// The host's outcome of a renter's command, relayed to the renter
+    /// (bounded by the gateway). Late answers and other hosts' are dropped.
+    fn exec_reply(&mut self, account: AccountId, request: u64, outcome: gpux_protocol::delivery::ExecOutcome) {
+        let Some(wait) = self.logs_pending.get(&request) else { return };
+        if !wait.exec || self.market.engine().lease(wait.lease).map(|l| l.supplier) != Some(account) {
+            return;
+        }
+        let wait = self.logs_pending.remove(&request).expect("present");
+        self.reply(wait.connection, ServerMessage::LeaseExec { id: wait.id, lease: wait.lease, outcome });
+    }
+
     /// Tells renters whose hosts did not send the logs in time.
     pub(super) fn expire_logs_requests(&mut self) {
         let now = self.market.clock_ms();
@@ -228,4 +270,10 @@ impl Sequencer {
             }
         }
     }
+}
+
+/// What a renter asks of its lease's host through the exchange.
+enum HostAsk {
+    Logs { tail_bytes: u32 },
+    Exec { command: Vec<String>, timeout_ms: u32 },
 }

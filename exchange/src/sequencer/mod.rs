@@ -95,8 +95,11 @@ pub enum SequencerError {
     Market(#[from] MarketError),
 }
 
-/// A renter's `lease_logs` request waiting for its host's answer.
+/// A renter's `lease_logs` (or `lease_exec`) request waiting for its
+/// host's answer; both count in the same shares.
 struct LogsWait {
+    /// A `lease_exec`: answered `lease_exec`, not `lease_logs`.
+    exec: bool,
     connection: ConnectionId,
     /// The participants of the renter that asked and of the supplier
     /// asked (their shares).

@@ -416,6 +416,50 @@ impl DeliveryBackend for DockerBackend {
         (text, cut || dropped || !whole)
     }
 
+    /// `docker exec` in the lease's container (never privileged, as the
+    /// container's own user), its stdout and stderr as they come, the last
+    /// `EXEC_OUTPUT_BYTES_MAX` kept; past `timeout` the command is left
+    /// running (the engine has no way to stop one exec) and its output so
+    /// far returned.
+    async fn exec(&self, lease: LeaseId, command: &[String], timeout: Duration) -> gpux_protocol::delivery::ExecOutcome {
+        use bollard::exec::StartExecResults;
+        use gpux_protocol::delivery::{limits::EXEC_OUTPUT_BYTES_MAX, ExecOutcome};
+        let config = bollard::models::ExecConfig {
+            cmd: Some(command.to_vec()),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            privileged: Some(false),
+            ..Default::default()
+        };
+        let created = match self.docker.create_exec(&self.name_of(lease), config).await {
+            Ok(created) => created,
+            Err(error) => return ExecOutcome::refused(format!("the container engine refused the command: {error}")),
+        };
+        let output = match self.docker.start_exec(&created.id, None).await {
+            Ok(StartExecResults::Attached { output, .. }) => output,
+            Ok(StartExecResults::Detached) => return ExecOutcome::refused("the container engine detached the command"),
+            Err(error) => return ExecOutcome::refused(format!("the container engine could not start the command: {error}")),
+        };
+        let mut output = output;
+        let (mut bytes, mut dropped) = (Vec::new(), false);
+        let read = async {
+            while let Some(Ok(chunk)) = output.next().await {
+                bytes.extend_from_slice(&chunk.into_bytes());
+                if bytes.len() > 2 * EXEC_OUTPUT_BYTES_MAX {
+                    bytes.drain(..bytes.len() - EXEC_OUTPUT_BYTES_MAX);
+                    dropped = true;
+                }
+            }
+        };
+        let finished = tokio::time::timeout(timeout, read).await.is_ok();
+        let (text, cut) = tail(&bytes, EXEC_OUTPUT_BYTES_MAX);
+        let exit_code = match finished {
+            true => self.docker.inspect_exec(&created.id).await.ok().and_then(|inspect| inspect.exit_code),
+            false => None,
+        };
+        ExecOutcome { exit_code, output: text, truncated: cut || dropped, timed_out: !finished, refused: None }
+    }
+
     async fn found(&self, lease: LeaseId) -> Result<Option<Found>, String> {
         let name = self.name_of(lease);
         match self.docker.inspect_container(&name, None).await {

@@ -146,6 +146,12 @@ pub trait DeliveryBackend: Send + Sync {
     async fn health(&self) -> Result<(), String> {
         Ok(())
     }
+    /// Runs a renter's command in the lease's running workload
+    /// (`lease_exec`), waiting up to `timeout`. A backend that runs no
+    /// commands in workloads says so.
+    async fn exec(&self, _lease: LeaseId, _command: &[String], _timeout: Duration) -> gpux_protocol::delivery::ExecOutcome {
+        gpux_protocol::delivery::ExecOutcome::refused(format!("this host's {} backend runs no commands in workloads", self.name()))
+    }
 }
 
 /// What the session asks of the manager.
@@ -184,6 +190,13 @@ pub enum Order {
         lease: LeaseId,
         tail_bytes: u32,
     },
+    /// A renter's command for a lease's workload.
+    Exec {
+        request: u64,
+        lease: LeaseId,
+        command: Vec<String>,
+        timeout_ms: u32,
+    },
     /// The leases the exchange says are active on this host: workloads of
     /// others are removed, running ones of these re-adopted. Answers with
     /// `Report::Unadopted` for active leases that have nothing running,
@@ -204,6 +217,10 @@ pub enum Report {
         request: u64,
         data: String,
         truncated: bool,
+    },
+    Exec {
+        request: u64,
+        outcome: gpux_protocol::delivery::ExecOutcome,
     },
     /// The answer to a `Reconcile`, sent once this host's workloads were
     /// listed (retried until the engine answers): nothing of an ended lease
@@ -441,6 +458,7 @@ impl Manager {
                 self.remove(lease, tell);
             }
             Order::Logs { request, lease, tail_bytes } => self.logs(request, lease, tail_bytes),
+            Order::Exec { request, lease, command, timeout_ms } => self.exec(request, lease, command, timeout_ms),
             Order::Reconcile { active } => self.reconcile(active),
         }
     }
@@ -471,6 +489,28 @@ impl Manager {
             }
             let _ = reports.send(Report::Logs { request, data: data[start..].to_string(), truncated: *truncated || start > 0 });
         }
+    }
+
+    /// A renter's command for a lease's workload: run while it runs, else
+    /// refused with where it stands. A lease this host never ran is not
+    /// answered (another agent of the account runs it).
+    fn exec(&mut self, request: u64, lease: LeaseId, command: Vec<String>, timeout_ms: u32) {
+        use gpux_protocol::delivery::ExecOutcome;
+        let reports = self.reports.clone();
+        let running = match self.entries.get(&lease) {
+            Some(entry) => matches!(entry.phase, Phase::Running | Phase::Settling { .. }),
+            None if self.removals.contains_key(&lease) || self.kept_logs.iter().any(|(l, ..)| *l == lease) => false,
+            None => return,
+        };
+        if !running {
+            let _ = reports.send(Report::Exec { request, outcome: ExecOutcome::refused("the workload is not running") });
+            return;
+        }
+        let backend = self.backend.clone();
+        tokio::spawn(async move {
+            let outcome = backend.exec(lease, &command, Duration::from_millis(u64::from(timeout_ms))).await.bounded();
+            let _ = reports.send(Report::Exec { request, outcome });
+        });
     }
 
     /// Keeps an ended workload's last output (the oldest forgotten past `KEPT_LOGS_MAX`).

@@ -60,6 +60,40 @@ impl DeliveryBackend for ProcessBackend {
         "process"
     }
 
+    /// A command beside the workload: in its directory, with its GPUs
+    /// (`CUDA_VISIBLE_DEVICES`, `GPUX_GPUS`, `GPUX_LEASE`; not its sealed
+    /// environment, which the host keeps only in the workload), killed past
+    /// `timeout`.
+    async fn exec(&self, lease: LeaseId, command: &[String], timeout: std::time::Duration) -> gpux_protocol::delivery::ExecOutcome {
+        use gpux_protocol::delivery::ExecOutcome;
+        if !self.pid(lease).is_some_and(alive) {
+            return ExecOutcome::refused("the workload is not running");
+        }
+        let gpus = self.gpus(lease).join(",");
+        let mut child = tokio::process::Command::new(&command[0]);
+        child
+            .args(&command[1..])
+            .current_dir(self.dir(lease))
+            .env("CUDA_VISIBLE_DEVICES", &gpus)
+            .env("GPUX_GPUS", &gpus)
+            .env("GPUX_LEASE", lease.0.to_string())
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true);
+        match tokio::time::timeout(timeout, child.output()).await {
+            Err(_) => ExecOutcome { timed_out: true, ..ExecOutcome::default() },
+            Ok(Err(error)) => ExecOutcome::refused(format!("running {}: {error}", command[0])),
+            Ok(Ok(output)) => {
+                let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+                text.push_str(&String::from_utf8_lossy(&output.stderr));
+                let exit_code = output.status.code().map(i64::from).or_else(|| {
+                    use std::os::unix::process::ExitStatusExt;
+                    output.status.signal().map(|signal| 128 + i64::from(signal))
+                });
+                ExecOutcome { exit_code, output: text, ..ExecOutcome::default() }
+            }
+        }
+    }
+
     async fn start(&self, job: &Job, _progress: &Progress) -> Result<Vec<Endpoint>, Failure> {
         let workload = job.workload.as_ref().ok_or_else(|| Failure::public(FailureCode::WorkloadRefused, "no workload"))?;
         let mut words = job.secrets.command.iter().chain(&job.secrets.args);
