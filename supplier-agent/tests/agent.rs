@@ -21,6 +21,9 @@ const HOST: &str = r#"{"gpus": [
   "utilisation_percent": 80,
   "faults": [{"gpu": "GPU-b", "from_ms": 4000, "until_ms": 600000, "kind": "offline"}]}"#;
 
+/// A host of one H100.
+const ONE_GPU: &str = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
+
 fn agent_files(dir: &std::path::Path, url: &str) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
     agent_files_with(dir, url, HOST)
 }
@@ -51,8 +54,7 @@ async fn one_gpu_on_sale(
     exchange: &Exchange,
     operator: &SigningKey,
 ) -> (std::path::PathBuf, std::path::PathBuf, common::Agent, Connection) {
-    let one_gpu = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
-    let (config, host, _) = agent_files_with(dir, &exchange.url, one_gpu);
+    let (config, host, _) = agent_files_with(dir, &exchange.url, ONE_GPU);
     let mut renter = funded_renter(exchange, operator, 3, 1_000_000_000).await;
     let id = renter.new_id();
     renter.request(ClientMessage::Subscribe { id, channel: Channel::Book, instrument: InstrumentId(0) }).await.expect("subscribe");
@@ -479,8 +481,7 @@ async fn a_preemption_notice_reaches_the_delivery_hook_with_its_deadline() {
     let dir = tempfile::tempdir().expect("temp dir");
     let operator = SigningKey::from_bytes(&[1; 32]);
     let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
-    let one_gpu = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
-    let (config, host, hook_log) = agent_files_with(dir.path(), &exchange.url, one_gpu);
+    let (config, host, hook_log) = agent_files_with(dir.path(), &exchange.url, ONE_GPU);
     let text = std::fs::read_to_string(&config).expect("config");
     write(&config, &format!("{text}\n[[offer]]\ncontract = \"preemptible\"\nprice_floor_minor_per_gpu_hour = 800000\n"));
 
@@ -605,8 +606,7 @@ async fn a_failed_delivery_is_not_billed() {
     let dir = tempfile::tempdir().expect("temp dir");
     let operator = SigningKey::from_bytes(&[1; 32]);
     let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
-    let one_gpu = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
-    let (config, host, _) = agent_files_with(dir.path(), &exchange.url, one_gpu);
+    let (config, host, _) = agent_files_with(dir.path(), &exchange.url, ONE_GPU);
     write(&dir.path().join("hook.sh"), "#!/bin/sh\n[ \"$1\" = start ] && exit 1\nexit 0\n");
     let deposit = 1_000_000_000;
     let mut renter = funded_renter(&exchange, &operator, 3, deposit).await;
@@ -646,8 +646,7 @@ async fn an_availability_schedule_limits_what_is_offered() {
     let dir = tempfile::tempdir().expect("temp dir");
     let operator = SigningKey::from_bytes(&[1; 32]);
     let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
-    let one_gpu = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
-    let (config, host, _) = agent_files_with(dir.path(), &exchange.url, one_gpu);
+    let (config, host, _) = agent_files_with(dir.path(), &exchange.url, ONE_GPU);
     let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64;
     let hour = |ms: u64| (ms / 3_600_000) % 24;
     let (from, until) = (hour(now_ms) + 2, hour(now_ms) + 4);
@@ -793,8 +792,7 @@ async fn an_agent_presents_its_invitation_where_accounts_open_by_invitation() {
     let dir = tempfile::tempdir().expect("temp dir");
     let operator = SigningKey::from_bytes(&[1; 32]);
     let exchange = Exchange::start_by_invitation(dir.path(), &operator);
-    let one_gpu = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
-    let (config, host, _) = agent_files_with(dir.path(), &exchange.url, one_gpu);
+    let (config, host, _) = agent_files_with(dir.path(), &exchange.url, ONE_GPU);
     let host_key = SigningKey::from_bytes(&[0x42; 32]);
     let key_path = dir.path().join("host.key");
     let mut file = std::fs::File::create(&key_path).expect("key file");
@@ -860,8 +858,7 @@ async fn a_hook_that_fails_keeps_its_gpu_off_sale_until_its_own_check_passes() {
     let dir = tempfile::tempdir().expect("temp dir");
     let operator = SigningKey::from_bytes(&[1; 32]);
     let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
-    let one_gpu = r#"{"gpus": [{"uuid": "GPU-a", "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link"}]}"#;
-    let (config, host, hook_log) = agent_files_with(dir.path(), &exchange.url, one_gpu);
+    let (config, host, hook_log) = agent_files_with(dir.path(), &exchange.url, ONE_GPU);
     let healthy = dir.path().join("healthy");
     let hook = dir.path().join("hook.sh");
     write(

@@ -218,7 +218,9 @@ fn a_renter_and_a_gpu_owner_trade_with_the_cli_alone() {
     // --json: the exchange's lines, then the outcome; a killed IOC exits 1 as without --json.
     let killed = gpux(url, &key("renter"), &["--json", "buy", "H100-SXM-80G/SPOT", "1", "--price", "1", "--tif", "ioc"]);
     let stdout = String::from_utf8_lossy(&killed.stdout).into_owned();
-    assert!(stdout.lines().last().is_some_and(|l| l.contains(r#""state":"closed_unfilled""#)), "{stdout}");
+    assert!(stdout.lines().any(|l| l.starts_with(r#"{"outcome""#) && l.contains(r#""state":"closed_unfilled""#)), "{stdout}");
+    // Then, last, the failure as every --json failure is told (issue 64).
+    assert!(stdout.lines().last().is_some_and(|l| l.starts_with(r#"{"failed":{"exit_code":1,"kind":"refused""#)), "{stdout}");
     assert!(stdout.contains(r#""order_closed""#), "the close event as the exchange sent it: {stdout}");
     assert_eq!(killed.status.code(), Some(1), "nothing filled: {stdout}");
     // Every write's --json ends with its outcome: a resting bid, then its cancel.

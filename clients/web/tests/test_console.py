@@ -42,44 +42,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def exchange_with_console():
-    operator = gpux.Key.generate()
+@contextlib.contextmanager
+def exchange_serving_console(*args: str):
+    """The exchange binary with its console on free ports: yields the
+    WebSocket and console addresses; stopped afterwards."""
     port, console_port = free_port(), free_port()
     with tempfile.TemporaryDirectory() as data:
         process = subprocess.Popen(
             [str(EXCHANGE), "--data-dir", data, "--listen", f"127.0.0.1:{port}", "--metrics-listen", "off",
-             "--console-listen", f"127.0.0.1:{console_port}", "--operator-key", operator.public_hex()],
+             "--console-listen", f"127.0.0.1:{console_port}", *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         try:
             for line in process.stdout:
                 if "listening on" in line:
                     break
-            yield f"ws://127.0.0.1:{port}", f"http://127.0.0.1:{console_port}/", operator
+            yield f"ws://127.0.0.1:{port}", f"http://127.0.0.1:{console_port}/"
         finally:
             process.terminate()
             process.wait(timeout=10)
+
+
+@pytest.fixture
+def exchange_with_console():
+    operator = gpux.Key.generate()
+    with exchange_serving_console("--operator-key", operator.public_hex()) as (url, console):
+        yield url, console, operator
 
 
 @pytest.fixture
 def sim_exchange_with_console():
     """The README's `--sim` run: the live simulated market on the exchange."""
-    port, console_port = free_port(), free_port()
-    with tempfile.TemporaryDirectory() as data:
-        process = subprocess.Popen(
-            [str(EXCHANGE), "--data-dir", data, "--listen", f"127.0.0.1:{port}", "--metrics-listen", "off",
-             "--console-listen", f"127.0.0.1:{console_port}", "--sim", "--sim-suppliers", "8", "--sim-renters", "24"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        try:
-            for line in process.stdout:
-                if "listening on" in line:
-                    break
-            yield f"http://127.0.0.1:{console_port}/"
-        finally:
-            process.terminate()
-            process.wait(timeout=10)
+    with exchange_serving_console("--sim", "--sim-suppliers", "8", "--sim-renters", "24") as (_, console):
+        yield console
 
 
 def varint(value: int) -> bytes:
