@@ -23,7 +23,7 @@ DOC = (ROOT / "docs" / "protocol.md").read_text()
 # The supplier agent's own traffic (usage reports, hardware challenges,
 # delivery status, its encryption key, log relays, interconnect probes): the
 # Rust agent sends it.
-AGENT_ONLY = {"usage_report", "challenge_commit", "challenge_opening", "memory_opening", "delivery_status", "set_encryption_key", "logs", "fabric_probe"}
+AGENT_ONLY = {"usage_report", "challenge_commit", "challenge_opening", "memory_opening", "delivery_status", "set_encryption_key", "logs", "exec_done", "fabric_probe"}
 
 
 def examples(kind: str) -> list[dict]:

@@ -529,6 +529,10 @@ def test_the_console_opens_an_account_for_a_new_key_and_loses_no_quick_login(exc
     async def scenario():
         key = gpux.Key.generate()
         async with console_page(console) as browser:
+            # On a phone: the key, the role and the button on the screen.
+            await browser.call("Emulation.setDeviceMetricsOverride", width=390, height=844, deviceScaleFactor=1, mobile=True)
+            await asyncio.sleep(0.3)
+            assert await browser.evaluate(LAYOUT_PROBLEMS) == [], "the login bar on a phone"
             account = "document.getElementById('account').textContent"
             await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
             await browser.evaluate("document.querySelector('#login button').click()")
@@ -547,6 +551,10 @@ def test_the_console_opens_an_account_for_a_new_key_and_loses_no_quick_login(exc
             await browser.evaluate("document.querySelector('#login button').click()")
             await browser.wait_until(f"{account} === 'account {opened} (renter)'", what="the quick second login")
             assert await browser.evaluate("!document.getElementById('mine').hidden")
+            for width, height in SIZES:
+                await browser.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=width < 600)
+                await asyncio.sleep(0.6)
+                assert await browser.evaluate(LAYOUT_PROBLEMS) == [], f"logged in to the opened account at {width}x{height}"
 
     asyncio.run(scenario())
 
@@ -565,6 +573,11 @@ def test_the_console_quotes_reserved_windows_on_the_live_simulated_market(sim_ex
                       ".some(r => r.querySelector('.bid').textContent.startsWith('$') || r.querySelector('.ask').textContent.startsWith('$'))")
             await browser.wait_until(quoted, timeout=60.0, what="a quoted window on the calendar")
             await browser.screenshot(ARTEFACTS / "console-sim-calendar.png")
+            for width, height in SIZES:
+                await browser.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=width < 600)
+                await asyncio.sleep(0.6)
+                assert await browser.evaluate(quoted), f"the quotes at {width}x{height}"
+                assert await browser.evaluate(LAYOUT_PROBLEMS) == [], f"the live market's screen at {width}x{height}"
 
     asyncio.run(scenario())
 
