@@ -56,6 +56,18 @@ pub enum Side {
 }
 
 impl Side {
+    /// The name as the protocol writes it (serde's, held to it by
+    /// engine/tests/names.rs), for metrics labels and text without
+    /// serialising.
+    pub fn name(self) -> &'static str {
+        match self {
+            Side::Buy => "buy",
+            Side::Sell => "sell",
+        }
+    }
+}
+
+impl Side {
     pub fn opposite(self) -> Side {
         match self {
             Side::Buy => Side::Sell,
@@ -83,6 +95,20 @@ pub enum TimeInForce {
     Fok,
     /// Rests until the given time, then expires.
     Gtt { expire_at_ms: u64 },
+}
+
+impl TimeInForce {
+    /// The name as the protocol writes it (serde's, held to it by
+    /// engine/tests/names.rs), for metrics labels and text without
+    /// serialising.
+    pub fn name(self) -> &'static str {
+        match self {
+            TimeInForce::Gtc => "gtc",
+            TimeInForce::Ioc => "ioc",
+            TimeInForce::Fok => "fok",
+            TimeInForce::Gtt { .. } => "gtt",
+        }
+    }
 }
 
 /// Which order gives way when an order would trade with another order of the

@@ -21,6 +21,23 @@ pub enum Vendor {
     Iluvatar,
 }
 
+impl Vendor {
+    /// The name as the protocol writes it (serde's, held to it by
+    /// engine/tests/names.rs), for metrics labels and text without
+    /// serialising.
+    pub fn name(self) -> &'static str {
+        match self {
+            Vendor::Nvidia => "nvidia",
+            Vendor::Amd => "amd",
+            Vendor::Intel => "intel",
+            Vendor::Other => "other",
+            Vendor::Huawei => "huawei",
+            Vendor::Cambricon => "cambricon",
+            Vendor::Iluvatar => "iluvatar",
+        }
+    }
+}
+
 /// How the GPU talks to its peers on the host. Every link but PCIe (NVLink,
 /// AMD's Infinity Fabric/xGMI, Huawei's HCCS, Cambricon's MLU-Link) counts
 /// as a high-bandwidth fabric for classes that require one. Variants are

@@ -33,6 +33,19 @@ pub enum LeaseKind {
     Reserved,
 }
 
+impl LeaseKind {
+    /// The name as the protocol writes it (serde's, held to it by
+    /// engine/tests/names.rs), for metrics labels and text without
+    /// serialising.
+    pub fn name(self) -> &'static str {
+        match self {
+            LeaseKind::Spot => "spot",
+            LeaseKind::Preemptible => "preemptible",
+            LeaseKind::Reserved => "reserved",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LeaseEndReason {
@@ -47,6 +60,23 @@ pub enum LeaseEndReason {
     /// The renter sold what was left of it on the resale book: a new lease
     /// for the buyer goes on from now on the same GPUs.
     Resold,
+}
+
+impl LeaseEndReason {
+    /// The name as the protocol writes it (serde's, held to it by
+    /// engine/tests/names.rs), for metrics labels and text without
+    /// serialising.
+    pub fn name(self) -> &'static str {
+        match self {
+            LeaseEndReason::DurationElapsed => "duration_elapsed",
+            LeaseEndReason::EndedByRenter => "ended_by_renter",
+            LeaseEndReason::Preempted => "preempted",
+            LeaseEndReason::WindowEnded => "window_ended",
+            LeaseEndReason::Unfunded => "unfunded",
+            LeaseEndReason::DeliveryFailed => "delivery_failed",
+            LeaseEndReason::Resold => "resold",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,6 +107,29 @@ pub enum OrderCloseReason {
     LeaseEnded,
 }
 
+impl OrderCloseReason {
+    /// The name as the protocol writes it (serde's, held to it by
+    /// engine/tests/names.rs), for metrics labels and text without
+    /// serialising.
+    pub fn name(self) -> &'static str {
+        match self {
+            OrderCloseReason::Filled => "filled",
+            OrderCloseReason::Cancelled => "cancelled",
+            OrderCloseReason::MassCancelled => "mass_cancelled",
+            OrderCloseReason::Expired => "expired",
+            OrderCloseReason::Killed => "killed",
+            OrderCloseReason::SelfTradePrevented => "self_trade_prevented",
+            OrderCloseReason::MinQuantityNotMet => "min_quantity_not_met",
+            OrderCloseReason::NoLiquidity => "no_liquidity",
+            OrderCloseReason::TradingStopped => "trading_stopped",
+            OrderCloseReason::SupplyGone => "supply_gone",
+            OrderCloseReason::BudgetSpent => "budget_spent",
+            OrderCloseReason::StopRefused => "stop_refused",
+            OrderCloseReason::LeaseEnded => "lease_ended",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReduceReason {
@@ -104,6 +157,20 @@ pub enum ChallengeOutcome {
     WrongAnswer,
     /// No verifiable answer in time: the GPU is no longer verified.
     Unanswered,
+}
+
+impl ChallengeOutcome {
+    /// The name as the protocol writes it (serde's, held to it by
+    /// engine/tests/names.rs), for metrics labels and text without
+    /// serialising.
+    pub fn name(self) -> &'static str {
+        match self {
+            ChallengeOutcome::Passed => "passed",
+            ChallengeOutcome::TooSlow => "too_slow",
+            ChallengeOutcome::WrongAnswer => "wrong_answer",
+            ChallengeOutcome::Unanswered => "unanswered",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -496,6 +563,68 @@ pub enum EventKind {
     },
 }
 
+impl EventKind {
+    /// The name as the protocol writes it (serde's, held to it by
+    /// engine/tests/names.rs), for metrics labels and text without
+    /// serialising.
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::AccountOpened { .. } => "account_opened",
+            EventKind::FundsDeposited { .. } => "funds_deposited",
+            EventKind::FundsWithdrawn { .. } => "funds_withdrawn",
+            EventKind::FundsHeld { .. } => "funds_held",
+            EventKind::FundsReleased { .. } => "funds_released",
+            EventKind::FundsCharged { .. } => "funds_charged",
+            EventKind::UsageUnpaid { .. } => "usage_unpaid",
+            EventKind::FeeCharged { .. } => "fee_charged",
+            EventKind::DebtRepaid { .. } => "debt_repaid",
+            EventKind::PayoutSent { .. } => "payout_sent",
+            EventKind::FeeChanged { .. } => "fee_changed",
+            EventKind::BillingGraceChanged { .. } => "billing_grace_changed",
+            EventKind::PaymentNotice { .. } => "payment_notice",
+            EventKind::SlaCredited { .. } => "sla_credited",
+            EventKind::LeaseBillingClosed { .. } => "lease_billing_closed",
+            EventKind::GpuRegistered { .. } => "gpu_registered",
+            EventKind::GpuStatusChanged { .. } => "gpu_status_changed",
+            EventKind::LeasedGpuStatusChanged { .. } => "leased_gpu_status_changed",
+            EventKind::InstrumentListed { .. } => "instrument_listed",
+            EventKind::TradingStopped { .. } => "trading_stopped",
+            EventKind::InstrumentExpired { .. } => "instrument_expired",
+            EventKind::Rejected { .. } => "rejected",
+            EventKind::OrderAccepted { .. } => "order_accepted",
+            EventKind::OrderReplaced { .. } => "order_replaced",
+            EventKind::OrderReduced { .. } => "order_reduced",
+            EventKind::StopArmed { .. } => "stop_armed",
+            EventKind::StopTriggered { .. } => "stop_triggered",
+            EventKind::StopRefused { .. } => "stop_refused",
+            EventKind::OrderClosed { .. } => "order_closed",
+            EventKind::Trade { .. } => "trade",
+            EventKind::BookLevel { .. } => "book_level",
+            EventKind::LeaseCreated { .. } => "lease_created",
+            EventKind::PreemptionNotice { .. } => "preemption_notice",
+            EventKind::LeaseEnded { .. } => "lease_ended",
+            EventKind::ContractCreated { .. } => "contract_created",
+            EventKind::ContractTransferred { .. } => "contract_transferred",
+            EventKind::DeliveryFailed { .. } => "delivery_failed",
+            EventKind::DeliveryCredited { .. } => "delivery_credited",
+            EventKind::GpuChallenged { .. } => "gpu_challenged",
+            EventKind::UsageDisputed { .. } => "usage_disputed",
+            EventKind::SubAccountOpened { .. } => "sub_account_opened",
+            EventKind::FundsMoved { .. } => "funds_moved",
+            EventKind::AccountLimitsSet { .. } => "account_limits_set",
+            EventKind::SpendLimitsSet { .. } => "spend_limits_set",
+            EventKind::SpendAlert { .. } => "spend_alert",
+            EventKind::ListingChanged { .. } => "listing_changed",
+            EventKind::GpuMemoryChallenged { .. } => "gpu_memory_challenged",
+            EventKind::FabricProbed { .. } => "fabric_probed",
+            EventKind::LeaseBillProvisional { .. } => "lease_bill_provisional",
+            EventKind::LateReportWindowChanged { .. } => "late_report_window_changed",
+            EventKind::UsageDisputeHeld { .. } => "usage_dispute_held",
+            EventKind::DisputeDecided { .. } => "dispute_decided",
+        }
+    }
+}
+
 /// Why a command changed nothing. The codes are stable; docs/protocol.md and
 /// docs/market-rules.md list them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -605,6 +734,83 @@ pub enum RejectCode {
     FabricMismatch,
     /// A late-report window above the maximum (a week).
     LateReportWindowInvalid,
+}
+
+impl RejectCode {
+    /// The name as the protocol writes it (serde's, held to it by
+    /// engine/tests/names.rs), for metrics labels and text without
+    /// serialising.
+    pub fn name(self) -> &'static str {
+        match self {
+            RejectCode::TimeWentBackwards => "time_went_backwards",
+            RejectCode::UnknownAccount => "unknown_account",
+            RejectCode::TooManyAccounts => "too_many_accounts",
+            RejectCode::RoleNotPermitted => "role_not_permitted",
+            RejectCode::AmountInvalid => "amount_invalid",
+            RejectCode::InsufficientFunds => "insufficient_funds",
+            RejectCode::UnknownInstrument => "unknown_instrument",
+            RejectCode::InstrumentNotTrading => "instrument_not_trading",
+            RejectCode::PriceNotPositive => "price_not_positive",
+            RejectCode::PriceOffTick => "price_off_tick",
+            RejectCode::PriceOutOfBand => "price_out_of_band",
+            RejectCode::QuantityZero => "quantity_zero",
+            RejectCode::QuantityTooLarge => "quantity_too_large",
+            RejectCode::MinQuantityInvalid => "min_quantity_invalid",
+            RejectCode::DurationInvalid => "duration_invalid",
+            RejectCode::ExpiryInPast => "expiry_in_past",
+            RejectCode::DuplicateClientOrderId => "duplicate_client_order_id",
+            RejectCode::TooManyOpenOrders => "too_many_open_orders",
+            RejectCode::PostOnlyWouldCross => "post_only_would_cross",
+            RejectCode::PostOnlyNotLimit => "post_only_not_limit",
+            RejectCode::UnknownOrder => "unknown_order",
+            RejectCode::NotYourOrder => "not_your_order",
+            RejectCode::ReplaceInvalid => "replace_invalid",
+            RejectCode::SupplyRequired => "supply_required",
+            RejectCode::SupplyNotAllowed => "supply_not_allowed",
+            RejectCode::InsufficientCapacity => "insufficient_capacity",
+            RejectCode::InsufficientContracts => "insufficient_contracts",
+            RejectCode::UnknownHost => "unknown_host",
+            RejectCode::NotYourHost => "not_your_host",
+            RejectCode::UnknownGpu => "unknown_gpu",
+            RejectCode::NotYourGpu => "not_your_gpu",
+            RejectCode::GpuAlreadyRegistered => "gpu_already_registered",
+            RejectCode::GpuNotQualified => "gpu_not_qualified",
+            RejectCode::HostFull => "host_full",
+            RejectCode::NameInvalid => "name_invalid",
+            RejectCode::UnknownLease => "unknown_lease",
+            RejectCode::NotYourLease => "not_your_lease",
+            RejectCode::LeaseNotActive => "lease_not_active",
+            RejectCode::LeaseBillingClosed => "lease_billing_closed",
+            RejectCode::FeeInvalid => "fee_invalid",
+            RejectCode::BillingGraceInvalid => "billing_grace_invalid",
+            RejectCode::ScoreFilterInvalid => "score_filter_invalid",
+            RejectCode::AllOrNoneInvalid => "all_or_none_invalid",
+            RejectCode::BudgetInvalid => "budget_invalid",
+            RejectCode::BudgetTooSmall => "budget_too_small",
+            RejectCode::StopPriceInvalid => "stop_price_invalid",
+            RejectCode::StopWouldTrigger => "stop_would_trigger",
+            RejectCode::TooManyStops => "too_many_stops",
+            RejectCode::SubAccountRoleNotPermitted => "sub_account_role_not_permitted",
+            RejectCode::SubAccountNested => "sub_account_nested",
+            RejectCode::TooManySubAccounts => "too_many_sub_accounts",
+            RejectCode::NotYourSubAccount => "not_your_sub_account",
+            RejectCode::SubAccountFundsStay => "sub_account_funds_stay",
+            RejectCode::SubAccountLimit => "sub_account_limit",
+            RejectCode::LeaseNotResellable => "lease_not_resellable",
+            RejectCode::LeaseAlreadyOffered => "lease_already_offered",
+            RejectCode::SpendLimit => "spend_limit",
+            RejectCode::ListingIncompatible => "listing_incompatible",
+            RejectCode::UnknownRegion => "unknown_region",
+            RejectCode::RegionMismatch => "region_mismatch",
+            RejectCode::RegionFilterInvalid => "region_filter_invalid",
+            RejectCode::TooManyGpus => "too_many_gpus",
+            RejectCode::GpusAwaitingChallenge => "gpus_awaiting_challenge",
+            RejectCode::ClusterInvalid => "cluster_invalid",
+            RejectCode::FabricInvalid => "fabric_invalid",
+            RejectCode::FabricMismatch => "fabric_mismatch",
+            RejectCode::LateReportWindowInvalid => "late_report_window_invalid",
+        }
+    }
 }
 
 impl RejectCode {

@@ -282,11 +282,11 @@ impl Metrics {
                     self.trades.inc();
                     self.traded_gpus.inc_by(u64::from(*quantity));
                 }
-                EventKind::LeaseCreated { kind, .. } => self.leases_opened.with_label_values(&[&label(kind)]).inc(),
-                EventKind::LeaseEnded { reason, .. } => self.leases_closed.with_label_values(&[&label(reason)]).inc(),
-                EventKind::Rejected { code, .. } => self.rejects.with_label_values(&[&label(code)]).inc(),
+                EventKind::LeaseCreated { kind, .. } => self.leases_opened.with_label_values(&[kind.name()]).inc(),
+                EventKind::LeaseEnded { reason, .. } => self.leases_closed.with_label_values(&[reason.name()]).inc(),
+                EventKind::Rejected { code, .. } => self.rejects.with_label_values(&[code.name()]).inc(),
                 EventKind::GpuChallenged { outcome, .. } | EventKind::GpuMemoryChallenged { outcome, .. } => {
-                    self.challenge_outcomes.with_label_values(&[&label(outcome)]).inc()
+                    self.challenge_outcomes.with_label_values(&[outcome.name()]).inc()
                 }
                 _ => {}
             }
@@ -316,8 +316,6 @@ impl Metrics {
         prometheus::TextEncoder::new().encode_to_string(&self.registry.gather()).expect("the text format encodes every metric")
     }
 }
-
-pub use gpux_gateway::metrics::label;
 
 /// The disk space a file takes (its allocated 512-byte blocks), not its
 /// length: a preallocated or sparse file's length says nothing of what

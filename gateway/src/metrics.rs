@@ -125,15 +125,3 @@ impl GatewayMetrics {
         self.slow_consumers.with_label_values(&[cause.label()]).inc();
     }
 }
-
-/// An engine enum value as its label (`spot`, `duration_elapsed`,
-/// `insufficient_funds`), as serde writes it: the engine takes no strum
-/// (its dependencies stay serde, rustc-hash and thiserror); the
-/// protocol's codes name themselves (`ErrorCode::name`).
-pub fn label<T: serde::Serialize>(value: &T) -> String {
-    match serde_json::to_value(value) {
-        Ok(serde_json::Value::String(text)) => text,
-        Ok(serde_json::Value::Object(fields)) => fields.keys().next().cloned().unwrap_or_default(),
-        _ => String::from("other"),
-    }
-}

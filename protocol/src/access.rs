@@ -6,7 +6,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// One thing a key may do. Every request needs at most one scope; public
 /// requests (instruments, stats, book data) need none.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, strum::VariantNames)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, strum::VariantNames, strum::IntoStaticStr)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
 pub enum Scope {
@@ -28,6 +28,11 @@ impl Scope {
 
     fn bit(self) -> u8 {
         1 << self as u8
+    }
+
+    /// The scope's name as the wire writes it (`trade`).
+    pub fn name(self) -> &'static str {
+        self.into()
     }
 }
 

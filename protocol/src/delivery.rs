@@ -452,8 +452,9 @@ pub enum Fault {
 }
 
 /// Why a delivery failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr, strum::VariantArray)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum FailureCode {
     /// The workload broke a limit or asked for a refused option (renter).
     WorkloadRefused,
@@ -482,6 +483,11 @@ pub enum FailureCode {
 }
 
 impl FailureCode {
+    /// The code as the wire writes it (`pull_failed`).
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+
     pub fn fault(self) -> Fault {
         match self {
             FailureCode::HostError | FailureCode::GpuUnavailable | FailureCode::EngineUnavailable => Fault::Host,

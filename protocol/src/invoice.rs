@@ -57,8 +57,23 @@ pub struct InvoiceLine {
 }
 
 /// What a line is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::VariantNames,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum InvoiceItem {
     /// Verified usage (and a reserved window's rest) charged to the renter;
     /// unpaid usage included (it became the renter's debt).
@@ -86,6 +101,14 @@ pub enum InvoiceItem {
     /// Held disputed time the final bill found for the supplier, paid to it
     /// (negative).
     DisputeReleased,
+}
+
+impl InvoiceItem {
+    /// The name as the protocol writes it (`snake_case`): strum's, the
+    /// same as serde's (tested), without serialising.
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -587,3 +587,18 @@ fn a_page_of_big_items_is_cut_to_fit_a_frame() {
     assert!(!fit_page(&mut small));
     assert_eq!(small.len(), ORDERS_PAGE_MAX);
 }
+
+/// What the CLI prints by `name()` is the name serde writes: an invoice
+/// line's item, a delivery failure's code, a key's scope.
+#[test]
+fn printed_names_are_the_wire_names() {
+    for item in <gpux_protocol::invoice::InvoiceItem as strum::VariantArray>::VARIANTS {
+        assert_eq!(serde_json::to_value(item).expect("json"), serde_json::Value::String(item.name().to_string()));
+    }
+    for code in <gpux_protocol::FailureCode as strum::VariantArray>::VARIANTS {
+        assert_eq!(serde_json::to_value(code).expect("json"), serde_json::Value::String(code.name().to_string()));
+    }
+    for scope in gpux_protocol::access::Scope::ALL {
+        assert_eq!(serde_json::to_value(scope).expect("json"), serde_json::Value::String(scope.name().to_string()));
+    }
+}

@@ -6,7 +6,7 @@ use gpux_protocol::{ClientMessage, Scope, Scopes, ServerMessage};
 
 use crate::money::{amount, parse_amount};
 use crate::session::{written, Session};
-use crate::{snake, Failure, KeysAction, ScopeArg, SubAccountAction};
+use crate::{Failure, KeysAction, ScopeArg, SubAccountAction};
 
 fn limit(limit: Option<u64>, show: impl Fn(u64) -> String) -> String {
     limit.map_or_else(|| "none".into(), show)
@@ -109,7 +109,7 @@ pub async fn keys(s: &mut Session, action: KeysAction, json: bool) -> Result<(),
             let message = ClientMessage::AddKey { id, account: sub_account.map(AccountId), public_key, scopes, expires_at_ms, label };
             let answer = s.ask(message, json).await?;
             if let (ServerMessage::KeyAdded { public_key, account, journal_seq, .. }, false) = (&answer, json) {
-                let names: Vec<String> = scopes.list().iter().map(snake).collect();
+                let names: Vec<String> = scopes.list().iter().map(|scope| scope.name().to_string()).collect();
                 out!("key {public_key} now acts as account {account} with scopes {} (journal entry {journal_seq})", names.join(","));
             }
             Ok(())
@@ -133,7 +133,7 @@ pub async fn keys(s: &mut Session, action: KeysAction, json: bool) -> Result<(),
             };
             out!("keys of account {account}:");
             for key in &keys {
-                let names: Vec<String> = key.scopes.list().iter().map(snake).collect();
+                let names: Vec<String> = key.scopes.list().iter().map(|scope| scope.name().to_string()).collect();
                 let expiry = key.expires_at_ms.map_or_else(|| "no expiry".into(), |at| format!("expires {}", crate::clock::when(at)));
                 let role = if key.owner { "owner" } else { "granted" };
                 let label = if key.label.is_empty() { String::new() } else { format!(" \"{}\"", key.label) };

@@ -129,7 +129,7 @@ async fn subscribe(connection: &mut Connection, instrument: InstrumentId) -> Res
         let id = connection.new_id();
         match connection.request(ClientMessage::Subscribe { id, channel, instrument }).await {
             Ok(ServerMessage::Subscribed { .. }) => {}
-            Ok(ServerMessage::Error { code, message, .. }) => return Err(Failure::Refused(format!("{}: {message}", crate::snake(&code)))),
+            Ok(ServerMessage::Error { code, message, .. }) => return Err(Failure::Refused(format!("{}: {message}", code.name()))),
             Ok(other) => return Err(Failure::Unreachable(format!("expected subscribed, got {other:?}"))),
             Err(error) => return Err(Failure::Unreachable(format!("{error:#}"))),
         }

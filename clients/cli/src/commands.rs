@@ -11,7 +11,6 @@ use gpux_engine::{
 use gpux_protocol::{ClientMessage, OrderTicket, ServerMessage};
 
 use crate::session::{acknowledged, role_of, written, Session};
-use crate::snake;
 
 use crate::money::{amount, parse_amount};
 use crate::{keys, Cli, Command, Failure, KeysAction, OrderArgs, TifArg};
@@ -322,7 +321,7 @@ async fn listing(s: &mut Session, json: bool) -> Result<(), Failure> {
         out!(
             "{:<20} {:<10} {:>8}% {:>16} {:>16}  {windows}",
             class.name,
-            snake(&class.requirement.vendor),
+            class.requirement.vendor.name(),
             format!("{}.{:02}", class.sla_availability_bps / 100, class.sla_availability_bps % 100),
             amount(class.tick_minor),
             format!("{}-{}", amount(class.price_min_minor_per_gpu_hour), amount(class.price_max_minor_per_gpu_hour)),
@@ -369,7 +368,7 @@ async fn supplier_stats(s: &mut Session, supplier: AccountId, json: bool) -> Res
             Some(bps) => format!("{}.{:02}%", bps / 100, bps % 100),
             None => "unrated (under 10 GPU-hours)".into(),
         };
-        let refused: Vec<String> = record.refused_reports.iter().map(|(code, n)| format!("{n} {}", snake(code))).collect();
+        let refused: Vec<String> = record.refused_reports.iter().map(|(code, n)| format!("{n} {}", code.name())).collect();
         format!(
             "score {score}: {:.1} of {:.1} GPU-hours verified in {} leases, {} failed deliveries ({} in a row now), refused reports: {}; hardware challenges: {} passed, {} too slow, {} wrong, {} unanswered; {} disputes proven by renters' GPU probes ({:.2} GPU-hours); {} disconnects during leases, {} preemptions honoured late",
             record.verified_gpu_ms as f64 / 3_600_000.0,
@@ -696,12 +695,12 @@ async fn gpus(s: &mut Session, json: bool) -> Result<(), Failure> {
         for gpu in all {
             // The last hardware challenge: its outcome and the rate it showed.
             let challenge = match gpu.challenge {
-                Some(c) => format!("{} {} MFLOP/s", snake(&c.outcome), c.mflops),
+                Some(c) => format!("{} {} MFLOP/s", c.outcome.name(), c.mflops),
                 None => "none yet".to_string(),
             };
             // The last memory-bandwidth challenge, likewise.
             let memory = match gpu.memory {
-                Some(m) => format!("{} {} MB/s", snake(&m.outcome), m.mbps),
+                Some(m) => format!("{} {} MB/s", m.outcome.name(), m.mbps),
                 None => "none yet".to_string(),
             };
             let region = match (&gpu.region, gpu.zone.as_str()) {
@@ -825,7 +824,7 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
             "order": placed.map(|o| o.0),
             "state": state,
             "filled_gpus": filled,
-            "closed": closed.map(|reason| snake(&reason)),
+            "closed": closed.map(|reason| reason.name()),
         }});
         out!("{outcome}");
     }
@@ -844,21 +843,21 @@ async fn place(s: &mut Session, side: Side, args: OrderArgs, json: bool) -> Resu
     match (closed, filled) {
         (None, _) => {
             if !json {
-                out!("resting: the rest waits in the book ({})", snake(&time_in_force));
+                out!("resting: the rest waits in the book ({})", time_in_force.name());
             }
             Ok(())
         }
         (Some(OrderCloseReason::Filled), _) => Ok(()),
         (Some(reason), 0) => Err(Failure::Refused(format!(
             "nothing filled ({}): no {} at {} or better{} could serve it now",
-            snake(&reason),
+            reason.name(),
             if side == Side::Buy { "ask" } else { "bid" },
             if price == 0 { "any price".to_string() } else { format!("{}/GPU-h", amount(price)) },
             if args.filters.regions.is_empty() { String::new() } else { format!(" in {}", args.filters.regions.join(", ")) }
         ))),
         (Some(reason), filled) => {
             if !json {
-                out!("partly filled: {filled} GPU(s); the rest closed ({})", snake(&reason));
+                out!("partly filled: {filled} GPU(s); the rest closed ({})", reason.name());
             }
             Ok(())
         }
@@ -955,7 +954,7 @@ fn describe_event(kind: &EventKind, symbols: &std::collections::HashMap<Instrume
         EventKind::LeaseCreated { lease, kind, gpu_mask, start_ms, end_ms, .. } => out!(
             "lease {} ({}): {} GPU(s) from {}{}",
             lease.0,
-            snake(kind),
+            kind.name(),
             gpu_mask.count_ones(),
             at(*start_ms),
             end_ms.map_or(" until you end it".into(), |end| format!(" to {}", at(end)))
@@ -964,9 +963,9 @@ fn describe_event(kind: &EventKind, symbols: &std::collections::HashMap<Instrume
         EventKind::PaymentNotice { lease, ends_at_ms, shortfall_minor, .. } => {
             out!("PAYMENT NOTICE: lease {} needs {} more by {}", lease.0, amount(*shortfall_minor), at(*ends_at_ms))
         }
-        EventKind::LeaseEnded { lease, reason } => out!("lease {} ended: {}", lease.0, snake(reason)),
+        EventKind::LeaseEnded { lease, reason } => out!("lease {} ended: {}", lease.0, reason.name()),
         EventKind::OrderClosed { order, reason, quantity_left, .. } => {
-            out!("order {} closed: {} ({quantity_left} left)", order.0, snake(reason))
+            out!("order {} closed: {} ({quantity_left} left)", order.0, reason.name())
         }
         EventKind::OrderReduced { order, quantity_left, reason: gpux_engine::ReduceReason::BudgetLimit, .. } => {
             out!("order {}: the budget left buys {quantity_left} more GPU(s) at its limit; that rests", order.0)
@@ -1051,7 +1050,7 @@ async fn orders(s: &mut Session, only: Option<Side>, json: bool) -> Result<(), F
                     order.order.0,
                     order.client_order_id,
                     symbols.get(&order.instrument).map_or_else(|| order.instrument.0.to_string(), String::clone),
-                    snake(&order.side),
+                    order.side.name(),
                     amount(order.price_minor_per_gpu_hour),
                     order.quantity,
                     if order.regions.is_empty() { "any".to_string() } else { order.regions.join(",") }
@@ -1097,7 +1096,7 @@ async fn leases(s: &mut Session, json: bool) -> Result<(), Failure> {
                 out!(
                     "{:>7} {:<12} {:>6} {:>8} {:>12} {:>7} {:>12} {:>12}  {:<25} {until}",
                     lease.lease.0,
-                    snake(&lease.kind),
+                    lease.kind.name(),
                     lease.renter.0,
                     lease.supplier.0,
                     amount(lease.price_minor_per_gpu_hour),
@@ -1138,7 +1137,7 @@ async fn instruments(s: &mut Session, calendar: bool, json: bool) -> Result<(), 
             "{:>5}  {:<44} {:<9} {:>9} {:>12} {:>12} {:>12} {window}",
             info.instrument.0,
             info.symbol,
-            snake(&info.state),
+            info.state.name(),
             amount(info.tick_minor),
             shown(bid),
             shown(ask),

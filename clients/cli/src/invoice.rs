@@ -10,7 +10,7 @@ use gpux_protocol::{ClientMessage, Invoice, ServerMessage};
 
 use crate::money::amount;
 use crate::session::Session;
-use crate::{snake, Failure};
+use crate::Failure;
 
 /// Signed money for people: `-$1.50`.
 fn signed(minor: i64) -> String {
@@ -104,7 +104,7 @@ fn print_invoice(invoice: &Invoice, public_key: &str) {
         let lease = line.lease.map_or_else(|| "account".to_string(), |l| format!("lease {l}"));
         let price = line.price_minor_per_gpu_hour.map_or_else(String::new, |p| format!(" at {}/GPU-h", amount(p)));
         let hours = line.verified_gpu_ms.map_or_else(String::new, |ms| format!(", {:.3} GPU-h verified", ms as f64 / 3_600_000.0));
-        out!("  {lease} {}{price}{hours}: {} {}", line.instrument, snake(&line.item), signed(line.amount_minor));
+        out!("  {lease} {}{price}{hours}: {} {}", line.instrument, line.item.name(), signed(line.amount_minor));
     }
     let t = invoice.totals;
     out!("charges {}, credits {}, amount due {}", amount(t.charges_minor), amount(t.credits_minor), signed(t.amount_due_minor));
@@ -141,7 +141,7 @@ pub fn render_html(invoice: &Invoice, signature: &str, public_key: &str) -> Stri
             "<tr><td>{}</td><td>{}</td><td>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td></tr>\n",
             line.lease.map_or_else(|| "-".into(), |l| l.to_string()),
             escape(&line.instrument),
-            escape(&snake(&line.item)),
+            escape(line.item.name()),
             line.price_minor_per_gpu_hour.map_or_else(String::new, amount),
             line.verified_gpu_ms.map_or_else(String::new, |ms| format!("{:.3}", ms as f64 / 3_600_000.0)),
             signed(line.amount_minor),

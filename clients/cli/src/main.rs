@@ -14,15 +14,6 @@ macro_rules! out {
     };
 }
 
-/// Any wire enum value as the protocol writes it (`killed`, `spot`, ...).
-pub fn snake<T: serde::Serialize>(value: &T) -> String {
-    match serde_json::to_value(value) {
-        Ok(serde_json::Value::String(text)) => text,
-        Ok(other) => other.as_object().and_then(|o| o.keys().next().cloned()).unwrap_or_else(|| other.to_string()),
-        Err(_) => String::from("?"),
-    }
-}
-
 pub fn write_line(args: std::fmt::Arguments) {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();

@@ -510,7 +510,7 @@ pub fn describe(state: &DeliveryState) -> String {
         DeliveryState::Exited { code } => format!("exited with code {code}"),
         DeliveryState::Failed { code, fault, reason } => {
             let fault = if *fault == gpux_protocol::Fault::Host { "the host's side" } else { "your side" };
-            format!("failed ({}, {fault}): {reason}", crate::snake(code))
+            format!("failed ({}, {fault}): {reason}", code.name())
         }
         DeliveryState::Stopped => "stopped and removed".into(),
     }
@@ -593,7 +593,7 @@ async fn send_liveness(s: &mut Session, body: LivenessBody, key: &ed25519_dalek:
             }
             Ok(false)
         }
-        ServerMessage::Error { code, message, .. } => Err(Failure::Refused(format!("{}: {message}", crate::snake(&code)))),
+        ServerMessage::Error { code, message, .. } => Err(Failure::Refused(format!("{}: {message}", code.name()))),
         other => Err(Failure::Unreachable(format!("expected an ack, got {other:?}"))),
     }
 }
@@ -750,7 +750,7 @@ impl ProbeLines {
             match answer {
                 ServerMessage::Ack { .. } if absent.is_empty() => out!("GPU probe: every GPU present"),
                 ServerMessage::Ack { .. } => out!("GPU probe: ABSENT {}", absent.join(", ")),
-                ServerMessage::Error { code, message, .. } => out!("GPU probe observation refused ({}): {message}", crate::snake(&code)),
+                ServerMessage::Error { code, message, .. } => out!("GPU probe observation refused ({}): {message}", code.name()),
                 other => return Err(Failure::Unreachable(format!("expected an ack, got {other:?}"))),
             }
         }

@@ -10,7 +10,6 @@ use gpux_protocol::views::Instrument;
 use gpux_protocol::{ClientMessage, ServerMessage};
 use indicatif::ProgressBar;
 
-use crate::snake;
 use crate::{Failure, RoleArg};
 
 /// A connection and what the exchange said about it.
@@ -160,8 +159,8 @@ pub(crate) fn answered(answer: ServerMessage, json: bool) -> Result<ServerMessag
         out!("{}", gpux_protocol::encode_server_text(&answer));
     }
     match answer {
-        ServerMessage::Error { code, message, .. } => Err(Failure::Refused(format!("{}: {message}", snake(&code)))),
-        ServerMessage::Reject { code, message, .. } => Err(Failure::Refused(format!("{}: {message}", snake(&code)))),
+        ServerMessage::Error { code, message, .. } => Err(Failure::Refused(format!("{}: {message}", code.name()))),
+        ServerMessage::Reject { code, message, .. } => Err(Failure::Refused(format!("{}: {message}", code.name()))),
         answer => Ok(answer),
     }
 }
@@ -183,7 +182,7 @@ pub(crate) async fn written(s: &mut Session, answer: ServerMessage, what: &str, 
     while let Ok(Some(message)) = s.connection.next_within(Duration::from_millis(300)).await {
         out!("{}", gpux_protocol::encode_server_text(&message));
         if let ServerMessage::Private { event, .. } = message {
-            events.push(snake(&event.kind));
+            events.push(event.kind.name().to_string());
         }
     }
     out!("{}", serde_json::json!({"outcome": {"done": done, "journal_seq": journal_seq, "order": order, "events": events}}));

@@ -77,6 +77,19 @@ pub enum InstrumentState {
     Expired,
 }
 
+impl InstrumentState {
+    /// The name as the protocol writes it (serde's, held to it by
+    /// engine/tests/names.rs), for metrics labels and text without
+    /// serialising.
+    pub fn name(self) -> &'static str {
+        match self {
+            InstrumentState::Trading => "trading",
+            InstrumentState::Stopped => "stopped",
+            InstrumentState::Expired => "expired",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ContractKind {
