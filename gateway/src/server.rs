@@ -1087,12 +1087,14 @@ pub(crate) fn request_of(caller: &Caller, message: ClientMessage, verified: Opti
         ClientMessage::OfferLease { lease, price_minor_per_gpu_hour, client_order_id, time_in_force, .. } => {
             command(Command::OfferLease { account, lease, client_order_id, price_minor_per_gpu_hour, time_in_force })
         }
-        ClientMessage::Auth { .. } | ClientMessage::Ping { .. } => {
-            return Err(Refused { id, code: ErrorCode::AlreadyAuthenticated, message: None })
-        }
+        ClientMessage::Auth { .. } => return Err(Refused { id, code: ErrorCode::AlreadyAuthenticated, message: None }),
         // Answered by the connection before it maps a request (`handle`).
-        ClientMessage::MarketDataVersion { .. } => {
-            return Err(Refused { id, code: ErrorCode::UnknownMessage, message: Some("market_data_version is a connection's own".into()) })
+        ClientMessage::Ping { .. } | ClientMessage::MarketDataVersion { .. } => {
+            return Err(Refused {
+                id,
+                code: ErrorCode::UnknownMessage,
+                message: Some("ping and market_data_version are a connection's own".into()),
+            })
         }
     };
     Ok(Request::new(connection, id, body))

@@ -98,18 +98,9 @@ impl Keys {
         lineage
     }
 
-    /// The account a key acts as (bound and not revoked).
-    pub fn account_of(&self, public_key: &[u8; 32]) -> Option<AccountId> {
-        self.bound.get(public_key).copied()
-    }
-
     /// An account's first key.
     pub fn identity(&self, account: AccountId) -> Option<[u8; 32]> {
         self.identity.get(&account).copied()
-    }
-
-    pub fn bound_count(&self) -> usize {
-        self.bound.len()
     }
 
     /// What a key may do at `now_ms`; `Ok(None)` for a key never bound.

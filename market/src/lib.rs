@@ -995,11 +995,6 @@ impl MarketState {
         &self.deliveries
     }
 
-    /// The account bound to a public key (not revoked).
-    pub fn account_of_key(&self, public_key: &[u8; 32]) -> Option<AccountId> {
-        self.keys.account_of(public_key)
-    }
-
     /// The account's first key: the one it was opened with (its host key,
     /// for a supplier), or a sub-account's first key added.
     pub fn account_key(&self, account: AccountId) -> Option<[u8; 32]> {
@@ -1024,11 +1019,6 @@ impl MarketState {
     /// The API keys.
     pub fn keys(&self) -> &keys::Keys {
         &self.keys
-    }
-
-    /// Key bindings, for tests and tools.
-    pub fn key_bindings(&self) -> usize {
-        self.keys.bound_count()
     }
 
     /// The newest book update's sequence number in an instrument's feed.
