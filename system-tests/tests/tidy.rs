@@ -228,3 +228,49 @@ fn the_architecture_map_names_every_crate_and_who_knows_what() {
         }
     }
 }
+
+/// Every source file under every crate's `src/`, its binaries' included.
+fn all_sources() -> Vec<PathBuf> {
+    crates().iter().flat_map(|krate| sources(&krate.dir)).collect()
+}
+
+/// Nothing below `main` exits the process (docs/ARCHITECTURE.md
+/// "Invariants"): `process::exit` only in a binary's root.
+#[test]
+fn only_a_binarys_root_exits_the_process() {
+    let exits: Vec<String> = all_sources()
+        .into_iter()
+        .filter(|path| read(path).contains("process::exit"))
+        .filter(|path| {
+            let root = path.file_name().is_some_and(|n| n == "main.rs");
+            let bin = path.parent().and_then(|p| p.file_name()).is_some_and(|n| n == "bin");
+            !(root || bin)
+        })
+        .map(|path| relative(&path))
+        .collect();
+    assert!(exits.is_empty(), "process::exit below main: {exits:?}");
+}
+
+/// The only `&mut self` methods of `MarketState`: `apply`, and the two
+/// exceptions docs/ARCHITECTURE.md names ("Invariants").
+const MARKET_STATE_MUTATORS: &[&str] = &["advance_clock", "apply", "mark_report_checked"];
+
+#[test]
+fn the_market_changes_only_through_apply_and_its_named_exceptions() {
+    let text = read(&Path::new(ROOT).join("market/src/lib.rs"));
+    let start = text.find("impl MarketState {").expect("impl MarketState");
+    let body = &text[start..];
+    // The impl block: up to the first line that closes it at column 0.
+    let body = &body[..body.find("\n}\n").expect("the impl's end")];
+    let mut public: Vec<&str> = body
+        .lines()
+        .filter_map(|line| line.trim_start().strip_prefix("pub fn "))
+        .filter(|rest| rest.contains("(&mut self"))
+        .map(|rest| rest.split(['(', '<']).next().expect("a name"))
+        .collect();
+    public.sort_unstable();
+    assert_eq!(public, MARKET_STATE_MUTATORS, "MarketState's public &mut self methods (docs/ARCHITECTURE.md Invariants)");
+    let market = Path::new(ROOT).join("market");
+    let impls: usize = sources(&market).iter().map(|path| read(path).matches("impl MarketState").count()).sum();
+    assert_eq!(impls, 1, "one impl block of MarketState in the market crate, so this check sees every method");
+}
