@@ -274,3 +274,22 @@ fn the_market_changes_only_through_apply_and_its_named_exceptions() {
     let impls: usize = sources(&market).iter().map(|path| read(path).matches("impl MarketState").count()).sum();
     assert_eq!(impls, 1, "one impl block of MarketState in the market crate, so this check sees every method");
 }
+
+/// docs/ARCHITECTURE.md names every source file (by its path under its
+/// crate's `src/` or its file name), so a newcomer finds each in the map.
+#[test]
+fn the_architecture_map_names_every_source_file() {
+    let doc = read(&Path::new(ROOT).join("docs/ARCHITECTURE.md"));
+    let mut unnamed = Vec::new();
+    for krate in crates() {
+        let src = krate.dir.join("src");
+        for path in sources(&krate.dir) {
+            let inside = path.strip_prefix(&src).expect("under src").to_string_lossy().to_string();
+            let name = path.file_name().expect("a name").to_string_lossy().to_string();
+            if !doc.contains(&inside) && !doc.contains(&format!("`{name}`")) {
+                unnamed.push(relative(&path));
+            }
+        }
+    }
+    assert!(unnamed.is_empty(), "source files docs/ARCHITECTURE.md does not name: {unnamed:?}");
+}
