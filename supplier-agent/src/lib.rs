@@ -24,4 +24,4 @@ pub mod probe;
 pub mod reports;
 pub mod saved;
 pub mod session;
-pub mod vendor;
+pub mod vendor_tools;

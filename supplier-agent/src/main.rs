@@ -9,11 +9,11 @@ use gpux_supplier_agent::config::AgentConfig;
 use gpux_supplier_agent::fake::FakeBackend;
 use gpux_supplier_agent::nvml::NvmlBackend;
 use gpux_supplier_agent::session::Agent;
-use gpux_supplier_agent::vendor::amd::AmdBackend;
-use gpux_supplier_agent::vendor::ascend::AscendBackend;
-use gpux_supplier_agent::vendor::cambricon::CambriconBackend;
-use gpux_supplier_agent::vendor::iluvatar::IluvatarBackend;
-use gpux_supplier_agent::vendor::BackendChoice;
+use gpux_supplier_agent::vendor_tools::amd::AmdBackend;
+use gpux_supplier_agent::vendor_tools::ascend::AscendBackend;
+use gpux_supplier_agent::vendor_tools::cambricon::CambriconBackend;
+use gpux_supplier_agent::vendor_tools::iluvatar::IluvatarBackend;
+use gpux_supplier_agent::vendor_tools::BackendChoice;
 
 #[derive(Parser)]
 #[command(

@@ -4,11 +4,11 @@
 
 use gpux_engine::{EngineConfig, Interconnect, Vendor};
 use gpux_supplier_agent::backend::{BackendError, GpuBackend};
-use gpux_supplier_agent::vendor::amd::AmdBackend;
-use gpux_supplier_agent::vendor::ascend::AscendBackend;
-use gpux_supplier_agent::vendor::cambricon::CambriconBackend;
-use gpux_supplier_agent::vendor::iluvatar::IluvatarBackend;
-use gpux_supplier_agent::vendor::RecordedTool;
+use gpux_supplier_agent::vendor_tools::amd::AmdBackend;
+use gpux_supplier_agent::vendor_tools::ascend::AscendBackend;
+use gpux_supplier_agent::vendor_tools::cambricon::CambriconBackend;
+use gpux_supplier_agent::vendor_tools::iluvatar::IluvatarBackend;
+use gpux_supplier_agent::vendor_tools::RecordedTool;
 
 macro_rules! fixture {
     ($path:literal) => {
