@@ -280,6 +280,17 @@ async fn a_hosts_token_ends_with_its_lease_and_a_rematch_gets_its_own() {
     };
     let prefix = format!("{}/jobs/{}", renter_account.0, job.0);
     let first = running_lease(&mut renter, job, None).await;
+    // The attempt reached its host with the token for its files (issue 65:
+    // no round trip for it); the token opens the job's prefix.
+    let grant = supplier
+        .recv_until(|m| match m {
+            ServerMessage::JobAssigned { lease, store, .. } if *lease == first => Some(store.clone()),
+            _ => None,
+        })
+        .await
+        .expect("the store's grant with the assignment");
+    assert_eq!(grant.url, url);
+    assert_eq!(put(&url, &grant.token, &format!("{prefix}/outputs/assigned.json"), b"{}".to_vec()).await.0, 201);
     let first_token = host_token(&mut supplier, first).await;
     assert_eq!(put(&url, &first_token, &format!("{prefix}/outputs/result.json"), b"{\"honest\":1}".to_vec()).await.0, 201);
 

@@ -868,7 +868,7 @@ impl MarketState {
             self.deliveries.set_lease_workload(lease, supplier, workload);
             owed.push(Notice {
                 to: Audience::account(supplier),
-                message: ServerMessage::JobAssigned { lease, assignment: Box::new(assignment) },
+                message: ServerMessage::JobAssigned { lease, assignment: Box::new(assignment), store: None },
             });
         }
     }

@@ -419,7 +419,7 @@ fn a_cluster_job_runs_on_one_fabric_tells_each_host_its_peers_and_restarts_whole
         fn record(&mut self, entry: JournalEntry) -> gpux_market::Applied {
             let applied = self.market.apply(&entry).expect("applies");
             for notice in &applied.notices {
-                if let ServerMessage::JobAssigned { lease, assignment } = &notice.message {
+                if let ServerMessage::JobAssigned { lease, assignment, .. } = &notice.message {
                     self.assigned.push((*lease, (**assignment).clone()));
                 }
             }

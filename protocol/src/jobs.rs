@@ -548,6 +548,16 @@ pub struct JobInfo {
     pub preemption_ahead: Option<PreemptionAhead>,
 }
 
+/// The job store's address and a host's bearer token for one attempt's
+/// files, sent with its assignment so the host need not ask for it
+/// (`job_store_token` gives the same).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreGrant {
+    pub url: String,
+    pub token: String,
+    pub expires_at_ms: u64,
+}
+
 /// Pushed to a job lease's host (like `workload` for a lease): the attempt
 /// to run.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1242,6 +1242,10 @@ pub enum ServerMessage {
     JobAssigned {
         lease: LeaseId,
         assignment: Box<crate::jobs::JobAssignment>,
+        /// The job store and the host's token for this attempt; `null` when
+        /// the exchange runs no store (the host asks `job_store_token`).
+        #[serde(default)]
+        store: Option<crate::jobs::StoreGrant>,
     },
     /// Answer to `job_store_token`: a bearer token for the job store's
     /// HTTP API at `url`, valid until `expires_at_ms`.

@@ -640,9 +640,16 @@ impl Agent {
         let _ = orders.send(Order::Deliver { lease, gpus, workload, start_ms, end_ms: state.end_ms });
     }
 
-    /// A job's attempt on one of this host's leases: a token for the job's
-    /// files from the exchange, then the manager fetches them and runs it.
-    async fn deliver_job(&mut self, link: &mut Link, lease: LeaseId, assignment: gpux_protocol::JobAssignment) -> Result<()> {
+    /// A job's attempt on one of this host's leases: the token for the
+    /// job's files came with it (an exchange that sent none is asked), then
+    /// the manager fetches them and runs it.
+    async fn deliver_job(
+        &mut self,
+        link: &mut Link,
+        lease: LeaseId,
+        assignment: gpux_protocol::JobAssignment,
+        store: Option<gpux_protocol::jobs::StoreGrant>,
+    ) -> Result<()> {
         let (Some((orders, _)), Some(state)) = (&self.delivery, self.leases.get_mut(&lease)) else {
             // The supplier's other hosts share its account and its pushes.
             tracing::debug!(%lease, job = %assignment.job, "a job for a lease on another host");
@@ -655,8 +662,14 @@ impl Agent {
         let start_ms = state.start_ms.saturating_add_signed(-self.clock_offset_ms);
         let end_ms = state.end_ms;
         let orders = orders.clone();
-        let id = link.connection.new_id();
-        let (store_url, token) = match link.connection.request(ClientMessage::JobStoreToken { id, job: None, lease: Some(lease) }).await? {
+        let asked = match store {
+            Some(grant) => ServerMessage::JobStoreToken { id: 0, url: grant.url, token: grant.token, expires_at_ms: grant.expires_at_ms },
+            None => {
+                let id = link.connection.new_id();
+                link.connection.request(ClientMessage::JobStoreToken { id, job: None, lease: Some(lease) }).await?
+            }
+        };
+        let (store_url, token) = match asked {
             ServerMessage::JobStoreToken { url, token, .. } => (url, token),
             other => {
                 tracing::warn!(%lease, ?other, "no job store token: the job cannot be delivered");
@@ -1108,8 +1121,8 @@ impl Agent {
                 self.deliver(lease, Some(workload));
                 return Ok(());
             }
-            ServerMessage::JobAssigned { lease, assignment } => {
-                self.deliver_job(link, lease, *assignment).await?;
+            ServerMessage::JobAssigned { lease, assignment, store } => {
+                self.deliver_job(link, lease, *assignment, store).await?;
                 return Ok(());
             }
             ServerMessage::GpuChallenge { challenge, gpu, seed, n, .. } => {

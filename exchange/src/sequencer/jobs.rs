@@ -191,39 +191,53 @@ impl Sequencer {
                 }
                 Grant::Renter { account, participant: Some(self.market.engine().participant_of(account)), expires_at_ms }
             }
-            (_, Some(lease)) => {
-                let engine = self.market.engine();
-                let running = engine.lease(lease).filter(|l| l.active && l.supplier == account);
-                let job = self.market.jobs().job_of_lease(lease);
-                let (Some(info), Some(job)) = (running, job) else { return error(Some(id), ErrorCode::JobStoreUnavailable) };
-                let Some(terms) = self.market.jobs().terms(job) else { return error(Some(id), ErrorCode::JobStoreUnavailable) };
-                let bundle = terms.run.bundle.as_ref().map(|b| b.sha256.clone());
-                let inputs = terms
-                    .run
-                    .inputs
-                    .iter()
-                    .filter_map(|i| match &i.source {
-                        gpux_protocol::InputSource::Store { sha256, .. } => Some(sha256.clone()),
-                        gpux_protocol::InputSource::Https { .. } => None,
-                    })
-                    .collect();
-                // A host's token lasts its lease, an hour at least: a long job
-                // syncs its checkpoints to the end without asking again. The
-                // store refuses it the moment the lease ends, whatever its
-                // expiry (`RunningLeases`).
-                let lease_end = info.end_ms.unwrap_or(0);
-                // (Lease times are the exchange's clock, the one tokens are checked on.)
-                let expires_at_ms = expires_at_ms.max(lease_end);
-                let attempt = match self.market.jobs().state(job) {
-                    Some(gpux_market::jobs::JobState::Running { attempt, .. } | gpux_market::jobs::JobState::Starting { attempt, .. }) => {
-                        *attempt
-                    }
-                    _ => return error(Some(id), ErrorCode::JobStoreUnavailable),
-                };
-                Grant::Host { renter: info.renter, job, lease, attempt, bundle, inputs, expires_at_ms }
-            }
+            (_, Some(lease)) => match self.host_grant(account, lease, expires_at_ms) {
+                Some(grant) => grant,
+                None => return error(Some(id), ErrorCode::JobStoreUnavailable),
+            },
         };
         ServerMessage::JobStoreToken { id, url: issuer.url.clone(), token: issuer.issue(&grant), expires_at_ms }
+    }
+
+    /// The job store and a token for the attempt now on `lease`, for its
+    /// host: sent with the attempt's `job_assigned`. None without a store.
+    pub(super) fn host_store_grant(&self, lease: LeaseId) -> Option<gpux_protocol::jobs::StoreGrant> {
+        let issuer = self.job_store.as_ref()?;
+        let supplier = self.market.engine().lease(lease)?.supplier;
+        let grant = self.host_grant(supplier, lease, self.clock.now_ms() + JOB_STORE_TOKEN_MS)?;
+        let Grant::Host { expires_at_ms, .. } = grant else { return None };
+        Some(gpux_protocol::jobs::StoreGrant { url: issuer.url.clone(), token: issuer.issue(&grant), expires_at_ms })
+    }
+
+    /// What a host's token for the job on `lease` grants: the attempt's
+    /// files while the lease runs. None when the lease is not `account`'s
+    /// running job lease.
+    fn host_grant(&self, account: gpux_engine::AccountId, lease: LeaseId, expires_at_ms: u64) -> Option<Grant> {
+        let engine = self.market.engine();
+        let info = engine.lease(lease).filter(|l| l.active && l.supplier == account)?;
+        let job = self.market.jobs().job_of_lease(lease)?;
+        let terms = self.market.jobs().terms(job)?;
+        let bundle = terms.run.bundle.as_ref().map(|b| b.sha256.clone());
+        let inputs = terms
+            .run
+            .inputs
+            .iter()
+            .filter_map(|i| match &i.source {
+                gpux_protocol::InputSource::Store { sha256, .. } => Some(sha256.clone()),
+                gpux_protocol::InputSource::Https { .. } => None,
+            })
+            .collect();
+        // A host's token lasts its lease, an hour at least: a long job
+        // syncs its checkpoints to the end without asking again. The
+        // store refuses it the moment the lease ends, whatever its
+        // expiry (`RunningLeases`). (Lease times are the exchange's clock,
+        // the one tokens are checked on.)
+        let expires_at_ms = expires_at_ms.max(info.end_ms.unwrap_or(0));
+        let attempt = match self.market.jobs().state(job)? {
+            gpux_market::jobs::JobState::Running { attempt, .. } | gpux_market::jobs::JobState::Starting { attempt, .. } => *attempt,
+            _ => return None,
+        };
+        Some(Grant::Host { renter: info.renter, job, lease, attempt, bundle, inputs, expires_at_ms })
     }
 
     /// Hands the invoices' worker the job's bill: the transfers of its

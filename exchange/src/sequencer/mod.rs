@@ -779,7 +779,12 @@ impl Sequencer {
         self.metrics.observe_events(&applied.events);
         self.transfers.extend_from_slice(&applied.transfers);
         self.archived.append(&mut applied.archived);
-        for notice in applied.notices.drain(..) {
+        for mut notice in applied.notices.drain(..) {
+            // A job's attempt goes to its host with the token for its files
+            // (the market, pure, holds no key to sign one).
+            if let ServerMessage::JobAssigned { lease, store: store @ None, .. } = &mut notice.message {
+                *store = self.host_store_grant(*lease);
+            }
             let frame = SharedFrame::new(notice.message);
             match notice.to {
                 Audience::Feed(channel, instrument) => self.pending.push((Target::Feed(channel, instrument), Pending::Frame(frame))),
