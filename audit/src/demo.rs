@@ -12,13 +12,13 @@ use gpux_engine::*;
 const START_MS: u64 = 1_796_223_600_000;
 const MINUTE: u64 = 60_000;
 
-struct Session {
+struct DemoSession {
     at_ms: u64,
     inputs: Vec<Input>,
     next_client_order_id: u64,
 }
 
-impl Session {
+impl DemoSession {
     fn push(&mut self, command: Command) {
         self.inputs.push(Input { at_ms: self.at_ms, command });
     }
@@ -45,7 +45,7 @@ impl Session {
 }
 
 pub fn inputs() -> Vec<Input> {
-    let mut s = Session { at_ms: START_MS + MINUTE, inputs: Vec::new(), next_client_order_id: 0 };
+    let mut s = DemoSession { at_ms: START_MS + MINUTE, inputs: Vec::new(), next_client_order_id: 0 };
     opening(&mut s);
     first_trades(&mut s);
     a_window_resold(&mut s);
@@ -54,7 +54,7 @@ pub fn inputs() -> Vec<Input> {
 }
 
 /// Five accounts, three hosts, and the suppliers' first asks.
-fn opening(s: &mut Session) {
+fn opening(s: &mut DemoSession) {
     // Accounts 0, 1: suppliers; 2, 3: renters; 4: aggregator.
     for role in [Role::Supplier, Role::Supplier, Role::Renter, Role::Renter, Role::Aggregator] {
         s.push(Command::OpenAccount { role });
@@ -85,7 +85,7 @@ fn opening(s: &mut Session) {
 
 /// Bids that trade: preemptible batch work, a gang job that preempts it,
 /// an immediate-or-cancel bid, an urgent one.
-fn first_trades(s: &mut Session) {
+fn first_trades(s: &mut DemoSession) {
     s.at_ms += MINUTE;
     let mut batch = s.order(3, 1, Side::Buy, 900_000, 2);
     batch.duration = LeaseDuration::UntilCancelled;
@@ -106,7 +106,7 @@ fn first_trades(s: &mut Session) {
 
 /// A reserved window bought and resold, coded mistakes, and the window's
 /// delivery, expiry and archiving.
-fn a_window_resold(s: &mut Session) {
+fn a_window_resold(s: &mut DemoSession) {
     // The aggregator buys the 16:00 window and resells it at a profit.
     s.ask(0, 0, 0x30, 10, 1_800_000);
     let window_bid = s.order(4, 10, Side::Buy, 1_800_000, 2);
@@ -135,7 +135,7 @@ fn a_window_resold(s: &mut Session) {
     s.push(Command::Tick);
 }
 
-fn order_types(s: &mut Session) {
+fn order_types(s: &mut DemoSession) {
     // Order types beyond plain ones (docs/market-rules.md), on the A100 spot
     // book (instrument 2), listed by a third supplier (account 5, host 3).
     s.push(Command::OpenAccount { role: Role::Supplier });

@@ -42,7 +42,7 @@ impl Default for InvoiceSettings {
 }
 
 /// One invoice page to build and send.
-pub struct Job {
+pub struct InvoiceWork {
     pub outbound: Outbound,
     pub id: u64,
     pub account: AccountId,
@@ -89,7 +89,7 @@ impl Shares {
 
 /// The sequencer's handle on the worker.
 pub struct InvoiceDesk {
-    jobs: Sender<Job>,
+    jobs: Sender<InvoiceWork>,
     shares: Shares,
     pub public_key: String,
 }
@@ -114,7 +114,7 @@ impl InvoiceDesk {
 
     /// Queues a job; `false` when the worker is saturated or gone, or the
     /// job's participant holds its whole share of the queue.
-    pub fn submit(&self, job: Job) -> bool {
+    pub fn submit(&self, job: InvoiceWork) -> bool {
         let who = job.parent.unwrap_or(job.account);
         if !self.shares.take(who) {
             return false;
@@ -127,7 +127,7 @@ impl InvoiceDesk {
     }
 }
 
-fn work(inbox: Receiver<Job>, reader: Arc<dyn JournalRead>, key: SigningKey, settings: InvoiceSettings, shares: Shares) {
+fn work(inbox: Receiver<InvoiceWork>, reader: Arc<dyn JournalRead>, key: SigningKey, settings: InvoiceSettings, shares: Shares) {
     let public_key = hex::encode(key.verifying_key().to_bytes());
     let mut built: HashMap<(AccountId, String), (Arc<Invoice>, String)> = HashMap::new();
     for job in inbox {
@@ -170,7 +170,7 @@ impl Drop for Place<'_> {
     }
 }
 
-fn build(reader: &dyn JournalRead, key: &SigningKey, settings: &InvoiceSettings, job: &Job) -> anyhow::Result<(Invoice, String)> {
+fn build(reader: &dyn JournalRead, key: &SigningKey, settings: &InvoiceSettings, job: &InvoiceWork) -> anyhow::Result<(Invoice, String)> {
     let (start, end) = job.bounds;
     let mut transfers = reader.account_transfers(job.account, start, end)?;
     if let Some(only) = &job.only_leases {
@@ -265,8 +265,8 @@ mod tests {
         }
     }
 
-    fn job(outbound: Outbound, offset: u32) -> Job {
-        Job {
+    fn job(outbound: Outbound, offset: u32) -> InvoiceWork {
+        InvoiceWork {
             outbound,
             id: 7,
             account: AccountId(1),

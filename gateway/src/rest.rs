@@ -420,7 +420,7 @@ impl Rest {
         let (frames, mut answers) = mpsc::channel::<Outgoing>(crate::server::OUTBOUND_FRAMES_MAX);
         let outbound = Outbound::local(frames, std::sync::Arc::new(Notify::new()));
         self.send(Request { connection, id: 0, body: Body::Connect { outbound } })?;
-        let _session = Session { core: self.core.clone(), connection };
+        let _session = RestRequestSession { core: self.core.clone(), connection };
         let exchange = async {
             let mut caller = None;
             let mut participant = None;
@@ -523,12 +523,12 @@ fn fingerprint(method: &Method, uri: &Uri, body: &[u8]) -> [u8; 32] {
 
 /// Ends the session however the request ended (answered, timed out, or
 /// the client went away).
-struct Session {
+struct RestRequestSession {
     core: Sender<Request>,
     connection: ConnectionId,
 }
 
-impl Drop for Session {
+impl Drop for RestRequestSession {
     fn drop(&mut self) {
         // A full queue drops nothing important: the sequencer forgets a
         // connection whose outbound is closed when it next writes to it.

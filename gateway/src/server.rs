@@ -217,20 +217,20 @@ impl Stage {
     }
 }
 
-enum Session {
+enum LoginState {
     Challenged { nonce: [u8; 32] },
     Authenticating,
     Authenticated { account: AccountId, role: Role },
 }
 
-struct Connection {
+struct WsConnection {
     id: ConnectionId,
     core: Sender<Request>,
     metrics: Arc<GatewayMetrics>,
     ticket: Ticket,
     /// Subscribed to a feed: an anonymous market-data reader, not a silent socket.
     subscribed: bool,
-    session: Session,
+    session: LoginState,
     binary: bool,
     tokens: f64,
     refilled_at: Instant,
@@ -285,7 +285,7 @@ async fn serve_connection<S>(
     let (frames, mut outgoing) = mpsc::channel::<Outgoing>(limits.outbound_frames_max);
     let mut feeds = Feeds::new();
     let too_slow = Arc::new(Notify::new());
-    let mut connection = Connection::new(core, metrics.clone(), ticket, clock);
+    let mut connection = WsConnection::new(core, metrics.clone(), ticket, clock);
     let Some(mut outbox) = connection.open(Outbound::local(frames, too_slow.clone())) else { return };
     let mut close: Option<ErrorCode> = None;
     // Why a `slow_consumer` close happened, for the metric.
@@ -516,15 +516,15 @@ fn serde_plain_code(code: ErrorCode) -> String {
     code.name().to_string()
 }
 
-impl Connection {
-    fn new(core: Sender<Request>, metrics: Arc<GatewayMetrics>, ticket: Ticket, clock: Clock) -> Connection {
-        Connection {
+impl WsConnection {
+    fn new(core: Sender<Request>, metrics: Arc<GatewayMetrics>, ticket: Ticket, clock: Clock) -> WsConnection {
+        WsConnection {
             id: next_connection_id(),
             core,
             metrics,
             ticket,
             subscribed: false,
-            session: Session::Authenticating,
+            session: LoginState::Authenticating,
             binary: false,
             tokens: MESSAGE_BURST_MAX,
             refilled_at: Instant::now(),
@@ -697,7 +697,7 @@ impl Connection {
     fn new_challenge(&mut self) -> ServerMessage {
         let mut nonce = [0u8; 32];
         getrandom::fill(&mut nonce).expect("the OS random source is available");
-        self.session = Session::Challenged { nonce };
+        self.session = LoginState::Challenged { nonce };
         ServerMessage::Challenge { nonce: hex::encode(nonce), server_time_ms: self.clock.now_ms() }
     }
 
@@ -740,14 +740,14 @@ impl Connection {
     fn login(&mut self, outcome: LoginOutcome) -> Option<ServerMessage> {
         match (outcome, &self.session) {
             (LoginOutcome::Accepted { account, role, .. }, _) => {
-                self.session = Session::Authenticated { account, role };
+                self.session = LoginState::Authenticated { account, role };
                 // Raised, never lowered (see `set_market_data_version`).
                 self.market_data_version = self.market_data_asked.unwrap_or(1).max(self.market_data_version);
                 self.ticket.logged_in();
                 None
             }
             // A refused attempt burns the nonce: the next one signs a new challenge.
-            (LoginOutcome::Refused, Session::Authenticating) => Some(self.new_challenge()),
+            (LoginOutcome::Refused, LoginState::Authenticating) => Some(self.new_challenge()),
             (LoginOutcome::Refused, _) => None,
         }
     }
@@ -807,7 +807,7 @@ impl Connection {
             return vec![error(None, ErrorCode::RateLimited, None)];
         }
         match (decoded, self.login_key, &self.session) {
-            (Ok(ClientMessage::UsageReport { id, report }), Some(key), Session::Authenticated { .. }) => {
+            (Ok(ClientMessage::UsageReport { id, report }), Some(key), LoginState::Authenticated { .. }) => {
                 let (report, verified) = verifier.verify(report, key).await;
                 self.handle(Ok(ClientMessage::UsageReport { id, report }), Some(verified))
             }
@@ -826,8 +826,8 @@ impl Connection {
         match (&self.session, message) {
             (_, ClientMessage::Ping { id }) => vec![ServerMessage::Pong { id, server_time_ms: self.clock.now_ms() }],
             (_, ClientMessage::MarketDataVersion { id, version }) => vec![self.set_market_data_version(id, version)],
-            (Session::Authenticated { .. }, ClientMessage::Auth { .. }) => vec![error(Some(id), ErrorCode::AlreadyAuthenticated, None)],
-            (Session::Authenticating, ClientMessage::Auth { .. }) => {
+            (LoginState::Authenticated { .. }, ClientMessage::Auth { .. }) => vec![error(Some(id), ErrorCode::AlreadyAuthenticated, None)],
+            (LoginState::Authenticating, ClientMessage::Auth { .. }) => {
                 self.metrics.auth_failures.with_label_values(&["in_progress"]).inc();
                 vec![error(Some(id), ErrorCode::AuthFailed, None)]
             }
@@ -835,14 +835,14 @@ impl Connection {
                 vec![error(Some(id), ErrorCode::WrongType, Some(format!("market_data_version {version}: this exchange speaks 1 and 2")))]
             }
             (
-                Session::Challenged { nonce },
+                LoginState::Challenged { nonce },
                 ClientMessage::Auth { id, public_key, signature, role, cancel_on_disconnect, invite, market_data_version },
             ) => {
                 let nonce = *nonce;
                 self.market_data_asked = market_data_version;
                 match verify(&nonce, &public_key, &signature) {
                     Some(public_key) => {
-                        self.session = Session::Authenticating;
+                        self.session = LoginState::Authenticating;
                         self.login_key = Some(public_key);
                         self.forward(
                             id,
@@ -866,7 +866,7 @@ impl Connection {
                     }
                 }
             }
-            (Session::Authenticated { account, role }, message) => {
+            (LoginState::Authenticated { account, role }, message) => {
                 let (account, role) = (*account, *role);
                 self.authenticated(account, role, message, verified)
             }
@@ -1165,18 +1165,18 @@ mod tests {
         use gpux_protocol::{encode_client_binary, encode_client_text, OrderTicket};
         use proptest::prelude::*;
 
-        fn connection() -> (Connection, crossbeam_channel::Receiver<Request>) {
+        fn connection() -> (WsConnection, crossbeam_channel::Receiver<Request>) {
             let metrics = Arc::new(GatewayMetrics::default());
             let admission = Admission::new(AdmissionLimits::default(), metrics.clone());
             let ticket = admission.admit("127.0.0.1".parse().expect("an address")).expect("admitted");
             let (core, inbox) = crossbeam_channel::bounded(8);
-            let connection = Connection {
+            let connection = WsConnection {
                 id: 1,
                 core,
                 metrics,
                 ticket,
                 subscribed: false,
-                session: Session::Challenged { nonce: [0; 32] },
+                session: LoginState::Challenged { nonce: [0; 32] },
                 binary: false,
                 tokens: MESSAGE_BURST_MAX,
                 refilled_at: Instant::now(),
@@ -1244,14 +1244,14 @@ mod tests {
         fn decode(
             frame: &Frame,
             samples: &[ClientMessage],
-            session: &Session,
+            session: &LoginState,
         ) -> (Result<ClientMessage, gpux_protocol::DecodeError>, Option<ClientMessage>) {
             match frame {
                 Frame::SignedAuth => {
                     use ed25519_dalek::Signer;
                     let key = ed25519_dalek::SigningKey::from_bytes(&[5; 32]);
                     let nonce = match session {
-                        Session::Challenged { nonce } => *nonce,
+                        LoginState::Challenged { nonce } => *nonce,
                         _ => [0; 32],
                     };
                     let auth = ClientMessage::Auth {
@@ -1339,7 +1339,7 @@ mod tests {
                 let mut unanswered: Vec<Request> = Vec::new();
                 for (n, frame) in frames.iter().enumerate() {
                     let (decoded, valid) = decode(frame, &samples, &connection.session);
-                    let authenticated = matches!(connection.session, Session::Authenticated { .. });
+                    let authenticated = matches!(connection.session, LoginState::Authenticated { .. });
                     let replies = connection.on_frame(decoded);
                     for reply in &replies {
                         prop_assert!(

@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 
 pub use crate::limits::BATCH_MAX;
 
-struct Job {
+struct Verification {
     report: UsageReport,
     key: [u8; 32],
     reply: oneshot::Sender<(UsageReport, bool)>,
@@ -32,7 +32,7 @@ struct Job {
 /// handle is dropped.
 #[derive(Clone)]
 pub struct Verifier {
-    jobs: Sender<Job>,
+    jobs: Sender<Verification>,
     batches: Arc<prometheus::IntCounter>,
 }
 
@@ -40,7 +40,7 @@ impl Verifier {
     /// Starts `threads` verifier threads (at least one). `batches` counts the
     /// batches verified (a report alone is a batch of one).
     pub fn start(threads: usize, batches: prometheus::IntCounter) -> Verifier {
-        let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
+        let (jobs, queue) = crossbeam_channel::unbounded::<Verification>();
         let batches = Arc::new(batches);
         for n in 0..threads.max(1) {
             let queue = queue.clone();
@@ -58,8 +58,8 @@ impl Verifier {
     /// gone (it never is while a handle lives, unless a thread panicked).
     pub async fn verify(&self, report: UsageReport, key: [u8; 32]) -> (UsageReport, bool) {
         let (reply, verdict) = oneshot::channel();
-        if let Err(refused) = self.jobs.send(Job { report, key, reply }) {
-            let Job { report, key, .. } = refused.into_inner();
+        if let Err(refused) = self.jobs.send(Verification { report, key, reply }) {
+            let Verification { report, key, .. } = refused.into_inner();
             let verdict = report.verify_zip215(&key);
             return (report, verdict);
         }
@@ -83,8 +83,8 @@ fn unreachable_report() -> ! {
     panic!("a usage-report verifier thread died holding a report")
 }
 
-fn run(queue: &Receiver<Job>, batches: &prometheus::IntCounter) {
-    let mut batch: Vec<Job> = Vec::with_capacity(BATCH_MAX);
+fn run(queue: &Receiver<Verification>, batches: &prometheus::IntCounter) {
+    let mut batch: Vec<Verification> = Vec::with_capacity(BATCH_MAX);
     let mut verdicts = Vec::with_capacity(BATCH_MAX);
     while let Ok(first) = queue.recv() {
         batch.push(first);

@@ -100,7 +100,7 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// Plays the sequencer's part: stamps entries, journals them, applies the
 /// follow-up commands the market calls for as their own entries.
-struct Session {
+struct Harness {
     market: MarketState,
     journal: Vec<JournalEntry>,
     now_ms: u64,
@@ -126,10 +126,10 @@ struct Session {
     decided: Vec<(u64, u64, u64, u64, u64)>,
 }
 
-impl Session {
-    fn new() -> Session {
+impl Harness {
+    fn new() -> Harness {
         let key = SigningKey::from_bytes(&[3; 32]);
-        let mut session = Session {
+        let mut session = Harness {
             market: MarketState::new(EngineConfig::demo()).expect("demo config"),
             journal: Vec::new(),
             now_ms: T0,
@@ -430,7 +430,7 @@ proptest! {
 
     #[test]
     fn a_decoded_snapshot_at_any_entry_replays_to_the_same_state(ops in prop::collection::vec(op(), 1..200), cut in any::<prop::sample::Index>()) {
-        let mut live = Session::new();
+        let mut live = Harness::new();
         let mut snapshot = None;
         let cut = cut.index(ops.len());
         for (index, op) in ops.iter().enumerate() {
@@ -461,7 +461,7 @@ proptest! {
 /// meets the journaled follow-up entry does not end the lease twice.
 #[test]
 fn a_host_failure_calls_for_its_follow_up_command_and_leaves_it_to_the_journal() {
-    let mut session = Session::new();
+    let mut session = Harness::new();
     session.run(&Op::Ask { mask: 1, ticks: 0 });
     session.run(&Op::Bid { quantity: 1, ticks: 0, hours: 2 });
     let lease = session.lease(0).expect("a lease");
@@ -485,10 +485,10 @@ fn a_host_failure_calls_for_its_follow_up_command_and_leaves_it_to_the_journal()
 /// the failed lease's price, where the only GPU left is offered.
 #[test]
 fn a_workload_bid_skips_hosts_that_cannot_deliver_and_its_replacement_pays_up_to_its_limit() {
-    let mut session = Session::new();
+    let mut session = Harness::new();
     let (renter, supplier) = (session.renter, session.supplier);
     let workload = Box::new(gpux_protocol::Workload::image("localhost/app:1"));
-    let workload_bid = |session: &mut Session, price: u64, rematch: bool| {
+    let workload_bid = |session: &mut Harness, price: u64, rematch: bool| {
         let client_order_id = session.next_order;
         session.next_order += 1;
         session.apply(JournalEntry::BidWorkload { account: renter, client_order_id, workload: workload.clone() });
@@ -525,7 +525,7 @@ fn a_workload_bid_skips_hosts_that_cannot_deliver_and_its_replacement_pays_up_to
 /// follow-up; a lease whose workload did not ask stays billed.
 #[test]
 fn a_workload_that_ends_its_lease_on_exit_ends_it_as_the_renter_would() {
-    let mut session = Session::new();
+    let mut session = Harness::new();
     let (renter, supplier) = (session.renter, session.supplier);
     let key = gpux_protocol::delivery::EncryptionKey::from_bytes([5; 32]);
     let signature = key.certify(&session.key);
@@ -559,10 +559,10 @@ fn a_workload_that_ends_its_lease_on_exit_ends_it_as_the_renter_would() {
 /// end when a workload of theirs reaches `running`.
 #[test]
 fn host_failures_in_a_row_are_on_the_record_until_a_workload_runs() {
-    let mut session = Session::new();
+    let mut session = Harness::new();
     let supplier = session.supplier;
     let failed = DeliveryState::Failed { code: FailureCode::EngineUnavailable, fault: Fault::Host, reason: "engine down".into() };
-    let in_row = |session: &Session| {
+    let in_row = |session: &Harness| {
         let (host, account) =
             (session.market.reliability().host(HostId(0), session.now_ms), session.market.reliability().supplier(supplier, session.now_ms));
         (host.failed_deliveries_in_row, account.failed_deliveries_in_row)
@@ -597,9 +597,9 @@ fn host_failures_in_a_row_are_on_the_record_until_a_workload_runs() {
 #[test]
 fn a_hardware_challenge_is_issued_committed_opened_and_recorded() {
     use gpux_protocol::ErrorCode;
-    let mut session = Session::new();
+    let mut session = Harness::new();
     let gpu = GpuId(0);
-    let last_outcome = |session: &Session| session.market.engine().gpu(gpu).and_then(|g| g.challenge).map(|c| c.outcome);
+    let last_outcome = |session: &Harness| session.market.engine().gpu(gpu).and_then(|g| g.challenge).map(|c| c.outcome);
 
     // Its memory bandwidth first (the class asks for both).
     session.memory_challenge(gpu, 0, 10, 16, 8);
@@ -700,9 +700,9 @@ fn a_hardware_challenge_is_issued_committed_opened_and_recorded() {
 #[test]
 fn a_memory_challenge_is_issued_committed_opened_and_recorded() {
     use gpux_protocol::ErrorCode;
-    let mut session = Session::new();
+    let mut session = Harness::new();
     let gpu = GpuId(0);
-    let memory = |session: &Session| session.market.engine().gpu(gpu).and_then(|g| g.memory).map(|v| (v.outcome, v.mbps));
+    let memory = |session: &Harness| session.market.engine().gpu(gpu).and_then(|g| g.memory).map(|v| (v.outcome, v.mbps));
 
     // 4 x 2^16 x 25 = 6.55 MB in 20 ms: 327 MB/s.
     session.memory_challenge(gpu, 0, 20, 16, 8);
@@ -765,7 +765,7 @@ fn a_memory_challenge_is_issued_committed_opened_and_recorded() {
 /// forged and out-of-chain reports are refused.
 #[test]
 fn the_generated_entries_trade_report_and_settle() {
-    let mut session = Session::new();
+    let mut session = Harness::new();
     session.run(&Op::Ask { mask: 3, ticks: 0 });
     session.run(&Op::Bid { quantity: 1, ticks: 2, hours: 0 });
     assert_eq!(session.leases.len(), 1, "the bid filled into a lease");
@@ -792,7 +792,7 @@ fn the_generated_entries_trade_report_and_settle() {
 /// final, reported in `Applied::archived` by the entry that archives it.
 #[test]
 fn a_lease_leaves_the_hot_state_an_hour_after_its_bill_is_final() {
-    let mut session = Session::new();
+    let mut session = Harness::new();
     session.run(&Op::Ask { mask: 1, ticks: 0 });
     session.run(&Op::Bid { quantity: 1, ticks: 0, hours: 1 });
     let lease = session.lease(0).expect("a lease");
@@ -822,12 +822,12 @@ fn a_lease_leaves_the_hot_state_an_hour_after_its_bill_is_final() {
 #[test]
 fn a_provisional_bill_takes_late_reports_until_it_is_final_and_the_statement_says_so() {
     use gpux_settlement::ledger::TransferKind;
-    let mut session = Session::new();
+    let mut session = Harness::new();
     session.run(&Op::Ask { mask: 1, ticks: 0 });
     // Open-ended: its escrow runs a prepaid horizon ahead of the use.
     session.run(&Op::Bid { quantity: 1, ticks: 0, hours: 0 });
     let lease = session.lease(0).expect("a lease");
-    let report = |session: &mut Session, minutes| session.run(&Op::Report { pick: 0, gpu: 0, minutes, tamper: 2 });
+    let report = |session: &mut Harness, minutes| session.run(&Op::Report { pick: 0, gpu: 0, minutes, tamper: 2 });
     session.run(&Op::Advance { ms: 30 * 60_000 });
     report(&mut session, 30);
     // The renter ends it at two hours; 90 minutes of reports are missing at the grace.
@@ -837,7 +837,7 @@ fn a_provisional_bill_takes_late_reports_until_it_is_final_and_the_statement_say
     session.run(&Op::Advance { ms: 10 * 60_000 });
     let info = session.market.engine().lease(lease).expect("held");
     assert!(!info.active && !info.billing_closed, "provisional");
-    let kinds = |session: &Session| session.transfers.iter().filter(|t| t.lease == Some(lease)).map(|t| t.kind).collect::<Vec<_>>();
+    let kinds = |session: &Harness| session.transfers.iter().filter(|t| t.lease == Some(lease)).map(|t| t.kind).collect::<Vec<_>>();
     assert!(kinds(&session).contains(&TransferKind::UsageCharge));
     // The missing 90 minutes' worth is kept, the rest of the escrow released.
     let missing_worth = info.price_minor_per_gpu_hour * 3 / 2;
@@ -869,7 +869,7 @@ fn a_provisional_bill_takes_late_reports_until_it_is_final_and_the_statement_say
 #[test]
 fn a_provisional_bill_without_late_reports_releases_what_it_kept_when_final() {
     use gpux_settlement::ledger::TransferKind;
-    let mut session = Session::new();
+    let mut session = Harness::new();
     session.run(&Op::Ask { mask: 1, ticks: 0 });
     session.run(&Op::Bid { quantity: 1, ticks: 0, hours: 1 });
     let lease = session.lease(0).expect("a lease");
@@ -940,17 +940,17 @@ fn the_listed_instruments_keep_the_calendars_size_and_fit_a_frame() {
 #[test]
 fn unreachable_evidence_is_held_and_paid_to_the_host_at_the_final_bill_when_nothing_proves_it() {
     use gpux_protocol::ErrorCode;
-    let mut session = Session::new();
+    let mut session = Harness::new();
     session.run(&Op::Ask { mask: 1, ticks: 0 });
     session.run(&Op::Bid { quantity: 1, ticks: 0, hours: 1 });
     let lease = session.lease(0).expect("a lease");
     let minute = 60_000;
-    let payable = |s: &Session| s.market.engine().balances(s.supplier).expect("supplier").payable_minor;
-    let renter_funds = |s: &Session| {
+    let payable = |s: &Harness| s.market.engine().balances(s.supplier).expect("supplier").payable_minor;
+    let renter_funds = |s: &Harness| {
         let b = s.market.engine().balances(s.renter).expect("renter");
         b.available_minor + b.held_minor
     };
-    let observe = |s: &mut Session, from: u64, to: u64, reachable: bool| {
+    let observe = |s: &mut Harness, from: u64, to: u64, reachable: bool| {
         let report = LivenessReport::sign(LivenessBody { lease, start_ms: T0 + from, end_ms: T0 + to, reachable }, &s.renter_key);
         let checked = s.market.check_liveness(s.renter, &report, s.now_ms);
         if checked.is_ok() {
@@ -1032,7 +1032,7 @@ fn unreachable_evidence_is_held_and_paid_to_the_host_at_the_final_bill_when_noth
 }
 
 /// The last `HoldDisputed` follow-up, if the last entry is one: (disputed, proven).
-fn held(s: &Session) -> Option<(u64, u64)> {
+fn held(s: &Harness) -> Option<(u64, u64)> {
     match s.journal.last() {
         Some(JournalEntry::Engine(Input { command: Command::HoldDisputed { disputed_gpu_ms, proven_gpu_ms, .. }, .. })) => {
             Some((*disputed_gpu_ms, *proven_gpu_ms))
@@ -1043,7 +1043,7 @@ fn held(s: &Session) -> Option<(u64, u64)> {
 
 /// The `DisputeDecided` the session's transfers record last: (disputed,
 /// proven, refunded, fee refunded, paid), from the engine's event log.
-fn decided(s: &Session) -> Option<(u64, u64, u64, u64, u64)> {
+fn decided(s: &Harness) -> Option<(u64, u64, u64, u64, u64)> {
     s.decided.last().copied()
 }
 
@@ -1057,13 +1057,13 @@ fn decided(s: &Session) -> Option<(u64, u64, u64, u64, u64)> {
 #[test]
 fn probe_absence_is_proven_and_its_whole_charge_refunded_to_the_renter_at_the_final_bill() {
     use gpux_protocol::{ErrorCode, GpuProbeBody, GpuProbeReport, ProbeGpu};
-    let mut session = Session::new();
+    let mut session = Harness::new();
     session.run(&Op::Ask { mask: 3, ticks: 0 });
     session.run(&Op::Bid { quantity: 2, ticks: 0, hours: 1 });
     let lease = session.lease(0).expect("a lease");
     let minute = 60_000;
     let probe_key = SigningKey::from_bytes(&[21; 32]);
-    let probe = |s: &mut Session, from: u64, to: u64, absent: &[&str], key: &SigningKey| {
+    let probe = |s: &mut Harness, from: u64, to: u64, absent: &[&str], key: &SigningKey| {
         let gpus = ["GPU-0", "GPU-1"]
             .iter()
             .map(|uuid| ProbeGpu {
@@ -1080,8 +1080,8 @@ fn probe_absence_is_proven_and_its_whole_charge_refunded_to_the_renter_at_the_fi
         }
         checked
     };
-    let renter_available = |s: &Session| s.market.engine().balances(s.renter).expect("renter").available_minor;
-    let fees = |s: &Session| s.market.ledger().balance(LedgerAccount::Fees);
+    let renter_available = |s: &Harness| s.market.engine().balances(s.renter).expect("renter").available_minor;
+    let fees = |s: &Harness| s.market.ledger().balance(LedgerAccount::Fees);
 
     // Both GPUs reported for 20 minutes; the probe saw GPU-1 absent for the
     // last 10 of them: proven, held.
@@ -1156,7 +1156,7 @@ fn probe_absence_is_proven_and_its_whole_charge_refunded_to_the_renter_at_the_fi
 #[test]
 fn late_preemptions_and_disconnects_during_leases_count_in_the_record() {
     const PREEMPT: InstrumentId = InstrumentId(1);
-    let mut session = Session::new();
+    let mut session = Harness::new();
     session.command(Command::register(AccountId(0), "h", "GPU-2", GpuSpec::h100_sxm()));
     let running = DeliveryState::Running { endpoints: Vec::new(), ssh: None, restarts: 0 };
     let mut preempted = Vec::new();
@@ -1185,11 +1185,11 @@ fn late_preemptions_and_disconnects_during_leases_count_in_the_record() {
     for lease in &preempted {
         assert!(!session.market.engine().lease(*lease).expect("held").active, "preempted");
     }
-    let stopped = |session: &mut Session, lease| {
+    let stopped = |session: &mut Harness, lease| {
         let entry = JournalEntry::DeliveryStatus { at_ms: session.now_ms, account: session.supplier, lease, state: DeliveryState::Stopped };
         session.apply(entry);
     };
-    let late = |session: &Session| session.market.reliability().supplier(session.supplier, session.now_ms).preemptions_late;
+    let late = |session: &Harness| session.market.reliability().supplier(session.supplier, session.now_ms).preemptions_late;
     session.now_ms += 10_000;
     stopped(&mut session, preempted[0]);
     assert_eq!(late(&session), 0, "stopped 10 s after the end: on time");

@@ -46,21 +46,21 @@ struct Factory {
     from: NodeId,
 }
 
-struct Connection {
+struct PeerLink {
     net: Net,
     from: NodeId,
     to: NodeId,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Factory {
-    type Network = Connection;
+    type Network = PeerLink;
 
-    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> Connection {
-        Connection { net: self.net.clone(), from: self.from, to: target }
+    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> PeerLink {
+        PeerLink { net: self.net.clone(), from: self.from, to: target }
     }
 }
 
-impl RaftNetwork<TypeConfig> for Connection {
+impl RaftNetwork<TypeConfig> for PeerLink {
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,

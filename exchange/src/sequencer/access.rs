@@ -217,7 +217,8 @@ impl Sequencer {
         let (Some(desk), Some(outbound)) = (&self.invoices, self.sessions.get(connection).map(|c| c.outbound.clone())) else {
             return self.reply(connection, error(Some(id), ErrorCode::InvoiceUnavailable));
         };
-        let job = crate::invoices::Job { outbound, id, account: target, parent, period, bounds, offset, hot_leases, only_leases: None };
+        let job =
+            crate::invoices::InvoiceWork { outbound, id, account: target, parent, period, bounds, offset, hot_leases, only_leases: None };
         if !desk.submit(job) {
             self.reply(connection, error(Some(id), ErrorCode::InvoiceUnavailable));
         }

@@ -266,7 +266,8 @@ impl Sequencer {
         };
         let parent = engine.parent_of(account);
         let period = format!("job-{}", job.0);
-        let bill = crate::invoices::Job { outbound, id, account, parent, period, bounds, offset, hot_leases, only_leases: Some(leases) };
+        let bill =
+            crate::invoices::InvoiceWork { outbound, id, account, parent, period, bounds, offset, hot_leases, only_leases: Some(leases) };
         (!desk.submit(bill)).then(|| error(Some(id), ErrorCode::InvoiceUnavailable))
     }
 

@@ -12,7 +12,7 @@ use gpux_gateway::link::{ConnectionId, Outbound};
 use gpux_protocol::Channel;
 
 /// One open connection as the sequencer sees it.
-pub(super) struct Connection {
+pub(super) struct ConnectionState {
     pub outbound: Outbound,
     pub account: Option<AccountId>,
     pub subscriptions: BTreeSet<(Channel, InstrumentId)>,
@@ -48,7 +48,7 @@ pub(super) struct Bound {
 
 #[derive(Default)]
 pub(super) struct Sessions {
-    connections: BTreeMap<ConnectionId, Connection>,
+    connections: BTreeMap<ConnectionId, ConnectionState>,
     /// Each account's present sessions (none: the account is not connected).
     present: HashMap<AccountId, BTreeSet<ConnectionId>>,
     /// Sessions whose key expires, by when.
@@ -56,11 +56,11 @@ pub(super) struct Sessions {
 }
 
 impl Sessions {
-    pub(super) fn get(&self, connection: ConnectionId) -> Option<&Connection> {
+    pub(super) fn get(&self, connection: ConnectionId) -> Option<&ConnectionState> {
         self.connections.get(&connection)
     }
 
-    pub(super) fn get_mut(&mut self, connection: ConnectionId) -> Option<&mut Connection> {
+    pub(super) fn get_mut(&mut self, connection: ConnectionId) -> Option<&mut ConnectionState> {
         self.connections.get_mut(&connection)
     }
 
@@ -70,7 +70,7 @@ impl Sessions {
 
     /// A new connection, not logged in, answered through `outbound`.
     pub(super) fn open(&mut self, connection: ConnectionId, outbound: Outbound) {
-        let state = Connection {
+        let state = ConnectionState {
             outbound,
             account: None,
             subscriptions: BTreeSet::new(),
@@ -102,7 +102,7 @@ impl Sessions {
 
     /// Removes a connection: it, and whether it was its account's last
     /// present session.
-    pub(super) fn close(&mut self, connection: ConnectionId) -> Option<(Connection, bool)> {
+    pub(super) fn close(&mut self, connection: ConnectionId) -> Option<(ConnectionState, bool)> {
         let state = self.connections.remove(&connection)?;
         if let Some(at_ms) = state.key_expires_at_ms {
             self.expiring.remove(&(at_ms, connection));

@@ -162,7 +162,7 @@ struct AggregatorState {
     offered_window: Option<InstrumentId>,
 }
 
-struct Job {
+struct SimJob {
     renter: u32,
     kind: RenterKind,
     window: bool,
@@ -246,7 +246,7 @@ pub struct Sim {
     supplier_of_host: FxHashMap<HostId, u32>,
     renter_of_account: FxHashMap<AccountId, u32>,
     underpayers: Vec<AccountId>,
-    jobs: Vec<Job>,
+    jobs: Vec<SimJob>,
     job_of_order: FxHashMap<OrderId, u32>,
     last_trade_buy_order: Option<OrderId>,
     leases: FxHashMap<LeaseId, SimLease>,

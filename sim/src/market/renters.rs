@@ -59,7 +59,7 @@ impl Sim {
         }
         self.posted_counterfactual(class_index, contract, price, quantity, run_ms.map_or(hours as u64, |ms| ms.div_ceil(MS_PER_HOUR)));
         let job = self.jobs.len() as u64;
-        self.jobs.push(Job {
+        self.jobs.push(SimJob {
             renter: index,
             kind,
             window: window.is_some(),

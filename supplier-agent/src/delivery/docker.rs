@@ -23,7 +23,7 @@ use futures_util::StreamExt;
 use gpux_engine::LeaseId;
 use gpux_protocol::{DeliveryState, Endpoint, FailureCode};
 
-use super::{DeliveryBackend, Failure, Found, Job, Poll, Progress};
+use super::{DeliveryBackend, Failure, Found, Launch, Poll, Progress};
 use crate::config::{DockerConfig, GpuDevices};
 
 /// The label that ties a container to its lease.
@@ -78,7 +78,7 @@ impl DockerBackend {
     /// An engine that does not answer is the host's failure; an engine that
     /// answers that the image cannot be had (absent, private, a registry the
     /// renter named that does not answer) is the renter's.
-    async fn pull(&self, job: &Job, image: &str, progress: &Progress) -> Result<(), Failure> {
+    async fn pull(&self, job: &Launch, image: &str, progress: &Progress) -> Result<(), Failure> {
         match self.docker.inspect_image(image).await {
             Ok(_) => return Ok(()),
             Err(error) if not_found(&error) => {}
@@ -124,7 +124,7 @@ impl DockerBackend {
         }
     }
 
-    fn host_config(&self, job: &Job, authorized_keys: Option<&PathBuf>) -> HostConfig {
+    fn host_config(&self, job: &Launch, authorized_keys: Option<&PathBuf>) -> HostConfig {
         let workload = job.workload.as_ref().expect("docker jobs have a workload");
         let gpus = job.gpus.len().max(1) as f64;
         // A job's attempt runs under an init process (docker's tini,
@@ -169,7 +169,7 @@ impl DockerBackend {
     }
 
     /// Passes the job's GPUs into the container, by the host's kind of devices.
-    fn pass_gpus(&self, job: &Job, config: &mut HostConfig) {
+    fn pass_gpus(&self, job: &Launch, config: &mut HostConfig) {
         match self.config.gpu_devices {
             GpuDevices::Nvidia => {
                 config.device_requests = Some(vec![DeviceRequest {
@@ -215,7 +215,7 @@ impl DockerBackend {
     /// What the container mounts: the vendor's runtime, the renter's SSH
     /// keys, and a job's code, inputs, checkpoints and outputs. A cluster
     /// member shares the host's network.
-    fn binds(&self, job: &Job, authorized_keys: Option<&PathBuf>, config: &mut HostConfig) -> Vec<String> {
+    fn binds(&self, job: &Launch, authorized_keys: Option<&PathBuf>, config: &mut HostConfig) -> Vec<String> {
         let mut binds = Vec::new();
         if self.config.gpu_devices == GpuDevices::Ascend {
             // The Ascend user-space runtime in the image talks to the host's driver.
@@ -282,7 +282,7 @@ impl DeliveryBackend for DockerBackend {
         "docker"
     }
 
-    async fn start(&self, job: &Job, progress: &Progress) -> Result<Vec<Endpoint>, Failure> {
+    async fn start(&self, job: &Launch, progress: &Progress) -> Result<Vec<Endpoint>, Failure> {
         let workload = job.workload.as_ref().ok_or_else(|| Failure::public(FailureCode::WorkloadRefused, "no workload"))?;
         let _ = progress.send((job.lease, DeliveryState::Pulling { bytes_done: 0, bytes_total: 0 }));
         self.pull(job, &workload.image, progress).await?;
@@ -362,7 +362,7 @@ impl DeliveryBackend for DockerBackend {
         }
     }
 
-    async fn terminate(&self, job: &Job, _deadline_ms: u64) {
+    async fn terminate(&self, job: &Launch, _deadline_ms: u64) {
         let lease = job.lease;
         let options = KillContainerOptions { signal: "SIGTERM".into() };
         if let Err(error) = self.docker.kill_container(&self.name_of(lease), Some(options)).await {
@@ -509,8 +509,8 @@ mod tests {
     use super::*;
     use crate::delivery::LeasedGpu;
 
-    fn job() -> Job {
-        Job {
+    fn job() -> Launch {
+        Launch {
             lease: LeaseId(7),
             gpus: vec![LeasedGpu { uuid: "U-2".into(), index_on_host: 2 }, LeasedGpu { uuid: "U-5".into(), index_on_host: 5 }],
             workload: Some(serde_json::from_str(r#"{"image": "ubuntu:24.04"}"#).expect("a workload")),

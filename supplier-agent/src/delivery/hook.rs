@@ -13,7 +13,7 @@ use gpux_engine::LeaseId;
 use gpux_protocol::{Endpoint, FailureCode};
 use tokio::sync::Mutex;
 
-use super::{DeliveryBackend, Failure, Found, Job, Poll, Progress};
+use super::{DeliveryBackend, Failure, Found, Launch, Poll, Progress};
 
 pub struct HookBackend {
     hook: PathBuf,
@@ -46,7 +46,7 @@ impl DeliveryBackend for HookBackend {
         true
     }
 
-    async fn start(&self, job: &Job, _progress: &Progress) -> Result<Vec<Endpoint>, Failure> {
+    async fn start(&self, job: &Launch, _progress: &Progress) -> Result<Vec<Endpoint>, Failure> {
         let uuids: Vec<&str> = job.gpus.iter().map(|g| g.uuid.as_str()).collect();
         let until = job.end_ms.map_or("-".to_string(), |ms| ms.to_string());
         self.gpus.lock().await.insert(job.lease, uuids.join(","));
@@ -58,7 +58,7 @@ impl DeliveryBackend for HookBackend {
         Poll::Running
     }
 
-    async fn terminate(&self, job: &Job, deadline_ms: u64) {
+    async fn terminate(&self, job: &Launch, deadline_ms: u64) {
         let uuids: Vec<&str> = job.gpus.iter().map(|g| g.uuid.as_str()).collect();
         if let Err(error) = self.run("preempt", job.lease, &uuids.join(","), &deadline_ms.to_string()).await {
             tracing::warn!(lease = %job.lease, %error, "preempt hook failed");

@@ -37,7 +37,7 @@ pub struct LeasedGpu {
 
 /// Everything a backend needs to start one lease's workload.
 #[derive(Clone, Debug)]
-pub struct Job {
+pub struct Launch {
     pub lease: LeaseId,
     pub gpus: Vec<LeasedGpu>,
     /// `None` only for the hook backend, which runs on every lease.
@@ -123,10 +123,10 @@ pub trait DeliveryBackend: Send + Sync {
         false
     }
     /// Pulls what it needs and starts the workload; returns its endpoints.
-    async fn start(&self, job: &Job, progress: &Progress) -> Result<Vec<Endpoint>, Failure>;
+    async fn start(&self, job: &Launch, progress: &Progress) -> Result<Vec<Endpoint>, Failure>;
     async fn poll(&self, lease: LeaseId) -> Poll;
     /// Asks the workload to stop (SIGTERM): a preemption notice, ending at `deadline_ms`.
-    async fn terminate(&self, job: &Job, deadline_ms: u64);
+    async fn terminate(&self, job: &Launch, deadline_ms: u64);
     /// Stops (after `grace`) and removes the workload and its scratch data.
     /// `Ok` only once it is confirmed gone (or was never there); `Err` when
     /// the engine could not confirm it, and the caller tries again.
@@ -257,7 +257,7 @@ impl Default for Tuning {
 }
 
 struct Entry {
-    job: Job,
+    job: Launch,
     restarts: u32,
     phase: Phase,
     endpoints: Vec<Endpoint>,
@@ -294,7 +294,7 @@ struct Removal {
 }
 
 impl Entry {
-    fn new(job: Job, phase: Phase) -> Entry {
+    fn new(job: Launch, phase: Phase) -> Entry {
         Entry {
             job,
             restarts: 0,
@@ -561,7 +561,7 @@ impl Manager {
             self.status(lease, Failure::public(FailureCode::WorkloadRefused, refused.to_string()).state());
             return;
         }
-        let job = Job { lease, gpus, workload: Some(workload), secrets: Secrets::default(), end_ms, files: None };
+        let job = Launch { lease, gpus, workload: Some(workload), secrets: Secrets::default(), end_ms, files: None };
         let mut entry = Entry::new(job, Phase::Preparing);
         self.generation += 1;
         entry.generation = self.generation;
@@ -711,7 +711,7 @@ impl Manager {
                 continue;
             }
             tracing::info!(%lease, "re-adopted a running workload");
-            let job = Job { lease, gpus: Vec::new(), workload: None, secrets: Secrets::default(), end_ms: None, files: None };
+            let job = Launch { lease, gpus: Vec::new(), workload: None, secrets: Secrets::default(), end_ms: None, files: None };
             let mut entry = Entry::new(job, Phase::Running);
             entry.endpoints = workload.endpoints;
             let state = running(&entry);
@@ -785,10 +785,10 @@ impl Manager {
     }
 
     /// Checks the workload against the limits, opens its secrets; reports a failure and returns `None` when it cannot run.
-    fn prepare(&mut self, lease: LeaseId, gpus: Vec<LeasedGpu>, workload: Option<Workload>, end_ms: Option<u64>) -> Option<Job> {
+    fn prepare(&mut self, lease: LeaseId, gpus: Vec<LeasedGpu>, workload: Option<Workload>, end_ms: Option<u64>) -> Option<Launch> {
         let Some(workload) = workload else {
             if self.backend.runs_without_workload() {
-                return Some(Job { lease, gpus, workload: None, secrets: Secrets::default(), end_ms, files: None });
+                return Some(Launch { lease, gpus, workload: None, secrets: Secrets::default(), end_ms, files: None });
             }
             return None;
         };
@@ -812,7 +812,7 @@ impl Manager {
             self.status(lease, Failure::new(FailureCode::WorkloadRefused, refused.to_string()).state());
             return None;
         }
-        Some(Job { lease, gpus, workload: Some(workload), secrets, end_ms, files: None })
+        Some(Launch { lease, gpus, workload: Some(workload), secrets, end_ms, files: None })
     }
 
     /// Starts the entry's workload in a task of its own (after removing the

@@ -15,7 +15,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::sync::Mutex;
 
-use super::{DeliveryBackend, Failure, Found, Job, Poll, Progress};
+use super::{DeliveryBackend, Failure, Found, Launch, Poll, Progress};
 
 pub struct ProcessBackend {
     scratch: PathBuf,
@@ -94,7 +94,7 @@ impl DeliveryBackend for ProcessBackend {
         }
     }
 
-    async fn start(&self, job: &Job, _progress: &Progress) -> Result<Vec<Endpoint>, Failure> {
+    async fn start(&self, job: &Launch, _progress: &Progress) -> Result<Vec<Endpoint>, Failure> {
         let workload = job.workload.as_ref().ok_or_else(|| Failure::public(FailureCode::WorkloadRefused, "no workload"))?;
         let mut words = job.secrets.command.iter().chain(&job.secrets.args);
         let program = words.next().ok_or_else(|| Failure::public(FailureCode::WorkloadRefused, "the process backend needs a command"))?;
@@ -154,7 +154,7 @@ impl DeliveryBackend for ProcessBackend {
         }
     }
 
-    async fn terminate(&self, job: &Job, _deadline_ms: u64) {
+    async fn terminate(&self, job: &Launch, _deadline_ms: u64) {
         let lease = job.lease;
         if let Some(pid) = self.pid(lease) {
             // The whole process group: the command and what it started.
