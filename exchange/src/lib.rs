@@ -193,7 +193,7 @@ fn recover_single(
     sequencer.set_disk(disk.clone());
     let job_store = match &config.job_store {
         Some(store) => {
-            let (listener, server, issuer) = open_job_store(store, &config.data_dir, clock, disk)?;
+            let (listener, server, issuer) = job_store::bind(store, &config.data_dir, clock, disk)?;
             sequencer.set_job_store(issuer);
             Some((listener, server))
         }
@@ -227,29 +227,6 @@ fn stop_asked(stop_on: Stop) -> Result<impl std::future::Future<Output = ()>> {
             (Stop::Signals, None) => std::future::pending().await,
         }
     })
-}
-
-/// Opens the job store's backend and binds its listener (before the
-/// runtime starts, so that the sequencer knows the URL to hand out).
-fn open_job_store(
-    config: &JobStoreConfig,
-    data_dir: &std::path::Path,
-    clock: link::Clock,
-    disk: std::sync::Arc<disk::Disk>,
-) -> Result<(std::net::TcpListener, job_store::StoreServer, job_store::Issuer)> {
-    let store = job_store::open(&config.store, data_dir)?;
-    let secret = job_store::load_or_create_secret(&data_dir.join("job-store.key"))?;
-    let listener = std::net::TcpListener::bind(config.listen).with_context(|| format!("binding {}", config.listen))?;
-    listener.set_nonblocking(true)?;
-    let url = config.url.clone().unwrap_or(format!("http://{}", listener.local_addr()?));
-    say(&format!("job store on {url} ({})", config.store));
-    let running = std::sync::Arc::new(job_store::RunningLeases::default());
-    let mut server = job_store::StoreServer::new(store, secret, running.clone(), config.quota_bytes, clock);
-    // A store on the journal's file system keeps out of its reserve.
-    if job_store::local_root(&config.store, data_dir).is_some_and(|root| disk.holds(&root)) {
-        server = server.beside_journal(disk);
-    }
-    Ok((listener, server, job_store::Issuer::new(url, secret, running)))
 }
 
 async fn serve_metrics(address: SocketAddr, metrics: std::sync::Arc<metrics::Metrics>) -> Result<()> {
@@ -450,7 +427,7 @@ impl Signals {
 }
 
 /// One line for the operator (and for tests that read the process output).
-fn say(line: &str) {
+pub(crate) fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "gpux-exchange: {line}");
     let _ = out.flush();

@@ -270,26 +270,7 @@ pub trait JournalAppend: Send {
     fn sync(&mut self) -> Result<()> {
         Ok(())
     }
-    /// How many batches may be on their way at once: proposed
-    /// ([`JournalAppend::propose`]) and not yet known durable. 1 for a
-    /// journal that commits in place.
-    fn pipeline_depth(&self) -> usize {
-        1
-    }
-    /// Starts appending a batch as [`JournalAppend::append_with_transfers`]
-    /// does and returns what waits for it to be durable (its first entry's
-    /// sequence number, or why not). Batches are appended in the order
-    /// proposed; their waits are to be called in that order. A journal that
-    /// commits in place appends here, and its wait returns at once.
-    fn propose(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Proposed {
-        let first = self.append_with_transfers(entries, transfers, archived);
-        Box::new(move || first)
-    }
 }
-
-/// A batch on its way to the journal ([`JournalAppend::propose`]): call it
-/// to wait until it is durable.
-pub type Proposed = Box<dyn FnOnce() -> Result<u64> + Send>;
 
 /// Reading what the journal keeps: the queries the sequencer answers from
 /// it (statements, the archive, history).
@@ -606,9 +587,6 @@ fn index_archived_lease(by_account: &mut redb::Table<'_, (u32, u64), ()>, lease:
 #[derive(Clone)]
 pub struct MemoryJournal {
     inner: std::sync::Arc<std::sync::Mutex<MemoryInner>>,
-    /// Commits allowed to complete while commits are held
-    /// ([`MemoryJournal::hold_commits`]).
-    permits: std::sync::Arc<(std::sync::Mutex<u64>, std::sync::Condvar)>,
 }
 
 struct MemoryInner {
@@ -618,36 +596,19 @@ struct MemoryInner {
     /// Reads of what the journal keeps (statements, the archive, history)
     /// fail, as an unreadable file would.
     failing_reads: bool,
-    /// Set by `hold_commits`: the pipeline depth it reports, and that each
-    /// proposed batch's wait takes a permit.
-    held: Option<usize>,
 }
 
 impl Default for MemoryJournal {
     fn default() -> Self {
         let journal = Journal::open_with_backend(redb::backends::InMemoryBackend::new()).expect("an in-memory journal opens");
-        let inner = MemoryInner { journal, commits: 0, failing: false, failing_reads: false, held: None };
-        MemoryJournal { inner: std::sync::Arc::new(std::sync::Mutex::new(inner)), permits: Default::default() }
+        let inner = MemoryInner { journal, commits: 0, failing: false, failing_reads: false };
+        MemoryJournal { inner: std::sync::Arc::new(std::sync::Mutex::new(inner)) }
     }
 }
 
 impl MemoryJournal {
     fn inner(&self) -> std::sync::MutexGuard<'_, MemoryInner> {
         self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Acts as a journal that takes `depth` batches at once (Raft's): each
-    /// proposed batch is appended at once, but its wait returns only once
-    /// [`MemoryJournal::let_commits`] allowed it, in order.
-    pub fn hold_commits(&self, depth: usize) {
-        self.inner().held = Some(depth);
-    }
-
-    /// Lets `count` more held commits complete.
-    pub fn let_commits(&self, count: u64) {
-        let (permits, ready) = &*self.permits;
-        *permits.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) += count;
-        ready.notify_all();
     }
 
     /// Every append from now on fails (`false`: they succeed again).
@@ -699,25 +660,6 @@ impl JournalAppend for MemoryJournal {
             Ok(first)
         })()
         .during(Op::Append)
-    }
-    fn pipeline_depth(&self) -> usize {
-        self.inner().held.unwrap_or(1)
-    }
-    fn propose(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Proposed {
-        let first = self.append_with_transfers(entries, transfers, archived);
-        let held = self.inner().held.is_some();
-        let permits = self.permits.clone();
-        Box::new(move || {
-            if held {
-                let (permits, ready) = &*permits;
-                let mut left = permits.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                while *left == 0 {
-                    left = ready.wait(left).unwrap_or_else(|poisoned| poisoned.into_inner());
-                }
-                *left -= 1;
-            }
-            first
-        })
     }
 }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpux_engine::{AccountId, ContractId, ContractInfo, InstrumentId, InstrumentInfo, LeaseId, LeaseInfo};
-use gpux_journal::{JournalAppend, JournalError, JournalQuery, JournalRead, JournalStore, Op, Proposed, Result};
+use gpux_journal::{JournalAppend, JournalError, JournalQuery, JournalRead, JournalStore, Op, Result};
 use gpux_market::{Archived, ArchivedLease, JournalEntry};
 use gpux_protocol::history::{Candle, CandleInterval, Fill, FillCursor, TradeRecord};
 use gpux_settlement::ledger::Transfer;
@@ -28,21 +28,6 @@ use crate::{Batch, Raft};
 /// its majority never commits, and its sequencer must stop, not hang.
 pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Batches a leader's sequencer may have proposed and not yet seen
-/// committed (docs/PERFORMANCE.md "Replicated market"). Above 1, Raft
-/// replicates and commits them in order while the sequencer applies the
-/// next; a batch's answers still leave only after its own commit, and a
-/// failed commit stops the sequencer with every batch after it unanswered.
-/// 1 for now: on the 2-core test machine 4 in flight gained no throughput
-/// and the failover benchmark's p99 went from 1.1 s to 2.6-2.7 s. The
-/// cause is openraft 0.9.25's core: it awaits each append's flush
-/// (`RaftCore::append_to_log`, "a temp wrapper to make non-blocking
-/// `append_to_log` a blocking") before it replicates the entries, so the
-/// leader's fsync and a follower's stay in series and batches in flight
-/// queue in the core (docs/PERFORMANCE.md "Replicated market"). To be
-/// raised with a Raft whose leader writes its log while it replicates.
-pub const PIPELINE_DEPTH: usize = 1;
-
 /// The leader's journal: appends through Raft, reads from the local
 /// journal the state machine writes.
 pub struct ReplicatedJournal {
@@ -50,16 +35,13 @@ pub struct ReplicatedJournal {
     runtime: tokio::runtime::Handle,
     local: JournalSink,
     fence: Arc<AtomicBool>,
-    /// The sequence number the next proposed batch will start at: the local
-    /// journal's next, plus the batches proposed and not yet applied.
-    proposed_next: Option<u64>,
 }
 
 impl ReplicatedJournal {
     /// `local` is the sink the node's state machine writes; appends block
     /// on `runtime` (call them from a thread outside it: the sequencer's).
     pub fn new(raft: Raft, runtime: tokio::runtime::Handle, local: JournalSink) -> ReplicatedJournal {
-        ReplicatedJournal { raft, runtime, local, fence: Arc::default(), proposed_next: None }
+        ReplicatedJournal { raft, runtime, local, fence: Arc::default() }
     }
 
     /// Once set, every append fails before it proposes anything: the node
@@ -89,64 +71,36 @@ impl JournalAppend for ReplicatedJournal {
         self.local().entries_after(seq)
     }
 
-    /// Proposes the batch and waits for its commit and apply. The
-    /// transfers and archive are not sent: every node's machine derives the
-    /// same ones from the entries (checked here by their count).
+    /// Proposes the batch to Raft and waits for its commit and this
+    /// node's apply, and checks that the batch starts in the local journal
+    /// where the sequencer counted it would. One batch at a time: the
+    /// sequencer hands over the next only once this returned (a deeper
+    /// pipeline gained nothing and lengthened the failover tail:
+    /// docs/PERFORMANCE.md "Replicated market"). The transfers and archive
+    /// are not sent: every node's machine derives the same ones from the
+    /// entries.
     fn append_with_transfers(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Result<u64> {
-        self.propose(entries, transfers, archived)()
-    }
-
-    fn pipeline_depth(&self) -> usize {
-        PIPELINE_DEPTH
-    }
-
-    /// Hands the batch to Raft (which appends it to the log after the
-    /// batches proposed before it) and returns what waits for its commit
-    /// and this node's apply, and checks that the batch starts in the local
-    /// journal where the proposer counted it would.
-    fn propose(&mut self, entries: &[JournalEntry], transfers: &[Transfer], archived: &Archived) -> Proposed {
         let _ = (transfers, archived);
         if self.fence.load(Ordering::SeqCst) {
-            return failed("this node stopped sequencing (it is not the serving leader any more)".into());
+            return Err(replication("this node stopped sequencing (it is not the serving leader any more)".into()));
         }
-        let first = *self.proposed_next.get_or_insert_with(|| self.local.lock().expect("the journal's lock").next_seq());
-        let count = entries.len() as u64;
+        let first = self.local().next_seq();
         let batch = Batch { entries: entries.to_vec() };
         let raft = self.raft.clone();
-        // Sent to Raft before this returns: batches reach the log in the
-        // order they are proposed.
-        let sent = self.runtime.block_on(async move { raft.client_write_ff(batch).await });
-        let responder = match sent {
-            Ok(responder) => responder,
-            Err(fatal) => return failed(format!("Raft stopped: {fatal}")),
-        };
-        self.proposed_next = Some(first + count);
-        let runtime = self.runtime.clone();
-        Box::new(move || {
-            let written = runtime.block_on(async move { tokio::time::timeout(COMMIT_TIMEOUT, responder).await });
-            let written =
-                written.map_err(|_| replication(format!("the batch was not committed through Raft within {COMMIT_TIMEOUT:?}")))?;
-            let written =
-                written.map_err(|_| replication("Raft dropped the batch before answering (it stopped, or lost the leadership)".into()))?;
-            let response = written.map_err(|error| replication(format!("the batch was not committed through Raft: {error}")))?;
-            if let Some((position, why)) = response.data.refused.first() {
-                return Err(replication(format!("the market refused entry {position} of a committed batch: {why}")));
-            }
-            if response.data.first_seq != first {
-                return Err(replication(format!(
-                    "the batch committed at journal entry {}, not at {first} where it was proposed",
-                    response.data.first_seq
-                )));
-            }
-            Ok(first)
-        })
+        let written = self.runtime.block_on(async move { tokio::time::timeout(COMMIT_TIMEOUT, raft.client_write(batch)).await });
+        let written = written.map_err(|_| replication(format!("the batch was not committed through Raft within {COMMIT_TIMEOUT:?}")))?;
+        let response = written.map_err(|error| replication(format!("the batch was not committed through Raft: {error}")))?;
+        if let Some((position, why)) = response.data.refused.first() {
+            return Err(replication(format!("the market refused entry {position} of a committed batch: {why}")));
+        }
+        if response.data.first_seq != first {
+            return Err(replication(format!(
+                "the batch committed at journal entry {}, not at {first} where it was proposed",
+                response.data.first_seq
+            )));
+        }
+        Ok(first)
     }
-}
-
-/// A proposal that failed before it reached Raft.
-fn failed(message: String) -> Proposed {
-    let error = replication(message);
-    Box::new(move || Err(error))
 }
 
 impl JournalQuery for ReplicatedJournal {

@@ -36,7 +36,10 @@ const KNOWS: &[(&str, &str, &[Knower])] = &[
         &[
             ("gpux-journal", None),
             ("gpux-replica", Some(&["replica/src/log_store.rs", "replica/src/state_machine.rs"])),
-            ("gpux-exchange", Some(&["exchange/src/snapshots.rs", "exchange/src/sequencer/tests.rs"])),
+            (
+                "gpux-exchange",
+                Some(&["exchange/src/snapshots/mod.rs", "exchange/src/snapshots/tests.rs", "exchange/src/sequencer/tests.rs"]),
+            ),
             ("gpux-benches", None),
         ],
     ),

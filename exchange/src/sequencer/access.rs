@@ -48,7 +48,7 @@ impl Sequencer {
     /// Tells the connection why and closes it once that is written.
     pub(super) fn close_session(&mut self, connection: ConnectionId, id: Option<u64>, code: ErrorCode) {
         self.reply(connection, error(id, code));
-        self.pending.push((Target::Connection(connection), Pending::Control(Outgoing::Close(code))));
+        self.batch.pending.push((Target::Connection(connection), Pending::Control(Outgoing::Close(code))));
     }
 
     /// Whether a session's key expires by now (closing it changes who

@@ -8,8 +8,7 @@ use gpux_protocol::delivery::limits::LOG_TAIL_BYTES_MAX;
 use gpux_protocol::{DeliveryState, ErrorCode, ServerMessage, Workload};
 
 use super::{
-    error, LogsWait, Pending, Sequencer, Target, LOGS_PENDING_MAX, LOGS_PENDING_PER_ACCOUNT_MAX, LOGS_PENDING_PER_SUPPLIER_MAX,
-    LOGS_WAIT_MS,
+    error, Pending, Sequencer, Target, LOGS_PENDING_MAX, LOGS_PENDING_PER_ACCOUNT_MAX, LOGS_PENDING_PER_SUPPLIER_MAX, LOGS_WAIT_MS,
 };
 use gpux_gateway::link::{ConnectionId, DeliveryRequest, SharedFrame};
 
@@ -189,18 +188,18 @@ impl Sequencer {
         // one participant (docs/market-rules.md "Shared limits").
         let engine = self.market.engine();
         let (renter, supplier) = (engine.participant_of(account), engine.participant_of(info.supplier));
-        let waits = self.logs_pending.values();
+        let waits = self.host_waits.pending.values();
         let (mine, on_supplier) =
             waits.fold((0, 0), |(mine, on), w| (mine + usize::from(w.renter == renter), on + usize::from(w.supplier == supplier)));
-        if self.logs_pending.len() >= LOGS_PENDING_MAX
+        if self.host_waits.pending.len() >= LOGS_PENDING_MAX
             || mine >= LOGS_PENDING_PER_ACCOUNT_MAX
             || on_supplier >= LOGS_PENDING_PER_SUPPLIER_MAX
-            || self.logs_pending.values().any(|w| w.connection == connection)
+            || self.host_waits.pending.values().any(|w| w.connection == connection)
         {
             return Some(error(Some(id), ErrorCode::RateLimited));
         }
-        let request = self.next_logs_request;
-        self.next_logs_request += 1;
+        let request = self.host_waits.next_request;
+        self.host_waits.next_request += 1;
         let (exec, wanted, wait_ms) = match ask {
             HostAsk::Logs { tail_bytes } => {
                 let tail_bytes = tail_bytes.min(LOG_TAIL_BYTES_MAX);
@@ -211,7 +210,7 @@ impl Sequencer {
             }
         };
         let deadline_ms = self.market.clock_ms() + wait_ms;
-        self.logs_pending.insert(request, LogsWait { exec, connection, renter, supplier, id, lease, deadline_ms });
+        self.host_waits.pending.insert(request, HostWait { exec, connection, renter, supplier, id, lease, deadline_ms });
         let wanted = SharedFrame::new(wanted);
         // The agent that runs the lease (the one that reported it); before
         // any report, every agent of the account, of which only the lease's
@@ -220,7 +219,7 @@ impl Sequencer {
             Some(runner) => Target::Connection(runner),
             None => Target::Account(info.supplier),
         };
-        self.pending.push((target, Pending::Frame(wanted)));
+        self.batch.pending.push((target, Pending::Frame(wanted)));
         None
     }
 
@@ -228,14 +227,14 @@ impl Sequencer {
     /// within the limit). Late answers and other hosts' are dropped.
     fn logs_reply(&mut self, account: AccountId, request: u64, mut data: String, truncated: bool) {
         let supplier_of = |lease| self.market.engine().lease(lease).map(|l| l.supplier);
-        let Some(wait) = self.logs_pending.get(&request) else { return };
+        let Some(wait) = self.host_waits.pending.get(&request) else { return };
         if supplier_of(wait.lease) != Some(account) {
             return;
         }
-        if self.logs_pending.get(&request).is_some_and(|w| w.exec) {
+        if self.host_waits.pending.get(&request).is_some_and(|w| w.exec) {
             return;
         }
-        let wait = self.logs_pending.remove(&request).expect("present");
+        let wait = self.host_waits.pending.remove(&request).expect("present");
         let limit = LOG_TAIL_BYTES_MAX as usize;
         let cut = data.len() > limit;
         if cut {
@@ -252,20 +251,20 @@ impl Sequencer {
     /// The host's outcome of a renter's command, relayed to the renter
     /// (bounded by the gateway). Late answers and other hosts' are dropped.
     fn exec_reply(&mut self, account: AccountId, request: u64, outcome: gpux_protocol::delivery::ExecOutcome) {
-        let Some(wait) = self.logs_pending.get(&request) else { return };
+        let Some(wait) = self.host_waits.pending.get(&request) else { return };
         if !wait.exec || self.market.engine().lease(wait.lease).map(|l| l.supplier) != Some(account) {
             return;
         }
-        let wait = self.logs_pending.remove(&request).expect("present");
+        let wait = self.host_waits.pending.remove(&request).expect("present");
         self.reply(wait.connection, ServerMessage::LeaseExec { id: wait.id, lease: wait.lease, outcome });
     }
 
     /// Tells renters whose hosts did not send the logs in time.
     pub(super) fn expire_logs_requests(&mut self) {
         let now = self.market.clock_ms();
-        let expired: Vec<u64> = self.logs_pending.iter().filter(|(_, w)| w.deadline_ms <= now).map(|(r, _)| *r).collect();
+        let expired: Vec<u64> = self.host_waits.pending.iter().filter(|(_, w)| w.deadline_ms <= now).map(|(r, _)| *r).collect();
         for request in expired {
-            if let Some(wait) = self.logs_pending.remove(&request) {
+            if let Some(wait) = self.host_waits.pending.remove(&request) {
                 self.reply(wait.connection, error(Some(wait.id), ErrorCode::HostUnreachable));
             }
         }
@@ -276,4 +275,32 @@ impl Sequencer {
 enum HostAsk {
     Logs { tail_bytes: u32 },
     Exec { command: Vec<String>, timeout_ms: u32 },
+}
+
+/// Renters' `lease_logs` and `lease_exec` requests waiting for their
+/// hosts' answers, by the request number the host is asked with.
+pub(super) struct HostWaits {
+    pending: std::collections::BTreeMap<u64, HostWait>,
+    next_request: u64,
+}
+
+impl Default for HostWaits {
+    fn default() -> Self {
+        HostWaits { pending: Default::default(), next_request: 1 }
+    }
+}
+
+/// A renter's `lease_logs` (or `lease_exec`) request waiting for its
+/// host's answer; both count in the same shares.
+struct HostWait {
+    /// A `lease_exec`: answered `lease_exec`, not `lease_logs`.
+    exec: bool,
+    connection: ConnectionId,
+    /// The participants of the renter that asked and of the supplier
+    /// asked (their shares).
+    renter: AccountId,
+    supplier: AccountId,
+    id: u64,
+    lease: LeaseId,
+    deadline_ms: u64,
 }

@@ -2,7 +2,7 @@
 //! replayed through the same `MarketState::apply` the live sequencer uses;
 //! and the snapshots the sequencer takes while it runs.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use gpux_engine::Command;
@@ -65,37 +65,26 @@ impl Sequencer {
         } else {
             SnapshotWriter::disabled()
         };
-        let next_seq = journal.next_seq();
-        let pipeline_depth = journal.pipeline_depth().max(1);
+        let batch = super::Batch { first_seq: journal.next_seq(), archived, ..Default::default() };
         let mut sequencer = Sequencer {
             market,
-            journal: Arc::new(std::sync::Mutex::new(journal)),
-            committer: None,
-            in_flight: std::collections::VecDeque::new(),
-            pipeline_depth,
-            next_seq,
-            committed_seq: next_seq - 1,
             clock,
-            operator_keys,
-            entries: Vec::new(),
-            transfers: Vec::new(),
-            archived,
-            pending: Vec::new(),
-            fatal: None,
+            batch,
+            commit: super::commit::Commit::new(journal),
             sessions: super::session_table::Sessions::default(),
             fanout: super::fanout::FanOut::new(FEED_FRAMES_MAX),
+            snapshots: snapshot_writer,
             metrics,
             depth_refreshed_ms: 0,
-            snapshots: snapshot_writer,
-            logs_pending: BTreeMap::new(),
-            next_logs_request: 1,
-            invoices: None,
+            host_waits: Default::default(),
             challenges: Default::default(),
-            openings: Default::default(),
-            stop: Arc::default(),
             job_silence_ms: super::jobs::JOB_SILENCE_MS_DEFAULT,
+            operator_keys,
+            openings: Default::default(),
             job_store: None,
+            invoices: None,
             disk: None,
+            stop: Arc::default(),
         };
         sequencer.set_challenge_interval_ms(super::CHALLENGE_INTERVAL_MS_DEFAULT);
         if let Some(listing) = listing {
@@ -103,8 +92,8 @@ impl Sequencer {
         }
         sequencer.market.advance_clock(clock.now_ms());
         sequencer.journal_policy(billing);
-        sequencer.pending.clear();
-        if let Some(fatal) = sequencer.fatal.take() {
+        sequencer.batch.pending.clear();
+        if let Some(fatal) = sequencer.batch.fatal.take() {
             return Err(fatal.into());
         }
         let state_hash = sequencer.market.state_hash();
@@ -163,11 +152,11 @@ impl Sequencer {
         }
         // The classes' cluster terms, journaled when they change (a new
         // journal's, when it names any).
-        if self.fatal.is_none() && self.market.engine().cluster_rules() != cluster_rules {
+        if self.batch.fatal.is_none() && self.market.engine().cluster_rules() != cluster_rules {
             self.market.advance_clock(self.clock.now_ms());
             self.apply_command(None, 0, Command::SetClusterRules { rules: cluster_rules });
         }
-        if let Some(fatal) = self.fatal.take() {
+        if let Some(fatal) = self.batch.fatal.take() {
             return Err(fatal.into());
         }
         Ok(())

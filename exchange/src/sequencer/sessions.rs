@@ -47,7 +47,7 @@ impl Sequencer {
         let refuse = |sequencer: &mut Self, reason: &str, code: ErrorCode| {
             sequencer.metrics.gateway.auth_failures.with_label_values(&[reason]).inc();
             sequencer.reply(connection, error(Some(id), code));
-            sequencer.pending.push((Target::Connection(connection), Pending::Control(Outgoing::Login(LoginOutcome::Refused))));
+            sequencer.batch.pending.push((Target::Connection(connection), Pending::Control(Outgoing::Login(LoginOutcome::Refused))));
         };
         let access = match self.market.keys().access(&public_key, now_ms) {
             Ok(access) => access,
@@ -85,7 +85,7 @@ impl Sequencer {
         self.sessions.log_in(connection, bound);
         let participant = self.market.engine().participant_of(account);
         let accepted = Outgoing::Login(LoginOutcome::Accepted { account, role, participant });
-        self.pending.push((Target::Connection(connection), Pending::Control(accepted)));
+        self.batch.pending.push((Target::Connection(connection), Pending::Control(accepted)));
         self.reply(connection, ServerMessage::Authenticated { id, account, role });
     }
 
@@ -125,7 +125,7 @@ impl Sequencer {
         if removed {
             self.leave_link_feed(connection, channel, instrument);
             self.reply(connection, ServerMessage::Unsubscribed { id, channel, instrument });
-            self.pending.push((Target::Connection(connection), Pending::Control(Outgoing::FeedEnd { channel, instrument })));
+            self.batch.pending.push((Target::Connection(connection), Pending::Control(Outgoing::FeedEnd { channel, instrument })));
         } else {
             self.reply(connection, error(Some(id), ErrorCode::NotSubscribed));
         }
@@ -160,7 +160,7 @@ impl Sequencer {
         // sequencer's order on.
         let link = self.sessions.get(connection).and_then(|c| c.outbound.frames.link());
         let feed = self.fanout.join((channel, instrument), connection, link);
-        self.pending.push((Target::Connection(connection), Pending::Control(Outgoing::FeedStart { channel, instrument, feed })));
+        self.batch.pending.push((Target::Connection(connection), Pending::Control(Outgoing::FeedStart { channel, instrument, feed })));
     }
 
     /// A subscriber lost its place in a feed: the book it missed is conflated

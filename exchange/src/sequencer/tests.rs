@@ -117,11 +117,7 @@ impl Client {
 /// journaled request `id`: a cancel of an order it does not have (refused,
 /// journaled all the same).
 fn one_renter() -> (MemoryJournal, Sequencer, Client, impl Fn(u64) -> Request) {
-    one_renter_on(MemoryJournal::default())
-}
-
-/// `one_renter` on the journal given.
-fn one_renter_on(journal: MemoryJournal) -> (MemoryJournal, Sequencer, Client, impl Fn(u64) -> Request) {
+    let journal = MemoryJournal::default();
     let snapshots = MemorySnapshots::default();
     let (mut sequencer, _) = recover(&journal, &snapshots);
     let (mut client, connect) = Client::connect(1);
@@ -160,42 +156,6 @@ fn a_batch_in_flight_is_released_only_after_its_commit_and_in_order() {
     sequencer.settle().expect("commits");
     assert_eq!(ids(client.received()), [5]);
     assert!(journal.entries().len() >= entries + 3);
-}
-
-/// A journal that takes several batches at once (Raft's): the sequencer
-/// hands over the next batches while the first are on their way, up to the
-/// journal's depth, and releases each after its own commit, in order; a
-/// failed commit releases neither it nor any batch after it.
-#[test]
-fn several_batches_in_flight_are_released_each_after_its_own_commit_in_order() {
-    let journal = MemoryJournal::default();
-    journal.hold_commits(3);
-    // The login's commit.
-    journal.let_commits(1);
-    let (journal, mut sequencer, mut client, cancel) = one_renter_on(journal);
-    let ids = |messages: Vec<ServerMessage>| messages.iter().filter_map(|m| m.answer_to()).collect::<Vec<_>>();
-    for id in 2..5 {
-        sequencer.step(vec![cancel(id)], None).expect("handed to the journal without waiting");
-    }
-    assert_eq!(sequencer.in_flight.len(), 3);
-    assert!(client.received().is_empty(), "no answer before its commit");
-    // The pipeline is full: a fourth batch waits for the oldest commit.
-    journal.let_commits(1);
-    sequencer.step(vec![cancel(5)], None).expect("the oldest committed, the fourth handed over");
-    assert_eq!(ids(client.received()), [2], "the first batch only");
-    // A query waits for every batch in flight, then answers after them.
-    journal.let_commits(3);
-    sequencer.step(vec![Request { connection: 1, id: 6, body: Body::Balance {} }], None).expect("answers");
-    assert_eq!(ids(client.received()), [3, 4, 5, 6], "in the order of the requests");
-    assert!(sequencer.in_flight.is_empty());
-
-    // The oldest of two in flight fails: nothing of either leaves.
-    journal.fail_appends(true);
-    journal.let_commits(2);
-    sequencer.step(vec![cancel(7)], None).expect("handed over");
-    sequencer.step(vec![cancel(8)], None).expect("handed over behind it");
-    assert!(matches!(sequencer.settle(), Err(SequencerError::Journal { .. })));
-    assert!(client.received().is_empty(), "no answer went out for what is not on disk");
 }
 
 /// A failed commit of the batch in flight stops the sequencer at the next

@@ -1,0 +1,90 @@
+use std::path::Path;
+use std::sync::Arc;
+
+use gpux_engine::{AccountId, LeaseId};
+use gpux_protocol::JobId;
+
+use super::*;
+
+#[test]
+fn a_store_the_exchange_cannot_speak_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let refused = open("ftp://host/path", dir.path()).expect_err("refused").to_string();
+    assert!(refused.contains("expected local, file:///DIR, s3://BUCKET"), "{refused}");
+    assert!(open("local", dir.path()).is_ok() && dir.path().join("job-store").is_dir());
+}
+
+/// A local store's root is owner-only, even one that existed with
+/// wider modes: nothing below it is readable by another user.
+#[test]
+fn a_local_stores_root_is_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    open("local", dir.path()).expect("opens");
+    let mode = |path: &Path| std::fs::metadata(path).expect("there").permissions().mode() & 0o777;
+    assert_eq!(mode(&dir.path().join("job-store")), 0o700);
+    let shared = dir.path().join("shared");
+    std::fs::create_dir_all(&shared).expect("dir");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    open(&format!("file://{}", shared.display()), dir.path()).expect("opens");
+    assert_eq!(mode(&shared), 0o700);
+}
+
+#[test]
+fn keys_parse_strictly() {
+    let sha = "ab".repeat(32);
+    assert_eq!(Key::parse(&format!("7/bundles/{sha}.tar.gz")), Some(Key::Bundle { owner: AccountId(7), sha256: sha.clone() }));
+    assert_eq!(
+        Key::parse("7/jobs/3/checkpoints/step-10.json"),
+        Some(Key::Job { owner: AccountId(7), job: JobId(3), rest: "checkpoints/step-10.json".into() })
+    );
+    for bad in
+        ["7/bundles/x.tar.gz", "7/jobs/3/other/a", "7/jobs/3/outputs/../a", "7/jobs/3/outputs", "x/jobs/3/outputs/a", "/7/jobs/3/outputs/a"]
+    {
+        assert_eq!(Key::parse(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn grants_open_what_they_name_only() {
+    let issuer = Issuer::new("http://store".into(), [9; 32], Arc::default());
+    let sha = "cd".repeat(32);
+    let host = Grant::Host {
+        renter: AccountId(7),
+        job: JobId(3),
+        lease: LeaseId(11),
+        attempt: 1,
+        bundle: Some(sha.clone()),
+        inputs: vec!["ab".repeat(32)],
+        expires_at_ms: 2_000,
+    };
+    let token = issuer.issue(&host);
+    assert_eq!(verify(&[9; 32], &token, 1_000), Some(host.clone()));
+    assert_eq!(verify(&[9; 32], &token, 2_000), None, "expired");
+    assert_eq!(verify(&[8; 32], &token, 1_000), None, "another secret");
+    let other = issuer.issue(&Grant::Host {
+        renter: AccountId(7),
+        job: JobId(4),
+        lease: LeaseId(11),
+        attempt: 1,
+        bundle: None,
+        inputs: Vec::new(),
+        expires_at_ms: 2_000,
+    });
+    let forged = format!("{}.{}", other.split('.').next().expect("a body"), token.split('.').nth(1).expect("a tag"));
+    assert_eq!(verify(&[9; 32], &forged, 1_000), None, "a changed body");
+    let key = |k: &str| Key::parse(k).expect("valid");
+    assert!(host.allows(Operation::Read, &key(&format!("7/bundles/{sha}.tar.gz"))));
+    assert!(!host.allows(Operation::Write, &key(&format!("7/bundles/{sha}.tar.gz"))));
+    assert!(!host.allows(Operation::Read, &key(&format!("7/bundles/{}.tar.gz", "ee".repeat(32)))));
+    assert!(host.allows(Operation::Write, &key("7/jobs/3/outputs/model.bin")));
+    assert!(host.allows(Operation::Read, &key(&format!("7/inputs/{}.tar.gz", "ab".repeat(32)))), "its job's input");
+    assert!(!host.allows(Operation::Read, &key(&format!("7/inputs/{}.tar.gz", "ef".repeat(32)))), "another input");
+    assert!(!host.allows(Operation::Read, &key("7/jobs/4/outputs/model.bin")), "another job");
+    assert!(!host.allows(Operation::Read, &key("8/jobs/3/outputs/model.bin")), "another renter");
+    let renter = Grant::Renter { account: AccountId(7), participant: None, expires_at_ms: 2_000 };
+    assert!(renter.allows(Operation::Write, &key(&format!("7/bundles/{sha}.tar.gz"))));
+    assert!(renter.allows(Operation::Read, &key("7/jobs/4/outputs/model.bin")));
+    assert!(!renter.allows(Operation::Write, &key("7/jobs/4/outputs/model.bin")), "results are the host's to write");
+    assert!(!renter.allows(Operation::Read, &key("8/jobs/4/outputs/model.bin")));
+}
