@@ -5,7 +5,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::GpuSpec;
-use crate::event::RejectCode;
 use crate::ids::{AccountId, GpuId, HostId, InstrumentId, LeaseId, OrderId};
 
 /// One journaled command and the time (ms since the Unix epoch) it was
@@ -214,7 +213,7 @@ impl NewOrder {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(from = "crate::stored::StoredCommand", into = "crate::stored::StoredCommand")]
 pub enum Command {
     /// Opens an account; the engine assigns the next `AccountId`.
     OpenAccount {
@@ -242,24 +241,12 @@ pub enum Command {
     SetBillingGrace {
         grace_ms: u64,
     },
-    /// Deprecated (decoded from older journals, upcast to `Register`):
-    /// a GPU of a host without a region.
-    #[serde(rename = "register_gpu")]
-    DeprecatedRegisterGpu {
-        account: AccountId,
-        host: String,
-        gpu_uuid: String,
-        spec: GpuSpec,
-    },
     /// The agent reports a GPU healthy (`online`) or not.
     SetGpuOnline {
         account: AccountId,
         gpu: GpuId,
         online: bool,
     },
-    /// Deprecated (upcast to `Place`): a plain order.
-    #[serde(rename = "place_order")]
-    DeprecatedPlaceOrder(NewOrder),
     CancelOrder {
         account: AccountId,
         order: OrderId,
@@ -300,14 +287,6 @@ pub enum Command {
     },
     /// Only advances time (expiries, lease ends, window delivery).
     Tick,
-    /// Deprecated (upcast to `Place`): a bid that trades only with
-    /// sellers rated at least `min_supplier_score_bps`; 0 is refused
-    /// `score_filter_invalid`.
-    #[serde(rename = "place_order_filtered")]
-    DeprecatedPlaceOrderFiltered {
-        order: NewOrder,
-        min_supplier_score_bps: u32,
-    },
     /// The market verified (or timed out) a GPU's answer to a hardware
     /// challenge: the GPU keeps the classes whose minimum rate its answer
     /// showed, is verified in them, or is rejected for a wrong answer
@@ -316,13 +295,6 @@ pub enum Command {
     RecordChallenge {
         gpu: GpuId,
         answer: ChallengeAnswer,
-    },
-    /// Deprecated (upcast to `Place`): a bid that trades only with
-    /// verified GPUs (and sellers rated at least `min_supplier_score_bps`).
-    #[serde(rename = "place_order_verified")]
-    DeprecatedPlaceOrderVerified {
-        order: NewOrder,
-        min_supplier_score_bps: u32,
     },
     /// The market matched the renter's signed "unreachable" evidence against
     /// the supplier's reports of the same time: `disputed_gpu_ms` more of
@@ -333,12 +305,6 @@ pub enum Command {
     WithholdDisputed {
         lease: LeaseId,
         disputed_gpu_ms: u64,
-    },
-    /// Deprecated (upcast to `Place`): an order with options.
-    #[serde(rename = "place_order_with")]
-    DeprecatedPlaceOrderWith {
-        order: NewOrder,
-        options: OrderOptions,
     },
     /// `parent` (a renter or an aggregator, itself no sub-account) opens a
     /// sub-account: an account of the parent's role whose funds come from
@@ -383,45 +349,6 @@ pub enum Command {
     /// accepts it. Only the exchange issues it, at start, never a client.
     ChangeListing {
         listing: Box<crate::config::EngineConfig>,
-    },
-    /// Deprecated (upcast to `Register`): a GPU of a host in a region.
-    #[serde(rename = "register_gpu_in_region")]
-    DeprecatedRegisterGpuInRegion {
-        account: AccountId,
-        host: String,
-        gpu_uuid: String,
-        spec: GpuSpec,
-        region: String,
-        zone: String,
-    },
-    /// Deprecated (upcast to `Place`): a bid in some regions; no
-    /// region is refused `region_filter_invalid`.
-    #[serde(rename = "place_order_in_regions")]
-    DeprecatedPlaceOrderInRegions {
-        order: NewOrder,
-        options: OrderOptions,
-        regions: Vec<String>,
-    },
-    /// Deprecated (upcast to `Register`): a GPU of a host on a fabric.
-    #[serde(rename = "register_gpu_on_fabric")]
-    DeprecatedRegisterGpuOnFabric {
-        account: AccountId,
-        host: String,
-        gpu_uuid: String,
-        spec: GpuSpec,
-        region: String,
-        zone: String,
-        /// Boxed: the rare command does not size every command.
-        fabric: Box<FabricClaim>,
-    },
-    /// Deprecated (upcast to `Place` with cluster terms): a cluster bid.
-    #[serde(rename = "place_cluster_order")]
-    DeprecatedPlaceClusterOrder {
-        order: NewOrder,
-        options: OrderOptions,
-        regions: Vec<String>,
-        nodes: u32,
-        min_fabric_gbps: u32,
     },
     /// The market checked a cluster member's signed interconnect probe (a
     /// ring all-reduce between the members' agents at delivery): the bus
@@ -473,9 +400,9 @@ pub enum Command {
         disputed_gpu_ms: u64,
         proven_gpu_ms: u64,
     },
-    /// Places an order of any type: the one current way (the
-    /// `DeprecatedPlace*` variants before it are upcast to it; their JSON
-    /// names, `place_order`, `place_order_with`, ..., still read).
+    /// Places an order of any type: the one current way (older journals'
+    /// forms, `place_order`, `place_order_with`, ..., read as it:
+    /// `stored::StoredCommand`).
     /// `options`: all-or-none, a budget, a stop trigger, the reliability
     /// filters (docs/market-rules.md "Order types"); `regions` (names from
     /// the listing; empty: any) restricts a bid to GPUs of hosts in them
@@ -492,8 +419,8 @@ pub enum Command {
         cluster: Option<ClusterTerms>,
     },
     /// A supplier lists one GPU (or MIG slice) of a host: the one current
-    /// way (the `DeprecatedRegisterGpu*` variants before it are upcast to
-    /// it; their JSON names, `register_gpu`, ..., still read). The first GPU of an unknown host name registers the host. A
+    /// way (older journals' forms, `register_gpu`, ..., read as it:
+    /// `stored::StoredCommand`). The first GPU of an unknown host name registers the host. A
     /// host's `region` (one of the listing's; `zone` within it, shown only)
     /// is set by its first GPU that names one and never changes
     /// (docs/market-rules.md "Regions"); a zone without a region is refused
@@ -618,73 +545,8 @@ impl Command {
     /// The new order this command places, if it places one.
     pub fn new_order(&self) -> Option<&NewOrder> {
         match self {
-            Command::Place { order, .. }
-            | Command::DeprecatedPlaceOrder(order)
-            | Command::DeprecatedPlaceOrderFiltered { order, .. }
-            | Command::DeprecatedPlaceOrderVerified { order, .. }
-            | Command::DeprecatedPlaceOrderWith { order, .. }
-            | Command::DeprecatedPlaceOrderInRegions { order, .. }
-            | Command::DeprecatedPlaceClusterOrder { order, .. } => Some(order),
+            Command::Place { order, .. } => Some(order),
             _ => None,
-        }
-    }
-
-    /// Whether this is a deprecated variant, kept so that older journals
-    /// decode: one that `upcast` changes (or refuses). Not for hot paths:
-    /// it upcasts a copy.
-    pub fn is_deprecated(&self) -> bool {
-        !matches!(self.upcast(), Ok(current) if current == *self)
-    }
-
-    /// The current form of a deprecated command (TigerBeetle's habit: old
-    /// operations decoded, then upcast), with the same effect: what the
-    /// old variant refused before anything else is refused with the same
-    /// code (a score filter of 0, a regions filter naming none). A current
-    /// command is returned as it is.
-    pub fn upcast(&self) -> Result<Command, RejectCode> {
-        let place = |order: &NewOrder, options: OrderOptions, regions: &[String], cluster: Option<ClusterTerms>| {
-            Ok(Command::Place { order: order.clone(), options, regions: regions.to_vec(), cluster })
-        };
-        let register = |account: &AccountId, host: &String, gpu_uuid: &String, spec: &GpuSpec, region: Option<&String>, zone: &str| {
-            Command::Register {
-                account: *account,
-                host: host.clone(),
-                gpu_uuid: gpu_uuid.clone(),
-                spec: spec.clone(),
-                region: region.cloned(),
-                zone: zone.to_string(),
-                fabric: None,
-            }
-        };
-        match self {
-            Command::DeprecatedPlaceOrder(order) => place(order, OrderOptions::default(), &[], None),
-            Command::DeprecatedPlaceOrderFiltered { min_supplier_score_bps: 0, .. } => Err(RejectCode::ScoreFilterInvalid),
-            Command::DeprecatedPlaceOrderFiltered { order, min_supplier_score_bps } => {
-                place(order, OrderOptions { min_supplier_score_bps: *min_supplier_score_bps, ..OrderOptions::default() }, &[], None)
-            }
-            Command::DeprecatedPlaceOrderVerified { order, min_supplier_score_bps } => {
-                let options =
-                    OrderOptions { min_supplier_score_bps: *min_supplier_score_bps, verified_only: true, ..OrderOptions::default() };
-                place(order, options, &[], None)
-            }
-            Command::DeprecatedPlaceOrderWith { order, options } => place(order, *options, &[], None),
-            Command::DeprecatedPlaceOrderInRegions { regions, .. } if regions.is_empty() => Err(RejectCode::RegionFilterInvalid),
-            Command::DeprecatedPlaceOrderInRegions { order, options, regions } => place(order, *options, regions, None),
-            Command::DeprecatedPlaceClusterOrder { order, options, regions, nodes, min_fabric_gbps } => {
-                place(order, *options, regions, Some(ClusterTerms { nodes: *nodes, min_fabric_gbps: *min_fabric_gbps }))
-            }
-            Command::DeprecatedRegisterGpu { account, host, gpu_uuid, spec } => Ok(register(account, host, gpu_uuid, spec, None, "")),
-            Command::DeprecatedRegisterGpuInRegion { account, host, gpu_uuid, spec, region, zone } => {
-                Ok(register(account, host, gpu_uuid, spec, Some(region), zone))
-            }
-            Command::DeprecatedRegisterGpuOnFabric { account, host, gpu_uuid, spec, region, zone, fabric } => {
-                let mut current = register(account, host, gpu_uuid, spec, Some(region), zone);
-                if let Command::Register { fabric: claim, .. } = &mut current {
-                    *claim = Some(fabric.clone());
-                }
-                Ok(current)
-            }
-            current => Ok(current.clone()),
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod gpus;
 pub mod ids;
 pub mod limits;
 pub mod state_hash;
+pub mod stored;
 pub mod time;
 mod timer_heap;
 

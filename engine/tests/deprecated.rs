@@ -1,13 +1,20 @@
-//! Older journals' place-order and register-GPU commands (the
-//! `Deprecated*` variants, kept so those journals decode) have the effect of
-//! their current form (`Command::upcast`): the same events, the same state,
-//! and the same refusal where the old form refused before anything else.
+//! Older journals' place-order and register-GPU commands (the deprecated
+//! variants of `stored::StoredCommand`, kept so those journals decode) read
+//! as their current form: the same events, the same state, and the same
+//! refusal where the old form refused before anything else.
 
 mod common;
 
 use common::*;
+use gpux_engine::stored::StoredCommand;
 use gpux_engine::*;
 use proptest::prelude::*;
+
+/// A stored command as a journal's decoder reads it (through its JSON: the
+/// same `serde(from)` path bincode takes).
+fn decoded(stored: &StoredCommand) -> Command {
+    serde_json::from_value(serde_json::to_value(stored).expect("encodes")).expect("decodes")
+}
 
 /// One older journal's command, drawn.
 #[derive(Clone, Debug)]
@@ -63,7 +70,7 @@ fn commands(
     renter: AccountId,
     supplier: AccountId,
     registered: &mut u32,
-) -> (Command, Result<Command, RejectCode>) {
+) -> (StoredCommand, Result<Command, RejectCode>) {
     let price = |step: u8| 1_500_000 + step as u64 * 250_000;
     let order = |m: &mut Market, buy: bool, step: u8, quantity: u32| {
         let (account, side) = if buy { (renter, Side::Buy) } else { (supplier, Side::Sell) };
@@ -93,16 +100,11 @@ fn commands(
             match (named, fabric) {
                 // The oldest form had no zone either.
                 (None, _) => (
-                    Command::DeprecatedRegisterGpu {
-                        account: supplier,
-                        host: host.clone(),
-                        gpu_uuid: gpu_uuid.clone(),
-                        spec: spec.clone(),
-                    },
+                    StoredCommand::RegisterGpu { account: supplier, host: host.clone(), gpu_uuid: gpu_uuid.clone(), spec: spec.clone() },
                     Ok(current(None, String::new(), None)),
                 ),
                 (Some(r), false) => (
-                    Command::DeprecatedRegisterGpuInRegion {
+                    StoredCommand::RegisterGpuInRegion {
                         account: supplier,
                         host: host.clone(),
                         gpu_uuid: gpu_uuid.clone(),
@@ -113,7 +115,7 @@ fn commands(
                     Ok(current(Some(region(r)), zone, None)),
                 ),
                 (Some(r), true) => (
-                    Command::DeprecatedRegisterGpuOnFabric {
+                    StoredCommand::RegisterGpuOnFabric {
                         account: supplier,
                         host: host.clone(),
                         gpu_uuid: gpu_uuid.clone(),
@@ -128,7 +130,7 @@ fn commands(
         }
         Old::Plain { buy, price, quantity } => {
             let order = order(m, buy, price, quantity as u32);
-            (Command::DeprecatedPlaceOrder(order.clone()), Ok(Command::place(order)))
+            (StoredCommand::PlaceOrder(order.clone()), Ok(Command::place(order)))
         }
         Old::Filtered { price, quantity, score } => {
             let order = order(m, true, price, quantity as u32);
@@ -137,21 +139,18 @@ fn commands(
                 0 => Err(RejectCode::ScoreFilterInvalid),
                 _ => Ok(Command::place_with(order.clone(), OrderOptions { min_supplier_score_bps, ..OrderOptions::default() })),
             };
-            (Command::DeprecatedPlaceOrderFiltered { order, min_supplier_score_bps }, current)
+            (StoredCommand::PlaceOrderFiltered { order, min_supplier_score_bps }, current)
         }
         Old::Verified { price, quantity, score } => {
             let order = order(m, true, price, quantity as u32);
             let min_supplier_score_bps = score as u32;
             let options = OrderOptions { min_supplier_score_bps, verified_only: true, ..OrderOptions::default() };
-            (
-                Command::DeprecatedPlaceOrderVerified { order: order.clone(), min_supplier_score_bps },
-                Ok(Command::place_with(order, options)),
-            )
+            (StoredCommand::PlaceOrderVerified { order: order.clone(), min_supplier_score_bps }, Ok(Command::place_with(order, options)))
         }
         Old::With { price, quantity, all_or_none, budget } => {
             let order = order(m, true, price, quantity as u32);
             let options = OrderOptions { all_or_none, budget_minor: budget as u64 * 1_000_000, ..OrderOptions::default() };
-            (Command::DeprecatedPlaceOrderWith { order: order.clone(), options }, Ok(Command::place_with(order, options)))
+            (StoredCommand::PlaceOrderWith { order: order.clone(), options }, Ok(Command::place_with(order, options)))
         }
         Old::InRegions { buy, price, quantity, regions } => {
             let order = order(m, buy, price, quantity as u32);
@@ -161,7 +160,7 @@ fn commands(
                 true => Err(RejectCode::RegionFilterInvalid),
                 false => Ok(Command::Place { order: order.clone(), options, regions: regions.clone(), cluster: None }),
             };
-            (Command::DeprecatedPlaceOrderInRegions { order, options, regions }, current)
+            (StoredCommand::PlaceOrderInRegions { order, options, regions }, current)
         }
         Old::Cluster { price, nodes, per_node, gbps, region: named } => {
             let order = order(m, true, price, nodes as u32 * per_node as u32);
@@ -170,7 +169,7 @@ fn commands(
             let options = OrderOptions::default();
             let cluster = Some(ClusterTerms { nodes, min_fabric_gbps });
             let current = Command::Place { order: order.clone(), options, regions: regions.clone(), cluster };
-            (Command::DeprecatedPlaceClusterOrder { order, options, regions, nodes, min_fabric_gbps }, Ok(current))
+            (StoredCommand::PlaceClusterOrder { order, options, regions, nodes, min_fabric_gbps }, Ok(current))
         }
     }
 }
@@ -194,12 +193,13 @@ proptest! {
         for (step, drawn) in olds.iter().enumerate() {
             let (deprecated, expected) = commands(drawn, &mut old_market, renter, supplier, &mut registered_old);
             let (again, _) = commands(drawn, &mut current_market, renter, supplier, &mut registered_current);
-            prop_assert!(deprecated.is_deprecated());
-            prop_assert_eq!(deprecated.upcast(), expected.clone(), "step {}: {:?}", step, drawn);
-            let events = old_market.apply(deprecated);
+            let read = decoded(&deprecated);
+            if let Ok(current) = &expected {
+                prop_assert_eq!(&read, current, "step {}: {:?}", step, drawn);
+            }
+            let events = old_market.apply(read);
             match expected {
                 Ok(current) => {
-                    prop_assert!(!current.is_deprecated());
                     let current_events = current_market.apply(current);
                     prop_assert_eq!(&events, &current_events, "step {}: {:?}", step, drawn);
                 }
@@ -208,7 +208,7 @@ proptest! {
                     prop_assert_eq!(events.len(), 1);
                     prop_assert_eq!(rejection(&events), Some(code));
                     // Keep the two event counters together.
-                    current_market.apply(again);
+                    current_market.apply(decoded(&again));
                 }
             }
             prop_assert_eq!(old_market.engine.state_hash(), current_market.engine.state_hash(), "step {}", step);
@@ -221,30 +221,101 @@ proptest! {
 }
 
 #[test]
-fn a_current_command_upcasts_to_itself_and_the_deprecated_refusals_keep_their_codes() {
+fn a_current_command_reads_as_itself_and_the_deprecated_refusals_read_as_refused_forms() {
     let order = NewOrder::limit(AccountId(1), 7, H100_SPOT, Side::Buy, USD_2, 1);
     let current = Command::place(order.clone());
-    assert_eq!(current.upcast(), Ok(current.clone()));
-    assert_eq!(
-        Command::DeprecatedPlaceOrderFiltered { order: order.clone(), min_supplier_score_bps: 0 }.upcast(),
-        Err(RejectCode::ScoreFilterInvalid)
-    );
-    assert_eq!(
-        Command::DeprecatedPlaceOrderInRegions { order: order.clone(), options: OrderOptions::default(), regions: Vec::new() }.upcast(),
-        Err(RejectCode::RegionFilterInvalid)
-    );
-    assert_eq!(
-        Command::DeprecatedPlaceClusterOrder {
-            order,
-            options: OrderOptions::default(),
-            regions: Vec::new(),
-            nodes: 2,
-            min_fabric_gbps: 100
-        }
-        .upcast()
-        .map(|c| matches!(c, Command::Place { cluster: Some(ClusterTerms { nodes: 2, min_fabric_gbps: 100 }), .. })),
-        Ok(true)
-    );
+    assert_eq!(decoded(&StoredCommand::from(current.clone())), current);
+    let filtered = decoded(&StoredCommand::PlaceOrderFiltered { order: order.clone(), min_supplier_score_bps: 0 });
+    assert!(matches!(filtered, Command::Place { options, .. } if options.min_supplier_score_bps == stored::REFUSED_SCORE_BPS));
+    let in_regions =
+        decoded(&StoredCommand::PlaceOrderInRegions { order: order.clone(), options: OrderOptions::default(), regions: Vec::new() });
+    assert!(matches!(in_regions, Command::Place { regions, .. } if regions == stored::refused_regions()));
+    let cluster = decoded(&StoredCommand::PlaceClusterOrder {
+        order,
+        options: OrderOptions::default(),
+        regions: Vec::new(),
+        nodes: 2,
+        min_fabric_gbps: 100,
+    });
+    assert!(matches!(cluster, Command::Place { cluster: Some(ClusterTerms { nodes: 2, min_fabric_gbps: 100 }), .. }));
+}
+
+/// The variant names serde's derive passes to `deserialize_enum`, in
+/// declaration order: bincode writes a variant's position among them.
+struct VariantsOf(Vec<&'static str>);
+
+impl<'de> serde::Deserializer<'de> for &mut VariantsOf {
+    type Error = serde::de::value::Error;
+
+    fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+        Err(serde::de::Error::custom("only enums"))
+    }
+
+    fn deserialize_enum<V: serde::de::Visitor<'de>>(
+        self,
+        _: &'static str,
+        variants: &'static [&'static str],
+        _: V,
+    ) -> Result<V::Value, Self::Error> {
+        self.0 = variants.to_vec();
+        Err(serde::de::Error::custom("recorded"))
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit unit_struct
+        newtype_struct seq tuple tuple_struct map struct identifier ignored_any
+    }
+}
+
+/// Bincode writes a variant's index: `Command` is read and written through
+/// the stored variants in the order journals hold them, the deprecated
+/// forms in their places (the order as it stood when they left `Command`,
+/// 2026-12-07); a new variant goes at the end.
+#[test]
+fn commands_are_stored_in_the_journals_variant_order() {
+    const JOURNAL_ORDER: [&str; 38] = [
+        "open_account",
+        "deposit",
+        "withdraw",
+        "payout",
+        "set_fee",
+        "set_billing_grace",
+        "register_gpu",
+        "set_gpu_online",
+        "place_order",
+        "cancel_order",
+        "replace_order",
+        "mass_cancel",
+        "end_lease",
+        "fail_lease_delivery",
+        "settle_usage",
+        "tick",
+        "place_order_filtered",
+        "record_challenge",
+        "place_order_verified",
+        "withhold_disputed",
+        "place_order_with",
+        "open_sub_account",
+        "move_funds",
+        "set_account_limits",
+        "offer_lease",
+        "set_spend_limits",
+        "change_listing",
+        "register_gpu_in_region",
+        "place_order_in_regions",
+        "register_gpu_on_fabric",
+        "place_cluster_order",
+        "record_fabric_probe",
+        "set_cluster_rules",
+        "set_late_report_window",
+        "hold_disputed",
+        "place",
+        "register",
+        "set_share_rules",
+    ];
+    let mut variants = VariantsOf(Vec::new());
+    let _ = <Command as serde::Deserialize>::deserialize(&mut variants);
+    assert_eq!(variants.0, JOURNAL_ORDER, "Command is read through the stored variants, in order");
 }
 
 /// docs/market-rules.md's input example (the audit's JSON lines).
@@ -260,7 +331,12 @@ fn the_documented_inputs_are_current_and_older_inputs_still_read_as_their_curren
     let documented: Vec<Input> =
         documented_inputs().iter().map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}"))).collect();
     assert!(documented.len() >= 10);
-    assert!(documented.iter().all(|input| !input.command.is_deprecated()), "the example shows current commands");
+    for (line, input) in documented_inputs().iter().zip(&documented) {
+        let written = serde_json::to_string(input).expect("encodes");
+        let reread: serde_json::Value = serde_json::from_str(&written).expect("json");
+        let shown: serde_json::Value = serde_json::from_str(line).expect("json");
+        assert_eq!(reread, shown, "the example shows current commands, as written today");
+    }
     // The same three commands as an input written before 2026-12-06 named them.
     let older = [
         r#"{"at_ms":1796223660000,"command":{"register_gpu":{"account":0,"host":"dc1-node-01","gpu_uuid":"GPU-dc1-node-01-0","spec":{"vendor":"nvidia","model":"NVIDIA H100 80GB HBM3","memory_mib":81559,"interconnect":"nv_link","mig_profile":null}}}}"#,
@@ -277,7 +353,6 @@ fn the_documented_inputs_are_current_and_older_inputs_still_read_as_their_curren
     assert_eq!(current.len(), 3);
     for (line, current) in older.iter().zip(current) {
         let old: Input = serde_json::from_str(line).expect("an older input reads");
-        assert!(old.command.is_deprecated(), "{line}");
-        assert_eq!(old.command.upcast().as_ref(), Ok(&current.command), "{line}");
+        assert_eq!(old.command, current.command, "{line}");
     }
 }

@@ -178,7 +178,11 @@ fn region_mistakes_are_refused_with_their_codes_and_change_nothing() {
         ),
         (
             "an older journal's bid for no region (a current one means any)",
-            Command::DeprecatedPlaceOrderInRegions { order: bid.clone(), options: OrderOptions::default(), regions: Vec::new() },
+            Command::from(gpux_engine::stored::StoredCommand::PlaceOrderInRegions {
+                order: bid.clone(),
+                options: OrderOptions::default(),
+                regions: Vec::new(),
+            }),
             RejectCode::RegionFilterInvalid,
         ),
         (

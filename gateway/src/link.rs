@@ -526,23 +526,13 @@ impl Body {
 fn command_scope(command: &Command) -> Scope {
     match command {
         Command::Place { .. }
-        | Command::DeprecatedPlaceOrder(_)
-        | Command::DeprecatedPlaceOrderFiltered { .. }
-        | Command::DeprecatedPlaceOrderVerified { .. }
-        | Command::DeprecatedPlaceOrderWith { .. }
-        | Command::DeprecatedPlaceOrderInRegions { .. }
-        | Command::DeprecatedPlaceClusterOrder { .. }
         | Command::CancelOrder { .. }
         | Command::ReplaceOrder { .. }
         | Command::MassCancel { .. }
         | Command::OfferLease { .. } => Scope::Trade,
-        Command::EndLease { .. }
-        | Command::Register { .. }
-        | Command::DeprecatedRegisterGpu { .. }
-        | Command::DeprecatedRegisterGpuInRegion { .. }
-        | Command::DeprecatedRegisterGpuOnFabric { .. }
-        | Command::SetGpuOnline { .. }
-        | Command::FailLeaseDelivery { .. } => Scope::Deliver,
+        Command::EndLease { .. } | Command::Register { .. } | Command::SetGpuOnline { .. } | Command::FailLeaseDelivery { .. } => {
+            Scope::Deliver
+        }
         Command::Withdraw { .. } | Command::Payout { .. } | Command::Deposit { .. } => Scope::Withdraw,
         // Nothing else comes from a client but sub-account management; the
         // market's own commands never pass a scope check.

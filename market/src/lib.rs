@@ -439,10 +439,8 @@ impl MarketState {
             self.refresh_scores(&suppliers, input.at_ms);
         }
         // A bid in some regions (not a cluster bid's): a replacement keeps them.
-        if let Command::Place { order, regions, cluster: None, .. } | Command::DeprecatedPlaceOrderInRegions { order, regions, .. } =
-            &input.command
-        {
-            if !regions.is_empty() || matches!(input.command, Command::DeprecatedPlaceOrderInRegions { .. }) {
+        if let Command::Place { order, regions, cluster: None, .. } = &input.command {
+            if !regions.is_empty() {
                 self.rematch.bid_regions(order.account, order.client_order_id, regions);
             }
         }

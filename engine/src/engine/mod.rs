@@ -742,19 +742,6 @@ impl Engine {
                 let regions = if regions.is_empty() { 0 } else { self.region_mask(order, regions)? };
                 self.place_order_in(order, options, regions)
             }
-            // Older journals' forms, applied as their current one.
-            Command::DeprecatedPlaceOrder(_)
-            | Command::DeprecatedPlaceOrderFiltered { .. }
-            | Command::DeprecatedPlaceOrderVerified { .. }
-            | Command::DeprecatedPlaceOrderWith { .. }
-            | Command::DeprecatedPlaceOrderInRegions { .. }
-            | Command::DeprecatedPlaceClusterOrder { .. }
-            | Command::DeprecatedRegisterGpu { .. }
-            | Command::DeprecatedRegisterGpuInRegion { .. }
-            | Command::DeprecatedRegisterGpuOnFabric { .. } => {
-                let current = command.upcast()?;
-                self.execute(&current)
-            }
             Command::RecordFabricProbe { lease, ranks, mbps } => self.record_fabric_probe(*lease, *ranks, *mbps),
             Command::SetClusterRules { rules } => self.set_cluster_rules(rules),
             Command::OpenSubAccount { parent } => self.open_sub_account(*parent),
@@ -1353,9 +1340,6 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::Withdraw { account, .. }
         | Command::Payout { account, .. }
         | Command::Register { account, .. }
-        | Command::DeprecatedRegisterGpu { account, .. }
-        | Command::DeprecatedRegisterGpuInRegion { account, .. }
-        | Command::DeprecatedRegisterGpuOnFabric { account, .. }
         | Command::SetGpuOnline { account, .. }
         | Command::CancelOrder { account, .. }
         | Command::ReplaceOrder { account, .. }
@@ -1365,13 +1349,7 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::OfferLease { account, .. }
         | Command::SetSpendLimits { account, .. } => Some(*account),
         Command::OpenSubAccount { parent } | Command::MoveFunds { parent, .. } | Command::SetAccountLimits { parent, .. } => Some(*parent),
-        Command::Place { order, .. }
-        | Command::DeprecatedPlaceOrder(order)
-        | Command::DeprecatedPlaceOrderFiltered { order, .. }
-        | Command::DeprecatedPlaceOrderVerified { order, .. }
-        | Command::DeprecatedPlaceOrderWith { order, .. }
-        | Command::DeprecatedPlaceOrderInRegions { order, .. }
-        | Command::DeprecatedPlaceClusterOrder { order, .. } => Some(order.account),
+        Command::Place { order, .. } => Some(order.account),
     }
 }
 

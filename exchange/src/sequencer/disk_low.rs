@@ -19,13 +19,7 @@ pub(super) fn new_work(body: &Body) -> bool {
             command.new_order().is_some()
                 || matches!(
                     command,
-                    Command::ReplaceOrder { .. }
-                        | Command::Register { .. }
-                        | Command::DeprecatedRegisterGpu { .. }
-                        | Command::DeprecatedRegisterGpuInRegion { .. }
-                        | Command::DeprecatedRegisterGpuOnFabric { .. }
-                        | Command::Deposit { .. }
-                        | Command::OfferLease { .. }
+                    Command::ReplaceOrder { .. } | Command::Register { .. } | Command::Deposit { .. } | Command::OfferLease { .. }
                 )
         }
         Body::Bid { .. } => true,
