@@ -122,15 +122,7 @@ impl Node {
     /// SIGTERM, a clean exit, and the state hash it printed.
     fn terminate(&mut self) -> String {
         let mut child = self.child.take().expect("running");
-        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
-        let status = child.wait().expect("wait");
-        assert!(status.success(), "node {} stops cleanly: {status:?}", self.id);
-        std::thread::sleep(Duration::from_millis(100));
-        let output = self.output.lock().expect("output");
-        output
-            .iter()
-            .find_map(|line| line.strip_prefix("gpux-exchange: stopped, state hash ").map(str::to_string))
-            .expect("the final state hash is printed")
+        gpux_test_exchange::terminate(&mut child, &self.output)
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 /// Unacknowledged reports kept at most (about a day of 10 s reports for 8 GPUs).
 pub const PENDING_REPORTS_MAX: usize = 100_000;
 
-// The session with the exchange (session.rs).
+// The session with the exchange (session/).
 /// How long a login waits for the delivery manager's listing of the host's
 /// workloads before going on without offers (they follow the listing).
 pub const RECONCILE_WAIT: Duration = Duration::from_secs(10);

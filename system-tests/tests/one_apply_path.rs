@@ -130,33 +130,11 @@ fn an_archived_journal_recovers_from_its_snapshot_audits_whole_and_restores() {
 fn a_live_exchanges_journal_gives_its_state_in_the_audit_and_a_recovery() {
     let dir = tempfile::tempdir().expect("temp dir");
     let operator = ed25519_dalek::SigningKey::from_bytes(&[42; 32]);
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port");
-    let (stop, stopped) = tokio::sync::oneshot::channel();
-    let config = gpux_exchange::ExchangeConfig {
-        data_dir: dir.path().to_path_buf(),
-        listen: format!("127.0.0.1:{port}").parse().expect("address"),
-        operator_keys: [operator.verifying_key().to_bytes()].into_iter().collect(),
-        listing: gpux_exchange::listing::Listing { config: EngineConfig::demo(), cluster_rules: Vec::new() },
-        limits: gpux_exchange::gateway::GatewayLimits::default(),
-        metrics_listen: None,
-        console_listen: None,
-        rest_cors_origins: Vec::new(),
-        link_listen: None,
-        tls: None,
-        link_tls: None,
-        billing: common::demo_billing(),
-        clock_offset_ms: 0,
-        challenge_interval_ms: gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT,
-        on_listening: None,
-        cluster: None,
-        accounts: Default::default(),
-        invoicing: Default::default(),
-        job_store: None,
-        job_silence_ms: gpux_exchange::sequencer::JOB_SILENCE_MS_DEFAULT,
-        disk_reserve_bytes: gpux_exchange::disk::DISK_RESERVE_BYTES_DEFAULT,
-    };
-    let exchange = std::thread::spawn(move || gpux_exchange::run_until(config, gpux_exchange::Stop::Channel(stopped)));
-    let url = format!("ws://127.0.0.1:{port}");
+    let mut config = gpux_test_exchange::config(dir.path(), operator.verifying_key().to_bytes());
+    config.billing = common::demo_billing();
+    config.job_store = None;
+    let mut exchange = gpux_test_exchange::InProcess::start(config);
+    let url = exchange.url.clone();
     let options = gpux_sim::live::LiveOptions { url, operator_key: operator, suppliers: 4, renters: 6, seed: 9 };
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
@@ -166,8 +144,7 @@ fn a_live_exchanges_journal_gives_its_state_in_the_audit_and_a_recovery() {
     // The live suppliers report usage every 10 s of a lease: 25 s holds
     // trades, leases and a round or two of reports.
     std::thread::sleep(std::time::Duration::from_secs(25));
-    let _ = stop.send(());
-    let printed = exchange.join().expect("the exchange thread").expect("the exchange stops cleanly");
+    let printed = exchange.stop().expect("the exchange stops cleanly");
 
     let journal_path = dir.path().join("journal.redb");
     let entries = gpux_journal::JournalReader::open(&journal_path).expect("journal").entries_after(0).expect("entries");

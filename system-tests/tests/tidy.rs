@@ -20,6 +20,7 @@ const LAYERS: &[&[&str]] = &[
     &["gpux-journal", "gpux-sim"],
     &["gpux-replica", "gpux-audit"],
     &["gpux-exchange"],
+    &["gpux-test-exchange"],
     &["gpux-benches", "gpux-system-tests"],
 ];
 

@@ -24,7 +24,7 @@
 //!
 //! Both processes need a descriptor limit above `connections` (`ulimit -n`).
 
-use gpux_benches::process::{cpu_ns, ExchangeProcess};
+use gpux_benches::process::{cpu_ns, Spawned};
 use std::io::Read;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -53,7 +53,7 @@ async fn run(connections: usize, silent: usize) {
     let started = Instant::now();
     let mut held = Vec::with_capacity(connections);
     for n in 0..connections {
-        let mut connection = Connection::open_anonymous(&exchange.url).await.expect("connects");
+        let mut connection = Connection::open_anonymous(&exchange.url()).await.expect("connects");
         let id = connection.new_id();
         let answer = connection
             .request(ClientMessage::Subscribe { id, channel: Channel::Trades, instrument: InstrumentId((n % 8) as u32) })
@@ -80,7 +80,7 @@ async fn run(connections: usize, silent: usize) {
         let mut seed = [7u8; 32];
         seed[..8].copy_from_slice(&(n as u64).to_le_bytes());
         let key = SigningKey::from_bytes(&seed);
-        held.push(Connection::open(&exchange.url, &key, Some(Role::Renter)).await.expect("logs in"));
+        held.push(Connection::open(&exchange.url(), &key, Some(Role::Renter)).await.expect("logs in"));
     }
     let opened = started.elapsed();
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -90,7 +90,7 @@ async fn run(connections: usize, silent: usize) {
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // 3. Silent sockets.
-    let address = exchange.url.trim_start_matches("ws://").to_string();
+    let address = exchange.addr.clone();
     let cpu_before = cpu_ns(pid);
     let mut sockets = Vec::with_capacity(silent);
     for _ in 0..silent {
@@ -144,12 +144,12 @@ fn rss_kib(pid: u32) -> u64 {
 
 /// The exchange with room for `connections_max` connections, printing its
 /// "at most" lines (the descriptor budget it found).
-fn start_exchange(data_dir: &Path, connections_max: usize) -> ExchangeProcess {
+fn start_exchange(data_dir: &Path, connections_max: usize) -> Spawned {
     let cap = connections_max.to_string();
     let args = ["--connections-max", cap.as_str(), "--connections-per-ip-max", cap.as_str(), "--unauthenticated-max", cap.as_str()];
-    ExchangeProcess::start(data_dir, &args, |line| {
-        if line.contains("at most") {
-            println!("{line}");
-        }
-    })
+    let exchange = gpux_benches::process::start_exchange(data_dir, &args);
+    for line in exchange.before.iter().filter(|line| line.contains("at most")) {
+        println!("{line}");
+    }
+    exchange
 }

@@ -27,7 +27,7 @@
 //!    gateway, the bare ceiling of a request) and `cancel_order` of an
 //!    unknown order (a journaled engine command, rejected).
 
-use gpux_benches::process::{cpu_ns, ExchangeProcess};
+use gpux_benches::process::{cpu_ns, start_exchange};
 use std::time::{Duration, Instant};
 
 use ed25519_dalek::SigningKey;
@@ -53,9 +53,9 @@ async fn run(leases: usize, statuses: usize, socket: &str) {
     let dir = tempfile::tempdir().expect("temp dir");
     let operator = SigningKey::from_bytes(&[1; 32]);
     let operator_key = hex::encode(operator.verifying_key().to_bytes());
-    let exchange = ExchangeProcess::start(&dir.path().join("exchange"), &["--operator-key", operator_key.as_str()], |_| {});
+    let exchange = start_exchange(&dir.path().join("exchange"), &["--operator-key", operator_key.as_str()]);
     let _ = EXCHANGE_PID.set(exchange.child.id());
-    let url = exchange.url.clone();
+    let url = exchange.url();
 
     let host = dir.path().join("host.json");
     std::fs::write(&host, ONE_GPU).expect("host file");

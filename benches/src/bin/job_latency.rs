@@ -41,7 +41,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use gpux_benches::process::{cpu_ns, ExchangeProcess};
+use gpux_benches::process::{cpu_ns, start_exchange};
 use std::time::{Duration, Instant};
 
 use ed25519_dalek::SigningKey;
@@ -79,8 +79,8 @@ async fn run(jobs: usize, failovers: usize, pairs: usize, preemptions: usize, si
     if let Some(silence) = &silence {
         args.extend(["--job-silence-ms", silence.as_str()]);
     }
-    let exchange = ExchangeProcess::start(&dir.path().join("exchange"), &args, |_| {});
-    let url = exchange.url.clone();
+    let exchange = start_exchange(&dir.path().join("exchange"), &args);
+    let url = exchange.url();
     let mut renter = Connection::open(&url, &SigningKey::from_bytes(&[3; 32]), Some(Role::Renter)).await.expect("renter");
     let mut admin = Connection::open(&url, &operator, Some(Role::Operator)).await.expect("operator");
     let id = admin.new_id();

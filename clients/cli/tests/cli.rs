@@ -8,20 +8,20 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use ed25519_dalek::SigningKey;
-use gpux_engine::{EngineConfig, GpuSpec, Role};
+use gpux_engine::{GpuSpec, Role};
 use gpux_protocol::{ClientMessage, ServerMessage};
 
+/// The exchange in this process (the workspace's one harness,
+/// `gpux-test-exchange`).
 struct Exchange {
     url: String,
-    _stop: tokio::sync::oneshot::Sender<()>,
-    thread: std::thread::JoinHandle<anyhow::Result<u64>>,
+    running: gpux_test_exchange::InProcess,
 }
 
 impl Exchange {
     /// Stops it and waits until its files are closed.
-    fn stop(self) {
-        drop(self._stop);
-        self.thread.join().expect("the exchange thread").expect("a clean stop");
+    fn stop(mut self) {
+        self.running.stop().expect("a clean stop");
     }
 }
 
@@ -55,51 +55,12 @@ fn start_exchange_billing(
     accounts: gpux_exchange::sequencer::AccountOpening,
     billing: gpux_exchange::sequencer::BillingPolicy,
 ) -> Exchange {
-    // A port the system hands out as the exchange binds (one picked here
-    // and bound later may be taken by another test in between).
-    let (listening, url) = std::sync::mpsc::channel::<String>();
-    let (stop, stopped) = tokio::sync::oneshot::channel();
-    let config = gpux_exchange::ExchangeConfig {
-        data_dir: data_dir.to_path_buf(),
-        listen: "127.0.0.1:0".parse().expect("address"),
-        operator_keys: [operator_public_key].into_iter().collect(),
-        listing: gpux_exchange::listing::Listing { config: EngineConfig::demo(), cluster_rules: Vec::new() },
-        limits: gpux_exchange::gateway::GatewayLimits::default(),
-        metrics_listen: None,
-        console_listen: None,
-        rest_cors_origins: Vec::new(),
-        link_listen: None,
-        tls: None,
-        link_tls: None,
-        billing,
-        clock_offset_ms,
-        challenge_interval_ms: gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT,
-        on_listening: Some(Box::new(move |url: &str| {
-            let _ = listening.send(url.to_string());
-        })),
-        cluster: None,
-        accounts,
-        invoicing: Default::default(),
-        job_store: Some(gpux_exchange::JobStoreConfig {
-            store: "local".into(),
-            listen: "127.0.0.1:0".parse().expect("addr"),
-            url: None,
-            quota_bytes: 1 << 30,
-        }),
-        job_silence_ms: gpux_exchange::sequencer::JOB_SILENCE_MS_DEFAULT,
-        disk_reserve_bytes: gpux_exchange::disk::DISK_RESERVE_BYTES_DEFAULT,
-    };
-    let thread = std::thread::spawn(move || gpux_exchange::run_until(config, gpux_exchange::Stop::Channel(stopped)));
-    // Up to 30 s: a loaded 2-core machine (CI) can be slow to start it.
-    for _ in 0..600 {
-        if let Ok(url) = url.recv_timeout(std::time::Duration::from_millis(50)) {
-            return Exchange { url, _stop: stop, thread };
-        }
-        if thread.is_finished() {
-            panic!("the exchange stopped before it served: {:?}", thread.join());
-        }
-    }
-    panic!("the exchange did not start within 30 s");
+    let mut config = gpux_test_exchange::config(data_dir, operator_public_key);
+    config.clock_offset_ms = clock_offset_ms;
+    config.accounts = accounts;
+    config.billing = billing;
+    let running = gpux_test_exchange::InProcess::start(config);
+    Exchange { url: running.url.clone(), running }
 }
 
 fn gpux(url: &str, key: &Path, args: &[&str]) -> Output {

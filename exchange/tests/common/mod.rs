@@ -16,150 +16,66 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-pub struct Exchange {
-    pub child: Child,
-    pub addr: String,
-    /// The state hash the process printed when it recovered.
-    pub recovered_hash: String,
-    /// The whole recovery line (snapshot used, entries replayed).
-    pub recovered_line: String,
-    /// Where the process serves `GET /metrics`.
-    pub metrics_addr: String,
-    /// Where it serves the console and the REST API (`--console-listen`
-    /// among the extra arguments; empty without).
-    pub console_addr: String,
-    /// Every line the process printed after it started listening.
-    pub output: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-    /// Where gateways open their links (`--link-listen` among the extra
-    /// arguments; empty without).
-    pub link_addr: String,
+use gpux_test_exchange::Launch;
+
+/// The exchange binary as a child process (the workspace's one harness,
+/// `gpux-test-exchange`), started the ways these tests need.
+pub use gpux_test_exchange::Spawned as Exchange;
+
+/// The ways these tests start the exchange binary they were built with.
+pub trait Start {
+    fn start(data_dir: &Path, operator: Option<&SigningKey>) -> Exchange;
+    fn start_with(data_dir: &Path, operator: Option<&SigningKey>, extra: &[&str]) -> Exchange;
+    /// On a given listen address (a restart that clients reconnect to).
+    fn start_on(data_dir: &Path, operator: Option<&SigningKey>, listen: &str, extra: &[&str]) -> Exchange;
+    /// With these environment variables set (the job store's S3 settings).
+    fn start_with_env(data_dir: &Path, operator: Option<&SigningKey>, extra: &[&str], env: &[(&str, &str)]) -> Exchange;
+    /// Under a descriptor limit (`ulimit -n`), its log (stderr, at the
+    /// `GPUX_LOG` level given) written to `log`.
+    fn start_limited(data_dir: &Path, nofile: u32, log: &Path, log_level: &str, extra: &[&str]) -> Exchange;
+    /// With its stderr (the log at `log_level`, and what the live market
+    /// prints) appended to `log`.
+    fn start_logged(data_dir: &Path, log: &Path, log_level: &str, extra: &[&str]) -> Exchange;
 }
 
-impl Exchange {
-    pub fn start(data_dir: &Path, operator: Option<&SigningKey>) -> Exchange {
+const BINARY: &str = env!("CARGO_BIN_EXE_gpux-exchange");
+
+fn launch<'a>(command: Command, operator: Option<&'a SigningKey>, listen: &'a str, extra: &'a [&'a str], stderr: Stdio) -> Launch<'a> {
+    Launch { command, operator, listen, metrics: "127.0.0.1:0", extra, stderr }
+}
+
+impl Start for Exchange {
+    fn start(data_dir: &Path, operator: Option<&SigningKey>) -> Exchange {
         Self::start_with(data_dir, operator, &[])
     }
 
-    pub fn start_with(data_dir: &Path, operator: Option<&SigningKey>, extra: &[&str]) -> Exchange {
+    fn start_with(data_dir: &Path, operator: Option<&SigningKey>, extra: &[&str]) -> Exchange {
         Self::start_on(data_dir, operator, "127.0.0.1:0", extra)
     }
 
-    /// Starts on a given listen address (a restart that clients reconnect to).
-    pub fn start_on(data_dir: &Path, operator: Option<&SigningKey>, listen: &str, extra: &[&str]) -> Exchange {
-        Self::start_command(Command::new(env!("CARGO_BIN_EXE_gpux-exchange")), data_dir, operator, listen, extra, Stdio::inherit())
+    fn start_on(data_dir: &Path, operator: Option<&SigningKey>, listen: &str, extra: &[&str]) -> Exchange {
+        Exchange::launch(data_dir, launch(Command::new(BINARY), operator, listen, extra, Stdio::inherit()))
     }
 
-    /// Starts with these environment variables set (the job store's S3 settings).
-    pub fn start_with_env(data_dir: &Path, operator: Option<&SigningKey>, extra: &[&str], env: &[(&str, &str)]) -> Exchange {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_gpux-exchange"));
+    fn start_with_env(data_dir: &Path, operator: Option<&SigningKey>, extra: &[&str], env: &[(&str, &str)]) -> Exchange {
+        let mut command = Command::new(BINARY);
         command.envs(env.iter().copied());
-        Self::start_command(command, data_dir, operator, "127.0.0.1:0", extra, Stdio::inherit())
+        Exchange::launch(data_dir, launch(command, operator, "127.0.0.1:0", extra, Stdio::inherit()))
     }
 
-    /// Starts under a descriptor limit (`ulimit -n`), its log (stderr, at
-    /// the `GPUX_LOG` level given) written to `log`.
-    pub fn start_limited(data_dir: &Path, nofile: u32, log: &Path, log_level: &str, extra: &[&str]) -> Exchange {
+    fn start_limited(data_dir: &Path, nofile: u32, log: &Path, log_level: &str, extra: &[&str]) -> Exchange {
         let mut command = Command::new("sh");
-        command.arg("-c").arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\"")).arg(env!("CARGO_BIN_EXE_gpux-exchange"));
+        command.arg("-c").arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\"")).arg(BINARY);
         command.env("GPUX_LOG", log_level);
         let log = std::fs::File::create(log).expect("log file");
-        Self::start_command(command, data_dir, None, "127.0.0.1:0", extra, Stdio::from(log))
+        Exchange::launch(data_dir, launch(command, None, "127.0.0.1:0", extra, Stdio::from(log)))
     }
 
-    /// Starts with its stderr (the log at `log_level`, and what the live
-    /// market prints) appended to `log`.
-    pub fn start_logged(data_dir: &Path, log: &Path, log_level: &str, extra: &[&str]) -> Exchange {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_gpux-exchange"));
+    fn start_logged(data_dir: &Path, log: &Path, log_level: &str, extra: &[&str]) -> Exchange {
+        let mut command = Command::new(BINARY);
         command.env("GPUX_LOG", log_level);
         let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file");
-        Self::start_command(command, data_dir, None, "127.0.0.1:0", extra, Stdio::from(log))
-    }
-
-    fn start_command(
-        mut command: Command,
-        data_dir: &Path,
-        operator: Option<&SigningKey>,
-        listen: &str,
-        extra: &[&str],
-        stderr: Stdio,
-    ) -> Exchange {
-        command.arg("--data-dir").arg(data_dir).arg("--listen").arg(listen).arg("--metrics-listen").arg("127.0.0.1:0");
-        if !extra.contains(&"--console-listen") {
-            command.arg("--console-listen").arg("off");
-        }
-        command.args(extra);
-        if let Some(key) = operator {
-            command.arg("--operator-key").arg(hex::encode(key.verifying_key().to_bytes()));
-        }
-        let mut child = command.stdout(Stdio::piped()).stderr(stderr).spawn().expect("gpux-exchange starts");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut recovered_hash = String::new();
-        let mut recovered_line = String::new();
-        let mut metrics_addr = String::new();
-        let mut console_addr = String::new();
-        let mut link_addr = String::new();
-        let mut addr = None;
-        let mut line = String::new();
-        while addr.is_none() && lines.read_line(&mut line).unwrap_or(0) > 0 {
-            if let Some(hash) = line.trim().split("state hash ").nth(1) {
-                recovered_hash = hash.to_string();
-                recovered_line = line.trim().to_string();
-            }
-            if let Some(metrics) = line.trim().strip_prefix("gpux-exchange: metrics on http://") {
-                metrics_addr = metrics.trim_end_matches("/metrics").to_string();
-            }
-            let console = line.trim().strip_prefix("gpux-exchange: web console on http://");
-            if let Some(console) = console.or_else(|| line.trim().strip_prefix("gpux-exchange: web console on https://")) {
-                console_addr = console.trim_end_matches('/').to_string();
-            }
-            if let Some(link) = line.trim().strip_prefix("gpux-exchange: links for gateways on ") {
-                link_addr = link.split_whitespace().next().unwrap_or("").to_string();
-            }
-            let trimmed = line.trim();
-            addr = trimmed
-                .strip_prefix("gpux-exchange: listening on ws://")
-                .or_else(|| trimmed.strip_prefix("gpux-exchange: listening on wss://"))
-                .map(str::to_string);
-            line.clear();
-        }
-        let Some(addr) = addr else {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("exchange exited before listening");
-        };
-        // Keep draining stdout so the process never blocks on a full pipe.
-        let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sink = output.clone();
-        std::thread::spawn(move || {
-            for line in lines.lines().map_while(Result::ok) {
-                sink.lock().expect("output lock").push(line);
-            }
-        });
-        Exchange { child, addr, recovered_hash, recovered_line, metrics_addr, console_addr, output, link_addr }
-    }
-
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// SIGTERM and wait for a clean exit; returns the final state hash printed.
-    pub fn terminate(&mut self) -> String {
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
-        let status = self.child.wait().expect("wait");
-        assert!(status.success(), "clean shutdown: {status:?}");
-        std::thread::sleep(Duration::from_millis(100));
-        let output = self.output.lock().expect("output lock");
-        output
-            .iter()
-            .find_map(|line| line.strip_prefix("gpux-exchange: stopped, state hash ").map(str::to_string))
-            .expect("the final state hash is printed")
-    }
-}
-
-impl Drop for Exchange {
-    fn drop(&mut self) {
-        self.kill();
+        Exchange::launch(data_dir, launch(command, None, "127.0.0.1:0", extra, Stdio::from(log)))
     }
 }
 

@@ -14,9 +14,10 @@ use gpux_supplier_agent::session::Connection;
 /// exchange's `--job-silence-ms`, short for the tests).
 pub const JOB_SILENCE_MS: u64 = 4_000;
 
+/// The exchange in this process (the workspace's one harness,
+/// `gpux-test-exchange`), with what a restart on the same address needs.
 pub struct Exchange {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    running: Option<gpux_test_exchange::InProcess>,
     pub url: String,
     dir: std::path::PathBuf,
     operator: SigningKey,
@@ -39,7 +40,7 @@ impl Exchange {
 
     /// An exchange that challenges idle GPUs every `interval_ms` on average.
     pub fn start_with_challenges(dir: &std::path::Path, operator: &SigningKey, interval_ms: u64) -> Exchange {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+        let port = gpux_test_exchange::free_port();
         Self::start_on(
             dir,
             operator,
@@ -54,7 +55,7 @@ impl Exchange {
     /// An exchange whose billing grace and late-report window are these
     /// (docs/market-rules.md "Late reports").
     pub fn start_with_billing(dir: &std::path::Path, operator: &SigningKey, grace_ms: u64, late_window_ms: u64) -> Exchange {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+        let port = gpux_test_exchange::free_port();
         let listen = format!("127.0.0.1:{port}").parse().expect("addr");
         let interval_ms = gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT;
         Self::start_on(dir, operator, listen, interval_ms, 0, (grace_ms, late_window_ms), Default::default())
@@ -63,7 +64,7 @@ impl Exchange {
     /// An exchange whose clock runs `clock_offset_ms` from this host's
     /// (negative: behind it, as if the host's clock ran ahead).
     pub fn start_skewed(dir: &std::path::Path, operator: &SigningKey, clock_offset_ms: i64) -> Exchange {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+        let port = gpux_test_exchange::free_port();
         let listen = format!("127.0.0.1:{port}").parse().expect("addr");
         Self::start_on(
             dir,
@@ -79,7 +80,7 @@ impl Exchange {
     /// An exchange that opens accounts by invitation only
     /// (`--account-opening invite`; docs/operations.md "Opening accounts").
     pub fn start_by_invitation(dir: &std::path::Path, operator: &SigningKey) -> Exchange {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+        let port = gpux_test_exchange::free_port();
         let listen = format!("127.0.0.1:{port}").parse().expect("addr");
         let accounts =
             gpux_exchange::sequencer::AccountOpening { mode: gpux_exchange::sequencer::OpeningMode::Invite, ..Default::default() };
@@ -88,11 +89,8 @@ impl Exchange {
 
     /// Stops the exchange (a clean stop, as an operator's restart would).
     pub fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        if let Some(mut running) = self.running.take() {
+            let _ = running.stop();
         }
     }
 
@@ -117,47 +115,18 @@ impl Exchange {
         billing: (u64, u64),
         accounts: gpux_exchange::sequencer::AccountOpening,
     ) -> Exchange {
-        let config = gpux_exchange::ExchangeConfig {
-            data_dir: dir.to_path_buf(),
-            listen,
-            operator_keys: [operator.verifying_key().to_bytes()].into_iter().collect(),
-            listing: gpux_exchange::listing::Listing { config: gpux_engine::EngineConfig::demo(), cluster_rules: Vec::new() },
-            limits: Default::default(),
-            metrics_listen: None,
-            console_listen: None,
-            rest_cors_origins: Vec::new(),
-            link_listen: None,
-            tls: None,
-            link_tls: None,
-            billing: gpux_exchange::sequencer::BillingPolicy { fee_bps: 250, grace_ms: billing.0, late_window_ms: billing.1 },
-            clock_offset_ms,
-            challenge_interval_ms,
-            on_listening: None,
-            cluster: None,
-            accounts,
-            invoicing: Default::default(),
-            job_store: Some(gpux_exchange::JobStoreConfig {
-                store: "local".into(),
-                listen: "127.0.0.1:0".parse().expect("addr"),
-                url: None,
-                quota_bytes: 1 << 30,
-            }),
-            job_silence_ms: JOB_SILENCE_MS,
-            disk_reserve_bytes: gpux_exchange::disk::DISK_RESERVE_BYTES_DEFAULT,
-        };
-        let (stop, stopped) = tokio::sync::oneshot::channel();
-        let thread = std::thread::spawn(move || {
-            gpux_exchange::run_until(config, gpux_exchange::Stop::Channel(stopped)).expect("exchange runs");
-        });
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(listen).is_err() {
-            assert!(Instant::now() < deadline, "exchange did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut config = gpux_test_exchange::config(dir, operator.verifying_key().to_bytes());
+        config.listen = listen;
+        config.billing.grace_ms = billing.0;
+        config.billing.late_window_ms = billing.1;
+        config.clock_offset_ms = clock_offset_ms;
+        config.challenge_interval_ms = challenge_interval_ms;
+        config.accounts = accounts;
+        config.job_silence_ms = JOB_SILENCE_MS;
+        let running = gpux_test_exchange::InProcess::start(config);
         Exchange {
-            stop: Some(stop),
-            thread: Some(thread),
-            url: format!("ws://{listen}"),
+            url: running.url.clone(),
+            running: Some(running),
             dir: dir.to_path_buf(),
             operator: operator.clone(),
             listen,
