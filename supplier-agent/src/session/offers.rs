@@ -136,11 +136,9 @@ impl Offers {
             if mask == 0 {
                 continue;
             }
-            let price = offer.price_floor_minor_per_gpu_hour.div_ceil(tick_minor) * tick_minor;
-            let mut order = OrderTicket::limit(ids.next(host_id), instrument, Side::Sell, price, mask.count_ones());
-            order.supply = Some(GpuSet { host: host_id, gpu_mask: mask });
-            let id = connection.new_id();
-            match connection.request(ClientMessage::NewOrder { id, order, workload: None }).await? {
+            let price = floor_on_tick(offer.price_floor_minor_per_gpu_hour, tick_minor);
+            let ask = Ask { id: ids.next(host_id), instrument, price, host: host_id, mask };
+            match ask.place(connection).await? {
                 ServerMessage::Ack { order: Some(order), .. } => {
                     tracing::info!(%class, ?contract, gpus = mask.count_ones(), price, "offered");
                     self.asks.insert(key, order);
@@ -204,11 +202,9 @@ impl Offers {
                 if mask == 0 {
                     continue;
                 }
-                let price = offer.price_floor_minor_per_gpu_hour.div_ceil(tick_minor) * tick_minor;
-                let mut order = OrderTicket::limit(ids.next(host_id), instrument, Side::Sell, price, mask.count_ones());
-                order.supply = Some(GpuSet { host: host_id, gpu_mask: mask });
-                let id = connection.new_id();
-                match connection.request(ClientMessage::NewOrder { id, order, workload: None }).await? {
+                let price = floor_on_tick(offer.price_floor_minor_per_gpu_hour, tick_minor);
+                let ask = Ask { id: ids.next(host_id), instrument, price, host: host_id, mask };
+                match ask.place(connection).await? {
                     ServerMessage::Ack { order: Some(order), .. } => {
                         tracing::info!(%instrument, gpus = mask.count_ones(), price, "offered in a reserved window");
                         self.window_asks.insert(instrument, order);
@@ -222,6 +218,30 @@ impl Offers {
             }
         }
         Ok(())
+    }
+}
+
+/// The owner's floor price rounded up to the class's tick.
+fn floor_on_tick(floor_minor_per_gpu_hour: u64, tick_minor: u64) -> u64 {
+    floor_minor_per_gpu_hour.div_ceil(tick_minor) * tick_minor
+}
+
+/// An ask over some of the host's GPUs.
+struct Ask {
+    id: u64,
+    instrument: InstrumentId,
+    price: u64,
+    host: HostId,
+    mask: u64,
+}
+
+impl Ask {
+    /// Places it; the exchange's answer.
+    async fn place(self, connection: &mut Connection) -> Result<ServerMessage> {
+        let mut order = OrderTicket::limit(self.id, self.instrument, Side::Sell, self.price, self.mask.count_ones());
+        order.supply = Some(GpuSet { host: self.host, gpu_mask: self.mask });
+        let id = connection.new_id();
+        Ok(connection.request(ClientMessage::NewOrder { id, order, workload: None }).await?)
     }
 }
 
