@@ -132,8 +132,31 @@ pub fn run_node(mut config: ExchangeConfig, cluster: ClusterConfig, stop_on: Sto
     metrics.watch_data_dir(&config.data_dir);
     let mut surface = Surface::new(&config, metrics.clone())?;
     surface.on_listening = config.on_listening.take();
+    // Every node serves the job store, on a backend they share, and checks
+    // tokens with the key they all derive: whichever node a client or a
+    // host reaches, and whichever leads.
+    let job_store = match &config.job_store {
+        Some(store) => {
+            crate::job_store::check_shared(&store.store)?;
+            let disk = Arc::new(crate::disk::Disk::new(&config.data_dir, config.disk_reserve_bytes));
+            let key = crate::job_store::cluster_key(&cluster.secret);
+            Some(crate::job_store::bind(store, &config.data_dir, surface.clock, disk, Some(key))?)
+        }
+        None => None,
+    };
+    let leading = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ended = runtime.block_on(async {
         let node = Node::start(&config, &cluster, metrics.clone()).await?;
+        let issuer = match job_store {
+            Some((listener, server, issuer)) => {
+                let listener = TcpListener::from_std(listener)?;
+                let timeout = crate::job_store::REQUEST_TIMEOUT;
+                tokio::spawn(crate::http::serve_within(listener, "job store", metrics.gateway.clone(), server.router(), None, timeout));
+                tokio::spawn(follow_job_leases(node.machine.clone(), issuer.running.clone(), leading.clone(), surface.clock));
+                Some(issuer)
+            }
+            None => None,
+        };
         let stop_rx = stop_channel(stop_on)?;
         let exchange_key = crate::identity::load_or_create(&config.data_dir.join("exchange.key"))?;
         let stopping = || {
@@ -147,7 +170,11 @@ pub fn run_node(mut config: ExchangeConfig, cluster: ClusterConfig, stop_on: Sto
                 _ = stopping() => break,
                 term = lead(&node.raft, &node.handover) => term,
             };
-            let ended = node.serve_term(term, &config, &mut surface, &metrics, &exchange_key, stopping()).await?;
+            leading.store(true, Ordering::SeqCst);
+            let term = Term { term, issuer: issuer.clone() };
+            let ended = node.serve_term(term, &config, &mut surface, &metrics, &exchange_key, stopping()).await;
+            leading.store(false, Ordering::SeqCst);
+            let ended = ended?;
             if ended == Ended::Asked && *stop_rx.borrow() {
                 break;
             }
@@ -161,6 +188,37 @@ pub fn run_node(mut config: ExchangeConfig, cluster: ClusterConfig, stop_on: Sto
     say(&format!("stopped, state hash {state_hash:016x}"));
     Ok(state_hash)
 }
+
+/// A term this node leads, and what its sequencer signs job store tokens
+/// with.
+struct Term {
+    term: u64,
+    issuer: Option<crate::job_store::Issuer>,
+}
+
+/// Keeps the job store's running leases from the market this node applied,
+/// while it does not lead (its sequencer keeps them then, ahead of what is
+/// applied): a host's token holds on a follower's store as on the leader's,
+/// a committed lease end later at most one poll.
+async fn follow_job_leases(
+    machine: MarketMachine,
+    running: Arc<crate::job_store::RunningLeases>,
+    leading: Arc<std::sync::atomic::AtomicBool>,
+    clock: gpux_gateway::link::Clock,
+) {
+    let mut every = tokio::time::interval(JOB_LEASES_POLL);
+    loop {
+        every.tick().await;
+        if leading.load(Ordering::SeqCst) {
+            continue;
+        }
+        let leases: std::collections::BTreeSet<gpux_engine::LeaseId> = machine.read(|market| market.jobs().running_leases().collect());
+        running.sync(&leases, clock.now_ms());
+    }
+}
+
+/// How often a node that does not lead reads the job leases it applied.
+const JOB_LEASES_POLL: Duration = Duration::from_millis(200);
 
 /// A stop flag raised by `stop_on` (its signal handlers installed now).
 fn stop_channel(stop_on: Stop) -> Result<watch::Receiver<bool>> {
@@ -225,7 +283,7 @@ impl Node {
     /// and serves until it is deposed or asked to stop; then fences it.
     async fn serve_term(
         &self,
-        term: u64,
+        Term { term, issuer }: Term,
         config: &ExchangeConfig,
         surface: &mut Surface,
         metrics: &Arc<crate::metrics::Metrics>,
@@ -260,6 +318,9 @@ impl Node {
         sequencer.set_account_opening(config.accounts);
         sequencer.set_disk(std::sync::Arc::new(crate::disk::Disk::new(&config.data_dir, config.disk_reserve_bytes)));
         sequencer.set_invoices(invoices);
+        if let Some(issuer) = issuer {
+            sequencer.set_job_store(issuer);
+        }
         let stop_sequencer = sequencer.stop_flag();
         say(&format!(
             "node {id} leads in term {term}: recovered at journal entry {} plus {} journal entries, state hash {:016x}",

@@ -193,7 +193,7 @@ fn recover_single(
     sequencer.set_disk(disk.clone());
     let job_store = match &config.job_store {
         Some(store) => {
-            let (listener, server, issuer) = job_store::bind(store, &config.data_dir, clock, disk)?;
+            let (listener, server, issuer) = job_store::bind(store, &config.data_dir, clock, disk, None)?;
             sequencer.set_job_store(issuer);
             Some((listener, server))
         }

@@ -171,13 +171,18 @@ struct Args {
     /// AWS_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION),
     /// `gs://BUCKET` (GOOGLE_SERVICE_ACCOUNT), `az://CONTAINER`
     /// (AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_ACCOUNT_KEY) or `off`.
-    #[arg(long, default_value = "local", env = "GPUX_JOB_STORE")]
-    job_store: String,
+    /// Default: `local` on a single node; `off` on a cluster's node, whose
+    /// job store must be shared (a cluster refuses `local` and `file://`).
+    #[arg(long, env = "GPUX_JOB_STORE")]
+    job_store: Option<String>,
     /// Where the job store's HTTP API listens (port 0: one the OS picks;
     /// clients learn the URL with each token).
     #[arg(long, default_value = "127.0.0.1:0", env = "GPUX_JOB_STORE_LISTEN")]
     job_store_listen: SocketAddr,
-    /// The URL clients and hosts reach the job store at (default: http:// and the listen address).
+    /// The URL clients and hosts reach the job store at (default: http:// and
+    /// the listen address). On a cluster's node: every node's store URL,
+    /// comma-separated, this node's first (clients try the next when one
+    /// does not answer).
     #[arg(long, env = "GPUX_JOB_STORE_URL")]
     job_store_url: Option<String>,
     /// Each account's share of the job store, in MiB (20 GiB by default).
@@ -291,7 +296,7 @@ fn run_main() -> Result<()> {
             accounts_max: args.accounts_max,
             per_address_hour: args.accounts_per_address_hour,
         },
-        job_store: match args.job_store.as_str() {
+        job_store: match args.job_store.as_deref().unwrap_or(if args.node_id.is_some() { "off" } else { "local" }) {
             "off" => None,
             store => Some(gpux_exchange::JobStoreConfig {
                 store: store.to_string(),

@@ -58,6 +58,9 @@ struct Node {
     link: String,
     child: Option<Child>,
     output: Arc<Mutex<Vec<String>>>,
+    /// More arguments, and environment variables, for its process.
+    extra: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Node {
@@ -71,6 +74,8 @@ impl Node {
             link: free_port(),
             child: None,
             output: Arc::default(),
+            extra: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -84,6 +89,8 @@ impl Node {
             .arg(secret)
             .arg("--operator-key")
             .arg(hex::encode(operator.verifying_key().to_bytes()))
+            .args(&self.extra)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(std::fs::OpenOptions::new().create(true).append(true).open(self.dir.with_extension("log")).expect("log file"))
             .spawn()
@@ -143,6 +150,11 @@ impl Cluster {
     /// `count` nodes started and initialized through the CLI, their Raft
     /// addresses as `advertise` names them (a proxy's, or their own).
     fn start(count: u64, advertise: impl Fn(&Node) -> String) -> Cluster {
+        Self::start_with(count, advertise, |_| {})
+    }
+
+    /// `start`, each node's process configured by `configure` first.
+    fn start_with(count: u64, advertise: impl Fn(&Node) -> String, configure: impl Fn(&mut Node)) -> Cluster {
         let root = tempfile::tempdir().expect("temp dir");
         let secret = root.path().join("cluster.secret");
         write_secret(&secret, SECRET);
@@ -155,6 +167,7 @@ impl Cluster {
             let mut node = Node::new(root.path(), id);
             std::fs::create_dir_all(&node.dir).expect("data dir");
             write_secret(&node.dir.join("link.secret"), LINK_SECRET);
+            configure(&mut node);
             node.start(&secret, &operator);
             nodes.insert(id, node);
         }
@@ -826,4 +839,99 @@ fn bad_cluster_flags_are_refused_with_a_reason() {
         assert!(stderr.contains(reason), "{args:?}: expected {reason:?} in {stderr}");
     }
     assert!(!Path::new(data).join("raft-log.redb").exists(), "nothing was started");
+}
+
+/// A cluster's job store (docs/operations.md "A replicated cluster"):
+/// every node serves it over the S3 server they share and checks tokens
+/// with the key they all derive from the cluster's secret, so a token the
+/// leader signed opens objects on every node; an upload whose node is
+/// killed goes to the next of the token's addresses and lands; a new
+/// leader's tokens open what the old one's put. `local` is refused at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clusters_job_store_is_shared_by_every_node_and_an_upload_outlives_its_node() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let secret = root.path().join("cluster.secret");
+    write_secret(&secret, SECRET);
+    let refused = Command::new(env!("CARGO_BIN_EXE_gpux-exchange"))
+        .arg("--data-dir")
+        .arg(root.path().join("local"))
+        .args(["--node-id", "1", "--raft-listen", &free_port(), "--listen", &free_port(), "--job-store", "local"])
+        .arg("--cluster-secret-file")
+        .arg(&secret)
+        .output()
+        .expect("runs");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{said}");
+    assert!(said.contains("a cluster's job store must be shared by every node"), "{said}");
+
+    let Some(binary) = s3s_fs() else { return };
+    let data = root.path().join("s3");
+    std::fs::create_dir_all(data.join("gpux-jobs")).expect("the bucket");
+    let s3_port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+    let _s3 = S3Server::start(&binary, s3_port, &data);
+    let stores: BTreeMap<u64, String> = (1..=3).map(|id| (id, free_port())).collect();
+    let cluster = Cluster::start_with(
+        3,
+        |node| node.raft.clone(),
+        |node| {
+            // Each node names its own store first, then the others'.
+            let mut urls = vec![format!("http://{}", stores[&node.id])];
+            urls.extend(stores.iter().filter(|(id, _)| **id != node.id).map(|(_, address)| format!("http://{address}")));
+            node.extra = ["--job-store", "s3://gpux-jobs", "--job-store-listen", &stores[&node.id], "--job-store-url", &urls.join(",")]
+                .map(String::from)
+                .to_vec();
+            node.env = s3_env(&format!("http://127.0.0.1:{s3_port}"));
+        },
+    );
+    let leader = cluster.serving_leader().await;
+    let (mut renter, account) = cluster.login_leader(&key(3), Role::Renter).await;
+    let ServerMessage::JobStoreToken { url, token, .. } =
+        renter.request(ClientMessage::JobStoreToken { id: 5, job: None, lease: None }).await
+    else {
+        panic!("a job store token from the leader")
+    };
+    assert_eq!(gpux_client::store::bases(&url).count(), 3, "every node's store: {url}");
+    assert_eq!(gpux_client::store::bases(&url).next(), Some(format!("http://{}", stores[&leader]).as_str()), "its own first");
+
+    // Put through the leader's store, read through each follower's with
+    // the same token.
+    let client = reqwest::Client::new();
+    let object = |seed: u8| {
+        let body: Vec<u8> = (0..64 << 10).map(|i: u32| (i as u8).wrapping_mul(seed)).collect();
+        use sha2::Digest;
+        (format!("{}/bundles/{}.tar.gz", account.0, hex::encode(sha2::Sha256::digest(&body))), body)
+    };
+    let (first, body) = object(3);
+    let put = client.put(format!("http://{}/v1/objects/{first}", stores[&leader])).bearer_auth(&token).body(body.clone());
+    assert_eq!(put.send().await.expect("put").status(), 201);
+    for (id, address) in stores.iter().filter(|(id, _)| **id != leader) {
+        let got = client.get(format!("http://{address}/v1/objects/{first}")).bearer_auth(&token).send().await.expect("get");
+        assert_eq!(got.status(), 200, "node {id} accepts the leader's token");
+        assert_eq!(got.bytes().await.expect("body").to_vec(), body, "node {id} reads what the leader's store put");
+    }
+    let forged = client.get(format!("http://{}/v1/objects/{first}", stores[&leader])).bearer_auth(format!("{token}x")).send().await;
+    assert_eq!(forged.expect("get").status(), 401);
+
+    // The leader dies: an upload to the token's addresses (the dead one
+    // first) lands on another node, and is read back through a third.
+    let mut cluster = cluster;
+    cluster.nodes.get_mut(&leader).expect("the leader").kill();
+    let (second, body_2) = object(5);
+    let path = format!("/v1/objects/{second}");
+    let answer = gpux_client::store::send(&url, &path, |to| client.put(to).bearer_auth(&token).body(body_2.clone())).await;
+    assert_eq!(answer.expect("another node answers").status(), 201);
+    let survivors: Vec<&String> = stores.iter().filter(|(id, _)| **id != leader).map(|(_, a)| a).collect();
+    let got = client.get(format!("http://{}{path}", survivors[1])).bearer_auth(&token).send().await.expect("get");
+    assert_eq!(got.bytes().await.expect("body").to_vec(), body_2);
+
+    // The new leader's tokens open the old leader's objects.
+    let (mut renter, _) = cluster.login_leader(&key(3), Role::Renter).await;
+    let ServerMessage::JobStoreToken { url: new_url, token: new_token, .. } =
+        renter.request(ClientMessage::JobStoreToken { id: 6, job: None, lease: None }).await
+    else {
+        panic!("a token from the new leader")
+    };
+    assert_ne!(gpux_client::store::bases(&new_url).next(), gpux_client::store::bases(&url).next());
+    let got = gpux_client::store::send(&new_url, &format!("/v1/objects/{first}"), |to| client.get(to).bearer_auth(&new_token)).await;
+    assert_eq!(got.expect("get").bytes().await.expect("body").to_vec(), body);
 }

@@ -11,7 +11,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -105,48 +104,6 @@ async fn the_local_job_store_keeps_each_accounts_share_and_checks_what_is_put() 
     let listed = reqwest::Client::new().get(format!("{url}/v1/list/{account}")).bearer_auth(&token).send().await.expect("list");
     let listed: serde_json::Value = serde_json::from_slice(&listed.bytes().await.expect("body")).expect("json");
     assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
-}
-
-/// The s3s-fs server, on `port`, over `data`.
-struct S3Server(Child);
-
-impl S3Server {
-    fn start(binary: &Path, port: u16, data: &Path) -> S3Server {
-        let child = Command::new(binary)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", "gpuxtest", "--secret-key", "gpuxtestsecret"])
-            .arg(data)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("s3s-fs starts");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "s3s-fs listened");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        S3Server(child)
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn s3s_fs() -> Option<std::path::PathBuf> {
-    match std::env::var_os("GPUX_S3S_FS").map(std::path::PathBuf::from) {
-        Some(path) if path.exists() => Some(path),
-        _ => {
-            assert!(
-                std::env::var("GPUX_REQUIRE_S3").as_deref() != Ok("1"),
-                "GPUX_REQUIRE_S3=1 but GPUX_S3S_FS names no s3s-fs binary (scripts/test installs it)"
-            );
-            eprintln!("SKIPPED: no S3-compatible server (set GPUX_S3S_FS; scripts/test does)");
-            None
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -355,11 +355,9 @@ fn http() -> Result<reqwest::Client, Failure> {
 /// Puts `bytes` at `key` in the job store (the account's own prefix).
 async fn put_object(s: &mut Session, key: &str, bytes: Vec<u8>, what: &str) -> Result<(), Failure> {
     let (url, token) = store_token(s).await?;
-    let answer = http()?
-        .put(format!("{url}/v1/objects/{key}"))
-        .bearer_auth(&token)
-        .body(bytes)
-        .send()
+    let client = http()?;
+    let put = |to: &str| client.put(to).bearer_auth(&token).body(bytes.clone());
+    let answer = gpux_client::store::send(&url, &format!("/v1/objects/{key}"), put)
         .await
         .map_err(|e| Failure::Unreachable(format!("putting {what} in the job store at {url}: {e}")))?;
     if !answer.status().is_success() {
@@ -693,7 +691,7 @@ async fn kept_logs(s: &mut Session, info: &JobInfo, attempt: Option<u32>, json: 
     }
     let mut shown = Vec::new();
     for (_, rank, key) in ranks.iter().copied() {
-        let answer = client.get(format!("{url}/v1/objects/{key}")).bearer_auth(&token).send().await;
+        let answer = gpux_client::store::send(&url, &format!("/v1/objects/{key}"), |to| client.get(to).bearer_auth(&token)).await;
         let answer = answer.map_err(|e| Failure::Unreachable(e.to_string()))?;
         if !answer.status().is_success() {
             return Err(Failure::Refused(format!("the job store refused {key}: {}", answer.status())));
@@ -724,10 +722,7 @@ struct Listed {
 
 /// The job store's objects under `prefix` (its listing).
 async fn store_list(client: &reqwest::Client, url: &str, token: &str, prefix: &str) -> Result<Vec<Listed>, Failure> {
-    let answer = client
-        .get(format!("{url}/v1/list/{prefix}"))
-        .bearer_auth(token)
-        .send()
+    let answer = gpux_client::store::send(url, &format!("/v1/list/{prefix}"), |to| client.get(to).bearer_auth(token))
         .await
         .map_err(|e| Failure::Unreachable(format!("the job store at {url}: {e}")))?;
     if !answer.status().is_success() {
@@ -761,10 +756,7 @@ async fn results(s: &mut Session, job: JobId, to: Option<PathBuf>, checkpoints: 
             if relative.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
                 continue;
             }
-            let answer = client
-                .get(format!("{url}/v1/objects/{}", item.key))
-                .bearer_auth(&token)
-                .send()
+            let answer = gpux_client::store::send(&url, &format!("/v1/objects/{}", item.key), |to| client.get(to).bearer_auth(&token))
                 .await
                 .map_err(|e| Failure::Unreachable(e.to_string()))?;
             if !answer.status().is_success() {

@@ -7,6 +7,8 @@
 //! here drives one conversation at a time, and a sequential client keeps the
 //! order of pushed messages exactly as the exchange sent them.
 
+pub mod store;
+
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ed25519_dalek::{Signer, SigningKey};

@@ -52,6 +52,25 @@ impl RunningLeases {
         this.running.extend(leases);
     }
 
+    /// Exactly these leases run now (a cluster node's view, read from the
+    /// market it applied): those no longer among them ended now (`now_ms`,
+    /// for the log grace), new ones started.
+    pub fn sync(&self, running: &std::collections::BTreeSet<LeaseId>, now_ms: u64) {
+        let (gone, new): (Vec<LeaseId>, Vec<LeaseId>) = {
+            let this = self.0.read().unwrap_or_else(|e| e.into_inner());
+            (
+                this.running.iter().filter(|lease| !running.contains(lease)).copied().collect(),
+                running.iter().filter(|lease| !this.running.contains(lease)).copied().collect(),
+            )
+        };
+        for lease in gone {
+            self.ended(lease, now_ms);
+        }
+        for lease in new {
+            self.started(lease);
+        }
+    }
+
     pub fn started(&self, lease: LeaseId) {
         self.0.write().unwrap_or_else(|e| e.into_inner()).running.insert(lease);
     }

@@ -270,16 +270,44 @@ pub fn open(spec: &str, data_dir: &Path) -> anyhow::Result<Arc<dyn ObjectStore>>
     anyhow::bail!("--job-store {spec}: expected local, file:///DIR, s3://BUCKET, gs://BUCKET, az://CONTAINER or off")
 }
 
+/// The key tokens are signed with on every node of a cluster: derived from
+/// the cluster's secret, which every node holds, so a token one node's
+/// sequencer signed verifies on every node's store. Rotating the cluster
+/// secret (a restart of every node) rotates it; tokens signed before are
+/// refused `token_invalid` and their holders ask again.
+pub fn cluster_key(cluster_secret: &[u8]) -> [u8; 32] {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(cluster_secret).expect("any key length");
+    mac.update(b"gpux job store tokens v1");
+    mac.finalize().into_bytes().into()
+}
+
+/// Why a cluster does not run this job store: objects must be where every
+/// node reads them (docs/operations.md "A replicated cluster").
+pub fn check_shared(spec: &str) -> anyhow::Result<()> {
+    if spec == "local" || spec.starts_with("file://") {
+        anyhow::bail!(
+            "--job-store {spec}: a cluster's job store must be shared by every node (s3://BUCKET, gs://BUCKET or az://CONTAINER); files on one node are not on the others, and a job whose leader moves would lose its code and checkpoints"
+        );
+    }
+    Ok(())
+}
+
 /// Opens the job store's backend and binds its listener (before the
 /// runtime starts, so that the sequencer knows the URL to hand out).
+/// `key`: the token key every node of a cluster derives ([`cluster_key`]);
+/// a single node keeps its own in the data directory (`job-store.key`).
 pub(crate) fn bind(
     config: &crate::JobStoreConfig,
     data_dir: &std::path::Path,
     clock: gpux_gateway::link::Clock,
     disk: Arc<crate::disk::Disk>,
+    key: Option<[u8; 32]>,
 ) -> anyhow::Result<(std::net::TcpListener, StoreServer, Issuer)> {
     let store = open(&config.store, data_dir)?;
-    let secret = load_or_create_secret(&data_dir.join("job-store.key"))?;
+    let secret = match key {
+        Some(key) => key,
+        None => load_or_create_secret(&data_dir.join("job-store.key"))?,
+    };
     let listener = std::net::TcpListener::bind(config.listen).with_context(|| format!("binding {}", config.listen))?;
     listener.set_nonblocking(true)?;
     let url = config.url.clone().unwrap_or(format!("http://{}", listener.local_addr()?));

@@ -88,3 +88,36 @@ fn grants_open_what_they_name_only() {
     assert!(!renter.allows(Operation::Write, &key("7/jobs/4/outputs/model.bin")), "results are the host's to write");
     assert!(!renter.allows(Operation::Read, &key("8/jobs/4/outputs/model.bin")));
 }
+
+/// A cluster node that does not lead follows the running job leases from
+/// the market it applied: a lease gone from it ended then (its host may
+/// still put its output tail for the grace), a new one runs.
+#[test]
+fn running_leases_follow_a_nodes_applied_market() {
+    let running = RunningLeases::default();
+    running.sync(&[LeaseId(1), LeaseId(2)].into_iter().collect(), 1_000);
+    assert_eq!(running.standing(LeaseId(1), 1_000), Standing::Running);
+    running.sync(&[LeaseId(2), LeaseId(3)].into_iter().collect(), 2_000);
+    assert_eq!(running.standing(LeaseId(1), 2_000 + LOG_GRACE_MS - 1), Standing::JustEnded);
+    assert_eq!(running.standing(LeaseId(1), 2_000 + LOG_GRACE_MS), Standing::Ended);
+    assert_eq!(running.standing(LeaseId(3), 2_000), Standing::Running);
+    assert_eq!(running.standing(LeaseId(4), 2_000), Standing::Ended, "never ran");
+}
+
+/// Every node of a cluster derives the same token key from the cluster's
+/// secret, another secret another key; a cluster refuses a job store only
+/// one node holds.
+#[test]
+fn a_clusters_nodes_share_a_token_key_and_a_shared_backend() {
+    assert_eq!(cluster_key(b"one secret"), cluster_key(b"one secret"));
+    assert_ne!(cluster_key(b"one secret"), cluster_key(b"another"));
+    let grant = Grant::Renter { account: AccountId(7), participant: None, expires_at_ms: 2_000 };
+    let token = Issuer::new("http://a,http://b".into(), cluster_key(b"one secret"), Arc::default()).issue(&grant);
+    assert_eq!(verify(&cluster_key(b"one secret"), &token, 1_000), Some(grant));
+    for refused in ["local", "file:///srv/jobs"] {
+        assert!(check_shared(refused).is_err(), "{refused}");
+    }
+    for shared in ["s3://bucket", "gs://bucket", "az://container"] {
+        assert!(check_shared(shared).is_ok(), "{shared}");
+    }
+}

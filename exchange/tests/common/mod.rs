@@ -6,7 +6,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ed25519_dalek::{Signer, SigningKey};
 use futures_util::{SinkExt, StreamExt};
@@ -495,4 +495,63 @@ pub fn write_secret(path: &std::path::Path, contents: impl AsRef<[u8]>) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::write(path, contents).expect("a secret file");
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod 600");
+}
+
+/// The s3s-fs server, on `port`, over `data`.
+pub struct S3Server(Child);
+
+impl S3Server {
+    pub fn start(binary: &Path, port: u16, data: &Path) -> S3Server {
+        let child = Command::new(binary)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", "gpuxtest", "--secret-key", "gpuxtestsecret"])
+            .arg(data)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("s3s-fs starts");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "s3s-fs listened");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        S3Server(child)
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The s3s-fs binary (`GPUX_S3S_FS`), or `None` (the test skips) where
+/// none is and `GPUX_REQUIRE_S3` is not set.
+pub fn s3s_fs() -> Option<std::path::PathBuf> {
+    match std::env::var_os("GPUX_S3S_FS").map(std::path::PathBuf::from) {
+        Some(path) if path.exists() => Some(path),
+        _ => {
+            assert!(
+                std::env::var("GPUX_REQUIRE_S3").as_deref() != Ok("1"),
+                "GPUX_REQUIRE_S3=1 but GPUX_S3S_FS names no s3s-fs binary (scripts/test installs it)"
+            );
+            eprintln!("SKIPPED: no S3-compatible server (set GPUX_S3S_FS; scripts/test does)");
+            None
+        }
+    }
+}
+
+/// The environment that points the exchange's `s3://` job store at the
+/// s3s-fs server on `endpoint`.
+pub fn s3_env(endpoint: &str) -> Vec<(String, String)> {
+    [
+        ("AWS_ENDPOINT", endpoint),
+        ("AWS_ACCESS_KEY_ID", "gpuxtest"),
+        ("AWS_SECRET_ACCESS_KEY", "gpuxtestsecret"),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_ALLOW_HTTP", "true"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
 }

@@ -362,8 +362,9 @@ impl JobFiles {
                     self.remember(&key, seen);
                     continue;
                 }
-                let url = format!("{}/v1/objects/{}/{area}/{relative}", self.store_url, self.prefix());
-                let answer = client.put(&url).bearer_auth(&self.token).body(body).send().await.map_err(|e| e.to_string())?;
+                let (path, body) = (format!("/v1/objects/{}/{area}/{relative}", self.prefix()), bytes::Bytes::from(body));
+                let putting = |to: &str| client.put(to).bearer_auth(&self.token).body(body.clone());
+                let answer = gpux_client::store::send(&self.store_url, &path, putting).await.map_err(|e| e.to_string())?;
                 if !answer.status().is_success() {
                     return Err(format!("putting {relative}: {}", answer.status()));
                 }
@@ -374,8 +375,8 @@ impl JobFiles {
             }
             if area == "checkpoints" && !self.cluster() {
                 for relative in remote.keys().filter(|r| !local.contains_key(*r)) {
-                    let url = format!("{}/v1/objects/{}/{area}/{relative}", self.store_url, self.prefix());
-                    let _ = client.delete(&url).bearer_auth(&self.token).send().await;
+                    let path = format!("/v1/objects/{}/{area}/{relative}", self.prefix());
+                    let _ = gpux_client::store::send(&self.store_url, &path, |to| client.delete(to).bearer_auth(&self.token)).await;
                 }
             }
         }
@@ -388,8 +389,9 @@ impl JobFiles {
     pub async fn put_log(&self, tail: &str) -> Result<(), String> {
         let client = Self::client().map_err(|f| f.detail)?;
         let a = &self.assignment;
-        let url = format!("{}/v1/objects/{}/logs/attempt-{}-rank-{}.log", self.store_url, self.prefix(), a.attempt, a.node_rank);
-        let answer = client.put(&url).bearer_auth(&self.token).body(tail.to_string()).send().await.map_err(|e| e.to_string())?;
+        let path = format!("/v1/objects/{}/logs/attempt-{}-rank-{}.log", self.prefix(), a.attempt, a.node_rank);
+        let put = |to: &str| client.put(to).bearer_auth(&self.token).body(tail.to_string());
+        let answer = gpux_client::store::send(&self.store_url, &path, put).await.map_err(|e| e.to_string())?;
         match answer.status().is_success() {
             true => Ok(()),
             false => Err(format!("putting the output: {}", answer.status())),
@@ -403,7 +405,10 @@ impl JobFiles {
     /// `Err((the renter's fault, detail))`.
     async fn get(&self, client: &reqwest::Client, key: &str) -> Result<bytes::Bytes, (bool, String)> {
         let url = format!("{}/v1/objects/{key}", self.store_url);
-        let answer = client.get(&url).bearer_auth(&self.token).send().await.map_err(|e| (false, format!("{url}: {e}")))?;
+        let get = |to: &str| client.get(to).bearer_auth(&self.token);
+        let answer = gpux_client::store::send(&self.store_url, &format!("/v1/objects/{key}"), get)
+            .await
+            .map_err(|e| (false, format!("{url}: {e}")))?;
         match answer.status() {
             status if status.is_success() => answer.bytes().await.map_err(|e| (false, format!("{url}: {e}"))),
             reqwest::StatusCode::NOT_FOUND => Err((true, format!("{url}: not found"))),
@@ -412,8 +417,9 @@ impl JobFiles {
     }
 
     async fn list(&self, client: &reqwest::Client, area: &str) -> Result<Vec<Listed>, String> {
-        let url = format!("{}/v1/list/{}/{area}", self.store_url, self.prefix());
-        let answer = client.get(&url).bearer_auth(&self.token).send().await.map_err(|e| format!("{url}: {e}"))?;
+        let (url, path) = (format!("{}/v1/list/{}/{area}", self.store_url, self.prefix()), format!("/v1/list/{}/{area}", self.prefix()));
+        let get = |to: &str| client.get(to).bearer_auth(&self.token);
+        let answer = gpux_client::store::send(&self.store_url, &path, get).await.map_err(|e| format!("{url}: {e}"))?;
         if !answer.status().is_success() {
             return Err(format!("{url}: {}", answer.status()));
         }
