@@ -902,8 +902,8 @@ async fn a_clusters_job_store_is_shared_by_every_node_and_an_upload_outlives_its
         (format!("{}/bundles/{}.tar.gz", account.0, hex::encode(sha2::Sha256::digest(&body))), body)
     };
     let (first, body) = object(3);
-    let put = client.put(format!("http://{}/v1/objects/{first}", stores[&leader])).bearer_auth(&token).body(body.clone());
-    assert_eq!(put.send().await.expect("put").status(), 201);
+    let first_put = client.put(format!("http://{}/v1/objects/{first}", stores[&leader])).bearer_auth(&token).body(body.clone());
+    assert_eq!(first_put.send().await.expect("put").status(), 201);
     for (id, address) in stores.iter().filter(|(id, _)| **id != leader) {
         let got = client.get(format!("http://{address}/v1/objects/{first}")).bearer_auth(&token).send().await.expect("get");
         assert_eq!(got.status(), 200, "node {id} accepts the leader's token");
@@ -911,6 +911,64 @@ async fn a_clusters_job_store_is_shared_by_every_node_and_an_upload_outlives_its
     }
     let forged = client.get(format!("http://{}/v1/objects/{first}", stores[&leader])).bearer_auth(format!("{token}x")).send().await;
     assert_eq!(forged.expect("get").status(), 401);
+
+    // A host's token holds on a follower's store while its job lease runs
+    // (the follower reads the leases from the market it applied), and not
+    // after the job is cancelled.
+    {
+        use ed25519_dalek::Signer;
+        let leader_addr = cluster.nodes[&leader].listen.clone();
+        let (mut operator, _) = Client::login(&leader_addr, &key(1), Role::Operator).await;
+        let (mut supplier, _) = Client::login(&leader_addr, &key(2), Role::Supplier).await;
+        let id = operator.id();
+        let deposit = ClientMessage::Deposit { id, account, amount_minor: 1_000_000_000 };
+        assert!(matches!(operator.request(deposit).await, ServerMessage::Ack { .. }));
+        let encryption_key = [5u8; 32];
+        let mut signed = gpux_protocol::delivery::ENCRYPTION_KEY_DOMAIN.to_vec();
+        signed.extend_from_slice(&encryption_key);
+        let signature = hex::encode(key(2).sign(&signed).to_bytes());
+        let id = supplier.id();
+        let published =
+            supplier.request(ClientMessage::SetEncryptionKey { id, encryption_key: hex::encode(encryption_key), signature }).await;
+        assert!(matches!(published, ServerMessage::Ack { .. }), "{published:?}");
+        supplier.register_h100("host-a", "GPU-host-a").await;
+        let mut ask = ticket(1, Side::Sell, 1_000_000, 1);
+        ask.supply = Some(GpuSet { host: HostId(0), gpu_mask: 1 });
+        assert!(matches!(supplier.place(ask).await, ServerMessage::Ack { .. }));
+        let run = JobRun::in_image("localhost/gpux-py:1", &["python3", "train.py"]);
+        let submission = JobSubmission::one_host("on-a-cluster", InstrumentId(0), 1, 2_000_000, 1, 100_000_000, run);
+        let id = renter.id();
+        let job = match renter.request(ClientMessage::SubmitJob { id, job: Box::new(submission) }).await {
+            ServerMessage::Job { job, .. } => job.job,
+            other => panic!("{other:?}"),
+        };
+        let lease = running_lease(&mut renter, job, None).await;
+        let host = host_token(&mut supplier, lease).await;
+        let follower = stores.iter().find(|(id, _)| **id != leader).map(|(_, address)| format!("http://{address}")).expect("a follower");
+        let output = format!("{}/jobs/{}/outputs/result.json", account.0, job.0);
+        let started = Instant::now();
+        loop {
+            let (status, said) = put(&follower, &host, &output, b"{}".to_vec()).await;
+            if status == 201 {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(5), "the follower's store knows the lease runs: {status} {said}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let id = renter.id();
+        assert!(matches!(renter.request(ClientMessage::CancelJob { id, job }).await, ServerMessage::Job { .. }));
+        let started = Instant::now();
+        loop {
+            let (status, said) = put(&follower, &host, &output, b"{\"late\":1}".to_vec()).await;
+            if status == 403 {
+                assert!(said.contains("lease_ended"), "{said}");
+                break;
+            }
+            assert_eq!(status, 201, "{said}");
+            assert!(started.elapsed() < Duration::from_secs(5), "the follower's store refuses the ended lease's host");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 
     // The leader dies: an upload to the token's addresses (the dead one
     // first) lands on another node, and is read back through a third.

@@ -32,18 +32,6 @@ fn bundle(account: u64, seed: u8, bytes: usize) -> (String, Vec<u8>) {
     (format!("{account}/bundles/{}.tar.gz", hex::encode(Sha256::digest(&body))), body)
 }
 
-async fn put(url: &str, token: &str, key: &str, body: Vec<u8>) -> (u16, String) {
-    let answer = reqwest::Client::new().put(format!("{url}/v1/objects/{key}")).bearer_auth(token).body(body).send().await.expect("put");
-    let status = answer.status().as_u16();
-    (status, answer.text().await.unwrap_or_default())
-}
-
-async fn get(url: &str, token: &str, key: &str) -> (u16, Vec<u8>) {
-    let answer = reqwest::Client::new().get(format!("{url}/v1/objects/{key}")).bearer_auth(token).send().await.expect("get");
-    let status = answer.status().as_u16();
-    (status, answer.bytes().await.map(|b| b.to_vec()).unwrap_or_default())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_local_job_store_keeps_each_accounts_share_and_checks_what_is_put() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -155,37 +143,6 @@ async fn the_job_store_on_an_s3_server_survives_the_server_going_down_and_back()
     let (wrong_key, wrong_body) = bundle(wrong_account, 3, 1 << 10);
     assert_eq!(put(&wrong_url, &wrong_token, &wrong_key, wrong_body).await.0, 503);
     assert!(!data.join("gpux-jobs").join(&wrong_key).exists());
-}
-
-/// The job's state as its renter sees it.
-async fn job_state(renter: &mut Client, job: JobId) -> JobState {
-    let id = renter.id();
-    match renter.request(ClientMessage::JobStatus { id, job }).await {
-        ServerMessage::Job { job, .. } => job.state,
-        other => panic!("{other:?}"),
-    }
-}
-
-/// Waits until the job runs on a lease other than `not`; that lease.
-async fn running_lease(renter: &mut Client, job: JobId, not: Option<gpux_engine::LeaseId>) -> gpux_engine::LeaseId {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let JobState::Running { leases, .. } | JobState::Starting { leases, .. } = job_state(renter, job).await {
-            if leases.first().is_some_and(|l| Some(*l) != not) {
-                return leases[0];
-            }
-        }
-        assert!(Instant::now() < deadline, "the job runs on a new lease");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn host_token(supplier: &mut Client, lease: gpux_engine::LeaseId) -> String {
-    let id = supplier.id();
-    match supplier.request(ClientMessage::JobStoreToken { id, job: None, lease: Some(lease) }).await {
-        ServerMessage::JobStoreToken { token, .. } => token,
-        other => panic!("{other:?}"),
-    }
 }
 
 /// Issue 61: a host kept its job-store token after its lease ended and

@@ -555,3 +555,49 @@ pub fn s3_env(endpoint: &str) -> Vec<(String, String)> {
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect()
 }
+
+/// Puts `body` at `key` in the job store at `url`: the status and the answer's text.
+pub async fn put(url: &str, token: &str, key: &str, body: Vec<u8>) -> (u16, String) {
+    let answer = reqwest::Client::new().put(format!("{url}/v1/objects/{key}")).bearer_auth(token).body(body).send().await.expect("put");
+    let status = answer.status().as_u16();
+    (status, answer.text().await.unwrap_or_default())
+}
+
+/// Gets `key` from the job store at `url`: the status and the body.
+pub async fn get(url: &str, token: &str, key: &str) -> (u16, Vec<u8>) {
+    let answer = reqwest::Client::new().get(format!("{url}/v1/objects/{key}")).bearer_auth(token).send().await.expect("get");
+    let status = answer.status().as_u16();
+    (status, answer.bytes().await.map(|b| b.to_vec()).unwrap_or_default())
+}
+
+/// The job's state as its renter sees it.
+pub async fn job_state(renter: &mut Client, job: JobId) -> JobState {
+    let id = renter.id();
+    match renter.request(ClientMessage::JobStatus { id, job }).await {
+        ServerMessage::Job { job, .. } => job.state,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Waits until the job runs on a lease other than `not`; that lease.
+pub async fn running_lease(renter: &mut Client, job: JobId, not: Option<gpux_engine::LeaseId>) -> gpux_engine::LeaseId {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let JobState::Running { leases, .. } | JobState::Starting { leases, .. } = job_state(renter, job).await {
+            if leases.first().is_some_and(|l| Some(*l) != not) {
+                return leases[0];
+            }
+        }
+        assert!(Instant::now() < deadline, "the job runs on a new lease");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A host's token for the job its running `lease` runs.
+pub async fn host_token(supplier: &mut Client, lease: gpux_engine::LeaseId) -> String {
+    let id = supplier.id();
+    match supplier.request(ClientMessage::JobStoreToken { id, job: None, lease: Some(lease) }).await {
+        ServerMessage::JobStoreToken { token, .. } => token,
+        other => panic!("{other:?}"),
+    }
+}
