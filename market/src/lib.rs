@@ -24,6 +24,7 @@ pub mod keys;
 pub mod reliability;
 pub mod rematch;
 mod routing;
+pub mod scaling;
 pub mod stats;
 pub mod telemetry;
 
