@@ -215,13 +215,22 @@ class Book:
         await asyncio.wait_for(loop(), timeout)
 
 
-async def _store_request(method: str, url: str, token: str, body: Optional[bytes] = None) -> bytes:
-    """One job store request (urllib, in a thread); its error body's code as GpuxError."""
+def store_bases(url: str) -> list[str]:
+    """The base URLs a job store token's `url` names: one, or a cluster's
+    nodes, comma-separated (docs/protocol.md "The job store")."""
+    return [base.strip().rstrip("/") for base in url.split(",") if base.strip()]
+
+
+async def _store_request(method: str, url: str, path: str, token: str, body: Optional[bytes] = None) -> bytes:
+    """One job store request (urllib, in a thread) to the first of the
+    token's base URLs that answers (one that cannot be reached, a node
+    down, is passed over; an HTTP status is the store's answer); its error
+    body's code as GpuxError."""
     import urllib.error
     import urllib.request
 
-    def call() -> bytes:
-        request = urllib.request.Request(url, data=body, method=method, headers={"Authorization": f"Bearer {token}"})
+    def call(base: str) -> bytes:
+        request = urllib.request.Request(base + path, data=body, method=method, headers={"Authorization": f"Bearer {token}"})
         try:
             with urllib.request.urlopen(request, timeout=600) as answer:
                 return answer.read()
@@ -232,7 +241,14 @@ async def _store_request(method: str, url: str, token: str, body: Optional[bytes
                 detail = {"code": f"http_{error.code}", "message": str(error)}
             raise GpuxError(detail.get("code", f"http_{error.code}"), detail.get("message", "")) from None
 
-    return await asyncio.to_thread(call)
+    unreachable: Optional[Exception] = None
+    for base in store_bases(url):
+        try:
+            return await asyncio.to_thread(call, base)
+        except (urllib.error.URLError, ConnectionError) as error:
+            # Not reached, or cut before an answer: the next node.
+            unreachable = error
+    raise GpuxError("store_unreachable", f"no job store address answered ({url}): {unreachable}")
 
 
 def pack_bundle(directory: str | Path) -> bytes:
@@ -692,7 +708,7 @@ class Client:
         sha256 = hashlib.sha256(bundle).hexdigest()
         token = await self.job_store_token()
         key = f"{self.account}/bundles/{sha256}.tar.gz"
-        await _store_request("PUT", f"{token.url}/v1/objects/{key}", token.token, bundle)
+        await _store_request("PUT", token.url, f"/v1/objects/{key}", token.token, bundle)
         return {"sha256": sha256, "bytes": len(bundle)}
 
     async def put_input(self, packed: bytes) -> dict:
@@ -702,7 +718,7 @@ class Client:
 
         sha256 = hashlib.sha256(packed).hexdigest()
         token = await self.job_store_token()
-        await _store_request("PUT", f"{token.url}/v1/objects/{self.account}/inputs/{sha256}.tar.gz", token.token, packed)
+        await _store_request("PUT", token.url, f"/v1/objects/{self.account}/inputs/{sha256}.tar.gz", token.token, packed)
         return {"store": {"sha256": sha256, "bytes": len(packed)}}
 
     async def job_results(self, job: int, to: str | Path, checkpoints: bool = False) -> list[str]:
@@ -712,12 +728,12 @@ class Client:
         written = []
         for area in ["outputs"] + (["checkpoints"] if checkpoints else []):
             prefix = f"{self.account}/jobs/{job}/"
-            listed = json.loads(await _store_request("GET", f"{token.url}/v1/list/{prefix}{area}", token.token))
+            listed = json.loads(await _store_request("GET", token.url, f"/v1/list/{prefix}{area}", token.token))
             for item in listed:
                 relative = item["key"][len(prefix):]
                 if any(part in ("", ".", "..") for part in relative.split("/")):
                     continue
-                data = await _store_request("GET", f"{token.url}/v1/objects/{item['key']}", token.token)
+                data = await _store_request("GET", token.url, f"/v1/objects/{item['key']}", token.token)
                 path = Path(to) / relative
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
@@ -736,7 +752,7 @@ class Client:
             return {rank: await self.lease_logs(lease, tail_bytes) for rank, lease in enumerate(leases)}
         token = await self.job_store_token()
         prefix = f"{self.account}/jobs/{job}/logs"
-        listed = json.loads(await _store_request("GET", f"{token.url}/v1/list/{prefix}", token.token))
+        listed = json.loads(await _store_request("GET", token.url, f"/v1/list/{prefix}", token.token))
         kept: dict[int, dict[int, str]] = {}
         for item in listed:
             name = item["key"].rsplit("/", 1)[-1]
@@ -749,7 +765,7 @@ class Client:
         if wanted is None or wanted not in kept:
             return {}
         return {
-            rank: (await _store_request("GET", f"{token.url}/v1/objects/{key}", token.token)).decode("utf-8", "replace")
+            rank: (await _store_request("GET", token.url, f"/v1/objects/{key}", token.token)).decode("utf-8", "replace")
             for rank, key in sorted(kept[wanted].items())
         }
 
