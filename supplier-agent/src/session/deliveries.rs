@@ -21,6 +21,23 @@ use crate::config::{AgentConfig, BackendKind};
 use crate::delivery::{DeliveryBackend, Manager, Order, Report, Tuning};
 use crate::limits::PROBE_DEADLINE;
 
+/// A message the manager's reports call for, waiting for the loop.
+pub(super) enum ToExchange {
+    /// A GPU the host failed a delivery on goes offline.
+    Offline(gpux_engine::GpuId),
+    Logs {
+        request: u64,
+        data: String,
+        truncated: bool,
+    },
+    Exec {
+        request: u64,
+        outcome: gpux_protocol::delivery::ExecOutcome,
+    },
+    /// A lease the manager could not re-adopt: its workload, asked for and delivered.
+    Workload(LeaseId),
+}
+
 /// What `Deliveries::next` brings.
 pub(super) enum FromDelivery {
     Report(Report),
@@ -50,6 +67,11 @@ pub(super) struct Deliveries {
     /// Jobs assigned without a token for their files (an exchange that
     /// sends none with the assignment): asked for from the loop.
     tokens_wanted: Vec<(LeaseId, JobAssignment)>,
+    /// What the manager's reports call for at the exchange, in order, sent
+    /// from the loop: GPUs a failed delivery takes offline (before the
+    /// failure's status), logs and exec outcomes for renters, workloads of
+    /// leases the manager could not re-adopt.
+    outbox: std::collections::VecDeque<ToExchange>,
     /// Interconnect probes that completed (or failed) on their own tasks,
     /// to sign and send (docs/agent.md "Interconnect probe").
     probes: (tokio::sync::mpsc::UnboundedSender<FabricProbeBody>, tokio::sync::mpsc::UnboundedReceiver<FabricProbeBody>),
@@ -90,6 +112,7 @@ impl Deliveries {
             statuses_unsent: BTreeMap::new(),
             releasing: BTreeMap::new(),
             tokens_wanted: Vec::new(),
+            outbox: Default::default(),
             probes: tokio::sync::mpsc::unbounded_channel(),
             probes_unsent: Vec::new(),
             probe_mib: config.fabric.as_ref().map(|f| f.probe_mib).filter(|&mib| mib > 0),
@@ -338,9 +361,14 @@ impl Deliveries {
         }
     }
 
+    /// Queues a message for the exchange (sent by `flush`).
+    pub(super) fn send(&mut self, message: ToExchange) {
+        self.outbox.push_back(message);
+    }
+
     /// Whether anything waits to be sent or asked for.
     pub(super) fn due(&self) -> bool {
-        !self.tokens_wanted.is_empty() || !self.statuses_unsent.is_empty() || !self.probes_unsent.is_empty()
+        !self.tokens_wanted.is_empty() || !self.outbox.is_empty() || !self.statuses_unsent.is_empty() || !self.probes_unsent.is_empty()
     }
 
     /// Asks for the tokens jobs wait for, then sends the statuses and
@@ -362,6 +390,31 @@ impl Deliveries {
                     self.status(lease, DeliveryState::Failed { code: FailureCode::HostError, fault: Fault::Host, reason });
                 }
             }
+        }
+        while let Some(message) = self.outbox.front() {
+            let id = connection.new_id();
+            match message {
+                ToExchange::Offline(gpu) => {
+                    connection.request(ClientMessage::SetGpuOnline { id, gpu: *gpu, online: false }).await?;
+                }
+                ToExchange::Logs { request, data, truncated } => {
+                    let logs = ClientMessage::Logs { id, request: *request, data: data.clone(), truncated: *truncated };
+                    connection.request(logs).await?;
+                }
+                ToExchange::Exec { request, outcome } => {
+                    connection.request(ClientMessage::ExecDone { id, request: *request, outcome: outcome.clone() }).await?;
+                }
+                ToExchange::Workload(lease) => {
+                    let lease = *lease;
+                    if let ServerMessage::LeaseDelivery { workload: Some(workload), .. } =
+                        connection.request(ClientMessage::LeaseDelivery { id, lease }).await?
+                    {
+                        self.deliver(host, lease, Some(workload), clock_offset_ms);
+                    }
+                }
+            }
+            // Sent (a connection lost before is sent again on the next).
+            self.outbox.pop_front();
         }
         self.send_statuses(connection).await?;
         self.send_probes(connection, key).await

@@ -44,7 +44,7 @@ pub use crate::limits::CLOCK_SYNC_EVERY;
 use crate::limits::{BACKOFF_MAX, BACKOFF_MIN, RECONCILE_WAIT};
 use crate::reports::ReportBook;
 use challenges::{Asked, Challenges};
-use deliveries::{Deliveries, FromDelivery};
+use deliveries::{Deliveries, FromDelivery, ToExchange};
 use health::HostHealth;
 use host::{Billing, Host, LeaseState};
 use offers::{ClientOrderIds, Offers, Room};
@@ -216,7 +216,7 @@ impl Agent {
         let deadline = tokio::time::Instant::now() + RECONCILE_WAIT;
         while !link.reconciled {
             match tokio::time::timeout_at(deadline, self.deliveries.next()).await {
-                Ok(FromDelivery::Report(report)) => self.on_delivery_report(&mut link, report).await?,
+                Ok(FromDelivery::Report(report)) => self.on_delivery_report(&mut link, report),
                 Ok(FromDelivery::Probe) => {}
                 Err(_) => break,
             }
@@ -251,7 +251,7 @@ impl Agent {
                 }
                 from = self.deliveries.next() => {
                     if let FromDelivery::Report(report) = from {
-                        self.on_delivery_report(link, report).await?;
+                        self.on_delivery_report(link, report);
                     }
                 }
                 _ = sampling.tick() => self.sample(link).await?,
@@ -359,8 +359,10 @@ impl Agent {
 
     /// What the delivery manager reports: statuses (a host failure takes
     /// the GPUs off sale), logs and exec outcomes for renters, GPUs
-    /// released, the workloads it could not re-adopt.
-    async fn on_delivery_report(&mut self, link: &mut Link, report: Report) -> Result<()> {
+    /// released, the workloads it could not re-adopt. Like the message
+    /// handler it never waits on the exchange: what goes there is queued
+    /// for `flush`.
+    fn on_delivery_report(&mut self, link: &mut Link, report: Report) {
         match report {
             Report::Status { lease, state } => {
                 let outcome = match &state {
@@ -378,8 +380,7 @@ impl Agent {
                     if let Some(mask) = self.host.leases.get(&lease).filter(|l| !l.ended).map(|l| l.gpu_mask) {
                         self.health.host_failed(lease, mask);
                         for gpu in self.host.fail_delivery(mask) {
-                            let id = link.connection.new_id();
-                            link.connection.request(ClientMessage::SetGpuOnline { id, gpu, online: false }).await?;
+                            self.deliveries.send(ToExchange::Offline(gpu));
                         }
                     }
                 }
@@ -388,14 +389,8 @@ impl Agent {
                 }
                 self.deliveries.status(lease, state);
             }
-            Report::Logs { request, data, truncated } => {
-                let id = link.connection.new_id();
-                link.connection.request(ClientMessage::Logs { id, request, data, truncated }).await?;
-            }
-            Report::Exec { request, outcome } => {
-                let id = link.connection.new_id();
-                link.connection.request(ClientMessage::ExecDone { id, request, outcome }).await?;
-            }
+            Report::Logs { request, data, truncated } => self.deliveries.send(ToExchange::Logs { request, data, truncated }),
+            Report::Exec { request, outcome } => self.deliveries.send(ToExchange::Exec { request, outcome }),
             Report::Removing { lease, gpus } => self.deliveries.removing(lease, self.host.mask_of_uuids(&gpus)),
             Report::Released { lease } => link.due.reoffer |= self.deliveries.released(lease),
             Report::Unadopted { leases } => {
@@ -404,16 +399,10 @@ impl Agent {
                     link.due.reoffer = true;
                 }
                 for lease in leases {
-                    let id = link.connection.new_id();
-                    if let ServerMessage::LeaseDelivery { workload: Some(workload), .. } =
-                        link.connection.request(ClientMessage::LeaseDelivery { id, lease }).await?
-                    {
-                        self.deliveries.deliver(&mut self.host, lease, Some(workload), self.reporting.clock_offset_ms);
-                    }
+                    self.deliveries.send(ToExchange::Workload(lease));
                 }
             }
         }
-        Ok(())
     }
 
     /// A pushed message: the state it changes, and what it calls for left
