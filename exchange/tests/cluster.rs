@@ -916,21 +916,13 @@ async fn a_clusters_job_store_is_shared_by_every_node_and_an_upload_outlives_its
     // (the follower reads the leases from the market it applied), and not
     // after the job is cancelled.
     {
-        use ed25519_dalek::Signer;
         let leader_addr = cluster.nodes[&leader].listen.clone();
         let (mut operator, _) = Client::login(&leader_addr, &key(1), Role::Operator).await;
         let (mut supplier, _) = Client::login(&leader_addr, &key(2), Role::Supplier).await;
         let id = operator.id();
         let deposit = ClientMessage::Deposit { id, account, amount_minor: 1_000_000_000 };
         assert!(matches!(operator.request(deposit).await, ServerMessage::Ack { .. }));
-        let encryption_key = [5u8; 32];
-        let mut signed = gpux_protocol::delivery::ENCRYPTION_KEY_DOMAIN.to_vec();
-        signed.extend_from_slice(&encryption_key);
-        let signature = hex::encode(key(2).sign(&signed).to_bytes());
-        let id = supplier.id();
-        let published =
-            supplier.request(ClientMessage::SetEncryptionKey { id, encryption_key: hex::encode(encryption_key), signature }).await;
-        assert!(matches!(published, ServerMessage::Ack { .. }), "{published:?}");
+        publish_encryption_key(&mut supplier, &key(2)).await;
         supplier.register_h100("host-a", "GPU-host-a").await;
         let mut ask = ticket(1, Side::Sell, 1_000_000, 1);
         ask.supply = Some(GpuSet { host: HostId(0), gpu_mask: 1 });

@@ -154,7 +154,6 @@ async fn the_job_store_on_an_s3_server_survives_the_server_going_down_and_back()
 /// attempt's output tail, and nothing else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hosts_token_ends_with_its_lease_and_a_rematch_gets_its_own() {
-    use ed25519_dalek::Signer;
     let dir = tempfile::tempdir().expect("temp dir");
     let exchange = Exchange::start(dir.path(), Some(&key(1)));
     let (mut operator, _) = Client::login(&exchange.addr, &key(1), Role::Operator).await;
@@ -164,13 +163,7 @@ async fn a_hosts_token_ends_with_its_lease_and_a_rematch_gets_its_own() {
     let deposit = ClientMessage::Deposit { id, account: renter_account, amount_minor: 1_000_000_000 };
     assert!(matches!(operator.request(deposit).await, ServerMessage::Ack { .. }));
     // The supplier delivers (its hosts' encryption key), with two hosts asking.
-    let encryption_key = [5u8; 32];
-    let mut signed = gpux_protocol::delivery::ENCRYPTION_KEY_DOMAIN.to_vec();
-    signed.extend_from_slice(&encryption_key);
-    let signature = hex::encode(key(2).sign(&signed).to_bytes());
-    let id = supplier.id();
-    let published = supplier.request(ClientMessage::SetEncryptionKey { id, encryption_key: hex::encode(encryption_key), signature }).await;
-    assert!(matches!(published, ServerMessage::Ack { .. }), "{published:?}");
+    publish_encryption_key(&mut supplier, &key(2)).await;
     for (n, host) in ["host-a", "host-b"].iter().enumerate() {
         supplier.register_h100(host, &format!("GPU-{host}")).await;
         let mut ask = ticket(n as u64 + 1, gpux_engine::Side::Sell, 1_000_000, 1);

@@ -601,3 +601,15 @@ pub async fn host_token(supplier: &mut Client, lease: gpux_engine::LeaseId) -> S
         other => panic!("{other:?}"),
     }
 }
+
+/// The supplier `key` logged in as publishes its hosts' encryption key
+/// (bids that carry a workload then trade with its asks).
+pub async fn publish_encryption_key(supplier: &mut Client, key: &SigningKey) {
+    let encryption_key = [5u8; 32];
+    let mut signed = gpux_protocol::delivery::ENCRYPTION_KEY_DOMAIN.to_vec();
+    signed.extend_from_slice(&encryption_key);
+    let signature = hex::encode(key.sign(&signed).to_bytes());
+    let id = supplier.id();
+    let published = supplier.request(ClientMessage::SetEncryptionKey { id, encryption_key: hex::encode(encryption_key), signature }).await;
+    assert!(matches!(published, ServerMessage::Ack { .. }), "{published:?}");
+}

@@ -25,15 +25,9 @@ use crate::limits::PROBE_DEADLINE;
 pub(super) enum ToExchange {
     /// A GPU the host failed a delivery on goes offline.
     Offline(gpux_engine::GpuId),
-    Logs {
-        request: u64,
-        data: String,
-        truncated: bool,
-    },
-    Exec {
-        request: u64,
-        outcome: gpux_protocol::delivery::ExecOutcome,
-    },
+    /// A renter's logs or exec outcome (`Report::Logs`, `Report::Exec`),
+    /// relayed as the manager reported it.
+    Relay(Report),
     /// A lease the manager could not re-adopt: its workload, asked for and delivered.
     Workload(LeaseId),
 }
@@ -397,13 +391,15 @@ impl Deliveries {
                 ToExchange::Offline(gpu) => {
                     connection.request(ClientMessage::SetGpuOnline { id, gpu: *gpu, online: false }).await?;
                 }
-                ToExchange::Logs { request, data, truncated } => {
+                ToExchange::Relay(Report::Logs { request, data, truncated }) => {
                     let logs = ClientMessage::Logs { id, request: *request, data: data.clone(), truncated: *truncated };
                     connection.request(logs).await?;
                 }
-                ToExchange::Exec { request, outcome } => {
+                ToExchange::Relay(Report::Exec { request, outcome }) => {
                     connection.request(ClientMessage::ExecDone { id, request: *request, outcome: outcome.clone() }).await?;
                 }
+                // Nothing else is relayed.
+                ToExchange::Relay(_) => {}
                 ToExchange::Workload(lease) => {
                     let lease = *lease;
                     if let ServerMessage::LeaseDelivery { workload: Some(workload), .. } =

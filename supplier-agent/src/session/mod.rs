@@ -389,8 +389,7 @@ impl Agent {
                 }
                 self.deliveries.status(lease, state);
             }
-            Report::Logs { request, data, truncated } => self.deliveries.send(ToExchange::Logs { request, data, truncated }),
-            Report::Exec { request, outcome } => self.deliveries.send(ToExchange::Exec { request, outcome }),
+            relayed @ (Report::Logs { .. } | Report::Exec { .. }) => self.deliveries.send(ToExchange::Relay(relayed)),
             Report::Removing { lease, gpus } => self.deliveries.removing(lease, self.host.mask_of_uuids(&gpus)),
             Report::Released { lease } => link.due.reoffer |= self.deliveries.released(lease),
             Report::Unadopted { leases } => {
