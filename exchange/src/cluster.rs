@@ -42,6 +42,10 @@ pub struct ClusterConfig {
     pub raft_listen: SocketAddr,
     /// The secret every node of the cluster holds.
     pub secret: Vec<u8>,
+    /// The secret before a rotation (`--previous-cluster-secret-file`):
+    /// job store tokens signed under it keep verifying; Raft uses `secret`
+    /// alone.
+    pub previous_secret: Option<Vec<u8>>,
     /// TLS on the Raft port (`--raft-tls-cert`, `--raft-tls-key`,
     /// `--raft-tls-ca`): this node's identity, and the certificates it
     /// trusts for its peers'.
@@ -140,7 +144,11 @@ pub fn run_node(mut config: ExchangeConfig, cluster: ClusterConfig, stop_on: Sto
             crate::job_store::check_shared(&store.store)?;
             let disk = Arc::new(crate::disk::Disk::new(&config.data_dir, config.disk_reserve_bytes));
             let key = crate::job_store::cluster_key(&cluster.secret);
-            Some(crate::job_store::bind(store, &config.data_dir, surface.clock, disk, Some(key))?)
+            let (listener, mut server, issuer) = crate::job_store::bind(store, &config.data_dir, surface.clock, disk, Some(key))?;
+            if let Some(previous) = &cluster.previous_secret {
+                server = server.also_accepting(crate::job_store::cluster_key(previous));
+            }
+            Some((listener, server, issuer))
         }
         None => None,
     };

@@ -99,6 +99,12 @@ struct Args {
     /// at least 16 bytes).
     #[arg(long, requires = "node_id")]
     cluster_secret_file: Option<PathBuf>,
+    /// The cluster's secret before a rotation: job store tokens signed
+    /// under it keep verifying (a running job's host keeps the token its
+    /// assignment carried); drop it once the jobs started before the
+    /// rotation ended (with --node-id).
+    #[arg(long, requires = "cluster_secret_file")]
+    previous_cluster_secret_file: Option<PathBuf>,
     /// PEM certificate chain of this node's Raft port (with --raft-tls-key
     /// and --raft-tls-ca): peers and operators then reach it over TLS only.
     #[arg(long, requires_all = ["node_id", "raft_tls_key", "raft_tls_ca"])]
@@ -343,6 +349,10 @@ fn cluster_config(args: &Args) -> Result<Option<gpux_exchange::cluster::ClusterC
     };
     anyhow::ensure!(!args.sim, "--sim runs on a single exchange: leave it out with --node-id");
     let secret = gpux_exchange::cluster::read_secret(secret)?;
+    let previous_secret = match &args.previous_cluster_secret_file {
+        Some(path) => Some(gpux_exchange::cluster::read_secret(path)?),
+        None => None,
+    };
     let tls = match (&args.raft_tls_cert, &args.raft_tls_key, &args.raft_tls_ca) {
         (Some(cert), Some(key), Some(ca)) => Some(gpux_exchange::cluster::RaftTls {
             identity: gpux_protocol::tls::server_config(cert, key).context("--raft-tls-cert/--raft-tls-key")?,
@@ -350,7 +360,7 @@ fn cluster_config(args: &Args) -> Result<Option<gpux_exchange::cluster::ClusterC
         }),
         _ => None,
     };
-    Ok(Some(gpux_exchange::cluster::ClusterConfig { node_id, raft_listen, secret, tls }))
+    Ok(Some(gpux_exchange::cluster::ClusterConfig { node_id, raft_listen, secret, previous_secret, tls }))
 }
 
 /// The listing (`--listing`, or the demo's), with the fee and the billing

@@ -274,8 +274,10 @@ pub fn open(spec: &str, data_dir: &Path) -> anyhow::Result<Arc<dyn ObjectStore>>
 /// the cluster's secret, which every node holds, so a token one node's
 /// sequencer signed verifies on every node's store. Rotating the cluster
 /// secret (a restart of every node) rotates it; tokens signed before are
-/// refused `token_invalid` (a running job's host keeps its assignment's
-/// token: docs/operations.md says to rotate when no code job runs).
+/// refused `token_invalid` unless the node is given the previous secret
+/// (`--previous-cluster-secret-file`, `StoreServer::also_accepting`), as it
+/// should be while jobs started before the rotation run: their hosts keep
+/// the tokens their assignments carried.
 pub fn cluster_key(cluster_secret: &[u8]) -> [u8; 32] {
     let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(cluster_secret).expect("any key length");
     mac.update(b"gpux job store tokens v1");

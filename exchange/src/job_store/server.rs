@@ -68,6 +68,8 @@ impl Drop for UploadSlot<'_> {
 pub struct StoreServer {
     store: Arc<dyn ObjectStore>,
     secret: [u8; 32],
+    /// A key tokens were signed with before a rotation, still accepted.
+    previous: Option<[u8; 32]>,
     running: Arc<RunningLeases>,
     quota_bytes: u64,
     uploads: Uploads,
@@ -93,7 +95,7 @@ impl StoreServer {
         quota_bytes: u64,
         clock: gpux_gateway::link::Clock,
     ) -> StoreServer {
-        StoreServer { store, secret, running, quota_bytes, uploads: Uploads::default(), clock, disk: None }
+        StoreServer { store, secret, previous: None, running, quota_bytes, uploads: Uploads::default(), clock, disk: None }
     }
 
     /// The store shares the journal's file system: a put that would leave
@@ -102,6 +104,19 @@ impl StoreServer {
     pub fn beside_journal(mut self, disk: Arc<crate::disk::Disk>) -> StoreServer {
         self.disk = Some(disk);
         self
+    }
+
+    /// Tokens signed with `previous` (the key before a rotation) verify
+    /// too, until the operator drops it.
+    pub fn also_accepting(mut self, previous: [u8; 32]) -> StoreServer {
+        self.previous = Some(previous);
+        self
+    }
+
+    /// The grant `token` carries, under the key or the previous one.
+    pub(super) fn verify_token(&self, token: &str) -> Option<Grant> {
+        let now_ms = self.clock.now_ms();
+        verify(&self.secret, token, now_ms).or_else(|| self.previous.and_then(|previous| verify(&previous, token, now_ms)))
     }
 
     pub fn router(self) -> axum::Router {
@@ -117,7 +132,7 @@ impl StoreServer {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .ok_or(Refusal(StatusCode::UNAUTHORIZED, "token_missing", "send Authorization: Bearer <job_store_token>"))?;
-        let grant = verify(&self.secret, token, self.clock.now_ms()).ok_or(Refusal(
+        let grant = self.verify_token(token).ok_or(Refusal(
             StatusCode::UNAUTHORIZED,
             "token_invalid",
             "the token does not verify or has expired: ask for a new one",

@@ -121,3 +121,25 @@ fn a_clusters_nodes_share_a_token_key_and_a_shared_backend() {
         assert!(check_shared(shared).is_ok(), "{shared}");
     }
 }
+
+/// A cluster's secret rotated: the store verifies tokens under the new key
+/// and, while the operator keeps the previous secret, under the old one (a
+/// running job's host keeps the token its assignment carried); a token
+/// under any other key never.
+#[test]
+fn a_store_keeps_accepting_tokens_signed_before_a_rotation_while_told_to() {
+    let (old, new, other) = (cluster_key(b"old secret"), cluster_key(b"new secret"), cluster_key(b"someone else"));
+    let grant = Grant::Renter { account: AccountId(7), participant: None, expires_at_ms: u64::MAX };
+    let signed = |key: [u8; 32]| Issuer::new("http://a".into(), key, Arc::default()).issue(&grant);
+    let store = || {
+        let backend: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        StoreServer::new(backend, new, Arc::default(), 1 << 20, gpux_gateway::link::Clock::default())
+    };
+    let rotated = store();
+    assert_eq!(rotated.verify_token(&signed(new)), Some(grant.clone()));
+    assert_eq!(rotated.verify_token(&signed(old)), None, "without the previous secret, tokens before the rotation are refused");
+    let rotating = store().also_accepting(old);
+    assert_eq!(rotating.verify_token(&signed(old)), Some(grant.clone()));
+    assert_eq!(rotating.verify_token(&signed(new)), Some(grant.clone()));
+    assert_eq!(rotating.verify_token(&signed(other)), None);
+}
