@@ -336,6 +336,10 @@ pub enum Body {
     GpuProbe {
         report: Box<gpux_protocol::GpuProbeReport>,
     },
+    /// Services (docs/protocol.md "Services").
+    Service {
+        request: ServiceRequest,
+    },
     /// In process only: over a socket a gateway sends `wire::Up::Connect`
     /// and the link server makes the connection's `Outbound`. Last, and
     /// it must stay last: serde numbers variants by position when encoding
@@ -365,6 +369,16 @@ pub enum JobRequest {
     StoreToken { job: Option<gpux_protocol::JobId>, lease: Option<LeaseId> },
     Bill { job: gpux_protocol::JobId, offset: u32 },
     Resize { job: gpux_protocol::JobId, gpus: u32 },
+}
+
+/// Services (docs/protocol.md "Services").
+#[derive(Serialize, Deserialize)]
+pub enum ServiceRequest {
+    Create { spec: Box<gpux_protocol::ServiceSpec> },
+    Status { service: gpux_protocol::ServiceId },
+    List { offset: u32 },
+    Scale { service: gpux_protocol::ServiceId, replicas: u32 },
+    Delete { service: gpux_protocol::ServiceId },
 }
 
 /// Sub-accounts and keys (docs/protocol.md "Sub-accounts", "Keys and scopes").
@@ -436,6 +450,8 @@ impl Body {
             }
             Body::Job { request: JobRequest::StoreToken { lease: Some(_), .. }, .. } => Some(Scope::Deliver),
             Body::Job { .. } => Some(Scope::Read),
+            Body::Service { request: ServiceRequest::Status { .. } | ServiceRequest::List { .. } } => Some(Scope::Read),
+            Body::Service { .. } => Some(Scope::Trade),
             Body::OpenOrders { .. }
             | Body::Leases { .. }
             | Body::LeaseTelemetry { .. }
@@ -509,6 +525,7 @@ impl Body {
             | Body::Access { .. }
             | Body::LeaseTelemetry { .. }
             | Body::Job { .. }
+            | Body::Service { .. }
             | Body::Disconnect { .. }
             | Body::Resync { .. }
             | Body::Connect { .. } => false,

@@ -31,7 +31,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use crate::admission::{AcceptBackoff, Admission, AdmissionLimits, Ticket};
 use crate::link::{
-    AccessRequest, Body, ChallengeRequest, Clock, ConnectionId, DeliveryRequest, HistoryRequest, JobRequest, LoginOutcome, Outbound,
+    AccessRequest, Body, ChallengeRequest, Clock, ConnectionId, DeliveryRequest, HistoryRequest, JobRequest, LoginOutcome, ServiceRequest, Outbound,
     Outgoing, Request, SharedFrame,
 };
 use crate::metrics::GatewayMetrics;
@@ -1084,6 +1084,11 @@ pub(crate) fn request_of(caller: &Caller, message: ClientMessage, verified: Opti
         ClientMessage::JobStoreToken { job, lease, .. } => Body::Job { request: JobRequest::StoreToken { job, lease } },
         ClientMessage::JobBill { job, offset, .. } => Body::Job { request: JobRequest::Bill { job, offset } },
         ClientMessage::ResizeJob { job, gpus, .. } => Body::Job { request: JobRequest::Resize { job, gpus } },
+        ClientMessage::CreateService { service, .. } => Body::Service { request: ServiceRequest::Create { spec: service } },
+        ClientMessage::ServiceStatus { service, .. } => Body::Service { request: ServiceRequest::Status { service } },
+        ClientMessage::Services { offset, .. } => Body::Service { request: ServiceRequest::List { offset } },
+        ClientMessage::ScaleService { service, replicas, .. } => Body::Service { request: ServiceRequest::Scale { service, replicas } },
+        ClientMessage::DeleteService { service, .. } => Body::Service { request: ServiceRequest::Delete { service } },
         ClientMessage::OfferLease { lease, price_minor_per_gpu_hour, client_order_id, time_in_force, .. } => {
             command(Command::OfferLease { account, lease, client_order_id, price_minor_per_gpu_hour, time_in_force })
         }

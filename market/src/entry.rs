@@ -236,6 +236,26 @@ pub enum JournalEntry {
         at_ms: u64,
         job: crate::jobs::JobId,
     },
+    /// A renter created a service (docs/services.md): the market numbers it
+    /// and calls for its replicas' bids. Appended.
+    CreateService {
+        at_ms: u64,
+        account: AccountId,
+        spec: Box<gpux_protocol::ServiceSpec>,
+    },
+    /// The renter set how many replicas its service keeps. Appended.
+    ScaleService {
+        at_ms: u64,
+        account: AccountId,
+        service: gpux_protocol::ServiceId,
+        replicas: u32,
+    },
+    /// The renter deleted its service: bids cancelled, leases ended. Appended.
+    DeleteService {
+        at_ms: u64,
+        account: AccountId,
+        service: gpux_protocol::ServiceId,
+    },
 }
 
 impl JournalEntry {
@@ -276,6 +296,9 @@ impl JournalEntry {
             | JournalEntry::SubmitJob { at_ms, .. }
             | JournalEntry::SubmitJobV2 { at_ms, .. }
             | JournalEntry::JobExitHoldEnded { at_ms, .. }
+            | JournalEntry::CreateService { at_ms, .. }
+            | JournalEntry::ScaleService { at_ms, .. }
+            | JournalEntry::DeleteService { at_ms, .. }
             | JournalEntry::CancelJob { at_ms, .. }
             | JournalEntry::JobLeaseSilent { at_ms, .. }
             | JournalEntry::ResizeJob { at_ms, .. }

@@ -25,6 +25,7 @@ pub mod reliability;
 pub mod rematch;
 mod routing;
 pub mod scaling;
+pub mod services;
 pub mod stats;
 pub mod telemetry;
 
@@ -97,6 +98,8 @@ pub struct Applied {
     pub follow_ups: Vec<Command>,
     /// A `SubmitJob` entry's job, or why it was refused.
     pub job: Option<Result<jobs::JobId, jobs::JobRefusal>>,
+    /// A service entry's service, or why it was refused.
+    pub service: Option<Result<gpux_protocol::ServiceId, gpux_protocol::ErrorCode>>,
     /// What left the hot state with this entry: the exchange keeps it in
     /// its archive, where queries still find it.
     pub archived: Archived,
@@ -209,6 +212,8 @@ pub struct MarketState {
     scores_day: u64,
     /// Leases' recent telemetry from accepted usage reports.
     telemetry: telemetry::Telemetry,
+    /// Services and their replicas (docs/services.md).
+    services: services::Services,
     clock_ms: u64,
 }
 
@@ -236,6 +241,7 @@ impl MarketState {
             preempted: BTreeMap::new(),
             scores_day: 0,
             telemetry: telemetry::Telemetry::default(),
+            services: services::Services::default(),
             clock_ms: 0,
         }
     }
@@ -250,6 +256,11 @@ impl MarketState {
     /// Jobs and their states (docs/jobs.md "A job's life").
     pub fn jobs(&self) -> &jobs::Jobs {
         &self.jobs
+    }
+
+    /// Services and their replicas (docs/services.md).
+    pub fn services(&self) -> &services::Services {
+        &self.services
     }
 
     /// Applies one journal entry. The only way the market changes.
@@ -279,6 +290,27 @@ impl MarketState {
                 }
             }
             JournalEntry::JobLeaseSilent { at_ms: _, lease } => self.job_lease_silent(*lease, &mut applied),
+            JournalEntry::CreateService { at_ms, account, spec } => {
+                let created = self.services.create(*account, (**spec).clone(), *at_ms).map(|(service, outcome)| {
+                    self.service_outcome(outcome, &mut applied, &mut owed);
+                    service
+                });
+                applied.service = Some(created);
+            }
+            JournalEntry::ScaleService { at_ms, account, service, replicas } => {
+                let scaled = self.services.scale(*service, *account, *replicas, *at_ms).map(|outcome| {
+                    self.service_outcome(outcome, &mut applied, &mut owed);
+                    *service
+                });
+                applied.service = Some(scaled);
+            }
+            JournalEntry::DeleteService { at_ms, account, service } => {
+                let deleted = self.services.delete(*service, *account, *at_ms).map(|outcome| {
+                    self.service_outcome(outcome, &mut applied, &mut owed);
+                    *service
+                });
+                applied.service = Some(deleted);
+            }
             JournalEntry::BindKey { public_key, account } => self.keys.bind(*public_key, *account),
             JournalEntry::SignatureRule { rule } => self.settlement.set_signature_rule(*rule),
             JournalEntry::JobRules { version } => self.jobs.adopt_rules(*version),
@@ -357,7 +389,7 @@ impl MarketState {
     /// A job's lease whose host went silent fails its delivery (the job
     /// resumes elsewhere); one no longer active is forgotten.
     fn job_lease_silent(&mut self, lease: LeaseId, applied: &mut Applied) {
-        match self.engine.lease(lease).filter(|l| l.active && self.jobs.runs_on(lease)) {
+        match self.engine.lease(lease).filter(|l| l.active && (self.jobs.runs_on(lease) || self.services.runs_on(lease))) {
             Some(info) => applied.follow_ups.push(Command::FailLeaseDelivery { account: info.supplier, lease }),
             None => self.jobs.forget_heard(lease),
         }
@@ -452,6 +484,7 @@ impl MarketState {
             let replaces = order.client_order_id.checked_sub(rematch::REPLACEMENT_CLIENT_ORDER_ID_BASE).map(LeaseId);
             if self.deliveries.bid_has_workload(order.account, order.client_order_id)
                 || (self.jobs.rules() >= 1 && self.jobs.is_job_bid(order.account, order.client_order_id))
+                || self.services.is_service_bid(order.account, order.client_order_id)
                 || replaces.is_some_and(|failed| self.deliveries.lease(failed).is_some_and(|d| d.workload.is_some()))
             {
                 self.engine.expect_workload(order.account, order.client_order_id);
@@ -478,6 +511,10 @@ impl MarketState {
         }));
         let jobs = self.jobs.observe(&applied.events);
         self.job_outcome(jobs, applied, owed);
+        if !self.services.is_empty() {
+            let services = self.services.observe(&applied.events);
+            self.service_outcome(services, applied, owed);
+        }
         self.watch_job_preemptions_ahead(applied, owed);
         self.hand_over_workloads(rematched.replaced, owed);
     }
@@ -545,6 +582,7 @@ impl MarketState {
             Ok(UsageOutcome::Accepted { verified_ms, .. }) => {
                 self.telemetry.record(&report.body);
                 self.jobs.heard(report.body.lease, account, at_ms);
+                self.services.heard(report.body.lease, account, at_ms);
                 if let Some(renter) = self.engine.lease(report.body.lease).map(|l| l.renter) {
                     let found = self.disputes.claimed(renter, &report.body, verified_ms);
                     applied.follow_ups.extend(self.disputed(report.body.lease, found, at_ms));
@@ -587,6 +625,8 @@ impl MarketState {
             // A job's workload that exited ends the job (its host's word).
             if info.supplier == account {
                 self.jobs.status_heard(lease, account, at_ms);
+                let outcome = self.services.delivery_status(lease, account, state, at_ms);
+                self.service_outcome(outcome, applied, owed);
             }
             if let (DeliveryState::Running { .. }, true) = (state, info.supplier == account) {
                 let outcome = self.jobs.workload_running(lease, at_ms);
@@ -872,6 +912,25 @@ impl MarketState {
         }
     }
 
+    /// What a service calls for: its commands as follow-ups, each replica
+    /// handed to its host (the workload recorded for the lease, the
+    /// command and readiness in `replica_assigned`), and its renter told
+    /// of every service that changed.
+    fn service_outcome(&mut self, outcome: services::Outcome, applied: &mut Applied, owed: &mut Vec<Notice>) {
+        applied.follow_ups.extend(outcome.commands());
+        for (lease, supplier, replica) in outcome.assigned {
+            let workload = gpux_protocol::Workload { ports: vec![replica.port], ..gpux_protocol::Workload::image(replica.image.clone()) };
+            self.deliveries.set_lease_workload(lease, supplier, Box::new(workload));
+            owed.push(Notice { to: Audience::account(supplier), message: ServerMessage::ReplicaAssigned { lease, replica: Box::new(replica) } });
+        }
+        for service in outcome.changed {
+            let Some(account) = self.services.account_of(service) else { continue };
+            if let Some(info) = self.services.info(service, account) {
+                owed.push(Notice { to: Audience::account(account), message: ServerMessage::ServiceUpdate { service: Box::new(info) } });
+            }
+        }
+    }
+
     /// A reserved window sold on a GPU that a job's preemptible lease
     /// runs on (or a job's preemptible lease created on a GPU with one
     /// ahead): the preemption it schedules goes to the job's feed before
@@ -1118,6 +1177,10 @@ impl MarketState {
             ),
         );
         hasher.bytes(&gpux_protocol::encode_record(&rest));
+        // Hashed once there is one, so markets from before services hash as they did.
+        if !self.services.is_empty() {
+            hasher.bytes(&gpux_protocol::encode_record(&self.services));
+        }
         hasher.finish()
     }
 

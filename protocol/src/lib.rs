@@ -29,6 +29,7 @@ pub mod peer_auth;
 pub mod record;
 pub mod search;
 pub mod secret_file;
+pub mod services;
 mod signed;
 pub mod tls;
 pub mod usage;
@@ -45,6 +46,7 @@ pub use jobs::{
     AttemptCause, AttemptMove, BookChoice, BundleRef, InputSource, JobAlternative, JobAssignment, JobFailure, JobId, JobInfo, JobInput,
     JobRun, JobState, JobSubmission, PreemptionAhead,
 };
+pub use services::{ReplicaAssignment, ReplicaInfo, ReplicaState, ServiceId, ServiceInfo, ServiceSpec, ServiceState};
 pub use liveness::{LivenessBody, LivenessReport};
 pub use messages::*;
 pub use record::{decode_record, decode_snapshot, encode_record, RecordError, RECORD_BYTES_MAX, SNAPSHOT_BYTES_MAX};

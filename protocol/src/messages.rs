@@ -737,6 +737,36 @@ pub enum ClientMessage {
         id: u64,
         version: u8,
     },
+    /// Creates a service (docs/services.md): answered by `service` with its
+    /// id and replicas; every later change is pushed as `service_update`.
+    CreateService {
+        id: u64,
+        service: Box<crate::services::ServiceSpec>,
+    },
+    /// One of the account's services (`service`).
+    ServiceStatus {
+        id: u64,
+        service: crate::services::ServiceId,
+    },
+    /// The account's services, newest first, a page from `offset` (`services`).
+    Services {
+        id: u64,
+        #[serde(default)]
+        offset: u32,
+    },
+    /// Sets how many replicas a service keeps (within its min and max and
+    /// what its budget pays for): answered by `service`.
+    ScaleService {
+        id: u64,
+        service: crate::services::ServiceId,
+        replicas: u32,
+    },
+    /// Deletes a service: its bids cancelled, its replicas' leases ended
+    /// (billed to the end, as a renter's end is). Answered by `service`.
+    DeleteService {
+        id: u64,
+        service: crate::services::ServiceId,
+    },
 }
 
 fn gtc() -> TimeInForce {
@@ -814,6 +844,11 @@ impl ClientMessage {
             | FabricProbe { id, .. }
             | GpuProbe { id, .. }
             | MarketDataVersion { id, .. }
+            | CreateService { id, .. }
+            | ServiceStatus { id, .. }
+            | Services { id, .. }
+            | ScaleService { id, .. }
+            | DeleteService { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -1277,6 +1312,30 @@ pub enum ServerMessage {
         id: u64,
         version: u8,
     },
+    /// Answer to `create_service`, `service_status`, `scale_service` and
+    /// `delete_service`: the service now.
+    Service {
+        id: u64,
+        service: Box<crate::services::ServiceInfo>,
+    },
+    /// Answer to `services`: a page of the account's services, newest
+    /// first; `next_offset` when there are more.
+    Services {
+        id: u64,
+        services: Vec<crate::services::ServiceInfo>,
+        #[serde(default)]
+        next_offset: Option<u32>,
+    },
+    /// Pushed to a service's renter at every change of the service or of
+    /// one of its replicas.
+    ServiceUpdate {
+        service: Box<crate::services::ServiceInfo>,
+    },
+    /// Pushed to a replica lease's host: the replica to run on it.
+    ReplicaAssigned {
+        lease: LeaseId,
+        replica: Box<crate::services::ReplicaAssignment>,
+    },
 }
 
 impl ServerMessage {
@@ -1328,6 +1387,8 @@ impl ServerMessage {
             | Jobs { id, .. }
             | JobStoreToken { id, .. }
             | MarketDataVersion { id, .. }
+            | Service { id, .. }
+            | Services { id, .. }
             | Pong { id, .. } => Some(*id),
             Error { id, .. } => *id,
             Challenge { .. }
@@ -1345,6 +1406,8 @@ impl ServerMessage {
             | LogsWanted { .. }
             | ExecWanted { .. }
             | MarketData { .. }
+            | ServiceUpdate { .. }
+            | ReplicaAssigned { .. }
             | BookConflated { .. } => None,
         }
     }
@@ -1527,6 +1590,17 @@ pub enum ErrorCode {
     /// `EXEC_BYTES_MAX` bytes, a NUL, or a timeout of 0 or over
     /// `EXEC_TIMEOUT_MS_MAX`.
     ExecInvalid,
+    /// A service breaks a bound (the message names the field), or bids on
+    /// a book that is not spot or preemptible.
+    ServiceInvalid,
+    /// No such service among this account's (deleted services are kept 16
+    /// per account).
+    UnknownService,
+    /// The account holds 16 services not deleted, or the exchange its most.
+    TooManyServices,
+    /// `scale_service` for a service that is not running, or to a count
+    /// outside its min and max or what its budget pays for.
+    ServiceScaleInvalid,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -1634,6 +1708,10 @@ impl ErrorCode {
             RequestInProgress => "a write with this Idempotency-Key is still being answered; retry with the same key shortly",
             DiskLow => "the exchange's disk is down to the journal's reserve: it takes no new work until the operator frees space (cancels, lease ends and reports still pass); try again later",
             ExecInvalid => "a command to run is 1 to 64 words, at most 4096 bytes in all and without NUL, with a timeout of 1 ms to 60 s",
+            ServiceInvalid => "the service breaks a bound of its spec, or its book is not spot or preemptible (docs/services.md)",
+            UnknownService => "no such service among this account's (deleted services are kept 16 per account)",
+            TooManyServices => "the account holds 16 services not deleted, or the exchange its most",
+            ServiceScaleInvalid => "the service is not running, or the count is outside its min and max or what its budget pays for",
         }
     }
 }

@@ -12,7 +12,7 @@ use super::Sequencer;
 /// Cancels, lease ends, delivery statuses, reports, reads and withdrawals
 /// still pass: they end work, or are what the reserve is for.
 pub(super) fn new_work(body: &Body) -> bool {
-    use gpux_gateway::link::{AccessRequest, JobRequest};
+    use gpux_gateway::link::{AccessRequest, JobRequest, ServiceRequest};
     match body {
         // Every form of placing an order, and the other commands that add.
         Body::Command { command } => {
@@ -24,6 +24,7 @@ pub(super) fn new_work(body: &Body) -> bool {
         }
         Body::Bid { .. } => true,
         Body::Job { request } => matches!(request, JobRequest::Submit { .. } | JobRequest::Resize { .. }),
+        Body::Service { request } => matches!(request, ServiceRequest::Create { .. } | ServiceRequest::Scale { .. }),
         Body::Access { request } => {
             matches!(request, AccessRequest::OpenSubAccount | AccessRequest::MoveFunds { .. } | AccessRequest::AddKey { .. })
         }

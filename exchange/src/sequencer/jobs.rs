@@ -271,7 +271,7 @@ impl Sequencer {
         (!desk.submit(bill)).then(|| error(Some(id), ErrorCode::InvoiceUnavailable))
     }
 
-    /// Fails the delivery of job leases whose host counts as gone
+    /// Fails the delivery of job and service leases whose host counts as gone
     /// (`gpux_market::jobs::Silence`: silent for `--job-silence-ms`, never
     /// started, or silent while no connected agent runs the lease), each
     /// journaled; the market checks the rest.
@@ -279,7 +279,10 @@ impl Sequencer {
         let now_ms = self.market.clock_ms();
         let rules = gpux_market::jobs::Silence::with_silence(self.job_silence_ms);
         let sessions = &self.sessions;
-        let silent = self.market.jobs().silent_leases(now_ms, rules, |lease, supplier| sessions.runner_of(supplier, lease).is_some());
+        let connected = |lease, supplier| sessions.runner_of(supplier, lease).is_some();
+        let mut silent = self.market.jobs().silent_leases(now_ms, rules, connected);
+        // A service's replicas follow the same rule (docs/services.md).
+        silent.extend(self.market.services().silent_leases(now_ms, rules, connected));
         for (lease, _supplier) in silent {
             if self.journal(JournalEntry::JobLeaseSilent { at_ms: now_ms, lease }).is_none() {
                 return;

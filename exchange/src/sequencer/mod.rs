@@ -43,6 +43,7 @@ mod opening;
 mod queries;
 mod recovery;
 mod release;
+mod services;
 mod session_table;
 mod sessions;
 #[cfg(test)]
@@ -354,6 +355,7 @@ impl Sequencer {
             Body::History { request } => self.history(connection, id, request),
             Body::Book { instrument } => self.book(connection, id, instrument),
             Body::Job { request } => self.job(connection, id, request),
+            Body::Service { request } => self.service(connection, id, request),
         }
     }
 

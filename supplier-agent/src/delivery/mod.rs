@@ -167,6 +167,17 @@ pub enum Order {
         start_ms: u64,
         end_ms: Option<u64>,
     },
+    /// Run a service's replica (docs/agent.md "Services"): a workload
+    /// whose command and readiness came in clear from the exchange (a
+    /// service carries no secrets), so nothing is unsealed.
+    DeliverReplica {
+        lease: LeaseId,
+        gpus: Vec<LeasedGpu>,
+        workload: Box<Workload>,
+        opened: Box<Secrets>,
+        start_ms: u64,
+        end_ms: Option<u64>,
+    },
     /// Run one attempt of a job (docs/agent.md "Jobs"): its files are
     /// fetched first, synced while it runs and once it ends.
     DeliverJob {
@@ -436,7 +447,12 @@ impl Manager {
 
     fn on_order(&mut self, order: Order) {
         match order {
-            Order::Deliver { lease, gpus, workload, start_ms, end_ms } => self.deliver(lease, gpus, workload.map(|w| *w), start_ms, end_ms),
+            Order::Deliver { lease, gpus, workload, start_ms, end_ms } => {
+                self.deliver(lease, gpus, workload.map(|w| *w), None, start_ms, end_ms)
+            }
+            Order::DeliverReplica { lease, gpus, workload, opened, start_ms, end_ms } => {
+                self.deliver(lease, gpus, Some(*workload), Some(*opened), start_ms, end_ms)
+            }
             Order::DeliverJob { lease, gpus, files, start_ms, end_ms } => self.deliver_job(lease, gpus, files, start_ms, end_ms),
             Order::Preempt { lease, deadline_ms } => {
                 if let Some(entry) = self.entries.get(&lease) {
@@ -524,9 +540,17 @@ impl Manager {
 
     /// A lease's workload to run: a new one replaces the running one
     /// (removed first, in its task); one whose secrets follow waits for them.
-    fn deliver(&mut self, lease: LeaseId, gpus: Vec<LeasedGpu>, workload: Option<Workload>, start_ms: u64, end_ms: Option<u64>) {
+    fn deliver(
+        &mut self,
+        lease: LeaseId,
+        gpus: Vec<LeasedGpu>,
+        workload: Option<Workload>,
+        opened: Option<Secrets>,
+        start_ms: u64,
+        end_ms: Option<u64>,
+    ) {
         let replacing = self.entries.remove(&lease).is_some();
-        let Some(job) = self.prepare(lease, gpus, workload, end_ms) else {
+        let Some(job) = self.prepare(lease, gpus, workload, opened, end_ms) else {
             if replacing {
                 self.remove(lease, false);
             }
@@ -785,7 +809,14 @@ impl Manager {
     }
 
     /// Checks the workload against the limits, opens its secrets; reports a failure and returns `None` when it cannot run.
-    fn prepare(&mut self, lease: LeaseId, gpus: Vec<LeasedGpu>, workload: Option<Workload>, end_ms: Option<u64>) -> Option<Launch> {
+    fn prepare(
+        &mut self,
+        lease: LeaseId,
+        gpus: Vec<LeasedGpu>,
+        workload: Option<Workload>,
+        opened: Option<Secrets>,
+        end_ms: Option<u64>,
+    ) -> Option<Launch> {
         let Some(workload) = workload else {
             if self.backend.runs_without_workload() {
                 return Some(Launch { lease, gpus, workload: None, secrets: Secrets::default(), end_ms, files: None });
@@ -797,7 +828,7 @@ impl Manager {
             return None;
         }
         let secrets = match &workload.sealed {
-            None => Secrets::default(),
+            None => opened.unwrap_or_default(),
             Some(sealed) => match self.key.unseal(sealed) {
                 Ok(secrets) => secrets,
                 Err(error) => {

@@ -176,6 +176,35 @@ impl Deliveries {
         self.order(Order::Deliver { lease, gpus: host.leased_gpus(mask), workload, start_ms, end_ms });
     }
 
+    /// A service's replica on one of this host's leases: its port
+    /// published, its command run, `running` reported once its readiness
+    /// probe answers (docs/agent.md "Services").
+    pub(super) fn replica_assigned(
+        &self,
+        host: &mut Host,
+        lease: LeaseId,
+        replica: gpux_protocol::ReplicaAssignment,
+        clock_offset_ms: i64,
+    ) {
+        let (Some(_), Some(state)) = (&self.manager, host.leases.get_mut(&lease)) else {
+            tracing::debug!(%lease, service = %replica.service, "a replica for a lease on another host");
+            return;
+        };
+        if state.billing == Billing::AsMeasured {
+            state.billing = Billing::DeliveryPending;
+        }
+        tracing::info!(%lease, service = %replica.service, slot = replica.slot, "delivering a service's replica");
+        let (start_ms, end_ms, mask) = (state.start_ms.saturating_add_signed(-clock_offset_ms), state.end_ms, state.gpu_mask);
+        let workload = Workload { ports: vec![replica.port], ..Workload::image(replica.image) };
+        let opened = gpux_protocol::Secrets {
+            command: replica.command,
+            readiness: Some(gpux_protocol::delivery::Readiness { port: replica.port, http_path: replica.readiness_path }),
+            ..gpux_protocol::Secrets::default()
+        };
+        let (workload, opened) = (Box::new(workload), Box::new(opened));
+        self.order(Order::DeliverReplica { lease, gpus: host.leased_gpus(mask), workload, opened, start_ms, end_ms });
+    }
+
     /// A job's attempt on one of this host's leases: with the token for
     /// its files it goes to the manager now; an exchange that sent none is
     /// asked for one from the loop (never while a message is handled).

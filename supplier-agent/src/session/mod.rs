@@ -411,6 +411,7 @@ impl Agent {
         match message {
             ServerMessage::Private { event, .. } => self.on_event(link, event)?,
             ServerMessage::Workload { lease, workload } => self.deliveries.deliver(&mut self.host, lease, Some(workload), offset),
+            ServerMessage::ReplicaAssigned { lease, replica } => self.deliveries.replica_assigned(&mut self.host, lease, *replica, offset),
             ServerMessage::JobAssigned { lease, assignment, store } => {
                 self.deliveries.job_assigned(&mut self.host, lease, *assignment, store, offset)
             }

@@ -1,0 +1,74 @@
+//! Services (docs/services.md, docs/protocol.md "Services"): specs checked
+//! against the book they bid on and journaled, scales and deletes, and a
+//! service's state and the account's services.
+
+use gpux_engine::ContractKind;
+use gpux_gateway::link::{ConnectionId, ServiceRequest};
+use gpux_market::services::limits;
+use gpux_market::JournalEntry;
+use gpux_protocol::{ErrorCode, ServiceId, ServiceSpec, ServerMessage};
+
+use super::{error, Sequencer};
+
+impl Sequencer {
+    pub(super) fn service(&mut self, connection: ConnectionId, id: u64, request: ServiceRequest) {
+        let Some(account) = self.account(connection) else { return self.reply(connection, error(Some(id), ErrorCode::NotAuthenticated)) };
+        let at_ms = self.market.clock_ms();
+        let entry = match request {
+            ServiceRequest::Status { service } => return self.reply(connection, self.service_answer(id, service, account)),
+            ServiceRequest::List { offset } => {
+                let (services, more) = self.market.services().list(account, offset as usize, limits::SERVICES_PAGE_MAX);
+                let next_offset = more.then_some(offset + services.len() as u32);
+                return self.reply(connection, ServerMessage::Services { id, services, next_offset });
+            }
+            ServiceRequest::Create { spec } => match self.check_service(&spec) {
+                Err(message) => return self.reply(connection, ServerMessage::Error { id: Some(id), code: ErrorCode::ServiceInvalid, message }),
+                Ok(()) => JournalEntry::CreateService { at_ms, account, spec },
+            },
+            ServiceRequest::Scale { service, replicas } => JournalEntry::ScaleService { at_ms, account, service, replicas },
+            ServiceRequest::Delete { service } => JournalEntry::DeleteService { at_ms, account, service },
+        };
+        // Refusals the market decides (limits, unknown services, scales out
+        // of bounds) are journaled too: the same journal refuses them again
+        // on replay, and nothing else changes.
+        let Some((_, applied)) = self.journal(entry) else { return };
+        let answer = match applied.service {
+            Some(Ok(service)) => self.service_answer(id, service, account),
+            Some(Err(code)) => error(Some(id), code),
+            None => error(Some(id), ErrorCode::UnknownService),
+        };
+        self.reply(connection, answer);
+    }
+
+    fn service_answer(&self, id: u64, service: ServiceId, account: gpux_engine::AccountId) -> ServerMessage {
+        match self.market.services().info(service, account) {
+            Some(info) => ServerMessage::Service { id, service: Box::new(info) },
+            None => error(Some(id), ErrorCode::UnknownService),
+        }
+    }
+
+    /// The spec's bounds, its book (spot or preemptible, the limit on its
+    /// tick and within its band) and its regions; the refusal's message.
+    fn check_service(&self, spec: &ServiceSpec) -> Result<(), String> {
+        let invalid = |why: String| format!("{}: {why}", ErrorCode::ServiceInvalid.message());
+        spec.check().map_err(|e| invalid(e.to_string()))?;
+        let instrument = self.market.engine().instrument(spec.instrument).ok_or_else(|| invalid("instrument: no such book".into()))?;
+        if !matches!(instrument.contract, ContractKind::Spot | ContractKind::Preemptible) {
+            return Err(invalid("instrument: a spot or preemptible book".into()));
+        }
+        let price = spec.limit_minor_per_gpu_hour;
+        if !price.is_multiple_of(instrument.tick_minor.max(1))
+            || !(instrument.price_min_minor_per_gpu_hour..=instrument.price_max_minor_per_gpu_hour).contains(&price)
+        {
+            return Err(invalid(format!(
+                "limit_minor_per_gpu_hour: a multiple of the book's tick ({}) from {} to {}",
+                instrument.tick_minor, instrument.price_min_minor_per_gpu_hour, instrument.price_max_minor_per_gpu_hour
+            )));
+        }
+        let known = &self.market.engine().config().regions;
+        if let Some(unknown) = spec.regions.iter().find(|r| !known.contains(r)) {
+            return Err(invalid(format!("regions: `{unknown}` is not a region of this exchange")));
+        }
+        Ok(())
+    }
+}

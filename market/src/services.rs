@@ -1,0 +1,514 @@
+//! Services at the exchange (docs/services.md): a renter's service keeps
+//! `replicas` copies of one workload running, each on a lease of its own.
+//! The market bids for each replica it lacks (an open-ended, one-host,
+//! all-or-none bid at the service's limit), hands the replica to the host
+//! whose lease fills it, and when a replica's lease ends before the
+//! service let it go (its host failed, was preempted or went silent, or
+//! its workload exited) bids a replacement at once. Pure and deterministic
+//! like the rest of the market: it follows the engine's events and the
+//! hosts' delivery statuses and says what to do next (`Outcome`); the
+//! sequencer journals each next step as its own entry.
+//!
+//! Journaled (`JournalEntry::CreateService`, `ScaleService`,
+//! `DeleteService`) and applied by `MarketState`; on the wire as
+//! `create_service` and friends (docs/protocol.md "Services").
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use gpux_engine::{
+    AccountId, Command, Event, EventKind, LeaseDuration, LeaseId, NewOrder, OrderCloseReason, OrderId, OrderOptions, SelfTradePrevention, Side,
+    TimeInForce,
+};
+pub use gpux_protocol::services::limits;
+use gpux_protocol::services::{ReplicaAssignment, ReplicaInfo, ReplicaState, ServiceId, ServiceInfo, ServiceSpec, ServiceState};
+use gpux_protocol::{DeliveryState, ErrorCode};
+use serde::{Deserialize, Serialize};
+
+/// Client order ids from here up to re-match's are services' bids: this
+/// plus the service's id times [`limits::BIDS_MAX`] plus the bid's number.
+/// (Jobs' ids never reach this far into their own range below it.)
+pub const SERVICE_CLIENT_ORDER_ID_BASE: u64 = (1 << 62) + (1 << 61);
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Service {
+    account: AccountId,
+    spec: ServiceSpec,
+    state: ServiceState,
+    slots: BTreeMap<u32, Slot>,
+    /// Bids placed so far.
+    bids: u64,
+    replaced: u64,
+    /// Replicas in a row that exited or failed for the renter's reason
+    /// before any became ready.
+    failures_in_row: u32,
+    leases: VecDeque<LeaseId>,
+    created_at_ms: u64,
+    updated_at_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Slot {
+    state: ReplicaState,
+    /// The bid's client order id while it bids.
+    client_order_id: Option<u64>,
+    order: Option<OrderId>,
+    lease: Option<LeaseId>,
+    endpoint: Option<String>,
+    /// Why it does not bid: the engine refused its last bid (the account
+    /// lacked funds, say) or closed it unfilled (the renter cancelled it);
+    /// it waits for the renter's next `scale_service` to bid again, so that
+    /// a refusal never loops.
+    stalled: Option<String>,
+    since_ms: u64,
+}
+
+impl Slot {
+    fn bidding(at_ms: u64) -> Slot {
+        Slot { state: ReplicaState::Bidding, client_order_id: None, order: None, lease: None, endpoint: None, stalled: None, since_ms: at_ms }
+    }
+}
+
+/// What the exchange heard of a running replica lease from its supplier
+/// (the silence rule of jobs' leases applies to it: docs/market-rules.md "Jobs").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Heard {
+    supplier: AccountId,
+    created_ms: u64,
+    last_ms: u64,
+    status_seen: bool,
+}
+
+/// Every service of the exchange.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Services {
+    services: BTreeMap<ServiceId, Service>,
+    next_id: u64,
+    /// Services not deleted, by account.
+    live: BTreeSet<(AccountId, ServiceId)>,
+    /// Deleted services still shown, oldest first, by account.
+    deleted: BTreeMap<AccountId, VecDeque<ServiceId>>,
+    /// Resting bids, and running leases, by the replica they are for.
+    orders: BTreeMap<OrderId, (ServiceId, u32)>,
+    leases: BTreeMap<LeaseId, (ServiceId, u32)>,
+    heard: BTreeMap<LeaseId, Heard>,
+}
+
+/// What to do next, each journaled as its own entry (ends and cancels
+/// first, then bids), and what to tell.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub end_leases: Vec<(AccountId, LeaseId)>,
+    pub cancel_orders: Vec<(AccountId, OrderId)>,
+    pub bids: Vec<Command>,
+    /// Services that changed (their renter is told).
+    pub changed: BTreeSet<ServiceId>,
+    /// Replicas handed to hosts: each lease's supplier and what to run.
+    pub assigned: Vec<(LeaseId, AccountId, ReplicaAssignment)>,
+}
+
+impl Outcome {
+    pub fn commands(&self) -> Vec<Command> {
+        let ends = self.end_leases.iter().map(|&(account, lease)| Command::EndLease { account, lease });
+        let cancels = self.cancel_orders.iter().map(|&(account, order)| Command::CancelOrder { account, order });
+        ends.chain(cancels).chain(self.bids.iter().cloned()).collect()
+    }
+}
+
+impl Services {
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty()
+    }
+
+    /// Creates a service and bids for its replicas; refused when the spec
+    /// breaks a bound or the account or the exchange holds its most.
+    pub fn create(&mut self, account: AccountId, spec: ServiceSpec, at_ms: u64) -> Result<(ServiceId, Outcome), ErrorCode> {
+        spec.check().map_err(|_| ErrorCode::ServiceInvalid)?;
+        let held = self.live.range((account, ServiceId(0))..=(account, ServiceId(u64::MAX))).count();
+        if held >= limits::SERVICES_PER_ACCOUNT_MAX || self.live.len() >= limits::SERVICES_LIVE_MAX {
+            return Err(ErrorCode::TooManyServices);
+        }
+        self.next_id += 1;
+        let id = ServiceId(self.next_id);
+        let slots = (0..spec.replicas).map(|slot| (slot, Slot::bidding(at_ms))).collect();
+        let service = Service {
+            account,
+            spec,
+            state: ServiceState::Running,
+            slots,
+            bids: 0,
+            replaced: 0,
+            failures_in_row: 0,
+            leases: VecDeque::new(),
+            created_at_ms: at_ms,
+            updated_at_ms: at_ms,
+        };
+        self.services.insert(id, service);
+        self.live.insert((account, id));
+        let mut outcome = Outcome::default();
+        let slots: Vec<u32> = self.services[&id].slots.keys().copied().collect();
+        for slot in slots {
+            self.bid(id, slot, at_ms, &mut outcome);
+        }
+        outcome.changed.insert(id);
+        Ok((id, outcome))
+    }
+
+    /// Sets the replicas a running service keeps: new slots bid; the
+    /// slots let go are those furthest from serving (bidding, then
+    /// starting, then ready; the highest slot first). Slots whose last bid
+    /// was refused bid again.
+    pub fn scale(&mut self, id: ServiceId, account: AccountId, replicas: u32, at_ms: u64) -> Result<Outcome, ErrorCode> {
+        let service = self.services.get(&id).filter(|s| s.account == account).ok_or(ErrorCode::UnknownService)?;
+        let spec = &service.spec;
+        if service.state != ServiceState::Running
+            || replicas < spec.min_replicas
+            || replicas > spec.max_replicas
+            || replicas > spec.affordable()
+        {
+            return Err(ErrorCode::ServiceScaleInvalid);
+        }
+        let mut outcome = Outcome::default();
+        let now = service.slots.len() as u32;
+        if replicas < now {
+            let mut order: Vec<(u8, std::cmp::Reverse<u32>)> = service
+                .slots
+                .iter()
+                .map(|(&slot, s)| {
+                    let rank = match s.state {
+                        ReplicaState::Bidding => 0,
+                        ReplicaState::Starting => 1,
+                        ReplicaState::Ready => 2,
+                    };
+                    (rank, std::cmp::Reverse(slot))
+                })
+                .collect();
+            order.sort();
+            for (_, std::cmp::Reverse(slot)) in order.into_iter().take((now - replicas) as usize) {
+                self.let_go(id, slot, &mut outcome);
+            }
+        } else {
+            let mut free = (0..).filter(|s| !service.slots.contains_key(s));
+            let new: Vec<u32> = (now..replicas).map(|_| free.next().expect("unbounded")).collect();
+            let entry = self.services.get_mut(&id).expect("present");
+            for slot in &new {
+                entry.slots.insert(*slot, Slot::bidding(at_ms));
+            }
+            let waiting: Vec<u32> =
+                entry.slots.iter().filter(|(_, s)| s.state == ReplicaState::Bidding && s.client_order_id.is_none()).map(|(k, _)| *k).collect();
+            for slot in waiting {
+                self.bid(id, slot, at_ms, &mut outcome);
+            }
+        }
+        self.touch(id, at_ms, &mut outcome);
+        Ok(outcome)
+    }
+
+    /// Deletes a service: bids cancelled, leases ended by the renter.
+    pub fn delete(&mut self, id: ServiceId, account: AccountId, at_ms: u64) -> Result<Outcome, ErrorCode> {
+        let service = self.services.get(&id).filter(|s| s.account == account).ok_or(ErrorCode::UnknownService)?;
+        let mut outcome = Outcome::default();
+        if service.state == ServiceState::Deleted {
+            return Ok(outcome);
+        }
+        self.stop(id, ServiceState::Deleted, at_ms, &mut outcome);
+        self.live.remove(&(account, id));
+        let kept = self.deleted.entry(account).or_default();
+        kept.push_back(id);
+        while kept.len() > limits::SERVICES_DELETED_PER_ACCOUNT_MAX {
+            if let Some(old) = kept.pop_front() {
+                self.services.remove(&old);
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Whether `account`'s order `client_order_id` is a service's bid (it
+    /// trades only with suppliers whose hosts deliver workloads).
+    pub fn is_service_bid(&self, account: AccountId, client_order_id: u64) -> bool {
+        self.slot_of_bid(account, client_order_id).is_some()
+    }
+
+    fn slot_of_bid(&self, account: AccountId, client_order_id: u64) -> Option<(ServiceId, u32)> {
+        let offset = client_order_id.checked_sub(SERVICE_CLIENT_ORDER_ID_BASE)?;
+        if client_order_id >= crate::rematch::REPLACEMENT_CLIENT_ORDER_ID_BASE {
+            return None;
+        }
+        let id = ServiceId(offset / limits::BIDS_MAX);
+        let service = self.services.get(&id).filter(|s| s.account == account)?;
+        service.slots.iter().find(|(_, s)| s.client_order_id == Some(client_order_id)).map(|(slot, _)| (id, *slot))
+    }
+
+    /// Whether a lease runs one of the services' replicas.
+    pub fn runs_on(&self, lease: LeaseId) -> bool {
+        self.leases.contains_key(&lease)
+    }
+
+    /// Follows one engine entry's events.
+    pub fn observe(&mut self, events: &[Event]) -> Outcome {
+        let mut outcome = Outcome::default();
+        let mut buy_order = None;
+        for event in events {
+            let at_ms = event.at_ms;
+            match event.kind {
+                EventKind::OrderAccepted { order, account, client_order_id, .. } => {
+                    if let Some((id, slot)) = self.slot_of_bid(account, client_order_id) {
+                        self.slot_mut(id, slot).order = Some(order);
+                        self.orders.insert(order, (id, slot));
+                    }
+                }
+                EventKind::Rejected { account: Some(account), client_order_id, code } => {
+                    if let Some((id, slot)) = self.slot_of_bid(account, client_order_id) {
+                        let s = self.slot_mut(id, slot);
+                        s.client_order_id = None;
+                        s.stalled = Some(format!("bid refused: {}", code.name()));
+                        s.since_ms = at_ms;
+                        self.touch(id, at_ms, &mut outcome);
+                    }
+                }
+                EventKind::Trade { buy_order: order, .. } => buy_order = Some(order),
+                EventKind::LeaseCreated { lease, supplier, .. } => {
+                    let Some(&(id, slot)) = buy_order.and_then(|order| self.orders.get(&order)) else { continue };
+                    self.orders.remove(&buy_order.expect("matched"));
+                    self.leases.insert(lease, (id, slot));
+                    self.heard.insert(lease, Heard { supplier, created_ms: at_ms, last_ms: at_ms, status_seen: false });
+                    let service = self.services.get_mut(&id).expect("present");
+                    service.leases.push_back(lease);
+                    while service.leases.len() > gpux_protocol::services::INFO_LEASES_MAX {
+                        service.leases.pop_front();
+                    }
+                    let spec = &service.spec;
+                    let replica = ReplicaAssignment {
+                        service: id,
+                        slot,
+                        image: spec.image.clone(),
+                        command: spec.command.clone(),
+                        port: spec.port,
+                        readiness_path: spec.readiness_path.clone(),
+                    };
+                    let s = self.slot_mut(id, slot);
+                    *s = Slot { state: ReplicaState::Starting, lease: Some(lease), ..Slot::bidding(at_ms) };
+                    outcome.assigned.push((lease, supplier, replica));
+                    self.touch(id, at_ms, &mut outcome);
+                }
+                EventKind::OrderClosed { order, reason, .. } if reason != OrderCloseReason::Filled => {
+                    // Closed without a fill (the fill's lease removed it
+                    // above): the slot waits for the renter.
+                    if let Some((id, slot)) = self.orders.remove(&order) {
+                        let s = self.slot_mut(id, slot);
+                        s.client_order_id = None;
+                        s.order = None;
+                        s.stalled = Some(format!("bid closed: {}", reason.name()));
+                        s.since_ms = at_ms;
+                        self.touch(id, at_ms, &mut outcome);
+                    }
+                }
+                EventKind::LeaseEnded { lease, .. } => {
+                    self.heard.remove(&lease);
+                    if let Some((id, slot)) = self.leases.remove(&lease) {
+                        // Lost before the service let it go: replaced.
+                        let service = self.services.get_mut(&id).expect("present");
+                        service.replaced += 1;
+                        *self.slot_mut(id, slot) = Slot::bidding(at_ms);
+                        self.bid(id, slot, at_ms, &mut outcome);
+                        self.touch(id, at_ms, &mut outcome);
+                    }
+                }
+                _ => {}
+            }
+        }
+        outcome
+    }
+
+    /// A host's delivery status for one of its replica leases: running
+    /// makes the replica ready (at the endpoint of the service's port);
+    /// an exit, or a failure that is the renter's, ends its lease (the
+    /// renter's end) and bids a replacement, unless
+    /// [`limits::REPLICA_FAILURES_MAX`] such ends came in a row before any
+    /// replica became ready: then the service fails.
+    pub fn delivery_status(&mut self, lease: LeaseId, supplier: AccountId, state: &DeliveryState, at_ms: u64) -> Outcome {
+        let mut outcome = Outcome::default();
+        let Some(heard) = self.heard.get_mut(&lease).filter(|h| h.supplier == supplier) else { return outcome };
+        heard.last_ms = heard.last_ms.max(at_ms);
+        heard.status_seen = true;
+        let Some(&(id, slot)) = self.leases.get(&lease) else { return outcome };
+        match state {
+            DeliveryState::Running { endpoints, .. } => {
+                let port = self.services[&id].spec.port;
+                let endpoint = endpoints.iter().find(|e| e.container_port == port).map(|e| match e.host.contains(':') {
+                    true => format!("[{}]:{}", e.host, e.port),
+                    false => format!("{}:{}", e.host, e.port),
+                });
+                let service = self.services.get_mut(&id).expect("present");
+                service.failures_in_row = 0;
+                let s = service.slots.get_mut(&slot).expect("present");
+                if s.state != ReplicaState::Ready || s.endpoint != endpoint {
+                    s.state = ReplicaState::Ready;
+                    s.endpoint = endpoint;
+                    s.since_ms = at_ms;
+                    self.touch(id, at_ms, &mut outcome);
+                }
+            }
+            DeliveryState::Exited { .. } | DeliveryState::Failed { fault: gpux_protocol::Fault::Renter, .. } => {
+                let service = self.services.get_mut(&id).expect("present");
+                service.failures_in_row += 1;
+                let account = service.account;
+                self.leases.remove(&lease);
+                self.heard.remove(&lease);
+                outcome.end_leases.push((account, lease));
+                if self.services[&id].failures_in_row >= limits::REPLICA_FAILURES_MAX {
+                    self.stop(id, ServiceState::Failed, at_ms, &mut outcome);
+                } else {
+                    self.services.get_mut(&id).expect("present").replaced += 1;
+                    *self.slot_mut(id, slot) = Slot::bidding(at_ms);
+                    self.bid(id, slot, at_ms, &mut outcome);
+                }
+                self.touch(id, at_ms, &mut outcome);
+            }
+            _ => {
+                let s = self.slot_mut(id, slot);
+                if s.state == ReplicaState::Ready {
+                    // A ready replica that reports starting again
+                    // (restarted by its host) is not ready.
+                    s.state = ReplicaState::Starting;
+                    s.endpoint = None;
+                    s.since_ms = at_ms;
+                    self.touch(id, at_ms, &mut outcome);
+                }
+            }
+        }
+        outcome
+    }
+
+    /// A usage report for a replica lease from its supplier.
+    pub fn heard(&mut self, lease: LeaseId, supplier: AccountId, at_ms: u64) {
+        if let Some(heard) = self.heard.get_mut(&lease).filter(|h| h.supplier == supplier) {
+            heard.last_ms = heard.last_ms.max(at_ms);
+        }
+    }
+
+    /// Replica leases whose host counts as gone, by the jobs' silence rule.
+    pub fn silent_leases(
+        &self,
+        now_ms: u64,
+        rules: crate::jobs::Silence,
+        connected: impl Fn(LeaseId, AccountId) -> bool,
+    ) -> Vec<(LeaseId, AccountId)> {
+        self.heard
+            .iter()
+            .filter(|(lease, h)| {
+                let quiet = now_ms.saturating_sub(h.last_ms);
+                quiet >= rules.silence_ms
+                    || (!h.status_seen && now_ms.saturating_sub(h.created_ms) >= rules.start_ms)
+                    || (quiet >= rules.disconnected_ms && !connected(**lease, h.supplier))
+            })
+            .map(|(lease, h)| (*lease, h.supplier))
+            .collect()
+    }
+
+    /// The service as its renter sees it.
+    pub fn info(&self, id: ServiceId, account: AccountId) -> Option<ServiceInfo> {
+        let service = self.services.get(&id).filter(|s| s.account == account)?;
+        Some(ServiceInfo {
+            service: id,
+            spec: service.spec.clone(),
+            state: service.state,
+            replicas: service
+                .slots
+                .iter()
+                .map(|(&slot, s)| ReplicaInfo {
+                    slot,
+                    state: s.state,
+                    lease: s.lease,
+                    endpoint: s.endpoint.clone(),
+                    stalled: s.stalled.clone(),
+                    since_ms: s.since_ms,
+                })
+                .collect(),
+            bids: service.bids,
+            replaced: service.replaced,
+            leases: service.leases.iter().copied().collect(),
+            created_at_ms: service.created_at_ms,
+            updated_at_ms: service.updated_at_ms,
+        })
+    }
+
+    /// The account's services, newest first: a page from `offset`, and
+    /// whether more follow.
+    pub fn list(&self, account: AccountId, offset: usize, max: usize) -> (Vec<ServiceInfo>, bool) {
+        let mut ids: Vec<ServiceId> = self.live.range((account, ServiceId(0))..=(account, ServiceId(u64::MAX))).map(|(_, id)| *id).collect();
+        ids.extend(self.deleted.get(&account).into_iter().flatten().copied());
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        let page: Vec<ServiceInfo> = ids.iter().skip(offset).take(max).filter_map(|id| self.info(*id, account)).collect();
+        (page, ids.len() > offset + max)
+    }
+
+    /// The renter of a service (for its notices).
+    pub fn account_of(&self, id: ServiceId) -> Option<AccountId> {
+        self.services.get(&id).map(|s| s.account)
+    }
+
+    fn slot_mut(&mut self, id: ServiceId, slot: u32) -> &mut Slot {
+        self.services.get_mut(&id).and_then(|s| s.slots.get_mut(&slot)).expect("a service's slot")
+    }
+
+    fn touch(&mut self, id: ServiceId, at_ms: u64, outcome: &mut Outcome) {
+        if let Some(service) = self.services.get_mut(&id) {
+            service.updated_at_ms = service.updated_at_ms.max(at_ms);
+        }
+        outcome.changed.insert(id);
+    }
+
+    /// A slot the service no longer keeps: its bid cancelled or its lease
+    /// ended by the renter.
+    fn let_go(&mut self, id: ServiceId, slot: u32, outcome: &mut Outcome) {
+        let service = self.services.get_mut(&id).expect("present");
+        let account = service.account;
+        let Some(s) = service.slots.remove(&slot) else { return };
+        if let Some(order) = s.order.filter(|_| s.lease.is_none()) {
+            self.orders.remove(&order);
+            outcome.cancel_orders.push((account, order));
+        }
+        if let Some(lease) = s.lease {
+            self.leases.remove(&lease);
+            self.heard.remove(&lease);
+            outcome.end_leases.push((account, lease));
+        }
+    }
+
+    /// The service stops in `state`: every slot let go.
+    fn stop(&mut self, id: ServiceId, state: ServiceState, at_ms: u64, outcome: &mut Outcome) {
+        let slots: Vec<u32> = self.services[&id].slots.keys().copied().collect();
+        for slot in slots {
+            self.let_go(id, slot, outcome);
+        }
+        self.services.get_mut(&id).expect("present").state = state;
+        self.touch(id, at_ms, outcome);
+    }
+
+    /// The bid for a replica: open-ended, on one host, all its GPUs or
+    /// none, resting until it fills, at the service's limit.
+    fn bid(&mut self, id: ServiceId, slot: u32, at_ms: u64, outcome: &mut Outcome) {
+        let service = self.services.get_mut(&id).expect("present");
+        if service.state != ServiceState::Running {
+            return;
+        }
+        if service.bids >= limits::BIDS_MAX {
+            service.state = ServiceState::BidsExhausted;
+            return;
+        }
+        let client_order_id = SERVICE_CLIENT_ORDER_ID_BASE + id.0 * limits::BIDS_MAX + service.bids;
+        service.bids += 1;
+        let spec = &service.spec;
+        let order = NewOrder {
+            time_in_force: TimeInForce::Gtc,
+            self_trade_prevention: SelfTradePrevention::CancelNewest,
+            one_host: true,
+            duration: LeaseDuration::UntilCancelled,
+            ..NewOrder::limit(service.account, client_order_id, spec.instrument, Side::Buy, spec.limit_minor_per_gpu_hour, spec.gpus)
+        };
+        let options = OrderOptions { all_or_none: true, min_supplier_score_bps: spec.min_supplier_score_bps, ..OrderOptions::default() };
+        outcome.bids.push(Command::Place { order, options, regions: spec.regions.clone(), cluster: None });
+        let s = service.slots.get_mut(&slot).expect("present");
+        *s = Slot { client_order_id: Some(client_order_id), ..Slot::bidding(at_ms) };
+    }
+}
