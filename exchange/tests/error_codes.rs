@@ -186,6 +186,28 @@ fn submit_job(id: u64, instrument: InstrumentId, change: impl FnOnce(&mut JobSub
     ClientMessage::SubmitJob { id, job: Box::new(job) }
 }
 
+fn create_service(id: u64, change: impl FnOnce(&mut gpux_protocol::ServiceSpec)) -> ClientMessage {
+    // The demo books' lowest price; no replica yet.
+    let mut spec = gpux_protocol::ServiceSpec {
+        name: format!("service-{id}"),
+        instrument: InstrumentId(0),
+        gpus: 1,
+        limit_minor_per_gpu_hour: 10_000,
+        budget_minor_per_hour: 40_000,
+        replicas: 0,
+        min_replicas: 0,
+        max_replicas: 4,
+        image: "localhost/gpux-py:1".into(),
+        command: vec!["python3".into(), "-m".into(), "http.server".into()],
+        port: 8000,
+        readiness_path: None,
+        regions: Vec::new(),
+        min_supplier_score_bps: 0,
+    };
+    change(&mut spec);
+    ClientMessage::CreateService { id, service: Box::new(spec) }
+}
+
 fn public(key: &ed25519_dalek::SigningKey) -> String {
     hex::encode(key.verifying_key().to_bytes())
 }
@@ -392,6 +414,20 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
         ),
         // Those jobs are bidding, not running.
         row("job_not_running", Who::Renter, one(ClientMessage::ResizeJob { id: 126, job: JobId(0), gpus: 2 })),
+        row("service_invalid", Who::Renter, one(create_service(300, |s| s.port = 0))),
+        row("service_invalid", Who::Renter, one(create_service(301, |s| s.limit_minor_per_gpu_hour += 1))),
+        row("service_invalid", Who::Renter, one(create_service(302, |s| s.instrument = window))),
+        // 16 services not deleted, the 17th refused (ids 1 to 16 created).
+        row(
+            "too_many_services",
+            Who::Renter,
+            Send::Messages(
+                (0..=gpux_protocol::services::limits::SERVICES_PER_ACCOUNT_MAX as u64).map(|n| create_service(310 + n, |_| {})).collect(),
+            ),
+        ),
+        row("service_scale_invalid", Who::Renter, one(ClientMessage::ScaleService { id: 330, service: ServiceId(1), replicas: 5 })),
+        row("unknown_service", Who::Renter, one(ClientMessage::ServiceStatus { id: 331, service: ServiceId(999_999) })),
+        row("unknown_service", Who::Supplier, one(ClientMessage::DeleteService { id: 332, service: ServiceId(1) })),
     ];
     let mut produced = BTreeMap::new();
     for row in table {

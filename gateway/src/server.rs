@@ -31,8 +31,8 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use crate::admission::{AcceptBackoff, Admission, AdmissionLimits, Ticket};
 use crate::link::{
-    AccessRequest, Body, ChallengeRequest, Clock, ConnectionId, DeliveryRequest, HistoryRequest, JobRequest, LoginOutcome, ServiceRequest, Outbound,
-    Outgoing, Request, SharedFrame,
+    AccessRequest, Body, ChallengeRequest, Clock, ConnectionId, DeliveryRequest, HistoryRequest, JobRequest, LoginOutcome, Outbound,
+    Outgoing, Request, ServiceRequest, SharedFrame,
 };
 use crate::metrics::GatewayMetrics;
 use crate::verifier::Verifier;

@@ -413,6 +413,11 @@ mod tests {
                 id: 28,
                 body: Body::Job { request: crate::link::JobRequest::Status { job: gpux_protocol::JobId(4) } },
             },
+            Request {
+                connection: c,
+                id: 31,
+                body: Body::Service { request: crate::link::ServiceRequest::Scale { service: gpux_protocol::ServiceId(2), replicas: 3 } },
+            },
         ];
         let mut ups = vec![Up::Connect { connection: c }];
         ups.extend(requests.into_iter().map(Up::Request));
@@ -455,13 +460,14 @@ mod tests {
             Body::Job { .. } => 28,
             Body::GpuProbe { .. } => 29,
             Body::SearchOffers { .. } => 30,
+            Body::Service { .. } => 31,
             Body::Connect { .. } => usize::MAX,
         }
     }
 
     #[test]
     fn the_samples_hold_every_request_that_crosses_the_link() {
-        let mut seen = [false; 31];
+        let mut seen = [false; 32];
         for up in every_up() {
             if let Up::Request(request) = up {
                 seen[variant(&request)] = true;

@@ -921,7 +921,10 @@ impl MarketState {
         for (lease, supplier, replica) in outcome.assigned {
             let workload = gpux_protocol::Workload { ports: vec![replica.port], ..gpux_protocol::Workload::image(replica.image.clone()) };
             self.deliveries.set_lease_workload(lease, supplier, Box::new(workload));
-            owed.push(Notice { to: Audience::account(supplier), message: ServerMessage::ReplicaAssigned { lease, replica: Box::new(replica) } });
+            owed.push(Notice {
+                to: Audience::account(supplier),
+                message: ServerMessage::ReplicaAssigned { lease, replica: Box::new(replica) },
+            });
         }
         for service in outcome.changed {
             let Some(account) = self.services.account_of(service) else { continue };

@@ -16,8 +16,8 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use gpux_engine::{
-    AccountId, Command, Event, EventKind, LeaseDuration, LeaseId, NewOrder, OrderCloseReason, OrderId, OrderOptions, SelfTradePrevention, Side,
-    TimeInForce,
+    AccountId, Command, Event, EventKind, LeaseDuration, LeaseId, NewOrder, OrderCloseReason, OrderId, OrderOptions, SelfTradePrevention,
+    Side, TimeInForce,
 };
 pub use gpux_protocol::services::limits;
 use gpux_protocol::services::{ReplicaAssignment, ReplicaInfo, ReplicaState, ServiceId, ServiceInfo, ServiceSpec, ServiceState};
@@ -64,7 +64,15 @@ struct Slot {
 
 impl Slot {
     fn bidding(at_ms: u64) -> Slot {
-        Slot { state: ReplicaState::Bidding, client_order_id: None, order: None, lease: None, endpoint: None, stalled: None, since_ms: at_ms }
+        Slot {
+            state: ReplicaState::Bidding,
+            client_order_id: None,
+            order: None,
+            lease: None,
+            endpoint: None,
+            stalled: None,
+            since_ms: at_ms,
+        }
     }
 }
 
@@ -193,8 +201,12 @@ impl Services {
             for slot in &new {
                 entry.slots.insert(*slot, Slot::bidding(at_ms));
             }
-            let waiting: Vec<u32> =
-                entry.slots.iter().filter(|(_, s)| s.state == ReplicaState::Bidding && s.client_order_id.is_none()).map(|(k, _)| *k).collect();
+            let waiting: Vec<u32> = entry
+                .slots
+                .iter()
+                .filter(|(_, s)| s.state == ReplicaState::Bidding && s.client_order_id.is_none())
+                .map(|(k, _)| *k)
+                .collect();
             for slot in waiting {
                 self.bid(id, slot, at_ms, &mut outcome);
             }
@@ -435,7 +447,8 @@ impl Services {
     /// The account's services, newest first: a page from `offset`, and
     /// whether more follow.
     pub fn list(&self, account: AccountId, offset: usize, max: usize) -> (Vec<ServiceInfo>, bool) {
-        let mut ids: Vec<ServiceId> = self.live.range((account, ServiceId(0))..=(account, ServiceId(u64::MAX))).map(|(_, id)| *id).collect();
+        let mut ids: Vec<ServiceId> =
+            self.live.range((account, ServiceId(0))..=(account, ServiceId(u64::MAX))).map(|(_, id)| *id).collect();
         ids.extend(self.deleted.get(&account).into_iter().flatten().copied());
         ids.sort_unstable_by(|a, b| b.cmp(a));
         let page: Vec<ServiceInfo> = ids.iter().skip(offset).take(max).filter_map(|id| self.info(*id, account)).collect();

@@ -46,9 +46,9 @@ pub use jobs::{
     AttemptCause, AttemptMove, BookChoice, BundleRef, InputSource, JobAlternative, JobAssignment, JobFailure, JobId, JobInfo, JobInput,
     JobRun, JobState, JobSubmission, PreemptionAhead,
 };
-pub use services::{ReplicaAssignment, ReplicaInfo, ReplicaState, ServiceId, ServiceInfo, ServiceSpec, ServiceState};
 pub use liveness::{LivenessBody, LivenessReport};
 pub use messages::*;
 pub use record::{decode_record, decode_snapshot, encode_record, RecordError, RECORD_BYTES_MAX, SNAPSHOT_BYTES_MAX};
+pub use services::{ReplicaAssignment, ReplicaInfo, ReplicaState, ServiceId, ServiceInfo, ServiceSpec, ServiceState};
 pub use signed::{verify_signed_batch_zip215, SignedItem};
 pub use usage::*;

@@ -222,7 +222,9 @@ impl ServiceSpec {
     /// Checks every bound of the spec (the instrument's kind is the
     /// exchange's to check).
     pub fn check(&self) -> Result<(), SpecError> {
-        let name_ok = |n: &str| !n.is_empty() && n.len() <= limits::NAME_BYTES_MAX && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        let name_ok = |n: &str| {
+            !n.is_empty() && n.len() <= limits::NAME_BYTES_MAX && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        };
         if !name_ok(&self.name) {
             return Err(SpecError::Name);
         }

@@ -6,7 +6,7 @@ use gpux_engine::ContractKind;
 use gpux_gateway::link::{ConnectionId, ServiceRequest};
 use gpux_market::services::limits;
 use gpux_market::JournalEntry;
-use gpux_protocol::{ErrorCode, ServiceId, ServiceSpec, ServerMessage};
+use gpux_protocol::{ErrorCode, ServerMessage, ServiceId, ServiceSpec};
 
 use super::{error, Sequencer};
 
@@ -22,7 +22,9 @@ impl Sequencer {
                 return self.reply(connection, ServerMessage::Services { id, services, next_offset });
             }
             ServiceRequest::Create { spec } => match self.check_service(&spec) {
-                Err(message) => return self.reply(connection, ServerMessage::Error { id: Some(id), code: ErrorCode::ServiceInvalid, message }),
+                Err(message) => {
+                    return self.reply(connection, ServerMessage::Error { id: Some(id), code: ErrorCode::ServiceInvalid, message })
+                }
                 Ok(()) => JournalEntry::CreateService { at_ms, account, spec },
             },
             ServiceRequest::Scale { service, replicas } => JournalEntry::ScaleService { at_ms, account, service, replicas },

@@ -1,0 +1,272 @@
+//! A service's life against the real market (docs/services.md): it bids for
+//! its replicas, hands each to the host its bid filled on, replaces one
+//! whose host failed it or whose workload exited, scales, fails after
+//! replicas that never become ready, and is deleted; every step journaled
+//! as the sequencer journals it, and the journal replays to the same state.
+
+use gpux_engine::*;
+use gpux_market::{Applied, JournalEntry, MarketState};
+use gpux_protocol::{
+    DeliveryState, Endpoint, ErrorCode, FailureCode, Fault, ReplicaState, ServerMessage, ServiceId, ServiceInfo, ServiceSpec, ServiceState,
+};
+
+const T0: u64 = 1_796_223_600_000;
+const PRICE: u64 = 2_000_000;
+
+struct Journal {
+    market: MarketState,
+    entries: Vec<JournalEntry>,
+    now_ms: u64,
+    /// Replicas handed to hosts: (lease, supplier account told, slot).
+    assigned: Vec<(LeaseId, u32)>,
+    /// Every `service_update` the renter was told.
+    updates: Vec<ServiceInfo>,
+}
+
+impl Journal {
+    fn new() -> Journal {
+        Journal {
+            market: MarketState::new(EngineConfig::demo()).expect("demo"),
+            entries: Vec::new(),
+            now_ms: T0,
+            assigned: Vec::new(),
+            updates: Vec::new(),
+        }
+    }
+
+    /// Journals and applies an entry, then each follow-up, as the sequencer does.
+    fn record(&mut self, entry: JournalEntry) -> Applied {
+        let applied = self.market.apply(&entry).expect("applies");
+        self.entries.push(entry);
+        for notice in &applied.notices {
+            match &notice.message {
+                ServerMessage::ReplicaAssigned { lease, replica } => {
+                    assert_eq!(notice.to, gpux_market::Audience::account(self.market.engine().lease(*lease).expect("lease").supplier));
+                    self.assigned.push((*lease, replica.slot));
+                }
+                ServerMessage::ServiceUpdate { service } => self.updates.push((**service).clone()),
+                _ => {}
+            }
+        }
+        for command in applied.follow_ups.clone() {
+            self.engine(command);
+        }
+        applied
+    }
+
+    fn engine(&mut self, command: Command) -> Vec<Event> {
+        self.now_ms += 1;
+        self.record(JournalEntry::Engine(Input { at_ms: self.now_ms, command })).events
+    }
+
+    fn info(&self, service: ServiceId) -> ServiceInfo {
+        self.market.services().info(service, RENTER).expect("the renter's service")
+    }
+
+    fn status(&mut self, lease: LeaseId, state: DeliveryState) {
+        self.now_ms += 1;
+        self.record(JournalEntry::DeliveryStatus { at_ms: self.now_ms, account: SUPPLIER, lease, state });
+    }
+
+    fn running(&mut self, lease: LeaseId, port: u16) {
+        let endpoints = vec![Endpoint { container_port: 8000, host: format!("10.0.0.{}", lease.0), port }];
+        self.status(lease, DeliveryState::Running { endpoints, ssh: None, restarts: 0 });
+    }
+}
+
+const RENTER: AccountId = AccountId(0);
+const SUPPLIER: AccountId = AccountId(1);
+
+/// A market with a renter, a supplier whose hosts deliver workloads and
+/// `hosts` hosts of one H100 each, each offered on the spot book.
+fn market(hosts: usize, deposit: u64) -> Journal {
+    let mut j = Journal::new();
+    j.engine(Command::OpenAccount { role: Role::Renter });
+    j.engine(Command::OpenAccount { role: Role::Supplier });
+    let identity = ed25519_dalek::SigningKey::from_bytes(&[41; 32]);
+    let key = gpux_protocol::delivery::EncryptionKey::from_bytes([51; 32]);
+    j.record(JournalEntry::EncryptionKey { account: SUPPLIER, key: key.public(), signature: key.certify(&identity) });
+    if deposit > 0 {
+        j.engine(Command::Deposit { account: RENTER, amount_minor: deposit });
+    }
+    for host in 0..hosts {
+        ask(&mut j, host);
+    }
+    j
+}
+
+/// Registers host `index` (one GPU) and offers it on the spot book.
+fn ask(j: &mut Journal, index: usize) {
+    let events = j.engine(Command::register(SUPPLIER, &format!("host-{index}"), &format!("GPU-{index}"), GpuSpec::h100_sxm()));
+    let host = events.iter().find_map(|e| match e.kind {
+        EventKind::GpuRegistered { host, .. } => Some(host),
+        _ => None,
+    });
+    let mut order = NewOrder::limit(SUPPLIER, 1_000 + index as u64, InstrumentId(0), Side::Sell, PRICE, 1);
+    order.supply = Some(GpuSet { host: host.expect("registered"), gpu_mask: 0b1 });
+    j.engine(Command::place(order));
+}
+
+fn spec(replicas: u32) -> ServiceSpec {
+    ServiceSpec {
+        name: "echo".into(),
+        instrument: InstrumentId(0),
+        gpus: 1,
+        limit_minor_per_gpu_hour: PRICE,
+        budget_minor_per_hour: 4 * PRICE,
+        replicas,
+        min_replicas: 0,
+        max_replicas: 4,
+        image: "localhost/gpux-test:latest".into(),
+        command: vec!["python3".into(), "-m".into(), "http.server".into(), "8000".into()],
+        port: 8000,
+        readiness_path: Some("/".into()),
+        regions: Vec::new(),
+        min_supplier_score_bps: 0,
+    }
+}
+
+fn create(j: &mut Journal, spec: ServiceSpec) -> Result<ServiceId, ErrorCode> {
+    j.now_ms += 1;
+    j.record(JournalEntry::CreateService { at_ms: j.now_ms, account: RENTER, spec: Box::new(spec) }).service.expect("a service entry")
+}
+
+fn scale(j: &mut Journal, service: ServiceId, replicas: u32) -> Result<ServiceId, ErrorCode> {
+    j.now_ms += 1;
+    j.record(JournalEntry::ScaleService { at_ms: j.now_ms, account: RENTER, service, replicas }).service.expect("a service entry")
+}
+
+fn states(info: &ServiceInfo) -> Vec<ReplicaState> {
+    info.replicas.iter().map(|r| r.state).collect()
+}
+
+fn active(j: &Journal, lease: LeaseId) -> bool {
+    j.market.engine().lease(lease).is_some_and(|l| l.active)
+}
+
+fn replay(j: &Journal) {
+    let mut again = MarketState::new(EngineConfig::demo()).expect("demo");
+    for entry in &j.entries {
+        again.apply(entry).expect("replays");
+    }
+    assert_eq!(again.state_hash(), j.market.state_hash(), "the journal replays to the same state");
+}
+
+#[test]
+fn a_service_keeps_its_replicas_through_a_host_failure_and_an_exit_scales_and_is_deleted() {
+    let mut j = market(3, 1_000_000_000);
+    let service = create(&mut j, spec(2)).expect("created");
+    let info = j.info(service);
+    assert_eq!(info.state, ServiceState::Running);
+    assert_eq!(states(&info), [ReplicaState::Starting, ReplicaState::Starting], "both bids filled on hosts offered");
+    assert_eq!(j.assigned.len(), 2, "each replica handed to its host");
+    let (first, second) = (j.assigned[0].0, j.assigned[1].0);
+    // Each replica's workload publishes the service's port.
+    let workload = j.market.deliveries().lease(first).and_then(|d| d.workload.clone()).expect("the replica's workload");
+    assert_eq!(workload.ports, [8000]);
+
+    // Running: ready at the endpoint of the service's port.
+    j.running(first, 31_001);
+    j.running(second, 31_002);
+    let info = j.info(service);
+    assert_eq!(states(&info), [ReplicaState::Ready, ReplicaState::Ready]);
+    assert_eq!(info.replicas[0].endpoint.as_deref(), Some(format!("10.0.0.{}:31001", first.0).as_str()));
+
+    // The first replica's host fails it: its lease ends, a replacement is
+    // bid at once and fills on the third host, in the same slot.
+    let failed = DeliveryState::Failed { code: FailureCode::HostError, fault: Fault::Host, reason: "gpu lost".into() };
+    j.status(first, failed);
+    assert!(!active(&j, first), "the failed lease ended");
+    let info = j.info(service);
+    assert_eq!(info.replaced, 1);
+    assert_eq!(info.bids, 3);
+    let (third, slot) = *j.assigned.last().expect("a replacement");
+    assert_eq!(slot, 0, "the replacement takes the failed replica's slot");
+    assert_eq!(states(&info), [ReplicaState::Starting, ReplicaState::Ready]);
+    j.running(third, 31_003);
+
+    // The second replica's workload exits: the service ends its lease
+    // (the renter's end) and bids again; no host is offered, so it rests.
+    j.status(second, DeliveryState::Exited { code: 1 });
+    assert!(!active(&j, second), "the exited replica's lease ended");
+    let info = j.info(service);
+    assert_eq!(states(&info), [ReplicaState::Ready, ReplicaState::Bidding]);
+    assert_eq!(info.replaced, 2);
+    // A host offered later fills it.
+    ask(&mut j, 3);
+    assert_eq!(states(&j.info(service)), [ReplicaState::Ready, ReplicaState::Starting]);
+    let fourth = j.assigned.last().expect("filled").0;
+
+    // Scaling: outside the bounds refused; down to one lets the replica
+    // furthest from serving go (the one still starting).
+    assert_eq!(scale(&mut j, service, 5), Err(ErrorCode::ServiceScaleInvalid));
+    assert_eq!(scale(&mut j, service, 1), Ok(service));
+    assert!(!active(&j, fourth), "the starting replica let go");
+    assert!(active(&j, third), "the ready one kept");
+    assert_eq!(states(&j.info(service)), [ReplicaState::Ready]);
+    // Up to two: a bid rests (no host offered).
+    assert_eq!(scale(&mut j, service, 2), Ok(service));
+    assert_eq!(states(&j.info(service)), [ReplicaState::Ready, ReplicaState::Bidding]);
+    // Another account cannot touch it.
+    j.now_ms += 1;
+    let other = j.record(JournalEntry::DeleteService { at_ms: j.now_ms, account: SUPPLIER, service }).service;
+    assert_eq!(other, Some(Err(ErrorCode::UnknownService)));
+
+    // Deleted: the resting bid cancelled, the lease ended.
+    j.now_ms += 1;
+    j.record(JournalEntry::DeleteService { at_ms: j.now_ms, account: RENTER, service });
+    let info = j.info(service);
+    assert_eq!(info.state, ServiceState::Deleted);
+    assert!(info.replicas.is_empty());
+    assert!(!active(&j, third));
+    assert!(j.market.engine().open_orders(RENTER).is_empty(), "no bid left: {:?}", j.market.engine().open_orders(RENTER));
+    assert_eq!(j.updates.last().map(|u| u.state), Some(ServiceState::Deleted), "the renter told");
+    replay(&j);
+}
+
+#[test]
+fn replicas_that_never_become_ready_fail_the_service_rather_than_buy_forever() {
+    let mut j = market(8, 1_000_000_000);
+    let service = create(&mut j, spec(1)).expect("created");
+    for failure in 1..=gpux_protocol::services::limits::REPLICA_FAILURES_MAX {
+        let lease = j.assigned.last().expect("a replica").0;
+        j.status(lease, DeliveryState::Failed { code: FailureCode::PullFailed, fault: Fault::Renter, reason: "no image".into() });
+        assert!(!active(&j, lease));
+        let state = j.info(service).state;
+        match failure < gpux_protocol::services::limits::REPLICA_FAILURES_MAX {
+            true => assert_eq!(state, ServiceState::Running, "replaced after failure {failure}"),
+            false => assert_eq!(state, ServiceState::Failed),
+        }
+    }
+    assert!(j.market.engine().open_orders(RENTER).is_empty(), "a failed service bids no more");
+    assert_eq!(scale(&mut j, service, 1), Err(ErrorCode::ServiceScaleInvalid), "nor scales");
+    replay(&j);
+}
+
+#[test]
+fn a_refused_bid_waits_for_the_renter_and_bounds_are_refused_in_the_journal() {
+    // No funds: the bid is refused and the replica waits, saying why.
+    let mut j = market(1, 0);
+    let service = create(&mut j, spec(1)).expect("created");
+    let info = j.info(service);
+    assert_eq!(states(&info), [ReplicaState::Bidding]);
+    assert_eq!(info.replicas[0].stalled.as_deref(), Some("bid refused: insufficient_funds"));
+    assert_eq!(info.bids, 1, "refused once, not again and again");
+    // Funded, the renter's scale bids again and it fills.
+    j.engine(Command::Deposit { account: RENTER, amount_minor: 1_000_000_000 });
+    assert_eq!(scale(&mut j, service, 1), Ok(service));
+    let info = j.info(service);
+    assert_eq!(states(&info), [ReplicaState::Starting]);
+    assert_eq!(info.replicas[0].stalled, None);
+
+    // A spec out of bounds and the account's most.
+    assert_eq!(create(&mut j, ServiceSpec { port: 0, ..spec(1) }), Err(ErrorCode::ServiceInvalid));
+    for _ in 1..gpux_protocol::services::limits::SERVICES_PER_ACCOUNT_MAX {
+        create(&mut j, spec(0)).expect("within the account's most");
+    }
+    assert_eq!(create(&mut j, spec(0)), Err(ErrorCode::TooManyServices));
+    let (page, more) = j.market.services().list(RENTER, 0, 10);
+    assert_eq!((page.len(), more), (10, true));
+    assert!(page.windows(2).all(|w| w[0].service > w[1].service), "newest first");
+    replay(&j);
+}
