@@ -203,6 +203,7 @@ fn create_service(id: u64, change: impl FnOnce(&mut gpux_protocol::ServiceSpec))
         readiness_path: None,
         regions: Vec::new(),
         min_supplier_score_bps: 0,
+        key_hashes: Vec::new(),
     };
     change(&mut spec);
     ClientMessage::CreateService { id, service: Box::new(spec) }

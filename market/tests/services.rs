@@ -123,6 +123,7 @@ fn spec(replicas: u32) -> ServiceSpec {
         readiness_path: Some("/".into()),
         regions: Vec::new(),
         min_supplier_score_bps: 0,
+        key_hashes: Vec::new(),
     }
 }
 

@@ -31,6 +31,8 @@ pub mod limits {
     pub const SERVICES_LIVE_MAX: usize = 1 << 14;
     /// Deleted services one account's queries still find (its oldest go first).
     pub const SERVICES_DELETED_PER_ACCOUNT_MAX: usize = 16;
+    /// Keys one service accepts.
+    pub const KEY_HASHES_MAX: usize = 16;
     /// Services in one `services` page.
     pub const SERVICES_PAGE_MAX: usize = 50;
     /// Bids one service may place over its life (its replicas' first bids
@@ -85,6 +87,11 @@ pub struct ServiceSpec {
     pub regions: Vec<String>,
     #[serde(default)]
     pub min_supplier_score_bps: u32,
+    /// The hex SHA-256 of each key a router accepts for the service
+    /// (`Authorization: Bearer KEY`); at most 16. Empty: the service is
+    /// open to anyone who reaches a router.
+    #[serde(default)]
+    pub key_hashes: Vec<String>,
 }
 
 /// Where a service stands.
@@ -205,6 +212,8 @@ pub enum SpecError {
     Regions,
     #[error("min_supplier_score_bps: at most 10000")]
     Score,
+    #[error("key_hashes: at most 16 SHA-256 hashes, 64 hex digits each")]
+    KeyHashes,
 }
 
 impl ServiceSpec {
@@ -242,7 +251,7 @@ impl ServiceSpec {
         if self.affordable() < self.min_replicas.max(1) {
             return Err(SpecError::Budget);
         }
-        if !crate::delivery::Workload::image(self.image.clone()).validate().is_ok() {
+        if crate::delivery::Workload::image(self.image.clone()).validate().is_err() {
             return Err(SpecError::Image);
         }
         let bytes: usize = self.command.iter().map(String::len).sum();
@@ -266,6 +275,10 @@ impl ServiceSpec {
         }
         if self.min_supplier_score_bps > 10_000 {
             return Err(SpecError::Score);
+        }
+        let hash_ok = |h: &String| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit());
+        if self.key_hashes.len() > limits::KEY_HASHES_MAX || !self.key_hashes.iter().all(hash_ok) {
+            return Err(SpecError::KeyHashes);
         }
         Ok(())
     }
@@ -291,6 +304,7 @@ mod tests {
             readiness_path: Some("/".into()),
             regions: Vec::new(),
             min_supplier_score_bps: 0,
+            key_hashes: vec!["ab".repeat(32)],
         }
     }
 
@@ -313,6 +327,8 @@ mod tests {
             (ServiceSpec { readiness_path: Some("health".into()), ..spec() }, SpecError::ReadinessPath),
             (ServiceSpec { regions: vec![String::new()], ..spec() }, SpecError::Regions),
             (ServiceSpec { min_supplier_score_bps: 10_001, ..spec() }, SpecError::Score),
+            (ServiceSpec { key_hashes: vec!["ab".into()], ..spec() }, SpecError::KeyHashes),
+            (ServiceSpec { key_hashes: vec!["ab".repeat(32); 17], ..spec() }, SpecError::KeyHashes),
         ];
         for (spec, error) in cases {
             assert_eq!(spec.check(), Err(error), "{spec:?}");

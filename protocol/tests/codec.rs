@@ -252,6 +252,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
                 readiness_path: Some("/".into()),
                 regions: vec!["us-east".into()],
                 min_supplier_score_bps: 9_000,
+                key_hashes: Vec::new(),
             }),
         },
         ClientMessage::ServiceStatus { id: 57, service: gpux_protocol::ServiceId(2) },

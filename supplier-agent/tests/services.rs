@@ -1,11 +1,15 @@
 //! Services end to end (docs/services.md): a real exchange, the real agent
 //! binary on three fake one-GPU hosts with the `docker` backend on a real
-//! container engine (podman, `scripts/containers`), and a service of two
-//! replicas of Python's http.server in the jobs' test image. A replica's
-//! host dies (its agent killed): the exchange stops hearing of its lease,
-//! ends it as the host's fault, bids a replacement at once and the third
-//! host serves it; the service then scales down and is deleted, its
-//! containers removed.
+//! container engine (podman, `scripts/containers`), a service of two
+//! replicas of Python's http.server in the jobs' test image, and a router
+//! in front of it driven by a load generator. A replica's host dies (its
+//! agent killed, its container gone): the router stops sending to it
+//! within a second and no request fails (idempotent GETs go to the other
+//! replica); the exchange stops hearing of its lease, ends it as the
+//! host's fault, bids a replacement at once and the third host serves it.
+//! The router is killed and started again and serves from the feed; the
+//! service scales to zero, a request waits for the first replica; it is
+//! deleted, its containers removed.
 
 mod common;
 
@@ -17,6 +21,8 @@ use ed25519_dalek::SigningKey;
 use gpux_engine::{InstrumentId, LeaseId};
 use gpux_protocol::*;
 use gpux_supplier_agent::session::Connection;
+
+const SERVICE_KEY: &str = "svc-key-0123456789";
 
 fn spec() -> ServiceSpec {
     ServiceSpec {
@@ -34,6 +40,7 @@ fn spec() -> ServiceSpec {
         readiness_path: Some("/".into()),
         regions: Vec::new(),
         min_supplier_score_bps: 0,
+        key_hashes: vec![gpux_router::table::key_hash(SERVICE_KEY)],
     }
 }
 
@@ -88,8 +95,83 @@ async fn request(renter: &mut Connection, message: impl FnOnce(u64) -> ClientMes
     renter.request(message(id)).await.expect("an answer")
 }
 
+/// The load generator: `workers` tasks sending GET / through the router
+/// with the service's key until told to stop; (answered 200, failed).
+struct Load {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ok: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    failed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(router: std::net::SocketAddr, workers: usize) -> Load {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::sync::Arc;
+        let (stop, ok, failed) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let client = reqwest::Client::new();
+        let tasks = (0..workers)
+            .map(|_| {
+                let (stop, ok, failed, client) = (stop.clone(), ok.clone(), failed.clone(), client.clone());
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        let answer = client.get(format!("http://{router}/")).bearer_auth(SERVICE_KEY).send().await;
+                        let outcome = match answer {
+                            Ok(answer) => {
+                                let status = answer.status();
+                                match answer.bytes().await {
+                                    Ok(_) if status == 200 => Ok(()),
+                                    Ok(_) => Err(status.to_string()),
+                                    Err(error) => Err(error.to_string()),
+                                }
+                            }
+                            Err(error) => Err(error.to_string()),
+                        };
+                        match outcome {
+                            Ok(()) => ok.fetch_add(1, Ordering::Relaxed),
+                            Err(why) => {
+                                eprintln!("load: {why}");
+                                failed.fetch_add(1, Ordering::Relaxed)
+                            }
+                        };
+                    }
+                })
+            })
+            .collect();
+        Load { stop, ok, failed, tasks }
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering;
+        (self.ok.load(Ordering::Relaxed), self.failed.load(Ordering::Relaxed))
+    }
+
+    async fn stop(mut self) -> (u64, u64) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for task in std::mem::take(&mut self.tasks) {
+            let _ = task.await;
+        }
+        self.counts()
+    }
+}
+
+/// A router for `service` on `listen` (port 0: any), logged in with `key`.
+async fn router(exchange: &Exchange, key: &SigningKey, service: ServiceId, listen: std::net::SocketAddr) -> gpux_router::Running {
+    let config = gpux_router::Config::new(exchange.url.clone(), key.clone(), service, listen);
+    gpux_router::start(config).await.expect("the router starts")
+}
+
+/// GET / through the router with `key` (within 60 s): the status.
+async fn get(router: std::net::SocketAddr, key: Option<&str>) -> u16 {
+    let mut request = reqwest::Client::new().get(format!("http://{router}/")).timeout(Duration::from_secs(60));
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    request.send().await.map_or(0, |a| a.status().as_u16())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_service_replaces_a_replica_whose_host_died_then_scales_down_and_is_deleted() {
+async fn a_service_behind_its_router_outlives_a_replicas_host_and_its_router_and_scales_to_zero() {
     let Some(socket) = socket() else { return };
     let dir = tempfile::tempdir().expect("temp dir");
     let operator = SigningKey::from_bytes(&[1; 32]);
@@ -102,6 +184,20 @@ async fn a_service_replaces_a_replica_whose_host_died_then_scales_down_and_is_de
     }
     let mut renter = funded_renter(&exchange, &operator, 7, 1_000_000_000).await;
     await_asks(&mut renter, InstrumentId(0), 2).await;
+
+    // The router logs in with a key of the renter's account that can only read.
+    let router_key = SigningKey::from_bytes(&[77; 32]);
+    let public_key = hex::encode(router_key.verifying_key().to_bytes());
+    let answer = request(&mut renter, |id| ClientMessage::AddKey {
+        id,
+        account: None,
+        public_key,
+        scopes: Scopes::of(&[Scope::Read]),
+        expires_at_ms: None,
+        label: "router".into(),
+    })
+    .await;
+    assert!(matches!(answer, ServerMessage::Ack { .. } | ServerMessage::KeyAdded { .. }), "{answer:?}");
 
     // Created: both replicas bid, fill on the two hosts and become ready;
     // each answers HTTP at its endpoint.
@@ -116,25 +212,49 @@ async fn a_service_replaces_a_replica_whose_host_died_then_scales_down_and_is_de
         let status = http_status(&endpoint).expect("the replica answers");
         assert!(status.contains("200"), "{endpoint}: {status}");
     }
+    let mut front = router(&exchange, &router_key, id, "127.0.0.1:0".parse().expect("addr")).await;
+    let address = front.addr;
+    assert_eq!(get(address, Some(SERVICE_KEY)).await, 200, "the router serves the service");
+    assert_eq!(get(address, Some("not-the-key")).await, 401, "a wrong key");
+    assert_eq!(get(address, None).await, 401, "no key");
+
     let host_of = |lease: LeaseId| names.iter().copied().find(|name| container_exists(&socket, name, lease)).expect("a host runs it");
     let (lost, _) = ready(&info)[0].clone();
     let lost_host = host_of(lost);
     let dead = names.iter().position(|n| *n == lost_host).expect("one of ours");
 
-    // The third host comes up, then the first replica's host dies: its
-    // agent killed and its container gone with it.
+    // Load through the router; the third host comes up, then the first
+    // replica's host dies: its agent killed and its container gone with it.
+    let load = Load::start(address, 4);
     let (config, host) = job_host(&dir.path().join(names[2]), &exchange.url, &socket, names[2], H100_GPU, &[("spot", 2_100_000)]);
     agents.push(Some(spawn_agent(&config, &host)));
     await_asks(&mut renter, InstrumentId(0), 1).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = load.counts();
+    assert!(before.0 > 0, "requests served before the host died");
     agents[dead] = None;
     remove_container(&socket, lost_host, lost);
     let killed = Instant::now();
     let killed_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64;
+    while front.shared.table.routable() > 1 {
+        assert!(killed.elapsed() < Duration::from_millis(1_500), "the router stopped sending to the dead replica within a second");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let unrouted = killed.elapsed();
     let info = await_service(&mut renter, Duration::from_secs(60), |s| {
         s.replaced >= 1 && ready(s).len() == 2 && ready(s).iter().all(|(lease, _)| *lease != lost)
     })
     .await;
-    eprintln!("replica replaced and ready {:?} after its host died", killed.elapsed());
+    let replaced = killed.elapsed();
+    while front.shared.table.routable() < 2 {
+        assert!(killed.elapsed() < Duration::from_secs(60), "the router routes to the replacement");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (served, failed) = load.stop().await;
+    eprintln!("dead replica unrouted after {unrouted:?}, replaced and ready after {replaced:?}; {served} requests served, {failed} failed");
+    assert_eq!(failed, 0, "no request failed: those in flight on the dead replica were sent again");
+    assert!(served > before.0, "requests went on while the replica was replaced");
     assert_eq!(info.replaced, 1, "one replica lost, one replaced");
     assert!(info.leases.contains(&lost));
     for (lease, endpoint) in ready(&info) {
@@ -151,38 +271,61 @@ async fn a_service_replaces_a_replica_whose_host_died_then_scales_down_and_is_de
     assert!(old.verified_gpu_ms <= killed_ms.saturating_sub(old.start_ms), "billed {} ms", old.verified_gpu_ms);
     assert!(old.ended_at_ms.is_some_and(|end| end >= killed_ms), "ended after the host died: {:?}", old.ended_at_ms);
 
-    // Scaled to one: one replica let go, its lease ended and its container removed.
+    // The router killed and started again on its address: it serves
+    // again as soon as the feed answers.
+    front.stop();
+    let restarted = Instant::now();
+    front = router(&exchange, &router_key, id, address).await;
+    assert_eq!(get(address, Some(SERVICE_KEY)).await, 200, "the restarted router serves");
+    eprintln!("a restarted router served its first request after {:?}", restarted.elapsed());
+
+    // Scaled to zero: every replica let go; a request then waits in the
+    // router's queue for the first replica of the scale back to one.
     let ServerMessage::Service { service, .. } =
-        request(&mut renter, |rid| ClientMessage::ScaleService { id: rid, service: id, replicas: 1 }).await
+        request(&mut renter, |rid| ClientMessage::ScaleService { id: rid, service: id, replicas: 0 }).await
     else {
         panic!("scaled")
     };
-    assert_eq!(service.replicas.len(), 1);
-    let kept = service.replicas[0].lease.expect("a lease");
-    let gone: Vec<LeaseId> = ready(&info).into_iter().map(|(l, _)| l).filter(|l| *l != kept).collect();
-    assert_eq!(gone.len(), 1);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while names.iter().any(|name| container_exists(&socket, name, gone[0])) {
-        assert!(Instant::now() < deadline, "the let-go replica's container is removed");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(service.replicas.is_empty());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while front.shared.table.routable() > 0 {
+        assert!(Instant::now() < deadline, "the router knows the service is at zero");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let waiting = tokio::spawn(async move { get(address, Some(SERVICE_KEY)).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "the request waits for a replica");
+    let cold = Instant::now();
+    let ServerMessage::Service { .. } = request(&mut renter, |rid| ClientMessage::ScaleService { id: rid, service: id, replicas: 1 }).await
+    else {
+        panic!("scaled")
+    };
+    assert_eq!(waiting.await.expect("joined"), 200, "the queued request is answered by the first replica");
+    eprintln!("from zero: a queued request answered {:?} after the scale to one", cold.elapsed());
     // Out of bounds.
     let answer = request(&mut renter, |rid| ClientMessage::ScaleService { id: rid, service: id, replicas: 4 }).await;
     assert!(matches!(answer, ServerMessage::Error { code: ErrorCode::ServiceScaleInvalid, .. }), "{answer:?}");
 
-    // Deleted: the last replica's lease ends, its container removed.
+    // Deleted: the last replica's lease ends, its container removed; the
+    // router refuses the service's requests.
     let ServerMessage::Service { service, .. } = request(&mut renter, |rid| ClientMessage::DeleteService { id: rid, service: id }).await
     else {
         panic!("deleted")
     };
     assert_eq!(service.state, ServiceState::Deleted);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while names.iter().any(|name| container_exists(&socket, name, kept)) {
-        assert!(Instant::now() < deadline, "the last replica's container is removed");
+    while names.iter().any(|name| service.leases.iter().any(|lease| container_exists(&socket, name, *lease))) {
+        assert!(Instant::now() < deadline, "every replica's container is removed");
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get(address, Some(SERVICE_KEY)).await != 404 {
+        assert!(Instant::now() < deadline, "the router refuses a deleted service's requests");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let ServerMessage::Services { services, .. } = request(&mut renter, |rid| ClientMessage::Services { id: rid, offset: 0 }).await else {
         panic!("services")
     };
     assert_eq!(services.iter().map(|s| (s.service, s.state)).collect::<Vec<_>>(), [(id, ServiceState::Deleted)]);
+    front.stop();
 }

@@ -69,6 +69,7 @@ fn the_image_copies_binaries_the_workspace_builds_and_runs_them_with_their_flags
         ("gpux", "gpux-cli"),
         ("gpux-audit", "gpux-audit"),
         ("gpux-sim", "gpux-sim"),
+        ("gpux-router", "gpux-router"),
     ];
     let mut copied = 0;
     for line in text.lines().filter(|l| l.starts_with("COPY --from=build /src/target/release/")) {

@@ -16,7 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["gpux-engine"],
     &["gpux-protocol"],
     &["gpux-settlement", "gpux-client", "gpux-gateway", "gpux-jobs"],
-    &["gpux-market", "gpux-supplier-agent", "gpux-cli"],
+    &["gpux-market", "gpux-supplier-agent", "gpux-cli", "gpux-router"],
     &["gpux-journal", "gpux-sim"],
     &["gpux-replica", "gpux-audit"],
     &["gpux-exchange"],

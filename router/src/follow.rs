@@ -1,0 +1,104 @@
+//! The router's view of its service: the exchange's feed followed (the
+//! service's state asked at each login, then every `service_update`), and
+//! its own probe of each replica's readiness path.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpux_protocol::{ClientMessage, ServerMessage};
+
+use crate::Shared;
+
+/// Waits between two logins after the feed was lost.
+const RECONNECT_WAIT: Duration = Duration::from_secs(1);
+
+/// Follows the service on the exchange for as long as the router runs;
+/// a lost connection is opened again (what it knew is kept meanwhile:
+/// requests go on to the replicas it knew).
+pub async fn follow(shared: Arc<Shared>) {
+    loop {
+        if let Err(error) = follow_once(&shared).await {
+            tracing::warn!(%error, "the exchange's feed was lost; logging in again");
+        }
+        tokio::time::sleep(RECONNECT_WAIT).await;
+    }
+}
+
+async fn follow_once(shared: &Shared) -> anyhow::Result<()> {
+    let config = &shared.config;
+    let mut connection = gpux_client::Connection::open(&config.exchange, &config.key, None).await?;
+    let id = connection.new_id();
+    match connection.request(ClientMessage::ServiceStatus { id, service: config.service }).await? {
+        ServerMessage::Service { service, .. } => apply(shared, &service),
+        ServerMessage::Error { code, message, .. } => anyhow::bail!("service {}: {}: {message}", config.service, code.message()),
+        other => anyhow::bail!("unexpected answer: {other:?}"),
+    }
+    tracing::info!(service = %config.service, "following the service");
+    loop {
+        if let ServerMessage::ServiceUpdate { service } = connection.next().await? {
+            if service.service == config.service {
+                apply(shared, &service);
+            }
+        }
+    }
+}
+
+fn apply(shared: &Shared, service: &gpux_protocol::ServiceInfo) {
+    shared.table.update(service);
+    shared.metrics.replicas_routable.set(shared.table.routable() as i64);
+    shared.changed.send_modify(|n| *n += 1);
+}
+
+/// Probes every replica every [`crate::PROBE_INTERVAL`]: an HTTP GET of
+/// the readiness path answered 2xx or 3xx within a second (without a path,
+/// a TCP connection), so a replica whose readiness fails stops getting
+/// requests within about a second, and gets them again once it passes.
+pub async fn probe(shared: Arc<Shared>) {
+    loop {
+        tokio::time::sleep(crate::PROBE_INTERVAL).await;
+        let (replicas, path) = shared.table.snapshot();
+        let checks = replicas.into_iter().map(|replica| {
+            let (shared, path) = (shared.clone(), path.clone());
+            async move {
+                let healthy =
+                    tokio::time::timeout(Duration::from_secs(1), check(&shared, &replica.endpoint, path.as_deref())).await.unwrap_or(false);
+                let was = replica.healthy.swap(healthy, Ordering::Relaxed);
+                if was != healthy {
+                    tracing::info!(lease = %replica.lease, endpoint = %replica.endpoint, healthy, "a replica's probe changed");
+                }
+                healthy && !was
+            }
+        });
+        let recovered = futures_join(checks).await;
+        shared.metrics.replicas_routable.set(shared.table.routable() as i64);
+        if recovered {
+            shared.changed.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+/// Runs the checks together: whether any replica became healthy.
+async fn futures_join(checks: impl Iterator<Item = impl std::future::Future<Output = bool> + Send + 'static>) -> bool {
+    let mut set = tokio::task::JoinSet::new();
+    for check in checks {
+        set.spawn(check);
+    }
+    let mut any = false;
+    while let Some(done) = set.join_next().await {
+        any |= done.unwrap_or(false);
+    }
+    any
+}
+
+async fn check(shared: &Shared, endpoint: &str, path: Option<&str>) -> bool {
+    let Some(path) = path else { return tokio::net::TcpStream::connect(endpoint).await.is_ok() };
+    let Ok(uri) = format!("http://{endpoint}{path}").parse::<hyper::Uri>() else { return false };
+    use http_body_util::BodyExt;
+    let empty = http_body_util::Empty::new().map_err(|never: std::convert::Infallible| match never {}).boxed();
+    let Ok(request) = hyper::Request::get(uri).body(empty) else { return false };
+    match shared.upstream.request(request).await {
+        Ok(answer) => answer.status().is_success() || answer.status().is_redirection(),
+        Err(_) => false,
+    }
+}
