@@ -36,6 +36,8 @@ pub struct Metrics {
     pub usage_refused: IntCounterVec,
     /// Requests refused because the session's key lacks their scope.
     pub scope_refusals: IntCounter,
+    /// Services' autoscaling decisions, by reason.
+    pub service_scalings: IntCounterVec,
     /// 1 while the disk is down to the journal's reserve (new work refused).
     pub disk_low: IntGauge,
     /// New work refused `disk_low`.
@@ -138,6 +140,7 @@ impl Metrics {
             usage_accepted: counter(&r, "gpux_usage_reports_accepted_total", "Usage reports accepted (duplicates included)."),
             usage_refused: counters(&r, "gpux_usage_reports_refused_total", "Usage reports refused, by code.", "code"),
             scope_refusals: counter(&r, "gpux_scope_refusals_total", "Requests refused because the key lacks their scope."),
+            service_scalings: counters(&r, "gpux_service_scalings_total", "Services' autoscaling decisions, by reason.", "reason"),
             disk_low: gauge(
                 &r,
                 "gpux_disk_low",

@@ -203,6 +203,7 @@ fn create_service(id: u64, change: impl FnOnce(&mut gpux_protocol::ServiceSpec))
         readiness_path: None,
         regions: Vec::new(),
         min_supplier_score_bps: 0,
+        scaling: None,
         key_hashes: Vec::new(),
     };
     change(&mut spec);
@@ -429,6 +430,11 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
         row("service_scale_invalid", Who::Renter, one(ClientMessage::ScaleService { id: 330, service: ServiceId(1), replicas: 5 })),
         row("unknown_service", Who::Renter, one(ClientMessage::ServiceStatus { id: 331, service: ServiceId(999_999) })),
         row("unknown_service", Who::Supplier, one(ClientMessage::DeleteService { id: 332, service: ServiceId(1) })),
+        row(
+            "service_not_scaling",
+            Who::Renter,
+            one(ClientMessage::ServiceLoad { id: 333, service: ServiceId(1), router: 0, load: ServiceLoad::default() }),
+        ),
     ];
     let mut produced = BTreeMap::new();
     for row in table {

@@ -379,6 +379,7 @@ pub enum ServiceRequest {
     List { offset: u32 },
     Scale { service: gpux_protocol::ServiceId, replicas: u32 },
     Delete { service: gpux_protocol::ServiceId },
+    Load { service: gpux_protocol::ServiceId, router: u32, load: gpux_protocol::ServiceLoad },
 }
 
 /// Sub-accounts and keys (docs/protocol.md "Sub-accounts", "Keys and scopes").
@@ -450,7 +451,11 @@ impl Body {
             }
             Body::Job { request: JobRequest::StoreToken { lease: Some(_), .. }, .. } => Some(Scope::Deliver),
             Body::Job { .. } => Some(Scope::Read),
-            Body::Service { request: ServiceRequest::Status { .. } | ServiceRequest::List { .. } } => Some(Scope::Read),
+            // A router's load moves a service only within the bounds its
+            // renter set: the router's read key may send it.
+            Body::Service { request: ServiceRequest::Status { .. } | ServiceRequest::List { .. } | ServiceRequest::Load { .. } } => {
+                Some(Scope::Read)
+            }
             Body::Service { .. } => Some(Scope::Trade),
             Body::OpenOrders { .. }
             | Body::Leases { .. }

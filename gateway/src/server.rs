@@ -1089,6 +1089,9 @@ pub(crate) fn request_of(caller: &Caller, message: ClientMessage, verified: Opti
         ClientMessage::Services { offset, .. } => Body::Service { request: ServiceRequest::List { offset } },
         ClientMessage::ScaleService { service, replicas, .. } => Body::Service { request: ServiceRequest::Scale { service, replicas } },
         ClientMessage::DeleteService { service, .. } => Body::Service { request: ServiceRequest::Delete { service } },
+        ClientMessage::ServiceLoad { service, router, load, .. } => {
+            Body::Service { request: ServiceRequest::Load { service, router, load } }
+        }
         ClientMessage::OfferLease { lease, price_minor_per_gpu_hour, client_order_id, time_in_force, .. } => {
             command(Command::OfferLease { account, lease, client_order_id, price_minor_per_gpu_hour, time_in_force })
         }

@@ -256,6 +256,15 @@ pub enum JournalEntry {
         account: AccountId,
         service: gpux_protocol::ServiceId,
     },
+    /// A router's load of a service (`service_load`): summed over the
+    /// service's routers and run through its autoscaling. Appended.
+    ServiceLoad {
+        at_ms: u64,
+        account: AccountId,
+        service: gpux_protocol::ServiceId,
+        router: u32,
+        load: gpux_protocol::ServiceLoad,
+    },
 }
 
 impl JournalEntry {
@@ -299,6 +308,7 @@ impl JournalEntry {
             | JournalEntry::CreateService { at_ms, .. }
             | JournalEntry::ScaleService { at_ms, .. }
             | JournalEntry::DeleteService { at_ms, .. }
+            | JournalEntry::ServiceLoad { at_ms, .. }
             | JournalEntry::CancelJob { at_ms, .. }
             | JournalEntry::JobLeaseSilent { at_ms, .. }
             | JournalEntry::ResizeJob { at_ms, .. }

@@ -100,6 +100,8 @@ pub struct Applied {
     pub job: Option<Result<jobs::JobId, jobs::JobRefusal>>,
     /// A service entry's service, or why it was refused.
     pub service: Option<Result<gpux_protocol::ServiceId, gpux_protocol::ErrorCode>>,
+    /// The reason of an autoscaling decision the entry made (for metrics).
+    pub scaled: Option<&'static str>,
     /// What left the hot state with this entry: the exchange keeps it in
     /// its archive, where queries still find it.
     pub archived: Archived,
@@ -303,6 +305,14 @@ impl MarketState {
                     *service
                 });
                 applied.service = Some(scaled);
+            }
+            JournalEntry::ServiceLoad { at_ms, account, service, router, load } => {
+                let observed = self.services.load(*service, *account, *router, *load, *at_ms).map(|outcome| {
+                    applied.scaled = outcome.scaled;
+                    self.service_outcome(outcome, &mut applied, &mut owed);
+                    *service
+                });
+                applied.service = Some(observed);
             }
             JournalEntry::DeleteService { at_ms, account, service } => {
                 let deleted = self.services.delete(*service, *account, *at_ms).map(|outcome| {

@@ -26,8 +26,10 @@
 
 use std::collections::VecDeque;
 
+use serde::{Deserialize, Serialize};
+
 /// What a service scales on, per replica.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Target {
     /// Requests per second per replica, in thousandths (1 500: 1.5 rps).
     RequestsPerSecondMilli(u64),
@@ -36,7 +38,7 @@ pub enum Target {
 }
 
 /// A service's scaling terms.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Policy {
     /// 0: the service scales to zero when idle.
     pub min_replicas: u32,
@@ -138,7 +140,7 @@ pub struct Decision {
 
 /// The load samples of the longest window, oldest first: what one service's
 /// rule remembers.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Scaler {
     samples: VecDeque<(u64, u32, bool)>,
 }

@@ -20,7 +20,12 @@ use gpux_engine::{
     Side, TimeInForce,
 };
 pub use gpux_protocol::services::limits;
-use gpux_protocol::services::{ReplicaAssignment, ReplicaInfo, ReplicaState, ServiceId, ServiceInfo, ServiceSpec, ServiceState};
+use gpux_protocol::services::{
+    ReplicaAssignment, ReplicaInfo, ReplicaState, ScalingDecision, ScalingTarget, ServiceId, ServiceInfo, ServiceLoad, ServiceSpec,
+    ServiceState,
+};
+
+use crate::scaling::{Load, Policy, Scaler, Target};
 use gpux_protocol::{DeliveryState, ErrorCode};
 use serde::{Deserialize, Serialize};
 
@@ -44,6 +49,11 @@ struct Service {
     leases: VecDeque<LeaseId>,
     created_at_ms: u64,
     updated_at_ms: u64,
+    /// Autoscaling: the rule's memory of the load, each router's last
+    /// report, and its latest decision.
+    scaler: Scaler,
+    routers: BTreeMap<u32, (u64, ServiceLoad)>,
+    last_scaling: Option<ScalingDecision>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,6 +122,8 @@ pub struct Outcome {
     pub changed: BTreeSet<ServiceId>,
     /// Replicas handed to hosts: each lease's supplier and what to run.
     pub assigned: Vec<(LeaseId, AccountId, ReplicaAssignment)>,
+    /// The reason of an autoscaling decision made.
+    pub scaled: Option<&'static str>,
 }
 
 impl Outcome {
@@ -149,6 +161,9 @@ impl Services {
             leases: VecDeque::new(),
             created_at_ms: at_ms,
             updated_at_ms: at_ms,
+            scaler: Scaler::default(),
+            routers: BTreeMap::new(),
+            last_scaling: None,
         };
         self.services.insert(id, service);
         self.live.insert((account, id));
@@ -159,6 +174,57 @@ impl Services {
         }
         outcome.changed.insert(id);
         Ok((id, outcome))
+    }
+
+    /// Whether `load` would take a report for the service: the account's,
+    /// running, with autoscaling.
+    pub fn accepts_load(&self, id: ServiceId, account: AccountId) -> Result<(), ErrorCode> {
+        let service = self.services.get(&id).filter(|s| s.account == account).ok_or(ErrorCode::UnknownService)?;
+        match service.spec.scaling.is_some() && service.state == ServiceState::Running {
+            true => Ok(()),
+            false => Err(ErrorCode::ServiceNotScaling),
+        }
+    }
+
+    /// A router's load: kept as that router's last report, the reports of
+    /// the service's routers from the last `LOAD_STALE_MS` summed, and
+    /// the sum run through the service's autoscaling rule
+    /// (`scaling::Scaler`); a decision sets the replicas as a scale would.
+    pub fn load(&mut self, id: ServiceId, account: AccountId, router: u32, load: ServiceLoad, at_ms: u64) -> Result<Outcome, ErrorCode> {
+        let service = self.services.get_mut(&id).filter(|s| s.account == account).ok_or(ErrorCode::UnknownService)?;
+        let Some(scaling) = service.spec.scaling.filter(|_| service.state == ServiceState::Running) else {
+            return Err(ErrorCode::ServiceNotScaling);
+        };
+        service.routers.insert(router, (at_ms, load));
+        if service.routers.len() > limits::ROUTERS_MAX {
+            let oldest = service.routers.iter().min_by_key(|(r, (at, _))| (*at, **r)).map(|(r, _)| *r);
+            service.routers.retain(|r, _| Some(*r) != oldest);
+        }
+        let fresh = service.routers.values().filter(|(at, _)| at_ms.saturating_sub(*at) <= limits::LOAD_STALE_MS);
+        let total = fresh.fold(Load { at_ms, ..Load::default() }, |sum, (_, l)| Load {
+            at_ms,
+            requests_per_second_milli: sum.requests_per_second_milli.saturating_add(l.requests_per_second_milli),
+            in_flight: sum.in_flight.saturating_add(l.in_flight),
+            queued: sum.queued.saturating_add(l.queued),
+        });
+        let policy = Policy {
+            min_replicas: service.spec.min_replicas,
+            max_replicas: service.spec.max_replicas,
+            target: match scaling.target {
+                ScalingTarget::RequestsPerSecondMilli(n) => Target::RequestsPerSecondMilli(n),
+                ScalingTarget::InFlight(n) => Target::InFlight(n),
+            },
+            up_window_ms: scaling.up_window_ms,
+            down_window_ms: scaling.down_window_ms,
+        };
+        let running = service.slots.len() as u32;
+        let affordable = service.spec.affordable();
+        let Some(decision) = service.scaler.observe(&policy, total, running, affordable) else { return Ok(Outcome::default()) };
+        service.last_scaling =
+            Some(ScalingDecision { from: decision.from, to: decision.to, reason: decision.reason.name().to_string(), at_ms });
+        let mut outcome = self.set_replicas(id, decision.to, at_ms);
+        outcome.scaled = Some(decision.reason.name());
+        Ok(outcome)
     }
 
     /// Sets the replicas a running service keeps: new slots bid; the
@@ -175,6 +241,11 @@ impl Services {
         {
             return Err(ErrorCode::ServiceScaleInvalid);
         }
+        Ok(self.set_replicas(id, replicas, at_ms))
+    }
+
+    fn set_replicas(&mut self, id: ServiceId, replicas: u32, at_ms: u64) -> Outcome {
+        let service = &self.services[&id];
         let mut outcome = Outcome::default();
         let now = service.slots.len() as u32;
         if replicas < now {
@@ -212,7 +283,7 @@ impl Services {
             }
         }
         self.touch(id, at_ms, &mut outcome);
-        Ok(outcome)
+        outcome
     }
 
     /// Deletes a service: bids cancelled, leases ended by the renter.
@@ -441,6 +512,7 @@ impl Services {
             leases: service.leases.iter().copied().collect(),
             created_at_ms: service.created_at_ms,
             updated_at_ms: service.updated_at_ms,
+            last_scaling: service.last_scaling.clone(),
         })
     }
 

@@ -123,6 +123,7 @@ fn spec(replicas: u32) -> ServiceSpec {
         readiness_path: Some("/".into()),
         regions: Vec::new(),
         min_supplier_score_bps: 0,
+        scaling: None,
         key_hashes: Vec::new(),
     }
 }
@@ -269,5 +270,61 @@ fn a_refused_bid_waits_for_the_renter_and_bounds_are_refused_in_the_journal() {
     let (page, more) = j.market.services().list(RENTER, 0, 10);
     assert_eq!((page.len(), more), (10, true));
     assert!(page.windows(2).all(|w| w[0].service > w[1].service), "newest first");
+    replay(&j);
+}
+
+#[test]
+fn routers_loads_are_summed_and_scale_a_service_up_down_to_zero_and_wake_it() {
+    use gpux_protocol::{ScalingTarget, ServiceLoad, ServiceScaling};
+    let mut j = market(6, 1_000_000_000);
+    let scaling = ServiceScaling { target: ScalingTarget::InFlight(2), up_window_ms: 2_000, down_window_ms: 10_000 };
+    let service = create(&mut j, ServiceSpec { scaling: Some(scaling), ..spec(1) }).expect("created");
+    let load = |j: &mut Journal, at_ms: u64, router: u32, in_flight: u32, queued: u32| {
+        j.now_ms = at_ms;
+        let load = ServiceLoad { requests_per_second_milli: 0, in_flight, queued };
+        j.record(JournalEntry::ServiceLoad { at_ms, account: RENTER, service, router, load }).service.expect("a service entry")
+    };
+    let t = j.now_ms + 1_000;
+    // Two routers, 3 in flight each: 6 wants 3 replicas; added once the
+    // load wanted them for the whole up window (the first report, router
+    // 1's alone, wanted 2: the window's fewest went to 2 first).
+    for second in 0..=2 {
+        load(&mut j, t + second * 1_000, 1, 3, 0).expect("taken");
+        load(&mut j, t + second * 1_000 + 1, 2, 3, 0).expect("taken");
+    }
+    let info = j.info(service);
+    assert_eq!(info.replicas.len(), 3, "{:?}", info.last_scaling);
+    let decision = info.last_scaling.clone().expect("a decision");
+    assert_eq!((decision.from, decision.to, decision.reason.as_str()), (2, 3, "load_above"));
+    // Router 2 stops reporting: its last report goes stale and router 1's
+    // 3 alone want 2 (once its report is 5 s old); after a down window of
+    // that, the service goes to 2.
+    let t = t + 3_000;
+    for second in 0..=16 {
+        load(&mut j, t + second * 1_000, 1, 3, 0).expect("taken");
+    }
+    let info = j.info(service);
+    assert_eq!(info.replicas.len(), 2);
+    assert_eq!(info.last_scaling.as_ref().map(|d| d.reason.as_str()), Some("load_below"));
+    // Idle for the down window: to zero.
+    let t = t + 17_000;
+    for second in 0..=11 {
+        load(&mut j, t + second * 1_000, 1, 0, 0).expect("taken");
+    }
+    let info = j.info(service);
+    assert!(info.replicas.is_empty(), "{:?}", info.last_scaling);
+    assert_eq!(info.last_scaling.as_ref().map(|d| d.reason.as_str()), Some("idle"));
+    // A request waits: woken at once.
+    load(&mut j, t + 12_500, 1, 0, 1).expect("taken");
+    let info = j.info(service);
+    assert_eq!(info.replicas.len(), 1);
+    assert_eq!(info.last_scaling.as_ref().map(|d| (d.from, d.to, d.reason.as_str())), Some((0, 1, "woken")));
+    // A service without autoscaling takes no load.
+    let manual = create(&mut j, spec(0)).expect("created");
+    j.now_ms += 1;
+    let refused = j
+        .record(JournalEntry::ServiceLoad { at_ms: j.now_ms, account: RENTER, service: manual, router: 1, load: ServiceLoad::default() })
+        .service;
+    assert_eq!(refused, Some(Err(ErrorCode::ServiceNotScaling)));
     replay(&j);
 }

@@ -49,6 +49,9 @@ pub use jobs::{
 pub use liveness::{LivenessBody, LivenessReport};
 pub use messages::*;
 pub use record::{decode_record, decode_snapshot, encode_record, RecordError, RECORD_BYTES_MAX, SNAPSHOT_BYTES_MAX};
-pub use services::{ReplicaAssignment, ReplicaInfo, ReplicaState, ServiceId, ServiceInfo, ServiceSpec, ServiceState};
+pub use services::{
+    ReplicaAssignment, ReplicaInfo, ReplicaState, ScalingDecision, ScalingTarget, ServiceId, ServiceInfo, ServiceLoad, ServiceScaling,
+    ServiceSpec, ServiceState,
+};
 pub use signed::{verify_signed_batch_zip215, SignedItem};
 pub use usage::*;

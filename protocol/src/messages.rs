@@ -767,6 +767,17 @@ pub enum ClientMessage {
         id: u64,
         service: crate::services::ServiceId,
     },
+    /// A router's load of a service over the last second (about once a
+    /// second, and at once when a request waits for a first replica):
+    /// journaled, summed over the service's routers, and run through the
+    /// service's autoscaling. Answered by `ack`.
+    ServiceLoad {
+        id: u64,
+        service: crate::services::ServiceId,
+        /// The router's own number (any; distinct per router of the service).
+        router: u32,
+        load: crate::services::ServiceLoad,
+    },
 }
 
 fn gtc() -> TimeInForce {
@@ -849,6 +860,7 @@ impl ClientMessage {
             | Services { id, .. }
             | ScaleService { id, .. }
             | DeleteService { id, .. }
+            | ServiceLoad { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -1601,6 +1613,8 @@ pub enum ErrorCode {
     /// `scale_service` for a service that is not running, or to a count
     /// outside its min and max or what its budget pays for.
     ServiceScaleInvalid,
+    /// `service_load` for a service without autoscaling or not running.
+    ServiceNotScaling,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -1712,6 +1726,7 @@ impl ErrorCode {
             UnknownService => "no such service among this account's (deleted services are kept 16 per account)",
             TooManyServices => "the account holds 16 services not deleted, or the exchange its most",
             ServiceScaleInvalid => "the service is not running, or the count is outside its min and max or what its budget pays for",
+            ServiceNotScaling => "the service has no autoscaling, or is not running",
         }
     }
 }

@@ -31,6 +31,12 @@ pub mod limits {
     pub const SERVICES_LIVE_MAX: usize = 1 << 14;
     /// Deleted services one account's queries still find (its oldest go first).
     pub const SERVICES_DELETED_PER_ACCOUNT_MAX: usize = 16;
+    /// The longest scaling window.
+    pub const SCALING_WINDOW_MS_MAX: u64 = 3_600_000;
+    /// Routers whose load one service sums (more: the oldest reporter is
+    /// forgotten), and how old a router's last report may be to count.
+    pub const ROUTERS_MAX: usize = 8;
+    pub const LOAD_STALE_MS: u64 = 5_000;
     /// Keys one service accepts.
     pub const KEY_HASHES_MAX: usize = 16;
     /// Services in one `services` page.
@@ -87,11 +93,58 @@ pub struct ServiceSpec {
     pub regions: Vec<String>,
     #[serde(default)]
     pub min_supplier_score_bps: u32,
+    /// Autoscaling from the load its routers measure (docs/services.md
+    /// "Autoscaling"); without it the service keeps `replicas` until the
+    /// renter scales it.
+    #[serde(default)]
+    pub scaling: Option<ServiceScaling>,
     /// The hex SHA-256 of each key a router accepts for the service
     /// (`Authorization: Bearer KEY`); at most 16. Empty: the service is
     /// open to anyone who reaches a router.
     #[serde(default)]
     pub key_hashes: Vec<String>,
+}
+
+/// What a service scales on, per replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScalingTarget {
+    /// Requests per second per replica, in thousandths (1 500: 1.5 rps).
+    RequestsPerSecondMilli(u64),
+    /// Requests in flight per replica.
+    InFlight(u32),
+}
+
+/// A service's autoscaling: replicas added when the load wanted more for a
+/// whole `up_window_ms`, removed when it wanted fewer for a whole
+/// `down_window_ms`, within `min_replicas..=max_replicas` and the budget;
+/// to zero when `min_replicas` is 0 and no request came for a down window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceScaling {
+    pub target: ScalingTarget,
+    pub up_window_ms: u64,
+    pub down_window_ms: u64,
+}
+
+/// The load one router measured over the last second, as it reports it
+/// (`service_load`): requests per second in thousandths, requests in
+/// flight to replicas, and requests queued while no replica is ready.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceLoad {
+    pub requests_per_second_milli: u64,
+    pub in_flight: u32,
+    pub queued: u32,
+}
+
+/// A change of a service's replicas the autoscaler made, and why
+/// (`load_above`, `load_below`, `idle`, `woken`, `below_min`, `above_max`,
+/// `budget`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScalingDecision {
+    pub from: u32,
+    pub to: u32,
+    pub reason: String,
+    pub at_ms: u64,
 }
 
 /// Where a service stands.
@@ -170,6 +223,9 @@ pub struct ServiceInfo {
     pub leases: Vec<LeaseId>,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
+    /// The autoscaler's latest change, if it made one.
+    #[serde(default)]
+    pub last_scaling: Option<ScalingDecision>,
 }
 
 /// Leases of one service `ServiceInfo` lists (its newest).
@@ -214,6 +270,8 @@ pub enum SpecError {
     Score,
     #[error("key_hashes: at most 16 SHA-256 hashes, 64 hex digits each")]
     KeyHashes,
+    #[error("scaling: a target above 0, an up window of 1 s to 1 h and a down window from the up window to 1 h")]
+    Scaling,
 }
 
 impl ServiceSpec {
@@ -276,6 +334,14 @@ impl ServiceSpec {
         if self.min_supplier_score_bps > 10_000 {
             return Err(SpecError::Score);
         }
+        if let Some(scaling) = &self.scaling {
+            let target_ok = !matches!(scaling.target, ScalingTarget::RequestsPerSecondMilli(0) | ScalingTarget::InFlight(0));
+            let windows_ok = (1_000..=limits::SCALING_WINDOW_MS_MAX).contains(&scaling.up_window_ms)
+                && (scaling.up_window_ms..=limits::SCALING_WINDOW_MS_MAX).contains(&scaling.down_window_ms);
+            if !target_ok || !windows_ok {
+                return Err(SpecError::Scaling);
+            }
+        }
         let hash_ok = |h: &String| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit());
         if self.key_hashes.len() > limits::KEY_HASHES_MAX || !self.key_hashes.iter().all(hash_ok) {
             return Err(SpecError::KeyHashes);
@@ -304,6 +370,7 @@ mod tests {
             readiness_path: Some("/".into()),
             regions: Vec::new(),
             min_supplier_score_bps: 0,
+            scaling: Some(ServiceScaling { target: ScalingTarget::InFlight(4), up_window_ms: 2_000, down_window_ms: 10_000 }),
             key_hashes: vec!["ab".repeat(32)],
         }
     }
@@ -328,6 +395,20 @@ mod tests {
             (ServiceSpec { regions: vec![String::new()], ..spec() }, SpecError::Regions),
             (ServiceSpec { min_supplier_score_bps: 10_001, ..spec() }, SpecError::Score),
             (ServiceSpec { key_hashes: vec!["ab".into()], ..spec() }, SpecError::KeyHashes),
+            (
+                ServiceSpec {
+                    scaling: Some(ServiceScaling { target: ScalingTarget::InFlight(0), up_window_ms: 2_000, down_window_ms: 10_000 }),
+                    ..spec()
+                },
+                SpecError::Scaling,
+            ),
+            (
+                ServiceSpec {
+                    scaling: Some(ServiceScaling { target: ScalingTarget::InFlight(1), up_window_ms: 2_000, down_window_ms: 1_000 }),
+                    ..spec()
+                },
+                SpecError::Scaling,
+            ),
             (ServiceSpec { key_hashes: vec!["ab".repeat(32); 17], ..spec() }, SpecError::KeyHashes),
         ];
         for (spec, error) in cases {

@@ -252,6 +252,11 @@ fn sample_client_messages() -> Vec<ClientMessage> {
                 readiness_path: Some("/".into()),
                 regions: vec!["us-east".into()],
                 min_supplier_score_bps: 9_000,
+                scaling: Some(gpux_protocol::ServiceScaling {
+                    target: gpux_protocol::ScalingTarget::RequestsPerSecondMilli(5_000),
+                    up_window_ms: 10_000,
+                    down_window_ms: 60_000,
+                }),
                 key_hashes: Vec::new(),
             }),
         },
@@ -259,6 +264,12 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::Services { id: 58, offset: 50 },
         ClientMessage::ScaleService { id: 59, service: gpux_protocol::ServiceId(2), replicas: 0 },
         ClientMessage::DeleteService { id: 60, service: gpux_protocol::ServiceId(2) },
+        ClientMessage::ServiceLoad {
+            id: 61,
+            service: gpux_protocol::ServiceId(2),
+            router: 7,
+            load: gpux_protocol::ServiceLoad { requests_per_second_milli: 12_500, in_flight: 3, queued: 0 },
+        },
         ClientMessage::OfferLease {
             id: 41,
             lease: LeaseId(7),

@@ -35,13 +35,58 @@ async fn follow_once(shared: &Shared) -> anyhow::Result<()> {
         other => anyhow::bail!("unexpected answer: {other:?}"),
     }
     tracing::info!(service = %config.service, "following the service");
+    let mut tick = tokio::time::interval(LOAD_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut meter = Meter::new(shared);
     loop {
-        if let ServerMessage::ServiceUpdate { service } = connection.next().await? {
-            if service.service == config.service {
-                apply(shared, &service);
+        tokio::select! {
+            message = connection.next() => {
+                match message? {
+                    ServerMessage::ServiceUpdate { service } if service.service == config.service => apply(shared, &service),
+                    ServerMessage::Error { code, message, .. } => tracing::debug!(code = code.message(), %message, "the exchange refused"),
+                    _ => {}
+                }
             }
+            _ = tick.tick() => report(shared, &mut connection, &mut meter).await?,
+            _ = shared.wake.notified() => report(shared, &mut connection, &mut meter).await?,
         }
     }
+}
+
+/// How often a router reports its load of a service with autoscaling.
+pub const LOAD_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Requests counted at the last report, and when.
+struct Meter {
+    at: std::time::Instant,
+    requests: u64,
+}
+
+impl Meter {
+    fn new(shared: &Shared) -> Meter {
+        Meter { at: std::time::Instant::now(), requests: shared.metrics.requests.get() }
+    }
+}
+
+/// The load since the last report (requests per second, in flight,
+/// queued), sent as `service_load` when the service scales on it; its
+/// `ack` is read (and passed over) with the feed.
+async fn report(shared: &Shared, connection: &mut gpux_client::Connection, meter: &mut Meter) -> anyhow::Result<()> {
+    if !shared.table.scales() {
+        return Ok(());
+    }
+    let (now, requests) = (std::time::Instant::now(), shared.metrics.requests.get());
+    let elapsed_ms = now.duration_since(meter.at).as_millis().max(1) as u64;
+    let load = gpux_protocol::ServiceLoad {
+        requests_per_second_milli: requests.saturating_sub(meter.requests).saturating_mul(1_000_000) / elapsed_ms,
+        in_flight: shared.table.in_flight(),
+        queued: shared.queued.load(Ordering::Relaxed) as u32,
+    };
+    *meter = Meter { at: now, requests };
+    let id = connection.new_id();
+    let message = ClientMessage::ServiceLoad { id, service: shared.config.service, router: shared.config.router, load };
+    connection.send(&message).await?;
+    Ok(())
 }
 
 fn apply(shared: &Shared, service: &gpux_protocol::ServiceInfo) {

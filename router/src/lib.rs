@@ -47,11 +47,16 @@ pub struct Config {
     pub queue_wait: Duration,
     /// TLS for the service's address (a certificate and key in PEM), as the gateway's.
     pub tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    /// This router's number in its load reports (distinct per router of a service).
+    pub router: u32,
 }
 
 impl Config {
     pub fn new(exchange: String, key: SigningKey, service: ServiceId, listen: SocketAddr) -> Config {
-        Config { exchange, key, service, listen, queue_max: QUEUE_MAX_DEFAULT, queue_wait: QUEUE_WAIT_DEFAULT, tls: None }
+        // Distinct enough per router without configuration: its process and start time.
+        let router =
+            std::process::id() ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        Config { exchange, key, service, listen, queue_max: QUEUE_MAX_DEFAULT, queue_wait: QUEUE_WAIT_DEFAULT, tls: None, router }
     }
 }
 
@@ -99,6 +104,9 @@ pub struct Shared {
     pub changed: tokio::sync::watch::Sender<u64>,
     /// Requests waiting for a ready replica now.
     pub queued: AtomicUsize,
+    /// Told when a request starts waiting: the load is reported at once
+    /// (a service at zero wakes without waiting for the next report).
+    pub wake: tokio::sync::Notify,
     pub metrics: Metrics,
 }
 
@@ -110,9 +118,11 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stops serving at once (as a killed router would).
-    pub fn stop(mut self) {
+    /// Stops serving at once, as a killed router would: its address and
+    /// every connection closed when this returns.
+    pub async fn stop(mut self) {
         self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
     }
 }
 
@@ -128,6 +138,7 @@ pub async fn start(config: Config) -> Result<Running, RouterError> {
         upstream: proxy::upstream(),
         changed: tokio::sync::watch::channel(0).0,
         queued: AtomicUsize::new(0),
+        wake: tokio::sync::Notify::new(),
     });
     let mut tasks = JoinSet::new();
     tasks.spawn(follow::follow(shared.clone()));
@@ -138,7 +149,10 @@ pub async fn start(config: Config) -> Result<Running, RouterError> {
 
 async fn serve(listener: TcpListener, shared: Arc<Shared>) {
     let acceptor = shared.config.tls.clone().map(tokio_rustls::TlsAcceptor::from);
+    // The connections' tasks: aborted with this one.
+    let mut connections = JoinSet::new();
     loop {
+        while connections.try_join_next().is_some() {}
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(error) => {
@@ -149,7 +163,7 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>) {
         };
         let _ = stream.set_nodelay(true);
         let (shared, acceptor) = (shared.clone(), acceptor.clone());
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let service = hyper::service::service_fn(move |request| proxy::handle(shared.clone(), request, peer));
             let builder = hyper::server::conn::http1::Builder::new();
             let served = match acceptor {

@@ -36,6 +36,10 @@ struct Args {
     /// How long a request waits for a ready replica before 503, ms.
     #[arg(long, default_value_t = gpux_router::QUEUE_WAIT_DEFAULT.as_millis() as u64)]
     queue_wait_ms: u64,
+    /// This router's number in its load reports, distinct per router of a
+    /// service (default: drawn from its process id and start time).
+    #[arg(long)]
+    router_id: Option<u32>,
     /// PEM certificate chain for HTTPS on --listen.
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -69,6 +73,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         gpux_router::Config::new(args.exchange, ed25519_dalek::SigningKey::from_bytes(&key), ServiceId(args.service), args.listen);
     config.queue_max = args.queue_max;
     config.queue_wait = Duration::from_millis(args.queue_wait_ms);
+    if let Some(router) = args.router_id {
+        config.router = router;
+    }
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         config.tls = Some(gpux_protocol::tls::server_config(cert, key)?);
     }
@@ -80,7 +87,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         tokio::spawn(metrics(listener, registry));
     }
     tokio::signal::ctrl_c().await?;
-    running.stop();
+    running.stop().await;
     Ok(())
 }
 

@@ -130,6 +130,7 @@ async fn next_replica(shared: &Shared, tried: &[gpux_engine::LeaseId]) -> Option
         return None;
     }
     let mut changed = shared.changed.subscribe();
+    shared.wake.notify_one();
     let wait = async {
         loop {
             if let Some(found) = shared.table.pick(tried) {

@@ -33,6 +33,8 @@ pub struct Known {
     pub gone: bool,
     /// Whether the feed told anything yet.
     pub heard: bool,
+    /// The service scales on its routers' load.
+    pub scales: bool,
 }
 
 #[derive(Debug, Default)]
@@ -74,6 +76,7 @@ impl Table {
         known.key_hashes = info.spec.key_hashes.iter().filter_map(|h| hex::decode(h).ok()?.try_into().ok()).collect();
         known.readiness_path = info.spec.readiness_path.clone();
         known.gone = matches!(info.state, ServiceState::Deleted | ServiceState::Failed);
+        known.scales = info.spec.scaling.is_some();
         known.heard = true;
     }
 
@@ -110,6 +113,16 @@ impl Table {
     pub fn snapshot(&self) -> (Vec<Arc<Replica>>, Option<String>) {
         let known = self.known.read().unwrap_or_else(|p| p.into_inner());
         (known.replicas.clone(), known.readiness_path.clone())
+    }
+
+    pub fn scales(&self) -> bool {
+        self.known.read().unwrap_or_else(|p| p.into_inner()).scales
+    }
+
+    /// Requests outstanding on the replicas now.
+    pub fn in_flight(&self) -> u32 {
+        let known = self.known.read().unwrap_or_else(|p| p.into_inner());
+        known.replicas.iter().map(|r| r.outstanding.load(Ordering::Relaxed)).sum()
     }
 
     /// Replicas the router may send to now.

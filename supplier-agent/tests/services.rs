@@ -40,6 +40,7 @@ fn spec() -> ServiceSpec {
         readiness_path: Some("/".into()),
         regions: Vec::new(),
         min_supplier_score_bps: 0,
+        scaling: None,
         key_hashes: vec![gpux_router::table::key_hash(SERVICE_KEY)],
     }
 }
@@ -273,7 +274,7 @@ async fn a_service_behind_its_router_outlives_a_replicas_host_and_its_router_and
 
     // The router killed and started again on its address: it serves
     // again as soon as the feed answers.
-    front.stop();
+    front.stop().await;
     let restarted = Instant::now();
     front = router(&exchange, &router_key, id, address).await;
     assert_eq!(get(address, Some(SERVICE_KEY)).await, 200, "the restarted router serves");
@@ -327,5 +328,62 @@ async fn a_service_behind_its_router_outlives_a_replicas_host_and_its_router_and
         panic!("services")
     };
     assert_eq!(services.iter().map(|s| (s.service, s.state)).collect::<Vec<_>>(), [(id, ServiceState::Deleted)]);
-    front.stop();
+    front.stop().await;
+}
+
+/// Autoscaling from the router's measured load: load raised, replicas
+/// added up to the maximum; load gone, removed to zero; a request to the
+/// service at zero waits in the router's queue, wakes it, and is answered
+/// by the first replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_scales_on_its_routers_load_to_its_max_to_zero_and_back() {
+    let Some(socket) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let mut agents = Vec::new();
+    for name in ["scale-a", "scale-b", "scale-c"] {
+        let (config, host) = job_host(&dir.path().join(name), &exchange.url, &socket, name, H100_GPU, &[("spot", 2_100_000)]);
+        agents.push(spawn_agent(&config, &host));
+    }
+    let mut renter = funded_renter(&exchange, &operator, 8, 1_000_000_000).await;
+    await_asks(&mut renter, InstrumentId(0), 3).await;
+    let scaling = ServiceScaling { target: ScalingTarget::RequestsPerSecondMilli(20_000), up_window_ms: 2_000, down_window_ms: 5_000 };
+    let spec = ServiceSpec { replicas: 1, min_replicas: 0, max_replicas: 3, scaling: Some(scaling), ..spec() };
+    let ServerMessage::Service { service, .. } =
+        request(&mut renter, |id| ClientMessage::CreateService { id, service: Box::new(spec) }).await
+    else {
+        panic!("created")
+    };
+    let id = service.service;
+    await_service(&mut renter, Duration::from_secs(60), |s| ready(s).len() == 1).await;
+    let router_key = SigningKey::from_bytes(&[8; 32]);
+    let front = router(&exchange, &router_key, id, "127.0.0.1:0".parse().expect("addr")).await;
+
+    // Load far over 20 requests a second per replica: up to the max (3).
+    let load = Load::start(front.addr, 4);
+    let raised = Instant::now();
+    let info = await_service(&mut renter, Duration::from_secs(60), |s| ready(s).len() == 3).await;
+    eprintln!("load raised: 3 replicas ready after {:?} ({:?})", raised.elapsed(), info.last_scaling);
+    assert_eq!(info.last_scaling.as_ref().map(|d| d.reason.as_str()), Some("load_above"));
+    let (served, failed) = load.stop().await;
+    assert_eq!(failed, 0, "no request failed while replicas were added ({served} served)");
+
+    // No load for the down window: to zero.
+    let info = await_service(&mut renter, Duration::from_secs(60), |s| s.replicas.is_empty()).await;
+    assert_eq!(info.last_scaling.as_ref().map(|d| (d.to, d.reason.as_str())), Some((0, "idle")));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while front.shared.table.routable() > 0 {
+        assert!(Instant::now() < deadline, "the router knows the service is at zero");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A request at zero waits, wakes the service and is answered.
+    let cold = Instant::now();
+    assert_eq!(get(front.addr, Some(SERVICE_KEY)).await, 200, "the first replica answers the queued request");
+    eprintln!("cold start from zero: the queued request answered after {:?}", cold.elapsed());
+    let info = await_service(&mut renter, Duration::from_secs(10), |s| ready(s).len() == 1).await;
+    assert_eq!(info.last_scaling.as_ref().map(|d| (d.from, d.to, d.reason.as_str())), Some((0, 1, "woken")));
+    front.stop().await;
+    let _ = request(&mut renter, |rid| ClientMessage::DeleteService { id: rid, service: id }).await;
 }

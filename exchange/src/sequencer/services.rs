@@ -29,6 +29,20 @@ impl Sequencer {
             },
             ServiceRequest::Scale { service, replicas } => JournalEntry::ScaleService { at_ms, account, service, replicas },
             ServiceRequest::Delete { service } => JournalEntry::DeleteService { at_ms, account, service },
+            ServiceRequest::Load { service, router, load } => {
+                // Checked before journaling: a load the market would refuse
+                // is not worth a journal entry a second.
+                if let Err(code) = self.market.services().accepts_load(service, account) {
+                    return self.reply(connection, error(Some(id), code));
+                }
+                let Some((journal_seq, applied)) = self.journal(JournalEntry::ServiceLoad { at_ms, account, service, router, load }) else {
+                    return;
+                };
+                if let Some(reason) = applied.scaled {
+                    self.metrics.service_scalings.with_label_values(&[reason]).inc();
+                }
+                return self.reply(connection, ServerMessage::Ack { id, journal_seq, order: None });
+            }
         };
         // Refusals the market decides (limits, unknown services, scales out
         // of bounds) are journaled too: the same journal refuses them again
