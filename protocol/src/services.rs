@@ -243,6 +243,12 @@ pub struct ReplicaAssignment {
     pub readiness_path: Option<String>,
 }
 
+/// The hex SHA-256 of a service key: what `key_hashes` holds.
+pub fn key_hash(key: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(key.as_bytes()))
+}
+
 /// Why a spec was refused: the field that breaks its bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {

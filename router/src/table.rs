@@ -135,8 +135,3 @@ impl Table {
 fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
-
-/// The hex SHA-256 of a service key: what a service's spec holds.
-pub fn key_hash(key: &str) -> String {
-    hex::encode(sha2::Sha256::digest(key.as_bytes()))
-}

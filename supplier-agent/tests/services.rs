@@ -41,7 +41,7 @@ fn spec() -> ServiceSpec {
         regions: Vec::new(),
         min_supplier_score_bps: 0,
         scaling: None,
-        key_hashes: vec![gpux_router::table::key_hash(SERVICE_KEY)],
+        key_hashes: vec![gpux_protocol::services::key_hash(SERVICE_KEY)],
     }
 }
 

@@ -31,6 +31,7 @@ mod job;
 mod keys;
 mod money;
 mod run;
+mod service;
 mod session;
 
 use std::path::PathBuf;
@@ -430,6 +431,12 @@ pub enum Command {
         #[command(subcommand)]
         action: JobAction,
     },
+    /// Services: replicas of one workload kept running and scaled behind
+    /// `gpux-router` (docs/services.md).
+    Service {
+        #[command(subcommand)]
+        action: ServiceAction,
+    },
     /// Print a completion script for your shell: `gpux completions bash > /etc/bash_completion.d/gpux`.
     Completions {
         /// The shell to write completions for.
@@ -664,6 +671,93 @@ pub enum StpArg {
 }
 
 #[derive(Subcommand)]
+pub enum ServiceAction {
+    /// Creates a service: it bids for its replicas and keeps them running.
+    /// Prints the service's key once (unless --public).
+    Create(Box<ServiceCreate>),
+    /// A service's state and replicas.
+    Status {
+        /// The service's id (`gpux service list`).
+        service: u64,
+    },
+    /// Your services, newest first.
+    List,
+    /// Sets how many replicas the service keeps.
+    Scale { service: u64, replicas: u32 },
+    /// Deletes a service: its bids cancelled, its replicas' leases ended.
+    Delete { service: u64 },
+    /// A replica's output, from its host.
+    Logs {
+        service: u64,
+        /// The replica's slot (`gpux service status`; default the first with a lease).
+        #[arg(long)]
+        replica: Option<u32>,
+        /// Bytes of the output's tail.
+        #[arg(long, default_value_t = 4096)]
+        bytes: u32,
+    },
+}
+
+#[derive(clap::Args)]
+pub struct ServiceCreate {
+    /// The service's name (letters, digits, `._-`).
+    #[arg(long)]
+    pub name: String,
+    /// The book each replica's lease is bought on (`gpux instruments`), spot or preemptible.
+    #[arg(long)]
+    pub instrument: String,
+    /// GPUs of each replica.
+    #[arg(long, default_value_t = 1)]
+    pub gpus: u32,
+    /// The most a replica pays per GPU-hour.
+    #[arg(long)]
+    pub max_price: String,
+    /// The most the service pays per hour across its replicas (default:
+    /// --max replicas at --max-price).
+    #[arg(long)]
+    pub budget_per_hour: Option<String>,
+    /// Replicas to start with (default --min, at least one).
+    #[arg(long)]
+    pub replicas: Option<u32>,
+    /// Fewest replicas (0: the service may idle at zero).
+    #[arg(long, default_value_t = 1)]
+    pub min: u32,
+    /// Most replicas.
+    #[arg(long, default_value_t = 1)]
+    pub max: u32,
+    /// The container image.
+    #[arg(long)]
+    pub image: String,
+    /// The port that serves requests.
+    #[arg(long)]
+    pub port: u16,
+    /// HTTP path that answers 2xx or 3xx once a replica is ready (default: the port accepts).
+    #[arg(long)]
+    pub readiness: Option<String>,
+    /// Regions a replica's host may be in (repeat; default any).
+    #[arg(long = "region")]
+    pub regions: Vec<String>,
+    /// Autoscale on requests a second per replica (e.g. 20 or 2.5).
+    #[arg(long)]
+    pub scale_rps: Option<String>,
+    /// Autoscale on requests in flight per replica.
+    #[arg(long)]
+    pub scale_in_flight: Option<u32>,
+    /// Seconds the load must want more replicas before they are added.
+    #[arg(long, default_value_t = 30)]
+    pub up_window_s: u64,
+    /// Seconds it must want fewer before they are removed.
+    #[arg(long, default_value_t = 300)]
+    pub down_window_s: u64,
+    /// No key: anyone who reaches a router may call the service.
+    #[arg(long)]
+    pub public: bool,
+    /// The command the container runs (after `--`; default the image's).
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(clap::Subcommand)]
 pub enum JobAction {
     /// What a job file would run on now: the framework found in its code,
     /// the preset image, the memory it needs, every book with its expected

@@ -874,3 +874,81 @@ fn an_operator_invites_a_new_user_with_the_cli() {
     assert!(ok(gpux(&exchange.url, &key("renter"), &["balance"])).contains("available"));
     exchange.stop();
 }
+
+/// `gpux service` from creation to deletion: the key printed once and only
+/// its hash on the exchange; bad input exits 2 and sends nothing; the
+/// exchange's refusals exit 1 with their codes.
+#[test]
+fn a_renter_runs_a_service_with_the_cli() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (renter, operator) = (dir.path().join("renter.key"), dir.path().join("operator.key"));
+    let offline = "ws://127.0.0.1:1";
+    ok(gpux(offline, &renter, &["keys", "create"]));
+    ok(gpux(offline, &operator, &["keys", "create"]));
+    let operator_public: [u8; 32] =
+        hex::decode(ok(gpux(offline, &operator, &["keys", "show"])).trim()).expect("hex").try_into().expect("32 bytes");
+    let exchange = start_exchange(&dir.path().join("data"), operator_public);
+    let url = exchange.url.as_str();
+    let login = ok(gpux(url, &renter, &["login", "--role", "renter"]));
+    let account = login.split_whitespace().nth(4).expect("an account id").to_string();
+    ok(gpux(url, &operator, &["login"]));
+    ok(gpux(url, &operator, &["deposit", &account, "100"]));
+
+    let create = [
+        "service",
+        "create",
+        "--name",
+        "echo",
+        "--instrument",
+        "H100-SXM-80G/SPOT",
+        "--max-price",
+        "2.5",
+        "--min",
+        "0",
+        "--max",
+        "3",
+        "--replicas",
+        "1",
+        "--image",
+        "localhost/gpux-py:1",
+        "--port",
+        "8000",
+        "--readiness",
+        "/",
+        "--scale-rps",
+        "20",
+    ];
+    let with_command = |extra: &[&'static str]| -> Vec<&str> { create.iter().copied().chain(extra.iter().copied()).collect() };
+    // Bad input: nothing sent.
+    let bad_rps = gpux(url, &renter, &with_command(&["--scale-in-flight", "2"]));
+    assert_eq!(bad_rps.status.code(), Some(2), "{}", String::from_utf8_lossy(&bad_rps.stderr));
+    let mut bad_port = with_command(&[]);
+    let port = bad_port.iter().position(|a| *a == "8000").expect("port");
+    bad_port[port] = "0";
+    assert_eq!(gpux(url, &renter, &bad_port).status.code(), Some(2));
+    assert!(ok(gpux(url, &renter, &["service", "list"])).trim().is_empty(), "nothing was created");
+
+    let json: Vec<&str> = std::iter::once("--json").chain(with_command(&["--", "python3", "-m", "http.server", "8000"])).collect();
+    let created = ok(gpux(url, &renter, &json));
+    let answer: serde_json::Value = serde_json::from_str(created.lines().last().expect("a line")).expect("json");
+    let (service, key) = (answer["service"].as_u64().expect("an id"), answer["key"].as_str().expect("a key").to_string());
+    assert_eq!(key.len(), 64);
+    let status = ok(gpux(url, &renter, &["service", "status", &service.to_string()]));
+    assert!(status.contains("running") && status.contains("replica 0: bidding"), "{status}");
+    assert!(status.contains("scales on 20.000 requests/s a replica"), "{status}");
+    assert!(!status.contains(&key), "the key is never shown again");
+    let journal = std::fs::read_dir(dir.path().join("data"))
+        .expect("data dir")
+        .flatten()
+        .any(|entry| std::fs::read(entry.path()).is_ok_and(|bytes| bytes.windows(key.len()).any(|w| w == key.as_bytes())));
+    assert!(!journal, "the key is not in the exchange's files");
+    assert!(ok(gpux(url, &renter, &["service", "list"])).contains("echo"));
+    assert!(ok(gpux(url, &renter, &["service", "scale", &service.to_string(), "2"])).contains("keeps 2 replica(s)"));
+    let over = gpux(url, &renter, &["service", "scale", &service.to_string(), "9"]);
+    assert_eq!(over.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&over.stderr).contains("service_scale_invalid"), "{}", String::from_utf8_lossy(&over.stderr));
+    assert!(ok(gpux(url, &renter, &["service", "delete", &service.to_string()])).contains("deleted"));
+    let unknown = gpux(url, &renter, &["service", "status", "999"]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("unknown_service"));
+}
