@@ -1,5 +1,6 @@
-//! docs/first-hour.md and docs/jobs.md's first hour, run as written: every
-//! `sh first-hour` (`sh jobs-first-hour`) block, in
+//! docs/first-hour.md, docs/jobs.md's and docs/services.md's first hour,
+//! run as written: every `sh first-hour` (`sh jobs-first-hour`, `sh
+//! services-first-hour`) block, in
 //! order, in one bash session, with this build's programs on PATH and free
 //! ports, in a fresh directory (also HOME). The guide starts an exchange and
 //! an agent in the background and stops them itself; after a failing run,
@@ -38,7 +39,7 @@ fn run_guide(doc: &str, tag: &str, blocks_min: usize) -> (String, String) {
     let blocks = blocks(&doc, tag);
     assert!(blocks.len() >= blocks_min, "{tag}: {} blocks", blocks.len());
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_gpux")).parent().expect("the build's directory").to_path_buf();
-    for program in ["gpux-exchange", "gpux-agent", "gpux-audit"] {
+    for program in ["gpux-exchange", "gpux-agent", "gpux-audit", "gpux-router"] {
         assert!(
             bin_dir.join(program).exists(),
             "{program} is not built: run the workspace's tests (scripts/test) or `cargo build --workspace` first"
@@ -46,7 +47,7 @@ fn run_guide(doc: &str, tag: &str, blocks_min: usize) -> (String, String) {
     }
     let dir = tempfile::tempdir().expect("temp dir");
     let script = format!("set -euo pipefail\n{}", blocks.join("\n"));
-    let (listen, metrics, console, web) = (free_port(), free_port(), free_port(), free_port());
+    let (listen, metrics, console, web, router) = (free_port(), free_port(), free_port(), free_port(), free_port());
     let mut child = Command::new("bash")
         .arg("-c")
         .arg(&script)
@@ -58,6 +59,7 @@ fn run_guide(doc: &str, tag: &str, blocks_min: usize) -> (String, String) {
         .env("GPUX_METRICS_LISTEN", format!("127.0.0.1:{metrics}"))
         .env("GPUX_CONSOLE_LISTEN", format!("127.0.0.1:{console}"))
         .env("GPUX_WEB_PORT", web.to_string())
+        .env("GPUX_ROUTER_PORT", router.to_string())
         .env_remove("GPUX_KEY")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -149,6 +151,24 @@ fn the_jobs_guide_runs_as_written() {
         "training",
         "job 0 (cancelled): 0 file(s) into first-job-0",
         "GPUX-1-job0",
+    ] {
+        assert!(out.contains(expected), "{expected:?} missing from what the guide printed:\n{out}\n--- stderr\n{err}");
+    }
+}
+
+#[test]
+fn the_services_guide_runs_as_written() {
+    let (out, err) = run_guide("docs/services.md", "services-first-hour", 4);
+    for expected in [
+        "the service's key: 64 hex digits",
+        "service 1 (hello): running",
+        "replica 0: ready lease 0 127.0.0.1:",
+        "Directory listing",
+        "without the key: 401",
+        "service 1: keeps 0 replica(s) now",
+        "service 1 deleted",
+        "hello                    deleted",
+        "router: the service is gone",
     ] {
         assert!(out.contains(expected), "{expected:?} missing from what the guide printed:\n{out}\n--- stderr\n{err}");
     }
