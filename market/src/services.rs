@@ -321,6 +321,20 @@ impl Services {
         service.slots.iter().find(|(_, s)| s.client_order_id == Some(client_order_id)).map(|(slot, _)| (id, *slot))
     }
 
+    /// What the replica a lease runs was handed (for its host's restart).
+    pub fn replica_of(&self, lease: LeaseId) -> Option<ReplicaAssignment> {
+        let &(id, slot) = self.leases.get(&lease)?;
+        let spec = &self.services.get(&id)?.spec;
+        Some(ReplicaAssignment {
+            service: id,
+            slot,
+            image: spec.image.clone(),
+            command: spec.command.clone(),
+            port: spec.port,
+            readiness_path: spec.readiness_path.clone(),
+        })
+    }
+
     /// Whether a lease runs one of the services' replicas.
     pub fn runs_on(&self, lease: LeaseId) -> bool {
         self.leases.contains_key(&lease)

@@ -1069,6 +1069,11 @@ pub enum ServerMessage {
         workload: Option<Box<crate::delivery::Workload>>,
         state: Option<crate::delivery::DeliveryState>,
         at_ms: Option<u64>,
+        /// The service replica the lease runs, for its host (what
+        /// `replica_assigned` said): a restarted agent delivers it again
+        /// from this. Absent for other leases.
+        #[serde(default)]
+        replica: Option<Box<crate::services::ReplicaAssignment>>,
     },
     /// A re-match: the lease `lease` failed on its host and `replacement`
     /// (null: none could be found at its price) took over its workload.

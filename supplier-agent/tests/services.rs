@@ -387,3 +387,57 @@ async fn a_service_scales_on_its_routers_load_to_its_max_to_zero_and_back() {
     front.stop().await;
     let _ = request(&mut renter, |rid| ClientMessage::DeleteService { id: rid, service: id }).await;
 }
+
+/// kill -9 of a replica's agent and its container removed behind its back:
+/// the agent started again finds nothing running for the lease, asks the
+/// exchange for the lease's delivery, gets the replica (command and
+/// readiness included) and runs it again on the same lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_runs_its_replica_again_from_the_exchange() {
+    let Some(socket) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let (config, host) = job_host(&dir.path().join("restart-a"), &exchange.url, &socket, "restart-a", H100_GPU, &[("spot", 2_100_000)]);
+    let mut agent = Some(spawn_agent(&config, &host));
+    let mut renter = funded_renter(&exchange, &operator, 9, 1_000_000_000).await;
+    await_asks(&mut renter, InstrumentId(0), 1).await;
+    let spec = ServiceSpec { replicas: 1, max_replicas: 1, budget_minor_per_hour: 2_500_000, ..spec() };
+    let ServerMessage::Service { .. } = request(&mut renter, |id| ClientMessage::CreateService { id, service: Box::new(spec) }).await
+    else {
+        panic!("created")
+    };
+    let info = await_service(&mut renter, Duration::from_secs(60), |s| ready(s).len() == 1).await;
+    let (lease, _) = ready(&info)[0].clone();
+
+    drop(agent.take());
+    remove_container(&socket, "restart-a", lease);
+    assert!(!container_exists(&socket, "restart-a", lease));
+    agent.replace(spawn_agent(&config, &host));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !container_exists(&socket, "restart-a", lease) {
+        assert!(Instant::now() < deadline, "the replica runs again on its lease");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let id = renter.new_id();
+    let mut answered = None;
+    while Instant::now() < deadline {
+        let ServerMessage::LeaseDelivery { state, .. } =
+            renter.request(ClientMessage::LeaseDelivery { id, lease }).await.expect("delivery")
+        else {
+            panic!("lease delivery")
+        };
+        if let Some(DeliveryState::Running { endpoints, .. }) = state {
+            if let Some(status) = endpoints.first().and_then(|e| http_status(&format!("{}:{}", e.host, e.port))) {
+                answered = Some(status);
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let status = answered.expect("the replica answers again");
+    assert!(status.contains("200"), "the service's command runs (the image's own would not serve HTTP): {status}");
+    let info = request(&mut renter, |id| ClientMessage::ServiceStatus { id, service: info.service }).await;
+    let ServerMessage::Service { service, .. } = info else { panic!("status") };
+    assert_eq!(service.replaced, 0, "the same lease runs it: {:?}", service.leases);
+}

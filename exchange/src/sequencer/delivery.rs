@@ -161,7 +161,10 @@ impl Sequencer {
             Some((state, at_ms)) => (Some(state), Some(at_ms)),
             None => (None, None),
         };
-        ServerMessage::LeaseDelivery { id, lease, workload: delivery.and_then(|d| d.workload.clone()), state, at_ms }
+        let replica =
+            self.market.services().replica_of(lease).filter(|_| self.market.engine().lease(lease).is_some_and(|l| l.supplier == account));
+        let (workload, replica) = (delivery.and_then(|d| d.workload.clone()), replica.map(Box::new));
+        ServerMessage::LeaseDelivery { id, lease, workload, state, at_ms, replica }
     }
 
     /// A renter asks its workload's host for its logs or to run a command:

@@ -431,10 +431,15 @@ impl Deliveries {
                 ToExchange::Relay(_) => {}
                 ToExchange::Workload(lease) => {
                     let lease = *lease;
-                    if let ServerMessage::LeaseDelivery { workload: Some(workload), .. } =
-                        connection.request(ClientMessage::LeaseDelivery { id, lease }).await?
-                    {
-                        self.deliver(host, lease, Some(workload), clock_offset_ms);
+                    match connection.request(ClientMessage::LeaseDelivery { id, lease }).await? {
+                        // A service's replica: its command and readiness too.
+                        ServerMessage::LeaseDelivery { replica: Some(replica), .. } => {
+                            self.replica_assigned(host, lease, *replica, clock_offset_ms)
+                        }
+                        ServerMessage::LeaseDelivery { workload: Some(workload), .. } => {
+                            self.deliver(host, lease, Some(workload), clock_offset_ms)
+                        }
+                        _ => {}
                     }
                 }
             }
