@@ -431,6 +431,18 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
         row("unknown_service", Who::Renter, one(ClientMessage::ServiceStatus { id: 331, service: ServiceId(999_999) })),
         row("unknown_service", Who::Supplier, one(ClientMessage::DeleteService { id: 332, service: ServiceId(1) })),
         row(
+            "service_not_running",
+            Who::Renter,
+            Send::Messages(vec![
+                ClientMessage::DeleteService { id: 334, service: ServiceId(2) },
+                ClientMessage::UpdateService {
+                    id: 335,
+                    service: ServiceId(2),
+                    run: ServiceRun { image: "localhost/gpux-py:2".into(), command: Vec::new(), port: 8000, readiness_path: None },
+                },
+            ]),
+        ),
+        row(
             "service_not_scaling",
             Who::Renter,
             one(ClientMessage::ServiceLoad { id: 333, service: ServiceId(1), router: 0, load: ServiceLoad::default() }),

@@ -380,6 +380,7 @@ pub enum ServiceRequest {
     Scale { service: gpux_protocol::ServiceId, replicas: u32 },
     Delete { service: gpux_protocol::ServiceId },
     Load { service: gpux_protocol::ServiceId, router: u32, load: gpux_protocol::ServiceLoad },
+    Update { service: gpux_protocol::ServiceId, run: gpux_protocol::ServiceRun },
 }
 
 /// Sub-accounts and keys (docs/protocol.md "Sub-accounts", "Keys and scopes").

@@ -1092,6 +1092,7 @@ pub(crate) fn request_of(caller: &Caller, message: ClientMessage, verified: Opti
         ClientMessage::ServiceLoad { service, router, load, .. } => {
             Body::Service { request: ServiceRequest::Load { service, router, load } }
         }
+        ClientMessage::UpdateService { service, run, .. } => Body::Service { request: ServiceRequest::Update { service, run } },
         ClientMessage::OfferLease { lease, price_minor_per_gpu_hour, client_order_id, time_in_force, .. } => {
             command(Command::OfferLease { account, lease, client_order_id, price_minor_per_gpu_hour, time_in_force })
         }

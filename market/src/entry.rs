@@ -256,6 +256,13 @@ pub enum JournalEntry {
         account: AccountId,
         service: gpux_protocol::ServiceId,
     },
+    /// The renter's rolling update of its service's run. Appended.
+    UpdateService {
+        at_ms: u64,
+        account: AccountId,
+        service: gpux_protocol::ServiceId,
+        run: gpux_protocol::ServiceRun,
+    },
     /// A router's load of a service (`service_load`): summed over the
     /// service's routers and run through its autoscaling. Appended.
     ServiceLoad {
@@ -309,6 +316,7 @@ impl JournalEntry {
             | JournalEntry::ScaleService { at_ms, .. }
             | JournalEntry::DeleteService { at_ms, .. }
             | JournalEntry::ServiceLoad { at_ms, .. }
+            | JournalEntry::UpdateService { at_ms, .. }
             | JournalEntry::CancelJob { at_ms, .. }
             | JournalEntry::JobLeaseSilent { at_ms, .. }
             | JournalEntry::ResizeJob { at_ms, .. }

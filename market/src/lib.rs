@@ -314,6 +314,13 @@ impl MarketState {
                 });
                 applied.service = Some(observed);
             }
+            JournalEntry::UpdateService { at_ms, account, service, run } => {
+                let updated = self.services.update(*service, *account, run.clone(), *at_ms).map(|outcome| {
+                    self.service_outcome(outcome, &mut applied, &mut owed);
+                    *service
+                });
+                applied.service = Some(updated);
+            }
             JournalEntry::DeleteService { at_ms, account, service } => {
                 let deleted = self.services.delete(*service, *account, *at_ms).map(|outcome| {
                     self.service_outcome(outcome, &mut applied, &mut owed);

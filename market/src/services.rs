@@ -21,8 +21,8 @@ use gpux_engine::{
 };
 pub use gpux_protocol::services::limits;
 use gpux_protocol::services::{
-    ReplicaAssignment, ReplicaInfo, ReplicaState, ScalingDecision, ScalingTarget, ServiceId, ServiceInfo, ServiceLoad, ServiceSpec,
-    ServiceState,
+    ReplicaAssignment, ReplicaInfo, ReplicaState, RolloutState, ScalingDecision, ScalingTarget, ServiceId, ServiceInfo, ServiceLoad,
+    ServiceRun, ServiceSpec, ServiceState,
 };
 
 use crate::scaling::{Load, Policy, Scaler, Target};
@@ -54,6 +54,18 @@ struct Service {
     scaler: Scaler,
     routers: BTreeMap<u32, (u64, ServiceLoad)>,
     last_scaling: Option<ScalingDecision>,
+    /// The run's generation: 0 as created, one more with each update.
+    generation: u32,
+    /// A rolling update: the run it replaces (to roll back to), and the
+    /// slot of the one new replica it brings up at a time.
+    rollout: Option<Rollout>,
+    last_rollout: Option<RolloutState>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Rollout {
+    previous: ServiceRun,
+    surge: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +82,8 @@ struct Slot {
     /// a refusal never loops.
     stalled: Option<String>,
     since_ms: u64,
+    /// The generation of the run its bid or lease is for.
+    generation: u32,
 }
 
 impl Slot {
@@ -82,7 +96,17 @@ impl Slot {
             endpoint: None,
             stalled: None,
             since_ms: at_ms,
+            generation: 0,
         }
+    }
+}
+
+/// How far a replica is from serving: what goes first when replicas go.
+fn rank(state: ReplicaState) -> u8 {
+    match state {
+        ReplicaState::Bidding => 0,
+        ReplicaState::Starting => 1,
+        ReplicaState::Ready => 2,
     }
 }
 
@@ -164,6 +188,9 @@ impl Services {
             scaler: Scaler::default(),
             routers: BTreeMap::new(),
             last_scaling: None,
+            generation: 0,
+            rollout: None,
+            last_rollout: None,
         };
         self.services.insert(id, service);
         self.live.insert((account, id));
@@ -217,6 +244,10 @@ impl Services {
             up_window_ms: scaling.up_window_ms,
             down_window_ms: scaling.down_window_ms,
         };
+        if service.rollout.is_some() {
+            // The replicas' count holds while an update rolls.
+            return Ok(Outcome::default());
+        }
         let running = service.slots.len() as u32;
         let affordable = service.spec.affordable();
         let Some(decision) = service.scaler.observe(&policy, total, running, affordable) else { return Ok(Outcome::default()) };
@@ -235,6 +266,7 @@ impl Services {
         let service = self.services.get(&id).filter(|s| s.account == account).ok_or(ErrorCode::UnknownService)?;
         let spec = &service.spec;
         if service.state != ServiceState::Running
+            || service.rollout.is_some()
             || replicas < spec.min_replicas
             || replicas > spec.max_replicas
             || replicas > spec.affordable()
@@ -249,18 +281,8 @@ impl Services {
         let mut outcome = Outcome::default();
         let now = service.slots.len() as u32;
         if replicas < now {
-            let mut order: Vec<(u8, std::cmp::Reverse<u32>)> = service
-                .slots
-                .iter()
-                .map(|(&slot, s)| {
-                    let rank = match s.state {
-                        ReplicaState::Bidding => 0,
-                        ReplicaState::Starting => 1,
-                        ReplicaState::Ready => 2,
-                    };
-                    (rank, std::cmp::Reverse(slot))
-                })
-                .collect();
+            let mut order: Vec<(u8, std::cmp::Reverse<u32>)> =
+                service.slots.iter().map(|(&slot, s)| (rank(s.state), std::cmp::Reverse(slot))).collect();
             order.sort();
             for (_, std::cmp::Reverse(slot)) in order.into_iter().take((now - replicas) as usize) {
                 self.let_go(id, slot, &mut outcome);
@@ -284,6 +306,135 @@ impl Services {
         }
         self.touch(id, at_ms, &mut outcome);
         outcome
+    }
+
+    /// A new run (image, command, port, readiness) rolled out one replica
+    /// at a time: a replica of the new run is bid for beside the others,
+    /// and once it is ready one of the old run's goes (the one furthest
+    /// from serving), until none is left; replicas still bidding take the
+    /// new run at once. Should [`limits::REPLICA_FAILURES_MAX`] new
+    /// replicas in a row fail before one is ready, the update rolls back:
+    /// the old run is the service's again.
+    pub fn update(&mut self, id: ServiceId, account: AccountId, run: ServiceRun, at_ms: u64) -> Result<Outcome, ErrorCode> {
+        let service = self.services.get(&id).filter(|s| s.account == account).ok_or(ErrorCode::UnknownService)?;
+        if service.state != ServiceState::Running || service.rollout.is_some() {
+            return Err(ErrorCode::ServiceNotRunning);
+        }
+        let mut spec = service.spec.clone();
+        let previous = spec.run();
+        spec.set_run(run);
+        spec.check().map_err(|_| ErrorCode::ServiceInvalid)?;
+        let service = self.services.get_mut(&id).expect("present");
+        service.spec = spec;
+        service.generation += 1;
+        service.failures_in_row = 0;
+        service.rollout = Some(Rollout { previous, surge: None });
+        service.last_rollout = Some(RolloutState::Rolling);
+        let mut outcome = Outcome::default();
+        // Bids not yet filled are for the new run from now.
+        let waiting: Vec<u32> = service.slots.iter().filter(|(_, s)| s.state == ReplicaState::Bidding).map(|(k, _)| *k).collect();
+        let (account, generation) = (service.account, service.generation);
+        for slot in waiting {
+            let s = self.slot_mut(id, slot);
+            match s.order.take() {
+                Some(order) => {
+                    self.orders.remove(&order);
+                    outcome.cancel_orders.push((account, order));
+                    self.bid(id, slot, at_ms, &mut outcome);
+                }
+                // Stalled: its next bid (the renter's scale) is for the new run.
+                None => s.generation = generation,
+            }
+        }
+        self.roll(id, at_ms, &mut outcome);
+        self.touch(id, at_ms, &mut outcome);
+        Ok(outcome)
+    }
+
+    /// The rollout's next step: when no new replica is on its way and old
+    /// ones remain, a new replica is bid for; with no old one left, it is done.
+    fn roll(&mut self, id: ServiceId, at_ms: u64, outcome: &mut Outcome) {
+        let service = self.services.get_mut(&id).expect("present");
+        let generation = service.generation;
+        let Some(rollout) = service.rollout.as_mut() else { return };
+        let old = service.slots.values().filter(|s| s.generation < generation).count();
+        if old == 0 {
+            if let Some(surge) = rollout.surge.take() {
+                // Nothing left to replace (old ones were lost meanwhile): the
+                // surge replica is one too many.
+                if service.slots.len() > 1 {
+                    self.let_go(id, surge, outcome);
+                }
+            }
+            let service = self.services.get_mut(&id).expect("present");
+            service.rollout = None;
+            service.last_rollout = Some(RolloutState::Done);
+            return;
+        }
+        if rollout.surge.is_some() {
+            return;
+        }
+        let slot = (0..).find(|s| !service.slots.contains_key(s)).expect("unbounded");
+        rollout.surge = Some(slot);
+        service.slots.insert(slot, Slot::bidding(at_ms));
+        self.bid(id, slot, at_ms, outcome);
+    }
+
+    /// A replica became ready: during a rollout, when it is the new run's
+    /// surge replica, one old replica goes and the rollout goes on.
+    fn ready_during_rollout(&mut self, id: ServiceId, slot: u32, at_ms: u64, outcome: &mut Outcome) {
+        let service = self.services.get_mut(&id).expect("present");
+        let generation = service.generation;
+        let Some(rollout) = service.rollout.as_mut() else { return };
+        if rollout.surge != Some(slot) {
+            return;
+        }
+        rollout.surge = None;
+        let old = service
+            .slots
+            .iter()
+            .filter(|(_, s)| s.generation < generation)
+            .map(|(&k, s)| (rank(s.state), std::cmp::Reverse(k)))
+            .min()
+            .map(|(_, std::cmp::Reverse(k))| k);
+        if let Some(old) = old {
+            self.let_go(id, old, outcome);
+        }
+        self.roll(id, at_ms, outcome);
+    }
+
+    /// New replicas failed `REPLICA_FAILURES_MAX` times in a row during a
+    /// rollout: the old run is the service's again (its replicas keep
+    /// running; the new run's go).
+    fn roll_back(&mut self, id: ServiceId, at_ms: u64, outcome: &mut Outcome) {
+        let service = self.services.get_mut(&id).expect("present");
+        let Some(rollout) = service.rollout.take() else { return };
+        let generation = service.generation;
+        service.spec.set_run(rollout.previous);
+        service.generation += 1;
+        service.failures_in_row = 0;
+        service.last_rollout = Some(RolloutState::RolledBack);
+        // The old run's replicas are the current run's again; the new
+        // run's go, and the slots they leave bid for the old run.
+        let new_generation = service.generation;
+        let mut renew = Vec::new();
+        for (slot, s) in service.slots.iter_mut() {
+            if s.generation < generation {
+                s.generation = new_generation;
+            } else {
+                renew.push(*slot);
+            }
+        }
+        let keep = service.slots.len().saturating_sub(usize::from(rollout.surge.is_some()));
+        for slot in renew {
+            let replicas = self.services[&id].slots.len();
+            self.let_go(id, slot, outcome);
+            if replicas > keep {
+                continue;
+            }
+            self.services.get_mut(&id).expect("present").slots.insert(slot, Slot::bidding(at_ms));
+            self.bid(id, slot, at_ms, outcome);
+        }
     }
 
     /// Deletes a service: bids cancelled, leases ended by the renter.
@@ -383,7 +534,7 @@ impl Services {
                         readiness_path: spec.readiness_path.clone(),
                     };
                     let s = self.slot_mut(id, slot);
-                    *s = Slot { state: ReplicaState::Starting, lease: Some(lease), ..Slot::bidding(at_ms) };
+                    *s = Slot { state: ReplicaState::Starting, lease: Some(lease), generation: s.generation, ..Slot::bidding(at_ms) };
                     outcome.assigned.push((lease, supplier, replica));
                     self.touch(id, at_ms, &mut outcome);
                 }
@@ -442,6 +593,7 @@ impl Services {
                     s.state = ReplicaState::Ready;
                     s.endpoint = endpoint;
                     s.since_ms = at_ms;
+                    self.ready_during_rollout(id, slot, at_ms, &mut outcome);
                     self.touch(id, at_ms, &mut outcome);
                 }
             }
@@ -452,7 +604,16 @@ impl Services {
                 self.leases.remove(&lease);
                 self.heard.remove(&lease);
                 outcome.end_leases.push((account, lease));
-                if self.services[&id].failures_in_row >= limits::REPLICA_FAILURES_MAX {
+                let failed = self.services[&id].failures_in_row >= limits::REPLICA_FAILURES_MAX;
+                if failed && self.services[&id].rollout.is_some() {
+                    // The new run does not start: back to the old one (the
+                    // slot bids again there).
+                    let service = self.services.get_mut(&id).expect("present");
+                    service.replaced += 1;
+                    let generation = service.generation;
+                    *self.slot_mut(id, slot) = Slot { generation, ..Slot::bidding(at_ms) };
+                    self.roll_back(id, at_ms, &mut outcome);
+                } else if failed {
                     self.stop(id, ServiceState::Failed, at_ms, &mut outcome);
                 } else {
                     self.services.get_mut(&id).expect("present").replaced += 1;
@@ -519,6 +680,7 @@ impl Services {
                     endpoint: s.endpoint.clone(),
                     stalled: s.stalled.clone(),
                     since_ms: s.since_ms,
+                    generation: s.generation,
                 })
                 .collect(),
             bids: service.bids,
@@ -527,6 +689,8 @@ impl Services {
             created_at_ms: service.created_at_ms,
             updated_at_ms: service.updated_at_ms,
             last_scaling: service.last_scaling.clone(),
+            generation: service.generation,
+            rollout: service.last_rollout,
         })
     }
 
@@ -580,7 +744,9 @@ impl Services {
         for slot in slots {
             self.let_go(id, slot, outcome);
         }
-        self.services.get_mut(&id).expect("present").state = state;
+        let service = self.services.get_mut(&id).expect("present");
+        service.state = state;
+        service.rollout = None;
         self.touch(id, at_ms, outcome);
     }
 
@@ -607,7 +773,8 @@ impl Services {
         };
         let options = OrderOptions { all_or_none: true, min_supplier_score_bps: spec.min_supplier_score_bps, ..OrderOptions::default() };
         outcome.bids.push(Command::Place { order, options, regions: spec.regions.clone(), cluster: None });
+        let generation = service.generation;
         let s = service.slots.get_mut(&slot).expect("present");
-        *s = Slot { client_order_id: Some(client_order_id), ..Slot::bidding(at_ms) };
+        *s = Slot { client_order_id: Some(client_order_id), generation, ..Slot::bidding(at_ms) };
     }
 }

@@ -328,3 +328,70 @@ fn routers_loads_are_summed_and_scale_a_service_up_down_to_zero_and_wake_it() {
     assert_eq!(refused, Some(Err(ErrorCode::ServiceNotScaling)));
     replay(&j);
 }
+
+fn update(j: &mut Journal, service: ServiceId, image: &str) -> Result<ServiceId, ErrorCode> {
+    j.now_ms += 1;
+    let run = gpux_protocol::ServiceRun { image: image.into(), ..spec(0).run() };
+    j.record(JournalEntry::UpdateService { at_ms: j.now_ms, account: RENTER, service, run }).service.expect("a service entry")
+}
+
+fn ready_count(j: &Journal, service: ServiceId) -> usize {
+    j.info(service).replicas.iter().filter(|r| r.state == ReplicaState::Ready).count()
+}
+
+#[test]
+fn a_rolling_update_brings_each_new_replica_up_before_an_old_one_goes_and_rolls_back_when_it_cannot_start() {
+    use gpux_protocol::RolloutState;
+    let mut j = market(6, 1_000_000_000);
+    let service = create(&mut j, spec(2)).expect("created");
+    let first: Vec<LeaseId> = j.assigned.iter().map(|(l, _)| *l).collect();
+    for lease in &first {
+        j.running(*lease, 30_000 + lease.0 as u16);
+    }
+    assert_eq!(ready_count(&j, service), 2);
+
+    // Update: one new replica bid beside the two old ones.
+    assert_eq!(update(&mut j, service, "localhost/gpux-test:v2"), Ok(service));
+    let info = j.info(service);
+    assert_eq!((info.generation, info.rollout), (1, Some(RolloutState::Rolling)));
+    assert_eq!(info.replicas.len(), 3, "a surge replica beside the old ones");
+    assert_eq!(ready_count(&j, service), 2, "the old ones serve on");
+    assert_eq!(scale(&mut j, service, 3), Err(ErrorCode::ServiceScaleInvalid), "no scale while it rolls");
+    assert_eq!(update(&mut j, service, "localhost/gpux-test:v3"), Err(ErrorCode::ServiceNotRunning), "one update at a time");
+    for step in 0..2 {
+        let (new, _) = *j.assigned.last().expect("the new replica");
+        assert!(!first.contains(&new));
+        j.running(new, 31_000 + step);
+        assert!(ready_count(&j, service) >= 2, "never fewer ready than before, step {step}");
+    }
+    let info = j.info(service);
+    assert_eq!(info.rollout, Some(RolloutState::Done));
+    assert_eq!(info.replicas.len(), 2);
+    assert!(info.replicas.iter().all(|r| r.generation == 1 && r.state == ReplicaState::Ready), "{:?}", info.replicas);
+    assert!(first.iter().all(|lease| !active(&j, *lease)), "the old replicas' leases ended");
+    assert_eq!(info.spec.image, "localhost/gpux-test:v2");
+
+    // An update whose replicas cannot start: after 5 failures in a row,
+    // back to the old run; the old replicas never stopped serving.
+    let serving: Vec<LeaseId> = info.replicas.iter().filter_map(|r| r.lease).collect();
+    assert_eq!(update(&mut j, service, "localhost/gpux-test:broken"), Ok(service));
+    for _ in 0..gpux_protocol::services::limits::REPLICA_FAILURES_MAX {
+        if j.info(service).rollout != Some(RolloutState::Rolling) {
+            break;
+        }
+        let host = j.assigned.len() + 10;
+        ask(&mut j, host);
+        let (lease, _) = *j.assigned.last().expect("a new replica");
+        assert!(!serving.contains(&lease));
+        j.status(lease, DeliveryState::Failed { code: FailureCode::PullFailed, fault: Fault::Renter, reason: "no such image".into() });
+        assert!(serving.iter().all(|lease| active(&j, *lease)), "the old replicas serve on");
+    }
+    let info = j.info(service);
+    assert_eq!(info.rollout, Some(RolloutState::RolledBack));
+    assert_eq!(info.state, ServiceState::Running);
+    assert_eq!(info.spec.image, "localhost/gpux-test:v2", "the old run is back");
+    assert_eq!(info.replicas.len(), 2);
+    assert_eq!(ready_count(&j, service), 2);
+    assert!(j.market.engine().open_orders(RENTER).is_empty(), "no bid left behind: {:?}", j.market.engine().open_orders(RENTER));
+    replay(&j);
+}

@@ -767,6 +767,14 @@ pub enum ClientMessage {
         id: u64,
         service: crate::services::ServiceId,
     },
+    /// A rolling update: the service's replicas run `run` from now, brought
+    /// up one at a time beside the old ones, each old one let go once a
+    /// new one is ready (docs/services.md "Updates"). Answered by `service`.
+    UpdateService {
+        id: u64,
+        service: crate::services::ServiceId,
+        run: crate::services::ServiceRun,
+    },
     /// A router's load of a service over the last second (about once a
     /// second, and at once when a request waits for a first replica):
     /// journaled, summed over the service's routers, and run through the
@@ -861,6 +869,7 @@ impl ClientMessage {
             | ScaleService { id, .. }
             | DeleteService { id, .. }
             | ServiceLoad { id, .. }
+            | UpdateService { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -1620,6 +1629,9 @@ pub enum ErrorCode {
     ServiceScaleInvalid,
     /// `service_load` for a service without autoscaling or not running.
     ServiceNotScaling,
+    /// `update_service` for a service that is not running or is already
+    /// rolling an update out.
+    ServiceNotRunning,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -1732,6 +1744,7 @@ impl ErrorCode {
             TooManyServices => "the account holds 16 services not deleted, or the exchange its most",
             ServiceScaleInvalid => "the service is not running, or the count is outside its min and max or what its budget pays for",
             ServiceNotScaling => "the service has no autoscaling, or is not running",
+            ServiceNotRunning => "the service is not running, or an update is still rolling out",
         }
     }
 }

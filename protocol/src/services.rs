@@ -147,6 +147,29 @@ pub struct ScalingDecision {
     pub at_ms: u64,
 }
 
+/// What a service's replicas run: what `update_service` changes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceRun {
+    pub image: String,
+    #[serde(default)]
+    pub command: Vec<String>,
+    pub port: u16,
+    #[serde(default)]
+    pub readiness_path: Option<String>,
+}
+
+/// A rolling update's state (`update_service`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RolloutState {
+    /// The new run's replicas come up one at a time, each replacing an old one once ready.
+    Rolling,
+    /// Every replica runs the new run.
+    Done,
+    /// 5 new replicas in a row failed before one was ready: the old run is back.
+    RolledBack,
+}
+
 /// Where a service stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -204,6 +227,10 @@ pub struct ReplicaInfo {
     pub stalled: Option<String>,
     /// When it entered its state.
     pub since_ms: u64,
+    /// The generation of the run it runs (the service's `generation` but
+    /// during a rolling update).
+    #[serde(default)]
+    pub generation: u32,
 }
 
 /// What the exchange says about a service.
@@ -226,6 +253,13 @@ pub struct ServiceInfo {
     /// The autoscaler's latest change, if it made one.
     #[serde(default)]
     pub last_scaling: Option<ScalingDecision>,
+    /// The run's generation: 0 as created, one more with each update (and
+    /// each roll back).
+    #[serde(default)]
+    pub generation: u32,
+    /// The latest rolling update's state, if there was one.
+    #[serde(default)]
+    pub rollout: Option<RolloutState>,
 }
 
 /// Leases of one service `ServiceInfo` lists (its newest).
@@ -281,6 +315,21 @@ pub enum SpecError {
 }
 
 impl ServiceSpec {
+    /// What its replicas run.
+    pub fn run(&self) -> ServiceRun {
+        ServiceRun {
+            image: self.image.clone(),
+            command: self.command.clone(),
+            port: self.port,
+            readiness_path: self.readiness_path.clone(),
+        }
+    }
+
+    pub fn set_run(&mut self, run: ServiceRun) {
+        let ServiceRun { image, command, port, readiness_path } = run;
+        (self.image, self.command, self.port, self.readiness_path) = (image, command, port, readiness_path);
+    }
+
     /// What one replica costs per hour at the limit.
     pub fn replica_minor_per_hour(&self) -> u64 {
         self.limit_minor_per_gpu_hour.saturating_mul(u64::from(self.gpus))

@@ -264,6 +264,16 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::Services { id: 58, offset: 50 },
         ClientMessage::ScaleService { id: 59, service: gpux_protocol::ServiceId(2), replicas: 0 },
         ClientMessage::DeleteService { id: 60, service: gpux_protocol::ServiceId(2) },
+        ClientMessage::UpdateService {
+            id: 62,
+            service: gpux_protocol::ServiceId(2),
+            run: gpux_protocol::ServiceRun {
+                image: "localhost/gpux-test:v2".into(),
+                command: vec!["python3".into(), "serve.py".into()],
+                port: 8000,
+                readiness_path: Some("/health".into()),
+            },
+        },
         ClientMessage::ServiceLoad {
             id: 61,
             service: gpux_protocol::ServiceId(2),

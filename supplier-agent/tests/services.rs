@@ -441,3 +441,62 @@ async fn a_restarted_agent_runs_its_replica_again_from_the_exchange() {
     let ServerMessage::Service { service, .. } = info else { panic!("status") };
     assert_eq!(service.replaced, 0, "the same lease runs it: {:?}", service.leases);
 }
+
+/// A rolling update under load: a new command brought up one replica at a
+/// time on the third host and on the hosts the old replicas leave; no
+/// request fails; every replica ends on the new run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_update_under_load_fails_no_request() {
+    let Some(socket) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let mut agents = Vec::new();
+    for name in ["roll-a", "roll-b", "roll-c"] {
+        let (config, host) = job_host(&dir.path().join(name), &exchange.url, &socket, name, H100_GPU, &[("spot", 2_100_000)]);
+        agents.push(spawn_agent(&config, &host));
+    }
+    let mut renter = funded_renter(&exchange, &operator, 10, 1_000_000_000).await;
+    await_asks(&mut renter, InstrumentId(0), 3).await;
+    let ServerMessage::Service { service, .. } =
+        request(&mut renter, |id| ClientMessage::CreateService { id, service: Box::new(spec()) }).await
+    else {
+        panic!("created")
+    };
+    let id = service.service;
+    await_service(&mut renter, Duration::from_secs(60), |s| ready(s).len() == 2).await;
+    let front = router(&exchange, &SigningKey::from_bytes(&[10; 32]), id, "127.0.0.1:0".parse().expect("addr")).await;
+    assert_eq!(get(front.addr, Some(SERVICE_KEY)).await, 200);
+
+    let load = Load::start(front.addr, 4);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let run = ServiceRun {
+        command: vec!["python3".into(), "-m".into(), "http.server".into(), "8000".into(), "--bind".into(), "0.0.0.0".into()],
+        ..spec().run()
+    };
+    let ServerMessage::Service { service, .. } =
+        request(&mut renter, |rid| ClientMessage::UpdateService { id: rid, service: id, run }).await
+    else {
+        panic!("updated")
+    };
+    assert_eq!(service.rollout, Some(RolloutState::Rolling));
+    let started = Instant::now();
+    let info = await_service(&mut renter, Duration::from_secs(90), |s| {
+        s.rollout == Some(RolloutState::Done) && ready(s).len() == 2 && s.replicas.iter().all(|r| r.generation == 1)
+    })
+    .await;
+    eprintln!("rolled out to {} replicas in {:?}", info.replicas.len(), started.elapsed());
+    // The router follows: both new replicas routable.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while front.shared.table.routable() < 2 {
+        assert!(Instant::now() < deadline, "the router routes to the new replicas");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (served, failed) = load.stop().await;
+    eprintln!("during the rolling update: {served} requests served, {failed} failed");
+    assert_eq!(failed, 0, "no request failed during the rolling update");
+    assert!(served > 0);
+    front.stop().await;
+    let _ = request(&mut renter, |rid| ClientMessage::DeleteService { id: rid, service: id }).await;
+}

@@ -95,6 +95,7 @@ fn service_at(replica: SocketAddr) -> ServiceInfo {
             endpoint: Some(replica.to_string()),
             stalled: None,
             since_ms: 0,
+            generation: 0,
         }],
         bids: 1,
         replaced: 0,
@@ -102,6 +103,8 @@ fn service_at(replica: SocketAddr) -> ServiceInfo {
         created_at_ms: 0,
         updated_at_ms: 0,
         last_scaling: None,
+        generation: 0,
+        rollout: None,
     }
 }
 

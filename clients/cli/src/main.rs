@@ -684,6 +684,23 @@ pub enum ServiceAction {
     List,
     /// Sets how many replicas the service keeps.
     Scale { service: u64, replicas: u32 },
+    /// Rolls out a new run, one replica at a time: each new replica is up
+    /// before an old one goes; back to the old run if the new one cannot start.
+    Update {
+        service: u64,
+        /// The new image (default the current one).
+        #[arg(long)]
+        image: Option<String>,
+        /// The new serving port.
+        #[arg(long)]
+        port: Option<u16>,
+        /// The new readiness path.
+        #[arg(long)]
+        readiness: Option<String>,
+        /// The new command (after `--`; default the current one).
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
     /// Deletes a service: its bids cancelled, its replicas' leases ended.
     Delete { service: u64 },
     /// A replica's output, from its host.

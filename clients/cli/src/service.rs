@@ -42,6 +42,40 @@ pub async fn service_action(s: &mut Session, url: &str, action: ServiceAction, j
             }
             Ok(())
         }
+        ServiceAction::Update { service, image, port, readiness, command } => {
+            let id = s.connection.new_id();
+            let ServerMessage::Service { service: info, .. } =
+                s.ask(ClientMessage::ServiceStatus { id, service: ServiceId(service) }, json).await?
+            else {
+                return Err(Failure::Unreachable("expected the service".into()));
+            };
+            let mut run = info.spec.run();
+            if let Some(image) = image {
+                run.image = image;
+            }
+            if let Some(port) = port {
+                run.port = port;
+            }
+            if let Some(readiness) = readiness {
+                run.readiness_path = Some(readiness);
+            }
+            if !command.is_empty() {
+                run.command = command;
+            }
+            let id = s.connection.new_id();
+            if let (false, ServerMessage::Service { service, .. }) =
+                (json, s.ask(ClientMessage::UpdateService { id, service: ServiceId(service), run }, json).await?)
+            {
+                match service.rollout {
+                    Some(gpux_protocol::RolloutState::Rolling) => {
+                        out!("service {}: rolling out run {} one replica at a time", service.service, service.generation)
+                    }
+                    _ => out!("service {}: run {} in place (no replica ran the old one)", service.service, service.generation),
+                }
+                print_service(&service);
+            }
+            Ok(())
+        }
         ServiceAction::Logs { service, replica, bytes } => logs(s, ServiceId(service), replica, bytes, json).await,
     }
 }
@@ -172,6 +206,14 @@ fn print_service(service: &ServiceInfo) {
             scaling.down_window_ms / 1_000
         );
     }
+    if let Some(rollout) = service.rollout {
+        let state = match rollout {
+            gpux_protocol::RolloutState::Rolling => "rolling out",
+            gpux_protocol::RolloutState::Done => "rolled out",
+            gpux_protocol::RolloutState::RolledBack => "rolled back (its new replicas failed to start)",
+        };
+        out!("  run {}: {state}", service.generation);
+    }
     if let Some(decision) = &service.last_scaling {
         out!("  last scaled {} -> {} ({})", decision.from, decision.to, decision.reason);
     }
@@ -184,7 +226,7 @@ fn print_service(service: &ServiceInfo) {
         let lease = replica.lease.map_or("-".into(), |l| format!("lease {}", l.0));
         let endpoint = replica.endpoint.as_deref().unwrap_or("");
         let stalled = replica.stalled.as_deref().map(|why| format!(" ({why}; `gpux service scale` bids again)")).unwrap_or_default();
-        out!("  replica {}: {state} {lease} {endpoint}{stalled}", replica.slot);
+        out!("  replica {}: {state} {lease} {endpoint}{stalled} (run {})", replica.slot, replica.generation);
     }
     out!("  {} bid(s) placed, {} replica(s) replaced", service.bids, service.replaced);
     if service.state == ServiceState::Failed {

@@ -947,6 +947,12 @@ fn a_renter_runs_a_service_with_the_cli() {
     let over = gpux(url, &renter, &["service", "scale", &service.to_string(), "9"]);
     assert_eq!(over.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&over.stderr).contains("service_scale_invalid"), "{}", String::from_utf8_lossy(&over.stderr));
+    // No replica runs yet (no host offers): the bids take the new run at once.
+    let updated = ok(gpux(url, &renter, &["service", "update", &service.to_string(), "--image", "localhost/gpux-py:2"]));
+    assert!(updated.contains("run 1 in place"), "{updated}");
+    let bad = gpux(url, &renter, &["service", "update", &service.to_string(), "--port", "0"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("service_invalid"), "{}", String::from_utf8_lossy(&bad.stderr));
     assert!(ok(gpux(url, &renter, &["service", "delete", &service.to_string()])).contains("deleted"));
     let unknown = gpux(url, &renter, &["service", "status", "999"]);
     assert_eq!(unknown.status.code(), Some(1));

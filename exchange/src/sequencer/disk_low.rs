@@ -24,7 +24,9 @@ pub(super) fn new_work(body: &Body) -> bool {
         }
         Body::Bid { .. } => true,
         Body::Job { request } => matches!(request, JobRequest::Submit { .. } | JobRequest::Resize { .. }),
-        Body::Service { request } => matches!(request, ServiceRequest::Create { .. } | ServiceRequest::Scale { .. }),
+        Body::Service { request } => {
+            matches!(request, ServiceRequest::Create { .. } | ServiceRequest::Scale { .. } | ServiceRequest::Update { .. })
+        }
         Body::Access { request } => {
             matches!(request, AccessRequest::OpenSubAccount | AccessRequest::MoveFunds { .. } | AccessRequest::AddKey { .. })
         }

@@ -29,6 +29,17 @@ impl Sequencer {
             },
             ServiceRequest::Scale { service, replicas } => JournalEntry::ScaleService { at_ms, account, service, replicas },
             ServiceRequest::Delete { service } => JournalEntry::DeleteService { at_ms, account, service },
+            ServiceRequest::Update { service, run } => {
+                let mut spec = match self.market.services().info(service, account) {
+                    Some(info) => info.spec,
+                    None => return self.reply(connection, error(Some(id), ErrorCode::UnknownService)),
+                };
+                spec.set_run(run.clone());
+                if let Err(message) = self.check_service(&spec) {
+                    return self.reply(connection, ServerMessage::Error { id: Some(id), code: ErrorCode::ServiceInvalid, message });
+                }
+                JournalEntry::UpdateService { at_ms, account, service, run }
+            }
             ServiceRequest::Load { service, router, load } => {
                 // Checked before journaling: a load the market would refuse
                 // is not worth a journal entry a second.
