@@ -9,6 +9,14 @@ from .answers import Record
 from .client import Book, Client, GpuxError, Key, gpu_probe_reports, invite, invoice_signed_bytes, pack_bundle, verify_invoice
 from .delivery import Secrets, Workload, describe
 from .rest import Rest, rest_signed_bytes, rest_signed_write_bytes
+
+
+def service_key_hash(key: str) -> str:
+    """The hex SHA-256 of a service key: what a service's `key_hashes`
+    holds (routers accept `Authorization: Bearer KEY`)."""
+    import hashlib
+
+    return hashlib.sha256(key.encode()).hexdigest()
 from .messages import (
     Ack,
     AmountError,
@@ -25,6 +33,7 @@ from .messages import (
     MarketData,
     Private,
     Reject,
+    ServiceUpdate,
     Trade,
     dollars,
     parse,
@@ -46,6 +55,8 @@ __all__ = [
     "Error",
     "GpuxError",
     "JobUpdate",
+    "ServiceUpdate",
+    "service_key_hash",
     "Key",
     "LeaseDelivery",
     "MarketData",

@@ -865,6 +865,45 @@ class JobStoreToken(Record):
     expires_at_ms: int
 
 
+@dataclass
+class ServiceInfo(Record):
+    """A service as it stands (docs/services.md): `spec` as created (or
+    updated), `state` (running, failed, bids_exhausted, deleted), its
+    replicas ({slot, state, lease, endpoint, stalled, since_ms,
+    generation}), bids placed and replicas replaced, the leases it ran on,
+    the autoscaler's `last_scaling` and the latest update's `rollout`."""
+
+    service: int
+    spec: dict
+    state: str
+    replicas: list
+    bids: int
+    replaced: int
+    leases: list
+    created_at_ms: int
+    updated_at_ms: int
+    last_scaling: Any = None
+    generation: int = 0
+    rollout: Optional[str] = None
+
+    def ready(self) -> list:
+        """The replicas ready to serve."""
+        return [replica for replica in self.replicas if replica.get("state") == "ready"]
+
+
+@dataclass
+class Service(Record):
+    id: int
+    service: ServiceInfo
+
+
+@dataclass
+class Services(Record):
+    id: int
+    services: list[ServiceInfo]
+    next_offset: Optional[int]
+
+
 # The answers `gpux.parse` reads into these records, by wire type.
 ANSWERS = {
     "instruments": Instruments,
@@ -903,4 +942,6 @@ ANSWERS = {
     "job": Job,
     "jobs": Jobs,
     "job_store_token": JobStoreToken,
+    "service": Service,
+    "services": Services,
 }

@@ -278,6 +278,8 @@ class Client:
         # The newest state of each of the account's jobs seen on this connection.
         self.jobs_seen: dict[int, a.JobInfo] = {}
         self._job_changed = asyncio.Event()
+        self.services_seen: dict[int, a.ServiceInfo] = {}
+        self._service_changed = asyncio.Event()
         self._reader: Optional[asyncio.Task] = None
         self._key: Optional[Key] = None
         # Set once the connection closed: what every request then raises.
@@ -449,6 +451,9 @@ class Client:
         elif isinstance(message, m.JobUpdate):
             self.jobs_seen[message.job.job] = message.job
             self._job_changed.set()
+        elif isinstance(message, m.ServiceUpdate):
+            self.services_seen[message.service.service] = message.service
+            self._service_changed.set()
         elif isinstance(message, (m.BookSnapshot, m.BookUpdate, m.BookConflated, m.Trade)):
             book = self._books.get(message.instrument)
             if book is not None and not book.apply(message):
@@ -641,6 +646,66 @@ class Client:
         if page.exchange_key != published or not verify_invoice(document, page.signature, published):
             raise GpuxError("invoice_forged", f"{document.number} does not verify with the exchange's key {published}")
         return a.SignedInvoice(document, page.signature, published)
+
+    # Services (docs/services.md, docs/protocol.md "Services").
+
+    async def create_service(self, spec: dict) -> a.ServiceInfo:
+        """Creates a service (the fields of `create_service`: name,
+        instrument, gpus, limit_minor_per_gpu_hour, budget_minor_per_hour,
+        replicas, min_replicas, max_replicas, image, command, port,
+        readiness_path, regions, scaling, key_hashes; `service_key_hash`
+        makes a key's hash); returns it as it stands. Bad fields raise
+        GpuxError `service_invalid` naming the field."""
+        return (await self.request("create_service", service=spec)).service
+
+    async def service(self, service: int) -> a.ServiceInfo:
+        """One of the account's services: its state and replicas."""
+        return (await self.request("service_status", service=service)).service
+
+    async def services(self) -> list[a.ServiceInfo]:
+        """Every service of the account the exchange keeps, newest first."""
+        found: list[a.ServiceInfo] = []
+        offset = 0
+        while True:
+            page: a.Services = await self.request("services", offset=offset)
+            found += page.services
+            if page.next_offset is None:
+                return found
+            offset = page.next_offset
+
+    async def scale_service(self, service: int, replicas: int) -> a.ServiceInfo:
+        """Sets how many replicas the service keeps."""
+        return (await self.request("scale_service", service=service, replicas=replicas)).service
+
+    async def update_service(self, service: int, run: dict) -> a.ServiceInfo:
+        """Rolls out a new run ({image, command, port, readiness_path}) one
+        replica at a time (docs/services.md "Updates")."""
+        return (await self.request("update_service", service=service, run=run)).service
+
+    async def delete_service(self, service: int) -> a.ServiceInfo:
+        """Deletes a service: its bids cancelled, its replicas' leases ended."""
+        return (await self.request("delete_service", service=service)).service
+
+    async def service_load(self, service: int, router: int, requests_per_second_milli: int, in_flight: int, queued: int) -> m.Ack:
+        """A router's load of a service over the last second (what
+        `gpux-router` reports; a service without `scaling` refuses it)."""
+        load = {"requests_per_second_milli": requests_per_second_milli, "in_flight": in_flight, "queued": queued}
+        return await self.request("service_load", service=service, router=router, load=load)
+
+    async def wait_service(self, service: int, predicate, timeout: float = 120.0) -> a.ServiceInfo:
+        """Waits until `predicate(service)` holds for the service's pushed
+        `service_update`s (or its state now); returns it."""
+
+        async def loop():
+            self.services_seen.setdefault(service, await self.service(service))
+            while True:
+                info = self.services_seen.get(service)
+                if info is not None and predicate(info):
+                    return info
+                self._service_changed.clear()
+                await self._service_changed.wait()
+
+        return await asyncio.wait_for(loop(), timeout)
 
     # Jobs (docs/jobs.md, docs/protocol.md "Jobs").
 

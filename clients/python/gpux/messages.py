@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Optional
 
-from .answers import ANSWERS, JobInfo, Record
+from .answers import ANSWERS, JobInfo, Record, ServiceInfo
 
 MINOR_PER_DOLLAR = 1_000_000
 
@@ -315,6 +315,8 @@ class LeaseDelivery:
     workload: Optional[dict] = None
     state: Any = None
     at_ms: Optional[int] = None
+    # The service replica the lease runs, for its host (docs/protocol.md "Services").
+    replica: Optional[dict] = None
 
 
 @dataclass
@@ -323,6 +325,22 @@ class JobUpdate(Record):
     "Jobs"): the job as `job_status` shows it, its `state` the one entered."""
 
     job: JobInfo
+
+
+@dataclass
+class ServiceUpdate(Record):
+    """Pushed at every change of one of the account's services or of one of
+    its replicas (docs/protocol.md "Services")."""
+
+    service: ServiceInfo
+
+
+@dataclass
+class ReplicaAssigned(Record):
+    """Pushed to a replica lease's host: what to run (an agent's message)."""
+
+    lease: int
+    replica: dict
 
 
 @dataclass
@@ -349,6 +367,8 @@ _TYPES = {
     "delivery": Delivery,
     "lease_delivery": LeaseDelivery,
     "job_update": JobUpdate,
+    "service_update": ServiceUpdate,
+    "replica_assigned": ReplicaAssigned,
 }
 
 

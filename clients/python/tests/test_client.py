@@ -868,3 +868,58 @@ def test_a_job_is_submitted_followed_cancelled_and_billed_from_python(exchange, 
         await supplier.close()
 
     run(scenario())
+
+
+def test_a_service_keeps_its_replica_scales_updates_and_is_deleted_from_python(exchange):
+    url, operator = exchange
+
+    async def scenario():
+        from nacl.public import PrivateKey
+
+        from gpux import delivery
+
+        # A supplier whose host takes workloads (replicas trade only with such) offers one GPU.
+        identity = gpux.Key.generate()
+        supplier = await gpux.Client.connect(url, identity, role="supplier")
+        await supplier.request("set_encryption_key", **delivery.certify(PrivateKey.generate(), identity.sign))
+        spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
+        await supplier.register_gpu("py-service-host", "GPU-py-service-0", spec)
+        gpus = await supplier.my_gpus()
+        await supplier.place(gpux.OrderTicket.limit(H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": gpus[0].host, "gpu_mask": 1}))
+        renter = await funded_renter(url, operator)
+        service = {
+            "name": "py-echo", "instrument": H100_SPOT, "gpus": 1, "limit_minor_per_gpu_hour": gpux.dollars("2.5"),
+            "budget_minor_per_hour": gpux.dollars("5"), "replicas": 1, "min_replicas": 0, "max_replicas": 2,
+            "image": "localhost/gpux-py:1", "command": ["python3", "-m", "http.server", "8000"], "port": 8000,
+            "readiness_path": "/", "key_hashes": [gpux.service_key_hash("py-service-key")],
+        }
+        with pytest.raises(gpux.GpuxError) as refused:
+            await renter.create_service(dict(service, port=0))
+        assert refused.value.code == "service_invalid" and "port" in str(refused.value), refused.value
+        created = await renter.create_service(service)
+        # Its bid filled on the offered GPU: the replica starts, then is ready at its endpoint.
+        starting = await renter.wait_service(created.service, lambda s: s.replicas and s.replicas[0]["state"] == "starting")
+        lease = starting.replicas[0]["lease"]
+        running = {"running": {"endpoints": [{"container_port": 8000, "host": "198.51.100.4", "port": 32001}], "ssh": None, "restarts": 0}}
+        await supplier.request("delivery_status", lease=lease, state=running)
+        ready = await renter.wait_service(created.service, lambda s: len(s.ready()) == 1)
+        assert ready.ready()[0]["endpoint"] == "198.51.100.4:32001"
+        assert [s.service for s in await renter.services()] == [created.service]
+        with pytest.raises(gpux.GpuxError) as over:
+            await renter.scale_service(created.service, 3)
+        assert over.value.code == "service_scale_invalid"
+        with pytest.raises(gpux.GpuxError) as not_scaling:
+            await renter.service_load(created.service, 1, 5_000, 1, 0)
+        assert not_scaling.value.code == "service_not_scaling"
+        # An update rolls: a second replica of the new run bids beside the first.
+        rolling = await renter.update_service(created.service, {"image": "localhost/gpux-py:2", "command": [], "port": 8000, "readiness_path": "/"})
+        assert rolling.rollout == "rolling" and rolling.generation == 1 and len(rolling.replicas) == 2, rolling
+        deleted = await renter.delete_service(created.service)
+        assert deleted.state == "deleted" and deleted.replicas == []
+        with pytest.raises(gpux.GpuxError) as unknown:
+            await renter.service(999_999)
+        assert unknown.value.code == "unknown_service"
+        await renter.close()
+        await supplier.close()
+
+    run(scenario())
