@@ -683,10 +683,16 @@ pub enum ServiceAction {
     /// Your services, newest first.
     List,
     /// Sets how many replicas the service keeps.
-    Scale { service: u64, replicas: u32 },
+    Scale {
+        /// The service's id (`gpux service list`).
+        service: u64,
+        /// How many replicas it keeps from now.
+        replicas: u32,
+    },
     /// Rolls out a new run, one replica at a time: each new replica is up
     /// before an old one goes; back to the old run if the new one cannot start.
     Update {
+        /// The service's id (`gpux service list`).
         service: u64,
         /// The new image (default the current one).
         #[arg(long)]
@@ -702,9 +708,13 @@ pub enum ServiceAction {
         command: Vec<String>,
     },
     /// Deletes a service: its bids cancelled, its replicas' leases ended.
-    Delete { service: u64 },
+    Delete {
+        /// The service's id (`gpux service list`).
+        service: u64,
+    },
     /// A replica's output, from its host.
     Logs {
+        /// The service's id (`gpux service list`).
         service: u64,
         /// The replica's slot (`gpux service status`; default the first with a lease).
         #[arg(long)]
