@@ -220,6 +220,7 @@ impl Metrics {
             &self.usage_accepted,
             &self.usage_refused,
             &self.scope_refusals,
+            &self.service_scalings,
             &self.disk_low,
             &self.disk_low_refusals,
             &self.delivery_statuses,
