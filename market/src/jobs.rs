@@ -174,15 +174,33 @@ struct Resize {
     leases: Vec<LeaseId>,
 }
 
-/// What the exchange heard of a running job lease from its supplier.
+/// What the exchange heard of a running job (or service replica) lease
+/// from its supplier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-struct Heard {
-    supplier: AccountId,
-    created_ms: u64,
+pub(crate) struct Heard {
+    pub(crate) supplier: AccountId,
+    pub(crate) created_ms: u64,
     /// The last delivery status or usage report.
-    last_ms: u64,
+    pub(crate) last_ms: u64,
     /// Whether any delivery status came (the host started on it).
-    status_seen: bool,
+    pub(crate) status_seen: bool,
+}
+
+impl Heard {
+    /// A lease created at `at_ms`, nothing heard of it yet.
+    pub(crate) fn new(supplier: AccountId, at_ms: u64) -> Heard {
+        Heard { supplier, created_ms: at_ms, last_ms: at_ms, status_seen: false }
+    }
+
+    /// Whether its host counts as gone at `now_ms` by `rules`
+    /// (`connected`: whether a connected session of the supplier runs the
+    /// lease, asked only when that decides it).
+    pub(crate) fn gone(&self, now_ms: u64, rules: Silence, connected: impl FnOnce() -> bool) -> bool {
+        let quiet = now_ms.saturating_sub(self.last_ms);
+        quiet >= rules.silence_ms
+            || (!self.status_seen && now_ms.saturating_sub(self.created_ms) >= rules.start_ms)
+            || (quiet >= rules.disconnected_ms && !connected())
+    }
 }
 
 /// When a job lease's host counts as gone (docs/market-rules.md "Jobs"):
@@ -796,13 +814,8 @@ impl Jobs {
     pub fn silent_leases(&self, now_ms: u64, rules: Silence, connected: impl Fn(LeaseId, AccountId) -> bool) -> Vec<(LeaseId, AccountId)> {
         self.heard
             .iter()
-            .filter(|(lease, h)| {
-                let quiet = now_ms.saturating_sub(h.last_ms);
-                quiet >= rules.silence_ms
-                    || (!h.status_seen && now_ms.saturating_sub(h.created_ms) >= rules.start_ms)
-                    || (quiet >= rules.disconnected_ms && !connected(**lease, h.supplier))
-            })
-            .map(|(lease, h)| (*lease, h.supplier))
+            .filter(|(lease, h)| h.gone(now_ms, rules, || connected(**lease, h.supplier)))
+            .map(|(l, h)| (*l, h.supplier))
             .collect()
     }
 
@@ -896,7 +909,7 @@ impl Jobs {
         entry.escrowed_minor = entry.escrowed_minor.saturating_add(escrow);
         entry.leases.push(lease);
         self.leases.insert(lease, job);
-        self.heard.insert(lease, Heard { supplier, created_ms: at_ms, last_ms: at_ms, status_seen: false });
+        self.heard.insert(lease, Heard::new(supplier, at_ms));
         seen.suppliers.insert(lease, supplier);
         if entry.resizing.as_ref().is_some_and(|r| r.order == buy_order) {
             if let Some(resize) = entry.resizing.as_mut() {

@@ -110,16 +110,6 @@ fn rank(state: ReplicaState) -> u8 {
     }
 }
 
-/// What the exchange heard of a running replica lease from its supplier
-/// (the silence rule of jobs' leases applies to it: docs/market-rules.md "Jobs").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-struct Heard {
-    supplier: AccountId,
-    created_ms: u64,
-    last_ms: u64,
-    status_seen: bool,
-}
-
 /// Every service of the exchange.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Services {
@@ -132,7 +122,7 @@ pub struct Services {
     /// Resting bids, and running leases, by the replica they are for.
     orders: BTreeMap<OrderId, (ServiceId, u32)>,
     leases: BTreeMap<LeaseId, (ServiceId, u32)>,
-    heard: BTreeMap<LeaseId, Heard>,
+    heard: BTreeMap<LeaseId, crate::jobs::Heard>,
 }
 
 /// What to do next, each journaled as its own entry (ends and cancels
@@ -518,21 +508,13 @@ impl Services {
                     let Some(&(id, slot)) = buy_order.and_then(|order| self.orders.get(&order)) else { continue };
                     self.orders.remove(&buy_order.expect("matched"));
                     self.leases.insert(lease, (id, slot));
-                    self.heard.insert(lease, Heard { supplier, created_ms: at_ms, last_ms: at_ms, status_seen: false });
+                    self.heard.insert(lease, crate::jobs::Heard::new(supplier, at_ms));
                     let service = self.services.get_mut(&id).expect("present");
                     service.leases.push_back(lease);
                     while service.leases.len() > gpux_protocol::services::INFO_LEASES_MAX {
                         service.leases.pop_front();
                     }
-                    let spec = &service.spec;
-                    let replica = ReplicaAssignment {
-                        service: id,
-                        slot,
-                        image: spec.image.clone(),
-                        command: spec.command.clone(),
-                        port: spec.port,
-                        readiness_path: spec.readiness_path.clone(),
-                    };
+                    let replica = self.replica_of(lease).expect("its lease was just recorded");
                     let s = self.slot_mut(id, slot);
                     *s = Slot { state: ReplicaState::Starting, lease: Some(lease), generation: s.generation, ..Slot::bidding(at_ms) };
                     outcome.assigned.push((lease, supplier, replica));
@@ -653,13 +635,8 @@ impl Services {
     ) -> Vec<(LeaseId, AccountId)> {
         self.heard
             .iter()
-            .filter(|(lease, h)| {
-                let quiet = now_ms.saturating_sub(h.last_ms);
-                quiet >= rules.silence_ms
-                    || (!h.status_seen && now_ms.saturating_sub(h.created_ms) >= rules.start_ms)
-                    || (quiet >= rules.disconnected_ms && !connected(**lease, h.supplier))
-            })
-            .map(|(lease, h)| (*lease, h.supplier))
+            .filter(|(lease, h)| h.gone(now_ms, rules, || connected(**lease, h.supplier)))
+            .map(|(l, h)| (*l, h.supplier))
             .collect()
     }
 

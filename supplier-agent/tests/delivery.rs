@@ -128,15 +128,6 @@ fn http_get(host: &str, port: u16) -> String {
     }
 }
 
-fn container_exists(socket: &str, host: &str, lease: LeaseId) -> bool {
-    let output = std::process::Command::new("curl")
-        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", socket])
-        .arg(format!("http://d/v1.41/containers/gpux-{host}-lease-{}/json", lease.0))
-        .output()
-        .expect("curl runs");
-    String::from_utf8_lossy(&output.stdout) == "200"
-}
-
 fn files_hold(dir: &std::path::Path, needle: &str) -> Vec<std::path::PathBuf> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir).expect("dir").flatten() {

@@ -75,15 +75,6 @@ fn http_status(endpoint: &str) -> Option<String> {
     page.lines().next().map(str::to_string)
 }
 
-fn container_exists(socket: &str, host: &str, lease: LeaseId) -> bool {
-    let output = std::process::Command::new("curl")
-        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", socket])
-        .arg(format!("http://d/v1.41/containers/gpux-{host}-lease-{}/json", lease.0))
-        .output()
-        .expect("curl runs");
-    String::from_utf8_lossy(&output.stdout) == "200"
-}
-
 fn remove_container(socket: &str, host: &str, lease: LeaseId) {
     let _ = std::process::Command::new("curl")
         .args(["-s", "-X", "DELETE", "--unix-socket", socket])
@@ -157,14 +148,18 @@ impl Load {
 }
 
 /// A router for `service` on `listen` (port 0: any), logged in with `key`.
+/// A request may wait 2 minutes for a first replica (30 s by default): a
+/// cold start on a machine busy with the other tests' containers can take
+/// longer than the default.
 async fn router(exchange: &Exchange, key: &SigningKey, service: ServiceId, listen: std::net::SocketAddr) -> gpux_router::Running {
-    let config = gpux_router::Config::new(exchange.url.clone(), key.clone(), service, listen);
+    let mut config = gpux_router::Config::new(exchange.url.clone(), key.clone(), service, listen);
+    config.queue_wait = Duration::from_secs(120);
     gpux_router::start(config).await.expect("the router starts")
 }
 
-/// GET / through the router with `key` (within 60 s): the status.
+/// GET / through the router with `key` (within 150 s): the status.
 async fn get(router: std::net::SocketAddr, key: Option<&str>) -> u16 {
-    let mut request = reqwest::Client::new().get(format!("http://{router}/")).timeout(Duration::from_secs(60));
+    let mut request = reqwest::Client::new().get(format!("http://{router}/")).timeout(Duration::from_secs(150));
     if let Some(key) = key {
         request = request.bearer_auth(key);
     }

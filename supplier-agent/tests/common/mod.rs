@@ -384,3 +384,14 @@ pub fn supplier_keys(dir: &std::path::Path, hosts: &[&str]) -> Vec<std::path::Pa
         })
         .collect()
 }
+
+/// Whether the container engine at `socket` holds lease `lease`'s
+/// container of host `host` (the docker backend's name for it).
+pub fn container_exists(socket: &str, host: &str, lease: gpux_engine::LeaseId) -> bool {
+    let output = std::process::Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", socket])
+        .arg(format!("http://d/v1.41/containers/gpux-{host}-lease-{}/json", lease.0))
+        .output()
+        .expect("curl runs");
+    String::from_utf8_lossy(&output.stdout) == "200"
+}
