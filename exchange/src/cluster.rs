@@ -220,7 +220,8 @@ async fn follow_job_leases(
         if leading.load(Ordering::SeqCst) {
             continue;
         }
-        let leases: std::collections::BTreeSet<gpux_engine::LeaseId> = machine.read(|market| market.jobs().running_leases().collect());
+        let leases: std::collections::BTreeSet<gpux_engine::LeaseId> =
+            machine.read(|market| market.jobs().running_leases().chain(market.volumes().leases()).collect());
         running.sync(&leases, clock.now_ms());
     }
 }

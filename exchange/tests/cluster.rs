@@ -886,7 +886,7 @@ async fn a_clusters_job_store_is_shared_by_every_node_and_an_upload_outlives_its
     let leader = cluster.serving_leader().await;
     let (mut renter, account) = cluster.login_leader(&key(3), Role::Renter).await;
     let ServerMessage::JobStoreToken { url, token, .. } =
-        renter.request(ClientMessage::JobStoreToken { id: 5, job: None, lease: None }).await
+        renter.request(ClientMessage::JobStoreToken { id: 5, job: None, lease: None, volume: None }).await
     else {
         panic!("a job store token from the leader")
     };
@@ -977,7 +977,7 @@ async fn a_clusters_job_store_is_shared_by_every_node_and_an_upload_outlives_its
     // The new leader's tokens open the old leader's objects.
     let (mut renter, _) = cluster.login_leader(&key(3), Role::Renter).await;
     let ServerMessage::JobStoreToken { url: new_url, token: new_token, .. } =
-        renter.request(ClientMessage::JobStoreToken { id: 6, job: None, lease: None }).await
+        renter.request(ClientMessage::JobStoreToken { id: 6, job: None, lease: None, volume: None }).await
     else {
         panic!("a token from the new leader")
     };

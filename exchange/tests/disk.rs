@@ -79,7 +79,7 @@ async fn the_journal_keeps_its_reserve_new_work_stops_before_it_and_comes_back_b
 
     // The job store fills up to twice the reserve, never past it.
     let id = renter.id();
-    let (url, token) = match renter.request(ClientMessage::JobStoreToken { id, job: None, lease: None }).await {
+    let (url, token) = match renter.request(ClientMessage::JobStoreToken { id, job: None, lease: None, volume: None }).await {
         ServerMessage::JobStoreToken { url, token, .. } => (url, token),
         other => panic!("{other:?}"),
     };

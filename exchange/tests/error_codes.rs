@@ -62,6 +62,16 @@ fn one(message: ClientMessage) -> Send {
 }
 
 /// A bid with a workload; `edit` breaks it one way.
+/// A resting bid (no ask that low) with a workload that mounts `volumes`.
+fn bid_mounting(id: u64, volumes: &[(&str, &str, bool)]) -> ClientMessage {
+    let mut order = OrderTicket::limit(id, InstrumentId(0), Side::Buy, 1_000_000, 1);
+    order.volumes = volumes
+        .iter()
+        .map(|(volume, mount, read_only)| VolumeMount { volume: volume.to_string(), mount: mount.to_string(), read_only: *read_only })
+        .collect();
+    ClientMessage::NewOrder { id, order, workload: Some(Box::new(Workload::image("docker.io/library/busybox:1.36"))) }
+}
+
 fn bid_with(id: u64, edit: impl FnOnce(&mut Workload)) -> ClientMessage {
     let mut workload = Workload::image("docker.io/library/busybox:1.36");
     edit(&mut workload);
@@ -402,7 +412,11 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
         row("job_budget_too_small", Who::Renter, one(submit_job(121, InstrumentId(0), |s| s.hours = 20))),
         row("job_instrument_invalid", Who::Renter, one(submit_job(122, window, |_| {}))),
         row("unknown_job", Who::Renter, one(ClientMessage::JobStatus { id: 123, job: JobId(999_999) })),
-        row("job_store_unavailable", Who::Supplier, one(ClientMessage::JobStoreToken { id: 124, job: None, lease: Some(ended) })),
+        row(
+            "job_store_unavailable",
+            Who::Supplier,
+            one(ClientMessage::JobStoreToken { id: 124, job: None, lease: Some(ended), volume: None }),
+        ),
         // Each job's bid rests at the book's lowest price (no ask that
         // low): 64 jobs not yet over, the 65th refused.
         row(
@@ -446,6 +460,38 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
             "service_not_scaling",
             Who::Renter,
             one(ClientMessage::ServiceLoad { id: 333, service: ServiceId(1), router: 0, load: ServiceLoad::default() }),
+        ),
+        row("volume_invalid", Who::Renter, one(ClientMessage::CreateVolume { id: 400, name: "-data".into(), size_gib: 1 })),
+        row("volume_invalid", Who::Renter, one(ClientMessage::CreateVolume { id: 401, name: "data".into(), size_gib: 0 })),
+        row("volume_invalid", Who::Renter, one(bid_mounting(402, &[("data", "/proc/x", false)]))),
+        row(
+            "volume_exists",
+            Who::Renter,
+            Send::Messages(vec![
+                ClientMessage::CreateVolume { id: 403, name: "data".into(), size_gib: 1 },
+                ClientMessage::CreateVolume { id: 404, name: "data".into(), size_gib: 2 },
+            ]),
+        ),
+        row("unknown_volume", Who::Renter, one(bid_mounting(405, &[("nothing", "/data", false)]))),
+        row("unknown_volume", Who::Renter, one(ClientMessage::DeleteVolume { id: 406, name: "nothing".into() })),
+        row(
+            "unknown_volume",
+            Who::Supplier,
+            one(ClientMessage::JobStoreToken { id: 407, job: None, lease: None, volume: Some("data".into()) }),
+        ),
+        // A resting bid claims "data" read-write: a second writer is
+        // refused, and so is the volume's deletion.
+        row(
+            "volume_in_use",
+            Who::Renter,
+            Send::Messages(vec![bid_mounting(408, &[("data", "/data", false)]), bid_mounting(409, &[("data", "/d", false)])]),
+        ),
+        row("volume_in_use", Who::Renter, one(ClientMessage::DeleteVolume { id: 410, name: "data".into() })),
+        // "data" and 15 more are 16 volumes: the 17th is refused.
+        row(
+            "too_many_volumes",
+            Who::Renter,
+            Send::Messages((0..16u64).map(|n| ClientMessage::CreateVolume { id: 411 + n, name: format!("v{n}"), size_gib: 1 }).collect()),
         ),
     ];
     let mut produced = BTreeMap::new();

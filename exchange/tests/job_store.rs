@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 
 async fn renter_token(addr: &str, seed: u8) -> (String, String, u64) {
     let (mut renter, account) = Client::login(addr, &key(seed), Role::Renter).await;
-    match renter.request(ClientMessage::JobStoreToken { id: 5, job: None, lease: None }).await {
+    match renter.request(ClientMessage::JobStoreToken { id: 5, job: None, lease: None, volume: None }).await {
         ServerMessage::JobStoreToken { url, token, .. } => (url, token, account.0 as u64),
         other => panic!("{other:?}"),
     }
@@ -180,7 +180,7 @@ async fn a_hosts_token_ends_with_its_lease_and_a_rematch_gets_its_own() {
     };
     let (url, renter_token, _) = {
         let id = renter.id();
-        match renter.request(ClientMessage::JobStoreToken { id, job: None, lease: None }).await {
+        match renter.request(ClientMessage::JobStoreToken { id, job: None, lease: None, volume: None }).await {
             ServerMessage::JobStoreToken { url, token, .. } => (url, token, ()),
             other => panic!("{other:?}"),
         }
@@ -233,7 +233,7 @@ async fn a_hosts_token_ends_with_its_lease_and_a_rematch_gets_its_own() {
     assert_eq!((status, body.contains("lease_ended")), (403, true), "{body}");
     // A host token for a lease that has ended is not issued at all.
     let id = supplier.id();
-    let refused = supplier.request(ClientMessage::JobStoreToken { id, job: None, lease: Some(first) }).await;
+    let refused = supplier.request(ClientMessage::JobStoreToken { id, job: None, lease: Some(first), volume: None }).await;
     assert!(matches!(refused, ServerMessage::Error { code: ErrorCode::JobStoreUnavailable, .. }), "{refused:?}");
 }
 

@@ -290,10 +290,14 @@ pub enum Body {
     },
     /// A bid with a workload for the leases it fills (validated by the gateway).
     Bid {
-        command: Command,
+        command: Box<Command>,
         workload: Option<Box<gpux_protocol::Workload>>,
         /// Replace a lease this bid fills if its host fails it.
         rematch: bool,
+        /// The renter's volumes mounted into each lease it fills (shapes
+        /// checked by the gateway).
+        #[serde(default)]
+        volumes: Vec<gpux_protocol::VolumeMount>,
     },
     /// Lease delivery: workloads, host keys, statuses, logs.
     Delivery {
@@ -340,6 +344,10 @@ pub enum Body {
     Service {
         request: ServiceRequest,
     },
+    /// Volumes (docs/protocol.md "Volumes").
+    Volume {
+        request: VolumeRequest,
+    },
     /// In process only: over a socket a gateway sends `wire::Up::Connect`
     /// and the link server makes the connection's `Outbound`. Last, and
     /// it must stay last: serde numbers variants by position when encoding
@@ -366,9 +374,17 @@ pub enum JobRequest {
     Status { job: gpux_protocol::JobId },
     List { offset: u32 },
     Cancel { job: gpux_protocol::JobId },
-    StoreToken { job: Option<gpux_protocol::JobId>, lease: Option<LeaseId> },
+    StoreToken { job: Option<gpux_protocol::JobId>, lease: Option<LeaseId>, volume: Option<String> },
     Bill { job: gpux_protocol::JobId, offset: u32 },
     Resize { job: gpux_protocol::JobId, gpus: u32 },
+}
+
+/// Volumes (docs/protocol.md "Volumes").
+#[derive(Serialize, Deserialize)]
+pub enum VolumeRequest {
+    Create { name: String, size_gib: u32 },
+    List,
+    Delete { name: String },
 }
 
 /// Services (docs/protocol.md "Services").
@@ -451,6 +467,8 @@ impl Body {
                 Some(Scope::Trade)
             }
             Body::Job { request: JobRequest::StoreToken { lease: Some(_), .. }, .. } => Some(Scope::Deliver),
+            // A renter's volume token writes the volume's files.
+            Body::Job { request: JobRequest::StoreToken { volume: Some(_), .. }, .. } => Some(Scope::Trade),
             Body::Job { .. } => Some(Scope::Read),
             // A router's load moves a service only within the bounds its
             // renter set: the router's read key may send it.
@@ -458,6 +476,8 @@ impl Body {
                 Some(Scope::Read)
             }
             Body::Service { .. } => Some(Scope::Trade),
+            Body::Volume { request: VolumeRequest::List } => Some(Scope::Read),
+            Body::Volume { .. } => Some(Scope::Trade),
             Body::OpenOrders { .. }
             | Body::Leases { .. }
             | Body::LeaseTelemetry { .. }
@@ -532,6 +552,7 @@ impl Body {
             | Body::LeaseTelemetry { .. }
             | Body::Job { .. }
             | Body::Service { .. }
+            | Body::Volume { .. }
             | Body::Disconnect { .. }
             | Body::Resync { .. }
             | Body::Connect { .. } => false,

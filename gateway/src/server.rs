@@ -32,7 +32,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use crate::admission::{AcceptBackoff, Admission, AdmissionLimits, Ticket};
 use crate::link::{
     AccessRequest, Body, ChallengeRequest, Clock, ConnectionId, DeliveryRequest, HistoryRequest, JobRequest, LoginOutcome, Outbound,
-    Outgoing, Request, ServiceRequest, SharedFrame,
+    Outgoing, Request, ServiceRequest, SharedFrame, VolumeRequest,
 };
 use crate::metrics::GatewayMetrics;
 use crate::verifier::Verifier;
@@ -973,13 +973,23 @@ pub(crate) fn request_of(caller: &Caller, message: ClientMessage, verified: Opti
         ClientMessage::RecentStatement { before, .. } => Body::RecentStatement { before },
         ClientMessage::SetSpendLimits { limits, .. } => command(Command::SetSpendLimits { account, limits }),
         ClientMessage::Spend { .. } => access(AccessRequest::Spend),
-        ClientMessage::NewOrder { order, workload: None, .. } if !order.rematch => command(order.into_command(account)),
-        ClientMessage::NewOrder { order, workload, .. } => {
+        ClientMessage::NewOrder { order, workload: None, .. } if !order.rematch && order.volumes.is_empty() => {
+            command(order.into_command(account))
+        }
+        ClientMessage::NewOrder { mut order, workload, .. } => {
             if let Some(Err(refused)) = workload.as_ref().map(|w| w.validate()) {
                 return Err(Refused { id, code: refused.into(), message: Some(refused.to_string()) });
             }
+            let volumes = std::mem::take(&mut order.volumes);
+            if !volumes.is_empty() {
+                let refused = |message: &str| Refused { id, code: ErrorCode::VolumeInvalid, message: Some(message.to_string()) };
+                gpux_protocol::VolumeMount::check_all(&volumes).map_err(refused)?;
+                if workload.is_none() || order.side != gpux_engine::Side::Buy {
+                    return Err(refused("volumes: only a bid with a workload mounts volumes"));
+                }
+            }
             let rematch = order.rematch;
-            Body::Bid { command: order.into_command(account), workload, rematch }
+            Body::Bid { command: Box::new(order.into_command(account)), workload, rematch, volumes }
         }
         ClientMessage::SetWorkload { lease, workload, .. } => {
             if let Err(refused) = workload.validate() {
@@ -1081,7 +1091,10 @@ pub(crate) fn request_of(caller: &Caller, message: ClientMessage, verified: Opti
         ClientMessage::JobStatus { job, .. } => Body::Job { request: JobRequest::Status { job } },
         ClientMessage::Jobs { offset, .. } => Body::Job { request: JobRequest::List { offset } },
         ClientMessage::CancelJob { job, .. } => Body::Job { request: JobRequest::Cancel { job } },
-        ClientMessage::JobStoreToken { job, lease, .. } => Body::Job { request: JobRequest::StoreToken { job, lease } },
+        ClientMessage::JobStoreToken { job, lease, volume, .. } => Body::Job { request: JobRequest::StoreToken { job, lease, volume } },
+        ClientMessage::CreateVolume { name, size_gib, .. } => Body::Volume { request: VolumeRequest::Create { name, size_gib } },
+        ClientMessage::Volumes { .. } => Body::Volume { request: VolumeRequest::List },
+        ClientMessage::DeleteVolume { name, .. } => Body::Volume { request: VolumeRequest::Delete { name } },
         ClientMessage::JobBill { job, offset, .. } => Body::Job { request: JobRequest::Bill { job, offset } },
         ClientMessage::ResizeJob { job, gpus, .. } => Body::Job { request: JobRequest::Resize { job, gpus } },
         ClientMessage::CreateService { service, .. } => Body::Service { request: ServiceRequest::Create { spec: service } },

@@ -305,7 +305,12 @@ mod tests {
             Request {
                 connection: c,
                 id: 17,
-                body: Body::Bid { command: Command::MassCancel { account: AccountId(4), instrument: None }, workload: None, rematch: true },
+                body: Body::Bid {
+                    command: Box::new(Command::MassCancel { account: AccountId(4), instrument: None }),
+                    workload: None,
+                    rematch: true,
+                    volumes: Vec::new(),
+                },
             },
             Request { connection: c, id: 18, body: Body::Delivery { request: DeliveryRequest::HostKey { lease: LeaseId(3) } } },
             Request {
@@ -418,6 +423,11 @@ mod tests {
                 id: 31,
                 body: Body::Service { request: crate::link::ServiceRequest::Scale { service: gpux_protocol::ServiceId(2), replicas: 3 } },
             },
+            Request {
+                connection: c,
+                id: 32,
+                body: Body::Volume { request: crate::link::VolumeRequest::Create { name: "data".into(), size_gib: 10 } },
+            },
         ];
         let mut ups = vec![Up::Connect { connection: c }];
         ups.extend(requests.into_iter().map(Up::Request));
@@ -461,13 +471,14 @@ mod tests {
             Body::GpuProbe { .. } => 29,
             Body::SearchOffers { .. } => 30,
             Body::Service { .. } => 31,
+            Body::Volume { .. } => 32,
             Body::Connect { .. } => usize::MAX,
         }
     }
 
     #[test]
     fn the_samples_hold_every_request_that_crosses_the_link() {
-        let mut seen = [false; 32];
+        let mut seen = [false; 33];
         for up in every_up() {
             if let Up::Request(request) = up {
                 seen[variant(&request)] = true;

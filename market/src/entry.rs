@@ -272,6 +272,26 @@ pub enum JournalEntry {
         router: u32,
         load: gpux_protocol::ServiceLoad,
     },
+    /// A renter created a volume (docs/storage.md). Appended.
+    CreateVolume {
+        at_ms: u64,
+        account: AccountId,
+        name: String,
+        size_gib: u32,
+    },
+    /// The renter deleted its volume; its files leave the store. Appended.
+    DeleteVolume {
+        at_ms: u64,
+        account: AccountId,
+        name: String,
+    },
+    /// A bid's volumes (checked before journaling); the bid's own `Engine`
+    /// entry follows it directly (after its `BidWorkload`). Appended.
+    BidVolumes {
+        account: AccountId,
+        client_order_id: u64,
+        mounts: Vec<gpux_protocol::VolumeMount>,
+    },
 }
 
 impl JournalEntry {
@@ -317,6 +337,8 @@ impl JournalEntry {
             | JournalEntry::DeleteService { at_ms, .. }
             | JournalEntry::ServiceLoad { at_ms, .. }
             | JournalEntry::UpdateService { at_ms, .. }
+            | JournalEntry::CreateVolume { at_ms, .. }
+            | JournalEntry::DeleteVolume { at_ms, .. }
             | JournalEntry::CancelJob { at_ms, .. }
             | JournalEntry::JobLeaseSilent { at_ms, .. }
             | JournalEntry::ResizeJob { at_ms, .. }
@@ -327,6 +349,7 @@ impl JournalEntry {
             | JournalEntry::LeaseWorkload { .. }
             | JournalEntry::EncryptionKey { .. }
             | JournalEntry::BidRematch { .. }
+            | JournalEntry::BidVolumes { .. }
             | JournalEntry::SignatureRule { .. }
             | JournalEntry::JobRules { .. }
             | JournalEntry::Genesis { .. } => None,

@@ -28,6 +28,7 @@ pub mod scaling;
 pub mod services;
 pub mod stats;
 pub mod telemetry;
+pub mod volumes;
 
 use std::collections::BTreeMap;
 
@@ -100,6 +101,8 @@ pub struct Applied {
     pub job: Option<Result<jobs::JobId, jobs::JobRefusal>>,
     /// A service entry's service, or why it was refused.
     pub service: Option<Result<gpux_protocol::ServiceId, gpux_protocol::ErrorCode>>,
+    /// The volume a volume entry created or deleted (state `deleted`), or why not.
+    pub volume: Option<Result<Box<gpux_protocol::VolumeInfo>, gpux_protocol::ErrorCode>>,
     /// The reason of an autoscaling decision the entry made (for metrics).
     pub scaled: Option<&'static str>,
     /// What left the hot state with this entry: the exchange keeps it in
@@ -216,6 +219,8 @@ pub struct MarketState {
     telemetry: telemetry::Telemetry,
     /// Services and their replicas (docs/services.md).
     services: services::Services,
+    /// Renters' volumes and the leases and bids that hold them (docs/storage.md).
+    volumes: volumes::Volumes,
     clock_ms: u64,
 }
 
@@ -244,6 +249,7 @@ impl MarketState {
             scores_day: 0,
             telemetry: telemetry::Telemetry::default(),
             services: services::Services::default(),
+            volumes: volumes::Volumes::default(),
             clock_ms: 0,
         }
     }
@@ -263,6 +269,11 @@ impl MarketState {
     /// Services and their replicas (docs/services.md).
     pub fn services(&self) -> &services::Services {
         &self.services
+    }
+
+    /// Renters' volumes (docs/storage.md).
+    pub fn volumes(&self) -> &volumes::Volumes {
+        &self.volumes
     }
 
     /// Applies one journal entry. The only way the market changes.
@@ -327,6 +338,19 @@ impl MarketState {
                     *service
                 });
                 applied.service = Some(deleted);
+            }
+            JournalEntry::CreateVolume { at_ms, account, name, size_gib } => {
+                let created = self.volumes.create(*account, name, *size_gib, *at_ms);
+                applied.volume =
+                    Some(created.and_then(|id| self.volumes.info(id).map(Box::new).ok_or(gpux_protocol::ErrorCode::UnknownVolume)));
+            }
+            JournalEntry::DeleteVolume { at_ms: _, account, name } => {
+                applied.volume = Some(self.volumes.delete(*account, name).map(Box::new));
+            }
+            JournalEntry::BidVolumes { account, client_order_id, mounts } => {
+                // Checked by the sequencer against this same state: a
+                // refusal here only repeats one it already answered.
+                let _ = self.volumes.bid_volumes(*account, *client_order_id, mounts);
             }
             JournalEntry::BindKey { public_key, account } => self.keys.bind(*public_key, *account),
             JournalEntry::SignatureRule { rule } => self.settlement.set_signature_rule(*rule),
@@ -513,6 +537,20 @@ impl MarketState {
         touched.extend(self.watch_preemptions(&applied.events));
         self.refresh_scores(&touched, input.at_ms);
         self.archive(input.at_ms, applied);
+        // A lease's volumes reach its host before its workload.
+        if !self.volumes.is_empty() {
+            for attached in self.volumes.observe(&applied.events) {
+                owed.push(Notice {
+                    to: Audience::account(attached.supplier),
+                    message: ServerMessage::VolumesAttached {
+                        lease: attached.lease,
+                        renter: attached.renter,
+                        volumes: attached.volumes,
+                        store: None,
+                    },
+                });
+            }
+        }
         for assigned in self.deliveries.observe(&applied.events) {
             owed.push(Notice {
                 to: Audience::account(assigned.supplier),
@@ -1200,6 +1238,10 @@ impl MarketState {
         // Hashed once there is one, so markets from before services hash as they did.
         if !self.services.is_empty() {
             hasher.bytes(&gpux_protocol::encode_record(&self.services));
+        }
+        // Likewise volumes.
+        if !self.volumes.is_empty() {
+            hasher.bytes(&gpux_protocol::encode_record(&self.volumes));
         }
         hasher.finish()
     }

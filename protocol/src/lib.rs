@@ -34,6 +34,7 @@ mod signed;
 pub mod tls;
 pub mod usage;
 pub mod views;
+pub mod volumes;
 
 pub use access::{KeyInfo, Scope, Scopes};
 pub use codec::*;
@@ -55,3 +56,4 @@ pub use services::{
 };
 pub use signed::{verify_signed_batch_zip215, SignedItem};
 pub use usage::*;
+pub use volumes::{LeaseVolumes, VolumeAttachment, VolumeId, VolumeInfo, VolumeMount, VolumeState};

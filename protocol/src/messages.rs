@@ -153,6 +153,11 @@ pub struct OrderTicket {
     /// Cluster bids: the least bandwidth each host declared on its fabric, Gb/s.
     #[serde(default)]
     pub min_fabric_gbps: u32,
+    /// Bids with a workload: the renter's volumes mounted into each lease
+    /// the bid fills (docs/storage.md "Volumes"), restored before the
+    /// workload starts and synced back while it runs.
+    #[serde(default)]
+    pub volumes: Vec<crate::volumes::VolumeMount>,
 }
 
 fn default_order_type() -> OrderType {
@@ -198,6 +203,7 @@ impl OrderTicket {
             regions: Vec::new(),
             nodes: 0,
             min_fabric_gbps: 0,
+            volumes: Vec::new(),
         }
     }
 
@@ -698,6 +704,11 @@ pub enum ClientMessage {
         job: Option<crate::jobs::JobId>,
         #[serde(default)]
         lease: Option<LeaseId>,
+        /// A token for one volume (by name): the renter's own, to list and
+        /// copy its files (`gpux volume ls|cp`), or, with `lease`, a host's
+        /// for the volumes attached to that lease.
+        #[serde(default)]
+        volume: Option<String>,
     },
     /// The job's bill so far: every transfer of its leases (usage, fees,
     /// credits), as a signed invoice (`invoice`; period `job-<id>`), a page
@@ -786,6 +797,22 @@ pub enum ClientMessage {
         router: u32,
         load: crate::services::ServiceLoad,
     },
+    /// Creates a volume (docs/storage.md): answered by `volume`.
+    CreateVolume {
+        id: u64,
+        name: String,
+        size_gib: u32,
+    },
+    /// The account's volumes, by name (`volumes`).
+    Volumes {
+        id: u64,
+    },
+    /// Deletes a volume that no lease or bid holds: its files leave the
+    /// store. Answered by `volume` (state `deleted`).
+    DeleteVolume {
+        id: u64,
+        name: String,
+    },
 }
 
 fn gtc() -> TimeInForce {
@@ -870,6 +897,9 @@ impl ClientMessage {
             | DeleteService { id, .. }
             | ServiceLoad { id, .. }
             | UpdateService { id, .. }
+            | CreateVolume { id, .. }
+            | Volumes { id }
+            | DeleteVolume { id, .. }
             | Ping { id } => *id,
         }
     }
@@ -1083,6 +1113,11 @@ pub enum ServerMessage {
         /// from this. Absent for other leases.
         #[serde(default)]
         replica: Option<Box<crate::services::ReplicaAssignment>>,
+        /// The renter's volumes on the lease, for its host (what
+        /// `volumes_attached` said, with a fresh token): a restarted agent
+        /// restores or resumes them from this. Absent for other leases.
+        #[serde(default)]
+        volumes: Option<Box<crate::volumes::LeaseVolumes>>,
     },
     /// A re-match: the lease `lease` failed on its host and `replacement`
     /// (null: none could be found at its price) took over its workload.
@@ -1362,6 +1397,28 @@ pub enum ServerMessage {
         lease: LeaseId,
         replica: Box<crate::services::ReplicaAssignment>,
     },
+    /// Answer to `create_volume` and `delete_volume`: the volume now.
+    Volume {
+        id: u64,
+        volume: Box<crate::volumes::VolumeInfo>,
+    },
+    /// Answer to `volumes`: the account's volumes, by name.
+    Volumes {
+        id: u64,
+        volumes: Vec<crate::volumes::VolumeInfo>,
+    },
+    /// Pushed to a lease's host before its workload: the renter's volumes
+    /// to restore into it (and to sync back while it runs, unless read-only),
+    /// with the store's URL and a token for them (refreshed with
+    /// `job_store_token` naming the lease and a volume).
+    VolumesAttached {
+        lease: LeaseId,
+        /// The renter, whose prefix in the store holds the volumes.
+        renter: AccountId,
+        volumes: Vec<crate::volumes::VolumeAttachment>,
+        #[serde(default)]
+        store: Option<crate::jobs::StoreGrant>,
+    },
 }
 
 impl ServerMessage {
@@ -1415,6 +1472,8 @@ impl ServerMessage {
             | MarketDataVersion { id, .. }
             | Service { id, .. }
             | Services { id, .. }
+            | Volume { id, .. }
+            | Volumes { id, .. }
             | Pong { id, .. } => Some(*id),
             Error { id, .. } => *id,
             Challenge { .. }
@@ -1434,6 +1493,7 @@ impl ServerMessage {
             | MarketData { .. }
             | ServiceUpdate { .. }
             | ReplicaAssigned { .. }
+            | VolumesAttached { .. }
             | BookConflated { .. } => None,
         }
     }
@@ -1632,6 +1692,19 @@ pub enum ErrorCode {
     /// `update_service` for a service that is not running or is already
     /// rolling an update out.
     ServiceNotRunning,
+    /// A volume's name, size or mount breaks a bound (the message names
+    /// the field), or a bid mounts volumes without a workload.
+    VolumeInvalid,
+    /// No such volume among this account's.
+    UnknownVolume,
+    /// The account holds 16 volumes or 4 096 GiB of them, or the exchange
+    /// its most.
+    TooManyVolumes,
+    /// `create_volume` with the name of one of the account's volumes.
+    VolumeExists,
+    /// A read-write mount of a volume another lease or resting bid writes,
+    /// or `delete_volume` of one a lease or bid holds.
+    VolumeInUse,
 }
 
 impl From<crate::delivery::WorkloadError> for ErrorCode {
@@ -1745,6 +1818,11 @@ impl ErrorCode {
             ServiceScaleInvalid => "the service is not running, or the count is outside its min and max or what its budget pays for",
             ServiceNotScaling => "the service has no autoscaling, or is not running",
             ServiceNotRunning => "the service is not running, or an update is still rolling out",
+            VolumeInvalid => "the volume's name, size or mount breaks a bound (docs/storage.md), or volumes are mounted by a bid without a workload",
+            UnknownVolume => "no such volume among this account's",
+            TooManyVolumes => "the account holds 16 volumes or 4096 GiB of them, or the exchange its most",
+            VolumeExists => "the account has a volume of this name",
+            VolumeInUse => "another lease or resting bid writes this volume (mount it read-only), or a lease or bid holds the volume being deleted",
         }
     }
 }

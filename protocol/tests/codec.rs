@@ -30,6 +30,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         regions: vec!["cn-east".into(), "cn-west".into()],
         nodes: 2,
         min_fabric_gbps: 400,
+        volumes: vec![gpux_protocol::VolumeMount { volume: "data".into(), mount: "/data".into(), read_only: false }],
     };
     vec![
         ClientMessage::Auth {
@@ -232,7 +233,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::JobStatus { id: 50, job: JobId(3) },
         ClientMessage::Jobs { id: 51, offset: 100 },
         ClientMessage::CancelJob { id: 52, job: JobId(3) },
-        ClientMessage::JobStoreToken { id: 53, job: None, lease: Some(LeaseId(9)) },
+        ClientMessage::JobStoreToken { id: 53, job: None, lease: Some(LeaseId(9)), volume: None },
         ClientMessage::JobBill { id: 54, job: JobId(3), offset: 0 },
         ClientMessage::ResizeJob { id: 55, job: JobId(3), gpus: 16 },
         ClientMessage::CreateService {
@@ -280,6 +281,10 @@ fn sample_client_messages() -> Vec<ClientMessage> {
             router: 7,
             load: gpux_protocol::ServiceLoad { requests_per_second_milli: 12_500, in_flight: 3, queued: 0 },
         },
+        ClientMessage::CreateVolume { id: 62, name: "data".into(), size_gib: 50 },
+        ClientMessage::Volumes { id: 63 },
+        ClientMessage::DeleteVolume { id: 64, name: "data".into() },
+        ClientMessage::JobStoreToken { id: 65, job: None, lease: None, volume: Some("data".into()) },
         ClientMessage::OfferLease {
             id: 41,
             lease: LeaseId(7),

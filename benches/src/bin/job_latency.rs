@@ -98,7 +98,7 @@ async fn run(jobs: usize, failovers: usize, pairs: usize, preemptions: usize, si
     let bundle = gpux_jobs::bundle::pack(&code).expect("packs");
     let id = renter.new_id();
     let ServerMessage::JobStoreToken { url: store, token, .. } =
-        renter.request(ClientMessage::JobStoreToken { id, job: None, lease: None }).await.expect("token")
+        renter.request(ClientMessage::JobStoreToken { id, job: None, lease: None, volume: None }).await.expect("token")
     else {
         panic!("no job store")
     };

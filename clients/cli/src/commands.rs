@@ -519,6 +519,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Run(args) => crate::run::run(s, args, json).await,
         Command::Job { action } => crate::job::job_action(s, &action, json).await,
         Command::Service { action } => crate::service::service_action(s, &cli.url, action, json).await,
+        Command::Volume { action } => crate::volume::volume_action(s, action, json).await,
         Command::Lease { action } => crate::run::lease(s, action, &key, json).await,
         Command::Buy(args) => place(s, Side::Buy, args, json).await,
         Command::Sell(args) => place(s, Side::Sell, args, json).await,

@@ -339,7 +339,7 @@ fn print_plan(
 /// A job store token for the account's own prefix.
 async fn store_token(s: &mut Session) -> Result<(String, String), Failure> {
     let id = s.connection.new_id();
-    match s.ask(ClientMessage::JobStoreToken { id, job: None, lease: None }, false).await? {
+    match s.ask(ClientMessage::JobStoreToken { id, job: None, lease: None, volume: None }, false).await? {
         ServerMessage::JobStoreToken { url, token, .. } => Ok((url, token)),
         other => Err(Failure::Unreachable(format!("expected job_store_token, got {other:?}"))),
     }

@@ -33,6 +33,7 @@ mod money;
 mod run;
 mod service;
 mod session;
+mod volume;
 
 use std::path::PathBuf;
 
@@ -437,6 +438,12 @@ pub enum Command {
         #[command(subcommand)]
         action: ServiceAction,
     },
+    /// Volumes: named folders kept in the exchange's store, mounted into
+    /// leases with `gpux run --volume NAME:/PATH` (docs/storage.md).
+    Volume {
+        #[command(subcommand)]
+        action: VolumeAction,
+    },
     /// Print a completion script for your shell: `gpux completions bash > /etc/bash_completion.d/gpux`.
     Completions {
         /// The shell to write completions for.
@@ -539,6 +546,10 @@ pub struct RunArgs {
     /// /dev/shm size in MiB.
     #[arg(long, default_value_t = 0)]
     pub shm_mib: u32,
+    /// A volume to mount, NAME:/PATH (read-write: the lease's host syncs
+    /// it back) or NAME:/PATH:ro (a copy to read); repeat for more.
+    #[arg(long)]
+    pub volume: Vec<String>,
     /// When the host restarts the container: never, on a failure (a non-zero exit), or always.
     #[arg(long, value_enum, default_value_t = RestartArg::Never)]
     pub restart: RestartArg,
@@ -782,6 +793,37 @@ pub struct ServiceCreate {
     /// The command the container runs (after `--`; default the image's).
     #[arg(last = true)]
     pub command: Vec<String>,
+}
+
+#[derive(clap::Subcommand)]
+pub enum VolumeAction {
+    /// Creates a volume: a named folder of at most SIZE_GIB in the store.
+    Create {
+        /// Its name (letters, digits, `-`, `_`, `.`; 63 at most).
+        name: String,
+        /// Its size, GiB: what its files may hold together (1 to 1024).
+        #[arg(long)]
+        size_gib: u32,
+    },
+    /// Your volumes, with who holds each.
+    List,
+    /// Deletes a volume no lease or bid holds: its files leave the store.
+    Delete {
+        /// The volume's name.
+        name: String,
+    },
+    /// A volume's files and their sizes.
+    Ls {
+        /// The volume's name.
+        name: String,
+    },
+    /// Copies a local file or folder into a volume (`NAME:PATH`) or out of one.
+    Cp {
+        /// Where from: a local path, or NAME:PATH in a volume.
+        from: String,
+        /// Where to: a local path, or NAME:PATH in a volume.
+        to: String,
+    },
 }
 
 #[derive(clap::Subcommand)]

@@ -37,6 +37,14 @@ pub async fn run(s: &mut Session, args: RunArgs, json: bool) -> Result<(), Failu
         None => LeaseDuration::UntilCancelled,
     };
     order.one_host = args.gpus > 1;
+    order.volumes = args
+        .volume
+        .iter()
+        .map(|text| {
+            gpux_protocol::VolumeMount::parse(text)
+                .ok_or_else(|| Failure::Usage(format!("--volume takes NAME:/PATH or NAME:/PATH:ro (not a system path), not {text:?}")))
+        })
+        .collect::<Result<_, _>>()?;
     args.filters.apply(&mut order)?;
     let id = s.connection.new_id();
     let answer = s.ask(ClientMessage::NewOrder { id, order, workload: Some(Box::new(workload.clone())) }, json).await?;

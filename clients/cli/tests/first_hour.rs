@@ -1,6 +1,6 @@
-//! docs/first-hour.md, docs/jobs.md's and docs/services.md's first hour,
-//! run as written: every `sh first-hour` (`sh jobs-first-hour`, `sh
-//! services-first-hour`) block, in
+//! docs/first-hour.md, docs/jobs.md's, docs/services.md's and
+//! docs/storage.md's first hour, run as written: every `sh first-hour` (`sh
+//! jobs-first-hour`, `sh services-first-hour`, `sh storage-first-hour`) block, in
 //! order, in one bash session, with this build's programs on PATH and free
 //! ports, in a fresh directory (also HOME). The guide starts an exchange and
 //! an agent in the background and stops them itself; after a failing run,
@@ -169,6 +169,25 @@ fn the_services_guide_runs_as_written() {
         "service 1 deleted",
         "hello                    deleted",
         "router: the service is gone",
+    ] {
+        assert!(out.contains(expected), "{expected:?} missing from what the guide printed:\n{out}\n--- stderr\n{err}");
+    }
+}
+
+#[test]
+fn the_storage_guide_runs_as_written() {
+    let (out, err) = run_guide("docs/storage.md", "storage-first-hour", 4);
+    for expected in [
+        "volume data (1 GiB) created",
+        "1 file(s), 15 bytes into volume data",
+        "inbox/hello.txt",
+        "from my laptop",
+        "result.txt",
+        "2 file(s), 39 bytes",
+        "1 file(s), 24 bytes from volume data",
+        "written on the GPU host",
+        "data  1 GiB  free",
+        "volume data deleted",
     ] {
         assert!(out.contains(expected), "{expected:?} missing from what the guide printed:\n{out}\n--- stderr\n{err}");
     }

@@ -904,6 +904,35 @@ class Services(Record):
     next_offset: Optional[int]
 
 
+@dataclass
+class VolumeInfo(Record):
+    """A volume (docs/storage.md): its name and size, `state` (ready or
+    deleted), the lease writing it (`writer`), a resting bid claiming it
+    (`writer_bid`) and the leases reading a copy (`readers`)."""
+
+    volume: int
+    owner: int
+    name: str
+    size_gib: int
+    state: str
+    created_at_ms: int
+    writer: Optional[int]
+    writer_bid: Optional[int]
+    readers: list
+
+
+@dataclass
+class Volume(Record):
+    id: int
+    volume: VolumeInfo
+
+
+@dataclass
+class Volumes(Record):
+    id: int
+    volumes: list[VolumeInfo]
+
+
 # The answers `gpux.parse` reads into these records, by wire type.
 ANSWERS = {
     "instruments": Instruments,
@@ -944,4 +973,6 @@ ANSWERS = {
     "job_store_token": JobStoreToken,
     "service": Service,
     "services": Services,
+    "volume": Volume,
+    "volumes": Volumes,
 }

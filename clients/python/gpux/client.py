@@ -765,6 +765,45 @@ class Client:
         (docs/protocol.md "The job store")."""
         return await self.request("job_store_token")
 
+    async def create_volume(self, name: str, size_gib: int) -> a.VolumeInfo:
+        """Creates a volume: a named folder of at most `size_gib` GiB in the
+        job store, mounted into leases with an order's `volumes`
+        (docs/storage.md). Bad names or sizes raise GpuxError `volume_invalid`."""
+        return (await self.request("create_volume", name=name, size_gib=size_gib)).volume
+
+    async def volumes(self) -> list[a.VolumeInfo]:
+        """The account's volumes, by name."""
+        return (await self.request("volumes")).volumes
+
+    async def delete_volume(self, name: str) -> a.VolumeInfo:
+        """Deletes a volume no lease or bid holds (else GpuxError
+        `volume_in_use`): its files leave the store."""
+        return (await self.request("delete_volume", name=name)).volume
+
+    async def volume_token(self, name: str) -> a.JobStoreToken:
+        """The account's bearer token for volume `name` in the store: read
+        and write its files (`<account>/volumes/<volume>/<path>`)."""
+        return await self.request("job_store_token", volume=name)
+
+    async def put_volume_file(self, name: str, path: str, body: bytes) -> None:
+        """Puts `body` at `path` in volume `name` (what `gpux volume cp` does)."""
+        volume = next((v for v in await self.volumes() if v.name == name), None)
+        if volume is None:
+            raise GpuxError("unknown_volume", f"no volume called {name}")
+        token = await self.volume_token(name)
+        key = f"{volume.owner}/volumes/{volume.volume}/{path.strip('/')}"
+        await _store_request("PUT", token.url, f"/v1/objects/{key}", token.token, body)
+
+    async def volume_files(self, name: str) -> dict:
+        """Volume `name`'s files by their path in it, with their content."""
+        volume = next((v for v in await self.volumes() if v.name == name), None)
+        if volume is None:
+            raise GpuxError("unknown_volume", f"no volume called {name}")
+        token = await self.volume_token(name)
+        prefix = f"{volume.owner}/volumes/{volume.volume}"
+        listed = json.loads(await _store_request("GET", token.url, f"/v1/list/{prefix}", token.token))
+        return {item["key"][len(prefix) + 1 :]: await _store_request("GET", token.url, f"/v1/objects/{item['key']}", token.token) for item in listed}
+
     async def put_bundle(self, bundle: bytes) -> dict:
         """Puts a code bundle (a gzip-compressed tar, `pack_bundle`) in the
         job store under its SHA-256; returns the `bundle` field of a job's run."""

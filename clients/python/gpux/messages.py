@@ -116,6 +116,7 @@ class OrderTicket:
     regions: list = field(default_factory=list)  # bids: only GPUs of hosts in these regions ([]: any)
     nodes: int = 0  # bids: a cluster bid for this many hosts on one fabric (0: not a cluster)
     min_fabric_gbps: int = 0  # cluster bids: the fabric's least bandwidth per host, Gb/s
+    volumes: list = field(default_factory=list)  # bids with a workload: [{"volume", "mount", "read_only"}] mounted into each lease
 
     _next_id = [0]
 
@@ -175,6 +176,7 @@ class OrderTicket:
             "regions": list(self.regions),
             "nodes": self.nodes,
             "min_fabric_gbps": self.min_fabric_gbps,
+            "volumes": list(self.volumes),
         }
 
 
@@ -317,6 +319,8 @@ class LeaseDelivery:
     at_ms: Optional[int] = None
     # The service replica the lease runs, for its host (docs/protocol.md "Services").
     replica: Optional[dict] = None
+    # The renter's volumes on the lease, for its host (docs/protocol.md "Volumes").
+    volumes: Optional[dict] = None
 
 
 @dataclass
@@ -341,6 +345,17 @@ class ReplicaAssigned(Record):
 
     lease: int
     replica: dict
+
+
+@dataclass
+class VolumesAttached(Record):
+    """Pushed to a lease's host before its workload: the renter's volumes
+    to restore into it, and a store token for them (an agent's message)."""
+
+    lease: int
+    renter: int
+    volumes: list
+    store: Optional[dict] = None
 
 
 @dataclass
@@ -369,6 +384,7 @@ _TYPES = {
     "job_update": JobUpdate,
     "service_update": ServiceUpdate,
     "replica_assigned": ReplicaAssigned,
+    "volumes_attached": VolumesAttached,
 }
 
 

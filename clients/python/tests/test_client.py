@@ -923,3 +923,46 @@ def test_a_service_keeps_its_replica_scales_updates_and_is_deleted_from_python(e
         await supplier.close()
 
     run(scenario())
+
+
+def test_a_volume_is_created_filled_mounted_by_a_bid_and_deleted_from_python(exchange):
+    url, operator = exchange
+
+    async def scenario():
+        renter = await funded_renter(url, operator)
+        data = await renter.create_volume("py-data", 2)
+        assert (data.name, data.size_gib, data.state, data.writer) == ("py-data", 2, "ready", None)
+        with pytest.raises(gpux.GpuxError) as taken:
+            await renter.create_volume("py-data", 1)
+        assert taken.value.code == "volume_exists"
+        with pytest.raises(gpux.GpuxError) as bad:
+            await renter.create_volume("../etc", 1)
+        assert bad.value.code == "volume_invalid"
+        await renter.put_volume_file("py-data", "notes/readme.txt", b"kept across leases")
+        assert await renter.volume_files("py-data") == {"notes/readme.txt": b"kept across leases"}
+        # A resting bid (no ask that low) with a workload claims the volume
+        # read-write: another writer is refused, a reader is not.
+        workload = {"image": "localhost/gpux-test:latest", "secrets_follow": True}
+        writer = gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("1"), 1, volumes=[{"volume": "py-data", "mount": "/data"}])
+        await renter.request("new_order", order=writer.to_wire(), workload=workload)
+        claimed = next(v for v in await renter.volumes() if v.name == "py-data")
+        assert claimed.writer_bid is not None and claimed.writer is None
+        second = gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("1"), 1, volumes=[{"volume": "py-data", "mount": "/d"}])
+        with pytest.raises(gpux.GpuxError) as in_use:
+            await renter.request("new_order", order=second.to_wire(), workload=workload)
+        assert in_use.value.code == "volume_in_use"
+        reader = gpux.OrderTicket.limit(H100_SPOT, "buy", gpux.dollars("1"), 1, volumes=[{"volume": "py-data", "mount": "/d", "read_only": True}])
+        await renter.request("new_order", order=reader.to_wire(), workload=workload)
+        with pytest.raises(gpux.GpuxError) as held:
+            await renter.delete_volume("py-data")
+        assert held.value.code == "volume_in_use"
+        await renter.request("mass_cancel", instrument=None)
+        deleted = await renter.delete_volume("py-data")
+        assert deleted.state == "deleted"
+        assert await renter.volumes() == []
+        with pytest.raises(gpux.GpuxError) as gone:
+            await renter.volume_token("py-data")
+        assert gone.value.code == "unknown_volume"
+        await renter.close()
+
+    run(scenario())

@@ -24,7 +24,11 @@
 //!
 //! Keys: `<renter>/bundles/<sha256>.tar.gz` and `<renter>/inputs/<sha256>.tar.gz`
 //! (the server checks the hash of what is put), `<renter>/jobs/<job>/checkpoints/<path>`,
-//! `<renter>/jobs/<job>/outputs/<path>`.
+//! `<renter>/jobs/<job>/outputs/<path>`, and a volume's files
+//! `<renter>/volumes/<volume>/<path>` (docs/storage.md): opened by a
+//! volume token only (the renter's, or a host's for the volumes of one of
+//! its running leases, writable unless mounted read-only), within the
+//! volume's size and file count rather than the account's quota.
 
 mod leases;
 mod server;
@@ -40,7 +44,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use gpux_engine::{AccountId, LeaseId};
-use gpux_protocol::JobId;
+use gpux_protocol::{JobId, VolumeId};
 use hmac::{Hmac, Mac};
 use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
@@ -84,12 +88,30 @@ pub enum Grant {
         inputs: Vec<String>,
         expires_at_ms: u64,
     },
+    /// Volumes of `owner`: the renter's own token for one (`lease` absent),
+    /// or a host's for those attached to its running `lease`.
+    Volume {
+        owner: AccountId,
+        #[serde(default)]
+        lease: Option<LeaseId>,
+        volumes: Vec<VolumeAccess>,
+        expires_at_ms: u64,
+    },
+}
+
+/// One volume a token opens.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeAccess {
+    pub volume: VolumeId,
+    pub writable: bool,
+    /// Its size: what its files may hold together.
+    pub bytes_max: u64,
 }
 
 impl Grant {
     fn expires_at_ms(&self) -> u64 {
         match self {
-            Grant::Renter { expires_at_ms, .. } | Grant::Host { expires_at_ms, .. } => *expires_at_ms,
+            Grant::Renter { expires_at_ms, .. } | Grant::Host { expires_at_ms, .. } | Grant::Volume { expires_at_ms, .. } => *expires_at_ms,
         }
     }
 
@@ -97,7 +119,8 @@ impl Grant {
     fn uploader(&self) -> Uploader {
         match self {
             Grant::Renter { account, participant, .. } => Uploader::Participant(participant.unwrap_or(*account)),
-            Grant::Host { lease, .. } => Uploader::Lease(*lease),
+            Grant::Host { lease, .. } | Grant::Volume { lease: Some(lease), .. } => Uploader::Lease(*lease),
+            Grant::Volume { owner, lease: None, .. } => Uploader::Participant(*owner),
         }
     }
 
@@ -113,14 +136,29 @@ impl Grant {
                 owner == renter && operation == Operation::Read && bundle.as_deref() == Some(sha256.as_str())
             }
             (Grant::Host { renter, job, .. }, Key::Job { owner, job: of, .. }) => owner == renter && of == job,
+            (Grant::Volume { owner, volumes, .. }, Key::Volume { owner: of, volume, .. }) => {
+                owner == of && volumes.iter().any(|v| v.volume == *volume && (operation == Operation::Read || v.writable))
+            }
+            (Grant::Volume { .. }, _) | (_, Key::Volume { .. }) => false,
         }
     }
 
-    /// The prefix a listing may cover.
-    fn may_list(&self, owner: AccountId, job: Option<JobId>) -> bool {
-        match self {
-            Grant::Renter { account, .. } => *account == owner,
-            Grant::Host { renter, job: own, .. } => *renter == owner && job == Some(*own),
+    /// The volume `key` is in, as this grant opens it.
+    fn volume(&self, key: &Key) -> Option<&VolumeAccess> {
+        match (self, key) {
+            (Grant::Volume { volumes, .. }, Key::Volume { volume, .. }) => volumes.iter().find(|v| v.volume == *volume),
+            _ => None,
+        }
+    }
+
+    /// The prefix a listing may cover: a job's or the account's (no
+    /// volume's files), or one volume's.
+    fn may_list(&self, owner: AccountId, job: Option<JobId>, volume: Option<VolumeId>) -> bool {
+        match (self, volume) {
+            (Grant::Renter { account, .. }, None) => *account == owner,
+            (Grant::Host { renter, job: own, .. }, None) => *renter == owner && job == Some(*own),
+            (Grant::Volume { owner: of, volumes, .. }, Some(volume)) => *of == owner && volumes.iter().any(|v| v.volume == volume),
+            _ => false,
         }
     }
 }
@@ -148,6 +186,11 @@ enum Key {
         job: JobId,
         rest: String,
     },
+    /// A file of a volume.
+    Volume {
+        owner: AccountId,
+        volume: VolumeId,
+    },
 }
 
 fn component_ok(c: &str) -> bool {
@@ -174,6 +217,7 @@ impl Key {
             ["jobs", job, area @ ("checkpoints" | "outputs" | "logs"), rest @ ..] if !rest.is_empty() => {
                 Some(Key::Job { owner, job: JobId(job.parse().ok()?), rest: format!("{area}/{}", rest.join("/")) })
             }
+            ["volumes", volume, rest @ ..] if !rest.is_empty() => Some(Key::Volume { owner, volume: VolumeId(volume.parse().ok()?) }),
             _ => None,
         }
     }
@@ -187,11 +231,26 @@ pub struct Issuer {
     secret: [u8; 32],
     /// The job leases running, shared with the store's HTTP side.
     pub running: Arc<RunningLeases>,
+    /// Where deleted volumes' prefixes go to have their files removed.
+    purges: Option<tokio::sync::mpsc::UnboundedSender<String>>,
 }
 
 impl Issuer {
     pub fn new(url: String, secret: [u8; 32], running: Arc<RunningLeases>) -> Issuer {
-        Issuer { url, secret, running }
+        Issuer { url, secret, running, purges: None }
+    }
+
+    /// Sends deleted volumes' prefixes to `purges` (the store server's).
+    pub fn purging(mut self, purges: tokio::sync::mpsc::UnboundedSender<String>) -> Issuer {
+        self.purges = Some(purges);
+        self
+    }
+
+    /// Has the files of `owner`'s deleted volume removed from the store.
+    pub fn purge_volume(&self, owner: AccountId, volume: VolumeId) {
+        if let Some(purges) = &self.purges {
+            let _ = purges.send(format!("{}/volumes/{}", owner.0, volume.0));
+        }
     }
 
     /// `hex(JSON of the grant).hex(HMAC-SHA-256 of it)`.
@@ -316,10 +375,11 @@ pub(crate) fn bind(
     let url = config.url.clone().unwrap_or(format!("http://{}", listener.local_addr()?));
     crate::say(&format!("job store on {url} ({})", config.store));
     let running = std::sync::Arc::new(RunningLeases::default());
-    let mut server = StoreServer::new(store, secret, running.clone(), config.quota_bytes, clock);
+    let (purge_tx, purge_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut server = StoreServer::new(store, secret, running.clone(), config.quota_bytes, clock).purging(purge_rx);
     // A store on the journal's file system keeps out of its reserve.
     if local_root(&config.store, data_dir).is_some_and(|root| disk.holds(&root)) {
         server = server.beside_journal(disk);
     }
-    Ok((listener, server, Issuer::new(url, secret, running)))
+    Ok((listener, server, Issuer::new(url, secret, running).purging(purge_tx)))
 }

@@ -77,6 +77,9 @@ pub struct StoreServer {
     /// The journal's file system, when the store is on it: puts keep out
     /// of the journal's reserve.
     disk: Option<Arc<crate::disk::Disk>>,
+    /// Prefixes of deleted volumes whose files are to be removed (the
+    /// sequencer sends them; `router` starts the task that removes them).
+    purges: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<String>>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -95,7 +98,24 @@ impl StoreServer {
         quota_bytes: u64,
         clock: gpux_gateway::link::Clock,
     ) -> StoreServer {
-        StoreServer { store, secret, previous: None, running, quota_bytes, uploads: Uploads::default(), clock, disk: None }
+        StoreServer {
+            store,
+            secret,
+            previous: None,
+            running,
+            quota_bytes,
+            uploads: Uploads::default(),
+            clock,
+            disk: None,
+            purges: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Removes the files under each prefix `purges` sends (deleted
+    /// volumes), once `router` runs within a runtime.
+    pub fn purging(self, purges: tokio::sync::mpsc::UnboundedReceiver<String>) -> StoreServer {
+        *self.purges.lock().unwrap_or_else(|e| e.into_inner()) = Some(purges);
+        self
     }
 
     /// The store shares the journal's file system: a put that would leave
@@ -120,6 +140,10 @@ impl StoreServer {
     }
 
     pub fn router(self) -> axum::Router {
+        let purges = self.purges.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let (Some(purges), Ok(runtime)) = (purges, tokio::runtime::Handle::try_current()) {
+            runtime.spawn(purge(self.store.clone(), purges));
+        }
         axum::Router::new()
             .route("/v1/objects/{*key}", get(get_object).put(put_object).delete(delete_object))
             .route("/v1/list/{*prefix}", get(list))
@@ -141,12 +165,17 @@ impl StoreServer {
     }
 
     /// A host grant's lease must run; one that ended within the log grace
-    /// may put its attempt's output tail (`log_tail`) and nothing else.
+    /// may put its attempt's output tail (`log_tail`) and nothing else, and
+    /// a host's volume grant may make its last sync.
     fn check_lease(&self, grant: &Grant, log_tail: bool) -> Result<(), Refusal> {
-        let Grant::Host { lease, .. } = grant else { return Ok(()) };
+        let (Grant::Host { lease, .. } | Grant::Volume { lease: Some(lease), .. }) = grant else { return Ok(()) };
+        let log_tail = log_tail && matches!(grant, Grant::Host { .. });
+        // A lease's volumes take their host's last sync, once the workload
+        // is gone, within the same grace.
+        let last_sync = matches!(grant, Grant::Volume { .. });
         match self.running.standing(*lease, self.clock.now_ms()) {
             Standing::Running => Ok(()),
-            Standing::JustEnded if log_tail => Ok(()),
+            Standing::JustEnded if log_tail || last_sync => Ok(()),
             Standing::JustEnded | Standing::Ended => Err(Refusal(
                 StatusCode::FORBIDDEN,
                 "lease_ended",
@@ -155,8 +184,26 @@ impl StoreServer {
         }
     }
 
+    /// What the account's jobs and bundles hold (not its volumes, which
+    /// each have their own size), bytes and objects.
     async fn usage(&self, owner: AccountId) -> Result<(u64, usize), object_store::Error> {
         let prefix = StorePath::from(owner.0.to_string());
+        let volumes = format!("{}/volumes/", owner.0);
+        let mut listing = self.store.list(Some(&prefix));
+        let (mut bytes, mut objects) = (0u64, 0usize);
+        while let Some(meta) = listing.next().await {
+            let meta = meta?;
+            if !meta.location.as_ref().starts_with(&volumes) {
+                bytes += meta.size;
+                objects += 1;
+            }
+        }
+        Ok((bytes, objects))
+    }
+
+    /// What one volume's files hold, bytes and objects.
+    async fn volume_usage(&self, owner: AccountId, volume: gpux_protocol::VolumeId) -> Result<(u64, usize), object_store::Error> {
+        let prefix = StorePath::from(format!("{}/volumes/{}", owner.0, volume.0));
         let mut listing = self.store.list(Some(&prefix));
         let (mut bytes, mut objects) = (0u64, 0usize);
         while let Some(meta) = listing.next().await {
@@ -214,13 +261,13 @@ fn authorised(server: &StoreServer, headers: &HeaderMap, key: &str, operation: O
                     .strip_prefix(&format!("attempt-{attempt}-rank-"))
                     .is_some_and(|rank| rank.strip_suffix(".log").is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit())))
         }
-        Grant::Renter { .. } => false,
+        Grant::Renter { .. } | Grant::Volume { .. } => false,
     };
     server.check_lease(&grant, log_tail)?;
     let parsed = Key::parse(key).ok_or(Refusal(
         StatusCode::BAD_REQUEST,
         "key_invalid",
-        "keys are <account>/bundles/<sha256>.tar.gz or <account>/jobs/<job>/(checkpoints|outputs|logs)/<path>",
+        "keys are <account>/bundles/<sha256>.tar.gz, <account>/jobs/<job>/(checkpoints|outputs|logs)/<path> or <account>/volumes/<volume>/<path>",
     ))?;
     if !grant.allows(operation, &parsed) {
         return Err(Refusal(StatusCode::FORBIDDEN, "forbidden", "the token does not open this key for this operation"));
@@ -250,10 +297,11 @@ async fn put_object(State(server): State<Shared>, UrlPath(key): UrlPath<String>,
         Ok(parsed) => parsed,
         Err(refused) => return refused.into_response(),
     };
-    let uploader = match server.grant(&headers) {
-        Ok(grant) => grant.uploader(),
+    let grant = match server.grant(&headers) {
+        Ok(grant) => grant,
         Err(refused) => return refused.into_response(),
     };
+    let uploader = grant.uploader();
     // A declared length that can never fit is refused before any body is
     // read or an upload slot taken.
     let declared = headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
@@ -273,7 +321,7 @@ async fn put_object(State(server): State<Shared>, UrlPath(key): UrlPath<String>,
     };
     let (owner, sha256) = match &parsed {
         Key::Bundle { owner, sha256 } | Key::Input { owner, sha256 } => (*owner, Some(sha256.clone())),
-        Key::Job { owner, .. } => (*owner, None),
+        Key::Job { owner, .. } | Key::Volume { owner, .. } => (*owner, None),
     };
     let path = StorePath::from(key.as_str());
     let replaced = match server.store.head(&path).await {
@@ -281,18 +329,40 @@ async fn put_object(State(server): State<Shared>, UrlPath(key): UrlPath<String>,
         Err(object_store::Error::NotFound { .. }) => 0,
         Err(error) => return store_failed(error),
     };
-    // The room the account has for this object, checked before its body.
-    let room = match server.usage(owner).await {
-        Ok((used, objects)) => {
-            if replaced == 0 && objects >= OBJECTS_PER_ACCOUNT_MAX {
-                return refuse(StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded", "the account holds 10 000 objects in the job store");
+    // The room the account (or the volume) has for this object, checked
+    // before its body.
+    let (room, full): (u64, fn() -> Response) = match (&parsed, grant.volume(&parsed)) {
+        (Key::Volume { volume, .. }, Some(access)) => match server.volume_usage(owner, *volume).await {
+            Ok((used, objects)) => {
+                if replaced == 0 && objects >= gpux_protocol::volumes::limits::FILES_PER_VOLUME_MAX {
+                    return refuse(StatusCode::INSUFFICIENT_STORAGE, "volume_full", "the volume holds 10 000 files");
+                }
+                (access.bytes_max.saturating_sub(used - replaced.min(used)), || {
+                    refuse(
+                        StatusCode::INSUFFICIENT_STORAGE,
+                        "volume_full",
+                        "the volume's size is reached: delete files or use a larger volume",
+                    )
+                })
             }
-            server.quota_bytes.saturating_sub(used - replaced.min(used))
-        }
-        Err(error) => return store_failed(error),
+            Err(error) => return store_failed(error),
+        },
+        _ => match server.usage(owner).await {
+            Ok((used, objects)) => {
+                if replaced == 0 && objects >= OBJECTS_PER_ACCOUNT_MAX {
+                    return refuse(StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded", "the account holds 10 000 objects in the job store");
+                }
+                (server.quota_bytes.saturating_sub(used - replaced.min(used)), || {
+                    refuse(
+                        StatusCode::INSUFFICIENT_STORAGE,
+                        "quota_exceeded",
+                        "the account's share of the job store is full: delete old results",
+                    )
+                })
+            }
+            Err(error) => return store_failed(error),
+        },
     };
-    let full =
-        || refuse(StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded", "the account's share of the job store is full: delete old results");
     if declared.is_some_and(|bytes| bytes > room) {
         return full();
     }
@@ -418,20 +488,33 @@ async fn list(State(server): State<Shared>, UrlPath(prefix): UrlPath<String>, he
         Some(["jobs", job, ..]) => job.parse::<u64>().ok().map(JobId),
         _ => None,
     };
-    let shape_ok = parts.iter().all(|c| component_ok(c)) && parts.len() <= 4;
+    let volume = match parts.get(1..) {
+        Some(["volumes", volume, ..]) => volume.parse::<u64>().ok().map(gpux_protocol::VolumeId),
+        _ => None,
+    };
+    let deep = if volume.is_some() { 64 } else { 4 };
+    let shape_ok = parts.iter().all(|c| component_ok(c)) && parts.len() <= deep;
     let Some(owner) = owner.filter(|_| shape_ok) else {
-        return refuse(StatusCode::BAD_REQUEST, "key_invalid", "list <account>, <account>/jobs/<job> or <account>/jobs/<job>/<area>");
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "key_invalid",
+            "list <account>, <account>/jobs/<job>, <account>/jobs/<job>/<area> or <account>/volumes/<volume>[/<path>]",
+        );
     };
     if let Err(refused) = server.check_lease(&grant, false) {
         return refused.into_response();
     }
-    if !grant.may_list(owner, job) {
+    if !grant.may_list(owner, job, volume) {
         return refuse(StatusCode::FORBIDDEN, "forbidden", "the token does not open this prefix");
     }
     let mut listing = server.store.list(Some(&StorePath::from(prefix.trim_end_matches('/'))));
+    // The account's listing leaves out its volumes' files (each volume's
+    // token lists its own).
+    let volumes = format!("{}/volumes/", owner.0);
     let mut found = Vec::new();
     while let Some(meta) = listing.next().await {
         match meta {
+            Ok(meta) if volume.is_none() && meta.location.as_ref().starts_with(&volumes) => {}
             Ok(meta) if found.len() < OBJECTS_PER_ACCOUNT_MAX => found.push(Listed { key: meta.location.to_string(), bytes: meta.size }),
             Ok(_) => break,
             Err(error) => return store_failed(error),
@@ -439,4 +522,38 @@ async fn list(State(server): State<Shared>, UrlPath(prefix): UrlPath<String>, he
     }
     found.sort_by(|a, b| a.key.cmp(&b.key));
     json(StatusCode::OK, &found)
+}
+
+/// Removes every file under each prefix received (a deleted volume's),
+/// retrying a backend that fails every 10 s until it answers.
+async fn purge(store: Arc<dyn ObjectStore>, mut purges: tokio::sync::mpsc::UnboundedReceiver<String>) {
+    while let Some(prefix) = purges.recv().await {
+        loop {
+            match purge_once(store.as_ref(), &prefix).await {
+                Ok(removed) => {
+                    tracing::info!(%prefix, removed, "a deleted volume's files removed");
+                    break;
+                }
+                Err(error) => {
+                    tracing::warn!(%prefix, %error, "removing a deleted volume's files; retrying in 10 s");
+                    tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+                }
+            }
+        }
+    }
+}
+
+async fn purge_once(store: &dyn ObjectStore, prefix: &str) -> Result<usize, object_store::Error> {
+    let mut keys = Vec::new();
+    let mut listing = store.list(Some(&StorePath::from(prefix)));
+    while let Some(meta) = listing.next().await {
+        keys.push(meta?.location);
+    }
+    for key in &keys {
+        match store.delete(key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(keys.len())
 }

@@ -16,7 +16,15 @@ impl Sequencer {
     /// A bid carrying a workload, or opting in to re-match: each is journaled
     /// right before the bid; every lease the bid fills receives the
     /// workload, and is replaced if its host fails it.
-    pub(super) fn bid(&mut self, connection: ConnectionId, id: u64, command: Command, workload: Option<Box<Workload>>, rematch: bool) {
+    pub(super) fn bid(
+        &mut self,
+        connection: ConnectionId,
+        id: u64,
+        command: Command,
+        workload: Option<Box<Workload>>,
+        rematch: bool,
+        volumes: Vec<gpux_protocol::VolumeMount>,
+    ) {
         let Some(order) = command.new_order() else { return };
         if order.side != gpux_engine::Side::Buy && workload.is_some() {
             return self.reply(connection, error(Some(id), ErrorCode::WorkloadNotOnBid));
@@ -26,12 +34,18 @@ impl Sequencer {
             return self.reply(connection, error(Some(id), ErrorCode::RematchNotOnSpotBid));
         }
         let (account, client_order_id) = (order.account, order.client_order_id);
+        if let Err(code) = self.check_bid_volumes(account, &volumes) {
+            return self.reply(connection, error(Some(id), code));
+        }
         if let Some(workload) = workload {
             if self.journal(JournalEntry::BidWorkload { account, client_order_id, workload }).is_none() {
                 return;
             }
         }
         if rematch && self.journal(JournalEntry::BidRematch { account, client_order_id }).is_none() {
+            return;
+        }
+        if !volumes.is_empty() && self.journal(JournalEntry::BidVolumes { account, client_order_id, mounts: volumes }).is_none() {
             return;
         }
         self.apply_command(Some(connection), id, command);
@@ -164,7 +178,8 @@ impl Sequencer {
         let replica =
             self.market.services().replica_of(lease).filter(|_| self.market.engine().lease(lease).is_some_and(|l| l.supplier == account));
         let (workload, replica) = (delivery.and_then(|d| d.workload.clone()), replica.map(Box::new));
-        ServerMessage::LeaseDelivery { id, lease, workload, state, at_ms, replica }
+        let volumes = self.lease_volumes(account, lease).map(Box::new);
+        ServerMessage::LeaseDelivery { id, lease, workload, state, at_ms, replica, volumes }
     }
 
     /// A renter asks its workload's host for its logs or to run a command:

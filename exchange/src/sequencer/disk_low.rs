@@ -27,6 +27,7 @@ pub(super) fn new_work(body: &Body) -> bool {
         Body::Service { request } => {
             matches!(request, ServiceRequest::Create { .. } | ServiceRequest::Scale { .. } | ServiceRequest::Update { .. })
         }
+        Body::Volume { request } => matches!(request, gpux_gateway::link::VolumeRequest::Create { .. }),
         Body::Access { request } => {
             matches!(request, AccessRequest::OpenSubAccount | AccessRequest::MoveFunds { .. } | AccessRequest::AddKey { .. })
         }

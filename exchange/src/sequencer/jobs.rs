@@ -29,7 +29,7 @@ impl Sequencer {
 
     /// Hands out tokens for this job store (`--job-store`).
     pub fn set_job_store(&mut self, issuer: Issuer) {
-        issuer.running.replace(self.market.jobs().running_leases());
+        issuer.running.replace(self.market.jobs().running_leases().chain(self.market.volumes().leases()));
         self.job_store = Some(issuer);
     }
 
@@ -39,7 +39,11 @@ impl Sequencer {
         let Some(store) = &self.job_store else { return };
         for event in events {
             match event.kind {
-                EventKind::LeaseCreated { lease, .. } if self.market.jobs().job_of_lease(lease).is_some() => store.running.started(lease),
+                EventKind::LeaseCreated { lease, .. }
+                    if self.market.jobs().job_of_lease(lease).is_some() || self.market.volumes().holds(lease) =>
+                {
+                    store.running.started(lease)
+                }
                 EventKind::LeaseEnded { lease, .. } => store.running.ended(lease, self.market.clock_ms()),
                 _ => {}
             }
@@ -78,7 +82,7 @@ impl Sequencer {
                     }
                 }
             },
-            JobRequest::StoreToken { job, lease } => self.job_store_token(account, id, job, lease),
+            JobRequest::StoreToken { job, lease, volume } => self.job_store_token(account, id, job, lease, volume),
             JobRequest::Resize { job, gpus } => {
                 if let Err(refusal) = self.market.jobs().check_resize(job, account, gpus) {
                     let code = match self.market.jobs().info(job, account) {
@@ -181,9 +185,22 @@ impl Sequencer {
 
     /// A token for the job store: the renter's own prefix, or a host's
     /// grant for the job of one of its running leases.
-    fn job_store_token(&mut self, account: gpux_engine::AccountId, id: u64, job: Option<JobId>, lease: Option<LeaseId>) -> ServerMessage {
+    fn job_store_token(
+        &mut self,
+        account: gpux_engine::AccountId,
+        id: u64,
+        job: Option<JobId>,
+        lease: Option<LeaseId>,
+        volume: Option<String>,
+    ) -> ServerMessage {
         let Some(issuer) = &self.job_store else { return error(Some(id), ErrorCode::JobStoreUnavailable) };
         let expires_at_ms = self.clock.now_ms() + JOB_STORE_TOKEN_MS;
+        if let Some(name) = volume {
+            return match self.volume_grant(account, &name, lease, expires_at_ms) {
+                Ok(grant) => ServerMessage::JobStoreToken { id, url: issuer.url.clone(), token: issuer.issue(&grant), expires_at_ms },
+                Err(code) => error(Some(id), code),
+            };
+        }
         let grant = match (job, lease) {
             (job, None) => {
                 if job.is_some_and(|job| self.market.jobs().info(job, account).is_none()) {

@@ -48,6 +48,7 @@ mod session_table;
 mod sessions;
 #[cfg(test)]
 mod tests;
+mod volumes;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -343,7 +344,7 @@ impl Sequencer {
             Body::RecentStatement { before } => self.recent_statement(connection, id, before),
             Body::Balance {} => self.balance(connection, id),
             Body::Disconnect { exchange_stopping } => self.disconnect(connection, exchange_stopping),
-            Body::Bid { command, workload, rematch } => self.bid(connection, id, command, workload, rematch),
+            Body::Bid { command, workload, rematch, volumes } => self.bid(connection, id, *command, workload, rematch, volumes),
             Body::Delivery { request } => self.delivery(connection, id, request),
             Body::Challenge { request } => self.challenge(connection, id, request),
             Body::Liveness { report } => self.liveness(connection, id, *report),
@@ -356,6 +357,7 @@ impl Sequencer {
             Body::Book { instrument } => self.book(connection, id, instrument),
             Body::Job { request } => self.job(connection, id, request),
             Body::Service { request } => self.service(connection, id, request),
+            Body::Volume { request } => self.volume(connection, id, request),
         }
     }
 

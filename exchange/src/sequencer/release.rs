@@ -38,6 +38,10 @@ impl Sequencer {
             if let ServerMessage::JobAssigned { lease, store: store @ None, .. } = &mut notice.message {
                 *store = self.host_store_grant(*lease);
             }
+            // Likewise a lease's volumes.
+            if let ServerMessage::VolumesAttached { lease, store: store @ None, .. } = &mut notice.message {
+                *store = self.host_volume_store_grant(*lease);
+            }
             let frame = SharedFrame::new(notice.message);
             match notice.to {
                 Audience::Feed(channel, instrument) => self.batch.pending.push((Target::Feed(channel, instrument), Pending::Frame(frame))),

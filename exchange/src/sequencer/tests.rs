@@ -572,7 +572,12 @@ fn a_lease_whose_host_fails_it_is_replaced_on_another_host_with_its_workload() {
         .process(vec![Request {
             connection: 3,
             id: 2,
-            body: Body::Bid { command: Command::place(bid), workload: Some(workload.clone()), rematch: true },
+            body: Body::Bid {
+                command: Box::new(Command::place(bid)),
+                workload: Some(workload.clone()),
+                rematch: true,
+                volumes: Vec::new(),
+            },
         }])
         .expect("commits");
     let leases = |sequencer: &Sequencer| sequencer.market.engine().leases_of(renter_account, None, 10).0;

@@ -45,8 +45,9 @@ pub use crate::limits::SNAPSHOT_RESERVE_BYTES;
 /// unversioned layout before 2026-12-06, which carried no format field; 3
 /// added the jobs' preemption notices and cluster members' exits, 4 their
 /// recovery (restarts, books, held exits, preemptions ahead), 5 the share
-/// rules and hosts by owner, and jobs by participant (2026-12-07), 6 services.
-pub const SNAPSHOT_FORMAT: u32 = 6;
+/// rules and hosts by owner, and jobs by participant (2026-12-07), 6 services, 7
+/// volumes.
+pub const SNAPSHOT_FORMAT: u32 = 7;
 
 /// The market as of a journal entry.
 #[derive(Clone, Serialize, Deserialize)]

@@ -596,7 +596,7 @@ pub async fn running_lease(renter: &mut Client, job: JobId, not: Option<gpux_eng
 /// A host's token for the job its running `lease` runs.
 pub async fn host_token(supplier: &mut Client, lease: gpux_engine::LeaseId) -> String {
     let id = supplier.id();
-    match supplier.request(ClientMessage::JobStoreToken { id, job: None, lease: Some(lease) }).await {
+    match supplier.request(ClientMessage::JobStoreToken { id, job: None, lease: Some(lease), volume: None }).await {
         ServerMessage::JobStoreToken { token, .. } => token,
         other => panic!("{other:?}"),
     }

@@ -244,6 +244,11 @@ impl DockerBackend {
                 config.network_mode = Some("host".into());
             }
         }
+        // The renter's volumes, each at the path it named (checked by the
+        // exchange and the protocol's rules: never a system path).
+        if let Some(volumes) = &job.volumes {
+            binds.extend(volumes.binds());
+        }
         binds
     }
 
@@ -307,6 +312,9 @@ impl DeliveryBackend for DockerBackend {
         let mut env: Vec<String> = job.secrets.env.iter().map(|(name, value)| format!("{name}={value}")).collect();
         let uuids: Vec<&str> = job.gpus.iter().map(|g| g.uuid.as_str()).collect();
         env.push(format!("GPUX_LEASE={}", job.lease.0));
+        if let Some(volumes) = &job.volumes {
+            env.extend(volumes.env(true).into_iter().map(|(name, value)| format!("{name}={value}")));
+        }
         env.push(format!("GPUX_GPUS={}", uuids.join(",")));
         if self.config.gpu_devices == GpuDevices::Fake {
             // Where the renter's GPU probe finds each fake GPU (`gpux-probe`).
@@ -517,6 +525,7 @@ mod tests {
             secrets: Default::default(),
             end_ms: None,
             files: None,
+            volumes: None,
         }
     }
 

@@ -429,14 +429,19 @@ impl JobFiles {
 }
 
 /// `relative` below `root`, refusing anything that would leave it.
-fn safe_join(root: &Path, relative: &str) -> Option<PathBuf> {
+pub(super) fn safe_join(root: &Path, relative: &str) -> Option<PathBuf> {
     let ok = relative.split('/').all(|c| !c.is_empty() && c != "." && c != "..");
     ok.then(|| root.join(relative))
 }
 
 /// Plain files below `root` by their path relative to it (`/`-separated),
-/// with their size and modification time.
+/// with their size and modification time: at most [`FILES_MAX`].
 fn list_files(root: &Path) -> Result<BTreeMap<String, (PathBuf, u64, SystemTime)>, String> {
+    list_files_within(root, FILES_MAX)
+}
+
+/// Plain files below `root`, at most `files_max` of them.
+pub(super) fn list_files_within(root: &Path, files_max: usize) -> Result<BTreeMap<String, (PathBuf, u64, SystemTime)>, String> {
     let mut found = BTreeMap::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
@@ -456,8 +461,8 @@ fn list_files(root: &Path) -> Result<BTreeMap<String, (PathBuf, u64, SystemTime)
                 let relative = path.strip_prefix(root).map_err(|e| e.to_string())?.to_string_lossy().replace('\\', "/");
                 let modified = meta.modified().map_err(|e| e.to_string())?;
                 found.insert(relative, (path, meta.len(), modified));
-                if found.len() > FILES_MAX {
-                    return Err(format!("more than {FILES_MAX} files in {}", root.display()));
+                if found.len() > files_max {
+                    return Err(format!("more than {files_max} files in {}", root.display()));
                 }
             }
         }

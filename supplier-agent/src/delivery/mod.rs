@@ -17,6 +17,7 @@ pub mod docker;
 pub mod hook;
 pub mod jobs;
 pub mod process;
+pub mod volumes;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -46,6 +47,8 @@ pub struct Launch {
     pub end_ms: Option<u64>,
     /// A job's attempt: its directories (mounted by the backend) and store.
     pub files: Option<jobs::JobFiles>,
+    /// The renter's volumes: restored before the start, mounted by the backend.
+    pub volumes: Option<volumes::VolumeFiles>,
 }
 
 /// Why a start failed, and whose fault it is (`FailureCode::fault`).
@@ -166,6 +169,8 @@ pub enum Order {
         workload: Option<Box<Workload>>,
         start_ms: u64,
         end_ms: Option<u64>,
+        /// The renter's volumes for it (`volumes_attached`).
+        volumes: Option<Box<volumes::VolumeFiles>>,
     },
     /// Run a service's replica (docs/agent.md "Services"): a workload
     /// whose command and readiness came in clear from the exchange (a
@@ -190,6 +195,12 @@ pub enum Order {
     Preempt {
         lease: LeaseId,
         deadline_ms: u64,
+    },
+    /// A re-adopted lease's volumes (after a restart, its files still in
+    /// this host's state folder): synced again from now on.
+    Volumes {
+        lease: LeaseId,
+        volumes: Box<volumes::VolumeFiles>,
     },
     /// The lease ended: its workload is removed, retried until confirmed,
     /// and `Report::Released` follows.
@@ -238,6 +249,9 @@ pub enum Report {
     /// is left unknown.
     Unadopted {
         leases: Vec<LeaseId>,
+        /// The running workloads re-adopted: their volumes (if any) are
+        /// asked for, to be synced again.
+        adopted: Vec<LeaseId>,
     },
     /// A workload of an ended lease is being removed: its GPUs stay off sale.
     Removing {
@@ -374,6 +388,9 @@ pub struct Manager {
     /// Jobs' files of ended leases, synced once more and deleted when their
     /// workload is confirmed gone.
     ended_jobs: BTreeMap<LeaseId, Box<jobs::JobFiles>>,
+    /// Volumes of ended leases, synced once more (within the store's grace
+    /// after the lease's end) once the workload is gone, then deleted here.
+    ended_volumes: BTreeMap<LeaseId, Box<volumes::VolumeFiles>>,
     /// The last output of ended leases' workloads, oldest first, at most
     /// `KEPT_LOGS_MAX`: logs asked for after the end come from here.
     kept_logs: std::collections::VecDeque<(LeaseId, String, bool)>,
@@ -411,6 +428,7 @@ impl Manager {
             progress,
             done,
             ended_jobs: BTreeMap::new(),
+            ended_volumes: BTreeMap::new(),
             kept_logs: std::collections::VecDeque::new(),
             log_waits: std::collections::VecDeque::new(),
         };
@@ -447,11 +465,11 @@ impl Manager {
 
     fn on_order(&mut self, order: Order) {
         match order {
-            Order::Deliver { lease, gpus, workload, start_ms, end_ms } => {
-                self.deliver(lease, gpus, workload.map(|w| *w), None, start_ms, end_ms)
+            Order::Deliver { lease, gpus, workload, start_ms, end_ms, volumes } => {
+                self.deliver(lease, gpus, workload.map(|w| *w), None, (start_ms, end_ms), volumes.map(|v| *v))
             }
             Order::DeliverReplica { lease, gpus, workload, opened, start_ms, end_ms } => {
-                self.deliver(lease, gpus, Some(*workload), Some(*opened), start_ms, end_ms)
+                self.deliver(lease, gpus, Some(*workload), Some(*opened), (start_ms, end_ms), None)
             }
             Order::DeliverJob { lease, gpus, files, start_ms, end_ms } => self.deliver_job(lease, gpus, files, start_ms, end_ms),
             Order::Preempt { lease, deadline_ms } => {
@@ -465,11 +483,21 @@ impl Manager {
                     tokio::spawn(async move { backend.terminate(&job, deadline_ms).await });
                 }
             }
+            Order::Volumes { lease, volumes } => {
+                if let Some(entry) = self.entries.get_mut(&lease) {
+                    entry.job.volumes = Some(*volumes);
+                }
+            }
             Order::End { lease } => {
                 let ended = self.entries.remove(&lease);
                 let tell = ended.is_some() || self.backend.runs_without_workload();
-                if let Some(files) = ended.and_then(|e| e.job.files) {
-                    self.ended_jobs.insert(lease, Box::new(files));
+                if let Some(job) = ended.map(|e| e.job) {
+                    if let Some(files) = job.files {
+                        self.ended_jobs.insert(lease, Box::new(files));
+                    }
+                    if let Some(volumes) = job.volumes {
+                        self.ended_volumes.insert(lease, Box::new(volumes));
+                    }
                 }
                 self.remove(lease, tell);
             }
@@ -538,24 +566,26 @@ impl Manager {
         }
     }
 
-    /// A lease's workload to run: a new one replaces the running one
-    /// (removed first, in its task); one whose secrets follow waits for them.
+    /// A lease's workload to run (from `start_ms` to `end_ms`, with the
+    /// renter's volumes): a new one replaces the running one (removed
+    /// first, in its task); one whose secrets follow waits for them.
     fn deliver(
         &mut self,
         lease: LeaseId,
         gpus: Vec<LeasedGpu>,
         workload: Option<Workload>,
         opened: Option<Secrets>,
-        start_ms: u64,
-        end_ms: Option<u64>,
+        (start_ms, end_ms): (u64, Option<u64>),
+        volumes: Option<volumes::VolumeFiles>,
     ) {
         let replacing = self.entries.remove(&lease).is_some();
-        let Some(job) = self.prepare(lease, gpus, workload, opened, end_ms) else {
+        let Some(mut job) = self.prepare(lease, gpus, workload, opened, end_ms) else {
             if replacing {
                 self.remove(lease, false);
             }
             return;
         };
+        job.volumes = volumes;
         let waiting = job.workload.as_ref().is_some_and(|w| w.secrets_follow && w.sealed.is_none());
         let mut entry = Entry::new(job, Phase::Starting);
         if waiting {
@@ -585,7 +615,7 @@ impl Manager {
             self.status(lease, Failure::public(FailureCode::WorkloadRefused, refused.to_string()).state());
             return;
         }
-        let job = Launch { lease, gpus, workload: Some(workload), secrets: Secrets::default(), end_ms, files: None };
+        let job = Launch { lease, gpus, workload: Some(workload), secrets: Secrets::default(), end_ms, files: None, volumes: None };
         let mut entry = Entry::new(job, Phase::Preparing);
         self.generation += 1;
         entry.generation = self.generation;
@@ -686,6 +716,19 @@ impl Manager {
             self.status(lease, DeliveryState::Stopped);
         }
         let _ = self.reports.send(Report::Released { lease });
+        if let Some(volumes) = self.ended_volumes.remove(&lease) {
+            // What the workload wrote until it stopped goes back to the
+            // store (within the store's grace after the lease's end), then
+            // the volumes leave this host.
+            tokio::spawn(async move {
+                // The store takes it for 2 minutes after the lease's end.
+                match volumes.sync_retrying(6, Duration::from_secs(15)).await {
+                    Ok(put) => tracing::info!(%lease, put, "the ended lease's volumes synced"),
+                    Err(error) => tracing::warn!(%lease, %error, "the ended lease's last volume sync failed"),
+                }
+                let _ = std::fs::remove_dir_all(&volumes.dir);
+            });
+        }
         if let Some(files) = self.ended_jobs.remove(&lease) {
             // The lease ended before its workload exited (a cancel, a
             // notice's deadline, its hours): the store takes nothing more
@@ -729,13 +772,15 @@ impl Manager {
     /// The container engine's listing at start: workloads of active leases re-adopted,
     /// those of ended leases removed.
     fn reconciled(&mut self, adopted: Vec<Found>, unadopted: Vec<LeaseId>, orphans: Vec<Found>) {
+        let readopted: Vec<LeaseId> = adopted.iter().map(|w| w.lease).filter(|l| !self.entries.contains_key(l)).collect();
         for workload in adopted {
             let lease = workload.lease;
             if self.entries.contains_key(&lease) {
                 continue;
             }
             tracing::info!(%lease, "re-adopted a running workload");
-            let job = Launch { lease, gpus: Vec::new(), workload: None, secrets: Secrets::default(), end_ms: None, files: None };
+            let job =
+                Launch { lease, gpus: Vec::new(), workload: None, secrets: Secrets::default(), end_ms: None, files: None, volumes: None };
             let mut entry = Entry::new(job, Phase::Running);
             entry.endpoints = workload.endpoints;
             let state = running(&entry);
@@ -750,7 +795,7 @@ impl Manager {
             let _ = self.reports.send(Report::Removing { lease: workload.lease, gpus: workload.gpus });
             self.remove(workload.lease, false);
         }
-        let _ = self.reports.send(Report::Unadopted { leases: unadopted });
+        let _ = self.reports.send(Report::Unadopted { leases: unadopted, adopted: readopted });
     }
 
     /// `ready`: the renter's readiness probe answered (or there is none).
@@ -797,6 +842,20 @@ impl Manager {
             RestartPolicy::Always => true,
             RestartPolicy::OnFailure { max_restarts } => code != 0 && entry.restarts < max_restarts,
         };
+        if let Some(volumes) = entry.job.volumes.clone().filter(|v| v.writes() && !restart) {
+            // An exit that may end the lease is told once the volumes
+            // hold what the workload wrote.
+            entry.phase = Phase::Done;
+            entry.syncing = true;
+            let done = self.done.clone();
+            tokio::spawn(async move {
+                if let Err(error) = volumes.sync_retrying(4, Duration::from_secs(5)).await {
+                    tracing::warn!(%lease, %error, "syncing the lease's volumes at its exit failed");
+                }
+                let _ = done.send(Done::Synced { lease, exited: Some(code) });
+            });
+            return;
+        }
         self.status(lease, DeliveryState::Exited { code });
         let mut entry = self.entries.remove(&lease).expect("present");
         if restart {
@@ -819,7 +878,7 @@ impl Manager {
     ) -> Option<Launch> {
         let Some(workload) = workload else {
             if self.backend.runs_without_workload() {
-                return Some(Launch { lease, gpus, workload: None, secrets: Secrets::default(), end_ms, files: None });
+                return Some(Launch { lease, gpus, workload: None, secrets: Secrets::default(), end_ms, files: None, volumes: None });
             }
             return None;
         };
@@ -843,7 +902,7 @@ impl Manager {
             self.status(lease, Failure::new(FailureCode::WorkloadRefused, refused.to_string()).state());
             return None;
         }
-        Some(Launch { lease, gpus, workload: Some(workload), secrets, end_ms, files: None })
+        Some(Launch { lease, gpus, workload: Some(workload), secrets, end_ms, files: None, volumes: None })
     }
 
     /// Starts the entry's workload in a task of its own (after removing the
@@ -867,7 +926,15 @@ impl Manager {
                     tracing::warn!(lease = %job.lease, %error, "could not remove the workload being replaced");
                 }
             }
-            let result = backend.start(&job, &progress).await;
+            // The renter's volumes are on this host before the workload starts.
+            let restored = match &job.volumes {
+                Some(volumes) => volumes.restore().await,
+                None => Ok(()),
+            };
+            let result = match restored {
+                Ok(()) => backend.start(&job, &progress).await,
+                Err(failure) => Err(failure),
+            };
             let _ = done.send(Done::Started { lease: job.lease, generation, result });
         });
     }
@@ -918,6 +985,22 @@ impl Manager {
         for lease in expired {
             self.entries.get_mut(&lease).expect("present").phase = Phase::Done;
             self.status(lease, Failure::public(FailureCode::SecretsMissing, "the sealed secrets never came").state());
+        }
+        // Running leases' read-write volumes, every sync interval.
+        let every = Duration::from_millis(gpux_protocol::volumes::limits::SYNC_INTERVAL_MS);
+        for (&lease, entry) in self.entries.iter_mut() {
+            let Some(volumes) = entry.job.volumes.as_ref().filter(|v| v.writes()) else { continue };
+            if entry.syncing || !matches!(entry.phase, Phase::Running | Phase::Settling { .. }) || entry.synced_at + every > now {
+                continue;
+            }
+            entry.syncing = true;
+            let (volumes, done) = (volumes.clone(), self.done.clone());
+            tokio::spawn(async move {
+                if let Err(error) = volumes.sync().await {
+                    tracing::warn!(%lease, %error, "syncing the lease's volumes failed; tried again next interval");
+                }
+                let _ = done.send(Done::Synced { lease, exited: None });
+            });
         }
         // Running jobs' files, every checkpoint interval.
         for (&lease, entry) in self.entries.iter_mut() {

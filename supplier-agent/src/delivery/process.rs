@@ -116,6 +116,7 @@ impl DeliveryBackend for ProcessBackend {
             .env("GPUX_LEASE", job.lease.0.to_string())
             .env("GPUX_GPUS", uuids.join(","))
             .envs(job.secrets.env.iter().map(|(n, v)| (n, v)))
+            .envs(job.volumes.iter().flat_map(|v| v.env(false)))
             .stdin(std::process::Stdio::null())
             .stdout(output)
             .stderr(errors)

@@ -30,6 +30,8 @@ pub(super) enum ToExchange {
     Relay(Report),
     /// A lease the manager could not re-adopt: its workload, asked for and delivered.
     Workload(LeaseId),
+    /// A lease the manager re-adopted: its volumes, asked for and synced again.
+    Volumes(LeaseId),
 }
 
 /// What `Deliveries::next` brings.
@@ -53,6 +55,11 @@ pub(super) struct Deliveries {
     manager: Option<ManagerLink>,
     /// Where jobs' files live on this host (`<state dir>/jobs/<lease>`).
     jobs_dir: PathBuf,
+    /// Where leases' volumes live on this host (`<state dir>/volumes/<lease>`).
+    volumes_dir: PathBuf,
+    /// Volumes attached to this host's leases whose workload has not come
+    /// yet (`volumes_attached` comes right before it).
+    volumes: BTreeMap<LeaseId, Box<crate::delivery::volumes::VolumeFiles>>,
     /// The newest delivery status per lease not yet sent (the link was down).
     statuses_unsent: BTreeMap<LeaseId, DeliveryState>,
     /// GPUs (host masks) of ended leases whose workloads are not yet
@@ -103,6 +110,8 @@ impl Deliveries {
             encryption_key: Arc::new(gpux_protocol::delivery::EncryptionKey::from_bytes(secret)),
             manager: None,
             jobs_dir: state_dir(config).join("jobs"),
+            volumes_dir: state_dir(config).join("volumes"),
+            volumes: BTreeMap::new(),
             statuses_unsent: BTreeMap::new(),
             releasing: BTreeMap::new(),
             tokens_wanted: Vec::new(),
@@ -165,15 +174,40 @@ impl Deliveries {
         }
     }
 
+    /// The renter's volumes for one of this host's leases: kept for its
+    /// workload, which follows (docs/agent.md "Volumes").
+    pub(super) fn volumes_attached(
+        &mut self,
+        host: &Host,
+        lease: LeaseId,
+        renter: gpux_engine::AccountId,
+        volumes: Vec<gpux_protocol::VolumeAttachment>,
+        store: Option<gpux_protocol::jobs::StoreGrant>,
+    ) {
+        if self.manager.is_none() || !host.leases.contains_key(&lease) {
+            tracing::debug!(%lease, "volumes for a lease on another host");
+            return;
+        }
+        let Some(store) = store else {
+            tracing::warn!(%lease, "volumes came without a store token: the workload starts without them");
+            return;
+        };
+        let dir = self.volumes_dir.join(lease.0.to_string());
+        let files = crate::delivery::volumes::VolumeFiles::new(lease, renter, volumes, dir, store);
+        self.volumes.insert(lease, Box::new(files));
+    }
+
     /// Hands a lease's workload (or, for the hook, the lease itself) to the
     /// delivery manager; `start_ms` on this host's clock.
-    pub(super) fn deliver(&self, host: &mut Host, lease: LeaseId, workload: Option<Box<Workload>>, clock_offset_ms: i64) {
+    pub(super) fn deliver(&mut self, host: &mut Host, lease: LeaseId, workload: Option<Box<Workload>>, clock_offset_ms: i64) {
         let (Some(_), Some(state)) = (&self.manager, host.leases.get_mut(&lease)) else { return };
         if state.billing == Billing::AsMeasured {
             state.billing = Billing::DeliveryPending;
         }
         let (start_ms, end_ms, mask) = (state.start_ms.saturating_add_signed(-clock_offset_ms), state.end_ms, state.gpu_mask);
-        self.order(Order::Deliver { lease, gpus: host.leased_gpus(mask), workload, start_ms, end_ms });
+        // A workload set again later (`set_workload`) keeps the lease's volumes.
+        let volumes = self.volumes.get(&lease).cloned();
+        self.order(Order::Deliver { lease, gpus: host.leased_gpus(mask), workload, start_ms, end_ms, volumes });
     }
 
     /// A service's replica on one of this host's leases: its port
@@ -326,6 +360,7 @@ impl Deliveries {
                 tracing::error!(%lease, %error, "the fabric firewall could not be updated");
             }
         }
+        self.volumes.remove(&lease);
         if self.manager.is_some() {
             self.releasing.insert(lease, mask);
             self.order(Order::End { lease });
@@ -405,7 +440,7 @@ impl Deliveries {
     ) -> Result<()> {
         for (lease, assignment) in std::mem::take(&mut self.tokens_wanted) {
             let id = connection.new_id();
-            match connection.request(ClientMessage::JobStoreToken { id, job: None, lease: Some(lease) }).await? {
+            match connection.request(ClientMessage::JobStoreToken { id, job: None, lease: Some(lease), volume: None }).await? {
                 ServerMessage::JobStoreToken { url, token, .. } => self.deliver_job(host, lease, assignment, url, token, clock_offset_ms),
                 other => {
                     tracing::warn!(%lease, ?other, "no job store token: the job cannot be delivered");
@@ -436,10 +471,27 @@ impl Deliveries {
                         ServerMessage::LeaseDelivery { replica: Some(replica), .. } => {
                             self.replica_assigned(host, lease, *replica, clock_offset_ms)
                         }
-                        ServerMessage::LeaseDelivery { workload: Some(workload), .. } => {
+                        ServerMessage::LeaseDelivery { workload: Some(workload), volumes, .. } => {
+                            // Its volumes are restored from the store before it starts again.
+                            if let Some(v) = volumes {
+                                self.volumes_attached(host, lease, v.renter, v.volumes, v.store);
+                            }
                             self.deliver(host, lease, Some(workload), clock_offset_ms)
                         }
                         _ => {}
+                    }
+                }
+                ToExchange::Volumes(lease) => {
+                    let lease = *lease;
+                    if let ServerMessage::LeaseDelivery { volumes: Some(v), .. } =
+                        connection.request(ClientMessage::LeaseDelivery { id, lease }).await?
+                    {
+                        self.volumes_attached(host, lease, v.renter, v.volumes, v.store);
+                        if let Some(files) = self.volumes.get(&lease) {
+                            tracing::info!(%lease, "the re-adopted workload's volumes are synced again");
+                            let files = Box::new((**files).clone().already_restored());
+                            self.order(Order::Volumes { lease, volumes: files });
+                        }
                     }
                 }
             }

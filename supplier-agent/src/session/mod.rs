@@ -392,13 +392,16 @@ impl Agent {
             relayed @ (Report::Logs { .. } | Report::Exec { .. }) => self.deliveries.send(ToExchange::Relay(relayed)),
             Report::Removing { lease, gpus } => self.deliveries.removing(lease, self.host.mask_of_uuids(&gpus)),
             Report::Released { lease } => link.due.reoffer |= self.deliveries.released(lease),
-            Report::Unadopted { leases } => {
+            Report::Unadopted { leases, adopted } => {
                 if !link.reconciled {
                     link.reconciled = true;
                     link.due.reoffer = true;
                 }
                 for lease in leases {
                     self.deliveries.send(ToExchange::Workload(lease));
+                }
+                for lease in adopted {
+                    self.deliveries.send(ToExchange::Volumes(lease));
                 }
             }
         }
@@ -412,6 +415,9 @@ impl Agent {
             ServerMessage::Private { event, .. } => self.on_event(link, event)?,
             ServerMessage::Workload { lease, workload } => self.deliveries.deliver(&mut self.host, lease, Some(workload), offset),
             ServerMessage::ReplicaAssigned { lease, replica } => self.deliveries.replica_assigned(&mut self.host, lease, *replica, offset),
+            ServerMessage::VolumesAttached { lease, renter, volumes, store } => {
+                self.deliveries.volumes_attached(&self.host, lease, renter, volumes, store)
+            }
             ServerMessage::JobAssigned { lease, assignment, store } => {
                 self.deliveries.job_assigned(&mut self.host, lease, *assignment, store, offset)
             }

@@ -223,7 +223,7 @@ pub fn socket() -> Option<String> {
 /// A job store token for the renter's own files.
 pub async fn store_token(renter: &mut Connection) -> (String, String) {
     let id = renter.new_id();
-    match renter.request(ClientMessage::JobStoreToken { id, job: None, lease: None }).await.expect("token") {
+    match renter.request(ClientMessage::JobStoreToken { id, job: None, lease: None, volume: None }).await.expect("token") {
         ServerMessage::JobStoreToken { url, token, .. } => (url, token),
         other => panic!("{other:?}"),
     }
