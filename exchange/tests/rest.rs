@@ -235,6 +235,8 @@ async fn every_documented_path_answers_as_the_openapi_document_says() {
     let (status, statement) = api.json("/api/v1/account/statement", "/api/v1/account/statement", Some(&renter_key)).await;
     assert_eq!(status, 200);
     assert!(statement["lines"].as_array().is_some_and(|lines| !lines.is_empty()));
+    let (status, volumes) = api.json("/api/v1/account/volumes", "/api/v1/account/volumes", Some(&renter_key)).await;
+    assert_eq!((status, volumes["volumes"].as_array().map(Vec::len)), (200, Some(0)), "{volumes}");
     let (status, fills) = api.json("/api/v1/account/fills", "/api/v1/account/fills", Some(&renter_key)).await;
     assert_eq!((status, fills["fills"][0]["side"].as_str(), fills["fills"][0]["liquidity"].as_str()), (200, Some("buy"), Some("taker")));
     let (status, sold) = api.json("/api/v1/account/fills", "/api/v1/account/fills", Some(&supplier_key)).await;
@@ -419,6 +421,20 @@ async fn writes_are_signed_idempotent_and_answer_their_whole_outcome() {
     let payout = ("POST", "/api/v1/account/payout", "/api/v1/account/payout");
     let (status, _, body) = api.write(&key(2), "payout-1", payout, r#"{"amount_minor":1}"#).await;
     assert!(status == 200 || status == 422, "{status} {body}");
+
+    // A volume: created, refused twice under its name, listed, deleted.
+    let volumes = ("POST", "/api/v1/volumes", "/api/v1/volumes");
+    let (status, _, body) = api.write(&renter_key, "volume-1", volumes, r#"{"name":"data","size_gib":5}"#).await;
+    assert_eq!((status, body["volume"]["name"].as_str(), body["volume"]["size_gib"].as_u64()), (200, Some("data"), Some(5)), "{body}");
+    let (status, _, body) = api.write(&renter_key, "volume-2", volumes, r#"{"name":"data","size_gib":1}"#).await;
+    assert_eq!((status, code(&body)), (400, "volume_exists"), "{body}");
+    let (_, listed) = api.json("/api/v1/account/volumes", "/api/v1/account/volumes", Some(&renter_key)).await;
+    assert_eq!(listed["volumes"][0]["name"].as_str(), Some("data"), "{listed}");
+    let delete = ("DELETE", "/api/v1/volumes/{name}", "/api/v1/volumes/data");
+    let (status, _, body) = api.write(&renter_key, "volume-3", delete, "").await;
+    assert_eq!((status, body["volume"]["state"].as_str()), (200, Some("deleted")), "{body}");
+    let (status, _, body) = api.write(&renter_key, "volume-4", ("DELETE", "/api/v1/volumes/{name}", "/api/v1/volumes/nothing"), "").await;
+    assert_eq!((status, code(&body)), (404, "unknown_volume"), "{body}");
 
     // docs/rest.md's curl and OpenSSL recipe writes too: a bid placed, then cancelled.
     let resting_again = resting.replace("\"client_order_id\":8", "\"client_order_id\":11");

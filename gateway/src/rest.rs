@@ -157,7 +157,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
     match code {
         NotAuthenticated | AuthFailed | KeyExpired | KeyRevoked => StatusCode::UNAUTHORIZED,
         Forbidden | ScopeDenied => StatusCode::FORBIDDEN,
-        UnknownInstrument | UnknownLease | UnknownSupplier | UnknownAccount | UnknownMessage => StatusCode::NOT_FOUND,
+        UnknownInstrument | UnknownLease | UnknownSupplier | UnknownAccount | UnknownMessage | UnknownVolume => StatusCode::NOT_FOUND,
         RateLimited => StatusCode::TOO_MANY_REQUESTS,
         IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
         RequestInProgress => StatusCode::CONFLICT,
@@ -815,6 +815,10 @@ fn account_route(what: &str, query: &Query) -> Result<Routed, Failure> {
             let offset = query.number("offset")?.unwrap_or(0);
             ask(Body::MyGpus { offset })
         }
+        "volumes" => {
+            query.only(&[])?;
+            ask(Body::Volume { request: crate::link::VolumeRequest::List })
+        }
         "statement" => {
             query.only(&["before"])?;
             let before = query.number("before")?;
@@ -866,6 +870,11 @@ fn write_route(method: &Method, segments: &[&str], query: &Query, mut fields: Ma
             from_path.push(("lease", number(lease, "the lease id")?));
             from_path.push(("workload", workload));
             "set_workload"
+        }
+        ("POST", ["volumes"]) => "create_volume",
+        ("DELETE", ["volumes", name]) => {
+            from_path.push(("name", Value::from(*name)));
+            "delete_volume"
         }
         ("POST", ["account", "deposit"]) => "deposit",
         ("POST", ["account", "withdraw"]) => "withdraw",
