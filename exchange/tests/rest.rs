@@ -237,6 +237,10 @@ async fn every_documented_path_answers_as_the_openapi_document_says() {
     assert!(statement["lines"].as_array().is_some_and(|lines| !lines.is_empty()));
     let (status, volumes) = api.json("/api/v1/account/volumes", "/api/v1/account/volumes", Some(&renter_key)).await;
     assert_eq!((status, volumes["volumes"].as_array().map(Vec::len)), (200, Some(0)), "{volumes}");
+    let (status, services) = api.json("/api/v1/account/services", "/api/v1/account/services?offset=0", Some(&renter_key)).await;
+    assert_eq!((status, services["services"].as_array().map(Vec::len)), (200, Some(0)), "{services}");
+    let (status, body) = api.json("/api/v1/account/services/{service}", "/api/v1/account/services/999", Some(&renter_key)).await;
+    assert_eq!((status, code(&body)), (404, "unknown_service"), "{body}");
     let (status, fills) = api.json("/api/v1/account/fills", "/api/v1/account/fills", Some(&renter_key)).await;
     assert_eq!((status, fills["fills"][0]["side"].as_str(), fills["fills"][0]["liquidity"].as_str()), (200, Some("buy"), Some("taker")));
     let (status, sold) = api.json("/api/v1/account/fills", "/api/v1/account/fills", Some(&supplier_key)).await;
@@ -421,6 +425,30 @@ async fn writes_are_signed_idempotent_and_answer_their_whole_outcome() {
     let payout = ("POST", "/api/v1/account/payout", "/api/v1/account/payout");
     let (status, _, body) = api.write(&key(2), "payout-1", payout, r#"{"amount_minor":1}"#).await;
     assert!(status == 200 || status == 422, "{status} {body}");
+
+    // A service: created (its replica bids: no host here delivers
+    // workloads), read, scaled, updated, deleted.
+    let spec = r#"{"name":"web","instrument":0,"gpus":1,"limit_minor_per_gpu_hour":2000000,"budget_minor_per_hour":4000000,"replicas":1,"min_replicas":0,"max_replicas":2,"image":"localhost/gpux-test:latest","command":["python3","-m","http.server","8000"],"port":8000,"readiness_path":"/","regions":[],"min_supplier_score_bps":0,"scaling":null,"key_hashes":[]}"#;
+    let (status, _, created) = api.write(&renter_key, "service-1", ("POST", "/api/v1/services", "/api/v1/services"), spec).await;
+    assert_eq!((status, created["service"]["state"].as_str()), (200, Some("running")), "{created}");
+    let service = created["service"]["service"].as_u64().expect("the service id");
+    let path = format!("/api/v1/account/services/{service}");
+    let (status, read) = api.json("/api/v1/account/services/{service}", &path, Some(&renter_key)).await;
+    assert_eq!((status, read["service"]["spec"]["name"].as_str()), (200, Some("web")), "{read}");
+    let scale = format!("/api/v1/services/{service}/scale");
+    let (status, _, body) =
+        api.write(&renter_key, "service-2", ("POST", "/api/v1/services/{service}/scale", &scale), r#"{"replicas":2}"#).await;
+    assert_eq!((status, body["service"]["replicas"].as_array().map(Vec::len)), (200, Some(2)), "{body}");
+    let (status, _, body) =
+        api.write(&renter_key, "service-3", ("POST", "/api/v1/services/{service}/scale", &scale), r#"{"replicas":9}"#).await;
+    assert_eq!((status, code(&body)), (400, "service_scale_invalid"), "{body}");
+    let run = format!("/api/v1/services/{service}/run");
+    let new_run = r#"{"image":"localhost/gpux-test:v2","command":[],"port":8000,"readiness_path":"/"}"#;
+    let (status, _, body) = api.write(&renter_key, "service-4", ("PUT", "/api/v1/services/{service}/run", &run), new_run).await;
+    assert_eq!((status, body["service"]["spec"]["image"].as_str()), (200, Some("localhost/gpux-test:v2")), "{body}");
+    let delete = format!("/api/v1/services/{service}");
+    let (status, _, body) = api.write(&renter_key, "service-5", ("DELETE", "/api/v1/services/{service}", &delete), "").await;
+    assert_eq!((status, body["service"]["state"].as_str()), (200, Some("deleted")), "{body}");
 
     // A volume: created, refused twice under its name, listed, deleted.
     let volumes = ("POST", "/api/v1/volumes", "/api/v1/volumes");

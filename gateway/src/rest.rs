@@ -157,7 +157,9 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
     match code {
         NotAuthenticated | AuthFailed | KeyExpired | KeyRevoked => StatusCode::UNAUTHORIZED,
         Forbidden | ScopeDenied => StatusCode::FORBIDDEN,
-        UnknownInstrument | UnknownLease | UnknownSupplier | UnknownAccount | UnknownMessage | UnknownVolume => StatusCode::NOT_FOUND,
+        UnknownInstrument | UnknownLease | UnknownSupplier | UnknownAccount | UnknownMessage | UnknownVolume | UnknownService => {
+            StatusCode::NOT_FOUND
+        }
         RateLimited => StatusCode::TOO_MANY_REQUESTS,
         IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
         RequestInProgress => StatusCode::CONFLICT,
@@ -744,6 +746,11 @@ fn route(segments: &[&str], query: &Query) -> Result<Routed, Failure> {
             ask(Body::RenterStats { renter })
         }
         ["account", what] => account_route(what, query),
+        ["account", "services", service] => {
+            query.only(&[])?;
+            let service = gpux_protocol::ServiceId(id_of(service, "the service id")?);
+            ask(Body::Service { request: crate::link::ServiceRequest::Status { service } })
+        }
         _ => Err(not_found()),
     }
 }
@@ -819,6 +826,11 @@ fn account_route(what: &str, query: &Query) -> Result<Routed, Failure> {
             query.only(&[])?;
             ask(Body::Volume { request: crate::link::VolumeRequest::List })
         }
+        "services" => {
+            query.only(&["offset"])?;
+            let offset = query.number("offset")?.unwrap_or(0);
+            ask(Body::Service { request: crate::link::ServiceRequest::List { offset } })
+        }
         "statement" => {
             query.only(&["before"])?;
             let before = query.number("before")?;
@@ -870,6 +882,27 @@ fn write_route(method: &Method, segments: &[&str], query: &Query, mut fields: Ma
             from_path.push(("lease", number(lease, "the lease id")?));
             from_path.push(("workload", workload));
             "set_workload"
+        }
+        ("POST", ["services"]) => {
+            // The body is the service's spec itself.
+            let spec = Value::Object(std::mem::take(&mut fields));
+            from_path.push(("service", spec));
+            "create_service"
+        }
+        ("POST", ["services", service, "scale"]) => {
+            from_path.push(("service", number(service, "the service id")?));
+            "scale_service"
+        }
+        ("PUT", ["services", service, "run"]) => {
+            // The body is the run itself.
+            let run = Value::Object(std::mem::take(&mut fields));
+            from_path.push(("service", number(service, "the service id")?));
+            from_path.push(("run", run));
+            "update_service"
+        }
+        ("DELETE", ["services", service]) => {
+            from_path.push(("service", number(service, "the service id")?));
+            "delete_service"
         }
         ("POST", ["volumes"]) => "create_volume",
         ("DELETE", ["volumes", name]) => {
