@@ -316,3 +316,61 @@ async fn a_restarted_agent_keeps_syncing_the_volume_of_the_workload_it_readopts(
     }
     drop(agent);
 }
+
+/// A host whose state disk cannot hold a lease's volumes (and its 1 GiB
+/// reserve) fails the start before writing anything, as the host's fault:
+/// the renter is told `host_error` and the lease ends unbilled. The host's
+/// state folder is a tmpfs of 1 GiB and 4 MiB; the volume holds 6 MiB.
+/// Mounting needs root (SKIPPED without, unless `GPUX_REQUIRE_MOUNT=1`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_the_hosts_disk_cannot_hold_fails_the_start_as_the_hosts_fault() {
+    let Some(socket) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let state = dir.path().join("vol-f").join("leases");
+    std::fs::create_dir_all(&state).expect("state dir");
+    let mounted = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=1028m,mode=0700", "tmpfs"]).arg(&state).status();
+    if !mounted.is_ok_and(|s| s.success()) {
+        assert!(std::env::var_os("GPUX_REQUIRE_MOUNT").is_none(), "GPUX_REQUIRE_MOUNT=1 but a tmpfs could not be mounted");
+        eprintln!("SKIPPED: mounting a tmpfs needs root");
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(state.clone());
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    let (config, host) = job_host(&dir.path().join("vol-f"), &exchange.url, &socket, "vol-f", H100_GPU, &[("spot", 2_100_000)]);
+    let _agent = spawn_agent(&config, &host);
+    let mut renter = funded_renter(&exchange, &operator, 24, 1_000_000_000).await;
+    let big = create_volume(&mut renter, "big", 1).await;
+    let (url, token) = volume_token(&mut renter, "big").await.expect("a token");
+    let key = format!("{}/volumes/{}/blob.bin", big.owner.0, big.volume.0);
+    let put = reqwest::Client::new().put(format!("{url}/v1/objects/{key}")).bearer_auth(&token).body(vec![7u8; 6 << 20]).send().await;
+    assert!(put.expect("put").status().is_success());
+
+    let lease = lease_with(&mut renter, &workload(false), vec![mount("big", "/data", false)]).await.expect("a lease");
+    send_secrets(&mut renter, lease, workload(false), &shell("exec sleep 600")).await;
+    let failed = await_delivery(&mut renter, lease, |s| matches!(s, DeliveryState::Failed { .. })).await;
+    let DeliveryState::Failed { code, fault, .. } = failed else { unreachable!() };
+    assert_eq!((code, fault), (FailureCode::HostError, Fault::Host), "the host's fault");
+    let folder = state.join("volumes").join(lease.0.to_string()).join(big.volume.0.to_string());
+    assert!(!folder.join("blob.bin").exists(), "nothing restored into a disk that cannot hold it");
+    // The volume is let go with the lease, its files untouched.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while volume(&mut renter, "big").await.writer.is_some() {
+        assert!(Instant::now() < deadline, "the failed lease still holds the volume");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(volume_files(&mut renter, &big).await.len(), 1);
+    let id = renter.new_id();
+    let ServerMessage::RecentStatement { lines, .. } =
+        renter.request(ClientMessage::RecentStatement { id, before: None }).await.expect("answer")
+    else {
+        panic!("a statement")
+    };
+    assert!(lines.iter().all(|line| line.kind != "usage_charge"), "nothing billed for a start the host failed: {lines:?}");
+}

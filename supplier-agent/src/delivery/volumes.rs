@@ -23,6 +23,20 @@ use super::jobs::{list_files_within, safe_join};
 use super::Failure;
 use crate::limits::TRANSFER_TIMEOUT;
 
+/// Free space a restore leaves on the host's state disk at least.
+pub const DISK_RESERVE_BYTES: u64 = 1 << 30;
+
+/// Whether `needed` bytes of volumes fit in `free` bytes with the reserve kept.
+pub fn fits(needed: u64, free: u64) -> bool {
+    needed.saturating_add(DISK_RESERVE_BYTES) <= free
+}
+
+/// Free bytes (for an unprivileged writer) on the file system of `dir`.
+fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
+    let stats = nix::sys::statvfs::statvfs(dir).map_err(std::io::Error::from)?;
+    Ok(stats.blocks_available() as u64 * stats.fragment_size() as u64)
+}
+
 /// A lease's volumes on this host and how to reach their store.
 #[derive(Clone, Debug)]
 pub struct VolumeFiles {
@@ -120,11 +134,26 @@ impl VolumeFiles {
         }
         let host = |detail: String| Failure::new(FailureCode::HostError, detail);
         let client = Self::client().map_err(host)?;
+        let mut listings = Vec::new();
         for volume in &self.volumes {
             let folder = self.folder(volume);
             std::fs::create_dir_all(&folder).map_err(|e| host(format!("{}: {e}", folder.display())))?;
+            listings.push(self.list(&client, &self.prefix(volume)).await.map_err(host)?);
+        }
+        // A host keeps room for the volumes of the leases it sells: files
+        // that would leave less than the reserve free fail the start as
+        // the host's fault, before anything is written.
+        let needed: u64 = listings.iter().flatten().map(|item| item.bytes).sum();
+        let free = free_bytes(&self.dir).map_err(|e| host(format!("{}: {e}", self.dir.display())))?;
+        if !fits(needed, free) {
+            return Err(host(format!(
+                "the lease's volumes hold {needed} bytes and the host's state disk has {free} free (a reserve of {DISK_RESERVE_BYTES} is kept)"
+            )));
+        }
+        for (volume, listing) in self.volumes.iter().zip(listings) {
+            let folder = self.folder(volume);
             let prefix = self.prefix(volume);
-            for item in self.list(&client, &prefix).await.map_err(host)? {
+            for item in listing {
                 let Some(relative) = item.key.strip_prefix(&format!("{prefix}/")) else { continue };
                 let path = safe_join(&folder, relative).ok_or_else(|| host(format!("a stored path: {relative}")))?;
                 let body = self.get(&client, &item.key).await.map_err(host)?;
@@ -233,5 +262,20 @@ impl VolumeFiles {
         }
         let body = answer.bytes().await.map_err(|e| format!("listing {prefix}: {e}"))?;
         serde_json::from_slice(&body).map_err(|e| format!("listing {prefix}: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volumes_fit_only_with_the_reserve_kept() {
+        assert!(fits(0, DISK_RESERVE_BYTES));
+        assert!(fits(10, DISK_RESERVE_BYTES + 10));
+        assert!(!fits(11, DISK_RESERVE_BYTES + 10));
+        assert!(!fits(u64::MAX - 5, u64::MAX - 1), "no overflow");
+        let here = std::env::temp_dir();
+        assert!(free_bytes(&here).expect("statvfs") > 0);
     }
 }
