@@ -451,6 +451,14 @@ pub enum Command {
     SetShareRules {
         version: u32,
     },
+    /// Charges `account` for its volumes' storage (docs/market-rules.md
+    /// "Volumes"): from its available funds, and what they do not cover as
+    /// its debt, to the exchange's fees. Only the market issues it (a
+    /// storage charge's follow-up), never a client. Appended.
+    ChargeStorage {
+        account: AccountId,
+        amount_minor: u64,
+    },
 }
 
 /// What makes a bid a cluster bid (`Command::Place`'s `cluster`). A

@@ -561,6 +561,14 @@ pub enum EventKind {
         fee_refunded_minor: u64,
         paid_minor: u64,
     },
+    /// The account's volumes' storage charged to the exchange's fees:
+    /// `amount_minor` from its available funds, `unpaid_minor` (what they
+    /// did not cover) as its debt. Appended.
+    StorageCharged {
+        account: AccountId,
+        amount_minor: u64,
+        unpaid_minor: u64,
+    },
 }
 
 impl EventKind {
@@ -621,6 +629,7 @@ impl EventKind {
             EventKind::LateReportWindowChanged { .. } => "late_report_window_changed",
             EventKind::UsageDisputeHeld { .. } => "usage_dispute_held",
             EventKind::DisputeDecided { .. } => "dispute_decided",
+            EventKind::StorageCharged { .. } => "storage_charged",
         }
     }
 }

@@ -216,6 +216,10 @@ pub enum StoredCommand {
     SetShareRules {
         version: u32,
     },
+    ChargeStorage {
+        account: AccountId,
+        amount_minor: u64,
+    },
 }
 
 impl From<Command> for StoredCommand {
@@ -262,6 +266,7 @@ impl From<Command> for StoredCommand {
                 StoredCommand::Register { account, host, gpu_uuid, spec, region, zone, fabric }
             }
             Command::SetShareRules { version } => StoredCommand::SetShareRules { version },
+            Command::ChargeStorage { account, amount_minor } => StoredCommand::ChargeStorage { account, amount_minor },
         }
     }
 }
@@ -310,6 +315,7 @@ impl From<StoredCommand> for Command {
                 Command::Register { account, host, gpu_uuid, spec, region, zone, fabric }
             }
             StoredCommand::SetShareRules { version } => Command::SetShareRules { version },
+            StoredCommand::ChargeStorage { account, amount_minor } => Command::ChargeStorage { account, amount_minor },
             // The deprecated forms, as their current form.
             StoredCommand::RegisterGpu { account, host, gpu_uuid, spec } => {
                 Command::Register { account, host, gpu_uuid, spec, region: None, zone: String::new(), fabric: None }

@@ -273,7 +273,7 @@ impl<'de> serde::Deserializer<'de> for &mut VariantsOf {
 /// 2026-12-07); a new variant goes at the end.
 #[test]
 fn commands_are_stored_in_the_journals_variant_order() {
-    const JOURNAL_ORDER: [&str; 38] = [
+    const JOURNAL_ORDER: [&str; 39] = [
         "open_account",
         "deposit",
         "withdraw",
@@ -312,6 +312,7 @@ fn commands_are_stored_in_the_journals_variant_order() {
         "place",
         "register",
         "set_share_rules",
+        "charge_storage",
     ];
     let mut variants = VariantsOf(Vec::new());
     let _ = <Command as serde::Deserialize>::deserialize(&mut variants);

@@ -106,6 +106,8 @@ pub const BILLING_GRACE_MS_DEFAULT: u64 = 10 * 60_000;
 /// The default late-report window: a lease whose reports were missing at its
 /// grace bills them for a day more (docs/market-rules.md "Late reports").
 pub const LATE_REPORT_WINDOW_MS_DEFAULT: u64 = gpux_engine::limits::LATE_REPORT_WINDOW_MS_DEFAULT;
+/// The storage price by default (`--storage-price-minor-per-gib-month`).
+pub const STORAGE_PRICE_DEFAULT: u64 = gpux_protocol::volumes::limits::STORAGE_PRICE_DEFAULT;
 
 /// What ends a running exchange.
 pub enum Stop {

@@ -61,6 +61,11 @@ struct Args {
     /// every bill is final at the grace. At most a week.
     #[arg(long, default_value_t = gpux_exchange::LATE_REPORT_WINDOW_MS_DEFAULT)]
     late_report_window_ms: u64,
+    /// The price of volumes' storage, minor units per GiB-month of a
+    /// volume's size (docs/storage.md "Prices"), charged hourly to the
+    /// millisecond; 0: free.
+    #[arg(long, default_value_t = gpux_exchange::STORAGE_PRICE_DEFAULT)]
+    storage_price_minor_per_gib_month: u64,
     /// Runs the exchange's clock this many milliseconds ahead of the wall
     /// clock (demos and tests that must reach a reserved window's start).
     /// The journal refuses time going backwards: only ever raise it.
@@ -280,6 +285,7 @@ fn run_main() -> Result<()> {
             fee_bps: listing.config.fee_bps,
             grace_ms: listing.config.billing_grace_ms,
             late_window_ms: args.late_report_window_ms,
+            storage_minor_per_gib_month: args.storage_price_minor_per_gib_month,
         },
         listing,
         limits,

@@ -585,6 +585,10 @@ async fn every_documented_error_code_has_a_frame_that_produces_it() {
     // A disk down to the journal's reserve (exchange/tests/disk.rs,
     // the_journal_keeps_its_reserve_new_work_stops_before_it_and_comes_back_by_itself).
     produced.insert("disk_low".into(), Who::Renter);
+    // Storage unpaid for 3 days: the market's rule the sequencer checks
+    // before it journals a bid (market/tests/storage.rs,
+    // unpaid_storage_turns_read_only_after_the_grace_and_is_deleted_after_the_notice).
+    produced.insert("volume_unpaid".into(), Who::Renter);
     // Only a gateway in its own process closes with it
     // (exchange/tests/remote_gateway.rs, a_gateway_in_its_own_process_serves_the_same_market).
     produced.insert("sequencer_unavailable".into(), Who::Stranger);

@@ -292,6 +292,18 @@ pub enum JournalEntry {
         client_order_id: u64,
         mounts: Vec<gpux_protocol::VolumeMount>,
     },
+    /// The storage price from here on (the exchange's flag, journaled when
+    /// it differs from the market's): storage until now is charged at the
+    /// old price. Appended.
+    StorageRules {
+        at_ms: u64,
+        minor_per_gib_month: u64,
+    },
+    /// Storage charged to `at_ms` (hourly while priced volumes exist), and
+    /// the funds rule's deletions. Appended.
+    StorageCharge {
+        at_ms: u64,
+    },
 }
 
 impl JournalEntry {
@@ -339,6 +351,8 @@ impl JournalEntry {
             | JournalEntry::UpdateService { at_ms, .. }
             | JournalEntry::CreateVolume { at_ms, .. }
             | JournalEntry::DeleteVolume { at_ms, .. }
+            | JournalEntry::StorageRules { at_ms, .. }
+            | JournalEntry::StorageCharge { at_ms, .. }
             | JournalEntry::CancelJob { at_ms, .. }
             | JournalEntry::JobLeaseSilent { at_ms, .. }
             | JournalEntry::ResizeJob { at_ms, .. }

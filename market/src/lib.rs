@@ -103,6 +103,9 @@ pub struct Applied {
     pub service: Option<Result<gpux_protocol::ServiceId, gpux_protocol::ErrorCode>>,
     /// The volume a volume entry created or deleted (state `deleted`), or why not.
     pub volume: Option<Result<Box<gpux_protocol::VolumeInfo>, gpux_protocol::ErrorCode>>,
+    /// Volumes deleted by this entry: their files are to be removed from
+    /// the store.
+    pub volumes_purged: Vec<(AccountId, gpux_protocol::VolumeId)>,
     /// The reason of an autoscaling decision the entry made (for metrics).
     pub scaled: Option<&'static str>,
     /// What left the hot state with this entry: the exchange keeps it in
@@ -344,14 +347,23 @@ impl MarketState {
                 applied.volume =
                     Some(created.and_then(|id| self.volumes.info(id).map(Box::new).ok_or(gpux_protocol::ErrorCode::UnknownVolume)));
             }
-            JournalEntry::DeleteVolume { at_ms: _, account, name } => {
-                applied.volume = Some(self.volumes.delete(*account, name).map(Box::new));
+            JournalEntry::DeleteVolume { at_ms, account, name } => {
+                let deleted = self.volumes.delete(*account, name, *at_ms).map(|(info, due)| {
+                    self.volume_removed(&info, due, &mut applied);
+                    Box::new(info)
+                });
+                applied.volume = Some(deleted);
             }
             JournalEntry::BidVolumes { account, client_order_id, mounts } => {
                 // Checked by the sequencer against this same state: a
                 // refusal here only repeats one it already answered.
-                let _ = self.volumes.bid_volumes(*account, *client_order_id, mounts);
+                let _ = self.volumes.bid_volumes(*account, *client_order_id, mounts, self.clock_ms);
             }
+            JournalEntry::StorageRules { at_ms, minor_per_gib_month } => {
+                let owed = self.volumes.set_price(*minor_per_gib_month, *at_ms);
+                applied.follow_ups.extend(owed.into_iter().map(|(account, amount_minor)| Command::ChargeStorage { account, amount_minor }));
+            }
+            JournalEntry::StorageCharge { at_ms } => self.charge_storage(*at_ms, &mut applied, &mut owed),
             JournalEntry::BindKey { public_key, account } => self.keys.bind(*public_key, *account),
             JournalEntry::SignatureRule { rule } => self.settlement.set_signature_rule(*rule),
             JournalEntry::JobRules { version } => self.jobs.adopt_rules(*version),
@@ -539,6 +551,7 @@ impl MarketState {
         self.archive(input.at_ms, applied);
         // A lease's volumes reach its host before its workload.
         if !self.volumes.is_empty() {
+            self.watch_storage_funds(&applied.events, owed);
             for attached in self.volumes.observe(&applied.events) {
                 owed.push(Notice {
                     to: Audience::account(attached.supplier),
@@ -572,6 +585,57 @@ impl MarketState {
         }
         self.watch_job_preemptions_ahead(applied, owed);
         self.hand_over_workloads(rematched.replaced, owed);
+    }
+
+    /// Storage charged to `at_ms` (each account's share a follow-up
+    /// `ChargeStorage`); accounts whose debt is repaid are paid up; volumes
+    /// unpaid past the grace and the notice are deleted, their owners told.
+    fn charge_storage(&mut self, at_ms: u64, applied: &mut Applied, owed: &mut Vec<Notice>) {
+        let charges = self.volumes.charge(at_ms);
+        applied.follow_ups.extend(charges.into_iter().map(|(account, amount_minor)| Command::ChargeStorage { account, amount_minor }));
+        for account in self.volumes.unpaid_accounts() {
+            if self.engine.balances(account).is_some_and(|b| b.debt_minor == 0) && self.volumes.paid_up(account) {
+                self.tell_volumes(account, owed);
+            }
+        }
+        for (info, due) in self.volumes.delete_unpaid(at_ms) {
+            self.volume_removed(&info, due, applied);
+            owed.push(Notice { to: Audience::account(info.owner), message: ServerMessage::VolumeUpdate { volume: Box::new(info) } });
+        }
+    }
+
+    /// A removed volume's last storage charged, its files to be purged.
+    fn volume_removed(&mut self, info: &gpux_protocol::VolumeInfo, due: u64, applied: &mut Applied) {
+        if due > 0 {
+            applied.follow_ups.push(Command::ChargeStorage { account: info.owner, amount_minor: due });
+        }
+        applied.volumes_purged.push((info.owner, info.volume));
+    }
+
+    /// Each of `account`'s volumes as it stands now, pushed to it.
+    fn tell_volumes(&self, account: AccountId, owed: &mut Vec<Notice>) {
+        for volume in self.volumes.of(account) {
+            owed.push(Notice { to: Audience::account(account), message: ServerMessage::VolumeUpdate { volume: Box::new(volume) } });
+        }
+    }
+
+    /// Storage charges that left accounts owing start their grace; debt
+    /// repaid in full ends it (the owners told either way).
+    fn watch_storage_funds(&mut self, events: &[gpux_engine::Event], owed: &mut Vec<Notice>) {
+        for event in events {
+            let changed = match event.kind {
+                EventKind::StorageCharged { account, unpaid_minor, .. } if unpaid_minor > 0 => {
+                    self.volumes.note_unpaid(account, event.at_ms).then_some(account)
+                }
+                EventKind::DebtRepaid { account, .. } => {
+                    (self.engine.balances(account).is_some_and(|b| b.debt_minor == 0) && self.volumes.paid_up(account)).then_some(account)
+                }
+                _ => None,
+            };
+            if let Some(account) = changed {
+                self.tell_volumes(account, owed);
+            }
+        }
     }
 
     /// Leases and windows past their retention leave the live state: the

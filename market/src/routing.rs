@@ -26,7 +26,7 @@ pub fn accounts_of(engine: &Engine, event: &Event) -> [Option<AccountId>; 2] {
         // (to its payable): its feed shows it too.
         UsageUnpaid { renter, lease, .. } => [Some(renter), engine.lease(lease).map(|l| l.supplier)],
         PaymentNotice { renter, .. } => [Some(renter), None],
-        DebtRepaid { account, .. } | PayoutSent { account, .. } => [Some(account), None],
+        DebtRepaid { account, .. } | PayoutSent { account, .. } | StorageCharged { account, .. } => [Some(account), None],
         FeeCharged { supplier, .. } => [Some(supplier), None],
         SlaCredited { renter, supplier, .. } => [Some(renter), Some(supplier)],
         LeaseBillingClosed { lease, .. } => engine.lease(lease).map_or([None, None], |l| [Some(l.renter), Some(l.supplier)]),

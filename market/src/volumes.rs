@@ -16,6 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpux_engine::{AccountId, Event, EventKind, LeaseId, OrderId};
+use gpux_protocol::volumes::limits::{STORAGE_CHARGE_EVERY_MS, STORAGE_GRACE_MS, STORAGE_NOTICE_MS};
 use gpux_protocol::volumes::{limits, name_valid, VolumeAttachment, VolumeId, VolumeInfo, VolumeMount, VolumeState, GIB};
 use gpux_protocol::ErrorCode;
 use serde::{Deserialize, Serialize};
@@ -37,7 +38,14 @@ struct Volume {
     created_at_ms: u64,
     writer: Option<Holder>,
     readers: BTreeSet<LeaseId>,
+    /// When its storage began to accrue at the price in force, and what
+    /// was charged of it since (docs/storage.md "Prices").
+    billed_from_ms: u64,
+    charged_minor: u64,
 }
+
+/// A month of storage, ms (30 days).
+pub const MS_PER_MONTH: u64 = 30 * 24 * 3_600_000;
 
 /// A volume as a bid or lease mounts it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,6 +74,12 @@ pub struct Volumes {
     pending_bid: Option<(AccountId, u64, Vec<Mount>)>,
     bids: BTreeMap<OrderId, Vec<Mount>>,
     leases: BTreeMap<LeaseId, Vec<Mount>>,
+    /// The storage price, minor units per GiB-month (`StorageRules`; 0:
+    /// free), and when storage was last charged.
+    price_minor_per_gib_month: u64,
+    last_charge_ms: u64,
+    /// Accounts whose storage a charge left unpaid, since when.
+    unpaid: BTreeMap<AccountId, u64>,
 }
 
 impl Volumes {
@@ -91,35 +105,151 @@ impl Volumes {
         }
         let id = VolumeId(self.next);
         self.next += 1;
-        let volume =
-            Volume { owner: account, name: name.to_string(), size_gib, created_at_ms: at_ms, writer: None, readers: BTreeSet::new() };
+        let volume = Volume {
+            owner: account,
+            name: name.to_string(),
+            size_gib,
+            created_at_ms: at_ms,
+            writer: None,
+            readers: BTreeSet::new(),
+            billed_from_ms: at_ms,
+            charged_minor: 0,
+        };
         self.volumes.insert(id, volume);
         self.by_name.insert((account, name.to_string()), id);
         Ok(id)
     }
 
     /// Deletes `account`'s volume `name` when nothing holds it; its files
-    /// are then the exchange's to remove. Returns what it was.
-    pub fn delete(&mut self, account: AccountId, name: &str) -> Result<VolumeInfo, ErrorCode> {
+    /// are then the exchange's to remove. Returns what it was and its
+    /// storage still to charge (to `at_ms`).
+    pub fn delete(&mut self, account: AccountId, name: &str, at_ms: u64) -> Result<(VolumeInfo, u64), ErrorCode> {
         let id = *self.by_name.get(&(account, name.to_string())).ok_or(ErrorCode::UnknownVolume)?;
-        let held = self.volumes.get(&id).is_some_and(|v| v.writer.is_some() || !v.readers.is_empty())
-            || self.bids.values().flatten().any(|m| m.volume == id);
-        if held {
+        if self.held(id) {
             return Err(ErrorCode::VolumeInUse);
         }
-        let mut info = self.info(id).ok_or(ErrorCode::UnknownVolume)?;
+        Ok(self.remove(id, at_ms))
+    }
+
+    fn held(&self, id: VolumeId) -> bool {
+        self.volumes.get(&id).is_some_and(|v| v.writer.is_some() || !v.readers.is_empty())
+            || self.bids.values().flatten().any(|m| m.volume == id)
+    }
+
+    /// Removes a volume nothing holds: what it was (state `deleted`) and
+    /// its storage still to charge.
+    fn remove(&mut self, id: VolumeId, at_ms: u64) -> (VolumeInfo, u64) {
+        let due = self.volumes.get(&id).map_or(0, |v| self.due(v, at_ms));
+        let mut info = self.info(id).expect("a volume to remove");
         info.state = VolumeState::Deleted;
-        self.volumes.remove(&id);
-        self.by_name.remove(&(account, name.to_string()));
-        Ok(info)
+        if let Some(volume) = self.volumes.remove(&id) {
+            self.by_name.remove(&(volume.owner, volume.name));
+        }
+        (info, due)
+    }
+
+    /// What `volume` owes at the price in force from when it began to
+    /// accrue to `at_ms`, less what was charged: size x price x time over a
+    /// 30-day month, rounded down (what rounding leaves is charged with
+    /// the next hour's, never lost).
+    fn due(&self, volume: &Volume, at_ms: u64) -> u64 {
+        let elapsed = u128::from(at_ms.saturating_sub(volume.billed_from_ms));
+        let accrued = u128::from(volume.size_gib) * u128::from(self.price_minor_per_gib_month) * elapsed / u128::from(MS_PER_MONTH);
+        (accrued.min(u128::from(u64::MAX)) as u64).saturating_sub(volume.charged_minor)
+    }
+
+    /// Whether storage is due to be charged at `now_ms` (hourly, while a
+    /// priced volume exists).
+    pub fn charge_due(&self, now_ms: u64) -> bool {
+        !self.volumes.is_empty()
+            && self.price_minor_per_gib_month > 0
+            && now_ms >= self.last_charge_ms.saturating_add(STORAGE_CHARGE_EVERY_MS)
+    }
+
+    /// Charges every volume's storage to `at_ms`: what each account owes.
+    pub fn charge(&mut self, at_ms: u64) -> BTreeMap<AccountId, u64> {
+        let mut owed = BTreeMap::new();
+        let ids: Vec<VolumeId> = self.volumes.keys().copied().collect();
+        for id in ids {
+            let due = self.due(&self.volumes[&id], at_ms);
+            let volume = self.volumes.get_mut(&id).expect("listed above");
+            volume.charged_minor = volume.charged_minor.saturating_add(due);
+            *owed.entry(volume.owner).or_insert(0u64) += due;
+        }
+        self.last_charge_ms = at_ms;
+        owed.retain(|_, amount| *amount > 0);
+        owed
+    }
+
+    /// The price from `at_ms` on: storage until then charged at the old one.
+    pub fn set_price(&mut self, minor_per_gib_month: u64, at_ms: u64) -> BTreeMap<AccountId, u64> {
+        let owed = self.charge(at_ms);
+        self.price_minor_per_gib_month = minor_per_gib_month;
+        for volume in self.volumes.values_mut() {
+            volume.billed_from_ms = at_ms;
+            volume.charged_minor = 0;
+        }
+        owed
+    }
+
+    pub fn price_minor_per_gib_month(&self) -> u64 {
+        self.price_minor_per_gib_month
+    }
+
+    /// A storage charge left `account` owing: its grace starts (if it had
+    /// not). True when it starts now.
+    pub fn note_unpaid(&mut self, account: AccountId, at_ms: u64) -> bool {
+        let fresh = !self.unpaid.contains_key(&account);
+        self.unpaid.entry(account).or_insert(at_ms);
+        fresh
+    }
+
+    /// The accounts whose storage is unpaid.
+    pub fn unpaid_accounts(&self) -> Vec<AccountId> {
+        self.unpaid.keys().copied().collect()
+    }
+
+    /// `account` owes nothing any more: its volumes are writable again.
+    pub fn paid_up(&mut self, account: AccountId) -> bool {
+        self.unpaid.remove(&account).is_some()
+    }
+
+    /// Whether `account`'s volumes are read-only at `at_ms` (its storage
+    /// unpaid for longer than the grace).
+    pub fn read_only(&self, account: AccountId, at_ms: u64) -> bool {
+        self.unpaid.get(&account).is_some_and(|since| at_ms >= since.saturating_add(STORAGE_GRACE_MS))
+    }
+
+    /// Removes the volumes unpaid past the grace and the notice that
+    /// nothing holds (a held one waits for its holders to let it go):
+    /// what each was and its storage still to charge.
+    pub fn delete_unpaid(&mut self, at_ms: u64) -> Vec<(VolumeInfo, u64)> {
+        let due: Vec<VolumeId> = self
+            .volumes
+            .iter()
+            .filter(|(_, v)| {
+                self.unpaid.get(&v.owner).is_some_and(|since| at_ms >= since.saturating_add(STORAGE_GRACE_MS + STORAGE_NOTICE_MS))
+            })
+            .map(|(id, _)| *id)
+            .filter(|id| !self.held(*id))
+            .collect();
+        due.into_iter().map(|id| self.remove(id, at_ms)).collect()
+    }
+
+    /// The volumes of `account` (for its notices).
+    pub fn of(&self, account: AccountId) -> Vec<VolumeInfo> {
+        self.list(account)
     }
 
     /// Whether `account` may place a bid with these mounts now: each names
     /// one of its volumes, and none mounted read-write is written by
     /// another holder. The shapes are checked before (`VolumeMount::check_all`).
-    pub fn check_mounts(&self, account: AccountId, mounts: &[VolumeMount]) -> Result<(), ErrorCode> {
+    pub fn check_mounts(&self, account: AccountId, mounts: &[VolumeMount], at_ms: u64) -> Result<(), ErrorCode> {
         for mount in mounts {
             let id = self.by_name.get(&(account, mount.volume.clone())).ok_or(ErrorCode::UnknownVolume)?;
+            if !mount.read_only && self.read_only(account, at_ms) {
+                return Err(ErrorCode::VolumeUnpaid);
+            }
             if !mount.read_only && self.volumes.get(id).is_some_and(|v| v.writer.is_some()) {
                 return Err(ErrorCode::VolumeInUse);
             }
@@ -130,8 +260,8 @@ impl Volumes {
     /// A bid's mounts, journaled right before it: a read-write mount
     /// claims its volume's writer at once (checked free by the sequencer;
     /// on replay the same journal finds it free again).
-    pub fn bid_volumes(&mut self, account: AccountId, client_order_id: u64, mounts: &[VolumeMount]) -> Result<(), ErrorCode> {
-        self.check_mounts(account, mounts)?;
+    pub fn bid_volumes(&mut self, account: AccountId, client_order_id: u64, mounts: &[VolumeMount], at_ms: u64) -> Result<(), ErrorCode> {
+        self.check_mounts(account, mounts, at_ms)?;
         let mut resolved = Vec::new();
         for mount in mounts {
             let id = self.by_name[&(account, mount.volume.clone())];
@@ -246,6 +376,10 @@ impl Volumes {
                 _ => None,
             },
             readers: v.readers.iter().copied().collect(),
+            unpaid_since_ms: self.unpaid.get(&v.owner).copied(),
+            read_only_from_ms: self.unpaid.get(&v.owner).map(|since| since.saturating_add(STORAGE_GRACE_MS)),
+            delete_from_ms: self.unpaid.get(&v.owner).map(|since| since.saturating_add(STORAGE_GRACE_MS + STORAGE_NOTICE_MS)),
+            charged_minor: v.charged_minor,
         })
     }
 

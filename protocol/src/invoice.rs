@@ -101,6 +101,9 @@ pub enum InvoiceItem {
     /// Held disputed time the final bill found for the supplier, paid to it
     /// (negative).
     DisputeReleased,
+    /// The account's volumes' storage (docs/storage.md "Prices"); unpaid
+    /// storage included (it became the account's debt). Appended.
+    Storage,
 }
 
 impl InvoiceItem {

@@ -1407,6 +1407,12 @@ pub enum ServerMessage {
         id: u64,
         volumes: Vec<crate::volumes::VolumeInfo>,
     },
+    /// Pushed to a volume's owner when its storage goes unpaid (with the
+    /// dates it becomes read-only and is deleted), is paid up again, or
+    /// the volume is deleted for it (docs/storage.md "Prices").
+    VolumeUpdate {
+        volume: Box<crate::volumes::VolumeInfo>,
+    },
     /// Pushed to a lease's host before its workload: the renter's volumes
     /// to restore into it (and to sync back while it runs, unless read-only),
     /// with the store's URL and a token for them (refreshed with
@@ -1494,6 +1500,7 @@ impl ServerMessage {
             | ServiceUpdate { .. }
             | ReplicaAssigned { .. }
             | VolumesAttached { .. }
+            | VolumeUpdate { .. }
             | BookConflated { .. } => None,
         }
     }
@@ -1702,6 +1709,10 @@ pub enum ErrorCode {
     TooManyVolumes,
     /// `create_volume` with the name of one of the account's volumes.
     VolumeExists,
+    /// A read-write mount of a volume whose account's storage has been
+    /// unpaid for longer than the grace: its volumes mount read-only until
+    /// its debt is repaid.
+    VolumeUnpaid,
     /// A read-write mount of a volume another lease or resting bid writes,
     /// or `delete_volume` of one a lease or bid holds.
     VolumeInUse,
@@ -1822,6 +1833,7 @@ impl ErrorCode {
             UnknownVolume => "no such volume among this account's",
             TooManyVolumes => "the account holds 16 volumes or 4096 GiB of them, or the exchange its most",
             VolumeExists => "the account has a volume of this name",
+            VolumeUnpaid => "the account's storage has been unpaid for longer than its grace: its volumes mount read-only until its debt is repaid (docs/storage.md)",
             VolumeInUse => "another lease or resting bid writes this volume (mount it read-only), or a lease or bid holds the volume being deleted",
         }
     }

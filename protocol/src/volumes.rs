@@ -31,6 +31,16 @@ pub mod limits {
     pub const FILES_PER_VOLUME_MAX: usize = 10_000;
     /// How often a host syncs a read-write volume while its workload runs.
     pub const SYNC_INTERVAL_MS: u64 = 30_000;
+    /// How often storage is charged.
+    pub const STORAGE_CHARGE_EVERY_MS: u64 = 3_600_000;
+    /// How long an account's storage may stay unpaid before its volumes
+    /// become read-only (3 days), and how long after that they are deleted
+    /// (7 more days).
+    pub const STORAGE_GRACE_MS: u64 = 3 * 24 * 3_600_000;
+    pub const STORAGE_NOTICE_MS: u64 = 7 * 24 * 3_600_000;
+    /// The storage price by default, minor units per GiB-month (US$0.07
+    /// where a unit is a millionth of a dollar).
+    pub const STORAGE_PRICE_DEFAULT: u64 = 70_000;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -150,6 +160,17 @@ pub struct VolumeInfo {
     /// Leases reading a copy of it now.
     #[serde(default)]
     pub readers: Vec<LeaseId>,
+    /// Since when its account's storage is unpaid, and what follows
+    /// (docs/storage.md "Prices"): read-only from, deleted from.
+    #[serde(default)]
+    pub unpaid_since_ms: Option<u64>,
+    #[serde(default)]
+    pub read_only_from_ms: Option<u64>,
+    #[serde(default)]
+    pub delete_from_ms: Option<u64>,
+    /// Its storage charged since the price in force (minor units).
+    #[serde(default)]
+    pub charged_minor: u64,
 }
 
 /// Pushed to a lease's host before its workload: the volumes to restore

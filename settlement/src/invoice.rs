@@ -116,6 +116,7 @@ fn item_of(t: &Transfer, from_mine: bool, to_mine: bool, totals: &mut InvoiceTot
         }
         TransferKind::DisputeDecided => InvoiceItem::DisputeRefund,
         TransferKind::ContractSettlement => InvoiceItem::ContractResale,
+        TransferKind::StorageCharge => InvoiceItem::Storage,
         // Hold, release and debt repaid stay within the account (skipped
         // by the caller); an older journal's transfers have no kind.
         TransferKind::Hold

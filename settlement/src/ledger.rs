@@ -134,6 +134,9 @@ pub enum TransferKind {
     /// A lease's held disputes decided at its final bill: the proven time's
     /// charge back to the renter, the rest of the hold to the supplier.
     DisputeDecided = 19,
+    /// The account's volumes' storage, to the exchange's fees (from its
+    /// available funds, or, what they did not cover, as its debt).
+    StorageCharge = 20,
 }
 
 impl TransferKind {
@@ -160,6 +163,7 @@ impl TransferKind {
             FinalRelease,
             DisputeHeld,
             DisputeDecided,
+            StorageCharge,
         ]
         .get(value as usize)
         .copied()
@@ -190,6 +194,7 @@ impl TransferKind {
             FinalRelease => "final_release",
             DisputeHeld => "dispute_held",
             DisputeDecided => "dispute_decided",
+            StorageCharge => "storage_charge",
         }
     }
 }
@@ -277,6 +282,10 @@ impl Transfer {
                 (LedgerAccount::Fees, _) => format!("fee on time of {lease} the renter's probe proved undelivered, refunded"),
                 (_, LedgerAccount::Payable(_)) => format!("disputed time on {lease} not proven at its final bill, paid to the supplier"),
                 _ => format!("charge for time of {lease} the renter's probe proved undelivered, refunded"),
+            },
+            StorageCharge => match self.from {
+                LedgerAccount::Debt(_) => "volume storage its funds did not cover (owed as debt)".into(),
+                _ => "volume storage (GiB-months of the account's volumes)".into(),
             },
         }
     }
@@ -382,6 +391,9 @@ impl Ledger {
                 from_supplier(&mut legs, supplier, [from_payable, from_available, from_debt], SlaPool, None);
                 legs.push((SlaPool, Available(holder), amount_minor, None));
             }
+            EventKind::StorageCharged { account, amount_minor, unpaid_minor } => {
+                from_supplier(&mut legs, account, [0, amount_minor, unpaid_minor], Fees, None);
+            }
             _ => {}
         }
         Ok(legs)
@@ -450,6 +462,7 @@ fn transfer_kind(event: &EventKind) -> TransferKind {
         EventKind::LeaseBillProvisional { .. } => TransferKind::ProvisionalRelease,
         EventKind::UsageDisputeHeld { .. } => TransferKind::DisputeHeld,
         EventKind::DisputeDecided { .. } => TransferKind::DisputeDecided,
+        EventKind::StorageCharged { .. } => TransferKind::StorageCharge,
         _ => TransferKind::Unclassified,
     }
 }

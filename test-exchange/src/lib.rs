@@ -40,6 +40,7 @@ pub fn config(data_dir: &Path, operator_public_key: [u8; 32]) -> ExchangeConfig 
             fee_bps: gpux_exchange::FEE_BPS_DEFAULT,
             grace_ms: gpux_exchange::BILLING_GRACE_MS_DEFAULT,
             late_window_ms: gpux_exchange::LATE_REPORT_WINDOW_MS_DEFAULT,
+            storage_minor_per_gib_month: gpux_exchange::STORAGE_PRICE_DEFAULT,
         },
         clock_offset_ms: 0,
         challenge_interval_ms: gpux_exchange::sequencer::CHALLENGE_INTERVAL_MS_DEFAULT,

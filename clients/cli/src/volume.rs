@@ -63,7 +63,15 @@ fn describe(volume: &VolumeInfo) -> String {
         held.push(format!("read by lease(s) {}", readers.join(", ")));
     }
     let held = if held.is_empty() { "free".to_string() } else { held.join("; ") };
-    format!("{}  {} GiB  {held}", volume.name, volume.size_gib)
+    let mut line = format!("{}  {} GiB  {held}  charged {}", volume.name, volume.size_gib, crate::money::amount(volume.charged_minor));
+    if let (Some(read_only), Some(delete)) = (volume.read_only_from_ms, volume.delete_from_ms) {
+        line.push_str(&format!(
+            "  UNPAID: read-only from {}, deleted from {} (deposit to repay the debt)",
+            crate::clock::when(read_only),
+            crate::clock::when(delete)
+        ));
+    }
+    line
 }
 
 /// The account's token for volume `name`, the store's URL and the

@@ -44,6 +44,7 @@ fn start_exchange_with(
         fee_bps: 250,
         grace_ms: 600_000,
         late_window_ms: gpux_exchange::LATE_REPORT_WINDOW_MS_DEFAULT,
+        storage_minor_per_gib_month: gpux_exchange::STORAGE_PRICE_DEFAULT,
     };
     start_exchange_billing(data_dir, operator_public_key, clock_offset_ms, accounts, billing)
 }
@@ -773,7 +774,8 @@ fn a_renters_gpu_probe_proves_a_gpu_its_host_never_delivered_and_the_final_bill_
     }
     let operator_public: [u8; 32] = key_of(&key("operator")).verifying_key().to_bytes();
     // Bills final 2 s after each lease ends (no late-report window).
-    let billing = gpux_exchange::sequencer::BillingPolicy { fee_bps: 250, grace_ms: 2_000, late_window_ms: 0 };
+    let billing =
+        gpux_exchange::sequencer::BillingPolicy { fee_bps: 250, grace_ms: 2_000, late_window_ms: 0, storage_minor_per_gib_month: 0 };
     let exchange = start_exchange_billing(&dir.path().join("data"), operator_public, 0, Default::default(), billing);
     let url = exchange.url.clone();
     let login = ok(gpux(&url, &key("renter"), &["login", "--role", "renter"]));

@@ -186,7 +186,7 @@ fn the_storage_guide_runs_as_written() {
         "2 file(s), 39 bytes",
         "1 file(s), 24 bytes from volume data",
         "written on the GPU host",
-        "data  1 GiB  free",
+        "data  1 GiB  free  charged ",
         "volume data deleted",
     ] {
         assert!(out.contains(expected), "{expected:?} missing from what the guide printed:\n{out}\n--- stderr\n{err}");

@@ -919,6 +919,12 @@ class VolumeInfo(Record):
     writer: Optional[int]
     writer_bid: Optional[int]
     readers: list
+    # Its storage charged since the price in force, and, while its
+    # account's storage is unpaid, the funds rule's dates (docs/storage.md "Prices").
+    unpaid_since_ms: Optional[int] = None
+    read_only_from_ms: Optional[int] = None
+    delete_from_ms: Optional[int] = None
+    charged_minor: int = 0
 
 
 @dataclass

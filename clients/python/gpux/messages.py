@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Optional
 
-from .answers import ANSWERS, JobInfo, Record, ServiceInfo
+from .answers import ANSWERS, JobInfo, Record, ServiceInfo, VolumeInfo
 
 MINOR_PER_DOLLAR = 1_000_000
 
@@ -359,6 +359,15 @@ class VolumesAttached(Record):
 
 
 @dataclass
+class VolumeUpdate(Record):
+    """Pushed to a volume's owner when its storage goes unpaid (with the
+    dates it turns read-only and is deleted), is paid up, or the volume is
+    deleted for it (docs/storage.md "Prices")."""
+
+    volume: VolumeInfo
+
+
+@dataclass
 class Unknown:
     type: str
     fields: dict
@@ -385,6 +394,7 @@ _TYPES = {
     "service_update": ServiceUpdate,
     "replica_assigned": ReplicaAssigned,
     "volumes_attached": VolumesAttached,
+    "volume_update": VolumeUpdate,
 }
 
 

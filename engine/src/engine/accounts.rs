@@ -59,6 +59,22 @@ impl Engine {
         Ok(())
     }
 
+    /// Charges `account` for its volumes' storage: from its available
+    /// funds, the rest as its debt (repaid first from its next deposit).
+    pub(super) fn charge_storage(&mut self, account: AccountId, amount_minor: u64) -> Checked<()> {
+        let available = self.account(account)?.available_minor;
+        if amount_minor == 0 {
+            return Err(RejectCode::AmountInvalid);
+        }
+        let paid = available.min(amount_minor);
+        let unpaid = amount_minor - paid;
+        let funds = &mut self.accounts[account.0 as usize];
+        funds.available_minor -= paid;
+        funds.debt_minor = funds.debt_minor.saturating_add(unpaid);
+        self.emit(EventKind::StorageCharged { account, amount_minor: paid, unpaid_minor: unpaid });
+        Ok(())
+    }
+
     /// Pays `amount` of a supplier's earnings out, after repaying its debt
     /// from them.
     pub(super) fn payout(&mut self, account: AccountId, amount_minor: u64) -> Checked<()> {

@@ -722,6 +722,7 @@ impl Engine {
             Command::SetBillingGrace { grace_ms } => self.set_billing_grace(*grace_ms),
             Command::SetLateReportWindow { window_ms } => self.set_late_report_window(*window_ms),
             Command::SetShareRules { version } => self.set_share_rules(*version),
+            Command::ChargeStorage { account, amount_minor } => self.charge_storage(*account, *amount_minor),
             Command::ChangeListing { listing } => self.change_listing(listing),
             Command::Register { account, host, gpu_uuid, spec, region, zone, fabric } => {
                 // A zone without a region names no region (unknown_region,
@@ -1347,6 +1348,7 @@ fn command_account(command: &Command) -> Option<AccountId> {
         | Command::EndLease { account, .. }
         | Command::FailLeaseDelivery { account, .. }
         | Command::OfferLease { account, .. }
+        | Command::ChargeStorage { account, .. }
         | Command::SetSpendLimits { account, .. } => Some(*account),
         Command::OpenSubAccount { parent } | Command::MoveFunds { parent, .. } | Command::SetAccountLimits { parent, .. } => Some(*parent),
         Command::Place { order, .. } => Some(order.account),

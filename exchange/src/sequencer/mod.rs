@@ -123,6 +123,9 @@ pub struct Sequencer {
     challenges: challenges::Schedule,
     /// How long a job's lease may be silent before its delivery fails.
     job_silence_ms: u64,
+    /// The operator's storage price (minor units per GiB-month), journaled
+    /// as `StorageRules` when the market's differs and volumes exist.
+    storage_minor_per_gib_month: u64,
     operator_keys: BTreeSet<[u8; 32]>,
     /// Who may open an account, and the counts per address.
     openings: opening::Openings,
@@ -174,11 +177,15 @@ enum Target {
     Connection(ConnectionId),
     Account(AccountId),
     Feed(Channel, InstrumentId),
+    /// The job store (with `Pending::Purge`).
+    Store,
 }
 
 enum Pending {
     Frame(Arc<SharedFrame>),
     Control(Outgoing),
+    /// A deleted volume's files to remove, once its deletion is durable.
+    Purge(AccountId, gpux_protocol::VolumeId),
 }
 
 impl Sequencer {
@@ -273,6 +280,7 @@ impl Sequencer {
         }
         self.run_challenges();
         self.fail_silent_job_leases();
+        self.charge_storage();
         self.end_due_exit_holds();
         self.expire_logs_requests();
         self.expire_sessions();

@@ -22,6 +22,9 @@ pub struct BillingPolicy {
     pub grace_ms: u64,
     /// How long after the grace a provisional bill still takes late reports.
     pub late_window_ms: u64,
+    /// The price of volumes' storage, minor units per GiB-month
+    /// (`--storage-price-minor-per-gib-month`; docs/storage.md "Prices").
+    pub storage_minor_per_gib_month: u64,
 }
 
 /// What a recovered exchange looks like, for the operator's log and tests.
@@ -79,6 +82,7 @@ impl Sequencer {
             host_waits: Default::default(),
             challenges: Default::default(),
             job_silence_ms: super::jobs::JOB_SILENCE_MS_DEFAULT,
+            storage_minor_per_gib_month: gpux_protocol::volumes::limits::STORAGE_PRICE_DEFAULT,
             operator_keys,
             openings: Default::default(),
             job_store: None,
@@ -111,6 +115,12 @@ impl Sequencer {
         }
         if config.billing_grace_ms != billing.grace_ms {
             self.apply_command(None, 0, Command::SetBillingGrace { grace_ms: billing.grace_ms });
+        }
+        // Storage's price: journaled now where volumes exist, else with
+        // the first volume (an exchange without volumes journals nothing).
+        self.storage_minor_per_gib_month = billing.storage_minor_per_gib_month;
+        if !self.market.volumes().is_empty() {
+            self.journal_storage_price();
         }
         if self.market.engine().late_report_window_ms() != billing.late_window_ms {
             self.apply_command(None, 0, Command::SetLateReportWindow { window_ms: billing.late_window_ms });

@@ -32,6 +32,10 @@ impl Sequencer {
         self.metrics.observe_events(&applied.events);
         self.batch.transfers.extend_from_slice(&applied.transfers);
         self.batch.archived.append(&mut applied.archived);
+        // A deleted volume's files go once its deletion is on disk.
+        for (owner, volume) in applied.volumes_purged.drain(..) {
+            self.batch.pending.push((Target::Store, Pending::Purge(owner, volume)));
+        }
         for mut notice in applied.notices.drain(..) {
             // A job's attempt goes to its host with the token for its files
             // (the market, pure, holds no key to sign one).
@@ -89,7 +93,13 @@ impl Sequencer {
                     }
                 }
                 (Target::Feed(channel, instrument), Pending::Frame(frame)) => self.fanout.publish((channel, instrument), frame),
+                (Target::Store, Pending::Purge(owner, volume)) => {
+                    if let Some(issuer) = &self.job_store {
+                        issuer.purge_volume(owner, volume);
+                    }
+                }
                 (_, Pending::Control(_)) => unreachable!("controls go to one connection"),
+                (_, Pending::Purge(..)) | (Target::Store, _) => unreachable!("purges go to the store, and only they"),
             }
         }
     }

@@ -33,8 +33,12 @@ fn recover_with(
     config: EngineConfig,
     offset_ms: i64,
 ) -> (Sequencer, super::Recovery) {
-    let billing =
-        BillingPolicy { fee_bps: config.fee_bps, grace_ms: config.billing_grace_ms, late_window_ms: crate::LATE_REPORT_WINDOW_MS_DEFAULT };
+    let billing = BillingPolicy {
+        fee_bps: config.fee_bps,
+        grace_ms: config.billing_grace_ms,
+        late_window_ms: crate::LATE_REPORT_WINDOW_MS_DEFAULT,
+        storage_minor_per_gib_month: 0,
+    };
     let market = MarketState::new(config).expect("demo config");
     let operators: BTreeSet<[u8; 32]> = [OPERATOR].into_iter().collect();
     Sequencer::recover(
@@ -217,8 +221,12 @@ fn on_failing_disks_the_journal_outlives_the_snapshots_and_stops_with_what_a_res
     .expect("open")
     .with_every(5);
     let config = EngineConfig::demo();
-    let billing =
-        BillingPolicy { fee_bps: config.fee_bps, grace_ms: config.billing_grace_ms, late_window_ms: crate::LATE_REPORT_WINDOW_MS_DEFAULT };
+    let billing = BillingPolicy {
+        fee_bps: config.fee_bps,
+        grace_ms: config.billing_grace_ms,
+        late_window_ms: crate::LATE_REPORT_WINDOW_MS_DEFAULT,
+        storage_minor_per_gib_month: 0,
+    };
     let operators: BTreeSet<[u8; 32]> = [OPERATOR].into_iter().collect();
     let metrics = Arc::new(Metrics::default());
     let (mut sequencer, _) = Sequencer::recover(
@@ -291,8 +299,12 @@ fn a_failed_fsync_names_both_states_a_restart_may_recover_and_it_recovers_one() 
     let faults = Faults::default();
     let journal = Journal::open_with_backend(FaultyBackend::new(file, faults.clone()).expect("backend")).expect("open");
     let config = EngineConfig::demo();
-    let billing =
-        BillingPolicy { fee_bps: config.fee_bps, grace_ms: config.billing_grace_ms, late_window_ms: crate::LATE_REPORT_WINDOW_MS_DEFAULT };
+    let billing = BillingPolicy {
+        fee_bps: config.fee_bps,
+        grace_ms: config.billing_grace_ms,
+        late_window_ms: crate::LATE_REPORT_WINDOW_MS_DEFAULT,
+        storage_minor_per_gib_month: 0,
+    };
     let operators: BTreeSet<[u8; 32]> = [OPERATOR].into_iter().collect();
     let recover = |journal: Box<dyn gpux_journal::JournalStore>| {
         Sequencer::recover(

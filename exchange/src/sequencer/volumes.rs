@@ -7,7 +7,7 @@ use gpux_engine::{AccountId, LeaseId};
 use gpux_gateway::link::{ConnectionId, VolumeRequest};
 use gpux_market::JournalEntry;
 use gpux_protocol::jobs::StoreGrant;
-use gpux_protocol::{ErrorCode, ServerMessage, VolumeMount, VolumeState};
+use gpux_protocol::{ErrorCode, ServerMessage, VolumeMount};
 
 use super::jobs::JOB_STORE_TOKEN_MS;
 use super::{error, Sequencer};
@@ -27,6 +27,9 @@ impl Sequencer {
                 if self.job_store.is_none() {
                     return self.reply(connection, error(Some(id), ErrorCode::JobStoreUnavailable));
                 }
+                if !self.journal_storage_price() {
+                    return;
+                }
                 JournalEntry::CreateVolume { at_ms, account, name, size_gib }
             }
             VolumeRequest::Delete { name } => JournalEntry::DeleteVolume { at_ms, account, name },
@@ -35,14 +38,8 @@ impl Sequencer {
         // journaled too: the same journal refuses them again on replay.
         let Some((_, applied)) = self.journal(entry) else { return };
         let answer = match applied.volume {
-            Some(Ok(volume)) => {
-                if volume.state == VolumeState::Deleted {
-                    if let Some(issuer) = &self.job_store {
-                        issuer.purge_volume(volume.owner, volume.volume);
-                    }
-                }
-                ServerMessage::Volume { id, volume }
-            }
+            // A deleted volume's files are purged once the deletion is durable (`route`).
+            Some(Ok(volume)) => ServerMessage::Volume { id, volume },
             Some(Err(code)) => error(Some(id), code),
             None => error(Some(id), ErrorCode::UnknownVolume),
         };
@@ -58,7 +55,27 @@ impl Sequencer {
         if self.job_store.is_none() {
             return Err(ErrorCode::JobStoreUnavailable);
         }
-        self.market.volumes().check_mounts(account, mounts)
+        self.market.volumes().check_mounts(account, mounts, self.market.clock_ms())
+    }
+
+    /// Journals the operator's storage price where the market's differs;
+    /// false when the journal stopped.
+    pub(super) fn journal_storage_price(&mut self) -> bool {
+        let price = self.storage_minor_per_gib_month;
+        if self.market.volumes().price_minor_per_gib_month() == price {
+            return true;
+        }
+        let at_ms = self.market.clock_ms();
+        self.journal(JournalEntry::StorageRules { at_ms, minor_per_gib_month: price }).is_some()
+    }
+
+    /// Charges storage hourly while priced volumes exist (journaled: the
+    /// charges and the funds rule's deletions follow from the entry).
+    pub(super) fn charge_storage(&mut self) {
+        let now_ms = self.market.clock_ms();
+        if self.market.volumes().charge_due(now_ms) {
+            self.journal(JournalEntry::StorageCharge { at_ms: now_ms });
+        }
     }
 
     /// A store token for volumes: `account`'s own for its volume `name`

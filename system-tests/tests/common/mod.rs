@@ -21,6 +21,7 @@ pub fn demo_billing() -> BillingPolicy {
         fee_bps: config.fee_bps,
         grace_ms: config.billing_grace_ms,
         late_window_ms: gpux_exchange::LATE_REPORT_WINDOW_MS_DEFAULT,
+        storage_minor_per_gib_month: gpux_exchange::STORAGE_PRICE_DEFAULT,
     }
 }
 
