@@ -3,8 +3,11 @@
 //! outstanding chosen, the request forwarded and its answer streamed back
 //! as it comes (server-sent events and chunked bodies pass through). An
 //! idempotent request without a body whose replica fails before it
-//! answers is sent to another; with no replica ready the request waits
-//! in a bounded queue, then `503` with `Retry-After`.
+//! answers is sent to another; so is one whose answer declares at most
+//! [`BUFFERED_BYTES_MAX`] and breaks off before it is whole (the answer
+//! is read whole before it is passed on: a replica that dies mid-answer
+//! costs the client nothing). With no replica ready the request waits in
+//! a bounded queue, then `503` with `Retry-After`.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -31,6 +34,10 @@ pub type Upstream = Client<HttpConnector, BoxBody<Bytes, hyper::Error>>;
 
 /// Replicas one request is tried on at most.
 pub const ATTEMPTS_MAX: usize = 3;
+
+/// The longest answer to a retryable request read whole before it is
+/// passed on (a longer one, or one of unknown length, streams).
+pub const BUFFERED_BYTES_MAX: u64 = 1 << 20;
 
 /// Headers that belong to one hop, never forwarded (RFC 9110 7.6.1).
 const HOP_BY_HOP: [&str; 8] =
@@ -98,8 +105,15 @@ async fn route(shared: &Shared, request: Request<Incoming>, peer: std::net::Sock
             Ok(forwarded) => forwarded,
             Err(why) => return refusal(StatusCode::BAD_REQUEST, "request_invalid", why),
         };
-        match shared.upstream.request(forwarded).await {
+        let answered = match shared.upstream.request(forwarded).await {
+            Ok(answer) if retry && declared_len(&answer).is_some_and(|bytes| bytes <= BUFFERED_BYTES_MAX) => {
+                read_whole(answer).await.map_err(|error| error.to_string())
+            }
             Ok(answer) => return stream_back(answer, outstanding),
+            Err(error) => Err(error.to_string()),
+        };
+        match answered {
+            Ok(answer) => return answer,
             Err(error) => {
                 // It did not answer: no request goes to it until its probe passes.
                 tracing::warn!(lease = %replica.lease, endpoint = %replica.endpoint, %error, "a replica failed a request");
@@ -175,6 +189,22 @@ fn forward(
         headers.append(HeaderName::from_static("x-forwarded-for"), value);
     }
     request.body(body).map_err(|_| "the request")
+}
+
+/// The `Content-Length` an answer declares.
+fn declared_len(answer: &Response<Incoming>) -> Option<u64> {
+    answer.headers().get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok())
+}
+
+/// The replica's answer read whole (its declared length, small), or the
+/// error that cut it off: then it is tried again on another replica.
+async fn read_whole(answer: Response<Incoming>) -> Result<Answer, hyper::Error> {
+    let (mut parts, body) = answer.into_parts();
+    let bytes = body.collect().await?.to_bytes();
+    for name in HOP_BY_HOP {
+        parts.headers.remove(name);
+    }
+    Ok(Response::from_parts(parts, Full::new(bytes).map_err(|never: Infallible| match never {}).boxed()))
 }
 
 /// The replica's answer, its body streamed back as it comes; the request

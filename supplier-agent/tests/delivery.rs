@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use ed25519_dalek::SigningKey;
 use gpux_engine::{EventKind, InstrumentId, LeaseId, Side, TimeInForce};
-use gpux_protocol::delivery::encryption_key_certified;
 use gpux_protocol::*;
 use gpux_supplier_agent::session::Connection;
 
@@ -92,23 +91,6 @@ async fn await_lease(renter: &mut Connection) -> LeaseId {
             }
         }
     }
-}
-
-/// Seals the secrets to the lease's host, checking the host's signature on its key.
-async fn send_secrets(renter: &mut Connection, lease: LeaseId, workload: Workload, secrets: &Secrets) {
-    let id = renter.new_id();
-    let ServerMessage::HostKey { encryption_key, identity_key, signature, .. } =
-        renter.request(ClientMessage::HostKey { id, lease }).await.expect("host key")
-    else {
-        panic!("host key")
-    };
-    let key: [u8; 32] = hex::decode(&encryption_key).expect("hex").try_into().expect("32 bytes");
-    let identity: [u8; 32] = hex::decode(&identity_key).expect("hex").try_into().expect("32 bytes");
-    assert!(encryption_key_certified(&key, &identity, &signature), "the host signed its encryption key");
-    let workload = Workload { sealed: Some(secrets.seal(&key)), ..workload };
-    let id = renter.new_id();
-    let answer = renter.request(ClientMessage::SetWorkload { id, lease, workload: Box::new(workload) }).await.expect("set workload");
-    assert!(matches!(answer, ServerMessage::Ack { .. }), "{answer:?}");
 }
 
 fn http_get(host: &str, port: u16) -> String {

@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use ed25519_dalek::SigningKey;
 use gpux_engine::{EventKind, InstrumentId, LeaseId, Side, TimeInForce};
-use gpux_protocol::delivery::encryption_key_certified;
 use gpux_protocol::*;
 use gpux_supplier_agent::session::Connection;
 
@@ -63,24 +62,6 @@ async fn lease_with(renter: &mut Connection, workload: &Workload, volumes: Vec<V
         }
         assert!(Instant::now() < deadline, "no lease within 20 s");
     }
-}
-
-/// Seals `secrets` to the lease's host (its signature on its key checked)
-/// and sends them with the workload's public part.
-async fn send_secrets(renter: &mut Connection, lease: LeaseId, workload: Workload, secrets: &Secrets) {
-    let id = renter.new_id();
-    let ServerMessage::HostKey { encryption_key, identity_key, signature, .. } =
-        renter.request(ClientMessage::HostKey { id, lease }).await.expect("host key")
-    else {
-        panic!("host key")
-    };
-    let key: [u8; 32] = hex::decode(&encryption_key).expect("hex").try_into().expect("32 bytes");
-    let identity: [u8; 32] = hex::decode(&identity_key).expect("hex").try_into().expect("32 bytes");
-    assert!(encryption_key_certified(&key, &identity, &signature), "the host signed its encryption key");
-    let workload = Workload { sealed: Some(secrets.seal(&key)), secrets_follow: false, ..workload };
-    let id = renter.new_id();
-    let answer = renter.request(ClientMessage::SetWorkload { id, lease, workload: Box::new(workload) }).await.expect("set workload");
-    assert!(matches!(answer, ServerMessage::Ack { .. }), "{answer:?}");
 }
 
 /// The lease's delivery states until `done` holds (90 s); a failure panics.

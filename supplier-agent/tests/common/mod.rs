@@ -395,3 +395,20 @@ pub fn container_exists(socket: &str, host: &str, lease: gpux_engine::LeaseId) -
         .expect("curl runs");
     String::from_utf8_lossy(&output.stdout) == "200"
 }
+
+/// Seals the secrets to the lease's host, checking the host's signature on its key.
+pub async fn send_secrets(renter: &mut Connection, lease: gpux_engine::LeaseId, workload: Workload, secrets: &Secrets) {
+    let id = renter.new_id();
+    let ServerMessage::HostKey { encryption_key, identity_key, signature, .. } =
+        renter.request(ClientMessage::HostKey { id, lease }).await.expect("host key")
+    else {
+        panic!("host key")
+    };
+    let key: [u8; 32] = hex::decode(&encryption_key).expect("hex").try_into().expect("32 bytes");
+    let identity: [u8; 32] = hex::decode(&identity_key).expect("hex").try_into().expect("32 bytes");
+    assert!(gpux_protocol::delivery::encryption_key_certified(&key, &identity, &signature), "the host signed its encryption key");
+    let workload = Workload { sealed: Some(secrets.seal(&key)), ..workload };
+    let id = renter.new_id();
+    let answer = renter.request(ClientMessage::SetWorkload { id, lease, workload: Box::new(workload) }).await.expect("set workload");
+    assert!(matches!(answer, ServerMessage::Ack { .. }), "{answer:?}");
+}
