@@ -76,9 +76,8 @@ async fn report(shared: &Shared, connection: &mut gpux_client::Connection, meter
         return Ok(());
     }
     let (now, requests) = (std::time::Instant::now(), shared.metrics.requests.get());
-    let elapsed_ms = now.duration_since(meter.at).as_millis().max(1) as u64;
     let load = gpux_protocol::ServiceLoad {
-        requests_per_second_milli: requests.saturating_sub(meter.requests).saturating_mul(1_000_000) / elapsed_ms,
+        requests_per_second_milli: rate_milli(requests.saturating_sub(meter.requests), now.duration_since(meter.at)),
         in_flight: shared.table.in_flight(),
         queued: shared.queued.load(Ordering::Relaxed) as u32,
     };
@@ -87,6 +86,15 @@ async fn report(shared: &Shared, connection: &mut gpux_client::Connection, meter
     let message = ClientMessage::ServiceLoad { id, service: shared.config.service, router: shared.config.router, load };
     connection.send(&message).await?;
     Ok(())
+}
+
+/// Requests per second (in thousandths) of `requests` counted over
+/// `elapsed`. A report sooner than the interval (a queued request wakes
+/// one) still measures over a whole interval: one request 30 ms after the
+/// last tick is one request a second, not 33.
+fn rate_milli(requests: u64, elapsed: Duration) -> u64 {
+    let elapsed_ms = elapsed.max(LOAD_INTERVAL).as_millis() as u64;
+    requests.saturating_mul(1_000_000) / elapsed_ms
 }
 
 fn apply(shared: &Shared, service: &gpux_protocol::ServiceInfo) {
@@ -145,5 +153,18 @@ async fn check(shared: &Shared, endpoint: &str, path: Option<&str>) -> bool {
     match shared.upstream.request(request).await {
         Ok(answer) => answer.status().is_success() || answer.status().is_redirection(),
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_sooner_than_the_interval_measures_over_the_whole_interval() {
+        assert_eq!(rate_milli(1, Duration::from_millis(30)), 1_000);
+        assert_eq!(rate_milli(50, Duration::from_millis(500)), 50_000);
+        assert_eq!(rate_milli(30, Duration::from_secs(2)), 15_000);
+        assert_eq!(rate_milli(0, Duration::ZERO), 0);
     }
 }
