@@ -397,6 +397,7 @@ pub enum ServiceRequest {
     Delete { service: gpux_protocol::ServiceId },
     Load { service: gpux_protocol::ServiceId, router: u32, load: gpux_protocol::ServiceLoad },
     Update { service: gpux_protocol::ServiceId, run: gpux_protocol::ServiceRun },
+    Bill { service: gpux_protocol::ServiceId, offset: u32 },
 }
 
 /// Sub-accounts and keys (docs/protocol.md "Sub-accounts", "Keys and scopes").
@@ -472,9 +473,10 @@ impl Body {
             Body::Job { .. } => Some(Scope::Read),
             // A router's load moves a service only within the bounds its
             // renter set: the router's read key may send it.
-            Body::Service { request: ServiceRequest::Status { .. } | ServiceRequest::List { .. } | ServiceRequest::Load { .. } } => {
-                Some(Scope::Read)
-            }
+            Body::Service {
+                request:
+                    ServiceRequest::Status { .. } | ServiceRequest::List { .. } | ServiceRequest::Load { .. } | ServiceRequest::Bill { .. },
+            } => Some(Scope::Read),
             Body::Service { .. } => Some(Scope::Trade),
             Body::Volume { request: VolumeRequest::List } => Some(Scope::Read),
             Body::Volume { .. } => Some(Scope::Trade),

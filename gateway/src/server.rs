@@ -1102,6 +1102,7 @@ pub(crate) fn request_of(caller: &Caller, message: ClientMessage, verified: Opti
         ClientMessage::Services { offset, .. } => Body::Service { request: ServiceRequest::List { offset } },
         ClientMessage::ScaleService { service, replicas, .. } => Body::Service { request: ServiceRequest::Scale { service, replicas } },
         ClientMessage::DeleteService { service, .. } => Body::Service { request: ServiceRequest::Delete { service } },
+        ClientMessage::ServiceBill { service, offset, .. } => Body::Service { request: ServiceRequest::Bill { service, offset } },
         ClientMessage::ServiceLoad { service, router, load, .. } => {
             Body::Service { request: ServiceRequest::Load { service, router, load } }
         }

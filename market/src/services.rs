@@ -46,6 +46,7 @@ struct Service {
     /// Replicas in a row that exited or failed for the renter's reason
     /// before any became ready.
     failures_in_row: u32,
+    /// Every lease it ran on, oldest first.
     leases: VecDeque<LeaseId>,
     created_at_ms: u64,
     updated_at_ms: u64,
@@ -510,10 +511,10 @@ impl Services {
                     self.leases.insert(lease, (id, slot));
                     self.heard.insert(lease, crate::jobs::Heard::new(supplier, at_ms));
                     let service = self.services.get_mut(&id).expect("present");
+                    // Every one is kept: the service's bill is theirs. At
+                    // most one per bid, and a service places at most
+                    // `limits::BIDS_MAX`.
                     service.leases.push_back(lease);
-                    while service.leases.len() > gpux_protocol::services::INFO_LEASES_MAX {
-                        service.leases.pop_front();
-                    }
                     let replica = self.replica_of(lease).expect("its lease was just recorded");
                     let s = self.slot_mut(id, slot);
                     *s = Slot { state: ReplicaState::Starting, lease: Some(lease), generation: s.generation, ..Slot::bidding(at_ms) };
@@ -662,7 +663,12 @@ impl Services {
                 .collect(),
             bids: service.bids,
             replaced: service.replaced,
-            leases: service.leases.iter().copied().collect(),
+            leases: service
+                .leases
+                .iter()
+                .skip(service.leases.len().saturating_sub(gpux_protocol::services::INFO_LEASES_MAX))
+                .copied()
+                .collect(),
             created_at_ms: service.created_at_ms,
             updated_at_ms: service.updated_at_ms,
             last_scaling: service.last_scaling.clone(),
@@ -680,6 +686,13 @@ impl Services {
         ids.sort_unstable_by(|a, b| b.cmp(a));
         let page: Vec<ServiceInfo> = ids.iter().skip(offset).take(max).filter_map(|id| self.info(*id, account)).collect();
         (page, ids.len() > offset + max)
+    }
+
+    /// Every lease the renter's service ran on, oldest first, and when it
+    /// was created: what its bill covers.
+    pub fn bill_of(&self, id: ServiceId, account: AccountId) -> Option<(Vec<LeaseId>, u64)> {
+        let service = self.services.get(&id).filter(|s| s.account == account)?;
+        Some((service.leases.iter().copied().collect(), service.created_at_ms))
     }
 
     /// The renter of a service (for its notices).

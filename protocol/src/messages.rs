@@ -786,6 +786,15 @@ pub enum ClientMessage {
         service: crate::services::ServiceId,
         run: crate::services::ServiceRun,
     },
+    /// The service's bill so far: every transfer of its replicas' leases
+    /// (usage, fees, credits) since it was created, as a signed invoice
+    /// (`invoice`; period `service-<id>`), a page of lines from `offset`.
+    ServiceBill {
+        id: u64,
+        service: crate::services::ServiceId,
+        #[serde(default)]
+        offset: u32,
+    },
     /// A router's load of a service over the last second (about once a
     /// second, and at once when a request waits for a first replica):
     /// journaled, summed over the service's routers, and run through the
@@ -895,6 +904,7 @@ impl ClientMessage {
             | Services { id, .. }
             | ScaleService { id, .. }
             | DeleteService { id, .. }
+            | ServiceBill { id, .. }
             | ServiceLoad { id, .. }
             | UpdateService { id, .. }
             | CreateVolume { id, .. }

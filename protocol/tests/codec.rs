@@ -265,6 +265,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
         ClientMessage::Services { id: 58, offset: 50 },
         ClientMessage::ScaleService { id: 59, service: gpux_protocol::ServiceId(2), replicas: 0 },
         ClientMessage::DeleteService { id: 60, service: gpux_protocol::ServiceId(2) },
+        ClientMessage::ServiceBill { id: 66, service: gpux_protocol::ServiceId(2), offset: 0 },
         ClientMessage::UpdateService {
             id: 62,
             service: gpux_protocol::ServiceId(2),

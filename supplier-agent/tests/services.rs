@@ -323,6 +323,44 @@ async fn a_service_behind_its_router_outlives_a_replicas_host_and_its_router_and
         panic!("services")
     };
     assert_eq!(services.iter().map(|s| (s.service, s.state)).collect::<Vec<_>>(), [(id, ServiceState::Deleted)]);
+
+    // The service's bill: signed by the exchange, every replica's lease
+    // (the dead host's among them), and what it says is due is what the
+    // ledger moved out of the renter for them.
+    tokio::time::sleep(Duration::from_secs(2)).await; // the last usage reports settle
+    let ServerMessage::Invoice { invoice, signature, exchange_key, next_offset, .. } =
+        request(&mut renter, |rid| ClientMessage::ServiceBill { id: rid, service: id, offset: 0 }).await
+    else {
+        panic!("a bill")
+    };
+    assert!(invoice.verify(&signature, &exchange_key), "the bill is signed by the exchange");
+    assert_eq!((next_offset, invoice.period.as_str()), (None, format!("service-{}", id.0).as_str()));
+    let billed: std::collections::BTreeSet<LeaseId> = invoice.lines.iter().filter_map(|l| l.lease).collect();
+    assert!(billed.iter().all(|lease| service.leases.contains(lease)), "{billed:?} of {:?}", service.leases);
+    assert!(billed.contains(&lost) && billed.len() >= 3, "the lost replica, its replacement and the others: {billed:?}");
+    assert!(invoice.totals.amount_due_minor > 0, "the replicas' GPU time was billed");
+    let suffix = format!(":{}", renter.account.0);
+    let mine = |label: &str| label.ends_with(&suffix) && !label.starts_with("payable");
+    let (mut paid, mut after): (i64, Option<u64>) = (0, None);
+    loop {
+        let ServerMessage::Statement { lines, next_after, .. } =
+            request(&mut renter, |rid| ClientMessage::Statement { id: rid, after }).await
+        else {
+            panic!("a statement")
+        };
+        for line in lines.iter().filter(|l| l.lease.is_some_and(|lease| service.leases.contains(&lease))) {
+            match (mine(&line.from), mine(&line.to)) {
+                (true, false) => paid += line.amount_minor as i64,
+                (false, true) => paid -= line.amount_minor as i64,
+                _ => {}
+            }
+        }
+        match next_after {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(invoice.totals.amount_due_minor, paid, "the bill equals the ledger's transfers for the service's leases");
     front.stop().await;
 }
 

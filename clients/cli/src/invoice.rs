@@ -21,10 +21,11 @@ fn signed(minor: i64) -> String {
     }
 }
 
-/// Which signed document: a month's invoice or a job's bill.
+/// Which signed document: a month's invoice, a job's or a service's bill.
 pub enum Document {
     Month { period: String, sub_account: Option<u32> },
     Job(u64),
+    Service(u64),
 }
 
 pub async fn invoice(
@@ -54,6 +55,7 @@ pub async fn document(s: &mut Session, which: Document, html: Option<PathBuf>, p
                 ClientMessage::Invoice { id, period: period.clone(), account: sub_account.map(AccountId), offset }
             }
             Document::Job(job) => ClientMessage::JobBill { id, job: gpux_protocol::JobId(*job), offset },
+            Document::Service(service) => ClientMessage::ServiceBill { id, service: gpux_protocol::ServiceId(*service), offset },
         };
         let ServerMessage::Invoice { invoice, next_offset, signature, exchange_key, .. } = s.ask(request, json).await? else {
             return Err(Failure::Unreachable("expected invoice".into()));

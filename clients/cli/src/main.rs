@@ -723,6 +723,16 @@ pub enum ServiceAction {
         /// The service's id (`gpux service list`).
         service: u64,
     },
+    /// The service's bill so far: every lease its replicas ran on, usage,
+    /// fees and credits, signed by the exchange (checked here) like an
+    /// invoice.
+    Bill {
+        /// The service's id (`gpux service list`).
+        service: u64,
+        /// Also write it as a printable HTML page.
+        #[arg(long)]
+        html: Option<PathBuf>,
+    },
     /// A replica's output, from its host.
     Logs {
         /// The service's id (`gpux service list`).

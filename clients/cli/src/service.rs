@@ -76,6 +76,9 @@ pub async fn service_action(s: &mut Session, url: &str, action: ServiceAction, j
             }
             Ok(())
         }
+        ServiceAction::Bill { service, html } => {
+            crate::invoice::document(s, crate::invoice::Document::Service(service), html, None, json).await
+        }
         ServiceAction::Logs { service, replica, bytes } => logs(s, ServiceId(service), replica, bytes, json).await,
     }
 }

@@ -169,6 +169,8 @@ fn the_services_guide_runs_as_written() {
         "service 1 deleted",
         "hello                    deleted",
         "router: the service is gone",
+        "(service-1)",
+        "signature verified with the exchange's key",
     ] {
         assert!(out.contains(expected), "{expected:?} missing from what the guide printed:\n{out}\n--- stderr\n{err}");
     }

@@ -686,6 +686,11 @@ class Client:
         """Deletes a service: its bids cancelled, its replicas' leases ended."""
         return (await self.request("delete_service", service=service)).service
 
+    async def service_bill(self, service: int) -> a.SignedInvoice:
+        """The service's bill so far (every lease its replicas ran on:
+        usage, fees and credits), every page, its signature checked."""
+        return await self._signed_document(lambda offset: self.request("service_bill", service=service, offset=offset))
+
     async def service_load(self, service: int, router: int, requests_per_second_milli: int, in_flight: int, queued: int) -> m.Ack:
         """A router's load of a service over the last second (what
         `gpux-router` reports; a service without `scaling` refuses it)."""

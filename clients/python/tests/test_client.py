@@ -916,6 +916,14 @@ def test_a_service_keeps_its_replica_scales_updates_and_is_deleted_from_python(e
         assert rolling.rollout == "rolling" and rolling.generation == 1 and len(rolling.replicas) == 2, rolling
         deleted = await renter.delete_service(created.service)
         assert deleted.state == "deleted" and deleted.replicas == []
+        # The bill of a deleted service, signed (no host reported usage: the
+        # podman tests check its lines).
+        bill = await renter.service_bill(created.service)
+        assert bill.invoice.number == f"GPUX-{renter.account}-service{created.service}"
+        assert all(line.lease == lease for line in bill.invoice.lines), bill
+        with pytest.raises(gpux.GpuxError) as unknown_bill:
+            await renter.service_bill(999_999)
+        assert unknown_bill.value.code == "unknown_service"
         with pytest.raises(gpux.GpuxError) as unknown:
             await renter.service(999_999)
         assert unknown.value.code == "unknown_service"

@@ -269,20 +269,36 @@ impl Sequencer {
         offset: u32,
     ) -> Option<ServerMessage> {
         let Some(info) = self.market.jobs().info(job, account) else { return Some(error(Some(id), ErrorCode::UnknownJob)) };
+        let leases = self.market.jobs().leases_of(job).iter().copied().collect();
+        self.leases_bill(connection, account, id, leases, info.submitted_at_ms, format!("job-{}", job.0), offset)
+    }
+
+    /// Hands the invoices' worker a bill of some of the account's leases:
+    /// their transfers from `since_ms` to now, signed like an invoice (a
+    /// job's, a service's). `Some`: the refusal to send instead.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn leases_bill(
+        &mut self,
+        connection: ConnectionId,
+        account: gpux_engine::AccountId,
+        id: u64,
+        leases: std::collections::BTreeSet<LeaseId>,
+        since_ms: u64,
+        period: String,
+        offset: u32,
+    ) -> Option<ServerMessage> {
         let engine = self.market.engine();
-        let leases: std::collections::BTreeSet<LeaseId> = self.market.jobs().leases_of(job).iter().copied().collect();
         let mut hot_leases = gpux_settlement::invoice::LeaseRecords::new();
         for lease in &leases {
             if let Some(lease_info) = engine.lease(*lease) {
                 hot_leases.insert(*lease, (lease_info.clone(), engine.lease_symbol(*lease).unwrap_or_default()));
             }
         }
-        let bounds = (info.submitted_at_ms, self.market.clock_ms() + 1);
+        let bounds = (since_ms, self.market.clock_ms() + 1);
         let (Some(desk), Some(outbound)) = (&self.invoices, self.sessions.get(connection).map(|c| c.outbound.clone())) else {
             return Some(error(Some(id), ErrorCode::InvoiceUnavailable));
         };
         let parent = engine.parent_of(account);
-        let period = format!("job-{}", job.0);
         let bill =
             crate::invoices::InvoiceWork { outbound, id, account, parent, period, bounds, offset, hot_leases, only_leases: Some(leases) };
         (!desk.submit(bill)).then(|| error(Some(id), ErrorCode::InvoiceUnavailable))

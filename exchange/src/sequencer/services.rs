@@ -21,6 +21,12 @@ impl Sequencer {
                 let next_offset = more.then_some(offset + services.len() as u32);
                 return self.reply(connection, ServerMessage::Services { id, services, next_offset });
             }
+            ServiceRequest::Bill { service, offset } => {
+                if let Some(refusal) = self.service_bill(connection, account, id, service, offset) {
+                    self.reply(connection, refusal);
+                }
+                return;
+            }
             ServiceRequest::Create { spec } => match self.check_service(&spec) {
                 Err(message) => {
                     return self.reply(connection, ServerMessage::Error { id: Some(id), code: ErrorCode::ServiceInvalid, message })
@@ -65,6 +71,23 @@ impl Sequencer {
             None => error(Some(id), ErrorCode::UnknownService),
         };
         self.reply(connection, answer);
+    }
+
+    /// Hands the invoices' worker the service's bill: the transfers of
+    /// every lease its replicas ran on since it was created, signed like
+    /// an invoice. `Some`: the refusal to send instead.
+    fn service_bill(
+        &mut self,
+        connection: ConnectionId,
+        account: gpux_engine::AccountId,
+        id: u64,
+        service: ServiceId,
+        offset: u32,
+    ) -> Option<ServerMessage> {
+        let Some((leases, created_at_ms)) = self.market.services().bill_of(service, account) else {
+            return Some(error(Some(id), ErrorCode::UnknownService));
+        };
+        self.leases_bill(connection, account, id, leases.into_iter().collect(), created_at_ms, format!("service-{}", service.0), offset)
     }
 
     fn service_answer(&self, id: u64, service: ServiceId, account: gpux_engine::AccountId) -> ServerMessage {
