@@ -133,6 +133,51 @@ export function renderJobs() {
     .join("");
 }
 
+// A service's replicas in words: "2 ready, 1 starting, 1 bidding (bid refused: ...)".
+function describeReplicas(service) {
+  if (service.replicas.length === 0) return service.state === "running" ? "none (at zero)" : "none";
+  const counts = new Map();
+  for (const r of service.replicas) counts.set(r.state, (counts.get(r.state) || 0) + 1);
+  const stalled = service.replicas.map((r) => r.stalled).filter((why) => why);
+  const parts = ["ready", "starting", "bidding"].filter((name) => counts.has(name)).map((name) => `${counts.get(name)} ${name}`);
+  const endpoints = service.replicas.map((r) => r.endpoint).filter((e) => e);
+  return parts.join(", ") + (endpoints.length ? ` at ${endpoints.join(" ")}` : "") + (stalled.length ? ` (${stalled[0]})` : "");
+}
+
+export function renderServices() {
+  const services = [...state.services.values()].sort((a, b) => b.service - a.service);
+  $("services").tBodies[0].innerHTML = services
+    .map((v) => {
+      const spec = v.spec;
+      const running = v.state === "running";
+      const kept = v.replicas.length;
+      const actions = `<button data-service-bill="${v.service}">bill</button>${running ? ` <button data-scale-service="${v.service}" data-replicas="${kept + 1}"${kept + 1 > spec.max_replicas ? " disabled" : ""}>+1</button> <button data-scale-service="${v.service}" data-replicas="${kept - 1}"${kept - 1 < spec.min_replicas ? " disabled" : ""}>−1</button> <button data-delete-service="${v.service}">delete</button>` : ""}`;
+      const scaling = v.last_scaling ? `${v.last_scaling.from} → ${v.last_scaling.to} (${v.last_scaling.reason}) ${utcHour(v.last_scaling.at_ms)}` : spec.scaling ? "autoscaling, no change yet" : "manual";
+      const rollout = v.rollout === "rolling" ? ` · rolling out run ${v.generation}` : v.rollout === "rolled_back" ? " · update rolled back" : "";
+      return `<tr data-service="${v.service}"><td class="text">${actions}</td><td>${v.service}</td><td class="text">${esc(spec.name)}</td><td class="service-state text">${esc(v.state)}${rollout}</td><td class="service-replicas text">${esc(describeReplicas(v))}</td><td class="text">${kept} (${spec.min_replicas}..${spec.max_replicas})</td><td>${v.replaced}</td><td class="text">${esc(scaling)}</td><td class="text wrap">${esc(spec.image)}</td></tr>`;
+    })
+    .join("");
+}
+
+// Who holds a volume: its writer's lease, a resting bid, readers.
+function describeHolders(volume) {
+  const parts = [];
+  if (volume.writer !== null && volume.writer !== undefined) parts.push(`lease ${volume.writer} (writes)`);
+  else if (volume.writer_bid !== null && volume.writer_bid !== undefined) parts.push(`a resting bid (${volume.writer_bid})`);
+  if (volume.readers.length) parts.push(`lease ${volume.readers.join(", ")} (read-only)`);
+  return parts.length ? parts.join(", ") : "free";
+}
+
+export function renderVolumes() {
+  const volumes = [...state.volumes.values()].filter((v) => v.state !== "deleted").sort((a, b) => a.name.localeCompare(b.name));
+  $("volumes").tBodies[0].innerHTML = volumes
+    .map((v) => {
+      const storage = v.unpaid_since_ms === null || v.unpaid_since_ms === undefined ? "paid" : `unpaid since ${utcHour(v.unpaid_since_ms)}: read-only from ${utcHour(v.read_only_from_ms)}, deleted from ${utcHour(v.delete_from_ms)}`;
+      return `<tr data-volume="${esc(v.name)}"><td class="text"><button data-delete-volume="${esc(v.name)}">delete</button></td><td class="text">${esc(v.name)}</td><td>${v.size_gib}</td><td class="volume-holders text">${esc(describeHolders(v))}</td><td class="text">${esc(storage)}</td><td>${money(v.charged_minor)}</td><td class="text">${utcHour(v.created_at_ms)}</td></tr>`;
+    })
+    .join("");
+}
+
 // The running attempt's leases of a job (starting or running), by rank.
 function attemptLeases(job) {
   if (!job || typeof job.state !== "object") return null;
@@ -211,6 +256,16 @@ export async function refreshAccount() {
   const { body: jobs } = await request("jobs", { offset: 0 });
   for (const job of jobs.jobs) state.jobs.set(job.job, job);
   renderJobs();
+  try {
+    const { body: services } = await request("services", { offset: 0 });
+    for (const service of services.services) state.services.set(service.service, service);
+    renderServices();
+    const { body: volumes } = await request("volumes");
+    state.volumes = new Map(volumes.volumes.map((v) => [v.volume, v]));
+    renderVolumes();
+  } catch (error) {
+    $("service-result").textContent = "refused: " + error.message;
+  }
   try {
     const { body: subs } = await request("sub_accounts", { offset: 0 });
     const limit = (value, show) => (value === null ? "none" : show(value));
@@ -325,6 +380,54 @@ $("jobs").onclick = async (event) => {
     } catch (error) {
       $("job-bill").textContent = "refused: " + error.message;
     }
+  }
+};
+
+$("services").onclick = async (event) => {
+  const data = event.target.dataset || {};
+  try {
+    if (data.serviceBill) {
+      const { body } = await request("service_bill", { service: Number(data.serviceBill), offset: 0 });
+      const t = body.invoice.totals;
+      $("service-result").textContent = `${body.invoice.number}: ${body.line_count} line(s), charges ${money(t.charges_minor)}, credits ${money(t.credits_minor)}, due ${money(t.amount_due_minor)} (signed by the exchange: gpux service bill ${data.serviceBill} checks it)`;
+    } else if (data.scaleService) {
+      const { body } = await request("scale_service", { service: Number(data.scaleService), replicas: Number(data.replicas) });
+      state.services.set(body.service.service, body.service);
+      renderServices();
+      $("service-result").textContent = `service ${body.service.service} keeps ${data.replicas} replica(s)`;
+    } else if (data.deleteService) {
+      const { body } = await request("delete_service", { service: Number(data.deleteService) });
+      state.services.set(body.service.service, body.service);
+      renderServices();
+      $("service-result").textContent = `service ${body.service.service} deleted: its bids cancelled, its leases ended`;
+    }
+  } catch (error) {
+    $("service-result").textContent = "refused: " + error.message;
+  }
+};
+
+$("volumes").onclick = async (event) => {
+  const name = event.target.dataset && event.target.dataset.deleteVolume;
+  if (!name) return;
+  try {
+    const { body } = await request("delete_volume", { name });
+    state.volumes.set(body.volume.volume, body.volume);
+    renderVolumes();
+    $("volume-result").textContent = `volume ${name} deleted: its files are removed from the store`;
+  } catch (error) {
+    $("volume-result").textContent = "refused: " + error.message;
+  }
+};
+
+$("volume-create").onsubmit = async (event) => {
+  event.preventDefault();
+  try {
+    const { body } = await request("create_volume", { name: $("volume-name").value.trim(), size_gib: Number($("volume-size").value) });
+    state.volumes.set(body.volume.volume, body.volume);
+    renderVolumes();
+    $("volume-result").textContent = `volume ${body.volume.name} (${body.volume.size_gib} GiB) created`;
+  } catch (error) {
+    $("volume-result").textContent = "refused: " + error.message;
   }
 };
 

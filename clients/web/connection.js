@@ -4,7 +4,7 @@
 import { state } from "./state.js";
 import { $ } from "./util.js";
 import { loadInstruments, onFeed } from "./market.js";
-import { login, onPrivate, renderJobs, renderLeases } from "./account.js";
+import { login, onPrivate, renderJobs, renderLeases, renderServices, renderVolumes } from "./account.js";
 
 export function request(type, fields = {}) {
   const id = ++state.nextId;
@@ -58,6 +58,12 @@ export function connect() {
     } else if (type === "job_update") {
       state.jobs.set(body.job.job, body.job);
       renderJobs();
+    } else if (type === "service_update") {
+      state.services.set(body.service.service, body.service);
+      renderServices();
+    } else if (type === "volume_update") {
+      state.volumes.set(body.volume.volume, body.volume);
+      renderVolumes();
     }
   };
 }

@@ -8,7 +8,7 @@ export const state = {
   trades: [], account: null, secret: null, refreshTimer: null,
   // The account's latest private events, for an order's outcome.
   events: [],
-  leases: [], jobs: new Map(), logsJob: null, deliveries: new Map(), scores: new Map(), offersTimer: null,
+  leases: [], jobs: new Map(), services: new Map(), volumes: new Map(), logsJob: null, deliveries: new Map(), scores: new Map(), offersTimer: null,
   // The exchange's currency, from its listing (docs/protocol.md "listing").
   currency: { code: "USD", decimals: 6 }, regions: [],
   // The price chart: its interval, its uPlot, and a pending redraw.

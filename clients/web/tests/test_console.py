@@ -179,7 +179,9 @@ class Browser:
     async def wait_until(self, expression: str, timeout: float = 15.0, what: str = ""):
         deadline = time.time() + timeout
         while not await self.evaluate(expression):
-            assert time.time() < deadline, f"timed out waiting for {what or expression}"
+            if time.time() >= deadline:
+                page = await self.evaluate("document.getElementById('mine').innerText")
+                raise AssertionError(f"timed out waiting for {what or expression}; the account panel shows:\n{page}")
             await asyncio.sleep(0.1)
 
     async def screenshot(self, path: Path):
@@ -416,7 +418,7 @@ def test_the_console_shows_each_leases_delivery_status_and_endpoints(exchange_wi
                 "run": {"image": "localhost/gpux-py:1", "command": ["python3", "-c", "print(1)"],
                         "checkpoint_dir": "/checkpoints", "outputs_dir": "/outputs", "checkpoint_interval_s": 60},
             })
-            job_state = f"(document.querySelector('#jobs tr[data-job=\"{job.job}\"] .job-state') || {{}}).textContent || ''"
+            job_state = f"((document.querySelector('#jobs tr[data-job=\"{job.job}\"] .job-state') || {{}}).textContent || '')"
             await browser.wait_until(f"{job_state} === 'starting'", what="the job's row, starting")
             job_lease = (await renter.wait_job(job.job, until=("starting",))).state_fields["leases"][0]
             running_state = {"running": {"endpoints": [], "ssh": None, "restarts": 0}}
@@ -512,6 +514,91 @@ def test_the_console_opens_and_funds_a_sub_account_and_shows_a_verified_invoice(
             await asyncio.sleep(1.5)
             assert await browser.evaluate("gpuxConsole.state.account === null && document.getElementById('account').textContent === ''")
             await aggregator.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None and not os.environ.get("GPUX_REQUIRE_BROWSER"), reason="Chromium is not installed (.ci/run installs it)"
+)
+def test_the_console_follows_a_service_scales_bills_and_deletes_it_and_keeps_volumes(exchange_with_console):
+    url, console, operator = exchange_with_console
+
+    async def scenario():
+        from nacl.public import PrivateKey
+
+        from gpux import delivery
+
+        # A host that takes workloads offers two GPUs on the spot book.
+        supplier_key = gpux.Key.generate()
+        supplier = await gpux.Client.connect(url, supplier_key, role="supplier")
+        await supplier.request("set_encryption_key", **delivery.certify(PrivateKey.generate(), supplier_key.sign))
+        spec = {"vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "interconnect": "nv_link", "mig_profile": None}
+        for index in range(2):
+            await supplier.register_gpu("console-svc-host", f"GPU-console-svc-{index}", spec)
+        host = (await supplier.my_gpus())[0].host
+        for mask in (1, 2):
+            await supplier.place(gpux.OrderTicket.limit(H100_SPOT, "sell", gpux.dollars("2"), 1, supply={"host": host, "gpu_mask": mask}))
+        key = gpux.Key.generate()
+        renter = await gpux.Client.connect(url, key, role="renter")
+        async with await gpux.Client.connect(url, operator, role="operator") as op:
+            await op.deposit(renter.account, gpux.dollars("100"))
+        created = await renter.create_service({
+            "name": "console-echo", "instrument": H100_SPOT, "gpus": 1, "limit_minor_per_gpu_hour": gpux.dollars("2.5"),
+            "budget_minor_per_hour": gpux.dollars("5"), "replicas": 1, "min_replicas": 0, "max_replicas": 2,
+            "image": "localhost/gpux-py:1", "command": ["python3", "-m", "http.server", "8000"], "port": 8000,
+            "readiness_path": "/", "key_hashes": [],
+        })
+        service = created.service
+        async with console_page(console) as browser:
+            await browser.evaluate(f"document.getElementById('secret').value = '{key.secret_hex()}'")
+            await browser.evaluate("document.querySelector('#login button').click()")
+            await browser.wait_until(f"document.getElementById('account').textContent.includes('account {renter.account}')", what="login")
+            replicas = f"((document.querySelector('#services tr[data-service=\"{service}\"] .service-replicas') || {{}}).textContent || '')"
+            await browser.wait_until(f"{replicas} === '1 starting'", what="the service's row, its replica starting")
+            # The host reports the replica running: the pushed update shows it ready at its endpoint.
+            lease = (await renter.service(service)).replicas[0]["lease"]
+            running = {"running": {"endpoints": [{"container_port": 8000, "host": "198.51.100.4", "port": 32001}], "ssh": None, "restarts": 0}}
+            await supplier.request("delivery_status", lease=lease, state=running)
+            await browser.wait_until(f"{replicas} === '1 ready at 198.51.100.4:32001'", what="the replica ready, pushed")
+            # Scaled up from its row: the second replica's bid fills on the second GPU.
+            await browser.evaluate(f"document.querySelector('[data-scale-service=\"{service}\"][data-replicas=\"2\"]').click()")
+            await browser.wait_until(f"{replicas}.startsWith('1 ready, 1 starting')", what="the second replica")
+            assert len((await renter.service(service)).replicas) == 2, "scaled on the exchange"
+            await browser.wait_until("document.querySelectorAll('#leases tbody tr').length === 2", what="both replicas' leases in the leases table")
+            assert await browser.evaluate(f"document.querySelector('[data-scale-service=\"{service}\"][data-replicas=\"3\"]').disabled"), "not past its max"
+            # Its bill, signed, a click away; then deleted from its row.
+            await browser.evaluate(f"document.querySelector('[data-service-bill=\"{service}\"]').click()")
+            result = "document.getElementById('service-result').textContent"
+            await browser.wait_until(f"{result}.includes('GPUX-{renter.account}-service{service}')", what="the service's bill")
+            await browser.evaluate(f"document.querySelector('[data-delete-service=\"{service}\"]').click()")
+            state_cell = f"((document.querySelector('#services tr[data-service=\"{service}\"] .service-state') || {{}}).textContent || '')"
+            await browser.wait_until(f"{state_cell} === 'deleted'", what="the deleted service")
+            assert (await renter.service(service)).state == "deleted"
+            await browser.wait_until(
+                "![...document.querySelectorAll('#leases tbody tr')].some((row) => row.innerText.includes('active'))",
+                what="the replicas' leases ended, on the page",
+            )
+            assert not [l for l in await renter.leases() if l.active], "ended on the exchange"
+            await browser.evaluate("document.getElementById('services').scrollIntoView()")
+            await browser.screenshot(ARTEFACTS / "console-services.png")
+
+            # A volume created from the form, refused when misnamed, deleted from its row.
+            await browser.evaluate("document.getElementById('volume-name').value = 'Bad Name'")
+            await browser.evaluate("document.querySelector('#volume-create button').click()")
+            volume_result = "document.getElementById('volume-result').textContent"
+            await browser.wait_until(f"{volume_result}.includes('volume_invalid')", what="a misnamed volume refused")
+            await browser.evaluate("document.getElementById('volume-name').value = 'weights'; document.getElementById('volume-size').value = '20'")
+            await browser.evaluate("document.querySelector('#volume-create button').click()")
+            await browser.wait_until(f"{volume_result} === 'volume weights (20 GiB) created'", what="the created volume")
+            row = "(document.querySelector('#volumes tr[data-volume=\"weights\"]') || {innerText: ''}).innerText"
+            await browser.wait_until(f"{row}.includes('free') && {row}.includes('paid')", what="the volume's row")
+            assert [(v.name, v.size_gib) for v in await renter.volumes()] == [("weights", 20)]
+            await browser.evaluate("document.querySelector('[data-delete-volume=\"weights\"]').click()")
+            await browser.wait_until("document.querySelector('#volumes tr[data-volume=\"weights\"]') === null", what="the deleted volume's row gone")
+            assert await renter.volumes() == []
+        await renter.close()
+        await supplier.close()
 
     asyncio.run(scenario())
 
