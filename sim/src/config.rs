@@ -54,6 +54,12 @@ pub struct SimConfig {
     /// whole hosts of one fabric with a cluster bid; the report shows their
     /// fill rate, time to fill and price premium. 0 draws nothing.
     pub cluster_bids_bps: u32,
+    /// Share of inference renters (basis points) that run a gpux service
+    /// (docs/services.md) instead of buying leases: autoscaled on a daily
+    /// traffic curve, its replicas replaced when their lease ends early;
+    /// the report sets requests served, replicas replaced and the cost
+    /// beside leases bought by hand for the peak. 0 draws nothing.
+    pub service_renters_bps: u32,
 }
 
 impl SimConfig {
@@ -76,6 +82,7 @@ impl SimConfig {
             regional_renters_bps: 0,
             managed_jobs_bps: 0,
             cluster_bids_bps: 0,
+            service_renters_bps: 0,
         }
     }
 
@@ -99,6 +106,7 @@ impl SimConfig {
             regional_renters_bps: 0,
             managed_jobs_bps: 0,
             cluster_bids_bps: 0,
+            service_renters_bps: 0,
         }
     }
 

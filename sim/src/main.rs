@@ -56,6 +56,9 @@ struct Args {
     /// Share of training renters' jobs, in basis points, bought as cluster bids (2 to 4 whole 8-GPU hosts on one fabric); data-centre owners then run fabric groups; 0: none.
     #[arg(long, default_value_t = 0)]
     cluster_bids_bps: u32,
+    /// Share of inference renters, in basis points, that run a gpux service (autoscaled on a daily traffic curve, replicas replaced) instead of buying leases; 0: none.
+    #[arg(long, default_value_t = 0)]
+    service_renters_bps: u32,
     /// Exchange restarts (snapshot + journal replay) during the run.
     #[arg(long, default_value_t = 2)]
     restarts: u32,
@@ -119,6 +122,7 @@ fn config_of(args: &Args) -> SimConfig {
         regional_renters_bps: args.regional_renters_bps,
         managed_jobs_bps: args.managed_jobs_bps,
         cluster_bids_bps: args.cluster_bids_bps,
+        service_renters_bps: args.service_renters_bps,
         ..SimConfig::full()
     }
 }

@@ -70,6 +70,37 @@ pub struct ManagedStats {
     pub by_hand_charged_minor: u64,
 }
 
+/// Inference served as gpux services (`SimConfig::service_renters_bps`).
+#[derive(Clone, Debug, Default)]
+pub struct ServiceStats {
+    pub created: u64,
+    /// Creations the market refused.
+    pub refused: u64,
+    /// Requests the traffic asked for, and those ready replicas served
+    /// (each serves at most `CAPACITY_RPS` a second).
+    pub requests: u64,
+    pub served: u64,
+    /// Load reports, and those that found no replica ready.
+    pub intervals: u64,
+    pub intervals_without_ready: u64,
+    /// Replica-ms ready, summed over the load reports.
+    pub ready_replica_ms: u64,
+    /// Scaling decisions, by reason.
+    pub scalings: BTreeMap<String, u64>,
+    /// Replicas whose lease ended early and were bid again, and bids placed.
+    pub replaced: u64,
+    pub bids: u64,
+    /// Services not running at the end (failed, or out of bids).
+    pub not_running: u64,
+    /// Usage charged on the services' leases and their verified GPU-ms.
+    pub charged_minor: u64,
+    pub verified_gpu_ms: u64,
+    /// By hand: the peak's replicas leased all the while, and their cost
+    /// at the price the services' replicas paid.
+    pub by_hand_gpu_ms: u64,
+    pub by_hand_minor: u64,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct CheatStats {
     pub attempts: u64,
@@ -200,6 +231,7 @@ pub struct Metrics {
     pub fabric_groups: u64,
     pub fabric_hosts: u64,
     pub managed: ManagedStats,
+    pub services: ServiceStats,
     pub cheats: BTreeMap<SupplierCheat, CheatStats>,
     /// Hardware challenges by supplier kind (`None`: no hardware cheat:
     /// honest, or cheating at usage reports only).

@@ -361,6 +361,56 @@ fn managed_section(md: &mut String, m: &Metrics) {
     );
 }
 
+/// Inference served as gpux services beside a fleet bought by hand for the peak.
+fn services_section(md: &mut String, m: &Metrics) {
+    let s = &m.services;
+    if s.created == 0 && s.refused == 0 {
+        return;
+    }
+    let gpu_hours = |ms: u64| ms as f64 / MS_PER_HOUR as f64;
+    let scalings: Vec<String> = s.scalings.iter().map(|(reason, count)| format!("{reason} {count}")).collect();
+    let _ = writeln!(
+        md,
+        "\n## Inference as gpux services\n\nA share of inference renters (`--service-renters-bps`) ran one service each instead of buying leases: \
+         1-GPU replicas on their class's spot book (a third on the preemptible book), scaled by the exchange on requests per second \
+         (40 a replica; up after 10 min above, down after 30 min below, from 1 to the peak's need and one more). Traffic follows the day: \
+         a tenth of the peak at night, the peak (40 to 300 requests a second) in the afternoon. The simulator plays the router (a load \
+         report every 5 min) and each replica's host (running 90 s after its lease starts; a replica serves at most 50 requests a second). \
+         A replica whose lease ends early (a host gone silent, a preemption) is replaced by the market.\n"
+    );
+    let _ = writeln!(md, "| | |\n|---|---|");
+    let _ = writeln!(md, "| services created | {} (refused {}) |", s.created, s.refused);
+    let _ = writeln!(md, "| requests served | {} of {} ({}) |", s.served, s.requests, percent(s.served, s.requests));
+    let _ = writeln!(
+        md,
+        "| load reports that found no replica ready | {} of {} ({}) |",
+        s.intervals_without_ready,
+        s.intervals,
+        percent(s.intervals_without_ready, s.intervals)
+    );
+    let _ = writeln!(md, "| scaling decisions | {} |", if scalings.is_empty() { "none".to_string() } else { scalings.join(", ") });
+    let _ = writeln!(md, "| replicas replaced (lease ended early, bid again) | {} ({} bids in all) |", s.replaced, s.bids);
+    let _ = writeln!(md, "| services not running at the end | {} |", s.not_running);
+    let _ = writeln!(
+        md,
+        "| replica time ready | {:.1} GPU-h; verified and billed {:.1} GPU-h |",
+        gpu_hours(s.ready_replica_ms),
+        gpu_hours(s.verified_gpu_ms)
+    );
+    let saving = if s.by_hand_minor == 0 {
+        "-".to_string()
+    } else {
+        format!("{:.0}%", (1.0 - s.charged_minor as f64 / s.by_hand_minor as f64) * 100.0)
+    };
+    let _ = writeln!(
+        md,
+        "| cost | ${:.2} charged; by hand, the peak's replicas leased all the while at the same price: ${:.2} for {:.1} GPU-h (autoscaling saved {saving}; by hand a replica lost with its host stays lost until its renter notices, which this does not count) |",
+        s.charged_minor as f64 / 1e6,
+        s.by_hand_minor as f64 / 1e6,
+        gpu_hours(s.by_hand_gpu_ms)
+    );
+}
+
 fn fills_section(md: &mut String, m: &Metrics) {
     let _ = writeln!(md, "\n## Fill rates and time to fill\n\nEach job is one bid, good for its patience (10 min to 2 h; window bids until the trading stop).\n");
     let _ =
@@ -400,6 +450,7 @@ Clusters (`--cluster-bids-bps`, docs/market-rules.md \"Cluster bids\"): {} fabri
         let _ = writeln!(md, "\nJob bids placed as other order types (`--order-types-bps`): {}.", counts.join(", "));
     }
     managed_section(md, m);
+    services_section(md, m);
     if !m.regions.is_empty() {
         let _ = writeln!(
             md,

@@ -220,6 +220,32 @@ fn training_as_jobs_resumes_after_host_failures_and_loses_less_than_by_hand() {
     assert!(md.contains("## Training as gpux jobs"), "the report has its section");
 }
 
+/// Inference as gpux services (docs/services.md): half the inference
+/// renters run a service on a daily traffic curve instead of buying leases.
+/// Every invariant holds (restarts replay the services), the market scales
+/// them up and down with the day, replaces replicas whose lease ended early
+/// (a fifth of the hosts fail each day here), serves most of the traffic,
+/// and costs less than the peak's replicas bought by hand.
+#[test]
+fn inference_as_services_scales_with_the_day_replaces_lost_replicas_and_costs_less_than_by_hand() {
+    let mut sim = Sim::new(SimConfig { service_renters_bps: 5_000, fault_per_mille: 200, ..SimConfig::small(23) });
+    sim.run(|_| {});
+    for (name, ok, found) in report::invariants(&sim) {
+        assert!(ok, "{name}: {found}");
+    }
+    let s = &sim.metrics.services;
+    assert!(s.created >= 10 && s.refused == 0, "{s:?}");
+    assert!(s.scalings.get("load_above").is_some_and(|n| *n > 0), "scaled up with the day: {s:?}");
+    assert!(s.scalings.get("load_below").is_some_and(|n| *n > 0), "and down at night: {s:?}");
+    assert!(s.replaced > 0, "host faults and preemptions ended some replicas' leases early: {s:?}");
+    assert!(s.served > s.requests / 2, "most requests served: {s:?}");
+    assert!(s.charged_minor > 0 && s.charged_minor < s.by_hand_minor, "cheaper than the peak by hand: {s:?}");
+    assert_eq!(sim.metrics.faults.restarts, 2, "restarts replayed journals holding services");
+    let files = report::render(&sim).files;
+    let md = &files.iter().find(|(name, _)| name == "report.md").expect("report.md").1;
+    assert!(md.contains("## Inference as gpux services"), "the report has its section");
+}
+
 /// Clusters (docs/market-rules.md "Cluster bids"): data-centre owners run
 /// fabric groups under one account, a share of training buys 2 to 4 whole
 /// hosts of one group; every invariant holds (restarts replay cluster bids),

@@ -25,6 +25,7 @@ impl Sim {
                     }
                     self.on_lease_created(lease, kind, renter, host, price_minor_per_gpu_hour, start_ms, end_ms);
                     self.managed_lease_created(lease, start_ms);
+                    self.service_lease_created(lease);
                 }
                 EventKind::LeaseEnded { lease, .. } => {
                     self.on_lease_ended(lease);
@@ -317,7 +318,9 @@ impl Sim {
     pub(super) fn on_billing_closed(&mut self, lease: LeaseId, verified_gpu_ms: u64, usage_charged_minor: u64) {
         let Some(sim_lease) = self.leases.get_mut(&lease) else { return };
         let renter = sim_lease.renter;
-        self.managed_billing_closed(lease, renter, verified_gpu_ms, usage_charged_minor);
+        if !self.service_billing_closed(lease, verified_gpu_ms, usage_charged_minor) {
+            self.managed_billing_closed(lease, renter, verified_gpu_ms, usage_charged_minor);
+        }
         let Some(sim_lease) = self.leases.get_mut(&lease) else { return };
         sim_lease.billing_closed = true;
         if let Some(at_provisional) = sim_lease.provisional_verified_ms {

@@ -223,7 +223,9 @@ impl Sim {
                 !host.is_down && host.network_down_until == 0
             })
         };
-        let silent = self.exchange.market().jobs().silent_leases(self.now_ms, rules, connected);
+        let mut silent = self.exchange.market().jobs().silent_leases(self.now_ms, rules, connected);
+        // A service's replicas follow the same rule (docs/services.md).
+        silent.extend(self.exchange.market().services().silent_leases(self.now_ms, rules, connected));
         for (lease, _) in silent {
             let mut events = Vec::new();
             self.exchange.entry(JournalEntry::JobLeaseSilent { at_ms: self.now_ms, lease }, &mut events);

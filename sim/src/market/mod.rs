@@ -36,6 +36,7 @@ mod challenges;
 mod events;
 mod managed;
 mod renters;
+mod services;
 mod suppliers;
 mod usage;
 
@@ -86,6 +87,12 @@ enum Action {
     ManagedSilence,
     /// A managed job's workload exits after checkpointing at a preemption notice.
     ManagedExit(gpux_market::jobs::JobId, LeaseId),
+    /// A renter creates its service.
+    ServiceCreate(u32),
+    /// A service's replica is up on its lease: its host reports it running.
+    ReplicaUp(LeaseId),
+    /// The simulated router reports every service's load.
+    ServiceLoad,
 }
 
 struct Scheduled {
@@ -279,6 +286,11 @@ pub struct Sim {
     /// Training work submitted as gpux jobs, and which job each of their leases serves.
     managed: std::collections::BTreeMap<gpux_market::jobs::JobId, managed::Managed>,
     managed_lease: FxHashMap<LeaseId, gpux_market::jobs::JobId>,
+    /// Inference renters that run a service instead of buying leases, the
+    /// services, and which service each of their leases serves.
+    service_renters: std::collections::BTreeSet<u32>,
+    services: std::collections::BTreeMap<gpux_protocol::ServiceId, services::SimService>,
+    service_lease: FxHashMap<LeaseId, gpux_protocol::ServiceId>,
 }
 
 struct PostedJob {
@@ -349,6 +361,9 @@ impl Sim {
             posted_jobs: Vec::new(),
             managed: Default::default(),
             managed_lease: FxHashMap::default(),
+            service_renters: Default::default(),
+            services: Default::default(),
+            service_lease: FxHashMap::default(),
             report_wall: std::time::Duration::ZERO,
             evidence_wall: std::time::Duration::ZERO,
             observations: 0,
@@ -364,6 +379,7 @@ impl Sim {
         sim.open_renters();
         sim.open_aggregators();
         sim.schedule_run_wide();
+        sim.open_services();
         sim
     }
 
@@ -546,7 +562,7 @@ impl Sim {
             self.schedule(at.saturating_sub(2 * MS_PER_HOUR).max(START_MS), Action::Snapshot);
             self.schedule(at, Action::Restart);
         }
-        if self.config.managed_jobs_bps > 0 {
+        if self.config.managed_jobs_bps > 0 || self.config.service_renters_bps > 0 {
             self.schedule(START_MS + managed::SILENCE_CHECK_MS, Action::ManagedSilence);
         }
     }
@@ -668,6 +684,9 @@ impl Sim {
             Action::ManagedDone(job, lease) => self.managed_done(job, lease),
             Action::ManagedSilence => self.managed_silence_check(),
             Action::ManagedExit(job, lease) => self.managed_exit(job, lease),
+            Action::ServiceCreate(index) => self.create_service(index),
+            Action::ReplicaUp(lease) => self.replica_up(lease),
+            Action::ServiceLoad => self.services_load(),
             Action::Snapshot => self.exchange.snapshot(),
             Action::Restart => self.restart(),
             Action::RenterCheat(index) => self.renter_cheat(index),
@@ -715,6 +734,7 @@ impl Sim {
     /// equal to the engine's balances, what underpayers still owe.
     fn finish(&mut self) {
         self.managed_finish();
+        self.services_finish();
         // Leases still running count up to the end of the run.
         for lease in self.leases.values() {
             if lease.ended_ms.is_none() {

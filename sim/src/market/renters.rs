@@ -15,6 +15,10 @@ struct JobShape {
 
 impl Sim {
     pub(super) fn job_arrival(&mut self, index: u32) {
+        // A renter that runs a service buys nothing by hand.
+        if self.runs_service(index) {
+            return;
+        }
         let next = self.next_arrival(index, self.now_ms);
         self.schedule(next, Action::JobArrival(index));
         let renter = &self.population.renters[index as usize];
@@ -118,7 +122,14 @@ impl Sim {
     }
 
     /// The limit price of a job's bid.
-    fn job_price(&self, class_index: usize, contract: usize, eagerness_bps: u32, renter_region: Option<u8>, cluster: bool) -> u64 {
+    pub(super) fn job_price(
+        &self,
+        class_index: usize,
+        contract: usize,
+        eagerness_bps: u32,
+        renter_region: Option<u8>,
+        cluster: bool,
+    ) -> u64 {
         // A renter follows the going price up to what the job is worth to it:
         // the class's list price (less for preemptible time) scaled by its
         // eagerness. Without that cap, resting bids lifted by each other's
