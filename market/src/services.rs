@@ -63,6 +63,14 @@ struct Service {
     last_rollout: Option<RolloutState>,
 }
 
+impl Service {
+    /// Replicas it keeps: its slots but those whose lease got a preemption
+    /// notice (their stand-ins count instead).
+    fn kept(&self) -> u32 {
+        self.slots.values().filter(|s| !s.noticed).count() as u32
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Rollout {
     previous: ServiceRun,
@@ -85,6 +93,10 @@ struct Slot {
     since_ms: u64,
     /// The generation of the run its bid or lease is for.
     generation: u32,
+    /// Its lease got a preemption notice: a stand-in slot bids beside it
+    /// at once, and this slot goes (no new bid) when the lease ends.
+    #[serde(default)]
+    noticed: bool,
 }
 
 impl Slot {
@@ -98,6 +110,7 @@ impl Slot {
             stalled: None,
             since_ms: at_ms,
             generation: 0,
+            noticed: false,
         }
     }
 }
@@ -239,7 +252,7 @@ impl Services {
             // The replicas' count holds while an update rolls.
             return Ok(Outcome::default());
         }
-        let running = service.slots.len() as u32;
+        let running = service.kept();
         let affordable = service.spec.affordable();
         let Some(decision) = service.scaler.observe(&policy, total, running, affordable) else { return Ok(Outcome::default()) };
         service.last_scaling =
@@ -270,10 +283,11 @@ impl Services {
     fn set_replicas(&mut self, id: ServiceId, replicas: u32, at_ms: u64) -> Outcome {
         let service = &self.services[&id];
         let mut outcome = Outcome::default();
-        let now = service.slots.len() as u32;
+        // A noticed replica goes by itself; its stand-in counts instead.
+        let now = service.kept();
         if replicas < now {
             let mut order: Vec<(u8, std::cmp::Reverse<u32>)> =
-                service.slots.iter().map(|(&slot, s)| (rank(s.state), std::cmp::Reverse(slot))).collect();
+                service.slots.iter().filter(|(_, s)| !s.noticed).map(|(&slot, s)| (rank(s.state), std::cmp::Reverse(slot))).collect();
             order.sort();
             for (_, std::cmp::Reverse(slot)) in order.into_iter().take((now - replicas) as usize) {
                 self.let_go(id, slot, &mut outcome);
@@ -533,9 +547,16 @@ impl Services {
                         self.touch(id, at_ms, &mut outcome);
                     }
                 }
+                EventKind::PreemptionNotice { lease, .. } => self.noticed(lease, at_ms, &mut outcome),
                 EventKind::LeaseEnded { lease, .. } => {
                     self.heard.remove(&lease);
-                    if let Some((id, slot)) = self.leases.remove(&lease) {
+                    let noticed = self.leases.get(&lease).is_some_and(|&(id, slot)| self.services[&id].slots[&slot].noticed);
+                    if noticed {
+                        // Its stand-in bid at the notice: the slot goes.
+                        let (id, slot) = self.leases.remove(&lease).expect("present");
+                        self.services.get_mut(&id).expect("present").slots.remove(&slot);
+                        self.touch(id, at_ms, &mut outcome);
+                    } else if let Some((id, slot)) = self.leases.remove(&lease) {
                         // Lost before the service let it go: replaced.
                         let service = self.services.get_mut(&id).expect("present");
                         service.replaced += 1;
@@ -579,6 +600,15 @@ impl Services {
                     self.ready_during_rollout(id, slot, at_ms, &mut outcome);
                     self.touch(id, at_ms, &mut outcome);
                 }
+            }
+            DeliveryState::Exited { .. } | DeliveryState::Failed { fault: gpux_protocol::Fault::Renter, .. }
+                if self.services[&id].slots[&slot].noticed =>
+            {
+                // A preempted replica left at its notice's SIGTERM: its
+                // stand-in bid already; its lease ends (no failure of the
+                // renter's run).
+                self.let_go(id, slot, &mut outcome);
+                self.touch(id, at_ms, &mut outcome);
             }
             DeliveryState::Exited { .. } | DeliveryState::Failed { fault: gpux_protocol::Fault::Renter, .. } => {
                 let service = self.services.get_mut(&id).expect("present");
@@ -659,6 +689,7 @@ impl Services {
                     stalled: s.stalled.clone(),
                     since_ms: s.since_ms,
                     generation: s.generation,
+                    noticed: s.noticed,
                 })
                 .collect(),
             bids: service.bids,
@@ -698,6 +729,24 @@ impl Services {
     /// The renter of a service (for its notices).
     pub fn account_of(&self, id: ServiceId) -> Option<AccountId> {
         self.services.get(&id).map(|s| s.account)
+    }
+
+    /// A replica's lease got a preemption notice: a stand-in is bid for at
+    /// once beside it (while no update rolls), so that a replacement can
+    /// be ready before the notice runs out; the noticed slot goes when its
+    /// lease ends.
+    fn noticed(&mut self, lease: LeaseId, at_ms: u64, outcome: &mut Outcome) {
+        let Some(&(id, slot)) = self.leases.get(&lease) else { return };
+        let service = self.services.get_mut(&id).expect("present");
+        if service.state != ServiceState::Running || service.rollout.is_some() || service.slots[&slot].noticed {
+            return;
+        }
+        service.slots.get_mut(&slot).expect("present").noticed = true;
+        service.replaced += 1;
+        let stand_in = (0..).find(|s| !service.slots.contains_key(s)).expect("unbounded");
+        service.slots.insert(stand_in, Slot::bidding(at_ms));
+        self.bid(id, stand_in, at_ms, outcome);
+        self.touch(id, at_ms, outcome);
     }
 
     fn slot_mut(&mut self, id: ServiceId, slot: u32) -> &mut Slot {

@@ -395,3 +395,111 @@ fn a_rolling_update_brings_each_new_replica_up_before_an_old_one_goes_and_rolls_
     assert!(j.market.engine().open_orders(RENTER).is_empty(), "no bid left behind: {:?}", j.market.engine().open_orders(RENTER));
     replay(&j);
 }
+
+/// Registers host `index` (one GPU) offered on the preemptible book, and
+/// on the spot book too when `spot`: a spot buyer then preempts it.
+fn preemptible_ask(j: &mut Journal, index: usize, spot: bool) {
+    let events = j.engine(Command::register(SUPPLIER, &format!("host-{index}"), &format!("GPU-{index}"), GpuSpec::h100_sxm()));
+    let host = events.iter().find_map(|e| match e.kind {
+        EventKind::GpuRegistered { host, .. } => Some(host),
+        _ => None,
+    });
+    let supply = Some(GpuSet { host: host.expect("registered"), gpu_mask: 0b1 });
+    let order = NewOrder { supply, ..NewOrder::limit(SUPPLIER, 1_000 + index as u64, InstrumentId(1), Side::Sell, PRICE / 2, 1) };
+    j.engine(Command::place(order));
+    if spot {
+        let order = NewOrder { supply, ..NewOrder::limit(SUPPLIER, 2_000 + index as u64, InstrumentId(0), Side::Sell, PRICE, 1) };
+        j.engine(Command::place(order));
+    }
+}
+
+/// A preemptible replica's notice: a stand-in is bid for at once and is
+/// ready while the noticed replica still serves; the noticed one goes
+/// when its lease ends (its workload's exit at the SIGTERM is no failure
+/// of the run, and bids nothing more); the scaler counts the stand-in,
+/// not both; the journal replays.
+#[test]
+fn a_preempted_replica_is_replaced_at_its_notice_before_it_goes() {
+    let mut j = market(0, 1_000_000_000);
+    // Host 0 sells preemptible and spot time; hosts 1 and 2 preemptible only.
+    preemptible_ask(&mut j, 0, true);
+    preemptible_ask(&mut j, 1, false);
+    let service =
+        create(&mut j, ServiceSpec { instrument: InstrumentId(1), limit_minor_per_gpu_hour: PRICE / 2, ..spec(2) }).expect("created");
+    let leases: Vec<LeaseId> = j.info(service).replicas.iter().map(|r| r.lease.expect("filled")).collect();
+    for (port, lease) in leases.iter().enumerate() {
+        j.running(*lease, 30_000 + port as u16);
+    }
+    assert_eq!(states(&j.info(service)), [ReplicaState::Ready, ReplicaState::Ready]);
+    let on_host_0 = *leases.iter().find(|l| j.market.engine().lease(**l).is_some_and(|i| i.gpus[0] == GpuId(0))).expect("host 0 serves");
+    // A third host offers preemptible time; a spot buyer takes host 0.
+    preemptible_ask(&mut j, 2, false);
+    j.engine(Command::OpenAccount { role: Role::Renter });
+    let urgent = AccountId(2);
+    j.engine(Command::Deposit { account: urgent, amount_minor: 1_000_000_000 });
+    let bid = NewOrder { duration: LeaseDuration::Hours(1), ..NewOrder::limit(urgent, 1, InstrumentId(0), Side::Buy, PRICE, 1) };
+    let events = j.engine(Command::place(bid));
+    assert!(events.iter().any(|e| matches!(e.kind, EventKind::PreemptionNotice { lease, .. } if lease == on_host_0)), "{events:?}");
+
+    // At the notice: the noticed replica still serves, its stand-in's bid
+    // filled on host 2 in the same entries.
+    let info = j.info(service);
+    assert_eq!(info.replicas.len(), 3, "{:?}", info.replicas);
+    let noticed: Vec<bool> = info.replicas.iter().map(|r| r.noticed).collect();
+    assert_eq!(noticed.iter().filter(|n| **n).count(), 1);
+    let noticed_replica = info.replicas.iter().find(|r| r.noticed).expect("noticed");
+    assert_eq!((noticed_replica.lease, noticed_replica.state), (Some(on_host_0), ReplicaState::Ready), "it still serves");
+    let stand_in = info.replicas.iter().find(|r| r.lease.is_some_and(|l| !leases.contains(&l))).expect("the stand-in's lease");
+    assert_eq!(stand_in.state, ReplicaState::Starting);
+    assert_eq!(info.replaced, 1);
+    let stand_in_lease = stand_in.lease.expect("leased");
+    j.running(stand_in_lease, 30_002);
+    assert_eq!(ready_count(&j, service), 3, "the stand-in is ready before the noticed one goes");
+    // A scale to 2 lets nothing go: the noticed replica is not counted.
+    scale(&mut j, service, 2).expect("scaled");
+    assert_eq!(j.info(service).replicas.len(), 3);
+
+    // The workload exits at the SIGTERM: no failure, no new bid.
+    let bids = j.info(service).bids;
+    j.status(on_host_0, DeliveryState::Exited { code: 0 });
+    let info = j.info(service);
+    assert_eq!(info.replicas.len(), 2, "the noticed replica went: {:?}", info.replicas);
+    assert!(info.replicas.iter().all(|r| !r.noticed && r.state == ReplicaState::Ready));
+    assert_eq!((info.bids, info.replaced, info.state), (bids, 1, ServiceState::Running));
+    // The notice runs out: the lease was already let go; nothing more moves.
+    j.now_ms += 60_000;
+    j.engine(Command::Tick);
+    assert!(!active(&j, on_host_0));
+    assert_eq!(j.info(service).replicas.len(), 2);
+    replay(&j);
+}
+
+/// A noticed replica whose lease simply runs out (its host stops it at the
+/// deadline) goes too; its stand-in keeps the count.
+#[test]
+fn a_noticed_replica_whose_lease_runs_out_goes_and_its_stand_in_stays() {
+    let mut j = market(0, 1_000_000_000);
+    preemptible_ask(&mut j, 0, true);
+    let service =
+        create(&mut j, ServiceSpec { instrument: InstrumentId(1), limit_minor_per_gpu_hour: PRICE / 2, ..spec(1) }).expect("created");
+    let first = j.info(service).replicas[0].lease.expect("filled");
+    j.running(first, 30_000);
+    j.engine(Command::OpenAccount { role: Role::Renter });
+    let urgent = AccountId(2);
+    j.engine(Command::Deposit { account: urgent, amount_minor: 1_000_000_000 });
+    let bid = NewOrder { duration: LeaseDuration::Hours(1), ..NewOrder::limit(urgent, 1, InstrumentId(0), Side::Buy, PRICE, 1) };
+    j.engine(Command::place(bid));
+    // No other host yet: the stand-in bids and rests.
+    let info = j.info(service);
+    assert_eq!(states(&info), [ReplicaState::Ready, ReplicaState::Bidding]);
+    j.now_ms += 120_000;
+    j.engine(Command::Tick);
+    assert!(!active(&j, first), "the notice ran out");
+    let info = j.info(service);
+    assert_eq!(states(&info), [ReplicaState::Bidding], "the stand-in stays, nothing else bids: {:?}", info.replicas);
+    assert_eq!((info.bids, info.replaced), (2, 1));
+    // A host comes: the stand-in fills.
+    preemptible_ask(&mut j, 1, false);
+    assert_eq!(states(&j.info(service)), [ReplicaState::Starting]);
+    replay(&j);
+}

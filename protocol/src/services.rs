@@ -231,6 +231,10 @@ pub struct ReplicaInfo {
     /// during a rolling update).
     #[serde(default)]
     pub generation: u32,
+    /// Its lease got a preemption notice: a stand-in replica bids beside it
+    /// (docs/services.md "Replicas"), and this one goes when its lease ends.
+    #[serde(default)]
+    pub noticed: bool,
 }
 
 /// What the exchange says about a service.

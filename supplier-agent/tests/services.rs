@@ -9,7 +9,8 @@
 //! host's fault, bids a replacement at once and the third host serves it.
 //! The router is killed and started again and serves from the feed; the
 //! service scales to zero, a request waits for the first replica; it is
-//! deleted, its containers removed.
+//! deleted, its containers removed. A preemptible replica's notice brings a
+//! stand-in up before the noticed one goes, with two routers serving.
 
 mod common;
 
@@ -23,6 +24,8 @@ use gpux_protocol::*;
 use gpux_supplier_agent::session::Connection;
 
 const SERVICE_KEY: &str = "svc-key-0123456789";
+/// The demo listing's H100 preemptible book.
+const H100_PREEMPTIBLE: InstrumentId = InstrumentId(1);
 
 fn spec() -> ServiceSpec {
     ServiceSpec {
@@ -532,4 +535,108 @@ async fn a_rolling_update_under_load_fails_no_request() {
     assert!(served > 0);
     front.stop().await;
     let _ = request(&mut renter, |rid| ClientMessage::DeleteService { id: rid, service: id }).await;
+}
+
+/// A preemptible replica preempted by a spot buyer, under load through two
+/// routers: at the notice a stand-in is bid for and started on a third
+/// host while the noticed replica still serves; the noticed one's workload
+/// exits at the notice's SIGTERM and it goes, with no new bid and no
+/// failure of the run; neither router fails a request (GETs on the leaving
+/// replica are sent to another), and both served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preempted_replica_is_replaced_at_its_notice_while_two_routers_serve_without_a_failed_request() {
+    let Some(socket) = socket() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let operator = SigningKey::from_bytes(&[1; 32]);
+    let exchange = Exchange::start(&dir.path().join("exchange"), &operator);
+    // Host a sells preemptible and spot time; b preemptible at a's price;
+    // c dearer, so the two replicas land on a and b.
+    let hosts: [(&str, &[(&str, u64)]); 3] = [
+        ("pre-svc-a", &[("preemptible", 1_000_000), ("spot", 2_000_000)]),
+        ("pre-svc-b", &[("preemptible", 1_000_000)]),
+        ("pre-svc-c", &[("preemptible", 1_400_000)]),
+    ];
+    let mut agents = Vec::new();
+    for (name, offers) in hosts {
+        let (config, host) = job_host(&dir.path().join(name), &exchange.url, &socket, name, H100_GPU, offers);
+        agents.push(spawn_agent(&config, &host));
+    }
+    let mut renter = funded_renter(&exchange, &operator, 12, 1_000_000_000).await;
+    let mut urgent = funded_renter(&exchange, &operator, 13, 1_000_000_000).await;
+    await_asks(&mut renter, H100_PREEMPTIBLE, 3).await;
+    let spec = ServiceSpec { instrument: H100_PREEMPTIBLE, limit_minor_per_gpu_hour: 1_500_000, ..spec() };
+    let ServerMessage::Service { service, .. } =
+        request(&mut renter, |id| ClientMessage::CreateService { id, service: Box::new(spec) }).await
+    else {
+        panic!("created")
+    };
+    let id = service.service;
+    let info = await_service(&mut renter, Duration::from_secs(60), |s| ready(s).len() == 2).await;
+    let host_of = |lease: LeaseId| hosts.iter().map(|h| h.0).find(|name| container_exists(&socket, name, lease)).expect("a host runs it");
+    let on_a = ready(&info).into_iter().map(|(lease, _)| lease).find(|lease| host_of(*lease) == "pre-svc-a").expect("a replica on host a");
+
+    let router_key = SigningKey::from_bytes(&[78; 32]);
+    let public_key = hex::encode(router_key.verifying_key().to_bytes());
+    let answer = request(&mut renter, |rid| ClientMessage::AddKey {
+        id: rid,
+        account: None,
+        public_key,
+        scopes: Scopes::of(&[Scope::Read]),
+        expires_at_ms: None,
+        label: "routers".into(),
+    })
+    .await;
+    assert!(matches!(answer, ServerMessage::Ack { .. } | ServerMessage::KeyAdded { .. }), "{answer:?}");
+    let fronts = [
+        router(&exchange, &router_key, id, "127.0.0.1:0".parse().expect("addr")).await,
+        router(&exchange, &router_key, id, "127.0.0.1:0".parse().expect("addr")).await,
+    ];
+    for front in &fronts {
+        assert_eq!(get(front.addr, Some(SERVICE_KEY)).await, 200, "each router serves the service");
+    }
+    let loads = [Load::start(fronts[0].addr, 2), Load::start(fronts[1].addr, 2)];
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // A spot buyer takes host a's GPU: the replica's lease gets its notice.
+    let noticed_at = preempt_with_spot_bid(&mut renter, &mut urgent, on_a).await;
+    let first: Vec<LeaseId> = ready(&info).into_iter().map(|(lease, _)| lease).collect();
+    let (mut saw_noticed, mut stand_in_ready) = (false, None);
+    let info = await_service(&mut renter, Duration::from_secs(90), |s| {
+        let noticed_serves = s.replicas.iter().any(|r| r.noticed && r.lease == Some(on_a) && r.state == ReplicaState::Ready);
+        saw_noticed |= noticed_serves;
+        if noticed_serves && ready(s).iter().any(|(lease, _)| !first.contains(lease)) {
+            stand_in_ready.get_or_insert_with(|| noticed_at.elapsed());
+        }
+        ready(s).len() == 2 && s.replicas.len() == 2 && ready(s).iter().all(|(lease, _)| *lease != on_a)
+    })
+    .await;
+    let replaced = noticed_at.elapsed();
+    assert!(saw_noticed, "the status said the replica was noticed while it still served");
+    let stand_in_ready = stand_in_ready.expect("the stand-in was ready while the noticed replica still served");
+    assert_eq!((info.replaced, info.state), (1, ServiceState::Running), "one stand-in, the run never failed");
+    assert_eq!(info.bids, 3, "two replicas and one stand-in: the noticed one's exit bid nothing more");
+    for (lease, _) in ready(&info) {
+        assert_ne!(host_of(lease), "pre-svc-a", "nothing of the service runs on the preempted host");
+    }
+    while fronts.iter().any(|front| front.shared.table.routable() != 2) {
+        assert!(noticed_at.elapsed() < Duration::from_secs(60), "both routers route to the two ready replicas");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let [first, second] = loads;
+    let ((served_1, failed_1), (served_2, failed_2)) = (first.stop().await, second.stop().await);
+    eprintln!(
+        "preempted replica: notice -> stand-in ready after {stand_in_ready:?}, the noticed one gone after {replaced:?} (it served through its notice); routers served {served_1} and {served_2}, failed {failed_1} and {failed_2}"
+    );
+    assert_eq!((failed_1, failed_2), (0, 0), "no request failed through either router");
+    assert!(served_1 > 0 && served_2 > 0, "both routers served");
+    let ServerMessage::Leases { leases, .. } = request(&mut renter, |rid| ClientMessage::Leases { id: rid, after: None }).await else {
+        panic!("leases")
+    };
+    assert!(leases.iter().any(|l| l.lease == on_a && !l.active), "the preempted lease ended");
+    for front in fronts {
+        front.stop().await;
+    }
+    let _ = request(&mut renter, |rid| ClientMessage::DeleteService { id: rid, service: id }).await;
+    drop(agents);
 }

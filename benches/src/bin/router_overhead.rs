@@ -96,6 +96,7 @@ fn service_at(replica: SocketAddr) -> ServiceInfo {
             stalled: None,
             since_ms: 0,
             generation: 0,
+            noticed: false,
         }],
         bids: 1,
         replaced: 0,

@@ -46,8 +46,9 @@ pub use crate::limits::SNAPSHOT_RESERVE_BYTES;
 /// added the jobs' preemption notices and cluster members' exits, 4 their
 /// recovery (restarts, books, held exits, preemptions ahead), 5 the share
 /// rules and hosts by owner, and jobs by participant (2026-12-07), 6 services, 7
-/// volumes.
-pub const SNAPSHOT_FORMAT: u32 = 7;
+/// volumes, 8 every lease of a service kept (its bill) and replicas noticed
+/// of a preemption.
+pub const SNAPSHOT_FORMAT: u32 = 8;
 
 /// The market as of a journal entry.
 #[derive(Clone, Serialize, Deserialize)]
