@@ -101,16 +101,20 @@ struct Load {
 
 impl Load {
     fn start(router: std::net::SocketAddr, workers: usize) -> Load {
+        Load::at(format!("http://{router}/"), reqwest::Client::new(), workers)
+    }
+
+    /// `workers` GETs in a loop at `url` with `client`.
+    fn at(url: String, client: reqwest::Client, workers: usize) -> Load {
         use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
         use std::sync::Arc;
         let (stop, ok, failed) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let client = reqwest::Client::new();
         let tasks = (0..workers)
             .map(|_| {
-                let (stop, ok, failed, client) = (stop.clone(), ok.clone(), failed.clone(), client.clone());
+                let (stop, ok, failed, client, url) = (stop.clone(), ok.clone(), failed.clone(), client.clone(), url.clone());
                 tokio::spawn(async move {
                     while !stop.load(Ordering::Relaxed) {
-                        let answer = client.get(format!("http://{router}/")).bearer_auth(SERVICE_KEY).send().await;
+                        let answer = client.get(&url).bearer_auth(SERVICE_KEY).send().await;
                         let outcome = match answer {
                             Ok(answer) => {
                                 let status = answer.status();
@@ -538,7 +542,7 @@ async fn a_rolling_update_under_load_fails_no_request() {
 }
 
 /// A preemptible replica preempted by a spot buyer, under load through two
-/// routers: at the notice a stand-in is bid for and started on a third
+/// routers (one of them HTTPS): at the notice a stand-in is bid for and started on a third
 /// host while the noticed replica still serves; the noticed one's workload
 /// exits at the notice's SIGTERM and it goes, with no new bid and no
 /// failure of the run; neither router fails a request (GETs on the leaving
@@ -587,14 +591,30 @@ async fn a_preempted_replica_is_replaced_at_its_notice_while_two_routers_serve_w
     })
     .await;
     assert!(matches!(answer, ServerMessage::Ack { .. } | ServerMessage::KeyAdded { .. }), "{answer:?}");
+    // The second router serves HTTPS (a certificate for localhost), as
+    // `gpux-router --tls-cert --tls-key` does.
+    let identity = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("certificate");
+    let (cert, key) = (dir.path().join("router.crt"), dir.path().join("router.key"));
+    std::fs::write(&cert, identity.cert.pem()).expect("cert");
+    std::fs::write(&key, identity.signing_key.serialize_pem()).expect("key");
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("a key only its owner reads");
+    let mut tls_config = gpux_router::Config::new(exchange.url.clone(), router_key.clone(), id, "127.0.0.1:0".parse().expect("addr"));
+    tls_config.tls = Some(gpux_protocol::tls::server_config(&cert, &key).expect("the router's TLS"));
     let fronts = [
         router(&exchange, &router_key, id, "127.0.0.1:0".parse().expect("addr")).await,
-        router(&exchange, &router_key, id, "127.0.0.1:0".parse().expect("addr")).await,
+        gpux_router::start(tls_config).await.expect("the TLS router starts"),
     ];
-    for front in &fronts {
-        assert_eq!(get(front.addr, Some(SERVICE_KEY)).await, 200, "each router serves the service");
-    }
-    let loads = [Load::start(fronts[0].addr, 2), Load::start(fronts[1].addr, 2)];
+    let trusting = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(identity.cert.pem().as_bytes()).expect("pem"))
+        .build()
+        .expect("client");
+    let https = format!("https://localhost:{}/", fronts[1].addr.port());
+    assert_eq!(get(fronts[0].addr, Some(SERVICE_KEY)).await, 200, "the first router serves the service");
+    let answer = trusting.get(&https).bearer_auth(SERVICE_KEY).send().await.expect("an HTTPS answer");
+    assert_eq!(answer.status(), 200, "the second serves it over HTTPS");
+    assert_eq!(trusting.get(&https).send().await.expect("an HTTPS answer").status(), 401, "a request without the key, over HTTPS");
+    assert_eq!(get(fronts[1].addr, Some(SERVICE_KEY)).await, 0, "plain HTTP to the TLS router is no answer");
+    let loads = [Load::start(fronts[0].addr, 2), Load::at(https, trusting, 2)];
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     // A spot buyer takes host a's GPU: the replica's lease gets its notice.
