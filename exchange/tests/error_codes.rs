@@ -217,7 +217,7 @@ fn create_service(id: u64, change: impl FnOnce(&mut gpux_protocol::ServiceSpec))
         key_hashes: Vec::new(),
     };
     change(&mut spec);
-    ClientMessage::CreateService { id, service: Box::new(spec) }
+    ClientMessage::CreateService { id, service: Box::new(spec), floor: None }
 }
 
 fn public(key: &ed25519_dalek::SigningKey) -> String {

@@ -449,6 +449,16 @@ async fn writes_are_signed_idempotent_and_answer_their_whole_outcome() {
     let delete = format!("/api/v1/services/{service}");
     let (status, _, body) = api.write(&renter_key, "service-5", ("DELETE", "/api/v1/services/{service}", &delete), "").await;
     assert_eq!((status, body["service"]["state"].as_str()), (200, Some("deleted")), "{body}");
+    // With a floor beside the spec's fields: one replica on the spot book,
+    // the service on the preemptible one; a floor on a preemptible book is refused.
+    let preemptible = spec.replace(r#""instrument":0"#, r#""instrument":1"#).replace(r#""min_replicas":0"#, r#""min_replicas":1"#);
+    let with_floor = |book: u32| {
+        preemptible.replacen('{', &format!(r#"{{"floor":{{"instrument":{book},"replicas":1,"limit_minor_per_gpu_hour":2000000}},"#), 1)
+    };
+    let (status, _, body) = api.write(&renter_key, "service-6", ("POST", "/api/v1/services", "/api/v1/services"), &with_floor(1)).await;
+    assert_eq!((status, code(&body)), (400, "service_invalid"), "{body}");
+    let (status, _, body) = api.write(&renter_key, "service-7", ("POST", "/api/v1/services", "/api/v1/services"), &with_floor(0)).await;
+    assert_eq!((status, body["service"]["floor"]["replicas"].as_u64()), (200, Some(1)), "{body}");
 
     // A volume: created, refused twice under its name, listed, deleted.
     let volumes = ("POST", "/api/v1/volumes", "/api/v1/volumes");

@@ -390,7 +390,7 @@ pub enum VolumeRequest {
 /// Services (docs/protocol.md "Services").
 #[derive(Serialize, Deserialize)]
 pub enum ServiceRequest {
-    Create { spec: Box<gpux_protocol::ServiceSpec> },
+    Create { spec: Box<gpux_protocol::ServiceSpec>, floor: Option<gpux_protocol::ServiceFloor> },
     Status { service: gpux_protocol::ServiceId },
     List { offset: u32 },
     Scale { service: gpux_protocol::ServiceId, replicas: u32 },

@@ -884,9 +884,14 @@ fn write_route(method: &Method, segments: &[&str], query: &Query, mut fields: Ma
             "set_workload"
         }
         ("POST", ["services"]) => {
-            // The body is the service's spec itself.
+            // The body is the service's spec itself, with its floor beside
+            // the spec's fields when it has one.
+            let floor = fields.remove("floor");
             let spec = Value::Object(std::mem::take(&mut fields));
             from_path.push(("service", spec));
+            if let Some(floor) = floor {
+                from_path.push(("floor", floor));
+            }
             "create_service"
         }
         ("POST", ["services", service, "scale"]) => {

@@ -1097,7 +1097,7 @@ pub(crate) fn request_of(caller: &Caller, message: ClientMessage, verified: Opti
         ClientMessage::DeleteVolume { name, .. } => Body::Volume { request: VolumeRequest::Delete { name } },
         ClientMessage::JobBill { job, offset, .. } => Body::Job { request: JobRequest::Bill { job, offset } },
         ClientMessage::ResizeJob { job, gpus, .. } => Body::Job { request: JobRequest::Resize { job, gpus } },
-        ClientMessage::CreateService { service, .. } => Body::Service { request: ServiceRequest::Create { spec: service } },
+        ClientMessage::CreateService { service, floor, .. } => Body::Service { request: ServiceRequest::Create { spec: service, floor } },
         ClientMessage::ServiceStatus { service, .. } => Body::Service { request: ServiceRequest::Status { service } },
         ClientMessage::Services { offset, .. } => Body::Service { request: ServiceRequest::List { offset } },
         ClientMessage::ScaleService { service, replicas, .. } => Body::Service { request: ServiceRequest::Scale { service, replicas } },

@@ -304,6 +304,15 @@ pub enum JournalEntry {
     StorageCharge {
         at_ms: u64,
     },
+    /// `CreateService` with what a service has beyond its spec (a floor of
+    /// replicas on a book that does not preempt). What the exchange
+    /// journals for a service with a floor. Appended.
+    CreateServiceV2 {
+        at_ms: u64,
+        account: AccountId,
+        spec: Box<gpux_protocol::ServiceSpec>,
+        terms: crate::services::ServiceTerms,
+    },
 }
 
 impl JournalEntry {
@@ -345,6 +354,7 @@ impl JournalEntry {
             | JournalEntry::SubmitJobV2 { at_ms, .. }
             | JournalEntry::JobExitHoldEnded { at_ms, .. }
             | JournalEntry::CreateService { at_ms, .. }
+            | JournalEntry::CreateServiceV2 { at_ms, .. }
             | JournalEntry::ScaleService { at_ms, .. }
             | JournalEntry::DeleteService { at_ms, .. }
             | JournalEntry::ServiceLoad { at_ms, .. }

@@ -307,7 +307,15 @@ impl MarketState {
             }
             JournalEntry::JobLeaseSilent { at_ms: _, lease } => self.job_lease_silent(*lease, &mut applied),
             JournalEntry::CreateService { at_ms, account, spec } => {
-                let created = self.services.create(*account, (**spec).clone(), *at_ms).map(|(service, outcome)| {
+                let terms = services::ServiceTerms::default();
+                let created = self.services.create(*account, (**spec).clone(), terms, *at_ms).map(|(service, outcome)| {
+                    self.service_outcome(outcome, &mut applied, &mut owed);
+                    service
+                });
+                applied.service = Some(created);
+            }
+            JournalEntry::CreateServiceV2 { at_ms, account, spec, terms } => {
+                let created = self.services.create(*account, (**spec).clone(), terms.clone(), *at_ms).map(|(service, outcome)| {
                     self.service_outcome(outcome, &mut applied, &mut owed);
                     service
                 });

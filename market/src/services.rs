@@ -61,9 +61,28 @@ struct Service {
     /// slot of the one new replica it brings up at a time.
     rollout: Option<Rollout>,
     last_rollout: Option<RolloutState>,
+    terms: ServiceTerms,
+}
+
+/// What a service has beyond its spec, journaled beside it
+/// (`JournalEntry::CreateServiceV2`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceTerms {
+    /// Slots `0..floor.replicas` bid on the floor's book, at its limit.
+    pub floor: Option<gpux_protocol::ServiceFloor>,
 }
 
 impl Service {
+    /// Replicas its budget pays for (the floor's at their limit).
+    fn affordable(&self) -> u32 {
+        gpux_protocol::services::affordable(&self.spec, self.terms.floor.as_ref())
+    }
+
+    /// Whether `slot` is one of the floor's.
+    fn is_floor(&self, slot: u32) -> bool {
+        self.terms.floor.is_some_and(|floor| slot < floor.replicas)
+    }
+
     /// Replicas it keeps: its slots but those whose lease got a preemption
     /// notice (their stand-ins count instead).
     fn kept(&self) -> u32 {
@@ -168,9 +187,19 @@ impl Services {
     }
 
     /// Creates a service and bids for its replicas; refused when the spec
-    /// breaks a bound or the account or the exchange holds its most.
-    pub fn create(&mut self, account: AccountId, spec: ServiceSpec, at_ms: u64) -> Result<(ServiceId, Outcome), ErrorCode> {
+    /// (or its floor) breaks a bound or the account or the exchange holds
+    /// its most.
+    pub fn create(
+        &mut self,
+        account: AccountId,
+        spec: ServiceSpec,
+        terms: ServiceTerms,
+        at_ms: u64,
+    ) -> Result<(ServiceId, Outcome), ErrorCode> {
         spec.check().map_err(|_| ErrorCode::ServiceInvalid)?;
+        if let Some(floor) = &terms.floor {
+            floor.check(&spec).map_err(|_| ErrorCode::ServiceInvalid)?;
+        }
         let held = self.live.range((account, ServiceId(0))..=(account, ServiceId(u64::MAX))).count();
         if held >= limits::SERVICES_PER_ACCOUNT_MAX || self.live.len() >= limits::SERVICES_LIVE_MAX {
             return Err(ErrorCode::TooManyServices);
@@ -195,6 +224,7 @@ impl Services {
             generation: 0,
             rollout: None,
             last_rollout: None,
+            terms,
         };
         self.services.insert(id, service);
         self.live.insert((account, id));
@@ -253,7 +283,7 @@ impl Services {
             return Ok(Outcome::default());
         }
         let running = service.kept();
-        let affordable = service.spec.affordable();
+        let affordable = service.affordable();
         let Some(decision) = service.scaler.observe(&policy, total, running, affordable) else { return Ok(Outcome::default()) };
         service.last_scaling =
             Some(ScalingDecision { from: decision.from, to: decision.to, reason: decision.reason.name().to_string(), at_ms });
@@ -273,7 +303,7 @@ impl Services {
             || service.rollout.is_some()
             || replicas < spec.min_replicas
             || replicas > spec.max_replicas
-            || replicas > spec.affordable()
+            || replicas > service.affordable()
         {
             return Err(ErrorCode::ServiceScaleInvalid);
         }
@@ -288,7 +318,9 @@ impl Services {
         if replicas < now {
             let mut order: Vec<(u8, std::cmp::Reverse<u32>)> =
                 service.slots.iter().filter(|(_, s)| !s.noticed).map(|(&slot, s)| (rank(s.state), std::cmp::Reverse(slot))).collect();
-            order.sort();
+            // The floor's slots go last (a scale never goes below min_replicas,
+            // which holds the floor).
+            order.sort_by_key(|&(rank, std::cmp::Reverse(slot))| (service.is_floor(slot), rank, std::cmp::Reverse(slot)));
             for (_, std::cmp::Reverse(slot)) in order.into_iter().take((now - replicas) as usize) {
                 self.let_go(id, slot, &mut outcome);
             }
@@ -705,6 +737,7 @@ impl Services {
             last_scaling: service.last_scaling.clone(),
             generation: service.generation,
             rollout: service.last_rollout,
+            floor: service.terms.floor,
         })
     }
 
@@ -803,12 +836,16 @@ impl Services {
         let client_order_id = SERVICE_CLIENT_ORDER_ID_BASE + id.0 * limits::BIDS_MAX + service.bids;
         service.bids += 1;
         let spec = &service.spec;
+        let (instrument, limit) = match service.terms.floor.filter(|floor| slot < floor.replicas) {
+            Some(floor) => (floor.instrument, floor.limit_minor_per_gpu_hour),
+            None => (spec.instrument, spec.limit_minor_per_gpu_hour),
+        };
         let order = NewOrder {
             time_in_force: TimeInForce::Gtc,
             self_trade_prevention: SelfTradePrevention::CancelNewest,
             one_host: true,
             duration: LeaseDuration::UntilCancelled,
-            ..NewOrder::limit(service.account, client_order_id, spec.instrument, Side::Buy, spec.limit_minor_per_gpu_hour, spec.gpus)
+            ..NewOrder::limit(service.account, client_order_id, instrument, Side::Buy, limit, spec.gpus)
         };
         let options = OrderOptions { all_or_none: true, min_supplier_score_bps: spec.min_supplier_score_bps, ..OrderOptions::default() };
         outcome.bids.push(Command::Place { order, options, regions: spec.regions.clone(), cluster: None });

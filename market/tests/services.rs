@@ -503,3 +503,51 @@ fn a_noticed_replica_whose_lease_runs_out_goes_and_its_stand_in_stays() {
     assert_eq!(states(&j.info(service)), [ReplicaState::Starting]);
     replay(&j);
 }
+
+/// A floor: slot 0 bids the spot book at the floor's limit, the rest the
+/// service's preemptible book; a scale down keeps the floor; the floor's
+/// replica lost is bid again on the spot book; a floor above min_replicas
+/// is refused; the journal (CreateServiceV2) replays.
+#[test]
+fn a_floor_keeps_its_replicas_on_the_spot_book_through_scales_and_losses() {
+    let mut j = market(0, 1_000_000_000);
+    preemptible_ask(&mut j, 0, true);
+    preemptible_ask(&mut j, 1, false);
+    let floor = gpux_protocol::ServiceFloor { instrument: InstrumentId(0), replicas: 1, limit_minor_per_gpu_hour: PRICE };
+    let spec = ServiceSpec { instrument: InstrumentId(1), limit_minor_per_gpu_hour: PRICE / 2, min_replicas: 1, ..spec(2) };
+    let terms = |floor| gpux_market::services::ServiceTerms { floor: Some(floor) };
+    j.now_ms += 1;
+    let over = gpux_protocol::ServiceFloor { replicas: 2, ..floor };
+    let refused =
+        j.record(JournalEntry::CreateServiceV2 { at_ms: j.now_ms, account: RENTER, spec: Box::new(spec.clone()), terms: terms(over) });
+    assert_eq!(refused.service, Some(Err(ErrorCode::ServiceInvalid)), "a floor above min_replicas");
+    j.now_ms += 1;
+    let created = j.record(JournalEntry::CreateServiceV2 { at_ms: j.now_ms, account: RENTER, spec: Box::new(spec), terms: terms(floor) });
+    let service = created.service.expect("an entry").expect("created");
+    let info = j.info(service);
+    assert_eq!(info.floor, Some(floor));
+    let kind = |j: &Journal, lease: Option<LeaseId>| j.market.engine().lease(lease.expect("leased")).expect("lease").kind;
+    assert_eq!(kind(&j, info.replicas[0].lease), LeaseKind::Spot, "slot 0 is the floor's: spot");
+    assert_eq!(kind(&j, info.replicas[1].lease), LeaseKind::Preemptible, "slot 1 the service's preemptible book");
+    assert_eq!(j.market.engine().lease(info.replicas[0].lease.expect("leased")).expect("lease").price_minor_per_gpu_hour, PRICE);
+
+    // A scale to 1 lets the preemptible replica go, never the floor's.
+    scale(&mut j, service, 1).expect("scaled");
+    let info = j.info(service);
+    assert_eq!(info.replicas.iter().map(|r| r.slot).collect::<Vec<_>>(), [0]);
+    assert_eq!(kind(&j, info.replicas[0].lease), LeaseKind::Spot);
+    assert_eq!(scale(&mut j, service, 0), Err(ErrorCode::ServiceScaleInvalid), "min_replicas holds the floor");
+
+    // The floor's host goes silent: its slot bids the spot book again, and
+    // fills there on a new host's spot ask.
+    let lost = info.replicas[0].lease.expect("leased");
+    j.now_ms += 1;
+    j.record(JournalEntry::JobLeaseSilent { at_ms: j.now_ms, lease: lost });
+    assert!(!active(&j, lost));
+    assert_eq!(states(&j.info(service)), [ReplicaState::Bidding]);
+    ask(&mut j, 2);
+    let info = j.info(service);
+    assert_eq!(states(&info), [ReplicaState::Starting]);
+    assert_eq!(kind(&j, info.replicas[0].lease), LeaseKind::Spot, "replaced on the spot book");
+    replay(&j);
+}

@@ -51,8 +51,8 @@ pub use liveness::{LivenessBody, LivenessReport};
 pub use messages::*;
 pub use record::{decode_record, decode_snapshot, encode_record, RecordError, RECORD_BYTES_MAX, SNAPSHOT_BYTES_MAX};
 pub use services::{
-    ReplicaAssignment, ReplicaInfo, ReplicaState, RolloutState, ScalingDecision, ScalingTarget, ServiceId, ServiceInfo, ServiceLoad,
-    ServiceRun, ServiceScaling, ServiceSpec, ServiceState,
+    ReplicaAssignment, ReplicaInfo, ReplicaState, RolloutState, ScalingDecision, ScalingTarget, ServiceFloor, ServiceId, ServiceInfo,
+    ServiceLoad, ServiceRun, ServiceScaling, ServiceSpec, ServiceState,
 };
 pub use signed::{verify_signed_batch_zip215, SignedItem};
 pub use usage::*;

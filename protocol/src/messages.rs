@@ -753,6 +753,10 @@ pub enum ClientMessage {
     CreateService {
         id: u64,
         service: Box<crate::services::ServiceSpec>,
+        /// Replicas kept on a spot book while the rest run on the spec's
+        /// preemptible book (docs/services.md "A floor").
+        #[serde(default)]
+        floor: Option<crate::services::ServiceFloor>,
     },
     /// One of the account's services (`service`).
     ServiceStatus {

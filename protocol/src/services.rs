@@ -264,6 +264,9 @@ pub struct ServiceInfo {
     /// The latest rolling update's state, if there was one.
     #[serde(default)]
     pub rollout: Option<RolloutState>,
+    /// Its floor of replicas on a book that does not preempt, if it has one.
+    #[serde(default)]
+    pub floor: Option<ServiceFloor>,
 }
 
 /// Leases of one service `ServiceInfo` lists (its newest).
@@ -316,6 +319,57 @@ pub enum SpecError {
     KeyHashes,
     #[error("scaling: a target above 0, an up window of 1 s to 1 h and a down window from the up window to 1 h")]
     Scaling,
+    #[error("floor: 1 to min_replicas replicas, a limit above 0, and a budget that pays for min_replicas with the floor's at its limit")]
+    Floor,
+}
+
+/// A floor of replicas kept on a book that does not preempt (a spot book)
+/// while the rest run on the service's preemptible book
+/// (docs/services.md "A floor"): slots `0..replicas` bid on `instrument`
+/// at `limit_minor_per_gpu_hour`, the others on the spec's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceFloor {
+    /// A spot book of the same GPU class as the spec's (the exchange checks).
+    pub instrument: InstrumentId,
+    /// Replicas on it: 1 to the spec's `min_replicas`, so a scale never
+    /// goes below it.
+    pub replicas: u32,
+    /// The most a floor replica's lease may cost per GPU-hour.
+    pub limit_minor_per_gpu_hour: u64,
+}
+
+impl ServiceFloor {
+    /// What one floor replica costs per hour at its limit.
+    pub fn replica_minor_per_hour(&self, spec: &ServiceSpec) -> u64 {
+        self.limit_minor_per_gpu_hour.saturating_mul(u64::from(spec.gpus))
+    }
+
+    /// Checks the floor against the spec it is for (its book's kind and
+    /// class are the exchange's to check).
+    pub fn check(&self, spec: &ServiceSpec) -> Result<(), SpecError> {
+        let floor_cost = self.replica_minor_per_hour(spec).saturating_mul(u64::from(self.replicas));
+        let rest = u64::from(spec.min_replicas.saturating_sub(self.replicas)).saturating_mul(spec.replica_minor_per_hour());
+        if self.replicas == 0
+            || self.replicas > spec.min_replicas
+            || self.limit_minor_per_gpu_hour == 0
+            || floor_cost.saturating_add(rest) > spec.budget_minor_per_hour
+        {
+            return Err(SpecError::Floor);
+        }
+        Ok(())
+    }
+}
+
+/// Replicas the budget pays for, at their limits: the floor's first (at
+/// the floor's limit), then the rest at the spec's.
+pub fn affordable(spec: &ServiceSpec, floor: Option<&ServiceFloor>) -> u32 {
+    let Some(floor) = floor else { return spec.affordable() };
+    let floor_cost = floor.replica_minor_per_hour(spec).saturating_mul(u64::from(floor.replicas));
+    let Some(left) = spec.budget_minor_per_hour.checked_sub(floor_cost) else {
+        return (spec.budget_minor_per_hour / floor.replica_minor_per_hour(spec).max(1)) as u32;
+    };
+    let rest = left / spec.replica_minor_per_hour().max(1);
+    (u64::from(floor.replicas) + rest).min(u64::from(limits::REPLICAS_MAX)) as u32
 }
 
 impl ServiceSpec {

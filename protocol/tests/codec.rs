@@ -260,6 +260,7 @@ fn sample_client_messages() -> Vec<ClientMessage> {
                 }),
                 key_hashes: Vec::new(),
             }),
+            floor: Some(gpux_protocol::ServiceFloor { instrument: InstrumentId(0), replicas: 1, limit_minor_per_gpu_hour: 2_500_000 }),
         },
         ClientMessage::ServiceStatus { id: 57, service: gpux_protocol::ServiceId(2) },
         ClientMessage::Services { id: 58, offset: 50 },

@@ -205,7 +205,7 @@ async fn a_service_behind_its_router_outlives_a_replicas_host_and_its_router_and
     // Created: both replicas bid, fill on the two hosts and become ready;
     // each answers HTTP at its endpoint.
     let ServerMessage::Service { service, .. } =
-        request(&mut renter, |id| ClientMessage::CreateService { id, service: Box::new(spec()) }).await
+        request(&mut renter, |id| ClientMessage::CreateService { id, service: Box::new(spec()), floor: None }).await
     else {
         panic!("created")
     };
@@ -391,7 +391,7 @@ async fn a_service_scales_on_its_routers_load_to_its_max_to_zero_and_back() {
     let scaling = ServiceScaling { target: ScalingTarget::RequestsPerSecondMilli(20_000), up_window_ms: 2_000, down_window_ms: 5_000 };
     let spec = ServiceSpec { replicas: 1, min_replicas: 0, max_replicas: 3, scaling: Some(scaling), ..spec() };
     let ServerMessage::Service { service, .. } =
-        request(&mut renter, |id| ClientMessage::CreateService { id, service: Box::new(spec) }).await
+        request(&mut renter, |id| ClientMessage::CreateService { id, service: Box::new(spec), floor: None }).await
     else {
         panic!("created")
     };
@@ -443,7 +443,8 @@ async fn a_restarted_agent_runs_its_replica_again_from_the_exchange() {
     let mut renter = funded_renter(&exchange, &operator, 9, 1_000_000_000).await;
     await_asks(&mut renter, InstrumentId(0), 1).await;
     let spec = ServiceSpec { replicas: 1, max_replicas: 1, budget_minor_per_hour: 2_500_000, ..spec() };
-    let ServerMessage::Service { .. } = request(&mut renter, |id| ClientMessage::CreateService { id, service: Box::new(spec) }).await
+    let ServerMessage::Service { .. } =
+        request(&mut renter, |id| ClientMessage::CreateService { id, service: Box::new(spec), floor: None }).await
     else {
         panic!("created")
     };
@@ -499,7 +500,7 @@ async fn a_rolling_update_under_load_fails_no_request() {
     let mut renter = funded_renter(&exchange, &operator, 10, 1_000_000_000).await;
     await_asks(&mut renter, InstrumentId(0), 3).await;
     let ServerMessage::Service { service, .. } =
-        request(&mut renter, |id| ClientMessage::CreateService { id, service: Box::new(spec()) }).await
+        request(&mut renter, |id| ClientMessage::CreateService { id, service: Box::new(spec()), floor: None }).await
     else {
         panic!("created")
     };
@@ -570,7 +571,7 @@ async fn a_preempted_replica_is_replaced_at_its_notice_while_two_routers_serve_w
     await_asks(&mut renter, H100_PREEMPTIBLE, 3).await;
     let spec = ServiceSpec { instrument: H100_PREEMPTIBLE, limit_minor_per_gpu_hour: 1_500_000, ..spec() };
     let ServerMessage::Service { service, .. } =
-        request(&mut renter, |id| ClientMessage::CreateService { id, service: Box::new(spec) }).await
+        request(&mut renter, |id| ClientMessage::CreateService { id, service: Box::new(spec), floor: None }).await
     else {
         panic!("created")
     };

@@ -106,6 +106,7 @@ fn service_at(replica: SocketAddr) -> ServiceInfo {
         last_scaling: None,
         generation: 0,
         rollout: None,
+        floor: None,
     }
 }
 

@@ -761,7 +761,7 @@ pub struct ServiceCreate {
     #[arg(long)]
     pub max_price: String,
     /// The most the service pays per hour across its replicas (default:
-    /// --max replicas at --max-price).
+    /// --max replicas at --max-price, the floor's at --floor-max-price).
     #[arg(long)]
     pub budget_per_hour: Option<String>,
     /// Replicas to start with (default --min, at least one).
@@ -800,6 +800,16 @@ pub struct ServiceCreate {
     /// No key: anyone who reaches a router may call the service.
     #[arg(long)]
     pub public: bool,
+    /// Replicas kept on a spot book (--floor-instrument) while the rest run
+    /// on --instrument, a preemptible book: 1 to --min.
+    #[arg(long, requires_all = ["floor_instrument", "floor_max_price"])]
+    pub floor: Option<u32>,
+    /// The spot book of the floor's replicas (same GPU class).
+    #[arg(long, requires = "floor")]
+    pub floor_instrument: Option<String>,
+    /// The most a floor replica pays per GPU-hour.
+    #[arg(long, requires = "floor")]
+    pub floor_max_price: Option<String>,
     /// The command the container runs (after `--`; default the image's).
     #[arg(last = true)]
     pub command: Vec<String>,

@@ -92,9 +92,22 @@ fn new_key() -> String {
 async fn create(s: &mut Session, url: &str, args: crate::ServiceCreate, json: bool) -> Result<(), Failure> {
     let instrument = s.resolve(&args.instrument).await?;
     let limit = parse_amount(&args.max_price).map_err(Failure::Usage)?;
+    let floor = match (args.floor, &args.floor_instrument, &args.floor_max_price) {
+        (Some(replicas), Some(book), Some(price)) => Some(gpux_protocol::ServiceFloor {
+            instrument: s.resolve(book).await?,
+            replicas,
+            limit_minor_per_gpu_hour: parse_amount(price).map_err(Failure::Usage)?,
+        }),
+        _ => None,
+    };
     let budget = match &args.budget_per_hour {
         Some(budget) => parse_amount(budget).map_err(Failure::Usage)?,
-        None => limit.saturating_mul(u64::from(args.gpus)).saturating_mul(u64::from(args.max)),
+        None => {
+            let on_floor = floor.map_or(0, |f| f.replicas.min(args.max));
+            let floor_cost = floor.map_or(0, |f| f.limit_minor_per_gpu_hour.saturating_mul(u64::from(on_floor)));
+            let rest = limit.saturating_mul(u64::from(args.max - on_floor));
+            floor_cost.saturating_add(rest).saturating_mul(u64::from(args.gpus))
+        }
     };
     let target = match (args.scale_rps.as_deref(), args.scale_in_flight) {
         (Some(_), Some(_)) => return Err(Failure::Usage("--scale-rps or --scale-in-flight, not both".into())),
@@ -129,8 +142,11 @@ async fn create(s: &mut Session, url: &str, args: crate::ServiceCreate, json: bo
     if let Err(invalid) = spec.check() {
         return Err(Failure::Usage(format!("the service: {invalid}")));
     }
+    if let Some(Err(invalid)) = floor.map(|f| f.check(&spec)) {
+        return Err(Failure::Usage(format!("the service: {invalid}")));
+    }
     let id = s.connection.new_id();
-    let answer = s.ask(ClientMessage::CreateService { id, service: Box::new(spec) }, json).await?;
+    let answer = s.ask(ClientMessage::CreateService { id, service: Box::new(spec), floor }, json).await?;
     if let ServerMessage::Service { service, .. } = &answer {
         match (json, &key) {
             (true, Some(key)) => out!("{}", serde_json::json!({"service": service.service.0, "key": key})),
@@ -198,6 +214,16 @@ fn print_service(service: &ServiceInfo) {
         spec.max_replicas
     );
     out!("  runs {} in {} on port {}", spec.command.join(" "), spec.image, spec.port);
+    if let Some(floor) = &service.floor {
+        out!(
+            "  a floor of {} replica(s) on book {} at up to {}/GPU-h (slots below {}); the rest on book {}",
+            floor.replicas,
+            floor.instrument.0,
+            amount(floor.limit_minor_per_gpu_hour),
+            floor.replicas,
+            spec.instrument.0
+        );
+    }
     if let Some(scaling) = &spec.scaling {
         let target = match scaling.target {
             ScalingTarget::RequestsPerSecondMilli(n) => format!("{}.{:03} requests/s", n / 1_000, n % 1_000),
@@ -229,7 +255,8 @@ fn print_service(service: &ServiceInfo) {
         let lease = replica.lease.map_or("-".into(), |l| format!("lease {}", l.0));
         let endpoint = replica.endpoint.as_deref().unwrap_or("");
         let stalled = replica.stalled.as_deref().map(|why| format!(" ({why}; `gpux service scale` bids again)")).unwrap_or_default();
-        out!("  replica {}: {state} {lease} {endpoint}{stalled} (run {})", replica.slot, replica.generation);
+        let noticed = if replica.noticed { " (preemption notice: a stand-in replaces it)" } else { "" };
+        out!("  replica {}: {state} {lease} {endpoint}{stalled}{noticed} (run {})", replica.slot, replica.generation);
     }
     out!("  {} bid(s) placed, {} replica(s) replaced", service.bids, service.replaced);
     if service.state == ServiceState::Failed {

@@ -870,8 +870,9 @@ class ServiceInfo(Record):
     """A service as it stands (docs/services.md): `spec` as created (or
     updated), `state` (running, failed, bids_exhausted, deleted), its
     replicas ({slot, state, lease, endpoint, stalled, since_ms,
-    generation}), bids placed and replicas replaced, the leases it ran on,
-    the autoscaler's `last_scaling` and the latest update's `rollout`."""
+    generation, noticed}), bids placed and replicas replaced, the leases it
+    ran on, the autoscaler's `last_scaling`, the latest update's `rollout`
+    and its `floor` of spot replicas, if any."""
 
     service: int
     spec: dict
@@ -885,6 +886,7 @@ class ServiceInfo(Record):
     last_scaling: Any = None
     generation: int = 0
     rollout: Optional[str] = None
+    floor: Optional[dict] = None
 
     def ready(self) -> list:
         """The replicas ready to serve."""

@@ -649,14 +649,17 @@ class Client:
 
     # Services (docs/services.md, docs/protocol.md "Services").
 
-    async def create_service(self, spec: dict) -> a.ServiceInfo:
+    async def create_service(self, spec: dict, floor: dict | None = None) -> a.ServiceInfo:
         """Creates a service (the fields of `create_service`: name,
         instrument, gpus, limit_minor_per_gpu_hour, budget_minor_per_hour,
         replicas, min_replicas, max_replicas, image, command, port,
         readiness_path, regions, scaling, key_hashes; `service_key_hash`
-        makes a key's hash); returns it as it stands. Bad fields raise
-        GpuxError `service_invalid` naming the field."""
-        return (await self.request("create_service", service=spec)).service
+        makes a key's hash); returns it as it stands. `floor`
+        ({instrument, replicas, limit_minor_per_gpu_hour}) keeps that many
+        replicas on a spot book while the rest run on the spec's
+        preemptible book. Bad fields raise GpuxError `service_invalid`
+        naming the field."""
+        return (await self.request("create_service", service=spec, floor=floor)).service
 
     async def service(self, service: int) -> a.ServiceInfo:
         """One of the account's services: its state and replicas."""

@@ -896,6 +896,11 @@ def test_a_service_keeps_its_replica_scales_updates_and_is_deleted_from_python(e
         with pytest.raises(gpux.GpuxError) as refused:
             await renter.create_service(dict(service, port=0))
         assert refused.value.code == "service_invalid" and "port" in str(refused.value), refused.value
+        # A floor must be a spot book beside a service on a preemptible one.
+        floor = {"instrument": H100_SPOT, "replicas": 1, "limit_minor_per_gpu_hour": gpux.dollars("2.5")}
+        with pytest.raises(gpux.GpuxError) as no_floor:
+            await renter.create_service(dict(service, min_replicas=1), floor=floor)
+        assert no_floor.value.code == "service_invalid" and "floor" in str(no_floor.value), no_floor.value
         created = await renter.create_service(service)
         # Its bid filled on the offered GPU: the replica starts, then is ready at its endpoint.
         starting = await renter.wait_service(created.service, lambda s: s.replicas and s.replicas[0]["state"] == "starting")

@@ -27,12 +27,16 @@ impl Sequencer {
                 }
                 return;
             }
-            ServiceRequest::Create { spec } => match self.check_service(&spec) {
-                Err(message) => {
-                    return self.reply(connection, ServerMessage::Error { id: Some(id), code: ErrorCode::ServiceInvalid, message })
+            ServiceRequest::Create { spec, floor } => {
+                match self.check_service(&spec).and_then(|()| self.check_floor(&spec, floor.as_ref())) {
+                    Err(message) => {
+                        return self.reply(connection, ServerMessage::Error { id: Some(id), code: ErrorCode::ServiceInvalid, message })
+                    }
+                    // A service without a floor keeps the first entry's layout.
+                    Ok(()) if floor.is_none() => JournalEntry::CreateService { at_ms, account, spec },
+                    Ok(()) => JournalEntry::CreateServiceV2 { at_ms, account, spec, terms: gpux_market::services::ServiceTerms { floor } },
                 }
-                Ok(()) => JournalEntry::CreateService { at_ms, account, spec },
-            },
+            }
             ServiceRequest::Scale { service, replicas } => JournalEntry::ScaleService { at_ms, account, service, replicas },
             ServiceRequest::Delete { service } => JournalEntry::DeleteService { at_ms, account, service },
             ServiceRequest::Update { service, run } => {
@@ -95,6 +99,34 @@ impl Sequencer {
             Some(info) => ServerMessage::Service { id, service: Box::new(info) },
             None => error(Some(id), ErrorCode::UnknownService),
         }
+    }
+
+    /// A floor's bounds and book: a spot book of the spec's GPU class, the
+    /// spec's on a preemptible book, the floor's limit on its tick and
+    /// within its band; the refusal's message.
+    fn check_floor(&self, spec: &ServiceSpec, floor: Option<&gpux_protocol::ServiceFloor>) -> Result<(), String> {
+        let Some(floor) = floor else { return Ok(()) };
+        let invalid = |why: String| format!("{}: floor: {why}", ErrorCode::ServiceInvalid.message());
+        floor.check(spec).map_err(|e| format!("{}: {e}", ErrorCode::ServiceInvalid.message()))?;
+        let engine = self.market.engine();
+        let book = engine.instrument(floor.instrument).ok_or_else(|| invalid("instrument: no such book".into()))?;
+        let rest = engine.instrument(spec.instrument).ok_or_else(|| invalid("the service's instrument: no such book".into()))?;
+        if book.contract != ContractKind::Spot || rest.contract != ContractKind::Preemptible || book.class != rest.class {
+            return Err(invalid(format!(
+                "instrument: a spot book of the service's class ({}) beside a service on its preemptible book",
+                rest.class
+            )));
+        }
+        let price = floor.limit_minor_per_gpu_hour;
+        if !price.is_multiple_of(book.tick_minor.max(1))
+            || !(book.price_min_minor_per_gpu_hour..=book.price_max_minor_per_gpu_hour).contains(&price)
+        {
+            return Err(invalid(format!(
+                "limit_minor_per_gpu_hour: a multiple of the book's tick ({}) from {} to {}",
+                book.tick_minor, book.price_min_minor_per_gpu_hour, book.price_max_minor_per_gpu_hour
+            )));
+        }
+        Ok(())
     }
 
     /// The spec's bounds, its book (spot or preemptible, the limit on its
