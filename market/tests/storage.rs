@@ -28,6 +28,8 @@ struct Journal {
     /// Storage transfers posted: (from, amount).
     storage: Vec<(LedgerAccount, u64)>,
     purged: Vec<gpux_protocol::VolumeId>,
+    /// Every transfer posted (what an invoice is built from).
+    transfers: Vec<gpux_settlement::ledger::Transfer>,
 }
 
 impl Journal {
@@ -39,6 +41,7 @@ impl Journal {
             told: Vec::new(),
             storage: Vec::new(),
             purged: Vec::new(),
+            transfers: Vec::new(),
         };
         journal.engine(Command::OpenAccount { role: Role::Renter });
         journal.record(JournalEntry::StorageRules { at_ms: T0, minor_per_gib_month: PRICE });
@@ -59,6 +62,7 @@ impl Journal {
             self.storage.push((transfer.from, transfer.amount_minor));
         }
         self.purged.extend(applied.volumes_purged.iter().map(|(_, volume)| *volume));
+        self.transfers.extend(applied.transfers.iter().copied());
         for command in applied.follow_ups.clone() {
             self.engine(command);
         }
@@ -96,6 +100,28 @@ impl Journal {
 
     fn charged(&self) -> u64 {
         self.storage.iter().map(|(_, amount)| amount).sum()
+    }
+
+    /// The renter's invoice over everything so far: its `storage` line
+    /// (account-wide), after checking it reconciles with the ledger.
+    fn invoiced_storage(&self) -> i64 {
+        let transfers: Vec<_> = self.transfers.iter().filter(|t| t.involves(RENTER)).copied().collect();
+        let header = gpux_settlement::invoice::InvoiceHeader {
+            account: RENTER,
+            parent: None,
+            period: "2026-12".into(),
+            period_start_ms: 0,
+            period_end_ms: u64::MAX,
+            issuer: "test".into(),
+            currency: "USD".into(),
+            minor_per_unit: 1_000_000,
+            tax: None,
+        };
+        let invoice = gpux_settlement::invoice::build_invoice(header, &transfers, &Default::default());
+        assert_eq!(gpux_settlement::invoice::reconcile(&invoice, &transfers), Ok(()), "the invoice reconciles with the ledger");
+        let storage: Vec<_> = invoice.lines.iter().filter(|l| l.item == gpux_protocol::InvoiceItem::Storage).collect();
+        assert!(storage.len() <= 1 && storage.iter().all(|l| l.lease.is_none()), "one account-wide storage line: {storage:?}");
+        storage.iter().map(|l| l.amount_minor).sum()
     }
 
     fn replays(&self) {
@@ -141,6 +167,7 @@ fn a_month_of_storage_is_charged_hourly_to_the_millisecond() {
     assert_eq!(j.balances().available_minor, 10_000_000 - data_due - scratch_due);
     assert_eq!(j.market.volumes().named(RENTER, "data").expect("data").charged_minor, data_due);
     assert!(j.told.is_empty(), "a paid account is not pestered");
+    assert_eq!(j.invoiced_storage(), (data_due + scratch_due) as i64, "the invoice's storage line is what was charged");
     j.replays();
 }
 
@@ -195,5 +222,7 @@ fn unpaid_storage_turns_read_only_after_the_grace_and_is_deleted_after_the_notic
     let charged = j.charged();
     j.hours_until(j.now_ms + 5 * HOUR);
     assert_eq!(j.charged(), charged);
+    // The invoice's storage line holds all of it, the part that became debt included.
+    assert_eq!(j.invoiced_storage(), charged as i64);
     j.replays();
 }
