@@ -560,7 +560,8 @@ impl MarketState {
         // A lease's volumes reach its host before its workload.
         if !self.volumes.is_empty() {
             self.watch_storage_funds(&applied.events, owed);
-            for attached in self.volumes.observe(&applied.events) {
+            let rematch = &self.rematch;
+            for attached in self.volumes.observe(&applied.events, |lease| rematch.covers(lease)) {
                 owed.push(Notice {
                     to: Audience::account(attached.supplier),
                     message: ServerMessage::VolumesAttached {

@@ -28,6 +28,9 @@ enum Holder {
     Pending,
     Bid(OrderId),
     Lease(LeaseId),
+    /// A lease its host failed, whose replacement bid (re-match) is on its
+    /// way: the replacement takes the volume over.
+    Carried(LeaseId),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,6 +77,9 @@ pub struct Volumes {
     pending_bid: Option<(AccountId, u64, Vec<Mount>)>,
     bids: BTreeMap<OrderId, Vec<Mount>>,
     leases: BTreeMap<LeaseId, Vec<Mount>>,
+    /// A failed lease's mounts until its replacement bid is accepted (it
+    /// takes them) or refused (they are let go): the next entry.
+    carried: BTreeMap<LeaseId, Vec<Mount>>,
     /// The storage price, minor units per GiB-month (`StorageRules`; 0:
     /// free), and when storage was last charged.
     price_minor_per_gib_month: u64,
@@ -277,12 +283,52 @@ impl Volumes {
     }
 
     /// Follows the engine's events: the pending bid numbered, its leases
-    /// given its volumes, closed bids' claims and ended leases' volumes let go.
-    pub fn observe(&mut self, events: &[Event]) -> Vec<Attached> {
+    /// given its volumes, closed bids' claims and ended leases' volumes let
+    /// go; a lease its host failed that re-match replaces (`replaced`) has
+    /// its volumes carried to the replacement bid, then to its lease.
+    pub fn observe(&mut self, events: &[Event], replaced: impl Fn(LeaseId) -> bool) -> Vec<Attached> {
         let mut attached = Vec::new();
         let mut buy_order = None;
         for event in events {
             match event.kind {
+                EventKind::OrderAccepted { order, account, client_order_id, .. }
+                    if client_order_id >= crate::rematch::REPLACEMENT_CLIENT_ORDER_ID_BASE =>
+                {
+                    let failed = LeaseId(client_order_id - crate::rematch::REPLACEMENT_CLIENT_ORDER_ID_BASE);
+                    let Some(mounts) = self.carried.remove(&failed) else { continue };
+                    for mount in &mounts {
+                        if let Some(volume) = self.volumes.get_mut(&mount.volume).filter(|v| v.owner == account) {
+                            if volume.writer == Some(Holder::Carried(failed)) {
+                                volume.writer = Some(Holder::Bid(order));
+                            }
+                        }
+                    }
+                    self.bids.insert(order, mounts);
+                }
+                EventKind::Rejected { client_order_id, .. } if client_order_id >= crate::rematch::REPLACEMENT_CLIENT_ORDER_ID_BASE => {
+                    let failed = LeaseId(client_order_id - crate::rematch::REPLACEMENT_CLIENT_ORDER_ID_BASE);
+                    for mount in self.carried.remove(&failed).unwrap_or_default() {
+                        if let Some(volume) = self.volumes.get_mut(&mount.volume) {
+                            if volume.writer == Some(Holder::Carried(failed)) {
+                                volume.writer = None;
+                            }
+                        }
+                    }
+                }
+                EventKind::LeaseEnded { lease, reason: gpux_engine::LeaseEndReason::DeliveryFailed } if replaced(lease) => {
+                    let mounts = self.leases.remove(&lease).unwrap_or_default();
+                    for mount in &mounts {
+                        if let Some(volume) = self.volumes.get_mut(&mount.volume) {
+                            volume.readers.remove(&lease);
+                            if volume.writer == Some(Holder::Lease(lease)) {
+                                volume.writer = Some(Holder::Carried(lease));
+                            }
+                        }
+                    }
+                    if !mounts.is_empty() {
+                        self.carried.insert(lease, mounts);
+                    }
+                }
                 EventKind::OrderAccepted { order, account, client_order_id, .. }
                     if self.pending_bid.as_ref().is_some_and(|(a, c, _)| (*a, *c) == (account, client_order_id)) =>
                 {

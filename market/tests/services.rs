@@ -551,3 +551,49 @@ fn a_floor_keeps_its_replicas_on_the_spot_book_through_scales_and_losses() {
     assert_eq!(kind(&j, info.replicas[0].lease), LeaseKind::Spot, "replaced on the spot book");
     replay(&j);
 }
+
+/// Re-match carries a lease's volumes (docs/storage.md "Volumes"): a bid
+/// with a read-write volume, opted into re-match, whose host fails its
+/// lease; the replacement bid takes the volume over in the next entry and
+/// its lease is given it (its host hears the volumes before the workload),
+/// so the renter's files follow the workload; the journal replays.
+#[test]
+fn a_rematched_replacement_takes_its_failed_leases_volumes_over() {
+    let mut j = market(2, 1_000_000_000);
+    j.now_ms += 1;
+    let created = j.record(JournalEntry::CreateVolume { at_ms: j.now_ms, account: RENTER, name: "data".into(), size_gib: 10 });
+    let volume = created.volume.expect("an answer").expect("created").volume;
+    let client_order_id = 7;
+    let workload = Box::new(gpux_protocol::Workload::image("localhost/app:1"));
+    j.record(JournalEntry::BidWorkload { account: RENTER, client_order_id, workload });
+    j.record(JournalEntry::BidRematch { account: RENTER, client_order_id });
+    let mounts = vec![gpux_protocol::VolumeMount { volume: "data".into(), mount: "/data".into(), read_only: false }];
+    j.record(JournalEntry::BidVolumes { account: RENTER, client_order_id, mounts });
+    let bid = NewOrder {
+        time_in_force: TimeInForce::Ioc,
+        duration: LeaseDuration::Hours(2),
+        ..NewOrder::limit(RENTER, client_order_id, InstrumentId(0), Side::Buy, PRICE, 1)
+    };
+    let events = j.engine(Command::place(bid));
+    let first = events.iter().find_map(|e| match e.kind {
+        EventKind::LeaseCreated { lease, .. } => Some(lease),
+        _ => None,
+    });
+    let first = first.expect("a lease");
+    let writer = |j: &Journal| j.market.volumes().info(volume).expect("the volume").writer;
+    assert_eq!(writer(&j), Some(first));
+    assert_eq!(j.market.volumes().attachments(first).len(), 1);
+
+    // Its host fails it: the replacement's lease writes the volume.
+    let failed = DeliveryState::Failed { code: FailureCode::HostError, fault: Fault::Host, reason: "gpu lost".into() };
+    j.status(first, failed);
+    assert!(!active(&j, first));
+    let (leases, _) = j.market.engine().leases_of(RENTER, None, 100);
+    let replacement = leases.iter().map(|l| l.lease).find(|l| *l != first && active(&j, *l));
+    let replacement = replacement.expect("re-match replaced the lease");
+    assert_eq!(writer(&j), Some(replacement), "the replacement took the volume over");
+    let given = j.market.volumes().attachments(replacement);
+    assert_eq!((given.len(), given[0].mount.as_str(), given[0].read_only), (1, "/data", false), "{given:?}");
+    assert!(j.market.volumes().attachments(first).is_empty());
+    replay(&j);
+}

@@ -47,8 +47,8 @@ pub use crate::limits::SNAPSHOT_RESERVE_BYTES;
 /// recovery (restarts, books, held exits, preemptions ahead), 5 the share
 /// rules and hosts by owner, and jobs by participant (2026-12-07), 6 services, 7
 /// volumes, 8 every lease of a service kept (its bill) and replicas noticed
-/// of a preemption.
-pub const SNAPSHOT_FORMAT: u32 = 8;
+/// of a preemption, 9 services' floors and volumes carried to a re-match.
+pub const SNAPSHOT_FORMAT: u32 = 9;
 
 /// The market as of a journal entry.
 #[derive(Clone, Serialize, Deserialize)]
