@@ -141,7 +141,13 @@ function describeReplicas(service) {
   const stalled = service.replicas.map((r) => r.stalled).filter((why) => why);
   const parts = ["ready", "starting", "bidding"].filter((name) => counts.has(name)).map((name) => `${counts.get(name)} ${name}`);
   const endpoints = service.replicas.map((r) => r.endpoint).filter((e) => e);
-  return parts.join(", ") + (endpoints.length ? ` at ${endpoints.join(" ")}` : "") + (stalled.length ? ` (${stalled[0]})` : "");
+  const noticed = service.replicas.filter((r) => r.noticed).length;
+  return (
+    parts.join(", ") +
+    (endpoints.length ? ` at ${endpoints.join(" ")}` : "") +
+    (stalled.length ? ` (${stalled[0]})` : "") +
+    (noticed ? ` · ${noticed} preempted, a stand-in replaces it` : "")
+  );
 }
 
 export function renderServices() {
@@ -154,7 +160,8 @@ export function renderServices() {
       const actions = `<button data-service-bill="${v.service}">bill</button>${running ? ` <button data-scale-service="${v.service}" data-replicas="${kept + 1}"${kept + 1 > spec.max_replicas ? " disabled" : ""}>+1</button> <button data-scale-service="${v.service}" data-replicas="${kept - 1}"${kept - 1 < spec.min_replicas ? " disabled" : ""}>−1</button> <button data-delete-service="${v.service}">delete</button>` : ""}`;
       const scaling = v.last_scaling ? `${v.last_scaling.from} → ${v.last_scaling.to} (${v.last_scaling.reason}) ${utcHour(v.last_scaling.at_ms)}` : spec.scaling ? "autoscaling, no change yet" : "manual";
       const rollout = v.rollout === "rolling" ? ` · rolling out run ${v.generation}` : v.rollout === "rolled_back" ? " · update rolled back" : "";
-      return `<tr data-service="${v.service}"><td class="text">${actions}</td><td>${v.service}</td><td class="text">${esc(spec.name)}</td><td class="service-state text">${esc(v.state)}${rollout}</td><td class="service-replicas text">${esc(describeReplicas(v))}</td><td class="text">${kept} (${spec.min_replicas}..${spec.max_replicas})</td><td>${v.replaced}</td><td class="text">${esc(scaling)}</td><td class="text wrap">${esc(spec.image)}</td></tr>`;
+      const floor = v.floor ? ` · ${v.floor.replicas} on ${symbolOf(v.floor.instrument)}` : "";
+      return `<tr data-service="${v.service}"><td class="text">${actions}</td><td>${v.service}</td><td class="text">${esc(spec.name)}</td><td class="service-state text">${esc(v.state)}${rollout}</td><td class="service-replicas text">${esc(describeReplicas(v))}</td><td class="text">${kept} (${spec.min_replicas}..${spec.max_replicas})${esc(floor)}</td><td>${v.replaced}</td><td class="text">${esc(scaling)}</td><td class="text wrap">${esc(spec.image)}</td></tr>`;
     })
     .join("");
 }
