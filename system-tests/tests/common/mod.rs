@@ -29,11 +29,16 @@ pub fn demo_billing() -> BillingPolicy {
 /// (none there: the whole journal is replayed). The error is the
 /// recovery's, with its causes, for tests of a refusal.
 pub fn recover(journal: Journal, data_dir: &Path) -> Result<Sequencer, String> {
+    recover_at(journal, data_dir, Clock::default())
+}
+
+/// [`recover`] with the exchange's clock at `clock` (a journal written at
+/// another time recovers as of its own time, not the machine's today).
+pub fn recover_at(journal: Journal, data_dir: &Path, clock: Clock) -> Result<Sequencer, String> {
     let snapshots = SnapshotStore::open(&data_dir.join("snapshots.redb")).expect("snapshots");
     let market = MarketState::new(EngineConfig::demo()).expect("demo config");
     let metrics = Arc::new(Metrics::default());
-    let (sequencer, _) =
-        Sequencer::recover(market, None, Box::new(journal), snapshots, BTreeSet::new(), metrics, demo_billing(), Clock::default())
-            .map_err(|error| format!("{error:#}"))?;
+    let (sequencer, _) = Sequencer::recover(market, None, Box::new(journal), snapshots, BTreeSet::new(), metrics, demo_billing(), clock)
+        .map_err(|error| format!("{error:#}"))?;
     Ok(sequencer)
 }
