@@ -201,29 +201,7 @@ async fn a_job_resumes_on_another_host_from_its_checkpoint_after_its_host_dies()
     assert_eq!(next_offset, None);
     assert!(invoice.lines.iter().all(|l| l.lease.is_some_and(|lease| finished.leases.contains(&lease))), "{:?}", invoice.lines);
     assert!(invoice.totals.amount_due_minor > 0, "the job's GPU time was billed");
-    let suffix = format!(":{}", renter.account.0);
-    let mine = |label: &str| label.ends_with(&suffix) && !label.starts_with("payable");
-    let mut paid: i64 = 0;
-    let mut after = None;
-    loop {
-        let id = renter.new_id();
-        let ServerMessage::Statement { lines, next_after, .. } =
-            renter.request(ClientMessage::Statement { id, after }).await.expect("statement")
-        else {
-            panic!("a statement")
-        };
-        for line in lines.iter().filter(|l| l.lease.is_some_and(|lease| finished.leases.contains(&lease))) {
-            match (mine(&line.from), mine(&line.to)) {
-                (true, false) => paid += line.amount_minor as i64,
-                (false, true) => paid -= line.amount_minor as i64,
-                _ => {}
-            }
-        }
-        match next_after {
-            Some(next) => after = Some(next),
-            None => break,
-        }
-    }
+    let paid = paid_for_leases(&mut renter, &finished.leases).await;
     assert_eq!(invoice.totals.amount_due_minor, paid, "the bill equals the ledger's transfers for the job's leases");
 
     // Another renter's token opens none of it.

@@ -154,6 +154,24 @@ impl Load {
     }
 }
 
+/// A key of the renter's account that can only read (what a router logs
+/// in with), from `seed`.
+async fn read_key(renter: &mut Connection, seed: u8) -> SigningKey {
+    let key = SigningKey::from_bytes(&[seed; 32]);
+    let public_key = hex::encode(key.verifying_key().to_bytes());
+    let answer = request(renter, |id| ClientMessage::AddKey {
+        id,
+        account: None,
+        public_key,
+        scopes: Scopes::of(&[Scope::Read]),
+        expires_at_ms: None,
+        label: format!("router {seed}"),
+    })
+    .await;
+    assert!(matches!(answer, ServerMessage::Ack { .. } | ServerMessage::KeyAdded { .. }), "{answer:?}");
+    key
+}
+
 /// A router for `service` on `listen` (port 0: any), logged in with `key`.
 /// A request may wait 2 minutes for a first replica (30 s by default): a
 /// cold start on a machine busy with the other tests' containers can take
@@ -189,18 +207,7 @@ async fn a_service_behind_its_router_outlives_a_replicas_host_and_its_router_and
     await_asks(&mut renter, InstrumentId(0), 2).await;
 
     // The router logs in with a key of the renter's account that can only read.
-    let router_key = SigningKey::from_bytes(&[77; 32]);
-    let public_key = hex::encode(router_key.verifying_key().to_bytes());
-    let answer = request(&mut renter, |id| ClientMessage::AddKey {
-        id,
-        account: None,
-        public_key,
-        scopes: Scopes::of(&[Scope::Read]),
-        expires_at_ms: None,
-        label: "router".into(),
-    })
-    .await;
-    assert!(matches!(answer, ServerMessage::Ack { .. } | ServerMessage::KeyAdded { .. }), "{answer:?}");
+    let router_key = read_key(&mut renter, 77).await;
 
     // Created: both replicas bid, fill on the two hosts and become ready;
     // each answers HTTP at its endpoint.
@@ -346,27 +353,7 @@ async fn a_service_behind_its_router_outlives_a_replicas_host_and_its_router_and
     assert!(billed.iter().all(|lease| service.leases.contains(lease)), "{billed:?} of {:?}", service.leases);
     assert!(billed.contains(&lost) && billed.len() >= 3, "the lost replica, its replacement and the others: {billed:?}");
     assert!(invoice.totals.amount_due_minor > 0, "the replicas' GPU time was billed");
-    let suffix = format!(":{}", renter.account.0);
-    let mine = |label: &str| label.ends_with(&suffix) && !label.starts_with("payable");
-    let (mut paid, mut after): (i64, Option<u64>) = (0, None);
-    loop {
-        let ServerMessage::Statement { lines, next_after, .. } =
-            request(&mut renter, |rid| ClientMessage::Statement { id: rid, after }).await
-        else {
-            panic!("a statement")
-        };
-        for line in lines.iter().filter(|l| l.lease.is_some_and(|lease| service.leases.contains(&lease))) {
-            match (mine(&line.from), mine(&line.to)) {
-                (true, false) => paid += line.amount_minor as i64,
-                (false, true) => paid -= line.amount_minor as i64,
-                _ => {}
-            }
-        }
-        match next_after {
-            Some(next) => after = Some(next),
-            None => break,
-        }
-    }
+    let paid = paid_for_leases(&mut renter, &service.leases).await;
     assert_eq!(invoice.totals.amount_due_minor, paid, "the bill equals the ledger's transfers for the service's leases");
     front.stop().await;
 }
@@ -580,18 +567,7 @@ async fn a_preempted_replica_is_replaced_at_its_notice_while_two_routers_serve_w
     let host_of = |lease: LeaseId| hosts.iter().map(|h| h.0).find(|name| container_exists(&socket, name, lease)).expect("a host runs it");
     let on_a = ready(&info).into_iter().map(|(lease, _)| lease).find(|lease| host_of(*lease) == "pre-svc-a").expect("a replica on host a");
 
-    let router_key = SigningKey::from_bytes(&[78; 32]);
-    let public_key = hex::encode(router_key.verifying_key().to_bytes());
-    let answer = request(&mut renter, |rid| ClientMessage::AddKey {
-        id: rid,
-        account: None,
-        public_key,
-        scopes: Scopes::of(&[Scope::Read]),
-        expires_at_ms: None,
-        label: "routers".into(),
-    })
-    .await;
-    assert!(matches!(answer, ServerMessage::Ack { .. } | ServerMessage::KeyAdded { .. }), "{answer:?}");
+    let router_key = read_key(&mut renter, 78).await;
     // The second router serves HTTPS (a certificate for localhost), as
     // `gpux-router --tls-cert --tls-key` does.
     let identity = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("certificate");

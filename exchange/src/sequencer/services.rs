@@ -117,16 +117,7 @@ impl Sequencer {
                 rest.class
             )));
         }
-        let price = floor.limit_minor_per_gpu_hour;
-        if !price.is_multiple_of(book.tick_minor.max(1))
-            || !(book.price_min_minor_per_gpu_hour..=book.price_max_minor_per_gpu_hour).contains(&price)
-        {
-            return Err(invalid(format!(
-                "limit_minor_per_gpu_hour: a multiple of the book's tick ({}) from {} to {}",
-                book.tick_minor, book.price_min_minor_per_gpu_hour, book.price_max_minor_per_gpu_hour
-            )));
-        }
-        Ok(())
+        limit_on_book(&book, floor.limit_minor_per_gpu_hour).map_err(invalid)
     }
 
     /// The spec's bounds, its book (spot or preemptible, the limit on its
@@ -138,19 +129,25 @@ impl Sequencer {
         if !matches!(instrument.contract, ContractKind::Spot | ContractKind::Preemptible) {
             return Err(invalid("instrument: a spot or preemptible book".into()));
         }
-        let price = spec.limit_minor_per_gpu_hour;
-        if !price.is_multiple_of(instrument.tick_minor.max(1))
-            || !(instrument.price_min_minor_per_gpu_hour..=instrument.price_max_minor_per_gpu_hour).contains(&price)
-        {
-            return Err(invalid(format!(
-                "limit_minor_per_gpu_hour: a multiple of the book's tick ({}) from {} to {}",
-                instrument.tick_minor, instrument.price_min_minor_per_gpu_hour, instrument.price_max_minor_per_gpu_hour
-            )));
-        }
+        limit_on_book(&instrument, spec.limit_minor_per_gpu_hour).map_err(invalid)?;
         let known = &self.market.engine().config().regions;
         if let Some(unknown) = spec.regions.iter().find(|r| !known.contains(r)) {
             return Err(invalid(format!("regions: `{unknown}` is not a region of this exchange")));
         }
         Ok(())
     }
+}
+
+/// A limit price on `book`'s tick and within its band; the refusal's field
+/// and rule otherwise.
+fn limit_on_book(book: &gpux_engine::InstrumentInfo, price: u64) -> Result<(), String> {
+    if !price.is_multiple_of(book.tick_minor.max(1))
+        || !(book.price_min_minor_per_gpu_hour..=book.price_max_minor_per_gpu_hour).contains(&price)
+    {
+        return Err(format!(
+            "limit_minor_per_gpu_hour: a multiple of the book's tick ({}) from {} to {}",
+            book.tick_minor, book.price_min_minor_per_gpu_hour, book.price_max_minor_per_gpu_hour
+        ));
+    }
+    Ok(())
 }

@@ -412,3 +412,32 @@ pub async fn send_secrets(renter: &mut Connection, lease: gpux_engine::LeaseId, 
     let answer = renter.request(ClientMessage::SetWorkload { id, lease, workload: Box::new(workload) }).await.expect("set workload");
     assert!(matches!(answer, ServerMessage::Ack { .. }), "{answer:?}");
 }
+
+/// What the ledger moved out of `renter` for `leases`, net: its statement's
+/// transfers of those leases out of its own accounts less those into them
+/// (its payables left out). What a job's or a service's bill must come to.
+pub async fn paid_for_leases(renter: &mut Connection, leases: &[gpux_engine::LeaseId]) -> i64 {
+    let suffix = format!(":{}", renter.account.0);
+    let mine = |label: &str| label.ends_with(&suffix) && !label.starts_with("payable");
+    let (mut paid, mut after) = (0i64, None);
+    loop {
+        let id = renter.new_id();
+        let ServerMessage::Statement { lines, next_after, .. } =
+            renter.request(ClientMessage::Statement { id, after }).await.expect("statement")
+        else {
+            panic!("a statement")
+        };
+        for line in lines.iter().filter(|l| l.lease.is_some_and(|lease| leases.contains(&lease))) {
+            match (mine(&line.from), mine(&line.to)) {
+                (true, false) => paid += line.amount_minor as i64,
+                (false, true) => paid -= line.amount_minor as i64,
+                _ => {}
+            }
+        }
+        match next_after {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    paid
+}
