@@ -336,3 +336,55 @@ async fn stalled_uploads_hold_only_their_own_slots_and_bodies_stream_in_bounded_
         folder = folder.parent().expect("a parent").to_path_buf();
     }
 }
+
+/// A host's token for its lease's volumes lasts the lease, not an hour: an
+/// open-ended lease's host syncs with the token it was handed for as long
+/// as the lease runs (an hour's token left its syncs refused after the
+/// first hour); the store honours it only while the lease runs (and for
+/// the last sync after it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hosts_volume_token_lasts_its_open_ended_lease() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exchange = Exchange::start(dir.path(), Some(&key(1)));
+    let (mut operator, _) = Client::login(&exchange.addr, &key(1), Role::Operator).await;
+    let (mut renter, renter_account) = Client::login(&exchange.addr, &key(3), Role::Renter).await;
+    let (mut supplier, _) = Client::login(&exchange.addr, &key(2), Role::Supplier).await;
+    let id = operator.id();
+    let deposit = ClientMessage::Deposit { id, account: renter_account, amount_minor: 1_000_000_000 };
+    assert!(matches!(operator.request(deposit).await, ServerMessage::Ack { .. }));
+    publish_encryption_key(&mut supplier, &key(2)).await;
+    supplier.register_h100("host-v", "GPU-host-v").await;
+    let mut ask = ticket(1, gpux_engine::Side::Sell, 1_000_000, 1);
+    ask.supply = Some(gpux_engine::GpuSet { host: gpux_engine::HostId(0), gpu_mask: 1 });
+    assert!(matches!(supplier.place(ask).await, ServerMessage::Ack { .. }));
+    let id = renter.id();
+    let volume = match renter.request(ClientMessage::CreateVolume { id, name: "data".into(), size_gib: 1 }).await {
+        ServerMessage::Volume { volume, .. } => volume.volume,
+        other => panic!("{other:?}"),
+    };
+    // An open-ended bid mounting the volume, with a workload.
+    let mut bid = ticket(2, gpux_engine::Side::Buy, 1_000_000, 1);
+    bid.duration = gpux_engine::LeaseDuration::UntilCancelled;
+    bid.volumes = vec![VolumeMount { volume: "data".into(), mount: "/data".into(), read_only: false }];
+    let id = renter.id();
+    let workload = Some(Box::new(Workload::image("localhost/gpux-test:busybox")));
+    let placed = renter.request(ClientMessage::NewOrder { id, order: bid, workload }).await;
+    assert!(matches!(placed, ServerMessage::Ack { .. }), "{placed:?}");
+    let lease = supplier
+        .recv_until(|m| match m {
+            ServerMessage::VolumesAttached { lease, .. } => Some(*lease),
+            _ => None,
+        })
+        .await;
+    let id = supplier.id();
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64;
+    let (url, token, expires_at_ms) =
+        match supplier.request(ClientMessage::JobStoreToken { id, job: None, lease: Some(lease), volume: Some("data".into()) }).await {
+            ServerMessage::JobStoreToken { url, token, expires_at_ms, .. } => (url, token, expires_at_ms),
+            other => panic!("{other:?}"),
+        };
+    assert!(expires_at_ms >= now_ms + 300 * 24 * 3_600_000, "an open-ended lease's host token lasts: {}", expires_at_ms - now_ms);
+    let key = format!("{}/volumes/{}/synced.txt", renter_account.0, volume.0);
+    let (status, body) = put(&url, &token, &key, b"synced".to_vec()).await;
+    assert_eq!(status, 201, "the running lease's host writes its volume: {body}");
+}

@@ -109,7 +109,8 @@ pub struct VolumeAccess {
 }
 
 impl Grant {
-    fn expires_at_ms(&self) -> u64 {
+    /// When the token that carries it stops verifying.
+    pub fn expires_at_ms(&self) -> u64 {
         match self {
             Grant::Renter { expires_at_ms, .. } | Grant::Host { expires_at_ms, .. } | Grant::Volume { expires_at_ms, .. } => *expires_at_ms,
         }

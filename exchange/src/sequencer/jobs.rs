@@ -197,7 +197,10 @@ impl Sequencer {
         let expires_at_ms = self.clock.now_ms() + JOB_STORE_TOKEN_MS;
         if let Some(name) = volume {
             return match self.volume_grant(account, &name, lease, expires_at_ms) {
-                Ok(grant) => ServerMessage::JobStoreToken { id, url: issuer.url.clone(), token: issuer.issue(&grant), expires_at_ms },
+                Ok(grant) => {
+                    let expires_at_ms = grant.expires_at_ms();
+                    ServerMessage::JobStoreToken { id, url: issuer.url.clone(), token: issuer.issue(&grant), expires_at_ms }
+                }
                 Err(code) => error(Some(id), code),
             };
         }
@@ -213,6 +216,8 @@ impl Sequencer {
                 None => return error(Some(id), ErrorCode::JobStoreUnavailable),
             },
         };
+        // A host's grant may last past the hour (to its lease's end): the answer says so.
+        let expires_at_ms = grant.expires_at_ms();
         ServerMessage::JobStoreToken { id, url: issuer.url.clone(), token: issuer.issue(&grant), expires_at_ms }
     }
 

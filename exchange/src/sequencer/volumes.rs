@@ -10,6 +10,10 @@ use gpux_protocol::jobs::StoreGrant;
 use gpux_protocol::{ErrorCode, ServerMessage, VolumeMount};
 
 use super::jobs::JOB_STORE_TOKEN_MS;
+
+/// How long a host's volume token for an open-ended lease lasts (a year;
+/// the store honours it only while the lease runs).
+pub const HOST_VOLUME_TOKEN_OPEN_MS: u64 = 365 * 24 * gpux_engine::time::MS_PER_HOUR;
 use super::{error, Sequencer};
 use crate::job_store::{Grant, VolumeAccess};
 
@@ -104,8 +108,17 @@ impl Sequencer {
     }
 
     /// The host's grant for every volume attached to its running `lease`.
+    /// It lasts as long as the lease can (its end and an hour; an
+    /// open-ended lease's, a year): the store honours it only while the
+    /// lease runs and for the last sync after it, and a host syncs for the
+    /// whole lease with the token it was handed (an hour's token left an
+    /// open-ended lease's syncs refused after its first hour).
     fn host_volume_grant(&self, supplier: AccountId, lease: LeaseId, expires_at_ms: u64) -> Option<Grant> {
         let info = self.market.engine().lease(lease).filter(|l| l.active && l.supplier == supplier)?;
+        let horizon = |end: Option<u64>| {
+            end.map_or(self.clock.now_ms().saturating_add(HOST_VOLUME_TOKEN_OPEN_MS), |end| end.saturating_add(JOB_STORE_TOKEN_MS))
+        };
+        let expires_at_ms = expires_at_ms.max(horizon(info.end_ms));
         let volumes: Vec<VolumeAccess> = self
             .market
             .volumes()
@@ -134,6 +147,6 @@ impl Sequencer {
         let supplier = self.market.engine().lease(lease)?.supplier;
         let expires_at_ms = self.clock.now_ms() + JOB_STORE_TOKEN_MS;
         let grant = self.host_volume_grant(supplier, lease, expires_at_ms)?;
-        Some(StoreGrant { url: issuer.url.clone(), token: issuer.issue(&grant), expires_at_ms })
+        Some(StoreGrant { url: issuer.url.clone(), token: issuer.issue(&grant), expires_at_ms: grant.expires_at_ms() })
     }
 }
