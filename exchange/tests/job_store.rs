@@ -155,15 +155,8 @@ async fn the_job_store_on_an_s3_server_survives_the_server_going_down_and_back()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hosts_token_ends_with_its_lease_and_a_rematch_gets_its_own() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let exchange = Exchange::start(dir.path(), Some(&key(1)));
-    let (mut operator, _) = Client::login(&exchange.addr, &key(1), Role::Operator).await;
-    let (mut renter, renter_account) = Client::login(&exchange.addr, &key(3), Role::Renter).await;
-    let (mut supplier, _) = Client::login(&exchange.addr, &key(2), Role::Supplier).await;
-    let id = operator.id();
-    let deposit = ClientMessage::Deposit { id, account: renter_account, amount_minor: 1_000_000_000 };
-    assert!(matches!(operator.request(deposit).await, ServerMessage::Ack { .. }));
-    // The supplier delivers (its hosts' encryption key), with two hosts asking.
-    publish_encryption_key(&mut supplier, &key(2)).await;
+    let (_exchange, mut renter, renter_account, mut supplier) = renter_and_delivering_supplier(dir.path()).await;
+    // Two hosts asking.
     for (n, host) in ["host-a", "host-b"].iter().enumerate() {
         supplier.register_h100(host, &format!("GPU-{host}")).await;
         let mut ask = ticket(n as u64 + 1, gpux_engine::Side::Sell, 1_000_000, 1);
@@ -345,14 +338,7 @@ async fn stalled_uploads_hold_only_their_own_slots_and_bodies_stream_in_bounded_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hosts_volume_token_lasts_its_open_ended_lease() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let exchange = Exchange::start(dir.path(), Some(&key(1)));
-    let (mut operator, _) = Client::login(&exchange.addr, &key(1), Role::Operator).await;
-    let (mut renter, renter_account) = Client::login(&exchange.addr, &key(3), Role::Renter).await;
-    let (mut supplier, _) = Client::login(&exchange.addr, &key(2), Role::Supplier).await;
-    let id = operator.id();
-    let deposit = ClientMessage::Deposit { id, account: renter_account, amount_minor: 1_000_000_000 };
-    assert!(matches!(operator.request(deposit).await, ServerMessage::Ack { .. }));
-    publish_encryption_key(&mut supplier, &key(2)).await;
+    let (_exchange, mut renter, renter_account, mut supplier) = renter_and_delivering_supplier(dir.path()).await;
     supplier.register_h100("host-v", "GPU-host-v").await;
     let mut ask = ticket(1, gpux_engine::Side::Sell, 1_000_000, 1);
     ask.supply = Some(gpux_engine::GpuSet { host: gpux_engine::HostId(0), gpu_mask: 1 });
@@ -387,4 +373,19 @@ async fn a_hosts_volume_token_lasts_its_open_ended_lease() {
     let key = format!("{}/volumes/{}/synced.txt", renter_account.0, volume.0);
     let (status, body) = put(&url, &token, &key, b"synced".to_vec()).await;
     assert_eq!(status, 201, "the running lease's host writes its volume: {body}");
+}
+
+/// An exchange in `dir` with a renter (key 3) funded with $1 000 and a
+/// supplier (key 2) whose hosts deliver workloads (its encryption key
+/// published): the exchange, the renter, its account and the supplier.
+async fn renter_and_delivering_supplier(dir: &Path) -> (Exchange, Client, gpux_engine::AccountId, Client) {
+    let exchange = Exchange::start(dir, Some(&key(1)));
+    let (mut operator, _) = Client::login(&exchange.addr, &key(1), Role::Operator).await;
+    let (renter, renter_account) = Client::login(&exchange.addr, &key(3), Role::Renter).await;
+    let (mut supplier, _) = Client::login(&exchange.addr, &key(2), Role::Supplier).await;
+    let id = operator.id();
+    let deposit = ClientMessage::Deposit { id, account: renter_account, amount_minor: 1_000_000_000 };
+    assert!(matches!(operator.request(deposit).await, ServerMessage::Ack { .. }));
+    publish_encryption_key(&mut supplier, &key(2)).await;
+    (exchange, renter, renter_account, supplier)
 }
